@@ -1,0 +1,365 @@
+package checkpoint
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/torchbin"
+)
+
+// Formats a checkpoint's weights can come in.
+const (
+	FormatSafetensors = "safetensors"
+	FormatTorch       = "torch"
+)
+
+// ConfigFileName is the hub config every checkpoint directory must hold.
+const ConfigFileName = "config.json"
+
+// maxConfigBytes bounds config.json: real ones are a few KB.
+const maxConfigBytes = 16 << 20
+
+// Checkpoint is an opened hub-layout directory. Only headers and the pickle
+// are in memory; tensor bytes are read through each Tensor's Data.
+type Checkpoint struct {
+	Dir         string
+	Format      string
+	Config      map[string]any
+	ConfigJSON  []byte
+	Tensors     []*Tensor // in file order, files in sorted name order
+	WeightFiles []string  // weight and index files, relative to Dir
+
+	byName  map[string]*Tensor
+	closers []io.Closer
+}
+
+// Open reads dir/config.json and maps every tensor of the checkpoint's weight
+// files: a sharded or single safetensors checkpoint, or a sharded or single
+// PyTorch zip checkpoint, in that order of preference.
+func Open(dir string) (*Checkpoint, error) {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", dir, unwrapPathErr(err))
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("%s: not a directory (expected a hub-layout checkpoint directory)", dir)
+	}
+	c := &Checkpoint{Dir: dir, byName: map[string]*Tensor{}}
+	if err := c.readConfig(); err != nil {
+		return nil, err
+	}
+	if err := c.openWeights(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func unwrapPathErr(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+func (c *Checkpoint) readConfig() error {
+	path := filepath.Join(c.Dir, ConfigFileName)
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, unwrapPathErr(err))
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if len(b) > maxConfigBytes {
+		return fmt.Errorf("%s: larger than %d bytes", path, maxConfigBytes)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return fmt.Errorf("%s: not a JSON object: %v", path, err)
+	}
+	if cfg == nil {
+		return fmt.Errorf("%s: not a JSON object", path)
+	}
+	c.Config, c.ConfigJSON = cfg, b
+	return nil
+}
+
+func (c *Checkpoint) exists(name string) bool {
+	st, err := os.Stat(filepath.Join(c.Dir, name))
+	return err == nil && st.Mode().IsRegular()
+}
+
+func (c *Checkpoint) glob(suffixes ...string) []string {
+	entries, _ := os.ReadDir(c.Dir)
+	var out []string
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		for _, s := range suffixes {
+			if strings.HasSuffix(e.Name(), s) {
+				out = append(out, e.Name())
+				break
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (c *Checkpoint) openWeights() error {
+	switch {
+	case c.exists(safetensors.IndexFileName):
+		return c.openSafetensorsSharded()
+	case c.exists("model.safetensors"):
+		return c.openSafetensors([]string{"model.safetensors"})
+	}
+	if files := c.glob(".safetensors"); len(files) > 0 {
+		if len(files) > 1 {
+			return fmt.Errorf("%s: %d .safetensors files but no %s to say which tensors each holds", c.Dir, len(files), safetensors.IndexFileName)
+		}
+		return c.openSafetensors(files)
+	}
+	switch {
+	case c.exists(torchbin.IndexFileName):
+		return c.openTorchSharded()
+	case c.exists("pytorch_model.bin"):
+		return c.openTorch([]string{"pytorch_model.bin"})
+	}
+	if files := c.glob(".bin", ".pt", ".pth"); len(files) > 0 {
+		if len(files) > 1 {
+			return fmt.Errorf("%s: %d PyTorch files but no %s to say which tensors each holds", c.Dir, len(files), torchbin.IndexFileName)
+		}
+		return c.openTorch(files)
+	}
+	return fmt.Errorf("%s: no weights found (expected %s, model.safetensors, %s or pytorch_model.bin)", c.Dir, safetensors.IndexFileName, torchbin.IndexFileName)
+}
+
+func (c *Checkpoint) add(t *Tensor) error {
+	if prev, dup := c.byName[t.Name]; dup {
+		return fmt.Errorf("%s: tensor %q also in %s", t.File, t.Name, prev.File)
+	}
+	c.byName[t.Name] = t
+	c.Tensors = append(c.Tensors, t)
+	return nil
+}
+
+func (c *Checkpoint) addSafetensors(f *safetensors.File) error {
+	for _, ti := range f.Tensors {
+		sec, err := f.Section(ti.Name)
+		if err != nil {
+			return err
+		}
+		if err := c.add(&Tensor{Name: ti.Name, DType: ti.DType, Shape: ti.Shape, File: f.Path, Data: sec}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Checkpoint) openSafetensorsSharded() error {
+	c.Format = FormatSafetensors
+	s, err := safetensors.OpenSharded(c.Dir)
+	if err != nil {
+		return err
+	}
+	c.closers = append(c.closers, s)
+	c.WeightFiles = append(c.WeightFiles, safetensors.IndexFileName)
+	for _, f := range s.Shards {
+		c.WeightFiles = append(c.WeightFiles, filepath.Base(f.Path))
+		if err := c.addSafetensors(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Checkpoint) openSafetensors(names []string) error {
+	c.Format = FormatSafetensors
+	for _, name := range names {
+		f, err := safetensors.Open(filepath.Join(c.Dir, name))
+		if err != nil {
+			return err
+		}
+		c.closers = append(c.closers, f)
+		c.WeightFiles = append(c.WeightFiles, name)
+		if err := c.addSafetensors(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Checkpoint) openTorch(names []string) error {
+	c.Format = FormatTorch
+	for _, name := range names {
+		f, err := torchbin.Open(filepath.Join(c.Dir, name))
+		if err != nil {
+			return err
+		}
+		c.closers = append(c.closers, f)
+		c.WeightFiles = append(c.WeightFiles, name)
+		for _, t := range f.Tensors {
+			if err := c.add(&Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, File: f.Path, Data: t.Data}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// torchIndex is pytorch_model.bin.index.json.
+type torchIndex struct {
+	WeightMap map[string]string `json:"weight_map"`
+}
+
+func (c *Checkpoint) openTorchSharded() error {
+	path := filepath.Join(c.Dir, torchbin.IndexFileName)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, unwrapPathErr(err))
+	}
+	var idx torchIndex
+	if err := json.Unmarshal(b, &idx); err != nil {
+		return fmt.Errorf("%s: %v", path, err)
+	}
+	if len(idx.WeightMap) == 0 {
+		return fmt.Errorf("%s: empty or missing weight_map", path)
+	}
+	shardSet := map[string]bool{}
+	for name, shard := range idx.WeightMap {
+		if shard == "" || shard != filepath.Base(shard) || shard == "." || shard == ".." {
+			return fmt.Errorf("%s: tensor %q maps to %q, which is not a file name in the checkpoint directory", path, name, shard)
+		}
+		shardSet[shard] = true
+	}
+	shards := make([]string, 0, len(shardSet))
+	for s := range shardSet {
+		if !c.exists(s) {
+			return fmt.Errorf("%s: shard %s named in the index is missing", path, s)
+		}
+		shards = append(shards, s)
+	}
+	sort.Strings(shards)
+	if err := c.openTorch(shards); err != nil {
+		return err
+	}
+	c.WeightFiles = append([]string{torchbin.IndexFileName}, c.WeightFiles...)
+	for name, shard := range idx.WeightMap {
+		t, ok := c.byName[name]
+		if !ok {
+			return fmt.Errorf("%s: tensor %q is in the index but not in %s", path, name, shard)
+		}
+		if filepath.Base(t.File) != shard {
+			return fmt.Errorf("%s: tensor %q is mapped to %s but found in %s", path, name, shard, filepath.Base(t.File))
+		}
+	}
+	for _, t := range c.Tensors {
+		if _, ok := idx.WeightMap[t.Name]; !ok {
+			return fmt.Errorf("%s: tensor %q of %s is missing from the index", path, t.Name, filepath.Base(t.File))
+		}
+	}
+	return nil
+}
+
+// Tensor finds a tensor by name.
+func (c *Checkpoint) Tensor(name string) (*Tensor, bool) {
+	t, ok := c.byName[name]
+	return t, ok
+}
+
+// Lookup implements family.Tensors.
+func (c *Checkpoint) Lookup(name string) (family.TensorMeta, bool) {
+	t, ok := c.byName[name]
+	if !ok {
+		return family.TensorMeta{}, false
+	}
+	return family.TensorMeta{DType: t.DType, Shape: t.Shape}, true
+}
+
+// Names implements family.Tensors: every tensor name in file order.
+func (c *Checkpoint) Names() []string {
+	out := make([]string, len(c.Tensors))
+	for i, t := range c.Tensors {
+		out[i] = t.Name
+	}
+	return out
+}
+
+// TotalBytes is the sum of all tensors' sizes.
+func (c *Checkpoint) TotalBytes() int64 {
+	var n int64
+	for _, t := range c.Tensors {
+		n += t.NumBytes()
+	}
+	return n
+}
+
+// Plan detects the model family from config.json and plans its MoE layers.
+func (c *Checkpoint) Plan() (*family.Plan, error) {
+	p, err := family.Detect(c.Config, c)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.Dir, err)
+	}
+	return p, nil
+}
+
+// OtherFiles lists the regular files under Dir, relative to it, that are
+// neither weights nor their index nor config.json: tokenizer files,
+// generation_config.json, README and the like, which converters copy as they are.
+// Hidden files and folders (.git, .cache) are skipped.
+func (c *Checkpoint) OtherFiles() ([]string, error) {
+	skip := map[string]bool{ConfigFileName: true}
+	for _, w := range c.WeightFiles {
+		skip[w] = true
+	}
+	var out []string
+	err := filepath.WalkDir(c.Dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(c.Dir, path)
+		if rel == "." {
+			return nil
+		}
+		if strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.Type().IsRegular() && !skip[rel] {
+			out = append(out, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: listing files: %w", c.Dir, err)
+	}
+	return out, nil
+}
+
+// Close releases every open file.
+func (c *Checkpoint) Close() error {
+	var first error
+	for _, cl := range c.closers {
+		if err := cl.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	c.closers = nil
+	return first
+}

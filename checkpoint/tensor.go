@@ -1,0 +1,46 @@
+// Package checkpoint opens a hub-layout model directory (safetensors, single
+// or sharded, or PyTorch zip .bin files) and presents every tensor through one
+// type whose bytes are read on demand, never loaded eagerly.
+package checkpoint
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// Tensor is one named tensor of a checkpoint. Data yields exactly NumBytes()
+// bytes in row-major (C-contiguous) order, whatever the source layout.
+type Tensor struct {
+	Name  string
+	DType safetensors.DType
+	Shape []int64
+	File  string      // path of the file that holds it, for error messages
+	Data  io.ReaderAt // the tensor's bytes, offset 0 is its first byte
+}
+
+// NumElements is the product of Shape (1 for a scalar).
+func (t *Tensor) NumElements() int64 {
+	n := int64(1)
+	for _, d := range t.Shape {
+		n *= d
+	}
+	return n
+}
+
+// NumBytes is the tensor's size in bytes.
+func (t *Tensor) NumBytes() int64 { return t.NumElements() * int64(t.DType.Size()) }
+
+// Reader returns a fresh reader over the tensor's bytes.
+func (t *Tensor) Reader() *io.SectionReader { return io.NewSectionReader(t.Data, 0, t.NumBytes()) }
+
+// ReadAll reads the whole tensor into memory. Use it only where the caller has
+// bounded the size (one expert's weights, a router), never for a whole layer.
+func (t *Tensor) ReadAll() ([]byte, error) {
+	b := make([]byte, t.NumBytes())
+	if _, err := t.Data.ReadAt(b, 0); err != nil && !(err == io.EOF && len(b) == 0) {
+		return nil, fmt.Errorf("%s: reading tensor %s: %w", t.File, t.Name, err)
+	}
+	return b, nil
+}

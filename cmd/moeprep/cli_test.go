@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// runCLI runs one command line in-process and returns exit code, stdout, stderr.
+func runCLI(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// assertCleanError checks the error contract: one line on stderr, starting
+// "moeprep: ", naming what it must name, never a panic or stack trace.
+func assertCleanError(t *testing.T, stderr string, mustName ...string) {
+	t.Helper()
+	if strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, "moeprep: ") {
+		t.Errorf("stderr is not one 'moeprep: ' line: %q", stderr)
+	}
+	for _, bad := range []string{"panic", "goroutine ", "internal error"} {
+		if strings.Contains(stderr, bad) {
+			t.Errorf("stderr shows %q: %q", bad, stderr)
+		}
+	}
+	for _, s := range mustName {
+		if !strings.Contains(stderr, s) {
+			t.Errorf("stderr should name %q: %q", s, stderr)
+		}
+	}
+}
+
+const fixturesDir = "../../fixtures/hf"
+
+func TestInspectJSONOnHFFixtures(t *testing.T) {
+	type want struct {
+		Family, ModelType, Format, DType, Quant  string
+		Experts, Shared, TopK, NGroup, TopKGroup int
+		Scoring                                  string
+		RSF                                      float64
+		Layers                                   []int
+		Tensors                                  int
+	}
+	tests := map[string]want{
+		"deepseek-v2-lite":    {"deepseek", "deepseek_v2", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{1, 2}, 83},
+		"deepseek-v3-bf16":    {"deepseek", "deepseek_v3", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 139},
+		"deepseek-v3-fp8":     {"deepseek", "deepseek_v3", "safetensors", "fp8_e4m3", "fp8_block_128x128", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 259},
+		"mixtral":             {"mixtral", "mixtral", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 65},
+		"mixtral-bin-sharded": {"mixtral", "mixtral", "torch", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 65},
+		"qwen2-moe":           {"qwen2_moe", "qwen2_moe", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 79},
+		"qwen3-moe":           {"qwen3_moe", "qwen3_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 80},
+		"qwen3-moe-bin":       {"qwen3_moe", "qwen3_moe", "torch", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 80},
+	}
+	dirs, _ := filepath.Glob(filepath.Join(fixturesDir, "*", "config.json"))
+	if len(dirs) != len(tests) {
+		t.Fatalf("found %d HF fixtures, the table knows %d: keep them in step", len(dirs), len(tests))
+	}
+	for name, w := range tests {
+		t.Run(name, func(t *testing.T) {
+			code, stdout, stderr := runCLI(t, "inspect", "--json", filepath.Join(fixturesDir, name))
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+			var got struct {
+				Family       string  `json:"family"`
+				ModelType    string  `json:"model_type"`
+				Format       string  `json:"format"`
+				DType        string  `json:"dtype"`
+				Quantization string  `json:"quantization"`
+				NumExperts   int     `json:"num_experts"`
+				NumShared    int     `json:"num_shared_experts"`
+				TopK         int     `json:"top_k"`
+				NGroup       int     `json:"n_group"`
+				TopKGroup    int     `json:"topk_group"`
+				Scoring      string  `json:"scoring"`
+				RSF          float64 `json:"routed_scaling_factor"`
+				MoELayers    []int   `json:"moe_layers"`
+				NumTensors   int     `json:"num_tensors"`
+				TotalBytes   int64   `json:"total_bytes"`
+			}
+			if err := json.Unmarshal([]byte(stdout), &got); err != nil {
+				t.Fatalf("not JSON: %v\n%s", err, stdout)
+			}
+			have := want{got.Family, got.ModelType, got.Format, got.DType, got.Quantization, got.NumExperts, got.NumShared,
+				got.TopK, got.NGroup, got.TopKGroup, got.Scoring, got.RSF, got.MoELayers, got.NumTensors}
+			if !reflect.DeepEqual(have, w) {
+				t.Errorf("inspect --json:\n got %+v\nwant %+v", have, w)
+			}
+			if got.TotalBytes <= 0 {
+				t.Errorf("total_bytes = %d", got.TotalBytes)
+			}
+		})
+	}
+}
+
+func TestInspectText(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "inspect", filepath.Join(fixturesDir, "deepseek-v3-fp8"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, s := range []string{"deepseek (model_type deepseek_v3)", "fp8_e4m3, quantization fp8_block_128x128", "routed experts:  16", "MoE layers:      2 of 3: 1-2", "4 groups keep 2"} {
+		if !strings.Contains(stdout, s) {
+			t.Errorf("text output lacks %q:\n%s", s, stdout)
+		}
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"inspect"}, "takes one checkpoint directory"},
+		{[]string{"inspect", "a", "b"}, "takes one checkpoint directory"},
+		{[]string{"inspect", "--bogus", "x"}, "unknown flag: --bogus"},
+		{[]string{"nosuchcommand"}, "unknown command"},
+		{[]string{"inspect", "/nonexistent/ckpt"}, "/nonexistent/ckpt"},
+	}
+	for _, tt := range tests {
+		code, _, stderr := runCLI(t, tt.args...)
+		if code != 2 {
+			t.Errorf("%v: exit %d, want 2", tt.args, code)
+		}
+		assertCleanError(t, stderr, tt.want)
+	}
+}
+
+// brokenCheckpoint puts one broken weight file next to a valid config.json.
+func brokenCheckpoint(t *testing.T, src, asName string) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfg, err := os.ReadFile(filepath.Join(fixturesDir, "qwen3-moe", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, asName), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// Every deliberately broken file of the readers' testdata is refused by the
+// CLI with exit 2 and one line naming the file: no panic, whatever the damage.
+func TestBrokenFilesExit2(t *testing.T) {
+	cases := map[string]string{}
+	st, _ := filepath.Glob("../../safetensors/testdata/broken/*.safetensors")
+	for _, f := range st {
+		cases[f] = "model.safetensors"
+	}
+	tb, _ := filepath.Glob("../../torchbin/testdata/*.bin")
+	for _, f := range tb {
+		cases[f] = "pytorch_model.bin"
+	}
+	if pt, _ := filepath.Glob("../../torchbin/testdata/*.pt"); len(pt) > 0 {
+		for _, f := range pt {
+			cases[f] = "pytorch_model.bin"
+		}
+	}
+	if len(st) < 20 || len(tb) < 10 {
+		t.Fatalf("expected the readers' broken testdata (found %d safetensors, %d torch files)", len(st), len(tb))
+	}
+	for src, as := range cases {
+		t.Run(filepath.Base(src), func(t *testing.T) {
+			dir := brokenCheckpoint(t, src, as)
+			code, _, stderr := runCLI(t, "inspect", dir)
+			if code == 0 {
+				// A well-formed torch file (the readers' good cases) still cannot
+				// be a Qwen3 checkpoint: planning must refuse it, naming a layer.
+				t.Fatalf("accepted a checkpoint holding only %s", src)
+			}
+			if code != 2 {
+				t.Errorf("exit %d, want 2 (%s)", code, stderr)
+			}
+			assertCleanError(t, stderr)
+			if !strings.Contains(stderr, as) && !strings.Contains(stderr, "layer") {
+				t.Errorf("error names neither the file nor a layer: %q", stderr)
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	code, stdout, _ := runCLI(t, "version")
+	if code != 0 || !strings.HasPrefix(stdout, "moeprep ") {
+		t.Fatalf("version: exit %d, %q", code, stdout)
+	}
+}

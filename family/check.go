@@ -1,0 +1,143 @@
+package family
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// checker checks tensors against a plan's sizes and remembers the expert
+// weight dtype, which must be the same for every expert of every layer (and
+// the shared expert, which fuse-shared appends to the same stack).
+type checker struct {
+	t         Tensors
+	p         *Plan
+	dtype     safetensors.DType
+	dtypeFrom string // the tensor that set dtype, for error messages
+}
+
+func isFloat(d safetensors.DType) bool {
+	return d == safetensors.BF16 || d == safetensors.F16 || d == safetensors.F32
+}
+
+// anyOf reports whether any projection weight of an MLP exists.
+func (k *checker) anyOf(prefix string, proj [3]string) bool {
+	for _, pr := range proj {
+		if _, ok := k.t.Lookup(prefix + "." + pr + ".weight"); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// mlp checks one SwiGLU MLP of intermediate size inter: gate and up
+// [inter,H], down [H,inter].
+func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
+	var m MLP
+	names := [3]*string{&m.Gate, &m.Up, &m.Down}
+	scales := [3]*string{&m.GateScale, &m.UpScale, &m.DownScale}
+	h, i := int64(k.p.HiddenSize), int64(inter)
+	for n, pr := range proj {
+		rows, cols := i, h
+		if n == 2 {
+			rows, cols = h, i
+		}
+		*names[n] = prefix + "." + pr + ".weight"
+		var err error
+		if *scales[n], err = k.weight(where, pr, *names[n], rows, cols, hint); err != nil {
+			return MLP{}, err
+		}
+	}
+	return m, nil
+}
+
+// weight checks one expert projection and its FP8 block scale, returning the
+// scale's name ("" when not quantised).
+func (k *checker) weight(where, role, name string, rows, cols int64, hint string) (string, error) {
+	meta, ok := k.t.Lookup(name)
+	if !ok {
+		return "", fmt.Errorf("%s: missing tensor %s", where, name)
+	}
+	if want := []int64{rows, cols}; !slices.Equal(meta.Shape, want) {
+		return "", fmt.Errorf("%s: %s shape %s, expected %s %s", where, role, shapeString(meta.Shape), shapeString(want), hint)
+	}
+	if err := k.weightDType(where, role, name, meta.DType); err != nil {
+		return "", err
+	}
+	sn := scaleName(name)
+	sm, hasScale := k.t.Lookup(sn)
+	if meta.DType != safetensors.F8E4M3 {
+		if k.p.Quantization == QuantFP8Block {
+			return "", fmt.Errorf("%s: %s is %s but config.json quantization_config says fp8", where, name, meta.DType)
+		}
+		if hasScale {
+			return "", fmt.Errorf("%s: block scale %s present but %s is %s, not F8_E4M3", where, sn, name, meta.DType)
+		}
+		return "", nil
+	}
+	if k.p.Quantization != QuantFP8Block {
+		return "", fmt.Errorf("%s: %s is F8_E4M3 but config.json has no fp8 quantization_config", where, name)
+	}
+	if !hasScale {
+		return "", fmt.Errorf("%s: missing tensor %s (FP8 weights need their block scales)", where, sn)
+	}
+	if sm.DType != safetensors.F32 {
+		return "", fmt.Errorf("%s: %s dtype %s, expected F32", where, sn, sm.DType)
+	}
+	if want := scaleShape(rows, cols); !slices.Equal(sm.Shape, want) {
+		return "", fmt.Errorf("%s: %s shape %s, expected %s (128x128 blocks of %s weight %s)",
+			where, sn, shapeString(sm.Shape), shapeString(want), role, shapeString(meta.Shape))
+	}
+	return sn, nil
+}
+
+func (k *checker) weightDType(where, role, name string, d safetensors.DType) error {
+	if !isFloat(d) && d != safetensors.F8E4M3 {
+		return fmt.Errorf("%s: %s dtype %s is not supported (expert weights must be BF16, F16, F32 or F8_E4M3)", where, name, d)
+	}
+	if k.dtype == "" {
+		k.dtype, k.dtypeFrom = d, name
+		return nil
+	}
+	if d != k.dtype {
+		return fmt.Errorf("%s: %s dtype %s, expected %s like %s", where, role, d, k.dtype, k.dtypeFrom)
+	}
+	return nil
+}
+
+// router checks the router weight [E,H]. It stays a float matrix even in
+// FP8 checkpoints (DeepSeek keeps gate.weight BF16).
+func (k *checker) router(where, name string) error {
+	return k.small(where, "router", name, []int64{int64(k.p.NumExperts), int64(k.p.HiddenSize)},
+		fmt.Sprintf("(E=%d, H=%d)", k.p.NumExperts, k.p.HiddenSize))
+}
+
+// bias checks e_score_correction_bias [E]. F32 is what DeepSeek ships; a
+// BF16 or F16 bias is legal in a file and kept as it is (never re-cast:
+// rounding collapses distinct biases and re-routes tokens).
+func (k *checker) bias(where, name string) error {
+	return k.small(where, "router bias", name, []int64{int64(k.p.NumExperts)},
+		fmt.Sprintf("(E=%d; sigmoid routing needs e_score_correction_bias)", k.p.NumExperts))
+}
+
+// sharedGate checks Qwen2-MoE's per-token shared-expert gate [1,H].
+func (k *checker) sharedGate(where, name string) error {
+	return k.small(where, "shared expert gate", name, []int64{1, int64(k.p.HiddenSize)},
+		fmt.Sprintf("(H=%d)", k.p.HiddenSize))
+}
+
+// small checks an unquantised float tensor's presence, shape and dtype.
+func (k *checker) small(where, role, name string, want []int64, hint string) error {
+	meta, ok := k.t.Lookup(name)
+	if !ok {
+		return fmt.Errorf("%s: %s: missing tensor %s %s", where, role, name, hint)
+	}
+	if !slices.Equal(meta.Shape, want) {
+		return fmt.Errorf("%s: %s %s shape %s, expected %s %s", where, role, name, shapeString(meta.Shape), shapeString(want), hint)
+	}
+	if !isFloat(meta.DType) {
+		return fmt.Errorf("%s: %s %s dtype %s, expected BF16, F16 or F32", where, role, name, meta.DType)
+	}
+	return nil
+}

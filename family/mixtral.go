@@ -1,0 +1,31 @@
+package family
+
+// mixtral is Mixtral: every layer is MoE,
+// model.layers.L.block_sparse_moe.{gate, experts.E.w1|w3|w2} with w1 = gate,
+// w3 = up, w2 = down, and the expert size is plain intermediate_size.
+// transformers 5 renames the module to "mlp" in memory; a checkpoint saved
+// under that name is accepted too.
+var mixtral = &spec{
+	name:       "mixtral",
+	modelTypes: []string{"mixtral"},
+	names: naming{
+		layers:  "model.layers.",
+		modules: []string{"block_sparse_moe", "mlp"},
+		experts: "experts",
+		proj:    [3]string{"w1", "w3", "w2"},
+		router:  "gate",
+	},
+	keys: configKeys{
+		intermediate: "intermediate_size",
+		numExperts:   []string{"num_local_experts", "num_experts"},
+	},
+	layers:  everyLayer,
+	routing: mixtralRouting,
+}
+
+// mixtralRouting: softmax, top-k, always renormalised (Mixtral has no
+// norm_topk_prob key; its router divides by the top-k sum unconditionally).
+func mixtralRouting(_ config, _ string, p *Plan) error {
+	p.NormTopKProb = true
+	return nil
+}

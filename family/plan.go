@@ -1,0 +1,118 @@
+// Package family knows the MoE model families moeprep supports. Each family
+// lives in its own file and turns a config.json plus the checkpoint's tensor
+// names into a Plan: the MoE hyper-parameters and, for every MoE layer, the
+// exact tensor names of its router, routed experts and shared expert.
+package family
+
+import "github.com/moeprep/moeprep/safetensors"
+
+// Scoring is how router logits become expert scores.
+type Scoring string
+
+const (
+	Sigmoid Scoring = "sigmoid" // DeepSeek-V3/Kimi-K2: sigmoid + correction bias, grouped top-k
+	Softmax Scoring = "softmax" // Qwen, Mixtral, DeepSeek-V2
+)
+
+// TopKMethod is how experts are picked from the scores.
+type TopKMethod string
+
+const (
+	// TopKGreedy is plain top-k over all experts (Qwen, Mixtral, DeepSeek-V2 "greedy").
+	TopKGreedy TopKMethod = "greedy"
+	// TopKGroupLimited is DeepSeek-V2's group_limited_greedy: a group's score is
+	// the MAX softmax score in it; the topk_group best groups are kept, then top-k.
+	TopKGroupLimited TopKMethod = "group_limited_greedy"
+	// TopKNoAuxTC is DeepSeek-V3/Kimi-K2's noaux_tc: a group's score is the sum of
+	// its top-2 biased sigmoid scores; the topk_group best groups are kept, then top-k.
+	TopKNoAuxTC TopKMethod = "noaux_tc"
+)
+
+// Quantization of the expert weights.
+type Quantization string
+
+const (
+	QuantNone     Quantization = "none"
+	QuantFP8Block Quantization = "fp8_block_128x128" // F8_E4M3 with F32 weight_scale_inv per 128x128 block
+)
+
+// MLP names the tensors of one SwiGLU MLP (a routed expert or a shared
+// expert): E(x) = Down(silu(Gate x) * Up x). Scale names are empty unless the
+// weights are FP8 block-quantised.
+type MLP struct {
+	Gate, Up, Down                string
+	GateScale, UpScale, DownScale string
+}
+
+// Layer is one MoE layer of the checkpoint.
+type Layer struct {
+	Index      int    // decoder layer index (>= NumHiddenLayers for MTP layers)
+	MTP        bool   // a multi-token-prediction layer
+	Prefix     string // the MoE module, e.g. "model.layers.3.mlp"
+	Router     string // router weight [E,H]
+	RouterBias string // e_score_correction_bias [E] (F32), "" if none
+	Experts    []MLP  // routed experts, index = expert id
+	Shared     *MLP   // nil when the family has no shared expert
+	SharedGate string // per-token shared-expert gate [1,H] (Qwen2-MoE), "" if none
+}
+
+// Plan is everything moeprep needs to know about a checkpoint's MoE layers.
+type Plan struct {
+	Family                 string // registered family name, e.g. "deepseek"
+	ModelType              string // config.json model_type
+	HiddenSize             int
+	MoEIntermediateSize    int  // I of one routed expert
+	NumExperts             int  // routed experts E
+	NumSharedExperts       int  // S shared experts (0: none); DeepSeek's shared MLP has intermediate S*I
+	SharedIntermediateSize int  // intermediate size of the whole shared MLP (Qwen2-MoE: its own key)
+	SharedGated            bool // Qwen2-MoE's per-token sigmoid gate
+	TopK                   int
+	TopKMethod             TopKMethod
+	NGroup                 int // 1 when the family has no grouping
+	TopKGroup              int
+	Scoring                Scoring
+	NormTopKProb           bool
+	RoutedScalingFactor    float64 // 1 when the family has none
+	NumHiddenLayers        int
+	WeightDType            safetensors.DType // dtype of the expert weights
+	Quantization           Quantization
+	ScaleFmt               string  // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
+	Layers                 []Layer // sorted by Index
+}
+
+// DTypeName is the short dtype name inspect reports: bf16, f16, f32, fp8_e4m3.
+func (p *Plan) DTypeName() string {
+	switch p.WeightDType {
+	case safetensors.BF16:
+		return "bf16"
+	case safetensors.F16:
+		return "f16"
+	case safetensors.F32:
+		return "f32"
+	case safetensors.F8E4M3:
+		return "fp8_e4m3"
+	}
+	return string(p.WeightDType)
+}
+
+// TensorMeta is what a family may know about a tensor without reading it.
+type TensorMeta struct {
+	DType safetensors.DType
+	Shape []int64
+}
+
+// Tensors is the read-only view of a checkpoint's tensor names a family plans from.
+type Tensors interface {
+	Lookup(name string) (TensorMeta, bool)
+	Names() []string
+}
+
+// Family is one supported model family.
+type Family interface {
+	// Name is the family's registered name ("deepseek", "qwen2_moe", ...).
+	Name() string
+	// ModelTypes are the config.json model_type values it handles.
+	ModelTypes() []string
+	// Plan reads config (config.json decoded) and checks every MoE layer's tensors.
+	Plan(config map[string]any, tensors Tensors) (*Plan, error)
+}

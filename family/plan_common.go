@@ -1,0 +1,315 @@
+package family
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// ErrAlreadyConverted marks a checkpoint that is already moeprep (or other
+// stacked-expert) output. Callers that only need the non-expert parts can
+// test for it with errors.Is and use PlanConverted instead.
+var ErrAlreadyConverted = errors.New("already converted")
+
+func errConvertedConfig() error {
+	return fmt.Errorf("%w by moeprep (config.json has a moeprep section); use the original checkpoint", ErrAlreadyConverted)
+}
+
+// plan is the one planner every family runs. converted plans a checkpoint
+// whose experts are already stacked: routers, biases, shared experts and
+// layer selection are planned and checked, Experts stays nil.
+func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error) {
+	if raw == nil {
+		return nil, errors.New("config.json: no configuration")
+	}
+	if t == nil {
+		return nil, errors.New("no tensors to plan from")
+	}
+	c := config{m: raw}
+	mt, err := c.str("model_type", "")
+	if err != nil {
+		return nil, err
+	}
+	if mt == "" {
+		return nil, c.missing("model_type")
+	}
+	if !slices.Contains(s.modelTypes, mt) {
+		return nil, fmt.Errorf("config.json: model_type %q is not handled by family %s (it handles %s)",
+			mt, s.name, strings.Join(s.modelTypes, ", "))
+	}
+	if !converted && c.has("moeprep") {
+		return nil, errConvertedConfig()
+	}
+	c = s.withDefaults(raw, mt)
+	p := &Plan{Family: s.name, ModelType: mt, Scoring: Softmax, TopKMethod: TopKGreedy,
+		NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 1}
+	if err := s.readSizes(c, p, converted); err != nil {
+		return nil, err
+	}
+	if err := s.routing(c, mt, p); err != nil {
+		return nil, err
+	}
+	if err := checkRouting(p); err != nil {
+		return nil, err
+	}
+	if p.Quantization, p.ScaleFmt, err = readQuant(c); err != nil {
+		return nil, err
+	}
+	isMoE, err := s.layers.moe(c)
+	if err != nil {
+		return nil, err
+	}
+
+	names := t.Names()
+	if !converted {
+		if err := s.refuseStacked(names); err != nil {
+			return nil, err
+		}
+	}
+	byLayer := s.groupByLayer(names)
+	var moe []int
+	for l := 0; l < p.NumHiddenLayers; l++ {
+		if isMoE(l) {
+			moe = append(moe, l)
+		}
+	}
+	if len(moe) == 0 {
+		return nil, fmt.Errorf("config.json: none of the %d layers is a MoE layer", p.NumHiddenLayers)
+	}
+	module := s.pickModule(t, moe[0])
+	if err := s.refuseDenseExperts(p, byLayer, module, isMoE); err != nil {
+		return nil, err
+	}
+	mtp, err := s.mtpLayers(c, p, byLayer, module)
+	if err != nil {
+		return nil, err
+	}
+
+	k := &checker{t: t, p: p}
+	for _, l := range append(moe, mtp...) {
+		layer, err := s.layer(k, l, l >= p.NumHiddenLayers, module, byLayer[l], converted)
+		if err != nil {
+			return nil, err
+		}
+		p.Layers = append(p.Layers, layer)
+	}
+	p.WeightDType = k.dtype
+	return p, nil
+}
+
+// layer plans and checks one MoE layer.
+func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string, converted bool) (Layer, error) {
+	p, n := k.p, s.names
+	where := "layer " + strconv.Itoa(l)
+	if mtp {
+		where += " (MTP)"
+	}
+	prefix := n.layers + strconv.Itoa(l) + "." + module
+	out := Layer{Index: l, MTP: mtp, Prefix: prefix, Router: prefix + "." + n.router + ".weight"}
+	if err := k.router(where, out.Router); err != nil {
+		return Layer{}, err
+	}
+	if n.bias != "" && p.Scoring == Sigmoid {
+		out.RouterBias = prefix + "." + n.router + "." + n.bias
+		if err := k.bias(where, out.RouterBias); err != nil {
+			return Layer{}, err
+		}
+	}
+	if !converted {
+		if err := s.scanExperts(where, prefix, names, p.NumExperts); err != nil {
+			return Layer{}, err
+		}
+		out.Experts = make([]MLP, p.NumExperts)
+		hint := fmt.Sprintf("(H=%d, I=%d)", p.HiddenSize, p.MoEIntermediateSize)
+		for e := range out.Experts {
+			w := fmt.Sprintf("%s: expert %d", where, e)
+			ep := prefix + "." + n.experts + "." + strconv.Itoa(e)
+			var err error
+			if out.Experts[e], err = k.mlp(w, ep, n.proj, p.MoEIntermediateSize, hint); err != nil {
+				return Layer{}, err
+			}
+		}
+	}
+	sp := prefix + "." + n.shared
+	if p.NumSharedExperts == 0 {
+		if n.shared != "" && k.anyOf(sp, n.proj) {
+			return Layer{}, fmt.Errorf("%s: holds shared expert tensors under %s but config.json gives no shared experts", where, sp)
+		}
+		return out, nil
+	}
+	if converted && !k.anyOf(sp, n.proj) {
+		return out, nil // fused into the stacked experts by fuse-shared
+	}
+	hint := fmt.Sprintf("(H=%d, shared I=%d)", p.HiddenSize, p.SharedIntermediateSize)
+	shared, err := k.mlp(where+": shared expert", sp, n.proj, p.SharedIntermediateSize, hint)
+	if err != nil {
+		return Layer{}, err
+	}
+	out.Shared = &shared
+	if p.SharedGated {
+		out.SharedGate = prefix + "." + n.sharedGate + ".weight"
+		if err := k.sharedGate(where, out.SharedGate); err != nil {
+			return Layer{}, err
+		}
+	}
+	return out, nil
+}
+
+// parseIndex reads a layer or expert index: decimal digits, no sign, no
+// leading zeros, so that each index has exactly one spelling.
+func parseIndex(s string) (int, bool) {
+	if s == "" || len(s) > 9 || (len(s) > 1 && s[0] == '0') {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.Atoi(s)
+	return n, err == nil
+}
+
+// groupByLayer buckets tensor names by decoder layer index.
+func (s *spec) groupByLayer(names []string) map[int][]string {
+	out := map[int][]string{}
+	for _, name := range names {
+		rest, ok := strings.CutPrefix(name, s.names.layers)
+		if !ok {
+			continue
+		}
+		seg, _, _ := strings.Cut(rest, ".")
+		if l, ok := parseIndex(seg); ok {
+			out[l] = append(out[l], name)
+		}
+	}
+	return out
+}
+
+// refuseStacked rejects expert tensors that are not per-expert: a stacked or
+// fused bank (experts.all_gate.weight, experts.gate_up_proj) means some
+// converter already ran, and stacking it again would be wrong.
+func (s *spec) refuseStacked(names []string) error {
+	marker := "." + s.names.experts + "."
+	for _, name := range names {
+		i := strings.Index(name, marker)
+		if i < 0 {
+			continue
+		}
+		seg, _, _ := strings.Cut(name[i+len(marker):], ".")
+		if _, ok := parseIndex(seg); !ok {
+			return fmt.Errorf("%w: tensor %s holds stacked experts (moeprep or another converter's layout); use the original per-expert checkpoint",
+				ErrAlreadyConverted, name)
+		}
+	}
+	return nil
+}
+
+// pickModule chooses the MoE module name by the first MoE layer's router.
+func (s *spec) pickModule(t Tensors, l int) string {
+	for _, m := range s.names.modules {
+		if _, ok := t.Lookup(s.names.layers + strconv.Itoa(l) + "." + m + "." + s.names.router + ".weight"); ok {
+			return m
+		}
+	}
+	return s.names.modules[0]
+}
+
+// moeTensor returns the first of names that belongs to the MoE module of
+// layer l (an expert or the router), or "".
+func (s *spec) moeTensor(l int, module string, names []string) string {
+	prefix := s.names.layers + strconv.Itoa(l) + "." + module + "."
+	router := prefix + s.names.router + ".weight"
+	for _, name := range names {
+		if name == router || strings.HasPrefix(name, prefix+s.names.experts+".") {
+			return name
+		}
+	}
+	return ""
+}
+
+// refuseDenseExperts rejects a layer the config calls dense that holds experts:
+// the config and the weights disagree, and either reading could be wrong.
+func (s *spec) refuseDenseExperts(p *Plan, byLayer map[int][]string, module string, isMoE func(int) bool) error {
+	for _, l := range sortedKeys(byLayer) {
+		if l >= p.NumHiddenLayers || isMoE(l) {
+			continue
+		}
+		if name := s.moeTensor(l, module, byLayer[l]); name != "" {
+			return fmt.Errorf("layer %d: dense by config.json but holds MoE tensor %s", l, name)
+		}
+	}
+	return nil
+}
+
+// mtpLayers finds the layers past num_hidden_layers that hold MoE tensors:
+// DeepSeek-V3's multi-token-prediction layers (model.layers.61). Other
+// families have none, so such a layer there is an error.
+func (s *spec) mtpLayers(c config, p *Plan, byLayer map[int][]string, module string) ([]int, error) {
+	limit, bounded := 0, false
+	if s.keys.mtpCount != "" && c.has(s.keys.mtpCount) {
+		var err error
+		if limit, err = c.count(s.keys.mtpCount, 0); err != nil {
+			return nil, err
+		}
+		bounded = true
+	}
+	var out []int
+	for _, l := range sortedKeys(byLayer) {
+		if l < p.NumHiddenLayers {
+			continue
+		}
+		name := s.moeTensor(l, module, byLayer[l])
+		if name == "" {
+			continue
+		}
+		if !s.mtp {
+			return nil, fmt.Errorf("layer %d: beyond num_hidden_layers=%d but holds MoE tensor %s", l, p.NumHiddenLayers, name)
+		}
+		if bounded && l-p.NumHiddenLayers >= limit {
+			return nil, fmt.Errorf("layer %d (MTP): holds MoE tensor %s but config.json %s=%d", l, name, s.keys.mtpCount, limit)
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// scanExperts rejects tensors under the experts container that no expert
+// slot accounts for: ids >= E, or names other than the three projections
+// and their block scales.
+func (s *spec) scanExperts(where, prefix string, names []string, numExperts int) error {
+	ep := prefix + "." + s.names.experts + "."
+	for _, name := range names {
+		rest, ok := strings.CutPrefix(name, ep)
+		if !ok {
+			continue
+		}
+		seg, tail, _ := strings.Cut(rest, ".")
+		id, ok := parseIndex(seg)
+		if !ok {
+			return fmt.Errorf("%s: unexpected tensor %s", where, name)
+		}
+		if id >= numExperts {
+			return fmt.Errorf("%s: expert %d: tensor %s is beyond num_experts=%d", where, id, name, numExperts)
+		}
+		known := false
+		for _, pr := range s.names.proj {
+			known = known || tail == pr+".weight" || tail == pr+".weight_scale_inv"
+		}
+		if !known {
+			return fmt.Errorf("%s: expert %d: unexpected tensor %s", where, id, name)
+		}
+	}
+	return nil
+}
+
+func sortedKeys(m map[int][]string) []int {
+	keys := make([]int, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

@@ -1,0 +1,43 @@
+package family
+
+// qwenDefaults are Qwen2MoeConfig's and Qwen3MoeConfig's (they agree).
+var qwenDefaults = map[string]any{
+	"decoder_sparse_step": 1.0,
+	"norm_topk_prob":      false,
+	"mlp_only_layers":     []any{},
+}
+
+// qwen2MoE is Qwen1.5-MoE / Qwen2-MoE: routed experts as in Qwen3-MoE plus
+// one shared expert of its own size behind a per-token sigmoid gate,
+// model.layers.L.mlp.{shared_expert.*_proj, shared_expert_gate}.
+var qwen2MoE = &spec{
+	name:       "qwen2_moe",
+	modelTypes: []string{"qwen2_moe"},
+	names: naming{
+		layers:     "model.layers.",
+		modules:    []string{"mlp"},
+		experts:    "experts",
+		proj:       [3]string{"gate_proj", "up_proj", "down_proj"},
+		router:     "gate",
+		shared:     "shared_expert",
+		sharedGate: "shared_expert_gate",
+	},
+	keys: configKeys{
+		intermediate: "moe_intermediate_size",
+		numExperts:   []string{"num_experts", "num_local_experts"},
+		sharedFixed:  1,
+		sharedSize:   "shared_expert_intermediate_size",
+		sharedGated:  true,
+	},
+	layers:   sparseStep,
+	defaults: map[string]map[string]any{"qwen2_moe": qwenDefaults},
+	routing:  softmaxRouting,
+}
+
+// softmaxRouting is Qwen's: softmax, plain top-k, renormalised only if
+// norm_topk_prob, no scaling factor.
+func softmaxRouting(c config, _ string, p *Plan) error {
+	var err error
+	p.NormTopKProb, err = c.boolean("norm_topk_prob", false)
+	return err
+}

@@ -1,0 +1,104 @@
+package family
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// families lists every supported family, in the order All reports them.
+var families = []*spec{deepseek, qwen2MoE, qwen3MoE, mixtral}
+
+// All returns every supported family.
+func All() []Family {
+	out := make([]Family, len(families))
+	for i, f := range families {
+		out[i] = f
+	}
+	return out
+}
+
+// SupportedModelTypes lists every config.json model_type moeprep plans, sorted.
+func SupportedModelTypes() []string {
+	var out []string
+	for _, f := range families {
+		out = append(out, f.modelTypes...)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func lookup(modelType string) (*spec, error) {
+	for _, f := range families {
+		if slices.Contains(f.modelTypes, modelType) {
+			return f, nil
+		}
+	}
+	return nil, fmt.Errorf("config.json: model_type %q is not supported (supported: %s)",
+		modelType, strings.Join(SupportedModelTypes(), ", "))
+}
+
+// Lookup finds the family that handles a config.json model_type.
+func Lookup(modelType string) (Family, error) {
+	f, err := lookup(modelType)
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// modelType reads config.json's model_type. Multimodal wrappers that nest
+// the language model under text_config are named in the error: their
+// tensors live under other prefixes, so they are not planned.
+func modelType(config map[string]any) (string, error) {
+	if config == nil {
+		return "", errors.New("config.json: no configuration")
+	}
+	v, ok := config["model_type"]
+	if !ok || v == nil {
+		return "", errors.New("config.json: model_type is missing")
+	}
+	mt, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("config.json: model_type: want a string, got %s", describe(v))
+	}
+	if _, err := lookup(mt); err != nil {
+		if _, nested := config["text_config"].(map[string]any); nested {
+			return "", fmt.Errorf("%w; configs with the language model under text_config are not supported", err)
+		}
+		return "", err
+	}
+	return mt, nil
+}
+
+// Detect reads config.json's model_type and plans the checkpoint with its
+// family. A checkpoint that is already moeprep output is refused with an
+// error wrapping ErrAlreadyConverted.
+func Detect(config map[string]any, tensors Tensors) (*Plan, error) {
+	mt, err := modelType(config)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := config["moeprep"]; ok {
+		return nil, errConvertedConfig()
+	}
+	f, _ := lookup(mt)
+	return f.plan(config, tensors, false)
+}
+
+// PlanConverted plans a checkpoint whose experts are already stacked (moeprep
+// output): sizes, routing, layer selection, routers and biases are planned
+// and checked as in Detect; Layer.Experts is nil (the stacked names belong to
+// the layout that wrote them); Layer.Shared is nil where fuse-shared folded
+// the shared expert into the stack; WeightDType is that of the shared expert
+// if one remains, else empty. NumExperts is the moeprep section's num_experts
+// (the routed count) when present.
+func PlanConverted(config map[string]any, tensors Tensors) (*Plan, error) {
+	mt, err := modelType(config)
+	if err != nil {
+		return nil, err
+	}
+	f, _ := lookup(mt)
+	return f.plan(config, tensors, true)
+}

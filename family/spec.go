@@ -1,0 +1,195 @@
+package family
+
+import (
+	"fmt"
+	"slices"
+)
+
+// A family is data: where its tensors live (naming), which config keys give
+// which sizes (configKeys), which layers are MoE (layerRule), plus one small
+// function for the routing rules that genuinely differ. The planner in
+// plan_common.go does the rest the same way for every family.
+type spec struct {
+	name       string
+	modelTypes []string
+	names      naming
+	keys       configKeys
+	layers     layerRule
+	mtp        bool // layers >= num_hidden_layers that hold experts are MTP layers
+	// defaults per model_type for keys a config.json may leave out (or set to
+	// null): the values of transformers' configuration class, where it agrees
+	// with the model's own remote code. Sizes and expert counts have none.
+	defaults map[string]map[string]any
+	routing  func(c config, modelType string, p *Plan) error
+}
+
+// withDefaults returns config.json with the model type's defaults filled in
+// where a key is absent or null.
+func (s *spec) withDefaults(raw map[string]any, modelType string) config {
+	m := make(map[string]any, len(raw)+len(s.defaults[modelType]))
+	for k, v := range s.defaults[modelType] {
+		m[k] = v
+	}
+	for k, v := range raw {
+		if v != nil {
+			m[k] = v
+		}
+	}
+	return config{m: m}
+}
+
+// naming is where a family keeps its MoE tensors. Full names are
+// layers + index + "." + module + "." + (router | experts.<id>.<proj> | shared.<proj>) + ".weight".
+type naming struct {
+	layers     string    // decoder layer prefix, followed by the index: "model.layers."
+	modules    []string  // the MoE module in a layer; the first whose router exists wins
+	experts    string    // container of routed experts, followed by ".<id>."
+	proj       [3]string // gate, up, down projection of one expert (Mixtral: w1, w3, w2)
+	router     string    // router module
+	bias       string    // e_score_correction_bias inside the router module; "" if none
+	shared     string    // shared expert module; "" if none
+	sharedGate string    // per-token shared-expert gate module; "" if none
+}
+
+// configKeys says which config.json keys give a family's sizes.
+type configKeys struct {
+	intermediate string   // I of one routed expert
+	numExperts   []string // aliases of E; those present must agree
+	sharedCount  string   // key giving S; "" means sharedFixed
+	sharedFixed  int
+	sharedSize   string // key giving the shared intermediate size; "" means S*I
+	sharedGated  bool
+	mtpCount     string // key bounding the MTP layers; "" if none
+}
+
+// layerRule picks the MoE layers among 0..num_hidden_layers-1.
+type layerRule int
+
+const (
+	everyLayer   layerRule = iota // Mixtral
+	denseReplace                  // DeepSeek: L >= first_k_dense_replace && L % moe_layer_freq == 0
+	sparseStep                    // Qwen: L not in mlp_only_layers && (L+1) % decoder_sparse_step == 0
+)
+
+func (r layerRule) moe(c config) (func(int) bool, error) {
+	switch r {
+	case denseReplace:
+		k, err := c.count("first_k_dense_replace", 0)
+		if err != nil {
+			return nil, err
+		}
+		freq, err := c.intIn("moe_layer_freq", 1, 1, maxDim)
+		if err != nil {
+			return nil, err
+		}
+		return func(l int) bool { return l >= k && l%freq == 0 }, nil
+	case sparseStep:
+		step, err := c.intIn("decoder_sparse_step", 1, 1, maxDim)
+		if err != nil {
+			return nil, err
+		}
+		only, err := c.ints("mlp_only_layers")
+		if err != nil {
+			return nil, err
+		}
+		return func(l int) bool { return !slices.Contains(only, l) && (l+1)%step == 0 }, nil
+	}
+	return func(int) bool { return true }, nil
+}
+
+func (s *spec) Name() string         { return s.name }
+func (s *spec) ModelTypes() []string { return slices.Clone(s.modelTypes) }
+
+// Plan implements Family.
+func (s *spec) Plan(cfg map[string]any, t Tensors) (*Plan, error) {
+	return s.plan(cfg, t, false)
+}
+
+// readSizes fills the sizes every family shares. In a converted checkpoint
+// the routed count comes from the moeprep section, which convert writes.
+func (s *spec) readSizes(c config, p *Plan, converted bool) error {
+	var err error
+	if p.HiddenSize, err = c.size("hidden_size"); err != nil {
+		return err
+	}
+	if p.NumHiddenLayers, err = c.size("num_hidden_layers"); err != nil {
+		return err
+	}
+	if p.MoEIntermediateSize, err = c.size(s.keys.intermediate); err != nil {
+		return err
+	}
+	if p.NumExperts, err = s.numExperts(c, converted); err != nil {
+		return err
+	}
+	if p.TopK, err = c.size("num_experts_per_tok"); err != nil {
+		return err
+	}
+	p.NumSharedExperts = s.keys.sharedFixed
+	if s.keys.sharedCount != "" {
+		if p.NumSharedExperts, err = c.count(s.keys.sharedCount, 0); err != nil {
+			return err
+		}
+	}
+	if p.NumSharedExperts == 0 {
+		return nil
+	}
+	p.SharedGated = s.keys.sharedGated
+	if s.keys.sharedSize != "" {
+		p.SharedIntermediateSize, err = c.size(s.keys.sharedSize)
+		return err
+	}
+	p.SharedIntermediateSize = p.NumSharedExperts * p.MoEIntermediateSize
+	return nil
+}
+
+func (s *spec) numExperts(c config, converted bool) (int, error) {
+	if converted {
+		if m, ok, err := c.object("moeprep"); err != nil {
+			return 0, err
+		} else if ok && m.has("num_experts") {
+			return m.size("num_experts")
+		}
+	}
+	n, from := 0, ""
+	for _, key := range s.keys.numExperts {
+		if !c.has(key) {
+			continue
+		}
+		v, err := c.size(key)
+		if err != nil {
+			return 0, err
+		}
+		if from != "" && v != n {
+			return 0, fmt.Errorf("config.json: %s=%d and %s=%d disagree", from, n, key, v)
+		}
+		n, from = v, key
+	}
+	if from == "" {
+		return 0, fmt.Errorf("config.json: routed expert count is missing (want one of %v)", s.keys.numExperts)
+	}
+	return n, nil
+}
+
+// checkRouting refuses routing parameters no router could run.
+func checkRouting(p *Plan) error {
+	if p.TopK > p.NumExperts {
+		return fmt.Errorf("config.json: num_experts_per_tok=%d exceeds the %d routed experts", p.TopK, p.NumExperts)
+	}
+	if p.NGroup < 1 || p.TopKGroup < 1 || p.TopKGroup > p.NGroup {
+		return fmt.Errorf("config.json: topk_group=%d must be between 1 and n_group=%d", p.TopKGroup, p.NGroup)
+	}
+	if p.NumExperts%p.NGroup != 0 {
+		return fmt.Errorf("config.json: %d routed experts do not split into n_group=%d groups", p.NumExperts, p.NGroup)
+	}
+	perGroup := p.NumExperts / p.NGroup
+	if p.NGroup > 1 && p.TopKMethod == TopKNoAuxTC && perGroup < 2 {
+		return fmt.Errorf("config.json: n_group=%d leaves %d expert per group; noaux_tc scores a group by its top 2", p.NGroup, perGroup)
+	}
+	if p.TopK > p.TopKGroup*perGroup {
+		return fmt.Errorf("config.json: num_experts_per_tok=%d exceeds the %d experts in topk_group=%d groups", p.TopK, p.TopKGroup*perGroup, p.TopKGroup)
+	}
+	if !(p.RoutedScalingFactor > 0) {
+		return fmt.Errorf("config.json: routed_scaling_factor=%g must be positive", p.RoutedScalingFactor)
+	}
+	return nil
+}

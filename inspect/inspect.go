@@ -1,0 +1,158 @@
+// Package inspect summarises a checkpoint's MoE plan for people (a table)
+// and for machines (one JSON object).
+package inspect
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/family"
+)
+
+// Summary is what `moeprep inspect --json` prints. Field names are part of
+// the command's interface: add, never rename.
+type Summary struct {
+	Dir                    string  `json:"dir"`
+	Family                 string  `json:"family"`
+	ModelType              string  `json:"model_type"`
+	Format                 string  `json:"format"`
+	DType                  string  `json:"dtype"`
+	Quantization           string  `json:"quantization"`
+	ScaleFmt               string  `json:"scale_fmt,omitempty"`
+	HiddenSize             int     `json:"hidden_size"`
+	MoEIntermediateSize    int     `json:"moe_intermediate_size"`
+	NumExperts             int     `json:"num_experts"`
+	NumSharedExperts       int     `json:"num_shared_experts"`
+	SharedIntermediateSize int     `json:"shared_intermediate_size"`
+	SharedGated            bool    `json:"shared_gated"`
+	TopK                   int     `json:"top_k"`
+	NGroup                 int     `json:"n_group"`
+	TopKGroup              int     `json:"topk_group"`
+	Scoring                string  `json:"scoring"`
+	NormTopKProb           bool    `json:"norm_topk_prob"`
+	RoutedScalingFactor    float64 `json:"routed_scaling_factor"`
+	NumHiddenLayers        int     `json:"num_hidden_layers"`
+	MoELayers              []int   `json:"moe_layers"`
+	MTPLayers              []int   `json:"mtp_layers"`
+	NumTensors             int     `json:"num_tensors"`
+	TotalBytes             int64   `json:"total_bytes"`
+	WeightFiles            int     `json:"weight_files"`
+}
+
+// Summarize plans c and collects its summary.
+func Summarize(c *checkpoint.Checkpoint) (*Summary, error) {
+	p, err := c.Plan()
+	if err != nil {
+		return nil, err
+	}
+	return fromPlan(c, p), nil
+}
+
+func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
+	s := &Summary{
+		Dir: c.Dir, Family: p.Family, ModelType: p.ModelType, Format: c.Format,
+		DType: p.DTypeName(), Quantization: string(p.Quantization), ScaleFmt: p.ScaleFmt,
+		HiddenSize: p.HiddenSize, MoEIntermediateSize: p.MoEIntermediateSize,
+		NumExperts: p.NumExperts, NumSharedExperts: p.NumSharedExperts,
+		SharedIntermediateSize: p.SharedIntermediateSize, SharedGated: p.SharedGated,
+		TopK: p.TopK, NGroup: p.NGroup, TopKGroup: p.TopKGroup, Scoring: string(p.Scoring),
+		NormTopKProb: p.NormTopKProb, RoutedScalingFactor: p.RoutedScalingFactor,
+		NumHiddenLayers: p.NumHiddenLayers,
+		MoELayers:       []int{}, MTPLayers: []int{},
+		NumTensors: len(c.Tensors), TotalBytes: c.TotalBytes(),
+	}
+	for _, l := range p.Layers {
+		s.MoELayers = append(s.MoELayers, l.Index)
+		if l.MTP {
+			s.MTPLayers = append(s.MTPLayers, l.Index)
+		}
+	}
+	for _, f := range c.WeightFiles {
+		if !strings.HasSuffix(f, ".json") {
+			s.WeightFiles++
+		}
+	}
+	return s
+}
+
+// WriteText prints s as an aligned, human-readable block.
+func WriteText(w io.Writer, s *Summary) error {
+	shared := "none"
+	if s.NumSharedExperts > 0 {
+		shared = fmt.Sprintf("%d x intermediate %d", s.NumSharedExperts, s.SharedIntermediateSize/s.NumSharedExperts)
+		if s.SharedGated {
+			shared += " (per-token gated)"
+		}
+	}
+	quant := s.Quantization
+	if s.ScaleFmt != "" {
+		quant += " (scale_fmt " + s.ScaleFmt + ")"
+	}
+	routing := fmt.Sprintf("%s, top-%d", s.Scoring, s.TopK)
+	if s.NGroup > 1 {
+		routing += fmt.Sprintf(", %d groups keep %d", s.NGroup, s.TopKGroup)
+	}
+	if s.NormTopKProb {
+		routing += ", renormalised"
+	}
+	if s.RoutedScalingFactor != 1 {
+		routing += fmt.Sprintf(", routed_scaling_factor %g", s.RoutedScalingFactor)
+	}
+	rows := [][2]string{
+		{"checkpoint", s.Dir},
+		{"family", fmt.Sprintf("%s (model_type %s)", s.Family, s.ModelType)},
+		{"format", fmt.Sprintf("%s, %d weight files, %d tensors, %s", s.Format, s.WeightFiles, s.NumTensors, HumanBytes(s.TotalBytes))},
+		{"expert weights", fmt.Sprintf("%s, quantization %s", s.DType, quant)},
+		{"shapes", fmt.Sprintf("hidden %d, expert intermediate %d", s.HiddenSize, s.MoEIntermediateSize)},
+		{"routed experts", fmt.Sprint(s.NumExperts)},
+		{"shared experts", shared},
+		{"routing", routing},
+		{"MoE layers", fmt.Sprintf("%d of %d: %s", len(s.MoELayers), s.NumHiddenLayers, Ranges(s.MoELayers))},
+	}
+	if len(s.MTPLayers) > 0 {
+		rows = append(rows, [2]string{"MTP layers", Ranges(s.MTPLayers)})
+	}
+	for _, r := range rows {
+		if _, err := fmt.Fprintf(w, "%-16s %s\n", r[0]+":", r[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Ranges renders sorted ints compactly: 1-3,5,7-9.
+func Ranges(xs []int) string {
+	if len(xs) == 0 {
+		return "none"
+	}
+	var parts []string
+	for i := 0; i < len(xs); {
+		j := i
+		for j+1 < len(xs) && xs[j+1] == xs[j]+1 {
+			j++
+		}
+		if j == i {
+			parts = append(parts, fmt.Sprint(xs[i]))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d", xs[i], xs[j]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ",")
+}
+
+// HumanBytes renders n with a binary unit.
+func HumanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,132 @@
+// Package progress reports byte progress of long work on stderr: a progress
+// bar when stderr is a terminal, otherwise (CI logs) a plain line every few
+// seconds. Workers only call Add; they never print.
+package progress
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+)
+
+// Reporter counts bytes of work done.
+type Reporter interface {
+	// Total sets the number of bytes the whole job will process.
+	Total(n int64)
+	// Add records n more bytes done. Safe for concurrent use.
+	Add(n int64)
+	// Done stops reporting; the caller prints its own summary.
+	Done()
+}
+
+// Discard reports nothing.
+type Discard struct{}
+
+func (Discard) Total(int64) {}
+func (Discard) Add(int64)   {}
+func (Discard) Done()       {}
+
+// New picks a bar for a terminal and plain lines otherwise; disabled gives Discard.
+func New(w *os.File, label string, disabled bool) Reporter {
+	if disabled {
+		return Discard{}
+	}
+	if term.IsTerminal(int(w.Fd())) {
+		return newBar(w, label)
+	}
+	return NewLines(w, label, 5*time.Second)
+}
+
+type bar struct {
+	mu  sync.Mutex
+	bar *progressbar.ProgressBar
+}
+
+func newBar(w io.Writer, label string) *bar {
+	return &bar{bar: progressbar.NewOptions64(-1,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription(label),
+		progressbar.OptionShowBytes(true),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionClearOnFinish(),
+	)}
+}
+
+func (b *bar) Total(n int64) { b.mu.Lock(); b.bar.ChangeMax64(n); b.mu.Unlock() }
+func (b *bar) Add(n int64)   { b.mu.Lock(); _ = b.bar.Add64(n); b.mu.Unlock() }
+func (b *bar) Done()         { b.mu.Lock(); _ = b.bar.Finish(); b.mu.Unlock() }
+
+// Lines prints "label: 1.2 GiB of 8.0 GiB (15%), 1.1 GB/s" every interval.
+type Lines struct {
+	w        io.Writer
+	label    string
+	total    atomic.Int64
+	done     atomic.Int64
+	start    time.Time
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// NewLines starts a reporter that prints a line every interval.
+func NewLines(w io.Writer, label string, interval time.Duration) *Lines {
+	l := &Lines{w: w, label: label, start: time.Now(), stop: make(chan struct{})}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-l.stop:
+				return
+			case <-t.C:
+				l.print()
+			}
+		}
+	}()
+	return l
+}
+
+func (l *Lines) Total(n int64) { l.total.Store(n) }
+func (l *Lines) Add(n int64)   { l.done.Add(n) }
+
+// Done stops the ticker.
+func (l *Lines) Done() {
+	l.stopOnce.Do(func() { close(l.stop) })
+	l.wg.Wait()
+}
+
+func (l *Lines) print() {
+	done, total := l.done.Load(), l.total.Load()
+	secs := time.Since(l.start).Seconds()
+	rate := 0.0
+	if secs > 0 {
+		rate = float64(done) / secs / 1e9
+	}
+	if total > 0 {
+		fmt.Fprintf(l.w, "%s: %s of %s (%.0f%%), %.2f GB/s\n", l.label, human(done), human(total), 100*float64(done)/float64(total), rate)
+	} else {
+		fmt.Fprintf(l.w, "%s: %s, %.2f GB/s\n", l.label, human(done), rate)
+	}
+}
+
+func human(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

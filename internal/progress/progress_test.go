@@ -1,0 +1,48 @@
+package progress
+
+import (
+	"bytes"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func TestLinesPrintsFraction(t *testing.T) {
+	var buf syncBuf
+	l := NewLines(&buf, "convert", 10*time.Millisecond)
+	l.Total(4 << 20)
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); l.Add(1 << 20) }()
+	}
+	wg.Wait()
+	deadline := time.Now().Add(2 * time.Second)
+	for !strings.Contains(buf.String(), "4.0 MiB of 4.0 MiB (100%)") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no complete progress line, got %q", buf.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	l.Done()
+	if !strings.HasPrefix(buf.String(), "convert: ") {
+		t.Fatalf("line should start with the label: %q", buf.String())
+	}
+}
+
+func TestHuman(t *testing.T) {
+	for n, want := range map[int64]string{12: "12 B", 2048: "2.0 KiB", 3 << 20: "3.0 MiB", 5 << 30: "5.0 GiB"} {
+		if got := human(n); got != want {
+			t.Errorf("human(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
