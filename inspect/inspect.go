@@ -9,6 +9,8 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
 )
 
 // Summary is what `moeprep inspect --json` prints. Field names are part of
@@ -39,15 +41,38 @@ type Summary struct {
 	NumTensors             int     `json:"num_tensors"`
 	TotalBytes             int64   `json:"total_bytes"`
 	WeightFiles            int     `json:"weight_files"`
+	// Contract is the moeprep section of a converted checkpoint, nil for a source checkpoint.
+	Contract *layout.Contract `json:"moeprep,omitempty"`
 }
 
-// Summarize plans c and collects its summary.
+// Summarize plans c and collects its summary. A checkpoint converted by
+// moeprep is planned from its contract and stacked tensors.
 func Summarize(c *checkpoint.Checkpoint) (*Summary, error) {
-	p, err := c.Plan()
+	contract, converted, err := layout.ReadContract(c.Config)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s: %w", c.Dir, err)
 	}
-	return fromPlan(c, p), nil
+	if !converted {
+		p, err := c.Plan()
+		if err != nil {
+			return nil, err
+		}
+		return fromPlan(c, p), nil
+	}
+	p, err := family.PlanConverted(c.Config, c)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.Dir, err)
+	}
+	s := fromPlan(c, p)
+	s.Contract = contract
+	s.DType = dtypeName(contract.WeightDType)
+	s.Quantization = contract.Quantization
+	return s, nil
+}
+
+func dtypeName(d string) string {
+	p := family.Plan{WeightDType: safetensors.DType(d)}
+	return p.DTypeName()
 }
 
 func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
@@ -113,6 +138,21 @@ func WriteText(w io.Writer, s *Summary) error {
 	}
 	if len(s.MTPLayers) > 0 {
 		rows = append(rows, [2]string{"MTP layers", Ranges(s.MTPLayers)})
+	}
+	if k := s.Contract; k != nil {
+		fused := "no shared expert fused"
+		if k.NumFusedSharedExperts > 0 {
+			fused = fmt.Sprintf("%d shared experts fused at ids %d-%d (%d replicas x %d slices), slot weight %g",
+				k.NumFusedSharedExperts, k.SharedFirstID, k.SharedFirstID+k.NumFusedSharedExperts-1, k.SharedReplicas, k.SharedSlices, k.SharedSlotWeight)
+		}
+		folded := "not folded (runtime multiply)"
+		if k.RoutedScalingFactorFolded {
+			folded = fmt.Sprintf("folded into routed down projections (max relative change %.3g)", k.FoldMaxRelChange)
+		}
+		rows = append(rows,
+			[2]string{"converted by", fmt.Sprintf("%s, layout %s, from %s", k.Tool, k.Layout, k.SourceFormat)},
+			[2]string{"fused shared", fused},
+			[2]string{"rsf", fmt.Sprintf("%g, %s", k.RoutedScalingFactor, folded)})
 	}
 	for _, r := range rows {
 		if _, err := fmt.Fprintf(w, "%-16s %s\n", r[0]+":", r[1]); err != nil {
