@@ -1,0 +1,121 @@
+package convert
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/moeprep/moeprep/layout"
+)
+
+// copyBufSize bounds every copy buffer.
+const copyBufSize = 1 << 20
+
+// copyFile copies a regular file, hashing it on the way, and syncs it.
+func copyFile(src, dst string) (layout.FileInfo, error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return layout.FileInfo{}, err
+	}
+	defer in.Close()
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return layout.FileInfo{}, err
+	}
+	out, err := os.Create(dst)
+	if err != nil {
+		return layout.FileInfo{}, err
+	}
+	h := sha256.New()
+	n, err := io.CopyBuffer(io.MultiWriter(out, h), in, make([]byte, copyBufSize))
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return layout.FileInfo{}, fmt.Errorf("copying %s to %s: %w", src, dst, err)
+	}
+	return layout.FileInfo{Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+// writeFileSync writes b to path and syncs it.
+func writeFileSync(path string, b []byte) (layout.FileInfo, error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return layout.FileInfo{}, err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return layout.FileInfo{}, fmt.Errorf("%s: %w", path, err)
+	}
+	sum := sha256.Sum256(b)
+	return layout.FileInfo{Size: int64(len(b)), SHA256: hex.EncodeToString(sum[:])}, nil
+}
+
+// writeFileAtomic writes path via a temporary name and rename.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if _, err := writeFileSync(tmp, b); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	_ = d.Sync() // some filesystems refuse directory sync; the rename is what matters
+	return nil
+}
+
+// configWithContract is the source config.json with the contract added as its
+// last key. The source's bytes are kept as they are (key order, formatting,
+// quantization_config), so loaders see exactly the config they knew.
+func configWithContract(src []byte, c *layout.Contract) ([]byte, error) {
+	cb, err := json.MarshalIndent(c, "  ", "  ")
+	if err != nil {
+		return nil, err
+	}
+	body := bytes.TrimRight(src, " \t\r\n")
+	if len(body) == 0 || body[len(body)-1] != '}' {
+		return nil, fmt.Errorf("not a JSON object")
+	}
+	body = body[:len(body)-1]
+	inner := bytes.TrimRight(body, " \t\r\n")
+	var out bytes.Buffer
+	out.Write(inner)
+	if len(inner) > 0 && inner[len(inner)-1] != '{' {
+		out.WriteByte(',')
+	}
+	out.WriteString("\n  \"" + layout.ContractKey + "\": ")
+	out.Write(cb)
+	out.WriteString("\n}\n")
+	var check map[string]any
+	if err := json.Unmarshal(out.Bytes(), &check); err != nil {
+		return nil, fmt.Errorf("adding the contract: %v", err)
+	}
+	return out.Bytes(), nil
+}
+
+func manifestJSON(files map[string]layout.FileInfo) ([]byte, error) {
+	b, err := json.MarshalIndent(layout.Manifest{Version: layout.ContractVersion, Files: files}, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}

@@ -1,0 +1,210 @@
+package convert
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// TestHFFixtures converts every committed HF fixture (fixtures/hf/*/config.json)
+// with each layout and, where the family has a shared expert, fuse-shared.
+// wantHF lists the committed fixtures, so the test fails when one goes missing.
+var wantHF = []string{"deepseek-v2-lite", "deepseek-v3-bf16", "deepseek-v3-fp8", "mixtral",
+	"mixtral-bin-sharded", "qwen2-moe", "qwen3-moe", "qwen3-moe-bin"}
+
+func TestHFFixtures(t *testing.T) {
+	dirs, _ := filepath.Glob(filepath.Join("..", "fixtures", "hf", "*", "config.json"))
+	found := map[string]bool{}
+	for _, c := range dirs {
+		found[filepath.Base(filepath.Dir(c))] = true
+	}
+	for _, w := range wantHF {
+		if !found[w] {
+			t.Errorf("HF fixture %s is missing", w)
+		}
+	}
+	if len(dirs) != len(wantHF) {
+		t.Errorf("found %d HF fixtures, wantHF lists %d: keep them in step", len(dirs), len(wantHF))
+	}
+	for _, c := range dirs {
+		checkHFFixture(t, filepath.Dir(c))
+	}
+}
+
+// checkHFFixture converts one fixture several ways and verifies each output
+// against the source through the family plan (no knowledge of the generator).
+func checkHFFixture(t *testing.T, src string) {
+	ck, err := checkpoint.Open(src)
+	if err != nil {
+		t.Fatalf("%s: %v", src, err)
+	}
+	fp, err := ck.Plan()
+	ck.Close()
+	if err != nil {
+		t.Fatalf("%s: %v", src, err)
+	}
+	runs := []Options{{}, {Layout: layout.GateUp}, {Layout: layout.UpGate}}
+	if fp.NumSharedExperts > 0 && !fp.SharedGated {
+		runs = append(runs, Options{FuseShared: true, TP: 2}, Options{FuseShared: true, TP: 1, FoldScaling: "down", Layout: layout.GateUp})
+	}
+	for i, o := range runs {
+		name := fmt.Sprintf("%s/%s/fuse=%v/tp%d/%s", filepath.Base(src), o.Layout, o.FuseShared, o.TP, o.FoldScaling)
+		t.Run(name, func(t *testing.T) {
+			dst := filepath.Join(t.TempDir(), fmt.Sprint("out", i))
+			o.Src, o.Dst = src, dst
+			sum, err := Convert(context.Background(), o)
+			if err != nil {
+				if o.FoldScaling == "down" && strings.Contains(err.Error(), "UE8M0") {
+					return
+				}
+				t.Fatal(err)
+			}
+			verifyAgainstPlan(t, src, dst, o, sum)
+		})
+	}
+}
+
+func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
+	ck, err := checkpoint.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	fp, err := ck.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, cfg := readOut(t, dst)
+	c, ok, err := layout.ReadContract(cfg)
+	if !ok || err != nil {
+		t.Fatalf("contract: %v %v", ok, err)
+	}
+	read := func(name string) []byte {
+		tt, ok := ck.Tensor(name)
+		if !ok {
+			t.Fatalf("source lacks %s", name)
+		}
+		b, err := tt.ReadAll()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	fp8 := c.Quantized()
+	I, H := int64(fp.MoEIntermediateSize), int64(fp.HiddenSize)
+	es := int64(fp.WeightDType.Size())
+	S := c.SharedSlices
+	consumed := map[string]bool{}
+	seen := map[string]bool{}
+	for _, l := range fp.Layers {
+		names := c.Names(layout.LayerInfo{Index: l.Index, Prefix: l.Prefix})
+		pick := func(n string) []byte {
+			seen[n] = true
+			d, ok := out[n]
+			if !ok {
+				t.Fatalf("output lacks %s", n)
+			}
+			return d.data
+		}
+		for b := 0; b < c.BankSize(); b++ {
+			var g, u, d, gs, us, ds []byte
+			if b < c.NumExperts {
+				m := l.Experts[b]
+				for _, n := range mlpNames(m) {
+					consumed[n] = true
+				}
+				g, u, d = read(m.Gate), read(m.Up), read(m.Down)
+				if fp8 {
+					gs, us, ds = read(m.GateScale), read(m.UpScale), read(m.DownScale)
+				}
+			} else {
+				m := *l.Shared
+				for _, n := range mlpNames(m) {
+					consumed[n] = true
+				}
+				s := int64((b - c.NumExperts) % S)
+				g = rowsOf(read(m.Gate), H*es, s*I, I)
+				u = rowsOf(read(m.Up), H*es, s*I, I)
+				d = colsOf(read(m.Down), H, int64(S)*I*es, s*I*es, I*es)
+				if S == 1 {
+					g, u, d = read(m.Gate), read(m.Up), read(m.Down)
+				}
+				if fp8 && S == 1 {
+					gs, us, ds = read(m.GateScale), read(m.UpScale), read(m.DownScale)
+				} else if fp8 {
+					gc := layout.CeilDiv(H, 128) * 4
+					gs = rowsOf(read(m.GateScale), gc, s*I/128, layout.CeilDiv(I, 128))
+					us = rowsOf(read(m.UpScale), gc, s*I/128, layout.CeilDiv(I, 128))
+					ds = colsOf(read(m.DownScale), layout.CeilDiv(H, 128), int64(S)*layout.CeilDiv(I, 128)*4, s*I/128*4, layout.CeilDiv(I, 128)*4)
+				}
+			}
+			where := fmt.Sprintf("layer %d id %d", l.Index, b)
+			folded := c.RoutedScalingFactorFolded && b < c.NumExperts
+			if c.Layout.Fused() {
+				a, z, as, zs := g, u, gs, us
+				if c.Layout == layout.UpGate {
+					a, z, as, zs = u, g, us, gs
+				}
+				eqBytes(t, where+" gate/up", sliceOf(pick(names.GateUp), int64(b), int64(len(a)+len(z))), append(append([]byte{}, a...), z...))
+				if fp8 {
+					eqBytes(t, where+" gate/up scale", sliceOf(pick(names.GateUpScale), int64(b), int64(len(as)+len(zs))), append(append([]byte{}, as...), zs...))
+				}
+			} else {
+				eqBytes(t, where+" gate", sliceOf(pick(names.Gate), int64(b), int64(len(g))), g)
+				eqBytes(t, where+" up", sliceOf(pick(names.Up), int64(b), int64(len(u))), u)
+				if fp8 {
+					eqBytes(t, where+" gate scale", sliceOf(pick(names.GateScale), int64(b), int64(len(gs))), gs)
+					eqBytes(t, where+" up scale", sliceOf(pick(names.UpScale), int64(b), int64(len(us))), us)
+				}
+			}
+			gotD := sliceOf(pick(names.Down), int64(b), int64(len(d)))
+			if folded && !fp8 {
+				eqFolded(t, where+" down", gotD, d, fp.WeightDType, c.RoutedScalingFactor)
+			} else {
+				eqBytes(t, where+" down", gotD, d)
+			}
+			if fp8 {
+				gotS := sliceOf(pick(names.DownScale), int64(b), int64(len(ds)))
+				if folded {
+					eqFolded(t, where+" down scale", gotS, ds, safetensors.F32, c.RoutedScalingFactor)
+				} else {
+					eqBytes(t, where+" down scale", gotS, ds)
+				}
+			}
+		}
+	}
+	for _, st := range ck.Tensors {
+		if consumed[st.Name] {
+			continue
+		}
+		seen[st.Name] = true
+		got, ok := out[st.Name]
+		if !ok {
+			t.Errorf("output lacks %s", st.Name)
+			continue
+		}
+		if !bytes.Equal(got.data, read(st.Name)) || got.dtype != st.DType || !equalShape(got.shape, st.Shape) {
+			t.Errorf("%s: not byte-identical to the source", st.Name)
+		}
+	}
+	for n := range out {
+		if !seen[n] {
+			t.Errorf("unexpected output tensor %s", n)
+		}
+	}
+	m, err := layout.ReadManifest(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Verify(dst); err != nil {
+		t.Error(err)
+	}
+	_ = sum
+}

@@ -1,0 +1,271 @@
+package convert
+
+import (
+	"fmt"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// mlpParts are the regions of one expert (routed, or one slice of the shared
+// expert) in the order the stacks need them.
+type mlpParts struct {
+	gate, up, down                part
+	gateScale, upScale, downScale part
+}
+
+// get finds a tensor and checks its dtype and shape.
+func (p *planner) get(name, what string, dtype safetensors.DType, shape ...int64) (*checkpoint.Tensor, error) {
+	if name == "" {
+		return nil, fmt.Errorf("%s: %s: no tensor name in the family plan", p.ck.Dir, what)
+	}
+	t, ok := p.ck.Tensor(name)
+	if !ok {
+		return nil, fmt.Errorf("%s: %s: tensor %s is missing", p.ck.Dir, what, name)
+	}
+	if t.DType != dtype {
+		return nil, fmt.Errorf("%s: %s: tensor %s is %s, want %s like the other experts", t.File, what, name, t.DType, dtype)
+	}
+	if !sameShape(t.Shape, shape) {
+		return nil, fmt.Errorf("%s: %s: tensor %s has shape %v, want %v", t.File, what, name, t.Shape, shape)
+	}
+	return t, nil
+}
+
+func sameShape(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// whole is a part covering all of t.
+func whole(t *checkpoint.Tensor) part {
+	n := t.NumBytes()
+	return part{region: region{src: t.Data, file: t.File, tensor: t.Name, rows: 1, rowLen: n, stride: n}, dtype: t.DType}
+}
+
+// rowBlock is rows [r0, r0+nr) of t viewed as a [rows, cols] matrix.
+func rowBlock(t *checkpoint.Tensor, cols, r0, nr int64) part {
+	es := int64(t.DType.Size())
+	n := nr * cols * es
+	return part{region: region{src: t.Data, file: t.File, tensor: t.Name, off: r0 * cols * es, rows: 1, rowLen: n, stride: n}, dtype: t.DType}
+}
+
+// colBlock is columns [c0, c0+nc) of t viewed as a [rows, cols] matrix.
+func colBlock(t *checkpoint.Tensor, rows, cols, c0, nc int64) part {
+	es := int64(t.DType.Size())
+	return part{region: region{src: t.Data, file: t.File, tensor: t.Name, off: c0 * es, rows: rows, rowLen: nc * es, stride: cols * es}, dtype: t.DType}
+}
+
+// layer plans one MoE layer's stacks and lists the source tensors they replace.
+func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
+	fp := p.fp
+	E, I, H := int64(len(l.Experts)), int64(fp.MoEIntermediateSize), int64(fp.HiddenSize)
+	where := fmt.Sprintf("layer %d (%s)", l.Index, l.Prefix)
+	if E != int64(fp.NumExperts) || E == 0 {
+		return nil, nil, fmt.Errorf("%s: %s has %d experts, config says %d", p.ck.Dir, where, E, fp.NumExperts)
+	}
+	if I <= 0 || H <= 0 {
+		return nil, nil, fmt.Errorf("%s: %s: intermediate size %d, hidden size %d", p.ck.Dir, where, I, H)
+	}
+	wd := fp.WeightDType
+	if !wd.Valid() {
+		return nil, nil, fmt.Errorf("%s: %s: expert weight dtype %q", p.ck.Dir, where, wd)
+	}
+	var consumed []string
+	routed := make([]mlpParts, E)
+	for e, m := range l.Experts {
+		what := fmt.Sprintf("%s expert %d", where, e)
+		var mp mlpParts
+		var err error
+		if mp, err = p.expert(m, what, I, H, 1); err != nil {
+			return nil, nil, err
+		}
+		if p.fold.weights {
+			mp.down.fold, mp.down.factor, mp.down.stats = true, p.fold.factor, p.st
+		}
+		if p.fold.scales {
+			mp.downScale.fold, mp.downScale.factor, mp.downScale.stats = true, p.fold.factor, p.st
+		}
+		routed[e] = mp
+		consumed = append(consumed, mlpNames(m)...)
+	}
+	bank := routed
+	if p.o.FuseShared {
+		S := int64(fp.NumSharedExperts)
+		slices := make([]mlpParts, S)
+		for s := int64(0); s < S; s++ {
+			sp, err := p.sharedSlice(*l.Shared, where+" shared expert", I, H, S, s)
+			if err != nil {
+				return nil, nil, err
+			}
+			slices[s] = sp
+		}
+		for r := 0; r < p.o.Replicas; r++ {
+			bank = append(bank, slices...) // ids E + r*S + s
+		}
+		consumed = append(consumed, mlpNames(*l.Shared)...)
+	}
+	outs, err := p.stacks(l.Prefix, bank, I, H, wd)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %s: %w", p.ck.Dir, where, err)
+	}
+	return outs, consumed, nil
+}
+
+func mlpNames(m family.MLP) []string {
+	var out []string
+	for _, n := range []string{m.Gate, m.Up, m.Down, m.GateScale, m.UpScale, m.DownScale} {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// expert checks one routed expert (intermediate I*S with S = 1) and returns whole-tensor parts.
+func (p *planner) expert(m family.MLP, what string, I, H, S int64) (mlpParts, error) {
+	var mp mlpParts
+	wd := p.fp.WeightDType
+	g, err := p.get(m.Gate, what+" gate", wd, S*I, H)
+	if err != nil {
+		return mp, err
+	}
+	u, err := p.get(m.Up, what+" up", wd, S*I, H)
+	if err != nil {
+		return mp, err
+	}
+	d, err := p.get(m.Down, what+" down", wd, H, S*I)
+	if err != nil {
+		return mp, err
+	}
+	mp.gate, mp.up, mp.down = whole(g), whole(u), whole(d)
+	if !p.fp8 {
+		return mp, nil
+	}
+	gr, gc := layout.CeilDiv(S*I, p.bo), layout.CeilDiv(H, p.bi)
+	dr, dc := layout.CeilDiv(H, p.bo), layout.CeilDiv(S*I, p.bi)
+	gs, err := p.get(m.GateScale, what+" gate scale", safetensors.F32, gr, gc)
+	if err != nil {
+		return mp, err
+	}
+	us, err := p.get(m.UpScale, what+" up scale", safetensors.F32, gr, gc)
+	if err != nil {
+		return mp, err
+	}
+	ds, err := p.get(m.DownScale, what+" down scale", safetensors.F32, dr, dc)
+	if err != nil {
+		return mp, err
+	}
+	mp.gateScale, mp.upScale, mp.downScale = whole(gs), whole(us), whole(ds)
+	return mp, nil
+}
+
+// sharedSlice is slice s of the shared expert of intermediate S*I: gate and up
+// rows s*I..(s+1)*I-1, down columns s*I..(s+1)*I-1, and the matching scale
+// blocks (checkFusable made sure I is a multiple of the block when S > 1).
+func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64) (mlpParts, error) {
+	full, err := p.expert(m, what, I, H, S)
+	if err != nil || S == 1 {
+		return full, err
+	}
+	g, _ := p.ck.Tensor(m.Gate)
+	u, _ := p.ck.Tensor(m.Up)
+	d, _ := p.ck.Tensor(m.Down)
+	sp := mlpParts{
+		gate: rowBlock(g, H, s*I, I),
+		up:   rowBlock(u, H, s*I, I),
+		down: colBlock(d, H, S*I, s*I, I),
+	}
+	if p.fp8 {
+		gs, _ := p.ck.Tensor(m.GateScale)
+		us, _ := p.ck.Tensor(m.UpScale)
+		ds, _ := p.ck.Tensor(m.DownScale)
+		gc := layout.CeilDiv(H, p.bi)
+		sp.gateScale = rowBlock(gs, gc, s*(I/p.bo), I/p.bo)
+		sp.upScale = rowBlock(us, gc, s*(I/p.bo), I/p.bo)
+		sp.downScale = colBlock(ds, layout.CeilDiv(H, p.bo), S*I/p.bi, s*(I/p.bi), I/p.bi)
+	}
+	return sp, nil
+}
+
+// stacks builds the layer's output tensors over the bank of experts.
+func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetensors.DType) ([]*outTensor, error) {
+	n := int64(len(bank))
+	lay := p.o.Layout
+	names := layout.Names(lay, prefix, p.fp8)
+	shapes := layout.StackShapes(lay, n, I, H, p.fp8, p.bo, p.bi)
+	mk := func(name string, dtype safetensors.DType, shape layout.Shape, pick func(mlpParts) []part) (*outTensor, error) {
+		t := &outTensor{name: name, dtype: dtype, shape: shape}
+		for _, m := range bank {
+			t.parts = append(t.parts, pick(m)...)
+		}
+		want, ok := mul(append([]int64{int64(dtype.Size())}, shape...)...)
+		if !ok {
+			return nil, fmt.Errorf("tensor %s %v: size overflows", name, shape)
+		}
+		for _, pt := range t.parts {
+			t.size += pt.size()
+		}
+		if t.size != want {
+			return nil, fmt.Errorf("tensor %s %v: parts hold %d bytes, shape needs %d", name, shape, t.size, want)
+		}
+		return t, nil
+	}
+	type spec struct {
+		name  string
+		dtype safetensors.DType
+		shape layout.Shape
+		pick  func(mlpParts) []part
+	}
+	one := func(f func(mlpParts) part) func(mlpParts) []part {
+		return func(m mlpParts) []part { return []part{f(m)} }
+	}
+	var specs []spec
+	switch lay {
+	case layout.GateUp, layout.UpGate:
+		first, second := func(m mlpParts) (part, part) { return m.gate, m.up }, func(m mlpParts) (part, part) { return m.gateScale, m.upScale }
+		if lay == layout.UpGate {
+			first = func(m mlpParts) (part, part) { return m.up, m.gate }
+			second = func(m mlpParts) (part, part) { return m.upScale, m.gateScale }
+		}
+		specs = append(specs, spec{names.GateUp, wd, shapes.GateUp, func(m mlpParts) []part { a, b := first(m); return []part{a, b} }})
+		if p.fp8 {
+			specs = append(specs, spec{names.GateUpScale, safetensors.F32, shapes.GateUpScale, func(m mlpParts) []part { a, b := second(m); return []part{a, b} }})
+		}
+		specs = append(specs, spec{names.Down, wd, shapes.Down, one(func(m mlpParts) part { return m.down })})
+		if p.fp8 {
+			specs = append(specs, spec{names.DownScale, safetensors.F32, shapes.DownScale, one(func(m mlpParts) part { return m.downScale })})
+		}
+	default:
+		specs = append(specs, spec{names.Gate, wd, shapes.Gate, one(func(m mlpParts) part { return m.gate })})
+		if p.fp8 {
+			specs = append(specs, spec{names.GateScale, safetensors.F32, shapes.GateScale, one(func(m mlpParts) part { return m.gateScale })})
+		}
+		specs = append(specs, spec{names.Up, wd, shapes.Up, one(func(m mlpParts) part { return m.up })})
+		if p.fp8 {
+			specs = append(specs, spec{names.UpScale, safetensors.F32, shapes.UpScale, one(func(m mlpParts) part { return m.upScale })})
+		}
+		specs = append(specs, spec{names.Down, wd, shapes.Down, one(func(m mlpParts) part { return m.down })})
+		if p.fp8 {
+			specs = append(specs, spec{names.DownScale, safetensors.F32, shapes.DownScale, one(func(m mlpParts) part { return m.downScale })})
+		}
+	}
+	out := make([]*outTensor, 0, len(specs))
+	for _, s := range specs {
+		t, err := mk(s.name, s.dtype, s.shape, s.pick)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}

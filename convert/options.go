@@ -1,0 +1,143 @@
+// Package convert implements `moeprep convert` and `moeprep fuse-shared`: it
+// plans every output shard first, then streams tensor bytes from the source's
+// section readers to the output through bounded buffers, stacking each MoE
+// layer's experts, optionally appending the shared expert as extra experts and
+// folding routed_scaling_factor into the routed down projections.
+package convert
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/moeprep/moeprep/layout"
+)
+
+// Reporter receives byte progress. Workers call Add concurrently; it must be
+// safe for that. internal/progress.Reporter satisfies it.
+type Reporter interface {
+	Total(n int64)
+	Add(n int64)
+}
+
+// DefaultMaxShardSize is --max-shard-size's default, as transformers writes.
+const DefaultMaxShardSize = 5_000_000_000
+
+// DefaultJobs is how many shards are written at once by default.
+const DefaultJobs = 4
+
+// Options are one convert or fuse-shared run.
+type Options struct {
+	Src, Dst string
+	Layout   layout.Layout // "" means stacked
+
+	FuseShared  bool   // fuse-shared: append the shared expert as extra experts
+	TP          int    // tensor-parallel size the output is prepared for (0 means 1)
+	Replicas    int    // R, shared replicas (0 means TP)
+	FoldScaling string // auto, down or none; "" means auto for fuse-shared, none for convert
+
+	MaxShardSize int64 // 0 means DefaultMaxShardSize
+	Jobs         int   // 0 means DefaultJobs
+	Force        bool  // replace an existing DST (and a stale DST.partial)
+	Resume       bool  // continue from DST.partial
+	Progress     Reporter
+	Tool         string // recorded in the contract, e.g. "moeprep v0.1.0"
+}
+
+// Summary is what a finished run reports (--json prints it).
+type Summary struct {
+	Dst              string  `json:"dst"`
+	Layout           string  `json:"layout"`
+	Files            int     `json:"files"`
+	Shards           int     `json:"shards"`
+	ReusedShards     int     `json:"reused_shards"`
+	Bytes            int64   `json:"bytes"`
+	Seconds          float64 `json:"seconds"`
+	GBPerSec         float64 `json:"gb_per_s"`
+	Folded           bool    `json:"routed_scaling_factor_folded"`
+	FoldMaxRelChange float64 `json:"fold_max_rel_change"`
+	FusedShared      int     `json:"num_fused_shared_experts"`
+}
+
+// ParseSize reads a size such as "5GB", "500MB", "1.5GiB" or "123456" (bytes).
+// GB/MB/KB are powers of 1000 and GiB/MiB/KiB powers of 1024, as in transformers.
+func ParseSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   float64
+	}{
+		{"TIB", 1 << 40}, {"GIB", 1 << 30}, {"MIB", 1 << 20}, {"KIB", 1 << 10},
+		{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1},
+	}
+	mult := 1.0
+	up := strings.ToUpper(t)
+	for _, u := range units {
+		if strings.HasSuffix(up, u.suffix) {
+			mult = u.mult
+			t = strings.TrimSpace(t[:len(t)-len(u.suffix)])
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(t, 64)
+	if err != nil || v <= 0 || v*mult > 1<<62 {
+		return 0, fmt.Errorf("bad size %q (want e.g. 5GB, 500MB, 2GiB)", s)
+	}
+	return int64(v * mult), nil
+}
+
+// norm fills defaults and checks the options.
+func (o *Options) norm() error {
+	if o.Src == "" || o.Dst == "" {
+		return fmt.Errorf("source and destination directories are required")
+	}
+	l, err := layout.Parse(string(o.Layout))
+	if err != nil {
+		return err
+	}
+	o.Layout = l
+	if o.TP == 0 {
+		o.TP = 1
+	}
+	if o.TP < 0 || o.TP > 1024 {
+		return fmt.Errorf("--tp %d: want 1..1024", o.TP)
+	}
+	if o.Replicas == 0 {
+		o.Replicas = o.TP
+	}
+	if o.Replicas < 0 || o.Replicas > 1024 {
+		return fmt.Errorf("--replicas %d: want 1..1024", o.Replicas)
+	}
+	if o.FoldScaling == "" {
+		o.FoldScaling = layout.FoldNone
+		if o.FuseShared {
+			o.FoldScaling = layout.FoldAuto
+		}
+	}
+	switch o.FoldScaling {
+	case layout.FoldAuto, layout.FoldDown, layout.FoldNone:
+	default:
+		return fmt.Errorf("--fold-scaling %q: want auto, down or none", o.FoldScaling)
+	}
+	if o.MaxShardSize == 0 {
+		o.MaxShardSize = DefaultMaxShardSize
+	}
+	if o.MaxShardSize < 0 {
+		return fmt.Errorf("--max-shard-size %d: must be positive", o.MaxShardSize)
+	}
+	if o.Jobs == 0 {
+		o.Jobs = DefaultJobs
+	}
+	if o.Jobs < 0 {
+		return fmt.Errorf("--jobs %d: must be positive", o.Jobs)
+	}
+	if o.Progress == nil {
+		o.Progress = discard{}
+	}
+	return nil
+}
+
+type discard struct{}
+
+func (discard) Total(int64) {}
+func (discard) Add(int64)   {}

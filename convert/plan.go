@@ -1,0 +1,331 @@
+package convert
+
+import (
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// part is one region of a source tensor, optionally folded on the way out.
+type part struct {
+	region
+	dtype  safetensors.DType
+	fold   bool
+	factor float64
+	stats  *foldStats
+}
+
+func (p part) open() io.Reader {
+	r := p.region.open()
+	if !p.fold {
+		return r
+	}
+	fr, err := newFoldReader(r, p.dtype, p.factor, p.stats)
+	if err != nil { // the planner only folds foldable dtypes
+		return &errReader{err}
+	}
+	return fr
+}
+
+type errReader struct{ err error }
+
+func (e *errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// outTensor is one output tensor: the concatenation of its parts.
+type outTensor struct {
+	name  string
+	dtype safetensors.DType
+	shape []int64
+	parts []part
+	size  int64
+}
+
+func (t *outTensor) entry() safetensors.Entry {
+	return safetensors.Entry{Name: t.name, DType: t.dtype, Shape: t.shape,
+		Open: func() (io.Reader, error) { return &multiReader{parts: t.parts}, nil }}
+}
+
+// shardPlan is one output file, header included.
+type shardPlan struct {
+	name    string
+	tensors []*outTensor
+	header  []byte
+	size    int64 // whole file
+}
+
+func (s *shardPlan) entries() []safetensors.Entry {
+	out := make([]safetensors.Entry, len(s.tensors))
+	for i, t := range s.tensors {
+		out[i] = t.entry()
+	}
+	return out
+}
+
+// outPlan is the whole output, planned before any byte is written.
+type outPlan struct {
+	tensors   []*outTensor
+	shards    []*shardPlan
+	dataBytes int64 // sum of tensor sizes (the index's total_size)
+	contract  *layout.Contract
+	stats     *foldStats
+}
+
+// shardMetadata is the safetensors header metadata of every output shard.
+var shardMetadata = map[string]string{"format": "pt"}
+
+// planner builds an outPlan from an opened checkpoint and its family plan.
+type planner struct {
+	ck   *checkpoint.Checkpoint
+	fp   *family.Plan
+	o    *Options
+	fp8  bool
+	bo   int64 // FP8 block rows (output dim)
+	bi   int64 // FP8 block columns (input dim)
+	fold foldChoice
+	st   *foldStats
+}
+
+// foldChoice says which routed down tensors get multiplied by rsf.
+type foldChoice struct {
+	scales, weights bool
+	factor          float64
+}
+
+func (f foldChoice) any() bool { return f.scales || f.weights }
+
+func mul(vals ...int64) (int64, bool) {
+	r := int64(1)
+	for _, v := range vals {
+		if v < 0 || (v != 0 && r > math.MaxInt64/v) {
+			return 0, false
+		}
+		r *= v
+	}
+	return r, true
+}
+
+func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan, error) {
+	p := &planner{ck: ck, fp: fp, o: o, st: &foldStats{}, bo: 128, bi: 128}
+	p.fp8 = fp.Quantization == family.QuantFP8Block
+	if p.fp8 {
+		if err := p.blockSize(); err != nil {
+			return nil, err
+		}
+	}
+	if err := p.checkFusable(); err != nil {
+		return nil, err
+	}
+	if err := p.chooseFold(); err != nil {
+		return nil, err
+	}
+	consumed := map[string]int{} // source tensor -> index into fp.Layers
+	stacks := make([][]*outTensor, len(fp.Layers))
+	for li := range fp.Layers {
+		ts, names, err := p.layer(&fp.Layers[li])
+		if err != nil {
+			return nil, err
+		}
+		stacks[li] = ts
+		for _, n := range names {
+			consumed[n] = li
+		}
+	}
+	op := &outPlan{stats: p.st}
+	seen := map[string]bool{}
+	emitted := make([]bool, len(fp.Layers))
+	add := func(t *outTensor) error {
+		if seen[t.name] {
+			return fmt.Errorf("%s: output tensor %s would be written twice (does SRC already hold stacked experts?)", ck.Dir, t.name)
+		}
+		seen[t.name] = true
+		op.tensors = append(op.tensors, t)
+		return nil
+	}
+	for _, t := range ck.Tensors {
+		if li, ok := consumed[t.Name]; ok {
+			if !emitted[li] {
+				emitted[li] = true
+				for _, s := range stacks[li] {
+					if err := add(s); err != nil {
+						return nil, err
+					}
+				}
+			}
+			continue
+		}
+		n := t.NumBytes()
+		cp := &outTensor{name: t.Name, dtype: t.DType, shape: t.Shape, size: n,
+			parts: []part{{region: region{src: t.Data, file: t.File, tensor: t.Name, rows: 1, rowLen: n, stride: n}, dtype: t.DType}}}
+		if err := add(cp); err != nil {
+			return nil, err
+		}
+	}
+	for _, t := range op.tensors {
+		op.dataBytes += t.size
+	}
+	if err := op.shard(o.MaxShardSize); err != nil {
+		return nil, err
+	}
+	op.contract = p.contract()
+	return op, nil
+}
+
+// blockSize reads quantization_config.weight_block_size (default [128,128]).
+func (p *planner) blockSize() error {
+	qc, _ := p.ck.Config["quantization_config"].(map[string]any)
+	raw, ok := qc["weight_block_size"].([]any)
+	if !ok {
+		return nil
+	}
+	if len(raw) != 2 {
+		return fmt.Errorf("%s/config.json: quantization_config.weight_block_size %v: want [rows, cols]", p.ck.Dir, raw)
+	}
+	var b [2]int64
+	for i, v := range raw {
+		f, ok := v.(float64)
+		if !ok || f < 1 || f > 1<<20 || f != math.Trunc(f) {
+			return fmt.Errorf("%s/config.json: quantization_config.weight_block_size %v: want two positive integers", p.ck.Dir, raw)
+		}
+		b[i] = int64(f)
+	}
+	p.bo, p.bi = b[0], b[1]
+	return nil
+}
+
+func (p *planner) checkFusable() error {
+	if !p.o.FuseShared {
+		return nil
+	}
+	fp := p.fp
+	if fp.SharedGated {
+		return fmt.Errorf("%s: %s (model_type %s) gates its shared expert per token (shared_expert_gate): it cannot become extra experts with a constant slot weight; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
+	}
+	if fp.NumSharedExperts == 0 {
+		return fmt.Errorf("%s: %s (model_type %s) has no shared expert, so there is nothing to fuse; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
+	}
+	for _, l := range fp.Layers {
+		if l.SharedGate != "" {
+			return fmt.Errorf("%s: layer %d: shared expert is gated per token by %s: it cannot be fused with a constant slot weight; use moeprep convert instead", p.ck.Dir, l.Index, l.SharedGate)
+		}
+		if l.Shared == nil {
+			return fmt.Errorf("%s: layer %d has no shared expert to fuse", p.ck.Dir, l.Index)
+		}
+	}
+	if p.fp8 && fp.NumSharedExperts > 1 && (fp.MoEIntermediateSize%int(p.bo) != 0 || fp.MoEIntermediateSize%int(p.bi) != 0) {
+		return fmt.Errorf("%s: n_shared_experts %d with moe_intermediate_size %d, not a multiple of the FP8 block %dx%d: the shared expert's scale blocks straddle the slices, so it cannot be split exactly", p.ck.Dir, fp.NumSharedExperts, fp.MoEIntermediateSize, p.bo, p.bi)
+	}
+	return nil
+}
+
+func (p *planner) chooseFold() error {
+	fp := p.fp
+	rsf := fp.RoutedScalingFactor
+	if math.IsNaN(rsf) || math.IsInf(rsf, 0) || rsf <= 0 {
+		return fmt.Errorf("%s/config.json: routed_scaling_factor %v: want a positive number", p.ck.Dir, rsf)
+	}
+	p.fold.factor = rsf
+	if p.o.FoldScaling == layout.FoldNone || rsf == 1 {
+		return nil
+	}
+	ue8m0 := fp.ScaleFmt == "ue8m0"
+	scaleF32 := true
+	for _, l := range fp.Layers {
+		for _, e := range l.Experts {
+			if t, ok := p.ck.Tensor(e.DownScale); ok && t.DType != safetensors.F32 {
+				scaleF32 = false
+			}
+		}
+	}
+	switch {
+	case p.fp8 && !ue8m0 && scaleF32:
+		p.fold.scales = true
+	case p.o.FoldScaling == layout.FoldAuto:
+		// auto folds only where it is exact: leave everything else unfolded.
+	case p.fp8 && ue8m0:
+		return fmt.Errorf("%s: --fold-scaling down: the FP8 scales are UE8M0 (powers of two) and cannot absorb routed_scaling_factor %v exactly; use --fold-scaling auto or none", p.ck.Dir, rsf)
+	case p.fp8:
+		return fmt.Errorf("%s: --fold-scaling down: the FP8 scales are not F32, so routed_scaling_factor cannot be folded into them; use --fold-scaling auto or none", p.ck.Dir)
+	case foldable(fp.WeightDType):
+		p.fold.weights = true
+	default:
+		return fmt.Errorf("%s: --fold-scaling down: cannot fold routed_scaling_factor into %s expert weights; use --fold-scaling auto or none", p.ck.Dir, fp.WeightDType)
+	}
+	return nil
+}
+
+func (p *planner) contract() *layout.Contract {
+	fp := p.fp
+	c := &layout.Contract{
+		Version:             layout.ContractVersion,
+		Tool:                p.o.Tool,
+		Layout:              p.o.Layout,
+		SourceFormat:        p.ck.Format,
+		Family:              fp.Family,
+		NumExperts:          fp.NumExperts,
+		SharedFirstID:       fp.NumExperts,
+		RoutedScalingFactor: fp.RoutedScalingFactor,
+		FoldMode:            p.o.FoldScaling,
+		TP:                  p.o.TP,
+		WeightDType:         string(fp.WeightDType),
+		Quantization:        string(fp.Quantization),
+		Manifest:            layout.ManifestFileName,
+	}
+	if c.Quantization == "" {
+		c.Quantization = string(family.QuantNone)
+	}
+	if p.o.FuseShared {
+		c.SharedReplicas = p.o.Replicas
+		c.SharedSlices = fp.NumSharedExperts
+		c.NumFusedSharedExperts = c.SharedReplicas * c.SharedSlices
+	}
+	c.RoutedScalingFactorFolded = p.fold.any()
+	c.SharedSlotWeight = 1
+	if !c.RoutedScalingFactorFolded {
+		c.SharedSlotWeight = 1 / fp.RoutedScalingFactor
+	}
+	if p.fp8 {
+		c.WeightBlockSize = []int64{p.bo, p.bi}
+	}
+	for _, l := range fp.Layers {
+		c.Layers = append(c.Layers, layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix})
+	}
+	return c
+}
+
+// shard packs tensors, in order, into files of at most max tensor bytes; a
+// tensor bigger than max gets a file of its own.
+func (op *outPlan) shard(max int64) error {
+	var groups [][]*outTensor
+	var cur []*outTensor
+	var curBytes int64
+	for _, t := range op.tensors {
+		if len(cur) > 0 && curBytes+t.size > max {
+			groups = append(groups, cur)
+			cur, curBytes = nil, 0
+		}
+		cur = append(cur, t)
+		curBytes += t.size
+	}
+	if len(cur) > 0 || len(groups) == 0 {
+		groups = append(groups, cur)
+	}
+	for i, g := range groups {
+		s := &shardPlan{name: fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(groups)), tensors: g}
+		h, err := safetensors.PlanHeader(shardMetadata, s.entries())
+		if err != nil {
+			return fmt.Errorf("planning %s: %w", s.name, err)
+		}
+		s.header = h
+		s.size = int64(len(h))
+		for _, t := range g {
+			s.size += t.size
+		}
+		op.shards = append(op.shards, s)
+	}
+	return nil
+}

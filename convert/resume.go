@@ -1,0 +1,132 @@
+package convert
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/moeprep/moeprep/layout"
+)
+
+// progressRecord is DST.partial/moeprep-progress.json: what the run was
+// (fingerprint) and which shards are finished, with their checksums.
+type progressRecord struct {
+	Version     int                        `json:"version"`
+	Fingerprint string                     `json:"fingerprint"`
+	Shards      map[string]layout.FileInfo `json:"shards"`
+}
+
+type progressState struct {
+	mu    sync.Mutex
+	path  string
+	rec   progressRecord
+	reuse map[string]layout.FileInfo
+}
+
+// fingerprint identifies the run: source files (name, size, mtime), the
+// options that change output bytes, and every planned shard header.
+func (w *run) fingerprint() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "moeprep progress v%d\nsrc %s\n", layout.ContractVersion, w.src)
+	for _, f := range w.ck.WeightFiles {
+		if st, err := os.Stat(filepath.Join(w.src, f)); err == nil {
+			fmt.Fprintf(h, "file %s %d %d\n", f, st.Size(), st.ModTime().UnixNano())
+		}
+	}
+	o := w.o
+	fmt.Fprintf(h, "layout %s fuse %v tp %d replicas %d fold %s max %d\n", o.Layout, o.FuseShared, o.TP, o.Replicas, o.FoldScaling, o.MaxShardSize)
+	for _, s := range w.op.shards {
+		fmt.Fprintf(h, "shard %s %d ", s.name, s.size)
+		h.Write(s.header)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// preparePartial creates DST.partial, or with --resume checks the one there
+// and keeps the finished shards whose checksums still match.
+func (w *run) preparePartial() error {
+	fpr := w.fingerprint()
+	w.prog = &progressState{path: filepath.Join(w.partial, progressFileName),
+		rec: progressRecord{Version: layout.ContractVersion, Fingerprint: fpr, Shards: map[string]layout.FileInfo{}}}
+	_, err := os.Lstat(w.partial)
+	exists := err == nil
+	switch {
+	case exists && w.o.Resume:
+		if err := w.loadProgress(fpr); err != nil {
+			return err
+		}
+	case exists && w.o.Force:
+		if err := os.RemoveAll(w.partial); err != nil {
+			return fmt.Errorf("%s: removing the interrupted run: %w", w.partial, err)
+		}
+	case exists:
+		return fmt.Errorf("%s exists (an interrupted run?): use --resume to continue it or --force to start over", w.partial)
+	}
+	if err := os.MkdirAll(w.partial, 0o755); err != nil {
+		return fmt.Errorf("cannot create the output directory: %w", err)
+	}
+	// Fail early and clearly on an unwritable destination.
+	return w.prog.save()
+}
+
+func (w *run) loadProgress(fpr string) error {
+	b, err := os.ReadFile(w.prog.path)
+	if err != nil {
+		return fmt.Errorf("%s: cannot resume: %w; remove %s or use --force to start over", w.prog.path, err, w.partial)
+	}
+	var rec progressRecord
+	if err := json.Unmarshal(b, &rec); err != nil || rec.Shards == nil {
+		return fmt.Errorf("%s: cannot resume: unreadable progress record; remove %s or use --force to start over", w.prog.path, w.partial)
+	}
+	if rec.Fingerprint != fpr {
+		return fmt.Errorf("%s: cannot resume: it was started from a different source or with different options; rerun with the same ones, or use --force to start over", w.partial)
+	}
+	w.prog.reuse = map[string]layout.FileInfo{}
+	for name, want := range rec.Shards {
+		if name != filepath.Base(name) || !strings.HasSuffix(name, ".safetensors") {
+			continue
+		}
+		path := filepath.Join(w.partial, name)
+		got, err := layout.HashFile(path)
+		if err == nil && got == want {
+			w.prog.reuse[name] = got
+			w.prog.rec.Shards[name] = got
+		} else if rmErr := os.Remove(path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+			return fmt.Errorf("%s: %w", path, rmErr)
+		}
+	}
+	return nil
+}
+
+func (p *progressState) reusable(name string) (layout.FileInfo, bool) {
+	fi, ok := p.reuse[name]
+	return fi, ok
+}
+
+// done records a finished shard.
+func (p *progressState) done(name string, fi layout.FileInfo) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rec.Shards[name] = fi
+	return p.saveLocked()
+}
+
+func (p *progressState) save() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.saveLocked()
+}
+
+func (p *progressState) saveLocked() error {
+	b, err := json.MarshalIndent(p.rec, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(p.path, b)
+}

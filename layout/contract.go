@@ -1,0 +1,131 @@
+package layout
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+)
+
+// ContractKey is the config.json key that holds the contract.
+const ContractKey = "moeprep"
+
+// ContractVersion is the version this package writes and reads.
+const ContractVersion = 1
+
+// ManifestFileName is the file, next to config.json, that lists every other
+// output file with its size and sha256. It is a separate file because
+// config.json cannot hold its own checksum; the manifest covers config.json.
+const ManifestFileName = "moeprep-manifest.json"
+
+// Fold modes of --fold-scaling.
+const (
+	FoldAuto = "auto"
+	FoldDown = "down"
+	FoldNone = "none"
+)
+
+// LayerInfo is one converted MoE layer. Its output tensor names are
+// Names(contract.Layout, Prefix, contract.Quantization != "none").
+type LayerInfo struct {
+	Index  int    `json:"index"`
+	MTP    bool   `json:"mtp,omitempty"`
+	Prefix string `json:"prefix"` // the MoE module in the source, e.g. "model.layers.3.mlp"
+}
+
+// Contract is the "moeprep" object of a converted checkpoint's config.json.
+type Contract struct {
+	Version      int    `json:"version"`
+	Tool         string `json:"tool,omitempty"` // "moeprep <version>"
+	Layout       Layout `json:"layout"`
+	SourceFormat string `json:"source_format"` // "safetensors" or "torch"
+	Family       string `json:"family"`
+
+	NumExperts            int     `json:"num_experts"`              // routed experts E
+	NumFusedSharedExperts int     `json:"num_fused_shared_experts"` // R*S, 0 when the shared expert was not fused
+	SharedReplicas        int     `json:"shared_replicas"`          // R
+	SharedSlices          int     `json:"shared_slices"`            // S
+	SharedFirstID         int     `json:"shared_first_id"`          // E
+	SharedSlotWeight      float64 `json:"shared_slot_weight"`       // 1.0 when folded, 1/rsf otherwise
+
+	RoutedScalingFactor       float64 `json:"routed_scaling_factor"` // the source's, unchanged
+	RoutedScalingFactorFolded bool    `json:"routed_scaling_factor_folded"`
+	FoldMode                  string  `json:"fold_mode"`           // auto, down or none
+	FoldMaxRelChange          float64 `json:"fold_max_rel_change"` // largest |folded - w*rsf| / |w*rsf| over folded values
+	TP                        int     `json:"tp"`                  // --tp the run was prepared for
+
+	WeightDType     string  `json:"weight_dtype"`                // safetensors dtype of the expert weights
+	Quantization    string  `json:"quantization"`                // "none" or "fp8_block_128x128"
+	WeightBlockSize []int64 `json:"weight_block_size,omitempty"` // [bo, bi] for FP8
+
+	Layers   []LayerInfo `json:"layers"`
+	Manifest string      `json:"manifest"` // ManifestFileName
+}
+
+// Quantized reports whether the expert weights carry FP8 block scales.
+func (c *Contract) Quantized() bool { return c.Quantization != "" && c.Quantization != "none" }
+
+// RuntimeScale is what a serving engine multiplies the routed sum by: rsf when
+// not folded, 1 when folded into the weights.
+func (c *Contract) RuntimeScale() float64 {
+	if c.RoutedScalingFactorFolded {
+		return 1
+	}
+	return c.RoutedScalingFactor
+}
+
+// Names gives layer li's output tensor names.
+func (c *Contract) Names(li LayerInfo) ExpertTensors {
+	return Names(c.Layout, li.Prefix, c.Quantized())
+}
+
+// BankSize is the number of experts in each stack: E + R*S.
+func (c *Contract) BankSize() int { return c.NumExperts + c.NumFusedSharedExperts }
+
+// Check verifies the contract's internal consistency.
+func (c *Contract) Check() error {
+	switch {
+	case c.Version != ContractVersion:
+		return fmt.Errorf("moeprep contract version %d, this moeprep reads version %d", c.Version, ContractVersion)
+	case c.Layout != Stacked && c.Layout != GateUp && c.Layout != UpGate:
+		return fmt.Errorf("moeprep contract: unknown layout %q", c.Layout)
+	case c.NumExperts <= 0:
+		return fmt.Errorf("moeprep contract: num_experts %d", c.NumExperts)
+	case c.NumFusedSharedExperts < 0 || c.SharedReplicas < 0 || c.SharedSlices < 0:
+		return fmt.Errorf("moeprep contract: negative shared expert counts")
+	case c.NumFusedSharedExperts != c.SharedReplicas*c.SharedSlices:
+		return fmt.Errorf("moeprep contract: num_fused_shared_experts %d != shared_replicas %d * shared_slices %d", c.NumFusedSharedExperts, c.SharedReplicas, c.SharedSlices)
+	case c.NumFusedSharedExperts > 0 && c.SharedFirstID != c.NumExperts:
+		return fmt.Errorf("moeprep contract: shared_first_id %d != num_experts %d", c.SharedFirstID, c.NumExperts)
+	case math.IsNaN(c.SharedSlotWeight) || c.SharedSlotWeight <= 0:
+		return fmt.Errorf("moeprep contract: shared_slot_weight %v", c.SharedSlotWeight)
+	case c.Quantized() && len(c.WeightBlockSize) != 2:
+		return fmt.Errorf("moeprep contract: weight_block_size %v, want [rows, cols]", c.WeightBlockSize)
+	}
+	for _, b := range c.WeightBlockSize {
+		if b <= 0 {
+			return fmt.Errorf("moeprep contract: weight_block_size %v", c.WeightBlockSize)
+		}
+	}
+	return nil
+}
+
+// ReadContract extracts the contract from a decoded config.json. ok is false
+// (and err nil) when config has no "moeprep" object.
+func ReadContract(config map[string]any) (*Contract, bool, error) {
+	raw, ok := config[ContractKey]
+	if !ok {
+		return nil, false, nil
+	}
+	b, err := json.Marshal(raw)
+	if err != nil {
+		return nil, true, fmt.Errorf("moeprep contract: %v", err)
+	}
+	var c Contract
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, true, fmt.Errorf("moeprep contract: %v", err)
+	}
+	if err := c.Check(); err != nil {
+		return nil, true, err
+	}
+	return &c, true, nil
+}

@@ -1,0 +1,157 @@
+package layout
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Layout
+		ok   bool
+	}{{"", Stacked, true}, {"stacked", Stacked, true}, {"gate-up", GateUp, true}, {"UP-GATE", UpGate, true}, {"gate_up", "", false}, {"x", "", false}} {
+		got, err := Parse(tc.in)
+		if got != tc.want || (err == nil) != tc.ok {
+			t.Errorf("Parse(%q) = %q, %v", tc.in, got, err)
+		}
+	}
+}
+
+func TestNames(t *testing.T) {
+	for _, tc := range []struct {
+		l      Layout
+		prefix string
+		fp8    bool
+		want   ExpertTensors
+	}{
+		{Stacked, "model.layers.3.mlp", true, ExpertTensors{Layout: Stacked, Prefix: "model.layers.3.mlp.experts",
+			Gate: "model.layers.3.mlp.experts.all_gate.weight", Up: "model.layers.3.mlp.experts.all_up.weight", Down: "model.layers.3.mlp.experts.all_down.weight",
+			GateScale: "model.layers.3.mlp.experts.all_gate.weight_scale_inv", UpScale: "model.layers.3.mlp.experts.all_up.weight_scale_inv",
+			DownScale: "model.layers.3.mlp.experts.all_down.weight_scale_inv"}},
+		{Stacked, "model.layers.0.block_sparse_moe", false, ExpertTensors{Layout: Stacked, Prefix: "model.layers.0.block_sparse_moe.experts",
+			Gate: "model.layers.0.block_sparse_moe.experts.all_gate.weight", Up: "model.layers.0.block_sparse_moe.experts.all_up.weight",
+			Down: "model.layers.0.block_sparse_moe.experts.all_down.weight"}},
+		{GateUp, "model.layers.3.mlp", true, ExpertTensors{Layout: GateUp, Prefix: "model.layers.3.mlp.experts",
+			GateUp: "model.layers.3.mlp.experts.gate_up_proj", Down: "model.layers.3.mlp.experts.down_proj",
+			GateUpScale: "model.layers.3.mlp.experts.gate_up_proj_scale_inv", DownScale: "model.layers.3.mlp.experts.down_proj_scale_inv"}},
+		{GateUp, "model.layers.0.block_sparse_moe", false, ExpertTensors{Layout: GateUp, Prefix: "model.layers.0.mlp.experts",
+			GateUp: "model.layers.0.mlp.experts.gate_up_proj", Down: "model.layers.0.mlp.experts.down_proj"}},
+		{UpGate, "model.layers.1.mlp", false, ExpertTensors{Layout: UpGate, Prefix: "model.layers.1.mlp.experts",
+			GateUp: "model.layers.1.mlp.experts.up_gate_proj", Down: "model.layers.1.mlp.experts.down_proj"}},
+	} {
+		if got := Names(tc.l, tc.prefix, tc.fp8); got != tc.want {
+			t.Errorf("Names(%s, %s, %v) =\n %+v\nwant\n %+v", tc.l, tc.prefix, tc.fp8, got, tc.want)
+		}
+	}
+}
+
+func TestStackShapes(t *testing.T) {
+	s := StackShapes(Stacked, 257, 2048, 7168, true, 128, 128)
+	if !eq(s.Gate, 257, 2048, 7168) || !eq(s.Down, 257, 7168, 2048) || !eq(s.GateScale, 257, 16, 56) || !eq(s.DownScale, 257, 56, 16) {
+		t.Errorf("stacked %+v", s)
+	}
+	// I not a multiple of 128: two stacked grids of ceil(I/128) rows, not ceil(2I/128)
+	f := StackShapes(GateUp, 4, 192, 320, true, 128, 128)
+	if !eq(f.GateUp, 4, 384, 320) || !eq(f.GateUpScale, 4, 4, 3) || !eq(f.DownScale, 4, 3, 2) || f.Gate != nil {
+		t.Errorf("gate-up %+v", f)
+	}
+	if n := StackShapes(UpGate, 4, 16, 24, false, 128, 128); n.GateUpScale != nil || !eq(n.GateUp, 4, 32, 24) {
+		t.Errorf("up-gate bf16 %+v", n)
+	}
+}
+
+func eq(s Shape, v ...int64) bool {
+	if len(s) != len(v) {
+		return false
+	}
+	for i := range s {
+		if s[i] != v[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestSharedSlotID(t *testing.T) {
+	// E=256, R=8, S=1: token t uses expert 256 + t%8
+	for tk, want := range map[int]int{0: 256, 7: 263, 8: 256, 13: 261} {
+		if got := SharedSlotID(256, 8, 1, tk, 0); got != want {
+			t.Errorf("SharedSlotID(256,8,1,%d,0) = %d, want %d", tk, got, want)
+		}
+	}
+	// E=160, R=2, S=2: ids 160..163, replica-major
+	if got := SharedSlotID(160, 2, 2, 3, 1); got != 163 {
+		t.Errorf("got %d want 163", got)
+	}
+	if got := SharedSlotID(160, 2, 2, 4, 1); got != 161 {
+		t.Errorf("got %d want 161", got)
+	}
+}
+
+func goodContract() *Contract {
+	return &Contract{Version: 1, Layout: GateUp, SourceFormat: "safetensors", Family: "deepseek", NumExperts: 256,
+		NumFusedSharedExperts: 8, SharedReplicas: 8, SharedSlices: 1, SharedFirstID: 256, SharedSlotWeight: 1,
+		RoutedScalingFactor: 2.5, RoutedScalingFactorFolded: true, FoldMode: FoldAuto, TP: 8, WeightDType: "F8_E4M3",
+		Quantization: "fp8_block_128x128", WeightBlockSize: []int64{128, 128},
+		Layers: []LayerInfo{{Index: 3, Prefix: "model.layers.3.mlp"}}, Manifest: ManifestFileName}
+}
+
+func TestReadContract(t *testing.T) {
+	c := goodContract()
+	b, _ := json.Marshal(map[string]any{"model_type": "deepseek_v3", ContractKey: c})
+	var cfg map[string]any
+	json.Unmarshal(b, &cfg)
+	got, ok, err := ReadContract(cfg)
+	if err != nil || !ok || got.BankSize() != 264 || got.RuntimeScale() != 1 || !got.Quantized() ||
+		got.Names(got.Layers[0]).GateUp != "model.layers.3.mlp.experts.gate_up_proj" {
+		t.Fatalf("ReadContract: %+v %v %v", got, ok, err)
+	}
+	if _, ok, err := ReadContract(map[string]any{"model_type": "x"}); ok || err != nil {
+		t.Errorf("no contract: ok %v err %v", ok, err)
+	}
+	for _, bad := range []func(*Contract){
+		func(c *Contract) { c.Version = 2 },
+		func(c *Contract) { c.Layout = "diag" },
+		func(c *Contract) { c.NumFusedSharedExperts = 7 },
+		func(c *Contract) { c.SharedFirstID = 3 },
+		func(c *Contract) { c.SharedSlotWeight = 0 },
+		func(c *Contract) { c.WeightBlockSize = nil },
+		func(c *Contract) { c.NumExperts = 0 },
+	} {
+		c := goodContract()
+		bad(c)
+		b, _ := json.Marshal(map[string]any{ContractKey: c})
+		var cfg map[string]any
+		json.Unmarshal(b, &cfg)
+		if _, ok, err := ReadContract(cfg); !ok || err == nil {
+			t.Errorf("bad contract %+v accepted", c)
+		}
+	}
+	if _, ok, err := ReadContract(map[string]any{ContractKey: "yes"}); !ok || err == nil {
+		t.Errorf("string contract: ok %v err %v", ok, err)
+	}
+}
+
+func TestManifestVerify(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "a"), []byte("hello"), 0o644)
+	fi, err := HashFile(filepath.Join(dir, "a"))
+	if err != nil || fi.Size != 5 || fi.SHA256 != "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824" {
+		t.Fatalf("HashFile: %+v %v", fi, err)
+	}
+	m := &Manifest{Version: 1, Files: map[string]FileInfo{"a": fi}}
+	b, _ := json.Marshal(m)
+	os.WriteFile(filepath.Join(dir, ManifestFileName), b, 0o644)
+	m2, err := ReadManifest(dir)
+	if err != nil || m2.Verify(dir) != nil {
+		t.Fatalf("ReadManifest/Verify: %v", err)
+	}
+	os.WriteFile(filepath.Join(dir, "a"), []byte("hellp"), 0o644)
+	if err := m2.Verify(dir); err == nil || !strings.Contains(err.Error(), "manifest says") {
+		t.Errorf("changed file not caught: %v", err)
+	}
+}
