@@ -212,64 +212,34 @@ func (c *Checkpoint) openTorch(names []string) error {
 		}
 		c.closers = append(c.closers, f)
 		c.WeightFiles = append(c.WeightFiles, name)
-		for _, t := range f.Tensors {
-			if err := c.add(&Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, File: f.Path, Data: t.Data}); err != nil {
-				return err
-			}
+		if err := c.addTorch(f); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// torchIndex is pytorch_model.bin.index.json.
-type torchIndex struct {
-	WeightMap map[string]string `json:"weight_map"`
-}
-
 func (c *Checkpoint) openTorchSharded() error {
-	path := filepath.Join(c.Dir, torchbin.IndexFileName)
-	b, err := os.ReadFile(path)
+	c.Format = FormatTorch
+	s, err := torchbin.OpenSharded(c.Dir)
 	if err != nil {
-		return fmt.Errorf("%s: %w", path, unwrapPathErr(err))
-	}
-	var idx torchIndex
-	if err := json.Unmarshal(b, &idx); err != nil {
-		return fmt.Errorf("%s: %v", path, err)
-	}
-	if len(idx.WeightMap) == 0 {
-		return fmt.Errorf("%s: empty or missing weight_map", path)
-	}
-	shardSet := map[string]bool{}
-	for name, shard := range idx.WeightMap {
-		if shard == "" || shard != filepath.Base(shard) || shard == "." || shard == ".." {
-			return fmt.Errorf("%s: tensor %q maps to %q, which is not a file name in the checkpoint directory", path, name, shard)
-		}
-		shardSet[shard] = true
-	}
-	shards := make([]string, 0, len(shardSet))
-	for s := range shardSet {
-		if !c.exists(s) {
-			return fmt.Errorf("%s: shard %s named in the index is missing", path, s)
-		}
-		shards = append(shards, s)
-	}
-	sort.Strings(shards)
-	if err := c.openTorch(shards); err != nil {
 		return err
 	}
-	c.WeightFiles = append([]string{torchbin.IndexFileName}, c.WeightFiles...)
-	for name, shard := range idx.WeightMap {
-		t, ok := c.byName[name]
-		if !ok {
-			return fmt.Errorf("%s: tensor %q is in the index but not in %s", path, name, shard)
-		}
-		if filepath.Base(t.File) != shard {
-			return fmt.Errorf("%s: tensor %q is mapped to %s but found in %s", path, name, shard, filepath.Base(t.File))
+	c.closers = append(c.closers, s)
+	c.WeightFiles = append(c.WeightFiles, torchbin.IndexFileName)
+	for _, f := range s.Shards {
+		c.WeightFiles = append(c.WeightFiles, filepath.Base(f.Path))
+		if err := c.addTorch(f); err != nil {
+			return err
 		}
 	}
-	for _, t := range c.Tensors {
-		if _, ok := idx.WeightMap[t.Name]; !ok {
-			return fmt.Errorf("%s: tensor %q of %s is missing from the index", path, t.Name, filepath.Base(t.File))
+	return nil
+}
+
+func (c *Checkpoint) addTorch(f *torchbin.File) error {
+	for _, t := range f.Tensors {
+		if err := c.add(&Tensor{Name: t.Name, DType: t.DType, Shape: t.Shape, File: f.Path, Data: t.Data}); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -1,0 +1,105 @@
+package torchbin
+
+import (
+	"archive/zip"
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// seedFiles lists every checkpoint under testdata, good and broken.
+func seedFiles(f *testing.F) []string {
+	var paths []string
+	err := filepath.Walk("testdata", func(p string, info os.FileInfo, err error) error {
+		if err == nil && !info.IsDir() && (strings.HasSuffix(p, ".bin") || strings.HasSuffix(p, ".pt")) {
+			paths = append(paths, p)
+		}
+		return err
+	})
+	if err != nil || len(paths) == 0 {
+		f.Fatalf("no seed files: %v", err)
+	}
+	return paths
+}
+
+// FuzzUnpickle feeds arbitrary bytes as data.pkl, with every storage key
+// resolving to a fake entry. It runs without parseGuarded's recover, so any
+// crash in gopickle that scanPickle lets through is reported. Seeds: the
+// data.pkl of every testdata archive and the hand-written pickles.
+func FuzzUnpickle(f *testing.F) {
+	for _, p := range seedFiles(f) {
+		zr, err := zip.OpenReader(p)
+		if err != nil {
+			continue // legacy and not-torch files: no data.pkl
+		}
+		for _, zf := range zr.File {
+			if strings.HasSuffix(zf.Name, "/data.pkl") {
+				if rc, err := zf.Open(); err == nil {
+					b, _ := io.ReadAll(rc)
+					rc.Close()
+					f.Add(b)
+				}
+			}
+		}
+		zr.Close()
+	}
+	f.Add(pkl(dict(str("w"), v3call(pid("torch.storage", "UntypedStorage", "0", 64), 0, []int{2, 3}, []int{1, 2}, "float8_e4m3fn"))))
+	f.Add(pkl(dict(str("model"), dict(str("w"), v2call(pid("torch", "FloatStorage", "0", 16), 0, []int{4}, []int{1})))))
+	storage := make([]byte, 64)
+	for i := range storage {
+		storage[i] = byte(i)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		sd, err := parseStateDict(data, fakeStorages)
+		if err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("multi-line error %q", err)
+			}
+			return
+		}
+		// Map and read every tensor the fuzzer made valid, as Open would.
+		for _, nv := range sd.tensors {
+			l, err := checkView(nv.view)
+			if err != nil {
+				continue
+			}
+			r := l.reader(bytes.NewReader(append(make([]byte, 1000), storage...)))
+			if l.nbytes <= 1<<16 {
+				b, err := io.ReadAll(io.NewSectionReader(r, 0, l.nbytes))
+				if err != nil || int64(len(b)) != l.nbytes {
+					t.Fatalf("%s: read %d of %d bytes: %v", nv.name, len(b), l.nbytes, err)
+				}
+			}
+		}
+	})
+}
+
+// FuzzOpen feeds arbitrary bytes as a whole checkpoint file.
+func FuzzOpen(f *testing.F) {
+	for _, p := range seedFiles(f) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tf, err := openReader("fuzz.bin", bytes.NewReader(data), int64(len(data)))
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "fuzz.bin: ") || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("error %q does not name the file on one line", err)
+			}
+			return
+		}
+		for _, tt := range tf.Tensors {
+			if n := tt.NumBytes(); n <= 1<<16 {
+				if _, err := io.ReadAll(io.NewSectionReader(tt.Data, 0, n)); err != nil {
+					t.Fatalf("%s: %v", tt.Name, err)
+				}
+			}
+		}
+	})
+}
