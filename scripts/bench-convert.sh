@@ -1,50 +1,60 @@
 #!/usr/bin/env bash
-# Benchmark of issue 3: convert and fuse-shared against `cp -r` of the same
-# synthetic DeepSeek-V3-shaped checkpoint (bf16 and FP8, >= 8 GB each), with
-# peak RSS from /usr/bin/time -v. Needs about 4x GB free per dtype under WORK.
+# Issue 3's benchmark: moeprep convert and fuse-shared against `cp -r` of the
+# same synthetic DeepSeek-V3-shaped checkpoint (256 experts, H 7168, one dense
+# and one MoE layer: FP8 with I 2048 is 11.6 GB; bf16 uses I 1024 to stay at
+# 11.6 GB, since one bf16 layer at I 2048 is 22.5 GB and this disk holds two copies).
+# ROUNDS rounds of (cp, convert, fuse-shared) run interleaved, each from a cold
+# page cache when run as root; the table gives medians and peak RSS.
 #
-#   scripts/bench-convert.sh [WORK] [GB] [DTYPES]
-#   scripts/bench-convert.sh /work/bench 8 "bf16 fp8"
+#   scripts/bench-convert.sh [WORK] [ROUNDS] [DTYPES]
+#   scripts/bench-convert.sh /work/bench 3 "bf16 fp8"
 set -euo pipefail
 work=${1:-/work/bench}
-gb=${2:-8}
+rounds=${2:-3}
 dtypes=${3:-bf16 fp8}
 cd "$(dirname "$0")/.."
 mkdir -p "$work"
-go build -o "$work/benchgen" ./convert/internal/benchgen
+go build -o "$work/moeprep" ./cmd/moeprep
+mp="$work/moeprep"
 
-# measure LABEL CMD...: wall seconds and peak RSS (MB) of CMD
+# measure CMD...: prints "wall_seconds peak_rss_MB" of CMD
 measure() {
-	local label=$1
-	shift
 	sync
+	if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches; fi
 	/usr/bin/time -v -o "$work/time.txt" "$@" >"$work/out.txt"
-	local wall rss
-	wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; print s}' "$work/time.txt")
-	rss=$(awk -F': ' '/Maximum resident set size/ {printf "%.0f", $2/1024}' "$work/time.txt")
-	echo "$label $wall $rss"
+	awk -F': ' '/Elapsed \(wall clock\)/ {n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; w=s}
+		/Maximum resident set size/ {r=$2/1024} END {printf "%.2f %.0f\n", w, r}' "$work/time.txt"
 }
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
-printf '%-6s %-28s %9s %9s %8s %8s\n' dtype run seconds GB/s x_cp rss_MB
+printf '%-5s %-22s %8s %8s %7s %7s %7s\n' dtype run median_s GB/s x_cp rss_MB bytes_GB
 for dt in $dtypes; do
 	src="$work/src-$dt"
-	rm -rf "$src" "$work/cp-$dt" "$work/conv-$dt" "$work/fuse-$dt"
-	"$work/benchgen" gen -dir "$src" -dtype "$dt" -gb "$gb" >&2
-	bytes=$(du -sb "$src" | cut -f1)
-	# cp gets a final sync: moeprep fsyncs every file it writes
-	read -r _ cp_s cp_rss < <(measure cp sh -c 'cp -r "$1" "$2" && sync' sh "$src" "$work/cp-$dt")
-	rm -rf "$work/cp-$dt"
-	read -r _ cv_s cv_rss < <(measure convert "$work/benchgen" convert -src "$src" -dst "$work/conv-$dt")
-	cv_b=$(du -sb "$work/conv-$dt" | cut -f1)
-	rm -rf "$work/conv-$dt"
-	read -r _ fs_s fs_rss < <(measure fuse "$work/benchgen" convert -src "$src" -dst "$work/fuse-$dt" -fuse -tp 8)
-	fs_b=$(du -sb "$work/fuse-$dt" | cut -f1)
-	rm -rf "$work/fuse-$dt"
-	# GB/s is bytes written per second (fuse-shared writes 7 extra shared copies per layer)
-	for r in "cp-r+sync $cp_s $cp_rss $bytes" "convert-stacked $cv_s $cv_rss $cv_b" "fuse-shared-tp8 $fs_s $fs_rss $fs_b"; do
-		set -- $r
-		awk -v dt="$dt" -v n="$1" -v s="$2" -v rss="$3" -v b="$4" -v c="$cp_s" \
-			'BEGIN { printf "%-6s %-28s %9.2f %9.2f %8.2f %8s\n", dt, n, s, b/s/1e9, s/c, rss }'
+	rm -rf "$src"
+	inter=2048
+	[ "$dt" = bf16 ] && inter=1024
+	"$mp" fixture synth --preset deepseek-v3-shaped --dtype "$dt" --layers 2 --intermediate "$inter" --no-progress "$src" >&2
+	declare -A secs=() rss=() bytes=()
+	for r in $(seq "$rounds"); do
+		for run in cp convert fuse; do
+			out="$work/out-$dt"
+			rm -rf "$out" "$out.partial"
+			case $run in
+			cp) read -r s m < <(measure sh -c 'cp -r "$1" "$2" && sync' sh "$src" "$out") ;;
+			convert) read -r s m < <(measure "$mp" convert --no-progress "$src" "$out") ;;
+			fuse) read -r s m < <(measure "$mp" fuse-shared --tp 8 --no-progress "$src" "$out") ;;
+			esac
+			secs[$run]+="$s "
+			rss[$run]=$(( ${rss[$run]:-0} > m ? ${rss[$run]:-0} : m ))
+			bytes[$run]=$(du -sb "$out" | cut -f1)
+			rm -rf "$out"
+		done
+	done
+	cp_med=$(tr ' ' '\n' <<<"${secs[cp]}" | grep . | median)
+	for run in cp convert fuse; do
+		med=$(tr ' ' '\n' <<<"${secs[$run]}" | grep . | median)
+		awk -v dt="$dt" -v n="$run" -v s="$med" -v c="$cp_med" -v m="${rss[$run]}" -v b="${bytes[$run]}" -v all="${secs[$run]}" \
+			'BEGIN { printf "%-5s %-22s %8.2f %8.2f %7.2f %7s %7.2f   (runs: %s)\n", dt, n, s, b/s/1e9, s/c, m, b/1e9, all }'
 	done
 	rm -rf "$src"
 done

@@ -199,3 +199,66 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("version: exit %d, %q", code, stdout)
 	}
 }
+
+// The main job end to end through the CLI: fuse-shared then validate, with the
+// exit codes and error lines users script against.
+func TestFuseSharedThenValidate(t *testing.T) {
+	src := filepath.Join(fixturesDir, "deepseek-v3-fp8")
+	dst := filepath.Join(t.TempDir(), "fused")
+	code, stdout, stderr := runCLI(t, "fuse-shared", "--tp", "4", "--no-progress", "--json", src, dst)
+	if code != 0 {
+		t.Fatalf("fuse-shared: exit %d: %s", code, stderr)
+	}
+	var sum struct {
+		Fused  int  `json:"num_fused_shared_experts"`
+		Folded bool `json:"routed_scaling_factor_folded"`
+		Bytes  int64
+	}
+	if err := json.Unmarshal([]byte(stdout), &sum); err != nil || sum.Fused != 4 || !sum.Folded {
+		t.Fatalf("fuse-shared --json: %v %+v\n%s", err, sum, stdout)
+	}
+	code, stdout, stderr = runCLI(t, "validate", "--quiet", src, dst, "--golden", filepath.Join(src, "reference"))
+	if code != 0 || strings.Count(stdout, "PASS") != 6 {
+		t.Fatalf("validate: exit %d\n%s%s", code, stdout, stderr)
+	}
+	// DST exists now: refused without --force, naming it.
+	code, _, stderr = runCLI(t, "fuse-shared", "--tp", "4", "--no-progress", src, dst)
+	if code != 2 {
+		t.Errorf("existing DST: exit %d", code)
+	}
+	assertCleanError(t, stderr, dst)
+	// validate --device cuda is not there yet: a usage-level error, exit 2.
+	code, _, stderr = runCLI(t, "validate", "--quiet", "--device", "cuda", src, dst)
+	if code != 2 {
+		t.Errorf("--device cuda: exit %d", code)
+	}
+	assertCleanError(t, stderr, "cuda")
+}
+
+func TestFuseSharedRefusesFamilies(t *testing.T) {
+	for name, want := range map[string]string{"mixtral": "shared expert", "qwen3-moe": "shared expert", "qwen2-moe": "gate"} {
+		dst := filepath.Join(t.TempDir(), "out")
+		code, _, stderr := runCLI(t, "fuse-shared", "--no-progress", filepath.Join(fixturesDir, name), dst)
+		if code != 2 {
+			t.Errorf("%s: exit %d, want 2", name, code)
+		}
+		assertCleanError(t, stderr, want)
+		if _, err := os.Stat(dst); err == nil {
+			t.Errorf("%s: refused run left %s behind", name, dst)
+		}
+	}
+}
+
+// A check failure is exit 1, distinct from unusable input (2): validate a
+// converted checkpoint against the goldens of a different model.
+func TestValidateMismatchExit1(t *testing.T) {
+	dst := filepath.Join(t.TempDir(), "stacked")
+	if code, _, stderr := runCLI(t, "convert", "--no-progress", filepath.Join(fixturesDir, "deepseek-v3-bf16"), dst); code != 0 {
+		t.Fatalf("convert: %s", stderr)
+	}
+	code, stdout, stderr := runCLI(t, "validate", "--quiet", dst, "--golden", filepath.Join(fixturesDir, "deepseek-v3-fp8", "reference"))
+	if code != 1 || !strings.Contains(stdout, "FAIL") {
+		t.Fatalf("bf16 model against fp8 goldens: exit %d\n%s%s", code, stdout, stderr)
+	}
+	assertCleanError(t, stderr, "failed")
+}
