@@ -1,0 +1,253 @@
+package validate
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/layout"
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/gonum"
+)
+
+// Slots is the gate's output as the fused kernels consume it: per token the
+// K routed slots followed by the S shared slots.
+type Slots struct {
+	T, K       int       // K = routed top-k + S
+	IDs        []int32   // [T,K] expert ids in the bank of E + R*S experts
+	Weights    []float32 // [T,K] slot weights
+	FinalScale float32   // rsf where it stays a runtime multiply, 1 where folded
+}
+
+// FusedSlots adds the contract's shared slots to a routing: token t's shared
+// slice s goes to expert E + (t mod R)*S + s with the contract's slot weight
+// (1.0 when rsf is folded into the routed experts, 1/rsf otherwise). Routed
+// slot weights are the routing weights without rsf: folded, the routed down
+// projections carry it; unfolded, Finalize multiplies the whole sum by it,
+// which turns the 1/rsf shared weight back into 1.
+func FusedSlots(r *Routing, c *layout.Contract) (*Slots, error) {
+	if err := c.Check(); err != nil {
+		return nil, err
+	}
+	if r.K <= 0 || len(r.IDs) != r.T*r.K {
+		return nil, fmt.Errorf("fused slots: routing has %d ids for %d tokens x %d", len(r.IDs), r.T, r.K)
+	}
+	s := 0
+	if c.NumFusedSharedExperts > 0 {
+		s = c.SharedSlices
+	}
+	k := r.K + s
+	out := &Slots{T: r.T, K: k, IDs: make([]int32, r.T*k), Weights: make([]float32, r.T*k), FinalScale: float32(c.RuntimeScale())}
+	sw := float32(c.SharedSlotWeight)
+	for t := range r.T {
+		copy(out.IDs[t*k:], r.IDs[t*r.K:(t+1)*r.K])
+		copy(out.Weights[t*k:], r.Weights[t*r.K:(t+1)*r.K])
+		for j := range s {
+			out.IDs[t*k+r.K+j] = int32(layout.SharedSlotID(c.NumExperts, c.SharedReplicas, s, t, j))
+			out.Weights[t*k+r.K+j] = sw
+		}
+	}
+	return out, nil
+}
+
+// FusedLayer is one converted layer as the fused path reads it.
+type FusedLayer struct {
+	Index      int
+	Router     string // [E,H], the source's name
+	RouterBias string // "" if none
+	Spec       RouteSpec
+	Contract   *layout.Contract
+	Names      layout.ExpertTensors
+	// Shared is a shared expert that was NOT fused into the bank (convert
+	// without fuse-shared): it runs as a separate dense MLP, as engines
+	// without fusion do. SharedGate is Qwen2-MoE's per-token gate.
+	Shared     *family.MLP
+	SharedGate string
+}
+
+// FusedResult is the fused path's output for one layer.
+type FusedResult struct {
+	Y       []float32 // [T,H]
+	Routing *Routing
+	Slots   *Slots
+	Align   *Alignment
+}
+
+// stackDims reads H and I from the stacked tensors and checks the bank size.
+func (fl *FusedLayer) stackDims(src TensorSource) (h, inter int, err error) {
+	name := fl.Names.Down
+	t, ok := src.Tensor(name)
+	if !ok {
+		return 0, 0, fmt.Errorf("layer %d: tensor %s is missing", fl.Index, name)
+	}
+	if len(t.Shape) != 3 || t.Shape[1] <= 0 || t.Shape[2] <= 0 || t.Shape[1] > math.MaxInt32 || t.Shape[2] > math.MaxInt32 {
+		return 0, 0, fmt.Errorf("%s: layer %d: tensor %s has shape %v, want [experts,H,I]", t.File, fl.Index, name, t.Shape)
+	}
+	if want := int64(fl.Contract.BankSize()); t.Shape[0] != want {
+		return 0, 0, fmt.Errorf("%s: layer %d: tensor %s holds %d experts, the contract says %d routed + %d fused shared", t.File, fl.Index, name, t.Shape[0], fl.Contract.NumExperts, fl.Contract.NumFusedSharedExperts)
+	}
+	return int(t.Shape[1]), int(t.Shape[2]), nil
+}
+
+// loader returns the ExpertLoader of the layer's bank.
+func (fl *FusedLayer) loader(src TensorSource, h, inter int) ExpertLoader {
+	c, n := fl.Contract, fl.Names
+	bo, bi := 0, 0
+	if c.Quantized() {
+		bo, bi = int(c.WeightBlockSize[0]), int(c.WeightBlockSize[1])
+	}
+	ref := func(name, scale string, e, rows, cols int) matrixRef {
+		return matrixRef{Name: name, Index: e, Rows: rows, Cols: cols, Scale: scale, BlockRows: bo, BlockCols: bi}
+	}
+	return func(_ context.Context, e int) (*ExpertMats, error) {
+		m := &ExpertMats{}
+		var err error
+		wrap := func(err error) error { return fmt.Errorf("layer %d expert %d: %w", fl.Index, e, err) }
+		if n.Layout.Fused() {
+			// Two halves of the [2I,H] slice; with FP8 the scale grid is two
+			// stacked grids of ceil(I/bo) block rows each (layout.StackShapes).
+			first := ref(n.GateUp, n.GateUpScale, e, inter, h)
+			first.SliceRows = 2 * inter
+			second := first
+			second.RowStart = inter
+			if c.Quantized() {
+				half, _ := ScaleDims(inter, h, bo, bi)
+				first.ScaleSliceRows, second.ScaleSliceRows = 2*half, 2*half
+				second.ScaleRowStart = half
+			}
+			a, err := loadMatrix(src, first)
+			if err != nil {
+				return nil, wrap(err)
+			}
+			b, err := loadMatrix(src, second)
+			if err != nil {
+				return nil, wrap(err)
+			}
+			m.Gate, m.Up = a, b
+			if n.Layout == layout.UpGate {
+				m.Gate, m.Up = b, a
+			}
+		} else {
+			if m.Gate, err = loadMatrix(src, ref(n.Gate, n.GateScale, e, inter, h)); err != nil {
+				return nil, wrap(err)
+			}
+			if m.Up, err = loadMatrix(src, ref(n.Up, n.UpScale, e, inter, h)); err != nil {
+				return nil, wrap(err)
+			}
+		}
+		if m.Down, err = loadMatrix(src, ref(n.Down, n.DownScale, e, h, inter)); err != nil {
+			return nil, wrap(err)
+		}
+		return m, nil
+	}
+}
+
+// FusedLayerRun runs one converted layer the way a serving engine does:
+// gate (top-k plus shared slots), moe_align_block_size, grouped GEMM over the
+// blocks, finalize; plus an unfused shared expert where the contract left one.
+func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []float32, t, blockSize, workers int) (*FusedResult, error) {
+	h, inter, err := fl.stackDims(src)
+	if err != nil {
+		return nil, err
+	}
+	if len(x) != t*h {
+		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", fl.Index, len(x), t, h)
+	}
+	if fl.Spec.NumExperts != fl.Contract.NumExperts {
+		return nil, fmt.Errorf("layer %d: config routes over %d experts, the contract says %d", fl.Index, fl.Spec.NumExperts, fl.Contract.NumExperts)
+	}
+	routing, err := routeLayer(src, fl.Spec, fl.Router, fl.RouterBias, x, t, h)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	slots, err := FusedSlots(routing, fl.Contract)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	al, err := AlignBlockSize(slots.IDs, fl.Contract.BankSize(), blockSize)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	out, err := GroupedGEMM(ctx, x, t, h, inter, slots.K, al, fl.loader(src, h, inter), workers)
+	if err != nil {
+		return nil, err
+	}
+	y, err := Finalize(out, t, slots.K, h, slots.Weights, slots.FinalScale)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	if fl.Shared != nil {
+		if fl.Contract.NumFusedSharedExperts > 0 {
+			return nil, fmt.Errorf("layer %d: the contract fuses %d shared experts but shared expert tensors (%s) remain", fl.Index, fl.Contract.NumFusedSharedExperts, fl.Shared.Gate)
+		}
+		if err := fl.addDenseShared(src, x, t, h, y); err != nil {
+			return nil, err
+		}
+	}
+	return &FusedResult{Y: y, Routing: routing, Slots: slots, Align: al}, nil
+}
+
+// addDenseShared runs an unfused shared expert over all tokens with one
+// GEMM per projection and adds it (gated for Qwen2-MoE) to y.
+func (fl *FusedLayer) addDenseShared(src TensorSource, x []float32, t, h int, y []float32) error {
+	wrap := func(err error) error { return fmt.Errorf("layer %d shared expert: %w", fl.Index, err) }
+	gt, ok := src.Tensor(fl.Shared.Gate)
+	if !ok {
+		return wrap(fmt.Errorf("tensor %s is missing", fl.Shared.Gate))
+	}
+	if len(gt.Shape) != 2 || gt.Shape[0] <= 0 || gt.Shape[0] > math.MaxInt32 {
+		return wrap(fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, fl.Shared.Gate, gt.Shape, h))
+	}
+	inter := int(gt.Shape[0])
+	bo, bi := 0, 0
+	if c := fl.Contract; c.Quantized() {
+		bo, bi = int(c.WeightBlockSize[0]), int(c.WeightBlockSize[1])
+	}
+	ref := func(name, scale string, rows, cols int) matrixRef {
+		return matrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, BlockRows: bo, BlockCols: bi}
+	}
+	gate, err := loadMatrix(src, ref(fl.Shared.Gate, fl.Shared.GateScale, inter, h))
+	if err != nil {
+		return wrap(err)
+	}
+	up, err := loadMatrix(src, ref(fl.Shared.Up, fl.Shared.UpScale, inter, h))
+	if err != nil {
+		return wrap(err)
+	}
+	down, err := loadMatrix(src, ref(fl.Shared.Down, fl.Shared.DownScale, h, inter))
+	if err != nil {
+		return wrap(err)
+	}
+	var gw []float32
+	if fl.SharedGate != "" {
+		if gw, err = loadVector(src, fl.SharedGate, h); err != nil {
+			return wrap(err)
+		}
+	}
+	impl := gonum.Implementation{}
+	g := make([]float32, t*inter)
+	u := make([]float32, t*inter)
+	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, gate, h, 0, g, inter)
+	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, up, h, 0, u, inter)
+	swiGLU(g, u)
+	o := make([]float32, t*h)
+	impl.Sgemm(blas.NoTrans, blas.Trans, t, h, inter, 1, g, inter, down, inter, 0, o, h)
+	putFloats(gate)
+	putFloats(up)
+	putFloats(down)
+	for tok := range t {
+		factor := float32(1)
+		if gw != nil {
+			var s float32
+			for j, v := range x[tok*h : (tok+1)*h] {
+				s += v * gw[j]
+			}
+			factor = float32(1 / (1 + math.Exp(-float64(s))))
+		}
+		for j := range h {
+			y[tok*h+j] += factor * o[tok*h+j]
+		}
+	}
+	return nil
+}

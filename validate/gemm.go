@@ -1,0 +1,132 @@
+package validate
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"runtime"
+
+	"golang.org/x/sync/errgroup"
+	"gonum.org/v1/gonum/blas"
+	"gonum.org/v1/gonum/blas/gonum"
+)
+
+// ExpertMats is one expert's SwiGLU weights dequantised to float32:
+// E(x) = Down (silu(Gate x) * Up x).
+type ExpertMats struct {
+	Gate, Up []float32 // [I,H]
+	Down     []float32 // [H,I]
+}
+
+func (m *ExpertMats) check(h, inter int) error {
+	if len(m.Gate) != inter*h || len(m.Up) != inter*h || len(m.Down) != h*inter {
+		return fmt.Errorf("expert weights have %d/%d/%d values, want %d each (H %d, I %d)", len(m.Gate), len(m.Up), len(m.Down), inter*h, h, inter)
+	}
+	return nil
+}
+
+// release hands the weight buffers back to the pool; m is unusable after.
+func (m *ExpertMats) release() {
+	putFloats(m.Gate)
+	putFloats(m.Up)
+	putFloats(m.Down)
+	m.Gate, m.Up, m.Down = nil, nil, nil
+}
+
+// ExpertLoader returns expert e's weights. The grouped GEMM calls it once
+// per expert that has tokens, from several goroutines at once.
+type ExpertLoader func(ctx context.Context, e int) (*ExpertMats, error)
+
+// silu(g) * u, in place into g: the SwiGLU activation both paths share.
+func swiGLU(g, u []float32) {
+	for i, v := range g {
+		s := float64(v) / (1 + math.Exp(-float64(v)))
+		g[i] = float32(s) * u[i]
+	}
+}
+
+// Workers is the default number of experts in flight: each holds one
+// expert's float32 weights (3*I*H*4 bytes, 176 MB at DeepSeek-V3 size), so
+// memory stays bounded by Workers experts whatever the layer size.
+func Workers() int { return max(1, min(runtime.GOMAXPROCS(0), 4)) }
+
+// GroupedGEMM is the CPU twin of the fused MoE GEMM. For every block of the
+// alignment it takes the block's expert, gathers the block's token rows of x
+// [T,H] (slot s reads token s/slotsPerToken; padding entries are skipped, as
+// the kernel masks them), computes silu(X Gate^T) * (X Up^T) and then
+// times Down^T, and writes each slot's output row: the result is [Numel,H],
+// unweighted (finalize applies the slot weights). Experts are loaded one at a
+// time per worker; only experts with tokens are touched. Accumulation is
+// float32 (gonum's Sgemm), as on the GPU.
+func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken int, al *Alignment, load ExpertLoader, workers int) ([]float32, error) {
+	if len(x) != t*h || int(al.Numel) != t*slotsPerToken {
+		return nil, fmt.Errorf("grouped gemm: x has %d values for %dx%d, alignment %d slots for %d x %d", len(x), t, h, al.Numel, t, slotsPerToken)
+	}
+	if workers <= 0 {
+		workers = Workers()
+	}
+	// Blocks of one expert are contiguous: collect each expert's block range.
+	type job struct{ expert, first, last int }
+	var jobs []job
+	for b := 0; b < al.Blocks(); {
+		e := int(al.ExpertIDs[b])
+		end := b
+		for end < al.Blocks() && int(al.ExpertIDs[end]) == e {
+			end++
+		}
+		jobs = append(jobs, job{e, b, end})
+		b = end
+	}
+	out := make([]float32, int(al.Numel)*h)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(workers)
+	for _, j := range jobs {
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
+			m, err := load(gctx, j.expert)
+			if err != nil {
+				return err
+			}
+			if err := m.check(h, inter); err != nil {
+				return fmt.Errorf("expert %d: %w", j.expert, err)
+			}
+			for b := j.first; b < j.last; b++ {
+				expertBlock(x, h, inter, slotsPerToken, al.Block(b), m, out)
+			}
+			m.release()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// expertBlock runs one block: rows are slot indices, all of one expert.
+// Each slot belongs to exactly one block, so concurrent blocks write
+// disjoint rows of out.
+func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *ExpertMats, out []float32) {
+	rows := len(slots)
+	if rows == 0 {
+		return
+	}
+	xb := make([]float32, rows*h)
+	for r, s := range slots {
+		tok := int(s) / slotsPerToken
+		copy(xb[r*h:(r+1)*h], x[tok*h:(tok+1)*h])
+	}
+	impl := gonum.Implementation{}
+	gate := make([]float32, rows*inter)
+	up := make([]float32, rows*inter)
+	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Gate, h, 0, gate, inter)
+	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Up, h, 0, up, inter)
+	swiGLU(gate, up)
+	ob := make([]float32, rows*h)
+	impl.Sgemm(blas.NoTrans, blas.Trans, rows, h, inter, 1, gate, inter, m.Down, inter, 0, ob, h)
+	for r, s := range slots {
+		copy(out[int(s)*h:(int(s)+1)*h], ob[r*h:(r+1)*h])
+	}
+}

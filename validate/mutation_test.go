@@ -1,0 +1,314 @@
+package validate
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+const hfFixtures = "../fixtures/hf"
+
+// convertInto runs convert / fuse-shared from src into a fresh temporary DST.
+func convertInto(t *testing.T, src string, o convert.Options) string {
+	t.Helper()
+	o.Src = src
+	o.Dst = filepath.Join(t.TempDir(), "dst")
+	if _, err := convert.Convert(context.Background(), o); err != nil {
+		t.Fatalf("convert %s: %v", src, err)
+	}
+	return o.Dst
+}
+
+// TestValidateCorrectConversions: validate passes on correct conversions of
+// the committed HF fixtures (every family and layout, fuse-shared with --tp
+// 1, 4 and 8 and every --fold-scaling), and the fused path agrees with the HF
+// goldens. The numbers are logged for the closing note.
+func TestValidateCorrectConversions(t *testing.T) {
+	type conv struct {
+		fixture string
+		o       convert.Options
+	}
+	var cases []conv
+	lays := []layout.Layout{layout.Stacked, layout.GateUp, layout.UpGate}
+	for i, f := range []string{"deepseek-v3-bf16", "deepseek-v3-fp8", "deepseek-v2-lite", "mixtral", "mixtral-bin-sharded", "qwen2-moe", "qwen3-moe", "qwen3-moe-bin"} {
+		cases = append(cases, conv{f, convert.Options{Layout: lays[i%3]}})
+	}
+	for _, f := range []string{"deepseek-v3-bf16", "deepseek-v3-fp8"} {
+		for i, tp := range []int{1, 4, 8} {
+			for j, fold := range []string{"auto", "down", "none"} {
+				if (i+j)%3 != 0 && !(f == "deepseek-v3-bf16" && fold == "down") {
+					continue // every tp and every fold on each fixture, not all 9 pairs
+				}
+				cases = append(cases, conv{f, convert.Options{Layout: lays[(i+j)%3], FuseShared: true, TP: tp, FoldScaling: fold}})
+			}
+		}
+	}
+	cases = append(cases, conv{"deepseek-v2-lite", convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 2}})
+	for _, c := range cases {
+		name := fmt.Sprintf("%s/%s/fuse=%v/tp=%d/fold=%s", c.fixture, c.o.Layout, c.o.FuseShared, c.o.TP, c.o.FoldScaling)
+		t.Run(name, func(t *testing.T) {
+			src := filepath.Join(hfFixtures, c.fixture)
+			dst := convertInto(t, src, c.o)
+			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Failed() {
+				var b jsonBuf
+				rep.WriteTable(&b)
+				t.Fatalf("validate failed on a correct conversion:\n%s", b)
+			}
+			checks := map[string]int{}
+			for _, r := range rep.Rows {
+				checks[r.Check]++
+				if r.Check == CheckFusedVsGolden && r.Tolerance == TolGolden && r.RelL2 > 2e-6 {
+					t.Errorf("layer %d: fused vs HF golden %.3g, expected float32 rounding (< 2e-6)", r.Layer, r.RelL2)
+				}
+				t.Logf("layer %d %-20s rel_l2 %.3g topk %.4f (%s)", r.Layer, r.Check, r.RelL2, r.TopK, r.Tolerance.Name)
+			}
+			if checks[CheckFusedVsReference] == 0 || checks[CheckFusedVsGolden] != checks[CheckFusedVsReference] || checks[CheckReferenceVsGolden] != checks[CheckFusedVsReference] {
+				t.Fatalf("checks run: %v, want all three on every layer", checks)
+			}
+		})
+	}
+}
+
+type jsonBuf []byte
+
+func (b *jsonBuf) Write(p []byte) (int, error) { *b = append(*b, p...); return len(p), nil }
+func (b jsonBuf) String() string               { return string(b) }
+
+// rewriteTensor replaces one tensor's bytes in a converted checkpoint by
+// rewriting the shard that holds it (names, dtypes, shapes unchanged).
+func rewriteTensor(t *testing.T, dir, name string, edit func(raw []byte, shape []int64)) {
+	t.Helper()
+	shard := "model.safetensors"
+	if idx, err := safetensors.ReadIndex(filepath.Join(dir, safetensors.IndexFileName)); err == nil {
+		var ok bool
+		if shard, ok = idx.WeightMap[name]; !ok {
+			t.Fatalf("%s not in the index", name)
+		}
+	}
+	path := filepath.Join(dir, shard)
+	f, err := safetensors.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var entries []safetensors.Entry
+	found := false
+	for _, ti := range f.Tensors {
+		sec, err := f.Section(ti.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := io.ReadAll(sec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ti.Name == name {
+			edit(raw, ti.Shape)
+			found = true
+		}
+		entries = append(entries, safetensors.Entry{Name: ti.Name, DType: ti.DType, Shape: ti.Shape,
+			Open: func() (io.Reader, error) { return &byteReader{b: raw}, nil }})
+	}
+	meta := f.Metadata
+	f.Close()
+	if !found {
+		t.Fatalf("%s: no tensor %s", path, name)
+	}
+	if _, err := safetensors.WriteFile(context.Background(), path, meta, entries, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type byteReader struct{ b []byte }
+
+func (r *byteReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+// editContract rewrites DST/config.json's moeprep object.
+func editContract(t *testing.T, dir string, edit func(c map[string]any)) {
+	t.Helper()
+	p := filepath.Join(dir, "config.json")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	edit(cfg["moeprep"].(map[string]any))
+	if b, err = json.MarshalIndent(cfg, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// slice returns expert e's part of a stacked [N,...] tensor's bytes.
+func slice(raw []byte, shape []int64, e int) []byte {
+	per := len(raw) / int(shape[0])
+	return raw[e*per : (e+1)*per]
+}
+
+func scaleF32(b []byte, f float64) {
+	for i := 0; i+4 <= len(b); i += 4 {
+		v := math.Float32frombits(binary.LittleEndian.Uint32(b[i:]))
+		binary.LittleEndian.PutUint32(b[i:], math.Float32bits(float32(float64(v)*f)))
+	}
+}
+
+// swapIn swaps expert a's and b's slices of one stacked tensor.
+func swapIn(t *testing.T, dir, name string, a, b int) {
+	rewriteTensor(t, dir, name, func(raw []byte, shape []int64) {
+		x, y := slice(raw, shape, a), slice(raw, shape, b)
+		tmp := append([]byte(nil), x...)
+		copy(x, y)
+		copy(y, tmp)
+	})
+}
+
+// TestMutationSuite: from a correct fused checkpoint, each mutation makes
+// validate fail (exit 1) with an error at least 10x its threshold.
+func TestMutationSuite(t *testing.T) {
+	fp8 := filepath.Join(hfFixtures, "deepseek-v3-fp8") // DeepSeek-like biases (offset 1.0, spread 0.005)
+	bf16 := filepath.Join(hfFixtures, "deepseek-v3-bf16")
+	const layer = 1
+	stacked := func(fp bool) layout.ExpertTensors { return layout.Names(layout.Stacked, "model.layers.1.mlp", fp) }
+	square := squareFixture(t)
+	tests := []struct {
+		name    string
+		src     string
+		o       convert.Options
+		mutate  func(t *testing.T, dst string)
+		minRows int // rows that must fail
+	}{
+		{"gate and up swapped in one expert", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
+			n := stacked(true)
+			gate, up := readTensor(t, dst, n.Gate), readTensor(t, dst, n.Up)
+			gs, us := readTensor(t, dst, n.GateScale), readTensor(t, dst, n.UpScale)
+			rewriteTensor(t, dst, n.Gate, func(raw []byte, shape []int64) { copy(slice(raw, shape, 3), slice(up, shape, 3)) })
+			rewriteTensor(t, dst, n.Up, func(raw []byte, shape []int64) { copy(slice(raw, shape, 3), slice(gate, shape, 3)) })
+			rewriteTensor(t, dst, n.GateScale, func(raw []byte, shape []int64) { copy(slice(raw, shape, 3), slice(us, shape, 3)) })
+			rewriteTensor(t, dst, n.UpScale, func(raw []byte, shape []int64) { copy(slice(raw, shape, 3), slice(gs, shape, 3)) })
+		}, 1},
+		{"two experts swapped", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp}, func(t *testing.T, dst string) {
+			n := layout.Names(layout.GateUp, "model.layers.1.mlp", false)
+			swapIn(t, dst, n.GateUp, 2, 5)
+			swapIn(t, dst, n.Down, 2, 5)
+		}, 1},
+		{"rsf folded twice", fp8, convert.Options{FuseShared: true, TP: 2}, func(t *testing.T, dst string) {
+			n := stacked(true)
+			rewriteTensor(t, dst, n.DownScale, func(raw []byte, shape []int64) {
+				scaleF32(raw[:len(raw)/int(shape[0])*16], 2.5) // the 16 routed experts only
+			})
+		}, 1},
+		{"rsf neither folded nor applied", bf16, convert.Options{FuseShared: true, TP: 1, FoldScaling: "none"}, func(t *testing.T, dst string) {
+			editContract(t, dst, func(c map[string]any) {
+				c["routed_scaling_factor_folded"] = true // claims folded; weights were not
+				c["shared_slot_weight"] = 1.0
+			})
+		}, 1},
+		{"one shared replica zeroed", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.UpGate}, func(t *testing.T, dst string) {
+			n := layout.Names(layout.UpGate, "model.layers.1.mlp", false)
+			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) { clear(slice(raw, shape, 16+2)) })
+		}, 1},
+		{"correction bias rounded to bf16", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, "model.layers.1.mlp.gate.e_score_correction_bias", func(raw []byte, _ []int64) {
+				for i := 0; i < len(raw); i += 4 {
+					v := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
+					binary.LittleEndian.PutUint32(raw[i:], math.Float32bits(RoundBF16(v)))
+				}
+			})
+		}, 1},
+		{"one wrong fp8 scale block", fp8, convert.Options{FuseShared: true, TP: 1, Layout: layout.GateUp}, func(t *testing.T, dst string) {
+			n := layout.Names(layout.GateUp, "model.layers.1.mlp", true)
+			rewriteTensor(t, dst, n.GateUpScale, func(raw []byte, shape []int64) {
+				scaleF32(slice(raw, shape, 7)[4:8], 3) // expert 7, block (0,1)
+			})
+		}, 1},
+		{"down projection transposed where square", square, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
+			n := stacked(false)
+			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
+				d := int(shape[1])
+				m := slice(raw, shape, 1)
+				for r := range d {
+					for c := r + 1; c < d; c++ {
+						i, j := 2*(r*d+c), 2*(c*d+r)
+						m[i], m[i+1], m[j], m[j+1] = m[j], m[j+1], m[i], m[i+1]
+					}
+				}
+			})
+		}, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dst := convertInto(t, tt.src, tt.o)
+			opts := Options{Src: tt.src, Dst: dst, Layers: fmt.Sprint(layer), Seed: 3}
+			clean, err := Run(context.Background(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if clean.Failed() {
+				t.Fatalf("the unmutated conversion fails: %v", clean.Err())
+			}
+			tt.mutate(t, dst)
+			rep, err := Run(context.Background(), opts)
+			if err != nil {
+				t.Fatalf("mutation made the input unusable instead of failing the check: %v", err)
+			}
+			if !rep.Failed() || exitcode.Code(rep.Err()) != exitcode.CheckFailed {
+				t.Fatalf("mutation not caught: %+v", rep.Rows)
+			}
+			r := rep.Rows[0]
+			if !(r.RelL2 >= 10*r.Tolerance.MaxRelL2) {
+				t.Fatalf("rel_l2 %.3g is less than 10x the %s threshold %.3g", r.RelL2, r.Tolerance.Name, r.Tolerance.MaxRelL2)
+			}
+			t.Logf("caught: rel_l2 %.3g (%.0fx the %s threshold), topk %.4f: %s", r.RelL2, r.RelL2/r.Tolerance.MaxRelL2, r.Tolerance.Name, r.TopK, r.Reason)
+		})
+	}
+}
+
+func readTensor(t *testing.T, dir, name string) []byte {
+	t.Helper()
+	var out []byte
+	rewriteTensor(t, dir, name, func(raw []byte, _ []int64) { out = append([]byte(nil), raw...) })
+	return out
+}
+
+// squareFixture synthesises a DeepSeek-V3-style bf16 checkpoint with H == I,
+// where a transposed down projection has the right shape.
+func squareFixture(t *testing.T) string {
+	t.Helper()
+	s, err := fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 64,
+		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 2, TopKGroup: 1, DType: "bf16", Seed: 21}.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "square")
+	if err := fixtures.Synth(context.Background(), dir, s, nil); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}

@@ -1,0 +1,231 @@
+package validate
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/moeprep/moeprep/family"
+	"golang.org/x/sync/errgroup"
+)
+
+// RefResult is the unfused reference's output for one layer.
+type RefResult struct {
+	Y       []float32 // [T,H]
+	Routing *Routing
+}
+
+// ReferenceLayer runs one MoE layer of a source (hub-layout) plan the way
+// the HF modules do, on x [T,H]: router in fp32, routing, each selected
+// expert's SwiGLU, the weighted sum with weights times rsf, plus the shared
+// expert (times sigmoid(x . w_sg) for Qwen2-MoE). Weights are dequantised
+// to float32; every dot product accumulates in float64 and is stored as
+// float32. It shares only decoding, routing and swiGLU with the fused path,
+// not its alignment or GEMM, so a bug there cannot hide in both.
+func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers int) (*RefResult, error) {
+	h, inter, e := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts
+	if len(x) != t*h {
+		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Index, len(x), t, h)
+	}
+	if len(layer.Experts) != e {
+		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
+	}
+	spec := SpecFromPlan(plan)
+	routing, err := routeLayer(src, spec, layer.Router, layer.RouterBias, x, t, h)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+	}
+	if workers <= 0 {
+		workers = Workers()
+	}
+	// Each selected (token, slot) gets its expert's unweighted output; they
+	// are summed afterwards in a fixed order so the result is reproducible.
+	k := routing.K
+	contrib := make([]float32, t*k*h)
+	users := make([][]int, e) // slots t*K+k per expert
+	for s, id := range routing.IDs {
+		users[id] = append(users[id], s)
+	}
+	block := blockOf(plan)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(workers)
+	for id := range e {
+		if len(users[id]) == 0 {
+			continue
+		}
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
+			m, err := loadSourceMLP(src, layer.Experts[id], inter, h, block)
+			if err != nil {
+				return fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
+			}
+			xs := make([][]float32, len(users[id]))
+			outs := make([][]float32, len(users[id]))
+			for i, s := range users[id] {
+				tok := s / k
+				xs[i], outs[i] = x[tok*h:(tok+1)*h], contrib[s*h:(s+1)*h]
+			}
+			m.applyBatch(xs, outs)
+			m.release()
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	y64 := make([]float64, t*h)
+	rsf := float32(spec.RoutedScalingFactor)
+	for s := range t * k {
+		w := float64(routing.Weights[s] * rsf) // HF scales each weight by rsf in float32
+		tok := s / k
+		row := contrib[s*h : (s+1)*h]
+		for j, v := range row {
+			y64[tok*h+j] += w * float64(v)
+		}
+	}
+	if layer.Shared != nil {
+		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, block, y64); err != nil {
+			return nil, err
+		}
+	}
+	y := make([]float32, t*h)
+	for i, v := range y64 {
+		y[i] = float32(v)
+	}
+	return &RefResult{Y: y, Routing: routing}, nil
+}
+
+// routeLayer loads a router (and its correction bias) and routes x.
+func routeLayer(src TensorSource, spec RouteSpec, router, bias string, x []float32, t, h int) (*Routing, error) {
+	wg, err := loadMatrix(src, matrixRef{Name: router, Index: -1, Rows: spec.NumExperts, Cols: h})
+	if err != nil {
+		return nil, err
+	}
+	var b []float32
+	if bias != "" {
+		if b, err = loadVector(src, bias, spec.NumExperts); err != nil {
+			return nil, err
+		}
+	}
+	logits, err := RouterLogits(x, t, h, wg, spec.NumExperts)
+	if err != nil {
+		return nil, err
+	}
+	return Route(spec, logits, b, t)
+}
+
+func blockOf(plan *family.Plan) int {
+	if plan.Quantization == family.QuantFP8Block {
+		return FP8Block
+	}
+	return 0
+}
+
+// refMLP is one SwiGLU MLP in float32 for the reference.
+type refMLP struct {
+	gate, up, down []float32 // [I,H], [I,H], [H,I]
+	h, inter       int
+}
+
+func loadSourceMLP(src TensorSource, names family.MLP, inter, h, block int) (*refMLP, error) {
+	ref := func(name, scale string, rows, cols int) matrixRef {
+		return matrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, BlockRows: block, BlockCols: block}
+	}
+	m := &refMLP{h: h, inter: inter}
+	var err error
+	if m.gate, err = loadMatrix(src, ref(names.Gate, names.GateScale, inter, h)); err != nil {
+		return nil, err
+	}
+	if m.up, err = loadMatrix(src, ref(names.Up, names.UpScale, inter, h)); err != nil {
+		return nil, err
+	}
+	if m.down, err = loadMatrix(src, ref(names.Down, names.DownScale, h, inter)); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *refMLP) release() {
+	putFloats(m.gate)
+	putFloats(m.up)
+	putFloats(m.down)
+	m.gate, m.up, m.down = nil, nil, nil
+}
+
+// applyBatch writes down(silu(gate x) * up x) for each token xs[r] into
+// outs[r] [H]. Weight rows are the outer loop so each row is read from
+// memory once for all the tokens (the layer is memory-bound at small m).
+func (m *refMLP) applyBatch(xs, outs [][]float32) {
+	n := len(xs)
+	g := make([]float32, n*m.inter)
+	u := make([]float32, n*m.inter)
+	for i := range m.inter {
+		gr, ur := m.gate[i*m.h:(i+1)*m.h], m.up[i*m.h:(i+1)*m.h]
+		for r, x := range xs {
+			g[r*m.inter+i] = float32(dot64(x, gr))
+			u[r*m.inter+i] = float32(dot64(x, ur))
+		}
+	}
+	swiGLU(g, u)
+	for j := range m.h {
+		dr := m.down[j*m.inter : (j+1)*m.inter]
+		for r := range xs {
+			outs[r][j] = float32(dot64(g[r*m.inter:(r+1)*m.inter], dr))
+		}
+	}
+}
+
+// addSharedReference adds the shared expert (one MLP of intermediate S*I,
+// not split) to y64, gated per token by sigmoid(x . w_sg) for Qwen2-MoE.
+func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers, block int, y64 []float64) error {
+	h := plan.HiddenSize
+	inter := plan.SharedIntermediateSize
+	if inter <= 0 {
+		inter = plan.NumSharedExperts * plan.MoEIntermediateSize
+	}
+	m, err := loadSourceMLP(src, *layer.Shared, inter, h, block)
+	if err != nil {
+		return fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
+	}
+	defer m.release()
+	var gateW []float32
+	if layer.SharedGate != "" {
+		if gateW, err = loadVector(src, layer.SharedGate, h); err != nil {
+			return fmt.Errorf("layer %d shared expert gate: %w", layer.Index, err)
+		}
+	}
+	// Tokens split into one chunk per worker, each chunk one pass over the weights.
+	out := make([]float32, t*h)
+	g, gctx := errgroup.WithContext(ctx)
+	chunk := (t + workers - 1) / workers
+	for lo := 0; lo < t; lo += chunk {
+		hi := min(t, lo+chunk)
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
+			var xs, outs [][]float32
+			for tok := lo; tok < hi; tok++ {
+				xs = append(xs, x[tok*h:(tok+1)*h])
+				outs = append(outs, out[tok*h:(tok+1)*h])
+			}
+			m.applyBatch(xs, outs)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	for tok := range t {
+		factor := 1.0
+		if gateW != nil {
+			factor = float64(float32(1 / (1 + math.Exp(-dot64(x[tok*h:(tok+1)*h], gateW)))))
+		}
+		for j := range h {
+			y64[tok*h+j] += factor * float64(out[tok*h+j])
+		}
+	}
+	return nil
+}

@@ -1,0 +1,321 @@
+package validate
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/moeprep/moeprep/family"
+	"gonum.org/v1/gonum/blas/gonum"
+)
+
+// RouteSpec is everything the gate needs besides the weights.
+type RouteSpec struct {
+	Scoring      family.Scoring
+	NumExperts   int // routed experts E
+	TopK         int
+	NGroup       int // 1 (or 0): no grouping
+	TopKGroup    int
+	NormTopKProb bool
+	// GroupByMax scores a group by its largest score (DeepSeek-V2's
+	// group_limited_greedy) instead of the sum of its two largest biased
+	// scores (DeepSeek-V3's noaux_tc).
+	GroupByMax bool
+	// RoutedScalingFactor multiplies the routing weights (1 when the family has none).
+	RoutedScalingFactor float64
+}
+
+// SpecFromPlan derives the gate of a planned checkpoint: greedy is plain
+// top-k, group_limited_greedy (DeepSeek-V2) scores groups by their max,
+// noaux_tc (DeepSeek-V3, Kimi-K2) by the sum of their top-2 biased scores.
+func SpecFromPlan(p *family.Plan) RouteSpec {
+	rsf := p.RoutedScalingFactor
+	if rsf == 0 {
+		rsf = 1
+	}
+	s := RouteSpec{
+		Scoring:             p.Scoring,
+		NumExperts:          p.NumExperts,
+		TopK:                p.TopK,
+		NGroup:              p.NGroup,
+		TopKGroup:           p.TopKGroup,
+		NormTopKProb:        p.NormTopKProb,
+		GroupByMax:          p.TopKMethod == family.TopKGroupLimited,
+		RoutedScalingFactor: rsf,
+	}
+	if p.TopKMethod == family.TopKGreedy || s.NGroup < 1 {
+		s.NGroup, s.TopKGroup = 1, 1
+	}
+	return s
+}
+
+func (s RouteSpec) check() error {
+	e := s.NumExperts
+	switch {
+	case s.Scoring != family.Sigmoid && s.Scoring != family.Softmax:
+		return fmt.Errorf("unknown router scoring %q", s.Scoring)
+	case e <= 0:
+		return fmt.Errorf("router has %d experts", e)
+	case s.TopK <= 0 || s.TopK > e:
+		return fmt.Errorf("top-k %d with %d experts", s.TopK, e)
+	case s.NGroup > 1 && e%s.NGroup != 0:
+		return fmt.Errorf("%d experts do not split into %d groups", e, s.NGroup)
+	case s.NGroup > 1 && (s.TopKGroup <= 0 || s.TopKGroup > s.NGroup):
+		return fmt.Errorf("topk_group %d with %d groups", s.TopKGroup, s.NGroup)
+	case s.NGroup > 1 && s.TopKGroup*(e/s.NGroup) < s.TopK:
+		return fmt.Errorf("top-k %d cannot be drawn from %d groups of %d experts", s.TopK, s.TopKGroup, e/s.NGroup)
+	case math.IsNaN(s.RoutedScalingFactor) || math.IsInf(s.RoutedScalingFactor, 0) || s.RoutedScalingFactor <= 0:
+		return fmt.Errorf("routed_scaling_factor %v", s.RoutedScalingFactor)
+	}
+	return nil
+}
+
+// Routing is the gate's output for T tokens.
+type Routing struct {
+	T, K int
+	// IDs [T,K]: the chosen experts of each token, best first (ties: lower id).
+	IDs []int32
+	// Weights [T,K]: routing weights after normalisation and BEFORE the routed
+	// scaling factor (the fused path applies rsf by folding or by a final
+	// multiply; the reference multiplies it in as HF does).
+	Weights []float32
+	// Choice [T,E]: the score top-k ranked experts by (sigmoid + correction
+	// bias, or softmax probability), kept for tie-robust comparisons.
+	Choice []float32
+}
+
+// RouterLogits computes x [T,H] times router [E,H] transposed in float64 and
+// rounds each logit to float32. The HF modules compute the router in float32;
+// a float64 accumulation is the more accurate of the two and differs from a
+// float32 one by far less than the 1e-5 tie tolerance.
+func RouterLogits(x []float32, t, h int, router []float32, e int) ([]float32, error) {
+	if len(x) != t*h || len(router) != e*h {
+		return nil, fmt.Errorf("router logits: x has %d values for %dx%d, router %d for %dx%d", len(x), t, h, len(router), e, h)
+	}
+	out := make([]float32, t*e)
+	for i := range t {
+		xi := x[i*h : (i+1)*h]
+		for j := range e {
+			out[i*e+j] = float32(dot64(xi, router[j*h:(j+1)*h]))
+		}
+	}
+	return out, nil
+}
+
+// dot64 is the float64-accumulated dot product of two float32 vectors
+// (gonum's Dsdot, SIMD on amd64): each float32 product is exact in float64.
+func dot64(a, b []float32) float64 {
+	if len(a) == 0 {
+		return 0
+	}
+	return gonum.Implementation{}.Dsdot(len(a), a, 1, b[:len(a)], 1)
+}
+
+// better orders candidates: higher score first, ties to the lower index. NaN
+// ranks below everything so a NaN never displaces a real score.
+func better(a float32, ai int, b float32, bi int) bool {
+	an, bn := a != a, b != b
+	switch {
+	case an && bn:
+		return ai < bi
+	case an:
+		return false
+	case bn:
+		return true
+	case a != b:
+		return a > b
+	}
+	return ai < bi
+}
+
+// topK returns the indices of the k best of score among allowed (nil: all),
+// best first, ties to the lower index.
+func topK(score []float32, allowed []bool, k int) []int {
+	out := make([]int, 0, k)
+	taken := make([]bool, len(score))
+	for len(out) < k {
+		best := -1
+		for i, v := range score {
+			if taken[i] || (allowed != nil && !allowed[i]) {
+				continue
+			}
+			if best < 0 || better(v, i, score[best], best) {
+				best = i
+			}
+		}
+		if best < 0 {
+			break
+		}
+		taken[best] = true
+		out = append(out, best)
+	}
+	return out
+}
+
+// Route runs the gate on logits [T,E]. bias is the F32
+// e_score_correction_bias [E] (nil when the router has none).
+//
+// Sigmoid (DeepSeek-V3, Kimi-K2): s = sigmoid(logit), c = s + bias; each
+// group scores the sum of its two largest c; the topk_group best groups stay
+// (ties: lower group index, so the higher-index group is excluded first) and
+// the others are out of the running (serving kernels mask them to -inf; HF
+// masks to 0, which only differs when every kept c is negative); ids = top-k
+// of c among the kept experts; w = s[ids] (unbiased); normalised to sum 1
+// (+1e-20) if norm_topk_prob.
+//
+// Softmax (Qwen, Mixtral, DeepSeek-V2): p = softmax(logits); with groups
+// (DeepSeek-V2 group_limited_greedy) a group scores its largest p; ids = top-k
+// of p; w = p[ids]; renormalised if norm_topk_prob.
+func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, error) {
+	if err := spec.check(); err != nil {
+		return nil, err
+	}
+	e, k := spec.NumExperts, spec.TopK
+	if len(logits) != t*e {
+		return nil, fmt.Errorf("routing: %d logits for %d tokens x %d experts", len(logits), t, e)
+	}
+	if bias != nil && len(bias) != e {
+		return nil, fmt.Errorf("routing: correction bias has %d values for %d experts", len(bias), e)
+	}
+	r := &Routing{T: t, K: k, IDs: make([]int32, t*k), Weights: make([]float32, t*k), Choice: make([]float32, t*e)}
+	score := make([]float32, e)
+	for i := range t {
+		row := logits[i*e : (i+1)*e]
+		choice := r.Choice[i*e : (i+1)*e]
+		if spec.Scoring == family.Sigmoid {
+			for j, l := range row {
+				score[j] = float32(1 / (1 + math.Exp(-float64(l))))
+				choice[j] = score[j]
+				if bias != nil {
+					choice[j] = score[j] + bias[j]
+				}
+			}
+		} else {
+			softmax(row, score)
+			copy(choice, score)
+		}
+		allowed := groupMask(spec, choice)
+		ids := topK(choice, allowed, k)
+		if len(ids) != k {
+			return nil, fmt.Errorf("routing token %d: only %d of %d experts selectable", i, len(ids), k)
+		}
+		w := r.Weights[i*k : (i+1)*k]
+		var sum float32
+		for j, id := range ids {
+			r.IDs[i*k+j] = int32(id)
+			w[j] = score[id]
+			sum += w[j]
+		}
+		if spec.NormTopKProb {
+			den := sum + 1e-20
+			for j := range w {
+				w[j] /= den
+			}
+		}
+	}
+	return r, nil
+}
+
+// softmax writes the float32 softmax of logits (computed in float64, max-subtracted).
+func softmax(logits, out []float32) {
+	m := math.Inf(-1)
+	for _, l := range logits {
+		m = math.Max(m, float64(l))
+	}
+	var sum float64
+	tmp := make([]float64, len(logits))
+	for j, l := range logits {
+		tmp[j] = math.Exp(float64(l) - m)
+		sum += tmp[j]
+	}
+	for j := range out {
+		out[j] = float32(tmp[j] / sum)
+	}
+}
+
+// groupMask returns which experts survive group selection (nil: no grouping).
+func groupMask(spec RouteSpec, choice []float32) []bool {
+	if spec.NGroup <= 1 || spec.TopKGroup >= spec.NGroup {
+		return nil
+	}
+	size := len(choice) / spec.NGroup
+	gscore := make([]float32, spec.NGroup)
+	for g := range gscore {
+		members := choice[g*size : (g+1)*size]
+		if spec.GroupByMax {
+			gscore[g] = members[topK(members, nil, 1)[0]]
+			continue
+		}
+		var s float32
+		for _, j := range topK(members, nil, min(2, size)) {
+			s += members[j]
+		}
+		gscore[g] = s
+	}
+	allowed := make([]bool, len(choice))
+	for _, g := range topK(gscore, nil, spec.TopKGroup) {
+		for j := g * size; j < (g+1)*size; j++ {
+			allowed[j] = true
+		}
+	}
+	return allowed
+}
+
+// TieTolerance is how close two biased scores must be for either expert to be
+// an acceptable choice (numerics.md; the serving-kernel tests' atol).
+const TieTolerance = 1e-5
+
+// TopKAgreement compares routings got and want ([T,K] ids each) tie-robustly:
+// per token, an id of got that want lacks is still correct when its score in
+// choice ([T,E], the reference's biased scores) is within tol of the unmatched
+// id of want it displaced (pairing both leftovers best first). It returns the
+// number of correct ids and the total, T*K. Out-of-range or repeated ids are wrong.
+func TopKAgreement(got, want []int32, t, k int, choice []float32, e int, tol float32) (int, int, error) {
+	if len(got) != t*k || len(want) != t*k || len(choice) != t*e {
+		return 0, 0, fmt.Errorf("top-k agreement: %d and %d ids, %d scores for %d tokens x %d (of %d experts)", len(got), len(want), len(choice), t, k, e)
+	}
+	okCount := 0
+	for i := range t {
+		c := choice[i*e : (i+1)*e]
+		inWant := map[int32]bool{}
+		for _, id := range want[i*k : (i+1)*k] {
+			inWant[id] = true
+		}
+		seen := map[int32]bool{}
+		var gotOnly []int32
+		for _, id := range got[i*k : (i+1)*k] {
+			switch {
+			case id < 0 || int(id) >= e || seen[id]:
+				// wrong outright; counts as neither matched nor pairable
+			case inWant[id]:
+				okCount++
+			default:
+				gotOnly = append(gotOnly, id)
+			}
+			if id >= 0 && int(id) < e {
+				seen[id] = true
+			}
+		}
+		var wantOnly []int32
+		for id := range inWant {
+			if !seen[id] && id >= 0 && int(id) < e {
+				wantOnly = append(wantOnly, id)
+			}
+		}
+		sortByScore(gotOnly, c)
+		sortByScore(wantOnly, c)
+		for j := 0; j < len(gotOnly) && j < len(wantOnly); j++ {
+			if d := float64(c[gotOnly[j]]) - float64(c[wantOnly[j]]); math.Abs(d) <= float64(tol) {
+				okCount++
+			}
+		}
+	}
+	return okCount, t * k, nil
+}
+
+func sortByScore(ids []int32, c []float32) {
+	for i := 1; i < len(ids); i++ {
+		for j := i; j > 0 && better(c[ids[j]], int(ids[j]), c[ids[j-1]], int(ids[j-1])); j-- {
+			ids[j], ids[j-1] = ids[j-1], ids[j]
+		}
+	}
+}

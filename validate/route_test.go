@@ -1,0 +1,212 @@
+package validate
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"testing"
+
+	"github.com/moeprep/moeprep/family"
+)
+
+// logitFor returns the logit whose float32 sigmoid is s (approximately).
+func logitFor(s float64) float32 { return float32(math.Log(s / (1 - s))) }
+
+func TestRouteSigmoidGroupedHand(t *testing.T) {
+	// 8 experts in 4 groups of 2, keep 2 groups, top-3. All logits 0, so s =
+	// 0.5 everywhere and the bias alone decides the ranking.
+	spec := RouteSpec{Scoring: family.Sigmoid, NumExperts: 8, TopK: 3, NGroup: 4, TopKGroup: 2, NormTopKProb: true, RoutedScalingFactor: 2.5}
+	tests := []struct {
+		name string
+		bias []float32
+		want []int32
+	}{
+		// group sums (top-2 of c): g0 .1+.2 g1 .9+0 g2 .3+.3 g3 0+0 -> keep g1 (0.9+1), g2 (0.6+1)
+		{"groups by top-2 sum", []float32{0.1, 0.2, 0.9, 0, 0.3, 0.3, 0, 0}, []int32{2, 4, 5}},
+		// g1 best (1.6); g0 and g2 tie at 1.5 for the second place: the LOWER
+		// group index g0 stays and g2, holding the best single expert 4, goes.
+		{"group tie keeps lower group", []float32{0.25, 0.25, 0.3, 0.3, 0.5, 0, 0.1, 0.1}, []int32{2, 3, 0}},
+		// expert tie inside kept groups: lower id first.
+		{"expert tie lower id", []float32{0.3, 0.3, 0.3, 0.3, 0, 0, 0, 0}, []int32{0, 1, 2}},
+		// the best single expert sits in a group that loses on the top-2 sum.
+		{"best expert dropped with its group", []float32{1, -1, 0.4, 0.4, 0.3, 0.3, 0, 0}, []int32{2, 3, 4}},
+	}
+	for _, tt := range tests {
+		logits := make([]float32, 8)
+		r, err := Route(spec, logits, tt.bias, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(r.IDs, tt.want) {
+			t.Errorf("%s: ids %v, want %v", tt.name, r.IDs, tt.want)
+		}
+		// Weights are the UNBIASED scores renormalised: all s = 0.5, so 1/3 each.
+		for _, w := range r.Weights {
+			if math.Abs(float64(w)-1.0/3) > 1e-7 {
+				t.Errorf("%s: weight %v, want 1/3 (unbiased, normalised, rsf not applied)", tt.name, w)
+			}
+		}
+	}
+}
+
+func TestRouteWeightsUnbiased(t *testing.T) {
+	// s differs, bias reverses the order: ids follow c, weights follow s.
+	spec := RouteSpec{Scoring: family.Sigmoid, NumExperts: 4, TopK: 2, NGroup: 1, TopKGroup: 1, NormTopKProb: false, RoutedScalingFactor: 1}
+	logits := []float32{logitFor(0.9), logitFor(0.2), logitFor(0.6), logitFor(0.1)}
+	bias := []float32{0, 1, 0, 0}
+	r, err := Route(spec, logits, bias, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(r.IDs, []int32{1, 0}) {
+		t.Fatalf("ids %v, want [1 0]", r.IDs)
+	}
+	if math.Abs(float64(r.Weights[0])-0.2) > 1e-6 || math.Abs(float64(r.Weights[1])-0.9) > 1e-6 {
+		t.Errorf("weights %v, want [0.2 0.9] (no norm)", r.Weights)
+	}
+	if math.Abs(float64(r.Choice[1])-1.2) > 1e-6 {
+		t.Errorf("choice[1] = %v, want s+bias = 1.2", r.Choice[1])
+	}
+}
+
+func TestRouteSoftmax(t *testing.T) {
+	logits := []float32{1, 2, 3, 0}
+	var z float64
+	for _, l := range logits {
+		z += math.Exp(float64(l))
+	}
+	p := func(i int) float64 { return math.Exp(float64(logits[i])) / z }
+	for _, norm := range []bool{false, true} {
+		spec := RouteSpec{Scoring: family.Softmax, NumExperts: 4, TopK: 2, NormTopKProb: norm, RoutedScalingFactor: 1}
+		r, err := Route(spec, logits, nil, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(r.IDs, []int32{2, 1}) {
+			t.Fatalf("ids %v, want [2 1]", r.IDs)
+		}
+		w2, w1 := p(2), p(1)
+		if norm {
+			w2, w1 = w2/(w2+w1), w1/(w2+w1)
+		}
+		if math.Abs(float64(r.Weights[0])-w2) > 1e-6 || math.Abs(float64(r.Weights[1])-w1) > 1e-6 {
+			t.Errorf("norm %v: weights %v, want [%v %v]", norm, r.Weights, w2, w1)
+		}
+	}
+	// DeepSeek-V2 group_limited_greedy: groups scored by their max p.
+	spec := RouteSpec{Scoring: family.Softmax, NumExperts: 6, TopK: 2, NGroup: 3, TopKGroup: 1, GroupByMax: true, RoutedScalingFactor: 1}
+	// group maxima: g0 3, g1 2.9, g2 2.95; sums would favour g1 (2.9+2.8).
+	r, err := Route(spec, []float32{3, -5, 2.9, 2.8, 2.95, -5}, nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(r.IDs, []int32{0, 1}) {
+		t.Errorf("group_limited_greedy ids %v, want [0 1]", r.IDs)
+	}
+}
+
+// naiveRoute is an independent, sort-based routing for the random check.
+func naiveRoute(spec RouteSpec, choice []float32) []int32 {
+	e := len(choice)
+	allowed := make([]bool, e)
+	for i := range allowed {
+		allowed[i] = true
+	}
+	if spec.NGroup > 1 {
+		size := e / spec.NGroup
+		type gs struct {
+			g int
+			s float32
+		}
+		var groups []gs
+		for g := range spec.NGroup {
+			m := slices.Clone(choice[g*size : (g+1)*size])
+			sort.Slice(m, func(a, b int) bool { return m[a] > m[b] })
+			groups = append(groups, gs{g, m[0] + m[1]})
+		}
+		sort.SliceStable(groups, func(a, b int) bool { return groups[a].s > groups[b].s })
+		for i := range allowed {
+			allowed[i] = false
+		}
+		for _, g := range groups[:spec.TopKGroup] {
+			for j := g.g * size; j < (g.g+1)*size; j++ {
+				allowed[j] = true
+			}
+		}
+	}
+	var idx []int
+	for i := range e {
+		if allowed[i] {
+			idx = append(idx, i)
+		}
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return choice[idx[a]] > choice[idx[b]] })
+	out := make([]int32, spec.TopK)
+	for i := range out {
+		out[i] = int32(idx[i])
+	}
+	return out
+}
+
+func TestRouteRandomWithTies(t *testing.T) {
+	// 264 experts in 8 groups (33 each), biases quantised to a coarse grid so
+	// exact ties in c are frequent; logits 0 so s is the same for all.
+	r := rand.New(rand.NewPCG(7, 8))
+	spec := RouteSpec{Scoring: family.Sigmoid, NumExperts: 264, TopK: 8, NGroup: 8, TopKGroup: 3, NormTopKProb: true, RoutedScalingFactor: 2.5}
+	const T = 50
+	logits := make([]float32, T*264)
+	for tok := range T {
+		bias := make([]float32, 264)
+		for i := range bias {
+			bias[i] = float32(r.IntN(6)) / 8
+		}
+		rt, err := Route(spec, logits[tok*264:(tok+1)*264], bias, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := naiveRoute(spec, rt.Choice)
+		if !slices.Equal(rt.IDs, want) {
+			t.Fatalf("token %d: ids %v, naive %v", tok, rt.IDs, want)
+		}
+	}
+}
+
+func TestTopKAgreement(t *testing.T) {
+	choice := []float32{0.9, 0.8, 0.8 + 5e-6, 0.5, 0.1}
+	tests := []struct {
+		name      string
+		got, want []int32
+		ok        int
+	}{
+		{"same set, other order", []int32{1, 0}, []int32{0, 1}, 2},
+		{"tie within 1e-5", []int32{0, 2}, []int32{0, 1}, 2},
+		{"not a tie", []int32{0, 3}, []int32{0, 1}, 1},
+		{"duplicate id", []int32{0, 0}, []int32{0, 1}, 1},
+		{"out of range", []int32{0, 9}, []int32{0, 1}, 1},
+	}
+	for _, tt := range tests {
+		ok, total, err := TopKAgreement(tt.got, tt.want, 1, 2, choice, 5, TieTolerance)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok != tt.ok || total != 2 {
+			t.Errorf("%s: %d/%d, want %d/2", tt.name, ok, total, tt.ok)
+		}
+	}
+}
+
+func TestRouteRefusesBadSpecs(t *testing.T) {
+	bad := []RouteSpec{
+		{Scoring: "relu", NumExperts: 4, TopK: 1, RoutedScalingFactor: 1},
+		{Scoring: family.Softmax, NumExperts: 4, TopK: 5, RoutedScalingFactor: 1},
+		{Scoring: family.Sigmoid, NumExperts: 6, TopK: 1, NGroup: 4, TopKGroup: 1, RoutedScalingFactor: 1},
+		{Scoring: family.Sigmoid, NumExperts: 8, TopK: 5, NGroup: 4, TopKGroup: 2, RoutedScalingFactor: 1},
+		{Scoring: family.Sigmoid, NumExperts: 8, TopK: 1, RoutedScalingFactor: math.NaN()},
+	}
+	for i, s := range bad {
+		if _, err := Route(s, make([]float32, s.NumExperts), nil, 1); err == nil {
+			t.Errorf("spec %d accepted: %+v", i, s)
+		}
+	}
+}

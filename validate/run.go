@@ -1,0 +1,505 @@
+package validate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/layout"
+)
+
+// Defaults of the validate flags.
+const (
+	DefaultTokens    = 128
+	DefaultBlockSize = 64
+)
+
+// Options are one validate run. Src and Dst are checkpoint directories; at
+// least two sides must be given: Src and Dst, or a Golden directory with
+// either or both.
+type Options struct {
+	Src, Dst string
+	Golden   string // directory of moe-layer-L.safetensors (or one holding reference/)
+	Layers   string // "all" (default), "1,2,5" or "sample:N"
+	Tokens   int    // tokens drawn per layer when there is no golden (0: DefaultTokens)
+	Seed     uint64
+	Device   string // "auto" (default, = cpu), "cpu" or "cuda" (not available yet)
+	// BlockSize is moe_align_block_size's block (0: DefaultBlockSize).
+	BlockSize int
+	Workers   int              // experts in flight (0: Workers())
+	Progress  func(msg string) // one line per step, for stderr; nil: quiet
+}
+
+// ErrDeviceUnavailable is returned for --device cuda until the GPU kernels land.
+var ErrDeviceUnavailable = errors.New("validate --device cuda is not available yet (the GPU kernels come with the GPU issue); use --device cpu or auto")
+
+// XDraw documents how token vectors are made when no golden provides them.
+const XDraw = "x[t,h] ~ N(0,1) from PCG(seed, layer index) (math/rand/v2 NormFloat64), rounded to nearest-even bf16 so bf16 and fp32 engines see the same input"
+
+// DrawX returns the token vectors for one layer: t x h standard normal
+// values (unit variance, the scale of a post-RMSNorm hidden state) from a PCG
+// stream seeded by (seed, layer), each rounded to the nearest bf16 so that a
+// bf16 engine sees exactly the same x. Both paths get the same x.
+func DrawX(seed uint64, layer, t, h int) []float32 {
+	r := rand.New(rand.NewPCG(seed, uint64(layer)))
+	x := make([]float32, t*h)
+	for i := range x {
+		x[i] = RoundBF16(float32(r.NormFloat64()))
+	}
+	return x
+}
+
+func (o *Options) norm() error {
+	switch strings.ToLower(o.Device) {
+	case "", "auto", "cpu":
+		o.Device = "cpu"
+	case "cuda", "gpu":
+		return ErrDeviceUnavailable
+	default:
+		return fmt.Errorf("validate: unknown --device %q (want auto, cpu or cuda)", o.Device)
+	}
+	if o.Tokens == 0 {
+		o.Tokens = DefaultTokens
+	}
+	if o.BlockSize == 0 {
+		o.BlockSize = DefaultBlockSize
+	}
+	switch {
+	case o.Tokens < 0 || o.Tokens > 1<<16:
+		return fmt.Errorf("validate: --tokens %d (want 1..65536)", o.Tokens)
+	case o.BlockSize < 0 || o.BlockSize > 1<<12:
+		return fmt.Errorf("validate: --block-size %d (want 1..4096)", o.BlockSize)
+	case o.Src == "" && o.Dst == "":
+		return errors.New("validate: give SRC and DST, or DST with --golden")
+	case o.Golden == "" && (o.Src == "" || o.Dst == ""):
+		return errors.New("validate: with one checkpoint, --golden DIR is needed to compare against")
+	}
+	if o.Layers == "" {
+		o.Layers = "all"
+	}
+	return nil
+}
+
+func (o *Options) progress(format string, args ...any) {
+	if o.Progress != nil {
+		o.Progress(fmt.Sprintf(format, args...))
+	}
+}
+
+// target is one layer to check, on whichever sides exist.
+type target struct {
+	index  int
+	mtp    bool
+	src    *family.Layer
+	fused  *FusedLayer
+	golden string // path, "" if none
+}
+
+// session holds the opened inputs of a run.
+type session struct {
+	o        Options
+	src, dst *checkpoint.Checkpoint
+	srcPlan  *family.Plan
+	dstPlan  *family.Plan
+	contract *layout.Contract
+	golden   string
+}
+
+func (s *session) close() {
+	if s.src != nil {
+		s.src.Close()
+	}
+	if s.dst != nil {
+		s.dst.Close()
+	}
+}
+
+// Run validates the layers of o and returns the report. An error means the
+// input could not be checked (exit 2); a completed run whose checks fail
+// returns a report with Failed() true and no error (Report.Err gives the
+// exit-1 error).
+func Run(ctx context.Context, o Options) (*Report, error) {
+	start := time.Now()
+	if err := o.norm(); err != nil {
+		return nil, err
+	}
+	s := &session{o: o}
+	defer s.close()
+	if err := s.open(); err != nil {
+		return nil, err
+	}
+	targets, notes, err := s.targets()
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Src: o.Src, Dst: o.Dst, Golden: s.golden, Device: o.Device, Tokens: o.Tokens, Seed: o.Seed,
+		BlockSize: o.BlockSize, XDraw: XDraw, Notes: notes}
+	for i, tg := range targets {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		o.progress("validate: layer %d (%d of %d)", tg.index, i+1, len(targets))
+		rows, err := s.checkLayer(ctx, tg)
+		if err != nil {
+			return nil, err
+		}
+		rep.Rows = append(rep.Rows, rows...)
+	}
+	rep.Seconds = time.Since(start).Seconds()
+	return rep, nil
+}
+
+func (s *session) open() error {
+	var err error
+	if s.o.Src != "" {
+		if s.src, err = checkpoint.Open(s.o.Src); err != nil {
+			return err
+		}
+		if s.srcPlan, err = s.src.Plan(); err != nil {
+			return err
+		}
+	}
+	if s.o.Dst != "" {
+		if s.dst, err = checkpoint.Open(s.o.Dst); err != nil {
+			return err
+		}
+		c, ok, err := layout.ReadContract(s.dst.Config)
+		if err != nil {
+			return fmt.Errorf("%s: %w", filepath.Join(s.o.Dst, checkpoint.ConfigFileName), err)
+		}
+		if !ok {
+			return fmt.Errorf("%s: config.json has no %q contract: not moeprep convert/fuse-shared output", s.o.Dst, layout.ContractKey)
+		}
+		s.contract = c
+		if s.dstPlan, err = family.PlanConverted(s.dst.Config, s.dst); err != nil {
+			return fmt.Errorf("%s: %w", s.o.Dst, err)
+		}
+	}
+	if s.srcPlan != nil && s.dstPlan != nil {
+		if err := s.sameModel(); err != nil {
+			return err
+		}
+	}
+	if s.o.Golden != "" {
+		s.golden = s.o.Golden
+		if st, err := os.Stat(s.golden); err != nil || !st.IsDir() {
+			return fmt.Errorf("%s: not a golden directory", s.golden)
+		}
+		// A fixture directory keeps its goldens under reference/.
+		if m, _ := filepath.Glob(filepath.Join(s.golden, "moe-layer-*.safetensors")); len(m) == 0 {
+			if m, _ := filepath.Glob(filepath.Join(s.golden, "reference", "moe-layer-*.safetensors")); len(m) > 0 {
+				s.golden = filepath.Join(s.golden, "reference")
+			} else {
+				return fmt.Errorf("%s: no moe-layer-L.safetensors goldens", s.golden)
+			}
+		}
+	}
+	return nil
+}
+
+// sameModel checks that DST was converted from SRC: same routing and sizes.
+func (s *session) sameModel() error {
+	a, b := SpecFromPlan(s.srcPlan), SpecFromPlan(s.dstPlan)
+	if a != b {
+		return fmt.Errorf("%s: routing %+v differs from SRC %s's %+v: DST was not converted from SRC", s.o.Dst, b, s.o.Src, a)
+	}
+	if s.srcPlan.HiddenSize != s.dstPlan.HiddenSize || s.srcPlan.MoEIntermediateSize != s.dstPlan.MoEIntermediateSize {
+		return fmt.Errorf("%s: H %d I %d, SRC has H %d I %d", s.o.Dst, s.dstPlan.HiddenSize, s.dstPlan.MoEIntermediateSize, s.srcPlan.HiddenSize, s.srcPlan.MoEIntermediateSize)
+	}
+	if s.contract.NumExperts != s.srcPlan.NumExperts || s.contract.RoutedScalingFactor != s.srcPlan.RoutedScalingFactor {
+		return fmt.Errorf("%s: contract has %d experts, rsf %v; SRC has %d, rsf %v", s.o.Dst, s.contract.NumExperts, s.contract.RoutedScalingFactor, s.srcPlan.NumExperts, s.srcPlan.RoutedScalingFactor)
+	}
+	return nil
+}
+
+// targets lists the layers to check, per the --layers spec.
+func (s *session) targets() ([]target, []string, error) {
+	byIndex := map[int]*target{}
+	var order []int
+	get := func(i int, mtp bool) *target {
+		if t, ok := byIndex[i]; ok {
+			return t
+		}
+		t := &target{index: i, mtp: mtp}
+		byIndex[i] = t
+		order = append(order, i)
+		return t
+	}
+	if s.srcPlan != nil {
+		for i := range s.srcPlan.Layers {
+			l := &s.srcPlan.Layers[i]
+			get(l.Index, l.MTP).src = l
+		}
+	}
+	if s.dstPlan != nil {
+		info := map[int]layout.LayerInfo{}
+		for _, li := range s.contract.Layers {
+			info[li.Index] = li
+		}
+		for i := range s.dstPlan.Layers {
+			l := &s.dstPlan.Layers[i]
+			li, ok := info[l.Index]
+			if !ok {
+				return nil, nil, fmt.Errorf("%s: MoE layer %d is not in the moeprep contract", s.o.Dst, l.Index)
+			}
+			if li.Prefix != l.Prefix {
+				return nil, nil, fmt.Errorf("%s: layer %d: contract prefix %q, checkpoint has %q", s.o.Dst, l.Index, li.Prefix, l.Prefix)
+			}
+			t := get(l.Index, l.MTP)
+			t.fused = &FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, Spec: SpecFromPlan(s.dstPlan),
+				Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate}
+		}
+		if len(s.contract.Layers) != len(s.dstPlan.Layers) {
+			return nil, nil, fmt.Errorf("%s: the contract lists %d MoE layers, the checkpoint has %d", s.o.Dst, len(s.contract.Layers), len(s.dstPlan.Layers))
+		}
+	}
+	slices.Sort(order)
+	if s.src != nil && s.dst != nil {
+		for _, i := range order {
+			if t := byIndex[i]; t.src == nil || t.fused == nil {
+				return nil, nil, fmt.Errorf("layer %d is a MoE layer of only one of %s and %s", i, s.o.Src, s.o.Dst)
+			}
+		}
+	}
+	chosen, explicit, err := selectLayers(s.o.Layers, order)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []target
+	var notes []string
+	for _, i := range chosen {
+		t := byIndex[i]
+		if s.golden != "" {
+			if p, ok := goldenPath(s.golden, i); ok {
+				t.golden = p
+			} else if explicit {
+				return nil, nil, fmt.Errorf("%s: no golden for layer %d", filepath.Join(s.golden, GoldenFileName(i)), i)
+			} else {
+				notes = append(notes, fmt.Sprintf("layer %d has no golden in %s", i, s.golden))
+				if s.src == nil || s.dst == nil {
+					continue
+				}
+			}
+		}
+		out = append(out, *t)
+	}
+	if len(out) == 0 {
+		return nil, nil, fmt.Errorf("no layer to check (--layers %s)", s.o.Layers)
+	}
+	return out, notes, nil
+}
+
+// selectLayers applies a --layers spec to the sorted MoE layer indices;
+// explicit is true for a list (every listed layer must exist).
+func selectLayers(spec string, all []int) ([]int, bool, error) {
+	spec = strings.TrimSpace(spec)
+	switch {
+	case spec == "all":
+		return all, false, nil
+	case strings.HasPrefix(spec, "sample:"):
+		n, err := strconv.Atoi(strings.TrimPrefix(spec, "sample:"))
+		if err != nil || n <= 0 {
+			return nil, false, fmt.Errorf("--layers %q: want sample:N with N > 0", spec)
+		}
+		if n >= len(all) {
+			return all, false, nil
+		}
+		// Evenly spaced, first and last included, so a sample always covers
+		// both ends of the stack (and an MTP layer when there is one).
+		var out []int
+		for i := range n {
+			j := 0
+			if n > 1 {
+				j = int(math.Round(float64(i) * float64(len(all)-1) / float64(n-1)))
+			}
+			out = append(out, all[j])
+		}
+		return slices.Compact(out), false, nil
+	}
+	var out []int
+	for _, f := range strings.Split(spec, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || v < 0 {
+			return nil, false, fmt.Errorf("--layers %q: want all, sample:N or a comma-separated list of layer indices", spec)
+		}
+		if !slices.Contains(all, v) {
+			return nil, false, fmt.Errorf("--layers: layer %d is not a MoE layer (MoE layers: %s)", v, intList(all))
+		}
+		if !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	slices.Sort(out)
+	return out, true, nil
+}
+
+func intList(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+// checkLayer runs the available paths on one layer and compares them.
+func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, error) {
+	var g *Golden
+	var h int
+	switch {
+	case s.srcPlan != nil:
+		h = s.srcPlan.HiddenSize
+	default:
+		h = s.dstPlan.HiddenSize
+	}
+	t := s.o.Tokens
+	var x []float32
+	if tg.golden != "" {
+		var err error
+		if g, err = ReadGolden(tg.golden, h); err != nil {
+			return nil, err
+		}
+		x, t = g.X, g.T
+	} else {
+		x = DrawX(s.o.Seed, tg.index, t, h)
+	}
+	var ref *RefResult
+	var fused *FusedResult
+	var refSec, fusedSec float64
+	if tg.src != nil && s.src != nil {
+		start := time.Now()
+		var err error
+		if ref, err = ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, s.o.Workers); err != nil {
+			return nil, fmt.Errorf("%s: %w", s.o.Src, err)
+		}
+		refSec = time.Since(start).Seconds()
+	}
+	if tg.fused != nil && s.dst != nil {
+		start := time.Now()
+		var err error
+		if fused, err = FusedLayerRun(ctx, s.dst, tg.fused, x, t, s.o.BlockSize, s.o.Workers); err != nil {
+			return nil, fmt.Errorf("%s: %w", s.o.Dst, err)
+		}
+		fusedSec = time.Since(start).Seconds()
+	}
+	s.o.progress("validate: layer %d: %d tokens, reference %.1fs, fused %.1fs", tg.index, t, refSec, fusedSec)
+	base := LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}
+	var rows []LayerResult
+	if ref != nil && fused != nil {
+		r := base
+		r.Check = CheckFusedVsReference
+		r.Seconds = refSec + fusedSec
+		fusedUsage(&r, fused, s.contract)
+		judge(&r, Compare(fused.Y, ref.Y), s.tolerance(TolFP32),
+			fused.Routing.IDs, fused.Routing.Weights, ref.Routing.IDs, ref.Routing.Weights, ref.Routing)
+		rows = append(rows, r)
+	}
+	if g != nil {
+		if fused != nil {
+			r := base
+			r.Check = CheckFusedVsGolden
+			r.Seconds = fusedSec
+			fusedUsage(&r, fused, s.contract)
+			judgeGolden(&r, fused.Y, fused.Routing, s.contract.RoutedScalingFactor, g, s.tolerance(TolGolden))
+			rows = append(rows, r)
+		}
+		if ref != nil {
+			r := base
+			r.Check = CheckReferenceVsGolden
+			r.Seconds = refSec
+			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(ref.Routing.IDs)
+			judgeGolden(&r, ref.Y, ref.Routing, SpecFromPlan(s.srcPlan).RoutedScalingFactor, g, TolGolden)
+			rows = append(rows, r)
+		}
+	}
+	return rows, nil
+}
+
+// tolerance picks the threshold for a DST comparison: rsf folded into
+// non-FP8 weights rounds them (TolBF16Fold); otherwise the weights are
+// identical (FP8 folding touches only the F32 scales) and base applies.
+func (s *session) tolerance(base Tolerance) Tolerance {
+	if c := s.contract; c != nil && c.RoutedScalingFactorFolded && !c.Quantized() && base.MaxRelL2 < TolBF16Fold.MaxRelL2 {
+		return TolBF16Fold
+	}
+	return base
+}
+
+func fusedUsage(r *LayerResult, f *FusedResult, c *layout.Contract) {
+	r.Experts = c.BankSize()
+	r.ExpertsUsed = distinct(f.Slots.IDs)
+}
+
+func distinct(ids []int32) int {
+	seen := map[int32]bool{}
+	for _, id := range ids {
+		seen[id] = true
+	}
+	return len(seen)
+}
+
+// judge fills a row's numbers and verdict: the output within tol, and the
+// routing (ids tie-robustly against want's scores, weights on shared ids)
+// equal. Weights are compared on the same scale (both with or both without rsf).
+func judge(r *LayerResult, d Diff, tol Tolerance, gotIDs []int32, gotW []float32, wantIDs []int32, wantW []float32, scores *Routing) {
+	r.Diff, r.Tolerance = d, tol
+	r.TopK = math.NaN()
+	reason := tol.Verdict(d)
+	if wantIDs != nil {
+		okIDs, total, err := TopKAgreement(gotIDs, wantIDs, scores.T, scores.K, scores.Choice, len(scores.Choice)/max(scores.T, 1), TieTolerance)
+		switch {
+		case err != nil:
+			reason = join(reason, err.Error())
+		default:
+			r.TopK = float64(okIDs) / float64(total)
+			if okIDs != total {
+				reason = join(reason, fmt.Sprintf("routing differs on %d of %d ids beyond ties", total-okIDs, total))
+			}
+		}
+		maxErr, ok := WeightsMatch(gotIDs, gotW, wantIDs, wantW, scores.T, scores.K)
+		r.TopKWeightMaxErr = maxErr
+		if !ok {
+			reason = join(reason, fmt.Sprintf("routing weights differ by %.3g (rtol 1e-4, atol 1e-5)", maxErr))
+		}
+	}
+	r.Reason = reason
+	r.Pass = reason == ""
+}
+
+func join(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+// judgeGolden compares a path's output and routing with an HF golden. The
+// golden weights include rsf, so the path's are scaled by it first; ids are
+// compared tie-robustly against the path's own scores.
+func judgeGolden(r *LayerResult, y []float32, rt *Routing, rsf float64, g *Golden, tol Tolerance) {
+	d := Compare(y, g.Y)
+	if g.IDs == nil {
+		judge(r, d, tol, nil, nil, nil, nil, rt)
+		return
+	}
+	if g.K != rt.K {
+		judge(r, d, tol, nil, nil, nil, nil, rt)
+		r.Reason = join(r.Reason, fmt.Sprintf("golden has top-%d, the config top-%d", g.K, rt.K))
+		r.Pass = false
+		return
+	}
+	w := make([]float32, len(rt.Weights))
+	for i, v := range rt.Weights {
+		w[i] = v * float32(rsf)
+	}
+	judge(r, d, tol, rt.IDs, w, g.IDs, g.Weights, rt)
+}
