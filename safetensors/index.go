@@ -20,7 +20,12 @@ const maxIndexSize = 1 << 30
 // maps tensor names to plain shard file names ending in .safetensors.
 // Duplicate keys are refused; metadata is optional; other top-level keys are
 // ignored, as transformers does. Every error names path.
-func ReadIndex(path string) (*Index, error) {
+func ReadIndex(path string) (*Index, error) { return ReadIndexFor(path, ".safetensors") }
+
+// ReadIndexFor is ReadIndex for an index whose shards end in one of
+// shardSuffixes (pytorch_model.bin.index.json names .bin shards): the same
+// strict JSON rules for every sharded format.
+func ReadIndexFor(path string, shardSuffixes ...string) (*Index, error) {
 	fh, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -33,15 +38,33 @@ func ReadIndex(path string) (*Index, error) {
 	if len(data) > maxIndexSize {
 		return nil, fmt.Errorf("%s: index is over %d bytes", path, maxIndexSize)
 	}
-	idx, err := parseIndex(data)
+	idx, err := parseIndex(data, shardSuffixes...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return idx, nil
 }
 
-// parseIndex is ReadIndex without the file system.
-func parseIndex(data []byte) (*Index, error) {
+// Shards lists the distinct shard file names in sorted order.
+func (idx *Index) Shards() []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range idx.WeightMap {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// parseIndex is ReadIndexFor without the file system; with no suffixes given
+// shards must end in .safetensors.
+func parseIndex(data []byte, shardSuffixes ...string) (*Index, error) {
+	if len(shardSuffixes) == 0 {
+		shardSuffixes = []string{".safetensors"}
+	}
 	if !utf8.Valid(data) {
 		return nil, errors.New("index is not valid UTF-8")
 	}
@@ -66,7 +89,7 @@ func parseIndex(data []byte) (*Index, error) {
 		seen[k] = true
 		switch k {
 		case "weight_map":
-			if idx.WeightMap, err = p.weightMap(); err != nil {
+			if idx.WeightMap, err = p.weightMap(shardSuffixes); err != nil {
 				return nil, err
 			}
 		case "metadata":
@@ -95,7 +118,7 @@ func parseIndex(data []byte) (*Index, error) {
 }
 
 // weightMap reads an object of tensor name to shard file name.
-func (p *headerParser) weightMap() (map[string]string, error) {
+func (p *headerParser) weightMap(shardSuffixes []string) (map[string]string, error) {
 	if err := p.openObject("weight_map"); err != nil {
 		return nil, err
 	}
@@ -119,7 +142,7 @@ func (p *headerParser) weightMap() (map[string]string, error) {
 		if !ok {
 			return nil, fmt.Errorf("weight_map: tensor %q maps to %s, not a file name", k, describe(tok))
 		}
-		if err := checkShardName(file); err != nil {
+		if err := checkShardName(file, shardSuffixes...); err != nil {
 			return nil, fmt.Errorf("weight_map: tensor %q: %w", k, err)
 		}
 		wm[k] = file
@@ -128,16 +151,22 @@ func (p *headerParser) weightMap() (map[string]string, error) {
 
 // checkShardName refuses anything but a plain file name in the index's own
 // directory, so an index cannot point outside it.
-func checkShardName(name string) error {
+func checkShardName(name string, suffixes ...string) error {
+	if len(suffixes) == 0 {
+		suffixes = []string{".safetensors"}
+	}
 	switch {
 	case strings.ContainsAny(name, `/\`) || strings.ContainsRune(name, 0):
 		return fmt.Errorf("shard name %q is not a plain file name", name)
 	case strings.Contains(name, ".."):
 		return fmt.Errorf("shard name %q contains \"..\"", name)
-	case !strings.HasSuffix(name, ".safetensors") || name == ".safetensors":
-		return fmt.Errorf("shard name %q does not end in .safetensors", name)
 	}
-	return nil
+	for _, s := range suffixes {
+		if strings.HasSuffix(name, s) && name != s {
+			return nil
+		}
+	}
+	return fmt.Errorf("shard name %q does not end in %s", name, strings.Join(suffixes, " or "))
 }
 
 // WriteIndex writes idx atomically (temporary name, sync, rename) as

@@ -1,6 +1,7 @@
 package torchbin
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,7 +25,7 @@ func TestOpenSharded(t *testing.T) {
 	if got := s.Index.WeightMap["model.c"]; got != shard2 {
 		t.Errorf("model.c in %q", got)
 	}
-	if ts, ok := s.Index.Metadata["total_size"].(float64); !ok || ts != 28 {
+	if ts, ok := s.Index.Metadata["total_size"].(json.Number); !ok || ts.String() != "28" {
 		t.Errorf("metadata %v", s.Index.Metadata)
 	}
 	if _, ok := s.Shards[0].Lookup("model.b"); !ok {
@@ -40,12 +41,13 @@ func TestShardedBroken(t *testing.T) {
 		drop        string // shard file not copied
 		want        string
 	}{
-		{"duplicate key", `{"weight_map": {` + good + `, "model.a": "` + shard2 + `"}}`, "", `duplicate key "model.a"`},
-		{"directory in shard name", `{"weight_map": {"model.a": "../` + shard1 + `"}}`, "", `weight_map["model.a"] = "../` + shard1 + `" is not a plain file name`},
+		{"duplicate key", `{"weight_map": {` + good + `, "model.a": "` + shard2 + `"}}`, "", `tensor "model.a" listed twice`},
+		{"directory in shard name", `{"weight_map": {"model.a": "../` + shard1 + `"}}`, "", `tensor "model.a": shard name "../` + shard1 + `" is not a plain file name`},
+		{"shard not a torch file", `{"weight_map": {"model.a": "model.safetensors"}}`, "", `does not end in .bin or .pt or .pth`},
 		{"empty weight_map", `{"metadata": {}, "weight_map": {}}`, "", "weight_map is empty"},
 		{"no weight_map", `{"metadata": {}}`, "", "no weight_map"},
-		{"weight_map not strings", `{"weight_map": {"a": 1}}`, "", "weight_map is not an object"},
-		{"not JSON", `{"weight_map": `, "", "invalid JSON"},
+		{"weight_map not strings", `{"weight_map": {"a": 1}}`, "", `tensor "a" maps to a number, not a file name`},
+		{"not JSON", `{"weight_map": `, "", "JSON ends early"},
 		{"missing shard", `{"weight_map": {` + good + `}}`, shard2, "shard " + shard2 + " is missing"},
 		{"tensor not in map", `{"weight_map": {"model.a": "` + shard1 + `", "model.c": "` + shard2 + `"}}`, "", `tensor "model.b" is not in pytorch_model.bin.index.json`},
 		{"map names absent tensor", `{"weight_map": {` + good + `, "model.z": "` + shard2 + `"}}`, "", `tensor "model.z" is mapped to ` + shard2 + `, which does not hold it`},
