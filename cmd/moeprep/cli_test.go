@@ -262,3 +262,43 @@ func TestValidateMismatchExit1(t *testing.T) {
 	}
 	assertCleanError(t, stderr, "failed")
 }
+
+// The broken sharded checkpoints of safetensors' testdata (index and shards
+// disagreeing, a missing shard, path traversal, ...) through the CLI: exit 2,
+// one line naming the index or shard.
+func TestBrokenShardedExit2(t *testing.T) {
+	dirs, _ := filepath.Glob("../../safetensors/testdata/broken/index-*")
+	if len(dirs) < 8 {
+		t.Fatalf("expected the broken sharded testdata, found %d", len(dirs))
+	}
+	cfg, err := os.ReadFile(filepath.Join(fixturesDir, "qwen3-moe", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, src := range dirs {
+		t.Run(filepath.Base(src), func(t *testing.T) {
+			dir := t.TempDir()
+			entries, err := os.ReadDir(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				b, err := os.ReadFile(filepath.Join(src, e.Name()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			code, _, stderr := runCLI(t, "inspect", dir)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2: %s", code, stderr)
+			}
+			assertCleanError(t, stderr, ".safetensors")
+		})
+	}
+}
