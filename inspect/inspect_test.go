@@ -1,0 +1,29 @@
+package inspect
+
+import "testing"
+
+func TestRanges(t *testing.T) {
+	tests := []struct {
+		in   []int
+		want string
+	}{
+		{nil, "none"},
+		{[]int{5}, "5"},
+		{[]int{1, 2, 3, 5, 7, 8, 9, 61}, "1-3,5,7-9,61"},
+		{[]int{3, 4}, "3-4"},
+	}
+	for _, tt := range tests {
+		if got := Ranges(tt.in); got != tt.want {
+			t.Errorf("Ranges(%v) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestHumanBytes(t *testing.T) {
+	tests := map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536 << 20: "1.5 GiB", 700 << 30: "700.0 GiB", 3 << 40: "3.0 TiB"}
+	for n, want := range tests {
+		if got := HumanBytes(n); got != want {
+			t.Errorf("HumanBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
