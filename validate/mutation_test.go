@@ -36,29 +36,8 @@ func convertInto(t *testing.T, src string, o convert.Options) string {
 // 1, 4 and 8 and every --fold-scaling), and the fused path agrees with the HF
 // goldens. The numbers are logged for the closing note.
 func TestValidateCorrectConversions(t *testing.T) {
-	type conv struct {
-		fixture string
-		o       convert.Options
-	}
-	var cases []conv
-	lays := []layout.Layout{layout.Stacked, layout.GateUp, layout.UpGate}
-	for i, f := range []string{"deepseek-v3-bf16", "deepseek-v3-fp8", "deepseek-v2-lite", "mixtral", "mixtral-bin-sharded", "qwen2-moe", "qwen3-moe", "qwen3-moe-bin"} {
-		cases = append(cases, conv{f, convert.Options{Layout: lays[i%3]}})
-	}
-	for _, f := range []string{"deepseek-v3-bf16", "deepseek-v3-fp8"} {
-		for i, tp := range []int{1, 4, 8} {
-			for j, fold := range []string{"auto", "down", "none"} {
-				if (i+j)%3 != 0 && !(f == "deepseek-v3-bf16" && fold == "down") {
-					continue // every tp and every fold on each fixture, not all 9 pairs
-				}
-				cases = append(cases, conv{f, convert.Options{Layout: lays[(i+j)%3], FuseShared: true, TP: tp, FoldScaling: fold}})
-			}
-		}
-	}
-	cases = append(cases, conv{"deepseek-v2-lite", convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 2}})
-	for _, c := range cases {
-		name := fmt.Sprintf("%s/%s/fuse=%v/tp=%d/fold=%s", c.fixture, c.o.Layout, c.o.FuseShared, c.o.TP, c.o.FoldScaling)
-		t.Run(name, func(t *testing.T) {
+	for _, c := range conversionCases() {
+		t.Run(c.name(), func(t *testing.T) {
 			src := filepath.Join(hfFixtures, c.fixture)
 			dst := convertInto(t, src, c.o)
 			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
@@ -83,6 +62,38 @@ func TestValidateCorrectConversions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// conv is one conversion of an HF fixture.
+type conv struct {
+	fixture string
+	o       convert.Options
+}
+
+func (c conv) name() string {
+	return fmt.Sprintf("%s/%s/fuse=%v/tp=%d/fold=%s", c.fixture, c.o.Layout, c.o.FuseShared, c.o.TP, c.o.FoldScaling)
+}
+
+// conversionCases: every family and layout, fuse-shared with --tp 1, 4 and
+// 8 and every --fold-scaling.
+func conversionCases() []conv {
+	var cases []conv
+	lays := []layout.Layout{layout.Stacked, layout.GateUp, layout.UpGate}
+	for i, f := range []string{"deepseek-v3-bf16", "deepseek-v3-fp8", "deepseek-v2-lite", "mixtral", "mixtral-bin-sharded", "qwen2-moe", "qwen3-moe", "qwen3-moe-bin"} {
+		cases = append(cases, conv{f, convert.Options{Layout: lays[i%3]}})
+	}
+	for _, f := range []string{"deepseek-v3-bf16", "deepseek-v3-fp8"} {
+		for i, tp := range []int{1, 4, 8} {
+			for j, fold := range []string{"auto", "down", "none"} {
+				if (i+j)%3 != 0 && !(f == "deepseek-v3-bf16" && fold == "down") {
+					continue // every tp and every fold on each fixture, not all 9 pairs
+				}
+				cases = append(cases, conv{f, convert.Options{Layout: lays[(i+j)%3], FuseShared: true, TP: tp, FoldScaling: fold}})
+			}
+		}
+	}
+	cases = append(cases, conv{"deepseek-v2-lite", convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 2}})
+	return cases
 }
 
 type jsonBuf []byte
@@ -192,18 +203,71 @@ func swapIn(t *testing.T, dir, name string, a, b int) {
 // TestMutationSuite: from a correct fused checkpoint, each mutation makes
 // validate fail (exit 1) with an error at least 10x its threshold.
 func TestMutationSuite(t *testing.T) {
+	for _, tt := range mutations(t) {
+		t.Run(tt.name, func(t *testing.T) { runMutation(t, tt, Options{}, 10) })
+	}
+}
+
+// mutation is one planted conversion error.
+type mutation struct {
+	name    string
+	src     string
+	o       convert.Options
+	mutate  func(t *testing.T, dst string)
+	minRows int // rows that must fail
+}
+
+// runMutation converts, checks the clean conversion passes with base's
+// device options, mutates, and checks the run fails (exit 1) with the worst
+// failing row at least minFactor x its threshold.
+func runMutation(t *testing.T, tt mutation, base Options, minFactor float64) {
+	const layer = 1
+	dst := convertInto(t, tt.src, tt.o)
+	opts := base
+	opts.Src, opts.Dst, opts.Layers, opts.Seed = tt.src, dst, fmt.Sprint(layer), 3
+	clean, err := Run(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if clean.Failed() {
+		t.Fatalf("the unmutated conversion fails: %v", clean.Err())
+	}
+	tt.mutate(t, dst)
+	rep, err := Run(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("mutation made the input unusable instead of failing the check: %v", err)
+	}
+	if !rep.Failed() || exitcode.Code(rep.Err()) != exitcode.CheckFailed {
+		t.Fatalf("mutation not caught: %+v", rep.Rows)
+	}
+	failed := 0
+	var worst *LayerResult
+	for i := range rep.Rows {
+		r := &rep.Rows[i]
+		if r.Pass {
+			continue
+		}
+		failed++
+		if worst == nil || r.RelL2/r.Tolerance.MaxRelL2 > worst.RelL2/worst.Tolerance.MaxRelL2 {
+			worst = r
+		}
+	}
+	if failed < tt.minRows {
+		t.Fatalf("%d rows failed, want >= %d", failed, tt.minRows)
+	}
+	r := worst
+	if !(r.RelL2 >= minFactor*r.Tolerance.MaxRelL2) {
+		t.Fatalf("%s: rel_l2 %.3g is less than %gx the %s threshold %.3g", r.Check, r.RelL2, minFactor, r.Tolerance.Name, r.Tolerance.MaxRelL2)
+	}
+	t.Logf("caught (%s, device %s %s): rel_l2 %.3g (%.0fx the %s threshold), topk %.4f: %s", r.Check, rep.Device, rep.GPUPrecision, r.RelL2, r.RelL2/r.Tolerance.MaxRelL2, r.Tolerance.Name, r.TopK, r.Reason)
+}
+
+func mutations(t *testing.T) []mutation {
 	fp8 := filepath.Join(hfFixtures, "deepseek-v3-fp8") // DeepSeek-like biases (offset 1.0, spread 0.005)
 	bf16 := filepath.Join(hfFixtures, "deepseek-v3-bf16")
-	const layer = 1
 	stacked := func(fp bool) layout.ExpertTensors { return layout.Names(layout.Stacked, "model.layers.1.mlp", fp) }
 	square := squareFixture(t)
-	tests := []struct {
-		name    string
-		src     string
-		o       convert.Options
-		mutate  func(t *testing.T, dst string)
-		minRows int // rows that must fail
-	}{
+	return []mutation{
 		{"gate and up swapped in one expert", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(true)
 			gate, up := readTensor(t, dst, n.Gate), readTensor(t, dst, n.Up)
@@ -261,32 +325,6 @@ func TestMutationSuite(t *testing.T) {
 				}
 			})
 		}, 1},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dst := convertInto(t, tt.src, tt.o)
-			opts := Options{Src: tt.src, Dst: dst, Layers: fmt.Sprint(layer), Seed: 3}
-			clean, err := Run(context.Background(), opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if clean.Failed() {
-				t.Fatalf("the unmutated conversion fails: %v", clean.Err())
-			}
-			tt.mutate(t, dst)
-			rep, err := Run(context.Background(), opts)
-			if err != nil {
-				t.Fatalf("mutation made the input unusable instead of failing the check: %v", err)
-			}
-			if !rep.Failed() || exitcode.Code(rep.Err()) != exitcode.CheckFailed {
-				t.Fatalf("mutation not caught: %+v", rep.Rows)
-			}
-			r := rep.Rows[0]
-			if !(r.RelL2 >= 10*r.Tolerance.MaxRelL2) {
-				t.Fatalf("rel_l2 %.3g is less than 10x the %s threshold %.3g", r.RelL2, r.Tolerance.Name, r.Tolerance.MaxRelL2)
-			}
-			t.Logf("caught: rel_l2 %.3g (%.0fx the %s threshold), topk %.4f: %s", r.RelL2, r.RelL2/r.Tolerance.MaxRelL2, r.Tolerance.Name, r.TopK, r.Reason)
-		})
 	}
 }
 

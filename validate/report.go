@@ -74,17 +74,20 @@ func (r LayerResult) MarshalJSON() ([]byte, error) {
 
 // Report is a whole validate run.
 type Report struct {
-	Src       string        `json:"src,omitempty"`
-	Dst       string        `json:"dst,omitempty"`
-	Golden    string        `json:"golden,omitempty"`
-	Device    string        `json:"device"`
-	Tokens    int           `json:"tokens"` // drawn tokens (goldens bring their own)
-	Seed      uint64        `json:"seed"`
-	BlockSize int           `json:"block_size"`
-	XDraw     string        `json:"x_draw"` // how the token vectors were made
-	Rows      []LayerResult `json:"layers"`
-	Notes     []string      `json:"notes,omitempty"`
-	Seconds   float64       `json:"seconds"`
+	Src    string `json:"src,omitempty"`
+	Dst    string `json:"dst,omitempty"`
+	Golden string `json:"golden,omitempty"`
+	Device string `json:"device"`
+	// DeviceName is the GPU of a cuda run; GPUPrecision its activation type.
+	DeviceName   string        `json:"device_name,omitempty"`
+	GPUPrecision string        `json:"gpu_precision,omitempty"`
+	Tokens       int           `json:"tokens"` // drawn tokens (goldens bring their own)
+	Seed         uint64        `json:"seed"`
+	BlockSize    int           `json:"block_size"`
+	XDraw        string        `json:"x_draw"` // how the token vectors were made
+	Rows         []LayerResult `json:"layers"`
+	Notes        []string      `json:"notes,omitempty"`
+	Seconds      float64       `json:"seconds"`
 }
 
 // Failed reports whether any row failed (or there were none).
@@ -152,7 +155,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 			pass++
 		}
 	}
-	_, err := fmt.Fprintf(w, "%d/%d checks passed in %.1fs (device %s, block size %d)\n", pass, len(r.Rows), r.Seconds, r.Device, r.BlockSize)
+	dev := r.Device
+	if r.DeviceName != "" {
+		dev = fmt.Sprintf("%s: %s, %s activations", r.Device, r.DeviceName, r.GPUPrecision)
+	}
+	_, err := fmt.Fprintf(w, "%d/%d checks passed in %.1fs (device %s, block size %d)\n", pass, len(r.Rows), r.Seconds, dev, r.BlockSize)
 	return err
 }
 

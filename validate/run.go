@@ -33,15 +33,25 @@ type Options struct {
 	Layers   string // "all" (default), "1,2,5" or "sample:N"
 	Tokens   int    // tokens drawn per layer when there is no golden (0: DefaultTokens)
 	Seed     uint64
-	Device   string // "auto" (default, = cpu), "cpu" or "cuda" (not available yet)
-	// BlockSize is moe_align_block_size's block (0: DefaultBlockSize).
+	// Device is "auto" (default: CUDA when a GPU is usable, else the CPU
+	// with a one-line notice), "cpu" or "cuda" (an error without a GPU).
+	Device string
+	// GPUPrecision is the activation type of the GPU grouped GEMM: "bf16"
+	// (default, as serving engines run) or "f32" (high precision).
+	GPUPrecision string
+	// BlockSize is moe_align_block_size's block (0: DefaultBlockSize); on
+	// the GPU it must be a multiple of GPUBlockMultiple.
 	BlockSize int
 	Workers   int              // experts in flight (0: Workers())
 	Progress  func(msg string) // one line per step, for stderr; nil: quiet
+	// Notice receives lines the user should see even when quiet (the
+	// --device auto fallback); nil: they go to Progress.
+	Notice func(msg string)
 }
 
-// ErrDeviceUnavailable is returned for --device cuda until the GPU kernels land.
-var ErrDeviceUnavailable = errors.New("validate --device cuda is not available yet (the GPU kernels come with the GPU issue); use --device cpu or auto")
+// ErrDeviceUnavailable is wrapped by the error of --device cuda on a
+// machine without a usable GPU.
+var ErrDeviceUnavailable = errors.New("validate --device cuda: no usable GPU")
 
 // XDraw documents how token vectors are made when no golden provides them.
 const XDraw = "x[t,h] ~ N(0,1) from PCG(seed, layer index) (math/rand/v2 NormFloat64), rounded to nearest-even bf16 so bf16 and fp32 engines see the same input"
@@ -59,21 +69,22 @@ func DrawX(seed uint64, layer, t, h int) []float32 {
 	return x
 }
 
-func (o *Options) norm() error {
-	switch strings.ToLower(o.Device) {
-	case "", "auto", "cpu":
-		o.Device = "cpu"
-	case "cuda", "gpu":
-		return ErrDeviceUnavailable
-	default:
-		return fmt.Errorf("validate: unknown --device %q (want auto, cpu or cuda)", o.Device)
-	}
+// norm fills defaults, checks the options and resolves the device; the
+// returned notes (the auto fallback) go into the report.
+func (o *Options) norm() ([]string, error) {
 	if o.Tokens == 0 {
 		o.Tokens = DefaultTokens
 	}
 	if o.BlockSize == 0 {
 		o.BlockSize = DefaultBlockSize
 	}
+	if err := o.checkRest(); err != nil {
+		return nil, err
+	}
+	return o.selectDevice(cudaAvailable)
+}
+
+func (o *Options) checkRest() error {
 	switch {
 	case o.Tokens < 0 || o.Tokens > 1<<16:
 		return fmt.Errorf("validate: --tokens %d (want 1..65536)", o.Tokens)
@@ -130,7 +141,8 @@ func (s *session) close() {
 // exit-1 error).
 func Run(ctx context.Context, o Options) (*Report, error) {
 	start := time.Now()
-	if err := o.norm(); err != nil {
+	devNotes, err := o.norm()
+	if err != nil {
 		return nil, err
 	}
 	s := &session{o: o}
@@ -143,7 +155,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{Src: o.Src, Dst: o.Dst, Golden: s.golden, Device: o.Device, Tokens: o.Tokens, Seed: o.Seed,
-		BlockSize: o.BlockSize, XDraw: XDraw, Notes: notes}
+		BlockSize: o.BlockSize, XDraw: XDraw, Notes: append(devNotes, notes...)}
+	if o.Device == DeviceCUDA {
+		if err := s.runGPU(ctx, targets, rep); err != nil {
+			return nil, err
+		}
+		rep.Seconds = time.Since(start).Seconds()
+		return rep, nil
+	}
 	for i, tg := range targets {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -353,24 +372,9 @@ func intList(v []int) string {
 
 // checkLayer runs the available paths on one layer and compares them.
 func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, error) {
-	var g *Golden
-	var h int
-	switch {
-	case s.srcPlan != nil:
-		h = s.srcPlan.HiddenSize
-	default:
-		h = s.dstPlan.HiddenSize
-	}
-	t := s.o.Tokens
-	var x []float32
-	if tg.golden != "" {
-		var err error
-		if g, err = ReadGolden(tg.golden, h); err != nil {
-			return nil, err
-		}
-		x, t = g.X, g.T
-	} else {
-		x = DrawX(s.o.Seed, tg.index, t, h)
+	x, t, g, err := s.layerInput(tg)
+	if err != nil {
+		return nil, err
 	}
 	var ref *RefResult
 	var fused *FusedResult
@@ -422,6 +426,25 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 		}
 	}
 	return rows, nil
+}
+
+// layerInput returns a layer's tokens x [T,H]: the golden's, or drawn.
+func (s *session) layerInput(tg target) (x []float32, t int, g *Golden, err error) {
+	h := s.dstPlanOrSrc().HiddenSize
+	if tg.golden != "" {
+		if g, err = ReadGolden(tg.golden, h); err != nil {
+			return nil, 0, nil, err
+		}
+		return g.X, g.T, g, nil
+	}
+	return DrawX(s.o.Seed, tg.index, s.o.Tokens, h), s.o.Tokens, nil, nil
+}
+
+func (s *session) dstPlanOrSrc() *family.Plan {
+	if s.srcPlan != nil {
+		return s.srcPlan
+	}
+	return s.dstPlan
 }
 
 // tolerance picks the threshold for a DST comparison: rsf folded into

@@ -13,19 +13,21 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
 func TestOptionsRefused(t *testing.T) {
+	withCUDA(t, cuda.ErrNoDriver)
 	src := filepath.Join(hfFixtures, "qwen3-moe")
 	tests := []struct {
 		name string
 		o    Options
 		want string
 	}{
-		{"cuda", Options{Src: src, Golden: src, Device: "cuda"}, "not available yet"},
+		{"cuda", Options{Src: src, Golden: src, Device: "cuda"}, "no usable GPU: cuda: no NVIDIA driver"},
 		{"unknown device", Options{Src: src, Golden: src, Device: "tpu"}, "unknown --device"},
 		{"nothing", Options{}, "give SRC and DST"},
 		{"one side, no golden", Options{Dst: src}, "--golden"},
@@ -272,7 +274,7 @@ func TestGoldenOnlyAndMismatch(t *testing.T) {
 	if !rep.Failed() || exitcode.Code(rep.Err()) != 1 {
 		t.Fatalf("a 1%% golden error passed: %+v", rep.Rows)
 	}
-	if len(rep.Notes) == 0 || !strings.Contains(rep.Notes[0], "layer 1 has no golden") {
+	if !slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "layer 1 has no golden") }) {
 		t.Errorf("notes %v, want one about layer 1's missing golden", rep.Notes)
 	}
 	if _, err := Run(context.Background(), Options{Dst: dst, Golden: gdir, Layers: "1"}); err == nil || !strings.Contains(err.Error(), "no golden for layer 1") {

@@ -14,6 +14,7 @@ func init() { extraCommands = append(extraCommands, newValidateCmd) }
 
 type validateFlags struct {
 	layers, golden, device, jsonFile string
+	precision                        string
 	tokens, blockSize, workers       int
 	seed                             uint64
 	quiet                            bool
@@ -24,7 +25,8 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.layers, "layers", "all", "layers to check: all, a list like 1,2,5, or sample:N")
 	fl.IntVar(&f.tokens, "tokens", validate.DefaultTokens, "token vectors per layer (when no golden provides them)")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the token vectors")
-	fl.StringVar(&f.device, "device", "auto", "auto, cpu or cuda")
+	fl.StringVar(&f.device, "device", "auto", "auto (CUDA when a GPU and driver are present, else the CPU), cpu or cuda")
+	fl.StringVar(&f.precision, "precision", "bf16", "GPU activations: bf16 (as serving engines run) or f32")
 	fl.StringVar(&f.golden, "golden", "", "directory of HF golden outputs (moe-layer-L.safetensors) to check against")
 	fl.IntVar(&f.blockSize, "block-size", validate.DefaultBlockSize, "moe_align_block_size block size of the fused path")
 	fl.IntVar(&f.workers, "workers", 0, "experts computed at once (default: up to 4, one per core)")
@@ -36,7 +38,9 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 // when a check failed and 2 when the input could not be checked.
 func runValidate(cmd *cobra.Command, f *validateFlags, src, dst string, progress io.Writer) error {
 	o := validate.Options{Src: src, Dst: dst, Golden: f.golden, Layers: f.layers, Tokens: f.tokens,
-		Seed: f.seed, Device: f.device, BlockSize: f.blockSize, Workers: f.workers}
+		Seed: f.seed, Device: f.device, BlockSize: f.blockSize, Workers: f.workers, GPUPrecision: f.precision,
+		// The CPU-fallback notice is shown even with --quiet: it changes what was certified.
+		Notice: func(msg string) { fmt.Fprintln(progress, msg) }}
 	if !f.quiet {
 		o.Progress = func(msg string) { fmt.Fprintln(progress, msg) }
 	}

@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""PyTorch reference timings beside `moeprep bench kernels` (issue 6).
+
+Runs on the GPU machine (torch 2.11). At DeepSeek-V3 shapes (H 7168, I 2048,
+256 routed experts + one shared expert, top-8, 8 groups keep 4, sigmoid +
+correction bias, rsf 2.5) it times, in PyTorch eager and torch.compile:
+
+  router_gemm  F.linear(x.float(), W.float()) as transformers' DeepseekV3TopkRouter
+  gate         biased grouped top-k as transformers writes it (sigmoid, + bias,
+               group score = sum of the best two, keep 4 groups, mask, top-8,
+               gather, normalise, x rsf)
+  align        moe_align_block_size as sort/bincount (ids with the fused shared
+               slot 256 + t mod 8, 264 experts, block 16), no host sync
+  experts      transformers' per-expert loop (DeepseekV3NaiveMoe: one-hot mask,
+               hit experts, gather, gate_up, silu*up, down, x weight,
+               index_add_) plus the shared expert MLP; eager only by default
+               (torch.compile of a data-dependent loop recompiles per shape)
+  layer        router_gemm + gate + experts
+
+Method as moeprep's: CUDA events around each run, one warm-up run, a 256 MiB
+buffer overwritten before each run (outside the events), 4 rotating input sets,
+median (p10/p90) of up to --iters runs within --budget seconds per measurement.
+The expert bank (bf16, 23 GB) is one copy; each run reads >= 8 experts = 700 MB,
+far past L2, and the flush clears the rest. Writes JSON (--json) and prints a table.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+H, I, E, TOPK, NGROUP, TOPKGROUP, REPLICAS, RSF = 7168, 2048, 256, 8, 8, 4, 8, 2.5
+BLOCK = 16
+XSETS = 4
+FLUSH_BYTES = 256 << 20
+
+
+# --- the operations -------------------------------------------------------
+
+def router_gemm(x, w):
+    # transformers: router_logits = F.linear(hidden.type(float32), weight.type(float32))
+    return F.linear(x.float(), w.float())
+
+
+def biased_grouped_topk(logits, bias):
+    scores = logits.sigmoid()
+    sfc = scores.view(-1, E) + bias.unsqueeze(0)
+    group_scores = sfc.view(-1, NGROUP, E // NGROUP).topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=TOPKGROUP, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores)
+    group_mask.scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, NGROUP, E // NGROUP).reshape(-1, E)
+    sfc = sfc.masked_fill(~score_mask.bool(), 0.0)
+    topk_idx = torch.topk(sfc, k=TOPK, dim=-1, sorted=False)[1]
+    topk_w = scores.gather(1, topk_idx)
+    topk_w = topk_w / (topk_w.sum(dim=-1, keepdim=True) + 1e-20)
+    return topk_idx, topk_w * RSF
+
+
+def align_block_size(ids, num_experts=E + REPLICAS, block=BLOCK):
+    """Sorted slot ids padded per expert to the block size, the expert of each
+    block, and the padded total; shapes fixed by the worst case, no host sync."""
+    flat = ids.reshape(-1)
+    numel = flat.numel()
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block - 1) // block * block
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded
+    first = torch.cumsum(counts, 0) - counts
+    order = torch.argsort(flat, stable=True)
+    e_sorted = flat[order]
+    rank = torch.arange(numel, device=ids.device) - first[e_sorted]
+    max_pad = numel + num_experts * (block - 1)
+    sorted_ids = torch.full((max_pad,), numel, dtype=torch.int32, device=ids.device)
+    sorted_ids[starts[e_sorted] + rank] = order.to(torch.int32)
+    blocks = torch.arange(0, max_pad, block, device=ids.device)
+    expert_ids = torch.searchsorted(ends, blocks, right=True).clamp_(max=num_experts - 1)
+    return sorted_ids, expert_ids.to(torch.int32), ends[-1:]
+
+
+def experts_loop(x, topk_idx, topk_w, bank):
+    """transformers' DeepseekV3NaiveMoe per-expert loop, then the shared expert."""
+    gate_up, down, sh_gate_up, sh_down = bank
+    final = torch.zeros_like(x)
+    with torch.no_grad():
+        mask = F.one_hot(topk_idx, num_classes=E).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit:
+        e = e[0]
+        pos, tok = torch.where(mask[e])
+        cur = x[tok]
+        g, u = F.linear(cur, gate_up[e]).chunk(2, dim=-1)
+        h = F.linear(F.silu(g) * u, down[e])
+        h = h * topk_w[tok, pos, None]
+        final.index_add_(0, tok, h.to(final.dtype))
+    g, u = F.linear(x, sh_gate_up).chunk(2, dim=-1)
+    return final + F.linear(F.silu(g) * u, sh_down)
+
+
+def layer(x, w, bias, bank):
+    idx, wt = biased_grouped_topk(router_gemm(x, w), bias)
+    return experts_loop(x, idx, wt, bank)
+
+
+# --- timing ---------------------------------------------------------------
+
+class Timer:
+    def __init__(self, iters, budget):
+        self.iters, self.budget = iters, budget
+        self.flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+
+    def _pass(self, fn, n):
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        for i in range(n):
+            self.flush.fill_(i)
+            starts[i].record()
+            fn(i)
+            ends[i].record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]  # us
+
+    def measure(self, fn):
+        fn(0)
+        torch.cuda.synchronize()
+        est = self._pass(fn, 1)[0]
+        n = min(self.iters, max(int(self.budget * 1e6 / max(est, 1e-3)), min(5, self.iters)))
+        return self._pass(fn, n)
+
+
+def pct(xs, p):
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, int(p / 100 * (len(s) - 1) + 0.5)))]
+
+
+def copy_bandwidth(n=2 << 30, reps=10):
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").fill_(0x5A)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n / (statistics.median(ts) / 1e3)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", default="1,16,128,1024,4096")
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--budget", type=float, default=1.0, help="seconds of device time per measurement")
+    ap.add_argument("--loop-budget", type=float, default=2.0, help="seconds per per-expert-loop measurement")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--compile-mode", default="default",
+                    help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune-no-cudagraphs")
+    ap.add_argument("--compile-cap", type=float, default=120.0, help="stop compiling once this many seconds went into it")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    tokens = [int(t) for t in a.tokens.split(",")]
+    torch.manual_seed(0)
+    dev = torch.cuda.get_device_properties(0)
+    res = {"tool": "torch", "torch": torch.__version__, "device": f"{dev.name} ({dev.multi_processor_count} SMs, "
+           f"{dev.total_memory / 2**30:.1f} GiB)", "rows": [], "notes": [], "compile_seconds": {}, "compile_mode": a.compile_mode}
+    began = time.time()
+    res["copy_gbps"] = copy_bandwidth() / 1e9
+    print(f"torch {torch.__version__} on {res['device']}: copy {res['copy_gbps']:.0f} GB/s", flush=True)
+
+    bf = torch.bfloat16
+    w_router = torch.empty(E, H, dtype=bf, device="cuda").uniform_(-(3 / H) ** 0.5, (3 / H) ** 0.5)
+    bias = torch.empty(E, device="cuda").uniform_(-0.05, 0.05)
+    bank = (torch.empty(E, 2 * I, H, dtype=bf, device="cuda").normal_(0, 0.02),
+            torch.empty(E, H, I, dtype=bf, device="cuda").normal_(0, 0.02),
+            torch.empty(2 * I, H, dtype=bf, device="cuda").normal_(0, 0.02),
+            torch.empty(H, I, dtype=bf, device="cuda").normal_(0, 0.02))
+    tm = Timer(a.iters, a.budget)
+    loop_tm = Timer(a.iters, a.loop_budget)
+
+    compiled = {}
+    if not a.no_compile:
+        for name, fn in (("router_gemm", router_gemm), ("gate", biased_grouped_topk), ("align", align_block_size)):
+            compiled[name] = torch.compile(fn, dynamic=True, mode=a.compile_mode)
+    compile_spent = 0.0
+
+    def add(kernel, t, impl, us, note=""):
+        row = {"kernel": kernel, "tokens": t, "impl": impl, "us": statistics.median(us), "us_p10": pct(us, 10),
+               "us_p90": pct(us, 90), "iters": len(us)}
+        if note:
+            row["note"] = note
+        res["rows"].append(row)
+        print(f"T={t:5d} {kernel:12s} {impl:8s} {row['us']:10.1f} us  (p10 {row['us_p10']:.1f}, p90 {row['us_p90']:.1f}, "
+              f"{len(us)} runs)", flush=True)
+
+    with torch.no_grad():
+        for t in tokens:
+            xs = [torch.randn(t, H, dtype=bf, device="cuda") for _ in range(XSETS)]
+            logits = [router_gemm(x, w_router) for x in xs]
+            routed = [biased_grouped_topk(lg, bias) for lg in logits]
+            shared = (E + torch.arange(t, device="cuda") % REPLICAS).unsqueeze(1)
+            fused_ids = [torch.cat([idx, shared], dim=1) for idx, _ in routed]
+            ops = {
+                "router_gemm": (router_gemm, lambda i, f: f(xs[i % XSETS], w_router)),
+                "gate": (biased_grouped_topk, lambda i, f: f(logits[i % XSETS], bias)),
+                "align": (align_block_size, lambda i, f: f(fused_ids[i % XSETS])),
+            }
+            for name, (fn, call) in ops.items():
+                add(name, t, "eager", tm.measure(lambda i: call(i, fn)))
+                if name in compiled:
+                    if compile_spent > a.compile_cap:
+                        res["notes"].append(f"{name} T={t}: compile skipped, {compile_spent:.0f} s spent compiling")
+                        continue
+                    c0 = time.time()
+                    out_c = call(0, compiled[name])
+                    torch.cuda.synchronize()
+                    spent = time.time() - c0
+                    compile_spent += spent
+                    res["compile_seconds"][f"{name}@{t}"] = round(spent, 2)
+                    if name == "gate":
+                        ref = call(0, fn)
+                        same = torch.equal(out_c[0].sort(dim=1)[0], ref[0].sort(dim=1)[0])
+                        if not same:
+                            res["notes"].append(f"gate T={t}: compiled ids differ from eager")
+                    add(name, t, "compile", tm.measure(lambda i: call(i, compiled[name])))
+            add("experts", t, "eager", loop_tm.measure(
+                lambda i: experts_loop(xs[i % XSETS], routed[i % XSETS][0], routed[i % XSETS][1], bank)))
+            add("layer", t, "eager", loop_tm.measure(lambda i: layer(xs[i % XSETS], w_router, bias, bank)))
+            del xs, logits, routed, fused_ids
+    res["notes"].append("experts/layer: torch.compile not timed (the per-expert loop is data-dependent: "
+                        "a graph break per hit expert)")
+    res["seconds"] = time.time() - began
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    print(f"done in {res['seconds']:.0f} s; compile {compile_spent:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/moeprep/moeprep/bench"
+	"github.com/moeprep/moeprep/internal/cuda"
+)
+
+func TestBenchFlags(t *testing.T) {
+	f := &benchFlags{tokens: "128,1", dtype: "fp8", iters: 7, budget: 2 * time.Second, blockSize: 64, noGraph: true}
+	cfg, err := f.config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cfg.Tokens, []int{128, 1}) || cfg.DType != bench.FP8 || cfg.Iters != 7 || cfg.Budget != 2*time.Second ||
+		cfg.BlockSize != 64 || cfg.Graph || cfg.Shape != bench.DeepSeekV3() {
+		t.Errorf("config %+v", cfg)
+	}
+	for _, bad := range []benchFlags{
+		{tokens: "1,x", dtype: "bf16", iters: 1, budget: time.Second, blockSize: 16},
+		{tokens: "1", dtype: "fp16", iters: 1, budget: time.Second, blockSize: 16},
+		{tokens: "1", dtype: "bf16", iters: 0, budget: time.Second, blockSize: 16},
+		{tokens: "1", dtype: "bf16", iters: 1, budget: 0, blockSize: 16},
+		{tokens: "1", dtype: "bf16", iters: 1, budget: time.Second, blockSize: 20},
+	} {
+		if _, err := bad.config(); err == nil {
+			t.Errorf("flags %+v accepted", bad)
+		}
+	}
+}
+
+func TestBenchUsageAndNoDriver(t *testing.T) {
+	code, _, stderr := runCLI(t, "bench", "kernels", "--dtype", "int4")
+	if code != 2 {
+		t.Errorf("bad --dtype: exit %d", code)
+	}
+	assertCleanError(t, stderr, "--dtype")
+	code, _, stderr = runCLI(t, "bench", "kernels", "extra")
+	if code != 2 {
+		t.Errorf("extra argument: exit %d", code)
+	}
+	assertCleanError(t, stderr, "no arguments")
+	if cuda.Available() == nil {
+		t.Skip("a CUDA device is present")
+	}
+	code, _, stderr = runCLI(t, "bench", "kernels", "--tokens", "1", "--quiet")
+	if code != 2 {
+		t.Errorf("no driver: exit %d", code)
+	}
+	assertCleanError(t, stderr, "no CUDA driver")
+}

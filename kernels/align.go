@@ -1,0 +1,164 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/moeprep/moeprep/internal/cuda"
+)
+
+// Must match align.cu.
+const (
+	alignChunk       = 256
+	alignScanThreads = 1024
+	alignMaxExperts  = 48 << 10 / 4 // the per-chunk histogram lives in 48 KiB of shared memory
+)
+
+// MaxPaddedTokens is the size of sorted_token_ids before the counts are
+// known: numel + E*(block-1) (validate.MaxPaddedTokens).
+func MaxPaddedTokens(numel, numExperts, blockSize int) int {
+	return numel + numExperts*(blockSize-1)
+}
+
+// Alignment is moe_align_block_size's output on the device (the arrays of
+// validate.Alignment; only the first Total entries of SortedTokenIDs and
+// Total/BlockSize of ExpertIDs are meaningful, Total being on the device).
+type Alignment struct {
+	NumExperts, BlockSize int
+	Numel                 int32
+	Counts                *cuda.Buffer[int32] // [E]
+	Cumsum                *cuda.Buffer[int32] // [E+1]
+	Total                 *cuda.Buffer[int32] // [1]: num_tokens_post_pad
+	SortedTokenIDs        *cuda.Buffer[int32] // [MaxPaddedTokens]
+	ExpertIDs             *cuda.Buffer[int32] // [ceil(MaxPaddedTokens/BlockSize)]
+	status                *cuda.Buffer[int32] // [1]: smallest slot with an out-of-range id, or Numel
+	scratch               *cuda.Buffer[int32] // [chunks, E]
+}
+
+// NewAlignment allocates the outputs for numel slots over numExperts.
+func NewAlignment(dev *cuda.Device, numel, numExperts, blockSize int) (*Alignment, error) {
+	if numel <= 0 || numExperts <= 0 || numExperts > alignMaxExperts || blockSize <= 0 {
+		return nil, fmt.Errorf("moe_align_block_size: %d slots, %d experts (1..%d), block size %d", numel, numExperts, alignMaxExperts, blockSize)
+	}
+	maxPad := MaxPaddedTokens(numel, numExperts, blockSize)
+	chunks := CeilDiv(numel, alignChunk)
+	if int64(numel)+int64(numExperts)*int64(blockSize-1) > math.MaxInt32 || int64(chunks)*int64(numExperts) > math.MaxInt32 {
+		return nil, fmt.Errorf("moe_align_block_size: %d slots over %d experts overflow int32 indices", numel, numExperts)
+	}
+	a := &Alignment{NumExperts: numExperts, BlockSize: blockSize, Numel: int32(numel)}
+	var err error
+	alloc := func(n int) *cuda.Buffer[int32] {
+		if err != nil {
+			return nil
+		}
+		var b *cuda.Buffer[int32]
+		b, err = cuda.Alloc[int32](dev, n)
+		return b
+	}
+	a.Counts = alloc(numExperts)
+	a.Cumsum = alloc(numExperts + 1)
+	a.Total = alloc(1)
+	a.SortedTokenIDs = alloc(maxPad)
+	a.ExpertIDs = alloc(CeilDiv(maxPad, blockSize))
+	a.status = alloc(1)
+	a.scratch = alloc(chunks * numExperts)
+	if err != nil {
+		a.Free()
+		return nil, err
+	}
+	return a, nil
+}
+
+// Free releases the device arrays.
+func (a *Alignment) Free() {
+	for _, b := range []*cuda.Buffer[int32]{a.Counts, a.Cumsum, a.Total, a.SortedTokenIDs, a.ExpertIDs, a.status, a.scratch} {
+		b.Free()
+	}
+}
+
+// AlignBlockSize queues moe_align_block_size on stream for the first
+// a.Numel ids of topkIDs ([T,K] flattened) into a.
+func AlignBlockSize(stream cuda.Stream, topkIDs *cuda.Buffer[int32], a *Alignment) error {
+	if topkIDs == nil {
+		return fmt.Errorf("moe_align_block_size: nil ids")
+	}
+	return topkIDs.Device().Do(func(c *cuda.Ctx) error { return AlignBlockSizeCtx(c, stream, topkIDs, a) })
+}
+
+// AlignBlockSizeCtx is AlignBlockSize from inside a Do closure.
+func AlignBlockSizeCtx(c *cuda.Ctx, stream cuda.Stream, topkIDs *cuda.Buffer[int32], a *Alignment) error {
+	if topkIDs == nil || a == nil || a.scratch == nil {
+		return fmt.Errorf("moe_align_block_size: nil buffer")
+	}
+	numel := int(a.Numel)
+	if topkIDs.Len() < numel {
+		return fmt.Errorf("moe_align_block_size: %d ids for %d slots", topkIDs.Len(), numel)
+	}
+	m, err := LoadCtx(c, "align")
+	if err != nil {
+		return err
+	}
+	e, chunks := int32(a.NumExperts), CeilDiv(numel, alignChunk)
+	if err := c.MemsetD32Async(a.status.Ptr(), uint32(a.Numel), 1, stream); err != nil {
+		return err
+	}
+	if err := m.LaunchCtx(c, "moe_align_count", Grid(chunks), Block(alignChunk), uint32(4*a.NumExperts), stream,
+		topkIDs, a.Numel, e, a.scratch, a.status); err != nil {
+		return err
+	}
+	if err := m.LaunchCtx(c, "moe_align_scan", Grid(1), Block(alignScanThreads), 0, stream,
+		a.scratch, int32(chunks), e, int32(a.BlockSize), a.Numel,
+		a.Counts, a.Cumsum, a.Total, a.SortedTokenIDs, a.ExpertIDs); err != nil {
+		return err
+	}
+	return m.LaunchCtx(c, "moe_align_fill", Grid(chunks), Block(alignChunk), 0, stream,
+		topkIDs, a.Numel, e, a.scratch, a.Cumsum, a.SortedTokenIDs)
+}
+
+// HostAlignment is an Alignment copied to the host, trimmed to its total:
+// the fields of validate.Alignment.
+type HostAlignment struct {
+	NumExperts, BlockSize int
+	Numel                 int32
+	Counts, Cumsum        []int32
+	SortedTokenIDs        []int32
+	ExpertIDs             []int32
+	TotalPadded           int32
+}
+
+// Host waits for the alignment, checks that every id was in range and
+// copies it to the host.
+func (a *Alignment) Host() (*HostAlignment, error) {
+	if err := a.status.Device().Synchronize(); err != nil {
+		return nil, err
+	}
+	st, err := a.status.ToHost(1)
+	if err != nil {
+		return nil, err
+	}
+	if st[0] != a.Numel {
+		return nil, fmt.Errorf("moe_align_block_size: slot %d routed to an expert outside 0..%d", st[0], a.NumExperts-1)
+	}
+	h := &HostAlignment{NumExperts: a.NumExperts, BlockSize: a.BlockSize, Numel: a.Numel}
+	tot, err := a.Total.ToHost(1)
+	if err != nil {
+		return nil, err
+	}
+	h.TotalPadded = tot[0]
+	if h.TotalPadded < 0 || int(h.TotalPadded) > a.SortedTokenIDs.Len() || int(h.TotalPadded)%a.BlockSize != 0 {
+		return nil, fmt.Errorf("moe_align_block_size: device total %d (capacity %d, block %d)", h.TotalPadded, a.SortedTokenIDs.Len(), a.BlockSize)
+	}
+	if h.Counts, err = a.Counts.ToHost(-1); err != nil {
+		return nil, err
+	}
+	if h.Cumsum, err = a.Cumsum.ToHost(-1); err != nil {
+		return nil, err
+	}
+	if h.SortedTokenIDs, err = a.SortedTokenIDs.ToHost(int(h.TotalPadded)); err != nil {
+		return nil, err
+	}
+	if h.ExpertIDs, err = a.ExpertIDs.ToHost(int(h.TotalPadded) / a.BlockSize); err != nil {
+		return nil, err
+	}
+	return h, nil
+}

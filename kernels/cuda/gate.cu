@@ -1,0 +1,388 @@
+// Fused MoE gate: router logits f32 [T,E] -> top-k expert ids, slot weights
+// and the contract's shared slots, one CTA per token, f32 throughout.
+//
+// CPU twin: validate.Route + validate.FusedSlots. It is matched bit for bit
+// where the twin's arithmetic allows: the sigmoid is computed in double and
+// rounded to f32 as the twin does, group scores and renormalisation add in
+// the twin's order, ties go to the lower index and NaN ranks last. The only
+// reordered sum is the softmax denominator (a double tree sum).
+//
+// Any expert count up to GATE_MAX_EXPERTS, powers of two or not (Kimi-K2 384,
+// a 264-expert bank); any n_group dividing E; any topk_group.
+#include <stddef.h>
+#include <stdint.h>
+
+#define GATE_MAX_EXPERTS 512
+#define GATE_THREADS 256
+#define GATE_WARPS (GATE_THREADS / 32)
+
+// better reports whether candidate (a, ai) ranks before (b, bi): higher
+// score first, ties to the lower index, NaN below every number, index -1
+// ("no candidate") below everything.
+__device__ __forceinline__ bool better(float a, int ai, float b, int bi) {
+    if (ai < 0) return false;
+    if (bi < 0) return true;
+    bool an = a != a, bn = b != b;
+    if (an && bn) return ai < bi;
+    if (an) return false;
+    if (bn) return true;
+    if (a != b) return a > b;
+    return ai < bi;
+}
+
+struct GateShared {
+    float score[GATE_MAX_EXPERTS];   // sigmoid or softmax probability
+    float choice[GATE_MAX_EXPERTS];  // score + correction bias: what top-k ranks
+    unsigned char ok[GATE_MAX_EXPERTS];
+    float gscore[GATE_MAX_EXPERTS];
+    unsigned char gok[GATE_MAX_EXPERTS];
+    int ids[GATE_MAX_EXPERTS];
+    float red_v[GATE_WARPS];
+    int red_i[GATE_WARPS + 1];
+    double red_d[GATE_WARPS + 1];
+};
+
+// block_argmax returns the best selectable index of v[0,n) (ok[i] != 0), or
+// -1; every thread gets the result. Ends with a barrier.
+__device__ int block_argmax(const float* v, const unsigned char* ok, int n, GateShared& sh) {
+    float bv = 0.f;
+    int bi = -1;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        if (ok[i] && better(v[i], i, bv, bi)) {
+            bv = v[i];
+            bi = i;
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
+        sh.red_v[warp] = bv;
+        sh.red_i[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x >> 5;
+        bv = lane < nw ? sh.red_v[lane] : 0.f;
+        bi = lane < nw ? sh.red_i[lane] : -1;
+        for (int off = 16; off > 0; off >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+            if (better(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) sh.red_i[GATE_WARPS] = bi;
+    }
+    __syncthreads();
+    int r = sh.red_i[GATE_WARPS];
+    __syncthreads();
+    return r;
+}
+
+// block_max_nan is the max of v over the block, NaN if any v is NaN (as Go's
+// math.Max, which the twin uses).
+__device__ float block_max_nan(float v, GateShared& sh) {
+    for (int off = 16; off > 0; off >>= 1) {
+        float o = __shfl_xor_sync(0xffffffffu, v, off);
+        v = (v != v || o != o) ? __int_as_float(0x7fc00000) : fmaxf(v, o);
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) sh.red_v[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x >> 5;
+        v = lane < nw ? sh.red_v[lane] : -__int_as_float(0x7f800000);
+        for (int off = 16; off > 0; off >>= 1) {
+            float o = __shfl_xor_sync(0xffffffffu, v, off);
+            v = (v != v || o != o) ? __int_as_float(0x7fc00000) : fmaxf(v, o);
+        }
+        if (lane == 0) sh.red_v[0] = v;
+    }
+    __syncthreads();
+    float r = sh.red_v[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ double block_sum_d(double v, GateShared& sh) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) sh.red_d[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x >> 5;
+        v = lane < nw ? sh.red_d[lane] : 0.0;
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) sh.red_d[GATE_WARPS] = v;
+    }
+    __syncthreads();
+    double r = sh.red_d[GATE_WARPS];
+    __syncthreads();
+    return r;
+}
+
+// moe_gate_f32: grid T, block GATE_THREADS.
+//   logits [T,E]; bias [E] or null; ids/weights [T, topk+S]; choice [T,E] or
+//   null (the ranked scores, for tie-robust comparisons).
+//   scoring 0 = sigmoid (+ bias), 1 = softmax. Groups are used when
+//   n_group > 1 and topk_group < n_group; group_by_max scores a group by its
+//   best member, otherwise by the sum of its best two.
+//   Shared slot s of token t is expert E + (t mod R)*S + s with weight
+//   shared_weight. Routed weights carry no routed scaling factor.
+extern "C" __global__ void __launch_bounds__(GATE_THREADS)
+moe_gate_f32(const float* __restrict__ logits, const float* __restrict__ bias,
+             int32_t* __restrict__ ids, float* __restrict__ weights, float* __restrict__ choice_out,
+             int T, int E, int topk, int n_group, int topk_group, int scoring, int group_by_max,
+             int renorm, int S, int R, float shared_weight) {
+    __shared__ GateShared sh;
+    const int t = blockIdx.x;
+    if (t >= T) return;
+    const float* row = logits + (size_t)t * E;
+
+    if (scoring == 0) {
+        for (int i = threadIdx.x; i < E; i += blockDim.x) {
+            float s = (float)(1.0 / (1.0 + exp(-(double)row[i])));
+            sh.score[i] = s;
+            sh.choice[i] = bias ? s + bias[i] : s;
+        }
+    } else {
+        float m = -__int_as_float(0x7f800000);
+        for (int i = threadIdx.x; i < E; i += blockDim.x) {
+            float l = row[i];
+            m = (m != m || l != l) ? __int_as_float(0x7fc00000) : fmaxf(m, l);
+        }
+        double md = (double)block_max_nan(m, sh);
+        double part = 0.0;
+        for (int i = threadIdx.x; i < E; i += blockDim.x) part += exp((double)row[i] - md);
+        double sum = block_sum_d(part, sh);
+        for (int i = threadIdx.x; i < E; i += blockDim.x) {
+            float p = (float)(exp((double)row[i] - md) / sum);
+            sh.score[i] = p;
+            sh.choice[i] = p;
+        }
+    }
+
+    const bool grouped = n_group > 1 && topk_group < n_group;
+    for (int i = threadIdx.x; i < E; i += blockDim.x) sh.ok[i] = grouped ? 0 : 1;
+    __syncthreads();
+
+    if (grouped) {
+        const int gs = E / n_group;
+        for (int g = threadIdx.x; g < n_group; g += blockDim.x) {
+            float b1 = 0.f, b2 = 0.f;
+            int i1 = -1, i2 = -1;
+            for (int j = 0; j < gs; j++) {
+                int idx = g * gs + j;
+                float v = sh.choice[idx];
+                if (better(v, idx, b1, i1)) {
+                    b2 = b1; i2 = i1;
+                    b1 = v; i1 = idx;
+                } else if (better(v, idx, b2, i2)) {
+                    b2 = v; i2 = idx;
+                }
+            }
+            sh.gscore[g] = (group_by_max || i2 < 0) ? b1 : b1 + b2;
+            sh.gok[g] = 1;
+        }
+        __syncthreads();
+        for (int r = 0; r < topk_group; r++) {
+            int g = block_argmax(sh.gscore, sh.gok, n_group, sh);
+            if (g >= 0) {
+                if (threadIdx.x == 0) sh.gok[g] = 0;
+                for (int j = threadIdx.x; j < gs; j += blockDim.x) sh.ok[g * gs + j] = 1;
+            }
+            __syncthreads();
+        }
+    }
+
+    for (int r = 0; r < topk; r++) {
+        int id = block_argmax(sh.choice, sh.ok, E, sh);
+        if (threadIdx.x == 0) {
+            sh.ids[r] = id;
+            if (id >= 0) sh.ok[id] = 0;
+        }
+        __syncthreads();
+    }
+
+    if (choice_out) {
+        float* c = choice_out + (size_t)t * E;
+        for (int i = threadIdx.x; i < E; i += blockDim.x) c[i] = sh.choice[i];
+    }
+    if (threadIdx.x == 0) {
+        const int K = topk + S;
+        int32_t* oid = ids + (size_t)t * K;
+        float* ow = weights + (size_t)t * K;
+        float sum = 0.f;
+        for (int r = 0; r < topk; r++) {
+            int id = sh.ids[r];
+            float w = id >= 0 ? sh.score[id] : 0.f;
+            oid[r] = id;
+            ow[r] = w;
+            sum += w;
+        }
+        if (renorm) {
+            float den = sum + 1e-20f;
+            for (int r = 0; r < topk; r++) ow[r] = ow[r] / den;
+        }
+        for (int s = 0; s < S; s++) {
+            oid[topk + s] = E + (t % R) * S + s;
+            ow[topk + s] = shared_weight;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// moe_gate_f32_warp: the same gate with one warp per token and
+// GATE_WARP_TOKENS tokens per CTA. Each selection is a warp shuffle
+// reduction with no CTA barrier, which cuts the per-token latency of the k
+// serial selections (the CTA version pays four barriers per selection).
+// Same comparisons and sums as moe_gate_f32, except the softmax denominator's
+// order (a warp butterfly sum, identical in every lane).
+
+#define GATE_WARP_TOKENS 4
+
+struct WarpShared {
+    float score[GATE_MAX_EXPERTS];
+    float choice[GATE_MAX_EXPERTS];
+    float gscore[GATE_MAX_EXPERTS];
+    int ids[GATE_MAX_EXPERTS];
+    unsigned char ok[GATE_MAX_EXPERTS];
+    unsigned char gok[GATE_MAX_EXPERTS];
+};
+
+// warp_argmax: the best selectable index of v[0,n) or -1, in every lane.
+__device__ int warp_argmax(const float* v, const unsigned char* ok, int n, int lane) {
+    float bv = 0.f;
+    int bi = -1;
+    for (int i = lane; i < n; i += 32) {
+        if (ok[i] && better(v[i], i, bv, bi)) {
+            bv = v[i];
+            bi = i;
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+        if (better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    return bi;
+}
+
+__device__ __forceinline__ float max_nan(float a, float b) {
+    return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+}
+
+extern "C" __global__ void __launch_bounds__(GATE_WARP_TOKENS * 32)
+moe_gate_f32_warp(const float* __restrict__ logits, const float* __restrict__ bias,
+                  int32_t* __restrict__ ids, float* __restrict__ weights, float* __restrict__ choice_out,
+                  int T, int E, int topk, int n_group, int topk_group, int scoring, int group_by_max,
+                  int renorm, int S, int R, float shared_weight) {
+    __shared__ WarpShared shs[GATE_WARP_TOKENS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x * GATE_WARP_TOKENS + warp;
+    if (t >= T) return;
+    WarpShared& sh = shs[warp];
+    const float* row = logits + (size_t)t * E;
+
+    if (scoring == 0) {
+        for (int i = lane; i < E; i += 32) {
+            float s = (float)(1.0 / (1.0 + exp(-(double)row[i])));
+            sh.score[i] = s;
+            sh.choice[i] = bias ? s + bias[i] : s;
+        }
+    } else {
+        float m = -__int_as_float(0x7f800000);
+        for (int i = lane; i < E; i += 32) m = max_nan(m, row[i]);
+        for (int off = 16; off > 0; off >>= 1) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, off));
+        const double md = (double)m;
+        double sum = 0.0;
+        for (int i = lane; i < E; i += 32) sum += exp((double)row[i] - md);
+        for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        for (int i = lane; i < E; i += 32) {
+            float p = (float)(exp((double)row[i] - md) / sum);
+            sh.score[i] = p;
+            sh.choice[i] = p;
+        }
+    }
+
+    const bool grouped = n_group > 1 && topk_group < n_group;
+    for (int i = lane; i < E; i += 32) sh.ok[i] = grouped ? 0 : 1;
+    __syncwarp();
+
+    if (grouped) {
+        const int gs = E / n_group;
+        for (int g = lane; g < n_group; g += 32) {
+            float b1 = 0.f, b2 = 0.f;
+            int i1 = -1, i2 = -1;
+            for (int j = 0; j < gs; j++) {
+                int idx = g * gs + j;
+                float v = sh.choice[idx];
+                if (better(v, idx, b1, i1)) {
+                    b2 = b1; i2 = i1;
+                    b1 = v; i1 = idx;
+                } else if (better(v, idx, b2, i2)) {
+                    b2 = v; i2 = idx;
+                }
+            }
+            sh.gscore[g] = (group_by_max || i2 < 0) ? b1 : b1 + b2;
+            sh.gok[g] = 1;
+        }
+        __syncwarp();
+        for (int r = 0; r < topk_group; r++) {
+            int g = warp_argmax(sh.gscore, sh.gok, n_group, lane);
+            __syncwarp();
+            if (g >= 0) {
+                if (lane == 0) sh.gok[g] = 0;
+                for (int j = lane; j < gs; j += 32) sh.ok[g * gs + j] = 1;
+            }
+            __syncwarp();
+        }
+    }
+
+    for (int r = 0; r < topk; r++) {
+        int id = warp_argmax(sh.choice, sh.ok, E, lane);
+        __syncwarp();
+        if (lane == 0) {
+            sh.ids[r] = id;
+            if (id >= 0) sh.ok[id] = 0;
+        }
+        __syncwarp();
+    }
+
+    if (choice_out) {
+        float* c = choice_out + (size_t)t * E;
+        for (int i = lane; i < E; i += 32) c[i] = sh.choice[i];
+    }
+    if (lane == 0) {
+        const int K = topk + S;
+        int32_t* oid = ids + (size_t)t * K;
+        float* ow = weights + (size_t)t * K;
+        float sum = 0.f;
+        for (int r = 0; r < topk; r++) {
+            int id = sh.ids[r];
+            float w = id >= 0 ? sh.score[id] : 0.f;
+            oid[r] = id;
+            ow[r] = w;
+            sum += w;
+        }
+        if (renorm) {
+            float den = sum + 1e-20f;
+            for (int r = 0; r < topk; r++) ow[r] = ow[r] / den;
+        }
+        for (int s = 0; s < S; s++) {
+            oid[topk + s] = E + (t % R) * S + s;
+            ow[topk + s] = shared_weight;
+        }
+    }
+}

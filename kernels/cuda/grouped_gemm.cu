@@ -1,0 +1,567 @@
+// Grouped GEMM over sorted blocks: the fused MoE expert computation, with the
+// semantics of the Triton fused_moe kernel (vLLM/SGLang) and of the CPU twin
+// validate.GroupedGEMM.
+//
+// Inputs come from moe_align_block_size: sorted_ids [max_padded] holds slot
+// indices s = t*topk + k grouped by expert, each expert's range padded to a
+// multiple of block_size with the sentinel numel; expert_ids [max_padded /
+// block_size] the expert of each block; *total_padded the used length.
+//
+// Stage 1 (moe_gate_up_*): inter[s, n] = silu(x[s/topk] . Wgate[e,n]) *
+// (x[s/topk] . Wup[e,n]) for n < N = I. Stage 2 (moe_down_*): out[s, n] =
+// inter[s] . Wdown[e,n] for n < N = H. Both are one template: C = A B^T with
+// rows of A gathered through sorted_ids, B the [N,K] matrix of the block's
+// expert. Accumulation is float32. FP8 E4M3 weights are dequantised in the
+// main loop with their f32 128x128 block scales (value * scale rounded once to
+// f32, exactly as validate.DequantFP8), so an f32-mode run computes the same
+// function on the same weights as the CPU twin.
+//
+// This is the SIMT tiled version (16 rows x 64 columns per CTA, K in steps of
+// 32): correct for any shape, not yet on tensor cores.
+//
+// Weight layouts are handled by the caller through pointers and strides: the
+// separate [E,I,H] gate/up tensors, or one [E,2I,H] gate_up tensor (b0 =
+// base, b1 = base + I*H, expert stride 2*I*H; swap them for up-gate order);
+// FP8 scales likewise ([E,2*ceil(I/128),ceil(H/128)] for gate_up: two stacked
+// grids).
+//
+// Activations: "f32" mode reads x f32 and writes inter f32; "bf16" mode reads
+// x bf16 and writes inter bf16 (rounded to nearest even), as serving engines
+// keep their intermediate cache. Outputs of stage 2 are always f32 [numel, H],
+// unweighted: finalize applies the slot weights.
+//
+// Padding rows (sentinel >= numel) are skipped: their outputs are not written.
+// block_size must be a multiple of 16 so that a 16-row tile has one expert.
+
+typedef unsigned short bf16_t;
+typedef unsigned char e4m3_t;
+
+__device__ __forceinline__ float ld_f32(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float ld_f32(const bf16_t* p, long long i) {
+    return __uint_as_float(((unsigned)p[i]) << 16);
+}
+// torch.float8_e4m3fn: no infinities, S.1111.111 is NaN, bias 7; subnormals are m*2^-9.
+__device__ __forceinline__ float e4m3_decode(unsigned b) {
+    unsigned s = (b & 0x80u) << 24, e = (b >> 3) & 0xFu, m = b & 7u;
+    if (e == 0xFu && m == 7u) return __uint_as_float(s | 0x7fc00000u);
+    if (e == 0u) {
+        float v = (float)m * 0.001953125f;
+        return s ? -v : v;
+    }
+    return __uint_as_float(s | ((e + 120u) << 23) | (m << 20));
+}
+__device__ __forceinline__ float ld_f32(const e4m3_t* p, long long i) { return e4m3_decode(p[i]); }
+
+// Round to nearest even, NaN kept quiet (validate.F32ToBF16).
+__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+__device__ __forceinline__ void st_val(float* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void st_val(bf16_t* p, long long i, float v) { p[i] = f32_to_bf16(v); }
+
+#define GG_BM 16
+#define GG_BN 64
+#define GG_BK 32
+#define GG_THREADS 256
+#define GG_SCALE_BLOCK 128
+
+template <class AT, class WT, class OT, bool GATED, bool FP8>
+__device__ __forceinline__ void grouped_gemm_tile(
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
+    const int* __restrict__ total_padded, const AT* __restrict__ a, int a_div,
+    const WT* __restrict__ b0, const WT* __restrict__ b1, long long b_estride,
+    const float* __restrict__ s0, const float* __restrict__ s1, long long s_estride,
+    OT* __restrict__ c, int numel, int N, int K, int block_size, int num_experts)
+{
+    __shared__ float As[GG_BM][GG_BK + 1];
+    __shared__ float Bs[GATED ? 2 : 1][GG_BN][GG_BK + 1];
+    __shared__ int slot[GG_BM];
+
+    const int tid = threadIdx.x;
+    const int row0 = blockIdx.x * GG_BM;
+    const int n0 = blockIdx.y * GG_BN;
+    if (row0 >= *total_padded) return;  // uniform across the CTA
+    const int e = expert_ids[row0 / block_size];
+    if (e < 0 || e >= num_experts) return;  // not this rank's expert
+    if (tid < GG_BM) {
+        int s = sorted_ids[row0 + tid];
+        slot[tid] = (s >= 0 && s < numel) ? s : -1;
+    }
+    __syncthreads();
+
+    const WT* bm0 = b0 + (long long)e * b_estride;
+    const WT* bm1 = GATED ? b1 + (long long)e * b_estride : b0;
+    const int sc = (K + GG_SCALE_BLOCK - 1) / GG_SCALE_BLOCK;
+    const int r = tid / 16, cl = tid % 16;
+    float acc0[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc1[4] = {0.f, 0.f, 0.f, 0.f};
+
+    for (int k0 = 0; k0 < K; k0 += GG_BK) {
+        // A tile: 16 x 32, two elements a thread; a warp reads 32 consecutive k.
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int idx = tid + j * GG_THREADS;
+            int rr = idx / GG_BK, kk = idx % GG_BK, k = k0 + kk;
+            int s = slot[rr];
+            As[rr][kk] = (s >= 0 && k < K) ? ld_f32(a, (long long)(s / a_div) * K + k) : 0.f;
+        }
+        // B tiles: 64 x 32 each. A chunk of 32 columns and 64 rows starting at
+        // multiples of 32 and 64 lies inside one 128x128 scale block.
+        float sc0 = 1.f, sc1 = 1.f;
+        if (FP8) {
+            long long si = (long long)e * s_estride + (long long)(n0 / GG_SCALE_BLOCK) * sc + k0 / GG_SCALE_BLOCK;
+            sc0 = s0[si];
+            if (GATED) sc1 = s1[si];
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int idx = tid + j * GG_THREADS;
+            int nn = idx / GG_BK, kk = idx % GG_BK, n = n0 + nn, k = k0 + kk;
+            bool in = n < N && k < K;
+            long long off = (long long)n * K + k;
+            float v0 = in ? ld_f32(bm0, off) : 0.f;
+            if (FP8) v0 = __fmul_rn(v0, sc0);
+            Bs[0][nn][kk] = v0;
+            if (GATED) {
+                float v1 = in ? ld_f32(bm1, off) : 0.f;
+                if (FP8) v1 = __fmul_rn(v1, sc1);
+                Bs[GATED ? 1 : 0][nn][kk] = v1;
+            }
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < GG_BK; kk++) {
+            float av = As[r][kk];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                acc0[j] = fmaf(av, Bs[0][cl + 16 * j][kk], acc0[j]);
+                if (GATED) acc1[j] = fmaf(av, Bs[GATED ? 1 : 0][cl + 16 * j][kk], acc1[j]);
+            }
+        }
+        __syncthreads();
+    }
+
+    const int s = slot[r];
+    if (s < 0) return;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int n = n0 + cl + 16 * j;
+        if (n >= N) continue;
+        float v = acc0[j];
+        if (GATED) {
+            // silu in float64 as the CPU twin does, then one f32 multiply.
+            double g = (double)acc0[j];
+            float sg = (float)(g / (1.0 + exp(-g)));
+            v = __fmul_rn(sg, acc1[j]);
+        }
+        st_val(c, (long long)s * N + n, v);
+    }
+}
+
+// Stage 1: A = x [T,H] (a_div = topk), B = gate and up [E,I,H], C = inter [numel,I].
+#define GG_GATE_UP(NAME, AT, WT, FP8)                                                        \
+    extern "C" __global__ void __launch_bounds__(GG_THREADS) NAME(                           \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
+        const AT* x, const WT* w_gate, const WT* w_up, long long w_estride,                  \
+        const float* s_gate, const float* s_up, long long s_estride, AT* inter,              \
+        int numel, int topk, int I, int H, int block_size, int num_experts)                  \
+    {                                                                                        \
+        grouped_gemm_tile<AT, WT, AT, true, FP8>(sorted_ids, expert_ids, total_padded, x,    \
+            topk, w_gate, w_up, w_estride, s_gate, s_up, s_estride, inter, numel, I, H,      \
+            block_size, num_experts);                                                        \
+    }
+
+// Stage 2: A = inter [numel,I] (a_div = 1), B = down [E,H,I], C = out [numel,H] f32.
+#define GG_DOWN(NAME, AT, WT, FP8)                                                           \
+    extern "C" __global__ void __launch_bounds__(GG_THREADS) NAME(                           \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
+        const AT* inter, const WT* w_down, long long w_estride, const float* s_down,         \
+        long long s_estride, float* out, int numel, int H, int I, int block_size,            \
+        int num_experts)                                                                     \
+    {                                                                                        \
+        grouped_gemm_tile<AT, WT, float, false, FP8>(sorted_ids, expert_ids, total_padded,   \
+            inter, 1, w_down, w_down, w_estride, s_down, s_down, s_estride, out, numel, H,   \
+            I, block_size, num_experts);                                                     \
+    }
+
+GG_GATE_UP(moe_gate_up_f32_f32, float, float, false)
+GG_GATE_UP(moe_gate_up_f32_bf16, float, bf16_t, false)
+GG_GATE_UP(moe_gate_up_f32_fp8, float, e4m3_t, true)
+GG_GATE_UP(moe_gate_up_bf16_f32, bf16_t, float, false)
+GG_GATE_UP(moe_gate_up_bf16_bf16, bf16_t, bf16_t, false)
+GG_GATE_UP(moe_gate_up_bf16_fp8, bf16_t, e4m3_t, true)
+
+GG_DOWN(moe_down_f32_f32, float, float, false)
+GG_DOWN(moe_down_f32_bf16, float, bf16_t, false)
+GG_DOWN(moe_down_f32_fp8, float, e4m3_t, true)
+GG_DOWN(moe_down_bf16_f32, bf16_t, float, false)
+GG_DOWN(moe_down_bf16_bf16, bf16_t, bf16_t, false)
+GG_DOWN(moe_down_bf16_fp8, bf16_t, e4m3_t, true)
+
+// ---------------------------------------------------------------------------
+// Tensor-core variant for bf16 activations: mma.sync m16n8k16 (bf16 in, f32
+// accumulate), same tiles (16 rows x 64 columns, K steps of 32) and the same
+// launch grid as the SIMT kernels, 128 threads: each warp owns 16 output
+// columns (two n8 tiles) of each B matrix. bf16 weights feed the tensor cores
+// as they are; FP8 E4M3 weights convert exactly to bf16 and their 128x128
+// block scale multiplies the partial sum of each 128-wide K block (as the
+// Triton kernel does), so every product is exact and the only rounding beyond
+// f32 accumulation is the bf16 intermediate.
+
+#define MM_THREADS 128
+#define MM_LD (GG_BK + 8)  // row pitch in bf16: 80 bytes, conflict-free fragment loads
+
+__device__ __forceinline__ unsigned short raw_bf16(const bf16_t* p, long long i) { return p[i]; }
+__device__ __forceinline__ unsigned short raw_bf16(const e4m3_t* p, long long i) { return f32_to_bf16(ld_f32(p, i)); }
+
+__device__ __forceinline__ void mma_bf16_16816(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                               unsigned b0, unsigned b1)
+{
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <class WT, bool GATED, bool FP8>
+__device__ __forceinline__ void grouped_gemm_mma_tile(
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
+    const int* __restrict__ total_padded, const bf16_t* __restrict__ a, int a_div,
+    const WT* __restrict__ b0, const WT* __restrict__ b1, long long b_estride,
+    const float* __restrict__ s0, const float* __restrict__ s1, long long s_estride,
+    bf16_t* __restrict__ c_bf16, float* __restrict__ c_f32, int numel, int N, int K, int block_size,
+    int num_experts)
+{
+    constexpr int NB = GATED ? 2 : 1;
+    __shared__ __align__(16) bf16_t As[GG_BM][MM_LD];
+    __shared__ __align__(16) bf16_t Bs[NB][GG_BN][MM_LD];
+    __shared__ int slot[GG_BM];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int row0 = blockIdx.x * GG_BM;
+    const int n0 = blockIdx.y * GG_BN;
+    if (row0 >= *total_padded) return;
+    const int e = expert_ids[row0 / block_size];
+    if (e < 0 || e >= num_experts) return;
+    if (tid < GG_BM) {
+        int s = sorted_ids[row0 + tid];
+        slot[tid] = (s >= 0 && s < numel) ? s : -1;
+    }
+    __syncthreads();
+
+    const WT* bm[2] = {b0 + (long long)e * b_estride, (GATED ? b1 : b0) + (long long)e * b_estride};
+    const float* sm[2] = {s0, GATED ? s1 : s0};
+    const int sc = (K + GG_SCALE_BLOCK - 1) / GG_SCALE_BLOCK;
+    float acc[NB][2][4], part[NB][2][4];
+#pragma unroll
+    for (int m = 0; m < NB; m++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[m][j][i] = part[m][j][i] = 0.f;
+
+    for (int k0 = 0; k0 < K; k0 += GG_BK) {
+#pragma unroll
+        for (int j = 0; j < (GG_BM * GG_BK) / MM_THREADS; j++) {
+            int idx = tid + j * MM_THREADS;
+            int rr = idx / GG_BK, kk = idx % GG_BK, k = k0 + kk;
+            int s = slot[rr];
+            As[rr][kk] = (s >= 0 && k < K) ? a[(long long)(s / a_div) * K + k] : (bf16_t)0;
+        }
+#pragma unroll
+        for (int m = 0; m < NB; m++)
+#pragma unroll 4
+            for (int j = 0; j < (GG_BN * GG_BK) / MM_THREADS; j++) {
+                int idx = tid + j * MM_THREADS;
+                int nn = idx / GG_BK, kk = idx % GG_BK, n = n0 + nn, k = k0 + kk;
+                Bs[m][nn][kk] = (n < N && k < K) ? raw_bf16(bm[m], (long long)n * K + k) : (bf16_t)0;
+            }
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < GG_BK; ks += 16) {
+            unsigned a0 = *(const unsigned*)&As[g][ks + 2 * q];
+            unsigned a1 = *(const unsigned*)&As[g + 8][ks + 2 * q];
+            unsigned a2 = *(const unsigned*)&As[g][ks + 2 * q + 8];
+            unsigned a3 = *(const unsigned*)&As[g + 8][ks + 2 * q + 8];
+#pragma unroll
+            for (int m = 0; m < NB; m++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    int nn = warp * 16 + j * 8 + g;
+                    unsigned bb0 = *(const unsigned*)&Bs[m][nn][ks + 2 * q];
+                    unsigned bb1 = *(const unsigned*)&Bs[m][nn][ks + 2 * q + 8];
+                    mma_bf16_16816(FP8 ? part[m][j] : acc[m][j], a0, a1, a2, a3, bb0, bb1);
+                }
+        }
+        __syncthreads();
+        if (FP8 && ((k0 + GG_BK) % GG_SCALE_BLOCK == 0 || k0 + GG_BK >= K)) {
+            long long si = (long long)e * s_estride + (long long)(n0 / GG_SCALE_BLOCK) * sc + k0 / GG_SCALE_BLOCK;
+#pragma unroll
+            for (int m = 0; m < NB; m++) {
+                float scale = sm[m][si];
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        acc[m][j][i] = fmaf(part[m][j][i], scale, acc[m][j][i]);
+                        part[m][j][i] = 0.f;
+                    }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; h++) {  // fragment rows g and g+8
+        int s = slot[g + 8 * h];
+        if (s < 0) continue;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int n = n0 + warp * 16 + j * 8 + 2 * q + i;
+                if (n >= N) continue;
+                float v = acc[0][j][2 * h + i];
+                if (GATED) {
+                    double gv = (double)v;
+                    float sg = (float)(gv / (1.0 + exp(-gv)));
+                    v = __fmul_rn(sg, acc[NB - 1][j][2 * h + i]);
+                    c_bf16[(long long)s * N + n] = f32_to_bf16(v);
+                } else {
+                    c_f32[(long long)s * N + n] = v;
+                }
+            }
+    }
+}
+
+#define MM_GATE_UP(NAME, WT, FP8)                                                            \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS) NAME(                           \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
+        const bf16_t* x, const WT* w_gate, const WT* w_up, long long w_estride,              \
+        const float* s_gate, const float* s_up, long long s_estride, bf16_t* inter,          \
+        int numel, int topk, int I, int H, int block_size, int num_experts)                  \
+    {                                                                                        \
+        grouped_gemm_mma_tile<WT, true, FP8>(sorted_ids, expert_ids, total_padded, x, topk,  \
+            w_gate, w_up, w_estride, s_gate, s_up, s_estride, inter, nullptr, numel, I, H,   \
+            block_size, num_experts);                                                        \
+    }
+
+#define MM_DOWN(NAME, WT, FP8)                                                               \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS) NAME(                           \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
+        const bf16_t* inter, const WT* w_down, long long w_estride, const float* s_down,     \
+        long long s_estride, float* out, int numel, int H, int I, int block_size,            \
+        int num_experts)                                                                     \
+    {                                                                                        \
+        grouped_gemm_mma_tile<WT, false, FP8>(sorted_ids, expert_ids, total_padded, inter,   \
+            1, w_down, w_down, w_estride, s_down, s_down, s_estride, nullptr, out, numel, H, \
+            I, block_size, num_experts);                                                     \
+    }
+
+MM_GATE_UP(moe_gate_up_mma_bf16_bf16, bf16_t, false)
+MM_GATE_UP(moe_gate_up_mma_bf16_fp8, e4m3_t, true)
+MM_DOWN(moe_down_mma_bf16_bf16, bf16_t, false)
+MM_DOWN(moe_down_mma_bf16_fp8, e4m3_t, true)
+
+// ---------------------------------------------------------------------------
+// Vectorised tensor-core variant ("mma2"): as above, but K steps of 64 and
+// every global load 16 bytes wide (8 bf16 or 16 fp8 values), the next K step's
+// loads issued into registers before the current step's mma.sync, so each
+// thread keeps 64-128 bytes in flight. The caller picks it only when every
+// row start is 16-byte aligned: K % 8 == 0 for bf16 weights and activations,
+// K % 16 == 0 for fp8 weights (and the gate_up half offset likewise).
+
+#define M2_BK 64
+#define M2_LD (M2_BK + 8)  // 144-byte pitch: 16-byte aligned rows, conflict-free fragments
+
+struct __align__(16) m2_vec { unsigned x, y, z, w; };
+
+__device__ __forceinline__ unsigned fp8x2_to_bf16x2(unsigned b0, unsigned b1)
+{
+    // e4m3 values are exact in bf16: the f32 decode has 16 zero low bits.
+    unsigned lo = __float_as_uint(e4m3_decode(b0)) >> 16, hi = __float_as_uint(e4m3_decode(b1)) >> 16;
+    return lo | (hi << 16);
+}
+
+template <class WT> struct m2_traits;
+template <> struct m2_traits<bf16_t> {
+    static constexpr int PER_VEC = 8;  // elements per 16-byte load
+};
+template <> struct m2_traits<e4m3_t> {
+    static constexpr int PER_VEC = 16;
+};
+
+template <class WT, bool GATED, bool FP8>
+__device__ __forceinline__ void grouped_gemm_mma2_tile(
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
+    const int* __restrict__ total_padded, const bf16_t* __restrict__ a, int a_div,
+    const WT* __restrict__ b0, const WT* __restrict__ b1, long long b_estride,
+    const float* __restrict__ s0, const float* __restrict__ s1, long long s_estride,
+    bf16_t* __restrict__ c_bf16, float* __restrict__ c_f32, int numel, int N, int K, int block_size,
+    int num_experts)
+{
+    constexpr int NB = GATED ? 2 : 1;
+    constexpr int PV = m2_traits<WT>::PER_VEC;
+    constexpr int VPR = M2_BK / PV;                          // vectors per B row chunk
+    constexpr int BV = (GG_BN * VPR) / MM_THREADS;           // B vectors per thread per matrix
+    __shared__ __align__(16) bf16_t As[GG_BM][M2_LD];
+    __shared__ __align__(16) bf16_t Bs[NB][GG_BN][M2_LD];
+    __shared__ int slot[GG_BM];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int row0 = blockIdx.x * GG_BM;
+    const int n0 = blockIdx.y * GG_BN;
+    if (row0 >= *total_padded) return;
+    const int e = expert_ids[row0 / block_size];
+    if (e < 0 || e >= num_experts) return;
+    if (tid < GG_BM) {
+        int s = sorted_ids[row0 + tid];
+        slot[tid] = (s >= 0 && s < numel) ? s : -1;
+    }
+    __syncthreads();
+
+    const WT* bm[2] = {b0 + (long long)e * b_estride, (GATED ? b1 : b0) + (long long)e * b_estride};
+    const float* sm[2] = {s0, GATED ? s1 : s0};
+    const int sc = (K + GG_SCALE_BLOCK - 1) / GG_SCALE_BLOCK;
+    float acc[NB][2][4], part[NB][2][4];
+#pragma unroll
+    for (int m = 0; m < NB; m++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[m][j][i] = part[m][j][i] = 0.f;
+
+    // A: 16 rows x 64 k = 128 vectors of 8 bf16, one a thread.
+    const int ar = tid / 8, ak = (tid % 8) * 8;
+    const int as = slot[ar];
+    m2_vec ra, rb[NB][BV];
+    auto load = [&](int k0) {
+        int k = k0 + ak;
+        ra = (as >= 0 && k < K) ? *(const m2_vec*)(a + (long long)(as / a_div) * K + k) : m2_vec{0, 0, 0, 0};
+#pragma unroll
+        for (int m = 0; m < NB; m++)
+#pragma unroll
+            for (int j = 0; j < BV; j++) {
+                int idx = tid + j * MM_THREADS;
+                int nn = idx / VPR, kk = k0 + (idx % VPR) * PV, n = n0 + nn;
+                rb[m][j] = (n < N && kk < K) ? *(const m2_vec*)(bm[m] + (long long)n * K + kk) : m2_vec{0, 0, 0, 0};
+            }
+    };
+    load(0);
+    for (int k0 = 0; k0 < K; k0 += M2_BK) {
+        *(m2_vec*)&As[ar][ak] = ra;
+#pragma unroll
+        for (int m = 0; m < NB; m++)
+#pragma unroll
+            for (int j = 0; j < BV; j++) {
+                int idx = tid + j * MM_THREADS;
+                int nn = idx / VPR, kk = (idx % VPR) * PV;
+                if (FP8) {
+                    const unsigned w[4] = {rb[m][j].x, rb[m][j].y, rb[m][j].z, rb[m][j].w};
+                    m2_vec lo, hi;
+                    unsigned* o = &lo.x;
+                    unsigned* o2 = &hi.x;
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        o[2 * i] = fp8x2_to_bf16x2(w[i] & 0xff, (w[i] >> 8) & 0xff);
+                        o[2 * i + 1] = fp8x2_to_bf16x2((w[i] >> 16) & 0xff, w[i] >> 24);
+                        o2[2 * i] = fp8x2_to_bf16x2(w[i + 2] & 0xff, (w[i + 2] >> 8) & 0xff);
+                        o2[2 * i + 1] = fp8x2_to_bf16x2((w[i + 2] >> 16) & 0xff, w[i + 2] >> 24);
+                    }
+                    *(m2_vec*)&Bs[m][nn][kk] = lo;
+                    *(m2_vec*)&Bs[m][nn][kk + 8] = hi;
+                } else {
+                    *(m2_vec*)&Bs[m][nn][kk] = rb[m][j];
+                }
+            }
+        __syncthreads();
+        if (k0 + M2_BK < K) load(k0 + M2_BK);  // in flight during the mma below
+#pragma unroll
+        for (int ks = 0; ks < M2_BK; ks += 16) {
+            unsigned a0 = *(const unsigned*)&As[g][ks + 2 * q];
+            unsigned a1 = *(const unsigned*)&As[g + 8][ks + 2 * q];
+            unsigned a2 = *(const unsigned*)&As[g][ks + 2 * q + 8];
+            unsigned a3 = *(const unsigned*)&As[g + 8][ks + 2 * q + 8];
+#pragma unroll
+            for (int m = 0; m < NB; m++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    int nn = warp * 16 + j * 8 + g;
+                    unsigned bb0 = *(const unsigned*)&Bs[m][nn][ks + 2 * q];
+                    unsigned bb1 = *(const unsigned*)&Bs[m][nn][ks + 2 * q + 8];
+                    mma_bf16_16816(FP8 ? part[m][j] : acc[m][j], a0, a1, a2, a3, bb0, bb1);
+                }
+        }
+        __syncthreads();
+        if (FP8 && ((k0 + M2_BK) % GG_SCALE_BLOCK == 0 || k0 + M2_BK >= K)) {
+            long long si = (long long)e * s_estride + (long long)(n0 / GG_SCALE_BLOCK) * sc + k0 / GG_SCALE_BLOCK;
+#pragma unroll
+            for (int m = 0; m < NB; m++) {
+                float scale = sm[m][si];
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        acc[m][j][i] = fmaf(part[m][j][i], scale, acc[m][j][i]);
+                        part[m][j][i] = 0.f;
+                    }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int s = slot[g + 8 * h];
+        if (s < 0) continue;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int n = n0 + warp * 16 + j * 8 + 2 * q + i;
+                if (n >= N) continue;
+                float v = acc[0][j][2 * h + i];
+                if (GATED) {
+                    double gv = (double)v;
+                    float sg = (float)(gv / (1.0 + exp(-gv)));
+                    v = __fmul_rn(sg, acc[NB - 1][j][2 * h + i]);
+                    c_bf16[(long long)s * N + n] = f32_to_bf16(v);
+                } else {
+                    c_f32[(long long)s * N + n] = v;
+                }
+            }
+    }
+}
+
+#define M2_GATE_UP(NAME, WT, FP8)                                                            \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS) NAME(                           \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
+        const bf16_t* x, const WT* w_gate, const WT* w_up, long long w_estride,              \
+        const float* s_gate, const float* s_up, long long s_estride, bf16_t* inter,          \
+        int numel, int topk, int I, int H, int block_size, int num_experts)                  \
+    {                                                                                        \
+        grouped_gemm_mma2_tile<WT, true, FP8>(sorted_ids, expert_ids, total_padded, x, topk, \
+            w_gate, w_up, w_estride, s_gate, s_up, s_estride, inter, nullptr, numel, I, H,   \
+            block_size, num_experts);                                                        \
+    }
+
+#define M2_DOWN(NAME, WT, FP8)                                                               \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS) NAME(                           \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
+        const bf16_t* inter, const WT* w_down, long long w_estride, const float* s_down,     \
+        long long s_estride, float* out, int numel, int H, int I, int block_size,            \
+        int num_experts)                                                                     \
+    {                                                                                        \
+        grouped_gemm_mma2_tile<WT, false, FP8>(sorted_ids, expert_ids, total_padded, inter,  \
+            1, w_down, w_down, w_estride, s_down, s_down, s_estride, nullptr, out, numel, H, \
+            I, block_size, num_experts);                                                     \
+    }
+
+M2_GATE_UP(moe_gate_up_mma2_bf16_bf16, bf16_t, false)
+M2_GATE_UP(moe_gate_up_mma2_bf16_fp8, e4m3_t, true)
+M2_DOWN(moe_down_mma2_bf16_bf16, bf16_t, false)
+M2_DOWN(moe_down_mma2_bf16_fp8, e4m3_t, true)

@@ -1,0 +1,218 @@
+package kernels_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/kernels"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/validate"
+)
+
+type gateCase struct {
+	name   string
+	spec   kernels.GateSpec
+	t      int
+	bias   bool
+	levels int // >0: logits drawn from this many values, so ties are everywhere
+	nans   int // NaN logits per token
+}
+
+var gateCases = []gateCase{
+	{name: "deepseek-v3 T=37 groups 8/4 shared R=8", t: 37, bias: true, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 256, TopK: 8, NGroup: 8, TopKGroup: 4, NormTopKProb: true, SharedSlots: 1, SharedReplicas: 8, SharedWeight: 1}},
+	{name: "deepseek-v3 T=1 unfolded 1/rsf", t: 1, bias: true, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 256, TopK: 8, NGroup: 8, TopKGroup: 4, NormTopKProb: true, SharedSlots: 1, SharedReplicas: 1, SharedWeight: float32(1 / 2.5)}},
+	{name: "kimi-k2 384 experts n_group 1 T=300", t: 300, bias: true, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 384, TopK: 8, NGroup: 1, TopKGroup: 1, NormTopKProb: true, SharedSlots: 1, SharedReplicas: 1, SharedWeight: 1}},
+	{name: "kimi-k2 384 experts T=1", t: 1, bias: true, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 384, TopK: 8, NGroup: 1, TopKGroup: 1, NormTopKProb: true}},
+	{name: "264 experts groups 8/3", t: 129, bias: true, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 264, TopK: 8, NGroup: 8, TopKGroup: 3, NormTopKProb: true, SharedSlots: 2, SharedReplicas: 3, SharedWeight: 0.4}},
+	{name: "512 experts top-16 groups 16/5 no renorm", t: 65, bias: true, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 512, TopK: 16, NGroup: 16, TopKGroup: 5}},
+	{name: "sigmoid no bias, groups = topk_group (no masking)", t: 17, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 96, TopK: 6, NGroup: 4, TopKGroup: 4, NormTopKProb: true}},
+	{name: "ties: 3 logit levels, groups 8/4", t: 50, levels: 3, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 256, TopK: 8, NGroup: 8, TopKGroup: 4, NormTopKProb: true, SharedSlots: 1, SharedReplicas: 2, SharedWeight: 1}},
+	{name: "ties: all logits equal", t: 5, levels: 1, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 384, TopK: 8, NGroup: 8, TopKGroup: 2, NormTopKProb: true}},
+	{name: "ties with bias levels", t: 40, bias: true, levels: 2, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 264, TopK: 8, NGroup: 1, NormTopKProb: true}},
+	{name: "NaN logits rank last", t: 20, bias: true, nans: 5, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 256, TopK: 8, NGroup: 8, TopKGroup: 4, NormTopKProb: true}},
+	{name: "group size 1 (one expert per group)", t: 9, bias: true, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 16, TopK: 4, NGroup: 16, TopKGroup: 6, NormTopKProb: true}},
+	{name: "qwen2-moe softmax 60 experts top-4 no renorm", t: 33, spec: kernels.GateSpec{Scoring: kernels.Softmax, NumExperts: 60, TopK: 4}},
+	{name: "qwen3-moe softmax 128 top-8 renorm T=1", t: 1, spec: kernels.GateSpec{Scoring: kernels.Softmax, NumExperts: 128, TopK: 8, NormTopKProb: true}},
+	{name: "mixtral softmax 8 top-2", t: 300, spec: kernels.GateSpec{Scoring: kernels.Softmax, NumExperts: 8, TopK: 2, NormTopKProb: true}},
+	{name: "deepseek-v2 softmax group max 160 groups 8/3 shared S=2 R=2", t: 70, spec: kernels.GateSpec{Scoring: kernels.Softmax, NumExperts: 160, TopK: 6, NGroup: 8, TopKGroup: 3, GroupByMax: true, SharedSlots: 2, SharedReplicas: 2, SharedWeight: float32(1 / 16.0)}},
+	{name: "softmax ties: 4 levels, 384 experts", t: 31, levels: 4, spec: kernels.GateSpec{Scoring: kernels.Softmax, NumExperts: 384, TopK: 8, NormTopKProb: true}},
+	{name: "softmax NaN poisons the row (as the twin)", t: 3, nans: 1, spec: kernels.GateSpec{Scoring: kernels.Softmax, NumExperts: 64, TopK: 4, NormTopKProb: true}},
+}
+
+func routeSpec(s kernels.GateSpec) validate.RouteSpec {
+	sc := family.Sigmoid
+	if s.Scoring == kernels.Softmax {
+		sc = family.Softmax
+	}
+	r := validate.RouteSpec{Scoring: sc, NumExperts: s.NumExperts, TopK: s.TopK, NGroup: s.NGroup, TopKGroup: s.TopKGroup,
+		NormTopKProb: s.NormTopKProb, GroupByMax: s.GroupByMax, RoutedScalingFactor: 2.5}
+	if r.NGroup < 1 {
+		r.NGroup, r.TopKGroup = 1, 1
+	}
+	return r
+}
+
+func contractFor(s kernels.GateSpec) *layout.Contract {
+	c := &layout.Contract{Version: layout.ContractVersion, Layout: layout.Stacked, NumExperts: s.NumExperts,
+		SharedSlotWeight: 1, RoutedScalingFactor: 2.5, RoutedScalingFactorFolded: true}
+	if s.SharedSlots > 0 {
+		c.NumFusedSharedExperts = s.SharedSlots * s.SharedReplicas
+		c.SharedReplicas, c.SharedSlices, c.SharedFirstID = s.SharedReplicas, s.SharedSlots, s.NumExperts
+		c.SharedSlotWeight = float64(s.SharedWeight)
+	}
+	return c
+}
+
+func gateInputs(r *rand.Rand, c gateCase) (logits, bias []float32) {
+	e := c.spec.NumExperts
+	logits = make([]float32, c.t*e)
+	for i := range logits {
+		if c.levels > 0 {
+			logits[i] = float32(r.IntN(c.levels)) - 1
+		} else {
+			logits[i] = float32(r.NormFloat64() * 2)
+		}
+	}
+	for tok := range c.t {
+		for range c.nans {
+			logits[tok*e+r.IntN(e)] = float32(math.NaN())
+		}
+	}
+	if c.bias {
+		bias = make([]float32, e)
+		for i := range bias {
+			if c.levels > 0 {
+				bias[i] = float32(r.IntN(c.levels)) * 0.25
+			} else {
+				bias[i] = float32(r.NormFloat64() * 0.1)
+			}
+		}
+	}
+	return logits, bias
+}
+
+func sameFloat(a, b float32, rtol float64) bool {
+	if a != a || b != b {
+		return a != a && b != b
+	}
+	return math.Abs(float64(a)-float64(b)) <= rtol*math.Abs(float64(b))+1e-30
+}
+
+// TestGateMatchesCPU runs the fused gate against validate.Route +
+// validate.FusedSlots: ids exactly (ties to the lower index included),
+// weights within rtol 1e-5, and the ranked scores.
+func TestGateMatchesCPU(t *testing.T) {
+	dev := rtDevice(t)
+	r := rand.New(rand.NewPCG(5, 55))
+	for _, kernel := range []string{kernels.GateWarp, kernels.GateBlock} {
+		for _, c := range gateCases {
+			t.Run(kernel+"/"+c.name, func(t *testing.T) {
+				logits, bias := gateInputs(r, c)
+				routing, err := validate.Route(routeSpec(c.spec), logits, bias, c.t)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, err := validate.FusedSlots(routing, contractFor(c.spec))
+				if err != nil {
+					t.Fatal(err)
+				}
+				dl := rtUpload(t, dev, logits)
+				var db *cuda.Buffer[float32]
+				if bias != nil {
+					db = rtUpload(t, dev, bias)
+				}
+				out, err := kernels.NewGateOut(dev, c.spec, c.t, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer out.Free()
+				// Poison the outputs so an unwritten slot cannot pass.
+				if err := out.IDs.Fill(-7); err != nil {
+					t.Fatal(err)
+				}
+				if err := out.Weights.Fill(float32(math.NaN())); err != nil {
+					t.Fatal(err)
+				}
+				err = dev.Do(func(cx *cuda.Ctx) error { return kernels.GateKernelCtx(cx, kernel, 0, c.spec, c.t, dl, db, out) })
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids, w, choice := rtDownload(t, out.IDs), rtDownload(t, out.Weights), rtDownload(t, out.Choice)
+				if want.K != out.K {
+					t.Fatalf("K %d, twin %d", out.K, want.K)
+				}
+				bad := 0
+				for i := range want.IDs {
+					if ids[i] != want.IDs[i] || !sameFloat(w[i], want.Weights[i], 1e-5) {
+						if bad < 5 {
+							t.Errorf("token %d slot %d: id %d weight %g, twin id %d weight %g", i/want.K, i%want.K, ids[i], w[i], want.IDs[i], want.Weights[i])
+						}
+						bad++
+					}
+				}
+				for i := range routing.Choice {
+					if !sameFloat(choice[i], routing.Choice[i], 1e-6) {
+						t.Fatalf("score %d: %g, twin %g", i, choice[i], routing.Choice[i])
+					}
+				}
+				if bad > 0 {
+					t.Fatalf("%d of %d slots differ", bad, len(want.IDs))
+				}
+			})
+		}
+	}
+}
+
+func TestGateSpecCheck(t *testing.T) {
+	good := kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 256, TopK: 8, NGroup: 8, TopKGroup: 4, SharedSlots: 1, SharedReplicas: 1, SharedWeight: 1}
+	if err := good.Check(); err != nil {
+		t.Fatal(err)
+	}
+	for i, mut := range []func(*kernels.GateSpec){
+		func(s *kernels.GateSpec) { s.NumExperts = 513 },
+		func(s *kernels.GateSpec) { s.NumExperts = 0 },
+		func(s *kernels.GateSpec) { s.TopK = 0 },
+		func(s *kernels.GateSpec) { s.NGroup = 7 },
+		func(s *kernels.GateSpec) { s.TopKGroup = 9 },
+		func(s *kernels.GateSpec) { s.TopKGroup = 0 },
+		func(s *kernels.GateSpec) { s.TopK, s.TopKGroup = 65, 2 },
+		func(s *kernels.GateSpec) { s.SharedReplicas = 0 },
+		func(s *kernels.GateSpec) { s.SharedWeight = float32(math.NaN()) },
+		func(s *kernels.GateSpec) { s.Scoring = 7 },
+	} {
+		s := good
+		mut(&s)
+		if err := s.Check(); err == nil {
+			t.Errorf("mutation %d: %+v accepted", i, s)
+		}
+	}
+}
+
+// TestGateTiming logs the gate's device time at DeepSeek-V3 and Kimi-K2
+// shapes (mean of 50 back-to-back launches; not an assertion).
+func TestGateTiming(t *testing.T) {
+	dev := rtDevice(t)
+	r := rand.New(rand.NewPCG(9, 9))
+	for _, c := range []gateCase{
+		{name: "dsv3", bias: true, spec: gateCases[0].spec},
+		{name: "kimi", bias: true, spec: gateCases[2].spec},
+	} {
+		for _, tok := range []int{1, 128, 4096} {
+			c.t = tok
+			logits, bias := gateInputs(r, c)
+			dl, db := rtUpload(t, dev, logits), rtUpload(t, dev, bias)
+			out, err := kernels.NewGateOut(dev, c.spec, tok, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, kernel := range []string{kernels.GateWarp, kernels.GateBlock} {
+				us := rtTimeUs(t, dev, 50, func(cx *cuda.Ctx) error { return kernels.GateKernelCtx(cx, kernel, 0, c.spec, tok, dl, db, out) })
+				t.Logf("gate %s %s E=%d T=%d: %.1f us", kernel, c.name, c.spec.NumExperts, tok, us)
+			}
+			out.Free()
+		}
+	}
+}

@@ -1,0 +1,115 @@
+package kernels_test
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/validate"
+)
+
+// The GEMM-family tests share one device, opened on first use; without a
+// driver or a GPU they skip.
+var (
+	gemmDevOnce sync.Once
+	gemmDev     *cuda.Device
+	gemmDevErr  error
+)
+
+func gemmDevice(t *testing.T) *cuda.Device {
+	t.Helper()
+	gemmDevOnce.Do(func() { gemmDev, gemmDevErr = cuda.Open(0) })
+	if errors.Is(gemmDevErr, cuda.ErrNoDriver) || errors.Is(gemmDevErr, cuda.ErrNoDevice) {
+		t.Skipf("no GPU: %v", gemmDevErr)
+	}
+	if gemmDevErr != nil {
+		t.Fatalf("opening GPU 0: %v", gemmDevErr)
+	}
+	return gemmDev
+}
+
+// toDevice uploads host values, failing the test on error.
+func toDevice[T cuda.Elem](t *testing.T, d *cuda.Device, v []T) *cuda.Buffer[T] {
+	t.Helper()
+	b, err := cuda.FromHost(d, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Free() })
+	return b
+}
+
+func fromDevice[T cuda.Elem](t *testing.T, b *cuda.Buffer[T]) []T {
+	t.Helper()
+	v, err := b.ToHost(-1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// poisoned returns a device buffer of n float32 NaNs, so an element the
+// kernel forgot to write fails the comparison.
+func poisoned(t *testing.T, d *cuda.Device, n int) *cuda.Buffer[float32] {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(math.NaN())
+	}
+	return toDevice(t, d, v)
+}
+
+func randn(r *rand.Rand, n int, scale float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(r.NormFloat64() * scale)
+	}
+	return v
+}
+
+func toBF16(v []float32) []uint16 {
+	out := make([]uint16, len(v))
+	for i, f := range v {
+		out[i] = validate.F32ToBF16(f)
+	}
+	return out
+}
+
+func fromBF16(v []uint16) []float32 {
+	out := make([]float32, len(v))
+	for i, u := range v {
+		out[i] = validate.BF16ToF32(u)
+	}
+	return out
+}
+
+// randFP8 draws E4M3 bytes of magnitude 2^-4 .. 2^2.9 with random sign and
+// mantissa: real, varied values, no NaN.
+func randFP8(r *rand.Rand, n int) []uint8 {
+	v := make([]uint8, n)
+	for i := range v {
+		exp := uint8(3 + r.IntN(7))
+		v[i] = uint8(r.IntN(2))<<7 | exp<<3 | uint8(r.IntN(8))
+	}
+	return v
+}
+
+// relL2 is ||got-want|| / ||want||; NaN in got gives +Inf.
+func relL2(got, want []float32) float64 {
+	var num, den float64
+	for i := range want {
+		g := float64(got[i])
+		if math.IsNaN(g) || math.IsInf(g, 0) {
+			return math.Inf(1)
+		}
+		d := g - float64(want[i])
+		num += d * d
+		den += float64(want[i]) * float64(want[i])
+	}
+	if den == 0 {
+		return math.Sqrt(num)
+	}
+	return math.Sqrt(num / den)
+}

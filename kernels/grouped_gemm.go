@@ -1,0 +1,332 @@
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/moeprep/moeprep/internal/cuda"
+)
+
+// FP8ScaleBlock is the edge of the square FP8 quantisation blocks the
+// grouped GEMM dequantises (DeepSeek's weight_block_size [128,128]).
+const FP8ScaleBlock = 128
+
+// ExpertBank is a layer's stacked expert weights on the device, as convert
+// writes them: either separate Gate and Up [E,I,H] or one GateUp [E,2I,H]
+// (gate rows first, or up rows first when UpFirst), and Down [E,H,I]. All
+// weights have DType (f32, bf16 or fp8). FP8 banks carry f32 block scales:
+// GateScale/UpScale [E,ceil(I/128),ceil(H/128)] or GateUpScale
+// [E,2*ceil(I/128),ceil(H/128)] (two stacked grids), DownScale
+// [E,ceil(H/128),ceil(I/128)].
+type ExpertBank struct {
+	NumExperts, H, I int
+	DType            MatDType
+
+	Gate, Up Mat // separate layout
+	GateUp   Mat // fused layout
+	UpFirst  bool
+	Down     Mat
+
+	GateScale, UpScale, GateUpScale, DownScale *cuda.Buffer[float32]
+}
+
+// Fused reports whether the bank holds one gate_up tensor.
+func (b *ExpertBank) Fused() bool { return b.GateUp.Ptr != 0 }
+
+// gateUpPtrs returns the gate and up weight and scale pointers of expert 0
+// and the per-expert strides (elements) of weights and scales.
+func (b *ExpertBank) gateUpPtrs() (wg, wu cuda.DevicePtr, wStride int64, sg, su cuda.DevicePtr, sStride int64, err error) {
+	e, h, in := b.NumExperts, b.H, b.I
+	sr, sc := CeilDiv(in, FP8ScaleBlock), CeilDiv(h, FP8ScaleBlock)
+	fp8 := b.DType == MatFP8
+	if b.Fused() {
+		if err = b.GateUp.need("expert bank: gate_up", e*2*in*h, b.DType); err != nil {
+			return
+		}
+		wg, wu, wStride = b.GateUp.Ptr, b.GateUp.at(in*h), int64(2*in*h)
+		if fp8 {
+			if b.GateUpScale == nil || b.GateUpScale.Len() < e*2*sr*sc {
+				err = fmt.Errorf("expert bank: gate_up scale needs %d x %d x %d values", e, 2*sr, sc)
+				return
+			}
+			sg, su, sStride = b.GateUpScale.Ptr(), b.GateUpScale.Ptr().Add(4*sr*sc), int64(2*sr*sc)
+		}
+		if b.UpFirst {
+			wg, wu, sg, su = wu, wg, su, sg
+		}
+		return
+	}
+	if err = b.Gate.need("expert bank: gate", e*in*h, b.DType); err != nil {
+		return
+	}
+	if err = b.Up.need("expert bank: up", e*in*h, b.DType); err != nil {
+		return
+	}
+	wg, wu, wStride = b.Gate.Ptr, b.Up.Ptr, int64(in*h)
+	if fp8 {
+		for _, s := range []*cuda.Buffer[float32]{b.GateScale, b.UpScale} {
+			if s == nil || s.Len() < e*sr*sc {
+				err = fmt.Errorf("expert bank: gate and up scales need %d x %d x %d values each", e, sr, sc)
+				return
+			}
+		}
+		sg, su, sStride = b.GateScale.Ptr(), b.UpScale.Ptr(), int64(sr*sc)
+	}
+	return
+}
+
+func (b *ExpertBank) check() error {
+	if b == nil || !dimsOK(b.NumExperts, b.H, b.I) {
+		return fmt.Errorf("expert bank: bad dimensions")
+	}
+	if b.DType != MatF32 && b.DType != MatBF16 && b.DType != MatFP8 {
+		return fmt.Errorf("expert bank: weight dtype %v", b.DType)
+	}
+	if int64(b.NumExperts)*2*int64(b.I)*int64(b.H) > 1<<50 {
+		return fmt.Errorf("expert bank: %d experts of %dx%d overflow", b.NumExperts, b.I, b.H)
+	}
+	if err := b.Down.need("expert bank: down", b.NumExperts*b.H*b.I, b.DType); err != nil {
+		return err
+	}
+	if b.DType == MatFP8 {
+		sr, sc := CeilDiv(b.H, FP8ScaleBlock), CeilDiv(b.I, FP8ScaleBlock)
+		if b.DownScale == nil || b.DownScale.Len() < b.NumExperts*sr*sc {
+			return fmt.Errorf("expert bank: down scale needs %d x %d x %d values", b.NumExperts, sr, sc)
+		}
+	}
+	return nil
+}
+
+// Sorted is the output of moe_align_block_size on the device: SortedIDs
+// [maxPadded] slot indices grouped by expert and padded with the sentinel
+// Numel = T*TopK, ExpertIDs [maxPadded/BlockSize], Total [1] the padded count.
+type Sorted struct {
+	SortedIDs, ExpertIDs, Total *cuda.Buffer[int32]
+	BlockSize                   int
+	Numel                       int // T * TopK
+}
+
+// NewSorted uploads an alignment computed on the host (validate.AlignBlockSize,
+// or a hand-built one for the unfused path's one-expert calls: that expert's
+// slots, padded with numel to a multiple of blockSize, all expert ids 0).
+// sortedIDs may be longer than total (a worst-case-sized buffer); expertIDs
+// must cover it in blocks of blockSize. The caller frees the three buffers.
+func NewSorted(dev *cuda.Device, sortedIDs, expertIDs []int32, total, blockSize, numel int) (*Sorted, error) {
+	switch {
+	case blockSize <= 0 || blockSize%gemmRowTile != 0:
+		return nil, fmt.Errorf("sorted blocks: block size %d is not a multiple of %d", blockSize, gemmRowTile)
+	case !dimsOK(numel, len(sortedIDs)) || total < 0 || total > len(sortedIDs) || total%blockSize != 0:
+		return nil, fmt.Errorf("sorted blocks: total %d of %d sorted ids (block %d, %d slots)", total, len(sortedIDs), blockSize, numel)
+	case len(expertIDs) < CeilDiv(len(sortedIDs), blockSize):
+		return nil, fmt.Errorf("sorted blocks: %d expert ids for %d sorted ids in blocks of %d", len(expertIDs), len(sortedIDs), blockSize)
+	}
+	s := &Sorted{BlockSize: blockSize, Numel: numel}
+	var err error
+	if s.SortedIDs, err = cuda.FromHost(dev, sortedIDs); err != nil {
+		return nil, err
+	}
+	if s.ExpertIDs, err = cuda.FromHost(dev, expertIDs); err != nil {
+		s.Free()
+		return nil, err
+	}
+	if s.Total, err = cuda.FromHost(dev, []int32{int32(total)}); err != nil {
+		s.Free()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Free releases the three device buffers.
+func (s *Sorted) Free() {
+	for _, b := range []*cuda.Buffer[int32]{s.SortedIDs, s.ExpertIDs, s.Total} {
+		if b != nil {
+			b.Free()
+		}
+	}
+}
+
+// gemmRowTile is the row tile of the grouped GEMM kernels (GG_BM); block
+// sizes must be multiples of it so a tile never spans two experts.
+const gemmRowTile = 16
+
+// gemmColTile is the column tile (GG_BN).
+const gemmColTile = 64
+
+func (s *Sorted) check() error {
+	switch {
+	case s == nil || s.SortedIDs == nil || s.ExpertIDs == nil || s.Total == nil:
+		return fmt.Errorf("sorted blocks: missing buffers")
+	case s.BlockSize <= 0 || s.BlockSize%gemmRowTile != 0:
+		return fmt.Errorf("sorted blocks: block size %d is not a multiple of %d", s.BlockSize, gemmRowTile)
+	case !dimsOK(s.Numel, s.SortedIDs.Len()):
+		return fmt.Errorf("sorted blocks: %d slots, %d sorted ids", s.Numel, s.SortedIDs.Len())
+	case s.ExpertIDs.Len() < CeilDiv(s.SortedIDs.Len(), s.BlockSize):
+		return fmt.Errorf("sorted blocks: %d expert ids for %d sorted ids in blocks of %d", s.ExpertIDs.Len(), s.SortedIDs.Len(), s.BlockSize)
+	case s.Total.Len() < 1:
+		return fmt.Errorf("sorted blocks: empty total buffer")
+	}
+	return nil
+}
+
+// GEMMPath selects the kernel variant of the grouped GEMM.
+type GEMMPath uint8
+
+const (
+	// PathAuto: tensor cores for bf16 activations with bf16 or fp8 weights
+	// (the 16-byte-load variant where the shapes allow it), SIMT otherwise.
+	PathAuto GEMMPath = iota
+	// PathSIMT: the f32 SIMT kernels (any shape, any dtype).
+	PathSIMT
+	// PathMMA: mma.sync with scalar loads (any shape; bf16 activations,
+	// bf16/fp8 weights).
+	PathMMA
+	// PathMMAVec: mma.sync with 16-byte loads and a register prefetch of
+	// the next K step; needs K % 8 == 0 (bf16) or K % 16 == 0 (fp8) for
+	// K = H (stage 1) and K = I (stage 2).
+	PathMMAVec
+)
+
+// GEMMOptions picks the grouped GEMM's precision and kernel.
+type GEMMOptions struct {
+	// Act is the activation type: MatF32 (x and the intermediate f32: the
+	// high-precision mode, same function as the CPU twin) or MatBF16 (x and
+	// the intermediate bf16, as serving engines run).
+	Act  MatDType
+	Path GEMMPath
+}
+
+// kernel returns a stage's kernel name and block size for reduction
+// length k.
+func (o GEMMOptions) kernel(stage string, w MatDType, k int) (string, int, error) {
+	mmaOK := o.Act == MatBF16 && (w == MatBF16 || w == MatFP8)
+	vec := 8
+	if w == MatFP8 {
+		vec = 16
+	}
+	path := o.Path
+	if path == PathAuto {
+		switch {
+		case mmaOK && k%vec == 0:
+			path = PathMMAVec
+		case mmaOK:
+			path = PathMMA
+		default:
+			path = PathSIMT
+		}
+	}
+	switch {
+	case path == PathSIMT:
+		return fmt.Sprintf("moe_%s_%v_%v", stage, o.Act, w), 256, nil
+	case !mmaOK:
+		return "", 0, fmt.Errorf("grouped gemm: the tensor-core path needs bf16 activations and bf16 or fp8 weights, not %v and %v", o.Act, w)
+	case path == PathMMA:
+		return fmt.Sprintf("moe_%s_mma_bf16_%v", stage, w), 128, nil
+	case path == PathMMAVec && k%vec == 0:
+		return fmt.Sprintf("moe_%s_mma2_bf16_%v", stage, w), 128, nil
+	case path == PathMMAVec:
+		return "", 0, fmt.Errorf("grouped gemm: the 16-byte-load path needs a reduction length divisible by %d, not %d", vec, k)
+	}
+	return "", 0, fmt.Errorf("grouped gemm: unknown kernel path %d", path)
+}
+
+func gemmGrid(s *Sorted, n int) ([3]uint32, error) {
+	rows, cols := CeilDiv(s.SortedIDs.Len(), gemmRowTile), CeilDiv(n, gemmColTile)
+	if cols > 65535 {
+		return [3]uint32{}, fmt.Errorf("grouped gemm: %d output columns exceed the launch grid", n)
+	}
+	return [3]uint32{uint32(rows), uint32(cols), 1}, nil
+}
+
+// MoEGateUp queues stage 1 of the grouped GEMM on stream st: for every
+// sorted row with slot s < Numel in a block of expert e,
+// inter[s,:] = silu(x[s/topk] Gate_e^T) * (x[s/topk] Up_e^T), [Numel, I] in
+// the activation type. Padding rows are skipped (their rows of inter are
+// not written; no slot has one).
+func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted, x Mat, t, topk int, inter Mat, opt GEMMOptions) error {
+	if err := bank.check(); err != nil {
+		return err
+	}
+	if err := sorted.check(); err != nil {
+		return err
+	}
+	if opt.Act != MatF32 && opt.Act != MatBF16 {
+		return fmt.Errorf("grouped gemm: activation type %v", opt.Act)
+	}
+	if !dimsOK(t, topk) || t*topk != sorted.Numel {
+		return fmt.Errorf("grouped gemm: %d tokens x top-%d, alignment has %d slots", t, topk, sorted.Numel)
+	}
+	if err := x.need("grouped gemm: x", t*bank.H, opt.Act); err != nil {
+		return err
+	}
+	if err := inter.need("grouped gemm: intermediate", sorted.Numel*bank.I, opt.Act); err != nil {
+		return err
+	}
+	wg, wu, ws, sg, su, ss, err := bank.gateUpPtrs()
+	if err != nil {
+		return err
+	}
+	m, err := Load(dev, "grouped_gemm")
+	if err != nil {
+		return err
+	}
+	grid, err := gemmGrid(sorted, bank.I)
+	if err != nil {
+		return err
+	}
+	fn, threads, err := opt.kernel("gate_up", bank.DType, bank.H)
+	if err != nil {
+		return err
+	}
+	return m.Launch(fn, grid, Block(threads), 0, st,
+		sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, x.Ptr, wg, wu, ws, sg, su, ss, inter.Ptr,
+		int32(sorted.Numel), int32(topk), int32(bank.I), int32(bank.H), int32(sorted.BlockSize), int32(bank.NumExperts))
+}
+
+// MoEDown queues stage 2 on stream st: out[s,:] = inter[s,:] Down_e^T,
+// [Numel, H] f32, unweighted (Finalize applies the slot weights).
+func MoEDown(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted, inter Mat, out *cuda.Buffer[float32], opt GEMMOptions) error {
+	if err := bank.check(); err != nil {
+		return err
+	}
+	if err := sorted.check(); err != nil {
+		return err
+	}
+	if opt.Act != MatF32 && opt.Act != MatBF16 {
+		return fmt.Errorf("grouped gemm: activation type %v", opt.Act)
+	}
+	if err := inter.need("grouped gemm: intermediate", sorted.Numel*bank.I, opt.Act); err != nil {
+		return err
+	}
+	if out == nil || out.Len() < sorted.Numel*bank.H {
+		return fmt.Errorf("grouped gemm: output buffer smaller than %d x %d", sorted.Numel, bank.H)
+	}
+	var sd cuda.DevicePtr
+	var ss int64
+	if bank.DType == MatFP8 {
+		sd, ss = bank.DownScale.Ptr(), int64(CeilDiv(bank.H, FP8ScaleBlock)*CeilDiv(bank.I, FP8ScaleBlock))
+	}
+	m, err := Load(dev, "grouped_gemm")
+	if err != nil {
+		return err
+	}
+	grid, err := gemmGrid(sorted, bank.H)
+	if err != nil {
+		return err
+	}
+	fn, threads, err := opt.kernel("down", bank.DType, bank.I)
+	if err != nil {
+		return err
+	}
+	return m.Launch(fn, grid, Block(threads), 0, st,
+		sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, inter.Ptr, bank.Down.Ptr, int64(bank.I*bank.H), sd, ss, out,
+		int32(sorted.Numel), int32(bank.H), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts))
+}
+
+// GroupedGEMM queues both stages: out [Numel,H] f32 from x [T,H] through the
+// intermediate buffer inter [Numel,I] (activation type). The CPU twin is
+// validate.GroupedGEMM.
+func GroupedGEMM(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted, x Mat, t, topk int, inter Mat, out *cuda.Buffer[float32], opt GEMMOptions) error {
+	if err := MoEGateUp(dev, st, bank, sorted, x, t, topk, inter, opt); err != nil {
+		return err
+	}
+	return MoEDown(dev, st, bank, sorted, inter, out, opt)
+}

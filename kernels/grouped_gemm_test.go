@@ -1,0 +1,297 @@
+package kernels_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/kernels"
+	"github.com/moeprep/moeprep/validate"
+)
+
+// gemmCase is one grouped-GEMM scenario: T tokens, E experts, K slots a
+// token, weights of dtype w in the separate or fused (gate_up / up_gate)
+// layout. allOn >= 0 routes every slot to that expert.
+type gemmCase struct {
+	name          string
+	tok, e, k     int
+	h, inter      int
+	block         int
+	w             kernels.MatDType
+	fused, upGate bool
+	allOn         int
+}
+
+// Tolerances, relative L2 against validate.GroupedGEMM fed the same
+// dequantised weights (and, in bf16 mode, the same bf16-rounded x):
+//   - f32 activations: both sides are f32-accumulated dot products of the
+//     same numbers in different orders; their difference is a few ulps of
+//     the row sums: <= 1e-5.
+//   - bf16 activations: the kernel rounds the intermediate h to bf16 before
+//     the down GEMM (relative error <= 2^-9 an element, ~1e-3 in L2 for
+//     random signs; the CPU twin keeps f32) and, on tensor cores, applies FP8
+//     scales per 128-wide K block to exact products: <= 1e-2.
+const (
+	tolF32  = 1e-5
+	tolBF16 = 1e-2
+)
+
+var gemmCases = []gemmCase{
+	{name: "T1 bf16", tok: 1, e: 8, k: 2, h: 160, inter: 96, block: 16, w: kernels.MatBF16, allOn: -1},
+	{name: "T37 264 experts fp8", tok: 37, e: 264, k: 9, h: 160, inter: 96, block: 16, w: kernels.MatFP8, allOn: -1},
+	{name: "sparse fp8 gate_up", tok: 5, e: 64, k: 2, h: 96, inter: 160, block: 32, w: kernels.MatFP8, fused: true, allOn: -1},
+	{name: "one expert bf16 up_gate", tok: 70, e: 8, k: 1, h: 160, inter: 96, block: 64, w: kernels.MatBF16, fused: true, upGate: true, allOn: 3},
+	{name: "fp8 up_gate partial blocks", tok: 33, e: 16, k: 4, h: 288, inter: 200, block: 16, w: kernels.MatFP8, fused: true, upGate: true, allOn: -1},
+	{name: "f32 weights", tok: 20, e: 4, k: 2, h: 64, inter: 48, block: 16, w: kernels.MatF32, allOn: -1},
+}
+
+// expertWeights holds one layer's logical per-expert matrices: raw device
+// encoding (f32 bits, bf16 or fp8 bytes), scales, and the decoded f32 copy.
+type expertWeights struct {
+	raw   [3][][]byte    // gate, up, down per expert, device encoding
+	scale [3][][]float32 // fp8 block scales per expert
+	mats  []*validate.ExpertMats
+}
+
+func makeExperts(r *rand.Rand, c gemmCase) *expertWeights {
+	ew := &expertWeights{mats: make([]*validate.ExpertMats, c.e)}
+	shapes := [3][2]int{{c.inter, c.h}, {c.inter, c.h}, {c.h, c.inter}}
+	for e := range c.e {
+		var dec [3][]float32
+		for m, sh := range shapes {
+			rows, cols := sh[0], sh[1]
+			std := 1 / math.Sqrt(float64(cols))
+			var raw []byte
+			var sc []float32
+			dec[m] = make([]float32, rows*cols)
+			switch c.w {
+			case kernels.MatF32:
+				v := randn(r, rows*cols, std)
+				copy(dec[m], v)
+				raw = f32Bytes(v)
+			case kernels.MatBF16:
+				b := toBF16(randn(r, rows*cols, std))
+				copy(dec[m], fromBF16(b))
+				raw = u16Bytes(b)
+			case kernels.MatFP8:
+				raw = randFP8(r, rows*cols)
+				sr, scn := validate.ScaleDims(rows, cols, 128, 128)
+				sc = make([]float32, sr*scn)
+				for i := range sc {
+					sc[i] = float32((0.5 + r.Float64()) * std / 2)
+				}
+				if err := validate.DequantFP8(raw, rows, cols, sc, 128, 128, dec[m]); err != nil {
+					panic(err)
+				}
+			}
+			ew.raw[m] = append(ew.raw[m], raw)
+			ew.scale[m] = append(ew.scale[m], sc)
+		}
+		ew.mats[e] = &validate.ExpertMats{Gate: dec[0], Up: dec[1], Down: dec[2]}
+	}
+	return ew
+}
+
+// bank uploads the weights in the case's layout.
+func (ew *expertWeights) bank(t *testing.T, dev *cuda.Device, c gemmCase) *kernels.ExpertBank {
+	b := &kernels.ExpertBank{NumExperts: c.e, H: c.h, I: c.inter, DType: c.w, UpFirst: c.upGate}
+	cat := func(parts ...[][]byte) kernels.Mat {
+		var all []byte
+		for e := range c.e {
+			for _, p := range parts {
+				all = append(all, p[e]...)
+			}
+		}
+		return deviceMat(t, dev, c.w, all)
+	}
+	catScale := func(parts ...[][]float32) *cuda.Buffer[float32] {
+		if c.w != kernels.MatFP8 {
+			return nil
+		}
+		var all []float32
+		for e := range c.e {
+			for _, p := range parts {
+				all = append(all, p[e]...)
+			}
+		}
+		return toDevice(t, dev, all)
+	}
+	switch {
+	case c.fused && c.upGate:
+		b.GateUp, b.GateUpScale = cat(ew.raw[1], ew.raw[0]), catScale(ew.scale[1], ew.scale[0])
+	case c.fused:
+		b.GateUp, b.GateUpScale = cat(ew.raw[0], ew.raw[1]), catScale(ew.scale[0], ew.scale[1])
+	default:
+		b.Gate, b.GateScale = cat(ew.raw[0]), catScale(ew.scale[0])
+		b.Up, b.UpScale = cat(ew.raw[1]), catScale(ew.scale[1])
+	}
+	b.Down, b.DownScale = cat(ew.raw[2]), catScale(ew.scale[2])
+	return b
+}
+
+func deviceMat(t *testing.T, dev *cuda.Device, d kernels.MatDType, raw []byte) kernels.Mat {
+	switch d {
+	case kernels.MatF32:
+		v := make([]float32, len(raw)/4)
+		for i := range v {
+			v[i] = math.Float32frombits(uint32(raw[4*i]) | uint32(raw[4*i+1])<<8 | uint32(raw[4*i+2])<<16 | uint32(raw[4*i+3])<<24)
+		}
+		return kernels.F32Mat(toDevice(t, dev, v))
+	case kernels.MatBF16:
+		v := make([]uint16, len(raw)/2)
+		for i := range v {
+			v[i] = uint16(raw[2*i]) | uint16(raw[2*i+1])<<8
+		}
+		return kernels.BF16Mat(toDevice(t, dev, v))
+	}
+	return kernels.FP8Mat(toDevice(t, dev, raw))
+}
+
+func f32Bytes(v []float32) []byte {
+	out := make([]byte, 0, 4*len(v))
+	for _, f := range v {
+		u := math.Float32bits(f)
+		out = append(out, byte(u), byte(u>>8), byte(u>>16), byte(u>>24))
+	}
+	return out
+}
+
+func u16Bytes(v []uint16) []byte {
+	out := make([]byte, 0, 2*len(v))
+	for _, u := range v {
+		out = append(out, byte(u), byte(u>>8))
+	}
+	return out
+}
+
+// routeIDs draws K distinct experts per token (or all on one expert).
+func routeIDs(r *rand.Rand, c gemmCase) []int32 {
+	ids := make([]int32, c.tok*c.k)
+	for tk := range c.tok {
+		perm := r.Perm(c.e)
+		for j := range c.k {
+			ids[tk*c.k+j] = int32(perm[j])
+			if c.allOn >= 0 {
+				ids[tk*c.k+j] = int32(c.allOn)
+			}
+		}
+	}
+	return ids
+}
+
+// uploadSorted puts the CPU alignment on the device in worst-case-sized
+// buffers. The tail past TotalPadded holds a real slot (0) and an expert
+// other than slot 0's: a kernel that ignored the total would overwrite
+// slot 0's row with a wrong expert's result.
+func uploadSorted(t *testing.T, dev *cuda.Device, al *validate.Alignment, ids []int32, e int) *kernels.Sorted {
+	maxPad := validate.MaxPaddedTokens(int(al.Numel), e, al.BlockSize)
+	sorted := make([]int32, maxPad)
+	copy(sorted, al.SortedTokenIDs)
+	experts := make([]int32, maxPad/al.BlockSize+1)
+	copy(experts, al.ExpertIDs)
+	for i := len(al.ExpertIDs); i < len(experts); i++ {
+		experts[i] = (ids[0] + 1) % int32(e)
+	}
+	return &kernels.Sorted{
+		SortedIDs: toDevice(t, dev, sorted), ExpertIDs: toDevice(t, dev, experts),
+		Total: toDevice(t, dev, []int32{al.TotalPadded}), BlockSize: al.BlockSize, Numel: int(al.Numel),
+	}
+}
+
+func TestGroupedGEMM(t *testing.T) {
+	dev := gemmDevice(t)
+	r := rand.New(rand.NewPCG(7, 8))
+	modes := []struct {
+		name string
+		opt  kernels.GEMMOptions
+		tol  float64
+	}{
+		{"f32", kernels.GEMMOptions{Act: kernels.MatF32}, tolF32},
+		{"bf16 simt", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathSIMT}, tolBF16},
+		{"bf16 mma", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathMMA}, tolBF16},
+		{"bf16 auto", kernels.GEMMOptions{Act: kernels.MatBF16}, tolBF16},
+	}
+	for _, c := range gemmCases {
+		ew := makeExperts(r, c)
+		bank := ew.bank(t, dev, c)
+		ids := routeIDs(r, c)
+		al, err := validate.AlignBlockSize(ids, c.e, c.block)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sorted := uploadSorted(t, dev, al, ids, c.e)
+		// validate.GroupedGEMM hands loaded matrices back to its pool: give it copies.
+		load := func(_ context.Context, e int) (*validate.ExpertMats, error) {
+			m := ew.mats[e]
+			return &validate.ExpertMats{Gate: slices.Clone(m.Gate), Up: slices.Clone(m.Up), Down: slices.Clone(m.Down)}, nil
+		}
+		x := randn(r, c.tok*c.h, 1)
+		numel := c.tok * c.k
+		for _, m := range modes {
+			t.Run(fmt.Sprintf("%s/%s", c.name, m.name), func(t *testing.T) {
+				xin, xm := x, kernels.F32Mat(toDevice(t, dev, x))
+				inter := kernels.F32Mat(poisoned(t, dev, numel*c.inter))
+				if m.opt.Act == kernels.MatBF16 {
+					xb := toBF16(x)
+					xin, xm = fromBF16(xb), kernels.BF16Mat(toDevice(t, dev, xb))
+					nan := make([]uint16, numel*c.inter)
+					for i := range nan {
+						nan[i] = 0x7fc0
+					}
+					inter = kernels.BF16Mat(toDevice(t, dev, nan))
+				}
+				out := poisoned(t, dev, numel*c.h)
+				err := kernels.GroupedGEMM(dev, 0, bank, sorted, xm, c.tok, c.k, inter, out, m.opt)
+				if c.w == kernels.MatF32 && m.opt.Path == kernels.PathMMA {
+					// f32 weights have no tensor-core kernel: asking for one is an error.
+					if err == nil {
+						t.Fatal("tensor-core path accepted f32 weights")
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := fromDevice(t, out)
+				want, err := validate.GroupedGEMM(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e := relL2(got, want)
+				t.Logf("rel_l2 %.3g (tolerance %g)", e, m.tol)
+				if !(e <= m.tol) {
+					t.Fatalf("rel_l2 %.3g over %g", e, m.tol)
+				}
+			})
+		}
+	}
+}
+
+func TestGroupedGEMMRejects(t *testing.T) {
+	// NewSorted checks its arrays before touching the device.
+	if _, err := kernels.NewSorted(nil, make([]int32, 32), make([]int32, 2), 32, 8, 4); err == nil {
+		t.Fatal("NewSorted accepted block size 8")
+	}
+	if _, err := kernels.NewSorted(nil, make([]int32, 32), make([]int32, 2), 48, 16, 4); err == nil {
+		t.Fatal("NewSorted accepted a total past the sorted ids")
+	}
+	if _, err := kernels.NewSorted(nil, make([]int32, 32), make([]int32, 1), 32, 16, 4); err == nil {
+		t.Fatal("NewSorted accepted too few expert ids")
+	}
+	m := kernels.Mat{DType: kernels.MatBF16, Ptr: 256, Len: 1 << 20}
+	bank := &kernels.ExpertBank{NumExperts: 2, H: 16, I: 16, DType: kernels.MatBF16, Gate: m, Up: m, Down: m}
+	buf := &cuda.Buffer[int32]{}
+	bad := &kernels.Sorted{SortedIDs: buf, ExpertIDs: buf, Total: buf, BlockSize: 8, Numel: 2}
+	if err := kernels.MoEGateUp(nil, 0, bank, bad, m, 1, 2, m, kernels.GEMMOptions{Act: kernels.MatBF16}); err == nil {
+		t.Fatal("block size 8 accepted")
+	}
+	fp8 := *bank
+	fp8.DType = kernels.MatFP8
+	if err := kernels.MoEDown(nil, 0, &fp8, bad, m, nil, kernels.GEMMOptions{Act: kernels.MatBF16}); err == nil {
+		t.Fatal("bf16 weights accepted as fp8")
+	}
+}

@@ -1,0 +1,117 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/moeprep/moeprep/internal/cuda"
+)
+
+// MatDType is the element type of a device matrix handed to the GEMM kernels.
+type MatDType uint8
+
+const (
+	MatF32  MatDType = iota + 1 // float32
+	MatBF16                     // bfloat16, carried as its raw 16 bits (uint16)
+	MatFP8                      // float8_e4m3fn, one byte (uint8), with f32 128x128 block scales
+)
+
+func (d MatDType) String() string {
+	switch d {
+	case MatF32:
+		return "f32"
+	case MatBF16:
+		return "bf16"
+	case MatFP8:
+		return "fp8"
+	}
+	return fmt.Sprintf("dtype(%d)", uint8(d))
+}
+
+// Mat is a device array with its element type. Make one with F32Mat,
+// BF16Mat or FP8Mat so the type always matches the buffer.
+type Mat struct {
+	DType MatDType
+	Ptr   cuda.DevicePtr
+	Len   int // elements
+}
+
+// F32Mat, BF16Mat and FP8Mat wrap typed device buffers.
+func F32Mat(b *cuda.Buffer[float32]) Mat { return Mat{MatF32, b.Ptr(), b.Len()} }
+func BF16Mat(b *cuda.Buffer[uint16]) Mat { return Mat{MatBF16, b.Ptr(), b.Len()} }
+func FP8Mat(b *cuda.Buffer[uint8]) Mat   { return Mat{MatFP8, b.Ptr(), b.Len()} }
+
+// elemSize is the byte size of one element.
+func (d MatDType) elemSize() int {
+	switch d {
+	case MatF32:
+		return 4
+	case MatBF16:
+		return 2
+	}
+	return 1
+}
+
+// at returns the pointer to element i.
+func (m Mat) at(i int) cuda.DevicePtr { return m.Ptr.Add(i * m.DType.elemSize()) }
+
+// need checks that m holds at least n elements of one of the allowed types.
+func (m Mat) need(what string, n int, allowed ...MatDType) error {
+	ok := false
+	for _, d := range allowed {
+		ok = ok || m.DType == d
+	}
+	switch {
+	case !ok:
+		return fmt.Errorf("%s is %v, want one of %v", what, m.DType, allowed)
+	case m.Ptr == 0:
+		return fmt.Errorf("%s is a null device pointer", what)
+	case m.Len < n:
+		return fmt.Errorf("%s holds %d elements, needs %d", what, m.Len, n)
+	}
+	return nil
+}
+
+// dimsOK reports whether every dimension is positive and fits the kernels'
+// int32 parameters.
+func dimsOK(dims ...int) bool {
+	for _, d := range dims {
+		if d <= 0 || d > math.MaxInt32 {
+			return false
+		}
+	}
+	return true
+}
+
+const (
+	routerWarps  = 8 // experts per CTA (router_gemm.cu RT_WARPS)
+	routerTokens = 4 // tokens per CTA (RT_TOKENS)
+)
+
+// RouterGEMM queues logits [T,E] = x [T,H] times w [E,H] transposed on
+// stream s, f32 accumulation. x and w are each f32 or bf16; logits is f32.
+// The CPU twin is validate.RouterLogits.
+func RouterGEMM(dev *cuda.Device, s cuda.Stream, x, w Mat, logits *cuda.Buffer[float32], t, h, e int) error {
+	if !dimsOK(t, h, e) {
+		return fmt.Errorf("router gemm: %d tokens x %d hidden, %d experts", t, h, e)
+	}
+	if err := x.need("router gemm: x", t*h, MatF32, MatBF16); err != nil {
+		return err
+	}
+	if err := w.need("router gemm: router weight", e*h, MatF32, MatBF16); err != nil {
+		return err
+	}
+	if logits == nil || logits.Len() < t*e {
+		return fmt.Errorf("router gemm: logits buffer smaller than %d x %d", t, e)
+	}
+	m, err := Load(dev, "router_gemm")
+	if err != nil {
+		return err
+	}
+	fn := fmt.Sprintf("router_gemm_%v_%v", x.DType, w.DType)
+	grid := [3]uint32{uint32(CeilDiv(e, routerWarps)), uint32(CeilDiv(t, routerTokens)), 1}
+	if grid[1] > 65535 {
+		return fmt.Errorf("router gemm: %d tokens exceed the launch grid (at most %d)", t, 65535*routerTokens)
+	}
+	return m.Launch(fn, grid, Block(routerWarps*32), 0, s, x.Ptr, w.Ptr, logits, int32(t), int32(e), int32(h))
+}

@@ -1,0 +1,84 @@
+package kernels_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/moeprep/moeprep/kernels"
+	"github.com/moeprep/moeprep/validate"
+)
+
+// TestRouterGEMM compares the router GEMM with validate.RouterLogits (f64
+// accumulation) on the same decoded inputs. Bound: f32 accumulation of H
+// products, |d| <= 1e-5 * sum_h |x_h w_h| (the rounding error of an f32 sum
+// is about H*2^-24 of that sum in the worst case, far less in practice).
+func TestRouterGEMM(t *testing.T) {
+	dev := gemmDevice(t)
+	cases := []struct {
+		name   string
+		tok, e int
+		h      int
+		xd, wd kernels.MatDType
+	}{
+		{"T1 f32", 1, 264, 160, kernels.MatF32, kernels.MatF32},
+		{"T37 bf16 x bf16", 37, 264, 160, kernels.MatBF16, kernels.MatBF16},
+		{"T5 odd H", 5, 8, 33, kernels.MatF32, kernels.MatBF16},
+		{"T6 bf16 x f32 384", 6, 384, 96, kernels.MatBF16, kernels.MatF32},
+		{"T4 deepseek shape", 4, 256, 7168, kernels.MatF32, kernels.MatBF16},
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			x := randn(r, c.tok*c.h, 1)
+			w := randn(r, c.e*c.h, 1/math.Sqrt(float64(c.h)))
+			upload := func(v []float32, d kernels.MatDType) ([]float32, kernels.Mat) {
+				if d == kernels.MatBF16 {
+					b := toBF16(v)
+					return fromBF16(b), kernels.BF16Mat(toDevice(t, dev, b))
+				}
+				return v, kernels.F32Mat(toDevice(t, dev, v))
+			}
+			xv, xm := upload(x, c.xd)
+			wv, wm := upload(w, c.wd)
+			logits := poisoned(t, dev, c.tok*c.e)
+			if err := kernels.RouterGEMM(dev, 0, xm, wm, logits, c.tok, c.h, c.e); err != nil {
+				t.Fatal(err)
+			}
+			got := fromDevice(t, logits)
+			want, err := validate.RouterLogits(xv, c.tok, c.h, wv, c.e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst := 0.0
+			for i := range want {
+				tok, e := i/c.e, i%c.e
+				var mag float64
+				for k := range c.h {
+					mag += math.Abs(float64(xv[tok*c.h+k]) * float64(wv[e*c.h+k]))
+				}
+				d := math.Abs(float64(got[i]) - float64(want[i]))
+				if !(d <= 1e-5*mag) {
+					t.Fatalf("logit [%d,%d] = %v, want %v (|d| %.3g, bound %.3g)", tok, e, got[i], want[i], d, 1e-5*mag)
+				}
+				worst = max(worst, d/mag)
+			}
+			t.Logf("max |d| / sum|x w| = %.3g, rel_l2 %.3g", worst, relL2(got, want))
+		})
+	}
+}
+
+func TestRouterGEMMRejectsBadShapes(t *testing.T) {
+	// Shape and dtype checks run before any device call.
+	m := kernels.Mat{DType: kernels.MatFP8, Ptr: 256, Len: 100}
+	if err := kernels.RouterGEMM(nil, 0, m, m, nil, 2, 10, 5); err == nil {
+		t.Fatal("fp8 router input accepted")
+	}
+	f := kernels.Mat{DType: kernels.MatF32, Ptr: 256, Len: 19}
+	if err := kernels.RouterGEMM(nil, 0, f, f, nil, 2, 10, 1); err == nil {
+		t.Fatal("x of 19 values accepted for 2x10")
+	}
+	if err := kernels.RouterGEMM(nil, 0, f, f, nil, 0, 10, 1); err == nil {
+		t.Fatal("zero tokens accepted")
+	}
+}

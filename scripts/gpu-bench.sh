@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Kernel benchmark on the GPU machine (issue 6): moeprep bf16 and fp8 beside
+# PyTorch eager and torch.compile, one side-by-side table.
+#
+# Here (no GPU needed):
+#     CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o .gpu/moeprep ./cmd/moeprep
+# Then through the device tool:
+#     run(command="bash scripts/gpu-bench.sh", carry=[".gpu"], timeout_s=420)
+# --quick times 2 token counts (16, 4096) with a smaller budget.
+# $OUT (or /tmp/gpu-bench-out) receives moeprep_{bf16,fp8}.{json,log},
+# torch.{json,log}, table.txt and device.txt. TORCH_COMPILE_MODE=reduce-overhead
+# times torch.compile with CUDA graphs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/gpu-bench-out}
+mkdir -p "$out"
+bin=${MOEPREP_BIN:-.gpu/moeprep}
+tokens=1,16,128,1024,4096 budget=1s tbudget=1.0 tloop=2.0
+if [ "${1:-}" = --quick ]; then
+	tokens=16,4096 budget=0.5s tbudget=0.5 tloop=1.0
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,power.draw,temperature.gpu \
+	--format=csv | tee "$out/device.txt"
+rc=0
+for d in bf16 fp8; do
+	echo "== moeprep bench kernels --dtype $d --tokens $tokens"
+	start=$SECONDS
+	if ! "$bin" bench kernels --dtype "$d" --tokens "$tokens" --budget "$budget" --json >"$out/moeprep_$d.json" 2>"$out/moeprep_$d.log"; then
+		rc=1
+		echo "moeprep $d failed:"
+	fi
+	grep -E 'copy bandwidth|T=.*(layer|grouped_gemm|gate |align)|failed|error' "$out/moeprep_$d.log" | tail -40
+	echo "   ($((SECONDS - start)) s)"
+done
+echo "== torch reference"
+start=$SECONDS
+if ! PYTHONUNBUFFERED=1 python3 bench/torch_ref.py --tokens "$tokens" --budget "$tbudget" --loop-budget "$tloop" \
+	--compile-mode "${TORCH_COMPILE_MODE:-default}" --json "$out/torch.json" >"$out/torch.log" 2>&1; then
+	rc=1
+	echo "torch_ref failed:"
+	tail -30 "$out/torch.log"
+fi
+echo "   ($((SECONDS - start)) s)"
+echo "== side by side"
+python3 bench/compare.py "$out/moeprep_bf16.json" "$out/moeprep_fp8.json" "$out/torch.json" | tee "$out/table.txt"
+exit $rc

@@ -1,0 +1,85 @@
+package validate
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/moeprep/moeprep/internal/cuda"
+)
+
+// Devices and GPU precisions of Options.
+const (
+	DeviceCPU  = "cpu"
+	DeviceCUDA = "cuda"
+
+	PrecisionBF16 = "bf16"
+	PrecisionF32  = "f32"
+)
+
+// GPUBlockMultiple is what --block-size must be a multiple of on the GPU:
+// the grouped GEMM's row tile, so that a tile never spans two experts.
+const GPUBlockMultiple = 16
+
+// cudaAvailable is cuda.Available; tests replace it to simulate a machine
+// with or without a driver.
+var cudaAvailable = cuda.Available
+
+// selectDevice resolves o.Device to DeviceCPU or DeviceCUDA with avail
+// (cuda.Available), checks the GPU-only options and returns the report
+// notes of an auto fallback (also sent to Notice, or Progress).
+func (o *Options) selectDevice(avail func() error) ([]string, error) {
+	var notes []string
+	switch strings.ToLower(strings.TrimSpace(o.Device)) {
+	case "", "auto":
+		if err := avail(); err != nil {
+			msg := "validate: " + fallbackReason(err) + "; running on the CPU"
+			o.notice(msg)
+			notes = append(notes, strings.TrimPrefix(msg, "validate: ")+" (--device auto)")
+			o.Device = DeviceCPU
+		} else {
+			o.Device = DeviceCUDA
+		}
+	case "cpu":
+		o.Device = DeviceCPU
+	case "cuda", "gpu":
+		if err := avail(); err != nil {
+			return nil, fmt.Errorf("%w: %w; use --device cpu or auto", ErrDeviceUnavailable, err)
+		}
+		o.Device = DeviceCUDA
+	default:
+		return nil, fmt.Errorf("validate: unknown --device %q (want auto, cpu or cuda)", o.Device)
+	}
+	switch strings.ToLower(o.GPUPrecision) {
+	case "", PrecisionBF16:
+		o.GPUPrecision = PrecisionBF16
+	case PrecisionF32, "fp32":
+		o.GPUPrecision = PrecisionF32
+	default:
+		return nil, fmt.Errorf("validate: GPU precision %q (want bf16 or f32)", o.GPUPrecision)
+	}
+	if o.Device == DeviceCUDA && o.BlockSize%GPUBlockMultiple != 0 {
+		return nil, fmt.Errorf("validate: --block-size %d: the GPU grouped GEMM needs a multiple of %d (use --device cpu for other block sizes)", o.BlockSize, GPUBlockMultiple)
+	}
+	return notes, nil
+}
+
+// fallbackReason says in a few words why the GPU cannot be used.
+func fallbackReason(err error) string {
+	switch {
+	case errors.Is(err, cuda.ErrNoDriver):
+		return "no CUDA driver (" + cuda.LibraryName + " not found)"
+	case errors.Is(err, cuda.ErrNoDevice):
+		return "no CUDA device (the driver reports none)"
+	}
+	return fmt.Sprintf("CUDA unusable (%v)", err)
+}
+
+func (o *Options) notice(msg string) {
+	switch {
+	case o.Notice != nil:
+		o.Notice(msg)
+	case o.Progress != nil:
+		o.Progress(msg)
+	}
+}

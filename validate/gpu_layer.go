@@ -1,0 +1,512 @@
+package validate
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/kernels"
+	"github.com/moeprep/moeprep/layout"
+)
+
+// gpuRunner runs MoE layers on one GPU: a compute stream for the kernels
+// (and the unfused path's per-expert uploads, which must order before their
+// GEMMs), a copy stream on which the next layer's bank streams in while this
+// layer computes, and a stager for each.
+type gpuRunner struct {
+	dev             *cuda.Device
+	compute, copy   cuda.Stream
+	stage, prefetch *stager
+	act             kernels.MatDType // activation type of the grouped GEMM
+}
+
+// The process keeps one device open: its kernels stay loaded across runs.
+var (
+	gpuOnce sync.Once
+	gpuDev  *cuda.Device
+	gpuErr  error
+)
+
+func openGPU(precision string) (*gpuRunner, error) {
+	gpuOnce.Do(func() { gpuDev, gpuErr = cuda.Open(0) })
+	if gpuErr != nil {
+		return nil, fmt.Errorf("%w: %w", ErrDeviceUnavailable, gpuErr)
+	}
+	g := &gpuRunner{dev: gpuDev, act: kernels.MatBF16}
+	if precision == PrecisionF32 {
+		g.act = kernels.MatF32
+	}
+	err := g.dev.Do(func(c *cuda.Ctx) error {
+		preloadKernels(c)
+		var err error
+		if g.compute, err = c.NewStream(); err != nil {
+			return err
+		}
+		g.copy, err = c.NewStream()
+		return err
+	})
+	if err == nil {
+		if g.stage, err = newStager(g.dev, g.compute); err == nil {
+			g.prefetch, err = newStager(g.dev, g.copy)
+		}
+	}
+	if err != nil {
+		g.close()
+		return nil, err
+	}
+	return g, nil
+}
+
+// kernelNames are the kernels a GPU run may launch, by family.
+var kernelNames = map[string][]string{
+	"router_gemm": {"router_gemm_f32_f32", "router_gemm_bf16_bf16", "router_gemm_f32_bf16", "router_gemm_bf16_f32"},
+	"gate":        {kernels.GateBlock, kernels.GateWarp},
+	"align":       {"moe_align_count", "moe_align_scan", "moe_align_fill"},
+	"finalize":    {"moe_finalize"},
+	"unfused":     {"moe_add_rows"},
+	"grouped_gemm": {
+		"moe_gate_up_mma2_bf16_bf16", "moe_gate_up_mma2_bf16_fp8", "moe_gate_up_mma_bf16_bf16", "moe_gate_up_mma_bf16_fp8",
+		"moe_gate_up_bf16_bf16", "moe_gate_up_bf16_f32", "moe_gate_up_bf16_fp8", "moe_gate_up_f32_bf16", "moe_gate_up_f32_f32", "moe_gate_up_f32_fp8",
+		"moe_down_mma2_bf16_bf16", "moe_down_mma2_bf16_fp8", "moe_down_mma_bf16_bf16", "moe_down_mma_bf16_fp8",
+		"moe_down_bf16_bf16", "moe_down_bf16_f32", "moe_down_bf16_fp8", "moe_down_f32_bf16", "moe_down_f32_f32", "moe_down_f32_fp8",
+	},
+}
+
+// preloadKernels loads every module and resolves every kernel right away,
+// in one trip to the device thread. With the driver's lazy module loading
+// (the default since CUDA 12.2) a kernel resolved long after its module was
+// loaded from a Go byte slice failed with CUDA_ERROR_INVALID_HANDLE on an
+// H200 (the image is likely read lazily after the slice was collected).
+// Errors are left to the launches, which report them with context.
+func preloadKernels(c *cuda.Ctx) {
+	for fam, names := range kernelNames {
+		m, err := kernels.LoadCtx(c, fam)
+		if err != nil {
+			continue
+		}
+		for _, n := range names {
+			m.Function(c, n)
+		}
+	}
+}
+
+func (g *gpuRunner) close() {
+	if g.stage != nil {
+		g.stage.free()
+	}
+	if g.prefetch != nil {
+		g.prefetch.free()
+	}
+	g.dev.Do(func(c *cuda.Ctx) error {
+		c.DestroyStream(g.compute)
+		c.DestroyStream(g.copy)
+		return nil
+	})
+}
+
+// sync waits for the compute stream.
+func (g *gpuRunner) sync() error {
+	return g.dev.Do(func(c *cuda.Ctx) error { return c.SyncStream(g.compute) })
+}
+
+// frees collects device buffers released once the compute stream is idle.
+type frees []interface{ Free() error }
+
+func (f *frees) add(b interface{ Free() error }) { *f = append(*f, b) }
+
+func (f frees) release(g *gpuRunner) {
+	g.sync()
+	for _, b := range f {
+		b.Free()
+	}
+}
+
+// gpuInput is one layer's tokens on the device: x in f32 (for the routers)
+// and in the GEMM's activation type.
+type gpuInput struct {
+	t, h int
+	x32  *cuda.Buffer[float32]
+	act  kernels.Mat
+}
+
+func (g *gpuRunner) input(x []float32, t, h int, fr *frees) (*gpuInput, error) {
+	in := &gpuInput{t: t, h: h}
+	var err error
+	if in.x32, err = cuda.FromHost(g.dev, x); err != nil {
+		return nil, err
+	}
+	fr.add(in.x32)
+	in.act = kernels.F32Mat(in.x32)
+	if g.act == kernels.MatBF16 {
+		xb := make([]uint16, len(x))
+		for i, v := range x {
+			xb[i] = F32ToBF16(v)
+		}
+		b, err := cuda.FromHost(g.dev, xb)
+		if err != nil {
+			return nil, err
+		}
+		fr.add(b)
+		in.act = kernels.BF16Mat(b)
+	}
+	return in, nil
+}
+
+// gateSpec is the GPU gate of a routing spec plus the contract's shared
+// slots (c nil: none), mirroring FusedSlots.
+func gateSpec(s RouteSpec, c *layout.Contract) kernels.GateSpec {
+	gs := kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: s.NumExperts, TopK: s.TopK, NGroup: s.NGroup,
+		TopKGroup: s.TopKGroup, GroupByMax: s.GroupByMax, NormTopKProb: s.NormTopKProb}
+	if s.Scoring == family.Softmax {
+		gs.Scoring = kernels.Softmax
+	}
+	if c != nil && c.NumFusedSharedExperts > 0 {
+		gs.SharedSlots, gs.SharedReplicas, gs.SharedWeight = c.SharedSlices, c.SharedReplicas, float32(c.SharedSlotWeight)
+	}
+	return gs
+}
+
+// route runs the router GEMM (f32 x, router weights as f32) and the gate on
+// the GPU and returns the device outputs and their host copies. The router
+// always sees f32 x: for drawn tokens that is the bf16 x exactly, and a
+// golden's float32 x routes as HF routed it.
+func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec, router, bias string, in *gpuInput, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
+	if err := spec.check(); err != nil {
+		return nil, nil, nil, err
+	}
+	e, t := spec.NumExperts, in.t
+	wg, err := loadMatrix(src, matrixRef{Name: router, Index: -1, Rows: e, Cols: in.h})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	w, err := cuda.FromHost(g.dev, wg)
+	putFloats(wg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	fr.add(w)
+	var b *cuda.Buffer[float32]
+	if bias != "" {
+		bv, err := loadVector(src, bias, e)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if b, err = cuda.FromHost(g.dev, bv); err != nil {
+			return nil, nil, nil, err
+		}
+		fr.add(b)
+	}
+	logits, err := cuda.Alloc[float32](g.dev, t*e)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	fr.add(logits)
+	if err := kernels.RouterGEMM(g.dev, g.compute, kernels.F32Mat(in.x32), kernels.F32Mat(w), logits, t, in.h, e); err != nil {
+		return nil, nil, nil, err
+	}
+	out, err := kernels.NewGateOut(g.dev, gs, t, true)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	fr.add(gateOutFree{out})
+	if err := kernels.Gate(g.compute, gs, t, logits, b, out); err != nil {
+		return nil, nil, nil, err
+	}
+	k := gs.SlotsPerToken()
+	sl := &Slots{T: t, K: k, FinalScale: finalScale}
+	if sl.IDs, err = out.IDs.ToHost(t * k); err != nil {
+		return nil, nil, nil, err
+	}
+	if sl.Weights, err = out.Weights.ToHost(t * k); err != nil {
+		return nil, nil, nil, err
+	}
+	r := &Routing{T: t, K: spec.TopK, IDs: make([]int32, t*spec.TopK), Weights: make([]float32, t*spec.TopK)}
+	if r.Choice, err = out.Choice.ToHost(t * e); err != nil {
+		return nil, nil, nil, err
+	}
+	for i := range t {
+		copy(r.IDs[i*r.K:(i+1)*r.K], sl.IDs[i*k:])
+		copy(r.Weights[i*r.K:(i+1)*r.K], sl.Weights[i*k:])
+	}
+	return out, r, sl, nil
+}
+
+type gateOutFree struct{ o *kernels.GateOut }
+
+func (f gateOutFree) Free() error { f.o.Free(); return nil }
+
+type alignFree struct{ a *kernels.Alignment }
+
+func (f alignFree) Free() error { f.a.Free(); return nil }
+
+type sortedFree struct{ s *kernels.Sorted }
+
+func (f sortedFree) Free() error { f.s.Free(); return nil }
+
+// actBuffer allocates n activations of the GEMM's type.
+func (g *gpuRunner) actBuffer(n int, fr *frees) (kernels.Mat, error) {
+	if g.act == kernels.MatBF16 {
+		b, err := cuda.Alloc[uint16](g.dev, n)
+		if err != nil {
+			return kernels.Mat{}, err
+		}
+		fr.add(b)
+		return kernels.BF16Mat(b), nil
+	}
+	b, err := cuda.Alloc[float32](g.dev, n)
+	if err != nil {
+		return kernels.Mat{}, err
+	}
+	fr.add(b)
+	return kernels.F32Mat(b), nil
+}
+
+func (g *gpuRunner) f32Buffer(n int, fr *frees) (*cuda.Buffer[float32], error) {
+	b, err := cuda.Alloc[float32](g.dev, n)
+	if err == nil {
+		fr.add(b)
+	}
+	return b, err
+}
+
+// fusedLayer runs the serving path of a converted layer on the GPU: router
+// GEMM, gate with the contract's shared slots, moe_align_block_size, the
+// grouped GEMM over the bank already on the device, finalize (x runtime
+// rsf), plus an unfused shared expert where the contract left one.
+func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, in *gpuInput, blockSize int) (*FusedResult, error) {
+	var fr frees
+	defer fr.release(g)
+	c := fl.Contract
+	if fl.Spec.NumExperts != c.NumExperts {
+		return nil, fmt.Errorf("layer %d: config routes over %d experts, the contract says %d", fl.Index, fl.Spec.NumExperts, c.NumExperts)
+	}
+	if bank.H != in.h {
+		return nil, fmt.Errorf("layer %d: experts have H %d, x has %d", fl.Index, bank.H, in.h)
+	}
+	t, h := in.t, in.h
+	gs := gateSpec(fl.Spec, c)
+	gout, routing, slots, err := g.route(src, fl.Spec, gs, fl.Router, fl.RouterBias, in, float32(c.RuntimeScale()), &fr)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	k := slots.K
+	numel := t * k
+	al, err := kernels.NewAlignment(g.dev, numel, c.BankSize(), blockSize)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	fr.add(alignFree{al})
+	if err := kernels.AlignBlockSize(g.compute, gout.IDs, al); err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	sorted := &kernels.Sorted{SortedIDs: al.SortedTokenIDs, ExpertIDs: al.ExpertIDs, Total: al.Total, BlockSize: blockSize, Numel: numel}
+	inter, err := g.actBuffer(numel*bank.I, &fr)
+	if err != nil {
+		return nil, err
+	}
+	out, err := g.f32Buffer(numel*h, &fr)
+	if err != nil {
+		return nil, err
+	}
+	if err := kernels.GroupedGEMM(g.dev, g.compute, &bank.ExpertBank, sorted, in.act, t, k, inter, out, kernels.GEMMOptions{Act: g.act}); err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	y, err := g.f32Buffer(t*h, &fr)
+	if err != nil {
+		return nil, err
+	}
+	if err := kernels.Finalize(g.dev, g.compute, out, gout.Weights, y, t, k, h, slots.FinalScale); err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	if fl.Shared != nil {
+		if c.NumFusedSharedExperts > 0 {
+			return nil, fmt.Errorf("layer %d: the contract fuses %d shared experts but shared expert tensors (%s) remain", fl.Index, c.NumFusedSharedExperts, fl.Shared.Gate)
+		}
+		block := 0
+		if c.Quantized() && len(c.WeightBlockSize) == 2 {
+			block = int(c.WeightBlockSize[0])
+			if c.WeightBlockSize[1] != c.WeightBlockSize[0] {
+				return nil, fmt.Errorf("layer %d: FP8 blocks %v: the GPU kernels take %dx%d", fl.Index, c.WeightBlockSize, kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)
+			}
+		}
+		if err := g.addDense(src, *fl.Shared, fl.SharedGate, block, in, y); err != nil {
+			return nil, fmt.Errorf("layer %d shared expert: %w", fl.Index, err)
+		}
+	}
+	ha, err := al.Host()
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	yh, err := y.ToHost(t * h)
+	if err != nil {
+		return nil, err
+	}
+	return &FusedResult{Y: yh, Routing: routing, Slots: slots, Align: &Alignment{NumExperts: ha.NumExperts, BlockSize: ha.BlockSize,
+		Numel: ha.Numel, Counts: ha.Counts, Cumsum: ha.Cumsum, SortedTokenIDs: ha.SortedTokenIDs, ExpertIDs: ha.ExpertIDs, TotalPadded: ha.TotalPadded}}, nil
+}
+
+// oneExpertSorted builds the alignment of a bank of one expert over the
+// given slots (padded with the sentinel numel to a multiple of the GEMM's
+// row tile, every block expert 0).
+func (g *gpuRunner) oneExpertSorted(slots []int32, numel int, fr *frees) (*kernels.Sorted, error) {
+	n := kernels.CeilDiv(len(slots), GPUBlockMultiple) * GPUBlockMultiple
+	ids := make([]int32, n)
+	copy(ids, slots)
+	for i := len(slots); i < n; i++ {
+		ids[i] = int32(numel)
+	}
+	s, err := kernels.NewSorted(g.dev, ids, make([]int32, n/GPUBlockMultiple), n, GPUBlockMultiple, numel)
+	if err != nil {
+		return nil, err
+	}
+	fr.add(sortedFree{s})
+	return s, nil
+}
+
+// addDense runs one hub-layout MLP over every token (a shared expert) and
+// adds it to y, gated by sigmoid(x . w_gate) where gate names Qwen2-MoE's
+// shared_expert_gate.
+func (g *gpuRunner) addDense(src TensorSource, m family.MLP, gate string, block int, in *gpuInput, y *cuda.Buffer[float32]) error {
+	var fr frees
+	defer fr.release(g)
+	gt, ok := src.Tensor(m.Gate)
+	if !ok {
+		return fmt.Errorf("tensor %s is missing", m.Gate)
+	}
+	if len(gt.Shape) != 2 || gt.Shape[0] <= 0 || gt.Shape[0] > 1<<30 {
+		return fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.Gate, gt.Shape, in.h)
+	}
+	inter := int(gt.Shape[0])
+	bank, err := loadMLPBank(g.stage, src, m, in.h, inter, block)
+	if err != nil {
+		return err
+	}
+	fr.add(bankFree{bank})
+	t, h := in.t, in.h
+	slots := make([]int32, t)
+	for i := range slots {
+		slots[i] = int32(i)
+	}
+	sorted, err := g.oneExpertSorted(slots, t, &fr)
+	if err != nil {
+		return err
+	}
+	mid, err := g.actBuffer(t*inter, &fr)
+	if err != nil {
+		return err
+	}
+	o, err := g.f32Buffer(t*h, &fr)
+	if err != nil {
+		return err
+	}
+	if err := kernels.GroupedGEMM(g.dev, g.compute, &bank.ExpertBank, sorted, in.act, t, 1, mid, o, kernels.GEMMOptions{Act: g.act}); err != nil {
+		return err
+	}
+	var logit *cuda.Buffer[float32]
+	if gate != "" {
+		gw, err := loadVector(src, gate, h)
+		if err != nil {
+			return err
+		}
+		w, err := cuda.FromHost(g.dev, gw)
+		if err != nil {
+			return err
+		}
+		fr.add(w)
+		if logit, err = g.f32Buffer(t, &fr); err != nil {
+			return err
+		}
+		if err := kernels.RouterGEMM(g.dev, g.compute, kernels.F32Mat(in.x32), kernels.F32Mat(w), logit, t, h, 1); err != nil {
+			return err
+		}
+	}
+	return kernels.AddRows(g.dev, g.compute, y, o, logit, t, h)
+}
+
+type bankFree struct{ b *devBank }
+
+func (f bankFree) Free() error { f.b.free(); return nil }
+
+// unfusedLayer runs a hub-layout (SRC) layer on the GPU the way an engine
+// without fusion does: router and gate, then per expert the tokens routed to
+// it through the grouped GEMM with a bank of that one expert (weights from
+// the per-expert tensors), the weighted sum x rsf, plus the shared expert as
+// a dense MLP.
+func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *family.Layer, in *gpuInput) (*RefResult, error) {
+	var fr frees
+	defer fr.release(g)
+	h, inter, e, t := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts, in.t
+	if h != in.h {
+		return nil, fmt.Errorf("layer %d: H %d, x has %d", layer.Index, h, in.h)
+	}
+	if len(layer.Experts) != e {
+		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
+	}
+	spec := SpecFromPlan(plan)
+	gout, routing, _, err := g.route(src, spec, gateSpec(spec, nil), layer.Router, layer.RouterBias, in, float32(spec.RoutedScalingFactor), &fr)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+	}
+	k := routing.K
+	numel := t * k
+	users := make([][]int32, e)
+	for s, id := range routing.IDs {
+		if id < 0 || int(id) >= e {
+			return nil, fmt.Errorf("layer %d: the gate chose expert %d of %d", layer.Index, id, e)
+		}
+		users[id] = append(users[id], int32(s))
+	}
+	mid, err := g.actBuffer(numel*inter, &fr)
+	if err != nil {
+		return nil, err
+	}
+	out, err := g.f32Buffer(numel*h, &fr)
+	if err != nil {
+		return nil, err
+	}
+	block := blockOf(plan)
+	for id := range e {
+		if len(users[id]) == 0 {
+			continue
+		}
+		if err := g.oneExpert(src, layer.Experts[id], h, inter, block, users[id], numel, k, in, mid, out); err != nil {
+			return nil, fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
+		}
+	}
+	y, err := g.f32Buffer(t*h, &fr)
+	if err != nil {
+		return nil, err
+	}
+	if err := kernels.Finalize(g.dev, g.compute, out, gout.Weights, y, t, k, h, float32(spec.RoutedScalingFactor)); err != nil {
+		return nil, err
+	}
+	if layer.Shared != nil {
+		if err := g.addDense(src, *layer.Shared, layer.SharedGate, block, in, y); err != nil {
+			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
+		}
+	}
+	yh, err := y.ToHost(t * h)
+	if err != nil {
+		return nil, err
+	}
+	return &RefResult{Y: yh, Routing: routing}, nil
+}
+
+// oneExpert uploads one expert and queues its SwiGLU over its slots, writing
+// those slots' rows of out; its device memory is released once the compute
+// stream has run it.
+func (g *gpuRunner) oneExpert(src TensorSource, m family.MLP, h, inter, block int, slots []int32, numel, k int, in *gpuInput, mid kernels.Mat, out *cuda.Buffer[float32]) error {
+	var fr frees
+	defer fr.release(g)
+	bank, err := loadMLPBank(g.stage, src, m, h, inter, block)
+	if err != nil {
+		return err
+	}
+	fr.add(bankFree{bank})
+	sorted, err := g.oneExpertSorted(slots, numel, &fr)
+	if err != nil {
+		return err
+	}
+	return kernels.GroupedGEMM(g.dev, g.compute, &bank.ExpertBank, sorted, in.act, in.t, k, mid, out, kernels.GEMMOptions{Act: g.act})
+}

@@ -1,0 +1,221 @@
+package validate
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// The comparisons of a --device cuda run.
+const (
+	CheckGPUFusedVsGPUUnfused = "gpu-fused-vs-gpu-unfused" // DST fused on the GPU vs SRC unfused on the GPU
+	CheckGPUFusedVsReference  = "gpu-fused-vs-reference"   // DST fused on the GPU vs the CPU reference (sampled layers)
+	CheckGPUFusedVsGolden     = "gpu-fused-vs-golden"      // DST fused on the GPU vs HF golden y
+	CheckGPUUnfusedVsGolden   = "gpu-unfused-vs-golden"    // SRC unfused on the GPU vs HF golden y (no DST)
+)
+
+// TolGPUF32 is for the GPU kernels in f32 mode (f32 activations, weights as
+// stored) against float32/float64 CPU paths or each other on identical
+// weights: f32 accumulation in another order, measured 2.6e-7..5.8e-7 by the
+// kernels' tests; 1e-5 as TolFP32.
+var TolGPUF32 = Tolerance{Name: "gpu-f32", MaxRelL2: 1e-5, MinCosine: 1 - 1e-8,
+	Reason: "f32 activations on the GPU: only summation order differs (kernels measured <= 5.8e-7)"}
+
+// refSampled picks the layers the CPU reference runs on in a GPU run: all of
+// them when there are at most 4, else the first and the last.
+func refSampled(targets []target) map[int]bool {
+	out := map[int]bool{}
+	for i, tg := range targets {
+		if len(targets) <= 4 || i == 0 || i == len(targets)-1 {
+			out[tg.index] = true
+		}
+	}
+	return out
+}
+
+// bankLoad is one layer's fused bank streaming to the device.
+type bankLoad struct {
+	bank    *devBank
+	err     error
+	seconds float64
+}
+
+// runGPU checks every target on the GPU. The fused bank of the next layer
+// streams in on the copy stream while this layer computes, so at most two
+// layers' banks are on the device.
+func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) error {
+	g, err := openGPU(s.o.GPUPrecision)
+	if err != nil {
+		return err
+	}
+	defer g.close()
+	rep.DeviceName = g.dev.String()
+	rep.GPUPrecision = s.o.GPUPrecision
+	sampled := refSampled(targets)
+	start := func(tg target) chan bankLoad {
+		ch := make(chan bankLoad, 1)
+		if tg.fused == nil || s.dst == nil {
+			ch <- bankLoad{}
+			return ch
+		}
+		go func() {
+			t0 := time.Now()
+			b, err := loadFusedBank(g.prefetch, s.dst, tg.fused)
+			ch <- bankLoad{bank: b, err: err, seconds: time.Since(t0).Seconds()}
+		}()
+		return ch
+	}
+	pending := start(targets[0])
+	defer func() {
+		if pending != nil {
+			(<-pending).bank.free()
+		}
+	}()
+	for i, tg := range targets {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		s.o.progress("validate: layer %d (%d of %d) on %s", tg.index, i+1, len(targets), rep.DeviceName)
+		t0 := time.Now()
+		ld := <-pending
+		pending = nil
+		if ld.err != nil {
+			return fmt.Errorf("%s: %w", s.o.Dst, ld.err)
+		}
+		wait := time.Since(t0).Seconds()
+		if i+1 < len(targets) {
+			pending = start(targets[i+1])
+		}
+		rows, err := s.checkLayerGPU(ctx, g, tg, ld.bank, sampled[tg.index])
+		ld.bank.free()
+		if err != nil {
+			return err
+		}
+		if ld.bank != nil {
+			s.o.progress("validate: layer %d: bank %.2f GB uploaded in %.2fs (%.2f GB/s incl. reading), waited %.2fs for it",
+				tg.index, float64(ld.bank.Size)/1e9, ld.seconds, float64(ld.bank.Size)/1e9/max(ld.seconds, 1e-9), wait)
+		}
+		rep.Rows = append(rep.Rows, rows...)
+	}
+	return nil
+}
+
+// gpuTolerance is the threshold of a GPU output against another path.
+func (s *session) gpuTolerance() Tolerance {
+	if s.o.GPUPrecision == PrecisionBF16 {
+		return TolGPUBF16
+	}
+	return s.tolerance(TolGPUF32)
+}
+
+func (s *session) gpuGoldenTolerance() Tolerance {
+	if s.o.GPUPrecision == PrecisionBF16 {
+		return TolGPUBF16
+	}
+	return s.tolerance(TolGolden)
+}
+
+// checkLayerGPU runs one layer's GPU fused and unfused paths (and the CPU
+// reference on sampled layers, concurrently) and compares them.
+func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, bank *devBank, withRef bool) ([]LayerResult, error) {
+	x, t, g0, err := s.layerInput(tg)
+	if err != nil {
+		return nil, err
+	}
+	h := len(x) / t
+	type refOut struct {
+		r   *RefResult
+		err error
+		sec float64
+	}
+	var refCh chan refOut
+	if withRef && tg.src != nil && s.src != nil {
+		refCh = make(chan refOut, 1)
+		go func() {
+			t0 := time.Now()
+			r, err := ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, s.o.Workers)
+			refCh <- refOut{r, err, time.Since(t0).Seconds()}
+		}()
+	}
+	gpu := func() (fused *FusedResult, unf *RefResult, fusedSec, unfSec float64, err error) {
+		var fr frees
+		defer fr.release(g)
+		in, err := g.input(x, t, h, &fr)
+		if err != nil {
+			return nil, nil, 0, 0, err
+		}
+		if tg.fused != nil && bank != nil {
+			t0 := time.Now()
+			if fused, err = g.fusedLayer(s.dst, tg.fused, bank, in, s.o.BlockSize); err != nil {
+				return nil, nil, 0, 0, fmt.Errorf("%s: %w", s.o.Dst, err)
+			}
+			fusedSec = time.Since(t0).Seconds()
+		}
+		if tg.src != nil && s.src != nil {
+			t0 := time.Now()
+			if unf, err = g.unfusedLayer(s.src, s.srcPlan, tg.src, in); err != nil {
+				return nil, nil, 0, 0, fmt.Errorf("%s: %w", s.o.Src, err)
+			}
+			unfSec = time.Since(t0).Seconds()
+		}
+		return
+	}
+	fused, unf, fusedSec, unfSec, gpuErr := gpu()
+	var ref *RefResult
+	var refSec float64
+	if refCh != nil {
+		ro := <-refCh
+		if ro.err != nil && gpuErr == nil {
+			return nil, fmt.Errorf("%s: %w", s.o.Src, ro.err)
+		}
+		ref, refSec = ro.r, ro.sec
+	}
+	if gpuErr != nil {
+		return nil, gpuErr
+	}
+	s.o.progress("validate: layer %d: %d tokens, gpu fused %.3fs, gpu unfused %.2fs, cpu reference %.1fs", tg.index, t, fusedSec, unfSec, refSec)
+	base := LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}
+	var rows []LayerResult
+	tol := s.gpuTolerance()
+	if fused != nil && unf != nil {
+		r := base
+		r.Check, r.Seconds = CheckGPUFusedVsGPUUnfused, fusedSec+unfSec
+		fusedUsage(&r, fused, s.contract)
+		judge(&r, Compare(fused.Y, unf.Y), tol, fused.Routing.IDs, fused.Routing.Weights, unf.Routing.IDs, unf.Routing.Weights, unf.Routing)
+		rows = append(rows, r)
+	}
+	if fused != nil && ref != nil {
+		r := base
+		r.Check, r.Seconds = CheckGPUFusedVsReference, fusedSec+refSec
+		fusedUsage(&r, fused, s.contract)
+		judge(&r, Compare(fused.Y, ref.Y), tol, fused.Routing.IDs, fused.Routing.Weights, ref.Routing.IDs, ref.Routing.Weights, ref.Routing)
+		rows = append(rows, r)
+	}
+	if g0 != nil {
+		switch {
+		case fused != nil:
+			r := base
+			r.Check, r.Seconds = CheckGPUFusedVsGolden, fusedSec
+			fusedUsage(&r, fused, s.contract)
+			judgeGolden(&r, fused.Y, fused.Routing, s.contract.RoutedScalingFactor, g0, s.gpuGoldenTolerance())
+			rows = append(rows, r)
+		case unf != nil:
+			r := base
+			r.Check, r.Seconds = CheckGPUUnfusedVsGolden, unfSec
+			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(unf.Routing.IDs)
+			judgeGolden(&r, unf.Y, unf.Routing, SpecFromPlan(s.srcPlan).RoutedScalingFactor, g0, s.gpuGoldenTolerance())
+			rows = append(rows, r)
+		}
+		if ref != nil {
+			r := base
+			r.Check, r.Seconds = CheckReferenceVsGolden, refSec
+			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(ref.Routing.IDs)
+			judgeGolden(&r, ref.Y, ref.Routing, SpecFromPlan(s.srcPlan).RoutedScalingFactor, g0, TolGolden)
+			rows = append(rows, r)
+		}
+	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("layer %d: nothing to compare on the GPU (give SRC and DST, or a golden)", tg.index)
+	}
+	return rows, nil
+}

@@ -1,0 +1,124 @@
+package validate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/moeprep/moeprep/internal/cuda"
+)
+
+// TestMain makes --device auto mean the CPU in this package's tests, so
+// the CPU tests check the CPU paths on a GPU machine too; GPU tests ask for
+// --device cuda after needGPU.
+func TestMain(m *testing.M) {
+	cudaAvailable = func() error { return fmt.Errorf("tests: %w", cuda.ErrNoDriver) }
+	os.Exit(m.Run())
+}
+
+// needGPU skips without a driver or a GPU, and otherwise lets
+// --device cuda through for the test.
+func needGPU(t *testing.T) {
+	t.Helper()
+	if err := cuda.Available(); errors.Is(err, cuda.ErrNoDriver) || errors.Is(err, cuda.ErrNoDevice) {
+		t.Skipf("no GPU: %v", err)
+	} else if err != nil {
+		t.Fatalf("CUDA: %v", err)
+	}
+	withCUDA(t, nil)
+}
+
+// TestGPUCorrectConversions: validate --device cuda passes on every HF
+// fixture conversion (every layout, fuse-shared tp 1/4/8, folded and
+// unfolded rsf) in both GPU precisions, with all four checks on every layer
+// (the fixtures have <= 4 MoE layers, so the CPU reference runs on each).
+// In f32 mode the GPU must be as close to the CPU as float32 rounding allows.
+func TestGPUCorrectConversions(t *testing.T) {
+	needGPU(t)
+	for i, c := range conversionCases() {
+		t.Run(c.name(), func(t *testing.T) {
+			src := filepath.Join(hfFixtures, c.fixture)
+			dst := convertInto(t, src, c.o)
+			for _, prec := range []string{PrecisionBF16, PrecisionF32} {
+				block := []int{16, 64, 128}[i%3]
+				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1, Device: "cuda", GPUPrecision: prec, BlockSize: block})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rep.Device != DeviceCUDA || rep.DeviceName == "" {
+					t.Fatalf("ran on %q %q", rep.Device, rep.DeviceName)
+				}
+				if rep.Failed() {
+					var b jsonBuf
+					rep.WriteTable(&b)
+					t.Fatalf("%s: validate --device cuda failed on a correct conversion:\n%s", prec, b)
+				}
+				checks := map[string]int{}
+				for _, r := range rep.Rows {
+					checks[r.Check]++
+					if prec == PrecisionF32 && r.Check == CheckGPUFusedVsReference && r.Tolerance == TolGPUF32 && r.RelL2 > 5e-6 {
+						t.Errorf("f32 layer %d: GPU fused vs CPU reference %.3g, expected float32 rounding (< 5e-6)", r.Layer, r.RelL2)
+					}
+					if r.Check != CheckReferenceVsGolden && !math.IsNaN(r.TopK) && r.TopK != 1 {
+						t.Errorf("%s layer %d %s: top-k agreement %.4f", prec, r.Layer, r.Check, r.TopK)
+					}
+					t.Logf("%s block %d layer %d %-24s rel_l2 %.3g topk %.4f (%s)", prec, block, r.Layer, r.Check, r.RelL2, r.TopK, r.Tolerance.Name)
+				}
+				n := checks[CheckGPUFusedVsGPUUnfused]
+				if n == 0 || checks[CheckGPUFusedVsReference] != n || checks[CheckGPUFusedVsGolden] != n || checks[CheckReferenceVsGolden] != n {
+					t.Fatalf("%s: checks run %v, want all four on every layer", prec, checks)
+				}
+			}
+		})
+	}
+}
+
+// TestGPUGoldenOnly: DST with a golden and no SRC runs the fused path on the
+// GPU against the golden; SRC alone runs the GPU unfused path.
+func TestGPUGoldenOnly(t *testing.T) {
+	needGPU(t)
+	src := filepath.Join(hfFixtures, "deepseek-v3-fp8")
+	dst := convertInto(t, src, conversionCases()[1].o)
+	for _, o := range []Options{{Dst: dst, Golden: src}, {Src: src, Golden: src}} {
+		o.Device = "cuda"
+		rep, err := Run(context.Background(), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := CheckGPUFusedVsGolden
+		if o.Dst == "" {
+			want = CheckGPUUnfusedVsGolden
+		}
+		for _, r := range rep.Rows {
+			if r.Check != want && r.Check != CheckReferenceVsGolden {
+				t.Errorf("unexpected check %s", r.Check)
+			}
+			t.Logf("layer %d %s rel_l2 %.3g", r.Layer, r.Check, r.RelL2)
+		}
+		if rep.Failed() {
+			t.Errorf("%+v failed: %v", o, rep.Err())
+		}
+	}
+}
+
+// TestGPUMutationSuite: every mutation of the CPU suite fails on the GPU
+// too: in f32 mode at >= 10x the threshold as on the CPU; with bf16
+// activations (threshold 2e-2, mutations move the output by 0.1..1.2) at >= 3x.
+func TestGPUMutationSuite(t *testing.T) {
+	needGPU(t)
+	for _, tt := range mutations(t) {
+		for _, prec := range []string{PrecisionBF16, PrecisionF32} {
+			factor := 10.0
+			if prec == PrecisionBF16 {
+				factor = 3
+			}
+			t.Run(fmt.Sprintf("%s/%s", tt.name, prec), func(t *testing.T) {
+				runMutation(t, tt, Options{Device: "cuda", GPUPrecision: prec, BlockSize: 16}, factor)
+			})
+		}
+	}
+}
