@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -359,9 +360,9 @@ func eqFolded(t *testing.T, what string, got, src []byte, d safetensors.DType, r
 func decode(b []byte, d safetensors.DType) float64 {
 	switch d {
 	case safetensors.BF16:
-		return float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(b)) << 16))
+		return float64(numfmt.BF16ToF32(binary.LittleEndian.Uint16(b)))
 	case safetensors.F16:
-		return F16ToFloat64(binary.LittleEndian.Uint16(b))
+		return float64(numfmt.F16ToF32(binary.LittleEndian.Uint16(b)))
 	}
 	return float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
 }

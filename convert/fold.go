@@ -7,6 +7,7 @@ import (
 	"math"
 	"sync"
 
+	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -14,9 +15,9 @@ import (
 // exact product (computed in float64, exact for every bf16/f16/f32 value when
 // factor has at most 29 significant bits, as 2.5 or 16 do) rounded ONCE to
 // nearest even in the element's dtype. For F32 (FP8 scale_inv tensors, f32
-// weights) that is float32(x*factor); for BF16/F16 it goes through float32
-// with round-to-odd, which makes the second rounding exact. NaN and Inf stay
-// as they are; a finite product past the dtype's range becomes Inf.
+// weights) that is float32(x*factor); for BF16/F16 numfmt.F64ToBF16 and
+// numfmt.F64ToF16 round the float64 product once. NaN and Inf stay as they
+// are; a finite product past the dtype's range becomes Inf.
 
 // foldStats tracks the largest relative change |folded - x*f| / |x*f| over all
 // finite non-zero elements, shared by every fold reader of a run.
@@ -118,24 +119,23 @@ func foldInPlace(b []byte, d safetensors.DType, factor float64) float64 {
 		}
 	case safetensors.BF16:
 		for i := 0; i+2 <= len(b); i += 2 {
-			h := binary.LittleEndian.Uint16(b[i:])
-			x := float64(math.Float32frombits(uint32(h) << 16))
+			x := float64(numfmt.BF16ToF32(binary.LittleEndian.Uint16(b[i:])))
 			if math.IsNaN(x) || math.IsInf(x, 0) {
 				continue
 			}
-			y := BF16FromFloat32(roundToOdd32(x * factor))
+			y := numfmt.F64ToBF16(x * factor)
 			binary.LittleEndian.PutUint16(b[i:], y)
-			track(float64(math.Float32frombits(uint32(y)<<16)), x*factor)
+			track(float64(numfmt.BF16ToF32(y)), x*factor)
 		}
 	case safetensors.F16:
 		for i := 0; i+2 <= len(b); i += 2 {
-			x := F16ToFloat64(binary.LittleEndian.Uint16(b[i:]))
+			x := float64(numfmt.F16ToF32(binary.LittleEndian.Uint16(b[i:])))
 			if math.IsNaN(x) || math.IsInf(x, 0) {
 				continue
 			}
-			y := F16FromFloat32(roundToOdd32(x * factor))
+			y := numfmt.F64ToF16(x * factor)
 			binary.LittleEndian.PutUint16(b[i:], y)
-			track(F16ToFloat64(y), x*factor)
+			track(float64(numfmt.F16ToF32(y)), x*factor)
 		}
 	}
 	return maxRel
@@ -147,94 +147,9 @@ func FoldValue(x, factor float64, d safetensors.DType) float64 {
 	p := x * factor
 	switch d {
 	case safetensors.BF16:
-		return float64(math.Float32frombits(uint32(BF16FromFloat32(roundToOdd32(p))) << 16))
+		return float64(numfmt.BF16ToF32(numfmt.F64ToBF16(p)))
 	case safetensors.F16:
-		return F16ToFloat64(F16FromFloat32(roundToOdd32(p)))
+		return float64(numfmt.F16ToF32(numfmt.F64ToF16(p)))
 	}
 	return float64(float32(p))
-}
-
-// roundToOdd32 rounds x to float32 toward zero and sets the last mantissa bit
-// when inexact ("round to odd"), so that a later round-to-nearest-even to any
-// format at least two bits narrower gives the correctly rounded result of x.
-func roundToOdd32(x float64) float32 {
-	f := float32(x)
-	if float64(f) == x || math.IsNaN(x) {
-		return f
-	}
-	if math.IsInf(float64(f), 0) || math.Abs(float64(f)) > math.Abs(x) {
-		f = math.Nextafter32(f, 0)
-	}
-	return math.Float32frombits(math.Float32bits(f) | 1)
-}
-
-// BF16FromFloat32 rounds f to bfloat16, nearest even; NaN stays NaN.
-func BF16FromFloat32(f float32) uint16 {
-	b := math.Float32bits(f)
-	if f != f {
-		return uint16(b>>16) | 0x40
-	}
-	b += 0x7fff + (b>>16)&1
-	return uint16(b >> 16)
-}
-
-// F16FromFloat32 rounds f to IEEE half precision, nearest even, with subnormals.
-func F16FromFloat32(f float32) uint16 {
-	b := math.Float32bits(f)
-	sign := uint16(b>>16) & 0x8000
-	exp := int(b>>23) & 0xff
-	mant := b & 0x7fffff
-	if exp == 0xff {
-		if mant != 0 {
-			return sign | 0x7e00
-		}
-		return sign | 0x7c00
-	}
-	e := exp - 127 + 15
-	if e >= 0x1f {
-		return sign | 0x7c00
-	}
-	if e <= 0 {
-		if exp == 0 { // f32 subnormal: far below half of f16's smallest subnormal
-			return sign
-		}
-		m := uint64(mant | 0x800000)
-		shift := uint(14 - e)
-		if shift >= 40 {
-			return sign
-		}
-		h := m >> shift
-		rem := m & (1<<shift - 1)
-		half := uint64(1) << (shift - 1)
-		if rem > half || (rem == half && h&1 == 1) {
-			h++
-		}
-		return sign | uint16(h)
-	}
-	h := uint32(e)<<10 | mant>>13
-	rem := mant & 0x1fff
-	if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
-		h++ // a carry into the exponent is right, up to Inf
-	}
-	return sign | uint16(h)
-}
-
-// F16ToFloat64 decodes IEEE half precision.
-func F16ToFloat64(h uint16) float64 {
-	sign := 1.0
-	if h&0x8000 != 0 {
-		sign = -1
-	}
-	e := int(h>>10) & 0x1f
-	m := float64(h & 0x3ff)
-	switch e {
-	case 0:
-		return sign * m * math.Ldexp(1, -24)
-	case 0x1f:
-		if m != 0 {
-			return math.NaN()
-		}
-		return sign * math.Inf(1)
-	}
-	return sign * (1 + m/1024) * math.Ldexp(1, e-15)
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"io"
 	"math"
-	"math/big"
 	"math/rand"
 	"testing"
 	"testing/iotest"
@@ -13,61 +12,27 @@ import (
 	"github.com/moeprep/moeprep/safetensors"
 )
 
-// bigRound rounds x to p significant bits, nearest even (normal range only).
-func bigRound(x float64, p uint) float64 {
-	f, _ := new(big.Float).SetPrec(p).SetMode(big.ToNearestEven).SetFloat64(x).Float64()
-	return f
-}
-
-func TestFoldRoundsOnceToNearestEven(t *testing.T) {
-	rng := rand.New(rand.NewSource(9))
-	factors := []float64{2.5, 16, 1.0 / 3, 0.7071067811865476, 2.827}
-	for i := 0; i < 200000; i++ {
-		f := factors[i%len(factors)]
-		// bf16 inputs
-		xb := float64(math.Float32frombits(uint32(BF16FromFloat32(float32(rng.NormFloat64()*math.Pow(2, float64(rng.Intn(40)-20))))) << 16))
-		// bigRound knows no subnormals: compare in the normal range (subnormals below)
-		if got, want := FoldValue(xb, f, safetensors.BF16), bigRound(xb*f, 8); got != want && math.Abs(want) >= 0x1p-126 {
-			t.Fatalf("bf16 fold %v*%v = %v, want %v", xb, f, got, want)
-		}
-		xh := F16ToFloat64(F16FromFloat32(float32(rng.NormFloat64() * math.Pow(2, float64(rng.Intn(16)-8)))))
-		if got, want := FoldValue(xh, f, safetensors.F16), bigRound(xh*f, 11); got != want && math.Abs(want) >= 0x1p-14 {
-			t.Fatalf("f16 fold %v*%v = %v, want %v", xh, f, got, want)
-		}
-	}
-	// ties: values whose product lies exactly half way between two bf16 numbers
-	for _, tc := range []struct{ x, f, want float64 }{
-		{1 + 1.0/128, 1.5, bigRound((1+1.0/128)*1.5, 8)},
-		{257.0 / 256 * 2, 1, 2}, // not representable input rounds to even
+// FoldValue rounds the exact product once in the tensor's dtype (numfmt's
+// tests prove the rounding itself against math/big on random products).
+func TestFoldValueRoundsOnce(t *testing.T) {
+	for _, tc := range []struct {
+		x, f float64
+		d    safetensors.DType
+		want float64
+	}{
+		{1 + 1.0/128, 1.5, safetensors.BF16, 1.515625},          // 1.51171875 is a bf16 tie: to even
+		{257.0 / 256 * 2, 1, safetensors.BF16, 2},               // not representable input rounds to even
+		{1 + 0x1p-8 + 0x1p-30, 1, safetensors.BF16, 1 + 0x1p-7}, // through float32 it would round twice, to 1
+		{1 + 0x1p-11 + 0x1p-40, 1, safetensors.F16, 1 + 0x1p-10},
+		{1 + 0x1p-23, 1 + 0x1p-24, safetensors.F32, 1 + 0x1p-22}, // just past an f32 tie: up
+		{0x1p-24, 2.5, safetensors.F16, 0x1p-23},                 // subnormal 2.5 steps tie to even 2
+		{3 * 0x1p-24, 2.5, safetensors.F16, 0x1p-21},             // 7.5 steps tie to 8
+		{3e38, 2.5, safetensors.BF16, math.Inf(1)},
+		{60000, 2.5, safetensors.F16, math.Inf(1)},
+		{-60000, 2.5, safetensors.F16, math.Inf(-1)},
 	} {
-		if got := FoldValue(tc.x, tc.f, safetensors.BF16); got != tc.want {
-			t.Errorf("FoldValue(%v, %v) = %v, want %v", tc.x, tc.f, got, tc.want)
-		}
-	}
-	// range ends
-	if got := FoldValue(3e38, 2.5, safetensors.BF16); !math.IsInf(got, 1) {
-		t.Errorf("bf16 overflow gave %v, want +Inf", got)
-	}
-	if got := FoldValue(60000, 2.5, safetensors.F16); !math.IsInf(got, 1) {
-		t.Errorf("f16 overflow gave %v, want +Inf", got)
-	}
-	tiny := math.Ldexp(1, -24) // smallest f16 subnormal
-	if got := FoldValue(tiny, 2.5, safetensors.F16); got != 2*tiny {
-		t.Errorf("f16 subnormal 2^-24*2.5 = %v, want %v (tie to even)", got, 2*tiny)
-	}
-	if got := FoldValue(3*tiny, 2.5, safetensors.F16); got != 8*tiny {
-		t.Errorf("f16 subnormal 3*2^-24*2.5 = %v, want %v (7.5 ties to 8)", got, 8*tiny)
-	}
-}
-
-func TestF16Conversions(t *testing.T) {
-	for h := 0; h < 1<<16; h++ {
-		x := F16ToFloat64(uint16(h))
-		if math.IsNaN(x) {
-			continue
-		}
-		if back := F16FromFloat32(float32(x)); back != uint16(h) {
-			t.Fatalf("f16 %#04x -> %v -> %#04x", h, x, back)
+		if got := FoldValue(tc.x, tc.f, tc.d); got != tc.want {
+			t.Errorf("FoldValue(%v, %v, %s) = %v, want %v", tc.x, tc.f, tc.d, got, tc.want)
 		}
 	}
 }

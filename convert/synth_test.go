@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -58,11 +59,11 @@ func (w *synthWriter) add(name string, d safetensors.DType, shape ...int64) {
 	case safetensors.BF16:
 		for i := 0; i < len(b); i += 2 {
 			f := float32(w.rng.NormFloat64() * 0.05)
-			binary.LittleEndian.PutUint16(b[i:], BF16FromFloat32(f))
+			binary.LittleEndian.PutUint16(b[i:], numfmt.F32ToBF16(f))
 		}
 	case safetensors.F16:
 		for i := 0; i < len(b); i += 2 {
-			binary.LittleEndian.PutUint16(b[i:], F16FromFloat32(float32(w.rng.NormFloat64()*0.05)))
+			binary.LittleEndian.PutUint16(b[i:], numfmt.F32ToF16(float32(w.rng.NormFloat64()*0.05)))
 		}
 	case safetensors.F32:
 		for i := 0; i < len(b); i += 4 {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 )
 
@@ -165,7 +166,7 @@ func TestMutationsInMemory(t *testing.T) {
 		{"correction bias rounded to bf16", false, true, func(m *memModel, dst memSource, fl *FusedLayer) {
 			b := make([]float32, m.E)
 			for i, v := range m.bias {
-				b[i] = RoundBF16(v)
+				b[i] = numfmt.RoundBF16(v)
 			}
 			dst.put(fl.RouterBias, dst[fl.RouterBias].DType, dst[fl.RouterBias].Shape, f32Bytes(b))
 		}},

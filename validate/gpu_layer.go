@@ -6,6 +6,7 @@ import (
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
 )
@@ -141,7 +142,7 @@ func (g *gpuRunner) input(x []float32, t, h int, fr *frees) (*gpuInput, error) {
 	if g.act == kernels.MatBF16 {
 		xb := make([]uint16, len(x))
 		for i, v := range x {
-			xb[i] = F32ToBF16(v)
+			xb[i] = numfmt.F32ToBF16(v)
 		}
 		b, err := cuda.FromHost(g.dev, xb)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -51,7 +52,7 @@ func f32Bytes(v []float32) []byte {
 func bf16Bytes(v []float32) []byte {
 	b := make([]byte, 2*len(v))
 	for i, x := range v {
-		binary.LittleEndian.PutUint16(b[2*i:], F32ToBF16(x))
+		binary.LittleEndian.PutUint16(b[2*i:], numfmt.F32ToBF16(x))
 	}
 	return b
 }
@@ -62,11 +63,11 @@ func encodeE4M3(v float32) byte {
 	if v < 0 {
 		sign, v = 0x80, -v
 	}
-	i := sort.Search(0x7F, func(i int) bool { return e4m3Table[i] >= v })
+	i := sort.Search(0x7F, func(i int) bool { return numfmt.E4M3ToF32(byte(i)) >= v })
 	switch {
 	case i >= 0x7F:
 		i = 0x7E
-	case i > 0 && v-e4m3Table[i-1] <= e4m3Table[i]-v:
+	case i > 0 && v-numfmt.E4M3ToF32(byte(i-1)) <= numfmt.E4M3ToF32(byte(i))-v:
 		i--
 	}
 	return sign | byte(i)
@@ -172,7 +173,7 @@ func newMemModel(seed uint64, m memModel) *memModel {
 	}
 	mm.router = make([]float32, m.E*m.H)
 	for i := range mm.router {
-		mm.router[i] = RoundBF16(float32(r.NormFloat64() * hs))
+		mm.router[i] = numfmt.RoundBF16(float32(r.NormFloat64() * hs))
 	}
 	if !m.Softmax {
 		mm.bias = make([]float32, m.E)
@@ -189,7 +190,7 @@ func newMemModel(seed uint64, m memModel) *memModel {
 	if m.SharedGated {
 		mm.sgw = randMat(r, 1, m.H, hs)
 		for i := range mm.sgw {
-			mm.sgw[i] = RoundBF16(mm.sgw[i])
+			mm.sgw[i] = numfmt.RoundBF16(mm.sgw[i])
 		}
 	}
 	mm.buildSource()

@@ -14,6 +14,7 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -302,7 +303,7 @@ func mutations(t *testing.T) []mutation {
 			rewriteTensor(t, dst, "model.layers.1.mlp.gate.e_score_correction_bias", func(raw []byte, _ []int64) {
 				for i := 0; i < len(raw); i += 4 {
 					v := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
-					binary.LittleEndian.PutUint32(raw[i:], math.Float32bits(RoundBF16(v)))
+					binary.LittleEndian.PutUint32(raw[i:], math.Float32bits(numfmt.RoundBF16(v)))
 				}
 			})
 		}, 1},

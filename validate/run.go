@@ -15,6 +15,7 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 )
 
@@ -64,7 +65,7 @@ func DrawX(seed uint64, layer, t, h int) []float32 {
 	r := rand.New(rand.NewPCG(seed, uint64(layer)))
 	x := make([]float32, t*h)
 	for i := range x {
-		x[i] = RoundBF16(float32(r.NormFloat64()))
+		x[i] = numfmt.RoundBF16(float32(r.NormFloat64()))
 	}
 	return x
 }

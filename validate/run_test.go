@@ -15,6 +15,7 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -91,7 +92,7 @@ func TestDrawX(t *testing.T) {
 	}
 	var sum, sq float64
 	for _, v := range a {
-		if RoundBF16(v) != v {
+		if numfmt.RoundBF16(v) != v {
 			t.Fatalf("%v is not bf16-representable", v)
 		}
 		sum += float64(v)
