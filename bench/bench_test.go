@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/internal/numfmt"
 )
 
 func TestParseTokens(t *testing.T) {
@@ -276,21 +277,21 @@ func TestGateSpecFolding(t *testing.T) {
 }
 
 func TestRandom(t *testing.T) {
-	if bf16Bits(1) != 0x3f80 || bf16Bits(-2) != 0xc000 {
+	if numfmt.F32ToBF16(1) != 0x3f80 || numfmt.F32ToBF16(-2) != 0xc000 {
 		t.Error("bf16 of 1 or -2")
 	}
 	// 1 + 2^-8 is a tie between 0x3f80 and 0x3f81: to even; 1 + 3*2^-9 rounds up.
-	if got := bf16Bits(1 + 1.0/256); got != 0x3f80 {
+	if got := numfmt.F32ToBF16(1 + 1.0/256); got != 0x3f80 {
 		t.Errorf("tie rounded to %#x", got)
 	}
-	if got := bf16Bits(1 + 3.0/512); got != 0x3f81 {
+	if got := numfmt.F32ToBF16(1 + 3.0/512); got != 0x3f81 {
 		t.Errorf("1+3*2^-9 rounded to %#x", got)
 	}
 	u := make([]uint16, 4096)
 	RandBF16(u, 1, 0.035)
 	distinct := map[uint16]bool{}
 	for _, v := range u {
-		f := math.Float32frombits(uint32(v) << 16)
+		f := numfmt.BF16ToF32(v)
 		if !(math.Abs(float64(f)) <= 0.035) {
 			t.Fatalf("bf16 value %v outside (-0.035, 0.035)", f)
 		}

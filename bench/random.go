@@ -1,6 +1,6 @@
 package bench
 
-import "math"
+import "github.com/moeprep/moeprep/internal/numfmt"
 
 // rng is splitmix64: fast, seedable, plenty for timing inputs (the values
 // only have to be non-constant, finite and realistically spread).
@@ -20,21 +20,11 @@ func (r *rng) uniform(amp float32) float32 {
 	return (2*u - 1) * amp
 }
 
-// bf16Bits rounds f to bfloat16 (nearest, ties to even) and returns its bits.
-func bf16Bits(f float32) uint16 {
-	b := math.Float32bits(f)
-	if f != f {
-		return uint16(b>>16) | 0x40
-	}
-	b += 0x7fff + (b>>16)&1
-	return uint16(b >> 16)
-}
-
 // RandBF16 fills dst with bf16 values uniform in (-amp, amp).
 func RandBF16(dst []uint16, seed uint64, amp float32) {
 	r := rng{seed}
 	for i := range dst {
-		dst[i] = bf16Bits(r.uniform(amp))
+		dst[i] = numfmt.F32ToBF16(r.uniform(amp))
 	}
 }
 
