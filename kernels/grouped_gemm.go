@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/moeprep/moeprep/internal/cuda"
 )
@@ -172,7 +173,8 @@ type GEMMPath uint8
 
 const (
 	// PathAuto: tensor cores for bf16 activations with bf16 or fp8 weights
-	// (the 16-byte-load variant where the shapes allow it), SIMT otherwise.
+	// (the 16-byte-load variant where the shapes allow it, in 64-row tiles
+	// when the experts average tallMinRows rows or more), SIMT otherwise.
 	PathAuto GEMMPath = iota
 	// PathSIMT: the f32 SIMT kernels (any shape, any dtype).
 	PathSIMT
@@ -183,7 +185,17 @@ const (
 	// the next K step; needs K % 8 == 0 (bf16) or K % 16 == 0 (fp8) for
 	// K = H (stage 1) and K = I (stage 2).
 	PathMMAVec
+	// PathMMATall: as PathMMAVec (same shape rules) with tiles of up to 64
+	// rows of one expert, so each staged weight tile serves four times as
+	// many rows; PathAuto takes it when the experts average at least
+	// tallMinRows rows.
+	PathMMATall
 )
+
+// tallMinRows is the mean number of rows per expert (slots / experts) from
+// which PathAuto uses the 64-row tiles: below it most experts fill one
+// 16-row tile and the tall CTA would leave most of its warps idle.
+const tallMinRows = 32
 
 // GEMMOptions picks the grouped GEMM's precision and kernel.
 type GEMMOptions struct {
@@ -195,8 +207,8 @@ type GEMMOptions struct {
 }
 
 // kernel returns a stage's kernel name and block size for reduction
-// length k.
-func (o GEMMOptions) kernel(stage string, w MatDType, k int) (string, int, error) {
+// length k, numel slots and the given number of experts.
+func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int) (string, int, error) {
 	mmaOK := o.Act == MatBF16 && (w == MatBF16 || w == MatFP8)
 	vec := 8
 	if w == MatFP8 {
@@ -205,6 +217,8 @@ func (o GEMMOptions) kernel(stage string, w MatDType, k int) (string, int, error
 	path := o.Path
 	if path == PathAuto {
 		switch {
+		case mmaOK && k%vec == 0 && numel >= tallMinRows*experts:
+			path = PathMMATall
 		case mmaOK && k%vec == 0:
 			path = PathMMAVec
 		case mmaOK:
@@ -222,14 +236,27 @@ func (o GEMMOptions) kernel(stage string, w MatDType, k int) (string, int, error
 		return fmt.Sprintf("moe_%s_mma_bf16_%v", stage, w), 128, nil
 	case path == PathMMAVec && k%vec == 0:
 		return fmt.Sprintf("moe_%s_mma2_bf16_%v", stage, w), 128, nil
-	case path == PathMMAVec:
+	case path == PathMMATall && k%vec == 0:
+		return fmt.Sprintf("moe_%s_tall_bf16_%v", stage, w), 256, nil
+	case path == PathMMAVec || path == PathMMATall:
 		return "", 0, fmt.Errorf("grouped gemm: the 16-byte-load path needs a reduction length divisible by %d, not %d", vec, k)
 	}
 	return "", 0, fmt.Errorf("grouped gemm: unknown kernel path %d", path)
 }
 
-func gemmGrid(s *Sorted, n int) ([3]uint32, error) {
+// gemmGrid is kernel fn's launch grid: rows x column tiles, or for the tall
+// kernels column tiles x rows (columns fastest, see grouped_gemm.cu).
+func gemmGrid(s *Sorted, n int, fn string) ([3]uint32, error) {
 	rows, cols := CeilDiv(s.SortedIDs.Len(), gemmRowTile), CeilDiv(n, gemmColTile)
+	if strings.Contains(fn, "_tall_") {
+		if strings.HasPrefix(fn, "moe_down_") {
+			cols = CeilDiv(n, 2*gemmColTile) // 128 columns a CTA
+		}
+		if rows > 65535 {
+			return [3]uint32{}, fmt.Errorf("grouped gemm: %d sorted rows exceed the tall kernel's launch grid", s.SortedIDs.Len())
+		}
+		return [3]uint32{uint32(cols), uint32(rows), 1}, nil
+	}
 	if cols > 65535 {
 		return [3]uint32{}, fmt.Errorf("grouped gemm: %d output columns exceed the launch grid", n)
 	}
@@ -268,11 +295,11 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 	if err != nil {
 		return err
 	}
-	grid, err := gemmGrid(sorted, bank.I)
+	fn, threads, err := opt.kernel("gate_up", bank.DType, bank.H, sorted.Numel, bank.NumExperts)
 	if err != nil {
 		return err
 	}
-	fn, threads, err := opt.kernel("gate_up", bank.DType, bank.H)
+	grid, err := gemmGrid(sorted, bank.I, fn)
 	if err != nil {
 		return err
 	}
@@ -308,11 +335,11 @@ func MoEDown(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted,
 	if err != nil {
 		return err
 	}
-	grid, err := gemmGrid(sorted, bank.H)
+	fn, threads, err := opt.kernel("down", bank.DType, bank.I, sorted.Numel, bank.NumExperts)
 	if err != nil {
 		return err
 	}
-	fn, threads, err := opt.kernel("down", bank.DType, bank.I)
+	grid, err := gemmGrid(sorted, bank.H, fn)
 	if err != nil {
 		return err
 	}

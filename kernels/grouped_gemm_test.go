@@ -47,6 +47,12 @@ var gemmCases = []gemmCase{
 	{name: "one expert bf16 up_gate", tok: 70, e: 8, k: 1, h: 160, inter: 96, block: 64, w: kernels.MatBF16, fused: true, upGate: true, allOn: 3},
 	{name: "fp8 up_gate partial blocks", tok: 33, e: 16, k: 4, h: 288, inter: 200, block: 16, w: kernels.MatFP8, fused: true, upGate: true, allOn: -1},
 	{name: "f32 weights", tok: 20, e: 4, k: 2, h: 64, inter: 48, block: 16, w: kernels.MatF32, allOn: -1},
+	// Many rows per expert: PathAuto takes the 64-row tiles. Runs of 3-5
+	// sub-blocks of 16 (tiles of 4 plus a partial one), runs of 6 in blocks
+	// of 32, and one run of 38 sub-blocks (the run-start scan goes past 32).
+	{name: "long runs fp8", tok: 150, e: 5, k: 2, h: 160, inter: 96, block: 16, w: kernels.MatFP8, allOn: -1},
+	{name: "long runs bf16 gate_up block 32", tok: 300, e: 7, k: 2, h: 96, inter: 160, block: 32, w: kernels.MatBF16, fused: true, allOn: -1},
+	{name: "one expert 600 rows fp8", tok: 600, e: 4, k: 1, h: 96, inter: 64, block: 16, w: kernels.MatFP8, allOn: 2},
 }
 
 // expertWeights holds one layer's logical per-expert matrices: raw device
@@ -214,6 +220,7 @@ func TestGroupedGEMM(t *testing.T) {
 		{"bf16 simt", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathSIMT}, tolBF16},
 		{"bf16 mma", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathMMA}, tolBF16},
 		{"bf16 auto", kernels.GEMMOptions{Act: kernels.MatBF16}, tolBF16},
+		{"bf16 tall", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathMMATall}, tolBF16},
 	}
 	for _, c := range gemmCases {
 		ew := makeExperts(r, c)
@@ -246,10 +253,17 @@ func TestGroupedGEMM(t *testing.T) {
 				}
 				out := poisoned(t, dev, numel*c.h)
 				err := kernels.GroupedGEMM(dev, 0, bank, sorted, xm, c.tok, c.k, inter, out, m.opt)
-				if c.w == kernels.MatF32 && m.opt.Path == kernels.PathMMA {
+				if c.w == kernels.MatF32 && (m.opt.Path == kernels.PathMMA || m.opt.Path == kernels.PathMMATall) {
 					// f32 weights have no tensor-core kernel: asking for one is an error.
 					if err == nil {
 						t.Fatal("tensor-core path accepted f32 weights")
+					}
+					return
+				}
+				if vec := vecElems(c.w); m.opt.Path == kernels.PathMMATall && (c.h%vec != 0 || c.inter%vec != 0) {
+					// 16-byte loads need row starts on 16 bytes.
+					if err == nil {
+						t.Fatalf("tall path accepted H %d, I %d with %v weights", c.h, c.inter, c.w)
 					}
 					return
 				}
@@ -293,5 +307,58 @@ func TestGroupedGEMMRejects(t *testing.T) {
 	fp8.DType = kernels.MatFP8
 	if err := kernels.MoEDown(nil, 0, &fp8, bad, m, nil, kernels.GEMMOptions{Act: kernels.MatBF16}); err == nil {
 		t.Fatal("bf16 weights accepted as fp8")
+	}
+}
+
+// vecElems is the elements of a 16-byte load of weight type w.
+func vecElems(w kernels.MatDType) int {
+	if w == kernels.MatFP8 {
+		return 16
+	}
+	return 8
+}
+
+// TestGroupedGEMMFP8Decode checks both in-kernel e4m3 -> bf16 decoders (the
+// hardware conversion on sm_89+, the bit trick that sm_80 runs) on all 256
+// codes against validate.DequantFP8: bit-exact, NaN for NaN codes.
+func TestGroupedGEMMFP8Decode(t *testing.T) {
+	dev := gemmDevice(t)
+	codes := make([]byte, 256)
+	for i := range codes {
+		codes[i] = byte(i)
+	}
+	want := make([]float32, 256)
+	if err := validate.DequantFP8(codes, 1, 256, []float32{1, 1}, 128, 128, want); err != nil {
+		t.Fatal(err)
+	}
+	m, err := kernels.Load(dev, "grouped_gemm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hw := toDevice(t, dev, make([]uint16, 256))
+	bits := toDevice(t, dev, make([]uint16, 256))
+	if err := m.Launch("gg_fp8_decode_check", kernels.Grid(1), kernels.Block(64), 0, 0, hw, bits); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []struct {
+		name string
+		buf  *cuda.Buffer[uint16]
+	}{{"hardware", hw}, {"bit trick", bits}} {
+		got := fromDevice(t, d.buf)
+		bad := 0
+		for i, g := range got {
+			w := want[i]
+			ok := uint32(g)<<16 == math.Float32bits(w)
+			if math.IsNaN(float64(w)) {
+				ok = g&0x7f80 == 0x7f80 && g&0x7f != 0
+			}
+			if !ok {
+				if bad < 5 {
+					t.Errorf("%s: code %#02x decoded to bf16 %#04x, want %v", d.name, i, g, w)
+				}
+				bad++
+			}
+		}
+		t.Logf("fp8 decode %s: %d of 256 codes wrong", d.name, bad)
 	}
 }

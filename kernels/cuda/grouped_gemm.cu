@@ -368,7 +368,8 @@ MM_DOWN(moe_down_mma_bf16_bf16, bf16_t, false)
 MM_DOWN(moe_down_mma_bf16_fp8, e4m3_t, true)
 
 // ---------------------------------------------------------------------------
-// Vectorised tensor-core variant ("mma2"): as above, but K steps of 64 and
+// Vectorised tensor-core variant ("mma2"): as above, but K steps of 64 (128
+// for fp8 weights) and
 // every global load 16 bytes wide (8 bf16 or 16 fp8 values), the next K step's
 // loads issued into registers before the current step's mma.sync, so each
 // thread keeps 64-128 bytes in flight. The caller picks it only when every
@@ -380,11 +381,72 @@ MM_DOWN(moe_down_mma_bf16_fp8, e4m3_t, true)
 
 struct __align__(16) m2_vec { unsigned x, y, z, w; };
 
-__device__ __forceinline__ unsigned fp8x2_to_bf16x2(unsigned b0, unsigned b1)
+// Four e4m3 bytes (w, byte 0 first) to four bf16 in two bf16x2 words (lo:
+// bytes 0,1; hi: bytes 2,3), exactly: every e4m3 value, subnormals and NaN
+// included, is a bf16 value. sm_89 and later convert in hardware to f16x2
+// (exact) and widen through f32 (exact); sm_80 has no fp8 conversion and uses
+// fp8_bits_to_bf16x4, a branch-free bit trick. Both replace the per-element
+// branchy e4m3_decode in the main loop; gg_fp8_decode_check tests both
+// against the CPU decoder on all 256 codes.
+__device__ __forceinline__ void fp8_bits_to_bf16x4(unsigned w, unsigned& lo, unsigned& hi)
 {
-    // e4m3 values are exact in bf16: the f32 decode has 16 zero low bits.
-    unsigned lo = __float_as_uint(e4m3_decode(b0)) >> 16, hi = __float_as_uint(e4m3_decode(b1)) >> 16;
-    return lo | (hi << 16);
+    // Put each byte in the high byte of a 16-bit half: sign lands on the
+    // bf16 sign, and e (4 bits) m (3 bits) shifted right by 4 land on the low
+    // exponent bits and top mantissa bits. That bf16 is the e4m3 value times
+    // 2^-120 (bias 127 instead of 7; subnormals become bf16 subnormals with
+    // the same scaling); one exact bf16x2 multiply by 2^120 restores it.
+    // NaN (S.1111.111) would come out finite, so NaN bytes are detected with
+    // a carry trick ((b & 0x7f) + 1 sets bit 7 only for 0x7f) and forced NaN.
+    const unsigned nan = ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+    unsigned p[2] = {__byte_perm(w, 0u, 0x1404u), __byte_perm(w, 0u, 0x3424u)};
+    unsigned n[2] = {__byte_perm(nan, 0u, 0x1404u), __byte_perm(nan, 0u, 0x3424u)};
+    unsigned o[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        unsigned r = (p[i] & 0x80008000u) | ((p[i] >> 4) & 0x07f007f0u), d;
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(r), "r"(0x7b807b80u), "r"(0x80008000u));
+        o[i] = d | ((n[i] >> 15) * 0x7fc0u);
+    }
+    lo = o[0];
+    hi = o[1];
+}
+
+__device__ __forceinline__ unsigned f16x2_to_bf16x2(unsigned h)
+{
+    unsigned d;
+    asm("{\n\t.reg .f16 h_lo, h_hi;\n\t.reg .f32 f_lo, f_hi;\n\t"
+        "mov.b32 {h_lo, h_hi}, %1;\n\tcvt.f32.f16 f_lo, h_lo;\n\tcvt.f32.f16 f_hi, h_hi;\n\t"
+        "cvt.rn.bf16x2.f32 %0, f_hi, f_lo;\n\t}"
+        : "=r"(d) : "r"(h));
+    return d;
+}
+
+__device__ __forceinline__ void fp8_hw_to_bf16x4(unsigned w, unsigned& lo, unsigned& hi)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned h0, h1;
+    asm("{\n\t.reg .b16 q_lo, q_hi;\n\tmov.b32 {q_lo, q_hi}, %2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %0, q_lo;\n\tcvt.rn.f16x2.e4m3x2 %1, q_hi;\n\t}"
+        : "=r"(h0), "=r"(h1) : "r"(w));
+    lo = f16x2_to_bf16x2(h0);
+    hi = f16x2_to_bf16x2(h1);
+#else
+    fp8_bits_to_bf16x4(w, lo, hi);
+#endif
+}
+
+__device__ __forceinline__ void fp8x4_to_bf16x4(unsigned w, unsigned& lo, unsigned& hi) { fp8_hw_to_bf16x4(w, lo, hi); }
+
+// Test hook: bf16 bits of every e4m3 code through both decoders.
+extern "C" __global__ void gg_fp8_decode_check(bf16_t* hw, bf16_t* bits)
+{
+    unsigned t = threadIdx.x;  // 64 threads, four codes each
+    unsigned w = (4 * t) | ((4 * t + 1) << 8) | ((4 * t + 2) << 16) | ((4 * t + 3) << 24);
+    unsigned lo, hi;
+    fp8_hw_to_bf16x4(w, lo, hi);
+    hw[4 * t] = lo & 0xffff; hw[4 * t + 1] = lo >> 16; hw[4 * t + 2] = hi & 0xffff; hw[4 * t + 3] = hi >> 16;
+    fp8_bits_to_bf16x4(w, lo, hi);
+    bits[4 * t] = lo & 0xffff; bits[4 * t + 1] = lo >> 16; bits[4 * t + 2] = hi & 0xffff; bits[4 * t + 3] = hi >> 16;
 }
 
 template <class WT> struct m2_traits;
@@ -406,10 +468,15 @@ __device__ __forceinline__ void grouped_gemm_mma2_tile(
 {
     constexpr int NB = GATED ? 2 : 1;
     constexpr int PV = m2_traits<WT>::PER_VEC;
-    constexpr int VPR = M2_BK / PV;                          // vectors per B row chunk
+    // fp8 steps K by 128 (one scale block) so each thread keeps as many
+    // bytes of weights in flight (4 x 16 B per matrix) as bf16 does with 64.
+    constexpr int BK = FP8 ? 2 * M2_BK : M2_BK;
+    constexpr int LD = BK + 8;                               // 16-byte aligned, conflict-free pitch
+    constexpr int VPR = BK / PV;                             // vectors per B row chunk
+    constexpr int AV = (GG_BM * BK / 8) / MM_THREADS;        // A vectors per thread
     constexpr int BV = (GG_BN * VPR) / MM_THREADS;           // B vectors per thread per matrix
-    __shared__ __align__(16) bf16_t As[GG_BM][M2_LD];
-    __shared__ __align__(16) bf16_t Bs[NB][GG_BN][M2_LD];
+    __shared__ __align__(16) bf16_t As[GG_BM][LD];
+    __shared__ __align__(16) bf16_t Bs[NB][GG_BN][LD];
     __shared__ int slot[GG_BM];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -436,13 +503,18 @@ __device__ __forceinline__ void grouped_gemm_mma2_tile(
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[m][j][i] = part[m][j][i] = 0.f;
 
-    // A: 16 rows x 64 k = 128 vectors of 8 bf16, one a thread.
-    const int ar = tid / 8, ak = (tid % 8) * 8;
-    const int as = slot[ar];
-    m2_vec ra, rb[NB][BV];
+    // A: 16 rows x BK k in vectors of 8 bf16, AV a thread.
+    constexpr int VPA = BK / 8;  // A vectors per row
+    int as[AV];
+#pragma unroll
+    for (int v = 0; v < AV; v++) as[v] = slot[(tid + v * MM_THREADS) / VPA];
+    m2_vec ra[AV], rb[NB][BV];
     auto load = [&](int k0) {
-        int k = k0 + ak;
-        ra = (as >= 0 && k < K) ? *(const m2_vec*)(a + (long long)(as / a_div) * K + k) : m2_vec{0, 0, 0, 0};
+#pragma unroll
+        for (int v = 0; v < AV; v++) {
+            int k = k0 + ((tid + v * MM_THREADS) % VPA) * 8;
+            ra[v] = (as[v] >= 0 && k < K) ? *(const m2_vec*)(a + (long long)(as[v] / a_div) * K + k) : m2_vec{0, 0, 0, 0};
+        }
 #pragma unroll
         for (int m = 0; m < NB; m++)
 #pragma unroll
@@ -453,8 +525,12 @@ __device__ __forceinline__ void grouped_gemm_mma2_tile(
             }
     };
     load(0);
-    for (int k0 = 0; k0 < K; k0 += M2_BK) {
-        *(m2_vec*)&As[ar][ak] = ra;
+    for (int k0 = 0; k0 < K; k0 += BK) {
+#pragma unroll
+        for (int v = 0; v < AV; v++) {
+            int idx = tid + v * MM_THREADS;
+            *(m2_vec*)&As[idx / VPA][(idx % VPA) * 8] = ra[v];
+        }
 #pragma unroll
         for (int m = 0; m < NB; m++)
 #pragma unroll
@@ -462,17 +538,11 @@ __device__ __forceinline__ void grouped_gemm_mma2_tile(
                 int idx = tid + j * MM_THREADS;
                 int nn = idx / VPR, kk = (idx % VPR) * PV;
                 if (FP8) {
-                    const unsigned w[4] = {rb[m][j].x, rb[m][j].y, rb[m][j].z, rb[m][j].w};
                     m2_vec lo, hi;
-                    unsigned* o = &lo.x;
-                    unsigned* o2 = &hi.x;
-#pragma unroll
-                    for (int i = 0; i < 2; i++) {
-                        o[2 * i] = fp8x2_to_bf16x2(w[i] & 0xff, (w[i] >> 8) & 0xff);
-                        o[2 * i + 1] = fp8x2_to_bf16x2((w[i] >> 16) & 0xff, w[i] >> 24);
-                        o2[2 * i] = fp8x2_to_bf16x2(w[i + 2] & 0xff, (w[i + 2] >> 8) & 0xff);
-                        o2[2 * i + 1] = fp8x2_to_bf16x2((w[i + 2] >> 16) & 0xff, w[i + 2] >> 24);
-                    }
+                    fp8x4_to_bf16x4(rb[m][j].x, lo.x, lo.y);
+                    fp8x4_to_bf16x4(rb[m][j].y, lo.z, lo.w);
+                    fp8x4_to_bf16x4(rb[m][j].z, hi.x, hi.y);
+                    fp8x4_to_bf16x4(rb[m][j].w, hi.z, hi.w);
                     *(m2_vec*)&Bs[m][nn][kk] = lo;
                     *(m2_vec*)&Bs[m][nn][kk + 8] = hi;
                 } else {
@@ -480,9 +550,9 @@ __device__ __forceinline__ void grouped_gemm_mma2_tile(
                 }
             }
         __syncthreads();
-        if (k0 + M2_BK < K) load(k0 + M2_BK);  // in flight during the mma below
+        if (k0 + BK < K) load(k0 + BK);  // in flight during the mma below
 #pragma unroll
-        for (int ks = 0; ks < M2_BK; ks += 16) {
+        for (int ks = 0; ks < BK; ks += 16) {
             unsigned a0 = *(const unsigned*)&As[g][ks + 2 * q];
             unsigned a1 = *(const unsigned*)&As[g + 8][ks + 2 * q];
             unsigned a2 = *(const unsigned*)&As[g][ks + 2 * q + 8];
@@ -498,7 +568,7 @@ __device__ __forceinline__ void grouped_gemm_mma2_tile(
                 }
         }
         __syncthreads();
-        if (FP8 && ((k0 + M2_BK) % GG_SCALE_BLOCK == 0 || k0 + M2_BK >= K)) {
+        if (FP8 && ((k0 + BK) % GG_SCALE_BLOCK == 0 || k0 + BK >= K)) {
             long long si = (long long)e * s_estride + (long long)(n0 / GG_SCALE_BLOCK) * sc + k0 / GG_SCALE_BLOCK;
 #pragma unroll
             for (int m = 0; m < NB; m++) {
@@ -565,3 +635,252 @@ M2_GATE_UP(moe_gate_up_mma2_bf16_bf16, bf16_t, false)
 M2_GATE_UP(moe_gate_up_mma2_bf16_fp8, e4m3_t, true)
 M2_DOWN(moe_down_mma2_bf16_bf16, bf16_t, false)
 M2_DOWN(moe_down_mma2_bf16_fp8, e4m3_t, true)
+
+// ---------------------------------------------------------------------------
+// Tall-tile tensor-core variant ("tall") for many rows per expert: up to 64
+// rows (four 16-row sub-blocks of one expert) x 64 columns (gate_up) or 128
+// (down) per CTA, 256 threads as 2 x 4 warps of 32 rows x 16 (32) columns, K steps of 64 with 16-byte
+// loads prefetched into registers (as mma2), fragments through ldmatrix. A
+// staged weight tile feeds 64 rows instead of 16, so the weights cross L2 and
+// shared memory a quarter as often as in mma2.
+//
+// Tiles follow the alignment at 16-row granularity, whatever its block size:
+// the grid has one CTA per 16-row sub-block; a CTA works only if its
+// sub-block starts a tile, i.e. lies a multiple of 4 sub-blocks after the
+// start of its expert's run, and takes up to 3 more sub-blocks of the same
+// expert. The others exit at once. Sub-blocks of a tile past its run are
+// neither loaded nor multiplied nor written. Grid: x = column tiles, y =
+// 16-row sub-blocks (the transpose of the other variants' grid).
+
+#define TT_BM 64
+#define TT_THREADS 256
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+// Expert of 16-row sub-block i (block_size is a multiple of 16).
+__device__ __forceinline__ int sub_expert(const int* expert_ids, int i, int block_size)
+{
+    return expert_ids[(i * 16) / block_size];
+}
+
+template <class WT, bool GATED, bool FP8>
+__device__ __forceinline__ void grouped_gemm_tall_tile(
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
+    const int* __restrict__ total_padded, const bf16_t* __restrict__ a, int a_div,
+    const WT* __restrict__ b0, const WT* __restrict__ b1, long long b_estride,
+    const float* __restrict__ s0, const float* __restrict__ s1, long long s_estride,
+    bf16_t* __restrict__ c_bf16, float* __restrict__ c_f32, int numel, int N, int K, int block_size,
+    int num_experts)
+{
+    constexpr int NB = GATED ? 2 : 1;
+    // Columns per warp: 16 for gate_up (two B matrices), 32 for down, so both
+    // run 16 mma per warp per k16 and down reads fewer A fragments per mma
+    // (it was bound by shared-memory traffic with 16).
+    constexpr int WN = GATED ? 16 : 32;
+    constexpr int J = WN / 8;        // n8 tiles per warp
+    constexpr int BN = 4 * WN;       // CTA columns (inside one 128-wide scale block)
+    constexpr int PV = m2_traits<WT>::PER_VEC;
+    constexpr int VPR = M2_BK / PV;                    // vectors per B row chunk
+    constexpr int BV = (BN * VPR) / TT_THREADS;     // B vectors per thread per matrix
+    constexpr int AV = (TT_BM * M2_BK / 8) / TT_THREADS;  // A vectors per thread
+    static_assert(BV >= 1 && AV >= 1, "tile too small for the thread count");
+    __shared__ __align__(16) bf16_t As[TT_BM][M2_LD];
+    __shared__ __align__(16) bf16_t Bs[NB][BN][M2_LD];
+    __shared__ int slot[TT_BM];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp >> 2, wn = warp & 3;
+    // Column tiles vary fastest in the grid (blockIdx.x), so the CTAs of one
+    // row tile run together and its gathered A rows (x or inter, too large
+    // for L2 at large T) are read from HBM about once, not once per sweep of
+    // the rows; the row tiles of one expert are adjacent in y, so its weight
+    // tiles are still shared through L2.
+    const int sb = blockIdx.y;  // 16-row sub-block
+    const int total = *total_padded;
+    if (sb * 16 >= total) return;
+    const int e = sub_expert(expert_ids, sb, block_size);
+    if (e < 0 || e >= num_experts) return;
+    // Start of this expert's run: each warp scans back 32 sub-blocks at a time.
+    int start = 0;
+    for (int base = sb;; base -= 32) {
+        int j = base - 1 - lane;
+        bool diff = j < 0 || sub_expert(expert_ids, j, block_size) != e;
+        unsigned m = __ballot_sync(0xffffffffu, diff);
+        if (m) {
+            start = base - (__ffs(m) - 1);
+            break;
+        }
+    }
+    if ((sb - start) % 4 != 0) return;  // uniform across the CTA
+    int nsub = 1;
+    while (nsub < 4 && (sb + nsub) * 16 < total && sub_expert(expert_ids, sb + nsub, block_size) == e) nsub++;
+    const int row0 = sb * 16;
+    const int n0 = blockIdx.x * BN;
+    if (tid < TT_BM) {
+        int s = tid / 16 < nsub ? sorted_ids[row0 + tid] : -1;
+        slot[tid] = (s >= 0 && s < numel) ? s : -1;
+    }
+    __syncthreads();
+
+    const WT* bm[2] = {b0 + (long long)e * b_estride, (GATED ? b1 : b0) + (long long)e * b_estride};
+    const float* sm[2] = {s0, GATED ? s1 : s0};
+    const int sc = (K + GG_SCALE_BLOCK - 1) / GG_SCALE_BLOCK;
+    float acc[NB][2][J][4], part[NB][2][J][4];
+#pragma unroll
+    for (int m = 0; m < NB; m++)
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int j = 0; j < J; j++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[m][t][j][i] = part[m][t][j][i] = 0.f;
+    const bool mt_on[2] = {2 * wm < nsub, 2 * wm + 1 < nsub};  // warp-uniform
+
+    int aslot[AV];
+#pragma unroll
+    for (int v = 0; v < AV; v++) aslot[v] = slot[(tid + v * TT_THREADS) / 8];
+    m2_vec ra[AV], rb[NB][BV];
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int v = 0; v < AV; v++) {
+            int k = k0 + ((tid + v * TT_THREADS) % 8) * 8;
+            int s = aslot[v];
+            ra[v] = (s >= 0 && k < K) ? *(const m2_vec*)(a + (long long)(s / a_div) * K + k) : m2_vec{0, 0, 0, 0};
+        }
+#pragma unroll
+        for (int m = 0; m < NB; m++)
+#pragma unroll
+            for (int j = 0; j < BV; j++) {
+                int idx = tid + j * TT_THREADS;
+                int nn = idx / VPR, kk = k0 + (idx % VPR) * PV, n = n0 + nn;
+                rb[m][j] = (n < N && kk < K) ? *(const m2_vec*)(bm[m] + (long long)n * K + kk) : m2_vec{0, 0, 0, 0};
+            }
+    };
+    load(0);
+    for (int k0 = 0; k0 < K; k0 += M2_BK) {
+#pragma unroll
+        for (int v = 0; v < AV; v++) {
+            int idx = tid + v * TT_THREADS;
+            *(m2_vec*)&As[idx / 8][(idx % 8) * 8] = ra[v];
+        }
+#pragma unroll
+        for (int m = 0; m < NB; m++)
+#pragma unroll
+            for (int j = 0; j < BV; j++) {
+                int idx = tid + j * TT_THREADS;
+                int nn = idx / VPR, kk = (idx % VPR) * PV;
+                if (FP8) {
+                    m2_vec lo, hi;
+                    fp8x4_to_bf16x4(rb[m][j].x, lo.x, lo.y);
+                    fp8x4_to_bf16x4(rb[m][j].y, lo.z, lo.w);
+                    fp8x4_to_bf16x4(rb[m][j].z, hi.x, hi.y);
+                    fp8x4_to_bf16x4(rb[m][j].w, hi.z, hi.w);
+                    *(m2_vec*)&Bs[m][nn][kk] = lo;
+                    *(m2_vec*)&Bs[m][nn][kk + 8] = hi;
+                } else {
+                    *(m2_vec*)&Bs[m][nn][kk] = rb[m][j];
+                }
+            }
+        __syncthreads();
+        if (k0 + M2_BK < K) load(k0 + M2_BK);  // in flight during the mma below
+#pragma unroll
+        for (int ks = 0; ks < M2_BK; ks += 16) {
+            unsigned bf[NB][2 * J];
+#pragma unroll
+            for (int m = 0; m < NB; m++)
+#pragma unroll
+                for (int h = 0; h < J / 2; h++)
+                    ldmatrix_x4(&bf[m][4 * h],
+                                &Bs[m][wn * WN + 16 * h + (lane & 7) + ((lane >> 4) << 3)][ks + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+            for (int t = 0; t < 2; t++) {
+                if (!mt_on[t]) continue;
+                unsigned af[4];
+                ldmatrix_x4(af, &As[wm * 32 + t * 16 + (lane & 15)][ks + (lane >> 4) * 8]);
+#pragma unroll
+                for (int m = 0; m < NB; m++)
+#pragma unroll
+                    for (int j = 0; j < J; j++)
+                        mma_bf16_16816(FP8 ? part[m][t][j] : acc[m][t][j], af[0], af[1], af[2], af[3],
+                                       bf[m][2 * j], bf[m][2 * j + 1]);
+            }
+        }
+        __syncthreads();
+        if (FP8 && ((k0 + M2_BK) % GG_SCALE_BLOCK == 0 || k0 + M2_BK >= K)) {
+            long long si = (long long)e * s_estride + (long long)(n0 / GG_SCALE_BLOCK) * sc + k0 / GG_SCALE_BLOCK;
+#pragma unroll
+            for (int m = 0; m < NB; m++) {
+                float scale = sm[m][si];
+#pragma unroll
+                for (int t = 0; t < 2; t++)
+#pragma unroll
+                    for (int j = 0; j < J; j++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            acc[m][t][j][i] = fmaf(part[m][t][j][i], scale, acc[m][t][j][i]);
+                            part[m][t][j][i] = 0.f;
+                        }
+            }
+        }
+    }
+
+    const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int t = 0; t < 2; t++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {  // fragment rows g and g+8
+            int s = slot[wm * 32 + t * 16 + g + 8 * h];
+            if (s < 0) continue;
+#pragma unroll
+            for (int j = 0; j < J; j++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    int n = n0 + wn * WN + j * 8 + 2 * q + i;
+                    if (n >= N) continue;
+                    float v = acc[0][t][j][2 * h + i];
+                    if (GATED) {
+                        double gv = (double)v;
+                        float sg = (float)(gv / (1.0 + exp(-gv)));
+                        v = __fmul_rn(sg, acc[NB - 1][t][j][2 * h + i]);
+                        c_bf16[(long long)s * N + n] = f32_to_bf16(v);
+                    } else {
+                        c_f32[(long long)s * N + n] = v;
+                    }
+                }
+        }
+}
+
+#define TT_GATE_UP(NAME, WT, FP8)                                                            \
+    extern "C" __global__ void __launch_bounds__(TT_THREADS, 2) NAME(                        \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
+        const bf16_t* x, const WT* w_gate, const WT* w_up, long long w_estride,              \
+        const float* s_gate, const float* s_up, long long s_estride, bf16_t* inter,          \
+        int numel, int topk, int I, int H, int block_size, int num_experts)                  \
+    {                                                                                        \
+        grouped_gemm_tall_tile<WT, true, FP8>(sorted_ids, expert_ids, total_padded, x, topk, \
+            w_gate, w_up, w_estride, s_gate, s_up, s_estride, inter, nullptr, numel, I, H,   \
+            block_size, num_experts);                                                        \
+    }
+
+#define TT_DOWN(NAME, WT, FP8)                                                               \
+    extern "C" __global__ void __launch_bounds__(TT_THREADS, 2) NAME(                        \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
+        const bf16_t* inter, const WT* w_down, long long w_estride, const float* s_down,     \
+        long long s_estride, float* out, int numel, int H, int I, int block_size,            \
+        int num_experts)                                                                     \
+    {                                                                                        \
+        grouped_gemm_tall_tile<WT, false, FP8>(sorted_ids, expert_ids, total_padded, inter,  \
+            1, w_down, w_down, w_estride, s_down, s_down, s_estride, nullptr, out, numel, H, \
+            I, block_size, num_experts);                                                     \
+    }
+
+TT_GATE_UP(moe_gate_up_tall_bf16_bf16, bf16_t, false)
+TT_GATE_UP(moe_gate_up_tall_bf16_fp8, e4m3_t, true)
+TT_DOWN(moe_down_tall_bf16_bf16, bf16_t, false)
+TT_DOWN(moe_down_tall_bf16_fp8, e4m3_t, true)
