@@ -39,7 +39,7 @@ var alignCases = []alignCase{
 // TestAlignMatchesCPU checks every array of moe_align_block_size against
 // validate.AlignBlockSize exactly, order inside each expert included.
 func TestAlignMatchesCPU(t *testing.T) {
-	dev := rtDevice(t)
+	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(7, 77))
 	for _, c := range alignCases {
 		t.Run(c.name, func(t *testing.T) {
@@ -65,7 +65,7 @@ func TestAlignMatchesCPU(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := kernels.AlignBlockSize(0, rtUpload(t, dev, ids), a); err != nil {
+			if err := kernels.AlignBlockSize(0, toDevice(t, dev, ids), a); err != nil {
 				t.Fatal(err)
 			}
 			got, err := a.Host()
@@ -102,14 +102,14 @@ func firstDiff(a, b []int32) int {
 }
 
 func TestAlignRejectsBadIDs(t *testing.T) {
-	dev := rtDevice(t)
+	dev := testDevice(t)
 	ids := []int32{1, 2, 3, 64, 5, -1}
 	a, err := kernels.NewAlignment(dev, len(ids), 64, 16)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Free()
-	if err := kernels.AlignBlockSize(0, rtUpload(t, dev, ids), a); err != nil {
+	if err := kernels.AlignBlockSize(0, toDevice(t, dev, ids), a); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Host(); err == nil || !strings.Contains(err.Error(), "slot 3") {
@@ -128,7 +128,7 @@ func TestNewAlignmentChecks(t *testing.T) {
 // TestGateThenAlign chains the two kernels on the device, as the fused
 // path does, and compares with the CPU chain.
 func TestGateThenAlign(t *testing.T) {
-	dev := rtDevice(t)
+	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(3, 33))
 	c := gateCases[4] // 264 experts, shared slots
 	c.t = 513
@@ -151,7 +151,7 @@ func TestGateThenAlign(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer out.Free()
-	if err := kernels.Gate(0, c.spec, c.t, rtUpload(t, dev, logits), rtUpload(t, dev, bias), out); err != nil {
+	if err := kernels.Gate(0, c.spec, c.t, toDevice(t, dev, logits), toDevice(t, dev, bias), out); err != nil {
 		t.Fatal(err)
 	}
 	a, err := kernels.NewAlignment(dev, c.t*out.K, bank, 64)
@@ -173,7 +173,7 @@ func TestGateThenAlign(t *testing.T) {
 
 // TestAlignTiming logs moe_align_block_size's device time (3 launches).
 func TestAlignTiming(t *testing.T) {
-	dev := rtDevice(t)
+	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, tok := range []int{16, 128, 4096} {
 		numel := tok * 9
@@ -181,7 +181,7 @@ func TestAlignTiming(t *testing.T) {
 		for i := range ids {
 			ids[i] = int32(r.IntN(264))
 		}
-		d := rtUpload(t, dev, ids)
+		d := toDevice(t, dev, ids)
 		a, err := kernels.NewAlignment(dev, numel, 264, 64)
 		if err != nil {
 			t.Fatal(err)

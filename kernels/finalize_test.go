@@ -14,7 +14,7 @@ import (
 // validate.Finalize does, so on amd64 (where Go never fuses a*b+c) the
 // results are bit-identical; elsewhere within 1e-6 relative.
 func TestFinalize(t *testing.T) {
-	dev := gemmDevice(t)
+	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, c := range []struct {
 		tok, k, h int
@@ -39,7 +39,7 @@ func TestFinalize(t *testing.T) {
 // TestAddRows checks the unfused path's shared-expert add with and without
 // a sigmoid gate against the same arithmetic on the CPU.
 func TestAddRows(t *testing.T) {
-	dev := gemmDevice(t)
+	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(5, 6))
 	const tok, h = 37, 160
 	for _, gated := range []bool{false, true} {

@@ -105,7 +105,7 @@ func sameFloat(a, b float32, rtol float64) bool {
 // validate.FusedSlots: ids exactly (ties to the lower index included),
 // weights within rtol 1e-5, and the ranked scores.
 func TestGateMatchesCPU(t *testing.T) {
-	dev := rtDevice(t)
+	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(5, 55))
 	for _, kernel := range []string{kernels.GateWarp, kernels.GateBlock} {
 		for _, c := range gateCases {
@@ -119,10 +119,10 @@ func TestGateMatchesCPU(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				dl := rtUpload(t, dev, logits)
+				dl := toDevice(t, dev, logits)
 				var db *cuda.Buffer[float32]
 				if bias != nil {
-					db = rtUpload(t, dev, bias)
+					db = toDevice(t, dev, bias)
 				}
 				out, err := kernels.NewGateOut(dev, c.spec, c.t, true)
 				if err != nil {
@@ -140,7 +140,7 @@ func TestGateMatchesCPU(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ids, w, choice := rtDownload(t, out.IDs), rtDownload(t, out.Weights), rtDownload(t, out.Choice)
+				ids, w, choice := fromDevice(t, out.IDs), fromDevice(t, out.Weights), fromDevice(t, out.Choice)
 				if want.K != out.K {
 					t.Fatalf("K %d, twin %d", out.K, want.K)
 				}
@@ -194,7 +194,7 @@ func TestGateSpecCheck(t *testing.T) {
 // TestGateTiming logs the gate's device time at DeepSeek-V3 and Kimi-K2
 // shapes (mean of 50 back-to-back launches; not an assertion).
 func TestGateTiming(t *testing.T) {
-	dev := rtDevice(t)
+	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(9, 9))
 	for _, c := range []gateCase{
 		{name: "dsv3", bias: true, spec: gateCases[0].spec},
@@ -203,7 +203,7 @@ func TestGateTiming(t *testing.T) {
 		for _, tok := range []int{1, 128, 4096} {
 			c.t = tok
 			logits, bias := gateInputs(r, c)
-			dl, db := rtUpload(t, dev, logits), rtUpload(t, dev, bias)
+			dl, db := toDevice(t, dev, logits), toDevice(t, dev, bias)
 			out, err := kernels.NewGateOut(dev, c.spec, tok, false)
 			if err != nil {
 				t.Fatal(err)

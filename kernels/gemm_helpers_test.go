@@ -11,24 +11,29 @@ import (
 	"github.com/moeprep/moeprep/validate"
 )
 
-// The GEMM-family tests share one device, opened on first use; without a
+// Every kernels test shares one device, opened on first use; without a
 // driver or a GPU they skip.
 var (
-	gemmDevOnce sync.Once
-	gemmDev     *cuda.Device
-	gemmDevErr  error
+	testDevOnce sync.Once
+	testDev     *cuda.Device
+	testDevErr  error
 )
 
-func gemmDevice(t *testing.T) *cuda.Device {
+func testDevice(t *testing.T) *cuda.Device {
 	t.Helper()
-	gemmDevOnce.Do(func() { gemmDev, gemmDevErr = cuda.Open(0) })
-	if errors.Is(gemmDevErr, cuda.ErrNoDriver) || errors.Is(gemmDevErr, cuda.ErrNoDevice) {
-		t.Skipf("no GPU: %v", gemmDevErr)
+	testDevOnce.Do(func() {
+		testDev, testDevErr = cuda.Open(0)
+		if testDevErr == nil {
+			t.Logf("device: %s", testDev)
+		}
+	})
+	if errors.Is(testDevErr, cuda.ErrNoDriver) || errors.Is(testDevErr, cuda.ErrNoDevice) {
+		t.Skipf("no GPU: %v", testDevErr)
 	}
-	if gemmDevErr != nil {
-		t.Fatalf("opening GPU 0: %v", gemmDevErr)
+	if testDevErr != nil {
+		t.Fatalf("opening GPU 0: %v", testDevErr)
 	}
-	return gemmDev
+	return testDev
 }
 
 // toDevice uploads host values, failing the test on error.

@@ -23,7 +23,7 @@ func TestGroupedGEMMTiming(t *testing.T) {
 	if os.Getenv("MOEPREP_GEMM_BENCH") != "1" {
 		t.Skip("set MOEPREP_GEMM_BENCH=1 to time the grouped GEMM")
 	}
-	dev := gemmDevice(t)
+	dev := testDevice(t)
 	const h, in, e, k, block = 7168, 2048, 257, 9, 16
 	bw := copyBandwidth(t, dev)
 	t.Logf("device-to-device copy: %.0f GB/s", bw/1e9)

@@ -209,7 +209,7 @@ func uploadSorted(t *testing.T, dev *cuda.Device, al *validate.Alignment, ids []
 }
 
 func TestGroupedGEMM(t *testing.T) {
-	dev := gemmDevice(t)
+	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(7, 8))
 	modes := []struct {
 		name string
@@ -322,7 +322,7 @@ func vecElems(w kernels.MatDType) int {
 // hardware conversion on sm_89+, the bit trick that sm_80 runs) on all 256
 // codes against validate.DequantFP8: bit-exact, NaN for NaN codes.
 func TestGroupedGEMMFP8Decode(t *testing.T) {
-	dev := gemmDevice(t)
+	dev := testDevice(t)
 	codes := make([]byte, 256)
 	for i := range codes {
 		codes[i] = byte(i)

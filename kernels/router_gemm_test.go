@@ -14,7 +14,7 @@ import (
 // products, |d| <= 1e-5 * sum_h |x_h w_h| (the rounding error of an f32 sum
 // is about H*2^-24 of that sum in the worst case, far less in practice).
 func TestRouterGEMM(t *testing.T) {
-	dev := gemmDevice(t)
+	dev := testDevice(t)
 	cases := []struct {
 		name   string
 		tok, e int
