@@ -96,7 +96,7 @@ var (
 	// keeps a margin for the larger fixtures while any structural error is > 1e-2.
 	TolGolden = Tolerance{Name: "hf-golden", MaxRelL2: 1e-4, MinCosine: 1 - 1e-7,
 		Reason: "CPU float32 vs HF float32 module output: summation order only"}
-	// TolGPUBF16 is for the GPU kernels with bf16 activations (next issue):
+	// TolGPUBF16 is for the GPU kernels with bf16 activations (--precision bf16):
 	// bf16 keeps 8 mantissa bits (2^-9 relative per rounding) and the GEMMs
 	// round activations at each stage; vLLM's MoE tests accept atol 2e-2 on
 	// randn/10 inputs and SGLang's FP8 block MoE mean relative 2e-2.
