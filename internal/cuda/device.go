@@ -202,6 +202,13 @@ func (d *Device) MemInfo() (free, total uint64, err error) {
 }
 
 // call is the Ctx's gate to the driver: it refuses use outside Do.
+//
+// uintptrescapes: callers pass out-parameters as uintptr(unsafe.Pointer(p)).
+// Without the directive such a p may live on the goroutine's stack, which
+// can be copied (grown) before the C call: the driver would then write the
+// old copy and the caller read the new one (a handle of 0).
+//
+//go:uintptrescapes
 func (c *Ctx) call(name string, args ...uintptr) error {
 	if c == nil || !c.valid {
 		return fmt.Errorf("cuda: %s called with a Ctx outside its Device.Do", name)

@@ -151,6 +151,9 @@ func lookup(h uintptr, name string, alts []string) (uintptr, error) {
 }
 
 // call invokes a driver function and turns its CUresult into an error.
+// uintptrescapes: see Ctx.call.
+//
+//go:uintptrescapes
 func (d *driver) call(name string, args ...uintptr) error {
 	fn, ok := d.fn[name]
 	if !ok || fn == 0 {

@@ -53,6 +53,9 @@ func (d *driver) resolveGraph() error {
 }
 
 // graphCall is Ctx.call for the lazily resolved graph entry points.
+// uintptrescapes: see Ctx.call.
+//
+//go:uintptrescapes
 func (c *Ctx) graphCall(name string, args ...uintptr) error {
 	if c == nil || !c.valid {
 		return fmt.Errorf("cuda: %s called with a Ctx outside its Device.Do", name)
