@@ -6,6 +6,9 @@ import (
 	"github.com/moeprep/moeprep/internal/cuda"
 )
 
+// finalizeThreads is FIN_THREADS of finalize.cu.
+const finalizeThreads = 128
+
 // Finalize queues y[t,:] = scale * sum_k w[t,k] * out[t*K+k,:] on stream s,
 // f32, slots summed in order without fused multiply-adds (bit-identical to
 // the CPU twin validate.Finalize on amd64). scale is the routed scaling
@@ -25,6 +28,11 @@ func Finalize(dev *cuda.Device, s cuda.Stream, out, w, y *cuda.Buffer[float32], 
 	m, err := Load(dev, "finalize")
 	if err != nil {
 		return err
+	}
+	if h%4 == 0 && out.Ptr()%16 == 0 && y.Ptr()%16 == 0 {
+		// Many CTAs per token row (finalize.cu moe_finalize_v4).
+		grid := [3]uint32{uint32(CeilDiv(h/4, finalizeThreads)), uint32(min(t, 65535)), 1}
+		return m.Launch("moe_finalize_v4", grid, Block(finalizeThreads), 0, s, out, w, y, int32(t), int32(k), int32(h/4), scale)
 	}
 	return m.Launch("moe_finalize", Grid(t), Block(256), 0, s, out, w, y, int32(t), int32(k), int32(h), scale)
 }

@@ -19,7 +19,7 @@ func TestFinalize(t *testing.T) {
 	for _, c := range []struct {
 		tok, k, h int
 		scale     float32
-	}{{1, 9, 160, 2.5}, {37, 9, 160, 1}, {5, 1, 7168, 2.827}, {70, 3, 33, 1}} {
+	}{{1, 9, 160, 2.5}, {37, 9, 160, 1}, {5, 1, 7168, 2.827}, {70, 3, 33, 1}, {16, 9, 7168, 2.5}, {3, 20, 1000, 1}} {
 		out := randn(r, c.tok*c.k*c.h, 1)
 		w := randn(r, c.tok*c.k, 0.3)
 		y := poisoned(t, dev, c.tok*c.h)

@@ -24,18 +24,34 @@ const GateMaxExperts = 512
 // CTA barriers in the k serial selections) and GateBlock (one CTA of 256
 // threads per token). Both match the CPU twin. Measured on an H200 (mean of
 // 50 back-to-back launches): DeepSeek-V3 shape T=4096 warp 50 us, block 104
-// us; Kimi-K2 T<=128 block 12.5-13.5 us, warp 20-22 us. GateCtx picks the
-// block variant below gateWarpFrom tokens and the warp variant from there.
+// us; Kimi-K2 T<=128 block 12.5-13.5 us, warp 20-22 us.
+//
+// GateReg (gate_reg.cu: one warp per token, the token's scores in
+// registers, each of the k selections two warp reductions, no barriers) is
+// what GateCtx runs: same results, and on an H200 (same method) DeepSeek-V3
+// 7.7 / 8.0 / 18.4 us at T=1 / 128 / 4096, Kimi-K2 6.9 / 7.2 / 19.5 us.
 const (
 	GateWarp  = "moe_gate_f32_warp"
 	GateBlock = "moe_gate_f32"
+	GateReg   = "moe_gate_f32_reg"
 )
 
 const (
 	gateThreads    = 256
-	gateWarpTokens = 4
-	gateWarpFrom   = 512
+	gateWarpTokens = 4 // GATE_WARP_TOKENS and GR_WARPS
 )
+
+// gateRegKernel is the register kernel instantiated for e experts (each
+// lane holds ceil(e/32) scores, rounded up to 4, 8 or 16).
+func gateRegKernel(e int) string {
+	switch {
+	case e <= 128:
+		return GateReg + "4"
+	case e <= 256:
+		return GateReg + "8"
+	}
+	return GateReg + "16"
+}
 
 // GateSpec is the gate's configuration: validate.RouteSpec plus the shared
 // slots of the fused-shared contract.
@@ -137,22 +153,22 @@ func Gate(stream cuda.Stream, spec GateSpec, t int, logits, bias *cuda.Buffer[fl
 }
 
 // GateCtx is Gate from inside a Do closure (to queue a whole pipeline in one
-// trip to the device's thread).
+// trip to the device's thread). It runs the register kernel (GateReg).
 func GateCtx(c *cuda.Ctx, stream cuda.Stream, spec GateSpec, t int, logits, bias *cuda.Buffer[float32], out *GateOut) error {
-	kernel := GateBlock
-	if t >= gateWarpFrom {
-		kernel = GateWarp
-	}
-	return GateKernelCtx(c, kernel, stream, spec, t, logits, bias, out)
+	return GateKernelCtx(c, GateReg, stream, spec, t, logits, bias, out)
 }
 
-// GateKernelCtx is GateCtx with an explicit kernel variant (GateWarp or GateBlock).
+// GateKernelCtx is GateCtx with an explicit kernel variant (GateReg,
+// GateWarp or GateBlock).
 func GateKernelCtx(c *cuda.Ctx, kernel string, stream cuda.Stream, spec GateSpec, t int, logits, bias *cuda.Buffer[float32], out *GateOut) error {
 	grid, block := Grid(t), Block(gateThreads)
 	switch kernel {
 	case GateBlock:
 	case GateWarp:
 		grid, block = Grid(CeilDiv(t, gateWarpTokens)), Block(32*gateWarpTokens)
+	case GateReg:
+		grid, block = Grid(CeilDiv(t, gateWarpTokens)), Block(32*gateWarpTokens)
+		kernel = gateRegKernel(spec.NumExperts)
 	default:
 		return fmt.Errorf("gate: unknown kernel %q", kernel)
 	}
@@ -176,7 +192,11 @@ func GateKernelCtx(c *cuda.Ctx, kernel string, stream cuda.Stream, spec GateSpec
 	case out.Choice != nil && out.Choice.Len() < t*e:
 		return fmt.Errorf("gate: choice output holds %d values, want %d", out.Choice.Len(), t*e)
 	}
-	m, err := LoadCtx(c, "gate")
+	family := "gate"
+	if kernel != GateBlock && kernel != GateWarp {
+		family = "gate_reg" // gate_reg.cu
+	}
+	m, err := LoadCtx(c, family)
 	if err != nil {
 		return err
 	}

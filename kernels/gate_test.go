@@ -101,13 +101,18 @@ func sameFloat(a, b float32, rtol float64) bool {
 	return math.Abs(float64(a)-float64(b)) <= rtol*math.Abs(float64(b))+1e-30
 }
 
+// gateVariants are the gate kernels the tests run and time.
+func gateVariants() []string {
+	return []string{kernels.GateReg, kernels.GateWarp, kernels.GateBlock}
+}
+
 // TestGateMatchesCPU runs the fused gate against validate.Route +
 // validate.FusedSlots: ids exactly (ties to the lower index included),
 // weights within rtol 1e-5, and the ranked scores.
 func TestGateMatchesCPU(t *testing.T) {
 	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(5, 55))
-	for _, kernel := range []string{kernels.GateWarp, kernels.GateBlock} {
+	for _, kernel := range gateVariants() {
 		for _, c := range gateCases {
 			t.Run(kernel+"/"+c.name, func(t *testing.T) {
 				logits, bias := gateInputs(r, c)
@@ -208,7 +213,7 @@ func TestGateTiming(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, kernel := range []string{kernels.GateWarp, kernels.GateBlock} {
+			for _, kernel := range gateVariants() {
 				us := rtTimeUs(t, dev, 50, func(cx *cuda.Ctx) error { return kernels.GateKernelCtx(cx, kernel, 0, c.spec, tok, dl, db, out) })
 				t.Logf("gate %s %s E=%d T=%d: %.1f us", kernel, c.name, c.spec.NumExperts, tok, us)
 			}

@@ -88,8 +88,30 @@ const (
 	routerTokens = 4 // tokens per CTA (RT_TOKENS)
 )
 
+// routerMMA is one tensor-core router kernel: its CTA tile (m tokens x n
+// experts) and thread count (router_gemm.cu RT_MMA_KERNEL).
+type routerMMA struct {
+	fn            string
+	m, n, threads int
+}
+
+// routerMMAConfig picks the tile for t tokens: small tiles with K split
+// over the CTA's warps while the weight read dominates (few tokens), then
+// 64 x 64 tiles once the arithmetic does.
+func routerMMAConfig(t int) routerMMA {
+	switch {
+	case t <= 16:
+		return routerMMA{"router_mma_s", 16, 8, 256}
+	case t <= 1024:
+		return routerMMA{"router_mma_m", 32, 16, 256}
+	}
+	return routerMMA{"router_mma_l", 64, 64, 128}
+}
+
 // RouterGEMM queues logits [T,E] = x [T,H] times w [E,H] transposed on
 // stream s, f32 accumulation. x and w are each f32 or bf16; logits is f32.
+// bf16 x bf16 with H a multiple of 8 runs on the tensor cores (mma.sync);
+// other combinations on the SIMT kernel.
 // The CPU twin is validate.RouterLogits.
 func RouterGEMM(dev *cuda.Device, s cuda.Stream, x, w Mat, logits *cuda.Buffer[float32], t, h, e int) error {
 	if !dimsOK(t, h, e) {
@@ -107,6 +129,14 @@ func RouterGEMM(dev *cuda.Device, s cuda.Stream, x, w Mat, logits *cuda.Buffer[f
 	m, err := Load(dev, "router_gemm")
 	if err != nil {
 		return err
+	}
+	if x.DType == MatBF16 && w.DType == MatBF16 && h%8 == 0 && x.Ptr%16 == 0 && w.Ptr%16 == 0 {
+		c := routerMMAConfig(t)
+		grid := [3]uint32{uint32(CeilDiv(e, c.n)), uint32(CeilDiv(t, c.m)), 1}
+		if grid[1] > 65535 {
+			return fmt.Errorf("router gemm: %d tokens exceed the launch grid (at most %d)", t, 65535*c.m)
+		}
+		return m.Launch(c.fn, grid, Block(c.threads), 0, s, x.Ptr, w.Ptr, logits, int32(t), int32(e), int32(h))
 	}
 	fn := fmt.Sprintf("router_gemm_%v_%v", x.DType, w.DType)
 	grid := [3]uint32{uint32(CeilDiv(e, routerWarps)), uint32(CeilDiv(t, routerTokens)), 1}

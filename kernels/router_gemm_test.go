@@ -26,6 +26,12 @@ func TestRouterGEMM(t *testing.T) {
 		{"T5 odd H", 5, 8, 33, kernels.MatF32, kernels.MatBF16},
 		{"T6 bf16 x f32 384", 6, 384, 96, kernels.MatBF16, kernels.MatF32},
 		{"T4 deepseek shape", 4, 256, 7168, kernels.MatF32, kernels.MatBF16},
+		// bf16 x bf16: the tensor-core kernels (s: T <= 16, m: <= 1024, l: above).
+		{"T3 bf16 deepseek shape (mma s)", 3, 256, 7168, kernels.MatBF16, kernels.MatBF16},
+		{"T130 bf16 deepseek shape (mma m)", 130, 256, 7168, kernels.MatBF16, kernels.MatBF16},
+		{"T20 bf16 H 168, a partial k chunk, 40 experts (mma m)", 20, 40, 168, kernels.MatBF16, kernels.MatBF16},
+		{"T2100 bf16 264 experts (mma l, partial tiles)", 2100, 264, 512, kernels.MatBF16, kernels.MatBF16},
+		{"T9 bf16 H 36 (not a multiple of 8: SIMT)", 9, 24, 36, kernels.MatBF16, kernels.MatBF16},
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, c := range cases {
