@@ -137,7 +137,7 @@ func TestRefSampled(t *testing.T) {
 		{mk(3, 4, 5, 6, 7, 61), []int{3, 61}},
 	}
 	for _, tt := range tests {
-		got := refSampled(tt.targets)
+		got := refSampled(tt.targets, "")
 		if len(got) != len(tt.want) {
 			t.Errorf("%v: sampled %v, want %v", tt.targets, got, tt.want)
 		}

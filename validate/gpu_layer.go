@@ -384,6 +384,11 @@ func (g *gpuRunner) addDense(src TensorSource, m family.MLP, gate string, block 
 		return err
 	}
 	fr.add(bankFree{bank})
+	// Waiting for the upload here costs one launch latency and keeps the
+	// stager's I/O time apart from the GEMM's (LayerTiming).
+	if err := g.stage.wait(); err != nil {
+		return err
+	}
 	t, h := in.t, in.h
 	slots := make([]int32, t)
 	for i := range slots {
@@ -505,6 +510,9 @@ func (g *gpuRunner) oneExpert(src TensorSource, m family.MLP, h, inter, block in
 		return err
 	}
 	fr.add(bankFree{bank})
+	if err := g.stage.wait(); err != nil { // see addDense
+		return err
+	}
 	sorted, err := g.oneExpertSorted(slots, numel, &fr)
 	if err != nil {
 		return err

@@ -21,28 +21,44 @@ const (
 var TolGPUF32 = Tolerance{Name: "gpu-f32", MaxRelL2: 1e-5, MinCosine: 1 - 1e-8,
 	Reason: "f32 activations on the GPU: only summation order differs (kernels measured <= 5.8e-7)"}
 
-// refSampled picks the layers the CPU reference runs on in a GPU run: all of
-// them when there are at most 4, else the first and the last.
-func refSampled(targets []target) map[int]bool {
+// The CPU reference sampling of a GPU run (Options.CPUCheck).
+const (
+	CPUCheckAuto = "auto" // first and last layer, or all when there are at most 4
+	CPUCheckNone = "none" // GPU paths only
+	CPUCheckAll  = "all"  // every layer
+)
+
+// refSampled picks the layers the CPU reference runs on in a GPU run, per
+// mode (CPUCheckAuto when empty).
+func refSampled(targets []target, mode string) map[int]bool {
 	out := map[int]bool{}
 	for i, tg := range targets {
-		if len(targets) <= 4 || i == 0 || i == len(targets)-1 {
+		switch mode {
+		case CPUCheckNone:
+		case CPUCheckAll:
 			out[tg.index] = true
+		default:
+			if len(targets) <= 4 || i == 0 || i == len(targets)-1 {
+				out[tg.index] = true
+			}
 		}
 	}
 	return out
 }
 
-// bankLoad is one layer's fused bank streaming to the device.
+// bankLoad is one layer's fused bank streaming to the device, with the
+// I/O it took.
 type bankLoad struct {
-	bank    *devBank
-	err     error
-	seconds float64
+	bank *devBank
+	err  error
+	rec  stageRecord
 }
 
 // runGPU checks every target on the GPU. The fused bank of the next layer
 // streams in on the copy stream while this layer computes, so at most two
-// layers' banks are on the device.
+// layers' banks are on the device. Each layer's timing goes into
+// rep.Timings; with Options.IOBaseline the same bytes are then read and
+// uploaded again without compute, for the ratio.
 func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) error {
 	g, err := openGPU(s.o.GPUPrecision)
 	if err != nil {
@@ -51,7 +67,7 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 	defer g.close()
 	rep.DeviceName = g.dev.String()
 	rep.GPUPrecision = s.o.GPUPrecision
-	sampled := refSampled(targets)
+	sampled := refSampled(targets, s.o.CPUCheck)
 	start := func(tg target) chan bankLoad {
 		ch := make(chan bankLoad, 1)
 		if tg.fused == nil || s.dst == nil {
@@ -59,9 +75,13 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 			return ch
 		}
 		go func() {
-			t0 := time.Now()
-			b, err := loadFusedBank(g.prefetch, s.dst, tg.fused)
-			ch <- bankLoad{bank: b, err: err, seconds: time.Since(t0).Seconds()}
+			var ld bankLoad
+			ld.err = recording(g.prefetch, &ld.rec, func() error {
+				var err error
+				ld.bank, err = loadFusedBank(g.prefetch, s.dst, tg.fused)
+				return err
+			})
+			ch <- ld
 		}()
 		return ch
 	}
@@ -71,6 +91,7 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 			(<-pending).bank.free()
 		}
 	}()
+	layerStart := time.Now()
 	for i, tg := range targets {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -82,20 +103,31 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 		if ld.err != nil {
 			return fmt.Errorf("%s: %w", s.o.Dst, ld.err)
 		}
-		wait := time.Since(t0).Seconds()
+		tm := LayerTiming{Layer: tg.index, DstBytes: ld.rec.bytes, DstIOSeconds: ld.rec.busy.Seconds(),
+			BankWaitSeconds: time.Since(t0).Seconds(), staged: ld.rec.staged}
 		if i+1 < len(targets) {
 			pending = start(targets[i+1])
 		}
-		rows, err := s.checkLayerGPU(ctx, g, tg, ld.bank, sampled[tg.index])
+		rows, err := s.checkLayerGPU(ctx, g, tg, ld.bank, sampled[tg.index], &tm)
 		ld.bank.free()
 		if err != nil {
 			return err
 		}
-		if ld.bank != nil {
-			s.o.progress("validate: layer %d: bank %.2f GB uploaded in %.2fs (%.2f GB/s incl. reading), waited %.2fs for it",
-				tg.index, float64(ld.bank.Size)/1e9, ld.seconds, float64(ld.bank.Size)/1e9/max(ld.seconds, 1e-9), wait)
-		}
+		tm.WallSeconds = time.Since(layerStart).Seconds()
+		layerStart = time.Now()
+		s.o.progress("validate: %s", tm.Line())
 		rep.Rows = append(rep.Rows, rows...)
+		rep.Timings = append(rep.Timings, tm)
+	}
+	if s.o.IOBaseline {
+		s.o.progress("validate: io baseline: reading and uploading each layer's bytes again, no compute")
+		if err := g.ioBaseline(rep.Timings); err != nil {
+			rep.Notes = append(rep.Notes, err.Error())
+			return nil
+		}
+		for i := range rep.Timings {
+			s.o.progress("validate: %s", rep.Timings[i].Line())
+		}
 	}
 	return nil
 }
@@ -117,7 +149,7 @@ func (s *session) gpuGoldenTolerance() Tolerance {
 
 // checkLayerGPU runs one layer's GPU fused and unfused paths (and the CPU
 // reference on sampled layers, concurrently) and compares them.
-func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, bank *devBank, withRef bool) ([]LayerResult, error) {
+func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, bank *devBank, withRef bool, tm *LayerTiming) ([]LayerResult, error) {
 	x, t, g0, err := s.layerInput(tg)
 	if err != nil {
 		return nil, err
@@ -137,6 +169,9 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 			refCh <- refOut{r, err, time.Since(t0).Seconds()}
 		}()
 	}
+	// The stager's I/O during each path: DST's unfused shared expert, SRC's
+	// experts and shared expert.
+	var dstRec, srcRec stageRecord
 	gpu := func() (fused *FusedResult, unf *RefResult, fusedSec, unfSec float64, err error) {
 		var fr frees
 		defer fr.release(g)
@@ -146,14 +181,22 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		}
 		if tg.fused != nil && bank != nil {
 			t0 := time.Now()
-			if fused, err = g.fusedLayer(s.dst, tg.fused, bank, in, s.o.BlockSize); err != nil {
+			err := recording(g.stage, &dstRec, func() (err error) {
+				fused, err = g.fusedLayer(s.dst, tg.fused, bank, in, s.o.BlockSize)
+				return err
+			})
+			if err != nil {
 				return nil, nil, 0, 0, fmt.Errorf("%s: %w", s.o.Dst, err)
 			}
 			fusedSec = time.Since(t0).Seconds()
 		}
 		if tg.src != nil && s.src != nil {
 			t0 := time.Now()
-			if unf, err = g.unfusedLayer(s.src, s.srcPlan, tg.src, in); err != nil {
+			err := recording(g.stage, &srcRec, func() (err error) {
+				unf, err = g.unfusedLayer(s.src, s.srcPlan, tg.src, in)
+				return err
+			})
+			if err != nil {
 				return nil, nil, 0, 0, fmt.Errorf("%s: %w", s.o.Src, err)
 			}
 			unfSec = time.Since(t0).Seconds()
@@ -173,7 +216,17 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 	if gpuErr != nil {
 		return nil, gpuErr
 	}
-	s.o.progress("validate: layer %d: %d tokens, gpu fused %.3fs, gpu unfused %.2fs, cpu reference %.1fs", tg.index, t, fusedSec, unfSec, refSec)
+	refNote := "no cpu reference"
+	if refCh != nil {
+		refNote = fmt.Sprintf("cpu reference %.1fs", refSec)
+	}
+	s.o.progress("validate: layer %d: %d tokens, gpu fused %.3fs, gpu unfused %.2fs, %s", tg.index, t, fusedSec, unfSec, refNote)
+	tm.DstBytes += dstRec.bytes
+	tm.DstIOSeconds += dstRec.busy.Seconds()
+	tm.SrcBytes, tm.SrcIOSeconds = srcRec.bytes, srcRec.busy.Seconds()
+	tm.ComputeSeconds = max(0, fusedSec+unfSec-(dstRec.busy+srcRec.busy).Seconds())
+	tm.ReferenceSeconds = refSec
+	tm.staged = append(append(tm.staged, dstRec.staged...), srcRec.staged...)
 	base := LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}
 	var rows []LayerResult
 	tol := s.gpuTolerance()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"time"
 	"unsafe"
 
 	"github.com/moeprep/moeprep/checkpoint"
@@ -30,6 +31,13 @@ type stager struct {
 	used   [2]bool
 	next   int
 	raw    []byte // read buffer for tensors decoded to f32 on the host
+	// rec, when set, collects what this stager reads and the time it takes
+	// (a layer's I/O); only the goroutine using the stager touches it.
+	rec *stageRecord
+	// ring, when > 0, wraps the device offsets of copyTensor into the
+	// first ring bytes of dst: the I/O baseline copies every byte without
+	// holding a whole tensor on the device.
+	ring int64
 }
 
 func newStager(dev *cuda.Device, stream cuda.Stream) (*stager, error) {
@@ -104,6 +112,9 @@ func (s *stager) copyTensor(dst cuda.DevicePtr, t *checkpoint.Tensor, decode boo
 		return fmt.Errorf("%s: tensor %s has unknown dtype %s", t.File, t.Name, t.DType)
 	}
 	total := t.NumElements()
+	if s.rec != nil {
+		defer s.rec.add(t, decode, total*size, time.Now())
+	}
 	per := int64(StageChunkBytes) / size
 	if decode {
 		per = StageChunkBytes / 4
@@ -119,7 +130,7 @@ func (s *stager) copyTensor(dst cuda.DevicePtr, t *checkpoint.Tensor, decode boo
 			if err := readAt(t, buf[:n*size], off*size); err != nil {
 				return err
 			}
-			if err := s.send(i, dst.Add(int(out)), int(n*size)); err != nil {
+			if err := s.send(i, s.at(dst, out, n*size), int(n*size)); err != nil {
 				return err
 			}
 			out += n * size
@@ -136,7 +147,7 @@ func (s *stager) copyTensor(dst cuda.DevicePtr, t *checkpoint.Tensor, decode boo
 		if err := Decode(t.DType, raw, f); err != nil {
 			return fmt.Errorf("%s: tensor %s: %w", t.File, t.Name, err)
 		}
-		if err := s.send(i, dst.Add(int(out)), int(n*4)); err != nil {
+		if err := s.send(i, s.at(dst, out, n*4), int(n*4)); err != nil {
 			return err
 		}
 		out += n * 4
@@ -144,8 +155,22 @@ func (s *stager) copyTensor(dst cuda.DevicePtr, t *checkpoint.Tensor, decode boo
 	return nil
 }
 
+// at is where n bytes at offset out of a tensor go: dst + out, or, with
+// a ring, wrapped into its first s.ring bytes (n <= StageChunkBytes <= ring).
+func (s *stager) at(dst cuda.DevicePtr, out, n int64) cuda.DevicePtr {
+	if s.ring > 0 {
+		if out %= s.ring; out+n > s.ring {
+			out = 0
+		}
+	}
+	return dst.Add(int(out))
+}
+
 // wait blocks until every queued copy has reached the device.
 func (s *stager) wait() error {
+	if s.rec != nil {
+		defer s.rec.addWait(time.Now())
+	}
 	return s.dev.Do(func(c *cuda.Ctx) error { return c.SyncStream(s.stream) })
 }
 

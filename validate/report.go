@@ -78,9 +78,11 @@ type Report struct {
 	Dst    string `json:"dst,omitempty"`
 	Golden string `json:"golden,omitempty"`
 	Device string `json:"device"`
-	// DeviceName is the GPU of a cuda run; GPUPrecision its activation type.
+	// DeviceName is the GPU of a cuda run, GPUPrecision its activation type
+	// and CPUCheck which of its layers the CPU reference checked.
 	DeviceName   string        `json:"device_name,omitempty"`
 	GPUPrecision string        `json:"gpu_precision,omitempty"`
+	CPUCheck     string        `json:"cpu_check,omitempty"`
 	Tokens       int           `json:"tokens"` // drawn tokens (goldens bring their own)
 	Seed         uint64        `json:"seed"`
 	BlockSize    int           `json:"block_size"`
@@ -88,6 +90,8 @@ type Report struct {
 	Rows         []LayerResult `json:"layers"`
 	Notes        []string      `json:"notes,omitempty"`
 	Seconds      float64       `json:"seconds"`
+	// Timings are the layers' timings of a GPU run, in run order.
+	Timings []LayerTiming `json:"timings,omitempty"`
 }
 
 // Failed reports whether any row failed (or there were none).
@@ -144,6 +148,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := r.writeTimings(w); err != nil {
+		return err
+	}
 	for _, n := range r.Notes {
 		if _, err := fmt.Fprintln(w, "note: "+n); err != nil {
 			return err
@@ -174,4 +181,29 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	}
 	_, err = w.Write(append(b, '\n'))
 	return err
+}
+
+// writeTimings prints the GPU layers' timings as a second table (nothing
+// for a CPU run): bytes read and uploaded, where the time went and, with
+// an I/O baseline, the layer's time against it.
+func (r *Report) writeTimings(w io.Writer) error {
+	if len(r.Timings) == 0 {
+		return nil
+	}
+	base := r.Timings[0].IOBaselineSeconds > 0
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	head := "layer\tdst_GB\tsrc_GB\tdst_io_s\tbank_wait_s\tsrc_io_s\tcompute_s\twall_s"
+	if base {
+		head += "\tio_baseline_s\tratio"
+	}
+	fmt.Fprintln(tw, head)
+	for _, t := range r.Timings {
+		fmt.Fprintf(tw, "%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3f\t%.2f", t.Layer, gb(t.DstBytes), gb(t.SrcBytes),
+			t.DstIOSeconds, t.BankWaitSeconds, t.SrcIOSeconds, t.ComputeSeconds, t.WallSeconds)
+		if base {
+			fmt.Fprintf(tw, "\t%.2f\t%.2f", t.IOBaselineSeconds, t.Ratio)
+		}
+		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
 }

@@ -43,8 +43,18 @@ type Options struct {
 	// BlockSize is moe_align_block_size's block (0: DefaultBlockSize); on
 	// the GPU it must be a multiple of GPUBlockMultiple.
 	BlockSize int
-	Workers   int              // experts in flight (0: Workers())
-	Progress  func(msg string) // one line per step, for stderr; nil: quiet
+	// CPUCheck is which layers of a GPU run the CPU reference also checks:
+	// CPUCheckAuto ("" too: the first and last layer, or all when there
+	// are at most 4), CPUCheckNone (GPU only: the run goes at I/O speed) or
+	// CPUCheckAll. A CPU run always runs the reference.
+	CPUCheck string
+	// IOBaseline (GPU runs) times, after the run, how long reading each
+	// layer's expert bytes from the page cache and copying them to the GPU
+	// takes through the same staging buffers with no compute, and reports
+	// each layer's time against it (LayerTiming.Ratio).
+	IOBaseline bool
+	Workers    int              // experts in flight (0: Workers())
+	Progress   func(msg string) // one line per step, for stderr; nil: quiet
 	// Notice receives lines the user should see even when quiet (the
 	// --device auto fallback); nil: they go to Progress.
 	Notice func(msg string)
@@ -98,6 +108,16 @@ func (o *Options) checkRest() error {
 	}
 	if o.Layers == "" {
 		o.Layers = "all"
+	}
+	switch strings.ToLower(strings.TrimSpace(o.CPUCheck)) {
+	case "", CPUCheckAuto:
+		o.CPUCheck = CPUCheckAuto
+	case CPUCheckNone:
+		o.CPUCheck = CPUCheckNone
+	case CPUCheckAll:
+		o.CPUCheck = CPUCheckAll
+	default:
+		return fmt.Errorf("validate: --cpu-check %q (want auto, none or all)", o.CPUCheck)
 	}
 	return nil
 }
@@ -157,6 +177,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	rep := &Report{Src: o.Src, Dst: o.Dst, Golden: s.golden, Device: o.Device, Tokens: o.Tokens, Seed: o.Seed,
 		BlockSize: o.BlockSize, XDraw: XDraw, Notes: append(devNotes, notes...)}
+	if o.Device == DeviceCUDA {
+		rep.CPUCheck = o.CPUCheck
+	} else if o.IOBaseline {
+		rep.Notes = append(rep.Notes, "no I/O baseline: it times uploads to the GPU, and this run is on the CPU")
+	}
 	if o.Device == DeviceCUDA {
 		if err := s.runGPU(ctx, targets, rep); err != nil {
 			return nil, err

@@ -14,10 +14,10 @@ func init() { extraCommands = append(extraCommands, newValidateCmd) }
 
 type validateFlags struct {
 	layers, golden, device, jsonFile string
-	precision                        string
+	precision, cpuCheck              string
 	tokens, blockSize, workers       int
 	seed                             uint64
-	quiet                            bool
+	quiet, ioBaseline                bool
 }
 
 func (f *validateFlags) register(cmd *cobra.Command) {
@@ -27,6 +27,8 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the token vectors")
 	fl.StringVar(&f.device, "device", "auto", "auto (CUDA when a GPU and driver are present, else the CPU), cpu or cuda")
 	fl.StringVar(&f.precision, "precision", "bf16", "GPU activations: bf16 (as serving engines run) or f32")
+	fl.StringVar(&f.cpuCheck, "cpu-check", validate.CPUCheckAuto, "GPU runs: layers the CPU reference also checks: auto (first and last, or all when <= 4), none (GPU only, at I/O speed) or all")
+	fl.BoolVar(&f.ioBaseline, "io-baseline", false, "GPU runs: afterwards, time reading and uploading each layer's bytes without compute, and report layer time / that")
 	fl.StringVar(&f.golden, "golden", "", "directory of HF golden outputs (moe-layer-L.safetensors) to check against")
 	fl.IntVar(&f.blockSize, "block-size", validate.DefaultBlockSize, "moe_align_block_size block size of the fused path")
 	fl.IntVar(&f.workers, "workers", 0, "experts computed at once (default: up to 4, one per core)")
@@ -39,6 +41,7 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 func runValidate(cmd *cobra.Command, f *validateFlags, src, dst string, progress io.Writer) error {
 	o := validate.Options{Src: src, Dst: dst, Golden: f.golden, Layers: f.layers, Tokens: f.tokens,
 		Seed: f.seed, Device: f.device, BlockSize: f.blockSize, Workers: f.workers, GPUPrecision: f.precision,
+		CPUCheck: f.cpuCheck, IOBaseline: f.ioBaseline,
 		// The CPU-fallback notice is shown even with --quiet: it changes what was certified.
 		Notice: func(msg string) { fmt.Fprintln(progress, msg) }}
 	if !f.quiet {
@@ -102,11 +105,16 @@ also checks against golden outputs exported from HF transformers.
 
 Per layer it reports relative L2 error, max abs error, cosine similarity and
 tie-robust top-k agreement, with a verdict against a documented tolerance.
+On the GPU (--device cuda) both paths run on the GPU, and the CPU reference
+checks some layers too (--cpu-check); per layer it reports the bytes read and
+uploaded, I/O, compute and wall seconds, and with --io-baseline the layer's
+time against only reading and uploading the same bytes.
 Exit 0 when every layer passes, 1 when any fails, 2 when the input is unusable.`,
 		Example: `  moeprep validate ./DeepSeek-V3 ./DeepSeek-V3-fused
   moeprep validate --layers sample:4 --tokens 64 --json report.json ./DeepSeek-V3 ./DeepSeek-V3-fused
   moeprep validate ./DeepSeek-V3-fused --golden ./goldens
-  moeprep validate ./src ./dst --golden ./src/reference   # both paths against HF`,
+  moeprep validate ./src ./dst --golden ./src/reference   # both paths against HF
+  moeprep validate --device cuda --cpu-check none --io-baseline ./DeepSeek-V3 ./DeepSeek-V3-fused`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 2 || (len(args) == 1 && f.golden != "") {
 				return nil
