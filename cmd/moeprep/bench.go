@@ -44,7 +44,8 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.bankCopies, "bank-copies", 0, "expert-bank copies to rotate (0: as many as fit, at most 2)")
 	fl.BoolVar(&f.json, "json", false, "print the result as JSON")
 	fl.BoolVar(&f.noGraph, "no-graph", false, "do not capture the layer as a CUDA graph")
-	fl.BoolVar(&f.quiet, "quiet", false, "no progress lines on stderr")
+	fl.BoolVar(&f.quiet, "no-progress", false, "no progress lines on stderr (as every command takes it)")
+	fl.BoolVar(&f.quiet, "quiet", false, "the same as --no-progress")
 }
 
 // config turns the flags into a bench.Config.

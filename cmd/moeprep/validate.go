@@ -33,7 +33,8 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.blockSize, "block-size", validate.DefaultBlockSize, "moe_align_block_size block size of the fused path")
 	fl.IntVar(&f.workers, "workers", 0, "experts computed at once (default: up to 4, one per core)")
 	fl.StringVar(&f.jsonFile, "json", "", "also write the report as JSON to FILE (- for stdout instead of the table)")
-	fl.BoolVar(&f.quiet, "quiet", false, "no progress lines on stderr")
+	fl.BoolVar(&f.quiet, "no-progress", false, "no progress lines on stderr (as every command takes it)")
+	fl.BoolVar(&f.quiet, "quiet", false, "the same as --no-progress")
 }
 
 // runValidate runs validate and prints the report; the error maps to exit 1

@@ -52,3 +52,30 @@ func TestValidateCPUCheckFlags(t *testing.T) {
 		t.Errorf("CPU run with --io-baseline: notes %q, %d timings", rep.Notes, len(rep.Timings))
 	}
 }
+
+// --no-progress is common to every command that reports progress, so a CI
+// script can pass it everywhere: each such command takes it and then writes
+// nothing to stderr on success.
+func TestNoProgressEverywhere(t *testing.T) {
+	src := filepath.Join(fixturesDir, "deepseek-v3-bf16")
+	tmp := t.TempDir()
+	dst := filepath.Join(tmp, "fused")
+	runs := [][]string{
+		{"inspect", "--no-progress", "--read", src},
+		{"fuse-shared", "--tp", "2", "--no-progress", src, dst},
+		{"validate", "--no-progress", "--device", "cpu", "--tokens", "8", src, dst},
+		{"validate", "--quiet", "--device", "cpu", "--tokens", "8", src, dst},
+	}
+	for _, args := range runs {
+		code, stdout, stderr := runCLI(t, args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, stderr)
+		}
+		if stderr != "" {
+			t.Errorf("%v: stderr not empty with --no-progress: %q", args, stderr)
+		}
+		if stdout == "" {
+			t.Errorf("%v: no output on stdout", args)
+		}
+	}
+}
