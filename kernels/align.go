@@ -61,7 +61,7 @@ func NewAlignment(dev *cuda.Device, numel, numExperts, blockSize int) (*Alignmen
 	a.SortedTokenIDs = alloc(maxPad)
 	a.ExpertIDs = alloc(CeilDiv(maxPad, blockSize))
 	a.status = alloc(1)
-	a.scratch = alloc(chunks * numExperts)
+	a.scratch = alloc(chunks*numExperts + chunks) // chunk_counts [chunks, E], chunk_bad [chunks]
 	if err != nil {
 		a.Free()
 		return nil, err
@@ -85,8 +85,59 @@ func AlignBlockSize(stream cuda.Stream, topkIDs *cuda.Buffer[int32], a *Alignmen
 	return topkIDs.Device().Do(func(c *cuda.Ctx) error { return AlignBlockSizeCtx(c, stream, topkIDs, a) })
 }
 
-// AlignBlockSizeCtx is AlignBlockSize from inside a Do closure.
+// The align variants: AlignSingle is one launch of one CTA (align.cu
+// moe_align_single), for up to alignSingleMaxNumel slots and expert counts
+// whose per-warp offsets fit its shared memory; AlignMulti is a memset and
+// three launches, for any size. Both give the twin's arrays exactly.
+// Measured on an H100 (E 264, K 9, block 64; TestAlignTiming, back to
+// back): single 9.2 / 10.9 / 51.6 us at T = 16 / 128 / 4096; the earlier
+// multi (memset, one load latency per chunk in the scan) 17.9 / 27.7 / 37.2.
+const (
+	AlignAuto   = ""
+	AlignSingle = "single"
+	AlignMulti  = "multi"
+)
+
+const (
+	alignSingleMaxNumel = 1 << 16 // ALIGN_SINGLE_MAX_NUMEL
+	// alignSingleAutoMaxNumel is where AlignAuto stops taking the single
+	// kernel: one CTA is latency-bound on many slots, while the three
+	// launches spread them over the whole GPU.
+	alignSingleAutoMaxNumel = 8192
+	alignSingleThreads      = 1024
+	alignSlotsPerOwner      = 256  // one ALIGN_UNROLL batch of a warp: its ids stay in registers
+	alignMaxSlotsPerOwner   = 2048 // past this a warp's range is too long a serial walk
+	alignSmemInts           = 48 << 10 / 4
+)
+
+// alignSingleMaxOwners is how many slot-owning warps moe_align_single can
+// have for e experts: its shared memory holds woff [owners][E], cnt [E],
+// cums [E+1] and 33 more ints within 48 KiB (at most 32; 0: none fit).
+func alignSingleMaxOwners(e int) int {
+	return max(0, min(32, (alignSmemInts-2*e-34)/e))
+}
+
+// alignSingleOwners is the owner count for numel slots over e experts:
+// one warp per alignSlotsPerOwner slots, as far as shared memory allows.
+func alignSingleOwners(numel, e int) int {
+	return min(alignSingleMaxOwners(e), max(1, CeilDiv(numel, alignSlotsPerOwner)))
+}
+
+// AlignSingleFits reports whether AlignSingle can run numel slots over e experts.
+func AlignSingleFits(numel, e int) bool {
+	owners := alignSingleMaxOwners(e)
+	return owners > 0 && numel <= alignSingleMaxNumel && numel <= owners*alignMaxSlotsPerOwner
+}
+
+// AlignBlockSizeCtx is AlignBlockSize from inside a Do closure: the
+// single-launch variant where it fits, else the multi-launch one.
 func AlignBlockSizeCtx(c *cuda.Ctx, stream cuda.Stream, topkIDs *cuda.Buffer[int32], a *Alignment) error {
+	return AlignVariantCtx(c, AlignAuto, stream, topkIDs, a)
+}
+
+// AlignVariantCtx is AlignBlockSizeCtx with an explicit variant (AlignAuto,
+// AlignSingle or AlignMulti), for the tests and the benchmark.
+func AlignVariantCtx(c *cuda.Ctx, variant string, stream cuda.Stream, topkIDs *cuda.Buffer[int32], a *Alignment) error {
 	if topkIDs == nil || a == nil || a.scratch == nil {
 		return fmt.Errorf("moe_align_block_size: nil buffer")
 	}
@@ -94,21 +145,41 @@ func AlignBlockSizeCtx(c *cuda.Ctx, stream cuda.Stream, topkIDs *cuda.Buffer[int
 	if topkIDs.Len() < numel {
 		return fmt.Errorf("moe_align_block_size: %d ids for %d slots", topkIDs.Len(), numel)
 	}
+	fits := AlignSingleFits(numel, a.NumExperts)
+	switch variant {
+	case AlignAuto:
+		variant = AlignMulti
+		if fits && numel <= alignSingleAutoMaxNumel {
+			variant = AlignSingle
+		}
+	case AlignSingle:
+		if !fits {
+			return fmt.Errorf("moe_align_block_size: %d slots over %d experts do not fit the single-launch kernel", numel, a.NumExperts)
+		}
+	case AlignMulti:
+	default:
+		return fmt.Errorf("moe_align_block_size: unknown variant %q", variant)
+	}
 	m, err := LoadCtx(c, "align")
 	if err != nil {
 		return err
 	}
-	e, chunks := int32(a.NumExperts), CeilDiv(numel, alignChunk)
-	if err := c.MemsetD32Async(a.status.Ptr(), uint32(a.Numel), 1, stream); err != nil {
-		return err
+	if variant == AlignSingle {
+		owners := alignSingleOwners(numel, a.NumExperts)
+		smem := 4 * (owners*a.NumExperts + 2*a.NumExperts + 34)
+		return m.LaunchCtx(c, "moe_align_single", Grid(1), Block(alignSingleThreads), uint32(smem), stream,
+			topkIDs, a.Numel, int32(a.NumExperts), int32(a.BlockSize), int32(owners),
+			a.Counts, a.Cumsum, a.Total, a.SortedTokenIDs, a.ExpertIDs, a.status)
 	}
+	e, chunks := int32(a.NumExperts), CeilDiv(numel, alignChunk)
+	chunkBad := a.scratch.Ptr().Add(4 * chunks * a.NumExperts)
 	if err := m.LaunchCtx(c, "moe_align_count", Grid(chunks), Block(alignChunk), uint32(4*a.NumExperts), stream,
-		topkIDs, a.Numel, e, a.scratch, a.status); err != nil {
+		topkIDs, a.Numel, e, a.scratch, chunkBad); err != nil {
 		return err
 	}
 	if err := m.LaunchCtx(c, "moe_align_scan", Grid(1), Block(alignScanThreads), 0, stream,
-		a.scratch, int32(chunks), e, int32(a.BlockSize), a.Numel,
-		a.Counts, a.Cumsum, a.Total, a.SortedTokenIDs, a.ExpertIDs); err != nil {
+		a.scratch, chunkBad, int32(chunks), e, int32(a.BlockSize), a.Numel,
+		a.Counts, a.Cumsum, a.Total, a.SortedTokenIDs, a.ExpertIDs, a.status); err != nil {
 		return err
 	}
 	return m.LaunchCtx(c, "moe_align_fill", Grid(chunks), Block(alignChunk), 0, stream,

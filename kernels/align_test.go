@@ -34,6 +34,10 @@ var alignCases = []alignCase{
 		return int32(r.IntN(384))
 	}},
 	{name: "3000 experts (more than the scan's threads)", numel: 20000, e: 3000, block: 16},
+	{name: "65536 slots (the single kernel's limit) over 256", numel: 1 << 16, e: 256, block: 64},
+	{name: "40000 slots over 512 (21 owner warps)", numel: 40000, e: 512, block: 64},
+	{name: "2000 experts (the single kernel with 4 warps)", numel: 5000, e: 2000, block: 16},
+	{name: "65537 slots (past the single kernel's limit)", numel: 1<<16 + 1, e: 256, block: 64},
 }
 
 // TestAlignMatchesCPU checks every array of moe_align_block_size against
@@ -42,50 +46,58 @@ func TestAlignMatchesCPU(t *testing.T) {
 	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(7, 77))
 	for _, c := range alignCases {
-		t.Run(c.name, func(t *testing.T) {
-			ids := make([]int32, c.numel)
-			for i := range ids {
-				if c.ids != nil {
-					ids[i] = c.ids(r, i)
-				} else {
-					ids[i] = int32(r.IntN(c.e))
-				}
+		for _, variant := range []string{kernels.AlignSingle, kernels.AlignMulti} {
+			if variant == kernels.AlignSingle && !kernels.AlignSingleFits(c.numel, c.e) {
+				continue
 			}
-			want, err := validate.AlignBlockSize(ids, c.e, c.block)
-			if err != nil {
-				t.Fatal(err)
-			}
-			a, err := kernels.NewAlignment(dev, c.numel, c.e, c.block)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer a.Free()
-			for _, b := range []interface{ Fill(int32) error }{a.SortedTokenIDs, a.ExpertIDs, a.Counts, a.Cumsum, a.Total} {
-				if err := b.Fill(-5); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := kernels.AlignBlockSize(0, toDevice(t, dev, ids), a); err != nil {
-				t.Fatal(err)
-			}
-			got, err := a.Host()
-			if err != nil {
-				t.Fatal(err)
-			}
-			switch {
-			case got.TotalPadded != want.TotalPadded:
-				t.Fatalf("total %d, twin %d", got.TotalPadded, want.TotalPadded)
-			case !slices.Equal(got.Counts, want.Counts):
-				t.Fatalf("counts differ:\n%v\n%v", got.Counts, want.Counts)
-			case !slices.Equal(got.Cumsum, want.Cumsum):
-				t.Fatalf("cumsum differs:\n%v\n%v", got.Cumsum, want.Cumsum)
-			case !slices.Equal(got.ExpertIDs, want.ExpertIDs):
-				t.Fatalf("expert ids differ")
-			}
-			if i := firstDiff(got.SortedTokenIDs, want.SortedTokenIDs); i >= 0 {
-				t.Fatalf("sorted_token_ids differ first at %d: %d, twin %d", i, got.SortedTokenIDs[i], want.SortedTokenIDs[i])
-			}
-		})
+			t.Run(variant+"/"+c.name, func(t *testing.T) { testAlignCase(t, dev, r, c, variant) })
+		}
+	}
+}
+
+func testAlignCase(t *testing.T, dev *cuda.Device, r *rand.Rand, c alignCase, variant string) {
+	ids := make([]int32, c.numel)
+	for i := range ids {
+		if c.ids != nil {
+			ids[i] = c.ids(r, i)
+		} else {
+			ids[i] = int32(r.IntN(c.e))
+		}
+	}
+	want, err := validate.AlignBlockSize(ids, c.e, c.block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := kernels.NewAlignment(dev, c.numel, c.e, c.block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Free()
+	for _, b := range []interface{ Fill(int32) error }{a.SortedTokenIDs, a.ExpertIDs, a.Counts, a.Cumsum, a.Total} {
+		if err := b.Fill(-5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := toDevice(t, dev, ids)
+	if err := dev.Do(func(cx *cuda.Ctx) error { return kernels.AlignVariantCtx(cx, variant, 0, d, a) }); err != nil {
+		t.Fatal(err)
+	}
+	got, err := a.Host()
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case got.TotalPadded != want.TotalPadded:
+		t.Fatalf("total %d, twin %d", got.TotalPadded, want.TotalPadded)
+	case !slices.Equal(got.Counts, want.Counts):
+		t.Fatalf("counts differ:\n%v\n%v", got.Counts, want.Counts)
+	case !slices.Equal(got.Cumsum, want.Cumsum):
+		t.Fatalf("cumsum differs:\n%v\n%v", got.Cumsum, want.Cumsum)
+	case !slices.Equal(got.ExpertIDs, want.ExpertIDs):
+		t.Fatalf("expert ids differ")
+	}
+	if i := firstDiff(got.SortedTokenIDs, want.SortedTokenIDs); i >= 0 {
+		t.Fatalf("sorted_token_ids differ first at %d: %d, twin %d", i, got.SortedTokenIDs[i], want.SortedTokenIDs[i])
 	}
 }
 
@@ -104,16 +116,31 @@ func firstDiff(a, b []int32) int {
 func TestAlignRejectsBadIDs(t *testing.T) {
 	dev := testDevice(t)
 	ids := []int32{1, 2, 3, 64, 5, -1}
-	a, err := kernels.NewAlignment(dev, len(ids), 64, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Free()
-	if err := kernels.AlignBlockSize(0, toDevice(t, dev, ids), a); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.Host(); err == nil || !strings.Contains(err.Error(), "slot 3") {
-		t.Fatalf("out-of-range ids: got %v, want an error naming slot 3", err)
+	for _, variant := range []string{kernels.AlignSingle, kernels.AlignMulti} {
+		a, err := kernels.NewAlignment(dev, len(ids), 64, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := toDevice(t, dev, ids)
+		// Twice: the second call must report the bad slot again (the
+		// single-launch kernel writes its status without a memset).
+		for range 2 {
+			if err := dev.Do(func(cx *cuda.Ctx) error { return kernels.AlignVariantCtx(cx, variant, 0, d, a) }); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Host(); err == nil || !strings.Contains(err.Error(), "slot 3") {
+				t.Fatalf("%s: out-of-range ids: got %v, want an error naming slot 3", variant, err)
+			}
+		}
+		// and good ids afterwards pass: the status is rewritten, not sticky.
+		good := toDevice(t, dev, []int32{1, 2, 3, 4, 5, 6})
+		if err := dev.Do(func(cx *cuda.Ctx) error { return kernels.AlignVariantCtx(cx, variant, 0, good, a) }); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Host(); err != nil {
+			t.Fatalf("%s: good ids after bad ones: %v", variant, err)
+		}
+		a.Free()
 	}
 }
 
@@ -171,11 +198,11 @@ func TestGateThenAlign(t *testing.T) {
 	}
 }
 
-// TestAlignTiming logs moe_align_block_size's device time (3 launches).
+// TestAlignTiming logs moe_align_block_size's device time, both variants.
 func TestAlignTiming(t *testing.T) {
 	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(1, 2))
-	for _, tok := range []int{16, 128, 4096} {
+	for _, tok := range []int{16, 128, 1024, 4096} {
 		numel := tok * 9
 		ids := make([]int32, numel)
 		for i := range ids {
@@ -186,8 +213,10 @@ func TestAlignTiming(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		us := rtTimeUs(t, dev, 50, func(c *cuda.Ctx) error { return kernels.AlignBlockSizeCtx(c, 0, d, a) })
-		t.Logf("align E=264 block 64 T=%d K=9: %.1f us (memset + 3 launches)", tok, us)
+		for _, v := range []string{kernels.AlignSingle, kernels.AlignMulti} {
+			us := rtTimeUs(t, dev, 50, func(c *cuda.Ctx) error { return kernels.AlignVariantCtx(c, v, 0, d, a) })
+			t.Logf("align %s E=264 block 64 T=%d K=9: %.1f us", v, tok, us)
+		}
 		a.Free()
 	}
 }
