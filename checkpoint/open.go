@@ -61,7 +61,30 @@ func Open(dir string) (*Checkpoint, error) {
 		c.Close()
 		return nil, err
 	}
+	c.canonicalScaleShapes()
 	return c, nil
+}
+
+// canonicalScaleShapes gives every FP8 block scale stored with its size-1
+// dimensions squeezed (as transformers 5 saves expert scales) the 2-D shape
+// [ceil(rows/128), ceil(cols/128)] of its weight's block grid. The bytes
+// are the same row-major grid, so readers and writers downstream see one
+// shape; anything that is not such a squeezed grid is left for the family
+// checks to refuse.
+func (c *Checkpoint) canonicalScaleShapes() {
+	const suffix = ".weight_scale_inv"
+	for _, t := range c.Tensors {
+		if !strings.HasSuffix(t.Name, suffix) {
+			continue
+		}
+		w, ok := c.byName[strings.TrimSuffix(t.Name, suffix)+".weight"]
+		if !ok || w.DType != safetensors.F8E4M3 {
+			continue
+		}
+		if canon, ok := family.CanonicalScaleShape(w.Shape, t.Shape); ok {
+			t.Shape = canon
+		}
+	}
 }
 
 func unwrapPathErr(err error) error {

@@ -3,6 +3,7 @@ package family
 import (
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/moeprep/moeprep/safetensors"
@@ -334,5 +335,30 @@ func TestFamilyPlanWrongModelType(t *testing.T) {
 	_, err := f.Plan(cfg, tensors)
 	if err == nil || err.Error() != `config.json: model_type "mixtral" is not handled by family qwen3_moe (it handles qwen3_moe)` {
 		t.Errorf("err = %v", err)
+	}
+}
+
+// CanonicalScaleShape accepts exactly the squeezed forms of a weight's
+// 128x128 block grid (the same row-major bytes) and nothing else.
+func TestCanonicalScaleShape(t *testing.T) {
+	for _, c := range []struct {
+		weight, shape, want []int64
+		ok                  bool
+	}{
+		{[]int64{128, 256}, []int64{2}, []int64{1, 2}, true},          // transformers 5's per-expert save
+		{[]int64{256, 128}, []int64{2}, []int64{2, 1}, true},          // down_proj
+		{[]int64{100, 100}, []int64{}, []int64{1, 1}, true},           // one block, stored as a scalar
+		{[]int64{100, 100}, []int64{1}, []int64{1, 1}, true},          //
+		{[]int64{256, 7168}, []int64{1, 2, 56}, []int64{2, 56}, true}, // a leading 1 added
+		{[]int64{128, 256}, []int64{1, 2}, nil, false},                // already canonical
+		{[]int64{256, 384}, []int64{3, 2}, nil, false},                // transposed grid: not the same bytes
+		{[]int64{256, 384}, []int64{6}, nil, false},                   // flattened 2-D grid: refused
+		{[]int64{128, 256}, []int64{3}, nil, false},                   // wrong count
+		{[]int64{128}, []int64{1}, nil, false},                        // not a matrix
+	} {
+		got, ok := CanonicalScaleShape(c.weight, c.shape)
+		if ok != c.ok || !slices.Equal(got, c.want) {
+			t.Errorf("CanonicalScaleShape(%v, %v) = %v, %v; want %v, %v", c.weight, c.shape, got, ok, c.want, c.ok)
+		}
 	}
 }

@@ -79,3 +79,39 @@ func shapeString(s []int64) string {
 	}
 	return out + "]"
 }
+
+// CanonicalScaleShape is the [ceil(rows/128), ceil(cols/128)] shape that a
+// weight_scale_inv of an FP8 [rows, cols] weight is read as, when the file
+// stores it with its size-1 dimensions dropped or added. transformers 5
+// writes a per-expert scale so: it quantises the fused [E, ...] expert
+// tensors and, splitting them back into hub names on save, squeezes the
+// expert's scale ([1,2] saved as [2] for a [128,256] weight). The bytes are
+// the same row-major grid, so only the shape changes. ok is false when
+// shape is already canonical or is not a squeezed form of it.
+func CanonicalScaleShape(weight, shape []int64) (canon []int64, ok bool) {
+	if len(weight) != 2 || weight[0] <= 0 || weight[1] <= 0 {
+		return nil, false
+	}
+	want := scaleShape(weight[0], weight[1])
+	if slices.Equal(shape, want) {
+		return nil, false
+	}
+	squeeze := func(s []int64) []int64 {
+		var out []int64
+		for _, d := range s {
+			if d != 1 {
+				out = append(out, d)
+			}
+		}
+		return out
+	}
+	for _, d := range shape {
+		if d < 0 {
+			return nil, false
+		}
+	}
+	if !slices.Equal(squeeze(shape), squeeze(want)) {
+		return nil, false
+	}
+	return want, true
+}
