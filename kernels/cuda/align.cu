@@ -164,6 +164,19 @@ __device__ __forceinline__ int align_padded(int c, int block_size) {
     return (c + block_size - 1) / block_size * block_size;
 }
 
+// align_batch gives idv[u] = the id of slot base + 32u + lane, -1 past hi:
+// the lane's share of one batch of a warp's range, all loads issued before
+// any is used. The range's first batch (base == lo) comes from first, which
+// phase 1 loaded and kept (called with lo = -1 to fill first itself).
+__device__ __forceinline__ void align_batch(const int32_t* __restrict__ topk_ids, int base, int lo, int hi,
+                                            int lane, const int (&first)[ALIGN_UNROLL], int (&idv)[ALIGN_UNROLL]) {
+#pragma unroll
+    for (int u = 0; u < ALIGN_UNROLL; u++) {
+        const int i = base + u * 32 + lane;
+        idv[u] = base == lo ? first[u] : (i < hi ? topk_ids[i] : -1);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(1024)
 moe_align_single(const int32_t* __restrict__ topk_ids, int numel, int E, int block_size, int owners,
                  int32_t* __restrict__ counts, int32_t* __restrict__ cumsum, int32_t* __restrict__ total,
@@ -189,18 +202,10 @@ moe_align_single(const int32_t* __restrict__ topk_ids, int numel, int E, int blo
     const int per = (numel + nw - 1) / nw;
     const int lo = warp < nw ? min(numel, warp * per) : numel, hi = warp < nw ? min(numel, lo + per) : numel;
     int first[ALIGN_UNROLL];
-#pragma unroll
-    for (int u = 0; u < ALIGN_UNROLL; u++) {
-        const int i = lo + u * 32 + lane;
-        first[u] = i < hi ? topk_ids[i] : -1;
-    }
+    align_batch(topk_ids, lo, -1, hi, lane, first, first);
     for (int base = lo; base < hi; base += 32 * ALIGN_UNROLL) {
         int idv[ALIGN_UNROLL];
-#pragma unroll
-        for (int u = 0; u < ALIGN_UNROLL; u++) {
-            const int i = base + u * 32 + lane;
-            idv[u] = base == lo ? first[u] : (i < hi ? topk_ids[i] : -1);
-        }
+        align_batch(topk_ids, base, lo, hi, lane, first, idv);
 #pragma unroll
         for (int u = 0; u < ALIGN_UNROLL; u++) {
             const int i = base + u * 32 + lane;
@@ -277,11 +282,7 @@ moe_align_single(const int32_t* __restrict__ topk_ids, int numel, int E, int blo
     const unsigned below = (1u << lane) - 1u;
     for (int base = lo; base < hi; base += 32 * ALIGN_UNROLL) {
         int idv[ALIGN_UNROLL];
-#pragma unroll
-        for (int u = 0; u < ALIGN_UNROLL; u++) {
-            const int i = base + u * 32 + lane;
-            idv[u] = base == lo ? first[u] : (i < hi ? topk_ids[i] : -1);
-        }
+        align_batch(topk_ids, base, lo, hi, lane, first, idv);
 #pragma unroll
         for (int u = 0; u < ALIGN_UNROLL; u++) {
             const int i = base + u * 32 + lane;
