@@ -90,8 +90,9 @@ func AlignBlockSize(stream cuda.Stream, topkIDs *cuda.Buffer[int32], a *Alignmen
 // whose per-warp offsets fit its shared memory; AlignMulti is a memset and
 // three launches, for any size. Both give the twin's arrays exactly.
 // Measured on an H100 (E 264, K 9, block 64; TestAlignTiming, back to
-// back): single 9.2 / 10.9 / 51.6 us at T = 16 / 128 / 4096; the earlier
-// multi (memset, one load latency per chunk in the scan) 17.9 / 27.7 / 37.2.
+// back): single 9.6 / 11.3 / 21.1 / 54.8 us at T = 16 / 128 / 1024 / 4096,
+// multi 19.6 / 20.7 / 19.5 / 28.5: they cross between T = 128 and 1024, so
+// AlignAuto switches at alignSingleAutoMaxNumel slots (T = 910 at K 9).
 const (
 	AlignAuto   = ""
 	AlignSingle = "single"

@@ -28,8 +28,9 @@ const GateMaxExperts = 512
 //
 // GateReg (gate_reg.cu: one warp per token, the token's scores in
 // registers, each of the k selections two warp reductions, no barriers) is
-// what GateCtx runs: same results, and on an H200 (same method) DeepSeek-V3
-// 7.7 / 8.0 / 18.4 us at T=1 / 128 / 4096, Kimi-K2 6.9 / 7.2 / 19.5 us.
+// what GateCtx runs: same results, and on an H100 (same method) DeepSeek-V3
+// 8.1 / 8.3 / 18.7 us at T=1 / 128 / 4096, Kimi-K2 7.3 / 7.4 / 19.2 us
+// (7.7 / 8.0 / 18.4 and 6.9 / 7.2 / 19.5 on an H200).
 const (
 	GateWarp  = "moe_gate_f32_warp"
 	GateBlock = "moe_gate_f32"
