@@ -147,6 +147,14 @@ func (fl *FusedLayer) loader(src TensorSource, h, inter int) ExpertLoader {
 // gate (top-k plus shared slots), moe_align_block_size, grouped GEMM over the
 // blocks, finalize; plus an unfused shared expert where the contract left one.
 func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []float32, t, blockSize, workers int) (*FusedResult, error) {
+	return FusedLayerRunCovered(ctx, src, fl, x, t, nil, blockSize, workers)
+}
+
+// FusedLayerRunCovered is FusedLayerRun plus cov's forced tokens (nil: none)
+// after the routed ones: their slots (forced routed ids, then the contract's
+// shared slots) go through the same align, grouped GEMM and finalize. Y and
+// Slots hold both sets of tokens; Routing is the routed tokens' alone.
+func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer, x []float32, t int, cov *Coverage, blockSize, workers int) (*FusedResult, error) {
 	h, inter, err := fl.stackDims(src)
 	if err != nil {
 		return nil, err
@@ -157,10 +165,15 @@ func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []fl
 	if fl.Spec.NumExperts != fl.Contract.NumExperts {
 		return nil, fmt.Errorf("layer %d: config routes over %d experts, the contract says %d", fl.Index, fl.Spec.NumExperts, fl.Contract.NumExperts)
 	}
-	routing, err := routeLayer(src, fl.Spec, fl.Router, fl.RouterBias, x, t, h)
+	routed, err := routeLayer(src, fl.Spec, fl.Router, fl.RouterBias, x, t, h)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
+	x, routing, err := withCoverage(x, routed, cov)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	t = routing.T
 	slots, err := FusedSlots(routing, fl.Contract)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
@@ -185,7 +198,7 @@ func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []fl
 			return nil, err
 		}
 	}
-	return &FusedResult{Y: y, Routing: routing, Slots: slots, Align: al}, nil
+	return &FusedResult{Y: y, Routing: routed, Slots: slots, Align: al}, nil
 }
 
 // addDenseShared runs an unfused shared expert over all tokens with one

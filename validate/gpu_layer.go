@@ -172,11 +172,16 @@ func gateSpec(s RouteSpec, c *layout.Contract) kernels.GateSpec {
 // the GPU and returns the device outputs and their host copies. The router
 // always sees f32 x: for drawn tokens that is the bf16 x exactly, and a
 // golden's float32 x routes as HF routed it.
-func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec, router, bias string, in *gpuInput, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
+//
+// Only the first t of in's tokens are routed: forced coverage tokens may follow.
+func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec, router, bias string, in *gpuInput, t int, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
 	if err := spec.check(); err != nil {
 		return nil, nil, nil, err
 	}
-	e, t := spec.NumExperts, in.t
+	if t <= 0 || t > in.t {
+		return nil, nil, nil, fmt.Errorf("routing %d of %d tokens", t, in.t)
+	}
+	e := spec.NumExperts
 	wg, err := loadMatrix(src, matrixRef{Name: router, Index: -1, Rows: e, Cols: in.h})
 	if err != nil {
 		return nil, nil, nil, err
@@ -233,6 +238,45 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 	return out, r, sl, nil
 }
 
+// forced appends cov's forced slots to the gate's: with a contract (the
+// fused bank) each forced token also gets its shared slots, numbered by its
+// place after the routed tokens as FusedSlots numbers them. It returns the
+// slots of all tokens and their device copies; without cov, the gate's own
+// device outputs.
+func (g *gpuRunner) forced(gout *kernels.GateOut, routing *Routing, slots *Slots, cov *Coverage, c *layout.Contract, fr *frees) (*Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
+	if cov == nil {
+		return slots, gout.IDs, gout.Weights, nil
+	}
+	_, all, err := withCoverage(nil, routing, cov)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tail := &Slots{T: cov.T, K: all.K, IDs: cov.Routing.IDs, Weights: cov.Routing.Weights}
+	if c != nil {
+		fs, err := FusedSlots(all, c)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		tail = &Slots{T: cov.T, K: fs.K, IDs: fs.IDs[routing.T*fs.K:], Weights: fs.Weights[routing.T*fs.K:]}
+	}
+	if tail.K != slots.K {
+		return nil, nil, nil, fmt.Errorf("coverage: %d slots per forced token, the gate gives %d", tail.K, slots.K)
+	}
+	out := &Slots{T: slots.T + tail.T, K: slots.K, FinalScale: slots.FinalScale,
+		IDs: append(append([]int32(nil), slots.IDs...), tail.IDs...), Weights: append(append([]float32(nil), slots.Weights...), tail.Weights...)}
+	ids, err := cuda.FromHost(g.dev, out.IDs)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	fr.add(ids)
+	w, err := cuda.FromHost(g.dev, out.Weights)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	fr.add(w)
+	return out, ids, w, nil
+}
+
 type gateOutFree struct{ o *kernels.GateOut }
 
 func (f gateOutFree) Free() error { f.o.Free(); return nil }
@@ -275,7 +319,10 @@ func (g *gpuRunner) f32Buffer(n int, fr *frees) (*cuda.Buffer[float32], error) {
 // GEMM, gate with the contract's shared slots, moe_align_block_size, the
 // grouped GEMM over the bank already on the device, finalize (x runtime
 // rsf), plus an unfused shared expert where the contract left one.
-func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, in *gpuInput, blockSize int) (*FusedResult, error) {
+//
+// cov's forced tokens (nil: none) follow the routed ones in in; their slots
+// go through the same align, GEMM and finalize.
+func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, in *gpuInput, cov *Coverage, blockSize int) (*FusedResult, error) {
 	var fr frees
 	defer fr.release(g)
 	c := fl.Contract
@@ -287,7 +334,11 @@ func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, 
 	}
 	t, h := in.t, in.h
 	gs := gateSpec(fl.Spec, c)
-	gout, routing, slots, err := g.route(src, fl.Spec, gs, fl.Router, fl.RouterBias, in, float32(c.RuntimeScale()), &fr)
+	gout, routing, slots, err := g.route(src, fl.Spec, gs, fl.Router, fl.RouterBias, in, routedTokens(in, cov), float32(c.RuntimeScale()), &fr)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	slots, slotIDs, slotW, err := g.forced(gout, routing, slots, cov, c, &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
@@ -298,7 +349,7 @@ func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, 
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	fr.add(alignFree{al})
-	if err := kernels.AlignBlockSize(g.compute, gout.IDs, al); err != nil {
+	if err := kernels.AlignBlockSize(g.compute, slotIDs, al); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	sorted := &kernels.Sorted{SortedIDs: al.SortedTokenIDs, ExpertIDs: al.ExpertIDs, Total: al.Total, BlockSize: blockSize, Numel: numel}
@@ -317,7 +368,7 @@ func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, 
 	if err != nil {
 		return nil, err
 	}
-	if err := kernels.Finalize(g.dev, g.compute, out, gout.Weights, y, t, k, h, slots.FinalScale); err != nil {
+	if err := kernels.Finalize(g.dev, g.compute, out, slotW, y, t, k, h, slots.FinalScale); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	if fl.Shared != nil {
@@ -439,7 +490,10 @@ func (f bankFree) Free() error { f.b.free(); return nil }
 // it through the grouped GEMM with a bank of that one expert (weights from
 // the per-expert tensors), the weighted sum x rsf, plus the shared expert as
 // a dense MLP.
-func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *family.Layer, in *gpuInput) (*RefResult, error) {
+//
+// cov's forced tokens (nil: none) follow the routed ones in in and run in
+// the same pass over the experts.
+func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *family.Layer, in *gpuInput, cov *Coverage) (*RefResult, error) {
 	var fr frees
 	defer fr.release(g)
 	h, inter, e, t := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts, in.t
@@ -450,14 +504,18 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
 	spec := SpecFromPlan(plan)
-	gout, routing, _, err := g.route(src, spec, gateSpec(spec, nil), layer.Router, layer.RouterBias, in, float32(spec.RoutedScalingFactor), &fr)
+	gout, routing, slots, err := g.route(src, spec, gateSpec(spec, nil), layer.Router, layer.RouterBias, in, routedTokens(in, cov), float32(spec.RoutedScalingFactor), &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
-	k := routing.K
+	slots, _, slotW, err := g.forced(gout, routing, slots, cov, nil, &fr)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+	}
+	k := slots.K
 	numel := t * k
 	users := make([][]int32, e)
-	for s, id := range routing.IDs {
+	for s, id := range slots.IDs {
 		if id < 0 || int(id) >= e {
 			return nil, fmt.Errorf("layer %d: the gate chose expert %d of %d", layer.Index, id, e)
 		}
@@ -484,7 +542,7 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 	if err != nil {
 		return nil, err
 	}
-	if err := kernels.Finalize(g.dev, g.compute, out, gout.Weights, y, t, k, h, float32(spec.RoutedScalingFactor)); err != nil {
+	if err := kernels.Finalize(g.dev, g.compute, out, slotW, y, t, k, h, float32(spec.RoutedScalingFactor)); err != nil {
 		return nil, err
 	}
 	if layer.Shared != nil {
@@ -518,4 +576,12 @@ func (g *gpuRunner) oneExpert(src TensorSource, m family.MLP, h, inter, block in
 		return err
 	}
 	return kernels.GroupedGEMM(g.dev, g.compute, &bank.ExpertBank, sorted, in.act, in.t, k, mid, out, kernels.GEMMOptions{Act: g.act})
+}
+
+// routedTokens is how many of in's tokens the router sees: all but cov's.
+func routedTokens(in *gpuInput, cov *Coverage) int {
+	if cov == nil {
+		return in.t
+	}
+	return in.t - cov.T
 }

@@ -101,7 +101,15 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 		ld := <-pending
 		pending = nil
 		if ld.err != nil {
-			return fmt.Errorf("%s: %w", s.o.Dst, ld.err)
+			rows, err := nonFiniteRows(tg, s.o.Tokens, fmt.Errorf("%s: %w", s.o.Dst, ld.err))
+			if err != nil {
+				return err
+			}
+			rep.Rows = append(rep.Rows, rows...)
+			if i+1 < len(targets) {
+				pending = start(targets[i+1])
+			}
+			continue
 		}
 		tm := LayerTiming{Layer: tg.index, DstBytes: ld.rec.bytes, DstIOSeconds: ld.rec.busy.Seconds(),
 			BankWaitSeconds: time.Since(t0).Seconds(), staged: ld.rec.staged}
@@ -155,6 +163,14 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		return nil, err
 	}
 	h := len(x) / t
+	cov, err := s.coverageFor(tg, h)
+	if err != nil {
+		return nil, err
+	}
+	xAll := x
+	if cov != nil {
+		xAll = append(append([]float32(nil), x...), cov.X...)
+	}
 	type refOut struct {
 		r   *RefResult
 		err error
@@ -165,7 +181,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		refCh = make(chan refOut, 1)
 		go func() {
 			t0 := time.Now()
-			r, err := ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, s.o.Workers)
+			r, err := ReferenceLayerCovered(ctx, s.src, s.srcPlan, tg.src, x, t, cov, s.o.Workers)
 			refCh <- refOut{r, err, time.Since(t0).Seconds()}
 		}()
 	}
@@ -175,14 +191,14 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 	gpu := func() (fused *FusedResult, unf *RefResult, fusedSec, unfSec float64, err error) {
 		var fr frees
 		defer fr.release(g)
-		in, err := g.input(x, t, h, &fr)
+		in, err := g.input(xAll, len(xAll)/h, h, &fr)
 		if err != nil {
 			return nil, nil, 0, 0, err
 		}
 		if tg.fused != nil && bank != nil {
 			t0 := time.Now()
 			err := recording(g.stage, &dstRec, func() (err error) {
-				fused, err = g.fusedLayer(s.dst, tg.fused, bank, in, s.o.BlockSize)
+				fused, err = g.fusedLayer(s.dst, tg.fused, bank, in, cov, s.o.BlockSize)
 				return err
 			})
 			if err != nil {
@@ -193,7 +209,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		if tg.src != nil && s.src != nil {
 			t0 := time.Now()
 			err := recording(g.stage, &srcRec, func() (err error) {
-				unf, err = g.unfusedLayer(s.src, s.srcPlan, tg.src, in)
+				unf, err = g.unfusedLayer(s.src, s.srcPlan, tg.src, in, cov)
 				return err
 			})
 			if err != nil {
@@ -209,12 +225,12 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 	if refCh != nil {
 		ro := <-refCh
 		if ro.err != nil && gpuErr == nil {
-			return nil, fmt.Errorf("%s: %w", s.o.Src, ro.err)
+			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", s.o.Src, ro.err))
 		}
 		ref, refSec = ro.r, ro.sec
 	}
 	if gpuErr != nil {
-		return nil, gpuErr
+		return nonFiniteRows(tg, t, gpuErr)
 	}
 	refNote := "no cpu reference"
 	if refCh != nil {
@@ -234,15 +250,25 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		r := base
 		r.Check, r.Seconds = CheckGPUFusedVsGPUUnfused, fusedSec+unfSec
 		fusedUsage(&r, fused, s.contract)
-		judge(&r, Compare(fused.Y, unf.Y), tol, fused.Routing.IDs, fused.Routing.Weights, unf.Routing.IDs, unf.Routing.Weights, unf.Routing)
+		judge(&r, Compare(tokenRows(fused.Y, h, 0, t), tokenRows(unf.Y, h, 0, t)), tol, fused.Routing.IDs, fused.Routing.Weights, unf.Routing.IDs, unf.Routing.Weights, unf.Routing)
 		rows = append(rows, r)
+		if cov != nil {
+			r := s.coverageRow(base, CheckGPUCoverage, fused, unf.Y, cov, h, tol)
+			r.Seconds = fusedSec + unfSec
+			rows = append(rows, r)
+		}
 	}
 	if fused != nil && ref != nil {
 		r := base
 		r.Check, r.Seconds = CheckGPUFusedVsReference, fusedSec+refSec
 		fusedUsage(&r, fused, s.contract)
-		judge(&r, Compare(fused.Y, ref.Y), tol, fused.Routing.IDs, fused.Routing.Weights, ref.Routing.IDs, ref.Routing.Weights, ref.Routing)
+		judge(&r, Compare(tokenRows(fused.Y, h, 0, t), tokenRows(ref.Y, h, 0, t)), tol, fused.Routing.IDs, fused.Routing.Weights, ref.Routing.IDs, ref.Routing.Weights, ref.Routing)
 		rows = append(rows, r)
+		if cov != nil {
+			r := s.coverageRow(base, CheckGPUCoverageVsReference, fused, ref.Y, cov, h, tol)
+			r.Seconds = fusedSec + refSec
+			rows = append(rows, r)
+		}
 	}
 	if g0 != nil {
 		switch {
@@ -250,20 +276,20 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 			r := base
 			r.Check, r.Seconds = CheckGPUFusedVsGolden, fusedSec
 			fusedUsage(&r, fused, s.contract)
-			judgeGolden(&r, fused.Y, fused.Routing, s.contract.RoutedScalingFactor, g0, s.gpuGoldenTolerance())
+			judgeGolden(&r, tokenRows(fused.Y, h, 0, t), fused.Routing, s.contract.RoutedScalingFactor, g0, s.gpuGoldenTolerance())
 			rows = append(rows, r)
 		case unf != nil:
 			r := base
 			r.Check, r.Seconds = CheckGPUUnfusedVsGolden, unfSec
 			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(unf.Routing.IDs)
-			judgeGolden(&r, unf.Y, unf.Routing, SpecFromPlan(s.srcPlan).RoutedScalingFactor, g0, s.gpuGoldenTolerance())
+			judgeGolden(&r, tokenRows(unf.Y, h, 0, t), unf.Routing, SpecFromPlan(s.srcPlan).RoutedScalingFactor, g0, s.gpuGoldenTolerance())
 			rows = append(rows, r)
 		}
 		if ref != nil {
 			r := base
 			r.Check, r.Seconds = CheckReferenceVsGolden, refSec
 			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(ref.Routing.IDs)
-			judgeGolden(&r, ref.Y, ref.Routing, SpecFromPlan(s.srcPlan).RoutedScalingFactor, g0, TolGolden)
+			judgeGolden(&r, tokenRows(ref.Y, h, 0, t), ref.Routing, SpecFromPlan(s.srcPlan).RoutedScalingFactor, g0, TolGolden)
 			rows = append(rows, r)
 		}
 	}

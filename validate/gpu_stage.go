@@ -130,6 +130,9 @@ func (s *stager) copyTensor(dst cuda.DevicePtr, t *checkpoint.Tensor, decode boo
 			if err := readAt(t, buf[:n*size], off*size); err != nil {
 				return err
 			}
+			if err := checkFinite(t.File, t.Name, t.DType, buf[:n*size], off); err != nil {
+				return err
+			}
 			if err := s.send(i, s.at(dst, out, n*size), int(n*size)); err != nil {
 				return err
 			}
@@ -141,6 +144,9 @@ func (s *stager) copyTensor(dst cuda.DevicePtr, t *checkpoint.Tensor, decode boo
 		}
 		raw := s.raw[:n*size]
 		if err := readAt(t, raw, off*size); err != nil {
+			return err
+		}
+		if err := checkFinite(t.File, t.Name, t.DType, raw, off); err != nil {
 			return err
 		}
 		f := unsafe.Slice((*float32)(unsafe.Pointer(&buf[0])), n)

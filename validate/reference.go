@@ -23,6 +23,14 @@ type RefResult struct {
 // float32. It shares only decoding, routing and swiGLU with the fused path,
 // not its alignment or GEMM, so a bug there cannot hide in both.
 func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers int) (*RefResult, error) {
+	return ReferenceLayerCovered(ctx, src, plan, layer, x, t, nil, workers)
+}
+
+// ReferenceLayerCovered is ReferenceLayer plus cov's forced tokens (nil:
+// none): their x follows the routed tokens' and their experts are the forced
+// ones, computed in the same pass over the experts. Y holds both sets of
+// rows; Routing is the routed tokens' alone.
+func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, cov *Coverage, workers int) (*RefResult, error) {
 	h, inter, e := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts
 	if len(x) != t*h {
 		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Index, len(x), t, h)
@@ -31,10 +39,15 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
 	spec := SpecFromPlan(plan)
-	routing, err := routeLayer(src, spec, layer.Router, layer.RouterBias, x, t, h)
+	routed, err := routeLayer(src, spec, layer.Router, layer.RouterBias, x, t, h)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
+	x, routing, err := withCoverage(x, routed, cov)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+	}
+	t = routing.T
 	if workers <= 0 {
 		workers = Workers()
 	}
@@ -44,6 +57,9 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 	contrib := make([]float32, t*k*h)
 	users := make([][]int, e) // slots t*K+k per expert
 	for s, id := range routing.IDs {
+		if id < 0 || int(id) >= e {
+			return nil, fmt.Errorf("layer %d: slot %d names expert %d of %d", layer.Index, s, id, e)
+		}
 		users[id] = append(users[id], s)
 	}
 	block := blockOf(plan)
@@ -94,7 +110,7 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 	for i, v := range y64 {
 		y[i] = float32(v)
 	}
-	return &RefResult{Y: y, Routing: routing}, nil
+	return &RefResult{Y: y, Routing: routed}, nil
 }
 
 // routeLayer loads a router (and its correction bias) and routes x.

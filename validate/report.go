@@ -35,11 +35,22 @@ type LayerResult struct {
 	TopK float64 `json:"topk"`
 	// TopKWeightMaxErr is the largest routing-weight difference over the ids
 	// both sides chose (rsf included); checked with rtol 1e-4, atol 1e-5.
-	TopKWeightMaxErr float64   `json:"topk_weight_max_err"`
-	Tolerance        Tolerance `json:"tolerance"`
-	Pass             bool      `json:"pass"`
-	Reason           string    `json:"reason,omitempty"`
-	Seconds          float64   `json:"seconds"`
+	TopKWeightMaxErr float64 `json:"topk_weight_max_err"`
+	// WorstTokenRelL2 (coverage rows) is the largest relative L2 error of
+	// one forced token: the check fails when it exceeds the tolerance, so a
+	// corrupted expert cannot hide in the average over all tokens.
+	WorstTokenRelL2 float64 `json:"worst_token_rel_l2,omitempty"`
+	// Suspects (coverage rows) are the bank experts every one of whose
+	// forced tokens failed: the likely corrupted ones.
+	Suspects []int `json:"suspects,omitempty"`
+	// Sampled (coverage rows) marks a --sample-experts run: only a sample of
+	// the routed experts was exercised on purpose, and the row may pass
+	// with experts unexercised.
+	Sampled   bool      `json:"sampled_experts,omitempty"`
+	Tolerance Tolerance `json:"tolerance"`
+	Pass      bool      `json:"pass"`
+	Reason    string    `json:"reason,omitempty"`
+	Seconds   float64   `json:"seconds"`
 }
 
 // Verdict is PASS or FAIL.
@@ -66,6 +77,7 @@ func (r LayerResult) MarshalJSON() ([]byte, error) {
 	fix(&p.Cosine)
 	fix(&p.TopK)
 	fix(&p.TopKWeightMaxErr)
+	fix(&p.WorstTokenRelL2)
 	return json.Marshal(struct {
 		plain
 		Verdict string `json:"verdict"`
@@ -92,12 +104,19 @@ type Report struct {
 	Seconds      float64       `json:"seconds"`
 	// Timings are the layers' timings of a GPU run, in run order.
 	Timings []LayerTiming `json:"timings,omitempty"`
+	// Bytes is the structural proof of DST against SRC and the contract.
+	Bytes *BytesResult `json:"bytes,omitempty"`
+	// Coverage sums up which experts the layer checks exercised.
+	Coverage *CoverageSummary `json:"coverage,omitempty"`
 }
 
 // Failed reports whether any row failed (or there were none).
 func (r *Report) Failed() bool {
-	if len(r.Rows) == 0 {
+	if r.Bytes != nil && !r.Bytes.Pass {
 		return true
+	}
+	if len(r.Rows) == 0 {
+		return r.Bytes == nil
 	}
 	for i := range r.Rows {
 		if !r.Rows[i].Pass {
@@ -113,16 +132,23 @@ func (r *Report) Err() error {
 	if !r.Failed() {
 		return nil
 	}
-	if len(r.Rows) == 0 {
+	var bad []string
+	if r.Bytes != nil && r.Bytes.Mismatch != nil {
+		bad = append(bad, "bytes: "+r.Bytes.Mismatch.Error())
+	}
+	if len(r.Rows) == 0 && r.Bytes == nil {
 		return exitcode.Check("validate: no layer was checked")
 	}
-	var bad []string
 	for _, row := range r.Rows {
 		if !row.Pass {
 			bad = append(bad, fmt.Sprintf("layer %d %s (%s)", row.Layer, row.Check, row.Reason))
 		}
 	}
-	return exitcode.Check(fmt.Sprintf("validate: %d of %d checks failed: %s", len(bad), len(r.Rows), strings.Join(bad, "; ")))
+	total := len(r.Rows)
+	if r.Bytes != nil {
+		total++
+	}
+	return exitcode.Check(fmt.Sprintf("validate: %d of %d checks failed: %s", len(bad), total, strings.Join(bad, "; ")))
 }
 
 // WriteTable prints the report as an aligned table, one row per check.
@@ -151,14 +177,31 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if err := r.writeTimings(w); err != nil {
 		return err
 	}
+	if c := r.Coverage; c != nil {
+		fmt.Fprintln(w, c.Line())
+	}
+	if b := r.Bytes; b != nil {
+		if b.Pass {
+			fmt.Fprintf(w, "bytes: PASS: %d tensors in %d files (%.2f GB of DST, %.2f GB of SRC) match SRC and the contract, manifest sha256 verified, in %.1fs\n",
+				b.Tensors, b.Files, gb(b.DstBytes), gb(b.SrcBytes), b.Seconds)
+		} else {
+			fmt.Fprintf(w, "bytes: FAIL: %s\n", b.Mismatch.Error())
+		}
+	}
 	for _, n := range r.Notes {
 		if _, err := fmt.Fprintln(w, "note: "+n); err != nil {
 			return err
 		}
 	}
-	pass := 0
+	pass, total := 0, len(r.Rows)
 	for _, row := range r.Rows {
 		if row.Pass {
+			pass++
+		}
+	}
+	if r.Bytes != nil {
+		total++
+		if r.Bytes.Pass {
 			pass++
 		}
 	}
@@ -166,7 +209,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	if r.DeviceName != "" {
 		dev = fmt.Sprintf("%s: %s, %s activations", r.Device, r.DeviceName, r.GPUPrecision)
 	}
-	_, err := fmt.Fprintf(w, "%d/%d checks passed in %.1fs (device %s, block size %d)\n", pass, len(r.Rows), r.Seconds, dev, r.BlockSize)
+	_, err := fmt.Fprintf(w, "%d/%d checks passed in %.1fs (device %s, block size %d)\n", pass, total, r.Seconds, dev, r.BlockSize)
 	return err
 }
 

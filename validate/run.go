@@ -53,8 +53,16 @@ type Options struct {
 	// takes through the same staging buffers with no compute, and reports
 	// each layer's time against it (LayerTiming.Ratio).
 	IOBaseline bool
-	Workers    int              // experts in flight (0: Workers())
-	Progress   func(msg string) // one line per step, for stderr; nil: quiet
+	// SampleExperts (0: all) limits the forced coverage tokens to that many
+	// routed experts per layer, drawn from the seed; the report says so and
+	// a layer may then pass with experts unexercised.
+	SampleExperts int
+	// Bytes is the structural proof (CheckBytes) of a SRC+DST run:
+	// BytesAuto ("" too) runs it after the layer checks, BytesOnly runs
+	// nothing else, BytesOff skips it.
+	Bytes    string
+	Workers  int              // experts in flight (0: Workers())
+	Progress func(msg string) // one line per step, for stderr; nil: quiet
 	// Notice receives lines the user should see even when quiet (the
 	// --device auto fallback); nil: they go to Progress.
 	Notice func(msg string)
@@ -108,6 +116,20 @@ func (o *Options) checkRest() error {
 	}
 	if o.Layers == "" {
 		o.Layers = "all"
+	}
+	switch o.Bytes {
+	case "":
+		o.Bytes = BytesAuto
+	case BytesAuto, BytesOff:
+	case BytesOnly:
+		if o.Src == "" || o.Dst == "" {
+			return errors.New("validate --bytes: give SRC and DST (the prediction of DST's bytes comes from SRC)")
+		}
+	default:
+		return fmt.Errorf("validate: bytes mode %q (want auto, only or off)", o.Bytes)
+	}
+	if o.SampleExperts < 0 {
+		return fmt.Errorf("validate: --sample-experts %d (want 0 for every expert, or N > 0)", o.SampleExperts)
 	}
 	switch strings.ToLower(strings.TrimSpace(o.CPUCheck)) {
 	case "", CPUCheckAuto:
@@ -171,12 +193,25 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := s.open(); err != nil {
 		return nil, err
 	}
+	if o.Bytes == BytesOnly {
+		rep := &Report{Src: o.Src, Dst: o.Dst, Device: "none (--bytes)", Seed: o.Seed, XDraw: XDraw}
+		if err := s.checkBytes(ctx, rep); err != nil {
+			return nil, err
+		}
+		rep.Seconds = time.Since(start).Seconds()
+		return rep, nil
+	}
 	targets, notes, err := s.targets()
 	if err != nil {
 		return nil, err
 	}
 	rep := &Report{Src: o.Src, Dst: o.Dst, Golden: s.golden, Device: o.Device, Tokens: o.Tokens, Seed: o.Seed,
 		BlockSize: o.BlockSize, XDraw: XDraw, Notes: append(devNotes, notes...)}
+	defer func() {
+		if rep != nil {
+			rep.finishCoverage(s.o.SampleExperts)
+		}
+	}()
 	if o.Device == DeviceCUDA {
 		rep.CPUCheck = o.CPUCheck
 	} else if o.IOBaseline {
@@ -186,22 +221,43 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		if err := s.runGPU(ctx, targets, rep); err != nil {
 			return nil, err
 		}
-		rep.Seconds = time.Since(start).Seconds()
-		return rep, nil
+	} else {
+		for i, tg := range targets {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			o.progress("validate: layer %d (%d of %d)", tg.index, i+1, len(targets))
+			rows, err := s.checkLayer(ctx, tg)
+			if err != nil {
+				return nil, err
+			}
+			rep.Rows = append(rep.Rows, rows...)
+		}
 	}
-	for i, tg := range targets {
-		if err := ctx.Err(); err != nil {
+	if o.Bytes == BytesAuto && s.src != nil && s.dst != nil {
+		if err := s.checkBytes(ctx, rep); err != nil {
 			return nil, err
 		}
-		o.progress("validate: layer %d (%d of %d)", tg.index, i+1, len(targets))
-		rows, err := s.checkLayer(ctx, tg)
-		if err != nil {
-			return nil, err
-		}
-		rep.Rows = append(rep.Rows, rows...)
 	}
 	rep.Seconds = time.Since(start).Seconds()
 	return rep, nil
+}
+
+// The structural proof's modes (Options.Bytes).
+const (
+	BytesAuto = "auto" // after the layer checks, when SRC and DST are given
+	BytesOnly = "only" // validate --bytes: the structural proof alone
+	BytesOff  = "off"  // --skip-bytes
+)
+
+func (s *session) checkBytes(ctx context.Context, rep *Report) error {
+	s.o.progress("validate: --bytes: every DST tensor against SRC and the contract, and the manifest")
+	res, err := CheckBytes(ctx, s.src, s.dst, s.srcPlan, s.contract, s.o.Progress)
+	if err != nil {
+		return err
+	}
+	rep.Bytes = res
+	return nil
 }
 
 func (s *session) open() error {
@@ -402,22 +458,27 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	if err != nil {
 		return nil, err
 	}
+	h := len(x) / t
+	cov, err := s.coverageFor(tg, h)
+	if err != nil {
+		return nil, err
+	}
 	var ref *RefResult
 	var fused *FusedResult
 	var refSec, fusedSec float64
 	if tg.src != nil && s.src != nil {
 		start := time.Now()
 		var err error
-		if ref, err = ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, s.o.Workers); err != nil {
-			return nil, fmt.Errorf("%s: %w", s.o.Src, err)
+		if ref, err = ReferenceLayerCovered(ctx, s.src, s.srcPlan, tg.src, x, t, cov, s.o.Workers); err != nil {
+			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", s.o.Src, err))
 		}
 		refSec = time.Since(start).Seconds()
 	}
 	if tg.fused != nil && s.dst != nil {
 		start := time.Now()
 		var err error
-		if fused, err = FusedLayerRun(ctx, s.dst, tg.fused, x, t, s.o.BlockSize, s.o.Workers); err != nil {
-			return nil, fmt.Errorf("%s: %w", s.o.Dst, err)
+		if fused, err = FusedLayerRunCovered(ctx, s.dst, tg.fused, x, t, cov, s.o.BlockSize, s.o.Workers); err != nil {
+			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", s.o.Dst, err))
 		}
 		fusedSec = time.Since(start).Seconds()
 	}
@@ -429,9 +490,14 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 		r.Check = CheckFusedVsReference
 		r.Seconds = refSec + fusedSec
 		fusedUsage(&r, fused, s.contract)
-		judge(&r, Compare(fused.Y, ref.Y), s.tolerance(TolFP32),
+		judge(&r, Compare(tokenRows(fused.Y, h, 0, t), tokenRows(ref.Y, h, 0, t)), s.tolerance(TolFP32),
 			fused.Routing.IDs, fused.Routing.Weights, ref.Routing.IDs, ref.Routing.Weights, ref.Routing)
 		rows = append(rows, r)
+		if cov != nil {
+			r := s.coverageRow(base, CheckCoverage, fused, ref.Y, cov, h, s.tolerance(TolFP32))
+			r.Seconds = refSec + fusedSec
+			rows = append(rows, r)
+		}
 	}
 	if g != nil {
 		if fused != nil {
@@ -439,7 +505,7 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 			r.Check = CheckFusedVsGolden
 			r.Seconds = fusedSec
 			fusedUsage(&r, fused, s.contract)
-			judgeGolden(&r, fused.Y, fused.Routing, s.contract.RoutedScalingFactor, g, s.tolerance(TolGolden))
+			judgeGolden(&r, tokenRows(fused.Y, h, 0, t), fused.Routing, s.contract.RoutedScalingFactor, g, s.tolerance(TolGolden))
 			rows = append(rows, r)
 		}
 		if ref != nil {
@@ -447,7 +513,7 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 			r.Check = CheckReferenceVsGolden
 			r.Seconds = refSec
 			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(ref.Routing.IDs)
-			judgeGolden(&r, ref.Y, ref.Routing, SpecFromPlan(s.srcPlan).RoutedScalingFactor, g, TolGolden)
+			judgeGolden(&r, tokenRows(ref.Y, h, 0, t), ref.Routing, SpecFromPlan(s.srcPlan).RoutedScalingFactor, g, TolGolden)
 			rows = append(rows, r)
 		}
 	}
@@ -483,9 +549,11 @@ func (s *session) tolerance(base Tolerance) Tolerance {
 	return base
 }
 
+// fusedUsage counts the bank experts the routed tokens chose (the forced
+// coverage tokens, if any, have rows of their own).
 func fusedUsage(r *LayerResult, f *FusedResult, c *layout.Contract) {
 	r.Experts = c.BankSize()
-	r.ExpertsUsed = distinct(f.Slots.IDs)
+	r.ExpertsUsed = distinct(f.Slots.IDs[:f.Routing.T*f.Slots.K])
 }
 
 func distinct(ids []int32) int {

@@ -84,6 +84,10 @@ func readElems(t *checkpoint.Tensor, off, n int64) ([]byte, error) {
 	buf := getBytes(int(n * size))
 	got, err := t.Data.ReadAt(buf, off*size)
 	if got == len(buf) {
+		if err := checkFinite(t.File, t.Name, t.DType, buf, off); err != nil {
+			putBytes(buf)
+			return nil, err
+		}
 		return buf, nil
 	}
 	putBytes(buf)

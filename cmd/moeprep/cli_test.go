@@ -218,7 +218,7 @@ func TestFuseSharedThenValidate(t *testing.T) {
 		t.Fatalf("fuse-shared --json: %v %+v\n%s", err, sum, stdout)
 	}
 	code, stdout, stderr = runCLI(t, "validate", "--quiet", src, dst, "--golden", filepath.Join(src, "reference"))
-	if code != 0 || strings.Count(stdout, "PASS") != 6 {
+	if code != 0 || strings.Count(stdout, "PASS") != 9 || !strings.Contains(stdout, "bytes: PASS") || strings.Count(stdout, "coverage ") != 2 {
 		t.Fatalf("validate: exit %d\n%s%s", code, stdout, stderr)
 	}
 	// DST exists now: refused without --force, naming it.

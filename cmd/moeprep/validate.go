@@ -16,8 +16,10 @@ type validateFlags struct {
 	layers, golden, device, jsonFile string
 	precision, cpuCheck              string
 	tokens, blockSize, workers       int
+	sampleExperts                    int
 	seed                             uint64
 	quiet, ioBaseline                bool
+	bytesOnly, skipBytes             bool
 }
 
 func (f *validateFlags) register(cmd *cobra.Command) {
@@ -32,6 +34,9 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.golden, "golden", "", "directory of HF golden outputs (moe-layer-L.safetensors) to check against")
 	fl.IntVar(&f.blockSize, "block-size", validate.DefaultBlockSize, "moe_align_block_size block size of the fused path")
 	fl.IntVar(&f.workers, "workers", 0, "experts computed at once (default: up to 4, one per core)")
+	fl.IntVar(&f.sampleExperts, "sample-experts", 0, "exercise only N routed experts per layer on forced tokens, and accept layers with experts unexercised (default 0: every expert, a layer with any unexercised expert fails)")
+	fl.BoolVar(&f.bytesOnly, "bytes", false, "only the structural proof: every DST tensor byte-identical to SRC per the contract (folded values within one rounding), the manifest's sizes and sha256; no GPU needed, one streamed pass")
+	fl.BoolVar(&f.skipBytes, "skip-bytes", false, "skip the structural proof that a SRC DST run does after the layer checks")
 	fl.StringVar(&f.jsonFile, "json", "", "also write the report as JSON to FILE (- for stdout instead of the table)")
 	fl.BoolVar(&f.quiet, "no-progress", false, "no progress lines on stderr (as every command takes it)")
 	fl.BoolVar(&f.quiet, "quiet", false, "the same as --no-progress")
@@ -42,11 +47,19 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 func runValidate(cmd *cobra.Command, f *validateFlags, src, dst string, progress io.Writer) error {
 	o := validate.Options{Src: src, Dst: dst, Golden: f.golden, Layers: f.layers, Tokens: f.tokens,
 		Seed: f.seed, Device: f.device, BlockSize: f.blockSize, Workers: f.workers, GPUPrecision: f.precision,
-		CPUCheck: f.cpuCheck, IOBaseline: f.ioBaseline,
+		CPUCheck: f.cpuCheck, IOBaseline: f.ioBaseline, SampleExperts: f.sampleExperts,
 		// The CPU-fallback notice is shown even with --quiet: it changes what was certified.
 		Notice: func(msg string) { fmt.Fprintln(progress, msg) }}
 	if !f.quiet {
 		o.Progress = func(msg string) { fmt.Fprintln(progress, msg) }
+	}
+	switch {
+	case f.bytesOnly && f.skipBytes:
+		return fmt.Errorf("--bytes and --skip-bytes contradict each other")
+	case f.bytesOnly:
+		o.Bytes = validate.BytesOnly
+	case f.skipBytes:
+		o.Bytes = validate.BytesOff
 	}
 	rep, err := validate.Run(cmd.Context(), o)
 	if err != nil {
@@ -104,6 +117,22 @@ run on DST, driven by DST's moeprep contract (gate with shared slots,
 moe_align_block_size, grouped GEMM over blocks, finalize). With --golden it
 also checks against golden outputs exported from HF transformers.
 
+Every expert is exercised, whatever the router picks: besides the routed
+tokens, each layer runs forced tokens whose slots name every routed expert
+(twice, in different company) and every shared replica, through the same
+align, grouped GEMM and finalize code; each forced token must match on its
+own, and the report names the expert(s) whose every token failed. A layer
+with an unexercised expert fails unless --sample-experts N asks for less.
+
+Then (SRC DST runs; --bytes for this alone, --skip-bytes to skip it) the
+structural proof: every DST tensor is predicted from SRC and the contract
+(stacked slices, shared replicas and splits, folded values within one
+rounding, every other tensor as it is) and compared byte for byte in one
+streamed pass that also checks the manifest's sizes and sha256. It names
+the first differing tensor, layer, expert and byte offset.
+
+A NaN or Inf in any weight, scale or bias validate reads fails its layer.
+
 Per layer it reports relative L2 error, max abs error, cosine similarity and
 tie-robust top-k agreement, with a verdict against a documented tolerance.
 On the GPU (--device cuda) both paths run on the GPU, and the CPU reference
@@ -115,6 +144,8 @@ Exit 0 when every layer passes, 1 when any fails, 2 when the input is unusable.`
   moeprep validate --layers sample:4 --tokens 64 --json report.json ./DeepSeek-V3 ./DeepSeek-V3-fused
   moeprep validate ./DeepSeek-V3-fused --golden ./goldens
   moeprep validate ./src ./dst --golden ./src/reference   # both paths against HF
+  moeprep validate --bytes ./DeepSeek-V3 ./DeepSeek-V3-fused   # structural proof only, at I/O speed
+  moeprep validate --sample-experts 32 --layers sample:4 ./src ./dst   # a quick partial check
   moeprep validate --device cuda --cpu-check none --io-baseline ./DeepSeek-V3 ./DeepSeek-V3-fused`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 2 || (len(args) == 1 && f.golden != "") {

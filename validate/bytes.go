@@ -1,0 +1,677 @@
+package validate
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// The structural proof: DST checked against its contract byte by byte.
+//
+// Every DST tensor is predicted from SRC and the contract alone: a stacked
+// slice is its source expert's bytes (gate-up: gate rows then up rows, or
+// the reverse), a replica is its shared expert's slice (rows of gate and up,
+// columns of down, and the matching scale blocks), a folded tensor is its
+// source times rsf within one rounding, and every other tensor is the
+// source's bytes under the same name. Each DST shard is read once, in file
+// order, hashed on the way for the manifest, and compared with the predicted
+// bytes read from SRC alongside. Memory is a few fixed chunks.
+
+// Kinds of structural mismatch.
+const (
+	MismatchBytes    = "bytes differ"
+	MismatchFold     = "folded value off"
+	MismatchShape    = "dtype or shape"
+	MismatchMissing  = "missing"
+	MismatchExtra    = "unexpected"
+	MismatchManifest = "manifest"
+	MismatchNaN      = "non-finite"
+)
+
+// ByteMismatch is the first structural difference found.
+type ByteMismatch struct {
+	Kind   string `json:"kind"`
+	File   string `json:"file,omitempty"`
+	Tensor string `json:"tensor,omitempty"`
+	Layer  int    `json:"layer"`            // -1: not an expert tensor
+	Expert int    `json:"expert"`           // bank id, -1: not an expert slice
+	Offset int64  `json:"offset,omitempty"` // byte offset within the tensor
+	Detail string `json:"detail"`
+}
+
+func (m *ByteMismatch) Error() string {
+	where := m.Tensor
+	if m.Layer >= 0 {
+		where += fmt.Sprintf(" (layer %d", m.Layer)
+		if m.Expert >= 0 {
+			where += fmt.Sprintf(", expert %d", m.Expert)
+		}
+		where += ")"
+	}
+	if m.File != "" {
+		where = m.File + ": " + where
+	}
+	if m.Kind == MismatchBytes || m.Kind == MismatchFold || m.Kind == MismatchNaN {
+		return fmt.Sprintf("%s: %s at byte %d: %s", where, m.Kind, m.Offset, m.Detail)
+	}
+	return fmt.Sprintf("%s: %s: %s", where, m.Kind, m.Detail)
+}
+
+// BytesResult is the structural check of a run.
+type BytesResult struct {
+	Pass     bool          `json:"pass"`
+	Tensors  int           `json:"tensors"`
+	Files    int           `json:"files"`
+	DstBytes int64         `json:"dst_bytes"`
+	SrcBytes int64         `json:"src_bytes"`
+	Seconds  float64       `json:"seconds"`
+	Mismatch *ByteMismatch `json:"mismatch,omitempty"`
+	// FoldMaxRelChange is the largest |dst - src*rsf| / |src*rsf| over the
+	// folded values, against the contract's fold_max_rel_change.
+	FoldMaxRelChange float64 `json:"fold_max_rel_change,omitempty"`
+}
+
+// segment is a run of DST bytes and how to predict them: src bytes as they
+// are, or src values times fold.
+type segment struct {
+	dst    *safetensors.TensorInfo
+	off    int64 // within the DST tensor
+	n      int64
+	src    *checkpoint.Tensor
+	ranges [][2]int64 // byte ranges of src, in order, totalling n
+	fold   float64    // 0: exact bytes
+	layer  int
+	expert int
+}
+
+// prediction is every DST tensor's segments, by name.
+type prediction struct {
+	tensors map[string][]segment
+	meta    map[string]tensorWant
+	dtype   map[string]safetensors.DType
+}
+
+type tensorWant struct {
+	dtype  safetensors.DType
+	shape  []int64
+	layer  int
+	expert int // -1
+}
+
+// CheckBytes proves DST's bytes against SRC and the contract; a mismatch
+// is reported in the result (Pass false), an unreadable input is an error.
+func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract, progress func(string)) (*BytesResult, error) {
+	start := time.Now()
+	res := &BytesResult{}
+	pred, err := predict(src, plan, c)
+	if err != nil {
+		return nil, err
+	}
+	if m, err := layout.ReadManifest(dst.Dir); err != nil {
+		res.Mismatch = &ByteMismatch{Kind: MismatchManifest, Layer: -1, Expert: -1, Detail: err.Error()}
+		return res, nil
+	} else if mm := checkManifestNames(dst, m, pred); mm != nil {
+		res.Mismatch = mm
+		return res, nil
+	}
+	man, _ := layout.ReadManifest(dst.Dir)
+	names := make([]string, 0, len(man.Files))
+	for n := range man.Files {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	seen := map[string]bool{}
+	weights := map[string]bool{}
+	for _, f := range dst.WeightFiles {
+		weights[filepath.ToSlash(f)] = true
+	}
+	for _, rel := range names {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		path := filepath.Join(dst.Dir, filepath.FromSlash(rel))
+		want := man.Files[rel]
+		var got layout.FileInfo
+		var mm *ByteMismatch
+		if weights[rel] && strings.HasSuffix(rel, ".safetensors") {
+			if progress != nil {
+				progress(fmt.Sprintf("validate --bytes: %s (%.2f GB)", rel, float64(want.Size)/1e9))
+			}
+			got, mm, err = checkShard(ctx, path, pred, seen, res, c)
+		} else {
+			got, err = layout.HashFile(path)
+		}
+		if err != nil {
+			return nil, err
+		}
+		res.Files++
+		res.DstBytes += got.Size
+		if mm != nil {
+			res.Mismatch = mm
+			break
+		}
+		if got != want {
+			res.Mismatch = &ByteMismatch{Kind: MismatchManifest, File: path, Layer: -1, Expert: -1,
+				Detail: fmt.Sprintf("size %d sha256 %s, the manifest says size %d sha256 %s", got.Size, got.SHA256, want.Size, want.SHA256)}
+			break
+		}
+	}
+	if res.Mismatch == nil {
+		for _, n := range sortedKeys(pred.meta) {
+			if !seen[n] {
+				w := pred.meta[n]
+				res.Mismatch = &ByteMismatch{Kind: MismatchMissing, Tensor: n, Layer: w.layer, Expert: -1,
+					Detail: "SRC and the contract call for it, DST has no such tensor"}
+				break
+			}
+		}
+	}
+	if res.Mismatch == nil && c.RoutedScalingFactorFolded && res.FoldMaxRelChange > c.FoldMaxRelChange*(1+1e-6)+1e-12 {
+		res.Mismatch = &ByteMismatch{Kind: MismatchFold, Layer: -1, Expert: -1,
+			Detail: fmt.Sprintf("folded values move by up to %.3g, the contract states fold_max_rel_change %.3g", res.FoldMaxRelChange, c.FoldMaxRelChange)}
+	}
+	res.Pass = res.Mismatch == nil
+	res.Seconds = time.Since(start).Seconds()
+	return res, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// checkManifestNames checks that the manifest lists every weight file DST
+// holds (a shard left out of the manifest would go unchecked).
+func checkManifestNames(dst *checkpoint.Checkpoint, m *layout.Manifest, _ *prediction) *ByteMismatch {
+	for _, f := range dst.WeightFiles {
+		if _, ok := m.Files[filepath.ToSlash(f)]; !ok {
+			return &ByteMismatch{Kind: MismatchManifest, File: filepath.Join(dst.Dir, f), Layer: -1, Expert: -1,
+				Detail: "weight file not listed in " + layout.ManifestFileName}
+		}
+	}
+	return nil
+}
+
+// predict lays out what every DST tensor must hold.
+func predict(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract) (*prediction, error) {
+	p := &prediction{tensors: map[string][]segment{}, meta: map[string]tensorWant{}}
+	if c.NumExperts != plan.NumExperts {
+		return nil, fmt.Errorf("%s: the contract has %d routed experts, SRC %d", src.Dir, c.NumExperts, plan.NumExperts)
+	}
+	consumed := map[string]bool{}
+	byIndex := map[int]*family.Layer{}
+	for i := range plan.Layers {
+		byIndex[plan.Layers[i].Index] = &plan.Layers[i]
+	}
+	if len(c.Layers) != len(plan.Layers) {
+		return nil, fmt.Errorf("%s: the contract lists %d MoE layers, SRC has %d", src.Dir, len(c.Layers), len(plan.Layers))
+	}
+	for _, li := range c.Layers {
+		l, ok := byIndex[li.Index]
+		if !ok {
+			return nil, fmt.Errorf("%s: contract layer %d is not a MoE layer of SRC", src.Dir, li.Index)
+		}
+		if err := p.layer(src, plan, c, li, l, consumed); err != nil {
+			return nil, err
+		}
+	}
+	for _, t := range src.Tensors {
+		if consumed[t.Name] {
+			continue
+		}
+		if _, dup := p.meta[t.Name]; dup {
+			return nil, fmt.Errorf("%s: tensor %s would be both a stack and a copied tensor", src.Dir, t.Name)
+		}
+		p.meta[t.Name] = tensorWant{dtype: t.DType, shape: t.Shape, layer: -1, expert: -1}
+		p.tensors[t.Name] = []segment{{n: t.NumBytes(), src: t, ranges: [][2]int64{{0, t.NumBytes()}}, layer: -1, expert: -1}}
+	}
+	return p, nil
+}
+
+// mat is a 2-D view [rows, cols] of a source tensor.
+type mat struct {
+	t          *checkpoint.Tensor
+	rows, cols int64
+}
+
+// block returns the byte ranges of rows [r0,r0+nr) x cols [c0,c0+nc).
+func (m mat) block(r0, nr, c0, nc int64) [][2]int64 {
+	es := int64(m.t.DType.Size())
+	if c0 == 0 && nc == m.cols {
+		return [][2]int64{{r0 * m.cols * es, (r0 + nr) * m.cols * es}}
+	}
+	out := make([][2]int64, 0, nr)
+	for r := r0; r < r0+nr; r++ {
+		b := (r*m.cols + c0) * es
+		out = append(out, [2]int64{b, b + nc*es})
+	}
+	return out
+}
+
+func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract, li layout.LayerInfo, l *family.Layer, consumed map[string]bool) error {
+	I, H := int64(plan.MoEIntermediateSize), int64(plan.HiddenSize)
+	E := c.NumExperts
+	bank := c.BankSize()
+	fp8 := c.Quantized()
+	var bo, bi int64 = 1, 1
+	if fp8 {
+		bo, bi = c.WeightBlockSize[0], c.WeightBlockSize[1]
+	}
+	S := int64(max(c.SharedSlices, 1))
+	if c.NumFusedSharedExperts > 0 && l.Shared == nil {
+		return fmt.Errorf("%s: layer %d: the contract fuses a shared expert SRC does not have", src.Dir, li.Index)
+	}
+	if c.NumFusedSharedExperts > 0 && fp8 && S > 1 && (I%bo != 0 || I%bi != 0) {
+		return fmt.Errorf("%s: layer %d: I %d is not a multiple of the FP8 block, so the shared expert cannot be split", src.Dir, li.Index, I)
+	}
+	get := func(name string, rows, cols int64) (mat, error) {
+		t, ok := src.Tensor(name)
+		if !ok {
+			return mat{}, fmt.Errorf("%s: layer %d: tensor %s is missing", src.Dir, li.Index, name)
+		}
+		if len(t.Shape) != 2 || t.Shape[0] != rows || t.Shape[1] != cols {
+			return mat{}, fmt.Errorf("%s: layer %d: tensor %s has shape %v, want [%d,%d]", t.File, li.Index, name, t.Shape, rows, cols)
+		}
+		consumed[name] = true
+		return mat{t, rows, cols}, nil
+	}
+	// parts of bank expert b: gate, up, down and their scales, as
+	// (tensor, byte ranges) with the fold factor of each.
+	type piece struct {
+		m      mat
+		ranges [][2]int64
+		fold   float64
+	}
+	type parts struct{ gate, up, down, gs, us, ds piece }
+	rsf := 0.0
+	if c.RoutedScalingFactorFolded {
+		rsf = c.RoutedScalingFactor
+	}
+	expert := func(b int) (parts, error) {
+		var pr parts
+		m, s, n := family.MLP{}, int64(0), int64(1)
+		routed := b < E
+		if routed {
+			m = l.Experts[b]
+		} else {
+			m = *l.Shared
+			s, n = int64((b-E)%int(S)), S
+		}
+		g, err := get(m.Gate, n*I, H)
+		if err != nil {
+			return pr, err
+		}
+		u, err := get(m.Up, n*I, H)
+		if err != nil {
+			return pr, err
+		}
+		d, err := get(m.Down, H, n*I)
+		if err != nil {
+			return pr, err
+		}
+		pr.gate = piece{g, g.block(s*I, I, 0, H), 0}
+		pr.up = piece{u, u.block(s*I, I, 0, H), 0}
+		pr.down = piece{d, d.block(0, H, s*I, I), 0}
+		if routed && !fp8 {
+			pr.down.fold = rsf
+		}
+		if !fp8 {
+			return pr, nil
+		}
+		gr, gc := layout.CeilDiv(n*I, bo), layout.CeilDiv(H, bi)
+		dr, dc := layout.CeilDiv(H, bo), layout.CeilDiv(n*I, bi)
+		gs, err := get(m.GateScale, gr, gc)
+		if err != nil {
+			return pr, err
+		}
+		us, err := get(m.UpScale, gr, gc)
+		if err != nil {
+			return pr, err
+		}
+		ds, err := get(m.DownScale, dr, dc)
+		if err != nil {
+			return pr, err
+		}
+		sr, sc := layout.CeilDiv(I, bo), layout.CeilDiv(I, bi)
+		pr.gs = piece{gs, gs.block(s*sr, sr, 0, gc), 0}
+		pr.us = piece{us, us.block(s*sr, sr, 0, gc), 0}
+		pr.ds = piece{ds, ds.block(0, dr, s*sc, sc), 0}
+		if routed {
+			pr.ds.fold = rsf
+		}
+		return pr, nil
+	}
+	banks := make([]parts, bank)
+	for b := range bank {
+		var err error
+		if banks[b], err = expert(b); err != nil {
+			return err
+		}
+	}
+	if l.Shared != nil && c.NumFusedSharedExperts == 0 {
+		// an unfused shared expert is copied as it is
+		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down, l.Shared.GateScale, l.Shared.UpScale, l.Shared.DownScale} {
+			delete(consumed, n)
+		}
+	}
+	names := c.Names(li)
+	shapes := layout.StackShapes(c.Layout, int64(bank), I, H, fp8, bo, bi)
+	wd, err := safetensors.ParseDType(c.WeightDType)
+	if err != nil {
+		return fmt.Errorf("%s: contract weight_dtype: %w", src.Dir, err)
+	}
+	add := func(name string, d safetensors.DType, shape []int64, pick func(parts) []piece) {
+		if name == "" {
+			return
+		}
+		p.meta[name] = tensorWant{dtype: d, shape: shape, layer: li.Index, expert: -1}
+		var segs []segment
+		var off int64
+		for b, pr := range banks {
+			for _, pc := range pick(pr) {
+				var n int64
+				for _, r := range pc.ranges {
+					n += r[1] - r[0]
+				}
+				segs = append(segs, segment{off: off, n: n, src: pc.m.t, ranges: pc.ranges, fold: pc.fold, layer: li.Index, expert: b})
+				off += n
+			}
+		}
+		p.tensors[name] = segs
+	}
+	one := func(f func(parts) piece) func(parts) []piece { return func(pr parts) []piece { return []piece{f(pr)} } }
+	if c.Layout.Fused() {
+		first, second := func(pr parts) piece { return pr.gate }, func(pr parts) piece { return pr.up }
+		fs, ss := func(pr parts) piece { return pr.gs }, func(pr parts) piece { return pr.us }
+		if c.Layout == layout.UpGate {
+			first, second, fs, ss = second, first, ss, fs
+		}
+		add(names.GateUp, wd, shapes.GateUp, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
+		add(names.GateUpScale, safetensors.F32, shapes.GateUpScale, func(pr parts) []piece { return []piece{fs(pr), ss(pr)} })
+	} else {
+		add(names.Gate, wd, shapes.Gate, one(func(pr parts) piece { return pr.gate }))
+		add(names.Up, wd, shapes.Up, one(func(pr parts) piece { return pr.up }))
+		add(names.GateScale, safetensors.F32, shapes.GateScale, one(func(pr parts) piece { return pr.gs }))
+		add(names.UpScale, safetensors.F32, shapes.UpScale, one(func(pr parts) piece { return pr.us }))
+	}
+	add(names.Down, wd, shapes.Down, one(func(pr parts) piece { return pr.down }))
+	add(names.DownScale, safetensors.F32, shapes.DownScale, one(func(pr parts) piece { return pr.ds }))
+	return nil
+}
+
+// checkShard reads one DST shard in file order, hashing it, and compares
+// each tensor with its prediction. It returns the file's size and hash and
+// the first mismatch.
+func checkShard(ctx context.Context, path string, pred *prediction, seen map[string]bool, res *BytesResult, c *layout.Contract) (layout.FileInfo, *ByteMismatch, error) {
+	f, err := safetensors.Open(path)
+	if err != nil {
+		return layout.FileInfo{}, nil, err
+	}
+	defer f.Close()
+	fh, err := os.Open(path)
+	if err != nil {
+		return layout.FileInfo{}, nil, err
+	}
+	defer fh.Close()
+	h := sha256.New()
+	dr := newAheadReader(io.TeeReader(fh, h))
+	defer dr.stop()
+	var size int64
+	skip := func(n int64) error {
+		m, err := io.CopyN(io.Discard, dr, n)
+		size += m
+		return err
+	}
+	if err := skip(f.DataStart); err != nil {
+		return layout.FileInfo{}, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	got := make([]byte, compareChunk)
+	want := make([]byte, compareChunk)
+	for i := range f.Tensors {
+		if err := ctx.Err(); err != nil {
+			return layout.FileInfo{}, nil, err
+		}
+		ti := &f.Tensors[i]
+		if gap := f.DataStart + ti.Begin - size; gap != 0 {
+			if err := skip(gap); err != nil {
+				return layout.FileInfo{}, nil, fmt.Errorf("%s: %w", path, err)
+			}
+		}
+		w, ok := pred.meta[ti.Name]
+		if !ok {
+			return layout.FileInfo{}, &ByteMismatch{Kind: MismatchExtra, File: path, Tensor: ti.Name, Layer: -1, Expert: -1,
+				Detail: "neither a stack the contract names nor a tensor of SRC"}, nil
+		}
+		if seen[ti.Name] {
+			return layout.FileInfo{}, &ByteMismatch{Kind: MismatchExtra, File: path, Tensor: ti.Name, Layer: w.layer, Expert: -1, Detail: "in two shards"}, nil
+		}
+		seen[ti.Name] = true
+		if ti.DType != w.dtype || !slices.Equal(ti.Shape, w.shape) {
+			return layout.FileInfo{}, &ByteMismatch{Kind: MismatchShape, File: path, Tensor: ti.Name, Layer: w.layer, Expert: -1,
+				Detail: fmt.Sprintf("%s %v, want %s %v", ti.DType, ti.Shape, w.dtype, w.shape)}, nil
+		}
+		res.Tensors++
+		sr := &segReader{segs: pred.tensors[ti.Name]}
+		for _, sg := range pred.tensors[ti.Name] {
+			es := int64(ti.DType.Size())
+			step := int64(compareChunk) / es * es
+			for done := int64(0); done < sg.n; done += step {
+				n := min(step, sg.n-done)
+				if _, err := io.ReadFull(dr, got[:n]); err != nil {
+					return layout.FileInfo{}, nil, fmt.Errorf("%s: tensor %s: %w", path, ti.Name, err)
+				}
+				size += n
+				if err := sr.read(want[:n]); err != nil {
+					return layout.FileInfo{}, nil, err
+				}
+				res.SrcBytes += n
+				at := sg.off + done
+				mm := compareSeg(path, ti, sg, got[:n], want[:n], at, res)
+				if mm != nil {
+					return layout.FileInfo{}, mm, nil
+				}
+			}
+		}
+	}
+	rest, err := io.Copy(io.Discard, dr)
+	if err != nil {
+		return layout.FileInfo{}, nil, fmt.Errorf("%s: %w", path, err)
+	}
+	size += rest
+	return layout.FileInfo{Size: size, SHA256: hex.EncodeToString(h.Sum(nil))}, nil, nil
+}
+
+// compareChunk is the unit of comparison: two such buffers plus the
+// read-ahead's are all the memory the check holds.
+const compareChunk = 4 << 20
+
+// compareSeg compares n bytes at offset at of DST tensor ti with their
+// prediction.
+func compareSeg(path string, ti *safetensors.TensorInfo, sg segment, got, want []byte, at int64, res *BytesResult) *ByteMismatch {
+	mm := func(kind string, off int64, detail string) *ByteMismatch {
+		return &ByteMismatch{Kind: kind, File: path, Tensor: ti.Name, Layer: sg.layer, Expert: sg.expert, Offset: off, Detail: detail}
+	}
+	if i, bits := firstNonFinite(ti.DType, got); i >= 0 {
+		es := int64(ti.DType.Size())
+		return mm(MismatchNaN, at+int64(i)*es, fmt.Sprintf("element %d is NaN or Inf (bits %#x)", (at/es)+int64(i), bits))
+	}
+	if sg.fold == 0 {
+		if bytes.Equal(got, want) {
+			return nil
+		}
+		i := firstDiff(got, want)
+		return mm(MismatchBytes, at+int64(i), fmt.Sprintf("DST byte %#02x, SRC %s byte %#02x", got[i], sg.src.Name, want[i]))
+	}
+	es := ti.DType.Size()
+	rel, absFloor := roundingBound(ti.DType)
+	for i := 0; i+es <= len(got); i += es {
+		d, s := decodeOne(ti.DType, got[i:]), decodeOne(ti.DType, want[i:])
+		exact := s * sg.fold
+		diff := math.Abs(d - exact)
+		if diff > rel*math.Abs(exact)+absFloor {
+			return mm(MismatchFold, at+int64(i), fmt.Sprintf("%g, but SRC %s holds %g and %g x rsf %g = %g", d, sg.src.Name, s, s, sg.fold, exact))
+		}
+		if exact != 0 {
+			res.FoldMaxRelChange = max(res.FoldMaxRelChange, diff/math.Abs(exact))
+		}
+	}
+	return nil
+}
+
+// roundingBound is one rounding to nearest in d: at most half an ulp,
+// which is at most 2^-(mantissa bits+1) of the value, plus half the
+// smallest subnormal for values that underflow.
+func roundingBound(d safetensors.DType) (rel, abs float64) {
+	switch d {
+	case safetensors.BF16:
+		return 0x1p-8, 0x1p-134
+	case safetensors.F16:
+		return 0x1p-11, 0x1p-25
+	}
+	return 0x1p-24, 0x1p-150
+}
+
+func decodeOne(d safetensors.DType, b []byte) float64 {
+	switch d {
+	case safetensors.BF16:
+		return float64(numfmt.BF16ToF32(binary.LittleEndian.Uint16(b)))
+	case safetensors.F16:
+		return float64(numfmt.F16ToF32(binary.LittleEndian.Uint16(b)))
+	case safetensors.F64:
+		return math.Float64frombits(binary.LittleEndian.Uint64(b))
+	}
+	return float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
+}
+
+// segReader reads a tensor's predicted bytes, segment after segment, from
+// SRC.
+type segReader struct {
+	segs []segment
+	seg  int
+	rng  int
+	pos  int64 // within the current range
+}
+
+func (r *segReader) read(p []byte) error {
+	for len(p) > 0 {
+		if r.seg >= len(r.segs) {
+			return errors.New("validate --bytes: prediction shorter than the tensor")
+		}
+		sg := &r.segs[r.seg]
+		if r.rng >= len(sg.ranges) {
+			r.seg, r.rng, r.pos = r.seg+1, 0, 0
+			continue
+		}
+		rg := sg.ranges[r.rng]
+		n := min(int64(len(p)), rg[1]-rg[0]-r.pos)
+		if err := readAt(sg.src, p[:n], rg[0]+r.pos); err != nil {
+			return err
+		}
+		p = p[n:]
+		if r.pos += n; r.pos == rg[1]-rg[0] {
+			r.rng, r.pos = r.rng+1, 0
+		}
+	}
+	return nil
+}
+
+// aheadReader reads its source in a goroutine, a few chunks ahead of the
+// reader, so that reading DST overlaps reading SRC and comparing.
+type aheadReader struct {
+	ch   chan aheadChunk
+	free chan []byte
+	cur  []byte
+	buf  []byte
+	err  error
+	done chan struct{}
+}
+
+type aheadChunk struct {
+	b   []byte
+	err error
+}
+
+const aheadDepth = 3
+
+func newAheadReader(r io.Reader) *aheadReader {
+	a := &aheadReader{ch: make(chan aheadChunk, aheadDepth), free: make(chan []byte, aheadDepth+1), done: make(chan struct{})}
+	for range aheadDepth + 1 {
+		a.free <- make([]byte, compareChunk)
+	}
+	go func() {
+		defer close(a.ch)
+		for {
+			var b []byte
+			select {
+			case b = <-a.free:
+			case <-a.done:
+				return
+			}
+			n, err := io.ReadFull(r, b)
+			if err == io.ErrUnexpectedEOF {
+				err = io.EOF
+			}
+			select {
+			case a.ch <- aheadChunk{b[:n], err}:
+			case <-a.done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return a
+}
+
+func (a *aheadReader) Read(p []byte) (int, error) {
+	for len(a.cur) == 0 {
+		if a.err != nil {
+			return 0, a.err
+		}
+		if a.buf != nil {
+			a.free <- a.buf[:cap(a.buf)]
+			a.buf = nil
+		}
+		c, ok := <-a.ch
+		if !ok {
+			return 0, io.EOF
+		}
+		a.buf, a.cur, a.err = c.b, c.b, c.err
+	}
+	n := copy(p, a.cur)
+	a.cur = a.cur[n:]
+	return n, nil
+}
+
+func (a *aheadReader) stop() { close(a.done) }

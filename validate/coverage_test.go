@@ -1,0 +1,266 @@
+package validate
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/layout"
+)
+
+// TestNewCoverage: every routed expert (or the sample) takes exactly Rounds
+// forced slots before top-up, no token names an expert twice, every shared
+// replica gets at least Rounds tokens, and weights are 1/K.
+func TestNewCoverage(t *testing.T) {
+	for _, tc := range []struct {
+		e, k, reps, rounds, sample int
+	}{
+		{8, 2, 0, 0, 0}, {16, 4, 8, 2, 0}, {257, 8, 8, 2, 0}, {384, 8, 1, 3, 0}, {6, 6, 0, 1, 0},
+		{5, 3, 2, 2, 0}, {64, 8, 4, 2, 10}, {10, 1, 16, 2, 0},
+	} {
+		t.Run(fmt.Sprintf("E%d_K%d_R%d_rounds%d_sample%d", tc.e, tc.k, tc.reps, tc.rounds, tc.sample), func(t *testing.T) {
+			c, err := NewCoverage(CoverageOptions{Seed: 7, Layer: 3, H: 4, E: tc.e, K: tc.k, Replicas: tc.reps, Rounds: tc.rounds, Sample: tc.sample})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rounds := max(tc.rounds, 1)
+			if tc.rounds == 0 {
+				rounds = DefaultCoverageRounds
+			}
+			want := tc.e
+			if tc.sample > 0 {
+				want = tc.sample
+			}
+			if len(c.Experts) != want || c.Sampled != (tc.sample > 0) {
+				t.Fatalf("%d experts covered (sampled %v), want %d", len(c.Experts), c.Sampled, want)
+			}
+			count := map[int32]int{}
+			for i := range c.T {
+				row := c.Routing.IDs[i*c.K : (i+1)*c.K]
+				for j, id := range row {
+					if id < 0 || int(id) >= tc.e || slices.Contains(row[:j], id) {
+						t.Fatalf("token %d slots %v", i, row)
+					}
+					count[id]++
+					if w := c.Routing.Weights[i*c.K+j]; w != 1/float32(tc.k) {
+						t.Fatalf("weight %v", w)
+					}
+				}
+			}
+			for _, e := range c.Experts {
+				if count[int32(e)] < rounds {
+					t.Errorf("expert %d in %d forced slots, want >= %d", e, count[int32(e)], rounds)
+				}
+			}
+			if c.T < tc.reps*rounds {
+				t.Errorf("%d tokens for %d replicas x %d rounds", c.T, tc.reps, rounds)
+			}
+			if len(c.X) != c.T*4 || slices.ContainsFunc(c.X, func(v float32) bool { return v == 0 || math.IsNaN(float64(v)) }) {
+				t.Errorf("x: %d values, want %d non-zero", len(c.X), c.T*4)
+			}
+			again, _ := NewCoverage(CoverageOptions{Seed: 7, Layer: 3, H: 4, E: tc.e, K: tc.k, Replicas: tc.reps, Rounds: tc.rounds, Sample: tc.sample})
+			if !slices.Equal(again.Routing.IDs, c.Routing.IDs) || !slices.Equal(again.X, c.X) {
+				t.Error("not reproducible from the seed")
+			}
+		})
+	}
+	for _, bad := range []CoverageOptions{{H: 4, E: 4, K: 5}, {H: 0, E: 4, K: 1}, {H: 4, E: 4, K: 1, Rounds: 100}, {H: 4, E: 4, K: 1, Sample: -1}} {
+		if _, err := NewCoverage(bad); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+// unroutable synthesises a DeepSeek-V3-style model (16 experts, top-4,
+// 4 groups) and sets the correction bias of experts 3 and 11 to -30 in
+// every MoE layer, so that no token is ever routed to them.
+func unroutable(t *testing.T, dtype string) string {
+	t.Helper()
+	s, err := fixtures.SynthSpec{Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 64, Intermediate: 32,
+		Experts: 16, SharedExperts: 1, TopK: 4, NGroup: 4, TopKGroup: 2, RoutedScalingFactor: 2.5, DType: dtype, Seed: 41}.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "unroutable-"+dtype)
+	if err := fixtures.Synth(context.Background(), dir, s, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []int{1, 2} {
+		rewriteTensor(t, dir, fmt.Sprintf("model.layers.%d.mlp.gate.e_score_correction_bias", l), func(raw []byte, _ []int64) {
+			for _, e := range []int{3, 11} {
+				binary.LittleEndian.PutUint32(raw[4*e:], math.Float32bits(-30))
+			}
+		})
+	}
+	return dir
+}
+
+// flipDownSigns flips the sign of every element of bank expert e's down
+// projection in a converted bf16 checkpoint.
+func flipDownSigns(t *testing.T, dst, prefix string, lay layout.Layout, e int) {
+	t.Helper()
+	n := layout.Names(lay, prefix, false)
+	rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
+		m := slice(raw, shape, e)
+		for i := 1; i < len(m); i += 2 {
+			m[i] ^= 0x80 // bf16 sign bit, little-endian high byte
+		}
+	})
+}
+
+// TestNeverRoutedExpertCaught is issue 10's case: an expert no token routes
+// to, corrupted in DST, used to pass. The routed check still cannot see it;
+// the coverage check must fail and name it; the clean conversion passes.
+func TestNeverRoutedExpertCaught(t *testing.T) {
+	src := unroutable(t, "bf16")
+	for _, o := range []convert.Options{{FuseShared: true, TP: 4}, {Layout: layout.GateUp}} {
+		t.Run(fmt.Sprintf("fuse=%v/%s", o.FuseShared, o.Layout), func(t *testing.T) {
+			dst := convertInto(t, src, o)
+			opts := Options{Src: src, Dst: dst, Seed: 5, Tokens: 64}
+			clean, err := Run(context.Background(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if clean.Failed() {
+				var b jsonBuf
+				clean.WriteTable(&b)
+				t.Fatalf("the clean conversion fails:\n%s", b)
+			}
+			for _, r := range clean.Rows {
+				if r.Check == CheckFusedVsReference && r.ExpertsUsed == r.Experts {
+					t.Fatalf("layer %d: the routed tokens reached all %d experts; the -30 biases should keep 2 out", r.Layer, r.Experts)
+				}
+			}
+			if c := clean.Coverage; c == nil || c.Complete != 2 || !c.Forced || c.Exercised != c.Total {
+				t.Fatalf("coverage %+v, want every expert of both layers", clean.Coverage)
+			}
+			lay := o.Layout
+			if lay == "" {
+				lay = layout.Stacked
+			}
+			flipDownSigns(t, dst, "model.layers.2.mlp", lay, 11)
+			opts.Bytes = BytesOff // the numeric proof alone must catch it
+			rep, err := Run(context.Background(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if exitcode.Code(rep.Err()) != exitcode.CheckFailed {
+				t.Fatalf("corrupted never-routed expert passed: %+v", rep.Rows)
+			}
+			for _, r := range rep.Rows {
+				switch {
+				case r.Layer == 2 && r.Check == CheckCoverage:
+					if r.Pass || len(r.Suspects) == 0 || r.Suspects[0] != 11 || r.WorstTokenRelL2 < 100*r.Tolerance.MaxRelL2 {
+						t.Errorf("coverage row: pass %v, suspects %v, worst token %.3g: %s", r.Pass, r.Suspects, r.WorstTokenRelL2, r.Reason)
+					}
+					if !strings.Contains(r.Reason, "11") {
+						t.Errorf("reason does not name expert 11: %s", r.Reason)
+					}
+				case r.Layer == 2 && r.Check == CheckFusedVsReference:
+					if !r.Pass {
+						t.Errorf("routed check failed too (%s): then the -30 bias did not keep expert 11 out", r.Reason)
+					}
+				case r.Layer == 1 && !r.Pass:
+					t.Errorf("layer 1 %s failed: %s", r.Check, r.Reason)
+				}
+			}
+		})
+	}
+}
+
+// TestEveryExpertCorruptionCaught corrupts each bank expert in turn (routed
+// and every shared replica) and checks the coverage row fails and names it.
+func TestEveryExpertCorruptionCaught(t *testing.T) {
+	src := unroutable(t, "bf16")
+	dst := convertInto(t, src, convert.Options{FuseShared: true, TP: 2, Layout: layout.UpGate})
+	opts := Options{Src: src, Dst: dst, Seed: 9, Tokens: 16, Layers: "1", Bytes: BytesOff}
+	n := layout.Names(layout.UpGate, "model.layers.1.mlp", false)
+	orig := readTensor(t, dst, n.Down)
+	for e := range 16 + 2 {
+		flipDownSigns(t, dst, "model.layers.1.mlp", layout.UpGate, e)
+		rep, err := Run(context.Background(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cov *LayerResult
+		for i := range rep.Rows {
+			if rep.Rows[i].Check == CheckCoverage {
+				cov = &rep.Rows[i]
+			}
+		}
+		if cov == nil || cov.Pass || len(cov.Suspects) == 0 || cov.Suspects[0] != e {
+			t.Errorf("expert %d corrupted: coverage row %+v", e, cov)
+		}
+		rewriteTensor(t, dst, n.Down, func(raw []byte, _ []int64) { copy(raw, orig) })
+	}
+}
+
+// TestSampleExperts: --sample-experts N exercises a sample on purpose and
+// says so; without SRC (goldens only) a layer whose experts the goldens do
+// not all reach fails unless a partial run was asked for.
+func TestSampleExperts(t *testing.T) {
+	src := unroutable(t, "bf16")
+	dst := convertInto(t, src, convert.Options{FuseShared: true, TP: 1})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Tokens: 8, SampleExperts: 3, Bytes: BytesOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Failed() || rep.Coverage == nil || rep.Coverage.Sample != 3 || !strings.Contains(rep.Coverage.Line(), "not a proof") {
+		t.Fatalf("sampled run: failed %v, coverage %+v", rep.Failed(), rep.Coverage)
+	}
+	// Goldens made from the SRC reference on 8 tokens cannot reach the -30 experts.
+	gdir := t.TempDir()
+	plan := mustPlan(t, src)
+	for _, l := range plan.Layers {
+		x := DrawX(2, l.Index, 8, plan.HiddenSize)
+		ref, err := ReferenceLayer(context.Background(), mustOpen(t, src), plan, &l, x, 8, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeGolden(t, filepath.Join(gdir, GoldenFileName(l.Index)), map[string][]float32{"x": x, "y": ref.Y},
+			map[string][]int64{"x": {8, int64(plan.HiddenSize)}, "y": {8, int64(plan.HiddenSize)}}, nil)
+	}
+	rep, err = Run(context.Background(), Options{Dst: dst, Golden: gdir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Failed() || !strings.Contains(rep.Rows[0].Reason, "experts exercised") {
+		t.Fatalf("golden-only run with unexercised experts: %+v", rep.Rows)
+	}
+	rep, err = Run(context.Background(), Options{Dst: dst, Golden: gdir, SampleExperts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Failed() {
+		t.Fatalf("golden-only run with --sample-experts: %v", rep.Err())
+	}
+}
+
+func mustOpen(t *testing.T, dir string) *checkpoint.Checkpoint {
+	t.Helper()
+	ck, err := checkpoint.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	return ck
+}
+
+func mustPlan(t *testing.T, dir string) *family.Plan {
+	t.Helper()
+	p, err := mustOpen(t, dir).Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}

@@ -1,0 +1,108 @@
+package validate
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// CheckNonFinite is the row of a layer whose weights, scales or biases hold
+// a NaN or an infinity: such a checkpoint is never certified, however its
+// outputs compare (a NaN source must not "pass" against a NaN output).
+const CheckNonFinite = "non-finite"
+
+// NonFiniteError names a NaN or Inf found in a tensor validate read.
+type NonFiniteError struct {
+	File, Tensor string
+	Element      int64 // index within the tensor
+	Bits         uint64
+	DType        safetensors.DType
+}
+
+func (e *NonFiniteError) Error() string {
+	return fmt.Sprintf("%s: tensor %s holds a NaN or Inf at element %d (%s bits %#x)", e.File, e.Tensor, e.Element, e.DType, e.Bits)
+}
+
+// firstNonFinite returns the index of the first NaN or Inf among the
+// little-endian elements of raw, or -1. Integer dtypes have none. FP8
+// E4M3 (torch float8_e4m3fn) has no infinity and one NaN pattern per sign,
+// S.1111.111; E8M0 scales use 0xFF for NaN.
+func firstNonFinite(d safetensors.DType, raw []byte) (int, uint64) {
+	switch d {
+	case safetensors.BF16:
+		for i := 0; i+1 < len(raw); i += 2 {
+			if v := binary.LittleEndian.Uint16(raw[i:]); v&0x7F80 == 0x7F80 {
+				return i / 2, uint64(v)
+			}
+		}
+	case safetensors.F16:
+		for i := 0; i+1 < len(raw); i += 2 {
+			if v := binary.LittleEndian.Uint16(raw[i:]); v&0x7C00 == 0x7C00 {
+				return i / 2, uint64(v)
+			}
+		}
+	case safetensors.F32:
+		for i := 0; i+3 < len(raw); i += 4 {
+			if v := binary.LittleEndian.Uint32(raw[i:]); v&0x7F800000 == 0x7F800000 {
+				return i / 4, uint64(v)
+			}
+		}
+	case safetensors.F64:
+		for i := 0; i+7 < len(raw); i += 8 {
+			if v := binary.LittleEndian.Uint64(raw[i:]); v&0x7FF0000000000000 == 0x7FF0000000000000 {
+				return i / 8, v
+			}
+		}
+	case safetensors.F8E4M3:
+		for i, b := range raw {
+			if b&0x7F == 0x7F {
+				return i, uint64(b)
+			}
+		}
+	case safetensors.F8E5M2:
+		for i, b := range raw {
+			if b&0x7C == 0x7C {
+				return i, uint64(b)
+			}
+		}
+	case safetensors.F8E8M0:
+		for i, b := range raw {
+			if b == 0xFF {
+				return i, uint64(b)
+			}
+		}
+	}
+	return -1, 0
+}
+
+// checkFinite returns a *NonFiniteError when raw, the elements of tensor
+// name from element off on, holds a NaN or Inf.
+func checkFinite(file, name string, d safetensors.DType, raw []byte, off int64) error {
+	if i, bits := firstNonFinite(d, raw); i >= 0 {
+		return &NonFiniteError{File: file, Tensor: name, Element: off + int64(i), Bits: bits, DType: d}
+	}
+	return nil
+}
+
+// nonFiniteRows turns a path's error into the layer's failing non-finite
+// row when a weight held a NaN or Inf (err keeps the layer and expert the
+// paths wrapped around it); any other error is returned as it is.
+func nonFiniteRows(tg target, t int, err error) ([]LayerResult, error) {
+	var nf *NonFiniteError
+	if !errors.As(err, &nf) {
+		return nil, err
+	}
+	return []LayerResult{nonFiniteRow(tg, t, err)}, nil
+}
+
+func nonFiniteRow(tg target, t int, err error) LayerResult {
+	r := LayerResult{Layer: tg.index, MTP: tg.mtp, Check: CheckNonFinite, Tokens: t, Reason: err.Error()}
+	r.Diff = Diff{RelL2: nanF, MaxAbs: nanF, Cosine: nanF, Problem: "non-finite weights"}
+	r.TopK, r.TopKWeightMaxErr = nanF, nanF
+	return r
+}
+
+var nanF = math.NaN()
