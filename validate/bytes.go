@@ -58,15 +58,17 @@ type ByteMismatch struct {
 
 func (m *ByteMismatch) Error() string {
 	where := m.Tensor
-	if m.Layer >= 0 {
+	if m.Layer >= 0 && where != "" {
 		where += fmt.Sprintf(" (layer %d", m.Layer)
 		if m.Expert >= 0 {
 			where += fmt.Sprintf(", expert %d", m.Expert)
 		}
 		where += ")"
 	}
-	if m.File != "" {
+	if m.File != "" && where != "" {
 		where = m.File + ": " + where
+	} else if m.File != "" {
+		where = m.File
 	}
 	if m.Kind == MismatchBytes || m.Kind == MismatchFold || m.Kind == MismatchNaN {
 		return fmt.Sprintf("%s: %s at byte %d: %s", where, m.Kind, m.Offset, m.Detail)

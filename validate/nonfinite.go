@@ -31,6 +31,13 @@ func (e *NonFiniteError) Error() string {
 // E4M3 (torch float8_e4m3fn) has no infinity and one NaN pattern per sign,
 // S.1111.111; E8M0 scales use 0xFF for NaN.
 func firstNonFinite(d safetensors.DType, raw []byte) (int, uint64) {
+	if clean(d, raw) {
+		return -1, 0
+	}
+	return firstNonFiniteSlow(d, raw)
+}
+
+func firstNonFiniteSlow(d safetensors.DType, raw []byte) (int, uint64) {
 	switch d {
 	case safetensors.BF16:
 		for i := 0; i+1 < len(raw); i += 2 {
@@ -106,3 +113,34 @@ func nonFiniteRow(tg target, t int, err error) LayerResult {
 }
 
 var nanF = math.NaN()
+
+// clean reports, eight bytes at a time, that raw holds no NaN or Inf of the
+// common weight dtypes (false: look element by element). A lane is
+// non-finite when its exponent bits are all set: x = (w & m) ^ m has a zero
+// lane exactly there, and the classic has-zero test finds it.
+func clean(d safetensors.DType, raw []byte) bool {
+	var m, lo, hi uint64
+	switch d {
+	case safetensors.BF16:
+		m, lo, hi = 0x7F807F807F807F80, 0x0001000100010001, 0x8000800080008000
+	case safetensors.F32:
+		m, lo, hi = 0x7F8000007F800000, 0x0000000100000001, 0x8000000080000000
+	case safetensors.F8E4M3:
+		m, lo, hi = 0x7F7F7F7F7F7F7F7F, 0x0101010101010101, 0x8080808080808080
+	default:
+		return false
+	}
+	n := len(raw) &^ 7
+	for i := 0; i < n; i += 8 {
+		x := (binary.LittleEndian.Uint64(raw[i:]) & m) ^ m
+		if (x-lo)&^x&hi != 0 {
+			return false
+		}
+	}
+	// the tail, and any word the test flagged, go element by element
+	if n == len(raw) {
+		return true
+	}
+	i, _ := firstNonFiniteSlow(d, raw[n:])
+	return i < 0
+}

@@ -1,0 +1,283 @@
+package validate
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// TestBytesCleanConversions: the structural proof passes on every correct
+// conversion of the HF fixtures (every layout, fuse-shared, every fold).
+func TestBytesCleanConversions(t *testing.T) {
+	for _, c := range conversionCases() {
+		t.Run(c.name(), func(t *testing.T) {
+			src := filepath.Join(hfFixtures, c.fixture)
+			dst := convertInto(t, src, c.o)
+			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Bytes: BytesOnly})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := rep.Bytes
+			if b == nil || !b.Pass || rep.Failed() || b.Tensors == 0 || b.DstBytes == 0 || len(rep.Rows) != 0 {
+				t.Fatalf("bytes: %+v (mismatch %v)", b, b.Mismatch)
+			}
+			folds := c.o.FuseShared && (c.o.FoldScaling == "down" || (c.fixture == "deepseek-v3-fp8" && c.o.FoldScaling != "none"))
+			if folds && b.FoldMaxRelChange == 0 {
+				t.Errorf("folded values were not compared")
+			}
+		})
+	}
+}
+
+// TestBytesMismatchKinds plants one structural error of each kind and
+// checks the proof fails (exit 1) naming the kind, tensor, layer, expert
+// and byte offset.
+func TestBytesMismatchKinds(t *testing.T) {
+	fp8 := filepath.Join(hfFixtures, "deepseek-v3-fp8")
+	bf16 := filepath.Join(hfFixtures, "deepseek-v3-bf16")
+	v2 := filepath.Join(hfFixtures, "deepseek-v2-lite") // 2 shared experts: replicas are split
+	p := "model.layers.1.mlp"
+	for _, tc := range []struct {
+		name   string
+		src    string
+		o      convert.Options
+		mutate func(t *testing.T, dst string) string // returns the tensor it touched
+		kind   string
+		expert int
+		offset int64 // -1: do not check
+	}{
+		{"routed slice byte", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) string {
+			n := layout.Names(layout.Stacked, p, true).Gate
+			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { slice(raw, shape, 5)[100] ^= 1 })
+			return n
+		}, MismatchBytes, 5, -1},
+		{"replica differs from its shared expert", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp}, func(t *testing.T, dst string) string {
+			n := layout.Names(layout.GateUp, p, false).Down
+			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { slice(raw, shape, 16+2)[0] ^= 0x40 })
+			return n
+		}, MismatchBytes, 18, 18 * 160 * 32 * 2},
+		{"split shared slice wrong", v2, convert.Options{FuseShared: true, TP: 2, Layout: layout.UpGate}, func(t *testing.T, dst string) string {
+			n := layout.Names(layout.UpGate, p, false).GateUp
+			// replica 1, slice 1 is bank expert 8 + 1*2 + 1 = 11: one bit of its up rows
+			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { m := slice(raw, shape, 11); m[3] ^= 0x01 })
+			return n
+		}, MismatchBytes, 11, -1},
+		{"folded bf16 value off", bf16, convert.Options{FuseShared: true, TP: 1, FoldScaling: "down"}, func(t *testing.T, dst string) string {
+			n := layout.Names(layout.Stacked, p, false).Down
+			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) {
+				m := slice(raw, shape, 7)
+				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(m[20:]))
+				binary.LittleEndian.PutUint16(m[20:], numfmt.F32ToBF16(v*1.02))
+			})
+			return n
+		}, MismatchFold, 7, -1},
+		{"folded fp8 scale off", fp8, convert.Options{FuseShared: true, TP: 2, Layout: layout.GateUp}, func(t *testing.T, dst string) string {
+			n := layout.Names(layout.GateUp, p, true).DownScale
+			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { scaleF32(slice(raw, shape, 9)[:4], 1+1e-5) })
+			return n
+		}, MismatchFold, 9, -1},
+		{"copied tensor differs", bf16, convert.Options{}, func(t *testing.T, dst string) string {
+			n := "model.layers.0.mlp.down_proj.weight"
+			rewriteTensor(t, dst, n, func(raw []byte, _ []int64) { raw[len(raw)-1] ^= 0x10 })
+			return n
+		}, MismatchBytes, -1, -1},
+		{"NaN in a stack", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) string {
+			n := layout.Names(layout.Stacked, p, true).Up
+			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { slice(raw, shape, 2)[7] = 0x7F })
+			return n
+		}, MismatchNaN, 2, -1},
+		{"manifest: a copied file changed", bf16, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) string {
+			f := filepath.Join(dst, "generation_config.json")
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(f, append(b, ' '), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return ""
+		}, MismatchManifest, -1, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := convertInto(t, tc.src, tc.o)
+			tensor := tc.mutate(t, dst)
+			rep, err := Run(context.Background(), Options{Src: tc.src, Dst: dst, Bytes: BytesOnly})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if exitcode.Code(rep.Err()) != exitcode.CheckFailed || rep.Bytes == nil || rep.Bytes.Mismatch == nil {
+				t.Fatalf("not caught: %+v", rep.Bytes)
+			}
+			m := rep.Bytes.Mismatch
+			if m.Kind != tc.kind || m.Tensor != tensor || m.Expert != tc.expert || (tc.offset >= 0 && m.Offset != tc.offset) {
+				t.Fatalf("got %s; want kind %q tensor %q expert %d offset %d", m.Error(), tc.kind, tensor, tc.expert, tc.offset)
+			}
+			if tensor != "" && (!strings.Contains(rep.Err().Error(), tensor) || (tc.expert >= 0 && m.Layer != 1)) {
+				t.Errorf("error %q does not name tensor %s in layer 1", rep.Err(), tensor)
+			}
+			t.Logf("caught: %s", m.Error())
+		})
+	}
+}
+
+// TestNonFiniteWeightsFail: a NaN or Inf in any weight, scale or bias
+// validate reads fails its layer with a non-finite row naming the tensor
+// (and the layer and expert), exit 1, on whichever side it is.
+func TestNonFiniteWeightsFail(t *testing.T) {
+	fp8 := filepath.Join(hfFixtures, "deepseek-v3-fp8")
+	for _, tc := range []struct {
+		name, tensor string
+		inSrc        bool
+		mutate       func(raw []byte, shape []int64)
+		want         string
+	}{
+		{"NaN fp8 byte in a DST stack", layout.Names(layout.Stacked, "model.layers.1.mlp", true).Down, false,
+			func(raw []byte, shape []int64) { slice(raw, shape, 4)[11] = 0xFF }, "expert 4"},
+		{"Inf weight scale in DST", layout.Names(layout.Stacked, "model.layers.1.mlp", true).GateScale, false,
+			func(raw []byte, shape []int64) {
+				binary.LittleEndian.PutUint32(slice(raw, shape, 1), math.Float32bits(float32(math.Inf(1))))
+			}, "expert 1"},
+		{"NaN correction bias in SRC", "model.layers.1.mlp.gate.e_score_correction_bias", true,
+			func(raw []byte, _ []int64) {
+				binary.LittleEndian.PutUint32(raw[8:], math.Float32bits(float32(math.NaN())))
+			}, "layer 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := fp8
+			dst := convertInto(t, fp8, convert.Options{FuseShared: true, TP: 1})
+			if tc.inSrc {
+				src = filepath.Join(t.TempDir(), "src")
+				copyDir(t, fp8, src)
+				rewriteTensor(t, src, tc.tensor, tc.mutate)
+			} else {
+				rewriteTensor(t, dst, tc.tensor, tc.mutate)
+			}
+			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 2, Bytes: BytesOff})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if exitcode.Code(rep.Err()) != exitcode.CheckFailed {
+				t.Fatalf("not a failed check: %v", rep.Err())
+			}
+			found := false
+			for _, r := range rep.Rows {
+				if r.Check == CheckNonFinite {
+					found = true
+					if r.Pass || r.Layer != 1 || !strings.Contains(r.Reason, tc.tensor) || !strings.Contains(r.Reason, tc.want) || !strings.Contains(r.Reason, "NaN or Inf") {
+						t.Errorf("row %+v", r)
+					}
+					t.Logf("layer %d: %s", r.Layer, r.Reason)
+				}
+			}
+			if !found {
+				t.Fatalf("no non-finite row: %+v", rep.Rows)
+			}
+		})
+	}
+}
+
+func copyDir(t *testing.T, from, to string) {
+	t.Helper()
+	err := filepath.Walk(from, func(path string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(from, path)
+		if info.IsDir() {
+			return os.MkdirAll(filepath.Join(to, rel), 0o755)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(to, rel), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFirstNonFinite: the scan finds the first NaN or Inf of each dtype and
+// nothing in finite data, including the largest finite values.
+func TestFirstNonFinite(t *testing.T) {
+	le16 := func(v ...uint16) []byte {
+		b := make([]byte, 2*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint16(b[2*i:], x)
+		}
+		return b
+	}
+	le32 := func(v ...float32) []byte {
+		b := make([]byte, 4*len(v))
+		for i, x := range v {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+		}
+		return b
+	}
+	inf, nan := float32(math.Inf(-1)), float32(math.NaN())
+	for _, tc := range []struct {
+		name string
+		d    string
+		raw  []byte
+		want int
+	}{
+		{"bf16 finite max", "BF16", le16(0x7F7F, 0xFF7F, 0x0001, 0), -1},
+		{"bf16 inf", "BF16", le16(0x3F80, 0x3F80, 0x7F80), 2},
+		{"bf16 nan", "BF16", le16(0xFFC1), 0},
+		{"f16 inf", "F16", le16(0x3C00, 0x7BFF, 0xFC00), 2},
+		{"f32 finite", "F32", le32(math.MaxFloat32, -math.MaxFloat32, 1e-45), -1},
+		{"f32 -inf", "F32", le32(1, 2, 3, inf), 3},
+		{"f32 nan", "F32", le32(nan), 0},
+		{"e4m3 max 448 is finite", "F8_E4M3", []byte{0x7E, 0xFE, 0x00}, -1},
+		{"e4m3 nan", "F8_E4M3", []byte{0x01, 0xFF}, 1},
+		{"e5m2 inf", "F8_E5M2", []byte{0x7B, 0x7C}, 1},
+		{"e8m0 nan", "F8_E8M0", []byte{0x7F, 0xFF}, 1},
+		{"int32 ignored", "I32", []byte{0xFF, 0xFF, 0xFF, 0xFF}, -1},
+	} {
+		d, err := parseDType(tc.d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := firstNonFinite(d, tc.raw); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+func parseDType(s string) (safetensors.DType, error) { return safetensors.ParseDType(s) }
+
+// TestNonFiniteFastScanAgrees: the eight-bytes-at-a-time scan and the
+// element loop agree on random data with planted non-finite values.
+func TestNonFiniteFastScanAgrees(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 33))
+	for _, d := range []safetensors.DType{safetensors.BF16, safetensors.F32, safetensors.F8E4M3} {
+		for n := range 2000 {
+			es := d.Size()
+			raw := make([]byte, es*(n%67))
+			for i := range raw {
+				raw[i] = byte(r.Uint32())
+			}
+			if len(raw) > 0 && n%3 != 0 { // mostly finite: clear the exponent's top bit
+				for i := 0; i < len(raw); i += es {
+					raw[i+es-1] &^= 0x40
+				}
+			}
+			want, _ := firstNonFiniteSlow(d, raw)
+			got, _ := firstNonFinite(d, raw)
+			if got != want {
+				t.Fatalf("%s %x: fast %d, slow %d", d, raw, got, want)
+			}
+		}
+	}
+}
