@@ -6,12 +6,12 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -21,6 +21,7 @@ import (
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"golang.org/x/sync/errgroup"
 )
 
 // The structural proof: DST checked against its contract byte by byte.
@@ -139,40 +140,63 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	seen := map[string]bool{}
 	weights := map[string]bool{}
 	for _, f := range dst.WeightFiles {
 		weights[filepath.ToSlash(f)] = true
 	}
-	for _, rel := range names {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		path := filepath.Join(dst.Dir, filepath.FromSlash(rel))
-		want := man.Files[rel]
-		var got layout.FileInfo
-		var mm *ByteMismatch
-		if weights[rel] && strings.HasSuffix(rel, ".safetensors") {
-			if progress != nil {
-				progress(fmt.Sprintf("validate --bytes: %s (%.2f GB)", rel, float64(want.Size)/1e9))
+	// Shards are checked concurrently (each one reads, hashes and compares
+	// in its own pipeline of a few chunks); the first mismatch in file-name
+	// order is the one reported.
+	type fileResult struct {
+		got layout.FileInfo
+		mm  *ByteMismatch
+		st  shardStats
+	}
+	results := make([]fileResult, len(names))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(min(4, max(1, runtime.GOMAXPROCS(0))))
+	for i, rel := range names {
+		g.Go(func() error {
+			path := filepath.Join(dst.Dir, filepath.FromSlash(rel))
+			var err error
+			if weights[rel] && strings.HasSuffix(rel, ".safetensors") {
+				if progress != nil {
+					progress(fmt.Sprintf("validate --bytes: %s (%.2f GB)", rel, float64(man.Files[rel].Size)/1e9))
+				}
+				results[i].got, results[i].mm, results[i].st, err = checkShard(gctx, path, pred)
+			} else {
+				results[i].got, err = layout.HashFile(path)
 			}
-			got, mm, err = checkShard(ctx, path, pred, seen, res, c)
-		} else {
-			got, err = layout.HashFile(path)
-		}
-		if err != nil {
-			return nil, err
-		}
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	for i, rel := range names {
+		fr := results[i]
 		res.Files++
-		res.DstBytes += got.Size
-		if mm != nil {
-			res.Mismatch = mm
-			break
+		res.DstBytes += fr.got.Size
+		res.SrcBytes += fr.st.srcBytes
+		res.Tensors += len(fr.st.tensors)
+		res.FoldMaxRelChange = max(res.FoldMaxRelChange, fr.st.foldMax)
+		for _, n := range fr.st.tensors {
+			if seen[n] && res.Mismatch == nil {
+				res.Mismatch = &ByteMismatch{Kind: MismatchExtra, File: filepath.Join(dst.Dir, rel), Tensor: n, Layer: pred.meta[n].layer, Expert: -1, Detail: "in two shards"}
+			}
+			seen[n] = true
 		}
-		if got != want {
-			res.Mismatch = &ByteMismatch{Kind: MismatchManifest, File: path, Layer: -1, Expert: -1,
-				Detail: fmt.Sprintf("size %d sha256 %s, the manifest says size %d sha256 %s", got.Size, got.SHA256, want.Size, want.SHA256)}
-			break
+		if res.Mismatch != nil {
+			continue
+		}
+		if fr.mm != nil {
+			res.Mismatch = fr.mm
+			continue
+		}
+		if want := man.Files[rel]; fr.got != want {
+			res.Mismatch = &ByteMismatch{Kind: MismatchManifest, File: filepath.Join(dst.Dir, filepath.FromSlash(rel)), Layer: -1, Expert: -1,
+				Detail: fmt.Sprintf("size %d sha256 %s, the manifest says size %d sha256 %s", fr.got.Size, fr.got.SHA256, want.Size, want.SHA256)}
 		}
 	}
 	if res.Mismatch == nil {
@@ -422,20 +446,43 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 	return nil
 }
 
+// shardStats is what one shard's check saw.
+type shardStats struct {
+	tensors  []string
+	srcBytes int64
+	foldMax  float64
+}
+
 // checkShard reads one DST shard in file order, hashing it, and compares
-// each tensor with its prediction. It returns the file's size and hash and
-// the first mismatch.
-func checkShard(ctx context.Context, path string, pred *prediction, seen map[string]bool, res *BytesResult, c *layout.Contract) (layout.FileInfo, *ByteMismatch, error) {
+// each tensor with its prediction, read from SRC a few chunks ahead. It
+// returns the file's size and hash and the first mismatch.
+func checkShard(ctx context.Context, path string, pred *prediction) (layout.FileInfo, *ByteMismatch, shardStats, error) {
+	var st shardStats
+	fail := func(err error) (layout.FileInfo, *ByteMismatch, shardStats, error) {
+		return layout.FileInfo{}, nil, st, err
+	}
 	f, err := safetensors.Open(path)
 	if err != nil {
-		return layout.FileInfo{}, nil, err
+		return fail(err)
 	}
 	defer f.Close()
 	fh, err := os.Open(path)
 	if err != nil {
-		return layout.FileInfo{}, nil, err
+		return fail(err)
 	}
 	defer fh.Close()
+	// The predicted bytes of every tensor the shard holds, in file order;
+	// the stream ends early at a tensor nothing predicts (reported below).
+	var segs []segment
+	for _, ti := range f.Tensors {
+		w, ok := pred.meta[ti.Name]
+		if !ok || ti.DType != w.dtype || !slices.Equal(ti.Shape, w.shape) {
+			break
+		}
+		segs = append(segs, pred.tensors[ti.Name]...)
+	}
+	want := newAheadReader(&segReader{segs: segs})
+	defer want.stop()
 	h := sha256.New()
 	dr := newAheadReader(io.TeeReader(fh, h))
 	defer dr.stop()
@@ -446,71 +493,64 @@ func checkShard(ctx context.Context, path string, pred *prediction, seen map[str
 		return err
 	}
 	if err := skip(f.DataStart); err != nil {
-		return layout.FileInfo{}, nil, fmt.Errorf("%s: %w", path, err)
+		return fail(fmt.Errorf("%s: %w", path, err))
 	}
 	got := make([]byte, compareChunk)
-	want := make([]byte, compareChunk)
+	exp := make([]byte, compareChunk)
 	for i := range f.Tensors {
 		if err := ctx.Err(); err != nil {
-			return layout.FileInfo{}, nil, err
+			return fail(err)
 		}
 		ti := &f.Tensors[i]
 		if gap := f.DataStart + ti.Begin - size; gap != 0 {
 			if err := skip(gap); err != nil {
-				return layout.FileInfo{}, nil, fmt.Errorf("%s: %w", path, err)
+				return fail(fmt.Errorf("%s: %w", path, err))
 			}
 		}
 		w, ok := pred.meta[ti.Name]
 		if !ok {
 			return layout.FileInfo{}, &ByteMismatch{Kind: MismatchExtra, File: path, Tensor: ti.Name, Layer: -1, Expert: -1,
-				Detail: "neither a stack the contract names nor a tensor of SRC"}, nil
+				Detail: "neither a stack the contract names nor a tensor of SRC"}, st, nil
 		}
-		if seen[ti.Name] {
-			return layout.FileInfo{}, &ByteMismatch{Kind: MismatchExtra, File: path, Tensor: ti.Name, Layer: w.layer, Expert: -1, Detail: "in two shards"}, nil
-		}
-		seen[ti.Name] = true
 		if ti.DType != w.dtype || !slices.Equal(ti.Shape, w.shape) {
 			return layout.FileInfo{}, &ByteMismatch{Kind: MismatchShape, File: path, Tensor: ti.Name, Layer: w.layer, Expert: -1,
-				Detail: fmt.Sprintf("%s %v, want %s %v", ti.DType, ti.Shape, w.dtype, w.shape)}, nil
+				Detail: fmt.Sprintf("%s %v, want %s %v", ti.DType, ti.Shape, w.dtype, w.shape)}, st, nil
 		}
-		res.Tensors++
-		sr := &segReader{segs: pred.tensors[ti.Name]}
+		st.tensors = append(st.tensors, ti.Name)
+		es := int64(ti.DType.Size())
+		step := int64(compareChunk) / es * es
 		for _, sg := range pred.tensors[ti.Name] {
-			es := int64(ti.DType.Size())
-			step := int64(compareChunk) / es * es
 			for done := int64(0); done < sg.n; done += step {
 				n := min(step, sg.n-done)
 				if _, err := io.ReadFull(dr, got[:n]); err != nil {
-					return layout.FileInfo{}, nil, fmt.Errorf("%s: tensor %s: %w", path, ti.Name, err)
+					return fail(fmt.Errorf("%s: tensor %s: %w", path, ti.Name, err))
 				}
 				size += n
-				if err := sr.read(want[:n]); err != nil {
-					return layout.FileInfo{}, nil, err
+				if _, err := io.ReadFull(want, exp[:n]); err != nil {
+					return fail(fmt.Errorf("tensor %s: reading its prediction from SRC: %w", ti.Name, err))
 				}
-				res.SrcBytes += n
-				at := sg.off + done
-				mm := compareSeg(path, ti, sg, got[:n], want[:n], at, res)
-				if mm != nil {
-					return layout.FileInfo{}, mm, nil
+				st.srcBytes += n
+				if mm := compareSeg(path, ti, sg, got[:n], exp[:n], sg.off+done, &st.foldMax); mm != nil {
+					return layout.FileInfo{}, mm, st, nil
 				}
 			}
 		}
 	}
 	rest, err := io.Copy(io.Discard, dr)
 	if err != nil {
-		return layout.FileInfo{}, nil, fmt.Errorf("%s: %w", path, err)
+		return fail(fmt.Errorf("%s: %w", path, err))
 	}
 	size += rest
-	return layout.FileInfo{Size: size, SHA256: hex.EncodeToString(h.Sum(nil))}, nil, nil
+	return layout.FileInfo{Size: size, SHA256: hex.EncodeToString(h.Sum(nil))}, nil, st, nil
 }
 
 // compareChunk is the unit of comparison: two such buffers plus the
 // read-ahead's are all the memory the check holds.
-const compareChunk = 4 << 20
+const compareChunk = 2 << 20
 
 // compareSeg compares n bytes at offset at of DST tensor ti with their
 // prediction.
-func compareSeg(path string, ti *safetensors.TensorInfo, sg segment, got, want []byte, at int64, res *BytesResult) *ByteMismatch {
+func compareSeg(path string, ti *safetensors.TensorInfo, sg segment, got, want []byte, at int64, foldMax *float64) *ByteMismatch {
 	mm := func(kind string, off int64, detail string) *ByteMismatch {
 		return &ByteMismatch{Kind: kind, File: path, Tensor: ti.Name, Layer: sg.layer, Expert: sg.expert, Offset: off, Detail: detail}
 	}
@@ -535,7 +575,7 @@ func compareSeg(path string, ti *safetensors.TensorInfo, sg segment, got, want [
 			return mm(MismatchFold, at+int64(i), fmt.Sprintf("%g, but SRC %s holds %g and %g x rsf %g = %g", d, sg.src.Name, s, s, sg.fold, exact))
 		}
 		if exact != 0 {
-			res.FoldMaxRelChange = max(res.FoldMaxRelChange, diff/math.Abs(exact))
+			*foldMax = max(*foldMax, diff/math.Abs(exact))
 		}
 	}
 	return nil
@@ -584,10 +624,15 @@ type segReader struct {
 	pos  int64 // within the current range
 }
 
-func (r *segReader) read(p []byte) error {
-	for len(p) > 0 {
+// Read fills p with the next predicted bytes; io.EOF after the last.
+func (r *segReader) Read(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
 		if r.seg >= len(r.segs) {
-			return errors.New("validate --bytes: prediction shorter than the tensor")
+			if n > 0 {
+				return n, nil
+			}
+			return 0, io.EOF
 		}
 		sg := &r.segs[r.seg]
 		if r.rng >= len(sg.ranges) {
@@ -595,16 +640,16 @@ func (r *segReader) read(p []byte) error {
 			continue
 		}
 		rg := sg.ranges[r.rng]
-		n := min(int64(len(p)), rg[1]-rg[0]-r.pos)
-		if err := readAt(sg.src, p[:n], rg[0]+r.pos); err != nil {
-			return err
+		m := min(int64(len(p)-n), rg[1]-rg[0]-r.pos)
+		if err := readAt(sg.src, p[n:n+int(m)], rg[0]+r.pos); err != nil {
+			return n, err
 		}
-		p = p[n:]
-		if r.pos += n; r.pos == rg[1]-rg[0] {
+		n += int(m)
+		if r.pos += m; r.pos == rg[1]-rg[0] {
 			r.rng, r.pos = r.rng+1, 0
 		}
 	}
-	return nil
+	return n, nil
 }
 
 // aheadReader reads its source in a goroutine, a few chunks ahead of the

@@ -181,9 +181,24 @@ func TestNeverRoutedExpertCaught(t *testing.T) {
 // TestEveryExpertCorruptionCaught corrupts each bank expert in turn (routed
 // and every shared replica) and checks the coverage row fails and names it.
 func TestEveryExpertCorruptionCaught(t *testing.T) {
+	everyExpertCaught(t, Options{Device: DeviceCPU})
+}
+
+func everyExpertCaught(t *testing.T, base Options) {
 	src := unroutable(t, "bf16")
 	dst := convertInto(t, src, convert.Options{FuseShared: true, TP: 2, Layout: layout.UpGate})
-	opts := Options{Src: src, Dst: dst, Seed: 9, Tokens: 16, Layers: "1", Bytes: BytesOff}
+	opts := base
+	opts.Src, opts.Dst, opts.Seed, opts.Tokens, opts.Layers, opts.Bytes = src, dst, 9, 16, "1", BytesOff
+	if base.BlockSize == 0 {
+		opts.BlockSize = 16
+	}
+	clean, err := Run(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if clean.Failed() || len(coverageRows(clean)) == 0 {
+		t.Fatalf("clean conversion: %v (coverage rows %d)", clean.Err(), len(coverageRows(clean)))
+	}
 	n := layout.Names(layout.UpGate, "model.layers.1.mlp", false)
 	orig := readTensor(t, dst, n.Down)
 	for e := range 16 + 2 {
@@ -192,17 +207,27 @@ func TestEveryExpertCorruptionCaught(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var cov *LayerResult
-		for i := range rep.Rows {
-			if rep.Rows[i].Check == CheckCoverage {
-				cov = &rep.Rows[i]
-			}
+		rows := coverageRows(rep)
+		if len(rows) == 0 {
+			t.Fatalf("no coverage rows: %+v", rep.Rows)
 		}
-		if cov == nil || cov.Pass || len(cov.Suspects) == 0 || cov.Suspects[0] != e {
-			t.Errorf("expert %d corrupted: coverage row %+v", e, cov)
+		for _, cov := range rows {
+			if cov.Pass || len(cov.Suspects) == 0 || cov.Suspects[0] != e || cov.WorstTokenRelL2 < 3*cov.Tolerance.MaxRelL2 {
+				t.Errorf("expert %d corrupted: %s row: pass %v suspects %v worst token %.3g (%s)", e, cov.Check, cov.Pass, cov.Suspects, cov.WorstTokenRelL2, cov.Reason)
+			}
 		}
 		rewriteTensor(t, dst, n.Down, func(raw []byte, _ []int64) { copy(raw, orig) })
 	}
+}
+
+func coverageRows(rep *Report) []LayerResult {
+	var out []LayerResult
+	for _, r := range rep.Rows {
+		if r.Check == CheckCoverage || r.Check == CheckGPUCoverage || r.Check == CheckGPUCoverageVsReference {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // TestSampleExperts: --sample-experts N exercises a sample on purpose and

@@ -69,8 +69,9 @@ func TestGPUCorrectConversions(t *testing.T) {
 					t.Logf("%s block %d layer %d %-24s rel_l2 %.3g topk %.4f (%s)", prec, block, r.Layer, r.Check, r.RelL2, r.TopK, r.Tolerance.Name)
 				}
 				n := checks[CheckGPUFusedVsGPUUnfused]
-				if n == 0 || checks[CheckGPUFusedVsReference] != n || checks[CheckGPUFusedVsGolden] != n || checks[CheckReferenceVsGolden] != n {
-					t.Fatalf("%s: checks run %v, want all four on every layer", prec, checks)
+				if n == 0 || checks[CheckGPUFusedVsReference] != n || checks[CheckGPUFusedVsGolden] != n || checks[CheckReferenceVsGolden] != n ||
+					checks[CheckGPUCoverage] != n || checks[CheckGPUCoverageVsReference] != n {
+					t.Fatalf("%s: checks run %v, want all four and both coverage rows on every layer", prec, checks)
 				}
 			}
 		})
@@ -120,5 +121,18 @@ func TestGPUMutationSuite(t *testing.T) {
 				runMutation(t, tt, Options{Device: "cuda", GPUPrecision: prec, BlockSize: 16}, factor)
 			})
 		}
+	}
+}
+
+// TestGPUEveryExpertCorruptionCaught: on the GPU, in both precisions, the
+// forced coverage tokens catch a corruption of any bank expert, routed or
+// shared replica, including experts the router never picks, and name it in
+// the GPU-vs-GPU and GPU-vs-CPU coverage rows alike.
+func TestGPUEveryExpertCorruptionCaught(t *testing.T) {
+	needGPU(t)
+	for _, prec := range []string{PrecisionBF16, PrecisionF32} {
+		t.Run(prec, func(t *testing.T) {
+			everyExpertCaught(t, Options{Device: DeviceCUDA, GPUPrecision: prec, CPUCheck: CPUCheckAll})
+		})
 	}
 }

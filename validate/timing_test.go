@@ -215,7 +215,7 @@ func TestGPUTimings(t *testing.T) {
 		t.Fatalf("failed %v (%v), cpu_check %q", rep.Failed(), rep.Err(), rep.CPUCheck)
 	}
 	for _, r := range rep.Rows {
-		if r.Check != CheckGPUFusedVsGPUUnfused {
+		if r.Check != CheckGPUFusedVsGPUUnfused && r.Check != CheckGPUCoverage {
 			t.Errorf("--cpu-check none ran %s", r.Check)
 		}
 	}
@@ -228,8 +228,8 @@ func TestGPUTimings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Timings) != len(c.Layers) || len(rep.Rows) != len(c.Layers) {
-		t.Fatalf("%d timings, %d rows for %d layers", len(rep.Timings), len(rep.Rows), len(c.Layers))
+	if len(rep.Timings) != len(c.Layers) || len(rep.Rows) != 2*len(c.Layers) {
+		t.Fatalf("%d timings, %d rows for %d layers (want a routed and a coverage row each)", len(rep.Timings), len(rep.Rows), len(c.Layers))
 	}
 	for i, tm := range rep.Timings {
 		n := c.Names(c.Layers[i])
