@@ -17,7 +17,10 @@ import (
 // with each layout and, where the family has a shared expert, fuse-shared.
 // wantHF lists the committed fixtures, so the test fails when one goes missing.
 var wantHF = []string{"deepseek-v2-lite", "deepseek-v3-bf16", "deepseek-v3-fp8", "mixtral",
-	"mixtral-bin-sharded", "qwen2-moe", "qwen3-moe", "qwen3-moe-bin"}
+	"mixtral-bin-sharded", "qwen2-moe", "qwen3-moe", "qwen3-moe-bin",
+	// issue 11's families (fixtures/hf/export_families.py)
+	"afmoe", "cohere2-moe", "ernie4-5-moe", "exaone-moe", "glm4-moe", "glm4-moe-lite", "hy-v3", "jamba",
+	"minimax", "minimax-m2", "olmoe", "qwen3-next"}
 
 func TestHFFixtures(t *testing.T) {
 	dirs, _ := filepath.Glob(filepath.Join("..", "fixtures", "hf", "*", "config.json"))

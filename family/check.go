@@ -116,8 +116,14 @@ func (k *checker) router(where, name string) error {
 // bias checks e_score_correction_bias [E]. F32 is what DeepSeek ships; a
 // BF16 or F16 bias is legal in a file and kept as it is (never re-cast:
 // rounding collapses distinct biases and re-routes tokens).
-func (k *checker) bias(where, name string) error {
-	return k.small(where, "router bias", name, []int64{int64(k.p.NumExperts)},
+// bias checks a correction bias [E], or [1,E] where the family stores it
+// so (row: ERNIE 4.5).
+func (k *checker) bias(where, name string, row bool) error {
+	want := []int64{int64(k.p.NumExperts)}
+	if row {
+		want = []int64{1, int64(k.p.NumExperts)}
+	}
+	return k.small(where, "router bias", name, want,
 		fmt.Sprintf("(E=%d; sigmoid routing needs e_score_correction_bias)", k.p.NumExperts))
 }
 

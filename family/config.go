@@ -193,6 +193,27 @@ func (c config) ints(key string) ([]int, error) {
 	return out, nil
 }
 
+// strs reads an optional list of strings.
+func (c config) strs(key string) ([]string, error) {
+	v, ok := c.get(key)
+	if !ok {
+		return nil, nil
+	}
+	list, ok := v.([]any)
+	if !ok {
+		return nil, c.errorf(key, "want a list of strings, got %s", describe(v))
+	}
+	out := make([]string, len(list))
+	for i, e := range list {
+		s, ok := e.(string)
+		if !ok {
+			return nil, c.errorf(key, "element %d: want a string, got %s", i, describe(e))
+		}
+		out[i] = s
+	}
+	return out, nil
+}
+
 // object reads an optional nested object.
 func (c config) object(key string) (config, bool, error) {
 	v, ok := c.get(key)

@@ -35,14 +35,14 @@ var deepseekV2Defaults = map[string]any{
 // model.layers.L.mlp.{gate, experts.E.*_proj, shared_experts.*_proj}.
 var deepseek = &spec{
 	name:       "deepseek",
-	modelTypes: []string{"deepseek_v2", "deepseek_v3", "kimi_k2"},
+	modelTypes: []string{"deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe"},
 	names: naming{
 		layers:  "model.layers.",
 		modules: []string{"mlp"},
 		experts: "experts",
 		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
 		router:  "gate",
-		bias:    "e_score_correction_bias",
+		bias:    "gate.e_score_correction_bias",
 		shared:  "shared_experts",
 	},
 	keys: configKeys{
@@ -58,6 +58,7 @@ var deepseek = &spec{
 		"deepseek_v2": deepseekV2Defaults,
 		"deepseek_v3": deepseekV3Defaults,
 		"kimi_k2":     deepseekV3Defaults,
+		"glm4_moe":    glm4MoEDefaults, // glm4_moe.go
 	},
 	routing: deepseekRouting,
 }

@@ -4,10 +4,12 @@ package family
 // model.layers.L.block_sparse_moe.{gate, experts.E.w1|w3|w2} with w1 = gate,
 // w3 = up, w2 = down, and the expert size is plain intermediate_size.
 // transformers 5 renames the module to "mlp" in memory; a checkpoint saved
-// under that name is accepted too.
+// under that name is accepted too. MiniMax-Text-01 (minimax) has the same
+// MoE block (MiniMaxSparseMoeBlock: softmax top-k, always renormalised) under
+// the same names; its lightning-attention layers are copied byte for byte.
 var mixtral = &spec{
 	name:       "mixtral",
-	modelTypes: []string{"mixtral"},
+	modelTypes: []string{"mixtral", "minimax"},
 	names: naming{
 		layers:  "model.layers.",
 		modules: []string{"block_sparse_moe", "mlp"},

@@ -48,6 +48,11 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if err := s.readSizes(c, p, converted); err != nil {
 		return nil, err
 	}
+	if s.refuse != nil {
+		if err := s.refuse(c); err != nil {
+			return nil, err
+		}
+	}
 	if err := s.routing(c, mt, p); err != nil {
 		return nil, err
 	}
@@ -57,7 +62,7 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if p.Quantization, p.ScaleFmt, err = readQuant(c); err != nil {
 		return nil, err
 	}
-	isMoE, err := s.layers.moe(c)
+	isMoE, err := s.layers.moe(c, s.keys, p.NumHiddenLayers)
 	if err != nil {
 		return nil, err
 	}
@@ -111,9 +116,9 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	if err := k.router(where, out.Router); err != nil {
 		return Layer{}, err
 	}
-	if n.bias != "" && p.Scoring == Sigmoid {
-		out.RouterBias = prefix + "." + n.router + "." + n.bias
-		if err := k.bias(where, out.RouterBias); err != nil {
+	if n.bias != "" && (p.Scoring == Sigmoid || s.softmaxBias) {
+		out.RouterBias = prefix + "." + n.bias
+		if err := k.bias(where, out.RouterBias, s.softmaxBias); err != nil {
 			return Layer{}, err
 		}
 	}

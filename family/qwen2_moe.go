@@ -7,12 +7,19 @@ var qwenDefaults = map[string]any{
 	"mlp_only_layers":     []any{},
 }
 
+// qwen3NextDefaults are Qwen3NextConfig's.
+var qwen3NextDefaults = map[string]any{
+	"decoder_sparse_step": 1.0,
+	"norm_topk_prob":      true,
+	"mlp_only_layers":     []any{},
+}
+
 // qwen2MoE is Qwen1.5-MoE / Qwen2-MoE: routed experts as in Qwen3-MoE plus
 // one shared expert of its own size behind a per-token sigmoid gate,
 // model.layers.L.mlp.{shared_expert.*_proj, shared_expert_gate}.
 var qwen2MoE = &spec{
 	name:       "qwen2_moe",
-	modelTypes: []string{"qwen2_moe"},
+	modelTypes: []string{"qwen2_moe", "qwen3_next"},
 	names: naming{
 		layers:     "model.layers.",
 		modules:    []string{"mlp"},
@@ -29,8 +36,11 @@ var qwen2MoE = &spec{
 		sharedSize:   "shared_expert_intermediate_size",
 		sharedGated:  true,
 	},
-	layers:   sparseStep,
-	defaults: map[string]map[string]any{"qwen2_moe": qwenDefaults},
+	layers: sparseStep,
+	// Qwen3-Next (Qwen3NextSparseMoeBlock) has the same block: softmax
+	// top-k, a sigmoid-gated shared expert; only norm_topk_prob's default
+	// differs. Its gated-delta-net layers are copied byte for byte.
+	defaults: map[string]map[string]any{"qwen2_moe": qwenDefaults, "qwen3_next": qwen3NextDefaults},
 	routing:  softmaxRouting,
 }
 

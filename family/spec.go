@@ -21,6 +21,12 @@ type spec struct {
 	// with the model's own remote code. Sizes and expert counts have none.
 	defaults map[string]map[string]any
 	routing  func(c config, modelType string, p *Plan) error
+	// softmaxBias: the correction bias also steers softmax routing (ERNIE
+	// 4.5: top-k of softmax + bias, weights from the unbiased softmax).
+	softmaxBias bool
+	// refuse, when set, turns a config into the one-line reason this family
+	// cannot be planned (an option moeprep cannot express).
+	refuse func(c config) error
 }
 
 // withDefaults returns config.json with the model type's defaults filled in
@@ -45,8 +51,8 @@ type naming struct {
 	modules    []string  // the MoE module in a layer; the first whose router exists wins
 	experts    string    // container of routed experts, followed by ".<id>."
 	proj       [3]string // gate, up, down projection of one expert (Mixtral: w1, w3, w2)
-	router     string    // router module
-	bias       string    // e_score_correction_bias inside the router module; "" if none
+	router     string    // router module, relative to the MoE module ("gate", "router.gate")
+	bias       string    // correction bias, relative to the MoE module ("gate.e_score_correction_bias", "expert_bias"); "" if none
 	shared     string    // shared expert module; "" if none
 	sharedGate string    // per-token shared-expert gate module; "" if none
 }
@@ -60,19 +66,88 @@ type configKeys struct {
 	sharedSize   string // key giving the shared intermediate size; "" means S*I
 	sharedGated  bool
 	mtpCount     string // key bounding the MTP layers; "" if none
+	topK         string // key of top-k; "" means num_experts_per_tok
+	// denseKey / denseFixed: the leading dense layers of the firstDense and
+	// layerTypes rules (a key, or a fixed count when the key is "").
+	denseKey   string
+	denseFixed int
 }
 
 // layerRule picks the MoE layers among 0..num_hidden_layers-1.
 type layerRule int
 
 const (
-	everyLayer   layerRule = iota // Mixtral
-	denseReplace                  // DeepSeek: L >= first_k_dense_replace && L % moe_layer_freq == 0
-	sparseStep                    // Qwen: L not in mlp_only_layers && (L+1) % decoder_sparse_step == 0
+	everyLayer       layerRule = iota // Mixtral
+	denseReplace                      // DeepSeek: L >= first_k_dense_replace && L % moe_layer_freq == 0
+	sparseStep                        // Qwen: L not in mlp_only_layers && (L+1) % decoder_sparse_step == 0
+	firstDense                        // AFMoE: L >= the dense count (keys.denseKey or denseFixed)
+	layerTypes                        // mlp_layer_types[L] == "sparse"; without the list, L >= the dense count
+	periodOffset                      // Jamba: L % expert_layer_period == expert_layer_offset
+	startEndInterval                  // ERNIE 4.5: start <= L <= end (-1: last) && (L+1) % interval == 0
 )
 
-func (r layerRule) moe(c config) (func(int) bool, error) {
+func (r layerRule) moe(c config, k configKeys, layers int) (func(int) bool, error) {
+	dense := func() (int, error) {
+		if k.denseKey == "" {
+			return k.denseFixed, nil
+		}
+		return c.count(k.denseKey, k.denseFixed)
+	}
 	switch r {
+	case firstDense:
+		n, err := dense()
+		if err != nil {
+			return nil, err
+		}
+		return func(l int) bool { return l >= n }, nil
+	case layerTypes:
+		if c.has("mlp_layer_types") {
+			types, err := c.strs("mlp_layer_types")
+			if err != nil {
+				return nil, err
+			}
+			if len(types) != layers {
+				return nil, fmt.Errorf("config.json: mlp_layer_types has %d entries for num_hidden_layers=%d", len(types), layers)
+			}
+			for i, t := range types {
+				if t != "sparse" && t != "dense" {
+					return nil, fmt.Errorf("config.json: mlp_layer_types[%d] = %q (want sparse or dense)", i, t)
+				}
+			}
+			return func(l int) bool { return l < len(types) && types[l] == "sparse" }, nil
+		}
+		n, err := dense()
+		if err != nil {
+			return nil, err
+		}
+		return func(l int) bool { return l >= n }, nil
+	case periodOffset:
+		period, err := c.intIn("expert_layer_period", 2, 1, maxDim)
+		if err != nil {
+			return nil, err
+		}
+		offset, err := c.intIn("expert_layer_offset", 1, 0, int64(period-1))
+		if err != nil {
+			return nil, err
+		}
+		return func(l int) bool { return l%period == offset }, nil
+	case startEndInterval:
+		start, err := c.intIn("moe_layer_start_index", 1, 0, maxDim)
+		if err != nil {
+			return nil, err
+		}
+		end, err := c.intIn("moe_layer_end_index", -1, -1, maxDim)
+		if err != nil {
+			return nil, err
+		}
+		if end == -1 {
+			end = layers - 1
+		}
+		every, err := c.intIn("moe_layer_interval", 1, 1, maxDim)
+		if err != nil {
+			return nil, err
+		}
+		return func(l int) bool { return l >= start && l <= end && (l+1)%every == 0 }, nil
 	case denseReplace:
 		k, err := c.count("first_k_dense_replace", 0)
 		if err != nil {
@@ -121,7 +196,11 @@ func (s *spec) readSizes(c config, p *Plan, converted bool) error {
 	if p.NumExperts, err = s.numExperts(c, converted); err != nil {
 		return err
 	}
-	if p.TopK, err = c.size("num_experts_per_tok"); err != nil {
+	topK := s.keys.topK
+	if topK == "" {
+		topK = "num_experts_per_tok"
+	}
+	if p.TopK, err = c.size(topK); err != nil {
 		return err
 	}
 	p.NumSharedExperts = s.keys.sharedFixed

@@ -162,6 +162,7 @@ func GateCtx(c *cuda.Ctx, stream cuda.Stream, spec GateSpec, t int, logits, bias
 // GateKernelCtx is GateCtx with an explicit kernel variant (GateReg,
 // GateWarp or GateBlock).
 func GateKernelCtx(c *cuda.Ctx, kernel string, stream cuda.Stream, spec GateSpec, t int, logits, bias *cuda.Buffer[float32], out *GateOut) error {
+	variant := kernel
 	grid, block := Grid(t), Block(gateThreads)
 	switch kernel {
 	case GateBlock:
@@ -186,8 +187,8 @@ func GateKernelCtx(c *cuda.Ctx, kernel string, stream cuda.Stream, spec GateSpec
 		return fmt.Errorf("gate: logits hold %d values, want %d tokens x %d experts", logits.Len(), t, e)
 	case bias != nil && bias.Len() < e:
 		return fmt.Errorf("gate: correction bias holds %d values for %d experts", bias.Len(), e)
-	case bias != nil && spec.Scoring != Sigmoid:
-		return fmt.Errorf("gate: a correction bias needs sigmoid scoring")
+	case bias != nil && spec.Scoring != Sigmoid && variant != GateReg:
+		return fmt.Errorf("gate: a correction bias with softmax scoring (ERNIE 4.5) needs the %s kernel", GateReg)
 	case out.IDs.Len() < t*k || out.Weights.Len() < t*k:
 		return fmt.Errorf("gate: outputs hold %d ids and %d weights, want %d", out.IDs.Len(), out.Weights.Len(), t*k)
 	case out.Choice != nil && out.Choice.Len() < t*e:

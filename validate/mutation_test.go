@@ -94,6 +94,15 @@ func conversionCases() []conv {
 		}
 	}
 	cases = append(cases, conv{"deepseek-v2-lite", convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 2}})
+	// The families of issue 11 (fixtures/hf/export_families.py): one layout
+	// each, and fuse-shared where the shared expert is ungated.
+	for i, f := range []string{"glm4-moe", "glm4-moe-lite", "exaone-moe", "hy-v3", "afmoe", "ernie4-5-moe",
+		"minimax-m2", "olmoe", "minimax", "jamba", "qwen3-next", "cohere2-moe"} {
+		cases = append(cases, conv{f, convert.Options{Layout: lays[i%3]}})
+		if i < 6 {
+			cases = append(cases, conv{f, convert.Options{Layout: lays[(i+1)%3], FuseShared: true, TP: []int{1, 4, 8}[i%3]}})
+		}
+	}
 	return cases
 }
 

@@ -162,7 +162,8 @@ func topK(score []float32, allowed []bool, k int) []int {
 // of c among the kept experts; w = s[ids] (unbiased); normalised to sum 1
 // (+1e-20) if norm_topk_prob.
 //
-// Softmax (Qwen, Mixtral, DeepSeek-V2): p = softmax(logits); with groups
+// Softmax (Qwen, Mixtral, DeepSeek-V2): p = softmax(logits), ranked by
+// p + bias where the router has one (ERNIE 4.5); with groups
 // (DeepSeek-V2 group_limited_greedy) a group scores its largest p; ids = top-k
 // of p; w = p[ids]; renormalised if norm_topk_prob.
 func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, error) {
@@ -192,6 +193,11 @@ func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, e
 		} else {
 			softmax(row, score)
 			copy(choice, score)
+			if bias != nil { // ERNIE 4.5: top-k of softmax + bias, weights unbiased
+				for j := range choice {
+					choice[j] += bias[j]
+				}
+			}
 		}
 		allowed := groupMask(spec, choice)
 		ids := topK(choice, allowed, k)

@@ -57,6 +57,19 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		"qwen2-moe":           {"qwen2_moe", "qwen2_moe", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 79},
 		"qwen3-moe":           {"qwen3_moe", "qwen3_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 80},
 		"qwen3-moe-bin":       {"qwen3_moe", "qwen3_moe", "torch", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 80},
+		// issue 11's families, written by fixtures/hf/export_families.py
+		"afmoe":         {"afmoe", "afmoe", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 1.5, []int{1, 2}, 97},
+		"cohere2-moe":   {"cohere2_moe", "cohere2_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 63},
+		"ernie4-5-moe":  {"ernie4_5_moe", "ernie4_5_moe", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{1, 2}, 82},
+		"exaone-moe":    {"exaone_moe", "exaone_moe", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 136},
+		"glm4-moe":      {"deepseek", "glm4_moe", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 130},
+		"glm4-moe-lite": {"glm4_moe_lite", "glm4_moe_lite", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 1.8, []int{1, 2}, 139},
+		"hy-v3":         {"hy_v3", "hy_v3", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "sigmoid", 2.826, []int{1, 2}, 88},
+		"jamba":         {"jamba", "jamba", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 3}, 107},
+		"minimax":       {"mixtral", "minimax", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 69},
+		"minimax-m2":    {"minimax_m2", "minimax_m2", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "sigmoid", 1, []int{0, 1}, 71},
+		"olmoe":         {"olmoe", "olmoe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 69},
+		"qwen3-next":    {"qwen2_moe", "qwen3_next", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1, 2, 3}, 154},
 	}
 	dirs, _ := filepath.Glob(filepath.Join(fixturesDir, "*", "config.json"))
 	if len(dirs) != len(tests) {

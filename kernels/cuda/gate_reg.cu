@@ -121,11 +121,13 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
                 if (lane + 32 * j < E) sum += ex[j];
             }
             for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(GR_FULL, sum, off);
+            // ERNIE 4.5 ranks softmax + correction bias; weights stay unbiased.
 #pragma unroll
             for (int j = 0; j < NPL; j++) {
+                const int i = lane + 32 * j;
                 const float p = (float)(ex[j] / sum);
                 sc[j] = p;
-                ch[j] = p;
+                ch[j] = (bias != nullptr && i < E) ? p + __ldg(bias + i) : p;
             }
         }
     }

@@ -1,0 +1,30 @@
+package family
+
+// afmoe is Arcee AFMoE (AfmoeSparseMoeBlock): router
+// model.layers.L.mlp.router.gate, correction bias mlp.expert_bias, plain
+// top-k of sigmoid + bias, weights always normalised +1e-20 and times
+// route_scale, plus an ungated shared expert mlp.shared_experts of
+// num_shared_experts * I. Layers from num_dense_layers on are MoE.
+var afmoe = &spec{
+	name:       "afmoe",
+	modelTypes: []string{"afmoe"},
+	names: naming{
+		layers:  "model.layers.",
+		modules: []string{"mlp"},
+		experts: "experts",
+		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
+		router:  "router.gate",
+		bias:    "expert_bias",
+		shared:  "shared_experts",
+	},
+	keys: configKeys{
+		intermediate: "moe_intermediate_size",
+		numExperts:   []string{"num_experts", "num_local_experts"},
+		sharedCount:  "num_shared_experts",
+		denseKey:     "num_dense_layers",
+		denseFixed:   1,
+	},
+	layers:   firstDense,
+	defaults: map[string]map[string]any{"afmoe": {"route_scale": 1.0, "num_shared_experts": 2.0}},
+	routing:  biasedSigmoid("route_scale", false, ""),
+}

@@ -1,0 +1,64 @@
+package family
+
+import "fmt"
+
+// cohere2MoE is Cohere2 MoE (Cohere2MoeSparseMoeBlock): the router
+// model.layers.L.mlp.gate takes the top-k LOGITS, then scores only those:
+// softmax over the chosen k (the same as softmax over all, then top-k and
+// renormalised) or, with expert_selection_fn sigmoid, their sigmoids,
+// renormalised when norm_topk_prob. Experts are of intermediate_size. MoE
+// layers: mlp_layer_types, else those from first_k_dense_replace (default 0).
+// A shared expert is combined by shared_expert_combination_strategy: "sum"
+// adds it like DeepSeek's; "average" halves routed and shared output, which
+// moeprep does not carry yet, so it is refused.
+var cohere2MoE = &spec{
+	name:       "cohere2_moe",
+	modelTypes: []string{"cohere2_moe"},
+	names: naming{
+		layers:  "model.layers.",
+		modules: []string{"mlp"},
+		experts: "experts",
+		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
+		router:  "gate",
+		shared:  "shared_experts",
+	},
+	keys: configKeys{
+		intermediate: "intermediate_size",
+		numExperts:   []string{"num_experts", "num_local_experts"},
+		sharedCount:  "num_shared_experts",
+		denseKey:     "first_k_dense_replace",
+	},
+	layers: layerTypes,
+	defaults: map[string]map[string]any{"cohere2_moe": {
+		"expert_selection_fn": "softmax", "norm_topk_prob": true, "num_shared_experts": 0.0, "shared_expert_combination_strategy": "average",
+	}},
+	routing: cohere2Routing,
+	refuse: func(c config) error {
+		n, err := c.count("num_shared_experts", 0)
+		if err != nil || n == 0 {
+			return err
+		}
+		how, err := c.str("shared_expert_combination_strategy", "average")
+		if err != nil || how == "sum" {
+			return err
+		}
+		return fmt.Errorf("config.json: shared_expert_combination_strategy %q with %d shared experts halves routed and shared output, which moeprep does not carry", how, n)
+	},
+}
+
+func cohere2Routing(c config, _ string, p *Plan) error {
+	fn, err := c.str("expert_selection_fn", "softmax")
+	if err != nil {
+		return err
+	}
+	switch fn {
+	case "softmax":
+		p.Scoring, p.NormTopKProb = Softmax, true
+		return nil
+	case "sigmoid":
+		p.Scoring, p.TopKMethod = Sigmoid, TopKNoAuxTC
+		p.NormTopKProb, err = c.boolean("norm_topk_prob", true)
+		return err
+	}
+	return fmt.Errorf("config.json: expert_selection_fn %q (want softmax or sigmoid)", fn)
+}

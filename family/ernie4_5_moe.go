@@ -1,0 +1,43 @@
+package family
+
+import "fmt"
+
+// ernie45MoE is ERNIE 4.5 MoE (Ernie4_5_MoeSparseMoeBlock): the router
+// model.layers.L.mlp.gate takes the top-k of softmax(logits) + the
+// correction bias mlp.moe_statics.e_score_correction_bias ([1,E], F32),
+// weights are the unbiased softmax values renormalised, no scaling factor;
+// an ungated shared expert mlp.shared_experts of moe_num_shared_experts * I.
+// Expert count and top-k come under moe_num_experts and moe_k. MoE layers:
+// moe_layer_start_index <= L <= moe_layer_end_index, (L+1) % interval == 0.
+var ernie45MoE = &spec{
+	name:       "ernie4_5_moe",
+	modelTypes: []string{"ernie4_5_moe"},
+	names: naming{
+		layers:  "model.layers.",
+		modules: []string{"mlp"},
+		experts: "experts",
+		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
+		router:  "gate",
+		bias:    "moe_statics.e_score_correction_bias",
+		shared:  "shared_experts",
+	},
+	keys: configKeys{
+		intermediate: "moe_intermediate_size",
+		numExperts:   []string{"moe_num_experts", "num_experts"},
+		topK:         "moe_k",
+		sharedCount:  "moe_num_shared_experts",
+	},
+	layers:      startEndInterval,
+	softmaxBias: true,
+	defaults:    map[string]map[string]any{"ernie4_5_moe": {"moe_num_shared_experts": 2.0, "moe_k": 6.0}},
+	routing:     softmaxNorm(true),
+	refuse: func(c config) error {
+		if b, err := c.boolean("use_bias", false); err != nil || b {
+			if err != nil {
+				return err
+			}
+			return fmt.Errorf("config.json: use_bias=true gives ERNIE 4.5's shared expert biases, which moeprep does not carry")
+		}
+		return nil
+	},
+}

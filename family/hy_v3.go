@@ -1,0 +1,31 @@
+package family
+
+// hyV3 is Hunyuan HY-V3 (HYV3MoE): router model.layers.L.mlp.router.gate,
+// correction bias on the MoE module (mlp.expert_bias on disk; transformers
+// holds it as e_score_correction_bias), plain
+// top-k of sigmoid + bias (no groups), weights always normalised +1e-20 and
+// times router_scaling_factor, plus an ungated shared expert mlp.shared_mlp
+// of num_shared_experts * I. MoE layers: mlp_layer_types, else all but the
+// first.
+var hyV3 = &spec{
+	name:       "hy_v3",
+	modelTypes: []string{"hy_v3"},
+	names: naming{
+		layers:  "model.layers.",
+		modules: []string{"mlp"},
+		experts: "experts",
+		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
+		router:  "router.gate",
+		bias:    "expert_bias",
+		shared:  "shared_mlp",
+	},
+	keys: configKeys{
+		intermediate: "moe_intermediate_size",
+		numExperts:   []string{"num_experts", "num_local_experts"},
+		sharedCount:  "num_shared_experts",
+		denseFixed:   1,
+	},
+	layers:   layerTypes,
+	defaults: map[string]map[string]any{"hy_v3": {"router_scaling_factor": 2.826, "num_shared_experts": 1.0}},
+	routing:  biasedSigmoid("router_scaling_factor", false, ""),
+}

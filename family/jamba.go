@@ -1,0 +1,24 @@
+package family
+
+// jamba is Jamba (JambaSparseMoeBlock): MoE layers are those with
+// L % expert_layer_period == expert_layer_offset, their module
+// model.layers.L.feed_forward with router feed_forward.router and experts
+// feed_forward.experts.E.*_proj of intermediate_size; softmax top-k, never
+// renormalised. The mamba mixers and attention are copied byte for byte.
+var jamba = &spec{
+	name:       "jamba",
+	modelTypes: []string{"jamba"},
+	names: naming{
+		layers:  "model.layers.",
+		modules: []string{"feed_forward"},
+		experts: "experts",
+		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
+		router:  "router",
+	},
+	keys: configKeys{
+		intermediate: "intermediate_size",
+		numExperts:   []string{"num_experts", "num_local_experts"},
+	},
+	layers:  periodOffset,
+	routing: softmaxNorm(false),
+}

@@ -1,0 +1,26 @@
+package family
+
+// minimaxM2 is MiniMax-M2 (MiniMaxM2SparseMoeBlock): Mixtral's names
+// (model.layers.L.block_sparse_moe.{gate, experts.E.w1|w3|w2}, expert size
+// intermediate_size) with a correction bias on the MoE module
+// (block_sparse_moe.e_score_correction_bias): top-k of sigmoid + bias, no
+// groups, weights always normalised (no epsilon; a sum of sigmoids is never
+// near 0), no scaling factor, no shared expert. Every layer is MoE.
+var minimaxM2 = &spec{
+	name:       "minimax_m2",
+	modelTypes: []string{"minimax_m2"},
+	names: naming{
+		layers:  "model.layers.",
+		modules: []string{"block_sparse_moe", "mlp"},
+		experts: "experts",
+		proj:    [3]string{"w1", "w3", "w2"},
+		router:  "gate",
+		bias:    "e_score_correction_bias",
+	},
+	keys: configKeys{
+		intermediate: "intermediate_size",
+		numExperts:   []string{"num_local_experts", "num_experts"},
+	},
+	layers:  everyLayer,
+	routing: biasedSigmoid("", false, ""),
+}
