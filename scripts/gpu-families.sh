@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Issue 11's conformance run on the GPU machine: transformers writes tiny
+# checkpoints of every new family with sizes and seeds the tests never saw
+# (export_families.py --unseen), then the moeprep binary runs over each:
+# inspect --json, convert in all three layouts, fuse-shared --tp 1/4/8 where
+# the family fuses, and validate --golden on the CPU and on cuda for every
+# output. One line per family x command with the worst rel_l2 against HF.
+#
+#   here:   CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o .gpu/moeprep ./cmd/moeprep
+#   device: run(command="bash scripts/gpu-families.sh", carry=[".gpu"])
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=$(pwd)/.gpu/moeprep
+out=${OUT:-/tmp/gpu-families}
+work=/tmp/families-unseen
+rm -rf "$work" && mkdir -p "$work/out"
+PYTHONUNBUFFERED=1 timeout 240 python3 fixtures/hf/export_families.py "$work/src" --unseen --seed 500 --log "$out/unseen-export.log" >/dev/null 2>&1
+echo "export rc=$? ($(tail -1 "$out/unseen-export.log"))"
+fusable=" afmoe ernie4-5-moe exaone-moe glm4-moe glm4-moe-lite hy-v3 "
+worst() { python3 -c "
+import json,sys
+r=json.load(open(sys.argv[1])); w=0
+for row in r['layers']:
+    if 'golden' in row['check']: w=max(w,row['rel_l2'])
+print(f'{w:.2e}')" "$1" 2>/dev/null || echo "-"; }
+printf '%-14s %-26s %-6s %s\n' family command result worst_rel_l2_vs_HF | tee "$out/table.txt"
+for src in "$work"/src/*/; do
+	n=$(basename "$src")
+	line() { printf '%-14s %-26s %-6s %s\n' "$n" "$1" "$2" "$3" | tee -a "$out/table.txt"; }
+	if "$bin" inspect --json "$src" >"$work/out/$n-inspect.json" 2>"$work/out/err"; then line "inspect --json" ok "$(python3 -c "import json;j=json.load(open('$work/out/$n-inspect.json'));print(j['model_type'],'E',j['num_experts'],'k',j['top_k'],'layers',j['moe_layers'])")"; else line inspect FAIL "$(head -c 150 "$work/out/err")"; continue; fi
+	dsts=()
+	for lay in stacked gate-up up-gate; do
+		d="$work/out/$n-$lay"
+		if "$bin" convert --no-progress --layout "$lay" "$src" "$d" >/dev/null 2>"$work/out/err"; then dsts+=("$d:convert --layout $lay"); else line "convert $lay" FAIL "$(head -c 150 "$work/out/err")"; fi
+	done
+	if [[ $fusable == *" $n "* ]]; then
+		for tp in 1 4 8; do
+			d="$work/out/$n-tp$tp"
+			if "$bin" fuse-shared --tp "$tp" --no-progress "$src" "$d" >/dev/null 2>"$work/out/err"; then dsts+=("$d:fuse-shared --tp $tp"); else line "fuse-shared --tp $tp" FAIL "$(head -c 150 "$work/out/err")"; fi
+		done
+	fi
+	for entry in "${dsts[@]}"; do
+		d=${entry%%:*}; what=${entry#*:}
+		for dev in cpu cuda; do
+			timeout 120 "$bin" validate --device "$dev" --no-progress --json "$d-$dev.json" "$src" "$d" --golden "$src" >/dev/null 2>"$work/out/err"
+			rc=$?
+			res=pass; [ $rc -ne 0 ] && res="FAIL$rc"
+			line "$what ($dev)" "$res" "$(worst "$d-$dev.json")"
+		done
+	done
+done
+echo "== $(grep -c ' pass ' "$out/table.txt") pass, $(grep -c ' FAIL' "$out/table.txt") fail"
