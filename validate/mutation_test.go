@@ -277,6 +277,8 @@ func mutations(t *testing.T) []mutation {
 	bf16 := filepath.Join(hfFixtures, "deepseek-v3-bf16")
 	stacked := func(fp bool) layout.ExpertTensors { return layout.Names(layout.Stacked, "model.layers.1.mlp", fp) }
 	square := squareFixture(t)
+	afm := filepath.Join(hfFixtures, "afmoe")
+	ernie := filepath.Join(hfFixtures, "ernie4-5-moe")
 	return []mutation{
 		{"gate and up swapped in one expert", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(true)
@@ -321,6 +323,43 @@ func mutations(t *testing.T) []mutation {
 			rewriteTensor(t, dst, n.GateUpScale, func(raw []byte, shape []int64) {
 				scaleF32(slice(raw, shape, 7)[4:8], 3) // expert 7, block (0,1)
 			})
+		}, 1},
+		// Fused families other than DeepSeek (issue 11): AFMoE (sigmoid +
+		// expert_bias, route_scale 1.5, two shared experts) and ERNIE 4.5
+		// (softmax ranked with a correction bias).
+		{"afmoe: two experts swapped", afm, convert.Options{FuseShared: true, TP: 2, Layout: layout.GateUp}, func(t *testing.T, dst string) {
+			n := layout.Names(layout.GateUp, "model.layers.1.mlp", false)
+			swapIn(t, dst, n.GateUp, 1, 6)
+			swapIn(t, dst, n.Down, 1, 6)
+		}, 1},
+		{"afmoe: one shared replica zeroed", afm, convert.Options{FuseShared: true, TP: 4}, func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, stacked(false).Down, func(raw []byte, shape []int64) { clear(slice(raw, shape, 8+3)) })
+		}, 1},
+		{"afmoe: expert_bias rounded to bf16", afm, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, "model.layers.1.mlp.expert_bias", func(raw []byte, _ []int64) {
+				for i := 0; i < len(raw); i += 4 {
+					v := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
+					binary.LittleEndian.PutUint32(raw[i:], math.Float32bits(numfmt.RoundBF16(v)))
+				}
+			})
+		}, 1},
+		{"afmoe: route_scale folded twice", afm, convert.Options{FuseShared: true, TP: 1, FoldScaling: "down"}, func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, stacked(false).Down, func(raw []byte, shape []int64) {
+				m := raw[:len(raw)/int(shape[0])*8] // the 8 routed experts only
+				for i := 0; i+1 < len(m); i += 2 {
+					v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(m[i:]))
+					binary.LittleEndian.PutUint16(m[i:], numfmt.F32ToBF16(v*1.5))
+				}
+			})
+		}, 1},
+		{"ernie 4.5: gate and up swapped in one expert", ernie, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
+			n := stacked(false)
+			gate, up := readTensor(t, dst, n.Gate), readTensor(t, dst, n.Up)
+			rewriteTensor(t, dst, n.Gate, func(raw []byte, shape []int64) { copy(slice(raw, shape, 5), slice(up, shape, 5)) })
+			rewriteTensor(t, dst, n.Up, func(raw []byte, shape []int64) { copy(slice(raw, shape, 5), slice(gate, shape, 5)) })
+		}, 1},
+		{"ernie 4.5: correction bias dropped to zero", ernie, convert.Options{FuseShared: true, TP: 2, Layout: layout.UpGate}, func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, "model.layers.1.mlp.moe_statics.e_score_correction_bias", func(raw []byte, _ []int64) { clear(raw) })
 		}, 1},
 		{"down projection transposed where square", square, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(false)
