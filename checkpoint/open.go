@@ -268,15 +268,21 @@ func (c *Checkpoint) addTorch(f *torchbin.File) error {
 	return nil
 }
 
-// Tensor finds a tensor by name.
+// Tensor finds a tensor by name, or a view of one (view.go).
 func (c *Checkpoint) Tensor(name string) (*Tensor, bool) {
-	t, ok := c.byName[name]
-	return t, ok
+	if t, ok := c.byName[name]; ok {
+		return t, true
+	}
+	if BaseName(name) == name {
+		return nil, false
+	}
+	t, err := c.view(name)
+	return t, err == nil
 }
 
 // Lookup implements family.Tensors.
 func (c *Checkpoint) Lookup(name string) (family.TensorMeta, bool) {
-	t, ok := c.byName[name]
+	t, ok := c.Tensor(name)
 	if !ok {
 		return family.TensorMeta{}, false
 	}

@@ -20,7 +20,7 @@ var wantHF = []string{"deepseek-v2-lite", "deepseek-v3-bf16", "deepseek-v3-fp8",
 	"mixtral-bin-sharded", "qwen2-moe", "qwen3-moe", "qwen3-moe-bin",
 	// issue 11's families (fixtures/hf/export_families.py)
 	"afmoe", "cohere2-moe", "ernie4-5-moe", "exaone-moe", "glm4-moe", "glm4-moe-lite", "hy-v3", "jamba",
-	"minimax", "minimax-m2", "olmoe", "qwen3-next"}
+	"minimax", "minimax-m2", "olmoe", "qwen3-next", "granitemoe", "granitemoe-swa", "granitemoeshared"}
 
 func TestHFFixtures(t *testing.T) {
 	dirs, _ := filepath.Glob(filepath.Join("..", "fixtures", "hf", "*", "config.json"))
@@ -121,7 +121,7 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 			if b < c.NumExperts {
 				m := l.Experts[b]
 				for _, n := range mlpNames(m) {
-					consumed[n] = true
+					consumed[checkpoint.BaseName(n)] = true
 				}
 				g, u, d = read(m.Gate), read(m.Up), read(m.Down)
 				if fp8 {
@@ -130,7 +130,7 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 			} else {
 				m := *l.Shared
 				for _, n := range mlpNames(m) {
-					consumed[n] = true
+					consumed[checkpoint.BaseName(n)] = true
 				}
 				s := int64((b - c.NumExperts) % S)
 				g = rowsOf(read(m.Gate), H*es, s*I, I)

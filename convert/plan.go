@@ -132,7 +132,7 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 		}
 		stacks[li] = ts
 		for _, n := range names {
-			consumed[n] = li
+			consumed[checkpoint.BaseName(n)] = li // a view consumes the stacked tensor it is cut from
 		}
 	}
 	op := &outPlan{stats: p.st}
@@ -215,6 +215,9 @@ func (p *planner) checkFusable() error {
 		if l.Shared == nil {
 			return fmt.Errorf("%s: layer %d has no shared expert to fuse", p.ck.Dir, l.Index)
 		}
+	}
+	if si, s := fp.SharedIntermediateSize, fp.NumSharedExperts*fp.MoEIntermediateSize; si != 0 && si != s {
+		return fmt.Errorf("%s: the shared expert's intermediate size %d is not %d x the routed experts' %d, so it cannot be split into experts of the bank; use moeprep convert instead", p.ck.Dir, si, fp.NumSharedExperts, fp.MoEIntermediateSize)
 	}
 	if p.fp8 && fp.NumSharedExperts > 1 && (fp.MoEIntermediateSize%int(p.bo) != 0 || fp.MoEIntermediateSize%int(p.bi) != 0) {
 		return fmt.Errorf("%s: n_shared_experts %d with moe_intermediate_size %d, not a multiple of the FP8 block %dx%d: the shared expert's scale blocks straddle the slices, so it cannot be split exactly", p.ck.Dir, fp.NumSharedExperts, fp.MoEIntermediateSize, p.bo, p.bi)

@@ -31,6 +31,45 @@ func (k *checker) anyOf(prefix string, proj [3]string) bool {
 	return false
 }
 
+// stacked checks a family's stacked expert tensors: gate-up [E, 2I, H]
+// and down [E, H, I], in an unquantised float dtype (FP8 stacked sources
+// are not planned: their scales would need views too).
+func (k *checker) stacked(where, gateUp, down, hint string) error {
+	e, h, i := int64(k.p.NumExperts), int64(k.p.HiddenSize), int64(k.p.MoEIntermediateSize)
+	for _, w := range []struct {
+		name  string
+		shape []int64
+	}{{gateUp, []int64{e, 2 * i, h}}, {down, []int64{e, h, i}}} {
+		meta, ok := k.t.Lookup(w.name)
+		if !ok {
+			return fmt.Errorf("%s: missing tensor %s %s", where, w.name, hint)
+		}
+		if !slices.Equal(meta.Shape, w.shape) {
+			return fmt.Errorf("%s: %s shape %s, expected %s %s", where, w.name, shapeString(meta.Shape), shapeString(w.shape), hint)
+		}
+		if meta.DType == safetensors.F8E4M3 || k.p.Quantization == QuantFP8Block {
+			return fmt.Errorf("%s: %s: FP8 experts stacked on disk are not supported", where, w.name)
+		}
+	}
+	return nil
+}
+
+// views plans one MLP stored as a gate-up tensor (gate rows, then up rows)
+// and a down tensor: slice e of stacked ones, or (e < 0) whole 2-D ones.
+func (k *checker) views(where, gateUp, down string, e, inter int, hint string) (MLP, error) {
+	m := MLP{Gate: ViewName(gateUp, e, 0, inter), Up: ViewName(gateUp, e, inter, 2*inter), Down: ViewName(down, e, 0, 0)}
+	h, i := int64(k.p.HiddenSize), int64(inter)
+	for _, w := range []struct {
+		role, name string
+		rows, cols int64
+	}{{"gate", m.Gate, i, h}, {"up", m.Up, i, h}, {"down", m.Down, h, i}} {
+		if _, err := k.weight(where, w.role, w.name, w.rows, w.cols, hint); err != nil {
+			return MLP{}, err
+		}
+	}
+	return m, nil
+}
+
 // mlp checks one SwiGLU MLP of intermediate size inter: gate and up
 // [inter,H], down [H,inter].
 func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {

@@ -68,7 +68,7 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	}
 
 	names := t.Names()
-	if !converted {
+	if !converted && s.names.stackedGateUp == "" {
 		if err := s.refuseStacked(names); err != nil {
 			return nil, err
 		}
@@ -122,7 +122,20 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 			return Layer{}, err
 		}
 	}
-	if !converted {
+	if !converted && n.stackedGateUp != "" {
+		out.Experts = make([]MLP, p.NumExperts)
+		gu, dn := prefix+"."+n.stackedGateUp, prefix+"."+n.stackedDown
+		hint := fmt.Sprintf("(E=%d, H=%d, I=%d: experts stacked on disk)", p.NumExperts, p.HiddenSize, p.MoEIntermediateSize)
+		if err := k.stacked(where, gu, dn, hint); err != nil {
+			return Layer{}, err
+		}
+		for e := range out.Experts {
+			var err error
+			if out.Experts[e], err = k.views(fmt.Sprintf("%s: expert %d", where, e), gu, dn, e, p.MoEIntermediateSize, hint); err != nil {
+				return Layer{}, err
+			}
+		}
+	} else if !converted {
 		if err := s.scanExperts(where, prefix, names, p.NumExperts); err != nil {
 			return Layer{}, err
 		}
@@ -138,17 +151,30 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 		}
 	}
 	sp := prefix + "." + n.shared
+	if n.sharedAtLayer {
+		sp = n.layers + strconv.Itoa(l) + "." + n.shared
+	}
+	present := n.shared != "" && k.anyOf(sp, n.proj)
+	if n.sharedGateUp != "" {
+		_, present = k.t.Lookup(sp + "." + n.sharedGateUp)
+	}
 	if p.NumSharedExperts == 0 {
-		if n.shared != "" && k.anyOf(sp, n.proj) {
+		if present {
 			return Layer{}, fmt.Errorf("%s: holds shared expert tensors under %s but config.json gives no shared experts", where, sp)
 		}
 		return out, nil
 	}
-	if converted && !k.anyOf(sp, n.proj) {
+	if converted && !present {
 		return out, nil // fused into the stacked experts by fuse-shared
 	}
 	hint := fmt.Sprintf("(H=%d, shared I=%d)", p.HiddenSize, p.SharedIntermediateSize)
-	shared, err := k.mlp(where+": shared expert", sp, n.proj, p.SharedIntermediateSize, hint)
+	var shared MLP
+	var err error
+	if n.sharedGateUp != "" {
+		shared, err = k.views(where+": shared expert", sp+"."+n.sharedGateUp, sp+"."+n.sharedDown, -1, p.SharedIntermediateSize, hint)
+	} else {
+		shared, err = k.mlp(where+": shared expert", sp, n.proj, p.SharedIntermediateSize, hint)
+	}
 	if err != nil {
 		return Layer{}, err
 	}

@@ -55,6 +55,18 @@ type naming struct {
 	bias       string    // correction bias, relative to the MoE module ("gate.e_score_correction_bias", "expert_bias"); "" if none
 	shared     string    // shared expert module; "" if none
 	sharedGate string    // per-token shared-expert gate module; "" if none
+	// stackedGateUp / stackedDown: where a family stores its experts stacked
+	// on disk (Granite MoE), relative to the MoE module: [E, 2I, H] holding
+	// each expert's gate rows then up rows, and [E, H, I]. Each expert is
+	// planned as views of them (view.go), read in place by every command.
+	stackedGateUp, stackedDown string
+	// sharedGateUp / sharedDown: a shared MLP that stores gate and up rows
+	// in one [2I, H] tensor, relative to the shared module.
+	sharedGateUp, sharedDown string
+	// sharedAtLayer: the shared module hangs off the decoder layer, not the
+	// MoE module (Granite: model.layers.L.shared_mlp beside block_sparse_moe);
+	// the layer's output is still routed + shared.
+	sharedAtLayer bool
 }
 
 // configKeys says which config.json keys give a family's sizes.
@@ -65,8 +77,11 @@ type configKeys struct {
 	sharedFixed  int
 	sharedSize   string // key giving the shared intermediate size; "" means S*I
 	sharedGated  bool
-	mtpCount     string // key bounding the MTP layers; "" if none
-	topK         string // key of top-k; "" means num_experts_per_tok
+	// sharedIfSized: the shared expert exists only when the sharedSize key
+	// is present and non-zero (Granite: shared_intermediate_size 0 = none).
+	sharedIfSized bool
+	mtpCount      string // key bounding the MTP layers; "" if none
+	topK          string // key of top-k; "" means num_experts_per_tok
 	// denseKey / denseFixed: the leading dense layers of the firstDense and
 	// layerTypes rules (a key, or a fixed count when the key is "").
 	denseKey   string
@@ -204,6 +219,13 @@ func (s *spec) readSizes(c config, p *Plan, converted bool) error {
 		return err
 	}
 	p.NumSharedExperts = s.keys.sharedFixed
+	if s.keys.sharedIfSized {
+		if n, err := c.count(s.keys.sharedSize, 0); err != nil {
+			return err
+		} else if n == 0 {
+			p.NumSharedExperts = 0
+		}
+	}
 	if s.keys.sharedCount != "" {
 		if p.NumSharedExperts, err = c.count(s.keys.sharedCount, 0); err != nil {
 			return err
@@ -214,8 +236,16 @@ func (s *spec) readSizes(c config, p *Plan, converted bool) error {
 	}
 	p.SharedGated = s.keys.sharedGated
 	if s.keys.sharedSize != "" {
-		p.SharedIntermediateSize, err = c.size(s.keys.sharedSize)
-		return err
+		if p.SharedIntermediateSize, err = c.size(s.keys.sharedSize); err != nil {
+			return err
+		}
+		// An ungated shared MLP of its own size that is a whole number of
+		// experts wide is that many shared experts (as DeepSeek-V2's), so
+		// fuse-shared can split it exactly.
+		if s.keys.sharedIfSized && p.SharedIntermediateSize%p.MoEIntermediateSize == 0 {
+			p.NumSharedExperts = p.SharedIntermediateSize / p.MoEIntermediateSize
+		}
+		return nil
 	}
 	p.SharedIntermediateSize = p.NumSharedExperts * p.MoEIntermediateSize
 	return nil

@@ -319,7 +319,7 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		if len(t.Shape) != 2 || t.Shape[0] != rows || t.Shape[1] != cols {
 			return mat{}, fmt.Errorf("%s: layer %d: tensor %s has shape %v, want [%d,%d]", t.File, li.Index, name, t.Shape, rows, cols)
 		}
-		consumed[name] = true
+		consumed[checkpoint.BaseName(name)] = true // a view consumes the stacked tensor it is cut from
 		return mat{t, rows, cols}, nil
 	}
 	// parts of bank expert b: gate, up, down and their scales, as
@@ -398,7 +398,7 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 	if l.Shared != nil && c.NumFusedSharedExperts == 0 {
 		// an unfused shared expert is copied as it is
 		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down, l.Shared.GateScale, l.Shared.UpScale, l.Shared.DownScale} {
-			delete(consumed, n)
+			delete(consumed, checkpoint.BaseName(n))
 		}
 	}
 	names := c.Names(li)

@@ -1,0 +1,31 @@
+package family
+
+import (
+	"strconv"
+	"strings"
+)
+
+// Tensor views: the names checkpoint.Checkpoint resolves to a 2-D piece of
+// a stored tensor (see checkpoint/view.go), for families that store their
+// experts stacked on disk.
+
+// ViewName builds a view name: slice index (>= 0) of a 3-D tensor and/or
+// rows r0..r1-1 (when r1 > r0).
+func ViewName(name string, index, r0, r1 int) string {
+	s := name
+	if index >= 0 {
+		s += "[" + strconv.Itoa(index) + "]"
+	}
+	if r1 > r0 {
+		s += "[" + strconv.Itoa(r0) + ":" + strconv.Itoa(r1) + "]"
+	}
+	return s
+}
+
+// BaseName is the stored tensor a name refers to: itself, or a view's.
+func BaseName(name string) string {
+	if i := strings.IndexByte(name, '['); i > 0 && strings.HasSuffix(name, "]") {
+		return name[:i]
+	}
+	return name
+}
