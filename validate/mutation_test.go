@@ -284,6 +284,7 @@ func mutations(t *testing.T) []mutation {
 	square := squareFixture(t)
 	afm := filepath.Join(hfFixtures, "afmoe")
 	ernie := filepath.Join(hfFixtures, "ernie4-5-moe")
+	granite := filepath.Join(hfFixtures, "granitemoeshared")
 	return []mutation{
 		{"gate and up swapped in one expert", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(true)
@@ -365,6 +366,18 @@ func mutations(t *testing.T) []mutation {
 		}, 1},
 		{"ernie 4.5: correction bias dropped to zero", ernie, convert.Options{FuseShared: true, TP: 2, Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, "model.layers.1.mlp.moe_statics.e_score_correction_bias", func(raw []byte, _ []int64) { clear(raw) })
+		}, 1},
+		// Experts stacked on disk (Granite MoE, read through views).
+		{"granite: one routed expert's up rows taken from its neighbour", granite, convert.Options{FuseShared: true, TP: 2, Layout: layout.UpGate}, func(t *testing.T, dst string) {
+			n := layout.Names(layout.UpGate, "model.layers.1.block_sparse_moe", false)
+			rewriteTensor(t, dst, n.GateUp, func(raw []byte, shape []int64) {
+				half := len(slice(raw, shape, 0)) / 2
+				copy(slice(raw, shape, 4)[:half], slice(raw, shape, 5)[:half]) // up-gate: the first half is up
+			})
+		}, 1},
+		{"granite: the shared MLP's slice swapped with a routed expert", granite, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
+			n := layout.Names(layout.Stacked, "model.layers.1.block_sparse_moe", false)
+			swapIn(t, dst, n.Down, 2, 8)
 		}, 1},
 		{"down projection transposed where square", square, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(false)
