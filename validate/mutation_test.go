@@ -108,6 +108,11 @@ func conversionCases() []conv {
 	cases = append(cases, conv{"granitemoe", convert.Options{Layout: layout.UpGate}},
 		conv{"granitemoeshared", convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 4}},
 		conv{"granitemoe-swa", convert.Options{Layout: layout.Stacked, FuseShared: true, TP: 2}})
+	// FP8 variants of the fused families (rsf folded into the F32 down scales)
+	for i, f := range []string{"glm4-moe-fp8", "glm4-moe-lite-fp8", "exaone-moe-fp8", "hy-v3-fp8"} {
+		cases = append(cases, conv{f, convert.Options{Layout: lays[i%3], FuseShared: true, TP: []int{8, 1, 4, 2}[i]}})
+	}
+	cases = append(cases, conv{"afmoe-fp8", convert.Options{Layout: layout.GateUp}}, conv{"ernie4-5-moe-fp8", convert.Options{}})
 	return cases
 }
 
