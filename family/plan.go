@@ -12,6 +12,8 @@ type Scoring string
 const (
 	Sigmoid Scoring = "sigmoid" // DeepSeek-V3/Kimi-K2: sigmoid + correction bias, grouped top-k
 	Softmax Scoring = "softmax" // Qwen, Mixtral, DeepSeek-V2
+	// SparseMixer is Phi-3.5-MoE's top-2 router (phimoe.go).
+	SparseMixer Scoring = "sparsemixer"
 )
 
 // TopKMethod is how experts are picked from the scores.
@@ -71,13 +73,17 @@ type Plan struct {
 	NGroup                 int // 1 when the family has no grouping
 	TopKGroup              int
 	Scoring                Scoring
-	NormTopKProb           bool
-	RoutedScalingFactor    float64 // 1 when the family has none
-	NumHiddenLayers        int
-	WeightDType            safetensors.DType // dtype of the expert weights
-	Quantization           Quantization
-	ScaleFmt               string  // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
-	Layers                 []Layer // sorted by Index
+	// JitterEps is sparsemixer's mask threshold (router_jitter_noise): an
+	// expert takes part in a slot's softmax only when its logit is within
+	// 2*JitterEps (relative) of that slot's winner.
+	JitterEps           float64
+	NormTopKProb        bool
+	RoutedScalingFactor float64 // 1 when the family has none
+	NumHiddenLayers     int
+	WeightDType         safetensors.DType // dtype of the expert weights
+	Quantization        Quantization
+	ScaleFmt            string  // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
+	Layers              []Layer // sorted by Index
 }
 
 // DTypeName is the short dtype name inspect reports: bf16, f16, f32, fp8_e4m3.

@@ -211,6 +211,9 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 	if err := kernels.RouterGEMM(g.dev, g.compute, kernels.F32Mat(in.x32), kernels.F32Mat(w), logits, t, in.h, e); err != nil {
 		return nil, nil, nil, err
 	}
+	if spec.Scoring == family.SparseMixer {
+		return g.hostGate(spec, gs, logits, t, finalScale, fr)
+	}
 	out, err := kernels.NewGateOut(g.dev, gs, t, true)
 	if err != nil {
 		return nil, nil, nil, err
@@ -275,6 +278,40 @@ func (g *gpuRunner) forced(gout *kernels.GateOut, routing *Routing, slots *Slots
 	}
 	fr.add(w)
 	return out, ids, w, nil
+}
+
+// hostGate is the documented fallback for a router the gate kernel does not
+// implement (Phi-3.5-MoE's sparsemixer): the router GEMM's logits come back
+// to the host, the CPU twin routes them, and the ids and weights go back to
+// the device for align, the grouped GEMM and finalize, which run as always.
+func (g *gpuRunner) hostGate(spec RouteSpec, gs kernels.GateSpec, logits *cuda.Buffer[float32], t int, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
+	if gs.SharedSlots > 0 {
+		return nil, nil, nil, fmt.Errorf("%s routing with fused shared slots is not supported", spec.Scoring)
+	}
+	lh, err := logits.ToHost(t * spec.NumExperts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	r, err := Route(spec, lh, nil, t)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	out := &kernels.GateOut{T: t, K: r.K}
+	if out.IDs, err = cuda.FromHost(g.dev, r.IDs); err != nil {
+		return nil, nil, nil, err
+	}
+	if out.Weights, err = cuda.FromHost(g.dev, r.Weights); err != nil {
+		out.IDs.Free()
+		return nil, nil, nil, err
+	}
+	if out.Choice, err = cuda.FromHost(g.dev, r.Choice); err != nil {
+		out.IDs.Free()
+		out.Weights.Free()
+		return nil, nil, nil, err
+	}
+	fr.add(gateOutFree{out})
+	sl := &Slots{T: t, K: r.K, FinalScale: finalScale, IDs: append([]int32(nil), r.IDs...), Weights: append([]float32(nil), r.Weights...)}
+	return out, r, sl, nil
 }
 
 type gateOutFree struct{ o *kernels.GateOut }

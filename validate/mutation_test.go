@@ -112,7 +112,8 @@ func conversionCases() []conv {
 	for i, f := range []string{"glm4-moe-fp8", "glm4-moe-lite-fp8", "exaone-moe-fp8", "hy-v3-fp8"} {
 		cases = append(cases, conv{f, convert.Options{Layout: lays[i%3], FuseShared: true, TP: []int{8, 1, 4, 2}[i]}})
 	}
-	cases = append(cases, conv{"afmoe-fp8", convert.Options{Layout: layout.GateUp}}, conv{"ernie4-5-moe-fp8", convert.Options{}})
+	cases = append(cases, conv{"afmoe-fp8", convert.Options{Layout: layout.GateUp}}, conv{"ernie4-5-moe-fp8", convert.Options{}},
+		conv{"phimoe", convert.Options{Layout: layout.UpGate}}) // sparsemixer routing
 	return cases
 }
 

@@ -22,6 +22,8 @@ type RouteSpec struct {
 	GroupByMax bool
 	// RoutedScalingFactor multiplies the routing weights (1 when the family has none).
 	RoutedScalingFactor float64
+	// JitterEps is sparsemixer's relative mask threshold (Phi-3.5-MoE).
+	JitterEps float64
 }
 
 // SpecFromPlan derives the gate of a planned checkpoint: greedy is plain
@@ -41,6 +43,7 @@ func SpecFromPlan(p *family.Plan) RouteSpec {
 		NormTopKProb:        p.NormTopKProb,
 		GroupByMax:          p.TopKMethod == family.TopKGroupLimited,
 		RoutedScalingFactor: rsf,
+		JitterEps:           p.JitterEps,
 	}
 	if p.TopKMethod == family.TopKGreedy || s.NGroup < 1 {
 		s.NGroup, s.TopKGroup = 1, 1
@@ -51,8 +54,10 @@ func SpecFromPlan(p *family.Plan) RouteSpec {
 func (s RouteSpec) check() error {
 	e := s.NumExperts
 	switch {
-	case s.Scoring != family.Sigmoid && s.Scoring != family.Softmax:
+	case s.Scoring != family.Sigmoid && s.Scoring != family.Softmax && s.Scoring != family.SparseMixer:
 		return fmt.Errorf("unknown router scoring %q", s.Scoring)
+	case s.Scoring == family.SparseMixer && (s.TopK != 2 || s.NGroup > 1 || !(s.JitterEps >= 0)):
+		return fmt.Errorf("sparsemixer routing with top-%d, %d groups, eps %v (want top-2, no groups, eps >= 0)", s.TopK, s.NGroup, s.JitterEps)
 	case e <= 0:
 		return fmt.Errorf("router has %d experts", e)
 	case s.TopK <= 0 || s.TopK > e:
@@ -182,6 +187,11 @@ func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, e
 	for i := range t {
 		row := logits[i*e : (i+1)*e]
 		choice := r.Choice[i*e : (i+1)*e]
+		if spec.Scoring == family.SparseMixer {
+			copy(choice, row)
+			sparseMixer(row, float32(spec.JitterEps), r.IDs[i*k:(i+1)*k], r.Weights[i*k:(i+1)*k])
+			continue
+		}
 		if spec.Scoring == family.Sigmoid {
 			for j, l := range row {
 				score[j] = float32(1 / (1 + math.Exp(-float64(l))))
@@ -219,6 +229,40 @@ func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, e
 		}
 	}
 	return r, nil
+}
+
+// sparseMixer is Phi-3.5-MoE's inference router (HF's sparsemixer, not
+// training): two rounds, each taking the largest remaining logit m (ties: the
+// lower index) and weighting it by the softmax over the logits s with
+// (m - s) / max(|s|, m) <= 2*eps, the first round's winner left out of the
+// second. The mask arithmetic is float32, as HF's.
+func sparseMixer(logits []float32, eps float32, ids []int32, w []float32) {
+	out := -1
+	for slot := range 2 {
+		m, mi := float32(math.Inf(-1)), -1
+		for j, v := range logits {
+			if j != out && (mi < 0 || better(v, j, m, mi)) {
+				m, mi = v, j
+			}
+		}
+		var sum, top float64
+		for j, v := range logits {
+			if j == out {
+				continue
+			}
+			factor := float32(math.Max(math.Abs(float64(v)), float64(m)))
+			if (m-v)/factor > 2*eps {
+				continue
+			}
+			ex := math.Exp(float64(v) - float64(m))
+			sum += ex
+			if j == mi {
+				top = ex
+			}
+		}
+		ids[slot], w[slot] = int32(mi), float32(top/sum)
+		out = mi
+	}
 }
 
 // softmax writes the float32 softmax of logits (computed in float64, max-subtracted).

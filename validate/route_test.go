@@ -210,3 +210,28 @@ func TestRouteRefusesBadSpecs(t *testing.T) {
 		}
 	}
 }
+
+// TestSparseMixer: Phi-3.5-MoE's inference router on hand-worked logits:
+// slot 1 = the largest logit, weighted by the softmax over the logits within
+// 2*eps (relative) of it; slot 2 = the largest of the rest, likewise.
+func TestSparseMixer(t *testing.T) {
+	for _, tc := range []struct {
+		logits []float32
+		eps    float32
+		ids    []int32
+		w      []float64
+	}{
+		// 1.9 is within 2*0.05 of 2 (relative to max(|s|, 2) = 2): it shares slot 1's softmax.
+		{[]float32{2, 1.9, 0, -1}, 0.05, []int32{0, 1}, []float64{1 / (1 + math.Exp(-0.1)), 1}},
+		// eps 0: each slot's softmax holds its winner alone (and exact ties).
+		{[]float32{0.5, 3, 3, -2}, 0, []int32{1, 2}, []float64{0.5, 1}},
+		// negative logits: factor = |s| where |s| > m
+		{[]float32{-1, -1.05, -4, -1.2}, 0.1, []int32{0, 1}, []float64{1 / (1 + math.Exp(-0.05) + math.Exp(-0.2)), 1 / (1 + math.Exp(-0.15))}},
+	} {
+		ids, w := make([]int32, 2), make([]float32, 2)
+		sparseMixer(tc.logits, tc.eps, ids, w)
+		if !slices.Equal(ids, tc.ids) || math.Abs(float64(w[0])-tc.w[0]) > 1e-6 || math.Abs(float64(w[1])-tc.w[1]) > 1e-6 {
+			t.Errorf("%v eps %v: ids %v weights %v, want %v %v", tc.logits, tc.eps, ids, w, tc.ids, tc.w)
+		}
+	}
+}

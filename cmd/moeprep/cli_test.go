@@ -70,6 +70,7 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		"minimax-m2":        {"minimax_m2", "minimax_m2", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "sigmoid", 1, []int{0, 1}, 71},
 		"olmoe":             {"olmoe", "olmoe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 69},
 		"qwen3-next":        {"qwen2_moe", "qwen3_next", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1, 2, 3}, 154},
+		"phimoe":            {"phimoe", "phimoe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "sparsemixer", 1, []int{0, 1}, 70},
 		"granitemoe":        {"granitemoe", "granitemoe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 21},
 		"granitemoe-swa":    {"granitemoe_swa", "granitemoe_swa", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{0, 1}, 27},
 		"granitemoeshared":  {"granitemoe", "granitemoeshared", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 25},
