@@ -216,26 +216,6 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 	return sum, nil
 }
 
-// writeShard streams one planned shard and checks it came out as planned.
-func (w *run) writeShard(ctx context.Context, s *shardPlan) (layout.FileInfo, error) {
-	path := filepath.Join(w.partial, s.name)
-	var reported atomic.Int64
-	res, err := safetensors.WriteFile(ctx, path, shardMetadata, s.entries(), func(n int64) {
-		reported.Add(n)
-		w.o.Progress.Add(n)
-	})
-	if err != nil {
-		return layout.FileInfo{}, err
-	}
-	if res.Size != s.size {
-		return layout.FileInfo{}, fmt.Errorf("%s: wrote %d bytes, planned %d", path, res.Size, s.size)
-	}
-	if rest := s.size - reported.Load(); rest > 0 {
-		w.o.Progress.Add(rest) // the header, if the writer counts only tensor bytes
-	}
-	return layout.FileInfo{Size: res.Size, SHA256: res.SHA256}, nil
-}
-
 // finish writes the index, config.json and the manifest, then moves
 // DST.partial to DST.
 func (w *run) finish(files map[string]layout.FileInfo) error {

@@ -93,7 +93,7 @@ func (w *run) loadProgress(fpr string) error {
 			continue
 		}
 		path := filepath.Join(w.partial, name)
-		got, err := layout.HashFile(path)
+		got, err := layout.HashFileLike(path, want)
 		if err == nil && got == want {
 			w.prog.reuse[name] = got
 			w.prog.rec.Shards[name] = got

@@ -1,6 +1,8 @@
 package layout
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -153,5 +155,72 @@ func TestManifestVerify(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "a"), []byte("hellp"), 0o644)
 	if err := m2.Verify(dir); err == nil || !strings.Contains(err.Error(), "manifest says") {
 		t.Errorf("changed file not caught: %v", err)
+	}
+}
+
+func TestBlockDigests(t *testing.T) {
+	dir := t.TempDir()
+	data := make([]byte, 10000)
+	for i := range data {
+		data[i] = byte(i*7 + i/256)
+	}
+	path := filepath.Join(dir, "f")
+	os.WriteFile(path, data, 0o644)
+	for _, bs := range []int64{1, 4096, 5000, 10000, 1 << 20} {
+		like := FileInfo{Blocks: BlockDigest{BlockSize: bs}}
+		got, err := HashFileLike(path, like)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The definition, written out: SHA-256 of the concatenated block SHA-256s.
+		var cat []byte
+		for off := int64(0); off < int64(len(data)); off += bs {
+			d := sha256.Sum256(data[off:min(off+bs, int64(len(data)))])
+			cat = append(cat, d[:]...)
+		}
+		root := sha256.Sum256(cat)
+		if got.Size != 10000 || got.Blocks.BlockSize != bs || got.Blocks.Root != hex.EncodeToString(root[:]) || got.SHA256 != "" {
+			t.Errorf("block size %d: %+v, want root %x", bs, got, root)
+		}
+		// Streamed in uneven writes, the Hasher agrees.
+		h := NewHasher(like)
+		for off := 0; off < len(data); off += 333 {
+			h.Write(data[off:min(off+333, len(data))])
+		}
+		if s := h.Sum(); s != got {
+			t.Errorf("block size %d: Hasher %+v, HashFileLike %+v", bs, s, got)
+		}
+	}
+	whole, _ := HashFile(path)
+	h := NewHasher(FileInfo{SHA256: "x"})
+	h.Write(data)
+	if h.Sum() != whole {
+		t.Errorf("whole-file Hasher %+v, HashFile %+v", h.Sum(), whole)
+	}
+	// A changed byte in the last, short block is caught.
+	fi, _ := HashFileLike(path, FileInfo{Blocks: BlockDigest{BlockSize: 4096}})
+	m := &Manifest{Version: ContractVersion, Files: map[string]FileInfo{"f": fi}}
+	if err := m.Verify(dir); err != nil {
+		t.Fatal(err)
+	}
+	data[9999] ^= 1
+	os.WriteFile(path, data, 0o644)
+	if err := m.Verify(dir); err == nil || !strings.Contains(err.Error(), "4096-byte blocks") {
+		t.Errorf("changed byte not caught: %v", err)
+	}
+}
+
+func TestReadManifestRefusesBadEntries(t *testing.T) {
+	for name, entry := range map[string]string{
+		"neither":         `{"size": 5}`,
+		"both":            `{"size": 5, "sha256": "ab", "sha256_blocks": {"block_size": 16, "root": "cd"}}`,
+		"negative size":   `{"size": -1, "sha256": "ab"}`,
+		"negative blocks": `{"size": 5, "sha256_blocks": {"block_size": -16, "root": "cd"}}`,
+	} {
+		dir := t.TempDir()
+		os.WriteFile(filepath.Join(dir, ManifestFileName), []byte(`{"version": 1, "files": {"a": `+entry+`}}`), 0o644)
+		if _, err := ReadManifest(dir); err == nil || !strings.Contains(err.Error(), "file a") {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }

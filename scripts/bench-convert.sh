@@ -1,50 +1,59 @@
 #!/usr/bin/env bash
-# Issue 3's benchmark: moeprep convert and fuse-shared against `cp -r` of the
-# same synthetic DeepSeek-V3-shaped checkpoint (256 experts, H 7168, one dense
-# and one MoE layer: FP8 with I 2048 is 11.6 GB; bf16 uses I 1024 to stay at
-# 11.6 GB, since one bf16 layer at I 2048 is 22.5 GB and this disk holds two copies).
-# ROUNDS rounds of (cp, convert, fuse-shared) run interleaved, each from a cold
-# page cache when run as root; the table gives medians and peak RSS.
+# Issue 12's benchmark: moeprep convert and fuse-shared --tp 8 against `cp -r`
+# of the same checkpoint, each run from a cold page cache (sync, then
+# drop_caches; run as root), with `sync` inside cp's timing because moeprep
+# fsyncs what it writes. The order of (cp, convert, fuse-shared) rotates from
+# round to round; the table gives the median of the rounds, its ratio to cp's
+# median, peak RSS, and every raw figure.
 #
-#   scripts/bench-convert.sh [WORK] [ROUNDS] [DTYPES]
-#   scripts/bench-convert.sh /work/bench 3 "bf16 fp8"
+# Shapes (those of issue 12):
+#   A  bf16 DeepSeek-V3-shaped, 64 experts, I 288: 1.6 GB, one source and one output shard
+#   B  bf16 DeepSeek-V3-shaped, 256 experts, I 512: 6.5 GB, 4 source shards, 3 output shards
+#
+#   scripts/bench-convert.sh [WORK] [ROUNDS] [SHAPES]
+#   sudo scripts/bench-convert.sh /work/bench 3 "A B"     # needs ~3x the checkpoint free
 set -euo pipefail
 work=${1:-/work/bench}
 rounds=${2:-3}
-dtypes=${3:-bf16 fp8}
+shapes=${3:-A B}
 cd "$(dirname "$0")/.."
 mkdir -p "$work"
 go build -o "$work/moeprep" ./cmd/moeprep
 mp="$work/moeprep"
+[ -w /proc/sys/vm/drop_caches ] || echo "warning: not root, page cache not dropped: figures are warm" >&2
 
-# measure CMD...: prints "wall_seconds peak_rss_MB" of CMD
+# measure CMD...: prints "wall user sys peak_rss_MB" of CMD, from a cold cache
 measure() {
 	sync
 	if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches; fi
-	/usr/bin/time -v -o "$work/time.txt" "$@" >"$work/out.txt"
-	awk -F': ' '/Elapsed \(wall clock\)/ {n=split($2,a,":"); s=0; for(i=1;i<=n;i++) s=s*60+a[i]; w=s}
-		/Maximum resident set size/ {r=$2/1024} END {printf "%.2f %.0f\n", w, r}' "$work/time.txt"
+	/usr/bin/time -f "%e %U %S %M" -o "$work/time.txt" "$@" >/dev/null
+	awk '{printf "%s %s %s %.0f\n", $1, $2, $3, $4/1024}' "$work/time.txt"
 }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
-printf '%-5s %-22s %8s %8s %7s %7s %7s\n' dtype run median_s GB/s x_cp rss_MB bytes_GB
-for dt in $dtypes; do
-	src="$work/src-$dt"
-	rm -rf "$src"
-	inter=2048
-	[ "$dt" = bf16 ] && inter=1024
-	"$mp" fixture synth --preset deepseek-v3-shaped --dtype "$dt" --layers 2 --intermediate "$inter" --no-progress "$src" >&2
-	declare -A secs=() rss=() bytes=()
+printf '%-5s %-12s %8s %7s %7s %7s %8s   %s\n' shape run median_s x_cp GB/s rss_MB out_GB "raw (wall/user/sys s per round)"
+for shape in $shapes; do
+	src=$(readlink -f "$work/src-$shape" || echo "$work/src-$shape")
+	case $shape in
+	A) synth=(--experts 64 --intermediate 288) ; maxshard=5GB ;;
+	B) synth=(--experts 256 --intermediate 512 --shard-size 1.7GB) ; maxshard=3GB ;;
+	*) echo "unknown shape $shape" >&2; exit 2 ;;
+	esac
+	[ -d "$src" ] || "$mp" fixture synth --preset deepseek-v3-shaped --dtype bf16 --layers 2 "${synth[@]}" --no-progress "$src" >&2
+	runs=(cp convert fuse)
+	declare -A secs=() raw=() rss=() bytes=()
 	for r in $(seq "$rounds"); do
-		for run in cp convert fuse; do
-			out="$work/out-$dt"
+		for i in 0 1 2; do
+			run=${runs[$(( (i + r) % 3 ))]}
+			out="$work/out-$shape"
 			rm -rf "$out" "$out.partial"
 			case $run in
-			cp) read -r s m < <(measure sh -c 'cp -r "$1" "$2" && sync' sh "$src" "$out") ;;
-			convert) read -r s m < <(measure "$mp" convert --no-progress "$src" "$out") ;;
-			fuse) read -r s m < <(measure "$mp" fuse-shared --tp 8 --no-progress "$src" "$out") ;;
+			cp) read -r s u y m < <(measure sh -c 'cp -r "$1" "$2" && sync' sh "$src" "$out") ;;
+			convert) read -r s u y m < <(measure "$mp" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
+			fuse) read -r s u y m < <(measure "$mp" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			esac
 			secs[$run]+="$s "
+			raw[$run]+="$s/$u/$y "
 			rss[$run]=$(( ${rss[$run]:-0} > m ? ${rss[$run]:-0} : m ))
 			bytes[$run]=$(du -sb "$out" | cut -f1)
 			rm -rf "$out"
@@ -53,8 +62,8 @@ for dt in $dtypes; do
 	cp_med=$(tr ' ' '\n' <<<"${secs[cp]}" | grep . | median)
 	for run in cp convert fuse; do
 		med=$(tr ' ' '\n' <<<"${secs[$run]}" | grep . | median)
-		awk -v dt="$dt" -v n="$run" -v s="$med" -v c="$cp_med" -v m="${rss[$run]}" -v b="${bytes[$run]}" -v all="${secs[$run]}" \
-			'BEGIN { printf "%-5s %-22s %8.2f %8.2f %7.2f %7s %7.2f   (runs: %s)\n", dt, n, s, b/s/1e9, s/c, m, b/1e9, all }'
+		awk -v sh="$shape" -v n="$run" -v s="$med" -v c="$cp_med" -v m="${rss[$run]}" -v b="${bytes[$run]}" -v raw="${raw[$run]}" \
+			'BEGIN { printf "%-5s %-12s %8.2f %7.2f %7.2f %7s %8.2f   %s\n", sh, n, s, s/c, b/s/1e9, m, b/1e9, raw }'
 	done
-	rm -rf "$src"
+	unset secs raw rss bytes
 done

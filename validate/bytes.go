@@ -3,9 +3,7 @@ package validate
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"math"
@@ -163,9 +161,9 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 				if progress != nil {
 					progress(fmt.Sprintf("validate --bytes: %s (%.2f GB)", rel, float64(man.Files[rel].Size)/1e9))
 				}
-				results[i].got, results[i].mm, results[i].st, err = checkShard(gctx, path, pred)
+				results[i].got, results[i].mm, results[i].st, err = checkShard(gctx, path, man.Files[rel], pred)
 			} else {
-				results[i].got, err = layout.HashFile(path)
+				results[i].got, err = layout.HashFileLike(path, man.Files[rel])
 			}
 			return err
 		})
@@ -196,7 +194,7 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 		}
 		if want := man.Files[rel]; fr.got != want {
 			res.Mismatch = &ByteMismatch{Kind: MismatchManifest, File: filepath.Join(dst.Dir, filepath.FromSlash(rel)), Layer: -1, Expert: -1,
-				Detail: fmt.Sprintf("size %d sha256 %s, the manifest says size %d sha256 %s", fr.got.Size, fr.got.SHA256, want.Size, want.SHA256)}
+				Detail: fmt.Sprintf("%s, the manifest says %s", fr.got, want)}
 		}
 	}
 	if res.Mismatch == nil {
@@ -456,7 +454,7 @@ type shardStats struct {
 // checkShard reads one DST shard in file order, hashing it, and compares
 // each tensor with its prediction, read from SRC a few chunks ahead. It
 // returns the file's size and hash and the first mismatch.
-func checkShard(ctx context.Context, path string, pred *prediction) (layout.FileInfo, *ByteMismatch, shardStats, error) {
+func checkShard(ctx context.Context, path string, like layout.FileInfo, pred *prediction) (layout.FileInfo, *ByteMismatch, shardStats, error) {
 	var st shardStats
 	fail := func(err error) (layout.FileInfo, *ByteMismatch, shardStats, error) {
 		return layout.FileInfo{}, nil, st, err
@@ -483,7 +481,7 @@ func checkShard(ctx context.Context, path string, pred *prediction) (layout.File
 	}
 	want := newAheadReader(&segReader{segs: segs})
 	defer want.stop()
-	h := sha256.New()
+	h := layout.NewHasher(like) // hashed the way the manifest did
 	dr := newAheadReader(io.TeeReader(fh, h))
 	defer dr.stop()
 	var size int64
@@ -541,7 +539,11 @@ func checkShard(ctx context.Context, path string, pred *prediction) (layout.File
 		return fail(fmt.Errorf("%s: %w", path, err))
 	}
 	size += rest
-	return layout.FileInfo{Size: size, SHA256: hex.EncodeToString(h.Sum(nil))}, nil, st, nil
+	sum := h.Sum()
+	if sum.Size != size {
+		return fail(fmt.Errorf("%s: hashed %d bytes, read %d", path, sum.Size, size))
+	}
+	return sum, nil, st, nil
 }
 
 // compareChunk is the unit of comparison: two such buffers plus the

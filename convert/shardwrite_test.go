@@ -1,0 +1,173 @@
+package convert
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/layout"
+)
+
+// TestShardWriterOrderAndBlocks writes the same conversions with the
+// production sizes and with sizes shrunk so that tiny fixtures span hundreds
+// of chunks and hash blocks (blocks then finish out of order, chunks cross
+// tensor and row boundaries), with and without copy_file_range. Every output
+// must be byte-identical, and each shard's block digest must be the one
+// computed from its bytes.
+func TestShardWriterOrderAndBlocks(t *testing.T) {
+	type sizes struct {
+		name                string
+		copyChunk, bufChunk int64
+		block               int64
+		copyRange           bool
+	}
+	variants := []sizes{
+		{"production", copyChunkSize, bufChunkSize, shardBlockSize, true},
+		{"small, copy_file_range", 1000, 96, 4096, true},
+		{"small, buffered", 1000, 96, 4096, false},
+		{"odd block", 4096, 4096, 777, true},
+	}
+	defer func(c, b, s int64, u bool) { copyChunkSize, bufChunkSize, shardBlockSize, useCopyRange = c, b, s, u }(
+		copyChunkSize, bufChunkSize, shardBlockSize, useCopyRange)
+	for _, tc := range []struct {
+		name string
+		src  synth
+		o    Options
+	}{
+		{"bf16 stacked", ds3BF16, Options{}},
+		{"bf16 fuse tp4 fold gate-up", ds3BF16, Options{FuseShared: true, TP: 4, FoldScaling: "down", Layout: layout.GateUp}},
+		{"fp8 S2 fuse tp2 split", ds2FP8, Options{FuseShared: true, TP: 2, Layout: layout.UpGate}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			src := filepath.Join(dir, "src")
+			writeSynth(t, src, tc.src, nil)
+			var ref string
+			for i, v := range variants {
+				copyChunkSize, bufChunkSize, shardBlockSize, useCopyRange = v.copyChunk, v.bufChunk, v.block, v.copyRange
+				dst := filepath.Join(dir, "dst"+string(rune('a'+i)))
+				o := tc.o
+				o.Src, o.Dst = src, dst
+				if _, err := Convert(context.Background(), o); err != nil {
+					t.Fatalf("%s: %v", v.name, err)
+				}
+				m, err := layout.ReadManifest(dst)
+				if err != nil {
+					t.Fatal(err)
+				}
+				shards := 0
+				for name, fi := range m.Files {
+					if filepath.Ext(name) != ".safetensors" {
+						if fi.SHA256 == "" {
+							t.Errorf("%s: %s has no whole-file sha256", v.name, name)
+						}
+						continue
+					}
+					shards++
+					b, err := os.ReadFile(filepath.Join(dst, name))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if fi.Blocks.BlockSize != v.block || fi.Size != int64(len(b)) || fi.Blocks.Root != blockRoot(b, v.block) {
+						t.Errorf("%s: %s: manifest %+v, want block size %d root %s", v.name, name, fi, v.block, blockRoot(b, v.block))
+					}
+					if int64(len(b)) <= v.block && v.block < 1<<20 {
+						t.Errorf("%s: %s is one block (%d bytes): the test does not exercise out-of-order blocks", v.name, name, len(b))
+					}
+				}
+				if shards == 0 {
+					t.Fatalf("%s: no shards in the manifest", v.name)
+				}
+				if err := m.Verify(dst); err != nil {
+					t.Errorf("%s: %v", v.name, err)
+				}
+				if i == 0 {
+					ref = dst
+					continue
+				}
+				for name := range m.Files {
+					if filepath.Ext(name) != ".safetensors" {
+						continue
+					}
+					a, _ := os.ReadFile(filepath.Join(ref, name))
+					b, _ := os.ReadFile(filepath.Join(dst, name))
+					if !bytes.Equal(a, b) {
+						t.Errorf("%s: %s differs from the production-size run", v.name, name)
+					}
+				}
+			}
+		})
+	}
+}
+
+// blockRoot is layout.BlockDigest's definition, computed independently.
+func blockRoot(b []byte, bs int64) string {
+	var digests [][sha256.Size]byte
+	for off := int64(0); off < int64(len(b)); off += bs {
+		digests = append(digests, sha256.Sum256(b[off:min(off+bs, int64(len(b)))]))
+	}
+	return layout.BlockRoot(digests)
+}
+
+func planFor(t *testing.T, o Options) *outPlan {
+	t.Helper()
+	if err := o.norm(); err != nil {
+		t.Fatal(err)
+	}
+	ck, err := checkpoint.Open(o.Src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	fp, err := ck.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := buildPlan(ck, fp, &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return op
+}
+
+func TestPlanChunksReadsSourcesInOrder(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	writeSynth(t, src, ds3BF16, nil)
+	defer func(c int64) { copyChunkSize = c }(copyChunkSize)
+	copyChunkSize = 1000
+	for _, lay := range []layout.Layout{layout.Stacked, layout.GateUp, layout.UpGate} {
+		o := Options{Src: src, Dst: filepath.Join(dir, "dst"), Layout: lay}
+		op := planFor(t, o)
+		for _, s := range op.shards {
+			chunks, err := s.planChunks()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// convert reads each source byte once: every chunk of a file
+			// starts at or after the end of the one before it.
+			covered := int64(len(s.header))
+			prevEnd := map[string]int64{}
+			for i, c := range chunks {
+				covered += c.n
+				if !c.p.contiguous() {
+					t.Fatalf("%s: convert planned a strided chunk", lay)
+				}
+				if c.src.off < prevEnd[c.src.file] {
+					t.Fatalf("%s %s: chunk %d reads %s from %d, before the end %d of the chunk read before it", lay, s.name, i, c.src.file, c.src.off, prevEnd[c.src.file])
+				}
+				prevEnd[c.src.file] = c.src.off + c.n
+			}
+			if covered != s.size {
+				t.Errorf("%s %s: chunks cover %d of %d bytes", lay, s.name, covered, s.size)
+			}
+			if len(chunks) < 10 {
+				t.Errorf("%s %s: only %d chunks", lay, s.name, len(chunks))
+			}
+		}
+	}
+}
