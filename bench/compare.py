@@ -98,6 +98,41 @@ def targets(mp, torch):
     return out
 
 
+# Issue 13's peers: the whole expert computation of an engine, measured by
+# bench/torch_ref.py in the same run. bf16 is held against torch._grouped_mm
+# (and the per-expert loop); moeprep's fp8 (w8a16) against
+# torch._scaled_grouped_mm (w8a8 rowwise), as issue 13's table does.
+PEERS = {"bf16": ("grouped", "experts", "layer"), "fp8": ("scaled_grouped",)}
+
+
+def versus_peers(mp, torch):
+    """Per T and dtype: moeprep's best whole layer, the best peer, and the ratio."""
+    if not torch:
+        return []
+    tidx = {}
+    for r in torch["rows"]:
+        if r.get("iters"):
+            tidx.setdefault((r["kernel"], r["tokens"]), []).append(r)
+    out = [["T", "dtype", "moeprep us", "best peer", "peer us", "moeprep / peer"]]
+    for d in ("bf16", "fp8"):
+        if d not in mp:
+            continue
+        idx = {(r["kernel"], r["tokens"]): r for r in mp[d]["rows"] if r.get("iters")}
+        for t in sorted({t for (_, t) in idx}):
+            mine = [idx[(k, t)] for k in ("layer", "layer_graph") if (k, t) in idx]
+            theirs = [r for k in PEERS[d] for r in tidx.get((k, t), [])]
+            if not mine or not theirs:
+                continue
+            m = min(mine, key=lambda r: r["us"])
+            p = min(theirs, key=lambda r: r["us"])
+            out.append([str(t), d, f"{fmt(m['us'])} ({m['kernel']})", f"{p['kernel']} {p['impl']}", fmt(p["us"]),
+                        f"{m['us'] / p['us']:.2f}"])
+    if len(out) == 1:
+        return []
+    widths = [max(len(l[i]) for l in out) for i in range(len(out[0]))]
+    return ["  ".join(c.rjust(w) for c, w in zip(l, widths)) for l in out]
+
+
 def main(paths):
     mp, torch = load(paths)
     if not mp and not torch:
@@ -114,6 +149,11 @@ def main(paths):
     print(table(mp, torch))
     for line in targets(mp, torch):
         print(line)
+    vs = versus_peers(mp, torch)
+    if vs:
+        print("\nmoeprep's whole layer against the best peer of the same run (issue 13: at or below 1.00 at every T)")
+        for line in vs:
+            print(line)
     return 0
 
 

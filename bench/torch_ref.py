@@ -16,6 +16,15 @@ correction bias, rsf 2.5) it times, in PyTorch eager and torch.compile:
                index_add_) plus the shared expert MLP; eager only by default
                (torch.compile of a data-dependent loop recompiles per shape)
   layer        router_gemm + gate + experts
+  grouped      the whole expert computation as a grouped-GEMM engine runs it
+               (issue 13's peers), given the routed ids + the fused shared slot
+               over the 264-expert bank: sort the slots by expert, pad each
+               expert to 16 rows, gather, torch._grouped_mm (gate_up), silu*up,
+               torch._grouped_mm (down), x weight, index_add_. bf16, eager
+               and CUDA graph.
+  scaled_grouped  the same with torch._scaled_grouped_mm, fp8 e4m3 x e4m3
+               (w8a8): activations quantised per row before each GEMM, weights
+               per output channel ("fp8 rowwise"). Eager and CUDA graph.
 
 Method as moeprep's: CUDA events around each run, one warm-up run, a 256 MiB
 buffer overwritten before each run (outside the events), 4 rotating input sets,
@@ -60,12 +69,19 @@ def biased_grouped_topk(logits, bias):
     return topk_idx, topk_w * RSF
 
 
-def align_block_size(ids, num_experts=E + REPLICAS, block=BLOCK):
+def expert_counts(ids, num_experts):
+    """bincount without its host sync (bincount reads the max id back to size
+    its output), so that CUDA graphs can capture it."""
+    flat = ids.reshape(-1)
+    return torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
+def align_block_size(ids, num_experts=E + REPLICAS, block=BLOCK, graphable=False):
     """Sorted slot ids padded per expert to the block size, the expert of each
     block, and the padded total; shapes fixed by the worst case, no host sync."""
     flat = ids.reshape(-1)
     numel = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts)
+    counts = expert_counts(ids, num_experts) if graphable else torch.bincount(flat, minlength=num_experts)
     padded = (counts + block - 1) // block * block
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
@@ -98,6 +114,91 @@ def experts_loop(x, topk_idx, topk_w, bank):
         final.index_add_(0, tok, h.to(final.dtype))
     g, u = F.linear(x, sh_gate_up).chunk(2, dim=-1)
     return final + F.linear(F.silu(g) * u, sh_down)
+
+
+def group_slots(ids, block=BLOCK, num_experts=E + REPLICAS):
+    """Slots sorted by expert, each expert padded to a multiple of block rows:
+    the token of each row (t for padding: the zero row), the slot of each row
+    (numel for padding) and the cumulative padded offsets (int32), no host sync."""
+    sorted_ids, _, _ = align_block_size(ids, num_experts, block, graphable=True)
+    counts = expert_counts(ids, num_experts)
+    offs = torch.cumsum((counts + block - 1) // block * block, 0).to(torch.int32)
+    k = ids.shape[1]
+    tok = torch.where(sorted_ids < ids.numel(), sorted_ids // k, ids.shape[0])
+    return tok, sorted_ids, offs
+
+
+def experts_grouped(x, ids, w, gu_t, dn_t):
+    """bf16 grouped-GEMM engine: ids [T, K+1] over the 264-expert bank, w the
+    slot weights; gu_t [G, H, 2I] and dn_t [G, I, H] are K-major views."""
+    t = x.shape[0]
+    tok, slot, offs = group_slots(ids)
+    xz = torch.cat([x, x.new_zeros(1, x.shape[1])])
+    a = xz[tok]
+    g, u = torch._grouped_mm(a, gu_t, offs=offs).chunk(2, dim=-1)
+    y = torch._grouped_mm(F.silu(g) * u, dn_t, offs=offs)
+    wz = torch.cat([w.reshape(-1), w.new_zeros(1)])
+    y = y * wz[slot.long()].unsqueeze(1).to(y.dtype)
+    return torch.zeros(t + 1, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, tok, y)[:t]
+
+
+FP8_MAX = 448.0
+
+
+def quant_rows(a):
+    """e4m3 with one float32 scale per row (amax / 448)."""
+    s = a.abs().amax(dim=-1, keepdim=True).float().clamp_(min=1e-12) / FP8_MAX
+    return (a.float() / s).to(torch.float8_e4m3fn), s.squeeze(-1)
+
+
+def experts_scaled_grouped(x, ids, w, gu8_t, gu_s, dn8_t, dn_s):
+    """fp8 w8a8 grouped-GEMM engine (rowwise scales) on the same routing."""
+    t = x.shape[0]
+    tok, slot, offs = group_slots(ids)
+    xz = torch.cat([x, x.new_zeros(1, x.shape[1])])
+    a8, sa = quant_rows(xz[tok])
+    h = torch._scaled_grouped_mm(a8, gu8_t, sa, gu_s, offs=offs, out_dtype=torch.bfloat16)
+    g, u = h.chunk(2, dim=-1)
+    m8, sm = quant_rows(F.silu(g) * u)
+    y = torch._scaled_grouped_mm(m8, dn8_t, sm, dn_s, offs=offs, out_dtype=torch.bfloat16)
+    wz = torch.cat([w.reshape(-1), w.new_zeros(1)])
+    y = y * wz[slot.long()].unsqueeze(1).to(y.dtype)
+    return torch.zeros(t + 1, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, tok, y)[:t]
+
+
+def fused_bank(bank):
+    """The 264-expert bank moeprep's fuse-shared --tp 8 writes: 256 routed
+    experts, then the shared expert 8 times; K-major views for _grouped_mm."""
+    gate_up, down, sh_gate_up, sh_down = bank
+    gu = torch.cat([gate_up, sh_gate_up.unsqueeze(0).expand(REPLICAS, -1, -1)])
+    dn = torch.cat([down, sh_down.unsqueeze(0).expand(REPLICAS, -1, -1)])
+    return gu, dn
+
+
+def fp8_rowwise(w):
+    """[G, N, K] bf16 -> e4m3 [G, N, K] and float32 scales [G, N], one expert at a time."""
+    q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
+    s = torch.empty(w.shape[0], w.shape[1], dtype=torch.float32, device=w.device)
+    for g in range(w.shape[0]):
+        q[g], s[g] = quant_rows(w[g])
+    return q, s
+
+
+def graphed(fn, sets=XSETS):
+    """CUDA graphs of fn(i) for each input set i: replaying one is the run."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(sets):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = []
+    for i in range(sets):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn(i)
+        graphs.append(g)
+    return lambda i: graphs[i % sets].replay()
 
 
 def layer(x, w, bias, bank):
@@ -164,6 +265,7 @@ def main():
                     help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune-no-cudagraphs")
     ap.add_argument("--compile-cap", type=float, default=120.0, help="stop compiling once this many seconds went into it")
     ap.add_argument("--json", default="")
+    ap.add_argument("--no-grouped", action="store_true", help="skip the torch._grouped_mm / _scaled_grouped_mm peers")
     a = ap.parse_args()
     tokens = [int(t) for t in a.tokens.split(",")]
     torch.manual_seed(0)
@@ -181,6 +283,16 @@ def main():
             torch.empty(E, H, I, dtype=bf, device="cuda").normal_(0, 0.02),
             torch.empty(2 * I, H, dtype=bf, device="cuda").normal_(0, 0.02),
             torch.empty(H, I, dtype=bf, device="cuda").normal_(0, 0.02))
+    peers = None
+    if not a.no_grouped:
+        try:
+            gu, dn = fused_bank(bank)
+            gu8, gu_s = fp8_rowwise(gu)
+            dn8, dn_s = fp8_rowwise(dn)
+            peers = (gu.transpose(1, 2), dn.transpose(1, 2), gu8.transpose(1, 2), gu_s, dn8.transpose(1, 2), dn_s)
+        except Exception as e:  # noqa: BLE001 - a missing op or memory is a note, not the end of the run
+            res["notes"].append(f"grouped peers not built: {type(e).__name__}: {e}"[:300])
+            print(res["notes"][-1], flush=True)
     tm = Timer(a.iters, a.budget)
     loop_tm = Timer(a.iters, a.loop_budget)
 
@@ -232,6 +344,28 @@ def main():
             add("experts", t, "eager", loop_tm.measure(
                 lambda i: experts_loop(xs[i % XSETS], routed[i % XSETS][0], routed[i % XSETS][1], bank)))
             add("layer", t, "eager", loop_tm.measure(lambda i: layer(xs[i % XSETS], w_router, bias, bank)))
+            if peers is not None:
+                gu_t, dn_t, gu8_t, gu_s, dn8_t, dn_s = peers
+                slot_w = [torch.cat([wt, torch.ones(t, 1, device="cuda")], dim=1) for _, wt in routed]
+                runs = {
+                    "grouped": lambda i: experts_grouped(xs[i % XSETS], fused_ids[i % XSETS], slot_w[i % XSETS], gu_t, dn_t),
+                    "scaled_grouped": lambda i: experts_scaled_grouped(xs[i % XSETS], fused_ids[i % XSETS], slot_w[i % XSETS],
+                                                                       gu8_t, gu_s, dn8_t, dn_s),
+                }
+                for name, fn in runs.items():
+                    try:
+                        if name == "grouped" and t <= 16:
+                            ref = experts_loop(xs[0], routed[0][0], routed[0][1], bank)
+                            got = fn(0)
+                            rel = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+                            res["notes"].append(f"grouped T={t}: rel_l2 {rel:.2e} against the per-expert loop")
+                            print(res["notes"][-1], flush=True)
+                        add(name, t, "eager", tm.measure(fn))
+                        add(name, t, "graph", tm.measure(graphed(fn)))
+                    except Exception as e:  # noqa: BLE001
+                        res["notes"].append(f"{name} T={t}: {type(e).__name__}: {e}"[:300])
+                        print(res["notes"][-1], flush=True)
+                del slot_w
             del xs, logits, routed, fused_ids
     res["notes"].append("experts/layer: torch.compile not timed (the per-expert loop is data-dependent: "
                         "a graph break per hit expert)")

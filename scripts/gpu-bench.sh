@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Kernel benchmark on the GPU machine (issue 6): moeprep bf16 and fp8 beside
-# PyTorch eager and torch.compile, one side-by-side table.
+# Kernel benchmark on the GPU machine (issues 6 and 13): moeprep bf16 and fp8
+# beside PyTorch eager and torch.compile, and beside grouped-GEMM engines built
+# on torch._grouped_mm / torch._scaled_grouped_mm (bench/torch_ref.py), all in
+# one run; the last table is moeprep's whole layer / the best peer per T.
 #
 # Here (no GPU needed):
 #     CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o .gpu/moeprep ./cmd/moeprep
