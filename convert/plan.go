@@ -286,6 +286,9 @@ func (p *planner) contract() *layout.Contract {
 		c.SharedSlices = fp.NumSharedExperts
 		c.NumFusedSharedExperts = c.SharedReplicas * c.SharedSlices
 	}
+	if s := fp.Output(); s != 1 {
+		c.OutputScale = s
+	}
 	c.RoutedScalingFactorFolded = p.fold.any()
 	c.SharedSlotWeight = 1
 	if !c.RoutedScalingFactorFolded {

@@ -9,8 +9,8 @@ import "fmt"
 // renormalised when norm_topk_prob. Experts are of intermediate_size. MoE
 // layers: mlp_layer_types, else those from first_k_dense_replace (default 0).
 // A shared expert is combined by shared_expert_combination_strategy: "sum"
-// adds it like DeepSeek's; "average" halves routed and shared output, which
-// moeprep does not carry yet, so it is refused.
+// adds it like DeepSeek's; "average" (the default) returns (routed + shared)
+// / 2, carried as the plan's OutputScale 0.5 (exact: a power of two).
 var cohere2MoE = &spec{
 	name:       "cohere2_moe",
 	modelTypes: []string{"cohere2_moe"},
@@ -33,20 +33,26 @@ var cohere2MoE = &spec{
 		"expert_selection_fn": "softmax", "norm_topk_prob": true, "num_shared_experts": 0.0, "shared_expert_combination_strategy": "average",
 	}},
 	routing: cohere2Routing,
-	refuse: func(c config) error {
-		n, err := c.count("num_shared_experts", 0)
-		if err != nil || n == 0 {
-			return err
-		}
-		how, err := c.str("shared_expert_combination_strategy", "average")
-		if err != nil || how == "sum" {
-			return err
-		}
-		return fmt.Errorf("config.json: shared_expert_combination_strategy %q with %d shared experts halves routed and shared output, which moeprep does not carry", how, n)
-	},
 }
 
 func cohere2Routing(c config, _ string, p *Plan) error {
+	n, err := c.count("num_shared_experts", 0)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		how, err := c.str("shared_expert_combination_strategy", "average")
+		if err != nil {
+			return err
+		}
+		switch how {
+		case "sum":
+		case "average":
+			p.OutputScale = 0.5
+		default:
+			return fmt.Errorf("config.json: shared_expert_combination_strategy %q (want sum or average)", how)
+		}
+	}
 	fn, err := c.str("expert_selection_fn", "softmax")
 	if err != nil {
 		return err

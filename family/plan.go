@@ -79,11 +79,23 @@ type Plan struct {
 	JitterEps           float64
 	NormTopKProb        bool
 	RoutedScalingFactor float64 // 1 when the family has none
-	NumHiddenLayers     int
-	WeightDType         safetensors.DType // dtype of the expert weights
-	Quantization        Quantization
-	ScaleFmt            string  // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
-	Layers              []Layer // sorted by Index
+	// OutputScale multiplies the whole MoE output, routed sum and shared
+	// expert together: Cohere2 MoE's "average" strategy is (routed +
+	// shared) / 2. 0 or 1 when the family has none.
+	OutputScale     float64
+	NumHiddenLayers int
+	WeightDType     safetensors.DType // dtype of the expert weights
+	Quantization    Quantization
+	ScaleFmt        string  // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
+	Layers          []Layer // sorted by Index
+}
+
+// Output is OutputScale, 1 when unset.
+func (p *Plan) Output() float64 {
+	if p.OutputScale == 0 {
+		return 1
+	}
+	return p.OutputScale
 }
 
 // DTypeName is the short dtype name inspect reports: bf16, f16, f32, fp8_e4m3.

@@ -35,6 +35,7 @@ type Summary struct {
 	Scoring                string  `json:"scoring"`
 	NormTopKProb           bool    `json:"norm_topk_prob"`
 	RoutedScalingFactor    float64 `json:"routed_scaling_factor"`
+	OutputScale            float64 `json:"output_scale,omitempty"` // Cohere2 average: 0.5; absent means 1
 	NumHiddenLayers        int     `json:"num_hidden_layers"`
 	MoELayers              []int   `json:"moe_layers"`
 	MTPLayers              []int   `json:"mtp_layers"`
@@ -83,7 +84,7 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 		NumExperts: p.NumExperts, NumSharedExperts: p.NumSharedExperts,
 		SharedIntermediateSize: p.SharedIntermediateSize, SharedGated: p.SharedGated,
 		TopK: p.TopK, NGroup: p.NGroup, TopKGroup: p.TopKGroup, Scoring: string(p.Scoring),
-		NormTopKProb: p.NormTopKProb, RoutedScalingFactor: p.RoutedScalingFactor,
+		NormTopKProb: p.NormTopKProb, RoutedScalingFactor: p.RoutedScalingFactor, OutputScale: outputScale(p),
 		NumHiddenLayers: p.NumHiddenLayers,
 		MoELayers:       []int{}, MTPLayers: []int{},
 		NumTensors: len(c.Tensors), TotalBytes: c.TotalBytes(),
@@ -121,6 +122,9 @@ func WriteText(w io.Writer, s *Summary) error {
 	}
 	if s.NormTopKProb {
 		routing += ", renormalised"
+	}
+	if s.OutputScale != 0 {
+		routing += fmt.Sprintf(", output x %g (routed + shared)", s.OutputScale)
 	}
 	if s.RoutedScalingFactor != 1 {
 		routing += fmt.Sprintf(", routed_scaling_factor %g", s.RoutedScalingFactor)
@@ -195,4 +199,12 @@ func HumanBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// outputScale is the plan's output scale, 0 (left out of --json) when 1.
+func outputScale(p *family.Plan) float64 {
+	if p.Output() == 1 {
+		return 0
+	}
+	return p.Output()
 }

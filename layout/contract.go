@@ -47,7 +47,10 @@ type Contract struct {
 	SharedFirstID         int     `json:"shared_first_id"`          // E
 	SharedSlotWeight      float64 `json:"shared_slot_weight"`       // 1.0 when folded, 1/rsf otherwise
 
-	RoutedScalingFactor       float64 `json:"routed_scaling_factor"` // the source's, unchanged
+	RoutedScalingFactor float64 `json:"routed_scaling_factor"` // the source's, unchanged
+	// OutputScale multiplies the whole MoE output after the shared expert is
+	// added (Cohere2 MoE's "average": 0.5). Absent means 1.
+	OutputScale               float64 `json:"output_scale,omitempty"`
 	RoutedScalingFactorFolded bool    `json:"routed_scaling_factor_folded"`
 	FoldMode                  string  `json:"fold_mode"`           // auto, down or none
 	FoldMaxRelChange          float64 `json:"fold_max_rel_change"` // largest |folded - w*rsf| / |w*rsf| over folded values
@@ -71,6 +74,14 @@ func (c *Contract) RuntimeScale() float64 {
 		return 1
 	}
 	return c.RoutedScalingFactor
+}
+
+// Output is OutputScale, 1 when absent.
+func (c *Contract) Output() float64 {
+	if c.OutputScale == 0 {
+		return 1
+	}
+	return c.OutputScale
 }
 
 // Names gives layer li's output tensor names.
@@ -98,6 +109,8 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: shared_first_id %d != num_experts %d", c.SharedFirstID, c.NumExperts)
 	case math.IsNaN(c.SharedSlotWeight) || c.SharedSlotWeight <= 0:
 		return fmt.Errorf("moeprep contract: shared_slot_weight %v", c.SharedSlotWeight)
+	case math.IsNaN(c.OutputScale) || math.IsInf(c.OutputScale, 0) || c.OutputScale < 0:
+		return fmt.Errorf("moeprep contract: output_scale %v", c.OutputScale)
 	case c.Quantized() && len(c.WeightBlockSize) != 2:
 		return fmt.Errorf("moeprep contract: weight_block_size %v, want [rows, cols]", c.WeightBlockSize)
 	}

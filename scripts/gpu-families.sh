@@ -16,7 +16,7 @@ work=/tmp/families-unseen
 rm -rf "$work" && mkdir -p "$work/out"
 PYTHONUNBUFFERED=1 timeout 240 python3 fixtures/hf/export_families.py "$work/src" --unseen --seed 500 ${FAMILIES:+--only "$FAMILIES"} --log "$out/unseen-export.log" >/dev/null 2>&1
 echo "export rc=$? ($(tail -1 "$out/unseen-export.log"))"
-fusable=" afmoe ernie4-5-moe exaone-moe glm4-moe glm4-moe-lite hy-v3 granitemoeshared granitemoe-swa "
+fusable=" afmoe ernie4-5-moe exaone-moe glm4-moe glm4-moe-lite hy-v3 granitemoeshared granitemoe-swa cohere2-moe "
 worst() { python3 -c "
 import json,sys
 r=json.load(open(sys.argv[1])); w=0

@@ -198,6 +198,7 @@ func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer,
 			return nil, err
 		}
 	}
+	scaleOutput(y, fl.Contract.Output())
 	return &FusedResult{Y: y, Routing: routed, Slots: slots, Align: al}, nil
 }
 
@@ -263,4 +264,18 @@ func (fl *FusedLayer) addDenseShared(src TensorSource, x []float32, t, h int, y 
 		}
 	}
 	return nil
+}
+
+// scaleOutput multiplies a layer's whole output, shared expert included, by
+// the contract's output_scale (Cohere2's average: 0.5, a power of two, so
+// the product is exact and the order of the sum does not matter). The GPU
+// paths apply it here too, to the output they read back.
+func scaleOutput(y []float32, s float64) {
+	if s == 1 {
+		return
+	}
+	f := float32(s)
+	for i := range y {
+		y[i] *= f
+	}
 }

@@ -431,6 +431,7 @@ func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, 
 	if err != nil {
 		return nil, err
 	}
+	scaleOutput(yh, c.Output())
 	return &FusedResult{Y: yh, Routing: routing, Slots: slots, Align: &Alignment{NumExperts: ha.NumExperts, BlockSize: ha.BlockSize,
 		Numel: ha.Numel, Counts: ha.Counts, Cumsum: ha.Cumsum, SortedTokenIDs: ha.SortedTokenIDs, ExpertIDs: ha.ExpertIDs, TotalPadded: ha.TotalPadded}}, nil
 }
@@ -591,6 +592,7 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 	if err != nil {
 		return nil, err
 	}
+	scaleOutput(yh, plan.Output())
 	return &RefResult{Y: yh, Routing: routing}, nil
 }
 

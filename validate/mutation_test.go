@@ -103,6 +103,8 @@ func conversionCases() []conv {
 			cases = append(cases, conv{f, convert.Options{Layout: lays[(i+1)%3], FuseShared: true, TP: []int{1, 4, 8}[i%3]}})
 		}
 	}
+	// Cohere2 MoE's average: the whole output halved, shared slots included.
+	cases = append(cases, conv{"cohere2-moe", convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 2}})
 	// Granite MoE: experts stacked on disk, read through views; the shared
 	// MLP beside the MoE block (2I wide in granitemoe-swa: split in two).
 	cases = append(cases, conv{"granitemoe", convert.Options{Layout: layout.UpGate}},

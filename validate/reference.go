@@ -106,9 +106,10 @@ func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.P
 			return nil, err
 		}
 	}
+	scale := plan.Output() // Cohere2's average: (routed + shared) / 2, after the sum as HF does
 	y := make([]float32, t*h)
 	for i, v := range y64 {
-		y[i] = float32(v)
+		y[i] = float32(v * scale)
 	}
 	return &RefResult{Y: y, Routing: routed}, nil
 }

@@ -59,7 +59,7 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		"qwen3-moe-bin":       {"qwen3_moe", "qwen3_moe", "torch", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 80},
 		// issue 11's families, written by fixtures/hf/export_families.py
 		"afmoe":             {"afmoe", "afmoe", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 1.5, []int{1, 2}, 97},
-		"cohere2-moe":       {"cohere2_moe", "cohere2_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 63},
+		"cohere2-moe":       {"cohere2_moe", "cohere2_moe", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 69},
 		"ernie4-5-moe":      {"ernie4_5_moe", "ernie4_5_moe", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{1, 2}, 82},
 		"exaone-moe":        {"exaone_moe", "exaone_moe", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 136},
 		"glm4-moe":          {"deepseek", "glm4_moe", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 130},
