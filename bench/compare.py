@@ -99,10 +99,11 @@ def targets(mp, torch):
 
 
 # Issue 13's peers: the whole expert computation of an engine, measured by
-# bench/torch_ref.py in the same run. bf16 is held against torch._grouped_mm
-# (and the per-expert loop); moeprep's fp8 (w8a16) against
-# torch._scaled_grouped_mm (w8a8 rowwise), as issue 13's table does.
-PEERS = {"bf16": ("grouped", "experts", "layer"), "fp8": ("scaled_grouped",)}
+# bench/torch_ref.py in the same run. bf16 is held against torch._grouped_mm,
+# the Triton fused-MoE kernel (bench/triton_moe.py) and the per-expert loop;
+# moeprep's fp8 (w8a16) against torch._scaled_grouped_mm (w8a8 rowwise) and
+# the Triton kernel in block-FP8 w8a8, as issue 13's table does.
+PEERS = {"bf16": ("grouped", "triton", "experts", "layer"), "fp8": ("scaled_grouped", "triton_fp8")}
 
 
 def versus_peers(mp, torch):

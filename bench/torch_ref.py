@@ -25,6 +25,11 @@ correction bias, rsf 2.5) it times, in PyTorch eager and torch.compile:
   scaled_grouped  the same with torch._scaled_grouped_mm, fp8 e4m3 x e4m3
                (w8a8): activations quantised per row before each GEMM, weights
                per output channel ("fp8 rowwise"). Eager and CUDA graph.
+  triton       bench/triton_moe.py: a fused-MoE grouped GEMM in Triton written
+               here from the published algorithm (BLOCK_M rows of sorted slot
+               ids per program, the expert from expert_ids), bf16 and block-FP8
+               w8a8 (triton_fp8), the best of a small config sweep per T,
+               eager and CUDA graph.
 
 Method as moeprep's: CUDA events around each run, one warm-up run, a 256 MiB
 buffer overwritten before each run (outside the events), 4 rotating input sets,
@@ -166,15 +171,6 @@ def experts_scaled_grouped(x, ids, w, gu8_t, gu_s, dn8_t, dn_s):
     return torch.zeros(t + 1, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, tok, y)[:t]
 
 
-def fused_bank(bank):
-    """The 264-expert bank moeprep's fuse-shared --tp 8 writes: 256 routed
-    experts, then the shared expert 8 times; K-major views for _grouped_mm."""
-    gate_up, down, sh_gate_up, sh_down = bank
-    gu = torch.cat([gate_up, sh_gate_up.unsqueeze(0).expand(REPLICAS, -1, -1)])
-    dn = torch.cat([down, sh_down.unsqueeze(0).expand(REPLICAS, -1, -1)])
-    return gu, dn
-
-
 def fp8_rowwise(w):
     """[G, N, K] bf16 -> e4m3 [G, N, K] and float32 scales [G, N], one expert at a time."""
     q = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
@@ -254,6 +250,51 @@ def copy_bandwidth(n=2 << 30, reps=10):
     return 2 * n / (statistics.median(ts) / 1e3)
 
 
+def triton_peer(tri, t, xs, routed, fused_ids, peers, tm, add, res):
+    """Times the Triton peer at one T: each config of the sweep briefly, then
+    the best one eager and as CUDA graphs, bf16 and block-FP8."""
+    tm_mod, gub, gub_s, dnb, dnb_s = tri
+    gu_t, dn_t = peers[0], peers[1]  # K-major views of the bf16 bank
+    gu, dn = gu_t.transpose(1, 2), dn_t.transpose(1, 2)
+    t_count = xs[0].shape[0]
+    slot_w = [torch.cat([wt, torch.ones(t_count, 1, device="cuda")], dim=1) for _, wt in routed]
+    quick = Timer(5, 0.05)
+    for name, fp8 in (("triton", None), ("triton_fp8", (gub_s, dnb_s))):
+        wgu, wdn = (gu, dn) if fp8 is None else (gub, dnb)
+        best = None
+        for cfg in tm_mod.CONFIGS:
+            if fp8 is not None and cfg["BLOCK_N"] % 64:
+                continue
+            align = lambda ids, bm=cfg["BLOCK_M"]: align_block_size(ids, E + REPLICAS, bm, graphable=True)
+            fn = lambda i, cfg=cfg, align=align: tm_mod.experts_triton(
+                xs[i % XSETS], fused_ids[i % XSETS], slot_w[i % XSETS], wgu, wdn, align, cfg, fp8)
+            try:
+                us = statistics.median(quick.measure(fn))
+            except Exception as e:  # noqa: BLE001
+                res["notes"].append(f"{name} T={t} {cfg}: {type(e).__name__}: {e}"[:300])
+                print(res["notes"][-1], flush=True)
+                continue
+            if best is None or us < best[0]:
+                best = (us, cfg, fn)
+        if best is None:
+            continue
+        _, cfg, fn = best
+        if t <= 16:
+            ref = experts_grouped(xs[0], fused_ids[0], slot_w[0], gu_t, dn_t)
+            got = fn(0)
+            rel = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+            res["notes"].append(f"{name} T={t}: rel_l2 {rel:.2e} against the torch._grouped_mm engine")
+            print(res["notes"][-1], flush=True)
+        shown = dict(cfg, BLOCK_K=tm_mod.QB if fp8 is not None else cfg["BLOCK_K"])  # FP8 steps one scale block
+        note = "BLOCK_M {BLOCK_M} BLOCK_N {BLOCK_N} BLOCK_K {BLOCK_K} warps {num_warps} stages {num_stages}".format(**shown)
+        try:
+            add(name, t, "eager", tm.measure(fn), note)
+            add(name, t, "graph", tm.measure(graphed(fn)), note)
+        except Exception as e:  # noqa: BLE001
+            res["notes"].append(f"{name} T={t}: {type(e).__name__}: {e}"[:300])
+            print(res["notes"][-1], flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", default="1,16,128,1024,4096")
@@ -266,6 +307,7 @@ def main():
     ap.add_argument("--compile-cap", type=float, default=120.0, help="stop compiling once this many seconds went into it")
     ap.add_argument("--json", default="")
     ap.add_argument("--no-grouped", action="store_true", help="skip the torch._grouped_mm / _scaled_grouped_mm peers")
+    ap.add_argument("--no-triton", action="store_true", help="skip the Triton fused-MoE peer")
     a = ap.parse_args()
     tokens = [int(t) for t in a.tokens.split(",")]
     torch.manual_seed(0)
@@ -279,19 +321,30 @@ def main():
     bf = torch.bfloat16
     w_router = torch.empty(E, H, dtype=bf, device="cuda").uniform_(-(3 / H) ** 0.5, (3 / H) ** 0.5)
     bias = torch.empty(E, device="cuda").uniform_(-0.05, 0.05)
-    bank = (torch.empty(E, 2 * I, H, dtype=bf, device="cuda").normal_(0, 0.02),
-            torch.empty(E, H, I, dtype=bf, device="cuda").normal_(0, 0.02),
-            torch.empty(2 * I, H, dtype=bf, device="cuda").normal_(0, 0.02),
-            torch.empty(H, I, dtype=bf, device="cuda").normal_(0, 0.02))
-    peers = None
+    # The fused 264-expert bank (256 routed, then the shared expert 8 times),
+    # one copy: the per-expert loop's routed bank and shared MLP are views of it.
+    gu = torch.empty(E + REPLICAS, 2 * I, H, dtype=bf, device="cuda").normal_(0, 0.02)
+    dn = torch.empty(E + REPLICAS, H, I, dtype=bf, device="cuda").normal_(0, 0.02)
+    gu[E + 1:] = gu[E]
+    dn[E + 1:] = dn[E]
+    bank = (gu[:E], dn[:E], gu[E], dn[E])
+    peers, tri = None, None
     if not a.no_grouped:
         try:
-            gu, dn = fused_bank(bank)
             gu8, gu_s = fp8_rowwise(gu)
             dn8, dn_s = fp8_rowwise(dn)
             peers = (gu.transpose(1, 2), dn.transpose(1, 2), gu8.transpose(1, 2), gu_s, dn8.transpose(1, 2), dn_s)
         except Exception as e:  # noqa: BLE001 - a missing op or memory is a note, not the end of the run
             res["notes"].append(f"grouped peers not built: {type(e).__name__}: {e}"[:300])
+            print(res["notes"][-1], flush=True)
+    if not a.no_triton:
+        try:
+            import triton_moe
+            gub, gub_s = triton_moe.quant_blocks(gu)
+            dnb, dnb_s = triton_moe.quant_blocks(dn)
+            tri = (triton_moe, gub, gub_s, dnb, dnb_s)
+        except Exception as e:  # noqa: BLE001
+            res["notes"].append(f"triton peer not built: {type(e).__name__}: {e}"[:300])
             print(res["notes"][-1], flush=True)
     tm = Timer(a.iters, a.budget)
     loop_tm = Timer(a.iters, a.loop_budget)
@@ -366,6 +419,8 @@ def main():
                         res["notes"].append(f"{name} T={t}: {type(e).__name__}: {e}"[:300])
                         print(res["notes"][-1], flush=True)
                 del slot_w
+            if tri is not None:
+                triton_peer(tri, t, xs, routed, fused_ids, peers, tm, add, res)
             del xs, logits, routed, fused_ids
     res["notes"].append("experts/layer: torch.compile not timed (the per-expert loop is data-dependent: "
                         "a graph break per hit expert)")
