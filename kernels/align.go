@@ -11,7 +11,10 @@ import (
 const (
 	alignChunk       = 256
 	alignScanThreads = 1024
-	alignMaxExperts  = 48 << 10 / 4 // the per-chunk histogram lives in 48 KiB of shared memory
+	// The per-chunk histogram of moe_align_count and the counts of
+	// moe_align_scan's last CTA (E int32 each, beside a few static arrays)
+	// live in 48 KiB of shared memory.
+	alignMaxExperts = (48<<10 - 256) / 4
 )
 
 // MaxPaddedTokens is the size of sorted_token_ids before the counts are
@@ -33,6 +36,7 @@ type Alignment struct {
 	ExpertIDs             *cuda.Buffer[int32] // [ceil(MaxPaddedTokens/BlockSize)]
 	status                *cuda.Buffer[int32] // [1]: smallest slot with an out-of-range id, or Numel
 	scratch               *cuda.Buffer[int32] // [chunks, E]
+	done                  *cuda.Buffer[int32] // [1]: moe_align_scan's ticket, 0 between launches
 }
 
 // NewAlignment allocates the outputs for numel slots over numExperts.
@@ -62,6 +66,9 @@ func NewAlignment(dev *cuda.Device, numel, numExperts, blockSize int) (*Alignmen
 	a.ExpertIDs = alloc(CeilDiv(maxPad, blockSize))
 	a.status = alloc(1)
 	a.scratch = alloc(chunks*numExperts + chunks) // chunk_counts [chunks, E], chunk_bad [chunks]
+	if err == nil {
+		a.done, err = cuda.FromHost(dev, []int32{0}) // the scan's last CTA leaves it 0 again
+	}
 	if err != nil {
 		a.Free()
 		return nil, err
@@ -71,7 +78,7 @@ func NewAlignment(dev *cuda.Device, numel, numExperts, blockSize int) (*Alignmen
 
 // Free releases the device arrays.
 func (a *Alignment) Free() {
-	for _, b := range []*cuda.Buffer[int32]{a.Counts, a.Cumsum, a.Total, a.SortedTokenIDs, a.ExpertIDs, a.status, a.scratch} {
+	for _, b := range []*cuda.Buffer[int32]{a.Counts, a.Cumsum, a.Total, a.SortedTokenIDs, a.ExpertIDs, a.status, a.scratch, a.done} {
 		b.Free()
 	}
 }
@@ -90,9 +97,11 @@ func AlignBlockSize(stream cuda.Stream, topkIDs *cuda.Buffer[int32], a *Alignmen
 // whose per-warp offsets fit its shared memory; AlignMulti is a memset and
 // three launches, for any size. Both give the twin's arrays exactly.
 // Measured on an H100 (E 264, K 9, block 64; TestAlignTiming, back to
-// back): single 9.6 / 11.3 / 21.1 / 54.8 us at T = 16 / 128 / 1024 / 4096,
-// multi 19.6 / 20.7 / 19.5 / 28.5: they cross between T = 128 and 1024, so
-// AlignAuto switches at alignSingleAutoMaxNumel slots (T = 910 at K 9).
+// back): single 9.5 / 11.2 / 21.0 / 54.5 us at T = 16 / 128 / 1024 / 4096,
+// multi 16.3 / 16.7 / 16.9 / 18.4 (since the scan became a warp per expert
+// over many CTAs: 23.3 / 20.7 / 19.5 / 28.9 before): they cross between
+// T = 128 and 1024, so AlignAuto switches at alignSingleAutoMaxNumel slots
+// (T = 910 at K 9).
 const (
 	AlignAuto   = ""
 	AlignSingle = "single"
@@ -139,7 +148,7 @@ func AlignBlockSizeCtx(c *cuda.Ctx, stream cuda.Stream, topkIDs *cuda.Buffer[int
 // AlignVariantCtx is AlignBlockSizeCtx with an explicit variant (AlignAuto,
 // AlignSingle or AlignMulti), for the tests and the benchmark.
 func AlignVariantCtx(c *cuda.Ctx, variant string, stream cuda.Stream, topkIDs *cuda.Buffer[int32], a *Alignment) error {
-	if topkIDs == nil || a == nil || a.scratch == nil {
+	if topkIDs == nil || a == nil || a.scratch == nil || a.done == nil {
 		return fmt.Errorf("moe_align_block_size: nil buffer")
 	}
 	numel := int(a.Numel)
@@ -178,13 +187,19 @@ func AlignVariantCtx(c *cuda.Ctx, variant string, stream cuda.Stream, topkIDs *c
 		topkIDs, a.Numel, e, a.scratch, chunkBad); err != nil {
 		return err
 	}
-	if err := m.LaunchCtx(c, "moe_align_scan", Grid(1), Block(alignScanThreads), 0, stream,
+	// One warp per expert across ceil(E/32) CTAs; the last CTA to finish
+	// keeps the counts in dynamic shared memory.
+	if err := m.LaunchCtx(c, "moe_align_scan", Grid(CeilDiv(a.NumExperts, alignScanThreads/32)), Block(alignScanThreads),
+		uint32(4*a.NumExperts), stream,
 		a.scratch, chunkBad, int32(chunks), e, int32(a.BlockSize), a.Numel,
-		a.Counts, a.Cumsum, a.Total, a.SortedTokenIDs, a.ExpertIDs, a.status); err != nil {
+		a.Counts, a.Cumsum, a.Total, a.SortedTokenIDs, a.ExpertIDs, a.status, a.done); err != nil {
 		return err
 	}
-	return m.LaunchCtx(c, "moe_align_fill", Grid(chunks), Block(alignChunk), 0, stream,
-		topkIDs, a.Numel, e, a.scratch, a.Cumsum, a.SortedTokenIDs)
+	// moe_align_fill also writes the padding and expert_ids, experts dealt
+	// over its grid: at least one CTA per 8 experts, so that a few chunks do
+	// not leave that to a few CTAs (CTAs past the last chunk only pad).
+	return m.LaunchCtx(c, "moe_align_fill", Grid(max(chunks, CeilDiv(a.NumExperts, 8))), Block(alignChunk), 0, stream,
+		topkIDs, a.Numel, e, a.scratch, a.Cumsum, a.SortedTokenIDs, a.Counts, a.ExpertIDs, int32(a.BlockSize))
 }
 
 // HostAlignment is an Alignment copied to the host, trimmed to its total:

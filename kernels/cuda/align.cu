@@ -13,18 +13,20 @@
 //      histograms into chunk_counts [chunks, E] and each chunk's smallest
 //      out-of-range slot into chunk_bad [chunks] (the scan reduces them
 //      into status).
-//   2. moe_align_scan   (one CTA of ALIGN_SCAN_THREADS): per expert an
+//   2. moe_align_scan   (one warp per expert, ceil(E/32) CTAs): per expert an
 //      exclusive scan of its chunk counts (in place: chunk_counts becomes the
-//      chunk's offset inside the expert), counts, the padded exclusive prefix
-//      sum cumsum [E+1], total, the sentinel padding and expert_ids.
-//   3. moe_align_fill   (grid = chunks): each slot's position = cumsum[e] +
-//      its chunk's offset in e + its rank among same-expert slots of the chunk.
+//      chunk's offset inside the expert) and counts; then the last CTA to
+//      finish computes the padded exclusive prefix sum cumsum [E+1] and total.
+//   3. moe_align_fill   (grid >= chunks): each slot's position = cumsum[e] +
+//      its chunk's offset in e + its rank among same-expert slots of the
+//      chunk; and, experts dealt over the grid, the sentinel padding and
+//      expert_ids.
 #include <stddef.h>
 #include <stdint.h>
 
 #define ALIGN_CHUNK 256
 #define ALIGN_SCAN_THREADS 1024
-#define ALIGN_SCAN_BATCH 32
+#define ALIGN_SCAN_SEGS 8  // 32-chunk segments a warp loads before it stores any
 
 extern "C" __global__ void __launch_bounds__(ALIGN_CHUNK)
 moe_align_count(const int32_t* __restrict__ topk_ids, int numel, int E,
@@ -51,93 +53,138 @@ moe_align_count(const int32_t* __restrict__ topk_ids, int numel, int E,
     if (threadIdx.x == 0) chunk_bad[blockIdx.x] = bad;
 }
 
+// Inclusive scan of x over the warp's lanes.
+__device__ __forceinline__ int align_warp_scan(int x, int lane) {
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    return x;
+}
+
+// Grid: ceil(E/32) CTAs of ALIGN_SCAN_THREADS (32 warps), warp w of CTA b
+// scanning expert 32*b + w; the CTA that finishes last (an atomic ticket in
+// done, which it resets to 0 for the next launch) does the rest. Dynamic
+// shared memory: cnt [E], used by that last CTA.
 extern "C" __global__ void __launch_bounds__(ALIGN_SCAN_THREADS)
 moe_align_scan(int32_t* __restrict__ chunk_counts, const int32_t* __restrict__ chunk_bad, int chunks, int E,
                int block_size, int numel, int32_t* __restrict__ counts, int32_t* __restrict__ cumsum,
                int32_t* __restrict__ total, int32_t* __restrict__ sorted_ids, int32_t* __restrict__ expert_ids,
-               int32_t* __restrict__ status) {
-    __shared__ int32_t part[2][ALIGN_SCAN_THREADS];
+               int32_t* __restrict__ status, int32_t* __restrict__ done) {
+    extern __shared__ int32_t sm[];
+    __shared__ int32_t wsum[32];
     __shared__ int32_t bad;
+    __shared__ bool last;
     const int tid = threadIdx.x, nt = blockDim.x;
+    const int warp = tid >> 5, lane = tid & 31, nw = nt >> 5;
+
+    // 1. Expert e's column of chunk counts, scanned in place by one warp (it
+    // becomes each chunk's offset inside e): the loads of up to
+    // ALIGN_SCAN_SEGS segments of 32 chunks are issued before any store and
+    // the segments' shuffle scans are independent, so a column costs about
+    // one load latency, and every expert's column is scanned at once across
+    // the CTAs. (One CTA with a thread per expert walking its column took
+    // 29 us under ncu at T=4096, K=9: most of the 3-launch path.)
+    const int e = blockIdx.x * nw + warp;
+    if (e < E) {
+        int base = 0;
+        for (int c0 = 0; c0 < chunks; c0 += 32 * ALIGN_SCAN_SEGS) {
+            int v[ALIGN_SCAN_SEGS], x[ALIGN_SCAN_SEGS];
+#pragma unroll
+            for (int s = 0; s < ALIGN_SCAN_SEGS; s++) {
+                const int c = c0 + s * 32 + lane;
+                v[s] = c < chunks ? chunk_counts[(size_t)c * E + e] : 0;
+            }
+#pragma unroll
+            for (int s = 0; s < ALIGN_SCAN_SEGS; s++) x[s] = v[s];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+#pragma unroll
+                for (int s = 0; s < ALIGN_SCAN_SEGS; s++) {
+                    const int y = __shfl_up_sync(0xffffffffu, x[s], o);
+                    if (lane >= o) x[s] += y;
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < ALIGN_SCAN_SEGS; s++) {
+                const int c = c0 + s * 32 + lane;
+                if (c < chunks) chunk_counts[(size_t)c * E + e] = base + x[s] - v[s];
+                base += __shfl_sync(0xffffffffu, x[s], 31);
+            }
+        }
+        if (lane == 0) counts[e] = base;
+    }
+
+    // 2. The last CTA to get here sees every count.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(done, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    int32_t* cnt = sm;
     if (tid == 0) bad = numel;
+    for (int i = tid; i < E; i += nt) cnt[i] = __ldcg(counts + i);
     __syncthreads();
     int mine = numel;
     for (int c = tid; c < chunks; c += nt) mine = min(mine, chunk_bad[c]);
     if (mine < numel) atomicMin(&bad, mine);
 
-    // Per expert: scan its column of chunk counts in place, loading
-    // ALIGN_SCAN_BATCH chunks at a time (one load latency per batch, not
-    // per chunk: the loads cannot pass the previous chunk's store).
-    for (int e = tid; e < E; e += nt) {
-        int run = 0;
-        for (int c0 = 0; c0 < chunks; c0 += ALIGN_SCAN_BATCH) {
-            int v[ALIGN_SCAN_BATCH];
-#pragma unroll
-            for (int u = 0; u < ALIGN_SCAN_BATCH; u++) {
-                v[u] = c0 + u < chunks ? chunk_counts[(size_t)(c0 + u) * E + e] : 0;
-            }
-#pragma unroll
-            for (int u = 0; u < ALIGN_SCAN_BATCH; u++) {
-                if (c0 + u < chunks) {
-                    chunk_counts[(size_t)(c0 + u) * E + e] = run;
-                    run += v[u];
-                }
-            }
-        }
-        counts[e] = run;
-    }
-    __syncthreads();
-    if (tid == 0) *status = bad;
-
-    // Padded exclusive prefix sum: thread tid owns experts [lo, hi).
+    // Padded exclusive prefix sum over experts: thread tid owns experts
+    // [lo, hi); the threads' sums are scanned with shuffles inside each
+    // warp, then the warps' totals by warp 0.
     const int per = (E + nt - 1) / nt;
     const int lo = min(E, tid * per), hi = min(E, lo + per);
     int local = 0;
-    for (int e = lo; e < hi; e++) local += (counts[e] + block_size - 1) / block_size * block_size;
-    part[0][tid] = local;
+    for (int i = lo; i < hi; i++) local += (cnt[i] + block_size - 1) / block_size * block_size;
+    const int incl = align_warp_scan(local, lane);
+    if (lane == 31) wsum[warp] = incl;
     __syncthreads();
-    int src = 0;
-    for (int off = 1; off < nt; off <<= 1) {
-        int v = part[src][tid];
-        if (tid >= off) v += part[src][tid - off];
-        part[src ^ 1][tid] = v;
-        src ^= 1;
-        __syncthreads();
+    if (warp == 0) {
+        const int w = lane < nw ? wsum[lane] : 0;
+        wsum[lane] = align_warp_scan(w, lane) - w;  // exclusive
     }
-    int run = part[src][tid] - local;  // exclusive
-    for (int e = lo; e < hi; e++) {
-        cumsum[e] = run;
-        run += (counts[e] + block_size - 1) / block_size * block_size;
+    __syncthreads();
+    int run = wsum[warp] + incl - local;  // exclusive
+    for (int i = lo; i < hi; i++) {
+        cumsum[i] = run;
+        run += (cnt[i] + block_size - 1) / block_size * block_size;
     }
     if (tid == nt - 1) {
-        cumsum[E] = part[src][tid];
-        *total = part[src][tid];
+        cumsum[E] = run;
+        *total = run;
+        *done = 0;  // ready for the next launch
     }
     __syncthreads();
-
-    // Sentinel padding and the expert of each block: a warp per expert, its
-    // lanes writing consecutive entries (coalesced stores).
-    const int warp = tid >> 5, lane = tid & 31, nw = nt >> 5;
-    for (int e = warp; e < E; e += nw) {
-        const int start = cumsum[e], end = cumsum[e + 1];
-        for (int p = start + counts[e] + lane; p < end; p += 32) sorted_ids[p] = numel;
-        for (int b = start / block_size + lane; b < end / block_size; b += 32) expert_ids[b] = e;
-    }
+    if (tid == 0) *status = bad;
+    // The sentinel padding and expert_ids are written by moe_align_fill,
+    // spread over its grid rather than left to this one CTA.
 }
 
 extern "C" __global__ void __launch_bounds__(ALIGN_CHUNK)
 moe_align_fill(const int32_t* __restrict__ topk_ids, int numel, int E,
                const int32_t* __restrict__ chunk_offsets, const int32_t* __restrict__ cumsum,
-               int32_t* __restrict__ sorted_ids) {
+               int32_t* __restrict__ sorted_ids, const int32_t* __restrict__ counts,
+               int32_t* __restrict__ expert_ids, int block_size) {
     __shared__ int32_t ids[ALIGN_CHUNK];
     const int i = blockIdx.x * ALIGN_CHUNK + threadIdx.x;
     const int id = i < numel ? topk_ids[i] : -1;
     ids[threadIdx.x] = id;
     __syncthreads();
-    if (i >= numel || id < 0 || id >= E) return;
-    int rank = 0;
-    for (int j = 0; j < (int)threadIdx.x; j++) rank += ids[j] == id;
-    sorted_ids[cumsum[id] + chunk_offsets[(size_t)blockIdx.x * E + id] + rank] = i;
+    if (i < numel && id >= 0 && id < E) {
+        int rank = 0;
+        for (int j = 0; j < (int)threadIdx.x; j++) rank += ids[j] == id;
+        sorted_ids[cumsum[id] + chunk_offsets[(size_t)blockIdx.x * E + id] + rank] = i;
+    }
+    // Sentinel padding after each expert's slots and the expert of each
+    // block, the experts dealt over the grid (positions past an expert's
+    // slots, so never where a slot goes).
+    for (int e = blockIdx.x; e < E; e += gridDim.x) {
+        const int start = cumsum[e], end = cumsum[e + 1];
+        for (int p = start + counts[e] + threadIdx.x; p < end; p += blockDim.x) sorted_ids[p] = numel;
+        for (int b = start / block_size + threadIdx.x; b < end / block_size; b += blockDim.x) expert_ids[b] = e;
+    }
 }
 
 // ---------------------------------------------------------------------------
