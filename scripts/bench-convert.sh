@@ -9,17 +9,23 @@
 # Shapes (those of issue 12):
 #   A  bf16 DeepSeek-V3-shaped, 64 experts, I 288: 1.6 GB, one source and one output shard
 #   B  bf16 DeepSeek-V3-shaped, 256 experts, I 512: 6.5 GB, 4 source shards, 3 output shards
+#   Q  bf16 Qwen3-MoE-shaped (synthetic), 6 layers of 128 experts, H 2048, I 768: 7.3 GB,
+#      2 source shards (issue 12's third row was a 7.6 GB Qwen3-MoE on the GPU machine)
 #
 #   scripts/bench-convert.sh [WORK] [ROUNDS] [SHAPES]
 #   sudo scripts/bench-convert.sh /work/bench 3 "A B"     # needs ~3x the checkpoint free
+#   MOEPREP_BIN=.gpu/moeprep bash scripts/bench-convert.sh /tmp/bench 3 Q   # where there is no Go
 set -euo pipefail
 work=${1:-/work/bench}
 rounds=${2:-3}
 shapes=${3:-A B}
 cd "$(dirname "$0")/.."
 mkdir -p "$work"
-go build -o "$work/moeprep" ./cmd/moeprep
-mp="$work/moeprep"
+mp=${MOEPREP_BIN:-}
+if [ -z "$mp" ]; then
+	go build -o "$work/moeprep" ./cmd/moeprep
+	mp="$work/moeprep"
+fi
 [ -w /proc/sys/vm/drop_caches ] || echo "warning: not root, page cache not dropped: figures are warm" >&2
 
 # measure CMD...: prints "wall user sys peak_rss_MB" of CMD, from a cold cache
@@ -37,10 +43,18 @@ for shape in $shapes; do
 	case $shape in
 	A) synth=(--experts 64 --intermediate 288) ; maxshard=5GB ;;
 	B) synth=(--experts 256 --intermediate 512 --shard-size 1.7GB) ; maxshard=3GB ;;
+	Q) synth=(--family qwen3_moe --experts 128 --hidden 2048 --intermediate 768 --layers 6 --shard-size 4GB) ; maxshard=5GB ;;
 	*) echo "unknown shape $shape" >&2; exit 2 ;;
 	esac
-	[ -d "$src" ] || "$mp" fixture synth --preset deepseek-v3-shaped --dtype bf16 --layers 2 "${synth[@]}" --no-progress "$src" >&2
+	if [ ! -d "$src" ]; then
+		if [ "$shape" = Q ]; then
+			"$mp" fixture synth --dtype bf16 "${synth[@]}" --no-progress "$src" >&2
+		else
+			"$mp" fixture synth --preset deepseek-v3-shaped --dtype bf16 --layers 2 "${synth[@]}" --no-progress "$src" >&2
+		fi
+	fi
 	runs=(cp convert fuse)
+	[ "$shape" = Q ] && runs=(cp convert convert) # Qwen3-MoE has no shared expert to fuse: two convert runs per round
 	declare -A secs=() raw=() rss=() bytes=()
 	for r in $(seq "$rounds"); do
 		for i in 0 1 2; do
@@ -60,7 +74,7 @@ for shape in $shapes; do
 		done
 	done
 	cp_med=$(tr ' ' '\n' <<<"${secs[cp]}" | grep . | median)
-	for run in cp convert fuse; do
+	for run in $(printf '%s\n' "${runs[@]}" | awk '!seen[$0]++'); do
 		med=$(tr ' ' '\n' <<<"${secs[$run]}" | grep . | median)
 		awk -v sh="$shape" -v n="$run" -v s="$med" -v c="$cp_med" -v m="${rss[$run]}" -v b="${bytes[$run]}" -v raw="${raw[$run]}" \
 			'BEGIN { printf "%-5s %-12s %8.2f %7.2f %7.2f %7s %8.2f   %s\n", sh, n, s, s/c, b/s/1e9, m, b/1e9, raw }'
