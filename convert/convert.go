@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -139,15 +138,14 @@ func checkCollisions(src string, others []string, op *outPlan) error {
 
 // run is one conversion in progress.
 type run struct {
-	o            *Options
-	ck           *checkpoint.Checkpoint
-	op           *outPlan
-	src, dst     string
-	partial      string
-	others       []string
-	prog         *progressState
-	reused       atomic.Int64
-	writtenBytes atomic.Int64
+	o        *Options
+	ck       *checkpoint.Checkpoint
+	op       *outPlan
+	src, dst string
+	partial  string
+	others   []string
+	prog     *progressState
+	reused   atomic.Int64
 }
 
 func (w *run) execute(ctx context.Context) (*Summary, error) {
@@ -282,20 +280,21 @@ func (w *run) finish(files map[string]layout.FileInfo) error {
 // region once (used only after --resume reused folded shards).
 func (w *run) refoldStats() (float64, error) {
 	st := &foldStats{}
-	buf := make([]byte, copyBufSize)
+	buf := make([]byte, bufChunkSize)
 	for _, t := range w.op.tensors {
 		for _, p := range t.parts {
 			if !p.fold {
 				continue
 			}
-			p.stats = st
-			if _, err := io.CopyBuffer(io.Discard, onlyReader{p.open()}, buf); err != nil {
-				return 0, err
+			step := bufChunkSize / int64(p.dtype.Size()) * int64(p.dtype.Size())
+			for pos := int64(0); pos < p.size(); pos += step {
+				b := buf[:min(step, p.size()-pos)]
+				if err := p.readAt(b, pos); err != nil {
+					return 0, err
+				}
+				st.note(foldInPlace(b, p.dtype, p.factor))
 			}
 		}
 	}
 	return st.max(), nil
 }
-
-// onlyReader hides WriterTo/ReaderFrom fast paths so CopyBuffer uses buf.
-type onlyReader struct{ io.Reader }

@@ -2,8 +2,6 @@ package convert
 
 import (
 	"encoding/binary"
-	"fmt"
-	"io"
 	"math"
 	"sync"
 
@@ -43,57 +41,6 @@ func (s *foldStats) max() float64 {
 // foldable reports whether fold readers handle dtype.
 func foldable(d safetensors.DType) bool {
 	return d == safetensors.F32 || d == safetensors.BF16 || d == safetensors.F16
-}
-
-// foldReader multiplies the little-endian elements flowing through it by
-// factor, in the caller's buffer; it keeps at most one element of its own.
-type foldReader struct {
-	src    io.Reader
-	dtype  safetensors.DType
-	es     int
-	factor float64
-	stats  *foldStats
-	one    [4]byte
-	pend   []byte // transformed bytes of one element not yet handed out
-}
-
-func newFoldReader(src io.Reader, d safetensors.DType, factor float64, stats *foldStats) (*foldReader, error) {
-	if !foldable(d) {
-		return nil, fmt.Errorf("cannot fold routed_scaling_factor into %s data", d)
-	}
-	return &foldReader{src: src, dtype: d, es: d.Size(), factor: factor, stats: stats}, nil
-}
-
-func (f *foldReader) Read(p []byte) (int, error) {
-	if len(f.pend) > 0 {
-		n := copy(p, f.pend)
-		f.pend = f.pend[n:]
-		return n, nil
-	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	buf := p[:len(p)/f.es*f.es]
-	if len(buf) == 0 { // a caller buffer smaller than one element
-		buf = f.one[:f.es]
-	}
-	n, err := io.ReadFull(f.src, buf)
-	if n%f.es != 0 {
-		return 0, fmt.Errorf("folding: data ends inside an element: %w", io.ErrUnexpectedEOF)
-	}
-	f.stats.note(foldInPlace(buf[:n], f.dtype, f.factor))
-	if len(p) < f.es && n > 0 {
-		c := copy(p, buf[:n])
-		f.pend = buf[c:n]
-		n = c
-	}
-	switch {
-	case err == io.ErrUnexpectedEOF || (err == io.EOF && n > 0):
-		return n, nil
-	case err != nil:
-		return n, err
-	}
-	return n, nil
 }
 
 // foldInPlace folds every element of b and returns the largest relative change.

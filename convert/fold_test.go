@@ -3,12 +3,12 @@ package convert
 import (
 	"bytes"
 	"encoding/binary"
-	"io"
 	"math"
 	"math/rand"
+	"strings"
 	"testing"
-	"testing/iotest"
 
+	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -37,70 +37,88 @@ func TestFoldValueRoundsOnce(t *testing.T) {
 	}
 }
 
-func TestFoldReaderAnyChunking(t *testing.T) {
+// The shard writer folds a part chunk by chunk: any element-aligned cut
+// must give the bytes of folding it whole, each element FoldValue, and the
+// largest relative change must be what the elements themselves give.
+func TestFoldInPlaceAnyChunking(t *testing.T) {
 	rng := rand.New(rand.NewSource(3))
-	src := make([]byte, 4*1001)
-	for i := 0; i < len(src); i += 4 {
-		binary.LittleEndian.PutUint32(src[i:], math.Float32bits(float32(rng.Float64())))
-	}
-	want := append([]byte(nil), src...)
-	foldInPlace(want, safetensors.F32, 2.5)
-	for _, chunk := range []int{1, 3, 4, 7, 4096} {
-		st := &foldStats{}
-		fr, err := newFoldReader(iotest.HalfReader(bytes.NewReader(src)), safetensors.F32, 2.5, st)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out bytes.Buffer
-		buf := make([]byte, chunk)
-		for {
-			n, err := fr.Read(buf)
-			out.Write(buf[:n])
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
+	for _, d := range []safetensors.DType{safetensors.F32, safetensors.BF16, safetensors.F16} {
+		es := d.Size()
+		src := make([]byte, es*1001)
+		for i := 0; i < len(src); i += es {
+			v := float32(rng.NormFloat64() * 0.02)
+			switch d {
+			case safetensors.F32:
+				binary.LittleEndian.PutUint32(src[i:], math.Float32bits(v))
+			case safetensors.BF16:
+				binary.LittleEndian.PutUint16(src[i:], numfmt.F64ToBF16(float64(v)))
+			case safetensors.F16:
+				binary.LittleEndian.PutUint16(src[i:], numfmt.F64ToF16(float64(v)))
 			}
 		}
-		if !bytes.Equal(out.Bytes(), want) {
-			t.Errorf("chunk %d: folded stream differs", chunk)
+		whole := append([]byte(nil), src...)
+		wantMax := foldInPlace(whole, d, 2.5)
+		if d != safetensors.F32 && wantMax == 0 {
+			t.Fatalf("%s: folding 2.5 into 1001 random values changed none of them", d)
 		}
-	}
-	// a stream that ends inside an element is an error, not a short tensor
-	fr, _ := newFoldReader(bytes.NewReader(src[:6]), safetensors.F32, 2.5, &foldStats{})
-	if _, err := io.ReadAll(fr); err == nil {
-		t.Error("truncated element accepted")
+		for i := 0; i < len(src); i += es {
+			x, got := elem(src[i:], d), elem(whole[i:], d)
+			if want := FoldValue(x, 2.5, d); got != want {
+				t.Fatalf("%s element %d: %v folded to %v, want %v", d, i/es, x, got, want)
+			}
+		}
+		for _, chunk := range []int{1, 3, 7, 1000} {
+			got := append([]byte(nil), src...)
+			maxRel := 0.0
+			for off := 0; off < len(got); off += chunk * es {
+				maxRel = max(maxRel, foldInPlace(got[off:min(off+chunk*es, len(got))], d, 2.5))
+			}
+			if !bytes.Equal(got, whole) || maxRel != wantMax {
+				t.Errorf("%s, chunks of %d elements: bytes equal %v, max change %g want %g", d, chunk, bytes.Equal(got, whole), maxRel, wantMax)
+			}
+		}
 	}
 }
 
-func TestStridedReaderColumns(t *testing.T) {
-	// a 5x12-byte matrix; take byte columns 4..8 of each row
-	m := make([]byte, 60)
-	for i := range m {
-		m[i] = byte(i)
+func elem(b []byte, d safetensors.DType) float64 {
+	switch d {
+	case safetensors.BF16:
+		return float64(numfmt.BF16ToF32(binary.LittleEndian.Uint16(b)))
+	case safetensors.F16:
+		return float64(numfmt.F16ToF32(binary.LittleEndian.Uint16(b)))
 	}
-	r := region{src: bytes.NewReader(m), file: "f", tensor: "t", off: 4, rows: 5, rowLen: 4, stride: 12}
-	for _, chunk := range []int{1, 3, 4, 100} {
-		rd := r.open()
-		var out bytes.Buffer
-		buf := make([]byte, chunk)
-		for {
-			n, err := rd.Read(buf)
-			out.Write(buf[:n])
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
+	return float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
+}
+
+// region.readAt reads any range of a region's stream: whole tensors, row
+// blocks and column blocks, from any position and length, and calls a
+// short source an error that names the file and tensor.
+func TestRegionReadAt(t *testing.T) {
+	rng := rand.New(rand.NewSource(4))
+	m := make([]byte, 60) // a 5x12-byte matrix
+	rng.Read(m)
+	for _, tc := range []struct {
+		name string
+		r    region
+		want []byte
+	}{
+		{"columns 4..8", region{off: 4, rows: 5, rowLen: 4, stride: 12}, colsOf(m, 5, 12, 4, 4)},
+		{"rows 1..3", region{off: 12, rows: 1, rowLen: 36, stride: 36}, m[12:48]},
+		{"contiguous rows", region{off: 24, rows: 3, rowLen: 12, stride: 12}, m[24:60]},
+	} {
+		tc.r.src, tc.r.file, tc.r.tensor = bytes.NewReader(m), "f", "t"
+		for pos := int64(0); pos < tc.r.size(); pos++ {
+			for n := int64(1); pos+n <= tc.r.size(); n += 3 {
+				got := make([]byte, n)
+				if err := tc.r.readAt(got, pos); err != nil || !bytes.Equal(got, tc.want[pos:pos+n]) {
+					t.Fatalf("%s: bytes %d..%d: %v %v, want %v", tc.name, pos, pos+n, got, err, tc.want[pos:pos+n])
+				}
 			}
 		}
-		if want := colsOf(m, 5, 12, 4, 4); !bytes.Equal(out.Bytes(), want) {
-			t.Errorf("chunk %d: got %v want %v", chunk, out.Bytes(), want)
-		}
 	}
-	short := region{src: bytes.NewReader(m[:50]), file: "f", tensor: "t", off: 4, rows: 5, rowLen: 4, stride: 12}
-	if _, err := io.ReadAll(short.open()); err == nil {
-		t.Error("short source accepted")
+	short := region{src: bytes.NewReader(m[:50]), file: "f.safetensors", tensor: "w", off: 4, rows: 5, rowLen: 4, stride: 12}
+	err := short.readAt(make([]byte, 20), 0)
+	if err == nil || !strings.Contains(err.Error(), "f.safetensors") || !strings.Contains(err.Error(), "tensor w") {
+		t.Errorf("short source: %v", err)
 	}
 }

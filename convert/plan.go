@@ -2,7 +2,6 @@ package convert
 
 import (
 	"fmt"
-	"io"
 	"math"
 
 	"github.com/moeprep/moeprep/checkpoint"
@@ -20,22 +19,6 @@ type part struct {
 	stats  *foldStats
 }
 
-func (p part) open() io.Reader {
-	r := p.region.open()
-	if !p.fold {
-		return r
-	}
-	fr, err := newFoldReader(r, p.dtype, p.factor, p.stats)
-	if err != nil { // the planner only folds foldable dtypes
-		return &errReader{err}
-	}
-	return fr
-}
-
-type errReader struct{ err error }
-
-func (e *errReader) Read([]byte) (int, error) { return 0, e.err }
-
 // outTensor is one output tensor: the concatenation of its parts.
 type outTensor struct {
 	name  string
@@ -45,9 +28,10 @@ type outTensor struct {
 	size  int64
 }
 
+// entry describes the tensor for its shard's header (the shard writer reads
+// the parts itself, so the entry has no Open).
 func (t *outTensor) entry() safetensors.Entry {
-	return safetensors.Entry{Name: t.name, DType: t.dtype, Shape: t.shape,
-		Open: func() (io.Reader, error) { return &multiReader{parts: t.parts}, nil }}
+	return safetensors.Entry{Name: t.name, DType: t.dtype, Shape: t.shape}
 }
 
 // shardPlan is one output file, header included.

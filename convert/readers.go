@@ -8,7 +8,8 @@ import (
 // region is rows of rowLen bytes of a source tensor, the first at byte off and
 // each next one stride bytes further: a whole tensor (rows 1), a block of rows
 // of a row-major matrix (rows 1, contiguous), or a block of columns (rows =
-// matrix rows, stride = the matrix's row length in bytes).
+// matrix rows, stride = the matrix's row length in bytes). Its bytes form a
+// stream, row after row; readAt reads any range of that stream.
 type region struct {
 	src    io.ReaderAt
 	file   string // for errors
@@ -21,93 +22,74 @@ type region struct {
 
 func (r region) size() int64 { return r.rows * r.rowLen }
 
-// open returns a reader over the region's bytes, row after row. Nothing is
-// buffered here: the caller's buffer (the writer's bounded copy buffer) is
-// filled directly by ReadAt.
-func (r region) open() io.Reader {
-	var rd io.Reader
-	if r.rows == 1 || r.stride == r.rowLen {
-		rd = io.NewSectionReader(r.src, r.off, r.size())
-	} else {
-		rd = &stridedReader{r: r}
+// contiguous reports whether the region is one run of bytes.
+func (r region) contiguous() bool { return r.rows == 1 || r.stride == r.rowLen }
+
+// readAt fills b with the region's stream from byte pos: one ReadAt when
+// the region is contiguous, one per row touched otherwise. A short source
+// is an error naming the file and tensor.
+func (r region) readAt(b []byte, pos int64) error {
+	if r.contiguous() {
+		return r.readFull(b, r.off+pos)
 	}
-	return &namedReader{r: rd, file: r.file, tensor: r.tensor, left: r.size()}
-}
-
-// stridedReader reads a block of columns row by row.
-type stridedReader struct {
-	r        region
-	row, col int64
-}
-
-func (s *stridedReader) Read(p []byte) (int, error) {
-	n := 0
-	for n < len(p) && s.row < s.r.rows {
-		want := min(int64(len(p)-n), s.r.rowLen-s.col)
-		m, err := s.r.src.ReadAt(p[n:n+int(want)], s.r.off+s.row*s.r.stride+s.col)
-		n += m
-		s.col += int64(m)
-		if s.col == s.r.rowLen {
-			s.row, s.col = s.row+1, 0
+	for len(b) > 0 {
+		row, col := pos/r.rowLen, pos%r.rowLen
+		n := min(int64(len(b)), r.rowLen-col)
+		if err := r.readFull(b[:n], r.off+row*r.stride+col); err != nil {
+			return err
 		}
-		if err != nil && int64(m) != want {
-			if err == io.EOF {
-				err = io.ErrUnexpectedEOF
-			}
-			return n, err
-		}
+		b, pos = b[n:], pos+n
 	}
-	if n == 0 && len(p) > 0 {
-		return 0, io.EOF
-	}
-	return n, nil
+	return nil
 }
 
-// namedReader names the source file and tensor in read errors, and turns a
-// short source into an error rather than a silently short output.
-type namedReader struct {
-	r            io.Reader
-	file, tensor string
-	left         int64
-}
-
-func (n *namedReader) Read(p []byte) (int, error) {
-	c, err := n.r.Read(p)
-	n.left -= int64(c)
-	if err == io.EOF && n.left > 0 {
+// readFull is ReadAt that names the file and tensor and calls a short source
+// an error.
+func (r region) readFull(b []byte, off int64) error {
+	n, err := r.src.ReadAt(b, off)
+	if n == len(b) {
+		return nil
+	}
+	if err == nil || err == io.EOF {
 		err = io.ErrUnexpectedEOF
 	}
-	if err != nil && err != io.EOF {
-		err = fmt.Errorf("%s: reading tensor %s: %w", n.file, n.tensor, err)
-	}
-	return c, err
+	return fmt.Errorf("%s: reading tensor %s: %w", r.file, r.tensor, err)
 }
 
-// multiReader concatenates regions lazily: only the current region's reader
-// exists at any time.
-type multiReader struct {
-	parts []part
-	cur   io.Reader
-	i     int
+// sourceOffset is where byte pos of the region's stream lives in its source
+// (in the outermost file when the source is a section of one), for ordering.
+func (r region) sourceOffset(pos int64) int64 {
+	off := r.off + pos
+	if !r.contiguous() {
+		off = r.off + pos/r.rowLen*r.stride + pos%r.rowLen
+	}
+	return baseOffset(r.src) + off
 }
 
-func (m *multiReader) Read(p []byte) (int, error) {
-	for {
-		if m.cur == nil {
-			if m.i >= len(m.parts) {
-				return 0, io.EOF
-			}
-			m.cur = m.parts[m.i].open()
-			m.i++
+// outermost unwraps nested section readers.
+func outermost(r io.ReaderAt) io.ReaderAt {
+	for range 16 {
+		s, ok := r.(*io.SectionReader)
+		if !ok {
+			break
 		}
-		n, err := m.cur.Read(p)
-		if err == io.EOF {
-			m.cur = nil
-			if n > 0 {
-				return n, nil
-			}
-			continue
-		}
-		return n, err
+		r, _, _ = s.Outer()
 	}
+	return r
+}
+
+// baseOffset unwraps nested section readers and returns the offset of the
+// reader's byte 0 in the outermost one.
+func baseOffset(r io.ReaderAt) int64 {
+	base := int64(0)
+	for range 16 {
+		s, ok := r.(*io.SectionReader)
+		if !ok {
+			break
+		}
+		outer, off, _ := s.Outer()
+		base += off
+		r = outer
+	}
+	return base
 }

@@ -109,82 +109,15 @@ func (s *shardPlan) planChunks() ([]*chunk, error) {
 	return out, nil
 }
 
-// contiguous reports whether the region is one run of bytes.
-func (r region) contiguous() bool { return r.rows == 1 || r.stride == r.rowLen }
-
-// sourceOffset is where byte pos of the region's stream lives in its source
-// (in the outermost file when the source is a section of one), for ordering.
-func (r region) sourceOffset(pos int64) int64 {
-	off := r.off + pos
-	if !r.contiguous() {
-		off = r.off + pos/r.rowLen*r.stride + pos%r.rowLen
-	}
-	return baseOffset(r.src) + off
-}
-
-// outermost unwraps nested section readers.
-func outermost(r io.ReaderAt) io.ReaderAt {
-	for range 16 {
-		s, ok := r.(*io.SectionReader)
-		if !ok {
-			break
-		}
-		r, _, _ = s.Outer()
-	}
-	return r
-}
-
-// baseOffset unwraps nested section readers and returns the offset of the
-// reader's byte 0 in the outermost one.
-func baseOffset(r io.ReaderAt) int64 {
-	base := int64(0)
-	for range 16 {
-		s, ok := r.(*io.SectionReader)
-		if !ok {
-			break
-		}
-		outer, off, _ := s.Outer()
-		base += off
-		r = outer
-	}
-	return base
-}
-
-// readFull is ReadAt that names the file and tensor and calls a short source
-// an error.
-func (r region) readFull(b []byte, off int64) error {
-	n, err := r.src.ReadAt(b, off)
-	if n == len(b) {
-		return nil
-	}
-	if err == nil || err == io.EOF {
-		err = io.ErrUnexpectedEOF
-	}
-	return fmt.Errorf("%s: reading tensor %s: %w", r.file, r.tensor, err)
-}
-
-// read reads the chunk's bytes of its region into b (len c.n), row by row
-// for a strided region, and folds them when the part is folded.
+// read reads the chunk's bytes of its region into b (len c.n) and folds
+// them when the part is folded.
 func (c *chunk) read(b []byte) error {
-	r := c.p.region
-	if r.contiguous() {
-		if err := r.readFull(b, r.off+c.pos); err != nil {
-			return err
-		}
-	} else {
-		pos, rest := c.pos, b
-		for len(rest) > 0 {
-			row, col := pos/r.rowLen, pos%r.rowLen
-			n := min(int64(len(rest)), r.rowLen-col)
-			if err := r.readFull(rest[:n], r.off+row*r.stride+col); err != nil {
-				return err
-			}
-			rest, pos = rest[n:], pos+n
-		}
+	if err := c.p.readAt(b, c.pos); err != nil {
+		return err
 	}
 	if c.p.fold {
 		if es := int64(c.p.dtype.Size()); c.pos%es != 0 || c.n%es != 0 {
-			return fmt.Errorf("tensor %s: folding bytes %d..%d, not whole %s elements", r.tensor, c.pos, c.pos+c.n, c.p.dtype)
+			return fmt.Errorf("%s: tensor %s: folding bytes %d..%d, not whole %s elements", c.p.file, c.p.tensor, c.pos, c.pos+c.n, c.p.dtype)
 		}
 		c.p.stats.note(foldInPlace(b, c.p.dtype, c.p.factor))
 	}

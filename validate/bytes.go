@@ -92,7 +92,6 @@ type BytesResult struct {
 // segment is a run of DST bytes and how to predict them: src bytes as they
 // are, or src values times fold.
 type segment struct {
-	dst    *safetensors.TensorInfo
 	off    int64 // within the DST tensor
 	n      int64
 	src    *checkpoint.Tensor
@@ -106,7 +105,6 @@ type segment struct {
 type prediction struct {
 	tensors map[string][]segment
 	meta    map[string]tensorWant
-	dtype   map[string]safetensors.DType
 }
 
 type tensorWant struct {

@@ -33,14 +33,6 @@ func (m memSource) bytes(name string) []byte {
 	return b
 }
 
-func (m memSource) clone() memSource {
-	out := memSource{}
-	for n, t := range m {
-		out.put(n, t.DType, t.Shape, m.bytes(n))
-	}
-	return out
-}
-
 func f32Bytes(v []float32) []byte {
 	b := make([]byte, 4*len(v))
 	for i, x := range v {
