@@ -8,15 +8,7 @@ package family
 var afmoe = &spec{
 	name:       "afmoe",
 	modelTypes: []string{"afmoe"},
-	names: naming{
-		layers:  "model.layers.",
-		modules: []string{"mlp"},
-		experts: "experts",
-		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
-		router:  "router.gate",
-		bias:    "expert_bias",
-		shared:  "shared_experts",
-	},
+	names:      hubLayoutNames("mlp", "router.gate", "expert_bias", "shared_experts"),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
 		numExperts:   []string{"num_experts", "num_local_experts"},

@@ -14,14 +14,7 @@ import "fmt"
 var cohere2MoE = &spec{
 	name:       "cohere2_moe",
 	modelTypes: []string{"cohere2_moe"},
-	names: naming{
-		layers:  "model.layers.",
-		modules: []string{"mlp"},
-		experts: "experts",
-		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
-		router:  "gate",
-		shared:  "shared_experts",
-	},
+	names:      hubLayoutNames("mlp", "gate", "", "shared_experts"),
 	keys: configKeys{
 		intermediate: "intermediate_size",
 		numExperts:   []string{"num_experts", "num_local_experts"},

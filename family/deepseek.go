@@ -36,15 +36,7 @@ var deepseekV2Defaults = map[string]any{
 var deepseek = &spec{
 	name:       "deepseek",
 	modelTypes: []string{"deepseek_v2", "deepseek_v3", "kimi_k2", "glm4_moe"},
-	names: naming{
-		layers:  "model.layers.",
-		modules: []string{"mlp"},
-		experts: "experts",
-		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
-		router:  "gate",
-		bias:    "gate.e_score_correction_bias",
-		shared:  "shared_experts",
-	},
+	names:      hubLayoutNames("mlp", "gate", "gate.e_score_correction_bias", "shared_experts"),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
 		// n_routed_experts is the hub key; transformers aliases num_local_experts (V3) and num_experts (V2).

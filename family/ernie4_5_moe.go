@@ -12,15 +12,7 @@ import "fmt"
 var ernie45MoE = &spec{
 	name:       "ernie4_5_moe",
 	modelTypes: []string{"ernie4_5_moe"},
-	names: naming{
-		layers:  "model.layers.",
-		modules: []string{"mlp"},
-		experts: "experts",
-		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
-		router:  "gate",
-		bias:    "moe_statics.e_score_correction_bias",
-		shared:  "shared_experts",
-	},
+	names:      hubLayoutNames("mlp", "gate", "moe_statics.e_score_correction_bias", "shared_experts"),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
 		numExperts:   []string{"moe_num_experts", "num_experts"},

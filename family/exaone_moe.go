@@ -10,15 +10,7 @@ package family
 var exaoneMoE = &spec{
 	name:       "exaone_moe",
 	modelTypes: []string{"exaone_moe"},
-	names: naming{
-		layers:  "model.layers.",
-		modules: []string{"mlp"},
-		experts: "experts",
-		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
-		router:  "gate",
-		bias:    "e_score_correction_bias",
-		shared:  "shared_experts",
-	},
+	names:      hubLayoutNames("mlp", "gate", "e_score_correction_bias", "shared_experts"),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
 		numExperts:   []string{"num_experts", "num_local_experts"},

@@ -10,15 +10,7 @@ package family
 var hyV3 = &spec{
 	name:       "hy_v3",
 	modelTypes: []string{"hy_v3"},
-	names: naming{
-		layers:  "model.layers.",
-		modules: []string{"mlp"},
-		experts: "experts",
-		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
-		router:  "router.gate",
-		bias:    "expert_bias",
-		shared:  "shared_mlp",
-	},
+	names:      hubLayoutNames("mlp", "router.gate", "expert_bias", "shared_mlp"),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
 		numExperts:   []string{"num_experts", "num_local_experts"},

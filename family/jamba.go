@@ -8,13 +8,7 @@ package family
 var jamba = &spec{
 	name:       "jamba",
 	modelTypes: []string{"jamba"},
-	names: naming{
-		layers:  "model.layers.",
-		modules: []string{"feed_forward"},
-		experts: "experts",
-		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
-		router:  "router",
-	},
+	names:      hubLayoutNames("feed_forward", "router", "", ""),
 	keys: configKeys{
 		intermediate: "intermediate_size",
 		numExperts:   []string{"num_experts", "num_local_experts"},

@@ -9,14 +9,7 @@ package family
 var minimaxM2 = &spec{
 	name:       "minimax_m2",
 	modelTypes: []string{"minimax_m2"},
-	names: naming{
-		layers:  "model.layers.",
-		modules: []string{"block_sparse_moe", "mlp"},
-		experts: "experts",
-		proj:    [3]string{"w1", "w3", "w2"},
-		router:  "gate",
-		bias:    "e_score_correction_bias",
-	},
+	names:      mixtralNames("e_score_correction_bias"),
 	keys: configKeys{
 		intermediate: "intermediate_size",
 		numExperts:   []string{"num_local_experts", "num_experts"},

@@ -10,13 +10,7 @@ package family
 var mixtral = &spec{
 	name:       "mixtral",
 	modelTypes: []string{"mixtral", "minimax"},
-	names: naming{
-		layers:  "model.layers.",
-		modules: []string{"block_sparse_moe", "mlp"},
-		experts: "experts",
-		proj:    [3]string{"w1", "w3", "w2"},
-		router:  "gate",
-	},
+	names:      mixtralNames(""),
 	keys: configKeys{
 		intermediate: "intermediate_size",
 		numExperts:   []string{"num_local_experts", "num_experts"},

@@ -20,15 +20,11 @@ var qwen3NextDefaults = map[string]any{
 var qwen2MoE = &spec{
 	name:       "qwen2_moe",
 	modelTypes: []string{"qwen2_moe", "qwen3_next"},
-	names: naming{
-		layers:     "model.layers.",
-		modules:    []string{"mlp"},
-		experts:    "experts",
-		proj:       [3]string{"gate_proj", "up_proj", "down_proj"},
-		router:     "gate",
-		shared:     "shared_expert",
-		sharedGate: "shared_expert_gate",
-	},
+	names: func() naming {
+		n := hubLayoutNames("mlp", "gate", "", "shared_expert")
+		n.sharedGate = "shared_expert_gate"
+		return n
+	}(),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
 		numExperts:   []string{"num_experts", "num_local_experts"},

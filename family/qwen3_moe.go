@@ -6,13 +6,7 @@ package family
 var qwen3MoE = &spec{
 	name:       "qwen3_moe",
 	modelTypes: []string{"qwen3_moe"},
-	names: naming{
-		layers:  "model.layers.",
-		modules: []string{"mlp"},
-		experts: "experts",
-		proj:    [3]string{"gate_proj", "up_proj", "down_proj"},
-		router:  "gate",
-	},
+	names:      hubLayoutNames("mlp", "gate", "", ""),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
 		numExperts:   []string{"num_experts", "num_local_experts"},

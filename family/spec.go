@@ -69,6 +69,23 @@ type naming struct {
 	sharedAtLayer bool
 }
 
+// hubLayoutNames is the layout transformers saves most MoE families in (its
+// qwen2_moe conversion pattern): model.layers.L.<module> holding the router,
+// experts.E.{gate,up,down}_proj and, where named, the correction bias and
+// the shared expert, all relative to the module.
+func hubLayoutNames(module, router, bias, shared string) naming {
+	return naming{layers: "model.layers.", modules: []string{module}, experts: "experts",
+		proj: [3]string{"gate_proj", "up_proj", "down_proj"}, router: router, bias: bias, shared: shared}
+}
+
+// mixtralNames is Mixtral's layout: model.layers.L.block_sparse_moe.{gate,
+// experts.E.w1|w3|w2} (w1 gate, w3 up, w2 down), the module named "mlp" in
+// transformers 5's own saves; bias is a correction bias on the module, if any.
+func mixtralNames(bias string) naming {
+	return naming{layers: "model.layers.", modules: []string{"block_sparse_moe", "mlp"}, experts: "experts",
+		proj: [3]string{"w1", "w3", "w2"}, router: "gate", bias: bias}
+}
+
 // configKeys says which config.json keys give a family's sizes.
 type configKeys struct {
 	intermediate string   // I of one routed expert

@@ -325,12 +325,7 @@ func mutations(t *testing.T) []mutation {
 			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) { clear(slice(raw, shape, 16+2)) })
 		}, 1},
 		{"correction bias rounded to bf16", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
-			rewriteTensor(t, dst, "model.layers.1.mlp.gate.e_score_correction_bias", func(raw []byte, _ []int64) {
-				for i := 0; i < len(raw); i += 4 {
-					v := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
-					binary.LittleEndian.PutUint32(raw[i:], math.Float32bits(numfmt.RoundBF16(v)))
-				}
-			})
+			rewriteTensor(t, dst, "model.layers.1.mlp.gate.e_score_correction_bias", roundF32ToBF16)
 		}, 1},
 		{"one wrong fp8 scale block", fp8, convert.Options{FuseShared: true, TP: 1, Layout: layout.GateUp}, func(t *testing.T, dst string) {
 			n := layout.Names(layout.GateUp, "model.layers.1.mlp", true)
@@ -350,12 +345,7 @@ func mutations(t *testing.T) []mutation {
 			rewriteTensor(t, dst, stacked(false).Down, func(raw []byte, shape []int64) { clear(slice(raw, shape, 8+3)) })
 		}, 1},
 		{"afmoe: expert_bias rounded to bf16", afm, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
-			rewriteTensor(t, dst, "model.layers.1.mlp.expert_bias", func(raw []byte, _ []int64) {
-				for i := 0; i < len(raw); i += 4 {
-					v := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
-					binary.LittleEndian.PutUint32(raw[i:], math.Float32bits(numfmt.RoundBF16(v)))
-				}
-			})
+			rewriteTensor(t, dst, "model.layers.1.mlp.expert_bias", roundF32ToBF16)
 		}, 1},
 		{"afmoe: route_scale folded twice", afm, convert.Options{FuseShared: true, TP: 1, FoldScaling: "down"}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, stacked(false).Down, func(raw []byte, shape []int64) {
@@ -424,4 +414,13 @@ func squareFixture(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// roundF32ToBF16 rounds every f32 of a tensor to bf16 precision in place:
+// a correction bias saved at the wrong precision.
+func roundF32ToBF16(raw []byte, _ []int64) {
+	for i := 0; i+4 <= len(raw); i += 4 {
+		v := math.Float32frombits(binary.LittleEndian.Uint32(raw[i:]))
+		binary.LittleEndian.PutUint32(raw[i:], math.Float32bits(numfmt.RoundBF16(v)))
+	}
 }
