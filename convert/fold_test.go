@@ -62,7 +62,7 @@ func TestFoldInPlaceAnyChunking(t *testing.T) {
 			t.Fatalf("%s: folding 2.5 into 1001 random values changed none of them", d)
 		}
 		for i := 0; i < len(src); i += es {
-			x, got := elem(src[i:], d), elem(whole[i:], d)
+			x, got := decode(src[i:], d), decode(whole[i:], d)
 			if want := FoldValue(x, 2.5, d); got != want {
 				t.Fatalf("%s element %d: %v folded to %v, want %v", d, i/es, x, got, want)
 			}
@@ -78,16 +78,6 @@ func TestFoldInPlaceAnyChunking(t *testing.T) {
 			}
 		}
 	}
-}
-
-func elem(b []byte, d safetensors.DType) float64 {
-	switch d {
-	case safetensors.BF16:
-		return float64(numfmt.BF16ToF32(binary.LittleEndian.Uint16(b)))
-	case safetensors.F16:
-		return float64(numfmt.F16ToF32(binary.LittleEndian.Uint16(b)))
-	}
-	return float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
 }
 
 // region.readAt reads any range of a region's stream: whole tensors, row
