@@ -16,6 +16,12 @@ import (
 // is a Tensor of its own whose Data is a section of NAME's bytes, so every
 // reader (convert, validate, the GPU stager) takes it like any tensor. No
 // stored name contains '[' (safetensors and torch names are module paths).
+//
+// Llama 4 stores its experts transposed, x @ W: gate_up_proj [E, H, 2I] and
+// down_proj [E, I, H]. "NAME[i][T:c0:n:step]", last, is columns c0, c0+step,
+// ... (n of them) of the 2-D piece before it, transposed to [n, rows]: the
+// [I, H] and [H, I] matrices every other family stores. Its Data reads the
+// source row by row (transposedReader), never the whole tensor at once.
 
 // BaseName is the stored tensor a name refers to (family.BaseName).
 func BaseName(name string) string { return family.BaseName(name) }
@@ -39,7 +45,14 @@ func (c *Checkpoint) view(name string) (*Tensor, error) {
 	shape := t.Shape
 	es := int64(t.DType.Size())
 	var off int64
-	for _, a := range args {
+	for ai, a := range args {
+		if cols, ok := strings.CutPrefix(a, "T:"); ok {
+			tr, err := transposedView(t, name, shape, off, es, cols, ai == len(args)-1)
+			if err != nil {
+				return nil, err
+			}
+			return &Tensor{Name: name, DType: t.DType, Shape: []int64{tr.n, tr.rows}, File: t.File, Data: tr}, nil
+		}
 		if lo, hi, isRange := strings.Cut(a, ":"); isRange {
 			r0, e1 := strconv.ParseInt(lo, 10, 64)
 			r1, e2 := strconv.ParseInt(hi, 10, 64)
@@ -62,4 +75,93 @@ func (c *Checkpoint) view(name string) (*Tensor, error) {
 		n *= d
 	}
 	return &Tensor{Name: name, DType: t.DType, Shape: shape, File: t.File, Data: io.NewSectionReader(t.Data, off, n)}, nil
+}
+
+// transposedView checks a "T:c0:n:step" view argument against the 2-D shape
+// it applies to (at byte off of t's data).
+func transposedView(t *Tensor, name string, shape []int64, off, es int64, arg string, last bool) (*transposedReader, error) {
+	var v [3]int64
+	parts := strings.Split(arg, ":")
+	ok := len(parts) == 3 && last && len(shape) == 2
+	for i := range parts {
+		n, err := strconv.ParseInt(parts[i], 10, 64)
+		if i >= len(v) || err != nil {
+			ok = false
+			break
+		}
+		v[i] = n
+	}
+	c0, n, step := v[0], v[1], v[2]
+	if !ok || c0 < 0 || n < 1 || step < 1 || c0 >= shape[1] || (shape[1]-1-c0)/step < n-1 {
+		return nil, fmt.Errorf("%s: tensor view %s: transposed columns %s of shape %v (want c0:n:step inside the columns, last)", t.File, name, arg, shape)
+	}
+	return &transposedReader{src: t.Data, off: off, rows: shape[0], cols: shape[1], c0: c0, n: n, step: step, es: es}, nil
+}
+
+// transposedReader reads columns c0, c0+step, ... (n of them) of a row-major
+// [rows, cols] matrix of es-byte elements (at byte off of src) as the
+// row-major [n, rows] matrix of their transpose. A read gathers its output
+// rows a group at a time: one ReadAt per source row of the span of columns
+// the group needs, into a buffer of at most transposeBuf bytes.
+type transposedReader struct {
+	src             io.ReaderAt
+	off             int64
+	rows, cols      int64
+	c0, n, step, es int64
+}
+
+// transposeBuf bounds one read's buffer (a group of output rows is at least one).
+const transposeBuf = 8 << 20
+
+func (r *transposedReader) size() int64 { return r.n * r.rows * r.es }
+
+// ReadAt implements io.ReaderAt.
+func (r *transposedReader) ReadAt(b []byte, pos int64) (int, error) {
+	if pos < 0 {
+		return 0, fmt.Errorf("transposed view: negative offset %d", pos)
+	}
+	size := r.size()
+	if pos >= size {
+		return 0, io.EOF
+	}
+	want := len(b)
+	if rest := size - pos; int64(want) > rest {
+		b = b[:rest]
+	}
+	rowBytes := r.rows * r.es // one output row
+	group := max(1, transposeBuf/(r.rows*r.step*r.es))
+	var buf []byte
+	done := 0
+	for done < len(b) {
+		p := pos + int64(done)
+		i0 := p / rowBytes
+		i1 := min(r.n, i0+group, (pos+int64(len(b))-1)/rowBytes+1) // output rows [i0, i1)
+		span := ((i1-1-i0)*r.step + 1) * r.es
+		if need := r.rows * span; int64(cap(buf)) < need {
+			buf = make([]byte, need)
+		}
+		for row := range r.rows {
+			at := r.off + row*r.cols*r.es + (r.c0+i0*r.step)*r.es
+			if n, err := r.src.ReadAt(buf[row*span:(row+1)*span], at); n < int(span) {
+				if err == nil || err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return done, err
+			}
+		}
+		// Scatter: output byte q (from p up to the group's end) is element
+		// (i, row) = source (row, c0 + i*step).
+		end := min(pos+int64(len(b)), i1*rowBytes)
+		for q := p; q < end; {
+			i, row, within := q/rowBytes, (q%rowBytes)/r.es, q%r.es
+			from := buf[row*span+(i-i0)*r.step*r.es+within:]
+			n := copy(b[q-pos:end-pos], from[:r.es-within])
+			q += int64(n)
+		}
+		done = int(end - pos)
+	}
+	if len(b) < want {
+		return done, io.EOF
+	}
+	return done, nil
 }

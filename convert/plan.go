@@ -192,6 +192,9 @@ func (p *planner) checkFusable() error {
 	if fp.NumSharedExperts == 0 {
 		return fmt.Errorf("%s: %s (model_type %s) has no shared expert, so there is nothing to fuse; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
 	}
+	if fp.RoutedInputScaled {
+		return fmt.Errorf("%s: %s (model_type %s) scales the routed experts' input by the routing weight, and a fused shared slot would need the unscaled input in the same grouped GEMM; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
+	}
 	for _, l := range fp.Layers {
 		if l.SharedGate != "" {
 			return fmt.Errorf("%s: layer %d: shared expert is gated per token by %s: it cannot be fused with a constant slot weight; use moeprep convert instead", p.ck.Dir, l.Index, l.SharedGate)
@@ -270,6 +273,7 @@ func (p *planner) contract() *layout.Contract {
 		c.SharedSlices = fp.NumSharedExperts
 		c.NumFusedSharedExperts = c.SharedReplicas * c.SharedSlices
 	}
+	c.RoutedInputScaled = fp.RoutedInputScaled
 	if s := fp.Output(); s != 1 {
 		c.OutputScale = s
 	}

@@ -34,12 +34,19 @@ func (k *checker) anyOf(prefix string, proj [3]string) bool {
 // stacked checks a family's stacked expert tensors: gate-up [E, 2I, H]
 // and down [E, H, I], in an unquantised float dtype (FP8 stacked sources
 // are not planned: their scales would need views too).
-func (k *checker) stacked(where, gateUp, down, hint string) error {
+//
+// Transposed (Llama 4: x @ W) they are gate-up [E, H, 2I] holding each
+// expert's gate columns then up columns, and down [E, I, H].
+func (k *checker) stacked(where, gateUp, down string, transposed bool, hint string) error {
 	e, h, i := int64(k.p.NumExperts), int64(k.p.HiddenSize), int64(k.p.MoEIntermediateSize)
+	gu, dn := []int64{e, 2 * i, h}, []int64{e, h, i}
+	if transposed {
+		gu, dn = []int64{e, h, 2 * i}, []int64{e, i, h}
+	}
 	for _, w := range []struct {
 		name  string
 		shape []int64
-	}{{gateUp, []int64{e, 2 * i, h}}, {down, []int64{e, h, i}}} {
+	}{{gateUp, gu}, {down, dn}} {
 		meta, ok := k.t.Lookup(w.name)
 		if !ok {
 			return fmt.Errorf("%s: missing tensor %s %s", where, w.name, hint)
@@ -56,8 +63,14 @@ func (k *checker) stacked(where, gateUp, down, hint string) error {
 
 // views plans one MLP stored as a gate-up tensor (gate rows, then up rows)
 // and a down tensor: slice e of stacked ones, or (e < 0) whole 2-D ones.
-func (k *checker) views(where, gateUp, down string, e, inter int, hint string) (MLP, error) {
+// Transposed, the gate and up are column blocks and every piece is read
+// transposed, so the MLP's matrices are [I,H], [I,H], [H,I] as always.
+func (k *checker) views(where, gateUp, down string, e, inter int, transposed bool, hint string) (MLP, error) {
 	m := MLP{Gate: ViewName(gateUp, e, 0, inter), Up: ViewName(gateUp, e, inter, 2*inter), Down: ViewName(down, e, 0, 0)}
+	if transposed {
+		m = MLP{Gate: TransposedViewName(gateUp, e, 0, inter, 1), Up: TransposedViewName(gateUp, e, inter, inter, 1),
+			Down: TransposedViewName(down, e, 0, k.p.HiddenSize, 1)}
+	}
 	h, i := int64(k.p.HiddenSize), int64(inter)
 	for _, w := range []struct {
 		role, name string

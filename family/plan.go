@@ -82,12 +82,16 @@ type Plan struct {
 	// OutputScale multiplies the whole MoE output, routed sum and shared
 	// expert together: Cohere2 MoE's "average" strategy is (routed +
 	// shared) / 2. 0 or 1 when the family has none.
-	OutputScale     float64
-	NumHiddenLayers int
-	WeightDType     safetensors.DType // dtype of the expert weights
-	Quantization    Quantization
-	ScaleFmt        string  // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
-	Layers          []Layer // sorted by Index
+	OutputScale float64
+	// RoutedInputScaled: the routing weight scales each routed expert's
+	// input, E_j(w_j * x), instead of its output (Llama 4). The weights are
+	// then not multiplied into the routed sum.
+	RoutedInputScaled bool
+	NumHiddenLayers   int
+	WeightDType       safetensors.DType // dtype of the expert weights
+	Quantization      Quantization
+	ScaleFmt          string  // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
+	Layers            []Layer // sorted by Index
 }
 
 // Output is OutputScale, 1 when unset.

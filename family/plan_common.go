@@ -126,12 +126,12 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 		out.Experts = make([]MLP, p.NumExperts)
 		gu, dn := prefix+"."+n.stackedGateUp, prefix+"."+n.stackedDown
 		hint := fmt.Sprintf("(E=%d, H=%d, I=%d: experts stacked on disk)", p.NumExperts, p.HiddenSize, p.MoEIntermediateSize)
-		if err := k.stacked(where, gu, dn, hint); err != nil {
+		if err := k.stacked(where, gu, dn, n.stackedTransposed, hint); err != nil {
 			return Layer{}, err
 		}
 		for e := range out.Experts {
 			var err error
-			if out.Experts[e], err = k.views(fmt.Sprintf("%s: expert %d", where, e), gu, dn, e, p.MoEIntermediateSize, hint); err != nil {
+			if out.Experts[e], err = k.views(fmt.Sprintf("%s: expert %d", where, e), gu, dn, e, p.MoEIntermediateSize, n.stackedTransposed, hint); err != nil {
 				return Layer{}, err
 			}
 		}
@@ -171,7 +171,7 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	var shared MLP
 	var err error
 	if n.sharedGateUp != "" {
-		shared, err = k.views(where+": shared expert", sp+"."+n.sharedGateUp, sp+"."+n.sharedDown, -1, p.SharedIntermediateSize, hint)
+		shared, err = k.views(where+": shared expert", sp+"."+n.sharedGateUp, sp+"."+n.sharedDown, -1, p.SharedIntermediateSize, false, hint)
 	} else {
 		shared, err = k.mlp(where+": shared expert", sp, n.proj, p.SharedIntermediateSize, hint)
 	}

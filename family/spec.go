@@ -60,6 +60,10 @@ type naming struct {
 	// each expert's gate rows then up rows, and [E, H, I]. Each expert is
 	// planned as views of them (view.go), read in place by every command.
 	stackedGateUp, stackedDown string
+	// stackedTransposed: the stacked tensors hold W transposed (Llama 4's
+	// x @ W): gate-up [E, H, 2I], gate columns then up columns, and down
+	// [E, I, H]; the views read them transposed.
+	stackedTransposed bool
 	// sharedGateUp / sharedDown: a shared MLP that stores gate and up rows
 	// in one [2I, H] tensor, relative to the shared module.
 	sharedGateUp, sharedDown string
@@ -116,6 +120,7 @@ const (
 	layerTypes                        // mlp_layer_types[L] == "sparse"; without the list, L >= the dense count
 	periodOffset                      // Jamba: L % expert_layer_period == expert_layer_offset
 	startEndInterval                  // ERNIE 4.5: start <= L <= end (-1: last) && (L+1) % interval == 0
+	moeLayerList                      // Llama 4: L in moe_layers, else (L+1) % interleave_moe_layer_step == 0
 )
 
 func (r layerRule) moe(c config, k configKeys, layers int) (func(int) bool, error) {
@@ -180,6 +185,24 @@ func (r layerRule) moe(c config, k configKeys, layers int) (func(int) bool, erro
 			return nil, err
 		}
 		return func(l int) bool { return l >= start && l <= end && (l+1)%every == 0 }, nil
+	case moeLayerList:
+		if c.has("moe_layers") {
+			list, err := c.ints("moe_layers")
+			if err != nil {
+				return nil, err
+			}
+			for i, l := range list {
+				if l >= layers {
+					return nil, fmt.Errorf("config.json: moe_layers[%d] = %d, but num_hidden_layers=%d", i, l, layers)
+				}
+			}
+			return func(l int) bool { return slices.Contains(list, l) }, nil
+		}
+		step, err := c.intIn("interleave_moe_layer_step", 1, 1, maxDim)
+		if err != nil {
+			return nil, err
+		}
+		return func(l int) bool { return (l+1)%step == 0 }, nil
 	case denseReplace:
 		k, err := c.count("first_k_dense_replace", 0)
 		if err != nil {

@@ -29,3 +29,10 @@ func BaseName(name string) string {
 	}
 	return name
 }
+
+// TransposedViewName names columns c0, c0+step, ... (n of them) of slice
+// index of a 3-D tensor, transposed (checkpoint/view.go): Llama 4's
+// gate_up_proj [E, H, 2I] holds expert e's gate as columns 0..I-1.
+func TransposedViewName(name string, index int, c0, n, step int) string {
+	return ViewName(name, index, 0, 0) + "[T:" + strconv.Itoa(c0) + ":" + strconv.Itoa(n) + ":" + strconv.Itoa(step) + "]"
+}

@@ -35,7 +35,8 @@ type Summary struct {
 	Scoring                string  `json:"scoring"`
 	NormTopKProb           bool    `json:"norm_topk_prob"`
 	RoutedScalingFactor    float64 `json:"routed_scaling_factor"`
-	OutputScale            float64 `json:"output_scale,omitempty"` // Cohere2 average: 0.5; absent means 1
+	OutputScale            float64 `json:"output_scale,omitempty"`        // Cohere2 average: 0.5; absent means 1
+	RoutedInputScaled      bool    `json:"routed_input_scaled,omitempty"` // Llama 4: the weight scales the expert input
 	NumHiddenLayers        int     `json:"num_hidden_layers"`
 	MoELayers              []int   `json:"moe_layers"`
 	MTPLayers              []int   `json:"mtp_layers"`
@@ -85,8 +86,9 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 		SharedIntermediateSize: p.SharedIntermediateSize, SharedGated: p.SharedGated,
 		TopK: p.TopK, NGroup: p.NGroup, TopKGroup: p.TopKGroup, Scoring: string(p.Scoring),
 		NormTopKProb: p.NormTopKProb, RoutedScalingFactor: p.RoutedScalingFactor, OutputScale: outputScale(p),
-		NumHiddenLayers: p.NumHiddenLayers,
-		MoELayers:       []int{}, MTPLayers: []int{},
+		RoutedInputScaled: p.RoutedInputScaled,
+		NumHiddenLayers:   p.NumHiddenLayers,
+		MoELayers:         []int{}, MTPLayers: []int{},
 		NumTensors: len(c.Tensors), TotalBytes: c.TotalBytes(),
 	}
 	for _, l := range p.Layers {
@@ -122,6 +124,9 @@ func WriteText(w io.Writer, s *Summary) error {
 	}
 	if s.NormTopKProb {
 		routing += ", renormalised"
+	}
+	if s.RoutedInputScaled {
+		routing += ", weight scales the expert input"
 	}
 	if s.OutputScale != 0 {
 		routing += fmt.Sprintf(", output x %g (routed + shared)", s.OutputScale)

@@ -50,7 +50,12 @@ type Contract struct {
 	RoutedScalingFactor float64 `json:"routed_scaling_factor"` // the source's, unchanged
 	// OutputScale multiplies the whole MoE output after the shared expert is
 	// added (Cohere2 MoE's "average": 0.5). Absent means 1.
-	OutputScale               float64 `json:"output_scale,omitempty"`
+	OutputScale float64 `json:"output_scale,omitempty"`
+	// RoutedInputScaled: the routing weight scales each routed expert's
+	// input, E(w * x), not its output (Llama 4); the engine multiplies the
+	// gathered rows by their slot weight before the grouped GEMM and sums
+	// the slots unweighted. Absent means output scaling.
+	RoutedInputScaled         bool    `json:"routed_input_scaled,omitempty"`
 	RoutedScalingFactorFolded bool    `json:"routed_scaling_factor_folded"`
 	FoldMode                  string  `json:"fold_mode"`           // auto, down or none
 	FoldMaxRelChange          float64 `json:"fold_max_rel_change"` // largest |folded - w*rsf| / |w*rsf| over folded values

@@ -182,11 +182,16 @@ func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer,
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	out, err := GroupedGEMM(ctx, x, t, h, inter, slots.K, al, fl.loader(src, h, inter), workers)
+	gx, gt, gk, weights := x, t, slots.K, slots.Weights
+	if fl.Contract.RoutedInputScaled {
+		// Llama 4: each slot's row is w * x and the slots sum unweighted.
+		gx, gt, gk, weights = slotRows(x, h, slots.K, slots.Weights), t*slots.K, 1, ones(len(slots.Weights))
+	}
+	out, err := GroupedGEMM(ctx, gx, gt, h, inter, gk, al, fl.loader(src, h, inter), workers)
 	if err != nil {
 		return nil, err
 	}
-	y, err := Finalize(out, t, slots.K, h, slots.Weights, slots.FinalScale)
+	y, err := Finalize(out, t, slots.K, h, weights, slots.FinalScale)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}

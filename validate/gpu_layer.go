@@ -127,12 +127,13 @@ func (f frees) release(g *gpuRunner) {
 // and in the GEMM's activation type.
 type gpuInput struct {
 	t, h int
+	x    []float32 // the host copy, for input-scaled slot rows
 	x32  *cuda.Buffer[float32]
 	act  kernels.Mat
 }
 
 func (g *gpuRunner) input(x []float32, t, h int, fr *frees) (*gpuInput, error) {
-	in := &gpuInput{t: t, h: h}
+	in := &gpuInput{t: t, h: h, x: x}
 	var err error
 	if in.x32, err = cuda.FromHost(g.dev, x); err != nil {
 		return nil, err
@@ -398,7 +399,14 @@ func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, 
 	if err != nil {
 		return nil, err
 	}
-	if err := kernels.GroupedGEMM(g.dev, g.compute, &bank.ExpertBank, sorted, in.act, t, k, inter, out, kernels.GEMMOptions{Act: g.act}); err != nil {
+	gin, gk := in, k
+	if c.RoutedInputScaled {
+		if gin, slotW, err = g.inputScaled(in, slots, &fr); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+		}
+		gk = 1
+	}
+	if err := kernels.GroupedGEMM(g.dev, g.compute, &bank.ExpertBank, sorted, gin.act, gin.t, gk, inter, out, kernels.GEMMOptions{Act: g.act}); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	y, err := g.f32Buffer(t*h, &fr)
@@ -568,11 +576,18 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 		return nil, err
 	}
 	block := blockOf(plan)
+	gin, gk := in, k
+	if plan.RoutedInputScaled {
+		if gin, slotW, err = g.inputScaled(in, slots, &fr); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+		}
+		gk = 1
+	}
 	for id := range e {
 		if len(users[id]) == 0 {
 			continue
 		}
-		if err := g.oneExpert(src, layer.Experts[id], h, inter, block, users[id], numel, k, in, mid, out); err != nil {
+		if err := g.oneExpert(src, layer.Experts[id], h, inter, block, users[id], numel, gk, gin, mid, out); err != nil {
 			return nil, fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
 		}
 	}
@@ -615,6 +630,29 @@ func (g *gpuRunner) oneExpert(src TensorSource, m family.MLP, h, inter, block in
 		return err
 	}
 	return kernels.GroupedGEMM(g.dev, g.compute, &bank.ExpertBank, sorted, in.act, in.t, k, mid, out, kernels.GEMMOptions{Act: g.act})
+}
+
+// inputScaled is the documented GPU fallback for a router weight that
+// scales the expert input (Llama 4): the gate's slots come back to the host
+// (they already do, for the report), each slot's row w * x is built there
+// and uploaded as the grouped GEMM's input with one slot per row, and
+// finalize sums each token's slots with weight 1. Engines do the same
+// multiply on the device before the GEMM (vLLM's
+// apply_router_weight_on_input); the GEMM and finalize are unchanged.
+func (g *gpuRunner) inputScaled(in *gpuInput, slots *Slots, fr *frees) (*gpuInput, *cuda.Buffer[float32], error) {
+	if len(in.x) != in.t*in.h || len(slots.Weights) != in.t*slots.K {
+		return nil, nil, fmt.Errorf("input-scaled slots: %d host values for %d tokens x %d, %d slot weights", len(in.x), in.t, in.h, len(slots.Weights))
+	}
+	rows, err := g.input(slotRows(in.x, in.h, slots.K, slots.Weights), in.t*slots.K, in.h, fr)
+	if err != nil {
+		return nil, nil, err
+	}
+	w, err := cuda.FromHost(g.dev, ones(len(slots.Weights)))
+	if err != nil {
+		return nil, nil, err
+	}
+	fr.add(w)
+	return rows, w, nil
 }
 
 // routedTokens is how many of in's tokens the router sees: all but cov's.

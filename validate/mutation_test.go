@@ -116,6 +116,9 @@ func conversionCases() []conv {
 	}
 	cases = append(cases, conv{"afmoe-fp8", convert.Options{Layout: layout.GateUp}}, conv{"ernie4-5-moe-fp8", convert.Options{}},
 		conv{"phimoe", convert.Options{Layout: layout.UpGate}}) // sparsemixer routing
+	// Llama 4: experts stacked and transposed on disk, the routing weight
+	// scaling the expert input; HF's top-1, two MoE layers of four.
+	cases = append(cases, conv{"llama4-text", convert.Options{Layout: layout.GateUp}}, conv{"llama4-text", convert.Options{}})
 	return cases
 }
 
@@ -293,6 +296,7 @@ func mutations(t *testing.T) []mutation {
 	afm := filepath.Join(hfFixtures, "afmoe")
 	ernie := filepath.Join(hfFixtures, "ernie4-5-moe")
 	granite := filepath.Join(hfFixtures, "granitemoeshared")
+	llama4 := filepath.Join(hfFixtures, "llama4-text")
 	return []mutation{
 		{"gate and up swapped in one expert", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(true)
@@ -376,6 +380,17 @@ func mutations(t *testing.T) []mutation {
 		{"granite: the shared MLP's slice swapped with a routed expert", granite, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := layout.Names(layout.Stacked, "model.layers.1.block_sparse_moe", false)
 			swapIn(t, dst, n.Down, 2, 8)
+		}, 1},
+		// Llama 4: stacked and transposed on disk, input-scaled routing.
+		{"llama4: gate and up swapped in one expert", llama4, convert.Options{}, func(t *testing.T, dst string) {
+			n := layout.Names(layout.Stacked, "model.layers.1.feed_forward", false)
+			gate, up := readTensor(t, dst, n.Gate), readTensor(t, dst, n.Up)
+			rewriteTensor(t, dst, n.Gate, func(raw []byte, shape []int64) { copy(slice(raw, shape, 5), slice(up, shape, 5)) })
+			rewriteTensor(t, dst, n.Up, func(raw []byte, shape []int64) { copy(slice(raw, shape, 5), slice(gate, shape, 5)) })
+		}, 1},
+		{"llama4: one expert's down projection from its neighbour", llama4, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
+			n := layout.Names(layout.UpGate, "model.layers.1.feed_forward", false)
+			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) { copy(slice(raw, shape, 2), slice(raw, shape, 3)) })
 		}, 1},
 		{"down projection transposed where square", square, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(false)

@@ -82,6 +82,9 @@ func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.P
 			for i, s := range users[id] {
 				tok := s / k
 				xs[i], outs[i] = x[tok*h:(tok+1)*h], contrib[s*h:(s+1)*h]
+				if plan.RoutedInputScaled {
+					xs[i] = scaledRow(xs[i], routing.Weights[s])
+				}
 			}
 			m.applyBatch(xs, outs)
 			m.release()
@@ -95,6 +98,9 @@ func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.P
 	rsf := float32(spec.RoutedScalingFactor)
 	for s := range t * k {
 		w := float64(routing.Weights[s] * rsf) // HF scales each weight by rsf in float32
+		if plan.RoutedInputScaled {
+			w = float64(rsf) // the weight went into the expert's input
+		}
 		tok := s / k
 		row := contrib[s*h : (s+1)*h]
 		for j, v := range row {
@@ -245,4 +251,38 @@ func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan
 		}
 	}
 	return nil
+}
+
+// scaledRow is Llama 4's routed input for one slot: w * x, each product
+// rounded to float32 as HF multiplies in the model dtype (float32 for the
+// goldens).
+func scaledRow(x []float32, w float32) []float32 {
+	out := make([]float32, len(x))
+	for j, v := range x {
+		out[j] = w * v
+	}
+	return out
+}
+
+// slotRows is the input of an input-scaled grouped GEMM: one row per slot,
+// slot s = t*k + j holding weights[s] * x[t], so the GEMM runs with one
+// slot per "token" and finalize sums each token's k slots unweighted.
+func slotRows(x []float32, h, k int, weights []float32) []float32 {
+	out := make([]float32, len(weights)*h)
+	for s, w := range weights {
+		tok := s / k
+		for j, v := range x[tok*h : (tok+1)*h] {
+			out[s*h+j] = w * v
+		}
+	}
+	return out
+}
+
+// ones is n weights of 1: the finalize weights of an input-scaled layer.
+func ones(n int) []float32 {
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = 1
+	}
+	return out
 }

@@ -320,6 +320,9 @@ func (s *session) sameModel() error {
 	if s.contract.NumExperts != s.srcPlan.NumExperts || s.contract.RoutedScalingFactor != s.srcPlan.RoutedScalingFactor {
 		return fmt.Errorf("%s: contract has %d experts, rsf %v; SRC has %d, rsf %v", s.o.Dst, s.contract.NumExperts, s.contract.RoutedScalingFactor, s.srcPlan.NumExperts, s.srcPlan.RoutedScalingFactor)
 	}
+	if s.contract.RoutedInputScaled != s.srcPlan.RoutedInputScaled {
+		return fmt.Errorf("%s: contract has routed_input_scaled %v, SRC's family (%s) %v", s.o.Dst, s.contract.RoutedInputScaled, s.srcPlan.ModelType, s.srcPlan.RoutedInputScaled)
+	}
 	if s.contract.Output() != s.srcPlan.Output() {
 		return fmt.Errorf("%s: contract has output_scale %v, SRC's config gives %v", s.o.Dst, s.contract.Output(), s.srcPlan.Output())
 	}

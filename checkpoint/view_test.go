@@ -1,0 +1,125 @@
+package checkpoint
+
+import (
+	"bytes"
+	"io"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// stored is a Checkpoint of one [e, r, c] tensor of 2-byte elements whose
+// element (i, j, k) is the uint16 i*r*c + j*c + k, so any view's expected
+// bytes follow from index arithmetic alone.
+func stored(e, r, c int64) (*Checkpoint, []byte) {
+	data := make([]byte, e*r*c*2)
+	for n := range e * r * c {
+		data[2*n], data[2*n+1] = byte(n), byte(n>>8)
+	}
+	t := &Tensor{Name: "w", DType: safetensors.BF16, Shape: []int64{e, r, c}, File: "model.safetensors", Data: bytes.NewReader(data)}
+	return &Checkpoint{byName: map[string]*Tensor{"w": t}}, data
+}
+
+func TestViews(t *testing.T) {
+	const e, r, c = 3, 5, 8
+	ck, data := stored(e, r, c)
+	elem := func(i, j, k int64) []byte { n := (i*r+j)*c + k; return data[2*n : 2*n+2] }
+	for _, tc := range []struct {
+		name  string
+		shape []int64
+		at    func(a, b int64) []byte // element (a, b) of the 2-D view
+	}{
+		{"w[1]", []int64{r, c}, func(a, b int64) []byte { return elem(1, a, b) }},
+		{"w[2][1:4]", []int64{3, c}, func(a, b int64) []byte { return elem(2, a+1, b) }},
+		// Llama 4: gate = columns 0..I-1 transposed, up = columns I..2I-1, down whole transposed.
+		{"w[1][T:0:4:1]", []int64{4, r}, func(a, b int64) []byte { return elem(1, b, a) }},
+		{"w[0][T:4:4:1]", []int64{4, r}, func(a, b int64) []byte { return elem(0, b, a+4) }},
+		{"w[2][T:0:8:1]", []int64{c, r}, func(a, b int64) []byte { return elem(2, b, a) }},
+		// gpt-oss interleaves gate and up columns: step 2.
+		{"w[1][T:1:4:2]", []int64{4, r}, func(a, b int64) []byte { return elem(1, b, 1+2*a) }},
+		{"w[0][1:3][T:1:3:3]", []int64{3, 2}, func(a, b int64) []byte { return elem(0, b+1, 1+3*a) }},
+	} {
+		v, ok := ck.Tensor(tc.name)
+		if !ok {
+			t.Fatalf("%s: not resolved: %v", tc.name, func() error { _, err := ck.view(tc.name); return err }())
+		}
+		if !equalShape(v.Shape, tc.shape) {
+			t.Fatalf("%s: shape %v, want %v", tc.name, v.Shape, tc.shape)
+		}
+		var want []byte
+		for a := range tc.shape[0] {
+			for b := range tc.shape[1] {
+				want = append(want, tc.at(a, b)...)
+			}
+		}
+		got, err := v.ReadAll()
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s: ReadAll = %v, %v; want %v", tc.name, got, err, want)
+		}
+		// Every position and length, odd ones included (a read may start
+		// or end inside an element or an output row).
+		for pos := 0; pos <= len(want); pos++ {
+			for n := 0; pos+n <= len(want); n++ {
+				b := make([]byte, n)
+				k, err := v.Data.ReadAt(b, int64(pos))
+				if k != n || !bytes.Equal(b, want[pos:pos+n]) || (err != nil && err != io.EOF) {
+					t.Fatalf("%s: ReadAt(%d bytes at %d) = %d, %v: %v, want %v", tc.name, n, pos, k, err, b, want[pos:pos+n])
+				}
+			}
+		}
+		if k, err := v.Data.ReadAt(make([]byte, 4), int64(len(want)-2)); k != 2 || err != io.EOF {
+			t.Fatalf("%s: read past the end = %d, %v; want 2, EOF", tc.name, k, err)
+		}
+	}
+}
+
+// TestTransposedViewLargeGroups reads a transposed view larger than one
+// read buffer group, at random positions and lengths.
+func TestTransposedViewLargeGroups(t *testing.T) {
+	const e, r, c = 1, 700, 6100 // 700 source rows x 6100 columns: several groups of output rows
+	ck, data := stored(e, r, c)
+	v, ok := ck.Tensor("w[0][T:3:3000:2]")
+	if !ok {
+		t.Fatal("view not resolved")
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	size := int(v.NumBytes())
+	for range 40 {
+		pos := rng.IntN(size)
+		n := rng.IntN(min(size-pos, 9<<20) + 1)
+		b := make([]byte, n)
+		if k, err := v.Data.ReadAt(b, int64(pos)); k != n || (err != nil && err != io.EOF) {
+			t.Fatalf("ReadAt(%d at %d) = %d, %v", n, pos, k, err)
+		}
+		for q := pos &^ 1; q < pos+n; q += 2 {
+			el := int64(q / 2)
+			i, row := el/r, el%r
+			src := 2 * (row*c + 3 + 2*i)
+			for d := range int64(2) {
+				if at := int64(q) + d; at >= int64(pos) && at < int64(pos+n) && b[at-int64(pos)] != data[src+d] {
+					t.Fatalf("byte %d (output element %d,%d): %d, want %d", at, i, row, b[at-int64(pos)], data[src+d])
+				}
+			}
+		}
+	}
+}
+
+func TestViewErrors(t *testing.T) {
+	ck, _ := stored(3, 5, 8)
+	for name, want := range map[string]string{
+		"w[3]":             "slice 3",
+		"w[0][T:0:9:1]":    "transposed columns",
+		"w[0][T:1:4:2]x":   "missing",
+		"w[0][T:7:2:1]":    "transposed columns",
+		"w[0][T:0:4:0]":    "transposed columns",
+		"w[T:0:4:1]":       "transposed columns", // 3-D: needs a slice first
+		"w[0][T:0:4:1][1]": "transposed columns", // must be last
+		"w[0][T:0:4]":      "transposed columns",
+	} {
+		if _, err := ck.view(name); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "model.safetensors") && want != "missing" {
+			t.Errorf("%s: %v, want an error naming the file and %q", name, err, want)
+		}
+	}
+}
