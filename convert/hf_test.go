@@ -21,7 +21,7 @@ var wantHF = []string{"deepseek-v2-lite", "deepseek-v3-bf16", "deepseek-v3-fp8",
 	"mixtral-bin-sharded", "qwen2-moe", "qwen3-moe", "qwen3-moe-bin",
 	// issue 11's families (fixtures/hf/export_families.py)
 	"afmoe", "cohere2-moe", "ernie4-5-moe", "exaone-moe", "glm4-moe", "glm4-moe-lite", "hy-v3", "jamba",
-	"minimax", "minimax-m2", "olmoe", "qwen3-next", "granitemoe", "granitemoe-swa", "granitemoeshared", "phimoe", "llama4-text",
+	"minimax", "minimax-m2", "olmoe", "qwen3-next", "granitemoe", "granitemoe-swa", "granitemoeshared", "phimoe", "llama4-text", "gpt-oss",
 	"afmoe-fp8", "ernie4-5-moe-fp8", "exaone-moe-fp8", "glm4-moe-fp8", "glm4-moe-lite-fp8", "hy-v3-fp8"}
 
 func TestHFFixtures(t *testing.T) {
@@ -184,6 +184,21 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 				eqFolded(t, where+" down", gotD, d, fp.WeightDType, c.RoutedScalingFactor)
 			} else {
 				eqBytes(t, where+" down", gotD, d)
+			}
+			if bn, ok := c.Biases(layout.LayerInfo{Index: l.Index, Prefix: l.Prefix}); ok {
+				m := l.Experts[b] // gpt-oss: biases read through the source's views
+				gb, ub, db := read(m.GateBias), read(m.UpBias), read(m.DownBias)
+				if c.Layout.Fused() {
+					a, z := gb, ub
+					if c.Layout == layout.UpGate {
+						a, z = ub, gb
+					}
+					eqBytes(t, where+" gate/up bias", sliceOf(pick(bn.GateUp), int64(b), int64(len(a)+len(z))), append(append([]byte{}, a...), z...))
+				} else {
+					eqBytes(t, where+" gate bias", sliceOf(pick(bn.Gate), int64(b), int64(len(gb))), gb)
+					eqBytes(t, where+" up bias", sliceOf(pick(bn.Up), int64(b), int64(len(ub))), ub)
+				}
+				eqBytes(t, where+" down bias", sliceOf(pick(bn.Down), int64(b), int64(len(db))), db)
 			}
 			if fp8 {
 				gotS := sliceOf(pick(names.DownScale), int64(b), int64(len(ds)))

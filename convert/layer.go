@@ -14,6 +14,7 @@ import (
 type mlpParts struct {
 	gate, up, down                part
 	gateScale, upScale, downScale part
+	gateBias, upBias, downBias    part // gpt-oss; zero parts when the family has none
 }
 
 // get finds a tensor and checks its dtype and shape.
@@ -123,7 +124,7 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 
 func mlpNames(m family.MLP) []string {
 	var out []string
-	for _, n := range []string{m.Gate, m.Up, m.Down, m.GateScale, m.UpScale, m.DownScale} {
+	for _, n := range []string{m.Gate, m.Up, m.Down, m.GateScale, m.UpScale, m.DownScale, m.GateBias, m.UpBias, m.DownBias} {
 		if n != "" {
 			out = append(out, n)
 		}
@@ -148,6 +149,22 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64) (mlpParts, er
 		return mp, err
 	}
 	mp.gate, mp.up, mp.down = whole(g), whole(u), whole(d)
+	if m.GateBias != "" {
+		for _, b := range []struct {
+			name, role string
+			n          int64
+			dst        *part
+		}{{m.GateBias, " gate bias", S * I, &mp.gateBias}, {m.UpBias, " up bias", S * I, &mp.upBias}, {m.DownBias, " down bias", H, &mp.downBias}} {
+			t, ok := p.ck.Tensor(b.name)
+			if !ok {
+				return mp, fmt.Errorf("%s: %s%s: tensor %s is missing", p.ck.Dir, what, b.role, b.name)
+			}
+			if t.NumElements() != b.n {
+				return mp, fmt.Errorf("%s: %s%s: tensor %s has shape %v, want %d values", t.File, what, b.role, b.name, t.Shape, b.n)
+			}
+			*b.dst = whole(t)
+		}
+	}
 	if !p.fp8 {
 		return mp, nil
 	}
@@ -258,6 +275,21 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 		if p.fp8 {
 			specs = append(specs, spec{names.DownScale, safetensors.F32, shapes.DownScale, one(func(m mlpParts) part { return m.downScale })})
 		}
+	}
+	if p.fp.ExpertBias {
+		bn, bd := layout.BiasNames(lay, prefix), bank[0].gateBias.dtype
+		switch lay {
+		case layout.GateUp, layout.UpGate:
+			pick := func(m mlpParts) []part { return []part{m.gateBias, m.upBias} }
+			if lay == layout.UpGate {
+				pick = func(m mlpParts) []part { return []part{m.upBias, m.gateBias} }
+			}
+			specs = append(specs, spec{bn.GateUp, bd, layout.Shape{n, 2 * I}, pick})
+		default:
+			specs = append(specs, spec{bn.Gate, bd, layout.Shape{n, I}, one(func(m mlpParts) part { return m.gateBias })},
+				spec{bn.Up, bd, layout.Shape{n, I}, one(func(m mlpParts) part { return m.upBias })})
+		}
+		specs = append(specs, spec{bn.Down, bd, layout.Shape{n, H}, one(func(m mlpParts) part { return m.downBias })})
 	}
 	out := make([]*outTensor, 0, len(specs))
 	for _, s := range specs {

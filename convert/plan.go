@@ -222,6 +222,9 @@ func (p *planner) chooseFold() error {
 	if p.o.FoldScaling == layout.FoldNone || rsf == 1 {
 		return nil
 	}
+	if fp.ExpertBias {
+		return fmt.Errorf("%s: the experts have biases, and folding routed_scaling_factor %v would have to scale the down biases too, which moeprep does not do; use --fold-scaling none", p.ck.Dir, rsf)
+	}
 	ue8m0 := fp.ScaleFmt == "ue8m0"
 	scaleF32 := true
 	for _, l := range fp.Layers {
@@ -274,6 +277,11 @@ func (p *planner) contract() *layout.Contract {
 		c.NumFusedSharedExperts = c.SharedReplicas * c.SharedSlices
 	}
 	c.RoutedInputScaled = fp.RoutedInputScaled
+	c.ExpertBias = fp.ExpertBias
+	if !fp.Act.SwiGLU() {
+		act := fp.Act
+		c.Activation = &act
+	}
 	if s := fp.Output(); s != 1 {
 		c.OutputScale = s
 	}

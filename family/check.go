@@ -3,6 +3,7 @@ package family
 import (
 	"fmt"
 	"slices"
+	"strconv"
 
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -65,11 +66,14 @@ func (k *checker) stacked(where, gateUp, down string, transposed bool, hint stri
 // and a down tensor: slice e of stacked ones, or (e < 0) whole 2-D ones.
 // Transposed, the gate and up are column blocks and every piece is read
 // transposed, so the MLP's matrices are [I,H], [I,H], [H,I] as always.
-func (k *checker) views(where, gateUp, down string, e, inter int, transposed bool, hint string) (MLP, error) {
+func (k *checker) views(where, gateUp, down string, e, inter int, transposed, interleaved bool, hint string) (MLP, error) {
 	m := MLP{Gate: ViewName(gateUp, e, 0, inter), Up: ViewName(gateUp, e, inter, 2*inter), Down: ViewName(down, e, 0, 0)}
 	if transposed {
 		m = MLP{Gate: TransposedViewName(gateUp, e, 0, inter, 1), Up: TransposedViewName(gateUp, e, inter, inter, 1),
 			Down: TransposedViewName(down, e, 0, k.p.HiddenSize, 1)}
+		if interleaved {
+			m.Gate, m.Up = TransposedViewName(gateUp, e, 0, inter, 2), TransposedViewName(gateUp, e, 1, inter, 2)
+		}
 	}
 	h, i := int64(k.p.HiddenSize), int64(inter)
 	for _, w := range []struct {
@@ -197,5 +201,31 @@ func (k *checker) small(where, role, name string, want []int64, hint string) err
 	if !isFloat(meta.DType) {
 		return fmt.Errorf("%s: %s %s dtype %s, expected BF16, F16 or F32", where, role, name, meta.DType)
 	}
+	return nil
+}
+
+// expertBiases plans expert e's biases from stacked [E, 2I] gate-up biases
+// (in the order of the gate-up columns: interleaved or gate then up) and
+// [E, H] down biases, as views: row e, then the gate or up columns.
+func (k *checker) expertBiases(where, gateUp, down string, e int, interleaved bool, m *MLP) error {
+	E, h, i := int64(k.p.NumExperts), int64(k.p.HiddenSize), int64(k.p.MoEIntermediateSize)
+	for _, w := range []struct {
+		name  string
+		shape []int64
+	}{{gateUp, []int64{E, 2 * i}}, {down, []int64{E, h}}} {
+		meta, ok := k.t.Lookup(w.name)
+		if !ok {
+			return fmt.Errorf("%s: missing tensor %s (E=%d, H=%d, I=%d: expert biases)", where, w.name, E, h, i)
+		}
+		if !slices.Equal(meta.Shape, w.shape) || !isFloat(meta.DType) {
+			return fmt.Errorf("%s: %s is %s %s, expected a float %s", where, w.name, meta.DType, shapeString(meta.Shape), shapeString(w.shape))
+		}
+	}
+	row := ViewName(gateUp, -1, e, e+1)
+	m.GateBias, m.UpBias = row+"[T:0:"+strconv.Itoa(int(i))+":1]", row+"[T:"+strconv.Itoa(int(i))+":"+strconv.Itoa(int(i))+":1]"
+	if interleaved {
+		m.GateBias, m.UpBias = row+"[T:0:"+strconv.Itoa(int(i))+":2]", row+"[T:1:"+strconv.Itoa(int(i))+":2]"
+	}
+	m.DownBias = ViewName(down, -1, e, e+1)
 	return nil
 }

@@ -4,7 +4,10 @@
 // exact tensor names of its router, routed experts and shared expert.
 package family
 
-import "github.com/moeprep/moeprep/safetensors"
+import (
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
+)
 
 // Scoring is how router logits become expert scores.
 type Scoring string
@@ -44,6 +47,9 @@ const (
 type MLP struct {
 	Gate, Up, Down                string
 	GateScale, UpScale, DownScale string
+	// GateBias, UpBias [I] and DownBias [H]: per-expert biases (gpt-oss),
+	// "" when the family has none.
+	GateBias, UpBias, DownBias string
 }
 
 // Layer is one MoE layer of the checkpoint.
@@ -53,9 +59,13 @@ type Layer struct {
 	Prefix     string // the MoE module, e.g. "model.layers.3.mlp"
 	Router     string // router weight [E,H]
 	RouterBias string // e_score_correction_bias [E] (F32), "" if none
-	Experts    []MLP  // routed experts, index = expert id
-	Shared     *MLP   // nil when the family has no shared expert
-	SharedGate string // per-token shared-expert gate [1,H] (Qwen2-MoE), "" if none
+	// RouterLogitBias is the router's own bias [E], added to its logits
+	// before top-k and the weights (gpt-oss), unlike a correction bias,
+	// which only steers the choice. "" if none.
+	RouterLogitBias string
+	Experts         []MLP  // routed experts, index = expert id
+	Shared          *MLP   // nil when the family has no shared expert
+	SharedGate      string // per-token shared-expert gate [1,H] (Qwen2-MoE), "" if none
 }
 
 // Plan is everything moeprep needs to know about a checkpoint's MoE layers.
@@ -87,11 +97,15 @@ type Plan struct {
 	// input, E_j(w_j * x), instead of its output (Llama 4). The weights are
 	// then not multiplied into the routed sum.
 	RoutedInputScaled bool
-	NumHiddenLayers   int
-	WeightDType       safetensors.DType // dtype of the expert weights
-	Quantization      Quantization
-	ScaleFmt          string  // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
-	Layers            []Layer // sorted by Index
+	// Act is the experts' gated activation (zero: SwiGLU); ExpertBias: the
+	// experts have biases (gpt-oss's clamped SwiGLU with biases).
+	Act             layout.Activation
+	ExpertBias      bool
+	NumHiddenLayers int
+	WeightDType     safetensors.DType // dtype of the expert weights
+	Quantization    Quantization
+	ScaleFmt        string  // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
+	Layers          []Layer // sorted by Index
 }
 
 // Output is OutputScale, 1 when unset.

@@ -116,6 +116,12 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	if err := k.router(where, out.Router); err != nil {
 		return Layer{}, err
 	}
+	if n.routerLogitBias != "" {
+		out.RouterLogitBias = prefix + "." + n.routerLogitBias
+		if err := k.small(where, "router bias", out.RouterLogitBias, []int64{int64(p.NumExperts)}, fmt.Sprintf("(E=%d)", p.NumExperts)); err != nil {
+			return Layer{}, err
+		}
+	}
 	if n.bias != "" && (p.Scoring == Sigmoid || s.softmaxBias) {
 		out.RouterBias = prefix + "." + n.bias
 		if err := k.bias(where, out.RouterBias, s.softmaxBias); err != nil {
@@ -131,8 +137,13 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 		}
 		for e := range out.Experts {
 			var err error
-			if out.Experts[e], err = k.views(fmt.Sprintf("%s: expert %d", where, e), gu, dn, e, p.MoEIntermediateSize, n.stackedTransposed, hint); err != nil {
+			if out.Experts[e], err = k.views(fmt.Sprintf("%s: expert %d", where, e), gu, dn, e, p.MoEIntermediateSize, n.stackedTransposed, n.stackedInterleaved, hint); err != nil {
 				return Layer{}, err
+			}
+			if n.stackedGateUpBias != "" {
+				if err := k.expertBiases(fmt.Sprintf("%s: expert %d", where, e), prefix+"."+n.stackedGateUpBias, prefix+"."+n.stackedDownBias, e, n.stackedInterleaved, &out.Experts[e]); err != nil {
+					return Layer{}, err
+				}
 			}
 		}
 	} else if !converted {
@@ -171,7 +182,7 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	var shared MLP
 	var err error
 	if n.sharedGateUp != "" {
-		shared, err = k.views(where+": shared expert", sp+"."+n.sharedGateUp, sp+"."+n.sharedDown, -1, p.SharedIntermediateSize, false, hint)
+		shared, err = k.views(where+": shared expert", sp+"."+n.sharedGateUp, sp+"."+n.sharedDown, -1, p.SharedIntermediateSize, false, false, hint)
 	} else {
 		shared, err = k.mlp(where+": shared expert", sp, n.proj, p.SharedIntermediateSize, hint)
 	}

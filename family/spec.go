@@ -64,6 +64,15 @@ type naming struct {
 	// x @ W): gate-up [E, H, 2I], gate columns then up columns, and down
 	// [E, I, H]; the views read them transposed.
 	stackedTransposed bool
+	// stackedInterleaved: transposed gate-up columns alternate gate, up,
+	// gate, up (gpt-oss) instead of all gate columns then all up.
+	stackedInterleaved bool
+	// stackedGateUpBias [E, 2I] (laid out as the gate-up columns) and
+	// stackedDownBias [E, H]: per-expert biases, relative to the MoE module.
+	stackedGateUpBias, stackedDownBias string
+	// routerLogitBias: the router's own bias, added to the logits
+	// (gpt-oss's "router.bias"), relative to the MoE module.
+	routerLogitBias string
 	// sharedGateUp / sharedDown: a shared MLP that stores gate and up rows
 	// in one [2I, H] tensor, relative to the shared module.
 	sharedGateUp, sharedDown string

@@ -55,7 +55,12 @@ type Contract struct {
 	// input, E(w * x), not its output (Llama 4); the engine multiplies the
 	// gathered rows by their slot weight before the grouped GEMM and sums
 	// the slots unweighted. Absent means output scaling.
-	RoutedInputScaled         bool    `json:"routed_input_scaled,omitempty"`
+	RoutedInputScaled bool `json:"routed_input_scaled,omitempty"`
+	// Activation of every expert; absent means SwiGLU, silu(gate) * up.
+	Activation *Activation `json:"activation,omitempty"`
+	// ExpertBias: every expert has gate, up and down biases, stacked as
+	// BiasNames says (gpt-oss).
+	ExpertBias                bool    `json:"expert_bias,omitempty"`
 	RoutedScalingFactorFolded bool    `json:"routed_scaling_factor_folded"`
 	FoldMode                  string  `json:"fold_mode"`           // auto, down or none
 	FoldMaxRelChange          float64 `json:"fold_max_rel_change"` // largest |folded - w*rsf| / |w*rsf| over folded values
@@ -116,6 +121,8 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: shared_slot_weight %v", c.SharedSlotWeight)
 	case math.IsNaN(c.OutputScale) || math.IsInf(c.OutputScale, 0) || c.OutputScale < 0:
 		return fmt.Errorf("moeprep contract: output_scale %v", c.OutputScale)
+	case c.Activation != nil && c.Activation.Check() != nil:
+		return fmt.Errorf("moeprep contract: %v", c.Activation.Check())
 	case c.Quantized() && len(c.WeightBlockSize) != 2:
 		return fmt.Errorf("moeprep contract: weight_block_size %v, want [rows, cols]", c.WeightBlockSize)
 	}
@@ -146,4 +153,20 @@ func ReadContract(config map[string]any) (*Contract, bool, error) {
 		return nil, true, err
 	}
 	return &c, true, nil
+}
+
+// Act is the experts' activation, SwiGLU when absent.
+func (c *Contract) Act() Activation {
+	if c.Activation == nil {
+		return Activation{}
+	}
+	return *c.Activation
+}
+
+// Biases names layer li's bias stacks; ok is false when the experts have none.
+func (c *Contract) Biases(li LayerInfo) (ExpertBiases, bool) {
+	if !c.ExpertBias {
+		return ExpertBiases{}, false
+	}
+	return BiasNames(c.Layout, li.Prefix), true
 }

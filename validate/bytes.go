@@ -325,7 +325,7 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		ranges [][2]int64
 		fold   float64
 	}
-	type parts struct{ gate, up, down, gs, us, ds piece }
+	type parts struct{ gate, up, down, gs, us, ds, gb, ub, db piece }
 	rsf := 0.0
 	if c.RoutedScalingFactorFolded {
 		rsf = c.RoutedScalingFactor
@@ -357,6 +357,22 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		pr.down = piece{d, d.block(0, H, s*I, I), 0}
 		if routed && !fp8 {
 			pr.down.fold = rsf
+		}
+		if c.ExpertBias { // views [I,1], [I,1] and [1,H] of the stacked biases
+			if m.GateBias == "" || !routed {
+				return pr, fmt.Errorf("%s: layer %d: the contract has expert biases, SRC's expert %d has none", src.Dir, li.Index, b)
+			}
+			for _, x := range []struct {
+				name       string
+				rows, cols int64
+				dst        *piece
+			}{{m.GateBias, I, 1, &pr.gb}, {m.UpBias, I, 1, &pr.ub}, {m.DownBias, 1, H, &pr.db}} {
+				v, err := get(x.name, x.rows, x.cols)
+				if err != nil {
+					return pr, err
+				}
+				*x.dst = piece{v, v.block(0, x.rows, 0, x.cols), 0}
+			}
 		}
 		if !fp8 {
 			return pr, nil
@@ -439,6 +455,17 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 	}
 	add(names.Down, wd, shapes.Down, one(func(pr parts) piece { return pr.down }))
 	add(names.DownScale, safetensors.F32, shapes.DownScale, one(func(pr parts) piece { return pr.ds }))
+	if bn, ok := c.Biases(li); ok {
+		n, bd := int64(bank), banks[0].gb.m.t.DType
+		first, second := func(pr parts) piece { return pr.gb }, func(pr parts) piece { return pr.ub }
+		if c.Layout == layout.UpGate {
+			first, second = second, first
+		}
+		add(bn.GateUp, bd, []int64{n, 2 * I}, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
+		add(bn.Gate, bd, []int64{n, I}, one(first))
+		add(bn.Up, bd, []int64{n, I}, one(second))
+		add(bn.Down, bd, []int64{n, H}, one(func(pr parts) piece { return pr.db }))
+	}
 	return nil
 }
 

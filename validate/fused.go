@@ -56,9 +56,13 @@ type FusedLayer struct {
 	Index      int
 	Router     string // [E,H], the source's name
 	RouterBias string // "" if none
-	Spec       RouteSpec
-	Contract   *layout.Contract
-	Names      layout.ExpertTensors
+	// RouterLogitBias is the router's own bias (gpt-oss), "" if none.
+	RouterLogitBias string
+	// Biases names the bias stacks (gpt-oss); nil when the experts have none.
+	Biases   *layout.ExpertBiases
+	Spec     RouteSpec
+	Contract *layout.Contract
+	Names    layout.ExpertTensors
 	// Shared is a shared expert that was NOT fused into the bank (convert
 	// without fuse-shared): it runs as a separate dense MLP, as engines
 	// without fusion do. SharedGate is Qwen2-MoE's per-token gate.
@@ -139,6 +143,29 @@ func (fl *FusedLayer) loader(src TensorSource, h, inter int) ExpertLoader {
 		if m.Down, err = loadMatrix(src, ref(n.Down, n.DownScale, e, h, inter)); err != nil {
 			return nil, wrap(err)
 		}
+		m.Act = c.Act()
+		if b := fl.Biases; b != nil {
+			if b.GateUp != "" {
+				gu, err := loadRow(src, b.GateUp, e, 2*inter)
+				if err != nil {
+					return nil, wrap(err)
+				}
+				m.GateBias, m.UpBias = gu[:inter], gu[inter:]
+				if n.Layout == layout.UpGate {
+					m.GateBias, m.UpBias = gu[inter:], gu[:inter]
+				}
+			} else {
+				if m.GateBias, err = loadRow(src, b.Gate, e, inter); err != nil {
+					return nil, wrap(err)
+				}
+				if m.UpBias, err = loadRow(src, b.Up, e, inter); err != nil {
+					return nil, wrap(err)
+				}
+			}
+			if m.DownBias, err = loadRow(src, b.Down, e, h); err != nil {
+				return nil, wrap(err)
+			}
+		}
 		return m, nil
 	}
 }
@@ -165,7 +192,7 @@ func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer,
 	if fl.Spec.NumExperts != fl.Contract.NumExperts {
 		return nil, fmt.Errorf("layer %d: config routes over %d experts, the contract says %d", fl.Index, fl.Spec.NumExperts, fl.Contract.NumExperts)
 	}
-	routed, err := routeLayer(src, fl.Spec, fl.Router, fl.RouterBias, x, t, h)
+	routed, err := routeLayer(src, fl.Spec, fl.Router, fl.RouterBias, fl.RouterLogitBias, x, t, h)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}

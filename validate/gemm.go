@@ -6,6 +6,7 @@ import (
 	"math"
 	"runtime"
 
+	"github.com/moeprep/moeprep/layout"
 	"golang.org/x/sync/errgroup"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
@@ -16,6 +17,9 @@ import (
 type ExpertMats struct {
 	Gate, Up []float32 // [I,H]
 	Down     []float32 // [H,I]
+	// GateBias, UpBias [I] and DownBias [H]: nil when the experts have none.
+	GateBias, UpBias, DownBias []float32
+	Act                        layout.Activation // zero: SwiGLU
 }
 
 func (m *ExpertMats) check(h, inter int) error {
@@ -42,6 +46,34 @@ func swiGLU(g, u []float32) {
 	for i, v := range g {
 		s := float64(v) / (1 + math.Exp(-float64(v)))
 		g[i] = float32(s) * u[i]
+	}
+}
+
+// activate is act(g + gb, u + ub) in place into g, for rows of len(gb)
+// (biases nil: none): SwiGLU as swiGLU computes it, any other activation
+// in float64 (layout.Activation.Apply).
+func activate(act layout.Activation, g, u, gb, ub []float32) {
+	if gb != nil {
+		addRowBias(g, gb)
+		addRowBias(u, ub)
+	}
+	if act.SwiGLU() {
+		swiGLU(g, u)
+		return
+	}
+	for i, v := range g {
+		g[i] = float32(act.Apply(float64(v), float64(u[i])))
+	}
+}
+
+// addRowBias adds b to every row of m (rows of len(b)), each sum rounded
+// to float32 as a biased linear layer does.
+func addRowBias(m, b []float32) {
+	if b == nil {
+		return
+	}
+	for i := range m {
+		m[i] += b[i%len(b)]
 	}
 }
 
@@ -123,9 +155,10 @@ func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *Exp
 	up := make([]float32, rows*inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Gate, h, 0, gate, inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Up, h, 0, up, inter)
-	swiGLU(gate, up)
+	activate(m.Act, gate, up, m.GateBias, m.UpBias)
 	ob := make([]float32, rows*h)
 	impl.Sgemm(blas.NoTrans, blas.Trans, rows, h, inter, 1, gate, inter, m.Down, inter, 0, ob, h)
+	addRowBias(ob, m.DownBias)
 	for r, s := range slots {
 		copy(out[int(s)*h:(int(s)+1)*h], ob[r*h:(r+1)*h])
 	}

@@ -7,8 +7,10 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/internal/cuda"
 )
 
@@ -43,6 +45,9 @@ func TestGPUCorrectConversions(t *testing.T) {
 		t.Run(c.name(), func(t *testing.T) {
 			src := filepath.Join(hfFixtures, c.fixture)
 			dst := convertInto(t, src, c.o)
+			if refusedOnGPU(t, src, dst) {
+				return
+			}
 			for _, prec := range []string{PrecisionBF16, PrecisionF32} {
 				block := []int{16, 64, 128}[i%3]
 				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1, Device: "cuda", GPUPrecision: prec, BlockSize: block})
@@ -118,6 +123,9 @@ func TestGPUMutationSuite(t *testing.T) {
 				factor = 3
 			}
 			t.Run(fmt.Sprintf("%s/%s", tt.name, prec), func(t *testing.T) {
+				if refusedOnGPU(t, tt.src, convertInto(t, tt.src, tt.o)) {
+					return
+				}
 				runMutation(t, tt, Options{Device: "cuda", GPUPrecision: prec, BlockSize: 16}, factor)
 			})
 		}
@@ -135,4 +143,42 @@ func TestGPUEveryExpertCorruptionCaught(t *testing.T) {
 			everyExpertCaught(t, Options{Device: DeviceCUDA, GPUPrecision: prec, CPUCheck: CPUCheckAll})
 		})
 	}
+}
+
+// refusedOnGPU reports whether src's experts are CPU-only (notOnGPU), after
+// checking that --device cuda refuses the conversion dst with that reason
+// and --device auto runs it on the CPU with a note.
+func refusedOnGPU(t *testing.T, src, dst string) bool {
+	t.Helper()
+	ck, err := checkpoint.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ck.Plan()
+	ck.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	why := (&session{srcPlan: p}).notOnGPU()
+	if why == "" {
+		return false
+	}
+	if _, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Device: "cuda"}); err == nil || !strings.Contains(err.Error(), why) {
+		t.Fatalf("--device cuda on CPU-only experts: %v, want the reason %q", err, why)
+	}
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Device: "auto"})
+	if err != nil || rep.Failed() || rep.Device != DeviceCPU || !strings.Contains(strings.Join(rep.Notes, "\n"), why) {
+		t.Fatalf("--device auto on CPU-only experts: %v (device %q, notes %q)", err, func() string {
+			if rep == nil {
+				return ""
+			}
+			return rep.Device
+		}(), func() []string {
+			if rep == nil {
+				return nil
+			}
+			return rep.Notes
+		}())
+	}
+	return true
 }

@@ -119,6 +119,9 @@ func conversionCases() []conv {
 	// Llama 4: experts stacked and transposed on disk, the routing weight
 	// scaling the expert input; HF's top-1, two MoE layers of four.
 	cases = append(cases, conv{"llama4-text", convert.Options{Layout: layout.GateUp}}, conv{"llama4-text", convert.Options{}})
+	// gpt-oss: interleaved transposed gate-up columns, biases, router bias,
+	// clamped SwiGLU (CPU only: the GPU refuses it, see notOnGPU).
+	cases = append(cases, conv{"gpt-oss", convert.Options{}}, conv{"gpt-oss", convert.Options{Layout: layout.UpGate}})
 	return cases
 }
 
@@ -297,6 +300,7 @@ func mutations(t *testing.T) []mutation {
 	ernie := filepath.Join(hfFixtures, "ernie4-5-moe")
 	granite := filepath.Join(hfFixtures, "granitemoeshared")
 	llama4 := filepath.Join(hfFixtures, "llama4-text")
+	gptoss := filepath.Join(hfFixtures, "gpt-oss")
 	return []mutation{
 		{"gate and up swapped in one expert", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(true)
@@ -391,6 +395,20 @@ func mutations(t *testing.T) []mutation {
 		{"llama4: one expert's down projection from its neighbour", llama4, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			n := layout.Names(layout.UpGate, "model.layers.1.feed_forward", false)
 			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) { copy(slice(raw, shape, 2), slice(raw, shape, 3)) })
+		}, 1},
+		// gpt-oss: the biases are stacked too.
+		{"gpt-oss: gate and up biases swapped in one expert", gptoss, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
+			b := layout.BiasNames(layout.GateUp, "model.layers.1.mlp")
+			rewriteTensor(t, dst, b.GateUp, func(raw []byte, shape []int64) {
+				e := slice(raw, shape, 3)
+				half := len(e) / 2
+				tmp := append([]byte(nil), e[:half]...)
+				copy(e[:half], e[half:])
+				copy(e[half:], tmp)
+			})
+		}, 1},
+		{"gpt-oss: one expert's down bias zeroed", gptoss, convert.Options{}, func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, layout.BiasNames(layout.Stacked, "model.layers.1.mlp").Down, func(raw []byte, shape []int64) { clear(slice(raw, shape, 6)) })
 		}, 1},
 		{"down projection transposed where square", square, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(false)

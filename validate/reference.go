@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/layout"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -39,7 +40,7 @@ func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.P
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
 	spec := SpecFromPlan(plan)
-	routed, err := routeLayer(src, spec, layer.Router, layer.RouterBias, x, t, h)
+	routed, err := routeLayer(src, spec, layer.Router, layer.RouterBias, layer.RouterLogitBias, x, t, h)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
@@ -73,7 +74,7 @@ func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.P
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			m, err := loadSourceMLP(src, layer.Experts[id], inter, h, block)
+			m, err := loadSourceMLP(src, layer.Experts[id], inter, h, block, plan.Act)
 			if err != nil {
 				return fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
 			}
@@ -120,8 +121,9 @@ func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.P
 	return &RefResult{Y: y, Routing: routed}, nil
 }
 
-// routeLayer loads a router (and its correction bias) and routes x.
-func routeLayer(src TensorSource, spec RouteSpec, router, bias string, x []float32, t, h int) (*Routing, error) {
+// routeLayer loads a router (and its correction bias, and its own logit
+// bias: "" when none) and routes x.
+func routeLayer(src TensorSource, spec RouteSpec, router, bias, logitBias string, x []float32, t, h int) (*Routing, error) {
 	wg, err := loadMatrix(src, matrixRef{Name: router, Index: -1, Rows: spec.NumExperts, Cols: h})
 	if err != nil {
 		return nil, err
@@ -136,6 +138,13 @@ func routeLayer(src TensorSource, spec RouteSpec, router, bias string, x []float
 	if err != nil {
 		return nil, err
 	}
+	if logitBias != "" {
+		lb, err := loadVector(src, logitBias, spec.NumExperts)
+		if err != nil {
+			return nil, err
+		}
+		addRowBias(logits, lb) // gpt-oss: F.linear(x, W, b), the sum rounded to float32
+	}
 	return Route(spec, logits, b, t)
 }
 
@@ -146,18 +155,31 @@ func blockOf(plan *family.Plan) int {
 	return 0
 }
 
-// refMLP is one SwiGLU MLP in float32 for the reference.
+// refMLP is one gated MLP in float32 for the reference.
 type refMLP struct {
 	gate, up, down []float32 // [I,H], [I,H], [H,I]
+	gb, ub, db     []float32 // biases [I], [I], [H]; nil when none
+	act            layout.Activation
 	h, inter       int
 }
 
-func loadSourceMLP(src TensorSource, names family.MLP, inter, h, block int) (*refMLP, error) {
+func loadSourceMLP(src TensorSource, names family.MLP, inter, h, block int, act layout.Activation) (*refMLP, error) {
 	ref := func(name, scale string, rows, cols int) matrixRef {
 		return matrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, BlockRows: block, BlockCols: block}
 	}
-	m := &refMLP{h: h, inter: inter}
+	m := &refMLP{h: h, inter: inter, act: act}
 	var err error
+	if names.GateBias != "" {
+		if m.gb, err = loadVector(src, names.GateBias, inter); err != nil {
+			return nil, err
+		}
+		if m.ub, err = loadVector(src, names.UpBias, inter); err != nil {
+			return nil, err
+		}
+		if m.db, err = loadVector(src, names.DownBias, h); err != nil {
+			return nil, err
+		}
+	}
 	if m.gate, err = loadMatrix(src, ref(names.Gate, names.GateScale, inter, h)); err != nil {
 		return nil, err
 	}
@@ -191,11 +213,14 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 			u[r*m.inter+i] = float32(dot64(x, ur))
 		}
 	}
-	swiGLU(g, u)
+	activate(m.act, g, u, m.gb, m.ub)
 	for j := range m.h {
 		dr := m.down[j*m.inter : (j+1)*m.inter]
 		for r := range xs {
 			outs[r][j] = float32(dot64(g[r*m.inter:(r+1)*m.inter], dr))
+			if m.db != nil {
+				outs[r][j] += m.db[j]
+			}
 		}
 	}
 }
@@ -208,7 +233,7 @@ func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan
 	if inter <= 0 {
 		inter = plan.NumSharedExperts * plan.MoEIntermediateSize
 	}
-	m, err := loadSourceMLP(src, *layer.Shared, inter, h, block)
+	m, err := loadSourceMLP(src, *layer.Shared, inter, h, block, plan.Act)
 	if err != nil {
 		return fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 	}

@@ -184,6 +184,7 @@ func (s *session) close() {
 // exit-1 error).
 func Run(ctx context.Context, o Options) (*Report, error) {
 	start := time.Now()
+	asked := o.Device
 	devNotes, err := o.norm()
 	if err != nil {
 		return nil, err
@@ -192,6 +193,16 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	defer s.close()
 	if err := s.open(); err != nil {
 		return nil, err
+	}
+	if o.Device == DeviceCUDA {
+		if why := s.notOnGPU(); why != "" {
+			if asked := strings.ToLower(strings.TrimSpace(asked)); asked == "cuda" || asked == "gpu" {
+				return nil, fmt.Errorf("validate --device cuda: %s; use --device cpu", why)
+			}
+			o.Device, s.o.Device = DeviceCPU, DeviceCPU
+			o.notice("validate: " + why + "; running on the CPU")
+			devNotes = append(devNotes, why+"; ran on the CPU (--device auto)")
+		}
 	}
 	if o.Bytes == BytesOnly {
 		rep := &Report{Src: o.Src, Dst: o.Dst, Device: "none (--bytes)", Seed: o.Seed, XDraw: XDraw}
@@ -320,6 +331,9 @@ func (s *session) sameModel() error {
 	if s.contract.NumExperts != s.srcPlan.NumExperts || s.contract.RoutedScalingFactor != s.srcPlan.RoutedScalingFactor {
 		return fmt.Errorf("%s: contract has %d experts, rsf %v; SRC has %d, rsf %v", s.o.Dst, s.contract.NumExperts, s.contract.RoutedScalingFactor, s.srcPlan.NumExperts, s.srcPlan.RoutedScalingFactor)
 	}
+	if s.contract.ExpertBias != s.srcPlan.ExpertBias || s.contract.Act() != s.srcPlan.Act {
+		return fmt.Errorf("%s: contract has expert_bias %v, activation %+v; SRC's family (%s) has %v, %+v", s.o.Dst, s.contract.ExpertBias, s.contract.Act(), s.srcPlan.ModelType, s.srcPlan.ExpertBias, s.srcPlan.Act)
+	}
 	if s.contract.RoutedInputScaled != s.srcPlan.RoutedInputScaled {
 		return fmt.Errorf("%s: contract has routed_input_scaled %v, SRC's family (%s) %v", s.o.Dst, s.contract.RoutedInputScaled, s.srcPlan.ModelType, s.srcPlan.RoutedInputScaled)
 	}
@@ -363,8 +377,11 @@ func (s *session) targets() ([]target, []string, error) {
 				return nil, nil, fmt.Errorf("%s: layer %d: contract prefix %q, checkpoint has %q", s.o.Dst, l.Index, li.Prefix, l.Prefix)
 			}
 			t := get(l.Index, l.MTP)
-			t.fused = &FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, Spec: SpecFromPlan(s.dstPlan),
-				Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate}
+			t.fused = &FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias,
+				Spec: SpecFromPlan(s.dstPlan), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate}
+			if b, ok := s.contract.Biases(li); ok {
+				t.fused.Biases = &b
+			}
 		}
 		if len(s.contract.Layers) != len(s.dstPlan.Layers) {
 			return nil, nil, fmt.Errorf("%s: the contract lists %d MoE layers, the checkpoint has %d", s.o.Dst, len(s.contract.Layers), len(s.dstPlan.Layers))
@@ -625,4 +642,19 @@ func judgeGolden(r *LayerResult, y []float32, rt *Routing, rsf float64, g *Golde
 		w[i] = v * float32(rsf)
 	}
 	judge(r, d, tol, rt.IDs, w, g.IDs, g.Weights, rt)
+}
+
+// notOnGPU names what the GPU kernels do not run yet for this checkpoint
+// ("" when they run all of it): per-expert biases and activations other than
+// SwiGLU (gpt-oss's clamped SwiGLU) are in the CPU twins only.
+func (s *session) notOnGPU() string {
+	for _, p := range []*family.Plan{s.srcPlan, s.dstPlan} {
+		if p != nil && (p.ExpertBias || !p.Act.SwiGLU()) {
+			return fmt.Sprintf("%s experts (biases, activation %+v) are not in the GPU grouped GEMM yet", p.ModelType, p.Act)
+		}
+	}
+	if c := s.contract; c != nil && (c.ExpertBias || !c.Act().SwiGLU()) {
+		return fmt.Sprintf("experts with biases or activation %+v are not in the GPU grouped GEMM yet", c.Act())
+	}
+	return ""
 }

@@ -174,13 +174,34 @@ func loadMatrix(src TensorSource, m matrixRef) ([]float32, error) {
 	return out, nil
 }
 
-// loadVector reads a 1-D (or [1,n]) tensor of n floats.
+// loadRow reads row index of a [N, n] tensor of floats (a stacked bias).
+func loadRow(src TensorSource, name string, index, n int) ([]float32, error) {
+	t, ok := src.Tensor(name)
+	if !ok {
+		return nil, fmt.Errorf("tensor %s is missing", name)
+	}
+	if len(t.Shape) != 2 || t.Shape[1] != int64(n) || index < 0 || int64(index) >= t.Shape[0] {
+		return nil, fmt.Errorf("%s: tensor %s has shape %v, want [N>%d,%d]", t.File, name, t.Shape, index, n)
+	}
+	raw, err := readElems(t, int64(index)*int64(n), int64(n))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, n)
+	if err := Decode(t.DType, raw, out); err != nil {
+		return nil, fmt.Errorf("%s: tensor %s: %w", t.File, name, err)
+	}
+	return out, nil
+}
+
+// loadVector reads a 1-D (or [1,n], or [n,1]: a bias cut from a stack by a
+// view) tensor of n floats.
 func loadVector(src TensorSource, name string, n int) ([]float32, error) {
 	t, ok := src.Tensor(name)
 	if !ok {
 		return nil, fmt.Errorf("tensor %s is missing", name)
 	}
-	if t.NumElements() != int64(n) || len(t.Shape) == 0 || len(t.Shape) > 2 || (len(t.Shape) == 2 && t.Shape[0] != 1) {
+	if t.NumElements() != int64(n) || len(t.Shape) == 0 || len(t.Shape) > 2 || (len(t.Shape) == 2 && t.Shape[0] != 1 && t.Shape[1] != 1) {
 		return nil, fmt.Errorf("%s: tensor %s has shape %v, want [%d]", t.File, name, t.Shape, n)
 	}
 	raw, err := readElems(t, 0, int64(n))
