@@ -80,18 +80,24 @@ func TestNotOnGPU(t *testing.T) {
 		fixture string
 		want    string
 	}{{"gpt-oss", "gpt_oss experts (biases"}, {"llama4-text", ""}, {"qwen3-moe", ""}} {
-		ck, err := checkpoint.Open(filepath.Join(hfFixtures, c.fixture))
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := ck.Plan()
-		ck.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := (&session{srcPlan: p}).notOnGPU()
+		got := (&session{srcPlan: planOf(t, filepath.Join(hfFixtures, c.fixture))}).notOnGPU()
 		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
 			t.Errorf("%s: notOnGPU() = %q, want %q", c.fixture, got, c.want)
 		}
 	}
+}
+
+// planOf plans the checkpoint in dir.
+func planOf(t *testing.T, dir string) *family.Plan {
+	t.Helper()
+	ck, err := checkpoint.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	p, err := ck.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

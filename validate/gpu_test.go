@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/internal/cuda"
 )
 
@@ -150,16 +149,7 @@ func TestGPUEveryExpertCorruptionCaught(t *testing.T) {
 // and --device auto runs it on the CPU with a note.
 func refusedOnGPU(t *testing.T, src, dst string) bool {
 	t.Helper()
-	ck, err := checkpoint.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := ck.Plan()
-	ck.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	why := (&session{srcPlan: p}).notOnGPU()
+	why := (&session{srcPlan: planOf(t, src)}).notOnGPU()
 	if why == "" {
 		return false
 	}

@@ -183,15 +183,7 @@ func loadRow(src TensorSource, name string, index, n int) ([]float32, error) {
 	if len(t.Shape) != 2 || t.Shape[1] != int64(n) || index < 0 || int64(index) >= t.Shape[0] {
 		return nil, fmt.Errorf("%s: tensor %s has shape %v, want [N>%d,%d]", t.File, name, t.Shape, index, n)
 	}
-	raw, err := readElems(t, int64(index)*int64(n), int64(n))
-	if err != nil {
-		return nil, err
-	}
-	out := make([]float32, n)
-	if err := Decode(t.DType, raw, out); err != nil {
-		return nil, fmt.Errorf("%s: tensor %s: %w", t.File, name, err)
-	}
-	return out, nil
+	return decodeElems(t, int64(index)*int64(n), n)
 }
 
 // loadVector reads a 1-D (or [1,n], or [n,1]: a bias cut from a stack by a
@@ -204,13 +196,18 @@ func loadVector(src TensorSource, name string, n int) ([]float32, error) {
 	if t.NumElements() != int64(n) || len(t.Shape) == 0 || len(t.Shape) > 2 || (len(t.Shape) == 2 && t.Shape[0] != 1 && t.Shape[1] != 1) {
 		return nil, fmt.Errorf("%s: tensor %s has shape %v, want [%d]", t.File, name, t.Shape, n)
 	}
-	raw, err := readElems(t, 0, int64(n))
+	return decodeElems(t, 0, n)
+}
+
+// decodeElems reads n elements of t from element off as float32.
+func decodeElems(t *checkpoint.Tensor, off int64, n int) ([]float32, error) {
+	raw, err := readElems(t, off, int64(n))
 	if err != nil {
 		return nil, err
 	}
 	out := make([]float32, n)
 	if err := Decode(t.DType, raw, out); err != nil {
-		return nil, fmt.Errorf("%s: tensor %s: %w", t.File, name, err)
+		return nil, fmt.Errorf("%s: tensor %s: %w", t.File, t.Name, err)
 	}
 	return out, nil
 }
