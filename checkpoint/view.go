@@ -151,12 +151,23 @@ func (r *transposedReader) ReadAt(b []byte, pos int64) (int, error) {
 		}
 		// Scatter: output byte q (from p up to the group's end) is element
 		// (i, row) = source (row, c0 + i*step).
+		// Per output row one division; within it the source offset steps by
+		// span per element (this runs for every byte Llama 4 and gpt-oss
+		// convert, so no division per element).
 		end := min(pos+int64(len(b)), i1*rowBytes)
-		for q := p; q < end; {
-			i, row, within := q/rowBytes, (q%rowBytes)/r.es, q%r.es
-			from := buf[row*span+(i-i0)*r.step*r.es+within:]
-			n := copy(b[q-pos:end-pos], from[:r.es-within])
-			q += int64(n)
+		for i := i0; i < i1; i++ {
+			lo, hi := max(p, i*rowBytes)-i*rowBytes, min(end, (i+1)*rowBytes)-i*rowBytes // bytes of row i wanted
+			dst, col := i*rowBytes+lo-pos, (i-i0)*r.step*r.es
+			src, within := (lo/r.es)*span+col, lo%r.es
+			if r.es == 2 && within == 0 { // bf16/f16: whole elements without a copy call each
+				for ; lo+1 < hi; lo, dst, src = lo+2, dst+2, src+span {
+					b[dst], b[dst+1] = buf[src], buf[src+1]
+				}
+			}
+			for off := lo; off < hi; {
+				n := copy(b[dst:dst+min(r.es-within, hi-off)], buf[src+within:src+r.es])
+				dst, off, src, within = dst+int64(n), off+int64(n), src+span, 0
+			}
 		}
 		done = int(end - pos)
 	}

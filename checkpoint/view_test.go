@@ -10,13 +10,14 @@ import (
 	"github.com/moeprep/moeprep/safetensors"
 )
 
-// stored is a Checkpoint of one [e, r, c] tensor of 2-byte elements whose
-// element (i, j, k) is the uint16 i*r*c + j*c + k, so any view's expected
-// bytes follow from index arithmetic alone.
+// stored is a Checkpoint of one [e, r, c] tensor of 2-byte elements of
+// random bytes (seeded): any view's expected bytes follow from index
+// arithmetic on data, and no two places are likely to hold the same pair.
 func stored(e, r, c int64) (*Checkpoint, []byte) {
 	data := make([]byte, e*r*c*2)
-	for n := range e * r * c {
-		data[2*n], data[2*n+1] = byte(n), byte(n>>8)
+	rng := rand.New(rand.NewPCG(uint64(e), uint64(r*c)))
+	for n := range data {
+		data[n] = byte(rng.Uint32())
 	}
 	t := &Tensor{Name: "w", DType: safetensors.BF16, Shape: []int64{e, r, c}, File: "model.safetensors", Data: bytes.NewReader(data)}
 	return &Checkpoint{byName: map[string]*Tensor{"w": t}}, data

@@ -3,7 +3,6 @@ package family
 import (
 	"fmt"
 	"slices"
-	"strconv"
 
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -221,10 +220,10 @@ func (k *checker) expertBiases(where, gateUp, down string, e int, interleaved bo
 			return fmt.Errorf("%s: %s is %s %s, expected a float %s", where, w.name, meta.DType, shapeString(meta.Shape), shapeString(w.shape))
 		}
 	}
-	row := ViewName(gateUp, -1, e, e+1)
-	m.GateBias, m.UpBias = row+"[T:0:"+strconv.Itoa(int(i))+":1]", row+"[T:"+strconv.Itoa(int(i))+":"+strconv.Itoa(int(i))+":1]"
+	row, n := ViewName(gateUp, -1, e, e+1), int(i) // [1, 2I]: its columns, transposed, are a vector
+	m.GateBias, m.UpBias = TransposedViewName(row, -1, 0, n, 1), TransposedViewName(row, -1, n, n, 1)
 	if interleaved {
-		m.GateBias, m.UpBias = row+"[T:0:"+strconv.Itoa(int(i))+":2]", row+"[T:1:"+strconv.Itoa(int(i))+":2]"
+		m.GateBias, m.UpBias = TransposedViewName(row, -1, 0, n, 2), TransposedViewName(row, -1, 1, n, 2)
 	}
 	m.DownBias = ViewName(down, -1, e, e+1)
 	return nil

@@ -649,8 +649,16 @@ func judgeGolden(r *LayerResult, y []float32, rt *Routing, rsf float64, g *Golde
 // SwiGLU (gpt-oss's clamped SwiGLU) are in the CPU twins only.
 func (s *session) notOnGPU() string {
 	for _, p := range []*family.Plan{s.srcPlan, s.dstPlan} {
-		if p != nil && (p.ExpertBias || !p.Act.SwiGLU()) {
+		if p == nil {
+			continue
+		}
+		if p.ExpertBias || !p.Act.SwiGLU() {
 			return fmt.Sprintf("%s experts (biases, activation %+v) are not in the GPU grouped GEMM yet", p.ModelType, p.Act)
+		}
+		for _, l := range p.Layers {
+			if l.RouterLogitBias != "" {
+				return fmt.Sprintf("%s's router bias (%s) is not in the GPU gate yet", p.ModelType, l.RouterLogitBias)
+			}
 		}
 	}
 	if c := s.contract; c != nil && (c.ExpertBias || !c.Act().SwiGLU()) {
