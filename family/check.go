@@ -14,7 +14,8 @@ type checker struct {
 	t         Tensors
 	p         *Plan
 	dtype     safetensors.DType
-	dtypeFrom string // the tensor that set dtype, for error messages
+	dtypeFrom string               // the tensor that set dtype, for error messages
+	hash      func(layer int) bool // hash-routed layers (nil: none)
 }
 
 func isFloat(d safetensors.DType) bool {
@@ -180,6 +181,21 @@ func (k *checker) bias(where, name string, row bool) error {
 	}
 	return k.small(where, "router bias", name, want,
 		fmt.Sprintf("(E=%d; sigmoid routing needs e_score_correction_bias)", k.p.NumExperts))
+}
+
+// hashTable checks a token-to-experts table: [vocab, k] integers.
+func (k *checker) hashTable(where, name string) error {
+	meta, ok := k.t.Lookup(name)
+	if !ok {
+		return fmt.Errorf("%s: missing hash routing table %s (config.json mlp_layer_types says hash_moe)", where, name)
+	}
+	if len(meta.Shape) != 2 || meta.Shape[0] <= 0 || meta.Shape[1] != int64(k.p.TopK) {
+		return fmt.Errorf("%s: hash routing table %s shape %s, expected [vocab, %d] (top-k %d)", where, name, shapeString(meta.Shape), k.p.TopK, k.p.TopK)
+	}
+	if meta.DType != safetensors.I64 && meta.DType != safetensors.I32 {
+		return fmt.Errorf("%s: hash routing table %s dtype %s, expected I64 or I32", where, name, meta.DType)
+	}
+	return nil
 }
 
 // sharedGate checks Qwen2-MoE's per-token shared-expert gate [1,H].

@@ -17,6 +17,9 @@ const (
 	Softmax Scoring = "softmax" // Qwen, Mixtral, DeepSeek-V2
 	// SparseMixer is Phi-3.5-MoE's top-2 router (phimoe.go).
 	SparseMixer Scoring = "sparsemixer"
+	// SqrtSoftplus is DeepSeek-V4's: s = sqrt(softplus(logit)), ranked by
+	// s + correction bias, weights s[ids] normalised (+1e-20).
+	SqrtSoftplus Scoring = "sqrtsoftplus"
 )
 
 // TopKMethod is how experts are picked from the scores.
@@ -63,9 +66,14 @@ type Layer struct {
 	// before top-k and the weights (gpt-oss), unlike a correction bias,
 	// which only steers the choice. "" if none.
 	RouterLogitBias string
-	Experts         []MLP  // routed experts, index = expert id
-	Shared          *MLP   // nil when the family has no shared expert
-	SharedGate      string // per-token shared-expert gate [1,H] (Qwen2-MoE), "" if none
+	// HashTable is a hash-routed layer's token-to-experts table [vocab, k]
+	// (DeepSeek-V4's gate.tid2eid, int64): the experts of a token are
+	// table[token id], not a top-k of its scores, which only weight them.
+	// "" for a routed layer.
+	HashTable  string
+	Experts    []MLP  // routed experts, index = expert id
+	Shared     *MLP   // nil when the family has no shared expert
+	SharedGate string // per-token shared-expert gate [1,H] (Qwen2-MoE), "" if none
 }
 
 // Plan is everything moeprep needs to know about a checkpoint's MoE layers.

@@ -93,6 +93,11 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	}
 
 	k := &checker{t: t, p: p}
+	if s.names.hashTable != "" {
+		if k.hash, err = hashLayers(c, p.NumHiddenLayers); err != nil {
+			return nil, err
+		}
+	}
 	for _, l := range append(moe, mtp...) {
 		layer, err := s.layer(k, l, l >= p.NumHiddenLayers, module, byLayer[l], converted)
 		if err != nil {
@@ -122,7 +127,21 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 			return Layer{}, err
 		}
 	}
-	if n.bias != "" && (p.Scoring == Sigmoid || s.softmaxBias) {
+	hashed := k.hash != nil && k.hash(l)
+	if n.hashTable != "" {
+		table := prefix + "." + n.hashTable
+		_, present := k.t.Lookup(table)
+		switch {
+		case hashed:
+			out.HashTable = table
+			if err := k.hashTable(where, table); err != nil {
+				return Layer{}, err
+			}
+		case present:
+			return Layer{}, fmt.Errorf("%s: holds a hash routing table %s but config.json (mlp_layer_types) routes it by top-k", where, table)
+		}
+	}
+	if n.bias != "" && !hashed && (p.Scoring == Sigmoid || p.Scoring == SqrtSoftplus || s.softmaxBias) {
 		out.RouterBias = prefix + "." + n.bias
 		if err := k.bias(where, out.RouterBias, s.softmaxBias); err != nil {
 			return Layer{}, err

@@ -73,6 +73,10 @@ type naming struct {
 	// routerLogitBias: the router's own bias, added to the logits
 	// (gpt-oss's "router.bias"), relative to the MoE module.
 	routerLogitBias string
+	// hashTable: a hash-routed layer's token-to-experts table, relative to
+	// the MoE module (DeepSeek-V4's "gate.tid2eid" [vocab, k] int64). Which
+	// layers are hash-routed the layer rule says (hashOrMoE).
+	hashTable string
 	// sharedGateUp / sharedDown: a shared MLP that stores gate and up rows
 	// in one [2I, H] tensor, relative to the shared module.
 	sharedGateUp, sharedDown string
@@ -130,7 +134,26 @@ const (
 	periodOffset                      // Jamba: L % expert_layer_period == expert_layer_offset
 	startEndInterval                  // ERNIE 4.5: start <= L <= end (-1: last) && (L+1) % interval == 0
 	moeLayerList                      // Llama 4: L in moe_layers, else (L+1) % interleave_moe_layer_step == 0
+	hashOrMoE                         // DeepSeek-V4: every layer; mlp_layer_types[L] is "moe" or "hash_moe"
 )
+
+// hashLayers says which layers route by token id (DeepSeek-V4's "hash_moe"
+// entries of mlp_layer_types; without the list, the first num_hash_layers,
+// 3 by default, as DeepseekV4Config fills it).
+func hashLayers(c config, layers int) (func(int) bool, error) {
+	if c.has("mlp_layer_types") {
+		types, err := c.strs("mlp_layer_types")
+		if err != nil {
+			return nil, err
+		}
+		return func(l int) bool { return l < len(types) && types[l] == "hash_moe" }, nil
+	}
+	n, err := c.count("num_hash_layers", 3)
+	if err != nil {
+		return nil, err
+	}
+	return func(l int) bool { return l < n && l < layers }, nil
+}
 
 func (r layerRule) moe(c config, k configKeys, layers int) (func(int) bool, error) {
 	dense := func() (int, error) {
@@ -194,6 +217,20 @@ func (r layerRule) moe(c config, k configKeys, layers int) (func(int) bool, erro
 			return nil, err
 		}
 		return func(l int) bool { return l >= start && l <= end && (l+1)%every == 0 }, nil
+	case hashOrMoE:
+		types, err := c.strs("mlp_layer_types")
+		if err != nil {
+			return nil, err
+		}
+		if types != nil && len(types) != layers {
+			return nil, fmt.Errorf("config.json: mlp_layer_types has %d entries for num_hidden_layers=%d", len(types), layers)
+		}
+		for i, t := range types {
+			if t != "moe" && t != "hash_moe" {
+				return nil, fmt.Errorf("config.json: mlp_layer_types[%d] = %q (want moe or hash_moe)", i, t)
+			}
+		}
+		return func(int) bool { return true }, nil
 	case moeLayerList:
 		if c.has("moe_layers") {
 			list, err := c.ints("moe_layers")

@@ -37,12 +37,19 @@ type Summary struct {
 	RoutedScalingFactor    float64 `json:"routed_scaling_factor"`
 	OutputScale            float64 `json:"output_scale,omitempty"`        // Cohere2 average: 0.5; absent means 1
 	RoutedInputScaled      bool    `json:"routed_input_scaled,omitempty"` // Llama 4: the weight scales the expert input
-	NumHiddenLayers        int     `json:"num_hidden_layers"`
-	MoELayers              []int   `json:"moe_layers"`
-	MTPLayers              []int   `json:"mtp_layers"`
-	NumTensors             int     `json:"num_tensors"`
-	TotalBytes             int64   `json:"total_bytes"`
-	WeightFiles            int     `json:"weight_files"`
+	// Activation is the experts' gated activation where it is not plain
+	// SwiGLU (gpt-oss, DeepSeek-V4's clamp); ExpertBias: the experts have
+	// biases (gpt-oss).
+	Activation      *layout.Activation `json:"activation,omitempty"`
+	ExpertBias      bool               `json:"expert_bias,omitempty"`
+	NumHiddenLayers int                `json:"num_hidden_layers"`
+	MoELayers       []int              `json:"moe_layers"`
+	// HashLayers are the MoE layers routed by token id (DeepSeek-V4's hash_moe).
+	HashLayers  []int `json:"hash_layers,omitempty"`
+	MTPLayers   []int `json:"mtp_layers"`
+	NumTensors  int   `json:"num_tensors"`
+	TotalBytes  int64 `json:"total_bytes"`
+	WeightFiles int   `json:"weight_files"`
 	// Contract is the moeprep section of a converted checkpoint, nil for a source checkpoint.
 	Contract *layout.Contract `json:"moeprep,omitempty"`
 }
@@ -91,7 +98,15 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 		MoELayers:         []int{}, MTPLayers: []int{},
 		NumTensors: len(c.Tensors), TotalBytes: c.TotalBytes(),
 	}
+	if !p.Act.SwiGLU() {
+		act := p.Act
+		s.Activation = &act
+	}
+	s.ExpertBias = p.ExpertBias
 	for _, l := range p.Layers {
+		if l.HashTable != "" {
+			s.HashLayers = append(s.HashLayers, l.Index)
+		}
 		s.MoELayers = append(s.MoELayers, l.Index)
 		if l.MTP {
 			s.MTPLayers = append(s.MTPLayers, l.Index)
@@ -134,6 +149,16 @@ func WriteText(w io.Writer, s *Summary) error {
 	if s.RoutedScalingFactor != 1 {
 		routing += fmt.Sprintf(", routed_scaling_factor %g", s.RoutedScalingFactor)
 	}
+	experts := "SwiGLU"
+	if a := s.Activation; a != nil {
+		experts = fmt.Sprintf("clamped SwiGLU (alpha %g, limit %g, up offset %g)", max(a.Alpha, 1), a.Limit, a.UpOffset)
+		if a.Alpha == 0 {
+			experts = fmt.Sprintf("clamped SwiGLU (limit %g, up offset %g)", a.Limit, a.UpOffset)
+		}
+	}
+	if s.ExpertBias {
+		experts += ", with biases"
+	}
 	rows := [][2]string{
 		{"checkpoint", s.Dir},
 		{"family", fmt.Sprintf("%s (model_type %s)", s.Family, s.ModelType)},
@@ -143,7 +168,11 @@ func WriteText(w io.Writer, s *Summary) error {
 		{"routed experts", fmt.Sprint(s.NumExperts)},
 		{"shared experts", shared},
 		{"routing", routing},
+		{"experts", experts},
 		{"MoE layers", fmt.Sprintf("%d of %d: %s", len(s.MoELayers), s.NumHiddenLayers, Ranges(s.MoELayers))},
+	}
+	if len(s.HashLayers) > 0 {
+		rows = append(rows, [2]string{"hash routed", Ranges(s.HashLayers) + " (experts from the token-id table)"})
 	}
 	if len(s.MTPLayers) > 0 {
 		rows = append(rows, [2]string{"MTP layers", Ranges(s.MTPLayers)})

@@ -15,6 +15,8 @@ const (
 	Sigmoid Scoring = 0
 	// Softmax: p = softmax(logits), ranked by p (Qwen, Mixtral, DeepSeek-V2).
 	Softmax Scoring = 1
+	// SqrtSoftplus: s = sqrt(softplus(logit)), ranked by s + correction bias (DeepSeek-V4).
+	SqrtSoftplus Scoring = 2
 )
 
 // GateMaxExperts is the largest routed expert count the gate kernel takes.
@@ -78,7 +80,7 @@ func (s GateSpec) SlotsPerToken() int { return s.TopK + s.SharedSlots }
 func (s GateSpec) Check() error {
 	e := s.NumExperts
 	switch {
-	case s.Scoring != Sigmoid && s.Scoring != Softmax:
+	case s.Scoring != Sigmoid && s.Scoring != Softmax && s.Scoring != SqrtSoftplus:
 		return fmt.Errorf("gate: unknown scoring %d", s.Scoring)
 	case e <= 0 || e > GateMaxExperts:
 		return fmt.Errorf("gate: %d experts (the kernel takes 1..%d)", e, GateMaxExperts)
@@ -187,7 +189,7 @@ func GateKernelCtx(c *cuda.Ctx, kernel string, stream cuda.Stream, spec GateSpec
 		return fmt.Errorf("gate: logits hold %d values, want %d tokens x %d experts", logits.Len(), t, e)
 	case bias != nil && bias.Len() < e:
 		return fmt.Errorf("gate: correction bias holds %d values for %d experts", bias.Len(), e)
-	case bias != nil && spec.Scoring != Sigmoid && variant != GateReg:
+	case bias != nil && spec.Scoring == Softmax && variant != GateReg:
 		return fmt.Errorf("gate: a correction bias with softmax scoring (ERNIE 4.5) needs the %s kernel", GateReg)
 	case out.IDs.Len() < t*k || out.Weights.Len() < t*k:
 		return fmt.Errorf("gate: outputs hold %d ids and %d weights, want %d", out.IDs.Len(), out.Weights.Len(), t*k)

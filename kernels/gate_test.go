@@ -40,13 +40,19 @@ var gateCases = []gateCase{
 	{name: "deepseek-v2 softmax group max 160 groups 8/3 shared S=2 R=2", t: 70, spec: kernels.GateSpec{Scoring: kernels.Softmax, NumExperts: 160, TopK: 6, NGroup: 8, TopKGroup: 3, GroupByMax: true, SharedSlots: 2, SharedReplicas: 2, SharedWeight: float32(1 / 16.0)}},
 	{name: "softmax ties: 4 levels, 384 experts", t: 31, levels: 4, spec: kernels.GateSpec{Scoring: kernels.Softmax, NumExperts: 384, TopK: 8, NormTopKProb: true}},
 	{name: "ernie-4.5 softmax + correction bias 64 top-6 shared", t: 45, bias: true, spec: kernels.GateSpec{Scoring: kernels.Softmax, NumExperts: 64, TopK: 6, NormTopKProb: true, SharedSlots: 2, SharedReplicas: 1, SharedWeight: 1}},
+	{name: "deepseek-v4 sqrtsoftplus + bias 256 top-6 shared R=8", t: 77, bias: true, spec: kernels.GateSpec{Scoring: kernels.SqrtSoftplus, NumExperts: 256, TopK: 6, NormTopKProb: true, SharedSlots: 1, SharedReplicas: 8, SharedWeight: float32(1 / 1.5)}},
+	{name: "sqrtsoftplus ties: 3 levels, 384 experts", t: 21, levels: 3, bias: true, spec: kernels.GateSpec{Scoring: kernels.SqrtSoftplus, NumExperts: 384, TopK: 8, NormTopKProb: true}},
+	{name: "sqrtsoftplus NaN ranks last", t: 9, bias: true, nans: 4, spec: kernels.GateSpec{Scoring: kernels.SqrtSoftplus, NumExperts: 64, TopK: 6, NormTopKProb: true}},
 	{name: "softmax NaN poisons the row (as the twin)", t: 3, nans: 1, spec: kernels.GateSpec{Scoring: kernels.Softmax, NumExperts: 64, TopK: 4, NormTopKProb: true}},
 }
 
 func routeSpec(s kernels.GateSpec) validate.RouteSpec {
 	sc := family.Sigmoid
-	if s.Scoring == kernels.Softmax {
+	switch s.Scoring {
+	case kernels.Softmax:
 		sc = family.Softmax
+	case kernels.SqrtSoftplus:
+		sc = family.SqrtSoftplus
 	}
 	r := validate.RouteSpec{Scoring: sc, NumExperts: s.NumExperts, TopK: s.TopK, NGroup: s.NGroup, TopKGroup: s.TopKGroup,
 		NormTopKProb: s.NormTopKProb, GroupByMax: s.GroupByMax, RoutedScalingFactor: 2.5}

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/layout"
 )
 
 // FP8ScaleBlock is the edge of the square FP8 quantisation blocks the
@@ -28,6 +29,13 @@ type ExpertBank struct {
 	Down     Mat
 
 	GateScale, UpScale, GateUpScale, DownScale *cuda.Buffer[float32]
+
+	// Act is the experts' gated activation (zero: SwiGLU). GateBias,
+	// UpBias [E,I] and DownBias [E,H] are f32 per-expert biases, nil when
+	// the experts have none. A bank with either runs stage 1 unfused
+	// (act.go): the fused epilogue is silu(g) * u alone.
+	Act                        layout.Activation
+	GateBias, UpBias, DownBias *cuda.Buffer[float32]
 }
 
 // Fused reports whether the bank holds one gate_up tensor.
@@ -204,6 +212,10 @@ type GEMMOptions struct {
 	// the intermediate bf16, as serving engines run).
 	Act  MatDType
 	Path GEMMPath
+	// Scratch is f32 room for 2 x Numel x I values: the raw gate and up
+	// projections of a bank whose experts run stage 1 unfused (biases or a
+	// non-SwiGLU activation); unused otherwise.
+	Scratch *cuda.Buffer[float32]
 }
 
 // kernel returns a stage's kernel name and block size for reduction
@@ -287,6 +299,9 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 	if err := inter.need("grouped gemm: intermediate", sorted.Numel*bank.I, opt.Act); err != nil {
 		return err
 	}
+	if bank.unfusedAct() {
+		return moeGateUpAct(dev, st, bank, sorted, x, topk, inter, opt)
+	}
 	wg, wu, ws, sg, su, ss, err := bank.gateUpPtrs()
 	if err != nil {
 		return err
@@ -343,9 +358,15 @@ func MoEDown(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted,
 	if err != nil {
 		return err
 	}
-	return m.Launch(fn, grid, Block(threads), 0, st,
+	if err := m.Launch(fn, grid, Block(threads), 0, st,
 		sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, inter.Ptr, bank.Down.Ptr, int64(bank.I*bank.H), sd, ss, out,
-		int32(sorted.Numel), int32(bank.H), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts))
+		int32(sorted.Numel), int32(bank.H), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts)); err != nil {
+		return err
+	}
+	if bank.DownBias != nil {
+		return moeDownBias(dev, st, bank, sorted, out)
+	}
+	return nil
 }
 
 // GroupedGEMM queues both stages: out [Numel,H] f32 from x [T,H] through the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/kernels"
+	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate"
 )
 
@@ -360,5 +361,125 @@ func TestGroupedGEMMFP8Decode(t *testing.T) {
 			}
 		}
 		t.Logf("fp8 decode %s: %d of 256 codes wrong", d.name, bad)
+	}
+}
+
+// TestGroupedGEMMActivations runs the fallback for experts with biases and
+// gated activations other than SwiGLU (act.go: ungated projections, then
+// moe_act_*, then moe_down_bias) against validate.GroupedGEMM with the same
+// biases and activation. Limits are small enough that the clamps bind on
+// these unit-scale projections. Tolerances as TestGroupedGEMM's.
+func TestGroupedGEMMActivations(t *testing.T) {
+	dev := testDevice(t)
+	r := rand.New(rand.NewPCG(17, 18))
+	acts := []struct {
+		name   string
+		act    layout.Activation
+		biases bool
+	}{
+		{"gpt-oss clamped swiglu + biases", layout.Activation{Alpha: 1.702, Limit: 0.6, UpOffset: 1}, true},
+		{"deepseek-v4 clamp", layout.Activation{Limit: 0.5}, false},
+		{"swiglu + biases", layout.Activation{}, true},
+	}
+	cases := []gemmCase{
+		{name: "bf16 separate", tok: 23, e: 8, k: 3, h: 96, inter: 64, block: 16, w: kernels.MatBF16, allOn: -1},
+		{name: "fp8 gate_up", tok: 19, e: 16, k: 4, h: 160, inter: 96, block: 16, w: kernels.MatFP8, fused: true, allOn: -1},
+		{name: "f32 up_gate", tok: 11, e: 4, k: 2, h: 64, inter: 48, block: 32, w: kernels.MatF32, fused: true, upGate: true, allOn: -1},
+	}
+	modes := []struct {
+		name string
+		opt  kernels.GEMMOptions
+		tol  float64
+	}{
+		{"f32", kernels.GEMMOptions{Act: kernels.MatF32}, tolF32},
+		{"bf16", kernels.GEMMOptions{Act: kernels.MatBF16}, tolBF16},
+	}
+	for _, c := range cases {
+		ew := makeExperts(r, c)
+		ids := routeIDs(r, c)
+		al, err := validate.AlignBlockSize(ids, c.e, c.block)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sorted := uploadSorted(t, dev, al, ids, c.e)
+		x := randn(r, c.tok*c.h, 1)
+		numel := c.tok * c.k
+		for _, a := range acts {
+			bank := ew.bank(t, dev, c)
+			bank.Act = a.act
+			var gb, ub, db []float32
+			if a.biases {
+				gb, ub, db = randn(r, c.e*c.inter, 0.5), randn(r, c.e*c.inter, 0.5), randn(r, c.e*c.h, 0.5)
+				bank.GateBias, bank.UpBias, bank.DownBias = toDevice(t, dev, gb), toDevice(t, dev, ub), toDevice(t, dev, db)
+			}
+			load := func(_ context.Context, e int) (*validate.ExpertMats, error) {
+				m := ew.mats[e]
+				out := &validate.ExpertMats{Gate: slices.Clone(m.Gate), Up: slices.Clone(m.Up), Down: slices.Clone(m.Down), Act: a.act}
+				if a.biases {
+					out.GateBias, out.UpBias, out.DownBias = gb[e*c.inter:(e+1)*c.inter], ub[e*c.inter:(e+1)*c.inter], db[e*c.h:(e+1)*c.h]
+				}
+				return out, nil
+			}
+			for _, m := range modes {
+				t.Run(fmt.Sprintf("%s/%s/%s", c.name, a.name, m.name), func(t *testing.T) {
+					xin, xm := x, kernels.F32Mat(toDevice(t, dev, x))
+					inter := kernels.F32Mat(poisoned(t, dev, numel*c.inter))
+					if m.opt.Act == kernels.MatBF16 {
+						xb := toBF16(x)
+						xin, xm = fromBF16(xb), kernels.BF16Mat(toDevice(t, dev, xb))
+						inter = kernels.BF16Mat(toDevice(t, dev, make([]uint16, numel*c.inter)))
+					}
+					out := poisoned(t, dev, numel*c.h)
+					opt := m.opt
+					if err := kernels.GroupedGEMM(dev, 0, bank, sorted, xm, c.tok, c.k, inter, out, opt); err == nil {
+						t.Fatal("no scratch accepted")
+					}
+					opt.Scratch = poisoned(t, dev, 2*numel*c.inter)
+					if err := kernels.GroupedGEMM(dev, 0, bank, sorted, xm, c.tok, c.k, inter, out, opt); err != nil {
+						t.Fatal(err)
+					}
+					got := fromDevice(t, out)
+					want, err := validate.GroupedGEMM(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, 1)
+					if err != nil {
+						t.Fatal(err)
+					}
+					plain := *bank
+					plain.Act, plain.GateBias, plain.UpBias, plain.DownBias = layout.Activation{}, nil, nil, nil
+					e := relL2(got, want)
+					t.Logf("rel_l2 %.3g (tolerance %g)", e, m.tol)
+					if !(e <= m.tol) {
+						t.Fatalf("rel_l2 %.3g over %g", e, m.tol)
+					}
+					// The details matter: the plain SwiGLU bank is far from it.
+					if err := kernels.GroupedGEMM(dev, 0, &plain, sorted, xm, c.tok, c.k, inter, out, opt); err != nil {
+						t.Fatal(err)
+					}
+					if d := relL2(fromDevice(t, out), want); !(d > 50*m.tol) {
+						t.Fatalf("without biases and activation rel_l2 is only %.3g", d)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestAddBiasRows checks the router logit bias kernel against the f32 sum.
+func TestAddBiasRows(t *testing.T) {
+	dev := testDevice(t)
+	r := rand.New(rand.NewPCG(19, 20))
+	rows, cols := 37, 129
+	m, b := randn(r, rows*cols, 3), randn(r, cols, 1)
+	dm := toDevice(t, dev, m)
+	if err := kernels.AddBiasRows(dev, 0, dm, toDevice(t, dev, b), rows, cols); err != nil {
+		t.Fatal(err)
+	}
+	got := fromDevice(t, dm)
+	for i, v := range got {
+		if want := m[i] + b[i%cols]; v != want {
+			t.Fatalf("element %d: %v, want %v", i, v, want)
+		}
+	}
+	if err := kernels.AddBiasRows(dev, 0, dm, toDevice(t, dev, b[:5]), rows, cols); err == nil {
+		t.Fatal("short bias accepted")
 	}
 }

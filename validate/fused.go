@@ -58,6 +58,8 @@ type FusedLayer struct {
 	RouterBias string // "" if none
 	// RouterLogitBias is the router's own bias (gpt-oss), "" if none.
 	RouterLogitBias string
+	// HashTable is a hash-routed layer's token-to-experts table (DeepSeek-V4), "" if none.
+	HashTable string
 	// Biases names the bias stacks (gpt-oss); nil when the experts have none.
 	Biases   *layout.ExpertBiases
 	Spec     RouteSpec
@@ -76,6 +78,10 @@ type FusedResult struct {
 	Routing *Routing
 	Slots   *Slots
 	Align   *Alignment
+}
+
+func (fl *FusedLayer) router() routerRef {
+	return routerRef{Router: fl.Router, Bias: fl.RouterBias, LogitBias: fl.RouterLogitBias, Hash: fl.HashTable}
 }
 
 // stackDims reads H and I from the stacked tensors and checks the bank size.
@@ -144,44 +150,56 @@ func (fl *FusedLayer) loader(src TensorSource, h, inter int) ExpertLoader {
 			return nil, wrap(err)
 		}
 		m.Act = c.Act()
-		if b := fl.Biases; b != nil {
-			if b.GateUp != "" {
-				gu, err := loadRow(src, b.GateUp, e, 2*inter)
-				if err != nil {
-					return nil, wrap(err)
-				}
-				m.GateBias, m.UpBias = gu[:inter], gu[inter:]
-				if n.Layout == layout.UpGate {
-					m.GateBias, m.UpBias = gu[inter:], gu[:inter]
-				}
-			} else {
-				if m.GateBias, err = loadRow(src, b.Gate, e, inter); err != nil {
-					return nil, wrap(err)
-				}
-				if m.UpBias, err = loadRow(src, b.Up, e, inter); err != nil {
-					return nil, wrap(err)
-				}
-			}
-			if m.DownBias, err = loadRow(src, b.Down, e, h); err != nil {
-				return nil, wrap(err)
-			}
+		if m.GateBias, m.UpBias, m.DownBias, err = fl.expertBiases(src, e, h, inter); err != nil {
+			return nil, wrap(err)
 		}
 		return m, nil
 	}
+}
+
+// expertBiases reads bank expert e's gate, up [inter] and down [h] biases
+// from the layer's bias stacks (all nil when the experts have none).
+func (fl *FusedLayer) expertBiases(src TensorSource, e, h, inter int) (gb, ub, db []float32, err error) {
+	b := fl.Biases
+	if b == nil {
+		return nil, nil, nil, nil
+	}
+	if b.GateUp != "" {
+		gu, err := loadRow(src, b.GateUp, e, 2*inter)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		gb, ub = gu[:inter], gu[inter:]
+		if fl.Names.Layout == layout.UpGate {
+			gb, ub = gu[inter:], gu[:inter]
+		}
+	} else {
+		if gb, err = loadRow(src, b.Gate, e, inter); err != nil {
+			return nil, nil, nil, err
+		}
+		if ub, err = loadRow(src, b.Up, e, inter); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	if db, err = loadRow(src, b.Down, e, h); err != nil {
+		return nil, nil, nil, err
+	}
+	return gb, ub, db, nil
 }
 
 // FusedLayerRun runs one converted layer the way a serving engine does:
 // gate (top-k plus shared slots), moe_align_block_size, grouped GEMM over the
 // blocks, finalize; plus an unfused shared expert where the contract left one.
 func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []float32, t, blockSize, workers int) (*FusedResult, error) {
-	return FusedLayerRunCovered(ctx, src, fl, x, t, nil, blockSize, workers)
+	return FusedLayerRunCovered(ctx, src, fl, x, t, nil, nil, blockSize, workers)
 }
 
 // FusedLayerRunCovered is FusedLayerRun plus cov's forced tokens (nil: none)
 // after the routed ones: their slots (forced routed ids, then the contract's
 // shared slots) go through the same align, grouped GEMM and finalize. Y and
 // Slots hold both sets of tokens; Routing is the routed tokens' alone.
-func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer, x []float32, t int, cov *Coverage, blockSize, workers int) (*FusedResult, error) {
+// tokens are the routed tokens' ids, for a hash-routed layer (nil otherwise).
+func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer, x []float32, t int, tokens []int32, cov *Coverage, blockSize, workers int) (*FusedResult, error) {
 	h, inter, err := fl.stackDims(src)
 	if err != nil {
 		return nil, err
@@ -192,7 +210,7 @@ func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer,
 	if fl.Spec.NumExperts != fl.Contract.NumExperts {
 		return nil, fmt.Errorf("layer %d: config routes over %d experts, the contract says %d", fl.Index, fl.Spec.NumExperts, fl.Contract.NumExperts)
 	}
-	routed, err := routeLayer(src, fl.Spec, fl.Router, fl.RouterBias, fl.RouterLogitBias, x, t, h)
+	routed, err := routeLayer(src, fl.Spec, fl.router(), x, t, h, tokens)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
@@ -276,7 +294,7 @@ func (fl *FusedLayer) addDenseShared(src TensorSource, x []float32, t, h int, y 
 	u := make([]float32, t*inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, gate, h, 0, g, inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, up, h, 0, u, inter)
-	swiGLU(g, u)
+	activate(fl.Contract.Act(), g, u, nil, nil) // DeepSeek-V4's shared MLP is clamped as its experts are
 	o := make([]float32, t*h)
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, h, inter, 1, g, inter, down, inter, 0, o, h)
 	putFloats(gate)

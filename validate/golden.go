@@ -22,6 +22,9 @@ type Golden struct {
 	X, Y    []float32
 	IDs     []int32   // nil when absent
 	Weights []float32 // nil when absent
+	// InputIDs [T]: the tokens' ids, which a hash-routed layer routes by
+	// (DeepSeek-V4); nil when absent.
+	InputIDs []int32
 }
 
 // maxGoldenElems bounds what a golden file may make validate allocate: 1M
@@ -58,7 +61,7 @@ func ReadGolden(path string, wantH int) (*Golden, error) {
 			return nil, fmt.Errorf("%s: x[%d] is %v", path, i, v)
 		}
 	}
-	ids, is, err := goldenIDs(f)
+	ids, is, err := goldenInts(f, "topk_ids")
 	if err != nil {
 		return nil, err
 	}
@@ -74,6 +77,16 @@ func ReadGolden(path string, wantH int) (*Golden, error) {
 			return nil, fmt.Errorf("%s: topk_ids %v and topk_weights %v must both be [%d,K]", path, is, ws, g.T)
 		}
 		g.K, g.IDs, g.Weights = int(is[1]), ids, w
+	}
+	tok, ts, err := goldenInts(f, "input_ids")
+	if err != nil {
+		return nil, err
+	}
+	if tok != nil {
+		if len(ts) != 1 || ts[0] != int64(g.T) {
+			return nil, fmt.Errorf("%s: input_ids %v must be [%d]", path, ts, g.T)
+		}
+		g.InputIDs = tok
 	}
 	return g, nil
 }
@@ -101,13 +114,14 @@ func goldenTensor(f *safetensors.File, name string, required bool) ([]float32, [
 	return out, ti.Shape, nil
 }
 
-func goldenIDs(f *safetensors.File) ([]int32, []int64, error) {
-	ti, ok := f.Lookup("topk_ids")
+// goldenInts reads an optional non-negative integer tensor (I32 or I64).
+func goldenInts(f *safetensors.File, name string) ([]int32, []int64, error) {
+	ti, ok := f.Lookup(name)
 	if !ok {
 		return nil, nil, nil
 	}
 	if ti.DType != safetensors.I32 && ti.DType != safetensors.I64 {
-		return nil, nil, fmt.Errorf("%s: tensor topk_ids is %s, want I32", f.Path, ti.DType)
+		return nil, nil, fmt.Errorf("%s: tensor %s is %s, want I32 or I64", f.Path, name, ti.DType)
 	}
 	raw, err := goldenBytes(f, ti)
 	if err != nil {
@@ -123,7 +137,7 @@ func goldenIDs(f *safetensors.File) ([]int32, []int64, error) {
 			v = int64(binary.LittleEndian.Uint64(raw[8*i:]))
 		}
 		if v < 0 || v > math.MaxInt32 {
-			return nil, nil, fmt.Errorf("%s: topk_ids[%d] = %d", f.Path, i, v)
+			return nil, nil, fmt.Errorf("%s: %s[%d] = %d", f.Path, name, i, v)
 		}
 		out[i] = int32(v)
 	}

@@ -3,6 +3,8 @@ package validate
 import (
 	"fmt"
 
+	"github.com/moeprep/moeprep/internal/cuda"
+
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
@@ -68,6 +70,20 @@ func loadFusedBank(s *stager, src TensorSource, fl *FusedLayer) (*devBank, error
 	if fp8 != (b.DType == kernels.MatFP8) {
 		return fail(fmt.Errorf("the contract says quantization %q, the expert weights are %v", c.Quantization, b.DType))
 	}
+	b.Act = c.Act()
+	if fl.Biases != nil {
+		var gb, ub, db []float32
+		for x := range int(e) {
+			g, u, d, err := fl.expertBiases(src, x, h, inter)
+			if err != nil {
+				return fail(fmt.Errorf("expert %d: %w", x, err))
+			}
+			gb, ub, db = append(gb, g...), append(ub, u...), append(db, d...)
+		}
+		if err := b.setBiases(s.dev, gb, ub, db); err != nil {
+			return fail(err)
+		}
+	}
 	if err := s.wait(); err != nil {
 		b.free()
 		return nil, err
@@ -75,11 +91,28 @@ func loadFusedBank(s *stager, src TensorSource, fl *FusedLayer) (*devBank, error
 	return b, nil
 }
 
+// setBiases uploads a bank's f32 biases (gate, up [E*I], down [E*H]).
+func (b *devBank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
+	for _, v := range []struct {
+		host []float32
+		dst  **cuda.Buffer[float32]
+	}{{gb, &b.GateBias}, {ub, &b.UpBias}, {db, &b.DownBias}} {
+		d, err := cuda.FromHost(dev, v.host)
+		if err != nil {
+			return err
+		}
+		b.f32 = append(b.f32, d)
+		*v.dst = d
+	}
+	return nil
+}
+
 // loadMLPBank queues the upload of one hub-layout MLP (a routed expert or a
-// shared expert, gate/up [inter,H], down [H,inter]) as a bank of one expert.
-// block is the FP8 block edge (0: not quantised). The caller waits on s's
-// stream (kernels queued on the same stream run after the copies).
-func loadMLPBank(s *stager, src TensorSource, m family.MLP, h, inter, block int) (*devBank, error) {
+// shared expert, gate/up [inter,H], down [H,inter]) as a bank of one expert,
+// with its biases where it has them and the activation act. block is the
+// FP8 block edge (0: not quantised). The caller waits on s's stream
+// (kernels queued on the same stream run after the copies).
+func loadMLPBank(s *stager, src TensorSource, m family.MLP, h, inter, block int, act layout.Activation) (*devBank, error) {
 	fp8 := block != 0
 	if fp8 && block != kernels.FP8ScaleBlock {
 		return nil, fmt.Errorf("FP8 block %d: the GPU kernels take %d", block, kernels.FP8ScaleBlock)
@@ -114,6 +147,24 @@ func loadMLPBank(s *stager, src TensorSource, m family.MLP, h, inter, block int)
 			return fail(err)
 		}
 		if b.DownScale, err = b.scale(s, src, m.DownScale, []int64{sc, sr}); err != nil {
+			return fail(err)
+		}
+	}
+	b.Act = act
+	if m.GateBias != "" {
+		gb, err := loadVector(src, m.GateBias, inter)
+		if err != nil {
+			return fail(err)
+		}
+		ub, err := loadVector(src, m.UpBias, inter)
+		if err != nil {
+			return fail(err)
+		}
+		db, err := loadVector(src, m.DownBias, h)
+		if err != nil {
+			return fail(err)
+		}
+		if err := b.setBiases(s.dev, gb, ub, db); err != nil {
 			return fail(err)
 		}
 	}

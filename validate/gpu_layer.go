@@ -128,8 +128,10 @@ func (f frees) release(g *gpuRunner) {
 type gpuInput struct {
 	t, h int
 	x    []float32 // the host copy, for input-scaled slot rows
-	x32  *cuda.Buffer[float32]
-	act  kernels.Mat
+	// tokens are the routed tokens' ids, for a hash-routed layer (nil otherwise).
+	tokens []int32
+	x32    *cuda.Buffer[float32]
+	act    kernels.Mat
 }
 
 func (g *gpuRunner) input(x []float32, t, h int, fr *frees) (*gpuInput, error) {
@@ -160,8 +162,11 @@ func (g *gpuRunner) input(x []float32, t, h int, fr *frees) (*gpuInput, error) {
 func gateSpec(s RouteSpec, c *layout.Contract) kernels.GateSpec {
 	gs := kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: s.NumExperts, TopK: s.TopK, NGroup: s.NGroup,
 		TopKGroup: s.TopKGroup, GroupByMax: s.GroupByMax, NormTopKProb: s.NormTopKProb}
-	if s.Scoring == family.Softmax {
+	switch s.Scoring {
+	case family.Softmax:
 		gs.Scoring = kernels.Softmax
+	case family.SqrtSoftplus:
+		gs.Scoring = kernels.SqrtSoftplus
 	}
 	if c != nil && c.NumFusedSharedExperts > 0 {
 		gs.SharedSlots, gs.SharedReplicas, gs.SharedWeight = c.SharedSlices, c.SharedReplicas, float32(c.SharedSlotWeight)
@@ -175,7 +180,7 @@ func gateSpec(s RouteSpec, c *layout.Contract) kernels.GateSpec {
 // golden's float32 x routes as HF routed it.
 //
 // Only the first t of in's tokens are routed: forced coverage tokens may follow.
-func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec, router, bias string, in *gpuInput, t int, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
+func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec, rr routerRef, in *gpuInput, t int, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
 	if err := spec.check(); err != nil {
 		return nil, nil, nil, err
 	}
@@ -183,7 +188,7 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 		return nil, nil, nil, fmt.Errorf("routing %d of %d tokens", t, in.t)
 	}
 	e := spec.NumExperts
-	wg, err := loadMatrix(src, matrixRef{Name: router, Index: -1, Rows: e, Cols: in.h})
+	wg, err := loadMatrix(src, matrixRef{Name: rr.Router, Index: -1, Rows: e, Cols: in.h})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -194,8 +199,8 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 	}
 	fr.add(w)
 	var b *cuda.Buffer[float32]
-	if bias != "" {
-		bv, err := loadVector(src, bias, e)
+	if rr.Bias != "" {
+		bv, err := loadVector(src, rr.Bias, e)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -212,8 +217,31 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 	if err := kernels.RouterGEMM(g.dev, g.compute, kernels.F32Mat(in.x32), kernels.F32Mat(w), logits, t, in.h, e); err != nil {
 		return nil, nil, nil, err
 	}
-	if spec.Scoring == family.SparseMixer {
-		return g.hostGate(spec, gs, logits, t, finalScale, fr)
+	if rr.LogitBias != "" { // gpt-oss: the router's own bias, added to the logits on the device
+		lb, err := loadVector(src, rr.LogitBias, e)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		db, err := cuda.FromHost(g.dev, lb)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		fr.add(db)
+		if err := kernels.AddBiasRows(g.dev, g.compute, logits, db, t, e); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	if spec.Scoring == family.SparseMixer || rr.Hash != "" {
+		var ids []int32
+		if rr.Hash != "" {
+			if len(in.tokens) != t {
+				return nil, nil, nil, fmt.Errorf("hash-routed layer: %d token ids for %d tokens", len(in.tokens), t)
+			}
+			if ids, err = hashIDs(src, rr.Hash, in.tokens, spec.TopK); err != nil {
+				return nil, nil, nil, err
+			}
+		}
+		return g.hostGate(spec, gs, logits, ids, t, finalScale, fr)
 	}
 	out, err := kernels.NewGateOut(g.dev, gs, t, true)
 	if err != nil {
@@ -282,26 +310,41 @@ func (g *gpuRunner) forced(gout *kernels.GateOut, routing *Routing, slots *Slots
 }
 
 // hostGate is the documented fallback for a router the gate kernel does not
-// implement (Phi-3.5-MoE's sparsemixer): the router GEMM's logits come back
-// to the host, the CPU twin routes them, and the ids and weights go back to
-// the device for align, the grouped GEMM and finalize, which run as always.
-func (g *gpuRunner) hostGate(spec RouteSpec, gs kernels.GateSpec, logits *cuda.Buffer[float32], t int, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
-	if gs.SharedSlots > 0 {
-		return nil, nil, nil, fmt.Errorf("%s routing with fused shared slots is not supported", spec.Scoring)
-	}
+// implement (Phi-3.5-MoE's sparsemixer; DeepSeek-V4's hash-routed layers,
+// whose experts come from a token-id table: ids non-nil): the router
+// GEMM's logits come back to the host, the CPU twin routes them and adds
+// the shared slots as the gate kernel would, and the ids and weights go
+// back to the device for align, the grouped GEMM and finalize, which run
+// as always.
+func (g *gpuRunner) hostGate(spec RouteSpec, gs kernels.GateSpec, logits *cuda.Buffer[float32], ids []int32, t int, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
 	lh, err := logits.ToHost(t * spec.NumExperts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	r, err := Route(spec, lh, nil, t)
+	var r *Routing
+	if ids != nil {
+		r, err = RouteHashed(spec, lh, ids, t)
+	} else {
+		r, err = Route(spec, lh, nil, t)
+	}
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	out := &kernels.GateOut{T: t, K: r.K}
-	if out.IDs, err = cuda.FromHost(g.dev, r.IDs); err != nil {
+	k := gs.SlotsPerToken()
+	sl := &Slots{T: t, K: k, FinalScale: finalScale, IDs: make([]int32, t*k), Weights: make([]float32, t*k)}
+	for i := range t {
+		copy(sl.IDs[i*k:], r.IDs[i*r.K:(i+1)*r.K])
+		copy(sl.Weights[i*k:], r.Weights[i*r.K:(i+1)*r.K])
+		for j := range gs.SharedSlots {
+			sl.IDs[i*k+r.K+j] = int32(layout.SharedSlotID(spec.NumExperts, gs.SharedReplicas, gs.SharedSlots, i, j))
+			sl.Weights[i*k+r.K+j] = gs.SharedWeight
+		}
+	}
+	out := &kernels.GateOut{T: t, K: k}
+	if out.IDs, err = cuda.FromHost(g.dev, sl.IDs); err != nil {
 		return nil, nil, nil, err
 	}
-	if out.Weights, err = cuda.FromHost(g.dev, r.Weights); err != nil {
+	if out.Weights, err = cuda.FromHost(g.dev, sl.Weights); err != nil {
 		out.IDs.Free()
 		return nil, nil, nil, err
 	}
@@ -311,7 +354,6 @@ func (g *gpuRunner) hostGate(spec RouteSpec, gs kernels.GateSpec, logits *cuda.B
 		return nil, nil, nil, err
 	}
 	fr.add(gateOutFree{out})
-	sl := &Slots{T: t, K: r.K, FinalScale: finalScale, IDs: append([]int32(nil), r.IDs...), Weights: append([]float32(nil), r.Weights...)}
 	return out, r, sl, nil
 }
 
@@ -372,7 +414,7 @@ func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, 
 	}
 	t, h := in.t, in.h
 	gs := gateSpec(fl.Spec, c)
-	gout, routing, slots, err := g.route(src, fl.Spec, gs, fl.Router, fl.RouterBias, in, routedTokens(in, cov), float32(c.RuntimeScale()), &fr)
+	gout, routing, slots, err := g.route(src, fl.Spec, gs, fl.router(), in, routedTokens(in, cov), float32(c.RuntimeScale()), &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
@@ -406,7 +448,7 @@ func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, 
 		}
 		gk = 1
 	}
-	if err := kernels.GroupedGEMM(g.dev, g.compute, &bank.ExpertBank, sorted, gin.act, gin.t, gk, inter, out, kernels.GEMMOptions{Act: g.act}); err != nil {
+	if err := g.groupedGEMM(&bank.ExpertBank, sorted, gin.act, gin.t, gk, inter, out, &fr); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	y, err := g.f32Buffer(t*h, &fr)
@@ -427,7 +469,7 @@ func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, 
 				return nil, fmt.Errorf("layer %d: FP8 blocks %v: the GPU kernels take %dx%d", fl.Index, c.WeightBlockSize, kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)
 			}
 		}
-		if err := g.addDense(src, *fl.Shared, fl.SharedGate, block, in, y); err != nil {
+		if err := g.addDense(src, *fl.Shared, fl.SharedGate, block, c.Act(), in, y); err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", fl.Index, err)
 		}
 	}
@@ -465,7 +507,7 @@ func (g *gpuRunner) oneExpertSorted(slots []int32, numel int, fr *frees) (*kerne
 // addDense runs one hub-layout MLP over every token (a shared expert) and
 // adds it to y, gated by sigmoid(x . w_gate) where gate names Qwen2-MoE's
 // shared_expert_gate.
-func (g *gpuRunner) addDense(src TensorSource, m family.MLP, gate string, block int, in *gpuInput, y *cuda.Buffer[float32]) error {
+func (g *gpuRunner) addDense(src TensorSource, m family.MLP, gate string, block int, act layout.Activation, in *gpuInput, y *cuda.Buffer[float32]) error {
 	var fr frees
 	defer fr.release(g)
 	gt, ok := src.Tensor(m.Gate)
@@ -476,7 +518,7 @@ func (g *gpuRunner) addDense(src TensorSource, m family.MLP, gate string, block 
 		return fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.Gate, gt.Shape, in.h)
 	}
 	inter := int(gt.Shape[0])
-	bank, err := loadMLPBank(g.stage, src, m, in.h, inter, block)
+	bank, err := loadMLPBank(g.stage, src, m, in.h, inter, block, act)
 	if err != nil {
 		return err
 	}
@@ -503,7 +545,7 @@ func (g *gpuRunner) addDense(src TensorSource, m family.MLP, gate string, block 
 	if err != nil {
 		return err
 	}
-	if err := kernels.GroupedGEMM(g.dev, g.compute, &bank.ExpertBank, sorted, in.act, t, 1, mid, o, kernels.GEMMOptions{Act: g.act}); err != nil {
+	if err := g.groupedGEMM(&bank.ExpertBank, sorted, in.act, t, 1, mid, o, &fr); err != nil {
 		return err
 	}
 	var logit *cuda.Buffer[float32]
@@ -550,7 +592,7 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
 	spec := SpecFromPlan(plan)
-	gout, routing, slots, err := g.route(src, spec, gateSpec(spec, nil), layer.Router, layer.RouterBias, in, routedTokens(in, cov), float32(spec.RoutedScalingFactor), &fr)
+	gout, routing, slots, err := g.route(src, spec, gateSpec(spec, nil), routerOf(layer), in, routedTokens(in, cov), float32(spec.RoutedScalingFactor), &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
@@ -587,7 +629,7 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 		if len(users[id]) == 0 {
 			continue
 		}
-		if err := g.oneExpert(src, layer.Experts[id], h, inter, block, users[id], numel, gk, gin, mid, out); err != nil {
+		if err := g.oneExpert(src, layer.Experts[id], h, inter, block, plan.Act, users[id], numel, gk, gin, mid, out); err != nil {
 			return nil, fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
 		}
 	}
@@ -599,7 +641,7 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 		return nil, err
 	}
 	if layer.Shared != nil {
-		if err := g.addDense(src, *layer.Shared, layer.SharedGate, block, in, y); err != nil {
+		if err := g.addDense(src, *layer.Shared, layer.SharedGate, block, plan.Act, in, y); err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 		}
 	}
@@ -614,10 +656,10 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 // oneExpert uploads one expert and queues its SwiGLU over its slots, writing
 // those slots' rows of out; its device memory is released once the compute
 // stream has run it.
-func (g *gpuRunner) oneExpert(src TensorSource, m family.MLP, h, inter, block int, slots []int32, numel, k int, in *gpuInput, mid kernels.Mat, out *cuda.Buffer[float32]) error {
+func (g *gpuRunner) oneExpert(src TensorSource, m family.MLP, h, inter, block int, act layout.Activation, slots []int32, numel, k int, in *gpuInput, mid kernels.Mat, out *cuda.Buffer[float32]) error {
 	var fr frees
 	defer fr.release(g)
-	bank, err := loadMLPBank(g.stage, src, m, h, inter, block)
+	bank, err := loadMLPBank(g.stage, src, m, h, inter, block, act)
 	if err != nil {
 		return err
 	}
@@ -629,7 +671,21 @@ func (g *gpuRunner) oneExpert(src TensorSource, m family.MLP, h, inter, block in
 	if err != nil {
 		return err
 	}
-	return kernels.GroupedGEMM(g.dev, g.compute, &bank.ExpertBank, sorted, in.act, in.t, k, mid, out, kernels.GEMMOptions{Act: g.act})
+	return g.groupedGEMM(&bank.ExpertBank, sorted, in.act, in.t, k, mid, out, &fr)
+}
+
+// groupedGEMM queues both stages of the grouped GEMM in the run's
+// precision, with the f32 scratch that experts with biases or another
+// activation than SwiGLU need (kernels/act.go), freed with fr.
+func (g *gpuRunner) groupedGEMM(bank *kernels.ExpertBank, sorted *kernels.Sorted, x kernels.Mat, t, k int, inter kernels.Mat, out *cuda.Buffer[float32], fr *frees) error {
+	opt := kernels.GEMMOptions{Act: g.act}
+	if !bank.Act.SwiGLU() || bank.GateBias != nil {
+		var err error
+		if opt.Scratch, err = g.f32Buffer(2*sorted.Numel*bank.I, fr); err != nil {
+			return err
+		}
+	}
+	return kernels.GroupedGEMM(g.dev, g.compute, bank, sorted, x, t, k, inter, out, opt)
 }
 
 // inputScaled is the documented GPU fallback for a router weight that

@@ -162,6 +162,10 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 	if err != nil {
 		return nil, err
 	}
+	tokens, err := s.layerTokens(tg, t, g0)
+	if err != nil {
+		return nil, err
+	}
 	h := len(x) / t
 	cov, err := s.coverageFor(tg, h)
 	if err != nil {
@@ -181,7 +185,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		refCh = make(chan refOut, 1)
 		go func() {
 			t0 := time.Now()
-			r, err := ReferenceLayerCovered(ctx, s.src, s.srcPlan, tg.src, x, t, cov, s.o.Workers)
+			r, err := ReferenceLayerCovered(ctx, s.src, s.srcPlan, tg.src, x, t, tokens, cov, s.o.Workers)
 			refCh <- refOut{r, err, time.Since(t0).Seconds()}
 		}()
 	}
@@ -195,6 +199,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		if err != nil {
 			return nil, nil, 0, 0, err
 		}
+		in.tokens = tokens
 		if tg.fused != nil && bank != nil {
 			t0 := time.Now()
 			err := recording(g.stage, &dstRec, func() (err error) {

@@ -120,8 +120,13 @@ func conversionCases() []conv {
 	// scaling the expert input; HF's top-1, two MoE layers of four.
 	cases = append(cases, conv{"llama4-text", convert.Options{Layout: layout.GateUp}}, conv{"llama4-text", convert.Options{}})
 	// gpt-oss: interleaved transposed gate-up columns, biases, router bias,
-	// clamped SwiGLU (CPU only: the GPU refuses it, see notOnGPU).
+	// clamped SwiGLU (on the GPU through the unfused-activation fallback).
 	cases = append(cases, conv{"gpt-oss", convert.Options{}}, conv{"gpt-oss", convert.Options{Layout: layout.UpGate}})
+	// DeepSeek-V4: sqrtsoftplus routing, a hash-routed layer, the clamped
+	// SwiGLU on experts and shared MLP; rsf 1.5 folded or not.
+	cases = append(cases, conv{"deepseek-v4", convert.Options{Layout: layout.GateUp}},
+		conv{"deepseek-v4", convert.Options{FuseShared: true, TP: 4}},
+		conv{"deepseek-v4", convert.Options{Layout: layout.UpGate, FuseShared: true, TP: 1, FoldScaling: "down"}})
 	return cases
 }
 
@@ -301,6 +306,7 @@ func mutations(t *testing.T) []mutation {
 	granite := filepath.Join(hfFixtures, "granitemoeshared")
 	llama4 := filepath.Join(hfFixtures, "llama4-text")
 	gptoss := filepath.Join(hfFixtures, "gpt-oss")
+	dsv4 := filepath.Join(hfFixtures, "deepseek-v4")
 	return []mutation{
 		{"gate and up swapped in one expert", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(true)
@@ -409,6 +415,18 @@ func mutations(t *testing.T) []mutation {
 		}, 1},
 		{"gpt-oss: one expert's down bias zeroed", gptoss, convert.Options{}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, layout.BiasNames(layout.Stacked, "model.layers.1.mlp").Down, func(raw []byte, shape []int64) { clear(slice(raw, shape, 6)) })
+		}, 1},
+		// DeepSeek-V4: an expert only the hash table reaches is still proven.
+		{"deepseek-v4: hash layer's expert gate from its neighbour", dsv4, convert.Options{FuseShared: true, TP: 2}, func(t *testing.T, dst string) {
+			n := layout.Names(layout.Stacked, "model.layers.1.ffn", false)
+			rewriteTensor(t, dst, n.Gate, func(raw []byte, shape []int64) { copy(slice(raw, shape, 6), slice(raw, shape, 7)) })
+		}, 1},
+		{"deepseek-v4: a token's hash table row changed", dsv4, convert.Options{}, func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, "model.layers.1.ffn.gate.tid2eid", func(raw []byte, shape []int64) {
+				for i := range int(shape[0]) { // every token's first expert moved by one
+					raw[8*i*int(shape[1])] = (raw[8*i*int(shape[1])] + 1) % 8
+				}
+			})
 		}, 1},
 		{"down projection transposed where square", square, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(false)

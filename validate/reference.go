@@ -24,14 +24,15 @@ type RefResult struct {
 // float32. It shares only decoding, routing and swiGLU with the fused path,
 // not its alignment or GEMM, so a bug there cannot hide in both.
 func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers int) (*RefResult, error) {
-	return ReferenceLayerCovered(ctx, src, plan, layer, x, t, nil, workers)
+	return ReferenceLayerCovered(ctx, src, plan, layer, x, t, nil, nil, workers)
 }
 
 // ReferenceLayerCovered is ReferenceLayer plus cov's forced tokens (nil:
 // none): their x follows the routed tokens' and their experts are the forced
 // ones, computed in the same pass over the experts. Y holds both sets of
-// rows; Routing is the routed tokens' alone.
-func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, cov *Coverage, workers int) (*RefResult, error) {
+// rows; Routing is the routed tokens' alone. tokens are the routed tokens'
+// ids, needed by a hash-routed layer only (nil otherwise).
+func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, tokens []int32, cov *Coverage, workers int) (*RefResult, error) {
 	h, inter, e := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts
 	if len(x) != t*h {
 		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Index, len(x), t, h)
@@ -40,7 +41,7 @@ func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.P
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
 	spec := SpecFromPlan(plan)
-	routed, err := routeLayer(src, spec, layer.Router, layer.RouterBias, layer.RouterLogitBias, x, t, h)
+	routed, err := routeLayer(src, spec, routerOf(layer), x, t, h, tokens)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
@@ -121,16 +122,17 @@ func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.P
 	return &RefResult{Y: y, Routing: routed}, nil
 }
 
-// routeLayer loads a router (and its correction bias, and its own logit
-// bias: "" when none) and routes x.
-func routeLayer(src TensorSource, spec RouteSpec, router, bias, logitBias string, x []float32, t, h int) (*Routing, error) {
-	wg, err := loadMatrix(src, matrixRef{Name: router, Index: -1, Rows: spec.NumExperts, Cols: h})
+// routeLayer loads a router (and its correction bias, its own logit bias
+// and its hash table, where named) and routes x; tokens are the token ids
+// of x's rows, needed only by a hash-routed layer.
+func routeLayer(src TensorSource, spec RouteSpec, rr routerRef, x []float32, t, h int, tokens []int32) (*Routing, error) {
+	wg, err := loadMatrix(src, matrixRef{Name: rr.Router, Index: -1, Rows: spec.NumExperts, Cols: h})
 	if err != nil {
 		return nil, err
 	}
 	var b []float32
-	if bias != "" {
-		if b, err = loadVector(src, bias, spec.NumExperts); err != nil {
+	if rr.Bias != "" {
+		if b, err = loadVector(src, rr.Bias, spec.NumExperts); err != nil {
 			return nil, err
 		}
 	}
@@ -138,14 +140,29 @@ func routeLayer(src TensorSource, spec RouteSpec, router, bias, logitBias string
 	if err != nil {
 		return nil, err
 	}
-	if logitBias != "" {
-		lb, err := loadVector(src, logitBias, spec.NumExperts)
+	if rr.LogitBias != "" {
+		lb, err := loadVector(src, rr.LogitBias, spec.NumExperts)
 		if err != nil {
 			return nil, err
 		}
 		addRowBias(logits, lb) // gpt-oss: F.linear(x, W, b), the sum rounded to float32
 	}
+	if rr.Hash != "" {
+		if len(tokens) != t {
+			return nil, fmt.Errorf("hash-routed layer: %d token ids for %d tokens", len(tokens), t)
+		}
+		ids, err := hashIDs(src, rr.Hash, tokens, spec.TopK)
+		if err != nil {
+			return nil, err
+		}
+		return RouteHashed(spec, logits, ids, t)
+	}
 	return Route(spec, logits, b, t)
+}
+
+// routerOf names a planned layer's router.
+func routerOf(l *family.Layer) routerRef {
+	return routerRef{Router: l.Router, Bias: l.RouterBias, LogitBias: l.RouterLogitBias, Hash: l.HashTable}
 }
 
 func blockOf(plan *family.Plan) int {

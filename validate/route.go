@@ -3,6 +3,7 @@ package validate
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/moeprep/moeprep/family"
 	"gonum.org/v1/gonum/blas/gonum"
@@ -54,7 +55,7 @@ func SpecFromPlan(p *family.Plan) RouteSpec {
 func (s RouteSpec) check() error {
 	e := s.NumExperts
 	switch {
-	case s.Scoring != family.Sigmoid && s.Scoring != family.Softmax && s.Scoring != family.SparseMixer:
+	case s.Scoring != family.Sigmoid && s.Scoring != family.Softmax && s.Scoring != family.SparseMixer && s.Scoring != family.SqrtSoftplus:
 		return fmt.Errorf("unknown router scoring %q", s.Scoring)
 	case s.Scoring == family.SparseMixer && (s.TopK != 2 || s.NGroup > 1 || !(s.JitterEps >= 0)):
 		return fmt.Errorf("sparsemixer routing with top-%d, %d groups, eps %v (want top-2, no groups, eps >= 0)", s.TopK, s.NGroup, s.JitterEps)
@@ -192,9 +193,9 @@ func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, e
 			sparseMixer(row, float32(spec.JitterEps), r.IDs[i*k:(i+1)*k], r.Weights[i*k:(i+1)*k])
 			continue
 		}
-		if spec.Scoring == family.Sigmoid {
+		if spec.Scoring == family.Sigmoid || spec.Scoring == family.SqrtSoftplus {
 			for j, l := range row {
-				score[j] = float32(1 / (1 + math.Exp(-float64(l))))
+				score[j] = scoreOf(spec.Scoring, l)
 				choice[j] = score[j]
 				if bias != nil {
 					choice[j] = score[j] + bias[j]
@@ -219,6 +220,60 @@ func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, e
 		for j, id := range ids {
 			r.IDs[i*k+j] = int32(id)
 			w[j] = score[id]
+			sum += w[j]
+		}
+		if spec.NormTopKProb {
+			den := sum + 1e-20
+			for j := range w {
+				w[j] /= den
+			}
+		}
+	}
+	return r, nil
+}
+
+// scoreOf is a sigmoid-family score in float64, rounded once to float32:
+// sigmoid, or DeepSeek-V4's sqrt(softplus(l)) with torch's softplus
+// threshold (l > 20 gives l itself).
+func scoreOf(s family.Scoring, l float32) float32 {
+	v := float64(l)
+	if s == family.SqrtSoftplus {
+		if v <= 20 {
+			v = math.Log1p(math.Exp(v))
+		}
+		return float32(math.Sqrt(v))
+	}
+	return float32(1 / (1 + math.Exp(-v)))
+}
+
+// RouteHashed is a hash-routed layer's gate (DeepSeek-V4's hash_moe):
+// ids [T,K] come from the token-to-experts table, the weights are the
+// chosen experts' scores (no correction bias), normalised as Route
+// normalises. A table row may name an expert twice; each slot then counts.
+func RouteHashed(spec RouteSpec, logits []float32, ids []int32, t int) (*Routing, error) {
+	if err := spec.check(); err != nil {
+		return nil, err
+	}
+	if spec.Scoring != family.Sigmoid && spec.Scoring != family.SqrtSoftplus {
+		return nil, fmt.Errorf("hash routing with %s scores is not supported", spec.Scoring)
+	}
+	e, k := spec.NumExperts, spec.TopK
+	if len(logits) != t*e || len(ids) != t*k {
+		return nil, fmt.Errorf("hash routing: %d logits and %d ids for %d tokens x %d experts, top-%d", len(logits), len(ids), t, e, k)
+	}
+	r := &Routing{T: t, K: k, IDs: slices.Clone(ids), Weights: make([]float32, t*k), Choice: make([]float32, t*e)}
+	for i := range t {
+		choice := r.Choice[i*e : (i+1)*e]
+		for j, l := range logits[i*e : (i+1)*e] {
+			choice[j] = scoreOf(spec.Scoring, l)
+		}
+		w := r.Weights[i*k : (i+1)*k]
+		var sum float32
+		for j, id := range ids[i*k : (i+1)*k] {
+			if id < 0 || int(id) >= e {
+				return nil, fmt.Errorf("hash routing: token %d slot %d names expert %d of %d", i, j, id, e)
+			}
+			w[j] = choice[id]
 			sum += w[j]
 		}
 		if spec.NormTopKProb {

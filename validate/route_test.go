@@ -235,3 +235,62 @@ func TestSparseMixer(t *testing.T) {
 		}
 	}
 }
+
+// TestSqrtSoftplusScores: DeepSeek-V4's score against values worked by
+// hand, torch's softplus threshold (l > 20 gives l) included.
+func TestSqrtSoftplusScores(t *testing.T) {
+	for _, c := range []struct {
+		l    float32
+		want float64
+	}{{0, math.Sqrt(math.Ln2)}, {25, 5}, {20, math.Sqrt(math.Log1p(math.Exp(20)))}, {-30, math.Sqrt(math.Log1p(math.Exp(-30)))}, {1, math.Sqrt(math.Log(1 + math.E))}} {
+		if got := scoreOf(family.SqrtSoftplus, c.l); got != float32(c.want) {
+			t.Errorf("sqrtsoftplus(%v) = %v, want %v", c.l, got, float32(c.want))
+		}
+	}
+}
+
+// TestRouteHashed: the table's ids, weighted by their normalised scores
+// (no correction bias); ids outside the experts are refused.
+func TestRouteHashed(t *testing.T) {
+	spec := RouteSpec{Scoring: family.SqrtSoftplus, NumExperts: 4, TopK: 2, NGroup: 1, TopKGroup: 1, NormTopKProb: true, RoutedScalingFactor: 1.5}
+	logits := []float32{0, 25, -30, 1, 3, 3, 3, 3}
+	r, err := RouteHashed(spec, logits, []int32{1, 3, 2, 2}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, s3 := float32(5), scoreOf(family.SqrtSoftplus, 1)
+	want := []float32{s1 / (s1 + s3 + 1e-20), s3 / (s1 + s3 + 1e-20), 0.5, 0.5}
+	for i, w := range want {
+		if math.Abs(float64(r.Weights[i]-w)) > 1e-7 {
+			t.Errorf("weight %d = %v, want %v", i, r.Weights[i], w)
+		}
+	}
+	if !slices.Equal(r.IDs, []int32{1, 3, 2, 2}) || r.Choice[1] != 5 {
+		t.Errorf("ids %v, choice %v", r.IDs, r.Choice)
+	}
+	if _, err := RouteHashed(spec, logits, []int32{1, 4, 0, 0}, 2); err == nil {
+		t.Error("expert id 4 of 4 accepted")
+	}
+	if _, err := RouteHashed(spec, logits, []int32{1}, 2); err == nil {
+		t.Error("too few ids accepted")
+	}
+	sm := spec
+	sm.Scoring = family.Softmax
+	if _, err := RouteHashed(sm, logits, []int32{1, 3, 2, 2}, 2); err == nil {
+		t.Error("hash routing with softmax scores accepted")
+	}
+}
+
+// TestRouteSqrtSoftplus: top-k of score + correction bias, weights from
+// the unbiased scores: the bias can pull a lower-scored expert in.
+func TestRouteSqrtSoftplus(t *testing.T) {
+	spec := RouteSpec{Scoring: family.SqrtSoftplus, NumExperts: 4, TopK: 2, NGroup: 1, TopKGroup: 1, NormTopKProb: true, RoutedScalingFactor: 1.5}
+	r, err := Route(spec, []float32{2, 1, 0, -1}, []float32{0, 0, 0, 5}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s0, s3 := scoreOf(family.SqrtSoftplus, 2), scoreOf(family.SqrtSoftplus, -1)
+	if !slices.Equal(r.IDs, []int32{3, 0}) || math.Abs(float64(r.Weights[0]-s3/(s0+s3))) > 1e-7 {
+		t.Errorf("ids %v weights %v", r.IDs, r.Weights)
+	}
+}

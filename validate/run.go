@@ -184,7 +184,6 @@ func (s *session) close() {
 // exit-1 error).
 func Run(ctx context.Context, o Options) (*Report, error) {
 	start := time.Now()
-	asked := o.Device
 	devNotes, err := o.norm()
 	if err != nil {
 		return nil, err
@@ -193,16 +192,6 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	defer s.close()
 	if err := s.open(); err != nil {
 		return nil, err
-	}
-	if o.Device == DeviceCUDA {
-		if why := s.notOnGPU(); why != "" {
-			if asked := strings.ToLower(strings.TrimSpace(asked)); asked == "cuda" || asked == "gpu" {
-				return nil, fmt.Errorf("validate --device cuda: %s; use --device cpu", why)
-			}
-			o.Device, s.o.Device = DeviceCPU, DeviceCPU
-			o.notice("validate: " + why + "; running on the CPU")
-			devNotes = append(devNotes, why+"; ran on the CPU (--device auto)")
-		}
 	}
 	if o.Bytes == BytesOnly {
 		rep := &Report{Src: o.Src, Dst: o.Dst, Device: "none (--bytes)", Seed: o.Seed, XDraw: XDraw}
@@ -377,7 +366,7 @@ func (s *session) targets() ([]target, []string, error) {
 				return nil, nil, fmt.Errorf("%s: layer %d: contract prefix %q, checkpoint has %q", s.o.Dst, l.Index, li.Prefix, l.Prefix)
 			}
 			t := get(l.Index, l.MTP)
-			t.fused = &FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias,
+			t.fused = &FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
 				Spec: SpecFromPlan(s.dstPlan), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate}
 			if b, ok := s.contract.Biases(li); ok {
 				t.fused.Biases = &b
@@ -481,6 +470,10 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	if err != nil {
 		return nil, err
 	}
+	tokens, err := s.layerTokens(tg, t, g)
+	if err != nil {
+		return nil, err
+	}
 	h := len(x) / t
 	cov, err := s.coverageFor(tg, h)
 	if err != nil {
@@ -492,7 +485,7 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	if tg.src != nil && s.src != nil {
 		start := time.Now()
 		var err error
-		if ref, err = ReferenceLayerCovered(ctx, s.src, s.srcPlan, tg.src, x, t, cov, s.o.Workers); err != nil {
+		if ref, err = ReferenceLayerCovered(ctx, s.src, s.srcPlan, tg.src, x, t, tokens, cov, s.o.Workers); err != nil {
 			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", s.o.Src, err))
 		}
 		refSec = time.Since(start).Seconds()
@@ -500,7 +493,7 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	if tg.fused != nil && s.dst != nil {
 		start := time.Now()
 		var err error
-		if fused, err = FusedLayerRunCovered(ctx, s.dst, tg.fused, x, t, cov, s.o.BlockSize, s.o.Workers); err != nil {
+		if fused, err = FusedLayerRunCovered(ctx, s.dst, tg.fused, x, t, tokens, cov, s.o.BlockSize, s.o.Workers); err != nil {
 			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", s.o.Dst, err))
 		}
 		fusedSec = time.Since(start).Seconds()
@@ -553,6 +546,37 @@ func (s *session) layerInput(tg target) (x []float32, t int, g *Golden, err erro
 		return g.X, g.T, g, nil
 	}
 	return DrawX(s.o.Seed, tg.index, s.o.Tokens, h), s.o.Tokens, nil, nil
+}
+
+// layerTokens returns the token ids of a hash-routed layer's inputs (nil
+// for a routed layer): the golden's input_ids, or drawn over the table's
+// vocabulary. SRC and DST must agree on which layers are hash-routed.
+func (s *session) layerTokens(tg target, t int, g *Golden) ([]int32, error) {
+	var table string
+	var src TensorSource
+	if tg.src != nil && tg.src.HashTable != "" {
+		table, src = tg.src.HashTable, s.src
+	}
+	if tg.fused != nil && tg.fused.HashTable != "" {
+		table, src = tg.fused.HashTable, s.dst
+	}
+	if tg.src != nil && tg.fused != nil && (tg.src.HashTable == "") != (tg.fused.HashTable == "") {
+		return nil, fmt.Errorf("layer %d: hash-routed in only one of %s and %s", tg.index, s.o.Src, s.o.Dst)
+	}
+	if table == "" {
+		return nil, nil
+	}
+	if g != nil {
+		if g.InputIDs == nil {
+			return nil, fmt.Errorf("%s: layer %d routes by token id (%s) and the golden has no input_ids", g.Path, tg.index, table)
+		}
+		return g.InputIDs, nil
+	}
+	vocab, err := hashVocab(src, table, s.dstPlanOrSrc().TopK)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", tg.index, err)
+	}
+	return DrawTokens(s.o.Seed, tg.index, t, vocab), nil
 }
 
 func (s *session) dstPlanOrSrc() *family.Plan {
@@ -642,27 +666,4 @@ func judgeGolden(r *LayerResult, y []float32, rt *Routing, rsf float64, g *Golde
 		w[i] = v * float32(rsf)
 	}
 	judge(r, d, tol, rt.IDs, w, g.IDs, g.Weights, rt)
-}
-
-// notOnGPU names what the GPU kernels do not run yet for this checkpoint
-// ("" when they run all of it): per-expert biases and activations other than
-// SwiGLU (gpt-oss's clamped SwiGLU) are in the CPU twins only.
-func (s *session) notOnGPU() string {
-	for _, p := range []*family.Plan{s.srcPlan, s.dstPlan} {
-		if p == nil {
-			continue
-		}
-		if p.ExpertBias || !p.Act.SwiGLU() {
-			return fmt.Sprintf("%s experts (biases, activation %+v) are not in the GPU grouped GEMM yet", p.ModelType, p.Act)
-		}
-		for _, l := range p.Layers {
-			if l.RouterLogitBias != "" {
-				return fmt.Sprintf("%s's router bias (%s) is not in the GPU gate yet", p.ModelType, l.RouterLogitBias)
-			}
-		}
-	}
-	if c := s.contract; c != nil && (c.ExpertBias || !c.Act().SwiGLU()) {
-		return fmt.Sprintf("experts with biases or activation %+v are not in the GPU grouped GEMM yet", c.Act())
-	}
-	return ""
 }

@@ -12,6 +12,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// sig_score is a sigmoid-family score in double, rounded once to f32 as
+// the CPU twin (validate.scoreOf) does: scoring 0 sigmoid, 2 DeepSeek-V4's
+// sqrt(softplus(l)) with torch's softplus threshold (l > 20 gives l).
+__device__ __forceinline__ float sig_score(int scoring, float l) {
+    double v = (double)l;
+    if (scoring == 2) {
+        if (v <= 20.0) v = log1p(exp(v));
+        return (float)sqrt(v);
+    }
+    return (float)(1.0 / (1.0 + exp(-v)));
+}
+
 #define GATE_MAX_EXPERTS 512
 #define GATE_THREADS 256
 #define GATE_WARPS (GATE_THREADS / 32)
@@ -132,7 +144,7 @@ __device__ double block_sum_d(double v, GateShared& sh) {
 // moe_gate_f32: grid T, block GATE_THREADS.
 //   logits [T,E]; bias [E] or null; ids/weights [T, topk+S]; choice [T,E] or
 //   null (the ranked scores, for tie-robust comparisons).
-//   scoring 0 = sigmoid (+ bias), 1 = softmax. Groups are used when
+//   scoring 0 = sigmoid (+ bias), 1 = softmax, 2 = sqrt(softplus) (+ bias). Groups are used when
 //   n_group > 1 and topk_group < n_group; group_by_max scores a group by its
 //   best member, otherwise by the sum of its best two.
 //   Shared slot s of token t is expert E + (t mod R)*S + s with weight
@@ -147,9 +159,9 @@ moe_gate_f32(const float* __restrict__ logits, const float* __restrict__ bias,
     if (t >= T) return;
     const float* row = logits + (size_t)t * E;
 
-    if (scoring == 0) {
+    if (scoring == 0 || scoring == 2) {
         for (int i = threadIdx.x; i < E; i += blockDim.x) {
-            float s = (float)(1.0 / (1.0 + exp(-(double)row[i])));
+            float s = sig_score(scoring, row[i]);
             sh.score[i] = s;
             sh.choice[i] = bias ? s + bias[i] : s;
         }
@@ -295,9 +307,9 @@ moe_gate_f32_warp(const float* __restrict__ logits, const float* __restrict__ bi
     WarpShared& sh = shs[warp];
     const float* row = logits + (size_t)t * E;
 
-    if (scoring == 0) {
+    if (scoring == 0 || scoring == 2) {
         for (int i = lane; i < E; i += 32) {
-            float s = (float)(1.0 / (1.0 + exp(-(double)row[i])));
+            float s = sig_score(scoring, row[i]);
             sh.score[i] = s;
             sh.choice[i] = bias ? s + bias[i] : s;
         }

@@ -4,6 +4,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// sig_score is a sigmoid-family score in double, rounded once to f32 as
+// the CPU twin (validate.scoreOf) does: scoring 0 sigmoid, 2 DeepSeek-V4's
+// sqrt(softplus(l)) with torch's softplus threshold (l > 20 gives l).
+__device__ __forceinline__ float sig_score(int scoring, float l) {
+    double v = (double)l;
+    if (scoring == 2) {
+        if (v <= 20.0) v = log1p(exp(v));
+        return (float)sqrt(v);
+    }
+    return (float)(1.0 / (1.0 + exp(-v)));
+}
+
 #define GATE_MAX_EXPERTS 512
 
 __device__ __forceinline__ float max_nan(float a, float b) {
@@ -93,7 +105,7 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
             const int i = lane + 32 * j;
             lg[j] = i < E ? __ldg(row + i) : 0.f;
         }
-        if (scoring == 0) {
+        if (scoring == 0 || scoring == 2) {
             float bs[NPL];
 #pragma unroll
             for (int j = 0; j < NPL; j++) {
@@ -102,7 +114,7 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
             }
 #pragma unroll
             for (int j = 0; j < NPL; j++) {
-                const float s = (float)(1.0 / (1.0 + exp(-(double)lg[j])));
+                const float s = sig_score(scoring, lg[j]);
                 sc[j] = s;
                 ch[j] = bias != nullptr ? s + bs[j] : s;
             }

@@ -201,6 +201,29 @@ GG_DOWN(moe_down_bf16_f32, bf16_t, float, false)
 GG_DOWN(moe_down_bf16_bf16, bf16_t, bf16_t, false)
 GG_DOWN(moe_down_bf16_fp8, bf16_t, e4m3_t, true)
 
+// Ungated stage 1, for experts whose activation the epilogue above does not
+// run (gpt-oss's biases and clamped SwiGLU, DeepSeek-V4's clamp): out[s, n]
+// = x[s/topk] . W[e,n] for n < N, f32 [numel, N], launched once for the
+// gate and once for the up weights; act.cu's moe_act_* then adds the biases
+// and applies the activation. Same tile and arithmetic as the fused kernels.
+#define GG_PROJ(NAME, AT, WT, FP8)                                                           \
+    extern "C" __global__ void __launch_bounds__(GG_THREADS) NAME(                           \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
+        const AT* x, const WT* w, long long w_estride, const float* s_w, long long s_estride, \
+        float* out, int numel, int topk, int N, int K, int block_size, int num_experts)      \
+    {                                                                                        \
+        grouped_gemm_tile<AT, WT, float, false, FP8>(sorted_ids, expert_ids, total_padded,   \
+            x, topk, w, w, w_estride, s_w, s_w, s_estride, out, numel, N, K, block_size,     \
+            num_experts);                                                                    \
+    }
+
+GG_PROJ(moe_proj_f32_f32, float, float, false)
+GG_PROJ(moe_proj_f32_bf16, float, bf16_t, false)
+GG_PROJ(moe_proj_f32_fp8, float, e4m3_t, true)
+GG_PROJ(moe_proj_bf16_f32, bf16_t, float, false)
+GG_PROJ(moe_proj_bf16_bf16, bf16_t, bf16_t, false)
+GG_PROJ(moe_proj_bf16_fp8, bf16_t, e4m3_t, true)
+
 // ---------------------------------------------------------------------------
 // Tensor-core variant for bf16 activations: mma.sync m16n8k16 (bf16 in, f32
 // accumulate), same tiles (16 rows x 64 columns, K steps of 32) and the same

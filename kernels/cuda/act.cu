@@ -1,0 +1,95 @@
+// Elementwise companions of the grouped GEMM for experts its fused SwiGLU
+// epilogue does not cover: per-expert biases and gated activations other
+// than silu(g) * u (gpt-oss's clamped SwiGLU with alpha and an up offset,
+// DeepSeek-V4's clamp), and a router's own logit bias (gpt-oss).
+//
+// The rows they touch are walked the way the GEMM walks them: padded row p
+// of moe_align_block_size's output holds slot s = sorted_ids[p] (the
+// sentinel numel for padding) of expert expert_ids[p / block_size].
+//
+// CPU twins: validate.activate (biases added in f32, the activation in
+// double as layout.Activation.Apply, rounded once) and validate.addRowBias.
+
+typedef unsigned short bf16_t;
+
+// Round to nearest even, NaN kept quiet (validate.F32ToBF16).
+__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+__device__ __forceinline__ void st_val(float* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void st_val(bf16_t* p, long long i, float v) { p[i] = f32_to_bf16(v); }
+
+// sorted_slot returns the slot and expert of padded row p, or -1 for a
+// padding row, a row past the used length or another rank's expert.
+__device__ __forceinline__ int sorted_slot(const int* sorted_ids, const int* expert_ids, const int* total_padded,
+                                           int p, int numel, int block_size, int num_experts, int* e) {
+    if (p >= *total_padded) return -1;
+    const int s = sorted_ids[p];
+    if (s < 0 || s >= numel) return -1;
+    *e = expert_ids[p / block_size];
+    if (*e < 0 || *e >= num_experts) return -1;
+    return s;
+}
+
+// act(g, u) = g' * sigmoid(alpha g') * (u' + up_offset), g' = min(g, limit),
+// u' = clamp(u, -limit, limit) when limit > 0 (layout.Activation).
+template <class OT>
+__device__ __forceinline__ void act_rows(const int* sorted_ids, const int* expert_ids, const int* total_padded,
+                                         const float* gate, const float* up, const float* gate_bias,
+                                         const float* up_bias, OT* inter, int numel, int I, int block_size,
+                                         int num_experts, double alpha, double limit, double up_offset) {
+    int e = 0;
+    const int s = sorted_slot(sorted_ids, expert_ids, total_padded, blockIdx.x, numel, block_size, num_experts, &e);
+    if (s < 0) return;
+    for (int n = threadIdx.x; n < I; n += blockDim.x) {
+        const long long i = (long long)s * I + n;
+        float g = gate[i], u = up[i];
+        if (gate_bias != nullptr) g = __fadd_rn(g, gate_bias[(long long)e * I + n]);
+        if (up_bias != nullptr) u = __fadd_rn(u, up_bias[(long long)e * I + n]);
+        double gd = (double)g, ud = (double)u;
+        if (limit > 0.0) {
+            gd = fmin(gd, limit);
+            ud = fmax(-limit, fmin(ud, limit));
+        }
+        st_val(inter, i, (float)(gd / (1.0 + exp(-alpha * gd)) * (ud + up_offset)));
+    }
+}
+
+// moe_act_{f32,bf16}: grid = padded rows, block 128. gate and up [numel, I]
+// f32 (moe_proj_* outputs), biases [E, I] or null, inter [numel, I].
+#define MOE_ACT(NAME, OT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                        \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded, const float* gate,  \
+        const float* up, const float* gate_bias, const float* up_bias, OT* inter, int numel, int I, \
+        int block_size, int num_experts, double alpha, double limit, double up_offset)             \
+    {                                                                                              \
+        act_rows<OT>(sorted_ids, expert_ids, total_padded, gate, up, gate_bias, up_bias, inter,    \
+                     numel, I, block_size, num_experts, alpha, limit, up_offset);                  \
+    }
+MOE_ACT(moe_act_f32, float)
+MOE_ACT(moe_act_bf16, bf16_t)
+
+// moe_down_bias: grid = padded rows, block 128: out[s, n] += bias[e, n],
+// out [numel, H] f32 (moe_down_* output), bias [E, H].
+extern "C" __global__ void __launch_bounds__(128)
+moe_down_bias(const int* sorted_ids, const int* expert_ids, const int* total_padded, float* out,
+              const float* bias, int numel, int H, int block_size, int num_experts) {
+    int e = 0;
+    const int s = sorted_slot(sorted_ids, expert_ids, total_padded, blockIdx.x, numel, block_size, num_experts, &e);
+    if (s < 0) return;
+    for (int n = threadIdx.x; n < H; n += blockDim.x)
+        out[(long long)s * H + n] = __fadd_rn(out[(long long)s * H + n], bias[(long long)e * H + n]);
+}
+
+// add_bias_rows: grid = rows, block 128: m[r, c] += bias[c] (a router's
+// logits plus its own bias, gpt-oss's F.linear(x, W, b)).
+extern "C" __global__ void __launch_bounds__(128)
+add_bias_rows(float* m, const float* bias, int rows, int cols) {
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        m[(long long)r * cols + c] = __fadd_rn(m[(long long)r * cols + c], bias[c]);
+}
