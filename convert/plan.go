@@ -202,6 +202,9 @@ func (p *planner) checkFusable() error {
 		if l.Shared == nil {
 			return fmt.Errorf("%s: layer %d has no shared expert to fuse", p.ck.Dir, l.Index)
 		}
+		if l.Shared.GateBias != "" {
+			return fmt.Errorf("%s: layer %d: the shared expert has biases (%s) and the routed experts none, so its fused slots would need bias stacks of their own; use moeprep convert instead", p.ck.Dir, l.Index, l.Shared.GateBias)
+		}
 	}
 	if si, s := fp.SharedIntermediateSize, fp.NumSharedExperts*fp.MoEIntermediateSize; si != 0 && si != s {
 		return fmt.Errorf("%s: the shared expert's intermediate size %d is not %d x the routed experts' %d, so it cannot be split into experts of the bank; use moeprep convert instead", p.ck.Dir, si, fp.NumSharedExperts, fp.MoEIntermediateSize)

@@ -16,6 +16,8 @@ type checker struct {
 	dtype     safetensors.DType
 	dtypeFrom string               // the tensor that set dtype, for error messages
 	hash      func(layer int) bool // hash-routed layers (nil: none)
+	// sharedBias: shared MLPs carry gate, up and down biases (ERNIE 4.5 use_bias).
+	sharedBias bool
 }
 
 func isFloat(d safetensors.DType) bool {
@@ -181,6 +183,23 @@ func (k *checker) bias(where, name string, row bool) error {
 	}
 	return k.small(where, "router bias", name, want,
 		fmt.Sprintf("(E=%d; sigmoid routing needs e_score_correction_bias)", k.p.NumExperts))
+}
+
+// mlpBiases plans the biases of a hub-layout MLP (prefix.<proj>.bias):
+// [inter] for gate and up, [H] for down.
+func (k *checker) mlpBiases(where, prefix string, proj [3]string, inter int, m *MLP) error {
+	for n, dst := range [3]*string{&m.GateBias, &m.UpBias, &m.DownBias} {
+		size := int64(inter)
+		if n == 2 {
+			size = int64(k.p.HiddenSize)
+		}
+		name := prefix + "." + proj[n] + ".bias"
+		if err := k.small(where, proj[n]+" bias", name, []int64{size}, "(config.json use_bias=true)"); err != nil {
+			return err
+		}
+		*dst = name
+	}
+	return nil
 }
 
 // hashTable checks a token-to-experts table: [vocab, k] integers.

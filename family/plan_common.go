@@ -93,6 +93,11 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	}
 
 	k := &checker{t: t, p: p}
+	if s.keys.sharedBias != "" {
+		if k.sharedBias, err = c.boolean(s.keys.sharedBias, false); err != nil {
+			return nil, err
+		}
+	}
 	if s.names.hashTable != "" {
 		if k.hash, err = hashLayers(c, p.NumHiddenLayers); err != nil {
 			return nil, err
@@ -204,6 +209,9 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 		shared, err = k.views(where+": shared expert", sp+"."+n.sharedGateUp, sp+"."+n.sharedDown, -1, p.SharedIntermediateSize, false, false, hint)
 	} else {
 		shared, err = k.mlp(where+": shared expert", sp, n.proj, p.SharedIntermediateSize, hint)
+		if err == nil && k.sharedBias {
+			err = k.mlpBiases(where+": shared expert", sp, n.proj, p.SharedIntermediateSize, &shared)
+		}
 	}
 	if err != nil {
 		return Layer{}, err

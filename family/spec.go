@@ -111,6 +111,9 @@ type configKeys struct {
 	sharedFixed  int
 	sharedSize   string // key giving the shared intermediate size; "" means S*I
 	sharedGated  bool
+	// sharedBias: the key of a bool saying the shared MLP's projections
+	// have biases (ERNIE 4.5's use_bias); "" when they never do.
+	sharedBias string
 	// sharedIfSized: the shared expert exists only when the sharedSize key
 	// is present and non-zero (Granite: shared_intermediate_size 0 = none).
 	sharedIfSized bool

@@ -294,9 +294,22 @@ func (fl *FusedLayer) addDenseShared(src TensorSource, x []float32, t, h int, y 
 	u := make([]float32, t*inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, gate, h, 0, g, inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, up, h, 0, u, inter)
-	activate(fl.Contract.Act(), g, u, nil, nil) // DeepSeek-V4's shared MLP is clamped as its experts are
+	var gb, ub, db []float32
+	if fl.Shared.GateBias != "" { // ERNIE 4.5 use_bias
+		if gb, err = loadVector(src, fl.Shared.GateBias, inter); err != nil {
+			return wrap(err)
+		}
+		if ub, err = loadVector(src, fl.Shared.UpBias, inter); err != nil {
+			return wrap(err)
+		}
+		if db, err = loadVector(src, fl.Shared.DownBias, h); err != nil {
+			return wrap(err)
+		}
+	}
+	activate(fl.Contract.Act(), g, u, gb, ub) // DeepSeek-V4's shared MLP is clamped as its experts are
 	o := make([]float32, t*h)
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, h, inter, 1, g, inter, down, inter, 0, o, h)
+	addRowBias(o, db)
 	putFloats(gate)
 	putFloats(up)
 	putFloats(down)

@@ -127,6 +127,8 @@ func conversionCases() []conv {
 	cases = append(cases, conv{"deepseek-v4", convert.Options{Layout: layout.GateUp}},
 		conv{"deepseek-v4", convert.Options{FuseShared: true, TP: 4}},
 		conv{"deepseek-v4", convert.Options{Layout: layout.UpGate, FuseShared: true, TP: 1, FoldScaling: "down"}})
+	// ERNIE 4.5 with use_bias: the shared expert's biases, kept unfused.
+	cases = append(cases, conv{"ernie4-5-moe-bias", convert.Options{Layout: layout.GateUp}})
 	return cases
 }
 
@@ -307,6 +309,7 @@ func mutations(t *testing.T) []mutation {
 	llama4 := filepath.Join(hfFixtures, "llama4-text")
 	gptoss := filepath.Join(hfFixtures, "gpt-oss")
 	dsv4 := filepath.Join(hfFixtures, "deepseek-v4")
+	ernieBias := filepath.Join(hfFixtures, "ernie4-5-moe-bias")
 	return []mutation{
 		{"gate and up swapped in one expert", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(true)
@@ -427,6 +430,9 @@ func mutations(t *testing.T) []mutation {
 					raw[8*i*int(shape[1])] = (raw[8*i*int(shape[1])] + 1) % 8
 				}
 			})
+		}, 1},
+		{"ernie use_bias: the shared expert's down bias zeroed", ernieBias, convert.Options{}, func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, "model.layers.1.mlp.shared_experts.down_proj.bias", func(raw []byte, _ []int64) { clear(raw) })
 		}, 1},
 		{"down projection transposed where square", square, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(false)

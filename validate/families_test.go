@@ -3,9 +3,11 @@ package validate
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
 )
 
@@ -70,5 +72,51 @@ func TestDeepSeekV4DetailsMatter(t *testing.T) {
 		} else {
 			t.Logf("%s: rel_l2 vs HF %.3g", c.name, r)
 		}
+	}
+}
+
+// TestErnieSharedBiasesMatter: ERNIE 4.5 with use_bias (the shared
+// expert's gate, up and down biases) matches HF's golden only with the
+// biases; fuse-shared refuses it, naming why.
+func TestErnieSharedBiasesMatter(t *testing.T) {
+	src := filepath.Join(hfFixtures, "ernie4-5-moe-bias")
+	ck, err := checkpoint.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ck.Close()
+	plan, err := ck.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := &plan.Layers[0]
+	if layer.Shared == nil || layer.Shared.DownBias == "" {
+		t.Fatalf("shared expert planned without biases: %+v", layer.Shared)
+	}
+	g, err := ReadGolden(filepath.Join(src, "reference", GoldenFileName(layer.Index)), plan.HiddenSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(l *family.Layer) float64 {
+		res, err := ReferenceLayer(context.Background(), ck, plan, l, g.X, g.T, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Compare(res.Y, g.Y).RelL2
+	}
+	if r := run(layer); r > 2e-6 {
+		t.Fatalf("reference vs HF golden rel_l2 %.3g", r)
+	}
+	l := *layer
+	sh := *layer.Shared
+	sh.GateBias, sh.UpBias, sh.DownBias = "", "", ""
+	l.Shared = &sh
+	if r := run(&l); r < 1e-3 {
+		t.Errorf("without the shared biases rel_l2 vs HF is only %.3g", r)
+	} else {
+		t.Logf("without the shared biases: rel_l2 vs HF %.3g", r)
+	}
+	if _, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: filepath.Join(t.TempDir(), "out"), FuseShared: true, TP: 1}); err == nil || !strings.Contains(err.Error(), "the shared expert has biases") {
+		t.Errorf("fuse-shared on a biased shared expert: %v", err)
 	}
 }
