@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
 )
@@ -19,15 +18,7 @@ import (
 // output far past float32 rounding.
 func TestDeepSeekV4DetailsMatter(t *testing.T) {
 	src := filepath.Join(hfFixtures, "deepseek-v4")
-	ck, err := checkpoint.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	plan, err := ck.Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ck, plan := openPlanned(t, src)
 	if len(plan.Layers) != 3 || plan.Layers[1].HashTable == "" || plan.Layers[1].RouterBias != "" || plan.Layers[2].HashTable != "" || plan.Layers[2].RouterBias == "" {
 		t.Fatalf("plan: %+v", plan.Layers)
 	}
@@ -80,15 +71,7 @@ func TestDeepSeekV4DetailsMatter(t *testing.T) {
 // biases; fuse-shared refuses it, naming why.
 func TestErnieSharedBiasesMatter(t *testing.T) {
 	src := filepath.Join(hfFixtures, "ernie4-5-moe-bias")
-	ck, err := checkpoint.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	plan, err := ck.Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ck, plan := openPlanned(t, src)
 	layer := &plan.Layers[0]
 	if layer.Shared == nil || layer.Shared.DownBias == "" {
 		t.Fatalf("shared expert planned without biases: %+v", layer.Shared)

@@ -17,15 +17,7 @@ import (
 // that pass elsewhere really test these details.
 func TestGPTOSSDetailsMatter(t *testing.T) {
 	src := filepath.Join(hfFixtures, "gpt-oss")
-	ck, err := checkpoint.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	plan, err := ck.Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ck, plan := openPlanned(t, src)
 	layer := &plan.Layers[1]
 	g, err := ReadGolden(filepath.Join(src, "reference", GoldenFileName(layer.Index)), plan.HiddenSize)
 	if err != nil {
@@ -74,14 +66,21 @@ func TestGPTOSSDetailsMatter(t *testing.T) {
 // planOf plans the checkpoint in dir.
 func planOf(t *testing.T, dir string) *family.Plan {
 	t.Helper()
+	_, p := openPlanned(t, dir)
+	return p
+}
+
+// openPlanned opens and plans the checkpoint in dir; it is closed when the test ends.
+func openPlanned(t *testing.T, dir string) (*checkpoint.Checkpoint, *family.Plan) {
+	t.Helper()
 	ck, err := checkpoint.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ck.Close()
+	t.Cleanup(func() { ck.Close() })
 	p, err := ck.Plan()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p
+	return ck, p
 }

@@ -216,20 +216,27 @@ func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, e
 			return nil, fmt.Errorf("routing token %d: only %d of %d experts selectable", i, len(ids), k)
 		}
 		w := r.Weights[i*k : (i+1)*k]
-		var sum float32
 		for j, id := range ids {
 			r.IDs[i*k+j] = int32(id)
 			w[j] = score[id]
-			sum += w[j]
 		}
 		if spec.NormTopKProb {
-			den := sum + 1e-20
-			for j := range w {
-				w[j] /= den
-			}
+			renormalise(w)
 		}
 	}
 	return r, nil
+}
+
+// renormalise divides w by its float32 sum + 1e-20, as the HF routers do.
+func renormalise(w []float32) {
+	var sum float32
+	for _, v := range w {
+		sum += v
+	}
+	den := sum + 1e-20
+	for j := range w {
+		w[j] /= den
+	}
 }
 
 // scoreOf is a sigmoid-family score in float64, rounded once to float32:
@@ -268,19 +275,14 @@ func RouteHashed(spec RouteSpec, logits []float32, ids []int32, t int) (*Routing
 			choice[j] = scoreOf(spec.Scoring, l)
 		}
 		w := r.Weights[i*k : (i+1)*k]
-		var sum float32
 		for j, id := range ids[i*k : (i+1)*k] {
 			if id < 0 || int(id) >= e {
 				return nil, fmt.Errorf("hash routing: token %d slot %d names expert %d of %d", i, j, id, e)
 			}
 			w[j] = choice[id]
-			sum += w[j]
 		}
 		if spec.NormTopKProb {
-			den := sum + 1e-20
-			for j := range w {
-				w[j] /= den
-			}
+			renormalise(w)
 		}
 	}
 	return r, nil
