@@ -151,10 +151,7 @@ func WriteText(w io.Writer, s *Summary) error {
 	}
 	experts := "SwiGLU"
 	if a := s.Activation; a != nil {
-		experts = fmt.Sprintf("clamped SwiGLU (alpha %g, limit %g, up offset %g)", max(a.Alpha, 1), a.Limit, a.UpOffset)
-		if a.Alpha == 0 {
-			experts = fmt.Sprintf("clamped SwiGLU (limit %g, up offset %g)", a.Limit, a.UpOffset)
-		}
+		experts = activationText(*a)
 	}
 	if s.ExpertBias {
 		experts += ", with biases"
@@ -198,6 +195,30 @@ func WriteText(w io.Writer, s *Summary) error {
 		}
 	}
 	return nil
+}
+
+// activationText spells out a gated activation other than SwiGLU:
+// g·σ(alpha g)·(u + offset) with g = min(g, L), u = clamp(u, ±L).
+func activationText(a layout.Activation) string {
+	alpha := a.Alpha
+	if alpha == 0 {
+		alpha = 1
+	}
+	var parts []string
+	if a.Limit > 0 {
+		parts = append(parts, fmt.Sprintf("limit %g", a.Limit))
+	}
+	if alpha != 1 {
+		parts = append(parts, fmt.Sprintf("alpha %g", alpha))
+	}
+	if a.UpOffset != 0 {
+		parts = append(parts, fmt.Sprintf("up offset %g", a.UpOffset))
+	}
+	name := "SwiGLU variant"
+	if a.Limit > 0 {
+		name = "clamped SwiGLU"
+	}
+	return name + " (" + strings.Join(parts, ", ") + ")"
 }
 
 // Ranges renders sorted ints compactly: 1-3,5,7-9.

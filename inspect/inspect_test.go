@@ -1,6 +1,10 @@
 package inspect
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/moeprep/moeprep/layout"
+)
 
 func TestRanges(t *testing.T) {
 	tests := []struct {
@@ -24,6 +28,24 @@ func TestHumanBytes(t *testing.T) {
 	for n, want := range tests {
 		if got := HumanBytes(n); got != want {
 			t.Errorf("HumanBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// TestActivationText: every non-SwiGLU activation is spelled out with the
+// values that differ from SwiGLU's (alpha below 1 included).
+func TestActivationText(t *testing.T) {
+	for _, c := range []struct {
+		a    layout.Activation
+		want string
+	}{
+		{layout.Activation{Alpha: 1.702, Limit: 7, UpOffset: 1}, "clamped SwiGLU (limit 7, alpha 1.702, up offset 1)"},
+		{layout.Activation{Limit: 10}, "clamped SwiGLU (limit 10)"},
+		{layout.Activation{Alpha: 0.5}, "SwiGLU variant (alpha 0.5)"},
+		{layout.Activation{Alpha: 1, UpOffset: -2}, "SwiGLU variant (up offset -2)"},
+	} {
+		if got := activationText(c.a); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.a, got, c.want)
 		}
 	}
 }

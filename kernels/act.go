@@ -18,8 +18,9 @@ import (
 // cores, which is what a correctness check needs, not what a server would
 // ship.
 
-// unfusedAct reports whether the bank's experts need the fallback.
-func (b *ExpertBank) unfusedAct() bool {
+// UnfusedAct reports whether the bank's experts need the fallback, and so
+// GEMMOptions.Scratch (2 x Numel x I f32).
+func (b *ExpertBank) UnfusedAct() bool {
 	return !b.Act.SwiGLU() || b.GateBias != nil || b.UpBias != nil
 }
 

@@ -299,7 +299,7 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 	if err := inter.need("grouped gemm: intermediate", sorted.Numel*bank.I, opt.Act); err != nil {
 		return err
 	}
-	if bank.unfusedAct() {
+	if bank.UnfusedAct() {
 		return moeGateUpAct(dev, st, bank, sorted, x, topk, inter, opt)
 	}
 	wg, wu, ws, sg, su, ss, err := bank.gateUpPtrs()

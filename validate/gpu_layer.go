@@ -679,7 +679,7 @@ func (g *gpuRunner) oneExpert(src TensorSource, m family.MLP, h, inter, block in
 // activation than SwiGLU need (kernels/act.go), freed with fr.
 func (g *gpuRunner) groupedGEMM(bank *kernels.ExpertBank, sorted *kernels.Sorted, x kernels.Mat, t, k int, inter kernels.Mat, out *cuda.Buffer[float32], fr *frees) error {
 	opt := kernels.GEMMOptions{Act: g.act}
-	if !bank.Act.SwiGLU() || bank.GateBias != nil {
+	if bank.UnfusedAct() {
 		var err error
 		if opt.Scratch, err = g.f32Buffer(2*sorted.Numel*bank.I, fr); err != nil {
 			return err
