@@ -189,6 +189,9 @@ func (p *planner) checkFusable() error {
 	if fp.SharedGated {
 		return fmt.Errorf("%s: %s (model_type %s) gates its shared expert per token (shared_expert_gate): it cannot become extra experts with a constant slot weight; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
 	}
+	if fp.SharedRouted {
+		return fmt.Errorf("%s: %s (model_type %s) weights each shared expert per token by its router row (in one normalisation with the routed experts): it cannot become extra experts with a constant slot weight; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
+	}
 	if fp.NumSharedExperts == 0 {
 		return fmt.Errorf("%s: %s (model_type %s) has no shared expert, so there is nothing to fuse; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
 	}

@@ -164,11 +164,56 @@ func (k *checker) weightDType(where, role, name string, d safetensors.DType) err
 	return nil
 }
 
-// router checks the router weight [E,H]. It stays a float matrix even in
-// FP8 checkpoints (DeepSeek keeps gate.weight BF16).
+// router checks the router weight [E,H], or [E+S,H] where it also scores
+// the shared experts (Inkling). It stays a float matrix even in FP8
+// checkpoints (DeepSeek keeps gate.weight BF16).
 func (k *checker) router(where, name string) error {
+	if k.p.SharedRouted {
+		return k.small(where, "router", name, []int64{int64(k.p.NumExperts + k.p.NumSharedExperts), int64(k.p.HiddenSize)},
+			fmt.Sprintf("(E=%d routed + S=%d shared rows, H=%d)", k.p.NumExperts, k.p.NumSharedExperts, k.p.HiddenSize))
+	}
 	return k.small(where, "router", name, []int64{int64(k.p.NumExperts), int64(k.p.HiddenSize)},
 		fmt.Sprintf("(E=%d, H=%d)", k.p.NumExperts, k.p.HiddenSize))
+}
+
+// sharedStack plans S shared experts stored stacked under prefix: gate and
+// up [S, I, H], down [S, H, I] (proj names without ".weight"), one MLP of
+// views per shared expert.
+func (k *checker) sharedStack(where, prefix string, proj [3]string) ([]MLP, error) {
+	s, h, i := int64(k.p.NumSharedExperts), int64(k.p.HiddenSize), int64(k.p.MoEIntermediateSize)
+	hint := fmt.Sprintf("(S=%d, H=%d, I=%d: shared experts stacked on disk)", s, h, i)
+	for n, pr := range proj {
+		want := []int64{s, i, h}
+		if n == 2 {
+			want = []int64{s, h, i}
+		}
+		name := prefix + "." + pr
+		meta, ok := k.t.Lookup(name)
+		if !ok {
+			return nil, fmt.Errorf("%s: missing tensor %s %s", where, name, hint)
+		}
+		if !slices.Equal(meta.Shape, want) {
+			return nil, fmt.Errorf("%s: %s shape %s, expected %s %s", where, name, shapeString(meta.Shape), shapeString(want), hint)
+		}
+		if meta.DType == safetensors.F8E4M3 || k.p.Quantization == QuantFP8Block {
+			return nil, fmt.Errorf("%s: %s: FP8 experts stacked on disk are not supported", where, name)
+		}
+	}
+	out := make([]MLP, s)
+	for e := range out {
+		m := MLP{Gate: ViewName(prefix+"."+proj[0], e, 0, 0), Up: ViewName(prefix+"."+proj[1], e, 0, 0), Down: ViewName(prefix+"."+proj[2], e, 0, 0)}
+		w := fmt.Sprintf("%s: shared expert %d", where, e)
+		for _, x := range []struct {
+			role, name string
+			rows, cols int64
+		}{{"gate", m.Gate, i, h}, {"up", m.Up, i, h}, {"down", m.Down, h, i}} {
+			if _, err := k.weight(w, x.role, x.name, x.rows, x.cols, hint); err != nil {
+				return nil, err
+			}
+		}
+		out[e] = m
+	}
+	return out, nil
 }
 
 // bias checks e_score_correction_bias [E]. F32 is what DeepSeek ships; a

@@ -74,6 +74,13 @@ type Layer struct {
 	Experts    []MLP  // routed experts, index = expert id
 	Shared     *MLP   // nil when the family has no shared expert
 	SharedGate string // per-token shared-expert gate [1,H] (Qwen2-MoE), "" if none
+	// SharedExperts are the shared experts of a layer whose router weights
+	// them (Plan.SharedRouted, Inkling), each of MoEIntermediateSize, in
+	// the order of the router's shared rows. Shared is nil then.
+	SharedExperts []MLP
+	// RouterScale is a scalar tensor [1] the routing weights are multiplied
+	// by, shared slots included (Inkling's gate.global_scale), "" if none.
+	RouterScale string
 }
 
 // Plan is everything moeprep needs to know about a checkpoint's MoE layers.
@@ -86,11 +93,18 @@ type Plan struct {
 	NumSharedExperts       int  // S shared experts (0: none); DeepSeek's shared MLP has intermediate S*I
 	SharedIntermediateSize int  // intermediate size of the whole shared MLP (Qwen2-MoE: its own key)
 	SharedGated            bool // Qwen2-MoE's per-token sigmoid gate
-	TopK                   int
-	TopKMethod             TopKMethod
-	NGroup                 int // 1 when the family has no grouping
-	TopKGroup              int
-	Scoring                Scoring
+	// SharedRouted: the router has NumSharedExperts more rows, after the E
+	// routed ones, for the shared experts (Inkling). The routed experts are
+	// chosen by sigmoid + correction bias as DeepSeek-V3's, but the weights
+	// are one normalisation of the sigmoids of the k chosen and the S shared
+	// logits, so each shared expert is weighted per token by its share
+	// (times RoutedScalingFactor and the layer's RouterScale).
+	SharedRouted bool
+	TopK         int
+	TopKMethod   TopKMethod
+	NGroup       int // 1 when the family has no grouping
+	TopKGroup    int
+	Scoring      Scoring
 	// JitterEps is sparsemixer's mask threshold (router_jitter_noise): an
 	// expert takes part in a slot's softmax only when its logit is within
 	// 2*JitterEps (relative) of that slot's winner.

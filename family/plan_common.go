@@ -132,6 +132,12 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 			return Layer{}, err
 		}
 	}
+	if n.routerScale != "" {
+		out.RouterScale = prefix + "." + n.routerScale
+		if err := k.small(where, "router scale", out.RouterScale, []int64{1}, "(a scalar the routing weights are multiplied by)"); err != nil {
+			return Layer{}, err
+		}
+	}
 	hashed := k.hash != nil && k.hash(l)
 	if n.hashTable != "" {
 		table := prefix + "." + n.hashTable
@@ -193,6 +199,9 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	if n.sharedGateUp != "" {
 		_, present = k.t.Lookup(sp + "." + n.sharedGateUp)
 	}
+	if n.sharedStacked {
+		_, present = k.t.Lookup(sp + "." + n.proj[0])
+	}
 	if p.NumSharedExperts == 0 {
 		if present {
 			return Layer{}, fmt.Errorf("%s: holds shared expert tensors under %s but config.json gives no shared experts", where, sp)
@@ -201,6 +210,11 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	}
 	if converted && !present {
 		return out, nil // fused into the stacked experts by fuse-shared
+	}
+	if n.sharedStacked {
+		var err error
+		out.SharedExperts, err = k.sharedStack(where, sp, n.proj)
+		return out, err
 	}
 	hint := fmt.Sprintf("(H=%d, shared I=%d)", p.HiddenSize, p.SharedIntermediateSize)
 	var shared MLP

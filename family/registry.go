@@ -10,13 +10,12 @@ import (
 // families lists every supported family, in the order All reports them.
 var families = []*spec{deepseek, qwen2MoE, qwen3MoE, mixtral,
 	glm4MoELite, exaoneMoE, hyV3, afmoe, minimaxM2, ernie45MoE, olmoe, jamba, cohere2MoE,
-	graniteMoE, graniteMoESWA, phimoe, llama4, gptOSS, deepseekV4}
+	graniteMoE, graniteMoESWA, phimoe, llama4, gptOSS, deepseekV4, inkling}
 
 // unsupported are the MoE model types transformers ships that moeprep
 // refuses, each with the reason a user needs.
 var unsupported = map[string]string{
-	"jetmoe":       "JetMoE's experts include a mixture of attention heads (attention projections per expert), which a stacked SwiGLU bank cannot express",
-	"inkling_text": "Inkling stores its experts stacked on disk and its router has rows for the shared experts and a global_scale; moeprep does not carry this yet",
+	"jetmoe": "JetMoE's experts include a mixture of attention heads (attention projections per expert), which a stacked SwiGLU bank cannot express",
 }
 
 // All returns every supported family.

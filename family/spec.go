@@ -80,6 +80,13 @@ type naming struct {
 	// sharedGateUp / sharedDown: a shared MLP that stores gate and up rows
 	// in one [2I, H] tensor, relative to the shared module.
 	sharedGateUp, sharedDown string
+	// sharedStacked: the shared module holds its S experts stacked, one
+	// tensor per projection named proj without ".weight": gate and up
+	// [S, I, H], down [S, H, I] (Inkling); each is planned as views.
+	sharedStacked bool
+	// routerScale: a scalar [1] multiplying the routing weights, relative
+	// to the MoE module (Inkling's "gate.global_scale"), "" if none.
+	routerScale string
 	// sharedAtLayer: the shared module hangs off the decoder layer, not the
 	// MoE module (Granite: model.layers.L.shared_mlp beside block_sparse_moe);
 	// the layer's output is still routed + shared.

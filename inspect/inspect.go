@@ -16,27 +16,32 @@ import (
 // Summary is what `moeprep inspect --json` prints. Field names are part of
 // the command's interface: add, never rename.
 type Summary struct {
-	Dir                    string  `json:"dir"`
-	Family                 string  `json:"family"`
-	ModelType              string  `json:"model_type"`
-	Format                 string  `json:"format"`
-	DType                  string  `json:"dtype"`
-	Quantization           string  `json:"quantization"`
-	ScaleFmt               string  `json:"scale_fmt,omitempty"`
-	HiddenSize             int     `json:"hidden_size"`
-	MoEIntermediateSize    int     `json:"moe_intermediate_size"`
-	NumExperts             int     `json:"num_experts"`
-	NumSharedExperts       int     `json:"num_shared_experts"`
-	SharedIntermediateSize int     `json:"shared_intermediate_size"`
-	SharedGated            bool    `json:"shared_gated"`
-	TopK                   int     `json:"top_k"`
-	NGroup                 int     `json:"n_group"`
-	TopKGroup              int     `json:"topk_group"`
-	Scoring                string  `json:"scoring"`
-	NormTopKProb           bool    `json:"norm_topk_prob"`
-	RoutedScalingFactor    float64 `json:"routed_scaling_factor"`
-	OutputScale            float64 `json:"output_scale,omitempty"`        // Cohere2 average: 0.5; absent means 1
-	RoutedInputScaled      bool    `json:"routed_input_scaled,omitempty"` // Llama 4: the weight scales the expert input
+	Dir                    string `json:"dir"`
+	Family                 string `json:"family"`
+	ModelType              string `json:"model_type"`
+	Format                 string `json:"format"`
+	DType                  string `json:"dtype"`
+	Quantization           string `json:"quantization"`
+	ScaleFmt               string `json:"scale_fmt,omitempty"`
+	HiddenSize             int    `json:"hidden_size"`
+	MoEIntermediateSize    int    `json:"moe_intermediate_size"`
+	NumExperts             int    `json:"num_experts"`
+	NumSharedExperts       int    `json:"num_shared_experts"`
+	SharedIntermediateSize int    `json:"shared_intermediate_size"`
+	SharedGated            bool   `json:"shared_gated"`
+	// SharedRouted: the router scores the shared experts too and weights
+	// each per token (Inkling); RouterScaled: a per-layer scalar tensor
+	// multiplies the routing weights (Inkling's gate.global_scale).
+	SharedRouted        bool    `json:"shared_routed,omitempty"`
+	RouterScaled        bool    `json:"router_scaled,omitempty"`
+	TopK                int     `json:"top_k"`
+	NGroup              int     `json:"n_group"`
+	TopKGroup           int     `json:"topk_group"`
+	Scoring             string  `json:"scoring"`
+	NormTopKProb        bool    `json:"norm_topk_prob"`
+	RoutedScalingFactor float64 `json:"routed_scaling_factor"`
+	OutputScale         float64 `json:"output_scale,omitempty"`        // Cohere2 average: 0.5; absent means 1
+	RoutedInputScaled   bool    `json:"routed_input_scaled,omitempty"` // Llama 4: the weight scales the expert input
 	// Activation is the experts' gated activation where it is not plain
 	// SwiGLU (gpt-oss, DeepSeek-V4's clamp); ExpertBias: the experts have
 	// biases (gpt-oss).
@@ -90,7 +95,7 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 		DType: p.DTypeName(), Quantization: string(p.Quantization), ScaleFmt: p.ScaleFmt,
 		HiddenSize: p.HiddenSize, MoEIntermediateSize: p.MoEIntermediateSize,
 		NumExperts: p.NumExperts, NumSharedExperts: p.NumSharedExperts,
-		SharedIntermediateSize: p.SharedIntermediateSize, SharedGated: p.SharedGated,
+		SharedIntermediateSize: p.SharedIntermediateSize, SharedGated: p.SharedGated, SharedRouted: p.SharedRouted,
 		TopK: p.TopK, NGroup: p.NGroup, TopKGroup: p.TopKGroup, Scoring: string(p.Scoring),
 		NormTopKProb: p.NormTopKProb, RoutedScalingFactor: p.RoutedScalingFactor, OutputScale: outputScale(p),
 		RoutedInputScaled: p.RoutedInputScaled,
@@ -104,6 +109,7 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 	}
 	s.ExpertBias = p.ExpertBias
 	for _, l := range p.Layers {
+		s.RouterScaled = s.RouterScaled || l.RouterScale != ""
 		if l.HashTable != "" {
 			s.HashLayers = append(s.HashLayers, l.Index)
 		}
@@ -128,6 +134,9 @@ func WriteText(w io.Writer, s *Summary) error {
 		if s.SharedGated {
 			shared += " (per-token gated)"
 		}
+		if s.SharedRouted {
+			shared += " (weighted per token by the router, with the routed experts)"
+		}
 	}
 	quant := s.Quantization
 	if s.ScaleFmt != "" {
@@ -146,8 +155,14 @@ func WriteText(w io.Writer, s *Summary) error {
 	if s.OutputScale != 0 {
 		routing += fmt.Sprintf(", output x %g (routed + shared)", s.OutputScale)
 	}
+	if s.SharedRouted {
+		routing += fmt.Sprintf(", weights normalised over the top-%d and %d shared", s.TopK, s.NumSharedExperts)
+	}
 	if s.RoutedScalingFactor != 1 {
 		routing += fmt.Sprintf(", routed_scaling_factor %g", s.RoutedScalingFactor)
+	}
+	if s.RouterScaled {
+		routing += " x the layer's router scale tensor"
 	}
 	experts := "SwiGLU"
 	if a := s.Activation; a != nil {

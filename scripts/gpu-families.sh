@@ -16,6 +16,7 @@ work=/tmp/families-unseen
 rm -rf "$work" && mkdir -p "$work/out"
 PYTHONUNBUFFERED=1 timeout 240 python3 fixtures/hf/export_families.py "$work/src" --unseen --seed 500 ${FAMILIES:+--only "$FAMILIES"} --log "$out/unseen-export.log" >/dev/null 2>&1
 echo "export rc=$? ($(tail -1 "$out/unseen-export.log"))"
+refusing=" inkling-text llama4-text qwen3-next ernie4-5-moe-bias "
 fusable=" afmoe ernie4-5-moe exaone-moe glm4-moe glm4-moe-lite hy-v3 granitemoeshared granitemoe-swa cohere2-moe deepseek-v4 "
 worst() { python3 -c "
 import json,sys
@@ -33,6 +34,11 @@ for src in "$work"/src/*/; do
 		d="$work/out/$n-$lay"
 		if "$bin" convert --no-progress --layout "$lay" "$src" "$d" >/dev/null 2>"$work/out/err"; then dsts+=("$d:convert --layout $lay"); else line "convert $lay" FAIL "$(head -c 150 "$work/out/err")"; fi
 	done
+	if [[ $refusing == *" $n "* ]]; then # a shared expert fuse-shared must refuse, exit 2, naming why
+		"$bin" fuse-shared --tp 1 --no-progress "$src" "$work/out/$n-refused" >/dev/null 2>"$work/out/err"
+		rc=$?
+		if [ $rc -eq 2 ] && [ ! -e "$work/out/$n-refused" ]; then line "fuse-shared --tp 1" refused "expected: $(head -c 120 "$work/out/err")"; else line "fuse-shared --tp 1" FAIL "rc $rc: $(head -c 120 "$work/out/err")"; fi
+	fi
 	if [[ $fusable == *" ${n%-fp8} "* ]]; then
 		for tp in 1 4 8; do
 			d="$work/out/$n-tp$tp"

@@ -144,6 +144,15 @@ func withCoverage(x []float32, r *Routing, c *Coverage) ([]float32, *Routing, er
 		return nil, nil, fmt.Errorf("coverage: top-%d forced, top-%d routed", c.K, r.K)
 	}
 	all := &Routing{T: r.T + c.T, K: r.K, IDs: slices.Concat(r.IDs, c.Routing.IDs), Weights: slices.Concat(r.Weights, c.Routing.Weights)}
+	if r.S > 0 {
+		// Router-weighted shared experts (Inkling) take the forced slots'
+		// weight on the forced tokens, the same on both paths.
+		forced := make([]float32, c.T*r.S)
+		for i := range forced {
+			forced[i] = 1 / float32(c.K)
+		}
+		all.S, all.Shared = r.S, slices.Concat(r.Shared, forced)
+	}
 	return slices.Concat(x, c.X), all, nil
 }
 

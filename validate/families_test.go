@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
 )
@@ -22,8 +23,28 @@ func TestDeepSeekV4DetailsMatter(t *testing.T) {
 	if len(plan.Layers) != 3 || plan.Layers[1].HashTable == "" || plan.Layers[1].RouterBias != "" || plan.Layers[2].HashTable != "" || plan.Layers[2].RouterBias == "" {
 		t.Fatalf("plan: %+v", plan.Layers)
 	}
-	// run is the reference of layer i on copies of the plan and layer that edit changed.
-	run := func(i int, edit func(p *family.Plan, l *family.Layer)) float64 {
+	run := goldenRun(t, src, ck, plan)
+	for i := range plan.Layers {
+		if r := run(i, func(*family.Plan, *family.Layer) {}); r > 2e-6 {
+			t.Fatalf("layer %d: reference vs HF golden rel_l2 %.3g, want float32 rounding (< 2e-6)", i, r)
+		}
+	}
+	detailsMatter(t, run, []detail{
+		{"no clamp", 2, func(p *family.Plan, _ *family.Layer) { p.Act.Limit = 0 }},
+		{"no clamp (hash layer)", 0, func(p *family.Plan, _ *family.Layer) { p.Act.Limit = 0 }},
+		{"sigmoid scores", 2, func(p *family.Plan, _ *family.Layer) { p.Scoring = family.Sigmoid }},
+		{"sigmoid scores (hash layer)", 0, func(p *family.Plan, _ *family.Layer) { p.Scoring = family.Sigmoid }},
+		{"no correction bias", 2, func(_ *family.Plan, l *family.Layer) { l.RouterBias = "" }},
+		{"top-k instead of the hash table", 1, func(_ *family.Plan, l *family.Layer) { l.HashTable = "" }},
+		{"no routed scaling factor", 2, func(p *family.Plan, _ *family.Layer) { p.RoutedScalingFactor = 1 }},
+	})
+}
+
+// goldenRun returns the rel_l2 against HF's golden of the CPU reference of
+// plan's layer i, on copies of the plan and layer that edit changed.
+func goldenRun(t *testing.T, src string, ck TensorSource, plan *family.Plan) func(i int, edit func(p *family.Plan, l *family.Layer)) float64 {
+	return func(i int, edit func(p *family.Plan, l *family.Layer)) float64 {
+		t.Helper()
 		layer := &plan.Layers[i]
 		g, err := ReadGolden(filepath.Join(src, "reference", GoldenFileName(layer.Index)), plan.HiddenSize)
 		if err != nil {
@@ -40,28 +61,25 @@ func TestDeepSeekV4DetailsMatter(t *testing.T) {
 		}
 		return Compare(res.Y, g.Y).RelL2
 	}
-	for i := range plan.Layers {
-		if r := run(i, func(*family.Plan, *family.Layer) {}); r > 2e-6 {
-			t.Fatalf("layer %d: reference vs HF golden rel_l2 %.3g, want float32 rounding (< 2e-6)", i, r)
-		}
-	}
-	for _, c := range []struct {
-		name  string
-		layer int
-		edit  func(p *family.Plan, l *family.Layer)
-	}{
-		{"no clamp", 2, func(p *family.Plan, _ *family.Layer) { p.Act.Limit = 0 }},
-		{"no clamp (hash layer)", 0, func(p *family.Plan, _ *family.Layer) { p.Act.Limit = 0 }},
-		{"sigmoid scores", 2, func(p *family.Plan, _ *family.Layer) { p.Scoring = family.Sigmoid }},
-		{"sigmoid scores (hash layer)", 0, func(p *family.Plan, _ *family.Layer) { p.Scoring = family.Sigmoid }},
-		{"no correction bias", 2, func(_ *family.Plan, l *family.Layer) { l.RouterBias = "" }},
-		{"top-k instead of the hash table", 1, func(_ *family.Plan, l *family.Layer) { l.HashTable = "" }},
-		{"no routed scaling factor", 2, func(p *family.Plan, _ *family.Layer) { p.RoutedScalingFactor = 1 }},
-	} {
-		if r := run(c.layer, c.edit); r < 1e-3 {
-			t.Errorf("%s: rel_l2 vs HF %.3g; the fixture does not exercise it", c.name, r)
+}
+
+// detail is one thing a family's math needs: removing it (edit) from
+// layer i of the plan must move the output off HF's golden.
+type detail struct {
+	name  string
+	layer int
+	edit  func(p *family.Plan, l *family.Layer)
+}
+
+// detailsMatter checks each detail moves the reference far past float32
+// rounding (rel_l2 >= 1e-3 against the golden).
+func detailsMatter(t *testing.T, run func(int, func(*family.Plan, *family.Layer)) float64, ds []detail) {
+	t.Helper()
+	for _, d := range ds {
+		if r := run(d.layer, d.edit); r < 1e-3 {
+			t.Errorf("%s (layer %d): rel_l2 vs HF %.3g; the fixture does not exercise it", d.name, d.layer, r)
 		} else {
-			t.Logf("%s: rel_l2 vs HF %.3g", c.name, r)
+			t.Logf("%s (layer %d): rel_l2 vs HF %.3g", d.name, d.layer, r)
 		}
 	}
 }
@@ -101,5 +119,72 @@ func TestErnieSharedBiasesMatter(t *testing.T) {
 	}
 	if _, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: filepath.Join(t.TempDir(), "out"), FuseShared: true, TP: 1}); err == nil || !strings.Contains(err.Error(), "the shared expert has biases") {
 		t.Errorf("fuse-shared on a biased shared expert: %v", err)
+	}
+}
+
+// TestInklingDetailsMatter: on the inkling-text fixture (route_scale 2.5,
+// global_scale 0.75 and 1.25 in its two MoE layers, two shared experts the
+// router weights), the CPU reference and the fused twin match HF's goldens
+// on both layers, and only with each detail: the router scale tensor,
+// route_scale, the correction bias, the order of the shared experts (row
+// E+s weights shared expert s) and the shared experts themselves each move
+// the output far past float32 rounding. fuse-shared refuses, naming why.
+func TestInklingDetailsMatter(t *testing.T) {
+	src := filepath.Join(hfFixtures, "inkling-text")
+	ck, plan := openPlanned(t, src)
+	if !plan.SharedRouted || len(plan.Layers) != 2 {
+		t.Fatalf("plan: shared routed %v, %d layers", plan.SharedRouted, len(plan.Layers))
+	}
+	for _, l := range plan.Layers {
+		if l.Shared != nil || len(l.SharedExperts) != 2 || l.RouterScale != l.Prefix+".gate.global_scale" ||
+			l.SharedExperts[1].Down != l.Prefix+".shared_experts.down_proj[1]" || l.RouterBias != l.Prefix+".gate.e_score_correction_bias" {
+			t.Fatalf("layer %d planned as %+v", l.Index, l)
+		}
+	}
+	run := goldenRun(t, src, ck, plan)
+	for i := range plan.Layers {
+		if r := run(i, func(*family.Plan, *family.Layer) {}); r > 2e-6 {
+			t.Fatalf("layer %d: reference vs HF golden rel_l2 %.3g, want float32 rounding (< 2e-6)", i, r)
+		}
+	}
+	detailsMatter(t, run, []detail{
+		{"no global_scale", 0, func(_ *family.Plan, l *family.Layer) { l.RouterScale = "" }},
+		{"no global_scale", 1, func(_ *family.Plan, l *family.Layer) { l.RouterScale = "" }},
+		{"no route_scale", 0, func(p *family.Plan, _ *family.Layer) { p.RoutedScalingFactor = 1 }},
+		{"no correction bias", 1, func(_ *family.Plan, l *family.Layer) { l.RouterBias = "" }},
+		{"shared experts in the other order", 0, func(_ *family.Plan, l *family.Layer) {
+			l.SharedExperts = []family.MLP{l.SharedExperts[1], l.SharedExperts[0]}
+		}},
+		{"shared experts left out", 1, func(_ *family.Plan, l *family.Layer) { l.SharedExperts = nil }},
+	})
+	if _, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: filepath.Join(t.TempDir(), "out"), FuseShared: true, TP: 1}); err == nil || !strings.Contains(err.Error(), "weights each shared expert per token") {
+		t.Errorf("fuse-shared on Inkling: %v", err)
+	}
+}
+
+// TestInklingConfigRefusals: configs Inkling's router cannot run as
+// transformers does are refused in one line naming the key.
+func TestInklingConfigRefusals(t *testing.T) {
+	src := filepath.Join(hfFixtures, "inkling-text")
+	for _, c := range []struct {
+		key  string
+		val  any
+		want string
+	}{
+		{"shared_expert_sink", false, "shared_expert_sink=false is not supported"},
+		{"n_shared_experts", 0, "n_shared_experts=0"},
+	} {
+		dir := t.TempDir()
+		copyDir(t, src, dir)
+		editConfig(t, dir, func(m map[string]any) { m[c.key] = c.val })
+		ck, err := checkpoint.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = ck.Plan()
+		ck.Close()
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s=%v: %v", c.key, c.val, err)
+		}
 	}
 }

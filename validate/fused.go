@@ -70,6 +70,11 @@ type FusedLayer struct {
 	// without fusion do. SharedGate is Qwen2-MoE's per-token gate.
 	Shared     *family.MLP
 	SharedGate string
+	// SharedExperts are shared experts the router weights per token
+	// (Inkling), run as dense MLPs with the routing's shared weights;
+	// RouterScale is the router's scale tensor ("" if none).
+	SharedExperts []family.MLP
+	RouterScale   string
 }
 
 // FusedResult is the fused path's output for one layer.
@@ -81,7 +86,7 @@ type FusedResult struct {
 }
 
 func (fl *FusedLayer) router() routerRef {
-	return routerRef{Router: fl.Router, Bias: fl.RouterBias, LogitBias: fl.RouterLogitBias, Hash: fl.HashTable}
+	return routerRef{Router: fl.Router, Bias: fl.RouterBias, LogitBias: fl.RouterLogitBias, Hash: fl.HashTable, Scale: fl.RouterScale}
 }
 
 // stackDims reads H and I from the stacked tensors and checks the bank size.
@@ -248,6 +253,11 @@ func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer,
 			return nil, err
 		}
 	}
+	if len(fl.SharedExperts) > 0 {
+		if err := fl.addRoutedShared(src, x, routing, h, slots.FinalScale, y); err != nil {
+			return nil, err
+		}
+	}
 	scaleOutput(y, fl.Contract.Output())
 	return &FusedResult{Y: y, Routing: routed, Slots: slots, Align: al}, nil
 }
@@ -256,30 +266,7 @@ func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer,
 // GEMM per projection and adds it (gated for Qwen2-MoE) to y.
 func (fl *FusedLayer) addDenseShared(src TensorSource, x []float32, t, h int, y []float32) error {
 	wrap := func(err error) error { return fmt.Errorf("layer %d shared expert: %w", fl.Index, err) }
-	gt, ok := src.Tensor(fl.Shared.Gate)
-	if !ok {
-		return wrap(fmt.Errorf("tensor %s is missing", fl.Shared.Gate))
-	}
-	if len(gt.Shape) != 2 || gt.Shape[0] <= 0 || gt.Shape[0] > math.MaxInt32 {
-		return wrap(fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, fl.Shared.Gate, gt.Shape, h))
-	}
-	inter := int(gt.Shape[0])
-	bo, bi := 0, 0
-	if c := fl.Contract; c.Quantized() {
-		bo, bi = int(c.WeightBlockSize[0]), int(c.WeightBlockSize[1])
-	}
-	ref := func(name, scale string, rows, cols int) matrixRef {
-		return matrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, BlockRows: bo, BlockCols: bi}
-	}
-	gate, err := loadMatrix(src, ref(fl.Shared.Gate, fl.Shared.GateScale, inter, h))
-	if err != nil {
-		return wrap(err)
-	}
-	up, err := loadMatrix(src, ref(fl.Shared.Up, fl.Shared.UpScale, inter, h))
-	if err != nil {
-		return wrap(err)
-	}
-	down, err := loadMatrix(src, ref(fl.Shared.Down, fl.Shared.DownScale, h, inter))
+	o, err := fl.denseMLP(src, *fl.Shared, x, t, h)
 	if err != nil {
 		return wrap(err)
 	}
@@ -289,30 +276,6 @@ func (fl *FusedLayer) addDenseShared(src TensorSource, x []float32, t, h int, y 
 			return wrap(err)
 		}
 	}
-	impl := gonum.Implementation{}
-	g := make([]float32, t*inter)
-	u := make([]float32, t*inter)
-	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, gate, h, 0, g, inter)
-	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, up, h, 0, u, inter)
-	var gb, ub, db []float32
-	if fl.Shared.GateBias != "" { // ERNIE 4.5 use_bias
-		if gb, err = loadVector(src, fl.Shared.GateBias, inter); err != nil {
-			return wrap(err)
-		}
-		if ub, err = loadVector(src, fl.Shared.UpBias, inter); err != nil {
-			return wrap(err)
-		}
-		if db, err = loadVector(src, fl.Shared.DownBias, h); err != nil {
-			return wrap(err)
-		}
-	}
-	activate(fl.Contract.Act(), g, u, gb, ub) // DeepSeek-V4's shared MLP is clamped as its experts are
-	o := make([]float32, t*h)
-	impl.Sgemm(blas.NoTrans, blas.Trans, t, h, inter, 1, g, inter, down, inter, 0, o, h)
-	addRowBias(o, db)
-	putFloats(gate)
-	putFloats(up)
-	putFloats(down)
 	for tok := range t {
 		factor := float32(1)
 		if gw != nil {
@@ -327,6 +290,88 @@ func (fl *FusedLayer) addDenseShared(src TensorSource, x []float32, t, h int, y 
 		}
 	}
 	return nil
+}
+
+// addRoutedShared adds shared experts the router weights per token
+// (Inkling), each a dense MLP over all tokens times its routing weight and
+// the final scale the routed sum took.
+func (fl *FusedLayer) addRoutedShared(src TensorSource, x []float32, r *Routing, h int, finalScale float32, y []float32) error {
+	t, ns := r.T, len(fl.SharedExperts)
+	if r.S != ns || len(r.Shared) != t*ns {
+		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the checkpoint has %d", fl.Index, r.S, len(r.Shared), t, ns)
+	}
+	for s, m := range fl.SharedExperts {
+		o, err := fl.denseMLP(src, m, x, t, h)
+		if err != nil {
+			return fmt.Errorf("layer %d shared expert %d: %w", fl.Index, s, err)
+		}
+		for tok := range t {
+			w := r.Shared[tok*ns+s] * finalScale
+			for j := range h {
+				y[tok*h+j] += w * o[tok*h+j]
+			}
+		}
+		putFloats(o)
+	}
+	return nil
+}
+
+// denseMLP runs one hub-layout MLP over all tokens of x [T,H] with one GEMM
+// per projection, in the contract's activation (DeepSeek-V4's shared MLP
+// is clamped as its experts are), with its biases where it has them.
+func (fl *FusedLayer) denseMLP(src TensorSource, m family.MLP, x []float32, t, h int) ([]float32, error) {
+	gt, ok := src.Tensor(m.Gate)
+	if !ok {
+		return nil, fmt.Errorf("tensor %s is missing", m.Gate)
+	}
+	if len(gt.Shape) != 2 || gt.Shape[0] <= 0 || gt.Shape[0] > math.MaxInt32 {
+		return nil, fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.Gate, gt.Shape, h)
+	}
+	inter := int(gt.Shape[0])
+	bo, bi := 0, 0
+	if c := fl.Contract; c.Quantized() {
+		bo, bi = int(c.WeightBlockSize[0]), int(c.WeightBlockSize[1])
+	}
+	ref := func(name, scale string, rows, cols int) matrixRef {
+		return matrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, BlockRows: bo, BlockCols: bi}
+	}
+	gate, err := loadMatrix(src, ref(m.Gate, m.GateScale, inter, h))
+	if err != nil {
+		return nil, err
+	}
+	defer putFloats(gate)
+	up, err := loadMatrix(src, ref(m.Up, m.UpScale, inter, h))
+	if err != nil {
+		return nil, err
+	}
+	defer putFloats(up)
+	down, err := loadMatrix(src, ref(m.Down, m.DownScale, h, inter))
+	if err != nil {
+		return nil, err
+	}
+	defer putFloats(down)
+	impl := gonum.Implementation{}
+	g := make([]float32, t*inter)
+	u := make([]float32, t*inter)
+	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, gate, h, 0, g, inter)
+	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, up, h, 0, u, inter)
+	var gb, ub, db []float32
+	if m.GateBias != "" { // ERNIE 4.5 use_bias
+		if gb, err = loadVector(src, m.GateBias, inter); err != nil {
+			return nil, err
+		}
+		if ub, err = loadVector(src, m.UpBias, inter); err != nil {
+			return nil, err
+		}
+		if db, err = loadVector(src, m.DownBias, h); err != nil {
+			return nil, err
+		}
+	}
+	activate(fl.Contract.Act(), g, u, gb, ub)
+	o := make([]float32, t*h)
+	impl.Sgemm(blas.NoTrans, blas.Trans, t, h, inter, 1, g, inter, down, inter, 0, o, h)
+	addRowBias(o, db)
+	return o, nil
 }
 
 // scaleOutput multiplies a layer's whole output, shared expert included, by

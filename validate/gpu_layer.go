@@ -187,8 +187,8 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 	if t <= 0 || t > in.t {
 		return nil, nil, nil, fmt.Errorf("routing %d of %d tokens", t, in.t)
 	}
-	e := spec.NumExperts
-	wg, err := loadMatrix(src, matrixRef{Name: rr.Router, Index: -1, Rows: e, Cols: in.h})
+	e, rows := spec.NumExperts, spec.Rows()
+	wg, err := loadMatrix(src, matrixRef{Name: rr.Router, Index: -1, Rows: rows, Cols: in.h})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -199,9 +199,9 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 	}
 	fr.add(w)
 	var b *cuda.Buffer[float32]
+	var bv []float32
 	if rr.Bias != "" {
-		bv, err := loadVector(src, rr.Bias, e)
-		if err != nil {
+		if bv, err = loadVector(src, rr.Bias, e); err != nil {
 			return nil, nil, nil, err
 		}
 		if b, err = cuda.FromHost(g.dev, bv); err != nil {
@@ -209,12 +209,12 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 		}
 		fr.add(b)
 	}
-	logits, err := cuda.Alloc[float32](g.dev, t*e)
+	logits, err := cuda.Alloc[float32](g.dev, t*rows)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	fr.add(logits)
-	if err := kernels.RouterGEMM(g.dev, g.compute, kernels.F32Mat(in.x32), kernels.F32Mat(w), logits, t, in.h, e); err != nil {
+	if err := kernels.RouterGEMM(g.dev, g.compute, kernels.F32Mat(in.x32), kernels.F32Mat(w), logits, t, in.h, rows); err != nil {
 		return nil, nil, nil, err
 	}
 	if rr.LogitBias != "" { // gpt-oss: the router's own bias, added to the logits on the device
@@ -231,7 +231,7 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 			return nil, nil, nil, err
 		}
 	}
-	if spec.Scoring == family.SparseMixer || rr.Hash != "" {
+	if spec.Scoring == family.SparseMixer || rr.Hash != "" || spec.SharedLogits > 0 || rr.Scale != "" {
 		var ids []int32
 		if rr.Hash != "" {
 			if len(in.tokens) != t {
@@ -241,7 +241,15 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 				return nil, nil, nil, err
 			}
 		}
-		return g.hostGate(spec, gs, logits, ids, t, finalScale, fr)
+		lh, err := logits.ToHost(t * rows)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		r, err := routeLogits(src, spec, rr, lh, bv, ids, t)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return g.hostGate(gs, r, finalScale, fr)
 	}
 	out, err := kernels.NewGateOut(g.dev, gs, t, true)
 	if err != nil {
@@ -311,32 +319,22 @@ func (g *gpuRunner) forced(gout *kernels.GateOut, routing *Routing, slots *Slots
 
 // hostGate is the documented fallback for a router the gate kernel does not
 // implement (Phi-3.5-MoE's sparsemixer; DeepSeek-V4's hash-routed layers,
-// whose experts come from a token-id table: ids non-nil): the router
-// GEMM's logits come back to the host, the CPU twin routes them and adds
+// whose experts come from a token-id table; Inkling's router, which also
+// weights the shared experts and is scaled by a tensor): the router GEMM's
+// logits come back to the host, the CPU twin routes them (r) and this adds
 // the shared slots as the gate kernel would, and the ids and weights go
 // back to the device for align, the grouped GEMM and finalize, which run
 // as always.
-func (g *gpuRunner) hostGate(spec RouteSpec, gs kernels.GateSpec, logits *cuda.Buffer[float32], ids []int32, t int, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
-	lh, err := logits.ToHost(t * spec.NumExperts)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	var r *Routing
-	if ids != nil {
-		r, err = RouteHashed(spec, lh, ids, t)
-	} else {
-		r, err = Route(spec, lh, nil, t)
-	}
-	if err != nil {
-		return nil, nil, nil, err
-	}
+func (g *gpuRunner) hostGate(gs kernels.GateSpec, r *Routing, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
+	t := r.T
+	var err error
 	k := gs.SlotsPerToken()
 	sl := &Slots{T: t, K: k, FinalScale: finalScale, IDs: make([]int32, t*k), Weights: make([]float32, t*k)}
 	for i := range t {
 		copy(sl.IDs[i*k:], r.IDs[i*r.K:(i+1)*r.K])
 		copy(sl.Weights[i*k:], r.Weights[i*r.K:(i+1)*r.K])
 		for j := range gs.SharedSlots {
-			sl.IDs[i*k+r.K+j] = int32(layout.SharedSlotID(spec.NumExperts, gs.SharedReplicas, gs.SharedSlots, i, j))
+			sl.IDs[i*k+r.K+j] = int32(layout.SharedSlotID(gs.NumExperts, gs.SharedReplicas, gs.SharedSlots, i, j))
 			sl.Weights[i*k+r.K+j] = gs.SharedWeight
 		}
 	}
@@ -473,6 +471,11 @@ func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, 
 			return nil, fmt.Errorf("layer %d shared expert: %w", fl.Index, err)
 		}
 	}
+	if len(fl.SharedExperts) > 0 {
+		if err := g.addRoutedShared(src, fl.SharedExperts, routing, cov, slots.FinalScale, 0, c.Act(), in, y); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+		}
+	}
 	ha, err := al.Host()
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
@@ -569,6 +572,72 @@ func (g *gpuRunner) addDense(src TensorSource, m family.MLP, gate string, block 
 	return kernels.AddRows(g.dev, g.compute, y, o, logit, t, h)
 }
 
+// addRoutedShared adds shared experts the router weights per token
+// (Inkling) to y: each shared expert s runs as a bank of one expert over
+// slots t*S+s of every token (routed and cov's forced ones), then finalize
+// weights each token's S slots by the routing's shared weights times scale
+// (the routed sum's final scale) and the sum is added to y, all on the device.
+func (g *gpuRunner) addRoutedShared(src TensorSource, mlps []family.MLP, routing *Routing, cov *Coverage, scale float32, block int, act layout.Activation, in *gpuInput, y *cuda.Buffer[float32]) error {
+	var fr frees
+	defer fr.release(g)
+	_, all, err := withCoverage(nil, routing, cov)
+	if err != nil {
+		return err
+	}
+	t, h, ns := in.t, in.h, len(mlps)
+	if all.S != ns || len(all.Shared) != t*ns {
+		return fmt.Errorf("the routing weights %d shared experts (%d values for %d tokens), the checkpoint has %d", all.S, len(all.Shared), t, ns)
+	}
+	gt, ok := src.Tensor(mlps[0].Gate)
+	if !ok || len(gt.Shape) != 2 || gt.Shape[0] <= 0 || gt.Shape[0] > 1<<30 {
+		return fmt.Errorf("shared expert 0: tensor %s is missing or not [I,%d]", mlps[0].Gate, h)
+	}
+	inter := int(gt.Shape[0])
+	numel := t * ns
+	mid, err := g.actBuffer(numel*inter, &fr)
+	if err != nil {
+		return err
+	}
+	out, err := g.f32Buffer(numel*h, &fr)
+	if err != nil {
+		return err
+	}
+	for s, m := range mlps {
+		bank, err := loadMLPBank(g.stage, src, m, h, inter, block, act)
+		if err != nil {
+			return fmt.Errorf("shared expert %d: %w", s, err)
+		}
+		fr.add(bankFree{bank})
+		if err := g.stage.wait(); err != nil { // see addDense
+			return err
+		}
+		slots := make([]int32, t)
+		for i := range slots {
+			slots[i] = int32(i*ns + s)
+		}
+		sorted, err := g.oneExpertSorted(slots, numel, &fr)
+		if err != nil {
+			return err
+		}
+		if err := g.groupedGEMM(&bank.ExpertBank, sorted, in.act, t, ns, mid, out, &fr); err != nil {
+			return fmt.Errorf("shared expert %d: %w", s, err)
+		}
+	}
+	w, err := cuda.FromHost(g.dev, all.Shared)
+	if err != nil {
+		return err
+	}
+	fr.add(w)
+	ys, err := g.f32Buffer(t*h, &fr)
+	if err != nil {
+		return err
+	}
+	if err := kernels.Finalize(g.dev, g.compute, out, w, ys, t, ns, h, scale); err != nil {
+		return err
+	}
+	return kernels.AddRows(g.dev, g.compute, y, ys, nil, t, h)
+}
+
 type bankFree struct{ b *devBank }
 
 func (f bankFree) Free() error { f.b.free(); return nil }
@@ -643,6 +712,11 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 	if layer.Shared != nil {
 		if err := g.addDense(src, *layer.Shared, layer.SharedGate, block, plan.Act, in, y); err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
+		}
+	}
+	if len(layer.SharedExperts) > 0 {
+		if err := g.addRoutedShared(src, layer.SharedExperts, routing, cov, float32(spec.RoutedScalingFactor), block, plan.Act, in, y); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 		}
 	}
 	yh, err := y.ToHost(t * h)

@@ -15,10 +15,11 @@ import (
 // look the ids up in their own checkpoint's table, so a table that convert
 // damaged would show.
 
-// routerRef names what routes one layer: the router [E,H], its correction
-// bias, its own logit bias (gpt-oss) and a hash table ("" where absent).
+// routerRef names what routes one layer: the router [E,H] (or [E+S,H]),
+// its correction bias, its own logit bias (gpt-oss), a hash table and a
+// scale tensor (Inkling's global_scale), "" where absent.
 type routerRef struct {
-	Router, Bias, LogitBias, Hash string
+	Router, Bias, LogitBias, Hash, Scale string
 }
 
 // DrawTokens returns t token ids in [0, vocab) for a hash-routed layer,

@@ -129,6 +129,9 @@ func conversionCases() []conv {
 		conv{"deepseek-v4", convert.Options{Layout: layout.UpGate, FuseShared: true, TP: 1, FoldScaling: "down"}})
 	// ERNIE 4.5 with use_bias: the shared expert's biases, kept unfused.
 	cases = append(cases, conv{"ernie4-5-moe-bias", convert.Options{Layout: layout.GateUp}})
+	// Inkling: stacked experts, a router with rows for the shared experts,
+	// global_scale.
+	cases = append(cases, conv{"inkling-text", convert.Options{}}, conv{"inkling-text", convert.Options{Layout: layout.UpGate}})
 	return cases
 }
 
@@ -195,6 +198,12 @@ func (r *byteReader) Read(p []byte) (int, error) {
 // editContract rewrites DST/config.json's moeprep object.
 func editContract(t *testing.T, dir string, edit func(c map[string]any)) {
 	t.Helper()
+	editConfig(t, dir, func(cfg map[string]any) { edit(cfg["moeprep"].(map[string]any)) })
+}
+
+// editConfig rewrites a checkpoint's config.json through edit.
+func editConfig(t *testing.T, dir string, edit func(cfg map[string]any)) {
+	t.Helper()
 	p := filepath.Join(dir, "config.json")
 	b, err := os.ReadFile(p)
 	if err != nil {
@@ -204,7 +213,7 @@ func editContract(t *testing.T, dir string, edit func(c map[string]any)) {
 	if err := json.Unmarshal(b, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	edit(cfg["moeprep"].(map[string]any))
+	edit(cfg)
 	if b, err = json.MarshalIndent(cfg, "", "  "); err != nil {
 		t.Fatal(err)
 	}
@@ -310,6 +319,7 @@ func mutations(t *testing.T) []mutation {
 	gptoss := filepath.Join(hfFixtures, "gpt-oss")
 	dsv4 := filepath.Join(hfFixtures, "deepseek-v4")
 	ernieBias := filepath.Join(hfFixtures, "ernie4-5-moe-bias")
+	inkling := filepath.Join(hfFixtures, "inkling-text")
 	return []mutation{
 		{"gate and up swapped in one expert", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(true)
@@ -433,6 +443,19 @@ func mutations(t *testing.T) []mutation {
 		}, 1},
 		{"ernie use_bias: the shared expert's down bias zeroed", ernieBias, convert.Options{}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, "model.layers.1.mlp.shared_experts.down_proj.bias", func(raw []byte, _ []int64) { clear(raw) })
+		}, 1},
+		// Inkling: experts stacked on disk, shared experts the router weights.
+		{"inkling: one routed expert's down projection from its neighbour", inkling, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
+			n := layout.Names(layout.GateUp, "model.layers.1.mlp", false)
+			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) { copy(slice(raw, shape, 3), slice(raw, shape, 4)) })
+		}, 1},
+		{"inkling: the two shared experts' down projections swapped", inkling, convert.Options{}, func(t *testing.T, dst string) {
+			swapIn(t, dst, "model.layers.1.mlp.shared_experts.down_proj", 0, 1)
+		}, 1},
+		{"inkling: global_scale reset to 1", inkling, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, "model.layers.1.mlp.gate.global_scale", func(raw []byte, _ []int64) {
+				binary.LittleEndian.PutUint16(raw, numfmt.F32ToBF16(1))
+			})
 		}, 1},
 		{"down projection transposed where square", square, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(false)

@@ -114,6 +114,11 @@ func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.P
 			return nil, err
 		}
 	}
+	if len(layer.SharedExperts) > 0 {
+		if err := addRoutedSharedReference(ctx, src, plan, layer, x, routing, rsf, workers, block, y64); err != nil {
+			return nil, err
+		}
+	}
 	scale := plan.Output() // Cohere2's average: (routed + shared) / 2, after the sum as HF does
 	y := make([]float32, t*h)
 	for i, v := range y64 {
@@ -126,7 +131,7 @@ func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.P
 // and its hash table, where named) and routes x; tokens are the token ids
 // of x's rows, needed only by a hash-routed layer.
 func routeLayer(src TensorSource, spec RouteSpec, rr routerRef, x []float32, t, h int, tokens []int32) (*Routing, error) {
-	wg, err := loadMatrix(src, matrixRef{Name: rr.Router, Index: -1, Rows: spec.NumExperts, Cols: h})
+	wg, err := loadMatrix(src, matrixRef{Name: rr.Router, Index: -1, Rows: spec.Rows(), Cols: h})
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +141,7 @@ func routeLayer(src TensorSource, spec RouteSpec, rr routerRef, x []float32, t, 
 			return nil, err
 		}
 	}
-	logits, err := RouterLogits(x, t, h, wg, spec.NumExperts)
+	logits, err := RouterLogits(x, t, h, wg, spec.Rows())
 	if err != nil {
 		return nil, err
 	}
@@ -147,22 +152,53 @@ func routeLayer(src TensorSource, spec RouteSpec, rr routerRef, x []float32, t, 
 		}
 		addRowBias(logits, lb) // gpt-oss: F.linear(x, W, b), the sum rounded to float32
 	}
+	var ids []int32
 	if rr.Hash != "" {
 		if len(tokens) != t {
 			return nil, fmt.Errorf("hash-routed layer: %d token ids for %d tokens", len(tokens), t)
 		}
-		ids, err := hashIDs(src, rr.Hash, tokens, spec.TopK)
-		if err != nil {
+		if ids, err = hashIDs(src, rr.Hash, tokens, spec.TopK); err != nil {
 			return nil, err
 		}
+	}
+	return routeLogits(src, spec, rr, logits, b, ids, t)
+}
+
+// routeLogits is the gate on a layer's logits [T, router rows], on the
+// host: through the hash table's ids where non-nil, else top-k with the
+// correction bias b (nil: none), then times the router's scale tensor.
+// The CPU paths and the GPU's host gate share it.
+func routeLogits(src TensorSource, spec RouteSpec, rr routerRef, logits, b []float32, ids []int32, t int) (*Routing, error) {
+	if ids != nil {
 		return RouteHashed(spec, logits, ids, t)
 	}
-	return Route(spec, logits, b, t)
+	r, err := Route(spec, logits, b, t)
+	if err != nil {
+		return nil, err
+	}
+	return r, applyRouterScale(src, rr, r)
+}
+
+// applyRouterScale multiplies a routing by the router's scale tensor, where
+// it has one.
+func applyRouterScale(src TensorSource, rr routerRef, r *Routing) error {
+	if rr.Scale == "" {
+		return nil
+	}
+	s, err := loadVector(src, rr.Scale, 1)
+	if err != nil {
+		return err
+	}
+	if v := float64(s[0]); math.IsNaN(v) || math.IsInf(v, 0) {
+		return fmt.Errorf("router scale %s is %v", rr.Scale, v)
+	}
+	scaleRouting(r, s[0])
+	return nil
 }
 
 // routerOf names a planned layer's router.
 func routerOf(l *family.Layer) routerRef {
-	return routerRef{Router: l.Router, Bias: l.RouterBias, LogitBias: l.RouterLogitBias, Hash: l.HashTable}
+	return routerRef{Router: l.Router, Bias: l.RouterBias, LogitBias: l.RouterLogitBias, Hash: l.HashTable, Scale: l.RouterScale}
 }
 
 func blockOf(plan *family.Plan) int {
@@ -261,7 +297,26 @@ func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan
 			return fmt.Errorf("layer %d shared expert gate: %w", layer.Index, err)
 		}
 	}
-	// Tokens split into one chunk per worker, each chunk one pass over the weights.
+	out, err := m.applyAll(ctx, x, t, workers)
+	if err != nil {
+		return err
+	}
+	for tok := range t {
+		factor := 1.0
+		if gateW != nil {
+			factor = float64(float32(1 / (1 + math.Exp(-dot64(x[tok*h:(tok+1)*h], gateW)))))
+		}
+		for j := range h {
+			y64[tok*h+j] += factor * float64(out[tok*h+j])
+		}
+	}
+	return nil
+}
+
+// applyAll runs the MLP over every token of x [T,H], the tokens split into
+// one chunk per worker, each chunk one pass over the weights.
+func (m *refMLP) applyAll(ctx context.Context, x []float32, t, workers int) ([]float32, error) {
+	h := m.h
 	out := make([]float32, t*h)
 	g, gctx := errgroup.WithContext(ctx)
 	chunk := (t + workers - 1) / workers
@@ -280,16 +335,33 @@ func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan
 			return nil
 		})
 	}
-	if err := g.Wait(); err != nil {
-		return err
+	return out, g.Wait()
+}
+
+// addRoutedSharedReference adds shared experts the router weights per token
+// (Inkling): sum over s of w[t,s] * rsf * shared_s(x), w the routing's
+// shared weights (the router scale already in them), times rsf in float32
+// as the routed weights are.
+func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, r *Routing, rsf float32, workers, block int, y64 []float64) error {
+	h, t, ns := plan.HiddenSize, r.T, len(layer.SharedExperts)
+	if r.S != ns || len(r.Shared) != t*ns {
+		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the plan has %d", layer.Index, r.S, len(r.Shared), t, ns)
 	}
-	for tok := range t {
-		factor := 1.0
-		if gateW != nil {
-			factor = float64(float32(1 / (1 + math.Exp(-dot64(x[tok*h:(tok+1)*h], gateW)))))
+	for s, names := range layer.SharedExperts {
+		m, err := loadSourceMLP(src, names, plan.MoEIntermediateSize, h, block, plan.Act)
+		if err != nil {
+			return fmt.Errorf("layer %d shared expert %d: %w", layer.Index, s, err)
 		}
-		for j := range h {
-			y64[tok*h+j] += factor * float64(out[tok*h+j])
+		out, err := m.applyAll(ctx, x, t, workers)
+		m.release()
+		if err != nil {
+			return err
+		}
+		for tok := range t {
+			w := float64(r.Shared[tok*ns+s] * rsf)
+			for j := range h {
+				y64[tok*h+j] += w * float64(out[tok*h+j])
+			}
 		}
 	}
 	return nil

@@ -25,7 +25,14 @@ type RouteSpec struct {
 	RoutedScalingFactor float64
 	// JitterEps is sparsemixer's relative mask threshold (Phi-3.5-MoE).
 	JitterEps float64
+	// SharedLogits is S where the router has S more rows, after the E
+	// routed ones, for shared experts weighted in the same normalisation
+	// as the chosen ones (Inkling); 0 otherwise.
+	SharedLogits int
 }
+
+// Rows is how many rows the router has: E, plus the shared experts' rows.
+func (s RouteSpec) Rows() int { return s.NumExperts + s.SharedLogits }
 
 // SpecFromPlan derives the gate of a planned checkpoint: greedy is plain
 // top-k, group_limited_greedy (DeepSeek-V2) scores groups by their max,
@@ -45,6 +52,9 @@ func SpecFromPlan(p *family.Plan) RouteSpec {
 		GroupByMax:          p.TopKMethod == family.TopKGroupLimited,
 		RoutedScalingFactor: rsf,
 		JitterEps:           p.JitterEps,
+	}
+	if p.SharedRouted {
+		s.SharedLogits = p.NumSharedExperts
 	}
 	if p.TopKMethod == family.TopKGreedy || s.NGroup < 1 {
 		s.NGroup, s.TopKGroup = 1, 1
@@ -71,6 +81,8 @@ func (s RouteSpec) check() error {
 		return fmt.Errorf("top-k %d cannot be drawn from %d groups of %d experts", s.TopK, s.TopKGroup, e/s.NGroup)
 	case math.IsNaN(s.RoutedScalingFactor) || math.IsInf(s.RoutedScalingFactor, 0) || s.RoutedScalingFactor <= 0:
 		return fmt.Errorf("routed_scaling_factor %v", s.RoutedScalingFactor)
+	case s.SharedLogits < 0 || (s.SharedLogits > 0 && s.Scoring != family.Sigmoid):
+		return fmt.Errorf("%d shared router rows with %s scores (they need sigmoid)", s.SharedLogits, s.Scoring)
 	}
 	return nil
 }
@@ -87,6 +99,11 @@ type Routing struct {
 	// Choice [T,E]: the score top-k ranked experts by (sigmoid + correction
 	// bias, or softmax probability), kept for tie-robust comparisons.
 	Choice []float32
+	// S and Shared [T,S]: the shared experts' per-token weights where the
+	// router scores them (Inkling), on the scale of Weights; 0 and nil
+	// otherwise.
+	S      int
+	Shared []float32
 }
 
 // RouterLogits computes x [T,H] times router [E,H] transposed in float64 and
@@ -176,17 +193,20 @@ func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, e
 	if err := spec.check(); err != nil {
 		return nil, err
 	}
-	e, k := spec.NumExperts, spec.TopK
-	if len(logits) != t*e {
-		return nil, fmt.Errorf("routing: %d logits for %d tokens x %d experts", len(logits), t, e)
+	e, k, ns, rows := spec.NumExperts, spec.TopK, spec.SharedLogits, spec.Rows()
+	if len(logits) != t*rows {
+		return nil, fmt.Errorf("routing: %d logits for %d tokens x %d router rows", len(logits), t, rows)
 	}
 	if bias != nil && len(bias) != e {
 		return nil, fmt.Errorf("routing: correction bias has %d values for %d experts", len(bias), e)
 	}
 	r := &Routing{T: t, K: k, IDs: make([]int32, t*k), Weights: make([]float32, t*k), Choice: make([]float32, t*e)}
+	if ns > 0 {
+		r.S, r.Shared = ns, make([]float32, t*ns)
+	}
 	score := make([]float32, e)
 	for i := range t {
-		row := logits[i*e : (i+1)*e]
+		row := logits[i*rows : i*rows+e]
 		choice := r.Choice[i*e : (i+1)*e]
 		if spec.Scoring == family.SparseMixer {
 			copy(choice, row)
@@ -220,11 +240,48 @@ func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, e
 			r.IDs[i*k+j] = int32(id)
 			w[j] = score[id]
 		}
-		if spec.NormTopKProb {
+		switch {
+		case ns > 0:
+			sharedSink(w, r.Shared[i*ns:(i+1)*ns], logits[i*rows+e:(i+1)*rows])
+		case spec.NormTopKProb:
 			renormalise(w)
 		}
 	}
 	return r, nil
+}
+
+// sharedSink is Inkling's weighting: the k chosen sigmoid scores w and the
+// sigmoids of the S shared logits, all divided by their one sum (HF writes
+// it exp(logsigmoid - logsumexp(logsigmoid)), the same quotient), computed
+// in float64 and rounded once. No epsilon: every term is positive.
+func sharedSink(w, shared, sharedLogits []float32) {
+	var sum float64
+	for _, v := range w {
+		sum += float64(v)
+	}
+	sig := make([]float64, len(sharedLogits))
+	for j, l := range sharedLogits {
+		sig[j] = 1 / (1 + math.Exp(-float64(l)))
+		sum += sig[j]
+	}
+	for j, v := range w {
+		w[j] = float32(float64(v) / sum)
+	}
+	for j, v := range sig {
+		shared[j] = float32(v / sum)
+	}
+}
+
+// scaleRouting multiplies a routing's weights, shared ones included, by a
+// router's scale tensor (Inkling's global_scale), each product rounded to
+// float32 as HF multiplies in the model dtype.
+func scaleRouting(r *Routing, s float32) {
+	for i := range r.Weights {
+		r.Weights[i] *= s
+	}
+	for i := range r.Shared {
+		r.Shared[i] *= s
+	}
 }
 
 // renormalise divides w by its float32 sum + 1e-20, as the HF routers do.
@@ -263,6 +320,9 @@ func RouteHashed(spec RouteSpec, logits []float32, ids []int32, t int) (*Routing
 	}
 	if spec.Scoring != family.Sigmoid && spec.Scoring != family.SqrtSoftplus {
 		return nil, fmt.Errorf("hash routing with %s scores is not supported", spec.Scoring)
+	}
+	if spec.SharedLogits > 0 {
+		return nil, fmt.Errorf("hash routing with %d shared router rows is not supported", spec.SharedLogits)
 	}
 	e, k := spec.NumExperts, spec.TopK
 	if len(logits) != t*e || len(ids) != t*k {

@@ -294,3 +294,77 @@ func TestRouteSqrtSoftplus(t *testing.T) {
 		t.Errorf("ids %v weights %v", r.IDs, r.Weights)
 	}
 }
+
+// TestRouteSharedLogits: Inkling's router. The E routed rows choose by
+// sigmoid + bias; the k chosen and the S shared rows share one
+// normalisation of their sigmoids. Hand-checked on one token (the bias
+// flips the choice from expert 1 to 2), with ties (lower index wins), and
+// on random logits the k+S weights of every token sum to 1.
+func TestRouteSharedLogits(t *testing.T) {
+	sig := func(v float64) float64 { return 1 / (1 + math.Exp(-v)) }
+	spec := RouteSpec{Scoring: family.Sigmoid, NumExperts: 4, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5, SharedLogits: 2}
+	if spec.Rows() != 6 {
+		t.Fatalf("rows %d", spec.Rows())
+	}
+	for _, c := range []struct {
+		name   string
+		logits []float32 // E routed then S shared
+		bias   []float32
+		ids    []int32
+	}{
+		{"bias flips the choice", []float32{2, 1, 0.9, -1, 0.5, -0.25}, []float32{0, 0, 0.1, 0}, []int32{0, 2}},
+		{"no bias", []float32{2, 1, 0.9, -1, 0.5, -0.25}, nil, []int32{0, 1}},
+		{"ties go to the lower index", []float32{0.5, 0.5, 0.5, 0.5, 3, -3}, nil, []int32{0, 1}},
+	} {
+		r, err := Route(spec, c.logits, c.bias, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(r.IDs, c.ids) || r.S != 2 || len(r.Shared) != 2 {
+			t.Fatalf("%s: ids %v S %d shared %v, want ids %v", c.name, r.IDs, r.S, r.Shared, c.ids)
+		}
+		var sum float64
+		for _, id := range c.ids {
+			sum += sig(float64(c.logits[id]))
+		}
+		sum += sig(float64(c.logits[4])) + sig(float64(c.logits[5]))
+		want := []float64{sig(float64(c.logits[c.ids[0]])) / sum, sig(float64(c.logits[c.ids[1]])) / sum, sig(float64(c.logits[4])) / sum, sig(float64(c.logits[5])) / sum}
+		got := []float32{r.Weights[0], r.Weights[1], r.Shared[0], r.Shared[1]}
+		for j := range want {
+			if math.Abs(float64(got[j])-want[j]) > 1e-7 {
+				t.Errorf("%s: weight %d = %v, want %v", c.name, j, got[j], want[j])
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	const n = 64
+	logits := make([]float32, n*spec.Rows())
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64() * 2)
+	}
+	r, err := Route(spec, logits, nil, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		s := float64(r.Weights[2*i]) + float64(r.Weights[2*i+1]) + float64(r.Shared[2*i]) + float64(r.Shared[2*i+1])
+		if math.Abs(s-1) > 1e-6 {
+			t.Fatalf("token %d: weights sum to %v", i, s)
+		}
+	}
+	scaleRouting(r, 0.75)
+	if s := r.Weights[0] + r.Weights[1] + r.Shared[0] + r.Shared[1]; math.Abs(float64(s)-0.75) > 1e-6 {
+		t.Errorf("scaled weights sum to %v, want 0.75", s)
+	}
+	bad := spec
+	bad.Scoring = family.Softmax
+	if _, err := Route(bad, logits[:spec.Rows()], nil, 1); err == nil {
+		t.Error("shared router rows with softmax scores accepted")
+	}
+	if _, err := RouteHashed(spec, logits[:spec.Rows()], []int32{0, 1}, 1); err == nil {
+		t.Error("hash routing with shared router rows accepted")
+	}
+	if _, err := Route(spec, logits[:4], nil, 1); err == nil {
+		t.Error("logits for the routed rows alone accepted")
+	}
+}

@@ -367,7 +367,8 @@ func (s *session) targets() ([]target, []string, error) {
 			}
 			t := get(l.Index, l.MTP)
 			t.fused = &FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
-				Spec: SpecFromPlan(s.dstPlan), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate}
+				Spec: SpecFromPlan(s.dstPlan), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate,
+				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale}
 			if b, ok := s.contract.Biases(li); ok {
 				t.fused.Biases = &b
 			}

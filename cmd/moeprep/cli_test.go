@@ -78,6 +78,7 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		"gpt-oss":           {"gpt_oss", "gpt_oss", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 37},
 		"deepseek-v4":       {"deepseek_v4", "deepseek_v4", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "sqrtsoftplus", 1.5, []int{0, 1, 2}, 159},
 		"ernie4-5-moe-bias": {"ernie4_5_moe", "ernie4_5_moe", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{1, 2}, 104},
+		"inkling-text":      {"inkling_text", "inkling_text", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 2.5, []int{1, 2}, 66},
 		"deepseek-v4-fp8":   {"deepseek_v4", "deepseek_v4", "safetensors", "fp8_e4m3", "fp8_block_128x128", 8, 1, 2, 1, 1, "sqrtsoftplus", 1.5, []int{0, 1, 2}, 241},
 		"afmoe-fp8":         {"afmoe", "afmoe", "safetensors", "fp8_e4m3", "fp8_block_128x128", 8, 2, 2, 1, 1, "sigmoid", 1.5, []int{1, 2}, 169},
 		"ernie4-5-moe-fp8":  {"ernie4_5_moe", "ernie4_5_moe", "safetensors", "fp8_e4m3", "fp8_block_128x128", 8, 2, 2, 1, 1, "softmax", 1, []int{1, 2}, 151},
