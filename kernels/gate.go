@@ -71,6 +71,24 @@ type GateSpec struct {
 	SharedSlots    int
 	SharedReplicas int
 	SharedWeight   float32
+	// SharedLogits is S where the router has S more rows, after the E
+	// routed ones, whose sigmoids join the k chosen scores in one
+	// normalisation (Inkling): the logits are [T, E+S] and the shared
+	// experts' per-token weights go to GateOut.Shared. GateReg only.
+	SharedLogits int
+	// WeightScale multiplies every output weight, shared ones included
+	// (Inkling's global_scale); 0 means 1. Other than 1: GateReg only.
+	WeightScale float32
+}
+
+// Rows is the router's row count: E plus SharedLogits.
+func (s GateSpec) Rows() int { return s.NumExperts + s.SharedLogits }
+
+func (s GateSpec) scale() float32 {
+	if s.WeightScale == 0 {
+		return 1
+	}
+	return s.WeightScale
 }
 
 // SlotsPerToken is TopK + SharedSlots, the K of the gate's [T,K] outputs.
@@ -100,16 +118,28 @@ func (s GateSpec) Check() error {
 		return fmt.Errorf("gate: shared slot weight %v", s.SharedWeight)
 	case s.SharedSlots > 0 && int64(e)+int64(s.SharedReplicas)*int64(s.SharedSlots) > math.MaxInt32:
 		return fmt.Errorf("gate: %d replicas of %d shared slots overflow int32 ids", s.SharedReplicas, s.SharedSlots)
+	case s.SharedLogits < 0 || (s.SharedLogits > 0 && s.Scoring != Sigmoid):
+		return fmt.Errorf("gate: %d shared router rows with scoring %d (they need sigmoid)", s.SharedLogits, s.Scoring)
+	case s.WeightScale != s.WeightScale || s.WeightScale < 0 || math.IsInf(float64(s.WeightScale), 0):
+		return fmt.Errorf("gate: weight scale %v", s.WeightScale)
 	}
 	return nil
 }
 
-// GateOut are the gate's device outputs for T tokens.
+// GateOut are the gate's device outputs for T tokens, and one optional input.
 type GateOut struct {
 	T, K    int
 	IDs     *cuda.Buffer[int32]   // [T,K]: routed ids best first, then the shared slots
 	Weights *cuda.Buffer[float32] // [T,K]: slot weights (routed ones without rsf)
 	Choice  *cuda.Buffer[float32] // [T,E] ranked scores, or nil
+	// Shared [T,SharedLogits]: the router-weighted shared experts' weights
+	// (GateSpec.SharedLogits > 0), nil otherwise.
+	Shared *cuda.Buffer[float32]
+	// HashIDs is an input, set by the caller for a hash-routed layer
+	// (DeepSeek-V4): [T,TopK] experts from the token-id table, which the
+	// gate weights by their scores instead of choosing a top-k (GateReg
+	// only). It is not freed with the outputs.
+	HashIDs *cuda.Buffer[int32]
 }
 
 // NewGateOut allocates outputs for t tokens (Choice only when withChoice).
@@ -136,6 +166,12 @@ func NewGateOut(dev *cuda.Device, spec GateSpec, t int, withChoice bool) (*GateO
 			return nil, err
 		}
 	}
+	if spec.SharedLogits > 0 {
+		if o.Shared, err = cuda.Alloc[float32](dev, t*spec.SharedLogits); err != nil {
+			o.Free()
+			return nil, err
+		}
+	}
 	return o, nil
 }
 
@@ -144,10 +180,12 @@ func (o *GateOut) Free() {
 	o.IDs.Free()
 	o.Weights.Free()
 	o.Choice.Free()
+	o.Shared.Free()
 }
 
-// Gate queues the fused gate on stream: logits [T,E] f32, bias [E] f32 or
-// nil (sigmoid only), outputs into out (see NewGateOut).
+// Gate queues the fused gate on stream: logits [T,E] f32 ([T,E+S] with
+// shared router rows), bias [E] f32 or nil, outputs into out (see
+// NewGateOut; out.HashIDs, when set, the experts of a hash-routed layer).
 func Gate(stream cuda.Stream, spec GateSpec, t int, logits, bias *cuda.Buffer[float32], out *GateOut) error {
 	if logits == nil {
 		return fmt.Errorf("gate: nil logits")
@@ -185,8 +223,14 @@ func GateKernelCtx(c *cuda.Ctx, kernel string, stream cuda.Stream, spec GateSpec
 		return fmt.Errorf("gate: nil buffer")
 	case t <= 0 || t != out.T || k != out.K:
 		return fmt.Errorf("gate: %d tokens x %d slots into outputs for %d x %d", t, k, out.T, out.K)
-	case int64(t)*int64(e) > int64(logits.Len()):
-		return fmt.Errorf("gate: logits hold %d values, want %d tokens x %d experts", logits.Len(), t, e)
+	case int64(t)*int64(spec.Rows()) > int64(logits.Len()):
+		return fmt.Errorf("gate: logits hold %d values, want %d tokens x %d router rows", logits.Len(), t, spec.Rows())
+	case variant != GateReg && (spec.SharedLogits > 0 || spec.scale() != 1 || out.HashIDs != nil):
+		return fmt.Errorf("gate: shared router rows, a weight scale or hash ids need the %s kernel", GateReg)
+	case spec.SharedLogits > 0 && (out.Shared == nil || out.Shared.Len() < t*spec.SharedLogits):
+		return fmt.Errorf("gate: no room for %d tokens x %d shared weights", t, spec.SharedLogits)
+	case out.HashIDs != nil && out.HashIDs.Len() < t*spec.TopK:
+		return fmt.Errorf("gate: hash ids hold %d values, want %d tokens x top-%d", out.HashIDs.Len(), t, spec.TopK)
 	case bias != nil && bias.Len() < e:
 		return fmt.Errorf("gate: correction bias holds %d values for %d experts", bias.Len(), e)
 	case bias != nil && spec.Scoring == Softmax && variant != GateReg:
@@ -209,11 +253,14 @@ func GateKernelCtx(c *cuda.Ctx, kernel string, stream cuda.Stream, spec GateSpec
 		ngroup, topkGroup = 1, 1
 	}
 	replicas := max(spec.SharedReplicas, 1)
-	return m.LaunchCtx(c, kernel, grid, block, 0, stream,
-		logits, bias, out.IDs, out.Weights, out.Choice,
+	args := []any{logits, bias, out.IDs, out.Weights, out.Choice,
 		int32(t), int32(e), int32(spec.TopK), int32(ngroup), int32(topkGroup),
 		int32(spec.Scoring), b2i(spec.GroupByMax), b2i(spec.NormTopKProb),
-		int32(spec.SharedSlots), int32(replicas), spec.SharedWeight)
+		int32(spec.SharedSlots), int32(replicas), spec.SharedWeight}
+	if variant == GateReg {
+		args = append(args, out.HashIDs, out.Shared, int32(spec.SharedLogits), spec.scale())
+	}
+	return m.LaunchCtx(c, kernel, grid, block, 0, stream, args...)
 }
 
 func b2i(b bool) int32 {

@@ -17,8 +17,9 @@ type gateCase struct {
 	spec   kernels.GateSpec
 	t      int
 	bias   bool
-	levels int // >0: logits drawn from this many values, so ties are everywhere
-	nans   int // NaN logits per token
+	levels int  // >0: logits drawn from this many values, so ties are everywhere
+	nans   int  // NaN logits per token
+	hash   bool // a hash-routed layer: the experts come from drawn table rows (GateOut.HashIDs)
 }
 
 var gateCases = []gateCase{
@@ -44,6 +45,13 @@ var gateCases = []gateCase{
 	{name: "sqrtsoftplus ties: 3 levels, 384 experts", t: 21, levels: 3, bias: true, spec: kernels.GateSpec{Scoring: kernels.SqrtSoftplus, NumExperts: 384, TopK: 8, NormTopKProb: true}},
 	{name: "sqrtsoftplus NaN ranks last", t: 9, bias: true, nans: 4, spec: kernels.GateSpec{Scoring: kernels.SqrtSoftplus, NumExperts: 64, TopK: 6, NormTopKProb: true}},
 	{name: "softmax NaN poisons the row (as the twin)", t: 3, nans: 1, spec: kernels.GateSpec{Scoring: kernels.Softmax, NumExperts: 64, TopK: 4, NormTopKProb: true}},
+	// Inkling: 2 shared router rows in one normalisation with the top-k, global_scale.
+	{name: "inkling 256 + 2 shared rows, bias, global_scale 0.75", t: 61, bias: true, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 256, TopK: 6, SharedLogits: 2, WeightScale: 0.75}},
+	{name: "inkling ties: 3 levels, 8 + 2 rows, global_scale 1.25", t: 19, levels: 3, bias: true, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 8, TopK: 2, SharedLogits: 2, WeightScale: 1.25}},
+	{name: "inkling NaN ranks last, 64 + 3 rows", t: 9, bias: true, nans: 3, spec: kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: 64, TopK: 4, SharedLogits: 3}},
+	// DeepSeek-V4 hash layers: the table's experts weighted by their scores.
+	{name: "deepseek-v4 hash layer 256 top-6 shared R=4", t: 33, hash: true, spec: kernels.GateSpec{Scoring: kernels.SqrtSoftplus, NumExperts: 256, TopK: 6, NormTopKProb: true, SharedSlots: 1, SharedReplicas: 4, SharedWeight: float32(1 / 1.5)}},
+	{name: "hash layer, rows naming an expert twice, ties", t: 7, hash: true, levels: 2, spec: kernels.GateSpec{Scoring: kernels.SqrtSoftplus, NumExperts: 16, TopK: 4, NormTopKProb: true}},
 }
 
 func routeSpec(s kernels.GateSpec) validate.RouteSpec {
@@ -55,7 +63,7 @@ func routeSpec(s kernels.GateSpec) validate.RouteSpec {
 		sc = family.SqrtSoftplus
 	}
 	r := validate.RouteSpec{Scoring: sc, NumExperts: s.NumExperts, TopK: s.TopK, NGroup: s.NGroup, TopKGroup: s.TopKGroup,
-		NormTopKProb: s.NormTopKProb, GroupByMax: s.GroupByMax, RoutedScalingFactor: 2.5}
+		NormTopKProb: s.NormTopKProb, GroupByMax: s.GroupByMax, RoutedScalingFactor: 2.5, SharedLogits: s.SharedLogits}
 	if r.NGroup < 1 {
 		r.NGroup, r.TopKGroup = 1, 1
 	}
@@ -74,7 +82,7 @@ func contractFor(s kernels.GateSpec) *layout.Contract {
 }
 
 func gateInputs(r *rand.Rand, c gateCase) (logits, bias []float32) {
-	e := c.spec.NumExperts
+	e := c.spec.Rows()
 	logits = make([]float32, c.t*e)
 	for i := range logits {
 		if c.levels > 0 {
@@ -89,7 +97,7 @@ func gateInputs(r *rand.Rand, c gateCase) (logits, bias []float32) {
 		}
 	}
 	if c.bias {
-		bias = make([]float32, e)
+		bias = make([]float32, c.spec.NumExperts) // the routed experts only: shared router rows have none
 		for i := range bias {
 			if c.levels > 0 {
 				bias[i] = float32(r.IntN(c.levels)) * 0.25
@@ -121,14 +129,33 @@ func TestGateMatchesCPU(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 55))
 	for _, kernel := range gateVariants() {
 		for _, c := range gateCases {
-			if c.bias && c.spec.Scoring == kernels.Softmax && kernel != kernels.GateReg {
-				continue // softmax + bias (ERNIE 4.5) is the register gate's alone
+			if kernel != kernels.GateReg && ((c.bias && c.spec.Scoring == kernels.Softmax) || c.hash || c.spec.SharedLogits > 0 || c.spec.WeightScale != 0) {
+				continue // softmax + bias (ERNIE 4.5), hash ids, shared router rows and a weight scale are the register gate's alone
 			}
 			t.Run(kernel+"/"+c.name, func(t *testing.T) {
 				logits, bias := gateInputs(r, c)
-				routing, err := validate.Route(routeSpec(c.spec), logits, bias, c.t)
+				var hashIDs []int32
+				var routing *validate.Routing
+				var err error
+				if c.hash {
+					hashIDs = make([]int32, c.t*c.spec.TopK)
+					for i := range hashIDs {
+						hashIDs[i] = int32(r.IntN(c.spec.NumExperts))
+					}
+					routing, err = validate.RouteHashed(routeSpec(c.spec), logits, hashIDs, c.t)
+				} else {
+					routing, err = validate.Route(routeSpec(c.spec), logits, bias, c.t)
+				}
 				if err != nil {
 					t.Fatal(err)
+				}
+				if s := c.spec.WeightScale; s != 0 { // the twin's router scale (validate.routeLogits): one f32 multiply
+					for i := range routing.Weights {
+						routing.Weights[i] *= s
+					}
+					for i := range routing.Shared {
+						routing.Shared[i] *= s
+					}
 				}
 				want, err := validate.FusedSlots(routing, contractFor(c.spec))
 				if err != nil {
@@ -144,6 +171,9 @@ func TestGateMatchesCPU(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer out.Free()
+				if hashIDs != nil {
+					out.HashIDs = toDevice(t, dev, hashIDs)
+				}
 				// Poison the outputs so an unwritten slot cannot pass.
 				if err := out.IDs.Fill(-7); err != nil {
 					t.Fatal(err)
@@ -176,6 +206,17 @@ func TestGateMatchesCPU(t *testing.T) {
 				if bad > 0 {
 					t.Fatalf("%d of %d slots differ", bad, len(want.IDs))
 				}
+				if c.spec.SharedLogits > 0 {
+					shared := fromDevice(t, out.Shared)
+					if len(routing.Shared) != c.t*c.spec.SharedLogits {
+						t.Fatalf("twin has %d shared weights", len(routing.Shared))
+					}
+					for i, v := range routing.Shared {
+						if !sameFloat(shared[i], v, 1e-6) {
+							t.Fatalf("token %d shared %d: %g, twin %g", i/c.spec.SharedLogits, i%c.spec.SharedLogits, shared[i], v)
+						}
+					}
+				}
 			})
 		}
 	}
@@ -197,6 +238,10 @@ func TestGateSpecCheck(t *testing.T) {
 		func(s *kernels.GateSpec) { s.SharedReplicas = 0 },
 		func(s *kernels.GateSpec) { s.SharedWeight = float32(math.NaN()) },
 		func(s *kernels.GateSpec) { s.Scoring = 7 },
+		func(s *kernels.GateSpec) { s.SharedLogits = -1 },
+		func(s *kernels.GateSpec) { s.Scoring, s.SharedLogits = kernels.Softmax, 2 },
+		func(s *kernels.GateSpec) { s.WeightScale = -1 },
+		func(s *kernels.GateSpec) { s.WeightScale = float32(math.Inf(1)) },
 	} {
 		s := good
 		mut(&s)

@@ -231,31 +231,39 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 			return nil, nil, nil, err
 		}
 	}
-	if spec.Scoring == family.SparseMixer || rr.Hash != "" || spec.SharedLogits > 0 || rr.Scale != "" {
-		var ids []int32
-		if rr.Hash != "" {
-			if len(in.tokens) != t {
-				return nil, nil, nil, fmt.Errorf("hash-routed layer: %d token ids for %d tokens", len(in.tokens), t)
-			}
-			if ids, err = hashIDs(src, rr.Hash, in.tokens, spec.TopK); err != nil {
-				return nil, nil, nil, err
-			}
-		}
+	if spec.Scoring == family.SparseMixer {
 		lh, err := logits.ToHost(t * rows)
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		r, err := routeLogits(src, spec, rr, lh, bv, ids, t)
+		r, err := routeLogits(src, spec, rr, lh, bv, nil, t)
 		if err != nil {
 			return nil, nil, nil, err
 		}
 		return g.hostGate(gs, r, finalScale, fr)
+	}
+	gs.SharedLogits = spec.SharedLogits
+	if gs.WeightScale, err = routerScale(src, rr); err != nil { // Inkling's global_scale: the gate multiplies every weight by it
+		return nil, nil, nil, err
 	}
 	out, err := kernels.NewGateOut(g.dev, gs, t, true)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	fr.add(gateOutFree{out})
+	if rr.Hash != "" { // DeepSeek-V4's hash layers: the table's experts, weighted by the gate kernel
+		if len(in.tokens) != t {
+			return nil, nil, nil, fmt.Errorf("hash-routed layer: %d token ids for %d tokens", len(in.tokens), t)
+		}
+		ids, err := hashIDs(src, rr.Hash, in.tokens, spec.TopK, e)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if out.HashIDs, err = cuda.FromHost(g.dev, ids); err != nil {
+			return nil, nil, nil, err
+		}
+		fr.add(out.HashIDs)
+	}
 	if err := kernels.Gate(g.compute, gs, t, logits, b, out); err != nil {
 		return nil, nil, nil, err
 	}
@@ -274,6 +282,12 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 	for i := range t {
 		copy(r.IDs[i*r.K:(i+1)*r.K], sl.IDs[i*k:])
 		copy(r.Weights[i*r.K:(i+1)*r.K], sl.Weights[i*k:])
+	}
+	if gs.SharedLogits > 0 {
+		r.S = gs.SharedLogits
+		if r.Shared, err = out.Shared.ToHost(t * r.S); err != nil {
+			return nil, nil, nil, err
+		}
 	}
 	return out, r, sl, nil
 }
@@ -317,14 +331,11 @@ func (g *gpuRunner) forced(gout *kernels.GateOut, routing *Routing, slots *Slots
 	return out, ids, w, nil
 }
 
-// hostGate is the documented fallback for a router the gate kernel does not
-// implement (Phi-3.5-MoE's sparsemixer; DeepSeek-V4's hash-routed layers,
-// whose experts come from a token-id table; Inkling's router, which also
-// weights the shared experts and is scaled by a tensor): the router GEMM's
-// logits come back to the host, the CPU twin routes them (r) and this adds
-// the shared slots as the gate kernel would, and the ids and weights go
-// back to the device for align, the grouped GEMM and finalize, which run
-// as always.
+// hostGate is the documented fallback for the router the gate kernel does
+// not implement (Phi-3.5-MoE's sparsemixer): the router GEMM's logits come
+// back to the host, the CPU twin routes them (r) and this adds the shared
+// slots as the gate kernel would, and the ids and weights go back to the
+// device for align, the grouped GEMM and finalize, which run as always.
 func (g *gpuRunner) hostGate(gs kernels.GateSpec, r *Routing, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
 	t := r.T
 	var err error

@@ -48,9 +48,9 @@ func hashVocab(src TensorSource, name string, k int) (int, error) {
 	return int(t.Shape[0]), nil
 }
 
-// hashIDs looks tokens up in a table [vocab, k]: one read of k entries per
-// token, so the table is never loaded whole.
-func hashIDs(src TensorSource, name string, tokens []int32, k int) ([]int32, error) {
+// hashIDs looks tokens up in a table [vocab, k] of expert ids below e: one
+// read of k entries per token, so the table is never loaded whole.
+func hashIDs(src TensorSource, name string, tokens []int32, k, e int) ([]int32, error) {
 	vocab, err := hashVocab(src, name, k)
 	if err != nil {
 		return nil, err
@@ -75,8 +75,8 @@ func hashIDs(src TensorSource, name string, tokens []int32, k int) ([]int32, err
 			} else {
 				v = int64(int32(binary.LittleEndian.Uint32(raw[4*j:])))
 			}
-			if v < 0 || v > 1<<31-1 {
-				return nil, fmt.Errorf("%s: %s[%d][%d] = %d is not an expert id", t.File, name, tok, j, v)
+			if v < 0 || v >= int64(e) {
+				return nil, fmt.Errorf("%s: %s[%d][%d] = %d is not an expert id (the layer has %d)", t.File, name, tok, j, v, e)
 			}
 			out[i*k+j] = int32(v)
 		}

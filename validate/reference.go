@@ -157,7 +157,7 @@ func routeLayer(src TensorSource, spec RouteSpec, rr routerRef, x []float32, t, 
 		if len(tokens) != t {
 			return nil, fmt.Errorf("hash-routed layer: %d token ids for %d tokens", len(tokens), t)
 		}
-		if ids, err = hashIDs(src, rr.Hash, tokens, spec.TopK); err != nil {
+		if ids, err = hashIDs(src, rr.Hash, tokens, spec.TopK, spec.NumExperts); err != nil {
 			return nil, err
 		}
 	}
@@ -176,24 +176,30 @@ func routeLogits(src TensorSource, spec RouteSpec, rr routerRef, logits, b []flo
 	if err != nil {
 		return nil, err
 	}
-	return r, applyRouterScale(src, rr, r)
+	if rr.Scale != "" {
+		s, err := routerScale(src, rr)
+		if err != nil {
+			return nil, err
+		}
+		scaleRouting(r, s)
+	}
+	return r, nil
 }
 
-// applyRouterScale multiplies a routing by the router's scale tensor, where
-// it has one.
-func applyRouterScale(src TensorSource, rr routerRef, r *Routing) error {
+// routerScale reads the router's scale tensor (Inkling's global_scale), a
+// finite scalar; 1 when the router has none.
+func routerScale(src TensorSource, rr routerRef) (float32, error) {
 	if rr.Scale == "" {
-		return nil
+		return 1, nil
 	}
 	s, err := loadVector(src, rr.Scale, 1)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if v := float64(s[0]); math.IsNaN(v) || math.IsInf(v, 0) {
-		return fmt.Errorf("router scale %s is %v", rr.Scale, v)
+		return 0, fmt.Errorf("router scale %s is %v", rr.Scale, v)
 	}
-	scaleRouting(r, s[0])
-	return nil
+	return s[0], nil
 }
 
 // routerOf names a planned layer's router.

@@ -95,8 +95,12 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
                                          int32_t* __restrict__ ids, float* __restrict__ weights,
                                          float* __restrict__ choice_out, int E, int topk, int n_group,
                                          int topk_group, int scoring, int group_by_max, int renorm, int S,
-                                         int R, float shared_weight, RegShared& sh, int t, int lane) {
-    const float* row = logits + (size_t)t * E;
+                                         int R, float shared_weight, const int32_t* __restrict__ hash_ids,
+                                         float* __restrict__ shared_out, int SL, float wscale, RegShared& sh,
+                                         int t, int lane) {
+    // Inkling's router has SL more rows after the E routed ones (SL = 0:
+    // none), so a token's logits are E + SL apart.
+    const float* row = logits + (size_t)t * (E + SL);
     float sc[NPL], ch[NPL];
     {
         float lg[NPL];
@@ -225,17 +229,51 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
     }
 
     // Top-k; every lane keeps the twin's running f32 sum in rank order.
+    // A hash-routed layer (DeepSeek-V4: hash_ids [T,topk] from the
+    // token-id table) takes its experts as given, weighted by their scores
+    // (validate.RouteHashed); an id out of range gets a NaN weight.
     float sum = 0.f;
-    for (int r = 0; r < topk; r++) {
-        float w;
-        const int id = warp_pick<NPL>(key, sc, lane, w);
-        if (lane == 0) {
-            sh.ids[r] = id;
-            sh.w[r] = w;
+    if (hash_ids != nullptr) {
+#pragma unroll
+        for (int j = 0; j < NPL; j++)
+            if (lane + 32 * j < E) sh.gscore[lane + 32 * j] = sc[j];
+        __syncwarp();
+        for (int r = 0; r < topk; r++) {
+            const int id = __ldg(hash_ids + (size_t)t * topk + r);
+            const float w = (id >= 0 && id < E) ? sh.gscore[id] : __int_as_float(0x7fc00000);
+            if (lane == 0) {
+                sh.ids[r] = id;
+                sh.w[r] = w;
+            }
+            sum += w;
         }
-        sum += w;
+    } else {
+        for (int r = 0; r < topk; r++) {
+            float w;
+            const int id = warp_pick<NPL>(key, sc, lane, w);
+            if (lane == 0) {
+                sh.ids[r] = id;
+                sh.w[r] = w;
+            }
+            sum += w;
+        }
     }
     __syncwarp();
+    if (SL > 0) {
+        // Inkling: the k chosen scores and the sigmoids of the SL shared
+        // logits divided by their one sum, in double as the twin
+        // (validate.sharedSink), each rounded once, then times wscale.
+        if (lane == 0) {
+            double dsum = 0.0;
+            for (int r = 0; r < topk; r++) dsum += (double)sh.w[r];
+            for (int s = 0; s < SL; s++) dsum += 1.0 / (1.0 + exp(-(double)__ldg(row + E + s)));
+            for (int r = 0; r < topk; r++) sh.w[r] = (float)((double)sh.w[r] / dsum);
+            for (int s = 0; s < SL; s++)
+                shared_out[(size_t)t * SL + s] = (float)((1.0 / (1.0 + exp(-(double)__ldg(row + E + s)))) / dsum) * wscale;
+        }
+        renorm = 0;
+        __syncwarp();
+    }
     const int K = topk + S;
     int32_t* oid = ids + (size_t)t * K;
     float* ow = weights + (size_t)t * K;
@@ -243,7 +281,7 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
     for (int r = lane; r < topk; r += 32) {
         const float w = sh.w[r];
         oid[r] = sh.ids[r];
-        ow[r] = renorm ? w / den : w;
+        ow[r] = (renorm ? w / den : w) * wscale;
     }
     for (int s = lane; s < S; s += 32) {
         oid[topk + s] = E + (t % R) * S + s;
@@ -256,13 +294,15 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
         NAME(const float* __restrict__ logits, const float* __restrict__ bias, int32_t* __restrict__ ids, \
              float* __restrict__ weights, float* __restrict__ choice_out, int T, int E, int topk,        \
              int n_group, int topk_group, int scoring, int group_by_max, int renorm, int S, int R,       \
-             float shared_weight) {                                                                     \
+             float shared_weight, const int32_t* __restrict__ hash_ids, float* __restrict__ shared_out, \
+             int SL, float wscale) {                                                                    \
         __shared__ RegShared shs[GR_WARPS];                                                             \
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;                                     \
         const int t = blockIdx.x * GR_WARPS + warp;                                                     \
         if (t >= T) return;                                                                             \
         gate_reg<NPL>(logits, bias, ids, weights, choice_out, E, topk, n_group, topk_group, scoring,    \
-                      group_by_max, renorm, S, R, shared_weight, shs[warp], t, lane);                   \
+                      group_by_max, renorm, S, R, shared_weight, hash_ids, shared_out, SL, wscale,     \
+                      shs[warp], t, lane);                                                              \
     }
 
 GATE_REG_KERNEL(moe_gate_f32_reg4, 4)
