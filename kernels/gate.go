@@ -17,6 +17,10 @@ const (
 	Softmax Scoring = 1
 	// SqrtSoftplus: s = sqrt(softplus(logit)), ranked by s + correction bias (DeepSeek-V4).
 	SqrtSoftplus Scoring = 2
+	// SparseMixer: Phi-3.5-MoE's top-2 (validate.Route's sparsemixer): each
+	// pick weighted by the softmax over the logits within 2*JitterEps
+	// (relative) of it. GateReg only.
+	SparseMixer Scoring = 3
 )
 
 // GateMaxExperts is the largest routed expert count the gate kernel takes.
@@ -79,6 +83,8 @@ type GateSpec struct {
 	// WeightScale multiplies every output weight, shared ones included
 	// (Inkling's global_scale); 0 means 1. Other than 1: GateReg only.
 	WeightScale float32
+	// JitterEps is sparsemixer's relative mask threshold (router_jitter_noise).
+	JitterEps float32
 }
 
 // Rows is the router's row count: E plus SharedLogits.
@@ -98,8 +104,10 @@ func (s GateSpec) SlotsPerToken() int { return s.TopK + s.SharedSlots }
 func (s GateSpec) Check() error {
 	e := s.NumExperts
 	switch {
-	case s.Scoring != Sigmoid && s.Scoring != Softmax && s.Scoring != SqrtSoftplus:
+	case s.Scoring != Sigmoid && s.Scoring != Softmax && s.Scoring != SqrtSoftplus && s.Scoring != SparseMixer:
 		return fmt.Errorf("gate: unknown scoring %d", s.Scoring)
+	case s.Scoring == SparseMixer && (s.TopK != 2 || s.NGroup > 1 || !(s.JitterEps >= 0) || math.IsInf(float64(s.JitterEps), 0)):
+		return fmt.Errorf("gate: sparsemixer with top-%d, %d groups, eps %v (want top-2, no groups, a finite eps >= 0)", s.TopK, s.NGroup, s.JitterEps)
 	case e <= 0 || e > GateMaxExperts:
 		return fmt.Errorf("gate: %d experts (the kernel takes 1..%d)", e, GateMaxExperts)
 	case s.TopK <= 0 || s.TopK > e:
@@ -225,8 +233,8 @@ func GateKernelCtx(c *cuda.Ctx, kernel string, stream cuda.Stream, spec GateSpec
 		return fmt.Errorf("gate: %d tokens x %d slots into outputs for %d x %d", t, k, out.T, out.K)
 	case int64(t)*int64(spec.Rows()) > int64(logits.Len()):
 		return fmt.Errorf("gate: logits hold %d values, want %d tokens x %d router rows", logits.Len(), t, spec.Rows())
-	case variant != GateReg && (spec.SharedLogits > 0 || spec.scale() != 1 || out.HashIDs != nil):
-		return fmt.Errorf("gate: shared router rows, a weight scale or hash ids need the %s kernel", GateReg)
+	case variant != GateReg && (spec.SharedLogits > 0 || spec.scale() != 1 || out.HashIDs != nil || spec.Scoring == SparseMixer):
+		return fmt.Errorf("gate: sparsemixer, shared router rows, a weight scale or hash ids need the %s kernel", GateReg)
 	case spec.SharedLogits > 0 && (out.Shared == nil || out.Shared.Len() < t*spec.SharedLogits):
 		return fmt.Errorf("gate: no room for %d tokens x %d shared weights", t, spec.SharedLogits)
 	case out.HashIDs != nil && out.HashIDs.Len() < t*spec.TopK:
@@ -258,7 +266,7 @@ func GateKernelCtx(c *cuda.Ctx, kernel string, stream cuda.Stream, spec GateSpec
 		int32(spec.Scoring), b2i(spec.GroupByMax), b2i(spec.NormTopKProb),
 		int32(spec.SharedSlots), int32(replicas), spec.SharedWeight}
 	if variant == GateReg {
-		args = append(args, out.HashIDs, out.Shared, int32(spec.SharedLogits), spec.scale())
+		args = append(args, out.HashIDs, out.Shared, int32(spec.SharedLogits), spec.scale(), spec.JitterEps)
 	}
 	return m.LaunchCtx(c, kernel, grid, block, 0, stream, args...)
 }

@@ -52,6 +52,12 @@ var gateCases = []gateCase{
 	// DeepSeek-V4 hash layers: the table's experts weighted by their scores.
 	{name: "deepseek-v4 hash layer 256 top-6 shared R=4", t: 33, hash: true, spec: kernels.GateSpec{Scoring: kernels.SqrtSoftplus, NumExperts: 256, TopK: 6, NormTopKProb: true, SharedSlots: 1, SharedReplicas: 4, SharedWeight: float32(1 / 1.5)}},
 	{name: "hash layer, rows naming an expert twice, ties", t: 7, hash: true, levels: 2, spec: kernels.GateSpec{Scoring: kernels.SqrtSoftplus, NumExperts: 16, TopK: 4, NormTopKProb: true}},
+	// Phi-3.5-MoE's sparsemixer top-2.
+	{name: "phimoe sparsemixer 16 experts eps 0.3", t: 50, spec: kernels.GateSpec{Scoring: kernels.SparseMixer, NumExperts: 16, TopK: 2, JitterEps: 0.3}},
+	{name: "sparsemixer eps 0.01 64 experts shared R=2", t: 33, spec: kernels.GateSpec{Scoring: kernels.SparseMixer, NumExperts: 64, TopK: 2, JitterEps: 0.01, SharedSlots: 1, SharedReplicas: 2, SharedWeight: 1}},
+	{name: "sparsemixer eps 0 (only exact ties join)", t: 17, levels: 4, spec: kernels.GateSpec{Scoring: kernels.SparseMixer, NumExperts: 32, TopK: 2}},
+	{name: "sparsemixer ties: 3 levels, 384 experts", t: 11, levels: 3, spec: kernels.GateSpec{Scoring: kernels.SparseMixer, NumExperts: 384, TopK: 2, JitterEps: 0.1}},
+	{name: "sparsemixer NaN poisons the weights (as the twin)", t: 5, nans: 1, spec: kernels.GateSpec{Scoring: kernels.SparseMixer, NumExperts: 16, TopK: 2, JitterEps: 0.3}},
 }
 
 func routeSpec(s kernels.GateSpec) validate.RouteSpec {
@@ -61,9 +67,11 @@ func routeSpec(s kernels.GateSpec) validate.RouteSpec {
 		sc = family.Softmax
 	case kernels.SqrtSoftplus:
 		sc = family.SqrtSoftplus
+	case kernels.SparseMixer:
+		sc = family.SparseMixer
 	}
 	r := validate.RouteSpec{Scoring: sc, NumExperts: s.NumExperts, TopK: s.TopK, NGroup: s.NGroup, TopKGroup: s.TopKGroup,
-		NormTopKProb: s.NormTopKProb, GroupByMax: s.GroupByMax, RoutedScalingFactor: 2.5, SharedLogits: s.SharedLogits}
+		NormTopKProb: s.NormTopKProb, GroupByMax: s.GroupByMax, RoutedScalingFactor: 2.5, SharedLogits: s.SharedLogits, JitterEps: float64(s.JitterEps)}
 	if r.NGroup < 1 {
 		r.NGroup, r.TopKGroup = 1, 1
 	}
@@ -129,8 +137,8 @@ func TestGateMatchesCPU(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 55))
 	for _, kernel := range gateVariants() {
 		for _, c := range gateCases {
-			if kernel != kernels.GateReg && ((c.bias && c.spec.Scoring == kernels.Softmax) || c.hash || c.spec.SharedLogits > 0 || c.spec.WeightScale != 0) {
-				continue // softmax + bias (ERNIE 4.5), hash ids, shared router rows and a weight scale are the register gate's alone
+			if kernel != kernels.GateReg && ((c.bias && c.spec.Scoring == kernels.Softmax) || c.hash || c.spec.SharedLogits > 0 || c.spec.WeightScale != 0 || c.spec.Scoring == kernels.SparseMixer) {
+				continue // softmax + bias (ERNIE 4.5), hash ids, shared router rows, a weight scale and sparsemixer are the register gate's alone
 			}
 			t.Run(kernel+"/"+c.name, func(t *testing.T) {
 				logits, bias := gateInputs(r, c)
@@ -242,6 +250,9 @@ func TestGateSpecCheck(t *testing.T) {
 		func(s *kernels.GateSpec) { s.Scoring, s.SharedLogits = kernels.Softmax, 2 },
 		func(s *kernels.GateSpec) { s.WeightScale = -1 },
 		func(s *kernels.GateSpec) { s.WeightScale = float32(math.Inf(1)) },
+		func(s *kernels.GateSpec) { s.Scoring, s.TopK, s.NGroup, s.TopKGroup = kernels.SparseMixer, 3, 1, 1 },
+		func(s *kernels.GateSpec) { s.Scoring, s.NGroup = kernels.SparseMixer, 8 },
+		func(s *kernels.GateSpec) { s.Scoring, s.TopK, s.NGroup, s.JitterEps = kernels.SparseMixer, 2, 1, -1 },
 	} {
 		s := good
 		mut(&s)

@@ -167,6 +167,8 @@ func gateSpec(s RouteSpec, c *layout.Contract) kernels.GateSpec {
 		gs.Scoring = kernels.Softmax
 	case family.SqrtSoftplus:
 		gs.Scoring = kernels.SqrtSoftplus
+	case family.SparseMixer:
+		gs.Scoring, gs.JitterEps = kernels.SparseMixer, float32(s.JitterEps)
 	}
 	if c != nil && c.NumFusedSharedExperts > 0 {
 		gs.SharedSlots, gs.SharedReplicas, gs.SharedWeight = c.SharedSlices, c.SharedReplicas, float32(c.SharedSlotWeight)
@@ -230,17 +232,6 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 		if err := kernels.AddBiasRows(g.dev, g.compute, logits, db, t, e); err != nil {
 			return nil, nil, nil, err
 		}
-	}
-	if spec.Scoring == family.SparseMixer {
-		lh, err := logits.ToHost(t * rows)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		r, err := routeLogits(src, spec, rr, lh, bv, nil, t)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		return g.hostGate(gs, r, finalScale, fr)
 	}
 	gs.SharedLogits = spec.SharedLogits
 	if gs.WeightScale, err = routerScale(src, rr); err != nil { // Inkling's global_scale: the gate multiplies every weight by it
@@ -329,41 +320,6 @@ func (g *gpuRunner) forced(gout *kernels.GateOut, routing *Routing, slots *Slots
 	}
 	fr.add(w)
 	return out, ids, w, nil
-}
-
-// hostGate is the documented fallback for the router the gate kernel does
-// not implement (Phi-3.5-MoE's sparsemixer): the router GEMM's logits come
-// back to the host, the CPU twin routes them (r) and this adds the shared
-// slots as the gate kernel would, and the ids and weights go back to the
-// device for align, the grouped GEMM and finalize, which run as always.
-func (g *gpuRunner) hostGate(gs kernels.GateSpec, r *Routing, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
-	t := r.T
-	var err error
-	k := gs.SlotsPerToken()
-	sl := &Slots{T: t, K: k, FinalScale: finalScale, IDs: make([]int32, t*k), Weights: make([]float32, t*k)}
-	for i := range t {
-		copy(sl.IDs[i*k:], r.IDs[i*r.K:(i+1)*r.K])
-		copy(sl.Weights[i*k:], r.Weights[i*r.K:(i+1)*r.K])
-		for j := range gs.SharedSlots {
-			sl.IDs[i*k+r.K+j] = int32(layout.SharedSlotID(gs.NumExperts, gs.SharedReplicas, gs.SharedSlots, i, j))
-			sl.Weights[i*k+r.K+j] = gs.SharedWeight
-		}
-	}
-	out := &kernels.GateOut{T: t, K: k}
-	if out.IDs, err = cuda.FromHost(g.dev, sl.IDs); err != nil {
-		return nil, nil, nil, err
-	}
-	if out.Weights, err = cuda.FromHost(g.dev, sl.Weights); err != nil {
-		out.IDs.Free()
-		return nil, nil, nil, err
-	}
-	if out.Choice, err = cuda.FromHost(g.dev, r.Choice); err != nil {
-		out.IDs.Free()
-		out.Weights.Free()
-		return nil, nil, nil, err
-	}
-	fr.add(gateOutFree{out})
-	return out, r, sl, nil
 }
 
 type gateOutFree struct{ o *kernels.GateOut }

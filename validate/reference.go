@@ -167,7 +167,7 @@ func routeLayer(src TensorSource, spec RouteSpec, rr routerRef, x []float32, t, 
 // routeLogits is the gate on a layer's logits [T, router rows], on the
 // host: through the hash table's ids where non-nil, else top-k with the
 // correction bias b (nil: none), then times the router's scale tensor.
-// The CPU paths and the GPU's host gate share it.
+// The CPU paths run it; the GPU's gate kernel is checked against it.
 func routeLogits(src TensorSource, spec RouteSpec, rr routerRef, logits, b []float32, ids []int32, t int) (*Routing, error) {
 	if ids != nil {
 		return RouteHashed(spec, logits, ids, t)

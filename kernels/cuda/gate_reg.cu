@@ -96,8 +96,8 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
                                          float* __restrict__ choice_out, int E, int topk, int n_group,
                                          int topk_group, int scoring, int group_by_max, int renorm, int S,
                                          int R, float shared_weight, const int32_t* __restrict__ hash_ids,
-                                         float* __restrict__ shared_out, int SL, float wscale, RegShared& sh,
-                                         int t, int lane) {
+                                         float* __restrict__ shared_out, int SL, float wscale, float eps,
+                                         RegShared& sh, int t, int lane) {
     // Inkling's router has SL more rows after the E routed ones (SL = 0:
     // none), so a token's logits are E + SL apart.
     const float* row = logits + (size_t)t * (E + SL);
@@ -109,7 +109,15 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
             const int i = lane + 32 * j;
             lg[j] = i < E ? __ldg(row + i) : 0.f;
         }
-        if (scoring == 0 || scoring == 2) {
+        if (scoring == 3) {
+            // Phi-3.5-MoE's sparsemixer ranks the raw logits (the twin's
+            // choice is the logits row); the weights come after the picks.
+#pragma unroll
+            for (int j = 0; j < NPL; j++) {
+                sc[j] = lg[j];
+                ch[j] = lg[j];
+            }
+        } else if (scoring == 0 || scoring == 2) {
             float bs[NPL];
 #pragma unroll
             for (int j = 0; j < NPL; j++) {
@@ -247,6 +255,33 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
             }
             sum += w;
         }
+    } else if (scoring == 3) {
+        // sparsemixer (validate.sparseMixer): each of the 2 rounds takes the
+        // largest remaining logit m and weights it by the softmax over the
+        // logits v (earlier winners left out) with (m - v) / max(|v|, m) <=
+        // 2 eps, the mask in f32, the exponentials summed in double.
+        int prev = -1;
+        for (int r = 0; r < topk; r++) {
+            float m;
+            const int id = warp_pick<NPL>(key, sc, lane, m);
+            double part = 0.0;
+#pragma unroll
+            for (int j = 0; j < NPL; j++) {
+                const int i = lane + 32 * j;
+                if (i >= E || i == prev) continue;
+                const float v = sc[j];
+                const float factor = (v != v || m != m) ? __int_as_float(0x7fc00000) : fmaxf(fabsf(v), m);
+                if ((m - v) / factor > 2.f * eps) continue;
+                part += exp((double)v - (double)m);
+            }
+            for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(GR_FULL, part, off);
+            if (lane == 0) {
+                sh.ids[r] = id;
+                sh.w[r] = (float)(1.0 / part);
+            }
+            prev = id;
+        }
+        renorm = 0;
     } else {
         for (int r = 0; r < topk; r++) {
             float w;
@@ -295,13 +330,13 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
              float* __restrict__ weights, float* __restrict__ choice_out, int T, int E, int topk,        \
              int n_group, int topk_group, int scoring, int group_by_max, int renorm, int S, int R,       \
              float shared_weight, const int32_t* __restrict__ hash_ids, float* __restrict__ shared_out, \
-             int SL, float wscale) {                                                                    \
+             int SL, float wscale, float eps) {                                                         \
         __shared__ RegShared shs[GR_WARPS];                                                             \
         const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;                                     \
         const int t = blockIdx.x * GR_WARPS + warp;                                                     \
         if (t >= T) return;                                                                             \
         gate_reg<NPL>(logits, bias, ids, weights, choice_out, E, topk, n_group, topk_group, scoring,    \
-                      group_by_max, renorm, S, R, shared_weight, hash_ids, shared_out, SL, wscale,     \
+                      group_by_max, renorm, S, R, shared_weight, hash_ids, shared_out, SL, wscale, eps,\
                       shs[warp], t, lane);                                                              \
     }
 
