@@ -128,7 +128,7 @@ func (s GateSpec) Check() error {
 		return fmt.Errorf("gate: %d replicas of %d shared slots overflow int32 ids", s.SharedReplicas, s.SharedSlots)
 	case s.SharedLogits < 0 || (s.SharedLogits > 0 && s.Scoring != Sigmoid):
 		return fmt.Errorf("gate: %d shared router rows with scoring %d (they need sigmoid)", s.SharedLogits, s.Scoring)
-	case s.WeightScale != s.WeightScale || s.WeightScale < 0 || math.IsInf(float64(s.WeightScale), 0):
+	case s.WeightScale != s.WeightScale || math.IsInf(float64(s.WeightScale), 0):
 		return fmt.Errorf("gate: weight scale %v", s.WeightScale)
 	}
 	return nil

@@ -248,7 +248,7 @@ func TestGateSpecCheck(t *testing.T) {
 		func(s *kernels.GateSpec) { s.Scoring = 7 },
 		func(s *kernels.GateSpec) { s.SharedLogits = -1 },
 		func(s *kernels.GateSpec) { s.Scoring, s.SharedLogits = kernels.Softmax, 2 },
-		func(s *kernels.GateSpec) { s.WeightScale = -1 },
+		func(s *kernels.GateSpec) { s.WeightScale = float32(math.NaN()) },
 		func(s *kernels.GateSpec) { s.WeightScale = float32(math.Inf(1)) },
 		func(s *kernels.GateSpec) { s.Scoring, s.TopK, s.NGroup, s.TopKGroup = kernels.SparseMixer, 3, 1, 1 },
 		func(s *kernels.GateSpec) { s.Scoring, s.NGroup = kernels.SparseMixer, 8 },

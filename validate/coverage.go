@@ -145,15 +145,23 @@ func withCoverage(x []float32, r *Routing, c *Coverage) ([]float32, *Routing, er
 	}
 	all := &Routing{T: r.T + c.T, K: r.K, IDs: slices.Concat(r.IDs, c.Routing.IDs), Weights: slices.Concat(r.Weights, c.Routing.Weights)}
 	if r.S > 0 {
-		// Router-weighted shared experts (Inkling) take the forced slots'
-		// weight on the forced tokens, the same on both paths.
-		forced := make([]float32, c.T*r.S)
-		for i := range forced {
-			forced[i] = 1 / float32(c.K)
-		}
-		all.S, all.Shared = r.S, slices.Concat(r.Shared, forced)
+		all.S, all.Shared = r.S, sharedWeights(r, c)
 	}
 	return slices.Concat(x, c.X), all, nil
+}
+
+// sharedWeights are the router-weighted shared experts' weights (Inkling)
+// of r's tokens followed by c's forced ones (nil c: none), which take the
+// forced slots' weight 1/K, the same on every path.
+func sharedWeights(r *Routing, c *Coverage) []float32 {
+	if c == nil {
+		return r.Shared
+	}
+	forced := make([]float32, c.T*r.S)
+	for i := range forced {
+		forced[i] = 1 / float32(c.K)
+	}
+	return slices.Concat(r.Shared, forced)
 }
 
 // tokenRows returns rows [lo,hi) of a [T,H] matrix.

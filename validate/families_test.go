@@ -2,6 +2,7 @@ package validate
 
 import (
 	"context"
+	"encoding/binary"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -185,6 +186,38 @@ func TestInklingConfigRefusals(t *testing.T) {
 		ck.Close()
 		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%s=%v: %v", c.key, c.val, err)
+		}
+	}
+}
+
+// TestBadRoutingTensorsNameThemselves: a hash table entry outside the
+// layer's experts and a zero router scale are errors naming the file and
+// tensor, not a panic or an all-zero layer.
+func TestBadRoutingTensorsNameThemselves(t *testing.T) {
+	for _, c := range []struct {
+		fixture, tensor string
+		edit            func(raw []byte, shape []int64)
+		want            string
+	}{
+		{"deepseek-v4", "model.layers.1.ffn.gate.tid2eid", func(raw []byte, shape []int64) {
+			binary.LittleEndian.PutUint64(raw[8*int(shape[1]):], 8) // token 1's first expert: 8 of 8
+		}, "is not an expert id (the layer has 8)"},
+		{"inkling-text", "model.layers.2.mlp.gate.global_scale", func(raw []byte, _ []int64) { clear(raw) }, "want a finite, non-zero scalar"},
+	} {
+		dir := t.TempDir()
+		copyDir(t, filepath.Join(hfFixtures, c.fixture), dir)
+		rewriteTensor(t, dir, c.tensor, c.edit)
+		ck, plan := openPlanned(t, dir)
+		var err error
+		for i := range plan.Layers {
+			l := &plan.Layers[i]
+			x := DrawX(3, l.Index, 4, plan.HiddenSize)
+			if _, err = ReferenceLayerCovered(context.Background(), ck, plan, l, x, 4, []int32{0, 1, 2, 3}, nil, 1); err != nil {
+				break
+			}
+		}
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.tensor) || !strings.Contains(err.Error(), ".safetensors") {
+			t.Errorf("%s: %v", c.tensor, err)
 		}
 	}
 }

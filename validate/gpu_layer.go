@@ -547,13 +547,10 @@ func (g *gpuRunner) addDense(src TensorSource, m family.MLP, gate string, block 
 func (g *gpuRunner) addRoutedShared(src TensorSource, mlps []family.MLP, routing *Routing, cov *Coverage, scale float32, block int, act layout.Activation, in *gpuInput, y *cuda.Buffer[float32]) error {
 	var fr frees
 	defer fr.release(g)
-	_, all, err := withCoverage(nil, routing, cov)
-	if err != nil {
-		return err
-	}
 	t, h, ns := in.t, in.h, len(mlps)
-	if all.S != ns || len(all.Shared) != t*ns {
-		return fmt.Errorf("the routing weights %d shared experts (%d values for %d tokens), the checkpoint has %d", all.S, len(all.Shared), t, ns)
+	weights := sharedWeights(routing, cov)
+	if routing.S != ns || len(weights) != t*ns {
+		return fmt.Errorf("the routing weights %d shared experts (%d values for %d tokens), the checkpoint has %d", routing.S, len(weights), t, ns)
 	}
 	gt, ok := src.Tensor(mlps[0].Gate)
 	if !ok || len(gt.Shape) != 2 || gt.Shape[0] <= 0 || gt.Shape[0] > 1<<30 {
@@ -590,7 +587,7 @@ func (g *gpuRunner) addRoutedShared(src TensorSource, mlps []family.MLP, routing
 			return fmt.Errorf("shared expert %d: %w", s, err)
 		}
 	}
-	w, err := cuda.FromHost(g.dev, all.Shared)
+	w, err := cuda.FromHost(g.dev, weights)
 	if err != nil {
 		return err
 	}

@@ -187,7 +187,8 @@ func routeLogits(src TensorSource, spec RouteSpec, rr routerRef, logits, b []flo
 }
 
 // routerScale reads the router's scale tensor (Inkling's global_scale), a
-// finite scalar; 1 when the router has none.
+// finite non-zero scalar (zero would make the whole layer's output zero,
+// nothing to compare); 1 when the router has none.
 func routerScale(src TensorSource, rr routerRef) (float32, error) {
 	if rr.Scale == "" {
 		return 1, nil
@@ -196,8 +197,12 @@ func routerScale(src TensorSource, rr routerRef) (float32, error) {
 	if err != nil {
 		return 0, err
 	}
-	if v := float64(s[0]); math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, fmt.Errorf("router scale %s is %v", rr.Scale, v)
+	if v := float64(s[0]); math.IsNaN(v) || math.IsInf(v, 0) || v == 0 {
+		file := ""
+		if t, ok := src.Tensor(rr.Scale); ok {
+			file = t.File + ": "
+		}
+		return 0, fmt.Errorf("%srouter scale %s is %v: want a finite, non-zero scalar", file, rr.Scale, v)
 	}
 	return s[0], nil
 }

@@ -255,20 +255,19 @@ func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, e
 // it exp(logsigmoid - logsumexp(logsigmoid)), the same quotient), computed
 // in float64 and rounded once. No epsilon: every term is positive.
 func sharedSink(w, shared, sharedLogits []float32) {
+	sig := func(l float32) float64 { return 1 / (1 + math.Exp(-float64(l))) }
 	var sum float64
 	for _, v := range w {
 		sum += float64(v)
 	}
-	sig := make([]float64, len(sharedLogits))
-	for j, l := range sharedLogits {
-		sig[j] = 1 / (1 + math.Exp(-float64(l)))
-		sum += sig[j]
+	for _, l := range sharedLogits {
+		sum += sig(l)
 	}
 	for j, v := range w {
 		w[j] = float32(float64(v) / sum)
 	}
-	for j, v := range sig {
-		shared[j] = float32(v / sum)
+	for j, l := range sharedLogits {
+		shared[j] = float32(sig(l) / sum)
 	}
 }
 

@@ -113,6 +113,8 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 				MoELayers    []int   `json:"moe_layers"`
 				NumTensors   int     `json:"num_tensors"`
 				TotalBytes   int64   `json:"total_bytes"`
+				SharedRouted bool    `json:"shared_routed"`
+				RouterScaled bool    `json:"router_scaled"`
 			}
 			if err := json.Unmarshal([]byte(stdout), &got); err != nil {
 				t.Fatalf("not JSON: %v\n%s", err, stdout)
@@ -124,6 +126,10 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 			}
 			if got.TotalBytes <= 0 {
 				t.Errorf("total_bytes = %d", got.TotalBytes)
+			}
+			// Only Inkling's router weights its shared experts and carries a scale tensor.
+			if inkling := name == "inkling-text"; got.SharedRouted != inkling || got.RouterScaled != inkling {
+				t.Errorf("shared_routed %v, router_scaled %v", got.SharedRouted, got.RouterScaled)
 			}
 		})
 	}
@@ -265,7 +271,8 @@ func TestFuseSharedThenValidate(t *testing.T) {
 }
 
 func TestFuseSharedRefusesFamilies(t *testing.T) {
-	for name, want := range map[string]string{"mixtral": "shared expert", "qwen3-moe": "shared expert", "qwen2-moe": "gate"} {
+	for name, want := range map[string]string{"mixtral": "shared expert", "qwen3-moe": "shared expert", "qwen2-moe": "gate",
+		"inkling-text": "weights each shared expert per token"} {
 		dst := filepath.Join(t.TempDir(), "out")
 		code, _, stderr := runCLI(t, "fuse-shared", "--no-progress", filepath.Join(fixturesDir, name), dst)
 		if code != 2 {
