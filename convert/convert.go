@@ -191,18 +191,21 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 		}
 		return nil, err
 	}
+	var unsynced []string // small files, synced together by finish
 	for _, f := range w.others {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("%s: stopped; rerun with --resume to finish: %w", w.partial, err)
 		}
-		fi, err := copyFile(filepath.Join(w.src, f), filepath.Join(w.partial, f))
+		dst := filepath.Join(w.partial, f)
+		fi, err := copyFile(filepath.Join(w.src, f), dst)
 		if err != nil {
 			return nil, err
 		}
+		unsynced = append(unsynced, dst)
 		w.o.Progress.Add(fi.Size)
 		files[filepath.ToSlash(f)] = fi
 	}
-	if err := w.finish(files); err != nil {
+	if err := w.finish(files, unsynced); err != nil {
 		return nil, err
 	}
 	sum := &Summary{Dst: w.dst, Layout: string(w.o.Layout), Files: len(files) + 1, Shards: len(w.op.shards),
@@ -214,9 +217,9 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 	return sum, nil
 }
 
-// finish writes the index, config.json and the manifest, then moves
-// DST.partial to DST.
-func (w *run) finish(files map[string]layout.FileInfo) error {
+// finish writes the index, config.json and the manifest, syncs them with the
+// unsynced files copied before, then moves DST.partial to DST.
+func (w *run) finish(files map[string]layout.FileInfo, unsynced []string) error {
 	idx := &safetensors.Index{Metadata: map[string]any{"total_size": w.op.dataBytes}, WeightMap: map[string]string{}}
 	for _, s := range w.op.shards {
 		for _, t := range s.tensors {
@@ -224,10 +227,11 @@ func (w *run) finish(files map[string]layout.FileInfo) error {
 		}
 	}
 	idxPath := filepath.Join(w.partial, safetensors.IndexFileName)
-	if err := safetensors.WriteIndex(idxPath, idx); err != nil {
-		return err
+	ib, err := safetensors.EncodeIndex(idx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", idxPath, err)
 	}
-	fi, err := layout.HashFile(idxPath)
+	fi, err := writeFile(idxPath, ib)
 	if err != nil {
 		return err
 	}
@@ -248,7 +252,8 @@ func (w *run) finish(files map[string]layout.FileInfo) error {
 	if err != nil {
 		return fmt.Errorf("%s/config.json: %w", w.src, err)
 	}
-	if fi, err = writeFileSync(filepath.Join(w.partial, checkpoint.ConfigFileName), cfg); err != nil {
+	cfgPath := filepath.Join(w.partial, checkpoint.ConfigFileName)
+	if fi, err = writeFile(cfgPath, cfg); err != nil {
 		return err
 	}
 	files[checkpoint.ConfigFileName] = fi
@@ -256,13 +261,23 @@ func (w *run) finish(files map[string]layout.FileInfo) error {
 	if err != nil {
 		return err
 	}
-	if _, err := writeFileSync(filepath.Join(w.partial, layout.ManifestFileName), man); err != nil {
+	manPath := filepath.Join(w.partial, layout.ManifestFileName)
+	if _, err := writeFile(manPath, man); err != nil {
 		return err
 	}
 	if err := os.Remove(filepath.Join(w.partial, progressFileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	if err := syncDir(w.partial); err != nil {
+	// The small files and the directories' entries, in one commit.
+	sync := append(unsynced, idxPath, cfgPath, manPath)
+	dirs := map[string]bool{}
+	for _, p := range sync {
+		dirs[filepath.Dir(p)] = true
+	}
+	for d := range dirs {
+		sync = append(sync, d)
+	}
+	if err := syncFiles(sync); err != nil {
 		return err
 	}
 	if w.o.Force {

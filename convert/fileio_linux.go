@@ -47,3 +47,10 @@ func preallocate(f *os.File, size int64) error {
 	}
 	return err
 }
+
+// startWriteback asks the kernel to start writing [off, off+n) of f to disk
+// without waiting for it (sync_file_range WRITE). It is a hint: the final
+// fsync is what makes the file durable, so an error only means it did not help.
+var startWriteback = func(f *os.File, off, n int64) {
+	_ = unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
+}

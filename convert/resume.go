@@ -123,6 +123,11 @@ func (p *progressState) save() error {
 	return p.saveLocked()
 }
 
+// saveLocked replaces the record (temporary name and rename, so a killed run
+// leaves the old record or the new one). It is not fsynced: the record only
+// saves work, every shard it names was fsynced before it was added, and
+// after a power failure a lost record means redoing shards, while an fsync
+// per shard costs a journal commit on the path of every run.
 func (p *progressState) saveLocked() error {
 	b, err := json.MarshalIndent(p.rec, "", "  ")
 	if err != nil {

@@ -2,7 +2,6 @@ package convert
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -25,19 +24,33 @@ import (
 //     planned offset of the output: a byte-for-byte chunk through
 //     copy_file_range (page cache to page cache inside the kernel, as cp
 //     does), a folded or strided one through a bounded buffer and pwrite.
+//     The kernel's read-ahead (8 MiB windows here) runs ahead of the writer
+//     through each source file front to back.
 //   - The file is hashed in 16 MiB blocks: hashWorkers goroutines hash each
 //     block, read back from the page cache, as soon as its last byte is
-//     written, and the manifest records the SHA-256 of the blocks' SHA-256s
-//     (layout.BlockDigest). A whole-file SHA-256 would need the bytes in file
+//     written, and the manifest records the BLAKE3 of the blocks' BLAKE3s
+//     (layout.BlockDigest). A whole-file hash would need the bytes in file
 //     order, which source-order writing gives only at the very end.
 //   - The final fsync starts as soon as the last chunk is written and runs
 //     while the hashers finish, so the time the disk takes to flush is not
 //     added to the time hashing takes.
+//   - Shards are written --jobs at a time, so on a multi-shard model several
+//     writers and hashers run at once, one writer per file.
 //
 // Memory is the workers' and hashers' buffers, whatever the model size.
+//
+// One writer and one hasher a shard, from cold-cache measurements on a
+// 2-core machine (BENCHMARKS.md, issue 12). A buffered write to an ext4 file
+// holds the inode's lock for the whole copy, so a second writer on the same
+// file gets no parallel copying: it spins on the lock (perf: 20% of both
+// cores in rwsem_spin_on_owner with two writers, and 12.7 s against 6.9 s
+// for a 6.5 GB model written one shard at a time with four). Read-ahead
+// already overlaps reading with copying, and fadvise(WILLNEED) ahead of the
+// writer measured slower. One BLAKE3 hasher (2-3 GB/s on data read back
+// from the page cache) keeps up with one writer.
 const (
-	shardWorkers = 4
-	hashWorkers  = 2 // SHA-256 runs at about 1.7 GB/s a core with SHA-NI
+	shardWorkers = 1
+	hashWorkers  = 1
 	hashBufSize  = 1 << 20
 )
 
@@ -132,7 +145,8 @@ type shardWriter struct {
 	bs    int64          // hash block size
 	left  []atomic.Int64 // bytes of each block not yet written
 	ready chan int64     // blocks fully written, to hash
-	sums  [][sha256.Size]byte
+	sums  [][32]byte
+	flush chan int64  // hashed blocks, to start writing back (nil: none)
 	noCFR atomic.Bool // copy_file_range refused once: buffer the rest
 }
 
@@ -161,7 +175,10 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 	bs := shardBlockSize
 	nb := (s.size + bs - 1) / bs
 	sw := &shardWriter{path: tmp, out: out, size: s.size, bs: bs, left: make([]atomic.Int64, nb),
-		ready: make(chan int64, nb), sums: make([][sha256.Size]byte, nb)}
+		ready: make(chan int64, nb), sums: make([][32]byte, nb)}
+	if startWriteback != nil {
+		sw.flush = make(chan int64, nb)
+	}
 	for b := range sw.left {
 		sw.left[b].Store(min(bs, s.size-int64(b)*bs))
 	}
@@ -174,6 +191,18 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 		once.Do(func() { first = err })
 		cancel()
 	}
+	// The flusher starts the write-back of every block the hashers are done
+	// with, so the disk writes while later chunks are still being read and
+	// copied, rather than all of it in the final fsync.
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		for b := range sw.flush {
+			if wctx.Err() == nil {
+				startWriteback(sw.out, b*bs, min(bs, s.size-b*bs))
+			}
+		}
+	}()
 	var hashers sync.WaitGroup
 	for range hashWorkers {
 		hashers.Go(func() {
@@ -218,6 +247,10 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 		synced <- nil
 	}
 	hashers.Wait()
+	if sw.flush != nil {
+		close(sw.flush)
+	}
+	<-flushed
 	serr := <-synced
 	if err := ctx.Err(); err != nil {
 		return layout.FileInfo{}, err
@@ -245,7 +278,7 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 	if err := os.Rename(tmp, path); err != nil {
 		return layout.FileInfo{}, err
 	}
-	return layout.FileInfo{Size: s.size, Blocks: layout.BlockDigest{BlockSize: bs, Root: layout.BlockRoot(sw.sums)}}, nil
+	return layout.BlockInfo(layout.ShardBlockAlgo, s.size, bs, sw.sums), nil
 }
 
 // put writes one chunk at its offset.
@@ -294,7 +327,7 @@ func (sw *shardWriter) written(off, n int64) {
 // hash digests finished blocks until there are no more.
 func (sw *shardWriter) hash(ctx context.Context) error {
 	bs := sw.bs
-	h := sha256.New()
+	h := layout.ShardBlockAlgo.New()
 	buf := make([]byte, hashBufSize)
 	for b := range sw.ready {
 		if ctx.Err() != nil {
@@ -312,6 +345,9 @@ func (sw *shardWriter) hash(ctx context.Context) error {
 			at += n
 		}
 		h.Sum(sw.sums[b][:0])
+		if sw.flush != nil {
+			sw.flush <- b // never blocks: the channel holds every block
+		}
 	}
 	return nil
 }

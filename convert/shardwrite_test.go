@@ -3,13 +3,15 @@ package convert
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/zeebo/blake3"
 )
 
 // TestShardWriterOrderAndBlocks writes the same conversions with the
@@ -72,7 +74,7 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if fi.Blocks.BlockSize != v.block || fi.Size != int64(len(b)) || fi.Blocks.Root != blockRoot(b, v.block) {
+					if fi.B3Blocks.BlockSize != v.block || fi.Size != int64(len(b)) || fi.B3Blocks.Root != blockRoot(b, v.block) || fi.Blocks != (layout.BlockDigest{}) {
 						t.Errorf("%s: %s: manifest %+v, want block size %d root %s", v.name, name, fi, v.block, blockRoot(b, v.block))
 					}
 					if int64(len(b)) <= v.block && v.block < 1<<20 {
@@ -104,13 +106,17 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 	}
 }
 
-// blockRoot is layout.BlockDigest's definition, computed independently.
+// blockRoot is layout.BlockDigest's definition for BLAKE3 blocks, computed
+// independently of layout: BLAKE3-256 of the concatenated BLAKE3-256s of
+// the blocks.
 func blockRoot(b []byte, bs int64) string {
-	var digests [][sha256.Size]byte
+	var cat []byte
 	for off := int64(0); off < int64(len(b)); off += bs {
-		digests = append(digests, sha256.Sum256(b[off:min(off+bs, int64(len(b)))]))
+		d := blake3.Sum256(b[off:min(off+bs, int64(len(b)))])
+		cat = append(cat, d[:]...)
 	}
-	return layout.BlockRoot(digests)
+	d := blake3.Sum256(cat)
+	return hex.EncodeToString(d[:])
 }
 
 func planFor(t *testing.T, o Options) *outPlan {
@@ -168,6 +174,32 @@ func TestPlanChunksReadsSourcesInOrder(t *testing.T) {
 			if len(chunks) < 10 {
 				t.Errorf("%s %s: only %d chunks", lay, s.name, len(chunks))
 			}
+		}
+	}
+}
+
+func TestSyncFilesNamesWhatFailed(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "a.json")
+	if err := os.WriteFile(file, []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.json")
+	for _, tc := range []struct {
+		name  string
+		paths []string
+		want  string // "" for success
+	}{
+		{"files and their directory", []string{file, dir}, ""},
+		{"nothing", nil, ""},
+		{"a missing file", []string{file, missing, dir}, "missing.json"},
+	} {
+		err := syncFiles(tc.paths)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: error %v, want one naming %s", tc.name, err, tc.want)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -8,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/zeebo/blake3"
 )
 
 func TestParse(t *testing.T) {
@@ -166,30 +169,56 @@ func TestBlockDigests(t *testing.T) {
 	}
 	path := filepath.Join(dir, "f")
 	os.WriteFile(path, data, 0o644)
-	for _, bs := range []int64{1, 4096, 5000, 10000, 1 << 20} {
-		like := FileInfo{Blocks: BlockDigest{BlockSize: bs}}
-		got, err := HashFileLike(path, like)
-		if err != nil {
-			t.Fatal(err)
+	// The definitions, written out: the hash of the concatenated block hashes.
+	algos := []struct {
+		algo BlockAlgo
+		sum  func([]byte) [32]byte
+		like func(bs int64) FileInfo
+		get  func(FileInfo) BlockDigest
+	}{
+		{SHA256Blocks, sha256.Sum256, func(bs int64) FileInfo { return FileInfo{Blocks: BlockDigest{BlockSize: bs}} },
+			func(f FileInfo) BlockDigest { return f.Blocks }},
+		{BLAKE3Blocks, blake3.Sum256, func(bs int64) FileInfo { return FileInfo{B3Blocks: BlockDigest{BlockSize: bs}} },
+			func(f FileInfo) BlockDigest { return f.B3Blocks }},
+	}
+	roots := map[string]bool{}
+	for _, a := range algos {
+		for _, bs := range []int64{1, 4096, 5000, 10000, 1 << 20} {
+			like := a.like(bs)
+			got, err := HashFileLike(path, like)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cat []byte
+			for off := int64(0); off < int64(len(data)); off += bs {
+				d := a.sum(data[off:min(off+bs, int64(len(data)))])
+				cat = append(cat, d[:]...)
+			}
+			root := a.sum(cat)
+			want := like
+			want.Size = 10000
+			if a.algo == SHA256Blocks {
+				want.Blocks.Root = hex.EncodeToString(root[:])
+			} else {
+				want.B3Blocks.Root = hex.EncodeToString(root[:])
+			}
+			if got != want {
+				t.Errorf("%s, block size %d: %+v, want %+v", a.algo, bs, got, want)
+			}
+			roots[a.get(got).Root] = true
+			// Streamed in uneven writes, the Hasher agrees.
+			h := NewHasher(like)
+			for off := 0; off < len(data); off += 333 {
+				h.Write(data[off:min(off+333, len(data))])
+			}
+			if s := h.Sum(); s != got {
+				t.Errorf("%s, block size %d: Hasher %+v, HashFileLike %+v", a.algo, bs, s, got)
+			}
 		}
-		// The definition, written out: SHA-256 of the concatenated block SHA-256s.
-		var cat []byte
-		for off := int64(0); off < int64(len(data)); off += bs {
-			d := sha256.Sum256(data[off:min(off+bs, int64(len(data)))])
-			cat = append(cat, d[:]...)
-		}
-		root := sha256.Sum256(cat)
-		if got.Size != 10000 || got.Blocks.BlockSize != bs || got.Blocks.Root != hex.EncodeToString(root[:]) || got.SHA256 != "" {
-			t.Errorf("block size %d: %+v, want root %x", bs, got, root)
-		}
-		// Streamed in uneven writes, the Hasher agrees.
-		h := NewHasher(like)
-		for off := 0; off < len(data); off += 333 {
-			h.Write(data[off:min(off+333, len(data))])
-		}
-		if s := h.Sum(); s != got {
-			t.Errorf("block size %d: Hasher %+v, HashFileLike %+v", bs, s, got)
-		}
+	}
+	// 10000 and 1 MiB both make one block of the whole file: 4 roots each.
+	if len(roots) != 8 {
+		t.Errorf("%d distinct roots, want 2 algorithms x 4 block layouts", len(roots))
 	}
 	whole, _ := HashFile(path)
 	h := NewHasher(FileInfo{SHA256: "x"})
@@ -197,16 +226,20 @@ func TestBlockDigests(t *testing.T) {
 	if h.Sum() != whole {
 		t.Errorf("whole-file Hasher %+v, HashFile %+v", h.Sum(), whole)
 	}
-	// A changed byte in the last, short block is caught.
-	fi, _ := HashFileLike(path, FileInfo{Blocks: BlockDigest{BlockSize: 4096}})
-	m := &Manifest{Version: ContractVersion, Files: map[string]FileInfo{"f": fi}}
-	if err := m.Verify(dir); err != nil {
-		t.Fatal(err)
-	}
-	data[9999] ^= 1
-	os.WriteFile(path, data, 0o644)
-	if err := m.Verify(dir); err == nil || !strings.Contains(err.Error(), "4096-byte blocks") {
-		t.Errorf("changed byte not caught: %v", err)
+	// A changed byte in the last, short block is caught, in either form.
+	for _, like := range []FileInfo{{Blocks: BlockDigest{BlockSize: 4096}}, {B3Blocks: BlockDigest{BlockSize: 4096}}} {
+		os.WriteFile(path, data, 0o644)
+		fi, _ := HashFileLike(path, like)
+		m := &Manifest{Version: ContractVersion, Files: map[string]FileInfo{"f": fi}}
+		if err := m.Verify(dir); err != nil {
+			t.Fatal(err)
+		}
+		bad := bytes.Clone(data)
+		bad[9999] ^= 1
+		os.WriteFile(path, bad, 0o644)
+		if err := m.Verify(dir); err == nil || !strings.Contains(err.Error(), "4096-byte blocks") {
+			t.Errorf("%+v: changed byte not caught: %v", like, err)
+		}
 	}
 }
 
@@ -216,6 +249,9 @@ func TestReadManifestRefusesBadEntries(t *testing.T) {
 		"both":            `{"size": 5, "sha256": "ab", "sha256_blocks": {"block_size": 16, "root": "cd"}}`,
 		"negative size":   `{"size": -1, "sha256": "ab"}`,
 		"negative blocks": `{"size": 5, "sha256_blocks": {"block_size": -16, "root": "cd"}}`,
+		"both blocks":     `{"size": 5, "blake3_blocks": {"block_size": 16, "root": "ab"}, "sha256_blocks": {"block_size": 16, "root": "cd"}}`,
+		"sha and blake3":  `{"size": 5, "sha256": "ab", "blake3_blocks": {"block_size": 16, "root": "cd"}}`,
+		"huge blake3":     `{"size": 5, "blake3_blocks": {"block_size": 1099511627777, "root": "cd"}}`,
 	} {
 		dir := t.TempDir()
 		os.WriteFile(filepath.Join(dir, ManifestFileName), []byte(`{"version": 1, "files": {"a": `+entry+`}}`), 0o644)

@@ -172,12 +172,22 @@ func checkShardName(name string, suffixes ...string) error {
 // WriteIndex writes idx atomically (temporary name, sync, rename) as
 // transformers does: keys sorted, two-space indent, trailing newline.
 func WriteIndex(path string, idx *Index) error {
+	b, err := EncodeIndex(idx)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return writeFileAtomic(path, b)
+}
+
+// EncodeIndex is the JSON WriteIndex writes, for callers that write and sync
+// the file themselves.
+func EncodeIndex(idx *Index) ([]byte, error) {
 	if idx == nil || len(idx.WeightMap) == 0 {
-		return fmt.Errorf("%s: index has an empty weight_map", path)
+		return nil, fmt.Errorf("index has an empty weight_map")
 	}
 	for name, file := range idx.WeightMap {
 		if err := checkShardName(file); err != nil {
-			return fmt.Errorf("%s: weight_map: tensor %q: %w", path, name, err)
+			return nil, fmt.Errorf("weight_map: tensor %q: %w", name, err)
 		}
 	}
 	out := *idx
@@ -189,9 +199,9 @@ func WriteIndex(path string, idx *Index) error {
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(&out); err != nil { // struct fields are already in sorted order
-		return fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
-	return writeFileAtomic(path, buf.Bytes())
+	return buf.Bytes(), nil
 }
 
 // writeFileAtomic writes a small file to path+".tmp", syncs it and renames it.
