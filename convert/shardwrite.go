@@ -195,14 +195,18 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 	// with, so the disk writes while later chunks are still being read and
 	// copied, rather than all of it in the final fsync.
 	flushed := make(chan struct{})
-	go func() {
-		defer close(flushed)
-		for b := range sw.flush {
-			if wctx.Err() == nil {
-				startWriteback(sw.out, b*bs, min(bs, s.size-b*bs))
+	if sw.flush == nil {
+		close(flushed)
+	} else {
+		go func() {
+			defer close(flushed)
+			for b := range sw.flush {
+				if wctx.Err() == nil {
+					startWriteback(sw.out, b*bs, min(bs, s.size-b*bs))
+				}
 			}
-		}
-	}()
+		}()
+	}
 	var hashers sync.WaitGroup
 	for range hashWorkers {
 		hashers.Go(func() {

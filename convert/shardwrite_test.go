@@ -26,15 +26,19 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 		copyChunk, bufChunk int64
 		block               int64
 		copyRange           bool
+		noWriteback         bool // as where there is no sync_file_range
 	}
 	variants := []sizes{
-		{"production", copyChunkSize, bufChunkSize, shardBlockSize, true},
-		{"small, copy_file_range", 1000, 96, 4096, true},
-		{"small, buffered", 1000, 96, 4096, false},
-		{"odd block", 4096, 4096, 777, true},
+		{"production", copyChunkSize, bufChunkSize, shardBlockSize, true, false},
+		{"small, copy_file_range", 1000, 96, 4096, true, false},
+		{"small, buffered", 1000, 96, 4096, false, false},
+		{"odd block", 4096, 4096, 777, true, false},
+		{"small, no early write-back", 1000, 96, 4096, true, true},
 	}
-	defer func(c, b, s int64, u bool) { copyChunkSize, bufChunkSize, shardBlockSize, useCopyRange = c, b, s, u }(
-		copyChunkSize, bufChunkSize, shardBlockSize, useCopyRange)
+	defer func(c, b, s int64, u bool, wb func(*os.File, int64, int64)) {
+		copyChunkSize, bufChunkSize, shardBlockSize, useCopyRange, startWriteback = c, b, s, u, wb
+	}(copyChunkSize, bufChunkSize, shardBlockSize, useCopyRange, startWriteback)
+	writeback := startWriteback
 	for _, tc := range []struct {
 		name string
 		src  synth
@@ -51,6 +55,10 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 			var ref string
 			for i, v := range variants {
 				copyChunkSize, bufChunkSize, shardBlockSize, useCopyRange = v.copyChunk, v.bufChunk, v.block, v.copyRange
+				startWriteback = writeback
+				if v.noWriteback {
+					startWriteback = nil
+				}
 				dst := filepath.Join(dir, "dst"+string(rune('a'+i)))
 				o := tc.o
 				o.Src, o.Dst = src, dst
