@@ -43,10 +43,11 @@ import (
 // 2-core machine (BENCHMARKS.md, issue 12). A buffered write to an ext4 file
 // holds the inode's lock for the whole copy, so a second writer on the same
 // file gets no parallel copying: it spins on the lock (perf: 20% of both
-// cores in rwsem_spin_on_owner with two writers, and 12.7 s against 6.9 s
-// for a 6.5 GB model written one shard at a time with four). Read-ahead
-// already overlaps reading with copying, and fadvise(WILLNEED) ahead of the
-// writer measured slower. One BLAKE3 hasher (2-3 GB/s on data read back
+// cores in rwsem_spin_on_owner with two writers; a 6.5 GB model written
+// one shard at a time took 9.6 s with one writer against 10.6 s with two in
+// one rotation, 11.7 s with two against 13.5 s with four in another).
+// Read-ahead already overlaps reading with copying, and fadvise(WILLNEED)
+// ahead of the writer measured slower. One BLAKE3 hasher (2-3 GB/s on data read back
 // from the page cache) keeps up with one writer.
 const (
 	shardWorkers = 1
