@@ -268,16 +268,8 @@ func (w *run) finish(files map[string]layout.FileInfo, unsynced []string) error 
 	if err := os.Remove(filepath.Join(w.partial, progressFileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	// The small files and the directories' entries, in one commit.
-	sync := append(unsynced, idxPath, cfgPath, manPath)
-	dirs := map[string]bool{}
-	for _, p := range sync {
-		dirs[filepath.Dir(p)] = true
-	}
-	for d := range dirs {
-		sync = append(sync, d)
-	}
-	if err := syncFiles(sync); err != nil {
+	// The small files and their directories' entries, in one commit.
+	if err := syncFiles(append(unsynced, idxPath, cfgPath, manPath)); err != nil {
 		return err
 	}
 	if w.o.Force {

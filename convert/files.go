@@ -5,14 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"sync"
 
 	"github.com/moeprep/moeprep/layout"
+	"golang.org/x/sync/errgroup"
 )
 
 // copyBufSize bounds every copy buffer.
@@ -71,15 +70,18 @@ func writeFileAtomic(path string, b []byte) error {
 	return os.Rename(tmp, path)
 }
 
-// syncFiles fsyncs the files and directories all at once: the file system
-// commits concurrent syncs together (one journal commit on ext4 where one
-// after the other would wait for one each, tens of milliseconds apiece on a
-// slow disk).
-func syncFiles(paths []string) error {
-	errs := make([]error, len(paths))
-	var wg sync.WaitGroup
-	for i, p := range paths {
-		wg.Go(func() {
+// syncFiles fsyncs the files, then their directories, with up to
+// syncParallel syncs in flight: the file system commits concurrent syncs
+// together (one journal commit on ext4 where one after the other would wait
+// for one each, tens of milliseconds apiece on a slow disk). A directory that
+// refuses to sync is let be, as syncDir does.
+func syncFiles(files []string) error {
+	var g errgroup.Group
+	g.SetLimit(syncParallel)
+	dirs := map[string]bool{}
+	for _, p := range files {
+		dirs[filepath.Dir(p)] = true
+		g.Go(func() error {
 			f, err := os.Open(p)
 			if err == nil {
 				err = f.Sync()
@@ -88,13 +90,20 @@ func syncFiles(paths []string) error {
 				}
 			}
 			if err != nil {
-				errs[i] = fmt.Errorf("%s: sync: %w", p, err)
+				return fmt.Errorf("%s: sync: %w", p, err)
 			}
+			return nil
 		})
 	}
-	wg.Wait()
-	return errors.Join(errs...)
+	for d := range dirs {
+		g.Go(func() error { return syncDir(d) })
+	}
+	return g.Wait()
 }
+
+// syncParallel bounds syncFiles' goroutines and open files, however many
+// files a checkpoint carries besides its weights.
+const syncParallel = 16
 
 func syncDir(dir string) error {
 	d, err := os.Open(dir)

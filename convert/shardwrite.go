@@ -47,8 +47,8 @@ import (
 // one shard at a time took 9.6 s with one writer against 10.6 s with two in
 // one rotation, 11.7 s with two against 13.5 s with four in another).
 // Read-ahead already overlaps reading with copying, and fadvise(WILLNEED)
-// ahead of the writer measured slower. One BLAKE3 hasher (2-3 GB/s on data read back
-// from the page cache) keeps up with one writer.
+// ahead of the writer measured slower. One BLAKE3 hasher (2-3 GB/s on data
+// read back from the page cache) keeps up with one writer.
 const (
 	shardWorkers = 1
 	hashWorkers  = 1

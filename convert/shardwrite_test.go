@@ -198,9 +198,9 @@ func TestSyncFilesNamesWhatFailed(t *testing.T) {
 		paths []string
 		want  string // "" for success
 	}{
-		{"files and their directory", []string{file, dir}, ""},
+		{"a file", []string{file}, ""},
 		{"nothing", nil, ""},
-		{"a missing file", []string{file, missing, dir}, "missing.json"},
+		{"a missing file", []string{file, missing}, "missing.json"},
 	} {
 		err := syncFiles(tc.paths)
 		switch {
