@@ -323,8 +323,15 @@ func (op *outPlan) shard(max int64) error {
 		groups = append(groups, cur)
 	}
 	for i, g := range groups {
+		g = pageOrder(g)
 		s := &shardPlan{name: fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(groups)), tensors: g}
-		h, err := safetensors.PlanHeader(shardMetadata, s.entries())
+		var h []byte
+		var err error
+		if phase, ok := dataPhase(g); ok {
+			h, err = safetensors.PlanHeaderAt(shardMetadata, s.entries(), phase, pageSize)
+		} else {
+			h, err = safetensors.PlanHeader(shardMetadata, s.entries())
+		}
 		if err != nil {
 			return fmt.Errorf("planning %s: %w", s.name, err)
 		}

@@ -57,8 +57,8 @@ const (
 
 // Sizes the tests shrink so that tiny fixtures span many chunks and blocks.
 var (
-	copyChunkSize  int64 = 16 << 20
-	bufChunkSize   int64 = 4 << 20 // folded and strided chunks go through a buffer this size
+	copyChunkSize  int64 = 64 << 20 // 16 MiB took 7-10% longer on A, cold (BENCHMARKS.md, issue 12)
+	bufChunkSize   int64 = 4 << 20  // folded and strided chunks go through a buffer this size
 	shardBlockSize int64 = layout.ShardBlockSize
 	useCopyRange         = true
 )

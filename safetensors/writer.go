@@ -36,12 +36,31 @@ func (e Entry) NumBytes() (int64, error) {
 // Keys keep entry order, with __metadata__ first when not empty, so the same
 // input always gives the same bytes.
 func PlanHeader(metadata map[string]string, entries []Entry) ([]byte, error) {
-	block, _, err := planHeader(metadata, entries)
+	block, _, err := planHeader(metadata, entries, 0, 0)
 	return block, err
 }
 
-// planHeader is PlanHeader that also returns each entry's byte count.
-func planHeader(metadata map[string]string, entries []Entry) ([]byte, []int64, error) {
+// PlanHeaderAt is PlanHeader with the JSON padded further, with spaces as the
+// format allows, so that the data section starts at byte phase of a page of
+// page bytes (file offset % page == phase). A writer that copies tensors
+// between files page cache to page cache uses it to put each tensor at the
+// same offset within a page as its source (a copy whose source and
+// destination sit at different offsets within their pages touches every
+// destination page twice). phase and page must be multiples of 8 (the data
+// section stays 8-byte aligned), 0 <= phase < page. When the padding would
+// take the header over MaxHeaderSize the header is returned unpadded: the
+// alignment only saves time.
+func PlanHeaderAt(metadata map[string]string, entries []Entry, phase, page int64) ([]byte, error) {
+	if page <= 0 || page%8 != 0 || phase < 0 || phase >= page || phase%8 != 0 {
+		return nil, fmt.Errorf("header alignment: phase %d of a %d-byte page: want multiples of 8, 0 <= phase < page", phase, page)
+	}
+	block, _, err := planHeader(metadata, entries, phase, page)
+	return block, err
+}
+
+// planHeader is PlanHeaderAt (page 0: no page alignment) that also returns
+// each entry's byte count.
+func planHeader(metadata map[string]string, entries []Entry, phase, page int64) ([]byte, []int64, error) {
 	var js bytes.Buffer
 	js.WriteByte('{')
 	if len(metadata) > 0 {
@@ -101,6 +120,11 @@ func planHeader(metadata map[string]string, entries []Entry) ([]byte, []int64, e
 	if js.Len() > MaxHeaderSize {
 		return nil, nil, fmt.Errorf("header would be %d bytes, over the %d-byte limit", js.Len(), MaxHeaderSize)
 	}
+	if page > 0 {
+		if pad := ((phase-8-int64(js.Len()))%page + page) % page; int64(js.Len())+pad <= MaxHeaderSize {
+			js.Write(bytes.Repeat([]byte{' '}, int(pad)))
+		}
+	}
 	block := make([]byte, 8, 8+js.Len())
 	binary.LittleEndian.PutUint64(block, uint64(js.Len()))
 	return append(block, js.Bytes()...), sizes, nil
@@ -124,7 +148,7 @@ func writeJSONString(b *bytes.Buffer, s string) {
 // cancelled, nothing is left at path or path+".tmp". If Open's reader is an
 // io.Closer it is closed.
 func WriteFile(ctx context.Context, path string, metadata map[string]string, entries []Entry, progress func(int64)) (res WriteResult, err error) {
-	header, sizes, err := planHeader(metadata, entries)
+	header, sizes, err := planHeader(metadata, entries, 0, 0)
 	if err != nil {
 		return WriteResult{}, fmt.Errorf("%s: %w", path, err)
 	}

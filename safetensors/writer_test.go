@@ -150,6 +150,47 @@ func TestPlanHeaderRefuses(t *testing.T) {
 	}
 }
 
+// TestPlanHeaderAt checks that the padded header puts the data section at the
+// asked offset within a page, stays valid JSON that parses back to the same
+// tensors, and refuses phases that would break 8-byte alignment.
+func TestPlanHeaderAt(t *testing.T) {
+	entries := []Entry{
+		{Name: "w", DType: BF16, Shape: []int64{64, 32}},
+		{Name: "norm", DType: F32, Shape: []int64{3}},
+	}
+	meta := map[string]string{"format": "pt"}
+	plain, err := PlanHeader(meta, entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ phase, page int64 }{
+		{0, 4096}, {8, 4096}, {2816, 4096}, {4088, 4096}, {int64(len(plain)), 4096}, {16, 64},
+	} {
+		block, err := PlanHeaderAt(meta, entries, c.phase, c.page)
+		if err != nil {
+			t.Fatalf("phase %d page %d: %v", c.phase, c.page, err)
+		}
+		if got := int64(len(block)) % c.page; got != c.phase {
+			t.Errorf("phase %d page %d: data section starts at %d (phase %d)", c.phase, c.page, len(block), got)
+		}
+		if extra := int64(len(block) - len(plain)); extra < 0 || extra >= c.page {
+			t.Errorf("phase %d page %d: %d bytes of padding, want fewer than a page", c.phase, c.page, extra)
+		}
+		js := block[8:]
+		if n := binary.LittleEndian.Uint64(block); n != uint64(len(js)) || !bytes.HasPrefix(js, bytes.TrimRight(plain[8:], " ")) {
+			t.Errorf("phase %d: length field %d for %d bytes, or the JSON changed", c.phase, n, len(js))
+		}
+		if _, tensors, err := ParseHeader(js, 64*32*2+12); err != nil || len(tensors) != 2 || tensors[1].Name != "norm" {
+			t.Errorf("phase %d: padded header does not parse back: %v %+v", c.phase, err, tensors)
+		}
+	}
+	for _, c := range []struct{ phase, page int64 }{{4, 4096}, {-8, 4096}, {4096, 4096}, {0, 0}, {0, 100}} {
+		if _, err := PlanHeaderAt(meta, entries, c.phase, c.page); err == nil || !strings.Contains(err.Error(), "multiples of 8") {
+			t.Errorf("phase %d page %d: error %v, want a refusal", c.phase, c.page, err)
+		}
+	}
+}
+
 // closeCounter records that WriteFile closed the source.
 type closeCounter struct {
 	io.Reader
