@@ -40,10 +40,10 @@ func TestPageAlignment(t *testing.T) {
 	}{
 		{"copied stacks win over small tensors", []*outTensor{
 			tensor("a", mk(24, 4096, false, true), mk(4120, 4096, false, true)), // phase 24 at rel 0
-			tensor("n", mk(5000, 100, false, true)),                               // small: moved last
-			tensor("b", mk(8216, 3*4096, false, true)),                            // phase 24 again
-			tensor("folded", mk(1000, 10*4096, true, true)),                       // not copied: no vote
-			tensor("memory", mk(2000, 5*4096, false, false)),                      // not a file: no vote
+			tensor("n", mk(5000, 100, false, true)),                             // small: moved last
+			tensor("b", mk(8216, 3*4096, false, true)),                          // phase 24 again
+			tensor("folded", mk(1000, 10*4096, true, true)),                     // not copied: no vote
+			tensor("memory", mk(2000, 5*4096, false, false)),                    // not a file: no vote
 		}, "a b folded memory n", 24},
 		{"the most bytes decide", []*outTensor{
 			tensor("x", mk(64, 4096, false, true)),
