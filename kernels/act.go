@@ -55,7 +55,7 @@ func moeGateUpAct(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *So
 		return err
 	}
 	fn := fmt.Sprintf("moe_proj_%v_%v", opt.Act, bank.DType)
-	grid, err := gemmGrid(sorted, bank.I, fn)
+	grid, err := gemmGrid(sorted, bank.I, fn, 0)
 	if err != nil {
 		return err
 	}

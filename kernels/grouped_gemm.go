@@ -198,7 +198,26 @@ const (
 	// many rows; PathAuto takes it when the experts average at least
 	// tallMinRows rows.
 	PathMMATall
+	// PathWGMMA: the Hopper kernels of grouped_gemm_wg.cu (compute
+	// capability 9.0 only): wgmma from shared memory fed by a 4-stage
+	// cp.async pipeline, tiles of up to 128 rows of one expert x 256 weight
+	// rows, a persistent grid of one CTA per SM. bf16 activations and bf16
+	// weights, K % 8 == 0, at most wgMaxExperts experts. PathAuto takes it
+	// on 9.0 where it would take PathMMATall.
+	PathWGMMA
 )
+
+// wgMaxExperts bounds the expert count of PathWGMMA: each CTA keeps the runs
+// of equal expert ids (at most 2 x experts + 1) in a table of 2047 entries.
+const wgMaxExperts = 1023
+
+// wgSmemBytes is the wgmma kernels' dynamic shared memory (WG_SMEM_BYTES in
+// grouped_gemm_wg.cu): 4 stages of 48 KiB, the run and tile tables, the
+// mbarriers, the producer's row table and 1 KiB to align the ring.
+const wgSmemBytes = 4*(128+256)*64*2 + (2*2048+32)*4 + 2*4*8 + (128+256)*8 + 1024
+
+// isHopper reports whether dev runs the sm_90a code of the fatbins.
+func isHopper(dev *cuda.Device) bool { return dev != nil && dev.Major == 9 && dev.Minor == 0 }
 
 // tallMinRows is the mean number of rows per expert (slots / experts) from
 // which PathAuto uses the 64-row tiles: below it most experts fill one
@@ -219,8 +238,9 @@ type GEMMOptions struct {
 }
 
 // kernel returns a stage's kernel name and block size for reduction
-// length k, numel slots and the given number of experts.
-func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int) (string, int, error) {
+// length k, numel slots and the given number of experts; hopper: the device
+// has compute capability 9.0.
+func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int, hopper bool) (string, int, error) {
 	mmaOK := o.Act == MatBF16 && (w == MatBF16 || w == MatFP8)
 	vec := 8
 	if w == MatFP8 {
@@ -229,6 +249,8 @@ func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int) (st
 	path := o.Path
 	if path == PathAuto {
 		switch {
+		case mmaOK && w == MatBF16 && k%8 == 0 && numel >= tallMinRows*experts && hopper && experts <= wgMaxExperts:
+			path = PathWGMMA
 		case mmaOK && k%vec == 0 && numel >= tallMinRows*experts:
 			path = PathMMATall
 		case mmaOK && k%vec == 0:
@@ -250,6 +272,12 @@ func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int) (st
 		return fmt.Sprintf("moe_%s_mma2_bf16_%v", stage, w), 128, nil
 	case path == PathMMATall && k%vec == 0:
 		return fmt.Sprintf("moe_%s_tall_bf16_%v", stage, w), 256, nil
+	case path == PathWGMMA && !hopper:
+		return "", 0, fmt.Errorf("grouped gemm: the wgmma path needs compute capability 9.0")
+	case path == PathWGMMA && (w != MatBF16 || k%8 != 0 || experts > wgMaxExperts):
+		return "", 0, fmt.Errorf("grouped gemm: the wgmma path needs bf16 weights (not %v), a reduction length divisible by 8 (not %d) and at most %d experts (not %d)", w, k, wgMaxExperts, experts)
+	case path == PathWGMMA:
+		return fmt.Sprintf("moe_%s_wg_bf16_bf16", stage), 384, nil
 	case path == PathMMAVec || path == PathMMATall:
 		return "", 0, fmt.Errorf("grouped gemm: the 16-byte-load path needs a reduction length divisible by %d, not %d", vec, k)
 	}
@@ -257,8 +285,12 @@ func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int) (st
 }
 
 // gemmGrid is kernel fn's launch grid: rows x column tiles, or for the tall
-// kernels column tiles x rows (columns fastest, see grouped_gemm.cu).
-func gemmGrid(s *Sorted, n int, fn string) ([3]uint32, error) {
+// kernels column tiles x rows (columns fastest, see grouped_gemm.cu), or for
+// the wgmma kernels one CTA per SM (sms), which share out the tiles.
+func gemmGrid(s *Sorted, n int, fn string, sms int) ([3]uint32, error) {
+	if strings.Contains(fn, "_wg_") {
+		return [3]uint32{uint32(max(sms, 1)), 1, 1}, nil
+	}
 	rows, cols := CeilDiv(s.SortedIDs.Len(), gemmRowTile), CeilDiv(n, gemmColTile)
 	if strings.Contains(fn, "_tall_") {
 		if strings.HasPrefix(fn, "moe_down_") {
@@ -273,6 +305,18 @@ func gemmGrid(s *Sorted, n int, fn string) ([3]uint32, error) {
 		return [3]uint32{}, fmt.Errorf("grouped gemm: %d output columns exceed the launch grid", n)
 	}
 	return [3]uint32{uint32(rows), uint32(cols), 1}, nil
+}
+
+// gemmModule loads the kernel family of fn and returns its dynamic shared
+// memory: the wgmma kernels live in grouped_gemm_wg.fatbin and need
+// wgSmemBytes (Module.Launch raises the limit above 48 KiB).
+func gemmModule(dev *cuda.Device, fn string) (*Module, uint32, error) {
+	if strings.Contains(fn, "_wg_") {
+		m, err := Load(dev, "grouped_gemm_wg")
+		return m, wgSmemBytes, err
+	}
+	m, err := Load(dev, "grouped_gemm")
+	return m, 0, err
 }
 
 // MoEGateUp queues stage 1 of the grouped GEMM on stream st: for every
@@ -306,19 +350,19 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 	if err != nil {
 		return err
 	}
-	m, err := Load(dev, "grouped_gemm")
+	fn, threads, err := opt.kernel("gate_up", bank.DType, bank.H, sorted.Numel, bank.NumExperts, isHopper(dev))
 	if err != nil {
 		return err
 	}
-	fn, threads, err := opt.kernel("gate_up", bank.DType, bank.H, sorted.Numel, bank.NumExperts)
+	m, shmem, err := gemmModule(dev, fn)
 	if err != nil {
 		return err
 	}
-	grid, err := gemmGrid(sorted, bank.I, fn)
+	grid, err := gemmGrid(sorted, bank.I, fn, dev.SMs)
 	if err != nil {
 		return err
 	}
-	return m.Launch(fn, grid, Block(threads), 0, st,
+	return m.Launch(fn, grid, Block(threads), shmem, st,
 		sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, x.Ptr, wg, wu, ws, sg, su, ss, inter.Ptr,
 		int32(sorted.Numel), int32(topk), int32(bank.I), int32(bank.H), int32(sorted.BlockSize), int32(bank.NumExperts))
 }
@@ -346,19 +390,19 @@ func MoEDown(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted,
 	if bank.DType == MatFP8 {
 		sd, ss = bank.DownScale.Ptr(), int64(CeilDiv(bank.H, FP8ScaleBlock)*CeilDiv(bank.I, FP8ScaleBlock))
 	}
-	m, err := Load(dev, "grouped_gemm")
+	fn, threads, err := opt.kernel("down", bank.DType, bank.I, sorted.Numel, bank.NumExperts, isHopper(dev))
 	if err != nil {
 		return err
 	}
-	fn, threads, err := opt.kernel("down", bank.DType, bank.I, sorted.Numel, bank.NumExperts)
+	m, shmem, err := gemmModule(dev, fn)
 	if err != nil {
 		return err
 	}
-	grid, err := gemmGrid(sorted, bank.H, fn)
+	grid, err := gemmGrid(sorted, bank.H, fn, dev.SMs)
 	if err != nil {
 		return err
 	}
-	if err := m.Launch(fn, grid, Block(threads), 0, st,
+	if err := m.Launch(fn, grid, Block(threads), shmem, st,
 		sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, inter.Ptr, bank.Down.Ptr, int64(bank.I*bank.H), sd, ss, out,
 		int32(sorted.Numel), int32(bank.H), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts)); err != nil {
 		return err

@@ -222,7 +222,9 @@ func TestGroupedGEMM(t *testing.T) {
 		{"bf16 mma", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathMMA}, tolBF16},
 		{"bf16 auto", kernels.GEMMOptions{Act: kernels.MatBF16}, tolBF16},
 		{"bf16 tall", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathMMATall}, tolBF16},
+		{"bf16 wgmma", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathWGMMA}, tolBF16},
 	}
+	hopper := dev.Major == 9 && dev.Minor == 0
 	for _, c := range gemmCases {
 		ew := makeExperts(r, c)
 		bank := ew.bank(t, dev, c)
@@ -258,6 +260,13 @@ func TestGroupedGEMM(t *testing.T) {
 					// f32 weights have no tensor-core kernel: asking for one is an error.
 					if err == nil {
 						t.Fatal("tensor-core path accepted f32 weights")
+					}
+					return
+				}
+				if m.opt.Path == kernels.PathWGMMA && (!hopper || c.w != kernels.MatBF16 || c.h%8 != 0 || c.inter%8 != 0) {
+					// sm_90a only, bf16 weights, 16-byte row starts.
+					if err == nil {
+						t.Fatalf("wgmma path accepted %v weights, H %d, I %d on compute capability %d.%d", c.w, c.h, c.inter, dev.Major, dev.Minor)
 					}
 					return
 				}

@@ -25,6 +25,7 @@ type Module struct {
 	family string
 	mod    cuda.Module
 	fns    map[string]cuda.Function // touched only on the device's owner thread
+	shmem  map[string]uint32        // dynamic shared memory limit raised per kernel (owner thread)
 }
 
 type moduleKey struct {
@@ -62,7 +63,7 @@ func LoadCtx(c *cuda.Ctx, family string) (*Module, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Module{dev: dev, family: family, fns: map[string]cuda.Function{}}
+	m := &Module{dev: dev, family: family, fns: map[string]cuda.Function{}, shmem: map[string]uint32{}}
 	if m.mod, err = c.LoadModule(img); err != nil {
 		return nil, fmt.Errorf("kernels: loading %s.fatbin on %s: %w", family, dev, err)
 	}
@@ -91,6 +92,15 @@ func (m *Module) LaunchCtx(c *cuda.Ctx, fn string, grid, block [3]uint32, shmem 
 	f, err := m.Function(c, fn)
 	if err != nil {
 		return err
+	}
+	// Above 48 KiB of dynamic shared memory a kernel must opt in first
+	// (once per kernel and size; the attribute is not a stream operation,
+	// so this is also safe during graph capture).
+	if shmem > 48<<10 && m.shmem[fn] < shmem {
+		if err := c.SetMaxDynamicShared(f, int(shmem)); err != nil {
+			return fmt.Errorf("kernels: %s: raising dynamic shared memory to %d B: %w", fn, shmem, err)
+		}
+		m.shmem[fn] = shmem
 	}
 	if err := c.Launch(f, grid, block, shmem, stream, args...); err != nil {
 		return fmt.Errorf("kernels: launching %s (grid %v, block %v, %d B shared): %w", fn, grid, block, shmem, err)

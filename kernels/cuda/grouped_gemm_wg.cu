@@ -1,0 +1,405 @@
+// Hopper (sm_90a) grouped GEMM for the MoE expert layer: wgmma from shared
+// memory fed by a multi-stage cp.async pipeline. Same functions and kernel
+// parameter lists as the "tall" mma.sync kernels of grouped_gemm.cu (whose
+// header describes the inputs: sorted_ids / expert_ids / total_padded from
+// moe_align_block_size, weights [E,N,K] with K contiguous, i.e. C = A B^T):
+//   moe_gate_up_wg_bf16_bf16: inter[s,n] = bf16(silu(x[s/topk].Wg[e,n]) * (x[s/topk].Wu[e,n]))
+//   moe_down_wg_bf16_bf16:    out[s,n]   = inter[s].Wd[e,n]            (f32)
+// with the tall kernels' epilogue rounding (silu in f64, product rounded
+// once to f32, then to bf16 nearest-even), so the two paths differ only by
+// the f32 summation order.
+//
+// Tiles: 128 rows (eight 16-row sub-blocks of one expert's run, as tall's
+// tiles follow the alignment at 16-row granularity) x 256 B rows: gate_up
+// stacks 128 gate and 128 up rows of the same output columns so the SiLU
+// epilogue stays in one thread; down takes 256 output columns. K steps of
+// 64 bf16 = one 128-byte row, stored with the 128-byte swizzle that the
+// wgmma shared-memory descriptors name.
+//
+// CTA: 3 warpgroups. Warpgroup 0 produces: its 128 threads gather A rows
+// (through sorted_ids) and B rows with 16-byte cp.async into a ring of
+// WG_STAGES stages. cp.async writes through the generic proxy and wgmma
+// reads through the async proxy, so each producer thread waits for its own
+// copies (cp.async.wait_group, WG_LAG stages behind the newest: 1 measured
+// a little faster than 2 on the H100), issues
+// fence.proxy.async.shared::cta and only then arrives on the stage's "full"
+// mbarrier. Warpgroups 1 and 2 consume: each owns 64 of the 128 rows and
+// issues m64n256k16 wgmma (A and B from shared memory, f32 accumulators in
+// registers, 128 a thread); a warpgroup whose 64 rows are all padding skips
+// the multiplies but keeps the barrier protocol. A stage is released on its
+// "empty" mbarrier once wgmma.wait_group shows the multiplies that read it
+// are done. setmaxnreg moves registers from the producer to the consumers.
+//
+// Schedule: a persistent grid (one CTA per SM; the launch sets the grid).
+// Every CTA first derives the same tile list from expert_ids: the runs of
+// equal expert ids over 16-row sub-blocks, each run of a local expert cut
+// into ceil(len/8) tiles. Work item w = row tile (w / ncol) x column tile
+// (w % ncol), handed out round-robin (w = blockIdx.x + i * gridDim.x):
+// column tiles vary fastest so the CTAs of one wave share the gathered A
+// rows through L2, and the tiles of one expert are adjacent so its weight
+// columns are fetched from HBM about once per layer.
+//
+// Limits (checked by the Go side, which falls back to the tall kernels):
+// K % 8 == 0 (16-byte copies; the K tail of a step is zero-filled), at
+// most WG_MAX_RUNS - 1 runs (2 * experts + 1 bounds them), block_size a
+// multiple of 16. Any N: columns past N are zero-filled and not written.
+//
+// Built for every target of the fatbin; only sm_90a has wgmma and
+// setmaxnreg, so elsewhere the kernels are stubs that trap (the Go side
+// picks this path on compute capability 9.0 only).
+
+typedef unsigned short bf16_t;
+
+#define WG_BM 128
+#define WG_BNB 256
+#define WG_BK 64
+#ifndef WG_STAGES
+#define WG_STAGES 4
+#endif
+#ifndef WG_LAG
+#define WG_LAG 1
+#endif
+#ifndef WG_PRODUCER_REGS
+#define WG_PRODUCER_REGS 72
+#define WG_CONSUMER_REGS 216  // 128 x 72 + 256 x 216 = 384 x 168, the launch allocation
+#endif
+#define WG_THREADS 384
+#define WG_MAX_RUNS 2048
+#define WG_A_BYTES (WG_BM * WG_BK * 2)
+#define WG_B_BYTES (WG_BNB * WG_BK * 2)
+#define WG_STAGE_BYTES (WG_A_BYTES + WG_B_BYTES)
+// ring + run starts + tile prefix + warp counts + barriers + producer row table + 1024 for aligning the ring
+#define WG_SMEM_BYTES (WG_STAGES * WG_STAGE_BYTES + (2 * WG_MAX_RUNS + 32) * 4 + 2 * WG_STAGES * 8 + (WG_BM + WG_BNB) * 8 + 1024)
+
+// A consumer releases stage j only after it has issued the multiplies of
+// stage j + 1, which the producer signals after issuing stage j + 1 + LAG:
+// with LAG > STAGES - 2 the producer would wait for a slot that can only be
+// released after its own signal (measured: LAG 3 with 4 stages hung).
+static_assert(WG_LAG >= 0 && WG_LAG <= WG_STAGES - 2, "WG_LAG must be at most WG_STAGES - 2");
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_ENABLED 1
+#endif
+
+#ifdef WG_ENABLED
+
+// Round to nearest even, NaN kept quiet (validate.F32ToBF16; as grouped_gemm.cu).
+__device__ __forceinline__ bf16_t wg_f32_to_bf16(float f)
+{
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+__device__ __forceinline__ unsigned wg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void wg_bar_init(unsigned bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void wg_bar_arrive(unsigned bar)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void wg_bar_wait(unsigned bar, unsigned parity)
+{
+    // The retry loop stays inside one asm block. With a C++ loop around
+    // try_wait (and the roles taken from threadIdx without a broadcast)
+    // ptxas warned C7518 and serialised every wgmma; with both changed it
+    // does not.
+    asm volatile("{\n.reg .pred p;\nWG_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WG_WAIT;\n}\n" ::"r"(bar), "r"(parity)
+                 : "memory");
+}
+
+// 16-byte async copy; src_bytes 0 zero-fills the destination without reading.
+__device__ __forceinline__ void wg_cp16(unsigned dst, const void* src, unsigned src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// Shared-memory matrix descriptor of a K-major tile with the 128-byte
+// swizzle: start address >> 4 (bits 0-13), leading byte offset (unused for
+// swizzled K-major tiles; 1 by convention, bits 16-29), stride byte offset
+// 1024 >> 4 between 8-row groups (bits 32-45), base offset 0 (the ring is
+// 1024-aligned), swizzle mode 1 = 128 B (bits 62-63). Stepping K by 16
+// elements inside the 128-byte row adds 32 bytes to the start address: the
+// hardware applies the swizzle to the computed addresses.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned saddr)
+{
+    return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+// d[0..127] (+)= A(64x16) B(256x16)^T; scale_d 0 overwrites d.
+__device__ __forceinline__ void wg_mma_64x256(float* d, unsigned long long da, unsigned long long db, int scale_d)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
+struct WgTile {
+    int sb0, rows, e, n0;
+};
+
+// Work item w of the schedule (see the header).
+__device__ __forceinline__ WgTile wg_tile(int w, int ncol, int bn, const int* runs, const int* tp, int nruns,
+                                          const int* __restrict__ expert_ids, int block_size)
+{
+    int rt = w / ncol, ct = w - rt * ncol;
+    int lo = 0, hi = nruns - 1;
+    while (lo < hi) {  // last run whose first tile is <= rt (runs of 0 tiles share it with the next)
+        int mid = (lo + hi + 1) >> 1;
+        if (tp[mid] <= rt) lo = mid;
+        else hi = mid - 1;
+    }
+    WgTile t;
+    t.sb0 = runs[lo] + 8 * (rt - tp[lo]);
+    t.rows = 16 * min(8, runs[lo + 1] - t.sb0);
+    t.e = expert_ids[(runs[lo] * 16) / block_size];
+    t.n0 = ct * bn;
+    return t;
+}
+
+template <bool GATED>
+__device__ __forceinline__ void wg_body(
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
+    const int* __restrict__ total_padded, const bf16_t* __restrict__ a, int a_div,
+    const bf16_t* __restrict__ b0, const bf16_t* __restrict__ b1, long long b_estride,
+    bf16_t* __restrict__ c_bf16, float* __restrict__ c_f32, int numel, int N, int K, int block_size,
+    int num_experts)
+{
+    constexpr int BN = GATED ? WG_BNB / 2 : WG_BNB;  // output columns per tile
+    extern __shared__ unsigned char wg_smem_raw[];
+    unsigned char* ring = wg_smem_raw + ((1024u - (wg_smem_addr(wg_smem_raw) & 1023u)) & 1023u);
+    int* runs = (int*)(ring + WG_STAGES * WG_STAGE_BYTES);  // [WG_MAX_RUNS]: run starts, then the end
+    int* tp = runs + WG_MAX_RUNS;                           // [WG_MAX_RUNS]: first tile of each run
+    int* wcnt = tp + WG_MAX_RUNS;                           // [32]
+    unsigned long long* bars = (unsigned long long*)(wcnt + 32);
+    const bf16_t** rowp = (const bf16_t**)(bars + 2 * WG_STAGES);  // [WG_BM + WG_BNB], producer only
+    const unsigned ring_s = wg_smem_addr(ring);
+    const unsigned full0 = wg_smem_addr(bars), empty0 = full0 + WG_STAGES * 8;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    if (tid == 0) {
+        for (int s = 0; s < WG_STAGES; s++) {
+            wg_bar_init(full0 + 8 * s, 128);   // every producer thread arrives
+            wg_bar_init(empty0 + 8 * s, 256);  // every consumer thread arrives
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+
+    // Runs of equal expert ids over the 16-row sub-blocks, compacted in order.
+    const int nsb = *total_padded / 16;
+    int nruns = 0;
+    for (int base = 0; base < nsb; base += WG_THREADS) {
+        int i = base + tid;
+        bool f = false;
+        if (i < nsb) f = i == 0 || expert_ids[(i * 16) / block_size] != expert_ids[((i - 1) * 16) / block_size];
+        unsigned m = __ballot_sync(0xffffffffu, f);
+        if (lane == 0) wcnt[warp] = __popc(m);
+        __syncthreads();
+        int off = nruns, tot = 0;
+#pragma unroll
+        for (int w = 0; w < WG_THREADS / 32; w++) {
+            int c = wcnt[w];
+            off += w < warp ? c : 0;
+            tot += c;
+        }
+        if (f) {
+            int pos = off + __popc(m & ((1u << lane) - 1u));
+            if (pos < WG_MAX_RUNS - 1) runs[pos] = i;
+        }
+        nruns += tot;
+        __syncthreads();
+    }
+    if (nruns > WG_MAX_RUNS - 1) __trap();  // the Go side bounds the expert count
+    // Tiles of each run (0 for experts not on this rank), prefix-summed by warp 0.
+    if (warp == 0) {
+        if (lane == 0) runs[nruns] = nsb;
+        __syncwarp();
+        int acc = 0;
+        for (int r0 = 0; r0 < nruns; r0 += 32) {
+            int r = r0 + lane, t = 0;
+            if (r < nruns) {
+                int e = expert_ids[(runs[r] * 16) / block_size];
+                if (e >= 0 && e < num_experts) t = (runs[r + 1] - runs[r] + 7) / 8;
+            }
+            int v = t;
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                int u = __shfl_up_sync(0xffffffffu, v, d);
+                if (lane >= d) v += u;
+            }
+            if (r < nruns) tp[r] = acc + v - t;
+            acc += __shfl_sync(0xffffffffu, v, 31);
+        }
+        if (lane == 0) tp[nruns] = acc;
+    }
+    __syncthreads();
+    const int ncol = (N + BN - 1) / BN;
+    // Values that steer the loops around wgmma are broadcast from lane 0 so
+    // that ptxas knows them warp-uniform (a divergent path serialises wgmma).
+    const int items = __shfl_sync(0xffffffffu, tp[nruns] * ncol, 0);
+    const int role = __shfl_sync(0xffffffffu, warp >> 2, 0);  // warpgroup
+    const int nk = (K + WG_BK - 1) / WG_BK;
+
+    if (role == 0) {
+        // ---- producer warpgroup ----
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WG_PRODUCER_REGS));
+        const int c = tid & 7, r0 = tid >> 3;  // 16-byte chunk of the K step; first row
+        int it = 0;
+        for (int w = blockIdx.x; w < items; w += gridDim.x) {
+            WgTile t = wg_tile(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
+            // Row start pointers of the tile (A rows 0-127, B rows 128-383; null:
+            // padding, zero-filled) go to shared memory: kept in registers, the
+            // 24 rows a thread copies cost 48 registers and spilled, and every
+            // spill reload sat in front of a copy.
+            asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the last tile's table is no longer read
+            for (int i = tid; i < WG_BM + WG_BNB; i += 128) {
+                const bf16_t* p = nullptr;
+                if (i < WG_BM) {
+                    int s = i < t.rows ? sorted_ids[t.sb0 * 16 + i] : -1;
+                    if (s >= 0 && s < numel) p = a + (long long)(s / a_div) * K;
+                } else {
+                    int r = i - WG_BM, n = t.n0 + (GATED ? (r & (BN - 1)) : r);
+                    const bf16_t* bm = (GATED && r >= BN) ? b1 : b0;
+                    if (n < N) p = bm + (long long)t.e * b_estride + (long long)n * K;
+                }
+                rowp[i] = p;
+            }
+            asm volatile("bar.sync 1, 128;\n" ::: "memory");
+            for (int kt = 0; kt < nk; kt++, it++) {
+                const int s = it % WG_STAGES, round = it / WG_STAGES;
+                if (round > 0) wg_bar_wait(empty0 + 8 * s, (round - 1) & 1);
+                const int k = kt * WG_BK + c * 8;
+                const bool kin = k < K;
+                const unsigned sa = ring_s + s * WG_STAGE_BYTES;
+#pragma unroll
+                for (int j = 0; j < (WG_BM + WG_BNB) / 16; j++) {
+                    int r = r0 + 16 * j;  // A rows, then B rows (B follows A in the stage)
+                    const bf16_t* p = rowp[r];
+                    bool ok = kin && p != nullptr;
+                    wg_cp16(sa + r * 128 + ((c ^ (r & 7)) << 4), ok ? p + k : a, ok ? 16u : 0u);
+                }
+                asm volatile("cp.async.commit_group;\n" ::: "memory");
+                if (it >= WG_LAG) {
+                    asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_LAG) : "memory");
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    wg_bar_arrive(full0 + 8 * ((it - WG_LAG) % WG_STAGES));
+                }
+            }
+        }
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        for (int j = max(it - WG_LAG, 0); j < it; j++) wg_bar_arrive(full0 + 8 * (j % WG_STAGES));
+    } else {
+        // ---- consumer warpgroups ----
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WG_CONSUMER_REGS));
+        const int cw = role - 1;  // 64-row half of the tile
+        const int wq = warp & 3;
+        float acc[128];
+        int it = 0;
+        for (int w = blockIdx.x; w < items; w += gridDim.x) {
+            WgTile t = wg_tile(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
+#ifdef WG_ALWAYS_ACTIVE
+            const bool active = true;
+#else
+            const bool active = __shfl_sync(0xffffffffu, cw * 64 < t.rows, 0);  // warpgroup-uniform
+#endif
+            if (!active) {
+                // All 64 rows padding: keep the barrier protocol, no multiplies.
+                for (int kt = 0; kt < nk; kt++, it++) {
+                    wg_bar_wait(full0 + 8 * (it % WG_STAGES), (it / WG_STAGES) & 1);
+                    wg_bar_arrive(empty0 + 8 * (it % WG_STAGES));
+                }
+                continue;
+            }
+            for (int kt = 0; kt < nk; kt++, it++) {
+                const int s = it % WG_STAGES;
+                wg_bar_wait(full0 + 8 * s, (it / WG_STAGES) & 1);
+                const unsigned sa = ring_s + s * WG_STAGE_BYTES + cw * 64 * 128, sb = ring_s + s * WG_STAGE_BYTES + WG_A_BYTES;
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+                for (int kk = 0; kk < WG_BK / 16; kk++)
+                    wg_mma_64x256(acc, wg_desc(sa + kk * 32), wg_desc(sb + kk * 32), (kt | kk) != 0);
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+                if (kt > 0) wg_bar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
+            }
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            wg_bar_arrive(empty0 + 8 * ((it - 1) % WG_STAGES));
+            // Epilogue: thread holds rows g and g + 8 of its warp's 16, columns
+            // 8j + 2q + {0,1} (acc[4j + 2h + i]).
+            const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int r = cw * 64 + wq * 16 + g + 8 * h;
+                int s = r < t.rows ? sorted_ids[t.sb0 * 16 + r] : -1;
+                if (s < 0 || s >= numel) continue;
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+                    int n = t.n0 + 8 * j + 2 * q;
+                    float v[2];
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        v[i] = acc[4 * j + 2 * h + i];
+                        if (GATED) {
+                            double gv = (double)v[i];
+                            float sg = (float)(gv / (1.0 + exp(-gv)));
+                            v[i] = __fmul_rn(sg, acc[4 * (j + BN / 8) + 2 * h + i]);
+                        }
+                    }
+                    if (GATED) {
+                        bf16_t* p = c_bf16 + (long long)s * N + n;
+                        if (n + 1 < N && (N & 1) == 0) {
+                            *(unsigned*)p = (unsigned)wg_f32_to_bf16(v[0]) | ((unsigned)wg_f32_to_bf16(v[1]) << 16);
+                        } else {
+                            if (n < N) p[0] = wg_f32_to_bf16(v[0]);
+                            if (n + 1 < N) p[1] = wg_f32_to_bf16(v[1]);
+                        }
+                    } else {
+                        float* p = c_f32 + (long long)s * N + n;
+                        if (n + 1 < N && (N & 1) == 0) {
+                            *(float2*)p = make_float2(v[0], v[1]);
+                        } else {
+                            if (n < N) p[0] = v[0];
+                            if (n + 1 < N) p[1] = v[1];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+#endif  // WG_ENABLED
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) moe_gate_up_wg_bf16_bf16(
+    const int* sorted_ids, const int* expert_ids, const int* total_padded, const bf16_t* x,
+    const bf16_t* w_gate, const bf16_t* w_up, long long w_estride, const float* s_gate,
+    const float* s_up, long long s_estride, bf16_t* inter, int numel, int topk, int I, int H,
+    int block_size, int num_experts)
+{
+#ifdef WG_ENABLED
+    wg_body<true>(sorted_ids, expert_ids, total_padded, x, topk, w_gate, w_up, w_estride, inter, nullptr,
+                  numel, I, H, block_size, num_experts);
+#else
+    __trap();  // sm_90a only: the Go side never launches it elsewhere
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) moe_down_wg_bf16_bf16(
+    const int* sorted_ids, const int* expert_ids, const int* total_padded, const bf16_t* inter,
+    const bf16_t* w_down, long long w_estride, const float* s_down, long long s_estride, float* out,
+    int numel, int H, int I, int block_size, int num_experts)
+{
+#ifdef WG_ENABLED
+    wg_body<false>(sorted_ids, expert_ids, total_padded, inter, 1, w_down, w_down, w_estride, nullptr, out,
+                   numel, H, I, block_size, num_experts);
+#else
+    __trap();
+#endif
+}

@@ -1,0 +1,46 @@
+package kernels
+
+import "testing"
+
+// TestGEMMKernelChoice checks which kernel PathAuto and the explicit paths
+// name, on Hopper and elsewhere (no GPU needed).
+func TestGEMMKernelChoice(t *testing.T) {
+	bf16 := GEMMOptions{Act: MatBF16}
+	cases := []struct {
+		name          string
+		opt           GEMMOptions
+		w             MatDType
+		k, numel, exp int
+		hopper        bool
+		want          string // "" = an error
+	}{
+		{"auto hopper many rows", bf16, MatBF16, 7168, 36864, 264, true, "moe_gate_up_wg_bf16_bf16"},
+		{"auto ampere many rows", bf16, MatBF16, 7168, 36864, 264, false, "moe_gate_up_tall_bf16_bf16"},
+		{"auto hopper few rows", bf16, MatBF16, 7168, 9 * 128, 264, true, "moe_gate_up_mma2_bf16_bf16"},
+		{"auto hopper fp8", bf16, MatFP8, 7168, 36864, 264, true, "moe_gate_up_tall_bf16_fp8"},
+		{"auto hopper odd K", bf16, MatBF16, 7164, 36864, 264, true, "moe_gate_up_mma_bf16_bf16"},
+		{"auto hopper many experts", bf16, MatBF16, 7168, 64 * 2000, 2000, true, "moe_gate_up_tall_bf16_bf16"},
+		{"wgmma hopper", GEMMOptions{Act: MatBF16, Path: PathWGMMA}, MatBF16, 2048, 8, 264, true, "moe_gate_up_wg_bf16_bf16"},
+		{"wgmma ampere", GEMMOptions{Act: MatBF16, Path: PathWGMMA}, MatBF16, 2048, 36864, 264, false, ""},
+		{"wgmma fp8", GEMMOptions{Act: MatBF16, Path: PathWGMMA}, MatFP8, 2048, 36864, 264, true, ""},
+		{"wgmma f32 act", GEMMOptions{Act: MatF32, Path: PathWGMMA}, MatBF16, 2048, 36864, 264, true, ""},
+		{"wgmma K", GEMMOptions{Act: MatBF16, Path: PathWGMMA}, MatBF16, 2044, 36864, 264, true, ""},
+	}
+	for _, c := range cases {
+		fn, threads, err := c.opt.kernel("gate_up", c.w, c.k, c.numel, c.exp, c.hopper)
+		switch {
+		case c.want == "" && err == nil:
+			t.Errorf("%s: got %s, want an error", c.name, fn)
+		case c.want != "" && (err != nil || fn != c.want):
+			t.Errorf("%s: got %q (%v), want %s", c.name, fn, err, c.want)
+		case c.want != "" && c.opt.Path == PathWGMMA && threads != 384:
+			t.Errorf("%s: %d threads, want 384", c.name, threads)
+		}
+	}
+	if g, _ := gemmGrid(&Sorted{}, 2048, "moe_down_wg_bf16_bf16", 132); g != [3]uint32{132, 1, 1} {
+		t.Errorf("wgmma grid %v, want one CTA per SM", g)
+	}
+	if wgSmemBytes != 217280 {
+		t.Errorf("wgSmemBytes %d, want 217280 (WG_SMEM_BYTES)", wgSmemBytes)
+	}
+}
