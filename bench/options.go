@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/moeprep/moeprep/kernels"
 )
 
 // DefaultTokens are the token counts timed when none are given.
@@ -33,6 +35,9 @@ type Config struct {
 	XSets int
 	// Graph captures the layer as a CUDA graph and times its replays too.
 	Graph bool
+	// Path is the grouped GEMM kernel variant (PathAuto: the one validate
+	// and serving use); naming one compares the variants at every T.
+	Path kernels.GEMMPath
 	// Log receives progress lines (nil: none).
 	Log io.Writer
 }

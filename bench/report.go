@@ -17,6 +17,7 @@ type Result struct {
 	Shape      Shape   `json:"shape"`
 	Folded     bool    `json:"rsf_folded"`
 	BlockSize  int     `json:"block_size"`
+	GEMMPath   string  `json:"gemm_path"` // as asked: auto picks per T and stage
 	BankCopies int     `json:"bank_copies"`
 	BankBytes  int64   `json:"bank_bytes"`
 	XSets      int     `json:"x_sets"`

@@ -84,9 +84,9 @@ func (r *runner) logf(format string, args ...any) {
 func (r *runner) setup() error {
 	s, d := r.cfg.Shape, r.cfg.DType
 	r.spec = s.GateSpec(d.Folded())
-	r.opt = kernels.GEMMOptions{Act: kernels.MatBF16}
+	r.opt = kernels.GEMMOptions{Act: kernels.MatBF16, Path: r.cfg.Path}
 	r.res = Result{Tool: "moeprep", Device: r.dev.String(), DType: d, Shape: s, Folded: d.Folded(),
-		BlockSize: r.cfg.BlockSize, BankBytes: s.BankBytes(d), XSets: r.cfg.XSets, FlushBytes: flushBytes,
+		BlockSize: r.cfg.BlockSize, GEMMPath: r.cfg.Path.String(), BankBytes: s.BankBytes(d), XSets: r.cfg.XSets, FlushBytes: flushBytes,
 		IterMax: r.cfg.Iters, Graph: "off", Method: Method}
 	err := r.dev.Do(func(c *cuda.Ctx) error {
 		var e error

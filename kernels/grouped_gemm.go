@@ -207,6 +207,26 @@ const (
 	PathWGMMA
 )
 
+// gemmPathNames are the command-line names of the paths, in GEMMPath order.
+var gemmPathNames = [...]string{"auto", "simt", "mma", "mma2", "tall", "wgmma"}
+
+func (p GEMMPath) String() string {
+	if int(p) < len(gemmPathNames) {
+		return gemmPathNames[p]
+	}
+	return fmt.Sprintf("GEMMPath(%d)", p)
+}
+
+// ParseGEMMPath reads a path by its name (auto, simt, mma, mma2, tall, wgmma).
+func ParseGEMMPath(s string) (GEMMPath, error) {
+	for i, n := range gemmPathNames {
+		if s == n {
+			return GEMMPath(i), nil
+		}
+	}
+	return 0, fmt.Errorf("grouped GEMM path %q: want one of %s", s, strings.Join(gemmPathNames[:], ", "))
+}
+
 // wgMaxExperts bounds the expert count of PathWGMMA: each CTA keeps the runs
 // of equal expert ids (at most 2 x experts + 1) in a table of 2047 entries.
 const wgMaxExperts = 1023

@@ -1,6 +1,9 @@
 package kernels
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestGEMMKernelChoice checks which kernel PathAuto and the explicit paths
 // name, on Hopper and elsewhere (no GPU needed).
@@ -42,5 +45,19 @@ func TestGEMMKernelChoice(t *testing.T) {
 	}
 	if wgSmemBytes != 217280 {
 		t.Errorf("wgSmemBytes %d, want 217280 (WG_SMEM_BYTES)", wgSmemBytes)
+	}
+}
+
+// TestParseGEMMPath checks that every path's name reads back as that path
+// and that an unknown name is refused with the list of names.
+func TestParseGEMMPath(t *testing.T) {
+	for p := PathAuto; p <= PathWGMMA; p++ {
+		got, err := ParseGEMMPath(p.String())
+		if err != nil || got != p {
+			t.Errorf("%d: name %q reads back as %v, %v", p, p.String(), got, err)
+		}
+	}
+	if _, err := ParseGEMMPath("cutlass"); err == nil || !strings.Contains(err.Error(), "auto, simt, mma, mma2, tall, wgmma") {
+		t.Errorf("unknown path: %v", err)
 	}
 }

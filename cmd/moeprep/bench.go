@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/moeprep/moeprep/bench"
+	"github.com/moeprep/moeprep/kernels"
 )
 
 func init() { extraCommands = append(extraCommands, newBenchCmd) }
@@ -27,7 +28,7 @@ func newBenchCmd() *cobra.Command {
 
 // benchFlags are the flags of bench kernels.
 type benchFlags struct {
-	tokens, dtype        string
+	tokens, dtype, path  string
 	iters, blockSize     int
 	bankCopies           int
 	budget               time.Duration
@@ -40,6 +41,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.dtype, "dtype", "bf16", "expert weight type: bf16 (rsf unfolded) or fp8 (e4m3 with 128x128 scales, rsf folded)")
 	fl.IntVar(&f.iters, "iters", bench.DefaultIters, "most timed runs per measurement (the median is reported)")
 	fl.DurationVar(&f.budget, "budget", bench.DefaultBudget, "device time per measurement; fewer runs (at least 5) when iters would exceed it")
+	fl.StringVar(&f.path, "gemm-path", "auto", "grouped GEMM kernels: auto (what validate uses), simt, mma, mma2, tall or wgmma (compute capability 9.0, bf16 weights)")
 	fl.IntVar(&f.blockSize, "block-size", bench.DefaultBlockSize, "moe_align_block_size block size (a multiple of 16)")
 	fl.IntVar(&f.bankCopies, "bank-copies", 0, "expert-bank copies to rotate (0: as many as fit, at most 2)")
 	fl.BoolVar(&f.json, "json", false, "print the result as JSON")
@@ -57,6 +59,9 @@ func (f *benchFlags) config() (bench.Config, error) {
 	}
 	if cfg.DType, err = bench.ParseDType(f.dtype); err != nil {
 		return cfg, err
+	}
+	if cfg.Path, err = kernels.ParseGEMMPath(f.path); err != nil {
+		return cfg, fmt.Errorf("--gemm-path: %w", err)
 	}
 	if f.budget <= 0 {
 		return cfg, fmt.Errorf("--budget %v: want a positive duration", f.budget)

@@ -7,24 +7,26 @@ import (
 
 	"github.com/moeprep/moeprep/bench"
 	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/kernels"
 )
 
 func TestBenchFlags(t *testing.T) {
-	f := &benchFlags{tokens: "128,1", dtype: "fp8", iters: 7, budget: 2 * time.Second, blockSize: 64, noGraph: true}
+	f := &benchFlags{tokens: "128,1", dtype: "fp8", path: "tall", iters: 7, budget: 2 * time.Second, blockSize: 64, noGraph: true}
 	cfg, err := f.config()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(cfg.Tokens, []int{128, 1}) || cfg.DType != bench.FP8 || cfg.Iters != 7 || cfg.Budget != 2*time.Second ||
-		cfg.BlockSize != 64 || cfg.Graph || cfg.Shape != bench.DeepSeekV3() {
+		cfg.BlockSize != 64 || cfg.Graph || cfg.Shape != bench.DeepSeekV3() || cfg.Path != kernels.PathMMATall {
 		t.Errorf("config %+v", cfg)
 	}
 	for _, bad := range []benchFlags{
-		{tokens: "1,x", dtype: "bf16", iters: 1, budget: time.Second, blockSize: 16},
-		{tokens: "1", dtype: "fp16", iters: 1, budget: time.Second, blockSize: 16},
-		{tokens: "1", dtype: "bf16", iters: 0, budget: time.Second, blockSize: 16},
-		{tokens: "1", dtype: "bf16", iters: 1, budget: 0, blockSize: 16},
-		{tokens: "1", dtype: "bf16", iters: 1, budget: time.Second, blockSize: 20},
+		{tokens: "1", dtype: "bf16", path: "cutlass", iters: 1, budget: time.Second, blockSize: 16},
+		{tokens: "1,x", dtype: "bf16", path: "auto", iters: 1, budget: time.Second, blockSize: 16},
+		{tokens: "1", dtype: "fp16", path: "auto", iters: 1, budget: time.Second, blockSize: 16},
+		{tokens: "1", dtype: "bf16", path: "auto", iters: 0, budget: time.Second, blockSize: 16},
+		{tokens: "1", dtype: "bf16", path: "auto", iters: 1, budget: 0, blockSize: 16},
+		{tokens: "1", dtype: "bf16", path: "auto", iters: 1, budget: time.Second, blockSize: 20},
 	} {
 		if _, err := bad.config(); err == nil {
 			t.Errorf("flags %+v accepted", bad)
