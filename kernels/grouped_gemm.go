@@ -200,8 +200,10 @@ const (
 	PathMMATall
 	// PathWGMMA: the Hopper kernels of grouped_gemm_wg.cu (compute
 	// capability 9.0 only): wgmma from shared memory fed by a 4-stage
-	// cp.async pipeline, tiles of up to 128 rows of one expert x 256 weight
-	// rows, a persistent grid of one CTA per SM. bf16 activations and bf16
+	// pipeline (gathered activation rows by cp.async, weight tiles by the
+	// bulk tensor copy engine through a tensor map per weight matrix that
+	// the launch encodes), tiles of up to 128 rows of one expert x 256
+	// weight rows, a persistent grid of one CTA per SM. bf16 activations and bf16
 	// weights, K % 8 == 0, at most wgMaxExperts experts. PathAuto takes it
 	// on 9.0 where it would take PathMMATall.
 	PathWGMMA
@@ -382,9 +384,41 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 	if err != nil {
 		return err
 	}
-	return m.Launch(fn, grid, Block(threads), shmem, st,
-		sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, x.Ptr, wg, wu, ws, sg, su, ss, inter.Ptr,
-		int32(sorted.Numel), int32(topk), int32(bank.I), int32(bank.H), int32(sorted.BlockSize), int32(bank.NumExperts))
+	args := []any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, x.Ptr, wg, wu, ws, sg, su, ss, inter.Ptr,
+		int32(sorted.Numel), int32(topk), int32(bank.I), int32(bank.H), int32(sorted.BlockSize), int32(bank.NumExperts)}
+	if strings.Contains(fn, "_wg_") {
+		// Gate and up tiles of 128 weight rows each.
+		return wgLaunch(m, fn, grid, threads, shmem, st, []cuda.DevicePtr{wg, wu}, ws, bank.H, bank.I, bank.NumExperts, wgBN/2, args)
+	}
+	return m.Launch(fn, grid, Block(threads), shmem, st, args...)
+}
+
+// wgBN is the weight rows of a wgmma tile (WG_BNB in grouped_gemm_wg.cu).
+const wgBN = 256
+
+// wgLaunch launches wgmma kernel fn with args followed by one tensor map per
+// weight matrix of w (a __grid_constant__ CUtensorMap each): the 3D view
+// {k, n, experts} of [experts][n][k] bf16 with an expert stride of estride
+// elements, box {64, rows, 1}, 128-byte swizzle (the layout of the kernel's
+// shared-memory stages), zeros outside. The kernel's producer copies the
+// weight tiles with the bulk tensor copy engine through them.
+func wgLaunch(m *Module, fn string, grid [3]uint32, threads int, shmem uint32, st cuda.Stream, w []cuda.DevicePtr, estride int64, k, n, experts, rows int, args []any) error {
+	return m.dev.Do(func(c *cuda.Ctx) error {
+		for _, p := range w {
+			tm, err := c.EncodeTensorMapTiled(cuda.TensorMapTiled{
+				DataType: cuda.TensorMapBF16, Base: p,
+				Dims:    []uint64{uint64(k), uint64(n), uint64(experts)},
+				Strides: []uint64{2 * uint64(k), 2 * uint64(estride)},
+				Box:     []uint32{64, uint32(rows), 1},
+				Swizzle: cuda.TensorMapSwizzle128B, L2Promotion: cuda.TensorMapL2256B,
+			})
+			if err != nil {
+				return fmt.Errorf("kernels: %s: weight tensor map (%d x %d x %d, expert stride %d): %w", fn, experts, n, k, estride, err)
+			}
+			args = append(args, tm)
+		}
+		return m.LaunchCtx(c, fn, grid, Block(threads), shmem, st, args...)
+	})
 }
 
 // MoEDown queues stage 2 on stream st: out[s,:] = inter[s,:] Down_e^T,
@@ -422,9 +456,14 @@ func MoEDown(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted,
 	if err != nil {
 		return err
 	}
-	if err := m.Launch(fn, grid, Block(threads), shmem, st,
-		sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, inter.Ptr, bank.Down.Ptr, int64(bank.I*bank.H), sd, ss, out,
-		int32(sorted.Numel), int32(bank.H), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts)); err != nil {
+	args := []any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, inter.Ptr, bank.Down.Ptr, int64(bank.I * bank.H), sd, ss, out,
+		int32(sorted.Numel), int32(bank.H), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts)}
+	if strings.Contains(fn, "_wg_") {
+		err = wgLaunch(m, fn, grid, threads, shmem, st, []cuda.DevicePtr{bank.Down.Ptr}, int64(bank.I*bank.H), bank.I, bank.H, bank.NumExperts, wgBN, args)
+	} else {
+		err = m.Launch(fn, grid, Block(threads), shmem, st, args...)
+	}
+	if err != nil {
 		return err
 	}
 	if bank.DownBias != nil {

@@ -88,6 +88,7 @@ var symbols = []struct {
 	{name: "cuModuleGetFunction"},
 	{name: "cuFuncSetAttribute"},
 	{name: "cuLaunchKernel"},
+	{name: "cuTensorMapEncodeTiled"},
 	{name: "cuStreamCreate"},
 	{name: "cuStreamDestroy_v2"},
 	{name: "cuStreamSynchronize"},

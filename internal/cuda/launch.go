@@ -109,8 +109,9 @@ type Args struct {
 
 // PackArgs packs kernel arguments. Accepted: DevicePtr and anything with
 // Ptr() DevicePtr (8 bytes), int32, uint32, float32 (4 bytes), int64,
-// uint64, float64, uintptr (8 bytes). Plain int is refused: its C width
-// would be a guess.
+// uint64, float64, uintptr (8 bytes), TensorMap (128 bytes, for a
+// __grid_constant__ CUtensorMap parameter). Plain int is refused: its C
+// width would be a guess.
 func PackArgs(args ...any) (*Args, error) {
 	p := &Args{vals: make([]uint64, max(1, len(args))), ptrs: make([]unsafe.Pointer, max(1, len(args)))}
 	for i, a := range args {
@@ -134,6 +135,13 @@ func PackArgs(args ...any) (*Args, error) {
 			v = math.Float64bits(x)
 		case uintptr:
 			v = uint64(x)
+		case TensorMap:
+			// 128 bytes: the slot points at a pinned copy instead.
+			m := new(TensorMap)
+			*m = x
+			p.pin.Pin(m)
+			p.ptrs[i] = unsafe.Pointer(m)
+			continue
 		default:
 			return nil, fmt.Errorf("cuda: kernel argument %d has type %T (use int32, uint32, int64, uint64, float32, float64 or a device pointer)", i, a)
 		}

@@ -1,7 +1,9 @@
 // Hopper (sm_90a) grouped GEMM for the MoE expert layer: wgmma from shared
-// memory fed by a multi-stage cp.async pipeline. Same functions and kernel
-// parameter lists as the "tall" mma.sync kernels of grouped_gemm.cu (whose
-// header describes the inputs: sorted_ids / expert_ids / total_padded from
+// memory fed by a multi-stage pipeline (cp.async for the gathered rows, the
+// bulk tensor copy engine for the weights). Same functions and kernel
+// parameter lists as the "tall" mma.sync kernels of grouped_gemm.cu, plus
+// one tensor map per weight matrix at the end (whose header describes the
+// inputs: sorted_ids / expert_ids / total_padded from
 // moe_align_block_size, weights [E,N,K] with K contiguous, i.e. C = A B^T):
 //   moe_gate_up_wg_bf16_bf16: inter[s,n] = bf16(silu(x[s/topk].Wg[e,n]) * (x[s/topk].Wu[e,n]))
 //   moe_down_wg_bf16_bf16:    out[s,n]   = inter[s].Wd[e,n]            (f32)
@@ -16,14 +18,22 @@
 // 64 bf16 = one 128-byte row, stored with the 128-byte swizzle that the
 // wgmma shared-memory descriptors name.
 //
-// CTA: 3 warpgroups. Warpgroup 0 produces: its 128 threads gather A rows
-// (through sorted_ids) and B rows with 16-byte cp.async into a ring of
-// WG_STAGES stages. cp.async writes through the generic proxy and wgmma
-// reads through the async proxy, so each producer thread waits for its own
-// copies (cp.async.wait_group, WG_LAG stages behind the newest: 1 measured
-// a little faster than 2 on the H100), issues
-// fence.proxy.async.shared::cta and only then arrives on the stage's "full"
-// mbarrier. Warpgroups 1 and 2 consume: each owns 64 of the 128 rows and
+// CTA: 3 warpgroups. Warpgroup 0 produces into a ring of WG_STAGES stages.
+// The weight tile B comes by the bulk tensor copy engine: thread 0 issues
+// one copy per stage (two for gate_up: 128 gate rows, then 128 up rows)
+// through the tensor map of the weight matrix (a __grid_constant__
+// parameter the host encodes: the 3D view {K, N, experts}, box {64, rows,
+// 1}, 128-byte swizzle, zeros outside N and K), completing on the stage's
+// "full" mbarrier with the byte count thread 0 announced in its
+// arrive.expect_tx. The gathered A rows (through sorted_ids) stay on 16-byte
+// cp.async by the 128 producer threads: cp.async writes through the generic
+// proxy and wgmma reads through the async proxy. With WG_A_ON_MBARRIER 0
+// each producer thread waits for its own A copies (cp.async.wait_group,
+// WG_LAG stages behind the newest), issues fence.proxy.async.shared::cta and
+// only then arrives on the stage's "full" mbarrier; with 1 its copies arrive
+// on that mbarrier themselves (cp.async.mbarrier.arrive.noinc), the producer
+// never waits on a copy, and the consumers issue the proxy fence after the
+// barrier. Warpgroups 1 and 2 consume: each owns 64 of the 128 rows and
 // issues m64n256k16 wgmma (A and B from shared memory, f32 accumulators in
 // registers, 128 a thread); a warpgroup whose 64 rows are all padding skips
 // the multiplies but keeps the barrier protocol. A stage is released on its
@@ -40,7 +50,8 @@
 // columns are fetched from HBM about once per layer.
 //
 // Limits (checked by the Go side, which falls back to the tall kernels):
-// K % 8 == 0 (16-byte copies; the K tail of a step is zero-filled), at
+// K % 8 == 0 (16-byte copies and tensor-map strides; the K tail of a step is
+// zero-filled), 16-byte aligned weight matrices and expert strides, at
 // most WG_MAX_RUNS - 1 runs (2 * experts + 1 bounds them), block_size a
 // multiple of 16. Any N: columns past N are zero-filled and not written.
 //
@@ -50,6 +61,14 @@
 
 typedef unsigned short bf16_t;
 
+// A CUtensorMap (128 opaque bytes, 64-byte aligned), built on the host by
+// cuTensorMapEncodeTiled: 3D bf16 view {K, N, E} of a weight matrix (strides
+// K * 2 and the expert stride * 2 bytes), box {64, rows of B per copy, 1},
+// 128-byte swizzle, out-of-bounds elements filled with zeros.
+struct alignas(64) WgTmap {
+    unsigned long long v[16];
+};
+
 #define WG_BM 128
 #define WG_BNB 256
 #define WG_BK 64
@@ -58,6 +77,9 @@ typedef unsigned short bf16_t;
 #endif
 #ifndef WG_LAG
 #define WG_LAG 1
+#endif
+#ifndef WG_A_ON_MBARRIER
+#define WG_A_ON_MBARRIER 1
 #endif
 #ifndef WG_PRODUCER_REGS
 #define WG_PRODUCER_REGS 72
@@ -120,6 +142,19 @@ __device__ __forceinline__ void wg_cp16(unsigned dst, const void* src, unsigned 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
+__device__ __forceinline__ void wg_bar_arrive_tx(unsigned bar, unsigned bytes)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Bulk tensor copy of box {64, rows, 1} at (k, n, e) into dst (1024-aligned),
+// completing its bytes on bar.
+__device__ __forceinline__ void wg_tma3(unsigned dst, const WgTmap* tm, int k, int n, int e, unsigned bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+                 "l"(tm), "r"(k), "r"(n), "r"(e), "r"(bar)
+                 : "memory");
+}
+
 // Shared-memory matrix descriptor of a K-major tile with the 128-byte
 // swizzle: start address >> 4 (bits 0-13), leading byte offset (unused for
 // swizzled K-major tiles; 1 by convention, bits 16-29), stride byte offset
@@ -168,7 +203,7 @@ template <bool GATED>
 __device__ __forceinline__ void wg_body(
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
     const int* __restrict__ total_padded, const bf16_t* __restrict__ a, int a_div,
-    const bf16_t* __restrict__ b0, const bf16_t* __restrict__ b1, long long b_estride,
+    const WgTmap* tm0, const WgTmap* tm1,
     bf16_t* __restrict__ c_bf16, float* __restrict__ c_f32, int numel, int N, int K, int block_size,
     int num_experts)
 {
@@ -179,14 +214,14 @@ __device__ __forceinline__ void wg_body(
     int* tp = runs + WG_MAX_RUNS;                           // [WG_MAX_RUNS]: first tile of each run
     int* wcnt = tp + WG_MAX_RUNS;                           // [32]
     unsigned long long* bars = (unsigned long long*)(wcnt + 32);
-    const bf16_t** rowp = (const bf16_t**)(bars + 2 * WG_STAGES);  // [WG_BM + WG_BNB], producer only
+    const bf16_t** rowp = (const bf16_t**)(bars + 2 * WG_STAGES);  // [WG_BM], producer only
     const unsigned ring_s = wg_smem_addr(ring);
     const unsigned full0 = wg_smem_addr(bars), empty0 = full0 + WG_STAGES * 8;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (tid == 0) {
         for (int s = 0; s < WG_STAGES; s++) {
-            wg_bar_init(full0 + 8 * s, 128);   // every producer thread arrives
+            wg_bar_init(full0 + 8 * s, 129);   // every producer thread arrives for A, thread 0 once more with B's bytes
             wg_bar_init(empty0 + 8 * s, 256);  // every consumer thread arrives
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -254,21 +289,13 @@ __device__ __forceinline__ void wg_body(
         int it = 0;
         for (int w = blockIdx.x; w < items; w += gridDim.x) {
             WgTile t = wg_tile(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
-            // Row start pointers of the tile (A rows 0-127, B rows 128-383; null:
-            // padding, zero-filled) go to shared memory: kept in registers, the
-            // 24 rows a thread copies cost 48 registers and spilled, and every
-            // spill reload sat in front of a copy.
+            // Row start pointers of the tile's A rows (null: padding, zero-filled)
+            // go to shared memory, so that they cost the producer no registers.
             asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the last tile's table is no longer read
-            for (int i = tid; i < WG_BM + WG_BNB; i += 128) {
+            for (int i = tid; i < WG_BM; i += 128) {
                 const bf16_t* p = nullptr;
-                if (i < WG_BM) {
-                    int s = i < t.rows ? sorted_ids[t.sb0 * 16 + i] : -1;
-                    if (s >= 0 && s < numel) p = a + (long long)(s / a_div) * K;
-                } else {
-                    int r = i - WG_BM, n = t.n0 + (GATED ? (r & (BN - 1)) : r);
-                    const bf16_t* bm = (GATED && r >= BN) ? b1 : b0;
-                    if (n < N) p = bm + (long long)t.e * b_estride + (long long)n * K;
-                }
+                int s = i < t.rows ? sorted_ids[t.sb0 * 16 + i] : -1;
+                if (s >= 0 && s < numel) p = a + (long long)(s / a_div) * K;
                 rowp[i] = p;
             }
             asm volatile("bar.sync 1, 128;\n" ::: "memory");
@@ -277,25 +304,42 @@ __device__ __forceinline__ void wg_body(
                 if (round > 0) wg_bar_wait(empty0 + 8 * s, (round - 1) & 1);
                 const int k = kt * WG_BK + c * 8;
                 const bool kin = k < K;
-                const unsigned sa = ring_s + s * WG_STAGE_BYTES;
+                const unsigned sa = ring_s + s * WG_STAGE_BYTES, fb = full0 + 8 * s;
+                if (tid == 0) {
+                    // B by the bulk tensor copy engine: rows past N and the K tail read as zeros.
+                    wg_bar_arrive_tx(fb, WG_B_BYTES);
+                    if (GATED) {
+                        wg_tma3(sa + WG_A_BYTES, tm0, kt * WG_BK, t.n0, t.e, fb);
+                        wg_tma3(sa + WG_A_BYTES + WG_B_BYTES / 2, tm1, kt * WG_BK, t.n0, t.e, fb);
+                    } else {
+                        wg_tma3(sa + WG_A_BYTES, tm0, kt * WG_BK, t.n0, t.e, fb);
+                    }
+                }
 #pragma unroll
-                for (int j = 0; j < (WG_BM + WG_BNB) / 16; j++) {
-                    int r = r0 + 16 * j;  // A rows, then B rows (B follows A in the stage)
+                for (int j = 0; j < WG_BM / 16; j++) {
+                    int r = r0 + 16 * j;
                     const bf16_t* p = rowp[r];
                     bool ok = kin && p != nullptr;
                     wg_cp16(sa + r * 128 + ((c ^ (r & 7)) << 4), ok ? p + k : a, ok ? 16u : 0u);
                 }
+#if WG_A_ON_MBARRIER
+                // A completes on the same barrier, as one of its 128 arrivals.
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fb) : "memory");
+#else
                 asm volatile("cp.async.commit_group;\n" ::: "memory");
                 if (it >= WG_LAG) {
                     asm volatile("cp.async.wait_group %0;\n" ::"n"(WG_LAG) : "memory");
                     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                     wg_bar_arrive(full0 + 8 * ((it - WG_LAG) % WG_STAGES));
                 }
+#endif
             }
         }
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        asm volatile("cp.async.wait_all;\n" ::: "memory");  // no thread exits with copies in flight
+#if !WG_A_ON_MBARRIER
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         for (int j = max(it - WG_LAG, 0); j < it; j++) wg_bar_arrive(full0 + 8 * (j % WG_STAGES));
+#endif
     } else {
         // ---- consumer warpgroups ----
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WG_CONSUMER_REGS));
@@ -321,6 +365,10 @@ __device__ __forceinline__ void wg_body(
             for (int kt = 0; kt < nk; kt++, it++) {
                 const int s = it % WG_STAGES;
                 wg_bar_wait(full0 + 8 * s, (it / WG_STAGES) & 1);
+#if WG_A_ON_MBARRIER
+                // A was written by cp.async (generic proxy); wgmma reads through the async proxy.
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
                 const unsigned sa = ring_s + s * WG_STAGE_BYTES + cw * 64 * 128, sb = ring_s + s * WG_STAGE_BYTES + WG_A_BYTES;
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -381,10 +429,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) moe_gate_up_wg_bf16_
     const int* sorted_ids, const int* expert_ids, const int* total_padded, const bf16_t* x,
     const bf16_t* w_gate, const bf16_t* w_up, long long w_estride, const float* s_gate,
     const float* s_up, long long s_estride, bf16_t* inter, int numel, int topk, int I, int H,
-    int block_size, int num_experts)
+    int block_size, int num_experts, const __grid_constant__ WgTmap tm_gate, const __grid_constant__ WgTmap tm_up)
 {
 #ifdef WG_ENABLED
-    wg_body<true>(sorted_ids, expert_ids, total_padded, x, topk, w_gate, w_up, w_estride, inter, nullptr,
+    wg_body<true>(sorted_ids, expert_ids, total_padded, x, topk, &tm_gate, &tm_up, inter, nullptr,
                   numel, I, H, block_size, num_experts);
 #else
     __trap();  // sm_90a only: the Go side never launches it elsewhere
@@ -394,10 +442,10 @@ extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) moe_gate_up_wg_bf16_
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) moe_down_wg_bf16_bf16(
     const int* sorted_ids, const int* expert_ids, const int* total_padded, const bf16_t* inter,
     const bf16_t* w_down, long long w_estride, const float* s_down, long long s_estride, float* out,
-    int numel, int H, int I, int block_size, int num_experts)
+    int numel, int H, int I, int block_size, int num_experts, const __grid_constant__ WgTmap tm_down)
 {
 #ifdef WG_ENABLED
-    wg_body<false>(sorted_ids, expert_ids, total_padded, inter, 1, w_down, w_down, w_estride, nullptr, out,
+    wg_body<false>(sorted_ids, expert_ids, total_padded, inter, 1, &tm_down, &tm_down, nullptr, out,
                    numel, H, I, block_size, num_experts);
 #else
     __trap();

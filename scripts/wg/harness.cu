@@ -1,5 +1,6 @@
 // Standalone check and timing of the wgmma grouped GEMM (grouped_gemm_wg.cu) against the tall
-// kernels, on a GPU machine: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -o h scripts/wg/harness.cu && ./h [0 = small shapes only]
+// kernels, on a GPU machine: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -o h scripts/wg/harness.cu -lcuda && ./h [0 = small shapes only]
+// (-DWG_A_ON_MBARRIER=0: the A rows waited for by the producer; the weight tiles come through tensor maps either way)
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <random>
 #include <cmath>
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include "../../kernels/cuda/grouped_gemm.cu"
 #include "../../kernels/cuda/grouped_gemm_wg.cu"
@@ -119,6 +121,20 @@ static double median(std::vector<float> v) { std::sort(v.begin(), v.end()); retu
 
 static int g_sms;
 
+// 3D view {K, N, E} of a weight matrix [E][N][K] (expert stride es elements), box {64, rows, 1}, 128-byte swizzle.
+static WgTmap make_tmap(const bf16_t* base, int K, int N, int E, long long es, int rows) {
+    static_assert(sizeof(WgTmap) == sizeof(CUtensorMap), "tensor map size");
+    CUtensorMap m;
+    cuuint64_t dims[3] = {(cuuint64_t)K, (cuuint64_t)N, (cuuint64_t)E};
+    cuuint64_t strides[2] = {(cuuint64_t)K * 2, (cuuint64_t)es * 2};
+    cuuint32_t box[3] = {(cuuint32_t)WG_BK, (cuuint32_t)rows, 1}, es1[3] = {1, 1, 1};
+    CUresult r = cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void*)base, dims, strides, box, es1,
+                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) { fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", (int)r); exit(1); }
+    WgTmap t; memcpy(&t, &m, sizeof t); return t;
+}
+
 static void print_stats(const char* what, Stats* dst) {
     Stats h; CK(cudaMemcpy(&h, dst, sizeof h, cudaMemcpyDeviceToHost));
     double md; memcpy(&md, &h.maxd, 8);
@@ -150,9 +166,11 @@ static void run_cfg(const Cfg& c, bf16_t* wgu, bf16_t* wdn, std::mt19937& rng) {
         fill_u32<<<1024, 256>>>((uint32_t*)i_wg, ni / 2, 0xFFFFFFFFu); fill_u32<<<1024, 256>>>((uint32_t*)i_tt, ni / 2, 0xFFFFFFFFu);
         fill_u32<<<1024, 256>>>((uint32_t*)o_wg, no, 0xFFFFFFFFu); fill_u32<<<1024, 256>>>((uint32_t*)o_tt, no, 0xFFFFFFFFu); CKL();
     };
-    auto wg_gu = [&](bf16_t* out) { moe_gate_up_wg_bf16_bf16<<<g_sms, WG_THREADS, WG_SMEM_BYTES>>>(d_sorted, d_eids, d_total, x, wg_g, wg_u, gu_es, nullptr, nullptr, 0, out, numel, c.topk, c.I, c.H, c.bs, c.E); };
+    WgTmap tm_g = make_tmap(wg_g, c.H, c.I, c.E, gu_es, WG_BNB / 2), tm_u = make_tmap(wg_u, c.H, c.I, c.E, gu_es, WG_BNB / 2);
+    WgTmap tm_d = make_tmap(wdn, c.I, c.H, c.E, (long long)c.H * c.I, WG_BNB);
+    auto wg_gu = [&](bf16_t* out) { moe_gate_up_wg_bf16_bf16<<<g_sms, WG_THREADS, WG_SMEM_BYTES>>>(d_sorted, d_eids, d_total, x, wg_g, wg_u, gu_es, nullptr, nullptr, 0, out, numel, c.topk, c.I, c.H, c.bs, c.E, tm_g, tm_u); };
     auto tt_gu = [&](bf16_t* out) { moe_gate_up_tall_bf16_bf16<<<g_tall_gu, TT_THREADS>>>(d_sorted, d_eids, d_total, x, wg_g, wg_u, gu_es, nullptr, nullptr, 0, out, numel, c.topk, c.I, c.H, c.bs, c.E); };
-    auto wg_dn = [&](const bf16_t* in, float* out) { moe_down_wg_bf16_bf16<<<g_sms, WG_THREADS, WG_SMEM_BYTES>>>(d_sorted, d_eids, d_total, in, wdn, dn_es, nullptr, 0, out, numel, c.H, c.I, c.bs, c.E); };
+    auto wg_dn = [&](const bf16_t* in, float* out) { moe_down_wg_bf16_bf16<<<g_sms, WG_THREADS, WG_SMEM_BYTES>>>(d_sorted, d_eids, d_total, in, wdn, dn_es, nullptr, 0, out, numel, c.H, c.I, c.bs, c.E, tm_d); };
     auto tt_dn = [&](const bf16_t* in, float* out) { moe_down_tall_bf16_bf16<<<g_tall_dn, TT_THREADS>>>(d_sorted, d_eids, d_total, in, wdn, dn_es, nullptr, 0, out, numel, c.H, c.I, c.bs, c.E); };
 
     poison(); CK(cudaDeviceSynchronize());
