@@ -6,6 +6,7 @@ import (
 	"math"
 	"runtime"
 
+	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"golang.org/x/sync/errgroup"
 	"gonum.org/v1/gonum/blas"
@@ -91,6 +92,22 @@ func Workers() int { return max(1, min(runtime.GOMAXPROCS(0), 4)) }
 // time per worker; only experts with tokens are touched. Accumulation is
 // float32 (gonum's Sgemm), as on the GPU.
 func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken int, al *Alignment, load ExpertLoader, workers int) ([]float32, error) {
+	return GroupedGEMMWith(ctx, x, t, h, inter, slotsPerToken, al, load, workers, GEMMNumerics{})
+}
+
+// GEMMNumerics selects how the CPU twin rounds the inputs of its GEMMs. The
+// zero value is the precise mode: float32 inputs as given.
+type GEMMNumerics struct {
+	// W8A8 is the block-FP8 serving mode (actquant.go): the gathered token
+	// rows are quantised to e4m3 per ActGroup channels before the gate/up
+	// GEMM, and the activated intermediate is rounded to bf16 (the
+	// intermediate cache engines keep) and quantised the same way before
+	// the down GEMM. Each is multiplied as its dequantised float32 values.
+	W8A8 bool
+}
+
+// GroupedGEMMWith is GroupedGEMM under the given numerics.
+func GroupedGEMMWith(ctx context.Context, x []float32, t, h, inter, slotsPerToken int, al *Alignment, load ExpertLoader, workers int, num GEMMNumerics) ([]float32, error) {
 	if len(x) != t*h || int(al.Numel) != t*slotsPerToken {
 		return nil, fmt.Errorf("grouped gemm: x has %d values for %dx%d, alignment %d slots for %d x %d", len(x), t, h, al.Numel, t, slotsPerToken)
 	}
@@ -125,7 +142,7 @@ func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken in
 				return fmt.Errorf("expert %d: %w", j.expert, err)
 			}
 			for b := j.first; b < j.last; b++ {
-				expertBlock(x, h, inter, slotsPerToken, al.Block(b), m, out)
+				expertBlock(x, h, inter, slotsPerToken, al.Block(b), m, out, num)
 			}
 			m.release()
 			return nil
@@ -140,7 +157,7 @@ func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken in
 // expertBlock runs one block: rows are slot indices, all of one expert.
 // Each slot belongs to exactly one block, so concurrent blocks write
 // disjoint rows of out.
-func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *ExpertMats, out []float32) {
+func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *ExpertMats, out []float32, num GEMMNumerics) {
 	rows := len(slots)
 	if rows == 0 {
 		return
@@ -150,12 +167,21 @@ func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *Exp
 		tok := int(s) / slotsPerToken
 		copy(xb[r*h:(r+1)*h], x[tok*h:(tok+1)*h])
 	}
+	if num.W8A8 {
+		RoundTripActGroups(xb, rows, h, ActGroup)
+	}
 	impl := gonum.Implementation{}
 	gate := make([]float32, rows*inter)
 	up := make([]float32, rows*inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Gate, h, 0, gate, inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Up, h, 0, up, inter)
 	activate(m.Act, gate, up, m.GateBias, m.UpBias)
+	if num.W8A8 {
+		for i, v := range gate {
+			gate[i] = numfmt.RoundBF16(v)
+		}
+		RoundTripActGroups(gate, rows, inter, ActGroup)
+	}
 	ob := make([]float32, rows*h)
 	impl.Sgemm(blas.NoTrans, blas.Trans, rows, h, inter, 1, gate, inter, m.Down, inter, 0, ob, h)
 	addRowBias(ob, m.DownBias)
