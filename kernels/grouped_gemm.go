@@ -202,10 +202,12 @@ const (
 	// capability 9.0 only): wgmma from shared memory fed by a 4-stage
 	// pipeline (gathered activation rows by cp.async, weight tiles by the
 	// bulk tensor copy engine through a tensor map per weight matrix that
-	// the launch encodes), tiles of up to 128 rows of one expert x 256
-	// weight rows, a persistent grid of one CTA per SM. bf16 activations and bf16
-	// weights, K % 8 == 0, at most wgMaxExperts experts. PathAuto takes it
-	// on 9.0 where it would take PathMMATall.
+	// the launch encodes), tiles of up to wgBM rows of one expert x wgBN
+	// weight rows (192 x 192: a routed expert of ~140 rows at T = 4096 is
+	// one row tile, so its weights cross HBM once), a persistent grid of one
+	// CTA per SM. bf16 activations and bf16 weights, K % 8 == 0, at most
+	// wgMaxExperts experts. PathAuto takes it on 9.0 where it would take
+	// PathMMATall.
 	PathWGMMA
 )
 
@@ -233,10 +235,25 @@ func ParseGEMMPath(s string) (GEMMPath, error) {
 // of equal expert ids (at most 2 x experts + 1) in a table of 2047 entries.
 const wgMaxExperts = 1023
 
+// The wgmma tile (WG_BM, WG_BNB and WG_THREADS in grouped_gemm_wg.cu):
+// wgBM rows of one expert x wgBN weight rows (gate_up: wgBN/2 gate and
+// wgBN/2 up rows of the same output columns; down: wgBN output columns),
+// one producer and wgBM/64 consumer warpgroups, each consumer one
+// m64n192k16 wgmma per k16 over its 64 rows. 192 rows because a routed
+// DeepSeek-V3 expert has ~128-160 rows at T = 4096: in one 192-row tile
+// its weights cross HBM once, where 128-row tiles read them twice
+// (GEMM_NOTES.md, issue 13 pass 5: -31% at T = 4096 on the H100).
+const (
+	wgBM      = 192
+	wgBN      = 192
+	wgThreads = 128 * (1 + wgBM/64)
+)
+
 // wgSmemBytes is the wgmma kernels' dynamic shared memory (WG_SMEM_BYTES in
-// grouped_gemm_wg.cu): 4 stages of 48 KiB, the run and tile tables, the
-// mbarriers, the producer's row table and 1 KiB to align the ring.
-const wgSmemBytes = 4*(128+256)*64*2 + (2*2048+32)*4 + 2*4*8 + (128+256)*8 + 1024
+// grouped_gemm_wg.cu, 215744 bytes): 4 stages of (wgBM + wgBN) x 64 bf16
+// (48 KiB), the run and tile tables, the mbarriers, the producer's row
+// table (wgBM pointers) and 1 KiB to align the ring.
+const wgSmemBytes = 4*(wgBM+wgBN)*64*2 + (2*2048+32)*4 + 2*4*8 + wgBM*8 + 1024
 
 // isHopper reports whether dev runs the sm_90a code of the fatbins.
 func isHopper(dev *cuda.Device) bool { return dev != nil && dev.Major == 9 && dev.Minor == 0 }
@@ -299,7 +316,7 @@ func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int, hop
 	case path == PathWGMMA && (w != MatBF16 || k%8 != 0 || experts > wgMaxExperts):
 		return "", 0, fmt.Errorf("grouped gemm: the wgmma path needs bf16 weights (not %v), a reduction length divisible by 8 (not %d) and at most %d experts (not %d)", w, k, wgMaxExperts, experts)
 	case path == PathWGMMA:
-		return fmt.Sprintf("moe_%s_wg_bf16_bf16", stage), 384, nil
+		return fmt.Sprintf("moe_%s_wg_bf16_bf16", stage), wgThreads, nil
 	case path == PathMMAVec || path == PathMMATall:
 		return "", 0, fmt.Errorf("grouped gemm: the 16-byte-load path needs a reduction length divisible by %d, not %d", vec, k)
 	}
@@ -387,14 +404,11 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 	args := []any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, x.Ptr, wg, wu, ws, sg, su, ss, inter.Ptr,
 		int32(sorted.Numel), int32(topk), int32(bank.I), int32(bank.H), int32(sorted.BlockSize), int32(bank.NumExperts)}
 	if strings.Contains(fn, "_wg_") {
-		// Gate and up tiles of 128 weight rows each.
+		// Gate and up boxes of wgBN/2 (96) weight rows each.
 		return wgLaunch(m, fn, grid, threads, shmem, st, []cuda.DevicePtr{wg, wu}, ws, bank.H, bank.I, bank.NumExperts, wgBN/2, args)
 	}
 	return m.Launch(fn, grid, Block(threads), shmem, st, args...)
 }
-
-// wgBN is the weight rows of a wgmma tile (WG_BNB in grouped_gemm_wg.cu).
-const wgBN = 256
 
 // wgLaunch launches wgmma kernel fn with args followed by one tensor map per
 // weight matrix of w (a __grid_constant__ CUtensorMap each): the 3D view
@@ -459,6 +473,7 @@ func MoEDown(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted,
 	args := []any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, inter.Ptr, bank.Down.Ptr, int64(bank.I * bank.H), sd, ss, out,
 		int32(sorted.Numel), int32(bank.H), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts)}
 	if strings.Contains(fn, "_wg_") {
+		// Down boxes of wgBN (192) weight rows = output columns.
 		err = wgLaunch(m, fn, grid, threads, shmem, st, []cuda.DevicePtr{bank.Down.Ptr}, int64(bank.I*bank.H), bank.I, bank.H, bank.NumExperts, wgBN, args)
 	} else {
 		err = m.Launch(fn, grid, Block(threads), shmem, st, args...)

@@ -36,15 +36,18 @@ func TestGEMMKernelChoice(t *testing.T) {
 			t.Errorf("%s: got %s, want an error", c.name, fn)
 		case c.want != "" && (err != nil || fn != c.want):
 			t.Errorf("%s: got %q (%v), want %s", c.name, fn, err, c.want)
-		case c.want != "" && c.opt.Path == PathWGMMA && threads != 384:
-			t.Errorf("%s: %d threads, want 384", c.name, threads)
+		case c.want != "" && c.opt.Path == PathWGMMA && threads != 512:
+			t.Errorf("%s: %d threads, want 512 (WG_THREADS: a producer and 3 consumer warpgroups)", c.name, threads)
 		}
 	}
 	if g, _ := gemmGrid(&Sorted{}, 2048, "moe_down_wg_bf16_bf16", 132); g != [3]uint32{132, 1, 1} {
 		t.Errorf("wgmma grid %v, want one CTA per SM", g)
 	}
-	if wgSmemBytes != 217280 {
-		t.Errorf("wgSmemBytes %d, want 217280 (WG_SMEM_BYTES)", wgSmemBytes)
+	if wgSmemBytes != 215744 {
+		t.Errorf("wgSmemBytes %d, want 215744 (WG_SMEM_BYTES)", wgSmemBytes)
+	}
+	if wgBM != 192 || wgBN != 192 {
+		t.Errorf("wgmma tile %d x %d, want 192 x 192 (WG_BM x WG_BNB)", wgBM, wgBN)
 	}
 }
 

@@ -54,6 +54,11 @@ var gemmCases = []gemmCase{
 	{name: "long runs fp8", tok: 150, e: 5, k: 2, h: 160, inter: 96, block: 16, w: kernels.MatFP8, allOn: -1},
 	{name: "long runs bf16 gate_up block 32", tok: 300, e: 7, k: 2, h: 96, inter: 160, block: 32, w: kernels.MatBF16, fused: true, allOn: -1},
 	{name: "one expert 600 rows fp8", tok: 600, e: 4, k: 1, h: 96, inter: 64, block: 16, w: kernels.MatFP8, allOn: 2},
+	// A run that takes several 192-row wgmma tiles (38 sub-blocks: 12 + 12 +
+	// 12 + 2, so the last tile's second and third 64-row groups are all
+	// padding) x several column tiles with tails (I 200: three 96-column
+	// gate_up tiles; H 224: two 192-column down tiles).
+	{name: "one expert 600 rows bf16", tok: 600, e: 4, k: 1, h: 224, inter: 200, block: 16, w: kernels.MatBF16, allOn: 2},
 }
 
 // expertWeights holds one layer's logical per-expert matrices: raw device

@@ -1,6 +1,5 @@
 // Standalone check and timing of the wgmma grouped GEMM (grouped_gemm_wg.cu) against the tall
 // kernels, on a GPU machine: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -o h scripts/wg/harness.cu -lcuda && ./h [0 = small shapes only]
-// (-DWG_A_ON_MBARRIER=0: the A rows waited for by the producer; the weight tiles come through tensor maps either way)
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>

@@ -2,6 +2,7 @@
 // (kernels/cuda/grouped_gemm_wg.cu) and the tall kernels, in one binary: bitwise comparison
 // with tall on the harness shapes, then CUDA-event timings (median of 10 after 2 warm-ups) of
 // current / variant / tall / current again at DeepSeek-V3 shapes, T = 1024 and 4096.
+// (Since the 192x192 adoption the current kernel is TV_VARIANT 2's code: variant 2 then times it twice.)
 // On a GPU machine:
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -DTV_VARIANT=1 -o h1 scripts/wg/harness_tile.cu -lcuda && ./h1
 // TV_VARIANT 1: 256 rows x 128 weight rows, 2 consumer warpgroups (two m64n128k16 each)
@@ -211,8 +212,8 @@ int main(int argc, char** argv) {
     g_sms = p.multiProcessorCount;
     printf("device %s cc %d.%d SMs %d smem/block optin %zu L2 %d\n", p.name, p.major, p.minor, g_sms, p.sharedMemPerBlockOptin, p.l2CacheSize);
     CK(cudaMalloc(&g_cnt, 16));
-    attrs("current gate_up", moe_gate_up_wg_bf16_bf16, WG_SMEM_BYTES, WG_THREADS, 128 * WG_PRODUCER_REGS + 256 * WG_CONSUMER_REGS);
-    attrs("current down", moe_down_wg_bf16_bf16, WG_SMEM_BYTES, WG_THREADS, 128 * WG_PRODUCER_REGS + 256 * WG_CONSUMER_REGS);
+    attrs("current gate_up", moe_gate_up_wg_bf16_bf16, WG_SMEM_BYTES, WG_THREADS, 128 * WG_PRODUCER_REGS + (WG_THREADS - 128) * WG_CONSUMER_REGS);
+    attrs("current down", moe_down_wg_bf16_bf16, WG_SMEM_BYTES, WG_THREADS, 128 * WG_PRODUCER_REGS + (WG_THREADS - 128) * WG_CONSUMER_REGS);
     attrs(TV_NAME " gate_up", tv_gate_up<TV_ARGS>, TvC::SMEM, TvC::THREADS, TV_POOL);
     attrs(TV_NAME " down", tv_down<TV_ARGS>, TvC::SMEM, TvC::THREADS, TV_POOL);
     {   // setmaxnreg.inc waits for registers the launch did not give: do not run such a variant (it would hang)
