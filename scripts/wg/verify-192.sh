@@ -28,7 +28,7 @@ echo "== gpu-test.sh run (fresh fatbins)"
 GPU_TEST_PKGS="internal/cuda kernels validate" OUT=$out timeout 200 bash scripts/gpu-test.sh run || rc=1
 grep -A4 "Compiling entry function '.*_wg_.*' for 'sm_90a'" /tmp/kernel-build-logs/grouped_gemm_wg.log 2>/dev/null |
 	grep -E "Compiling|registers|spill" | head -8
-for path in wgmma tall; do
+for path in ${VERIFY_PATHS:-wgmma tall}; do
 	echo "== bench kernels --gemm-path $path"
 	MOEPREP_KERNELS_DIR=$root/kernels/build timeout 60 .gpu/moeprep bench kernels --dtype bf16 --tokens 1024,4096 \
 		--budget 0.5s --gemm-path "$path" >"$out/bench_$path.txt" 2>"$out/bench_$path.log" || {
