@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU verification of the 192x192 wgmma tile (issue 13 pass 5 adopted in
-# kernels/cuda/grouped_gemm_wg.cu). On the GPU machine (nvcc, no Go), from
+# GPU verification of a changed kernels/cuda source before its fatbins are
+# embedded (written for the 192x192 wgmma tile, issue 13 pass 5; used as is
+# for c108d65). On the GPU machine (nvcc, no Go), from
 # the repository root, with the test binaries and moeprep cross-built here:
 #     GPU_TEST_PKGS="internal/cuda kernels validate" scripts/gpu-test.sh build
 #     CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o .gpu/moeprep ./cmd/moeprep
@@ -10,8 +11,9 @@
 #    kernels-build.tgz (to embed: tar xzf kernels-build.tgz -C kernels/),
 #    build-logs.tgz (ptxas: expect 128 registers, 0 spills for the _wg_
 #    kernels), the logs and summary.txt into $OUT. TestBuildMatchesSources
-#    fails there until the new build is embedded (so kernels rc=1 and this
-#    script's exit status 1 are expected from it alone: read the summary).
+#    fails there while the embedded build is older than the sources (then
+#    kernels rc=1 and this script's exit status 1 come from it alone: read
+#    the summary).
 # 2. bench kernels, bf16, T = 1024 and 4096, on the same fresh fatbins
 #    ($MOEPREP_KERNELS_DIR, kernels.KernelsDirEnv), --gemm-path wgmma and tall.
 # Bounded: 200 s + 2 x 60 s. Exit status: non-zero when a step failed.
