@@ -237,6 +237,12 @@ func TestResumeRefusesDifferentOptions(t *testing.T) {
 	if _, err := Convert(ctx, o); !errors.Is(err, context.Canceled) {
 		t.Fatalf("interrupted run: %v", err)
 	}
+	// Another --digest would record shards hashed two ways: refused too.
+	o.Progress, o.Resume, o.Digest = nil, true, layout.BLAKE3Blocks
+	if _, err := Convert(context.Background(), o); err == nil || !strings.Contains(err.Error(), "different") {
+		t.Errorf("resume with another digest: %v", err)
+	}
+	o.Digest = 0
 	o.Progress, o.Resume, o.Layout = nil, true, layout.GateUp
 	if _, err := Convert(context.Background(), o); err == nil || !strings.Contains(err.Error(), "different") {
 		t.Errorf("resume with another layout: %v", err)

@@ -36,10 +36,11 @@ type Options struct {
 	Replicas    int    // R, shared replicas (0 means TP)
 	FoldScaling string // auto, down or none; "" means auto for fuse-shared, none for convert
 
-	MaxShardSize int64 // 0 means DefaultMaxShardSize
-	Jobs         int   // 0 means DefaultJobs
-	Force        bool  // replace an existing DST (and a stale DST.partial)
-	Resume       bool  // continue from DST.partial
+	MaxShardSize int64            // 0 means DefaultMaxShardSize
+	Jobs         int              // 0 means DefaultJobs
+	Digest       layout.BlockAlgo // how shards are hashed in the manifest; 0 means layout.ShardBlockAlgo
+	Force        bool             // replace an existing DST (and a stale DST.partial)
+	Resume       bool             // continue from DST.partial
 	Progress     Reporter
 	Tool         string // recorded in the contract, e.g. "moeprep v0.1.0"
 }
@@ -130,6 +131,9 @@ func (o *Options) norm() error {
 	}
 	if o.Jobs < 0 {
 		return fmt.Errorf("--jobs %d: must be positive", o.Jobs)
+	}
+	if o.Digest == 0 {
+		o.Digest = layout.ShardBlockAlgo
 	}
 	if o.Progress == nil {
 		o.Progress = discard{}

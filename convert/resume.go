@@ -41,6 +41,11 @@ func (w *run) fingerprint() string {
 	}
 	o := w.o
 	fmt.Fprintf(h, "layout %s fuse %v tp %d replicas %d fold %s max %d\n", o.Layout, o.FuseShared, o.TP, o.Replicas, o.FoldScaling, o.MaxShardSize)
+	if o.Digest != layout.BLAKE3Blocks {
+		// BLAKE3 was the only shard digest when fingerprints were introduced:
+		// leaving it out keeps those partial outputs resumable.
+		fmt.Fprintf(h, "digest %s\n", o.Digest)
+	}
 	for _, s := range w.op.shards {
 		fmt.Fprintf(h, "shard %s %d ", s.name, s.size)
 		h.Write(s.header)

@@ -28,8 +28,8 @@ import (
 //     through each source file front to back.
 //   - The file is hashed in 16 MiB blocks: hashWorkers goroutines hash each
 //     block, read back from the page cache, as soon as its last byte is
-//     written, and the manifest records the BLAKE3 of the blocks' BLAKE3s
-//     (layout.BlockDigest). A whole-file hash would need the bytes in file
+//     written, and the manifest records the hash of the blocks' hashes
+//     (layout.BlockDigest; XXH3-128 unless --digest says otherwise). A whole-file hash would need the bytes in file
 //     order, which source-order writing gives only at the very end.
 //   - The final fsync starts as soon as the last chunk is written and runs
 //     while the hashers finish, so the time the disk takes to flush is not
@@ -47,8 +47,9 @@ import (
 // one shard at a time took 9.6 s with one writer against 10.6 s with two in
 // one rotation, 11.7 s with two against 13.5 s with four in another).
 // Read-ahead already overlaps reading with copying, and fadvise(WILLNEED)
-// ahead of the writer measured slower. One BLAKE3 hasher (2-3 GB/s on data
-// read back from the page cache) keeps up with one writer.
+// ahead of the writer measured slower. One hasher keeps up with one writer
+// (BLAKE3 at 2-3 GB/s on data read back from the page cache; XXH3 is bound
+// by the read-back copy).
 const (
 	shardWorkers = 1
 	hashWorkers  = 1
@@ -143,7 +144,8 @@ type shardWriter struct {
 	path  string
 	out   *os.File
 	size  int64
-	bs    int64          // hash block size
+	bs    int64 // hash block size
+	algo  layout.BlockAlgo
 	left  []atomic.Int64 // bytes of each block not yet written
 	ready chan int64     // blocks fully written, to hash
 	sums  [][32]byte
@@ -175,7 +177,7 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 	}
 	bs := shardBlockSize
 	nb := (s.size + bs - 1) / bs
-	sw := &shardWriter{path: tmp, out: out, size: s.size, bs: bs, left: make([]atomic.Int64, nb),
+	sw := &shardWriter{path: tmp, out: out, size: s.size, bs: bs, algo: w.o.Digest, left: make([]atomic.Int64, nb),
 		ready: make(chan int64, nb), sums: make([][32]byte, nb)}
 	if startWriteback != nil {
 		sw.flush = make(chan int64, nb)
@@ -283,7 +285,7 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 	if err := os.Rename(tmp, path); err != nil {
 		return layout.FileInfo{}, err
 	}
-	return layout.BlockInfo(layout.ShardBlockAlgo, s.size, bs, sw.sums), nil
+	return layout.BlockInfo(sw.algo, s.size, bs, sw.sums), nil
 }
 
 // put writes one chunk at its offset.
@@ -332,7 +334,7 @@ func (sw *shardWriter) written(off, n int64) {
 // hash digests finished blocks until there are no more.
 func (sw *shardWriter) hash(ctx context.Context) error {
 	bs := sw.bs
-	h := layout.ShardBlockAlgo.New()
+	h := sw.algo.New()
 	buf := make([]byte, hashBufSize)
 	for b := range sw.ready {
 		if ctx.Err() != nil {

@@ -3,6 +3,7 @@ package convert
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/hex"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/zeebo/blake3"
+	"github.com/zeebo/xxh3"
 )
 
 // TestShardWriterOrderAndBlocks writes the same conversions with the
@@ -19,21 +21,24 @@ import (
 // of chunks and hash blocks (blocks then finish out of order, chunks cross
 // tensor and row boundaries), with and without copy_file_range. Every output
 // must be byte-identical, and each shard's block digest must be the one
-// computed from its bytes.
+// computed from its bytes with the algorithm --digest asked for.
 func TestShardWriterOrderAndBlocks(t *testing.T) {
 	type sizes struct {
 		name                string
 		copyChunk, bufChunk int64
 		block               int64
 		copyRange           bool
-		noWriteback         bool // as where there is no sync_file_range
+		noWriteback         bool             // as where there is no sync_file_range
+		digest              layout.BlockAlgo // 0: the default, XXH3-128
 	}
 	variants := []sizes{
-		{"production", copyChunkSize, bufChunkSize, shardBlockSize, true, false},
-		{"small, copy_file_range", 1000, 96, 4096, true, false},
-		{"small, buffered", 1000, 96, 4096, false, false},
-		{"odd block", 4096, 4096, 777, true, false},
-		{"small, no early write-back", 1000, 96, 4096, true, true},
+		{"production", copyChunkSize, bufChunkSize, shardBlockSize, true, false, 0},
+		{"small, copy_file_range", 1000, 96, 4096, true, false, 0},
+		{"small, buffered", 1000, 96, 4096, false, false, 0},
+		{"odd block", 4096, 4096, 777, true, false, 0},
+		{"small, no early write-back", 1000, 96, 4096, true, true, 0},
+		{"small, --digest blake3", 1000, 96, 4096, true, false, layout.BLAKE3Blocks},
+		{"odd block, --digest sha256", 4096, 4096, 777, true, false, layout.SHA256Blocks},
 	}
 	defer func(c, b, s int64, u bool, wb func(*os.File, int64, int64)) {
 		copyChunkSize, bufChunkSize, shardBlockSize, useCopyRange, startWriteback = c, b, s, u, wb
@@ -61,7 +66,7 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 				}
 				dst := filepath.Join(dir, "dst"+string(rune('a'+i)))
 				o := tc.o
-				o.Src, o.Dst = src, dst
+				o.Src, o.Dst, o.Digest = src, dst, v.digest
 				if _, err := Convert(context.Background(), o); err != nil {
 					t.Fatalf("%s: %v", v.name, err)
 				}
@@ -82,8 +87,18 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if fi.B3Blocks.BlockSize != v.block || fi.Size != int64(len(b)) || fi.B3Blocks.Root != blockRoot(b, v.block) || fi.Blocks != (layout.BlockDigest{}) {
-						t.Errorf("%s: %s: manifest %+v, want block size %d root %s", v.name, name, fi, v.block, blockRoot(b, v.block))
+					want := layout.FileInfo{Size: int64(len(b))}
+					d := layout.BlockDigest{BlockSize: v.block, Root: blockRoot(b, v.block, v.digest)}
+					switch v.digest {
+					case layout.BLAKE3Blocks:
+						want.B3Blocks = d
+					case layout.SHA256Blocks:
+						want.Blocks = d
+					default:
+						want.X3Blocks = d
+					}
+					if fi != want {
+						t.Errorf("%s: %s: manifest %+v, want %+v", v.name, name, fi, want)
 					}
 					if int64(len(b)) <= v.block && v.block < 1<<20 {
 						t.Errorf("%s: %s is one block (%d bytes): the test does not exercise out-of-order blocks", v.name, name, len(b))
@@ -114,17 +129,27 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 	}
 }
 
-// blockRoot is layout.BlockDigest's definition for BLAKE3 blocks, computed
-// independently of layout: BLAKE3-256 of the concatenated BLAKE3-256s of
-// the blocks.
-func blockRoot(b []byte, bs int64) string {
+// blockRoot is layout.BlockDigest's definition, computed independently of
+// layout: the hash of the concatenated hashes of the blocks, XXH3-128
+// (canonical big-endian bytes) unless algo is BLAKE3 or SHA-256.
+func blockRoot(b []byte, bs int64, algo layout.BlockAlgo) string {
+	sum := func(p []byte) []byte {
+		switch algo {
+		case layout.BLAKE3Blocks:
+			d := blake3.Sum256(p)
+			return d[:]
+		case layout.SHA256Blocks:
+			d := sha256.Sum256(p)
+			return d[:]
+		}
+		d := xxh3.Hash128(p).Bytes()
+		return d[:]
+	}
 	var cat []byte
 	for off := int64(0); off < int64(len(b)); off += bs {
-		d := blake3.Sum256(b[off:min(off+bs, int64(len(b)))])
-		cat = append(cat, d[:]...)
+		cat = append(cat, sum(b[off:min(off+bs, int64(len(b)))])...)
 	}
-	d := blake3.Sum256(cat)
-	return hex.EncodeToString(d[:])
+	return hex.EncodeToString(sum(cat))
 }
 
 func planFor(t *testing.T, o Options) *outPlan {

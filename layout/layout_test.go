@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/zeebo/blake3"
+	"github.com/zeebo/xxh3"
 )
 
 func TestParse(t *testing.T) {
@@ -170,6 +171,11 @@ func TestBlockDigests(t *testing.T) {
 	path := filepath.Join(dir, "f")
 	os.WriteFile(path, data, 0o644)
 	// The definitions, written out: the hash of the concatenated block hashes.
+	xxh128 := func(b []byte) (d [32]byte) {
+		c := xxh3.Hash128(b).Bytes()
+		copy(d[:], c[:])
+		return d
+	}
 	algos := []struct {
 		algo BlockAlgo
 		sum  func([]byte) [32]byte
@@ -180,6 +186,8 @@ func TestBlockDigests(t *testing.T) {
 			func(f FileInfo) BlockDigest { return f.Blocks }},
 		{BLAKE3Blocks, blake3.Sum256, func(bs int64) FileInfo { return FileInfo{B3Blocks: BlockDigest{BlockSize: bs}} },
 			func(f FileInfo) BlockDigest { return f.B3Blocks }},
+		{XXH3Blocks, xxh128, func(bs int64) FileInfo { return FileInfo{X3Blocks: BlockDigest{BlockSize: bs}} },
+			func(f FileInfo) BlockDigest { return f.X3Blocks }},
 	}
 	roots := map[string]bool{}
 	for _, a := range algos {
@@ -192,15 +200,19 @@ func TestBlockDigests(t *testing.T) {
 			var cat []byte
 			for off := int64(0); off < int64(len(data)); off += bs {
 				d := a.sum(data[off:min(off+bs, int64(len(data)))])
-				cat = append(cat, d[:]...)
+				cat = append(cat, d[:a.algo.Size()]...)
 			}
 			root := a.sum(cat)
 			want := like
 			want.Size = 10000
-			if a.algo == SHA256Blocks {
-				want.Blocks.Root = hex.EncodeToString(root[:])
-			} else {
-				want.B3Blocks.Root = hex.EncodeToString(root[:])
+			rootHex := hex.EncodeToString(root[:a.algo.Size()])
+			switch a.algo {
+			case SHA256Blocks:
+				want.Blocks.Root = rootHex
+			case BLAKE3Blocks:
+				want.B3Blocks.Root = rootHex
+			default:
+				want.X3Blocks.Root = rootHex
 			}
 			if got != want {
 				t.Errorf("%s, block size %d: %+v, want %+v", a.algo, bs, got, want)
@@ -217,8 +229,8 @@ func TestBlockDigests(t *testing.T) {
 		}
 	}
 	// 10000 and 1 MiB both make one block of the whole file: 4 roots each.
-	if len(roots) != 8 {
-		t.Errorf("%d distinct roots, want 2 algorithms x 4 block layouts", len(roots))
+	if len(roots) != 12 {
+		t.Errorf("%d distinct roots, want 3 algorithms x 4 block layouts", len(roots))
 	}
 	whole, _ := HashFile(path)
 	h := NewHasher(FileInfo{SHA256: "x"})
@@ -227,7 +239,7 @@ func TestBlockDigests(t *testing.T) {
 		t.Errorf("whole-file Hasher %+v, HashFile %+v", h.Sum(), whole)
 	}
 	// A changed byte in the last, short block is caught, in either form.
-	for _, like := range []FileInfo{{Blocks: BlockDigest{BlockSize: 4096}}, {B3Blocks: BlockDigest{BlockSize: 4096}}} {
+	for _, like := range []FileInfo{{Blocks: BlockDigest{BlockSize: 4096}}, {B3Blocks: BlockDigest{BlockSize: 4096}}, {X3Blocks: BlockDigest{BlockSize: 4096}}} {
 		os.WriteFile(path, data, 0o644)
 		fi, _ := HashFileLike(path, like)
 		m := &Manifest{Version: ContractVersion, Files: map[string]FileInfo{"f": fi}}
@@ -252,11 +264,39 @@ func TestReadManifestRefusesBadEntries(t *testing.T) {
 		"both blocks":     `{"size": 5, "blake3_blocks": {"block_size": 16, "root": "ab"}, "sha256_blocks": {"block_size": 16, "root": "cd"}}`,
 		"sha and blake3":  `{"size": 5, "sha256": "ab", "blake3_blocks": {"block_size": 16, "root": "cd"}}`,
 		"huge blake3":     `{"size": 5, "blake3_blocks": {"block_size": 1099511627777, "root": "cd"}}`,
+		"xxh3 and blake3": `{"size": 5, "xxh3_blocks": {"block_size": 16, "root": "ab"}, "blake3_blocks": {"block_size": 16, "root": "cd"}}`,
+		"negative xxh3":   `{"size": 5, "xxh3_blocks": {"block_size": -1, "root": "cd"}}`,
 	} {
 		dir := t.TempDir()
 		os.WriteFile(filepath.Join(dir, ManifestFileName), []byte(`{"version": 1, "files": {"a": `+entry+`}}`), 0o644)
 		if _, err := ReadManifest(dir); err == nil || !strings.Contains(err.Error(), "file a") {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestXXH3Canonical pins the digest bytes to what `xxhsum -H2` (xxHash 0.8.1)
+// prints, so a shard's xxh3_blocks can be checked by hand with that tool
+// (layout/CONTRACT.md).
+func TestXXH3Canonical(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"moeprep", "19e684b3f93a2318634c40d66e37f197"}, // printf moeprep | xxhsum -H2
+	} {
+		h := XXH3Blocks.New()
+		h.Write([]byte(tc.in))
+		if got := hex.EncodeToString(h.Sum(nil)); got != tc.want || h.Size() != 16 {
+			t.Errorf("%q: %s (size %d), want %s", tc.in, got, h.Size(), tc.want)
+		}
+	}
+}
+
+func TestParseBlockAlgo(t *testing.T) {
+	for _, a := range []BlockAlgo{XXH3Blocks, BLAKE3Blocks, SHA256Blocks} {
+		if got, err := ParseBlockAlgo(a.String()); err != nil || got != a {
+			t.Errorf("%s: %v %v", a, got, err)
+		}
+	}
+	if _, err := ParseBlockAlgo("md5"); err == nil || !strings.Contains(err.Error(), "md5") {
+		t.Errorf("md5: %v", err)
 	}
 }

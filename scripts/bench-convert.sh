@@ -53,6 +53,15 @@ for shape in $shapes; do
 			"$mp" fixture synth --preset deepseek-v3-shaped --dtype bf16 --layers 2 "${synth[@]}" --no-progress "$src" >&2
 		fi
 	fi
+	# Warm-up, untimed and discarded: this machine is a Firecracker VM whose
+	# kernel reports freed memory to the host (page_reporting), and the host
+	# takes those pages back. After a pause, the first run re-faults every
+	# page it touches from the host: 12.9 s with 21 s of system time for a
+	# convert of B that takes 6.3 s right after, 8.0 s against 6.5 s for cp
+	# (BENCHMARKS.md, issue 12, fourth pass). The page cache is still dropped
+	# before every timed run.
+	measure sh -c 'cp -r "$1" "$2" && sync' sh "$src" "$work/out-$shape" >/dev/null
+	rm -rf "$work/out-$shape"
 	runs=(cp convert fuse)
 	[ "$shape" = Q ] && runs=(cp convert convert) # Qwen3-MoE has no shared expert to fuse: two convert runs per round
 	declare -A secs=() raw=() rss=() bytes=()

@@ -16,6 +16,7 @@ func init() { extraCommands = append(extraCommands, newConvertCmd, newFuseShared
 // convertFlags are the flags convert and fuse-shared share.
 type convertFlags struct {
 	layout, maxShard string
+	digest           string
 	jobs             int
 	force, resume    bool
 	noProgress, json bool
@@ -26,6 +27,7 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.layout, "layout", "stacked", "expert layout: stacked (all_gate/all_up [E,I,H], all_down [E,H,I]), gate-up (gate_up_proj [E,2I,H], gate rows first) or up-gate (up rows first)")
 	fl.StringVar(&f.maxShard, "max-shard-size", "5GB", "largest output shard, e.g. 5GB, 500MB, 2GiB")
 	fl.IntVar(&f.jobs, "jobs", convert.DefaultJobs, "shards written at once")
+	fl.StringVar(&f.digest, "digest", layout.ShardBlockAlgo.String(), "how the manifest hashes each shard's 16 MiB blocks: xxh3 (XXH3-128, fast; catches corruption and torn writes), blake3 or sha256 (cryptographic, for a digest to pin; slower on few cores)")
 	fl.BoolVar(&f.force, "force", false, "replace DST if it exists")
 	fl.BoolVar(&f.resume, "resume", false, "continue an interrupted run from DST.partial, reusing finished shards whose checksum matches")
 	fl.BoolVar(&f.noProgress, "no-progress", false, "no progress reporting on stderr")
@@ -44,7 +46,11 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	if f.jobs < 1 {
 		return convert.Options{}, fmt.Errorf("--jobs %d: must be at least 1", f.jobs)
 	}
-	return convert.Options{Src: src, Dst: dst, Layout: l, MaxShardSize: size, Jobs: f.jobs,
+	digest, err := layout.ParseBlockAlgo(f.digest)
+	if err != nil {
+		return convert.Options{}, fmt.Errorf("--digest: %w", err)
+	}
+	return convert.Options{Src: src, Dst: dst, Layout: l, MaxShardSize: size, Jobs: f.jobs, Digest: digest,
 		Force: f.force, Resume: f.resume, Tool: "moeprep " + versionString()}, nil
 }
 
