@@ -4,7 +4,9 @@
 # drop_caches; run as root), with `sync` inside cp's timing because moeprep
 # fsyncs what it writes. The order of (cp, convert, fuse-shared) rotates from
 # round to round; the table gives the median of the rounds, its ratio to cp's
-# median, peak RSS, and every raw figure.
+# median (x_cp), the median of the per-round ratios to that round's cp
+# (paired: the disk's speed drifts over minutes on this VM, and a round's
+# three runs share its mood), peak RSS, and every raw figure.
 #
 # Shapes (those of issue 12):
 #   A  bf16 DeepSeek-V3-shaped, 64 experts, I 288: 1.6 GB, one source and one output shard
@@ -37,7 +39,7 @@ measure() {
 }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
-printf '%-5s %-12s %8s %7s %7s %7s %8s   %s\n' shape run median_s x_cp GB/s rss_MB out_GB "raw (wall/user/sys s per round)"
+printf '%-5s %-12s %8s %7s %7s %7s %7s %8s   %s\n' shape run median_s x_cp paired GB/s rss_MB out_GB "raw (wall/user/sys s per round)"
 for shape in $shapes; do
 	src=$(readlink -f "$work/src-$shape" || echo "$work/src-$shape")
 	case $shape in
@@ -64,8 +66,9 @@ for shape in $shapes; do
 	rm -rf "$work/out-$shape"
 	runs=(cp convert fuse)
 	[ "$shape" = Q ] && runs=(cp convert convert) # Qwen3-MoE has no shared expert to fuse: two convert runs per round
-	declare -A secs=() raw=() rss=() bytes=()
+	declare -A secs=() raw=() rss=() bytes=() ratios=()
 	for r in $(seq "$rounds"); do
+		declare -A round=()
 		for i in 0 1 2; do
 			run=${runs[$(( (i + r) % 3 ))]}
 			out="$work/out-$shape"
@@ -76,17 +79,25 @@ for shape in $shapes; do
 			fuse) read -r s u y m < <(measure "$mp" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			esac
 			secs[$run]+="$s "
+			round[$run]+="$s "
 			raw[$run]+="$s/$u/$y "
 			rss[$run]=$(( ${rss[$run]:-0} > m ? ${rss[$run]:-0} : m ))
 			bytes[$run]=$(du -sb "$out" | cut -f1)
 			rm -rf "$out"
 		done
+		for run in "${!round[@]}"; do
+			for x in ${round[$run]}; do
+				ratios[$run]+="$(awk -v a="$x" -v b="${round[cp]}" 'BEGIN { printf "%.4f", a/b }') "
+			done
+		done
+		unset round
 	done
 	cp_med=$(tr ' ' '\n' <<<"${secs[cp]}" | grep . | median)
 	for run in $(printf '%s\n' "${runs[@]}" | awk '!seen[$0]++'); do
 		med=$(tr ' ' '\n' <<<"${secs[$run]}" | grep . | median)
-		awk -v sh="$shape" -v n="$run" -v s="$med" -v c="$cp_med" -v m="${rss[$run]}" -v b="${bytes[$run]}" -v raw="${raw[$run]}" \
-			'BEGIN { printf "%-5s %-12s %8.2f %7.2f %7.2f %7s %8.2f   %s\n", sh, n, s, s/c, b/s/1e9, m, b/1e9, raw }'
+		pr=$(tr ' ' '\n' <<<"${ratios[$run]}" | grep . | median)
+		awk -v sh="$shape" -v n="$run" -v s="$med" -v c="$cp_med" -v p="$pr" -v m="${rss[$run]}" -v b="${bytes[$run]}" -v raw="${raw[$run]}" \
+			'BEGIN { printf "%-5s %-12s %8.2f %7.2f %7.2f %7.2f %7s %8.2f   %s\n", sh, n, s, s/c, p, b/s/1e9, m, b/1e9, raw }'
 	done
-	unset secs raw rss bytes
+	unset secs raw rss bytes ratios
 done
