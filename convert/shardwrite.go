@@ -124,10 +124,11 @@ func (s *shardPlan) planChunks() ([]*chunk, error) {
 	return out, nil
 }
 
-// read reads the chunk's bytes of its region into b (len c.n) and folds
-// them when the part is folded.
-func (c *chunk) read(b []byte) error {
-	if err := c.p.readAt(b, c.pos); err != nil {
+// read reads the chunk's bytes of r (its part's region, or the same bytes
+// through another open file) into b (len c.n) and folds them when the part
+// is folded.
+func (c *chunk) read(b []byte, r region) error {
+	if err := r.readAt(b, c.pos); err != nil {
 		return err
 	}
 	if c.p.fold {
@@ -151,6 +152,71 @@ type shardWriter struct {
 	sums  [][32]byte
 	flush chan int64  // hashed blocks, to start writing back (nil: none)
 	noCFR atomic.Bool // copy_file_range refused once: buffer the rest
+
+	srcMu sync.Mutex
+	srcs  map[*os.File]*os.File // the checkpoint's open source files -> this shard's own
+}
+
+// ownSource returns the part's region read through this shard's own open
+// file of its source, and that file (nil when the source is not a plain
+// file, or cannot be opened again as the same file: then the shared one).
+//
+// Why: the kernel keeps read-ahead state per open file. The checkpoint
+// opens each source once, and the shards written at once (--jobs) each take
+// every few tensors of it, so through the shared file each one's next read
+// looks random to the kernel and read-ahead restarts small. With a file of
+// its own, a shard reads each source front to back with gaps. B (3 shards
+// at once): 6.00 s against 6.43 s over 7 rotated rounds, faster in 5
+// (BENCHMARKS.md, issue 12).
+func (sw *shardWriter) ownSource(p *part) (region, *os.File) {
+	shared, ok := outermost(p.src).(*os.File)
+	if !ok {
+		return p.region, nil
+	}
+	sw.srcMu.Lock()
+	defer sw.srcMu.Unlock()
+	own, seen := sw.srcs[shared]
+	if !seen {
+		own = reopen(shared)
+		if sw.srcs == nil {
+			sw.srcs = map[*os.File]*os.File{}
+		}
+		sw.srcs[shared] = own // nil: use the shared one
+	}
+	if own == nil {
+		own = shared
+	}
+	r := p.region
+	r.src, r.off = own, baseOffset(p.src)+p.off
+	return r, own
+}
+
+// reopen opens f's path again, or returns nil when it cannot or the path now
+// names another file.
+func reopen(f *os.File) *os.File {
+	g, err := os.Open(f.Name())
+	if err != nil {
+		return nil
+	}
+	a, errA := f.Stat()
+	b, errB := g.Stat()
+	if errA != nil || errB != nil || !os.SameFile(a, b) {
+		g.Close()
+		return nil
+	}
+	return g
+}
+
+// closeSources closes the files ownSource opened.
+func (sw *shardWriter) closeSources() {
+	sw.srcMu.Lock()
+	defer sw.srcMu.Unlock()
+	for _, own := range sw.srcs {
+		if own != nil {
+			own.Close()
+		}
+	}
+	sw.srcs = nil
 }
 
 // writeShard writes one planned shard to DST.partial and returns its size and
@@ -179,6 +245,7 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 	nb := (s.size + bs - 1) / bs
 	sw := &shardWriter{path: tmp, out: out, size: s.size, bs: bs, algo: w.o.Digest, left: make([]atomic.Int64, nb),
 		ready: make(chan int64, nb), sums: make([][32]byte, nb)}
+	defer sw.closeSources()
 	if startWriteback != nil {
 		sw.flush = make(chan int64, nb)
 	}
@@ -291,9 +358,10 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 // put writes one chunk at its offset.
 func (sw *shardWriter) put(c *chunk, buf *[]byte) error {
 	p := c.p
+	r, f := sw.ownSource(p)
 	if useCopyRange && !p.fold && p.contiguous() && !sw.noCFR.Load() {
-		if f, ok := outermost(p.src).(*os.File); ok {
-			err := copyRange(f, baseOffset(p.src)+p.off+c.pos, sw.out, c.dst, c.n)
+		if f != nil {
+			err := copyRange(f, r.off+c.pos, sw.out, c.dst, c.n)
 			switch {
 			case err == nil:
 				return nil
@@ -310,7 +378,7 @@ func (sw *shardWriter) put(c *chunk, buf *[]byte) error {
 		*buf = make([]byte, max(c.n, bufChunkSize))
 	}
 	b := (*buf)[:c.n]
-	if err := c.read(b); err != nil {
+	if err := c.read(b, r); err != nil {
 		return err
 	}
 	if _, err := sw.out.WriteAt(b, c.dst); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -234,5 +235,60 @@ func TestSyncFilesNamesWhatFailed(t *testing.T) {
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%s: error %v, want one naming %s", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestOwnSource: a shard reads its parts through its own open file of each
+// source, byte for byte what the shared one gives, and falls back to the
+// shared file when the path no longer names the same file.
+func TestOwnSource(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "src")
+	data := make([]byte, 10000)
+	for i := range data {
+		data[i] = byte(i*31 + i/7)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	shared, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shared.Close()
+	// A section at 100 of the file, and a part at 50 of the section: bytes 150...
+	sec := io.NewSectionReader(shared, 100, 9000)
+	p := &part{region: region{src: sec, file: path, tensor: "t", off: 50, rows: 3, rowLen: 200, stride: 1000}}
+	want := make([]byte, p.size())
+	if err := p.readAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	sw := &shardWriter{}
+	r, own := sw.ownSource(p)
+	if own == nil || own == shared || r.off != 150 {
+		t.Fatalf("own %v (shared %v), offset %d, want a new file and 150", own, shared, r.off)
+	}
+	got := make([]byte, p.size())
+	if err := r.readAt(got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("through its own file: %v, bytes equal %v", err, bytes.Equal(got, want))
+	}
+	if r2, own2 := sw.ownSource(p); own2 != own || r2 != r {
+		t.Errorf("second call opened another file")
+	}
+	sw.closeSources()
+	if _, err := own.Stat(); err == nil {
+		t.Errorf("closeSources left its file open")
+	}
+	// The path now names another file: the shared one is used.
+	os.Remove(path)
+	os.WriteFile(path, []byte("other"), 0o644)
+	sw = &shardWriter{}
+	if r, f := sw.ownSource(p); f != shared || r.src != shared {
+		t.Errorf("replaced path: got %v, want the shared file", f)
+	}
+	// A source that is not a file is read as it is.
+	mem := &part{region: region{src: bytes.NewReader(data), file: "mem", off: 7, rows: 1, rowLen: 10}}
+	if r, f := sw.ownSource(mem); f != nil || r != mem.region {
+		t.Errorf("in-memory source: file %v, region %+v", f, r)
 	}
 }
