@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Structure check of the w8a8 draft without nvcc (UNTESTED DRAFT branch fp8-draft):
+# Structure check of the w8a8 sources without nvcc (written before any GPU run; still a quick check before spending device time):
 # g++ parses act_quant.cu, grouped_gemm_wg_fp8.cu and harness_fp8.cu with
 # stand-in CUDA declarations (scripts/wg/standin/), inline asm swallowed and
 # <<<...>>> launches turned into calls, once as the host pass and once as an
