@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/moeprep/moeprep/internal/cuda"
@@ -45,16 +46,18 @@ func NewQuantScratch(dev *cuda.Device, t, topk, h, i int) (*QuantScratch, error)
 }
 
 // Free releases the two buffers.
-func (q *QuantScratch) Free() {
+func (q *QuantScratch) Free() error {
 	if q == nil {
-		return
+		return nil
 	}
+	var errs []error
 	if q.Codes != nil {
-		q.Codes.Free()
+		errs = append(errs, q.Codes.Free())
 	}
 	if q.Scales != nil {
-		q.Scales.Free()
+		errs = append(errs, q.Scales.Free())
 	}
+	return errors.Join(errs...)
 }
 
 // fits reports an error unless q holds a [rows, cols] quantised matrix.
