@@ -1,6 +1,6 @@
 // Issue 13 deliverable 2 (w8a8); passes on an H100 (kernels/GEMM_NOTES.md,
 // 2026-11-23 "w8a8 on the H100"). On a GPU machine, from the repository root:
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --ptxas-options=-v -o hf scripts/wg/harness_fp8.cu -lcuda 2>&1 | grep -E "error|warning|registers|spill|Compiling" ; ./hf 0   (0: small shapes only; no argument: DeepSeek sizes and timing too)
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --ptxas-options=-v -o hf scripts/wg/harness_fp8.cu -lcuda 2>&1 | grep -E "error|warning|registers|spill|Compiling" ; ./hf 0   (0: small shapes only; no argument: DeepSeek sizes and timing too; T > 1: DeepSeek at T tokens, default instance only)
 //
 // Standalone check and timing of the w8a8 path: moe_act_quant_e4m3
 // (kernels/cuda/act_quant.cu) and moe_gate_up_wg_fp8_fp8 / moe_down_wg_fp8_fp8
@@ -594,6 +594,16 @@ int main(int argc, char** argv)
     }
     std::mt19937 rng(12345);
     bool big = argc < 2 || atoi(argv[1]) != 0;
+    if (argc >= 2 && atoi(argv[1]) > 1) {
+        // ./hf T: DeepSeek shapes at T tokens, default instance only (for ncu: its first gate_up /
+        // down launch is the checked one, then the 12 timed ones).
+        Cfg c{"deepseek", atoi(argv[1]), 7168, 2048, 264, 9, 8, 16, -1, true, true, false};
+        WBufs w = make_weights(c, 11);
+        run_cfg(c, vs[0], w.gu, w.sgu, w.dn, w.sdn, rng);
+        free_weights(w);
+        printf(g_fail ? "FAILED (%d checks)\n" : "PASS\n", g_fail);
+        return g_fail ? 1 : 0;
+    }
     test_encoder();
     test_act_quant(40, 1000, rng);  // short last group (104), cols % 4 == 0
     test_act_quant(40, 1002, rng);  // cols % 4 != 0: element path
