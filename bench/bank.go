@@ -128,13 +128,17 @@ func copyBank(dev *cuda.Device, dst, src *bankAlloc, d DType) error {
 // workingBytes is the device memory one token count needs besides the
 // banks: xsets input sets (x, logits, gate outputs, alignment) and the
 // shared intermediate, expert output and layer output.
-func workingBytes(s Shape, t, blockSize, xsets int) int64 {
+func workingBytes(s Shape, t, blockSize, xsets int, w8a8 bool) int64 {
 	T, H, I, E, K := int64(t), int64(s.H), int64(s.I), int64(s.Routed), int64(s.Slots())
 	EB, bs := int64(s.BankExperts()), int64(blockSize)
 	maxPad := T*K + EB*(bs-1)
 	align := maxPad*4 + (maxPad/bs+1)*4 + (T*K/256+1)*EB*4 + EB*8 + 16
 	set := T*H*2 + T*E*4 + T*K*8 + align
-	return int64(xsets)*set + T*K*I*2 + T*K*H*4 + T*H*4
+	quant := int64(0)
+	if w8a8 { // kernels.NewQuantScratch: codes and scales of the larger stage input
+		quant = max(T*H, T*K*I) + 4*max(T*((H+127)/128), T*K*((I+127)/128))
+	}
+	return int64(xsets)*set + T*K*I*2 + T*K*H*4 + T*H*4 + quant
 }
 
 // bankCopies decides how many bank copies to rotate: the requested number,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/kernels"
 )
 
 func TestParseTokens(t *testing.T) {
@@ -228,13 +229,17 @@ func TestBankCopies(t *testing.T) {
 
 func TestWorkingBytes(t *testing.T) {
 	s := DeepSeekV3()
-	w4096 := workingBytes(s, 4096, 16, 4)
+	w4096 := workingBytes(s, 4096, 16, 4, false)
 	// The [T*K,H] f32 expert output alone is 1.06 GB at 4096 tokens.
 	if w4096 < 4096*9*7168*4 || w4096 > 3<<30 {
 		t.Errorf("working set at T=4096: %d bytes", w4096)
 	}
-	if workingBytes(s, 1, 16, 4) >= workingBytes(s, 16, 16, 4) || workingBytes(s, 16, 16, 1) >= workingBytes(s, 16, 16, 4) {
+	if workingBytes(s, 1, 16, 4, false) >= workingBytes(s, 16, 16, 4, false) || workingBytes(s, 16, 16, 1, false) >= workingBytes(s, 16, 16, 4, false) {
 		t.Error("working set does not grow with tokens and input sets")
+	}
+	// w8a8 adds the quantised intermediate (T*K*I codes, the larger stage input) and its scales.
+	if d := workingBytes(s, 4096, 16, 4, true) - w4096; d != 4096*9*2048+4*4096*9*16 {
+		t.Errorf("w8a8 scratch at T=4096: %d bytes", d)
 	}
 }
 
@@ -252,6 +257,8 @@ func TestConfigCheck(t *testing.T) {
 		func(c *Config) { c.XSets = 0 },
 		func(c *Config) { c.DType = "int4" },
 		func(c *Config) { c.Shape.TopK = 200 }, // 4 groups of 32 cannot give 200
+		func(c *Config) { c.W8A8 = true },      // bf16 weights
+		func(c *Config) { c.W8A8, c.DType, c.Path = true, FP8, kernels.PathMMATall },
 	}
 	for i, f := range bad {
 		c := DefaultConfig()
@@ -259,6 +266,11 @@ func TestConfigCheck(t *testing.T) {
 		if err := c.Check(); err == nil {
 			t.Errorf("bad config %d accepted", i)
 		}
+	}
+	w8 := DefaultConfig()
+	w8.W8A8, w8.DType = true, FP8
+	if err := w8.Check(); err != nil {
+		t.Errorf("w8a8 with fp8 weights: %v", err)
 	}
 }
 

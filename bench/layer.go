@@ -25,6 +25,7 @@ type layerBufs struct {
 	inter *cuda.Buffer[uint16]  // [T*K,I] bf16, shared by the sets
 	out   *cuda.Buffer[float32] // [T*K,H] f32
 	y     *cuda.Buffer[float32] // [T,H] f32
+	quant *kernels.QuantScratch // w8a8: the stages' quantised inputs (nil otherwise)
 	execs []cuda.GraphExec      // one captured layer per rotation slot
 }
 
@@ -42,6 +43,7 @@ func (lb *layerBufs) free(dev *cuda.Device) {
 	lb.inter.Free()
 	lb.out.Free()
 	lb.y.Free()
+	lb.quant.Free()
 	dev.Do(func(c *cuda.Ctx) error {
 		for _, e := range lb.execs {
 			c.DestroyGraphExec(e)
@@ -98,7 +100,12 @@ func (r *runner) alloc(t int) (*layerBufs, error) {
 	if lb.out, err = cuda.Alloc[float32](r.dev, t*k*s.H); err != nil {
 		return lb, err
 	}
-	lb.y, err = cuda.Alloc[float32](r.dev, t*s.H)
+	if lb.y, err = cuda.Alloc[float32](r.dev, t*s.H); err != nil {
+		return lb, err
+	}
+	if r.cfg.W8A8 {
+		lb.quant, err = kernels.NewQuantScratch(r.dev, t, k, s.H, s.I)
+	}
 	return lb, err
 }
 
@@ -117,12 +124,20 @@ func (r *runner) align(set *inputSet) error {
 	return kernels.AlignBlockSize(r.stream, set.gate.IDs, set.al)
 }
 
+// gemmOpt is the runner's GEMM options with this token count's w8a8
+// scratch (act_quant runs inside each stage: its time counts in the stage's).
+func (r *runner) gemmOpt(lb *layerBufs) kernels.GEMMOptions {
+	opt := r.opt
+	opt.Quant = lb.quant
+	return opt
+}
+
 func (r *runner) gateUp(lb *layerBufs, set *inputSet, bank *kernels.ExpertBank) error {
-	return kernels.MoEGateUp(r.dev, r.stream, bank, set.sorted, kernels.BF16Mat(set.x), lb.t, r.cfg.Shape.Slots(), kernels.BF16Mat(lb.inter), r.opt)
+	return kernels.MoEGateUp(r.dev, r.stream, bank, set.sorted, kernels.BF16Mat(set.x), lb.t, r.cfg.Shape.Slots(), kernels.BF16Mat(lb.inter), r.gemmOpt(lb))
 }
 
 func (r *runner) down(lb *layerBufs, set *inputSet, bank *kernels.ExpertBank) error {
-	return kernels.MoEDown(r.dev, r.stream, bank, set.sorted, kernels.BF16Mat(lb.inter), lb.out, r.opt)
+	return kernels.MoEDown(r.dev, r.stream, bank, set.sorted, kernels.BF16Mat(lb.inter), lb.out, r.gemmOpt(lb))
 }
 
 func (r *runner) finalize(lb *layerBufs, set *inputSet) error {

@@ -38,6 +38,11 @@ type Config struct {
 	// Path is the grouped GEMM kernel variant (PathAuto: the one validate
 	// and serving use); naming one compares the variants at every T.
 	Path kernels.GEMMPath
+	// W8A8 runs the grouped GEMM in the block-FP8 serving numerics
+	// (kernels.GEMMOptions.W8A8: activations quantised to e4m3 per token
+	// per 128 channels, e4m3 x e4m3 wgmma); needs fp8 weights and a
+	// compute capability 9.0 device. False: bf16 activations.
+	W8A8 bool
 	// Log receives progress lines (nil: none).
 	Log io.Writer
 }
@@ -77,6 +82,10 @@ func (c Config) Check() error {
 		return fmt.Errorf("--bank-copies %d: want 0 (auto) or more", c.BankCopies)
 	case c.XSets < 1:
 		return fmt.Errorf("bench: %d input sets", c.XSets)
+	case c.W8A8 && c.DType != FP8:
+		return fmt.Errorf("--precision fp8 (w8a8) needs fp8 weights, not --dtype %s", c.DType)
+	case c.W8A8 && c.Path != kernels.PathAuto && c.Path != kernels.PathWGMMA:
+		return fmt.Errorf("--precision fp8 (w8a8) runs on the wgmma kernels only, not --gemm-path %v", c.Path)
 	}
 	for _, t := range c.Tokens {
 		if t < 1 || t > MaxTokens {

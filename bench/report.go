@@ -18,6 +18,7 @@ type Result struct {
 	Folded     bool    `json:"rsf_folded"`
 	BlockSize  int     `json:"block_size"`
 	GEMMPath   string  `json:"gemm_path"` // as asked: auto picks per T and stage
+	Precision  string  `json:"precision"` // activation numerics: "bf16" or "w8a8" (e4m3 per token per 128 channels)
 	BankCopies int     `json:"bank_copies"`
 	BankBytes  int64   `json:"bank_bytes"`
 	XSets      int     `json:"x_sets"`
@@ -81,8 +82,8 @@ func Percentile(xs []float64, p float64) float64 {
 // WriteTable prints the result as an aligned table: one line per row,
 // grouped by token count.
 func WriteTable(w io.Writer, r *Result) error {
-	if _, err := fmt.Fprintf(w, "%s  %s  dtype %s (rsf folded %v)  H %d I %d  experts %d+%d  top-%d+%d  groups %d/%d  block %d\n",
-		r.Tool, r.Device, r.DType, r.Folded, r.Shape.H, r.Shape.I, r.Shape.Routed, r.Shape.SharedReplicas*r.Shape.SharedSlots,
+	if _, err := fmt.Fprintf(w, "%s  %s  dtype %s (rsf folded %v)  activations %s  H %d I %d  experts %d+%d  top-%d+%d  groups %d/%d  block %d\n",
+		r.Tool, r.Device, r.DType, r.Folded, r.Precision, r.Shape.H, r.Shape.I, r.Shape.Routed, r.Shape.SharedReplicas*r.Shape.SharedSlots,
 		r.Shape.TopK, r.Shape.SharedSlots, r.Shape.NGroup, r.Shape.TopKGroup, r.BlockSize); err != nil {
 		return err
 	}

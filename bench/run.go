@@ -84,9 +84,13 @@ func (r *runner) logf(format string, args ...any) {
 func (r *runner) setup() error {
 	s, d := r.cfg.Shape, r.cfg.DType
 	r.spec = s.GateSpec(d.Folded())
-	r.opt = kernels.GEMMOptions{Act: kernels.MatBF16, Path: r.cfg.Path}
+	r.opt = kernels.GEMMOptions{Act: kernels.MatBF16, Path: r.cfg.Path, W8A8: r.cfg.W8A8}
+	precision := "bf16"
+	if r.cfg.W8A8 {
+		precision = "w8a8"
+	}
 	r.res = Result{Tool: "moeprep", Device: r.dev.String(), DType: d, Shape: s, Folded: d.Folded(),
-		BlockSize: r.cfg.BlockSize, GEMMPath: r.cfg.Path.String(), BankBytes: s.BankBytes(d), XSets: r.cfg.XSets, FlushBytes: flushBytes,
+		BlockSize: r.cfg.BlockSize, GEMMPath: r.cfg.Path.String(), Precision: precision, BankBytes: s.BankBytes(d), XSets: r.cfg.XSets, FlushBytes: flushBytes,
 		IterMax: r.cfg.Iters, Graph: "off", Method: Method}
 	err := r.dev.Do(func(c *cuda.Ctx) error {
 		var e error
@@ -132,7 +136,7 @@ func (r *runner) setup() error {
 
 	var reserve int64
 	for _, t := range r.cfg.Tokens {
-		reserve = max(reserve, workingBytes(s, t, r.cfg.BlockSize, r.cfg.XSets))
+		reserve = max(reserve, workingBytes(s, t, r.cfg.BlockSize, r.cfg.XSets, r.cfg.W8A8))
 	}
 	reserve += 1 << 30
 	if free, _, err = r.dev.MemInfo(); err != nil {

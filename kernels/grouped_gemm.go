@@ -255,6 +255,24 @@ const (
 // table (wgBM pointers) and 1 KiB to align the ring.
 const wgSmemBytes = 4*(wgBM+wgBN)*64*2 + (2*2048+32)*4 + 2*4*8 + wgBM*8 + 1024
 
+// The w8a8 wgmma tile (WF_BM, WF_BNB, WF_NCW, WF_STAGES and WF_THREADS in
+// grouped_gemm_wg_fp8.cu): wfBM rows of one expert x wfBN weight rows,
+// one producer and two consumer warpgroups (setmaxnreg 40 / 232: each
+// consumer holds a 64 x 192 f32 accumulator and a partial of the same
+// size, promoted every 128 K with the activation and weight scales).
+const (
+	wfBM      = 128
+	wfBN      = 192
+	wfStages  = 5
+	wfThreads = 128 * (1 + wfBM/64)
+)
+
+// wfSmemBytes is the w8a8 kernels' dynamic shared memory (WF_SMEM_BYTES,
+// 225648 bytes): 5 stages of (wfBM + wfBN) x 128 e4m3, a scale ring of
+// wfBM + 8 floats a stage, the run and tile tables, the mbarriers, the
+// producer's row table (wfBM ints) and 1 KiB to align the ring.
+const wfSmemBytes = wfStages*(wfBM+wfBN)*128 + wfStages*(wfBM+8)*4 + (2*2048+32)*4 + 2*wfStages*8 + wfBM*4 + 1024
+
 // isHopper reports whether dev runs the sm_90a code of the fatbins.
 func isHopper(dev *cuda.Device) bool { return dev != nil && dev.Major == 9 && dev.Minor == 0 }
 
@@ -274,12 +292,38 @@ type GEMMOptions struct {
 	// projections of a bank whose experts run stage 1 unfused (biases or a
 	// non-SwiGLU activation); unused otherwise.
 	Scratch *cuda.Buffer[float32]
+	// W8A8 is the activation precision of the block-FP8 serving mode
+	// (validate.GEMMNumerics{W8A8: true}; false, the default, keeps the
+	// activations in Act): each stage first quantises its input, x [T, H]
+	// and the bf16 intermediate [Numel, I], to e4m3 per row per 128
+	// channels (ActQuantE4M3 into Quant), and the grouped GEMM multiplies
+	// e4m3 x e4m3 on the tensor cores (grouped_gemm_wg_fp8.cu). It needs
+	// bf16 activations, fp8 weights, compute capability 9.0 (the kernels
+	// use wgmma), H and I divisible by 16, at most wgMaxExperts experts,
+	// SwiGLU experts without gate/up biases, and Path auto or wgmma; there
+	// is no fallback, since any other kernel would compute other numerics.
+	W8A8 bool
+	// Quant is the w8a8 mode's quantisation scratch (NewQuantScratch).
+	Quant *QuantScratch
 }
 
 // kernel returns a stage's kernel name and block size for reduction
 // length k, numel slots and the given number of experts; hopper: the device
 // has compute capability 9.0.
 func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int, hopper bool) (string, int, error) {
+	if o.W8A8 {
+		switch {
+		case o.Path != PathAuto && o.Path != PathWGMMA:
+			return "", 0, fmt.Errorf("grouped gemm: w8a8 runs on the wgmma path only, not %v", o.Path)
+		case o.Act != MatBF16 || w != MatFP8:
+			return "", 0, fmt.Errorf("grouped gemm: w8a8 needs bf16 activations and fp8 weights, not %v and %v", o.Act, w)
+		case !hopper:
+			return "", 0, fmt.Errorf("grouped gemm: w8a8 needs compute capability 9.0 (wgmma e4m3)")
+		case k%16 != 0 || experts > wgMaxExperts:
+			return "", 0, fmt.Errorf("grouped gemm: w8a8 needs a reduction length divisible by 16 (not %d) and at most %d experts (not %d)", k, wgMaxExperts, experts)
+		}
+		return fmt.Sprintf("moe_%s_wg_fp8_fp8", stage), wfThreads, nil
+	}
 	mmaOK := o.Act == MatBF16 && (w == MatBF16 || w == MatFP8)
 	vec := 8
 	if w == MatFP8 {
@@ -350,6 +394,10 @@ func gemmGrid(s *Sorted, n int, fn string, sms int) ([3]uint32, error) {
 // memory: the wgmma kernels live in grouped_gemm_wg.fatbin and need
 // wgSmemBytes (Module.Launch raises the limit above 48 KiB).
 func gemmModule(dev *cuda.Device, fn string) (*Module, uint32, error) {
+	if strings.Contains(fn, "_wg_fp8_") {
+		m, err := Load(dev, "grouped_gemm_wg_fp8")
+		return m, wfSmemBytes, err
+	}
 	if strings.Contains(fn, "_wg_") {
 		m, err := Load(dev, "grouped_gemm_wg")
 		return m, wgSmemBytes, err
@@ -383,6 +431,9 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 		return err
 	}
 	if bank.UnfusedAct() {
+		if opt.W8A8 {
+			return fmt.Errorf("grouped gemm: w8a8 runs SwiGLU experts without gate/up biases only (activation %+v)", bank.Act)
+		}
 		return moeGateUpAct(dev, st, bank, sorted, x, topk, inter, opt)
 	}
 	wg, wu, ws, sg, su, ss, err := bank.gateUpPtrs()
@@ -393,6 +444,11 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 	if err != nil {
 		return err
 	}
+	if opt.W8A8 {
+		if err := opt.Quant.fits(t, bank.H); err != nil {
+			return err
+		}
+	}
 	m, shmem, err := gemmModule(dev, fn)
 	if err != nil {
 		return err
@@ -401,29 +457,44 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 	if err != nil {
 		return err
 	}
+	if opt.W8A8 {
+		// x -> e4m3 codes and per-128-channel scales, then the e4m3 x e4m3 GEMM
+		// on them; gate and up boxes of wfBN/2 (96) weight rows each.
+		if err := ActQuantE4M3(dev, st, x, t, bank.H, opt.Quant); err != nil {
+			return err
+		}
+		args := []any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, opt.Quant.Codes, opt.Quant.Scales, wg, wu, ws, sg, su, ss, inter.Ptr,
+			int32(sorted.Numel), int32(topk), int32(bank.I), int32(bank.H), int32(sorted.BlockSize), int32(bank.NumExperts)}
+		return wgLaunch(m, fn, grid, threads, shmem, st, MatFP8, []cuda.DevicePtr{wg, wu}, ws, bank.H, bank.I, bank.NumExperts, wfBN/2, args)
+	}
 	args := []any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, x.Ptr, wg, wu, ws, sg, su, ss, inter.Ptr,
 		int32(sorted.Numel), int32(topk), int32(bank.I), int32(bank.H), int32(sorted.BlockSize), int32(bank.NumExperts)}
 	if strings.Contains(fn, "_wg_") {
 		// Gate and up boxes of wgBN/2 (96) weight rows each.
-		return wgLaunch(m, fn, grid, threads, shmem, st, []cuda.DevicePtr{wg, wu}, ws, bank.H, bank.I, bank.NumExperts, wgBN/2, args)
+		return wgLaunch(m, fn, grid, threads, shmem, st, MatBF16, []cuda.DevicePtr{wg, wu}, ws, bank.H, bank.I, bank.NumExperts, wgBN/2, args)
 	}
 	return m.Launch(fn, grid, Block(threads), shmem, st, args...)
 }
 
 // wgLaunch launches wgmma kernel fn with args followed by one tensor map per
 // weight matrix of w (a __grid_constant__ CUtensorMap each): the 3D view
-// {k, n, experts} of [experts][n][k] bf16 with an expert stride of estride
-// elements, box {64, rows, 1}, 128-byte swizzle (the layout of the kernel's
-// shared-memory stages), zeros outside. The kernel's producer copies the
-// weight tiles with the bulk tensor copy engine through them.
-func wgLaunch(m *Module, fn string, grid [3]uint32, threads int, shmem uint32, st cuda.Stream, w []cuda.DevicePtr, estride int64, k, n, experts, rows int, args []any) error {
+// {k, n, experts} of [experts][n][k] weights of type wt (bf16, or fp8 as
+// bytes) with an expert stride of estride elements, box {128 bytes of k,
+// rows, 1} (64 bf16 or 128 e4m3), 128-byte swizzle (the layout of the
+// kernel's shared-memory stages), zeros outside. The kernel's producer
+// copies the weight tiles with the bulk tensor copy engine through them.
+func wgLaunch(m *Module, fn string, grid [3]uint32, threads int, shmem uint32, st cuda.Stream, wt MatDType, w []cuda.DevicePtr, estride int64, k, n, experts, rows int, args []any) error {
+	dt, es := uint32(cuda.TensorMapBF16), uint64(2)
+	if wt == MatFP8 {
+		dt, es = cuda.TensorMapUInt8, 1
+	}
 	return m.dev.Do(func(c *cuda.Ctx) error {
 		for _, p := range w {
 			tm, err := c.EncodeTensorMapTiled(cuda.TensorMapTiled{
-				DataType: cuda.TensorMapBF16, Base: p,
+				DataType: dt, Base: p,
 				Dims:    []uint64{uint64(k), uint64(n), uint64(experts)},
-				Strides: []uint64{2 * uint64(k), 2 * uint64(estride)},
-				Box:     []uint32{64, uint32(rows), 1},
+				Strides: []uint64{es * uint64(k), es * uint64(estride)},
+				Box:     []uint32{uint32(128 / es), uint32(rows), 1},
 				Swizzle: cuda.TensorMapSwizzle128B, L2Promotion: cuda.TensorMapL2256B,
 			})
 			if err != nil {
@@ -462,6 +533,11 @@ func MoEDown(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted,
 	if err != nil {
 		return err
 	}
+	if opt.W8A8 {
+		if err := opt.Quant.fits(sorted.Numel, bank.I); err != nil {
+			return err
+		}
+	}
 	m, shmem, err := gemmModule(dev, fn)
 	if err != nil {
 		return err
@@ -472,10 +548,21 @@ func MoEDown(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted,
 	}
 	args := []any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, inter.Ptr, bank.Down.Ptr, int64(bank.I * bank.H), sd, ss, out,
 		int32(sorted.Numel), int32(bank.H), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts)}
-	if strings.Contains(fn, "_wg_") {
+	switch {
+	case opt.W8A8:
+		// The bf16 intermediate -> e4m3 codes and per-128-channel scales (rows
+		// of slots not on this bank are quantised too and never read), then
+		// the e4m3 x e4m3 GEMM; down boxes of wfBN (192) output columns.
+		if err = ActQuantE4M3(dev, st, inter, sorted.Numel, bank.I, opt.Quant); err != nil {
+			return err
+		}
+		args = []any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, opt.Quant.Codes, opt.Quant.Scales, bank.Down.Ptr, int64(bank.I * bank.H), sd, ss, out,
+			int32(sorted.Numel), int32(bank.H), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts)}
+		err = wgLaunch(m, fn, grid, threads, shmem, st, MatFP8, []cuda.DevicePtr{bank.Down.Ptr}, int64(bank.I*bank.H), bank.I, bank.H, bank.NumExperts, wfBN, args)
+	case strings.Contains(fn, "_wg_"):
 		// Down boxes of wgBN (192) weight rows = output columns.
-		err = wgLaunch(m, fn, grid, threads, shmem, st, []cuda.DevicePtr{bank.Down.Ptr}, int64(bank.I*bank.H), bank.I, bank.H, bank.NumExperts, wgBN, args)
-	} else {
+		err = wgLaunch(m, fn, grid, threads, shmem, st, MatBF16, []cuda.DevicePtr{bank.Down.Ptr}, int64(bank.I*bank.H), bank.I, bank.H, bank.NumExperts, wgBN, args)
+	default:
 		err = m.Launch(fn, grid, Block(threads), shmem, st, args...)
 	}
 	if err != nil {

@@ -51,6 +51,52 @@ func TestGEMMKernelChoice(t *testing.T) {
 	}
 }
 
+// TestGEMMKernelChoiceW8A8 checks the w8a8 mode's kernel choice: the e4m3 x
+// e4m3 wgmma kernels on Hopper with fp8 weights and K % 16 == 0, an error
+// everywhere else (no kernel computes its numerics but those).
+func TestGEMMKernelChoiceW8A8(t *testing.T) {
+	w8 := GEMMOptions{Act: MatBF16, W8A8: true}
+	cases := []struct {
+		name          string
+		opt           GEMMOptions
+		w             MatDType
+		k, numel, exp int
+		hopper        bool
+		want          string // "" = an error
+	}{
+		{"auto hopper", w8, MatFP8, 7168, 36864, 264, true, "moe_gate_up_wg_fp8_fp8"},
+		{"auto hopper few rows", w8, MatFP8, 7168, 9, 264, true, "moe_gate_up_wg_fp8_fp8"},
+		{"wgmma hopper", GEMMOptions{Act: MatBF16, W8A8: true, Path: PathWGMMA}, MatFP8, 2048, 8, 264, true, "moe_gate_up_wg_fp8_fp8"},
+		{"ampere", w8, MatFP8, 7168, 36864, 264, false, ""},
+		{"bf16 weights", w8, MatBF16, 7168, 36864, 264, true, ""},
+		{"f32 act", GEMMOptions{Act: MatF32, W8A8: true}, MatFP8, 7168, 36864, 264, true, ""},
+		{"K 8 mod 16", w8, MatFP8, 7160, 36864, 264, true, ""},
+		{"many experts", w8, MatFP8, 7168, 36864, 2000, true, ""},
+		{"tall path", GEMMOptions{Act: MatBF16, W8A8: true, Path: PathMMATall}, MatFP8, 7168, 36864, 264, true, ""},
+	}
+	for _, c := range cases {
+		fn, threads, err := c.opt.kernel("gate_up", c.w, c.k, c.numel, c.exp, c.hopper)
+		switch {
+		case c.want == "" && err == nil:
+			t.Errorf("%s: got %s, want an error", c.name, fn)
+		case c.want != "" && (err != nil || fn != c.want):
+			t.Errorf("%s: got %q (%v), want %s", c.name, fn, err, c.want)
+		case c.want != "" && threads != 384:
+			t.Errorf("%s: %d threads, want 384 (WF_THREADS: a producer and 2 consumer warpgroups)", c.name, threads)
+		}
+	}
+	if g, _ := gemmGrid(&Sorted{}, 2048, "moe_down_wg_fp8_fp8", 132); g != [3]uint32{132, 1, 1} {
+		t.Errorf("w8a8 grid %v, want one CTA per SM", g)
+	}
+	if wfSmemBytes != 225648 {
+		t.Errorf("wfSmemBytes %d, want 225648 (WF_SMEM_BYTES, printed by scripts/wg/harness_fp8.cu)", wfSmemBytes)
+	}
+	var q *QuantScratch
+	if err := q.fits(1, 128); err == nil {
+		t.Error("nil quantisation scratch accepted")
+	}
+}
+
 // TestParseGEMMPath checks that every path's name reads back as that path
 // and that an unknown name is refused with the list of names.
 func TestParseGEMMPath(t *testing.T) {

@@ -11,6 +11,12 @@
 # (default /tmp/kernel-build-logs), not into the embedded directory.
 # A source that fails to compile is left out of BUILD.json (CI then names it)
 # and the script exits non-zero after building the others.
+#
+# KERNELS_ONLY="act_quant grouped_gemm_wg_fp8" rebuilds only those sources:
+# the other fatbins already in OUT_DIR (a copy of kernels/build) are kept
+# byte for byte and recorded as they are, so adding a kernel family does not
+# churn the embedded fatbins of the others (their sources must be unchanged:
+# TestBuildMatchesSources checks each source's hash).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-kernels/build}
@@ -23,6 +29,9 @@ pids=()
 names=()
 for src in kernels/cuda/*.cu; do
 	name=$(basename "$src" .cu)
+	if [ -n "${KERNELS_ONLY:-}" ] && ! [[ " $KERNELS_ONLY " == *" $name "* ]]; then
+		continue
+	fi
 	names+=("$name")
 	# shellcheck disable=SC2086
 	( "$nvcc" -fatbin $flags -o "$out/$name.fatbin.tmp" "$src" >"$logs/$name.log" 2>&1 \
@@ -39,18 +48,27 @@ for i in "${!pids[@]}"; do
 	fi
 done
 
-NVCC_VERSION=$("$nvcc" --version | tr '\n' ' ' | sed 's/  */ /g') FLAGS="$flags" OUT="$out" python3 - <<'PY'
+NVCC_VERSION=$("$nvcc" --version | tr '\n' ' ' | sed 's/  */ /g') FLAGS="$flags" OUT="$out" ONLY="${KERNELS_ONLY:-}" python3 - <<'PY'
 import datetime, hashlib, json, os, glob
 out = os.environ["OUT"]
+only = os.environ["ONLY"].split()
+old = {}
+if only and os.path.exists(os.path.join(out, "BUILD.json")):
+    old = {k["source"]: k for k in json.load(open(os.path.join(out, "BUILD.json")))["kernels"]}
 kernels = []
 for src in sorted(glob.glob("kernels/cuda/*.cu")):
     name = os.path.basename(src)[:-3]
     fb = os.path.join(out, name + ".fatbin")
     if not os.path.exists(fb):
         continue
+    sha = hashlib.sha256(open(src, "rb").read()).hexdigest()
+    if only and name not in only:
+        if name + ".cu" not in old:
+            continue
+        sha = old[name + ".cu"]["sha256"]  # kept fatbin: the source it was built from
     kernels.append({
         "source": name + ".cu",
-        "sha256": hashlib.sha256(open(src, "rb").read()).hexdigest(),
+        "sha256": sha,
         "fatbin": name + ".fatbin",
         "fatbin_sha256": hashlib.sha256(open(fb, "rb").read()).hexdigest(),
     })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -154,4 +155,45 @@ func TestGroupedGEMMW8A8(t *testing.T) {
 		t.Errorf("quantising the token rows alone: rel_l2 %.4f, w8a8 %.4f: want between 0.5 and 0.95 of it", h.RelL2, d.RelL2)
 	}
 	t.Logf("w8a8 against precise: rel_l2 %.4f cos %.6f; token rows alone %.4f", d.RelL2, d.Cosine, Compare(half, precise).RelL2)
+}
+
+// TestReferenceW8A8 runs the CPU reference in w8a8 numerics on the FP8
+// DeepSeek-V3 fixture's MoE layers (routed and shared experts): it must
+// move the output off the precise reference and HF's float32 golden by the
+// 0.01..0.08 band two e4m3 roundings per expert give, with the routing
+// unchanged (the router stays precise).
+func TestReferenceW8A8(t *testing.T) {
+	src := filepath.Join(hfFixtures, "deepseek-v3-fp8")
+	ck, plan := openPlanned(t, src)
+	n := 0
+	for i := range plan.Layers {
+		layer := &plan.Layers[i]
+		if len(layer.Experts) == 0 {
+			continue
+		}
+		g, err := ReadGolden(filepath.Join(src, "reference", GoldenFileName(layer.Index)), plan.HiddenSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		precise, err := ReferenceLayer(context.Background(), ck, plan, layer, g.X, g.T, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w8, err := ReferenceLayerWith(context.Background(), ck, plan, layer, g.X, g.T, nil, nil, 2, GEMMNumerics{W8A8: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, dg := Compare(w8.Y, precise.Y).RelL2, Compare(w8.Y, g.Y).RelL2
+		t.Logf("layer %d: w8a8 reference vs precise %.3g, vs HF golden %.3g", layer.Index, d, dg)
+		if !(d >= 0.005 && d <= TolW8A8Golden.MaxRelL2) || !(dg <= TolW8A8Golden.MaxRelL2) {
+			t.Errorf("layer %d: w8a8 reference %.3g from the precise one, %.3g from the golden; want 0.005..%g", layer.Index, d, dg, TolW8A8Golden.MaxRelL2)
+		}
+		if !slices.Equal(w8.Routing.IDs, precise.Routing.IDs) {
+			t.Errorf("layer %d: w8a8 changed the routing", layer.Index)
+		}
+		n++
+	}
+	if n == 0 {
+		t.Fatal("no MoE layer in the fixture")
+	}
 }

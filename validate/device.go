@@ -15,6 +15,11 @@ const (
 
 	PrecisionBF16 = "bf16"
 	PrecisionF32  = "f32"
+	// PrecisionFP8 is the w8a8 serving numerics (GEMMNumerics{W8A8}): the
+	// GPU quantises each expert GEMM's activations to e4m3 per token per
+	// 128 channels and multiplies e4m3 x e4m3 (fp8 weights, compute
+	// capability 9.0); the CPU reference quantises the same way.
+	PrecisionFP8 = "fp8"
 )
 
 // GPUBlockMultiple is what --block-size must be a multiple of on the GPU:
@@ -55,8 +60,10 @@ func (o *Options) selectDevice(avail func() error) ([]string, error) {
 		o.GPUPrecision = PrecisionBF16
 	case PrecisionF32, "fp32":
 		o.GPUPrecision = PrecisionF32
+	case PrecisionFP8, "w8a8":
+		o.GPUPrecision = PrecisionFP8
 	default:
-		return nil, fmt.Errorf("validate: GPU precision %q (want bf16 or f32)", o.GPUPrecision)
+		return nil, fmt.Errorf("validate: GPU precision %q (want bf16, f32 or fp8)", o.GPUPrecision)
 	}
 	if o.Device == DeviceCUDA && o.BlockSize%GPUBlockMultiple != 0 {
 		return nil, fmt.Errorf("validate: --block-size %d: the GPU grouped GEMM needs a multiple of %d (use --device cpu for other block sizes)", o.BlockSize, GPUBlockMultiple)

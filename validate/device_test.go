@@ -43,6 +43,8 @@ func TestSelectDevice(t *testing.T) {
 		{"cpu", "", 8, nil, DeviceCPU, PrecisionBF16, "", ""},
 		{"cuda", "", 128, nil, DeviceCUDA, PrecisionBF16, "", ""},
 		{"gpu", "bf16", 16, nil, DeviceCUDA, PrecisionBF16, "", ""},
+		{"cuda", "fp8", 16, nil, DeviceCUDA, PrecisionFP8, "", ""},
+		{"cuda", "w8a8", 16, nil, DeviceCUDA, PrecisionFP8, "", ""},
 		{"cuda", "", 64, cuda.ErrNoDriver, "", "", "", "validate --device cuda: no usable GPU: cuda: no NVIDIA driver (libcuda.so.1 not found); use --device cpu or auto"},
 		{"cuda", "", 24, nil, "", "", "", "--block-size 24: the GPU grouped GEMM needs a multiple of 16"},
 		{"auto", "", 8, nil, "", "", "", "--block-size 8: the GPU grouped GEMM needs a multiple of 16"},

@@ -20,6 +20,7 @@ type gpuRunner struct {
 	compute, copy   cuda.Stream
 	stage, prefetch *stager
 	act             kernels.MatDType // activation type of the grouped GEMM
+	w8a8            bool             // --precision fp8: e4m3 activations (kernels.GEMMOptions.W8A8)
 }
 
 // The process keeps one device open: its kernels stay loaded across runs.
@@ -38,6 +39,7 @@ func openGPU(precision string) (*gpuRunner, error) {
 	if precision == PrecisionF32 {
 		g.act = kernels.MatF32
 	}
+	g.w8a8 = precision == PrecisionFP8
 	err := g.dev.Do(func(c *cuda.Ctx) error {
 		preloadKernels(c)
 		var err error
@@ -716,7 +718,15 @@ func (g *gpuRunner) oneExpert(src TensorSource, m family.MLP, h, inter, block in
 // precision, with the f32 scratch that experts with biases or another
 // activation than SwiGLU need (kernels/act.go), freed with fr.
 func (g *gpuRunner) groupedGEMM(bank *kernels.ExpertBank, sorted *kernels.Sorted, x kernels.Mat, t, k int, inter kernels.Mat, out *cuda.Buffer[float32], fr *frees) error {
-	opt := kernels.GEMMOptions{Act: g.act}
+	opt := kernels.GEMMOptions{Act: g.act, W8A8: g.w8a8}
+	if g.w8a8 {
+		q, err := kernels.NewQuantScratch(g.dev, t, k, bank.H, bank.I)
+		if err != nil {
+			return err
+		}
+		fr.add(q)
+		opt.Quant = q
+	}
 	if bank.UnfusedAct() {
 		var err error
 		if opt.Scratch, err = g.f32Buffer(2*sorted.Numel*bank.I, fr); err != nil {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/cuda"
@@ -141,6 +142,74 @@ func TestGPUEveryExpertCorruptionCaught(t *testing.T) {
 	for _, prec := range []string{PrecisionBF16, PrecisionF32} {
 		t.Run(prec, func(t *testing.T) {
 			everyExpertCaught(t, Options{Device: DeviceCUDA, GPUPrecision: prec, CPUCheck: CPUCheckAll})
+		})
+	}
+}
+
+// TestGPUW8A8Conversions: validate --device cuda --precision fp8 on every
+// FP8 fixture conversion of the suite: the GPU's w8a8 fused and unfused
+// layers against each other and against the CPU reference in the same
+// numerics at TolGPUW8A8 (2e-2), and against HF's float32 goldens at the
+// w8a8 band (TolW8A8Golden). A family whose experts need the unfused
+// activation fallback (a clamped SwiGLU, expert biases) is refused with an
+// error naming w8a8; DeepSeek-V3 must run. Off Hopper the mode is refused.
+func TestGPUW8A8Conversions(t *testing.T) {
+	needGPU(t)
+	ran := 0
+	for i, c := range conversionCases() {
+		if !strings.Contains(c.fixture, "fp8") {
+			continue
+		}
+		t.Run(c.name(), func(t *testing.T) {
+			src := filepath.Join(hfFixtures, c.fixture)
+			dst := convertInto(t, src, c.o)
+			block := []int{16, 64, 128}[i%3]
+			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1, Device: "cuda", GPUPrecision: PrecisionFP8, BlockSize: block})
+			switch {
+			case err != nil && strings.Contains(err.Error(), "compute capability 9.0"):
+				t.Skipf("w8a8 needs Hopper: %v", err)
+			case err != nil && strings.Contains(err.Error(), "w8a8") && !strings.HasPrefix(c.fixture, "deepseek-v3"):
+				t.Logf("refused: %v", err)
+				return
+			case err != nil:
+				t.Fatal(err)
+			}
+			if rep.Failed() {
+				var b jsonBuf
+				rep.WriteTable(&b)
+				t.Fatalf("validate --precision fp8 failed on a correct conversion:\n%s", b)
+			}
+			checks := map[string]int{}
+			for _, r := range rep.Rows {
+				checks[r.Check]++
+				t.Logf("block %d layer %d %-24s rel_l2 %.3g topk %.4f (%s)", block, r.Layer, r.Check, r.RelL2, r.TopK, r.Tolerance.Name)
+				want := TolGPUW8A8
+				if r.Check == CheckGPUFusedVsGolden || r.Check == CheckReferenceVsGolden {
+					want = TolW8A8Golden
+				}
+				if r.Tolerance != want {
+					t.Errorf("layer %d %s judged by %s, want %s", r.Layer, r.Check, r.Tolerance.Name, want.Name)
+				}
+			}
+			if checks[CheckGPUFusedVsReference] == 0 || checks[CheckGPUFusedVsGPUUnfused] == 0 || checks[CheckGPUFusedVsGolden] == 0 {
+				t.Fatalf("checks run %v", checks)
+			}
+			ran++
+		})
+	}
+	t.Logf("%d FP8 conversions validated in w8a8", ran)
+}
+
+// TestGPUW8A8Mutations: the FP8 mutations of the suite are caught in w8a8
+// mode at >= 3x its 2e-2 threshold, as in bf16 mode.
+func TestGPUW8A8Mutations(t *testing.T) {
+	needGPU(t)
+	for _, tt := range mutations(t) {
+		if !strings.Contains(tt.src, "fp8") {
+			continue
+		}
+		t.Run(tt.name, func(t *testing.T) {
+			runMutation(t, tt, Options{Device: "cuda", GPUPrecision: PrecisionFP8, BlockSize: 16}, 3)
 		})
 	}
 }

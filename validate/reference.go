@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"golang.org/x/sync/errgroup"
 )
@@ -33,6 +34,16 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 // rows; Routing is the routed tokens' alone. tokens are the routed tokens'
 // ids, needed by a hash-routed layer only (nil otherwise).
 func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, tokens []int32, cov *Coverage, workers int) (*RefResult, error) {
+	return ReferenceLayerWith(ctx, src, plan, layer, x, t, tokens, cov, workers, GEMMNumerics{})
+}
+
+// ReferenceLayerWith is ReferenceLayerCovered under the given numerics.
+// W8A8 runs every expert MLP (routed and shared) as the w8a8 serving path
+// does: its input row rounded to bf16 (the activations engines keep) and
+// quantised to e4m3 per 128 channels, the activated intermediate rounded to
+// bf16 and quantised the same way (RoundTripActGroups), products and sums
+// in float64 as before. Router and shared-expert gate stay precise.
+func ReferenceLayerWith(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, tokens []int32, cov *Coverage, workers int, num GEMMNumerics) (*RefResult, error) {
 	h, inter, e := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts
 	if len(x) != t*h {
 		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Index, len(x), t, h)
@@ -79,6 +90,7 @@ func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.P
 			if err != nil {
 				return fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
 			}
+			m.w8a8 = num.W8A8
 			xs := make([][]float32, len(users[id]))
 			outs := make([][]float32, len(users[id]))
 			for i, s := range users[id] {
@@ -110,12 +122,12 @@ func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.P
 		}
 	}
 	if layer.Shared != nil {
-		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, block, y64); err != nil {
+		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, block, num, y64); err != nil {
 			return nil, err
 		}
 	}
 	if len(layer.SharedExperts) > 0 {
-		if err := addRoutedSharedReference(ctx, src, plan, layer, x, routing, rsf, workers, block, y64); err != nil {
+		if err := addRoutedSharedReference(ctx, src, plan, layer, x, routing, rsf, workers, block, num, y64); err != nil {
 			return nil, err
 		}
 	}
@@ -225,6 +237,7 @@ type refMLP struct {
 	gb, ub, db     []float32 // biases [I], [I], [H]; nil when none
 	act            layout.Activation
 	h, inter       int
+	w8a8           bool // GEMMNumerics.W8A8: quantise input and intermediate (applyBatch)
 }
 
 func loadSourceMLP(src TensorSource, names family.MLP, inter, h, block int, act layout.Activation) (*refMLP, error) {
@@ -268,6 +281,17 @@ func (m *refMLP) release() {
 // memory once for all the tokens (the layer is memory-bound at small m).
 func (m *refMLP) applyBatch(xs, outs [][]float32) {
 	n := len(xs)
+	if m.w8a8 {
+		q := make([][]float32, n)
+		for r, x := range xs {
+			q[r] = make([]float32, len(x))
+			for j, v := range x {
+				q[r][j] = numfmt.RoundBF16(v)
+			}
+			RoundTripActGroups(q[r], 1, m.h, ActGroup)
+		}
+		xs = q
+	}
 	g := make([]float32, n*m.inter)
 	u := make([]float32, n*m.inter)
 	for i := range m.inter {
@@ -278,6 +302,12 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 		}
 	}
 	activate(m.act, g, u, m.gb, m.ub)
+	if m.w8a8 {
+		for i, v := range g {
+			g[i] = numfmt.RoundBF16(v)
+		}
+		RoundTripActGroups(g, n, m.inter, ActGroup)
+	}
 	for j := range m.h {
 		dr := m.down[j*m.inter : (j+1)*m.inter]
 		for r := range xs {
@@ -291,7 +321,7 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 
 // addSharedReference adds the shared expert (one MLP of intermediate S*I,
 // not split) to y64, gated per token by sigmoid(x . w_sg) for Qwen2-MoE.
-func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers, block int, y64 []float64) error {
+func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers, block int, num GEMMNumerics, y64 []float64) error {
 	h := plan.HiddenSize
 	inter := plan.SharedIntermediateSize
 	if inter <= 0 {
@@ -301,6 +331,7 @@ func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan
 	if err != nil {
 		return fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 	}
+	m.w8a8 = num.W8A8
 	defer m.release()
 	var gateW []float32
 	if layer.SharedGate != "" {
@@ -353,7 +384,7 @@ func (m *refMLP) applyAll(ctx context.Context, x []float32, t, workers int) ([]f
 // (Inkling): sum over s of w[t,s] * rsf * shared_s(x), w the routing's
 // shared weights (the router scale already in them), times rsf in float32
 // as the routed weights are.
-func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, r *Routing, rsf float32, workers, block int, y64 []float64) error {
+func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, r *Routing, rsf float32, workers, block int, num GEMMNumerics, y64 []float64) error {
 	h, t, ns := plan.HiddenSize, r.T, len(layer.SharedExperts)
 	if r.S != ns || len(r.Shared) != t*ns {
 		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the plan has %d", layer.Index, r.S, len(r.Shared), t, ns)
@@ -363,6 +394,7 @@ func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *famil
 		if err != nil {
 			return fmt.Errorf("layer %d shared expert %d: %w", layer.Index, s, err)
 		}
+		m.w8a8 = num.W8A8
 		out, err := m.applyAll(ctx, x, t, workers)
 		m.release()
 		if err != nil {

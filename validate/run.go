@@ -38,7 +38,9 @@ type Options struct {
 	// with a one-line notice), "cpu" or "cuda" (an error without a GPU).
 	Device string
 	// GPUPrecision is the activation type of the GPU grouped GEMM: "bf16"
-	// (default, as serving engines run) or "f32" (high precision).
+	// (default, as serving engines run), "f32" (high precision) or "fp8"
+	// (w8a8: e4m3 activations, fp8 weights, Hopper; the CPU reference of a
+	// GPU run then quantises the same way).
 	GPUPrecision string
 	// BlockSize is moe_align_block_size's block (0: DefaultBlockSize); on
 	// the GPU it must be a multiple of GPUBlockMultiple.

@@ -29,6 +29,8 @@ func newBenchCmd() *cobra.Command {
 // benchFlags are the flags of bench kernels.
 type benchFlags struct {
 	tokens, dtype, path  string
+	precision            string
+	dtypeSet             bool // --dtype was given
 	iters, blockSize     int
 	bankCopies           int
 	budget               time.Duration
@@ -41,6 +43,8 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.dtype, "dtype", "bf16", "expert weight type: bf16 (rsf unfolded) or fp8 (e4m3 with 128x128 scales, rsf folded)")
 	fl.IntVar(&f.iters, "iters", bench.DefaultIters, "most timed runs per measurement (the median is reported)")
 	fl.DurationVar(&f.budget, "budget", bench.DefaultBudget, "device time per measurement; fewer runs (at least 5) when iters would exceed it")
+	fl.StringVar(&f.precision, "precision", "default", "activation numerics of the grouped GEMM: default (bf16 activations) or fp8 (w8a8: "+
+		"activations quantised to e4m3 per token per 128 channels, e4m3 x e4m3 wgmma; fp8 weights, compute capability 9.0; implies --dtype fp8)")
 	fl.StringVar(&f.path, "gemm-path", "auto", "grouped GEMM kernels: auto (what validate uses), simt, mma, mma2, tall or wgmma (compute capability 9.0, bf16 weights)")
 	fl.IntVar(&f.blockSize, "block-size", bench.DefaultBlockSize, "moe_align_block_size block size (a multiple of 16)")
 	fl.IntVar(&f.bankCopies, "bank-copies", 0, "expert-bank copies to rotate (0: as many as fit, at most 2)")
@@ -59,6 +63,16 @@ func (f *benchFlags) config() (bench.Config, error) {
 	}
 	if cfg.DType, err = bench.ParseDType(f.dtype); err != nil {
 		return cfg, err
+	}
+	switch f.precision {
+	case "", "default":
+	case "fp8":
+		cfg.W8A8 = true
+		if !f.dtypeSet {
+			cfg.DType = bench.FP8
+		}
+	default:
+		return cfg, fmt.Errorf("--precision %q: want default or fp8", f.precision)
 	}
 	if cfg.Path, err = kernels.ParseGEMMPath(f.path); err != nil {
 		return cfg, fmt.Errorf("--gemm-path: %w", err)
@@ -88,6 +102,7 @@ Needs an NVIDIA GPU with enough memory for the expert bank (23 GB bf16,
 11.6 GB fp8); exits 2 without a CUDA driver.`,
 		Args: exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.dtypeSet = cmd.Flags().Changed("dtype")
 			cfg, err := f.config()
 			if err != nil {
 				return err

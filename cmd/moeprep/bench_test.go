@@ -27,10 +27,30 @@ func TestBenchFlags(t *testing.T) {
 		{tokens: "1", dtype: "bf16", path: "auto", iters: 0, budget: time.Second, blockSize: 16},
 		{tokens: "1", dtype: "bf16", path: "auto", iters: 1, budget: 0, blockSize: 16},
 		{tokens: "1", dtype: "bf16", path: "auto", iters: 1, budget: time.Second, blockSize: 20},
+		{tokens: "1", dtype: "fp8", path: "auto", iters: 1, budget: time.Second, blockSize: 16, precision: "fp4"},
+		{tokens: "1", dtype: "bf16", dtypeSet: true, path: "auto", iters: 1, budget: time.Second, blockSize: 16, precision: "fp8"},
+		{tokens: "1", dtype: "fp8", path: "tall", iters: 1, budget: time.Second, blockSize: 16, precision: "fp8"},
 	} {
 		if _, err := bad.config(); err == nil {
 			t.Errorf("flags %+v accepted", bad)
 		}
+	}
+}
+
+// TestBenchPrecision: --precision fp8 is the w8a8 mode and implies fp8
+// weights unless --dtype was given; the default keeps bf16 activations.
+func TestBenchPrecision(t *testing.T) {
+	f := &benchFlags{tokens: "1024,4096", dtype: "bf16", path: "auto", iters: 5, budget: time.Second, blockSize: 16, precision: "fp8"}
+	cfg, err := f.config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.W8A8 || cfg.DType != bench.FP8 {
+		t.Errorf("--precision fp8: W8A8 %v, dtype %s", cfg.W8A8, cfg.DType)
+	}
+	f.precision = "default"
+	if cfg, err = f.config(); err != nil || cfg.W8A8 || cfg.DType != bench.BF16 {
+		t.Errorf("--precision default: W8A8 %v, dtype %s, %v", cfg.W8A8, cfg.DType, err)
 	}
 }
 

@@ -28,7 +28,8 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.tokens, "tokens", validate.DefaultTokens, "token vectors per layer (when no golden provides them)")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the token vectors")
 	fl.StringVar(&f.device, "device", "auto", "auto (CUDA when a GPU and driver are present, else the CPU), cpu or cuda")
-	fl.StringVar(&f.precision, "precision", "bf16", "GPU activations: bf16 (as serving engines run) or f32")
+	fl.StringVar(&f.precision, "precision", "bf16", "GPU activations: bf16 (as serving engines run), f32, or fp8 (w8a8: e4m3 per token per 128 channels, "+
+		"fp8 weights, compute capability 9.0; the CPU reference quantises the same way)")
 	fl.StringVar(&f.cpuCheck, "cpu-check", validate.CPUCheckAuto, "GPU runs: layers the CPU reference also checks: auto (first and last, or all when <= 4), none (GPU only, at I/O speed) or all")
 	fl.BoolVar(&f.ioBaseline, "io-baseline", false, "GPU runs: afterwards, time reading and uploading each layer's bytes without compute, and report layer time / that")
 	fl.StringVar(&f.golden, "golden", "", "directory of HF golden outputs (moe-layer-L.safetensors) to check against")

@@ -16,7 +16,8 @@ type TensorMap [16]uint64
 // driver's CUtensorMapDataType, CUtensorMapSwizzle and
 // CUtensorMapL2promotion enums).
 const (
-	TensorMapBF16 = 9 // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+	TensorMapUInt8 = 0 // CU_TENSOR_MAP_DATA_TYPE_UINT8 (e4m3 weights: the copy engine moves bytes)
+	TensorMapBF16  = 9 // CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
 
 	TensorMapSwizzleNone = 0
 	TensorMapSwizzle128B = 3 // CU_TENSOR_MAP_SWIZZLE_128B

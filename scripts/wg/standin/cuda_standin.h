@@ -1,0 +1,44 @@
+// Stand-ins that let g++ parse CUDA sources for a structure check on a machine
+// without nvcc (scripts/wg/syntax-check.sh). Not CUDA semantics: inline asm is
+// swallowed, intrinsics are declared only, launches become plain calls.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+#include <algorithm>
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__
+#define __grid_constant__
+#define __restrict__
+#define __launch_bounds__(...)
+#define ASMV(...) do { } while (0)
+using std::min;
+using std::max;
+struct dim3 { unsigned x = 1, y = 1, z = 1; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
+extern dim3 threadIdx, blockIdx, blockDim, gridDim;
+struct uint2 { unsigned x, y; };
+struct float2 { float x, y; };
+inline float2 make_float2(float a, float b) { return {a, b}; }
+float __uint_as_float(unsigned);
+unsigned __float_as_uint(float);
+long long __double_as_longlong(double);
+unsigned __ballot_sync(unsigned, bool);
+int __any_sync(unsigned, int);
+int __popc(unsigned);
+int __ffs(int);
+template <class T> T __shfl_sync(unsigned, T, int);
+template <class T> T __shfl_up_sync(unsigned, T, int);
+template <class T> T __shfl_xor_sync(unsigned, T, int);
+void __syncthreads();
+void __syncwarp();
+[[noreturn]] void __trap();
+size_t __cvta_generic_to_shared(const void*);
+float __fdiv_rn(float, float);
+float __fmul_rn(float, float);
+unsigned long long atomicAdd(unsigned long long*, unsigned long long);
+double atomicAdd(double*, double);
+unsigned long long atomicMax(unsigned long long*, unsigned long long);
