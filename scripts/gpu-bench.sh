@@ -9,7 +9,7 @@
 # Then through the device tool:
 #     run(command="bash scripts/gpu-bench.sh", carry=[".gpu"], timeout_s=420)
 # --quick times 2 token counts (16, 4096) with a smaller budget.
-# $OUT (or /tmp/gpu-bench-out) receives moeprep_{bf16,fp8}.{json,log},
+# $OUT (or /tmp/gpu-bench-out) receives moeprep_{bf16,fp8,fp8-w8a8}.{json,log},
 # torch.{json,log}, table.txt and device.txt. TORCH_COMPILE_MODE=reduce-overhead
 # times torch.compile with CUDA graphs.
 set -uo pipefail
@@ -24,10 +24,14 @@ fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,power.draw,temperature.gpu \
 	--format=csv | tee "$out/device.txt"
 rc=0
-for d in bf16 fp8; do
-	echo "== moeprep bench kernels --dtype $d --tokens $tokens"
+# fp8-w8a8: fp8 weights with --precision fp8 (activations quantised to e4m3
+# per token per 128 channels, as the fp8 peers run); fp8: bf16 activations.
+for d in bf16 fp8 fp8-w8a8; do
+	args=(--dtype "${d%%-*}")
+	[ "$d" = fp8-w8a8 ] && args+=(--precision fp8)
+	echo "== moeprep bench kernels ${args[*]} --tokens $tokens"
 	start=$SECONDS
-	if ! "$bin" bench kernels --dtype "$d" --tokens "$tokens" --budget "$budget" --json >"$out/moeprep_$d.json" 2>"$out/moeprep_$d.log"; then
+	if ! "$bin" bench kernels "${args[@]}" --tokens "$tokens" --budget "$budget" --json >"$out/moeprep_$d.json" 2>"$out/moeprep_$d.log"; then
 		rc=1
 		echo "moeprep $d failed:"
 	fi
@@ -44,5 +48,5 @@ if ! PYTHONUNBUFFERED=1 python3 bench/torch_ref.py --tokens "$tokens" --budget "
 fi
 echo "   ($((SECONDS - start)) s)"
 echo "== side by side"
-python3 bench/compare.py "$out/moeprep_bf16.json" "$out/moeprep_fp8.json" "$out/torch.json" | tee "$out/table.txt"
+python3 bench/compare.py "$out/moeprep_bf16.json" "$out/moeprep_fp8.json" "$out/moeprep_fp8-w8a8.json" "$out/torch.json" | tee "$out/table.txt"
 exit $rc

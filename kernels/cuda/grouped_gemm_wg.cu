@@ -66,10 +66,10 @@
 // setmaxnreg, so elsewhere the kernels are stubs that trap (the Go side
 // picks this path on compute capability 9.0 only).
 //
-// The device code below the helpers is the template that
-// scripts/wg/tile256_tma.cu measured (renamed tv_ -> wg_); the kernels
-// instantiate it as <192, 192, 3, 4, 40, 152>, the harness's 192x192
-// variant. The same template with GPW = 2 is pass 5's 256 x 128 variant.
+// The kernels instantiate the template below as <192, 192, 3, 4, 40, 152>:
+// each consumer warpgroup owns one 64-row group of a tile. The tile
+// variants measured before it (128 x 256, 256 x 128 with two row groups a
+// warpgroup) are in kernels/GEMM_NOTES.md and at commit 117bd15.
 
 typedef unsigned short bf16_t;
 
@@ -221,11 +221,10 @@ __device__ __forceinline__ WgTile wg_tile(int w, int ncol, int bn, const int* ru
     return t;
 }
 
-// The K loop of one tile for a consumer warpgroup with NA (1 or 2) active 64-row groups:
-// the first at a0 in stage 0, the second a1off bytes after it.
-template <int NB, int NA, int STAGES, int STAGE_BYTES>
-__device__ __forceinline__ void wg_consume(float* acc0, float* acc1, unsigned a0, unsigned a1off, unsigned b0, int nk,
-                                           int& it, unsigned full0, unsigned empty0)
+// The K loop of one tile for a consumer warpgroup's 64-row group at a0 in stage 0.
+template <int NB, int STAGES, int STAGE_BYTES>
+__device__ __forceinline__ void wg_consume(float* acc0, unsigned a0, unsigned b0, int nk, int& it, unsigned full0,
+                                           unsigned empty0)
 {
     for (int kt = 0; kt < nk; kt++, it++) {
         const int s = it % STAGES;
@@ -237,7 +236,6 @@ __device__ __forceinline__ void wg_consume(float* acc0, float* acc1, unsigned a0
 #pragma unroll
         for (int kk = 0; kk < WG_BK / 16; kk++) {
             wg_mma<NB>(acc0, wg_desc(sa + kk * 32), wg_desc(sb + kk * 32), (kt | kk) != 0);
-            if (NA == 2) wg_mma<NB>(acc1, wg_desc(sa + a1off + kk * 32), wg_desc(sb + kk * 32), (kt | kk) != 0);
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -302,10 +300,9 @@ struct WgCfg {
     static constexpr int A_BYTES = BM * WG_BK * 2;
     static constexpr int B_BYTES = BNB * WG_BK * 2;
     static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-    static constexpr int GPW = BM / 64 / NCW;  // 64-row groups per consumer warpgroup
     // ring + run starts + tile prefix + warp counts + barriers + producer row table + 1024 for aligning the ring
     static constexpr int SMEM = STAGES * STAGE_BYTES + (2 * WG_MAX_RUNS + 32) * 4 + 2 * STAGES * 8 + BM * 8 + 1024;
-    static_assert(BM % 64 == 0 && (GPW == 1 || GPW == 2) && GPW * NCW * 64 == BM, "BM = 64 NCW or 128 NCW");
+    static_assert(BM == 64 * NCW, "one 64-row group a consumer warpgroup");
     static_assert(BNB % 16 == 0 && BNB <= 256 && (BNB / 2) % 8 == 0, "wgmma N / tensor-map box");
     static_assert(THREADS / 32 <= 32, "warp counts");
     static_assert(SMEM <= 232448, "shared memory");
@@ -440,13 +437,13 @@ __device__ __forceinline__ void wg_body(const int* __restrict__ sorted_ids, cons
     } else {
         // ---- consumer warpgroups ----
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CREG));
-        const int cw = role - 1;  // 64-row groups cw (and cw + NCW) of the tile
-        float acc0[BNB / 2], acc1[C::GPW == 2 ? BNB / 2 : 1];
+        const int cw = role - 1;  // 64-row group cw of the tile
+        float acc0[BNB / 2];
         int it = 0;
         for (int w = blockIdx.x; w < items; w += gridDim.x) {
             WgTile t = wg_tile<BM>(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
-            // Groups of this warpgroup with a real row, warpgroup-uniform.
-            const int na = __shfl_sync(0xffffffffu, (cw * 64 < t.rows) + (C::GPW == 2 && (cw + NCW) * 64 < t.rows), 0);
+            // Whether this warpgroup's group has a real row, warpgroup-uniform.
+            const int na = __shfl_sync(0xffffffffu, cw * 64 < t.rows, 0);
             const unsigned sa0 = ring_s + cw * 64 * 128, sb0 = ring_s + C::A_BYTES;  // stage 0
             if (na == 0) {
                 // All its rows padding: keep the barrier protocol, no multiplies.
@@ -456,16 +453,8 @@ __device__ __forceinline__ void wg_body(const int* __restrict__ sorted_ids, cons
                 }
                 continue;
             }
-            if constexpr (C::GPW == 2) {
-                if (na == 2) wg_consume<BNB, 2, STAGES, C::STAGE_BYTES>(acc0, acc1, sa0, NCW * 64 * 128, sb0, nk, it, full0, empty0);
-                else wg_consume<BNB, 1, STAGES, C::STAGE_BYTES>(acc0, acc1, sa0, 0, sb0, nk, it, full0, empty0);
-            } else {
-                wg_consume<BNB, 1, STAGES, C::STAGE_BYTES>(acc0, acc1, sa0, 0, sb0, nk, it, full0, empty0);
-            }
+            wg_consume<BNB, STAGES, C::STAGE_BYTES>(acc0, sa0, sb0, nk, it, full0, empty0);
             wg_epilogue<GATED, BN>(acc0, cw * 64, t, sorted_ids, c_bf16, c_f32, numel, N);
-            if constexpr (C::GPW == 2) {
-                if (na == 2) wg_epilogue<GATED, BN>(acc1, (cw + NCW) * 64, t, sorted_ids, c_bf16, c_f32, numel, N);
-            }
         }
     }
 #else
@@ -476,7 +465,6 @@ __device__ __forceinline__ void wg_body(const int* __restrict__ sorted_ids, cons
 // Only the <WG_BM, WG_BNB, WG_NCW, WG_STAGES> instance is launched; the Go side mirrors its block size and shared memory.
 static_assert(WgCfg<WG_BM, WG_BNB, WG_NCW, WG_STAGES>::THREADS == WG_THREADS, "block size");
 static_assert(WgCfg<WG_BM, WG_BNB, WG_NCW, WG_STAGES>::SMEM == WG_SMEM_BYTES, "dynamic shared memory");
-static_assert(WgCfg<WG_BM, WG_BNB, WG_NCW, WG_STAGES>::GPW == 1, "one 64-row group a consumer warpgroup");
 
 // Tensor maps: boxes {64, WG_BNB / 2, 1} (gate, up) and {64, WG_BNB, 1} (down).
 extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) moe_gate_up_wg_bf16_bf16(
