@@ -182,7 +182,9 @@ type GEMMPath uint8
 const (
 	// PathAuto: tensor cores for bf16 activations with bf16 or fp8 weights
 	// (the 16-byte-load variant where the shapes allow it, in 64-row tiles
-	// when the experts average tallMinRows rows or more), SIMT otherwise.
+	// when the experts average tallMinRows rows or more; on compute
+	// capability 9.0 wgmma there for bf16 weights, and mma3 below it),
+	// SIMT otherwise.
 	PathAuto GEMMPath = iota
 	// PathSIMT: the f32 SIMT kernels (any shape, any dtype).
 	PathSIMT
@@ -209,10 +211,15 @@ const (
 	// wgMaxExperts experts. PathAuto takes it on 9.0 where it would take
 	// PathMMATall.
 	PathWGMMA
+	// PathMMA3: PathMMAVec's tile and arithmetic (bit-identical outputs)
+	// with the operands copied by cp.async into a ring of shared-memory
+	// stages (mma3Stages), so each SM keeps more weight bytes in flight;
+	// bf16 activations and bf16 weights, K % 8 == 0.
+	PathMMA3
 )
 
 // gemmPathNames are the command-line names of the paths, in GEMMPath order.
-var gemmPathNames = [...]string{"auto", "simt", "mma", "mma2", "tall", "wgmma"}
+var gemmPathNames = [...]string{"auto", "simt", "mma", "mma2", "tall", "wgmma", "mma3"}
 
 func (p GEMMPath) String() string {
 	if int(p) < len(gemmPathNames) {
@@ -221,7 +228,7 @@ func (p GEMMPath) String() string {
 	return fmt.Sprintf("GEMMPath(%d)", p)
 }
 
-// ParseGEMMPath reads a path by its name (auto, simt, mma, mma2, tall, wgmma).
+// ParseGEMMPath reads a path by its name (auto, simt, mma, mma2, tall, wgmma, mma3).
 func ParseGEMMPath(s string) (GEMMPath, error) {
 	for i, n := range gemmPathNames {
 		if s == n {
@@ -272,6 +279,24 @@ const (
 // wfBM + 8 floats a stage, the run and tile tables, the mbarriers, the
 // producer's row table (wfBM ints) and 1 KiB to align the ring.
 const wfSmemBytes = wfStages*(wfBM+wfBN)*128 + wfStages*(wfBM+8)*4 + (2*2048+32)*4 + 2*wfStages*8 + wfBM*4 + 1024
+
+// The mma3 kernels' pipeline depth per stage (M3_STAGES_GATE_UP and
+// M3_STAGES_DOWN in grouped_gemm.cu): K steps of 64 in shared memory, all
+// but one in flight while the warps multiply the oldest.
+const (
+	mma3StagesGateUp = 4
+	mma3StagesDown   = 4
+)
+
+// mma3SmemBytes is an mma3 kernel's dynamic shared memory: per stage a
+// 16 x 64 bf16 tile of gathered rows and a 64 x 64 bf16 tile of each weight
+// matrix (gate and up, or down).
+func mma3SmemBytes(gated bool) uint32 {
+	if gated {
+		return mma3StagesGateUp * (16 + 2*64) * 64 * 2
+	}
+	return mma3StagesDown * (16 + 64) * 64 * 2
+}
 
 // isHopper reports whether dev runs the sm_90a code of the fatbins.
 func isHopper(dev *cuda.Device) bool { return dev != nil && dev.Major == 9 && dev.Minor == 0 }
@@ -336,6 +361,10 @@ func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int, hop
 			path = PathWGMMA
 		case mmaOK && k%vec == 0 && numel >= tallMinRows*experts:
 			path = PathMMATall
+		case mmaOK && w == MatBF16 && k%8 == 0 && hopper:
+			// Few rows per expert: the pipelined mma2 tile (GEMM_NOTES.md,
+			// issue 13 pass 6; measured on the H100 only).
+			path = PathMMA3
 		case mmaOK && k%vec == 0:
 			path = PathMMAVec
 		case mmaOK:
@@ -353,6 +382,10 @@ func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int, hop
 		return fmt.Sprintf("moe_%s_mma_bf16_%v", stage, w), 128, nil
 	case path == PathMMAVec && k%vec == 0:
 		return fmt.Sprintf("moe_%s_mma2_bf16_%v", stage, w), 128, nil
+	case path == PathMMA3 && (w != MatBF16 || k%8 != 0):
+		return "", 0, fmt.Errorf("grouped gemm: the mma3 path needs bf16 weights (not %v) and a reduction length divisible by 8 (not %d)", w, k)
+	case path == PathMMA3:
+		return fmt.Sprintf("moe_%s_mma3_bf16_bf16", stage), 128, nil
 	case path == PathMMATall && k%vec == 0:
 		return fmt.Sprintf("moe_%s_tall_bf16_%v", stage, w), 256, nil
 	case path == PathWGMMA && !hopper:
@@ -403,6 +436,9 @@ func gemmModule(dev *cuda.Device, fn string) (*Module, uint32, error) {
 		return m, wgSmemBytes, err
 	}
 	m, err := Load(dev, "grouped_gemm")
+	if strings.Contains(fn, "_mma3_") {
+		return m, mma3SmemBytes(strings.HasPrefix(fn, "moe_gate_up_")), err
+	}
 	return m, 0, err
 }
 

@@ -19,7 +19,9 @@ func TestGEMMKernelChoice(t *testing.T) {
 	}{
 		{"auto hopper many rows", bf16, MatBF16, 7168, 36864, 264, true, "moe_gate_up_wg_bf16_bf16"},
 		{"auto ampere many rows", bf16, MatBF16, 7168, 36864, 264, false, "moe_gate_up_tall_bf16_bf16"},
-		{"auto hopper few rows", bf16, MatBF16, 7168, 9 * 128, 264, true, "moe_gate_up_mma2_bf16_bf16"},
+		{"auto hopper few rows", bf16, MatBF16, 7168, 9 * 128, 264, true, "moe_gate_up_mma3_bf16_bf16"},
+		{"auto ampere few rows", bf16, MatBF16, 7168, 9 * 128, 264, false, "moe_gate_up_mma2_bf16_bf16"},
+		{"auto hopper few rows fp8", bf16, MatFP8, 7168, 9 * 128, 264, true, "moe_gate_up_mma2_bf16_fp8"},
 		{"auto hopper fp8", bf16, MatFP8, 7168, 36864, 264, true, "moe_gate_up_tall_bf16_fp8"},
 		{"auto hopper odd K", bf16, MatBF16, 7164, 36864, 264, true, "moe_gate_up_mma_bf16_bf16"},
 		{"auto hopper many experts", bf16, MatBF16, 7168, 64 * 2000, 2000, true, "moe_gate_up_tall_bf16_bf16"},
@@ -28,6 +30,10 @@ func TestGEMMKernelChoice(t *testing.T) {
 		{"wgmma fp8", GEMMOptions{Act: MatBF16, Path: PathWGMMA}, MatFP8, 2048, 36864, 264, true, ""},
 		{"wgmma f32 act", GEMMOptions{Act: MatF32, Path: PathWGMMA}, MatBF16, 2048, 36864, 264, true, ""},
 		{"wgmma K", GEMMOptions{Act: MatBF16, Path: PathWGMMA}, MatBF16, 2044, 36864, 264, true, ""},
+		{"mma3", GEMMOptions{Act: MatBF16, Path: PathMMA3}, MatBF16, 7168, 9 * 128, 264, false, "moe_gate_up_mma3_bf16_bf16"},
+		{"mma3 fp8", GEMMOptions{Act: MatBF16, Path: PathMMA3}, MatFP8, 7168, 9 * 128, 264, true, ""},
+		{"mma3 K", GEMMOptions{Act: MatBF16, Path: PathMMA3}, MatBF16, 7164, 9 * 128, 264, true, ""},
+		{"mma3 f32 act", GEMMOptions{Act: MatF32, Path: PathMMA3}, MatBF16, 7168, 9 * 128, 264, true, ""},
 	}
 	for _, c := range cases {
 		fn, threads, err := c.opt.kernel("gate_up", c.w, c.k, c.numel, c.exp, c.hopper)
@@ -45,6 +51,9 @@ func TestGEMMKernelChoice(t *testing.T) {
 	}
 	if wgSmemBytes != 215744 {
 		t.Errorf("wgSmemBytes %d, want 215744 (WG_SMEM_BYTES)", wgSmemBytes)
+	}
+	if mma3SmemBytes(true) != 73728 || mma3SmemBytes(false) != 40960 {
+		t.Errorf("mma3 shared memory %d / %d, want 73728 / 40960 (4 stages of 18 / 10 KiB)", mma3SmemBytes(true), mma3SmemBytes(false))
 	}
 	if wgBM != 192 || wgBN != 192 {
 		t.Errorf("wgmma tile %d x %d, want 192 x 192 (WG_BM x WG_BNB)", wgBM, wgBN)
@@ -100,13 +109,13 @@ func TestGEMMKernelChoiceW8A8(t *testing.T) {
 // TestParseGEMMPath checks that every path's name reads back as that path
 // and that an unknown name is refused with the list of names.
 func TestParseGEMMPath(t *testing.T) {
-	for p := PathAuto; p <= PathWGMMA; p++ {
+	for p := PathAuto; p <= PathMMA3; p++ {
 		got, err := ParseGEMMPath(p.String())
 		if err != nil || got != p {
 			t.Errorf("%d: name %q reads back as %v, %v", p, p.String(), got, err)
 		}
 	}
-	if _, err := ParseGEMMPath("cutlass"); err == nil || !strings.Contains(err.Error(), "auto, simt, mma, mma2, tall, wgmma") {
+	if _, err := ParseGEMMPath("cutlass"); err == nil || !strings.Contains(err.Error(), "auto, simt, mma, mma2, tall, wgmma, mma3") {
 		t.Errorf("unknown path: %v", err)
 	}
 }

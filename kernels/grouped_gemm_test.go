@@ -228,6 +228,7 @@ func TestGroupedGEMM(t *testing.T) {
 		{"bf16 auto", kernels.GEMMOptions{Act: kernels.MatBF16}, tolBF16},
 		{"bf16 tall", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathMMATall}, tolBF16},
 		{"bf16 wgmma", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathWGMMA}, tolBF16},
+		{"bf16 mma3", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathMMA3}, tolBF16},
 	}
 	hopper := dev.Major == 9 && dev.Minor == 0
 	for _, c := range gemmCases {
@@ -275,6 +276,13 @@ func TestGroupedGEMM(t *testing.T) {
 					}
 					return
 				}
+				if m.opt.Path == kernels.PathMMA3 && (c.w != kernels.MatBF16 || c.h%8 != 0 || c.inter%8 != 0) {
+					// bf16 weights only, 16-byte row starts.
+					if err == nil {
+						t.Fatalf("mma3 path accepted %v weights, H %d, I %d", c.w, c.h, c.inter)
+					}
+					return
+				}
 				if vec := vecElems(c.w); m.opt.Path == kernels.PathMMATall && (c.h%vec != 0 || c.inter%vec != 0) {
 					// 16-byte loads need row starts on 16 bytes.
 					if err == nil {
@@ -297,6 +305,88 @@ func TestGroupedGEMM(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestGroupedGEMMMMA3Exact checks that the pipelined mma3 kernels compute
+// exactly what mma2 computes (same tile, same k16 products in the same
+// order): every word of the bf16 intermediate and the f32 output equal,
+// including the poison of rows neither kernel writes. The shapes take more
+// K steps of 64 than the ring has stages (the ring wraps), K and N tails,
+// 264 experts of mostly one-row blocks, fused and separate gate/up, block
+// sizes 16 and 32. Both stages of mma3 read mma2's intermediate, so a stage
+// 1 difference cannot hide a stage 2 one.
+func TestGroupedGEMMMMA3Exact(t *testing.T) {
+	dev := testDevice(t)
+	r := rand.New(rand.NewPCG(31, 32))
+	cases := append([]gemmCase{
+		{name: "264 experts", tok: 37, e: 264, k: 9, h: 1032, inter: 712, block: 16, w: kernels.MatBF16, allOn: -1},
+		{name: "fused gate_up block 32 tails", tok: 90, e: 8, k: 3, h: 584, inter: 1096, block: 32, w: kernels.MatBF16, fused: true, allOn: -1},
+		{name: "up_gate one expert", tok: 50, e: 4, k: 1, h: 264, inter: 456, block: 16, w: kernels.MatBF16, fused: true, upGate: true, allOn: 1},
+	}, gemmCases...)
+	mma2 := kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathMMAVec}
+	mma3 := kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathMMA3}
+	ran := 0
+	for _, c := range cases {
+		if c.w != kernels.MatBF16 || c.h%8 != 0 || c.inter%8 != 0 {
+			continue
+		}
+		ran++
+		t.Run(c.name, func(t *testing.T) {
+			ew := makeExperts(r, c)
+			bank := ew.bank(t, dev, c)
+			ids := routeIDs(r, c)
+			al, err := validate.AlignBlockSize(ids, c.e, c.block)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sorted := uploadSorted(t, dev, al, ids, c.e)
+			numel := c.tok * c.k
+			xm := kernels.BF16Mat(toDevice(t, dev, toBF16(randn(r, c.tok*c.h, 1))))
+			nan := make([]uint16, numel*c.inter)
+			for i := range nan {
+				nan[i] = 0x7fc1
+			}
+			var inter [2]*cuda.Buffer[uint16]
+			var out [2]*cuda.Buffer[float32]
+			for i, opt := range []kernels.GEMMOptions{mma2, mma3} {
+				inter[i] = toDevice(t, dev, nan)
+				out[i] = poisoned(t, dev, numel*c.h)
+				if err := kernels.MoEGateUp(dev, 0, bank, sorted, xm, c.tok, c.k, kernels.BF16Mat(inter[i]), opt); err != nil {
+					t.Fatal(err)
+				}
+				if err := kernels.MoEDown(dev, 0, bank, sorted, kernels.BF16Mat(inter[0]), out[i], opt); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ib := [2][]uint16{fromDevice(t, inter[0]), fromDevice(t, inter[1])}
+			ob := [2][]float32{fromDevice(t, out[0]), fromDevice(t, out[1])}
+			diff, written := 0, 0
+			for i := range ib[0] {
+				if ib[0][i] != ib[1][i] {
+					diff++
+				}
+				if ib[0][i] != 0x7fc1 {
+					written++
+				}
+			}
+			if diff != 0 || written == 0 {
+				t.Fatalf("intermediate: %d of %d words differ from mma2 (%d written)", diff, len(ib[0]), written)
+			}
+			diff = 0
+			for i := range ob[0] {
+				if math.Float32bits(ob[0][i]) != math.Float32bits(ob[1][i]) {
+					diff++
+				}
+			}
+			if diff != 0 {
+				t.Fatalf("output: %d of %d words differ from mma2", diff, len(ob[0]))
+			}
+			t.Logf("bit-identical to mma2: %d intermediate and %d output words", len(ib[0]), len(ob[0]))
+		})
+	}
+	if ran < 6 {
+		t.Fatalf("only %d cases ran", ran)
 	}
 }
 

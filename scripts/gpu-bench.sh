@@ -8,7 +8,8 @@
 #     CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o .gpu/moeprep ./cmd/moeprep
 # Then through the device tool:
 #     run(command="bash scripts/gpu-bench.sh", carry=[".gpu"], timeout_s=420)
-# --quick times 2 token counts (16, 4096) with a smaller budget.
+# --quick times 2 token counts (16, 4096) with a smaller budget;
+# GPU_BENCH_TOKENS=1,16,128 names the token counts instead.
 # $OUT (or /tmp/gpu-bench-out) receives moeprep_{bf16,fp8,fp8-w8a8}.{json,log},
 # torch.{json,log}, table.txt and device.txt. TORCH_COMPILE_MODE=reduce-overhead
 # times torch.compile with CUDA graphs.
@@ -21,6 +22,7 @@ tokens=1,16,128,1024,4096 budget=1s tbudget=1.0 tloop=2.0
 if [ "${1:-}" = --quick ]; then
 	tokens=16,4096 budget=0.5s tbudget=0.5 tloop=1.0
 fi
+tokens=${GPU_BENCH_TOKENS:-$tokens} # e.g. GPU_BENCH_TOKENS=1,16,128: only the cells a change can move
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,power.draw,temperature.gpu \
 	--format=csv | tee "$out/device.txt"
 rc=0

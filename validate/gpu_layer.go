@@ -69,9 +69,9 @@ var kernelNames = map[string][]string{
 	"finalize":    {"moe_finalize"},
 	"unfused":     {"moe_add_rows"},
 	"grouped_gemm": {
-		"moe_gate_up_mma2_bf16_bf16", "moe_gate_up_mma2_bf16_fp8", "moe_gate_up_mma_bf16_bf16", "moe_gate_up_mma_bf16_fp8",
+		"moe_gate_up_mma3_bf16_bf16", "moe_gate_up_mma2_bf16_bf16", "moe_gate_up_mma2_bf16_fp8", "moe_gate_up_mma_bf16_bf16", "moe_gate_up_mma_bf16_fp8",
 		"moe_gate_up_bf16_bf16", "moe_gate_up_bf16_f32", "moe_gate_up_bf16_fp8", "moe_gate_up_f32_bf16", "moe_gate_up_f32_f32", "moe_gate_up_f32_fp8",
-		"moe_down_mma2_bf16_bf16", "moe_down_mma2_bf16_fp8", "moe_down_mma_bf16_bf16", "moe_down_mma_bf16_fp8",
+		"moe_down_mma3_bf16_bf16", "moe_down_mma2_bf16_bf16", "moe_down_mma2_bf16_fp8", "moe_down_mma_bf16_bf16", "moe_down_mma_bf16_fp8",
 		"moe_down_bf16_bf16", "moe_down_bf16_f32", "moe_down_bf16_fp8", "moe_down_f32_bf16", "moe_down_f32_f32", "moe_down_f32_fp8",
 	},
 }

@@ -45,7 +45,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.budget, "budget", bench.DefaultBudget, "device time per measurement; fewer runs (at least 5) when iters would exceed it")
 	fl.StringVar(&f.precision, "precision", "default", "activation numerics of the grouped GEMM: default (bf16 activations) or fp8 (w8a8: "+
 		"activations quantised to e4m3 per token per 128 channels, e4m3 x e4m3 wgmma; fp8 weights, compute capability 9.0; implies --dtype fp8)")
-	fl.StringVar(&f.path, "gemm-path", "auto", "grouped GEMM kernels: auto (what validate uses), simt, mma, mma2, tall or wgmma (compute capability 9.0, bf16 weights)")
+	fl.StringVar(&f.path, "gemm-path", "auto", "grouped GEMM kernels: auto (what validate uses), simt, mma, mma2, tall, wgmma (compute capability 9.0, bf16 weights) or mma3 (bf16 weights)")
 	fl.IntVar(&f.blockSize, "block-size", bench.DefaultBlockSize, "moe_align_block_size block size (a multiple of 16)")
 	fl.IntVar(&f.bankCopies, "bank-copies", 0, "expert-bank copies to rotate (0: as many as fit, at most 2)")
 	fl.BoolVar(&f.json, "json", false, "print the result as JSON")

@@ -907,3 +907,202 @@ TT_GATE_UP(moe_gate_up_tall_bf16_bf16, bf16_t, false)
 TT_GATE_UP(moe_gate_up_tall_bf16_fp8, e4m3_t, true)
 TT_DOWN(moe_down_tall_bf16_bf16, bf16_t, false)
 TT_DOWN(moe_down_tall_bf16_fp8, e4m3_t, true)
+
+// ---------------------------------------------------------------------------
+// Pipelined variant of mma2 for bf16 weights ("mma3"), for few rows per
+// expert (T <= ~128 at DeepSeek-V3 shapes), where the grouped GEMM only has
+// to stream the touched experts' weights from HBM. Nsight Compute had mma2 at
+// ~85% of DRAM bandwidth with ~70% of warp stalls waiting on global loads:
+// each thread holds one K step (64) of loads in registers, issued only after
+// the previous step reached shared memory, so an SM keeps too few weight
+// bytes in flight. Here every 16-byte copy goes global -> shared with
+// cp.async.cg (L2 only: the weights are read once) into a ring of STAGES
+// stages of one K step each, and up to STAGES - 1 steps are in flight while
+// the warps multiply the oldest one; each copy asks L2 to fetch 256 bytes
+// (M3_PREFETCH), which is what brought HBM to the Triton peer's rate.
+//
+// The tile, the threads and the arithmetic are mma2's: 16 rows x 64 columns
+// a CTA, 128 threads, warp w owns columns 16w..16w+15 of each B matrix, and
+// every accumulator takes its k16 products in increasing k, over the same
+// zero-padded K steps of 64 (K % 8 == 0). The fragments hold the same values
+// (ldmatrix instead of 32-bit loads), so the outputs are bit-identical to
+// mma2's; the kernels take mma2's parameter list (the fp8 scale arguments
+// are unused: bf16 weights only). Stage layout in dynamic shared memory: A
+// [16][64] then B [NB][64][64] bf16, rows of 128 bytes whose 16-byte chunk c
+// sits at chunk c ^ (row & 7), so both the copies and ldmatrix's eight row
+// addresses per phase hit distinct banks without padding. Shared memory a
+// CTA: STAGES x (16 + 64 NB) x 128 bytes (kernels/grouped_gemm.go,
+// mma3SmemBytes).
+
+#ifndef M3_STAGES_GATE_UP
+#define M3_STAGES_GATE_UP 4  // 4 x 18 KiB: 3 CTAs an SM on sm_90
+#endif
+#ifndef M3_STAGES_DOWN
+#define M3_STAGES_DOWN 4     // 4 x 10 KiB
+#endif
+// L2 prefetch size of the copies. A stage holds 128 bytes of each row; with
+// ".L2::256B" each miss also brings the row's next 128 bytes (the next K
+// step) into L2, so HBM serves 256-byte runs of each weight row, as a K step
+// of 128 would. H100, T = 128: grouped GEMM 7754 -> 7329 us (GEMM_NOTES.md,
+// issue 13 pass 6); deeper rings without it gained 1-2% at most.
+#ifndef M3_PREFETCH
+#define M3_PREFETCH ".L2::256B"
+#endif
+#define M3_BK 64
+
+// 16-byte copy global -> shared (L2 only); in == false writes 16 zero bytes
+// and reads nothing (src-size 0), as mma2's out-of-range loads give zeros.
+__device__ __forceinline__ void m3_cp16(unsigned dst, const void* src, bool in)
+{
+    asm volatile("cp.async.cg.shared.global" M3_PREFETCH " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void m3_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void m3_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void m3_ldmatrix_x4(unsigned* r, unsigned addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// Byte offset of 16-byte chunk c of row r in a stage matrix of 128-byte rows.
+__device__ __forceinline__ unsigned m3_off(int r, int c) { return (unsigned)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+template <bool GATED, int STAGES>
+__device__ __forceinline__ void grouped_gemm_mma3_tile(
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
+    const int* __restrict__ total_padded, const bf16_t* __restrict__ a, int a_div,
+    const bf16_t* __restrict__ b0, const bf16_t* __restrict__ b1, long long b_estride,
+    bf16_t* __restrict__ c_bf16, float* __restrict__ c_f32, int numel, int N, int K, int block_size,
+    int num_experts)
+{
+    constexpr int NB = GATED ? 2 : 1;
+    constexpr int A_BYTES = GG_BM * M3_BK * 2;   // 2 KiB
+    constexpr int B_BYTES = GG_BN * M3_BK * 2;   // 8 KiB a matrix
+    constexpr int STAGE_BYTES = A_BYTES + NB * B_BYTES;
+    constexpr int BV = GG_BN * (M3_BK / 8) / MM_THREADS;  // B chunks a thread a matrix
+    static_assert(STAGES >= 2, "a pipeline needs two stages");
+    static_assert(GG_BM * (M3_BK / 8) == MM_THREADS, "one A chunk a thread");
+    static_assert(BV * MM_THREADS / 8 == GG_BN && MM_THREADS % 8 == 0, "B rows split evenly");
+    extern __shared__ __align__(128) unsigned char m3_smem[];
+    __shared__ int slot[GG_BM];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, q = lane & 3;
+    const int row0 = blockIdx.x * GG_BM;
+    const int n0 = blockIdx.y * GG_BN;
+    if (row0 >= *total_padded) return;
+    const int e = expert_ids[row0 / block_size];
+    if (e < 0 || e >= num_experts) return;
+    if (tid < GG_BM) {
+        int s = sorted_ids[row0 + tid];
+        slot[tid] = (s >= 0 && s < numel) ? s : -1;
+    }
+    __syncthreads();
+
+    const bf16_t* bm[2] = {b0 + (long long)e * b_estride, (GATED ? b1 : b0) + (long long)e * b_estride};
+    float acc[NB][2][4];
+#pragma unroll
+    for (int m = 0; m < NB; m++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[m][j][i] = 0.f;
+
+    // This thread copies chunk cc of A row cr and of B rows cr + 16 j.
+    const int cr = tid >> 3, cc = tid & 7;
+    const int as = slot[cr];
+    const bf16_t* arow = a + (long long)(as >= 0 ? as / a_div : 0) * K;
+    const unsigned sbase = (unsigned)__cvta_generic_to_shared(m3_smem);
+    const int nk = (K + M3_BK - 1) / M3_BK;
+    // Queue K step kt into its stage; one commit group per step, empty past
+    // the end, so the wait below always counts the same number of groups.
+    auto load = [&](int kt) {
+        if (kt < nk) {
+            const unsigned st = sbase + (unsigned)((kt % STAGES) * STAGE_BYTES);
+            const int k = kt * M3_BK + cc * 8;
+            const bool kin = k < K;
+            m3_cp16(st + m3_off(cr, cc), kin && as >= 0 ? (const void*)(arow + k) : (const void*)a, kin && as >= 0);
+#pragma unroll
+            for (int m = 0; m < NB; m++)
+#pragma unroll
+                for (int j = 0; j < BV; j++) {
+                    const int nn = cr + 16 * j, n = n0 + nn;
+                    const bool in = kin && n < N;
+                    m3_cp16(st + A_BYTES + m * B_BYTES + m3_off(nn, cc),
+                            in ? (const void*)(bm[m] + (long long)n * K + k) : (const void*)bm[m], in);
+                }
+        }
+        m3_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) load(s);
+
+    for (int kt = 0; kt < nk; kt++) {
+        // Step kt has landed (at most STAGES - 2 younger groups pending), and
+        // after the barrier every warp is done with step kt - 1, whose stage
+        // the next copies overwrite.
+        m3_wait<STAGES - 2>();
+        __syncthreads();
+        load(kt + STAGES - 1);
+        const unsigned st = sbase + (unsigned)((kt % STAGES) * STAGE_BYTES);
+#pragma unroll
+        for (int ks = 0; ks < M3_BK / 16; ks++) {
+            unsigned af[4];
+            m3_ldmatrix_x4(af, st + m3_off(lane & 15, 2 * ks + (lane >> 4)));
+#pragma unroll
+            for (int m = 0; m < NB; m++) {
+                // bf: (n8 tile 0: k 0-7, 8-15), (n8 tile 1: k 0-7, 8-15).
+                unsigned bf[4];
+                m3_ldmatrix_x4(bf, st + A_BYTES + m * B_BYTES +
+                                       m3_off(warp * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * ks + ((lane >> 3) & 1)));
+                mma_bf16_16816(acc[m][0], af[0], af[1], af[2], af[3], bf[0], bf[1]);
+                mma_bf16_16816(acc[m][1], af[0], af[1], af[2], af[3], bf[2], bf[3]);
+            }
+        }
+    }
+    m3_wait<0>();  // only empty groups remain; leave none behind
+
+#pragma unroll
+    for (int h = 0; h < 2; h++) {  // fragment rows g and g+8, as mma2
+        int s = slot[g + 8 * h];
+        if (s < 0) continue;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int n = n0 + warp * 16 + j * 8 + 2 * q + i;
+                if (n >= N) continue;
+                float v = acc[0][j][2 * h + i];
+                if (GATED) {
+                    double gv = (double)v;
+                    float sg = (float)(gv / (1.0 + exp(-gv)));
+                    v = __fmul_rn(sg, acc[NB - 1][j][2 * h + i]);
+                    c_bf16[(long long)s * N + n] = f32_to_bf16(v);
+                } else {
+                    c_f32[(long long)s * N + n] = v;
+                }
+            }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MM_THREADS) moe_gate_up_mma3_bf16_bf16(
+    const int* sorted_ids, const int* expert_ids, const int* total_padded, const bf16_t* x,
+    const bf16_t* w_gate, const bf16_t* w_up, long long w_estride, const float* s_gate, const float* s_up,
+    long long s_estride, bf16_t* inter, int numel, int topk, int I, int H, int block_size, int num_experts)
+{
+    grouped_gemm_mma3_tile<true, M3_STAGES_GATE_UP>(sorted_ids, expert_ids, total_padded, x, topk, w_gate, w_up,
+                                                    w_estride, inter, nullptr, numel, I, H, block_size, num_experts);
+}
+
+extern "C" __global__ void __launch_bounds__(MM_THREADS) moe_down_mma3_bf16_bf16(
+    const int* sorted_ids, const int* expert_ids, const int* total_padded, const bf16_t* inter,
+    const bf16_t* w_down, long long w_estride, const float* s_down, long long s_estride, float* out, int numel,
+    int H, int I, int block_size, int num_experts)
+{
+    grouped_gemm_mma3_tile<false, M3_STAGES_DOWN>(sorted_ids, expert_ids, total_padded, inter, 1, w_down, w_down,
+                                                  w_estride, nullptr, out, numel, H, I, block_size, num_experts);
+}
