@@ -12,8 +12,9 @@ import (
 )
 
 // TestBuildMatchesSources is the CI guard (no GPU needed): every
-// kernels/cuda/*.cu must have been built, from exactly its current text, into
-// the embedded build (or $MOEPREP_KERNELS_DIR's when set).
+// kernels/cuda/*.cu must have been built, from exactly its current text and
+// that of the shared headers (kernels/cuda/*.cuh), into the embedded build
+// (or $MOEPREP_KERNELS_DIR's when set).
 func TestBuildMatchesSources(t *testing.T) {
 	info, err := kernels.Build()
 	if err != nil {
@@ -27,13 +28,27 @@ func TestBuildMatchesSources(t *testing.T) {
 	if err != nil || len(sources) == 0 {
 		t.Fatalf("no kernels/cuda/*.cu found (%v)", err)
 	}
+	// Every source includes the shared headers it needs; scripts/build-kernels.sh
+	// hashes each source followed by all of them, in name order.
+	headers, err := filepath.Glob(filepath.Join("cuda", "*.cuh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shared []byte
+	for _, h := range headers {
+		b, err := os.ReadFile(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shared = append(shared, b...)
+	}
 	for _, path := range sources {
 		name := filepath.Base(path)
 		text, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sum := sha256.Sum256(text)
+		sum := sha256.Sum256(append(text, shared...))
 		k, ok := built[name]
 		switch {
 		case !ok:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds every kernels/cuda/*.cu into kernels/build/<name>.fatbin and writes
 # kernels/build/BUILD.json (nvcc version, flags, each source's and fatbin's
-# sha256), which kernels/embed.go embeds and kernels' TestBuildMatchesSources
+# sha256; a source's sha256 covers the shared headers kernels/cuda/*.cuh too), which kernels/embed.go embeds and kernels' TestBuildMatchesSources
 # checks in CI. Runs on the GPU machine (it has nvcc; the dev machine has not).
 #
 #   scripts/build-kernels.sh [OUT_DIR]     (default kernels/build)
@@ -61,7 +61,12 @@ for src in sorted(glob.glob("kernels/cuda/*.cu")):
     fb = os.path.join(out, name + ".fatbin")
     if not os.path.exists(fb):
         continue
-    sha = hashlib.sha256(open(src, "rb").read()).hexdigest()
+    # The source followed by every shared header (kernels/cuda/*.cuh) in name
+    # order: a header change marks every fatbin stale (kernels' TestBuildMatchesSources).
+    h = hashlib.sha256(open(src, "rb").read())
+    for hdr in sorted(glob.glob("kernels/cuda/*.cuh")):
+        h.update(open(hdr, "rb").read())
+    sha = h.hexdigest()
     if only and name not in only:
         if name + ".cu" not in old:
             continue

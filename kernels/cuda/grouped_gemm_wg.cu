@@ -71,15 +71,7 @@
 // variants measured before it (128 x 256, 256 x 128 with two row groups a
 // warpgroup) are in kernels/GEMM_NOTES.md and at commit 117bd15.
 
-typedef unsigned short bf16_t;
-
-// A CUtensorMap (128 opaque bytes, 64-byte aligned), built on the host by
-// cuTensorMapEncodeTiled: 3D bf16 view {K, N, E} of a weight matrix (strides
-// K * 2 and the expert stride * 2 bytes), box {64, rows of B per copy, 1},
-// 128-byte swizzle, out-of-bounds elements filled with zeros.
-struct alignas(64) WgTmap {
-    unsigned long long v[16];
-};
+#include "wg_common.cuh"
 
 // The tile (the Go side mirrors these: kernels/grouped_gemm.go wgBN, wgSmemBytes, the block size).
 #define WG_BM 192   // rows of a tile: WG_NCW consumer warpgroups x 64
@@ -100,79 +92,6 @@ struct alignas(64) WgTmap {
 
 static_assert(128 * WG_PRODUCER_REGS + 128 * WG_NCW * WG_CONSUMER_REGS <= 65536, "setmaxnreg: more registers than the launch has");
 static_assert(WG_PRODUCER_REGS % 8 == 0 && WG_CONSUMER_REGS % 8 == 0, "setmaxnreg takes multiples of 8");
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WG_ENABLED 1
-#endif
-
-#ifdef WG_ENABLED
-
-// Round to nearest even, NaN kept quiet (validate.F32ToBF16; as grouped_gemm.cu).
-__device__ __forceinline__ bf16_t wg_f32_to_bf16(float f)
-{
-    unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16_t)(u >> 16);
-}
-
-__device__ __forceinline__ unsigned wg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void wg_bar_init(unsigned bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void wg_bar_arrive(unsigned bar)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void wg_bar_wait(unsigned bar, unsigned parity)
-{
-    // The retry loop stays inside one asm block. With a C++ loop around
-    // try_wait (and the roles taken from threadIdx without a broadcast)
-    // ptxas warned C7518 and serialised every wgmma; with both changed it
-    // does not.
-    asm volatile("{\n.reg .pred p;\nWG_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WG_WAIT;\n}\n" ::"r"(bar), "r"(parity)
-                 : "memory");
-}
-
-// 16-byte async copy; src_bytes 0 zero-fills the destination without reading.
-__device__ __forceinline__ void wg_cp16(unsigned dst, const void* src, unsigned src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-__device__ __forceinline__ void wg_bar_arrive_tx(unsigned bar, unsigned bytes)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Bulk tensor copy of box {64, rows, 1} at (k, n, e) into dst (1024-aligned),
-// completing its bytes on bar.
-__device__ __forceinline__ void wg_tma3(unsigned dst, const WgTmap* tm, int k, int n, int e, unsigned bar)
-{
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-                 "l"(tm), "r"(k), "r"(n), "r"(e), "r"(bar)
-                 : "memory");
-}
-
-// Shared-memory matrix descriptor of a K-major tile with the 128-byte
-// swizzle: start address >> 4 (bits 0-13), leading byte offset (unused for
-// swizzled K-major tiles; 1 by convention, bits 16-29), stride byte offset
-// 1024 >> 4 between 8-row groups (bits 32-45), base offset 0 (the ring is
-// 1024-aligned), swizzle mode 1 = 128 B (bits 62-63). Stepping K by 16
-// elements inside the 128-byte row adds 32 bytes to the start address: the
-// hardware applies the swizzle to the computed addresses.
-__device__ __forceinline__ unsigned long long wg_desc(unsigned saddr)
-{
-    return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
-}
-
-struct WgTile {
-    int sb0, rows, e, n0;
-};
-#endif  // WG_ENABLED
 
 template <int N>
 __device__ __forceinline__ void wg_mma(float* d, unsigned long long da, unsigned long long db, int scale_d);
@@ -197,28 +116,6 @@ __device__ __forceinline__ void wg_mma<192>(float* d, unsigned long long da, uns
                  "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, p, 1, 1, 0, 0;\n}\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
                  : "l"(da), "l"(db), "r"(scale_d));
-}
-
-// Work item w (see the header): run lo owns items [tp[lo] * ncol, tp[lo + 1] * ncol).
-template <int BM>
-__device__ __forceinline__ WgTile wg_tile(int w, int ncol, int bn, const int* runs, const int* tp, int nruns,
-                                          const int* __restrict__ expert_ids, int block_size)
-{
-    const int rt = w / ncol;
-    int lo = 0, hi = nruns - 1;
-    while (lo < hi) {  // last run whose first tile is <= rt (runs of 0 tiles share it with the next)
-        int mid = (lo + hi + 1) >> 1;
-        if (tp[mid] <= rt) lo = mid;
-        else hi = mid - 1;
-    }
-    const int nt = tp[lo + 1] - tp[lo], local = w - tp[lo] * ncol;
-    const int ct = local / nt, r = local - ct * nt;
-    WgTile t;
-    t.sb0 = runs[lo] + (BM / 16) * r;
-    t.rows = 16 * min(BM / 16, runs[lo + 1] - t.sb0);
-    t.e = expert_ids[(runs[lo] * 16) / block_size];
-    t.n0 = ct * bn;
-    return t;
 }
 
 // The K loop of one tile for a consumer warpgroup's 64-row group at a0 in stage 0.

@@ -60,19 +60,13 @@
 // Scales: activation [rows, ceil(K/128)]; weight [E, ceil(N/128), ceil(K/128)]
 // at s + e * s_estride (gate_up: s_gate and s_up, as the tall kernels take them).
 //
-// The helpers repeat grouped_gemm_wg.cu's under a wf_ prefix (each .cu is
-// its own fatbin, and the harness includes both files); once this path is
-// tested they can move to a shared header.
+// The mbarrier, copy, descriptor and schedule helpers are grouped_gemm_wg.cu's
+// (wg_common.cuh). Weight tensor maps are 3D UINT8 views {K, N, E} of the
+// e4m3 matrices (strides K and the expert stride, in bytes), box {128, rows
+// of B per copy, 1}.
+#include "wg_common.cuh"
 
-typedef unsigned short bf16_t;
 typedef unsigned char e4m3_t;
-
-// A CUtensorMap built by cuTensorMapEncodeTiled: 3D UINT8 view {K, N, E} of
-// an e4m3 weight matrix (strides K and the expert stride, in bytes), box
-// {128, rows of B per copy, 1}, 128-byte swizzle, zeros outside N and K.
-struct alignas(64) WfTmap {
-    unsigned long long v[16];
-};
 
 // The default instance (kernels/grouped_gemm.go mirrors these: wfBM, wfBN,
 // wfStages, wfThreads, wfSmemBytes).
@@ -89,78 +83,19 @@ struct alignas(64) WfTmap {
 
 static_assert(WF_BK == WF_SCALE_BLOCK, "one K step is one scale block");
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define WF_ENABLED 1
-#endif
 
-#ifdef WF_ENABLED
-
-// Round to nearest even, NaN kept quiet (validate.F32ToBF16).
-__device__ __forceinline__ bf16_t wf_f32_to_bf16(float f)
-{
-    unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16_t)(u >> 16);
-}
-
-__device__ __forceinline__ unsigned wf_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void wf_bar_init(unsigned bar, unsigned count)
-{
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void wf_bar_arrive(unsigned bar)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-// The retry loop stays inside one asm block (grouped_gemm_wg.cu: a C++ loop
-// around try_wait made ptxas serialise the wgmmas, warning C7518).
-__device__ __forceinline__ void wf_bar_wait(unsigned bar, unsigned parity)
-{
-    asm volatile("{\n.reg .pred p;\nWF_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WF_WAIT;\n}\n" ::"r"(bar), "r"(parity)
-                 : "memory");
-}
-// 16-byte async copy; src_bytes 0 zero-fills the destination without reading.
-__device__ __forceinline__ void wf_cp16(unsigned dst, const void* src, unsigned src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
+#ifdef WG_ENABLED
 // 4-byte async copy (cp-size 4 exists only with .ca); src_bytes 0 writes zero.
 __device__ __forceinline__ void wf_cp4(unsigned dst, const void* src, unsigned src_bytes)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
-__device__ __forceinline__ void wf_bar_arrive_tx(unsigned bar, unsigned bytes)
-{
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Bulk tensor copy of box {128, rows, 1} at (k, n, e) into dst (1024-aligned), completing on bar.
-__device__ __forceinline__ void wf_tma3(unsigned dst, const WfTmap* tm, int k, int n, int e, unsigned bar)
-{
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-                 "l"(tm), "r"(k), "r"(n), "r"(e), "r"(bar)
-                 : "memory");
-}
-// K-major, 128-byte swizzle shared-memory descriptor (grouped_gemm_wg.cu's
-// wg_desc): the byte layout of a 128-element e4m3 row is that of a 64-element
-// bf16 row, so nothing changes but the element type the wgmma names.
-__device__ __forceinline__ unsigned long long wf_desc(unsigned saddr)
-{
-    return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
-}
-
-struct WfTile {
-    int sb0, rows, e, n0;
-};
-#endif  // WF_ENABLED
+#endif  // WG_ENABLED
 
 template <int N>
 __device__ __forceinline__ void wf_mma(float* d, unsigned long long da, unsigned long long db, int scale_d);
 
-#ifdef WF_ENABLED
+#ifdef WG_ENABLED
 
 // d[0..95] (+)= A(64x32 e4m3) B(192x32 e4m3)^T; scale_d 0 overwrites d. fp8 wgmma takes no
 // transpose immediates: both operands are K-major in shared memory.
@@ -183,28 +118,6 @@ __device__ __forceinline__ void wf_mma<128>(float* d, unsigned long long da, uns
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(da), "l"(db), "r"(scale_d));
 }
-// Work item w: as grouped_gemm_wg.cu's wg_tile.
-template <int BM>
-__device__ __forceinline__ WfTile wf_tile(int w, int ncol, int bn, const int* runs, const int* tp, int nruns,
-                                          const int* __restrict__ expert_ids, int block_size)
-{
-    const int rt = w / ncol;
-    int lo = 0, hi = nruns - 1;
-    while (lo < hi) {  // last run whose first tile is <= rt (runs of 0 tiles share it with the next)
-        int mid = (lo + hi + 1) >> 1;
-        if (tp[mid] <= rt) lo = mid;
-        else hi = mid - 1;
-    }
-    const int nt = tp[lo + 1] - tp[lo], local = w - tp[lo] * ncol;
-    const int ct = local / nt, r = local - ct * nt;
-    WfTile t;
-    t.sb0 = runs[lo] + (BM / 16) * r;
-    t.rows = 16 * min(BM / 16, runs[lo + 1] - t.sb0);
-    t.e = expert_ids[(runs[lo] * 16) / block_size];
-    t.n0 = ct * bn;
-    return t;
-}
-
 // The K loop of one tile for one consumer warpgroup (rows rg .. rg + 63 of
 // the tile): per K step four k32 wgmmas into part, then the promotion into
 // acc with the stage's scales (see the header). sc0: the scale ring (per
@@ -222,13 +135,13 @@ __device__ __forceinline__ void wf_consume(float* acc, float* part, unsigned a0,
     for (int i = 0; i < BNB / 2; i++) acc[i] = part[i] = 0.f;
     for (int kt = 0; kt < nk; kt++, it++) {
         const int s = it % STAGES;
-        wf_bar_wait(full0 + 8 * s, (it / STAGES) & 1);
+        wg_bar_wait(full0 + 8 * s, (it / STAGES) & 1);
         // A was written by cp.async (generic proxy); wgmma reads through the async proxy.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         const unsigned sa = a0 + s * STAGE_BYTES, sb = b0 + s * STAGE_BYTES;
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-        for (int kk = 0; kk < WF_BK / 32; kk++) wf_mma<BNB>(part, wf_desc(sa + kk * 32), wf_desc(sb + kk * 32), kk != 0);
+        for (int kk = 0; kk < WF_BK / 32; kk++) wf_mma<BNB>(part, wg_desc(sa + kk * 32), wg_desc(sb + kk * 32), kk != 0);
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         // Pin every read of part after the wait: the wait names no registers, so without
@@ -240,7 +153,7 @@ __device__ __forceinline__ void wf_consume(float* acc, float* part, unsigned a0,
         const float b_lo = sc[BM], b_hi = sc[BM + 1];
         const float u_lo = GATED ? sc[BM + 2] : 0.f, u_hi = GATED ? sc[BM + 3] : 0.f;
         // Every read of the stage (wgmma done, scales in registers) is over.
-        wf_bar_arrive(empty0 + 8 * s);
+        wg_bar_arrive(empty0 + 8 * s);
 #pragma unroll
         for (int j = 0; j < J; j++) {
             const bool up = GATED && j >= JO;
@@ -258,7 +171,7 @@ __device__ __forceinline__ void wf_consume(float* acc, float* part, unsigned a0,
 
 // Epilogue of one 64-row group: grouped_gemm_wg.cu's wg_epilogue.
 template <bool GATED, int BN>
-__device__ __forceinline__ void wf_epilogue(const float* acc, int rg, const WfTile& t, const int* __restrict__ sorted_ids,
+__device__ __forceinline__ void wf_epilogue(const float* acc, int rg, const WgTile& t, const int* __restrict__ sorted_ids,
                                             bf16_t* __restrict__ c_bf16, float* __restrict__ c_f32, int numel, int N)
 {
     const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) & 3;
@@ -284,10 +197,10 @@ __device__ __forceinline__ void wf_epilogue(const float* acc, int rg, const WfTi
             if (GATED) {
                 bf16_t* p = c_bf16 + (long long)s * N + n;
                 if (n + 1 < N && (N & 1) == 0) {
-                    *(unsigned*)p = (unsigned)wf_f32_to_bf16(v[0]) | ((unsigned)wf_f32_to_bf16(v[1]) << 16);
+                    *(unsigned*)p = (unsigned)wg_f32_to_bf16(v[0]) | ((unsigned)wg_f32_to_bf16(v[1]) << 16);
                 } else {
-                    if (n < N) p[0] = wf_f32_to_bf16(v[0]);
-                    if (n + 1 < N) p[1] = wf_f32_to_bf16(v[1]);
+                    if (n < N) p[0] = wg_f32_to_bf16(v[0]);
+                    if (n + 1 < N) p[1] = wg_f32_to_bf16(v[1]);
                 }
             } else {
                 float* p = c_f32 + (long long)s * N + n;
@@ -301,7 +214,7 @@ __device__ __forceinline__ void wf_epilogue(const float* acc, int rg, const WfTi
         }
     }
 }
-#endif  // WF_ENABLED
+#endif  // WG_ENABLED
 
 constexpr int wf_gcd(int a, int b) { return b == 0 ? a : wf_gcd(b, a % b); }
 
@@ -327,32 +240,32 @@ struct WfCfg {
 template <bool GATED, int BM, int BNB, int NCW, int STAGES, int PREG, int CREG>
 __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
                                         const int* __restrict__ total_padded, const e4m3_t* __restrict__ aq,
-                                        const float* __restrict__ as, int a_div, const WfTmap* tm0, const WfTmap* tm1,
+                                        const float* __restrict__ as, int a_div, const WgTmap* tm0, const WgTmap* tm1,
                                         const float* __restrict__ s0, const float* __restrict__ s1, long long s_estride,
                                         bf16_t* __restrict__ c_bf16, float* __restrict__ c_f32, int numel, int N, int K,
                                         int block_size, int num_experts)
 {
-#ifdef WF_ENABLED
+#ifdef WG_ENABLED
     typedef WfCfg<GATED, BM, BNB, NCW, STAGES> C;
     static_assert(128 * PREG + 128 * NCW * CREG <= 65536 && PREG % 8 == 0 && CREG % 8 == 0, "setmaxnreg");
     constexpr int BN = C::BN;
     constexpr int NBS = GATED ? 4 : 2;  // weight scales a stage
     extern __shared__ unsigned char wf_smem_raw[];
-    unsigned char* ring = wf_smem_raw + ((1024u - (wf_smem_addr(wf_smem_raw) & 1023u)) & 1023u);
+    unsigned char* ring = wf_smem_raw + ((1024u - (wg_smem_addr(wf_smem_raw) & 1023u)) & 1023u);
     float* scr = (float*)(ring + STAGES * C::STAGE_BYTES);  // [STAGES][SC_STRIDE]
     int* runs = (int*)(scr + STAGES * C::SC_STRIDE);        // [WF_MAX_RUNS]: run starts, then the end
     int* tp = runs + WF_MAX_RUNS;                           // [WF_MAX_RUNS]: first tile of each run
     int* wcnt = tp + WF_MAX_RUNS;                           // [32]
     unsigned long long* bars = (unsigned long long*)(wcnt + 32);  // 8-aligned: everything before is a multiple of 8 bytes
     int* rowt = (int*)(bars + 2 * STAGES);                  // [BM] activation row of each tile row (-1: padding), producer only
-    const unsigned ring_s = wf_smem_addr(ring), scr_s = wf_smem_addr(scr);
-    const unsigned full0 = wf_smem_addr(bars), empty0 = full0 + STAGES * 8;
+    const unsigned ring_s = wg_smem_addr(ring), scr_s = wg_smem_addr(scr);
+    const unsigned full0 = wg_smem_addr(bars), empty0 = full0 + STAGES * 8;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) {
-            wf_bar_init(full0 + 8 * s, 129);         // every producer thread's copies, thread 0 once more with B's bytes
-            wf_bar_init(empty0 + 8 * s, 128 * NCW);  // every consumer thread
+            wg_bar_init(full0 + 8 * s, 129);         // every producer thread's copies, thread 0 once more with B's bytes
+            wg_bar_init(empty0 + 8 * s, 128 * NCW);  // every consumer thread
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -416,7 +329,7 @@ __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, cons
         const int c = tid & 7, r0 = tid >> 3;  // 16-byte chunk of the 128-byte K step; first row
         int it = 0;
         for (int w = blockIdx.x; w < items; w += gridDim.x) {
-            WfTile t = wf_tile<BM>(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
+            WgTile t = wg_tile<BM>(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
             asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the last tile's table is no longer read
             for (int i = tid; i < BM; i += 128) {
                 int s = i < t.rows ? sorted_ids[t.sb0 * 16 + i] : -1;
@@ -432,19 +345,19 @@ __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, cons
             }
             for (int kt = 0; kt < nk; kt++, it++) {
                 const int s = it % STAGES, round = it / STAGES;
-                if (round > 0) wf_bar_wait(empty0 + 8 * s, (round - 1) & 1);
+                if (round > 0) wg_bar_wait(empty0 + 8 * s, (round - 1) & 1);
                 const int k = kt * WF_BK + c * 16;
                 const bool kin = k < K;  // K % 16 == 0: a chunk is all in or all out
                 const unsigned sa = ring_s + s * C::STAGE_BYTES, fb = full0 + 8 * s;
                 const unsigned ss = scr_s + s * C::SC_STRIDE * 4;
                 if (tid == 0) {
                     // B by the bulk tensor copy engine: rows past N and the K tail read as zeros.
-                    wf_bar_arrive_tx(fb, C::B_BYTES);
+                    wg_bar_arrive_tx(fb, C::B_BYTES);
                     if (GATED) {
-                        wf_tma3(sa + C::A_BYTES, tm0, kt * WF_BK, t.n0, t.e, fb);
-                        wf_tma3(sa + C::A_BYTES + C::B_BYTES / 2, tm1, kt * WF_BK, t.n0, t.e, fb);
+                        wg_tma3(sa + C::A_BYTES, tm0, kt * WF_BK, t.n0, t.e, fb);
+                        wg_tma3(sa + C::A_BYTES + C::B_BYTES / 2, tm1, kt * WF_BK, t.n0, t.e, fb);
                     } else {
-                        wf_tma3(sa + C::A_BYTES, tm0, kt * WF_BK, t.n0, t.e, fb);
+                        wg_tma3(sa + C::A_BYTES, tm0, kt * WF_BK, t.n0, t.e, fb);
                     }
                 }
 #pragma unroll
@@ -452,7 +365,7 @@ __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, cons
                     if ((j >> 2) >= ngrp) continue;  // all-padding 64-row group: not read
                     const int r = r0 + 16 * j, row = rowt[r];
                     const bool ok = kin && row >= 0;
-                    wf_cp16(sa + r * 128 + ((c ^ (r & 7)) << 4), ok ? aq + (long long)row * K + k : aq, ok ? 16u : 0u);
+                    wg_cp16(sa + r * 128 + ((c ^ (r & 7)) << 4), ok ? aq + (long long)row * K + k : aq, ok ? 16u : 0u);
                 }
                 for (int i = tid; i < BM; i += 128) {
                     if ((i >> 6) >= ngrp) continue;
@@ -472,13 +385,13 @@ __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, cons
         float acc[BNB / 2], part[BNB / 2];
         int it = 0;
         for (int w = blockIdx.x; w < items; w += gridDim.x) {
-            WfTile t = wf_tile<BM>(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
+            WgTile t = wg_tile<BM>(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
             const int na = __shfl_sync(0xffffffffu, cw * 64 < t.rows ? 1 : 0, 0);  // warpgroup-uniform
             if (na == 0) {
                 // All its rows padding: keep the barrier protocol, no multiplies.
                 for (int kt = 0; kt < nk; kt++, it++) {
-                    wf_bar_wait(full0 + 8 * (it % STAGES), (it / STAGES) & 1);
-                    wf_bar_arrive(empty0 + 8 * (it % STAGES));
+                    wg_bar_wait(full0 + 8 * (it % STAGES), (it / STAGES) & 1);
+                    wg_bar_arrive(empty0 + 8 * (it % STAGES));
                 }
                 continue;
             }
@@ -503,7 +416,7 @@ extern "C" __global__ void __launch_bounds__(WF_THREADS, 1) moe_gate_up_wg_fp8_f
     const int* sorted_ids, const int* expert_ids, const int* total_padded, const e4m3_t* xq, const float* xs,
     const e4m3_t* w_gate, const e4m3_t* w_up, long long w_estride, const float* s_gate, const float* s_up,
     long long s_estride, bf16_t* inter, int numel, int topk, int I, int H, int block_size, int num_experts,
-    const __grid_constant__ WfTmap tm_gate, const __grid_constant__ WfTmap tm_up)
+    const __grid_constant__ WgTmap tm_gate, const __grid_constant__ WgTmap tm_up)
 {
     // On targets other than sm_90a wf_body only traps: the Go side never launches it there.
     wf_body<true, WF_BM, WF_BNB, WF_NCW, WF_STAGES, WF_PRODUCER_REGS, WF_CONSUMER_REGS>(
@@ -515,7 +428,7 @@ extern "C" __global__ void __launch_bounds__(WF_THREADS, 1) moe_gate_up_wg_fp8_f
 extern "C" __global__ void __launch_bounds__(WF_THREADS, 1) moe_down_wg_fp8_fp8(
     const int* sorted_ids, const int* expert_ids, const int* total_padded, const e4m3_t* iq, const float* is,
     const e4m3_t* w_down, long long w_estride, const float* s_down, long long s_estride, float* out, int numel, int H,
-    int I, int block_size, int num_experts, const __grid_constant__ WfTmap tm_down)
+    int I, int block_size, int num_experts, const __grid_constant__ WgTmap tm_down)
 {
     wf_body<false, WF_BM, WF_BNB, WF_NCW, WF_STAGES, WF_PRODUCER_REGS, WF_CONSUMER_REGS>(
         sorted_ids, expert_ids, total_padded, iq, is, 1, &tm_down, &tm_down, s_down, s_down, s_estride, nullptr, out,

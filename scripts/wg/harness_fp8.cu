@@ -63,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(HV_THREADS, 1) hv_gate_up(
     const int* sorted_ids, const int* expert_ids, const int* total_padded, const e4m3_t* xq, const float* xs,
     const e4m3_t* w_gate, const e4m3_t* w_up, long long w_estride, const float* s_gate, const float* s_up,
     long long s_estride, bf16_t* inter, int numel, int topk, int I, int H, int block_size, int num_experts,
-    const __grid_constant__ WfTmap tm_gate, const __grid_constant__ WfTmap tm_up)
+    const __grid_constant__ WgTmap tm_gate, const __grid_constant__ WgTmap tm_up)
 {
     wf_body<true, HV_BM, HV_BNB, HV_NCW, HV_STAGES, 40, 152>(sorted_ids, expert_ids, total_padded, xq, xs, topk, &tm_gate, &tm_up,
                                                              s_gate, s_up, s_estride, inter, nullptr, numel, I, H, block_size, num_experts);
@@ -71,7 +71,7 @@ extern "C" __global__ void __launch_bounds__(HV_THREADS, 1) hv_gate_up(
 extern "C" __global__ void __launch_bounds__(HV_THREADS, 1) hv_down(
     const int* sorted_ids, const int* expert_ids, const int* total_padded, const e4m3_t* iq, const float* is,
     const e4m3_t* w_down, long long w_estride, const float* s_down, long long s_estride, float* out, int numel, int H,
-    int I, int block_size, int num_experts, const __grid_constant__ WfTmap tm_down)
+    int I, int block_size, int num_experts, const __grid_constant__ WgTmap tm_down)
 {
     wf_body<false, HV_BM, HV_BNB, HV_NCW, HV_STAGES, 40, 152>(sorted_ids, expert_ids, total_padded, iq, is, 1, &tm_down, &tm_down,
                                                               s_down, s_down, s_estride, nullptr, out, numel, H, I, block_size, num_experts);
@@ -316,9 +316,9 @@ static Align make_align(const Cfg& c, std::mt19937& rng)
 }
 
 // 3D UINT8 view {K, N, E} of an e4m3 weight matrix (expert stride es bytes), box {128, rows, 1}, 128-byte swizzle.
-static WfTmap make_tmap(const uint8_t* base, int K, int N, int E, long long es, int rows)
+static WgTmap make_tmap(const uint8_t* base, int K, int N, int E, long long es, int rows)
 {
-    static_assert(sizeof(WfTmap) == sizeof(CUtensorMap), "tensor map size");
+    static_assert(sizeof(WgTmap) == sizeof(CUtensorMap), "tensor map size");
     CUtensorMap m;
     cuuint64_t dims[3] = {(cuuint64_t)K, (cuuint64_t)N, (cuuint64_t)E};
     cuuint64_t strides[2] = {(cuuint64_t)K, (cuuint64_t)es};
@@ -327,7 +327,7 @@ static WfTmap make_tmap(const uint8_t* base, int K, int N, int E, long long es, 
                                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) { fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", (int)r); exit(1); }
-    WfTmap t; memcpy(&t, &m, sizeof t); return t;
+    WgTmap t; memcpy(&t, &m, sizeof t); return t;
 }
 
 // Weights: w[e*es + n*K + k] codes, scales sc[e*ses + (n/128)*ceil(K/128) + k/128]; dequantised as the twin: f32(code * scale).
@@ -411,8 +411,8 @@ static void run_cfg(const Cfg& c, const Variant& v, const uint8_t* wgu, const fl
     const uint8_t* w_g = wgu; const uint8_t* w_u = c.fused ? wgu + (size_t)c.I * c.H : wgu + (size_t)c.E * c.I * c.H;
     const float* s_g = sgu; const float* s_u = c.fused ? sgu + (size_t)nbi * nkh : sgu + (size_t)c.E * nbi * nkh;
     long long dn_es = (long long)c.H * c.I, dn_ses = (long long)nbh * nki;
-    WfTmap tm_g = make_tmap(w_g, c.H, c.I, c.E, gu_es, v.bnb / 2), tm_u = make_tmap(w_u, c.H, c.I, c.E, gu_es, v.bnb / 2);
-    WfTmap tm_d = make_tmap(wdn, c.I, c.H, c.E, dn_es, v.bnb);
+    WgTmap tm_g = make_tmap(w_g, c.H, c.I, c.E, gu_es, v.bnb / 2), tm_u = make_tmap(w_u, c.H, c.I, c.E, gu_es, v.bnb / 2);
+    WgTmap tm_d = make_tmap(wdn, c.I, c.H, c.E, dn_es, v.bnb);
     const long long wx = ((long long)c.T * nkh + 7) / 8, wi = ((long long)numel * nki + 7) / 8;
     auto q_x = [&]() { moe_act_quant_e4m3<<<(unsigned)wx, AQ_THREADS>>>(x, c.T, c.H, xq, xs); };
     auto q_i = [&]() { moe_act_quant_e4m3<<<(unsigned)wi, AQ_THREADS>>>(inter, numel, c.I, iq, is); };

@@ -1,0 +1,112 @@
+// Device helpers shared by the Hopper grouped GEMMs: grouped_gemm_wg.cu (bf16
+// x bf16) and grouped_gemm_wg_fp8.cu (e4m3 x e4m3, w8a8). Each .cu is its own
+// fatbin and includes this file; scripts/build-kernels.sh and the kernels
+// package's TestBuildMatchesSources hash every kernels/cuda/*.cuh with each
+// source, so a change here marks every fatbin stale.
+#pragma once
+
+typedef unsigned short bf16_t;
+
+// A CUtensorMap (128 opaque bytes, 64-byte aligned), built on the host by
+// cuTensorMapEncodeTiled: 3D view {K, N, E} of a weight matrix (bf16, or e4m3 as
+// UINT8; strides in bytes), box {128 bytes of K, rows of B per copy, 1},
+// 128-byte swizzle, out-of-bounds elements filled with zeros.
+struct alignas(64) WgTmap {
+    unsigned long long v[16];
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_ENABLED 1
+#endif
+
+#ifdef WG_ENABLED
+
+// Round to nearest even, NaN kept quiet (validate.F32ToBF16; as grouped_gemm.cu).
+__device__ __forceinline__ bf16_t wg_f32_to_bf16(float f)
+{
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+__device__ __forceinline__ unsigned wg_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void wg_bar_init(unsigned bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void wg_bar_arrive(unsigned bar)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void wg_bar_wait(unsigned bar, unsigned parity)
+{
+    // The retry loop stays inside one asm block. With a C++ loop around
+    // try_wait (and the roles taken from threadIdx without a broadcast)
+    // ptxas warned C7518 and serialised every wgmma; with both changed it
+    // does not.
+    asm volatile("{\n.reg .pred p;\nWG_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WG_WAIT;\n}\n" ::"r"(bar), "r"(parity)
+                 : "memory");
+}
+
+// 16-byte async copy; src_bytes 0 zero-fills the destination without reading.
+__device__ __forceinline__ void wg_cp16(unsigned dst, const void* src, unsigned src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void wg_bar_arrive_tx(unsigned bar, unsigned bytes)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Bulk tensor copy of box {128 bytes of K, rows, 1} at (k, n, e) into dst (1024-aligned),
+// completing its bytes on bar.
+__device__ __forceinline__ void wg_tma3(unsigned dst, const WgTmap* tm, int k, int n, int e, unsigned bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+                 "l"(tm), "r"(k), "r"(n), "r"(e), "r"(bar)
+                 : "memory");
+}
+
+// Shared-memory matrix descriptor of a K-major tile with the 128-byte
+// swizzle: start address >> 4 (bits 0-13), leading byte offset (unused for
+// swizzled K-major tiles; 1 by convention, bits 16-29), stride byte offset
+// 1024 >> 4 between 8-row groups (bits 32-45), base offset 0 (the ring is
+// 1024-aligned), swizzle mode 1 = 128 B (bits 62-63). Stepping K by 16
+// elements inside the 128-byte row adds 32 bytes to the start address: the
+// hardware applies the swizzle to the computed addresses.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned saddr)
+{
+    return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+struct WgTile {
+    int sb0, rows, e, n0;
+};
+
+// Work item w (the persistent schedule in grouped_gemm_wg.cu's header): run lo owns items [tp[lo] * ncol, tp[lo + 1] * ncol).
+template <int BM>
+__device__ __forceinline__ WgTile wg_tile(int w, int ncol, int bn, const int* runs, const int* tp, int nruns,
+                                          const int* __restrict__ expert_ids, int block_size)
+{
+    const int rt = w / ncol;
+    int lo = 0, hi = nruns - 1;
+    while (lo < hi) {  // last run whose first tile is <= rt (runs of 0 tiles share it with the next)
+        int mid = (lo + hi + 1) >> 1;
+        if (tp[mid] <= rt) lo = mid;
+        else hi = mid - 1;
+    }
+    const int nt = tp[lo + 1] - tp[lo], local = w - tp[lo] * ncol;
+    const int ct = local / nt, r = local - ct * nt;
+    WgTile t;
+    t.sb0 = runs[lo] + (BM / 16) * r;
+    t.rows = 16 * min(BM / 16, runs[lo + 1] - t.sb0);
+    t.e = expert_ids[(runs[lo] * 16) / block_size];
+    t.n0 = ct * bn;
+    return t;
+}
+
+#endif  // WG_ENABLED
