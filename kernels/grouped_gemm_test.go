@@ -232,14 +232,7 @@ func TestGroupedGEMM(t *testing.T) {
 	}
 	hopper := dev.Major == 9 && dev.Minor == 0
 	for _, c := range gemmCases {
-		ew := makeExperts(r, c)
-		bank := ew.bank(t, dev, c)
-		ids := routeIDs(r, c)
-		al, err := validate.AlignBlockSize(ids, c.e, c.block)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sorted := uploadSorted(t, dev, al, ids, c.e)
+		ew, bank, _, al, sorted := routedBank(t, r, dev, c)
 		// validate.GroupedGEMM hands loaded matrices back to its pool: give it copies.
 		load := func(_ context.Context, e int) (*validate.ExpertMats, error) {
 			m := ew.mats[e]
@@ -333,14 +326,7 @@ func TestGroupedGEMMMMA3Exact(t *testing.T) {
 		}
 		ran++
 		t.Run(c.name, func(t *testing.T) {
-			ew := makeExperts(r, c)
-			bank := ew.bank(t, dev, c)
-			ids := routeIDs(r, c)
-			al, err := validate.AlignBlockSize(ids, c.e, c.block)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sorted := uploadSorted(t, dev, al, ids, c.e)
+			_, bank, _, _, sorted := routedBank(t, r, dev, c)
 			numel := c.tok * c.k
 			xm := kernels.BF16Mat(toDevice(t, dev, toBF16(randn(r, c.tok*c.h, 1))))
 			nan := make([]uint16, numel*c.inter)
@@ -586,4 +572,18 @@ func TestAddBiasRows(t *testing.T) {
 	if err := kernels.AddBiasRows(dev, 0, dm, toDevice(t, dev, b[:5]), rows, cols); err == nil {
 		t.Fatal("short bias accepted")
 	}
+}
+
+// routedBank draws c's experts and routing, uploads the bank and the aligned
+// slots, and returns them with the CPU-side alignment the twins take.
+func routedBank(t *testing.T, r *rand.Rand, dev *cuda.Device, c gemmCase) (*expertWeights, *kernels.ExpertBank, []int32, *validate.Alignment, *kernels.Sorted) {
+	t.Helper()
+	ew := makeExperts(r, c)
+	bank := ew.bank(t, dev, c)
+	ids := routeIDs(r, c)
+	al, err := validate.AlignBlockSize(ids, c.e, c.block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ew, bank, ids, al, uploadSorted(t, dev, al, ids, c.e)
 }

@@ -131,14 +131,7 @@ func TestGroupedGEMMW8A8(t *testing.T) {
 	r := rand.New(rand.NewPCG(41, 42))
 	for _, c := range w8a8Cases {
 		t.Run(c.name, func(t *testing.T) {
-			ew := makeExperts(r, c)
-			bank := ew.bank(t, dev, c)
-			ids := routeIDs(r, c)
-			al, err := validate.AlignBlockSize(ids, c.e, c.block)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sorted := uploadSorted(t, dev, al, ids, c.e)
+			ew, bank, ids, al, sorted := routedBank(t, r, dev, c)
 			numel := c.tok * c.k
 			xb := toBF16(randn(r, c.tok*c.h, 1))
 			xin := fromBF16(xb)
