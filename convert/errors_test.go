@@ -237,15 +237,27 @@ func TestResumeRefusesDifferentOptions(t *testing.T) {
 	if _, err := Convert(ctx, o); !errors.Is(err, context.Canceled) {
 		t.Fatalf("interrupted run: %v", err)
 	}
-	// Another --digest would record shards hashed two ways: refused too.
+	// Another --digest would record shards hashed two ways: refused too. The
+	// error names the flag, its recorded value and the new one.
 	o.Progress, o.Resume, o.Digest = nil, true, layout.BLAKE3Blocks
-	if _, err := Convert(context.Background(), o); err == nil || !strings.Contains(err.Error(), "different") {
+	if _, err := Convert(context.Background(), o); err == nil || !strings.Contains(err.Error(), "started with --digest xxh3, now blake3") {
 		t.Errorf("resume with another digest: %v", err)
 	}
 	o.Digest = 0
 	o.Progress, o.Resume, o.Layout = nil, true, layout.GateUp
-	if _, err := Convert(context.Background(), o); err == nil || !strings.Contains(err.Error(), "different") {
+	if _, err := Convert(context.Background(), o); err == nil || !strings.Contains(err.Error(), "started with --layout stacked, now gate-up") {
 		t.Errorf("resume with another layout: %v", err)
+	}
+	// A record from before options were recorded, whose shards carry BLAKE3
+	// digests: the error points at --digest blake3.
+	prog := filepath.Join(dst+".partial", progressFileName)
+	legacy := `{"version": 1, "fingerprint": "0000", "shards": {"model-00001-of-00002.safetensors": {"size": 1, "blake3_blocks": {"block_size": 16, "root": "00"}}}}`
+	if err := os.WriteFile(prog, []byte(legacy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o.Layout = ""
+	if _, err := Convert(context.Background(), o); err == nil || !strings.Contains(err.Error(), "--digest blake3") {
+		t.Errorf("resume of a BLAKE3-era partial output: %v", err)
 	}
 	o.Resume, o.Force = false, true
 	if _, err := Convert(context.Background(), o); err != nil {

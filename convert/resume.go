@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -19,7 +21,33 @@ import (
 type progressRecord struct {
 	Version     int                        `json:"version"`
 	Fingerprint string                     `json:"fingerprint"`
+	Options     map[string]string          `json:"options,omitempty"` // the flags that change output bytes, to name the ones a resume changed
 	Shards      map[string]layout.FileInfo `json:"shards"`
+}
+
+// byteOptions are the run's flags that change output bytes, by flag name.
+func (o *Options) byteOptions() map[string]string {
+	return map[string]string{
+		"--layout":         string(o.Layout),
+		"fuse-shared":      fmt.Sprint(o.FuseShared),
+		"--tp":             fmt.Sprint(o.TP),
+		"--replicas":       fmt.Sprint(o.Replicas),
+		"--fold-scaling":   o.FoldScaling,
+		"--max-shard-size": fmt.Sprint(o.MaxShardSize),
+		"--digest":         o.Digest.String(),
+	}
+}
+
+// optionChanges names the flags whose values differ from the recorded run's,
+// "--digest blake3, now xxh3"; empty when none differ or none were recorded.
+func optionChanges(was, now map[string]string) string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(now)) {
+		if v, ok := was[k]; ok && v != now[k] {
+			out = append(out, fmt.Sprintf("%s %s, now %s", k, v, now[k]))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 type progressState struct {
@@ -58,7 +86,7 @@ func (w *run) fingerprint() string {
 func (w *run) preparePartial() error {
 	fpr := w.fingerprint()
 	w.prog = &progressState{path: filepath.Join(w.partial, progressFileName),
-		rec: progressRecord{Version: layout.ContractVersion, Fingerprint: fpr, Shards: map[string]layout.FileInfo{}}}
+		rec: progressRecord{Version: layout.ContractVersion, Fingerprint: fpr, Options: w.o.byteOptions(), Shards: map[string]layout.FileInfo{}}}
 	_, err := os.Lstat(w.partial)
 	exists := err == nil
 	switch {
@@ -90,7 +118,14 @@ func (w *run) loadProgress(fpr string) error {
 		return fmt.Errorf("%s: cannot resume: unreadable progress record; remove %s or use --force to start over", w.prog.path, w.partial)
 	}
 	if rec.Fingerprint != fpr {
-		return fmt.Errorf("%s: cannot resume: it was started from a different source or with different options; rerun with the same ones, or use --force to start over", w.partial)
+		what := "it was started from a different source or with different options"
+		if ch := optionChanges(rec.Options, w.o.byteOptions()); ch != "" {
+			what = "it was started with " + ch
+		} else if rec.Options == nil && w.o.Digest != layout.BLAKE3Blocks && blake3Shards(rec.Shards) {
+			// Written before XXH3 became the default (and before options were recorded).
+			what = "it was started by an earlier moeprep, which hashed shards with BLAKE3 (resume with --digest blake3), or with different options"
+		}
+		return fmt.Errorf("%s: cannot resume: %s; rerun with the same ones, or use --force to start over", w.partial, what)
 	}
 	w.prog.reuse = map[string]layout.FileInfo{}
 	for name, want := range rec.Shards {
@@ -107,6 +142,16 @@ func (w *run) loadProgress(fpr string) error {
 		}
 	}
 	return nil
+}
+
+// blake3Shards reports whether any recorded shard has a BLAKE3 block digest.
+func blake3Shards(shards map[string]layout.FileInfo) bool {
+	for _, fi := range shards {
+		if fi.B3Blocks.BlockSize > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *progressState) reusable(name string) (layout.FileInfo, bool) {
