@@ -135,8 +135,8 @@ func workingBytes(s Shape, t, blockSize, xsets int, w8a8 bool) int64 {
 	align := maxPad*4 + (maxPad/bs+1)*4 + (T*K/256+1)*EB*4 + EB*8 + 16
 	set := T*H*2 + T*E*4 + T*K*8 + align
 	quant := int64(0)
-	if w8a8 { // kernels.NewQuantScratch: codes and scales of the larger stage input
-		quant = max(T*H, T*K*I) + 4*max(T*((H+127)/128), T*K*((I+127)/128))
+	if w8a8 {
+		quant = kernels.QuantScratchBytes(t, s.Slots(), s.H, s.I)
 	}
 	return int64(xsets)*set + T*K*I*2 + T*K*H*4 + T*H*4 + quant
 }

@@ -25,14 +25,25 @@ type QuantScratch struct {
 	Scales *cuda.Buffer[float32]
 }
 
+// quantScratchLens are the codes and scales a layer's scratch holds: the
+// larger of stage 1's input x [t, h] and stage 2's [t*topk, i].
+func quantScratchLens(t, topk, h, i int) (codes, scales int) {
+	return max(t*h, t*topk*i), max(t*CeilDiv(h, ActQuantGroup), t*topk*CeilDiv(i, ActQuantGroup))
+}
+
+// QuantScratchBytes is the device memory NewQuantScratch takes.
+func QuantScratchBytes(t, topk, h, i int) int64 {
+	codes, scales := quantScratchLens(t, topk, h, i)
+	return int64(codes) + 4*int64(scales)
+}
+
 // NewQuantScratch allocates room for both stages of a layer of t tokens,
 // topk slots a token, hidden size h and expert intermediate size i.
 func NewQuantScratch(dev *cuda.Device, t, topk, h, i int) (*QuantScratch, error) {
 	if !dimsOK(t, topk, h, i) {
 		return nil, fmt.Errorf("quant scratch: bad dimensions %d x %d, %d, %d", t, topk, h, i)
 	}
-	codes := max(t*h, t*topk*i)
-	scales := max(t*CeilDiv(h, ActQuantGroup), t*topk*CeilDiv(i, ActQuantGroup))
+	codes, scales := quantScratchLens(t, topk, h, i)
 	q := &QuantScratch{}
 	var err error
 	if q.Codes, err = cuda.Alloc[uint8](dev, codes); err != nil {

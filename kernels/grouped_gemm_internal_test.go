@@ -5,18 +5,39 @@ import (
 	"testing"
 )
 
+// kernelChoice is one case of a kernel-choice table: the gate_up kernel
+// opt.kernel names for weights w, reduction k, numel slots and exp experts.
+type kernelChoice struct {
+	name          string
+	opt           GEMMOptions
+	w             MatDType
+	k, numel, exp int
+	hopper        bool
+	want          string // "" = an error
+}
+
+// checkKernelChoice runs a table; every wgmma kernel it names must come
+// with the block size its family needs (wgThreads: WG_THREADS or WF_THREADS).
+func checkKernelChoice(t *testing.T, cases []kernelChoice, wgThreads int) {
+	t.Helper()
+	for _, c := range cases {
+		fn, threads, err := c.opt.kernel("gate_up", c.w, c.k, c.numel, c.exp, c.hopper)
+		switch {
+		case c.want == "" && err == nil:
+			t.Errorf("%s: got %s, want an error", c.name, fn)
+		case c.want != "" && (err != nil || fn != c.want):
+			t.Errorf("%s: got %q (%v), want %s", c.name, fn, err, c.want)
+		case strings.Contains(c.want, "_wg_") && threads != wgThreads:
+			t.Errorf("%s: %d threads, want %d", c.name, threads, wgThreads)
+		}
+	}
+}
+
 // TestGEMMKernelChoice checks which kernel PathAuto and the explicit paths
 // name, on Hopper and elsewhere (no GPU needed).
 func TestGEMMKernelChoice(t *testing.T) {
 	bf16 := GEMMOptions{Act: MatBF16}
-	cases := []struct {
-		name          string
-		opt           GEMMOptions
-		w             MatDType
-		k, numel, exp int
-		hopper        bool
-		want          string // "" = an error
-	}{
+	cases := []kernelChoice{
 		{"auto hopper many rows", bf16, MatBF16, 7168, 36864, 264, true, "moe_gate_up_wg_bf16_bf16"},
 		{"auto ampere many rows", bf16, MatBF16, 7168, 36864, 264, false, "moe_gate_up_tall_bf16_bf16"},
 		{"auto hopper few rows", bf16, MatBF16, 7168, 9 * 128, 264, true, "moe_gate_up_mma3_bf16_bf16"},
@@ -35,17 +56,7 @@ func TestGEMMKernelChoice(t *testing.T) {
 		{"mma3 K", GEMMOptions{Act: MatBF16, Path: PathMMA3}, MatBF16, 7164, 9 * 128, 264, true, ""},
 		{"mma3 f32 act", GEMMOptions{Act: MatF32, Path: PathMMA3}, MatBF16, 7168, 9 * 128, 264, true, ""},
 	}
-	for _, c := range cases {
-		fn, threads, err := c.opt.kernel("gate_up", c.w, c.k, c.numel, c.exp, c.hopper)
-		switch {
-		case c.want == "" && err == nil:
-			t.Errorf("%s: got %s, want an error", c.name, fn)
-		case c.want != "" && (err != nil || fn != c.want):
-			t.Errorf("%s: got %q (%v), want %s", c.name, fn, err, c.want)
-		case c.want != "" && c.opt.Path == PathWGMMA && threads != 512:
-			t.Errorf("%s: %d threads, want 512 (WG_THREADS: a producer and 3 consumer warpgroups)", c.name, threads)
-		}
-	}
+	checkKernelChoice(t, cases, 512) // WG_THREADS: a producer and 3 consumer warpgroups
 	if g, _ := gemmGrid(&Sorted{}, 2048, "moe_down_wg_bf16_bf16", 132); g != [3]uint32{132, 1, 1} {
 		t.Errorf("wgmma grid %v, want one CTA per SM", g)
 	}
@@ -65,14 +76,7 @@ func TestGEMMKernelChoice(t *testing.T) {
 // everywhere else (no kernel computes its numerics but those).
 func TestGEMMKernelChoiceW8A8(t *testing.T) {
 	w8 := GEMMOptions{Act: MatBF16, W8A8: true}
-	cases := []struct {
-		name          string
-		opt           GEMMOptions
-		w             MatDType
-		k, numel, exp int
-		hopper        bool
-		want          string // "" = an error
-	}{
+	cases := []kernelChoice{
 		{"auto hopper", w8, MatFP8, 7168, 36864, 264, true, "moe_gate_up_wg_fp8_fp8"},
 		{"auto hopper few rows", w8, MatFP8, 7168, 9, 264, true, "moe_gate_up_wg_fp8_fp8"},
 		{"wgmma hopper", GEMMOptions{Act: MatBF16, W8A8: true, Path: PathWGMMA}, MatFP8, 2048, 8, 264, true, "moe_gate_up_wg_fp8_fp8"},
@@ -83,17 +87,7 @@ func TestGEMMKernelChoiceW8A8(t *testing.T) {
 		{"many experts", w8, MatFP8, 7168, 36864, 2000, true, ""},
 		{"tall path", GEMMOptions{Act: MatBF16, W8A8: true, Path: PathMMATall}, MatFP8, 7168, 36864, 264, true, ""},
 	}
-	for _, c := range cases {
-		fn, threads, err := c.opt.kernel("gate_up", c.w, c.k, c.numel, c.exp, c.hopper)
-		switch {
-		case c.want == "" && err == nil:
-			t.Errorf("%s: got %s, want an error", c.name, fn)
-		case c.want != "" && (err != nil || fn != c.want):
-			t.Errorf("%s: got %q (%v), want %s", c.name, fn, err, c.want)
-		case c.want != "" && threads != 384:
-			t.Errorf("%s: %d threads, want 384 (WF_THREADS: a producer and 2 consumer warpgroups)", c.name, threads)
-		}
-	}
+	checkKernelChoice(t, cases, 384) // WF_THREADS: a producer and 2 consumer warpgroups
 	if g, _ := gemmGrid(&Sorted{}, 2048, "moe_down_wg_fp8_fp8", 132); g != [3]uint32{132, 1, 1} {
 		t.Errorf("w8a8 grid %v, want one CTA per SM", g)
 	}

@@ -64,6 +64,17 @@ func QuantizeActGroups(x []float32, rows, cols, group int, q []byte, scales []fl
 	}
 }
 
+// roundTripServing replaces each row of x [rows, cols] by what a w8a8
+// kernel multiplies when x is an activation engines hold in bf16 (a layer
+// input, or the activated intermediate): each value rounded to bf16, then
+// RoundTripActGroups over groups of ActGroup channels.
+func roundTripServing(x []float32, rows, cols int) {
+	for i, v := range x {
+		x[i] = numfmt.RoundBF16(v)
+	}
+	RoundTripActGroups(x, rows, cols, ActGroup)
+}
+
 // RoundTripActGroups replaces each row of x [rows, cols] by what a w8a8
 // kernel multiplies: its e4m3 codes times their group's scale, in float32.
 // Its scratch is one row of codes and scales.

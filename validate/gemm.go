@@ -6,7 +6,6 @@ import (
 	"math"
 	"runtime"
 
-	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"golang.org/x/sync/errgroup"
 	"gonum.org/v1/gonum/blas"
@@ -177,10 +176,7 @@ func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *Exp
 	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Up, h, 0, up, inter)
 	activate(m.Act, gate, up, m.GateBias, m.UpBias)
 	if num.W8A8 {
-		for i, v := range gate {
-			gate[i] = numfmt.RoundBF16(v)
-		}
-		RoundTripActGroups(gate, rows, inter, ActGroup)
+		roundTripServing(gate, rows, inter)
 	}
 	ob := make([]float32, rows*h)
 	impl.Sgemm(blas.NoTrans, blas.Trans, rows, h, inter, 1, gate, inter, m.Down, inter, 0, ob, h)

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/moeprep/moeprep/family"
-	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"golang.org/x/sync/errgroup"
 )
@@ -284,11 +284,8 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 	if m.w8a8 {
 		q := make([][]float32, n)
 		for r, x := range xs {
-			q[r] = make([]float32, len(x))
-			for j, v := range x {
-				q[r][j] = numfmt.RoundBF16(v)
-			}
-			RoundTripActGroups(q[r], 1, m.h, ActGroup)
+			q[r] = slices.Clone(x)
+			roundTripServing(q[r], 1, m.h)
 		}
 		xs = q
 	}
@@ -303,10 +300,7 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 	}
 	activate(m.act, g, u, m.gb, m.ub)
 	if m.w8a8 {
-		for i, v := range g {
-			g[i] = numfmt.RoundBF16(v)
-		}
-		RoundTripActGroups(g, n, m.inter, ActGroup)
+		roundTripServing(g, n, m.inter)
 	}
 	for j := range m.h {
 		dr := m.down[j*m.inter : (j+1)*m.inter]
