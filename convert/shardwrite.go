@@ -154,12 +154,22 @@ type shardWriter struct {
 	noCFR atomic.Bool // copy_file_range refused once: buffer the rest
 
 	srcMu sync.Mutex
-	srcs  map[*os.File]*os.File // the checkpoint's open source files -> this shard's own
+	srcs  map[*os.File]*shardSource // the checkpoint's open source files -> this shard's own
+}
+
+// shardSource is a shard's own open file of one source and how many of the
+// shard's chunks still read it: the file is closed after the last, so a
+// shard holds one or two sources open at a time (its chunks go in source
+// order), not every file of a 163-file checkpoint.
+type shardSource struct {
+	f    *os.File // nil: the shared file is used
+	left int
 }
 
 // ownSource returns the part's region read through this shard's own open
-// file of its source, and that file (nil when the source is not a plain
-// file, or cannot be opened again as the same file: then the shared one).
+// file of its source, and the file it reads: nil when the source is not a
+// plain file, the checkpoint's shared one when the path cannot be opened
+// again as the same file.
 //
 // Why: the kernel keeps read-ahead state per open file. The checkpoint
 // opens each source once, and the shards written at once (--jobs) each take
@@ -175,20 +185,59 @@ func (sw *shardWriter) ownSource(p *part) (region, *os.File) {
 	}
 	sw.srcMu.Lock()
 	defer sw.srcMu.Unlock()
-	own, seen := sw.srcs[shared]
-	if !seen {
-		own = reopen(shared)
-		if sw.srcs == nil {
-			sw.srcs = map[*os.File]*os.File{}
-		}
-		sw.srcs[shared] = own // nil: use the shared one
+	if sw.srcs == nil {
+		sw.srcs = map[*os.File]*shardSource{}
 	}
-	if own == nil {
-		own = shared
+	o := sw.srcs[shared]
+	if o == nil {
+		o = &shardSource{}
+		sw.srcs[shared] = o
+	}
+	if o.f == nil {
+		o.f = reopen(shared)
+	}
+	f := o.f
+	if f == nil {
+		f = shared
 	}
 	r := p.region
-	r.src, r.off = own, baseOffset(p.src)+p.off
-	return r, own
+	r.src, r.off = f, baseOffset(p.src)+p.off
+	return r, f
+}
+
+// countSources records how many of chunks read each source file.
+func (sw *shardWriter) countSources(chunks []*chunk) {
+	sw.srcMu.Lock()
+	defer sw.srcMu.Unlock()
+	if sw.srcs == nil {
+		sw.srcs = map[*os.File]*shardSource{}
+	}
+	for _, c := range chunks {
+		if shared, ok := outermost(c.p.src).(*os.File); ok {
+			o := sw.srcs[shared]
+			if o == nil {
+				o = &shardSource{}
+				sw.srcs[shared] = o
+			}
+			o.left++
+		}
+	}
+}
+
+// chunkDone closes the shard's own file of c's source after its last chunk.
+func (sw *shardWriter) chunkDone(c *chunk) {
+	shared, ok := outermost(c.p.src).(*os.File)
+	if !ok {
+		return
+	}
+	sw.srcMu.Lock()
+	defer sw.srcMu.Unlock()
+	if o := sw.srcs[shared]; o != nil {
+		if o.left--; o.left <= 0 && o.f != nil {
+			o.f.Close()
+			o.f = nil
+		}
+	}
 }
 
 // reopen opens f's path again, or returns nil when it cannot or the path now
@@ -211,9 +260,9 @@ func reopen(f *os.File) *os.File {
 func (sw *shardWriter) closeSources() {
 	sw.srcMu.Lock()
 	defer sw.srcMu.Unlock()
-	for _, own := range sw.srcs {
-		if own != nil {
-			own.Close()
+	for _, o := range sw.srcs {
+		if o.f != nil {
+			o.f.Close()
 		}
 	}
 	sw.srcs = nil
@@ -246,6 +295,7 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 	sw := &shardWriter{path: tmp, out: out, size: s.size, bs: bs, algo: w.o.Digest, left: make([]atomic.Int64, nb),
 		ready: make(chan int64, nb), sums: make([][32]byte, nb)}
 	defer sw.closeSources()
+	sw.countSources(chunks)
 	if startWriteback != nil {
 		sw.flush = make(chan int64, nb)
 	}
@@ -302,7 +352,9 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 					return
 				}
 				c := chunks[i]
-				if err := sw.put(c, &buf); err != nil {
+				err := sw.put(c, &buf)
+				sw.chunkDone(c)
+				if err != nil {
 					fail(err)
 					return
 				}

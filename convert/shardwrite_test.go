@@ -279,6 +279,21 @@ func TestOwnSource(t *testing.T) {
 	if _, err := own.Stat(); err == nil {
 		t.Errorf("closeSources left its file open")
 	}
+	// With two chunks planned from this source, the own file stays open
+	// after the first and is closed after the second.
+	sw = &shardWriter{}
+	chunks := []*chunk{{p: p, n: 100}, {p: p, pos: 100, n: 100}}
+	sw.countSources(chunks)
+	_, own = sw.ownSource(p)
+	sw.chunkDone(chunks[0])
+	if _, err := own.Stat(); err != nil {
+		t.Errorf("closed after the first of two chunks: %v", err)
+	}
+	sw.chunkDone(chunks[1])
+	if _, err := own.Stat(); err == nil {
+		t.Errorf("still open after the last chunk")
+	}
+	sw.closeSources()
 	// The path now names another file: the shared one is used.
 	os.Remove(path)
 	os.WriteFile(path, []byte("other"), 0o644)
