@@ -327,6 +327,7 @@ __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, cons
         // ---- producer warpgroup ----
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PREG));
         const int c = tid & 7, r0 = tid >> 3;  // 16-byte chunk of the 128-byte K step; first row
+        const unsigned long long bpol = wg_policy<WG_B_POLICY>(), apol = wg_policy<WG_A_POLICY>();
         int it = 0;
         for (int w = blockIdx.x; w < items; w += gridDim.x) {
             WgTile t = wg_tile<BM>(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
@@ -354,10 +355,10 @@ __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, cons
                     // B by the bulk tensor copy engine: rows past N and the K tail read as zeros.
                     wg_bar_arrive_tx(fb, C::B_BYTES);
                     if (GATED) {
-                        wg_tma3(sa + C::A_BYTES, tm0, kt * WF_BK, t.n0, t.e, fb);
-                        wg_tma3(sa + C::A_BYTES + C::B_BYTES / 2, tm1, kt * WF_BK, t.n0, t.e, fb);
+                        wg_tma3p<WG_B_POLICY>(sa + C::A_BYTES, tm0, kt * WF_BK, t.n0, t.e, fb, bpol);
+                        wg_tma3p<WG_B_POLICY>(sa + C::A_BYTES + C::B_BYTES / 2, tm1, kt * WF_BK, t.n0, t.e, fb, bpol);
                     } else {
-                        wg_tma3(sa + C::A_BYTES, tm0, kt * WF_BK, t.n0, t.e, fb);
+                        wg_tma3p<WG_B_POLICY>(sa + C::A_BYTES, tm0, kt * WF_BK, t.n0, t.e, fb, bpol);
                     }
                 }
 #pragma unroll
@@ -365,7 +366,7 @@ __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, cons
                     if ((j >> 2) >= ngrp) continue;  // all-padding 64-row group: not read
                     const int r = r0 + 16 * j, row = rowt[r];
                     const bool ok = kin && row >= 0;
-                    wg_cp16(sa + r * 128 + ((c ^ (r & 7)) << 4), ok ? aq + (long long)row * K + k : aq, ok ? 16u : 0u);
+                    wg_cp16p<WG_A_POLICY>(sa + r * 128 + ((c ^ (r & 7)) << 4), ok ? aq + (long long)row * K + k : aq, ok ? 16u : 0u, apol);
                 }
                 for (int i = tid; i < BM; i += 128) {
                     if ((i >> 6) >= ngrp) continue;

@@ -58,6 +58,46 @@ __device__ __forceinline__ void wg_cp16(unsigned dst, const void* src, unsigned 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
+// L2 cache policies of the producer's copies: WG_B_POLICY for the weight
+// tiles, WG_A_POLICY for the gathered activation rows; 0 no hint, 1
+// evict_first, 2 evict_last, 3 evict_normal. Each gathered row is read by
+// every column tile of its expert (22 for gate_up, 38 for down at 192
+// columns), while each weight byte is read once and streams through L2 at
+// ~3 TB/s, pushing the rows out between those reads: at T=4096 (H100) the
+// bf16 gate_up read 20.7 GB from DRAM for 15.5 GB of weights and 0.5 GB of
+// rows. evict_last on the rows (the default) took gate_up 7.40 -> 7.18 ms,
+// down 4.21 -> 3.95 ms and the w8a8 layer 8.89 -> 8.77 ms; evict_first on
+// the weights was slower (7.50 ms), and so were tensor maps promoting 128
+// bytes or none instead of 256 (8.3 ms; kernels/GEMM_NOTES.md, issue 13
+// pass 7).
+#ifndef WG_B_POLICY
+#define WG_B_POLICY 0
+#endif
+#ifndef WG_A_POLICY
+#define WG_A_POLICY 2
+#endif
+
+template <int P>
+__device__ __forceinline__ unsigned long long wg_policy()
+{
+    unsigned long long pol = 0;
+    if (P == 1) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    if (P == 2) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+    if (P == 3) asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+
+// wg_cp16 with an L2 policy (P 0: no hint).
+template <int P>
+__device__ __forceinline__ void wg_cp16p(unsigned dst, const void* src, unsigned src_bytes, unsigned long long pol)
+{
+    if (P == 0) wg_cp16(dst, src, src_bytes);
+    else
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(src_bytes),
+                     "l"(pol)
+                     : "memory");
+}
+
 __device__ __forceinline__ void wg_bar_arrive_tx(unsigned bar, unsigned bytes)
 {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -69,6 +109,16 @@ __device__ __forceinline__ void wg_tma3(unsigned dst, const WgTmap* tm, int k, i
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
                  "l"(tm), "r"(k), "r"(n), "r"(e), "r"(bar)
                  : "memory");
+}
+// wg_tma3 with an L2 policy (P 0: no hint).
+template <int P>
+__device__ __forceinline__ void wg_tma3p(unsigned dst, const WgTmap* tm, int k, int n, int e, unsigned bar, unsigned long long pol)
+{
+    if (P == 0) wg_tma3(dst, tm, k, n, e, bar);
+    else
+        asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+                     "l"(tm), "r"(k), "r"(n), "r"(e), "r"(bar), "l"(pol)
+                     : "memory");
 }
 
 // Shared-memory matrix descriptor of a K-major tile with the 128-byte
