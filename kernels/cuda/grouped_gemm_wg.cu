@@ -50,11 +50,16 @@
 // Every CTA first derives the same tile list from expert_ids: the runs of
 // equal expert ids over 16-row sub-blocks, each run of a local expert cut
 // into ceil(len/12) row tiles. A run of n row tiles owns n x ncol work
-// items in (column tile, row tile) order (row tiles fastest), handed out
-// round-robin (w = blockIdx.x + i * gridDim.x): the row tiles of a large
-// run (a shared expert's replicas) share each weight tile through L2 at the
-// same time, and the CTAs of one wave that take the column tiles of a
-// one-tile run share its gathered A rows through L2.
+// items in (column tile, row tile) order (row tiles fastest). A CTA's first
+// item is blockIdx.x; its producer takes each next one from a global counter
+// (wg_next_item in wg_common.cuh) and passes it to the consumers with the
+// stage. So items start in order: the row tiles of a large run (a shared
+// expert's replicas) share each weight tile through L2, and the column tiles
+// of one expert, started together, share its gathered A rows through L2.
+// The round-robin order before it (w = blockIdx.x + i * gridDim.x, still
+// built with -DWG_DYNAMIC=0) let CTAs drift apart over their ~45 items at
+// T=4096: gate_up read 20.3 GB from DRAM against 17.7 GB now, and took
+// 7.17 ms against 6.52 ms (H100; kernels/GEMM_NOTES.md, pass 7).
 //
 // Limits (checked by the Go side, which falls back to the tall kernels):
 // K % 8 == 0 (16-byte copies and tensor-map strides; the K tail of a step is
@@ -285,6 +290,11 @@ __device__ __forceinline__ void wg_body(const int* __restrict__ sorted_ids, cons
     const int items = __shfl_sync(0xffffffffu, tp[nruns] * ncol, 0);
     const int role = __shfl_sync(0xffffffffu, warp >> 2, 0);  // warpgroup
     const int nk = (K + WG_BK - 1) / WG_BK;
+#if WG_DYNAMIC
+    // wcnt is free after the run table: [0, STAGES) the item of each stage, [8] the next item.
+    int* sched_s = wcnt;
+    unsigned* sched = GATED ? wg_sched_gate_up : wg_sched_down;
+#endif
 
     if (role == 0) {
         // ---- producer warpgroup ----
@@ -292,7 +302,11 @@ __device__ __forceinline__ void wg_body(const int* __restrict__ sorted_ids, cons
         const int c = tid & 7, r0 = tid >> 3;  // 16-byte chunk of the K step; first row
         const unsigned long long bpol = wg_policy<WG_B_POLICY>(), apol = wg_policy<WG_A_POLICY>();
         int it = 0;
+#if WG_DYNAMIC
+        for (int w = blockIdx.x; w < items;) {
+#else
         for (int w = blockIdx.x; w < items; w += gridDim.x) {
+#endif
             WgTile t = wg_tile<BM>(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
             asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the last tile's table is no longer read
             for (int i = tid; i < BM; i += 128) {
@@ -310,6 +324,9 @@ __device__ __forceinline__ void wg_body(const int* __restrict__ sorted_ids, cons
                 const bool kin = k < K;
                 const unsigned sa = ring_s + s * C::STAGE_BYTES, fb = full0 + 8 * s;
                 if (tid == 0) {
+#if WG_DYNAMIC
+                    if (kt == 0) sched_s[s] = w;  // the consumers read the item after this stage's full barrier
+#endif
                     // B by the bulk tensor copy engine: rows past N and the K tail read as zeros.
                     wg_bar_arrive_tx(fb, C::B_BYTES);
                     if (GATED) {
@@ -330,7 +347,13 @@ __device__ __forceinline__ void wg_body(const int* __restrict__ sorted_ids, cons
                 // A completes on the same barrier, as one of its 128 arrivals.
                 asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fb) : "memory");
             }
+#if WG_DYNAMIC
+            w = wg_next_item(sched, sched_s, tid);
+#endif
         }
+#if WG_DYNAMIC
+        wg_end_items<STAGES>(sched, sched_s, tid, it, full0, empty0);
+#endif
         asm volatile("cp.async.wait_all;\n" ::: "memory");  // no thread exits with copies in flight
     } else {
         // ---- consumer warpgroups ----
@@ -338,7 +361,13 @@ __device__ __forceinline__ void wg_body(const int* __restrict__ sorted_ids, cons
         const int cw = role - 1;  // 64-row group cw of the tile
         float acc0[BNB / 2];
         int it = 0;
+#if WG_DYNAMIC
+        for (;;) {
+            const int w = wg_item_of_stage<STAGES>(sched_s, it, full0);
+            if (w < 0) break;
+#else
         for (int w = blockIdx.x; w < items; w += gridDim.x) {
+#endif
             WgTile t = wg_tile<BM>(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
             // Whether this warpgroup's group has a real row, warpgroup-uniform.
             const int na = __shfl_sync(0xffffffffu, cw * 64 < t.rows, 0);

@@ -322,6 +322,11 @@ __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, cons
     const int role = __shfl_sync(0xffffffffu, warp >> 2, 0);  // warpgroup
     const int nk = (K + WF_BK - 1) / WF_BK;                   // K steps = scale blocks of K
     const int nbn = (N + WF_SCALE_BLOCK - 1) / WF_SCALE_BLOCK;
+#if WG_DYNAMIC
+    // wcnt is free after the run table: [0, STAGES) the item of each stage, [8] the next item.
+    int* sched_s = wcnt;
+    unsigned* sched = GATED ? wg_sched_gate_up : wg_sched_down;
+#endif
 
     if (role == 0) {
         // ---- producer warpgroup ----
@@ -329,7 +334,11 @@ __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, cons
         const int c = tid & 7, r0 = tid >> 3;  // 16-byte chunk of the 128-byte K step; first row
         const unsigned long long bpol = wg_policy<WG_B_POLICY>(), apol = wg_policy<WG_A_POLICY>();
         int it = 0;
+#if WG_DYNAMIC
+        for (int w = blockIdx.x; w < items;) {
+#else
         for (int w = blockIdx.x; w < items; w += gridDim.x) {
+#endif
             WgTile t = wg_tile<BM>(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
             asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the last tile's table is no longer read
             for (int i = tid; i < BM; i += 128) {
@@ -352,6 +361,9 @@ __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, cons
                 const unsigned sa = ring_s + s * C::STAGE_BYTES, fb = full0 + 8 * s;
                 const unsigned ss = scr_s + s * C::SC_STRIDE * 4;
                 if (tid == 0) {
+#if WG_DYNAMIC
+                    if (kt == 0) sched_s[s] = w;  // the consumers read the item after this stage's full barrier
+#endif
                     // B by the bulk tensor copy engine: rows past N and the K tail read as zeros.
                     wg_bar_arrive_tx(fb, C::B_BYTES);
                     if (GATED) {
@@ -377,7 +389,13 @@ __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, cons
                 // A and its scales complete on the same barrier, as one of its 128 arrivals.
                 asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fb) : "memory");
             }
+#if WG_DYNAMIC
+            w = wg_next_item(sched, sched_s, tid);
+#endif
         }
+#if WG_DYNAMIC
+        wg_end_items<STAGES>(sched, sched_s, tid, it, full0, empty0);
+#endif
         asm volatile("cp.async.wait_all;\n" ::: "memory");  // no thread exits with copies in flight
     } else {
         // ---- consumer warpgroups ----
@@ -385,7 +403,13 @@ __device__ __forceinline__ void wf_body(const int* __restrict__ sorted_ids, cons
         const int cw = role - 1;  // 64-row group cw of the tile
         float acc[BNB / 2], part[BNB / 2];
         int it = 0;
+#if WG_DYNAMIC
+        for (;;) {
+            const int w = wg_item_of_stage<STAGES>(sched_s, it, full0);
+            if (w < 0) break;
+#else
         for (int w = blockIdx.x; w < items; w += gridDim.x) {
+#endif
             WgTile t = wg_tile<BM>(w, ncol, BN, runs, tp, nruns, expert_ids, block_size);
             const int na = __shfl_sync(0xffffffffu, cw * 64 < t.rows ? 1 : 0, 0);  // warpgroup-uniform
             if (na == 0) {

@@ -133,6 +133,58 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned saddr)
     return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
 
+// Dynamic schedule (WG_DYNAMIC 1): a CTA's first item is blockIdx.x, each
+// next one the next free item of a global counter, so CTAs that the memory
+// system serves more slowly take fewer items, and the column tiles of one
+// expert (which read the same gathered rows) run close together in time
+// instead of drifting apart over a CTA's ~45 items. Each kernel of a module
+// has its own counter pair {next, done}; the last CTA to finish resets it
+// for the next launch, so launches of one kernel must not overlap (the Go
+// side queues the layer on one stream).
+#ifndef WG_DYNAMIC
+#define WG_DYNAMIC 1
+#endif
+#if WG_DYNAMIC
+__device__ unsigned wg_sched_gate_up[2], wg_sched_down[2];
+
+// The producer warpgroup's next item (every producer thread calls it).
+__device__ __forceinline__ int wg_next_item(unsigned* sched, int* sched_s, int tid)
+{
+    if (tid == 0) ((volatile int*)sched_s)[8] = (int)atomicAdd(&sched[0], 1u) + (int)gridDim.x;
+    // The value is overwritten only after two more producer barriers, which every reader passes first.
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    return ((volatile int*)sched_s)[8];
+}
+
+// The producer's end: stage `it` carries item -1 to the consumers (no copies,
+// all 129 arrivals), then the done ticket; the last CTA resets the counters.
+template <int STAGES>
+__device__ __forceinline__ void wg_end_items(unsigned* sched, int* sched_s, int tid, int it, unsigned full0, unsigned empty0)
+{
+    static_assert(STAGES <= 8, "sched_s holds the stages' items in [0, 8)");
+    const int s = it % STAGES, round = it / STAGES;
+    if (round > 0) wg_bar_wait(empty0 + 8 * s, (round - 1) & 1);
+    if (tid == 0) ((volatile int*)sched_s)[s] = -1;
+    wg_bar_arrive(full0 + 8 * s);
+    if (tid == 0) {
+        wg_bar_arrive(full0 + 8 * s);
+        __threadfence();
+        if (atomicAdd(&sched[1], 1u) == gridDim.x - 1) {
+            sched[0] = 0;
+            sched[1] = 0;
+        }
+    }
+}
+
+// A consumer's next item: waits for stage `it` to fill and reads its item (-1: none left).
+template <int STAGES>
+__device__ __forceinline__ int wg_item_of_stage(const int* sched_s, int it, unsigned full0)
+{
+    wg_bar_wait(full0 + 8 * (it % STAGES), (it / STAGES) & 1);
+    return ((const volatile int*)sched_s)[it % STAGES];
+}
+#endif
+
 struct WgTile {
     int sb0, rows, e, n0;
 };

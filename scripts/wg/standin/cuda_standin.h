@@ -41,4 +41,7 @@ float __fdiv_rn(float, float);
 float __fmul_rn(float, float);
 unsigned long long atomicAdd(unsigned long long*, unsigned long long);
 double atomicAdd(double*, double);
+void __threadfence();
+unsigned atomicAdd(unsigned*, unsigned);
+int atomicAdd(int*, int);
 unsigned long long atomicMax(unsigned long long*, unsigned long long);
