@@ -89,29 +89,66 @@ const (
 )
 
 // routerMMA is one tensor-core router kernel: its CTA tile (m tokens x n
-// experts) and thread count (router_gemm.cu RT_MMA_KERNEL).
+// experts), thread count, the CTAs of a thread block cluster that split K
+// (grid z; 1: no cluster) and its dynamic shared memory
+// (router_gemm.cu RT_MMA_KERNEL, RC_KERNEL).
 type routerMMA struct {
 	fn            string
 	m, n, threads int
+	split         int
+	smem          uint32
 }
 
-// routerMMAConfig picks the tile for t tokens: small tiles with K split
-// over the CTA's warps while the weight read dominates (few tokens), then
-// 64 x 64 tiles once the arithmetic does.
-func routerMMAConfig(t int) routerMMA {
+// routerClusterMinTokens is the fewest tokens for which Hopper takes the
+// cluster kernels (router_mma_c*): below it router_mma_m's small tiles
+// keep more SMs busy.
+const routerClusterMinTokens = 512
+
+// routerClusterSmem is a cluster kernel's dynamic shared memory:
+// RC_STAGES (4) stages of (bm + RC_BN (256)) rows of 128 bytes.
+func routerClusterSmem(bm int) uint32 { return uint32(4 * (bm + 256) * 128) }
+
+// routerClusters are the cluster kernels, in order of preference on a tie.
+var routerClusters = []routerMMA{
+	{"router_mma_c128s4", 128, 256, 256, 4, routerClusterSmem(128)},
+	{"router_mma_c128s8", 128, 256, 256, 8, routerClusterSmem(128)},
+	{"router_mma_c64s8", 64, 256, 256, 8, routerClusterSmem(64)},
+}
+
+// routerMMAConfig picks the kernel for t tokens and e experts: small tiles
+// with K split over the CTA's warps while the weight read dominates (few
+// tokens), then 64 x 64 tiles once the arithmetic does. On Hopper (hopper,
+// sms multiprocessors) from routerClusterMinTokens on, the cluster kernel
+// whose CTAs (one an SM) finish soonest: waves of CTAs times each CTA's
+// share of the work (m tokens x H / split). A wave is sms rounded down to
+// a multiple of 16: clusters of 4 or 8 CTAs fill a GPC's 16-18 SMs only in
+// whole clusters (132 SMs hold 128 such CTAs at a time).
+func routerMMAConfig(t, e int, hopper bool, sms int) routerMMA {
+	if wave := sms - sms%16; hopper && t >= routerClusterMinTokens && wave > 0 {
+		best, bestCost := routerMMA{}, 0
+		for _, c := range routerClusters {
+			ctas := CeilDiv(e, c.n) * CeilDiv(t, c.m) * c.split
+			cost := CeilDiv(ctas, wave) * c.m * 8 / c.split
+			if best.fn == "" || cost < bestCost {
+				best, bestCost = c, cost
+			}
+		}
+		return best
+	}
 	switch {
 	case t <= 16:
-		return routerMMA{"router_mma_s", 16, 8, 256}
+		return routerMMA{"router_mma_s", 16, 8, 256, 1, 0}
 	case t <= 1024:
-		return routerMMA{"router_mma_m", 32, 16, 256}
+		return routerMMA{"router_mma_m", 32, 16, 256, 1, 0}
 	}
-	return routerMMA{"router_mma_l", 64, 64, 128}
+	return routerMMA{"router_mma_l", 64, 64, 128, 1, 0}
 }
 
 // RouterGEMM queues logits [T,E] = x [T,H] times w [E,H] transposed on
 // stream s, f32 accumulation. x and w are each f32 or bf16; logits is f32.
-// bf16 x bf16 with H a multiple of 8 runs on the tensor cores (mma.sync);
-// other combinations on the SIMT kernel.
+// bf16 x bf16 with H a multiple of 8 runs on the tensor cores (mma.sync;
+// on Hopper from routerClusterMinTokens tokens in thread block clusters that
+// split K, reduced in a fixed order); other combinations on the SIMT kernel.
 // The CPU twin is validate.RouterLogits.
 func RouterGEMM(dev *cuda.Device, s cuda.Stream, x, w Mat, logits *cuda.Buffer[float32], t, h, e int) error {
 	if !dimsOK(t, h, e) {
@@ -131,12 +168,12 @@ func RouterGEMM(dev *cuda.Device, s cuda.Stream, x, w Mat, logits *cuda.Buffer[f
 		return err
 	}
 	if x.DType == MatBF16 && w.DType == MatBF16 && h%8 == 0 && x.Ptr%16 == 0 && w.Ptr%16 == 0 {
-		c := routerMMAConfig(t)
-		grid := [3]uint32{uint32(CeilDiv(e, c.n)), uint32(CeilDiv(t, c.m)), 1}
+		c := routerMMAConfig(t, e, isHopper(dev), dev.SMs)
+		grid := [3]uint32{uint32(CeilDiv(e, c.n)), uint32(CeilDiv(t, c.m)), uint32(c.split)}
 		if grid[1] > 65535 {
 			return fmt.Errorf("router gemm: %d tokens exceed the launch grid (at most %d)", t, 65535*c.m)
 		}
-		return m.Launch(c.fn, grid, Block(c.threads), 0, s, x.Ptr, w.Ptr, logits, int32(t), int32(e), int32(h))
+		return m.Launch(c.fn, grid, Block(c.threads), c.smem, s, x.Ptr, w.Ptr, logits, int32(t), int32(e), int32(h))
 	}
 	fn := fmt.Sprintf("router_gemm_%v_%v", x.DType, w.DType)
 	grid := [3]uint32{uint32(CeilDiv(e, routerWarps)), uint32(CeilDiv(t, routerTokens)), 1}

@@ -32,6 +32,14 @@ func TestRouterGEMM(t *testing.T) {
 		{"T20 bf16 H 168, a partial k chunk, 40 experts (mma m)", 20, 40, 168, kernels.MatBF16, kernels.MatBF16},
 		{"T2100 bf16 264 experts (mma l, partial tiles)", 2100, 264, 512, kernels.MatBF16, kernels.MatBF16},
 		{"T9 bf16 H 36 (not a multiple of 8: SIMT)", 9, 24, 36, kernels.MatBF16, kernels.MatBF16},
+		// Hopper: the cluster kernels (c128s4, c128s8, c64s8 by the choice at
+		// 132 SMs); elsewhere mma m / l. T2100 above runs c64s8 there.
+		{"T4000 bf16 H 512 (c128s4, a partial row tile)", 4000, 256, 512, kernels.MatBF16, kernels.MatBF16},
+		{"T2048 bf16 H 1024 (c128s8)", 2048, 256, 1024, kernels.MatBF16, kernels.MatBF16},
+		{"T1000 bf16 deepseek shape (c64s8)", 1000, 256, 7168, kernels.MatBF16, kernels.MatBF16},
+		{"T600 bf16 H 520, a partial K step (c64s8)", 600, 256, 520, kernels.MatBF16, kernels.MatBF16},
+		{"T700 bf16 96 experts H 256, ranks without K steps (c64s8)", 700, 96, 256, kernels.MatBF16, kernels.MatBF16},
+		{"T515 bf16 7 experts H 64 (c64s8, odd E)", 515, 7, 64, kernels.MatBF16, kernels.MatBF16},
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, c := range cases {
@@ -52,6 +60,16 @@ func TestRouterGEMM(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := fromDevice(t, logits)
+			// Deterministic: a second run gives the same bits.
+			again := poisoned(t, dev, c.tok*c.e)
+			if err := kernels.RouterGEMM(dev, 0, xm, wm, again, c.tok, c.h, c.e); err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range fromDevice(t, again) {
+				if math.Float32bits(v) != math.Float32bits(got[i]) {
+					t.Fatalf("second run: logit [%d,%d] = %v, first %v", i/c.e, i%c.e, v, got[i])
+				}
+			}
 			want, err := validate.RouterLogits(xv, c.tok, c.h, wv, c.e)
 			if err != nil {
 				t.Fatal(err)
@@ -69,7 +87,11 @@ func TestRouterGEMM(t *testing.T) {
 				}
 				worst = max(worst, d/mag)
 			}
-			t.Logf("max |d| / sum|x w| = %.3g, rel_l2 %.3g", worst, relL2(got, want))
+			kern := "simt"
+			if c.xd == kernels.MatBF16 && c.wd == kernels.MatBF16 && c.h%8 == 0 {
+				kern = kernels.RouterKernel(dev, c.tok, c.e)
+			}
+			t.Logf("%s: max |d| / sum|x w| = %.3g, rel_l2 %.3g", kern, worst, relL2(got, want))
 		})
 	}
 }

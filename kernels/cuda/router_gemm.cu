@@ -187,3 +187,254 @@ RT_MMA_KERNEL(router_mma_s, 1, 1, 1, 1, 8)
 RT_MMA_KERNEL(router_mma_m, 2, 2, 1, 1, 8)
 // l: 64 x 64 tiles, 2 x 2 warps of 32 x 32, no K split.
 RT_MMA_KERNEL(router_mma_l, 2, 4, 2, 2, 1)
+
+// ---------------------------------------------------------------------------
+// router_mma_c{BM}s{S}: bf16 x and Wg for many tokens on Hopper (sm_90; other
+// archs get an empty stub and kernels/router_gemm.go never picks these there).
+//
+// router_mma_l re-read its operands from L2 per 64 x 64 tile and kept only
+// one K chunk of loads in flight (259 us at T = 4096, DeepSeek-V3). Here a
+// CTA owns BM tokens x all 256 experts (BN, one N tile for E <= 256), so x
+// crosses HBM once, and S CTAs of a thread block cluster split K, so that
+// BM = 128 still makes 4096 / 128 x 4 = 128 CTAs for 132 SMs. Operands go
+// global -> shared by 16-byte cp.async into a ring of RC_STAGES K steps of
+// 64 (rows of 128 bytes, 16-byte chunk c at chunk c ^ (row & 7), as mma3),
+// fragments by ldmatrix, mma.sync m16n8k16 with f32 accumulation; 8 warps
+// of (BM / 2) x 64, each k16 product in increasing k within a CTA's range.
+//
+// Deterministic K reduction, no atomics and no workspace: each CTA of the
+// cluster writes its partial tile into its own shared memory, a cluster
+// barrier, then CTA r sums slice r of the tile over the S partials in rank
+// order (p0 + p1 + ... through distributed shared memory) and writes the
+// logits; a second cluster barrier keeps every CTA's shared memory alive
+// until all have read it. Dynamic shared memory: RC_STAGES x (BM + BN) x
+// 128 bytes (kernels/router_gemm.go, routerClusterSmem); the partial tile
+// (BM x BN x 4 bytes) reuses it.
+
+#define RC_BN 256
+#define RC_BK 64
+#ifndef RC_STAGES
+#define RC_STAGES 4
+#endif
+#define RC_THREADS 256
+// L2 prefetch size of the copies (as mma3's M3_PREFETCH): each miss also
+// brings the row's next 128 bytes, the next K step, into L2.
+#ifndef RC_PREFETCH
+#define RC_PREFETCH ".L2::256B"
+#endif
+
+__device__ __forceinline__ void rc_cp16(unsigned dst, const void* src, bool in)
+{
+    asm volatile("cp.async.cg.shared.global" RC_PREFETCH " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void rc_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void rc_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void rc_ldmatrix_x4(unsigned* r, unsigned addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// Byte offset of 16-byte chunk c of row r in a matrix of 128-byte rows.
+__device__ __forceinline__ unsigned rc_off(int r, int c) { return (unsigned)(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned rc_cluster_rank()
+{
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// Full cluster barrier: arrive has release, wait acquire semantics, so the
+// shared-memory writes before it are visible to every CTA of the cluster.
+__device__ __forceinline__ void rc_cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+// Address of the same shared-memory location in CTA rank of the cluster.
+__device__ __forceinline__ unsigned rc_mapa(unsigned addr, unsigned rank)
+{
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float2 rc_ld_cluster(unsigned addr)
+{
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0,%1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+    return v;
+}
+#define RC_CLUSTER(S) __cluster_dims__(1, 1, S)
+#else
+#define RC_CLUSTER(S)
+#endif
+
+template <int BM, int S>
+__device__ __forceinline__ void router_cluster_impl(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
+                                                    float* __restrict__ logits, int T, int E, int H)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int MT = BM / 32;                         // m16 tiles a warp (warp tile BM/2 rows)
+    constexpr int NT = 8;                               // n8 tiles a warp (64 experts)
+    constexpr int STAGE_BYTES = (BM + RC_BN) * 128;
+    constexpr int CP = (BM + RC_BN) * (RC_BK / 8) / RC_THREADS;  // 16-byte copies a thread a stage
+    constexpr int AJ = BM * (RC_BK / 8) / RC_THREADS;            // of which A (x) copies
+    static_assert(BM % 32 == 0 && AJ * RC_THREADS == BM * 8 && CP * RC_THREADS == (BM + RC_BN) * 8, "copy split");
+    static_assert(BM * RC_BN * 4 <= RC_STAGES * STAGE_BYTES, "partial tile fits the ring");
+    extern __shared__ __align__(128) unsigned char rc_smem[];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int g = lane >> 2, c = lane & 3;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * RC_BN;
+    const unsigned rank = S > 1 ? rc_cluster_rank() : 0u;
+    const int nk = (H + RC_BK - 1) / RC_BK;
+    const int kt0 = (int)rank * nk / S, kt1 = ((int)rank + 1) * nk / S;
+
+    // Copy j of a stage: row cr + 32 j of the stage (A rows first, then B),
+    // chunk cc; the row pointers are fixed for the whole K loop.
+    const int cr = tid >> 3, cc = tid & 7;
+    const bf16_t* src[CP];
+    bool rin[CP];
+#pragma unroll
+    for (int j = 0; j < CP; j++) {
+        const int r = cr + 32 * j;
+        if (j < AJ) {
+            rin[j] = m0 + r < T;
+            src[j] = x + (long long)(rin[j] ? m0 + r : 0) * H + cc * 8;
+        } else {
+            rin[j] = n0 + r - BM < E;
+            src[j] = w + (long long)(rin[j] ? n0 + r - BM : 0) * H + cc * 8;
+        }
+    }
+    const unsigned sbase = (unsigned)__cvta_generic_to_shared(rc_smem);
+    // Queue K step kt into its stage; one commit group per step, empty past
+    // this CTA's range, so the wait below always counts the same groups.
+    auto load = [&](int kt) {
+        if (kt < kt1) {
+            const unsigned st = sbase + (unsigned)(((kt - kt0) % RC_STAGES) * STAGE_BYTES);
+            const int k = kt * RC_BK;
+            const bool kin = k + cc * 8 < H;
+#pragma unroll
+            for (int j = 0; j < CP; j++) {
+                const bool in = kin && rin[j];
+                rc_cp16(st + rc_off(cr + 32 * j, cc), in ? (const void*)(src[j] + k) : (const void*)x, in);
+            }
+        }
+        rc_commit();
+    };
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < RC_STAGES - 1; s++) load(kt0 + s);
+
+    for (int kt = kt0; kt < kt1; kt++) {
+        // Step kt has landed (at most STAGES - 2 younger groups pending), and
+        // after the barrier every warp is done with step kt - 1, whose stage
+        // the next copies overwrite.
+        rc_wait<RC_STAGES - 2>();
+        __syncthreads();
+        load(kt + RC_STAGES - 1);
+        const unsigned st = sbase + (unsigned)(((kt - kt0) % RC_STAGES) * STAGE_BYTES);
+        const unsigned sb = st + BM * 128;
+#pragma unroll
+        for (int ks = 0; ks < RC_BK / 16; ks++) {
+            unsigned af[MT][4], bf[NT / 2][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                rc_ldmatrix_x4(af[mt], st + rc_off(wm * (BM / 2) + mt * 16 + (lane & 15), 2 * ks + (lane >> 4)));
+            // bf[p]: (n8 tile 2p: k 0-7, 8-15), (n8 tile 2p + 1: k 0-7, 8-15).
+#pragma unroll
+            for (int p = 0; p < NT / 2; p++)
+                rc_ldmatrix_x4(bf[p], sb + rc_off(wn * 64 + p * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                  2 * ks + ((lane >> 3) & 1)));
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+                    mma_bf16_16816(acc[mt][nt], af[mt][0], af[mt][1], af[mt][2], af[mt][3], bf[nt >> 1][2 * (nt & 1)],
+                                   bf[nt >> 1][2 * (nt & 1) + 1]);
+        }
+    }
+    rc_wait<0>();  // only empty groups remain; leave none behind
+
+    if (S == 1) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = m0 + wm * (BM / 2) + mt * 16 + g + 8 * h;
+                if (r >= T) continue;
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const int n = n0 + wn * 64 + nt * 8 + 2 * c;
+                    if (n < E) logits[(long long)r * E + n] = acc[mt][nt][2 * h];
+                    if (n + 1 < E) logits[(long long)r * E + n + 1] = acc[mt][nt][2 * h + 1];
+                }
+            }
+        return;
+    }
+
+    // Partial tile as float2 (fragment rows g / g + 8, columns 2c, 2c + 1):
+    // element j = (((warp * MT + mt) * NT + nt) * 2 + h) * 32 + lane, lane-minor
+    // so the stores are conflict-free.
+    __syncthreads();  // every warp is done reading the ring
+    float2* part = reinterpret_cast<float2*>(rc_smem);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                part[(((warp * MT + mt) * NT + nt) * 2 + h) * 32 + lane] =
+                    make_float2(acc[mt][nt][2 * h], acc[mt][nt][2 * h + 1]);
+    rc_cluster_sync();
+    constexpr int J = BM * RC_BN / 2;  // float2 elements of the tile
+    constexpr int JS = J / S;          // this CTA's slice
+    static_assert(JS % RC_THREADS == 0, "slices split evenly over the threads");
+    const unsigned pbase = sbase;
+#pragma unroll 4
+    for (int jj = tid; jj < JS; jj += RC_THREADS) {
+        const int j = (int)rank * JS + jj;
+        const unsigned a = pbase + (unsigned)j * 8u;
+        float2 v = rc_ld_cluster(rc_mapa(a, 0));
+#pragma unroll
+        for (int q = 1; q < S; q++) {
+            const float2 u = rc_ld_cluster(rc_mapa(a, (unsigned)q));
+            v.x += u.x;
+            v.y += u.y;
+        }
+        const int ln = j & 31, h = (j >> 5) & 1, nt = (j >> 6) % NT, mt = (j >> 6) / NT % MT, wp = (j >> 6) / (NT * MT);
+        const int r = m0 + (wp >> 2) * (BM / 2) + mt * 16 + (ln >> 2) + 8 * h;
+        const int n = n0 + (wp & 3) * 64 + nt * 8 + 2 * (ln & 3);
+        if (r < T) {
+            if (n < E) logits[(long long)r * E + n] = v.x;
+            if (n + 1 < E) logits[(long long)r * E + n + 1] = v.y;
+        }
+    }
+    rc_cluster_sync();  // no CTA leaves while another still reads its partial
+#endif
+}
+
+#define RC_KERNEL(NAME, BM, S)                                                                       \
+    extern "C" __global__ void __launch_bounds__(RC_THREADS, 1) RC_CLUSTER(S)                        \
+        NAME(const bf16_t* x, const bf16_t* w, float* logits, int T, int E, int H)                   \
+    {                                                                                                \
+        router_cluster_impl<BM, S>(x, w, logits, T, E, H);                                           \
+    }
+
+// c128s4: T = 4096 at 256 experts: 32 x 4 = 128 CTAs.
+RC_KERNEL(router_mma_c128s4, 128, 4)
+// c128s8: T around 2048: 16 x 8 CTAs.
+RC_KERNEL(router_mma_c128s8, 128, 8)
+// c64s8: T around 1024: 16 x 8 CTAs.
+RC_KERNEL(router_mma_c64s8, 64, 8)
