@@ -9,7 +9,7 @@ import (
 // RouterKernel names the bf16 router kernel RouterGEMM runs for t tokens and
 // e experts on dev (for test logs).
 func RouterKernel(dev *cuda.Device, t, e int) string {
-	return routerMMAConfig(t, e, isHopper(dev), dev.SMs).fn
+	return routerMMAConfig(t, e, isHopper(dev)).fn
 }
 
 // RouterKernels are the bf16 router kernels a timing test may name: the
@@ -30,8 +30,8 @@ func RouterKernels(dev *cuda.Device) []string {
 // RouterGEMM's grid and shared memory.
 func LaunchRouterKernelCtx(cx *cuda.Ctx, family, fn string, x, w Mat, logits *cuda.Buffer[float32], t, h, e int) error {
 	c := routerMMA{}
-	for _, k := range append([]routerMMA{routerMMAConfig(1, e, false, 0), routerMMAConfig(128, e, false, 0),
-		routerMMAConfig(4096, e, false, 0)}, routerClusters...) {
+	for _, k := range append([]routerMMA{routerMMAConfig(1, e, false), routerMMAConfig(128, e, false),
+		routerMMAConfig(4096, e, false)}, routerClusters...) {
 		if k.fn == fn {
 			c = k
 		}

@@ -99,41 +99,61 @@ type routerMMA struct {
 	smem          uint32
 }
 
-// routerClusterMinTokens is the fewest tokens for which Hopper takes the
-// cluster kernels (router_mma_c*): below it router_mma_m's small tiles
-// keep more SMs busy.
-const routerClusterMinTokens = 512
-
 // routerClusterSmem is a cluster kernel's dynamic shared memory:
-// RC_STAGES (4) stages of (bm + RC_BN (256)) rows of 128 bytes.
-func routerClusterSmem(bm int) uint32 { return uint32(4 * (bm + 256) * 128) }
+// RC_STAGES (4) stages of (m + n) rows of 128 bytes.
+func routerClusterSmem(m, n int) uint32 { return uint32(4 * (m + n) * 128) }
 
-// routerClusters are the cluster kernels, in order of preference on a tie.
-var routerClusters = []routerMMA{
-	{"router_mma_c128s4", 128, 256, 256, 4, routerClusterSmem(128)},
-	{"router_mma_c128s8", 128, 256, 256, 8, routerClusterSmem(128)},
-	{"router_mma_c64s8", 64, 256, 256, 8, routerClusterSmem(64)},
+func routerCluster(fn string, m, n, split int) routerMMA {
+	return routerMMA{fn, m, n, 256, split, routerClusterSmem(m, n)}
 }
+
+// routerClusters are the cluster kernels (router_gemm.cu RC_KERNEL):
+// router_mma_c{m}n{n}s{split}.
+var routerClusters = []routerMMA{
+	routerCluster("router_mma_c64n256s8", 64, 256, 8),
+	routerCluster("router_mma_c64n256s2", 64, 256, 2),
+	routerCluster("router_mma_c64n128s2", 64, 128, 2),
+	routerCluster("router_mma_c128n256s3", 128, 256, 3),
+	routerCluster("router_mma_c128n256s4", 128, 256, 4),
+	routerCluster("router_mma_c128n256s6", 128, 256, 6),
+	routerCluster("router_mma_c128n256s8", 128, 256, 8),
+	routerCluster("router_mma_c128n128s2", 128, 128, 2),
+	routerCluster("router_mma_c160n256s4", 160, 256, 4),
+}
+
+// routerClusterPick is Hopper's choice by rows, tokens times 256-expert
+// column tiles: the first entry whose maxRows covers them; below the first
+// entry's minRows the mma.sync kernels without clusters run.
+var routerClusterPick = []struct {
+	maxRows int
+	fn      string
+}{
+	{767, "router_mma_c64n256s8"},   // 512 rows: 8 x 8 CTAs
+	{1791, "router_mma_c128n256s8"}, // 1024: 8 x 8
+	{2559, "router_mma_c128n256s6"}, // 2048: 16 x 6
+	{3583, "router_mma_c128n256s4"}, // 3072: 24 x 4
+	{1 << 62, "router_mma_c128n128s2"},
+}
+
+// routerClusterMinRows is the fewest rows for which Hopper takes a cluster
+// kernel: below it router_mma_m's small tiles keep more SMs busy.
+const routerClusterMinRows = 512
 
 // routerMMAConfig picks the kernel for t tokens and e experts: small tiles
 // with K split over the CTA's warps while the weight read dominates (few
-// tokens), then 64 x 64 tiles once the arithmetic does. On Hopper (hopper,
-// sms multiprocessors) from routerClusterMinTokens on, the cluster kernel
-// whose CTAs (one an SM) finish soonest: waves of CTAs times each CTA's
-// share of the work (m tokens x H / split). A wave is sms rounded down to
-// a multiple of 16: clusters of 4 or 8 CTAs fill a GPC's 16-18 SMs only in
-// whole clusters (132 SMs hold 128 such CTAs at a time).
-func routerMMAConfig(t, e int, hopper bool, sms int) routerMMA {
-	if wave := sms - sms%16; hopper && t >= routerClusterMinTokens && wave > 0 {
-		best, bestCost := routerMMA{}, 0
-		for _, c := range routerClusters {
-			ctas := CeilDiv(e, c.n) * CeilDiv(t, c.m) * c.split
-			cost := CeilDiv(ctas, wave) * c.m * 8 / c.split
-			if best.fn == "" || cost < bestCost {
-				best, bestCost = c, cost
+// tokens), then 64 x 64 tiles once the arithmetic does; on Hopper from
+// routerClusterMinRows rows on, the cluster kernels (routerClusterPick).
+func routerMMAConfig(t, e int, hopper bool) routerMMA {
+	if rows := t * CeilDiv(e, 256); hopper && rows >= routerClusterMinRows {
+		for _, p := range routerClusterPick {
+			if rows <= p.maxRows {
+				for _, c := range routerClusters {
+					if c.fn == p.fn {
+						return c
+					}
+				}
 			}
 		}
-		return best
 	}
 	switch {
 	case t <= 16:
@@ -147,7 +167,7 @@ func routerMMAConfig(t, e int, hopper bool, sms int) routerMMA {
 // RouterGEMM queues logits [T,E] = x [T,H] times w [E,H] transposed on
 // stream s, f32 accumulation. x and w are each f32 or bf16; logits is f32.
 // bf16 x bf16 with H a multiple of 8 runs on the tensor cores (mma.sync;
-// on Hopper from routerClusterMinTokens tokens in thread block clusters that
+// on Hopper from routerClusterMinRows rows in thread block clusters that
 // split K, reduced in a fixed order); other combinations on the SIMT kernel.
 // The CPU twin is validate.RouterLogits.
 func RouterGEMM(dev *cuda.Device, s cuda.Stream, x, w Mat, logits *cuda.Buffer[float32], t, h, e int) error {
@@ -168,7 +188,7 @@ func RouterGEMM(dev *cuda.Device, s cuda.Stream, x, w Mat, logits *cuda.Buffer[f
 		return err
 	}
 	if x.DType == MatBF16 && w.DType == MatBF16 && h%8 == 0 && x.Ptr%16 == 0 && w.Ptr%16 == 0 {
-		c := routerMMAConfig(t, e, isHopper(dev), dev.SMs)
+		c := routerMMAConfig(t, e, isHopper(dev))
 		grid := [3]uint32{uint32(CeilDiv(e, c.n)), uint32(CeilDiv(t, c.m)), uint32(c.split)}
 		if grid[1] > 65535 {
 			return fmt.Errorf("router gemm: %d tokens exceed the launch grid (at most %d)", t, 65535*c.m)

@@ -3,7 +3,7 @@ package kernels
 import "testing"
 
 // TestRouterKernelChoice checks which bf16 router kernel runs at each token
-// count, on Hopper (132 SMs) and elsewhere (no GPU needed).
+// count, on Hopper and elsewhere (no GPU needed).
 func TestRouterKernelChoice(t *testing.T) {
 	cases := []struct {
 		tok, e int
@@ -13,28 +13,36 @@ func TestRouterKernelChoice(t *testing.T) {
 		{1, 256, true, "router_mma_s"},
 		{16, 256, true, "router_mma_s"},
 		{128, 256, true, "router_mma_m"},
-		{routerClusterMinTokens - 1, 256, true, "router_mma_m"},
-		{routerClusterMinTokens, 256, true, "router_mma_c64s8"}, // 8 x 8 CTAs
-		{1024, 256, true, "router_mma_c64s8"},                   // 16 x 8
-		{2048, 256, true, "router_mma_c128s8"},                  // 16 x 8
-		{4000, 256, true, "router_mma_c128s4"},                  // 32 x 4 (ties with c128s8, 2 waves of 32 x 8)
-		{4096, 256, true, "router_mma_c128s4"},                  // 32 x 4
-		{4200, 256, true, "router_mma_c64s8"},                   // 5 waves of 66 x 8 x 64 rows beat 2 of 33 x 4 x 128
-		{2100, 264, true, "router_mma_c64s8"},                   // 2 x 33 x 8 = 528 CTAs: 5 waves of 64 rows / 8
-		{8192, 256, true, "router_mma_c128s4"},                  // 2 waves
-		{4096, 256, false, "router_mma_l"},                      // elsewhere: unchanged
+		{routerClusterMinRows - 1, 256, true, "router_mma_m"},
+		{routerClusterMinRows, 256, true, "router_mma_c64n256s8"},
+		{1024, 256, true, "router_mma_c128n256s8"},
+		{2048, 256, true, "router_mma_c128n256s6"},
+		{3072, 256, true, "router_mma_c128n256s4"},
+		{4096, 256, true, "router_mma_c128n128s2"},
+		{65536, 256, true, "router_mma_c128n128s2"},
+		{300, 264, true, "router_mma_c64n256s8"}, // 2 column tiles: 600 rows
+		{4096, 256, false, "router_mma_l"},       // elsewhere: unchanged
 		{1024, 256, false, "router_mma_m"},
 		{16, 256, false, "router_mma_s"},
 	}
 	for _, c := range cases {
-		if got := routerMMAConfig(c.tok, c.e, c.hopper, 132).fn; got != c.want {
+		if got := routerMMAConfig(c.tok, c.e, c.hopper).fn; got != c.want {
 			t.Errorf("T %d, E %d, hopper %v: %s, want %s", c.tok, c.e, c.hopper, got, c.want)
 		}
 	}
+	names := map[string]bool{}
 	for _, c := range routerClusters {
-		if c.threads != 256 || c.n != 256 || c.smem != uint32(4*(c.m+256)*128) || c.smem > 227<<10 {
-			t.Errorf("%s: %d threads, n %d, %d B shared: want RC_THREADS 256, RC_BN 256, 4 stages of (m + 256) x 128 B within 227 KiB",
-				c.fn, c.threads, c.n, c.smem)
+		names[c.fn] = true
+		if c.threads != 256 || c.smem != uint32(4*(c.m+c.n)*128) || c.smem > 227<<10 || c.split < 2 || c.split > 8 {
+			t.Errorf("%s: %d threads, %d B shared, split %d: want RC_THREADS 256, 4 stages of (m + n) x 128 B within 227 KiB, 2..8 CTAs a cluster",
+				c.fn, c.threads, c.smem, c.split)
 		}
+	}
+	last := 0
+	for _, p := range routerClusterPick {
+		if !names[p.fn] || p.maxRows <= last {
+			t.Errorf("pick %v: unknown kernel or rows not increasing", p)
+		}
+		last = p.maxRows
 	}
 }
