@@ -122,17 +122,20 @@ var routerClusters = []routerMMA{
 }
 
 // routerClusterPick is Hopper's choice by rows, tokens times 256-expert
-// column tiles: the first entry whose maxRows covers them; below the first
-// entry's minRows the mma.sync kernels without clusters run.
+// column tiles: the first entry whose maxRows covers them. Fitted to the
+// H100's MOEPREP_ROUTER_BENCH table (kernels/GEMM_NOTES.md, router GEMM
+// section), DeepSeek-V3 shape: each CTA takes one SM, and fewer than 128
+// CTAs in clusters of 4 to 8 are resident at once (112 were, 128 ran as two
+// waves), so each entry stays at <= 112 CTAs; clusters of 2 fit 128.
 var routerClusterPick = []struct {
 	maxRows int
 	fn      string
 }{
-	{767, "router_mma_c64n256s8"},   // 512 rows: 8 x 8 CTAs
-	{1791, "router_mma_c128n256s8"}, // 1024: 8 x 8
-	{2559, "router_mma_c128n256s6"}, // 2048: 16 x 6
-	{3583, "router_mma_c128n256s4"}, // 3072: 24 x 4
-	{1 << 62, "router_mma_c128n128s2"},
+	{896, "router_mma_c64n256s8"},      // 14 x 8 CTAs; T=512: 17.6 us
+	{1792, "router_mma_c128n256s8"},    // 14 x 8; T=1024: 24.9 us
+	{2048, "router_mma_c128n256s6"},    // 16 x 6; T=2048: 33.8 us
+	{3584, "router_mma_c128n256s4"},    // 28 x 4; T=3072: 44.7 us
+	{1 << 62, "router_mma_c128n128s2"}, // 32 x 2 x 2 at T=4096: 49.8 us
 }
 
 // routerClusterMinRows is the fewest rows for which Hopper takes a cluster

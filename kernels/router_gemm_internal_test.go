@@ -15,13 +15,20 @@ func TestRouterKernelChoice(t *testing.T) {
 		{128, 256, true, "router_mma_m"},
 		{routerClusterMinRows - 1, 256, true, "router_mma_m"},
 		{routerClusterMinRows, 256, true, "router_mma_c64n256s8"},
+		{896, 256, true, "router_mma_c64n256s8"}, // 112 CTAs
+		{897, 256, true, "router_mma_c128n256s8"},
 		{1024, 256, true, "router_mma_c128n256s8"},
-		{2048, 256, true, "router_mma_c128n256s6"},
-		{3072, 256, true, "router_mma_c128n256s4"},
-		{4096, 256, true, "router_mma_c128n128s2"},
+		{1792, 256, true, "router_mma_c128n256s8"}, // 112 CTAs
+		{1793, 256, true, "router_mma_c128n256s6"},
+		{2048, 256, true, "router_mma_c128n256s6"}, // 96 CTAs
+		{2049, 256, true, "router_mma_c128n256s4"},
+		{3584, 256, true, "router_mma_c128n256s4"}, // 112 CTAs
+		{3585, 256, true, "router_mma_c128n128s2"},
+		{4096, 256, true, "router_mma_c128n128s2"}, // 128 CTAs in clusters of 2
 		{65536, 256, true, "router_mma_c128n128s2"},
-		{300, 264, true, "router_mma_c64n256s8"}, // 2 column tiles: 600 rows
-		{4096, 256, false, "router_mma_l"},       // elsewhere: unchanged
+		{300, 264, true, "router_mma_c64n256s8"},   // 2 column tiles: 600 rows
+		{2100, 264, true, "router_mma_c128n128s2"}, // 4200 rows
+		{4096, 256, false, "router_mma_l"},         // elsewhere: unchanged
 		{1024, 256, false, "router_mma_m"},
 		{16, 256, false, "router_mma_s"},
 	}

@@ -32,7 +32,7 @@ func TestRouterGEMM(t *testing.T) {
 		{"T3 bf16 deepseek shape (mma s)", 3, 256, 7168, kernels.MatBF16, kernels.MatBF16},
 		{"T130 bf16 deepseek shape (mma m)", 130, 256, 7168, kernels.MatBF16, kernels.MatBF16},
 		{"T20 bf16 H 168, a partial k chunk, 40 experts (mma m)", 20, 40, 168, kernels.MatBF16, kernels.MatBF16},
-		{"T2100 bf16 264 experts (mma l, partial tiles)", 2100, 264, 512, kernels.MatBF16, kernels.MatBF16},
+		{"T2100 bf16 264 experts (mma l; Hopper c128n128s2; partial tiles)", 2100, 264, 512, kernels.MatBF16, kernels.MatBF16},
 		{"T9 bf16 H 36 (not a multiple of 8: SIMT)", 9, 24, 36, kernels.MatBF16, kernels.MatBF16},
 		// Hopper: cluster kernels (routerClusterPick; TestRouterClusterKernels
 		// runs every one); elsewhere mma m / l.
