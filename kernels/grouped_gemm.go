@@ -211,10 +211,11 @@ const (
 	// wgMaxExperts experts. PathAuto takes it on 9.0 where it would take
 	// PathMMATall.
 	PathWGMMA
-	// PathMMA3: PathMMAVec's tile and arithmetic (bit-identical outputs)
-	// with the operands copied by cp.async into a ring of shared-memory
-	// stages (mma3Stages), so each SM keeps more weight bytes in flight;
-	// bf16 activations and bf16 weights, K % 8 == 0.
+	// PathMMA3: PathMMAVec's arithmetic (bit-identical outputs) with the
+	// operands copied by cp.async into a ring of shared-memory stages
+	// (mma3StagesGateUp, mma3StagesDown), so each SM keeps more weight
+	// bytes in flight, and the column tiles fastest in the grid; bf16
+	// activations and bf16 weights, K % 8 == 0.
 	PathMMA3
 )
 
@@ -280,22 +281,27 @@ const (
 // producer's row table (wfBM ints) and 1 KiB to align the ring.
 const wfSmemBytes = wfStages*(wfBM+wfBN)*128 + wfStages*(wfBM+8)*4 + (2*2048+32)*4 + 2*wfStages*8 + wfBM*4 + 1024
 
-// The mma3 kernels' pipeline depth per stage (M3_STAGES_GATE_UP and
-// M3_STAGES_DOWN in grouped_gemm.cu): K steps of 64 in shared memory, all
-// but one in flight while the warps multiply the oldest.
+// The mma3 kernels' launch constants (M3_STAGES_GATE_UP, M3_STAGES_DOWN,
+// M3_BK and M3_BN_DOWN in grouped_gemm.cu): ring depths in K steps of
+// mma3BK, all but one step in flight while the warps multiply the oldest;
+// output columns of a down CTA (a gate_up CTA takes gemmColTile of gate and
+// of up).
 const (
-	mma3StagesGateUp = 4
-	mma3StagesDown   = 4
+	mma3StagesGateUp = 5
+	mma3StagesDown   = 8
+	mma3BK           = 64
+	mma3DownBN       = 64
 )
 
 // mma3SmemBytes is an mma3 kernel's dynamic shared memory: per stage a
-// 16 x 64 bf16 tile of gathered rows and a 64 x 64 bf16 tile of each weight
-// matrix (gate and up, or down).
+// 16 x mma3BK bf16 tile of gathered rows and a tile of mma3BK bf16 of each
+// weight row of the CTA (gemmColTile rows of gate and of up, or mma3DownBN
+// rows of down).
 func mma3SmemBytes(gated bool) uint32 {
 	if gated {
-		return mma3StagesGateUp * (16 + 2*64) * 64 * 2
+		return mma3StagesGateUp * (gemmRowTile + 2*gemmColTile) * mma3BK * 2
 	}
-	return mma3StagesDown * (16 + 64) * 64 * 2
+	return mma3StagesDown * (gemmRowTile + mma3DownBN) * mma3BK * 2
 }
 
 // isHopper reports whether dev runs the sm_90a code of the fatbins.
@@ -401,19 +407,30 @@ func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int, hop
 }
 
 // gemmGrid is kernel fn's launch grid: rows x column tiles, or for the tall
-// kernels column tiles x rows (columns fastest, see grouped_gemm.cu), or for
-// the wgmma kernels one CTA per SM (sms), which share out the tiles.
+// and mma3 kernels column tiles x rows (columns fastest, see grouped_gemm.cu:
+// the CTAs that run together share their gathered rows and stream a few
+// experts' weights end to end), or for the wgmma kernels one CTA per SM
+// (sms), which share out the tiles.
 func gemmGrid(s *Sorted, n int, fn string, sms int) ([3]uint32, error) {
 	if strings.Contains(fn, "_wg_") {
 		return [3]uint32{uint32(max(sms, 1)), 1, 1}, nil
 	}
-	rows, cols := CeilDiv(s.SortedIDs.Len(), gemmRowTile), CeilDiv(n, gemmColTile)
-	if strings.Contains(fn, "_tall_") {
+	return tileGrid(s.SortedIDs.Len(), n, fn)
+}
+
+// tileGrid is the launch grid of the tiled (non-persistent) kernels for a
+// sorted-id array of the given length and n output columns.
+func tileGrid(sorted, n int, fn string) ([3]uint32, error) {
+	rows, cols := CeilDiv(sorted, gemmRowTile), CeilDiv(n, gemmColTile)
+	if strings.Contains(fn, "_mma3_") || strings.Contains(fn, "_tall_") {
 		if strings.HasPrefix(fn, "moe_down_") {
 			cols = CeilDiv(n, 2*gemmColTile) // 128 columns a CTA
+			if strings.Contains(fn, "_mma3_") {
+				cols = CeilDiv(n, mma3DownBN)
+			}
 		}
 		if rows > 65535 {
-			return [3]uint32{}, fmt.Errorf("grouped gemm: %d sorted rows exceed the tall kernel's launch grid", s.SortedIDs.Len())
+			return [3]uint32{}, fmt.Errorf("grouped gemm: %d sorted rows exceed the launch grid of %s", sorted, fn)
 		}
 		return [3]uint32{uint32(cols), uint32(rows), 1}, nil
 	}

@@ -63,8 +63,23 @@ func TestGEMMKernelChoice(t *testing.T) {
 	if wgSmemBytes != 215744 {
 		t.Errorf("wgSmemBytes %d, want 215744 (WG_SMEM_BYTES)", wgSmemBytes)
 	}
-	if mma3SmemBytes(true) != 73728 || mma3SmemBytes(false) != 40960 {
-		t.Errorf("mma3 shared memory %d / %d, want 73728 / 40960 (4 stages of 18 / 10 KiB)", mma3SmemBytes(true), mma3SmemBytes(false))
+	if mma3SmemBytes(true) != 92160 || mma3SmemBytes(false) != 81920 {
+		t.Errorf("mma3 shared memory %d / %d, want 92160 / 81920 (5 stages of 18 KiB, 8 of 10 KiB)", mma3SmemBytes(true), mma3SmemBytes(false))
+	}
+	// T = 128 at DeepSeek-V3 shapes: 5112 sorted rows (1152 slots + 264 x 15).
+	for _, c := range []struct {
+		fn   string
+		n    int
+		want [3]uint32
+	}{
+		{"moe_gate_up_mma3_bf16_bf16", 2048, [3]uint32{32, 320, 1}},
+		{"moe_down_mma3_bf16_bf16", 7168, [3]uint32{7168 / mma3DownBN, 320, 1}},
+		{"moe_down_tall_bf16_bf16", 7168, [3]uint32{56, 320, 1}},
+		{"moe_down_mma2_bf16_bf16", 7168, [3]uint32{320, 112, 1}},
+	} {
+		if g, err := tileGrid(5112, c.n, c.fn); err != nil || g != c.want {
+			t.Errorf("%s grid %v (%v), want %v", c.fn, g, err, c.want)
+		}
 	}
 	if wgBM != 192 || wgBN != 192 {
 		t.Errorf("wgmma tile %d x %d, want 192 x 192 (WG_BM x WG_BNB)", wgBM, wgBN)

@@ -921,24 +921,45 @@ TT_DOWN(moe_down_tall_bf16_fp8, e4m3_t, true)
 // the warps multiply the oldest one; each copy asks L2 to fetch 256 bytes
 // (M3_PREFETCH), which is what brought HBM to the Triton peer's rate.
 //
-// The tile, the threads and the arithmetic are mma2's: 16 rows x 64 columns
-// a CTA, 128 threads, warp w owns columns 16w..16w+15 of each B matrix, and
-// every accumulator takes its k16 products in increasing k, over the same
-// zero-padded K steps of 64 (K % 8 == 0). The fragments hold the same values
-// (ldmatrix instead of 32-bit loads), so the outputs are bit-identical to
-// mma2's; the kernels take mma2's parameter list (the fp8 scale arguments
-// are unused: bf16 weights only). Stage layout in dynamic shared memory: A
-// [16][64] then B [NB][64][64] bf16, rows of 128 bytes whose 16-byte chunk c
-// sits at chunk c ^ (row & 7), so both the copies and ldmatrix's eight row
-// addresses per phase hit distinct banks without padding. Shared memory a
-// CTA: STAGES x (16 + 64 NB) x 128 bytes (kernels/grouped_gemm.go,
-// mma3SmemBytes).
+// The arithmetic is mma2's: 16 rows a CTA, 128 threads, warp w owns columns
+// w BN/4 .. (w+1) BN/4 - 1 of each B matrix (BN = 64 for gate_up, each of gate
+// and up; M3_BN_DOWN for down), and every accumulator takes its k16 products
+// in increasing k over zero-padded K steps (K % 8 == 0). The fragments hold
+// the same values (ldmatrix instead of 32-bit loads) and the padding adds
+// exact zeros, so the outputs are bit-identical to mma2's whatever the tile
+// width or K step; the kernels take mma2's parameter list (the fp8 scale
+// arguments are unused: bf16 weights only). Stage layout in dynamic shared
+// memory: A [16][M3_BK] then B [NB][BN][M3_BK] bf16, rows of 2 M3_BK bytes
+// whose 16-byte chunk c sits at chunk c ^ (row & 7), so both the copies and
+// ldmatrix's eight row addresses per phase hit distinct banks without
+// padding. Shared memory a CTA: STAGES x (16 + NB BN) x 2 M3_BK bytes
+// (kernels/grouped_gemm.go, mma3SmemBytes).
+//
+// Grid: x = column tiles, y = 16-row blocks (the transpose of mma2's), so
+// the CTAs that run together cover all column tiles of a few row blocks,
+// i.e. stream a few experts' weight matrices end to end, as the Triton
+// peer's program order does; mma2's order (every expert's same column tile
+// at once) ran 3% slower at T = 128 (GEMM_NOTES.md, issue 13 pass 7).
 
+// Ring depths, K steps of M3_BK. 5 x 18 KiB for gate_up and 8 x 10 KiB for
+// down: 2 CTAs an SM for each on sm_90, 8 and 14 K steps in flight an SM.
+// H100, T = 128, with the grid order above: 0.3% faster than 4 / 4 (3 and 5
+// CTAs an SM; GEMM_NOTES.md, issue 13 pass 7).
 #ifndef M3_STAGES_GATE_UP
-#define M3_STAGES_GATE_UP 4  // 4 x 18 KiB: 3 CTAs an SM on sm_90
+#define M3_STAGES_GATE_UP 5
 #endif
 #ifndef M3_STAGES_DOWN
-#define M3_STAGES_DOWN 4     // 4 x 10 KiB
+#define M3_STAGES_DOWN 8
+#endif
+// Output columns a down CTA (64 or 128; gate_up: 64 of gate and 64 of up).
+// 128 measured no faster.
+#ifndef M3_BN_DOWN
+#define M3_BN_DOWN 64
+#endif
+// K a stage (64 or 128). 128 (256-byte copies a row) measured no faster
+// than 64 with the 256-byte L2 prefetch below.
+#ifndef M3_BK
+#define M3_BK 64
 #endif
 // L2 prefetch size of the copies. A stage holds 128 bytes of each row; with
 // ".L2::256B" each miss also brings the row's next 128 bytes (the next K
@@ -948,7 +969,6 @@ TT_DOWN(moe_down_tall_bf16_fp8, e4m3_t, true)
 #ifndef M3_PREFETCH
 #define M3_PREFETCH ".L2::256B"
 #endif
-#define M3_BK 64
 
 // 16-byte copy global -> shared (L2 only); in == false writes 16 zero bytes
 // and reads nothing (src-size 0), as mma2's out-of-range loads give zeros.
@@ -968,10 +988,10 @@ __device__ __forceinline__ void m3_ldmatrix_x4(unsigned* r, unsigned addr)
                  : "r"(addr));
 }
 
-// Byte offset of 16-byte chunk c of row r in a stage matrix of 128-byte rows.
-__device__ __forceinline__ unsigned m3_off(int r, int c) { return (unsigned)(r * 128 + ((c ^ (r & 7)) << 4)); }
+// Byte offset of 16-byte chunk c of row r in a stage matrix of 2 M3_BK-byte rows.
+__device__ __forceinline__ unsigned m3_off(int r, int c) { return (unsigned)(r * (2 * M3_BK) + ((c ^ (r & 7)) << 4)); }
 
-template <bool GATED, int STAGES>
+template <bool GATED, int STAGES, int BN>
 __device__ __forceinline__ void grouped_gemm_mma3_tile(
     const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
     const int* __restrict__ total_padded, const bf16_t* __restrict__ a, int a_div,
@@ -980,20 +1000,26 @@ __device__ __forceinline__ void grouped_gemm_mma3_tile(
     int num_experts)
 {
     constexpr int NB = GATED ? 2 : 1;
-    constexpr int A_BYTES = GG_BM * M3_BK * 2;   // 2 KiB
-    constexpr int B_BYTES = GG_BN * M3_BK * 2;   // 8 KiB a matrix
+    constexpr int CPR = M3_BK / 8;              // 16-byte chunks a row
+    constexpr int A_BYTES = GG_BM * M3_BK * 2;
+    constexpr int B_BYTES = BN * M3_BK * 2;     // a matrix
     constexpr int STAGE_BYTES = A_BYTES + NB * B_BYTES;
-    constexpr int BV = GG_BN * (M3_BK / 8) / MM_THREADS;  // B chunks a thread a matrix
+    constexpr int AV = GG_BM * CPR / MM_THREADS;  // A chunks a thread
+    constexpr int BV = BN * CPR / MM_THREADS;     // B chunks a thread a matrix
+    constexpr int WN = BN / 4;                    // columns a warp
+    constexpr int J = WN / 8;                     // n8 tiles a warp
     static_assert(STAGES >= 2, "a pipeline needs two stages");
-    static_assert(GG_BM * (M3_BK / 8) == MM_THREADS, "one A chunk a thread");
-    static_assert(BV * MM_THREADS / 8 == GG_BN && MM_THREADS % 8 == 0, "B rows split evenly");
+    static_assert(M3_BK == 64 || M3_BK == 128, "K step of 64 or 128");
+    static_assert(AV >= 1 && AV * MM_THREADS == GG_BM * CPR, "A chunks split evenly");
+    static_assert(BV >= 1 && BV * MM_THREADS == BN * CPR, "B chunks split evenly");
+    static_assert(J >= 2 && J % 2 == 0, "pairs of n8 tiles a warp");
     extern __shared__ __align__(128) unsigned char m3_smem[];
     __shared__ int slot[GG_BM];
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, q = lane & 3;
-    const int row0 = blockIdx.x * GG_BM;
-    const int n0 = blockIdx.y * GG_BN;
+    const int row0 = blockIdx.y * GG_BM;
+    const int n0 = blockIdx.x * BN;
     if (row0 >= *total_padded) return;
     const int e = expert_ids[row0 / block_size];
     if (e < 0 || e >= num_experts) return;
@@ -1004,18 +1030,23 @@ __device__ __forceinline__ void grouped_gemm_mma3_tile(
     __syncthreads();
 
     const bf16_t* bm[2] = {b0 + (long long)e * b_estride, (GATED ? b1 : b0) + (long long)e * b_estride};
-    float acc[NB][2][4];
+    float acc[NB][J][4];
 #pragma unroll
     for (int m = 0; m < NB; m++)
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < J; j++)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[m][j][i] = 0.f;
 
-    // This thread copies chunk cc of A row cr and of B rows cr + 16 j.
-    const int cr = tid >> 3, cc = tid & 7;
-    const int as = slot[cr];
-    const bf16_t* arow = a + (long long)(as >= 0 ? as / a_div : 0) * K;
+    // This thread copies chunk (tid + v 128) % CPR of A row (tid + v 128) / CPR,
+    // and likewise of B rows.
+    int as[AV];
+    const bf16_t* arow[AV];
+#pragma unroll
+    for (int v = 0; v < AV; v++) {
+        as[v] = slot[(tid + v * MM_THREADS) / CPR];
+        arow[v] = a + (long long)(as[v] >= 0 ? as[v] / a_div : 0) * K;
+    }
     const unsigned sbase = (unsigned)__cvta_generic_to_shared(m3_smem);
     const int nk = (K + M3_BK - 1) / M3_BK;
     // Queue K step kt into its stage; one commit group per step, empty past
@@ -1023,16 +1054,21 @@ __device__ __forceinline__ void grouped_gemm_mma3_tile(
     auto load = [&](int kt) {
         if (kt < nk) {
             const unsigned st = sbase + (unsigned)((kt % STAGES) * STAGE_BYTES);
-            const int k = kt * M3_BK + cc * 8;
-            const bool kin = k < K;
-            m3_cp16(st + m3_off(cr, cc), kin && as >= 0 ? (const void*)(arow + k) : (const void*)a, kin && as >= 0);
+#pragma unroll
+            for (int v = 0; v < AV; v++) {
+                const int idx = tid + v * MM_THREADS, r = idx / CPR, c = idx % CPR;
+                const int k = kt * M3_BK + c * 8;
+                const bool in = k < K && as[v] >= 0;
+                m3_cp16(st + m3_off(r, c), in ? (const void*)(arow[v] + k) : (const void*)a, in);
+            }
 #pragma unroll
             for (int m = 0; m < NB; m++)
 #pragma unroll
                 for (int j = 0; j < BV; j++) {
-                    const int nn = cr + 16 * j, n = n0 + nn;
-                    const bool in = kin && n < N;
-                    m3_cp16(st + A_BYTES + m * B_BYTES + m3_off(nn, cc),
+                    const int idx = tid + j * MM_THREADS, nn = idx / CPR, c = idx % CPR;
+                    const int k = kt * M3_BK + c * 8, n = n0 + nn;
+                    const bool in = k < K && n < N;
+                    m3_cp16(st + A_BYTES + m * B_BYTES + m3_off(nn, c),
                             in ? (const void*)(bm[m] + (long long)n * K + k) : (const void*)bm[m], in);
                 }
         }
@@ -1054,14 +1090,17 @@ __device__ __forceinline__ void grouped_gemm_mma3_tile(
             unsigned af[4];
             m3_ldmatrix_x4(af, st + m3_off(lane & 15, 2 * ks + (lane >> 4)));
 #pragma unroll
-            for (int m = 0; m < NB; m++) {
-                // bf: (n8 tile 0: k 0-7, 8-15), (n8 tile 1: k 0-7, 8-15).
-                unsigned bf[4];
-                m3_ldmatrix_x4(bf, st + A_BYTES + m * B_BYTES +
-                                       m3_off(warp * 16 + (lane & 7) + ((lane >> 4) << 3), 2 * ks + ((lane >> 3) & 1)));
-                mma_bf16_16816(acc[m][0], af[0], af[1], af[2], af[3], bf[0], bf[1]);
-                mma_bf16_16816(acc[m][1], af[0], af[1], af[2], af[3], bf[2], bf[3]);
-            }
+            for (int m = 0; m < NB; m++)
+#pragma unroll
+                for (int h = 0; h < J / 2; h++) {
+                    // bf: (n8 tile 2h: k 0-7, 8-15), (n8 tile 2h+1: k 0-7, 8-15).
+                    unsigned bf[4];
+                    m3_ldmatrix_x4(bf, st + A_BYTES + m * B_BYTES +
+                                           m3_off(warp * WN + 16 * h + (lane & 7) + ((lane >> 4) << 3),
+                                                  2 * ks + ((lane >> 3) & 1)));
+                    mma_bf16_16816(acc[m][2 * h], af[0], af[1], af[2], af[3], bf[0], bf[1]);
+                    mma_bf16_16816(acc[m][2 * h + 1], af[0], af[1], af[2], af[3], bf[2], bf[3]);
+                }
         }
     }
     m3_wait<0>();  // only empty groups remain; leave none behind
@@ -1071,10 +1110,10 @@ __device__ __forceinline__ void grouped_gemm_mma3_tile(
         int s = slot[g + 8 * h];
         if (s < 0) continue;
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < J; j++)
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                int n = n0 + warp * 16 + j * 8 + 2 * q + i;
+                int n = n0 + warp * WN + j * 8 + 2 * q + i;
                 if (n >= N) continue;
                 float v = acc[0][j][2 * h + i];
                 if (GATED) {
@@ -1094,8 +1133,9 @@ extern "C" __global__ void __launch_bounds__(MM_THREADS) moe_gate_up_mma3_bf16_b
     const bf16_t* w_gate, const bf16_t* w_up, long long w_estride, const float* s_gate, const float* s_up,
     long long s_estride, bf16_t* inter, int numel, int topk, int I, int H, int block_size, int num_experts)
 {
-    grouped_gemm_mma3_tile<true, M3_STAGES_GATE_UP>(sorted_ids, expert_ids, total_padded, x, topk, w_gate, w_up,
-                                                    w_estride, inter, nullptr, numel, I, H, block_size, num_experts);
+    grouped_gemm_mma3_tile<true, M3_STAGES_GATE_UP, GG_BN>(sorted_ids, expert_ids, total_padded, x, topk, w_gate,
+                                                           w_up, w_estride, inter, nullptr, numel, I, H, block_size,
+                                                           num_experts);
 }
 
 extern "C" __global__ void __launch_bounds__(MM_THREADS) moe_down_mma3_bf16_bf16(
@@ -1103,6 +1143,7 @@ extern "C" __global__ void __launch_bounds__(MM_THREADS) moe_down_mma3_bf16_bf16
     const bf16_t* w_down, long long w_estride, const float* s_down, long long s_estride, float* out, int numel,
     int H, int I, int block_size, int num_experts)
 {
-    grouped_gemm_mma3_tile<false, M3_STAGES_DOWN>(sorted_ids, expert_ids, total_padded, inter, 1, w_down, w_down,
-                                                  w_estride, nullptr, out, numel, H, I, block_size, num_experts);
+    grouped_gemm_mma3_tile<false, M3_STAGES_DOWN, M3_BN_DOWN>(sorted_ids, expert_ids, total_padded, inter, 1, w_down,
+                                                              w_down, w_estride, nullptr, out, numel, H, I, block_size,
+                                                              num_experts);
 }

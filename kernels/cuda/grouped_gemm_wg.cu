@@ -59,7 +59,7 @@
 // The round-robin order before it (w = blockIdx.x + i * gridDim.x, still
 // built with -DWG_DYNAMIC=0) let CTAs drift apart over their ~45 items at
 // T=4096: gate_up read 20.3 GB from DRAM against 17.7 GB now, and took
-// 7.17 ms against 6.52 ms (H100; kernels/GEMM_NOTES.md, pass 7).
+// 7.17 ms against 6.52 ms (H100; kernels/GEMM_NOTES.md, pass 8).
 //
 // Limits (checked by the Go side, which falls back to the tall kernels):
 // K % 8 == 0 (16-byte copies and tensor-map strides; the K tail of a step is

@@ -69,7 +69,7 @@ __device__ __forceinline__ void wg_cp16(unsigned dst, const void* src, unsigned 
 // down 4.21 -> 3.95 ms and the w8a8 layer 8.89 -> 8.77 ms; evict_first on
 // the weights was slower (7.50 ms), and so were tensor maps promoting 128
 // bytes or none instead of 256 (8.3 ms; kernels/GEMM_NOTES.md, issue 13
-// pass 7).
+// pass 8).
 #ifndef WG_B_POLICY
 #define WG_B_POLICY 0
 #endif
