@@ -120,7 +120,8 @@ def versus_peers(mp, torch):
     for r in torch["rows"]:
         if r.get("iters"):
             tidx.setdefault((r["kernel"], r["tokens"]), []).append(r)
-    out = [["T", "dtype", "moeprep us", "best peer", "peer us", "moeprep / peer"]]
+    out = [["T", "dtype", "moeprep us", "best peer", "peer us", "moeprep / peer", "experts touched (moeprep / peers)"]]
+    touched = torch.get("touched_experts", {})
     for d in DTYPES:
         if d not in mp:
             continue
@@ -132,8 +133,10 @@ def versus_peers(mp, torch):
                 continue
             m = min(mine, key=lambda r: r["us"])
             p = min(theirs, key=lambda r: r["us"])
+            pt = touched.get(str(t))
             out.append([str(t), d, f"{fmt(m['us'])} ({m['kernel']})", f"{p['kernel']} {p['impl']}", fmt(p["us"]),
-                        f"{m['us'] / p['us']:.2f}"])
+                        f"{m['us'] / p['us']:.2f}",
+                        f"{m.get('touched_experts', 0):.2f} / {pt:.2f}" if pt is not None else "-"])
     if len(out) == 1:
         return []
     widths = [max(len(l[i]) for l in out) for i in range(len(out[0]))]
@@ -149,7 +152,8 @@ def main(paths):
         print(f"moeprep {d}: {r['device']}, copy {r['copy_gbps']:.0f} GB/s, bank {r['bank_bytes'] / 1e9:.1f} GB x "
               f"{r['bank_copies']}, block {r['block_size']}, graph {r['graph']}, {r['seconds']:.0f} s")
     if torch:
-        print(f"torch {torch['torch']}: {torch['device']}, copy {torch['copy_gbps']:.0f} GB/s, {torch['seconds']:.0f} s")
+        print(f"torch {torch['torch']}: {torch['device']}, copy {torch['copy_gbps']:.0f} GB/s, {torch['seconds']:.0f} s, "
+              f"inputs: {torch.get('draws', 'torch')}'s draws")
         for n in torch.get("notes", []):
             print(f"  note: {n}")
     print("torch 'experts' (per-expert loop + shared MLP) sits on the grouped_gemm row; torch runs bf16 weights only.")

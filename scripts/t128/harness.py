@@ -128,27 +128,7 @@ class Engine:
         launch(self.dfn, self.grid(rows, H, self.dbn), 128, self.dsmem, args, pdl=self.pdl_launch)
 
 
-GAMMA = 0x9E3779B97F4A7C15
-M64 = (1 << 64) - 1
-
-
-def splitmix_uniform(seed, n, amp):
-    """bench/random.go's rng.uniform(amp), n draws from seed, as float32."""
-    import numpy as np
-    s = (np.arange(1, n + 1, dtype=np.uint64) * np.uint64(GAMMA)) + np.uint64(seed)
-    z = (s ^ (s >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    u = (z >> np.uint64(40)).astype(np.float32) / np.float32(1 << 24)
-    return (np.float32(2) * u - np.float32(1)) * np.float32(amp)
-
-
-def bf16_tensor(f32, shape):
-    """numfmt.F32ToBF16 (round to nearest even) of finite float32 values."""
-    import numpy as np
-    u = f32.view(np.uint32).astype(np.uint64)
-    u = (u + np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
-    return torch.from_numpy(u.astype(np.uint16).view(np.int16)).view(torch.bfloat16).reshape(shape).cuda()
+splitmix_uniform, bf16_tensor = tr.splitmix_uniform, tr.bf16_tensor  # moeprep bench's draws
 
 
 class Routing:
