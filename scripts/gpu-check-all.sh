@@ -2,15 +2,16 @@
 # One device call that checks changed kernel sources end to end before their
 # fatbins are embedded (issue 13): build every fatbin fresh, run the
 # side-by-side benchmark (scripts/gpu-bench.sh: bf16, fp8 w8a16, fp8 w8a8,
-# and the torch / Triton peers) on those fatbins, then every GPU test on
-# them, then the standalone wgmma harness. Each step has its own time limit,
+# and the torch / Triton peers) on those fatbins (GPU_CHECK_SKIP_BENCH=1
+# skips it), then every GPU test on them, then the standalone wgmma and
+# w8a8 harnesses. Each step has its own time limit,
 # so one hang cannot eat the call. Here first:
 #     GPU_TEST_PKGS="internal/cuda kernels validate" bash scripts/gpu-test.sh build
 #     CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o .gpu/moeprep ./cmd/moeprep && strip .gpu/*
 #     run(command="bash scripts/gpu-check-all.sh", carry=[".gpu"], timeout_s=600)
 # $OUT receives kernels-build.tgz (embed: tar xzf kernels-build.tgz -C kernels/),
 # build-logs.tgz, bench.tgz (gpu-bench.sh's files), table.txt, tests.tgz
-# (a log per test binary), summary.txt and harness.txt. TestBuildMatchesSources
+# (a log per test binary), summary.txt, harness.txt and harness_fp8.txt. TestBuildMatchesSources
 # fails in this run whenever the sources changed (the binaries embed the old
 # build): read summary.txt. Exit status: non-zero when any other step failed.
 set -uo pipefail
@@ -29,11 +30,13 @@ grep -h -A4 "Compiling entry function '.*_wg_.*' for 'sm_90a'" /tmp/kernel-build
 	grep -E "Compiling|registers|spill" | head -12
 export MOEPREP_KERNELS_DIR=$root/kernels/build
 
-step "gpu-bench.sh on the fresh fatbins"
-mkdir -p /tmp/bench-out
-OUT=/tmp/bench-out timeout 240 bash scripts/gpu-bench.sh | tail -30 || rc=1
-cp /tmp/bench-out/table.txt "$out/table.txt" 2>/dev/null
-tar czf "$out/bench.tgz" -C /tmp bench-out
+if [ -z "${GPU_CHECK_SKIP_BENCH:-}" ]; then
+	step "gpu-bench.sh on the fresh fatbins"
+	mkdir -p /tmp/bench-out
+	OUT=/tmp/bench-out timeout 240 bash scripts/gpu-bench.sh | tail -30 || rc=1
+	cp /tmp/bench-out/table.txt "$out/table.txt" 2>/dev/null
+	tar czf "$out/bench.tgz" -C /tmp bench-out
+fi
 
 step "GPU tests on the fresh fatbins"
 mkdir -p /tmp/test-out
@@ -49,5 +52,11 @@ step "wgmma harness (scripts/wg/harness.cu, small shapes)"
 	timeout 60 /tmp/h 0; } >"$out/harness.txt" 2>&1
 echo "harness rc=$?"
 tail -15 "$out/harness.txt"
+
+step "w8a8 harness (scripts/wg/harness_fp8.cu, small shapes)"
+{ timeout 90 nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -o /tmp/hf scripts/wg/harness_fp8.cu -lcuda &&
+	timeout 90 /tmp/hf 0; } >"$out/harness_fp8.txt" 2>&1
+echo "harness_fp8 rc=$?"
+tail -15 "$out/harness_fp8.txt"
 step done
 exit $rc

@@ -19,6 +19,23 @@ struct alignas(64) WgTmap {
 #define WG_ENABLED 1
 #endif
 
+// Dynamic schedule (WG_DYNAMIC 1): a CTA's first item is blockIdx.x, each
+// next one the next free item of a global counter, so CTAs that the memory
+// system serves more slowly take fewer items, and the column tiles of one
+// expert (which read the same gathered rows) run close together in time
+// instead of drifting apart over a CTA's ~45 items. Each kernel of a module
+// has its own counter pair {next, done}; the last CTA to finish resets it
+// for the next launch, so launches of one kernel must not overlap (the Go
+// side queues the layer on one stream).
+#ifndef WG_DYNAMIC
+#define WG_DYNAMIC 1
+#endif
+#if WG_DYNAMIC
+// Outside WG_ENABLED: a runtime-API build (scripts/wg/harness.cu) registers device
+// variables from its host pass, which must declare them too.
+__device__ unsigned wg_sched_gate_up[2], wg_sched_down[2];
+#endif
+
 #ifdef WG_ENABLED
 
 // Round to nearest even, NaN kept quiet (validate.F32ToBF16; as grouped_gemm.cu).
@@ -133,20 +150,7 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned saddr)
     return (unsigned long long)((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
 }
 
-// Dynamic schedule (WG_DYNAMIC 1): a CTA's first item is blockIdx.x, each
-// next one the next free item of a global counter, so CTAs that the memory
-// system serves more slowly take fewer items, and the column tiles of one
-// expert (which read the same gathered rows) run close together in time
-// instead of drifting apart over a CTA's ~45 items. Each kernel of a module
-// has its own counter pair {next, done}; the last CTA to finish resets it
-// for the next launch, so launches of one kernel must not overlap (the Go
-// side queues the layer on one stream).
-#ifndef WG_DYNAMIC
-#define WG_DYNAMIC 1
-#endif
 #if WG_DYNAMIC
-__device__ unsigned wg_sched_gate_up[2], wg_sched_down[2];
-
 // The producer warpgroup's next item (every producer thread calls it).
 __device__ __forceinline__ int wg_next_item(unsigned* sched, int* sched_s, int tid)
 {
