@@ -536,6 +536,12 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 // rows, 1} (64 bf16 or 128 e4m3), 128-byte swizzle (the layout of the
 // kernel's shared-memory stages), zeros outside. The kernel's producer
 // copies the weight tiles with the bulk tensor copy engine through them.
+//
+// The persistent CTAs take their work items from a counter in the module's
+// global memory (one per kernel, reset by the last CTA; wg_common.cuh), so
+// two launches of one wgmma kernel on a device must not run at the same
+// time: callers queue the layer on one stream (validate's compute stream,
+// bench's stream), which orders them.
 func wgLaunch(m *Module, fn string, grid [3]uint32, threads int, shmem uint32, st cuda.Stream, wt MatDType, w []cuda.DevicePtr, estride int64, k, n, experts, rows int, args []any) error {
 	dt, es := uint32(cuda.TensorMapBF16), uint64(2)
 	if wt == MatFP8 {
