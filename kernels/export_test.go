@@ -43,6 +43,5 @@ func LaunchRouterKernelCtx(cx *cuda.Ctx, family, fn string, x, w Mat, logits *cu
 	if err != nil {
 		return err
 	}
-	grid := [3]uint32{uint32(CeilDiv(e, c.n)), uint32(CeilDiv(t, c.m)), uint32(c.split)}
-	return m.LaunchCtx(cx, c.fn, grid, Block(c.threads), c.smem, 0, x.Ptr, w.Ptr, logits, int32(t), int32(e), int32(h))
+	return m.LaunchCtx(cx, c.fn, c.grid(t, e), Block(c.threads), c.smem, 0, x.Ptr, w.Ptr, logits, int32(t), int32(e), int32(h))
 }

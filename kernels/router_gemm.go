@@ -103,6 +103,12 @@ type routerMMA struct {
 // RC_STAGES (4) stages of (m + n) rows of 128 bytes.
 func routerClusterSmem(m, n int) uint32 { return uint32(4 * (m + n) * 128) }
 
+// grid is the kernel's launch grid for t tokens and e experts: expert
+// tiles, token tiles, and the cluster's CTAs that split K.
+func (c routerMMA) grid(t, e int) [3]uint32 {
+	return [3]uint32{uint32(CeilDiv(e, c.n)), uint32(CeilDiv(t, c.m)), uint32(c.split)}
+}
+
 func routerCluster(fn string, m, n, split int) routerMMA {
 	return routerMMA{fn, m, n, 256, split, routerClusterSmem(m, n)}
 }
@@ -192,7 +198,7 @@ func RouterGEMM(dev *cuda.Device, s cuda.Stream, x, w Mat, logits *cuda.Buffer[f
 	}
 	if x.DType == MatBF16 && w.DType == MatBF16 && h%8 == 0 && x.Ptr%16 == 0 && w.Ptr%16 == 0 {
 		c := routerMMAConfig(t, e, isHopper(dev))
-		grid := [3]uint32{uint32(CeilDiv(e, c.n)), uint32(CeilDiv(t, c.m)), uint32(c.split)}
+		grid := c.grid(t, e)
 		if grid[1] > 65535 {
 			return fmt.Errorf("router gemm: %d tokens exceed the launch grid (at most %d)", t, 65535*c.m)
 		}

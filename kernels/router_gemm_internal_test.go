@@ -37,6 +37,21 @@ func TestRouterKernelChoice(t *testing.T) {
 			t.Errorf("T %d, E %d, hopper %v: %s, want %s", c.tok, c.e, c.hopper, got, c.want)
 		}
 	}
+	// Grids: expert tiles x token tiles x the cluster's K split.
+	for _, g := range []struct {
+		tok, e int
+		want   [3]uint32
+	}{
+		{4096, 256, [3]uint32{2, 32, 2}}, // c128n128s2: 128 CTAs
+		{1024, 256, [3]uint32{1, 8, 8}},  // c128n256s8
+		{300, 264, [3]uint32{2, 5, 8}},   // c64n256s8, a partial expert tile
+		{4096, 256, [3]uint32{4, 64, 1}}, // elsewhere: router_mma_l 64 x 64
+	} {
+		hopper := g.want[2] > 1
+		if got := routerMMAConfig(g.tok, g.e, hopper).grid(g.tok, g.e); got != g.want {
+			t.Errorf("T %d, E %d, hopper %v: grid %v, want %v", g.tok, g.e, hopper, got, g.want)
+		}
+	}
 	names := map[string]bool{}
 	for _, c := range routerClusters {
 		names[c.fn] = true
