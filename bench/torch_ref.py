@@ -93,10 +93,10 @@ def moeprep_x(t, i):
     return bf16_tensor(splitmix_uniform(1000 * t + i, t * H, 1.7), (t, H))
 
 
-def moeprep_draws_check():
-    """The first draws against values Go printed (bench.RandBF16 / RandF32), or why not."""
+def moeprep_draws_check(w, b):
+    """moeprep_router's w, b and moeprep_x's first draws against values Go
+    printed (bench.RandBF16 / RandF32): "" when they match, else why not."""
     import numpy as np
-    w, b = moeprep_router()
     got = (moeprep_x(128, 0).view(torch.int16).flatten()[:8].cpu().numpy().view(np.uint16).tolist(),
            w.view(torch.int16).flatten()[:4].cpu().numpy().view(np.uint16).tolist(),
            [round(v, 6) for v in b[:4].tolist()])
@@ -376,7 +376,8 @@ def main():
     # only if they cannot be reproduced here.
     draws = "moeprep"
     try:
-        why = moeprep_draws_check()
+        w_router, bias = moeprep_router()
+        why = moeprep_draws_check(w_router, bias)
     except Exception as e:  # noqa: BLE001 - no numpy, say: fall back, with a note
         why = f"moeprep draws unavailable: {type(e).__name__}: {e}"
     if why:
@@ -385,8 +386,6 @@ def main():
         print(res["notes"][-1], flush=True)
         w_router = torch.empty(E, H, dtype=bf, device="cuda").uniform_(-(3 / H) ** 0.5, (3 / H) ** 0.5)
         bias = torch.empty(E, device="cuda").uniform_(-0.05, 0.05)
-    else:
-        w_router, bias = moeprep_router()
     res["draws"] = draws
     # The fused 264-expert bank (256 routed, then the shared expert 8 times),
     # one copy: the per-expert loop's routed bank and shared MLP are views of it.
