@@ -287,13 +287,13 @@ func (w *run) finish(files map[string]layout.FileInfo, unsynced []string) error 
 // region once (used only after --resume reused folded shards).
 func (w *run) refoldStats() (float64, error) {
 	st := &foldStats{}
-	buf := make([]byte, bufChunkSize)
+	buf := make([]byte, chunkSize)
 	for _, t := range w.op.tensors {
 		for _, p := range t.parts {
 			if !p.fold {
 				continue
 			}
-			step := bufChunkSize / int64(p.dtype.Size()) * int64(p.dtype.Size())
+			step := chunkSize / int64(p.dtype.Size()) * int64(p.dtype.Size())
 			for pos := int64(0); pos < p.size(); pos += step {
 				b := buf[:min(step, p.size()-pos)]
 				if err := p.readAt(b, pos); err != nil {

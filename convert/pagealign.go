@@ -5,14 +5,15 @@ import (
 	"sort"
 )
 
-// Page alignment of output shards (issue 12). copy_file_range without
-// reflink moves page-cache pages: when a tensor's source and destination sit
-// at different offsets within their pages, every destination page is filled
-// from two source pages, and the copy and the write-back cost more (a bare
-// copy_file_range + fsync of a 1.6 GB model measured 0.2-0.4 s slower
-// misaligned; BENCHMARKS.md). cp never pays this: its offsets are equal. A
-// safetensors shard has no holes between tensors, so the two freedoms are
-// the tensor order inside a shard and spaces at the end of the header.
+// Page alignment of output shards (issue 12, third pass). It was made for
+// copy_file_range without reflink, which moves page-cache pages: when a
+// tensor's source and destination sat at different offsets within their
+// pages, the copy and the write-back cost more (0.2-0.4 s on a 1.6 GB model;
+// BENCHMARKS.md). The writer now reads into a buffer and pwrites
+// (shardwrite.go), for which the offset within a page makes no difference.
+// The alignment stays because it decides the output's bytes (tensor order
+// inside a shard, spaces at the end of the header): dropping it would make
+// every output differ from what earlier versions wrote for the same input.
 const pageSize = 4096
 
 // pageOrder puts the tensors whose byte size is a whole number of pages
@@ -29,10 +30,9 @@ func pageOrder(ts []*outTensor) []*outTensor {
 }
 
 // dataPhase returns the offset within a page at which the shard's data
-// section should start so that the most bytes copied page cache to page
-// cache (parts neither folded nor strided, read from a plain file) land at
-// the offset within a page they have in their source; ok is false when no
-// byte is copied that way. Ties go to the smaller phase, so the plan, and
+// section should start so that the most bytes of parts neither folded nor
+// strided, read from a plain file, land at the offset within a page they
+// have in their source; ok is false when there are no such bytes. Ties go to the smaller phase, so the plan, and
 // with it the output bytes, depend only on the inputs.
 func dataPhase(ts []*outTensor) (phase int64, ok bool) {
 	weight := map[int64]int64{}

@@ -2,9 +2,7 @@ package convert
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -20,12 +18,20 @@ import (
 //     chunks are taken in the order of their source file and offset,
 //     whichever way the output stacks experts, so every source file is read
 //     front to back.
-//   - shardWorkers goroutines take chunks in that order and put each at its
-//     planned offset of the output: a byte-for-byte chunk through
-//     copy_file_range (page cache to page cache inside the kernel, as cp
-//     does), a folded or strided one through a bounded buffer and pwrite.
-//     The kernel's read-ahead (8 MiB windows here) runs ahead of the writer
-//     through each source file front to back.
+//   - shardWorkers goroutines take chunks in that order, read each into a
+//     bounded buffer (folding it when the part is folded) and pwrite it at
+//     its planned offset of the output. The kernel's read-ahead (8 MiB
+//     windows here) runs ahead of the reader through each source file front
+//     to back.
+//   - No copy_file_range, though it would save a copy through user space.
+//     Without reflink it splices the bytes in pipe-sized (64 KiB) rounds
+//     whose destination offsets are not 64 KiB aligned (a tensor's offset in
+//     the output is not its offset in the source), so the output's page
+//     cache is built of small folios and write-back sends the disk requests
+//     of 2 MiB on average where a 4 MiB pwrite gets 4 MiB ones: 800 write
+//     requests for A's 1.6 GB against cp's 415, and the fsync waits longer.
+//     Buffered, A converted in 0.73x the time of the copy_file_range build
+//     and B in 0.89x, side by side (BENCHMARKS.md, issue 12, sixth pass).
 //   - The file is hashed in 16 MiB blocks: hashWorkers goroutines hash each
 //     block, read back from the page cache, as soon as its last byte is
 //     written, and the manifest records the hash of the blocks' hashes
@@ -58,10 +64,10 @@ const (
 
 // Sizes the tests shrink so that tiny fixtures span many chunks and blocks.
 var (
-	copyChunkSize  int64 = 64 << 20 // 16 MiB took 7-10% longer on A, cold (BENCHMARKS.md, issue 12)
-	bufChunkSize   int64 = 4 << 20  // folded and strided chunks go through a buffer this size
+	// chunkSize is the buffer each worker reads a chunk into: 1, 16 and
+	// 64 MiB measured no faster on A, cold (BENCHMARKS.md, issue 12).
+	chunkSize      int64 = 4 << 20
 	shardBlockSize int64 = layout.ShardBlockSize
-	useCopyRange         = true
 )
 
 // chunk is n bytes of one part's output stream, from byte pos of that stream,
@@ -96,12 +102,9 @@ func (s *shardPlan) planChunks() ([]*chunk, error) {
 		for i := range t.parts {
 			p := &t.parts[i]
 			size := p.size()
-			step := copyChunkSize
-			if p.fold || !p.contiguous() {
-				step = bufChunkSize
-				if !p.contiguous() && p.rowLen < step {
-					step = step / p.rowLen * p.rowLen // whole rows
-				}
+			step := chunkSize
+			if !p.contiguous() && p.rowLen < step {
+				step = step / p.rowLen * p.rowLen // whole rows
 			}
 			if es := int64(p.dtype.Size()); es > 1 {
 				step = max(step/es*es, es) // folding needs whole elements
@@ -150,8 +153,7 @@ type shardWriter struct {
 	left  []atomic.Int64 // bytes of each block not yet written
 	ready chan int64     // blocks fully written, to hash
 	sums  [][32]byte
-	flush chan int64  // hashed blocks, to start writing back (nil: none)
-	noCFR atomic.Bool // copy_file_range refused once: buffer the rest
+	flush chan int64 // hashed blocks, to start writing back (nil: none)
 
 	srcMu sync.Mutex
 	srcs  map[*os.File]*shardSource // the checkpoint's open source files -> this shard's own
@@ -409,32 +411,16 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 
 // put writes one chunk at its offset.
 func (sw *shardWriter) put(c *chunk, buf *[]byte) error {
-	p := c.p
-	r, f := sw.ownSource(p)
-	if useCopyRange && !p.fold && p.contiguous() && !sw.noCFR.Load() {
-		if f != nil {
-			err := copyRange(f, r.off+c.pos, sw.out, c.dst, c.n)
-			switch {
-			case err == nil:
-				return nil
-			case errors.Is(err, errNoCopyRange):
-				sw.noCFR.Store(true) // not between these files: buffer this chunk and the rest
-			case errors.Is(err, io.ErrUnexpectedEOF):
-				return fmt.Errorf("%s: reading tensor %s: %w", p.file, p.tensor, err)
-			default:
-				return fmt.Errorf("%s: copying tensor %s from %s: %w", sw.path, p.tensor, p.file, err)
-			}
-		}
-	}
+	r, _ := sw.ownSource(c.p)
 	if int64(cap(*buf)) < c.n {
-		*buf = make([]byte, max(c.n, bufChunkSize))
+		*buf = make([]byte, max(c.n, chunkSize))
 	}
 	b := (*buf)[:c.n]
 	if err := c.read(b, r); err != nil {
 		return err
 	}
 	if _, err := sw.out.WriteAt(b, c.dst); err != nil {
-		return fmt.Errorf("%s: writing tensor %s: %w", sw.path, p.tensor, err)
+		return fmt.Errorf("%s: writing tensor %s: %w", sw.path, c.p.tensor, err)
 	}
 	return nil
 }
@@ -478,6 +464,3 @@ func (sw *shardWriter) hash(ctx context.Context) error {
 	}
 	return nil
 }
-
-// errNoCopyRange: copy_file_range cannot copy between these files.
-var errNoCopyRange = errors.New("copy_file_range not supported here")

@@ -20,30 +20,29 @@ import (
 // TestShardWriterOrderAndBlocks writes the same conversions with the
 // production sizes and with sizes shrunk so that tiny fixtures span hundreds
 // of chunks and hash blocks (blocks then finish out of order, chunks cross
-// tensor and row boundaries), with and without copy_file_range. Every output
+// tensor and row boundaries). Every output
 // must be byte-identical, and each shard's block digest must be the one
 // computed from its bytes with the algorithm --digest asked for.
 func TestShardWriterOrderAndBlocks(t *testing.T) {
 	type sizes struct {
-		name                string
-		copyChunk, bufChunk int64
-		block               int64
-		copyRange           bool
-		noWriteback         bool             // as where there is no sync_file_range
-		digest              layout.BlockAlgo // 0: the default, XXH3-128
+		name        string
+		chunk       int64
+		block       int64
+		noWriteback bool             // as where there is no sync_file_range
+		digest      layout.BlockAlgo // 0: the default, XXH3-128
 	}
 	variants := []sizes{
-		{"production", copyChunkSize, bufChunkSize, shardBlockSize, true, false, 0},
-		{"small, copy_file_range", 1000, 96, 4096, true, false, 0},
-		{"small, buffered", 1000, 96, 4096, false, false, 0},
-		{"odd block", 4096, 4096, 777, true, false, 0},
-		{"small, no early write-back", 1000, 96, 4096, true, true, 0},
-		{"small, --digest blake3", 1000, 96, 4096, true, false, layout.BLAKE3Blocks},
-		{"odd block, --digest sha256", 4096, 4096, 777, true, false, layout.SHA256Blocks},
+		{"production", chunkSize, shardBlockSize, false, 0},
+		{"small", 96, 4096, false, 0},
+		{"small, odd chunk", 1000, 4096, false, 0},
+		{"odd block", 4096, 777, false, 0},
+		{"small, no early write-back", 96, 4096, true, 0},
+		{"small, --digest blake3", 96, 4096, false, layout.BLAKE3Blocks},
+		{"odd block, --digest sha256", 4096, 777, false, layout.SHA256Blocks},
 	}
-	defer func(c, b, s int64, u bool, wb func(*os.File, int64, int64)) {
-		copyChunkSize, bufChunkSize, shardBlockSize, useCopyRange, startWriteback = c, b, s, u, wb
-	}(copyChunkSize, bufChunkSize, shardBlockSize, useCopyRange, startWriteback)
+	defer func(c, s int64, wb func(*os.File, int64, int64)) {
+		chunkSize, shardBlockSize, startWriteback = c, s, wb
+	}(chunkSize, shardBlockSize, startWriteback)
 	writeback := startWriteback
 	for _, tc := range []struct {
 		name string
@@ -60,7 +59,7 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 			writeSynth(t, src, tc.src, nil)
 			var ref string
 			for i, v := range variants {
-				copyChunkSize, bufChunkSize, shardBlockSize, useCopyRange = v.copyChunk, v.bufChunk, v.block, v.copyRange
+				chunkSize, shardBlockSize = v.chunk, v.block
 				startWriteback = writeback
 				if v.noWriteback {
 					startWriteback = nil
@@ -178,8 +177,8 @@ func TestPlanChunksReadsSourcesInOrder(t *testing.T) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src")
 	writeSynth(t, src, ds3BF16, nil)
-	defer func(c int64) { copyChunkSize = c }(copyChunkSize)
-	copyChunkSize = 1000
+	defer func(c int64) { chunkSize = c }(chunkSize)
+	chunkSize = 1000
 	for _, lay := range []layout.Layout{layout.Stacked, layout.GateUp, layout.UpGate} {
 		o := Options{Src: src, Dst: filepath.Join(dir, "dst"), Layout: lay}
 		op := planFor(t, o)

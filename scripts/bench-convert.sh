@@ -8,6 +8,17 @@
 # (paired: the disk's speed drifts over minutes on this VM, and a round's
 # three runs share its mood), peak RSS, and every raw figure.
 #
+# Before every timed run the script syncs, waits SETTLE seconds (default 5)
+# and syncs again, then drops the page cache. This VM's disk is a write-back
+# cache on the host, and the file system is mounted with `discard`: a run's
+# sync returns before the host has written back the previous run's output
+# and trimmed its deleted blocks, and a run started at once pays for part of
+# that (BENCHMARKS.md, issue 12, sixth pass). The wait is the same for every
+# run.
+#
+# MOEPREP_BASE=path/to/an/earlier/moeprep adds its convert and fuse-shared to
+# the rotation (convert@base, fuse@base), to compare two builds side by side.
+#
 # Shapes (those of issue 12):
 #   A  bf16 DeepSeek-V3-shaped, 64 experts, I 288: 1.6 GB, one source and one output shard
 #   B  bf16 DeepSeek-V3-shaped, 256 experts, I 512: 6.5 GB, 4 source shards, 3 output shards
@@ -17,12 +28,15 @@
 #   scripts/bench-convert.sh [WORK] [ROUNDS] [SHAPES]
 #   sudo scripts/bench-convert.sh /work/bench 3 "A B"     # needs ~3x the checkpoint free
 #   MOEPREP_BIN=.gpu/moeprep bash scripts/bench-convert.sh /tmp/bench 3 Q   # where there is no Go
+#   MOEPREP_BASE=/work/bench/mp-old SETTLE=5 scripts/bench-convert.sh /work/bench 5 A
 set -euo pipefail
 work=${1:-/work/bench}
 rounds=${2:-3}
 shapes=${3:-A B}
 cd "$(dirname "$0")/.."
 mkdir -p "$work"
+settle=${SETTLE:-5}
+base=${MOEPREP_BASE:-}
 mp=${MOEPREP_BIN:-}
 if [ -z "$mp" ]; then
 	go build -o "$work/moeprep" ./cmd/moeprep
@@ -32,6 +46,8 @@ fi
 
 # measure CMD...: prints "wall user sys peak_rss_MB" of CMD, from a cold cache
 measure() {
+	sync
+	sleep "$settle"
 	sync
 	if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches; fi
 	/usr/bin/time -f "%e %U %S %M" -o "$work/time.txt" "$@" >/dev/null
@@ -66,17 +82,23 @@ for shape in $shapes; do
 	rm -rf "$work/out-$shape"
 	runs=(cp convert fuse)
 	[ "$shape" = Q ] && runs=(cp convert convert) # Qwen3-MoE has no shared expert to fuse: two convert runs per round
+	if [ -n "$base" ]; then
+		runs+=(convert@base)
+		[ "$shape" = Q ] || runs+=(fuse@base)
+	fi
 	declare -A secs=() raw=() rss=() bytes=() ratios=()
 	for r in $(seq "$rounds"); do
 		declare -A round=()
-		for i in 0 1 2; do
-			run=${runs[$(( (i + r) % 3 ))]}
+		for i in $(seq 0 $((${#runs[@]} - 1))); do
+			run=${runs[$(( (i + r) % ${#runs[@]} ))]}
 			out="$work/out-$shape"
 			rm -rf "$out" "$out.partial"
 			case $run in
 			cp) read -r s u y m < <(measure sh -c 'cp -r "$1" "$2" && sync' sh "$src" "$out") ;;
 			convert) read -r s u y m < <(measure "$mp" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			fuse) read -r s u y m < <(measure "$mp" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
+			convert@base) read -r s u y m < <(measure "$base" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
+			fuse@base) read -r s u y m < <(measure "$base" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			esac
 			secs[$run]+="$s "
 			round[$run]+="$s "
