@@ -6,7 +6,9 @@
 # round to round; the table gives the median of the rounds, its ratio to cp's
 # median (x_cp), the median of the per-round ratios to that round's cp
 # (paired: the disk's speed drifts over minutes on this VM, and a round's
-# three runs share its mood), peak RSS, and every raw figure.
+# three runs share its mood), peak RSS, the median number of write requests
+# the disk completed during the run (wr_reqs; cp's are 4 MiB each here), and
+# every raw figure.
 #
 # Before every timed run the script syncs, waits SETTLE seconds (default 5)
 # and syncs again, then drops the page cache. This VM's disk is a write-back
@@ -44,18 +46,29 @@ if [ -z "$mp" ]; then
 fi
 [ -w /proc/sys/vm/drop_caches ] || echo "warning: not root, page cache not dropped: figures are warm" >&2
 
-# measure CMD...: prints "wall user sys peak_rss_MB" of CMD, from a cold cache
+# The block device under WORK, whose write requests the table counts: how
+# big they are says how the page cache was filled (BENCHMARKS.md, issue 12,
+# sixth pass). Partitions count in their own stat file.
+dev=$(basename "$(df --output=source "$work" | tail -1)")
+devstat=$(ls /sys/class/block/"$dev"/stat 2>/dev/null || echo /dev/null)
+# writes: completed write requests so far (field 5 of the stat file)
+writes() { awk '{print $5 + 0}' "$devstat"; }
+
+# measure CMD...: prints "wall user sys peak_rss_MB write_requests" of CMD,
+# from a cold cache
 measure() {
 	sync
 	sleep "$settle"
 	sync
 	if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches; fi
+	local w0
+	w0=$(writes)
 	/usr/bin/time -f "%e %U %S %M" -o "$work/time.txt" "$@" >/dev/null
-	awk '{printf "%s %s %s %.0f\n", $1, $2, $3, $4/1024}' "$work/time.txt"
+	awk -v w=$(($(writes) - w0)) '{printf "%s %s %s %.0f %d\n", $1, $2, $3, $4/1024, w}' "$work/time.txt"
 }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
-printf '%-5s %-12s %8s %7s %7s %7s %7s %8s   %s\n' shape run median_s x_cp paired GB/s rss_MB out_GB "raw (wall/user/sys s per round)"
+printf '%-5s %-12s %8s %7s %7s %7s %7s %8s %7s   %s\n' shape run median_s x_cp paired GB/s rss_MB out_GB wr_reqs "raw (wall/user/sys s per round)"
 for shape in $shapes; do
 	src=$(readlink -f "$work/src-$shape" || echo "$work/src-$shape")
 	case $shape in
@@ -86,7 +99,7 @@ for shape in $shapes; do
 		runs+=(convert@base)
 		[ "$shape" = Q ] || runs+=(fuse@base)
 	fi
-	declare -A secs=() raw=() rss=() bytes=() ratios=()
+	declare -A secs=() raw=() rss=() bytes=() ratios=() reqs=()
 	for r in $(seq "$rounds"); do
 		declare -A round=()
 		for i in $(seq 0 $((${#runs[@]} - 1))); do
@@ -94,16 +107,17 @@ for shape in $shapes; do
 			out="$work/out-$shape"
 			rm -rf "$out" "$out.partial"
 			case $run in
-			cp) read -r s u y m < <(measure sh -c 'cp -r "$1" "$2" && sync' sh "$src" "$out") ;;
-			convert) read -r s u y m < <(measure "$mp" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
-			fuse) read -r s u y m < <(measure "$mp" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
-			convert@base) read -r s u y m < <(measure "$base" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
-			fuse@base) read -r s u y m < <(measure "$base" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
+			cp) read -r s u y m q < <(measure sh -c 'cp -r "$1" "$2" && sync' sh "$src" "$out") ;;
+			convert) read -r s u y m q < <(measure "$mp" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
+			fuse) read -r s u y m q < <(measure "$mp" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
+			convert@base) read -r s u y m q < <(measure "$base" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
+			fuse@base) read -r s u y m q < <(measure "$base" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			esac
 			secs[$run]+="$s "
 			round[$run]+="$s "
 			raw[$run]+="$s/$u/$y "
 			rss[$run]=$(( ${rss[$run]:-0} > m ? ${rss[$run]:-0} : m ))
+			reqs[$run]+="$q "
 			bytes[$run]=$(du -sb "$out" | cut -f1)
 			rm -rf "$out"
 		done
@@ -118,8 +132,9 @@ for shape in $shapes; do
 	for run in $(printf '%s\n' "${runs[@]}" | awk '!seen[$0]++'); do
 		med=$(tr ' ' '\n' <<<"${secs[$run]}" | grep . | median)
 		pr=$(tr ' ' '\n' <<<"${ratios[$run]}" | grep . | median)
-		awk -v sh="$shape" -v n="$run" -v s="$med" -v c="$cp_med" -v p="$pr" -v m="${rss[$run]}" -v b="${bytes[$run]}" -v raw="${raw[$run]}" \
-			'BEGIN { printf "%-5s %-12s %8.2f %7.2f %7.2f %7.2f %7s %8.2f   %s\n", sh, n, s, s/c, p, b/s/1e9, m, b/1e9, raw }'
+		rq=$(tr ' ' '\n' <<<"${reqs[$run]}" | grep . | median)
+		awk -v sh="$shape" -v n="$run" -v s="$med" -v c="$cp_med" -v p="$pr" -v m="${rss[$run]}" -v b="${bytes[$run]}" -v q="$rq" -v raw="${raw[$run]}" \
+			'BEGIN { printf "%-5s %-12s %8.2f %7.2f %7.2f %7.2f %7s %8.2f %7d   %s\n", sh, n, s, s/c, p, b/s/1e9, m, b/1e9, q, raw }'
 	done
-	unset secs raw rss bytes ratios
+	unset secs raw rss bytes ratios reqs
 done
