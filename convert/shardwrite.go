@@ -29,9 +29,11 @@ import (
 //     the output is not its offset in the source), so the output's page
 //     cache is built of small folios and write-back sends the disk requests
 //     of 2 MiB on average where a 4 MiB pwrite gets 4 MiB ones: 800 write
-//     requests for A's 1.6 GB against cp's 415, and the fsync waits longer.
-//     Buffered, A converted in 0.73x the time of the copy_file_range build
-//     and B in 0.89x, side by side (BENCHMARKS.md, issue 12, sixth pass).
+//     requests for A's 1.6 GB against cp's 415 (buffered: 419), and the
+//     fsync waits longer. Side by side, cold, in three runs of
+//     bench-convert.sh: B converted in 10.2 / 13.2 / 12.9 s buffered against
+//     12.6 / 15.2 / 16.3 s with copy_file_range, A in 4.1 / 3.7 / 4.3 s
+//     against 4.1 / 4.2 / 5.3 s (BENCHMARKS.md, issue 12, sixth pass).
 //   - The file is hashed in 16 MiB blocks: hashWorkers goroutines hash each
 //     block, read back from the page cache, as soon as its last byte is
 //     written, and the manifest records the hash of the blocks' hashes
