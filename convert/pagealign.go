@@ -32,8 +32,9 @@ func pageOrder(ts []*outTensor) []*outTensor {
 // dataPhase returns the offset within a page at which the shard's data
 // section should start so that the most bytes of parts neither folded nor
 // strided, read from a plain file, land at the offset within a page they
-// have in their source; ok is false when there are no such bytes. Ties go to the smaller phase, so the plan, and
-// with it the output bytes, depend only on the inputs.
+// have in their source; ok is false when there are no such bytes. Ties go
+// to the smaller phase, so the plan, and with it the output bytes, depend
+// only on the inputs.
 func dataPhase(ts []*outTensor) (phase int64, ok bool) {
 	weight := map[int64]int64{}
 	rel := int64(0) // offset in the data section

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -20,9 +21,9 @@ import (
 // TestShardWriterOrderAndBlocks writes the same conversions with the
 // production sizes and with sizes shrunk so that tiny fixtures span hundreds
 // of chunks and hash blocks (blocks then finish out of order, chunks cross
-// tensor and row boundaries). Every output
-// must be byte-identical, and each shard's block digest must be the one
-// computed from its bytes with the algorithm --digest asked for.
+// tensor and row boundaries). Every output must be byte-identical, and each
+// shard's block digest must be the one computed from its bytes with the
+// algorithm --digest asked for.
 func TestShardWriterOrderAndBlocks(t *testing.T) {
 	type sizes struct {
 		name        string
@@ -304,5 +305,57 @@ func TestOwnSource(t *testing.T) {
 	mem := &part{region: region{src: bytes.NewReader(data), file: "mem", off: 7, rows: 1, rowLen: 10}}
 	if r, f := sw.ownSource(mem); f != nil || r != mem.region {
 		t.Errorf("in-memory source: file %v, region %+v", f, r)
+	}
+}
+
+// TestPutShortSource: a source file that ends before a chunk's bytes (it
+// shrank after the plan was made) fails the chunk with an error naming the
+// file and tensor, and nothing is written for it.
+func TestPutShortSource(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "src.safetensors")
+	data := make([]byte, 1000)
+	for i := range data {
+		data[i] = byte(i*7 + 3)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	out, err := os.Create(filepath.Join(dir, "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	for _, tc := range []struct {
+		name  string
+		r     region
+		short bool
+	}{
+		{"whole", region{src: src, file: path, tensor: "model.layers.3.mlp.experts.5.up_proj.weight", off: 800, rows: 1, rowLen: 200}, false},
+		{"contiguous past the end", region{src: src, file: path, tensor: "model.layers.3.mlp.experts.5.up_proj.weight", off: 900, rows: 1, rowLen: 200}, true},
+		{"strided past the end", region{src: src, file: path, tensor: "model.layers.3.mlp.experts.6.up_proj.weight", off: 500, rows: 3, rowLen: 100, stride: 250}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &part{region: tc.r}
+			sw := &shardWriter{path: out.Name(), out: out}
+			defer sw.closeSources()
+			var buf []byte
+			err := sw.put(&chunk{p: p, n: p.size()}, &buf)
+			if !tc.short {
+				got := make([]byte, p.size())
+				if _, rerr := out.ReadAt(got, 0); err != nil || rerr != nil || !bytes.Equal(got, data[800:]) {
+					t.Fatalf("put: %v, read back: %v, bytes equal %v", err, rerr, bytes.Equal(got, data[800:]))
+				}
+				return
+			}
+			if err == nil || !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.r.tensor) {
+				t.Fatalf("got %v, want an unexpected-EOF error naming %s and %s", err, path, tc.r.tensor)
+			}
+		})
 	}
 }
