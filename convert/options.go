@@ -41,6 +41,7 @@ type Options struct {
 	Digest       layout.BlockAlgo // how shards are hashed in the manifest; 0 means layout.ShardBlockAlgo
 	Force        bool             // replace an existing DST (and a stale DST.partial)
 	Resume       bool             // continue from DST.partial
+	BufferedIO   bool             // write shards through the page cache, not with O_DIRECT (directwrite.go)
 	Progress     Reporter
 	Tool         string // recorded in the contract, e.g. "moeprep v0.1.0"
 }

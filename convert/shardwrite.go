@@ -3,6 +3,7 @@ package convert
 import (
 	"context"
 	"fmt"
+	"hash"
 	"os"
 	"path/filepath"
 	"sort"
@@ -17,12 +18,17 @@ import (
 //   - The shard is cut into chunks, each a piece of one source region, and the
 //     chunks are taken in the order of their source file and offset,
 //     whichever way the output stacks experts, so every source file is read
-//     front to back.
-//   - shardWorkers goroutines take chunks in that order, read each into a
-//     bounded buffer (folding it when the part is folded) and pwrite it at
-//     its planned offset of the output. The kernel's read-ahead (8 MiB
-//     windows here) runs ahead of the reader through each source file front
-//     to back.
+//     front to back. The kernel's read-ahead (8 MiB windows here) runs ahead
+//     of the reader through each source file.
+//   - Where the file system allows O_DIRECT, the direct writer
+//     (directwrite.go) reads each chunk straight into the in-memory blocks it
+//     lands in, hashes every finished block from memory and writes it with
+//     O_DIRECT: the output never enters the page cache. Elsewhere, and with
+//     --buffered-io, the buffered writer below pwrites each chunk through
+//     the page cache. Both write the same bytes and the same manifest.
+//   - Buffered: shardWorkers goroutines take chunks in source order, read
+//     each into a bounded buffer (folding it when the part is folded) and
+//     pwrite it at its planned offset of the output.
 //   - No copy_file_range, though it would save a copy through user space.
 //     Without reflink it splices the bytes in pipe-sized (64 KiB) rounds
 //     whose destination offsets are not 64 KiB aligned (a tensor's offset in
@@ -34,14 +40,15 @@ import (
 //     bench-convert.sh: B converted in 10.2 / 13.2 / 12.9 s buffered against
 //     12.6 / 15.2 / 16.3 s with copy_file_range, A in 4.1 / 3.7 / 4.3 s
 //     against 4.1 / 4.2 / 5.3 s (BENCHMARKS.md, issue 12, sixth pass).
-//   - The file is hashed in 16 MiB blocks: hashWorkers goroutines hash each
-//     block, read back from the page cache, as soon as its last byte is
-//     written, and the manifest records the hash of the blocks' hashes
-//     (layout.BlockDigest; XXH3-128 unless --digest says otherwise). A whole-file hash would need the bytes in file
-//     order, which source-order writing gives only at the very end.
-//   - The final fsync starts as soon as the last chunk is written and runs
-//     while the hashers finish, so the time the disk takes to flush is not
-//     added to the time hashing takes.
+//   - The file is hashed in 4 MiB blocks (layout.ShardBlockSize), and the
+//     manifest records the hash of the blocks' hashes (layout.BlockDigest;
+//     XXH3-128 unless --digest says otherwise). A whole-file hash would need
+//     the bytes in file order, which source-order writing gives only at the
+//     very end. Buffered: hashWorkers goroutines hash each block, read back
+//     from the page cache, as soon as its last byte is written.
+//   - Buffered: the final fsync starts as soon as the last chunk is written
+//     and runs while the hashers finish, so the time the disk takes to flush
+//     is not added to the time hashing takes.
 //   - Shards are written --jobs at a time, so on a multi-shard model several
 //     writers and hashers run at once, one writer per file.
 //
@@ -300,21 +307,60 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 		ready: make(chan int64, nb), sums: make([][32]byte, nb)}
 	defer sw.closeSources()
 	sw.countSources(chunks)
+
+	var dout *os.File
+	if directIO && !w.o.BufferedIO && bs%directAlign == 0 {
+		dout, _ = openDirect(tmp) // refused: through the page cache
+	}
+	if dout != nil {
+		var st *directStats
+		st, err = sw.writeDirect(ctx, dout, s.header, chunks, w.o.Progress.Add)
+		if cerr := dout.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("%s: close: %w", tmp, cerr)
+		}
+		if err == nil {
+			if onDirectStats != nil {
+				onDirectStats(s.name, st)
+			}
+			if serr := out.Sync(); serr != nil {
+				err = fmt.Errorf("%s: sync: %w", tmp, serr)
+			}
+		}
+	} else {
+		err = w.writeBuffered(ctx, s, sw, chunks)
+	}
+	if err != nil {
+		return layout.FileInfo{}, err
+	}
+	if st, err := out.Stat(); err != nil || st.Size() != s.size {
+		if err == nil {
+			err = fmt.Errorf("file is %d bytes, planned %d", st.Size(), s.size)
+		}
+		return layout.FileInfo{}, fmt.Errorf("%s: %w", tmp, err)
+	}
+	if err := out.Close(); err != nil {
+		return layout.FileInfo{}, fmt.Errorf("%s: close: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return layout.FileInfo{}, err
+	}
+	return layout.BlockInfo(sw.algo, s.size, bs, sw.sums), nil
+}
+
+// writeBuffered writes the shard through the page cache: the header and every
+// chunk pwritten, blocks hashed by reading them back, the file synced.
+func (w *run) writeBuffered(ctx context.Context, s *shardPlan, sw *shardWriter, chunks []*chunk) error {
+	out, tmp, bs := sw.out, sw.path, sw.bs
 	if startWriteback != nil {
-		sw.flush = make(chan int64, nb)
+		sw.flush = make(chan int64, len(sw.left))
 	}
 	for b := range sw.left {
 		sw.left[b].Store(min(bs, s.size-int64(b)*bs))
 	}
 
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var first error
-	var once sync.Once
-	fail := func(err error) {
-		once.Do(func() { first = err })
-		cancel()
-	}
+	wctx, f := withFailure(ctx)
+	defer f.cancel()
+	fail := f.fail
 	// The flusher starts the write-back of every block the hashers are done
 	// with, so the disk writes while later chunks are still being read and
 	// copied, rather than all of it in the final fsync.
@@ -383,32 +429,20 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 	<-flushed
 	serr := <-synced
 	if err := ctx.Err(); err != nil {
-		return layout.FileInfo{}, err
+		return err
 	}
-	if first != nil {
-		return layout.FileInfo{}, first
+	if f.err != nil {
+		return f.err
 	}
 	if serr != nil {
-		return layout.FileInfo{}, fmt.Errorf("%s: sync: %w", tmp, serr)
+		return fmt.Errorf("%s: sync: %w", tmp, serr)
 	}
 	for b := range sw.left {
 		if sw.left[b].Load() != 0 {
-			return layout.FileInfo{}, fmt.Errorf("%s: block %d of %d was not written (a planning bug)", tmp, b, nb)
+			return fmt.Errorf("%s: block %d of %d was not written (a planning bug)", tmp, b, len(sw.left))
 		}
 	}
-	if st, err := out.Stat(); err != nil || st.Size() != s.size {
-		if err == nil {
-			err = fmt.Errorf("file is %d bytes, planned %d", st.Size(), s.size)
-		}
-		return layout.FileInfo{}, fmt.Errorf("%s: %w", tmp, err)
-	}
-	if err := out.Close(); err != nil {
-		return layout.FileInfo{}, fmt.Errorf("%s: close: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return layout.FileInfo{}, err
-	}
-	return layout.BlockInfo(sw.algo, s.size, bs, sw.sums), nil
+	return nil
 }
 
 // put writes one chunk at its offset.
@@ -441,28 +475,53 @@ func (sw *shardWriter) written(off, n int64) {
 
 // hash digests finished blocks until there are no more.
 func (sw *shardWriter) hash(ctx context.Context) error {
-	bs := sw.bs
 	h := sw.algo.New()
 	buf := make([]byte, hashBufSize)
 	for b := range sw.ready {
 		if ctx.Err() != nil {
 			continue // drain
 		}
-		off := b * bs
-		end := min(off+bs, sw.size)
-		h.Reset()
-		for at := off; at < end; {
-			n := min(int64(len(buf)), end-at)
-			if _, err := sw.out.ReadAt(buf[:n], at); err != nil {
-				return fmt.Errorf("%s: reading back to hash: %w", sw.path, err)
-			}
-			h.Write(buf[:n])
-			at += n
+		if err := sw.hashBlock(h, buf, b); err != nil {
+			return err
 		}
-		h.Sum(sw.sums[b][:0])
 		if sw.flush != nil {
 			sw.flush <- b // never blocks: the channel holds every block
 		}
 	}
 	return nil
+}
+
+// hashBlock digests block b, read back from the file through buf, into sums[b].
+func (sw *shardWriter) hashBlock(h hash.Hash, buf []byte, b int64) error {
+	off := b * sw.bs
+	end := min(off+sw.bs, sw.size)
+	h.Reset()
+	for at := off; at < end; {
+		n := min(int64(len(buf)), end-at)
+		if _, err := sw.out.ReadAt(buf[:n], at); err != nil {
+			return fmt.Errorf("%s: reading back to hash: %w", sw.path, err)
+		}
+		h.Write(buf[:n])
+		at += n
+	}
+	h.Sum(sw.sums[b][:0])
+	return nil
+}
+
+// failure keeps the first error of a shard's goroutines and cancels their
+// context, so the others stop.
+type failure struct {
+	once   sync.Once
+	err    error // read after the goroutines are done
+	cancel context.CancelFunc
+}
+
+func withFailure(ctx context.Context) (context.Context, *failure) {
+	c, cancel := context.WithCancel(ctx)
+	return c, &failure{cancel: cancel}
+}
+
+func (f *failure) fail(err error) {
+	f.once.Do(func() { f.err = err })
+	f.cancel()
 }

@@ -6,10 +6,14 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/moeprep/moeprep/checkpoint"
@@ -31,20 +35,26 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 		block       int64
 		noWriteback bool             // as where there is no sync_file_range
 		digest      layout.BlockAlgo // 0: the default, XXH3-128
+		buffered    bool             // --buffered-io: no O_DIRECT
+		staged      int              // the direct writer's staging buffers (0: maxStaged)
 	}
 	variants := []sizes{
-		{"production", chunkSize, shardBlockSize, false, 0},
-		{"small", 96, 4096, false, 0},
-		{"small, odd chunk", 1000, 4096, false, 0},
-		{"odd block", 4096, 777, false, 0},
-		{"small, no early write-back", 96, 4096, true, 0},
-		{"small, --digest blake3", 96, 4096, false, layout.BLAKE3Blocks},
-		{"odd block, --digest sha256", 4096, 777, false, layout.SHA256Blocks},
+		{name: "production", chunk: chunkSize, block: shardBlockSize},
+		{name: "small", chunk: 96, block: 4096},
+		{name: "small, buffered", chunk: 96, block: 4096, buffered: true},
+		{name: "small, 2 staging buffers (blocks spill)", chunk: 96, block: 4096, staged: 2},
+		{name: "small, 1 staging buffer", chunk: 1000, block: 8192, staged: 1},
+		{name: "small, odd chunk", chunk: 1000, block: 4096},
+		{name: "odd block (not a page: buffered)", chunk: 4096, block: 777},
+		{name: "small, buffered, no early write-back", chunk: 96, block: 4096, noWriteback: true, buffered: true},
+		{name: "small, --digest blake3", chunk: 96, block: 4096, digest: layout.BLAKE3Blocks},
+		{name: "odd block, --digest sha256", chunk: 4096, block: 777, digest: layout.SHA256Blocks},
 	}
-	defer func(c, s int64, wb func(*os.File, int64, int64)) {
-		chunkSize, shardBlockSize, startWriteback = c, s, wb
-	}(chunkSize, shardBlockSize, startWriteback)
-	writeback := startWriteback
+	defer func(c, s int64, wb func(*os.File, int64, int64), ms int) {
+		chunkSize, shardBlockSize, startWriteback, maxStaged, onDirectStats = c, s, wb, ms, nil
+	}(chunkSize, shardBlockSize, startWriteback, maxStaged)
+	writeback, staged := startWriteback, maxStaged
+	direct := directSupported(t)
 	for _, tc := range []struct {
 		name string
 		src  synth
@@ -65,11 +75,37 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 				if v.noWriteback {
 					startWriteback = nil
 				}
+				maxStaged = staged
+				if v.staged > 0 {
+					maxStaged = v.staged
+				}
+				var mu sync.Mutex
+				var directBlocks, spilled, blocks int64
+				onDirectStats = func(_ string, st *directStats) {
+					mu.Lock()
+					defer mu.Unlock()
+					directBlocks += st.direct.Load()
+					spilled += st.spilled.Load()
+					blocks += st.direct.Load() + st.spilled.Load() + st.buffered.Load()
+				}
 				dst := filepath.Join(dir, "dst"+string(rune('a'+i)))
 				o := tc.o
-				o.Src, o.Dst, o.Digest = src, dst, v.digest
+				o.Src, o.Dst, o.Digest, o.BufferedIO = src, dst, v.digest, v.buffered
 				if _, err := Convert(context.Background(), o); err != nil {
 					t.Fatalf("%s: %v", v.name, err)
+				}
+				// Which writer wrote the shards: the direct one wherever the
+				// block is whole pages and O_DIRECT works here.
+				wantDirect := direct && !v.buffered && v.block%directAlign == 0
+				switch {
+				case wantDirect && (directBlocks == 0 || spilled+directBlocks != blocks):
+					t.Errorf("%s: direct writer wrote %d blocks directly, spilled %d, of %d: want every block one of the two", v.name, directBlocks, spilled, blocks)
+				case !wantDirect && blocks != 0:
+					t.Errorf("%s: the direct writer wrote %d blocks, want the buffered writer", v.name, blocks)
+				case wantDirect && v.staged > 0 && spilled == 0:
+					t.Errorf("%s: with %d staging buffers no block spilled: the test does not exercise spilling", v.name, v.staged)
+				case wantDirect && v.staged == 0 && v.block == layout.ShardBlockSize && spilled != 0:
+					t.Errorf("%s: %d blocks spilled with %d staging buffers", v.name, spilled, maxStaged)
 				}
 				m, err := layout.ReadManifest(dst)
 				if err != nil {
@@ -355,6 +391,111 @@ func TestPutShortSource(t *testing.T) {
 			}
 			if err == nil || !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.r.tensor) {
 				t.Fatalf("got %v, want an unexpected-EOF error naming %s and %s", err, path, tc.r.tensor)
+			}
+		})
+	}
+}
+
+// directSupported reports whether the test's temporary directory takes
+// O_DIRECT writes; where it does not, the writer falls back and the tests
+// say so.
+func directSupported(t *testing.T) bool {
+	t.Helper()
+	if !directIO {
+		return false
+	}
+	p := filepath.Join(t.TempDir(), "probe")
+	if err := os.WriteFile(p, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := openDirect(p)
+	if err != nil {
+		t.Logf("no O_DIRECT in %s (%v): only the buffered writer is tested", filepath.Dir(p), err)
+		return false
+	}
+	f.Close()
+	return true
+}
+
+// TestDirectWriteRefusedOrFailing makes the direct writes fail: a refusal
+// (EINVAL, as a file system without O_DIRECT for some writes gives) sends
+// that block and every later one through the page cache, and the output
+// must be byte-identical to a buffered run; any other error (EIO) fails
+// the run with an error naming the shard, and leaves no DST.
+func TestDirectWriteRefusedOrFailing(t *testing.T) {
+	if !directSupported(t) {
+		t.Skip("no O_DIRECT here")
+	}
+	defer func(c, s int64, w func(*os.File, []byte, int64) (int, error)) {
+		chunkSize, shardBlockSize, writeDirectAt, onDirectStats = c, s, w, nil
+	}(chunkSize, shardBlockSize, writeDirectAt)
+	chunkSize, shardBlockSize = 96, 4096
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	writeSynth(t, src, ds3BF16, nil)
+	ref := filepath.Join(dir, "ref")
+	if _, err := Convert(context.Background(), Options{Src: src, Dst: ref, BufferedIO: true}); err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct {
+		name    string
+		err     error
+		after   int64 // direct writes that succeed first
+		wantErr bool
+	}{
+		{"EINVAL after 3 blocks", syscall.EINVAL, 3, false},
+		{"EINVAL at once", syscall.EINVAL, 0, false},
+		{"EIO after 3 blocks", syscall.EIO, 3, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var calls atomic.Int64
+			writeDirectAt = func(f *os.File, b []byte, off int64) (int, error) {
+				if calls.Add(1) > tc.after {
+					return 0, &os.PathError{Op: "write", Path: f.Name(), Err: tc.err}
+				}
+				return f.WriteAt(b, off)
+			}
+			var direct, buffered atomic.Int64
+			onDirectStats = func(_ string, st *directStats) {
+				direct.Add(st.direct.Load())
+				buffered.Add(st.buffered.Load())
+			}
+			dst := filepath.Join(dir, fmt.Sprintf("dst%d", i))
+			_, err := Convert(context.Background(), Options{Src: src, Dst: dst, Jobs: 1})
+			if tc.wantErr {
+				if err == nil || !errors.Is(err, tc.err) || !strings.Contains(err.Error(), ".safetensors") || !strings.Contains(err.Error(), "writing bytes") {
+					t.Fatalf("err %v: want %v naming the shard and the bytes", err, tc.err)
+				}
+				if _, serr := os.Stat(dst); !os.IsNotExist(serr) {
+					t.Errorf("a failed run left %s (%v)", dst, serr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if direct.Load() != tc.after || buffered.Load() == 0 {
+				t.Errorf("%d blocks written directly and %d buffered: want %d and the rest", direct.Load(), buffered.Load(), tc.after)
+			}
+			if calls.Load() != tc.after+1 {
+				t.Errorf("%d direct writes tried: after the first refusal the writer should stop trying (want %d)", calls.Load(), tc.after+1)
+			}
+			files := 0
+			err = filepath.WalkDir(ref, func(path string, e os.DirEntry, err error) error {
+				if err != nil || e.IsDir() {
+					return err
+				}
+				rel, _ := filepath.Rel(ref, path)
+				a, _ := os.ReadFile(path)
+				b, err := os.ReadFile(filepath.Join(dst, rel))
+				if err != nil || !bytes.Equal(a, b) {
+					t.Errorf("%s differs from the buffered run (%v)", rel, err)
+				}
+				files++
+				return nil
+			})
+			if err != nil || files < 3 {
+				t.Errorf("compared %d files (%v)", files, err)
 			}
 		})
 	}

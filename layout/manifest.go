@@ -114,10 +114,13 @@ func (x xxh128) Sum(b []byte) []byte {
 
 func (x xxh128) Size() int { return 16 }
 
-// ShardBlockSize is the block size moeprep's shard writers hash with: small
-// enough that many blocks are in flight at once, large enough that the list
-// of digests stays tiny (320 per 5 GB shard).
-const ShardBlockSize = 16 << 20
+// ShardBlockSize is the block size moeprep's shard writers hash with. It is
+// also the unit the direct writer assembles in memory and writes with
+// O_DIRECT (convert/directwrite.go): small enough that the blocks a layer
+// fills side by side fit in a few MiB each, large enough for the disk (4 MiB
+// requests, as cp's write-back sends here). The manifest records it, so
+// outputs hashed with the 16 MiB blocks of earlier versions still verify.
+const ShardBlockSize = 4 << 20
 
 // BlockInfo is the FileInfo of a file of size bytes hashed as blocks of bs
 // bytes whose digests, in file order, are digests (each in the first

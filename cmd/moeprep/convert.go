@@ -19,6 +19,7 @@ type convertFlags struct {
 	digest           string
 	jobs             int
 	force, resume    bool
+	bufferedIO       bool
 	noProgress, json bool
 }
 
@@ -27,9 +28,10 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.layout, "layout", "stacked", "expert layout: stacked (all_gate/all_up [E,I,H], all_down [E,H,I]), gate-up (gate_up_proj [E,2I,H], gate rows first) or up-gate (up rows first)")
 	fl.StringVar(&f.maxShard, "max-shard-size", "5GB", "largest output shard, e.g. 5GB, 500MB, 2GiB")
 	fl.IntVar(&f.jobs, "jobs", convert.DefaultJobs, "shards written at once")
-	fl.StringVar(&f.digest, "digest", layout.ShardBlockAlgo.String(), "how the manifest hashes each shard's 16 MiB blocks: xxh3 (XXH3-128, fast; catches corruption and torn writes), blake3 or sha256 (cryptographic, for a digest to pin; slower on few cores)")
+	fl.StringVar(&f.digest, "digest", layout.ShardBlockAlgo.String(), "how the manifest hashes each shard's 4 MiB blocks: xxh3 (XXH3-128, fast; catches corruption and torn writes), blake3 or sha256 (cryptographic, for a digest to pin; slower on few cores)")
 	fl.BoolVar(&f.force, "force", false, "replace DST if it exists")
 	fl.BoolVar(&f.resume, "resume", false, "continue an interrupted run from DST.partial, reusing finished shards whose checksum matches")
+	fl.BoolVar(&f.bufferedIO, "buffered-io", false, "write shards through the page cache instead of with O_DIRECT (used anyway where the file system refuses O_DIRECT)")
 	fl.BoolVar(&f.noProgress, "no-progress", false, "no progress reporting on stderr")
 	fl.BoolVar(&f.json, "json", false, "print a JSON summary (files, bytes, seconds, GB/s) at the end")
 }
@@ -51,7 +53,7 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 		return convert.Options{}, fmt.Errorf("--digest: %w", err)
 	}
 	return convert.Options{Src: src, Dst: dst, Layout: l, MaxShardSize: size, Jobs: f.jobs, Digest: digest,
-		Force: f.force, Resume: f.resume, Tool: "moeprep " + versionString()}, nil
+		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, Tool: "moeprep " + versionString()}, nil
 }
 
 func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
