@@ -27,7 +27,7 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.layout, "layout", "stacked", "expert layout: stacked (all_gate/all_up [E,I,H], all_down [E,H,I]), gate-up (gate_up_proj [E,2I,H], gate rows first) or up-gate (up rows first)")
 	fl.StringVar(&f.maxShard, "max-shard-size", "5GB", "largest output shard, e.g. 5GB, 500MB, 2GiB")
-	fl.IntVar(&f.jobs, "jobs", convert.DefaultJobs, "shards written at once")
+	fl.IntVar(&f.jobs, "jobs", convert.DefaultJobs, "shards written at once; each holds up to 36 MiB of buffers (8 staged 4 MiB blocks and a 4 MiB read buffer)")
 	fl.StringVar(&f.digest, "digest", layout.ShardBlockAlgo.String(), "how the manifest hashes each shard's 4 MiB blocks: xxh3 (XXH3-128, fast; catches corruption and torn writes), blake3 or sha256 (cryptographic, for a digest to pin; slower on few cores)")
 	fl.BoolVar(&f.force, "force", false, "replace DST if it exists")
 	fl.BoolVar(&f.resume, "resume", false, "continue an interrupted run from DST.partial, reusing finished shards whose checksum matches")
