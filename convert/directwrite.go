@@ -86,10 +86,9 @@ type doneBlock struct {
 	buf []byte
 }
 
-// directStats counts what the direct writer did, for tests and -v output.
+// directStats counts how the direct writer wrote a shard's blocks, for tests.
 type directStats struct {
 	direct, spilled, buffered atomic.Int64 // blocks written each way
-	maxStaged                 int          // the most buffers allocated
 }
 
 // writeDirect fills and writes every block of the shard; the caller has
@@ -254,7 +253,6 @@ func (d *directShard) stage(ctx context.Context, b int64) ([]byte, error) {
 			buf = b
 			d.frees = append(d.frees, free)
 			d.made++
-			d.stats.maxStaged = d.made
 		case d.made > d.open:
 			// Some buffers are with the writer, which always hands them back.
 			select {
