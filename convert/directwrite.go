@@ -91,10 +91,10 @@ type directStats struct {
 	direct, spilled, buffered atomic.Int64 // blocks written each way
 }
 
-// writeDirect fills and writes every block of the shard; the caller has
-// written nothing yet and syncs, checks and renames after.
-func (sw *shardWriter) writeDirect(ctx context.Context, dout *os.File, header []byte, chunks []*chunk, progress func(int64)) (st *directStats, err error) {
-	nb := int64(len(sw.left))
+// newDirectShard is the direct writer's state for sw's shard, every block
+// still to fill.
+func newDirectShard(sw *shardWriter, dout *os.File) *directShard {
+	nb := (sw.size + sw.bs - 1) / sw.bs
 	d := &directShard{sw: sw, dout: dout,
 		left: make([]int64, nb), staged: make([][]byte, nb), spilled: make([]bool, nb),
 		free: make(chan []byte, maxStaged), done: make(chan doneBlock, nb)}
@@ -102,6 +102,14 @@ func (sw *shardWriter) writeDirect(ctx context.Context, dout *os.File, header []
 	for b := range d.left {
 		d.left[b] = min(sw.bs, sw.size-int64(b)*sw.bs)
 	}
+	return d
+}
+
+// writeDirect fills and writes every block of the shard; the caller has
+// written nothing yet and syncs, checks and renames after.
+func (sw *shardWriter) writeDirect(ctx context.Context, dout *os.File, header []byte, chunks []*chunk, progress func(int64)) (st *directStats, err error) {
+	d := newDirectShard(sw, dout)
+	nb := len(d.left)
 	defer d.release()
 
 	wctx, f := withFailure(ctx)

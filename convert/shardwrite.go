@@ -159,8 +159,8 @@ type shardWriter struct {
 	size  int64
 	bs    int64 // hash block size
 	algo  layout.BlockAlgo
-	left  []atomic.Int64 // bytes of each block not yet written
-	ready chan int64     // blocks fully written, to hash
+	left  []atomic.Int64 // buffered writer: bytes of each block not yet written
+	ready chan int64     // buffered writer: blocks fully written, to hash
 	sums  [][32]byte
 	flush chan int64 // hashed blocks, to start writing back (nil: none)
 
@@ -303,8 +303,7 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 	}
 	bs := shardBlockSize
 	nb := (s.size + bs - 1) / bs
-	sw := &shardWriter{path: tmp, out: out, size: s.size, bs: bs, algo: w.o.Digest, left: make([]atomic.Int64, nb),
-		ready: make(chan int64, nb), sums: make([][32]byte, nb)}
+	sw := &shardWriter{path: tmp, out: out, size: s.size, bs: bs, algo: w.o.Digest, sums: make([][32]byte, nb)}
 	defer sw.closeSources()
 	sw.countSources(chunks)
 
@@ -351,8 +350,10 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 // chunk pwritten, blocks hashed by reading them back, the file synced.
 func (w *run) writeBuffered(ctx context.Context, s *shardPlan, sw *shardWriter, chunks []*chunk) error {
 	out, tmp, bs := sw.out, sw.path, sw.bs
+	nb := len(sw.sums)
+	sw.left, sw.ready = make([]atomic.Int64, nb), make(chan int64, nb)
 	if startWriteback != nil {
-		sw.flush = make(chan int64, len(sw.left))
+		sw.flush = make(chan int64, nb)
 	}
 	for b := range sw.left {
 		sw.left[b].Store(min(bs, s.size-int64(b)*bs))
@@ -439,7 +440,7 @@ func (w *run) writeBuffered(ctx context.Context, s *shardPlan, sw *shardWriter, 
 	}
 	for b := range sw.left {
 		if sw.left[b].Load() != 0 {
-			return fmt.Errorf("%s: block %d of %d was not written (a planning bug)", tmp, b, len(sw.left))
+			return fmt.Errorf("%s: block %d of %d was not written (a planning bug)", tmp, b, nb)
 		}
 	}
 	return nil

@@ -280,13 +280,7 @@ func TestSyncFilesNamesWhatFailed(t *testing.T) {
 func TestOwnSource(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "src")
-	data := make([]byte, 10000)
-	for i := range data {
-		data[i] = byte(i*31 + i/7)
-	}
-	if err := os.WriteFile(path, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	data := patternedFile(t, path, 10000, func(i int) byte { return byte(i*31 + i/7) })
 	shared, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -350,13 +344,7 @@ func TestOwnSource(t *testing.T) {
 func TestPutShortSource(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "src.safetensors")
-	data := make([]byte, 1000)
-	for i := range data {
-		data[i] = byte(i*7 + 3)
-	}
-	if err := os.WriteFile(path, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	data := patternedFile(t, path, 1000, func(i int) byte { return byte(i*7 + 3) })
 	src, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -376,23 +364,40 @@ func TestPutShortSource(t *testing.T) {
 		{"contiguous past the end", region{src: src, file: path, tensor: "model.layers.3.mlp.experts.5.up_proj.weight", off: 900, rows: 1, rowLen: 200}, true},
 		{"strided past the end", region{src: src, file: path, tensor: "model.layers.3.mlp.experts.6.up_proj.weight", off: 500, rows: 3, rowLen: 100, stride: 250}, true},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := &part{region: tc.r}
-			sw := &shardWriter{path: out.Name(), out: out}
-			defer sw.closeSources()
-			var buf []byte
-			err := sw.put(&chunk{p: p, n: p.size()}, &buf)
-			if !tc.short {
+		// Both writers: the buffered one pwrites the chunk, the direct one
+		// reads it into 64-byte staged blocks and hands each finished block on.
+		for _, direct := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s, direct %v", tc.name, direct), func(t *testing.T) {
+				p := &part{region: tc.r}
+				sw := &shardWriter{path: out.Name(), out: out, size: p.size(), bs: 64}
+				defer sw.closeSources()
+				c := &chunk{p: p, n: p.size()}
+				var buf []byte
 				got := make([]byte, p.size())
-				if _, rerr := out.ReadAt(got, 0); err != nil || rerr != nil || !bytes.Equal(got, data[800:]) {
-					t.Fatalf("put: %v, read back: %v, bytes equal %v", err, rerr, bytes.Equal(got, data[800:]))
+				var err, rerr error
+				if direct {
+					d := newDirectShard(sw, nil)
+					defer d.release()
+					err = d.put(context.Background(), c, &buf)
+					close(d.done)
+					for db := range d.done {
+						copy(got[db.b*sw.bs:], db.buf[:min(sw.bs, sw.size-db.b*sw.bs)])
+					}
+				} else {
+					err = sw.put(c, &buf)
+					_, rerr = out.ReadAt(got, 0)
 				}
-				return
-			}
-			if err == nil || !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.r.tensor) {
-				t.Fatalf("got %v, want an unexpected-EOF error naming %s and %s", err, path, tc.r.tensor)
-			}
-		})
+				if !tc.short {
+					if err != nil || rerr != nil || !bytes.Equal(got, data[800:]) {
+						t.Fatalf("put: %v, read back: %v, bytes equal %v", err, rerr, bytes.Equal(got, data[800:]))
+					}
+					return
+				}
+				if err == nil || !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.r.tensor) {
+					t.Fatalf("got %v, want an unexpected-EOF error naming %s and %s", err, path, tc.r.tensor)
+				}
+			})
+		}
 	}
 }
 
@@ -499,4 +504,17 @@ func TestDirectWriteRefusedOrFailing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// patternedFile writes n bytes, byte i being f(i), to path and returns them.
+func patternedFile(t *testing.T, path string, n int, f func(int) byte) []byte {
+	t.Helper()
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = f(i)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
