@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/safeio"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/torchbin"
 )
@@ -27,6 +28,19 @@ const ConfigFileName = "config.json"
 
 // maxConfigBytes bounds config.json: real ones are a few KB.
 const maxConfigBytes = 16 << 20
+
+// MaxTensors bounds the tensors of one checkpoint, over all its files.
+// Kimi-K2 stored as INT4 (three tensors a projection, 61 layers of 384
+// experts) has about 211,000, the most of any checkpoint we know; every
+// tensor costs a few hundred bytes of bookkeeping here and in the plans
+// built from it, so 1 Mi keeps a hostile checkpoint of empty tensors to a
+// few hundred MB while leaving real ones five times the room they need.
+const MaxTensors = 1 << 20
+
+// maxOtherFiles bounds the files copied beside the weights (tokenizers,
+// READMEs, code): real repos have tens; a directory of millions is not a
+// checkpoint.
+const maxOtherFiles = 100_000
 
 // Checkpoint is an opened hub-layout directory. Only headers and the pickle
 // are in memory; tensor bytes are read through each Tensor's Data.
@@ -97,17 +111,9 @@ func unwrapPathErr(err error) error {
 
 func (c *Checkpoint) readConfig() error {
 	path := filepath.Join(c.Dir, ConfigFileName)
-	f, err := os.Open(path)
+	b, err := safeio.ReadFile(path, maxConfigBytes, "config.json")
 	if err != nil {
-		return fmt.Errorf("%s: %w", path, unwrapPathErr(err))
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if len(b) > maxConfigBytes {
-		return fmt.Errorf("%s: larger than %d bytes", path, maxConfigBytes)
+		return err
 	}
 	var cfg map[string]any
 	if err := json.Unmarshal(b, &cfg); err != nil {
@@ -125,11 +131,13 @@ func (c *Checkpoint) exists(name string) bool {
 	return err == nil && st.Mode().IsRegular()
 }
 
+// glob lists the regular files of Dir with one of the suffixes, following
+// symbolic links to files (a hub cache snapshot links every file).
 func (c *Checkpoint) glob(suffixes ...string) []string {
 	entries, _ := os.ReadDir(c.Dir)
 	var out []string
 	for _, e := range entries {
-		if !e.Type().IsRegular() {
+		if !e.Type().IsRegular() && !c.exists(e.Name()) {
 			continue
 		}
 		for _, s := range suffixes {
@@ -172,6 +180,9 @@ func (c *Checkpoint) openWeights() error {
 }
 
 func (c *Checkpoint) add(t *Tensor) error {
+	if len(c.Tensors) >= MaxTensors {
+		return fmt.Errorf("%s: more than %d tensors in the checkpoint (the limit; not a real checkpoint?)", t.File, MaxTensors)
+	}
 	if prev, dup := c.byName[t.Name]; dup {
 		return fmt.Errorf("%s: tensor %q also in %s", t.File, t.Name, prev.File)
 	}
@@ -316,21 +327,34 @@ func (c *Checkpoint) Plan() (*family.Plan, error) {
 	return p, nil
 }
 
-// OtherFiles lists the regular files under Dir, relative to it, that are
-// neither weights nor their index nor config.json: tokenizer files,
-// generation_config.json, README and the like, which converters copy as they are.
-// Hidden files and folders (.git, .cache) are skipped.
+// OtherFiles lists the files under Dir, relative to it, that are neither
+// weights nor their index nor config.json: tokenizer files,
+// generation_config.json, README and the like, which converters copy as
+// they are. Hidden files and folders (.git, .cache) are skipped.
+//
+// Symbolic links to regular files count as the files they point to: a hub
+// cache snapshot (models--org--name/snapshots/REV) is nothing but links into
+// blobs/, and its tokenizer is as much a part of the model as its weights.
+// Anything that cannot be copied as a file (a link to a directory, a
+// dangling link, a named pipe, a socket, a device) is an error rather than
+// a file silently left behind.
 func (c *Checkpoint) OtherFiles() ([]string, error) {
 	skip := map[string]bool{ConfigFileName: true}
 	for _, w := range c.WeightFiles {
 		skip[w] = true
 	}
+	// Walk the directory the path resolves to: WalkDir does not descend
+	// into a root that is itself a link.
+	root, err := filepath.EvalSymlinks(c.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", c.Dir, unwrapPathErr(err))
+	}
 	var out []string
-	err := filepath.WalkDir(c.Dir, func(path string, d fs.DirEntry, err error) error {
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		rel, _ := filepath.Rel(c.Dir, path)
+		rel, _ := filepath.Rel(root, path)
 		if rel == "." {
 			return nil
 		}
@@ -340,13 +364,32 @@ func (c *Checkpoint) OtherFiles() ([]string, error) {
 			}
 			return nil
 		}
-		if d.Type().IsRegular() && !skip[rel] {
-			out = append(out, rel)
+		if d.IsDir() || skip[rel] {
+			return nil
 		}
+		mode := d.Type()
+		if mode&fs.ModeSymlink != 0 {
+			st, err := os.Stat(path)
+			if err != nil {
+				return fmt.Errorf("%s: a symbolic link whose target cannot be read (%v); moeprep would have to leave it out of the output", filepath.Join(c.Dir, rel), unwrapPathErr(err))
+			}
+			mode = st.Mode()
+		}
+		if !mode.IsRegular() {
+			return fmt.Errorf("%s: %s; moeprep copies regular files (and links to them) only, so it would be left out of the output: move it away", filepath.Join(c.Dir, rel), safeio.Kind(mode))
+		}
+		if len(out) >= maxOtherFiles {
+			return fmt.Errorf("%s: more than %d files besides the weights (the limit; not a checkpoint directory?)", c.Dir, maxOtherFiles)
+		}
+		out = append(out, rel)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: listing files: %w", c.Dir, err)
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			return nil, fmt.Errorf("%s: listing files: %w", c.Dir, err)
+		}
+		return nil, err
 	}
 	return out, nil
 }

@@ -30,8 +30,11 @@ func Convert(ctx context.Context, o Options) (*Summary, error) {
 	if err := o.norm(); err != nil {
 		return nil, err
 	}
-	src, dst, err := checkDirs(o.Src, o.Dst, o.Force)
+	src, dst, err := resolveDirs(o.Src, o.Dst)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkReplaceable(dst, o.Dst, o.Force); err != nil {
 		return nil, err
 	}
 	ck, err := checkpoint.Open(src)
@@ -64,6 +67,7 @@ func Convert(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	w := &run{o: &o, ck: ck, op: op, src: src, dst: dst, partial: dst + PartialSuffix, others: others}
+	defer func() { w.lock.unlock() }() // w.lock is set by preparePartial
 	sum, err := w.execute(ctx)
 	if err != nil {
 		return nil, diskFull(w.partial, err)
@@ -81,29 +85,6 @@ func diskFull(dir string, err error) error {
 		return fmt.Errorf("%s: disk full (or quota exceeded) while writing: %w", dir, err)
 	}
 	return err
-}
-
-// checkDirs resolves SRC and DST and refuses overlapping or existing outputs.
-func checkDirs(srcIn, dstIn string, force bool) (string, string, error) {
-	src, err := filepath.Abs(srcIn)
-	if err != nil {
-		return "", "", err
-	}
-	dst, err := filepath.Abs(dstIn)
-	if err != nil {
-		return "", "", err
-	}
-	if src == dst || within(dst, src) || within(src, dst) {
-		return "", "", fmt.Errorf("%s: the destination must be outside the source %s and not contain it", dstIn, srcIn)
-	}
-	if _, err := os.Lstat(dst); err == nil {
-		if !force {
-			return "", "", fmt.Errorf("%s: already exists; remove it or use --force to replace it", dstIn)
-		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", "", fmt.Errorf("%s: cannot create the output directory: %w", dstIn, unwrapPath(err))
-	}
-	return src, dst, nil
 }
 
 func unwrapPath(err error) error {
@@ -145,6 +126,7 @@ type run struct {
 	partial  string
 	others   []string
 	prog     *progressState
+	lock     *partialDir // DST.partial, locked from preparePartial until the run returns
 	reused   atomic.Int64
 }
 
@@ -168,21 +150,21 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(w.o.Jobs)
 	for _, s := range w.op.shards {
-		if fi, ok := w.prog.reusable(s.name); ok {
-			files[s.name] = fi
-			w.reused.Add(1)
-			w.o.Progress.Add(s.size)
-			continue
-		}
 		g.Go(func() error {
-			fi, err := w.writeShard(gctx, s)
+			fi, src, ok, err := w.prog.reuse(gctx, s, w.partial)
 			if err != nil {
+				return err
+			}
+			if ok {
+				w.reused.Add(1)
+				w.o.Progress.Add(s.size)
+			} else if fi, src, err = w.writeShard(gctx, s); err != nil {
 				return err
 			}
 			mu.Lock()
 			files[s.name] = fi
 			mu.Unlock()
-			return w.prog.done(s.name, fi)
+			return w.prog.done(s.name, fi, src)
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -272,15 +254,7 @@ func (w *run) finish(files map[string]layout.FileInfo, unsynced []string) error 
 	if err := syncFiles(append(unsynced, idxPath, cfgPath, manPath)); err != nil {
 		return err
 	}
-	if w.o.Force {
-		if err := os.RemoveAll(w.dst); err != nil {
-			return fmt.Errorf("%s: removing the old output: %w", w.dst, err)
-		}
-	}
-	if err := os.Rename(w.partial, w.dst); err != nil {
-		return fmt.Errorf("moving %s to %s: %w", w.partial, w.dst, err)
-	}
-	return syncDir(filepath.Dir(w.dst))
+	return install(w.partial, w.dst, w.o.Dst, w.o.Force)
 }
 
 // refoldStats recomputes fold_max_rel_change by reading every folded source

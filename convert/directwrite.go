@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/zeebo/xxh3"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -175,11 +176,14 @@ func (d *directShard) put(ctx context.Context, c *chunk, scratch *[]byte) error 
 		return (*scratch)[:n]
 	}
 	var whole []byte
+	var src *xxh3.Hasher // the source bytes read piece by piece, for the chunk's digest
 	if c.p.fold {
 		whole = buf(c.n)
-		if err := c.read(whole, r); err != nil {
+		if err := c.read(whole, r, d.sw.srcSums); err != nil {
 			return err
 		}
+	} else {
+		src = xxh3.New()
 	}
 	bs := d.sw.bs
 	for lo := int64(0); lo < c.n; {
@@ -194,12 +198,17 @@ func (d *directShard) put(ctx context.Context, c *chunk, scratch *[]byte) error 
 		case stage != nil && whole != nil:
 			copy(stage[off-b*bs:], whole[lo:hi])
 		case stage != nil:
-			err = r.readAt(stage[off-b*bs:off-b*bs+hi-lo], c.pos+lo)
+			p := stage[off-b*bs : off-b*bs+hi-lo]
+			if err = r.readAt(p, c.pos+lo); err == nil {
+				src.Write(p)
+			}
 		default:
 			p := whole
 			if p == nil {
 				p = buf(hi - lo)
-				err = r.readAt(p, c.pos+lo)
+				if err = r.readAt(p, c.pos+lo); err == nil {
+					src.Write(p)
+				}
 			} else {
 				p = p[lo:hi]
 			}
@@ -214,6 +223,9 @@ func (d *directShard) put(ctx context.Context, c *chunk, scratch *[]byte) error 
 		}
 		d.filled(b, hi-lo)
 		lo = hi
+	}
+	if src != nil {
+		d.sw.srcSums.set(c, src)
 	}
 	return nil
 }

@@ -89,49 +89,6 @@ func TestBadInputFailsCleanly(t *testing.T) {
 	}
 }
 
-func TestDestinationRules(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join(dir, "src")
-	writeSynth(t, src, ds3BF16, nil)
-
-	existing := filepath.Join(dir, "existing")
-	mustMkdir(t, existing)
-	mustWrite(t, filepath.Join(existing, "keep"), []byte("x"))
-	if _, err := Convert(context.Background(), Options{Src: src, Dst: existing}); err == nil || !strings.Contains(err.Error(), "already exists") {
-		t.Errorf("existing DST: %v", err)
-	}
-	if _, err := os.Stat(filepath.Join(existing, "keep")); err != nil {
-		t.Errorf("existing DST was touched: %v", err)
-	}
-	if _, err := Convert(context.Background(), Options{Src: src, Dst: existing, Force: true}); err != nil {
-		t.Fatalf("--force: %v", err)
-	}
-	if _, err := os.Stat(filepath.Join(existing, "keep")); !os.IsNotExist(err) {
-		t.Errorf("--force kept the old DST's files")
-	}
-
-	// A destination under a regular file cannot be created (root ignores permission bits).
-	blocker := filepath.Join(dir, "file")
-	mustWrite(t, blocker, []byte("x"))
-	unwritable := filepath.Join(blocker, "dst")
-	if _, err := Convert(context.Background(), Options{Src: src, Dst: unwritable}); err == nil || !strings.Contains(err.Error(), "cannot create") {
-		t.Errorf("unwritable DST: %v", err)
-	}
-	if _, err := Convert(context.Background(), Options{Src: src, Dst: filepath.Join(src, "out")}); err == nil || !strings.Contains(err.Error(), "outside the source") {
-		t.Errorf("DST inside SRC: %v", err)
-	}
-	if _, err := Convert(context.Background(), Options{Src: src, Dst: src, Force: true}); err == nil {
-		t.Errorf("DST == SRC with --force was accepted")
-	}
-
-	// Converting moeprep output again is refused clearly.
-	again := filepath.Join(dir, "again")
-	if _, err := Convert(context.Background(), Options{Src: existing, Dst: again}); err == nil || !strings.Contains(err.Error(), "already") {
-		t.Errorf("moeprep output as SRC: %v", err)
-	}
-	assertNothingComplete(t, again)
-}
-
 func mustMkdir(t *testing.T, d string) {
 	t.Helper()
 	if err := os.MkdirAll(d, 0o755); err != nil {

@@ -1,11 +1,13 @@
 package convert
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/moeprep/moeprep/internal/safeio"
 	"maps"
 	"os"
 	"path/filepath"
@@ -21,9 +23,18 @@ import (
 type progressRecord struct {
 	Version     int                        `json:"version"`
 	Fingerprint string                     `json:"fingerprint"`
-	Options     map[string]string          `json:"options,omitempty"` // the flags that change output bytes, to name the ones a resume changed
+	Options     map[string]string          `json:"options,omitempty"`       // the flags that change output bytes, to name the ones a resume changed
+	Config      string                     `json:"config_sha256,omitempty"` // SRC config.json's bytes, to say so when they changed
 	Shards      map[string]layout.FileInfo `json:"shards"`
+	// Sources is each finished shard's source digest (srcdigest.go): a
+	// shard without one is never reused.
+	Sources map[string]string `json:"source_xxh3,omitempty"`
 }
+
+// maxProgressBytes bounds the progress record read back: it holds a line or
+// two per shard, some 300 bytes each; a checkpoint of 100,000 shards would
+// need 30 MB.
+const maxProgressBytes = 64 << 20
 
 // byteOptions are the run's flags that change output bytes, by flag name.
 func (o *Options) byteOptions() map[string]string {
@@ -54,14 +65,24 @@ type progressState struct {
 	mu    sync.Mutex
 	path  string
 	rec   progressRecord
-	reuse map[string]layout.FileInfo
+	cands map[string]candidate // finished shards of the interrupted run, not yet checked
 }
 
-// fingerprint identifies the run: source files (name, size, mtime), the
-// options that change output bytes, and every planned shard header.
+// candidate is a shard the interrupted run finished: its manifest entry and
+// source digest.
+type candidate struct {
+	fi  layout.FileInfo
+	src string
+}
+
+// fingerprint identifies the run: source files (name, size, mtime) and
+// config.json's bytes, the options that change output bytes, and every
+// planned shard header. The source's tensor bytes are checked shard by
+// shard (reuse), not here.
 func (w *run) fingerprint() string {
 	h := sha256.New()
 	fmt.Fprintf(h, "moeprep progress v%d\nsrc %s\n", layout.ContractVersion, w.src)
+	fmt.Fprintf(h, "config %s\n", configDigest(w.ck.ConfigJSON))
 	for _, f := range w.ck.WeightFiles {
 		if st, err := os.Stat(filepath.Join(w.src, f)); err == nil {
 			fmt.Fprintf(h, "file %s %d %d\n", f, st.Size(), st.ModTime().UnixNano())
@@ -81,37 +102,46 @@ func (w *run) fingerprint() string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// preparePartial creates DST.partial, or with --resume checks the one there
-// and keeps the finished shards whose checksums still match.
+func configDigest(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// preparePartial creates and locks DST.partial, or locks the one there and,
+// with --resume, loads its progress record (the finished shards are checked
+// as the run reaches them: reuse), or with --force clears it.
 func (w *run) preparePartial() error {
 	fpr := w.fingerprint()
 	w.prog = &progressState{path: filepath.Join(w.partial, progressFileName),
-		rec: progressRecord{Version: layout.ContractVersion, Fingerprint: fpr, Options: w.o.byteOptions(), Shards: map[string]layout.FileInfo{}}}
-	_, err := os.Lstat(w.partial)
-	exists := err == nil
-	switch {
-	case exists && w.o.Resume:
-		if err := w.loadProgress(fpr); err != nil {
-			return err
-		}
-	case exists && w.o.Force:
-		if err := os.RemoveAll(w.partial); err != nil {
-			return fmt.Errorf("%s: removing the interrupted run: %w", w.partial, err)
-		}
-	case exists:
-		return fmt.Errorf("%s exists (an interrupted run?): use --resume to continue it or --force to start over", w.partial)
+		rec: progressRecord{Version: layout.ContractVersion, Fingerprint: fpr, Options: w.o.byteOptions(),
+			Config: configDigest(w.ck.ConfigJSON), Shards: map[string]layout.FileInfo{}, Sources: map[string]string{}}}
+	pd, created, err := lockPartial(w.partial)
+	if err != nil {
+		return err
 	}
-	if err := os.MkdirAll(w.partial, 0o755); err != nil {
-		return fmt.Errorf("cannot create the output directory: %w", err)
+	w.lock = pd
+	if !created {
+		switch {
+		case w.o.Resume:
+			if err := w.loadProgress(fpr); err != nil {
+				return err
+			}
+		case w.o.Force:
+			if err := pd.clear(); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("%s exists (an interrupted run?): use --resume to continue it or --force to start over", w.partial)
+		}
 	}
 	// Fail early and clearly on an unwritable destination.
 	return w.prog.save()
 }
 
 func (w *run) loadProgress(fpr string) error {
-	b, err := os.ReadFile(w.prog.path)
+	b, err := safeio.ReadFile(w.prog.path, maxProgressBytes, "a progress record")
 	if err != nil {
-		return fmt.Errorf("%s: cannot resume: %w; remove %s or use --force to start over", w.prog.path, err, w.partial)
+		return fmt.Errorf("cannot resume: %w; remove %s or use --force to start over", err, w.partial)
 	}
 	var rec progressRecord
 	if err := json.Unmarshal(b, &rec); err != nil || rec.Shards == nil {
@@ -119,7 +149,9 @@ func (w *run) loadProgress(fpr string) error {
 	}
 	if rec.Fingerprint != fpr {
 		what := "it was started from a different source or with different options"
-		if ch := optionChanges(rec.Options, w.o.byteOptions()); ch != "" {
+		if rec.Config != "" && rec.Config != w.prog.rec.Config {
+			what = "SRC's config.json has changed since it was started"
+		} else if ch := optionChanges(rec.Options, w.o.byteOptions()); ch != "" {
 			what = "it was started with " + ch
 		} else if rec.Options == nil && w.o.Digest != layout.BLAKE3Blocks && blake3Shards(rec.Shards) {
 			// Written before XXH3 became the default (and before options were recorded).
@@ -127,21 +159,50 @@ func (w *run) loadProgress(fpr string) error {
 		}
 		return fmt.Errorf("%s: cannot resume: %s; rerun with the same ones, or use --force to start over", w.partial, what)
 	}
-	w.prog.reuse = map[string]layout.FileInfo{}
+	w.prog.cands = map[string]candidate{}
 	for name, want := range rec.Shards {
 		if name != filepath.Base(name) || !strings.HasSuffix(name, ".safetensors") {
 			continue
 		}
-		path := filepath.Join(w.partial, name)
-		got, err := layout.HashFileLike(path, want)
-		if err == nil && got == want {
-			w.prog.reuse[name] = got
-			w.prog.rec.Shards[name] = got
-		} else if rmErr := os.Remove(path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
-			return fmt.Errorf("%s: %w", path, rmErr)
+		if src, ok := rec.Sources[name]; ok {
+			w.prog.cands[name] = candidate{want, src}
+			// Kept in the record until checked, so that another interruption
+			// loses no work; a check that fails replaces the entry.
+			w.prog.rec.Shards[name], w.prog.rec.Sources[name] = want, src
+		} else if err := os.Remove(filepath.Join(w.partial, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			// Finished by a moeprep that kept no source digest: redone.
+			return fmt.Errorf("%s: %w", filepath.Join(w.partial, name), err)
 		}
 	}
 	return nil
+}
+
+// reuse decides whether shard s, finished by the interrupted run, can stay:
+// its file must still hash as recorded, and its source bytes must still
+// hash as they did when it was written (srcdigest.go). A shard that fails
+// either is removed and written again. ok false with no error means write it.
+func (p *progressState) reuse(ctx context.Context, s *shardPlan, dir string) (fi layout.FileInfo, src string, ok bool, err error) {
+	p.mu.Lock()
+	c, found := p.cands[s.name]
+	p.mu.Unlock()
+	if !found {
+		return layout.FileInfo{}, "", false, nil
+	}
+	path := filepath.Join(dir, s.name)
+	got, herr := layout.HashFileLike(path, c.fi)
+	if herr == nil && got == c.fi {
+		now, err := s.sourceDigest(ctx)
+		if err != nil {
+			return layout.FileInfo{}, "", false, err
+		}
+		if now == c.src {
+			return c.fi, c.src, true, nil
+		}
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return layout.FileInfo{}, "", false, fmt.Errorf("%s: %w", path, err)
+	}
+	return layout.FileInfo{}, "", false, nil
 }
 
 // blake3Shards reports whether any recorded shard has a BLAKE3 block digest.
@@ -154,16 +215,12 @@ func blake3Shards(shards map[string]layout.FileInfo) bool {
 	return false
 }
 
-func (p *progressState) reusable(name string) (layout.FileInfo, bool) {
-	fi, ok := p.reuse[name]
-	return fi, ok
-}
-
-// done records a finished shard.
-func (p *progressState) done(name string, fi layout.FileInfo) error {
+// done records a finished shard and its source digest.
+func (p *progressState) done(name string, fi layout.FileInfo, src string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.rec.Shards[name] = fi
+	p.rec.Sources[name] = src
 	return p.saveLocked()
 }
 

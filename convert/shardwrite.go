@@ -86,6 +86,7 @@ type chunk struct {
 	pos, n int64
 	dst    int64
 	src    sourceKey
+	idx    int // position in the shard's chunk list, which fixes its source digest's slot
 }
 
 // sourceKey orders chunks by where their bytes live on disk.
@@ -133,16 +134,21 @@ func (s *shardPlan) planChunks() ([]*chunk, error) {
 		return nil, fmt.Errorf("%s: planned chunks cover %d bytes, the shard is %d", s.name, dst, s.size)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].src.less(out[j].src) })
+	for i, c := range out {
+		c.idx = i
+	}
 	return out, nil
 }
 
 // read reads the chunk's bytes of r (its part's region, or the same bytes
-// through another open file) into b (len c.n) and folds them when the part
-// is folded.
-func (c *chunk) read(b []byte, r region) error {
+// through another open file) into b (len c.n), notes their digest in src
+// (before folding: it identifies the source bytes) and folds them when the
+// part is folded.
+func (c *chunk) read(b []byte, r region, src *sourceDigests) error {
 	if err := r.readAt(b, c.pos); err != nil {
 		return err
 	}
+	src.note(c, b)
 	if c.p.fold {
 		if es := int64(c.p.dtype.Size()); c.pos%es != 0 || c.n%es != 0 {
 			return fmt.Errorf("%s: tensor %s: folding bytes %d..%d, not whole %s elements", c.p.file, c.p.tensor, c.pos, c.pos+c.n, c.p.dtype)
@@ -166,6 +172,8 @@ type shardWriter struct {
 
 	srcMu sync.Mutex
 	srcs  map[*os.File]*shardSource // the checkpoint's open source files -> this shard's own
+
+	srcSums *sourceDigests // what each chunk read from the source, for --resume
 }
 
 // shardSource is a shard's own open file of one source and how many of the
@@ -280,17 +288,19 @@ func (sw *shardWriter) closeSources() {
 }
 
 // writeShard writes one planned shard to DST.partial and returns its size and
-// block digest; on any error or cancellation nothing is left at its name.
-func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo, err error) {
+// block digest, and the digest of the source bytes it was made from (which
+// --resume checks before it reuses the shard); on any error or cancellation
+// nothing is left at its name.
+func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo, src string, err error) {
 	path := filepath.Join(w.partial, s.name)
 	chunks, err := s.planChunks()
 	if err != nil {
-		return layout.FileInfo{}, err
+		return layout.FileInfo{}, "", err
 	}
 	tmp := path + ".tmp"
 	out, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
-		return layout.FileInfo{}, err
+		return layout.FileInfo{}, "", err
 	}
 	defer func() {
 		if err != nil {
@@ -299,11 +309,11 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 		}
 	}()
 	if err := preallocate(out, s.size); err != nil {
-		return layout.FileInfo{}, fmt.Errorf("%s: reserving %d bytes: %w", tmp, s.size, err)
+		return layout.FileInfo{}, "", fmt.Errorf("%s: reserving %d bytes: %w", tmp, s.size, err)
 	}
 	bs := shardBlockSize
 	nb := (s.size + bs - 1) / bs
-	sw := &shardWriter{path: tmp, out: out, size: s.size, bs: bs, algo: w.o.Digest, sums: make([][32]byte, nb)}
+	sw := &shardWriter{path: tmp, out: out, size: s.size, bs: bs, algo: w.o.Digest, sums: make([][32]byte, nb), srcSums: newSourceDigests(len(chunks))}
 	defer sw.closeSources()
 	sw.countSources(chunks)
 
@@ -329,21 +339,21 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 		err = w.writeBuffered(ctx, s, sw, chunks)
 	}
 	if err != nil {
-		return layout.FileInfo{}, err
+		return layout.FileInfo{}, "", err
 	}
 	if st, err := out.Stat(); err != nil || st.Size() != s.size {
 		if err == nil {
 			err = fmt.Errorf("file is %d bytes, planned %d", st.Size(), s.size)
 		}
-		return layout.FileInfo{}, fmt.Errorf("%s: %w", tmp, err)
+		return layout.FileInfo{}, "", fmt.Errorf("%s: %w", tmp, err)
 	}
 	if err := out.Close(); err != nil {
-		return layout.FileInfo{}, fmt.Errorf("%s: close: %w", tmp, err)
+		return layout.FileInfo{}, "", fmt.Errorf("%s: close: %w", tmp, err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
-		return layout.FileInfo{}, err
+		return layout.FileInfo{}, "", err
 	}
-	return layout.BlockInfo(sw.algo, s.size, bs, sw.sums), nil
+	return layout.BlockInfo(sw.algo, s.size, bs, sw.sums), sw.srcSums.root(), nil
 }
 
 // writeBuffered writes the shard through the page cache: the header and every
@@ -453,7 +463,7 @@ func (sw *shardWriter) put(c *chunk, buf *[]byte) error {
 		*buf = make([]byte, max(c.n, chunkSize))
 	}
 	b := (*buf)[:c.n]
-	if err := c.read(b, r); err != nil {
+	if err := c.read(b, r, sw.srcSums); err != nil {
 		return err
 	}
 	if _, err := sw.out.WriteAt(b, c.dst); err != nil {
