@@ -17,6 +17,7 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/termsafe"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"golang.org/x/sync/errgroup"
@@ -32,6 +33,12 @@ import (
 // source's bytes under the same name. Each DST shard is read once, in file
 // order, hashed on the way for the manifest, and compared with the predicted
 // bytes read from SRC alongside. Memory is a few fixed chunks.
+//
+// Before the tensors, the directory is proven (dirproof.go: DST holds the
+// manifest's files and nothing else, config.json is SRC's plus the
+// contract, every other file a copy of SRC's) and the contract's values are
+// derived again from SRC (contractproof.go): a value the bytes cannot show,
+// such as shared_slot_weight, is checked there.
 
 // Kinds of structural mismatch.
 const (
@@ -42,6 +49,11 @@ const (
 	MismatchExtra    = "unexpected"
 	MismatchManifest = "manifest"
 	MismatchNaN      = "non-finite"
+	// The directory proof (dirproof.go, contractproof.go).
+	MismatchConfig   = "config"       // config.json is not SRC's plus the contract
+	MismatchContract = "contract"     // a contract value is not what SRC implies
+	MismatchFile     = "file"         // a file DST should not hold, or a copy it lacks
+	MismatchCopy     = "copy differs" // a copied file's bytes are not SRC's
 )
 
 // ByteMismatch is the first structural difference found.
@@ -69,10 +81,12 @@ func (m *ByteMismatch) Error() string {
 	} else if m.File != "" {
 		where = m.File
 	}
-	if m.Kind == MismatchBytes || m.Kind == MismatchFold || m.Kind == MismatchNaN {
-		return fmt.Sprintf("%s: %s at byte %d: %s", where, m.Kind, m.Offset, m.Detail)
+	// Names and values come from the files under test: escaped, they cannot
+	// break the line or steer the terminal.
+	if m.Kind == MismatchBytes || m.Kind == MismatchFold || m.Kind == MismatchNaN || m.Kind == MismatchCopy {
+		return termsafe.Escape(fmt.Sprintf("%s: %s at byte %d: %s", where, m.Kind, m.Offset, m.Detail))
 	}
-	return fmt.Sprintf("%s: %s: %s", where, m.Kind, m.Detail)
+	return termsafe.Escape(fmt.Sprintf("%s: %s: %s", where, m.Kind, m.Detail))
 }
 
 // BytesResult is the structural check of a run.
@@ -80,6 +94,7 @@ type BytesResult struct {
 	Pass     bool          `json:"pass"`
 	Tensors  int           `json:"tensors"`
 	Files    int           `json:"files"`
+	Copies   int           `json:"copied_files"` // files copied from SRC, each compared with SRC's
 	DstBytes int64         `json:"dst_bytes"`
 	SrcBytes int64         `json:"src_bytes"`
 	Seconds  float64       `json:"seconds"`
@@ -114,33 +129,60 @@ type tensorWant struct {
 	expert int // -1
 }
 
-// CheckBytes proves DST's bytes against SRC and the contract; a mismatch
-// is reported in the result (Pass false), an unreadable input is an error.
+// CheckBytes proves DST against SRC and the contract: the directory (every
+// file listed in the manifest and nothing else, dirproof.go), the contract's
+// values (contractproof.go), config.json and the copied files, then every
+// tensor byte. A mismatch is reported in the result (Pass false), an
+// unreadable input is an error.
 func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract, progress func(string)) (*BytesResult, error) {
 	start := time.Now()
 	res := &BytesResult{}
+	fail := func(m *ByteMismatch) (*BytesResult, error) {
+		res.Mismatch = m
+		res.Seconds = time.Since(start).Seconds()
+		return res, nil
+	}
+	// The cheap checks first, and the manifest's names before any of them
+	// is opened: an entry may point anywhere.
+	man, mm, err := readManifest(dst.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if mm != nil {
+		return fail(mm)
+	}
+	if mm, err := checkTree(dst.Dir, man); err != nil {
+		return nil, err
+	} else if mm != nil {
+		return fail(mm)
+	}
+	if mm := checkManifestNames(dst, man); mm != nil {
+		return fail(mm)
+	}
+	cfgPath := filepath.Join(dst.Dir, checkpoint.ConfigFileName)
+	if mm := checkContract(cfgPath, src, plan, c); mm != nil {
+		return fail(mm)
+	}
+	// moeprep's own outputs; every other file must be a copy of SRC's.
+	ours := map[string]bool{checkpoint.ConfigFileName: true, layout.ManifestFileName: true}
+	weights := map[string]bool{}
+	for _, f := range dst.WeightFiles {
+		ours[filepath.ToSlash(f)] = true
+		weights[filepath.ToSlash(f)] = true
+	}
+	copies, mm, err := checkCopiesListed(src, dst.Dir, man, ours)
+	if err != nil {
+		return nil, err
+	}
+	if mm != nil {
+		return fail(mm)
+	}
 	pred, err := predict(src, plan, c)
 	if err != nil {
 		return nil, err
 	}
-	if m, err := layout.ReadManifest(dst.Dir); err != nil {
-		res.Mismatch = &ByteMismatch{Kind: MismatchManifest, Layer: -1, Expert: -1, Detail: err.Error()}
-		return res, nil
-	} else if mm := checkManifestNames(dst, m, pred); mm != nil {
-		res.Mismatch = mm
-		return res, nil
-	}
-	man, _ := layout.ReadManifest(dst.Dir)
-	names := make([]string, 0, len(man.Files))
-	for n := range man.Files {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	weights := map[string]bool{}
-	for _, f := range dst.WeightFiles {
-		weights[filepath.ToSlash(f)] = true
-	}
-	// Shards are checked concurrently (each one reads, hashes and compares
+	names := sortedKeys(man.Files)
+	// Files are checked concurrently (each shard reads, hashes and compares
 	// in its own pipeline of a few chunks); the first mismatch in file-name
 	// order is the one reported.
 	type fileResult struct {
@@ -154,14 +196,21 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 	for i, rel := range names {
 		g.Go(func() error {
 			path := filepath.Join(dst.Dir, filepath.FromSlash(rel))
+			like := man.Files[rel]
+			r := &results[i]
 			var err error
-			if weights[rel] && strings.HasSuffix(rel, ".safetensors") {
+			switch {
+			case weights[rel] && strings.HasSuffix(rel, ".safetensors"):
 				if progress != nil {
-					progress(fmt.Sprintf("validate --bytes: %s (%.2f GB)", rel, float64(man.Files[rel].Size)/1e9))
+					progress(fmt.Sprintf("validate --bytes: %s (%.2f GB)", rel, float64(like.Size)/1e9))
 				}
-				results[i].got, results[i].mm, results[i].st, err = checkShard(gctx, path, man.Files[rel], pred)
-			} else {
-				results[i].got, err = layout.HashFileLike(path, man.Files[rel])
+				r.got, r.mm, r.st, err = checkShard(gctx, path, like, pred)
+			case rel == checkpoint.ConfigFileName:
+				r.got, r.mm, err = checkConfigFile(path, like, filepath.Join(src.Dir, checkpoint.ConfigFileName), src.ConfigJSON, c)
+			case copies[rel]:
+				r.got, r.mm, err = checkCopy(gctx, path, filepath.Join(src.Dir, filepath.FromSlash(rel)), like)
+			default: // the index: its contents are what opened DST
+				r.got, err = layout.HashFileLike(path, like)
 			}
 			return err
 		})
@@ -173,6 +222,9 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 	for i, rel := range names {
 		fr := results[i]
 		res.Files++
+		if copies[rel] {
+			res.Copies++
+		}
 		res.DstBytes += fr.got.Size
 		res.SrcBytes += fr.st.srcBytes
 		res.Tensors += len(fr.st.tensors)
@@ -205,9 +257,19 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 			}
 		}
 	}
-	if res.Mismatch == nil && c.RoutedScalingFactorFolded && res.FoldMaxRelChange > c.FoldMaxRelChange*(1+1e-6)+1e-12 {
-		res.Mismatch = &ByteMismatch{Kind: MismatchFold, Layer: -1, Expert: -1,
-			Detail: fmt.Sprintf("folded values move by up to %.3g, the contract states fold_max_rel_change %.3g", res.FoldMaxRelChange, c.FoldMaxRelChange)}
+	// fold_max_rel_change is measured here as convert measures it (the same
+	// float64 operations on the same values, and JSON gives the float64
+	// back exactly), so a genuine output states what the bytes show, no
+	// more and no less; the slack is a margin, not something outputs need.
+	if res.Mismatch == nil && c.RoutedScalingFactorFolded {
+		switch stated, got := c.FoldMaxRelChange, res.FoldMaxRelChange; {
+		case got > stated*(1+1e-6)+1e-12:
+			res.Mismatch = &ByteMismatch{Kind: MismatchFold, Layer: -1, Expert: -1,
+				Detail: fmt.Sprintf("folded values move by up to %.3g, the contract states fold_max_rel_change %.3g", got, stated)}
+		case got < stated*(1-1e-6)-1e-12:
+			res.Mismatch = &ByteMismatch{Kind: MismatchContract, File: cfgPath, Layer: -1, Expert: -1,
+				Detail: fmt.Sprintf("%s.fold_max_rel_change is %v, the folded values move by up to %v", layout.ContractKey, stated, got)}
+		}
 	}
 	res.Pass = res.Mismatch == nil
 	res.Seconds = time.Since(start).Seconds()
@@ -225,7 +287,7 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // checkManifestNames checks that the manifest lists every weight file DST
 // holds (a shard left out of the manifest would go unchecked).
-func checkManifestNames(dst *checkpoint.Checkpoint, m *layout.Manifest, _ *prediction) *ByteMismatch {
+func checkManifestNames(dst *checkpoint.Checkpoint, m *layout.Manifest) *ByteMismatch {
 	for _, f := range dst.WeightFiles {
 		if _, ok := m.Files[filepath.ToSlash(f)]; !ok {
 			return &ByteMismatch{Kind: MismatchManifest, File: filepath.Join(dst.Dir, f), Layer: -1, Expert: -1,

@@ -97,8 +97,11 @@ func TestBytesMismatchKinds(t *testing.T) {
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { slice(raw, shape, 2)[7] = 0x7F })
 			return n
 		}, MismatchNaN, 2, -1},
-		{"manifest: a copied file changed", bf16, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) string {
-			f := filepath.Join(dst, "generation_config.json")
+		{"manifest: the index changed", bf16, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) string {
+			// Trailing space: the index still reads the same, only its hash
+			// tells. (A changed copy is compared with SRC's file first:
+			// TestDirectoryProof.)
+			f := filepath.Join(dst, safetensors.IndexFileName)
 			b, err := os.ReadFile(f)
 			if err != nil {
 				t.Fatal(err)

@@ -182,8 +182,8 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if b := r.Bytes; b != nil {
 		if b.Pass {
-			fmt.Fprintf(w, "bytes: PASS: %d tensors in %d files (%.2f GB of DST, %.2f GB of SRC) match SRC and the contract, manifest hashes verified, in %.1fs\n",
-				b.Tensors, b.Files, gb(b.DstBytes), gb(b.SrcBytes), b.Seconds)
+			fmt.Fprintf(w, "bytes: PASS: %d tensors in %d files (%.2f GB of DST, %.2f GB of SRC) match SRC and the contract; config.json is SRC's plus the contract, %d copied files equal SRC's, DST holds nothing else; manifest hashes verified, in %.1fs\n",
+				b.Tensors, b.Files, gb(b.DstBytes), gb(b.SrcBytes), b.Copies, b.Seconds)
 		} else {
 			fmt.Fprintf(w, "bytes: FAIL: %s\n", b.Mismatch.Error())
 		}

@@ -195,6 +195,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := s.open(); err != nil {
 		return nil, err
 	}
+	if s.srcPlan != nil && s.dstPlan != nil {
+		if err := s.sameModel(); err != nil {
+			return s.notFromSrc(ctx, err, start)
+		}
+	}
 	if o.Bytes == BytesOnly {
 		rep := &Report{Src: o.Src, Dst: o.Dst, Device: "none (--bytes)", Seed: o.Seed, XDraw: XDraw}
 		if err := s.checkBytes(ctx, rep); err != nil {
@@ -252,8 +257,34 @@ const (
 	BytesOff  = "off"  // --skip-bytes
 )
 
+// notFromSrc answers a DST whose model differs from SRC's (sameModel's
+// err): the layer checks cannot pair its layers with SRC's, but the byte
+// proof can say which file and key differ (a forged contract, a changed
+// config), as the failed check it is (exit 1). Only when the proof is
+// skipped, or finds nothing, does err itself end the run.
+func (s *session) notFromSrc(ctx context.Context, err error, start time.Time) (*Report, error) {
+	if s.o.Bytes == BytesOff {
+		return nil, err
+	}
+	rep := &Report{Src: s.o.Src, Dst: s.o.Dst, Golden: s.golden, Device: "none (--bytes)", Seed: s.o.Seed, XDraw: XDraw}
+	if berr := s.checkBytes(ctx, rep); berr != nil {
+		if ctx.Err() != nil {
+			return nil, berr // interrupted: exit 130, not a verdict
+		}
+		return nil, err
+	}
+	if rep.Bytes.Pass {
+		return nil, err
+	}
+	if s.o.Bytes != BytesOnly {
+		rep.Notes = append(rep.Notes, "layer checks not run: "+err.Error())
+	}
+	rep.Seconds = time.Since(start).Seconds()
+	return rep, nil
+}
+
 func (s *session) checkBytes(ctx context.Context, rep *Report) error {
-	s.o.progress("validate: --bytes: every DST tensor against SRC and the contract, and the manifest")
+	s.o.progress("validate: --bytes: every DST file against SRC, the contract and the manifest, every tensor byte for byte")
 	res, err := CheckBytes(ctx, s.src, s.dst, s.srcPlan, s.contract, s.o.Progress)
 	if err != nil {
 		return err
@@ -286,11 +317,6 @@ func (s *session) open() error {
 		s.contract = c
 		if s.dstPlan, err = family.PlanConverted(s.dst.Config, s.dst); err != nil {
 			return fmt.Errorf("%s: %w", s.o.Dst, err)
-		}
-	}
-	if s.srcPlan != nil && s.dstPlan != nil {
-		if err := s.sameModel(); err != nil {
-			return err
 		}
 	}
 	if s.o.Golden != "" {

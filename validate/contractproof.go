@@ -1,0 +1,272 @@
+package validate
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// The contract against SRC: every value of the "moeprep" object that is a
+// function of SRC and of the contract's own choices (layout, tp, replicas,
+// fold mode) is derived again here, the way convert derives it, and must be
+// exactly that. The byte proof reads the contract to predict DST's bytes,
+// so a forged value the bytes cannot show (shared_slot_weight, a layer's
+// prefix, rsf itself) would otherwise pass `validate --bytes`.
+//
+// This mirrors convert's planner (convert/plan.go: contract, chooseFold,
+// checkFusable, blockSize) without importing it: the proof must not trust
+// the code it checks.
+
+// Convert's bounds on --tp and --replicas.
+const maxTP, maxReplicas = 1024, 1024
+
+// checkContract compares c with what SRC implies; cfgPath is DST's
+// config.json, where the contract lives.
+func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract) *ByteMismatch {
+	bad := func(key string, got, want any, why string) *ByteMismatch {
+		return &ByteMismatch{Kind: MismatchContract, File: cfgPath, Layer: -1, Expert: -1,
+			Detail: fmt.Sprintf("%s.%s is %s, %s gives %s", layout.ContractKey, key, render(got), why, render(want))}
+	}
+	refuse := func(key string, got any, why string) *ByteMismatch {
+		return &ByteMismatch{Kind: MismatchContract, File: cfgPath, Layer: -1, Expert: -1,
+			Detail: fmt.Sprintf("%s.%s is %s, but %s", layout.ContractKey, key, render(got), why)}
+	}
+	fp8 := plan.Quantization == family.QuantFP8Block
+	quant := string(plan.Quantization)
+	if quant == "" {
+		quant = string(family.QuantNone)
+	}
+	block, blockErr := srcBlockSize(src.Config)
+	switch {
+	case c.SourceFormat != src.Format:
+		return bad("source_format", c.SourceFormat, src.Format, "SRC's weight files")
+	case c.Family != plan.Family:
+		return bad("family", c.Family, plan.Family, "SRC's model_type "+plan.ModelType)
+	case c.NumExperts != plan.NumExperts:
+		return bad("num_experts", c.NumExperts, plan.NumExperts, "SRC")
+	case c.SharedFirstID != plan.NumExperts:
+		return bad("shared_first_id", c.SharedFirstID, plan.NumExperts, "SRC's routed expert count")
+	case !sameFloat(c.RoutedScalingFactor, plan.RoutedScalingFactor):
+		return bad("routed_scaling_factor", c.RoutedScalingFactor, plan.RoutedScalingFactor, "SRC's config")
+	case !sameFloat(c.OutputScale, outputScale(plan)):
+		return bad("output_scale", orAbsent(c.OutputScale), orAbsent(outputScale(plan)), "SRC's config")
+	case c.RoutedInputScaled != plan.RoutedInputScaled:
+		return bad("routed_input_scaled", c.RoutedInputScaled, plan.RoutedInputScaled, "SRC's family ("+plan.ModelType+")")
+	case !sameActivation(c.Activation, plan.Act):
+		return bad("activation", orAbsent(c.Activation), orAbsent(activation(plan.Act)), "SRC's family ("+plan.ModelType+")")
+	case c.ExpertBias != plan.ExpertBias:
+		return bad("expert_bias", c.ExpertBias, plan.ExpertBias, "SRC's experts")
+	case c.WeightDType != string(plan.WeightDType):
+		return bad("weight_dtype", c.WeightDType, string(plan.WeightDType), "SRC's experts")
+	case c.Quantization != quant:
+		return bad("quantization", c.Quantization, quant, "SRC's experts")
+	case fp8 && blockErr != "":
+		return refuse("weight_block_size", c.WeightBlockSize, blockErr)
+	case fp8 && !equalInts(c.WeightBlockSize, block):
+		return bad("weight_block_size", c.WeightBlockSize, block, "SRC's quantization_config")
+	case !fp8 && len(c.WeightBlockSize) != 0:
+		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's unquantized experts")
+	case c.Manifest != layout.ManifestFileName:
+		return bad("manifest", c.Manifest, layout.ManifestFileName, "moeprep")
+	case c.TP < 1 || c.TP > maxTP:
+		return refuse("tp", c.TP, fmt.Sprintf("moeprep prepares for 1..%d", maxTP))
+	}
+	if mm := checkContractLayers(cfgPath, bad, plan, c); mm != nil {
+		return mm
+	}
+	if c.SharedReplicas > 0 || c.SharedSlices > 0 || c.NumFusedSharedExperts > 0 {
+		if why := unfusable(src, plan, block); why != "" {
+			return refuse("num_fused_shared_experts", c.NumFusedSharedExperts, why)
+		}
+		switch {
+		case c.SharedSlices != plan.NumSharedExperts:
+			return bad("shared_slices", c.SharedSlices, plan.NumSharedExperts, "SRC's shared expert count")
+		case c.SharedReplicas < 1 || c.SharedReplicas > maxReplicas:
+			return refuse("shared_replicas", c.SharedReplicas, fmt.Sprintf("fuse-shared writes 1..%d replicas", maxReplicas))
+		case c.NumFusedSharedExperts != c.SharedReplicas*c.SharedSlices:
+			return bad("num_fused_shared_experts", c.NumFusedSharedExperts, c.SharedReplicas*c.SharedSlices, "shared_replicas x shared_slices")
+		}
+	}
+	switch c.FoldMode {
+	case layout.FoldAuto, layout.FoldDown, layout.FoldNone:
+	default:
+		return refuse("fold_mode", c.FoldMode, "moeprep writes auto, down or none")
+	}
+	if want := foldsRSF(src, plan, c.FoldMode); c.RoutedScalingFactorFolded != want {
+		return bad("routed_scaling_factor_folded", c.RoutedScalingFactorFolded, want,
+			fmt.Sprintf("fold_mode %s on SRC's %s experts with routed_scaling_factor %v", c.FoldMode, plan.DTypeName(), plan.RoutedScalingFactor))
+	}
+	// Folded: the routed sum carries rsf, so the shared slots weigh 1.
+	// Not folded: the engine multiplies the whole sum by rsf, so the
+	// shared slots weigh 1/rsf, computed as convert computes it.
+	slot := 1.0
+	if !c.RoutedScalingFactorFolded {
+		slot = 1 / plan.RoutedScalingFactor
+	}
+	if !sameFloat(c.SharedSlotWeight, slot) {
+		why := fmt.Sprintf("1 / routed_scaling_factor %v (not folded)", plan.RoutedScalingFactor)
+		if c.RoutedScalingFactorFolded {
+			why = "routed_scaling_factor folded into the routed experts"
+		}
+		return bad("shared_slot_weight", c.SharedSlotWeight, slot, why)
+	}
+	if !c.RoutedScalingFactorFolded && c.FoldMaxRelChange != 0 {
+		return bad("fold_max_rel_change", c.FoldMaxRelChange, 0, "nothing folded")
+	}
+	return nil
+}
+
+// checkContractLayers: the contract's layers are SRC's MoE layers, in
+// order, with SRC's prefixes.
+func checkContractLayers(cfgPath string, bad func(string, any, any, string) *ByteMismatch, plan *family.Plan, c *layout.Contract) *ByteMismatch {
+	if len(c.Layers) != len(plan.Layers) {
+		return &ByteMismatch{Kind: MismatchContract, File: cfgPath, Layer: -1, Expert: -1,
+			Detail: fmt.Sprintf("%s.layers lists %d layers, SRC has %d MoE layers", layout.ContractKey, len(c.Layers), len(plan.Layers))}
+	}
+	for i, l := range plan.Layers {
+		want := layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix}
+		if c.Layers[i] != want {
+			return bad(fmt.Sprintf("layers[%d]", i), c.Layers[i], want, "SRC's plan")
+		}
+	}
+	return nil
+}
+
+// sameFloat is exact equality: the contract's numbers go through JSON,
+// which gives back the very float64 convert wrote.
+func sameFloat(a, b float64) bool { return a == b }
+
+// orAbsent shows a contract value that JSON omits when zero.
+func orAbsent[T comparable](v T) any {
+	var zero T
+	if v == zero {
+		return shown("absent")
+	}
+	return v
+}
+
+// outputScale is the contract's output_scale: absent (0) when it is 1.
+func outputScale(plan *family.Plan) float64 {
+	if s := plan.Output(); s != 1 {
+		return s
+	}
+	return 0
+}
+
+// activation is the contract's activation: absent (nil) for SwiGLU.
+func activation(a layout.Activation) *layout.Activation {
+	if a.SwiGLU() {
+		return nil
+	}
+	return &a
+}
+
+func sameActivation(got *layout.Activation, want layout.Activation) bool {
+	w := activation(want)
+	if got == nil || w == nil {
+		return got == nil && w == nil
+	}
+	return *got == *w
+}
+
+func equalInts(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// srcBlockSize is the FP8 block convert reads from SRC's
+// quantization_config.weight_block_size, [128, 128] when absent; a
+// non-empty problem says why convert would have refused it.
+func srcBlockSize(cfg map[string]any) ([]int64, string) {
+	qc, _ := cfg["quantization_config"].(map[string]any)
+	raw, ok := qc["weight_block_size"].([]any)
+	if !ok {
+		return []int64{128, 128}, ""
+	}
+	problem := fmt.Sprintf("SRC's quantization_config.weight_block_size %s is not two positive integers, so moeprep cannot have converted it", render(raw))
+	if len(raw) != 2 {
+		return nil, problem
+	}
+	out := make([]int64, 2)
+	for i, v := range raw {
+		f, ok := v.(float64)
+		if !ok || f < 1 || f > 1<<20 || f != math.Trunc(f) {
+			return nil, problem
+		}
+		out[i] = int64(f)
+	}
+	return out, ""
+}
+
+// unfusable says why fuse-shared refuses SRC ("" when it does not): a
+// shared expert that is gated or weighted per token, or that cannot be
+// split exactly into experts of the bank, has no constant slot weight.
+func unfusable(src *checkpoint.Checkpoint, plan *family.Plan, block []int64) string {
+	switch {
+	case plan.SharedGated:
+		return fmt.Sprintf("SRC's family (%s) gates its shared expert per token, so fuse-shared refuses it", plan.ModelType)
+	case plan.SharedRouted:
+		return fmt.Sprintf("SRC's family (%s) weights each shared expert per token by its router row, so fuse-shared refuses it", plan.ModelType)
+	case plan.NumSharedExperts == 0:
+		return "SRC has no shared expert to fuse"
+	case plan.RoutedInputScaled:
+		return fmt.Sprintf("SRC's family (%s) scales the routed experts' input, so fuse-shared refuses it", plan.ModelType)
+	}
+	for _, l := range plan.Layers {
+		switch {
+		case l.SharedGate != "":
+			return fmt.Sprintf("SRC's layer %d gates its shared expert per token by %s, so fuse-shared refuses it", l.Index, l.SharedGate)
+		case l.Shared == nil:
+			return fmt.Sprintf("SRC's layer %d has no shared expert to fuse", l.Index)
+		case l.Shared.GateBias != "":
+			return fmt.Sprintf("SRC's layer %d has a shared expert with biases, so fuse-shared refuses it", l.Index)
+		}
+	}
+	if si, s := plan.SharedIntermediateSize, plan.NumSharedExperts*plan.MoEIntermediateSize; si != 0 && si != s {
+		return fmt.Sprintf("SRC's shared expert (intermediate %d) is not %d experts of intermediate %d, so it cannot be split", si, plan.NumSharedExperts, plan.MoEIntermediateSize)
+	}
+	if plan.Quantization == family.QuantFP8Block && plan.NumSharedExperts > 1 && len(block) == 2 &&
+		(int64(plan.MoEIntermediateSize)%block[0] != 0 || int64(plan.MoEIntermediateSize)%block[1] != 0) {
+		return fmt.Sprintf("SRC's FP8 blocks %v straddle the %d shared slices, so the shared expert cannot be split", block, plan.NumSharedExperts)
+	}
+	return ""
+}
+
+// foldsRSF is whether convert folds rsf for fold mode mode on SRC: never
+// with none, rsf 1 or expert biases; into F32 non-UE8M0 FP8 scales with
+// auto or down; into bf16/f16/f32 weights with down. (Where convert
+// refuses instead, no genuine output exists and false is as good.)
+func foldsRSF(src *checkpoint.Checkpoint, plan *family.Plan, mode string) bool {
+	if mode == layout.FoldNone || plan.RoutedScalingFactor == 1 || plan.ExpertBias {
+		return false
+	}
+	if plan.Quantization == family.QuantFP8Block {
+		if plan.ScaleFmt == "ue8m0" {
+			return false
+		}
+		for _, l := range plan.Layers {
+			for _, e := range l.Experts {
+				if t, ok := src.Tensor(e.DownScale); ok && t.DType != safetensors.F32 {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	switch plan.WeightDType {
+	case safetensors.F32, safetensors.BF16, safetensors.F16:
+		return mode == layout.FoldDown
+	}
+	return false
+}
