@@ -146,7 +146,14 @@ func TestPlanRefusesBrokenCheckpoints(t *testing.T) {
 		{"no MoE layers", deepseekV3Gen().with(map[string]any{"first_k_dense_replace": 4}), nil,
 			"=config.json: none of the 4 layers is a MoE layer"},
 		{"missing MoE layer entirely", qwenBig().with(map[string]any{"num_hidden_layers": 7}), nil,
-			"=layer 6: router: missing tensor model.layers.6.mlp.gate.weight (E=32, H=32)"},
+			"=config.json: num_hidden_layers=7, but the checkpoint holds no tensor of layer 6 (none named model.layers.6.*): truncated, or the config.json of another model"},
+		{"missing MoE layer in the middle", qwenBig(), func(t *testing.T, f *fakeTensors) {
+			for _, n := range f.Names() {
+				if strings.HasPrefix(n, "model.layers.4.") {
+					f.del(t, n)
+				}
+			}
+		}, "=layer 4: router: missing tensor model.layers.4.mlp.gate.weight (E=32, H=32)"},
 
 		// Already converted.
 		{"moeprep section", deepseekV3Gen().with(map[string]any{"moeprep": map[string]any{"version": "0.1"}}), nil,

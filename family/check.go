@@ -259,6 +259,9 @@ func (k *checker) hashTable(where, name string) error {
 	if meta.DType != safetensors.I64 && meta.DType != safetensors.I32 {
 		return fmt.Errorf("%s: hash routing table %s dtype %s, expected I64 or I32", where, name, meta.DType)
 	}
+	if meta.Shape[0] > maxVocab { // the commands read the whole table
+		return fmt.Errorf("%s: hash routing table %s has %d rows, over the limit of %d (vocabularies run to about 256,000)", where, name, meta.Shape[0], maxVocab)
+	}
 	return nil
 }
 

@@ -11,6 +11,40 @@ import (
 // sizes (S*I, shape checks) cannot overflow.
 const maxDim = 1<<31 - 1
 
+// Limits on the config.json numbers that size what moeprep builds or loops
+// over: a plan holds every MoE layer's expert names, and the commands
+// allocate by these sizes (tokens x hidden_size activations, routing tables
+// of a layer's experts). A sparse file can back a tensor of any shape, so
+// agreeing with the tensors is not enough. Each is far above any released
+// model and keeps a hostile config.json to a one-line error instead of
+// gigabytes, or the Go runtime running out of memory.
+const (
+	// maxLayers: the deepest released models have about 130 decoder
+	// layers (Llama-3.1-405B 126, Qwen3-235B-A22B 94, DeepSeek-V3 61).
+	maxLayers = 1 << 12
+	// maxExperts: Qwen3-Next routes over 512 experts, Kimi-K2 384,
+	// DeepSeek-V3 256.
+	maxExperts = 1 << 14
+	// maxSharedExperts: released models have one to eight.
+	maxSharedExperts = 1 << 10
+	// maxExpertSlots bounds the experts a plan holds over all its MoE
+	// layers: Qwen3-Next's 48 x 512 and Kimi-K2's 60 x 384 are about
+	// 24,000; each costs a few hundred bytes of names.
+	maxExpertSlots = 1 << 18
+	// maxHidden: the widest released models have hidden_size 16,384
+	// (Llama-3.1-405B); DeepSeek-V3 and Kimi-K2 7,168.
+	maxHidden = 1 << 16
+	// maxIntermediate bounds expert and shared MLP widths: Mixtral's
+	// experts are 14,336 wide, the widest dense MLPs 53,248.
+	maxIntermediate = 1 << 18
+	// maxVocab bounds a hash-routing table's rows: vocabularies run to
+	// about 256,000 (DeepSeek-V4 129,280).
+	maxVocab = 1 << 22
+	// maxConfigList bounds the layer lists (mlp_layer_types, moe_layers,
+	// mlp_only_layers), which have one entry a layer at most.
+	maxConfigList = maxLayers
+)
+
 // config is one JSON object of config.json as encoding/json decodes it:
 // numbers arrive as float64 (or json.Number under UseNumber), so every read
 // checks the type and names the key. at is the path of the object itself
@@ -113,6 +147,16 @@ func (c config) size(key string) (int, error) {
 	return c.intIn(key, 0, 1, maxDim)
 }
 
+// sizeAtMost reads a required positive size of at most hi; what says what
+// real models have, for the error.
+func (c config) sizeAtMost(key string, hi int, what string) (int, error) {
+	n, err := c.size(key)
+	if err == nil && n > hi {
+		err = fmt.Errorf("config.json: %s%s=%d is over the limit of %d (%s)", c.at, key, n, hi, what)
+	}
+	return n, err
+}
+
 // count reads an optional non-negative integer.
 func (c config) count(key string, def int) (int, error) {
 	return c.intIn(key, int64(def), 0, maxDim)
@@ -182,6 +226,9 @@ func (c config) ints(key string) ([]int, error) {
 	if !ok {
 		return nil, c.errorf(key, "want a list of integers, got %s", describe(v))
 	}
+	if len(list) > maxConfigList {
+		return nil, c.errorf(key, "%d entries, over the limit of %d", len(list), maxConfigList)
+	}
 	out := make([]int, len(list))
 	for i, e := range list {
 		n, ok := asInt(e)
@@ -202,6 +249,9 @@ func (c config) strs(key string) ([]string, error) {
 	list, ok := v.([]any)
 	if !ok {
 		return nil, c.errorf(key, "want a list of strings, got %s", describe(v))
+	}
+	if len(list) > maxConfigList {
+		return nil, c.errorf(key, "%d entries, over the limit of %d", len(list), maxConfigList)
 	}
 	out := make([]string, len(list))
 	for i, e := range list {

@@ -91,6 +91,15 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkLayersPresent(p, moe, byLayer); err != nil {
+		return nil, err
+	}
+	// Every expert of every MoE layer is planned (names, views): bounded in
+	// all, since a sparse file can back stacked experts of any count.
+	if slots := (len(moe) + len(mtp)) * (p.NumExperts + p.NumSharedExperts); slots > maxExpertSlots {
+		return nil, fmt.Errorf("config.json: %d MoE layers of %d routed and %d shared experts are %d experts to plan, over the limit of %d (released models have about 25,000)",
+			len(moe)+len(mtp), p.NumExperts, p.NumSharedExperts, slots, maxExpertSlots)
+	}
 
 	k := &checker{t: t, p: p}
 	if s.keys.sharedBias != "" {
@@ -112,6 +121,30 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	}
 	p.WeightDType = k.dtype
 	return p, nil
+}
+
+// checkLayersPresent refuses a config.json that places MoE layers past the
+// last layer the checkpoint holds any tensor of: a truncated checkpoint, or
+// the config of a deeper model. Every decoder layer has tensors (norms,
+// attention) under its prefix, so a missing layer at the end is a
+// num_hidden_layers the tensors do not bear out; a layer missing in the
+// middle is left to the layer's own checks, which name the tensor.
+func (s *spec) checkLayersPresent(p *Plan, moe []int, byLayer map[int][]string) error {
+	last := -1
+	for l := range byLayer {
+		if l < p.NumHiddenLayers {
+			last = max(last, l)
+		}
+	}
+	if len(moe) == 0 || moe[len(moe)-1] <= last {
+		return nil
+	}
+	first, which := last+1, fmt.Sprintf("layer %d", last+1)
+	if first < p.NumHiddenLayers-1 {
+		which = fmt.Sprintf("layers %d to %d", first, p.NumHiddenLayers-1)
+	}
+	return fmt.Errorf("config.json: num_hidden_layers=%d, but the checkpoint holds no tensor of %s (none named %s%d.*): truncated, or the config.json of another model",
+		p.NumHiddenLayers, which, s.names.layers, first)
 }
 
 // layer plans and checks one MoE layer.

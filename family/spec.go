@@ -247,12 +247,14 @@ func (r layerRule) moe(c config, k configKeys, layers int) (func(int) bool, erro
 			if err != nil {
 				return nil, err
 			}
+			in := make([]bool, layers)
 			for i, l := range list {
 				if l >= layers {
 					return nil, fmt.Errorf("config.json: moe_layers[%d] = %d, but num_hidden_layers=%d", i, l, layers)
 				}
+				in[l] = true
 			}
-			return func(l int) bool { return slices.Contains(list, l) }, nil
+			return func(l int) bool { return l < len(in) && in[l] }, nil
 		}
 		step, err := c.intIn("interleave_moe_layer_step", 1, 1, maxDim)
 		if err != nil {
@@ -278,7 +280,13 @@ func (r layerRule) moe(c config, k configKeys, layers int) (func(int) bool, erro
 		if err != nil {
 			return nil, err
 		}
-		return func(l int) bool { return !slices.Contains(only, l) && (l+1)%step == 0 }, nil
+		mlpOnly := make([]bool, layers) // entries past the last layer name nothing
+		for _, l := range only {
+			if l < layers {
+				mlpOnly[l] = true
+			}
+		}
+		return func(l int) bool { return !(l < len(mlpOnly) && mlpOnly[l]) && (l+1)%step == 0 }, nil
 	}
 	return func(int) bool { return true }, nil
 }
@@ -295,13 +303,13 @@ func (s *spec) Plan(cfg map[string]any, t Tensors) (*Plan, error) {
 // the routed count comes from the moeprep section, which convert writes.
 func (s *spec) readSizes(c config, p *Plan, converted bool) error {
 	var err error
-	if p.HiddenSize, err = c.size("hidden_size"); err != nil {
+	if p.HiddenSize, err = c.sizeAtMost("hidden_size", maxHidden, "the widest released models have 16,384"); err != nil {
 		return err
 	}
-	if p.NumHiddenLayers, err = c.size("num_hidden_layers"); err != nil {
+	if p.NumHiddenLayers, err = c.sizeAtMost("num_hidden_layers", maxLayers, "the deepest released models have about 130"); err != nil {
 		return err
 	}
-	if p.MoEIntermediateSize, err = c.size(s.keys.intermediate); err != nil {
+	if p.MoEIntermediateSize, err = c.sizeAtMost(s.keys.intermediate, maxIntermediate, "released experts are at most 14,336 wide"); err != nil {
 		return err
 	}
 	if p.NumExperts, err = s.numExperts(c, converted); err != nil {
@@ -326,13 +334,16 @@ func (s *spec) readSizes(c config, p *Plan, converted bool) error {
 		if p.NumSharedExperts, err = c.count(s.keys.sharedCount, 0); err != nil {
 			return err
 		}
+		if p.NumSharedExperts > maxSharedExperts {
+			return fmt.Errorf("config.json: %s=%d is over the limit of %d (released models have one to eight)", s.keys.sharedCount, p.NumSharedExperts, maxSharedExperts)
+		}
 	}
 	if p.NumSharedExperts == 0 {
 		return nil
 	}
 	p.SharedGated = s.keys.sharedGated
 	if s.keys.sharedSize != "" {
-		if p.SharedIntermediateSize, err = c.size(s.keys.sharedSize); err != nil {
+		if p.SharedIntermediateSize, err = c.sizeAtMost(s.keys.sharedSize, maxIntermediate, "released shared MLPs are at most 20,480 wide"); err != nil {
 			return err
 		}
 		// An ungated shared MLP of its own size that is a whole number of
@@ -340,10 +351,18 @@ func (s *spec) readSizes(c config, p *Plan, converted bool) error {
 		// fuse-shared can split it exactly.
 		if s.keys.sharedIfSized && p.SharedIntermediateSize%p.MoEIntermediateSize == 0 {
 			p.NumSharedExperts = p.SharedIntermediateSize / p.MoEIntermediateSize
+			if p.NumSharedExperts > maxSharedExperts {
+				return fmt.Errorf("config.json: %s=%d is %d experts of %s=%d, over the limit of %d shared experts",
+					s.keys.sharedSize, p.SharedIntermediateSize, p.NumSharedExperts, s.keys.intermediate, p.MoEIntermediateSize, maxSharedExperts)
+			}
 		}
 		return nil
 	}
 	p.SharedIntermediateSize = p.NumSharedExperts * p.MoEIntermediateSize
+	if p.SharedIntermediateSize > maxIntermediate {
+		return fmt.Errorf("config.json: %s=%d experts of %s=%d make a shared MLP %d wide, over the limit of %d",
+			s.keys.sharedCount, p.NumSharedExperts, s.keys.intermediate, p.MoEIntermediateSize, p.SharedIntermediateSize, maxIntermediate)
+	}
 	return nil
 }
 
@@ -352,7 +371,7 @@ func (s *spec) numExperts(c config, converted bool) (int, error) {
 		if m, ok, err := c.object("moeprep"); err != nil {
 			return 0, err
 		} else if ok && m.has("num_experts") {
-			return m.size("num_experts")
+			return m.sizeAtMost("num_experts", maxExperts, "released models route over at most 512")
 		}
 	}
 	n, from := 0, ""
@@ -360,7 +379,7 @@ func (s *spec) numExperts(c config, converted bool) (int, error) {
 		if !c.has(key) {
 			continue
 		}
-		v, err := c.size(key)
+		v, err := c.sizeAtMost(key, maxExperts, "released models route over at most 512")
 		if err != nil {
 			return 0, err
 		}

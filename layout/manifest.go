@@ -1,6 +1,7 @@
 package layout
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -9,11 +10,17 @@ import (
 	"hash"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"unicode"
 
+	"github.com/moeprep/moeprep/internal/safeio"
 	"github.com/zeebo/blake3"
 	"github.com/zeebo/xxh3"
 )
@@ -122,6 +129,37 @@ func (x xxh128) Size() int { return 16 }
 // outputs hashed with the 16 MiB blocks of earlier versions still verify.
 const ShardBlockSize = 4 << 20
 
+// MinBlockSize is the smallest block a manifest may hash a file in. moeprep
+// writes 4 MiB blocks (ShardBlockSize; 16 MiB before); the floor only stops a
+// manifest from asking for a digest every few bytes (1-byte blocks over a
+// 0.5 GB shard cost 2.2 GB of digests), and with MaxBlocksPerFile it bounds
+// both the digests and the per-block work. 512 bytes, a disk sector, is far
+// below any block a writer would choose and still lets tests cut small files
+// into several blocks (convert's tests write 777- and 4,096-byte blocks).
+const MinBlockSize = 512
+
+// MaxBlocksPerFile bounds the blocks one file is hashed in: 4 TiB of 4 MiB
+// blocks, far past any shard (convert writes 5 GB ones by default), and at
+// most 32 MiB of digests however the size and block size are chosen.
+const MaxBlocksPerFile = 1 << 20
+
+// maxManifestSize bounds moeprep-manifest.json, checked before it is read.
+// An entry is about 150 bytes, so even an output of a thousand shards beside
+// the 100,000 other files a checkpoint may carry writes 15 MB.
+const maxManifestSize = 64 << 20
+
+// maxManifestFiles bounds the files a manifest may list: the 100,000 other
+// files a checkpoint may carry and the shards beside them, with room.
+const maxManifestFiles = 1 << 18
+
+// maxManifestKeys bounds a manifest's top-level keys, each remembered to
+// refuse duplicates: moeprep writes two, version and files.
+const maxManifestKeys = 16
+
+// hashWindow is how many blocks HashFileLike hashes in parallel before
+// folding their digests into the root: 32 KiB of digests, whatever the file.
+const hashWindow = 1024
+
 // BlockInfo is the FileInfo of a file of size bytes hashed as blocks of bs
 // bytes whose digests, in file order, are digests (each in the first
 // a.Size() bytes of its array).
@@ -130,7 +168,13 @@ func BlockInfo(a BlockAlgo, size, bs int64, digests [][32]byte) FileInfo {
 	for i := range digests {
 		h.Write(digests[i][:a.Size()])
 	}
-	d := BlockDigest{BlockSize: bs, Root: hex.EncodeToString(h.Sum(nil))}
+	return blockInfo(a, size, bs, h)
+}
+
+// blockInfo is the FileInfo whose root is root's sum: the hash of the block
+// digests, written to it in file order.
+func blockInfo(a BlockAlgo, size, bs int64, root hash.Hash) FileInfo {
+	d := BlockDigest{BlockSize: bs, Root: hex.EncodeToString(root.Sum(nil))}
 	switch a {
 	case BLAKE3Blocks:
 		return FileInfo{Size: size, B3Blocks: d}
@@ -159,25 +203,31 @@ func (f FileInfo) String() string {
 	if d, a, ok := f.blocks(); ok {
 		return fmt.Sprintf("size %d %s of %d-byte blocks %s", f.Size, a, d.BlockSize, d.Root)
 	}
+	if f.SHA256 == "" {
+		return fmt.Sprintf("size %d (not hashed)", f.Size)
+	}
 	return fmt.Sprintf("size %d sha256 %s", f.Size, f.SHA256)
 }
 
 // Hasher hashes a file streamed through it the way a manifest entry says:
-// whole-file SHA-256, or block digests.
+// whole-file SHA-256, or block digests. Each block's digest goes into the
+// root as the block ends, so a Hasher holds no more than two hash states
+// however long the stream.
 type Hasher struct {
 	whole     hash.Hash
 	algo      BlockAlgo
 	blockSize int64
 	block     hash.Hash
+	root      hash.Hash
+	sum       [32]byte // a block's digest, on its way to root
 	inBlock   int64
-	digests   [][32]byte
 	n         int64
 }
 
 // NewHasher returns a Hasher for files described like want.
 func NewHasher(like FileInfo) *Hasher {
 	if d, a, ok := like.blocks(); ok {
-		return &Hasher{algo: a, blockSize: d.BlockSize, block: a.New()}
+		return &Hasher{algo: a, blockSize: d.BlockSize, block: a.New(), root: a.New()}
 	}
 	return &Hasher{whole: sha256.New()}
 }
@@ -201,9 +251,7 @@ func (h *Hasher) Write(p []byte) (int, error) {
 }
 
 func (h *Hasher) endBlock() {
-	var d [32]byte
-	h.block.Sum(d[:0])
-	h.digests = append(h.digests, d)
+	h.root.Write(h.block.Sum(h.sum[:0]))
 	h.block.Reset()
 	h.inBlock = 0
 }
@@ -216,7 +264,7 @@ func (h *Hasher) Sum() FileInfo {
 	if h.inBlock > 0 {
 		h.endBlock()
 	}
-	return BlockInfo(h.algo, h.n, h.blockSize, h.digests)
+	return blockInfo(h.algo, h.n, h.blockSize, h.root)
 }
 
 // Manifest is moeprep-manifest.json: every file of the output directory except
@@ -226,29 +274,238 @@ type Manifest struct {
 	Files   map[string]FileInfo `json:"files"`
 }
 
-// ReadManifest reads dir/moeprep-manifest.json.
+// ReadManifest reads dir/moeprep-manifest.json. Its size is checked before
+// it is read (anything but a regular file is refused), its entries are
+// counted as they are decoded, and every name must be a plain relative path
+// inside dir. Every error names the manifest, and the entry where known.
 func ReadManifest(dir string) (*Manifest, error) {
 	path := filepath.Join(dir, ManifestFileName)
-	b, err := os.ReadFile(path)
+	b, err := safeio.ReadFile(path, maxManifestSize, ManifestFileName)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
-	var m Manifest
-	if err := json.Unmarshal(b, &m); err != nil {
+	m, err := parseManifest(b)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %v", path, err)
 	}
-	if m.Version != ContractVersion || m.Files == nil {
-		return nil, fmt.Errorf("%s: version %d or no files", path, m.Version)
-	}
-	for n, fi := range m.Files {
-		if err := fi.check(); err != nil {
-			return nil, fmt.Errorf("%s: file %s: %v", path, n, err)
-		}
-	}
-	return &m, nil
+	return m, nil
 }
 
-// check refuses entries no file could match.
+// parseManifest decodes a manifest entry by entry, so that the count is
+// bounded before the entries are built and duplicate names are refused
+// (encoding/json would keep the last of two silently).
+func parseManifest(b []byte) (*Manifest, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := openObject(dec, "the manifest"); err != nil {
+		return nil, err
+	}
+	m := &Manifest{}
+	seen := map[string]bool{}
+	for dec.More() {
+		key, err := objectKey(dec)
+		if err != nil {
+			return nil, err
+		}
+		if seen[key] {
+			return nil, fmt.Errorf("duplicate key %q", key)
+		}
+		seen[key] = true
+		switch key {
+		case "version":
+			if err := dec.Decode(&m.Version); err != nil {
+				return nil, fmt.Errorf("version: %s", jsonError(err))
+			}
+		case "files":
+			// Counted before anything is built: a manifest of millions of
+			// entries costs its bytes, not a map of them.
+			n := countMembers(b[dec.InputOffset():])
+			if n > maxManifestFiles {
+				return nil, fmt.Errorf("lists %d files, over the limit of %d (a checkpoint carries at most 100,000 besides its shards)", n, maxManifestFiles)
+			}
+			if m.Files, err = decodeFiles(dec, n); err != nil {
+				return nil, err
+			}
+		default:
+			if len(seen) > maxManifestKeys {
+				return nil, fmt.Errorf("more than %d top-level keys (want version and files)", maxManifestKeys)
+			}
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return nil, errors.New(jsonError(err))
+			}
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, errors.New(jsonError(err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("trailing data after the JSON object")
+	}
+	if m.Version != ContractVersion || m.Files == nil {
+		return nil, fmt.Errorf("version %d or no files", m.Version)
+	}
+	return m, nil
+}
+
+// decodeFiles decodes the files object, checking each name and entry.
+func decodeFiles(dec *json.Decoder, n int) (map[string]FileInfo, error) {
+	if err := openObject(dec, "files"); err != nil {
+		return nil, err
+	}
+	files := make(map[string]FileInfo, n)
+	for dec.More() {
+		name, err := objectKey(dec)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkRelPath(name); err != nil {
+			return nil, fmt.Errorf("file %q: %v", name, err)
+		}
+		if _, dup := files[name]; dup {
+			return nil, fmt.Errorf("file %s is listed twice", name)
+		}
+		if len(files) == maxManifestFiles {
+			return nil, fmt.Errorf("lists more than %d files, the limit (a checkpoint carries at most 100,000 besides its shards)", maxManifestFiles)
+		}
+		var fi FileInfo
+		if err := dec.Decode(&fi); err != nil {
+			return nil, fmt.Errorf("file %s: %s", name, jsonError(err))
+		}
+		if err := fi.check(); err != nil {
+			return nil, fmt.Errorf("file %s: %v", name, err)
+		}
+		files[name] = fi
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, errors.New(jsonError(err))
+	}
+	return files, nil
+}
+
+// countMembers counts the members of the JSON object that b starts with
+// (after whitespace and the ':' before a value), by its colons outside
+// strings and nested values; 0 if b does not start with an object. It
+// allocates nothing and checks nothing: the decoder that follows does.
+func countMembers(b []byte) int {
+	i := 0
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r' || b[i] == ':') {
+		i++
+	}
+	if i == len(b) || b[i] != '{' {
+		return 0
+	}
+	n, depth := 0, 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				return n
+			}
+		case ':':
+			if depth == 1 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// openObject reads a '{' token; what names the value for the error.
+func openObject(dec *json.Decoder, what string) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return errors.New(jsonError(err))
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return fmt.Errorf("%s is not a JSON object", what)
+	}
+	return nil
+}
+
+// objectKey reads the key of an object member.
+func objectKey(dec *json.Decoder) (string, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return "", errors.New(jsonError(err))
+	}
+	k, ok := tok.(string)
+	if !ok {
+		return "", errors.New("not valid JSON: an object key is not a string")
+	}
+	return k, nil
+}
+
+// jsonError says what is wrong with the JSON in words, without the Go types
+// encoding/json names.
+func jsonError(err error) string {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return "the JSON ends early"
+	case errors.As(err, &syn):
+		return fmt.Sprintf("not valid JSON at byte %d: %v", syn.Offset, err)
+	case errors.As(err, &typ):
+		want := "a number"
+		switch typ.Type.Kind() {
+		case reflect.String:
+			want = "a string"
+		case reflect.Struct, reflect.Map:
+			want = "an object"
+		case reflect.Int, reflect.Int64:
+			want = "an integer"
+		}
+		if typ.Field != "" {
+			return fmt.Sprintf("%s is %s, want %s", typ.Field, typ.Value, want)
+		}
+		return fmt.Sprintf("%s, want %s", typ.Value, want)
+	}
+	return "not valid JSON: " + err.Error()
+}
+
+// checkRelPath refuses a manifest entry name that is not a plain, clean,
+// relative path inside the output directory: absolute, a ".." element
+// (which would reach outside), an empty or "." element, a backslash (a
+// separator elsewhere), a control character, or any other spelling that
+// path.Clean would change. Every file moeprep writes is named so.
+func checkRelPath(name string) error {
+	switch {
+	case name == "":
+		return errors.New("empty name")
+	case strings.ContainsRune(name, '\\'):
+		return errors.New("holds a backslash")
+	case strings.IndexFunc(name, unicode.IsControl) >= 0:
+		return errors.New("holds a control character")
+	case path.IsAbs(name):
+		return errors.New("an absolute path")
+	}
+	for _, el := range strings.Split(name, "/") {
+		switch el {
+		case "":
+			return errors.New("an empty path element")
+		case ".":
+			return errors.New(`a "." path element`)
+		case "..":
+			return errors.New(`a ".." path element: outside the directory`)
+		}
+	}
+	if path.Clean(name) != name {
+		return errors.New("not a clean path")
+	}
+	return nil
+}
+
+// check refuses entries no file could match, and block digests that would
+// cost more to compute than a file is worth: blocks under MinBlockSize, or
+// more than MaxBlocksPerFile of them.
 func (f FileInfo) check() error {
 	switch {
 	case f.Size < 0:
@@ -269,11 +526,30 @@ func (f FileInfo) check() error {
 	if n != 1 {
 		return errors.New("needs exactly one of sha256, sha256_blocks, blake3_blocks and xxh3_blocks")
 	}
+	if d, a, ok := f.blocks(); ok {
+		key := map[BlockAlgo]string{SHA256Blocks: "sha256_blocks", BLAKE3Blocks: "blake3_blocks", XXH3Blocks: "xxh3_blocks"}[a]
+		if d.BlockSize < MinBlockSize {
+			return fmt.Errorf("%s block size %d is under the minimum of %d bytes (moeprep hashes %d-byte blocks)", key, d.BlockSize, MinBlockSize, ShardBlockSize)
+		}
+		if blocks := numBlocks(f.Size, d.BlockSize); blocks > MaxBlocksPerFile {
+			return fmt.Errorf("%s: size %d in %d-byte blocks is %d blocks, over the limit of %d", key, f.Size, d.BlockSize, blocks, MaxBlocksPerFile)
+		}
+	}
 	return nil
 }
 
+// numBlocks is how many blocks of bs bytes (bs > 0) hold size bytes.
+func numBlocks(size, bs int64) int64 {
+	n := size / bs
+	if size%bs != 0 {
+		n++
+	}
+	return n
+}
+
 // Verify rehashes every file the manifest lists under dir and reports the
-// first mismatch. It reads every byte: use it when integrity matters more than time.
+// first mismatch. It reads every byte: use it when integrity matters more
+// than time. A file whose size differs is reported without being read.
 func (m *Manifest) Verify(dir string) error {
 	names := make([]string, 0, len(m.Files))
 	for n := range m.Files {
@@ -283,6 +559,9 @@ func (m *Manifest) Verify(dir string) error {
 	for _, n := range names {
 		want := m.Files[n]
 		path := filepath.Join(dir, filepath.FromSlash(n))
+		if st, err := os.Stat(path); err == nil && st.Mode().IsRegular() && st.Size() != want.Size {
+			return fmt.Errorf("%s: size %d, manifest says %s", path, st.Size(), want)
+		}
 		got, err := HashFileLike(path, want)
 		if err != nil {
 			return err
@@ -294,9 +573,10 @@ func (m *Manifest) Verify(dir string) error {
 	return nil
 }
 
-// HashFile returns path's size and sha256.
+// HashFile returns path's size and sha256. Anything but a regular file is
+// refused (a device such as /dev/zero would never end).
 func HashFile(path string) (FileInfo, error) {
-	f, err := os.Open(path)
+	f, err := safeio.Open(path)
 	if err != nil {
 		return FileInfo{}, err
 	}
@@ -311,53 +591,87 @@ func HashFile(path string) (FileInfo, error) {
 
 // HashFileLike hashes path the way like was hashed: block digests of the
 // same algorithm and block size (on several cores) if like has them, the
-// whole file otherwise.
+// whole file otherwise. Anything but a regular file is refused, and a file
+// of more than MaxBlocksPerFile blocks. Blocks are hashed a window at a time
+// and folded into the root in order, so memory does not grow with the file.
 func HashFileLike(path string, like FileInfo) (FileInfo, error) {
 	d, algo, ok := like.blocks()
 	if !ok {
 		return HashFile(path)
 	}
 	bs := d.BlockSize
-	f, err := os.Open(path)
+	f, err := safeio.Open(path)
 	if err != nil {
 		return FileInfo{}, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return FileInfo{}, err
+		return FileInfo{}, fmt.Errorf("%s: %w", path, err)
 	}
 	size := st.Size()
-	digests := make([][32]byte, (size+bs-1)/bs)
-	next := make(chan int, len(digests))
-	for i := range digests {
-		next <- i
+	blocks := numBlocks(size, bs)
+	if blocks > MaxBlocksPerFile {
+		return FileInfo{}, fmt.Errorf("%s: %d bytes in %d-byte blocks is %d blocks, over the limit of %d", path, size, bs, blocks, MaxBlocksPerFile)
 	}
-	close(next)
+	root := algo.New()
+	digests := make([][32]byte, min(blocks, hashWindow))
 	workers := min(runtime.GOMAXPROCS(0), 4, max(len(digests), 1))
-	errs := make([]error, workers)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			h := algo.New()
-			buf := make([]byte, min(bs, 1<<20))
-			for i := range next {
-				if errs[w] != nil {
-					continue
+	bufs := make([][]byte, workers)
+	for first := int64(0); first < blocks; first += hashWindow {
+		n := min(blocks-first, hashWindow)
+		var next atomic.Int64
+		errs := make([]error, workers)
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				h := algo.New()
+				if bufs[w] == nil {
+					bufs[w] = make([]byte, min(bs, 1<<20))
 				}
-				h.Reset()
-				off, end := int64(i)*bs, min(int64(i+1)*bs, size)
-				if _, err := io.CopyBuffer(h, io.NewSectionReader(f, off, end-off), buf); err != nil {
-					errs[w] = fmt.Errorf("%s: %w", path, err)
-					continue
+				for {
+					i := next.Add(1) - 1
+					if i >= n || errs[w] != nil {
+						return
+					}
+					h.Reset()
+					off := (first + i) * bs
+					end := min(off+bs, size)
+					if err := hashRange(h, f, off, end, bufs[w]); err != nil {
+						errs[w] = fmt.Errorf("%s: %w", path, err)
+						return
+					}
+					h.Sum(digests[i][:0])
 				}
-				h.Sum(digests[i][:0])
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return FileInfo{}, err
+		}
+		for i := range n {
+			root.Write(digests[i][:algo.Size()])
+		}
+	}
+	return blockInfo(algo, size, bs, root), nil
+}
+
+// hashRange writes bytes [off, end) of f to h through buf.
+func hashRange(h hash.Hash, f *os.File, off, end int64, buf []byte) error {
+	for off < end {
+		n, err := f.ReadAt(buf[:min(int64(len(buf)), end-off)], off)
+		h.Write(buf[:n])
+		off += int64(n)
+		if err == io.EOF && off < end {
+			return io.ErrUnexpectedEOF
+		}
+		if err != nil && err != io.EOF {
+			var pe *os.PathError
+			if errors.As(err, &pe) {
+				return pe.Err // the caller names the file
 			}
-		})
+			return err
+		}
 	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return FileInfo{}, err
-	}
-	return BlockInfo(algo, size, bs, digests), nil
+	return nil
 }

@@ -3,13 +3,52 @@ package safetensors
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+	"unicode/utf8"
 )
+
+// fuzzBudget is what one call may cost on an input of n bytes: allocation
+// in proportion to the input (a tensor of the smallest header entry, 50
+// bytes, costs about 200 bytes of structures) plus a fixed 64 KiB, and a
+// second, far above the milliseconds these inputs take, so that only a
+// blow-up fails.
+func fuzzBudget(n int) (uint64, time.Duration) { return 64<<10 + 8*uint64(n), 5 * time.Second }
+
+// costOf runs f and returns what it allocated and how long it took.
+func costOf(f func()) (uint64, time.Duration) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	f()
+	took := time.Since(start)
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc, took
+}
+
+// checkCost fails t when a call cost more than fuzzBudget allows.
+func checkCost(t *testing.T, n int, alloc uint64, took time.Duration) {
+	t.Helper()
+	maxAlloc, maxTime := fuzzBudget(n)
+	if alloc > maxAlloc || took > maxTime {
+		t.Fatalf("a %d-byte input cost %d bytes of allocation (budget %d) and %v (budget %v)", n, alloc, maxAlloc, took, maxTime)
+	}
+}
+
+// isSyntaxError reports an error that says the JSON itself is broken.
+func isSyntaxError(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "is not valid JSON") || strings.Contains(err.Error(), "JSON ends early") ||
+		strings.Contains(err.Error(), "trailing data") || strings.Contains(err.Error(), "is empty, not a JSON object"))
+}
 
 // testdataFiles returns every file under testdata/broken and testdata/good,
 // the fuzzers' seeds.
@@ -44,12 +83,41 @@ func FuzzParseHeader(f *testing.F) {
 		f.Add(b, int64(0))
 	}
 	f.Fuzz(func(t *testing.T, header []byte, dataLen int64) {
-		meta, tensors, err := ParseHeader(header, dataLen)
+		var meta map[string]string
+		var tensors []TensorInfo
+		var err error
+		alloc, took := costOf(func() { meta, tensors, err = ParseHeader(header, dataLen) })
+		checkCost(t, len(header), alloc, took)
+		// The hand-written scanner must agree with encoding/json on what
+		// is JSON at all, and on every string it decodes.
+		valid := utf8.Valid(header) && json.Valid(header)
+		if !valid && err == nil {
+			t.Fatalf("accepted a header encoding/json refuses: %q", header)
+		}
+		if valid && isSyntaxError(err) {
+			t.Fatalf("called a header encoding/json accepts malformed: %v: %q", err, header)
+		}
 		if err != nil {
 			if strings.ContainsAny(err.Error(), "\n\r") {
 				t.Fatalf("multi-line error %q", err)
 			}
 			return
+		}
+		var raw map[string]json.RawMessage
+		if err := json.Unmarshal(header, &raw); err != nil {
+			t.Fatalf("encoding/json cannot read an accepted header: %v", err)
+		}
+		names := make([]string, 0, len(tensors))
+		for _, ti := range tensors {
+			names = append(names, ti.Name)
+		}
+		var wantMeta map[string]string
+		if err := json.Unmarshal(raw[metadataKey], &wantMeta); raw[metadataKey] != nil && (err != nil || !maps.Equal(meta, wantMeta)) {
+			t.Fatalf("metadata %v, encoding/json reads %v (%v)", meta, wantMeta, err)
+		}
+		delete(raw, metadataKey)
+		if want := slices.Sorted(maps.Keys(raw)); !slices.Equal(slices.Sorted(slices.Values(names)), want) {
+			t.Fatalf("tensor names %q, encoding/json reads %q", names, want)
 		}
 		end := int64(0)
 		entries := make([]Entry, len(tensors))
@@ -88,7 +156,10 @@ func FuzzOpen(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		file, err := readFile(bytes.NewReader(data), int64(len(data)))
+		var file *File
+		var err error
+		alloc, took := costOf(func() { file, err = readFile(bytes.NewReader(data), int64(len(data))) })
+		checkCost(t, len(data), alloc, took)
 		if err != nil {
 			return
 		}
@@ -109,9 +180,27 @@ func FuzzParseIndex(f *testing.F) {
 	}
 	f.Add([]byte(`{"metadata":{"total_size":3},"weight_map":{"a":"m.safetensors"}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		idx, err := parseIndex(data)
+		var idx *Index
+		var err error
+		alloc, took := costOf(func() { idx, err = parseIndex(data) })
+		checkCost(t, len(data), alloc, took)
+		valid := utf8.Valid(data) && json.Valid(data)
+		if !valid && err == nil {
+			t.Fatalf("accepted an index encoding/json refuses: %q", data)
+		}
+		if valid && isSyntaxError(err) {
+			t.Fatalf("called an index encoding/json accepts malformed: %v: %q", err, data)
+		}
 		if err != nil {
 			return
+		}
+		var top map[string]json.RawMessage
+		var wm map[string]string
+		if err := json.Unmarshal(data, &top); err != nil {
+			t.Fatalf("encoding/json cannot read an accepted index: %v", err)
+		}
+		if err := json.Unmarshal(top["weight_map"], &wm); err != nil || !maps.Equal(wm, idx.WeightMap) {
+			t.Fatalf("weight_map %v, encoding/json reads %v (%v)", idx.WeightMap, wm, err)
 		}
 		for name, file := range idx.WeightMap {
 			if filepath.Base(file) != file || strings.Contains(file, "..") || !strings.HasSuffix(file, ".safetensors") {

@@ -1,13 +1,11 @@
 package safetensors
 
 import (
-	"bytes"
-	"encoding/json"
+	"cmp"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -15,6 +13,31 @@ import (
 
 // MaxHeaderSize is the largest header huggingface/safetensors accepts.
 const MaxHeaderSize = 100_000_000
+
+// MaxTensorsPerFile bounds the tensors one safetensors file may hold. Real
+// shards hold hundreds to a few thousand (DeepSeek-V3: about 91,000 tensors
+// over 163 shards, 560 a shard; Kimi-K2 INT4: about 211,000 over 64, 3,300
+// a shard), a small model saved unsharded a few thousand, and even the whole
+// of Kimi-K2 INT4 in one file would fit. Each tensor costs about 200 bytes
+// here and more in the callers' maps and plans, so a header of a million
+// empty tensors (60 MB of JSON) is refused, before anything is built for
+// them, instead of costing gigabytes. Callers that add files up bound the
+// total themselves.
+const MaxTensorsPerFile = 1 << 18
+
+// maxRank bounds the dimensions of one tensor. Real weights have one to
+// five (PyTorch's kernels take at most 25); 16 keeps the shapes of a
+// maximal header to 128 bytes a tensor.
+const maxRank = 16
+
+// maxMetadataEntries and maxMetadataBytes bound __metadata__, which an open
+// file keeps for as long as it is open (every shard of a checkpoint at
+// once). Checkpoints write {"format":"pt"} or a few keys like it; even the
+// training notes some tools add stay far under 1 MiB.
+const (
+	maxMetadataEntries = 1 << 10
+	maxMetadataBytes   = 1 << 20
+)
 
 // metadataKey is the one header key that is not a tensor.
 const metadataKey = "__metadata__"
@@ -24,154 +47,194 @@ const metadataKey = "__metadata__"
 // and the tensors sorted by data offset. Errors name the tensor where known but
 // not the file; Open adds the path.
 //
-// encoding/json cannot be used directly: it silently keeps the last of two
-// duplicate keys, so the header is walked token by token.
+// encoding/json is not used: it silently keeps the last of two duplicate
+// keys, and its token stream costs over a kilobyte of garbage a tensor. The
+// header is measured first (well formed, how many tensors) with nothing
+// built, so a header over MaxTensorsPerFile costs no more than its bytes.
 func ParseHeader(header []byte, dataLen int64) (map[string]string, []TensorInfo, error) {
+	meta, tensors, _, err := parseHeader(header, dataLen)
+	return meta, tensors, err
+}
+
+// parseHeader is ParseHeader that also returns each tensor's index in the
+// returned (offset-sorted) slice by name.
+func parseHeader(header []byte, dataLen int64) (map[string]string, []TensorInfo, map[string]int, error) {
 	if dataLen < 0 {
-		return nil, nil, fmt.Errorf("data section length %d is negative", dataLen)
+		return nil, nil, nil, fmt.Errorf("data section length %d is negative", dataLen)
 	}
 	if !utf8.Valid(header) {
-		return nil, nil, errors.New("header is not valid UTF-8")
+		return nil, nil, nil, errors.New("header is not valid UTF-8")
 	}
-	p := &headerParser{dec: json.NewDecoder(bytes.NewReader(header))}
-	p.dec.UseNumber()
-	meta, tensors, err := p.parse()
+	p := &headerParser{s: scanner{b: header, what: "header"}}
+	meta, tensors, byName, err := p.parse()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if err := checkLayout(tensors, dataLen); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return meta, tensors, nil
+	for i, t := range tensors {
+		byName[t.Name] = i // the same keys: no allocation
+	}
+	return meta, tensors, byName, nil
 }
 
 type headerParser struct {
-	dec *json.Decoder
+	s scanner
 }
 
-// token reads the next JSON token, turning a premature end into a clear error.
-func (p *headerParser) token() (json.Token, error) {
-	tok, err := p.dec.Token()
-	if errors.Is(err, io.EOF) {
-		return nil, errors.New("header JSON ends early")
-	}
-	if err != nil {
-		return nil, fmt.Errorf("header is not valid JSON: %w", err)
-	}
-	return tok, nil
-}
-
-// openObject reads a '{' token; what names the value for the error.
+// openObject reads a '{'; what names the value for the error.
 func (p *headerParser) openObject(what string) error {
-	tok, err := p.token()
+	if p.s.next() == '{' {
+		p.s.i++
+		return nil
+	}
+	kind, err := p.s.valueKind()
 	if err != nil {
 		return err
 	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return fmt.Errorf("%s is %s, not a JSON object", what, describe(tok))
-	}
-	return nil
+	return fmt.Errorf("%s is %s, not a JSON object", what, kind)
 }
 
-// key reads the next object key, or reports ok=false at the closing '}'.
-func (p *headerParser) key() (k string, ok bool, err error) {
-	tok, err := p.token()
-	if err != nil {
-		return "", false, err
-	}
-	switch t := tok.(type) {
-	case string:
-		return t, true, nil
-	case json.Delim:
-		if t == '}' {
-			return "", false, nil
+// key reads the next object key (a view, valid until the next string is
+// read), or reports ok=false at the closing '}'. first is true for the
+// object's first key, which no ',' precedes.
+func (p *headerParser) key(first bool) (k []byte, ok bool, err error) {
+	switch p.s.next() {
+	case '}':
+		p.s.i++
+		return nil, false, nil
+	case ',':
+		if first {
+			return nil, false, p.s.bad()
+		}
+		p.s.i++
+	default:
+		if !first {
+			return nil, false, p.s.bad()
 		}
 	}
-	return "", false, fmt.Errorf("header is not valid JSON: unexpected %s", describe(tok))
+	k, err = p.s.str()
+	if err != nil {
+		return nil, false, err
+	}
+	if err := p.s.expect(':'); err != nil {
+		return nil, false, err
+	}
+	return k, true, nil
 }
 
-func (p *headerParser) parse() (map[string]string, []TensorInfo, error) {
-	tok, err := p.dec.Token()
-	if errors.Is(err, io.EOF) {
-		return nil, nil, errors.New("header is empty, not a JSON object")
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("header is not a JSON object: %w", err)
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return nil, nil, fmt.Errorf("header is %s, not a JSON object", describe(tok))
-	}
-	var meta map[string]string
-	var tensors []TensorInfo
-	seen := map[string]bool{}
-	for {
-		k, ok, err := p.key()
+func (p *headerParser) parse() (map[string]string, []TensorInfo, map[string]int, error) {
+	s := &p.s
+	switch c := s.next(); {
+	case s.atEnd():
+		return nil, nil, nil, errors.New("header is empty, not a JSON object")
+	case c != '{':
+		kind, err := s.valueKind()
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
+		}
+		return nil, nil, nil, fmt.Errorf("header is %s, not a JSON object", kind)
+	}
+	// Measure before building: the whole header is checked to be well
+	// formed and its tensors counted, allocating nothing.
+	n, err := s.countMembers(metadataKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if n > MaxTensorsPerFile {
+		return nil, nil, nil, fmt.Errorf("header lists %d tensors, over the limit of %d for one file (real shards hold a few thousand)", n, MaxTensorsPerFile)
+	}
+	s.i++ // the '{'
+	var meta map[string]string
+	tensors := make([]TensorInfo, 0, n)
+	byName := make(map[string]int, n)
+	haveMeta := false
+	for first := true; ; first = false {
+		k, ok, err := p.key(first)
+		if err != nil {
+			return nil, nil, nil, err
 		}
 		if !ok {
 			break
 		}
-		if seen[k] {
-			return nil, nil, fmt.Errorf("duplicate key %q in header", k)
-		}
-		seen[k] = true
-		if k == metadataKey {
+		if string(k) == metadataKey {
+			if haveMeta {
+				return nil, nil, nil, fmt.Errorf("duplicate key %q in header", metadataKey)
+			}
+			haveMeta = true
 			if meta, err = p.metadata(); err != nil {
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 			continue
 		}
-		t, err := p.tensor(k)
-		if err != nil {
-			return nil, nil, err
+		if _, dup := byName[string(k)]; dup {
+			return nil, nil, nil, fmt.Errorf("duplicate key %q in header", k)
 		}
+		if len(tensors) == n { // cannot happen after the count; no path builds more than it
+			return nil, nil, nil, fmt.Errorf("header lists more than %d tensors", n)
+		}
+		name := string(k)
+		t, err := p.tensor(name)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		byName[name] = len(tensors)
 		tensors = append(tensors, t)
 	}
 	// Only whitespace may follow the object (writers pad with spaces).
-	if tok, err := p.dec.Token(); !errors.Is(err, io.EOF) {
-		if err != nil {
-			return nil, nil, fmt.Errorf("header has trailing bytes after the JSON object: %w", err)
-		}
-		return nil, nil, fmt.Errorf("header has trailing data after the JSON object: %s", describe(tok))
+	if err := s.trailing(); err != nil {
+		return nil, nil, nil, err
 	}
-	return meta, tensors, nil
+	return meta, tensors, byName, nil
 }
 
 // metadata reads __metadata__: an object of string to string. null is taken
 // as no metadata, as huggingface/safetensors does.
 func (p *headerParser) metadata() (map[string]string, error) {
-	tok, err := p.token()
-	if err != nil {
+	if null, err := p.s.isNull(); null || err != nil {
 		return nil, err
 	}
-	if tok == nil {
-		return nil, nil
+	if p.s.next() != '{' {
+		kind, err := p.s.valueKind()
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%s is %s, not an object of strings", metadataKey, kind)
 	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return nil, fmt.Errorf("%s is %s, not an object of strings", metadataKey, describe(tok))
-	}
+	p.s.i++
 	meta := map[string]string{}
-	for {
-		k, ok, err := p.key()
+	size := 0
+	for first := true; ; first = false {
+		kb, ok, err := p.key(first)
 		if err != nil {
 			return nil, err
 		}
 		if !ok {
 			return meta, nil
 		}
-		if _, dup := meta[k]; dup {
-			return nil, fmt.Errorf("%s: duplicate key %q", metadataKey, k)
+		if _, dup := meta[string(kb)]; dup {
+			return nil, fmt.Errorf("%s: duplicate key %q", metadataKey, kb)
 		}
-		tok, err := p.token()
+		if len(meta) == maxMetadataEntries {
+			return nil, fmt.Errorf("%s has more than %d keys (real files have a few)", metadataKey, maxMetadataEntries)
+		}
+		k := string(kb)
+		if p.s.next() != '"' {
+			kind, err := p.s.valueKind()
+			if err != nil {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%s: value of %q is %s, not a string", metadataKey, k, kind)
+		}
+		vb, err := p.s.str()
 		if err != nil {
 			return nil, err
 		}
-		v, ok := tok.(string)
-		if !ok {
-			return nil, fmt.Errorf("%s: value of %q is %s, not a string", metadataKey, k, describe(tok))
+		if size += len(k) + len(vb); size > maxMetadataBytes {
+			return nil, fmt.Errorf("%s holds more than %d bytes (real files hold a few)", metadataKey, maxMetadataBytes)
 		}
-		meta[k] = v
+		meta[k] = string(vb)
 	}
 }
 
@@ -185,52 +248,63 @@ func (p *headerParser) tensor(name string) (TensorInfo, error) {
 		return fail("%v", err)
 	}
 	var haveDType, haveShape, haveOffsets bool
-	for {
-		k, ok, err := p.key()
+	var dims [maxRank]int64
+	for first := true; ; first = false {
+		k, ok, err := p.key(first)
 		if err != nil {
 			return fail("%v", err)
 		}
 		if !ok {
 			break
 		}
-		switch k {
+		switch string(k) {
 		case "dtype":
 			if haveDType {
 				return fail("duplicate field %q", k)
 			}
 			haveDType = true
-			tok, err := p.token()
+			if p.s.next() != '"' {
+				kind, err := p.s.valueKind()
+				if err != nil {
+					return fail("%v", err)
+				}
+				return fail("dtype is %s, not a string", kind)
+			}
+			v, err := p.s.str()
 			if err != nil {
 				return fail("%v", err)
 			}
-			s, ok := tok.(string)
-			if !ok {
-				return fail("dtype is %s, not a string", describe(tok))
-			}
-			if t.DType, err = ParseDType(s); err != nil {
-				return fail("%v", err)
+			var ok bool
+			if t.DType, ok = dtypeOf(v); !ok {
+				return fail("unknown dtype %q", v)
 			}
 		case "shape":
 			if haveShape {
 				return fail("duplicate field %q", k)
 			}
 			haveShape = true
-			if t.Shape, err = p.intArray("shape"); err != nil {
+			n, err := p.intArray("shape", dims[:])
+			if err != nil {
 				return fail("%v", err)
 			}
+			if n > maxRank {
+				return fail("shape has %d dimensions, over the limit of %d", n, maxRank)
+			}
+			t.Shape = make([]int64, n)
+			copy(t.Shape, dims[:n])
 		case "data_offsets":
 			if haveOffsets {
 				return fail("duplicate field %q", k)
 			}
 			haveOffsets = true
-			offs, err := p.intArray("data_offsets")
+			n, err := p.intArray("data_offsets", dims[:2])
 			if err != nil {
 				return fail("%v", err)
 			}
-			if len(offs) != 2 {
-				return fail("data_offsets has %d numbers, want [begin,end]", len(offs))
+			if n != 2 {
+				return fail("data_offsets has %d numbers, want [begin,end]", n)
 			}
-			t.Begin, t.End = offs[0], offs[1]
+			t.Begin, t.End = dims[0], dims[1]
 		default:
 			return fail("unknown field %q (want only dtype, shape, data_offsets)", k)
 		}
@@ -257,45 +331,80 @@ func (p *headerParser) tensor(name string) (TensorInfo, error) {
 	return t, nil
 }
 
-// intArray reads an array of non-negative integers that fit in int64.
-func (p *headerParser) intArray(what string) ([]int64, error) {
-	tok, err := p.token()
-	if err != nil {
-		return nil, err
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '[' {
-		return nil, fmt.Errorf("%s is %s, not an array of integers", what, describe(tok))
-	}
-	out := []int64{}
-	for {
-		tok, err := p.token()
+// intArray reads an array of non-negative integers that fit in int64 into
+// out, and returns how many it held; those past len(out) are checked and
+// counted but not kept.
+func (p *headerParser) intArray(what string, out []int64) (int, error) {
+	if p.s.next() != '[' {
+		kind, err := p.s.valueKind()
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
-		if d, ok := tok.(json.Delim); ok && d == ']' {
-			return out, nil
-		}
-		num, ok := tok.(json.Number)
-		if !ok {
-			return nil, fmt.Errorf("%s holds %s, not a non-negative integer", what, describe(tok))
-		}
-		v, err := parseNonNegative(string(num))
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		out = append(out, v)
+		return 0, fmt.Errorf("%s is %s, not an array of integers", what, kind)
 	}
+	p.s.i++
+	if p.s.next() == ']' {
+		p.s.i++
+		return 0, nil
+	}
+	for n := 0; ; n++ {
+		if c := p.s.next(); c != '-' && !isDigit(c) {
+			kind, err := p.s.valueKind()
+			if err != nil {
+				return 0, err
+			}
+			return 0, fmt.Errorf("%s holds %s, not a non-negative integer", what, kind)
+		}
+		num, err := p.s.number()
+		if err != nil {
+			return 0, err
+		}
+		v, err := parseNonNegative(num)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", what, err)
+		}
+		if n < len(out) {
+			out[n] = v
+		}
+		if done, err := p.s.endOf(']'); err != nil {
+			return 0, err
+		} else if done {
+			return n + 1, nil
+		}
+	}
+}
+
+// allDTypes lists dtypeSizes' keys in a fixed order.
+var allDTypes = []DType{BF16, F32, F16, F8E4M3, I64, I32, U8, BOOL, I8, I16, U16, U32, U64, F64, F8E5M2, F8E8M0}
+
+// dtypeOf finds the dtype a header spells, without allocating.
+func dtypeOf(b []byte) (DType, bool) {
+	for _, d := range allDTypes {
+		if string(b) == string(d) {
+			return d, true
+		}
+	}
+	return "", false
 }
 
 // parseNonNegative accepts only a plain decimal literal: no sign, fraction or
 // exponent, as a Rust usize field would.
-func parseNonNegative(s string) (int64, error) {
-	if s == "" || strings.Trim(s, "0123456789") != "" {
-		return 0, fmt.Errorf("%s is not a non-negative integer", s)
+func parseNonNegative(b []byte) (int64, error) {
+	for _, c := range b {
+		if !isDigit(c) {
+			return 0, fmt.Errorf("%s is not a non-negative integer", b)
+		}
 	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%s is too large (limit %d)", s, int64(math.MaxInt64))
+	if len(b) == 0 {
+		return 0, errors.New("empty number")
+	}
+	var v int64
+	for _, c := range b {
+		d := int64(c - '0')
+		if v > (math.MaxInt64-d)/10 {
+			return 0, fmt.Errorf("%s is too large (limit %d)", b, int64(math.MaxInt64))
+		}
+		v = v*10 + d
 	}
 	return v, nil
 }
@@ -334,11 +443,11 @@ func byteSize(dt DType, shape []int64) (int64, error) {
 // checkLayout sorts tensors by offset and checks they tile the data section
 // exactly: contiguous from 0, no hole, no overlap, ending at dataLen.
 func checkLayout(tensors []TensorInfo, dataLen int64) error {
-	sort.SliceStable(tensors, func(i, j int) bool {
-		if tensors[i].Begin != tensors[j].Begin {
-			return tensors[i].Begin < tensors[j].Begin
+	slices.SortStableFunc(tensors, func(a, b TensorInfo) int {
+		if c := cmp.Compare(a.Begin, b.Begin); c != 0 {
+			return c
 		}
-		return tensors[i].End < tensors[j].End
+		return cmp.Compare(a.End, b.End)
 	})
 	end := int64(0)
 	prev := ""
@@ -360,29 +469,6 @@ func checkLayout(tensors []TensorInfo, dataLen int64) error {
 		return fmt.Errorf("%d trailing bytes after the last tensor (tensors end at %d, data section is %d bytes)", dataLen-end, end, dataLen)
 	}
 	return nil
-}
-
-// describe names a JSON token's kind for error messages.
-func describe(tok json.Token) string {
-	switch t := tok.(type) {
-	case nil:
-		return "null"
-	case bool:
-		return "a boolean"
-	case json.Number:
-		return "a number"
-	case string:
-		return "a string"
-	case json.Delim:
-		switch t {
-		case '{':
-			return "an object"
-		case '[':
-			return "an array"
-		}
-		return fmt.Sprintf("%q", string(t))
-	}
-	return fmt.Sprintf("%T", tok)
 }
 
 // formatShape writes a shape as [a,b,c].

@@ -5,16 +5,42 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/moeprep/moeprep/internal/safeio"
 )
 
-// maxIndexSize bounds what ReadIndex loads; real indexes are a few MB.
-const maxIndexSize = 1 << 30
+// maxIndexSize bounds an index file, checked before anything is read. Real
+// indexes are a few MB even for the largest models (DeepSeek-V3's, 91,000
+// tensors, is about 9 MB; Kimi-K2 INT4's, 211,000, about 20 MB); 64 MiB
+// leaves three times the largest, and a hostile (say sparse) file of a GB
+// costs nothing.
+const maxIndexSize = 64 << 20
+
+// MaxIndexTensors bounds the tensors an index may list: a sharded
+// checkpoint's whole count. Kimi-K2 stored as INT4 (three tensors a
+// projection, 61 layers of 384 experts) has about 211,000, the most of any
+// checkpoint we know; each entry costs about 150 bytes here, so 1 Mi keeps a
+// hostile index to about 150 MB while leaving real ones five times the room.
+const MaxIndexTensors = 1 << 20
+
+// maxShards bounds the distinct shard files an index may name, all of which
+// OpenSharded holds open at once. DeepSeek-V3 has 163 and Kimi-K2 64; even a
+// 2 TB checkpoint cut into 1 GB shards has 2,000.
+const maxShards = 1 << 14
+
+// maxIndexKeys bounds an index's top-level keys: real ones have two
+// (metadata and weight_map), and each is remembered to refuse duplicates.
+const maxIndexKeys = 1 << 10
+
+// maxIndexMetadata bounds the bytes of an index's metadata object, which is
+// decoded into Go values: real ones are {"total_size": N}, a few add
+// total_parameters.
+const maxIndexMetadata = 1 << 20
 
 // ReadIndex reads and checks an index file: a JSON object whose weight_map
 // maps tensor names to plain shard file names ending in .safetensors.
@@ -24,19 +50,13 @@ func ReadIndex(path string) (*Index, error) { return ReadIndexFor(path, ".safete
 
 // ReadIndexFor is ReadIndex for an index whose shards end in one of
 // shardSuffixes (pytorch_model.bin.index.json names .bin shards): the same
-// strict JSON rules for every sharded format.
+// strict JSON rules and limits for every sharded format. Anything but a
+// regular file (a named pipe would block forever) is refused, and the size
+// is checked before anything is read.
 func ReadIndexFor(path string, shardSuffixes ...string) (*Index, error) {
-	fh, err := os.Open(path)
+	data, err := safeio.ReadFile(path, maxIndexSize, filepath.Base(path))
 	if err != nil {
 		return nil, err
-	}
-	defer fh.Close()
-	data, err := io.ReadAll(io.LimitReader(fh, maxIndexSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > maxIndexSize {
-		return nil, fmt.Errorf("%s: index is over %d bytes", path, maxIndexSize)
 	}
 	idx, err := parseIndex(data, shardSuffixes...)
 	if err != nil {
@@ -68,45 +88,58 @@ func parseIndex(data []byte, shardSuffixes ...string) (*Index, error) {
 	if !utf8.Valid(data) {
 		return nil, errors.New("index is not valid UTF-8")
 	}
-	p := &headerParser{dec: json.NewDecoder(bytes.NewReader(data))}
-	p.dec.UseNumber()
-	if err := p.openObject("index"); err != nil {
+	p := &headerParser{s: scanner{b: data, what: "index"}}
+	s := &p.s
+	switch c := s.next(); {
+	case s.atEnd():
+		return nil, errors.New("index is empty, not a JSON object")
+	case c != '{':
+		kind, err := s.valueKind()
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("index is %s, not a JSON object", kind)
+	}
+	// The whole index is checked to be well formed first, building nothing.
+	keys, err := s.countMembers("")
+	if err != nil {
 		return nil, err
 	}
+	if keys > maxIndexKeys {
+		return nil, fmt.Errorf("index has %d top-level keys, over the limit of %d (real ones have metadata and weight_map)", keys, maxIndexKeys)
+	}
+	s.i++ // the '{'
 	idx := &Index{}
-	seen := map[string]bool{}
-	for {
-		k, ok, err := p.key()
+	seen := make(map[string]bool, keys)
+	for first := true; ; first = false {
+		k, ok, err := p.key(first)
 		if err != nil {
 			return nil, err
 		}
 		if !ok {
 			break
 		}
-		if seen[k] {
+		if seen[string(k)] {
 			return nil, fmt.Errorf("duplicate key %q in index", k)
 		}
-		seen[k] = true
-		switch k {
+		seen[string(k)] = true
+		switch string(k) {
 		case "weight_map":
 			if idx.WeightMap, err = p.weightMap(shardSuffixes); err != nil {
 				return nil, err
 			}
 		case "metadata":
-			var m map[string]any
-			if err := p.dec.Decode(&m); err != nil {
-				return nil, fmt.Errorf("metadata is not a JSON object: %w", err)
+			if idx.Metadata, err = p.indexMetadata(); err != nil {
+				return nil, err
 			}
-			idx.Metadata = m
 		default:
-			var skip json.RawMessage
-			if err := p.dec.Decode(&skip); err != nil {
-				return nil, fmt.Errorf("index is not valid JSON: %w", err)
+			if err := s.skipValue(2); err != nil {
+				return nil, err
 			}
 		}
 	}
-	if _, err := p.dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, errors.New("index has trailing data after the JSON object")
+	if err := s.trailing(); err != nil {
+		return nil, err
 	}
 	if idx.WeightMap == nil {
 		return nil, errors.New("index has no weight_map")
@@ -117,33 +150,91 @@ func parseIndex(data []byte, shardSuffixes ...string) (*Index, error) {
 	return idx, nil
 }
 
-// weightMap reads an object of tensor name to shard file name.
-func (p *headerParser) weightMap(shardSuffixes []string) (map[string]string, error) {
-	if err := p.openObject("weight_map"); err != nil {
+// indexMetadata reads the index's metadata: an object of any values (null:
+// none), numbers kept exact as json.Number.
+func (p *headerParser) indexMetadata() (map[string]any, error) {
+	if null, err := p.s.isNull(); null || err != nil {
 		return nil, err
 	}
-	wm := map[string]string{}
-	for {
-		k, ok, err := p.key()
+	if p.s.next() != '{' {
+		kind, err := p.s.valueKind()
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("metadata is %s, not a JSON object", kind)
+	}
+	start := p.s.i
+	if err := p.s.skipValue(2); err != nil {
+		return nil, err
+	}
+	raw := p.s.b[start:p.s.i]
+	if len(raw) > maxIndexMetadata {
+		return nil, fmt.Errorf("metadata is %d bytes, over the limit of %d (real ones hold total_size)", len(raw), maxIndexMetadata)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil { // checked well formed above: cannot fail
+		return nil, errors.New("metadata is not a JSON object")
+	}
+	return m, nil
+}
+
+// weightMap reads an object of tensor name to shard file name. It is
+// counted before anything is built, and each shard name is checked and
+// stored once however many tensors share it.
+func (p *headerParser) weightMap(shardSuffixes []string) (map[string]string, error) {
+	s := &p.s
+	if s.next() != '{' {
+		kind, err := s.valueKind()
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("weight_map is %s, not a JSON object", kind)
+	}
+	n, err := s.countMembers("")
+	if err != nil {
+		return nil, err
+	}
+	if n > MaxIndexTensors {
+		return nil, fmt.Errorf("weight_map lists %d tensors, over the limit of %d for one checkpoint (the largest real ones have about 211,000)", n, MaxIndexTensors)
+	}
+	s.i++ // the '{'
+	wm := make(map[string]string, n)
+	shards := map[string]string{}
+	for first := true; ; first = false {
+		kb, ok, err := p.key(first)
 		if err != nil {
 			return nil, err
 		}
 		if !ok {
 			return wm, nil
 		}
-		if _, dup := wm[k]; dup {
-			return nil, fmt.Errorf("weight_map: tensor %q listed twice", k)
+		if _, dup := wm[string(kb)]; dup {
+			return nil, fmt.Errorf("weight_map: tensor %q listed twice", kb)
 		}
-		tok, err := p.token()
+		k := string(kb)
+		if s.next() != '"' {
+			kind, err := s.valueKind()
+			if err != nil {
+				return nil, err
+			}
+			return nil, fmt.Errorf("weight_map: tensor %q maps to %s, not a file name", k, kind)
+		}
+		fb, err := s.str()
 		if err != nil {
 			return nil, err
 		}
-		file, ok := tok.(string)
-		if !ok {
-			return nil, fmt.Errorf("weight_map: tensor %q maps to %s, not a file name", k, describe(tok))
-		}
-		if err := checkShardName(file, shardSuffixes...); err != nil {
-			return nil, fmt.Errorf("weight_map: tensor %q: %w", k, err)
+		file, known := shards[string(fb)]
+		if !known {
+			file = string(fb)
+			if err := checkShardName(file, shardSuffixes...); err != nil {
+				return nil, fmt.Errorf("weight_map: tensor %q: %w", k, err)
+			}
+			if len(shards) == maxShards {
+				return nil, fmt.Errorf("weight_map names more than %d shard files, the limit (real checkpoints have tens to hundreds)", maxShards)
+			}
+			shards[file] = file
 		}
 		wm[k] = file
 	}
@@ -260,6 +351,18 @@ func OpenSharded(dir string) (_ *Sharded, err error) {
 		}
 		s.Shards = append(s.Shards, f)
 		byFile[name] = f
+		// Checked as each shard opens, so that what the shards hold in all
+		// stays within the weight_map's bounds: shards full of tensors the
+		// index does not list are refused before the next one is opened.
+		for _, t := range f.Tensors {
+			mapped, ok := idx.WeightMap[t.Name]
+			if !ok {
+				return nil, fmt.Errorf("%s: tensor %q is missing from the weight_map of %s", f.Path, t.Name, IndexFileName)
+			}
+			if mapped != name {
+				return nil, fmt.Errorf("%s: tensor %q is mapped to %s in %s", f.Path, t.Name, mapped, IndexFileName)
+			}
+		}
 	}
 	names := make([]string, 0, len(idx.WeightMap))
 	for name := range idx.WeightMap {
@@ -270,18 +373,6 @@ func OpenSharded(dir string) (_ *Sharded, err error) {
 		file := idx.WeightMap[name]
 		if _, ok := byFile[file].Lookup(name); !ok {
 			return nil, fmt.Errorf("%s: tensor %q is in the weight_map of %s but not in the shard", byFile[file].Path, name, IndexFileName)
-		}
-	}
-	for _, f := range s.Shards {
-		file := filepath.Base(f.Path)
-		for _, t := range f.Tensors {
-			mapped, ok := idx.WeightMap[t.Name]
-			if !ok {
-				return nil, fmt.Errorf("%s: tensor %q is missing from the weight_map of %s", f.Path, t.Name, IndexFileName)
-			}
-			if mapped != file {
-				return nil, fmt.Errorf("%s: tensor %q is mapped to %s in %s", f.Path, t.Name, mapped, IndexFileName)
-			}
 		}
 	}
 	return s, nil

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/moeprep/moeprep/internal/safeio"
 )
 
 // File is an open safetensors file. Only the header is held in memory; tensor
@@ -20,20 +22,18 @@ type File struct {
 	byName map[string]int // index into Tensors
 }
 
-// Open reads and checks the header of path. Every error names path.
+// Open reads and checks the header of path. Every error names path. Anything
+// but a regular file is refused without blocking (a named pipe would block
+// a read forever, a device can be endless).
 func Open(path string) (*File, error) {
-	fh, err := os.Open(path)
+	fh, err := safeio.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	st, err := fh.Stat()
 	if err != nil {
 		fh.Close()
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		fh.Close()
-		return nil, fmt.Errorf("%s: not a regular file", path)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	f, err := readFile(fh, st.Size())
 	if err != nil {
@@ -61,20 +61,42 @@ func readFile(r io.ReaderAt, size int64) (*File, error) {
 	if int64(n) > size-8 {
 		return nil, fmt.Errorf("header length %d runs past the end of the %d-byte file", n, size)
 	}
+	// A header that does not open as a JSON object is refused from its
+	// first bytes, before the rest is read: a sparse file that claims a
+	// 100 MB header of zeros then costs nothing.
+	var head [headPeek]byte
+	if _, err := r.ReadAt(head[:min(n, headPeek)], 8); err != nil {
+		return nil, fmt.Errorf("reading %d-byte header: %w", n, err)
+	}
+	if err := checkOpening(head[:min(n, headPeek)]); err != nil {
+		return nil, err
+	}
 	header := make([]byte, n)
 	if _, err := r.ReadAt(header, 8); err != nil {
 		return nil, fmt.Errorf("reading %d-byte header: %w", n, err)
 	}
 	dataStart := 8 + int64(n)
-	meta, tensors, err := ParseHeader(header, size-dataStart)
+	meta, tensors, byName, err := parseHeader(header, size-dataStart)
 	if err != nil {
 		return nil, err
 	}
-	f := &File{Metadata: meta, Tensors: tensors, DataStart: dataStart, byName: make(map[string]int, len(tensors))}
-	for i, t := range tensors {
-		f.byName[t.Name] = i
+	return &File{Metadata: meta, Tensors: tensors, DataStart: dataStart, byName: byName}, nil
+}
+
+// headPeek is how much of a header is looked at before the rest is read.
+const headPeek = 4096
+
+// checkOpening refuses the first bytes of a header that cannot open a
+// JSON object; leading whitespace alone says nothing yet.
+func checkOpening(head []byte) error {
+	s := scanner{b: head, what: "header"}
+	switch c := s.next(); {
+	case s.atEnd() || c == '{':
+		return nil
+	case kindOf(c) != "":
+		return fmt.Errorf("header is %s, not a JSON object", kindOf(c))
 	}
-	return f, nil
+	return s.bad()
 }
 
 // Lookup finds a tensor by name.

@@ -137,7 +137,7 @@ func TestOpenErrors(t *testing.T) {
 	if _, err := Open(filepath.Join(dir, "missing.safetensors")); err == nil || !strings.Contains(err.Error(), "missing.safetensors") {
 		t.Errorf("missing file: %v", err)
 	}
-	if _, err := Open(dir); err == nil || !strings.Contains(err.Error(), dir+": not a regular file") {
+	if _, err := Open(dir); err == nil || !strings.Contains(err.Error(), dir+": a directory, not a regular file") {
 		t.Errorf("directory: %v", err)
 	}
 }

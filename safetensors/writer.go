@@ -61,6 +61,20 @@ func PlanHeaderAt(metadata map[string]string, entries []Entry, phase, page int64
 // planHeader is PlanHeaderAt (page 0: no page alignment) that also returns
 // each entry's byte count.
 func planHeader(metadata map[string]string, entries []Entry, phase, page int64) ([]byte, []int64, error) {
+	// What the reader would refuse is not written.
+	if len(entries) > MaxTensorsPerFile {
+		return nil, nil, fmt.Errorf("%d tensors in one file, over the limit of %d", len(entries), MaxTensorsPerFile)
+	}
+	if len(metadata) > maxMetadataEntries {
+		return nil, nil, fmt.Errorf("%s has %d keys, over the limit of %d", metadataKey, len(metadata), maxMetadataEntries)
+	}
+	metaBytes := 0
+	for k, v := range metadata {
+		metaBytes += len(k) + len(v)
+	}
+	if metaBytes > maxMetadataBytes {
+		return nil, nil, fmt.Errorf("%s holds %d bytes, over the limit of %d", metadataKey, metaBytes, maxMetadataBytes)
+	}
 	var js bytes.Buffer
 	js.WriteByte('{')
 	if len(metadata) > 0 {
@@ -96,6 +110,8 @@ func planHeader(metadata map[string]string, entries []Entry, phase, page int64) 
 			return nil, nil, fmt.Errorf("tensor %q: name is not valid UTF-8", e.Name)
 		case !e.DType.Valid():
 			return nil, nil, fmt.Errorf("tensor %q: unknown dtype %q", e.Name, string(e.DType))
+		case len(e.Shape) > maxRank:
+			return nil, nil, fmt.Errorf("tensor %q: shape has %d dimensions, over the limit of %d", e.Name, len(e.Shape), maxRank)
 		}
 		seen[e.Name] = true
 		n, err := e.NumBytes()

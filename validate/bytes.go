@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -17,6 +16,7 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/safeio"
 	"github.com/moeprep/moeprep/internal/termsafe"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
@@ -551,7 +551,7 @@ func checkShard(ctx context.Context, path string, like layout.FileInfo, pred *pr
 		return fail(err)
 	}
 	defer f.Close()
-	fh, err := os.Open(path)
+	fh, err := safeio.Open(path)
 	if err != nil {
 		return fail(err)
 	}

@@ -27,136 +27,200 @@ type Golden struct {
 	InputIDs []int32
 }
 
-// maxGoldenElems bounds what a golden file may make validate allocate: 1M
-// tokens x 7168 would be absurd; 64M floats (256 MB) is far above any real one.
-const maxGoldenElems = 64 << 20
+// Limits on what a golden may make validate read and hold. A golden's
+// shapes are checked against each other and these before any data is read:
+// a sparse file can claim gigabytes of tensors for nothing (a 4 GiB one cost
+// 3.1 GB of RSS).
+const (
+	// maxGoldenTokens: fixtures/hf/export.py writes 32 tokens a layer and
+	// validate draws 128 by default; a golden is compared token by token.
+	maxGoldenTokens = 1 << 12
+	// maxGoldenHidden bounds H where the layer's hidden size is not given:
+	// the widest released models have 16,384.
+	maxGoldenHidden = 1 << 16
+	// maxGoldenElems bounds x and y, [T,H] each: 1,024 tokens of
+	// DeepSeek-V3's 7,168 are 7.3 M values; 8 Mi keeps x and y to 32 MB
+	// each once widened to float32.
+	maxGoldenElems = 8 << 20
+	// maxGoldenTopK bounds K of topk_ids and topk_weights [T,K]: routers
+	// pick 1 to 8 experts a token.
+	maxGoldenTopK = 1 << 10
+	// maxGoldenOther bounds the bytes of tensors a golden holds besides its
+	// own five, which are never read: a little room for an exporter's
+	// extras (router logits), none for a file out of all proportion.
+	maxGoldenOther = 16 << 20
+	// goldenChunk is how much raw data is read at a time while widening.
+	goldenChunk = 1 << 20
+)
+
+// goldenNames are the tensors a golden may hold and validate reads.
+var goldenNames = map[string]bool{"x": true, "y": true, "topk_ids": true, "topk_weights": true, "input_ids": true}
 
 // ReadGolden reads and checks dir/moe-layer-l.safetensors. wantH is the
-// layer's hidden size (0: not checked).
+// layer's hidden size (0: not checked). Every shape and dtype is checked
+// before any tensor data is read; errors name the file and the tensor.
 func ReadGolden(path string, wantH int) (*Golden, error) {
 	f, err := safetensors.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	g := &Golden{Path: path}
-	x, xs, err := goldenTensor(f, "x", true)
-	if err != nil {
-		return nil, err
+	fail := func(format string, args ...any) (*Golden, error) {
+		return nil, fmt.Errorf("%s: %s", path, fmt.Sprintf(format, args...))
 	}
-	y, ys, err := goldenTensor(f, "y", true)
-	if err != nil {
-		return nil, err
+	x, hasX := f.Lookup("x")
+	y, hasY := f.Lookup("y")
+	switch {
+	case !hasX:
+		return fail("no tensor %q (a golden needs x and y)", "x")
+	case !hasY:
+		return fail("no tensor %q (a golden needs x and y)", "y")
 	}
+	xs, ys := x.Shape, y.Shape
 	if len(xs) != 2 || len(ys) != 2 || xs[0] != ys[0] || xs[1] != ys[1] || xs[0] <= 0 || xs[1] <= 0 {
-		return nil, fmt.Errorf("%s: x %v and y %v must both be [T,H] with T, H > 0", path, xs, ys)
+		return fail("x %v and y %v must both be [T,H] with T, H > 0", xs, ys)
 	}
-	g.T, g.H = int(xs[0]), int(xs[1])
-	if wantH != 0 && g.H != wantH {
-		return nil, fmt.Errorf("%s: x is [%d,%d], the layer's hidden size is %d", path, g.T, g.H, wantH)
+	t, h := xs[0], xs[1]
+	switch {
+	case wantH != 0 && h != int64(wantH):
+		return fail("x is [%d,%d], the layer's hidden size is %d", t, h, wantH)
+	case t > maxGoldenTokens:
+		return fail("tensor x: %d tokens, over the limit of %d (export.py writes 32)", t, maxGoldenTokens)
+	case h > maxGoldenHidden:
+		return fail("tensor x: hidden size %d, over the limit of %d", h, maxGoldenHidden)
+	case t*h > maxGoldenElems:
+		return fail("tensor x: [%d,%d] is %d values, over the limit of %d", t, h, t*h, maxGoldenElems)
 	}
-	g.X, g.Y = x, y
+	for _, ti := range []safetensors.TensorInfo{x, y} {
+		if !Decodable(ti.DType) {
+			return fail("tensor %s is %s, want F32", ti.Name, ti.DType)
+		}
+	}
+	ids, hasIDs := f.Lookup("topk_ids")
+	w, hasW := f.Lookup("topk_weights")
+	if hasIDs != hasW {
+		return fail("topk_ids and topk_weights come together")
+	}
+	if hasIDs {
+		is, ws := ids.Shape, w.Shape
+		if len(is) != 2 || len(ws) != 2 || is[0] != t || ws[0] != is[0] || ws[1] != is[1] || is[1] <= 0 {
+			return fail("topk_ids %v and topk_weights %v must both be [%d,K]", is, ws, t)
+		}
+		if is[1] > maxGoldenTopK {
+			return fail("tensor topk_ids: K=%d, over the limit of %d", is[1], maxGoldenTopK)
+		}
+		if ids.DType != safetensors.I32 && ids.DType != safetensors.I64 {
+			return fail("tensor topk_ids is %s, want I32 or I64", ids.DType)
+		}
+		if !Decodable(w.DType) {
+			return fail("tensor topk_weights is %s, want F32", w.DType)
+		}
+	}
+	tok, hasTok := f.Lookup("input_ids")
+	if hasTok {
+		if len(tok.Shape) != 1 || tok.Shape[0] != t {
+			return fail("input_ids %v must be [%d]", tok.Shape, t)
+		}
+		if tok.DType != safetensors.I32 && tok.DType != safetensors.I64 {
+			return fail("tensor input_ids is %s, want I32 or I64", tok.DType)
+		}
+	}
+	other := int64(0)
+	for _, ti := range f.Tensors {
+		if goldenNames[ti.Name] {
+			continue
+		}
+		if other += ti.NumBytes(); other > maxGoldenOther {
+			return fail("tensor %s: the file holds over %d bytes of tensors besides x, y, topk_ids, topk_weights and input_ids (not a golden?)", ti.Name, maxGoldenOther)
+		}
+	}
+
+	g := &Golden{Path: path, T: int(t), H: int(h)}
+	if g.X, err = goldenFloats(f, x); err != nil {
+		return nil, err
+	}
 	for i, v := range g.X {
 		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return nil, fmt.Errorf("%s: x[%d] is %v", path, i, v)
+			return fail("x[%d] is %v", i, v)
 		}
 	}
-	ids, is, err := goldenInts(f, "topk_ids")
-	if err != nil {
+	if g.Y, err = goldenFloats(f, y); err != nil {
 		return nil, err
 	}
-	w, ws, err := goldenTensor(f, "topk_weights", false)
-	if err != nil {
-		return nil, err
-	}
-	if (ids == nil) != (w == nil) {
-		return nil, fmt.Errorf("%s: topk_ids and topk_weights come together", path)
-	}
-	if ids != nil {
-		if len(is) != 2 || len(ws) != 2 || is[0] != int64(g.T) || ws[0] != is[0] || ws[1] != is[1] || is[1] <= 0 {
-			return nil, fmt.Errorf("%s: topk_ids %v and topk_weights %v must both be [%d,K]", path, is, ws, g.T)
+	if hasIDs {
+		g.K = int(ids.Shape[1])
+		if g.IDs, err = goldenInts(f, ids); err != nil {
+			return nil, err
 		}
-		g.K, g.IDs, g.Weights = int(is[1]), ids, w
-	}
-	tok, ts, err := goldenInts(f, "input_ids")
-	if err != nil {
-		return nil, err
-	}
-	if tok != nil {
-		if len(ts) != 1 || ts[0] != int64(g.T) {
-			return nil, fmt.Errorf("%s: input_ids %v must be [%d]", path, ts, g.T)
+		if g.Weights, err = goldenFloats(f, w); err != nil {
+			return nil, err
 		}
-		g.InputIDs = tok
+	}
+	if hasTok {
+		if g.InputIDs, err = goldenInts(f, tok); err != nil {
+			return nil, err
+		}
 	}
 	return g, nil
 }
 
-// goldenTensor reads a float tensor (F32, or any float dtype validate decodes).
-func goldenTensor(f *safetensors.File, name string, required bool) ([]float32, []int64, error) {
-	ti, ok := f.Lookup(name)
-	if !ok {
-		if required {
-			return nil, nil, fmt.Errorf("%s: no tensor %q (a golden needs x and y)", f.Path, name)
-		}
-		return nil, nil, nil
-	}
-	if !Decodable(ti.DType) {
-		return nil, nil, fmt.Errorf("%s: tensor %s is %s, want F32", f.Path, name, ti.DType)
-	}
-	raw, err := goldenBytes(f, ti)
-	if err != nil {
-		return nil, nil, err
-	}
-	out := make([]float32, len(raw)/ti.DType.Size())
-	if err := Decode(ti.DType, raw, out); err != nil {
-		return nil, nil, fmt.Errorf("%s: tensor %s: %w", f.Path, name, err)
-	}
-	return out, ti.Shape, nil
-}
-
-// goldenInts reads an optional non-negative integer tensor (I32 or I64).
-func goldenInts(f *safetensors.File, name string) ([]int32, []int64, error) {
-	ti, ok := f.Lookup(name)
-	if !ok {
-		return nil, nil, nil
-	}
-	if ti.DType != safetensors.I32 && ti.DType != safetensors.I64 {
-		return nil, nil, fmt.Errorf("%s: tensor %s is %s, want I32 or I64", f.Path, name, ti.DType)
-	}
-	raw, err := goldenBytes(f, ti)
-	if err != nil {
-		return nil, nil, err
-	}
-	n := len(raw) / ti.DType.Size()
-	out := make([]int32, n)
-	for i := range out {
-		var v int64
-		if ti.DType == safetensors.I32 {
-			v = int64(int32(binary.LittleEndian.Uint32(raw[4*i:])))
-		} else {
-			v = int64(binary.LittleEndian.Uint64(raw[8*i:]))
-		}
-		if v < 0 || v > math.MaxInt32 {
-			return nil, nil, fmt.Errorf("%s: %s[%d] = %d", f.Path, name, i, v)
-		}
-		out[i] = int32(v)
-	}
-	return out, ti.Shape, nil
-}
-
-func goldenBytes(f *safetensors.File, ti safetensors.TensorInfo) ([]byte, error) {
-	if n := ti.NumBytes(); n < 0 || n > maxGoldenElems*8 {
-		return nil, fmt.Errorf("%s: tensor %s is %d bytes, more than a golden should hold", f.Path, ti.Name, n)
-	}
+// goldenRead calls each with consecutive pieces of a checked tensor's raw
+// bytes, at most goldenChunk at a time, whole elements each, and the index
+// of the piece's first element.
+func goldenRead(f *safetensors.File, ti safetensors.TensorInfo, each func(raw []byte, first int) error) error {
 	sec, err := f.Section(ti.Name)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	buf := make([]byte, ti.NumBytes())
-	if n, err := sec.ReadAt(buf, 0); n != len(buf) {
-		return nil, fmt.Errorf("%s: reading tensor %s: %v", f.Path, ti.Name, err)
+	size := int64(ti.DType.Size())
+	buf := make([]byte, min(ti.NumBytes(), goldenChunk/size*size))
+	for off := int64(0); off < ti.NumBytes(); {
+		raw := buf[:min(int64(len(buf)), ti.NumBytes()-off)]
+		if n, err := sec.ReadAt(raw, off); n != len(raw) {
+			return fmt.Errorf("%s: reading tensor %s: %v", f.Path, ti.Name, err)
+		}
+		if err := each(raw, int(off/size)); err != nil {
+			return err
+		}
+		off += int64(len(raw))
 	}
-	return buf, nil
+	return nil
+}
+
+// goldenFloats reads a checked float tensor, widened to float32 a piece at
+// a time, so that only the result is held.
+func goldenFloats(f *safetensors.File, ti safetensors.TensorInfo) ([]float32, error) {
+	size := ti.DType.Size()
+	out := make([]float32, ti.NumBytes()/int64(size))
+	err := goldenRead(f, ti, func(raw []byte, first int) error {
+		if err := Decode(ti.DType, raw, out[first:first+len(raw)/size]); err != nil {
+			return fmt.Errorf("%s: tensor %s: %w", f.Path, ti.Name, err)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// goldenInts reads a checked non-negative integer tensor (I32 or I64).
+func goldenInts(f *safetensors.File, ti safetensors.TensorInfo) ([]int32, error) {
+	size := ti.DType.Size()
+	out := make([]int32, ti.NumBytes()/int64(size))
+	err := goldenRead(f, ti, func(raw []byte, first int) error {
+		for j := 0; j < len(raw)/size; j++ {
+			var v int64
+			if ti.DType == safetensors.I32 {
+				v = int64(int32(binary.LittleEndian.Uint32(raw[4*j:])))
+			} else {
+				v = int64(binary.LittleEndian.Uint64(raw[8*j:]))
+			}
+			if v < 0 || v > math.MaxInt32 {
+				return fmt.Errorf("%s: %s[%d] = %d", f.Path, ti.Name, first+j, v)
+			}
+			out[first+j] = int32(v)
+		}
+		return nil
+	})
+	return out, err
 }
 
 // goldenPath finds layer l's golden in dir; ok is false when there is none.

@@ -52,10 +52,22 @@ func ReadFile(path string, max int64, what string) ([]byte, error) {
 	if st.Size() > max {
 		return nil, TooLarge(path, st.Size(), max, what)
 	}
-	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	// One allocation of the stated size (plus a byte to see growth), not
+	// io.ReadAll's doubling, which costs up to twice the file.
+	b := make([]byte, st.Size()+1)
+	n, err := io.ReadFull(f, b)
+	switch {
+	case err == io.ErrUnexpectedEOF || err == io.EOF:
+		return b[:n], nil // the file ended where its size said, or shrank
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", path, unwrap(err))
+	}
+	// Still more: the file grew while being read. Read what fits the limit.
+	rest, err := io.ReadAll(io.LimitReader(f, max+1-int64(n)))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, unwrap(err))
 	}
+	b = append(b[:n], rest...)
 	if int64(len(b)) > max {
 		return nil, TooLarge(path, int64(len(b)), max, what)
 	}
