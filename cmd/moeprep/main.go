@@ -13,8 +13,10 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/internal/termsafe"
 )
 
 func main() {
@@ -24,22 +26,41 @@ func main() {
 // run executes one command line and returns its exit code; tests call it
 // in-process with their own writers.
 func run(args []string, stdout, stderr io.Writer) (code int) {
+	// Names, values and messages from checkpoint files reach both streams:
+	// no control character in them may steer the terminal (termsafe).
+	safeOut, safeErr := termsafe.NewWriter(stdout), termsafe.NewWriter(stderr)
+	defer safeOut.Flush()
+	defer safeErr.Flush()
+	stdout, stderr = safeOut, safeErr
+
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
+	finished := make(chan struct{})
+	defer close(finished)
 	go func() {
-		if _, ok := <-sigs; !ok {
+		select {
+		case <-sigs:
+		case <-finished:
 			return
 		}
-		// First signal: cancel, let the running command clean up.
+		// First signal: cancel, and let the running command clean up for
+		// as long as a person waits for a ^C; work that cannot see the
+		// cancellation (a parser in the middle of a file) does not keep the
+		// process alive past it. The partial output stays for --resume and
+		// the kernel drops the output's lock with the process.
 		cancel(exitcode.ErrInterrupted)
-		if _, ok := <-sigs; ok {
-			// Second signal: the user insists.
+		select {
+		case <-sigs:
 			fmt.Fprintln(stderr, "moeprep: interrupted again, exiting now")
-			os.Exit(exitcode.Interrupted)
+		case <-time.After(interruptGrace):
+			fmt.Fprintln(stderr, "moeprep: interrupted")
+		case <-finished:
+			return
 		}
+		os.Exit(exitcode.Interrupted)
 	}()
 
 	// Last line of defence: no input may end in a stack trace. Every parser
@@ -60,7 +81,11 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		err = fmt.Errorf("%w: %v", exitcode.ErrInterrupted, err)
 	}
 	if err != nil {
-		fmt.Fprintln(stderr, exitcode.Message(err))
+		fmt.Fprintln(stderr, termsafe.Escape(exitcode.Message(err)))
 	}
 	return exitcode.Code(err)
 }
+
+// interruptGrace is how long a cancelled command may take to return before
+// the process exits anyway: under a second, as a ^C should feel.
+const interruptGrace = 800 * time.Millisecond

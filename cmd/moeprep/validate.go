@@ -159,7 +159,7 @@ Exit 0 when every layer passes, 1 when any fails, 2 when the input is unusable.`
 			if len(args) == 2 {
 				src = args[0]
 			}
-			return runValidate(cmd, &f, src, dst, os.Stderr)
+			return runValidate(cmd, &f, src, dst, cmd.ErrOrStderr()) // escaped by run
 		},
 	}
 	f.register(cmd)
