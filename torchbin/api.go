@@ -6,8 +6,8 @@ package torchbin
 
 import (
 	"fmt"
+	"github.com/moeprep/moeprep/internal/safeio"
 	"io"
-	"os"
 
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -44,18 +44,14 @@ type File struct {
 
 // Open reads path's pickle and maps every tensor; it loads no storage.
 func Open(path string) (*File, error) {
-	f, err := os.Open(path)
+	f, err := safeio.Open(path) // a FIFO would block os.Open itself
 	if err != nil {
-		return nil, err // *PathError names the file
+		return nil, err // names the file
 	}
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("%s: not a regular file", path)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	tf, err := openReader(path, f, st.Size())
 	if err != nil {
@@ -76,37 +72,49 @@ func openReader(path string, r io.ReaderAt, size int64) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	sd, err := parseGuarded(pkl, a.lookup)
+	sd, err := guard(func() (*stateDict, error) { return unpickle(pkl, a.lookup) })
 	if err != nil {
 		return nil, fmt.Errorf("%s: data.pkl: %w", path, err)
 	}
 	f := &File{Path: path, Skipped: sd.skipped, byName: make(map[string]int, len(sd.tensors))}
-	for _, nv := range sd.tensors {
+	layouts := make([]*layout, len(sd.tensors))
+	for i, nv := range sd.tensors {
 		l, err := checkView(nv.view)
 		if err != nil {
 			return nil, fmt.Errorf("%s: tensor %q: %w", path, nv.name, err)
 		}
+		layouts[i] = l
+	}
+	if err := checkAliasing(sd.tensors, layouts); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	for i, nv := range sd.tensors {
 		f.byName[nv.name] = len(f.Tensors)
 		f.Tensors = append(f.Tensors, Tensor{
 			Name:  nv.name,
 			DType: nv.view.dtype,
 			Shape: append([]int64{}, nv.view.shape...),
-			Data:  l.reader(r),
+			Data:  layouts[i].reader(r),
 		})
 	}
 	return f, nil
 }
 
-// parseGuarded is parseStateDict behind a last line of defence: scanPickle
-// rules out every gopickle crash we know of, but gopickle is third-party
-// code, and a crash there must still become an error naming the file.
-func parseGuarded(pkl []byte, lookup storageLookup) (sd *stateDict, err error) {
+// parseGuarded is parseStateDict behind guard.
+func parseGuarded(pkl []byte, lookup storageLookup) (*stateDict, error) {
+	return guard(func() (*stateDict, error) { return parseStateDict(pkl, lookup) })
+}
+
+// guard is a last line of defence: scanPickle rules out every gopickle
+// crash we know of, but gopickle is third-party code, and a crash there
+// must still become an error naming the file.
+func guard(parse func() (*stateDict, error)) (sd *stateDict, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			sd, err = nil, shortError(fmt.Errorf("malformed pickle (unpickler failed: %v)", p))
 		}
 	}()
-	return parseStateDict(pkl, lookup)
+	return parse()
 }
 
 // Lookup finds a tensor by name.

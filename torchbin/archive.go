@@ -10,11 +10,6 @@ import (
 	"strings"
 )
 
-// maxPickleBytes bounds data.pkl, which is held in memory while it is
-// unpickled. A state dict costs about 100 bytes of pickle per tensor, so
-// this allows far more tensors than any real checkpoint file holds.
-const maxPickleBytes = 64 << 20
-
 var (
 	errLegacy      = errors.New("legacy (pre-1.6) torch.save format is not supported; re-save it with torch.save(torch.load(path), path) on torch >= 1.6, or convert to safetensors")
 	errTorchScript = errors.New("TorchScript archive, not a state dict; save model.state_dict() with torch.save")
@@ -53,9 +48,15 @@ func openArchive(r io.ReaderAt, size int64) (*archive, error) {
 	if err := sniff(r, size); err != nil {
 		return nil, err
 	}
+	// zip.NewReader parses every directory record the file holds; each
+	// takes at least 46 bytes of the file, so its cost grows with the
+	// file's size and cannot be inflated by compression.
 	zr, err := zip.NewReader(r, size)
 	if err != nil {
 		return nil, fmt.Errorf("corrupt zip archive: %w", err)
+	}
+	if len(zr.File) > maxZipEntries {
+		return nil, fmt.Errorf("zip archive has %d entries, more than %d, the limit for one checkpoint file", len(zr.File), maxZipEntries)
 	}
 	a := &archive{size: size, entries: make(map[string]*zip.File, len(zr.File)), offsets: map[string]storageEntry{}}
 	for _, zf := range zr.File {
@@ -137,12 +138,30 @@ func (a *archive) readSmall(zf *zip.File, limit int64) ([]byte, error) {
 	return b, nil
 }
 
+// readPickle reads data.pkl while scanPickle checks it (scanStream), so a
+// hostile pickle is refused after reading only as far as its first excess,
+// however large its entry claims to be. It returns the accepted pickle, up
+// to its STOP opcode.
 func (a *archive) readPickle() ([]byte, error) {
-	b, err := a.readSmall(a.entries[a.prefix+"data.pkl"], maxPickleBytes)
+	b, err := a.scanPickleEntry(a.entries[a.prefix+"data.pkl"])
 	if err != nil {
 		return nil, fmt.Errorf("data.pkl: %w", err)
 	}
 	return b, nil
+}
+
+func (a *archive) scanPickleEntry(zf *zip.File) ([]byte, error) {
+	if zf.UncompressedSize64 > maxPickleBytes {
+		return nil, fmt.Errorf("%d bytes uncompressed, more than %d, the limit", zf.UncompressedSize64, maxPickleBytes)
+	}
+	rc, err := zf.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	// archive/zip stops at the declared size and checks the CRC at the
+	// end; the LimitReader caps the read even if it did not.
+	return scanStream(io.LimitReader(rc, int64(zf.UncompressedSize64)+1), int(zf.UncompressedSize64))
 }
 
 // lookup maps a storage key to its entry's bytes inside the file without

@@ -6,8 +6,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // seedFiles lists every checkpoint under testdata, good and broken.
@@ -27,8 +29,9 @@ func seedFiles(f *testing.F) []string {
 
 // FuzzUnpickle feeds arbitrary bytes as data.pkl, with every storage key
 // resolving to a fake entry. It runs without parseGuarded's recover, so any
-// crash in gopickle that scanPickle lets through is reported. Seeds: the
-// data.pkl of every testdata archive and the hand-written pickles.
+// crash in gopickle that scanPickle lets through is reported, and it bounds
+// each input's time and allocation. Seeds: the data.pkl of every testdata
+// archive, the hand-written pickles and a small torch-style MoE shard.
 func FuzzUnpickle(f *testing.F) {
 	for _, p := range seedFiles(f) {
 		zr, err := zip.OpenReader(p)
@@ -48,11 +51,30 @@ func FuzzUnpickle(f *testing.F) {
 	}
 	f.Add(pkl(dict(str("w"), v3call(pid("torch.storage", "UntypedStorage", "0", 64), 0, []int{2, 3}, []int{1, 2}, "float8_e4m3fn"))))
 	f.Add(pkl(dict(str("model"), dict(str("w"), v2call(pid("torch", "FloatStorage", "0", 16), 0, []int{4}, []int{1})))))
+	f.Add(torchStateDict(3))
 	storage := make([]byte, 64)
 	for i := range storage {
 		storage[i] = byte(i)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		start := time.Now()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		defer func() {
+			// Cost is linear in the pickle: the most one byte can cost is
+			// a MARK's 256-byte stack in gopickle (an EMPTY_DICT: 160), the
+			// stack and memo grow by doubling, and one refused call may
+			// print up to maxCallArgsPrint into its error. Anything
+			// superlinear (a quadratic decode, an allocation sized by an
+			// opcode's argument) breaks these bounds.
+			runtime.ReadMemStats(&after)
+			if alloc, limit := after.TotalAlloc-before.TotalAlloc, uint64(1<<20+1024*len(data)); alloc > limit {
+				t.Errorf("%d-byte pickle allocated %d bytes, more than %d", len(data), alloc, limit)
+			}
+			if elapsed := time.Since(start); elapsed > time.Second {
+				t.Errorf("%d-byte pickle took %v", len(data), elapsed)
+			}
+		}()
 		sd, err := parseStateDict(data, fakeStorages)
 		if err != nil {
 			if strings.Contains(err.Error(), "\n") {
@@ -61,17 +83,25 @@ func FuzzUnpickle(f *testing.F) {
 			return
 		}
 		// Map and read every tensor the fuzzer made valid, as Open would.
+		layouts := make([]*layout, 0, len(sd.tensors))
 		for _, nv := range sd.tensors {
 			l, err := checkView(nv.view)
 			if err != nil {
 				continue
 			}
+			if l.nbytes > int64(len(storage)) {
+				t.Fatalf("%s: %d bytes from a storage of %d", nv.name, l.nbytes, len(storage))
+			}
+			layouts = append(layouts, l)
 			r := l.reader(bytes.NewReader(append(make([]byte, 1000), storage...)))
-			if l.nbytes <= 1<<16 {
-				b, err := io.ReadAll(io.NewSectionReader(r, 0, l.nbytes))
-				if err != nil || int64(len(b)) != l.nbytes {
-					t.Fatalf("%s: read %d of %d bytes: %v", nv.name, len(b), l.nbytes, err)
-				}
+			b, err := io.ReadAll(io.NewSectionReader(r, 0, l.nbytes))
+			if err != nil || int64(len(b)) != l.nbytes {
+				t.Fatalf("%s: read %d of %d bytes: %v", nv.name, len(b), l.nbytes, err)
+			}
+		}
+		if len(layouts) == len(sd.tensors) {
+			if err := checkAliasing(sd.tensors, layouts); err != nil && strings.Contains(err.Error(), "\n") {
+				t.Fatalf("multi-line error %q", err)
 			}
 		}
 	})

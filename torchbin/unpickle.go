@@ -31,12 +31,19 @@ type stateDict struct {
 	skipped []string // keys of scalar values that are not tensors
 }
 
-// parseStateDict unpickles data.pkl and extracts the state dict. Errors
-// name the tensor key where one is known; the caller prefixes the file.
+// parseStateDict scans and unpickles data.pkl and extracts the state dict.
+// Errors name the tensor key where one is known; the caller prefixes the
+// file.
 func parseStateDict(pkl []byte, lookup storageLookup) (*stateDict, error) {
-	if err := scanPickle(pkl); err != nil {
+	end, err := scanPickle(pkl)
+	if err != nil {
 		return nil, err
 	}
+	return unpickle(pkl[:end], lookup)
+}
+
+// unpickle runs gopickle over a pickle that scanPickle accepted.
+func unpickle(pkl []byte, lookup storageLookup) (*stateDict, error) {
 	pl := &persistentLoader{lookup: lookup, seen: make(map[string]*storageRef)}
 	u := pickle.NewUnpickler(bytes.NewReader(pkl))
 	u.FindClass = findClass
@@ -108,6 +115,9 @@ func (p *persistentLoader) load(pid any) (any, error) {
 			return nil, fmt.Errorf("storage %q is used as both %s and %s", key, ref.class.name, class.name)
 		}
 		return ref, checkNumel(ref, numel)
+	}
+	if len(p.seen) >= maxTensors {
+		return nil, fmt.Errorf("more than %d storages, the limit for one checkpoint file", maxTensors)
 	}
 	ent, err := p.lookup(key)
 	if err != nil {
@@ -254,6 +264,9 @@ func collectTensors(entries []dictEntry) (*stateDict, error) {
 		case *tensorView:
 			if e.key == "" {
 				return nil, fmt.Errorf("a tensor has an empty name")
+			}
+			if len(sd.tensors) >= maxTensors {
+				return nil, fmt.Errorf("more than %d tensors, the limit for one checkpoint file", maxTensors)
 			}
 			sd.tensors = append(sd.tensors, namedView{e.key, v})
 		default:

@@ -1,11 +1,14 @@
 package torchbin
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"math/bits"
+	"slices"
+	"strings"
 )
 
 // layout is a checked tensor view: every element it touches lies inside
@@ -88,8 +91,120 @@ func checkView(v *tensorView) (*layout, error) {
 		return nil, fmt.Errorf("view (offset %d, shape %v, stride %v) reaches element %d of storage %q, which has %d elements",
 			v.offset, v.shape, v.stride, last, st.key, storageNumel)
 	}
+	if overlaps(v.shape, stride) {
+		return nil, fmt.Errorf("view (offset %d, shape %v, stride %v) reads some elements of storage %q more than once (an expanded or overlapping view), "+
+			"so it streams more bytes than it maps; save tensor.contiguous() instead", v.offset, v.shape, v.stride, st.key)
+	}
 	l.shape, l.stride = coalesce(v.shape, stride)
 	return l, nil
+}
+
+// overlaps reports whether two indices of a non-empty view may address the
+// same element. moeprep streams every tensor as its own row-major bytes,
+// so a view that repeats elements (a stride-0 expand, unfold-style
+// windows) would stream more bytes than its storage holds, without bound.
+// With the dims of size > 1 sorted by stride, each stride must step past
+// everything the smaller dims reach; slices, transposes and permutes of a
+// tensor always do. The test is sufficient, not necessary: an as_strided
+// interleaving that happens not to repeat is refused too. The spans were
+// checked against overflow by checkView and sum to at most the storage.
+func overlaps(shape, stride []int64) bool {
+	type dim struct{ n, stride int64 }
+	var dims [maxRank]dim
+	nd := 0
+	for i, n := range shape {
+		if n <= 1 {
+			continue
+		}
+		d := dim{n, stride[i]}
+		j := nd
+		for ; j > 0 && dims[j-1].stride > d.stride; j-- {
+			dims[j] = dims[j-1]
+		}
+		dims[j] = d
+		nd++
+	}
+	var reach int64 // the furthest element the smaller dims reach
+	for _, d := range dims[:nd] {
+		if d.stride <= reach {
+			return true
+		}
+		reach += (d.n - 1) * d.stride
+	}
+	return false
+}
+
+// checkAliasing bounds the bytes a file's tensors stream by maxAliasFactor
+// times the bytes of the file their storages map. Each view was checked
+// against its own storage; this stops many views of one storage, or many
+// zip entries over the same bytes of the file, from inflating a
+// conversion's output.
+func checkAliasing(tensors []namedView, layouts []*layout) error {
+	type use struct {
+		streamed int64
+		tensors  int
+	}
+	uses := make(map[*storageRef]*use)
+	var streamed int64
+	for i, nv := range tensors {
+		st := nv.view.storage
+		u := uses[st]
+		if u == nil {
+			u = &use{}
+			uses[st] = u
+		}
+		u.streamed = satAdd(u.streamed, layouts[i].nbytes)
+		u.tensors++
+		streamed = satAdd(streamed, layouts[i].nbytes)
+	}
+	// The bytes of the file the storages cover: the union of their
+	// ranges, which lookup checked lie inside the file. Zip entries can
+	// overlap, so their sizes alone could claim more than the file holds.
+	spans := make([][2]int64, 0, len(uses))
+	var claimed int64
+	for st := range uses {
+		if st.nbytes > 0 {
+			spans = append(spans, [2]int64{st.offset, st.offset + st.nbytes})
+			claimed += st.nbytes // each at most the file's size; at most maxTensors of them
+		}
+	}
+	slices.SortFunc(spans, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
+	var mapped, end int64
+	for _, sp := range spans {
+		if sp[1] > end {
+			mapped += sp[1] - max(sp[0], end)
+			end = sp[1]
+		}
+	}
+	if mapped > math.MaxInt64/maxAliasFactor || streamed <= maxAliasFactor*mapped {
+		return nil
+	}
+	// Name the storage streamed most beyond its own size (a single tensor
+	// never is), and any overlap of entries: one or both explain the excess.
+	var worst *storageRef
+	var most int64
+	for st, u := range uses {
+		if x := u.streamed - st.nbytes; x > most || x == most && worst != nil && st.key < worst.key {
+			worst, most = st, x
+		}
+	}
+	var why []string
+	if worst != nil {
+		why = append(why, fmt.Sprintf("storage %q alone is read by %d tensors for %d bytes", worst.key, uses[worst].tensors, uses[worst].streamed))
+	}
+	if claimed > mapped {
+		why = append(why, fmt.Sprintf("the storages' zip entries overlap, claiming %d bytes", claimed))
+	}
+	return fmt.Errorf("tensors stream %d bytes from %d bytes of storage in the file, more than %d times as many, the limit on shared storage (%s)",
+		streamed, mapped, maxAliasFactor, strings.Join(why, "; "))
+}
+
+// satAdd adds non-negative int64s, saturating at the maximum.
+func satAdd(a, b int64) int64 {
+	if s, ok := addCheck(a, b); ok {
+		return s
+	}
+	return math.MaxInt64
 }
 
 // contiguous reports row-major strides, which coalesce to at most one
@@ -213,12 +328,11 @@ func (r *stridedReader) readRun(p []byte, pos, stride, count, skip int64) (int, 
 		nb := min(count*esz-skip, int64(len(p)))
 		return readFull(r.src, p[:nb], l.base+pos*esz+skip)
 	}
-	// Elements stride apart: read a window covering several of them when
-	// it is small, else one element at a time. stride 0 repeats one value.
+	// Elements stride apart (stride >= 2: checkView refuses overlapping
+	// views): read a window covering several of them when it is small,
+	// else one element at a time.
 	per := int64(1)
-	if stride == 0 {
-		per = count
-	} else if span := stride * esz; span <= gatherWindow {
+	if span := stride * esz; span <= gatherWindow {
 		per = max(1, gatherWindow/span)
 	}
 	n := 0
@@ -226,12 +340,7 @@ func (r *stridedReader) readRun(p []byte, pos, stride, count, skip int64) (int, 
 	var window []byte
 	for c := int64(0); c < count; {
 		k := min(per, count-c)
-		var wlen int64
-		if stride == 0 {
-			wlen = esz
-		} else {
-			wlen = ((k-1)*stride + 1) * esz
-		}
+		wlen := ((k-1)*stride + 1) * esz
 		var buf []byte
 		if wlen <= int64(len(elem)) {
 			buf = elem[:wlen]

@@ -2,6 +2,7 @@ package torchbin
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -49,8 +50,6 @@ func TestStridedReader(t *testing.T) {
 		{"row block", safetensors.F16, 9, []int64{3, 4}, []int64{8, 1}, 40, false},
 		{"permute 3d", safetensors.F32, 0, []int64{4, 2, 3}, []int64{1, 12, 4}, 24, false},
 		{"every third", safetensors.I64, 1, []int64{5}, []int64{3}, 16, false},
-		{"broadcast row", safetensors.BF16, 2, []int64{3, 4}, []int64{0, 1}, 6, false},
-		{"broadcast column", safetensors.F32, 0, []int64{4, 3}, []int64{1, 0}, 4, false},
 		{"wide stride, one at a time", safetensors.U8, 5, []int64{3, 2}, []int64{1, big + 1}, 2*big + 10, false},
 		{"wide 2-byte stride", safetensors.F16, 0, []int64{2, 3}, []int64{1, big / 2}, big + 4, false},
 		{"size-1 dims with odd strides", safetensors.F32, 4, []int64{1, 3, 1}, []int64{99, 1, 7}, 8, true},
@@ -137,6 +136,16 @@ func TestCheckView(t *testing.T) {
 		{"scalar", 16, 3, nil, nil, ""},
 		{"scalar past the end", 16, 4, nil, nil, "reaches element 4"},
 		{"ragged storage", 15, 0, []int64{1}, []int64{1}, "not a whole number of F32 elements"},
+		// Views that stream an element more than once would let a small
+		// file claim any number of bytes (issue 26).
+		{"broadcast row", 24, 2, []int64{3, 4}, []int64{0, 1}, `reads some elements of storage "0" more than once`},
+		{"broadcast column", 16, 0, []int64{4, 3}, []int64{1, 0}, "more than once"},
+		{"expand within a larger storage", 64, 0, []int64{2, 4}, []int64{0, 1}, "more than once"},
+		{"sliding windows", 64, 0, []int64{3, 4}, []int64{1, 1}, "more than once"},
+		{"interleaved rows", 64, 0, []int64{2, 4}, []int64{2, 1}, "more than once"},
+		{"size-1 expand", 16, 0, []int64{1, 4}, []int64{0, 1}, ""},
+		{"permuted, touching", 96, 0, []int64{4, 2, 3}, []int64{1, 12, 4}, ""},
+		{"rows of a wider matrix", 64, 1, []int64{3, 4}, []int64{5, 1}, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -153,6 +162,74 @@ func TestCheckView(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error %v, want %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestCheckAliasing: tensors may stream at most maxAliasFactor times the
+// bytes of the file their storages cover, and the error names the cause.
+func TestCheckAliasing(t *testing.T) {
+	type tensor struct {
+		storage        string
+		offset, nbytes int64 // the storage's entry
+		streamed       int64 // the tensor's bytes
+	}
+	// repeatTensor is n tensors like t; with no storage key, each over a
+	// storage of its own, "0", "1", ...
+	repeatTensor := func(n int, t tensor) []tensor {
+		out := make([]tensor, n)
+		for i := range out {
+			out[i] = t
+			if t.storage == "" {
+				out[i].storage = fmt.Sprint(i)
+			}
+		}
+		return out
+	}
+	cases := []struct {
+		name    string
+		tensors []tensor
+		want    string
+	}{
+		{"untied", []tensor{{"0", 0, 64, 64}, {"1", 64, 32, 16}}, ""},
+		{"tied four times", []tensor{{"0", 0, 64, 64}, {"0", 0, 64, 64}, {"0", 0, 64, 64}, {"0", 0, 64, 64}}, ""},
+		{"empty storages", []tensor{{"0", 0, 0, 0}, {"0", 0, 0, 0}}, ""},
+		{"four and a byte", []tensor{{"0", 0, 64, 64}, {"0", 0, 64, 64}, {"0", 0, 64, 64}, {"0", 0, 64, 64}, {"0", 0, 64, 1}},
+			`tensors stream 257 bytes from 64 bytes of storage in the file, more than 4 times as many, the limit on shared storage (storage "0" alone is read by 5 tensors for 257 bytes)`},
+		// The large storage streams the most but only its own bytes once.
+		{"many small views beside a large tensor", []tensor{
+			{"big", 0, 100, 100},
+			{"s", 100, 1, 1}, {"s", 100, 1, 1}, {"s", 100, 1, 1}, {"s", 100, 1, 1}, {"s", 100, 1, 1},
+			{"t", 101, 1, 1}, {"t", 101, 1, 1}, {"t", 101, 1, 1}, {"t", 101, 1, 1}, {"t", 101, 1, 1}, {"t", 101, 1, 1},
+		}, ""},
+		// "a" sorts first and streams the most bytes, but only its own.
+		{"small views outweigh a large tensor", append([]tensor{{"a", 0, 8, 8}}, repeatTensor(40, tensor{"t", 8, 1, 1})...),
+			`tensors stream 48 bytes from 9 bytes of storage in the file, more than 4 times as many, the limit on shared storage (storage "t" alone is read by 40 tensors for 40 bytes)`},
+		{"entries over the same bytes", append(repeatTensor(6, tensor{"", 0, 64, 64}), tensor{"x", 32, 64, 64}),
+			`tensors stream 448 bytes from 96 bytes of storage in the file, more than 4 times as many, the limit on shared storage (the storages' zip entries overlap, claiming 448 bytes)`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			refs := map[string]*storageRef{}
+			var views []namedView
+			var layouts []*layout
+			for i, tt := range c.tensors {
+				if refs[tt.storage] == nil {
+					refs[tt.storage] = &storageRef{key: tt.storage, offset: tt.offset, nbytes: tt.nbytes}
+				}
+				views = append(views, namedView{name: string(rune('a' + i)), view: &tensorView{storage: refs[tt.storage]}})
+				layouts = append(layouts, &layout{nbytes: tt.streamed})
+			}
+			err := checkAliasing(views, layouts)
+			if c.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || err.Error() != c.want {
+				t.Fatalf("error %v\nwant %s", err, c.want)
 			}
 		})
 	}
