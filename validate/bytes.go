@@ -83,10 +83,13 @@ func (m *ByteMismatch) Error() string {
 	}
 	// Names and values come from the files under test: escaped, they cannot
 	// break the line or steer the terminal.
-	if m.Kind == MismatchBytes || m.Kind == MismatchFold || m.Kind == MismatchNaN || m.Kind == MismatchCopy {
-		return termsafe.Escape(fmt.Sprintf("%s: %s at byte %d: %s", where, m.Kind, m.Offset, m.Detail))
+	if where != "" {
+		where += ": "
 	}
-	return termsafe.Escape(fmt.Sprintf("%s: %s: %s", where, m.Kind, m.Detail))
+	if m.Kind == MismatchBytes || m.Kind == MismatchFold || m.Kind == MismatchNaN || m.Kind == MismatchCopy {
+		return termsafe.Escape(fmt.Sprintf("%s%s at byte %d: %s", where, m.Kind, m.Offset, m.Detail))
+	}
+	return termsafe.Escape(fmt.Sprintf("%s%s: %s", where, m.Kind, m.Detail))
 }
 
 // BytesResult is the structural check of a run.
