@@ -1,0 +1,149 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/moeprep/moeprep/internal/safeio"
+)
+
+// One meaning per flag, across every command:
+//   --json          JSON on stdout instead of the human table or line
+//   -o, --output F  the same JSON written to the file F (the human output
+//                   still goes to stdout); refused where it could overwrite
+//                   a checkpoint or anything that is not a moeprep report
+//   -q, --quiet     no progress on stderr (--no-progress is the same flag)
+//   -j, --jobs      how much work runs at once
+//   -f, --force     replace what an earlier run of moeprep made
+
+// schemaPrefix starts the "schema" value of every JSON document moeprep
+// writes ("moeprep.validate/v1"): a report file is recognised by it, and a
+// reader knows which fields to expect (SCHEMAS.md).
+const schemaPrefix = "moeprep."
+
+// reportFlags are --json and -o/--output.
+type reportFlags struct {
+	json   bool
+	output string
+}
+
+func (r *reportFlags) register(cmd *cobra.Command, what string) {
+	fl := cmd.Flags()
+	fl.BoolVar(&r.json, "json", false, "print "+what+" as JSON on stdout instead of text (schema: SCHEMAS.md)")
+	fl.StringVarP(&r.output, "output", "o", "", "also write "+what+" as JSON to `FILE`; never a file inside SRC or DST, nor an existing file that is not a moeprep report")
+}
+
+// quietFlag registers -q/--quiet and its other name --no-progress.
+func quietFlag(cmd *cobra.Command, quiet *bool) {
+	cmd.Flags().BoolVarP(quiet, "quiet", "q", false, "no progress on stderr")
+	cmd.Flags().BoolVar(quiet, "no-progress", false, "the same as --quiet")
+}
+
+// checkOutputPath refuses an -o path that could destroy something: inside
+// (or equal to) one of the checkpoint directories dirs, a directory, or an
+// existing file that is not a JSON document with a moeprep schema.
+func checkOutputPath(path string, dirs ...string) error {
+	if path == "" {
+		return nil
+	}
+	abs, err := resolvedPath(path)
+	if err != nil {
+		return fmt.Errorf("-o %s: %w", path, err)
+	}
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		dabs, err := resolvedPath(d)
+		if err != nil {
+			continue // an input that does not exist is reported by the command
+		}
+		if rel, err := filepath.Rel(dabs, abs); err == nil && (rel == "." || !strings.HasPrefix(rel, "..")) {
+			return fmt.Errorf("-o %s: inside the checkpoint %s; write the report elsewhere", path, d)
+		}
+	}
+	st, err := os.Stat(abs)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("-o %s: %w", path, err)
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("-o %s: exists and is %s; give a file name for the report", path, safeio.Kind(st.Mode()))
+	}
+	b, err := safeio.ReadFile(abs, 64<<20, "a moeprep report")
+	if err == nil {
+		var doc struct {
+			Schema string `json:"schema"`
+		}
+		if json.Unmarshal(b, &doc) == nil && strings.HasPrefix(doc.Schema, schemaPrefix) {
+			return nil
+		}
+	}
+	return fmt.Errorf("-o %s: exists and is not a moeprep report; moeprep overwrites only its own reports, so remove it or choose another name", path)
+}
+
+// resolvedPath is path made absolute with its links resolved; a path that
+// does not exist yet has its parent resolved.
+func resolvedPath(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if r, err := filepath.EvalSymlinks(abs); err == nil {
+		return r, nil
+	}
+	parent, err := filepath.EvalSymlinks(filepath.Dir(abs))
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(parent, filepath.Base(abs)), nil
+}
+
+// writeOutput writes v as JSON to path through a temporary file in the same
+// directory, renamed when complete.
+func writeOutput(path string, write func(io.Writer) error) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("-o %s: %w", path, err)
+	}
+	if err := write(tmp); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return fmt.Errorf("-o %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("-o %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("-o %s: %w", path, err)
+	}
+	return nil
+}
+
+// emit prints doc as JSON on stdout (--json) or calls text, and also
+// writes it to -o's file.
+func (r *reportFlags) emit(cmd *cobra.Command, doc any, text func(io.Writer) error) error {
+	if r.json {
+		if err := writeJSON(cmd.OutOrStdout(), doc); err != nil {
+			return err
+		}
+	} else if err := text(cmd.OutOrStdout()); err != nil {
+		return err
+	}
+	if r.output != "" {
+		return writeOutput(r.output, func(w io.Writer) error { return writeJSON(w, doc) })
+	}
+	return nil
+}
