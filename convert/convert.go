@@ -25,8 +25,48 @@ const PartialSuffix = ".partial"
 // Convert runs convert (o.FuseShared false) or fuse-shared. Everything is
 // written under DST.partial, renamed to DST only once complete; on any error or
 // cancellation DST.partial is left for --resume and DST is not touched.
+// With Resume, a DST that is already complete, verified against its
+// manifest and matching this run's plan, is a success with nothing to do
+// (Summary.AlreadyComplete): reruns in retry loops are idempotent.
 func Convert(ctx context.Context, o Options) (*Summary, error) {
 	start := time.Now()
+	w, err := prepare(&o)
+	if err != nil {
+		return nil, err
+	}
+	defer w.ck.Close()
+	if o.Resume && !o.Force && exists(w.dst) && !exists(w.partial) {
+		sum, err := w.verifyComplete(ctx)
+		if err != nil {
+			return nil, err
+		}
+		sum.Seconds = time.Since(start).Seconds()
+		return sum, nil
+	}
+	if err := checkReplaceable(w.dst, o.Dst, o.Force); err != nil {
+		return nil, err
+	}
+	defer func() { w.lock.unlock() }() // w.lock is set by preparePartial
+	sum, err := w.execute(ctx)
+	if err != nil {
+		return nil, diskFull(w.partial, err)
+	}
+	sum.Seconds = time.Since(start).Seconds()
+	if sum.Seconds > 0 {
+		sum.GBPerSec = float64(sum.Bytes) / sum.Seconds / 1e9
+	}
+	return sum, nil
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+// prepare checks the options and directories, opens SRC and plans every
+// output shard: all Convert and DryRun do before writing anything. The
+// caller closes w.ck.
+func prepare(o *Options) (*run, error) {
 	if err := o.norm(); err != nil {
 		return nil, err
 	}
@@ -34,14 +74,19 @@ func Convert(ctx context.Context, o Options) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := checkReplaceable(dst, o.Dst, o.Force); err != nil {
-		return nil, err
-	}
 	ck, err := checkpoint.Open(src)
 	if err != nil {
 		return nil, err
 	}
-	defer ck.Close()
+	w, err := planRun(o, ck, src, dst)
+	if err != nil {
+		ck.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+func planRun(o *Options, ck *checkpoint.Checkpoint, src, dst string) (*run, error) {
 	if c, ok, _ := layout.ReadContract(ck.Config); ok {
 		what := "it"
 		if c != nil {
@@ -55,7 +100,7 @@ func Convert(ctx context.Context, o Options) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	op, err := buildPlan(ck, fp, &o)
+	op, err := buildPlan(ck, fp, o)
 	if err != nil {
 		return nil, err
 	}
@@ -66,17 +111,7 @@ func Convert(ctx context.Context, o Options) (*Summary, error) {
 	if err := checkCollisions(src, others, op); err != nil {
 		return nil, err
 	}
-	w := &run{o: &o, ck: ck, op: op, src: src, dst: dst, partial: dst + PartialSuffix, others: others}
-	defer func() { w.lock.unlock() }() // w.lock is set by preparePartial
-	sum, err := w.execute(ctx)
-	if err != nil {
-		return nil, diskFull(w.partial, err)
-	}
-	sum.Seconds = time.Since(start).Seconds()
-	if sum.Seconds > 0 {
-		sum.GBPerSec = float64(sum.Bytes) / sum.Seconds / 1e9
-	}
-	return sum, nil
+	return &run{o: o, ck: ck, op: op, src: src, dst: dst, partial: dst + PartialSuffix, others: others}, nil
 }
 
 // diskFull makes a full disk say so in the one-line error.

@@ -467,3 +467,57 @@ func TestOtherFilesThatCannotBeCopied(t *testing.T) {
 		})
 	}
 }
+
+// --resume over a complete output is a success with nothing written, as
+// retry loops need; an output that differs is named, never reused.
+func TestResumeOnCompleteOutput(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	writeSynth(t, src, ds3BF16, nil)
+	dst := filepath.Join(dir, "dst")
+	o := Options{Src: src, Dst: dst, FuseShared: true, TP: 2}
+	if _, err := Convert(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, dst)
+	o.Resume = true
+	sum, err := Convert(context.Background(), o)
+	if err != nil || !sum.AlreadyComplete || sum.Shards == 0 || sum.Bytes == 0 {
+		t.Fatalf("resume of a complete output: %+v, %v", sum, err)
+	}
+	sameSnapshot(t, "after the idempotent rerun", snapshot(t, dst), before)
+
+	cases := []struct {
+		name   string
+		change func(o *Options)
+		tamper func()
+		want   string
+	}{
+		{"other options", func(o *Options) { o.TP = 4 }, nil, "other options or from another source"},
+		{"other layout", func(o *Options) { o.Layout = layout.GateUp }, nil, "other options or from another source"},
+		{"a shard changed", nil, func() {
+			p := filepath.Join(dst, "model-00001-of-00001.safetensors")
+			b, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)-1] ^= 1
+			mustWrite(t, p, b)
+		}, "does not match its manifest entry"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o2 := o
+			if tc.change != nil {
+				tc.change(&o2)
+			}
+			if tc.tamper != nil {
+				tc.tamper()
+			}
+			_, err := Convert(context.Background(), o2)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -65,3 +65,19 @@ func alignedBuffer(n int) ([]byte, func(), error) {
 	_ = unix.Madvise(b, unix.MADV_HUGEPAGE) // a hint: without huge pages the requests are smaller
 	return b, func() { _ = unix.Munmap(m) }, nil
 }
+
+// openDirectRead opens path for reading with O_DIRECT (around the page
+// cache), or fails where the file system does not allow it.
+func openDirectRead(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_RDONLY|unix.O_DIRECT, 0)
+}
+
+// freeBytes is the space an unprivileged writer has on dir's file system,
+// or -1 when it cannot be read.
+func freeBytes(dir string) int64 {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return -1
+	}
+	return int64(st.Bavail) * int64(st.Bsize)
+}

@@ -59,6 +59,9 @@ type Summary struct {
 	Folded           bool    `json:"routed_scaling_factor_folded"`
 	FoldMaxRelChange float64 `json:"fold_max_rel_change"`
 	FusedShared      int     `json:"num_fused_shared_experts"`
+	// AlreadyComplete: --resume found DST complete, every file matching its
+	// manifest and the contract this run would write; nothing was written.
+	AlreadyComplete bool `json:"already_complete"`
 }
 
 // ParseSize reads a size such as "5GB", "500MB", "1.5GiB" or "123456" (bytes).

@@ -2,11 +2,15 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/internal/progress"
 	"github.com/moeprep/moeprep/layout"
 )
@@ -19,21 +23,43 @@ type convertFlags struct {
 	digest           string
 	jobs             int
 	force, resume    bool
+	dryRun           bool
 	bufferedIO       bool
-	noProgress, json bool
+	quiet            bool
+	report           reportFlags
 }
+
+// Schemas of convert's JSON documents (SCHEMAS.md).
+const (
+	schemaConvert     = schemaPrefix + "convert/v1"
+	schemaConvertPlan = schemaPrefix + "convert-plan/v1"
+)
 
 func (f *convertFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.layout, "layout", "stacked", "expert layout: stacked (all_gate/all_up [E,I,H], all_down [E,H,I]), gate-up (gate_up_proj [E,2I,H], gate rows first) or up-gate (up rows first)")
-	fl.StringVar(&f.maxShard, "max-shard-size", "5GB", "largest output shard, e.g. 5GB, 500MB, 2GiB")
-	fl.IntVar(&f.jobs, "jobs", convert.DefaultJobs, "shards written at once; each holds up to 36 MiB of buffers (8 staged 4 MiB blocks and a 4 MiB read buffer)")
-	fl.StringVar(&f.digest, "digest", layout.ShardBlockAlgo.String(), "how the manifest hashes each shard's 4 MiB blocks: xxh3 (XXH3-128, fast; catches corruption and torn writes), blake3 or sha256 (cryptographic, for a digest to pin; slower on few cores)")
-	fl.BoolVar(&f.force, "force", false, "replace DST if it exists")
-	fl.BoolVar(&f.resume, "resume", false, "continue an interrupted run from DST.partial, reusing finished shards whose checksum matches")
+	fl.StringVar(&f.maxShard, "max-shard-size", "5GB", "largest output shard, e.g. 5GB, 500MB, 2GiB (GB = 10^9 bytes, GiB = 2^30)")
+	fl.IntVarP(&f.jobs, "jobs", "j", convert.DefaultJobs, "shards written at once; each holds up to 36 MiB of buffers (8 staged 4 MiB blocks and a 4 MiB read buffer)")
+	fl.StringVar(&f.digest, "digest", layout.ShardBlockAlgo.String(), fmt.Sprintf("how the manifest hashes each shard's %d MiB blocks: xxh3 (XXH3-128, fast; catches corruption and torn writes), blake3 or sha256 (cryptographic, for a digest to pin; slower on few cores)", layout.ShardBlockSize>>20))
+	fl.BoolVarP(&f.force, "force", "f", false, "replace DST if it is an earlier moeprep output (every file listed in its manifest) or empty; anything else is refused")
+	fl.BoolVar(&f.resume, "resume", false, "continue an interrupted run from DST.partial, reusing finished shards whose file and source bytes still hash as recorded; on a complete DST, verify it and exit 0")
+	fl.BoolVar(&f.dryRun, "dry-run", false, "print the plan (shards, bytes to read and write, free space, time at SRC's measured read speed) and write nothing")
 	fl.BoolVar(&f.bufferedIO, "buffered-io", false, "write shards through the page cache instead of with O_DIRECT (used anyway where the file system refuses O_DIRECT)")
-	fl.BoolVar(&f.noProgress, "no-progress", false, "no progress reporting on stderr")
-	fl.BoolVar(&f.json, "json", false, "print a JSON summary (files, bytes, seconds, GB/s) at the end")
+	quietFlag(cmd, &f.quiet)
+	f.report.register(cmd, "the summary")
+	_ = cmd.RegisterFlagCompletionFunc("layout", fixedCompletion(layout.Stacked, layout.GateUp, layout.UpGate))
+	_ = cmd.RegisterFlagCompletionFunc("digest", fixedCompletion("xxh3", "blake3", "sha256"))
+}
+
+// fixedCompletion completes a flag's value from a fixed list.
+func fixedCompletion[T ~string](values ...T) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+	return func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		out := make([]string, len(values))
+		for i, v := range values {
+			out[i] = string(v)
+		}
+		return out, cobra.ShellCompDirectiveNoFileComp
+	}
 }
 
 func (f *convertFlags) options(src, dst string) (convert.Options, error) {
@@ -52,6 +78,12 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	if err != nil {
 		return convert.Options{}, fmt.Errorf("--digest: %w", err)
 	}
+	if f.force && f.resume {
+		return convert.Options{}, fmt.Errorf("--force and --resume contradict each other: --resume keeps DST.partial's finished shards, --force starts over")
+	}
+	if err := checkOutputPath(f.report.output, src, dst); err != nil {
+		return convert.Options{}, err
+	}
 	return convert.Options{Src: src, Dst: dst, Layout: l, MaxShardSize: size, Jobs: f.jobs, Digest: digest,
 		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, Tool: "moeprep " + versionString()}, nil
 }
@@ -61,28 +93,112 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 	if o.FuseShared {
 		label = "fuse-shared"
 	}
-	rep := progress.New(os.Stderr, label, f.noProgress)
+	if f.dryRun {
+		p, err := convert.DryRun(cmd.Context(), o)
+		if err != nil {
+			return err
+		}
+		doc := struct {
+			Schema string `json:"schema"`
+			*convert.Plan
+		}{schemaConvertPlan, p}
+		return f.report.emit(cmd, doc, func(w io.Writer) error { return printPlan(w, label, p) })
+	}
+	rep := progress.New(os.Stderr, label, f.quiet)
 	o.Progress = rep
 	s, err := convert.Convert(cmd.Context(), o)
 	rep.Done()
 	if err != nil {
 		return err
 	}
-	if f.json {
-		return writeJSON(cmd.OutOrStdout(), s)
-	}
-	msg := fmt.Sprintf("wrote %s: layout %s, %d shards (%d reused), %d files, %.2f GB in %.1f s (%.2f GB/s)",
-		s.Dst, s.Layout, s.Shards, s.ReusedShards, s.Files, float64(s.Bytes)/1e9, s.Seconds, s.GBPerSec)
-	if o.FuseShared {
-		msg += fmt.Sprintf("; %d fused shared experts", s.FusedShared)
-		if s.Folded {
-			msg += fmt.Sprintf(", routed_scaling_factor folded (max relative change %.3g)", s.FoldMaxRelChange)
-		} else {
-			msg += ", routed_scaling_factor not folded (slot weight 1/rsf, runtime multiply)"
+	doc := struct {
+		Schema string `json:"schema"`
+		*convert.Summary
+	}{schemaConvert, s}
+	return f.report.emit(cmd, doc, func(w io.Writer) error {
+		if s.AlreadyComplete {
+			_, err := fmt.Fprintf(w, "%s is already complete: %s and %s, %s, every one matching its manifest and this run's plan; nothing to do\n",
+				s.Dst, human.Count(s.Shards, "shard"), human.Count(s.Files-s.Shards, "other file"), human.Bytes(s.Bytes))
+			if err == nil {
+				_, err = fmt.Fprintf(w, "next: moeprep validate %s %s   # prove it against the source\n", shellQuote(o.Src), shellQuote(o.Dst))
+			}
+			return err
 		}
+		shards := human.Count(s.Shards, "shard")
+		if s.ReusedShards > 0 {
+			shards += fmt.Sprintf(" (%d reused from the interrupted run)", s.ReusedShards)
+		}
+		msg := fmt.Sprintf("wrote %s: layout %s, %s, %s, %s in %s (%s)",
+			s.Dst, s.Layout, shards, human.Count(s.Files, "file"),
+			human.Bytes(s.Bytes), human.Duration(time.Duration(s.Seconds*float64(time.Second))),
+			human.Rate(s.Bytes, time.Duration(s.Seconds*float64(time.Second))))
+		if o.FuseShared {
+			msg += fmt.Sprintf("; %s", human.Count(s.FusedShared, "fused shared expert"))
+			if s.Folded {
+				msg += fmt.Sprintf(", routed_scaling_factor folded (max relative change %.3g)", s.FoldMaxRelChange)
+			} else {
+				msg += ", routed_scaling_factor not folded (slot weight 1/rsf, runtime multiply)"
+			}
+		}
+		if _, err := fmt.Fprintln(w, msg); err != nil {
+			return err
+		}
+		_, err := fmt.Fprintf(w, "next: moeprep validate %s %s   # prove it computes what the source does; then see README \"Using the output\"\n", shellQuote(o.Src), shellQuote(o.Dst))
+		return err
+	})
+}
+
+// printPlan prints a --dry-run plan for people.
+func printPlan(w io.Writer, label string, p *convert.Plan) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "plan: %s %s -> %s (layout %s)\n", label, p.Src, p.Dst, p.Layout)
+	what := fmt.Sprintf("%s stacked", human.Count(p.MoELayers, "MoE layer"))
+	if p.FusedShared > 0 {
+		what += fmt.Sprintf(", %s fused per layer", human.Count(p.FusedShared, "shared expert slot"))
 	}
-	_, err = fmt.Fprintln(cmd.OutOrStdout(), msg)
+	if p.Folded {
+		what += ", routed_scaling_factor folded"
+	}
+	fmt.Fprintf(&b, "  %s, %s (%s)\n", human.Count(len(p.Shards), "shard"), human.Count(p.Tensors, "tensor"), what)
+	const listed = 12
+	for i, s := range p.Shards {
+		if i == listed {
+			fmt.Fprintf(&b, "    ... and %s more (--json lists all)\n", human.Count(len(p.Shards)-listed, "shard"))
+			break
+		}
+		fmt.Fprintf(&b, "    %-36s %10s  %s\n", s.Name, human.Bytes(s.Bytes), human.Count(s.Tensors, "tensor"))
+	}
+	fmt.Fprintf(&b, "  read %s from SRC, write %s to DST (%s copied as they are)\n", human.Bytes(p.ReadBytes), human.Bytes(p.WriteBytes), human.Count(p.CopiedFiles, "other file"))
+	switch {
+	case p.FreeBytes < 0:
+		fmt.Fprintf(&b, "  disk: %s needed; the free space of DST's file system could not be read\n", human.Bytes(p.WriteBytes))
+	case p.Fits:
+		fmt.Fprintf(&b, "  disk: %s needed, %s free: fits\n", human.Bytes(p.WriteBytes), human.Bytes(p.FreeBytes))
+	default:
+		fmt.Fprintf(&b, "  disk: %s needed, only %s free: does NOT fit\n", human.Bytes(p.WriteBytes), human.Bytes(p.FreeBytes))
+	}
+	if p.ReadRate > 0 {
+		how := "through the page cache, which may flatter it"
+		if p.RateDirect {
+			how = "with O_DIRECT"
+		}
+		fmt.Fprintf(&b, "  time: about %s at %s, SRC's read speed over a %.1f s sample read %s\n",
+			human.Duration(time.Duration(p.EstimatedSeconds*float64(time.Second))),
+			human.Bytes(int64(p.ReadRate))+"/s", p.RateSampleSeconds, how)
+	}
+	b.WriteString("nothing was written (--dry-run)\n")
+	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// shellQuote quotes a path for a command line a person can paste.
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-+=:,@", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func newConvertCmd() *cobra.Command {

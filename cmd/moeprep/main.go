@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -41,8 +42,9 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	finished := make(chan struct{})
 	defer close(finished)
 	go func() {
+		var sig os.Signal
 		select {
-		case <-sigs:
+		case sig = <-sigs:
 		case <-finished:
 			return
 		}
@@ -51,16 +53,20 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		// cancellation (a parser in the middle of a file) does not keep the
 		// process alive past it. The partial output stays for --resume and
 		// the kernel drops the output's lock with the process.
-		cancel(exitcode.ErrInterrupted)
+		cause, code := exitcode.ErrInterrupted, exitcode.Interrupted
+		if sig == syscall.SIGTERM {
+			cause, code = exitcode.ErrTerminated, exitcode.Terminated
+		}
+		cancel(cause)
 		select {
 		case <-sigs:
-			fmt.Fprintln(stderr, "moeprep: interrupted again, exiting now")
+			fmt.Fprintln(stderr, "moeprep: "+cause.Error()+" again, exiting now")
 		case <-time.After(interruptGrace):
-			fmt.Fprintln(stderr, "moeprep: interrupted")
+			fmt.Fprintln(stderr, "moeprep: "+cause.Error())
 		case <-finished:
 			return
 		}
-		os.Exit(exitcode.Interrupted)
+		os.Exit(code)
 	}()
 
 	// Last line of defence: no input may end in a stack trace. Every parser
@@ -77,8 +83,11 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
-	if err != nil && context.Cause(ctx) == exitcode.ErrInterrupted {
-		err = fmt.Errorf("%w: %v", exitcode.ErrInterrupted, err)
+	if cause := context.Cause(ctx); err != nil && (cause == exitcode.ErrInterrupted || cause == exitcode.ErrTerminated) {
+		// Say what stopped it once; the context's own "context canceled"
+		// is noise after that.
+		msg := strings.TrimSuffix(strings.TrimSuffix(err.Error(), ": "+context.Canceled.Error()), ": "+cause.Error())
+		err = fmt.Errorf("%w: %s", cause, msg)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, termsafe.Escape(exitcode.Message(err)))

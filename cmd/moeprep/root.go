@@ -4,9 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"regexp"
 	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/moeprep/moeprep/family"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
@@ -34,25 +38,92 @@ func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:   "moeprep",
 		Short: "Prepare Mixture-of-Experts checkpoints offline for fast serving, and prove them equivalent",
-		Long: `moeprep prepares Mixture-of-Experts LLM checkpoints (DeepSeek-V2/V3/R1, Kimi-K2,
-Qwen2-MoE, Qwen3-MoE, Mixtral) once, offline, for serving engines: it stacks each
-MoE layer's experts into contiguous tensors, fuses the shared expert into the
-expert bank, folds routed_scaling_factor into the weights, and validates that
-the prepared checkpoint computes the same function as the original.
+		Long: `moeprep prepares Mixture-of-Experts LLM checkpoints once, offline, for serving
+engines: it stacks each MoE layer's experts into contiguous tensors, fuses the
+shared expert into the expert bank, folds routed_scaling_factor into the
+weights, and validates that the prepared checkpoint computes the same function
+as the original.
+
+Model types: ` + wrapList(family.SupportedModelTypes(), 66, "  ") + `
 
 Exit codes: 0 success, 1 a check found a problem, 2 bad usage or unreadable or
-malformed input, 130 interrupted.`,
+malformed input, 130 interrupted (SIGINT), 143 terminated (SIGTERM).`,
+		Version:       versionString(),
+		Args:          cobra.ArbitraryArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Reached only when no subcommand matched: no arguments, or an
+		// unknown command. Both are usage errors (exit 2), with the
+		// suggestion on the same line rather than cobra's paragraph.
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				fmt.Fprint(cmd.ErrOrStderr(), cmd.UsageString())
+				return fmt.Errorf("no command given (see 'moeprep --help')")
+			}
+			msg := fmt.Sprintf("unknown command %q", args[0])
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += "; did you mean " + strings.Join(s, " or ") + "?"
+			}
+			return fmt.Errorf("%s (see 'moeprep --help')", msg)
+		},
 	}
+	root.SetVersionTemplate("moeprep {{.Version}}\n")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return fmt.Errorf("%s: %v (see '%s --help')", c.CommandPath(), err, c.CommandPath())
+		return fmt.Errorf("%s: %s (see '%s --help')", strings.TrimPrefix(c.CommandPath(), "moeprep "), cleanFlagError(err), c.CommandPath())
 	})
 	root.AddCommand(newVersionCmd(), newInspectCmd())
 	for _, add := range extraCommands {
 		root.AddCommand(add())
 	}
 	return root
+}
+
+// cleanFlagError rewrites pflag's errors for people: `invalid argument
+// "eight" for "--tp" flag: strconv.ParseInt: parsing "eight": invalid
+// syntax` becomes `--tp "eight": not a whole number`.
+func cleanFlagError(err error) string {
+	msg := err.Error()
+	m := flagParseErr.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	what := "not a valid value"
+	switch {
+	case strings.Contains(m[3], "value out of range"):
+		what = "out of range"
+	case strings.HasPrefix(m[3], "strconv.ParseInt"), strings.HasPrefix(m[3], "strconv.ParseUint"):
+		what = "not a whole number"
+	case strings.HasPrefix(m[3], "strconv.ParseFloat"):
+		what = "not a number"
+	case strings.HasPrefix(m[3], "strconv.ParseBool"):
+		what = "not true or false"
+	}
+	return fmt.Sprintf("%s %q: %s", m[2], m[1], what)
+}
+
+var flagParseErr = regexp.MustCompile(`^invalid argument "(.*)" for "(.*)" flag: (.*)$`)
+
+// wrapList joins words with commas into lines of at most width characters,
+// each after the first starting with indent.
+func wrapList(words []string, width int, indent string) string {
+	var b strings.Builder
+	line := 0
+	for i, w := range words {
+		if i > 0 {
+			b.WriteString(",")
+			line++
+			if line+1+len(w) > width {
+				b.WriteString("\n" + indent)
+				line = len(indent)
+			} else {
+				b.WriteString(" ")
+				line++
+			}
+		}
+		b.WriteString(w)
+		line += len(w)
+	}
+	return b.String()
 }
 
 // extraCommands lets each command file register itself.

@@ -1,6 +1,7 @@
 // Package exitcode is the one place that maps errors to process exit codes:
 // 0 success, 1 a check found a problem, 2 bad usage or unreadable/malformed
-// input (and any other failure), 130 interrupted.
+// input (and any other failure), 130 interrupted (SIGINT), 143 terminated
+// (SIGTERM), as shells report a process killed by those signals.
 package exitcode
 
 import (
@@ -15,10 +16,15 @@ const (
 	CheckFailed = 1
 	BadInput    = 2
 	Interrupted = 130
+	Terminated  = 143
 )
 
-// ErrInterrupted marks a run stopped by SIGINT or SIGTERM.
-var ErrInterrupted = errors.New("interrupted")
+// ErrInterrupted marks a run stopped by SIGINT, ErrTerminated one stopped
+// by SIGTERM.
+var (
+	ErrInterrupted = errors.New("interrupted")
+	ErrTerminated  = errors.New("terminated")
+)
 
 // checkFailed marks a completed check that found a problem.
 type checkFailed struct{ msg string }
@@ -39,6 +45,8 @@ func Code(err error) int {
 	switch {
 	case err == nil:
 		return OK
+	case errors.Is(err, ErrTerminated):
+		return Terminated
 	case errors.Is(err, ErrInterrupted), errors.Is(err, context.Canceled):
 		return Interrupted
 	case IsCheckFailure(err):
