@@ -41,9 +41,10 @@ var inkling = &spec{
 		sharedCount:  "n_shared_experts",
 		denseKey:     "dense_mlp_idx",
 	},
-	layers:   layerTypes,
-	defaults: map[string]map[string]any{"inkling_text": {"route_scale": 8.0, "n_shared_experts": 2.0, "num_experts_per_tok": 6.0}},
-	routing:  inklingRouting,
+	layers:          layerTypes,
+	defaults:        map[string]map[string]any{"inkling_text": {"route_scale": 8.0, "n_shared_experts": 2.0, "num_experts_per_tok": 6.0}},
+	routing:         inklingRouting,
+	sharedUnfusable: "the router weights each shared expert per token (in one normalisation with the routed experts), so its slots have no constant weight",
 }
 
 func inklingRouting(c config, _ string, p *Plan) error {

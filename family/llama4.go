@@ -30,8 +30,9 @@ var llama4 = &spec{
 		numExperts:   []string{"num_local_experts"},
 		sharedFixed:  1,
 	},
-	defaults: map[string]map[string]any{"llama4_text": {"num_experts_per_tok": 1.0}},
-	layers:   moeLayerList,
+	defaults:        map[string]map[string]any{"llama4_text": {"num_experts_per_tok": 1.0}},
+	layers:          moeLayerList,
+	sharedUnfusable: "the routing weight scales the routed experts' input, and a fused shared slot would need the unscaled input in the same grouped GEMM",
 	routing: func(_ config, _ string, p *Plan) error {
 		p.Scoring, p.TopKMethod, p.NormTopKProb, p.RoutedInputScaled = Sigmoid, TopKGreedy, false, true
 		return nil

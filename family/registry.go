@@ -37,6 +37,23 @@ func SupportedModelTypes() []string {
 	return out
 }
 
+// FuseSharedModelTypes lists, sorted, the model types whose shared expert
+// fuse-shared can append to the expert bank as constant-weight slots, where
+// a checkpoint has one: the family names a shared expert that no per-token
+// gate, router row or input scaling ties to the token. (A checkpoint may
+// still be refused for what its config holds: no shared expert, or shared
+// biases the routed experts lack.)
+func FuseSharedModelTypes() []string {
+	var out []string
+	for _, f := range families {
+		if f.names.shared != "" && !f.keys.sharedGated && f.sharedUnfusable == "" {
+			out = append(out, f.modelTypes...)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 func lookup(modelType string) (*spec, error) {
 	for _, f := range families {
 		if slices.Contains(f.modelTypes, modelType) {

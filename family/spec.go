@@ -27,6 +27,10 @@ type spec struct {
 	// refuse, when set, turns a config into the one-line reason this family
 	// cannot be planned (an option moeprep cannot express).
 	refuse func(c config) error
+	// sharedUnfusable, when set, is why fuse-shared cannot append this
+	// family's shared expert as constant-weight slots, beyond what the
+	// naming says (a per-token shared gate, sharedGated).
+	sharedUnfusable string
 }
 
 // withDefaults returns config.json with the model type's defaults filled in

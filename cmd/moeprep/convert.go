@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/internal/progress"
 	"github.com/moeprep/moeprep/layout"
@@ -253,8 +254,14 @@ a serving engine's top-k gains shared slots and never clones weights at load.
   none  never fold: the shared slot weight is 1/rsf and rsf stays a multiply
 The contract in DST/config.json says which (see layout/CONTRACT.md).
 
-DeepSeek-V2/V3/R1 and Kimi-K2 can be fused. Mixtral and Qwen3-MoE have no shared
-expert, and Qwen2-MoE's is gated per token: fuse-shared refuses them.`,
+Model types whose shared expert can be fused (where the checkpoint has one):
+  ` + wrapList(family.FuseSharedModelTypes(), 66, "  ") + `.
+The others have no shared expert, or one gated or weighted per token, or
+routed experts whose input the routing weight scales: fuse-shared refuses
+them with the reason, and convert is the command for them. A checkpoint of a
+listed type is still refused, with the reason, when its shared expert has
+biases the routed experts lack, or is split into S experts across FP8
+128x128 blocks.`,
 		Example: `  moeprep fuse-shared --tp 8 ./DeepSeek-V3 ./DeepSeek-V3-fused
   moeprep fuse-shared --tp 8 --replicas 1 --fold-scaling none ./Kimi-K2 ./kimi-fused
   moeprep fuse-shared --tp 4 --layout gate-up --json ./DeepSeek-R1 ./r1-fused`,

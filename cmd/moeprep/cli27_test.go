@@ -1,0 +1,110 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/family"
+)
+
+// Usage errors are exit 2 with one clean line: no Go internals, no command
+// path said twice, suggestions on the same line.
+func TestUsageErrorsAreOneCleanLine(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{nil, "moeprep: no command given (see 'moeprep --help')"},
+		{[]string{"conver"}, `moeprep: unknown command "conver"; did you mean convert? (see 'moeprep --help')`},
+		{[]string{"fuse-shared", "--tp", "eight", "a", "b"}, `moeprep: fuse-shared: --tp "eight": not a whole number (see 'moeprep fuse-shared --help')`},
+		{[]string{"convert", "--bogus", "a", "b"}, `moeprep: convert: unknown flag: --bogus (see 'moeprep convert --help')`},
+		{[]string{"convert", "-j", "x", "a", "b"}, `moeprep: convert: -j, --jobs "x": not a whole number (see 'moeprep convert --help')`},
+		{[]string{"convert", "--force", "--resume", "a", "b"}, "--force and --resume contradict each other"},
+	}
+	for _, c := range cases {
+		code, _, stderr := runCLI(t, c.args...)
+		if code != 2 {
+			t.Errorf("%v: exit %d, want 2", c.args, code)
+		}
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		last := lines[len(lines)-1]
+		if !strings.Contains(last, c.want) {
+			t.Errorf("%v: %q, want %q", c.args, last, c.want)
+		}
+		for _, bad := range []string{"strconv", "moeprep: moeprep", "Did you mean"} {
+			if strings.Contains(stderr, bad) {
+				t.Errorf("%v: stderr shows %q: %q", c.args, bad, stderr)
+			}
+		}
+	}
+	if code, out, _ := runCLI(t, "--version"); code != 0 || !strings.HasPrefix(out, "moeprep ") {
+		t.Errorf("--version: exit %d, %q", code, out)
+	}
+}
+
+// The help's list of model types whose shared expert fuses is the code's,
+// and the code agrees with what fuse-shared does on every HF fixture.
+func TestFuseSharedHelpMatchesBehaviour(t *testing.T) {
+	_, help, _ := runCLI(t, "fuse-shared", "--help")
+	fusable := family.FuseSharedModelTypes()
+	for _, mt := range fusable {
+		if !strings.Contains(help, mt) {
+			t.Errorf("fuse-shared --help does not list %s", mt)
+		}
+	}
+	dirs, _ := filepath.Glob(filepath.Join(fixturesDir, "*", "config.json"))
+	if len(dirs) < 20 {
+		t.Fatalf("only %d HF fixtures found", len(dirs))
+	}
+	for _, cfg := range dirs {
+		dir := filepath.Dir(cfg)
+		ck, err := checkpoint.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := ck.Plan()
+		ck.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := slices.Contains(fusable, p.ModelType)
+		code, _, stderr := runCLI(t, "fuse-shared", "-q", "--tp", "2", dir, filepath.Join(t.TempDir(), "out"))
+		switch {
+		case p.NumSharedExperts == 0:
+			if code == 0 {
+				t.Errorf("%s (%s): fused a shared expert it does not have", dir, p.ModelType)
+			}
+		case strings.Contains(stderr, "has biases"), strings.Contains(stderr, "cannot be split exactly"):
+			// refusals for what this checkpoint's config holds, which the
+			// help mentions
+		case listed && code != 0:
+			t.Errorf("%s (%s): listed as fusable, but fuse-shared said %s", dir, p.ModelType, stderr)
+		case !listed && code == 0:
+			t.Errorf("%s (%s): not listed as fusable, but fuse-shared fused it", dir, p.ModelType)
+		}
+	}
+}
+
+// README's table of supported model types is the registry's.
+func TestReadmeListsEveryModelType(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	for _, mt := range family.SupportedModelTypes() {
+		if !strings.Contains(readme, "`"+mt+"`") {
+			t.Errorf("README.md does not list model type %s", mt)
+		}
+	}
+	_, help, _ := runCLI(t, "--help")
+	for _, mt := range family.SupportedModelTypes() {
+		if !strings.Contains(help, mt) {
+			t.Errorf("moeprep --help does not list %s", mt)
+		}
+	}
+}
