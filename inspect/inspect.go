@@ -4,6 +4,7 @@ package inspect
 
 import (
 	"fmt"
+	"github.com/moeprep/moeprep/internal/human"
 	"io"
 	"strings"
 
@@ -174,7 +175,7 @@ func WriteText(w io.Writer, s *Summary) error {
 	rows := [][2]string{
 		{"checkpoint", s.Dir},
 		{"family", fmt.Sprintf("%s (model_type %s)", s.Family, s.ModelType)},
-		{"format", fmt.Sprintf("%s, %d weight files, %d tensors, %s", s.Format, s.WeightFiles, s.NumTensors, HumanBytes(s.TotalBytes))},
+		{"format", fmt.Sprintf("%s, %s, %s, %s", s.Format, human.Count(s.WeightFiles, "weight file"), human.Count(s.NumTensors, "tensor"), human.Bytes(s.TotalBytes))},
 		{"expert weights", fmt.Sprintf("%s, quantization %s", s.DType, quant)},
 		{"shapes", fmt.Sprintf("hidden %d, expert intermediate %d", s.HiddenSize, s.MoEIntermediateSize)},
 		{"routed experts", fmt.Sprint(s.NumExperts)},
@@ -255,20 +256,6 @@ func Ranges(xs []int) string {
 		i = j + 1
 	}
 	return strings.Join(parts, ",")
-}
-
-// HumanBytes renders n with a binary unit.
-func HumanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // outputScale is the plan's output scale, 0 (left out of --json) when 1.

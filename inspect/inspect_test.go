@@ -23,15 +23,6 @@ func TestRanges(t *testing.T) {
 	}
 }
 
-func TestHumanBytes(t *testing.T) {
-	tests := map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536 << 20: "1.5 GiB", 700 << 30: "700.0 GiB", 3 << 40: "3.0 TiB"}
-	for n, want := range tests {
-		if got := HumanBytes(n); got != want {
-			t.Errorf("HumanBytes(%d) = %q, want %q", n, got, want)
-		}
-	}
-}
-
 // TestActivationText: every non-SwiGLU activation is spelled out with the
 // values that differ from SwiGLU's (alpha below 1 included).
 func TestActivationText(t *testing.T) {

@@ -2,17 +2,26 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/inspect"
+	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/internal/progress"
 )
 
+// schemaInspect is inspect's JSON document (SCHEMAS.md).
+const schemaInspect = schemaPrefix + "inspect/v1"
+
 func newInspectCmd() *cobra.Command {
-	var asJSON, readAll, noProgress bool
+	var (
+		readAll, quiet bool
+		report         reportFlags
+	)
 	cmd := &cobra.Command{
 		Use:   "inspect DIR",
 		Short: "Read a checkpoint, detect its model family and print its MoE plan",
@@ -25,6 +34,9 @@ identical shapes and dtypes, FP8 scales where quantised) and prints the plan.`,
   moeprep inspect --read ./Kimi-K2   # also read every tensor byte once`,
 		Args: exactArgs(1, "one checkpoint directory"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutputPath(report.output, args[0]); err != nil {
+				return err
+			}
 			c, err := checkpoint.Open(args[0])
 			if err != nil {
 				return err
@@ -36,33 +48,32 @@ identical shapes and dtypes, FP8 scales where quantised) and prints the plan.`,
 			}
 			var stats *inspect.ReadStats
 			if readAll {
-				rep := progress.New(os.Stderr, "reading", noProgress)
+				rep := progress.New(os.Stderr, "reading", quiet)
 				stats, err = inspect.ReadEveryTensor(cmd.Context(), c, rep)
 				rep.Done()
 				if err != nil {
 					return err
 				}
 			}
-			if asJSON {
-				if stats != nil {
-					return writeJSON(cmd.OutOrStdout(), struct {
-						*inspect.Summary
-						*inspect.ReadStats
-					}{s, stats})
+			doc := struct {
+				Schema string `json:"schema"`
+				*inspect.Summary
+				*inspect.ReadStats
+			}{schemaInspect, s, stats}
+			return report.emit(cmd, doc, func(w io.Writer) error {
+				if err := inspect.WriteText(w, s); err != nil {
+					return err
 				}
-				return writeJSON(cmd.OutOrStdout(), s)
-			}
-			if err := inspect.WriteText(cmd.OutOrStdout(), s); err != nil {
+				if stats != nil {
+					_, err = fmt.Fprintf(w, "%-16s %s, %s in %s (%s)\n", "read:", human.Count(stats.Tensors, "tensor"), human.Bytes(stats.Bytes),
+						human.Duration(time.Duration(stats.Seconds*float64(time.Second))), human.Rate(stats.Bytes, time.Duration(stats.Seconds*float64(time.Second))))
+				}
 				return err
-			}
-			if stats != nil {
-				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%-16s %d tensors, %s in %.1f s (%.2f GB/s)\n", "read:", stats.Tensors, inspect.HumanBytes(stats.Bytes), stats.Seconds, stats.GBps)
-			}
-			return err
+			})
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of the table")
 	cmd.Flags().BoolVar(&readAll, "read", false, "also read every tensor's bytes once (bounded memory), reporting throughput")
-	cmd.Flags().BoolVar(&noProgress, "no-progress", false, "no progress reporting on stderr")
+	quietFlag(cmd, &quiet)
+	report.register(cmd, "the plan")
 	return cmd
 }
