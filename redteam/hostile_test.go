@@ -228,21 +228,23 @@ func slowTorch(t *testing.T, in string) {
 // TestHostileTorch checks the rest); until then they are the slow cases.
 func TestHostileTorchInterrupt(t *testing.T) {
 	const interruptAfter, interruptGrace = 300 * time.Millisecond, 1500 * time.Millisecond
-	cases := []struct {
+	type interruptCase struct {
 		name     string
 		build    func(t *testing.T, in string)
 		mustStay bool // the run must still be going when the signal comes
-	}{
-		{fmt.Sprintf("%d shards of %dM empty dicts each", slowShards, slowDicts>>20), slowTorch, true},
+		sig      syscall.Signal
+	}
+	slow := fmt.Sprintf("%d shards of %dM empty dicts each", slowShards, slowDicts>>20)
+	cases := []interruptCase{
+		{slow, slowTorch, true, syscall.SIGINT},
+		// SIGTERM (a CI runner's timeout, a container stop) ends it the
+		// same way, with the conventional 128+15.
+		{slow + ", SIGTERM", slowTorch, true, syscall.SIGTERM},
 	}
 	for _, hp := range hostilePickles {
-		cases = append(cases, struct {
-			name     string
-			build    func(t *testing.T, in string)
-			mustStay bool
-		}{hp.name, func(t *testing.T, in string) {
+		cases = append(cases, interruptCase{hp.name, func(t *testing.T, in string) {
 			torchZip(t, filepath.Join(in, "pytorch_model.bin"), pickleParts(hp.parts...), nil)
-		}, false})
+		}, false, syscall.SIGINT})
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -250,7 +252,7 @@ func TestHostileTorchInterrupt(t *testing.T) {
 			c.build(t, in)
 			p := startMoeprep(t, caseTimeout, "inspect", "--no-progress", in)
 			time.Sleep(time.Until(p.start.Add(interruptAfter)))
-			if !p.signal(syscall.SIGINT) {
+			if !p.signal(c.sig) {
 				r := p.wait()
 				if c.mustStay {
 					t.Errorf("the slow checkpoint was read within %v, so SIGINT was not tested: make it slower", interruptAfter)
@@ -260,7 +262,11 @@ func TestHostileTorchInterrupt(t *testing.T) {
 				return
 			}
 			r := p.wait()
-			check(t, r, code(130, nil, "interrupted"))
+			if c.sig == syscall.SIGTERM {
+				check(t, r, code(143, nil, "terminated"))
+			} else {
+				check(t, r, code(130, nil, "interrupted"))
+			}
 			if after := r.wall - interruptAfter; after > interruptGrace {
 				t.Errorf("exited %.2fs after SIGINT, want within %v", after.Seconds(), interruptGrace)
 			}
