@@ -11,6 +11,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -122,6 +123,11 @@ func load() (*driver, error) {
 func openLibrary(path string) (*driver, error) {
 	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 	if err != nil {
+		// dlopen's own "cannot open shared object file" only repeats
+		// ErrNoDriver's words; anything else (a broken install) it adds.
+		if strings.Contains(err.Error(), "cannot open shared object file") {
+			return nil, ErrNoDriver
+		}
 		return nil, fmt.Errorf("%w: %v", ErrNoDriver, err)
 	}
 	d := &driver{handle: h, fn: make(map[string]uintptr, len(symbols))}
