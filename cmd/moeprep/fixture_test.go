@@ -1,0 +1,251 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/fixtures"
+)
+
+// synthSummary reads DIR/moeprep-synth.json.
+func synthSummary(t *testing.T, dir string) fixtures.Summary {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, fixtures.SummaryFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s fixtures.Summary
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Every model type the detector plans can be written by --family alone,
+// and inspect reads it back as that model type.
+func TestFixtureSynthEveryFamily(t *testing.T) {
+	for _, mt := range family.SupportedModelTypes() {
+		dir := filepath.Join(t.TempDir(), mt)
+		code, stdout, stderr := runCLI(t, "fixture", "synth", "-q", "--family", mt, dir)
+		if code != 0 {
+			t.Errorf("%s: exit %d: %s", mt, code, stderr)
+			continue
+		}
+		if !strings.HasPrefix(stdout, "wrote "+dir+": "+mt+" bf16, 2 layers (") || stderr != "" {
+			t.Errorf("%s: stdout %q, stderr %q", mt, stdout, stderr)
+		}
+		code, stdout, stderr = runCLI(t, "inspect", "--json", dir)
+		var doc struct {
+			ModelType  string `json:"model_type"`
+			NumExperts int    `json:"num_experts"`
+			MoELayers  []int  `json:"moe_layers"`
+		}
+		if code != 0 || json.Unmarshal([]byte(stdout), &doc) != nil || doc.ModelType != mt || doc.NumExperts != 8 || len(doc.MoELayers) == 0 {
+			t.Errorf("%s: inspect exit %d, %+v, %s", mt, code, doc, stderr)
+		}
+	}
+}
+
+// The summary line counts in words that agree with their numbers, and
+// sizes in decimal units.
+func TestFixtureSynthSummaryLine(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--family", "glm4_moe", "--num-layers", "3", "--dense-layers", "1", "--mtp-layers", "1", "--experts", "16", "--top-k", "4"},
+			`glm4_moe bf16, 3 layers \(2 MoE\) \+ 1 MTP layer, 16 experts \+ 1 shared, top-4, [0-9.]+ kB in 5 files$`},
+		{[]string{"--family", "mixtral", "--num-layers", "1", "--experts", "1", "--top-k", "1", "--max-shard-size", "20kB"},
+			`mixtral bf16, 1 layer \(1 MoE\), 1 expert, top-1, [0-9.]+ kB in [0-9]+ files$`},
+		{[]string{"--preset", "tiny-deepseek-v4"},
+			`deepseek_v4 bf16, 3 layers \(3 MoE, 2 hash-routed\), 8 experts \+ 1 shared, top-2, [0-9.]+ kB in 5 files$`},
+		{[]string{"--preset", "tiny-jamba", "--hidden", "1024", "--intermediate", "512"},
+			`jamba bf16, 4 layers \(2 MoE\), 8 experts, top-2, [0-9.]+ MB in 5 files$`},
+	} {
+		dir := filepath.Join(t.TempDir(), "ckpt")
+		code, stdout, stderr := runCLI(t, append(append([]string{"fixture", "synth", "--quiet"}, c.args...), dir)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", c.args, code, stderr)
+		}
+		if !regexp.MustCompile("^wrote " + regexp.QuoteMeta(dir) + ": " + c.want).MatchString(strings.TrimSuffix(stdout, "\n")) {
+			t.Errorf("%v: %q, want %s", c.args, stdout, c.want)
+		}
+	}
+}
+
+// --json prints the summary DIR/moeprep-synth.json holds (plus dir), schema first.
+func TestFixtureSynthJSON(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	code, stdout, stderr := runCLI(t, "fixture", "synth", "--no-progress", "--json", "--preset", "tiny-inkling-text", "--max-shard-size", "50kB", dir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.HasPrefix(stdout, "{\n  \"schema\": \""+fixtures.SummarySchema+"\",\n") {
+		t.Errorf("stdout does not start with the schema: %.80q", stdout)
+	}
+	var got fixtures.Summary
+	if err := json.Unmarshal([]byte(stdout), &got); err != nil {
+		t.Fatal(err)
+	}
+	file := synthSummary(t, dir)
+	if got.Dir != dir || got.ModelType != "inkling_text" || got.SharedExperts != 2 || len(got.Files) < 5 ||
+		got.Spec != file.Spec || len(got.Files) != len(file.Files) || got.Bytes != file.Bytes {
+		t.Errorf("--json %+v\nfile %+v", got, file)
+	}
+}
+
+// The old flag names still work, say they are deprecated on stderr (never
+// on stdout, which carries the summary), and write the same bytes.
+func TestFixtureSynthDeprecatedAliases(t *testing.T) {
+	base := t.TempDir()
+	oldDir, newDir := filepath.Join(base, "old"), filepath.Join(base, "new")
+	code, stdout, stderr := runCLI(t, "fixture", "synth", "--no-progress", "--json", "--family", "qwen3_moe", "--layers", "3",
+		"--dense-layers", "1", "--shard-size", "30kB", oldDir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, f := range []string{"--layers", "--shard-size"} {
+		if !strings.Contains(stderr, "Flag "+f+" has been deprecated") {
+			t.Errorf("stderr %q does not say %s is deprecated", stderr, f)
+		}
+	}
+	var doc fixtures.Summary
+	if err := json.Unmarshal([]byte(stdout), &doc); err != nil {
+		t.Fatalf("stdout is not the JSON summary alone: %v: %q", err, stdout)
+	}
+	if code, _, stderr := runCLI(t, "fixture", "synth", "-q", "--family", "qwen3_moe", "--num-layers", "3",
+		"--dense-layers", "1", "--max-shard-size", "30kB", newDir); code != 0 || stderr != "" {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	old, cur := synthSummary(t, oldDir), synthSummary(t, newDir)
+	shards := 0
+	for _, f := range old.Files {
+		if strings.HasPrefix(f.Name, "model-") {
+			shards++
+		}
+	}
+	if old.Layers != 3 || len(old.MoELayers) != 2 || shards < 2 {
+		t.Errorf("--layers 3 --shard-size 30kB gave %d layers, MoE %v, %d shards", old.Layers, old.MoELayers, shards)
+	}
+	b1, _ := json.Marshal(old.Files)
+	b2, _ := json.Marshal(cur.Files)
+	if string(b1) != string(b2) {
+		t.Errorf("old and new flag names wrote different files:\n%s\n%s", b1, b2)
+	}
+}
+
+// -f/--force replaces only a checkpoint synth wrote; anything else is
+// refused with exit 2, naming it, and left in place.
+func TestFixtureSynthForce(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ckpt")
+	args := func(extra ...string) []string {
+		return append(append([]string{"fixture", "synth", "-q", "--preset", "tiny-hy-v3"}, extra...), dir)
+	}
+	if code, _, stderr := runCLI(t, args()...); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	code, _, stderr := runCLI(t, args("--seed", "5")...)
+	if code != 2 {
+		t.Errorf("over an existing checkpoint without --force: exit %d", code)
+	}
+	assertCleanError(t, stderr, dir, "--force replaces it")
+	for _, f := range []string{"-f", "--force"} {
+		if code, _, stderr := runCLI(t, args(f, "--seed", "5")...); code != 0 {
+			t.Errorf("%s: exit %d: %s", f, code, stderr)
+		}
+	}
+	if s := synthSummary(t, dir); s.Spec.Seed != 5 {
+		t.Errorf("--force left seed %d", s.Spec.Seed)
+	}
+	readme := filepath.Join(dir, "README.md")
+	if err := os.WriteFile(readme, []byte("my notes"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr = runCLI(t, args("-f", "--seed", "6")...)
+	if code != 2 {
+		t.Errorf("--force over a user's file: exit %d", code)
+	}
+	assertCleanError(t, stderr, dir, "README.md")
+	if b, err := os.ReadFile(readme); err != nil || string(b) != "my notes" {
+		t.Errorf("the user's file: %v %q", err, b)
+	}
+	if s := synthSummary(t, dir); s.Spec.Seed != 5 {
+		t.Errorf("a refused run changed the checkpoint (seed %d)", s.Spec.Seed)
+	}
+}
+
+func TestFixtureSynthErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--family", "llama"}, []string{`unknown family "llama"`, "glm4_moe", "gpt_oss"}},
+		{[]string{"--experts", "8"}, []string{"give --preset or --family", "deepseek_v4"}},
+		{[]string{"--preset", "nope"}, []string{"--preset", `unknown preset "nope"`, "tiny-gpt-oss"}},
+		{[]string{"--family", "gpt_oss", "--dtype", "fp8"}, []string{"stacked on disk"}},
+		{[]string{"--family", "mixtral", "--max-shard-size", "lots"}, []string{"--max-shard-size"}},
+	} {
+		dir := filepath.Join(t.TempDir(), "ckpt")
+		code, stdout, stderr := runCLI(t, append(append([]string{"fixture", "synth", "-q"}, c.args...), dir)...)
+		if code != 2 || stdout != "" {
+			t.Errorf("%v: exit %d, stdout %q", c.args, code, stdout)
+		}
+		assertCleanError(t, stderr, c.want...)
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("%v: wrote %s", c.args, dir)
+		}
+	}
+}
+
+// The help lists every model type the detector plans (so it cannot claim
+// more or fewer than the code does) and every preset.
+func TestFixtureSynthHelp(t *testing.T) {
+	code, stdout, _ := runCLI(t, "fixture", "synth", "--help")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	flat := strings.Join(strings.Fields(stdout), " ")
+	for _, mt := range family.SupportedModelTypes() {
+		if !strings.Contains(flat, " "+mt+",") && !strings.Contains(flat, " "+mt+" ") {
+			t.Errorf("help does not list %s", mt)
+		}
+	}
+	for _, p := range fixtures.PresetNames() {
+		if !strings.Contains(flat, p) {
+			t.Errorf("help does not list preset %s", p)
+		}
+	}
+	for _, hidden := range []string{"--layers ", "--shard-size "} {
+		if strings.Contains(stdout, hidden) {
+			t.Errorf("help shows the deprecated %s", hidden)
+		}
+	}
+}
+
+// Shell completion offers the values of --family, --preset and --dtype.
+func TestFixtureSynthCompletion(t *testing.T) {
+	for _, c := range []struct {
+		flag, prefix string
+		want         []string
+	}{
+		{"--family", "gl", []string{"glm4_moe", "glm4_moe_lite"}},
+		{"--family", "", family.SupportedModelTypes()},
+		{"--preset", "tiny-gpt", []string{"tiny-gpt-oss"}},
+		{"--dtype", "", []string{"bf16", "f16", "f32", "fp8"}},
+	} {
+		code, stdout, stderr := runCLI(t, "__complete", "fixture", "synth", c.flag, c.prefix)
+		lines := strings.Split(strings.TrimSpace(stdout), "\n")
+		if code != 0 || len(lines) == 0 || lines[len(lines)-1] != ":4" {
+			t.Errorf("%s %q: exit %d, %q %s", c.flag, c.prefix, code, stdout, stderr)
+			continue
+		}
+		if got := strings.Join(lines[:len(lines)-1], " "); got != strings.Join(c.want, " ") {
+			t.Errorf("%s %q completes to %q, want %q", c.flag, c.prefix, got, c.want)
+		}
+	}
+}
