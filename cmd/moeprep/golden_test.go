@@ -67,6 +67,7 @@ func TestJSONGolden(t *testing.T) {
 			[]string{"src", "dst", "free_bytes", "fits", "read_rate_bytes_per_s", "rate_sample_seconds", "rate_direct_io", "estimated_seconds"}},
 		{"convert.golden.json", []string{"fuse-shared", "-q", "--tp", "2", "--json", src, filepath.Join(dir, "out")},
 			[]string{"dst", "seconds", "gb_per_s"}},
+		{"fixture-synth.golden.json", []string{"fixture", "synth", "-q", "--preset", "tiny-deepseek-v3", "--json", filepath.Join(dir, "synth")}, []string{"dir"}},
 		{"convert-resumed.golden.json", []string{"fuse-shared", "-q", "--tp", "2", "--resume", "--json", src, filepath.Join(dir, "out")},
 			[]string{"dst", "seconds", "gb_per_s"}},
 	}
