@@ -7,8 +7,10 @@ import (
 	"math"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/internal/human"
 )
 
 // The comparisons a report row can hold.
@@ -63,7 +65,8 @@ func (r *LayerResult) Verdict() string {
 
 // MarshalJSON writes the row with its verdict. JSON has no NaN or Inf: a
 // number that is not finite (topk not compared, rel_l2 of a refused
-// comparison) is written as -1, with the reason alongside.
+// comparison, the norm of a reference holding a NaN) is written as -1, with
+// the reason alongside; one such number must not cost the whole report.
 func (r LayerResult) MarshalJSON() ([]byte, error) {
 	type plain LayerResult
 	fix := func(v *float64) {
@@ -78,36 +81,91 @@ func (r LayerResult) MarshalJSON() ([]byte, error) {
 	fix(&p.TopK)
 	fix(&p.TopKWeightMaxErr)
 	fix(&p.WorstTokenRelL2)
+	fix(&p.RefNorm)
 	return json.Marshal(struct {
 		plain
 		Verdict string `json:"verdict"`
 	}{p, r.Verdict()})
 }
 
+// Schema names the JSON report's format (validate/SCHEMA.md); it is the
+// report's first field. A field's meaning never changes under one schema;
+// a change that would break a reader gets a new version.
+const Schema = "moeprep.validate/v1"
+
+// What a run checked (Report.Mode).
+const (
+	ModeLayersBytes = "layers+bytes" // the layer checks, then the byte proof (SRC DST)
+	ModeLayers      = "layers"       // the layer checks alone (--skip-bytes, or no SRC)
+	ModeBytes       = "bytes"        // the byte proof alone (--bytes, or a DST whose model is not SRC's)
+)
+
 // Report is a whole validate run.
 type Report struct {
+	// Tool is the program that made the report ("moeprep v1.2.3"), set by
+	// the caller; Mode is what ran.
+	Tool   string `json:"tool,omitempty"`
+	Mode   string `json:"mode"`
 	Src    string `json:"src,omitempty"`
 	Dst    string `json:"dst,omitempty"`
 	Golden string `json:"golden,omitempty"`
 	Device string `json:"device"`
 	// DeviceName is the GPU of a cuda run, GPUPrecision its activation type
 	// and CPUCheck which of its layers the CPU reference checked.
-	DeviceName   string        `json:"device_name,omitempty"`
-	GPUPrecision string        `json:"gpu_precision,omitempty"`
-	CPUCheck     string        `json:"cpu_check,omitempty"`
-	Tokens       int           `json:"tokens"` // drawn tokens (goldens bring their own)
-	Seed         uint64        `json:"seed"`
-	BlockSize    int           `json:"block_size"`
-	XDraw        string        `json:"x_draw"` // how the token vectors were made
-	Rows         []LayerResult `json:"layers"`
-	Notes        []string      `json:"notes,omitempty"`
-	Seconds      float64       `json:"seconds"`
+	DeviceName   string `json:"device_name,omitempty"`
+	GPUPrecision string `json:"gpu_precision,omitempty"`
+	CPUCheck     string `json:"cpu_check,omitempty"`
+	Tokens       int    `json:"tokens"` // drawn tokens (goldens bring their own)
+	Seed         uint64 `json:"seed"`
+	BlockSize    int    `json:"block_size"`
+	XDraw        string `json:"x_draw"` // how the token vectors were made
+	// LayerSelection is the --layers spec; MoELayers are every MoE layer
+	// of the checkpoint(s), LayersChecked those the layer checks ran on and
+	// LayersNotChecked the others, which a sampled run must own up to.
+	LayerSelection   string `json:"layer_selection,omitempty"`
+	MoELayers        []int  `json:"moe_layers,omitempty"`
+	LayersChecked    []int  `json:"layers_checked,omitempty"`
+	LayersNotChecked []int  `json:"layers_not_checked,omitempty"`
+	// SampleExperts is --sample-experts (0: every expert was asked for).
+	SampleExperts int           `json:"sample_experts,omitempty"`
+	Rows          []LayerResult `json:"layers"`
+	Notes         []string      `json:"notes,omitempty"`
+	Seconds       float64       `json:"seconds"`
 	// Timings are the layers' timings of a GPU run, in run order.
 	Timings []LayerTiming `json:"timings,omitempty"`
 	// Bytes is the structural proof of DST against SRC and the contract.
 	Bytes *BytesResult `json:"bytes,omitempty"`
-	// Coverage sums up which experts the layer checks exercised.
-	Coverage *CoverageSummary `json:"coverage,omitempty"`
+	// Coverage sums up which experts the layer checks exercised, and
+	// ExpertGaps names, per checked layer, the experts they did not.
+	Coverage   *CoverageSummary `json:"coverage,omitempty"`
+	ExpertGaps []ExpertGap      `json:"experts_not_exercised,omitempty"`
+}
+
+// ExpertGap is a checked layer some of whose bank experts no token
+// exercised: by design with --sample-experts, else a failed layer.
+type ExpertGap struct {
+	Layer     int `json:"layer"`
+	Exercised int `json:"exercised"`
+	Total     int `json:"total"`
+	// NotExercised are the bank ids no forced token reached, where forced
+	// tokens ran (SRC DST runs); nil where only routed tokens ran, whose
+	// choices the report does not keep.
+	NotExercised []int `json:"not_exercised,omitempty"`
+	// Forced: the counts are the forced tokens' (else the routed tokens').
+	Forced bool `json:"forced_tokens"`
+}
+
+// mode is r.Mode, or for a report built by hand what its parts say.
+func (r *Report) mode() string {
+	switch {
+	case r.Mode != "":
+		return r.Mode
+	case len(r.Rows) == 0 && r.Bytes != nil:
+		return ModeBytes
+	case r.Bytes != nil:
+		return ModeLayersBytes
+	}
+	return ModeLayers
 }
 
 // Failed reports whether any row failed (or there were none).
@@ -144,18 +202,78 @@ func (r *Report) Err() error {
 			bad = append(bad, fmt.Sprintf("layer %d %s (%s)", row.Layer, row.Check, row.Reason))
 		}
 	}
-	total := len(r.Rows)
-	if r.Bytes != nil {
-		total++
-	}
+	_, total := r.checkCounts()
 	return exitcode.Check(fmt.Sprintf("validate: %d of %d checks failed: %s", len(bad), total, strings.Join(bad, "; ")))
 }
 
-// WriteTable prints the report as an aligned table, one row per check.
+// checkCounts counts the checks that passed and all checks: the rows and
+// the byte proof.
+func (r *Report) checkCounts() (pass, total int) {
+	for _, row := range r.Rows {
+		total++
+		if row.Pass {
+			pass++
+		}
+	}
+	if r.Bytes != nil {
+		total++
+		if r.Bytes.Pass {
+			pass++
+		}
+	}
+	return pass, total
+}
+
+// WriteTable prints the report as an aligned table, one row per check (and
+// one per MoE layer a sampled run left out), then the summary; a report
+// of the byte proof alone is its result and summary.
 func (r *Report) WriteTable(w io.Writer) error {
+	if r.mode() != ModeBytes {
+		if err := r.writeRows(w); err != nil {
+			return err
+		}
+		if err := r.writeTimings(w); err != nil {
+			return err
+		}
+		r.writeExperts(w)
+	}
+	if b := r.Bytes; b != nil {
+		if b.Pass {
+			fmt.Fprintf(w, "bytes: PASS: %s in %s (%s of DST, %s of SRC) match SRC and the contract; config.json is SRC's plus the contract, %s equal SRC's, DST holds nothing else; manifest hashes verified, in %s\n",
+				human.Count(b.Tensors, "tensor"), human.Count(b.Files, "file"), human.Bytes(b.DstBytes), human.Bytes(b.SrcBytes),
+				human.Count(b.Copies, "copied file"), human.Duration(seconds(b.Seconds)))
+		} else {
+			fmt.Fprintf(w, "bytes: FAIL: %s\n", b.Mismatch.Error())
+		}
+	}
+	for _, n := range r.Notes {
+		if _, err := fmt.Fprintln(w, "note: "+n); err != nil {
+			return err
+		}
+	}
+	_, err := fmt.Fprintln(w, r.Summary())
+	return err
+}
+
+// writeRows prints the check rows, with a row for each MoE layer not
+// checked where it would stand.
+func (r *Report) writeRows(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "layer\tcheck\texperts\ttokens\trel_l2\tmax_abs\tcos\ttopk\tverdict")
+	skipped := r.LayersNotChecked
+	why := "see the notes" // every layer was selected: a golden was missing
+	if r.LayerSelection != "" && r.LayerSelection != "all" {
+		why = "left out by --layers " + r.LayerSelection
+	}
+	notChecked := func(upTo int, inclusive bool) {
+		for len(skipped) > 0 && (skipped[0] < upTo || inclusive) {
+			// Every cell, so that the columns stay aligned across the row.
+			fmt.Fprintf(tw, "%d\tnot checked\t-\t-\t-\t-\t-\t-\t%s\n", skipped[0], why)
+			skipped = skipped[1:]
+		}
+	}
 	for _, row := range r.Rows {
+		notChecked(row.Layer, false)
 		layer := fmt.Sprint(row.Layer)
 		if row.MTP {
 			layer += " (mtp)"
@@ -171,54 +289,189 @@ func (r *Report) WriteTable(w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%d\t%.3e\t%.3e\t%.8f\t%s\t%s\n", layer, row.Check, row.ExpertsUsed, row.Experts, row.Tokens,
 			row.RelL2, row.MaxAbs, row.Cosine, topk, verdict)
 	}
-	if err := tw.Flush(); err != nil {
-		return err
+	notChecked(0, true)
+	return tw.Flush()
+}
+
+// maxListed is how many expert ids a table line names; the JSON lists all.
+const maxListed = 16
+
+// writeExperts prints which experts the layer checks exercised and, per
+// layer, the ones they did not.
+func (r *Report) writeExperts(w io.Writer) {
+	c := r.Coverage
+	if c == nil {
+		return
 	}
-	if err := r.writeTimings(w); err != nil {
-		return err
-	}
-	if c := r.Coverage; c != nil {
-		fmt.Fprintln(w, c.Line())
-	}
-	if b := r.Bytes; b != nil {
-		if b.Pass {
-			fmt.Fprintf(w, "bytes: PASS: %d tensors in %d files (%.2f GB of DST, %.2f GB of SRC) match SRC and the contract; config.json is SRC's plus the contract, %d copied files equal SRC's, DST holds nothing else; manifest hashes verified, in %.1fs\n",
-				b.Tensors, b.Files, gb(b.DstBytes), gb(b.SrcBytes), b.Copies, b.Seconds)
-		} else {
-			fmt.Fprintf(w, "bytes: FAIL: %s\n", b.Mismatch.Error())
+	fmt.Fprintln(w, r.expertsLine())
+	for _, g := range r.ExpertGaps {
+		line := fmt.Sprintf("  layer %d: %d of %d bank experts not exercised", g.Layer, g.Total-g.Exercised, g.Total)
+		if len(g.NotExercised) > 0 {
+			ids := g.NotExercised
+			more := ""
+			if len(ids) > maxListed {
+				ids, more = ids[:maxListed], fmt.Sprintf(", ... (%d in all; the JSON report lists every one)", len(g.NotExercised))
+			}
+			line += ": " + strings.ReplaceAll(intList(ids), ",", ", ") + more
 		}
+		fmt.Fprintln(w, line)
 	}
-	for _, n := range r.Notes {
-		if _, err := fmt.Fprintln(w, "note: "+n); err != nil {
-			return err
-		}
+}
+
+// expertsLine sums up the experts exercised over the checked layers.
+func (r *Report) expertsLine() string {
+	c := r.Coverage
+	how := "forced tokens through both paths"
+	if !c.Forced {
+		how = "routed tokens only: give SRC and DST to exercise every expert"
 	}
-	pass, total := 0, len(r.Rows)
-	for _, row := range r.Rows {
-		if row.Pass {
-			pass++
-		}
+	s := fmt.Sprintf("experts exercised: %d of %d", c.Exercised, c.Total)
+	switch {
+	case c.Sample > 0:
+		s += fmt.Sprintf(" (--sample-experts %d: a sample, not a proof of every expert; %s)", c.Sample, how)
+	case c.Complete == c.Layers:
+		s += fmt.Sprintf("; every expert in each of the %s (%s)", countLayers(c.Layers, "checked"), how)
+	default:
+		s += fmt.Sprintf("; every expert in only %d of the %s (%s)", c.Complete, countLayers(c.Layers, "checked"), how)
 	}
-	if r.Bytes != nil {
-		total++
-		if r.Bytes.Pass {
-			pass++
+	return s
+}
+
+func countLayers(n int, adj string) string {
+	if n == 1 {
+		return "1 " + adj + " layer"
+	}
+	return fmt.Sprintf("%d %s layers", n, adj)
+}
+
+// Summary is the report's last line: the verdict and what it covers. It
+// is the line people paste into tickets, so it names every layer and
+// expert left out and never claims more than was checked.
+func (r *Report) Summary() string {
+	pass, total := r.checkCounts()
+	head := fmt.Sprintf("%d/%d checks passed in %s", pass, total, human.Duration(seconds(r.Seconds)))
+	if r.mode() == ModeBytes {
+		if r.Bytes != nil && r.Bytes.Pass {
+			return head + ": DST's bytes proven against SRC and the contract; no MoE layer was run"
 		}
+		return head + ": the byte proof alone; no MoE layer was run"
 	}
 	dev := r.Device
 	if r.DeviceName != "" {
 		dev = fmt.Sprintf("%s: %s, %s activations", r.Device, r.DeviceName, r.GPUPrecision)
 	}
-	_, err := fmt.Fprintf(w, "%d/%d checks passed in %.1fs (device %s, block size %d)\n", pass, total, r.Seconds, dev, r.BlockSize)
-	return err
+	head += fmt.Sprintf(" (device %s, block size %d)", dev, r.BlockSize)
+	var parts []string
+	parts = append(parts, r.layersPhrase())
+	if c := r.Coverage; c != nil {
+		switch {
+		case c.Sample > 0:
+			parts = append(parts, fmt.Sprintf("a sample of experts (--sample-experts %d): %d of %d not exercised", c.Sample, c.Total-c.Exercised, c.Total))
+		case c.Complete == c.Layers:
+			parts = append(parts, "every expert in each checked layer")
+		default:
+			parts = append(parts, fmt.Sprintf("every expert in only %d of %s", c.Complete, countLayers(c.Layers, "checked")))
+		}
+	}
+	switch {
+	case r.Bytes != nil && r.Bytes.Pass:
+		parts = append(parts, "DST's bytes proven against SRC")
+	case r.Bytes != nil:
+		parts = append(parts, "byte proof failed")
+	case r.Src != "" && r.Dst != "":
+		parts = append(parts, "byte proof skipped")
+	}
+	return head + ": " + strings.Join(parts, "; ")
+}
+
+// layersPhrase says which MoE layers the layer checks ran on.
+func (r *Report) layersPhrase() string {
+	if len(r.MoELayers) == 0 {
+		// A report made by hand: count the layers its rows name.
+		seen := map[int]bool{}
+		for _, row := range r.Rows {
+			seen[row.Layer] = true
+		}
+		return countLayers(len(seen), "MoE") + " checked"
+	}
+	if len(r.LayersNotChecked) == 0 {
+		if len(r.MoELayers) == 1 {
+			return "the 1 MoE layer checked"
+		}
+		return fmt.Sprintf("all %d MoE layers checked", len(r.MoELayers))
+	}
+	return fmt.Sprintf("checked %d of %d MoE layers (not checked: %s)", len(r.LayersChecked), len(r.MoELayers), strings.ReplaceAll(intList(r.LayersNotChecked), ",", ", "))
+}
+
+// MarshalJSON writes the report as schema moeprep.validate/v1
+// (validate/SCHEMA.md): "schema" first, the verdict next, the layer
+// checks' settings and layer lists only where layer checks ran.
+func (r Report) MarshalJSON() ([]byte, error) {
+	type layerFields struct {
+		Tokens           int    `json:"tokens"`
+		Seed             uint64 `json:"seed"`
+		BlockSize        int    `json:"block_size"`
+		XDraw            string `json:"x_draw"`
+		LayerSelection   string `json:"layer_selection"`
+		SampleExperts    int    `json:"sample_experts"`
+		MoELayers        []int  `json:"moe_layers"`
+		LayersChecked    []int  `json:"layers_checked"`
+		LayersNotChecked []int  `json:"layers_not_checked"`
+	}
+	doc := struct {
+		Schema       string `json:"schema"`
+		Tool         string `json:"tool,omitempty"`
+		Mode         string `json:"mode"`
+		Failed       bool   `json:"failed"`
+		ChecksPassed int    `json:"checks_passed"`
+		Checks       int    `json:"checks"`
+		Summary      string `json:"summary"`
+		Src          string `json:"src,omitempty"`
+		Dst          string `json:"dst,omitempty"`
+		Golden       string `json:"golden,omitempty"`
+		Device       string `json:"device"`
+		DeviceName   string `json:"device_name,omitempty"`
+		GPUPrecision string `json:"gpu_precision,omitempty"`
+		CPUCheck     string `json:"cpu_check,omitempty"`
+		*layerFields
+		Rows       []LayerResult    `json:"layers,omitempty"`
+		Coverage   *CoverageSummary `json:"coverage,omitempty"`
+		ExpertGaps *[]ExpertGap     `json:"experts_not_exercised,omitempty"`
+		Timings    []LayerTiming    `json:"timings,omitempty"`
+		Bytes      *BytesResult     `json:"bytes,omitempty"`
+		Notes      []string         `json:"notes"`
+		Seconds    float64          `json:"seconds"`
+	}{Schema: Schema, Tool: r.Tool, Mode: r.mode(), Failed: r.Failed(), Summary: r.Summary(), Src: r.Src, Dst: r.Dst, Golden: r.Golden,
+		Device: r.Device, DeviceName: r.DeviceName, GPUPrecision: r.GPUPrecision, CPUCheck: r.CPUCheck,
+		Rows: r.Rows, Coverage: r.Coverage, Timings: r.Timings, Bytes: r.Bytes, Notes: nonNil(r.Notes), Seconds: r.Seconds}
+	doc.ChecksPassed, doc.Checks = r.checkCounts()
+	if doc.Mode != ModeBytes {
+		sel := r.LayerSelection
+		if sel == "" {
+			sel = "all"
+		}
+		doc.layerFields = &layerFields{Tokens: r.Tokens, Seed: r.Seed, BlockSize: r.BlockSize, XDraw: r.XDraw, LayerSelection: sel,
+			SampleExperts: r.SampleExperts, MoELayers: nonNil(r.MoELayers), LayersChecked: nonNil(r.LayersChecked), LayersNotChecked: nonNil(r.LayersNotChecked)}
+		gaps := nonNil(r.ExpertGaps)
+		doc.ExpertGaps = &gaps
+		doc.Rows = nonNil(r.Rows)
+	}
+	return json.Marshal(doc)
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// nonNil makes an empty list [] in JSON rather than null.
+func nonNil[T any](v []T) []T {
+	if v == nil {
+		return []T{}
+	}
+	return v
 }
 
 // WriteJSON writes the report as indented JSON with the same numbers.
 func (r *Report) WriteJSON(w io.Writer) error {
-	b, err := json.MarshalIndent(struct {
-		*Report
-		Failed bool `json:"failed"`
-	}{r, r.Failed()}, "", "  ")
+	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
 	}

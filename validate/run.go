@@ -65,6 +65,11 @@ type Options struct {
 	Bytes    string
 	Workers  int              // experts in flight (0: Workers())
 	Progress func(msg string) // one line per step, for stderr; nil: quiet
+	// ByteProgress (nil: none) receives the bytes the run reads against
+	// their planned total, and what it is doing now: the layer and the
+	// side being read, or the byte proof. With it, the byte proof's one
+	// line per shard stays off Progress: the reporter says more.
+	ByteProgress Reporter
 	// Notice receives lines the user should see even when quiet (the
 	// --device auto fallback); nil: they go to Progress.
 	Notice func(msg string)
@@ -101,6 +106,15 @@ func (o *Options) norm() ([]string, error) {
 	}
 	if err := o.checkRest(); err != nil {
 		return nil, err
+	}
+	if o.Bytes == BytesOnly {
+		// The byte proof needs no GPU: no device to look for, no fallback
+		// to announce, and --device cuda is no reason to refuse it.
+		switch strings.ToLower(strings.TrimSpace(o.Device)) {
+		case "", "auto", DeviceCPU, DeviceCUDA, "gpu":
+			return nil, nil
+		}
+		return nil, fmt.Errorf("validate: unknown --device %q (want auto, cpu or cuda)", o.Device)
 	}
 	return o.selectDevice(cudaAvailable)
 }
@@ -169,6 +183,9 @@ type session struct {
 	dstPlan  *family.Plan
 	contract *layout.Contract
 	golden   string
+	meter    *meter // nil: no byte progress
+	// moeLayers are every MoE layer index of the checkpoints, sorted.
+	moeLayers []int
 }
 
 func (s *session) close() {
@@ -190,7 +207,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &session{o: o}
+	s := &session{o: o, meter: newMeter(o.ByteProgress)}
 	defer s.close()
 	if err := s.open(); err != nil {
 		return nil, err
@@ -201,7 +218,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	if o.Bytes == BytesOnly {
-		rep := &Report{Src: o.Src, Dst: o.Dst, Device: "none (--bytes)", Seed: o.Seed, XDraw: XDraw}
+		rep := s.bytesReport()
+		s.planBytesOnly()
 		if err := s.checkBytes(ctx, rep); err != nil {
 			return nil, err
 		}
@@ -212,18 +230,34 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{Src: o.Src, Dst: o.Dst, Golden: s.golden, Device: o.Device, Tokens: o.Tokens, Seed: o.Seed,
-		BlockSize: o.BlockSize, XDraw: XDraw, Notes: append(devNotes, notes...)}
+	withBytes := o.Bytes == BytesAuto && s.src != nil && s.dst != nil
+	mode := ModeLayers
+	if withBytes {
+		mode = ModeLayersBytes
+	}
+	rep := &Report{Mode: mode, Src: o.Src, Dst: o.Dst, Golden: s.golden, Device: o.Device, Tokens: o.Tokens, Seed: o.Seed,
+		BlockSize: o.BlockSize, XDraw: XDraw, Notes: append(devNotes, notes...), LayerSelection: strings.TrimSpace(o.Layers),
+		SampleExperts: o.SampleExperts, MoELayers: s.moeLayers}
+	rep.LayersChecked, rep.LayersNotChecked = splitLayers(s.moeLayers, targets)
 	defer func() {
 		if rep != nil {
 			rep.finishCoverage(s.o.SampleExperts)
+			rep.ExpertGaps = s.expertGaps(targets, rep)
 		}
 	}()
 	if o.Device == DeviceCUDA {
 		rep.CPUCheck = o.CPUCheck
-	} else if o.IOBaseline {
-		rep.Notes = append(rep.Notes, "no I/O baseline: it times uploads to the GPU, and this run is on the CPU")
+	} else {
+		if o.IOBaseline {
+			rep.Notes = append(rep.Notes, "no I/O baseline: it times uploads to the GPU, and this run is on the CPU")
+		}
+		if o.GPUPrecision != PrecisionBF16 {
+			// --device auto fell back to the CPU: the precision asked for
+			// did not apply, and the report must not read as if it had.
+			rep.Notes = append(rep.Notes, fmt.Sprintf("GPU precision %s not applied: it sets the GPU's activations, and this run is on the CPU", o.GPUPrecision))
+		}
 	}
+	s.planProgress(targets, withBytes)
 	if o.Device == DeviceCUDA {
 		if err := s.runGPU(ctx, targets, rep); err != nil {
 			return nil, err
@@ -241,7 +275,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			rep.Rows = append(rep.Rows, rows...)
 		}
 	}
-	if o.Bytes == BytesAuto && s.src != nil && s.dst != nil {
+	s.meter.finishLayers()
+	if withBytes {
 		if err := s.checkBytes(ctx, rep); err != nil {
 			return nil, err
 		}
@@ -266,7 +301,8 @@ func (s *session) notFromSrc(ctx context.Context, err error, start time.Time) (*
 	if s.o.Bytes == BytesOff {
 		return nil, err
 	}
-	rep := &Report{Src: s.o.Src, Dst: s.o.Dst, Golden: s.golden, Device: "none (--bytes)", Seed: s.o.Seed, XDraw: XDraw}
+	rep := s.bytesReport()
+	s.planBytesOnly()
 	if berr := s.checkBytes(ctx, rep); berr != nil {
 		if ctx.Err() != nil {
 			return nil, berr // interrupted: exit 130, not a verdict
@@ -283,9 +319,20 @@ func (s *session) notFromSrc(ctx context.Context, err error, start time.Time) (*
 	return rep, nil
 }
 
+// bytesReport is the report of a run that is the byte proof alone: no
+// device, tokens or block size, which only the layer checks have.
+func (s *session) bytesReport() *Report {
+	return &Report{Mode: ModeBytes, Src: s.o.Src, Dst: s.o.Dst, Golden: s.golden, Device: "none"}
+}
+
 func (s *session) checkBytes(ctx context.Context, rep *Report) error {
+	s.meter.startBytes()
 	s.o.progress("validate: --bytes: every DST file against SRC, the contract and the manifest, every tensor byte for byte")
-	res, err := CheckBytes(ctx, s.src, s.dst, s.srcPlan, s.contract, s.o.Progress)
+	perShard := s.o.Progress
+	if s.meter != nil {
+		perShard = nil // the byte reporter shows the progress, with a rate and an ETA
+	}
+	res, err := CheckBytes(ctx, s.src, s.dst, s.srcPlan, s.contract, perShard)
 	if err != nil {
 		return err
 	}
@@ -406,6 +453,7 @@ func (s *session) targets() ([]target, []string, error) {
 		}
 	}
 	slices.Sort(order)
+	s.moeLayers = order
 	if s.src != nil && s.dst != nil {
 		for _, i := range order {
 			if t := byIndex[i]; t.src == nil || t.fused == nil {
@@ -567,6 +615,9 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 
 // layerInput returns a layer's tokens x [T,H]: the golden's, or drawn.
 func (s *session) layerInput(tg target) (x []float32, t int, g *Golden, err error) {
+	// Both the CPU and the GPU loop start each layer here, in run order:
+	// the byte progress learns which layer is being checked.
+	s.meter.startLayer(tg.index)
 	h := s.dstPlanOrSrc().HiddenSize
 	if tg.golden != "" {
 		if g, err = ReadGolden(tg.golden, h); err != nil {

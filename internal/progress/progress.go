@@ -64,7 +64,8 @@ func (b *bar) Total(n int64) { b.mu.Lock(); b.bar.ChangeMax64(n); b.mu.Unlock() 
 func (b *bar) Add(n int64)   { b.mu.Lock(); _ = b.bar.Add64(n); b.mu.Unlock() }
 func (b *bar) Done()         { b.mu.Lock(); _ = b.bar.Finish(); b.mu.Unlock() }
 
-// Lines prints "label: 1.2 GiB of 8.0 GiB (15%), 1.1 GB/s" every interval.
+// Lines prints "label: 1.20 GB of 8.00 GB (15%), 1.10 GB/s, ETA 6.2 s" every
+// interval (decimal units, as internal/human prints every size).
 type Lines struct {
 	w        io.Writer
 	label    string
@@ -106,27 +107,10 @@ func (l *Lines) Done() {
 }
 
 func (l *Lines) print() {
-	done, total := l.done.Load(), l.total.Load()
 	secs := time.Since(l.start).Seconds()
-	rate := 0.0
+	rate := -1.0
 	if secs > 0 {
-		rate = float64(done) / secs / 1e9
+		rate = float64(l.done.Load()) / secs
 	}
-	if total > 0 {
-		fmt.Fprintf(l.w, "%s: %s of %s (%.0f%%), %.2f GB/s\n", l.label, human(done), human(total), 100*float64(done)/float64(total), rate)
-	} else {
-		fmt.Fprintf(l.w, "%s: %s, %.2f GB/s\n", l.label, human(done), rate)
-	}
-}
-
-func human(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
+	fmt.Fprintln(l.w, FormatLine(l.label, "", l.done.Load(), l.total.Load(), rate, false))
 }
