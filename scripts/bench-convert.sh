@@ -73,15 +73,15 @@ for shape in $shapes; do
 	src=$(readlink -f "$work/src-$shape" || echo "$work/src-$shape")
 	case $shape in
 	A) synth=(--experts 64 --intermediate 288) ; maxshard=5GB ;;
-	B) synth=(--experts 256 --intermediate 512 --shard-size 1.7GB) ; maxshard=3GB ;;
-	Q) synth=(--family qwen3_moe --experts 128 --hidden 2048 --intermediate 768 --layers 6 --shard-size 4GB) ; maxshard=5GB ;;
+	B) synth=(--experts 256 --intermediate 512 --max-shard-size 1.7GB) ; maxshard=3GB ;;
+	Q) synth=(--family qwen3_moe --experts 128 --hidden 2048 --intermediate 768 --num-layers 6 --max-shard-size 4GB) ; maxshard=5GB ;;
 	*) echo "unknown shape $shape" >&2; exit 2 ;;
 	esac
 	if [ ! -d "$src" ]; then
 		if [ "$shape" = Q ]; then
 			"$mp" fixture synth --dtype bf16 "${synth[@]}" --no-progress "$src" >&2
 		else
-			"$mp" fixture synth --preset deepseek-v3-shaped --dtype bf16 --layers 2 "${synth[@]}" --no-progress "$src" >&2
+			"$mp" fixture synth --preset deepseek-v3-shaped --dtype bf16 --num-layers 2 "${synth[@]}" --no-progress "$src" >&2
 		fi
 	fi
 	# Warm-up, untimed and discarded: this machine is a Firecracker VM whose

@@ -54,7 +54,7 @@ for src in "$work"/src/*/; do
 	for entry in "${dsts[@]}"; do
 		d=${entry%%:*}; what=${entry#*:}
 		for dev in cpu cuda; do
-			timeout 120 "$bin" validate --device "$dev" --no-progress --json "$d-$dev.json" "$src" "$d" --golden "$src" >/dev/null 2>"$work/out/err"
+			timeout 120 "$bin" validate --device "$dev" --no-progress -o "$d-$dev.json" "$src" "$d" --golden "$src" >/dev/null 2>"$work/out/err"
 			rc=$?
 			res=pass; [ $rc -ne 0 ] && res="FAIL$rc"
 			[ $rc -eq 2 ] && line "$what ($dev)" "FAIL2" "$(head -c 150 "$work/out/err")" && continue

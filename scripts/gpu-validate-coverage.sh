@@ -35,7 +35,7 @@ cleanup() { rm -rf "$src" "$dst"; }
 trap cleanup EXIT
 cleanup
 echo "== synth deepseek-v3-shaped fp8, 1 dense + 1 MoE layer -> $src"
-t timeout 200 "$bin" fixture synth --preset deepseek-v3-shaped --dtype fp8 --layers 2 --dense-layers 1 --no-progress "$src" || exit 1
+t timeout 200 "$bin" fixture synth --preset deepseek-v3-shaped --dtype fp8 --num-layers 2 --dense-layers 1 --no-progress "$src" || exit 1
 echo "== fuse-shared --tp 8 -> $dst"
 t timeout 200 "$bin" fuse-shared --tp 8 --no-progress "$src" "$dst" || exit 1
 du -sh "$src" "$dst"
@@ -45,11 +45,11 @@ s0=$(date +%s%N)
 find "$src" "$dst" -type f -exec cat {} + >/dev/null
 echo "  cat all files once: $((($(date +%s%N) - s0) / 1000000)) ms ($(du -sb "$src" "$dst" | awk '{s+=$1} END {printf "%.2f", s/1e9}') GB)"
 echo "== GPU: validate --device cuda --cpu-check none --tokens 64 --io-baseline --skip-bytes"
-t timeout 200 "$bin" validate --device cuda --cpu-check none --tokens 64 --io-baseline --skip-bytes --json "$out/gpu.json" "$src" "$dst" 2>"$out/gpu-progress.log" | tee "$out/gpu.txt"
+t timeout 200 "$bin" validate --device cuda --cpu-check none --tokens 64 --io-baseline --skip-bytes -o "$out/gpu.json" "$src" "$dst" 2>"$out/gpu-progress.log" | tee "$out/gpu.txt"
 echo "== structural proof: validate --bytes"
-t timeout 200 "$bin" validate --bytes --json "$out/bytes.json" "$src" "$dst" 2>"$out/bytes-progress.log" | tee "$out/bytes.txt"
+t timeout 200 "$bin" validate --bytes -o "$out/bytes.json" "$src" "$dst" 2>"$out/bytes-progress.log" | tee "$out/bytes.txt"
 echo "== CPU, 2 cores: validate --device cpu --tokens 64 --skip-bytes"
-t timeout 240 env GOMAXPROCS=2 taskset -c 0,1 /usr/bin/time -v "$bin" validate --device cpu --tokens 64 --skip-bytes --json "$out/cpu.json" "$src" "$dst" 2>"$out/cpu-progress.log" | tee "$out/cpu.txt"
+t timeout 240 env GOMAXPROCS=2 taskset -c 0,1 /usr/bin/time -v "$bin" validate --device cpu --tokens 64 --skip-bytes -o "$out/cpu.json" "$src" "$dst" 2>"$out/cpu-progress.log" | tee "$out/cpu.txt"
 grep -E "Elapsed|Maximum resident" "$out/cpu-progress.log"
 s0=$(date +%s%N)
 taskset -c 0 sh -c "find '$src' '$dst' -type f -exec cat {} + >/dev/null"

@@ -40,7 +40,7 @@ if [ "$(avail_gb /dev/shm)" -lt 44 ] || [ "$(avail_gb .)" -lt 45 ]; then
 fi
 t() { local s=$SECONDS; "$@"; local rc=$?; echo "  -> rc=$rc in $((SECONDS - s))s"; return $rc; }
 echo "== synth deepseek-v3-shaped fp8 --layers $layers --dense-layers 1 -> $src"
-t "$bin" fixture synth --preset deepseek-v3-shaped --dtype fp8 --layers "$layers" --dense-layers 1 --no-progress "$src" || exit 1
+t "$bin" fixture synth --preset deepseek-v3-shaped --dtype fp8 --num-layers "$layers" --dense-layers 1 --no-progress "$src" || exit 1
 echo "== fuse-shared --tp 8 -> $dst"
 t "$bin" fuse-shared --tp 8 --no-progress "$src" "$dst" || exit 1
 du -sh "$src" "$dst"
@@ -49,7 +49,7 @@ t sh -c "find '$src' '$dst' -type f -exec cat {} + >/dev/null"
 free -g | sed 's/^/  /'
 echo "== validate --device cuda --cpu-check none --tokens 64 --io-baseline $*"
 s=$SECONDS
-"$bin" validate --device cuda --cpu-check none --tokens 64 --io-baseline --json "$out/report.json" "$@" "$src" "$dst" \
+"$bin" validate --device cuda --cpu-check none --tokens 64 --io-baseline -o "$out/report.json" "$@" "$src" "$dst" \
 	2> >(tee "$out/progress.log" >&2) | tee "$out/report.txt"
 rc=${PIPESTATUS[0]}
 echo "  -> validate rc=$rc in $((SECONDS - s))s"

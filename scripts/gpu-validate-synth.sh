@@ -34,14 +34,14 @@ df -h /dev/shm . | sed 's/^/  /'
 free -g | sed 's/^/  /'
 t() { local s=$SECONDS; "$@"; local rc=$?; echo "  -> rc=$rc in $((SECONDS - s))s"; return $rc; }
 echo "== synth deepseek-v3-shaped --dtype $dtype --layers 3 -> $src"
-t "$bin" fixture synth --preset deepseek-v3-shaped --dtype "$dtype" --layers 3 --dense-layers 1 --no-progress "$src" || exit 1
+t "$bin" fixture synth --preset deepseek-v3-shaped --dtype "$dtype" --num-layers 3 --dense-layers 1 --no-progress "$src" || exit 1
 du -sh "$src"
 echo "== fuse-shared --tp 8 -> $dst"
 t "$bin" fuse-shared --tp 8 --no-progress "$src" "$dst" || exit 1
 du -sh "$dst"
 echo "== validate --device cuda --tokens 64 $*"
 s=$SECONDS
-"$bin" validate --device cuda --tokens 64 --json "$out/report-$dtype.json" "$@" "$src" "$dst" 2> >(tee "$out/progress-$dtype.log" >&2) | tee "$out/report-$dtype.txt"
+"$bin" validate --device cuda --tokens 64 -o "$out/report-$dtype.json" "$@" "$src" "$dst" 2> >(tee "$out/progress-$dtype.log" >&2) | tee "$out/report-$dtype.txt"
 rc=${PIPESTATUS[0]}
 echo "  -> validate rc=$rc in $((SECONDS - s))s"
 exit "$rc"

@@ -2,16 +2,19 @@ package validate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
@@ -387,7 +390,7 @@ func (s *session) open() error {
 func (s *session) sameModel() error {
 	a, b := SpecFromPlan(s.srcPlan), SpecFromPlan(s.dstPlan)
 	if a != b {
-		return fmt.Errorf("%s: routing %+v differs from SRC %s's %+v: DST was not converted from SRC", s.o.Dst, b, s.o.Src, a)
+		return fmt.Errorf("%s: routing differs from SRC %s's (%s): DST was not converted from SRC", s.o.Dst, s.o.Src, fieldDiff(b, a))
 	}
 	if s.srcPlan.HiddenSize != s.dstPlan.HiddenSize || s.srcPlan.MoEIntermediateSize != s.dstPlan.MoEIntermediateSize {
 		return fmt.Errorf("%s: H %d I %d, SRC has H %d I %d", s.o.Dst, s.dstPlan.HiddenSize, s.dstPlan.MoEIntermediateSize, s.srcPlan.HiddenSize, s.srcPlan.MoEIntermediateSize)
@@ -396,7 +399,7 @@ func (s *session) sameModel() error {
 		return fmt.Errorf("%s: contract has %d experts, rsf %v; SRC has %d, rsf %v", s.o.Dst, s.contract.NumExperts, s.contract.RoutedScalingFactor, s.srcPlan.NumExperts, s.srcPlan.RoutedScalingFactor)
 	}
 	if s.contract.ExpertBias != s.srcPlan.ExpertBias || s.contract.Act() != s.srcPlan.Act {
-		return fmt.Errorf("%s: contract has expert_bias %v, activation %+v; SRC's family (%s) has %v, %+v", s.o.Dst, s.contract.ExpertBias, s.contract.Act(), s.srcPlan.ModelType, s.srcPlan.ExpertBias, s.srcPlan.Act)
+		return fmt.Errorf("%s: contract has expert_bias %v, activation %s; SRC's family (%s) has %v, %s", s.o.Dst, s.contract.ExpertBias, jsonText(s.contract.Act()), s.srcPlan.ModelType, s.srcPlan.ExpertBias, jsonText(s.srcPlan.Act))
 	}
 	if s.contract.RoutedInputScaled != s.srcPlan.RoutedInputScaled {
 		return fmt.Errorf("%s: contract has routed_input_scaled %v, SRC's family (%s) %v", s.o.Dst, s.contract.RoutedInputScaled, s.srcPlan.ModelType, s.srcPlan.RoutedInputScaled)
@@ -746,4 +749,48 @@ func judgeGolden(r *LayerResult, y []float32, rt *Routing, rsf float64, g *Golde
 		w[i] = v * float32(rsf)
 	}
 	judge(r, d, tol, rt.IDs, w, g.IDs, g.Weights, rt)
+}
+
+// fieldDiff names the fields in which two values of one struct type differ,
+// "scoring sigmoid (SRC softmax), top_k 4 (SRC 2)", for an error a person
+// reads (a %+v dump of the whole struct hides the one field that matters).
+func fieldDiff(dst, src any) string {
+	dv, sv := reflect.ValueOf(dst), reflect.ValueOf(src)
+	if dv.Kind() != reflect.Struct || dv.Type() != sv.Type() {
+		return fmt.Sprintf("%v (SRC %v)", dst, src)
+	}
+	var out []string
+	for i := range dv.NumField() {
+		a, b := dv.Field(i), sv.Field(i)
+		if !dv.Type().Field(i).IsExported() || reflect.DeepEqual(a.Interface(), b.Interface()) {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s %v (SRC %v)", snakeCase(dv.Type().Field(i).Name), a.Interface(), b.Interface()))
+	}
+	return strings.Join(out, ", ")
+}
+
+// snakeCase turns a Go field name into the words of a config key:
+// NumExperts -> num_experts, TopKGroup -> top_k_group.
+func snakeCase(name string) string {
+	var b strings.Builder
+	for i, r := range name {
+		if unicode.IsUpper(r) {
+			if i > 0 && (!unicode.IsUpper(rune(name[i-1])) || i+1 < len(name) && unicode.IsLower(rune(name[i+1]))) {
+				b.WriteByte('_')
+			}
+			r = unicode.ToLower(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// jsonText is v as compact JSON, for values with no better words.
+func jsonText(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
 }

@@ -108,3 +108,28 @@ func TestReadmeListsEveryModelType(t *testing.T) {
 		}
 	}
 }
+
+// Shell completion completes flag values, from the code's own lists.
+func TestCompletionOfFlagValues(t *testing.T) {
+	cases := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"convert", "--layout", ""}, []string{"stacked", "gate-up", "up-gate"}},
+		{[]string{"validate", "--device", ""}, []string{"auto", "cpu", "cuda"}},
+		{[]string{"fixture", "synth", "--family", ""}, family.SupportedModelTypes()},
+		{[]string{"fixture", "synth", "--preset", ""}, []string{"tiny-deepseek-v3", "deepseek-v3-shaped"}},
+	}
+	for _, c := range cases {
+		code, out, _ := runCLI(t, append([]string{"__complete"}, c.args...)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d", c.args, code)
+		}
+		got := strings.Split(out, "\n")
+		for _, w := range c.want {
+			if !slices.Contains(got, w) {
+				t.Errorf("completing %v: %q missing from %q", c.args, w, out)
+			}
+		}
+	}
+}

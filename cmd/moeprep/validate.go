@@ -48,6 +48,9 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.skipBytes, "skip-bytes", false, "skip the structural proof that a SRC DST run does after the layer checks")
 	f.report.register(cmd, "the report")
 	quietFlag(cmd, &f.quiet)
+	_ = cmd.RegisterFlagCompletionFunc("device", fixedCompletion("auto", "cpu", "cuda"))
+	_ = cmd.RegisterFlagCompletionFunc("precision", fixedCompletion(validate.PrecisionBF16, "f32", "fp8"))
+	_ = cmd.RegisterFlagCompletionFunc("cpu-check", fixedCompletion(validate.CPUCheckAuto, "none", "all"))
 }
 
 // layerOnlyFlags are the flags only the layer checks read: with --bytes,
