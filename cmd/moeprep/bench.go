@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -10,6 +11,9 @@ import (
 	"github.com/moeprep/moeprep/bench"
 	"github.com/moeprep/moeprep/kernels"
 )
+
+// schemaBench is bench kernels' JSON document (SCHEMAS.md).
+const schemaBench = schemaPrefix + "bench-kernels/v1"
 
 func init() { extraCommands = append(extraCommands, newBenchCmd) }
 
@@ -28,13 +32,14 @@ func newBenchCmd() *cobra.Command {
 
 // benchFlags are the flags of bench kernels.
 type benchFlags struct {
-	tokens, dtype, path  string
-	precision            string
-	dtypeSet             bool // --dtype was given
-	iters, blockSize     int
-	bankCopies           int
-	budget               time.Duration
-	json, noGraph, quiet bool
+	tokens, dtype, path string
+	precision           string
+	dtypeSet            bool // --dtype was given
+	iters, blockSize    int
+	bankCopies          int
+	budget              time.Duration
+	noGraph, quiet      bool
+	report              reportFlags
 }
 
 func (f *benchFlags) register(cmd *cobra.Command) {
@@ -48,10 +53,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.path, "gemm-path", "auto", "grouped GEMM kernels: auto (what validate uses), simt, mma, mma2, tall, wgmma (compute capability 9.0, bf16 weights) or mma3 (bf16 weights)")
 	fl.IntVar(&f.blockSize, "block-size", bench.DefaultBlockSize, "moe_align_block_size block size (a multiple of 16)")
 	fl.IntVar(&f.bankCopies, "bank-copies", 0, "expert-bank copies to rotate (0: as many as fit, at most 2)")
-	fl.BoolVar(&f.json, "json", false, "print the result as JSON")
 	fl.BoolVar(&f.noGraph, "no-graph", false, "do not capture the layer as a CUDA graph")
-	fl.BoolVar(&f.quiet, "no-progress", false, "no progress lines on stderr (as every command takes it)")
-	fl.BoolVar(&f.quiet, "quiet", false, "the same as --no-progress")
 }
 
 // config turns the flags into a bench.Config.
@@ -114,12 +116,15 @@ Needs an NVIDIA GPU with enough memory for the expert bank (23 GB bf16,
 			if err != nil {
 				return err
 			}
-			if f.json {
-				return writeJSON(cmd.OutOrStdout(), res)
-			}
-			return bench.WriteTable(cmd.OutOrStdout(), res)
+			doc := struct {
+				Schema string `json:"schema"`
+				*bench.Result
+			}{schemaBench, res}
+			return f.report.emit(cmd, doc, func(w io.Writer) error { return bench.WriteTable(w, res) })
 		},
 	}
 	f.register(cmd)
+	quietFlag(cmd, &f.quiet)
+	f.report.register(cmd, "the timings")
 	return cmd
 }
