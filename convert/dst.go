@@ -3,6 +3,7 @@ package convert
 import (
 	"errors"
 	"fmt"
+	"github.com/moeprep/moeprep/internal/dirlock"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -176,7 +177,7 @@ func lockPartial(path string) (pd *partialDir, created bool, err error) {
 		if err != nil {
 			continue
 		}
-		busy, err := lockDir(f)
+		busy, err := dirlock.Lock(f)
 		if err != nil {
 			f.Close()
 			return nil, false, fmt.Errorf("%s: cannot lock it: %w", path, err)

@@ -2,7 +2,7 @@ package family
 
 import (
 	"fmt"
-	"runtime"
+	"github.com/moeprep/moeprep/internal/costtest"
 	"strings"
 	"testing"
 	"time"
@@ -14,17 +14,6 @@ import (
 // 3.0 GB and 2,147,483,647 ran the Go runtime out of memory. Every count
 // that sizes an allocation or a loop is bounded before it is used, and the
 // error is one line naming config.json, the field and the limit.
-
-// costOf runs f and returns what it allocated and how long it took.
-func costOf(f func()) (uint64, time.Duration) {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	start := time.Now()
-	f()
-	took := time.Since(start)
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc, took
-}
 
 // layerStubs is a checkpoint of n decoder layers holding one norm each: the
 // planner must refuse a hostile config before it looks further.
@@ -93,7 +82,7 @@ func TestPlanBoundsConfigCounts(t *testing.T) {
 			}
 			var p *Plan
 			var err error
-			alloc, took := costOf(func() { p, err = Detect(cfg, f) })
+			alloc, took := costtest.Measure(func() { p, err = Detect(cfg, f) })
 			if err == nil {
 				t.Fatalf("planned %d layers, want %q", len(p.Layers), tc.want)
 			}
@@ -133,7 +122,7 @@ func TestPlanAtTheLimits(t *testing.T) {
 	cfg, f = g.build(t)
 	var p *Plan
 	var err error
-	alloc, took := costOf(func() { p, err = Detect(cfg, f) })
+	alloc, took := costtest.Measure(func() { p, err = Detect(cfg, f) })
 	if err != nil || len(p.Layers) != maxLayers {
 		t.Fatalf("%d layers: %v", maxLayers, err)
 	}

@@ -3,9 +3,9 @@ package layout
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/moeprep/moeprep/internal/costtest"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,17 +18,6 @@ import (
 
 // boundedTime is what one refusal may take; the real cost is milliseconds.
 const boundedTime = 5 * time.Second // the bound; loose so a loaded CI machine cannot flake it: the allocation bounds are the tight ones
-
-// costOf runs f and returns what it allocated and how long it took.
-func costOf(f func()) (uint64, time.Duration) {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	start := time.Now()
-	f()
-	took := time.Since(start)
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc, took
-}
 
 func checkOneLine(t *testing.T, err error, prefix, want string) {
 	t.Helper()
@@ -115,7 +104,7 @@ func TestReadManifestHostile(t *testing.T) {
 				read = uint64(st.Size()) * 5 / 2
 			}
 			var err error
-			alloc, took := costOf(func() { _, err = ReadManifest(dir) })
+			alloc, took := costtest.Measure(func() { _, err = ReadManifest(dir) })
 			checkOneLine(t, err, path, c.want)
 			checkCost(t, alloc, read+c.built, took)
 		})
@@ -202,7 +191,7 @@ func TestHashBounded(t *testing.T) {
 	}
 	like := FileInfo{X3Blocks: BlockDigest{BlockSize: 4096}}
 	var got FileInfo
-	alloc, took := costOf(func() { got, err = HashFileLike(path, like) })
+	alloc, took := costtest.Measure(func() { got, err = HashFileLike(path, like) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +200,7 @@ func TestHashBounded(t *testing.T) {
 	}
 	h := NewHasher(like)
 	zero := make([]byte, 1<<20)
-	alloc, _ = costOf(func() {
+	alloc, _ = costtest.Measure(func() {
 		for range 256 {
 			h.Write(zero)
 		}
@@ -226,7 +215,7 @@ func TestHashBounded(t *testing.T) {
 	if err := os.Truncate(path, 4<<30); err != nil {
 		t.Fatal(err)
 	}
-	alloc, took = costOf(func() { _, err = HashFileLike(path, FileInfo{Blocks: BlockDigest{BlockSize: 512}}) })
+	alloc, took = costtest.Measure(func() { _, err = HashFileLike(path, FileInfo{Blocks: BlockDigest{BlockSize: 512}}) })
 	checkOneLine(t, err, path, "4294967296 bytes in 512-byte blocks is 8388608 blocks, over the limit of 1048576")
 	checkCost(t, alloc, 64<<10, took)
 }
@@ -244,7 +233,7 @@ func TestVerifySizeFirst(t *testing.T) {
 	}
 	m := &Manifest{Version: ContractVersion, Files: map[string]FileInfo{"model.safetensors": {Size: 5, X3Blocks: BlockDigest{BlockSize: ShardBlockSize, Root: "00"}}}}
 	var err error
-	alloc, took := costOf(func() { err = m.Verify(dir) })
+	alloc, took := costtest.Measure(func() { err = m.Verify(dir) })
 	checkOneLine(t, err, path, "size 68719476736, manifest says size 5")
 	checkCost(t, alloc, 64<<10, took)
 }

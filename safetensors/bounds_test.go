@@ -3,6 +3,7 @@ package safetensors
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/moeprep/moeprep/internal/costtest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -141,7 +142,7 @@ func TestOpenHostileFiles(t *testing.T) {
 			c.make(path)
 			var f *File
 			var err error
-			alloc, took := costOf(func() { f, err = Open(path) })
+			alloc, took := costtest.Measure(func() { f, err = Open(path) })
 			if f != nil {
 				f.Close()
 			}
@@ -160,7 +161,7 @@ func TestOpenMaximalHeader(t *testing.T) {
 	writeHeaderFile(t, path, header, 0)
 	var f *File
 	var err error
-	alloc, took := costOf(func() { f, err = Open(path) })
+	alloc, took := costtest.Measure(func() { f, err = Open(path) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +272,7 @@ func TestReadHostileIndex(t *testing.T) {
 			}
 			var s *Sharded
 			var err error
-			alloc, took := costOf(func() { s, err = OpenSharded(sub) })
+			alloc, took := costtest.Measure(func() { s, err = OpenSharded(sub) })
 			if s != nil {
 				s.Close()
 			}

@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"github.com/moeprep/moeprep/internal/costtest"
 	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -23,17 +23,6 @@ import (
 // second, far above the milliseconds these inputs take, so that only a
 // blow-up fails.
 func fuzzBudget(n int) (uint64, time.Duration) { return 64<<10 + 8*uint64(n), 5 * time.Second }
-
-// costOf runs f and returns what it allocated and how long it took.
-func costOf(f func()) (uint64, time.Duration) {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	start := time.Now()
-	f()
-	took := time.Since(start)
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc, took
-}
 
 // checkCost fails t when a call cost more than fuzzBudget allows.
 func checkCost(t *testing.T, n int, alloc uint64, took time.Duration) {
@@ -86,7 +75,7 @@ func FuzzParseHeader(f *testing.F) {
 		var meta map[string]string
 		var tensors []TensorInfo
 		var err error
-		alloc, took := costOf(func() { meta, tensors, err = ParseHeader(header, dataLen) })
+		alloc, took := costtest.Measure(func() { meta, tensors, err = ParseHeader(header, dataLen) })
 		checkCost(t, len(header), alloc, took)
 		// The hand-written scanner must agree with encoding/json on what
 		// is JSON at all, and on every string it decodes.
@@ -158,7 +147,7 @@ func FuzzOpen(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var file *File
 		var err error
-		alloc, took := costOf(func() { file, err = readFile(bytes.NewReader(data), int64(len(data))) })
+		alloc, took := costtest.Measure(func() { file, err = readFile(bytes.NewReader(data), int64(len(data))) })
 		checkCost(t, len(data), alloc, took)
 		if err != nil {
 			return
@@ -182,7 +171,7 @@ func FuzzParseIndex(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var idx *Index
 		var err error
-		alloc, took := costOf(func() { idx, err = parseIndex(data) })
+		alloc, took := costtest.Measure(func() { idx, err = parseIndex(data) })
 		checkCost(t, len(data), alloc, took)
 		valid := utf8.Valid(data) && json.Valid(data)
 		if !valid && err == nil {

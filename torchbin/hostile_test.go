@@ -6,8 +6,8 @@ import (
 	"compress/flate"
 	"encoding/binary"
 	"fmt"
+	"github.com/moeprep/moeprep/internal/costtest"
 	"hash/crc32"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -84,18 +84,6 @@ func view(key string, numel int64, offset int64, shape, stride []int64) string {
 	storage := tuple(str("storage"), glob("torch", "FloatStorage"), str(key), str("cpu"), bigInt(numel)) + "Q"
 	return glob("torch._utils", "_rebuild_tensor_v2") +
 		tuple(storage, bigInt(offset), bigInts(shape...), bigInts(stride...), "\x89", hooks()) + "R"
-}
-
-// cost runs f and returns the bytes it allocated and the time it took.
-func cost(f func()) (uint64, time.Duration) {
-	runtime.GC()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	start := time.Now()
-	f()
-	elapsed := time.Since(start)
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc, elapsed
 }
 
 // megaString is a 1 MiB str memoized at index 0: later BINGETs push it again
@@ -382,7 +370,7 @@ func TestHostileFiles(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			b := c.file(t)
 			var err error
-			alloc, elapsed := cost(func() {
+			alloc, elapsed := costtest.Measure(func() {
 				var f *File
 				f, err = openReader("hostile.bin", bytes.NewReader(b), int64(len(b)))
 				if err == nil {

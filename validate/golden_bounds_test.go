@@ -3,9 +3,9 @@ package validate
 import (
 	"encoding/binary"
 	"encoding/json"
+	"github.com/moeprep/moeprep/internal/costtest"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -52,17 +52,6 @@ func sparseGoldenFile(t *testing.T, path string, tensors []goldenTensorDecl) {
 	}
 }
 
-// goldenCost runs f and returns what it allocated and how long it took.
-func goldenCost(f func()) (uint64, time.Duration) {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	start := time.Now()
-	f()
-	took := time.Since(start)
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc, took
-}
-
 func TestReadGoldenBounds(t *testing.T) {
 	f32, i32 := safetensors.F32, safetensors.I32
 	xy := func(t, h int64) []goldenTensorDecl {
@@ -100,7 +89,7 @@ func TestReadGoldenBounds(t *testing.T) {
 				sparseGoldenFile(t, path, c.tensors)
 			}
 			var err error
-			alloc, took := goldenCost(func() { _, err = ReadGolden(path, c.wantH) })
+			alloc, took := costtest.Measure(func() { _, err = ReadGolden(path, c.wantH) })
 			if err == nil {
 				t.Fatal("accepted")
 			}
@@ -125,7 +114,7 @@ func TestReadGoldenAtTheLimit(t *testing.T) {
 		{"topk_ids", safetensors.I64, []int64{tokens, 8}}, {"topk_weights", safetensors.BF16, []int64{tokens, 8}}})
 	var g *Golden
 	var err error
-	alloc, took := goldenCost(func() { g, err = ReadGolden(path, hidden) })
+	alloc, took := costtest.Measure(func() { g, err = ReadGolden(path, hidden) })
 	if err != nil {
 		t.Fatal(err)
 	}
