@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"github.com/moeprep/moeprep/internal/human"
 	"io"
 	"math"
 	"path/filepath"
@@ -205,7 +206,7 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 			switch {
 			case weights[rel] && strings.HasSuffix(rel, ".safetensors"):
 				if progress != nil {
-					progress(fmt.Sprintf("validate --bytes: %s (%.2f GB)", rel, float64(like.Size)/1e9))
+					progress(fmt.Sprintf("validate --bytes: %s (%s)", rel, human.Bytes(like.Size)))
 				}
 				r.got, r.mm, r.st, err = checkShard(gctx, path, like, pred)
 			case rel == checkpoint.ConfigFileName:

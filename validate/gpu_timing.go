@@ -2,6 +2,7 @@ package validate
 
 import (
 	"fmt"
+	"github.com/moeprep/moeprep/internal/human"
 	"time"
 
 	"github.com/moeprep/moeprep/checkpoint"
@@ -55,14 +56,14 @@ func (t *LayerTiming) IOSeconds() float64 { return t.DstIOSeconds + t.SrcIOSecon
 
 // Line is the compact progress line of a layer's timing.
 func (t *LayerTiming) Line() string {
-	s := fmt.Sprintf("layer %d: read+upload %.2f GB (dst %.2f in %.2fs, waited %.2fs; src %.2f in %.2fs), compute %.3fs, wall %.2fs",
-		t.Layer, gb(t.DstBytes+t.SrcBytes), gb(t.DstBytes), t.DstIOSeconds, t.BankWaitSeconds, gb(t.SrcBytes), t.SrcIOSeconds, t.ComputeSeconds, t.WallSeconds)
+	s := fmt.Sprintf("layer %d: read+upload %s (dst %s in %.2fs, waited %.2fs; src %s in %.2fs), compute %.3fs, wall %.2fs",
+		t.Layer, human.Bytes(t.DstBytes+t.SrcBytes), human.Bytes(t.DstBytes), t.DstIOSeconds, t.BankWaitSeconds, human.Bytes(t.SrcBytes), t.SrcIOSeconds, t.ComputeSeconds, t.WallSeconds)
 	if t.ReferenceSeconds > 0 {
 		s += fmt.Sprintf(", cpu reference %.1fs", t.ReferenceSeconds)
 	}
 	if t.IOBaselineSeconds > 0 {
-		s += fmt.Sprintf("; io baseline %.2f GB in %.2fs (%.2f GB/s), ratio %.2f",
-			gb(t.IOBaselineBytes), t.IOBaselineSeconds, gb(t.IOBaselineBytes)/t.IOBaselineSeconds, t.Ratio)
+		s += fmt.Sprintf("; io baseline %s in %.2fs (%.2f GB/s), ratio %.2f",
+			human.Bytes(t.IOBaselineBytes), t.IOBaselineSeconds, gb(t.IOBaselineBytes)/t.IOBaselineSeconds, t.Ratio)
 	}
 	return s
 }
