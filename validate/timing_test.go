@@ -127,8 +127,8 @@ func TestReportTimings(t *testing.T) {
 	}
 
 	line := tm.Line()
-	for _, s := range []string{"layer 3:", "21.33 GB", "dst 11.63 in 1.99s", "waited 0.25s", "src 9.70 in 1.90s", "compute 0.125s", "wall 2.40s",
-		"io baseline 21.33 GB in 3.20s (6.67 GB/s), ratio 0.75"} {
+	for _, s := range []string{"layer 3:", "read+upload 21.3 GB", "dst 11.6 GB in 1.99s", "waited 0.25s", "src 9.70 GB in 1.90s", "compute 0.125s", "wall 2.40s",
+		"io baseline 21.3 GB in 3.20s (6.67 GB/s), ratio 0.75"} {
 		if !strings.Contains(line, s) {
 			t.Errorf("line lacks %q: %s", s, line)
 		}
