@@ -277,13 +277,13 @@ func TestConfigCheck(t *testing.T) {
 func TestGateSpecFolding(t *testing.T) {
 	s := DeepSeekV3()
 	u, f := s.GateSpec(false), s.GateSpec(true)
-	if u.SharedWeight != 0.4 || s.FinalizeScale(false) != 2.5 {
-		t.Errorf("unfolded: shared weight %v, finalize scale %v; want 1/2.5, 2.5", u.SharedWeight, s.FinalizeScale(false))
+	if u.Shared.Weight != 0.4 || s.FinalizeScale(false) != 2.5 {
+		t.Errorf("unfolded: shared weight %v, finalize scale %v; want 1/2.5, 2.5", u.Shared.Weight, s.FinalizeScale(false))
 	}
-	if f.SharedWeight != 1 || s.FinalizeScale(true) != 1 {
-		t.Errorf("folded: shared weight %v, finalize scale %v; want 1, 1", f.SharedWeight, s.FinalizeScale(true))
+	if f.Shared.Weight != 1 || s.FinalizeScale(true) != 1 {
+		t.Errorf("folded: shared weight %v, finalize scale %v; want 1, 1", f.Shared.Weight, s.FinalizeScale(true))
 	}
-	if u.NGroup != 8 || u.TopKGroup != 4 || u.TopK != 8 || u.SharedReplicas != 8 || !u.NormTopKProb {
+	if u.NGroup != 8 || u.TopKGroup != 4 || u.TopK != 8 || u.Shared.Replicas != 8 || !u.NormTopKProb {
 		t.Errorf("gate spec %+v", u)
 	}
 }

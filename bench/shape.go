@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"github.com/moeprep/moeprep/kernels"
+	"github.com/moeprep/moeprep/moe"
 )
 
 // Shape is one MoE layer's dimensions and routing.
@@ -46,9 +47,9 @@ func (s Shape) GateSpec(folded bool) kernels.GateSpec {
 	if folded {
 		w = 1
 	}
-	return kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: s.Routed, TopK: s.TopK,
-		NGroup: s.NGroup, TopKGroup: s.TopKGroup, NormTopKProb: true,
-		SharedSlots: s.SharedSlots, SharedReplicas: s.SharedReplicas, SharedWeight: w}
+	route := moe.RouteSpec{Scoring: moe.Sigmoid, NumExperts: s.Routed, TopK: s.TopK,
+		NGroup: s.NGroup, TopKGroup: s.TopKGroup, NormTopKProb: true, RoutedScalingFactor: float64(s.RSF)}
+	return kernels.GateSpec{RouteSpec: route, Shared: moe.SharedSlots{PerToken: s.SharedSlots, Replicas: s.SharedReplicas, Weight: w}}
 }
 
 // FinalizeScale is finalize's multiplier: 1 when rsf is folded, else rsf.

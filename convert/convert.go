@@ -17,6 +17,7 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // PartialSuffix is appended to DST for the work directory.
@@ -308,7 +309,7 @@ func (w *run) refoldStats() (float64, error) {
 				if err := p.readAt(b, pos); err != nil {
 					return 0, err
 				}
-				st.note(foldInPlace(b, p.dtype, p.factor))
+				st.note(weightfmt.FoldInPlace(p.dtype, b, p.factor))
 			}
 		}
 	}

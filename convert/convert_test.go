@@ -16,6 +16,7 @@ import (
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 var (
@@ -340,7 +341,7 @@ func eqFolded(t *testing.T, what string, got, src []byte, d safetensors.DType, r
 	for i := 0; i < len(src); i += es {
 		x, y := decode(src[i:], d), decode(got[i:], d)
 		exact := x * rsf
-		if want := FoldValue(x, rsf, d); y != want {
+		if want := weightfmt.FoldValue(x, rsf, d); y != want {
 			bad++
 		}
 		if exact != 0 {

@@ -7,6 +7,7 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // mlpParts are the regions of one expert (routed, or one slice of the shared
@@ -53,17 +54,10 @@ func whole(t *checkpoint.Tensor) part {
 	return part{region: region{src: t.Data, file: t.File, tensor: t.Name, rows: 1, rowLen: n, stride: n}, dtype: t.DType}
 }
 
-// rowBlock is rows [r0, r0+nr) of t viewed as a [rows, cols] matrix.
-func rowBlock(t *checkpoint.Tensor, cols, r0, nr int64) part {
-	es := int64(t.DType.Size())
-	n := nr * cols * es
-	return part{region: region{src: t.Data, file: t.File, tensor: t.Name, off: r0 * cols * es, rows: 1, rowLen: n, stride: n}, dtype: t.DType}
-}
-
-// colBlock is columns [c0, c0+nc) of t viewed as a [rows, cols] matrix.
-func colBlock(t *checkpoint.Tensor, rows, cols, c0, nc int64) part {
-	es := int64(t.DType.Size())
-	return part{region: region{src: t.Data, file: t.File, tensor: t.Name, off: c0 * es, rows: rows, rowLen: nc * es, stride: cols * es}, dtype: t.DType}
+// piece is the bytes r of t (a weight or its scale tensor, cut as a
+// weightfmt.Matrix says).
+func piece(t *checkpoint.Tensor, r weightfmt.Region) part {
+	return part{region: region{src: t.Data, file: t.File, tensor: t.Name, off: r.Off, rows: r.Rows, rowLen: r.RowLen, stride: r.Stride}, dtype: t.DType}
 }
 
 // layer plans one MoE layer's stacks and lists the source tensors they replace.
@@ -90,10 +84,10 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 		if mp, err = p.expert(m, what, I, H, 1); err != nil {
 			return nil, nil, err
 		}
-		if p.fold.weights {
+		switch p.fold.into {
+		case weightfmt.FoldWeights:
 			mp.down.fold, mp.down.factor, mp.down.stats = true, p.fold.factor, p.st
-		}
-		if p.fold.scales {
+		case weightfmt.FoldScales:
 			mp.downScale.fold, mp.downScale.factor, mp.downScale.stats = true, p.fold.factor, p.st
 		}
 		routed[e] = mp
@@ -135,7 +129,7 @@ func mlpNames(m family.MLP) []string {
 // expert checks one routed expert (intermediate I*S with S = 1) and returns whole-tensor parts.
 func (p *planner) expert(m family.MLP, what string, I, H, S int64) (mlpParts, error) {
 	var mp mlpParts
-	wd := p.fp.WeightDType
+	wd := p.wf.DType()
 	g, err := p.get(m.Gate, what+" gate", wd, S*I, H)
 	if err != nil {
 		return mp, err
@@ -165,20 +159,21 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64) (mlpParts, er
 			*b.dst = whole(t)
 		}
 	}
-	if !p.fp8 {
+	sc, scaled := p.wf.Scale()
+	if !scaled {
 		return mp, nil
 	}
-	gr, gc := layout.CeilDiv(S*I, p.bo), layout.CeilDiv(H, p.bi)
-	dr, dc := layout.CeilDiv(H, p.bo), layout.CeilDiv(S*I, p.bi)
-	gs, err := p.get(m.GateScale, what+" gate scale", safetensors.F32, gr, gc)
+	gr, gc := weightfmt.Matrix{Format: p.wf, Rows: S * I, Cols: H}.ScaleShape()
+	dr, dc := weightfmt.Matrix{Format: p.wf, Rows: H, Cols: S * I}.ScaleShape()
+	gs, err := p.get(m.GateScale, what+" gate scale", sc.DType, gr, gc)
 	if err != nil {
 		return mp, err
 	}
-	us, err := p.get(m.UpScale, what+" up scale", safetensors.F32, gr, gc)
+	us, err := p.get(m.UpScale, what+" up scale", sc.DType, gr, gc)
 	if err != nil {
 		return mp, err
 	}
-	ds, err := p.get(m.DownScale, what+" down scale", safetensors.F32, dr, dc)
+	ds, err := p.get(m.DownScale, what+" down scale", sc.DType, dr, dc)
 	if err != nil {
 		return mp, err
 	}
@@ -187,8 +182,8 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64) (mlpParts, er
 }
 
 // sharedSlice is slice s of the shared expert of intermediate S*I: gate and up
-// rows s*I..(s+1)*I-1, down columns s*I..(s+1)*I-1, and the matching scale
-// blocks (checkFusable made sure I is a multiple of the block when S > 1).
+// rows s*I..(s+1)*I-1, down columns s*I..(s+1)*I-1, and the scale entries
+// that cover them (checkFusable made sure the splits are exact when S > 1).
 func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64) (mlpParts, error) {
 	full, err := p.expert(m, what, I, H, S)
 	if err != nil || S == 1 {
@@ -197,19 +192,14 @@ func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64) (mlpP
 	g, _ := p.ck.Tensor(m.Gate)
 	u, _ := p.ck.Tensor(m.Up)
 	d, _ := p.ck.Tensor(m.Down)
-	sp := mlpParts{
-		gate: rowBlock(g, H, s*I, I),
-		up:   rowBlock(u, H, s*I, I),
-		down: colBlock(d, H, S*I, s*I, I),
-	}
-	if p.fp8 {
+	rows := weightfmt.Matrix{Format: p.wf, Rows: S * I, Cols: H}.RowBlock(s*I, I)
+	cols := weightfmt.Matrix{Format: p.wf, Rows: H, Cols: S * I}.ColBlock(s*I, I)
+	sp := mlpParts{gate: piece(g, rows.Weight), up: piece(u, rows.Weight), down: piece(d, cols.Weight)}
+	if _, scaled := p.wf.Scale(); scaled {
 		gs, _ := p.ck.Tensor(m.GateScale)
 		us, _ := p.ck.Tensor(m.UpScale)
 		ds, _ := p.ck.Tensor(m.DownScale)
-		gc := layout.CeilDiv(H, p.bi)
-		sp.gateScale = rowBlock(gs, gc, s*(I/p.bo), I/p.bo)
-		sp.upScale = rowBlock(us, gc, s*(I/p.bo), I/p.bo)
-		sp.downScale = colBlock(ds, layout.CeilDiv(H, p.bo), S*I/p.bi, s*(I/p.bi), I/p.bi)
+		sp.gateScale, sp.upScale, sp.downScale = piece(gs, rows.Scale), piece(us, rows.Scale), piece(ds, cols.Scale)
 	}
 	return sp, nil
 }
@@ -218,8 +208,9 @@ func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64) (mlpP
 func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetensors.DType) ([]*outTensor, error) {
 	n := int64(len(bank))
 	lay := p.o.Layout
-	names := layout.Names(lay, prefix, p.fp8)
-	shapes := layout.StackShapes(lay, n, I, H, p.fp8, p.bo, p.bi)
+	names := layout.NamesFor(lay, prefix, p.wf)
+	shapes := layout.StackShapesFor(lay, n, I, H, p.wf)
+	sd, _ := p.wf.Scale() // names has no scale tensors when the format has none
 	mk := func(name string, dtype safetensors.DType, shape layout.Shape, pick func(mlpParts) []part) (*outTensor, error) {
 		t := &outTensor{name: name, dtype: dtype, shape: shape}
 		for _, m := range bank {
@@ -255,26 +246,16 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 			second = func(m mlpParts) (part, part) { return m.upScale, m.gateScale }
 		}
 		specs = append(specs, spec{names.GateUp, wd, shapes.GateUp, func(m mlpParts) []part { a, b := first(m); return []part{a, b} }})
-		if p.fp8 {
-			specs = append(specs, spec{names.GateUpScale, safetensors.F32, shapes.GateUpScale, func(m mlpParts) []part { a, b := second(m); return []part{a, b} }})
-		}
+		specs = append(specs, spec{names.GateUpScale, sd.DType, shapes.GateUpScale, func(m mlpParts) []part { a, b := second(m); return []part{a, b} }})
 		specs = append(specs, spec{names.Down, wd, shapes.Down, one(func(m mlpParts) part { return m.down })})
-		if p.fp8 {
-			specs = append(specs, spec{names.DownScale, safetensors.F32, shapes.DownScale, one(func(m mlpParts) part { return m.downScale })})
-		}
+		specs = append(specs, spec{names.DownScale, sd.DType, shapes.DownScale, one(func(m mlpParts) part { return m.downScale })})
 	default:
 		specs = append(specs, spec{names.Gate, wd, shapes.Gate, one(func(m mlpParts) part { return m.gate })})
-		if p.fp8 {
-			specs = append(specs, spec{names.GateScale, safetensors.F32, shapes.GateScale, one(func(m mlpParts) part { return m.gateScale })})
-		}
+		specs = append(specs, spec{names.GateScale, sd.DType, shapes.GateScale, one(func(m mlpParts) part { return m.gateScale })})
 		specs = append(specs, spec{names.Up, wd, shapes.Up, one(func(m mlpParts) part { return m.up })})
-		if p.fp8 {
-			specs = append(specs, spec{names.UpScale, safetensors.F32, shapes.UpScale, one(func(m mlpParts) part { return m.upScale })})
-		}
+		specs = append(specs, spec{names.UpScale, sd.DType, shapes.UpScale, one(func(m mlpParts) part { return m.upScale })})
 		specs = append(specs, spec{names.Down, wd, shapes.Down, one(func(m mlpParts) part { return m.down })})
-		if p.fp8 {
-			specs = append(specs, spec{names.DownScale, safetensors.F32, shapes.DownScale, one(func(m mlpParts) part { return m.downScale })})
-		}
+		specs = append(specs, spec{names.DownScale, sd.DType, shapes.DownScale, one(func(m mlpParts) part { return m.downScale })})
 	}
 	if p.fp.ExpertBias {
 		bn, bd := layout.BiasNames(lay, prefix), bank[0].gateBias.dtype
@@ -293,6 +274,9 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 	}
 	out := make([]*outTensor, 0, len(specs))
 	for _, s := range specs {
+		if s.name == "" { // a scale stack of a format without scales
+			continue
+		}
 		t, err := mk(s.name, s.dtype, s.shape, s.pick)
 		if err != nil {
 			return nil, err

@@ -8,6 +8,7 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // part is one region of a source tensor, optionally folded on the way out.
@@ -67,20 +68,19 @@ type planner struct {
 	ck   *checkpoint.Checkpoint
 	fp   *family.Plan
 	o    *Options
-	fp8  bool
-	bo   int64 // FP8 block rows (output dim)
-	bi   int64 // FP8 block columns (input dim)
+	wf   weightfmt.Format // how the expert weights are stored
 	fold foldChoice
 	st   *foldStats
 }
 
-// foldChoice says which routed down tensors get multiplied by rsf.
+// foldChoice says which routed down tensors get multiplied by rsf: the
+// weights, their scales, or none (weightfmt.FoldNowhere).
 type foldChoice struct {
-	scales, weights bool
-	factor          float64
+	into   weightfmt.FoldTarget
+	factor float64
 }
 
-func (f foldChoice) any() bool { return f.scales || f.weights }
+func (f foldChoice) any() bool { return f.into != weightfmt.FoldNowhere }
 
 func mul(vals ...int64) (int64, bool) {
 	r := int64(1)
@@ -94,12 +94,10 @@ func mul(vals ...int64) (int64, bool) {
 }
 
 func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan, error) {
-	p := &planner{ck: ck, fp: fp, o: o, st: &foldStats{}, bo: 128, bi: 128}
-	p.fp8 = fp.Quantization == family.QuantFP8Block
-	if p.fp8 {
-		if err := p.blockSize(); err != nil {
-			return nil, err
-		}
+	p := &planner{ck: ck, fp: fp, o: o, st: &foldStats{}}
+	var err error
+	if p.wf, err = fp.Format(); err != nil {
+		return nil, fmt.Errorf("%s/config.json: %w", ck.Dir, err)
 	}
 	if err := p.checkFusable(); err != nil {
 		return nil, err
@@ -159,28 +157,6 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 	return op, nil
 }
 
-// blockSize reads quantization_config.weight_block_size (default [128,128]).
-func (p *planner) blockSize() error {
-	qc, _ := p.ck.Config["quantization_config"].(map[string]any)
-	raw, ok := qc["weight_block_size"].([]any)
-	if !ok {
-		return nil
-	}
-	if len(raw) != 2 {
-		return fmt.Errorf("%s/config.json: quantization_config.weight_block_size %v: want [rows, cols]", p.ck.Dir, raw)
-	}
-	var b [2]int64
-	for i, v := range raw {
-		f, ok := v.(float64)
-		if !ok || f < 1 || f > 1<<20 || f != math.Trunc(f) {
-			return fmt.Errorf("%s/config.json: quantization_config.weight_block_size %v: want two positive integers", p.ck.Dir, raw)
-		}
-		b[i] = int64(f)
-	}
-	p.bo, p.bi = b[0], b[1]
-	return nil
-}
-
 func (p *planner) checkFusable() error {
 	if !p.o.FuseShared {
 		return nil
@@ -212,10 +188,25 @@ func (p *planner) checkFusable() error {
 	if si, s := fp.SharedIntermediateSize, fp.NumSharedExperts*fp.MoEIntermediateSize; si != 0 && si != s {
 		return fmt.Errorf("%s: the shared expert's intermediate size %d is not %d x the routed experts' %d, so it cannot be split into experts of the bank; use moeprep convert instead", p.ck.Dir, si, fp.NumSharedExperts, fp.MoEIntermediateSize)
 	}
-	if p.fp8 && fp.NumSharedExperts > 1 && (fp.MoEIntermediateSize%int(p.bo) != 0 || fp.MoEIntermediateSize%int(p.bi) != 0) {
-		return fmt.Errorf("%s: n_shared_experts %d with moe_intermediate_size %d, not a multiple of the FP8 block %dx%d: the shared expert's scale blocks straddle the slices, so it cannot be split exactly", p.ck.Dir, fp.NumSharedExperts, fp.MoEIntermediateSize, p.bo, p.bi)
+	if S, I := int64(fp.NumSharedExperts), int64(fp.MoEIntermediateSize); S > 1 && !sliceable(p.wf, S, I, int64(fp.HiddenSize)) {
+		sc, _ := p.wf.Scale()
+		return fmt.Errorf("%s: n_shared_experts %d with moe_intermediate_size %d, not a multiple of the %s block %dx%d: the shared expert's scale blocks straddle the slices, so it cannot be split exactly", p.ck.Dir, S, I, p.wf, sc.Block[0], sc.Block[1])
 	}
 	return nil
+}
+
+// sliceable reports whether a shared expert of intermediate S*I in format
+// f splits exactly into S experts of intermediate I: its gate and up rows
+// and its down columns at every multiple of I.
+func sliceable(f weightfmt.Format, S, I, H int64) bool {
+	gate := weightfmt.Matrix{Format: f, Rows: S * I, Cols: H}
+	down := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}
+	for s := int64(1); s < S; s++ {
+		if !gate.RowSplitExact(s*I) || !down.ColSplitExact(s*I) {
+			return false
+		}
+	}
+	return true
 }
 
 func (p *planner) chooseFold() error {
@@ -231,28 +222,29 @@ func (p *planner) chooseFold() error {
 	if fp.ExpertBias {
 		return fmt.Errorf("%s: the experts have biases, and folding routed_scaling_factor %v would have to scale the down biases too, which moeprep does not do; use --fold-scaling none", p.ck.Dir, rsf)
 	}
-	ue8m0 := fp.ScaleFmt == "ue8m0"
-	scaleF32 := true
+	rule := p.wf.Fold()
+	// The format states its scales' dtype; a scale tensor of another
+	// would be multiplied in a dtype the rule does not round to.
+	sc, scaled := p.wf.Scale()
+	scalesAsStated := true
 	for _, l := range fp.Layers {
 		for _, e := range l.Experts {
-			if t, ok := p.ck.Tensor(e.DownScale); ok && t.DType != safetensors.F32 {
-				scaleF32 = false
+			if t, ok := p.ck.Tensor(e.DownScale); ok && scaled && t.DType != sc.DType {
+				scalesAsStated = false
 			}
 		}
 	}
 	switch {
-	case p.fp8 && !ue8m0 && scaleF32:
-		p.fold.scales = true
+	case rule.Into != weightfmt.FoldNowhere && rule.ByDefault && scalesAsStated:
+		p.fold.into = rule.Into
 	case p.o.FoldScaling == layout.FoldAuto:
 		// auto folds only where it is exact: leave everything else unfolded.
-	case p.fp8 && ue8m0:
-		return fmt.Errorf("%s: --fold-scaling down: the FP8 scales are UE8M0 (powers of two) and cannot absorb routed_scaling_factor %v exactly; use --fold-scaling auto or none", p.ck.Dir, rsf)
-	case p.fp8:
-		return fmt.Errorf("%s: --fold-scaling down: the FP8 scales are not F32, so routed_scaling_factor cannot be folded into them; use --fold-scaling auto or none", p.ck.Dir)
-	case foldable(fp.WeightDType):
-		p.fold.weights = true
+	case rule.Into == weightfmt.FoldNowhere:
+		return fmt.Errorf("%s: --fold-scaling down: %s; use --fold-scaling auto or none", p.ck.Dir, rule.Refusal(fmt.Sprintf("routed_scaling_factor %v", rsf)))
+	case !scalesAsStated:
+		return fmt.Errorf("%s: --fold-scaling down: the %s scales are not %s, so routed_scaling_factor cannot be folded into them; use --fold-scaling auto or none", p.ck.Dir, p.wf, sc.DType)
 	default:
-		return fmt.Errorf("%s: --fold-scaling down: cannot fold routed_scaling_factor into %s expert weights; use --fold-scaling auto or none", p.ck.Dir, fp.WeightDType)
+		p.fold.into = rule.Into
 	}
 	return nil
 }
@@ -296,8 +288,8 @@ func (p *planner) contract() *layout.Contract {
 	if !c.RoutedScalingFactorFolded {
 		c.SharedSlotWeight = 1 / fp.RoutedScalingFactor
 	}
-	if p.fp8 {
-		c.WeightBlockSize = []int64{p.bo, p.bi}
+	if sc, ok := p.wf.Scale(); ok {
+		c.WeightBlockSize = []int64{sc.Block[0], sc.Block[1]}
 	}
 	for _, l := range fp.Layers {
 		c.Layers = append(c.Layers, layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix})

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // How one output shard is written (issue 12):
@@ -153,7 +154,7 @@ func (c *chunk) read(b []byte, r region, src *sourceDigests) error {
 		if es := int64(c.p.dtype.Size()); c.pos%es != 0 || c.n%es != 0 {
 			return fmt.Errorf("%s: tensor %s: folding bytes %d..%d, not whole %s elements", c.p.file, c.p.tensor, c.pos, c.pos+c.n, c.p.dtype)
 		}
-		c.p.stats.note(foldInPlace(b, c.p.dtype, c.p.factor))
+		c.p.stats.note(weightfmt.FoldInPlace(c.p.dtype, b, c.p.factor))
 	}
 	return nil
 }

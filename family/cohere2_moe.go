@@ -1,6 +1,10 @@
 package family
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/moeprep/moeprep/moe"
+)
 
 // cohere2MoE is Cohere2 MoE (Cohere2MoeSparseMoeBlock): the router
 // model.layers.L.mlp.gate takes the top-k LOGITS, then scores only those:
@@ -52,10 +56,10 @@ func cohere2Routing(c config, _ string, p *Plan) error {
 	}
 	switch fn {
 	case "softmax":
-		p.Scoring, p.NormTopKProb = Softmax, true
+		p.Scoring, p.NormTopKProb = moe.Softmax, true
 		return nil
 	case "sigmoid":
-		p.Scoring, p.TopKMethod = Sigmoid, TopKNoAuxTC
+		p.Scoring, p.TopKMethod = moe.Sigmoid, moe.TopKNoAuxTC
 		p.NormTopKProb, err = c.boolean("norm_topk_prob", true)
 		return err
 	}

@@ -1,6 +1,10 @@
 package family
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/moeprep/moeprep/moe"
+)
 
 // deepseekV3Defaults are DeepseekV3Config's defaults; transformers and
 // DeepSeek's own configuration_deepseek.py agree on them, and Kimi-K2 ships
@@ -73,11 +77,11 @@ func deepseekRouting(c config, modelType string, p *Plan) error {
 	v2 := modelType == "deepseek_v2"
 	switch {
 	case !v2 && scoring == "sigmoid" && method == "noaux_tc":
-		p.Scoring, p.TopKMethod = Sigmoid, TopKNoAuxTC
+		p.Scoring, p.TopKMethod = moe.Sigmoid, moe.TopKNoAuxTC
 	case v2 && scoring == "softmax" && method == "greedy":
-		p.Scoring, p.TopKMethod = Softmax, TopKGreedy // n_group is not used
+		p.Scoring, p.TopKMethod = moe.Softmax, moe.TopKGreedy // n_group is not used
 	case v2 && scoring == "softmax" && method == "group_limited_greedy":
-		p.Scoring, p.TopKMethod = Softmax, TopKGroupLimited
+		p.Scoring, p.TopKMethod = moe.Softmax, moe.TopKGroupLimited
 	default:
 		supported := "sigmoid with noaux_tc"
 		if v2 {
@@ -86,7 +90,7 @@ func deepseekRouting(c config, modelType string, p *Plan) error {
 		return fmt.Errorf("config.json: scoring_func %q with topk_method %q is not supported for %s (only %s)",
 			scoring, method, modelType, supported)
 	}
-	if p.TopKMethod != TopKGreedy {
+	if p.TopKMethod.Grouped() {
 		if p.NGroup, err = c.size("n_group"); err != nil {
 			return err
 		}

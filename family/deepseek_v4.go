@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/moe"
 )
 
 // deepseekV4 is DeepSeek-V4 (DeepseekV4SparseMoeBlock, transformers 5.17)
@@ -52,9 +53,9 @@ func deepseekV4Routing(c config, _ string, p *Plan) error {
 	}
 	switch scoring {
 	case "sqrtsoftplus":
-		p.Scoring = SqrtSoftplus
+		p.Scoring = moe.SqrtSoftplus
 	case "sigmoid":
-		p.Scoring = Sigmoid
+		p.Scoring = moe.Sigmoid
 	default:
 		return fmt.Errorf("config.json: scoring_func %q is not supported for deepseek_v4 (sqrtsoftplus or sigmoid)", scoring)
 	}

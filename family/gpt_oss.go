@@ -1,6 +1,9 @@
 package family
 
-import "github.com/moeprep/moeprep/layout"
+import (
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/moe"
+)
 
 // gptOSS is gpt-oss (GptOssMLP) as transformers saves it in bf16 (OpenAI's
 // own repos ship MXFP4 *_blocks/*_scales, which moeprep does not read).
@@ -36,7 +39,7 @@ var gptOSS = &spec{
 	defaults: map[string]map[string]any{"gpt_oss": {"num_experts_per_tok": 4.0}},
 	layers:   everyLayer,
 	routing: func(_ config, _ string, p *Plan) error {
-		p.Scoring, p.NormTopKProb, p.ExpertBias = Softmax, true, true
+		p.Scoring, p.NormTopKProb, p.ExpertBias = moe.Softmax, true, true
 		p.Act = layout.Activation{Alpha: 1.702, Limit: 7, UpOffset: 1}
 		return nil
 	},

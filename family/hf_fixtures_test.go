@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -67,17 +68,17 @@ func TestPlanHFFixtures(t *testing.T) {
 		layers   []int
 		dtype    safetensors.DType
 		quant    Quantization
-		scoring  Scoring
-		method   TopKMethod
+		scoring  moe.Scoring
+		method   moe.TopKMethod
 		ngroup   int
 		sharedGt bool
 	}{
-		{"deepseek-v2-lite", "deepseek", 8, 2, []int{1, 2}, safetensors.BF16, QuantNone, Softmax, TopKGreedy, 1, false},
-		{"deepseek-v3-bf16", "deepseek", 16, 1, []int{1, 2}, safetensors.BF16, QuantNone, Sigmoid, TopKNoAuxTC, 4, false},
-		{"deepseek-v3-fp8", "deepseek", 16, 1, []int{1, 2}, safetensors.F8E4M3, QuantFP8Block, Sigmoid, TopKNoAuxTC, 4, false},
-		{"mixtral", "mixtral", 8, 0, []int{0, 1}, safetensors.BF16, QuantNone, Softmax, TopKGreedy, 1, false},
-		{"qwen2-moe", "qwen2_moe", 8, 1, []int{0, 1}, safetensors.BF16, QuantNone, Softmax, TopKGreedy, 1, true},
-		{"qwen3-moe", "qwen3_moe", 8, 0, []int{1, 2}, safetensors.BF16, QuantNone, Softmax, TopKGreedy, 1, false},
+		{"deepseek-v2-lite", "deepseek", 8, 2, []int{1, 2}, safetensors.BF16, QuantNone, moe.Softmax, moe.TopKGreedy, 1, false},
+		{"deepseek-v3-bf16", "deepseek", 16, 1, []int{1, 2}, safetensors.BF16, QuantNone, moe.Sigmoid, moe.TopKNoAuxTC, 4, false},
+		{"deepseek-v3-fp8", "deepseek", 16, 1, []int{1, 2}, safetensors.F8E4M3, QuantFP8Block, moe.Sigmoid, moe.TopKNoAuxTC, 4, false},
+		{"mixtral", "mixtral", 8, 0, []int{0, 1}, safetensors.BF16, QuantNone, moe.Softmax, moe.TopKGreedy, 1, false},
+		{"qwen2-moe", "qwen2_moe", 8, 1, []int{0, 1}, safetensors.BF16, QuantNone, moe.Softmax, moe.TopKGreedy, 1, true},
+		{"qwen3-moe", "qwen3_moe", 8, 0, []int{1, 2}, safetensors.BF16, QuantNone, moe.Softmax, moe.TopKGreedy, 1, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.dir, func(t *testing.T) {

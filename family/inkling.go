@@ -1,6 +1,10 @@
 package family
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/moeprep/moeprep/moe"
+)
 
 // inkling is Inkling's language model (InklingMoE, transformers 5.17,
 // model_type inkling_text) as transformers saves it: no conversion mapping
@@ -58,7 +62,7 @@ func inklingRouting(c config, _ string, p *Plan) error {
 	if !sink {
 		return fmt.Errorf("config.json: shared_expert_sink=false is not supported: transformers 5.17 always weights the shared experts in the same normalisation as the routed ones, so no reference computes this checkpoint the way its config describes")
 	}
-	p.Scoring, p.TopKMethod, p.SharedRouted = Sigmoid, TopKNoAuxTC, true
+	p.Scoring, p.TopKMethod, p.SharedRouted = moe.Sigmoid, moe.TopKNoAuxTC, true
 	p.RoutedScalingFactor, err = c.float("route_scale", 8)
 	return err
 }

@@ -1,5 +1,7 @@
 package family
 
+import "github.com/moeprep/moeprep/moe"
+
 // llama4 is Llama 4's text model (Llama4TextMoe), model_type llama4_text.
 // Its experts are stacked on disk and stored transposed, for x @ W:
 // model.layers.L.feed_forward.experts.gate_up_proj [E, H, 2I] (gate columns
@@ -34,7 +36,7 @@ var llama4 = &spec{
 	layers:          moeLayerList,
 	sharedUnfusable: "the routing weight scales the routed experts' input, and a fused shared slot would need the unscaled input in the same grouped GEMM",
 	routing: func(_ config, _ string, p *Plan) error {
-		p.Scoring, p.TopKMethod, p.NormTopKProb, p.RoutedInputScaled = Sigmoid, TopKGreedy, false, true
+		p.Scoring, p.TopKMethod, p.NormTopKProb, p.RoutedInputScaled = moe.Sigmoid, moe.TopKGreedy, false, true
 		return nil
 	},
 }

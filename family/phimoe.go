@@ -1,6 +1,10 @@
 package family
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/moeprep/moeprep/moe"
+)
 
 // phimoe is Phi-3.5-MoE (PhimoeSparseMoeBlock): Mixtral's names
 // (block_sparse_moe.{gate, experts.E.w1|w3|w2}, intermediate_size) with
@@ -24,7 +28,7 @@ var phimoe = &spec{
 		// says (the key only sizes its unused top_k argument), so moeprep
 		// plans two as well.
 		p.TopK = 2
-		p.Scoring = SparseMixer
+		p.Scoring = moe.SparseMixer
 		var err error
 		if p.JitterEps, err = c.float("router_jitter_noise", 0.01); err == nil && !(p.JitterEps >= 0) {
 			err = fmt.Errorf("config.json: router_jitter_noise=%v must be >= 0", p.JitterEps)

@@ -6,34 +6,8 @@ package family
 
 import (
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/safetensors"
-)
-
-// Scoring is how router logits become expert scores.
-type Scoring string
-
-const (
-	Sigmoid Scoring = "sigmoid" // DeepSeek-V3/Kimi-K2: sigmoid + correction bias, grouped top-k
-	Softmax Scoring = "softmax" // Qwen, Mixtral, DeepSeek-V2
-	// SparseMixer is Phi-3.5-MoE's top-2 router (phimoe.go).
-	SparseMixer Scoring = "sparsemixer"
-	// SqrtSoftplus is DeepSeek-V4's: s = sqrt(softplus(logit)), ranked by
-	// s + correction bias, weights s[ids] normalised (+1e-20).
-	SqrtSoftplus Scoring = "sqrtsoftplus"
-)
-
-// TopKMethod is how experts are picked from the scores.
-type TopKMethod string
-
-const (
-	// TopKGreedy is plain top-k over all experts (Qwen, Mixtral, DeepSeek-V2 "greedy").
-	TopKGreedy TopKMethod = "greedy"
-	// TopKGroupLimited is DeepSeek-V2's group_limited_greedy: a group's score is
-	// the MAX softmax score in it; the topk_group best groups are kept, then top-k.
-	TopKGroupLimited TopKMethod = "group_limited_greedy"
-	// TopKNoAuxTC is DeepSeek-V3/Kimi-K2's noaux_tc: a group's score is the sum of
-	// its top-2 biased sigmoid scores; the topk_group best groups are kept, then top-k.
-	TopKNoAuxTC TopKMethod = "noaux_tc"
 )
 
 // Quantization of the expert weights.
@@ -101,10 +75,10 @@ type Plan struct {
 	// (times RoutedScalingFactor and the layer's RouterScale).
 	SharedRouted bool
 	TopK         int
-	TopKMethod   TopKMethod
+	TopKMethod   moe.TopKMethod
 	NGroup       int // 1 when the family has no grouping
 	TopKGroup    int
-	Scoring      Scoring
+	Scoring      moe.Scoring
 	// JitterEps is sparsemixer's mask threshold (router_jitter_noise): an
 	// expert takes part in a slot's softmax only when its logit is within
 	// 2*JitterEps (relative) of that slot's winner.
@@ -136,6 +110,35 @@ func (p *Plan) Output() float64 {
 		return 1
 	}
 	return p.OutputScale
+}
+
+// RouteSpec is the gate of the plan's routers: greedy is plain top-k (no
+// groups), group_limited_greedy (DeepSeek-V2) scores groups by their max,
+// noaux_tc (DeepSeek-V3, Kimi-K2) by the sum of their top-2 biased scores;
+// a router with shared rows (SharedRouted) has NumSharedExperts of them.
+func (p *Plan) RouteSpec() moe.RouteSpec {
+	rsf := p.RoutedScalingFactor
+	if rsf == 0 {
+		rsf = 1
+	}
+	s := moe.RouteSpec{
+		Scoring:             p.Scoring,
+		NumExperts:          p.NumExperts,
+		TopK:                p.TopK,
+		NGroup:              p.NGroup,
+		TopKGroup:           p.TopKGroup,
+		NormTopKProb:        p.NormTopKProb,
+		GroupByMax:          p.TopKMethod.GroupByMax(),
+		RoutedScalingFactor: rsf,
+		JitterEps:           p.JitterEps,
+	}
+	if p.SharedRouted {
+		s.SharedLogits = p.NumSharedExperts
+	}
+	if !p.TopKMethod.Grouped() || s.NGroup < 1 {
+		s.NGroup, s.TopKGroup = 1, 1
+	}
+	return s
 }
 
 // DTypeName is the short dtype name inspect reports: bf16, f16, f32, fp8_e4m3.

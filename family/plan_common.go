@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/moeprep/moeprep/moe"
 )
 
 // ErrAlreadyConverted marks a checkpoint that is already moeprep (or other
@@ -43,7 +45,7 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 		return nil, errConvertedConfig()
 	}
 	c = s.withDefaults(raw, mt)
-	p := &Plan{Family: s.name, ModelType: mt, Scoring: Softmax, TopKMethod: TopKGreedy,
+	p := &Plan{Family: s.name, ModelType: mt, Scoring: moe.Softmax, TopKMethod: moe.TopKGreedy,
 		NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 1}
 	if err := s.readSizes(c, p, converted); err != nil {
 		return nil, err
@@ -185,7 +187,7 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 			return Layer{}, fmt.Errorf("%s: holds a hash routing table %s but config.json (mlp_layer_types) routes it by top-k", where, table)
 		}
 	}
-	if n.bias != "" && !hashed && (p.Scoring == Sigmoid || p.Scoring == SqrtSoftplus || s.softmaxBias) {
+	if n.bias != "" && !hashed && (p.Scoring.PerExpert() || s.softmaxBias) {
 		out.RouterBias = prefix + "." + n.bias
 		if err := k.bias(where, out.RouterBias, s.softmaxBias); err != nil {
 			return Layer{}, err

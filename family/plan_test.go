@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -124,30 +125,30 @@ func (g gen) with(changes map[string]any) gen {
 
 func TestPlanFamilies(t *testing.T) {
 	v3 := Plan{Family: "deepseek", ModelType: "deepseek_v3", HiddenSize: 32, MoEIntermediateSize: 16,
-		NumExperts: 8, NumSharedExperts: 1, SharedIntermediateSize: 16, TopK: 2, TopKMethod: TopKNoAuxTC,
-		NGroup: 2, TopKGroup: 1, Scoring: Sigmoid, NormTopKProb: true, RoutedScalingFactor: 2.5,
+		NumExperts: 8, NumSharedExperts: 1, SharedIntermediateSize: 16, TopK: 2, TopKMethod: moe.TopKNoAuxTC,
+		NGroup: 2, TopKGroup: 1, Scoring: moe.Sigmoid, NormTopKProb: true, RoutedScalingFactor: 2.5,
 		NumHiddenLayers: 4, WeightDType: safetensors.BF16, Quantization: QuantNone}
 	v3fp8 := v3
 	v3fp8.HiddenSize, v3fp8.MoEIntermediateSize, v3fp8.SharedIntermediateSize = 300, 136, 136
 	v3fp8.NumExperts, v3fp8.NumHiddenLayers = 4, 2
 	v3fp8.WeightDType, v3fp8.Quantization, v3fp8.ScaleFmt = safetensors.F8E4M3, QuantFP8Block, "ue8m0"
 	v2 := Plan{Family: "deepseek", ModelType: "deepseek_v2", HiddenSize: 32, MoEIntermediateSize: 16,
-		NumExperts: 8, NumSharedExperts: 2, SharedIntermediateSize: 32, TopK: 2, TopKMethod: TopKGroupLimited,
-		NGroup: 2, TopKGroup: 1, Scoring: Softmax, RoutedScalingFactor: 16, NumHiddenLayers: 6,
+		NumExperts: 8, NumSharedExperts: 2, SharedIntermediateSize: 32, TopK: 2, TopKMethod: moe.TopKGroupLimited,
+		NGroup: 2, TopKGroup: 1, Scoring: moe.Softmax, RoutedScalingFactor: 16, NumHiddenLayers: 6,
 		WeightDType: safetensors.BF16, Quantization: QuantNone}
 	v2lite := v2
-	v2lite.TopKMethod, v2lite.NGroup, v2lite.RoutedScalingFactor = TopKGreedy, 1, 1
+	v2lite.TopKMethod, v2lite.NGroup, v2lite.RoutedScalingFactor = moe.TopKGreedy, 1, 1
 	v3def := v3
 	v3def.NumExperts, v3def.NGroup, v3def.TopKGroup, v3def.NumHiddenLayers = 16, 8, 4, 5
 	qwen3 := Plan{Family: "qwen3_moe", ModelType: "qwen3_moe", HiddenSize: 32, MoEIntermediateSize: 24,
-		NumExperts: 16, TopK: 4, TopKMethod: TopKGreedy, NGroup: 1, TopKGroup: 1, Scoring: Softmax,
+		NumExperts: 16, TopK: 4, TopKMethod: moe.TopKGreedy, NGroup: 1, TopKGroup: 1, Scoring: moe.Softmax,
 		NormTopKProb: true, RoutedScalingFactor: 1, NumHiddenLayers: 3, WeightDType: safetensors.BF16,
 		Quantization: QuantNone}
 	qwen3fp8 := qwen3
 	qwen3fp8.HiddenSize, qwen3fp8.MoEIntermediateSize = 256, 96
 	qwen3fp8.WeightDType, qwen3fp8.Quantization = safetensors.F8E4M3, QuantFP8Block
 	mixtral := Plan{Family: "mixtral", ModelType: "mixtral", HiddenSize: 32, MoEIntermediateSize: 48,
-		NumExperts: 4, TopK: 2, TopKMethod: TopKGreedy, NGroup: 1, TopKGroup: 1, Scoring: Softmax,
+		NumExperts: 4, TopK: 2, TopKMethod: moe.TopKGreedy, NGroup: 1, TopKGroup: 1, Scoring: moe.Softmax,
 		NormTopKProb: true, RoutedScalingFactor: 1, NumHiddenLayers: 2, WeightDType: safetensors.F16,
 		Quantization: QuantNone}
 
@@ -188,8 +189,8 @@ func TestPlanFamilies(t *testing.T) {
 			}(), v3def, []int{3, 4}, nil},
 		{"kimi_k2 384 experts, n_group 1", kimiK2Gen(),
 			Plan{Family: "deepseek", ModelType: "kimi_k2", HiddenSize: 16, MoEIntermediateSize: 8,
-				NumExperts: 384, NumSharedExperts: 1, SharedIntermediateSize: 8, TopK: 8, TopKMethod: TopKNoAuxTC,
-				NGroup: 1, TopKGroup: 1, Scoring: Sigmoid, NormTopKProb: true, RoutedScalingFactor: 2.827,
+				NumExperts: 384, NumSharedExperts: 1, SharedIntermediateSize: 8, TopK: 8, TopKMethod: moe.TopKNoAuxTC,
+				NGroup: 1, TopKGroup: 1, Scoring: moe.Sigmoid, NormTopKProb: true, RoutedScalingFactor: 2.827,
 				NumHiddenLayers: 3, WeightDType: safetensors.BF16, Quantization: QuantNone},
 			[]int{1, 2},
 			func(p *Plan) [][2]string {
@@ -216,7 +217,7 @@ func TestPlanFamilies(t *testing.T) {
 		{"qwen2_moe gated shared expert, decoder_sparse_step 2, mlp_only_layers", qwen2MoEGen(),
 			Plan{Family: "qwen2_moe", ModelType: "qwen2_moe", HiddenSize: 32, MoEIntermediateSize: 16,
 				NumExperts: 6, NumSharedExperts: 1, SharedIntermediateSize: 64, SharedGated: true, TopK: 4,
-				TopKMethod: TopKGreedy, NGroup: 1, TopKGroup: 1, Scoring: Softmax, RoutedScalingFactor: 1,
+				TopKMethod: moe.TopKGreedy, NGroup: 1, TopKGroup: 1, Scoring: moe.Softmax, RoutedScalingFactor: 1,
 				NumHiddenLayers: 6, WeightDType: safetensors.BF16, Quantization: QuantNone},
 			[]int{1, 5},
 			func(p *Plan) [][2]string {

@@ -3,11 +3,24 @@ package family
 import (
 	"fmt"
 	"slices"
+
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// fp8Block is the only block size moeprep's FP8 handling knows: DeepSeek's
-// official format (and Qwen3's FP8 releases, which copy it).
-const fp8Block = 128
+// fp8Format is the only FP8 layout readQuant accepts: DeepSeek's official
+// 128x128 blocks (Qwen3's FP8 releases copy it). scale_fmt does not change
+// its shapes, only whether rsf folds (Plan.Format).
+var fp8Format = weightfmt.FP8Block(weightfmt.FP8DefaultBlock, weightfmt.FP8DefaultBlock, false)
+
+// Format is how the plan's expert weights are stored, from what readQuant
+// read (quantization_config) and the experts' dtype.
+func (p *Plan) Format() (weightfmt.Format, error) {
+	q := p.Quantization
+	if q == "" {
+		q = QuantNone
+	}
+	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt})
+}
 
 // readQuant reads quantization_config. Only DeepSeek-style FP8 (quant_method
 // fp8, e4m3, weight_block_size [128,128], dynamic activations) is supported:
@@ -45,7 +58,7 @@ func readQuant(c config) (Quantization, string, error) {
 	if err != nil {
 		return "", "", err
 	}
-	if !slices.Equal(block, []int{fp8Block, fp8Block}) {
+	if !slices.Equal(block, []int{weightfmt.FP8DefaultBlock, weightfmt.FP8DefaultBlock}) {
 		return "", "", q.errorf("weight_block_size", "%v is not supported (only [128,128])", block)
 	}
 	scaleFmt, err := q.str("scale_fmt", "")
@@ -57,16 +70,15 @@ func readQuant(c config) (Quantization, string, error) {
 
 // scaleShape is the weight_scale_inv shape of an FP8 [rows, cols] weight.
 func scaleShape(rows, cols int64) []int64 {
-	return []int64{(rows + fp8Block - 1) / fp8Block, (cols + fp8Block - 1) / fp8Block}
+	r, c := weightfmt.Matrix{Format: fp8Format, Rows: rows, Cols: cols}.ScaleShape()
+	return []int64{r, c}
 }
 
-// scaleName is the block-scale tensor that belongs to a weight.
+// scaleName is the block-scale tensor that belongs to a weight
+// ("x.weight" -> "x.weight_scale_inv").
 func scaleName(weight string) string {
-	const suffix = ".weight"
-	if len(weight) > len(suffix) && weight[len(weight)-len(suffix):] == suffix {
-		return weight[:len(weight)-len(suffix)] + ".weight_scale_inv"
-	}
-	return weight + "_scale_inv"
+	s, _ := fp8Format.Scale()
+	return s.Name(weight)
 }
 
 func shapeString(s []int64) string {

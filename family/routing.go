@@ -1,5 +1,7 @@
 package family
 
+import "github.com/moeprep/moeprep/moe"
+
 // Routing rules shared by several families; each family file names its own.
 
 // biasedSigmoid is a DeepSeek-V3-style router without the choice of scoring:
@@ -9,7 +11,7 @@ package family
 // under rsfKey ("" : none).
 func biasedSigmoid(rsfKey string, grouped bool, normKey string) func(config, string, *Plan) error {
 	return func(c config, _ string, p *Plan) error {
-		p.Scoring, p.TopKMethod = Sigmoid, TopKNoAuxTC
+		p.Scoring, p.TopKMethod = moe.Sigmoid, moe.TopKNoAuxTC
 		var err error
 		if grouped {
 			if p.NGroup, err = c.size("n_group"); err != nil {
@@ -37,7 +39,7 @@ func biasedSigmoid(rsfKey string, grouped bool, normKey string) func(config, str
 // sum of probabilities).
 func softmaxNorm(norm bool) func(config, string, *Plan) error {
 	return func(_ config, _ string, p *Plan) error {
-		p.Scoring, p.NormTopKProb = Softmax, norm
+		p.Scoring, p.NormTopKProb = moe.Softmax, norm
 		return nil
 	}
 }

@@ -3,6 +3,8 @@ package family
 import (
 	"fmt"
 	"slices"
+
+	"github.com/moeprep/moeprep/moe"
 )
 
 // A family is data: where its tensors live (naming), which config keys give
@@ -410,7 +412,7 @@ func checkRouting(p *Plan) error {
 		return fmt.Errorf("config.json: %d routed experts do not split into n_group=%d groups", p.NumExperts, p.NGroup)
 	}
 	perGroup := p.NumExperts / p.NGroup
-	if p.NGroup > 1 && p.TopKMethod == TopKNoAuxTC && perGroup < 2 {
+	if p.NGroup > 1 && p.TopKMethod == moe.TopKNoAuxTC && perGroup < 2 {
 		return fmt.Errorf("config.json: n_group=%d leaves %d expert per group; noaux_tc scores a group by its top 2", p.NGroup, perGroup)
 	}
 	if p.TopK > p.TopKGroup*perGroup {

@@ -8,7 +8,7 @@ import (
 )
 
 // ActQuantGroup is the width of an activation quantisation group of the
-// w8a8 mode (validate.ActGroup): 128 consecutive channels of one row share
+// w8a8 mode (moe.ActGroup): 128 consecutive channels of one row share
 // one f32 scale, the K extent of the weights' scale blocks.
 const ActQuantGroup = 128
 
@@ -87,7 +87,7 @@ func (q *QuantScratch) fits(rows, cols int) error {
 // columns (the last may be shorter); each group gets the scale
 // max(amax, 1e-10) / 448 in q.Scales [rows, ceil(cols/128)] and its e4m3
 // codes x / scale (round to nearest even, saturating; NaN -> 0x7f) in
-// q.Codes [rows, cols], bit for bit validate.QuantizeActGroups. A NaN in a
+// q.Codes [rows, cols], bit for bit moe.QuantizeActGroups. A NaN in a
 // group makes its scale NaN.
 func ActQuantE4M3(dev *cuda.Device, st cuda.Stream, x Mat, rows, cols int, q *QuantScratch) error {
 	if !dimsOK(rows, cols) {

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/moe"
 )
 
 // Must match align.cu.
@@ -17,14 +18,8 @@ const (
 	alignMaxExperts = (48<<10 - 256) / 4
 )
 
-// MaxPaddedTokens is the size of sorted_token_ids before the counts are
-// known: numel + E*(block-1) (validate.MaxPaddedTokens).
-func MaxPaddedTokens(numel, numExperts, blockSize int) int {
-	return numel + numExperts*(blockSize-1)
-}
-
 // Alignment is moe_align_block_size's output on the device (the arrays of
-// validate.Alignment; only the first Total entries of SortedTokenIDs and
+// moe.Alignment; only the first Total entries of SortedTokenIDs and
 // Total/BlockSize of ExpertIDs are meaningful, Total being on the device).
 type Alignment struct {
 	NumExperts, BlockSize int
@@ -44,7 +39,7 @@ func NewAlignment(dev *cuda.Device, numel, numExperts, blockSize int) (*Alignmen
 	if numel <= 0 || numExperts <= 0 || numExperts > alignMaxExperts || blockSize <= 0 {
 		return nil, fmt.Errorf("moe_align_block_size: %d slots, %d experts (1..%d), block size %d", numel, numExperts, alignMaxExperts, blockSize)
 	}
-	maxPad := MaxPaddedTokens(numel, numExperts, blockSize)
+	maxPad := moe.MaxPaddedTokens(numel, numExperts, blockSize)
 	chunks := CeilDiv(numel, alignChunk)
 	if int64(numel)+int64(numExperts)*int64(blockSize-1) > math.MaxInt32 || int64(chunks)*int64(numExperts) > math.MaxInt32 {
 		return nil, fmt.Errorf("moe_align_block_size: %d slots over %d experts overflow int32 indices", numel, numExperts)
@@ -202,20 +197,10 @@ func AlignVariantCtx(c *cuda.Ctx, variant string, stream cuda.Stream, topkIDs *c
 		topkIDs, a.Numel, e, a.scratch, a.Cumsum, a.SortedTokenIDs, a.Counts, a.ExpertIDs, int32(a.BlockSize))
 }
 
-// HostAlignment is an Alignment copied to the host, trimmed to its total:
-// the fields of validate.Alignment.
-type HostAlignment struct {
-	NumExperts, BlockSize int
-	Numel                 int32
-	Counts, Cumsum        []int32
-	SortedTokenIDs        []int32
-	ExpertIDs             []int32
-	TotalPadded           int32
-}
-
 // Host waits for the alignment, checks that every id was in range and
-// copies it to the host.
-func (a *Alignment) Host() (*HostAlignment, error) {
+// copies it to the host, trimmed to its total: what moe.AlignBlockSize
+// computes from the same ids.
+func (a *Alignment) Host() (*moe.Alignment, error) {
 	if err := a.status.Device().Synchronize(); err != nil {
 		return nil, err
 	}
@@ -226,7 +211,7 @@ func (a *Alignment) Host() (*HostAlignment, error) {
 	if st[0] != a.Numel {
 		return nil, fmt.Errorf("moe_align_block_size: slot %d routed to an expert outside 0..%d", st[0], a.NumExperts-1)
 	}
-	h := &HostAlignment{NumExperts: a.NumExperts, BlockSize: a.BlockSize, Numel: a.Numel}
+	h := &moe.Alignment{NumExperts: a.NumExperts, BlockSize: a.BlockSize, Numel: a.Numel}
 	tot, err := a.Total.ToHost(1)
 	if err != nil {
 		return nil, err

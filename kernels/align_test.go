@@ -8,110 +8,8 @@ import (
 
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/kernels"
-	"github.com/moeprep/moeprep/validate"
+	"github.com/moeprep/moeprep/moe"
 )
-
-type alignCase struct {
-	name            string
-	numel, e, block int
-	ids             func(r *rand.Rand, i int) int32 // nil: uniform
-}
-
-var alignCases = []alignCase{
-	{name: "T=1 top-8+1 over 264, block 64", numel: 9, e: 264, block: 64},
-	{name: "T=37 K=9 over 264, block 16", numel: 37 * 9, e: 264, block: 16},
-	{name: "777 slots (not a multiple of the chunk) over 384, block 64", numel: 777, e: 384, block: 64},
-	{name: "T=4096 K=9 over 264, block 64", numel: 4096 * 9, e: 264, block: 64},
-	{name: "T=4096 K=8 over 256, block 128", numel: 4096 * 8, e: 256, block: 128},
-	{name: "block size 1", numel: 1000, e: 60, block: 1},
-	{name: "one expert", numel: 300, e: 1, block: 16},
-	{name: "all slots on one expert of 392", numel: 2000, e: 392, block: 64, ids: func(*rand.Rand, int) int32 { return 391 }},
-	{name: "only even experts have tokens", numel: 5000, e: 264, block: 32, ids: func(r *rand.Rand, _ int) int32 { return int32(2 * r.IntN(132)) }},
-	{name: "skewed: most slots on expert 0", numel: 3000, e: 384, block: 64, ids: func(r *rand.Rand, _ int) int32 {
-		if r.IntN(4) > 0 {
-			return 0
-		}
-		return int32(r.IntN(384))
-	}},
-	{name: "3000 experts (more than the scan's threads)", numel: 20000, e: 3000, block: 16},
-	{name: "65536 slots (the single kernel's limit) over 256", numel: 1 << 16, e: 256, block: 64},
-	{name: "40000 slots over 512 (21 owner warps)", numel: 40000, e: 512, block: 64},
-	{name: "2000 experts (the single kernel with 4 warps)", numel: 5000, e: 2000, block: 16},
-	{name: "65537 slots (past the single kernel's limit)", numel: 1<<16 + 1, e: 256, block: 64},
-}
-
-// TestAlignMatchesCPU checks every array of moe_align_block_size against
-// validate.AlignBlockSize exactly, order inside each expert included.
-func TestAlignMatchesCPU(t *testing.T) {
-	dev := testDevice(t)
-	r := rand.New(rand.NewPCG(7, 77))
-	for _, c := range alignCases {
-		for _, variant := range []string{kernels.AlignSingle, kernels.AlignMulti} {
-			if variant == kernels.AlignSingle && !kernels.AlignSingleFits(c.numel, c.e) {
-				continue
-			}
-			t.Run(variant+"/"+c.name, func(t *testing.T) { testAlignCase(t, dev, r, c, variant) })
-		}
-	}
-}
-
-func testAlignCase(t *testing.T, dev *cuda.Device, r *rand.Rand, c alignCase, variant string) {
-	ids := make([]int32, c.numel)
-	for i := range ids {
-		if c.ids != nil {
-			ids[i] = c.ids(r, i)
-		} else {
-			ids[i] = int32(r.IntN(c.e))
-		}
-	}
-	want, err := validate.AlignBlockSize(ids, c.e, c.block)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := kernels.NewAlignment(dev, c.numel, c.e, c.block)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Free()
-	for _, b := range []interface{ Fill(int32) error }{a.SortedTokenIDs, a.ExpertIDs, a.Counts, a.Cumsum, a.Total} {
-		if err := b.Fill(-5); err != nil {
-			t.Fatal(err)
-		}
-	}
-	d := toDevice(t, dev, ids)
-	if err := dev.Do(func(cx *cuda.Ctx) error { return kernels.AlignVariantCtx(cx, variant, 0, d, a) }); err != nil {
-		t.Fatal(err)
-	}
-	got, err := a.Host()
-	if err != nil {
-		t.Fatal(err)
-	}
-	switch {
-	case got.TotalPadded != want.TotalPadded:
-		t.Fatalf("total %d, twin %d", got.TotalPadded, want.TotalPadded)
-	case !slices.Equal(got.Counts, want.Counts):
-		t.Fatalf("counts differ:\n%v\n%v", got.Counts, want.Counts)
-	case !slices.Equal(got.Cumsum, want.Cumsum):
-		t.Fatalf("cumsum differs:\n%v\n%v", got.Cumsum, want.Cumsum)
-	case !slices.Equal(got.ExpertIDs, want.ExpertIDs):
-		t.Fatalf("expert ids differ")
-	}
-	if i := firstDiff(got.SortedTokenIDs, want.SortedTokenIDs); i >= 0 {
-		t.Fatalf("sorted_token_ids differ first at %d: %d, twin %d", i, got.SortedTokenIDs[i], want.SortedTokenIDs[i])
-	}
-}
-
-func firstDiff(a, b []int32) int {
-	if len(a) != len(b) {
-		return min(len(a), len(b))
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return i
-		}
-	}
-	return -1
-}
 
 func TestAlignRejectsBadIDs(t *testing.T) {
 	dev := testDevice(t)
@@ -153,35 +51,39 @@ func TestNewAlignmentChecks(t *testing.T) {
 }
 
 // TestGateThenAlign chains the two kernels on the device, as the fused
-// path does, and compares with the CPU chain.
+// path does, and compares with the CPU chain (moe.Route, moe.FusedSlots,
+// moe.AlignBlockSize) array by array.
 func TestGateThenAlign(t *testing.T) {
 	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(3, 33))
-	c := gateCases[4] // 264 experts, shared slots
-	c.t = 513
-	logits, bias := gateInputs(r, c)
-	routing, err := validate.Route(routeSpec(c.spec), logits, bias, c.t)
+	spec := kernels.GateSpec{
+		RouteSpec: moe.RouteSpec{Scoring: moe.Sigmoid, NumExperts: 264, TopK: 8, NGroup: 8, TopKGroup: 3, NormTopKProb: true, RoutedScalingFactor: 2.5},
+		Shared:    moe.SharedSlots{PerToken: 2, Replicas: 3, Weight: 0.4},
+	}
+	const tok = 513
+	logits, bias := gateInputs(r, spec, tok)
+	routing, err := moe.Route(spec.RouteSpec, logits, bias, tok)
 	if err != nil {
 		t.Fatal(err)
 	}
-	slots, err := validate.FusedSlots(routing, contractFor(c.spec))
+	slots, err := moe.FusedSlots(routing, spec.NumExperts, spec.Shared, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	bank := c.spec.NumExperts + c.spec.SharedSlots*c.spec.SharedReplicas
-	want, err := validate.AlignBlockSize(slots.IDs, bank, 64)
+	bank := spec.NumExperts + spec.Shared.PerToken*spec.Shared.Replicas
+	want, err := moe.AlignBlockSize(slots.IDs, bank, 64)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := kernels.NewGateOut(dev, c.spec, c.t, false)
+	out, err := kernels.NewGateOut(dev, spec, tok, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer out.Free()
-	if err := kernels.Gate(0, c.spec, c.t, toDevice(t, dev, logits), toDevice(t, dev, bias), out); err != nil {
+	if err := kernels.Gate(0, spec, tok, toDevice(t, dev, logits), toDevice(t, dev, bias), out); err != nil {
 		t.Fatal(err)
 	}
-	a, err := kernels.NewAlignment(dev, c.t*out.K, bank, 64)
+	a, err := kernels.NewAlignment(dev, tok*out.K, bank, 64)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,9 +2,15 @@ package kernels
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/moe"
 )
+
+// GateBlockScorings are the scorings GateBlock and GateWarp implement
+// (the rest are GateReg's alone).
+func GateBlockScorings() []moe.Scoring { return slices.Clone(gateBlockScorings) }
 
 // RouterKernel names the bf16 router kernel RouterGEMM runs for t tokens and
 // e experts on dev (for test logs).

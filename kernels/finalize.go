@@ -11,7 +11,7 @@ const finalizeThreads = 128
 
 // Finalize queues y[t,:] = scale * sum_k w[t,k] * out[t*K+k,:] on stream s,
 // f32, slots summed in order without fused multiply-adds (bit-identical to
-// the CPU twin validate.Finalize on amd64). scale is the routed scaling
+// the CPU twin moe.Finalize on amd64). scale is the routed scaling
 // factor where it stays a runtime multiply, 1 where folded.
 func Finalize(dev *cuda.Device, s cuda.Stream, out, w, y *cuda.Buffer[float32], t, k, h int, scale float32) error {
 	if !dimsOK(t, k, h, t*k) {

@@ -7,13 +7,14 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/kernels"
-	"github.com/moeprep/moeprep/validate"
+	"github.com/moeprep/moeprep/moe"
 )
 
-// TestFinalize: the kernel multiplies and adds separately in slot order, as
-// validate.Finalize does, so on amd64 (where Go never fuses a*b+c) the
-// results are bit-identical; elsewhere within 1e-6 relative.
-func TestFinalize(t *testing.T) {
+// TestFinalizeMatchesTwin: the kernel multiplies and adds separately in
+// slot order, as moe.Finalize does, so on amd64 (where Go never fuses
+// a*b+c) the results are bit-identical; elsewhere within 1e-6 relative.
+// (TestFinalizeConforms holds it to the float64 sum.)
+func TestFinalizeMatchesTwin(t *testing.T) {
 	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, c := range []struct {
@@ -28,7 +29,7 @@ func TestFinalize(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := fromDevice(t, y)
-		want, err := validate.Finalize(out, c.tok, c.k, c.h, w, c.scale)
+		want, err := moe.Finalize(out, c.tok, c.k, c.h, w, c.scale)
 		if err != nil {
 			t.Fatal(err)
 		}

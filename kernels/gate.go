@@ -3,24 +3,10 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/moeprep/moeprep/internal/cuda"
-)
-
-// Scoring is how the gate turns router logits into expert scores.
-type Scoring int
-
-const (
-	// Sigmoid: s = sigmoid(logit), ranked by s + correction bias (DeepSeek-V3, Kimi-K2).
-	Sigmoid Scoring = 0
-	// Softmax: p = softmax(logits), ranked by p (Qwen, Mixtral, DeepSeek-V2).
-	Softmax Scoring = 1
-	// SqrtSoftplus: s = sqrt(softplus(logit)), ranked by s + correction bias (DeepSeek-V4).
-	SqrtSoftplus Scoring = 2
-	// SparseMixer: Phi-3.5-MoE's top-2 (validate.Route's sparsemixer): each
-	// pick weighted by the softmax over the logits within 2*JitterEps
-	// (relative) of it. GateReg only.
-	SparseMixer Scoring = 3
+	"github.com/moeprep/moeprep/moe"
 )
 
 // GateMaxExperts is the largest routed expert count the gate kernel takes.
@@ -60,35 +46,24 @@ func gateRegKernel(e int) string {
 	return GateReg + "16"
 }
 
-// GateSpec is the gate's configuration: validate.RouteSpec plus the shared
-// slots of the fused-shared contract.
+// GateSpec is the gate's configuration: a routing spec (moe.Route's, whose
+// rules Check applies) plus the fused bank's shared slots
+// (moe.FusedSlots') and a weight scale.
 type GateSpec struct {
-	Scoring      Scoring
-	NumExperts   int // routed experts E (<= GateMaxExperts)
-	TopK         int
-	NGroup       int // <= 1: no grouping
-	TopKGroup    int
-	GroupByMax   bool // group score = best member (DeepSeek-V2), else sum of the best two
-	NormTopKProb bool
-	// Shared slots: token t's slice s goes to expert E + (t mod SharedReplicas)*SharedSlots + s
-	// with weight SharedWeight (1 when rsf is folded, 1/rsf otherwise).
-	SharedSlots    int
-	SharedReplicas int
-	SharedWeight   float32
-	// SharedLogits is S where the router has S more rows, after the E
-	// routed ones, whose sigmoids join the k chosen scores in one
-	// normalisation (Inkling): the logits are [T, E+S] and the shared
-	// experts' per-token weights go to GateOut.Shared. GateReg only.
-	SharedLogits int
-	// WeightScale multiplies every output weight, shared ones included
-	// (Inkling's global_scale); 0 means 1. Other than 1: GateReg only.
+	moe.RouteSpec
+	// Shared are the shared slots appended to every token's top-k: token t's
+	// slot s is expert E + (t mod Replicas)*PerToken + s with Shared.Weight.
+	Shared moe.SharedSlots
+	// WeightScale multiplies every output weight, shared router-weighted
+	// ones included (Inkling's global_scale, moe.ScaleRouting); 0 means 1.
+	// Other than 1: GateReg only.
 	WeightScale float32
-	// JitterEps is sparsemixer's relative mask threshold (router_jitter_noise).
-	JitterEps float32
 }
 
-// Rows is the router's row count: E plus SharedLogits.
-func (s GateSpec) Rows() int { return s.NumExperts + s.SharedLogits }
+// gateBlockScorings are the scorings gate.cu's kernels (GateBlock,
+// GateWarp) implement; GateReg (gate_reg.cu) implements every moe scoring.
+// TestGateScoringCodes holds both sources to these sets.
+var gateBlockScorings = []moe.Scoring{moe.Sigmoid, moe.Softmax, moe.SqrtSoftplus}
 
 func (s GateSpec) scale() float32 {
 	if s.WeightScale == 0 {
@@ -97,37 +72,23 @@ func (s GateSpec) scale() float32 {
 	return s.WeightScale
 }
 
-// SlotsPerToken is TopK + SharedSlots, the K of the gate's [T,K] outputs.
-func (s GateSpec) SlotsPerToken() int { return s.TopK + s.SharedSlots }
+// SlotsPerToken is TopK + Shared.PerToken, the K of the gate's [T,K] outputs.
+func (s GateSpec) SlotsPerToken() int { return s.TopK + s.Shared.PerToken }
 
-// Check reports a spec the kernel cannot run (the same rules as the CPU twin).
+// Check reports a spec the kernel cannot run: whatever moe's routing and
+// slot rules refuse, and the kernel's own limits.
 func (s GateSpec) Check() error {
-	e := s.NumExperts
-	switch {
-	case s.Scoring != Sigmoid && s.Scoring != Softmax && s.Scoring != SqrtSoftplus && s.Scoring != SparseMixer:
-		return fmt.Errorf("gate: unknown scoring %d", s.Scoring)
-	case s.Scoring == SparseMixer && (s.TopK != 2 || s.NGroup > 1 || !(s.JitterEps >= 0) || math.IsInf(float64(s.JitterEps), 0)):
-		return fmt.Errorf("gate: sparsemixer with top-%d, %d groups, eps %v (want top-2, no groups, a finite eps >= 0)", s.TopK, s.NGroup, s.JitterEps)
-	case e <= 0 || e > GateMaxExperts:
+	if err := s.RouteSpec.Check(); err != nil {
+		return fmt.Errorf("gate: %w", err)
+	}
+	if err := s.Shared.Check(s.NumExperts); err != nil {
+		return fmt.Errorf("gate: %w", err)
+	}
+	switch e := s.NumExperts; {
+	case e > GateMaxExperts:
 		return fmt.Errorf("gate: %d experts (the kernel takes 1..%d)", e, GateMaxExperts)
-	case s.TopK <= 0 || s.TopK > e:
-		return fmt.Errorf("gate: top-k %d with %d experts", s.TopK, e)
-	case s.NGroup > 1 && e%s.NGroup != 0:
-		return fmt.Errorf("gate: %d experts do not split into %d groups", e, s.NGroup)
-	case s.NGroup > 1 && (s.TopKGroup <= 0 || s.TopKGroup > s.NGroup):
-		return fmt.Errorf("gate: topk_group %d with %d groups", s.TopKGroup, s.NGroup)
-	case s.NGroup > 1 && s.TopKGroup*(e/s.NGroup) < s.TopK:
-		return fmt.Errorf("gate: top-k %d cannot be drawn from %d groups of %d experts", s.TopK, s.TopKGroup, e/s.NGroup)
-	case s.SharedSlots < 0:
-		return fmt.Errorf("gate: %d shared slots", s.SharedSlots)
-	case s.SharedSlots > 0 && s.SharedReplicas <= 0:
-		return fmt.Errorf("gate: %d shared slots with %d replicas", s.SharedSlots, s.SharedReplicas)
-	case s.SharedSlots > 0 && (s.SharedWeight != s.SharedWeight || s.SharedWeight <= 0 || math.IsInf(float64(s.SharedWeight), 0)):
-		return fmt.Errorf("gate: shared slot weight %v", s.SharedWeight)
-	case s.SharedSlots > 0 && int64(e)+int64(s.SharedReplicas)*int64(s.SharedSlots) > math.MaxInt32:
-		return fmt.Errorf("gate: %d replicas of %d shared slots overflow int32 ids", s.SharedReplicas, s.SharedSlots)
-	case s.SharedLogits < 0 || (s.SharedLogits > 0 && s.Scoring != Sigmoid):
-		return fmt.Errorf("gate: %d shared router rows with scoring %d (they need sigmoid)", s.SharedLogits, s.Scoring)
+	case s.Scoring == moe.SparseMixer && math.IsInf(float64(float32(s.JitterEps)), 0):
+		return fmt.Errorf("gate: sparsemixer eps %v is not a finite float32", s.JitterEps)
 	case s.WeightScale != s.WeightScale || math.IsInf(float64(s.WeightScale), 0):
 		return fmt.Errorf("gate: weight scale %v", s.WeightScale)
 	}
@@ -233,20 +194,30 @@ func GateKernelCtx(c *cuda.Ctx, kernel string, stream cuda.Stream, spec GateSpec
 		return fmt.Errorf("gate: %d tokens x %d slots into outputs for %d x %d", t, k, out.T, out.K)
 	case int64(t)*int64(spec.Rows()) > int64(logits.Len()):
 		return fmt.Errorf("gate: logits hold %d values, want %d tokens x %d router rows", logits.Len(), t, spec.Rows())
-	case variant != GateReg && (spec.SharedLogits > 0 || spec.scale() != 1 || out.HashIDs != nil || spec.Scoring == SparseMixer):
-		return fmt.Errorf("gate: sparsemixer, shared router rows, a weight scale or hash ids need the %s kernel", GateReg)
+	case variant != GateReg && !slices.Contains(gateBlockScorings, spec.Scoring):
+		return fmt.Errorf("gate: %s scores need the %s kernel", spec.Scoring, GateReg)
+	case variant != GateReg && (spec.SharedLogits > 0 || spec.scale() != 1 || out.HashIDs != nil):
+		return fmt.Errorf("gate: shared router rows, a weight scale or hash ids need the %s kernel", GateReg)
 	case spec.SharedLogits > 0 && (out.Shared == nil || out.Shared.Len() < t*spec.SharedLogits):
 		return fmt.Errorf("gate: no room for %d tokens x %d shared weights", t, spec.SharedLogits)
+	case out.HashIDs != nil && (!spec.Scoring.PerExpert() || spec.SharedLogits > 0):
+		// moe.RouteHashed's rule: the given experts are weighted by their
+		// own scores, which only a per-expert scoring without shared rows has.
+		return fmt.Errorf("gate: hash routing with %s scores and %d shared router rows is not supported", spec.Scoring, spec.SharedLogits)
 	case out.HashIDs != nil && out.HashIDs.Len() < t*spec.TopK:
 		return fmt.Errorf("gate: hash ids hold %d values, want %d tokens x top-%d", out.HashIDs.Len(), t, spec.TopK)
 	case bias != nil && bias.Len() < e:
 		return fmt.Errorf("gate: correction bias holds %d values for %d experts", bias.Len(), e)
-	case bias != nil && spec.Scoring == Softmax && variant != GateReg:
+	case bias != nil && spec.Scoring == moe.Softmax && variant != GateReg:
 		return fmt.Errorf("gate: a correction bias with softmax scoring (ERNIE 4.5) needs the %s kernel", GateReg)
 	case out.IDs.Len() < t*k || out.Weights.Len() < t*k:
 		return fmt.Errorf("gate: outputs hold %d ids and %d weights, want %d", out.IDs.Len(), out.Weights.Len(), t*k)
 	case out.Choice != nil && out.Choice.Len() < t*e:
 		return fmt.Errorf("gate: choice output holds %d values, want %d", out.Choice.Len(), t*e)
+	}
+	scoring, err := spec.Scoring.Code()
+	if err != nil {
+		return fmt.Errorf("gate: %w", err)
 	}
 	family := "gate"
 	if kernel != GateBlock && kernel != GateWarp {
@@ -260,13 +231,13 @@ func GateKernelCtx(c *cuda.Ctx, kernel string, stream cuda.Stream, spec GateSpec
 	if ngroup < 1 {
 		ngroup, topkGroup = 1, 1
 	}
-	replicas := max(spec.SharedReplicas, 1)
+	replicas := max(spec.Shared.Replicas, 1)
 	args := []any{logits, bias, out.IDs, out.Weights, out.Choice,
 		int32(t), int32(e), int32(spec.TopK), int32(ngroup), int32(topkGroup),
-		int32(spec.Scoring), b2i(spec.GroupByMax), b2i(spec.NormTopKProb),
-		int32(spec.SharedSlots), int32(replicas), spec.SharedWeight}
+		scoring, b2i(spec.GroupByMax), b2i(spec.NormTopKProb),
+		int32(spec.Shared.PerToken), int32(replicas), spec.Shared.Weight}
 	if variant == GateReg {
-		args = append(args, out.HashIDs, out.Shared, int32(spec.SharedLogits), spec.scale(), spec.JitterEps)
+		args = append(args, out.HashIDs, out.Shared, int32(spec.SharedLogits), spec.scale(), float32(spec.JitterEps))
 	}
 	return m.LaunchCtx(c, kernel, grid, block, 0, stream, args...)
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/cuda"
-	"github.com/moeprep/moeprep/validate"
+	"github.com/moeprep/moeprep/internal/numfmt"
 )
 
 // Every kernels test shares one device, opened on first use; without a
@@ -77,7 +77,7 @@ func randn(r *rand.Rand, n int, scale float64) []float32 {
 func toBF16(v []float32) []uint16 {
 	out := make([]uint16, len(v))
 	for i, f := range v {
-		out[i] = validate.F32ToBF16(f)
+		out[i] = numfmt.F32ToBF16(f)
 	}
 	return out
 }
@@ -85,7 +85,7 @@ func toBF16(v []float32) []uint16 {
 func fromBF16(v []uint16) []float32 {
 	out := make([]float32, len(v))
 	for i, u := range v {
-		out[i] = validate.BF16ToF32(u)
+		out[i] = numfmt.BF16ToF32(u)
 	}
 	return out
 }
@@ -117,4 +117,22 @@ func relL2(got, want []float32) float64 {
 		return math.Sqrt(num)
 	}
 	return math.Sqrt(num / den)
+}
+
+// scaleDims is the shape of the block scales of a rows x cols weight
+// quantised in blocks of bo x bi.
+func scaleDims(rows, cols, bo, bi int) (int, int) {
+	return (rows + bo - 1) / bo, (cols + bi - 1) / bi
+}
+
+// dequantFP8 decodes an e4m3 rows x cols weight whose element (r,c) is
+// scaled by scale[r/bo][c/bi]: the fp8 value times its block's scale,
+// rounded once to float32 (weight.float() * scale).
+func dequantFP8(src []byte, rows, cols int, scale []float32, bo, bi int, dst []float32) {
+	_, sc := scaleDims(rows, cols, bo, bi)
+	for r := range rows {
+		for c := range cols {
+			dst[r*cols+c] = numfmt.E4M3ToF32(src[r*cols+c]) * scale[(r/bo)*sc+c/bi]
+		}
+	}
 }

@@ -114,7 +114,7 @@ type Sorted struct {
 	Numel                       int // T * TopK
 }
 
-// NewSorted uploads an alignment computed on the host (validate.AlignBlockSize,
+// NewSorted uploads an alignment computed on the host (moe.AlignBlockSize,
 // or a hand-built one for the unfused path's one-expert calls: that expert's
 // slots, padded with numel to a multiple of blockSize, all expert ids 0).
 // sortedIDs may be longer than total (a worst-case-sized buffer); expertIDs
@@ -324,7 +324,7 @@ type GEMMOptions struct {
 	// non-SwiGLU activation); unused otherwise.
 	Scratch *cuda.Buffer[float32]
 	// W8A8 is the activation precision of the block-FP8 serving mode
-	// (validate.GEMMNumerics{W8A8: true}; false, the default, keeps the
+	// (moe.GEMMOptions{W8A8: true}; false, the default, keeps the
 	// activations in Act): each stage first quantises its input, x [T, H]
 	// and the bf16 intermediate [Numel, I], to e4m3 per row per 128
 	// channels (ActQuantE4M3 into Quant), and the grouped GEMM multiplies
@@ -635,7 +635,7 @@ func MoEDown(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted,
 
 // GroupedGEMM queues both stages: out [Numel,H] f32 from x [T,H] through the
 // intermediate buffer inter [Numel,I] (activation type). The CPU twin is
-// validate.GroupedGEMM.
+// moe.GroupedGEMM.
 func GroupedGEMM(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted, x Mat, t, topk int, inter Mat, out *cuda.Buffer[float32], opt GEMMOptions) error {
 	if err := MoEGateUp(dev, st, bank, sorted, x, t, topk, inter, opt); err != nil {
 		return err

@@ -9,7 +9,7 @@ import (
 
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/kernels"
-	"github.com/moeprep/moeprep/validate"
+	"github.com/moeprep/moeprep/moe"
 )
 
 // TestGroupedGEMMTiming times the grouped GEMM at DeepSeek-V3 shapes (H 7168,
@@ -38,11 +38,11 @@ func TestGroupedGEMMTiming(t *testing.T) {
 				}
 				ids[i*k+k-1] = e - 1
 			}
-			al, err := validate.AlignBlockSize(ids, e, block)
+			al, err := moe.AlignBlockSize(ids, e, block)
 			if err != nil {
 				t.Fatal(err)
 			}
-			sorted := uploadSorted(t, dev, al, ids, e)
+			sorted := uploadSorted(t, dev, al, e)
 			touched := 0
 			for _, c := range al.Counts {
 				if c > 0 {
@@ -127,7 +127,7 @@ func constBank(t *testing.T, dev *cuda.Device, wd kernels.MatDType, e, h, in int
 		return kernels.Mat{DType: kernels.MatBF16, Ptr: buf.Ptr(), Len: n}
 	}
 	scales := func(rows, cols int) *cuda.Buffer[float32] {
-		sr, sc := validate.ScaleDims(rows, cols, 128, 128)
+		sr, sc := scaleDims(rows, cols, 128, 128)
 		v := slices.Repeat([]float32{1.0 / 64}, e*sr*sc)
 		return toDevice(t, dev, v)
 	}

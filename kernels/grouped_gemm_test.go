@@ -5,13 +5,12 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
-	"github.com/moeprep/moeprep/validate"
+	"github.com/moeprep/moeprep/moe"
 )
 
 // gemmCase is one grouped-GEMM scenario: T tokens, E experts, K slots a
@@ -27,7 +26,7 @@ type gemmCase struct {
 	allOn         int
 }
 
-// Tolerances, relative L2 against validate.GroupedGEMM fed the same
+// Tolerances, relative L2 against moe.GroupedGEMM fed the same
 // dequantised weights (and, in bf16 mode, the same bf16-rounded x):
 //   - f32 activations: both sides are f32-accumulated dot products of the
 //     same numbers in different orders; their difference is a few ulps of
@@ -66,11 +65,11 @@ var gemmCases = []gemmCase{
 type expertWeights struct {
 	raw   [3][][]byte    // gate, up, down per expert, device encoding
 	scale [3][][]float32 // fp8 block scales per expert
-	mats  []*validate.ExpertMats
+	mats  []*moe.ExpertMats
 }
 
 func makeExperts(r *rand.Rand, c gemmCase) *expertWeights {
-	ew := &expertWeights{mats: make([]*validate.ExpertMats, c.e)}
+	ew := &expertWeights{mats: make([]*moe.ExpertMats, c.e)}
 	shapes := [3][2]int{{c.inter, c.h}, {c.inter, c.h}, {c.h, c.inter}}
 	for e := range c.e {
 		var dec [3][]float32
@@ -91,19 +90,17 @@ func makeExperts(r *rand.Rand, c gemmCase) *expertWeights {
 				raw = u16Bytes(b)
 			case kernels.MatFP8:
 				raw = randFP8(r, rows*cols)
-				sr, scn := validate.ScaleDims(rows, cols, 128, 128)
+				sr, scn := scaleDims(rows, cols, 128, 128)
 				sc = make([]float32, sr*scn)
 				for i := range sc {
 					sc[i] = float32((0.5 + r.Float64()) * std / 2)
 				}
-				if err := validate.DequantFP8(raw, rows, cols, sc, 128, 128, dec[m]); err != nil {
-					panic(err)
-				}
+				dequantFP8(raw, rows, cols, sc, 128, 128, dec[m])
 			}
 			ew.raw[m] = append(ew.raw[m], raw)
 			ew.scale[m] = append(ew.scale[m], sc)
 		}
-		ew.mats[e] = &validate.ExpertMats{Gate: dec[0], Up: dec[1], Down: dec[2]}
+		ew.mats[e] = &moe.ExpertMats{Gate: dec[0], Up: dec[1], Down: dec[2]}
 	}
 	return ew
 }
@@ -195,23 +192,16 @@ func routeIDs(r *rand.Rand, c gemmCase) []int32 {
 	return ids
 }
 
-// uploadSorted puts the CPU alignment on the device in worst-case-sized
-// buffers. The tail past TotalPadded holds a real slot (0) and an expert
-// other than slot 0's: a kernel that ignored the total would overwrite
-// slot 0's row with a wrong expert's result.
-func uploadSorted(t *testing.T, dev *cuda.Device, al *validate.Alignment, ids []int32, e int) *kernels.Sorted {
-	maxPad := validate.MaxPaddedTokens(int(al.Numel), e, al.BlockSize)
-	sorted := make([]int32, maxPad)
-	copy(sorted, al.SortedTokenIDs)
-	experts := make([]int32, maxPad/al.BlockSize+1)
-	copy(experts, al.ExpertIDs)
-	for i := len(al.ExpertIDs); i < len(experts); i++ {
-		experts[i] = (ids[0] + 1) % int32(e)
+// uploadSorted puts the CPU alignment on the device (sortedWithTail: a
+// kernel that ignored the total would overwrite slot 0's row).
+func uploadSorted(t *testing.T, dev *cuda.Device, al *moe.Alignment, e int) *kernels.Sorted {
+	t.Helper()
+	s, err := sortedWithTail(dev, al, e)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return &kernels.Sorted{
-		SortedIDs: toDevice(t, dev, sorted), ExpertIDs: toDevice(t, dev, experts),
-		Total: toDevice(t, dev, []int32{al.TotalPadded}), BlockSize: al.BlockSize, Numel: int(al.Numel),
-	}
+	t.Cleanup(s.Free)
+	return s
 }
 
 func TestGroupedGEMM(t *testing.T) {
@@ -233,11 +223,7 @@ func TestGroupedGEMM(t *testing.T) {
 	hopper := dev.Major == 9 && dev.Minor == 0
 	for _, c := range gemmCases {
 		ew, bank, _, al, sorted := routedBank(t, r, dev, c)
-		// validate.GroupedGEMM hands loaded matrices back to its pool: give it copies.
-		load := func(_ context.Context, e int) (*validate.ExpertMats, error) {
-			m := ew.mats[e]
-			return &validate.ExpertMats{Gate: slices.Clone(m.Gate), Up: slices.Clone(m.Up), Down: slices.Clone(m.Down)}, nil
-		}
+		load := func(_ context.Context, e int) (*moe.ExpertMats, error) { return ew.mats[e], nil }
 		x := randn(r, c.tok*c.h, 1)
 		numel := c.tok * c.k
 		for _, m := range modes {
@@ -287,7 +273,7 @@ func TestGroupedGEMM(t *testing.T) {
 					t.Fatal(err)
 				}
 				got := fromDevice(t, out)
-				want, err := validate.GroupedGEMM(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, 1)
+				want, err := moe.GroupedGEMM(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, moe.GEMMOptions{Workers: 1})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -411,7 +397,7 @@ func vecElems(w kernels.MatDType) int {
 
 // TestGroupedGEMMFP8Decode checks both in-kernel e4m3 -> bf16 decoders (the
 // hardware conversion on sm_89+, the bit trick that sm_80 runs) on all 256
-// codes against validate.DequantFP8: bit-exact, NaN for NaN codes.
+// codes against dequantFP8 (the e4m3 table): bit-exact, NaN for NaN codes.
 func TestGroupedGEMMFP8Decode(t *testing.T) {
 	dev := testDevice(t)
 	codes := make([]byte, 256)
@@ -419,9 +405,7 @@ func TestGroupedGEMMFP8Decode(t *testing.T) {
 		codes[i] = byte(i)
 	}
 	want := make([]float32, 256)
-	if err := validate.DequantFP8(codes, 1, 256, []float32{1, 1}, 128, 128, want); err != nil {
-		t.Fatal(err)
-	}
+	dequantFP8(codes, 1, 256, []float32{1, 1}, 128, 128, want)
 	m, err := kernels.Load(dev, "grouped_gemm")
 	if err != nil {
 		t.Fatal(err)
@@ -456,7 +440,7 @@ func TestGroupedGEMMFP8Decode(t *testing.T) {
 
 // TestGroupedGEMMActivations runs the fallback for experts with biases and
 // gated activations other than SwiGLU (act.go: ungated projections, then
-// moe_act_*, then moe_down_bias) against validate.GroupedGEMM with the same
+// moe_act_*, then moe_down_bias) against moe.GroupedGEMM with the same
 // biases and activation. Limits are small enough that the clamps bind on
 // these unit-scale projections. Tolerances as TestGroupedGEMM's.
 func TestGroupedGEMMActivations(t *testing.T) {
@@ -487,11 +471,11 @@ func TestGroupedGEMMActivations(t *testing.T) {
 	for _, c := range cases {
 		ew := makeExperts(r, c)
 		ids := routeIDs(r, c)
-		al, err := validate.AlignBlockSize(ids, c.e, c.block)
+		al, err := moe.AlignBlockSize(ids, c.e, c.block)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sorted := uploadSorted(t, dev, al, ids, c.e)
+		sorted := uploadSorted(t, dev, al, c.e)
 		x := randn(r, c.tok*c.h, 1)
 		numel := c.tok * c.k
 		for _, a := range acts {
@@ -502,9 +486,9 @@ func TestGroupedGEMMActivations(t *testing.T) {
 				gb, ub, db = randn(r, c.e*c.inter, 0.5), randn(r, c.e*c.inter, 0.5), randn(r, c.e*c.h, 0.5)
 				bank.GateBias, bank.UpBias, bank.DownBias = toDevice(t, dev, gb), toDevice(t, dev, ub), toDevice(t, dev, db)
 			}
-			load := func(_ context.Context, e int) (*validate.ExpertMats, error) {
+			load := func(_ context.Context, e int) (*moe.ExpertMats, error) {
 				m := ew.mats[e]
-				out := &validate.ExpertMats{Gate: slices.Clone(m.Gate), Up: slices.Clone(m.Up), Down: slices.Clone(m.Down), Act: a.act}
+				out := &moe.ExpertMats{Gate: m.Gate, Up: m.Up, Down: m.Down, Act: a.act}
 				if a.biases {
 					out.GateBias, out.UpBias, out.DownBias = gb[e*c.inter:(e+1)*c.inter], ub[e*c.inter:(e+1)*c.inter], db[e*c.h:(e+1)*c.h]
 				}
@@ -529,7 +513,7 @@ func TestGroupedGEMMActivations(t *testing.T) {
 						t.Fatal(err)
 					}
 					got := fromDevice(t, out)
-					want, err := validate.GroupedGEMM(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, 1)
+					want, err := moe.GroupedGEMM(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, moe.GEMMOptions{Workers: 1})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -576,14 +560,14 @@ func TestAddBiasRows(t *testing.T) {
 
 // routedBank draws c's experts and routing, uploads the bank and the aligned
 // slots, and returns them with the CPU-side alignment the twins take.
-func routedBank(t *testing.T, r *rand.Rand, dev *cuda.Device, c gemmCase) (*expertWeights, *kernels.ExpertBank, []int32, *validate.Alignment, *kernels.Sorted) {
+func routedBank(t *testing.T, r *rand.Rand, dev *cuda.Device, c gemmCase) (*expertWeights, *kernels.ExpertBank, []int32, *moe.Alignment, *kernels.Sorted) {
 	t.Helper()
 	ew := makeExperts(r, c)
 	bank := ew.bank(t, dev, c)
 	ids := routeIDs(r, c)
-	al, err := validate.AlignBlockSize(ids, c.e, c.block)
+	al, err := moe.AlignBlockSize(ids, c.e, c.block)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ew, bank, ids, al, uploadSorted(t, dev, al, ids, c.e)
+	return ew, bank, ids, al, uploadSorted(t, dev, al, c.e)
 }

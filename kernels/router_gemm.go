@@ -178,7 +178,7 @@ func routerMMAConfig(t, e int, hopper bool) routerMMA {
 // bf16 x bf16 with H a multiple of 8 runs on the tensor cores (mma.sync;
 // on Hopper from routerClusterMinRows rows in thread block clusters that
 // split K, reduced in a fixed order); other combinations on the SIMT kernel.
-// The CPU twin is validate.RouterLogits.
+// The CPU twin is moe.RouterLogits.
 func RouterGEMM(dev *cuda.Device, s cuda.Stream, x, w Mat, logits *cuda.Buffer[float32], t, h, e int) error {
 	if !dimsOK(t, h, e) {
 		return fmt.Errorf("router gemm: %d tokens x %d hidden, %d experts", t, h, e)

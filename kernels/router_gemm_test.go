@@ -8,10 +8,10 @@ import (
 
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/kernels"
-	"github.com/moeprep/moeprep/validate"
+	"github.com/moeprep/moeprep/moe"
 )
 
-// TestRouterGEMM compares the router GEMM with validate.RouterLogits (f64
+// TestRouterGEMM compares the router GEMM with moe.RouterLogits (f64
 // accumulation) on the same decoded inputs. Bound: f32 accumulation of H
 // products, |d| <= 1e-5 * sum_h |x_h w_h| (the rounding error of an f32 sum
 // is about H*2^-24 of that sum in the worst case, far less in practice).
@@ -72,7 +72,7 @@ func TestRouterGEMM(t *testing.T) {
 					t.Fatalf("second run: logit [%d,%d] = %v, first %v", i/c.e, i%c.e, v, got[i])
 				}
 			}
-			want, err := validate.RouterLogits(xv, c.tok, c.h, wv, c.e)
+			want, err := moe.RouterLogits(xv, c.tok, c.h, wv, c.e)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -100,7 +100,7 @@ func TestRouterGEMM(t *testing.T) {
 
 // TestRouterClusterKernels runs every Hopper cluster kernel by name, whatever
 // RouterGEMM picks, on partial row, column and K tiles, a real K and ranks
-// without K steps, against validate.RouterLogits with TestRouterGEMM's
+// without K steps, against moe.RouterLogits with TestRouterGEMM's
 // bound, twice (the bits must repeat).
 func TestRouterClusterKernels(t *testing.T) {
 	dev := testDevice(t)
@@ -119,7 +119,7 @@ func TestRouterClusterKernels(t *testing.T) {
 		wv := fromBF16(toBF16(randn(r, c.e*c.h, 1/math.Sqrt(float64(c.h)))))
 		xm := kernels.BF16Mat(toDevice(t, dev, toBF16(xv)))
 		wm := kernels.BF16Mat(toDevice(t, dev, toBF16(wv)))
-		want, err := validate.RouterLogits(xv, c.tok, c.h, wv, c.e)
+		want, err := moe.RouterLogits(xv, c.tok, c.h, wv, c.e)
 		if err != nil {
 			t.Fatal(err)
 		}

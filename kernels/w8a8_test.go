@@ -5,16 +5,15 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/kernels"
-	"github.com/moeprep/moeprep/validate"
+	"github.com/moeprep/moeprep/moe"
 )
 
 // TestActQuantE4M3 checks moe_act_quant_e4m3 against its CPU twin
-// validate.QuantizeActGroups bit for bit (codes and scale bits) on rows of
+// moe.QuantizeActGroups bit for bit (codes and scale bits) on rows of
 // very different magnitudes, NaN, +-inf, zeros, bf16 extremes and
 // subnormals, whole and short last groups, cols % 4 == 0 and != 0. The
 // kernel divides with round-to-nearest and encodes with the same RNE
@@ -29,7 +28,7 @@ func TestActQuantE4M3(t *testing.T) {
 			for i := range rows {
 				f := math.Ldexp(1, (i*7)%60-30)
 				for c := range cols {
-					x[i*cols+c] = validate.F32ToBF16(float32((2*r.Float64() - 1) * f))
+					x[i*cols+c] = numfmt.F32ToBF16(float32((2*r.Float64() - 1) * f))
 				}
 			}
 			row := func(i int) []uint16 { return x[i*cols : (i+1)*cols] }
@@ -42,12 +41,12 @@ func TestActQuantE4M3(t *testing.T) {
 					row(4)[c] = uint16(c % 128)                // bf16 subnormals
 					row(5)[c] = [2]uint16{0, 0x8000}[min(c%3, 1)]
 				}
-				row(6)[7] = validate.F32ToBF16(1e30) // one huge value: the rest of its group underflows
+				row(6)[7] = numfmt.F32ToBF16(1e30) // one huge value: the rest of its group underflows
 			}
 			xf := fromBF16(x)
 			ng := kernels.CeilDiv(cols, kernels.ActQuantGroup)
 			wantQ, wantS := make([]byte, rows*cols), make([]float32, rows*ng)
-			validate.QuantizeActGroups(xf, rows, cols, validate.ActGroup, wantQ, wantS)
+			moe.QuantizeActGroups(xf, rows, cols, moe.ActGroup, wantQ, wantS)
 
 			q, err := kernels.NewQuantScratch(dev, rows, 1, cols, cols)
 			if err != nil {
@@ -112,7 +111,7 @@ var w8a8Cases = []gemmCase{
 //   - stage 2 (the f32 output, twin from the GPU's own intermediate, which
 //     act_quant quantises exactly as the twin does): the tensor cores'
 //     accumulation alone, 1.7e-4 measured: tolerance 1e-3.
-//   - both stages against validate.GroupedGEMMWith(W8A8): the one-ulp bf16
+//   - both stages against moe.GroupedGEMM with W8A8: the one-ulp bf16
 //     differences of the intermediate move ~2% of its e4m3 codes by one code
 //     (1/16 to 1/8 of the value; measured in the harness), ~1e-2 in L2:
 //     tolerance 3e-2, logged next to the distance from the precise twin.
@@ -164,15 +163,12 @@ func TestGroupedGEMMW8A8(t *testing.T) {
 			wantOut := twinW8A8Down(ew, ids, gotInter, c)
 			e2 := relL2(gotOut, wantOut)
 
-			load := func(_ context.Context, e int) (*validate.ExpertMats, error) {
-				m := ew.mats[e]
-				return &validate.ExpertMats{Gate: slices.Clone(m.Gate), Up: slices.Clone(m.Up), Down: slices.Clone(m.Down)}, nil
-			}
-			twin, err := validate.GroupedGEMMWith(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, 1, validate.GEMMNumerics{W8A8: true})
+			load := func(_ context.Context, e int) (*moe.ExpertMats, error) { return ew.mats[e], nil }
+			twin, err := moe.GroupedGEMM(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, moe.GEMMOptions{Workers: 1, W8A8: true})
 			if err != nil {
 				t.Fatal(err)
 			}
-			precise, err := validate.GroupedGEMM(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, 1)
+			precise, err := moe.GroupedGEMM(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, moe.GEMMOptions{Workers: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -198,9 +194,9 @@ func TestGroupedGEMMW8A8(t *testing.T) {
 	}
 }
 
-// twinW8A8GateUp is stage 1 of validate's W8A8 twin for every slot:
+// twinW8A8GateUp is stage 1 of moe's W8A8 twin for every slot:
 // x's token row quantised per 128 channels and dequantised
-// (validate.RoundTripActGroups), G and U in f64 from the dequantised
+// (moe.RoundTripActGroups), G and U in f64 from the dequantised
 // weights, silu(G) U rounded to f32 and then to bf16.
 func twinW8A8GateUp(ew *expertWeights, ids []int32, x []float32, c gemmCase) []float32 {
 	numel := c.tok * c.k
@@ -208,7 +204,7 @@ func twinW8A8GateUp(ew *expertWeights, ids []int32, x []float32, c gemmCase) []f
 	xr := make([]float32, c.h)
 	for s := range numel {
 		copy(xr, x[(s/c.k)*c.h:(s/c.k+1)*c.h])
-		validate.RoundTripActGroups(xr, 1, c.h, validate.ActGroup)
+		moe.RoundTripActGroups(xr, 1, c.h, moe.ActGroup)
 		m := ew.mats[ids[s]]
 		for n := range c.inter {
 			var g, u float64
@@ -232,7 +228,7 @@ func twinW8A8Down(ew *expertWeights, ids []int32, inter []float32, c gemmCase) [
 	ir := make([]float32, c.inter)
 	for s := range numel {
 		copy(ir, inter[s*c.inter:(s+1)*c.inter])
-		validate.RoundTripActGroups(ir, 1, c.inter, validate.ActGroup)
+		moe.RoundTripActGroups(ir, 1, c.inter, moe.ActGroup)
 		m := ew.mats[ids[s]]
 		for n := range c.h {
 			var acc float64

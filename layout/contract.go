@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+
+	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // ContractKey is the config.json key that holds the contract.
@@ -25,7 +28,7 @@ const (
 )
 
 // LayerInfo is one converted MoE layer. Its output tensor names are
-// Names(contract.Layout, Prefix, contract.Quantization != "none").
+// Contract.Names.
 type LayerInfo struct {
 	Index  int    `json:"index"`
 	MTP    bool   `json:"mtp,omitempty"`
@@ -94,9 +97,16 @@ func (c *Contract) Output() float64 {
 	return c.OutputScale
 }
 
+// Format is how the expert weights are stored: quantization, weight_dtype
+// and weight_block_size.
+func (c *Contract) Format() (weightfmt.Format, error) {
+	return weightfmt.New(weightfmt.Spec{Quantization: c.Quantization, DType: safetensors.DType(c.WeightDType), Block: c.WeightBlockSize})
+}
+
 // Names gives layer li's output tensor names.
 func (c *Contract) Names(li LayerInfo) ExpertTensors {
-	return Names(c.Layout, li.Prefix, c.Quantized())
+	f, _ := c.Format() // Check refuses a contract without one; nil names no scales
+	return NamesFor(c.Layout, li.Prefix, f)
 }
 
 // BankSize is the number of experts in each stack: E + R*S.
@@ -130,6 +140,9 @@ func (c *Contract) Check() error {
 		if b <= 0 {
 			return fmt.Errorf("moeprep contract: weight_block_size %v", c.WeightBlockSize)
 		}
+	}
+	if _, err := c.Format(); err != nil {
+		return fmt.Errorf("moeprep contract: %v", err)
 	}
 	return nil
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 	"github.com/zeebo/blake3"
 	"github.com/zeebo/xxh3"
 )
@@ -70,6 +72,39 @@ func TestStackShapes(t *testing.T) {
 	}
 }
 
+// The names and shapes follow the format's scale: its suffix, its grid
+// (ceil for partial blocks), none for plain weights; and a contract's
+// format is what its quantization, dtype and block say.
+func TestNamesAndShapesFor(t *testing.T) {
+	fp8 := weightfmt.FP8Block(64, 32, false)
+	n := NamesFor(GateUp, "model.layers.2.mlp", fp8)
+	if n.GateUpScale != "model.layers.2.mlp.experts.gate_up_proj_scale_inv" || n.DownScale != "model.layers.2.mlp.experts.down_proj_scale_inv" {
+		t.Errorf("gate-up FP8 scale names %+v", n)
+	}
+	if p := NamesFor(Stacked, "model.layers.2.mlp", weightfmt.Plain(safetensors.BF16)); p.GateScale != "" || p.DownScale != "" || p.Gate == "" {
+		t.Errorf("stacked bf16 names %+v", p)
+	}
+	s := StackShapesFor(Stacked, 3, 100, 70, fp8)
+	if !eq(s.GateScale, 3, 2, 3) || !eq(s.UpScale, 3, 2, 3) || !eq(s.DownScale, 3, 2, 4) {
+		t.Errorf("stacked 64x32 blocks, I=100 H=70: %+v", s)
+	}
+	if g := StackShapesFor(UpGate, 3, 100, 70, fp8); !eq(g.GateUpScale, 3, 4, 3) || !eq(g.DownScale, 3, 2, 4) {
+		t.Errorf("up-gate 64x32 blocks, I=100 H=70: %+v", g)
+	}
+	if p := StackShapesFor(Stacked, 3, 100, 70, weightfmt.Plain(safetensors.F16)); p.GateScale != nil || p.DownScale != nil {
+		t.Errorf("stacked f16 shapes %+v", p)
+	}
+	c := goodContract()
+	c.WeightBlockSize = []int64{64, 32}
+	if f, err := c.Format(); err != nil || f != fp8 {
+		t.Errorf("FP8 contract with 64x32 blocks: %v %v", f, err)
+	}
+	c.Quantization, c.WeightDType, c.WeightBlockSize = "none", "BF16", nil
+	if f, err := c.Format(); err != nil || f != weightfmt.Plain(safetensors.BF16) || c.Names(c.Layers[0]).DownScale != "" {
+		t.Errorf("bf16 contract: %v %v", f, err)
+	}
+}
+
 func eq(s Shape, v ...int64) bool {
 	if len(s) != len(v) {
 		return false
@@ -127,6 +162,7 @@ func TestReadContract(t *testing.T) {
 		func(c *Contract) { c.SharedSlotWeight = 0 },
 		func(c *Contract) { c.WeightBlockSize = nil },
 		func(c *Contract) { c.NumExperts = 0 },
+		func(c *Contract) { c.Quantization = "int4_group_32" }, // a format moeprep does not know
 	} {
 		c := goodContract()
 		bad(c)

@@ -1,11 +1,15 @@
 package layout
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/moeprep/moeprep/weightfmt"
+)
 
 // ExpertTensors are the output names of one MoE layer's stacked experts. For
 // Stacked, Gate/Up/Down are set and GateUp is empty; for the fused layouts,
-// GateUp and Down are set and Gate/Up are empty. Scale names are set only for
-// FP8 block-quantised checkpoints.
+// GateUp and Down are set and Gate/Up are empty. Scale names are set only
+// when the expert weights' format has scale tensors.
 type ExpertTensors struct {
 	Layout Layout
 	Prefix string // the module that holds the stacks, e.g. "model.layers.3.mlp.experts"
@@ -29,16 +33,19 @@ func ExpertsPrefix(l Layout, moePrefix string) string {
 	return moePrefix + ".experts"
 }
 
-// Names gives the output tensor names of the layer whose MoE module is
-// moePrefix in the source (e.g. "model.layers.3.mlp").
-func Names(l Layout, moePrefix string, fp8 bool) ExpertTensors {
+// NamesFor gives the output tensor names of the layer whose MoE module is
+// moePrefix in the source (e.g. "model.layers.3.mlp"), for expert weights
+// stored in format f: where f has a scale tensor, each stack's is named
+// after it (nil f: unquantised).
+func NamesFor(l Layout, moePrefix string, f weightfmt.Format) ExpertTensors {
 	p := ExpertsPrefix(l, moePrefix)
 	t := ExpertTensors{Layout: l, Prefix: p}
+	sc, scaled := scaleOf(f)
 	scale := func(w string) string {
-		if !fp8 {
+		if !scaled {
 			return ""
 		}
-		return w + "_scale_inv" // "x.weight" -> "x.weight_scale_inv", "gate_up_proj" -> "gate_up_proj_scale_inv"
+		return sc.Name(w) // "x.weight" -> "x.weight_scale_inv", "gate_up_proj" -> "gate_up_proj_scale_inv"
 	}
 	switch l {
 	case GateUp, UpGate:
@@ -58,12 +65,34 @@ func Names(l Layout, moePrefix string, fp8 bool) ExpertTensors {
 	return t
 }
 
+// Names is NamesFor for unquantised weights, or for FP8 block-scaled ones
+// when fp8 is set.
+func Names(l Layout, moePrefix string, fp8 bool) ExpertTensors {
+	return NamesFor(l, moePrefix, fp8Or(fp8, weightfmt.FP8DefaultBlock, weightfmt.FP8DefaultBlock))
+}
+
+// fp8Or is the FP8 block format when fp8 is set, nil (unquantised) otherwise.
+func fp8Or(fp8 bool, bo, bi int64) weightfmt.Format {
+	if !fp8 {
+		return nil
+	}
+	return weightfmt.FP8Block(bo, bi, false)
+}
+
+// scaleOf is f's scale tensor; nil f has none.
+func scaleOf(f weightfmt.Format) (weightfmt.Scale, bool) {
+	if f == nil {
+		return weightfmt.Scale{}, false
+	}
+	return f.Scale()
+}
+
 // Shape is a tensor shape.
 type Shape []int64
 
-// Shapes are the output shapes of one layer's stacks for n experts (routed plus
-// fused shared), intermediate size I, hidden size H and FP8 block [bo, bi]
-// (block rows of the output dim, block columns of the input dim).
+// Shapes are the output shapes of one layer's stacks for n experts (routed
+// plus fused shared), intermediate size I, hidden size H, and the scale
+// grids of their weights' format.
 type Shapes struct {
 	Gate, Up, GateUp, Down                     Shape
 	GateScale, UpScale, GateUpScale, DownScale Shape
@@ -72,28 +101,41 @@ type Shapes struct {
 // CeilDiv is ceil(a/b) for positive b.
 func CeilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-// StackShapes gives the shapes matching Names. The fused scale tensor is two
-// block grids stacked per expert, gate's (or up's) ceil(I/bo) block rows then
-// the other's ceil(I/bo): when I is not a multiple of bo this is NOT the
-// ceil(2I/bo)-row grid of the [2I,H] weight; readers must index the second
-// half's scales from row ceil(I/bo).
-func StackShapes(l Layout, n, I, H int64, fp8 bool, bo, bi int64) Shapes {
+// StackShapesFor gives the shapes matching NamesFor for expert weights in
+// format f (nil: unquantised). The fused scale tensor is two grids stacked
+// per expert, gate's (or up's) rows then the other's: with FP8 blocks of bo
+// rows, ceil(I/bo) block rows each. When I is not a multiple of bo this is
+// NOT the ceil(2I/bo)-row grid of the [2I,H] weight; readers must index the
+// second half's scales from row ceil(I/bo).
+func StackShapesFor(l Layout, n, I, H int64, f weightfmt.Format) Shapes {
 	var s Shapes
+	_, scaled := scaleOf(f)
+	var gr, gc, dr, dc int64
+	if scaled {
+		gr, gc = weightfmt.Matrix{Format: f, Rows: I, Cols: H}.ScaleShape()
+		dr, dc = weightfmt.Matrix{Format: f, Rows: H, Cols: I}.ScaleShape()
+	}
 	if l.Fused() {
 		s.GateUp, s.Down = Shape{n, 2 * I, H}, Shape{n, H, I}
-		if fp8 {
-			s.GateUpScale = Shape{n, 2 * CeilDiv(I, bo), CeilDiv(H, bi)}
-			s.DownScale = Shape{n, CeilDiv(H, bo), CeilDiv(I, bi)}
+		if scaled {
+			s.GateUpScale = Shape{n, 2 * gr, gc}
+			s.DownScale = Shape{n, dr, dc}
 		}
 		return s
 	}
 	s.Gate, s.Up, s.Down = Shape{n, I, H}, Shape{n, I, H}, Shape{n, H, I}
-	if fp8 {
-		s.GateScale = Shape{n, CeilDiv(I, bo), CeilDiv(H, bi)}
+	if scaled {
+		s.GateScale = Shape{n, gr, gc}
 		s.UpScale = s.GateScale
-		s.DownScale = Shape{n, CeilDiv(H, bo), CeilDiv(I, bi)}
+		s.DownScale = Shape{n, dr, dc}
 	}
 	return s
+}
+
+// StackShapes is StackShapesFor for unquantised weights, or for FP8 ones
+// in blocks of bo rows (output dim) by bi columns (input dim) when fp8 is set.
+func StackShapes(l Layout, n, I, H int64, fp8 bool, bo, bi int64) Shapes {
+	return StackShapesFor(l, n, I, H, fp8Or(fp8, bo, bi))
 }
 
 // SharedSlotID is the expert id of shared slice s (0 <= s < S) for token t in a

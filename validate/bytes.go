@@ -3,7 +3,6 @@ package validate
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"github.com/moeprep/moeprep/internal/human"
 	"io"
@@ -16,11 +15,11 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
-	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/internal/safeio"
 	"github.com/moeprep/moeprep/internal/termsafe"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -343,35 +342,36 @@ type mat struct {
 	rows, cols int64
 }
 
-// block returns the byte ranges of rows [r0,r0+nr) x cols [c0,c0+nc).
-func (m mat) block(r0, nr, c0, nc int64) [][2]int64 {
-	es := int64(m.t.DType.Size())
-	if c0 == 0 && nc == m.cols {
-		return [][2]int64{{r0 * m.cols * es, (r0 + nr) * m.cols * es}}
-	}
-	out := make([][2]int64, 0, nr)
-	for r := r0; r < r0+nr; r++ {
-		b := (r*m.cols + c0) * es
-		out = append(out, [2]int64{b, b + nc*es})
-	}
-	return out
+// all is the byte ranges of the whole of m.
+func (m mat) all() [][2]int64 {
+	return weightfmt.Matrix{Format: weightfmt.Plain(m.t.DType), Rows: m.rows, Cols: m.cols}.Whole().Weight.Ranges()
 }
 
 func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract, li layout.LayerInfo, l *family.Layer, consumed map[string]bool) error {
 	I, H := int64(plan.MoEIntermediateSize), int64(plan.HiddenSize)
 	E := c.NumExperts
 	bank := c.BankSize()
-	fp8 := c.Quantized()
-	var bo, bi int64 = 1, 1
-	if fp8 {
-		bo, bi = c.WeightBlockSize[0], c.WeightBlockSize[1]
+	wf, err := c.Format()
+	if err != nil {
+		return fmt.Errorf("%s: %w", src.Dir, err)
 	}
+	sf, scaled := wf.Scale()
 	S := int64(max(c.SharedSlices, 1))
 	if c.NumFusedSharedExperts > 0 && l.Shared == nil {
 		return fmt.Errorf("%s: layer %d: the contract fuses a shared expert SRC does not have", src.Dir, li.Index)
 	}
-	if c.NumFusedSharedExperts > 0 && fp8 && S > 1 && (I%bo != 0 || I%bi != 0) {
-		return fmt.Errorf("%s: layer %d: I %d is not a multiple of the FP8 block, so the shared expert cannot be split", src.Dir, li.Index, I)
+	gateRows := weightfmt.Matrix{Format: wf, Rows: S * I, Cols: H}
+	downCols := weightfmt.Matrix{Format: wf, Rows: H, Cols: S * I}
+	for s := int64(1); c.NumFusedSharedExperts > 0 && s < S; s++ {
+		if !gateRows.RowSplitExact(s*I) || !downCols.ColSplitExact(s*I) {
+			return fmt.Errorf("%s: layer %d: I %d is not a multiple of the %s block, so the shared expert cannot be split", src.Dir, li.Index, I, wf)
+		}
+	}
+	// rsf, when folded, multiplies the routed experts' down weights or
+	// their scales, as the format folds it.
+	fold := wf.Fold()
+	if c.RoutedScalingFactorFolded && fold.Into == weightfmt.FoldNowhere {
+		return fmt.Errorf("%s: the contract folds routed_scaling_factor into %s experts, which cannot take it: %s", src.Dir, wf, fold.Refusal("it"))
 	}
 	get := func(name string, rows, cols int64) (mat, error) {
 		t, ok := src.Tensor(name)
@@ -418,10 +418,13 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		if err != nil {
 			return pr, err
 		}
-		pr.gate = piece{g, g.block(s*I, I, 0, H), 0}
-		pr.up = piece{u, u.block(s*I, I, 0, H), 0}
-		pr.down = piece{d, d.block(0, H, s*I, I), 0}
-		if routed && !fp8 {
+		// Slice s of a shared expert of n*I (all of a routed expert, n = 1).
+		rows := weightfmt.Matrix{Format: wf, Rows: n * I, Cols: H}.RowBlock(s*I, I)
+		cols := weightfmt.Matrix{Format: wf, Rows: H, Cols: n * I}.ColBlock(s*I, I)
+		pr.gate = piece{g, rows.Weight.Ranges(), 0}
+		pr.up = piece{u, rows.Weight.Ranges(), 0}
+		pr.down = piece{d, cols.Weight.Ranges(), 0}
+		if routed && fold.Into == weightfmt.FoldWeights {
 			pr.down.fold = rsf
 		}
 		if c.ExpertBias { // views [I,1], [I,1] and [1,H] of the stacked biases
@@ -437,14 +440,14 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 				if err != nil {
 					return pr, err
 				}
-				*x.dst = piece{v, v.block(0, x.rows, 0, x.cols), 0}
+				*x.dst = piece{v, v.all(), 0}
 			}
 		}
-		if !fp8 {
+		if !scaled {
 			return pr, nil
 		}
-		gr, gc := layout.CeilDiv(n*I, bo), layout.CeilDiv(H, bi)
-		dr, dc := layout.CeilDiv(H, bo), layout.CeilDiv(n*I, bi)
+		gr, gc := weightfmt.Matrix{Format: wf, Rows: n * I, Cols: H}.ScaleShape()
+		dr, dc := weightfmt.Matrix{Format: wf, Rows: H, Cols: n * I}.ScaleShape()
 		gs, err := get(m.GateScale, gr, gc)
 		if err != nil {
 			return pr, err
@@ -457,11 +460,10 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		if err != nil {
 			return pr, err
 		}
-		sr, sc := layout.CeilDiv(I, bo), layout.CeilDiv(I, bi)
-		pr.gs = piece{gs, gs.block(s*sr, sr, 0, gc), 0}
-		pr.us = piece{us, us.block(s*sr, sr, 0, gc), 0}
-		pr.ds = piece{ds, ds.block(0, dr, s*sc, sc), 0}
-		if routed {
+		pr.gs = piece{gs, rows.Scale.Ranges(), 0}
+		pr.us = piece{us, rows.Scale.Ranges(), 0}
+		pr.ds = piece{ds, cols.Scale.Ranges(), 0}
+		if routed && fold.Into == weightfmt.FoldScales {
 			pr.ds.fold = rsf
 		}
 		return pr, nil
@@ -480,7 +482,7 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		}
 	}
 	names := c.Names(li)
-	shapes := layout.StackShapes(c.Layout, int64(bank), I, H, fp8, bo, bi)
+	shapes := layout.StackShapesFor(c.Layout, int64(bank), I, H, wf)
 	wd, err := safetensors.ParseDType(c.WeightDType)
 	if err != nil {
 		return fmt.Errorf("%s: contract weight_dtype: %w", src.Dir, err)
@@ -512,15 +514,15 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 			first, second, fs, ss = second, first, ss, fs
 		}
 		add(names.GateUp, wd, shapes.GateUp, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
-		add(names.GateUpScale, safetensors.F32, shapes.GateUpScale, func(pr parts) []piece { return []piece{fs(pr), ss(pr)} })
+		add(names.GateUpScale, sf.DType, shapes.GateUpScale, func(pr parts) []piece { return []piece{fs(pr), ss(pr)} })
 	} else {
 		add(names.Gate, wd, shapes.Gate, one(func(pr parts) piece { return pr.gate }))
 		add(names.Up, wd, shapes.Up, one(func(pr parts) piece { return pr.up }))
-		add(names.GateScale, safetensors.F32, shapes.GateScale, one(func(pr parts) piece { return pr.gs }))
-		add(names.UpScale, safetensors.F32, shapes.UpScale, one(func(pr parts) piece { return pr.us }))
+		add(names.GateScale, sf.DType, shapes.GateScale, one(func(pr parts) piece { return pr.gs }))
+		add(names.UpScale, sf.DType, shapes.UpScale, one(func(pr parts) piece { return pr.us }))
 	}
 	add(names.Down, wd, shapes.Down, one(func(pr parts) piece { return pr.down }))
-	add(names.DownScale, safetensors.F32, shapes.DownScale, one(func(pr parts) piece { return pr.ds }))
+	add(names.DownScale, sf.DType, shapes.DownScale, one(func(pr parts) piece { return pr.ds }))
 	if bn, ok := c.Biases(li); ok {
 		n, bd := int64(bank), banks[0].gb.m.t.DType
 		first, second := func(pr parts) piece { return pr.gb }, func(pr parts) piece { return pr.ub }
@@ -659,9 +661,9 @@ func compareSeg(path string, ti *safetensors.TensorInfo, sg segment, got, want [
 		return mm(MismatchBytes, at+int64(i), fmt.Sprintf("DST byte %#02x, SRC %s byte %#02x", got[i], sg.src.Name, want[i]))
 	}
 	es := ti.DType.Size()
-	rel, absFloor := roundingBound(ti.DType)
+	rel, absFloor := weightfmt.RoundingBound(ti.DType)
 	for i := 0; i+es <= len(got); i += es {
-		d, s := decodeOne(ti.DType, got[i:]), decodeOne(ti.DType, want[i:])
+		d, s := weightfmt.Value(ti.DType, got[i:]), weightfmt.Value(ti.DType, want[i:])
 		exact := s * sg.fold
 		diff := math.Abs(d - exact)
 		if diff > rel*math.Abs(exact)+absFloor {
@@ -672,31 +674,6 @@ func compareSeg(path string, ti *safetensors.TensorInfo, sg segment, got, want [
 		}
 	}
 	return nil
-}
-
-// roundingBound is one rounding to nearest in d: at most half an ulp,
-// which is at most 2^-(mantissa bits+1) of the value, plus half the
-// smallest subnormal for values that underflow.
-func roundingBound(d safetensors.DType) (rel, abs float64) {
-	switch d {
-	case safetensors.BF16:
-		return 0x1p-8, 0x1p-134
-	case safetensors.F16:
-		return 0x1p-11, 0x1p-25
-	}
-	return 0x1p-24, 0x1p-150
-}
-
-func decodeOne(d safetensors.DType, b []byte) float64 {
-	switch d {
-	case safetensors.BF16:
-		return float64(numfmt.BF16ToF32(binary.LittleEndian.Uint16(b)))
-	case safetensors.F16:
-		return float64(numfmt.F16ToF32(binary.LittleEndian.Uint16(b)))
-	case safetensors.F64:
-		return math.Float64frombits(binary.LittleEndian.Uint64(b))
-	}
-	return float64(math.Float32frombits(binary.LittleEndian.Uint32(b)))
 }
 
 func firstDiff(a, b []byte) int {

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/moe"
 )
 
 // The coverage checks: both paths on forced tokens that exercise every
@@ -30,10 +31,10 @@ const DefaultCoverageRounds = 2
 // as they always do, and there are at least Rounds tokens per shared replica.
 type Coverage struct {
 	T, K    int
-	X       []float32 // [T,H]
-	Routing *Routing  // forced ids (routed experts) and weights, before rsf
-	Experts []int     // routed experts exercised on purpose, sorted
-	Sampled bool      // Experts is a sample (--sample-experts), not all E
+	X       []float32    // [T,H]
+	Routing *moe.Routing // forced ids (routed experts) and weights, before rsf
+	Experts []int        // routed experts exercised on purpose, sorted
+	Sampled bool         // Experts is a sample (--sample-experts), not all E
 	Rounds  int
 }
 
@@ -108,7 +109,7 @@ func NewCoverage(o CoverageOptions) (*Coverage, error) {
 		tokens = append(tokens, topUp(r, nil, o.K, o.E))
 	}
 	c.T = len(tokens)
-	c.Routing = &Routing{T: c.T, K: o.K, IDs: make([]int32, c.T*o.K), Weights: make([]float32, c.T*o.K)}
+	c.Routing = &moe.Routing{T: c.T, K: o.K, IDs: make([]int32, c.T*o.K), Weights: make([]float32, c.T*o.K)}
 	w := 1 / float32(o.K)
 	for i, tok := range tokens {
 		for j, id := range tok {
@@ -136,14 +137,14 @@ func topUp(r *rand.Rand, ids []int, k, e int) []int {
 
 // withCoverage returns x followed by the forced tokens' x, and the routing
 // of the routed tokens followed by the forced routing: what both paths run.
-func withCoverage(x []float32, r *Routing, c *Coverage) ([]float32, *Routing, error) {
+func withCoverage(x []float32, r *moe.Routing, c *Coverage) ([]float32, *moe.Routing, error) {
 	if c == nil {
 		return x, r, nil
 	}
 	if c.K != r.K {
 		return nil, nil, fmt.Errorf("coverage: top-%d forced, top-%d routed", c.K, r.K)
 	}
-	all := &Routing{T: r.T + c.T, K: r.K, IDs: slices.Concat(r.IDs, c.Routing.IDs), Weights: slices.Concat(r.Weights, c.Routing.Weights)}
+	all := &moe.Routing{T: r.T + c.T, K: r.K, IDs: slices.Concat(r.IDs, c.Routing.IDs), Weights: slices.Concat(r.Weights, c.Routing.Weights)}
 	if r.S > 0 {
 		all.S, all.Shared = r.S, sharedWeights(r, c)
 	}
@@ -153,7 +154,7 @@ func withCoverage(x []float32, r *Routing, c *Coverage) ([]float32, *Routing, er
 // sharedWeights are the router-weighted shared experts' weights (Inkling)
 // of r's tokens followed by c's forced ones (nil c: none), which take the
 // forced slots' weight 1/K, the same on every path.
-func sharedWeights(r *Routing, c *Coverage) []float32 {
+func sharedWeights(r *moe.Routing, c *Coverage) []float32 {
 	if c == nil {
 		return r.Shared
 	}

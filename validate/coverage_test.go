@@ -248,7 +248,7 @@ func TestSampleExperts(t *testing.T) {
 	plan := mustPlan(t, src)
 	for _, l := range plan.Layers {
 		x := DrawX(2, l.Index, 8, plan.HiddenSize)
-		ref, err := ReferenceLayer(context.Background(), mustOpen(t, src), plan, &l, x, 8, 1)
+		ref, err := ReferenceLayer(context.Background(), mustOpen(t, src), plan, &l, x, 8, RefOptions{Workers: 1})
 		if err != nil {
 			t.Fatal(err)
 		}

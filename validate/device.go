@@ -15,7 +15,7 @@ const (
 
 	PrecisionBF16 = "bf16"
 	PrecisionF32  = "f32"
-	// PrecisionFP8 is the w8a8 serving numerics (GEMMNumerics{W8A8}): the
+	// PrecisionFP8 is the w8a8 serving numerics (moe.GEMMOptions.W8A8): the
 	// GPU quantises each expert GEMM's activations to e4m3 per token per
 	// 128 channels and multiplies e4m3 x e4m3 (fp8 weights, compute
 	// capability 9.0); the CPU reference quantises the same way.

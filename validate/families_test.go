@@ -10,6 +10,7 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/moe"
 )
 
 // TestDeepSeekV4DetailsMatter: on the deepseek-v4 fixture (swiglu_limit
@@ -33,8 +34,8 @@ func TestDeepSeekV4DetailsMatter(t *testing.T) {
 	detailsMatter(t, run, []detail{
 		{"no clamp", 2, func(p *family.Plan, _ *family.Layer) { p.Act.Limit = 0 }},
 		{"no clamp (hash layer)", 0, func(p *family.Plan, _ *family.Layer) { p.Act.Limit = 0 }},
-		{"sigmoid scores", 2, func(p *family.Plan, _ *family.Layer) { p.Scoring = family.Sigmoid }},
-		{"sigmoid scores (hash layer)", 0, func(p *family.Plan, _ *family.Layer) { p.Scoring = family.Sigmoid }},
+		{"sigmoid scores", 2, func(p *family.Plan, _ *family.Layer) { p.Scoring = moe.Sigmoid }},
+		{"sigmoid scores (hash layer)", 0, func(p *family.Plan, _ *family.Layer) { p.Scoring = moe.Sigmoid }},
 		{"no correction bias", 2, func(_ *family.Plan, l *family.Layer) { l.RouterBias = "" }},
 		{"top-k instead of the hash table", 1, func(_ *family.Plan, l *family.Layer) { l.HashTable = "" }},
 		{"no routed scaling factor", 2, func(p *family.Plan, _ *family.Layer) { p.RoutedScalingFactor = 1 }},
@@ -56,7 +57,7 @@ func goldenRun(t *testing.T, src string, ck TensorSource, plan *family.Plan) fun
 		}
 		p, l := *plan, *layer
 		edit(&p, &l)
-		res, err := ReferenceLayerCovered(context.Background(), ck, &p, &l, g.X, g.T, g.InputIDs, nil, 2)
+		res, err := ReferenceLayer(context.Background(), ck, &p, &l, g.X, g.T, RefOptions{Tokens: g.InputIDs, Workers: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,7 +101,7 @@ func TestErnieSharedBiasesMatter(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := func(l *family.Layer) float64 {
-		res, err := ReferenceLayer(context.Background(), ck, plan, l, g.X, g.T, 2)
+		res, err := ReferenceLayer(context.Background(), ck, plan, l, g.X, g.T, RefOptions{Workers: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -212,7 +213,7 @@ func TestBadRoutingTensorsNameThemselves(t *testing.T) {
 		for i := range plan.Layers {
 			l := &plan.Layers[i]
 			x := DrawX(3, l.Index, 4, plan.HiddenSize)
-			if _, err = ReferenceLayerCovered(context.Background(), ck, plan, l, x, 4, []int32{0, 1, 2, 3}, nil, 1); err != nil {
+			if _, err = ReferenceLayer(context.Background(), ck, plan, l, x, 4, RefOptions{Tokens: []int32{0, 1, 2, 3}, Workers: 1}); err != nil {
 				break
 			}
 		}

@@ -7,48 +7,38 @@ import (
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/moe"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 )
 
-// Slots is the gate's output as the fused kernels consume it: per token the
-// K routed slots followed by the S shared slots.
-type Slots struct {
-	T, K       int       // K = routed top-k + S
-	IDs        []int32   // [T,K] expert ids in the bank of E + R*S experts
-	Weights    []float32 // [T,K] slot weights
-	FinalScale float32   // rsf where it stays a runtime multiply, 1 where folded
-}
-
-// FusedSlots adds the contract's shared slots to a routing: token t's shared
-// slice s goes to expert E + (t mod R)*S + s with the contract's slot weight
-// (1.0 when rsf is folded into the routed experts, 1/rsf otherwise). Routed
-// slot weights are the routing weights without rsf: folded, the routed down
-// projections carry it; unfolded, Finalize multiplies the whole sum by it,
-// which turns the 1/rsf shared weight back into 1.
-func FusedSlots(r *Routing, c *layout.Contract) (*Slots, error) {
+// FusedSlots adds the contract's shared slots to a routing (moe.FusedSlots):
+// token t's shared slice s goes to expert E + (t mod R)*S + s with the
+// contract's slot weight (1.0 when rsf is folded into the routed experts,
+// 1/rsf otherwise), and the final scale is the contract's runtime rsf.
+func FusedSlots(r *moe.Routing, c *layout.Contract) (*moe.Slots, error) {
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
-	if r.K <= 0 || len(r.IDs) != r.T*r.K {
-		return nil, fmt.Errorf("fused slots: routing has %d ids for %d tokens x %d", len(r.IDs), r.T, r.K)
+	return moe.FusedSlots(r, c.NumExperts, sharedSlots(c), float32(c.RuntimeScale()))
+}
+
+// sharedSlots is the contract's shared slot layout (none when the shared
+// experts were not fused).
+func sharedSlots(c *layout.Contract) moe.SharedSlots {
+	if c.NumFusedSharedExperts == 0 {
+		return moe.SharedSlots{}
 	}
-	s := 0
-	if c.NumFusedSharedExperts > 0 {
-		s = c.SharedSlices
-	}
-	k := r.K + s
-	out := &Slots{T: r.T, K: k, IDs: make([]int32, r.T*k), Weights: make([]float32, r.T*k), FinalScale: float32(c.RuntimeScale())}
-	sw := float32(c.SharedSlotWeight)
-	for t := range r.T {
-		copy(out.IDs[t*k:], r.IDs[t*r.K:(t+1)*r.K])
-		copy(out.Weights[t*k:], r.Weights[t*r.K:(t+1)*r.K])
-		for j := range s {
-			out.IDs[t*k+r.K+j] = int32(layout.SharedSlotID(c.NumExperts, c.SharedReplicas, s, t, j))
-			out.Weights[t*k+r.K+j] = sw
-		}
-	}
-	return out, nil
+	return moe.SharedSlots{PerToken: c.SharedSlices, Replicas: c.SharedReplicas, Weight: float32(c.SharedSlotWeight)}
+}
+
+// releaseExpert hands a bank expert's weight buffers back to the pool once
+// the grouped GEMM is done with it.
+func releaseExpert(m *moe.ExpertMats) {
+	putFloats(m.Gate)
+	putFloats(m.Up)
+	putFloats(m.Down)
+	m.Gate, m.Up, m.Down = nil, nil, nil
 }
 
 // FusedLayer is one converted layer as the fused path reads it.
@@ -62,7 +52,7 @@ type FusedLayer struct {
 	HashTable string
 	// Biases names the bias stacks (gpt-oss); nil when the experts have none.
 	Biases   *layout.ExpertBiases
-	Spec     RouteSpec
+	Spec     moe.RouteSpec
 	Contract *layout.Contract
 	Names    layout.ExpertTensors
 	// Shared is a shared expert that was NOT fused into the bank (convert
@@ -80,9 +70,9 @@ type FusedLayer struct {
 // FusedResult is the fused path's output for one layer.
 type FusedResult struct {
 	Y       []float32 // [T,H]
-	Routing *Routing
-	Slots   *Slots
-	Align   *Alignment
+	Routing *moe.Routing
+	Slots   *moe.Slots
+	Align   *moe.Alignment
 }
 
 func (fl *FusedLayer) router() routerRef {
@@ -106,7 +96,7 @@ func (fl *FusedLayer) stackDims(src TensorSource) (h, inter int, err error) {
 }
 
 // loader returns the ExpertLoader of the layer's bank.
-func (fl *FusedLayer) loader(src TensorSource, h, inter int) ExpertLoader {
+func (fl *FusedLayer) loader(src TensorSource, h, inter int) moe.ExpertLoader {
 	c, n := fl.Contract, fl.Names
 	bo, bi := 0, 0
 	if c.Quantized() {
@@ -115,8 +105,8 @@ func (fl *FusedLayer) loader(src TensorSource, h, inter int) ExpertLoader {
 	ref := func(name, scale string, e, rows, cols int) matrixRef {
 		return matrixRef{Name: name, Index: e, Rows: rows, Cols: cols, Scale: scale, BlockRows: bo, BlockCols: bi}
 	}
-	return func(_ context.Context, e int) (*ExpertMats, error) {
-		m := &ExpertMats{}
+	return func(_ context.Context, e int) (*moe.ExpertMats, error) {
+		m := &moe.ExpertMats{}
 		var err error
 		wrap := func(err error) error { return fmt.Errorf("layer %d expert %d: %w", fl.Index, e, err) }
 		if n.Layout.Fused() {
@@ -192,19 +182,26 @@ func (fl *FusedLayer) expertBiases(src TensorSource, e, h, inter int) (gb, ub, d
 	return gb, ub, db, nil
 }
 
+// FusedOptions are FusedLayerRun's settings beyond the layer and its
+// tokens.
+type FusedOptions struct {
+	// Tokens are the routed tokens' ids, needed by a hash-routed layer only.
+	Tokens []int32
+	// Coverage adds forced tokens after the routed ones (nil: none): their
+	// slots (forced routed ids, then the contract's shared slots) go through
+	// the same align, grouped GEMM and finalize. Y and Slots then hold both
+	// sets of tokens; Routing stays the routed tokens' alone.
+	Coverage *Coverage
+	// BlockSize is moe_align_block_size's block.
+	BlockSize int
+	// Workers is how many experts run at once (0: moe.Workers()).
+	Workers int
+}
+
 // FusedLayerRun runs one converted layer the way a serving engine does:
 // gate (top-k plus shared slots), moe_align_block_size, grouped GEMM over the
 // blocks, finalize; plus an unfused shared expert where the contract left one.
-func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []float32, t, blockSize, workers int) (*FusedResult, error) {
-	return FusedLayerRunCovered(ctx, src, fl, x, t, nil, nil, blockSize, workers)
-}
-
-// FusedLayerRunCovered is FusedLayerRun plus cov's forced tokens (nil: none)
-// after the routed ones: their slots (forced routed ids, then the contract's
-// shared slots) go through the same align, grouped GEMM and finalize. Y and
-// Slots hold both sets of tokens; Routing is the routed tokens' alone.
-// tokens are the routed tokens' ids, for a hash-routed layer (nil otherwise).
-func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer, x []float32, t int, tokens []int32, cov *Coverage, blockSize, workers int) (*FusedResult, error) {
+func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []float32, t int, o FusedOptions) (*FusedResult, error) {
 	h, inter, err := fl.stackDims(src)
 	if err != nil {
 		return nil, err
@@ -215,11 +212,11 @@ func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer,
 	if fl.Spec.NumExperts != fl.Contract.NumExperts {
 		return nil, fmt.Errorf("layer %d: config routes over %d experts, the contract says %d", fl.Index, fl.Spec.NumExperts, fl.Contract.NumExperts)
 	}
-	routed, err := routeLayer(src, fl.Spec, fl.router(), x, t, h, tokens)
+	routed, err := routeLayer(src, fl.Spec, fl.router(), x, t, h, o.Tokens)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	x, routing, err := withCoverage(x, routed, cov)
+	x, routing, err := withCoverage(x, routed, o.Coverage)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
@@ -228,7 +225,7 @@ func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer,
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	al, err := AlignBlockSize(slots.IDs, fl.Contract.BankSize(), blockSize)
+	al, err := moe.AlignBlockSize(slots.IDs, fl.Contract.BankSize(), o.BlockSize)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
@@ -237,11 +234,11 @@ func FusedLayerRunCovered(ctx context.Context, src TensorSource, fl *FusedLayer,
 		// Llama 4: each slot's row is w * x and the slots sum unweighted.
 		gx, gt, gk, weights = slotRows(x, h, slots.K, slots.Weights), t*slots.K, 1, ones(len(slots.Weights))
 	}
-	out, err := GroupedGEMM(ctx, gx, gt, h, inter, gk, al, fl.loader(src, h, inter), workers)
+	out, err := moe.GroupedGEMM(ctx, gx, gt, h, inter, gk, al, fl.loader(src, h, inter), moe.GEMMOptions{Workers: o.Workers, Release: releaseExpert})
 	if err != nil {
 		return nil, err
 	}
-	y, err := Finalize(out, t, slots.K, h, weights, slots.FinalScale)
+	y, err := moe.Finalize(out, t, slots.K, h, weights, slots.FinalScale)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
@@ -295,7 +292,7 @@ func (fl *FusedLayer) addDenseShared(src TensorSource, x []float32, t, h int, y 
 // addRoutedShared adds shared experts the router weights per token
 // (Inkling), each a dense MLP over all tokens times its routing weight and
 // the final scale the routed sum took.
-func (fl *FusedLayer) addRoutedShared(src TensorSource, x []float32, r *Routing, h int, finalScale float32, y []float32) error {
+func (fl *FusedLayer) addRoutedShared(src TensorSource, x []float32, r *moe.Routing, h int, finalScale float32, y []float32) error {
 	t, ns := r.T, len(fl.SharedExperts)
 	if r.S != ns || len(r.Shared) != t*ns {
 		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the checkpoint has %d", fl.Index, r.S, len(r.Shared), t, ns)
@@ -367,10 +364,10 @@ func (fl *FusedLayer) denseMLP(src TensorSource, m family.MLP, x []float32, t, h
 			return nil, err
 		}
 	}
-	activate(fl.Contract.Act(), g, u, gb, ub)
+	moe.Activate(fl.Contract.Act(), g, u, gb, ub)
 	o := make([]float32, t*h)
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, h, inter, 1, g, inter, down, inter, 0, o, h)
-	addRowBias(o, db)
+	moe.AddRowBias(o, db)
 	return o, nil
 }
 

@@ -8,17 +8,18 @@ import (
 
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/moe"
 )
 
 // runBoth runs the reference on m's source and the fused path on dst.
 func runBoth(t *testing.T, m *memModel, dst memSource, fl *FusedLayer, tokens, block int) (*RefResult, *FusedResult, Diff) {
 	t.Helper()
 	x := DrawX(11, m.layerIndex, tokens, m.H)
-	ref, err := ReferenceLayer(context.Background(), m.src, m.plan, &m.plan.Layers[0], x, tokens, 2)
+	ref, err := ReferenceLayer(context.Background(), m.src, m.plan, &m.plan.Layers[0], x, tokens, RefOptions{Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fused, err := FusedLayerRun(context.Background(), dst, fl, x, tokens, block, 2)
+	fused, err := FusedLayerRun(context.Background(), dst, fl, x, tokens, FusedOptions{BlockSize: block, Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +86,7 @@ func TestFusedMatchesReference(t *testing.T) {
 			if tol == TolBF16Fold && d.RelL2 < 1e-5 {
 				t.Errorf("bf16 folding changed nothing (rel_l2 %.3g): the fold did not happen", d.RelL2)
 			}
-			ok, total, err := TopKAgreement(fused.Routing.IDs, ref.Routing.IDs, v.tokens, m.K, ref.Routing.Choice, m.E, TieTolerance)
+			ok, total, err := moe.TopKAgreement(fused.Routing.IDs, ref.Routing.IDs, v.tokens, m.K, ref.Routing.Choice, m.E, moe.TieTolerance)
 			if err != nil || ok != total {
 				t.Fatalf("routing agreement %d/%d %v", ok, total, err)
 			}
@@ -200,7 +201,7 @@ func TestMutationsInMemory(t *testing.T) {
 // usedExpert is an expert the first tokens of runBoth's x select.
 func usedExpert(t *testing.T, m *memModel) int {
 	x := DrawX(11, m.layerIndex, 1, m.H)
-	ref, err := ReferenceLayer(context.Background(), m.src, m.plan, &m.plan.Layers[0], x, 1, 1)
+	ref, err := ReferenceLayer(context.Background(), m.src, m.plan, &m.plan.Layers[0], x, 1, RefOptions{Workers: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ func TestGPTOSSDetailsMatter(t *testing.T) {
 		p, l := *plan, *layer
 		l.Experts = append([]family.MLP(nil), layer.Experts...)
 		edit(&p, &l)
-		res, err := ReferenceLayer(context.Background(), ck, &p, &l, g.X, g.T, 2)
+		res, err := ReferenceLayer(context.Background(), ck, &p, &l, g.X, g.T, RefOptions{Workers: 2})
 		if err != nil {
 			t.Fatal(err)
 		}

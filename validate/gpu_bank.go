@@ -8,6 +8,8 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // loadFusedBank queues the upload of a converted layer's stacked expert
@@ -20,12 +22,16 @@ func loadFusedBank(s *stager, src TensorSource, fl *FusedLayer) (*devBank, error
 	}
 	c, n := fl.Contract, fl.Names
 	e := int64(c.BankSize())
-	fp8 := c.Quantized()
-	if fp8 && (len(c.WeightBlockSize) != 2 || c.WeightBlockSize[0] != kernels.FP8ScaleBlock || c.WeightBlockSize[1] != kernels.FP8ScaleBlock) {
+	wf, err := c.Format()
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	_, scaled := wf.Scale()
+	if scaled && !kernelsTake(wf) {
 		return nil, fmt.Errorf("layer %d: FP8 blocks %v: the GPU kernels take %dx%d", fl.Index, c.WeightBlockSize, kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)
 	}
-	sr, sc := int64(kernels.CeilDiv(inter, kernels.FP8ScaleBlock)), int64(kernels.CeilDiv(h, kernels.FP8ScaleBlock))
 	H, I := int64(h), int64(inter)
+	shapes := layout.StackShapesFor(n.Layout, e, I, H, wf)
 	b := &devBank{}
 	b.NumExperts, b.H, b.I = int(e), h, inter
 	fail := func(err error) (*devBank, error) {
@@ -34,40 +40,41 @@ func loadFusedBank(s *stager, src TensorSource, fl *FusedLayer) (*devBank, error
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	if n.Layout.Fused() {
-		if b.GateUp, err = b.weight(s, src, n.GateUp, []int64{e, 2 * I, H}); err != nil {
+		if b.GateUp, err = b.weight(s, src, n.GateUp, shapes.GateUp); err != nil {
 			return fail(err)
 		}
 		b.UpFirst = n.Layout == layout.UpGate
-		if fp8 {
-			if b.GateUpScale, err = b.scale(s, src, n.GateUpScale, []int64{e, 2 * sr, sc}); err != nil {
+		if scaled {
+			if b.GateUpScale, err = b.scale(s, src, n.GateUpScale, shapes.GateUpScale); err != nil {
 				return fail(err)
 			}
 		}
 	} else {
-		if b.Gate, err = b.weight(s, src, n.Gate, []int64{e, I, H}); err != nil {
+		if b.Gate, err = b.weight(s, src, n.Gate, shapes.Gate); err != nil {
 			return fail(err)
 		}
-		if b.Up, err = b.weight(s, src, n.Up, []int64{e, I, H}); err != nil {
+		if b.Up, err = b.weight(s, src, n.Up, shapes.Up); err != nil {
 			return fail(err)
 		}
-		if fp8 {
-			if b.GateScale, err = b.scale(s, src, n.GateScale, []int64{e, sr, sc}); err != nil {
+		if scaled {
+			if b.GateScale, err = b.scale(s, src, n.GateScale, shapes.GateScale); err != nil {
 				return fail(err)
 			}
-			if b.UpScale, err = b.scale(s, src, n.UpScale, []int64{e, sr, sc}); err != nil {
+			if b.UpScale, err = b.scale(s, src, n.UpScale, shapes.UpScale); err != nil {
 				return fail(err)
 			}
 		}
 	}
-	if b.Down, err = b.weight(s, src, n.Down, []int64{e, H, I}); err != nil {
+	if b.Down, err = b.weight(s, src, n.Down, shapes.Down); err != nil {
 		return fail(err)
 	}
-	if fp8 {
-		if b.DownScale, err = b.scale(s, src, n.DownScale, []int64{e, sc, sr}); err != nil {
+	if scaled {
+		if b.DownScale, err = b.scale(s, src, n.DownScale, shapes.DownScale); err != nil {
 			return fail(err)
 		}
 	}
-	if fp8 != (b.DType == kernels.MatFP8) {
+	// The kernels read scales exactly for FP8 weights.
+	if scaled != (b.DType == kernels.MatFP8) {
 		return fail(fmt.Errorf("the contract says quantization %q, the expert weights are %v", c.Quantization, b.DType))
 	}
 	b.Act = c.Act()
@@ -113,12 +120,19 @@ func (b *devBank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
 // FP8 block edge (0: not quantised). The caller waits on s's stream
 // (kernels queued on the same stream run after the copies).
 func loadMLPBank(s *stager, src TensorSource, m family.MLP, h, inter, block int, act layout.Activation) (*devBank, error) {
-	fp8 := block != 0
-	if fp8 && block != kernels.FP8ScaleBlock {
-		return nil, fmt.Errorf("FP8 block %d: the GPU kernels take %d", block, kernels.FP8ScaleBlock)
+	// The block is all the caller says of the format: FP8 blocks of that
+	// edge, or (0) unquantised in whatever float dtype the tensors hold.
+	scaled := block != 0
+	var gr, gc, dr, dc int64
+	if scaled {
+		wf := weightfmt.FP8Block(int64(block), int64(block), false)
+		if !kernelsTake(wf) {
+			return nil, fmt.Errorf("FP8 block %d: the GPU kernels take %d", block, kernels.FP8ScaleBlock)
+		}
+		gr, gc = weightfmt.Matrix{Format: wf, Rows: int64(inter), Cols: int64(h)}.ScaleShape()
+		dr, dc = weightfmt.Matrix{Format: wf, Rows: int64(h), Cols: int64(inter)}.ScaleShape()
 	}
 	H, I := int64(h), int64(inter)
-	sr, sc := int64(kernels.CeilDiv(inter, kernels.FP8ScaleBlock)), int64(kernels.CeilDiv(h, kernels.FP8ScaleBlock))
 	b := &devBank{}
 	b.NumExperts, b.H, b.I = 1, h, inter
 	var err error
@@ -136,17 +150,17 @@ func loadMLPBank(s *stager, src TensorSource, m family.MLP, h, inter, block int,
 	if b.Down, err = b.weight(s, src, m.Down, []int64{H, I}); err != nil {
 		return fail(err)
 	}
-	if fp8 != (b.DType == kernels.MatFP8) {
-		return fail(fmt.Errorf("tensor %s is %v, the checkpoint's quantisation says fp8=%v", m.Gate, b.DType, fp8))
+	if scaled != (b.DType == kernels.MatFP8) {
+		return fail(fmt.Errorf("tensor %s is %v, the checkpoint's quantisation says fp8=%v", m.Gate, b.DType, scaled))
 	}
-	if fp8 {
-		if b.GateScale, err = b.scale(s, src, m.GateScale, []int64{sr, sc}); err != nil {
+	if scaled {
+		if b.GateScale, err = b.scale(s, src, m.GateScale, []int64{gr, gc}); err != nil {
 			return fail(err)
 		}
-		if b.UpScale, err = b.scale(s, src, m.UpScale, []int64{sr, sc}); err != nil {
+		if b.UpScale, err = b.scale(s, src, m.UpScale, []int64{gr, gc}); err != nil {
 			return fail(err)
 		}
-		if b.DownScale, err = b.scale(s, src, m.DownScale, []int64{sc, sr}); err != nil {
+		if b.DownScale, err = b.scale(s, src, m.DownScale, []int64{dr, dc}); err != nil {
 			return fail(err)
 		}
 	}
@@ -169,4 +183,17 @@ func loadMLPBank(s *stager, src TensorSource, m family.MLP, h, inter, block int,
 		}
 	}
 	return b, nil
+}
+
+// kernelsTake reports whether the GPU kernels run weights of format f as
+// they are stored: unscaled, or F8_E4M3 in FP8ScaleBlock-square blocks of
+// F32 scales. Other dtypes of unscaled weights are decoded to f32 on the
+// way (matType).
+func kernelsTake(f weightfmt.Format) bool {
+	sc, scaled := f.Scale()
+	if !scaled {
+		return true
+	}
+	return f.DType() == safetensors.F8E4M3 && sc.DType == safetensors.F32 &&
+		sc.Block == [2]int64{kernels.FP8ScaleBlock, kernels.FP8ScaleBlock}
 }

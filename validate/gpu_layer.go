@@ -9,6 +9,7 @@ import (
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/moe"
 )
 
 // gpuRunner runs MoE layers on one GPU: a compute stream for the kernels
@@ -160,20 +161,11 @@ func (g *gpuRunner) input(x []float32, t, h int, fr *frees) (*gpuInput, error) {
 }
 
 // gateSpec is the GPU gate of a routing spec plus the contract's shared
-// slots (c nil: none), mirroring FusedSlots.
-func gateSpec(s RouteSpec, c *layout.Contract) kernels.GateSpec {
-	gs := kernels.GateSpec{Scoring: kernels.Sigmoid, NumExperts: s.NumExperts, TopK: s.TopK, NGroup: s.NGroup,
-		TopKGroup: s.TopKGroup, GroupByMax: s.GroupByMax, NormTopKProb: s.NormTopKProb}
-	switch s.Scoring {
-	case family.Softmax:
-		gs.Scoring = kernels.Softmax
-	case family.SqrtSoftplus:
-		gs.Scoring = kernels.SqrtSoftplus
-	case family.SparseMixer:
-		gs.Scoring, gs.JitterEps = kernels.SparseMixer, float32(s.JitterEps)
-	}
-	if c != nil && c.NumFusedSharedExperts > 0 {
-		gs.SharedSlots, gs.SharedReplicas, gs.SharedWeight = c.SharedSlices, c.SharedReplicas, float32(c.SharedSlotWeight)
+// slots (c nil: none), as FusedSlots lays them out.
+func gateSpec(s moe.RouteSpec, c *layout.Contract) kernels.GateSpec {
+	gs := kernels.GateSpec{RouteSpec: s}
+	if c != nil {
+		gs.Shared = sharedSlots(c)
 	}
 	return gs
 }
@@ -184,8 +176,8 @@ func gateSpec(s RouteSpec, c *layout.Contract) kernels.GateSpec {
 // golden's float32 x routes as HF routed it.
 //
 // Only the first t of in's tokens are routed: forced coverage tokens may follow.
-func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec, rr routerRef, in *gpuInput, t int, finalScale float32, fr *frees) (*kernels.GateOut, *Routing, *Slots, error) {
-	if err := spec.check(); err != nil {
+func (g *gpuRunner) route(src TensorSource, spec moe.RouteSpec, gs kernels.GateSpec, rr routerRef, in *gpuInput, t int, finalScale float32, fr *frees) (*kernels.GateOut, *moe.Routing, *moe.Slots, error) {
+	if err := spec.Check(); err != nil {
 		return nil, nil, nil, err
 	}
 	if t <= 0 || t > in.t {
@@ -235,7 +227,6 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 			return nil, nil, nil, err
 		}
 	}
-	gs.SharedLogits = spec.SharedLogits
 	if gs.WeightScale, err = routerScale(src, rr); err != nil { // Inkling's global_scale: the gate multiplies every weight by it
 		return nil, nil, nil, err
 	}
@@ -261,14 +252,14 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 		return nil, nil, nil, err
 	}
 	k := gs.SlotsPerToken()
-	sl := &Slots{T: t, K: k, FinalScale: finalScale}
+	sl := &moe.Slots{T: t, K: k, FinalScale: finalScale}
 	if sl.IDs, err = out.IDs.ToHost(t * k); err != nil {
 		return nil, nil, nil, err
 	}
 	if sl.Weights, err = out.Weights.ToHost(t * k); err != nil {
 		return nil, nil, nil, err
 	}
-	r := &Routing{T: t, K: spec.TopK, IDs: make([]int32, t*spec.TopK), Weights: make([]float32, t*spec.TopK)}
+	r := &moe.Routing{T: t, K: spec.TopK, IDs: make([]int32, t*spec.TopK), Weights: make([]float32, t*spec.TopK)}
 	if r.Choice, err = out.Choice.ToHost(t * e); err != nil {
 		return nil, nil, nil, err
 	}
@@ -290,7 +281,7 @@ func (g *gpuRunner) route(src TensorSource, spec RouteSpec, gs kernels.GateSpec,
 // place after the routed tokens as FusedSlots numbers them. It returns the
 // slots of all tokens and their device copies; without cov, the gate's own
 // device outputs.
-func (g *gpuRunner) forced(gout *kernels.GateOut, routing *Routing, slots *Slots, cov *Coverage, c *layout.Contract, fr *frees) (*Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
+func (g *gpuRunner) forced(gout *kernels.GateOut, routing *moe.Routing, slots *moe.Slots, cov *Coverage, c *layout.Contract, fr *frees) (*moe.Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
 	if cov == nil {
 		return slots, gout.IDs, gout.Weights, nil
 	}
@@ -298,18 +289,18 @@ func (g *gpuRunner) forced(gout *kernels.GateOut, routing *Routing, slots *Slots
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	tail := &Slots{T: cov.T, K: all.K, IDs: cov.Routing.IDs, Weights: cov.Routing.Weights}
+	tail := &moe.Slots{T: cov.T, K: all.K, IDs: cov.Routing.IDs, Weights: cov.Routing.Weights}
 	if c != nil {
 		fs, err := FusedSlots(all, c)
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		tail = &Slots{T: cov.T, K: fs.K, IDs: fs.IDs[routing.T*fs.K:], Weights: fs.Weights[routing.T*fs.K:]}
+		tail = &moe.Slots{T: cov.T, K: fs.K, IDs: fs.IDs[routing.T*fs.K:], Weights: fs.Weights[routing.T*fs.K:]}
 	}
 	if tail.K != slots.K {
 		return nil, nil, nil, fmt.Errorf("coverage: %d slots per forced token, the gate gives %d", tail.K, slots.K)
 	}
-	out := &Slots{T: slots.T + tail.T, K: slots.K, FinalScale: slots.FinalScale,
+	out := &moe.Slots{T: slots.T + tail.T, K: slots.K, FinalScale: slots.FinalScale,
 		IDs: append(append([]int32(nil), slots.IDs...), tail.IDs...), Weights: append(append([]float32(nil), slots.Weights...), tail.Weights...)}
 	ids, err := cuda.FromHost(g.dev, out.IDs)
 	if err != nil {
@@ -454,8 +445,7 @@ func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, 
 		return nil, err
 	}
 	scaleOutput(yh, c.Output())
-	return &FusedResult{Y: yh, Routing: routing, Slots: slots, Align: &Alignment{NumExperts: ha.NumExperts, BlockSize: ha.BlockSize,
-		Numel: ha.Numel, Counts: ha.Counts, Cumsum: ha.Cumsum, SortedTokenIDs: ha.SortedTokenIDs, ExpertIDs: ha.ExpertIDs, TotalPadded: ha.TotalPadded}}, nil
+	return &FusedResult{Y: yh, Routing: routing, Slots: slots, Align: ha}, nil
 }
 
 // oneExpertSorted builds the alignment of a bank of one expert over the
@@ -546,7 +536,7 @@ func (g *gpuRunner) addDense(src TensorSource, m family.MLP, gate string, block 
 // slots t*S+s of every token (routed and cov's forced ones), then finalize
 // weights each token's S slots by the routing's shared weights times scale
 // (the routed sum's final scale) and the sum is added to y, all on the device.
-func (g *gpuRunner) addRoutedShared(src TensorSource, mlps []family.MLP, routing *Routing, cov *Coverage, scale float32, block int, act layout.Activation, in *gpuInput, y *cuda.Buffer[float32]) error {
+func (g *gpuRunner) addRoutedShared(src TensorSource, mlps []family.MLP, routing *moe.Routing, cov *Coverage, scale float32, block int, act layout.Activation, in *gpuInput, y *cuda.Buffer[float32]) error {
 	var fr frees
 	defer fr.release(g)
 	t, h, ns := in.t, in.h, len(mlps)
@@ -626,7 +616,7 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 	if len(layer.Experts) != e {
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
-	spec := SpecFromPlan(plan)
+	spec := plan.RouteSpec()
 	gout, routing, slots, err := g.route(src, spec, gateSpec(spec, nil), routerOf(layer), in, routedTokens(in, cov), float32(spec.RoutedScalingFactor), &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
@@ -743,7 +733,7 @@ func (g *gpuRunner) groupedGEMM(bank *kernels.ExpertBank, sorted *kernels.Sorted
 // finalize sums each token's slots with weight 1. Engines do the same
 // multiply on the device before the GEMM (vLLM's
 // apply_router_weight_on_input); the GEMM and finalize are unchanged.
-func (g *gpuRunner) inputScaled(in *gpuInput, slots *Slots, fr *frees) (*gpuInput, *cuda.Buffer[float32], error) {
+func (g *gpuRunner) inputScaled(in *gpuInput, slots *moe.Slots, fr *frees) (*gpuInput, *cuda.Buffer[float32], error) {
 	if len(in.x) != in.t*in.h || len(slots.Weights) != in.t*slots.K {
 		return nil, nil, fmt.Errorf("input-scaled slots: %d host values for %d tokens x %d, %d slot weights", len(in.x), in.t, in.h, len(slots.Weights))
 	}

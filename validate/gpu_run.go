@@ -22,7 +22,7 @@ var TolGPUF32 = Tolerance{Name: "gpu-f32", MaxRelL2: 1e-5, MinCosine: 1 - 1e-8,
 	Reason: "f32 activations on the GPU: only summation order differs (kernels measured <= 5.8e-7)"}
 
 // TolGPUW8A8 is for the GPU kernels in w8a8 mode (--precision fp8) against
-// the CPU reference in the same numerics (ReferenceLayerWith W8A8) or each
+// the CPU reference in the same numerics (RefOptions.W8A8) or each
 // other: the tensor cores' truncated fp8 accumulation (~1.7e-4 a GEMM) flips
 // ~20% of the intermediate's bf16 roundings and ~2% of its e4m3 codes, which
 // the kernels' tests measured at 3.5e-3..4.9e-3 over both stages against
@@ -210,7 +210,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		go func() {
 			t0 := time.Now()
 			// In w8a8 mode the reference runs the same numerics as the GPU.
-			r, err := ReferenceLayerWith(ctx, s.src, s.srcPlan, tg.src, x, t, tokens, cov, s.o.Workers, GEMMNumerics{W8A8: s.o.GPUPrecision == PrecisionFP8})
+			r, err := ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers, W8A8: s.o.GPUPrecision == PrecisionFP8})
 			refCh <- refOut{r, err, time.Since(t0).Seconds()}
 		}()
 	}
@@ -312,7 +312,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 			r := base
 			r.Check, r.Seconds = CheckGPUUnfusedVsGolden, unfSec
 			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(unf.Routing.IDs)
-			judgeGolden(&r, tokenRows(unf.Y, h, 0, t), unf.Routing, SpecFromPlan(s.srcPlan).RoutedScalingFactor, g0, s.gpuGoldenTolerance())
+			judgeGolden(&r, tokenRows(unf.Y, h, 0, t), unf.Routing, s.srcPlan.RouteSpec().RoutedScalingFactor, g0, s.gpuGoldenTolerance())
 			rows = append(rows, r)
 		}
 		if ref != nil {
@@ -323,7 +323,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 			if s.o.GPUPrecision == PrecisionFP8 {
 				refGolden = TolW8A8Golden // the reference ran in w8a8 numerics
 			}
-			judgeGolden(&r, tokenRows(ref.Y, h, 0, t), ref.Routing, SpecFromPlan(s.srcPlan).RoutedScalingFactor, g0, refGolden)
+			judgeGolden(&r, tokenRows(ref.Y, h, 0, t), ref.Routing, s.srcPlan.RouteSpec().RoutedScalingFactor, g0, refGolden)
 			rows = append(rows, r)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -237,11 +238,11 @@ func (m *memModel) buildSource() {
 	}
 	p := &family.Plan{Family: "deepseek", ModelType: "deepseek_v3", HiddenSize: m.H, MoEIntermediateSize: m.I,
 		NumExperts: m.E, NumSharedExperts: m.S, SharedIntermediateSize: m.S * m.I, SharedGated: m.SharedGated,
-		TopK: m.K, TopKMethod: family.TopKNoAuxTC, NGroup: m.NGroup, TopKGroup: m.TopKGroup, Scoring: family.Sigmoid,
+		TopK: m.K, TopKMethod: moe.TopKNoAuxTC, NGroup: m.NGroup, TopKGroup: m.TopKGroup, Scoring: moe.Sigmoid,
 		NormTopKProb: true, RoutedScalingFactor: m.RSF, WeightDType: m.dtype, Quantization: family.QuantNone,
 		Layers: []family.Layer{l}}
 	if m.Softmax {
-		p.Family, p.ModelType, p.Scoring, p.TopKMethod, p.NGroup, p.TopKGroup = "qwen2_moe", "qwen2_moe", family.Softmax, family.TopKGreedy, 1, 1
+		p.Family, p.ModelType, p.Scoring, p.TopKMethod, p.NGroup, p.TopKGroup = "qwen2_moe", "qwen2_moe", moe.Softmax, moe.TopKGreedy, 1, 1
 		p.NormTopKProb = false
 	}
 	if m.FP8 {
@@ -327,7 +328,7 @@ func (m *memModel) convert(o convertOpts) (memSource, *layout.Contract, *FusedLa
 			dst.put(n, m.src[n].DType, m.src[n].Shape, m.src.bytes(n))
 		}
 	}
-	fl := &FusedLayer{Index: m.layerIndex, Router: l.Router, RouterBias: l.RouterBias, Spec: SpecFromPlan(m.plan), Contract: c,
+	fl := &FusedLayer{Index: m.layerIndex, Router: l.Router, RouterBias: l.RouterBias, Spec: m.plan.RouteSpec(), Contract: c,
 		Names: layout.Names(o.layout, m.prefix, m.FP8), SharedGate: l.SharedGate}
 	if !o.fuse && l.Shared != nil {
 		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down, l.Shared.GateScale, l.Shared.UpScale, l.Shared.DownScale} {

@@ -8,13 +8,36 @@ import (
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/moe"
 	"golang.org/x/sync/errgroup"
 )
 
 // RefResult is the unfused reference's output for one layer.
 type RefResult struct {
 	Y       []float32 // [T,H]
-	Routing *Routing
+	Routing *moe.Routing
+}
+
+// RefOptions are ReferenceLayer's settings beyond the layer and its tokens;
+// the zero value runs the routed tokens alone, precisely, on Workers()
+// experts at once.
+type RefOptions struct {
+	// Tokens are the routed tokens' ids, needed by a hash-routed layer only.
+	Tokens []int32
+	// Coverage adds forced tokens (nil: none): their x follows the routed
+	// tokens' and their experts are the forced ones, computed in the same
+	// pass over the experts. Y then holds both sets of rows; Routing stays
+	// the routed tokens' alone.
+	Coverage *Coverage
+	// Workers is how many experts run at once (0: moe.Workers()).
+	Workers int
+	// W8A8 runs every expert MLP (routed and shared) as the w8a8 serving
+	// path does: its input row rounded to bf16 (the activations engines
+	// keep) and quantised to e4m3 per 128 channels, the activated
+	// intermediate rounded to bf16 and quantised the same way
+	// (moe.RoundTripServing), products and sums in float64 as before.
+	// Router and shared-expert gate stay precise.
+	W8A8 bool
 }
 
 // ReferenceLayer runs one MoE layer of a source (hub-layout) plan the way
@@ -24,26 +47,7 @@ type RefResult struct {
 // to float32; every dot product accumulates in float64 and is stored as
 // float32. It shares only decoding, routing and swiGLU with the fused path,
 // not its alignment or GEMM, so a bug there cannot hide in both.
-func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers int) (*RefResult, error) {
-	return ReferenceLayerCovered(ctx, src, plan, layer, x, t, nil, nil, workers)
-}
-
-// ReferenceLayerCovered is ReferenceLayer plus cov's forced tokens (nil:
-// none): their x follows the routed tokens' and their experts are the forced
-// ones, computed in the same pass over the experts. Y holds both sets of
-// rows; Routing is the routed tokens' alone. tokens are the routed tokens'
-// ids, needed by a hash-routed layer only (nil otherwise).
-func ReferenceLayerCovered(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, tokens []int32, cov *Coverage, workers int) (*RefResult, error) {
-	return ReferenceLayerWith(ctx, src, plan, layer, x, t, tokens, cov, workers, GEMMNumerics{})
-}
-
-// ReferenceLayerWith is ReferenceLayerCovered under the given numerics.
-// W8A8 runs every expert MLP (routed and shared) as the w8a8 serving path
-// does: its input row rounded to bf16 (the activations engines keep) and
-// quantised to e4m3 per 128 channels, the activated intermediate rounded to
-// bf16 and quantised the same way (RoundTripActGroups), products and sums
-// in float64 as before. Router and shared-expert gate stay precise.
-func ReferenceLayerWith(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, tokens []int32, cov *Coverage, workers int, num GEMMNumerics) (*RefResult, error) {
+func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, o RefOptions) (*RefResult, error) {
 	h, inter, e := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts
 	if len(x) != t*h {
 		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Index, len(x), t, h)
@@ -51,18 +55,19 @@ func ReferenceLayerWith(ctx context.Context, src TensorSource, plan *family.Plan
 	if len(layer.Experts) != e {
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
-	spec := SpecFromPlan(plan)
-	routed, err := routeLayer(src, spec, routerOf(layer), x, t, h, tokens)
+	spec := plan.RouteSpec()
+	routed, err := routeLayer(src, spec, routerOf(layer), x, t, h, o.Tokens)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
-	x, routing, err := withCoverage(x, routed, cov)
+	x, routing, err := withCoverage(x, routed, o.Coverage)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
 	t = routing.T
+	workers := o.Workers
 	if workers <= 0 {
-		workers = Workers()
+		workers = moe.Workers()
 	}
 	// Each selected (token, slot) gets its expert's unweighted output; they
 	// are summed afterwards in a fixed order so the result is reproducible.
@@ -90,7 +95,7 @@ func ReferenceLayerWith(ctx context.Context, src TensorSource, plan *family.Plan
 			if err != nil {
 				return fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
 			}
-			m.w8a8 = num.W8A8
+			m.w8a8 = o.W8A8
 			xs := make([][]float32, len(users[id]))
 			outs := make([][]float32, len(users[id]))
 			for i, s := range users[id] {
@@ -122,12 +127,12 @@ func ReferenceLayerWith(ctx context.Context, src TensorSource, plan *family.Plan
 		}
 	}
 	if layer.Shared != nil {
-		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, block, num, y64); err != nil {
+		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, block, o.W8A8, y64); err != nil {
 			return nil, err
 		}
 	}
 	if len(layer.SharedExperts) > 0 {
-		if err := addRoutedSharedReference(ctx, src, plan, layer, x, routing, rsf, workers, block, num, y64); err != nil {
+		if err := addRoutedSharedReference(ctx, src, plan, layer, x, routing, rsf, workers, block, o.W8A8, y64); err != nil {
 			return nil, err
 		}
 	}
@@ -142,7 +147,7 @@ func ReferenceLayerWith(ctx context.Context, src TensorSource, plan *family.Plan
 // routeLayer loads a router (and its correction bias, its own logit bias
 // and its hash table, where named) and routes x; tokens are the token ids
 // of x's rows, needed only by a hash-routed layer.
-func routeLayer(src TensorSource, spec RouteSpec, rr routerRef, x []float32, t, h int, tokens []int32) (*Routing, error) {
+func routeLayer(src TensorSource, spec moe.RouteSpec, rr routerRef, x []float32, t, h int, tokens []int32) (*moe.Routing, error) {
 	wg, err := loadMatrix(src, matrixRef{Name: rr.Router, Index: -1, Rows: spec.Rows(), Cols: h})
 	if err != nil {
 		return nil, err
@@ -153,7 +158,7 @@ func routeLayer(src TensorSource, spec RouteSpec, rr routerRef, x []float32, t, 
 			return nil, err
 		}
 	}
-	logits, err := RouterLogits(x, t, h, wg, spec.Rows())
+	logits, err := moe.RouterLogits(x, t, h, wg, spec.Rows())
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +167,7 @@ func routeLayer(src TensorSource, spec RouteSpec, rr routerRef, x []float32, t, 
 		if err != nil {
 			return nil, err
 		}
-		addRowBias(logits, lb) // gpt-oss: F.linear(x, W, b), the sum rounded to float32
+		moe.AddRowBias(logits, lb) // gpt-oss: F.linear(x, W, b), the sum rounded to float32
 	}
 	var ids []int32
 	if rr.Hash != "" {
@@ -180,11 +185,11 @@ func routeLayer(src TensorSource, spec RouteSpec, rr routerRef, x []float32, t, 
 // host: through the hash table's ids where non-nil, else top-k with the
 // correction bias b (nil: none), then times the router's scale tensor.
 // The CPU paths run it; the GPU's gate kernel is checked against it.
-func routeLogits(src TensorSource, spec RouteSpec, rr routerRef, logits, b []float32, ids []int32, t int) (*Routing, error) {
+func routeLogits(src TensorSource, spec moe.RouteSpec, rr routerRef, logits, b []float32, ids []int32, t int) (*moe.Routing, error) {
 	if ids != nil {
-		return RouteHashed(spec, logits, ids, t)
+		return moe.RouteHashed(spec, logits, ids, t)
 	}
-	r, err := Route(spec, logits, b, t)
+	r, err := moe.Route(spec, logits, b, t)
 	if err != nil {
 		return nil, err
 	}
@@ -193,7 +198,7 @@ func routeLogits(src TensorSource, spec RouteSpec, rr routerRef, logits, b []flo
 		if err != nil {
 			return nil, err
 		}
-		scaleRouting(r, s)
+		moe.ScaleRouting(r, s)
 	}
 	return r, nil
 }
@@ -237,7 +242,7 @@ type refMLP struct {
 	gb, ub, db     []float32 // biases [I], [I], [H]; nil when none
 	act            layout.Activation
 	h, inter       int
-	w8a8           bool // GEMMNumerics.W8A8: quantise input and intermediate (applyBatch)
+	w8a8           bool // RefOptions.W8A8: quantise input and intermediate (applyBatch)
 }
 
 func loadSourceMLP(src TensorSource, names family.MLP, inter, h, block int, act layout.Activation) (*refMLP, error) {
@@ -285,7 +290,7 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 		q := make([][]float32, n)
 		for r, x := range xs {
 			q[r] = slices.Clone(x)
-			roundTripServing(q[r], 1, m.h)
+			moe.RoundTripServing(q[r], 1, m.h)
 		}
 		xs = q
 	}
@@ -294,18 +299,18 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 	for i := range m.inter {
 		gr, ur := m.gate[i*m.h:(i+1)*m.h], m.up[i*m.h:(i+1)*m.h]
 		for r, x := range xs {
-			g[r*m.inter+i] = float32(dot64(x, gr))
-			u[r*m.inter+i] = float32(dot64(x, ur))
+			g[r*m.inter+i] = float32(moe.Dot64(x, gr))
+			u[r*m.inter+i] = float32(moe.Dot64(x, ur))
 		}
 	}
-	activate(m.act, g, u, m.gb, m.ub)
+	moe.Activate(m.act, g, u, m.gb, m.ub)
 	if m.w8a8 {
-		roundTripServing(g, n, m.inter)
+		moe.RoundTripServing(g, n, m.inter)
 	}
 	for j := range m.h {
 		dr := m.down[j*m.inter : (j+1)*m.inter]
 		for r := range xs {
-			outs[r][j] = float32(dot64(g[r*m.inter:(r+1)*m.inter], dr))
+			outs[r][j] = float32(moe.Dot64(g[r*m.inter:(r+1)*m.inter], dr))
 			if m.db != nil {
 				outs[r][j] += m.db[j]
 			}
@@ -315,7 +320,7 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 
 // addSharedReference adds the shared expert (one MLP of intermediate S*I,
 // not split) to y64, gated per token by sigmoid(x . w_sg) for Qwen2-MoE.
-func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers, block int, num GEMMNumerics, y64 []float64) error {
+func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers, block int, w8a8 bool, y64 []float64) error {
 	h := plan.HiddenSize
 	inter := plan.SharedIntermediateSize
 	if inter <= 0 {
@@ -325,7 +330,7 @@ func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan
 	if err != nil {
 		return fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 	}
-	m.w8a8 = num.W8A8
+	m.w8a8 = w8a8
 	defer m.release()
 	var gateW []float32
 	if layer.SharedGate != "" {
@@ -340,7 +345,7 @@ func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan
 	for tok := range t {
 		factor := 1.0
 		if gateW != nil {
-			factor = float64(float32(1 / (1 + math.Exp(-dot64(x[tok*h:(tok+1)*h], gateW)))))
+			factor = float64(float32(1 / (1 + math.Exp(-moe.Dot64(x[tok*h:(tok+1)*h], gateW)))))
 		}
 		for j := range h {
 			y64[tok*h+j] += factor * float64(out[tok*h+j])
@@ -378,7 +383,7 @@ func (m *refMLP) applyAll(ctx context.Context, x []float32, t, workers int) ([]f
 // (Inkling): sum over s of w[t,s] * rsf * shared_s(x), w the routing's
 // shared weights (the router scale already in them), times rsf in float32
 // as the routed weights are.
-func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, r *Routing, rsf float32, workers, block int, num GEMMNumerics, y64 []float64) error {
+func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, r *moe.Routing, rsf float32, workers, block int, w8a8 bool, y64 []float64) error {
 	h, t, ns := plan.HiddenSize, r.T, len(layer.SharedExperts)
 	if r.S != ns || len(r.Shared) != t*ns {
 		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the plan has %d", layer.Index, r.S, len(r.Shared), t, ns)
@@ -388,7 +393,7 @@ func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *famil
 		if err != nil {
 			return fmt.Errorf("layer %d shared expert %d: %w", layer.Index, s, err)
 		}
-		m.w8a8 = num.W8A8
+		m.w8a8 = w8a8
 		out, err := m.applyAll(ctx, x, t, workers)
 		m.release()
 		if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/moe"
 )
 
 // Defaults of the validate flags.
@@ -66,7 +67,7 @@ type Options struct {
 	// BytesAuto ("" too) runs it after the layer checks, BytesOnly runs
 	// nothing else, BytesOff skips it.
 	Bytes    string
-	Workers  int              // experts in flight (0: Workers())
+	Workers  int              // experts in flight (0: moe.Workers())
 	Progress func(msg string) // one line per step, for stderr; nil: quiet
 	// ByteProgress (nil: none) receives the bytes the run reads against
 	// their planned total, and what it is doing now: the layer and the
@@ -388,7 +389,7 @@ func (s *session) open() error {
 
 // sameModel checks that DST was converted from SRC: same routing and sizes.
 func (s *session) sameModel() error {
-	a, b := SpecFromPlan(s.srcPlan), SpecFromPlan(s.dstPlan)
+	a, b := s.srcPlan.RouteSpec(), s.dstPlan.RouteSpec()
 	if a != b {
 		return fmt.Errorf("%s: routing differs from SRC %s's (%s): DST was not converted from SRC", s.o.Dst, s.o.Src, fieldDiff(b, a))
 	}
@@ -445,7 +446,7 @@ func (s *session) targets() ([]target, []string, error) {
 			}
 			t := get(l.Index, l.MTP)
 			t.fused = &FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
-				Spec: SpecFromPlan(s.dstPlan), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate,
+				Spec: s.dstPlan.RouteSpec(), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate,
 				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale}
 			if b, ok := s.contract.Biases(li); ok {
 				t.fused.Biases = &b
@@ -565,7 +566,7 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	if tg.src != nil && s.src != nil {
 		start := time.Now()
 		var err error
-		if ref, err = ReferenceLayerCovered(ctx, s.src, s.srcPlan, tg.src, x, t, tokens, cov, s.o.Workers); err != nil {
+		if ref, err = ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers}); err != nil {
 			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", s.o.Src, err))
 		}
 		refSec = time.Since(start).Seconds()
@@ -573,7 +574,7 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	if tg.fused != nil && s.dst != nil {
 		start := time.Now()
 		var err error
-		if fused, err = FusedLayerRunCovered(ctx, s.dst, tg.fused, x, t, tokens, cov, s.o.BlockSize, s.o.Workers); err != nil {
+		if fused, err = FusedLayerRun(ctx, s.dst, tg.fused, x, t, FusedOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers}); err != nil {
 			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", s.o.Dst, err))
 		}
 		fusedSec = time.Since(start).Seconds()
@@ -609,7 +610,7 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 			r.Check = CheckReferenceVsGolden
 			r.Seconds = refSec
 			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(ref.Routing.IDs)
-			judgeGolden(&r, tokenRows(ref.Y, h, 0, t), ref.Routing, SpecFromPlan(s.srcPlan).RoutedScalingFactor, g, TolGolden)
+			judgeGolden(&r, tokenRows(ref.Y, h, 0, t), ref.Routing, s.srcPlan.RouteSpec().RoutedScalingFactor, g, TolGolden)
 			rows = append(rows, r)
 		}
 	}
@@ -697,12 +698,12 @@ func distinct(ids []int32) int {
 // judge fills a row's numbers and verdict: the output within tol, and the
 // routing (ids tie-robustly against want's scores, weights on shared ids)
 // equal. Weights are compared on the same scale (both with or both without rsf).
-func judge(r *LayerResult, d Diff, tol Tolerance, gotIDs []int32, gotW []float32, wantIDs []int32, wantW []float32, scores *Routing) {
+func judge(r *LayerResult, d Diff, tol Tolerance, gotIDs []int32, gotW []float32, wantIDs []int32, wantW []float32, scores *moe.Routing) {
 	r.Diff, r.Tolerance = d, tol
 	r.TopK = math.NaN()
 	reason := tol.Verdict(d)
 	if wantIDs != nil {
-		okIDs, total, err := TopKAgreement(gotIDs, wantIDs, scores.T, scores.K, scores.Choice, len(scores.Choice)/max(scores.T, 1), TieTolerance)
+		okIDs, total, err := moe.TopKAgreement(gotIDs, wantIDs, scores.T, scores.K, scores.Choice, len(scores.Choice)/max(scores.T, 1), moe.TieTolerance)
 		switch {
 		case err != nil:
 			reason = join(reason, err.Error())
@@ -732,7 +733,7 @@ func join(a, b string) string {
 // judgeGolden compares a path's output and routing with an HF golden. The
 // golden weights include rsf, so the path's are scaled by it first; ids are
 // compared tie-robustly against the path's own scores.
-func judgeGolden(r *LayerResult, y []float32, rt *Routing, rsf float64, g *Golden, tol Tolerance) {
+func judgeGolden(r *LayerResult, y []float32, rt *moe.Routing, rsf float64, g *Golden, tol Tolerance) {
 	d := Compare(y, g.Y)
 	if g.IDs == nil {
 		judge(r, d, tol, nil, nil, nil, nil, rt)

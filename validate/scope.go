@@ -2,6 +2,8 @@ package validate
 
 import (
 	"slices"
+
+	"github.com/moeprep/moeprep/moe"
 )
 
 // splitLayers divides the MoE layers into those the layer checks run on
@@ -76,7 +78,7 @@ func (s *session) forcedBankIDs(tg target, t int) []int {
 	if err != nil || cov == nil {
 		return nil
 	}
-	all := &Routing{T: t + cov.T, K: cov.K, IDs: make([]int32, (t+cov.T)*cov.K), Weights: make([]float32, (t+cov.T)*cov.K)}
+	all := &moe.Routing{T: t + cov.T, K: cov.K, IDs: make([]int32, (t+cov.T)*cov.K), Weights: make([]float32, (t+cov.T)*cov.K)}
 	copy(all.IDs[t*cov.K:], cov.Routing.IDs)
 	copy(all.Weights[t*cov.K:], cov.Routing.Weights)
 	fs, err := FusedSlots(all, s.contract)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // TensorSource finds a checkpoint's tensors by name; *checkpoint.Checkpoint
@@ -19,10 +20,11 @@ type TensorSource interface {
 // matrixRef locates one 2-D weight of Rows x Cols: a whole tensor
 // (Index < 0) or slice Index of a stack [N,...], optionally the rows
 // [RowStart, RowStart+Rows) of a taller slice of SliceRows rows (a gate-up
-// tensor's gate or up half). Scale names the F32 weight_scale_inv of an
-// F8_E4M3 weight and must be set exactly when the weight is FP8; its slice
-// has ScaleSliceRows block rows (0: ceil(SliceRows/BlockRows)) of which the
-// matrix uses ceil(Rows/BlockRows) from ScaleRowStart.
+// tensor's gate or up half). Scale names the weight's scale tensor and must
+// be set exactly when the weight's format has one (format: FP8 blocks of
+// BlockRows x BlockCols then); its slice has ScaleSliceRows grid rows (0:
+// the grid of SliceRows) of which the matrix uses its own grid's from
+// ScaleRowStart (0: the grid rows that cover RowStart on).
 type matrixRef struct {
 	Name           string
 	Index          int
@@ -34,6 +36,31 @@ type matrixRef struct {
 	ScaleRowStart  int
 	BlockRows      int // FP8 block, FP8Block when 0
 	BlockCols      int
+}
+
+// format is how m's weight is stored: FP8 block-scaled when m names a
+// scale, plain in the tensor's dtype otherwise.
+func (m matrixRef) format(d safetensors.DType) weightfmt.Format {
+	if m.Scale == "" {
+		return weightfmt.Plain(d)
+	}
+	bo, bi := m.BlockRows, m.BlockCols
+	if bo == 0 {
+		bo = FP8Block
+	}
+	if bi == 0 {
+		bi = FP8Block
+	}
+	return weightfmt.FP8Block(int64(bo), int64(bi), false)
+}
+
+// scaledAlone is the format whose weights are stored as dtype d but that
+// m, naming no scale, cannot be: F8_E4M3 values mean nothing without
+// their block scales.
+func (m matrixRef) scaledAlone(d safetensors.DType) (weightfmt.Scale, bool) {
+	blocks := weightfmt.FP8Block(FP8Block, FP8Block, false)
+	s, _ := blocks.Scale()
+	return s, m.Scale == "" && d == blocks.DType()
 }
 
 func (m matrixRef) String() string {
@@ -97,7 +124,8 @@ func readElems(t *checkpoint.Tensor, off, n int64) ([]byte, error) {
 	return nil, fmt.Errorf("%s: reading tensor %s: %w", t.File, t.Name, err)
 }
 
-// loadMatrix reads, decodes and (for FP8) dequantises one weight to float32.
+// loadMatrix reads one weight and dequantises it to float32 as its format
+// says.
 func loadMatrix(src TensorSource, m matrixRef) ([]float32, error) {
 	sliceRows := m.SliceRows
 	if sliceRows == 0 {
@@ -110,65 +138,65 @@ func loadMatrix(src TensorSource, m matrixRef) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := int64(m.Rows) * int64(m.Cols)
-	raw, err := readElems(t, off+int64(m.RowStart)*int64(m.Cols), n)
+	f := m.format(t.DType)
+	slice := weightfmt.Matrix{Format: f, Rows: int64(sliceRows), Cols: int64(m.Cols)}
+	piece := weightfmt.Matrix{Format: f, Rows: int64(m.Rows), Cols: int64(m.Cols)}
+	rows := slice.RowBlock(int64(m.RowStart), int64(m.Rows))
+	es := int64(max(t.DType.Size(), 1)) // readElems refuses a dtype of no size
+	raw, err := readElems(t, off+rows.Weight.Off/es, rows.Weight.Size()/es)
 	if err != nil {
 		return nil, err
 	}
 	defer putBytes(raw)
 	// The result comes from the pool: callers hand it back with putFloats
 	// once done, or let the garbage collector have it.
-	out := getFloats(int(n))
-	if t.DType != safetensors.F8E4M3 {
-		if m.Scale != "" {
-			return nil, fmt.Errorf("%s: tensor %s is %s but has a block scale %s (expected F8_E4M3)", t.File, m, t.DType, m.Scale)
+	out := getFloats(int(piece.Rows * piece.Cols))
+	sc, scaled := f.Scale()
+	switch {
+	case scaled && t.DType != f.DType():
+		return nil, fmt.Errorf("%s: tensor %s is %s but has a block scale %s (expected %s)", t.File, m, t.DType, m.Scale, f.DType())
+	case !scaled:
+		if alone, ok := m.scaledAlone(t.DType); ok {
+			return nil, fmt.Errorf("%s: tensor %s is %s without a %s", t.File, m, t.DType, alone.Name("weight"))
 		}
-		if err := Decode(t.DType, raw, out); err != nil {
+		if !Decodable(t.DType) {
+			return nil, fmt.Errorf("%s: tensor %s: dtype %s is not a floating-point type validate can read", t.File, m, t.DType)
+		}
+		if err := f.Dequantise(raw, m.Rows, m.Cols, nil, out); err != nil {
 			return nil, fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
 		}
 		return out, nil
 	}
-	if m.Scale == "" {
-		return nil, fmt.Errorf("%s: tensor %s is F8_E4M3 without a weight_scale_inv", t.File, m)
+	if !slice.RowSplitExact(int64(m.RowStart)) && m.ScaleRowStart == 0 {
+		return nil, fmt.Errorf("tensor %s: rows from %d do not start a %d-row scale block", m, m.RowStart, sc.Block[0])
 	}
-	bo, bi := m.BlockRows, m.BlockCols
-	if bo == 0 {
-		bo = FP8Block
-	}
-	if bi == 0 {
-		bi = FP8Block
-	}
-	if m.RowStart%bo != 0 && m.ScaleRowStart == 0 {
-		return nil, fmt.Errorf("tensor %s: rows from %d do not start a %d-row scale block", m, m.RowStart, bo)
-	}
-	sr, sc := ScaleDims(m.Rows, m.Cols, bo, bi)
-	ssr, _ := ScaleDims(sliceRows, m.Cols, bo, bi)
+	// The piece's own grid, in the slice's grid of ScaleSliceRows rows
+	// (two stacked grids for a gate-up slice) from ScaleRowStart.
+	sr, scols := piece.ScaleShape()
+	ssr, _ := slice.ScaleShape()
 	if m.ScaleSliceRows != 0 {
-		ssr = m.ScaleSliceRows
+		ssr = int64(m.ScaleSliceRows)
 	}
-	srs := m.ScaleRowStart
-	if srs == 0 {
-		srs = m.RowStart / bo
+	srs, _ := slice.ScaleRows(int64(m.RowStart), int64(m.Rows))
+	if m.ScaleRowStart != 0 {
+		srs = int64(m.ScaleRowStart)
 	}
 	if srs+sr > ssr {
 		return nil, fmt.Errorf("tensor %s: scale rows %d..%d of %d", m, srs, srs+sr, ssr)
 	}
-	st, soff, err := lookup(src, m.Scale, m.Index, ssr, sc)
+	st, soff, err := lookup(src, m.Scale, m.Index, int(ssr), int(scols))
 	if err != nil {
 		return nil, err
 	}
-	if st.DType != safetensors.F32 {
-		return nil, fmt.Errorf("%s: scale %s is %s, want F32", st.File, m.Scale, st.DType)
+	if st.DType != sc.DType {
+		return nil, fmt.Errorf("%s: scale %s is %s, want %s", st.File, m.Scale, st.DType, sc.DType)
 	}
-	sraw, err := readElems(st, soff+int64(srs)*int64(sc), int64(sr*sc))
+	sraw, err := readElems(st, soff+srs*scols, sr*scols)
 	if err != nil {
 		return nil, err
 	}
-	scale := make([]float32, sr*sc)
-	if err := Decode(st.DType, sraw, scale); err != nil {
-		return nil, err
-	}
-	if err := DequantFP8(raw, m.Rows, m.Cols, scale, bo, bi, out); err != nil {
+	defer putBytes(sraw)
+	if err := f.Dequantise(raw, m.Rows, m.Cols, sraw, out); err != nil {
 		return nil, fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
 	}
 	return out, nil

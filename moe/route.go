@@ -1,17 +1,17 @@
-package validate
+package moe
 
 import (
 	"fmt"
 	"math"
 	"slices"
 
-	"github.com/moeprep/moeprep/family"
 	"gonum.org/v1/gonum/blas/gonum"
 )
 
-// RouteSpec is everything the gate needs besides the weights.
+// RouteSpec is everything the gate needs besides the weights
+// (family.Plan.RouteSpec derives it from a checkpoint's config).
 type RouteSpec struct {
-	Scoring      family.Scoring
+	Scoring      Scoring
 	NumExperts   int // routed experts E
 	TopK         int
 	NGroup       int // 1 (or 0): no grouping
@@ -21,7 +21,9 @@ type RouteSpec struct {
 	// group_limited_greedy) instead of the sum of its two largest biased
 	// scores (DeepSeek-V3's noaux_tc).
 	GroupByMax bool
-	// RoutedScalingFactor multiplies the routing weights (1 when the family has none).
+	// RoutedScalingFactor multiplies the routing weights (1 when the family
+	// has none). Route leaves it out: each path applies it where its engine
+	// does (Routing.Weights).
 	RoutedScalingFactor float64
 	// JitterEps is sparsemixer's relative mask threshold (Phi-3.5-MoE).
 	JitterEps float64
@@ -34,40 +36,16 @@ type RouteSpec struct {
 // Rows is how many rows the router has: E, plus the shared experts' rows.
 func (s RouteSpec) Rows() int { return s.NumExperts + s.SharedLogits }
 
-// SpecFromPlan derives the gate of a planned checkpoint: greedy is plain
-// top-k, group_limited_greedy (DeepSeek-V2) scores groups by their max,
-// noaux_tc (DeepSeek-V3, Kimi-K2) by the sum of their top-2 biased scores.
-func SpecFromPlan(p *family.Plan) RouteSpec {
-	rsf := p.RoutedScalingFactor
-	if rsf == 0 {
-		rsf = 1
+// Check refuses a spec Route cannot run: an unknown scoring, sizes that do
+// not fit together, a routed scaling factor that is not a finite positive
+// number.
+func (s RouteSpec) Check() error {
+	if err := s.Scoring.Check(); err != nil {
+		return err
 	}
-	s := RouteSpec{
-		Scoring:             p.Scoring,
-		NumExperts:          p.NumExperts,
-		TopK:                p.TopK,
-		NGroup:              p.NGroup,
-		TopKGroup:           p.TopKGroup,
-		NormTopKProb:        p.NormTopKProb,
-		GroupByMax:          p.TopKMethod == family.TopKGroupLimited,
-		RoutedScalingFactor: rsf,
-		JitterEps:           p.JitterEps,
-	}
-	if p.SharedRouted {
-		s.SharedLogits = p.NumSharedExperts
-	}
-	if p.TopKMethod == family.TopKGreedy || s.NGroup < 1 {
-		s.NGroup, s.TopKGroup = 1, 1
-	}
-	return s
-}
-
-func (s RouteSpec) check() error {
 	e := s.NumExperts
 	switch {
-	case s.Scoring != family.Sigmoid && s.Scoring != family.Softmax && s.Scoring != family.SparseMixer && s.Scoring != family.SqrtSoftplus:
-		return fmt.Errorf("unknown router scoring %q", s.Scoring)
-	case s.Scoring == family.SparseMixer && (s.TopK != 2 || s.NGroup > 1 || !(s.JitterEps >= 0)):
+	case s.Scoring == SparseMixer && (s.TopK != 2 || s.NGroup > 1 || !(s.JitterEps >= 0)):
 		return fmt.Errorf("sparsemixer routing with top-%d, %d groups, eps %v (want top-2, no groups, eps >= 0)", s.TopK, s.NGroup, s.JitterEps)
 	case e <= 0:
 		return fmt.Errorf("router has %d experts", e)
@@ -81,7 +59,7 @@ func (s RouteSpec) check() error {
 		return fmt.Errorf("top-k %d cannot be drawn from %d groups of %d experts", s.TopK, s.TopKGroup, e/s.NGroup)
 	case math.IsNaN(s.RoutedScalingFactor) || math.IsInf(s.RoutedScalingFactor, 0) || s.RoutedScalingFactor <= 0:
 		return fmt.Errorf("routed_scaling_factor %v", s.RoutedScalingFactor)
-	case s.SharedLogits < 0 || (s.SharedLogits > 0 && s.Scoring != family.Sigmoid):
+	case s.SharedLogits < 0 || (s.SharedLogits > 0 && s.Scoring != Sigmoid):
 		return fmt.Errorf("%d shared router rows with %s scores (they need sigmoid)", s.SharedLogits, s.Scoring)
 	}
 	return nil
@@ -118,15 +96,15 @@ func RouterLogits(x []float32, t, h int, router []float32, e int) ([]float32, er
 	for i := range t {
 		xi := x[i*h : (i+1)*h]
 		for j := range e {
-			out[i*e+j] = float32(dot64(xi, router[j*h:(j+1)*h]))
+			out[i*e+j] = float32(Dot64(xi, router[j*h:(j+1)*h]))
 		}
 	}
 	return out, nil
 }
 
-// dot64 is the float64-accumulated dot product of two float32 vectors
+// Dot64 is the float64-accumulated dot product of two float32 vectors
 // (gonum's Dsdot, SIMD on amd64): each float32 product is exact in float64.
-func dot64(a, b []float32) float64 {
+func Dot64(a, b []float32) float64 {
 	if len(a) == 0 {
 		return 0
 	}
@@ -185,12 +163,21 @@ func topK(score []float32, allowed []bool, k int) []int {
 // of c among the kept experts; w = s[ids] (unbiased); normalised to sum 1
 // (+1e-20) if norm_topk_prob.
 //
+// SqrtSoftplus (DeepSeek-V4), and any other per-expert scoring, ranks and
+// weights as sigmoid does, with its own score.
+//
 // Softmax (Qwen, Mixtral, DeepSeek-V2): p = softmax(logits), ranked by
 // p + bias where the router has one (ERNIE 4.5); with groups
 // (DeepSeek-V2 group_limited_greedy) a group scores its largest p; ids = top-k
 // of p; w = p[ids]; renormalised if norm_topk_prob.
+//
+// SparseMixer (Phi-3.5-MoE): see sparseMixer; the bias is not used.
+//
+// With shared router rows (spec.SharedLogits, Inkling) logits are [T,E+S]
+// and the k chosen weights and the S shared ones share one normalisation
+// (sharedSink), the shared ones in Routing.Shared.
 func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, error) {
-	if err := spec.check(); err != nil {
+	if err := spec.Check(); err != nil {
 		return nil, err
 	}
 	e, k, ns, rows := spec.NumExperts, spec.TopK, spec.SharedLogits, spec.Rows()
@@ -208,12 +195,12 @@ func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, e
 	for i := range t {
 		row := logits[i*rows : i*rows+e]
 		choice := r.Choice[i*e : (i+1)*e]
-		if spec.Scoring == family.SparseMixer {
+		switch {
+		case spec.Scoring == SparseMixer:
 			copy(choice, row)
 			sparseMixer(row, float32(spec.JitterEps), r.IDs[i*k:(i+1)*k], r.Weights[i*k:(i+1)*k])
 			continue
-		}
-		if spec.Scoring == family.Sigmoid || spec.Scoring == family.SqrtSoftplus {
+		case spec.Scoring.PerExpert():
 			for j, l := range row {
 				score[j] = scoreOf(spec.Scoring, l)
 				choice[j] = score[j]
@@ -221,7 +208,7 @@ func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, e
 					choice[j] = score[j] + bias[j]
 				}
 			}
-		} else {
+		case spec.Scoring == Softmax:
 			softmax(row, score)
 			copy(choice, score)
 			if bias != nil { // ERNIE 4.5: top-k of softmax + bias, weights unbiased
@@ -229,6 +216,8 @@ func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, e
 					choice[j] += bias[j]
 				}
 			}
+		default: // a scoring added to the table without its rule here
+			return nil, fmt.Errorf("routing: no rule for %s scores", spec.Scoring)
 		}
 		allowed := groupMask(spec, choice)
 		ids := topK(choice, allowed, k)
@@ -271,10 +260,10 @@ func sharedSink(w, shared, sharedLogits []float32) {
 	}
 }
 
-// scaleRouting multiplies a routing's weights, shared ones included, by a
+// ScaleRouting multiplies a routing's weights, shared ones included, by a
 // router's scale tensor (Inkling's global_scale), each product rounded to
 // float32 as HF multiplies in the model dtype.
-func scaleRouting(r *Routing, s float32) {
+func ScaleRouting(r *Routing, s float32) {
 	for i := range r.Weights {
 		r.Weights[i] *= s
 	}
@@ -295,29 +284,15 @@ func renormalise(w []float32) {
 	}
 }
 
-// scoreOf is a sigmoid-family score in float64, rounded once to float32:
-// sigmoid, or DeepSeek-V4's sqrt(softplus(l)) with torch's softplus
-// threshold (l > 20 gives l itself).
-func scoreOf(s family.Scoring, l float32) float32 {
-	v := float64(l)
-	if s == family.SqrtSoftplus {
-		if v <= 20 {
-			v = math.Log1p(math.Exp(v))
-		}
-		return float32(math.Sqrt(v))
-	}
-	return float32(1 / (1 + math.Exp(-v)))
-}
-
 // RouteHashed is a hash-routed layer's gate (DeepSeek-V4's hash_moe):
 // ids [T,K] come from the token-to-experts table, the weights are the
 // chosen experts' scores (no correction bias), normalised as Route
 // normalises. A table row may name an expert twice; each slot then counts.
 func RouteHashed(spec RouteSpec, logits []float32, ids []int32, t int) (*Routing, error) {
-	if err := spec.check(); err != nil {
+	if err := spec.Check(); err != nil {
 		return nil, err
 	}
-	if spec.Scoring != family.Sigmoid && spec.Scoring != family.SqrtSoftplus {
+	if !spec.Scoring.PerExpert() {
 		return nil, fmt.Errorf("hash routing with %s scores is not supported", spec.Scoring)
 	}
 	if spec.SharedLogits > 0 {
@@ -424,64 +399,4 @@ func groupMask(spec RouteSpec, choice []float32) []bool {
 		}
 	}
 	return allowed
-}
-
-// TieTolerance is how close two biased scores must be for either expert to be
-// an acceptable choice (numerics.md; the serving-kernel tests' atol).
-const TieTolerance = 1e-5
-
-// TopKAgreement compares routings got and want ([T,K] ids each) tie-robustly:
-// per token, an id of got that want lacks is still correct when its score in
-// choice ([T,E], the reference's biased scores) is within tol of the unmatched
-// id of want it displaced (pairing both leftovers best first). It returns the
-// number of correct ids and the total, T*K. Out-of-range or repeated ids are wrong.
-func TopKAgreement(got, want []int32, t, k int, choice []float32, e int, tol float32) (int, int, error) {
-	if len(got) != t*k || len(want) != t*k || len(choice) != t*e {
-		return 0, 0, fmt.Errorf("top-k agreement: %d and %d ids, %d scores for %d tokens x %d (of %d experts)", len(got), len(want), len(choice), t, k, e)
-	}
-	okCount := 0
-	for i := range t {
-		c := choice[i*e : (i+1)*e]
-		inWant := map[int32]bool{}
-		for _, id := range want[i*k : (i+1)*k] {
-			inWant[id] = true
-		}
-		seen := map[int32]bool{}
-		var gotOnly []int32
-		for _, id := range got[i*k : (i+1)*k] {
-			switch {
-			case id < 0 || int(id) >= e || seen[id]:
-				// wrong outright; counts as neither matched nor pairable
-			case inWant[id]:
-				okCount++
-			default:
-				gotOnly = append(gotOnly, id)
-			}
-			if id >= 0 && int(id) < e {
-				seen[id] = true
-			}
-		}
-		var wantOnly []int32
-		for id := range inWant {
-			if !seen[id] && id >= 0 && int(id) < e {
-				wantOnly = append(wantOnly, id)
-			}
-		}
-		sortByScore(gotOnly, c)
-		sortByScore(wantOnly, c)
-		for j := 0; j < len(gotOnly) && j < len(wantOnly); j++ {
-			if d := float64(c[gotOnly[j]]) - float64(c[wantOnly[j]]); math.Abs(d) <= float64(tol) {
-				okCount++
-			}
-		}
-	}
-	return okCount, t * k, nil
-}
-
-func sortByScore(ids []int32, c []float32) {
-	for i := 1; i < len(ids); i++ {
-		for j := i; j > 0 && better(c[ids[j]], int(ids[j]), c[ids[j-1]], int(ids[j-1])); j-- {
-			ids[j], ids[j-1] = ids[j-1], ids[j]
-		}
-	}
 }

@@ -1,4 +1,4 @@
-package validate
+package moe
 
 import (
 	"context"
@@ -6,20 +6,28 @@ import (
 	"math"
 	"runtime"
 
-	"github.com/moeprep/moeprep/layout"
 	"golang.org/x/sync/errgroup"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 )
 
-// ExpertMats is one expert's SwiGLU weights dequantised to float32:
-// E(x) = Down (silu(Gate x) * Up x).
+// Activation is an expert's gated activation act(g, u) beyond SwiGLU
+// (layout.Activation, which a contract records, is one).
+type Activation interface {
+	// SwiGLU reports whether act is plain silu(g) * u.
+	SwiGLU() bool
+	// Apply is act(g, u) in float64.
+	Apply(g, u float64) float64
+}
+
+// ExpertMats is one expert's weights dequantised to float32:
+// E(x) = Down act(Gate x + GateBias, Up x + UpBias) + DownBias.
 type ExpertMats struct {
 	Gate, Up []float32 // [I,H]
 	Down     []float32 // [H,I]
 	// GateBias, UpBias [I] and DownBias [H]: nil when the experts have none.
 	GateBias, UpBias, DownBias []float32
-	Act                        layout.Activation // zero: SwiGLU
+	Act                        Activation // nil: SwiGLU
 }
 
 func (m *ExpertMats) check(h, inter int) error {
@@ -29,19 +37,11 @@ func (m *ExpertMats) check(h, inter int) error {
 	return nil
 }
 
-// release hands the weight buffers back to the pool; m is unusable after.
-func (m *ExpertMats) release() {
-	putFloats(m.Gate)
-	putFloats(m.Up)
-	putFloats(m.Down)
-	m.Gate, m.Up, m.Down = nil, nil, nil
-}
-
 // ExpertLoader returns expert e's weights. The grouped GEMM calls it once
 // per expert that has tokens, from several goroutines at once.
 type ExpertLoader func(ctx context.Context, e int) (*ExpertMats, error)
 
-// silu(g) * u, in place into g: the SwiGLU activation both paths share.
+// silu(g) * u, in place into g: the SwiGLU activation every path shares.
 func swiGLU(g, u []float32) {
 	for i, v := range g {
 		s := float64(v) / (1 + math.Exp(-float64(v)))
@@ -49,15 +49,15 @@ func swiGLU(g, u []float32) {
 	}
 }
 
-// activate is act(g + gb, u + ub) in place into g, for rows of len(gb)
-// (biases nil: none): SwiGLU as swiGLU computes it, any other activation
-// in float64 (layout.Activation.Apply).
-func activate(act layout.Activation, g, u, gb, ub []float32) {
+// Activate is act(g + gb, u + ub) in place into g, for rows of len(gb)
+// (biases nil: none): SwiGLU (act nil or SwiGLU) with the sigmoid in
+// float64 and the product in float32, any other activation in float64.
+func Activate(act Activation, g, u, gb, ub []float32) {
 	if gb != nil {
-		addRowBias(g, gb)
-		addRowBias(u, ub)
+		AddRowBias(g, gb)
+		AddRowBias(u, ub)
 	}
-	if act.SwiGLU() {
+	if act == nil || act.SwiGLU() {
 		swiGLU(g, u)
 		return
 	}
@@ -66,9 +66,9 @@ func activate(act layout.Activation, g, u, gb, ub []float32) {
 	}
 }
 
-// addRowBias adds b to every row of m (rows of len(b)), each sum rounded
-// to float32 as a biased linear layer does.
-func addRowBias(m, b []float32) {
+// AddRowBias adds b to every row of m (rows of len(b)), each sum rounded
+// to float32 as a biased linear layer does. A nil b adds nothing.
+func AddRowBias(m, b []float32) {
 	if b == nil {
 		return
 	}
@@ -82,34 +82,35 @@ func addRowBias(m, b []float32) {
 // memory stays bounded by Workers experts whatever the layer size.
 func Workers() int { return max(1, min(runtime.GOMAXPROCS(0), 4)) }
 
-// GroupedGEMM is the CPU twin of the fused MoE GEMM. For every block of the
-// alignment it takes the block's expert, gathers the block's token rows of x
-// [T,H] (slot s reads token s/slotsPerToken; padding entries are skipped, as
-// the kernel masks them), computes silu(X Gate^T) * (X Up^T) and then
-// times Down^T, and writes each slot's output row: the result is [Numel,H],
-// unweighted (finalize applies the slot weights). Experts are loaded one at a
-// time per worker; only experts with tokens are touched. Accumulation is
-// float32 (gonum's Sgemm), as on the GPU.
-func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken int, al *Alignment, load ExpertLoader, workers int) ([]float32, error) {
-	return GroupedGEMMWith(ctx, x, t, h, inter, slotsPerToken, al, load, workers, GEMMNumerics{})
-}
-
-// GEMMNumerics selects how the CPU twin rounds the inputs of its GEMMs. The
-// zero value is the precise mode: float32 inputs as given.
-type GEMMNumerics struct {
-	// W8A8 is the block-FP8 serving mode (actquant.go): the gathered token
-	// rows are quantised to e4m3 per ActGroup channels before the gate/up
-	// GEMM, and the activated intermediate is rounded to bf16 (the
+// GEMMOptions are GroupedGEMM's settings; the zero value is the precise
+// numerics with Workers() experts in flight.
+type GEMMOptions struct {
+	// Workers is how many experts are loaded and run at once (0: Workers()).
+	Workers int
+	// W8A8 is the block-FP8 serving numerics (actquant.go): the gathered
+	// token rows are quantised to e4m3 per ActGroup channels before the
+	// gate/up GEMM, and the activated intermediate is rounded to bf16 (the
 	// intermediate cache engines keep) and quantised the same way before
 	// the down GEMM. Each is multiplied as its dequantised float32 values.
 	W8A8 bool
+	// Release, when set, gets each loaded expert back once its blocks have
+	// run (to recycle its buffers); the GEMM does not touch it after.
+	Release func(*ExpertMats)
 }
 
-// GroupedGEMMWith is GroupedGEMM under the given numerics.
-func GroupedGEMMWith(ctx context.Context, x []float32, t, h, inter, slotsPerToken int, al *Alignment, load ExpertLoader, workers int, num GEMMNumerics) ([]float32, error) {
+// GroupedGEMM is the CPU twin of the fused MoE GEMM. For every block of the
+// alignment it takes the block's expert, gathers the block's token rows of x
+// [T,H] (slot s reads token s/slotsPerToken; padding entries are skipped, as
+// the kernel masks them), computes act(X Gate^T, X Up^T) and then times
+// Down^T, and writes each slot's output row: the result is [Numel,H],
+// unweighted (Finalize applies the slot weights). Experts are loaded one at
+// a time per worker; only experts with tokens are touched. Accumulation is
+// float32 (gonum's Sgemm), as on the GPU.
+func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken int, al *Alignment, load ExpertLoader, o GEMMOptions) ([]float32, error) {
 	if len(x) != t*h || int(al.Numel) != t*slotsPerToken {
 		return nil, fmt.Errorf("grouped gemm: x has %d values for %dx%d, alignment %d slots for %d x %d", len(x), t, h, al.Numel, t, slotsPerToken)
 	}
+	workers := o.Workers
 	if workers <= 0 {
 		workers = Workers()
 	}
@@ -141,9 +142,11 @@ func GroupedGEMMWith(ctx context.Context, x []float32, t, h, inter, slotsPerToke
 				return fmt.Errorf("expert %d: %w", j.expert, err)
 			}
 			for b := j.first; b < j.last; b++ {
-				expertBlock(x, h, inter, slotsPerToken, al.Block(b), m, out, num)
+				expertBlock(x, h, inter, slotsPerToken, al.Block(b), m, out, o.W8A8)
 			}
-			m.release()
+			if o.Release != nil {
+				o.Release(m)
+			}
 			return nil
 		})
 	}
@@ -156,7 +159,7 @@ func GroupedGEMMWith(ctx context.Context, x []float32, t, h, inter, slotsPerToke
 // expertBlock runs one block: rows are slot indices, all of one expert.
 // Each slot belongs to exactly one block, so concurrent blocks write
 // disjoint rows of out.
-func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *ExpertMats, out []float32, num GEMMNumerics) {
+func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *ExpertMats, out []float32, w8a8 bool) {
 	rows := len(slots)
 	if rows == 0 {
 		return
@@ -166,7 +169,7 @@ func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *Exp
 		tok := int(s) / slotsPerToken
 		copy(xb[r*h:(r+1)*h], x[tok*h:(tok+1)*h])
 	}
-	if num.W8A8 {
+	if w8a8 {
 		RoundTripActGroups(xb, rows, h, ActGroup)
 	}
 	impl := gonum.Implementation{}
@@ -174,13 +177,13 @@ func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *Exp
 	up := make([]float32, rows*inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Gate, h, 0, gate, inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Up, h, 0, up, inter)
-	activate(m.Act, gate, up, m.GateBias, m.UpBias)
-	if num.W8A8 {
-		roundTripServing(gate, rows, inter)
+	Activate(m.Act, gate, up, m.GateBias, m.UpBias)
+	if w8a8 {
+		RoundTripServing(gate, rows, inter)
 	}
 	ob := make([]float32, rows*h)
 	impl.Sgemm(blas.NoTrans, blas.Trans, rows, h, inter, 1, gate, inter, m.Down, inter, 0, ob, h)
-	addRowBias(ob, m.DownBias)
+	AddRowBias(ob, m.DownBias)
 	for r, s := range slots {
 		copy(out[int(s)*h:(int(s)+1)*h], ob[r*h:(r+1)*h])
 	}

@@ -1,4 +1,4 @@
-package validate
+package moe
 
 import (
 	"math"
@@ -6,7 +6,7 @@ import (
 	"github.com/moeprep/moeprep/internal/numfmt"
 )
 
-// W8A8 serving numerics (issue 13, deliverable 2): block-FP8 engines
+// W8A8 serving numerics: block-FP8 engines
 // (DeepSeek's inference code, SGLang's and vLLM's fused MoE with
 // use_fp8_w8a8) quantise the activations of each expert GEMM to
 // float8_e4m3fn per token per ActGroup consecutive channels, one float32
@@ -64,11 +64,11 @@ func QuantizeActGroups(x []float32, rows, cols, group int, q []byte, scales []fl
 	}
 }
 
-// roundTripServing replaces each row of x [rows, cols] by what a w8a8
+// RoundTripServing replaces each row of x [rows, cols] by what a w8a8
 // kernel multiplies when x is an activation engines hold in bf16 (a layer
 // input, or the activated intermediate): each value rounded to bf16, then
 // RoundTripActGroups over groups of ActGroup channels.
-func roundTripServing(x []float32, rows, cols int) {
+func RoundTripServing(x []float32, rows, cols int) {
 	for i, v := range x {
 		x[i] = numfmt.RoundBF16(v)
 	}

@@ -1,0 +1,31 @@
+package family
+
+import (
+	"testing"
+
+	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
+)
+
+// A plan's Quantization values are weightfmt's names, and Format gives the
+// format readQuant's config describes: the experts' dtype when plain,
+// 128x128 FP8 blocks with or without UE8M0 scales.
+func TestPlanFormat(t *testing.T) {
+	for _, tc := range []struct {
+		p    Plan
+		want weightfmt.Format
+	}{
+		{Plan{Quantization: QuantNone, WeightDType: safetensors.BF16}, weightfmt.Plain(safetensors.BF16)},
+		{Plan{WeightDType: safetensors.F32}, weightfmt.Plain(safetensors.F32)},
+		{Plan{Quantization: QuantFP8Block, WeightDType: safetensors.F8E4M3}, weightfmt.FP8Block(128, 128, false)},
+		{Plan{Quantization: QuantFP8Block, WeightDType: safetensors.F8E4M3, ScaleFmt: "ue8m0"}, weightfmt.FP8Block(128, 128, true)},
+	} {
+		got, err := tc.p.Format()
+		if err != nil || got != tc.want {
+			t.Errorf("%s %s %q: %v %v, want %v", tc.p.Quantization, tc.p.WeightDType, tc.p.ScaleFmt, got, err, tc.want)
+		}
+	}
+	if string(QuantNone) != weightfmt.QuantNone || string(QuantFP8Block) != weightfmt.QuantFP8Block {
+		t.Errorf("family's quantization names %q, %q are not weightfmt's", QuantNone, QuantFP8Block)
+	}
+}

@@ -1,0 +1,115 @@
+package weightfmt
+
+import (
+	"fmt"
+
+	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// QuantFP8Block is the quantization of FP8 block-scaled weights.
+const QuantFP8Block = "fp8_block_128x128"
+
+// FP8DefaultBlock is the edge of DeepSeek's square quantisation blocks
+// (quantization_config.weight_block_size [128, 128]), which Qwen3's,
+// GLM's and MiniMax's FP8 releases copy.
+const FP8DefaultBlock = 128
+
+// fp8Block is DeepSeek's FP8 format: F8_E4M3 weights, each block of
+// block[0] rows by block[1] columns multiplied by one F32 entry of
+// weight_scale_inv (a multiplier, despite its name). ue8m0: the entries
+// are powers of two (quantization_config.scale_fmt "ue8m0", DeepSeek-V3.1
+// on): still stored as F32, but a product with rsf would leave that grid.
+type fp8Block struct {
+	block [2]int64
+	ue8m0 bool
+}
+
+// FP8Block is the FP8 block-scaled format with blocks of bo rows by bi
+// columns (both positive); ue8m0 says the scales are powers of two.
+func FP8Block(bo, bi int64, ue8m0 bool) Format {
+	return fp8Block{block: [2]int64{bo, bi}, ue8m0: ue8m0}
+}
+
+func init() {
+	register(QuantFP8Block, func(s Spec) (Format, error) {
+		b := []int64{FP8DefaultBlock, FP8DefaultBlock}
+		if s.Block != nil {
+			b = s.Block
+		}
+		if len(b) != 2 || b[0] <= 0 || b[1] <= 0 {
+			return nil, fmt.Errorf("FP8 weight_block_size %v: want two positive integers [rows, cols]", s.Block)
+		}
+		return FP8Block(b[0], b[1], s.ScaleFmt == "ue8m0"), nil
+	})
+}
+
+func (f fp8Block) Quantization() string          { return QuantFP8Block }
+func (f fp8Block) DType() safetensors.DType      { return safetensors.F8E4M3 }
+func (f fp8Block) Packing() (elems, bytes int64) { return 1, 1 }
+func (f fp8Block) String() string                { return "FP8" }
+
+func (f fp8Block) Scale() (Scale, bool) {
+	return Scale{Suffix: "_scale_inv", DType: safetensors.F32, Block: f.block}, true
+}
+
+// Fold multiplies the F32 scales, which moves each by at most half a
+// float32 ulp and leaves the FP8 bytes alone; UE8M0 scales cannot take a
+// factor that is not a power of two and stay powers of two.
+func (f fp8Block) Fold() FoldRule {
+	if f.ue8m0 {
+		return FoldRule{refusal: "the FP8 scales are UE8M0 (powers of two) and cannot absorb %s exactly"}
+	}
+	return FoldRule{Into: FoldScales, DType: safetensors.F32, ByDefault: true}
+}
+
+func (f fp8Block) Dequantise(raw []byte, rows, cols int, scale []byte, dst []float32) error {
+	m := Matrix{Format: f, Rows: int64(rows), Cols: int64(cols)}
+	sr, sc := m.ScaleShape()
+	if rows < 0 || cols < 0 || int64(len(scale)) != sr*sc*4 {
+		return fmt.Errorf("fp8 dequant: %d scale bytes for a %dx%d weight, want %dx%d F32", len(scale), rows, cols, sr, sc)
+	}
+	s := make([]float32, sr*sc)
+	if err := Decode(safetensors.F32, scale, s); err != nil {
+		return err
+	}
+	return DequantE4M3(raw, rows, cols, s, int(f.block[0]), int(f.block[1]), dst)
+}
+
+// DequantE4M3 decodes an F8_E4M3 rows x cols weight whose element (r,c) is
+// scaled by scale[r/bo][c/bi] (a [ceil(rows/bo), ceil(cols/bi)] grid),
+// writing rows*cols float32 values to dst: fp8 value times scale, rounded
+// once to float32, as weight.float() * scale does. It builds one scaled copy
+// of the 256-entry table per block so each element costs a single lookup.
+func DequantE4M3(src []byte, rows, cols int, scale []float32, bo, bi int, dst []float32) error {
+	if bo <= 0 || bi <= 0 {
+		return fmt.Errorf("fp8 block size %dx%d", bo, bi)
+	}
+	if rows < 0 || cols < 0 || len(src) != rows*cols || len(dst) != rows*cols {
+		return fmt.Errorf("fp8 dequant: %d bytes, %d outputs for a %dx%d weight", len(src), len(dst), rows, cols)
+	}
+	sr, sc := (rows+bo-1)/bo, (cols+bi-1)/bi
+	if len(scale) != sr*sc {
+		return fmt.Errorf("fp8 dequant: %d scales for a %dx%d weight, want %dx%d", len(scale), rows, cols, sr, sc)
+	}
+	var tab [256]float32
+	for br := range sr {
+		r0, r1 := br*bo, min((br+1)*bo, rows)
+		for bc := range sc {
+			c0, c1 := bc*bi, min((bc+1)*bi, cols)
+			s := scale[br*sc+bc]
+			for i := range tab {
+				tab[i] = numfmt.E4M3ToF32(byte(i)) * s
+			}
+			for r := r0; r < r1; r++ {
+				row := src[r*cols+c0 : r*cols+c1]
+				out := dst[r*cols+c0 : r*cols+c1]
+				out = out[:len(row)] // lets the compiler drop the bounds check
+				for i, b := range row {
+					out[i] = tab[b]
+				}
+			}
+		}
+	}
+	return nil
+}
