@@ -2,6 +2,7 @@ package validate
 
 import (
 	"context"
+	"github.com/moeprep/moeprep/validate/cpuref"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -25,11 +26,11 @@ func TestReferenceW8A8(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		precise, err := ReferenceLayer(context.Background(), ck, plan, layer, g.X, g.T, RefOptions{Workers: 2})
+		precise, err := cpuref.ReferenceLayer(context.Background(), ck, plan, layer, g.X, g.T, cpuref.RefOptions{Workers: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
-		w8, err := ReferenceLayer(context.Background(), ck, plan, layer, g.X, g.T, RefOptions{Workers: 2, W8A8: true})
+		w8, err := cpuref.ReferenceLayer(context.Background(), ck, plan, layer, g.X, g.T, cpuref.RefOptions{Workers: 2, W8A8: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/byteproof"
 )
 
 // TestBytesCleanConversions: the structural proof passes on every correct
@@ -61,18 +61,18 @@ func TestBytesMismatchKinds(t *testing.T) {
 			n := layout.Names(layout.Stacked, p, true).Gate
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { slice(raw, shape, 5)[100] ^= 1 })
 			return n
-		}, MismatchBytes, 5, -1},
+		}, byteproof.MismatchBytes, 5, -1},
 		{"replica differs from its shared expert", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp}, func(t *testing.T, dst string) string {
 			n := layout.Names(layout.GateUp, p, false).Down
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { slice(raw, shape, 16+2)[0] ^= 0x40 })
 			return n
-		}, MismatchBytes, 18, 18 * 160 * 32 * 2},
+		}, byteproof.MismatchBytes, 18, 18 * 160 * 32 * 2},
 		{"split shared slice wrong", v2, convert.Options{FuseShared: true, TP: 2, Layout: layout.UpGate}, func(t *testing.T, dst string) string {
 			n := layout.Names(layout.UpGate, p, false).GateUp
 			// replica 1, slice 1 is bank expert 8 + 1*2 + 1 = 11: one bit of its up rows
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { m := slice(raw, shape, 11); m[3] ^= 0x01 })
 			return n
-		}, MismatchBytes, 11, -1},
+		}, byteproof.MismatchBytes, 11, -1},
 		{"folded bf16 value off", bf16, convert.Options{FuseShared: true, TP: 1, FoldScaling: "down"}, func(t *testing.T, dst string) string {
 			n := layout.Names(layout.Stacked, p, false).Down
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) {
@@ -81,22 +81,22 @@ func TestBytesMismatchKinds(t *testing.T) {
 				binary.LittleEndian.PutUint16(m[20:], numfmt.F32ToBF16(v*1.02))
 			})
 			return n
-		}, MismatchFold, 7, -1},
+		}, byteproof.MismatchFold, 7, -1},
 		{"folded fp8 scale off", fp8, convert.Options{FuseShared: true, TP: 2, Layout: layout.GateUp}, func(t *testing.T, dst string) string {
 			n := layout.Names(layout.GateUp, p, true).DownScale
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { scaleF32(slice(raw, shape, 9)[:4], 1+1e-5) })
 			return n
-		}, MismatchFold, 9, -1},
+		}, byteproof.MismatchFold, 9, -1},
 		{"copied tensor differs", bf16, convert.Options{}, func(t *testing.T, dst string) string {
 			n := "model.layers.0.mlp.down_proj.weight"
 			rewriteTensor(t, dst, n, func(raw []byte, _ []int64) { raw[len(raw)-1] ^= 0x10 })
 			return n
-		}, MismatchBytes, -1, -1},
+		}, byteproof.MismatchBytes, -1, -1},
 		{"NaN in a stack", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) string {
 			n := layout.Names(layout.Stacked, p, true).Up
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { slice(raw, shape, 2)[7] = 0x7F })
 			return n
-		}, MismatchNaN, 2, -1},
+		}, byteproof.MismatchNaN, 2, -1},
 		{"manifest: the index changed", bf16, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) string {
 			// Trailing space: the index still reads the same, only its hash
 			// tells. (A changed copy is compared with SRC's file first:
@@ -110,7 +110,7 @@ func TestBytesMismatchKinds(t *testing.T) {
 				t.Fatal(err)
 			}
 			return ""
-		}, MismatchManifest, -1, -1},
+		}, byteproof.MismatchManifest, -1, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := convertInto(t, tc.src, tc.o)
@@ -208,79 +208,5 @@ func copyDir(t *testing.T, from, to string) {
 	})
 	if err != nil {
 		t.Fatal(err)
-	}
-}
-
-// TestFirstNonFinite: the scan finds the first NaN or Inf of each dtype and
-// nothing in finite data, including the largest finite values.
-func TestFirstNonFinite(t *testing.T) {
-	le16 := func(v ...uint16) []byte {
-		b := make([]byte, 2*len(v))
-		for i, x := range v {
-			binary.LittleEndian.PutUint16(b[2*i:], x)
-		}
-		return b
-	}
-	le32 := func(v ...float32) []byte {
-		b := make([]byte, 4*len(v))
-		for i, x := range v {
-			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-		}
-		return b
-	}
-	inf, nan := float32(math.Inf(-1)), float32(math.NaN())
-	for _, tc := range []struct {
-		name string
-		d    string
-		raw  []byte
-		want int
-	}{
-		{"bf16 finite max", "BF16", le16(0x7F7F, 0xFF7F, 0x0001, 0), -1},
-		{"bf16 inf", "BF16", le16(0x3F80, 0x3F80, 0x7F80), 2},
-		{"bf16 nan", "BF16", le16(0xFFC1), 0},
-		{"f16 inf", "F16", le16(0x3C00, 0x7BFF, 0xFC00), 2},
-		{"f32 finite", "F32", le32(math.MaxFloat32, -math.MaxFloat32, 1e-45), -1},
-		{"f32 -inf", "F32", le32(1, 2, 3, inf), 3},
-		{"f32 nan", "F32", le32(nan), 0},
-		{"e4m3 max 448 is finite", "F8_E4M3", []byte{0x7E, 0xFE, 0x00}, -1},
-		{"e4m3 nan", "F8_E4M3", []byte{0x01, 0xFF}, 1},
-		{"e5m2 inf", "F8_E5M2", []byte{0x7B, 0x7C}, 1},
-		{"e8m0 nan", "F8_E8M0", []byte{0x7F, 0xFF}, 1},
-		{"int32 ignored", "I32", []byte{0xFF, 0xFF, 0xFF, 0xFF}, -1},
-	} {
-		d, err := parseDType(tc.d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got, _ := firstNonFinite(d, tc.raw); got != tc.want {
-			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
-		}
-	}
-}
-
-func parseDType(s string) (safetensors.DType, error) { return safetensors.ParseDType(s) }
-
-// TestNonFiniteFastScanAgrees: the eight-bytes-at-a-time scan and the
-// element loop agree on random data with planted non-finite values.
-func TestNonFiniteFastScanAgrees(t *testing.T) {
-	r := rand.New(rand.NewPCG(3, 33))
-	for _, d := range []safetensors.DType{safetensors.BF16, safetensors.F32, safetensors.F8E4M3} {
-		for n := range 2000 {
-			es := d.Size()
-			raw := make([]byte, es*(n%67))
-			for i := range raw {
-				raw[i] = byte(r.Uint32())
-			}
-			if len(raw) > 0 && n%3 != 0 { // mostly finite: clear the exponent's top bit
-				for i := 0; i < len(raw); i += es {
-					raw[i+es-1] &^= 0x40
-				}
-			}
-			want, _ := firstNonFiniteSlow(d, raw)
-			got, _ := firstNonFinite(d, raw)
-			if got != want {
-				t.Fatalf("%s %x: fast %d, slow %d", d, raw, got, want)
-			}
-		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
 // TestDeepSeekV4DetailsMatter: on the deepseek-v4 fixture (swiglu_limit
@@ -44,7 +45,7 @@ func TestDeepSeekV4DetailsMatter(t *testing.T) {
 
 // goldenRun returns the rel_l2 against HF's golden of the CPU reference of
 // plan's layer i, on copies of the plan and layer that edit changed.
-func goldenRun(t *testing.T, src string, ck TensorSource, plan *family.Plan) func(i int, edit func(p *family.Plan, l *family.Layer)) float64 {
+func goldenRun(t *testing.T, src string, ck cpuref.TensorSource, plan *family.Plan) func(i int, edit func(p *family.Plan, l *family.Layer)) float64 {
 	return func(i int, edit func(p *family.Plan, l *family.Layer)) float64 {
 		t.Helper()
 		layer := &plan.Layers[i]
@@ -57,7 +58,7 @@ func goldenRun(t *testing.T, src string, ck TensorSource, plan *family.Plan) fun
 		}
 		p, l := *plan, *layer
 		edit(&p, &l)
-		res, err := ReferenceLayer(context.Background(), ck, &p, &l, g.X, g.T, RefOptions{Tokens: g.InputIDs, Workers: 2})
+		res, err := cpuref.ReferenceLayer(context.Background(), ck, &p, &l, g.X, g.T, cpuref.RefOptions{Tokens: g.InputIDs, Workers: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +102,7 @@ func TestErnieSharedBiasesMatter(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := func(l *family.Layer) float64 {
-		res, err := ReferenceLayer(context.Background(), ck, plan, l, g.X, g.T, RefOptions{Workers: 2})
+		res, err := cpuref.ReferenceLayer(context.Background(), ck, plan, l, g.X, g.T, cpuref.RefOptions{Workers: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -213,7 +214,7 @@ func TestBadRoutingTensorsNameThemselves(t *testing.T) {
 		for i := range plan.Layers {
 			l := &plan.Layers[i]
 			x := DrawX(3, l.Index, 4, plan.HiddenSize)
-			if _, err = ReferenceLayer(context.Background(), ck, plan, l, x, 4, RefOptions{Tokens: []int32{0, 1, 2, 3}, Workers: 1}); err != nil {
+			if _, err = cpuref.ReferenceLayer(context.Background(), ck, plan, l, x, 4, cpuref.RefOptions{Tokens: []int32{0, 1, 2, 3}, Workers: 1}); err != nil {
 				break
 			}
 		}

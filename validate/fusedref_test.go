@@ -9,17 +9,18 @@ import (
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
 // runBoth runs the reference on m's source and the fused path on dst.
-func runBoth(t *testing.T, m *memModel, dst memSource, fl *FusedLayer, tokens, block int) (*RefResult, *FusedResult, Diff) {
+func runBoth(t *testing.T, m *memModel, dst memSource, fl *cpuref.FusedLayer, tokens, block int) (*cpuref.RefResult, *cpuref.FusedResult, Diff) {
 	t.Helper()
 	x := DrawX(11, m.layerIndex, tokens, m.H)
-	ref, err := ReferenceLayer(context.Background(), m.src, m.plan, &m.plan.Layers[0], x, tokens, RefOptions{Workers: 2})
+	ref, err := cpuref.ReferenceLayer(context.Background(), m.src, m.plan, &m.plan.Layers[0], x, tokens, cpuref.RefOptions{Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fused, err := FusedLayerRun(context.Background(), dst, fl, x, tokens, FusedOptions{BlockSize: block, Workers: 2})
+	fused, err := cpuref.FusedLayerRun(context.Background(), dst, fl, x, tokens, cpuref.FusedOptions{BlockSize: block, Workers: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestFusedMatchesReference(t *testing.T) {
 // converted layer and checks the fused-vs-reference error is at least 10x
 // the threshold (the on-disk suite with convert's output is in mutation_test.go).
 func TestMutationsInMemory(t *testing.T) {
-	build := func(fp8 bool, biasLike bool) (*memModel, memSource, *FusedLayer) {
+	build := func(fp8 bool, biasLike bool) (*memModel, memSource, *cpuref.FusedLayer) {
 		mm := memModel{H: 160, I: 128, E: 16, S: 1, K: 4, NGroup: 4, TopKGroup: 2, RSF: 2.5, FP8: fp8, deepseekLikeBiases: biasLike}
 		m := newMemModel(42, mm)
 		dst, _, fl := m.convert(convertOpts{layout: layout.Stacked, fuse: true, replicas: 2, fold: fp8})
@@ -121,7 +122,7 @@ func TestMutationsInMemory(t *testing.T) {
 		name   string
 		fp8    bool
 		biases bool
-		apply  func(m *memModel, dst memSource, fl *FusedLayer)
+		apply  func(m *memModel, dst memSource, fl *cpuref.FusedLayer)
 	}
 	swapSlices := func(dst memSource, name string, a, b int) {
 		t := dst[name]
@@ -134,7 +135,7 @@ func TestMutationsInMemory(t *testing.T) {
 	}
 	// The expert the first token selects, so every mutation is on a used expert.
 	muts := []mutation{
-		{"gate and up swapped in one expert", false, false, func(m *memModel, dst memSource, fl *FusedLayer) {
+		{"gate and up swapped in one expert", false, false, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
 			g, u := dst.bytes(fl.Names.Gate), dst.bytes(fl.Names.Up)
 			per := len(g) / int(dst[fl.Names.Gate].Shape[0])
 			e := usedExpert(t, m)
@@ -144,34 +145,34 @@ func TestMutationsInMemory(t *testing.T) {
 			dst.put(fl.Names.Gate, dst[fl.Names.Gate].DType, dst[fl.Names.Gate].Shape, g)
 			dst.put(fl.Names.Up, dst[fl.Names.Up].DType, dst[fl.Names.Up].Shape, u)
 		}},
-		{"two experts swapped", false, false, func(m *memModel, dst memSource, fl *FusedLayer) {
+		{"two experts swapped", false, false, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
 			e := usedExpert(t, m)
 			for _, n := range []string{fl.Names.Gate, fl.Names.Up, fl.Names.Down} {
 				swapSlices(dst, n, e, (e+1)%m.E)
 			}
 		}},
-		{"rsf folded twice (fp8 scales)", true, false, func(m *memModel, dst memSource, fl *FusedLayer) {
+		{"rsf folded twice (fp8 scales)", true, false, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
 			scaleStack(dst, fl.Names.DownScale, m.E, m.RSF)
 		}},
-		{"rsf neither folded nor applied", false, false, func(m *memModel, dst memSource, fl *FusedLayer) {
+		{"rsf neither folded nor applied", false, false, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
 			fl.Contract.RoutedScalingFactorFolded = true // contract claims folded, weights are not
 			fl.Contract.SharedSlotWeight = 1
 		}},
-		{"one shared replica zeroed", false, false, func(m *memModel, dst memSource, fl *FusedLayer) {
+		{"one shared replica zeroed", false, false, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
 			n := dst[fl.Names.Down]
 			raw := dst.bytes(fl.Names.Down)
 			per := len(raw) / int(n.Shape[0])
 			clear(raw[(m.E+1)*per : (m.E+2)*per]) // replica 1 of 2
 			dst.put(fl.Names.Down, n.DType, n.Shape, raw)
 		}},
-		{"correction bias rounded to bf16", false, true, func(m *memModel, dst memSource, fl *FusedLayer) {
+		{"correction bias rounded to bf16", false, true, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
 			b := make([]float32, m.E)
 			for i, v := range m.bias {
 				b[i] = numfmt.RoundBF16(v)
 			}
 			dst.put(fl.RouterBias, dst[fl.RouterBias].DType, dst[fl.RouterBias].Shape, f32Bytes(b))
 		}},
-		{"one wrong fp8 scale block", true, false, func(m *memModel, dst memSource, fl *FusedLayer) {
+		{"one wrong fp8 scale block", true, false, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
 			n := dst[fl.Names.UpScale]
 			raw := dst.bytes(fl.Names.UpScale)
 			per := len(raw) / int(n.Shape[0])
@@ -201,7 +202,7 @@ func TestMutationsInMemory(t *testing.T) {
 // usedExpert is an expert the first tokens of runBoth's x select.
 func usedExpert(t *testing.T, m *memModel) int {
 	x := DrawX(11, m.layerIndex, 1, m.H)
-	ref, err := ReferenceLayer(context.Background(), m.src, m.plan, &m.plan.Layers[0], x, 1, RefOptions{Workers: 1})
+	ref, err := cpuref.ReferenceLayer(context.Background(), m.src, m.plan, &m.plan.Layers[0], x, 1, cpuref.RefOptions{Workers: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

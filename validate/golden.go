@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
 // GoldenFileName is the golden of MoE layer l inside a golden directory.
@@ -92,7 +93,7 @@ func ReadGolden(path string, wantH int) (*Golden, error) {
 		return fail("tensor x: [%d,%d] is %d values, over the limit of %d", t, h, t*h, maxGoldenElems)
 	}
 	for _, ti := range []safetensors.TensorInfo{x, y} {
-		if !Decodable(ti.DType) {
+		if !cpuref.Decodable(ti.DType) {
 			return fail("tensor %s is %s, want F32", ti.Name, ti.DType)
 		}
 	}
@@ -112,7 +113,7 @@ func ReadGolden(path string, wantH int) (*Golden, error) {
 		if ids.DType != safetensors.I32 && ids.DType != safetensors.I64 {
 			return fail("tensor topk_ids is %s, want I32 or I64", ids.DType)
 		}
-		if !Decodable(w.DType) {
+		if !cpuref.Decodable(w.DType) {
 			return fail("tensor topk_weights is %s, want F32", w.DType)
 		}
 	}
@@ -193,7 +194,7 @@ func goldenFloats(f *safetensors.File, ti safetensors.TensorInfo) ([]float32, er
 	size := ti.DType.Size()
 	out := make([]float32, ti.NumBytes()/int64(size))
 	err := goldenRead(f, ti, func(raw []byte, first int) error {
-		if err := Decode(ti.DType, raw, out[first:first+len(raw)/size]); err != nil {
+		if err := cpuref.Decode(ti.DType, raw, out[first:first+len(raw)/size]); err != nil {
 			return fmt.Errorf("%s: tensor %s: %w", f.Path, ti.Name, err)
 		}
 		return nil

@@ -3,7 +3,6 @@ package validate
 import (
 	"encoding/binary"
 	"encoding/json"
-	"github.com/moeprep/moeprep/internal/costtest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moeprep/moeprep/internal/costtest"
 	"github.com/moeprep/moeprep/safetensors"
 )
 

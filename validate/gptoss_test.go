@@ -7,6 +7,7 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
 // TestGPTOSSDetailsMatter: on the gpt-oss fixture (gate_up_proj scaled so
@@ -28,7 +29,7 @@ func TestGPTOSSDetailsMatter(t *testing.T) {
 		p, l := *plan, *layer
 		l.Experts = append([]family.MLP(nil), layer.Experts...)
 		edit(&p, &l)
-		res, err := ReferenceLayer(context.Background(), ck, &p, &l, g.X, g.T, RefOptions{Workers: 2})
+		res, err := cpuref.ReferenceLayer(context.Background(), ck, &p, &l, g.X, g.T, cpuref.RefOptions{Workers: 2})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,14 +9,15 @@ import (
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // loadFusedBank queues the upload of a converted layer's stacked expert
 // tensors (stacked, gate-up or up-gate, bf16/f32 or FP8 with block scales)
 // through s and waits for it.
-func loadFusedBank(s *stager, src TensorSource, fl *FusedLayer) (*devBank, error) {
-	h, inter, err := fl.stackDims(src)
+func loadFusedBank(s *stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*devBank, error) {
+	h, inter, err := fl.StackDims(src)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +82,7 @@ func loadFusedBank(s *stager, src TensorSource, fl *FusedLayer) (*devBank, error
 	if fl.Biases != nil {
 		var gb, ub, db []float32
 		for x := range int(e) {
-			g, u, d, err := fl.expertBiases(src, x, h, inter)
+			g, u, d, err := fl.ExpertBiases(src, x, h, inter)
 			if err != nil {
 				return fail(fmt.Errorf("expert %d: %w", x, err))
 			}
@@ -119,7 +120,7 @@ func (b *devBank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
 // with its biases where it has them and the activation act. block is the
 // FP8 block edge (0: not quantised). The caller waits on s's stream
 // (kernels queued on the same stream run after the copies).
-func loadMLPBank(s *stager, src TensorSource, m family.MLP, h, inter, block int, act layout.Activation) (*devBank, error) {
+func loadMLPBank(s *stager, src cpuref.TensorSource, m family.MLP, h, inter, block int, act layout.Activation) (*devBank, error) {
 	// The block is all the caller says of the format: FP8 blocks of that
 	// edge, or (0) unquantised in whatever float dtype the tensors hold.
 	scaled := block != 0
@@ -166,15 +167,15 @@ func loadMLPBank(s *stager, src TensorSource, m family.MLP, h, inter, block int,
 	}
 	b.Act = act
 	if m.GateBias != "" {
-		gb, err := loadVector(src, m.GateBias, inter)
+		gb, err := cpuref.LoadVector(src, m.GateBias, inter)
 		if err != nil {
 			return fail(err)
 		}
-		ub, err := loadVector(src, m.UpBias, inter)
+		ub, err := cpuref.LoadVector(src, m.UpBias, inter)
 		if err != nil {
 			return fail(err)
 		}
-		db, err := loadVector(src, m.DownBias, h)
+		db, err := cpuref.LoadVector(src, m.DownBias, h)
 		if err != nil {
 			return fail(err)
 		}

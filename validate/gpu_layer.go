@@ -10,6 +10,7 @@ import (
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
 // gpuRunner runs MoE layers on one GPU: a compute stream for the kernels
@@ -165,7 +166,7 @@ func (g *gpuRunner) input(x []float32, t, h int, fr *frees) (*gpuInput, error) {
 func gateSpec(s moe.RouteSpec, c *layout.Contract) kernels.GateSpec {
 	gs := kernels.GateSpec{RouteSpec: s}
 	if c != nil {
-		gs.Shared = sharedSlots(c)
+		gs.Shared = cpuref.SharedSlots(c)
 	}
 	return gs
 }
@@ -176,7 +177,7 @@ func gateSpec(s moe.RouteSpec, c *layout.Contract) kernels.GateSpec {
 // golden's float32 x routes as HF routed it.
 //
 // Only the first t of in's tokens are routed: forced coverage tokens may follow.
-func (g *gpuRunner) route(src TensorSource, spec moe.RouteSpec, gs kernels.GateSpec, rr routerRef, in *gpuInput, t int, finalScale float32, fr *frees) (*kernels.GateOut, *moe.Routing, *moe.Slots, error) {
+func (g *gpuRunner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.GateSpec, rr cpuref.RouterRef, in *gpuInput, t int, finalScale float32, fr *frees) (*kernels.GateOut, *moe.Routing, *moe.Slots, error) {
 	if err := spec.Check(); err != nil {
 		return nil, nil, nil, err
 	}
@@ -184,12 +185,12 @@ func (g *gpuRunner) route(src TensorSource, spec moe.RouteSpec, gs kernels.GateS
 		return nil, nil, nil, fmt.Errorf("routing %d of %d tokens", t, in.t)
 	}
 	e, rows := spec.NumExperts, spec.Rows()
-	wg, err := loadMatrix(src, matrixRef{Name: rr.Router, Index: -1, Rows: rows, Cols: in.h})
+	wg, err := cpuref.LoadMatrix(src, cpuref.MatrixRef{Name: rr.Router, Index: -1, Rows: rows, Cols: in.h})
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	w, err := cuda.FromHost(g.dev, wg)
-	putFloats(wg)
+	cpuref.PutFloats(wg)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -197,7 +198,7 @@ func (g *gpuRunner) route(src TensorSource, spec moe.RouteSpec, gs kernels.GateS
 	var b *cuda.Buffer[float32]
 	var bv []float32
 	if rr.Bias != "" {
-		if bv, err = loadVector(src, rr.Bias, e); err != nil {
+		if bv, err = cpuref.LoadVector(src, rr.Bias, e); err != nil {
 			return nil, nil, nil, err
 		}
 		if b, err = cuda.FromHost(g.dev, bv); err != nil {
@@ -214,7 +215,7 @@ func (g *gpuRunner) route(src TensorSource, spec moe.RouteSpec, gs kernels.GateS
 		return nil, nil, nil, err
 	}
 	if rr.LogitBias != "" { // gpt-oss: the router's own bias, added to the logits on the device
-		lb, err := loadVector(src, rr.LogitBias, e)
+		lb, err := cpuref.LoadVector(src, rr.LogitBias, e)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -227,7 +228,7 @@ func (g *gpuRunner) route(src TensorSource, spec moe.RouteSpec, gs kernels.GateS
 			return nil, nil, nil, err
 		}
 	}
-	if gs.WeightScale, err = routerScale(src, rr); err != nil { // Inkling's global_scale: the gate multiplies every weight by it
+	if gs.WeightScale, err = cpuref.RouterScale(src, rr); err != nil { // Inkling's global_scale: the gate multiplies every weight by it
 		return nil, nil, nil, err
 	}
 	out, err := kernels.NewGateOut(g.dev, gs, t, true)
@@ -239,7 +240,7 @@ func (g *gpuRunner) route(src TensorSource, spec moe.RouteSpec, gs kernels.GateS
 		if len(in.tokens) != t {
 			return nil, nil, nil, fmt.Errorf("hash-routed layer: %d token ids for %d tokens", len(in.tokens), t)
 		}
-		ids, err := hashIDs(src, rr.Hash, in.tokens, spec.TopK, e)
+		ids, err := cpuref.HashIDs(src, rr.Hash, in.tokens, spec.TopK, e)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -281,17 +282,17 @@ func (g *gpuRunner) route(src TensorSource, spec moe.RouteSpec, gs kernels.GateS
 // place after the routed tokens as FusedSlots numbers them. It returns the
 // slots of all tokens and their device copies; without cov, the gate's own
 // device outputs.
-func (g *gpuRunner) forced(gout *kernels.GateOut, routing *moe.Routing, slots *moe.Slots, cov *Coverage, c *layout.Contract, fr *frees) (*moe.Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
+func (g *gpuRunner) forced(gout *kernels.GateOut, routing *moe.Routing, slots *moe.Slots, cov *cpuref.Coverage, c *layout.Contract, fr *frees) (*moe.Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
 	if cov == nil {
 		return slots, gout.IDs, gout.Weights, nil
 	}
-	_, all, err := withCoverage(nil, routing, cov)
+	_, all, err := cpuref.WithCoverage(nil, routing, cov)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	tail := &moe.Slots{T: cov.T, K: all.K, IDs: cov.Routing.IDs, Weights: cov.Routing.Weights}
 	if c != nil {
-		fs, err := FusedSlots(all, c)
+		fs, err := cpuref.FusedSlots(all, c)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -360,7 +361,7 @@ func (g *gpuRunner) f32Buffer(n int, fr *frees) (*cuda.Buffer[float32], error) {
 //
 // cov's forced tokens (nil: none) follow the routed ones in in; their slots
 // go through the same align, GEMM and finalize.
-func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, in *gpuInput, cov *Coverage, blockSize int) (*FusedResult, error) {
+func (g *gpuRunner) fusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank *devBank, in *gpuInput, cov *cpuref.Coverage, blockSize int) (*cpuref.FusedResult, error) {
 	var fr frees
 	defer fr.release(g)
 	c := fl.Contract
@@ -372,7 +373,7 @@ func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, 
 	}
 	t, h := in.t, in.h
 	gs := gateSpec(fl.Spec, c)
-	gout, routing, slots, err := g.route(src, fl.Spec, gs, fl.router(), in, routedTokens(in, cov), float32(c.RuntimeScale()), &fr)
+	gout, routing, slots, err := g.route(src, fl.Spec, gs, fl.RouterRef(), in, routedTokens(in, cov), float32(c.RuntimeScale()), &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
@@ -444,8 +445,8 @@ func (g *gpuRunner) fusedLayer(src TensorSource, fl *FusedLayer, bank *devBank, 
 	if err != nil {
 		return nil, err
 	}
-	scaleOutput(yh, c.Output())
-	return &FusedResult{Y: yh, Routing: routing, Slots: slots, Align: ha}, nil
+	cpuref.ScaleOutput(yh, c.Output())
+	return &cpuref.FusedResult{Y: yh, Routing: routing, Slots: slots, Align: ha}, nil
 }
 
 // oneExpertSorted builds the alignment of a bank of one expert over the
@@ -469,7 +470,7 @@ func (g *gpuRunner) oneExpertSorted(slots []int32, numel int, fr *frees) (*kerne
 // addDense runs one hub-layout MLP over every token (a shared expert) and
 // adds it to y, gated by sigmoid(x . w_gate) where gate names Qwen2-MoE's
 // shared_expert_gate.
-func (g *gpuRunner) addDense(src TensorSource, m family.MLP, gate string, block int, act layout.Activation, in *gpuInput, y *cuda.Buffer[float32]) error {
+func (g *gpuRunner) addDense(src cpuref.TensorSource, m family.MLP, gate string, block int, act layout.Activation, in *gpuInput, y *cuda.Buffer[float32]) error {
 	var fr frees
 	defer fr.release(g)
 	gt, ok := src.Tensor(m.Gate)
@@ -512,7 +513,7 @@ func (g *gpuRunner) addDense(src TensorSource, m family.MLP, gate string, block 
 	}
 	var logit *cuda.Buffer[float32]
 	if gate != "" {
-		gw, err := loadVector(src, gate, h)
+		gw, err := cpuref.LoadVector(src, gate, h)
 		if err != nil {
 			return err
 		}
@@ -536,11 +537,11 @@ func (g *gpuRunner) addDense(src TensorSource, m family.MLP, gate string, block 
 // slots t*S+s of every token (routed and cov's forced ones), then finalize
 // weights each token's S slots by the routing's shared weights times scale
 // (the routed sum's final scale) and the sum is added to y, all on the device.
-func (g *gpuRunner) addRoutedShared(src TensorSource, mlps []family.MLP, routing *moe.Routing, cov *Coverage, scale float32, block int, act layout.Activation, in *gpuInput, y *cuda.Buffer[float32]) error {
+func (g *gpuRunner) addRoutedShared(src cpuref.TensorSource, mlps []family.MLP, routing *moe.Routing, cov *cpuref.Coverage, scale float32, block int, act layout.Activation, in *gpuInput, y *cuda.Buffer[float32]) error {
 	var fr frees
 	defer fr.release(g)
 	t, h, ns := in.t, in.h, len(mlps)
-	weights := sharedWeights(routing, cov)
+	weights := cpuref.SharedWeights(routing, cov)
 	if routing.S != ns || len(weights) != t*ns {
 		return fmt.Errorf("the routing weights %d shared experts (%d values for %d tokens), the checkpoint has %d", routing.S, len(weights), t, ns)
 	}
@@ -606,7 +607,7 @@ func (f bankFree) Free() error { f.b.free(); return nil }
 //
 // cov's forced tokens (nil: none) follow the routed ones in in and run in
 // the same pass over the experts.
-func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *family.Layer, in *gpuInput, cov *Coverage) (*RefResult, error) {
+func (g *gpuRunner) unfusedLayer(src cpuref.TensorSource, plan *family.Plan, layer *family.Layer, in *gpuInput, cov *cpuref.Coverage) (*cpuref.RefResult, error) {
 	var fr frees
 	defer fr.release(g)
 	h, inter, e, t := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts, in.t
@@ -617,7 +618,7 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
 	spec := plan.RouteSpec()
-	gout, routing, slots, err := g.route(src, spec, gateSpec(spec, nil), routerOf(layer), in, routedTokens(in, cov), float32(spec.RoutedScalingFactor), &fr)
+	gout, routing, slots, err := g.route(src, spec, gateSpec(spec, nil), cpuref.RouterOf(layer), in, routedTokens(in, cov), float32(spec.RoutedScalingFactor), &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
@@ -642,7 +643,7 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 	if err != nil {
 		return nil, err
 	}
-	block := blockOf(plan)
+	block := cpuref.BlockOf(plan)
 	gin, gk := in, k
 	if plan.RoutedInputScaled {
 		if gin, slotW, err = g.inputScaled(in, slots, &fr); err != nil {
@@ -679,14 +680,14 @@ func (g *gpuRunner) unfusedLayer(src TensorSource, plan *family.Plan, layer *fam
 	if err != nil {
 		return nil, err
 	}
-	scaleOutput(yh, plan.Output())
-	return &RefResult{Y: yh, Routing: routing}, nil
+	cpuref.ScaleOutput(yh, plan.Output())
+	return &cpuref.RefResult{Y: yh, Routing: routing}, nil
 }
 
 // oneExpert uploads one expert and queues its SwiGLU over its slots, writing
 // those slots' rows of out; its device memory is released once the compute
 // stream has run it.
-func (g *gpuRunner) oneExpert(src TensorSource, m family.MLP, h, inter, block int, act layout.Activation, slots []int32, numel, k int, in *gpuInput, mid kernels.Mat, out *cuda.Buffer[float32]) error {
+func (g *gpuRunner) oneExpert(src cpuref.TensorSource, m family.MLP, h, inter, block int, act layout.Activation, slots []int32, numel, k int, in *gpuInput, mid kernels.Mat, out *cuda.Buffer[float32]) error {
 	var fr frees
 	defer fr.release(g)
 	bank, err := loadMLPBank(g.stage, src, m, h, inter, block, act)
@@ -737,11 +738,11 @@ func (g *gpuRunner) inputScaled(in *gpuInput, slots *moe.Slots, fr *frees) (*gpu
 	if len(in.x) != in.t*in.h || len(slots.Weights) != in.t*slots.K {
 		return nil, nil, fmt.Errorf("input-scaled slots: %d host values for %d tokens x %d, %d slot weights", len(in.x), in.t, in.h, len(slots.Weights))
 	}
-	rows, err := g.input(slotRows(in.x, in.h, slots.K, slots.Weights), in.t*slots.K, in.h, fr)
+	rows, err := g.input(cpuref.SlotRows(in.x, in.h, slots.K, slots.Weights), in.t*slots.K, in.h, fr)
 	if err != nil {
 		return nil, nil, err
 	}
-	w, err := cuda.FromHost(g.dev, ones(len(slots.Weights)))
+	w, err := cuda.FromHost(g.dev, cpuref.Ones(len(slots.Weights)))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -750,7 +751,7 @@ func (g *gpuRunner) inputScaled(in *gpuInput, slots *moe.Slots, fr *frees) (*gpu
 }
 
 // routedTokens is how many of in's tokens the router sees: all but cov's.
-func routedTokens(in *gpuInput, cov *Coverage) int {
+func routedTokens(in *gpuInput, cov *cpuref.Coverage) int {
 	if cov == nil {
 		return in.t
 	}

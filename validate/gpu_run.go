@@ -3,6 +3,7 @@ package validate
 import (
 	"context"
 	"fmt"
+	"github.com/moeprep/moeprep/validate/cpuref"
 	"time"
 )
 
@@ -200,7 +201,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		xAll = append(append([]float32(nil), x...), cov.X...)
 	}
 	type refOut struct {
-		r   *RefResult
+		r   *cpuref.RefResult
 		err error
 		sec float64
 	}
@@ -210,14 +211,14 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		go func() {
 			t0 := time.Now()
 			// In w8a8 mode the reference runs the same numerics as the GPU.
-			r, err := ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers, W8A8: s.o.GPUPrecision == PrecisionFP8})
+			r, err := cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers, W8A8: s.o.GPUPrecision == PrecisionFP8})
 			refCh <- refOut{r, err, time.Since(t0).Seconds()}
 		}()
 	}
 	// The stager's I/O during each path: DST's unfused shared expert, SRC's
 	// experts and shared expert.
 	var dstRec, srcRec stageRecord
-	gpu := func() (fused *FusedResult, unf *RefResult, fusedSec, unfSec float64, err error) {
+	gpu := func() (fused *cpuref.FusedResult, unf *cpuref.RefResult, fusedSec, unfSec float64, err error) {
 		var fr frees
 		defer fr.release(g)
 		in, err := g.input(xAll, len(xAll)/h, h, &fr)
@@ -250,7 +251,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		return
 	}
 	fused, unf, fusedSec, unfSec, gpuErr := gpu()
-	var ref *RefResult
+	var ref *cpuref.RefResult
 	var refSec float64
 	if refCh != nil {
 		ro := <-refCh

@@ -1,9 +1,7 @@
 package validate
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"time"
 	"unsafe"
@@ -12,6 +10,8 @@ import (
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/tensorbytes"
 )
 
 // StageChunkBytes is the size of each of a stager's two pinned host
@@ -127,10 +127,10 @@ func (s *stager) copyTensor(dst cuda.DevicePtr, t *checkpoint.Tensor, decode boo
 			return err
 		}
 		if !decode {
-			if err := readAt(t, buf[:n*size], off*size); err != nil {
+			if err := tensorbytes.ReadAt(t, buf[:n*size], off*size); err != nil {
 				return err
 			}
-			if err := checkFinite(t.File, t.Name, t.DType, buf[:n*size], off); err != nil {
+			if err := tensorbytes.CheckFinite(t.File, t.Name, t.DType, buf[:n*size], off); err != nil {
 				return err
 			}
 			if err := s.send(i, s.at(dst, out, n*size), int(n*size)); err != nil {
@@ -143,14 +143,14 @@ func (s *stager) copyTensor(dst cuda.DevicePtr, t *checkpoint.Tensor, decode boo
 			s.raw = make([]byte, n*size)
 		}
 		raw := s.raw[:n*size]
-		if err := readAt(t, raw, off*size); err != nil {
+		if err := tensorbytes.ReadAt(t, raw, off*size); err != nil {
 			return err
 		}
-		if err := checkFinite(t.File, t.Name, t.DType, raw, off); err != nil {
+		if err := tensorbytes.CheckFinite(t.File, t.Name, t.DType, raw, off); err != nil {
 			return err
 		}
 		f := unsafe.Slice((*float32)(unsafe.Pointer(&buf[0])), n)
-		if err := Decode(t.DType, raw, f); err != nil {
+		if err := cpuref.Decode(t.DType, raw, f); err != nil {
 			return fmt.Errorf("%s: tensor %s: %w", t.File, t.Name, err)
 		}
 		if err := s.send(i, s.at(dst, out, n*4), int(n*4)); err != nil {
@@ -180,17 +180,6 @@ func (s *stager) wait() error {
 	return s.dev.Do(func(c *cuda.Ctx) error { return c.SyncStream(s.stream) })
 }
 
-func readAt(t *checkpoint.Tensor, buf []byte, off int64) error {
-	n, err := t.Data.ReadAt(buf, off)
-	if n == len(buf) {
-		return nil
-	}
-	if err == nil || errors.Is(err, io.EOF) {
-		err = io.ErrUnexpectedEOF
-	}
-	return fmt.Errorf("%s: reading tensor %s: %w", t.File, t.Name, err)
-}
-
 // matType is how a weight dtype reaches the kernels: bf16, f32 and fp8
 // bytes as they are; other float types decoded to f32 on the host.
 func matType(t *checkpoint.Tensor) (kernels.MatDType, bool, error) {
@@ -202,7 +191,7 @@ func matType(t *checkpoint.Tensor) (kernels.MatDType, bool, error) {
 	case safetensors.F8E4M3:
 		return kernels.MatFP8, false, nil
 	}
-	if Decodable(t.DType) && t.DType.Size() > 0 {
+	if cpuref.Decodable(t.DType) && t.DType.Size() > 0 {
 		return kernels.MatF32, true, nil
 	}
 	return 0, false, fmt.Errorf("%s: tensor %s has dtype %s, which the GPU path cannot use", t.File, t.Name, t.DType)
@@ -231,7 +220,7 @@ func (b *devBank) free() {
 
 // weight allocates device memory for tensor t (shape checked against want)
 // and queues its upload; the Mat has the bank's dtype.
-func (b *devBank) weight(s *stager, src TensorSource, name string, want []int64) (kernels.Mat, error) {
+func (b *devBank) weight(s *stager, src cpuref.TensorSource, name string, want []int64) (kernels.Mat, error) {
 	t, err := tensorShaped(src, name, want)
 	if err != nil {
 		return kernels.Mat{}, err
@@ -269,7 +258,7 @@ func (b *devBank) weight(s *stager, src TensorSource, name string, want []int64)
 }
 
 // scale allocates and queues an F32 block-scale tensor of shape want.
-func (b *devBank) scale(s *stager, src TensorSource, name string, want []int64) (*cuda.Buffer[float32], error) {
+func (b *devBank) scale(s *stager, src cpuref.TensorSource, name string, want []int64) (*cuda.Buffer[float32], error) {
 	t, err := tensorShaped(src, name, want)
 	if err != nil {
 		return nil, err
@@ -286,7 +275,7 @@ func (b *devBank) scale(s *stager, src TensorSource, name string, want []int64) 
 	return buf, s.copyTensor(buf.Ptr(), t, false)
 }
 
-func tensorShaped(src TensorSource, name string, want []int64) (*checkpoint.Tensor, error) {
+func tensorShaped(src cpuref.TensorSource, name string, want []int64) (*checkpoint.Tensor, error) {
 	t, ok := src.Tensor(name)
 	if !ok {
 		return nil, fmt.Errorf("tensor %s is missing", name)

@@ -2,11 +2,11 @@ package validate
 
 import (
 	"fmt"
-	"github.com/moeprep/moeprep/internal/human"
 	"time"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/internal/human"
 )
 
 // LayerTiming is where one layer's time went in a GPU run, and how it

@@ -14,6 +14,7 @@ import (
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
 // memSource is an in-memory TensorSource.
@@ -68,14 +69,14 @@ func encodeE4M3(v float32) byte {
 
 // quantFP8 quantises a rows x cols matrix in 128x128 blocks (scale = amax/448).
 func quantFP8(w []float32, rows, cols int) ([]byte, []float32) {
-	sr, sc := ScaleDims(rows, cols, FP8Block, FP8Block)
+	sr, sc := cpuref.ScaleDims(rows, cols, cpuref.FP8Block, cpuref.FP8Block)
 	scale := make([]float32, sr*sc)
 	q := make([]byte, len(w))
 	for br := range sr {
 		for bc := range sc {
 			var amax float32
-			for r := br * FP8Block; r < min(rows, (br+1)*FP8Block); r++ {
-				for c := bc * FP8Block; c < min(cols, (bc+1)*FP8Block); c++ {
+			for r := br * cpuref.FP8Block; r < min(rows, (br+1)*cpuref.FP8Block); r++ {
+				for c := bc * cpuref.FP8Block; c < min(cols, (bc+1)*cpuref.FP8Block); c++ {
 					amax = max(amax, float32(math.Abs(float64(w[r*cols+c]))))
 				}
 			}
@@ -84,8 +85,8 @@ func quantFP8(w []float32, rows, cols int) ([]byte, []float32) {
 				s = 1
 			}
 			scale[br*sc+bc] = s
-			for r := br * FP8Block; r < min(rows, (br+1)*FP8Block); r++ {
-				for c := bc * FP8Block; c < min(cols, (bc+1)*FP8Block); c++ {
+			for r := br * cpuref.FP8Block; r < min(rows, (br+1)*cpuref.FP8Block); r++ {
+				for c := bc * cpuref.FP8Block; c < min(cols, (bc+1)*cpuref.FP8Block); c++ {
 					q[r*cols+c] = encodeE4M3(w[r*cols+c] / s)
 				}
 			}
@@ -193,7 +194,7 @@ func newMemModel(seed uint64, m memModel) *memModel {
 func (m *memModel) putMat(s memSource, name string, e encMat) {
 	s.put(name, m.dtype, []int64{int64(e.rows), int64(e.cols)}, e.raw)
 	if m.FP8 {
-		sr, sc := ScaleDims(e.rows, e.cols, FP8Block, FP8Block)
+		sr, sc := cpuref.ScaleDims(e.rows, e.cols, cpuref.FP8Block, cpuref.FP8Block)
 		s.put(name+"_scale_inv", safetensors.F32, []int64{int64(sr), int64(sc)}, f32Bytes(e.scale))
 	}
 }
@@ -257,8 +258,8 @@ func (m *memModel) rowsOf(e encMat, r0, r1 int) encMat {
 	es := m.dtype.Size()
 	out := encMat{raw: e.raw[r0*e.cols*es : r1*e.cols*es], rows: r1 - r0, cols: e.cols}
 	if m.FP8 {
-		_, sc := ScaleDims(e.rows, e.cols, FP8Block, FP8Block)
-		out.scale = e.scale[r0/FP8Block*sc : ((r1-r0+FP8Block-1)/FP8Block+r0/FP8Block)*sc]
+		_, sc := cpuref.ScaleDims(e.rows, e.cols, cpuref.FP8Block, cpuref.FP8Block)
+		out.scale = e.scale[r0/cpuref.FP8Block*sc : ((r1-r0+cpuref.FP8Block-1)/cpuref.FP8Block+r0/cpuref.FP8Block)*sc]
 	}
 	return out
 }
@@ -271,9 +272,9 @@ func (m *memModel) colsOf(e encMat, c0, c1 int) encMat {
 		out.raw = append(out.raw, e.raw[(r*e.cols+c0)*es:(r*e.cols+c1)*es]...)
 	}
 	if m.FP8 {
-		sr, sc := ScaleDims(e.rows, e.cols, FP8Block, FP8Block)
+		sr, sc := cpuref.ScaleDims(e.rows, e.cols, cpuref.FP8Block, cpuref.FP8Block)
 		for br := range sr {
-			out.scale = append(out.scale, e.scale[br*sc+c0/FP8Block:br*sc+(c1+FP8Block-1)/FP8Block]...)
+			out.scale = append(out.scale, e.scale[br*sc+c0/cpuref.FP8Block:br*sc+(c1+cpuref.FP8Block-1)/cpuref.FP8Block]...)
 		}
 	}
 	return out
@@ -289,7 +290,7 @@ type convertOpts struct {
 
 // convert builds the converted layer the way convert / fuse-shared write it,
 // returning the DST tensors and contract.
-func (m *memModel) convert(o convertOpts) (memSource, *layout.Contract, *FusedLayer) {
+func (m *memModel) convert(o convertOpts) (memSource, *layout.Contract, *cpuref.FusedLayer) {
 	c := &layout.Contract{Version: layout.ContractVersion, Layout: o.layout, SourceFormat: "safetensors", Family: m.plan.Family,
 		NumExperts: m.E, SharedFirstID: m.E, RoutedScalingFactor: m.RSF, WeightDType: string(m.dtype), Quantization: string(m.plan.Quantization),
 		Layers: []layout.LayerInfo{{Index: m.layerIndex, Prefix: m.prefix}}}
@@ -302,7 +303,7 @@ func (m *memModel) convert(o convertOpts) (memSource, *layout.Contract, *FusedLa
 		c.SharedSlotWeight = 1 / m.RSF
 	}
 	if m.FP8 {
-		c.WeightBlockSize = []int64{FP8Block, FP8Block}
+		c.WeightBlockSize = []int64{cpuref.FP8Block, cpuref.FP8Block}
 	}
 	bank := make([][3]encMat, 0, m.E+c.NumFusedSharedExperts)
 	for _, ex := range m.experts {
@@ -328,7 +329,7 @@ func (m *memModel) convert(o convertOpts) (memSource, *layout.Contract, *FusedLa
 			dst.put(n, m.src[n].DType, m.src[n].Shape, m.src.bytes(n))
 		}
 	}
-	fl := &FusedLayer{Index: m.layerIndex, Router: l.Router, RouterBias: l.RouterBias, Spec: m.plan.RouteSpec(), Contract: c,
+	fl := &cpuref.FusedLayer{Index: m.layerIndex, Router: l.Router, RouterBias: l.RouterBias, Spec: m.plan.RouteSpec(), Contract: c,
 		Names: layout.Names(o.layout, m.prefix, m.FP8), SharedGate: l.SharedGate}
 	if !o.fuse && l.Shared != nil {
 		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down, l.Shared.GateScale, l.Shared.UpScale, l.Shared.DownScale} {
@@ -354,7 +355,7 @@ func (m *memModel) foldDown(e encMat) encMat {
 		return out
 	}
 	v := make([]float32, e.rows*e.cols)
-	if err := Decode(safetensors.BF16, e.raw, v); err != nil {
+	if err := cpuref.Decode(safetensors.BF16, e.raw, v); err != nil {
 		panic(err)
 	}
 	for i := range v {
@@ -380,7 +381,7 @@ func (m *memModel) putStacks(dst memSource, n layout.ExpertTensors, l layout.Lay
 		raw, sc := cat(which, m.FP8)
 		dst.put(name, m.dtype, []int64{nb, rows, cols}, raw)
 		if m.FP8 {
-			sr, scc := ScaleDims(int(rows), int(cols), FP8Block, FP8Block)
+			sr, scc := cpuref.ScaleDims(int(rows), int(cols), cpuref.FP8Block, cpuref.FP8Block)
 			dst.put(scale, safetensors.F32, []int64{nb, int64(sr), int64(scc)}, f32Bytes(sc))
 		}
 	}
@@ -402,7 +403,7 @@ func (m *memModel) putStacks(dst memSource, n layout.ExpertTensors, l layout.Lay
 	}
 	dst.put(n.GateUp, m.dtype, []int64{nb, 2 * in, h}, raw)
 	if m.FP8 {
-		sr, scc := ScaleDims(m.I, m.H, FP8Block, FP8Block)
+		sr, scc := cpuref.ScaleDims(m.I, m.H, cpuref.FP8Block, cpuref.FP8Block)
 		dst.put(n.GateUpScale, safetensors.F32, []int64{nb, int64(2 * sr), int64(scc)}, f32Bytes(sc))
 	}
 	put(n.Down, n.DownScale, 2, h, in)

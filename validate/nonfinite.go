@@ -1,12 +1,9 @@
 package validate
 
 import (
-	"encoding/binary"
 	"errors"
-	"fmt"
+	"github.com/moeprep/moeprep/validate/tensorbytes"
 	"math"
-
-	"github.com/moeprep/moeprep/safetensors"
 )
 
 // CheckNonFinite is the row of a layer whose weights, scales or biases hold
@@ -14,91 +11,11 @@ import (
 // outputs compare (a NaN source must not "pass" against a NaN output).
 const CheckNonFinite = "non-finite"
 
-// NonFiniteError names a NaN or Inf found in a tensor validate read.
-type NonFiniteError struct {
-	File, Tensor string
-	Element      int64 // index within the tensor
-	Bits         uint64
-	DType        safetensors.DType
-}
-
-func (e *NonFiniteError) Error() string {
-	return fmt.Sprintf("%s: tensor %s holds a NaN or Inf at element %d (%s bits %#x)", e.File, e.Tensor, e.Element, e.DType, e.Bits)
-}
-
-// firstNonFinite returns the index of the first NaN or Inf among the
-// little-endian elements of raw, or -1. Integer dtypes have none. FP8
-// E4M3 (torch float8_e4m3fn) has no infinity and one NaN pattern per sign,
-// S.1111.111; E8M0 scales use 0xFF for NaN.
-func firstNonFinite(d safetensors.DType, raw []byte) (int, uint64) {
-	if clean(d, raw) {
-		return -1, 0
-	}
-	return firstNonFiniteSlow(d, raw)
-}
-
-func firstNonFiniteSlow(d safetensors.DType, raw []byte) (int, uint64) {
-	switch d {
-	case safetensors.BF16:
-		for i := 0; i+1 < len(raw); i += 2 {
-			if v := binary.LittleEndian.Uint16(raw[i:]); v&0x7F80 == 0x7F80 {
-				return i / 2, uint64(v)
-			}
-		}
-	case safetensors.F16:
-		for i := 0; i+1 < len(raw); i += 2 {
-			if v := binary.LittleEndian.Uint16(raw[i:]); v&0x7C00 == 0x7C00 {
-				return i / 2, uint64(v)
-			}
-		}
-	case safetensors.F32:
-		for i := 0; i+3 < len(raw); i += 4 {
-			if v := binary.LittleEndian.Uint32(raw[i:]); v&0x7F800000 == 0x7F800000 {
-				return i / 4, uint64(v)
-			}
-		}
-	case safetensors.F64:
-		for i := 0; i+7 < len(raw); i += 8 {
-			if v := binary.LittleEndian.Uint64(raw[i:]); v&0x7FF0000000000000 == 0x7FF0000000000000 {
-				return i / 8, v
-			}
-		}
-	case safetensors.F8E4M3:
-		for i, b := range raw {
-			if b&0x7F == 0x7F {
-				return i, uint64(b)
-			}
-		}
-	case safetensors.F8E5M2:
-		for i, b := range raw {
-			if b&0x7C == 0x7C {
-				return i, uint64(b)
-			}
-		}
-	case safetensors.F8E8M0:
-		for i, b := range raw {
-			if b == 0xFF {
-				return i, uint64(b)
-			}
-		}
-	}
-	return -1, 0
-}
-
-// checkFinite returns a *NonFiniteError when raw, the elements of tensor
-// name from element off on, holds a NaN or Inf.
-func checkFinite(file, name string, d safetensors.DType, raw []byte, off int64) error {
-	if i, bits := firstNonFinite(d, raw); i >= 0 {
-		return &NonFiniteError{File: file, Tensor: name, Element: off + int64(i), Bits: bits, DType: d}
-	}
-	return nil
-}
-
 // nonFiniteRows turns a path's error into the layer's failing non-finite
 // row when a weight held a NaN or Inf (err keeps the layer and expert the
 // paths wrapped around it); any other error is returned as it is.
 func nonFiniteRows(tg target, t int, err error) ([]LayerResult, error) {
-	var nf *NonFiniteError
+	var nf *tensorbytes.NonFiniteError
 	if !errors.As(err, &nf) {
 		return nil, err
 	}
@@ -113,34 +30,3 @@ func nonFiniteRow(tg target, t int, err error) LayerResult {
 }
 
 var nanF = math.NaN()
-
-// clean reports, eight bytes at a time, that raw holds no NaN or Inf of the
-// common weight dtypes (false: look element by element). A lane is
-// non-finite when its exponent bits are all set: x = (w & m) ^ m has a zero
-// lane exactly there, and the classic has-zero test finds it.
-func clean(d safetensors.DType, raw []byte) bool {
-	var m, lo, hi uint64
-	switch d {
-	case safetensors.BF16:
-		m, lo, hi = 0x7F807F807F807F80, 0x0001000100010001, 0x8000800080008000
-	case safetensors.F32:
-		m, lo, hi = 0x7F8000007F800000, 0x0000000100000001, 0x8000000080000000
-	case safetensors.F8E4M3:
-		m, lo, hi = 0x7F7F7F7F7F7F7F7F, 0x0101010101010101, 0x8080808080808080
-	default:
-		return false
-	}
-	n := len(raw) &^ 7
-	for i := 0; i < n; i += 8 {
-		x := (binary.LittleEndian.Uint64(raw[i:]) & m) ^ m
-		if (x-lo)&^x&hi != 0 {
-			return false
-		}
-	}
-	// the tail, and any word the test flagged, go element by element
-	if n == len(raw) {
-		return true
-	}
-	i, _ := firstNonFiniteSlow(d, raw[n:])
-	return i < 0
-}

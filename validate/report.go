@@ -11,6 +11,7 @@ import (
 
 	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/human"
+	"github.com/moeprep/moeprep/validate/byteproof"
 )
 
 // The comparisons a report row can hold.
@@ -134,7 +135,7 @@ type Report struct {
 	// Timings are the layers' timings of a GPU run, in run order.
 	Timings []LayerTiming `json:"timings,omitempty"`
 	// Bytes is the structural proof of DST against SRC and the contract.
-	Bytes *BytesResult `json:"bytes,omitempty"`
+	Bytes *byteproof.BytesResult `json:"bytes,omitempty"`
 	// Coverage sums up which experts the layer checks exercised, and
 	// ExpertGaps names, per checked layer, the experts they did not.
 	Coverage   *CoverageSummary `json:"coverage,omitempty"`
@@ -434,13 +435,13 @@ func (r Report) MarshalJSON() ([]byte, error) {
 		GPUPrecision string `json:"gpu_precision,omitempty"`
 		CPUCheck     string `json:"cpu_check,omitempty"`
 		*layerFields
-		Rows       []LayerResult    `json:"layers,omitempty"`
-		Coverage   *CoverageSummary `json:"coverage,omitempty"`
-		ExpertGaps *[]ExpertGap     `json:"experts_not_exercised,omitempty"`
-		Timings    []LayerTiming    `json:"timings,omitempty"`
-		Bytes      *BytesResult     `json:"bytes,omitempty"`
-		Notes      []string         `json:"notes"`
-		Seconds    float64          `json:"seconds"`
+		Rows       []LayerResult          `json:"layers,omitempty"`
+		Coverage   *CoverageSummary       `json:"coverage,omitempty"`
+		ExpertGaps *[]ExpertGap           `json:"experts_not_exercised,omitempty"`
+		Timings    []LayerTiming          `json:"timings,omitempty"`
+		Bytes      *byteproof.BytesResult `json:"bytes,omitempty"`
+		Notes      []string               `json:"notes"`
+		Seconds    float64                `json:"seconds"`
 	}{Schema: Schema, Tool: r.Tool, Mode: r.mode(), Failed: r.Failed(), Summary: r.Summary(), Src: r.Src, Dst: r.Dst, Golden: r.Golden,
 		Device: r.Device, DeviceName: r.DeviceName, GPUPrecision: r.GPUPrecision, CPUCheck: r.CPUCheck,
 		Rows: r.Rows, Coverage: r.Coverage, Timings: r.Timings, Bytes: r.Bytes, Notes: nonNil(r.Notes), Seconds: r.Seconds}

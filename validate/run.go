@@ -21,6 +21,8 @@ import (
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/validate/byteproof"
+	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
 // Defaults of the validate flags.
@@ -175,7 +177,7 @@ type target struct {
 	index  int
 	mtp    bool
 	src    *family.Layer
-	fused  *FusedLayer
+	fused  *cpuref.FusedLayer
 	golden string // path, "" if none
 }
 
@@ -336,7 +338,7 @@ func (s *session) checkBytes(ctx context.Context, rep *Report) error {
 	if s.meter != nil {
 		perShard = nil // the byte reporter shows the progress, with a rate and an ETA
 	}
-	res, err := CheckBytes(ctx, s.src, s.dst, s.srcPlan, s.contract, perShard)
+	res, err := byteproof.CheckBytes(ctx, s.src, s.dst, s.srcPlan, s.contract, perShard)
 	if err != nil {
 		return err
 	}
@@ -445,7 +447,7 @@ func (s *session) targets() ([]target, []string, error) {
 				return nil, nil, fmt.Errorf("%s: layer %d: contract prefix %q, checkpoint has %q", s.o.Dst, l.Index, li.Prefix, l.Prefix)
 			}
 			t := get(l.Index, l.MTP)
-			t.fused = &FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
+			t.fused = &cpuref.FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
 				Spec: s.dstPlan.RouteSpec(), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate,
 				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale}
 			if b, ok := s.contract.Biases(li); ok {
@@ -560,13 +562,13 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	if err != nil {
 		return nil, err
 	}
-	var ref *RefResult
-	var fused *FusedResult
+	var ref *cpuref.RefResult
+	var fused *cpuref.FusedResult
 	var refSec, fusedSec float64
 	if tg.src != nil && s.src != nil {
 		start := time.Now()
 		var err error
-		if ref, err = ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers}); err != nil {
+		if ref, err = cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers}); err != nil {
 			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", s.o.Src, err))
 		}
 		refSec = time.Since(start).Seconds()
@@ -574,7 +576,7 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	if tg.fused != nil && s.dst != nil {
 		start := time.Now()
 		var err error
-		if fused, err = FusedLayerRun(ctx, s.dst, tg.fused, x, t, FusedOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers}); err != nil {
+		if fused, err = cpuref.FusedLayerRun(ctx, s.dst, tg.fused, x, t, cpuref.FusedOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers}); err != nil {
 			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", s.o.Dst, err))
 		}
 		fusedSec = time.Since(start).Seconds()
@@ -637,7 +639,7 @@ func (s *session) layerInput(tg target) (x []float32, t int, g *Golden, err erro
 // vocabulary. SRC and DST must agree on which layers are hash-routed.
 func (s *session) layerTokens(tg target, t int, g *Golden) ([]int32, error) {
 	var table string
-	var src TensorSource
+	var src cpuref.TensorSource
 	if tg.src != nil && tg.src.HashTable != "" {
 		table, src = tg.src.HashTable, s.src
 	}
@@ -656,11 +658,11 @@ func (s *session) layerTokens(tg target, t int, g *Golden) ([]int32, error) {
 		}
 		return g.InputIDs, nil
 	}
-	vocab, err := hashVocab(src, table, s.dstPlanOrSrc().TopK)
+	vocab, err := cpuref.HashVocab(src, table, s.dstPlanOrSrc().TopK)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", tg.index, err)
 	}
-	return DrawTokens(s.o.Seed, tg.index, t, vocab), nil
+	return cpuref.DrawTokens(s.o.Seed, tg.index, t, vocab), nil
 }
 
 func (s *session) dstPlanOrSrc() *family.Plan {
@@ -682,7 +684,7 @@ func (s *session) tolerance(base Tolerance) Tolerance {
 
 // fusedUsage counts the bank experts the routed tokens chose (the forced
 // coverage tokens, if any, have rows of their own).
-func fusedUsage(r *LayerResult, f *FusedResult, c *layout.Contract) {
+func fusedUsage(r *LayerResult, f *cpuref.FusedResult, c *layout.Contract) {
 	r.Experts = c.BankSize()
 	r.ExpertsUsed = distinct(f.Slots.IDs[:f.Routing.T*f.Slots.K])
 }

@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
 // splitLayers divides the MoE layers into those the layer checks run on
@@ -81,7 +82,7 @@ func (s *session) forcedBankIDs(tg target, t int) []int {
 	all := &moe.Routing{T: t + cov.T, K: cov.K, IDs: make([]int32, (t+cov.T)*cov.K), Weights: make([]float32, (t+cov.T)*cov.K)}
 	copy(all.IDs[t*cov.K:], cov.Routing.IDs)
 	copy(all.Weights[t*cov.K:], cov.Routing.Weights)
-	fs, err := FusedSlots(all, s.contract)
+	fs, err := cpuref.FusedSlots(all, s.contract)
 	if err != nil {
 		return nil
 	}

@@ -20,14 +20,14 @@
 //
 // Adding a format: a file that implements Format and registers its
 // quantization name in init (as fp8block.go does), and its tests. Convert's
-// planner and the byte proof (validate/bytes.go) then stack, slice, prove
+// planner and the byte proof (validate/byteproof/bytes.go) then stack, slice, prove
 // and fold it as they ask. Outside this package the format still needs:
 // reading its quantization_config into a family.Plan (family/quant.go) and
 // checking its tensors in a source checkpoint (family/check.go); the
-// contract proof's own derivation of it (validate/contractproof.go,
+// contract proof's own derivation of it (validate/byteproof/contractproof.go,
 // independent on purpose); validate's CPU and GPU paths to hand the loaders
 // the contract's or plan's Format, where they now hand an FP8 block size
-// (validate/weights.go's matrixRef.format); and, where the GPU kernels
+// (validate/cpuref/weights.go's MatrixRef.format); and, where the GPU kernels
 // cannot take its bytes, a GPU decode (kernels, and kernelsTake in
 // validate/gpu_bank.go). A packed format (several elements to a dtype unit)
 // also needs the callers' shape checks to ask Matrix.Shape; one with a

@@ -1,10 +1,9 @@
-package validate
+package byteproof
 
 import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/moeprep/moeprep/internal/human"
 	"io"
 	"math"
 	"path/filepath"
@@ -15,10 +14,12 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/internal/safeio"
 	"github.com/moeprep/moeprep/internal/termsafe"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/tensorbytes"
 	"github.com/moeprep/moeprep/weightfmt"
 	"golang.org/x/sync/errgroup"
 )
@@ -649,7 +650,7 @@ func compareSeg(path string, ti *safetensors.TensorInfo, sg segment, got, want [
 	mm := func(kind string, off int64, detail string) *ByteMismatch {
 		return &ByteMismatch{Kind: kind, File: path, Tensor: ti.Name, Layer: sg.layer, Expert: sg.expert, Offset: off, Detail: detail}
 	}
-	if i, bits := firstNonFinite(ti.DType, got); i >= 0 {
+	if i, bits := tensorbytes.FirstNonFinite(ti.DType, got); i >= 0 {
 		es := int64(ti.DType.Size())
 		return mm(MismatchNaN, at+int64(i)*es, fmt.Sprintf("element %d is NaN or Inf (bits %#x)", (at/es)+int64(i), bits))
 	}
@@ -711,7 +712,7 @@ func (r *segReader) Read(p []byte) (int, error) {
 		}
 		rg := sg.ranges[r.rng]
 		m := min(int64(len(p)-n), rg[1]-rg[0]-r.pos)
-		if err := readAt(sg.src, p[n:n+int(m)], rg[0]+r.pos); err != nil {
+		if err := tensorbytes.ReadAt(sg.src, p[n:n+int(m)], rg[0]+r.pos); err != nil {
 			return n, err
 		}
 		n += int(m)

@@ -1,4 +1,4 @@
-package validate
+package cpuref
 
 import (
 	"encoding/binary"
@@ -18,7 +18,7 @@ import (
 // routerRef names what routes one layer: the router [E,H] (or [E+S,H]),
 // its correction bias, its own logit bias (gpt-oss), a hash table and a
 // scale tensor (Inkling's global_scale), "" where absent.
-type routerRef struct {
+type RouterRef struct {
 	Router, Bias, LogitBias, Hash, Scale string
 }
 
@@ -34,7 +34,7 @@ func DrawTokens(seed uint64, layer, t, vocab int) []int32 {
 }
 
 // hashVocab is the number of token ids a layer's table maps.
-func hashVocab(src TensorSource, name string, k int) (int, error) {
+func HashVocab(src TensorSource, name string, k int) (int, error) {
 	t, ok := src.Tensor(name)
 	if !ok {
 		return 0, fmt.Errorf("hash routing table %s is missing", name)
@@ -50,8 +50,8 @@ func hashVocab(src TensorSource, name string, k int) (int, error) {
 
 // hashIDs looks tokens up in a table [vocab, k] of expert ids below e: one
 // read of k entries per token, so the table is never loaded whole.
-func hashIDs(src TensorSource, name string, tokens []int32, k, e int) ([]int32, error) {
-	vocab, err := hashVocab(src, name, k)
+func HashIDs(src TensorSource, name string, tokens []int32, k, e int) ([]int32, error) {
+	vocab, err := HashVocab(src, name, k)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package validate
+package cpuref
 
 import (
 	"bytes"
@@ -76,9 +76,9 @@ func TestLoadMatrixFP8Halves(t *testing.T) {
 		gr, _ := ScaleDims(tc.inter, tc.h, tc.bo, tc.bi)
 		for e := range s.n {
 			for half := range 2 {
-				ref := matrixRef{Name: "w", Index: e, Rows: tc.inter, Cols: tc.h, SliceRows: 2 * tc.inter, RowStart: half * tc.inter,
+				ref := MatrixRef{Name: "w", Index: e, Rows: tc.inter, Cols: tc.h, SliceRows: 2 * tc.inter, RowStart: half * tc.inter,
 					Scale: "w_scale_inv", ScaleSliceRows: 2 * gr, ScaleRowStart: half * gr, BlockRows: tc.bo, BlockCols: tc.bi}
-				got, err := loadMatrix(src, ref)
+				got, err := LoadMatrix(src, ref)
 				if err != nil {
 					t.Fatalf("%+v expert %d half %d: %v", tc, e, half, err)
 				}
@@ -103,20 +103,20 @@ func TestLoadMatrixRefusesMismatchedFormats(t *testing.T) {
 	src.add("ints", safetensors.I32, []int64{4, 4}, make([]byte, 64))
 	for _, tc := range []struct {
 		name string
-		ref  matrixRef
+		ref  MatrixRef
 		want string
 	}{
-		{"fp8 without its scale", matrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4}, "is F8_E4M3 without a weight_scale_inv"},
-		{"bf16 with a scale", matrixRef{Name: "bf16", Index: -1, Rows: 4, Cols: 4, Scale: "scale"}, "is BF16 but has a block scale scale (expected F8_E4M3)"},
-		{"a bf16 scale", matrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4, Scale: "bf16scale", BlockRows: 4, BlockCols: 4}, "scale bf16scale is BF16, want F32"},
-		{"rows off the block edge", matrixRef{Name: "fp8", Index: -1, Rows: 2, Cols: 4, SliceRows: 4, RowStart: 2, Scale: "scale", BlockRows: 4, BlockCols: 4}, "do not start a 4-row scale block"},
-		{"integers", matrixRef{Name: "ints", Index: -1, Rows: 4, Cols: 4}, "dtype I32 is not a floating-point type"},
+		{"fp8 without its scale", MatrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4}, "is F8_E4M3 without a weight_scale_inv"},
+		{"bf16 with a scale", MatrixRef{Name: "bf16", Index: -1, Rows: 4, Cols: 4, Scale: "scale"}, "is BF16 but has a block scale scale (expected F8_E4M3)"},
+		{"a bf16 scale", MatrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4, Scale: "bf16scale", BlockRows: 4, BlockCols: 4}, "scale bf16scale is BF16, want F32"},
+		{"rows off the block edge", MatrixRef{Name: "fp8", Index: -1, Rows: 2, Cols: 4, SliceRows: 4, RowStart: 2, Scale: "scale", BlockRows: 4, BlockCols: 4}, "do not start a 4-row scale block"},
+		{"integers", MatrixRef{Name: "ints", Index: -1, Rows: 4, Cols: 4}, "dtype I32 is not a floating-point type"},
 	} {
-		if _, err := loadMatrix(src, tc.ref); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := LoadMatrix(src, tc.ref); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
 		}
 	}
-	got, err := loadMatrix(src, matrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4, Scale: "scale", BlockRows: 4, BlockCols: 4})
+	got, err := LoadMatrix(src, MatrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4, Scale: "scale", BlockRows: 4, BlockCols: 4})
 	if err != nil || got[0] != 2 || got[15] != 2 {
 		t.Errorf("fp8 ones times scale 2: %v %v", got, err)
 	}

@@ -1,4 +1,4 @@
-package validate
+package cpuref
 
 import (
 	"encoding/binary"

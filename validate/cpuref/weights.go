@@ -1,4 +1,4 @@
-package validate
+package cpuref
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/tensorbytes"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -25,7 +26,7 @@ type TensorSource interface {
 // BlockRows x BlockCols then); its slice has ScaleSliceRows grid rows (0:
 // the grid of SliceRows) of which the matrix uses its own grid's from
 // ScaleRowStart (0: the grid rows that cover RowStart on).
-type matrixRef struct {
+type MatrixRef struct {
 	Name           string
 	Index          int
 	Rows, Cols     int
@@ -40,7 +41,7 @@ type matrixRef struct {
 
 // format is how m's weight is stored: FP8 block-scaled when m names a
 // scale, plain in the tensor's dtype otherwise.
-func (m matrixRef) format(d safetensors.DType) weightfmt.Format {
+func (m MatrixRef) format(d safetensors.DType) weightfmt.Format {
 	if m.Scale == "" {
 		return weightfmt.Plain(d)
 	}
@@ -57,13 +58,13 @@ func (m matrixRef) format(d safetensors.DType) weightfmt.Format {
 // scaledAlone is the format whose weights are stored as dtype d but that
 // m, naming no scale, cannot be: F8_E4M3 values mean nothing without
 // their block scales.
-func (m matrixRef) scaledAlone(d safetensors.DType) (weightfmt.Scale, bool) {
+func (m MatrixRef) scaledAlone(d safetensors.DType) (weightfmt.Scale, bool) {
 	blocks := weightfmt.FP8Block(FP8Block, FP8Block, false)
 	s, _ := blocks.Scale()
 	return s, m.Scale == "" && d == blocks.DType()
 }
 
-func (m matrixRef) String() string {
+func (m MatrixRef) String() string {
 	s := m.Name
 	if m.Index >= 0 {
 		s = fmt.Sprintf("%s[%d]", m.Name, m.Index)
@@ -111,7 +112,7 @@ func readElems(t *checkpoint.Tensor, off, n int64) ([]byte, error) {
 	buf := getBytes(int(n * size))
 	got, err := t.Data.ReadAt(buf, off*size)
 	if got == len(buf) {
-		if err := checkFinite(t.File, t.Name, t.DType, buf, off); err != nil {
+		if err := tensorbytes.CheckFinite(t.File, t.Name, t.DType, buf, off); err != nil {
 			putBytes(buf)
 			return nil, err
 		}
@@ -126,7 +127,7 @@ func readElems(t *checkpoint.Tensor, off, n int64) ([]byte, error) {
 
 // loadMatrix reads one weight and dequantises it to float32 as its format
 // says.
-func loadMatrix(src TensorSource, m matrixRef) ([]float32, error) {
+func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 	sliceRows := m.SliceRows
 	if sliceRows == 0 {
 		sliceRows = m.Rows
@@ -216,7 +217,7 @@ func loadRow(src TensorSource, name string, index, n int) ([]float32, error) {
 
 // loadVector reads a 1-D (or [1,n], or [n,1]: a bias cut from a stack by a
 // view) tensor of n floats.
-func loadVector(src TensorSource, name string, n int) ([]float32, error) {
+func LoadVector(src TensorSource, name string, n int) ([]float32, error) {
 	t, ok := src.Tensor(name)
 	if !ok {
 		return nil, fmt.Errorf("tensor %s is missing", name)

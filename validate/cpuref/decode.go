@@ -1,9 +1,4 @@
-// Package validate proves that a converted (stacked, shared-fused, rsf-folded)
-// checkpoint computes the same MoE layers as its source: an unfused reference
-// on the source plan and a fused path that is the CPU twin of the serving
-// kernels (gate, moe_align_block_size, grouped GEMM, finalize) run on the same
-// token vectors, and their outputs, routings and HF goldens are compared.
-package validate
+package cpuref
 
 import (
 	"fmt"

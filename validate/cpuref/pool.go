@@ -1,4 +1,4 @@
-package validate
+package cpuref
 
 import "sync"
 
@@ -31,7 +31,7 @@ func getFloats(n int) []float32 {
 	return make([]float32, n)
 }
 
-func putFloats(f []float32) {
+func PutFloats(f []float32) {
 	if cap(f) >= 1<<18 {
 		floatPool.Put(&f)
 	}

@@ -1,4 +1,4 @@
-package validate
+package cpuref
 
 import (
 	"context"
@@ -20,12 +20,12 @@ func FusedSlots(r *moe.Routing, c *layout.Contract) (*moe.Slots, error) {
 	if err := c.Check(); err != nil {
 		return nil, err
 	}
-	return moe.FusedSlots(r, c.NumExperts, sharedSlots(c), float32(c.RuntimeScale()))
+	return moe.FusedSlots(r, c.NumExperts, SharedSlots(c), float32(c.RuntimeScale()))
 }
 
 // sharedSlots is the contract's shared slot layout (none when the shared
 // experts were not fused).
-func sharedSlots(c *layout.Contract) moe.SharedSlots {
+func SharedSlots(c *layout.Contract) moe.SharedSlots {
 	if c.NumFusedSharedExperts == 0 {
 		return moe.SharedSlots{}
 	}
@@ -35,9 +35,9 @@ func sharedSlots(c *layout.Contract) moe.SharedSlots {
 // releaseExpert hands a bank expert's weight buffers back to the pool once
 // the grouped GEMM is done with it.
 func releaseExpert(m *moe.ExpertMats) {
-	putFloats(m.Gate)
-	putFloats(m.Up)
-	putFloats(m.Down)
+	PutFloats(m.Gate)
+	PutFloats(m.Up)
+	PutFloats(m.Down)
 	m.Gate, m.Up, m.Down = nil, nil, nil
 }
 
@@ -75,12 +75,12 @@ type FusedResult struct {
 	Align   *moe.Alignment
 }
 
-func (fl *FusedLayer) router() routerRef {
-	return routerRef{Router: fl.Router, Bias: fl.RouterBias, LogitBias: fl.RouterLogitBias, Hash: fl.HashTable, Scale: fl.RouterScale}
+func (fl *FusedLayer) RouterRef() RouterRef {
+	return RouterRef{Router: fl.Router, Bias: fl.RouterBias, LogitBias: fl.RouterLogitBias, Hash: fl.HashTable, Scale: fl.RouterScale}
 }
 
 // stackDims reads H and I from the stacked tensors and checks the bank size.
-func (fl *FusedLayer) stackDims(src TensorSource) (h, inter int, err error) {
+func (fl *FusedLayer) StackDims(src TensorSource) (h, inter int, err error) {
 	name := fl.Names.Down
 	t, ok := src.Tensor(name)
 	if !ok {
@@ -102,8 +102,8 @@ func (fl *FusedLayer) loader(src TensorSource, h, inter int) moe.ExpertLoader {
 	if c.Quantized() {
 		bo, bi = int(c.WeightBlockSize[0]), int(c.WeightBlockSize[1])
 	}
-	ref := func(name, scale string, e, rows, cols int) matrixRef {
-		return matrixRef{Name: name, Index: e, Rows: rows, Cols: cols, Scale: scale, BlockRows: bo, BlockCols: bi}
+	ref := func(name, scale string, e, rows, cols int) MatrixRef {
+		return MatrixRef{Name: name, Index: e, Rows: rows, Cols: cols, Scale: scale, BlockRows: bo, BlockCols: bi}
 	}
 	return func(_ context.Context, e int) (*moe.ExpertMats, error) {
 		m := &moe.ExpertMats{}
@@ -121,11 +121,11 @@ func (fl *FusedLayer) loader(src TensorSource, h, inter int) moe.ExpertLoader {
 				first.ScaleSliceRows, second.ScaleSliceRows = 2*half, 2*half
 				second.ScaleRowStart = half
 			}
-			a, err := loadMatrix(src, first)
+			a, err := LoadMatrix(src, first)
 			if err != nil {
 				return nil, wrap(err)
 			}
-			b, err := loadMatrix(src, second)
+			b, err := LoadMatrix(src, second)
 			if err != nil {
 				return nil, wrap(err)
 			}
@@ -134,18 +134,18 @@ func (fl *FusedLayer) loader(src TensorSource, h, inter int) moe.ExpertLoader {
 				m.Gate, m.Up = b, a
 			}
 		} else {
-			if m.Gate, err = loadMatrix(src, ref(n.Gate, n.GateScale, e, inter, h)); err != nil {
+			if m.Gate, err = LoadMatrix(src, ref(n.Gate, n.GateScale, e, inter, h)); err != nil {
 				return nil, wrap(err)
 			}
-			if m.Up, err = loadMatrix(src, ref(n.Up, n.UpScale, e, inter, h)); err != nil {
+			if m.Up, err = LoadMatrix(src, ref(n.Up, n.UpScale, e, inter, h)); err != nil {
 				return nil, wrap(err)
 			}
 		}
-		if m.Down, err = loadMatrix(src, ref(n.Down, n.DownScale, e, h, inter)); err != nil {
+		if m.Down, err = LoadMatrix(src, ref(n.Down, n.DownScale, e, h, inter)); err != nil {
 			return nil, wrap(err)
 		}
 		m.Act = c.Act()
-		if m.GateBias, m.UpBias, m.DownBias, err = fl.expertBiases(src, e, h, inter); err != nil {
+		if m.GateBias, m.UpBias, m.DownBias, err = fl.ExpertBiases(src, e, h, inter); err != nil {
 			return nil, wrap(err)
 		}
 		return m, nil
@@ -154,7 +154,7 @@ func (fl *FusedLayer) loader(src TensorSource, h, inter int) moe.ExpertLoader {
 
 // expertBiases reads bank expert e's gate, up [inter] and down [h] biases
 // from the layer's bias stacks (all nil when the experts have none).
-func (fl *FusedLayer) expertBiases(src TensorSource, e, h, inter int) (gb, ub, db []float32, err error) {
+func (fl *FusedLayer) ExpertBiases(src TensorSource, e, h, inter int) (gb, ub, db []float32, err error) {
 	b := fl.Biases
 	if b == nil {
 		return nil, nil, nil, nil
@@ -202,7 +202,7 @@ type FusedOptions struct {
 // gate (top-k plus shared slots), moe_align_block_size, grouped GEMM over the
 // blocks, finalize; plus an unfused shared expert where the contract left one.
 func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []float32, t int, o FusedOptions) (*FusedResult, error) {
-	h, inter, err := fl.stackDims(src)
+	h, inter, err := fl.StackDims(src)
 	if err != nil {
 		return nil, err
 	}
@@ -212,11 +212,11 @@ func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []fl
 	if fl.Spec.NumExperts != fl.Contract.NumExperts {
 		return nil, fmt.Errorf("layer %d: config routes over %d experts, the contract says %d", fl.Index, fl.Spec.NumExperts, fl.Contract.NumExperts)
 	}
-	routed, err := routeLayer(src, fl.Spec, fl.router(), x, t, h, o.Tokens)
+	routed, err := routeLayer(src, fl.Spec, fl.RouterRef(), x, t, h, o.Tokens)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	x, routing, err := withCoverage(x, routed, o.Coverage)
+	x, routing, err := WithCoverage(x, routed, o.Coverage)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
@@ -232,7 +232,7 @@ func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []fl
 	gx, gt, gk, weights := x, t, slots.K, slots.Weights
 	if fl.Contract.RoutedInputScaled {
 		// Llama 4: each slot's row is w * x and the slots sum unweighted.
-		gx, gt, gk, weights = slotRows(x, h, slots.K, slots.Weights), t*slots.K, 1, ones(len(slots.Weights))
+		gx, gt, gk, weights = SlotRows(x, h, slots.K, slots.Weights), t*slots.K, 1, Ones(len(slots.Weights))
 	}
 	out, err := moe.GroupedGEMM(ctx, gx, gt, h, inter, gk, al, fl.loader(src, h, inter), moe.GEMMOptions{Workers: o.Workers, Release: releaseExpert})
 	if err != nil {
@@ -255,7 +255,7 @@ func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []fl
 			return nil, err
 		}
 	}
-	scaleOutput(y, fl.Contract.Output())
+	ScaleOutput(y, fl.Contract.Output())
 	return &FusedResult{Y: y, Routing: routed, Slots: slots, Align: al}, nil
 }
 
@@ -269,7 +269,7 @@ func (fl *FusedLayer) addDenseShared(src TensorSource, x []float32, t, h int, y 
 	}
 	var gw []float32
 	if fl.SharedGate != "" {
-		if gw, err = loadVector(src, fl.SharedGate, h); err != nil {
+		if gw, err = LoadVector(src, fl.SharedGate, h); err != nil {
 			return wrap(err)
 		}
 	}
@@ -308,7 +308,7 @@ func (fl *FusedLayer) addRoutedShared(src TensorSource, x []float32, r *moe.Rout
 				y[tok*h+j] += w * o[tok*h+j]
 			}
 		}
-		putFloats(o)
+		PutFloats(o)
 	}
 	return nil
 }
@@ -329,24 +329,24 @@ func (fl *FusedLayer) denseMLP(src TensorSource, m family.MLP, x []float32, t, h
 	if c := fl.Contract; c.Quantized() {
 		bo, bi = int(c.WeightBlockSize[0]), int(c.WeightBlockSize[1])
 	}
-	ref := func(name, scale string, rows, cols int) matrixRef {
-		return matrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, BlockRows: bo, BlockCols: bi}
+	ref := func(name, scale string, rows, cols int) MatrixRef {
+		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, BlockRows: bo, BlockCols: bi}
 	}
-	gate, err := loadMatrix(src, ref(m.Gate, m.GateScale, inter, h))
+	gate, err := LoadMatrix(src, ref(m.Gate, m.GateScale, inter, h))
 	if err != nil {
 		return nil, err
 	}
-	defer putFloats(gate)
-	up, err := loadMatrix(src, ref(m.Up, m.UpScale, inter, h))
+	defer PutFloats(gate)
+	up, err := LoadMatrix(src, ref(m.Up, m.UpScale, inter, h))
 	if err != nil {
 		return nil, err
 	}
-	defer putFloats(up)
-	down, err := loadMatrix(src, ref(m.Down, m.DownScale, h, inter))
+	defer PutFloats(up)
+	down, err := LoadMatrix(src, ref(m.Down, m.DownScale, h, inter))
 	if err != nil {
 		return nil, err
 	}
-	defer putFloats(down)
+	defer PutFloats(down)
 	impl := gonum.Implementation{}
 	g := make([]float32, t*inter)
 	u := make([]float32, t*inter)
@@ -354,13 +354,13 @@ func (fl *FusedLayer) denseMLP(src TensorSource, m family.MLP, x []float32, t, h
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, up, h, 0, u, inter)
 	var gb, ub, db []float32
 	if m.GateBias != "" { // ERNIE 4.5 use_bias
-		if gb, err = loadVector(src, m.GateBias, inter); err != nil {
+		if gb, err = LoadVector(src, m.GateBias, inter); err != nil {
 			return nil, err
 		}
-		if ub, err = loadVector(src, m.UpBias, inter); err != nil {
+		if ub, err = LoadVector(src, m.UpBias, inter); err != nil {
 			return nil, err
 		}
-		if db, err = loadVector(src, m.DownBias, h); err != nil {
+		if db, err = LoadVector(src, m.DownBias, h); err != nil {
 			return nil, err
 		}
 	}
@@ -375,7 +375,7 @@ func (fl *FusedLayer) denseMLP(src TensorSource, m family.MLP, x []float32, t, h
 // the contract's output_scale (Cohere2's average: 0.5, a power of two, so
 // the product is exact and the order of the sum does not matter). The GPU
 // paths apply it here too, to the output they read back.
-func scaleOutput(y []float32, s float64) {
+func ScaleOutput(y []float32, s float64) {
 	if s == 1 {
 		return
 	}

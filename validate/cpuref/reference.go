@@ -1,4 +1,4 @@
-package validate
+package cpuref
 
 import (
 	"context"
@@ -56,11 +56,11 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
 	spec := plan.RouteSpec()
-	routed, err := routeLayer(src, spec, routerOf(layer), x, t, h, o.Tokens)
+	routed, err := routeLayer(src, spec, RouterOf(layer), x, t, h, o.Tokens)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
-	x, routing, err := withCoverage(x, routed, o.Coverage)
+	x, routing, err := WithCoverage(x, routed, o.Coverage)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
@@ -80,7 +80,7 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 		}
 		users[id] = append(users[id], s)
 	}
-	block := blockOf(plan)
+	block := BlockOf(plan)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(workers)
 	for id := range e {
@@ -147,14 +147,14 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 // routeLayer loads a router (and its correction bias, its own logit bias
 // and its hash table, where named) and routes x; tokens are the token ids
 // of x's rows, needed only by a hash-routed layer.
-func routeLayer(src TensorSource, spec moe.RouteSpec, rr routerRef, x []float32, t, h int, tokens []int32) (*moe.Routing, error) {
-	wg, err := loadMatrix(src, matrixRef{Name: rr.Router, Index: -1, Rows: spec.Rows(), Cols: h})
+func routeLayer(src TensorSource, spec moe.RouteSpec, rr RouterRef, x []float32, t, h int, tokens []int32) (*moe.Routing, error) {
+	wg, err := LoadMatrix(src, MatrixRef{Name: rr.Router, Index: -1, Rows: spec.Rows(), Cols: h})
 	if err != nil {
 		return nil, err
 	}
 	var b []float32
 	if rr.Bias != "" {
-		if b, err = loadVector(src, rr.Bias, spec.NumExperts); err != nil {
+		if b, err = LoadVector(src, rr.Bias, spec.NumExperts); err != nil {
 			return nil, err
 		}
 	}
@@ -163,7 +163,7 @@ func routeLayer(src TensorSource, spec moe.RouteSpec, rr routerRef, x []float32,
 		return nil, err
 	}
 	if rr.LogitBias != "" {
-		lb, err := loadVector(src, rr.LogitBias, spec.NumExperts)
+		lb, err := LoadVector(src, rr.LogitBias, spec.NumExperts)
 		if err != nil {
 			return nil, err
 		}
@@ -174,7 +174,7 @@ func routeLayer(src TensorSource, spec moe.RouteSpec, rr routerRef, x []float32,
 		if len(tokens) != t {
 			return nil, fmt.Errorf("hash-routed layer: %d token ids for %d tokens", len(tokens), t)
 		}
-		if ids, err = hashIDs(src, rr.Hash, tokens, spec.TopK, spec.NumExperts); err != nil {
+		if ids, err = HashIDs(src, rr.Hash, tokens, spec.TopK, spec.NumExperts); err != nil {
 			return nil, err
 		}
 	}
@@ -185,7 +185,7 @@ func routeLayer(src TensorSource, spec moe.RouteSpec, rr routerRef, x []float32,
 // host: through the hash table's ids where non-nil, else top-k with the
 // correction bias b (nil: none), then times the router's scale tensor.
 // The CPU paths run it; the GPU's gate kernel is checked against it.
-func routeLogits(src TensorSource, spec moe.RouteSpec, rr routerRef, logits, b []float32, ids []int32, t int) (*moe.Routing, error) {
+func routeLogits(src TensorSource, spec moe.RouteSpec, rr RouterRef, logits, b []float32, ids []int32, t int) (*moe.Routing, error) {
 	if ids != nil {
 		return moe.RouteHashed(spec, logits, ids, t)
 	}
@@ -194,7 +194,7 @@ func routeLogits(src TensorSource, spec moe.RouteSpec, rr routerRef, logits, b [
 		return nil, err
 	}
 	if rr.Scale != "" {
-		s, err := routerScale(src, rr)
+		s, err := RouterScale(src, rr)
 		if err != nil {
 			return nil, err
 		}
@@ -206,11 +206,11 @@ func routeLogits(src TensorSource, spec moe.RouteSpec, rr routerRef, logits, b [
 // routerScale reads the router's scale tensor (Inkling's global_scale), a
 // finite non-zero scalar (zero would make the whole layer's output zero,
 // nothing to compare); 1 when the router has none.
-func routerScale(src TensorSource, rr routerRef) (float32, error) {
+func RouterScale(src TensorSource, rr RouterRef) (float32, error) {
 	if rr.Scale == "" {
 		return 1, nil
 	}
-	s, err := loadVector(src, rr.Scale, 1)
+	s, err := LoadVector(src, rr.Scale, 1)
 	if err != nil {
 		return 0, err
 	}
@@ -225,11 +225,11 @@ func routerScale(src TensorSource, rr routerRef) (float32, error) {
 }
 
 // routerOf names a planned layer's router.
-func routerOf(l *family.Layer) routerRef {
-	return routerRef{Router: l.Router, Bias: l.RouterBias, LogitBias: l.RouterLogitBias, Hash: l.HashTable, Scale: l.RouterScale}
+func RouterOf(l *family.Layer) RouterRef {
+	return RouterRef{Router: l.Router, Bias: l.RouterBias, LogitBias: l.RouterLogitBias, Hash: l.HashTable, Scale: l.RouterScale}
 }
 
-func blockOf(plan *family.Plan) int {
+func BlockOf(plan *family.Plan) int {
 	if plan.Quantization == family.QuantFP8Block {
 		return FP8Block
 	}
@@ -246,38 +246,38 @@ type refMLP struct {
 }
 
 func loadSourceMLP(src TensorSource, names family.MLP, inter, h, block int, act layout.Activation) (*refMLP, error) {
-	ref := func(name, scale string, rows, cols int) matrixRef {
-		return matrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, BlockRows: block, BlockCols: block}
+	ref := func(name, scale string, rows, cols int) MatrixRef {
+		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, BlockRows: block, BlockCols: block}
 	}
 	m := &refMLP{h: h, inter: inter, act: act}
 	var err error
 	if names.GateBias != "" {
-		if m.gb, err = loadVector(src, names.GateBias, inter); err != nil {
+		if m.gb, err = LoadVector(src, names.GateBias, inter); err != nil {
 			return nil, err
 		}
-		if m.ub, err = loadVector(src, names.UpBias, inter); err != nil {
+		if m.ub, err = LoadVector(src, names.UpBias, inter); err != nil {
 			return nil, err
 		}
-		if m.db, err = loadVector(src, names.DownBias, h); err != nil {
+		if m.db, err = LoadVector(src, names.DownBias, h); err != nil {
 			return nil, err
 		}
 	}
-	if m.gate, err = loadMatrix(src, ref(names.Gate, names.GateScale, inter, h)); err != nil {
+	if m.gate, err = LoadMatrix(src, ref(names.Gate, names.GateScale, inter, h)); err != nil {
 		return nil, err
 	}
-	if m.up, err = loadMatrix(src, ref(names.Up, names.UpScale, inter, h)); err != nil {
+	if m.up, err = LoadMatrix(src, ref(names.Up, names.UpScale, inter, h)); err != nil {
 		return nil, err
 	}
-	if m.down, err = loadMatrix(src, ref(names.Down, names.DownScale, h, inter)); err != nil {
+	if m.down, err = LoadMatrix(src, ref(names.Down, names.DownScale, h, inter)); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
 func (m *refMLP) release() {
-	putFloats(m.gate)
-	putFloats(m.up)
-	putFloats(m.down)
+	PutFloats(m.gate)
+	PutFloats(m.up)
+	PutFloats(m.down)
 	m.gate, m.up, m.down = nil, nil, nil
 }
 
@@ -334,7 +334,7 @@ func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan
 	defer m.release()
 	var gateW []float32
 	if layer.SharedGate != "" {
-		if gateW, err = loadVector(src, layer.SharedGate, h); err != nil {
+		if gateW, err = LoadVector(src, layer.SharedGate, h); err != nil {
 			return fmt.Errorf("layer %d shared expert gate: %w", layer.Index, err)
 		}
 	}
@@ -423,7 +423,7 @@ func scaledRow(x []float32, w float32) []float32 {
 // slotRows is the input of an input-scaled grouped GEMM: one row per slot,
 // slot s = t*k + j holding weights[s] * x[t], so the GEMM runs with one
 // slot per "token" and finalize sums each token's k slots unweighted.
-func slotRows(x []float32, h, k int, weights []float32) []float32 {
+func SlotRows(x []float32, h, k int, weights []float32) []float32 {
 	out := make([]float32, len(weights)*h)
 	for s, w := range weights {
 		tok := s / k
@@ -435,7 +435,7 @@ func slotRows(x []float32, h, k int, weights []float32) []float32 {
 }
 
 // ones is n weights of 1: the finalize weights of an input-scaled layer.
-func ones(n int) []float32 {
+func Ones(n int) []float32 {
 	out := make([]float32, n)
 	for i := range out {
 		out[i] = 1

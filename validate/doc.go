@@ -1,0 +1,12 @@
+// Package validate proves that a converted (stacked, shared-fused, rsf-folded)
+// checkpoint computes the same MoE layers as its source: an unfused reference
+// on the source plan and a fused path that is the CPU twin of the serving
+// kernels (gate, moe_align_block_size, grouped GEMM, finalize) run on the same
+// token vectors, and their outputs, routings and HF goldens are compared.
+//
+// The root package holds the options, the orchestration of a run and the
+// report; each concern it drives lives in a subpackage that does not import
+// it: cpuref (the CPU reference and fused twins, and the forced coverage
+// tokens they run), byteproof (the structural proof), tensorbytes (reading
+// tensor bytes and scanning them for NaN and Inf).
+package validate
