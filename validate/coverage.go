@@ -3,16 +3,9 @@ package validate
 import (
 	"fmt"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/judge"
 	"math"
 	"slices"
-)
-
-// The coverage checks: both paths on forced tokens that exercise every
-// expert of the bank, whatever the router would have chosen.
-const (
-	CheckCoverage               = "coverage"                  // CPU: DST fused path vs SRC reference on forced tokens
-	CheckGPUCoverage            = "gpu-coverage"              // GPU fused vs GPU unfused on forced tokens
-	CheckGPUCoverageVsReference = "gpu-coverage-vs-reference" // GPU fused vs the CPU reference on forced tokens
 )
 
 // tokenRows returns rows [lo,hi) of a [T,H] matrix.
@@ -176,7 +169,7 @@ func (r *Report) finishCoverage(sample int) {
 			layers[row.Layer] = a
 			order = append(order, row.Layer)
 		}
-		isCov := row.Check == CheckCoverage || row.Check == CheckGPUCoverage || row.Check == CheckGPUCoverageVsReference
+		isCov := judge.IsCoverage(row.Check)
 		if isCov && !forced[row.Layer] {
 			forced[row.Layer] = true
 			a.used, a.total = 0, 0

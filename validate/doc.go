@@ -8,5 +8,7 @@
 // report; each concern it drives lives in a subpackage that does not import
 // it: cpuref (the CPU reference and fused twins, and the forced coverage
 // tokens they run), byteproof (the structural proof), tensorbytes (reading
-// tensor bytes and scanning them for NaN and Inf).
+// tensor bytes and scanning them for NaN and Inf), judge (the metrics, the
+// tolerances and the one table of checks: each check's comparison,
+// tolerance rule and judgement, looked up by name).
 package validate

@@ -4,41 +4,9 @@ import (
 	"context"
 	"fmt"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/judge"
 	"time"
 )
-
-// The comparisons of a --device cuda run.
-const (
-	CheckGPUFusedVsGPUUnfused = "gpu-fused-vs-gpu-unfused" // DST fused on the GPU vs SRC unfused on the GPU
-	CheckGPUFusedVsReference  = "gpu-fused-vs-reference"   // DST fused on the GPU vs the CPU reference (sampled layers)
-	CheckGPUFusedVsGolden     = "gpu-fused-vs-golden"      // DST fused on the GPU vs HF golden y
-	CheckGPUUnfusedVsGolden   = "gpu-unfused-vs-golden"    // SRC unfused on the GPU vs HF golden y (no DST)
-)
-
-// TolGPUF32 is for the GPU kernels in f32 mode (f32 activations, weights as
-// stored) against float32/float64 CPU paths or each other on identical
-// weights: f32 accumulation in another order, measured 2.6e-7..5.8e-7 by the
-// kernels' tests; 1e-5 as TolFP32.
-var TolGPUF32 = Tolerance{Name: "gpu-f32", MaxRelL2: 1e-5, MinCosine: 1 - 1e-8,
-	Reason: "f32 activations on the GPU: only summation order differs (kernels measured <= 5.8e-7)"}
-
-// TolGPUW8A8 is for the GPU kernels in w8a8 mode (--precision fp8) against
-// the CPU reference in the same numerics (RefOptions.W8A8) or each
-// other: the tensor cores' truncated fp8 accumulation (~1.7e-4 a GEMM) flips
-// ~20% of the intermediate's bf16 roundings and ~2% of its e4m3 codes, which
-// the kernels' tests measured at 3.5e-3..4.9e-3 over both stages against
-// the twin (kernels/GEMM_NOTES.md, 2026-11-23); bf16 mode's 2e-2 keeps a 4x
-// margin and the same sensitivity to conversion errors.
-var TolGPUW8A8 = Tolerance{Name: "gpu-w8a8", MaxRelL2: 2e-2, MinCosine: 0.999,
-	Reason: "w8a8 on the GPU vs the w8a8 CPU reference: fp8 tensor-core accumulation and e4m3 code flips (kernels measured <= 4.9e-3)"}
-
-// TolW8A8Golden is for a w8a8 path against HF's float32 goldens: two e4m3
-// roundings of every expert GEMM's input (~3% RMS each) in quadrature,
-// measured 0.042..0.044 relative L2 on random data (validate/README.md);
-// 0.08 is the top of that band. Mutations below it are caught only by the
-// w8a8 checks against the CPU reference.
-var TolW8A8Golden = Tolerance{Name: "w8a8-vs-golden", MaxRelL2: 8e-2, MinCosine: 0.995,
-	Reason: "w8a8 numerics vs float32 HF outputs: two 3-bit roundings per expert (0.01..0.08 band)"}
 
 // The CPU reference sampling of a GPU run (Options.CPUCheck).
 const (
@@ -159,25 +127,16 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 	return nil
 }
 
-// gpuTolerance is the threshold of a GPU output against another path.
-func (s *session) gpuTolerance() Tolerance {
+// gpuNumerics is how the GPU paths compute (Options.GPUPrecision), which
+// picks their checks' tolerances.
+func (s *session) gpuNumerics() judge.Numerics {
 	switch s.o.GPUPrecision {
 	case PrecisionBF16:
-		return TolGPUBF16
+		return judge.GPUBF16
 	case PrecisionFP8:
-		return TolGPUW8A8
+		return judge.GPUW8A8
 	}
-	return s.tolerance(TolGPUF32)
-}
-
-func (s *session) gpuGoldenTolerance() Tolerance {
-	switch s.o.GPUPrecision {
-	case PrecisionBF16:
-		return TolGPUBF16
-	case PrecisionFP8:
-		return TolW8A8Golden
-	}
-	return s.tolerance(TolGolden)
+	return judge.GPUF32
 }
 
 // checkLayerGPU runs one layer's GPU fused and unfused paths (and the CPU
@@ -276,27 +235,27 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 	tm.staged = append(append(tm.staged, dstRec.staged...), srcRec.staged...)
 	base := LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}
 	var rows []LayerResult
-	tol := s.gpuTolerance()
+	numerics := s.gpuNumerics()
 	if fused != nil && unf != nil {
 		r := base
-		r.Check, r.Seconds = CheckGPUFusedVsGPUUnfused, fusedSec+unfSec
+		r.Check, r.Seconds = judge.GPUFusedVsGPUUnfused, fusedSec+unfSec
 		fusedUsage(&r, fused, s.contract)
-		judge(&r, Compare(tokenRows(fused.Y, h, 0, t), tokenRows(unf.Y, h, 0, t)), tol, fused.Routing.IDs, fused.Routing.Weights, unf.Routing.IDs, unf.Routing.Weights, unf.Routing)
+		judgeRow(&r, Compare(tokenRows(fused.Y, h, 0, t), tokenRows(unf.Y, h, 0, t)), s.tolerance(judge.GPUFusedVsGPUUnfused, numerics), fused.Routing.IDs, fused.Routing.Weights, unf.Routing.IDs, unf.Routing.Weights, unf.Routing)
 		rows = append(rows, r)
 		if cov != nil {
-			r := s.coverageRow(base, CheckGPUCoverage, fused, unf.Y, cov, h, tol)
+			r := s.coverageRow(base, judge.GPUCoverage, fused, unf.Y, cov, h, s.tolerance(judge.GPUCoverage, numerics))
 			r.Seconds = fusedSec + unfSec
 			rows = append(rows, r)
 		}
 	}
 	if fused != nil && ref != nil {
 		r := base
-		r.Check, r.Seconds = CheckGPUFusedVsReference, fusedSec+refSec
+		r.Check, r.Seconds = judge.GPUFusedVsReference, fusedSec+refSec
 		fusedUsage(&r, fused, s.contract)
-		judge(&r, Compare(tokenRows(fused.Y, h, 0, t), tokenRows(ref.Y, h, 0, t)), tol, fused.Routing.IDs, fused.Routing.Weights, ref.Routing.IDs, ref.Routing.Weights, ref.Routing)
+		judgeRow(&r, Compare(tokenRows(fused.Y, h, 0, t), tokenRows(ref.Y, h, 0, t)), s.tolerance(judge.GPUFusedVsReference, numerics), fused.Routing.IDs, fused.Routing.Weights, ref.Routing.IDs, ref.Routing.Weights, ref.Routing)
 		rows = append(rows, r)
 		if cov != nil {
-			r := s.coverageRow(base, CheckGPUCoverageVsReference, fused, ref.Y, cov, h, tol)
+			r := s.coverageRow(base, judge.GPUCoverageVsReference, fused, ref.Y, cov, h, s.tolerance(judge.GPUCoverageVsReference, numerics))
 			r.Seconds = fusedSec + refSec
 			rows = append(rows, r)
 		}
@@ -305,26 +264,23 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		switch {
 		case fused != nil:
 			r := base
-			r.Check, r.Seconds = CheckGPUFusedVsGolden, fusedSec
+			r.Check, r.Seconds = judge.GPUFusedVsGolden, fusedSec
 			fusedUsage(&r, fused, s.contract)
-			judgeGolden(&r, tokenRows(fused.Y, h, 0, t), fused.Routing, s.contract.RoutedScalingFactor, g0, s.gpuGoldenTolerance())
+			judgeGolden(&r, tokenRows(fused.Y, h, 0, t), fused.Routing, s.contract.RoutedScalingFactor, g0, s.tolerance(judge.GPUFusedVsGolden, numerics))
 			rows = append(rows, r)
 		case unf != nil:
 			r := base
-			r.Check, r.Seconds = CheckGPUUnfusedVsGolden, unfSec
+			r.Check, r.Seconds = judge.GPUUnfusedVsGolden, unfSec
 			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(unf.Routing.IDs)
-			judgeGolden(&r, tokenRows(unf.Y, h, 0, t), unf.Routing, s.srcPlan.RouteSpec().RoutedScalingFactor, g0, s.gpuGoldenTolerance())
+			judgeGolden(&r, tokenRows(unf.Y, h, 0, t), unf.Routing, s.srcPlan.RouteSpec().RoutedScalingFactor, g0, s.tolerance(judge.GPUUnfusedVsGolden, numerics))
 			rows = append(rows, r)
 		}
 		if ref != nil {
 			r := base
-			r.Check, r.Seconds = CheckReferenceVsGolden, refSec
+			r.Check, r.Seconds = judge.ReferenceVsGolden, refSec
 			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(ref.Routing.IDs)
-			refGolden := TolGolden
-			if s.o.GPUPrecision == PrecisionFP8 {
-				refGolden = TolW8A8Golden // the reference ran in w8a8 numerics
-			}
-			judgeGolden(&r, tokenRows(ref.Y, h, 0, t), ref.Routing, s.srcPlan.RouteSpec().RoutedScalingFactor, g0, refGolden)
+			// In w8a8 the reference ran in the GPU's numerics, and its rule says so.
+			judgeGolden(&r, tokenRows(ref.Y, h, 0, t), ref.Routing, s.srcPlan.RouteSpec().RoutedScalingFactor, g0, s.tolerance(judge.ReferenceVsGolden, numerics))
 			rows = append(rows, r)
 		}
 	}

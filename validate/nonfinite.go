@@ -2,14 +2,10 @@ package validate
 
 import (
 	"errors"
+	"github.com/moeprep/moeprep/validate/judge"
 	"github.com/moeprep/moeprep/validate/tensorbytes"
 	"math"
 )
-
-// CheckNonFinite is the row of a layer whose weights, scales or biases hold
-// a NaN or an infinity: such a checkpoint is never certified, however its
-// outputs compare (a NaN source must not "pass" against a NaN output).
-const CheckNonFinite = "non-finite"
 
 // nonFiniteRows turns a path's error into the layer's failing non-finite
 // row when a weight held a NaN or Inf (err keeps the layer and expert the
@@ -23,7 +19,7 @@ func nonFiniteRows(tg target, t int, err error) ([]LayerResult, error) {
 }
 
 func nonFiniteRow(tg target, t int, err error) LayerResult {
-	r := LayerResult{Layer: tg.index, MTP: tg.mtp, Check: CheckNonFinite, Tokens: t, Reason: err.Error()}
+	r := LayerResult{Layer: tg.index, MTP: tg.mtp, Check: judge.NonFinite, Tokens: t, Reason: err.Error()}
 	r.Diff = Diff{RelL2: nanF, MaxAbs: nanF, Cosine: nanF, Problem: "non-finite weights"}
 	r.TopK, r.TopKWeightMaxErr = nanF, nanF
 	return r

@@ -14,13 +14,6 @@ import (
 	"github.com/moeprep/moeprep/validate/byteproof"
 )
 
-// The comparisons a report row can hold.
-const (
-	CheckFusedVsReference  = "fused-vs-reference"  // DST fused path vs SRC unfused reference
-	CheckFusedVsGolden     = "fused-vs-golden"     // DST fused path vs HF golden y
-	CheckReferenceVsGolden = "reference-vs-golden" // SRC reference vs HF golden y
-)
-
 // LayerResult is one comparison on one layer.
 type LayerResult struct {
 	Layer  int    `json:"layer"`

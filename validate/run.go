@@ -23,6 +23,7 @@ import (
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/byteproof"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 // Defaults of the validate flags.
@@ -586,14 +587,14 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	var rows []LayerResult
 	if ref != nil && fused != nil {
 		r := base
-		r.Check = CheckFusedVsReference
+		r.Check = judge.FusedVsReference
 		r.Seconds = refSec + fusedSec
 		fusedUsage(&r, fused, s.contract)
-		judge(&r, Compare(tokenRows(fused.Y, h, 0, t), tokenRows(ref.Y, h, 0, t)), s.tolerance(TolFP32),
+		judgeRow(&r, Compare(tokenRows(fused.Y, h, 0, t), tokenRows(ref.Y, h, 0, t)), s.tolerance(judge.FusedVsReference, judge.CPU),
 			fused.Routing.IDs, fused.Routing.Weights, ref.Routing.IDs, ref.Routing.Weights, ref.Routing)
 		rows = append(rows, r)
 		if cov != nil {
-			r := s.coverageRow(base, CheckCoverage, fused, ref.Y, cov, h, s.tolerance(TolFP32))
+			r := s.coverageRow(base, judge.Coverage, fused, ref.Y, cov, h, s.tolerance(judge.Coverage, judge.CPU))
 			r.Seconds = refSec + fusedSec
 			rows = append(rows, r)
 		}
@@ -601,18 +602,18 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	if g != nil {
 		if fused != nil {
 			r := base
-			r.Check = CheckFusedVsGolden
+			r.Check = judge.FusedVsGolden
 			r.Seconds = fusedSec
 			fusedUsage(&r, fused, s.contract)
-			judgeGolden(&r, tokenRows(fused.Y, h, 0, t), fused.Routing, s.contract.RoutedScalingFactor, g, s.tolerance(TolGolden))
+			judgeGolden(&r, tokenRows(fused.Y, h, 0, t), fused.Routing, s.contract.RoutedScalingFactor, g, s.tolerance(judge.FusedVsGolden, judge.CPU))
 			rows = append(rows, r)
 		}
 		if ref != nil {
 			r := base
-			r.Check = CheckReferenceVsGolden
+			r.Check = judge.ReferenceVsGolden
 			r.Seconds = refSec
 			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(ref.Routing.IDs)
-			judgeGolden(&r, tokenRows(ref.Y, h, 0, t), ref.Routing, s.srcPlan.RouteSpec().RoutedScalingFactor, g, TolGolden)
+			judgeGolden(&r, tokenRows(ref.Y, h, 0, t), ref.Routing, s.srcPlan.RouteSpec().RoutedScalingFactor, g, s.tolerance(judge.ReferenceVsGolden, judge.CPU))
 			rows = append(rows, r)
 		}
 	}
@@ -672,14 +673,14 @@ func (s *session) dstPlanOrSrc() *family.Plan {
 	return s.dstPlan
 }
 
-// tolerance picks the threshold for a DST comparison: rsf folded into
-// non-FP8 weights rounds them (TolBF16Fold); otherwise the weights are
-// identical (FP8 folding touches only the F32 scales) and base applies.
-func (s *session) tolerance(base Tolerance) Tolerance {
-	if c := s.contract; c != nil && c.RoutedScalingFactorFolded && !c.Quantized() && base.MaxRelL2 < TolBF16Fold.MaxRelL2 {
-		return TolBF16Fold
-	}
-	return base
+// tolerance is the threshold of the check named check when its paths
+// computed in numerics: its row in judge.Checks picks it, given whether the
+// contract folded rsf into weights it rounded (FP8 folding touches only
+// the F32 scales and leaves the weights identical).
+func (s *session) tolerance(check string, numerics judge.Numerics) Tolerance {
+	c := s.contract
+	roundedFold := c != nil && c.RoutedScalingFactorFolded && !c.Quantized()
+	return judge.Lookup(check).Tolerance(judge.Situation{Numerics: numerics, RoundedFold: roundedFold})
 }
 
 // fusedUsage counts the bank experts the routed tokens chose (the forced
@@ -697,40 +698,26 @@ func distinct(ids []int32) int {
 	return len(seen)
 }
 
-// judge fills a row's numbers and verdict: the output within tol, and the
-// routing (ids tie-robustly against want's scores, weights on shared ids)
-// equal. Weights are compared on the same scale (both with or both without rsf).
-func judge(r *LayerResult, d Diff, tol Tolerance, gotIDs []int32, gotW []float32, wantIDs []int32, wantW []float32, scores *moe.Routing) {
+// judgeRow fills a row's numbers and verdict: the output within tol, and
+// the routing (ids tie-robustly against want's scores, weights on shared
+// ids) equal. Weights are compared on the same scale (both with or both
+// without rsf).
+func judgeRow(r *LayerResult, d Diff, tol Tolerance, gotIDs []int32, gotW []float32, wantIDs []int32, wantW []float32, scores *moe.Routing) {
 	r.Diff, r.Tolerance = d, tol
 	r.TopK = math.NaN()
 	reason := tol.Verdict(d)
 	if wantIDs != nil {
-		okIDs, total, err := moe.TopKAgreement(gotIDs, wantIDs, scores.T, scores.K, scores.Choice, len(scores.Choice)/max(scores.T, 1), moe.TieTolerance)
-		switch {
-		case err != nil:
-			reason = join(reason, err.Error())
-		default:
-			r.TopK = float64(okIDs) / float64(total)
-			if okIDs != total {
-				reason = join(reason, fmt.Sprintf("routing differs on %d of %d ids beyond ties", total-okIDs, total))
-			}
-		}
-		maxErr, ok := WeightsMatch(gotIDs, gotW, wantIDs, wantW, scores.T, scores.K)
-		r.TopKWeightMaxErr = maxErr
-		if !ok {
-			reason = join(reason, fmt.Sprintf("routing weights differ by %.3g (rtol 1e-4, atol 1e-5)", maxErr))
+		var routing string
+		r.TopK, r.TopKWeightMaxErr, routing = judge.RoutingAgreement(gotIDs, gotW, wantIDs, wantW, scores)
+		if routing != "" {
+			reason = join(reason, routing)
 		}
 	}
 	r.Reason = reason
 	r.Pass = reason == ""
 }
 
-func join(a, b string) string {
-	if a == "" {
-		return b
-	}
-	return a + "; " + b
-}
+func join(a, b string) string { return judge.Join(a, b) }
 
 // judgeGolden compares a path's output and routing with an HF golden. The
 // golden weights include rsf, so the path's are scaled by it first; ids are
@@ -738,11 +725,11 @@ func join(a, b string) string {
 func judgeGolden(r *LayerResult, y []float32, rt *moe.Routing, rsf float64, g *Golden, tol Tolerance) {
 	d := Compare(y, g.Y)
 	if g.IDs == nil {
-		judge(r, d, tol, nil, nil, nil, nil, rt)
+		judgeRow(r, d, tol, nil, nil, nil, nil, rt)
 		return
 	}
 	if g.K != rt.K {
-		judge(r, d, tol, nil, nil, nil, nil, rt)
+		judgeRow(r, d, tol, nil, nil, nil, nil, rt)
 		r.Reason = join(r.Reason, fmt.Sprintf("golden has top-%d, the config top-%d", g.K, rt.K))
 		r.Pass = false
 		return
@@ -751,7 +738,7 @@ func judgeGolden(r *LayerResult, y []float32, rt *moe.Routing, rsf float64, g *G
 	for i, v := range rt.Weights {
 		w[i] = v * float32(rsf)
 	}
-	judge(r, d, tol, rt.IDs, w, g.IDs, g.Weights, rt)
+	judgeRow(r, d, tol, rt.IDs, w, g.IDs, g.Weights, rt)
 }
 
 // fieldDiff names the fields in which two values of one struct type differ,

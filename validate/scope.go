@@ -5,6 +5,7 @@ import (
 
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 // splitLayers divides the MoE layers into those the layer checks run on
@@ -19,10 +20,6 @@ func splitLayers(all []int, targets []target) (checked, notChecked []int) {
 		}
 	}
 	return checked, notChecked
-}
-
-func isCoverageCheck(check string) bool {
-	return check == CheckCoverage || check == CheckGPUCoverage || check == CheckGPUCoverageVsReference
 }
 
 // expertGaps lists the checked layers whose bank experts were not all
@@ -40,7 +37,7 @@ func (s *session) expertGaps(targets []target, rep *Report) []ExpertGap {
 			if row.Layer != tg.index || row.Experts == 0 {
 				continue
 			}
-			cov := isCoverageCheck(row.Check)
+			cov := judge.IsCoverage(row.Check)
 			switch {
 			case cov && !g.Forced:
 				g = ExpertGap{Layer: tg.index, Exercised: row.ExpertsUsed, Total: row.Experts, Forced: true}
