@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -38,7 +39,7 @@ func TestTorchAndSafetensorsAgree(t *testing.T) {
 			if !ok {
 				t.Fatalf("%s lacks %s", p.torch, ta.Name)
 			}
-			if ta.DType != tb.DType || !equalShape(ta.Shape, tb.Shape) {
+			if ta.DType != tb.DType || !slices.Equal(ta.Shape, tb.Shape) {
 				t.Fatalf("%s: %s %v vs %s %v", ta.Name, ta.DType, ta.Shape, tb.DType, tb.Shape)
 			}
 			ba, err := ta.ReadAll()
@@ -169,16 +170,4 @@ func TestOpenErrors(t *testing.T) {
 	if _, err := Open(single); err == nil || !strings.Contains(err.Error(), "not a directory") {
 		t.Errorf("a file as checkpoint dir: %v", err)
 	}
-}
-
-func equalShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

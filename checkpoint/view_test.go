@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -46,7 +47,7 @@ func TestViews(t *testing.T) {
 		if !ok {
 			t.Fatalf("%s: not resolved: %v", tc.name, func() error { _, err := ck.view(tc.name); return err }())
 		}
-		if !equalShape(v.Shape, tc.shape) {
+		if !slices.Equal(v.Shape, tc.shape) {
 			t.Fatalf("%s: shape %v, want %v", tc.name, v.Shape, tc.shape)
 		}
 		var want []byte

@@ -6,10 +6,11 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 
@@ -199,21 +200,9 @@ func checkOutput(t *testing.T, s synth, srcT map[string]synthTensor, src, dst st
 			foldW := fold && !fp8 && b < E
 			foldS := fold && fp8 && b < E
 			if lay.Fused() {
-				first, second := m.g, m.u
-				if lay == layout.UpGate {
-					first, second = m.u, m.g
-				}
-				n := int64(len(first))
-				eqBytes(t, where+" gate_up first half", sliceOf(gateUp.data, int64(b), 2*n)[:n], first)
-				eqBytes(t, where+" gate_up second half", sliceOf(gateUp.data, int64(b), 2*n)[n:], second)
+				eqFusedPair(t, lay, gateUp.data, int64(b), m.g, m.u, where+" gate_up first half", where+" gate_up second half")
 				if fp8 {
-					fs, ss := m.gs, m.us
-					if lay == layout.UpGate {
-						fs, ss = m.us, m.gs
-					}
-					k := int64(len(fs))
-					eqBytes(t, where+" gate_up scale first", sliceOf(gus.data, int64(b), 2*k)[:k], fs)
-					eqBytes(t, where+" gate_up scale second", sliceOf(gus.data, int64(b), 2*k)[k:], ss)
+					eqFusedPair(t, lay, gus.data, int64(b), m.gs, m.us, where+" gate_up scale first", where+" gate_up scale second")
 				}
 			} else {
 				eqBytes(t, where+" gate", sliceOf(gate.data, int64(b), int64(len(m.g))), m.g)
@@ -255,7 +244,7 @@ func checkOutput(t *testing.T, s synth, srcT map[string]synthTensor, src, dst st
 			t.Errorf("output lacks %s", name)
 			continue
 		}
-		if got.dtype != st.dtype || !equalShape(got.shape, st.shape) || !bytes.Equal(got.data, st.data) {
+		if got.dtype != st.dtype || !slices.Equal(got.shape, st.shape) || !bytes.Equal(got.data, st.data) {
 			t.Errorf("%s: not byte-identical to the source", name)
 		}
 	}
@@ -317,7 +306,18 @@ func colsOf(b []byte, rows, rowBytes, c0, nc int64) []byte {
 	return out
 }
 
-func equalShape(a, b []int64) bool { return fmt.Sprint(a) == fmt.Sprint(b) }
+// eqFusedPair checks bank id b of a fused gate_up tensor: its first half
+// holds g and its second u, or the other way round in the up-gate layout.
+func eqFusedPair(t *testing.T, lay layout.Layout, data []byte, b int64, g, u []byte, firstWhat, secondWhat string) {
+	t.Helper()
+	first, second := g, u
+	if lay == layout.UpGate {
+		first, second = u, g
+	}
+	n := int64(len(first))
+	eqBytes(t, firstWhat, sliceOf(data, b, 2*n)[:n], first)
+	eqBytes(t, secondWhat, sliceOf(data, b, 2*n)[n:], second)
+}
 
 func eqBytes(t *testing.T, what string, got, want []byte) {
 	t.Helper()
@@ -409,10 +409,6 @@ func TestParseSize(t *testing.T) {
 }
 
 func sortedKeys[M ~map[string]V, V any](m M) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
+	out := slices.Sorted(maps.Keys(m))
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -228,7 +229,7 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 			t.Errorf("output lacks %s", st.Name)
 			continue
 		}
-		if !bytes.Equal(got.data, read(st.Name)) || got.dtype != st.DType || !equalShape(got.shape, st.Shape) {
+		if !bytes.Equal(got.data, read(st.Name)) || got.dtype != st.DType || !slices.Equal(got.shape, st.Shape) {
 			t.Errorf("%s: not byte-identical to the source", st.Name)
 		}
 	}

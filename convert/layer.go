@@ -2,6 +2,7 @@ package convert
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
@@ -30,22 +31,10 @@ func (p *planner) get(name, what string, dtype safetensors.DType, shape ...int64
 	if t.DType != dtype {
 		return nil, fmt.Errorf("%s: %s: tensor %s is %s, want %s like the other experts", t.File, what, name, t.DType, dtype)
 	}
-	if !sameShape(t.Shape, shape) {
+	if !slices.Equal(t.Shape, shape) {
 		return nil, fmt.Errorf("%s: %s: tensor %s has shape %v, want %v", t.File, what, name, t.Shape, shape)
 	}
 	return t, nil
-}
-
-func sameShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // whole is a part covering all of t.

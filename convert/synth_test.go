@@ -7,11 +7,12 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 
@@ -309,11 +310,7 @@ func readOut(t *testing.T, dir string) (map[string]outTensorData, map[string]any
 	}
 	out := map[string]outTensorData{}
 	var total int64
-	names := make([]string, 0, len(files))
-	for f := range files {
-		names = append(names, f)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(files))
 	for _, f := range names {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil {

@@ -465,14 +465,8 @@ func gemmModule(dev *cuda.Device, fn string) (*Module, uint32, error) {
 // the activation type. Padding rows are skipped (their rows of inter are
 // not written; no slot has one).
 func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted, x Mat, t, topk int, inter Mat, opt GEMMOptions) error {
-	if err := bank.check(); err != nil {
+	if err := checkGEMM(bank, sorted, opt); err != nil {
 		return err
-	}
-	if err := sorted.check(); err != nil {
-		return err
-	}
-	if opt.Act != MatF32 && opt.Act != MatBF16 {
-		return fmt.Errorf("grouped gemm: activation type %v", opt.Act)
 	}
 	if !dimsOK(t, topk) || t*topk != sorted.Numel {
 		return fmt.Errorf("grouped gemm: %d tokens x top-%d, alignment has %d slots", t, topk, sorted.Numel)
@@ -493,20 +487,7 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 	if err != nil {
 		return err
 	}
-	fn, threads, err := opt.kernel("gate_up", bank.DType, bank.H, sorted.Numel, bank.NumExperts, isHopper(dev))
-	if err != nil {
-		return err
-	}
-	if opt.W8A8 {
-		if err := opt.Quant.fits(t, bank.H); err != nil {
-			return err
-		}
-	}
-	m, shmem, err := gemmModule(dev, fn)
-	if err != nil {
-		return err
-	}
-	grid, err := gemmGrid(sorted, bank.I, fn, dev.SMs)
+	m, fn, threads, shmem, grid, err := opt.stage(dev, "gate_up", bank, sorted, t, bank.H, bank.I)
 	if err != nil {
 		return err
 	}
@@ -527,6 +508,41 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 		return wgLaunch(m, fn, grid, threads, shmem, st, MatBF16, []cuda.DevicePtr{wg, wu}, ws, bank.H, bank.I, bank.NumExperts, wgBN/2, args)
 	}
 	return m.Launch(fn, grid, Block(threads), shmem, st, args...)
+}
+
+// checkGEMM checks what both GEMM stages take: the bank, the alignment and
+// an f32 or bf16 activation type.
+func checkGEMM(bank *ExpertBank, sorted *Sorted, opt GEMMOptions) error {
+	if err := bank.check(); err != nil {
+		return err
+	}
+	if err := sorted.check(); err != nil {
+		return err
+	}
+	if opt.Act != MatF32 && opt.Act != MatBF16 {
+		return fmt.Errorf("grouped gemm: activation type %v", opt.Act)
+	}
+	return nil
+}
+
+// stage picks the kernel of one GEMM stage (gate_up or down) over bank, with
+// reduction length k and n output columns per slot, checks that the w8a8
+// scratch fits rows x k activations, and loads its module and grid.
+func (o GEMMOptions) stage(dev *cuda.Device, stage string, bank *ExpertBank, sorted *Sorted, rows, k, n int) (m *Module, fn string, threads int, shmem uint32, grid [3]uint32, err error) {
+	fn, threads, err = o.kernel(stage, bank.DType, k, sorted.Numel, bank.NumExperts, isHopper(dev))
+	if err != nil {
+		return
+	}
+	if o.W8A8 {
+		if err = o.Quant.fits(rows, k); err != nil {
+			return
+		}
+	}
+	if m, shmem, err = gemmModule(dev, fn); err != nil {
+		return
+	}
+	grid, err = gemmGrid(sorted, n, fn, dev.SMs)
+	return
 }
 
 // wgLaunch launches wgmma kernel fn with args followed by one tensor map per
@@ -568,14 +584,8 @@ func wgLaunch(m *Module, fn string, grid [3]uint32, threads int, shmem uint32, s
 // MoEDown queues stage 2 on stream st: out[s,:] = inter[s,:] Down_e^T,
 // [Numel, H] f32, unweighted (Finalize applies the slot weights).
 func MoEDown(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted, inter Mat, out *cuda.Buffer[float32], opt GEMMOptions) error {
-	if err := bank.check(); err != nil {
+	if err := checkGEMM(bank, sorted, opt); err != nil {
 		return err
-	}
-	if err := sorted.check(); err != nil {
-		return err
-	}
-	if opt.Act != MatF32 && opt.Act != MatBF16 {
-		return fmt.Errorf("grouped gemm: activation type %v", opt.Act)
 	}
 	if err := inter.need("grouped gemm: intermediate", sorted.Numel*bank.I, opt.Act); err != nil {
 		return err
@@ -588,20 +598,7 @@ func MoEDown(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted,
 	if bank.DType == MatFP8 {
 		sd, ss = bank.DownScale.Ptr(), int64(CeilDiv(bank.H, FP8ScaleBlock)*CeilDiv(bank.I, FP8ScaleBlock))
 	}
-	fn, threads, err := opt.kernel("down", bank.DType, bank.I, sorted.Numel, bank.NumExperts, isHopper(dev))
-	if err != nil {
-		return err
-	}
-	if opt.W8A8 {
-		if err := opt.Quant.fits(sorted.Numel, bank.I); err != nil {
-			return err
-		}
-	}
-	m, shmem, err := gemmModule(dev, fn)
-	if err != nil {
-		return err
-	}
-	grid, err := gemmGrid(sorted, bank.H, fn, dev.SMs)
+	m, fn, threads, shmem, grid, err := opt.stage(dev, "down", bank, sorted, sorted.Numel, bank.I, bank.H)
 	if err != nil {
 		return err
 	}

@@ -9,12 +9,13 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
 	"reflect"
 	"runtime"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -551,11 +552,7 @@ func numBlocks(size, bs int64) int64 {
 // first mismatch. It reads every byte: use it when integrity matters more
 // than time. A file whose size differs is reported without being read.
 func (m *Manifest) Verify(dir string) error {
-	names := make([]string, 0, len(m.Files))
-	for n := range m.Files {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(m.Files))
 	for _, n := range names {
 		want := m.Files[n]
 		path := filepath.Join(dir, filepath.FromSlash(n))

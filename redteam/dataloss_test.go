@@ -7,6 +7,18 @@ import (
 	"testing"
 )
 
+// linkedCopy copies src to dir/src and links dir/srclink to that copy.
+func linkedCopy(t *testing.T, src, dir string) (own, link string) {
+	t.Helper()
+	own = filepath.Join(dir, "src")
+	copyTree(t, src, own)
+	link = filepath.Join(dir, "srclink")
+	if err := os.Symlink(own, link); err != nil {
+		t.Fatal(err)
+	}
+	return own, link
+}
+
 // TestDataLoss: --force and symbolic links must never delete or overwrite
 // what moeprep did not write (issue 26, cases 1-3).
 func TestDataLoss(t *testing.T) {
@@ -83,12 +95,7 @@ func TestDataLoss(t *testing.T) {
 			// DST is the source itself, reached through a link.
 			name: "force onto the source through a link to it",
 			setup: func(t *testing.T, dir string) ([]string, []string) {
-				own := filepath.Join(dir, "src")
-				copyTree(t, src, own)
-				link := filepath.Join(dir, "srclink")
-				if err := os.Symlink(own, link); err != nil {
-					t.Fatal(err)
-				}
+				own, link := linkedCopy(t, src, dir)
 				return []string{"convert", "--no-progress", "--force", link, own}, []string{own}
 			},
 			want:   code(2, names("src", "srclink"), ""),
@@ -99,12 +106,7 @@ func TestDataLoss(t *testing.T) {
 			// issue, but the same mistake typed the other way round.
 			name: "force onto a link to the source",
 			setup: func(t *testing.T, dir string) ([]string, []string) {
-				own := filepath.Join(dir, "src")
-				copyTree(t, src, own)
-				link := filepath.Join(dir, "srclink")
-				if err := os.Symlink(own, link); err != nil {
-					t.Fatal(err)
-				}
+				own, link := linkedCopy(t, src, dir)
 				return []string{"convert", "--no-progress", "--force", own, link}, []string{own}
 			},
 			want:   code(2, names("src", "srclink"), ""),
@@ -114,12 +116,7 @@ func TestDataLoss(t *testing.T) {
 			// DST inside SRC, through a link: nothing may be written in SRC.
 			name: "destination inside the source through a link",
 			setup: func(t *testing.T, dir string) ([]string, []string) {
-				own := filepath.Join(dir, "src")
-				copyTree(t, src, own)
-				link := filepath.Join(dir, "srclink")
-				if err := os.Symlink(own, link); err != nil {
-					t.Fatal(err)
-				}
+				own, link := linkedCopy(t, src, dir)
 				return []string{"convert", "--no-progress", own, filepath.Join(link, "out")}, []string{own}
 			},
 			want: code(2, names("out", "src", "srclink"), ""),

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"unicode/utf8"
@@ -364,11 +366,7 @@ func OpenSharded(dir string) (_ *Sharded, err error) {
 			}
 		}
 	}
-	names := make([]string, 0, len(idx.WeightMap))
-	for name := range idx.WeightMap {
-		names = append(names, name)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(idx.WeightMap))
 	for _, name := range names {
 		file := idx.WeightMap[name]
 		if _, ok := byFile[file].Lookup(name); !ok {
@@ -384,11 +382,7 @@ func shardNames(idx *Index) []string {
 	for _, file := range idx.WeightMap {
 		set[file] = true
 	}
-	names := make([]string, 0, len(set))
-	for file := range set {
-		names = append(names, file)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(set))
 	return names
 }
 

@@ -128,6 +128,15 @@ func (f *File) Section(name string) (*io.SectionReader, error) {
 	return io.NewSectionReader(f.fh, f.DataStart+t.Begin, t.NumBytes()), nil
 }
 
+// ReadTensor reads the named tensor's bytes whole.
+func (f *File) ReadTensor(name string) ([]byte, error) {
+	sec, err := f.Section(name)
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(sec)
+}
+
 // ReaderAt reads the whole file at absolute offsets (data starts at
 // DataStart); it is valid until Close.
 func (f *File) ReaderAt() io.ReaderAt { return f.fh }

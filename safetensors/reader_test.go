@@ -24,11 +24,7 @@ func randomBytes(seed uint64, n int64) []byte {
 
 func readSection(t *testing.T, f *File, name string) []byte {
 	t.Helper()
-	sec, err := f.Section(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := io.ReadAll(sec)
+	b, err := f.ReadTensor(name)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,9 +11,10 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"syscall"
 	"unicode/utf8"
 )
@@ -78,11 +79,7 @@ func planHeader(metadata map[string]string, entries []Entry, phase, page int64) 
 	var js bytes.Buffer
 	js.WriteByte('{')
 	if len(metadata) > 0 {
-		keys := make([]string, 0, len(metadata))
-		for k := range metadata {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
+		keys := slices.Sorted(maps.Keys(metadata))
 		js.WriteString(`"` + metadataKey + `":{`)
 		for i, k := range keys {
 			if !utf8.ValidString(k) || !utf8.ValidString(metadata[k]) {

@@ -3,9 +3,10 @@ package torchbin
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -64,11 +65,7 @@ func OpenSharded(dir string) (*Sharded, error) {
 	for _, f := range s.Shards {
 		byShard[filepath.Base(f.Path)] = f
 	}
-	names := make([]string, 0, len(idx.WeightMap))
-	for name := range idx.WeightMap {
-		names = append(names, name)
-	}
-	sort.Strings(names)
+	names := slices.Sorted(maps.Keys(idx.WeightMap))
 	for _, name := range names {
 		shard := idx.WeightMap[name]
 		if _, ok := byShard[shard].Lookup(name); !ok {

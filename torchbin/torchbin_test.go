@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -85,7 +86,7 @@ func TestGolden(t *testing.T) {
 			}
 			for i, want := range g.Tensors {
 				got := f.Tensors[i]
-				if got.Name != want.Name || got.DType != want.DType || !equalShape(got.Shape, want.Shape) {
+				if got.Name != want.Name || got.DType != want.DType || !slices.Equal(got.Shape, want.Shape) {
 					t.Fatalf("tensor %d = %s %s %v, want %s %s %v", i, got.Name, got.DType, got.Shape, want.Name, want.DType, want.Shape)
 				}
 				wantBytes, _ := hex.DecodeString(want.Hex)
@@ -105,18 +106,6 @@ func TestGolden(t *testing.T) {
 			}
 		})
 	}
-}
-
-func equalShape(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestLayoutChoice: contiguous tensors are plain section readers into the

@@ -78,11 +78,7 @@ var alignRefusals = []struct {
 // each expert's slots in ascending order followed by sentinel padding, the
 // expert of every block; hand-worked arrays where the row has them.
 func TestAlign(t *testing.T, a Aligner) {
-	names := make([]string, len(alignTests))
-	for i, c := range alignTests {
-		names[i] = c.name
-	}
-	runCases(t, names, func(t *testing.T, i int) {
+	runCases(t, len(alignTests), func(i int) string { return alignTests[i].name }, func(t *testing.T, i int) {
 		c := alignTests[i]
 		ids := c.hand
 		if ids == nil {

@@ -34,11 +34,7 @@ var finalizeTests = []struct {
 // by at most 2^-24 of a value no larger than that sum (a fused multiply-add
 // rounds less). A dropped, doubled or misplaced slot is far outside it.
 func TestFinalize(t *testing.T, f Finalizer) {
-	names := make([]string, len(finalizeTests))
-	for i, c := range finalizeTests {
-		names[i] = c.name
-	}
-	runCases(t, names, func(t *testing.T, i int) {
+	runCases(t, len(finalizeTests), func(i int) string { return finalizeTests[i].name }, func(t *testing.T, i int) {
 		c := finalizeTests[i]
 		r := caseRand(31, i)
 		out := bf16Normal(r, c.t*c.k*c.h, 1)

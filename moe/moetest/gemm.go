@@ -83,11 +83,7 @@ var gemmTests = []gemmTest{
 // with room; a bf16 intermediate: 2^-9 an element, 1e-2). Row by row, so
 // one wrong slot among thousands cannot hide in the norm.
 func TestGroupedGEMM(t *testing.T, g GroupedGEMMer, relL2 float64) {
-	names := make([]string, len(gemmTests))
-	for i, c := range gemmTests {
-		names[i] = c.name
-	}
-	runCases(t, names, func(t *testing.T, i int) {
+	runCases(t, len(gemmTests), func(i int) string { return gemmTests[i].name }, func(t *testing.T, i int) {
 		c, ids := gemmTests[i].input(i)
 		got, err := g.GroupedGEMM(c)
 		if skipped(t, err) {

@@ -41,11 +41,11 @@ func skipped(t *testing.T, err error) bool {
 
 // runCases runs each case as a subtest and fails when every one was
 // skipped: an implementation that takes nothing conforms to nothing.
-func runCases(t *testing.T, names []string, run func(t *testing.T, i int)) {
+func runCases(t *testing.T, n int, name func(i int) string, run func(t *testing.T, i int)) {
 	t.Helper()
 	ran := 0
-	for i, name := range names {
-		t.Run(name, func(t *testing.T) {
+	for i := range n {
+		t.Run(name(i), func(t *testing.T) {
 			defer func() { // runs after t.Skip too
 				if !t.Skipped() {
 					ran++
@@ -55,7 +55,7 @@ func runCases(t *testing.T, names []string, run func(t *testing.T, i int)) {
 		})
 	}
 	if ran == 0 {
-		t.Errorf("none of %d cases ran", len(names))
+		t.Errorf("none of %d cases ran", n)
 	}
 }
 

@@ -244,11 +244,7 @@ func TestRoute(t *testing.T, r Router) {
 			t.Errorf("no case routes with %s scores: add rows for it", sc)
 		}
 	}
-	names := make([]string, len(routeTests))
-	for i, c := range routeTests {
-		names[i] = c.name
-	}
-	runCases(t, names, func(t *testing.T, i int) {
+	runCases(t, len(routeTests), func(i int) string { return routeTests[i].name }, func(t *testing.T, i int) {
 		c := routeTests[i].input(i)
 		got, err := r.Route(c)
 		if skipped(t, err) {
