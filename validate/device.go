@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/validate/gpurun"
 )
 
 // Devices and GPU precisions of Options.
@@ -13,18 +14,18 @@ const (
 	DeviceCPU  = "cpu"
 	DeviceCUDA = "cuda"
 
-	PrecisionBF16 = "bf16"
-	PrecisionF32  = "f32"
+	PrecisionBF16 = gpurun.PrecisionBF16
+	PrecisionF32  = gpurun.PrecisionF32
 	// PrecisionFP8 is the w8a8 serving numerics (moe.GEMMOptions.W8A8): the
 	// GPU quantises each expert GEMM's activations to e4m3 per token per
 	// 128 channels and multiplies e4m3 x e4m3 (fp8 weights, compute
 	// capability 9.0); the CPU reference quantises the same way.
-	PrecisionFP8 = "fp8"
+	PrecisionFP8 = gpurun.PrecisionFP8
 )
 
 // GPUBlockMultiple is what --block-size must be a multiple of on the GPU:
 // the grouped GEMM's row tile, so that a tile never spans two experts.
-const GPUBlockMultiple = 16
+const GPUBlockMultiple = gpurun.BlockMultiple
 
 // cudaAvailable is cuda.Available; tests replace it to simulate a machine
 // with or without a driver.

@@ -7,8 +7,11 @@
 // The root package holds the options, the orchestration of a run and the
 // report; each concern it drives lives in a subpackage that does not import
 // it: cpuref (the CPU reference and fused twins, and the forced coverage
-// tokens they run), byteproof (the structural proof), tensorbytes (reading
-// tensor bytes and scanning them for NaN and Inf), judge (the metrics, the
-// tolerances and the one table of checks: each check's comparison,
-// tolerance rule and judgement, looked up by name).
+// tokens they run), gpurun (the same two paths on the GPU: staging weights
+// to the device, the fused and unfused layers, their I/O timings; the root
+// keeps gpu_run.go, which drives it layer by layer and judges its outputs),
+// byteproof (the structural proof), tensorbytes (reading tensor bytes and
+// scanning them for NaN and Inf), judge (the metrics, the tolerances and the
+// one table of checks: each check's comparison, tolerance rule and
+// judgement, looked up by name).
 package validate

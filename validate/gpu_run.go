@@ -3,10 +3,15 @@ package validate
 import (
 	"context"
 	"fmt"
-	"github.com/moeprep/moeprep/validate/cpuref"
-	"github.com/moeprep/moeprep/validate/judge"
 	"time"
+
+	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/gpurun"
+	"github.com/moeprep/moeprep/validate/judge"
 )
+
+// LayerTiming is where one layer's time went in a GPU run (gpurun.LayerTiming).
+type LayerTiming = gpurun.LayerTiming
 
 // The CPU reference sampling of a GPU run (Options.CPUCheck).
 const (
@@ -36,9 +41,9 @@ func refSampled(targets []target, mode string) map[int]bool {
 // bankLoad is one layer's fused bank streaming to the device, with the
 // I/O it took.
 type bankLoad struct {
-	bank *devBank
+	bank *gpurun.Bank
 	err  error
-	rec  stageRecord
+	rec  gpurun.StageRecord
 }
 
 // runGPU checks every target on the GPU. The fused bank of the next layer
@@ -47,12 +52,12 @@ type bankLoad struct {
 // rep.Timings; with Options.IOBaseline the same bytes are then read and
 // uploaded again without compute, for the ratio.
 func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) error {
-	g, err := openGPU(s.o.GPUPrecision)
+	g, err := gpurun.Open(s.o.GPUPrecision)
 	if err != nil {
 		return err
 	}
-	defer g.close()
-	rep.DeviceName = g.dev.String()
+	defer g.Close()
+	rep.DeviceName = g.Device().String()
 	rep.GPUPrecision = s.o.GPUPrecision
 	sampled := refSampled(targets, s.o.CPUCheck)
 	start := func(tg target) chan bankLoad {
@@ -63,9 +68,9 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 		}
 		go func() {
 			var ld bankLoad
-			ld.err = recording(g.prefetch, &ld.rec, func() error {
+			ld.err = gpurun.Recording(g.Prefetch, &ld.rec, func() error {
 				var err error
-				ld.bank, err = loadFusedBank(g.prefetch, s.dst, tg.fused)
+				ld.bank, err = gpurun.LoadFusedBank(g.Prefetch, s.dst, tg.fused)
 				return err
 			})
 			ch <- ld
@@ -75,7 +80,7 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 	pending := start(targets[0])
 	defer func() {
 		if pending != nil {
-			(<-pending).bank.free()
+			(<-pending).bank.Free()
 		}
 	}()
 	layerStart := time.Now()
@@ -98,13 +103,13 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 			}
 			continue
 		}
-		tm := LayerTiming{Layer: tg.index, DstBytes: ld.rec.bytes, DstIOSeconds: ld.rec.busy.Seconds(),
-			BankWaitSeconds: time.Since(t0).Seconds(), staged: ld.rec.staged}
+		tm := LayerTiming{Layer: tg.index, DstBytes: ld.rec.Bytes, DstIOSeconds: ld.rec.Busy.Seconds(),
+			BankWaitSeconds: time.Since(t0).Seconds(), Staged: ld.rec.Staged}
 		if i+1 < len(targets) {
 			pending = start(targets[i+1])
 		}
 		rows, err := s.checkLayerGPU(ctx, g, tg, ld.bank, sampled[tg.index], &tm)
-		ld.bank.free()
+		ld.bank.Free()
 		if err != nil {
 			return err
 		}
@@ -116,7 +121,7 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 	}
 	if s.o.IOBaseline {
 		s.o.progress("validate: io baseline: reading and uploading each layer's bytes again, no compute")
-		if err := g.ioBaseline(rep.Timings); err != nil {
+		if err := g.IOBaseline(rep.Timings); err != nil {
 			rep.Notes = append(rep.Notes, err.Error())
 			return nil
 		}
@@ -141,7 +146,7 @@ func (s *session) gpuNumerics() judge.Numerics {
 
 // checkLayerGPU runs one layer's GPU fused and unfused paths (and the CPU
 // reference on sampled layers, concurrently) and compares them.
-func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, bank *devBank, withRef bool, tm *LayerTiming) ([]LayerResult, error) {
+func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target, bank *gpurun.Bank, withRef bool, tm *LayerTiming) ([]LayerResult, error) {
 	x, t, g0, err := s.layerInput(tg)
 	if err != nil {
 		return nil, err
@@ -176,19 +181,19 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 	}
 	// The stager's I/O during each path: DST's unfused shared expert, SRC's
 	// experts and shared expert.
-	var dstRec, srcRec stageRecord
+	var dstRec, srcRec gpurun.StageRecord
 	gpu := func() (fused *cpuref.FusedResult, unf *cpuref.RefResult, fusedSec, unfSec float64, err error) {
-		var fr frees
-		defer fr.release(g)
-		in, err := g.input(xAll, len(xAll)/h, h, &fr)
+		var fr gpurun.Frees
+		defer fr.Release(g)
+		in, err := g.Input(xAll, len(xAll)/h, h, &fr)
 		if err != nil {
 			return nil, nil, 0, 0, err
 		}
-		in.tokens = tokens
+		in.Tokens = tokens
 		if tg.fused != nil && bank != nil {
 			t0 := time.Now()
-			err := recording(g.stage, &dstRec, func() (err error) {
-				fused, err = g.fusedLayer(s.dst, tg.fused, bank, in, cov, s.o.BlockSize)
+			err := gpurun.Recording(g.Stage, &dstRec, func() (err error) {
+				fused, err = g.FusedLayer(s.dst, tg.fused, bank, in, cov, s.o.BlockSize)
 				return err
 			})
 			if err != nil {
@@ -198,8 +203,8 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		}
 		if tg.src != nil && s.src != nil {
 			t0 := time.Now()
-			err := recording(g.stage, &srcRec, func() (err error) {
-				unf, err = g.unfusedLayer(s.src, s.srcPlan, tg.src, in, cov)
+			err := gpurun.Recording(g.Stage, &srcRec, func() (err error) {
+				unf, err = g.UnfusedLayer(s.src, s.srcPlan, tg.src, in, cov)
 				return err
 			})
 			if err != nil {
@@ -227,12 +232,12 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpuRunner, tg target, ba
 		refNote = fmt.Sprintf("cpu reference %.1fs", refSec)
 	}
 	s.o.progress("validate: layer %d: %d tokens, gpu fused %.3fs, gpu unfused %.2fs, %s", tg.index, t, fusedSec, unfSec, refNote)
-	tm.DstBytes += dstRec.bytes
-	tm.DstIOSeconds += dstRec.busy.Seconds()
-	tm.SrcBytes, tm.SrcIOSeconds = srcRec.bytes, srcRec.busy.Seconds()
-	tm.ComputeSeconds = max(0, fusedSec+unfSec-(dstRec.busy+srcRec.busy).Seconds())
+	tm.DstBytes += dstRec.Bytes
+	tm.DstIOSeconds += dstRec.Busy.Seconds()
+	tm.SrcBytes, tm.SrcIOSeconds = srcRec.Bytes, srcRec.Busy.Seconds()
+	tm.ComputeSeconds = max(0, fusedSec+unfSec-(dstRec.Busy+srcRec.Busy).Seconds())
 	tm.ReferenceSeconds = refSec
-	tm.staged = append(append(tm.staged, dstRec.staged...), srcRec.staged...)
+	tm.Staged = append(append(tm.Staged, dstRec.Staged...), srcRec.Staged...)
 	base := LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}
 	var rows []LayerResult
 	numerics := s.gpuNumerics()

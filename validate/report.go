@@ -497,3 +497,5 @@ func (r *Report) writeTimings(w io.Writer) error {
 	}
 	return tw.Flush()
 }
+
+func gb(n int64) float64 { return float64(n) / 1e9 }

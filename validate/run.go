@@ -23,6 +23,7 @@ import (
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/byteproof"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/validate/judge"
 )
 
@@ -84,7 +85,7 @@ type Options struct {
 
 // ErrDeviceUnavailable is wrapped by the error of --device cuda on a
 // machine without a usable GPU.
-var ErrDeviceUnavailable = errors.New("validate --device cuda: no usable GPU")
+var ErrDeviceUnavailable = gpurun.ErrDeviceUnavailable
 
 // XDraw documents how token vectors are made when no golden provides them.
 const XDraw = "x[t,h] ~ N(0,1) from PCG(seed, layer index) (math/rand/v2 NormFloat64), rounded to nearest-even bf16 so bf16 and fp32 engines see the same input"

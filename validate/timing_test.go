@@ -7,12 +7,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/validate/gpurun"
 )
 
 // TestCPUCheckOption: --cpu-check takes auto (also empty), none and all in
@@ -75,7 +74,7 @@ func TestRefSampledModes(t *testing.T) {
 func TestReportTimings(t *testing.T) {
 	tm := LayerTiming{Layer: 3, DstBytes: 11_630_000_000, SrcBytes: 9_700_000_000, DstIOSeconds: 1.99, BankWaitSeconds: 0.25,
 		SrcIOSeconds: 1.9, ComputeSeconds: 0.125, WallSeconds: 2.4, IOBaselineSeconds: 3.2, IOBaselineBytes: 21_330_000_000,
-		Ratio: 0.75, staged: []stagedTensor{{t: &checkpoint.Tensor{Name: "x"}}}}
+		Ratio: 0.75, Staged: []gpurun.StagedTensor{{T: &checkpoint.Tensor{Name: "x"}}}}
 	rep := &Report{Device: DeviceCUDA, CPUCheck: CPUCheckNone, BlockSize: 64, Timings: []LayerTiming{tm},
 		Rows: []LayerResult{{Layer: 3, Check: CheckGPUFusedVsGPUUnfused, Pass: true, TopK: 1}}}
 	var jb jsonBuf
@@ -135,47 +134,6 @@ func TestReportTimings(t *testing.T) {
 	}
 	if io := tm.IOSeconds(); math.Abs(io-3.89) > 1e-12 {
 		t.Errorf("IOSeconds %v, want 3.89", io)
-	}
-}
-
-// TestStagerRing: with a ring, chunk offsets wrap into the ring and a chunk
-// that would cross its end starts at 0; without one they pass through.
-func TestStagerRing(t *testing.T) {
-	const base = cuda.DevicePtr(1 << 40)
-	c := int64(StageChunkBytes)
-	tests := []struct {
-		ring, out, n int64
-		want         cuda.DevicePtr
-	}{
-		{0, 5 * c, c, base.Add(int(5 * c))},
-		{2 * c, 0, c, base},
-		{2 * c, c, c, base.Add(int(c))},
-		{2 * c, 2 * c, c, base},
-		{2 * c, 7 * c, 100, base.Add(int(c))},
-		{2 * c, c + 8, c, base}, // would cross the end
-		{2 * c, 3*c + 8, 16, base.Add(int(c + 8))},
-	}
-	for _, tt := range tests {
-		s := &stager{ring: tt.ring}
-		if got := s.at(base, tt.out, tt.n); got != tt.want {
-			t.Errorf("ring %d out %d n %d: %#x, want %#x", tt.ring, tt.out, tt.n, got, tt.want)
-		}
-	}
-}
-
-// TestStageRecord: a record counts each tensor's bytes once, keeps the
-// tensors in order for the replay, and adds up the time.
-func TestStageRecord(t *testing.T) {
-	var r stageRecord
-	a, b := &checkpoint.Tensor{Name: "a"}, &checkpoint.Tensor{Name: "b"}
-	r.add(a, false, 100, timeAgo(2e6))
-	r.add(b, true, 28, timeAgo(1e6))
-	r.addWait(timeAgo(1e6))
-	if r.bytes != 128 || len(r.staged) != 2 || r.staged[0].t != a || r.staged[1].t != b || !r.staged[1].decode || r.staged[0].decode {
-		t.Errorf("record %+v", r)
-	}
-	if r.busy.Nanoseconds() < 4e6 {
-		t.Errorf("busy %v, want >= 4ms", r.busy)
 	}
 }
 
@@ -254,5 +212,3 @@ func TestGPUTimings(t *testing.T) {
 		}
 	}
 }
-
-func timeAgo(ns float64) time.Time { return time.Now().Add(-time.Duration(ns)) }

@@ -29,7 +29,7 @@
 // the contract's or plan's Format, where they now hand an FP8 block size
 // (validate/cpuref/weights.go's MatrixRef.format); and, where the GPU kernels
 // cannot take its bytes, a GPU decode (kernels, and kernelsTake in
-// validate/gpu_bank.go). A packed format (several elements to a dtype unit)
+// validate/gpurun/bank.go). A packed format (several elements to a dtype unit)
 // also needs the callers' shape checks to ask Matrix.Shape; one with a
 // second scale tensor per weight (NVFP4's global scale) or a renamed weight
 // tensor (compressed-tensors' weight_packed) needs family.MLP and

@@ -1,4 +1,4 @@
-package validate
+package gpurun
 
 import (
 	"fmt"
@@ -13,10 +13,10 @@ import (
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// loadFusedBank queues the upload of a converted layer's stacked expert
+// LoadFusedBank queues the upload of a converted layer's stacked expert
 // tensors (stacked, gate-up or up-gate, bf16/f32 or FP8 with block scales)
 // through s and waits for it.
-func loadFusedBank(s *stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*devBank, error) {
+func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*Bank, error) {
 	h, inter, err := fl.StackDims(src)
 	if err != nil {
 		return nil, err
@@ -33,11 +33,11 @@ func loadFusedBank(s *stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*
 	}
 	H, I := int64(h), int64(inter)
 	shapes := layout.StackShapesFor(n.Layout, e, I, H, wf)
-	b := &devBank{}
+	b := &Bank{}
 	b.NumExperts, b.H, b.I = int(e), h, inter
-	fail := func(err error) (*devBank, error) {
+	fail := func(err error) (*Bank, error) {
 		s.wait()
-		b.free()
+		b.Free()
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	if n.Layout.Fused() {
@@ -93,14 +93,14 @@ func loadFusedBank(s *stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*
 		}
 	}
 	if err := s.wait(); err != nil {
-		b.free()
+		b.Free()
 		return nil, err
 	}
 	return b, nil
 }
 
 // setBiases uploads a bank's f32 biases (gate, up [E*I], down [E*H]).
-func (b *devBank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
+func (b *Bank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
 	for _, v := range []struct {
 		host []float32
 		dst  **cuda.Buffer[float32]
@@ -120,7 +120,7 @@ func (b *devBank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
 // with its biases where it has them and the activation act. block is the
 // FP8 block edge (0: not quantised). The caller waits on s's stream
 // (kernels queued on the same stream run after the copies).
-func loadMLPBank(s *stager, src cpuref.TensorSource, m family.MLP, h, inter, block int, act layout.Activation) (*devBank, error) {
+func loadMLPBank(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter, block int, act layout.Activation) (*Bank, error) {
 	// The block is all the caller says of the format: FP8 blocks of that
 	// edge, or (0) unquantised in whatever float dtype the tensors hold.
 	scaled := block != 0
@@ -134,12 +134,12 @@ func loadMLPBank(s *stager, src cpuref.TensorSource, m family.MLP, h, inter, blo
 		dr, dc = weightfmt.Matrix{Format: wf, Rows: int64(h), Cols: int64(inter)}.ScaleShape()
 	}
 	H, I := int64(h), int64(inter)
-	b := &devBank{}
+	b := &Bank{}
 	b.NumExperts, b.H, b.I = 1, h, inter
 	var err error
-	fail := func(err error) (*devBank, error) {
+	fail := func(err error) (*Bank, error) {
 		s.wait()
-		b.free()
+		b.Free()
 		return nil, err
 	}
 	if b.Gate, err = b.weight(s, src, m.Gate, []int64{I, H}); err != nil {

@@ -1,4 +1,4 @@
-package validate
+package gpurun
 
 import (
 	"fmt"
@@ -39,16 +39,17 @@ type LayerTiming struct {
 	// previous layer (waiting for this layer's bank included) to the end of
 	// its checks. The layers' WallSeconds add up to the run.
 	WallSeconds float64 `json:"wall_seconds"`
-	// IOBaselineSeconds (Options.IOBaseline) is the time to read the same
-	// IOBaselineBytes (DstBytes + SrcBytes, the same tensors) from the page
-	// cache into the same pinned buffers and copy them to the GPU, one
-	// layer at a time, after the run has read them once; Ratio is
+	// IOBaselineSeconds (validate's Options.IOBaseline) is the time to read
+	// the same IOBaselineBytes (DstBytes + SrcBytes, the same tensors) from
+	// the page cache into the same pinned buffers and copy them to the GPU,
+	// one layer at a time, after the run has read them once; Ratio is
 	// WallSeconds / IOBaselineSeconds.
 	IOBaselineSeconds float64 `json:"io_baseline_seconds,omitempty"`
 	IOBaselineBytes   int64   `json:"io_baseline_bytes,omitempty"`
 	Ratio             float64 `json:"ratio,omitempty"`
 
-	staged []stagedTensor // what the layer read, for the baseline to replay
+	// Staged is what the layer read, for the baseline to replay.
+	Staged []StagedTensor `json:"-"`
 }
 
 // IOSeconds is the time spent reading and uploading the layer's bytes.
@@ -70,46 +71,46 @@ func (t *LayerTiming) Line() string {
 
 func gb(n int64) float64 { return float64(n) / 1e9 }
 
-// stagedTensor is one tensor a stager read, and how.
-type stagedTensor struct {
-	t      *checkpoint.Tensor
-	decode bool
+// StagedTensor is one tensor a stager read, and how.
+type StagedTensor struct {
+	T      *checkpoint.Tensor
+	Decode bool
 }
 
-// stageRecord collects what a stager read and uploaded: the tensors, their
+// StageRecord collects what a stager read and uploaded: the tensors, their
 // file bytes, and the wall time spent reading them, queueing their copies
 // and waiting for the copies.
-type stageRecord struct {
-	staged []stagedTensor
-	bytes  int64
-	busy   time.Duration
+type StageRecord struct {
+	Staged []StagedTensor
+	Bytes  int64
+	Busy   time.Duration
 }
 
-func (r *stageRecord) add(t *checkpoint.Tensor, decode bool, n int64, start time.Time) {
-	r.staged = append(r.staged, stagedTensor{t, decode})
-	r.bytes += n
-	r.busy += time.Since(start)
+func (r *StageRecord) add(t *checkpoint.Tensor, decode bool, n int64, start time.Time) {
+	r.Staged = append(r.Staged, StagedTensor{t, decode})
+	r.Bytes += n
+	r.Busy += time.Since(start)
 }
 
-func (r *stageRecord) addWait(start time.Time) { r.busy += time.Since(start) }
+func (r *StageRecord) addWait(start time.Time) { r.Busy += time.Since(start) }
 
-// recording runs fn with s's I/O collected into rec.
-func recording(s *stager, rec *stageRecord, fn func() error) error {
+// Recording runs fn with s's I/O collected into rec.
+func Recording(s *Stager, rec *StageRecord, fn func() error) error {
 	s.rec = rec
 	defer func() { s.rec = nil }()
 	return fn()
 }
 
-// ioBaseline reads and uploads each timed layer's tensors again through
+// IOBaseline reads and uploads each timed layer's tensors again through
 // the compute stream's stager, into a device ring of two chunks, and fills
 // IOBaselineSeconds, IOBaselineBytes and Ratio.
-func (g *gpuRunner) ioBaseline(timings []LayerTiming) error {
+func (g *Runner) IOBaseline(timings []LayerTiming) error {
 	ring, err := cuda.Alloc[uint8](g.dev, 2*StageChunkBytes)
 	if err != nil {
 		return fmt.Errorf("io baseline: %w", err)
 	}
 	defer ring.Free()
-	s := g.stage
+	s := g.Stage
 	if err := s.wait(); err != nil {
 		return err
 	}
@@ -117,14 +118,14 @@ func (g *gpuRunner) ioBaseline(timings []LayerTiming) error {
 	defer func() { s.ring = 0 }()
 	for i := range timings {
 		tm := &timings[i]
-		if len(tm.staged) == 0 {
+		if len(tm.Staged) == 0 {
 			continue
 		}
-		var rec stageRecord
+		var rec StageRecord
 		t0 := time.Now()
-		err := recording(s, &rec, func() error {
-			for _, st := range tm.staged {
-				if err := s.copyTensor(ring.Ptr(), st.t, st.decode); err != nil {
+		err := Recording(s, &rec, func() error {
+			for _, st := range tm.Staged {
+				if err := s.copyTensor(ring.Ptr(), st.T, st.Decode); err != nil {
 					return err
 				}
 			}
@@ -134,7 +135,7 @@ func (g *gpuRunner) ioBaseline(timings []LayerTiming) error {
 			return fmt.Errorf("io baseline of layer %d: %w", tm.Layer, err)
 		}
 		tm.IOBaselineSeconds = time.Since(t0).Seconds()
-		tm.IOBaselineBytes = rec.bytes
+		tm.IOBaselineBytes = rec.Bytes
 		if tm.IOBaselineSeconds > 0 {
 			tm.Ratio = tm.WallSeconds / tm.IOBaselineSeconds
 		}

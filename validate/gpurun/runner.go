@@ -1,6 +1,7 @@
-package validate
+package gpurun
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -13,17 +14,37 @@ import (
 	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
-// gpuRunner runs MoE layers on one GPU: a compute stream for the kernels
+// Runner runs MoE layers on one GPU: a compute stream for the kernels
 // (and the unfused path's per-expert uploads, which must order before their
 // GEMMs), a copy stream on which the next layer's bank streams in while this
 // layer computes, and a stager for each.
-type gpuRunner struct {
-	dev             *cuda.Device
-	compute, copy   cuda.Stream
-	stage, prefetch *stager
+type Runner struct {
+	dev           *cuda.Device
+	compute, copy cuda.Stream
+	// Stage uploads on the compute stream, Prefetch on the copy stream.
+	Stage, Prefetch *Stager
 	act             kernels.MatDType // activation type of the grouped GEMM
 	w8a8            bool             // --precision fp8: e4m3 activations (kernels.GEMMOptions.W8A8)
 }
+
+// GPU precisions: the activation type of the grouped GEMM, or w8a8.
+const (
+	PrecisionBF16 = "bf16"
+	PrecisionF32  = "f32"
+	// PrecisionFP8 is the w8a8 serving numerics (moe.GEMMOptions.W8A8): the
+	// GPU quantises each expert GEMM's activations to e4m3 per token per
+	// 128 channels and multiplies e4m3 x e4m3 (fp8 weights, compute
+	// capability 9.0); the CPU reference quantises the same way.
+	PrecisionFP8 = "fp8"
+)
+
+// BlockMultiple is what the alignment block size must be a multiple of:
+// the grouped GEMM's row tile, so that a tile never spans two experts.
+const BlockMultiple = 16
+
+// ErrDeviceUnavailable is wrapped by the error of --device cuda on a
+// machine without a usable GPU.
+var ErrDeviceUnavailable = errors.New("validate --device cuda: no usable GPU")
 
 // The process keeps one device open: its kernels stay loaded across runs.
 var (
@@ -32,12 +53,15 @@ var (
 	gpuErr  error
 )
 
-func openGPU(precision string) (*gpuRunner, error) {
+// Open returns a runner on the process's GPU (device 0, opened once) for
+// precision (PrecisionBF16, PrecisionF32 or PrecisionFP8); Close releases
+// its streams and stagers.
+func Open(precision string) (*Runner, error) {
 	gpuOnce.Do(func() { gpuDev, gpuErr = cuda.Open(0) })
 	if gpuErr != nil {
 		return nil, fmt.Errorf("%w: %w", ErrDeviceUnavailable, gpuErr)
 	}
-	g := &gpuRunner{dev: gpuDev, act: kernels.MatBF16}
+	g := &Runner{dev: gpuDev, act: kernels.MatBF16}
 	if precision == PrecisionF32 {
 		g.act = kernels.MatF32
 	}
@@ -52,12 +76,12 @@ func openGPU(precision string) (*gpuRunner, error) {
 		return err
 	})
 	if err == nil {
-		if g.stage, err = newStager(g.dev, g.compute); err == nil {
-			g.prefetch, err = newStager(g.dev, g.copy)
+		if g.Stage, err = newStager(g.dev, g.compute); err == nil {
+			g.Prefetch, err = newStager(g.dev, g.copy)
 		}
 	}
 	if err != nil {
-		g.close()
+		g.Close()
 		return nil, err
 	}
 	return g, nil
@@ -96,12 +120,16 @@ func preloadKernels(c *cuda.Ctx) {
 	}
 }
 
-func (g *gpuRunner) close() {
-	if g.stage != nil {
-		g.stage.free()
+// Device is the GPU the runner runs on.
+func (g *Runner) Device() *cuda.Device { return g.dev }
+
+// Close releases the runner's stagers and streams (the device stays open).
+func (g *Runner) Close() {
+	if g.Stage != nil {
+		g.Stage.free()
 	}
-	if g.prefetch != nil {
-		g.prefetch.free()
+	if g.Prefetch != nil {
+		g.Prefetch.free()
 	}
 	g.dev.Do(func(c *cuda.Ctx) error {
 		c.DestroyStream(g.compute)
@@ -111,35 +139,38 @@ func (g *gpuRunner) close() {
 }
 
 // sync waits for the compute stream.
-func (g *gpuRunner) sync() error {
+func (g *Runner) sync() error {
 	return g.dev.Do(func(c *cuda.Ctx) error { return c.SyncStream(g.compute) })
 }
 
-// frees collects device buffers released once the compute stream is idle.
-type frees []interface{ Free() error }
+// Frees collects device buffers released once the compute stream is idle.
+type Frees []interface{ Free() error }
 
-func (f *frees) add(b interface{ Free() error }) { *f = append(*f, b) }
+func (f *Frees) add(b interface{ Free() error }) { *f = append(*f, b) }
 
-func (f frees) release(g *gpuRunner) {
+// Release waits for the compute stream and frees every buffer in f.
+func (f Frees) Release(g *Runner) {
 	g.sync()
 	for _, b := range f {
 		b.Free()
 	}
 }
 
-// gpuInput is one layer's tokens on the device: x in f32 (for the routers)
+// Input is one layer's tokens on the device: x in f32 (for the routers)
 // and in the GEMM's activation type.
-type gpuInput struct {
+type Input struct {
 	t, h int
 	x    []float32 // the host copy, for input-scaled slot rows
-	// tokens are the routed tokens' ids, for a hash-routed layer (nil otherwise).
-	tokens []int32
+	// Tokens are the routed tokens' ids, for a hash-routed layer (nil otherwise).
+	Tokens []int32
 	x32    *cuda.Buffer[float32]
 	act    kernels.Mat
 }
 
-func (g *gpuRunner) input(x []float32, t, h int, fr *frees) (*gpuInput, error) {
-	in := &gpuInput{t: t, h: h, x: x}
+// Input uploads t tokens of x (t x h) as f32 and in the GEMM's activation
+// type; the buffers are released with fr.
+func (g *Runner) Input(x []float32, t, h int, fr *Frees) (*Input, error) {
+	in := &Input{t: t, h: h, x: x}
 	var err error
 	if in.x32, err = cuda.FromHost(g.dev, x); err != nil {
 		return nil, err
@@ -177,7 +208,7 @@ func gateSpec(s moe.RouteSpec, c *layout.Contract) kernels.GateSpec {
 // golden's float32 x routes as HF routed it.
 //
 // Only the first t of in's tokens are routed: forced coverage tokens may follow.
-func (g *gpuRunner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.GateSpec, rr cpuref.RouterRef, in *gpuInput, t int, finalScale float32, fr *frees) (*kernels.GateOut, *moe.Routing, *moe.Slots, error) {
+func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.GateSpec, rr cpuref.RouterRef, in *Input, t int, finalScale float32, fr *Frees) (*kernels.GateOut, *moe.Routing, *moe.Slots, error) {
 	if err := spec.Check(); err != nil {
 		return nil, nil, nil, err
 	}
@@ -237,10 +268,10 @@ func (g *gpuRunner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernel
 	}
 	fr.add(gateOutFree{out})
 	if rr.Hash != "" { // DeepSeek-V4's hash layers: the table's experts, weighted by the gate kernel
-		if len(in.tokens) != t {
-			return nil, nil, nil, fmt.Errorf("hash-routed layer: %d token ids for %d tokens", len(in.tokens), t)
+		if len(in.Tokens) != t {
+			return nil, nil, nil, fmt.Errorf("hash-routed layer: %d token ids for %d tokens", len(in.Tokens), t)
 		}
-		ids, err := cpuref.HashIDs(src, rr.Hash, in.tokens, spec.TopK, e)
+		ids, err := cpuref.HashIDs(src, rr.Hash, in.Tokens, spec.TopK, e)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -282,7 +313,7 @@ func (g *gpuRunner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernel
 // place after the routed tokens as FusedSlots numbers them. It returns the
 // slots of all tokens and their device copies; without cov, the gate's own
 // device outputs.
-func (g *gpuRunner) forced(gout *kernels.GateOut, routing *moe.Routing, slots *moe.Slots, cov *cpuref.Coverage, c *layout.Contract, fr *frees) (*moe.Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
+func (g *Runner) forced(gout *kernels.GateOut, routing *moe.Routing, slots *moe.Slots, cov *cpuref.Coverage, c *layout.Contract, fr *Frees) (*moe.Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
 	if cov == nil {
 		return slots, gout.IDs, gout.Weights, nil
 	}
@@ -329,7 +360,7 @@ type sortedFree struct{ s *kernels.Sorted }
 func (f sortedFree) Free() error { f.s.Free(); return nil }
 
 // actBuffer allocates n activations of the GEMM's type.
-func (g *gpuRunner) actBuffer(n int, fr *frees) (kernels.Mat, error) {
+func (g *Runner) actBuffer(n int, fr *Frees) (kernels.Mat, error) {
 	if g.act == kernels.MatBF16 {
 		b, err := cuda.Alloc[uint16](g.dev, n)
 		if err != nil {
@@ -346,7 +377,7 @@ func (g *gpuRunner) actBuffer(n int, fr *frees) (kernels.Mat, error) {
 	return kernels.F32Mat(b), nil
 }
 
-func (g *gpuRunner) f32Buffer(n int, fr *frees) (*cuda.Buffer[float32], error) {
+func (g *Runner) f32Buffer(n int, fr *Frees) (*cuda.Buffer[float32], error) {
 	b, err := cuda.Alloc[float32](g.dev, n)
 	if err == nil {
 		fr.add(b)
@@ -354,16 +385,16 @@ func (g *gpuRunner) f32Buffer(n int, fr *frees) (*cuda.Buffer[float32], error) {
 	return b, err
 }
 
-// fusedLayer runs the serving path of a converted layer on the GPU: router
+// FusedLayer runs the serving path of a converted layer on the GPU: router
 // GEMM, gate with the contract's shared slots, moe_align_block_size, the
 // grouped GEMM over the bank already on the device, finalize (x runtime
 // rsf), plus an unfused shared expert where the contract left one.
 //
 // cov's forced tokens (nil: none) follow the routed ones in in; their slots
 // go through the same align, GEMM and finalize.
-func (g *gpuRunner) fusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank *devBank, in *gpuInput, cov *cpuref.Coverage, blockSize int) (*cpuref.FusedResult, error) {
-	var fr frees
-	defer fr.release(g)
+func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank *Bank, in *Input, cov *cpuref.Coverage, blockSize int) (*cpuref.FusedResult, error) {
+	var fr Frees
+	defer fr.Release(g)
 	c := fl.Contract
 	if fl.Spec.NumExperts != c.NumExperts {
 		return nil, fmt.Errorf("layer %d: config routes over %d experts, the contract says %d", fl.Index, fl.Spec.NumExperts, c.NumExperts)
@@ -452,14 +483,14 @@ func (g *gpuRunner) fusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, b
 // oneExpertSorted builds the alignment of a bank of one expert over the
 // given slots (padded with the sentinel numel to a multiple of the GEMM's
 // row tile, every block expert 0).
-func (g *gpuRunner) oneExpertSorted(slots []int32, numel int, fr *frees) (*kernels.Sorted, error) {
-	n := kernels.CeilDiv(len(slots), GPUBlockMultiple) * GPUBlockMultiple
+func (g *Runner) oneExpertSorted(slots []int32, numel int, fr *Frees) (*kernels.Sorted, error) {
+	n := kernels.CeilDiv(len(slots), BlockMultiple) * BlockMultiple
 	ids := make([]int32, n)
 	copy(ids, slots)
 	for i := len(slots); i < n; i++ {
 		ids[i] = int32(numel)
 	}
-	s, err := kernels.NewSorted(g.dev, ids, make([]int32, n/GPUBlockMultiple), n, GPUBlockMultiple, numel)
+	s, err := kernels.NewSorted(g.dev, ids, make([]int32, n/BlockMultiple), n, BlockMultiple, numel)
 	if err != nil {
 		return nil, err
 	}
@@ -470,9 +501,9 @@ func (g *gpuRunner) oneExpertSorted(slots []int32, numel int, fr *frees) (*kerne
 // addDense runs one hub-layout MLP over every token (a shared expert) and
 // adds it to y, gated by sigmoid(x . w_gate) where gate names Qwen2-MoE's
 // shared_expert_gate.
-func (g *gpuRunner) addDense(src cpuref.TensorSource, m family.MLP, gate string, block int, act layout.Activation, in *gpuInput, y *cuda.Buffer[float32]) error {
-	var fr frees
-	defer fr.release(g)
+func (g *Runner) addDense(src cpuref.TensorSource, m family.MLP, gate string, block int, act layout.Activation, in *Input, y *cuda.Buffer[float32]) error {
+	var fr Frees
+	defer fr.Release(g)
 	gt, ok := src.Tensor(m.Gate)
 	if !ok {
 		return fmt.Errorf("tensor %s is missing", m.Gate)
@@ -481,14 +512,14 @@ func (g *gpuRunner) addDense(src cpuref.TensorSource, m family.MLP, gate string,
 		return fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.Gate, gt.Shape, in.h)
 	}
 	inter := int(gt.Shape[0])
-	bank, err := loadMLPBank(g.stage, src, m, in.h, inter, block, act)
+	bank, err := loadMLPBank(g.Stage, src, m, in.h, inter, block, act)
 	if err != nil {
 		return err
 	}
 	fr.add(bankFree{bank})
 	// Waiting for the upload here costs one launch latency and keeps the
 	// stager's I/O time apart from the GEMM's (LayerTiming).
-	if err := g.stage.wait(); err != nil {
+	if err := g.Stage.wait(); err != nil {
 		return err
 	}
 	t, h := in.t, in.h
@@ -537,9 +568,9 @@ func (g *gpuRunner) addDense(src cpuref.TensorSource, m family.MLP, gate string,
 // slots t*S+s of every token (routed and cov's forced ones), then finalize
 // weights each token's S slots by the routing's shared weights times scale
 // (the routed sum's final scale) and the sum is added to y, all on the device.
-func (g *gpuRunner) addRoutedShared(src cpuref.TensorSource, mlps []family.MLP, routing *moe.Routing, cov *cpuref.Coverage, scale float32, block int, act layout.Activation, in *gpuInput, y *cuda.Buffer[float32]) error {
-	var fr frees
-	defer fr.release(g)
+func (g *Runner) addRoutedShared(src cpuref.TensorSource, mlps []family.MLP, routing *moe.Routing, cov *cpuref.Coverage, scale float32, block int, act layout.Activation, in *Input, y *cuda.Buffer[float32]) error {
+	var fr Frees
+	defer fr.Release(g)
 	t, h, ns := in.t, in.h, len(mlps)
 	weights := cpuref.SharedWeights(routing, cov)
 	if routing.S != ns || len(weights) != t*ns {
@@ -560,12 +591,12 @@ func (g *gpuRunner) addRoutedShared(src cpuref.TensorSource, mlps []family.MLP, 
 		return err
 	}
 	for s, m := range mlps {
-		bank, err := loadMLPBank(g.stage, src, m, h, inter, block, act)
+		bank, err := loadMLPBank(g.Stage, src, m, h, inter, block, act)
 		if err != nil {
 			return fmt.Errorf("shared expert %d: %w", s, err)
 		}
 		fr.add(bankFree{bank})
-		if err := g.stage.wait(); err != nil { // see addDense
+		if err := g.Stage.wait(); err != nil { // see addDense
 			return err
 		}
 		slots := make([]int32, t)
@@ -595,11 +626,11 @@ func (g *gpuRunner) addRoutedShared(src cpuref.TensorSource, mlps []family.MLP, 
 	return kernels.AddRows(g.dev, g.compute, y, ys, nil, t, h)
 }
 
-type bankFree struct{ b *devBank }
+type bankFree struct{ b *Bank }
 
-func (f bankFree) Free() error { f.b.free(); return nil }
+func (f bankFree) Free() error { f.b.Free(); return nil }
 
-// unfusedLayer runs a hub-layout (SRC) layer on the GPU the way an engine
+// UnfusedLayer runs a hub-layout (SRC) layer on the GPU the way an engine
 // without fusion does: router and gate, then per expert the tokens routed to
 // it through the grouped GEMM with a bank of that one expert (weights from
 // the per-expert tensors), the weighted sum x rsf, plus the shared expert as
@@ -607,9 +638,9 @@ func (f bankFree) Free() error { f.b.free(); return nil }
 //
 // cov's forced tokens (nil: none) follow the routed ones in in and run in
 // the same pass over the experts.
-func (g *gpuRunner) unfusedLayer(src cpuref.TensorSource, plan *family.Plan, layer *family.Layer, in *gpuInput, cov *cpuref.Coverage) (*cpuref.RefResult, error) {
-	var fr frees
-	defer fr.release(g)
+func (g *Runner) UnfusedLayer(src cpuref.TensorSource, plan *family.Plan, layer *family.Layer, in *Input, cov *cpuref.Coverage) (*cpuref.RefResult, error) {
+	var fr Frees
+	defer fr.Release(g)
 	h, inter, e, t := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts, in.t
 	if h != in.h {
 		return nil, fmt.Errorf("layer %d: H %d, x has %d", layer.Index, h, in.h)
@@ -687,15 +718,15 @@ func (g *gpuRunner) unfusedLayer(src cpuref.TensorSource, plan *family.Plan, lay
 // oneExpert uploads one expert and queues its SwiGLU over its slots, writing
 // those slots' rows of out; its device memory is released once the compute
 // stream has run it.
-func (g *gpuRunner) oneExpert(src cpuref.TensorSource, m family.MLP, h, inter, block int, act layout.Activation, slots []int32, numel, k int, in *gpuInput, mid kernels.Mat, out *cuda.Buffer[float32]) error {
-	var fr frees
-	defer fr.release(g)
-	bank, err := loadMLPBank(g.stage, src, m, h, inter, block, act)
+func (g *Runner) oneExpert(src cpuref.TensorSource, m family.MLP, h, inter, block int, act layout.Activation, slots []int32, numel, k int, in *Input, mid kernels.Mat, out *cuda.Buffer[float32]) error {
+	var fr Frees
+	defer fr.Release(g)
+	bank, err := loadMLPBank(g.Stage, src, m, h, inter, block, act)
 	if err != nil {
 		return err
 	}
 	fr.add(bankFree{bank})
-	if err := g.stage.wait(); err != nil { // see addDense
+	if err := g.Stage.wait(); err != nil { // see addDense
 		return err
 	}
 	sorted, err := g.oneExpertSorted(slots, numel, &fr)
@@ -708,7 +739,7 @@ func (g *gpuRunner) oneExpert(src cpuref.TensorSource, m family.MLP, h, inter, b
 // groupedGEMM queues both stages of the grouped GEMM in the run's
 // precision, with the f32 scratch that experts with biases or another
 // activation than SwiGLU need (kernels/act.go), freed with fr.
-func (g *gpuRunner) groupedGEMM(bank *kernels.ExpertBank, sorted *kernels.Sorted, x kernels.Mat, t, k int, inter kernels.Mat, out *cuda.Buffer[float32], fr *frees) error {
+func (g *Runner) groupedGEMM(bank *kernels.ExpertBank, sorted *kernels.Sorted, x kernels.Mat, t, k int, inter kernels.Mat, out *cuda.Buffer[float32], fr *Frees) error {
 	opt := kernels.GEMMOptions{Act: g.act, W8A8: g.w8a8}
 	if g.w8a8 {
 		q, err := kernels.NewQuantScratch(g.dev, t, k, bank.H, bank.I)
@@ -734,11 +765,11 @@ func (g *gpuRunner) groupedGEMM(bank *kernels.ExpertBank, sorted *kernels.Sorted
 // finalize sums each token's slots with weight 1. Engines do the same
 // multiply on the device before the GEMM (vLLM's
 // apply_router_weight_on_input); the GEMM and finalize are unchanged.
-func (g *gpuRunner) inputScaled(in *gpuInput, slots *moe.Slots, fr *frees) (*gpuInput, *cuda.Buffer[float32], error) {
+func (g *Runner) inputScaled(in *Input, slots *moe.Slots, fr *Frees) (*Input, *cuda.Buffer[float32], error) {
 	if len(in.x) != in.t*in.h || len(slots.Weights) != in.t*slots.K {
 		return nil, nil, fmt.Errorf("input-scaled slots: %d host values for %d tokens x %d, %d slot weights", len(in.x), in.t, in.h, len(slots.Weights))
 	}
-	rows, err := g.input(cpuref.SlotRows(in.x, in.h, slots.K, slots.Weights), in.t*slots.K, in.h, fr)
+	rows, err := g.Input(cpuref.SlotRows(in.x, in.h, slots.K, slots.Weights), in.t*slots.K, in.h, fr)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -751,7 +782,7 @@ func (g *gpuRunner) inputScaled(in *gpuInput, slots *moe.Slots, fr *frees) (*gpu
 }
 
 // routedTokens is how many of in's tokens the router sees: all but cov's.
-func routedTokens(in *gpuInput, cov *cpuref.Coverage) int {
+func routedTokens(in *Input, cov *cpuref.Coverage) int {
 	if cov == nil {
 		return in.t
 	}

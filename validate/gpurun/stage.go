@@ -1,4 +1,4 @@
-package validate
+package gpurun
 
 import (
 	"fmt"
@@ -19,11 +19,11 @@ import (
 // so host memory stays bounded whatever the tensor size.
 const StageChunkBytes = 64 << 20
 
-// stager streams tensors from a checkpoint to device memory through two
+// Stager streams tensors from a checkpoint to device memory through two
 // pinned host buffers on one stream: while chunk i is copied, chunk i+1 is
 // read from disk into the other buffer. A buffer is refilled only after the
 // event recorded behind its last copy has completed.
-type stager struct {
+type Stager struct {
 	dev    *cuda.Device
 	stream cuda.Stream
 	bufs   [2]*cuda.HostBuffer
@@ -33,15 +33,15 @@ type stager struct {
 	raw    []byte // read buffer for tensors decoded to f32 on the host
 	// rec, when set, collects what this stager reads and the time it takes
 	// (a layer's I/O); only the goroutine using the stager touches it.
-	rec *stageRecord
+	rec *StageRecord
 	// ring, when > 0, wraps the device offsets of copyTensor into the
 	// first ring bytes of dst: the I/O baseline copies every byte without
 	// holding a whole tensor on the device.
 	ring int64
 }
 
-func newStager(dev *cuda.Device, stream cuda.Stream) (*stager, error) {
-	s := &stager{dev: dev, stream: stream}
+func newStager(dev *cuda.Device, stream cuda.Stream) (*Stager, error) {
+	s := &Stager{dev: dev, stream: stream}
 	for i := range s.bufs {
 		b, err := dev.AllocHost(StageChunkBytes)
 		if err != nil {
@@ -67,7 +67,7 @@ func newStager(dev *cuda.Device, stream cuda.Stream) (*stager, error) {
 	return s, nil
 }
 
-func (s *stager) free() {
+func (s *Stager) free() {
 	s.dev.Do(func(c *cuda.Ctx) error {
 		c.SyncStream(s.stream)
 		for _, e := range s.events {
@@ -81,7 +81,7 @@ func (s *stager) free() {
 }
 
 // buffer returns the next staging buffer once its previous copy is done.
-func (s *stager) buffer() (int, []byte, error) {
+func (s *Stager) buffer() (int, []byte, error) {
 	i := s.next
 	s.next = 1 - s.next
 	if s.used[i] {
@@ -93,7 +93,7 @@ func (s *stager) buffer() (int, []byte, error) {
 }
 
 // send queues the copy of n staged bytes of buffer i to dst.
-func (s *stager) send(i int, dst cuda.DevicePtr, n int) error {
+func (s *Stager) send(i int, dst cuda.DevicePtr, n int) error {
 	s.used[i] = true
 	return s.dev.Do(func(c *cuda.Ctx) error {
 		if err := c.CopyHtoDAsync(dst, s.bufs[i], 0, n, s.stream); err != nil {
@@ -106,7 +106,7 @@ func (s *stager) send(i int, dst cuda.DevicePtr, n int) error {
 // copyTensor queues the upload of tensor t to dst: its raw bytes, or, when
 // decode is set, its values decoded to float32 (dtypes the kernels do not
 // take). The copies complete in stream order; wait() waits for them.
-func (s *stager) copyTensor(dst cuda.DevicePtr, t *checkpoint.Tensor, decode bool) error {
+func (s *Stager) copyTensor(dst cuda.DevicePtr, t *checkpoint.Tensor, decode bool) error {
 	size := int64(t.DType.Size())
 	if size == 0 {
 		return fmt.Errorf("%s: tensor %s has unknown dtype %s", t.File, t.Name, t.DType)
@@ -163,7 +163,7 @@ func (s *stager) copyTensor(dst cuda.DevicePtr, t *checkpoint.Tensor, decode boo
 
 // at is where n bytes at offset out of a tensor go: dst + out, or, with
 // a ring, wrapped into its first s.ring bytes (n <= StageChunkBytes <= ring).
-func (s *stager) at(dst cuda.DevicePtr, out, n int64) cuda.DevicePtr {
+func (s *Stager) at(dst cuda.DevicePtr, out, n int64) cuda.DevicePtr {
 	if s.ring > 0 {
 		if out %= s.ring; out+n > s.ring {
 			out = 0
@@ -173,7 +173,7 @@ func (s *stager) at(dst cuda.DevicePtr, out, n int64) cuda.DevicePtr {
 }
 
 // wait blocks until every queued copy has reached the device.
-func (s *stager) wait() error {
+func (s *Stager) wait() error {
 	if s.rec != nil {
 		defer s.rec.addWait(time.Now())
 	}
@@ -197,15 +197,16 @@ func matType(t *checkpoint.Tensor) (kernels.MatDType, bool, error) {
 	return 0, false, fmt.Errorf("%s: tensor %s has dtype %s, which the GPU path cannot use", t.File, t.Name, t.DType)
 }
 
-// devBank is an ExpertBank whose device memory this package owns.
-type devBank struct {
+// Bank is an ExpertBank whose device memory this package owns.
+type Bank struct {
 	kernels.ExpertBank
 	bytes []*cuda.Buffer[uint8]
 	f32   []*cuda.Buffer[float32]
 	Size  int64 // device bytes
 }
 
-func (b *devBank) free() {
+// Free releases the bank's device memory (nil: nothing).
+func (b *Bank) Free() {
 	if b == nil {
 		return
 	}
@@ -220,7 +221,7 @@ func (b *devBank) free() {
 
 // weight allocates device memory for tensor t (shape checked against want)
 // and queues its upload; the Mat has the bank's dtype.
-func (b *devBank) weight(s *stager, src cpuref.TensorSource, name string, want []int64) (kernels.Mat, error) {
+func (b *Bank) weight(s *Stager, src cpuref.TensorSource, name string, want []int64) (kernels.Mat, error) {
 	t, err := tensorShaped(src, name, want)
 	if err != nil {
 		return kernels.Mat{}, err
@@ -258,7 +259,7 @@ func (b *devBank) weight(s *stager, src cpuref.TensorSource, name string, want [
 }
 
 // scale allocates and queues an F32 block-scale tensor of shape want.
-func (b *devBank) scale(s *stager, src cpuref.TensorSource, name string, want []int64) (*cuda.Buffer[float32], error) {
+func (b *Bank) scale(s *Stager, src cpuref.TensorSource, name string, want []int64) (*cuda.Buffer[float32], error) {
 	t, err := tensorShaped(src, name, want)
 	if err != nil {
 		return nil, err
