@@ -3,8 +3,10 @@ package family
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // checker checks tensors against a plan's sizes and remembers the expert
@@ -35,8 +37,8 @@ func (k *checker) anyOf(prefix string, proj [3]string) bool {
 }
 
 // stacked checks a family's stacked expert tensors: gate-up [E, 2I, H]
-// and down [E, H, I], in an unquantised float dtype (FP8 stacked sources
-// are not planned: their scales would need views too).
+// and down [E, H, I], in an unquantised float dtype (quantised stacked
+// sources are not planned: their scales would need views too).
 //
 // Transposed (Llama 4: x @ W) they are gate-up [E, H, 2I] holding each
 // expert's gate columns then up columns, and down [E, I, H].
@@ -57,8 +59,10 @@ func (k *checker) stacked(where, gateUp, down string, transposed bool, hint stri
 		if !slices.Equal(meta.Shape, w.shape) {
 			return fmt.Errorf("%s: %s shape %s, expected %s %s", where, w.name, shapeString(meta.Shape), shapeString(w.shape), hint)
 		}
-		if meta.DType == safetensors.F8E4M3 || k.p.Quantization == QuantFP8Block {
-			return fmt.Errorf("%s: %s: FP8 experts stacked on disk are not supported", where, w.name)
+		if f, err := k.scaledBy(meta.DType); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
+		} else if f != nil {
+			return fmt.Errorf("%s: %s: %s experts stacked on disk are not supported", where, w.name, f)
 		}
 	}
 	return nil
@@ -110,8 +114,26 @@ func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint stri
 	return m, nil
 }
 
-// weight checks one expert projection and its FP8 block scale, returning the
-// scale's name ("" when not quantised).
+// scaledBy is the quantised format the expert weights are under when the
+// plan names one, or else the one whose weights are stored as dtype d; nil
+// when neither (plain weights).
+func (k *checker) scaledBy(d safetensors.DType) (weightfmt.Format, error) {
+	f, err := k.p.Format()
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := f.Scale(); ok {
+		return f, nil
+	}
+	if f, ok := weightfmt.ScaledDType(d); ok {
+		return f, nil
+	}
+	return nil, nil
+}
+
+// weight checks one expert projection and, when the plan's format is
+// quantised, the scale tensor the format names for it (its dtype and its
+// grid), returning the scale's name ("" when not quantised).
 func (k *checker) weight(where, role, name string, rows, cols int64, hint string) (string, error) {
 	meta, ok := k.t.Lookup(name)
 	if !ok {
@@ -123,36 +145,61 @@ func (k *checker) weight(where, role, name string, rows, cols int64, hint string
 	if err := k.weightDType(where, role, name, meta.DType); err != nil {
 		return "", err
 	}
-	sn := scaleName(name)
-	sm, hasScale := k.t.Lookup(sn)
-	if meta.DType != safetensors.F8E4M3 {
-		if k.p.Quantization == QuantFP8Block {
-			return "", fmt.Errorf("%s: %s is %s but config.json quantization_config says fp8", where, name, meta.DType)
+	f, err := k.p.Format()
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", where, err)
+	}
+	sc, scaled := f.Scale()
+	if !scaled {
+		// Plain weights: neither a quantised format's weight dtype nor its
+		// scale tensor may be there.
+		if q, ok := weightfmt.ScaledDType(meta.DType); ok {
+			return "", fmt.Errorf("%s: %s is %s but config.json has no %s quantization_config", where, name, meta.DType, lower(q))
 		}
-		if hasScale {
-			return "", fmt.Errorf("%s: block scale %s present but %s is %s, not F8_E4M3", where, sn, name, meta.DType)
+		for _, q := range weightfmt.Scaled() {
+			s, _ := q.Scale()
+			if _, has := k.t.Lookup(s.Name(name)); has {
+				return "", fmt.Errorf("%s: block scale %s present but %s is %s, not %s", where, s.Name(name), name, meta.DType, q.DType())
+			}
 		}
 		return "", nil
 	}
-	if k.p.Quantization != QuantFP8Block {
-		return "", fmt.Errorf("%s: %s is F8_E4M3 but config.json has no fp8 quantization_config", where, name)
+	if meta.DType != f.DType() {
+		return "", fmt.Errorf("%s: %s is %s but config.json quantization_config says %s", where, name, meta.DType, lower(f))
 	}
+	sn := sc.Name(name)
+	sm, hasScale := k.t.Lookup(sn)
 	if !hasScale {
-		return "", fmt.Errorf("%s: missing tensor %s (FP8 weights need their block scales)", where, sn)
+		return "", fmt.Errorf("%s: missing tensor %s (%s weights need their block scales)", where, sn, f)
 	}
-	if sm.DType != safetensors.F32 {
-		return "", fmt.Errorf("%s: %s dtype %s, expected F32", where, sn, sm.DType)
+	if sm.DType != sc.DType {
+		return "", fmt.Errorf("%s: %s dtype %s, expected %s", where, sn, sm.DType, sc.DType)
 	}
-	if want := scaleShape(rows, cols); !slices.Equal(sm.Shape, want) {
-		return "", fmt.Errorf("%s: %s shape %s, expected %s (128x128 blocks of %s weight %s)",
-			where, sn, shapeString(sm.Shape), shapeString(want), role, shapeString(meta.Shape))
+	r, c := weightfmt.Matrix{Format: f, Rows: rows, Cols: cols}.ScaleShape()
+	if want := []int64{r, c}; !slices.Equal(sm.Shape, want) {
+		return "", fmt.Errorf("%s: %s shape %s, expected %s (%dx%d blocks of %s weight %s)",
+			where, sn, shapeString(sm.Shape), shapeString(want), sc.Block[0], sc.Block[1], role, shapeString(meta.Shape))
 	}
 	return sn, nil
 }
 
+// lower is a format's name as config.json's quant_method writes it ("fp8").
+func lower(f weightfmt.Format) string { return strings.ToLower(f.String()) }
+
+// weightDType checks an expert weight's dtype: a plain float or the weight
+// dtype of a quantised format, and the same for every expert weight.
 func (k *checker) weightDType(where, role, name string, d safetensors.DType) error {
-	if !isFloat(d) && d != safetensors.F8E4M3 {
-		return fmt.Errorf("%s: %s dtype %s is not supported (expert weights must be BF16, F16, F32 or F8_E4M3)", where, name, d)
+	if _, quant := weightfmt.ScaledDType(d); !isFloat(d) && !quant {
+		allowed := "BF16, F16, F32"
+		scaled := weightfmt.Scaled()
+		for i, q := range scaled {
+			sep := ", "
+			if i == len(scaled)-1 {
+				sep = " or "
+			}
+			allowed += sep + string(q.DType())
+		}
+		return fmt.Errorf("%s: %s dtype %s is not supported (expert weights must be %s)", where, name, d, allowed)
 	}
 	if k.dtype == "" {
 		k.dtype, k.dtypeFrom = d, name
@@ -195,8 +242,10 @@ func (k *checker) sharedStack(where, prefix string, proj [3]string) ([]MLP, erro
 		if !slices.Equal(meta.Shape, want) {
 			return nil, fmt.Errorf("%s: %s shape %s, expected %s %s", where, name, shapeString(meta.Shape), shapeString(want), hint)
 		}
-		if meta.DType == safetensors.F8E4M3 || k.p.Quantization == QuantFP8Block {
-			return nil, fmt.Errorf("%s: %s: FP8 experts stacked on disk are not supported", where, name)
+		if f, err := k.scaledBy(meta.DType); err != nil {
+			return nil, fmt.Errorf("%s: %w", where, err)
+		} else if f != nil {
+			return nil, fmt.Errorf("%s: %s: %s experts stacked on disk are not supported", where, name, f)
 		}
 	}
 	out := make([]MLP, s)

@@ -9,7 +9,9 @@ import (
 
 // fp8Format is the only FP8 layout readQuant accepts: DeepSeek's official
 // 128x128 blocks (Qwen3's FP8 releases copy it). scale_fmt does not change
-// its shapes, only whether rsf folds (Plan.Format).
+// its shapes, only whether rsf folds (Plan.Format). Only
+// CanonicalScaleShape, which the checkpoint reader calls before any plan
+// exists, names it; the checks ask the plan's Format.
 var fp8Format = weightfmt.FP8Block(weightfmt.FP8DefaultBlock, weightfmt.FP8DefaultBlock, false)
 
 // Format is how the plan's expert weights are stored, from what readQuant
@@ -68,19 +70,6 @@ func readQuant(c config) (Quantization, string, error) {
 	return QuantFP8Block, scaleFmt, nil
 }
 
-// scaleShape is the weight_scale_inv shape of an FP8 [rows, cols] weight.
-func scaleShape(rows, cols int64) []int64 {
-	r, c := weightfmt.Matrix{Format: fp8Format, Rows: rows, Cols: cols}.ScaleShape()
-	return []int64{r, c}
-}
-
-// scaleName is the block-scale tensor that belongs to a weight
-// ("x.weight" -> "x.weight_scale_inv").
-func scaleName(weight string) string {
-	s, _ := fp8Format.Scale()
-	return s.Name(weight)
-}
-
 func shapeString(s []int64) string {
 	out := "["
 	for i, d := range s {
@@ -104,7 +93,8 @@ func CanonicalScaleShape(weight, shape []int64) (canon []int64, ok bool) {
 	if len(weight) != 2 || weight[0] <= 0 || weight[1] <= 0 {
 		return nil, false
 	}
-	want := scaleShape(weight[0], weight[1])
+	r, c := weightfmt.Matrix{Format: fp8Format, Rows: weight[0], Cols: weight[1]}.ScaleShape()
+	want := []int64{r, c}
 	if slices.Equal(shape, want) {
 		return nil, false
 	}

@@ -20,18 +20,21 @@
 //
 // Adding a format: a file that implements Format and registers its
 // quantization name in init (as fp8block.go does), and its tests. Convert's
-// planner and the byte proof (validate/byteproof/bytes.go) then stack, slice, prove
-// and fold it as they ask. Outside this package the format still needs:
-// reading its quantization_config into a family.Plan (family/quant.go) and
-// checking its tensors in a source checkpoint (family/check.go); the
+// planner and the byte proof (validate/byteproof/bytes.go) then stack, slice,
+// prove and fold it as they ask; family/check.go checks its weights and
+// scale tensors in a source checkpoint from the plan's Format (and Scaled
+// for a checkpoint whose config names none); validate's CPU loaders
+// (validate/cpuref: MatrixRef.Format) and the GPU bank loaders
+// (validate/gpurun/bank.go: LoadFusedBank, loadMLPBankOf) are handed the
+// contract's or plan's Format. Outside this package the format still needs:
+// reading its quantization_config into a family.Plan (family/quant.go); the
 // contract proof's own derivation of it (validate/byteproof/contractproof.go,
-// independent on purpose); validate's CPU and GPU paths to hand the loaders
-// the contract's or plan's Format, where they now hand an FP8 block size
-// (validate/cpuref/weights.go's MatrixRef.format); and, where the GPU kernels
-// cannot take its bytes, a GPU decode (kernels, and kernelsTake in
-// validate/gpurun/bank.go). A packed format (several elements to a dtype unit)
-// also needs the callers' shape checks to ask Matrix.Shape; one with a
-// second scale tensor per weight (NVFP4's global scale) or a renamed weight
-// tensor (compressed-tensors' weight_packed) needs family.MLP and
-// layout.ExpertTensors to name it.
+// independent on purpose); and, where the GPU kernels cannot take its bytes,
+// a GPU decode (kernels, and kernelsTake in validate/gpurun/bank.go). The
+// GPU runner's own call sites (validate/gpurun/runner.go) still hand the
+// MLP loader an FP8 block edge (loadMLPBank). A packed format (several
+// elements to a dtype unit) also needs the callers' shape checks to ask
+// Matrix.Shape; one with a second scale tensor per weight (NVFP4's global
+// scale) or a renamed weight tensor (compressed-tensors' weight_packed)
+// needs family.MLP and layout.ExpertTensors to name it.
 package weightfmt

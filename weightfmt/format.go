@@ -134,3 +134,33 @@ func Quantizations() []string {
 	slices.Sort(out)
 	return out
 }
+
+// Scaled is the Format, with its own defaults, of every registered
+// quantization whose weights carry a scale tensor, in the order of their
+// names: what a checker asks to recognise weights or scale tensors of a
+// quantised format in a checkpoint whose config names none.
+func Scaled() []Format {
+	var out []Format
+	for _, q := range Quantizations() {
+		f, err := formats[q](Spec{Quantization: q})
+		if err != nil {
+			continue
+		}
+		if _, ok := f.Scale(); ok {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// ScaledDType is the registered scaled format whose weights are stored as
+// dtype d (values that mean nothing without their scales); ok is false
+// when none is.
+func ScaledDType(d safetensors.DType) (f Format, ok bool) {
+	for _, f := range Scaled() {
+		if f.DType() == d {
+			return f, true
+		}
+	}
+	return nil, false
+}

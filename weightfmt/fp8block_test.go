@@ -151,3 +151,16 @@ func TestFoldRules(t *testing.T) {
 		}
 	}
 }
+
+func TestScaledFormats(t *testing.T) {
+	got := Scaled()
+	if len(got) != 1 || got[0].Quantization() != QuantFP8Block {
+		t.Fatalf("Scaled() = %v, want the FP8 block format alone", got)
+	}
+	if f, ok := ScaledDType(safetensors.F8E4M3); !ok || f.Quantization() != QuantFP8Block {
+		t.Errorf("ScaledDType(F8_E4M3) = %v, %v", f, ok)
+	}
+	if _, ok := ScaledDType(safetensors.BF16); ok {
+		t.Error("BF16 is the dtype of no scaled format")
+	}
+}

@@ -25,18 +25,14 @@ func Decode(dtype safetensors.DType, src []byte, dst []float32) error {
 	return weightfmt.Decode(dtype, src, dst)
 }
 
-// FP8Block is the edge of DeepSeek's square quantisation blocks, the block
-// of a matrixRef that names a scale but no block.
+// FP8Block is the edge of DeepSeek's square quantisation blocks, which
+// validate's tests build their FP8 fixtures with (the loaders ask the
+// contract's or plan's Format).
 const FP8Block = weightfmt.FP8DefaultBlock
 
 // ScaleDims is the shape of the weight_scale_inv of a rows x cols weight
-// quantised in blocks of bo rows by bi columns.
+// quantised in blocks of bo rows by bi columns, for validate's tests (the
+// loaders ask weightfmt.Matrix.ScaleShape).
 func ScaleDims(rows, cols, bo, bi int) (int, int) {
 	return (rows + bo - 1) / bo, (cols + bi - 1) / bi
-}
-
-// DequantFP8 is weightfmt.DequantE4M3: an F8_E4M3 rows x cols weight times
-// its [ScaleDims] grid of block scales, as float32.
-func DequantFP8(src []byte, rows, cols int, scale []float32, bo, bi int, dst []float32) error {
-	return weightfmt.DequantE4M3(src, rows, cols, scale, bo, bi, dst)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 func TestDecode(t *testing.T) {
@@ -55,7 +56,7 @@ func TestDecode(t *testing.T) {
 	}
 }
 
-func TestDequantFP8(t *testing.T) {
+func TestDequantE4M3(t *testing.T) {
 	// 130 x 260 with 128x128 blocks: a 2x3 scale grid with ragged edges.
 	const rows, cols, blk = 130, 260, 128
 	r := rand.New(rand.NewPCG(3, 4))
@@ -72,7 +73,7 @@ func TestDequantFP8(t *testing.T) {
 	}
 	scale := []float32{0.5, 2, 3, 0.25, 1e-3, 7}
 	dst := make([]float32, rows*cols)
-	if err := DequantFP8(src, rows, cols, scale, blk, blk, dst); err != nil {
+	if err := weightfmt.DequantE4M3(src, rows, cols, scale, blk, blk, dst); err != nil {
 		t.Fatal(err)
 	}
 	for _, rc := range [][2]int{{0, 0}, {127, 127}, {127, 128}, {128, 127}, {129, 259}, {64, 200}, {129, 0}} {
@@ -94,13 +95,13 @@ func TestDequantFP8(t *testing.T) {
 	for i := range scale2 {
 		scale2[i] = float32(i + 1)
 	}
-	if err := DequantFP8(src, rows, cols, scale2, 64, 128, dst); err != nil {
+	if err := weightfmt.DequantE4M3(src, rows, cols, scale2, 64, 128, dst); err != nil {
 		t.Fatal(err)
 	}
 	if i := 70*cols + 200; dst[i] != numfmt.E4M3ToF32(src[i])*scale2[1*sc+1] {
 		t.Errorf("64x128 block (70,200) = %v", dst[i])
 	}
-	if err := DequantFP8(src, rows, cols, scale[:5], blk, blk, dst); err == nil {
+	if err := weightfmt.DequantE4M3(src, rows, cols, scale[:5], blk, blk, dst); err == nil {
 		t.Error("a short scale grid was accepted")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/weightfmt"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 )
@@ -96,30 +97,27 @@ func (fl *FusedLayer) StackDims(src TensorSource) (h, inter int, err error) {
 }
 
 // loader returns the ExpertLoader of the layer's bank.
-func (fl *FusedLayer) loader(src TensorSource, h, inter int) moe.ExpertLoader {
+// wf is the contract's weight format.
+func (fl *FusedLayer) loader(src TensorSource, h, inter int, wf weightfmt.Format) moe.ExpertLoader {
 	c, n := fl.Contract, fl.Names
-	bo, bi := 0, 0
-	if c.Quantized() {
-		bo, bi = int(c.WeightBlockSize[0]), int(c.WeightBlockSize[1])
-	}
 	ref := func(name, scale string, e, rows, cols int) MatrixRef {
-		return MatrixRef{Name: name, Index: e, Rows: rows, Cols: cols, Scale: scale, BlockRows: bo, BlockCols: bi}
+		return MatrixRef{Name: name, Index: e, Rows: rows, Cols: cols, Scale: scale, Format: wf}
 	}
 	return func(_ context.Context, e int) (*moe.ExpertMats, error) {
 		m := &moe.ExpertMats{}
 		var err error
 		wrap := func(err error) error { return fmt.Errorf("layer %d expert %d: %w", fl.Index, e, err) }
 		if n.Layout.Fused() {
-			// Two halves of the [2I,H] slice; with FP8 the scale grid is two
-			// stacked grids of ceil(I/bo) block rows each (layout.StackShapes).
+			// Two halves of the [2I,H] slice; with a scale the grid is two
+			// stacked grids of the [I,H] half's rows each (layout.StackShapesFor).
 			first := ref(n.GateUp, n.GateUpScale, e, inter, h)
 			first.SliceRows = 2 * inter
 			second := first
 			second.RowStart = inter
-			if c.Quantized() {
-				half, _ := ScaleDims(inter, h, bo, bi)
-				first.ScaleSliceRows, second.ScaleSliceRows = 2*half, 2*half
-				second.ScaleRowStart = half
+			if _, scaled := wf.Scale(); scaled {
+				half, _ := weightfmt.Matrix{Format: wf, Rows: int64(inter), Cols: int64(h)}.ScaleShape()
+				first.ScaleSliceRows, second.ScaleSliceRows = 2*int(half), 2*int(half)
+				second.ScaleRowStart = int(half)
 			}
 			a, err := LoadMatrix(src, first)
 			if err != nil {
@@ -229,12 +227,16 @@ func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []fl
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
+	wf, err := fl.Contract.Format() // FusedSlots checked the contract, so it has one
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
 	gx, gt, gk, weights := x, t, slots.K, slots.Weights
 	if fl.Contract.RoutedInputScaled {
 		// Llama 4: each slot's row is w * x and the slots sum unweighted.
 		gx, gt, gk, weights = SlotRows(x, h, slots.K, slots.Weights), t*slots.K, 1, Ones(len(slots.Weights))
 	}
-	out, err := moe.GroupedGEMM(ctx, gx, gt, h, inter, gk, al, fl.loader(src, h, inter), moe.GEMMOptions{Workers: o.Workers, Release: releaseExpert})
+	out, err := moe.GroupedGEMM(ctx, gx, gt, h, inter, gk, al, fl.loader(src, h, inter, wf), moe.GEMMOptions{Workers: o.Workers, Release: releaseExpert})
 	if err != nil {
 		return nil, err
 	}
@@ -325,12 +327,12 @@ func (fl *FusedLayer) denseMLP(src TensorSource, m family.MLP, x []float32, t, h
 		return nil, fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.Gate, gt.Shape, h)
 	}
 	inter := int(gt.Shape[0])
-	bo, bi := 0, 0
-	if c := fl.Contract; c.Quantized() {
-		bo, bi = int(c.WeightBlockSize[0]), int(c.WeightBlockSize[1])
+	wf, err := fl.Contract.Format()
+	if err != nil {
+		return nil, err
 	}
 	ref := func(name, scale string, rows, cols int) MatrixRef {
-		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, BlockRows: bo, BlockCols: bi}
+		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
 	}
 	gate, err := LoadMatrix(src, ref(m.Gate, m.GateScale, inter, h))
 	if err != nil {

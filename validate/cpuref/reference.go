@@ -9,6 +9,7 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/weightfmt"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -80,7 +81,10 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 		}
 		users[id] = append(users[id], s)
 	}
-	block := BlockOf(plan)
+	wf, err := plan.Format()
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(workers)
 	for id := range e {
@@ -91,7 +95,7 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			m, err := loadSourceMLP(src, layer.Experts[id], inter, h, block, plan.Act)
+			m, err := loadSourceMLP(src, layer.Experts[id], inter, h, wf, plan.Act)
 			if err != nil {
 				return fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
 			}
@@ -127,12 +131,12 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 		}
 	}
 	if layer.Shared != nil {
-		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, block, o.W8A8, y64); err != nil {
+		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, wf, o.W8A8, y64); err != nil {
 			return nil, err
 		}
 	}
 	if len(layer.SharedExperts) > 0 {
-		if err := addRoutedSharedReference(ctx, src, plan, layer, x, routing, rsf, workers, block, o.W8A8, y64); err != nil {
+		if err := addRoutedSharedReference(ctx, src, plan, layer, x, routing, rsf, workers, wf, o.W8A8, y64); err != nil {
 			return nil, err
 		}
 	}
@@ -229,9 +233,16 @@ func RouterOf(l *family.Layer) RouterRef {
 	return RouterRef{Router: l.Router, Bias: l.RouterBias, LogitBias: l.RouterLogitBias, Hash: l.HashTable, Scale: l.RouterScale}
 }
 
+// BlockOf is the row edge of the plan's scale blocks, 0 when its format
+// has no scale: for callers that still hand a loader a block edge
+// (gpurun's runner) rather than the plan's Format.
 func BlockOf(plan *family.Plan) int {
-	if plan.Quantization == family.QuantFP8Block {
-		return FP8Block
+	f, err := plan.Format()
+	if err != nil {
+		return 0
+	}
+	if sc, ok := f.Scale(); ok {
+		return int(sc.Block[0])
 	}
 	return 0
 }
@@ -245,9 +256,11 @@ type refMLP struct {
 	w8a8           bool // RefOptions.W8A8: quantise input and intermediate (applyBatch)
 }
 
-func loadSourceMLP(src TensorSource, names family.MLP, inter, h, block int, act layout.Activation) (*refMLP, error) {
+// loadSourceMLP reads one source MLP whose weights are stored in format wf
+// (the plan's).
+func loadSourceMLP(src TensorSource, names family.MLP, inter, h int, wf weightfmt.Format, act layout.Activation) (*refMLP, error) {
 	ref := func(name, scale string, rows, cols int) MatrixRef {
-		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, BlockRows: block, BlockCols: block}
+		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
 	}
 	m := &refMLP{h: h, inter: inter, act: act}
 	var err error
@@ -320,13 +333,13 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 
 // addSharedReference adds the shared expert (one MLP of intermediate S*I,
 // not split) to y64, gated per token by sigmoid(x . w_sg) for Qwen2-MoE.
-func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers, block int, w8a8 bool, y64 []float64) error {
+func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers int, wf weightfmt.Format, w8a8 bool, y64 []float64) error {
 	h := plan.HiddenSize
 	inter := plan.SharedIntermediateSize
 	if inter <= 0 {
 		inter = plan.NumSharedExperts * plan.MoEIntermediateSize
 	}
-	m, err := loadSourceMLP(src, *layer.Shared, inter, h, block, plan.Act)
+	m, err := loadSourceMLP(src, *layer.Shared, inter, h, wf, plan.Act)
 	if err != nil {
 		return fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 	}
@@ -383,13 +396,13 @@ func (m *refMLP) applyAll(ctx context.Context, x []float32, t, workers int) ([]f
 // (Inkling): sum over s of w[t,s] * rsf * shared_s(x), w the routing's
 // shared weights (the router scale already in them), times rsf in float32
 // as the routed weights are.
-func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, r *moe.Routing, rsf float32, workers, block int, w8a8 bool, y64 []float64) error {
+func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, r *moe.Routing, rsf float32, workers int, wf weightfmt.Format, w8a8 bool, y64 []float64) error {
 	h, t, ns := plan.HiddenSize, r.T, len(layer.SharedExperts)
 	if r.S != ns || len(r.Shared) != t*ns {
 		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the plan has %d", layer.Index, r.S, len(r.Shared), t, ns)
 	}
 	for s, names := range layer.SharedExperts {
-		m, err := loadSourceMLP(src, names, plan.MoEIntermediateSize, h, block, plan.Act)
+		m, err := loadSourceMLP(src, names, plan.MoEIntermediateSize, h, wf, plan.Act)
 		if err != nil {
 			return fmt.Errorf("layer %d shared expert %d: %w", layer.Index, s, err)
 		}

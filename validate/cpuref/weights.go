@@ -18,14 +18,16 @@ type TensorSource interface {
 	Tensor(name string) (*checkpoint.Tensor, bool)
 }
 
-// matrixRef locates one 2-D weight of Rows x Cols: a whole tensor
+// MatrixRef locates one 2-D weight of Rows x Cols: a whole tensor
 // (Index < 0) or slice Index of a stack [N,...], optionally the rows
 // [RowStart, RowStart+Rows) of a taller slice of SliceRows rows (a gate-up
 // tensor's gate or up half). Scale names the weight's scale tensor and must
-// be set exactly when the weight's format has one (format: FP8 blocks of
-// BlockRows x BlockCols then); its slice has ScaleSliceRows grid rows (0:
-// the grid of SliceRows) of which the matrix uses its own grid's from
-// ScaleRowStart (0: the grid rows that cover RowStart on).
+// be set exactly when the weight is stored in a format that has one:
+// Format, the contract's or plan's (a weight naming no scale is read as
+// plain weights of its tensor's dtype). The scale's slice has
+// ScaleSliceRows grid rows (0: the grid of SliceRows) of which the matrix
+// uses its own grid's from ScaleRowStart (0: the grid rows that cover
+// RowStart on).
 type MatrixRef struct {
 	Name           string
 	Index          int
@@ -35,33 +37,34 @@ type MatrixRef struct {
 	Scale          string
 	ScaleSliceRows int
 	ScaleRowStart  int
-	BlockRows      int // FP8 block, FP8Block when 0
-	BlockCols      int
+	Format         weightfmt.Format // how a weight with a Scale is stored
 }
 
-// format is how m's weight is stored: FP8 block-scaled when m names a
-// scale, plain in the tensor's dtype otherwise.
-func (m MatrixRef) format(d safetensors.DType) weightfmt.Format {
+// format is how m's weight is stored: m.Format when m names a scale,
+// plain in the tensor's dtype otherwise.
+func (m MatrixRef) format(d safetensors.DType) (weightfmt.Format, error) {
 	if m.Scale == "" {
-		return weightfmt.Plain(d)
+		return weightfmt.Plain(d), nil
 	}
-	bo, bi := m.BlockRows, m.BlockCols
-	if bo == 0 {
-		bo = FP8Block
+	if m.Format == nil {
+		return nil, fmt.Errorf("tensor %s names a scale %s but no weight format", m, m.Scale)
 	}
-	if bi == 0 {
-		bi = FP8Block
+	if _, ok := m.Format.Scale(); !ok {
+		return nil, fmt.Errorf("tensor %s names a scale %s but its format %s has none", m, m.Scale, m.Format)
 	}
-	return weightfmt.FP8Block(int64(bo), int64(bi), false)
+	return m.Format, nil
 }
 
-// scaledAlone is the format whose weights are stored as dtype d but that
-// m, naming no scale, cannot be: F8_E4M3 values mean nothing without
-// their block scales.
+// scaledAlone is the scale that a weight stored as dtype d needs but that
+// m, naming no scale, lacks: the dtype of a quantised format (F8_E4M3)
+// means nothing without its scales.
 func (m MatrixRef) scaledAlone(d safetensors.DType) (weightfmt.Scale, bool) {
-	blocks := weightfmt.FP8Block(FP8Block, FP8Block, false)
-	s, _ := blocks.Scale()
-	return s, m.Scale == "" && d == blocks.DType()
+	f, ok := weightfmt.ScaledDType(d)
+	if m.Scale != "" || !ok {
+		return weightfmt.Scale{}, false
+	}
+	s, _ := f.Scale()
+	return s, true
 }
 
 func (m MatrixRef) String() string {
@@ -139,7 +142,10 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := m.format(t.DType)
+	f, err := m.format(t.DType)
+	if err != nil {
+		return nil, err
+	}
 	slice := weightfmt.Matrix{Format: f, Rows: int64(sliceRows), Cols: int64(m.Cols)}
 	piece := weightfmt.Matrix{Format: f, Rows: int64(m.Rows), Cols: int64(m.Cols)}
 	rows := slice.RowBlock(int64(m.RowStart), int64(m.Rows))

@@ -11,6 +11,7 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // tensorMap is an in-memory TensorSource for the loader's tests.
@@ -77,7 +78,7 @@ func TestLoadMatrixFP8Halves(t *testing.T) {
 		for e := range s.n {
 			for half := range 2 {
 				ref := MatrixRef{Name: "w", Index: e, Rows: tc.inter, Cols: tc.h, SliceRows: 2 * tc.inter, RowStart: half * tc.inter,
-					Scale: "w_scale_inv", ScaleSliceRows: 2 * gr, ScaleRowStart: half * gr, BlockRows: tc.bo, BlockCols: tc.bi}
+					Scale: "w_scale_inv", ScaleSliceRows: 2 * gr, ScaleRowStart: half * gr, Format: weightfmt.FP8Block(int64(tc.bo), int64(tc.bi), false)}
 				got, err := LoadMatrix(src, ref)
 				if err != nil {
 					t.Fatalf("%+v expert %d half %d: %v", tc, e, half, err)
@@ -101,22 +102,25 @@ func TestLoadMatrixRefusesMismatchedFormats(t *testing.T) {
 	src.add("scale", safetensors.F32, []int64{1, 1}, binary.LittleEndian.AppendUint32(nil, math.Float32bits(2)))
 	src.add("bf16scale", safetensors.BF16, []int64{1, 1}, []byte{0x80, 0x3f})
 	src.add("ints", safetensors.I32, []int64{4, 4}, make([]byte, 64))
+	fp8x4 := weightfmt.FP8Block(4, 4, false)
 	for _, tc := range []struct {
 		name string
 		ref  MatrixRef
 		want string
 	}{
 		{"fp8 without its scale", MatrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4}, "is F8_E4M3 without a weight_scale_inv"},
-		{"bf16 with a scale", MatrixRef{Name: "bf16", Index: -1, Rows: 4, Cols: 4, Scale: "scale"}, "is BF16 but has a block scale scale (expected F8_E4M3)"},
-		{"a bf16 scale", MatrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4, Scale: "bf16scale", BlockRows: 4, BlockCols: 4}, "scale bf16scale is BF16, want F32"},
-		{"rows off the block edge", MatrixRef{Name: "fp8", Index: -1, Rows: 2, Cols: 4, SliceRows: 4, RowStart: 2, Scale: "scale", BlockRows: 4, BlockCols: 4}, "do not start a 4-row scale block"},
+		{"bf16 with a scale", MatrixRef{Name: "bf16", Index: -1, Rows: 4, Cols: 4, Scale: "scale", Format: fp8x4}, "is BF16 but has a block scale scale (expected F8_E4M3)"},
+		{"a scale but no format", MatrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4, Scale: "scale"}, "names a scale scale but no weight format"},
+		{"a scale of a plain format", MatrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4, Scale: "scale", Format: weightfmt.Plain(safetensors.BF16)}, "its format BF16 has none"},
+		{"a bf16 scale", MatrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4, Scale: "bf16scale", Format: fp8x4}, "scale bf16scale is BF16, want F32"},
+		{"rows off the block edge", MatrixRef{Name: "fp8", Index: -1, Rows: 2, Cols: 4, SliceRows: 4, RowStart: 2, Scale: "scale", Format: fp8x4}, "do not start a 4-row scale block"},
 		{"integers", MatrixRef{Name: "ints", Index: -1, Rows: 4, Cols: 4}, "dtype I32 is not a floating-point type"},
 	} {
 		if _, err := LoadMatrix(src, tc.ref); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
 		}
 	}
-	got, err := LoadMatrix(src, MatrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4, Scale: "scale", BlockRows: 4, BlockCols: 4})
+	got, err := LoadMatrix(src, MatrixRef{Name: "fp8", Index: -1, Rows: 4, Cols: 4, Scale: "scale", Format: fp8x4})
 	if err != nil || got[0] != 2 || got[15] != 2 {
 		t.Errorf("fp8 ones times scale 2: %v %v", got, err)
 	}

@@ -115,23 +115,36 @@ func (b *Bank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
 	return nil
 }
 
-// loadMLPBank queues the upload of one hub-layout MLP (a routed expert or a
-// shared expert, gate/up [inter,H], down [H,inter]) as a bank of one expert,
-// with its biases where it has them and the activation act. block is the
-// FP8 block edge (0: not quantised). The caller waits on s's stream
-// (kernels queued on the same stream run after the copies).
+// loadMLPBank is loadMLPBankOf for the runner's call sites, which still
+// hand a block edge: FP8 blocks of that edge, or (0) unquantised in whatever
+// float dtype the tensors hold. They move to loadMLPBankOf with the plan's
+// or contract's Format as the runner is reworked.
 func loadMLPBank(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter, block int, act layout.Activation) (*Bank, error) {
-	// The block is all the caller says of the format: FP8 blocks of that
-	// edge, or (0) unquantised in whatever float dtype the tensors hold.
-	scaled := block != 0
+	var wf weightfmt.Format
+	if block != 0 {
+		wf = weightfmt.FP8Block(int64(block), int64(block), false)
+	}
+	return loadMLPBankOf(s, src, m, h, inter, wf, act)
+}
+
+// loadMLPBankOf queues the upload of one hub-layout MLP (a routed expert or
+// a shared expert, gate/up [inter,H], down [H,inter]) as a bank of one
+// expert, with its biases where it has them and the activation act. wf is
+// how its weights are stored; one with no scale (or nil) means unquantised
+// in whatever float dtype the tensors hold. The caller waits on s's stream
+// (kernels queued on the same stream run after the copies).
+func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format, act layout.Activation) (*Bank, error) {
+	scaled := false
 	var gr, gc, dr, dc int64
-	if scaled {
-		wf := weightfmt.FP8Block(int64(block), int64(block), false)
-		if !kernelsTake(wf) {
-			return nil, fmt.Errorf("FP8 block %d: the GPU kernels take %d", block, kernels.FP8ScaleBlock)
+	if wf != nil {
+		var sc weightfmt.Scale
+		if sc, scaled = wf.Scale(); scaled {
+			if !kernelsTake(wf) {
+				return nil, fmt.Errorf("%s block %s: the GPU kernels take %d", wf, blockEdge(sc.Block), kernels.FP8ScaleBlock)
+			}
+			gr, gc = weightfmt.Matrix{Format: wf, Rows: int64(inter), Cols: int64(h)}.ScaleShape()
+			dr, dc = weightfmt.Matrix{Format: wf, Rows: int64(h), Cols: int64(inter)}.ScaleShape()
 		}
-		gr, gc = weightfmt.Matrix{Format: wf, Rows: int64(inter), Cols: int64(h)}.ScaleShape()
-		dr, dc = weightfmt.Matrix{Format: wf, Rows: int64(h), Cols: int64(inter)}.ScaleShape()
 	}
 	H, I := int64(h), int64(inter)
 	b := &Bank{}
@@ -184,6 +197,15 @@ func loadMLPBank(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter, blo
 		}
 	}
 	return b, nil
+}
+
+// blockEdge writes a scale block as its edge when square ("128"), rows x
+// cols otherwise.
+func blockEdge(b [2]int64) string {
+	if b[0] == b[1] {
+		return fmt.Sprint(b[0])
+	}
+	return fmt.Sprintf("%dx%d", b[0], b[1])
 }
 
 // kernelsTake reports whether the GPU kernels run weights of format f as
