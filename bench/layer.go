@@ -91,8 +91,7 @@ func (r *runner) alloc(t int) (*layerBufs, error) {
 		if set.al, err = kernels.NewAlignment(r.dev, t*k, s.BankExperts(), r.cfg.BlockSize); err != nil {
 			return lb, err
 		}
-		set.sorted = &kernels.Sorted{SortedIDs: set.al.SortedTokenIDs, ExpertIDs: set.al.ExpertIDs,
-			Total: set.al.Total, BlockSize: r.cfg.BlockSize, Numel: t * k}
+		set.sorted = set.al.Sorted()
 	}
 	if lb.inter, err = cuda.Alloc[uint16](r.dev, t*k*s.I); err != nil {
 		return lb, err
@@ -109,57 +108,43 @@ func (r *runner) alloc(t int) (*layerBufs, error) {
 	return lb, err
 }
 
-// The stages, each queued on the runner's stream for one input set.
+// The stages, each queued by the layer runner for one input set.
 
 func (r *runner) router(lb *layerBufs, set *inputSet) error {
 	s := r.cfg.Shape
-	return kernels.RouterGEMM(r.dev, r.stream, kernels.BF16Mat(set.x), kernels.BF16Mat(r.wr), set.logits, lb.t, s.H, s.Routed)
+	return r.lr.Router(kernels.BF16Mat(set.x), kernels.BF16Mat(r.wr), set.logits, lb.t, s.H, s.Routed)
 }
 
 func (r *runner) gate(lb *layerBufs, set *inputSet) error {
-	return kernels.Gate(r.stream, r.spec, lb.t, set.logits, r.bias, set.gate)
+	return r.lr.Gate(r.spec, lb.t, set.logits, r.bias, set.gate)
 }
 
 func (r *runner) align(set *inputSet) error {
-	return kernels.AlignBlockSize(r.stream, set.gate.IDs, set.al)
+	return r.lr.Align(set.gate.IDs, set.al)
 }
 
-// gemmOpt is the runner's GEMM options with this token count's w8a8
-// scratch (act_quant runs inside each stage: its time counts in the stage's).
-func (r *runner) gemmOpt(lb *layerBufs) kernels.GEMMOptions {
-	opt := r.opt
-	opt.Quant = lb.quant
-	return opt
-}
-
+// gateUp and down pass this token count's w8a8 scratch (act_quant runs
+// inside each stage: its time counts in the stage's).
 func (r *runner) gateUp(lb *layerBufs, set *inputSet, bank *kernels.ExpertBank) error {
-	return kernels.MoEGateUp(r.dev, r.stream, bank, set.sorted, kernels.BF16Mat(set.x), lb.t, r.cfg.Shape.Slots(), kernels.BF16Mat(lb.inter), r.gemmOpt(lb))
+	return r.lr.GateUp(bank, set.sorted, kernels.BF16Mat(set.x), lb.t, r.cfg.Shape.Slots(), kernels.BF16Mat(lb.inter), lb.quant, nil)
 }
 
 func (r *runner) down(lb *layerBufs, set *inputSet, bank *kernels.ExpertBank) error {
-	return kernels.MoEDown(r.dev, r.stream, bank, set.sorted, kernels.BF16Mat(lb.inter), lb.out, r.gemmOpt(lb))
+	return r.lr.Down(bank, set.sorted, kernels.BF16Mat(lb.inter), lb.out, lb.quant, nil)
 }
 
 func (r *runner) finalize(lb *layerBufs, set *inputSet) error {
 	s := r.cfg.Shape
-	return kernels.Finalize(r.dev, r.stream, lb.out, set.gate.Weights, lb.y, lb.t, s.Slots(), s.H, s.FinalizeScale(r.cfg.DType.Folded()))
+	return r.lr.Finalize(lb.out, set.gate.Weights, lb.y, lb.t, s.Slots(), s.H, r.scale)
 }
 
 // layer queues the whole fused layer, router GEMM to finalize.
 func (r *runner) layer(lb *layerBufs, set *inputSet, bank *kernels.ExpertBank) error {
-	for _, f := range []func() error{
-		func() error { return r.router(lb, set) },
-		func() error { return r.gate(lb, set) },
-		func() error { return r.align(set) },
-		func() error { return r.gateUp(lb, set, bank) },
-		func() error { return r.down(lb, set, bank) },
-		func() error { return r.finalize(lb, set) },
-	} {
-		if err := f(); err != nil {
-			return err
-		}
-	}
-	return nil
+	s := r.cfg.Shape
+	x := kernels.BF16Mat(set.x)
+	return r.lr.Layer(&kernels.LayerBuffers{T: lb.t, H: s.H, Rows: s.Routed, RouterX: x, X: x, RouterW: kernels.BF16Mat(r.wr),
+		Bias: r.bias, Logits: set.logits, Spec: r.spec, Gate: set.gate, Align: set.al, Sorted: set.sorted,
+		Inter: kernels.BF16Mat(lb.inter), Out: lb.out, Y: lb.y, Scale: r.scale, Quant: lb.quant}, bank)
 }
 
 // prepare runs the layer once per input set, checks each alignment on the

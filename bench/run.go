@@ -72,7 +72,8 @@ type runner struct {
 	bias   *cuda.Buffer[float32] // correction bias [E]
 	flush  *cuda.Buffer[uint32]
 	spec   kernels.GateSpec
-	opt    kernels.GEMMOptions
+	scale  float32              // finalize's: 1 when rsf is folded, else rsf
+	lr     *kernels.LayerRunner // queues the layer's steps on stream
 }
 
 func (r *runner) logf(format string, args ...any) {
@@ -83,8 +84,7 @@ func (r *runner) logf(format string, args ...any) {
 
 func (r *runner) setup() error {
 	s, d := r.cfg.Shape, r.cfg.DType
-	r.spec = s.GateSpec(d.Folded())
-	r.opt = kernels.GEMMOptions{Act: kernels.MatBF16, Path: r.cfg.Path, W8A8: r.cfg.W8A8}
+	r.spec, r.scale = kernels.FusedGate(s.route(), s.Contract(d.Folded()))
 	precision := "bf16"
 	if r.cfg.W8A8 {
 		precision = "w8a8"
@@ -98,6 +98,12 @@ func (r *runner) setup() error {
 		return e
 	})
 	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	// bench routes in bf16 (x and the router weight bf16, as serving
+	// engines do) and runs the grouped GEMM on bf16 activations.
+	if r.lr, err = kernels.NewLayerRunner(r.dev, r.stream, kernels.LayerOptions{Route: kernels.RouteBF16,
+		GEMM: kernels.GEMMOptions{Act: kernels.MatBF16, Path: r.cfg.Path, W8A8: r.cfg.W8A8}}); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	free, _, err := r.dev.MemInfo()

@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"github.com/moeprep/moeprep/kernels"
+	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 )
 
@@ -37,27 +38,39 @@ func (s Shape) BankExperts() int { return s.Routed + s.SharedReplicas*s.SharedSl
 // Slots is the slots per token, TopK + S.
 func (s Shape) Slots() int { return s.TopK + s.SharedSlots }
 
-// GateSpec is the gate configuration: sigmoid + correction bias, grouped
-// top-k with the sum-of-best-two group score, normalised weights. With rsf
-// folded (the fp8 bank) the shared slot's weight is 1 and finalize scales by
-// 1; unfolded (the bf16 bank) the shared slot's weight is 1/rsf and
-// finalize multiplies by rsf.
-func (s Shape) GateSpec(folded bool) kernels.GateSpec {
+// Contract is the fused bank's layout as convert would write it into
+// config.json: E routed experts then R replicas of S shared slices; with rsf
+// folded (the fp8 bank) the shared slot's weight is 1 and finalize scales
+// by 1; unfolded (the bf16 bank) the shared slot's weight is 1/rsf and
+// finalize multiplies by rsf. The gate's shared slots and finalize's scale
+// come from it through kernels.FusedGate, as validate's do.
+func (s Shape) Contract(folded bool) *layout.Contract {
 	w := 1 / s.RSF
 	if folded {
 		w = 1
 	}
-	route := moe.RouteSpec{Scoring: moe.Sigmoid, NumExperts: s.Routed, TopK: s.TopK,
-		NGroup: s.NGroup, TopKGroup: s.TopKGroup, NormTopKProb: true, RoutedScalingFactor: float64(s.RSF)}
-	return kernels.GateSpec{RouteSpec: route, Shared: moe.SharedSlots{PerToken: s.SharedSlots, Replicas: s.SharedReplicas, Weight: w}}
+	return &layout.Contract{NumExperts: s.Routed, NumFusedSharedExperts: s.SharedReplicas * s.SharedSlots,
+		SharedReplicas: s.SharedReplicas, SharedSlices: s.SharedSlots, SharedFirstID: s.Routed,
+		SharedSlotWeight: float64(w), RoutedScalingFactor: float64(s.RSF), RoutedScalingFactorFolded: folded}
+}
+
+// GateSpec is the gate configuration: sigmoid + correction bias, grouped
+// top-k with the sum-of-best-two group score, normalised weights, and the
+// contract's shared slots.
+func (s Shape) GateSpec(folded bool) kernels.GateSpec {
+	gs, _ := kernels.FusedGate(s.route(), s.Contract(folded))
+	return gs
 }
 
 // FinalizeScale is finalize's multiplier: 1 when rsf is folded, else rsf.
 func (s Shape) FinalizeScale(folded bool) float32 {
-	if folded {
-		return 1
-	}
-	return s.RSF
+	_, scale := kernels.FusedGate(s.route(), s.Contract(folded))
+	return scale
+}
+
+func (s Shape) route() moe.RouteSpec {
+	return moe.RouteSpec{Scoring: moe.Sigmoid, NumExperts: s.Routed, TopK: s.TopK,
+		NGroup: s.NGroup, TopKGroup: s.TopKGroup, NormTopKProb: true, RoutedScalingFactor: float64(s.RSF)}
 }
 
 // Check rejects shapes the byte arithmetic or the kernels cannot take.

@@ -23,8 +23,9 @@ type Runner struct {
 	compute, copy cuda.Stream
 	// Stage uploads on the compute stream, Prefetch on the copy stream.
 	Stage, Prefetch *Stager
-	act             kernels.MatDType // activation type of the grouped GEMM
-	w8a8            bool             // --precision fp8: e4m3 activations (kernels.GEMMOptions.W8A8)
+	act             kernels.MatDType     // activation type of the grouped GEMM
+	w8a8            bool                 // --precision fp8: e4m3 activations (kernels.GEMMOptions.W8A8)
+	lr              *kernels.LayerRunner // queues the layer's kernels on compute
 }
 
 // GPU precisions: the activation type of the grouped GEMM, or w8a8.
@@ -75,6 +76,12 @@ func Open(precision string) (*Runner, error) {
 		g.copy, err = c.NewStream()
 		return err
 	})
+	if err == nil {
+		// validate routes in f32 (x and the router weight f32, whatever the
+		// GEMM's precision) and runs the grouped GEMM in the run's precision.
+		g.lr, err = kernels.NewLayerRunner(g.dev, g.compute, kernels.LayerOptions{Route: kernels.RouteF32,
+			GEMM: kernels.GEMMOptions{Act: g.act, W8A8: g.w8a8}})
+	}
 	if err == nil {
 		if g.Stage, err = newStager(g.dev, g.compute); err == nil {
 			g.Prefetch, err = newStager(g.dev, g.copy)
@@ -192,16 +199,6 @@ func (g *Runner) Input(x []float32, t, h int, fr *Frees) (*Input, error) {
 	return in, nil
 }
 
-// gateSpec is the GPU gate of a routing spec plus the contract's shared
-// slots (c nil: none), as FusedSlots lays them out.
-func gateSpec(s moe.RouteSpec, c *layout.Contract) kernels.GateSpec {
-	gs := kernels.GateSpec{RouteSpec: s}
-	if c != nil {
-		gs.Shared = cpuref.SharedSlots(c)
-	}
-	return gs
-}
-
 // route runs the router GEMM (f32 x, router weights as f32) and the gate on
 // the GPU and returns the device outputs and their host copies. The router
 // always sees f32 x: for drawn tokens that is the bf16 x exactly, and a
@@ -242,7 +239,7 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 		return nil, nil, nil, err
 	}
 	fr.add(logits)
-	if err := kernels.RouterGEMM(g.dev, g.compute, kernels.F32Mat(in.x32), kernels.F32Mat(w), logits, t, in.h, rows); err != nil {
+	if err := g.lr.Router(kernels.F32Mat(in.x32), kernels.F32Mat(w), logits, t, in.h, rows); err != nil {
 		return nil, nil, nil, err
 	}
 	if rr.LogitBias != "" { // gpt-oss: the router's own bias, added to the logits on the device
@@ -280,7 +277,7 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 		}
 		fr.add(out.HashIDs)
 	}
-	if err := kernels.Gate(g.compute, gs, t, logits, b, out); err != nil {
+	if err := g.lr.Gate(gs, t, logits, b, out); err != nil {
 		return nil, nil, nil, err
 	}
 	k := gs.SlotsPerToken()
@@ -403,8 +400,8 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 		return nil, fmt.Errorf("layer %d: experts have H %d, x has %d", fl.Index, bank.H, in.h)
 	}
 	t, h := in.t, in.h
-	gs := gateSpec(fl.Spec, c)
-	gout, routing, slots, err := g.route(src, fl.Spec, gs, fl.RouterRef(), in, routedTokens(in, cov), float32(c.RuntimeScale()), &fr)
+	gs, finalScale := kernels.FusedGate(fl.Spec, c)
+	gout, routing, slots, err := g.route(src, fl.Spec, gs, fl.RouterRef(), in, routedTokens(in, cov), finalScale, &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
@@ -419,10 +416,10 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	fr.add(alignFree{al})
-	if err := kernels.AlignBlockSize(g.compute, slotIDs, al); err != nil {
+	if err := g.lr.Align(slotIDs, al); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	sorted := &kernels.Sorted{SortedIDs: al.SortedTokenIDs, ExpertIDs: al.ExpertIDs, Total: al.Total, BlockSize: blockSize, Numel: numel}
+	sorted := al.Sorted()
 	inter, err := g.actBuffer(numel*bank.I, &fr)
 	if err != nil {
 		return nil, err
@@ -445,7 +442,7 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 	if err != nil {
 		return nil, err
 	}
-	if err := kernels.Finalize(g.dev, g.compute, out, slotW, y, t, k, h, slots.FinalScale); err != nil {
+	if err := g.lr.Finalize(out, slotW, y, t, k, h, slots.FinalScale); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	if fl.Shared != nil {
@@ -556,7 +553,7 @@ func (g *Runner) addDense(src cpuref.TensorSource, m family.MLP, gate string, bl
 		if logit, err = g.f32Buffer(t, &fr); err != nil {
 			return err
 		}
-		if err := kernels.RouterGEMM(g.dev, g.compute, kernels.F32Mat(in.x32), kernels.F32Mat(w), logit, t, h, 1); err != nil {
+		if err := g.lr.Router(kernels.F32Mat(in.x32), kernels.F32Mat(w), logit, t, h, 1); err != nil {
 			return err
 		}
 	}
@@ -620,7 +617,7 @@ func (g *Runner) addRoutedShared(src cpuref.TensorSource, mlps []family.MLP, rou
 	if err != nil {
 		return err
 	}
-	if err := kernels.Finalize(g.dev, g.compute, out, w, ys, t, ns, h, scale); err != nil {
+	if err := g.lr.Finalize(out, w, ys, t, ns, h, scale); err != nil {
 		return err
 	}
 	return kernels.AddRows(g.dev, g.compute, y, ys, nil, t, h)
@@ -649,7 +646,8 @@ func (g *Runner) UnfusedLayer(src cpuref.TensorSource, plan *family.Plan, layer 
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
 	spec := plan.RouteSpec()
-	gout, routing, slots, err := g.route(src, spec, gateSpec(spec, nil), cpuref.RouterOf(layer), in, routedTokens(in, cov), float32(spec.RoutedScalingFactor), &fr)
+	gs, finalScale := kernels.FusedGate(spec, nil)
+	gout, routing, slots, err := g.route(src, spec, gs, cpuref.RouterOf(layer), in, routedTokens(in, cov), finalScale, &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
@@ -694,7 +692,7 @@ func (g *Runner) UnfusedLayer(src cpuref.TensorSource, plan *family.Plan, layer 
 	if err != nil {
 		return nil, err
 	}
-	if err := kernels.Finalize(g.dev, g.compute, out, slotW, y, t, k, h, float32(spec.RoutedScalingFactor)); err != nil {
+	if err := g.lr.Finalize(out, slotW, y, t, k, h, finalScale); err != nil {
 		return nil, err
 	}
 	if layer.Shared != nil {
@@ -740,22 +738,23 @@ func (g *Runner) oneExpert(src cpuref.TensorSource, m family.MLP, h, inter, bloc
 // precision, with the f32 scratch that experts with biases or another
 // activation than SwiGLU need (kernels/act.go), freed with fr.
 func (g *Runner) groupedGEMM(bank *kernels.ExpertBank, sorted *kernels.Sorted, x kernels.Mat, t, k int, inter kernels.Mat, out *cuda.Buffer[float32], fr *Frees) error {
-	opt := kernels.GEMMOptions{Act: g.act, W8A8: g.w8a8}
+	var quant *kernels.QuantScratch
 	if g.w8a8 {
 		q, err := kernels.NewQuantScratch(g.dev, t, k, bank.H, bank.I)
 		if err != nil {
 			return err
 		}
 		fr.add(q)
-		opt.Quant = q
+		quant = q
 	}
+	var scratch *cuda.Buffer[float32]
 	if bank.UnfusedAct() {
 		var err error
-		if opt.Scratch, err = g.f32Buffer(2*sorted.Numel*bank.I, fr); err != nil {
+		if scratch, err = g.f32Buffer(2*sorted.Numel*bank.I, fr); err != nil {
 			return err
 		}
 	}
-	return kernels.GroupedGEMM(g.dev, g.compute, bank, sorted, x, t, k, inter, out, opt)
+	return g.lr.GroupedGEMM(bank, sorted, x, t, k, inter, out, quant, scratch)
 }
 
 // inputScaled is the documented GPU fallback for a router weight that
