@@ -45,10 +45,13 @@ const maxOtherFiles = 100_000
 // Checkpoint is an opened hub-layout directory. Only headers and the pickle
 // are in memory; tensor bytes are read through each Tensor's Data.
 type Checkpoint struct {
-	Dir         string
-	Format      string
-	Config      map[string]any
-	ConfigJSON  []byte
+	Dir        string
+	Format     string
+	Config     map[string]any
+	ConfigJSON []byte
+	// HFQuant is hf_quant_config.json (ModelOpt's quantisation
+	// description) decoded, or nil when the directory has none.
+	HFQuant     map[string]any
 	Tensors     []*Tensor // in file order, files in sorted name order
 	WeightFiles []string  // weight and index files, relative to Dir
 
@@ -123,8 +126,36 @@ func (c *Checkpoint) readConfig() error {
 		return fmt.Errorf("%s: not a JSON object", path)
 	}
 	c.Config, c.ConfigJSON = cfg, b
+	return c.readHFQuantConfig()
+}
+
+// HFQuantConfigFileName is ModelOpt's quantisation description, beside
+// config.json in some checkpoints.
+const HFQuantConfigFileName = "hf_quant_config.json"
+
+// readHFQuantConfig reads hf_quant_config.json when there is one.
+func (c *Checkpoint) readHFQuantConfig() error {
+	path := filepath.Join(c.Dir, HFQuantConfigFileName)
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	b, err := safeio.ReadFile(path, maxConfigBytes, HFQuantConfigFileName)
+	if err != nil {
+		return err
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return fmt.Errorf("%s: not a JSON object: %v", path, err)
+	}
+	if cfg == nil {
+		return fmt.Errorf("%s: not a JSON object", path)
+	}
+	c.HFQuant = cfg
 	return nil
 }
+
+// HFQuantConfig hands family hf_quant_config.json (family.HFQuantConfigs).
+func (c *Checkpoint) HFQuantConfig() map[string]any { return c.HFQuant }
 
 func (c *Checkpoint) exists(name string) bool {
 	st, err := os.Stat(filepath.Join(c.Dir, name))

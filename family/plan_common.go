@@ -61,6 +61,9 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if err := checkRouting(p); err != nil {
 		return nil, err
 	}
+	if err := refuseQuant(raw, t); err != nil {
+		return nil, err
+	}
 	if p.Quantization, p.ScaleFmt, err = readQuant(c); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,525 @@
+package family
+
+import (
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// This file detects how a checkpoint says its weights are quantised,
+// wherever that lives (issue 29, deliverable 1): config.json's
+// quantization_config, text_config.quantization_config (multimodal
+// wrappers), compression_config (older compressed-tensors), and
+// hf_quant_config.json (ModelOpt). Each description is classified, its
+// ignore/exclude list resolved against one representative module name per
+// tensor group, and every format other than FP8 128x128 blocks is refused
+// with one line, so that none is read as bf16 or FP8 by mistake.
+
+// QuantKind classifies a quantisation description.
+type QuantKind string
+
+const (
+	QuantKindNone       QuantKind = "none"
+	QuantKindFP8Block   QuantKind = "fp8-block-128x128"   // DeepSeek-style: weight_scale_inv per 128x128 (supported)
+	QuantKindFP8BlockCT QuantKind = "fp8-block-ct"        // compressed-tensors float-quantized, block strategy (weight_scale)
+	QuantKindInt4Pack   QuantKind = "int4-pack-quantized" // compressed-tensors pack-quantized
+	QuantKindMXFP4      QuantKind = "mxfp4"               // gpt-oss, or compressed-tensors mxfp4-pack-quantized
+	QuantKindNVFP4      QuantKind = "nvfp4"               // ModelOpt, or compressed-tensors nvfp4-pack-quantized
+	QuantKindFP8Channel QuantKind = "fp8-per-channel"     // weight_scale [out,1]
+	QuantKindFP8Tensor  QuantKind = "fp8-per-tensor"      // scalar weight_scale
+	QuantKindMixed      QuantKind = "mixed"               // several kinds over the groups
+	QuantKindUnknown    QuantKind = "unknown"             // anything else
+)
+
+// Tensor groups a quantisation description is resolved for, in report order.
+const (
+	GroupExperts   = "routed experts"
+	GroupShared    = "shared expert"
+	GroupRouter    = "router"
+	GroupAttention = "attention"
+	GroupDenseMLP  = "dense MLP"
+)
+
+var quantGroups = []string{GroupExperts, GroupShared, GroupRouter, GroupAttention, GroupDenseMLP}
+
+// groupNames are representative module names of each group in the common
+// hub namings; a group is excluded when an ignore entry matches any of them.
+var groupNames = map[string][]string{
+	GroupExperts: {"model.layers.1.mlp.experts.0.gate_proj", "model.layers.1.mlp.experts.0.down_proj",
+		"model.layers.1.mlp.experts", "model.layers.1.block_sparse_moe.experts.0.w1"},
+	GroupShared: {"model.layers.1.mlp.shared_experts.gate_proj", "model.layers.1.mlp.shared_expert.gate_proj",
+		"model.layers.1.mlp.shared_experts.down_proj"},
+	GroupRouter:    {"model.layers.1.mlp.gate", "model.layers.1.mlp.router"},
+	GroupAttention: {"model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.o_proj"},
+	GroupDenseMLP:  {"model.layers.0.mlp.gate_proj", "model.layers.0.mlp.down_proj"},
+}
+
+// Bounds on ignore/exclude lists: real ones have a handful of entries (a
+// MIXED_PRECISION list names every layer: a few thousand).
+const (
+	maxQuantPatterns   = maxConfigList // entries of one list
+	maxQuantRegexes    = 256           // re: patterns and globs compiled
+	maxQuantPatternLen = 1024          // bytes of one entry
+	maxQuantLayers     = maxConfigList // quantized_layers entries
+)
+
+// QuantDesc is one quantisation description as detected.
+type QuantDesc struct {
+	File   string // "config.json" or "hf_quant_config.json"
+	Key    string // "quantization_config", "text_config.quantization_config", "compression_config", "quantization"
+	Kind   QuantKind
+	Label  string            // e.g. "compressed-tensors pack-quantized int4 (group 32, symmetric)"
+	Groups map[string]string // group -> how it is stored ("" when left unquantised)
+}
+
+// Supported reports whether moeprep carries the description today.
+func (d QuantDesc) Supported() bool { return d.Kind == QuantKindNone || d.Kind == QuantKindFP8Block }
+
+// Refusal is the one-line error for a description moeprep cannot carry.
+func (d QuantDesc) Refusal() error {
+	return fmt.Errorf("%s: %s: %s: not carried yet (issue 29); moeprep reads bf16/f16/f32 and FP8 128x128 block experts",
+		d.File, d.Key, d.Summary())
+}
+
+// Summary says the format and, per group, what is quantised how.
+func (d QuantDesc) Summary() string {
+	byHow := map[string][]string{}
+	var hows, plain []string
+	for _, g := range quantGroups {
+		h := d.Groups[g]
+		if h == "" {
+			plain = append(plain, g)
+			continue
+		}
+		if _, ok := byHow[h]; !ok {
+			hows = append(hows, h)
+		}
+		byHow[h] = append(byHow[h], g)
+	}
+	var s string
+	switch {
+	case len(hows) == 0:
+		return d.Label + " on no tensor group"
+	case len(hows) == 1 && hows[0] == d.Label:
+		s = d.Label + " on the " + strings.Join(byHow[d.Label], ", ")
+	default:
+		parts := make([]string, len(hows))
+		for i, h := range hows {
+			parts[i] = h + " on the " + strings.Join(byHow[h], ", ")
+		}
+		s = d.Label + " (" + strings.Join(parts, "; ") + ")"
+	}
+	if len(plain) > 0 {
+		s += " (unquantised: " + strings.Join(plain, ", ") + ")"
+	}
+	return s
+}
+
+// DetectQuant reads every quantisation description of config.json and of
+// hf_quant_config.json (hf may be nil) and classifies each. The FP8 block
+// description of config.json's quantization_config is left to readQuant,
+// which checks it in full.
+func DetectQuant(raw map[string]any, hf map[string]any) ([]QuantDesc, error) {
+	c := config{m: raw}
+	var out []QuantDesc
+	add := func(file string, q config, key string) error {
+		d, err := classify(q, file, key)
+		if err != nil {
+			return err
+		}
+		out = append(out, d)
+		return nil
+	}
+	if q, ok, err := c.object("quantization_config"); err != nil {
+		return nil, err
+	} else if ok {
+		if err := add("config.json", q, "quantization_config"); err != nil {
+			return nil, err
+		}
+	}
+	if tc, ok, err := c.object("text_config"); err != nil {
+		return nil, err
+	} else if ok {
+		if q, ok, err := tc.object("quantization_config"); err != nil {
+			return nil, err
+		} else if ok {
+			if err := add("config.json", q, "text_config.quantization_config"); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if q, ok, err := c.object("compression_config"); err != nil {
+		return nil, err
+	} else if ok {
+		if err := add("config.json", q, "compression_config"); err != nil {
+			return nil, err
+		}
+	}
+	if hf != nil {
+		h := config{m: hf}
+		q, ok, err := h.object("quantization")
+		if err != nil {
+			return nil, hfErr(err)
+		}
+		if ok {
+			d, err := classifyModelOpt(q, "hf_quant_config.json", "quantization")
+			if err != nil {
+				return nil, hfErr(err)
+			}
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
+// hfErr renames an error of config's helpers, which say config.json.
+func hfErr(err error) error {
+	return fmt.Errorf("hf_quant_config.json%s", strings.TrimPrefix(err.Error(), "config.json"))
+}
+
+func classify(q config, file, key string) (QuantDesc, error) {
+	method, err := q.str("quant_method", "")
+	if err != nil {
+		return QuantDesc{}, err
+	}
+	if method == "" && key == "compression_config" {
+		method = "compressed-tensors"
+	}
+	switch method {
+	case "fp8":
+		if q.has("weight_block_size") {
+			// readQuant checks the block size and the rest.
+			return QuantDesc{File: file, Key: key, Kind: QuantKindFP8Block, Label: "fp8 128x128 block"}, nil
+		}
+		d := QuantDesc{File: file, Key: key, Kind: QuantKindFP8Tensor, Label: "fp8 per-tensor (no weight_block_size)"}
+		m, err := newMatcher(q, "modules_to_not_convert", "ignored_layers")
+		if err != nil {
+			return QuantDesc{}, err
+		}
+		d.Groups = m.resolve(d.Label, false)
+		return d, nil
+	case "mxfp4":
+		d := QuantDesc{File: file, Key: key, Kind: QuantKindMXFP4, Label: "mxfp4"}
+		m, err := newMatcher(q, "modules_to_not_convert")
+		if err != nil {
+			return QuantDesc{}, err
+		}
+		// gpt-oss quantises the experts only.
+		d.Groups = map[string]string{}
+		if !m.excluded(GroupExperts) {
+			d.Groups[GroupExperts] = d.Label
+		}
+		return d, nil
+	case "modelopt":
+		return classifyModelOpt(q, file, key)
+	case "compressed-tensors":
+		return classifyCT(q, file, key)
+	case "":
+		return QuantDesc{}, q.missing("quant_method")
+	}
+	return QuantDesc{}, q.errorf("quant_method", "%q is not supported (only fp8 with 128x128 block scales)", method)
+}
+
+// modelOptAlgo names a ModelOpt quant_algo.
+func modelOptAlgo(algo string, group int) (QuantKind, string) {
+	switch strings.ToUpper(algo) {
+	case "NVFP4", "NVFP4_AWQ":
+		return QuantKindNVFP4, fmt.Sprintf("modelopt nvfp4 (group %d)", group)
+	case "FP8":
+		return QuantKindFP8Tensor, "modelopt fp8 per-tensor"
+	case "FP8_PER_CHANNEL_PER_TOKEN":
+		return QuantKindFP8Channel, "modelopt fp8 per-channel"
+	}
+	return QuantKindUnknown, fmt.Sprintf("modelopt %s", strings.ToLower(algo))
+}
+
+func classifyModelOpt(q config, file, key string) (QuantDesc, error) {
+	algo, err := q.str("quant_algo", "")
+	if err != nil {
+		return QuantDesc{}, err
+	}
+	if algo == "" {
+		return QuantDesc{}, q.missing("quant_algo")
+	}
+	group, err := q.intIn("group_size", 16, 1, maxDim)
+	if err != nil {
+		return QuantDesc{}, err
+	}
+	m, err := newMatcher(q, "exclude_modules", "ignore")
+	if err != nil {
+		return QuantDesc{}, err
+	}
+	d := QuantDesc{File: file, Key: key}
+	if strings.ToUpper(algo) != "MIXED_PRECISION" {
+		d.Kind, d.Label = modelOptAlgo(algo, group)
+		d.Groups = m.resolve(d.Label, false)
+		return d, nil
+	}
+	d.Kind, d.Label = QuantKindMixed, "modelopt MIXED_PRECISION"
+	layers, ok, err := q.object("quantized_layers")
+	if err != nil {
+		return QuantDesc{}, err
+	}
+	if !ok {
+		return QuantDesc{}, q.missing("quantized_layers")
+	}
+	if len(layers.m) > maxQuantLayers {
+		return QuantDesc{}, q.errorf("quantized_layers", "%d entries, over the limit of %d", len(layers.m), maxQuantLayers)
+	}
+	layerNames := slices.Sorted(maps.Keys(layers.m))
+	d.Groups = map[string]string{}
+	// One representative name a group: the first layer entry naming it.
+	for _, g := range quantGroups {
+		if g == GroupRouter || m.excluded(g) {
+			continue
+		}
+		for _, rep := range groupNames[g] {
+			how := ""
+			for _, name := range layerNames {
+				v := layers.m[name]
+				if name == rep || strings.HasPrefix(name, rep+".") || strings.HasSuffix(rep, "."+name) {
+					lc, ok := v.(map[string]any)
+					if !ok {
+						return QuantDesc{}, layers.errorf(name, "want an object, got %s", describe(v))
+					}
+					a, err := (config{m: lc, at: layers.at + name + "."}).str("quant_algo", "")
+					if err != nil {
+						return QuantDesc{}, err
+					}
+					g2, err := (config{m: lc, at: layers.at + name + "."}).intIn("group_size", int64(group), 1, maxDim)
+					if err != nil {
+						return QuantDesc{}, err
+					}
+					_, how = modelOptAlgo(a, g2)
+					how = strings.TrimPrefix(how, "modelopt ")
+					break
+				}
+			}
+			if how != "" {
+				d.Groups[g] = how
+				break
+			}
+		}
+	}
+	return d, nil
+}
+
+func classifyCT(q config, file, key string) (QuantDesc, error) {
+	topFmt, err := q.str("format", "")
+	if err != nil {
+		return QuantDesc{}, err
+	}
+	groups, _, err := q.object("config_groups")
+	if err != nil {
+		return QuantDesc{}, err
+	}
+	if len(groups.m) > maxQuantLayers {
+		return QuantDesc{}, q.errorf("config_groups", "%d entries, over the limit of %d", len(groups.m), maxQuantLayers)
+	}
+	m, err := newMatcher(q, "ignore")
+	if err != nil {
+		return QuantDesc{}, err
+	}
+	d := QuantDesc{File: file, Key: key}
+	names := slices.Sorted(maps.Keys(groups.m))
+	for _, gname := range names {
+		g, _, err := groups.object(gname)
+		if err != nil {
+			return QuantDesc{}, err
+		}
+		kind, label, err := classifyCTScheme(g, topFmt)
+		if err != nil {
+			return QuantDesc{}, err
+		}
+		if d.Kind == "" {
+			d.Kind, d.Label = kind, label
+		} else if d.Label != label {
+			d.Kind, d.Label = QuantKindMixed, "compressed-tensors (several schemes)"
+		}
+	}
+	if d.Kind == "" {
+		d.Kind, d.Label = QuantKindUnknown, "compressed-tensors (no config_groups)"
+	}
+	d.Groups = m.resolve(d.Label, false)
+	return d, nil
+}
+
+func classifyCTScheme(g config, topFmt string) (QuantKind, string, error) {
+	f, err := g.str("format", topFmt)
+	if err != nil {
+		return "", "", err
+	}
+	w, ok, err := g.object("weights")
+	if err != nil {
+		return "", "", err
+	}
+	if !ok {
+		return QuantKindUnknown, "compressed-tensors " + f + " (no weights scheme)", nil
+	}
+	typ, err := w.str("type", "int")
+	if err != nil {
+		return "", "", err
+	}
+	bits, err := w.intIn("num_bits", 8, 1, 64)
+	if err != nil {
+		return "", "", err
+	}
+	strategy, err := w.str("strategy", "tensor")
+	if err != nil {
+		return "", "", err
+	}
+	sym, err := w.boolean("symmetric", true)
+	if err != nil {
+		return "", "", err
+	}
+	gs, err := w.intIn("group_size", 0, 0, maxDim)
+	if err != nil {
+		return "", "", err
+	}
+	symS := "symmetric"
+	if !sym {
+		symS = "asymmetric"
+	}
+	switch {
+	case typ == "int" && bits == 4 && f == "pack-quantized":
+		if strategy == "group" {
+			return QuantKindInt4Pack, fmt.Sprintf("compressed-tensors pack-quantized int4 (group %d, %s)", gs, symS), nil
+		}
+		return QuantKindInt4Pack, fmt.Sprintf("compressed-tensors pack-quantized int4 (%s, %s)", strategy, symS), nil
+	case typ == "float" && bits == 4 && (f == "nvfp4-pack-quantized" || gs == 16):
+		return QuantKindNVFP4, fmt.Sprintf("compressed-tensors nvfp4-pack-quantized (group %d)", gs), nil
+	case typ == "float" && bits == 4 && (f == "mxfp4-pack-quantized" || gs == 32):
+		return QuantKindMXFP4, fmt.Sprintf("compressed-tensors mxfp4-pack-quantized (group %d)", gs), nil
+	case typ == "float" && bits == 8 && strategy == "channel":
+		return QuantKindFP8Channel, "compressed-tensors float-quantized fp8 per-channel", nil
+	case typ == "float" && bits == 8 && strategy == "tensor":
+		return QuantKindFP8Tensor, "compressed-tensors float-quantized fp8 per-tensor", nil
+	case typ == "float" && bits == 8 && strategy == "block":
+		bs, err := w.ints("block_structure")
+		if err != nil {
+			return "", "", err
+		}
+		return QuantKindFP8BlockCT, fmt.Sprintf("compressed-tensors float-quantized fp8 block %v (weight_scale, not weight_scale_inv)", bs), nil
+	}
+	return QuantKindUnknown, fmt.Sprintf("compressed-tensors %s %s%d %s (%s)", f, typ, bits, strategy, symS), nil
+}
+
+// matcher holds an ignore/exclude list: plain module names (a name, a
+// suffix of one after a dot, or a parent module), globs (* and ?) and re:
+// regular expressions, matched from the start as compressed-tensors'
+// re.match does. Go's regexp runs in linear time, so a hostile pattern
+// costs its length only; count and length are bounded besides.
+type matcher struct {
+	plain []string
+	res   []*regexp.Regexp
+}
+
+func newMatcher(q config, keys ...string) (*matcher, error) {
+	m := &matcher{}
+	for _, key := range keys {
+		list, err := q.strs(key)
+		if err != nil {
+			return nil, err
+		}
+		if len(list) > maxQuantPatterns {
+			return nil, q.errorf(key, "%d entries, over the limit of %d", len(list), maxQuantPatterns)
+		}
+		for i, e := range list {
+			if len(e) > maxQuantPatternLen {
+				return nil, q.errorf(key, "element %d: %d bytes, over the limit of %d", i, len(e), maxQuantPatternLen)
+			}
+			var expr string
+			switch {
+			case strings.HasPrefix(e, "re:"):
+				expr = "^(?:" + strings.TrimPrefix(e, "re:") + ")"
+			case strings.ContainsAny(e, "*?"):
+				expr = regexp.QuoteMeta(e)
+				expr = strings.ReplaceAll(expr, `\*`, ".*")
+				expr = "^" + strings.ReplaceAll(expr, `\?`, ".") + "$"
+			default:
+				m.plain = append(m.plain, e)
+				continue
+			}
+			if len(m.res) >= maxQuantRegexes {
+				return nil, q.errorf(key, "more than %d patterns, over the limit", maxQuantRegexes)
+			}
+			re, err := regexp.Compile(expr)
+			if err != nil {
+				return nil, q.errorf(key, "element %d: %q is not a pattern moeprep can read: %v", i, e, err)
+			}
+			m.res = append(m.res, re)
+		}
+	}
+	return m, nil
+}
+
+func (m *matcher) matches(name string) bool {
+	for _, p := range m.plain {
+		if name == p || strings.HasSuffix(name, "."+p) || strings.HasPrefix(name, p+".") {
+			return true
+		}
+	}
+	for _, re := range m.res {
+		if re.MatchString(name) {
+			return true
+		}
+	}
+	return false
+}
+
+// excluded reports whether the list leaves a group unquantised.
+func (m *matcher) excluded(group string) bool {
+	for _, n := range groupNames[group] {
+		if m.matches(n) {
+			return true
+		}
+	}
+	return false
+}
+
+// resolve says how each group is stored: label unless excluded. Routers
+// are not quantisation targets (compressed-tensors targets Linear, which
+// DeepSeek-style gates are not; ModelOpt and MXFP4 skip them) unless
+// router is true.
+func (m *matcher) resolve(label string, router bool) map[string]string {
+	out := map[string]string{}
+	for _, g := range quantGroups {
+		if g == GroupRouter && !router {
+			continue
+		}
+		if !m.excluded(g) {
+			out[g] = label
+		}
+	}
+	return out
+}
+
+// HFQuantConfigs is what a Tensors may also implement to hand family the
+// decoded hf_quant_config.json of the checkpoint directory (nil when it has
+// none); checkpoint.Checkpoint does.
+type HFQuantConfigs interface {
+	HFQuantConfig() map[string]any
+}
+
+func hfQuantOf(t Tensors) map[string]any {
+	if h, ok := t.(HFQuantConfigs); ok {
+		return h.HFQuantConfig()
+	}
+	return nil
+}
+
+// refuseQuant refuses the first description moeprep cannot carry.
+func refuseQuant(raw map[string]any, t Tensors) error {
+	descs, err := DetectQuant(raw, hfQuantOf(t))
+	if err != nil {
+		return err
+	}
+	for _, d := range descs {
+		if !d.Supported() {
+			return d.Refusal()
+		}
+	}
+	return nil
+}

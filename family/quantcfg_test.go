@@ -1,0 +1,193 @@
+package family
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+const notCarried = ": not carried yet (issue 29); moeprep reads bf16/f16/f32 and FP8 128x128 block experts"
+
+// kimiIgnore is Kimi-K2-Thinking's ignore list: routed experts INT4, the
+// rest bf16.
+const kimiIgnore = `["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"]`
+
+const int4Group = `{"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": true}}}`
+
+// TestDetectQuant: each format in each place its description lives is
+// classified, its ignore list resolved per tensor group, and refused with
+// one exact line (FP8 128x128 blocks pass to readQuant).
+func TestDetectQuant(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		config string // config.json
+		hf     string // hf_quant_config.json, "" for none
+		kind   QuantKind
+		want   string // the refusal; "" when supported
+	}{
+		{"none", `{}`, "", "", ""},
+		{"fp8 block", `{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}`, "", QuantKindFP8Block, ""},
+		{"int4 kimi top-level",
+			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": ` + int4Group + `, "ignore": ` + kimiIgnore + `}}`, "",
+			QuantKindInt4Pack,
+			"config.json: quantization_config: compressed-tensors pack-quantized int4 (group 32, symmetric) on the routed experts (unquantised: shared expert, router, attention, dense MLP)" + notCarried},
+		{"int4 kimi-k2.5 text_config",
+			`{"model_type": "kimi_k25", "text_config": {"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": ` + int4Group + `, "ignore": ` + kimiIgnore + `}}}`, "",
+			QuantKindInt4Pack,
+			"config.json: text_config.quantization_config: compressed-tensors pack-quantized int4 (group 32, symmetric) on the routed experts (unquantised: shared expert, router, attention, dense MLP)" + notCarried},
+		{"int4 compression_config asymmetric",
+			`{"compression_config": {"format": "pack-quantized", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": false}}}, "ignore": ["lm_head"]}}`, "",
+			QuantKindInt4Pack,
+			"config.json: compression_config: compressed-tensors pack-quantized int4 (group 128, asymmetric) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
+		{"mxfp4 gpt-oss",
+			`{"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}`, "",
+			QuantKindMXFP4,
+			"config.json: quantization_config: mxfp4 on the routed experts (unquantised: shared expert, router, attention, dense MLP)" + notCarried},
+		{"nvfp4 modelopt quantization_config",
+			`{"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head", "model.layers.*.self_attn*", "model.layers.0.mlp*"]}}`, "",
+			QuantKindNVFP4,
+			"config.json: quantization_config: modelopt nvfp4 (group 16) on the routed experts, shared expert (unquantised: router, attention, dense MLP)" + notCarried},
+		{"nvfp4 hf_quant_config.json",
+			`{"model_type": "deepseek_v3"}`,
+			`{"producer": {"name": "modelopt", "version": "0.29.0"}, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": null, "group_size": 16, "exclude_modules": ["lm_head", "re:.*self_attn.*"]}}`,
+			QuantKindNVFP4,
+			"hf_quant_config.json: quantization: modelopt nvfp4 (group 16) on the routed experts, shared expert, dense MLP (unquantised: router, attention)" + notCarried},
+		{"modelopt MIXED_PRECISION",
+			`{}`,
+			`{"quantization": {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+				"model.layers.1.mlp.experts.0.gate_proj": {"quant_algo": "NVFP4", "group_size": 16},
+				"model.layers.1.mlp.shared_experts.gate_proj": {"quant_algo": "FP8"},
+				"model.layers.1.self_attn.q_proj": {"quant_algo": "FP8"}}}}`,
+			QuantKindMixed,
+			"hf_quant_config.json: quantization: modelopt MIXED_PRECISION (nvfp4 (group 16) on the routed experts; fp8 per-tensor on the shared expert, attention) (unquantised: router, dense MLP)" + notCarried},
+		{"nvfp4 compressed-tensors",
+			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}, "ignore": ["lm_head", "re:.*mlp.gate$"]}}`, "",
+			QuantKindNVFP4,
+			"config.json: quantization_config: compressed-tensors nvfp4-pack-quantized (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
+		{"fp8 per-channel compressed-tensors",
+			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}, "ignore": ["lm_head"]}}`, "",
+			QuantKindFP8Channel,
+			"config.json: quantization_config: compressed-tensors float-quantized fp8 per-channel on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
+		{"fp8 per-tensor compressed-tensors",
+			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "tensor"}}}}}`, "",
+			QuantKindFP8Tensor,
+			"config.json: quantization_config: compressed-tensors float-quantized fp8 per-tensor on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
+		{"fp8 per-tensor (Hy3)",
+			`{"quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}}`, "",
+			QuantKindFP8Tensor,
+			"config.json: quantization_config: fp8 per-tensor (no weight_block_size) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
+		{"fp8 block compressed-tensors",
+			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]}}}, "ignore": ["re:.*self_attn.*"]}}`, "",
+			QuantKindFP8BlockCT,
+			"config.json: quantization_config: compressed-tensors float-quantized fp8 block [128 128] (weight_scale, not weight_scale_inv) on the routed experts, shared expert, dense MLP (unquantised: router, attention)" + notCarried},
+		{"compressed-tensors mixed schemes",
+			`{"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"a": {"format": "pack-quantized", "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}}, "b": {"format": "float-quantized", "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}}`, "",
+			QuantKindMixed,
+			"config.json: quantization_config: compressed-tensors (several schemes) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
+		{"fp8 block with nvfp4 hf_quant_config.json",
+			`{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}`,
+			`{"quantization": {"quant_algo": "NVFP4"}}`,
+			QuantKindNVFP4,
+			"hf_quant_config.json: quantization: modelopt nvfp4 (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var cfg, hf map[string]any
+			if err := json.Unmarshal([]byte(tc.config), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			if tc.hf != "" {
+				if err := json.Unmarshal([]byte(tc.hf), &hf); err != nil {
+					t.Fatal(err)
+				}
+			}
+			descs, err := DetectQuant(cfg, hf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var kind QuantKind
+			var refusal string
+			for _, d := range descs {
+				if !d.Supported() {
+					kind, refusal = d.Kind, d.Refusal().Error()
+					break
+				}
+				kind = d.Kind
+			}
+			if kind != tc.kind {
+				t.Errorf("kind %q, want %q", kind, tc.kind)
+			}
+			if refusal != tc.want {
+				t.Errorf("refusal\n got %q\nwant %q", refusal, tc.want)
+			}
+			if strings.Contains(refusal, "\n") {
+				t.Errorf("refusal spans lines")
+			}
+		})
+	}
+}
+
+// hfTensors hands Detect an hf_quant_config.json as checkpoint does.
+type hfTensors struct {
+	*fakeTensors
+	hf map[string]any
+}
+
+func (h hfTensors) HFQuantConfig() map[string]any { return h.hf }
+
+// The plan refuses through Detect, from config.json or hf_quant_config.json,
+// before any tensor is read as bf16.
+func TestDetectRefusesQuantFormats(t *testing.T) {
+	cfg, tensors := deepseekV3Gen().with(map[string]any{"quantization_config": map[string]any{
+		"quant_method": "mxfp4"}}).build(t)
+	_, err := Detect(cfg, tensors)
+	want := "config.json: quantization_config: mxfp4 on the routed experts (unquantised: shared expert, router, attention, dense MLP)" + notCarried
+	if err == nil || err.Error() != want {
+		t.Errorf("mxfp4: %v\nwant %s", err, want)
+	}
+	cfg, tensors = deepseekV3Gen().build(t)
+	_, err = Detect(cfg, hfTensors{tensors, map[string]any{"quantization": map[string]any{"quant_algo": "NVFP4", "exclude_modules": []any{"lm_head"}}}})
+	want = "hf_quant_config.json: quantization: modelopt nvfp4 (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried
+	if err == nil || err.Error() != want {
+		t.Errorf("hf_quant_config.json: %v\nwant %s", err, want)
+	}
+	if _, err := Detect(cfg, hfTensors{tensors, nil}); err != nil {
+		t.Errorf("no hf_quant_config.json: %v", err)
+	}
+}
+
+// Hostile ignore lists are refused in one line, quickly.
+func TestDetectQuantBounded(t *testing.T) {
+	many := make([]any, maxConfigList+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("model.layers.%d.self_attn", i)
+	}
+	regexes := make([]any, maxQuantRegexes+1)
+	for i := range regexes {
+		regexes[i] = fmt.Sprintf("re:.*layers\\.%d\\..*", i)
+	}
+	for _, tc := range []struct {
+		name   string
+		ignore []any
+		want   string
+	}{
+		{"huge ignore list", many, "config.json: quantization_config.ignore: 4097 entries, over the limit of 4096"},
+		{"too many regexes", regexes, "config.json: quantization_config.ignore: more than 256 patterns, over the limit"},
+		{"long regex", []any{"re:" + strings.Repeat("a", 2000)}, "config.json: quantization_config.ignore: element 0: 2003 bytes, over the limit of 1024"},
+		{"perl-only regex", []any{"re:(?=x)"}, "config.json: quantization_config.ignore: element 0: \"re:(?=x)\" is not a pattern moeprep can read"},
+	} {
+		cfg := map[string]any{"quantization_config": map[string]any{"quant_method": "compressed-tensors", "format": "pack-quantized",
+			"config_groups": map[string]any{"g": map[string]any{"weights": map[string]any{"num_bits": 4.0, "type": "int", "strategy": "group", "group_size": 32.0}}},
+			"ignore":        tc.ignore}}
+		_, err := DetectQuant(cfg, nil)
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v, want %s", tc.name, err, tc.want)
+		}
+	}
+	// A nested-star regex costs its length only (RE2).
+	cfg := map[string]any{"quantization_config": map[string]any{"quant_method": "mxfp4",
+		"modules_to_not_convert": []any{"re:(a*)*(a*)*(a*)*b"}}}
+	if _, err := DetectQuant(cfg, nil); err != nil {
+		t.Error(err)
+	}
+}
