@@ -39,8 +39,12 @@ const MaxTensors = 1 << 20
 
 // maxOtherFiles bounds the files copied beside the weights (tokenizers,
 // READMEs, code): real repos have tens; a directory of millions is not a
-// checkpoint.
-const maxOtherFiles = 100_000
+// checkpoint. maxWalkEntries bounds every entry the listing visits, so a
+// tree of empty directories costs no more than one of files.
+const (
+	maxOtherFiles  = 100_000
+	maxWalkEntries = 4 * maxOtherFiles
+)
 
 // Checkpoint is an opened hub-layout directory. Only headers and the pickle
 // are in memory; tensor bytes are read through each Tensor's Data.
@@ -381,9 +385,13 @@ func (c *Checkpoint) OtherFiles() ([]string, error) {
 		return nil, fmt.Errorf("%s: %w", c.Dir, unwrapPathErr(err))
 	}
 	var out []string
+	visited := 0
 	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
+		}
+		if visited++; visited > maxWalkEntries {
+			return fmt.Errorf("%s: more than %d files and directories (the limit; not a checkpoint directory?)", c.Dir, maxWalkEntries)
 		}
 		rel, _ := filepath.Rel(root, path)
 		if rel == "." {

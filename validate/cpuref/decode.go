@@ -3,15 +3,9 @@ package cpuref
 import (
 	"fmt"
 
-	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
 )
-
-// BF16ToF32 and F32ToBF16 forward to numfmt for the kernels tests, which
-// call them through validate; new code calls numfmt directly.
-func BF16ToF32(u uint16) float32 { return numfmt.BF16ToF32(u) }
-func F32ToBF16(f float32) uint16 { return numfmt.F32ToBF16(f) }
 
 // Decodable reports whether Decode can widen dtype to float32.
 func Decodable(dtype safetensors.DType) bool { return weightfmt.Decodable(dtype) }
