@@ -2,6 +2,9 @@ package bench
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"math"
 
@@ -148,12 +151,25 @@ func (r *runner) layer(lb *layerBufs, set *inputSet, bank *kernels.ExpertBank) e
 }
 
 // prepare runs the layer once per input set, checks each alignment on the
-// host (every id in range) and returns the mean number of experts touched.
+// host (every id in range), records the SHA-256 of the layer's whole
+// output over the input sets (Result.Outputs: the inputs are seeded, so
+// two builds that compute the same bits print the same digest) and returns
+// the mean number of experts touched.
 func (r *runner) prepare(lb *layerBufs) (float64, error) {
 	touched := 0
+	sum := sha256.New()
 	for i, set := range lb.sets {
 		if err := r.layer(lb, set, r.banks[0].bank); err != nil {
 			return 0, err
+		}
+		y, err := lb.y.ToHost(-1)
+		if err != nil {
+			return 0, fmt.Errorf("input set %d: %w", i, err)
+		}
+		var b [4]byte
+		for _, v := range y {
+			binary.LittleEndian.PutUint32(b[:], math.Float32bits(v))
+			sum.Write(b[:])
 		}
 		h, err := set.al.Host()
 		if err != nil {
@@ -165,6 +181,7 @@ func (r *runner) prepare(lb *layerBufs) (float64, error) {
 			}
 		}
 	}
+	r.res.Outputs = append(r.res.Outputs, OutputDigest{Tokens: lb.t, SHA256: hex.EncodeToString(sum.Sum(nil))})
 	return float64(touched) / float64(len(lb.sets)), nil
 }
 

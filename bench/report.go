@@ -29,7 +29,18 @@ type Result struct {
 	Graph      string  `json:"graph"` // "captured", "off" or why capture failed
 	Method     string  `json:"method"`
 	Rows       []Row   `json:"rows"`
-	Seconds    float64 `json:"seconds"`
+	// Outputs is the digest of the layer's output at each token count.
+	Outputs []OutputDigest `json:"layer_outputs"`
+	Seconds float64        `json:"seconds"`
+}
+
+// OutputDigest is the SHA-256 of the little-endian f32 bytes of the fused
+// layer's output y [T,H] for every input set in turn, at one token count:
+// equal digests from two builds mean bit-identical layers (router, gate,
+// align, grouped GEMM, activation, finalize) on the same seeded inputs.
+type OutputDigest struct {
+	Tokens int    `json:"tokens"`
+	SHA256 string `json:"sha256"`
 }
 
 // Row is one kernel at one token count. Times are CUDA-event microseconds;
