@@ -13,13 +13,47 @@
 // the block (ceil), and whether a split at a row or column keeps whole
 // scale entries on both sides.
 //
-// Formats: plain.go (unquantised BF16, F16, F32: Plain) and fp8block.go
+// Formats: plain.go (unquantised BF16, F16, F32: Plain), fp8block.go
 // (F8_E4M3 with an F32 weight_scale_inv per 128x128 block, UE8M0 or not:
-// FP8Block). New builds the Format that a family.Plan or a moeprep contract
-// names (its quantization, weight dtype, weight_block_size and scale_fmt).
+// FP8Block), fp8scaled.go (F8_E4M3 with a weight_scale per output row or
+// one per weight, BF16, F16 or F32: FP8Channel, FP8Tensor), int4pack.go
+// (compressed-tensors pack-quantized INT4, eight to an I32 word, a
+// weight_scale per group or row: Int4Pack), mxfp4.go (E2M1 two to a byte
+// with an E8M0 scale per 32, as gpt-oss, compressed-tensors and
+// DeepSeek-V4 store it: MXFP4) and nvfp4.go (E2M1 with an E4M3 scale per
+// 16 and a per-tensor F32 scale, ModelOpt's or compressed-tensors'
+// reciprocal one: NVFP4ModelOpt, NVFP4CT). New builds the Format that a
+// family.Plan or a moeprep contract names (its quantization, weight dtype,
+// weight_block_size, scale_fmt, and for the newer formats the scale dtype,
+// the producer's naming, and the zero points and g_idx they refuse).
+//
+// Optional interfaces carry what not every format has, so that plain and
+// FP8 block weights are read as before:
+//
+//   - GlobalScaled: a second, per-tensor scale (NVFP4's weight_scale_2 or
+//     weight_global_scale): GlobalScale says its name, dtype and whether
+//     it multiplies or divides, DequantiseGlobal takes its bytes, and the
+//     format's plain Dequantise refuses to run without it.
+//     DequantiseWeight dequantises a weight of any format; Matrix's
+//     slices carry the global scale's region (Slice.Global: one entry per
+//     weight, kept whole by every piece).
+//   - Renamed: tensors not named as a plain checkpoint names the weight
+//     (compressed-tensors' x.weight_packed and x.weight_shape, gpt-oss's
+//     gate_up_proj_blocks, DeepSeek-V4's x.scale). TensorsOf names every
+//     format's tensors from the plain weight name; for formats that are
+//     not Renamed it gives the name itself and Scale.Name, as before.
+//
+// A packed format's Packing counts elements per dtype unit (8 per I32,
+// 2 per U8 byte): Matrix.Shape is the stored tensor's shape ([rows,
+// cols/8] I32, [rows, cols/2] U8), ColSplitExact keeps whole units, and a
+// per-tensor scale's one-entry grid (Block {0, 0}) may be stored as a
+// scalar or [1]. gpt-oss's blocks [E, rows, cols/32, 16] are, per expert,
+// the bytes of that [rows, cols/2] matrix.
 //
 // Adding a format: a file that implements Format and registers its
-// quantization name in init (as fp8block.go does), and its tests. Convert's
+// quantization name in init (as fp8block.go does; registerByConfig where
+// its weight dtype alone does not identify it, so that Scaled leaves it to
+// AllScaled), and its tests. Convert's
 // planner and the byte proof (validate/byteproof/bytes.go) then stack, slice,
 // prove and fold it as they ask; family/check.go checks its weights and
 // scale tensors in a source checkpoint from the plan's Format (and Scaled
@@ -34,7 +68,12 @@
 // GPU runner's own call sites (validate/gpurun/runner.go) still hand the
 // MLP loader an FP8 block edge (loadMLPBank). A packed format (several
 // elements to a dtype unit) also needs the callers' shape checks to ask
-// Matrix.Shape; one with a second scale tensor per weight (NVFP4's global
-// scale) or a renamed weight tensor (compressed-tensors' weight_packed)
-// needs family.MLP and layout.ExpertTensors to name it.
+// Matrix.Shape; one with a second scale tensor per weight (GlobalScaled)
+// or renamed tensors (Renamed) needs family.MLP and layout.ExpertTensors
+// to name them through TensorsOf, its dequantising callers to use
+// DequantiseWeight, and a gate|up join to check that the two global scales
+// are equal; and the contract to record the Spec fields New reads beyond
+// quantization, dtype and block (ScaleDType, Naming) where they are not a
+// format's defaults (layout/contract.go hands New only those three). A
+// format whose Fold is FoldNowhere (MXFP4, NVFP4) leaves rsf unfolded.
 package weightfmt

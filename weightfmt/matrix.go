@@ -34,9 +34,11 @@ func (r Region) Ranges() [][2]int64 {
 
 // Slice is a piece of a weight: its bytes in the weight tensor and the
 // bytes of the scale entries that cover it in the scale tensor (zero when
-// the format has no scale).
+// the format has no scale), and of its global scale in the global scale
+// tensor (zero when the format has none; every piece of a weight has the
+// weight's one global scale).
 type Slice struct {
-	Weight, Scale Region
+	Weight, Scale, Global Region
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
@@ -86,6 +88,24 @@ func (m Matrix) ScaleBytes() int64 {
 	return r * c * int64(s.DType.Size())
 }
 
+// GlobalBytes is the size of the weight's global scale in bytes (0 when
+// the format has none).
+func (m Matrix) GlobalBytes() int64 {
+	if g, ok := GlobalOf(m.Format); ok {
+		return int64(g.DType.Size())
+	}
+	return 0
+}
+
+// global is the region of the weight's global scale, at off in its tensor
+// (zero when the format has none).
+func (m Matrix) global(off int64) Region {
+	if g := m.GlobalBytes(); g > 0 {
+		return Region{Off: off, Rows: 1, RowLen: g, Stride: g}
+	}
+	return Region{}
+}
+
 // scaleSpan is the grid entries [first, first+n) along an axis whose
 // blocks are b elements (0: the whole axis) that cover elements [e0, e0+ne).
 func scaleSpan(e0, ne, b int64) (first, n int64) {
@@ -127,18 +147,20 @@ func (m Matrix) scaleEntry() int64 {
 
 func whole(n int64) Region { return Region{Rows: 1, RowLen: n, Stride: n} }
 
-// Whole is the whole weight and its whole grid.
+// Whole is the whole weight, its whole grid and its global scale.
 func (m Matrix) Whole() Slice {
-	return Slice{Weight: whole(m.Bytes()), Scale: whole(m.ScaleBytes())}
+	return Slice{Weight: whole(m.Bytes()), Scale: whole(m.ScaleBytes()), Global: m.global(0)}
 }
 
 // Expert is slice e of a stack [N, Rows, Cols] of such weights, with its
-// grid in the stack of grids.
+// grid in the stack of grids and its global scale in the stack [N] of
+// global scales.
 func (m Matrix) Expert(e int64) Slice {
 	w, s := m.Bytes(), m.ScaleBytes()
 	return Slice{
 		Weight: Region{Off: e * w, Rows: 1, RowLen: w, Stride: w},
 		Scale:  Region{Off: e * s, Rows: 1, RowLen: s, Stride: s},
+		Global: m.global(e * m.GlobalBytes()),
 	}
 }
 
@@ -146,7 +168,7 @@ func (m Matrix) Expert(e int64) Slice {
 // scale entries are its own only where RowSplitExact holds at r0 and r0+n.
 func (m Matrix) RowBlock(r0, n int64) Slice {
 	rb := m.RowBytes()
-	out := Slice{Weight: Region{Off: r0 * rb, Rows: 1, RowLen: n * rb, Stride: n * rb}}
+	out := Slice{Weight: Region{Off: r0 * rb, Rows: 1, RowLen: n * rb, Stride: n * rb}, Global: m.global(0)}
 	if es := m.scaleEntry(); es > 0 {
 		_, gc := m.ScaleShape()
 		g0, gn := m.ScaleRows(r0, n)
@@ -160,7 +182,7 @@ func (m Matrix) RowBlock(r0, n int64) Slice {
 // scale entries are its own only where ColSplitExact holds at both ends.
 func (m Matrix) ColBlock(c0, n int64) Slice {
 	e, b := m.Format.Packing()
-	out := Slice{Weight: Region{Off: c0 / e * b, Rows: m.Rows, RowLen: ceilDiv(n, e) * b, Stride: m.RowBytes()}}
+	out := Slice{Weight: Region{Off: c0 / e * b, Rows: m.Rows, RowLen: ceilDiv(n, e) * b, Stride: m.RowBytes()}, Global: m.global(0)}
 	if es := m.scaleEntry(); es > 0 {
 		gr, gc := m.ScaleShape()
 		g0, gn := m.ScaleCols(c0, n)
@@ -171,7 +193,10 @@ func (m Matrix) ColBlock(c0, n int64) Slice {
 
 // RowSplitExact reports whether cutting the weight before row r gives two
 // weights that each own whole scale entries: r falls on a block edge (or
-// the scale spans every row, and each piece keeps a copy).
+// the scale spans every row, and each piece keeps a copy). A global scale
+// never stands in the way: each piece keeps a copy. (Joining two weights
+// into one, as a gate|up stack does, is exact only where their global
+// scales are equal: that is the joiner's to check.)
 func (m Matrix) RowSplitExact(r int64) bool {
 	s, ok := m.Format.Scale()
 	return !ok || s.Block[0] == 0 || r%s.Block[0] == 0

@@ -1,6 +1,7 @@
 // Package numfmt holds the bit-exact conversions between float32/float64 and
 // the narrow float formats checkpoints store: bf16, f16, F8_E4M3 (torch
-// float8_e4m3fn), F8_E5M2 and F8_E8M0. Encoders round to nearest, ties to
+// float8_e4m3fn), F8_E5M2, F8_E8M0 and the 4-bit E2M1 of MXFP4 and NVFP4
+// (decoding only). Encoders round to nearest, ties to
 // even, as torch's casts do; decoders are exact. Every package that reads or
 // writes these formats goes through here, so there is one implementation of
 // each to test.
