@@ -63,6 +63,9 @@ func (s Shape) FloorBytes(kernel string, d DType, t int, touched float64) int64 
 	weights := func(per int64) int64 { return int64(touched * float64(per)) }
 	gateUp := weights(s.GateUpBytes(d)) + T*H*actBytes + T*K*I*actBytes
 	down := weights(s.DownBytes(d)) + T*K*I*actBytes + T*K*H*4
+	if b, ok := gemmStages(kernel, gateUp, down); ok {
+		return b
+	}
 	switch kernel {
 	case KRouter:
 		return T*H*actBytes + E*H*actBytes + T*E*4
@@ -70,12 +73,6 @@ func (s Shape) FloorBytes(kernel string, d DType, t int, touched float64) int64 
 		return T*E*4 + E*4 + T*K*8
 	case KAlign:
 		return T*K*4*2 + EB*4*2
-	case KGateUp:
-		return gateUp
-	case KDown:
-		return down
-	case KGEMM:
-		return gateUp + down
 	case KFinalize:
 		return T*K*H*4 + T*K*4 + T*H*4
 	case KLayer, KLayerGraph:
@@ -91,19 +88,31 @@ func (s Shape) FLOPs(kernel string, t int) float64 {
 	router := 2 * T * H * E
 	gateUp := 2 * T * K * H * 2 * I
 	down := 2 * T * K * I * H
+	if f, ok := gemmStages(kernel, gateUp, down); ok {
+		return f
+	}
 	switch kernel {
 	case KRouter:
 		return router
-	case KGateUp:
-		return gateUp
-	case KDown:
-		return down
-	case KGEMM:
-		return gateUp + down
 	case KLayer, KLayerGraph:
 		return router + gateUp + down
 	}
 	return 0
+}
+
+// gemmStages is a cost of the grouped GEMM's kernels from those of its two
+// stages: gate-up's, down's, or both for the whole GEMM; ok is false for
+// any other kernel.
+func gemmStages[T int64 | float64](kernel string, gateUp, down T) (cost T, ok bool) {
+	switch kernel {
+	case KGateUp:
+		return gateUp, true
+	case KDown:
+		return down, true
+	case KGEMM:
+		return gateUp + down, true
+	}
+	return 0, false
 }
 
 // FloorMicros is the time to move bytes at bytesPerSec, in microseconds.

@@ -117,17 +117,9 @@ func unwrapPathErr(err error) error {
 }
 
 func (c *Checkpoint) readConfig() error {
-	path := filepath.Join(c.Dir, ConfigFileName)
-	b, err := safeio.ReadFile(path, maxConfigBytes, "config.json")
+	cfg, b, err := readJSONObject(filepath.Join(c.Dir, ConfigFileName))
 	if err != nil {
 		return err
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		return fmt.Errorf("%s: not a JSON object: %v", path, err)
-	}
-	if cfg == nil {
-		return fmt.Errorf("%s: not a JSON object", path)
 	}
 	c.Config, c.ConfigJSON = cfg, b
 	return c.readHFQuantConfig()
@@ -143,19 +135,29 @@ func (c *Checkpoint) readHFQuantConfig() error {
 	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	b, err := safeio.ReadFile(path, maxConfigBytes, HFQuantConfigFileName)
+	cfg, _, err := readJSONObject(path)
 	if err != nil {
 		return err
 	}
-	var cfg map[string]any
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		return fmt.Errorf("%s: not a JSON object: %v", path, err)
-	}
-	if cfg == nil {
-		return fmt.Errorf("%s: not a JSON object", path)
-	}
 	c.HFQuant = cfg
 	return nil
+}
+
+// readJSONObject reads a JSON object of at most maxConfigBytes (a config
+// file; its base name names it in the size error), decoded and as bytes.
+func readJSONObject(path string) (map[string]any, []byte, error) {
+	b, err := safeio.ReadFile(path, maxConfigBytes, filepath.Base(path))
+	if err != nil {
+		return nil, nil, err
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return nil, nil, fmt.Errorf("%s: not a JSON object: %v", path, err)
+	}
+	if cfg == nil {
+		return nil, nil, fmt.Errorf("%s: not a JSON object", path)
+	}
+	return cfg, b, nil
 }
 
 // HFQuantConfig hands family hf_quant_config.json (family.HFQuantConfigs).
@@ -187,31 +189,99 @@ func (c *Checkpoint) glob(suffixes ...string) []string {
 }
 
 func (c *Checkpoint) openWeights() error {
-	switch {
-	case c.exists(safetensors.IndexFileName):
-		return c.openSafetensorsSharded()
-	case c.exists("model.safetensors"):
-		return c.openSafetensors([]string{"model.safetensors"})
+	if ok, err := safetensorsFormat.open(c); ok {
+		return err
 	}
-	if files := c.glob(".safetensors"); len(files) > 0 {
-		if len(files) > 1 {
-			return fmt.Errorf("%s: %d .safetensors files but no %s to say which tensors each holds", c.Dir, len(files), safetensors.IndexFileName)
-		}
-		return c.openSafetensors(files)
-	}
-	switch {
-	case c.exists(torchbin.IndexFileName):
-		return c.openTorchSharded()
-	case c.exists("pytorch_model.bin"):
-		return c.openTorch([]string{"pytorch_model.bin"})
-	}
-	if files := c.glob(".bin", ".pt", ".pth"); len(files) > 0 {
-		if len(files) > 1 {
-			return fmt.Errorf("%s: %d PyTorch files but no %s to say which tensors each holds", c.Dir, len(files), torchbin.IndexFileName)
-		}
-		return c.openTorch(files)
+	if ok, err := torchFormat.open(c); ok {
+		return err
 	}
 	return fmt.Errorf("%s: no weights found (expected %s, model.safetensors, %s or pytorch_model.bin)", c.Dir, safetensors.IndexFileName, torchbin.IndexFileName)
+}
+
+// weightFormat is how Open finds and opens one format's weight files (F)
+// and sharded checkpoints (S).
+type weightFormat[F, S io.Closer] struct {
+	format   string   // Checkpoint.Format
+	index    string   // the sharded checkpoint's index file
+	single   string   // the one file of an unsharded checkpoint
+	suffixes []string // any other weight file
+	kind     string   // the files, in the error for several without an index
+	openFile func(path string) (F, error)
+	openDir  func(dir string) (S, error)
+	shards   func(S) []F
+	path     func(F) string
+	add      func(*Checkpoint, F) error
+}
+
+var safetensorsFormat = weightFormat[*safetensors.File, *safetensors.Sharded]{
+	format: FormatSafetensors, index: safetensors.IndexFileName, single: "model.safetensors",
+	suffixes: []string{".safetensors"}, kind: ".safetensors",
+	openFile: safetensors.Open, openDir: safetensors.OpenSharded,
+	shards: func(s *safetensors.Sharded) []*safetensors.File { return s.Shards },
+	path:   func(f *safetensors.File) string { return f.Path },
+	add:    (*Checkpoint).addSafetensors,
+}
+
+var torchFormat = weightFormat[*torchbin.File, *torchbin.Sharded]{
+	format: FormatTorch, index: torchbin.IndexFileName, single: "pytorch_model.bin",
+	suffixes: []string{".bin", ".pt", ".pth"}, kind: "PyTorch",
+	openFile: torchbin.Open, openDir: torchbin.OpenSharded,
+	shards: func(s *torchbin.Sharded) []*torchbin.File { return s.Shards },
+	path:   func(f *torchbin.File) string { return f.Path },
+	add:    (*Checkpoint).addTorch,
+}
+
+// open opens c's weights if they are in this format: the index and its
+// shards, else the single file, else the one weight file there is. ok is
+// false when c holds none of them.
+func (w weightFormat[F, S]) open(c *Checkpoint) (ok bool, err error) {
+	switch {
+	case c.exists(w.index):
+		return true, w.openSharded(c)
+	case c.exists(w.single):
+		return true, w.openFiles(c, []string{w.single})
+	}
+	files := c.glob(w.suffixes...)
+	switch {
+	case len(files) == 0:
+		return false, nil
+	case len(files) > 1:
+		return true, fmt.Errorf("%s: %d %s files but no %s to say which tensors each holds", c.Dir, len(files), w.kind, w.index)
+	}
+	return true, w.openFiles(c, files)
+}
+
+func (w weightFormat[F, S]) openSharded(c *Checkpoint) error {
+	c.Format = w.format
+	s, err := w.openDir(c.Dir)
+	if err != nil {
+		return err
+	}
+	c.closers = append(c.closers, s)
+	c.WeightFiles = append(c.WeightFiles, w.index)
+	for _, f := range w.shards(s) {
+		c.WeightFiles = append(c.WeightFiles, filepath.Base(w.path(f)))
+		if err := w.add(c, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w weightFormat[F, S]) openFiles(c *Checkpoint, names []string) error {
+	c.Format = w.format
+	for _, name := range names {
+		f, err := w.openFile(filepath.Join(c.Dir, name))
+		if err != nil {
+			return err
+		}
+		c.closers = append(c.closers, f)
+		c.WeightFiles = append(c.WeightFiles, name)
+		if err := w.add(c, f); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (c *Checkpoint) add(t *Tensor) error {
@@ -233,72 +303,6 @@ func (c *Checkpoint) addSafetensors(f *safetensors.File) error {
 			return err
 		}
 		if err := c.add(&Tensor{Name: ti.Name, DType: ti.DType, Shape: ti.Shape, File: f.Path, Data: sec}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (c *Checkpoint) openSafetensorsSharded() error {
-	c.Format = FormatSafetensors
-	s, err := safetensors.OpenSharded(c.Dir)
-	if err != nil {
-		return err
-	}
-	c.closers = append(c.closers, s)
-	c.WeightFiles = append(c.WeightFiles, safetensors.IndexFileName)
-	for _, f := range s.Shards {
-		c.WeightFiles = append(c.WeightFiles, filepath.Base(f.Path))
-		if err := c.addSafetensors(f); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (c *Checkpoint) openSafetensors(names []string) error {
-	c.Format = FormatSafetensors
-	for _, name := range names {
-		f, err := safetensors.Open(filepath.Join(c.Dir, name))
-		if err != nil {
-			return err
-		}
-		c.closers = append(c.closers, f)
-		c.WeightFiles = append(c.WeightFiles, name)
-		if err := c.addSafetensors(f); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (c *Checkpoint) openTorch(names []string) error {
-	c.Format = FormatTorch
-	for _, name := range names {
-		f, err := torchbin.Open(filepath.Join(c.Dir, name))
-		if err != nil {
-			return err
-		}
-		c.closers = append(c.closers, f)
-		c.WeightFiles = append(c.WeightFiles, name)
-		if err := c.addTorch(f); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (c *Checkpoint) openTorchSharded() error {
-	c.Format = FormatTorch
-	s, err := torchbin.OpenSharded(c.Dir)
-	if err != nil {
-		return err
-	}
-	c.closers = append(c.closers, s)
-	c.WeightFiles = append(c.WeightFiles, torchbin.IndexFileName)
-	for _, f := range s.Shards {
-		c.WeightFiles = append(c.WeightFiles, filepath.Base(f.Path))
-		if err := c.addTorch(f); err != nil {
 			return err
 		}
 	}
@@ -435,12 +439,7 @@ func (c *Checkpoint) OtherFiles() ([]string, error) {
 
 // Close releases every open file.
 func (c *Checkpoint) Close() error {
-	var first error
-	for _, cl := range c.closers {
-		if err := cl.Close(); err != nil && first == nil {
-			first = err
-		}
-	}
+	err := safeio.CloseAll(c.closers)
 	c.closers = nil
-	return first
+	return err
 }

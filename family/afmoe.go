@@ -6,17 +6,15 @@ package family
 // route_scale, plus an ungated shared expert mlp.shared_experts of
 // num_shared_experts * I. Layers from num_dense_layers on are MoE.
 var afmoe = &spec{
-	name:       "afmoe",
-	modelTypes: []string{"afmoe"},
-	names:      hubLayoutNames("mlp", "router.gate", "expert_bias", "shared_experts"),
+	name:  "afmoe",
+	names: hubLayoutNames("mlp", "router.gate", "expert_bias", "shared_experts"),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
-		numExperts:   []string{"num_experts", "num_local_experts"},
 		sharedCount:  "num_shared_experts",
 		denseKey:     "num_dense_layers",
 		denseFixed:   1,
 	},
 	layers:   firstDense,
-	defaults: map[string]map[string]any{"afmoe": {"route_scale": 1.0, "num_shared_experts": 2.0}},
+	defaults: map[string]any{"route_scale": 1.0, "num_shared_experts": 2.0},
 	routing:  biasedSigmoid("route_scale", false, ""),
 }

@@ -16,19 +16,17 @@ import (
 // adds it like DeepSeek's; "average" (the default) returns (routed + shared)
 // / 2, carried as the plan's OutputScale 0.5 (exact: a power of two).
 var cohere2MoE = &spec{
-	name:       "cohere2_moe",
-	modelTypes: []string{"cohere2_moe"},
-	names:      hubLayoutNames("mlp", "gate", "", "shared_experts"),
+	name:  "cohere2_moe",
+	names: hubLayoutNames("mlp", "gate", "", "shared_experts"),
 	keys: configKeys{
 		intermediate: "intermediate_size",
-		numExperts:   []string{"num_experts", "num_local_experts"},
 		sharedCount:  "num_shared_experts",
 		denseKey:     "first_k_dense_replace",
 	},
 	layers: layerTypes,
-	defaults: map[string]map[string]any{"cohere2_moe": {
+	defaults: map[string]any{
 		"expert_selection_fn": "softmax", "norm_topk_prob": true, "num_shared_experts": 0.0, "shared_expert_combination_strategy": "average",
-	}},
+	},
 	routing: cohere2Routing,
 }
 

@@ -218,48 +218,41 @@ func (c config) str(key, def string) (string, error) {
 
 // ints reads an optional list of integers.
 func (c config) ints(key string) ([]int, error) {
-	v, ok := c.get(key)
-	if !ok {
-		return nil, nil
-	}
-	list, ok := v.([]any)
-	if !ok {
-		return nil, c.errorf(key, "want a list of integers, got %s", describe(v))
-	}
-	if len(list) > maxConfigList {
-		return nil, c.errorf(key, "%d entries, over the limit of %d", len(list), maxConfigList)
-	}
-	out := make([]int, len(list))
-	for i, e := range list {
+	return list(c, key, "integers", "a non-negative integer", func(e any) (int, bool) {
 		n, ok := asInt(e)
-		if !ok || n < 0 || n > maxDim {
-			return nil, c.errorf(key, "element %d: want a non-negative integer, got %s", i, describe(e))
-		}
-		out[i] = int(n)
-	}
-	return out, nil
+		return int(n), ok && n >= 0 && n <= maxDim
+	})
 }
 
 // strs reads an optional list of strings.
 func (c config) strs(key string) ([]string, error) {
+	return list(c, key, "strings", "a string", func(e any) (string, bool) {
+		s, ok := e.(string)
+		return s, ok
+	})
+}
+
+// list reads an optional list of at most maxConfigList elements, each
+// converted by elem (false: not what the list holds, named by one).
+func list[T any](c config, key, many, one string, elem func(any) (T, bool)) ([]T, error) {
 	v, ok := c.get(key)
 	if !ok {
 		return nil, nil
 	}
-	list, ok := v.([]any)
+	l, ok := v.([]any)
 	if !ok {
-		return nil, c.errorf(key, "want a list of strings, got %s", describe(v))
+		return nil, c.errorf(key, "want a list of %s, got %s", many, describe(v))
 	}
-	if len(list) > maxConfigList {
-		return nil, c.errorf(key, "%d entries, over the limit of %d", len(list), maxConfigList)
+	if len(l) > maxConfigList {
+		return nil, c.errorf(key, "%d entries, over the limit of %d", len(l), maxConfigList)
 	}
-	out := make([]string, len(list))
-	for i, e := range list {
-		s, ok := e.(string)
+	out := make([]T, len(l))
+	for i, e := range l {
+		x, ok := elem(e)
 		if !ok {
-			return nil, c.errorf(key, "element %d: want a string, got %s", i, describe(e))
+			return nil, c.errorf(key, "element %d: want %s, got %s", i, one, describe(e))
 		}
-		out[i] = s
+		out[i] = x
 	}
 	return out, nil
 }

@@ -50,7 +50,7 @@ var deepseek = &spec{
 	},
 	layers: denseReplace,
 	mtp:    true,
-	defaults: map[string]map[string]any{
+	defaultsByType: map[string]map[string]any{
 		"deepseek_v2": deepseekV2Defaults,
 		"deepseek_v3": deepseekV3Defaults,
 		"kimi_k2":     deepseekV3Defaults,

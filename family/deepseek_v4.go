@@ -29,20 +29,19 @@ import (
 // clamp(u, -limit, limit) with limit = swiglu_limit. Output = routed +
 // shared(x), ungated: fusable.
 var deepseekV4 = &spec{
-	name:       "deepseek_v4",
-	modelTypes: []string{"deepseek_v4"},
+	name: "deepseek_v4",
 	names: naming{layers: "model.layers.", modules: []string{"ffn", "mlp"}, experts: "experts",
 		proj: [3]string{"w1", "w3", "w2"}, router: "gate", bias: "gate.bias", shared: "shared_experts",
 		hashTable: "gate.tid2eid"},
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
-		numExperts:   []string{"n_routed_experts", "num_local_experts"},
+		numExperts:   routedExperts,
 		sharedFixed:  1,
 	},
 	layers: hashOrMoE,
-	defaults: map[string]map[string]any{"deepseek_v4": {
+	defaults: map[string]any{
 		"scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "num_experts_per_tok": 6.0,
-	}},
+	},
 	routing: deepseekV4Routing,
 }
 

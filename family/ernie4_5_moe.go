@@ -10,9 +10,8 @@ package family
 // use_bias=true gives the shared expert (Ernie4_5_MoeMLP, nn.Linear with
 // bias) gate, up and down biases; the routed experts never have any.
 var ernie45MoE = &spec{
-	name:       "ernie4_5_moe",
-	modelTypes: []string{"ernie4_5_moe"},
-	names:      hubLayoutNames("mlp", "gate", "moe_statics.e_score_correction_bias", "shared_experts"),
+	name:  "ernie4_5_moe",
+	names: hubLayoutNames("mlp", "gate", "moe_statics.e_score_correction_bias", "shared_experts"),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
 		numExperts:   []string{"moe_num_experts", "num_experts"},
@@ -22,6 +21,6 @@ var ernie45MoE = &spec{
 	},
 	layers:      startEndInterval,
 	softmaxBias: true,
-	defaults:    map[string]map[string]any{"ernie4_5_moe": {"moe_num_shared_experts": 2.0, "moe_k": 6.0}},
+	defaults:    map[string]any{"moe_num_shared_experts": 2.0, "moe_k": 6.0},
 	routing:     softmaxNorm(true),
 }

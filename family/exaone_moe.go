@@ -8,19 +8,17 @@ package family
 // (transformers moves it into the router when loading). MoE layers:
 // mlp_layer_types, or the layers from first_k_dense_replace on.
 var exaoneMoE = &spec{
-	name:       "exaone_moe",
-	modelTypes: []string{"exaone_moe"},
-	names:      hubLayoutNames("mlp", "gate", "e_score_correction_bias", "shared_experts"),
+	name:  "exaone_moe",
+	names: hubLayoutNames("mlp", "gate", "e_score_correction_bias", "shared_experts"),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
-		numExperts:   []string{"num_experts", "num_local_experts"},
 		sharedCount:  "num_shared_experts",
 		denseKey:     "first_k_dense_replace",
 		denseFixed:   1,
 	},
 	layers: layerTypes,
-	defaults: map[string]map[string]any{"exaone_moe": {
+	defaults: map[string]any{
 		"n_group": 1.0, "topk_group": 1.0, "norm_topk_prob": true, "routed_scaling_factor": 2.5, "num_shared_experts": 1.0,
-	}},
+	},
 	routing: biasedSigmoid("routed_scaling_factor", true, "norm_topk_prob"),
 }

@@ -23,20 +23,19 @@ var glm4MoEDefaults = map[string]any{
 }
 
 var glm4MoELite = &spec{
-	name:       "glm4_moe_lite",
-	modelTypes: []string{"glm4_moe_lite"},
-	names:      deepseek.names,
+	name:  "glm4_moe_lite",
+	names: deepseek.names,
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
-		numExperts:   []string{"n_routed_experts", "num_local_experts"},
+		numExperts:   routedExperts,
 		sharedCount:  "n_shared_experts",
 		mtpCount:     "num_nextn_predict_layers",
 		denseFixed:   1,
 	},
 	layers: layerTypes,
 	mtp:    true,
-	defaults: map[string]map[string]any{"glm4_moe_lite": {
+	defaults: map[string]any{
 		"n_group": 1.0, "topk_group": 1.0, "norm_topk_prob": true, "routed_scaling_factor": 1.8, "n_shared_experts": 1.0,
-	}},
+	},
 	routing: biasedSigmoid("routed_scaling_factor", true, "norm_topk_prob"),
 }

@@ -18,8 +18,7 @@ import (
 // clamped SwiGLU with alpha 1.702 and limit 7 hard-coded in GptOssExperts:
 // g = min(g, 7), u = clamp(u, -7, 7), out = (u + 1) * g * sigmoid(1.702 g).
 var gptOSS = &spec{
-	name:       "gpt_oss",
-	modelTypes: []string{"gpt_oss"},
+	name: "gpt_oss",
 	names: naming{
 		layers:             "model.layers.",
 		modules:            []string{"mlp"},
@@ -34,9 +33,9 @@ var gptOSS = &spec{
 	},
 	keys: configKeys{
 		intermediate: "intermediate_size",
-		numExperts:   []string{"num_local_experts", "num_experts"},
+		numExperts:   localExpertsFirst,
 	},
-	defaults: map[string]map[string]any{"gpt_oss": {"num_experts_per_tok": 4.0}},
+	defaults: map[string]any{"num_experts_per_tok": 4.0},
 	layers:   everyLayer,
 	routing: func(_ config, _ string, p *Plan) error {
 		p.Scoring, p.NormTopKProb, p.ExpertBias = moe.Softmax, true, true

@@ -25,7 +25,7 @@ var graniteNames = naming{
 
 var graniteKeys = configKeys{
 	intermediate:  "intermediate_size",
-	numExperts:    []string{"num_local_experts", "num_experts"},
+	numExperts:    localExpertsFirst,
 	sharedFixed:   1,
 	sharedSize:    "shared_intermediate_size",
 	sharedIfSized: true,
@@ -41,8 +41,7 @@ var graniteMoE = &spec{
 }
 
 var graniteMoESWA = &spec{
-	name:       "granitemoe_swa",
-	modelTypes: []string{"granitemoe_swa"},
+	name: "granitemoe_swa",
 	names: func() naming {
 		n := graniteNames
 		n.router, n.stackedGateUp, n.stackedDown = "router", "experts.gate_up_proj", "experts.down_proj"

@@ -8,16 +8,14 @@ package family
 // of num_shared_experts * I. MoE layers: mlp_layer_types, else all but the
 // first.
 var hyV3 = &spec{
-	name:       "hy_v3",
-	modelTypes: []string{"hy_v3"},
-	names:      hubLayoutNames("mlp", "router.gate", "expert_bias", "shared_mlp"),
+	name:  "hy_v3",
+	names: hubLayoutNames("mlp", "router.gate", "expert_bias", "shared_mlp"),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
-		numExperts:   []string{"num_experts", "num_local_experts"},
 		sharedCount:  "num_shared_experts",
 		denseFixed:   1,
 	},
 	layers:   layerTypes,
-	defaults: map[string]map[string]any{"hy_v3": {"router_scaling_factor": 2.826, "num_shared_experts": 1.0}},
+	defaults: map[string]any{"router_scaling_factor": 2.826, "num_shared_experts": 1.0},
 	routing:  biasedSigmoid("router_scaling_factor", false, ""),
 }

@@ -31,8 +31,7 @@ import (
 // planned. shared_expert_sink and rms_norm_eps_moe_gate are documented
 // config keys that transformers 5.17's modeling code never reads.
 var inkling = &spec{
-	name:       "inkling_text",
-	modelTypes: []string{"inkling_text"},
+	name: "inkling_text",
 	names: func() naming {
 		n := hubLayoutNames("mlp", "gate", "gate.e_score_correction_bias", "shared_experts")
 		n.stackedGateUp, n.stackedDown = "experts.gate_up_proj", "experts.down_proj"
@@ -41,12 +40,12 @@ var inkling = &spec{
 	}(),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
-		numExperts:   []string{"n_routed_experts", "num_local_experts"},
+		numExperts:   routedExperts,
 		sharedCount:  "n_shared_experts",
 		denseKey:     "dense_mlp_idx",
 	},
 	layers:          layerTypes,
-	defaults:        map[string]map[string]any{"inkling_text": {"route_scale": 8.0, "n_shared_experts": 2.0, "num_experts_per_tok": 6.0}},
+	defaults:        map[string]any{"route_scale": 8.0, "n_shared_experts": 2.0, "num_experts_per_tok": 6.0},
 	routing:         inklingRouting,
 	sharedUnfusable: "the router weights each shared expert per token (in one normalisation with the routed experts), so its slots have no constant weight",
 }

@@ -6,13 +6,9 @@ package family
 // feed_forward.experts.E.*_proj of intermediate_size; softmax top-k, never
 // renormalised. The mamba mixers and attention are copied byte for byte.
 var jamba = &spec{
-	name:       "jamba",
-	modelTypes: []string{"jamba"},
-	names:      hubLayoutNames("feed_forward", "router", "", ""),
-	keys: configKeys{
-		intermediate: "intermediate_size",
-		numExperts:   []string{"num_experts", "num_local_experts"},
-	},
+	name:    "jamba",
+	names:   hubLayoutNames("feed_forward", "router", "", ""),
+	keys:    configKeys{intermediate: "intermediate_size"},
 	layers:  periodOffset,
 	routing: softmaxNorm(false),
 }

@@ -32,7 +32,7 @@ var llama4 = &spec{
 		numExperts:   []string{"num_local_experts"},
 		sharedFixed:  1,
 	},
-	defaults:        map[string]map[string]any{"llama4_text": {"num_experts_per_tok": 1.0}},
+	defaults:        map[string]any{"num_experts_per_tok": 1.0},
 	layers:          moeLayerList,
 	sharedUnfusable: "the routing weight scales the routed experts' input, and a fused shared slot would need the unscaled input in the same grouped GEMM",
 	routing: func(_ config, _ string, p *Plan) error {

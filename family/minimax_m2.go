@@ -7,12 +7,11 @@ package family
 // groups, weights always normalised (no epsilon; a sum of sigmoids is never
 // near 0), no scaling factor, no shared expert. Every layer is MoE.
 var minimaxM2 = &spec{
-	name:       "minimax_m2",
-	modelTypes: []string{"minimax_m2"},
-	names:      mixtralNames("e_score_correction_bias"),
+	name:  "minimax_m2",
+	names: mixtralNames("e_score_correction_bias"),
 	keys: configKeys{
 		intermediate: "intermediate_size",
-		numExperts:   []string{"num_local_experts", "num_experts"},
+		numExperts:   localExpertsFirst,
 	},
 	layers:  everyLayer,
 	routing: biasedSigmoid("", false, ""),

@@ -13,7 +13,7 @@ var mixtral = &spec{
 	names:      mixtralNames(""),
 	keys: configKeys{
 		intermediate: "intermediate_size",
-		numExperts:   []string{"num_local_experts", "num_experts"},
+		numExperts:   localExpertsFirst,
 	},
 	layers:  everyLayer,
 	routing: mixtralRouting,

@@ -5,14 +5,10 @@ package family
 // intermediate_size; softmax top-k, renormalised when norm_topk_prob
 // (default false). Every layer is MoE.
 var olmoe = &spec{
-	name:       "olmoe",
-	modelTypes: []string{"olmoe"},
-	names:      qwen3MoE.names,
-	keys: configKeys{
-		intermediate: "intermediate_size",
-		numExperts:   []string{"num_experts", "num_local_experts"},
-	},
+	name:     "olmoe",
+	names:    qwen3MoE.names,
+	keys:     configKeys{intermediate: "intermediate_size"},
 	layers:   everyLayer,
-	defaults: map[string]map[string]any{"olmoe": {"norm_topk_prob": false}},
+	defaults: map[string]any{"norm_topk_prob": false},
 	routing:  softmaxRouting,
 }

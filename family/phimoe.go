@@ -14,15 +14,14 @@ import (
 // others, its weight the softmax over those within 2*eps of it (the first
 // winner excluded). Weights are not renormalised. Every layer is MoE.
 var phimoe = &spec{
-	name:       "phimoe",
-	modelTypes: []string{"phimoe"},
-	names:      mixtral.names,
+	name:  "phimoe",
+	names: mixtral.names,
 	keys: configKeys{
 		intermediate: "intermediate_size",
-		numExperts:   []string{"num_local_experts", "num_experts"},
+		numExperts:   localExpertsFirst,
 	},
 	layers:   everyLayer,
-	defaults: map[string]map[string]any{"phimoe": {"router_jitter_noise": 0.01}},
+	defaults: map[string]any{"router_jitter_noise": 0.01},
 	routing: func(c config, _ string, p *Plan) error {
 		// HF's sparsemixer picks two experts whatever num_experts_per_tok
 		// says (the key only sizes its unused top_k argument), so moeprep

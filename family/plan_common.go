@@ -37,9 +37,9 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if mt == "" {
 		return nil, c.missing("model_type")
 	}
-	if !slices.Contains(s.modelTypes, mt) {
+	if !slices.Contains(s.types(), mt) {
 		return nil, fmt.Errorf("config.json: model_type %q is not handled by family %s (it handles %s)",
-			mt, s.name, strings.Join(s.modelTypes, ", "))
+			mt, s.name, strings.Join(s.types(), ", "))
 	}
 	if !converted && c.has("moeprep") {
 		return nil, errConvertedConfig()

@@ -124,38 +124,31 @@ func (d QuantDesc) Summary() string {
 func DetectQuant(raw map[string]any, hf map[string]any) ([]QuantDesc, error) {
 	c := config{m: raw}
 	var out []QuantDesc
-	add := func(file string, q config, key string) error {
-		d, err := classify(q, file, key)
+	// add classifies parent's object key, where there is one.
+	add := func(parent config, key string) error {
+		q, ok, err := parent.object(key)
+		if err != nil || !ok {
+			return err
+		}
+		d, err := classify(q, "config.json", parent.at+key)
 		if err != nil {
 			return err
 		}
 		out = append(out, d)
 		return nil
 	}
-	if q, ok, err := c.object("quantization_config"); err != nil {
+	if err := add(c, "quantization_config"); err != nil {
 		return nil, err
-	} else if ok {
-		if err := add("config.json", q, "quantization_config"); err != nil {
-			return nil, err
-		}
 	}
 	if tc, ok, err := c.object("text_config"); err != nil {
 		return nil, err
 	} else if ok {
-		if q, ok, err := tc.object("quantization_config"); err != nil {
+		if err := add(tc, "quantization_config"); err != nil {
 			return nil, err
-		} else if ok {
-			if err := add("config.json", q, "text_config.quantization_config"); err != nil {
-				return nil, err
-			}
 		}
 	}
-	if q, ok, err := c.object("compression_config"); err != nil {
+	if err := add(c, "compression_config"); err != nil {
 		return nil, err
-	} else if ok {
-		if err := add("config.json", q, "compression_config"); err != nil {
-			return nil, err
-		}
 	}
 	if hf != nil {
 		h := config{m: hf}

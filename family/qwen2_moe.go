@@ -27,7 +27,6 @@ var qwen2MoE = &spec{
 	}(),
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
-		numExperts:   []string{"num_experts", "num_local_experts"},
 		sharedFixed:  1,
 		sharedSize:   "shared_expert_intermediate_size",
 		sharedGated:  true,
@@ -36,8 +35,8 @@ var qwen2MoE = &spec{
 	// Qwen3-Next (Qwen3NextSparseMoeBlock) has the same block: softmax
 	// top-k, a sigmoid-gated shared expert; only norm_topk_prob's default
 	// differs. Its gated-delta-net layers are copied byte for byte.
-	defaults: map[string]map[string]any{"qwen2_moe": qwenDefaults, "qwen3_next": qwen3NextDefaults},
-	routing:  softmaxRouting,
+	defaultsByType: map[string]map[string]any{"qwen2_moe": qwenDefaults, "qwen3_next": qwen3NextDefaults},
+	routing:        softmaxRouting,
 }
 
 // softmaxRouting is Qwen's: softmax, plain top-k, renormalised only if

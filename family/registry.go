@@ -31,7 +31,7 @@ func All() []Family {
 func SupportedModelTypes() []string {
 	var out []string
 	for _, f := range families {
-		out = append(out, f.modelTypes...)
+		out = append(out, f.types()...)
 	}
 	slices.Sort(out)
 	return out
@@ -47,7 +47,7 @@ func FuseSharedModelTypes() []string {
 	var out []string
 	for _, f := range families {
 		if f.names.shared != "" && !f.keys.sharedGated && f.sharedUnfusable == "" {
-			out = append(out, f.modelTypes...)
+			out = append(out, f.types()...)
 		}
 	}
 	slices.Sort(out)
@@ -56,7 +56,7 @@ func FuseSharedModelTypes() []string {
 
 func lookup(modelType string) (*spec, error) {
 	for _, f := range families {
-		if slices.Contains(f.modelTypes, modelType) {
+		if slices.Contains(f.types(), modelType) {
 			return f, nil
 		}
 	}

@@ -13,16 +13,19 @@ import (
 // plan_common.go does the rest the same way for every family.
 type spec struct {
 	name       string
-	modelTypes []string
+	modelTypes []string // the config.json model_types it plans; nil: just name
 	names      naming
 	keys       configKeys
 	layers     layerRule
 	mtp        bool // layers >= num_hidden_layers that hold experts are MTP layers
-	// defaults per model_type for keys a config.json may leave out (or set to
-	// null): the values of transformers' configuration class, where it agrees
-	// with the model's own remote code. Sizes and expert counts have none.
-	defaults map[string]map[string]any
-	routing  func(c config, modelType string, p *Plan) error
+	// defaults for keys a config.json may leave out (or set to null): the
+	// values of transformers' configuration class, where it agrees with the
+	// model's own remote code. Sizes and expert counts have none. A family of
+	// several model types whose classes differ gives them per model type
+	// (defaultsByType) instead.
+	defaults       map[string]any
+	defaultsByType map[string]map[string]any
+	routing        func(c config, modelType string, p *Plan) error
 	// softmaxBias: the correction bias also steers softmax routing (ERNIE
 	// 4.5: top-k of softmax + bias, weights from the unbiased softmax).
 	softmaxBias bool
@@ -38,8 +41,11 @@ type spec struct {
 // withDefaults returns config.json with the model type's defaults filled in
 // where a key is absent or null.
 func (s *spec) withDefaults(raw map[string]any, modelType string) config {
-	m := make(map[string]any, len(raw)+len(s.defaults[modelType]))
-	for k, v := range s.defaults[modelType] {
+	m := make(map[string]any, len(raw)+len(s.defaults)+len(s.defaultsByType[modelType]))
+	for k, v := range s.defaults {
+		m[k] = v
+	}
+	for k, v := range s.defaultsByType[modelType] {
 		m[k] = v
 	}
 	for k, v := range raw {
@@ -119,7 +125,7 @@ func mixtralNames(bias string) naming {
 // configKeys says which config.json keys give a family's sizes.
 type configKeys struct {
 	intermediate string   // I of one routed expert
-	numExperts   []string // aliases of E; those present must agree
+	numExperts   []string // aliases of E; those present must agree; nil: expertsFirst
 	sharedCount  string   // key giving S; "" means sharedFixed
 	sharedFixed  int
 	sharedSize   string // key giving the shared intermediate size; "" means S*I
@@ -136,6 +142,23 @@ type configKeys struct {
 	// layerTypes rules (a key, or a fixed count when the key is "").
 	denseKey   string
 	denseFixed int
+}
+
+// The usual aliases of the routed expert count, in the order a family's
+// configs write them: num_experts (transformers 5 aliases num_local_experts
+// to it), Mixtral's num_local_experts first, or DeepSeek's n_routed_experts.
+var (
+	expertsFirst      = []string{"num_experts", "num_local_experts"}
+	localExpertsFirst = []string{"num_local_experts", "num_experts"}
+	routedExperts     = []string{"n_routed_experts", "num_local_experts"}
+)
+
+// expertKeys are the aliases of E a family reads.
+func (k configKeys) expertKeys() []string {
+	if k.numExperts == nil {
+		return expertsFirst
+	}
+	return k.numExperts
 }
 
 // layerRule picks the MoE layers among 0..num_hidden_layers-1.
@@ -298,7 +321,15 @@ func (r layerRule) moe(c config, k configKeys, layers int) (func(int) bool, erro
 }
 
 func (s *spec) Name() string         { return s.name }
-func (s *spec) ModelTypes() []string { return slices.Clone(s.modelTypes) }
+func (s *spec) ModelTypes() []string { return slices.Clone(s.types()) }
+
+// types are the model types the family plans.
+func (s *spec) types() []string {
+	if s.modelTypes == nil {
+		return []string{s.name}
+	}
+	return s.modelTypes
+}
 
 // Plan implements Family.
 func (s *spec) Plan(cfg map[string]any, t Tensors) (*Plan, error) {
@@ -381,7 +412,7 @@ func (s *spec) numExperts(c config, converted bool) (int, error) {
 		}
 	}
 	n, from := 0, ""
-	for _, key := range s.keys.numExperts {
+	for _, key := range s.keys.expertKeys() {
 		if !c.has(key) {
 			continue
 		}
@@ -395,7 +426,7 @@ func (s *spec) numExperts(c config, converted bool) (int, error) {
 		n, from = v, key
 	}
 	if from == "" {
-		return 0, fmt.Errorf("config.json: routed expert count is missing (want one of %v)", s.keys.numExperts)
+		return 0, fmt.Errorf("config.json: routed expert count is missing (want one of %v)", s.keys.expertKeys())
 	}
 	return n, nil
 }

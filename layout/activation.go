@@ -3,6 +3,8 @@ package layout
 import (
 	"fmt"
 	"math"
+
+	"github.com/moeprep/moeprep/moe"
 )
 
 // Activation is the gated activation of every expert of a layer:
@@ -36,15 +38,7 @@ func (a Activation) Check() error {
 
 // Apply is act(g, u) in float64.
 func (a Activation) Apply(g, u float64) float64 {
-	alpha := a.Alpha
-	if alpha == 0 {
-		alpha = 1
-	}
-	if a.Limit > 0 {
-		g = math.Min(g, a.Limit)
-		u = math.Max(-a.Limit, math.Min(u, a.Limit))
-	}
-	return g / (1 + math.Exp(-alpha*g)) * (u + a.UpOffset)
+	return moe.ClampedSwiGLU(g, u, a.Alpha, a.Limit, a.UpOffset)
 }
 
 // ExpertBiases names a layer's stacked expert biases (gpt-oss): per expert

@@ -20,6 +20,24 @@ type Activation interface {
 	Apply(g, u float64) float64
 }
 
+// ClampedSwiGLU is the gated activation of gpt-oss and DeepSeek-V4 experts
+// in float64, the one formula behind every Activation of that form:
+//
+//	act(g, u) = g' sigmoid(alpha g') (u' + upOffset),
+//	g' = min(g, limit), u' = clamp(u, -limit, limit)
+//
+// with alpha 0 meaning 1 and limit 0 no clamp.
+func ClampedSwiGLU(g, u, alpha, limit, upOffset float64) float64 {
+	if alpha == 0 {
+		alpha = 1
+	}
+	if limit > 0 {
+		g = math.Min(g, limit)
+		u = math.Max(-limit, math.Min(u, limit))
+	}
+	return g / (1 + math.Exp(-alpha*g)) * (u + upOffset)
+}
+
 // ExpertMats is one expert's weights dequantised to float32:
 // E(x) = Down act(Gate x + GateBias, Up x + UpBias) + DownBias.
 type ExpertMats struct {

@@ -85,15 +85,11 @@ type headerParser struct {
 
 // openObject reads a '{'; what names the value for the error.
 func (p *headerParser) openObject(what string) error {
-	if p.s.next() == '{' {
-		p.s.i++
-		return nil
-	}
-	kind, err := p.s.valueKind()
-	if err != nil {
+	if err := p.s.atObject(what); err != nil {
 		return err
 	}
-	return fmt.Errorf("%s is %s, not a JSON object", what, kind)
+	p.s.i++
+	return nil
 }
 
 // key reads the next object key (a view, valid until the next string is
@@ -126,26 +122,15 @@ func (p *headerParser) key(first bool) (k []byte, ok bool, err error) {
 
 func (p *headerParser) parse() (map[string]string, []TensorInfo, map[string]int, error) {
 	s := &p.s
-	switch c := s.next(); {
-	case s.atEnd():
-		return nil, nil, nil, errors.New("header is empty, not a JSON object")
-	case c != '{':
-		kind, err := s.valueKind()
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		return nil, nil, nil, fmt.Errorf("header is %s, not a JSON object", kind)
+	if err := s.notEmpty("header"); err != nil {
+		return nil, nil, nil, err
 	}
 	// Measure before building: the whole header is checked to be well
 	// formed and its tensors counted, allocating nothing.
-	n, err := s.countMembers(metadataKey)
+	n, err := s.enter("header", metadataKey, MaxTensorsPerFile, "header lists %d tensors, over the limit of %d for one file (real shards hold a few thousand)")
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if n > MaxTensorsPerFile {
-		return nil, nil, nil, fmt.Errorf("header lists %d tensors, over the limit of %d for one file (real shards hold a few thousand)", n, MaxTensorsPerFile)
-	}
-	s.i++ // the '{'
 	var meta map[string]string
 	tensors := make([]TensorInfo, 0, n)
 	byName := make(map[string]int, n)
@@ -205,36 +190,60 @@ func (p *headerParser) metadata() (map[string]string, error) {
 	p.s.i++
 	meta := map[string]string{}
 	size := 0
+	err := p.stringMembers(func(k string) error {
+		if _, dup := meta[k]; dup {
+			return fmt.Errorf("%s: duplicate key %q", metadataKey, k)
+		}
+		if len(meta) == maxMetadataEntries {
+			return fmt.Errorf("%s has more than %d keys (real files have a few)", metadataKey, maxMetadataEntries)
+		}
+		return nil
+	}, func(k, kind string) error {
+		return fmt.Errorf("%s: value of %q is %s, not a string", metadataKey, k, kind)
+	}, func(k string, v []byte) error {
+		if size += len(k) + len(v); size > maxMetadataBytes {
+			return fmt.Errorf("%s holds more than %d bytes (real files hold a few)", metadataKey, maxMetadataBytes)
+		}
+		meta[k] = string(v)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return meta, nil
+}
+
+// stringMembers reads the members of the object just opened up to its '}',
+// every value a string: key vets each key before its value is read,
+// notString words a value of another kind, and value takes each value (a
+// view, valid until the next string is read).
+func (p *headerParser) stringMembers(key func(k string) error, notString func(k, kind string) error, value func(k string, v []byte) error) error {
 	for first := true; ; first = false {
 		kb, ok, err := p.key(first)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if !ok {
-			return meta, nil
-		}
-		if _, dup := meta[string(kb)]; dup {
-			return nil, fmt.Errorf("%s: duplicate key %q", metadataKey, kb)
-		}
-		if len(meta) == maxMetadataEntries {
-			return nil, fmt.Errorf("%s has more than %d keys (real files have a few)", metadataKey, maxMetadataEntries)
+			return nil
 		}
 		k := string(kb)
+		if err := key(k); err != nil {
+			return err
+		}
 		if p.s.next() != '"' {
 			kind, err := p.s.valueKind()
 			if err != nil {
-				return nil, err
+				return err
 			}
-			return nil, fmt.Errorf("%s: value of %q is %s, not a string", metadataKey, k, kind)
+			return notString(k, kind)
 		}
-		vb, err := p.s.str()
+		v, err := p.s.str()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if size += len(k) + len(vb); size > maxMetadataBytes {
-			return nil, fmt.Errorf("%s holds more than %d bytes (real files hold a few)", metadataKey, maxMetadataBytes)
+		if err := value(k, v); err != nil {
+			return err
 		}
-		meta[k] = string(vb)
 	}
 }
 

@@ -92,25 +92,14 @@ func parseIndex(data []byte, shardSuffixes ...string) (*Index, error) {
 	}
 	p := &headerParser{s: scanner{b: data, what: "index"}}
 	s := &p.s
-	switch c := s.next(); {
-	case s.atEnd():
-		return nil, errors.New("index is empty, not a JSON object")
-	case c != '{':
-		kind, err := s.valueKind()
-		if err != nil {
-			return nil, err
-		}
-		return nil, fmt.Errorf("index is %s, not a JSON object", kind)
+	if err := s.notEmpty("index"); err != nil {
+		return nil, err
 	}
 	// The whole index is checked to be well formed first, building nothing.
-	keys, err := s.countMembers("")
+	keys, err := s.enter("index", "", maxIndexKeys, "index has %d top-level keys, over the limit of %d (real ones have metadata and weight_map)")
 	if err != nil {
 		return nil, err
 	}
-	if keys > maxIndexKeys {
-		return nil, fmt.Errorf("index has %d top-level keys, over the limit of %d (real ones have metadata and weight_map)", keys, maxIndexKeys)
-	}
-	s.i++ // the '{'
 	idx := &Index{}
 	seen := make(map[string]bool, keys)
 	for first := true; ; first = false {
@@ -158,12 +147,8 @@ func (p *headerParser) indexMetadata() (map[string]any, error) {
 	if null, err := p.s.isNull(); null || err != nil {
 		return nil, err
 	}
-	if p.s.next() != '{' {
-		kind, err := p.s.valueKind()
-		if err != nil {
-			return nil, err
-		}
-		return nil, fmt.Errorf("metadata is %s, not a JSON object", kind)
+	if err := p.s.atObject("metadata"); err != nil {
+		return nil, err
 	}
 	start := p.s.i
 	if err := p.s.skipValue(2); err != nil {
@@ -187,59 +172,38 @@ func (p *headerParser) indexMetadata() (map[string]any, error) {
 // stored once however many tensors share it.
 func (p *headerParser) weightMap(shardSuffixes []string) (map[string]string, error) {
 	s := &p.s
-	if s.next() != '{' {
-		kind, err := s.valueKind()
-		if err != nil {
-			return nil, err
-		}
-		return nil, fmt.Errorf("weight_map is %s, not a JSON object", kind)
-	}
-	n, err := s.countMembers("")
+	n, err := s.enter("weight_map", "", MaxIndexTensors, "weight_map lists %d tensors, over the limit of %d for one checkpoint (the largest real ones have about 211,000)")
 	if err != nil {
 		return nil, err
 	}
-	if n > MaxIndexTensors {
-		return nil, fmt.Errorf("weight_map lists %d tensors, over the limit of %d for one checkpoint (the largest real ones have about 211,000)", n, MaxIndexTensors)
-	}
-	s.i++ // the '{'
 	wm := make(map[string]string, n)
 	shards := map[string]string{}
-	for first := true; ; first = false {
-		kb, ok, err := p.key(first)
-		if err != nil {
-			return nil, err
+	err = p.stringMembers(func(k string) error {
+		if _, dup := wm[k]; dup {
+			return fmt.Errorf("weight_map: tensor %q listed twice", k)
 		}
-		if !ok {
-			return wm, nil
-		}
-		if _, dup := wm[string(kb)]; dup {
-			return nil, fmt.Errorf("weight_map: tensor %q listed twice", kb)
-		}
-		k := string(kb)
-		if s.next() != '"' {
-			kind, err := s.valueKind()
-			if err != nil {
-				return nil, err
-			}
-			return nil, fmt.Errorf("weight_map: tensor %q maps to %s, not a file name", k, kind)
-		}
-		fb, err := s.str()
-		if err != nil {
-			return nil, err
-		}
+		return nil
+	}, func(k, kind string) error {
+		return fmt.Errorf("weight_map: tensor %q maps to %s, not a file name", k, kind)
+	}, func(k string, fb []byte) error {
 		file, known := shards[string(fb)]
 		if !known {
 			file = string(fb)
 			if err := checkShardName(file, shardSuffixes...); err != nil {
-				return nil, fmt.Errorf("weight_map: tensor %q: %w", k, err)
+				return fmt.Errorf("weight_map: tensor %q: %w", k, err)
 			}
 			if len(shards) == maxShards {
-				return nil, fmt.Errorf("weight_map names more than %d shard files, the limit (real checkpoints have tens to hundreds)", maxShards)
+				return fmt.Errorf("weight_map names more than %d shard files, the limit (real checkpoints have tens to hundreds)", maxShards)
 			}
 			shards[file] = file
 		}
 		wm[k] = file
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	return wm, nil
 }
 
 // checkShardName refuses anything but a plain file name in the index's own
@@ -342,7 +306,7 @@ func OpenSharded(dir string) (_ *Sharded, err error) {
 		}
 	}()
 	byFile := map[string]*File{}
-	for _, name := range shardNames(idx) {
+	for _, name := range idx.Shards() {
 		path := filepath.Join(dir, name)
 		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("%s: shard %s named in the weight_map is missing", indexPath, name)
@@ -376,16 +340,6 @@ func OpenSharded(dir string) (_ *Sharded, err error) {
 	return s, nil
 }
 
-// shardNames lists the weight_map's files, sorted and deduplicated.
-func shardNames(idx *Index) []string {
-	set := map[string]bool{}
-	for _, file := range idx.WeightMap {
-		set[file] = true
-	}
-	names := slices.Sorted(maps.Keys(set))
-	return names
-}
-
 // Lookup finds the shard holding a tensor, following the weight_map.
 func (s *Sharded) Lookup(name string) (*File, TensorInfo, bool) {
 	file, ok := s.Index.WeightMap[name]
@@ -402,12 +356,4 @@ func (s *Sharded) Lookup(name string) (*File, TensorInfo, bool) {
 }
 
 // Close closes every shard and reports the first error.
-func (s *Sharded) Close() error {
-	var first error
-	for _, f := range s.Shards {
-		if err := f.Close(); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
-}
+func (s *Sharded) Close() error { return safeio.CloseAll(s.Shards) }

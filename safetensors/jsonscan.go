@@ -344,38 +344,30 @@ func (s *scanner) skipValue(depth int) error {
 	if depth > maxJSONDepth {
 		return fmt.Errorf("%s nests values more than %d deep (not a real %s?)", s.what, maxJSONDepth, s.what)
 	}
-	switch s.next() {
-	case '{':
+	switch c := s.next(); c {
+	case '{', '[':
+		closing := byte(']')
+		if c == '{' {
+			closing = '}'
+		}
 		s.i++
-		if s.next() == '}' {
+		if s.next() == closing {
 			s.i++
 			return nil
 		}
 		for {
-			if err := s.skipString(); err != nil {
-				return err
-			}
-			if err := s.expect(':'); err != nil {
-				return err
+			if c == '{' { // a member's key
+				if err := s.skipString(); err != nil {
+					return err
+				}
+				if err := s.expect(':'); err != nil {
+					return err
+				}
 			}
 			if err := s.skipValue(depth + 1); err != nil {
 				return err
 			}
-			if done, err := s.endOf('}'); done || err != nil {
-				return err
-			}
-		}
-	case '[':
-		s.i++
-		if s.next() == ']' {
-			s.i++
-			return nil
-		}
-		for {
-			if err := s.skipValue(depth + 1); err != nil {
-				return err
-			}
-			if done, err := s.endOf(']'); done || err != nil {
+			if done, err := s.endOf(closing); done || err != nil {
 				return err
 			}
 		}
@@ -442,6 +434,46 @@ func (s *scanner) countMembers(skipKey string) (int, error) {
 			return n, nil
 		}
 	}
+}
+
+// atObject checks that the next value is an object, without consuming its
+// '{'; what names the value in the error.
+func (s *scanner) atObject(what string) error {
+	if s.next() == '{' {
+		return nil
+	}
+	kind, err := s.valueKind()
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("%s is %s, not a JSON object", what, kind)
+}
+
+// notEmpty checks that the document (what) holds a value at all.
+func (s *scanner) notEmpty(what string) error {
+	if s.next(); s.atEnd() {
+		return fmt.Errorf("%s is empty, not a JSON object", what)
+	}
+	return nil
+}
+
+// enter opens the object at the current position (what names it in
+// errors): its members (those not spelled skipKey) are counted first, more
+// than limit refused with tooMany (a format of the count and the limit),
+// then its '{' is consumed.
+func (s *scanner) enter(what, skipKey string, limit int, tooMany string) (int, error) {
+	if err := s.atObject(what); err != nil {
+		return 0, err
+	}
+	n, err := s.countMembers(skipKey)
+	if err != nil {
+		return 0, err
+	}
+	if n > limit {
+		return 0, fmt.Errorf(tooMany, n, limit)
+	}
+	s.i++ // the '{'
+	return n, nil
 }
 
 // trailing checks that only whitespace follows the document's value.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/moeprep/moeprep/internal/safeio"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -77,12 +78,4 @@ func OpenSharded(dir string) (*Sharded, error) {
 }
 
 // Close closes every shard.
-func (s *Sharded) Close() error {
-	var first error
-	for _, f := range s.Shards {
-		if err := f.Close(); err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
-}
+func (s *Sharded) Close() error { return safeio.CloseAll(s.Shards) }

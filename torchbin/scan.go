@@ -507,13 +507,7 @@ func (s *scanner) counted(at int, op byte, width int, signed bool, k kind) error
 	if err != nil {
 		return err
 	}
-	if n > uint64(s.total-s.pos) {
-		return s.errf(at, "argument of %d bytes runs past the end of the pickle", n)
-	}
-	if n > maxStringBytes {
-		return s.errf(at, "%s of %d bytes is longer than %d bytes, the limit for one value", opNames[op], n, maxStringBytes)
-	}
-	if err := s.skip(at, int(n)); err != nil {
+	if err := s.payload(at, op, n, maxStringBytes, "one value"); err != nil {
 		return err
 	}
 	s.objects++
@@ -535,17 +529,23 @@ func (s *scanner) long(at int, op byte) error {
 		// indexes the empty payload.
 		return s.errf(at, "empty LONG payload is not supported")
 	}
-	if n > uint64(s.total-s.pos) {
-		return s.errf(at, "argument of %d bytes runs past the end of the pickle", n)
-	}
-	if n > maxIntBytes {
-		return s.errf(at, "%s of %d bytes is longer than %d bytes, the limit for an int", opNames[op], n, maxIntBytes)
-	}
-	if err := s.skip(at, int(n)); err != nil {
+	if err := s.payload(at, op, n, maxIntBytes, "an int"); err != nil {
 		return err
 	}
 	s.push(mkSlot(kScalar, 0))
 	return nil
+}
+
+// payload skips the n-byte payload of op, at most limit bytes (the limit
+// for what).
+func (s *scanner) payload(at int, op byte, n, limit uint64, what string) error {
+	if n > uint64(s.total-s.pos) {
+		return s.errf(at, "argument of %d bytes runs past the end of the pickle", n)
+	}
+	if n > limit {
+		return s.errf(at, "%s of %d bytes is longer than %d bytes, the limit for %s", opNames[op], n, limit, what)
+	}
+	return s.skip(at, int(n))
 }
 
 // call checks REDUCE (callable, args), NEWOBJ (class, args) and NEWOBJ_EX

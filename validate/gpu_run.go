@@ -147,16 +147,7 @@ func (s *session) gpuNumerics() judge.Numerics {
 // checkLayerGPU runs one layer's GPU fused and unfused paths (and the CPU
 // reference on sampled layers, concurrently) and compares them.
 func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target, bank *gpurun.Bank, withRef bool, tm *LayerTiming) ([]LayerResult, error) {
-	x, t, g0, err := s.layerInput(tg)
-	if err != nil {
-		return nil, err
-	}
-	tokens, err := s.layerTokens(tg, t, g0)
-	if err != nil {
-		return nil, err
-	}
-	h := len(x) / t
-	cov, err := s.coverageFor(tg, h)
+	x, t, h, g0, tokens, cov, err := s.layerStart(tg)
 	if err != nil {
 		return nil, err
 	}

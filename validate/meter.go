@@ -123,7 +123,14 @@ func (m *meter) startLayer(index int) {
 }
 
 // finishLayers marks every layer finished: the layer checks are over.
-func (m *meter) finishLayers() {
+func (m *meter) finishLayers() { m.endLayers(false) }
+
+// startBytes begins the byte proof's count (its total was planned).
+func (m *meter) startBytes() { m.endLayers(true) }
+
+// endLayers marks every layer finished and, with bytes, begins the byte
+// proof's count.
+func (m *meter) endLayers(bytes bool) {
 	if m == nil {
 		return
 	}
@@ -133,20 +140,9 @@ func (m *meter) finishLayers() {
 		m.complete(i)
 	}
 	m.cur = -1
-	m.push()
-}
-
-// startBytes begins the byte proof's count (its total was planned).
-func (m *meter) startBytes() {
-	if m == nil {
-		return
+	if bytes {
+		m.bytesPhase = true
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for i := range m.layers {
-		m.complete(i)
-	}
-	m.cur, m.bytesPhase = -1, true
 	m.push()
 }
 

@@ -551,16 +551,7 @@ func intList(v []int) string {
 
 // checkLayer runs the available paths on one layer and compares them.
 func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, error) {
-	x, t, g, err := s.layerInput(tg)
-	if err != nil {
-		return nil, err
-	}
-	tokens, err := s.layerTokens(tg, t, g)
-	if err != nil {
-		return nil, err
-	}
-	h := len(x) / t
-	cov, err := s.coverageFor(tg, h)
+	x, t, h, g, tokens, cov, err := s.layerStart(tg)
 	if err != nil {
 		return nil, err
 	}
@@ -619,6 +610,23 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 		}
 	}
 	return rows, nil
+}
+
+// layerStart is how both loops start a layer: its tokens x [T,H] (the
+// golden's, or drawn), h = H, the golden if any, a hash-routed layer's
+// token ids and the forced coverage tokens (nil without).
+func (s *session) layerStart(tg target) (x []float32, t, h int, g *Golden, tokens []int32, cov *cpuref.Coverage, err error) {
+	if x, t, g, err = s.layerInput(tg); err != nil {
+		return nil, 0, 0, nil, nil, nil, err
+	}
+	if tokens, err = s.layerTokens(tg, t, g); err != nil {
+		return nil, 0, 0, nil, nil, nil, err
+	}
+	h = len(x) / t
+	if cov, err = s.coverageFor(tg, h); err != nil {
+		return nil, 0, 0, nil, nil, nil, err
+	}
+	return x, t, h, g, tokens, cov, nil
 }
 
 // layerInput returns a layer's tokens x [T,H]: the golden's, or drawn.

@@ -6,20 +6,12 @@ import "unsafe"
 // synchronises with the legacy default stream, so the synchronous copies of
 // Buffer order after the kernels queued on it.
 func (c *Ctx) NewStream() (Stream, error) {
-	s := new(uintptr)
-	if err := c.call("cuStreamCreate", uintptr(unsafe.Pointer(s)), 0); err != nil {
-		return 0, err
-	}
-	return Stream(*s), nil
+	s, err := c.create("cuStreamCreate")
+	return Stream(s), err
 }
 
 // DestroyStream destroys a stream made by NewStream.
-func (c *Ctx) DestroyStream(s Stream) error {
-	if s == 0 {
-		return nil
-	}
-	return c.call("cuStreamDestroy_v2", uintptr(s))
-}
+func (c *Ctx) DestroyStream(s Stream) error { return c.destroy("cuStreamDestroy_v2", uintptr(s)) }
 
 // SyncStream waits for the work queued on s.
 func (c *Ctx) SyncStream(s Stream) error { return c.call("cuStreamSynchronize", uintptr(s)) }
@@ -29,19 +21,29 @@ type Event uintptr
 
 // NewEvent creates an event with timing enabled (CU_EVENT_DEFAULT).
 func (c *Ctx) NewEvent() (Event, error) {
-	e := new(uintptr)
-	if err := c.call("cuEventCreate", uintptr(unsafe.Pointer(e)), 0); err != nil {
-		return 0, err
-	}
-	return Event(*e), nil
+	e, err := c.create("cuEventCreate")
+	return Event(e), err
 }
 
 // DestroyEvent destroys an event.
-func (c *Ctx) DestroyEvent(e Event) error {
-	if e == 0 {
+func (c *Ctx) DestroyEvent(e Event) error { return c.destroy("cuEventDestroy_v2", uintptr(e)) }
+
+// create makes a stream or an event: fn takes the handle's address and
+// flags 0 (the default kind). The handle is 0 on error.
+func (c *Ctx) create(fn string) (uintptr, error) {
+	h := new(uintptr)
+	if err := c.call(fn, uintptr(unsafe.Pointer(h)), 0); err != nil {
+		return 0, err
+	}
+	return *h, nil
+}
+
+// destroy destroys a stream or an event with fn; 0 is none.
+func (c *Ctx) destroy(fn string, h uintptr) error {
+	if h == 0 {
 		return nil
 	}
-	return c.call("cuEventDestroy_v2", uintptr(e))
+	return c.call(fn, h)
 }
 
 // Record records e on stream s.

@@ -67,33 +67,18 @@ func (b *bar) Done()         { b.mu.Lock(); _ = b.bar.Finish(); b.mu.Unlock() }
 // Lines prints "label: 1.20 GB of 8.00 GB (15%), 1.10 GB/s, ETA 6.2 s" every
 // interval (decimal units, as internal/human prints every size).
 type Lines struct {
-	w        io.Writer
-	label    string
-	total    atomic.Int64
-	done     atomic.Int64
-	start    time.Time
-	stop     chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
+	w      io.Writer
+	label  string
+	total  atomic.Int64
+	done   atomic.Int64
+	start  time.Time
+	ticker ticker
 }
 
 // NewLines starts a reporter that prints a line every interval.
 func NewLines(w io.Writer, label string, interval time.Duration) *Lines {
-	l := &Lines{w: w, label: label, start: time.Now(), stop: make(chan struct{})}
-	l.wg.Add(1)
-	go func() {
-		defer l.wg.Done()
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-l.stop:
-				return
-			case <-t.C:
-				l.print()
-			}
-		}
-	}()
+	l := &Lines{w: w, label: label, start: time.Now()}
+	l.ticker.start(interval, l.print)
 	return l
 }
 
@@ -101,9 +86,38 @@ func (l *Lines) Total(n int64) { l.total.Store(n) }
 func (l *Lines) Add(n int64)   { l.done.Add(n) }
 
 // Done stops the ticker.
-func (l *Lines) Done() {
-	l.stopOnce.Do(func() { close(l.stop) })
-	l.wg.Wait()
+func (l *Lines) Done() { l.ticker.halt() }
+
+// ticker calls a reporter's function every interval, on a goroutine of its
+// own, until halted.
+type ticker struct {
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+func (k *ticker) start(interval time.Duration, f func()) {
+	k.stop = make(chan struct{})
+	k.wg.Add(1)
+	go func() {
+		defer k.wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-k.stop:
+				return
+			case <-t.C:
+				f()
+			}
+		}
+	}()
+}
+
+// halt stops the ticks and waits for one under way to finish.
+func (k *ticker) halt() {
+	k.stopOnce.Do(func() { close(k.stop) })
+	k.wg.Wait()
 }
 
 func (l *Lines) print() {

@@ -25,15 +25,13 @@ import (
 // logs) it is printed every interval. The job's own messages go through
 // Println, above the bar, so the two never tear each other's lines.
 type Status struct {
-	label    string
-	tty      bool
-	width    func() int // terminal columns, 0 when unknown
-	now      func() time.Time
-	total    atomic.Int64
-	done     atomic.Int64
-	stop     chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
+	label  string
+	tty    bool
+	width  func() int // terminal columns, 0 when unknown
+	now    func() time.Time
+	total  atomic.Int64
+	done   atomic.Int64
+	ticker ticker
 
 	mu      sync.Mutex // guards everything below and every write to w
 	w       io.Writer
@@ -76,22 +74,9 @@ func NewStatusFor(tty *os.File, w io.Writer, label string) *Status {
 // NewStatus starts a Status that writes to w every interval: redrawing one
 // line in place when tty is set, printing a new line otherwise.
 func NewStatus(w io.Writer, label string, tty bool, interval time.Duration) *Status {
-	s := &Status{w: w, label: label, tty: tty, now: time.Now, width: func() int { return 0 }, stop: make(chan struct{})}
+	s := &Status{w: w, label: label, tty: tty, now: time.Now, width: func() int { return 0 }}
 	s.start = s.now()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.stop:
-				return
-			case <-t.C:
-				s.tick()
-			}
-		}
-	}()
+	s.ticker.start(interval, s.tick)
 	return s
 }
 
@@ -125,8 +110,7 @@ func (s *Status) Println(msg string) {
 // Done stops reporting and, on a terminal, clears the bar so that what the
 // job prints next starts on a clean line.
 func (s *Status) Done() {
-	s.stopOnce.Do(func() { close(s.stop) })
-	s.wg.Wait()
+	s.ticker.halt()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.tty && s.drawn {

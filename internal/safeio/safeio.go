@@ -74,6 +74,17 @@ func ReadFile(path string, max int64, what string) ([]byte, error) {
 	return b, nil
 }
 
+// CloseAll closes every one of cs and reports the first error.
+func CloseAll[C io.Closer](cs []C) error {
+	var first error
+	for _, c := range cs {
+		if err := c.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
 // TooLarge is the error for a file over a size limit.
 func TooLarge(path string, size, max int64, what string) error {
 	return fmt.Errorf("%s: %d bytes, over the %d-byte limit for %s (not a real %s?)", path, size, max, what, what)

@@ -21,22 +21,17 @@ import (
 
 // Escape makes s safe to print on one line: every control character,
 // newlines and tabs included, is escaped.
-func Escape(s string) string {
-	if clean(s, false) {
-		return s
-	}
-	var b strings.Builder
-	appendEscaped(&b, []byte(s), false)
-	return b.String()
-}
+func Escape(s string) string { return escape(s, false) }
 
 // Text is Escape for multi-line text: newlines and tabs stay as they are.
-func Text(s string) string {
-	if clean(s, true) {
+func Text(s string) string { return escape(s, true) }
+
+func escape(s string, keepLayout bool) string {
+	if clean(s, keepLayout) {
 		return s
 	}
 	var b strings.Builder
-	appendEscaped(&b, []byte(s), true)
+	appendEscaped(&b, []byte(s), keepLayout)
 	return b.String()
 }
 

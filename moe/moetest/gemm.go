@@ -35,15 +35,7 @@ func (a ClampedSwiGLU) SwiGLU() bool {
 
 // Apply is act(g, u) in float64.
 func (a ClampedSwiGLU) Apply(g, u float64) float64 {
-	alpha := a.Alpha
-	if alpha == 0 {
-		alpha = 1
-	}
-	if a.Limit > 0 {
-		g = math.Min(g, a.Limit)
-		u = math.Max(-a.Limit, math.Min(u, a.Limit))
-	}
-	return g / (1 + math.Exp(-alpha*g)) * (u + a.UpOffset)
+	return moe.ClampedSwiGLU(g, u, a.Alpha, a.Limit, a.UpOffset)
 }
 
 // GroupedGEMMer is the fused MoE GEMM under test: for every slot s, its

@@ -210,13 +210,9 @@ func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []fl
 	if fl.Spec.NumExperts != fl.Contract.NumExperts {
 		return nil, fmt.Errorf("layer %d: config routes over %d experts, the contract says %d", fl.Index, fl.Spec.NumExperts, fl.Contract.NumExperts)
 	}
-	routed, err := routeLayer(src, fl.Spec, fl.RouterRef(), x, t, h, o.Tokens)
+	x, routed, routing, err := routeCovered(fl.Index, src, fl.Spec, fl.RouterRef(), x, t, h, o.Tokens, o.Coverage)
 	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
-	}
-	x, routing, err := WithCoverage(x, routed, o.Coverage)
-	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+		return nil, err
 	}
 	t = routing.T
 	slots, err := FusedSlots(routing, fl.Contract)

@@ -7,32 +7,32 @@ import "sync"
 // one, which cost about a sixth of a validate run. These pools recycle them:
 // every user overwrites the whole buffer, so nothing needs zeroing.
 var (
-	bytePool  sync.Pool // *[]byte
-	floatPool sync.Pool // *[]float32
+	bytePool  = pool[byte]{keep: 1 << 20}
+	floatPool = pool[float32]{keep: 1 << 18}
 )
 
-func getBytes(n int) []byte {
-	if p, ok := bytePool.Get().(*[]byte); ok && cap(*p) >= n {
-		return (*p)[:n]
-	}
-	return make([]byte, n)
+// pool recycles buffers of at least keep elements.
+type pool[T any] struct {
+	p    sync.Pool // *[]T
+	keep int
 }
 
-func putBytes(b []byte) {
-	if cap(b) >= 1<<20 {
-		bytePool.Put(&b)
+func (p *pool[T]) get(n int) []T {
+	if b, ok := p.p.Get().(*[]T); ok && cap(*b) >= n {
+		return (*b)[:n]
+	}
+	return make([]T, n)
+}
+
+func (p *pool[T]) put(b []T) {
+	if cap(b) >= p.keep {
+		p.p.Put(&b)
 	}
 }
 
-func getFloats(n int) []float32 {
-	if p, ok := floatPool.Get().(*[]float32); ok && cap(*p) >= n {
-		return (*p)[:n]
-	}
-	return make([]float32, n)
-}
+func getBytes(n int) []byte     { return bytePool.get(n) }
+func putBytes(b []byte)         { bytePool.put(b) }
+func getFloats(n int) []float32 { return floatPool.get(n) }
 
-func PutFloats(f []float32) {
-	if cap(f) >= 1<<18 {
-		floatPool.Put(&f)
-	}
-}
+// PutFloats hands a buffer back for reuse.
+func PutFloats(f []float32) { floatPool.put(f) }

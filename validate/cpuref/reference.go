@@ -57,13 +57,9 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
 	spec := plan.RouteSpec()
-	routed, err := routeLayer(src, spec, RouterOf(layer), x, t, h, o.Tokens)
+	x, routed, routing, err := routeCovered(layer.Index, src, spec, RouterOf(layer), x, t, h, o.Tokens, o.Coverage)
 	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
-	}
-	x, routing, err := WithCoverage(x, routed, o.Coverage)
-	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+		return nil, err
 	}
 	t = routing.T
 	workers := o.Workers
@@ -146,6 +142,18 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 		y[i] = float32(v * scale)
 	}
 	return &RefResult{Y: y, Routing: routed}, nil
+}
+
+// routeCovered routes layer index's t tokens x [t,h] (routed) and appends
+// the forced coverage tokens cov (nil: none) to x and the routing (all).
+func routeCovered(index int, src TensorSource, spec moe.RouteSpec, rr RouterRef, x []float32, t, h int, tokens []int32, cov *Coverage) (xAll []float32, routed, all *moe.Routing, err error) {
+	if routed, err = routeLayer(src, spec, rr, x, t, h, tokens); err != nil {
+		return nil, nil, nil, fmt.Errorf("layer %d: %w", index, err)
+	}
+	if xAll, all, err = WithCoverage(x, routed, cov); err != nil {
+		return nil, nil, nil, fmt.Errorf("layer %d: %w", index, err)
+	}
+	return xAll, routed, all, nil
 }
 
 // routeLayer loads a router (and its correction bias, its own logit bias
@@ -231,20 +239,6 @@ func RouterScale(src TensorSource, rr RouterRef) (float32, error) {
 // routerOf names a planned layer's router.
 func RouterOf(l *family.Layer) RouterRef {
 	return RouterRef{Router: l.Router, Bias: l.RouterBias, LogitBias: l.RouterLogitBias, Hash: l.HashTable, Scale: l.RouterScale}
-}
-
-// BlockOf is the row edge of the plan's scale blocks, 0 when its format
-// has no scale: for callers that still hand a loader a block edge
-// (gpurun's runner) rather than the plan's Format.
-func BlockOf(plan *family.Plan) int {
-	f, err := plan.Format()
-	if err != nil {
-		return 0
-	}
-	if sc, ok := f.Scale(); ok {
-		return int(sc.Block[0])
-	}
-	return 0
 }
 
 // refMLP is one gated MLP in float32 for the reference.

@@ -40,38 +40,25 @@ func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*
 		b.Free()
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
+	// Gate and up (or the fused gate-up), then down: each group's weights,
+	// then their scales.
+	gateUp := []bankPart{
+		{n.Gate, shapes.Gate, &b.Gate, n.GateScale, shapes.GateScale, &b.GateScale},
+		{n.Up, shapes.Up, &b.Up, n.UpScale, shapes.UpScale, &b.UpScale},
+	}
 	if n.Layout.Fused() {
-		if b.GateUp, err = b.weight(s, src, n.GateUp, shapes.GateUp); err != nil {
-			return fail(err)
-		}
+		gateUp = []bankPart{{n.GateUp, shapes.GateUp, &b.GateUp, n.GateUpScale, shapes.GateUpScale, &b.GateUpScale}}
 		b.UpFirst = n.Layout == layout.UpGate
-		if scaled {
-			if b.GateUpScale, err = b.scale(s, src, n.GateUpScale, shapes.GateUpScale); err != nil {
-				return fail(err)
-			}
-		}
-	} else {
-		if b.Gate, err = b.weight(s, src, n.Gate, shapes.Gate); err != nil {
-			return fail(err)
-		}
-		if b.Up, err = b.weight(s, src, n.Up, shapes.Up); err != nil {
+	}
+	down := bankPart{n.Down, shapes.Down, &b.Down, n.DownScale, shapes.DownScale, &b.DownScale}
+	for _, group := range [][]bankPart{gateUp, {down}} {
+		if err := b.upload(s, src, group, false); err != nil {
 			return fail(err)
 		}
 		if scaled {
-			if b.GateScale, err = b.scale(s, src, n.GateScale, shapes.GateScale); err != nil {
+			if err := b.upload(s, src, group, true); err != nil {
 				return fail(err)
 			}
-			if b.UpScale, err = b.scale(s, src, n.UpScale, shapes.UpScale); err != nil {
-				return fail(err)
-			}
-		}
-	}
-	if b.Down, err = b.weight(s, src, n.Down, shapes.Down); err != nil {
-		return fail(err)
-	}
-	if scaled {
-		if b.DownScale, err = b.scale(s, src, n.DownScale, shapes.DownScale); err != nil {
-			return fail(err)
 		}
 	}
 	// The kernels read scales exactly for FP8 weights.
@@ -115,18 +102,6 @@ func (b *Bank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
 	return nil
 }
 
-// loadMLPBank is loadMLPBankOf for the runner's call sites, which still
-// hand a block edge: FP8 blocks of that edge, or (0) unquantised in whatever
-// float dtype the tensors hold. They move to loadMLPBankOf with the plan's
-// or contract's Format as the runner is reworked.
-func loadMLPBank(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter, block int, act layout.Activation) (*Bank, error) {
-	var wf weightfmt.Format
-	if block != 0 {
-		wf = weightfmt.FP8Block(int64(block), int64(block), false)
-	}
-	return loadMLPBankOf(s, src, m, h, inter, wf, act)
-}
-
 // loadMLPBankOf queues the upload of one hub-layout MLP (a routed expert or
 // a shared expert, gate/up [inter,H], down [H,inter]) as a bank of one
 // expert, with its biases where it has them and the activation act. wf is
@@ -149,32 +124,24 @@ func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter in
 	H, I := int64(h), int64(inter)
 	b := &Bank{}
 	b.NumExperts, b.H, b.I = 1, h, inter
-	var err error
 	fail := func(err error) (*Bank, error) {
 		s.wait()
 		b.Free()
 		return nil, err
 	}
-	if b.Gate, err = b.weight(s, src, m.Gate, []int64{I, H}); err != nil {
-		return fail(err)
+	parts := []bankPart{
+		{m.Gate, []int64{I, H}, &b.Gate, m.GateScale, []int64{gr, gc}, &b.GateScale},
+		{m.Up, []int64{I, H}, &b.Up, m.UpScale, []int64{gr, gc}, &b.UpScale},
+		{m.Down, []int64{H, I}, &b.Down, m.DownScale, []int64{dr, dc}, &b.DownScale},
 	}
-	if b.Up, err = b.weight(s, src, m.Up, []int64{I, H}); err != nil {
-		return fail(err)
-	}
-	if b.Down, err = b.weight(s, src, m.Down, []int64{H, I}); err != nil {
+	if err := b.upload(s, src, parts, false); err != nil {
 		return fail(err)
 	}
 	if scaled != (b.DType == kernels.MatFP8) {
 		return fail(fmt.Errorf("tensor %s is %v, the checkpoint's quantisation says fp8=%v", m.Gate, b.DType, scaled))
 	}
 	if scaled {
-		if b.GateScale, err = b.scale(s, src, m.GateScale, []int64{gr, gc}); err != nil {
-			return fail(err)
-		}
-		if b.UpScale, err = b.scale(s, src, m.UpScale, []int64{gr, gc}); err != nil {
-			return fail(err)
-		}
-		if b.DownScale, err = b.scale(s, src, m.DownScale, []int64{dr, dc}); err != nil {
+		if err := b.upload(s, src, parts, true); err != nil {
 			return fail(err)
 		}
 	}
@@ -197,6 +164,34 @@ func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter in
 		}
 	}
 	return b, nil
+}
+
+// bankPart is one weight of a bank and its scale: the tensors' names, the
+// shapes they must have and where the uploads go.
+type bankPart struct {
+	name       string
+	shape      []int64
+	mat        *kernels.Mat
+	scaleName  string
+	scaleShape []int64
+	scale      **cuda.Buffer[float32]
+}
+
+// upload queues the uploads of the parts' weights, or (scales) of their
+// scales, in order.
+func (b *Bank) upload(s *Stager, src cpuref.TensorSource, parts []bankPart, scales bool) error {
+	for _, p := range parts {
+		var err error
+		if scales {
+			*p.scale, err = b.scale(s, src, p.scaleName, p.scaleShape)
+		} else {
+			*p.mat, err = b.weight(s, src, p.name, p.shape)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // blockEdge writes a scale block as its edge when square ("128"), rows x

@@ -12,6 +12,7 @@ import (
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // Runner runs MoE layers on one GPU: a compute stream for the kernels
@@ -305,6 +306,23 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 	return out, r, sl, nil
 }
 
+// gate routes in's routed tokens on the device through FusedGate's gate
+// (with contract c's shared slots; nil c for the unfused path) and appends
+// cov's forced slots (forced): the routed tokens' routing, the slots of all
+// tokens and their device copies.
+func (g *Runner) gate(src cpuref.TensorSource, spec moe.RouteSpec, rr cpuref.RouterRef, in *Input, cov *cpuref.Coverage, c *layout.Contract, fr *Frees) (*moe.Routing, *moe.Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
+	gs, finalScale := kernels.FusedGate(spec, c)
+	gout, routing, slots, err := g.route(src, spec, gs, rr, in, routedTokens(in, cov), finalScale, fr)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	slots, ids, w, err := g.forced(gout, routing, slots, cov, c, fr)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	return routing, slots, ids, w, nil
+}
+
 // forced appends cov's forced slots to the gate's: with a contract (the
 // fused bank) each forced token also gets its shared slots, numbered by its
 // place after the routed tokens as FusedSlots numbers them. It returns the
@@ -374,6 +392,21 @@ func (g *Runner) actBuffer(n int, fr *Frees) (kernels.Mat, error) {
 	return kernels.F32Mat(b), nil
 }
 
+// gemmBuffers allocates the grouped GEMM's outputs for numel slots, freed
+// with fr: the intermediate [numel, inter] in the activation type and the
+// f32 output [numel, h].
+func (g *Runner) gemmBuffers(numel, inter, h int, fr *Frees) (kernels.Mat, *cuda.Buffer[float32], error) {
+	mid, err := g.actBuffer(numel*inter, fr)
+	if err != nil {
+		return kernels.Mat{}, nil, err
+	}
+	out, err := g.f32Buffer(numel*h, fr)
+	if err != nil {
+		return kernels.Mat{}, nil, err
+	}
+	return mid, out, nil
+}
+
 func (g *Runner) f32Buffer(n int, fr *Frees) (*cuda.Buffer[float32], error) {
 	b, err := cuda.Alloc[float32](g.dev, n)
 	if err == nil {
@@ -400,12 +433,7 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 		return nil, fmt.Errorf("layer %d: experts have H %d, x has %d", fl.Index, bank.H, in.h)
 	}
 	t, h := in.t, in.h
-	gs, finalScale := kernels.FusedGate(fl.Spec, c)
-	gout, routing, slots, err := g.route(src, fl.Spec, gs, fl.RouterRef(), in, routedTokens(in, cov), finalScale, &fr)
-	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
-	}
-	slots, slotIDs, slotW, err := g.forced(gout, routing, slots, cov, c, &fr)
+	routing, slots, slotIDs, slotW, err := g.gate(src, fl.Spec, fl.RouterRef(), in, cov, c, &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
@@ -420,11 +448,7 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	sorted := al.Sorted()
-	inter, err := g.actBuffer(numel*bank.I, &fr)
-	if err != nil {
-		return nil, err
-	}
-	out, err := g.f32Buffer(numel*h, &fr)
+	inter, out, err := g.gemmBuffers(numel, bank.I, h, &fr)
 	if err != nil {
 		return nil, err
 	}
@@ -449,19 +473,16 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 		if c.NumFusedSharedExperts > 0 {
 			return nil, fmt.Errorf("layer %d: the contract fuses %d shared experts but shared expert tensors (%s) remain", fl.Index, c.NumFusedSharedExperts, fl.Shared.Gate)
 		}
-		block := 0
-		if c.Quantized() && len(c.WeightBlockSize) == 2 {
-			block = int(c.WeightBlockSize[0])
-			if c.WeightBlockSize[1] != c.WeightBlockSize[0] {
-				return nil, fmt.Errorf("layer %d: FP8 blocks %v: the GPU kernels take %dx%d", fl.Index, c.WeightBlockSize, kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)
-			}
+		if c.Quantized() && len(c.WeightBlockSize) == 2 && c.WeightBlockSize[1] != c.WeightBlockSize[0] {
+			return nil, fmt.Errorf("layer %d: FP8 blocks %v: the GPU kernels take %dx%d", fl.Index, c.WeightBlockSize, kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)
 		}
-		if err := g.addDense(src, *fl.Shared, fl.SharedGate, block, c.Act(), in, y); err != nil {
+		wf, _ := c.Format() // Check refuses a contract without one; nil is unquantised
+		if err := g.addDense(src, *fl.Shared, fl.SharedGate, wf, c.Act(), in, y); err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", fl.Index, err)
 		}
 	}
 	if len(fl.SharedExperts) > 0 {
-		if err := g.addRoutedShared(src, fl.SharedExperts, routing, cov, slots.FinalScale, 0, c.Act(), in, y); err != nil {
+		if err := g.addRoutedShared(src, fl.SharedExperts, routing, cov, slots.FinalScale, nil, c.Act(), in, y); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 		}
 	}
@@ -498,7 +519,7 @@ func (g *Runner) oneExpertSorted(slots []int32, numel int, fr *Frees) (*kernels.
 // addDense runs one hub-layout MLP over every token (a shared expert) and
 // adds it to y, gated by sigmoid(x . w_gate) where gate names Qwen2-MoE's
 // shared_expert_gate.
-func (g *Runner) addDense(src cpuref.TensorSource, m family.MLP, gate string, block int, act layout.Activation, in *Input, y *cuda.Buffer[float32]) error {
+func (g *Runner) addDense(src cpuref.TensorSource, m family.MLP, gate string, wf weightfmt.Format, act layout.Activation, in *Input, y *cuda.Buffer[float32]) error {
 	var fr Frees
 	defer fr.Release(g)
 	gt, ok := src.Tensor(m.Gate)
@@ -509,7 +530,7 @@ func (g *Runner) addDense(src cpuref.TensorSource, m family.MLP, gate string, bl
 		return fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.Gate, gt.Shape, in.h)
 	}
 	inter := int(gt.Shape[0])
-	bank, err := loadMLPBank(g.Stage, src, m, in.h, inter, block, act)
+	bank, err := loadMLPBankOf(g.Stage, src, m, in.h, inter, wf, act)
 	if err != nil {
 		return err
 	}
@@ -528,11 +549,7 @@ func (g *Runner) addDense(src cpuref.TensorSource, m family.MLP, gate string, bl
 	if err != nil {
 		return err
 	}
-	mid, err := g.actBuffer(t*inter, &fr)
-	if err != nil {
-		return err
-	}
-	o, err := g.f32Buffer(t*h, &fr)
+	mid, o, err := g.gemmBuffers(t, inter, h, &fr)
 	if err != nil {
 		return err
 	}
@@ -565,7 +582,7 @@ func (g *Runner) addDense(src cpuref.TensorSource, m family.MLP, gate string, bl
 // slots t*S+s of every token (routed and cov's forced ones), then finalize
 // weights each token's S slots by the routing's shared weights times scale
 // (the routed sum's final scale) and the sum is added to y, all on the device.
-func (g *Runner) addRoutedShared(src cpuref.TensorSource, mlps []family.MLP, routing *moe.Routing, cov *cpuref.Coverage, scale float32, block int, act layout.Activation, in *Input, y *cuda.Buffer[float32]) error {
+func (g *Runner) addRoutedShared(src cpuref.TensorSource, mlps []family.MLP, routing *moe.Routing, cov *cpuref.Coverage, scale float32, wf weightfmt.Format, act layout.Activation, in *Input, y *cuda.Buffer[float32]) error {
 	var fr Frees
 	defer fr.Release(g)
 	t, h, ns := in.t, in.h, len(mlps)
@@ -579,16 +596,12 @@ func (g *Runner) addRoutedShared(src cpuref.TensorSource, mlps []family.MLP, rou
 	}
 	inter := int(gt.Shape[0])
 	numel := t * ns
-	mid, err := g.actBuffer(numel*inter, &fr)
-	if err != nil {
-		return err
-	}
-	out, err := g.f32Buffer(numel*h, &fr)
+	mid, out, err := g.gemmBuffers(numel, inter, h, &fr)
 	if err != nil {
 		return err
 	}
 	for s, m := range mlps {
-		bank, err := loadMLPBank(g.Stage, src, m, h, inter, block, act)
+		bank, err := loadMLPBankOf(g.Stage, src, m, h, inter, wf, act)
 		if err != nil {
 			return fmt.Errorf("shared expert %d: %w", s, err)
 		}
@@ -646,12 +659,7 @@ func (g *Runner) UnfusedLayer(src cpuref.TensorSource, plan *family.Plan, layer 
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
 	spec := plan.RouteSpec()
-	gs, finalScale := kernels.FusedGate(spec, nil)
-	gout, routing, slots, err := g.route(src, spec, gs, cpuref.RouterOf(layer), in, routedTokens(in, cov), finalScale, &fr)
-	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
-	}
-	slots, _, slotW, err := g.forced(gout, routing, slots, cov, nil, &fr)
+	routing, slots, _, slotW, err := g.gate(src, spec, cpuref.RouterOf(layer), in, cov, nil, &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
@@ -664,15 +672,11 @@ func (g *Runner) UnfusedLayer(src cpuref.TensorSource, plan *family.Plan, layer 
 		}
 		users[id] = append(users[id], int32(s))
 	}
-	mid, err := g.actBuffer(numel*inter, &fr)
+	mid, out, err := g.gemmBuffers(numel, inter, h, &fr)
 	if err != nil {
 		return nil, err
 	}
-	out, err := g.f32Buffer(numel*h, &fr)
-	if err != nil {
-		return nil, err
-	}
-	block := cpuref.BlockOf(plan)
+	wf, _ := plan.Format() // nil (unquantised) for a quantization it does not know
 	gin, gk := in, k
 	if plan.RoutedInputScaled {
 		if gin, slotW, err = g.inputScaled(in, slots, &fr); err != nil {
@@ -684,7 +688,7 @@ func (g *Runner) UnfusedLayer(src cpuref.TensorSource, plan *family.Plan, layer 
 		if len(users[id]) == 0 {
 			continue
 		}
-		if err := g.oneExpert(src, layer.Experts[id], h, inter, block, plan.Act, users[id], numel, gk, gin, mid, out); err != nil {
+		if err := g.oneExpert(src, layer.Experts[id], h, inter, wf, plan.Act, users[id], numel, gk, gin, mid, out); err != nil {
 			return nil, fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
 		}
 	}
@@ -692,16 +696,16 @@ func (g *Runner) UnfusedLayer(src cpuref.TensorSource, plan *family.Plan, layer 
 	if err != nil {
 		return nil, err
 	}
-	if err := g.lr.Finalize(out, slotW, y, t, k, h, finalScale); err != nil {
+	if err := g.lr.Finalize(out, slotW, y, t, k, h, slots.FinalScale); err != nil {
 		return nil, err
 	}
 	if layer.Shared != nil {
-		if err := g.addDense(src, *layer.Shared, layer.SharedGate, block, plan.Act, in, y); err != nil {
+		if err := g.addDense(src, *layer.Shared, layer.SharedGate, wf, plan.Act, in, y); err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 		}
 	}
 	if len(layer.SharedExperts) > 0 {
-		if err := g.addRoutedShared(src, layer.SharedExperts, routing, cov, float32(spec.RoutedScalingFactor), block, plan.Act, in, y); err != nil {
+		if err := g.addRoutedShared(src, layer.SharedExperts, routing, cov, float32(spec.RoutedScalingFactor), wf, plan.Act, in, y); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 		}
 	}
@@ -716,10 +720,10 @@ func (g *Runner) UnfusedLayer(src cpuref.TensorSource, plan *family.Plan, layer 
 // oneExpert uploads one expert and queues its SwiGLU over its slots, writing
 // those slots' rows of out; its device memory is released once the compute
 // stream has run it.
-func (g *Runner) oneExpert(src cpuref.TensorSource, m family.MLP, h, inter, block int, act layout.Activation, slots []int32, numel, k int, in *Input, mid kernels.Mat, out *cuda.Buffer[float32]) error {
+func (g *Runner) oneExpert(src cpuref.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format, act layout.Activation, slots []int32, numel, k int, in *Input, mid kernels.Mat, out *cuda.Buffer[float32]) error {
 	var fr Frees
 	defer fr.Release(g)
-	bank, err := loadMLPBank(g.Stage, src, m, h, inter, block, act)
+	bank, err := loadMLPBankOf(g.Stage, src, m, h, inter, wf, act)
 	if err != nil {
 		return err
 	}

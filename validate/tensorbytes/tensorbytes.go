@@ -34,48 +34,46 @@ func FirstNonFinite(d safetensors.DType, raw []byte) (int, uint64) {
 }
 
 func firstNonFiniteSlow(d safetensors.DType, raw []byte) (int, uint64) {
-	switch d {
-	case safetensors.BF16:
-		for i := 0; i+1 < len(raw); i += 2 {
-			if v := binary.LittleEndian.Uint16(raw[i:]); v&0x7F80 == 0x7F80 {
-				return i / 2, uint64(v)
-			}
+	if f, ok := nonFinite[d]; ok {
+		return firstAllSet(raw, f.width, f.mask)
+	}
+	return -1, 0
+}
+
+// nonFinite gives each float dtype's element width in bytes and the bits
+// all set in its NaNs and Infs: the exponent, E4M3's one NaN pattern per
+// sign (S.1111.111), E8M0's 0xFF.
+var nonFinite = map[safetensors.DType]struct {
+	width int
+	mask  uint64
+}{
+	safetensors.BF16:   {2, 0x7F80},
+	safetensors.F16:    {2, 0x7C00},
+	safetensors.F32:    {4, 0x7F800000},
+	safetensors.F64:    {8, 0x7FF0000000000000},
+	safetensors.F8E4M3: {1, 0x7F},
+	safetensors.F8E5M2: {1, 0x7C},
+	safetensors.F8E8M0: {1, 0xFF},
+}
+
+// firstAllSet returns the index and bits of the first little-endian
+// element of raw, width bytes wide, whose mask bits are all set (an
+// exponent of all ones), or -1.
+func firstAllSet(raw []byte, width int, mask uint64) (int, uint64) {
+	for i := 0; i+width <= len(raw); i += width {
+		var v uint64
+		switch width {
+		case 1:
+			v = uint64(raw[i])
+		case 2:
+			v = uint64(binary.LittleEndian.Uint16(raw[i:]))
+		case 4:
+			v = uint64(binary.LittleEndian.Uint32(raw[i:]))
+		default:
+			v = binary.LittleEndian.Uint64(raw[i:])
 		}
-	case safetensors.F16:
-		for i := 0; i+1 < len(raw); i += 2 {
-			if v := binary.LittleEndian.Uint16(raw[i:]); v&0x7C00 == 0x7C00 {
-				return i / 2, uint64(v)
-			}
-		}
-	case safetensors.F32:
-		for i := 0; i+3 < len(raw); i += 4 {
-			if v := binary.LittleEndian.Uint32(raw[i:]); v&0x7F800000 == 0x7F800000 {
-				return i / 4, uint64(v)
-			}
-		}
-	case safetensors.F64:
-		for i := 0; i+7 < len(raw); i += 8 {
-			if v := binary.LittleEndian.Uint64(raw[i:]); v&0x7FF0000000000000 == 0x7FF0000000000000 {
-				return i / 8, v
-			}
-		}
-	case safetensors.F8E4M3:
-		for i, b := range raw {
-			if b&0x7F == 0x7F {
-				return i, uint64(b)
-			}
-		}
-	case safetensors.F8E5M2:
-		for i, b := range raw {
-			if b&0x7C == 0x7C {
-				return i, uint64(b)
-			}
-		}
-	case safetensors.F8E8M0:
-		for i, b := range raw {
-			if b == 0xFF {
-				return i, uint64(b)
-			}
+		if v&mask == mask {
+			return i / width, v
 		}
 	}
 	return -1, 0
