@@ -1,9 +1,7 @@
 package convert
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -12,6 +10,8 @@ import (
 	"time"
 
 	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 )
 
@@ -58,9 +58,7 @@ func sameSnapshot(t *testing.T, what string, got, want map[string]string) {
 // Every destination rule of --force and of links: what is refused leaves
 // both directories exactly as they were.
 func TestDestinationRules(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join(dir, "src")
-	writeSynth(t, src, ds3BF16, nil)
+	dir, src := ds3Src(t)
 	srcLink := filepath.Join(dir, "srclink")
 	if err := os.Symlink(src, srcLink); err != nil {
 		t.Fatal(err)
@@ -80,19 +78,19 @@ func TestDestinationRules(t *testing.T) {
 		{"existing DST without --force", func(t *testing.T) (string, string) {
 			d := filepath.Join(dir, "existing")
 			mustMkdir(t, d)
-			mustWrite(t, filepath.Join(d, "keep"), []byte("x"))
+			testkit.WriteFile(t, filepath.Join(d, "keep"), []byte("x"))
 			return src, d
 		}, false, "already exists"},
 		{"--force over a directory of other work", func(t *testing.T) (string, string) {
 			d := filepath.Join(dir, "models")
 			mustMkdir(t, filepath.Join(d, "other-checkpoint"))
-			mustWrite(t, filepath.Join(d, "other-checkpoint", "config.json"), []byte("{}"))
-			mustWrite(t, filepath.Join(d, "notes.txt"), []byte("mine"))
+			testkit.WriteFile(t, filepath.Join(d, "other-checkpoint", "config.json"), []byte("{}"))
+			testkit.WriteFile(t, filepath.Join(d, "notes.txt"), []byte("mine"))
 			return src, d
 		}, true, "not an earlier moeprep output"},
 		{"--force over a file", func(t *testing.T) (string, string) {
 			f := filepath.Join(dir, "afile")
-			mustWrite(t, f, []byte("x"))
+			testkit.WriteFile(t, f, []byte("x"))
 			return src, f
 		}, true, "a regular file, not an earlier moeprep output"},
 		{"--force over an empty directory", func(t *testing.T) (string, string) {
@@ -106,7 +104,7 @@ func TestDestinationRules(t *testing.T) {
 			if _, err := Convert(context.Background(), Options{Src: src, Dst: d}); err != nil {
 				t.Fatal(err)
 			}
-			mustWrite(t, filepath.Join(d, "my-eval-results.txt"), []byte("keep me"))
+			testkit.WriteFile(t, filepath.Join(d, "my-eval-results.txt"), []byte("keep me"))
 			return src, d
 		}, true, "my-eval-results.txt is not one of its files"},
 		{"--force DST == SRC through a link", func(t *testing.T) (string, string) { return srcLink, src }, true, "is the source"},
@@ -121,7 +119,7 @@ func TestDestinationRules(t *testing.T) {
 		}, true, "is a symbolic link"},
 		{"DST under a regular file", func(t *testing.T) (string, string) {
 			f := filepath.Join(dir, "blocker")
-			mustWrite(t, f, []byte("x"))
+			testkit.WriteFile(t, f, []byte("x"))
 			return src, filepath.Join(f, "dst")
 		}, false, "cannot create"},
 		{"moeprep output as SRC", func(t *testing.T) (string, string) { return earlier, filepath.Join(dir, "again") }, false, "already moeprep output"},
@@ -135,11 +133,7 @@ func TestDestinationRules(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%v", err)
 				}
-				ck, err := checkpoint.Open(d)
-				if err != nil {
-					t.Fatal(err)
-				}
-				ck.Close()
+				cktest.Open(t, d)
 				if _, err := os.Lstat(d + ".moeprep-old"); err == nil {
 					t.Errorf("the replaced output was left beside the new one")
 				}
@@ -159,9 +153,7 @@ func TestDestinationRules(t *testing.T) {
 // A second run on the same DST fails at once while the first holds the
 // lock, and the first finishes whole.
 func TestSecondRunOnOneDSTIsRefused(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join(dir, "src")
-	writeSynth(t, src, ds3BF16, nil)
+	dir, src := ds3Src(t)
 	dst := filepath.Join(dir, "dst")
 	pd, created, err := lockPartial(dst + PartialSuffix)
 	if err != nil || !created {
@@ -188,12 +180,10 @@ func TestSecondRunOnOneDSTIsRefused(t *testing.T) {
 
 // --force clears a DST.partial only when it is moeprep's.
 func TestForceClearsOnlyOwnPartial(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join(dir, "src")
-	writeSynth(t, src, ds3BF16, nil)
+	dir, src := ds3Src(t)
 	dst := filepath.Join(dir, "dst")
 	mustMkdir(t, dst+PartialSuffix)
-	mustWrite(t, filepath.Join(dst+PartialSuffix, "thesis.tex"), []byte("years of work"))
+	testkit.WriteFile(t, filepath.Join(dst+PartialSuffix, "thesis.tex"), []byte("years of work"))
 	_, err := Convert(context.Background(), Options{Src: src, Dst: dst, Force: true})
 	if err == nil || !strings.Contains(err.Error(), "not an interrupted moeprep run") {
 		t.Fatalf("got %v", err)
@@ -215,22 +205,7 @@ func interruptedRun(t *testing.T, o Options) {
 	if err := os.RemoveAll(o.Dst); err != nil {
 		t.Fatal(err)
 	}
-	ck, err := checkpoint.Open(o.Src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	if err := o.norm(); err != nil {
-		t.Fatal(err)
-	}
-	fp, err := ck.Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
-	op, err := buildPlan(ck, fp, &o)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ck, op := planFor(t, &o)
 	src, dst, err := resolveDirs(o.Src, o.Dst)
 	if err != nil {
 		t.Fatal(err)
@@ -266,38 +241,22 @@ func TestResumeChecksSourceContent(t *testing.T) {
 		}, ""},
 		{"rsf changed in config.json", Options{FuseShared: true, FoldScaling: layout.FoldDown}, func(t *testing.T, src string) {
 			p := filepath.Join(src, checkpoint.ConfigFileName)
-			b, err := os.ReadFile(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var cfg map[string]any
-			if err := json.Unmarshal(b, &cfg); err != nil {
-				t.Fatal(err)
-			}
-			cfg["routed_scaling_factor"] = 3.0
-			nb, _ := json.Marshal(cfg)
-			keepTimes(t, p, func() { mustWrite(t, p, nb) })
+			testkit.KeepTimes(t, p, func() {
+				testkit.EditJSON(t, p, func(cfg map[string]any) { cfg["routed_scaling_factor"] = 3.0 })
+			})
 		}, "config.json has changed"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			src := filepath.Join(dir, "src")
-			writeSynth(t, src, ds3BF16, nil)
+			dir, src := ds3Src(t)
 			o := tc.o
 			o.Src, o.Dst, o.MaxShardSize = src, filepath.Join(dir, "dst"), 20_000
 			interruptedRun(t, o)
 			tc.change(t, src)
 			o.Resume = true
 			sum, err := Convert(context.Background(), o)
-			if tc.want != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.want) {
-					t.Fatalf("error %v, want %q", err, tc.want)
-				}
+			if testkit.WantErr(t, err, tc.want) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if sum.ReusedShards == 0 || sum.ReusedShards == sum.Shards {
 				t.Errorf("reused %d of %d shards: want the unchanged ones reused and the changed one redone", sum.ReusedShards, sum.Shards)
@@ -316,53 +275,16 @@ func TestResumeChecksSourceContent(t *testing.T) {
 // file's size and times.
 func flipTensorByte(t *testing.T, dir, name string) {
 	t.Helper()
-	ck, err := checkpoint.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tn, ok := ck.Tensor(name)
+	tn, ok := cktest.Open(t, dir).Tensor(name)
 	if !ok {
 		t.Fatalf("no tensor %s", name)
 	}
 	file := tn.File
-	ck.Close()
-	b, err := os.ReadFile(file)
+	h, err := testkit.ReadSTHeader(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := locate(t, b, name)
-	b[i] ^= 0x40
-	keepTimes(t, file, func() { mustWrite(t, file, b) })
-}
-
-// locate finds the absolute offset of tensor name's first data byte in a
-// safetensors file's bytes.
-func locate(t *testing.T, b []byte, name string) int64 {
-	t.Helper()
-	n := int64(b[0]) | int64(b[1])<<8 | int64(b[2])<<16 | int64(b[3])<<24
-	var hdr map[string]json.RawMessage
-	if err := json.Unmarshal(bytes.TrimRight(b[8:8+n], " "), &hdr); err != nil {
-		t.Fatal(err)
-	}
-	var ti struct {
-		Offsets []int64 `json:"data_offsets"`
-	}
-	if err := json.Unmarshal(hdr[name], &ti); err != nil {
-		t.Fatal(err)
-	}
-	return 8 + n + ti.Offsets[0]
-}
-
-func keepTimes(t *testing.T, path string, change func()) {
-	t.Helper()
-	st, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	change()
-	if err := os.Chtimes(path, st.ModTime(), st.ModTime()); err != nil {
-		t.Fatal(err)
-	}
+	testkit.KeepTimes(t, file, func() { testkit.FlipBits(t, file, h.DataStart+h.Tensors[name].DataOffsets[0], 0x40) })
 }
 
 // An HF hub cache snapshot links every file into blobs/: converting it (or
@@ -382,7 +304,7 @@ func TestConvertHubCacheSnapshot(t *testing.T) {
 	}
 	for n, v := range extras {
 		mustMkdir(t, filepath.Dir(filepath.Join(plain, n)))
-		mustWrite(t, filepath.Join(plain, n), []byte(v))
+		testkit.WriteFile(t, filepath.Join(plain, n), []byte(v))
 	}
 	// models--org--name/{blobs/<n>, snapshots/REV/<file> -> ../../blobs/<n>}
 	repo := filepath.Join(dir, "models--org--name")
@@ -393,7 +315,7 @@ func TestConvertHubCacheSnapshot(t *testing.T) {
 	for rel, content := range want {
 		blob := filepath.Join(repo, "blobs", "blob"+string(rune('a'+i)))
 		i++
-		mustWrite(t, blob, []byte(content))
+		testkit.WriteFile(t, blob, []byte(content))
 		link := filepath.Join(snap, rel)
 		mustMkdir(t, filepath.Dir(link))
 		target, err := filepath.Rel(filepath.Dir(link), blob)
@@ -454,9 +376,7 @@ func TestOtherFilesThatCannotBeCopied(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			src := filepath.Join(dir, "src")
-			writeSynth(t, src, ds3BF16, nil)
+			dir, src := ds3Src(t)
 			tc.make(t, src)
 			dst := filepath.Join(dir, "dst")
 			_, err := Convert(context.Background(), Options{Src: src, Dst: dst})
@@ -471,9 +391,7 @@ func TestOtherFilesThatCannotBeCopied(t *testing.T) {
 // --resume over a complete output is a success with nothing written, as
 // retry loops need; an output that differs is named, never reused.
 func TestResumeOnCompleteOutput(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join(dir, "src")
-	writeSynth(t, src, ds3BF16, nil)
+	dir, src := ds3Src(t)
 	dst := filepath.Join(dir, "dst")
 	o := Options{Src: src, Dst: dst, FuseShared: true, TP: 2}
 	if _, err := Convert(context.Background(), o); err != nil {
@@ -496,13 +414,7 @@ func TestResumeOnCompleteOutput(t *testing.T) {
 		{"other options", func(o *Options) { o.TP = 4 }, nil, "other options or from another source"},
 		{"other layout", func(o *Options) { o.Layout = layout.GateUp }, nil, "other options or from another source"},
 		{"a shard changed", nil, func() {
-			p := filepath.Join(dst, "model-00001-of-00001.safetensors")
-			b, err := os.ReadFile(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b[len(b)-1] ^= 1
-			mustWrite(t, p, b)
+			testkit.FlipBits(t, filepath.Join(dst, "model-00001-of-00001.safetensors"), -1, 1)
 		}, "does not match its manifest entry"},
 	}
 	for _, tc := range cases {

@@ -185,9 +185,8 @@ func TestResumeFinishesInterruptedRunIdentically(t *testing.T) {
 }
 
 func TestResumeRefusesDifferentOptions(t *testing.T) {
-	dir := t.TempDir()
-	src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
-	writeSynth(t, src, ds3BF16, nil)
+	dir, src := ds3Src(t)
+	dst := filepath.Join(dir, "dst")
 	ctx, cancel := context.WithCancel(context.Background())
 	rep := &cancelAfter{n: 1, cancel: cancel}
 	o := Options{Src: src, Dst: dst, MaxShardSize: 8000, Jobs: 1, Progress: rep}

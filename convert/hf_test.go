@@ -11,6 +11,7 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -47,15 +48,7 @@ func TestHFFixtures(t *testing.T) {
 // checkHFFixture converts one fixture several ways and verifies each output
 // against the source through the family plan (no knowledge of the generator).
 func checkHFFixture(t *testing.T, src string) {
-	ck, err := checkpoint.Open(src)
-	if err != nil {
-		t.Fatalf("%s: %v", src, err)
-	}
-	fp, err := ck.Plan()
-	ck.Close()
-	if err != nil {
-		t.Fatalf("%s: %v", src, err)
-	}
+	fp := cktest.Plan(t, src)
 	runs := []Options{{}, {Layout: layout.GateUp}, {Layout: layout.UpGate}}
 	if fp.NumSharedExperts > 0 && !fp.SharedGated {
 		runs = append(runs, Options{FuseShared: true, TP: 2}, Options{FuseShared: true, TP: 1, FoldScaling: "down", Layout: layout.GateUp})
@@ -96,15 +89,7 @@ func checkHFFixture(t *testing.T, src string) {
 }
 
 func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
-	ck, err := checkpoint.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	fp, err := ck.Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ck, fp := cktest.OpenPlanned(t, src)
 	out, cfg := readOut(t, dst)
 	c, ok, err := layout.ReadContract(cfg)
 	if !ok || err != nil {

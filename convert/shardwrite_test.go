@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/zeebo/blake3"
 	"github.com/zeebo/xxh3"
@@ -189,36 +190,28 @@ func blockRoot(b []byte, bs int64, algo layout.BlockAlgo) string {
 	return hex.EncodeToString(sum(cat))
 }
 
-func planFor(t *testing.T, o Options) *outPlan {
+// planFor normalises o and plans its output: the source, open until the
+// test ends, and the plan.
+func planFor(t *testing.T, o *Options) (*checkpoint.Checkpoint, *outPlan) {
 	t.Helper()
 	if err := o.norm(); err != nil {
 		t.Fatal(err)
 	}
-	ck, err := checkpoint.Open(o.Src)
+	ck, fp := cktest.OpenPlanned(t, o.Src)
+	op, err := buildPlan(ck, fp, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ck.Close() })
-	fp, err := ck.Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
-	op, err := buildPlan(ck, fp, &o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return op
+	return ck, op
 }
 
 func TestPlanChunksReadsSourcesInOrder(t *testing.T) {
-	dir := t.TempDir()
-	src := filepath.Join(dir, "src")
-	writeSynth(t, src, ds3BF16, nil)
+	dir, src := ds3Src(t)
 	defer func(c int64) { chunkSize = c }(chunkSize)
 	chunkSize = 1000
 	for _, lay := range []layout.Layout{layout.Stacked, layout.GateUp, layout.UpGate} {
 		o := Options{Src: src, Dst: filepath.Join(dir, "dst"), Layout: lay}
-		op := planFor(t, o)
+		_, op := planFor(t, &o)
 		for _, s := range op.shards {
 			chunks, err := s.planChunks()
 			if err != nil {
@@ -435,9 +428,7 @@ func TestDirectWriteRefusedOrFailing(t *testing.T) {
 		chunkSize, shardBlockSize, writeDirectAt, onDirectStats = c, s, w, nil
 	}(chunkSize, shardBlockSize, writeDirectAt)
 	chunkSize, shardBlockSize = 96, 4096
-	dir := t.TempDir()
-	src := filepath.Join(dir, "src")
-	writeSynth(t, src, ds3BF16, nil)
+	dir, src := ds3Src(t)
 	ref := filepath.Join(dir, "ref")
 	if _, err := Convert(context.Background(), Options{Src: src, Dst: ref, BufferedIO: true}); err != nil {
 		t.Fatal(err)

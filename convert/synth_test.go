@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -225,9 +226,6 @@ func writeSynth(t testing.TB, dir string, s synth, edit func([]synthTensor) []sy
 	if edit != nil {
 		ts = edit(ts)
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "extra"), 0o755); err != nil {
-		t.Fatal(err)
-	}
 	files := max(s.files, 1)
 	per := (len(ts) + files - 1) / files
 	weightMap := map[string]string{}
@@ -242,12 +240,12 @@ func writeSynth(t testing.TB, dir string, s synth, edit func([]synthTensor) []sy
 		}
 	}
 	idx, _ := json.MarshalIndent(map[string]any{"metadata": map[string]any{"total_size": total}, "weight_map": weightMap}, "", "  ")
-	mustWrite(t, filepath.Join(dir, "model.safetensors.index.json"), idx)
+	testkit.WriteFile(t, filepath.Join(dir, "model.safetensors.index.json"), idx)
 	cfg, _ := json.MarshalIndent(s.config(), "", "  ")
-	mustWrite(t, filepath.Join(dir, "config.json"), cfg)
-	mustWrite(t, filepath.Join(dir, "tokenizer.json"), []byte(`{"model":"synthetic"}`))
-	mustWrite(t, filepath.Join(dir, "generation_config.json"), []byte(`{"do_sample":false}`))
-	mustWrite(t, filepath.Join(dir, "extra", "notes.txt"), []byte("nested file"))
+	testkit.WriteFile(t, filepath.Join(dir, "config.json"), cfg)
+	testkit.WriteFile(t, filepath.Join(dir, "tokenizer.json"), []byte(`{"model":"synthetic"}`))
+	testkit.WriteFile(t, filepath.Join(dir, "generation_config.json"), []byte(`{"do_sample":false}`))
+	testkit.WriteFile(t, filepath.Join(dir, "extra", "notes.txt"), []byte("nested file"))
 	out := map[string]synthTensor{}
 	for _, x := range ts {
 		out[x.name] = x
@@ -255,11 +253,13 @@ func writeSynth(t testing.TB, dir string, s synth, edit func([]synthTensor) []sy
 	return out
 }
 
-func mustWrite(t testing.TB, path string, b []byte) {
+// ds3Src writes the ds3BF16 checkpoint to dir/src in a new temporary dir.
+func ds3Src(t testing.TB) (dir, src string) {
 	t.Helper()
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir = t.TempDir()
+	src = filepath.Join(dir, "src")
+	writeSynth(t, src, ds3BF16, nil)
+	return dir, src
 }
 
 func writeSafetensors(t testing.TB, path string, ts []synthTensor) {
@@ -271,15 +271,11 @@ func writeSafetensors(t testing.TB, path string, ts []synthTensor) {
 		off += len(x.data)
 	}
 	h, _ := json.Marshal(hdr)
-	for len(h)%8 != 0 {
-		h = append(h, ' ')
-	}
-	buf := binary.LittleEndian.AppendUint64(nil, uint64(len(h)))
-	buf = append(buf, h...)
+	buf := testkit.STHead(h)
 	for _, x := range ts {
 		buf = append(buf, x.data...)
 	}
-	mustWrite(t, path, buf)
+	testkit.WriteFile(t, path, buf)
 }
 
 // readOut reads every tensor of an output directory through its index, with
@@ -312,37 +308,23 @@ func readOut(t *testing.T, dir string) (map[string]outTensorData, map[string]any
 	var total int64
 	names := slices.Sorted(maps.Keys(files))
 	for _, f := range names {
-		b, err := os.ReadFile(filepath.Join(dir, f))
+		b := testkit.ReadFile(t, filepath.Join(dir, f))
+		hdr, err := testkit.ParseSTHeader(b)
 		if err != nil {
-			t.Fatal(err)
-		}
-		n := binary.LittleEndian.Uint64(b)
-		var hdr map[string]json.RawMessage
-		if err := json.Unmarshal(b[8:8+n], &hdr); err != nil {
 			t.Fatalf("%s: header: %v", f, err)
 		}
-		data := b[8+n:]
-		end := 0
-		for name, raw := range hdr {
-			if name == "__metadata__" {
-				continue
-			}
-			var e struct {
-				DType string  `json:"dtype"`
-				Shape []int64 `json:"shape"`
-				Off   [2]int  `json:"data_offsets"`
-			}
-			if err := json.Unmarshal(raw, &e); err != nil {
-				t.Fatal(err)
-			}
+		data := b[hdr.DataStart:]
+		end := int64(0)
+		for name, e := range hdr.Tensors {
 			if idx.WeightMap[name] != f {
 				t.Errorf("%s: tensor %s is in %s but the index says %q", dir, name, f, idx.WeightMap[name])
 			}
-			out[name] = outTensorData{safetensors.DType(e.DType), e.Shape, data[e.Off[0]:e.Off[1]], f}
-			total += int64(e.Off[1] - e.Off[0])
-			end = max(end, e.Off[1])
+			off := e.DataOffsets
+			out[name] = outTensorData{safetensors.DType(e.DType), e.Shape, data[off[0]:off[1]], f}
+			total += off[1] - off[0]
+			end = max(end, off[1])
 		}
-		if end != len(data) {
+		if end != int64(len(data)) {
 			t.Errorf("%s: data section %d bytes, tensors end at %d", f, len(data), end)
 		}
 	}
@@ -354,13 +336,5 @@ func readOut(t *testing.T, dir string) (map[string]outTensorData, map[string]any
 	if ts, _ := idx.Metadata["total_size"].(float64); int64(ts) != total {
 		t.Errorf("index total_size %v, tensors hold %d bytes", idx.Metadata["total_size"], total)
 	}
-	cb, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(cb, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	return out, cfg
+	return out, testkit.ReadJSON(t, filepath.Join(dir, "config.json"))
 }

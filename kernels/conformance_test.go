@@ -218,40 +218,40 @@ func (g gemmRunner) GroupedGEMM(c *moetest.GEMMCase) ([]float32, error) {
 	}
 	var bufs devBufs
 	defer bufs.free()
-	mat := func(pick func(m *moe.ExpertMats) []float32) (kernels.Mat, error) {
+	// every expert's values of one weight (or bias), back to back
+	concat := func(pick func(m *moe.ExpertMats) []float32) []float32 {
 		var all []float32
 		for x := range c.Experts {
 			all = append(all, pick(&c.Experts[x])...)
 		}
-		return deviceValues(g.dev, &bufs, g.w, all)
+		return all
 	}
 	bank := &kernels.ExpertBank{NumExperts: e, H: c.H, I: c.I, DType: g.w, Act: act}
 	var err error
-	if bank.Gate, err = mat(func(m *moe.ExpertMats) []float32 { return m.Gate }); err != nil {
-		return nil, err
-	}
-	if bank.Up, err = mat(func(m *moe.ExpertMats) []float32 { return m.Up }); err != nil {
-		return nil, err
-	}
-	if bank.Down, err = mat(func(m *moe.ExpertMats) []float32 { return m.Down }); err != nil {
-		return nil, err
+	for _, w := range []struct {
+		to   *kernels.Mat
+		pick func(m *moe.ExpertMats) []float32
+	}{
+		{&bank.Gate, func(m *moe.ExpertMats) []float32 { return m.Gate }},
+		{&bank.Up, func(m *moe.ExpertMats) []float32 { return m.Up }},
+		{&bank.Down, func(m *moe.ExpertMats) []float32 { return m.Down }},
+	} {
+		if *w.to, err = deviceValues(g.dev, &bufs, g.w, concat(w.pick)); err != nil {
+			return nil, err
+		}
 	}
 	if c.Experts[0].GateBias != nil {
-		biases := func(pick func(m *moe.ExpertMats) []float32) (*cuda.Buffer[float32], error) {
-			var all []float32
-			for x := range c.Experts {
-				all = append(all, pick(&c.Experts[x])...)
+		for _, b := range []struct {
+			to   **cuda.Buffer[float32]
+			pick func(m *moe.ExpertMats) []float32
+		}{
+			{&bank.GateBias, func(m *moe.ExpertMats) []float32 { return m.GateBias }},
+			{&bank.UpBias, func(m *moe.ExpertMats) []float32 { return m.UpBias }},
+			{&bank.DownBias, func(m *moe.ExpertMats) []float32 { return m.DownBias }},
+		} {
+			if *b.to, err = upload(g.dev, &bufs, concat(b.pick)); err != nil {
+				return nil, err
 			}
-			return upload(g.dev, &bufs, all)
-		}
-		if bank.GateBias, err = biases(func(m *moe.ExpertMats) []float32 { return m.GateBias }); err != nil {
-			return nil, err
-		}
-		if bank.UpBias, err = biases(func(m *moe.ExpertMats) []float32 { return m.UpBias }); err != nil {
-			return nil, err
-		}
-		if bank.DownBias, err = biases(func(m *moe.ExpertMats) []float32 { return m.DownBias }); err != nil {
-			return nil, err
 		}
 	}
 	sorted, err := sortedWithTail(g.dev, c.Align, e)

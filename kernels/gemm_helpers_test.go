@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 
@@ -34,6 +35,16 @@ func testDevice(t *testing.T) *cuda.Device {
 		t.Fatalf("opening GPU 0: %v", testDevErr)
 	}
 	return testDev
+}
+
+// benchDevice is testDevice for a measurement, which runs only when the
+// environment variable env is 1.
+func benchDevice(t *testing.T, env, what string) *cuda.Device {
+	t.Helper()
+	if os.Getenv(env) != "1" {
+		t.Skipf("set %s=1 to time %s", env, what)
+	}
+	return testDevice(t)
 }
 
 // toDevice uploads host values, failing the test on error.

@@ -3,7 +3,6 @@ package kernels_test
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"testing"
 
@@ -20,10 +19,7 @@ import (
 // (filling 22 GB with random values on the host would take minutes); the
 // arithmetic is the same work. A measurement, not a check.
 func TestGroupedGEMMTiming(t *testing.T) {
-	if os.Getenv("MOEPREP_GEMM_BENCH") != "1" {
-		t.Skip("set MOEPREP_GEMM_BENCH=1 to time the grouped GEMM")
-	}
-	dev := testDevice(t)
+	dev := benchDevice(t, "MOEPREP_GEMM_BENCH", "the grouped GEMM")
 	const h, in, e, k, block = 7168, 2048, 257, 9, 16
 	bw := copyBandwidth(t, dev)
 	t.Logf("device-to-device copy: %.0f GB/s", bw/1e9)

@@ -21,10 +21,7 @@ import (
 // names another build of router_gemm.cu to time (a <name>.fatbin in
 // $MOEPREP_KERNELS_DIR, e.g. built with -DRC_STAGES=3).
 func TestRouterGEMMTiming(t *testing.T) {
-	if os.Getenv("MOEPREP_ROUTER_BENCH") != "1" {
-		t.Skip("set MOEPREP_ROUTER_BENCH=1 to time the router GEMM kernels")
-	}
-	dev := testDevice(t)
+	dev := benchDevice(t, "MOEPREP_ROUTER_BENCH", "the router GEMM kernels")
 	family := os.Getenv("MOEPREP_ROUTER_BENCH_FAMILY")
 	if family == "" {
 		family = "router_gemm"

@@ -3,43 +3,20 @@ package layout
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/moeprep/moeprep/internal/costtest"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/moeprep/moeprep/internal/costtest"
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // Hostile manifests and files (issue 26): each is refused with a one-line
 // error naming the manifest (and the entry) or the file, in bounded memory
 // and time. Large files are sparse (Truncate) and cost no disk.
-
-// boundedTime is what one refusal may take; the real cost is milliseconds.
-const boundedTime = 5 * time.Second // the issue's bound; loose so a loaded CI machine cannot flake it: the allocation bounds are the tight ones
-
-func checkOneLine(t *testing.T, err error, prefix, want string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("accepted, want an error containing %q", want)
-	}
-	msg := err.Error()
-	if !strings.HasPrefix(msg, prefix+": ") || !strings.Contains(msg, want) || strings.ContainsAny(msg, "\n\r") {
-		t.Errorf("error %q, want one line starting %q and containing %q", msg, prefix+": ", want)
-	}
-}
-
-func checkCost(t *testing.T, alloc, maxAlloc uint64, took time.Duration) {
-	t.Helper()
-	t.Logf("cost: %.2f MB allocated (bound %.2f MB), %v", float64(alloc)/1e6, float64(maxAlloc)/1e6, took)
-	if alloc > maxAlloc {
-		t.Errorf("allocated %d bytes, want at most %d", alloc, maxAlloc)
-	}
-	if took > boundedTime {
-		t.Errorf("took %v, want at most %v", took, boundedTime)
-	}
-}
 
 // manifestOf is a manifest of the given entries (raw JSON by name).
 func manifestOf(entries map[string]string) []byte {
@@ -105,8 +82,8 @@ func TestReadManifestHostile(t *testing.T) {
 			}
 			var err error
 			alloc, took := costtest.Measure(func() { _, err = ReadManifest(dir) })
-			checkOneLine(t, err, path, c.want)
-			checkCost(t, alloc, read+c.built, took)
+			testkit.CheckOneLine(t, err, path, c.want)
+			testkit.CheckCost(t, alloc, read+c.built, took, testkit.RefusalTime)
 		})
 	}
 }
@@ -136,7 +113,7 @@ func TestReadManifestRefusesBadNames(t *testing.T) {
 		path := filepath.Join(dir, ManifestFileName)
 		os.WriteFile(path, manifestOf(map[string]string{c.name: `{"size":1,"sha256":"00"}`}), 0o644)
 		_, err := ReadManifest(dir)
-		checkOneLine(t, err, path, fmt.Sprintf("file %q: %s", c.name, c.want))
+		testkit.CheckOneLine(t, err, path, fmt.Sprintf("file %q: %s", c.name, c.want))
 	}
 	// Names moeprep writes pass.
 	dir := t.TempDir()
@@ -165,12 +142,12 @@ func TestHashFileRefusesDevices(t *testing.T) {
 		}()
 		select {
 		case err := <-done:
-			checkOneLine(t, err, link, "a character device, not a regular file")
+			testkit.CheckOneLine(t, err, link, "a character device, not a regular file")
 		case <-time.After(5 * time.Second):
 			t.Fatalf("%v: hashing /dev/zero did not stop", like)
 		}
 		m := &Manifest{Version: ContractVersion, Files: map[string]FileInfo{"model.safetensors": like}}
-		checkOneLine(t, m.Verify(dir), link, "a character device, not a regular file")
+		testkit.CheckOneLine(t, m.Verify(dir), link, "a character device, not a regular file")
 	}
 }
 
@@ -195,7 +172,7 @@ func TestHashBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if alloc > 512<<10 || took > 5*boundedTime {
+	if alloc > 512<<10 || took > 5*testkit.RefusalTime {
 		t.Errorf("hashing 65,536 blocks allocated %d bytes (want at most %d) in %v", alloc, 512<<10, took)
 	}
 	h := NewHasher(like)
@@ -216,8 +193,8 @@ func TestHashBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	alloc, took = costtest.Measure(func() { _, err = HashFileLike(path, FileInfo{Blocks: BlockDigest{BlockSize: 512}}) })
-	checkOneLine(t, err, path, "4294967296 bytes in 512-byte blocks is 8388608 blocks, over the limit of 1048576")
-	checkCost(t, alloc, 64<<10, took)
+	testkit.CheckOneLine(t, err, path, "4294967296 bytes in 512-byte blocks is 8388608 blocks, over the limit of 1048576")
+	testkit.CheckCost(t, alloc, 64<<10, took, testkit.RefusalTime)
 }
 
 // TestVerifySizeFirst: a file whose size differs from the manifest's is
@@ -234,6 +211,6 @@ func TestVerifySizeFirst(t *testing.T) {
 	m := &Manifest{Version: ContractVersion, Files: map[string]FileInfo{"model.safetensors": {Size: 5, X3Blocks: BlockDigest{BlockSize: ShardBlockSize, Root: "00"}}}}
 	var err error
 	alloc, took := costtest.Measure(func() { err = m.Verify(dir) })
-	checkOneLine(t, err, path, "size 68719476736, manifest says size 5")
-	checkCost(t, alloc, 64<<10, took)
+	testkit.CheckOneLine(t, err, path, "size 68719476736, manifest says size 5")
+	testkit.CheckCost(t, alloc, 64<<10, took, testkit.RefusalTime)
 }

@@ -5,18 +5,23 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
-// linkedCopy copies src to dir/src and links dir/srclink to that copy.
-func linkedCopy(t *testing.T, src, dir string) (own, link string) {
-	t.Helper()
-	own = filepath.Join(dir, "src")
-	copyTree(t, src, own)
-	link = filepath.Join(dir, "srclink")
-	if err := os.Symlink(own, link); err != nil {
-		t.Fatal(err)
+// throughLink is the setup of a case on a copy of src, dir/src, and a
+// link to it, dir/srclink: args is the command line, given both; the copy
+// must survive the run unchanged.
+func throughLink(src string, args func(own, link string) []string) func(t *testing.T, dir string) ([]string, []string) {
+	return func(t *testing.T, dir string) ([]string, []string) {
+		t.Helper()
+		own, link := filepath.Join(dir, "src"), filepath.Join(dir, "srclink")
+		testkit.CopyDir(t, src, own)
+		if err := os.Symlink(own, link); err != nil {
+			t.Fatal(err)
+		}
+		return args(own, link), []string{own}
 	}
-	return own, link
 }
 
 // TestDataLoss: --force and symbolic links must never delete or overwrite
@@ -39,9 +44,9 @@ func TestDataLoss(t *testing.T) {
 			name: "force onto a folder of other checkpoints",
 			setup: func(t *testing.T, dir string) ([]string, []string) {
 				out := filepath.Join(dir, "models")
-				copyTree(t, src, filepath.Join(out, "ckpt-a"))
-				copyTree(t, src, filepath.Join(out, "ckpt-b"))
-				writeFile(t, filepath.Join(out, "notes.txt"), []byte("which of these is the good one?\n"))
+				testkit.CopyDir(t, src, filepath.Join(out, "ckpt-a"))
+				testkit.CopyDir(t, src, filepath.Join(out, "ckpt-b"))
+				testkit.WriteFile(t, filepath.Join(out, "notes.txt"), []byte("which of these is the good one?\n"))
 				return []string{"convert", "--no-progress", "--force", src, out}, []string{out}
 			},
 			// Exit 2, naming the folder and what is in it.
@@ -52,7 +57,7 @@ func TestDataLoss(t *testing.T) {
 			name: "force onto a folder with one unrelated file",
 			setup: func(t *testing.T, dir string) ([]string, []string) {
 				out := filepath.Join(dir, "work")
-				writeFile(t, filepath.Join(out, "thesis.tex"), []byte("\\documentclass{article}\n"))
+				testkit.WriteFile(t, filepath.Join(out, "thesis.tex"), []byte("\\documentclass{article}\n"))
 				return []string{"convert", "--no-progress", "--force", src, out}, []string{out}
 			},
 			want:   code(2, names("work"), `thesis\.tex`),
@@ -70,7 +75,7 @@ func TestDataLoss(t *testing.T) {
 			absent: []string{"out.partial"},
 			after: func(t *testing.T, dir string) {
 				out := filepath.Join(dir, "out")
-				if !strings.Contains(string(readFile(t, filepath.Join(out, "config.json"))), `"layout": "stacked"`) {
+				if !strings.Contains(string(testkit.ReadFile(t, filepath.Join(out, "config.json"))), `"layout": "stacked"`) {
 					t.Errorf("%s was not replaced: its contract is not the stacked layout of the second run", out)
 				}
 				check(t, runMoeprep(t, caseTimeout, "validate", "--bytes", "--no-progress", src, out), code(0, nil, ""))
@@ -94,10 +99,9 @@ func TestDataLoss(t *testing.T) {
 		{
 			// DST is the source itself, reached through a link.
 			name: "force onto the source through a link to it",
-			setup: func(t *testing.T, dir string) ([]string, []string) {
-				own, link := linkedCopy(t, src, dir)
-				return []string{"convert", "--no-progress", "--force", link, own}, []string{own}
-			},
+			setup: throughLink(src, func(own, link string) []string {
+				return []string{"convert", "--no-progress", "--force", link, own}
+			}),
 			want:   code(2, names("src", "srclink"), ""),
 			absent: []string{"src.partial"},
 		},
@@ -105,20 +109,18 @@ func TestDataLoss(t *testing.T) {
 			// The mirror image: SRC is a link to DST. Not listed in the
 			// issue, but the same mistake typed the other way round.
 			name: "force onto a link to the source",
-			setup: func(t *testing.T, dir string) ([]string, []string) {
-				own, link := linkedCopy(t, src, dir)
-				return []string{"convert", "--no-progress", "--force", own, link}, []string{own}
-			},
+			setup: throughLink(src, func(own, link string) []string {
+				return []string{"convert", "--no-progress", "--force", own, link}
+			}),
 			want:   code(2, names("src", "srclink"), ""),
 			absent: []string{"srclink.partial"},
 		},
 		{
 			// DST inside SRC, through a link: nothing may be written in SRC.
 			name: "destination inside the source through a link",
-			setup: func(t *testing.T, dir string) ([]string, []string) {
-				own, link := linkedCopy(t, src, dir)
-				return []string{"convert", "--no-progress", own, filepath.Join(link, "out")}, []string{own}
-			},
+			setup: throughLink(src, func(own, link string) []string {
+				return []string{"convert", "--no-progress", own, filepath.Join(link, "out")}
+			}),
 			want: code(2, names("out", "src", "srclink"), ""),
 		},
 	}

@@ -1,13 +1,9 @@
 package redteam
 
 import (
-	"archive/zip"
-	"bufio"
 	"bytes"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
@@ -15,53 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
+	pk "github.com/moeprep/moeprep/internal/testkit/pickle"
 )
-
-// copyTree copies the directory src to dst: regular files by content,
-// symbolic links as links.
-func copyTree(t testing.TB, src, dst string) {
-	t.Helper()
-	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, path)
-		to := filepath.Join(dst, rel)
-		switch {
-		case d.IsDir():
-			return os.MkdirAll(to, 0o755)
-		case d.Type()&fs.ModeSymlink != 0:
-			target, err := os.Readlink(path)
-			if err != nil {
-				return err
-			}
-			return os.Symlink(target, to)
-		}
-		return copyFile(path, to)
-	})
-	if err != nil {
-		t.Fatalf("copying %s: %v", src, err)
-	}
-}
-
-func copyFile(from, to string) error {
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.Create(to)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
-}
 
 // tree is a directory's content: every entry by relative path, as
 // "file <sha256>", "link <target>" or "dir". Links are not followed.
@@ -172,52 +126,6 @@ func sameFiles(a, b string) error {
 	}
 }
 
-func writeFile(t testing.TB, path string, b []byte) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func readFile(t testing.TB, path string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-// editJSON rewrites the JSON object in path through edit.
-func editJSON(t testing.TB, path string, edit func(map[string]any)) {
-	t.Helper()
-	var m map[string]any
-	d := json.NewDecoder(bytes.NewReader(readFile(t, path)))
-	d.UseNumber()
-	if err := d.Decode(&m); err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	edit(m)
-	b, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, path, append(b, '\n'))
-}
-
-// sparse makes path a file of size bytes that starts with head and holds
-// nothing else on disk.
-func sparse(t testing.TB, path string, size int64, head []byte) {
-	t.Helper()
-	writeFile(t, path, head)
-	if err := os.Truncate(path, size); err != nil {
-		t.Fatal(err)
-	}
-}
-
 const manifestName = "moeprep-manifest.json"
 
 // rehash rewrites the manifest entries of files (paths relative to dst,
@@ -245,7 +153,7 @@ func rehash(t testing.TB, dst string, files ...string) {
 // editManifest rewrites dst's manifest's "files" object through edit.
 func editManifest(t testing.TB, dst string, edit func(entries map[string]any)) {
 	t.Helper()
-	editJSON(t, filepath.Join(dst, manifestName), func(m map[string]any) {
+	testkit.EditJSON(t, filepath.Join(dst, manifestName), func(m map[string]any) {
 		files, ok := m["files"].(map[string]any)
 		if !ok {
 			t.Fatalf("%s: no files object", manifestName)
@@ -254,82 +162,47 @@ func editManifest(t testing.TB, dst string, edit func(entries map[string]any)) {
 	})
 }
 
-// stTensor is one entry of a safetensors header.
-type stTensor struct {
-	DType       string  `json:"dtype"`
-	Shape       []int64 `json:"shape"`
-	DataOffsets []int64 `json:"data_offsets"`
-}
-
 // stFile is a safetensors file split into its header and data.
 type stFile struct {
-	tensors  map[string]stTensor
-	metadata map[string]string
-	data     []byte
+	*testkit.STHeader
+	data []byte
 }
 
 func readST(t testing.TB, path string) *stFile {
 	t.Helper()
-	b := readFile(t, path)
-	n := binary.LittleEndian.Uint64(b)
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(b[8:8+n], &raw); err != nil {
+	b := testkit.ReadFile(t, path)
+	h, err := testkit.ParseSTHeader(b)
+	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
-	f := &stFile{tensors: map[string]stTensor{}, data: b[8+n:]}
-	for k, v := range raw {
-		if k == "__metadata__" {
-			if err := json.Unmarshal(v, &f.metadata); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		var e stTensor
-		if err := json.Unmarshal(v, &e); err != nil {
-			t.Fatal(err)
-		}
-		f.tensors[k] = e
-	}
-	return f
-}
-
-// headerBytes is the file's header, padded to 8 bytes as writers do.
-func (f *stFile) headerBytes(t testing.TB) []byte {
-	t.Helper()
-	h := map[string]any{}
-	for k, v := range f.tensors {
-		h[k] = v
-	}
-	if f.metadata != nil {
-		h["__metadata__"] = f.metadata
-	}
-	b, err := json.Marshal(h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for len(b)%8 != 0 {
-		b = append(b, ' ')
-	}
-	return b
+	return &stFile{h, b[h.DataStart:]}
 }
 
 func (f *stFile) write(t testing.TB, path string) {
 	t.Helper()
-	h := f.headerBytes(t)
-	out := binary.LittleEndian.AppendUint64(nil, uint64(len(h)))
-	out = append(append(out, h...), f.data...)
-	writeFile(t, path, out)
+	b, err := f.Bytes(f.data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.WriteFile(t, path, b)
+}
+
+// add appends a tensor of these bytes (which need not fit its shape).
+func (f *stFile) add(name, dtype string, shape []int64, data []byte) {
+	end := int64(len(f.data))
+	f.Tensors[name] = testkit.STTensor{DType: dtype, Shape: shape, DataOffsets: [2]int64{end, end + int64(len(data))}}
+	f.data = append(f.data, data...)
 }
 
 // rename renames tensor from to to in the file (and nowhere else).
 func (f *stFile) rename(t testing.TB, from, to string) {
 	t.Helper()
-	e, ok := f.tensors[from]
+	e, ok := f.Tensors[from]
 	if !ok {
 		t.Fatalf("no tensor %q", from)
 	}
-	delete(f.tensors, from)
-	f.tensors[to] = e
+	delete(f.Tensors, from)
+	f.Tensors[to] = e
 }
 
 // onlyFile returns the one file of dir whose name matches pattern.
@@ -342,105 +215,11 @@ func onlyFile(t testing.TB, dir, pattern string) string {
 	return m[0]
 }
 
-// torchZip writes a PyTorch zip checkpoint the way torch.save lays it out:
-// archive/data.pkl (here deflated, so a pickle of millions of opcodes is a
-// small file), archive/data/<key> stored, archive/version, archive/byteorder.
-// The pickle is streamed (writePickle) so that the test process itself never
-// holds a hostile pickle in memory: its peak RSS bounds what the children's
-// can be measured against (see startMoeprep).
-func torchZip(t testing.TB, path string, writePickle func(w io.Writer) error, storages map[string][]byte) {
+// torchZip writes a PyTorch zip checkpoint the way torch.save lays it out
+// (see pk.Zip), its pickle streamed from parts (see pk.Stream), so that the
+// test process itself never holds a hostile pickle in memory: its peak RSS
+// bounds what the children's can be measured against (see startMoeprep).
+func torchZip(t testing.TB, path string, parts []any, storages map[string][]byte) {
 	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	bw := bufio.NewWriter(f)
-	zw := zip.NewWriter(bw)
-	add := func(name string, method uint16, write func(io.Writer) error) {
-		w, err := zw.CreateHeader(&zip.FileHeader{Name: "archive/" + name, Method: method})
-		if err == nil {
-			err = write(w)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	bytesOf := func(b []byte) func(io.Writer) error {
-		return func(w io.Writer) error { _, err := w.Write(b); return err }
-	}
-	add("data.pkl", zip.Deflate, writePickle)
-	add("byteorder", zip.Store, bytesOf([]byte("little")))
-	for _, k := range slices.Sorted(maps.Keys(storages)) {
-		add("data/"+k, zip.Store, bytesOf(storages[k]))
-	}
-	add("version", zip.Store, bytesOf([]byte("3\n")))
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := bw.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteStream(t, path, func(w io.Writer) error { return pk.Zip(w, "archive", pk.Stream(parts...), storages) })
 }
-
-// pickleParts streams the concatenation of parts; a part repeated n times
-// is {s, n}.
-type part struct {
-	s string
-	n int
-}
-
-func pickleParts(parts ...part) func(io.Writer) error {
-	return func(w io.Writer) error {
-		for _, p := range parts {
-			chunk := strings.Repeat(p.s, max(1, min(p.n, (64<<10)/max(1, len(p.s)))))
-			for left := p.n; left > 0; {
-				k := min(left, len(chunk)/len(p.s))
-				if _, err := io.WriteString(w, chunk[:k*len(p.s)]); err != nil {
-					return err
-				}
-				left -= k
-			}
-		}
-		return nil
-	}
-}
-
-// Pickle protocol 2 builders, enough for a state dict of strided views.
-const pickleProto2 = "\x80\x02"
-
-func pkGlobal(module, name string) string { return "c" + module + "\n" + name + "\n" }
-
-func pkStr(s string) string {
-	return "X" + string(binary.LittleEndian.AppendUint32(nil, uint32(len(s)))) + s
-}
-
-// pkInt is BININT: a signed 32-bit integer.
-func pkInt(n int32) string { return "J" + string(binary.LittleEndian.AppendUint32(nil, uint32(n))) }
-
-func pkTuple(items ...string) string { return "(" + strings.Join(items, "") + "t" }
-
-func pkInts(ns ...int32) string {
-	parts := make([]string, len(ns))
-	for i, n := range ns {
-		parts[i] = pkInt(n)
-	}
-	return pkTuple(parts...)
-}
-
-// pkView is _rebuild_tensor_v2(storage key, offset, shape, stride) over a
-// typed storage of numel elements.
-func pkView(class, key string, numel int32, offset int32, shape, stride []int32) string {
-	storage := pkTuple(pkStr("storage"), pkGlobal("torch", class), pkStr(key), pkStr("cpu"), pkInt(numel)) + "Q"
-	hooks := pkGlobal("collections", "OrderedDict") + ")R"
-	return pkGlobal("torch._utils", "_rebuild_tensor_v2") +
-		pkTuple(storage, pkInt(offset), pkInts(shape...), pkInts(stride...), "\x89", hooks) + "R"
-}
-
-// pkDict is {k: v, ...} from alternating key and value pickles.
-func pkDict(kv ...string) string { return "}(" + strings.Join(kv, "") + "u" }
-
-func pickle(body string) []byte { return []byte(pickleProto2 + body + ".") }

@@ -1,11 +1,11 @@
 package redteam
 
 import (
-	"bufio"
 	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -14,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/moeprep/moeprep/internal/testkit"
+	pk "github.com/moeprep/moeprep/internal/testkit/pickle"
 )
 
 // A hostile case builds a checkpoint directory (or a DST, or a golden
@@ -96,7 +99,7 @@ func tinyInput(t *testing.T, dir string, own ...string) string {
 func configOnly(t *testing.T, dir string) string {
 	t.Helper()
 	in := filepath.Join(dir, inputDir)
-	writeFile(t, filepath.Join(in, "config.json"), readFile(t, filepath.Join(tinySrc(t), "config.json")))
+	testkit.WriteFile(t, filepath.Join(in, "config.json"), testkit.ReadFile(t, filepath.Join(tinySrc(t), "config.json")))
 	return in
 }
 
@@ -110,14 +113,14 @@ const (
 // out of all proportion to the file's size, as parts to stream.
 var hostilePickles = []struct {
 	name  string
-	parts []part
+	parts []any // see pk.Stream
 }{
-	{"16M MARK opcodes", []part{{pickleProto2, 1}, {"(", pickleOps}, {".", 1}}},
-	{"16M EMPTY_DICT opcodes", []part{{pickleProto2, 1}, {"}", pickleOps}, {".", 1}}},
-	{"LONG4 with a 4 MiB payload", []part{{pickleProto2 + "}(" + pkStr("model.embed_tokens.weight") + "\x8b" +
-		string(binary.LittleEndian.AppendUint32(nil, long4Length)), 1}, {"\x5a", long4Length}, {"u.", 1}}},
-	{"text LONG of 16M digits", []part{{pickleProto2 + "}(" + pkStr("model.embed_tokens.weight") + "L", 1},
-		{"7", pickleOps}, {"L\nu.", 1}}},
+	{"16M MARK opcodes", []any{pk.Proto2, pk.Repeat("(", pickleOps), "."}},
+	{"16M EMPTY_DICT opcodes", []any{pk.Proto2, pk.Repeat("}", pickleOps), "."}},
+	{"LONG4 with a 4 MiB payload", []any{pk.Proto2 + "}(" + pk.Str("model.embed_tokens.weight") + "\x8b" +
+		string(binary.LittleEndian.AppendUint32(nil, long4Length)), pk.Repeat("\x5a", long4Length), "u."}},
+	{"text LONG of 16M digits", []any{pk.Proto2 + "}(" + pk.Str("model.embed_tokens.weight") + "L",
+		pk.Repeat("7", pickleOps), "L\nu."}},
 }
 
 // TestHostileTorch: PyTorch .bin files built to exhaust the unpickler, and
@@ -129,7 +132,7 @@ func TestHostileTorch(t *testing.T) {
 			name: hp.name,
 			build: func(t *testing.T, dir string) {
 				in := configOnly(t, dir)
-				torchZip(t, filepath.Join(in, "pytorch_model.bin"), pickleParts(hp.parts...), nil)
+				torchZip(t, filepath.Join(in, "pytorch_model.bin"), hp.parts, nil)
 			},
 			runs: [][]string{inspectRun, convertRun, bytesSrcRun},
 			file: "pytorch_model.bin",
@@ -163,8 +166,8 @@ func strideZeroBin(t *testing.T, path string, extra int) {
 	st := readST(t, filepath.Join(tinySrc(t), "model.safetensors"))
 	storages := map[string][]byte{}
 	var kv []string
-	for i, name := range slices.Sorted(maps.Keys(st.tensors)) {
-		e := st.tensors[name]
+	for i, name := range slices.Sorted(maps.Keys(st.Tensors)) {
+		e := st.Tensors[name]
 		class, ok := storageClasses[e.DType]
 		if !ok {
 			t.Fatalf("tensor %s: no storage class for %s", name, e.DType)
@@ -172,19 +175,19 @@ func strideZeroBin(t *testing.T, path string, extra int) {
 		key := fmt.Sprint(i)
 		data := st.data[e.DataOffsets[0]:e.DataOffsets[1]]
 		storages[key] = data
-		numel, shape, stride := int32(1), make([]int32, len(e.Shape)), make([]int32, len(e.Shape))
+		numel, stride := int64(1), make([]int64, len(e.Shape))
 		for d := len(e.Shape) - 1; d >= 0; d-- {
-			shape[d], stride[d] = int32(e.Shape[d]), numel
-			numel *= int32(e.Shape[d])
+			stride[d] = numel
+			numel *= e.Shape[d]
 		}
-		kv = append(kv, pkStr(name), pkView(class, key, numel, 0, shape, stride))
+		kv = append(kv, pk.Str(name), pk.View(class, key, numel, 0, e.Shape, stride))
 	}
 	storages["zero"] = []byte{0x80, 0x3f} // bf16 1.0
 	for i := range extra {
-		kv = append(kv, pkStr(fmt.Sprintf("model.extra.%d.weight", i)),
-			pkView("BFloat16Storage", "zero", 1, 0, []int32{1 << 15, 1 << 14}, []int32{0, 0}))
+		kv = append(kv, pk.Str(fmt.Sprintf("model.extra.%d.weight", i)),
+			pk.View("BFloat16Storage", "zero", 1, 0, []int64{1 << 15, 1 << 14}, []int64{0, 0}))
 	}
-	torchZip(t, path, pickleParts(part{string(pickle(pkDict(kv...))), 1}), storages)
+	torchZip(t, path, []any{pk.Of(pk.Dict(kv...))}, storages)
 }
 
 // The slow checkpoint of TestHostileTorchInterrupt: slowShards shards whose
@@ -208,15 +211,15 @@ func slowTorch(t *testing.T, in string) {
 		shard := fmt.Sprintf("pytorch_model-%05d-of-%05d.bin", i+1, slowShards)
 		name := fmt.Sprintf("model.slow.%d.weight", i)
 		weights[name] = shard
-		tail := pkDict(pkStr(name), pkView("BFloat16Storage", "0", 1, 0, []int32{1}, []int32{1})) + "."
-		torchZip(t, filepath.Join(in, shard), pickleParts(part{pickleProto2, 1}, part{"}0", slowDicts}, part{tail, 1}),
+		tail := pk.Dict(pk.Str(name), pk.View("BFloat16Storage", "0", 1, 0, []int64{1}, []int64{1})) + "."
+		torchZip(t, filepath.Join(in, shard), []any{pk.Proto2, pk.Repeat("}0", slowDicts), tail},
 			map[string][]byte{"0": {0x80, 0x3f}})
 	}
 	b, err := json.Marshal(map[string]any{"metadata": map[string]any{"total_size": 2 * slowShards}, "weight_map": weights})
 	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(in, "pytorch_model.bin.index.json"), b)
+	testkit.WriteFile(t, filepath.Join(in, "pytorch_model.bin.index.json"), b)
 }
 
 // TestHostileTorchInterrupt: SIGINT while a checkpoint is being parsed is
@@ -243,7 +246,7 @@ func TestHostileTorchInterrupt(t *testing.T) {
 	}
 	for _, hp := range hostilePickles {
 		cases = append(cases, interruptCase{hp.name, func(t *testing.T, in string) {
-			torchZip(t, filepath.Join(in, "pytorch_model.bin"), pickleParts(hp.parts...), nil)
+			torchZip(t, filepath.Join(in, "pytorch_model.bin"), hp.parts, nil)
 		}, false, syscall.SIGINT})
 	}
 	for _, c := range cases {
@@ -307,7 +310,7 @@ func TestHostileSafetensors(t *testing.T) {
 			build: func(t *testing.T, dir string) {
 				in := configOnly(t, dir)
 				linkFile(t, filepath.Join(tinySrc(t), "model.safetensors"), filepath.Join(in, "model-00001-of-00001.safetensors"))
-				sparse(t, filepath.Join(in, "model.safetensors.index.json"), 1<<30,
+				testkit.Sparse(t, filepath.Join(in, "model.safetensors.index.json"), 1<<30,
 					[]byte(`{"metadata": {"total_size": 915000}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00001.safetensors", "`))
 			},
 			runs: [][]string{inspectRun, convertRun, bytesSrcRun},
@@ -320,33 +323,22 @@ func TestHostileSafetensors(t *testing.T) {
 // header, no data), written once, streamed, and hard-linked where cases
 // need it.
 func zeroTensors(t *testing.T) string {
+	const head = `{"__metadata__":{"format":"pt"}`
+	entry := func(i int) string {
+		return fmt.Sprintf(`,"model.layers.1.mlp.z%07d":{"dtype":"BF16","shape":[0],"data_offsets":[0,0]}`, i)
+	}
+	n := len(head) + 1_000_000*len(entry(0)) + len("}") // every entry is as long
+	pad := strings.Repeat(" ", (8-n%8)%8)
 	return filepath.Join(sharedDir(t, "zero-tensors", func(dir string) {
-		path := filepath.Join(dir, "model.safetensors")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		f, err := os.Create(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		w := bufio.NewWriter(f)
-		w.Write(make([]byte, 8)) // the header length, filled in below
-		n, _ := w.WriteString(`{"__metadata__":{"format":"pt"}`)
-		for i := range 1_000_000 {
-			k, _ := fmt.Fprintf(w, `,"model.layers.1.mlp.z%07d":{"dtype":"BF16","shape":[0],"data_offsets":[0,0]}`, i)
-			n += k
-		}
-		w.WriteString("}")
-		for n++; n%8 != 0; n++ {
-			w.WriteByte(' ')
-		}
-		if err := w.Flush(); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.WriteAt(binary.LittleEndian.AppendUint64(nil, uint64(n)), 0); err != nil {
-			t.Fatal(err)
-		}
+		testkit.WriteStream(t, filepath.Join(dir, "model.safetensors"), func(w io.Writer) error {
+			w.Write(binary.LittleEndian.AppendUint64(nil, uint64(n+len(pad))))
+			io.WriteString(w, head)
+			for i := range 1_000_000 {
+				io.WriteString(w, entry(i))
+			}
+			_, err := io.WriteString(w, "}"+pad)
+			return err
+		})
 	}), "model.safetensors")
 }
 
@@ -366,7 +358,7 @@ func TestHostileConfig(t *testing.T) {
 	layers := func(n int64) func(t *testing.T, dir string) {
 		return func(t *testing.T, dir string) {
 			in := tinyInput(t, dir, "config.json")
-			editJSON(t, filepath.Join(in, "config.json"), func(m map[string]any) { m["num_hidden_layers"] = n })
+			testkit.EditJSON(t, filepath.Join(in, "config.json"), func(m map[string]any) { m["num_hidden_layers"] = n })
 		}
 	}
 	runHostile(t, []hostileCase{
@@ -392,7 +384,7 @@ func TestHostileOutputFiles(t *testing.T) {
 			name: "sparse 4 GiB moeprep-progress.json, then --resume",
 			build: func(t *testing.T, dir string) {
 				tinyInput(t, dir)
-				sparse(t, filepath.Join(dir, "resumed.partial", "moeprep-progress.json"), 4<<30, []byte(`{"version": 1, "fingerprint": "`))
+				testkit.Sparse(t, filepath.Join(dir, "resumed.partial", "moeprep-progress.json"), 4<<30, []byte(`{"version": 1, "fingerprint": "`))
 			},
 			// The resume must refuse without turning resumed.partial into a
 			// DST (the .partial itself may stay: it was there before).
@@ -440,13 +432,9 @@ func TestHostileOutputFiles(t *testing.T) {
 			// A golden whose tensors claim 4 GiB, held by a sparse file.
 			name: "sparse 4 GiB golden file",
 			build: func(t *testing.T, dir string) {
-				hdr := `{"x":{"dtype":"F32","shape":[8388608,64],"data_offsets":[0,2147483648]},` +
-					`"y":{"dtype":"F32","shape":[8388608,64],"data_offsets":[2147483648,4294967296]}}`
-				for len(hdr)%8 != 0 {
-					hdr += " "
-				}
-				head := append(binary.LittleEndian.AppendUint64(nil, uint64(len(hdr))), hdr...)
-				sparse(t, filepath.Join(dir, "golden", "moe-layer-1.safetensors"), int64(len(head))+4<<30, head)
+				head := testkit.STHead(`{"x":{"dtype":"F32","shape":[8388608,64],"data_offsets":[0,2147483648]},` +
+					`"y":{"dtype":"F32","shape":[8388608,64],"data_offsets":[2147483648,4294967296]}}`)
+				testkit.Sparse(t, filepath.Join(dir, "golden", "moe-layer-1.safetensors"), int64(len(head))+4<<30, head)
 			},
 			runs: [][]string{{"validate", "--no-progress", "--device", "cpu", "{fused}", "--golden", "{dir}/golden"}},
 			file: "moe-layer-1.safetensors",
@@ -455,7 +443,7 @@ func TestHostileOutputFiles(t *testing.T) {
 			// A golden whose header length field claims 4 GiB.
 			name: "golden file with a 4 GiB header",
 			build: func(t *testing.T, dir string) {
-				sparse(t, filepath.Join(dir, "golden", "moe-layer-1.safetensors"), 8+4<<30, binary.LittleEndian.AppendUint64(nil, 4<<30))
+				testkit.Sparse(t, filepath.Join(dir, "golden", "moe-layer-1.safetensors"), 8+4<<30, binary.LittleEndian.AppendUint64(nil, 4<<30))
 			},
 			runs: [][]string{{"validate", "--no-progress", "--device", "cpu", "{fused}", "--golden", "{dir}/golden"}},
 			file: "moe-layer-1.safetensors",

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // hubFiles are the files of a hub checkpoint besides the weights and their
@@ -31,7 +33,7 @@ func TestHubSnapshot(t *testing.T) {
 		// Two shards and an index, so the index is a link too.
 		synth(t, dir, append(append([]string{}, tinyArgs...), "--shard-size", "500KB")...)
 		for name, content := range hubFiles {
-			writeFile(t, filepath.Join(dir, name), []byte(content))
+			testkit.WriteFile(t, filepath.Join(dir, name), []byte(content))
 		}
 	})
 	cases := []struct {
@@ -85,7 +87,7 @@ func TestHubSnapshot(t *testing.T) {
 				check(t, runMoeprep(t, caseTimeout, append(append([]string{}, run...), src, dst)...), code(0, nil, ""))
 			}
 
-			writeFile(t, filepath.Join(dst, "tokenizer.json"), []byte(`{"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 1, "b": 0}, "merges": []}}`+"\n"))
+			testkit.WriteFile(t, filepath.Join(dst, "tokenizer.json"), []byte(`{"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 1, "b": 0}, "merges": []}}`+"\n"))
 			rehash(t, dst, "tokenizer.json")
 			for _, run := range [][]string{validateBytes, validateFull} {
 				check(t, runMoeprep(t, caseTimeout, append(append([]string{}, run...), src, dst)...), code(1, names("tokenizer.json"), ""))
@@ -105,10 +107,10 @@ func hubSnapshot(t *testing.T, plain, repo, rev string) string {
 		t.Fatal(err)
 	}
 	for _, e := range ents {
-		b := readFile(t, filepath.Join(plain, e.Name()))
+		b := testkit.ReadFile(t, filepath.Join(plain, e.Name()))
 		sum := sha256.Sum256(b)
 		blob := hex.EncodeToString(sum[:])
-		writeFile(t, filepath.Join(repo, "blobs", blob), b)
+		testkit.WriteFile(t, filepath.Join(repo, "blobs", blob), b)
 		if err := os.MkdirAll(snap, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -116,7 +118,7 @@ func hubSnapshot(t *testing.T, plain, repo, rev string) string {
 			t.Fatal(err)
 		}
 	}
-	writeFile(t, filepath.Join(repo, "refs", "main"), []byte(rev))
+	testkit.WriteFile(t, filepath.Join(repo, "refs", "main"), []byte(rev))
 	return snap
 }
 

@@ -1,7 +1,6 @@
 package redteam
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -12,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // TestStaleResume: a resume after the source changed must not reuse shards
@@ -37,7 +38,7 @@ func TestStaleResume(t *testing.T) {
 			name: "convert after tensor bytes changed, same size and mtime",
 			cmd:  append([]string{"convert"}, slowConvert...),
 			makeSrc: func(t *testing.T, dir string) {
-				copyTree(t, big, dir)
+				testkit.CopyDir(t, big, dir)
 			},
 			change: flipEveryTensor,
 		},
@@ -51,13 +52,13 @@ func TestStaleResume(t *testing.T) {
 			change: func(t *testing.T, src string) {
 				cfg := filepath.Join(src, "config.json")
 				keepTimes(t, cfg, func() {
-					b := readFile(t, cfg)
+					b := testkit.ReadFile(t, cfg)
 					// Same length: 2.5 -> 3.5.
 					nb := strings.Replace(string(b), `"routed_scaling_factor": 2.5`, `"routed_scaling_factor": 3.5`, 1)
 					if nb == string(b) {
 						t.Fatalf("%s: no routed_scaling_factor 2.5 to change", cfg)
 					}
-					writeFile(t, cfg, []byte(nb))
+					testkit.WriteFile(t, cfg, []byte(nb))
 				})
 			},
 		},
@@ -119,55 +120,17 @@ func finishedShardHolds(partial, affected string) bool {
 		return false // caught mid-write
 	}
 	for name := range rec.Shards {
-		hdr, _, err := readSTHeader(filepath.Join(partial, name))
+		hdr, err := testkit.ReadSTHeader(filepath.Join(partial, name))
 		if err != nil {
 			continue
 		}
-		for tn := range hdr {
+		for tn := range hdr.Tensors {
 			if strings.Contains(tn, affected) {
 				return true
 			}
 		}
 	}
 	return false
-}
-
-// readSTHeader reads only the header of a safetensors file: its tensors
-// and where their data begins.
-func readSTHeader(path string) (map[string]stTensor, int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer f.Close()
-	var n [8]byte
-	if _, err := f.ReadAt(n[:], 0); err != nil {
-		return nil, 0, err
-	}
-	size := binary.LittleEndian.Uint64(n[:])
-	if size > 100_000_000 {
-		return nil, 0, fmt.Errorf("%s: header of %d bytes", path, size)
-	}
-	b := make([]byte, size)
-	if _, err := f.ReadAt(b, 8); err != nil {
-		return nil, 0, err
-	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(b, &raw); err != nil {
-		return nil, 0, err
-	}
-	out := map[string]stTensor{}
-	for k, v := range raw {
-		if k == "__metadata__" {
-			continue
-		}
-		var e stTensor
-		if err := json.Unmarshal(v, &e); err != nil {
-			return nil, 0, err
-		}
-		out[k] = e
-	}
-	return out, 8 + int64(size), nil
 }
 
 // flipEveryTensor changes the first byte of every tensor of every
@@ -181,50 +144,27 @@ func flipEveryTensor(t *testing.T, src string) {
 		t.Fatalf("%s: no shards", src)
 	}
 	for _, path := range shards {
-		hdr, start, err := readSTHeader(path)
+		hdr, err := testkit.ReadSTHeader(path)
 		if err != nil {
 			t.Fatal(err)
 		}
 		keepTimes(t, path, func() {
-			f, err := os.OpenFile(path, os.O_RDWR, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			var b [1]byte
-			for _, e := range hdr {
-				if e.DataOffsets[1] == e.DataOffsets[0] {
-					continue
-				}
-				off := start + e.DataOffsets[0]
-				if _, err := f.ReadAt(b[:], off); err != nil {
-					t.Fatal(err)
-				}
-				b[0] ^= 1
-				if _, err := f.WriteAt(b[:], off); err != nil {
-					t.Fatal(err)
+			for _, e := range hdr.Tensors {
+				if e.DataOffsets[1] > e.DataOffsets[0] {
+					testkit.FlipBits(t, path, hdr.DataStart+e.DataOffsets[0], 1)
 				}
 			}
 		})
 	}
 }
 
-// keepTimes runs change on path and puts its access and modification times
-// back as they were, to the nanosecond.
+// keepTimes is testkit.KeepTimes for changes that keep path's size too:
+// what a size-and-mtime fingerprint cannot see.
 func keepTimes(t *testing.T, path string, change func()) {
 	t.Helper()
-	st, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sys := st.Sys().(*syscall.Stat_t)
-	atime := time.Unix(sys.Atim.Sec, sys.Atim.Nsec)
-	change()
-	if err := os.Chtimes(path, atime, st.ModTime()); err != nil {
-		t.Fatal(err)
-	}
-	if st2, err := os.Stat(path); err != nil || st2.Size() != st.Size() || !st2.ModTime().Equal(st.ModTime()) {
-		t.Fatalf("%s: size or mtime not kept: %v", path, err)
+	before := testkit.KeepTimes(t, path, change)
+	if st, err := os.Stat(path); err != nil || st.Size() != before.Size() {
+		t.Fatalf("%s: size not kept: %v", path, err)
 	}
 }
 
@@ -242,11 +182,8 @@ func linkTree(t *testing.T, src, dst string, own ...string) {
 	for _, e := range ents {
 		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
 		if slices.Contains(own, e.Name()) {
-			err = copyFile(from, to)
-		} else {
-			err = os.Link(from, to)
-		}
-		if err != nil {
+			testkit.CopyFile(t, from, to)
+		} else if err := os.Link(from, to); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -256,7 +193,7 @@ func linkTree(t *testing.T, src, dst string, own ...string) {
 // bytes.
 func assertSameTree(t *testing.T, want, got string) {
 	t.Helper()
-	w, g := listFiles(t, want), listFiles(t, got)
+	w, g := testkit.ListDir(t, want), testkit.ListDir(t, got)
 	if !slices.Equal(w, g) {
 		t.Errorf("%s holds %v, a fresh run wrote %v", got, g, w)
 	}
@@ -268,19 +205,6 @@ func assertSameTree(t *testing.T, want, got string) {
 			t.Errorf("stale output: %v", err)
 		}
 	}
-}
-
-func listFiles(t *testing.T, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range ents {
-		out = append(out, e.Name())
-	}
-	return out
 }
 
 // TestConcurrentRuns: two runs on one DST (issue 26, case 6). The second,

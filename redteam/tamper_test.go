@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // validateFull and validateBytes are the two validate runs of a SRC DST
@@ -34,7 +36,7 @@ func TestTamper(t *testing.T) {
 		// could be a broken fixture.
 		{"control: untouched", func(*testing.T, string) {}, both, code(0, nil, "")},
 		{"control: tokenizer_config.json changed, manifest not rewritten", func(t *testing.T, dst string) {
-			writeFile(t, filepath.Join(dst, "tokenizer_config.json"), []byte(`{"model_max_length": 1}`+"\n"))
+			testkit.WriteFile(t, filepath.Join(dst, "tokenizer_config.json"), []byte(`{"model_max_length": 1}`+"\n"))
 		}, both, code(1, names("tokenizer_config.json"), "")},
 
 		// Case 7: config.json fields outside the MoE block change what the
@@ -52,18 +54,18 @@ func TestTamper(t *testing.T) {
 
 		// Case 9: code that trust_remote_code would run, added to DST.
 		{"modeling_deepseek.py added and listed", func(t *testing.T, dst string) {
-			writeFile(t, filepath.Join(dst, "modeling_deepseek.py"), []byte("import os\nos.system('id')\n"))
+			testkit.WriteFile(t, filepath.Join(dst, "modeling_deepseek.py"), []byte("import os\nos.system('id')\n"))
 			rehash(t, dst, "modeling_deepseek.py")
 		}, both, code(1, names("modeling_deepseek.py"), "")},
 		{"modeling_deepseek.py added, not listed", func(t *testing.T, dst string) {
-			writeFile(t, filepath.Join(dst, "modeling_deepseek.py"), []byte("import os\nos.system('id')\n"))
+			testkit.WriteFile(t, filepath.Join(dst, "modeling_deepseek.py"), []byte("import os\nos.system('id')\n"))
 		}, both, code(1, names("modeling_deepseek.py"), "")},
 
 		// Case 10: the contract's shared slot weight (1/rsf here: bf16 is not
 		// folded) is what an engine multiplies the shared expert by.
 		{"contract shared_slot_weight", func(t *testing.T, dst string) {
 			cfg := filepath.Join(dst, "config.json")
-			editJSON(t, cfg, func(m map[string]any) {
+			testkit.EditJSON(t, cfg, func(m map[string]any) {
 				c, ok := m["moeprep"].(map[string]any)
 				if !ok {
 					t.Fatalf("%s: no moeprep contract", cfg)
@@ -76,7 +78,7 @@ func TestTamper(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dst := filepath.Join(t.TempDir(), "dst")
-			copyTree(t, fused, dst)
+			testkit.CopyDir(t, fused, dst)
 			c.tamper(t, dst)
 			for _, run := range c.runs {
 				check(t, runMoeprep(t, caseTimeout, append(append([]string{}, run...), src, dst)...), c.want)
@@ -88,7 +90,7 @@ func TestTamper(t *testing.T) {
 // configEdit sets DST config.json's key to v and rehashes it.
 func configEdit(key string, v any) func(t *testing.T, dst string) {
 	return func(t *testing.T, dst string) {
-		editJSON(t, filepath.Join(dst, "config.json"), func(m map[string]any) { m[key] = v })
+		testkit.EditJSON(t, filepath.Join(dst, "config.json"), func(m map[string]any) { m[key] = v })
 		rehash(t, dst, "config.json")
 	}
 }
@@ -99,7 +101,7 @@ func fileEdit(name, content string) func(t *testing.T, dst string) {
 		if _, err := os.Stat(filepath.Join(dst, name)); err != nil {
 			t.Fatalf("the fixture has no %s to change: %v", name, err)
 		}
-		writeFile(t, filepath.Join(dst, name), []byte(content))
+		testkit.WriteFile(t, filepath.Join(dst, name), []byte(content))
 		rehash(t, dst, name)
 	}
 }
@@ -142,7 +144,7 @@ func TestManifestEscape(t *testing.T) {
 				t.Skip("no /etc/hostname to read")
 			}
 			dst := filepath.Join(t.TempDir(), "dst")
-			copyTree(t, fused, dst)
+			testkit.CopyDir(t, fused, dst)
 			// As many ../ as DST is deep, at least the issue's four: the path
 			// really resolves to the file from DST.
 			up := strings.Repeat("../", max(4, strings.Count(filepath.Clean(dst), string(filepath.Separator))))

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // escName carries the sequences that would erase the error line on a
@@ -30,9 +32,7 @@ func TestTerminalInjection(t *testing.T) {
 			build: func(t *testing.T, dir string) string {
 				in := tinyInput(t, dir, "model.safetensors")
 				st := readST(t, filepath.Join(in, "model.safetensors"))
-				end := int64(len(st.data))
-				st.tensors[escName] = stTensor{DType: "BF16", Shape: []int64{4}, DataOffsets: []int64{end, end + 6}}
-				st.data = append(st.data, make([]byte, 6)...)
+				st.add(escName, "BF16", []int64{4}, make([]byte, 6))
 				st.write(t, filepath.Join(in, "model.safetensors"))
 				return in
 			},
@@ -57,7 +57,7 @@ func TestTerminalInjection(t *testing.T) {
 			name: "model_type in config.json",
 			build: func(t *testing.T, dir string) string {
 				in := tinyInput(t, dir, "config.json")
-				editJSON(t, filepath.Join(in, "config.json"), func(m map[string]any) { m["model_type"] = escName })
+				testkit.EditJSON(t, filepath.Join(in, "config.json"), func(m map[string]any) { m["model_type"] = escName })
 				return in
 			},
 			runs: [][]string{inspectRun, {"inspect", "--no-progress", "--json", "{in}"}, convertRun},
@@ -83,14 +83,12 @@ func TestTerminalInjection(t *testing.T) {
 			name: "extra tensor in DST",
 			build: func(t *testing.T, dir string) string {
 				dst := filepath.Join(dir, "dst")
-				copyTree(t, tinyFused(t), dst)
+				testkit.CopyDir(t, tinyFused(t), dst)
 				shard := filepath.Base(onlyFile(t, dst, "model-*.safetensors"))
 				st := readST(t, filepath.Join(dst, shard))
-				end := int64(len(st.data))
-				st.tensors[escName] = stTensor{DType: "BF16", Shape: []int64{4}, DataOffsets: []int64{end, end + 8}}
-				st.data = append(st.data, make([]byte, 8)...)
+				st.add(escName, "BF16", []int64{4}, make([]byte, 8))
 				st.write(t, filepath.Join(dst, shard))
-				editJSON(t, filepath.Join(dst, "model.safetensors.index.json"), func(m map[string]any) {
+				testkit.EditJSON(t, filepath.Join(dst, "model.safetensors.index.json"), func(m map[string]any) {
 					m["weight_map"].(map[string]any)[escName] = shard
 				})
 				rehash(t, dst, shard, "model.safetensors.index.json")

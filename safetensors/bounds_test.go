@@ -3,7 +3,6 @@ package safetensors
 import (
 	"encoding/binary"
 	"fmt"
-	"github.com/moeprep/moeprep/internal/costtest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -11,6 +10,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/moeprep/moeprep/internal/costtest"
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // The hostile inputs of issue 26: each must be refused with a one-line error
@@ -18,28 +20,12 @@ import (
 // The files are made at test time; the large ones are sparse (Truncate) or
 // a few tens of MB of JSON that is removed with the test's directory.
 
-// boundedTime is what one refusal may take: the real cost is milliseconds,
-// so only a blow-up (a loop sized by a hostile number) fails.
-const boundedTime = 5 * time.Second // the issue's bound; loose so a loaded CI machine cannot flake it: the allocation bounds are the tight ones
-
 // writeHeaderFile writes a safetensors file of header and dataLen zero
 // bytes of data (sparse: the data costs no disk).
 func writeHeaderFile(t *testing.T, path string, header []byte, dataLen int64) {
 	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.Write(binary.LittleEndian.AppendUint64(nil, uint64(len(header)))); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Write(header); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Truncate(int64(8+len(header)) + dataLen); err != nil {
-		t.Fatal(err)
-	}
+	head := append(binary.LittleEndian.AppendUint64(nil, uint64(len(header))), header...)
+	testkit.Sparse(t, path, int64(len(head))+dataLen, head)
 }
 
 // zeroTensorsHeader is a header of n empty U8 tensors named by hex number.
@@ -57,33 +43,12 @@ func zeroTensorsHeader(n int) []byte {
 	return append(b, '}')
 }
 
-// sparseFile makes a file of size bytes that starts with prefix and holds
-// nothing else (the rest is a hole).
-func sparseFile(t *testing.T, path string, prefix []byte, size int64) {
-	t.Helper()
-	if err := os.WriteFile(path, prefix, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(path, size); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // checkBounded asserts a refusal: err one line, naming path, containing
-// want, and what it cost within maxAlloc bytes and boundedTime.
+// want, and what it cost within maxAlloc bytes and testkit.RefusalTime.
 func checkBounded(t *testing.T, err error, path, want string, alloc, maxAlloc uint64, took time.Duration) {
 	t.Helper()
-	t.Logf("cost: %.2f MB allocated (bound %.2f MB), %v", float64(alloc)/1e6, float64(maxAlloc)/1e6, took)
-	if err == nil {
-		t.Fatalf("%s accepted", path)
-	}
-	checkOneLineError(t, err, want, path)
-	if alloc > maxAlloc {
-		t.Errorf("allocated %d bytes, want at most %d", alloc, maxAlloc)
-	}
-	if took > boundedTime {
-		t.Errorf("took %v, want at most %v", took, boundedTime)
-	}
+	testkit.CheckOneLine(t, err, path, want)
+	testkit.CheckCost(t, alloc, maxAlloc, took, testkit.RefusalTime)
 }
 
 func TestOpenHostileFiles(t *testing.T) {
@@ -108,10 +73,10 @@ func TestOpenHostileFiles(t *testing.T) {
 		{"MaxTensorsPerFile+1 tensors", func(p string) { writeHeaderFile(t, p, overLimit, 0) },
 			"header lists 262145 tensors, over the limit of 262144", uint64(len(overLimit)) + 1<<20},
 		{"sparse 100 MB header of zeros", func(p string) {
-			sparseFile(t, p, binary.LittleEndian.AppendUint64(nil, MaxHeaderSize), 8+MaxHeaderSize+1<<30)
+			testkit.Sparse(t, p, 8+MaxHeaderSize+1<<30, binary.LittleEndian.AppendUint64(nil, MaxHeaderSize))
 		}, `header is not valid JSON: unexpected '\x00' at byte 0`, 1 << 20},
 		{"sparse 100 MB header opening with '{'", func(p string) {
-			sparseFile(t, p, append(binary.LittleEndian.AppendUint64(nil, MaxHeaderSize), '{'), 8+MaxHeaderSize)
+			testkit.Sparse(t, p, 8+MaxHeaderSize, append(binary.LittleEndian.AppendUint64(nil, MaxHeaderSize), '{'))
 		}, `header is not valid JSON: unexpected '\x00' at byte 1`, MaxHeaderSize + 1<<20},
 		{"shape of 17 dimensions", func(p string) { writeHeaderFile(t, p, []byte(shape17), 1) },
 			`tensor "a": shape has 17 dimensions, over the limit of 16`, 1 << 20},
@@ -174,8 +139,8 @@ func TestOpenMaximalHeader(t *testing.T) {
 	if limit := uint64(len(header)) + 256*MaxTensorsPerFile; alloc > limit {
 		t.Errorf("a maximal header allocated %d bytes, want at most %d", alloc, limit)
 	}
-	if took > 2*boundedTime {
-		t.Errorf("a maximal header took %v, want at most %v", took, 2*boundedTime)
+	if took > 2*testkit.RefusalTime {
+		t.Errorf("a maximal header took %v, want at most %v", took, 2*testkit.RefusalTime)
 	}
 	t.Logf("%d tensors, %d-byte header: %v, %.1f MB allocated", len(f.Tensors), len(header), took, float64(alloc)/1e6)
 }
@@ -239,7 +204,7 @@ func TestReadHostileIndex(t *testing.T) {
 		// doubles its buffer): the red-team index cost 2.1 GB of RSS.
 		built uint64
 	}{
-		{"sparse 1 GiB", func(p string) { sparseFile(t, p, nil, 1<<30) },
+		{"sparse 1 GiB", func(p string) { testkit.Sparse(t, p, 1<<30, nil) },
 			"1073741824 bytes, over the 67108864-byte limit for " + IndexFileName, 1 << 20},
 		{"named pipe", func(p string) {
 			if err := syscall.Mkfifo(p, 0o644); err != nil {
@@ -324,5 +289,5 @@ func TestOpenShardedChecksShardsAsOpened(t *testing.T) {
 		t.Skip("no named pipes here:", err)
 	}
 	_, err := OpenSharded(dir)
-	checkOneLineError(t, err, `tensor "1" is missing from the weight_map of `+IndexFileName, filepath.Join(dir, s1))
+	testkit.CheckOneLine(t, err, filepath.Join(dir, s1), `tensor "1" is missing from the weight_map of `+IndexFileName)
 }

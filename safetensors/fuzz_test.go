@@ -39,6 +39,19 @@ func isSyntaxError(err error) bool {
 		strings.Contains(err.Error(), "trailing data") || strings.Contains(err.Error(), "is empty, not a JSON object"))
 }
 
+// agreesOnJSON fails t unless the parser, which returned err for in (what),
+// agrees with encoding/json on whether in is JSON at all.
+func agreesOnJSON(t *testing.T, what string, in []byte, err error) {
+	t.Helper()
+	valid := utf8.Valid(in) && json.Valid(in)
+	if !valid && err == nil {
+		t.Fatalf("accepted %s encoding/json refuses: %q", what, in)
+	}
+	if valid && isSyntaxError(err) {
+		t.Fatalf("called %s encoding/json accepts malformed: %v: %q", what, err, in)
+	}
+}
+
 // testdataFiles returns every file under testdata/broken and testdata/good,
 // the fuzzers' seeds.
 func testdataFiles(f *testing.F) map[string][]byte {
@@ -79,13 +92,7 @@ func FuzzParseHeader(f *testing.F) {
 		checkCost(t, len(header), alloc, took)
 		// The hand-written scanner must agree with encoding/json on what
 		// is JSON at all, and on every string it decodes.
-		valid := utf8.Valid(header) && json.Valid(header)
-		if !valid && err == nil {
-			t.Fatalf("accepted a header encoding/json refuses: %q", header)
-		}
-		if valid && isSyntaxError(err) {
-			t.Fatalf("called a header encoding/json accepts malformed: %v: %q", err, header)
-		}
+		agreesOnJSON(t, "a header", header, err)
 		if err != nil {
 			if strings.ContainsAny(err.Error(), "\n\r") {
 				t.Fatalf("multi-line error %q", err)
@@ -173,13 +180,7 @@ func FuzzParseIndex(f *testing.F) {
 		var err error
 		alloc, took := costtest.Measure(func() { idx, err = parseIndex(data) })
 		checkCost(t, len(data), alloc, took)
-		valid := utf8.Valid(data) && json.Valid(data)
-		if !valid && err == nil {
-			t.Fatalf("accepted an index encoding/json refuses: %q", data)
-		}
-		if valid && isSyntaxError(err) {
-			t.Fatalf("called an index encoding/json accepts malformed: %v: %q", err, data)
-		}
+		agreesOnJSON(t, "an index", data, err)
 		if err != nil {
 			return
 		}

@@ -31,6 +31,41 @@ func readSection(t *testing.T, f *File, name string) []byte {
 	return b
 }
 
+// readBack opens the safetensors file path (closed when the test ends) and
+// checks that it holds meta and entries, in order (entry order is offset
+// order), with the bytes each entry's Open gives.
+func readBack(t *testing.T, path string, meta map[string]string, entries []Entry) *File {
+	t.Helper()
+	f, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if !reflect.DeepEqual(f.Metadata, meta) {
+		t.Errorf("metadata %v, want %v", f.Metadata, meta)
+	}
+	if len(f.Tensors) != len(entries) {
+		t.Fatalf("%d tensors read, %d written", len(f.Tensors), len(entries))
+	}
+	for i, e := range entries {
+		if ti := f.Tensors[i]; ti.Name != e.Name || ti.DType != e.DType || !reflect.DeepEqual(ti.Shape, e.Shape) {
+			t.Errorf("tensor %d: %+v, want %s %s %v", i, ti, e.Name, e.DType, e.Shape)
+		}
+		r, err := e.Open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := io.ReadAll(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := readSection(t, f, e.Name); !bytes.Equal(got, want) {
+			t.Errorf("tensor %s: %d bytes read back differ from the %d written", e.Name, len(got), len(want))
+		}
+	}
+	return f
+}
+
 // TestOpenHandWritten reads a file not written by our writer: header with
 // leading whitespace and trailing padding, keys out of offset order, a
 // zero-size tensor, metadata.
@@ -182,28 +217,9 @@ func TestAllDTypesGolden(t *testing.T) {
 	if got, _ := os.ReadFile(fresh); !bytes.Equal(got, want) {
 		t.Errorf("writer output differs from %s (rerun with -update if the change is intended)", golden)
 	}
-	f, err := Open(golden)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if !reflect.DeepEqual(f.Metadata, meta) {
-		t.Errorf("metadata %v, want %v", f.Metadata, meta)
-	}
-	if len(f.Tensors) != len(entries) {
-		t.Fatalf("%d tensors, want %d", len(f.Tensors), len(entries))
-	}
+	f := readBack(t, golden, meta, entries)
 	seen := map[DType]bool{}
-	for i, e := range entries {
-		ti := f.Tensors[i]
-		if ti.Name != e.Name || ti.DType != e.DType || !reflect.DeepEqual(ti.Shape, e.Shape) {
-			t.Errorf("tensor %d: %+v, want %s %s %v", i, ti, e.Name, e.DType, e.Shape)
-		}
-		r, _ := e.Open()
-		wantData, _ := io.ReadAll(r)
-		if got := readSection(t, f, e.Name); !bytes.Equal(got, wantData) {
-			t.Errorf("tensor %s: data differs", e.Name)
-		}
+	for _, ti := range f.Tensors {
 		seen[ti.DType] = true
 	}
 	if len(seen) != 16 {

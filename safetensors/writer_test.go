@@ -58,28 +58,9 @@ func TestRoundTrip(t *testing.T) {
 	if _, err := os.Stat(path + ".tmp"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("%s.tmp left behind: %v", path, err)
 	}
-	f, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if !reflect.DeepEqual(f.Metadata, meta) {
-		t.Errorf("metadata %v, want %v", f.Metadata, meta)
-	}
+	f := readBack(t, path, meta, entries)
 	if progressed != int64(len(raw))-f.DataStart {
 		t.Errorf("progress reported %d bytes, data section is %d", progressed, int64(len(raw))-f.DataStart)
-	}
-	if len(f.Tensors) != len(entries) {
-		t.Fatalf("%d tensors read, %d written", len(f.Tensors), len(entries))
-	}
-	for i, e := range entries {
-		// Entry order is offset order, so Tensors come back in the same order.
-		if ti := f.Tensors[i]; ti.Name != e.Name || ti.DType != e.DType || !reflect.DeepEqual(ti.Shape, e.Shape) {
-			t.Errorf("tensor %d: %+v, want %s %s %v", i, ti, e.Name, e.DType, e.Shape)
-		}
-		if got := readSection(t, f, e.Name); !bytes.Equal(got, data[e.Name]) {
-			t.Errorf("tensor %s: %d bytes read back differ from the %d written", e.Name, len(got), len(data[e.Name]))
-		}
 	}
 }
 
@@ -267,14 +248,7 @@ func TestWriteFileReplacesStaleTmp(t *testing.T) {
 	if _, err := WriteFile(context.Background(), path, nil, []Entry{bytesEntry("a", I16, []int64{3}, data)}, nil); err != nil {
 		t.Fatal(err)
 	}
-	f, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if got := readSection(t, f, "a"); !bytes.Equal(got, data) {
-		t.Errorf("read %v, want %v", got, data)
-	}
+	readBack(t, path, nil, []Entry{bytesEntry("a", I16, []int64{3}, data)})
 }
 
 // TestDiskFull writes to /dev/full, which fails every write with ENOSPC.

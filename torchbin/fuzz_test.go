@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	pk "github.com/moeprep/moeprep/internal/testkit/pickle"
 )
 
 // seedFiles lists every checkpoint under testdata, good and broken.
@@ -49,8 +51,8 @@ func FuzzUnpickle(f *testing.F) {
 		}
 		zr.Close()
 	}
-	f.Add(pkl(dict(str("w"), v3call(pid("torch.storage", "UntypedStorage", "0", 64), 0, []int{2, 3}, []int{1, 2}, "float8_e4m3fn"))))
-	f.Add(pkl(dict(str("model"), dict(str("w"), v2call(pid("torch", "FloatStorage", "0", 16), 0, []int{4}, []int{1})))))
+	f.Add(pk.Of(pk.Dict(pk.Str("w"), v3call(pid("torch.storage", "UntypedStorage", "0", 64), 0, []int{2, 3}, []int{1, 2}, "float8_e4m3fn"))))
+	f.Add(pk.Of(pk.Dict(pk.Str("model"), pk.Dict(pk.Str("w"), v2call(pid("torch", "FloatStorage", "0", 16), 0, []int{4}, []int{1})))))
 	f.Add(torchStateDict(3))
 	storage := make([]byte, 64)
 	for i := range storage {

@@ -6,54 +6,29 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
+	pk "github.com/moeprep/moeprep/internal/testkit/pickle"
 )
 
-// Builders for hand-written protocol 2 pickles.
-
-const proto2 = "\x80\x02"
-
-func glob(module, name string) string { return "c" + module + "\n" + name + "\n" }
-
-func str(s string) string {
-	var n [4]byte
-	binary.LittleEndian.PutUint32(n[:], uint32(len(s)))
-	return "X" + string(n[:]) + s
-}
-
-func small(n int) string { return "K" + string(byte(n)) }
-
-func tuple(items ...string) string { return "(" + strings.Join(items, "") + "t" }
-
-func ints(ns ...int) string {
-	parts := make([]string, len(ns))
-	for i, n := range ns {
-		parts[i] = small(n)
-	}
-	return tuple(parts...)
-}
+// Builders for the hand-written pickles here, beside pk's: storages of any
+// module, and tensors rebuilt with BININT1 arguments.
 
 // pid is a persistent storage id; BINPERSID turns it into a storage.
 func pid(module, class, key string, numel int) string {
-	return tuple(str("storage"), glob(module, class), str(key), str("cpu"), small(numel)) + "Q"
+	return pk.Tuple(pk.Str("storage"), pk.Global(module, class), pk.Str(key), pk.Str("cpu"), pk.Small(numel)) + "Q"
 }
-
-func hooks() string { return glob("collections", "OrderedDict") + ")R" }
 
 // v2call is _rebuild_tensor_v2(storage, offset, size, stride, False, hooks).
 func v2call(storage string, off int, shape, stride []int) string {
-	return glob("torch._utils", "_rebuild_tensor_v2") +
-		tuple(storage, small(off), ints(shape...), ints(stride...), "\x89", hooks()) + "R"
+	return pk.Global("torch._utils", "_rebuild_tensor_v2") +
+		pk.Tuple(storage, pk.Small(off), pk.SmallInts(shape...), pk.SmallInts(stride...), "\x89", pk.Hooks()) + "R"
 }
 
 func v3call(storage string, off int, shape, stride []int, dtype string) string {
-	return glob("torch._utils", "_rebuild_tensor_v3") +
-		tuple(storage, small(off), ints(shape...), ints(stride...), "\x89", hooks(), glob("torch", dtype)) + "R"
+	return pk.Global("torch._utils", "_rebuild_tensor_v3") +
+		pk.Tuple(storage, pk.Small(off), pk.SmallInts(shape...), pk.SmallInts(stride...), "\x89", pk.Hooks(), pk.Global("torch", dtype)) + "R"
 }
-
-// dict builds {k: v, ...} from alternating key and value pickles.
-func dict(kv ...string) string { return "}(" + strings.Join(kv, "") + "u" }
-
-func pkl(body string) []byte { return []byte(proto2 + body + ".") }
 
 // fakeStorages answers every key with a 64-byte entry, except "missing".
 func fakeStorages(key string) (storageEntry, error) {
@@ -72,14 +47,14 @@ func TestRefusedClasses(t *testing.T) {
 	}
 	for _, c := range refused {
 		want := fmt.Sprintf("refusing to load class %s.%s (not in the allowlist for state dicts)", c.module, c.name)
-		call := tuple(str("echo pwned")) + "R"
+		call := pk.Tuple(pk.Str("echo pwned")) + "R"
 		encodings := map[string]string{
-			"GLOBAL":       glob(c.module, c.name) + call,
+			"GLOBAL":       pk.Global(c.module, c.name) + call,
 			"STACK_GLOBAL": "\x8c" + string(byte(len(c.module))) + c.module + "\x8c" + string(byte(len(c.name))) + c.name + "\x93" + call,
-			"INST":         "(" + str("echo pwned") + "i" + c.module + "\n" + c.name + "\n",
+			"INST":         "(" + pk.Str("echo pwned") + "i" + c.module + "\n" + c.name + "\n",
 		}
 		for enc, body := range encodings {
-			_, err := parseStateDict(pkl(body), fakeStorages)
+			_, err := parseStateDict(pk.Of(body), fakeStorages)
 			if err == nil || err.Error() != want || !errors.Is(err, errRefusedClass) {
 				t.Errorf("%s.%s via %s: error %v, want %q", c.module, c.name, enc, err, want)
 			}
@@ -94,45 +69,39 @@ func TestParseStateDict(t *testing.T) {
 		want       string // error substring, or "" for success
 		tensors    string // "name:dtype:shape;..." on success
 	}{
-		{"float8 typed storage", dict(str("w"), v2call(pid("torch", "Float8_e4m3fnStorage", "0", 64), 4, []int{2, 3}, []int{3, 1})), "", "w:F8_E4M3:[2 3]"},
-		{"float8 v3", dict(str("w"), v3call(pid("torch.storage", "UntypedStorage", "0", 64), 0, []int{8}, []int{1}, "float8_e5m2")), "", "w:F8_E5M2:[8]"},
-		{"uint16 v3", dict(str("w"), v3call(pid("torch.storage", "UntypedStorage", "0", 64), 0, []int{32}, []int{1}, "uint16")), "", "w:U16:[32]"},
-		{"parameter", dict(str("p"), glob("torch._utils", "_rebuild_parameter")+tuple(v2call(f32("0", 16), 0, []int{4}, []int{1}), "\x88", hooks())+"R"), "", "p:F32:[4]"},
-		{"duplicate key keeps first position, last value", dict(str("a"), v2call(f32("0", 16), 0, []int{1}, []int{1}), str("b"), v2call(f32("0", 16), 0, []int{2}, []int{1}), str("a"), v2call(f32("0", 16), 0, []int{3}, []int{1})), "", "a:F32:[3];b:F32:[2]"},
-		{"scalars skipped", dict(str("w"), v2call(f32("0", 16), 0, []int{4}, []int{1}), str("n"), small(3), str("s"), str("x"), str("z"), "N"), "", "w:F32:[4]"},
-		{"model wrapper", dict(str("model"), dict(str("w"), v2call(f32("0", 16), 0, []int{4}, []int{1})), str("step"), small(9)), "", "w:F32:[4]"},
+		{"float8 typed storage", pk.Dict(pk.Str("w"), v2call(pid("torch", "Float8_e4m3fnStorage", "0", 64), 4, []int{2, 3}, []int{3, 1})), "", "w:F8_E4M3:[2 3]"},
+		{"float8 v3", pk.Dict(pk.Str("w"), v3call(pid("torch.storage", "UntypedStorage", "0", 64), 0, []int{8}, []int{1}, "float8_e5m2")), "", "w:F8_E5M2:[8]"},
+		{"uint16 v3", pk.Dict(pk.Str("w"), v3call(pid("torch.storage", "UntypedStorage", "0", 64), 0, []int{32}, []int{1}, "uint16")), "", "w:U16:[32]"},
+		{"parameter", pk.Dict(pk.Str("p"), pk.Global("torch._utils", "_rebuild_parameter")+pk.Tuple(v2call(f32("0", 16), 0, []int{4}, []int{1}), "\x88", pk.Hooks())+"R"), "", "p:F32:[4]"},
+		{"duplicate key keeps first position, last value", pk.Dict(pk.Str("a"), v2call(f32("0", 16), 0, []int{1}, []int{1}), pk.Str("b"), v2call(f32("0", 16), 0, []int{2}, []int{1}), pk.Str("a"), v2call(f32("0", 16), 0, []int{3}, []int{1})), "", "a:F32:[3];b:F32:[2]"},
+		{"scalars skipped", pk.Dict(pk.Str("w"), v2call(f32("0", 16), 0, []int{4}, []int{1}), pk.Str("n"), pk.Small(3), pk.Str("s"), pk.Str("x"), pk.Str("z"), "N"), "", "w:F32:[4]"},
+		{"model wrapper", pk.Dict(pk.Str("model"), pk.Dict(pk.Str("w"), v2call(f32("0", 16), 0, []int{4}, []int{1})), pk.Str("step"), pk.Small(9)), "", "w:F32:[4]"},
 		{"empty state dict", "}", "", ""},
 
 		{"top-level tensor", v2call(f32("0", 16), 0, []int{4}, []int{1}), "top-level object is tensor, not a dict", ""},
-		{"non-str key", dict(small(1), v2call(f32("0", 16), 0, []int{4}, []int{1})), "dict key 1 is not a str", ""},
-		{"empty name", dict(str(""), v2call(f32("0", 16), 0, []int{4}, []int{1})), "a tensor has an empty name", ""},
-		{"nested dict value", dict(str("w"), v2call(f32("0", 16), 0, []int{4}, []int{1}), str("sub"), "}"), `key "sub" holds a dict, not a tensor`, ""},
-		{"two wrappers", dict(str("model"), "}", str("state_dict"), "}"), `holds both "model" and "state_dict"`, ""},
-		{"numel mismatch", dict(str("w"), v2call(f32("0", 15), 0, []int{4}, []int{1})), "holds 64 bytes, but the pickle says 15 elements of 4 bytes", ""},
-		{"missing storage", dict(str("w"), v2call(f32("missing", 16), 0, []int{4}, []int{1})), "entry missing", ""},
-		{"storage reused as another type", dict(str("a"), v2call(f32("0", 16), 0, []int{4}, []int{1}), str("b"), v2call(pid("torch", "IntStorage", "0", 16), 0, []int{4}, []int{1})), `storage "0" is used as both FloatStorage and IntStorage`, ""},
-		{"untyped storage in v2", dict(str("w"), v2call(pid("torch.storage", "UntypedStorage", "0", 64), 0, []int{4}, []int{1})), "untyped storage \"0\" without a dtype", ""},
-		{"v3 dtype contradicts storage", dict(str("w"), v3call(f32("0", 16), 0, []int{4}, []int{1}, "bfloat16")), "storage FloatStorage holds F32, dtype argument says BF16", ""},
-		{"v3 without dtype", dict(str("w"), glob("torch._utils", "_rebuild_tensor_v3")+tuple(f32("0", 16), small(0), ints(4), ints(1), "\x89", hooks(), "N")+"R"), "dtype argument is None", ""},
-		{"too few args", dict(str("w"), glob("torch._utils", "_rebuild_tensor_v2")+tuple(f32("0", 16), small(0), ints(4))+"R"), "got 3 arguments, want 6 or 7", ""},
-		{"storage not a storage", dict(str("w"), v2call(str("0"), 0, []int{4}, []int{1})), "first argument is str, not a storage", ""},
-		{"shape/stride rank mismatch", dict(str("w"), v2call(f32("0", 16), 0, []int{2, 2}, []int{1})), "size has 2 dims, stride has 1", ""},
-		{"negative stride", dict(str("w"), glob("torch._utils", "_rebuild_tensor_v2")+tuple(f32("0", 16), small(0), ints(4), tuple("J\xff\xff\xff\xff"), "\x89", hooks())+"R"), "stride[0] is -1, not a non-negative int", ""},
-		{"bad pid tag", dict(str("w"), v2call(tuple(str("module"), glob("torch", "FloatStorage"), str("0"), str("cpu"), small(16))+"Q", 0, []int{4}, []int{1})), "persistent id tag is \"module\"", ""},
-		{"short pid", dict(str("w"), v2call(tuple(str("storage"))+"Q", 0, []int{4}, []int{1})), "not a 5-tuple", ""},
-		{"path in key", dict(str("w"), v2call(f32("a/b", 16), 0, []int{4}, []int{1})), `storage key "a/b" is not a plain entry name`, ""},
+		{"non-str key", pk.Dict(pk.Small(1), v2call(f32("0", 16), 0, []int{4}, []int{1})), "dict key 1 is not a str", ""},
+		{"empty name", pk.Dict(pk.Str(""), v2call(f32("0", 16), 0, []int{4}, []int{1})), "a tensor has an empty name", ""},
+		{"nested dict value", pk.Dict(pk.Str("w"), v2call(f32("0", 16), 0, []int{4}, []int{1}), pk.Str("sub"), "}"), `key "sub" holds a dict, not a tensor`, ""},
+		{"two wrappers", pk.Dict(pk.Str("model"), "}", pk.Str("state_dict"), "}"), `holds both "model" and "state_dict"`, ""},
+		{"numel mismatch", pk.Dict(pk.Str("w"), v2call(f32("0", 15), 0, []int{4}, []int{1})), "holds 64 bytes, but the pickle says 15 elements of 4 bytes", ""},
+		{"missing storage", pk.Dict(pk.Str("w"), v2call(f32("missing", 16), 0, []int{4}, []int{1})), "entry missing", ""},
+		{"storage reused as another type", pk.Dict(pk.Str("a"), v2call(f32("0", 16), 0, []int{4}, []int{1}), pk.Str("b"), v2call(pid("torch", "IntStorage", "0", 16), 0, []int{4}, []int{1})), `storage "0" is used as both FloatStorage and IntStorage`, ""},
+		{"untyped storage in v2", pk.Dict(pk.Str("w"), v2call(pid("torch.storage", "UntypedStorage", "0", 64), 0, []int{4}, []int{1})), "untyped storage \"0\" without a dtype", ""},
+		{"v3 dtype contradicts storage", pk.Dict(pk.Str("w"), v3call(f32("0", 16), 0, []int{4}, []int{1}, "bfloat16")), "storage FloatStorage holds F32, dtype argument says BF16", ""},
+		{"v3 without dtype", pk.Dict(pk.Str("w"), pk.Global("torch._utils", "_rebuild_tensor_v3")+pk.Tuple(f32("0", 16), pk.Small(0), pk.SmallInts(4), pk.SmallInts(1), "\x89", pk.Hooks(), "N")+"R"), "dtype argument is None", ""},
+		{"too few args", pk.Dict(pk.Str("w"), pk.Global("torch._utils", "_rebuild_tensor_v2")+pk.Tuple(f32("0", 16), pk.Small(0), pk.SmallInts(4))+"R"), "got 3 arguments, want 6 or 7", ""},
+		{"storage not a storage", pk.Dict(pk.Str("w"), v2call(pk.Str("0"), 0, []int{4}, []int{1})), "first argument is str, not a storage", ""},
+		{"shape/stride rank mismatch", pk.Dict(pk.Str("w"), v2call(f32("0", 16), 0, []int{2, 2}, []int{1})), "size has 2 dims, stride has 1", ""},
+		{"negative stride", pk.Dict(pk.Str("w"), pk.Global("torch._utils", "_rebuild_tensor_v2")+pk.Tuple(f32("0", 16), pk.Small(0), pk.SmallInts(4), pk.Tuple("J\xff\xff\xff\xff"), "\x89", pk.Hooks())+"R"), "stride[0] is -1, not a non-negative int", ""},
+		{"bad pid tag", pk.Dict(pk.Str("w"), v2call(pk.Tuple(pk.Str("module"), pk.Global("torch", "FloatStorage"), pk.Str("0"), pk.Str("cpu"), pk.Small(16))+"Q", 0, []int{4}, []int{1})), "persistent id tag is \"module\"", ""},
+		{"short pid", pk.Dict(pk.Str("w"), v2call(pk.Tuple(pk.Str("storage"))+"Q", 0, []int{4}, []int{1})), "not a 5-tuple", ""},
+		{"path in key", pk.Dict(pk.Str("w"), v2call(f32("a/b", 16), 0, []int{4}, []int{1})), `storage key "a/b" is not a plain entry name`, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			sd, err := parseStateDict(pkl(c.body), fakeStorages)
-			if c.want != "" {
-				if err == nil || !strings.Contains(err.Error(), c.want) {
-					t.Fatalf("error %v, want %q", err, c.want)
-				}
+			sd, err := parseStateDict(pk.Of(c.body), fakeStorages)
+			if testkit.WantErr(t, err, c.want) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			var got []string
 			for _, nv := range sd.tensors {
@@ -155,24 +124,24 @@ func TestScanRejects(t *testing.T) {
 		return string(b[:])
 	}
 	cases := []struct{ name, in, want string }{
-		{"opcode 0xff", proto2 + "\xff.", "unsupported pickle opcode 0xff"},
-		{"odd DICT", proto2 + "(" + str("a") + "d.", "DICT with an odd number of items"},
-		{"odd SETITEMS", proto2 + "}(" + str("a") + "u.", "SETITEMS with an odd number of items"},
-		{"bytes key in OrderedDict", proto2 + hooks() + "C\x01k" + small(1) + "s.", "bytes object used as a dict key"},
-		{"bytes key via memo", proto2 + hooks() + "C\x01kq\x050h\x05" + small(1) + "s.", "bytes object used as a dict key"},
-		{"bytes in frozenset", proto2 + "(C\x01k\x91.", "bytes object used as a FROZENSET item"},
-		{"bytes in ADDITEMS", proto2 + "\x8f(C\x01k\x90.", "bytes object used as a ADDITEMS item"},
-		{"empty LONG1", proto2 + "\x8a\x00.", "empty LONG payload"},
-		{"huge BINBYTES8", proto2 + "\x8e" + le64(1<<62) + ".", "runs past the end of the pickle"},
-		{"huge BINUNICODE", proto2 + "X\xff\xff\xff\x7f.", "runs past the end of the pickle"},
-		{"huge FRAME", proto2 + "\x95" + le64(1<<40) + ".", "frame of 1099511627776 bytes"},
-		{"negative LONG4", proto2 + "\x8b\xff\xff\xff\xff.", "negative length"},
-		{"no STOP", proto2 + "N", "without a STOP"},
-		{"STOP on empty stack", proto2 + ".", "STOP needs 1 stack items"},
-		{"SETITEM short stack", proto2 + "N" + "s.", "SETITEM needs 3"},
-		{"unterminated GLOBAL", proto2 + "cos\nsys", "no terminating newline"},
-		{"TUPLE without MARK", proto2 + "t.", "TUPLE without a MARK"},
-		{"EXT1", proto2 + "\x82\x01.", "unsupported pickle opcode 0x82"},
+		{"opcode 0xff", pk.Proto2 + "\xff.", "unsupported pickle opcode 0xff"},
+		{"odd DICT", pk.Proto2 + "(" + pk.Str("a") + "d.", "DICT with an odd number of items"},
+		{"odd SETITEMS", pk.Proto2 + "}(" + pk.Str("a") + "u.", "SETITEMS with an odd number of items"},
+		{"bytes key in OrderedDict", pk.Proto2 + pk.Hooks() + "C\x01k" + pk.Small(1) + "s.", "bytes object used as a dict key"},
+		{"bytes key via memo", pk.Proto2 + pk.Hooks() + "C\x01kq\x050h\x05" + pk.Small(1) + "s.", "bytes object used as a dict key"},
+		{"bytes in frozenset", pk.Proto2 + "(C\x01k\x91.", "bytes object used as a FROZENSET item"},
+		{"bytes in ADDITEMS", pk.Proto2 + "\x8f(C\x01k\x90.", "bytes object used as a ADDITEMS item"},
+		{"empty LONG1", pk.Proto2 + "\x8a\x00.", "empty LONG payload"},
+		{"huge BINBYTES8", pk.Proto2 + "\x8e" + le64(1<<62) + ".", "runs past the end of the pickle"},
+		{"huge BINUNICODE", pk.Proto2 + "X\xff\xff\xff\x7f.", "runs past the end of the pickle"},
+		{"huge FRAME", pk.Proto2 + "\x95" + le64(1<<40) + ".", "frame of 1099511627776 bytes"},
+		{"negative LONG4", pk.Proto2 + "\x8b\xff\xff\xff\xff.", "negative length"},
+		{"no STOP", pk.Proto2 + "N", "without a STOP"},
+		{"STOP on empty stack", pk.Proto2 + ".", "STOP needs 1 stack items"},
+		{"SETITEM short stack", pk.Proto2 + "N" + "s.", "SETITEM needs 3"},
+		{"unterminated GLOBAL", pk.Proto2 + "cos\nsys", "no terminating newline"},
+		{"TUPLE without MARK", pk.Proto2 + "t.", "TUPLE without a MARK"},
+		{"EXT1", pk.Proto2 + "\x82\x01.", "unsupported pickle opcode 0x82"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -187,8 +156,8 @@ func TestScanRejects(t *testing.T) {
 // gopickle prints whole values into its errors; ours stay short. (A call
 // of a list, which gopickle would print whole, is refused by the scan.)
 func TestLongUnpicklerErrorIsShortened(t *testing.T) {
-	body := glob("collections", "OrderedDict") + tuple(strings.Repeat(str("aaaaaaaaaa"), 200)) + "R"
-	_, err := parseStateDict(pkl(body), fakeStorages)
+	body := pk.Global("collections", "OrderedDict") + pk.Tuple(strings.Repeat(pk.Str("aaaaaaaaaa"), 200)) + "R"
+	_, err := parseStateDict(pk.Of(body), fakeStorages)
 	if err == nil || !strings.HasPrefix(err.Error(), "OrderedDictClass.Call args not supported") || len(err.Error()) > maxErrorLen+3 {
 		t.Fatalf("error %v", err)
 	}
@@ -197,8 +166,8 @@ func TestLongUnpicklerErrorIsShortened(t *testing.T) {
 // parseGuarded turns a crash below the unpickler into an error; a lookup
 // that panics stands in for a gopickle bug here.
 func TestParseGuardedRecovers(t *testing.T) {
-	body := dict(str("w"), v2call(pid("torch", "FloatStorage", "0", 16), 0, []int{4}, []int{1}))
-	_, err := parseGuarded(pkl(body), func(string) (storageEntry, error) { panic("boom\nsecond line") })
+	body := pk.Dict(pk.Str("w"), v2call(pid("torch", "FloatStorage", "0", 16), 0, []int{4}, []int{1}))
+	_, err := parseGuarded(pk.Of(body), func(string) (storageEntry, error) { panic("boom\nsecond line") })
 	if err == nil || err.Error() != "malformed pickle (unpickler failed: boom second line)" {
 		t.Fatalf("error %v", err)
 	}

@@ -2,10 +2,12 @@ package validate
 
 import (
 	"context"
-	"github.com/moeprep/moeprep/validate/cpuref"
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
+	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
 // TestReferenceW8A8 runs the CPU reference in w8a8 numerics on the FP8
@@ -15,17 +17,14 @@ import (
 // unchanged (the router stays precise).
 func TestReferenceW8A8(t *testing.T) {
 	src := filepath.Join(hfFixtures, "deepseek-v3-fp8")
-	ck, plan := openPlanned(t, src)
+	ck, plan := cktest.OpenPlanned(t, src)
 	n := 0
 	for i := range plan.Layers {
 		layer := &plan.Layers[i]
 		if len(layer.Experts) == 0 {
 			continue
 		}
-		g, err := ReadGolden(filepath.Join(src, "reference", GoldenFileName(layer.Index)), plan.HiddenSize)
-		if err != nil {
-			t.Fatal(err)
-		}
+		g := goldenOf(t, src, plan, layer)
 		precise, err := cpuref.ReferenceLayer(context.Background(), ck, plan, layer, g.X, g.T, cpuref.RefOptions{Workers: 2})
 		if err != nil {
 			t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/byteproof"
@@ -161,7 +162,7 @@ func TestNonFiniteWeightsFail(t *testing.T) {
 			dst := convertInto(t, fp8, convert.Options{FuseShared: true, TP: 1})
 			if tc.inSrc {
 				src = filepath.Join(t.TempDir(), "src")
-				copyDir(t, fp8, src)
+				testkit.CopyDir(t, fp8, src)
 				rewriteTensor(t, src, tc.tensor, tc.mutate)
 			} else {
 				rewriteTensor(t, dst, tc.tensor, tc.mutate)
@@ -187,26 +188,5 @@ func TestNonFiniteWeightsFail(t *testing.T) {
 				t.Fatalf("no non-finite row: %+v", rep.Rows)
 			}
 		})
-	}
-}
-
-func copyDir(t *testing.T, from, to string) {
-	t.Helper()
-	err := filepath.Walk(from, func(path string, info os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(from, path)
-		if info.IsDir() {
-			return os.MkdirAll(filepath.Join(to, rel), 0o755)
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(to, rel), b, 0o644)
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
 }

@@ -20,10 +20,6 @@ import (
 // check added as a bare string, or a row no code emits, fails here.
 func TestEveryEmittedCheckHasARow(t *testing.T) {
 	consts := judgeStringConsts(t)
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
 	fset := token.NewFileSet()
 	emitted := map[string]bool{}
 	sites := 0
@@ -52,14 +48,7 @@ func TestEveryEmittedCheckHasARow(t *testing.T) {
 		}
 		emitted[name] = true
 	}
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		af, err := parser.ParseFile(fset, f, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, af := range parseSources(t, fset, "*.go") {
 		ast.Inspect(af, func(n ast.Node) bool {
 			switch n := n.(type) {
 			case *ast.AssignStmt:
@@ -98,20 +87,8 @@ func TestEveryEmittedCheckHasARow(t *testing.T) {
 // judgeStringConsts maps judge's exported string constants to their values.
 func judgeStringConsts(t *testing.T) map[string]string {
 	t.Helper()
-	files, err := filepath.Glob("judge/*.go")
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]string{}
-	fset := token.NewFileSet()
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		af, err := parser.ParseFile(fset, f, nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, af := range parseSources(t, token.NewFileSet(), "judge/*.go") {
 		for _, d := range af.Decls {
 			gd, ok := d.(*ast.GenDecl)
 			if !ok || gd.Tok != token.CONST {
@@ -136,6 +113,27 @@ func judgeStringConsts(t *testing.T) map[string]string {
 	}
 	if len(out) < len(judge.Checks) {
 		t.Fatalf("read %d string constants in judge, fewer than its %d checks", len(out), len(judge.Checks))
+	}
+	return out
+}
+
+// parseSources parses the Go files that match pattern, tests left out.
+func parseSources(t *testing.T, fset *token.FileSet, pattern string) []*ast.File {
+	t.Helper()
+	files, err := filepath.Glob(pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*ast.File
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		af, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, af)
 	}
 	return out
 }

@@ -10,11 +10,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/cpuref"
 )
@@ -132,11 +131,7 @@ func TestNeverRoutedExpertCaught(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if clean.Failed() {
-				var b jsonBuf
-				clean.WriteTable(&b)
-				t.Fatalf("the clean conversion fails:\n%s", b)
-			}
+			mustPass(t, clean, "the clean conversion fails")
 			for _, r := range clean.Rows {
 				if r.Check == CheckFusedVsReference && r.ExpertsUsed == r.Experts {
 					t.Fatalf("layer %d: the routed tokens reached all %d experts; the -30 biases should keep 2 out", r.Layer, r.Experts)
@@ -246,10 +241,10 @@ func TestSampleExperts(t *testing.T) {
 	}
 	// Goldens made from the SRC reference on 8 tokens cannot reach the -30 experts.
 	gdir := t.TempDir()
-	plan := mustPlan(t, src)
+	plan := cktest.Plan(t, src)
 	for _, l := range plan.Layers {
 		x := DrawX(2, l.Index, 8, plan.HiddenSize)
-		ref, err := cpuref.ReferenceLayer(context.Background(), mustOpen(t, src), plan, &l, x, 8, cpuref.RefOptions{Workers: 1})
+		ref, err := cpuref.ReferenceLayer(context.Background(), cktest.Open(t, src), plan, &l, x, 8, cpuref.RefOptions{Workers: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -270,23 +265,4 @@ func TestSampleExperts(t *testing.T) {
 	if rep.Failed() {
 		t.Fatalf("golden-only run with --sample-experts: %v", rep.Err())
 	}
-}
-
-func mustOpen(t *testing.T, dir string) *checkpoint.Checkpoint {
-	t.Helper()
-	ck, err := checkpoint.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
-	return ck
-}
-
-func mustPlan(t *testing.T, dir string) *family.Plan {
-	t.Helper()
-	p, err := mustOpen(t, dir).Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
 }

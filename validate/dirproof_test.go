@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/byteproof"
 )
@@ -25,20 +26,10 @@ import (
 func dirSource(t *testing.T) string {
 	t.Helper()
 	src := filepath.Join(t.TempDir(), "src")
-	copyDir(t, filepath.Join(hfFixtures, "deepseek-v3-bf16"), src)
-	writeTestFile(t, filepath.Join(src, "tokenizer_config.json"), `{"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}`+"\n")
-	writeTestFile(t, filepath.Join(src, ".gitattributes"), "*.safetensors filter=lfs\n")
+	testkit.CopyDir(t, filepath.Join(hfFixtures, "deepseek-v3-bf16"), src)
+	testkit.WriteFile(t, filepath.Join(src, "tokenizer_config.json"), `{"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"}`+"\n")
+	testkit.WriteFile(t, filepath.Join(src, ".gitattributes"), "*.safetensors filter=lfs\n")
 	return src
-}
-
-func writeTestFile(t *testing.T, p, s string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // editManifest rewrites DST's manifest through edit, as someone who can
@@ -46,21 +37,16 @@ func writeTestFile(t *testing.T, p, s string) {
 func editManifest(t *testing.T, dst string, edit func(files map[string]layout.FileInfo)) {
 	t.Helper()
 	p := filepath.Join(dst, layout.ManifestFileName)
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var m layout.Manifest
-	if err := json.Unmarshal(b, &m); err != nil {
+	if err := json.Unmarshal(testkit.ReadFile(t, p), &m); err != nil {
 		t.Fatal(err)
 	}
 	edit(m.Files)
-	if b, err = json.MarshalIndent(m, "", "  "); err != nil {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, p, b)
 }
 
 // rehash lists each of rels in DST's manifest with its current size and
@@ -83,16 +69,11 @@ func rehash(t *testing.T, dst string, rels ...string) {
 func replaceText(t *testing.T, dst, rel, old, new string) {
 	t.Helper()
 	p := filepath.Join(dst, rel)
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.ReadFile(t, p)
 	if !bytes.Contains(b, []byte(old)) {
 		t.Fatalf("%s has no %q", p, old)
 	}
-	if err := os.WriteFile(p, bytes.Replace(b, []byte(old), []byte(new), 1), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, p, bytes.Replace(b, []byte(old), []byte(new), 1))
 	rehash(t, dst, rel)
 }
 
@@ -101,15 +82,8 @@ func replaceText(t *testing.T, dst, rel, old, new string) {
 func forgeContract(t *testing.T, dst string, edit func(c map[string]any)) {
 	t.Helper()
 	p := filepath.Join(dst, "config.json")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	c := cfg[layout.ContractKey].(map[string]any)
+	b := testkit.ReadFile(t, p)
+	c := testkit.ReadJSON(t, p)[layout.ContractKey].(map[string]any)
 	edit(c)
 	cb, err := json.MarshalIndent(c, "  ", "  ")
 	if err != nil {
@@ -120,9 +94,7 @@ func forgeContract(t *testing.T, dst string, edit func(c map[string]any)) {
 		t.Fatalf("%s: no contract", p)
 	}
 	out := append(append(append([]byte{}, b[:i]...), `"`+layout.ContractKey+`": `...), cb...)
-	if err := os.WriteFile(p, append(out, "\n}\n"...), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, p, append(out, "\n}\n"...))
 	rehash(t, dst, "config.json")
 }
 
@@ -155,7 +127,7 @@ func runBounded(t *testing.T, o Options) (*Report, error) {
 func TestDirectoryProof(t *testing.T) {
 	src := dirSource(t)
 	outside := filepath.Join(t.TempDir(), "outside")
-	writeTestFile(t, outside, "not part of DST\n")
+	testkit.WriteFile(t, outside, "not part of DST\n")
 	up := strings.Repeat("../", 32) // from DST, past the root
 	// A real file outside DST, listed with its true size and hash: it must
 	// be refused by name, not read (its hash never printed).
@@ -239,27 +211,19 @@ func TestDirectoryProof(t *testing.T) {
 			replaceText(t, dst, "generation_config.json", "}", "}\n ")
 		}, byteproof.MismatchCopy, "DST's copy goes on"},
 		{"a golden in a sub-directory", func(t *testing.T, dst string) {
-			p := filepath.Join(dst, "reference", "moe-layer-1.safetensors")
-			b, err := os.ReadFile(p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b[len(b)-1] ^= 1
-			if err := os.WriteFile(p, b, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			testkit.FlipBits(t, filepath.Join(dst, "reference", "moe-layer-1.safetensors"), -1, 1)
 			rehash(t, dst, "reference/moe-layer-1.safetensors")
 		}, byteproof.MismatchCopy, "reference/moe-layer-1.safetensors: copy differs"},
 		// nothing in DST but what moeprep writes
 		{"extra modeling file listed", func(t *testing.T, dst string) {
-			writeTestFile(t, filepath.Join(dst, "modeling_deepseek.py"), "import os\n")
+			testkit.WriteFile(t, filepath.Join(dst, "modeling_deepseek.py"), "import os\n")
 			rehash(t, dst, "modeling_deepseek.py")
 		}, byteproof.MismatchFile, "modeling_deepseek.py: file: listed in the manifest, but neither"},
 		{"extra file not listed", func(t *testing.T, dst string) {
-			writeTestFile(t, filepath.Join(dst, "modeling_x.py"), "import os\n")
+			testkit.WriteFile(t, filepath.Join(dst, "modeling_x.py"), "import os\n")
 		}, byteproof.MismatchFile, "modeling_x.py: file: not listed in moeprep-manifest.json"},
 		{"hidden file", func(t *testing.T, dst string) {
-			writeTestFile(t, filepath.Join(dst, ".env"), "X=1\n")
+			testkit.WriteFile(t, filepath.Join(dst, ".env"), "X=1\n")
 		}, byteproof.MismatchFile, ".env: file: not listed"},
 		{"empty directory", func(t *testing.T, dst string) {
 			if err := os.Mkdir(filepath.Join(dst, "extra"), 0o755); err != nil {
@@ -272,26 +236,10 @@ func TestDirectoryProof(t *testing.T) {
 			}
 		}, byteproof.MismatchFile, "special_tokens_map.json: file: a symbolic link"},
 		{"a listed copy replaced by a symlink to the same bytes", func(t *testing.T, dst string) {
-			p := filepath.Join(dst, "generation_config.json")
-			same := filepath.Join(t.TempDir(), "generation_config.json")
-			copyFileTest(t, p, same)
-			if err := os.Remove(p); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Symlink(same, p); err != nil {
-				t.Fatal(err)
-			}
+			replaceByLink(t, filepath.Join(dst, "generation_config.json"))
 		}, byteproof.MismatchFile, "generation_config.json: file: a symbolic link"},
 		{"a symlinked directory", func(t *testing.T, dst string) {
-			p := filepath.Join(dst, "reference")
-			same := filepath.Join(t.TempDir(), "reference")
-			copyDir(t, p, same)
-			if err := os.RemoveAll(p); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Symlink(same, p); err != nil {
-				t.Fatal(err)
-			}
+			replaceByLink(t, filepath.Join(dst, "reference"))
 		}, byteproof.MismatchFile, "reference: file: a symbolic link, not a directory"},
 		{"a FIFO", func(t *testing.T, dst string) {
 			if err := syscall.Mkfifo(filepath.Join(dst, "pipe"), 0o644); err != nil {
@@ -341,7 +289,7 @@ func TestDirectoryProof(t *testing.T) {
 		{"manifest is a symlink", func(t *testing.T, dst string) {
 			p := filepath.Join(dst, layout.ManifestFileName)
 			same := filepath.Join(t.TempDir(), layout.ManifestFileName)
-			copyFileTest(t, p, same)
+			testkit.CopyFile(t, p, same)
 			if err := os.Remove(p); err != nil {
 				t.Fatal(err)
 			}
@@ -397,13 +345,17 @@ func TestDirectoryProof(t *testing.T) {
 	}
 }
 
-func copyFileTest(t *testing.T, from, to string) {
+// replaceByLink moves the file or directory p out of DST and leaves at p a
+// symbolic link to it: the same bytes, through a link.
+func replaceByLink(t *testing.T, p string) {
 	t.Helper()
-	b, err := os.ReadFile(from)
-	if err != nil {
+	same := filepath.Join(t.TempDir(), filepath.Base(p))
+	if err := os.Rename(p, same); err != nil {
 		t.Fatal(err)
 	}
-	writeTestFile(t, to, string(b))
+	if err := os.Symlink(same, p); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestDirectoryProofFullRun: `validate SRC DST` (the layer checks, then the
@@ -498,19 +450,14 @@ func TestSrcSymlinkedFiles(t *testing.T) {
 	src := dirSource(t)
 	blob := filepath.Join(t.TempDir(), "blobs", "3f2a")
 	p := filepath.Join(src, "tokenizer_config.json")
-	copyFileTest(t, p, blob)
+	testkit.CopyFile(t, p, blob)
 	if err := os.Remove(p); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Symlink(blob, p); err != nil {
 		t.Fatal(err)
 	}
-	ck, err := checkpoint.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	others, err := ck.OtherFiles()
-	ck.Close()
+	others, err := cktest.Open(t, src).OtherFiles()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -529,7 +476,7 @@ func TestSrcSymlinkedFiles(t *testing.T) {
 	if rep, err := Run(context.Background(), o); err != nil || rep.Failed() {
 		t.Fatalf("the genuine output fails: %v %v", err, rep.Err())
 	}
-	writeTestFile(t, blob, `{"chat_template": ""}`+"\n")
+	testkit.WriteFile(t, blob, `{"chat_template": ""}`+"\n")
 	rep, err := Run(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)

@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/binary"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/cpuref"
 )
@@ -22,17 +25,11 @@ import (
 // output far past float32 rounding.
 func TestDeepSeekV4DetailsMatter(t *testing.T) {
 	src := filepath.Join(hfFixtures, "deepseek-v4")
-	ck, plan := openPlanned(t, src)
+	ck, plan := cktest.OpenPlanned(t, src)
 	if len(plan.Layers) != 3 || plan.Layers[1].HashTable == "" || plan.Layers[1].RouterBias != "" || plan.Layers[2].HashTable != "" || plan.Layers[2].RouterBias == "" {
 		t.Fatalf("plan: %+v", plan.Layers)
 	}
-	run := goldenRun(t, src, ck, plan)
-	for i := range plan.Layers {
-		if r := run(i, func(*family.Plan, *family.Layer) {}); r > 2e-6 {
-			t.Fatalf("layer %d: reference vs HF golden rel_l2 %.3g, want float32 rounding (< 2e-6)", i, r)
-		}
-	}
-	detailsMatter(t, run, []detail{
+	detailsMatter(t, goldenRun(t, src, ck, plan), []int{0, 1, 2}, []detail{
 		{"no clamp", 2, func(p *family.Plan, _ *family.Layer) { p.Act.Limit = 0 }},
 		{"no clamp (hash layer)", 0, func(p *family.Plan, _ *family.Layer) { p.Act.Limit = 0 }},
 		{"sigmoid scores", 2, func(p *family.Plan, _ *family.Layer) { p.Scoring = moe.Sigmoid }},
@@ -49,14 +46,12 @@ func goldenRun(t *testing.T, src string, ck cpuref.TensorSource, plan *family.Pl
 	return func(i int, edit func(p *family.Plan, l *family.Layer)) float64 {
 		t.Helper()
 		layer := &plan.Layers[i]
-		g, err := ReadGolden(filepath.Join(src, "reference", GoldenFileName(layer.Index)), plan.HiddenSize)
-		if err != nil {
-			t.Fatal(err)
-		}
+		g := goldenOf(t, src, plan, layer)
 		if (g.InputIDs != nil) != (layer.HashTable != "") {
 			t.Fatalf("layer %d: golden input_ids %v, hash table %q", i, g.InputIDs != nil, layer.HashTable)
 		}
 		p, l := *plan, *layer
+		l.Experts = slices.Clone(layer.Experts) // edits of an expert stay in the copy
 		edit(&p, &l)
 		res, err := cpuref.ReferenceLayer(context.Background(), ck, &p, &l, g.X, g.T, cpuref.RefOptions{Tokens: g.InputIDs, Workers: 2})
 		if err != nil {
@@ -74,10 +69,26 @@ type detail struct {
 	edit  func(p *family.Plan, l *family.Layer)
 }
 
-// detailsMatter checks each detail moves the reference far past float32
-// rounding (rel_l2 >= 1e-3 against the golden).
-func detailsMatter(t *testing.T, run func(int, func(*family.Plan, *family.Layer)) float64, ds []detail) {
+// goldenOf reads HF's golden of layer in the fixture src.
+func goldenOf(t *testing.T, src string, plan *family.Plan, layer *family.Layer) *Golden {
 	t.Helper()
+	g, err := ReadGolden(filepath.Join(src, "reference", GoldenFileName(layer.Index)), plan.HiddenSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// detailsMatter checks that the reference (run) matches HF's golden to
+// float32 rounding on each of layers (rel_l2 < 2e-6), and that each detail,
+// taken out, moves it far past that (rel_l2 >= 1e-3).
+func detailsMatter(t *testing.T, run func(int, func(*family.Plan, *family.Layer)) float64, layers []int, ds []detail) {
+	t.Helper()
+	for _, i := range layers {
+		if r := run(i, func(*family.Plan, *family.Layer) {}); r > 2e-6 {
+			t.Fatalf("layer %d: reference vs HF golden rel_l2 %.3g, want float32 rounding (< 2e-6)", i, r)
+		}
+	}
 	for _, d := range ds {
 		if r := run(d.layer, d.edit); r < 1e-3 {
 			t.Errorf("%s (layer %d): rel_l2 vs HF %.3g; the fixture does not exercise it", d.name, d.layer, r)
@@ -92,34 +103,17 @@ func detailsMatter(t *testing.T, run func(int, func(*family.Plan, *family.Layer)
 // biases; fuse-shared refuses it, naming why.
 func TestErnieSharedBiasesMatter(t *testing.T) {
 	src := filepath.Join(hfFixtures, "ernie4-5-moe-bias")
-	ck, plan := openPlanned(t, src)
-	layer := &plan.Layers[0]
-	if layer.Shared == nil || layer.Shared.DownBias == "" {
-		t.Fatalf("shared expert planned without biases: %+v", layer.Shared)
+	ck, plan := cktest.OpenPlanned(t, src)
+	if sh := plan.Layers[0].Shared; sh == nil || sh.DownBias == "" {
+		t.Fatalf("shared expert planned without biases: %+v", sh)
 	}
-	g, err := ReadGolden(filepath.Join(src, "reference", GoldenFileName(layer.Index)), plan.HiddenSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := func(l *family.Layer) float64 {
-		res, err := cpuref.ReferenceLayer(context.Background(), ck, plan, l, g.X, g.T, cpuref.RefOptions{Workers: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return Compare(res.Y, g.Y).RelL2
-	}
-	if r := run(layer); r > 2e-6 {
-		t.Fatalf("reference vs HF golden rel_l2 %.3g", r)
-	}
-	l := *layer
-	sh := *layer.Shared
-	sh.GateBias, sh.UpBias, sh.DownBias = "", "", ""
-	l.Shared = &sh
-	if r := run(&l); r < 1e-3 {
-		t.Errorf("without the shared biases rel_l2 vs HF is only %.3g", r)
-	} else {
-		t.Logf("without the shared biases: rel_l2 vs HF %.3g", r)
-	}
+	detailsMatter(t, goldenRun(t, src, ck, plan), []int{0}, []detail{
+		{"no shared biases", 0, func(_ *family.Plan, l *family.Layer) {
+			sh := *l.Shared
+			sh.GateBias, sh.UpBias, sh.DownBias = "", "", ""
+			l.Shared = &sh
+		}},
+	})
 	if _, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: filepath.Join(t.TempDir(), "out"), FuseShared: true, TP: 1}); err == nil || !strings.Contains(err.Error(), "the shared expert has biases") {
 		t.Errorf("fuse-shared on a biased shared expert: %v", err)
 	}
@@ -134,7 +128,7 @@ func TestErnieSharedBiasesMatter(t *testing.T) {
 // the output far past float32 rounding. fuse-shared refuses, naming why.
 func TestInklingDetailsMatter(t *testing.T) {
 	src := filepath.Join(hfFixtures, "inkling-text")
-	ck, plan := openPlanned(t, src)
+	ck, plan := cktest.OpenPlanned(t, src)
 	if !plan.SharedRouted || len(plan.Layers) != 2 {
 		t.Fatalf("plan: shared routed %v, %d layers", plan.SharedRouted, len(plan.Layers))
 	}
@@ -144,13 +138,7 @@ func TestInklingDetailsMatter(t *testing.T) {
 			t.Fatalf("layer %d planned as %+v", l.Index, l)
 		}
 	}
-	run := goldenRun(t, src, ck, plan)
-	for i := range plan.Layers {
-		if r := run(i, func(*family.Plan, *family.Layer) {}); r > 2e-6 {
-			t.Fatalf("layer %d: reference vs HF golden rel_l2 %.3g, want float32 rounding (< 2e-6)", i, r)
-		}
-	}
-	detailsMatter(t, run, []detail{
+	detailsMatter(t, goldenRun(t, src, ck, plan), []int{0, 1}, []detail{
 		{"no global_scale", 0, func(_ *family.Plan, l *family.Layer) { l.RouterScale = "" }},
 		{"no global_scale", 1, func(_ *family.Plan, l *family.Layer) { l.RouterScale = "" }},
 		{"no route_scale", 0, func(p *family.Plan, _ *family.Layer) { p.RoutedScalingFactor = 1 }},
@@ -178,8 +166,8 @@ func TestInklingConfigRefusals(t *testing.T) {
 		{"n_shared_experts", 0, "n_shared_experts=0"},
 	} {
 		dir := t.TempDir()
-		copyDir(t, src, dir)
-		editConfig(t, dir, func(m map[string]any) { m[c.key] = c.val })
+		testkit.CopyDir(t, src, dir)
+		testkit.EditJSON(t, filepath.Join(dir, "config.json"), func(m map[string]any) { m[c.key] = c.val })
 		ck, err := checkpoint.Open(dir)
 		if err != nil {
 			t.Fatal(err)
@@ -207,9 +195,9 @@ func TestBadRoutingTensorsNameThemselves(t *testing.T) {
 		{"inkling-text", "model.layers.2.mlp.gate.global_scale", func(raw []byte, _ []int64) { clear(raw) }, "want a finite, non-zero scalar"},
 	} {
 		dir := t.TempDir()
-		copyDir(t, filepath.Join(hfFixtures, c.fixture), dir)
+		testkit.CopyDir(t, filepath.Join(hfFixtures, c.fixture), dir)
 		rewriteTensor(t, dir, c.tensor, c.edit)
-		ck, plan := openPlanned(t, dir)
+		ck, plan := cktest.OpenPlanned(t, dir)
 		var err error
 		for i := range plan.Layers {
 			l := &plan.Layers[i]

@@ -7,13 +7,15 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
 // runBoth runs the reference on m's source and the fused path on dst.
-func runBoth(t *testing.T, m *memModel, dst memSource, fl *cpuref.FusedLayer, tokens, block int) (*cpuref.RefResult, *cpuref.FusedResult, Diff) {
+func runBoth(t *testing.T, m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer, tokens, block int) (*cpuref.RefResult, *cpuref.FusedResult, Diff) {
 	t.Helper()
 	x := DrawX(11, m.layerIndex, tokens, m.H)
 	ref, err := cpuref.ReferenceLayer(context.Background(), m.src, m.plan, &m.plan.Layers[0], x, tokens, cpuref.RefOptions{Workers: 2})
@@ -112,7 +114,7 @@ func TestFusedMatchesReference(t *testing.T) {
 // converted layer and checks the fused-vs-reference error is at least 10x
 // the threshold (the on-disk suite with convert's output is in mutation_test.go).
 func TestMutationsInMemory(t *testing.T) {
-	build := func(fp8 bool, biasLike bool) (*memModel, memSource, *cpuref.FusedLayer) {
+	build := func(fp8 bool, biasLike bool) (*memModel, cktest.Mem, *cpuref.FusedLayer) {
 		mm := memModel{H: 160, I: 128, E: 16, S: 1, K: 4, NGroup: 4, TopKGroup: 2, RSF: 2.5, FP8: fp8, deepseekLikeBiases: biasLike}
 		m := newMemModel(42, mm)
 		dst, _, fl := m.convert(convertOpts{layout: layout.Stacked, fuse: true, replicas: 2, fold: fp8})
@@ -122,64 +124,64 @@ func TestMutationsInMemory(t *testing.T) {
 		name   string
 		fp8    bool
 		biases bool
-		apply  func(m *memModel, dst memSource, fl *cpuref.FusedLayer)
+		apply  func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer)
 	}
-	swapSlices := func(dst memSource, name string, a, b int) {
+	swapSlices := func(dst cktest.Mem, name string, a, b int) {
 		t := dst[name]
-		raw := dst.bytes(name)
+		raw := dst.Bytes(name)
 		per := len(raw) / int(t.Shape[0])
 		tmp := append([]byte(nil), raw[a*per:(a+1)*per]...)
 		copy(raw[a*per:], raw[b*per:(b+1)*per])
 		copy(raw[b*per:], tmp)
-		dst.put(name, t.DType, t.Shape, raw)
+		dst.Put(name, t.DType, t.Shape, raw)
 	}
 	// The expert the first token selects, so every mutation is on a used expert.
 	muts := []mutation{
-		{"gate and up swapped in one expert", false, false, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
-			g, u := dst.bytes(fl.Names.Gate), dst.bytes(fl.Names.Up)
+		{"gate and up swapped in one expert", false, false, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
+			g, u := dst.Bytes(fl.Names.Gate), dst.Bytes(fl.Names.Up)
 			per := len(g) / int(dst[fl.Names.Gate].Shape[0])
 			e := usedExpert(t, m)
 			tmp := append([]byte(nil), g[e*per:(e+1)*per]...)
 			copy(g[e*per:], u[e*per:(e+1)*per])
 			copy(u[e*per:], tmp)
-			dst.put(fl.Names.Gate, dst[fl.Names.Gate].DType, dst[fl.Names.Gate].Shape, g)
-			dst.put(fl.Names.Up, dst[fl.Names.Up].DType, dst[fl.Names.Up].Shape, u)
+			dst.Put(fl.Names.Gate, dst[fl.Names.Gate].DType, dst[fl.Names.Gate].Shape, g)
+			dst.Put(fl.Names.Up, dst[fl.Names.Up].DType, dst[fl.Names.Up].Shape, u)
 		}},
-		{"two experts swapped", false, false, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
+		{"two experts swapped", false, false, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
 			e := usedExpert(t, m)
 			for _, n := range []string{fl.Names.Gate, fl.Names.Up, fl.Names.Down} {
 				swapSlices(dst, n, e, (e+1)%m.E)
 			}
 		}},
-		{"rsf folded twice (fp8 scales)", true, false, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
+		{"rsf folded twice (fp8 scales)", true, false, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
 			scaleStack(dst, fl.Names.DownScale, m.E, m.RSF)
 		}},
-		{"rsf neither folded nor applied", false, false, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
+		{"rsf neither folded nor applied", false, false, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
 			fl.Contract.RoutedScalingFactorFolded = true // contract claims folded, weights are not
 			fl.Contract.SharedSlotWeight = 1
 		}},
-		{"one shared replica zeroed", false, false, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
+		{"one shared replica zeroed", false, false, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
 			n := dst[fl.Names.Down]
-			raw := dst.bytes(fl.Names.Down)
+			raw := dst.Bytes(fl.Names.Down)
 			per := len(raw) / int(n.Shape[0])
 			clear(raw[(m.E+1)*per : (m.E+2)*per]) // replica 1 of 2
-			dst.put(fl.Names.Down, n.DType, n.Shape, raw)
+			dst.Put(fl.Names.Down, n.DType, n.Shape, raw)
 		}},
-		{"correction bias rounded to bf16", false, true, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
+		{"correction bias rounded to bf16", false, true, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
 			b := make([]float32, m.E)
 			for i, v := range m.bias {
 				b[i] = numfmt.RoundBF16(v)
 			}
-			dst.put(fl.RouterBias, dst[fl.RouterBias].DType, dst[fl.RouterBias].Shape, f32Bytes(b))
+			dst.Put(fl.RouterBias, dst[fl.RouterBias].DType, dst[fl.RouterBias].Shape, testkit.F32LE(b...))
 		}},
-		{"one wrong fp8 scale block", true, false, func(m *memModel, dst memSource, fl *cpuref.FusedLayer) {
+		{"one wrong fp8 scale block", true, false, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
 			n := dst[fl.Names.UpScale]
-			raw := dst.bytes(fl.Names.UpScale)
+			raw := dst.Bytes(fl.Names.UpScale)
 			per := len(raw) / int(n.Shape[0])
 			e := usedExpert(t, m)
 			v := math.Float32frombits(leU32(raw[e*per:]))
 			putLeU32(raw[e*per:], math.Float32bits(v*4))
-			dst.put(fl.Names.UpScale, n.DType, n.Shape, raw)
+			dst.Put(fl.Names.UpScale, n.DType, n.Shape, raw)
 		}},
 	}
 	for _, mu := range muts {
@@ -217,12 +219,12 @@ func putLeU32(b []byte, v uint32) {
 }
 
 // scaleStack multiplies the F32 scales of the first n experts of a stack by f.
-func scaleStack(dst memSource, name string, n int, f float64) {
+func scaleStack(dst cktest.Mem, name string, n int, f float64) {
 	t := dst[name]
-	raw := dst.bytes(name)
+	raw := dst.Bytes(name)
 	per := len(raw) / int(t.Shape[0])
 	for i := 0; i < n*per; i += 4 {
 		putLeU32(raw[i:], math.Float32bits(float32(float64(math.Float32frombits(leU32(raw[i:])))*f)))
 	}
-	dst.put(name, t.DType, t.Shape, raw)
+	dst.Put(name, t.DType, t.Shape, raw)
 }

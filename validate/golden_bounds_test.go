@@ -3,14 +3,13 @@ package validate
 import (
 	"encoding/binary"
 	"encoding/json"
-	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/moeprep/moeprep/internal/costtest"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -44,12 +43,7 @@ func sparseGoldenFile(t *testing.T, path string, tensors []goldenTensorDecl) {
 		t.Fatal(err)
 	}
 	head := append(binary.LittleEndian.AppendUint64(nil, uint64(len(hb))), hb...)
-	if err := os.WriteFile(path, head, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(path, int64(len(head))+off); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Sparse(t, path, int64(len(head))+off, head)
 }
 
 func TestReadGoldenBounds(t *testing.T) {
@@ -90,16 +84,9 @@ func TestReadGoldenBounds(t *testing.T) {
 			}
 			var err error
 			alloc, took := costtest.Measure(func() { _, err = ReadGolden(path, c.wantH) })
-			if err == nil {
-				t.Fatal("accepted")
-			}
-			if msg := err.Error(); !strings.HasPrefix(msg, path+": ") || !strings.Contains(msg, c.want) || strings.ContainsAny(msg, "\n\r") {
-				t.Errorf("error %q, want one line naming %s and containing %q", msg, path, c.want)
-			}
+			testkit.CheckOneLine(t, err, path, c.want)
 			// Refused from the header alone: nothing is read or built.
-			if alloc > 1<<20 || took > 5*time.Second {
-				t.Errorf("cost %d bytes and %v, want at most 1 MiB and 1s", alloc, took)
-			}
+			testkit.CheckCost(t, alloc, 1<<20, took, testkit.RefusalTime)
 		})
 	}
 }

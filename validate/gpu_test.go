@@ -53,11 +53,7 @@ func TestGPUCorrectConversions(t *testing.T) {
 				if rep.Device != DeviceCUDA || rep.DeviceName == "" {
 					t.Fatalf("ran on %q %q", rep.Device, rep.DeviceName)
 				}
-				if rep.Failed() {
-					var b jsonBuf
-					rep.WriteTable(&b)
-					t.Fatalf("%s: validate --device cuda failed on a correct conversion:\n%s", prec, b)
-				}
+				mustPass(t, rep, prec+": validate --device cuda failed on a correct conversion")
 				checks := map[string]int{}
 				for _, r := range rep.Rows {
 					checks[r.Check]++
@@ -174,11 +170,7 @@ func TestGPUW8A8Conversions(t *testing.T) {
 			case err != nil:
 				t.Fatal(err)
 			}
-			if rep.Failed() {
-				var b jsonBuf
-				rep.WriteTable(&b)
-				t.Fatalf("validate --precision fp8 failed on a correct conversion:\n%s", b)
-			}
+			mustPass(t, rep, "validate --precision fp8 failed on a correct conversion")
 			checks := map[string]int{}
 			for _, r := range rep.Rows {
 				checks[r.Check]++

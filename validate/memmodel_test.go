@@ -1,47 +1,21 @@
 package validate
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"sort"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/cpuref"
 )
-
-// memSource is an in-memory TensorSource.
-type memSource map[string]*checkpoint.Tensor
-
-func (m memSource) Tensor(n string) (*checkpoint.Tensor, bool) { t, ok := m[n]; return t, ok }
-
-func (m memSource) put(name string, dt safetensors.DType, shape []int64, b []byte) {
-	m[name] = &checkpoint.Tensor{Name: name, DType: dt, Shape: shape, File: "mem", Data: bytes.NewReader(b)}
-}
-
-func (m memSource) bytes(name string) []byte {
-	t := m[name]
-	b, err := t.ReadAll()
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
-
-func f32Bytes(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-	}
-	return b
-}
 
 func bf16Bytes(v []float32) []byte {
 	b := make([]byte, 2*len(v))
@@ -117,7 +91,7 @@ type memModel struct {
 	shared             [3]encMat   // S*I shared MLP (nil raw when S == 0)
 	router, bias, sgw  []float32
 	dtype              safetensors.DType
-	src                memSource
+	src                cktest.Mem
 	plan               *family.Plan
 	layerIndex         int
 	deepseekLikeBiases bool
@@ -191,11 +165,11 @@ func newMemModel(seed uint64, m memModel) *memModel {
 	return mm
 }
 
-func (m *memModel) putMat(s memSource, name string, e encMat) {
-	s.put(name, m.dtype, []int64{int64(e.rows), int64(e.cols)}, e.raw)
+func (m *memModel) putMat(s cktest.Mem, name string, e encMat) {
+	s.Put(name, m.dtype, []int64{int64(e.rows), int64(e.cols)}, e.raw)
 	if m.FP8 {
 		sr, sc := cpuref.ScaleDims(e.rows, e.cols, cpuref.FP8Block, cpuref.FP8Block)
-		s.put(name+"_scale_inv", safetensors.F32, []int64{int64(sr), int64(sc)}, f32Bytes(e.scale))
+		s.Put(name+"_scale_inv", safetensors.F32, []int64{int64(sr), int64(sc)}, testkit.F32LE(e.scale...))
 	}
 }
 
@@ -208,12 +182,12 @@ func (m *memModel) mlpNames(p string) family.MLP {
 }
 
 func (m *memModel) buildSource() {
-	s := memSource{}
+	s := cktest.Mem{}
 	l := family.Layer{Index: m.layerIndex, Prefix: m.prefix, Router: m.prefix + ".gate.weight"}
-	s.put(l.Router, safetensors.BF16, []int64{int64(m.E), int64(m.H)}, bf16Bytes(m.router))
+	s.Put(l.Router, safetensors.BF16, []int64{int64(m.E), int64(m.H)}, bf16Bytes(m.router))
 	if m.bias != nil {
 		l.RouterBias = m.prefix + ".gate.e_score_correction_bias"
-		s.put(l.RouterBias, safetensors.F32, []int64{int64(m.E)}, f32Bytes(m.bias))
+		s.Put(l.RouterBias, safetensors.F32, []int64{int64(m.E)}, testkit.F32LE(m.bias...))
 	}
 	for e, ex := range m.experts {
 		n := m.mlpNames(fmt.Sprintf("%s.experts.%d", m.prefix, e))
@@ -234,7 +208,7 @@ func (m *memModel) buildSource() {
 		l.Shared = &n
 		if m.SharedGated {
 			l.SharedGate = m.prefix + ".shared_expert_gate.weight"
-			s.put(l.SharedGate, safetensors.BF16, []int64{1, int64(m.H)}, bf16Bytes(m.sgw))
+			s.Put(l.SharedGate, safetensors.BF16, []int64{1, int64(m.H)}, bf16Bytes(m.sgw))
 		}
 	}
 	p := &family.Plan{Family: "deepseek", ModelType: "deepseek_v3", HiddenSize: m.H, MoEIntermediateSize: m.I,
@@ -290,7 +264,7 @@ type convertOpts struct {
 
 // convert builds the converted layer the way convert / fuse-shared write it,
 // returning the DST tensors and contract.
-func (m *memModel) convert(o convertOpts) (memSource, *layout.Contract, *cpuref.FusedLayer) {
+func (m *memModel) convert(o convertOpts) (cktest.Mem, *layout.Contract, *cpuref.FusedLayer) {
 	c := &layout.Contract{Version: layout.ContractVersion, Layout: o.layout, SourceFormat: "safetensors", Family: m.plan.Family,
 		NumExperts: m.E, SharedFirstID: m.E, RoutedScalingFactor: m.RSF, WeightDType: string(m.dtype), Quantization: string(m.plan.Quantization),
 		Layers: []layout.LayerInfo{{Index: m.layerIndex, Prefix: m.prefix}}}
@@ -322,11 +296,11 @@ func (m *memModel) convert(o convertOpts) (memSource, *layout.Contract, *cpuref.
 			})
 		}
 	}
-	dst := memSource{}
+	dst := cktest.Mem{}
 	l := m.plan.Layers[0]
 	for _, n := range []string{l.Router, l.RouterBias, l.SharedGate} {
 		if n != "" {
-			dst.put(n, m.src[n].DType, m.src[n].Shape, m.src.bytes(n))
+			dst.Put(n, m.src[n].DType, m.src[n].Shape, m.src.Bytes(n))
 		}
 	}
 	fl := &cpuref.FusedLayer{Index: m.layerIndex, Router: l.Router, RouterBias: l.RouterBias, Spec: m.plan.RouteSpec(), Contract: c,
@@ -334,7 +308,7 @@ func (m *memModel) convert(o convertOpts) (memSource, *layout.Contract, *cpuref.
 	if !o.fuse && l.Shared != nil {
 		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down, l.Shared.GateScale, l.Shared.UpScale, l.Shared.DownScale} {
 			if n != "" {
-				dst.put(n, m.src[n].DType, m.src[n].Shape, m.src.bytes(n))
+				dst.Put(n, m.src[n].DType, m.src[n].Shape, m.src.Bytes(n))
 			}
 		}
 		fl.Shared = l.Shared
@@ -365,7 +339,7 @@ func (m *memModel) foldDown(e encMat) encMat {
 	return out
 }
 
-func (m *memModel) putStacks(dst memSource, n layout.ExpertTensors, l layout.Layout, bank [][3]encMat) {
+func (m *memModel) putStacks(dst cktest.Mem, n layout.ExpertTensors, l layout.Layout, bank [][3]encMat) {
 	cat := func(which int, scales bool) ([]byte, []float32) {
 		var raw []byte
 		var sc []float32
@@ -379,10 +353,10 @@ func (m *memModel) putStacks(dst memSource, n layout.ExpertTensors, l layout.Lay
 	h, in := int64(m.H), int64(m.I)
 	put := func(name, scale string, which int, rows, cols int64) {
 		raw, sc := cat(which, m.FP8)
-		dst.put(name, m.dtype, []int64{nb, rows, cols}, raw)
+		dst.Put(name, m.dtype, []int64{nb, rows, cols}, raw)
 		if m.FP8 {
 			sr, scc := cpuref.ScaleDims(int(rows), int(cols), cpuref.FP8Block, cpuref.FP8Block)
-			dst.put(scale, safetensors.F32, []int64{nb, int64(sr), int64(scc)}, f32Bytes(sc))
+			dst.Put(scale, safetensors.F32, []int64{nb, int64(sr), int64(scc)}, testkit.F32LE(sc...))
 		}
 	}
 	if !l.Fused() {
@@ -401,10 +375,10 @@ func (m *memModel) putStacks(dst memSource, n layout.ExpertTensors, l layout.Lay
 		raw = append(append(raw, ex[first].raw...), ex[second].raw...)
 		sc = append(append(sc, ex[first].scale...), ex[second].scale...)
 	}
-	dst.put(n.GateUp, m.dtype, []int64{nb, 2 * in, h}, raw)
+	dst.Put(n.GateUp, m.dtype, []int64{nb, 2 * in, h}, raw)
 	if m.FP8 {
 		sr, scc := cpuref.ScaleDims(m.I, m.H, cpuref.FP8Block, cpuref.FP8Block)
-		dst.put(n.GateUpScale, safetensors.F32, []int64{nb, int64(2 * sr), int64(scc)}, f32Bytes(sc))
+		dst.Put(n.GateUpScale, safetensors.F32, []int64{nb, int64(2 * sr), int64(scc)}, testkit.F32LE(sc...))
 	}
 	put(n.Down, n.DownScale, 2, h, in)
 }

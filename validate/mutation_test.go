@@ -3,11 +3,9 @@ package validate
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -45,11 +44,7 @@ func TestValidateCorrectConversions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rep.Failed() {
-				var b jsonBuf
-				rep.WriteTable(&b)
-				t.Fatalf("validate failed on a correct conversion:\n%s", b)
-			}
+			mustPass(t, rep, "validate failed on a correct conversion")
 			checks := map[string]int{}
 			for _, r := range rep.Rows {
 				checks[r.Check]++
@@ -140,6 +135,16 @@ type jsonBuf []byte
 func (b *jsonBuf) Write(p []byte) (int, error) { *b = append(*b, p...); return len(p), nil }
 func (b jsonBuf) String() string               { return string(b) }
 
+// mustPass fails t at once, with the report's table, when rep failed.
+func mustPass(t *testing.T, rep *Report, what string) {
+	t.Helper()
+	if rep.Failed() {
+		var b jsonBuf
+		rep.WriteTable(&b)
+		t.Fatalf("%s:\n%s", what, b)
+	}
+}
+
 // rewriteTensor replaces one tensor's bytes in a converted checkpoint by
 // rewriting the shard that holds it (names, dtypes, shapes unchanged).
 func rewriteTensor(t *testing.T, dir, name string, edit func(raw []byte, shape []int64)) {
@@ -198,28 +203,7 @@ func (r *byteReader) Read(p []byte) (int, error) {
 // editContract rewrites DST/config.json's moeprep object.
 func editContract(t *testing.T, dir string, edit func(c map[string]any)) {
 	t.Helper()
-	editConfig(t, dir, func(cfg map[string]any) { edit(cfg["moeprep"].(map[string]any)) })
-}
-
-// editConfig rewrites a checkpoint's config.json through edit.
-func editConfig(t *testing.T, dir string, edit func(cfg map[string]any)) {
-	t.Helper()
-	p := filepath.Join(dir, "config.json")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	edit(cfg)
-	if b, err = json.MarshalIndent(cfg, "", "  "); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.EditJSON(t, filepath.Join(dir, "config.json"), func(cfg map[string]any) { edit(cfg["moeprep"].(map[string]any)) })
 }
 
 // slice returns expert e's part of a stacked [N,...] tensor's bytes.
@@ -243,6 +227,31 @@ func swapIn(t *testing.T, dir, name string, a, b int) {
 		copy(x, y)
 		copy(y, tmp)
 	})
+}
+
+// gateUpSwapped swaps expert e's gate and up projections (and their FP8
+// scales, where n names them) in a stacked DST.
+func gateUpSwapped(n layout.ExpertTensors, e int) func(t *testing.T, dst string) {
+	return func(t *testing.T, dst string) {
+		pairs := [][2]string{{n.Gate, n.Up}}
+		if n.GateScale != "" {
+			pairs = append(pairs, [2]string{n.GateScale, n.UpScale})
+		}
+		for _, p := range pairs {
+			a, b := readTensor(t, dst, p[0]), readTensor(t, dst, p[1])
+			rewriteTensor(t, dst, p[0], func(raw []byte, shape []int64) { copy(slice(raw, shape, e), slice(b, shape, e)) })
+			rewriteTensor(t, dst, p[1], func(raw []byte, shape []int64) { copy(slice(raw, shape, e), slice(a, shape, e)) })
+		}
+	}
+}
+
+// expertsSwapped swaps experts a and b of layer 1 in a gate-up DST.
+func expertsSwapped(a, b int) func(t *testing.T, dst string) {
+	return func(t *testing.T, dst string) {
+		n := layout.Names(layout.GateUp, "model.layers.1.mlp", false)
+		swapIn(t, dst, n.GateUp, a, b)
+		swapIn(t, dst, n.Down, a, b)
+	}
 }
 
 // TestMutationSuite: from a correct fused checkpoint, each mutation makes
@@ -321,20 +330,8 @@ func mutations(t *testing.T) []mutation {
 	ernieBias := filepath.Join(hfFixtures, "ernie4-5-moe-bias")
 	inkling := filepath.Join(hfFixtures, "inkling-text")
 	return []mutation{
-		{"gate and up swapped in one expert", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
-			n := stacked(true)
-			gate, up := readTensor(t, dst, n.Gate), readTensor(t, dst, n.Up)
-			gs, us := readTensor(t, dst, n.GateScale), readTensor(t, dst, n.UpScale)
-			rewriteTensor(t, dst, n.Gate, func(raw []byte, shape []int64) { copy(slice(raw, shape, 3), slice(up, shape, 3)) })
-			rewriteTensor(t, dst, n.Up, func(raw []byte, shape []int64) { copy(slice(raw, shape, 3), slice(gate, shape, 3)) })
-			rewriteTensor(t, dst, n.GateScale, func(raw []byte, shape []int64) { copy(slice(raw, shape, 3), slice(us, shape, 3)) })
-			rewriteTensor(t, dst, n.UpScale, func(raw []byte, shape []int64) { copy(slice(raw, shape, 3), slice(gs, shape, 3)) })
-		}, 1},
-		{"two experts swapped", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp}, func(t *testing.T, dst string) {
-			n := layout.Names(layout.GateUp, "model.layers.1.mlp", false)
-			swapIn(t, dst, n.GateUp, 2, 5)
-			swapIn(t, dst, n.Down, 2, 5)
-		}, 1},
+		{"gate and up swapped in one expert", fp8, convert.Options{FuseShared: true, TP: 1}, gateUpSwapped(stacked(true), 3), 1},
+		{"two experts swapped", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp}, expertsSwapped(2, 5), 1},
 		{"rsf folded twice", fp8, convert.Options{FuseShared: true, TP: 2}, func(t *testing.T, dst string) {
 			n := stacked(true)
 			rewriteTensor(t, dst, n.DownScale, func(raw []byte, shape []int64) {
@@ -363,11 +360,7 @@ func mutations(t *testing.T) []mutation {
 		// Fused families other than DeepSeek (issue 11): AFMoE (sigmoid +
 		// expert_bias, route_scale 1.5, two shared experts) and ERNIE 4.5
 		// (softmax ranked with a correction bias).
-		{"afmoe: two experts swapped", afm, convert.Options{FuseShared: true, TP: 2, Layout: layout.GateUp}, func(t *testing.T, dst string) {
-			n := layout.Names(layout.GateUp, "model.layers.1.mlp", false)
-			swapIn(t, dst, n.GateUp, 1, 6)
-			swapIn(t, dst, n.Down, 1, 6)
-		}, 1},
+		{"afmoe: two experts swapped", afm, convert.Options{FuseShared: true, TP: 2, Layout: layout.GateUp}, expertsSwapped(1, 6), 1},
 		{"afmoe: one shared replica zeroed", afm, convert.Options{FuseShared: true, TP: 4}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, stacked(false).Down, func(raw []byte, shape []int64) { clear(slice(raw, shape, 8+3)) })
 		}, 1},
@@ -383,12 +376,7 @@ func mutations(t *testing.T) []mutation {
 				}
 			})
 		}, 1},
-		{"ernie 4.5: gate and up swapped in one expert", ernie, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
-			n := stacked(false)
-			gate, up := readTensor(t, dst, n.Gate), readTensor(t, dst, n.Up)
-			rewriteTensor(t, dst, n.Gate, func(raw []byte, shape []int64) { copy(slice(raw, shape, 5), slice(up, shape, 5)) })
-			rewriteTensor(t, dst, n.Up, func(raw []byte, shape []int64) { copy(slice(raw, shape, 5), slice(gate, shape, 5)) })
-		}, 1},
+		{"ernie 4.5: gate and up swapped in one expert", ernie, convert.Options{FuseShared: true, TP: 1}, gateUpSwapped(stacked(false), 5), 1},
 		{"ernie 4.5: correction bias dropped to zero", ernie, convert.Options{FuseShared: true, TP: 2, Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, "model.layers.1.mlp.moe_statics.e_score_correction_bias", func(raw []byte, _ []int64) { clear(raw) })
 		}, 1},
@@ -405,12 +393,7 @@ func mutations(t *testing.T) []mutation {
 			swapIn(t, dst, n.Down, 2, 8)
 		}, 1},
 		// Llama 4: stacked and transposed on disk, input-scaled routing.
-		{"llama4: gate and up swapped in one expert", llama4, convert.Options{}, func(t *testing.T, dst string) {
-			n := layout.Names(layout.Stacked, "model.layers.1.feed_forward", false)
-			gate, up := readTensor(t, dst, n.Gate), readTensor(t, dst, n.Up)
-			rewriteTensor(t, dst, n.Gate, func(raw []byte, shape []int64) { copy(slice(raw, shape, 5), slice(up, shape, 5)) })
-			rewriteTensor(t, dst, n.Up, func(raw []byte, shape []int64) { copy(slice(raw, shape, 5), slice(gate, shape, 5)) })
-		}, 1},
+		{"llama4: gate and up swapped in one expert", llama4, convert.Options{}, gateUpSwapped(layout.Names(layout.Stacked, "model.layers.1.feed_forward", false), 5), 1},
 		{"llama4: one expert's down projection from its neighbour", llama4, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			n := layout.Names(layout.UpGate, "model.layers.1.feed_forward", false)
 			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) { copy(slice(raw, shape, 2), slice(raw, shape, 3)) })

@@ -16,6 +16,7 @@ import (
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -191,7 +192,7 @@ func writeGolden(t *testing.T, path string, tensors map[string][]float32, shapes
 		if !ok {
 			continue
 		}
-		b := f32Bytes(v)
+		b := testkit.F32LE(v...)
 		entries = append(entries, safetensors.Entry{Name: n, DType: safetensors.F32, Shape: shapes[n], Open: func() (io.Reader, error) { return &byteReader{b: b}, nil }})
 	}
 	if ids != nil {

@@ -10,10 +10,11 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 )
 
@@ -168,7 +169,7 @@ func TestNotExercisedExpertsAreTheUncheckedOnes(t *testing.T) {
 	}{{missed[0], true}, {missed[len(missed)-1], true}, {covered, false}} {
 		t.Run(fmt.Sprint("expert ", tc.expert), func(t *testing.T) {
 			bad := filepath.Join(t.TempDir(), "dst")
-			copyDir(t, dst, bad)
+			testkit.CopyDir(t, dst, bad)
 			flipDownSigns(t, bad, "model.layers.1.mlp", layout.Stacked, tc.expert)
 			o := o
 			o.Dst = bad
@@ -292,11 +293,7 @@ func (r *recorder) Stage(s string) {
 // moduleBytes sums the sizes of a checkpoint's tensors under prefix.
 func moduleBytes(t *testing.T, dir, prefix string) int64 {
 	t.Helper()
-	c, err := checkpoint.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := cktest.Open(t, dir)
 	var n int64
 	for _, tn := range c.Tensors {
 		if strings.HasPrefix(tn.Name, prefix) {
@@ -396,35 +393,48 @@ func TestProgressPlanMatchesReads(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.fixture, func(t *testing.T) {
-			src := filepath.Join(hfFixtures, c.fixture)
-			dst := convertInto(t, src, c.o)
-			var r recorder
-			o := Options{Src: src, Dst: dst, Device: DeviceCPU, Seed: 1, Tokens: 8, Bytes: BytesOff, ByteProgress: &r}
-			if _, err := o.norm(); err != nil {
-				t.Fatal(err)
-			}
-			s := &session{o: o, meter: newMeter(&r)}
-			defer s.close()
-			if err := s.open(); err != nil {
-				t.Fatal(err)
-			}
-			targets, _, err := s.targets()
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.planProgress(targets, false)
-			for _, tg := range targets {
-				if _, err := s.checkLayer(context.Background(), tg); err != nil {
-					t.Fatal(err)
+			checkPlanMatchesReads(t, c.fixture, c.o, DeviceCPU, func(s *session, targets []target) error {
+				for _, tg := range targets {
+					if _, err := s.checkLayer(context.Background(), tg); err != nil {
+						return err
+					}
 				}
-			}
-			for _, l := range s.meter.layers {
-				t.Logf("layer %d: planned %d, read %d", l.index, l.planned, l.read)
-				if l.planned == 0 || l.read < l.planned || float64(l.read) > 1.05*float64(l.planned) {
-					t.Errorf("layer %d: planned %d bytes, read %d", l.index, l.planned, l.read)
-				}
-			}
+				return nil
+			})
 		})
+	}
+}
+
+// checkPlanMatchesReads converts the HF fixture with co, plans the layer
+// checks' progress on device, runs them (run), and checks that every layer
+// read what was planned for it, within 5%.
+func checkPlanMatchesReads(t *testing.T, fixture string, co convert.Options, device string, run func(s *session, targets []target) error) {
+	t.Helper()
+	src := filepath.Join(hfFixtures, fixture)
+	dst := convertInto(t, src, co)
+	var r recorder
+	o := Options{Src: src, Dst: dst, Device: device, Seed: 1, Tokens: 8, Bytes: BytesOff, ByteProgress: &r}
+	if _, err := o.norm(); err != nil {
+		t.Fatal(err)
+	}
+	s := &session{o: o, meter: newMeter(&r)}
+	defer s.close()
+	if err := s.open(); err != nil {
+		t.Fatal(err)
+	}
+	targets, _, err := s.targets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.planProgress(targets, false)
+	if err := run(s, targets); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range s.meter.layers {
+		t.Logf("layer %d: planned %d, read %d", l.index, l.planned, l.read)
+		if l.planned == 0 || l.read < l.planned || float64(l.read) > 1.05*float64(l.planned) {
+			t.Errorf("layer %d: planned %d bytes, read %d", l.index, l.planned, l.read)
+		}
 	}
 }
 
@@ -441,32 +451,9 @@ func TestGPUProgressPlanMatchesReads(t *testing.T) {
 		{"gpt-oss", convert.Options{Layout: layout.UpGate}},
 	} {
 		t.Run(c.fixture, func(t *testing.T) {
-			src := filepath.Join(hfFixtures, c.fixture)
-			dst := convertInto(t, src, c.o)
-			var r recorder
-			o := Options{Src: src, Dst: dst, Device: DeviceCUDA, Seed: 1, Tokens: 8, Bytes: BytesOff, ByteProgress: &r}
-			if _, err := o.norm(); err != nil {
-				t.Fatal(err)
-			}
-			s := &session{o: o, meter: newMeter(&r)}
-			defer s.close()
-			if err := s.open(); err != nil {
-				t.Fatal(err)
-			}
-			targets, _, err := s.targets()
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.planProgress(targets, false)
-			if err := s.runGPU(context.Background(), targets, &Report{}); err != nil {
-				t.Fatal(err)
-			}
-			for _, l := range s.meter.layers {
-				t.Logf("layer %d: planned %d, read %d", l.index, l.planned, l.read)
-				if l.planned == 0 || l.read < l.planned || float64(l.read) > 1.05*float64(l.planned) {
-					t.Errorf("layer %d: planned %d bytes, read %d", l.index, l.planned, l.read)
-				}
-			}
+			checkPlanMatchesReads(t, c.fixture, c.o, DeviceCUDA, func(s *session, targets []target) error {
+				return s.runGPU(context.Background(), targets, &Report{})
+			})
 		})
 	}
 }

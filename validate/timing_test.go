@@ -10,6 +10,7 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/gpurun"
 )
@@ -177,11 +178,7 @@ func TestGPUTimings(t *testing.T) {
 			t.Errorf("--cpu-check none ran %s", r.Check)
 		}
 	}
-	ck, err := checkpoint.Open(dst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
+	ck := cktest.Open(t, dst)
 	c, _, err := layout.ReadContract(ck.Config)
 	if err != nil {
 		t.Fatal(err)

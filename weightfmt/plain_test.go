@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -52,22 +53,15 @@ func TestPlainDequantiseAgainstNumfmt(t *testing.T) {
 }
 
 func TestDecode(t *testing.T) {
-	le16 := func(v ...uint16) []byte {
-		b := make([]byte, 2*len(v))
-		for i, x := range v {
-			binary.LittleEndian.PutUint16(b[2*i:], x)
-		}
-		return b
-	}
-	f32 := binary.LittleEndian.AppendUint32(binary.LittleEndian.AppendUint32(nil, math.Float32bits(1.25)), math.Float32bits(-3))
+	f32 := testkit.F32LE(1.25, -3)
 	f64 := binary.LittleEndian.AppendUint64(nil, math.Float64bits(0.5))
 	for _, tc := range []struct {
 		d    safetensors.DType
 		in   []byte
 		want []float32
 	}{
-		{safetensors.BF16, le16(0x3F80, 0xC000), []float32{1, -2}},
-		{safetensors.F16, le16(0x3C00, 0x3800), []float32{1, 0.5}},
+		{safetensors.BF16, testkit.U16LE(0x3F80, 0xC000), []float32{1, -2}},
+		{safetensors.F16, testkit.U16LE(0x3C00, 0x3800), []float32{1, 0.5}},
 		{safetensors.F32, f32, []float32{1.25, -3}},
 		{safetensors.F64, f64, []float32{0.5}},
 		{safetensors.F8E4M3, []byte{0x38, 0x7E, 0x01}, []float32{1, 448, float32(math.Ldexp(1, -9))}},

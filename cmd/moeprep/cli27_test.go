@@ -7,8 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 )
 
 // Usage errors are exit 2 with one clean line: no Go internals, no command
@@ -62,15 +63,7 @@ func TestFuseSharedHelpMatchesBehaviour(t *testing.T) {
 	}
 	for _, cfg := range dirs {
 		dir := filepath.Dir(cfg)
-		ck, err := checkpoint.Open(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := ck.Plan()
-		ck.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := cktest.Plan(t, dir)
 		listed := slices.Contains(fusable, p.ModelType)
 		code, _, stderr := runCLI(t, "fuse-shared", "-q", "--tp", "2", dir, filepath.Join(t.TempDir(), "out"))
 		switch {
@@ -91,10 +84,7 @@ func TestFuseSharedHelpMatchesBehaviour(t *testing.T) {
 
 // README's table of supported model types is the registry's.
 func TestReadmeListsEveryModelType(t *testing.T) {
-	b, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.ReadFile(t, "../../README.md")
 	readme := string(b)
 	for _, mt := range family.SupportedModelTypes() {
 		if !strings.Contains(readme, "`"+mt+"`") {

@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // runCLI runs one command line in-process and returns exit code, stdout, stderr.
@@ -180,17 +182,11 @@ func TestUsageErrors(t *testing.T) {
 func brokenCheckpoint(t *testing.T, src, asName string) string {
 	t.Helper()
 	dir := t.TempDir()
-	cfg, err := os.ReadFile(filepath.Join(fixturesDir, "qwen3-moe", "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := testkit.ReadFile(t, filepath.Join(fixturesDir, "qwen3-moe", "config.json"))
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.ReadFile(t, src)
 	if err := os.WriteFile(filepath.Join(dir, asName), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -316,10 +312,7 @@ func TestBrokenShardedExit2(t *testing.T) {
 	if len(dirs) < 8 {
 		t.Fatalf("expected the broken sharded testdata, found %d", len(dirs))
 	}
-	cfg, err := os.ReadFile(filepath.Join(fixturesDir, "qwen3-moe", "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := testkit.ReadFile(t, filepath.Join(fixturesDir, "qwen3-moe", "config.json"))
 	for _, src := range dirs {
 		t.Run(filepath.Base(src), func(t *testing.T) {
 			dir := t.TempDir()
@@ -328,10 +321,7 @@ func TestBrokenShardedExit2(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, e := range entries {
-				b, err := os.ReadFile(filepath.Join(src, e.Name()))
-				if err != nil {
-					t.Fatal(err)
-				}
+				b := testkit.ReadFile(t, filepath.Join(src, e.Name()))
 				if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
 					t.Fatal(err)
 				}

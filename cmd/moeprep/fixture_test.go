@@ -10,15 +10,13 @@ import (
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // synthSummary reads DIR/moeprep-synth.json.
 func synthSummary(t *testing.T, dir string) fixtures.Summary {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, fixtures.SummaryFile))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.ReadFile(t, filepath.Join(dir, fixtures.SummaryFile))
 	var s fixtures.Summary
 	if err := json.Unmarshal(b, &s); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
@@ -29,6 +31,15 @@ func goldenJSON(t *testing.T, name, out string, volatile ...string) {
 		}
 		doc[k] = "<varies>"
 	}
+	checkGolden(t, filepath.Join("testdata", name), doc, "update SCHEMAS.md")
+}
+
+// checkGolden writes doc as moeprep writes JSON (indented by two spaces, no
+// HTML escapes) and compares it with the golden file path; -update
+// rewrites the file instead. docs says which documentation a meant change
+// updates too.
+func checkGolden(t *testing.T, path string, doc any, docs string) {
+	t.Helper()
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -37,19 +48,16 @@ func goldenJSON(t *testing.T, name, out string, volatile ...string) {
 		t.Fatal(err)
 	}
 	got := buf.Bytes()
-	path := filepath.Join("testdata", name)
 	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		testkit.WriteFile(t, path, got)
 		return
 	}
 	want, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (run with -update to create it)", err)
+		t.Fatalf("%v (run with -update to write it)", err)
 	}
 	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the golden file (run with -update if the change is meant, and update SCHEMAS.md):\n%s", name, got)
+		t.Errorf("%s differs from the golden file (if the change is meant, rerun with -update and %s):\n%s", path, docs, lineDiff(string(want), string(got)))
 	}
 }
 
@@ -83,10 +91,7 @@ func TestJSONGolden(t *testing.T) {
 	if code, _, stderr := runCLI(t, "inspect", "-o", report, src); code != 0 {
 		t.Fatalf("inspect -o: %s", stderr)
 	}
-	b, err := os.ReadFile(report)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.ReadFile(t, report)
 	goldenJSON(t, "inspect.golden.json", string(b), "dir")
 	if code, _, _ := runCLI(t, "inspect", "-o", report, src); code != 0 {
 		t.Errorf("inspect -o over its own earlier report: exit %d", code)
@@ -111,10 +116,7 @@ func TestJSONGolden(t *testing.T) {
 
 // SCHEMAS.md documents every field of every golden document.
 func TestSchemasDocumentEveryField(t *testing.T) {
-	doc, err := os.ReadFile("../../SCHEMAS.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	doc := testkit.ReadFile(t, "../../SCHEMAS.md")
 	// validate's report is documented beside its code, SCHEMAS.md links it.
 	if v, err := os.ReadFile("../../validate/SCHEMA.md"); err == nil {
 		doc = append(doc, v...)
@@ -124,14 +126,7 @@ func TestSchemasDocumentEveryField(t *testing.T) {
 		t.Fatalf("only %d golden files", len(goldens))
 	}
 	for _, g := range goldens {
-		b, err := os.ReadFile(g)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var m map[string]any
-		if err := json.Unmarshal(b, &m); err != nil {
-			t.Fatal(err)
-		}
+		m := testkit.ReadJSON(t, g)
 		schema, _ := m["schema"].(string)
 		if !bytes.Contains(doc, []byte("`"+schema+"`")) {
 			t.Errorf("SCHEMAS.md has no section for %s (%s)", schema, g)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -36,10 +37,7 @@ func squeezedScaleCheckpoint(t *testing.T) (string, int) {
 		}
 		in := filepath.Join(src, e.Name())
 		if !strings.HasSuffix(e.Name(), ".safetensors") {
-			b, err := os.ReadFile(in)
-			if err != nil {
-				t.Fatal(err)
-			}
+			b := testkit.ReadFile(t, in)
 			if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644); err != nil {
 				t.Fatal(err)
 			}

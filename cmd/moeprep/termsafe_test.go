@@ -1,11 +1,12 @@
 package main
 
 import (
-	"encoding/binary"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // Text from a checkpoint (a model_type, a tensor name) cannot steer the
@@ -69,14 +70,5 @@ func jsonEscape(s string) string {
 func writeOneTensor(t *testing.T, path, name string) {
 	t.Helper()
 	hdr := `{"` + jsonEscape(name) + `":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}}`
-	for len(hdr)%8 != 0 {
-		hdr += " "
-	}
-	b := make([]byte, 8, 8+len(hdr)+2)
-	binary.LittleEndian.PutUint64(b, uint64(len(hdr)))
-	b = append(b, hdr...)
-	b = append(b, 0x80, 0x3f)
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, path, append(testkit.STHead(hdr), 0x80, 0x3f))
 }

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // --json is a switch (the report as JSON on stdout, nothing else there);
@@ -31,10 +33,7 @@ func TestValidateJSONAndOutput(t *testing.T) {
 	if !strings.HasPrefix(stdout, "layer  ") || !strings.Contains(stdout, "checks passed") {
 		t.Errorf("-o: the table should still be printed:\n%s", stdout)
 	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.ReadFile(t, out)
 	fileDoc := readReport(t, b)
 	if fileDoc["summary"] == nil || !strings.Contains(stdout, fileDoc["summary"].(string)) {
 		t.Errorf("-o: the file's summary %q is not the table's last line:\n%s", fileDoc["summary"], stdout)
@@ -56,14 +55,11 @@ func TestValidateOutputRefused(t *testing.T) {
 	src, dst := fusedFixture(t)
 	tmp := t.TempDir()
 	notReport := filepath.Join(tmp, "notes.json")
-	writeFile(t, notReport, `{"mine": true}`)
+	testkit.WriteFile(t, notReport, `{"mine": true}`)
 	otherSchema := filepath.Join(tmp, "other.json")
-	writeFile(t, otherSchema, `{"schema": "someone.else/v1"}`)
+	testkit.WriteFile(t, otherSchema, `{"schema": "someone.else/v1"}`)
 	golden := filepath.Join(src, "reference")
-	cfg, err := os.ReadFile(filepath.Join(dst, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := testkit.ReadFile(t, filepath.Join(dst, "config.json"))
 	tests := []struct {
 		name string
 		path string
@@ -104,10 +100,7 @@ func TestValidateOldJSONForm(t *testing.T) {
 	src, dst := fusedFixture(t)
 	tmp := t.TempDir()
 	report := filepath.Join(tmp, "report.json")
-	srcCfg, err := os.ReadFile(filepath.Join(src, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	srcCfg := testkit.ReadFile(t, filepath.Join(src, "config.json"))
 	tests := []struct {
 		name string
 		args []string

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"math"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -45,29 +42,7 @@ func TestValidateJSONGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := normaliseReport(t, doc, map[string]string{src: "[SRC]", dst: "[DST]"})
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(got); err != nil {
-		t.Fatal(err)
-	}
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(reportGolden), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(reportGolden, b.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(reportGolden)
-	if err != nil {
-		t.Fatalf("%v (run with -update to write it)", err)
-	}
-	if !bytes.Equal(b.Bytes(), want) {
-		t.Errorf("the report differs from %s (if the change is meant, rerun with -update and say so in SCHEMA.md):\n%s", reportGolden, lineDiff(string(want), b.String()))
-	}
+	checkGolden(t, reportGolden, got, "say so in SCHEMA.md")
 }
 
 // measured are the fields whose last bits depend on summation order; the

@@ -8,20 +8,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
 )
-
-// tensorMap is an in-memory TensorSource for the loader's tests.
-type tensorMap map[string]*checkpoint.Tensor
-
-func (m tensorMap) Tensor(n string) (*checkpoint.Tensor, bool) { t, ok := m[n]; return t, ok }
-
-func (m tensorMap) add(name string, d safetensors.DType, shape []int64, b []byte) {
-	m[name] = &checkpoint.Tensor{Name: name, DType: d, Shape: shape, File: "mem", Data: bytes.NewReader(b)}
-}
 
 // fp8Stack is N random FP8 [2I, H] gate-up slices with their scales
 // stored as two grids of ceil(I/bo) rows per slice (layout.StackShapes), and
@@ -54,15 +45,15 @@ func (s *fp8Stack) want(e, half, r, c int) float32 {
 	return numfmt.E4M3ToF32(code) * s.scales[(e*2*gr+half*gr+r/s.bo)*gc+c/s.bi]
 }
 
-func (s *fp8Stack) source() tensorMap {
-	m := tensorMap{}
+func (s *fp8Stack) source() cktest.Mem {
+	m := cktest.Mem{}
 	gr, gc := ScaleDims(s.inter, s.h, s.bo, s.bi)
-	m.add("w", safetensors.F8E4M3, []int64{int64(s.n), int64(2 * s.inter), int64(s.h)}, s.codes)
+	m.Put("w", safetensors.F8E4M3, []int64{int64(s.n), int64(2 * s.inter), int64(s.h)}, s.codes)
 	sb := make([]byte, 4*len(s.scales))
 	for i, v := range s.scales {
 		binary.LittleEndian.PutUint32(sb[4*i:], math.Float32bits(v))
 	}
-	m.add("w_scale_inv", safetensors.F32, []int64{int64(s.n), int64(2 * gr), int64(gc)}, sb)
+	m.Put("w_scale_inv", safetensors.F32, []int64{int64(s.n), int64(2 * gr), int64(gc)}, sb)
 	return m
 }
 
@@ -96,12 +87,12 @@ func TestLoadMatrixFP8Halves(t *testing.T) {
 // The loader refuses a weight whose dtype and scale disagree, naming what
 // is wrong.
 func TestLoadMatrixRefusesMismatchedFormats(t *testing.T) {
-	src := tensorMap{}
-	src.add("fp8", safetensors.F8E4M3, []int64{4, 4}, bytes.Repeat([]byte{0x38}, 16))
-	src.add("bf16", safetensors.BF16, []int64{4, 4}, bytes.Repeat([]byte{0x80, 0x3f}, 16))
-	src.add("scale", safetensors.F32, []int64{1, 1}, binary.LittleEndian.AppendUint32(nil, math.Float32bits(2)))
-	src.add("bf16scale", safetensors.BF16, []int64{1, 1}, []byte{0x80, 0x3f})
-	src.add("ints", safetensors.I32, []int64{4, 4}, make([]byte, 64))
+	src := cktest.Mem{}
+	src.Put("fp8", safetensors.F8E4M3, []int64{4, 4}, bytes.Repeat([]byte{0x38}, 16))
+	src.Put("bf16", safetensors.BF16, []int64{4, 4}, bytes.Repeat([]byte{0x80, 0x3f}, 16))
+	src.Put("scale", safetensors.F32, []int64{1, 1}, binary.LittleEndian.AppendUint32(nil, math.Float32bits(2)))
+	src.Put("bf16scale", safetensors.BF16, []int64{1, 1}, []byte{0x80, 0x3f})
+	src.Put("ints", safetensors.I32, []int64{4, 4}, make([]byte, 64))
 	fp8x4 := weightfmt.FP8Block(4, 4, false)
 	for _, tc := range []struct {
 		name string

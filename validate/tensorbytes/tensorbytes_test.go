@@ -1,31 +1,17 @@
 package tensorbytes
 
 import (
-	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
 // TestFirstNonFinite: the scan finds the first NaN or Inf of each dtype and
 // nothing in finite data, including the largest finite values.
 func TestFirstNonFinite(t *testing.T) {
-	le16 := func(v ...uint16) []byte {
-		b := make([]byte, 2*len(v))
-		for i, x := range v {
-			binary.LittleEndian.PutUint16(b[2*i:], x)
-		}
-		return b
-	}
-	le32 := func(v ...float32) []byte {
-		b := make([]byte, 4*len(v))
-		for i, x := range v {
-			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-		}
-		return b
-	}
 	inf, nan := float32(math.Inf(-1)), float32(math.NaN())
 	for _, tc := range []struct {
 		name string
@@ -33,13 +19,13 @@ func TestFirstNonFinite(t *testing.T) {
 		raw  []byte
 		want int
 	}{
-		{"bf16 finite max", "BF16", le16(0x7F7F, 0xFF7F, 0x0001, 0), -1},
-		{"bf16 inf", "BF16", le16(0x3F80, 0x3F80, 0x7F80), 2},
-		{"bf16 nan", "BF16", le16(0xFFC1), 0},
-		{"f16 inf", "F16", le16(0x3C00, 0x7BFF, 0xFC00), 2},
-		{"f32 finite", "F32", le32(math.MaxFloat32, -math.MaxFloat32, 1e-45), -1},
-		{"f32 -inf", "F32", le32(1, 2, 3, inf), 3},
-		{"f32 nan", "F32", le32(nan), 0},
+		{"bf16 finite max", "BF16", testkit.U16LE(0x7F7F, 0xFF7F, 0x0001, 0), -1},
+		{"bf16 inf", "BF16", testkit.U16LE(0x3F80, 0x3F80, 0x7F80), 2},
+		{"bf16 nan", "BF16", testkit.U16LE(0xFFC1), 0},
+		{"f16 inf", "F16", testkit.U16LE(0x3C00, 0x7BFF, 0xFC00), 2},
+		{"f32 finite", "F32", testkit.F32LE(math.MaxFloat32, -math.MaxFloat32, 1e-45), -1},
+		{"f32 -inf", "F32", testkit.F32LE(1, 2, 3, inf), 3},
+		{"f32 nan", "F32", testkit.F32LE(nan), 0},
 		{"e4m3 max 448 is finite", "F8_E4M3", []byte{0x7E, 0xFE, 0x00}, -1},
 		{"e4m3 nan", "F8_E4M3", []byte{0x01, 0xFF}, 1},
 		{"e5m2 inf", "F8_E5M2", []byte{0x7B, 0x7C}, 1},

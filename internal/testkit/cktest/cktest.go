@@ -1,0 +1,64 @@
+// Package cktest opens checkpoints for tests through moeprep's own reader
+// and planner: testkit's helpers that need them. Tests of checkpoint, of
+// family and of what they import cannot use it (an import cycle); the
+// rest (convert, validate, fixtures, cmd) can. Only tests import it.
+package cktest
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// Open opens the checkpoint in dir; it is closed when the test ends.
+func Open(t testing.TB, dir string) *checkpoint.Checkpoint {
+	t.Helper()
+	ck, err := checkpoint.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ck.Close() })
+	return ck
+}
+
+// OpenPlanned opens and plans the checkpoint in dir; it is closed when the
+// test ends.
+func OpenPlanned(t testing.TB, dir string) (*checkpoint.Checkpoint, *family.Plan) {
+	t.Helper()
+	ck := Open(t, dir)
+	p, err := ck.Plan()
+	if err != nil {
+		t.Fatalf("%s: %v", dir, err)
+	}
+	return ck, p
+}
+
+// Plan plans the checkpoint in dir.
+func Plan(t testing.TB, dir string) *family.Plan {
+	t.Helper()
+	_, p := OpenPlanned(t, dir)
+	return p
+}
+
+// Mem is an in-memory checkpoint: its tensors by name, a TensorSource.
+type Mem map[string]*checkpoint.Tensor
+
+// Tensor is tensor name.
+func (m Mem) Tensor(name string) (*checkpoint.Tensor, bool) { t, ok := m[name]; return t, ok }
+
+// Put makes b tensor name.
+func (m Mem) Put(name string, dt safetensors.DType, shape []int64, b []byte) {
+	m[name] = &checkpoint.Tensor{Name: name, DType: dt, Shape: shape, File: "mem", Data: bytes.NewReader(b)}
+}
+
+// Bytes is tensor name's bytes; it panics when there is none.
+func (m Mem) Bytes(name string) []byte {
+	b, err := m[name].ReadAll()
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
