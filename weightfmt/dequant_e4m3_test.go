@@ -1,6 +1,7 @@
 package weightfmt
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -54,5 +55,41 @@ func TestDequantE4M3(t *testing.T) {
 	}
 	if err := DequantE4M3(src, rows, cols, scale[:5], blk, blk, dst); err == nil {
 		t.Error("a short scale grid was accepted")
+	}
+}
+
+// TestDequantE4M3HostileShape: shapes whose product wraps, and blocks near
+// the int limit, are errors, never a panic or a wrong-sized loop.
+func TestDequantE4M3HostileShape(t *testing.T) {
+	const big = 1 << 62
+	cases := []struct {
+		name               string
+		rows, cols, bo, bi int
+		src, dst, scale    int
+	}{
+		{"rows*cols wraps to 0", big, 4, 128, 128, 0, 0, 1},
+		{"rows*cols wraps to the buffer", 1<<62 + 1, 4, 128, 128, 4, 4, 1},
+		// Before the wrap check this indexed past src: a panic.
+		{"rows*cols wraps, blocks fit the grid", 1<<62 + 1, 4, math.MaxInt / 2, 4, 4, 4, 2},
+		{"negative rows", -1, 4, 128, 128, 0, 0, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := DequantE4M3(make([]byte, c.src), c.rows, c.cols, make([]float32, c.scale), c.bo, c.bi, make([]float32, c.dst))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+	// A block larger than the weight is one block, however large: the ceil
+	// must not wrap (it did at (rows+bo-1)/bo and left dst unwritten).
+	dst := []float32{-1, -1, -1, -1}
+	if err := DequantE4M3([]byte{0x38, 0x38, 0x38, 0x38}, 2, 2, []float32{2}, math.MaxInt, math.MaxInt, dst); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range dst {
+		if v != 2 { // E4M3 0x38 is 1.0
+			t.Errorf("dst[%d] = %v, want 2", i, v)
+		}
 	}
 }

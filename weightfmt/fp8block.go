@@ -2,6 +2,7 @@ package weightfmt
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
@@ -85,10 +86,18 @@ func DequantE4M3(src []byte, rows, cols int, scale []float32, bo, bi int, dst []
 	if bo <= 0 || bi <= 0 {
 		return fmt.Errorf("fp8 block size %dx%d", bo, bi)
 	}
-	if rows < 0 || cols < 0 || len(src) != rows*cols || len(dst) != rows*cols {
+	// rows*cols must not wrap: a hostile contract could otherwise pair a
+	// huge shape with a buffer whose length equals the wrapped product.
+	if rows < 0 || cols < 0 || (cols > 0 && rows > math.MaxInt/cols) || len(src) != rows*cols || len(dst) != rows*cols {
 		return fmt.Errorf("fp8 dequant: %d bytes, %d outputs for a %dx%d weight", len(src), len(dst), rows, cols)
 	}
-	sr, sc := (rows+bo-1)/bo, (cols+bi-1)/bi
+	sr, sc := rows/bo, cols/bi // ceil, without the overflow of (rows+bo-1)
+	if rows%bo != 0 {
+		sr++
+	}
+	if cols%bi != 0 {
+		sc++
+	}
 	if len(scale) != sr*sc {
 		return fmt.Errorf("fp8 dequant: %d scales for a %dx%d weight, want %dx%d", len(scale), rows, cols, sr, sc)
 	}
