@@ -338,22 +338,22 @@ type GEMMOptions struct {
 	Quant *QuantScratch
 }
 
-// kernel returns a stage's kernel name and block size for reduction
-// length k, numel slots and the given number of experts; hopper: the device
-// has compute capability 9.0.
-func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int, hopper bool) (string, int, error) {
+// kernel returns a stage's kernel for reduction length k, numel slots and
+// the given number of experts; hopper: the device has compute capability
+// 9.0.
+func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int, hopper bool) (*gemmKernel, error) {
 	if o.W8A8 {
 		switch {
 		case o.Path != PathAuto && o.Path != PathWGMMA:
-			return "", 0, fmt.Errorf("grouped gemm: w8a8 runs on the wgmma path only, not %v", o.Path)
+			return nil, fmt.Errorf("grouped gemm: w8a8 runs on the wgmma path only, not %v", o.Path)
 		case o.Act != MatBF16 || w != MatFP8:
-			return "", 0, fmt.Errorf("grouped gemm: w8a8 needs bf16 activations and fp8 weights, not %v and %v", o.Act, w)
+			return nil, fmt.Errorf("grouped gemm: w8a8 needs bf16 activations and fp8 weights, not %v and %v", o.Act, w)
 		case !hopper:
-			return "", 0, fmt.Errorf("grouped gemm: w8a8 needs compute capability 9.0 (wgmma e4m3)")
+			return nil, fmt.Errorf("grouped gemm: w8a8 needs compute capability 9.0 (wgmma e4m3)")
 		case k%16 != 0 || experts > wgMaxExperts:
-			return "", 0, fmt.Errorf("grouped gemm: w8a8 needs a reduction length divisible by 16 (not %d) and at most %d experts (not %d)", k, wgMaxExperts, experts)
+			return nil, fmt.Errorf("grouped gemm: w8a8 needs a reduction length divisible by 16 (not %d) and at most %d experts (not %d)", k, wgMaxExperts, experts)
 		}
-		return fmt.Sprintf("moe_%s_wg_fp8_fp8", stage), wfThreads, nil
+		return gemmKernelNamed(fmt.Sprintf("moe_%s_wg_fp8_fp8", stage))
 	}
 	mmaOK := o.Act == MatBF16 && (w == MatBF16 || w == MatFP8)
 	vec := 8
@@ -381,82 +381,43 @@ func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int, hop
 	}
 	switch {
 	case path == PathSIMT:
-		return fmt.Sprintf("moe_%s_%v_%v", stage, o.Act, w), 256, nil
+		return gemmKernelNamed(fmt.Sprintf("moe_%s_%v_%v", stage, o.Act, w))
 	case !mmaOK:
-		return "", 0, fmt.Errorf("grouped gemm: the tensor-core path needs bf16 activations and bf16 or fp8 weights, not %v and %v", o.Act, w)
+		return nil, fmt.Errorf("grouped gemm: the tensor-core path needs bf16 activations and bf16 or fp8 weights, not %v and %v", o.Act, w)
 	case path == PathMMA:
-		return fmt.Sprintf("moe_%s_mma_bf16_%v", stage, w), 128, nil
+		return gemmKernelNamed(fmt.Sprintf("moe_%s_mma_bf16_%v", stage, w))
 	case path == PathMMAVec && k%vec == 0:
-		return fmt.Sprintf("moe_%s_mma2_bf16_%v", stage, w), 128, nil
+		return gemmKernelNamed(fmt.Sprintf("moe_%s_mma2_bf16_%v", stage, w))
 	case path == PathMMA3 && (w != MatBF16 || k%8 != 0):
-		return "", 0, fmt.Errorf("grouped gemm: the mma3 path needs bf16 weights (not %v) and a reduction length divisible by 8 (not %d)", w, k)
+		return nil, fmt.Errorf("grouped gemm: the mma3 path needs bf16 weights (not %v) and a reduction length divisible by 8 (not %d)", w, k)
 	case path == PathMMA3:
-		return fmt.Sprintf("moe_%s_mma3_bf16_bf16", stage), 128, nil
+		return gemmKernelNamed(fmt.Sprintf("moe_%s_mma3_bf16_bf16", stage))
 	case path == PathMMATall && k%vec == 0:
-		return fmt.Sprintf("moe_%s_tall_bf16_%v", stage, w), 256, nil
+		return gemmKernelNamed(fmt.Sprintf("moe_%s_tall_bf16_%v", stage, w))
 	case path == PathWGMMA && !hopper:
-		return "", 0, fmt.Errorf("grouped gemm: the wgmma path needs compute capability 9.0")
+		return nil, fmt.Errorf("grouped gemm: the wgmma path needs compute capability 9.0")
 	case path == PathWGMMA && (w != MatBF16 || k%8 != 0 || experts > wgMaxExperts):
-		return "", 0, fmt.Errorf("grouped gemm: the wgmma path needs bf16 weights (not %v), a reduction length divisible by 8 (not %d) and at most %d experts (not %d)", w, k, wgMaxExperts, experts)
+		return nil, fmt.Errorf("grouped gemm: the wgmma path needs bf16 weights (not %v), a reduction length divisible by 8 (not %d) and at most %d experts (not %d)", w, k, wgMaxExperts, experts)
 	case path == PathWGMMA:
-		return fmt.Sprintf("moe_%s_wg_bf16_bf16", stage), wgThreads, nil
+		return gemmKernelNamed(fmt.Sprintf("moe_%s_wg_bf16_bf16", stage))
 	case path == PathMMAVec || path == PathMMATall:
-		return "", 0, fmt.Errorf("grouped gemm: the 16-byte-load path needs a reduction length divisible by %d, not %d", vec, k)
+		return nil, fmt.Errorf("grouped gemm: the 16-byte-load path needs a reduction length divisible by %d, not %d", vec, k)
 	}
-	return "", 0, fmt.Errorf("grouped gemm: unknown kernel path %d", path)
+	return nil, fmt.Errorf("grouped gemm: unknown kernel path %d", path)
 }
 
-// gemmGrid is kernel fn's launch grid: rows x column tiles, or for the tall
-// and mma3 kernels column tiles x rows (columns fastest, see grouped_gemm.cu:
-// the CTAs that run together share their gathered rows and stream a few
-// experts' weights end to end), or for the wgmma kernels one CTA per SM
+// gemmGrid is kernel fn's launch grid (gemmKernel.grid): rows x column
+// tiles, or column tiles x rows, or for the wgmma kernels one CTA per SM
 // (sms), which share out the tiles.
 func gemmGrid(s *Sorted, n int, fn string, sms int) ([3]uint32, error) {
-	if strings.Contains(fn, "_wg_") {
-		return [3]uint32{uint32(max(sms, 1)), 1, 1}, nil
+	k, err := gemmKernelNamed(fn)
+	if err != nil {
+		return [3]uint32{}, err
 	}
-	return tileGrid(s.SortedIDs.Len(), n, fn)
-}
-
-// tileGrid is the launch grid of the tiled (non-persistent) kernels for a
-// sorted-id array of the given length and n output columns.
-func tileGrid(sorted, n int, fn string) ([3]uint32, error) {
-	rows, cols := CeilDiv(sorted, gemmRowTile), CeilDiv(n, gemmColTile)
-	if strings.Contains(fn, "_mma3_") || strings.Contains(fn, "_tall_") {
-		if strings.HasPrefix(fn, "moe_down_") {
-			cols = CeilDiv(n, 2*gemmColTile) // 128 columns a CTA
-			if strings.Contains(fn, "_mma3_") {
-				cols = CeilDiv(n, mma3DownBN)
-			}
-		}
-		if rows > 65535 {
-			return [3]uint32{}, fmt.Errorf("grouped gemm: %d sorted rows exceed the launch grid of %s", sorted, fn)
-		}
-		return [3]uint32{uint32(cols), uint32(rows), 1}, nil
+	if k.wgmma {
+		return k.grid(0, n, sms)
 	}
-	if cols > 65535 {
-		return [3]uint32{}, fmt.Errorf("grouped gemm: %d output columns exceed the launch grid", n)
-	}
-	return [3]uint32{uint32(rows), uint32(cols), 1}, nil
-}
-
-// gemmModule loads the kernel family of fn and returns its dynamic shared
-// memory: the wgmma kernels live in grouped_gemm_wg.fatbin and need
-// wgSmemBytes (Module.Launch raises the limit above 48 KiB).
-func gemmModule(dev *cuda.Device, fn string) (*Module, uint32, error) {
-	if strings.Contains(fn, "_wg_fp8_") {
-		m, err := Load(dev, "grouped_gemm_wg_fp8")
-		return m, wfSmemBytes, err
-	}
-	if strings.Contains(fn, "_wg_") {
-		m, err := Load(dev, "grouped_gemm_wg")
-		return m, wgSmemBytes, err
-	}
-	m, err := Load(dev, "grouped_gemm")
-	if strings.Contains(fn, "_mma3_") {
-		return m, mma3SmemBytes(strings.HasPrefix(fn, "moe_gate_up_")), err
-	}
-	return m, 0, err
+	return k.grid(s.SortedIDs.Len(), n, sms)
 }
 
 // MoEGateUp queues stage 1 of the grouped GEMM on stream st: for every
@@ -487,27 +448,22 @@ func MoEGateUp(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorte
 	if err != nil {
 		return err
 	}
-	m, fn, threads, shmem, grid, err := opt.stage(dev, "gate_up", bank, sorted, t, bank.H, bank.I)
+	m, kern, grid, err := opt.stage(dev, "gate_up", bank, sorted, t, bank.H, bank.I)
 	if err != nil {
 		return err
 	}
+	a := []any{x.Ptr}
 	if opt.W8A8 {
-		// x -> e4m3 codes and per-128-channel scales, then the e4m3 x e4m3 GEMM
-		// on them; gate and up boxes of wfBN/2 (96) weight rows each.
+		// x -> e4m3 codes and per-128-channel scales, then the e4m3 x e4m3 GEMM on them.
 		if err := ActQuantE4M3(dev, st, x, t, bank.H, opt.Quant); err != nil {
 			return err
 		}
-		args := []any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, opt.Quant.Codes, opt.Quant.Scales, wg, wu, ws, sg, su, ss, inter.Ptr,
-			int32(sorted.Numel), int32(topk), int32(bank.I), int32(bank.H), int32(sorted.BlockSize), int32(bank.NumExperts)}
-		return wgLaunch(m, fn, grid, threads, shmem, st, MatFP8, []cuda.DevicePtr{wg, wu}, ws, bank.H, bank.I, bank.NumExperts, wfBN/2, args)
+		a = []any{opt.Quant.Codes, opt.Quant.Scales}
 	}
-	args := []any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, x.Ptr, wg, wu, ws, sg, su, ss, inter.Ptr,
-		int32(sorted.Numel), int32(topk), int32(bank.I), int32(bank.H), int32(sorted.BlockSize), int32(bank.NumExperts)}
-	if strings.Contains(fn, "_wg_") {
-		// Gate and up boxes of wgBN/2 (96) weight rows each.
-		return wgLaunch(m, fn, grid, threads, shmem, st, MatBF16, []cuda.DevicePtr{wg, wu}, ws, bank.H, bank.I, bank.NumExperts, wgBN/2, args)
-	}
-	return m.Launch(fn, grid, Block(threads), shmem, st, args...)
+	args := append([]any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total}, a...)
+	args = append(args, wg, wu, ws, sg, su, ss, inter.Ptr,
+		int32(sorted.Numel), int32(topk), int32(bank.I), int32(bank.H), int32(sorted.BlockSize), int32(bank.NumExperts))
+	return gemmLaunch(m, kern, grid, st, []cuda.DevicePtr{wg, wu}, ws, bank.H, bank.I, bank.NumExperts, args)
 }
 
 // checkGEMM checks what both GEMM stages take: the bank, the alignment and
@@ -528,8 +484,8 @@ func checkGEMM(bank *ExpertBank, sorted *Sorted, opt GEMMOptions) error {
 // stage picks the kernel of one GEMM stage (gate_up or down) over bank, with
 // reduction length k and n output columns per slot, checks that the w8a8
 // scratch fits rows x k activations, and loads its module and grid.
-func (o GEMMOptions) stage(dev *cuda.Device, stage string, bank *ExpertBank, sorted *Sorted, rows, k, n int) (m *Module, fn string, threads int, shmem uint32, grid [3]uint32, err error) {
-	fn, threads, err = o.kernel(stage, bank.DType, k, sorted.Numel, bank.NumExperts, isHopper(dev))
+func (o GEMMOptions) stage(dev *cuda.Device, stage string, bank *ExpertBank, sorted *Sorted, rows, k, n int) (m *Module, kern *gemmKernel, grid [3]uint32, err error) {
+	kern, err = o.kernel(stage, bank.DType, k, sorted.Numel, bank.NumExperts, isHopper(dev))
 	if err != nil {
 		return
 	}
@@ -538,19 +494,29 @@ func (o GEMMOptions) stage(dev *cuda.Device, stage string, bank *ExpertBank, sor
 			return
 		}
 	}
-	if m, shmem, err = gemmModule(dev, fn); err != nil {
+	if m, err = Load(dev, kern.module); err != nil {
 		return
 	}
-	grid, err = gemmGrid(sorted, n, fn, dev.SMs)
+	grid, err = kern.grid(sorted.SortedIDs.Len(), n, dev.SMs)
 	return
 }
 
-// wgLaunch launches wgmma kernel fn with args followed by one tensor map per
-// weight matrix of w (a __grid_constant__ CUtensorMap each): the 3D view
-// {k, n, experts} of [experts][n][k] weights of type wt (bf16, or fp8 as
-// bytes) with an expert stride of estride elements, box {128 bytes of k,
-// rows, 1} (64 bf16 or 128 e4m3), 128-byte swizzle (the layout of the
-// kernel's shared-memory stages), zeros outside. The kernel's producer
+// gemmLaunch launches grouped GEMM kernel kern with args: a wgmma kernel
+// through wgLaunch (w: its weight matrices, estride their expert stride in
+// elements, k x n each, experts of them), any other directly.
+func gemmLaunch(m *Module, kern *gemmKernel, grid [3]uint32, st cuda.Stream, w []cuda.DevicePtr, estride int64, k, n, experts int, args []any) error {
+	if kern.wgmma {
+		return wgLaunch(m, kern, grid, st, w, estride, k, n, experts, args)
+	}
+	return m.Launch(kern.name, grid, Block(kern.threads), kern.smem, st, args...)
+}
+
+// wgLaunch launches wgmma kernel kern with args followed by one tensor map
+// per weight matrix of w (a __grid_constant__ CUtensorMap each): the 3D view
+// {k, n, experts} of [experts][n][k] weights of type kern.tmap (bf16, or fp8
+// as bytes) with an expert stride of estride elements, box {128 bytes of k,
+// kern.boxRows, 1} (64 bf16 or 128 e4m3), 128-byte swizzle (the layout of
+// the kernel's shared-memory stages), zeros outside. The kernel's producer
 // copies the weight tiles with the bulk tensor copy engine through them.
 //
 // The persistent CTAs take their work items from a counter in the module's
@@ -558,9 +524,9 @@ func (o GEMMOptions) stage(dev *cuda.Device, stage string, bank *ExpertBank, sor
 // two launches of one wgmma kernel on a device must not run at the same
 // time: callers queue the layer on one stream (validate's compute stream,
 // bench's stream), which orders them.
-func wgLaunch(m *Module, fn string, grid [3]uint32, threads int, shmem uint32, st cuda.Stream, wt MatDType, w []cuda.DevicePtr, estride int64, k, n, experts, rows int, args []any) error {
+func wgLaunch(m *Module, kern *gemmKernel, grid [3]uint32, st cuda.Stream, w []cuda.DevicePtr, estride int64, k, n, experts int, args []any) error {
 	dt, es := uint32(cuda.TensorMapBF16), uint64(2)
-	if wt == MatFP8 {
+	if kern.tmap == MatFP8 {
 		dt, es = cuda.TensorMapUInt8, 1
 	}
 	return m.dev.Do(func(c *cuda.Ctx) error {
@@ -569,15 +535,15 @@ func wgLaunch(m *Module, fn string, grid [3]uint32, threads int, shmem uint32, s
 				DataType: dt, Base: p,
 				Dims:    []uint64{uint64(k), uint64(n), uint64(experts)},
 				Strides: []uint64{es * uint64(k), es * uint64(estride)},
-				Box:     []uint32{uint32(128 / es), uint32(rows), 1},
+				Box:     []uint32{uint32(128 / es), uint32(kern.boxRows), 1},
 				Swizzle: cuda.TensorMapSwizzle128B, L2Promotion: cuda.TensorMapL2256B,
 			})
 			if err != nil {
-				return fmt.Errorf("kernels: %s: weight tensor map (%d x %d x %d, expert stride %d): %w", fn, experts, n, k, estride, err)
+				return fmt.Errorf("kernels: %s: weight tensor map (%d x %d x %d, expert stride %d): %w", kern.name, experts, n, k, estride, err)
 			}
 			args = append(args, tm)
 		}
-		return m.LaunchCtx(c, fn, grid, Block(threads), shmem, st, args...)
+		return m.LaunchCtx(c, kern.name, grid, Block(kern.threads), kern.smem, st, args...)
 	})
 }
 
@@ -598,30 +564,24 @@ func MoEDown(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted,
 	if bank.DType == MatFP8 {
 		sd, ss = bank.DownScale.Ptr(), int64(CeilDiv(bank.H, FP8ScaleBlock)*CeilDiv(bank.I, FP8ScaleBlock))
 	}
-	m, fn, threads, shmem, grid, err := opt.stage(dev, "down", bank, sorted, sorted.Numel, bank.I, bank.H)
+	m, kern, grid, err := opt.stage(dev, "down", bank, sorted, sorted.Numel, bank.I, bank.H)
 	if err != nil {
 		return err
 	}
-	args := []any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, inter.Ptr, bank.Down.Ptr, int64(bank.I * bank.H), sd, ss, out,
-		int32(sorted.Numel), int32(bank.H), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts)}
-	switch {
-	case opt.W8A8:
+	a := []any{inter.Ptr}
+	if opt.W8A8 {
 		// The bf16 intermediate -> e4m3 codes and per-128-channel scales (rows
 		// of slots not on this bank are quantised too and never read), then
-		// the e4m3 x e4m3 GEMM; down boxes of wfBN (192) output columns.
+		// the e4m3 x e4m3 GEMM.
 		if err = ActQuantE4M3(dev, st, inter, sorted.Numel, bank.I, opt.Quant); err != nil {
 			return err
 		}
-		args = []any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, opt.Quant.Codes, opt.Quant.Scales, bank.Down.Ptr, int64(bank.I * bank.H), sd, ss, out,
-			int32(sorted.Numel), int32(bank.H), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts)}
-		err = wgLaunch(m, fn, grid, threads, shmem, st, MatFP8, []cuda.DevicePtr{bank.Down.Ptr}, int64(bank.I*bank.H), bank.I, bank.H, bank.NumExperts, wfBN, args)
-	case strings.Contains(fn, "_wg_"):
-		// Down boxes of wgBN (192) weight rows = output columns.
-		err = wgLaunch(m, fn, grid, threads, shmem, st, MatBF16, []cuda.DevicePtr{bank.Down.Ptr}, int64(bank.I*bank.H), bank.I, bank.H, bank.NumExperts, wgBN, args)
-	default:
-		err = m.Launch(fn, grid, Block(threads), shmem, st, args...)
+		a = []any{opt.Quant.Codes, opt.Quant.Scales}
 	}
-	if err != nil {
+	args := append([]any{sorted.SortedIDs, sorted.ExpertIDs, sorted.Total}, a...)
+	args = append(args, bank.Down.Ptr, int64(bank.I*bank.H), sd, ss, out,
+		int32(sorted.Numel), int32(bank.H), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts))
+	if err := gemmLaunch(m, kern, grid, st, []cuda.DevicePtr{bank.Down.Ptr}, int64(bank.I*bank.H), bank.I, bank.H, bank.NumExperts, args); err != nil {
 		return err
 	}
 	if bank.DownBias != nil {

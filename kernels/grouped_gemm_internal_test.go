@@ -1,6 +1,9 @@
 package kernels
 
 import (
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -21,14 +24,18 @@ type kernelChoice struct {
 func checkKernelChoice(t *testing.T, cases []kernelChoice, wgThreads int) {
 	t.Helper()
 	for _, c := range cases {
-		fn, threads, err := c.opt.kernel("gate_up", c.w, c.k, c.numel, c.exp, c.hopper)
+		k, err := c.opt.kernel("gate_up", c.w, c.k, c.numel, c.exp, c.hopper)
+		fn := ""
+		if k != nil {
+			fn = k.name
+		}
 		switch {
 		case c.want == "" && err == nil:
 			t.Errorf("%s: got %s, want an error", c.name, fn)
 		case c.want != "" && (err != nil || fn != c.want):
 			t.Errorf("%s: got %q (%v), want %s", c.name, fn, err, c.want)
-		case strings.Contains(c.want, "_wg_") && threads != wgThreads:
-			t.Errorf("%s: %d threads, want %d", c.name, threads, wgThreads)
+		case k != nil && k.wgmma && k.threads != wgThreads:
+			t.Errorf("%s: %d threads, want %d", c.name, k.threads, wgThreads)
 		}
 	}
 }
@@ -77,7 +84,7 @@ func TestGEMMKernelChoice(t *testing.T) {
 		{"moe_down_tall_bf16_bf16", 7168, [3]uint32{56, 320, 1}},
 		{"moe_down_mma2_bf16_bf16", 7168, [3]uint32{320, 112, 1}},
 	} {
-		if g, err := tileGrid(5112, c.n, c.fn); err != nil || g != c.want {
+		if g, err := gemmKernels[c.fn].grid(5112, c.n, 132); err != nil || g != c.want {
 			t.Errorf("%s grid %v (%v), want %v", c.fn, g, err, c.want)
 		}
 	}
@@ -126,5 +133,39 @@ func TestParseGEMMPath(t *testing.T) {
 	}
 	if _, err := ParseGEMMPath("cutlass"); err == nil || !strings.Contains(err.Error(), "auto, simt, mma, mma2, tall, wgmma, mma3") {
 		t.Errorf("unknown path: %v", err)
+	}
+}
+
+// TestGEMMKernelTable holds gemmKernels to the CUDA sources: every entry
+// names a kernel of its module's source, and every grouped GEMM kernel
+// (moe_gate_up_*, moe_down_*, moe_proj_*) of those sources has an entry.
+func TestGEMMKernelTable(t *testing.T) {
+	kernelName := regexp.MustCompile(`\bmoe_(?:gate_up|down|proj)_\w+`)
+	inSource := map[string]map[string]bool{}
+	for _, k := range gemmKernels {
+		if inSource[k.module] != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("cuda", k.module+".cu"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := map[string]bool{}
+		for _, n := range kernelName.FindAllString(cComment.ReplaceAllString(string(b), ""), -1) {
+			names[n] = true
+		}
+		inSource[k.module] = names
+	}
+	for name, k := range gemmKernels {
+		if name != k.name || !inSource[k.module][name] {
+			t.Errorf("gemmKernels has %s, which kernels/cuda/%s.cu does not define", name, k.module)
+		}
+	}
+	for module, names := range inSource {
+		for n := range names {
+			if k, ok := gemmKernels[n]; !ok || k.module != module {
+				t.Errorf("kernels/cuda/%s.cu defines %s, which gemmKernels does not list under %s", module, n, module)
+			}
+		}
 	}
 }

@@ -77,9 +77,10 @@ func (s Scoring) Check() error {
 	return nil
 }
 
-// Code is the integer the gate kernels take for s. An unknown scoring has
-// none: it is refused here rather than sent to the device, whose kernels
-// would treat an unlisted code as softmax.
+// Code is the integer the gate kernels take for s (kernels/cuda/
+// gate_common.cuh's SCORING_* constants). An unknown scoring has none: it
+// is refused here rather than sent to the device, whose kernels trap on an
+// unlisted code.
 func (s Scoring) Code() (int32, error) {
 	i := s.index()
 	if i < 0 {

@@ -64,9 +64,7 @@
 // reading its quantization_config into a family.Plan (family/quant.go); the
 // contract proof's own derivation of it (validate/byteproof/contractproof.go,
 // independent on purpose); and, where the GPU kernels cannot take its bytes,
-// a GPU decode (kernels, and kernelsTake in validate/gpurun/bank.go). The
-// GPU runner's own call sites (validate/gpurun/runner.go) still hand the
-// MLP loader an FP8 block edge (loadMLPBank). A packed format (several
+// a GPU decode (kernels, and kernelsTake in validate/gpurun/bank.go). A packed format (several
 // elements to a dtype unit) also needs the callers' shape checks to ask
 // Matrix.Shape; one with a second scale tensor per weight (GlobalScaled)
 // or renamed tensors (Renamed) needs family.MLP and layout.ExpertTensors

@@ -7,20 +7,9 @@
 // of moe_align_block_size's output holds slot s = sorted_ids[p] (the
 // sentinel numel for padding) of expert expert_ids[p / block_size].
 //
-// CPU twins: validate.activate (biases added in f32, the activation in
-// double as layout.Activation.Apply, rounded once) and validate.addRowBias.
-
-typedef unsigned short bf16_t;
-
-// Round to nearest even, NaN kept quiet (validate.F32ToBF16).
-__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
-    unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16_t)(u >> 16);
-}
-__device__ __forceinline__ void st_val(float* p, long long i, float v) { p[i] = v; }
-__device__ __forceinline__ void st_val(bf16_t* p, long long i, float v) { p[i] = f32_to_bf16(v); }
+// CPU twins: moe.Activate (biases added in f32, the activation in double
+// as layout.Activation.Apply, rounded once) and moe.AddRowBias.
+#include "numeric.cuh"
 
 // sorted_slot returns the slot and expert of padded row p, or -1 for a
 // padding row, a row past the used length or another rank's expert.

@@ -1,13 +1,7 @@
-// Issue 13 deliverable 2 (w8a8). Checked on an H100 (kernels/GEMM_NOTES.md,
-// 2026-11-23 "w8a8 on the H100"): the hardware encoder equals the software
-// copy on all 2^32 f32 patterns, and both kernels' outputs equal
-// validate.QuantizeActGroups bit for bit (scripts/wg/harness_fp8.cu,
-// kernels TestActQuantE4M3). Go side: kernels/act_quant.go.
-//
 // Activation quantisation of the w8a8 (block-FP8 serving) mode: each row of
 // a bf16 matrix x [rows, cols] is cut into groups of 128 consecutive columns
 // (the last group of a row may be shorter) and each group becomes e4m3 codes
-// plus one f32 scale, exactly as validate.QuantizeActGroups:
+// plus one f32 scale, exactly as moe.QuantizeActGroups:
 //   amax  = max(1e-10f, max |x|) in f32 (a NaN in the group makes the scale NaN)
 //   scale = amax / 448 (f32 division, round to nearest)
 //   code  = e4m3(x / scale): f32 division rounded to nearest, then round to
@@ -30,9 +24,13 @@
 // group): grid = ceil(rows * ceil(cols / 128) / 8). Each lane owns 4
 // consecutive columns of its group (8-byte loads when cols % 4 == 0 and the
 // group is whole; element loads otherwise).
-
-typedef unsigned short bf16_t;
-typedef unsigned char e4m3_t;
+//
+// Checked on an H100 (kernels/GEMM_NOTES.md, "w8a8 on the H100"): the
+// hardware encoder equals the software copy on all 2^32 f32 patterns, and
+// both kernels' outputs equal moe.QuantizeActGroups bit for bit
+// (scripts/wg/harness_fp8.cu, kernels TestActQuantE4M3). Go side:
+// kernels/act_quant.go.
+#include "numeric.cuh"
 
 #define AQ_GROUP 128
 #define AQ_THREADS 256
@@ -76,8 +74,6 @@ __device__ __forceinline__ unsigned aq_f32_to_e4m3(float f)
 __device__ __forceinline__ unsigned aq_f32_to_e4m3(float f) { return aq_f32_to_e4m3_sw(f); }
 #endif
 
-__device__ __forceinline__ float aq_bf16_to_f32(bf16_t v) { return __uint_as_float(((unsigned)v) << 16); }
-
 extern "C" __global__ void __launch_bounds__(AQ_THREADS) moe_act_quant_e4m3(const bf16_t* __restrict__ x, int rows, int cols,
                                                                              e4m3_t* __restrict__ q, float* __restrict__ scales)
 {
@@ -98,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(AQ_THREADS) moe_act_quant_e4m3(cons
         v[3] = __uint_as_float(u.y & 0xffff0000u);
     } else {
 #pragma unroll
-        for (int i = 0; i < 4; i++) v[i] = c0 + i < cols && c0 + i < (g + 1) * AQ_GROUP ? aq_bf16_to_f32(xr[c0 + i]) : 0.0f;
+        for (int i = 0; i < 4; i++) v[i] = c0 + i < cols && c0 + i < (g + 1) * AQ_GROUP ? bf16_to_f32(xr[c0 + i]) : 0.0f;
     }
     // amax over the group; columns past the group read as 0, which cannot raise it.
     float amax = 0.0f;

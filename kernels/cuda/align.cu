@@ -1,7 +1,7 @@
 // moe_align_block_size: group the T*K (token, slot) pairs by expert so the
 // grouped GEMM can run one expert per block of block_size rows.
 //
-// CPU twin: validate.AlignBlockSize. Deterministic: inside an expert the
+// CPU twin: moe.AlignBlockSize. Deterministic: inside an expert the
 // slots appear in ascending slot index, as in the twin, so every output array
 // is equal to the twin's, not only as a multiset. Any expert count (the
 // per-chunk histogram is in dynamic shared memory, 4*E bytes).

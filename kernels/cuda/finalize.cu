@@ -1,7 +1,7 @@
 // Finalize (unpermute and reduce): y[t,:] = scale * sum_k w[t,k] * out[t*K+k,:]
 // in f32, summed over the slots in order, with separate multiply and add
 // (no fused multiply-add) so the result matches the CPU twin
-// validate.Finalize bit for bit on amd64. scale is the routed scaling factor
+// moe.Finalize bit for bit on amd64. scale is the routed scaling factor
 // where it is a runtime multiply, 1 where folded.
 //
 // moe_finalize_v4 (H % 4 == 0, 16-byte aligned rows): grid (H/4 / 128

@@ -1,26 +1,9 @@
 // Fused MoE gate, register-resident variant (its own module: see gate.go).
-// CPU twin: validate.Route + validate.FusedSlots, matched as gate.cu's
-// kernels match it.
+// CPU twin: moe.Route + moe.FusedSlots, matched as gate.cu's kernels match
+// it. Every moe scoring (gate_common.cuh); any other code traps.
 #include <stddef.h>
 #include <stdint.h>
-
-// sig_score is a sigmoid-family score in double, rounded once to f32 as
-// the CPU twin (validate.scoreOf) does: scoring 0 sigmoid, 2 DeepSeek-V4's
-// sqrt(softplus(l)) with torch's softplus threshold (l > 20 gives l).
-__device__ __forceinline__ float sig_score(int scoring, float l) {
-    double v = (double)l;
-    if (scoring == 2) {
-        if (v <= 20.0) v = log1p(exp(v));
-        return (float)sqrt(v);
-    }
-    return (float)(1.0 / (1.0 + exp(-v)));
-}
-
-#define GATE_MAX_EXPERTS 512
-
-__device__ __forceinline__ float max_nan(float a, float b) {
-    return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
-}
+#include "gate_common.cuh"
 
 // ---------------------------------------------------------------------------
 // moe_gate_f32_reg{4,8,16}: one warp per token, the token's scores held in
@@ -109,7 +92,7 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
             const int i = lane + 32 * j;
             lg[j] = i < E ? __ldg(row + i) : 0.f;
         }
-        if (scoring == 3) {
+        if (scoring == SCORING_SPARSEMIXER) {
             // Phi-3.5-MoE's sparsemixer ranks the raw logits (the twin's
             // choice is the logits row); the weights come after the picks.
 #pragma unroll
@@ -117,7 +100,7 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
                 sc[j] = lg[j];
                 ch[j] = lg[j];
             }
-        } else if (scoring == 0 || scoring == 2) {
+        } else if (scoring_per_expert(scoring)) {
             float bs[NPL];
 #pragma unroll
             for (int j = 0; j < NPL; j++) {
@@ -130,7 +113,7 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
                 sc[j] = s;
                 ch[j] = bias != nullptr ? s + bs[j] : s;
             }
-        } else {
+        } else if (scoring == SCORING_SOFTMAX) {
             float m = -__int_as_float(0x7f800000);
 #pragma unroll
             for (int j = 0; j < NPL; j++)
@@ -153,6 +136,8 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
                 sc[j] = p;
                 ch[j] = (bias != nullptr && i < E) ? p + __ldg(bias + i) : p;
             }
+        } else {
+            __trap();  // not a moe scoring (GateSpec.Check refuses it)
         }
     }
     if (choice_out != nullptr) {
@@ -239,7 +224,7 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
     // Top-k; every lane keeps the twin's running f32 sum in rank order.
     // A hash-routed layer (DeepSeek-V4: hash_ids [T,topk] from the
     // token-id table) takes its experts as given, weighted by their scores
-    // (validate.RouteHashed); an id out of range gets a NaN weight.
+    // (moe.RouteHashed); an id out of range gets a NaN weight.
     float sum = 0.f;
     if (hash_ids != nullptr) {
 #pragma unroll
@@ -255,8 +240,8 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
             }
             sum += w;
         }
-    } else if (scoring == 3) {
-        // sparsemixer (validate.sparseMixer): each of the 2 rounds takes the
+    } else if (scoring == SCORING_SPARSEMIXER) {
+        // sparsemixer (moe.sparseMixer): each of the 2 rounds takes the
         // largest remaining logit m and weights it by the softmax over the
         // logits v (earlier winners left out) with (m - v) / max(|v|, m) <=
         // 2 eps, the mask in f32, the exponentials summed in double.
@@ -297,7 +282,7 @@ __device__ __forceinline__ void gate_reg(const float* __restrict__ logits, const
     if (SL > 0) {
         // Inkling: the k chosen scores and the sigmoids of the SL shared
         // logits divided by their one sum, in double as the twin
-        // (validate.sharedSink), each rounded once, then times wscale.
+        // (moe.sharedSink), each rounded once, then times wscale.
         if (lane == 0) {
             double dsum = 0.0;
             for (int r = 0; r < topk; r++) dsum += (double)sh.w[r];

@@ -1,6 +1,6 @@
 // Grouped GEMM over sorted blocks: the fused MoE expert computation, with the
 // semantics of the Triton fused_moe kernel (vLLM/SGLang) and of the CPU twin
-// validate.GroupedGEMM.
+// moe.GroupedGEMM.
 //
 // Inputs come from moe_align_block_size: sorted_ids [max_padded] holds slot
 // indices s = t*topk + k grouped by expert, each expert's range padded to a
@@ -13,11 +13,11 @@
 // rows of A gathered through sorted_ids, B the [N,K] matrix of the block's
 // expert. Accumulation is float32. FP8 E4M3 weights are dequantised in the
 // main loop with their f32 128x128 block scales (value * scale rounded once to
-// f32, exactly as validate.DequantFP8), so an f32-mode run computes the same
+// f32, exactly as weightfmt.DequantE4M3), so an f32-mode run computes the same
 // function on the same weights as the CPU twin.
 //
 // This is the SIMT tiled version (16 rows x 64 columns per CTA, K in steps of
-// 32): correct for any shape, not yet on tensor cores.
+// 32): correct for any shape, not on tensor cores.
 //
 // Weight layouts are handled by the caller through pointers and strides: the
 // separate [E,I,H] gate/up tensors, or one [E,2I,H] gate_up tensor (b0 =
@@ -32,15 +32,11 @@
 //
 // Padding rows (sentinel >= numel) are skipped: their outputs are not written.
 // block_size must be a multiple of 16 so that a 16-row tile has one expert.
+#include "numeric.cuh"
+#include "mma_sync.cuh"
 
-typedef unsigned short bf16_t;
-typedef unsigned char e4m3_t;
-
-__device__ __forceinline__ float ld_f32(const float* p, long long i) { return p[i]; }
-__device__ __forceinline__ float ld_f32(const bf16_t* p, long long i) {
-    return __uint_as_float(((unsigned)p[i]) << 16);
-}
-// torch.float8_e4m3fn: no infinities, S.1111.111 is NaN, bias 7; subnormals are m*2^-9.
+// torch.float8_e4m3fn (numfmt.E4M3ToF32): no infinities, S.1111.111 is NaN,
+// bias 7; subnormals are m*2^-9.
 __device__ __forceinline__ float e4m3_decode(unsigned b) {
     unsigned s = (b & 0x80u) << 24, e = (b >> 3) & 0xFu, m = b & 7u;
     if (e == 0xFu && m == 7u) return __uint_as_float(s | 0x7fc00000u);
@@ -52,29 +48,57 @@ __device__ __forceinline__ float e4m3_decode(unsigned b) {
 }
 __device__ __forceinline__ float ld_f32(const e4m3_t* p, long long i) { return e4m3_decode(p[i]); }
 
-// Round to nearest even, NaN kept quiet (validate.F32ToBF16).
-__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
-    unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (bf16_t)(u >> 16);
-}
-__device__ __forceinline__ void st_val(float* p, long long i, float v) { p[i] = v; }
-__device__ __forceinline__ void st_val(bf16_t* p, long long i, float v) { p[i] = f32_to_bf16(v); }
-
 #define GG_BM 16
 #define GG_BN 64
 #define GG_BK 32
 #define GG_THREADS 256
 #define GG_SCALE_BLOCK 128
 
-template <class AT, class WT, class OT, bool GATED, bool FP8>
-__device__ __forceinline__ void grouped_gemm_tile(
-    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
-    const int* __restrict__ total_padded, const AT* __restrict__ a, int a_div,
-    const WT* __restrict__ b0, const WT* __restrict__ b1, long long b_estride,
-    const float* __restrict__ s0, const float* __restrict__ s1, long long s_estride,
-    OT* __restrict__ c, int numel, int N, int K, int block_size, int num_experts)
+// Every tile below is a template <class AT, class WT, bool GATED, bool FP8>
+// (activation and weight element types; gate_up or down; FP8 E4M3 weights
+// with block scales) over one parameter list, GEMM_TILE_PARAMS: rows of A
+// [., K] gathered through sorted_ids (slot s reads row s / a_div), weight
+// matrices b0 (gate, or down) and b1 (up) [E, N, K] with expert stride
+// b_estride, their fp8 block scales s0 and s1 (expert stride s_estride), and
+// C [numel, N] in the activation type (gate_up) or f32 (down).
+template <class AT, bool GATED> struct gemm_out {
+    typedef float type;
+};
+template <class AT> struct gemm_out<AT, true> {
+    typedef AT type;
+};
+#define GEMM_TILE_PARAMS                                                                                          \
+    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids, const int* __restrict__ total_padded, \
+        const AT* __restrict__ a, int a_div, const WT* __restrict__ b0, const WT* __restrict__ b1,                \
+        long long b_estride, const float* __restrict__ s0, const float* __restrict__ s1, long long s_estride,      \
+        typename gemm_out<AT, GATED>::type* __restrict__ c, int numel, int N, int K, int block_size, int num_experts
+
+// The kernels: one parameter list per stage for every variant (the Go side
+// passes the same arguments to all), each instantiating tile TILE<AT, WT,
+// GATED, FP8> under the launch bounds BOUNDS (in parentheses).
+// Stage 1: A = x [T,H] (a_div = topk), B = gate and up [E,I,H], C = inter [numel,I].
+#define GEMM_GATE_UP(NAME, BOUNDS, TILE, AT, WT, FP8)                                                     \
+    extern "C" __global__ void __launch_bounds__ BOUNDS NAME(                                             \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded, const AT* x,                \
+        const WT* w_gate, const WT* w_up, long long w_estride, const float* s_gate, const float* s_up,     \
+        long long s_estride, AT* inter, int numel, int topk, int I, int H, int block_size, int num_experts) \
+    {                                                                                                      \
+        TILE<AT, WT, true, FP8>(sorted_ids, expert_ids, total_padded, x, topk, w_gate, w_up, w_estride,    \
+                                s_gate, s_up, s_estride, inter, numel, I, H, block_size, num_experts);     \
+    }
+// Stage 2: A = inter [numel,I] (a_div = 1), B = down [E,H,I], C = out [numel,H] f32.
+#define GEMM_DOWN(NAME, BOUNDS, TILE, AT, WT, FP8)                                                        \
+    extern "C" __global__ void __launch_bounds__ BOUNDS NAME(                                             \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded, const AT* inter,            \
+        const WT* w_down, long long w_estride, const float* s_down, long long s_estride, float* out,       \
+        int numel, int H, int I, int block_size, int num_experts)                                          \
+    {                                                                                                      \
+        TILE<AT, WT, false, FP8>(sorted_ids, expert_ids, total_padded, inter, 1, w_down, w_down, w_estride, \
+                                 s_down, s_down, s_estride, out, numel, H, I, block_size, num_experts);     \
+    }
+
+template <class AT, class WT, bool GATED, bool FP8>
+__device__ __forceinline__ void grouped_gemm_tile(GEMM_TILE_PARAMS)
 {
     __shared__ float As[GG_BM][GG_BK + 1];
     __shared__ float Bs[GATED ? 2 : 1][GG_BN][GG_BK + 1];
@@ -83,6 +107,9 @@ __device__ __forceinline__ void grouped_gemm_tile(
     const int tid = threadIdx.x;
     const int row0 = blockIdx.x * GG_BM;
     const int n0 = blockIdx.y * GG_BN;
+    // The block's expert and slots. Each tile writes these lines out: as a
+    // shared helper they compiled to other SASS (the index loads off the
+    // read-only path, the exits behind a branch).
     if (row0 >= *total_padded) return;  // uniform across the CTA
     const int e = expert_ids[row0 / block_size];
     if (e < 0 || e >= num_experts) return;  // not this rank's expert
@@ -151,258 +178,88 @@ __device__ __forceinline__ void grouped_gemm_tile(
         int n = n0 + cl + 16 * j;
         if (n >= N) continue;
         float v = acc0[j];
-        if (GATED) {
-            // silu in float64 as the CPU twin does, then one f32 multiply.
-            double g = (double)acc0[j];
-            float sg = (float)(g / (1.0 + exp(-g)));
-            v = __fmul_rn(sg, acc1[j]);
-        }
+        if (GATED) v = swiglu(v, acc1[j]);
         st_val(c, (long long)s * N + n, v);
     }
 }
-
-// Stage 1: A = x [T,H] (a_div = topk), B = gate and up [E,I,H], C = inter [numel,I].
-#define GG_GATE_UP(NAME, AT, WT, FP8)                                                        \
-    extern "C" __global__ void __launch_bounds__(GG_THREADS) NAME(                           \
-        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
-        const AT* x, const WT* w_gate, const WT* w_up, long long w_estride,                  \
-        const float* s_gate, const float* s_up, long long s_estride, AT* inter,              \
-        int numel, int topk, int I, int H, int block_size, int num_experts)                  \
-    {                                                                                        \
-        grouped_gemm_tile<AT, WT, AT, true, FP8>(sorted_ids, expert_ids, total_padded, x,    \
-            topk, w_gate, w_up, w_estride, s_gate, s_up, s_estride, inter, numel, I, H,      \
-            block_size, num_experts);                                                        \
-    }
-
-// Stage 2: A = inter [numel,I] (a_div = 1), B = down [E,H,I], C = out [numel,H] f32.
-#define GG_DOWN(NAME, AT, WT, FP8)                                                           \
-    extern "C" __global__ void __launch_bounds__(GG_THREADS) NAME(                           \
-        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
-        const AT* inter, const WT* w_down, long long w_estride, const float* s_down,         \
-        long long s_estride, float* out, int numel, int H, int I, int block_size,            \
-        int num_experts)                                                                     \
-    {                                                                                        \
-        grouped_gemm_tile<AT, WT, float, false, FP8>(sorted_ids, expert_ids, total_padded,   \
-            inter, 1, w_down, w_down, w_estride, s_down, s_down, s_estride, out, numel, H,   \
-            I, block_size, num_experts);                                                     \
-    }
-
-GG_GATE_UP(moe_gate_up_f32_f32, float, float, false)
-GG_GATE_UP(moe_gate_up_f32_bf16, float, bf16_t, false)
-GG_GATE_UP(moe_gate_up_f32_fp8, float, e4m3_t, true)
-GG_GATE_UP(moe_gate_up_bf16_f32, bf16_t, float, false)
-GG_GATE_UP(moe_gate_up_bf16_bf16, bf16_t, bf16_t, false)
-GG_GATE_UP(moe_gate_up_bf16_fp8, bf16_t, e4m3_t, true)
-
-GG_DOWN(moe_down_f32_f32, float, float, false)
-GG_DOWN(moe_down_f32_bf16, float, bf16_t, false)
-GG_DOWN(moe_down_f32_fp8, float, e4m3_t, true)
-GG_DOWN(moe_down_bf16_f32, bf16_t, float, false)
-GG_DOWN(moe_down_bf16_bf16, bf16_t, bf16_t, false)
-GG_DOWN(moe_down_bf16_fp8, bf16_t, e4m3_t, true)
 
 // Ungated stage 1, for experts whose activation the epilogue above does not
 // run (gpt-oss's biases and clamped SwiGLU, DeepSeek-V4's clamp): out[s, n]
 // = x[s/topk] . W[e,n] for n < N, f32 [numel, N], launched once for the
 // gate and once for the up weights; act.cu's moe_act_* then adds the biases
 // and applies the activation. Same tile and arithmetic as the fused kernels.
-#define GG_PROJ(NAME, AT, WT, FP8)                                                           \
-    extern "C" __global__ void __launch_bounds__(GG_THREADS) NAME(                           \
-        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
-        const AT* x, const WT* w, long long w_estride, const float* s_w, long long s_estride, \
-        float* out, int numel, int topk, int N, int K, int block_size, int num_experts)      \
-    {                                                                                        \
-        grouped_gemm_tile<AT, WT, float, false, FP8>(sorted_ids, expert_ids, total_padded,   \
-            x, topk, w, w, w_estride, s_w, s_w, s_estride, out, numel, N, K, block_size,     \
-            num_experts);                                                                    \
+#define GG_PROJ(NAME, AT, WT, FP8)                                                                         \
+    extern "C" __global__ void __launch_bounds__(GG_THREADS) NAME(                                         \
+        const int* sorted_ids, const int* expert_ids, const int* total_padded, const AT* x, const WT* w,    \
+        long long w_estride, const float* s_w, long long s_estride, float* out, int numel, int topk, int N, \
+        int K, int block_size, int num_experts)                                                             \
+    {                                                                                                       \
+        grouped_gemm_tile<AT, WT, false, FP8>(sorted_ids, expert_ids, total_padded, x, topk, w, w,          \
+                                              w_estride, s_w, s_w, s_estride, out, numel, N, K, block_size, \
+                                              num_experts);                                                 \
     }
 
-GG_PROJ(moe_proj_f32_f32, float, float, false)
-GG_PROJ(moe_proj_f32_bf16, float, bf16_t, false)
-GG_PROJ(moe_proj_f32_fp8, float, e4m3_t, true)
-GG_PROJ(moe_proj_bf16_f32, bf16_t, float, false)
-GG_PROJ(moe_proj_bf16_bf16, bf16_t, bf16_t, false)
-GG_PROJ(moe_proj_bf16_fp8, bf16_t, e4m3_t, true)
+// The SIMT kernels of one activation and weight type: gate_up, down and the ungated projection.
+#define GG_KERNELS(GATE_UP, DOWN, PROJ, AT, WT, FP8)                \
+    GEMM_GATE_UP(GATE_UP, (GG_THREADS), grouped_gemm_tile, AT, WT, FP8) \
+    GEMM_DOWN(DOWN, (GG_THREADS), grouped_gemm_tile, AT, WT, FP8)       \
+    GG_PROJ(PROJ, AT, WT, FP8)
+
+GG_KERNELS(moe_gate_up_f32_f32, moe_down_f32_f32, moe_proj_f32_f32, float, float, false)
+GG_KERNELS(moe_gate_up_f32_bf16, moe_down_f32_bf16, moe_proj_f32_bf16, float, bf16_t, false)
+GG_KERNELS(moe_gate_up_f32_fp8, moe_down_f32_fp8, moe_proj_f32_fp8, float, e4m3_t, true)
+GG_KERNELS(moe_gate_up_bf16_f32, moe_down_bf16_f32, moe_proj_bf16_f32, bf16_t, float, false)
+GG_KERNELS(moe_gate_up_bf16_bf16, moe_down_bf16_bf16, moe_proj_bf16_bf16, bf16_t, bf16_t, false)
+GG_KERNELS(moe_gate_up_bf16_fp8, moe_down_bf16_fp8, moe_proj_bf16_fp8, bf16_t, e4m3_t, true)
 
 // ---------------------------------------------------------------------------
-// Tensor-core variant for bf16 activations: mma.sync m16n8k16 (bf16 in, f32
-// accumulate), same tiles (16 rows x 64 columns, K steps of 32) and the same
-// launch grid as the SIMT kernels, 128 threads: each warp owns 16 output
-// columns (two n8 tiles) of each B matrix. bf16 weights feed the tensor cores
-// as they are; FP8 E4M3 weights convert exactly to bf16 and their 128x128
-// block scale multiplies the partial sum of each 128-wide K block (as the
-// Triton kernel does), so every product is exact and the only rounding beyond
-// f32 accumulation is the bf16 intermediate.
-
-#define MM_THREADS 128
-#define MM_LD (GG_BK + 8)  // row pitch in bf16: 80 bytes, conflict-free fragment loads
-
-__device__ __forceinline__ unsigned short raw_bf16(const bf16_t* p, long long i) { return p[i]; }
-__device__ __forceinline__ unsigned short raw_bf16(const e4m3_t* p, long long i) { return f32_to_bf16(ld_f32(p, i)); }
-
-__device__ __forceinline__ void mma_bf16_16816(float* d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                               unsigned b0, unsigned b1)
+// The tensor-core variants below (mma, mma2, tall, mma3) take bf16
+// activations (AT = bf16_t) and write a bf16 intermediate.
+//
+// Fragment layout shared by them (m16n8k16): lane l holds rows g and g + 8
+// (g = l >> 2) and columns 2q, 2q + 1 (q = l & 3) of each n8 tile, as
+// acc[j][2h + i] for row g + 8h, column 8j + 2q + i.
+//
+// mma_store_tile writes one 16-row tile's fragments for this lane: rows
+// slot[g], slot[g + 8] (-1: padding, not written), columns nb + 8j + 2q + i
+// of J n8 tiles (those < N). gate_up (GATED) writes bf16(swiglu(gate, up))
+// from the gate and up accumulators, down the f32 value of acc0.
+template <bool GATED, int J, class OT>
+__device__ __forceinline__ void mma_store_tile(const float (&acc0)[J][4], const float (&acc1)[J][4], const int* slot,
+                                               int nb, int g, int q, int N, OT* c)
 {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-template <class WT, bool GATED, bool FP8>
-__device__ __forceinline__ void grouped_gemm_mma_tile(
-    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
-    const int* __restrict__ total_padded, const bf16_t* __restrict__ a, int a_div,
-    const WT* __restrict__ b0, const WT* __restrict__ b1, long long b_estride,
-    const float* __restrict__ s0, const float* __restrict__ s1, long long s_estride,
-    bf16_t* __restrict__ c_bf16, float* __restrict__ c_f32, int numel, int N, int K, int block_size,
-    int num_experts)
-{
-    constexpr int NB = GATED ? 2 : 1;
-    __shared__ __align__(16) bf16_t As[GG_BM][MM_LD];
-    __shared__ __align__(16) bf16_t Bs[NB][GG_BN][MM_LD];
-    __shared__ int slot[GG_BM];
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const int row0 = blockIdx.x * GG_BM;
-    const int n0 = blockIdx.y * GG_BN;
-    if (row0 >= *total_padded) return;
-    const int e = expert_ids[row0 / block_size];
-    if (e < 0 || e >= num_experts) return;
-    if (tid < GG_BM) {
-        int s = sorted_ids[row0 + tid];
-        slot[tid] = (s >= 0 && s < numel) ? s : -1;
-    }
-    __syncthreads();
-
-    const WT* bm[2] = {b0 + (long long)e * b_estride, (GATED ? b1 : b0) + (long long)e * b_estride};
-    const float* sm[2] = {s0, GATED ? s1 : s0};
-    const int sc = (K + GG_SCALE_BLOCK - 1) / GG_SCALE_BLOCK;
-    float acc[NB][2][4], part[NB][2][4];
-#pragma unroll
-    for (int m = 0; m < NB; m++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[m][j][i] = part[m][j][i] = 0.f;
-
-    for (int k0 = 0; k0 < K; k0 += GG_BK) {
-#pragma unroll
-        for (int j = 0; j < (GG_BM * GG_BK) / MM_THREADS; j++) {
-            int idx = tid + j * MM_THREADS;
-            int rr = idx / GG_BK, kk = idx % GG_BK, k = k0 + kk;
-            int s = slot[rr];
-            As[rr][kk] = (s >= 0 && k < K) ? a[(long long)(s / a_div) * K + k] : (bf16_t)0;
-        }
-#pragma unroll
-        for (int m = 0; m < NB; m++)
-#pragma unroll 4
-            for (int j = 0; j < (GG_BN * GG_BK) / MM_THREADS; j++) {
-                int idx = tid + j * MM_THREADS;
-                int nn = idx / GG_BK, kk = idx % GG_BK, n = n0 + nn, k = k0 + kk;
-                Bs[m][nn][kk] = (n < N && k < K) ? raw_bf16(bm[m], (long long)n * K + k) : (bf16_t)0;
-            }
-        __syncthreads();
-#pragma unroll
-        for (int ks = 0; ks < GG_BK; ks += 16) {
-            unsigned a0 = *(const unsigned*)&As[g][ks + 2 * q];
-            unsigned a1 = *(const unsigned*)&As[g + 8][ks + 2 * q];
-            unsigned a2 = *(const unsigned*)&As[g][ks + 2 * q + 8];
-            unsigned a3 = *(const unsigned*)&As[g + 8][ks + 2 * q + 8];
-#pragma unroll
-            for (int m = 0; m < NB; m++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    int nn = warp * 16 + j * 8 + g;
-                    unsigned bb0 = *(const unsigned*)&Bs[m][nn][ks + 2 * q];
-                    unsigned bb1 = *(const unsigned*)&Bs[m][nn][ks + 2 * q + 8];
-                    mma_bf16_16816(FP8 ? part[m][j] : acc[m][j], a0, a1, a2, a3, bb0, bb1);
-                }
-        }
-        __syncthreads();
-        if (FP8 && ((k0 + GG_BK) % GG_SCALE_BLOCK == 0 || k0 + GG_BK >= K)) {
-            long long si = (long long)e * s_estride + (long long)(n0 / GG_SCALE_BLOCK) * sc + k0 / GG_SCALE_BLOCK;
-#pragma unroll
-            for (int m = 0; m < NB; m++) {
-                float scale = sm[m][si];
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        acc[m][j][i] = fmaf(part[m][j][i], scale, acc[m][j][i]);
-                        part[m][j][i] = 0.f;
-                    }
-            }
-        }
-    }
-
 #pragma unroll
     for (int h = 0; h < 2; h++) {  // fragment rows g and g+8
         int s = slot[g + 8 * h];
         if (s < 0) continue;
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < J; j++)
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                int n = n0 + warp * 16 + j * 8 + 2 * q + i;
+                int n = nb + j * 8 + 2 * q + i;
                 if (n >= N) continue;
-                float v = acc[0][j][2 * h + i];
-                if (GATED) {
-                    double gv = (double)v;
-                    float sg = (float)(gv / (1.0 + exp(-gv)));
-                    v = __fmul_rn(sg, acc[NB - 1][j][2 * h + i]);
-                    c_bf16[(long long)s * N + n] = f32_to_bf16(v);
-                } else {
-                    c_f32[(long long)s * N + n] = v;
-                }
+                float v = acc0[j][2 * h + i];
+                if (GATED) v = swiglu(v, acc1[j][2 * h + i]);
+                st_val(c, (long long)s * N + n, v);
             }
     }
 }
 
-#define MM_GATE_UP(NAME, WT, FP8)                                                            \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS) NAME(                           \
-        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
-        const bf16_t* x, const WT* w_gate, const WT* w_up, long long w_estride,              \
-        const float* s_gate, const float* s_up, long long s_estride, bf16_t* inter,          \
-        int numel, int topk, int I, int H, int block_size, int num_experts)                  \
-    {                                                                                        \
-        grouped_gemm_mma_tile<WT, true, FP8>(sorted_ids, expert_ids, total_padded, x, topk,  \
-            w_gate, w_up, w_estride, s_gate, s_up, s_estride, inter, nullptr, numel, I, H,   \
-            block_size, num_experts);                                                        \
+// FP8 weights: after the K step at k0 of width BK, once a 128-wide scale
+// block of K is complete (or K ends), acc[m] += part[m] * the block scale of
+// matrix m (block (n0 / 128, k0 / 128) of expert e's grid at sm[m]) and
+// part[m] = 0, so every product is exact and each block's partial sum is
+// scaled once (as the Triton kernel does).
+template <int BK, int NB, class Frag>
+__device__ __forceinline__ void promote_scale_block(Frag (&acc)[NB], Frag (&part)[NB], const float* const* sm,
+                                                    long long s_estride, int e, int n0, int sc, int k0, int K)
+{
+    if ((k0 + BK) % GG_SCALE_BLOCK == 0 || k0 + BK >= K) {
+        long long si = (long long)e * s_estride + (long long)(n0 / GG_SCALE_BLOCK) * sc + k0 / GG_SCALE_BLOCK;
+#pragma unroll
+        for (int m = 0; m < NB; m++) frag_promote(acc[m], part[m], sm[m][si]);
     }
-
-#define MM_DOWN(NAME, WT, FP8)                                                               \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS) NAME(                           \
-        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
-        const bf16_t* inter, const WT* w_down, long long w_estride, const float* s_down,     \
-        long long s_estride, float* out, int numel, int H, int I, int block_size,            \
-        int num_experts)                                                                     \
-    {                                                                                        \
-        grouped_gemm_mma_tile<WT, false, FP8>(sorted_ids, expert_ids, total_padded, inter,   \
-            1, w_down, w_down, w_estride, s_down, s_down, s_estride, nullptr, out, numel, H, \
-            I, block_size, num_experts);                                                     \
-    }
-
-MM_GATE_UP(moe_gate_up_mma_bf16_bf16, bf16_t, false)
-MM_GATE_UP(moe_gate_up_mma_bf16_fp8, e4m3_t, true)
-MM_DOWN(moe_down_mma_bf16_bf16, bf16_t, false)
-MM_DOWN(moe_down_mma_bf16_fp8, e4m3_t, true)
-
-// ---------------------------------------------------------------------------
-// Vectorised tensor-core variant ("mma2"): as above, but K steps of 64 (128
-// for fp8 weights) and
-// every global load 16 bytes wide (8 bf16 or 16 fp8 values), the next K step's
-// loads issued into registers before the current step's mma.sync, so each
-// thread keeps 64-128 bytes in flight. The caller picks it only when every
-// row start is 16-byte aligned: K % 8 == 0 for bf16 weights and activations,
-// K % 16 == 0 for fp8 weights (and the gate_up half offset likewise).
-
-#define M2_BK 64
-#define M2_LD (M2_BK + 8)  // 144-byte pitch: 16-byte aligned rows, conflict-free fragments
-
-struct __align__(16) m2_vec { unsigned x, y, z, w; };
+}
 
 // Four e4m3 bytes (w, byte 0 first) to four bf16 in two bf16x2 words (lo:
 // bytes 0,1; hi: bytes 2,3), exactly: every e4m3 value, subnormals and NaN
@@ -472,200 +329,231 @@ extern "C" __global__ void gg_fp8_decode_check(bf16_t* hw, bf16_t* bits)
     bits[4 * t] = lo & 0xffff; bits[4 * t + 1] = lo >> 16; bits[4 * t + 2] = hi & 0xffff; bits[4 * t + 3] = hi >> 16;
 }
 
-template <class WT> struct m2_traits;
-template <> struct m2_traits<bf16_t> {
-    static constexpr int PER_VEC = 8;  // elements per 16-byte load
+// 16 bytes of one global load or shared-memory store.
+struct __align__(16) vec16 { unsigned x, y, z, w; };
+
+// Elements of weight type WT in one 16-byte load.
+template <class WT> struct vec16_elems;
+template <> struct vec16_elems<bf16_t> {
+    static constexpr int N = 8;
 };
-template <> struct m2_traits<e4m3_t> {
-    static constexpr int PER_VEC = 16;
+template <> struct vec16_elems<e4m3_t> {
+    static constexpr int N = 16;
 };
 
-template <class WT, bool GATED, bool FP8>
-__device__ __forceinline__ void grouped_gemm_mma2_tile(
-    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
-    const int* __restrict__ total_padded, const bf16_t* __restrict__ a, int a_div,
-    const WT* __restrict__ b0, const WT* __restrict__ b1, long long b_estride,
-    const float* __restrict__ s0, const float* __restrict__ s1, long long s_estride,
-    bf16_t* __restrict__ c_bf16, float* __restrict__ c_f32, int numel, int N, int K, int block_size,
-    int num_experts)
+// The 16-byte-load kernels (mma2, tall) keep one K step of BK in registers
+// while the tensor cores multiply the previous one: each of THREADS threads
+// holds AV vectors of the gathered A rows and BV of each of the NB weight
+// matrices. A row chunk of BK is BK / 8 vectors of bf16; a B row chunk
+// VPR = BK / PV vectors of PV weights (PV = vec16_elems<WT>::N).
+//
+// vec_load queues the loads of the K step at k0: A vector v is chunk
+// (tid + v THREADS) % (BK / 8) of the row of slot as[v] (-1: padding; token
+// as[v] / a_div), B vector j of matrix m chunk idx % VPR of weight row
+// n0 + idx / VPR (idx = tid + j THREADS); anything past K or N reads as zeros.
+template <int THREADS, int BK, int PV, int AV, int NB, int BV, class WT>
+__device__ __forceinline__ void vec_load(vec16 (&ra)[AV], vec16 (&rb)[NB][BV], const int (&as)[AV], const bf16_t* a, int a_div,
+                                         const WT* const* bm, int tid, int k0, int n0, int N, int K)
 {
-    constexpr int NB = GATED ? 2 : 1;
-    constexpr int PV = m2_traits<WT>::PER_VEC;
-    // fp8 steps K by 128 (one scale block) so each thread keeps as many
-    // bytes of weights in flight (4 x 16 B per matrix) as bf16 does with 64.
-    constexpr int BK = FP8 ? 2 * M2_BK : M2_BK;
-    constexpr int LD = BK + 8;                               // 16-byte aligned, conflict-free pitch
-    constexpr int VPR = BK / PV;                             // vectors per B row chunk
-    constexpr int AV = (GG_BM * BK / 8) / MM_THREADS;        // A vectors per thread
-    constexpr int BV = (GG_BN * VPR) / MM_THREADS;           // B vectors per thread per matrix
-    __shared__ __align__(16) bf16_t As[GG_BM][LD];
-    __shared__ __align__(16) bf16_t Bs[NB][GG_BN][LD];
-    __shared__ int slot[GG_BM];
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, q = lane & 3;
-    const int row0 = blockIdx.x * GG_BM;
-    const int n0 = blockIdx.y * GG_BN;
-    if (row0 >= *total_padded) return;
-    const int e = expert_ids[row0 / block_size];
-    if (e < 0 || e >= num_experts) return;
-    if (tid < GG_BM) {
-        int s = sorted_ids[row0 + tid];
-        slot[tid] = (s >= 0 && s < numel) ? s : -1;
+    constexpr int VPA = BK / 8, VPR = BK / PV;
+#pragma unroll
+    for (int v = 0; v < AV; v++) {
+        int k = k0 + ((tid + v * THREADS) % VPA) * 8;
+        int s = as[v];
+        ra[v] = (s >= 0 && k < K) ? *(const vec16*)(a + (long long)(s / a_div) * K + k) : vec16{0, 0, 0, 0};
     }
-    __syncthreads();
-
-    const WT* bm[2] = {b0 + (long long)e * b_estride, (GATED ? b1 : b0) + (long long)e * b_estride};
-    const float* sm[2] = {s0, GATED ? s1 : s0};
-    const int sc = (K + GG_SCALE_BLOCK - 1) / GG_SCALE_BLOCK;
-    float acc[NB][2][4], part[NB][2][4];
 #pragma unroll
     for (int m = 0; m < NB; m++)
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[m][j][i] = part[m][j][i] = 0.f;
+        for (int j = 0; j < BV; j++) {
+            int idx = tid + j * THREADS;
+            int nn = idx / VPR, kk = k0 + (idx % VPR) * PV, n = n0 + nn;
+            rb[m][j] = (n < N && kk < K) ? *(const vec16*)(bm[m] + (long long)n * K + kk) : vec16{0, 0, 0, 0};
+        }
+}
 
-    // A: 16 rows x BK k in vectors of 8 bf16, AV a thread.
-    constexpr int VPA = BK / 8;  // A vectors per row
-    int as[AV];
+// vec_store puts the K step held by vec_load into the shared-memory tiles As
+// [rows][LD] and Bs [NB][BN][LD] (bf16), at the places vec_load read them
+// from; fp8 weights are widened to bf16 on the way (16 e4m3 -> 2 x 8 bf16).
+template <int THREADS, int BK, int PV, bool FP8, int AV, int NB, int BV, int ROWS, int BN, int LD>
+__device__ __forceinline__ void vec_store(bf16_t (&As)[ROWS][LD], bf16_t (&Bs)[NB][BN][LD], const vec16 (&ra)[AV],
+                                          const vec16 (&rb)[NB][BV], int tid)
+{
+    constexpr int VPA = BK / 8, VPR = BK / PV;
 #pragma unroll
-    for (int v = 0; v < AV; v++) as[v] = slot[(tid + v * MM_THREADS) / VPA];
-    m2_vec ra[AV], rb[NB][BV];
-    auto load = [&](int k0) {
-#pragma unroll
-        for (int v = 0; v < AV; v++) {
-            int k = k0 + ((tid + v * MM_THREADS) % VPA) * 8;
-            ra[v] = (as[v] >= 0 && k < K) ? *(const m2_vec*)(a + (long long)(as[v] / a_div) * K + k) : m2_vec{0, 0, 0, 0};
-        }
-#pragma unroll
-        for (int m = 0; m < NB; m++)
-#pragma unroll
-            for (int j = 0; j < BV; j++) {
-                int idx = tid + j * MM_THREADS;
-                int nn = idx / VPR, kk = k0 + (idx % VPR) * PV, n = n0 + nn;
-                rb[m][j] = (n < N && kk < K) ? *(const m2_vec*)(bm[m] + (long long)n * K + kk) : m2_vec{0, 0, 0, 0};
-            }
-    };
-    load(0);
-    for (int k0 = 0; k0 < K; k0 += BK) {
-#pragma unroll
-        for (int v = 0; v < AV; v++) {
-            int idx = tid + v * MM_THREADS;
-            *(m2_vec*)&As[idx / VPA][(idx % VPA) * 8] = ra[v];
-        }
-#pragma unroll
-        for (int m = 0; m < NB; m++)
-#pragma unroll
-            for (int j = 0; j < BV; j++) {
-                int idx = tid + j * MM_THREADS;
-                int nn = idx / VPR, kk = (idx % VPR) * PV;
-                if (FP8) {
-                    m2_vec lo, hi;
-                    fp8x4_to_bf16x4(rb[m][j].x, lo.x, lo.y);
-                    fp8x4_to_bf16x4(rb[m][j].y, lo.z, lo.w);
-                    fp8x4_to_bf16x4(rb[m][j].z, hi.x, hi.y);
-                    fp8x4_to_bf16x4(rb[m][j].w, hi.z, hi.w);
-                    *(m2_vec*)&Bs[m][nn][kk] = lo;
-                    *(m2_vec*)&Bs[m][nn][kk + 8] = hi;
-                } else {
-                    *(m2_vec*)&Bs[m][nn][kk] = rb[m][j];
-                }
-            }
-        __syncthreads();
-        if (k0 + BK < K) load(k0 + BK);  // in flight during the mma below
-#pragma unroll
-        for (int ks = 0; ks < BK; ks += 16) {
-            unsigned a0 = *(const unsigned*)&As[g][ks + 2 * q];
-            unsigned a1 = *(const unsigned*)&As[g + 8][ks + 2 * q];
-            unsigned a2 = *(const unsigned*)&As[g][ks + 2 * q + 8];
-            unsigned a3 = *(const unsigned*)&As[g + 8][ks + 2 * q + 8];
-#pragma unroll
-            for (int m = 0; m < NB; m++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    int nn = warp * 16 + j * 8 + g;
-                    unsigned bb0 = *(const unsigned*)&Bs[m][nn][ks + 2 * q];
-                    unsigned bb1 = *(const unsigned*)&Bs[m][nn][ks + 2 * q + 8];
-                    mma_bf16_16816(FP8 ? part[m][j] : acc[m][j], a0, a1, a2, a3, bb0, bb1);
-                }
-        }
-        __syncthreads();
-        if (FP8 && ((k0 + BK) % GG_SCALE_BLOCK == 0 || k0 + BK >= K)) {
-            long long si = (long long)e * s_estride + (long long)(n0 / GG_SCALE_BLOCK) * sc + k0 / GG_SCALE_BLOCK;
-#pragma unroll
-            for (int m = 0; m < NB; m++) {
-                float scale = sm[m][si];
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        acc[m][j][i] = fmaf(part[m][j][i], scale, acc[m][j][i]);
-                        part[m][j][i] = 0.f;
-                    }
-            }
-        }
+    for (int v = 0; v < AV; v++) {
+        int idx = tid + v * THREADS;
+        *(vec16*)&As[idx / VPA][(idx % VPA) * 8] = ra[v];
     }
+#pragma unroll
+    for (int m = 0; m < NB; m++)
+#pragma unroll
+        for (int j = 0; j < BV; j++) {
+            int idx = tid + j * THREADS;
+            int nn = idx / VPR, kk = (idx % VPR) * PV;
+            if (FP8) {
+                vec16 lo, hi;
+                fp8x4_to_bf16x4(rb[m][j].x, lo.x, lo.y);
+                fp8x4_to_bf16x4(rb[m][j].y, lo.z, lo.w);
+                fp8x4_to_bf16x4(rb[m][j].z, hi.x, hi.y);
+                fp8x4_to_bf16x4(rb[m][j].w, hi.z, hi.w);
+                *(vec16*)&Bs[m][nn][kk] = lo;
+                *(vec16*)&Bs[m][nn][kk + 8] = hi;
+            } else {
+                *(vec16*)&Bs[m][nn][kk] = rb[m][j];
+            }
+        }
+}
 
+// ---------------------------------------------------------------------------
+// Tensor-core tiles of 16 rows x 64 columns, 128 threads, mma.sync m16n8k16
+// (bf16 in, f32 accumulate), the launch grid of the SIMT kernels: each warp
+// owns 16 output columns (two n8 tiles) of each B matrix. bf16 weights feed
+// the tensor cores as they are; FP8 E4M3 weights convert exactly to bf16
+// and their 128x128 block scale multiplies the partial sum of each 128-wide
+// K block (promote_scale_block), so every product is exact and the only
+// rounding beyond f32 accumulation is the bf16 intermediate. Two ways to
+// stage a K step, the same arithmetic (bit-identical outputs):
+//   MmaTile<false> ("mma"): K steps of 32, element loads; any shape.
+//   MmaTile<true> ("mma2"): K steps of 64 (128 for fp8 weights, one scale
+//     block, so each thread keeps as many bytes of weights in flight, 4 x 16
+//     B per matrix, as bf16 does with 64), every global load 16 bytes wide
+//     (8 bf16 or 16 fp8 values), the next K step's loads issued into
+//     registers before the current step's mma.sync, so each thread keeps
+//     64-128 bytes in flight. The caller picks it only when every row start
+//     is 16-byte aligned: K % 8 == 0 for bf16 weights and activations, K % 16
+//     == 0 for fp8 weights (and the gate_up half offset likewise).
+
+#define MM_THREADS 128
+#define MM_LD (GG_BK + 8)  // mma's row pitch in bf16: 80 bytes, conflict-free fragment loads
+#define M2_BK 64
+#define M2_LD (M2_BK + 8)  // 144-byte pitch: 16-byte aligned rows, conflict-free fragments
+
+__device__ __forceinline__ unsigned short raw_bf16(const bf16_t* p, long long i) { return p[i]; }
+__device__ __forceinline__ unsigned short raw_bf16(const e4m3_t* p, long long i) { return f32_to_bf16(ld_f32(p, i)); }
+
+// The multiplies of one K step of BK staged in shared memory (A [16][LD], B
+// [NB][64][LD] bf16): warp w takes columns 16w .. 16w + 15 of each B
+// matrix, k16 by k16 in increasing k, into acc (bf16 weights) or part (fp8:
+// the current scale block's partial sum).
+template <int NB, int BK, int LD, bool FP8>
+__device__ __forceinline__ void mma_tile_k_step(const bf16_t (&As)[GG_BM][LD], const bf16_t (&Bs)[NB][GG_BN][LD],
+                                                float (&acc)[NB][2][4], float (&part)[NB][2][4], int warp, int g, int q)
+{
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int s = slot[g + 8 * h];
-        if (s < 0) continue;
+    for (int ks = 0; ks < BK; ks += 16) {
+        unsigned a0 = *(const unsigned*)&As[g][ks + 2 * q];
+        unsigned a1 = *(const unsigned*)&As[g + 8][ks + 2 * q];
+        unsigned a2 = *(const unsigned*)&As[g][ks + 2 * q + 8];
+        unsigned a3 = *(const unsigned*)&As[g + 8][ks + 2 * q + 8];
 #pragma unroll
-        for (int j = 0; j < 2; j++)
+        for (int m = 0; m < NB; m++)
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                int n = n0 + warp * 16 + j * 8 + 2 * q + i;
-                if (n >= N) continue;
-                float v = acc[0][j][2 * h + i];
-                if (GATED) {
-                    double gv = (double)v;
-                    float sg = (float)(gv / (1.0 + exp(-gv)));
-                    v = __fmul_rn(sg, acc[NB - 1][j][2 * h + i]);
-                    c_bf16[(long long)s * N + n] = f32_to_bf16(v);
-                } else {
-                    c_f32[(long long)s * N + n] = v;
-                }
+            for (int j = 0; j < 2; j++) {
+                int nn = warp * 16 + j * 8 + g;
+                unsigned bb0 = *(const unsigned*)&Bs[m][nn][ks + 2 * q];
+                unsigned bb1 = *(const unsigned*)&Bs[m][nn][ks + 2 * q + 8];
+                mma_bf16_16816(FP8 ? part[m][j] : acc[m][j], a0, a1, a2, a3, bb0, bb1);
             }
     }
 }
 
-#define M2_GATE_UP(NAME, WT, FP8)                                                            \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS) NAME(                           \
-        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
-        const bf16_t* x, const WT* w_gate, const WT* w_up, long long w_estride,              \
-        const float* s_gate, const float* s_up, long long s_estride, bf16_t* inter,          \
-        int numel, int topk, int I, int H, int block_size, int num_experts)                  \
-    {                                                                                        \
-        grouped_gemm_mma2_tile<WT, true, FP8>(sorted_ids, expert_ids, total_padded, x, topk, \
-            w_gate, w_up, w_estride, s_gate, s_up, s_estride, inter, nullptr, numel, I, H,   \
-            block_size, num_experts);                                                        \
-    }
+template <bool VEC>
+struct MmaTile {
+    template <class AT, class WT, bool GATED, bool FP8>
+    static __device__ __forceinline__ void run(GEMM_TILE_PARAMS)
+    {
+        constexpr int NB = GATED ? 2 : 1;
+        constexpr int PV = vec16_elems<WT>::N;
+        constexpr int BK = VEC ? (FP8 ? 2 * M2_BK : M2_BK) : GG_BK;
+        constexpr int LD = BK + 8;                                    // 16-byte aligned, conflict-free pitch
+        constexpr int VPR = BK / PV;                                  // vectors per B row chunk (VEC)
+        constexpr int AV = VEC ? (GG_BM * BK / 8) / MM_THREADS : 1;   // A vectors per thread (VEC)
+        constexpr int BV = VEC ? (GG_BN * VPR) / MM_THREADS : 1;      // B vectors per thread per matrix (VEC)
+        static_assert(VEC || LD == MM_LD, "mma's pitch");
+        static_assert(!VEC || (AV * MM_THREADS == GG_BM * BK / 8 && BV * MM_THREADS == GG_BN * VPR), "vectors split evenly");
+        __shared__ __align__(16) bf16_t As[GG_BM][LD];
+        __shared__ __align__(16) bf16_t Bs[NB][GG_BN][LD];
+        __shared__ int slot[GG_BM];
 
-#define M2_DOWN(NAME, WT, FP8)                                                               \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS) NAME(                           \
-        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
-        const bf16_t* inter, const WT* w_down, long long w_estride, const float* s_down,     \
-        long long s_estride, float* out, int numel, int H, int I, int block_size,            \
-        int num_experts)                                                                     \
-    {                                                                                        \
-        grouped_gemm_mma2_tile<WT, false, FP8>(sorted_ids, expert_ids, total_padded, inter,  \
-            1, w_down, w_down, w_estride, s_down, s_down, s_estride, nullptr, out, numel, H, \
-            I, block_size, num_experts);                                                     \
-    }
+        const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+        const int g = lane >> 2, q = lane & 3;
+        const int row0 = blockIdx.x * GG_BM;
+        const int n0 = blockIdx.y * GG_BN;
+        if (row0 >= *total_padded) return;
+        const int e = expert_ids[row0 / block_size];
+        if (e < 0 || e >= num_experts) return;
+        if (tid < GG_BM) {
+            int s = sorted_ids[row0 + tid];
+            slot[tid] = (s >= 0 && s < numel) ? s : -1;
+        }
+        __syncthreads();
 
-M2_GATE_UP(moe_gate_up_mma2_bf16_bf16, bf16_t, false)
-M2_GATE_UP(moe_gate_up_mma2_bf16_fp8, e4m3_t, true)
-M2_DOWN(moe_down_mma2_bf16_bf16, bf16_t, false)
-M2_DOWN(moe_down_mma2_bf16_fp8, e4m3_t, true)
+        const WT* bm[2] = {b0 + (long long)e * b_estride, (GATED ? b1 : b0) + (long long)e * b_estride};
+        const float* sm[2] = {s0, GATED ? s1 : s0};
+        const int sc = (K + GG_SCALE_BLOCK - 1) / GG_SCALE_BLOCK;
+        float acc[NB][2][4], part[NB][2][4];
+        frag_zero(acc);
+        frag_zero(part);
+
+        // VEC: A is 16 rows x BK k in vectors of 8 bf16, AV a thread.
+        constexpr int VPA = BK / 8;  // A vectors per row
+        int as[AV];
+        vec16 ra[AV], rb[NB][BV];
+        if constexpr (VEC) {
+#pragma unroll
+            for (int v = 0; v < AV; v++) as[v] = slot[(tid + v * MM_THREADS) / VPA];
+            vec_load<MM_THREADS, BK, PV>(ra, rb, as, a, a_div, bm, tid, 0, n0, N, K);
+        }
+        for (int k0 = 0; k0 < K; k0 += BK) {
+            if constexpr (VEC) {
+                vec_store<MM_THREADS, BK, PV, FP8>(As, Bs, ra, rb, tid);
+                __syncthreads();
+                if (k0 + BK < K) vec_load<MM_THREADS, BK, PV>(ra, rb, as, a, a_div, bm, tid, k0 + BK, n0, N, K);  // in flight during the mma below
+            } else {
+#pragma unroll
+                for (int j = 0; j < (GG_BM * GG_BK) / MM_THREADS; j++) {
+                    int idx = tid + j * MM_THREADS;
+                    int rr = idx / GG_BK, kk = idx % GG_BK, k = k0 + kk;
+                    int s = slot[rr];
+                    As[rr][kk] = (s >= 0 && k < K) ? a[(long long)(s / a_div) * K + k] : (bf16_t)0;
+                }
+#pragma unroll
+                for (int m = 0; m < NB; m++)
+#pragma unroll 4
+                    for (int j = 0; j < (GG_BN * GG_BK) / MM_THREADS; j++) {
+                        int idx = tid + j * MM_THREADS;
+                        int nn = idx / GG_BK, kk = idx % GG_BK, n = n0 + nn, k = k0 + kk;
+                        Bs[m][nn][kk] = (n < N && k < K) ? raw_bf16(bm[m], (long long)n * K + k) : (bf16_t)0;
+                    }
+                __syncthreads();
+            }
+            mma_tile_k_step<NB, BK, LD, FP8>(As, Bs, acc, part, warp, g, q);
+            __syncthreads();
+            if (FP8) promote_scale_block<BK>(acc, part, sm, s_estride, e, n0, sc, k0, K);
+        }
+
+        mma_store_tile<GATED, 2>(acc[0], acc[NB - 1], slot, n0 + warp * 16, g, q, N, c);
+    }
+};
+
+GEMM_GATE_UP(moe_gate_up_mma_bf16_bf16, (MM_THREADS), MmaTile<false>::run, bf16_t, bf16_t, false)
+GEMM_GATE_UP(moe_gate_up_mma_bf16_fp8, (MM_THREADS), MmaTile<false>::run, bf16_t, e4m3_t, true)
+GEMM_DOWN(moe_down_mma_bf16_bf16, (MM_THREADS), MmaTile<false>::run, bf16_t, bf16_t, false)
+GEMM_DOWN(moe_down_mma_bf16_fp8, (MM_THREADS), MmaTile<false>::run, bf16_t, e4m3_t, true)
+
+GEMM_GATE_UP(moe_gate_up_mma2_bf16_bf16, (MM_THREADS), MmaTile<true>::run, bf16_t, bf16_t, false)
+GEMM_GATE_UP(moe_gate_up_mma2_bf16_fp8, (MM_THREADS), MmaTile<true>::run, bf16_t, e4m3_t, true)
+GEMM_DOWN(moe_down_mma2_bf16_bf16, (MM_THREADS), MmaTile<true>::run, bf16_t, bf16_t, false)
+GEMM_DOWN(moe_down_mma2_bf16_fp8, (MM_THREADS), MmaTile<true>::run, bf16_t, e4m3_t, true)
 
 // ---------------------------------------------------------------------------
 // Tall-tile tensor-core variant ("tall") for many rows per expert: up to 64
 // rows (four 16-row sub-blocks of one expert) x 64 columns (gate_up) or 128
-// (down) per CTA, 256 threads as 2 x 4 warps of 32 rows x 16 (32) columns, K steps of 64 with 16-byte
-// loads prefetched into registers (as mma2), fragments through ldmatrix. A
-// staged weight tile feeds 64 rows instead of 16, so the weights cross L2 and
-// shared memory a quarter as often as in mma2.
+// (down) per CTA, 256 threads as 2 x 4 warps of 32 rows x 16 (32) columns,
+// K steps of 64 with 16-byte loads prefetched into registers (as mma2),
+// fragments through ldmatrix. A staged weight tile feeds 64 rows instead of
+// 16, so the weights cross L2 and shared memory a quarter as often as in mma2.
 //
 // Tiles follow the alignment at 16-row granularity, whatever its block size:
 // the grid has one CTA per 16-row sub-block; a CTA works only if its
@@ -678,28 +566,14 @@ M2_DOWN(moe_down_mma2_bf16_fp8, e4m3_t, true)
 #define TT_BM 64
 #define TT_THREADS 256
 
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* p)
-{
-    unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
 // Expert of 16-row sub-block i (block_size is a multiple of 16).
 __device__ __forceinline__ int sub_expert(const int* expert_ids, int i, int block_size)
 {
     return expert_ids[(i * 16) / block_size];
 }
 
-template <class WT, bool GATED, bool FP8>
-__device__ __forceinline__ void grouped_gemm_tall_tile(
-    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
-    const int* __restrict__ total_padded, const bf16_t* __restrict__ a, int a_div,
-    const WT* __restrict__ b0, const WT* __restrict__ b1, long long b_estride,
-    const float* __restrict__ s0, const float* __restrict__ s1, long long s_estride,
-    bf16_t* __restrict__ c_bf16, float* __restrict__ c_f32, int numel, int N, int K, int block_size,
-    int num_experts)
+template <class AT, class WT, bool GATED, bool FP8>
+__device__ __forceinline__ void grouped_gemm_tall_tile(GEMM_TILE_PARAMS)
 {
     constexpr int NB = GATED ? 2 : 1;
     // Columns per warp: 16 for gate_up (two B matrices), 32 for down, so both
@@ -708,7 +582,7 @@ __device__ __forceinline__ void grouped_gemm_tall_tile(
     constexpr int WN = GATED ? 16 : 32;
     constexpr int J = WN / 8;        // n8 tiles per warp
     constexpr int BN = 4 * WN;       // CTA columns (inside one 128-wide scale block)
-    constexpr int PV = m2_traits<WT>::PER_VEC;
+    constexpr int PV = vec16_elems<WT>::N;
     constexpr int VPR = M2_BK / PV;                    // vectors per B row chunk
     constexpr int BV = (BN * VPR) / TT_THREADS;     // B vectors per thread per matrix
     constexpr int AV = (TT_BM * M2_BK / 8) / TT_THREADS;  // A vectors per thread
@@ -755,63 +629,19 @@ __device__ __forceinline__ void grouped_gemm_tall_tile(
     const float* sm[2] = {s0, GATED ? s1 : s0};
     const int sc = (K + GG_SCALE_BLOCK - 1) / GG_SCALE_BLOCK;
     float acc[NB][2][J][4], part[NB][2][J][4];
-#pragma unroll
-    for (int m = 0; m < NB; m++)
-#pragma unroll
-        for (int t = 0; t < 2; t++)
-#pragma unroll
-            for (int j = 0; j < J; j++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) acc[m][t][j][i] = part[m][t][j][i] = 0.f;
+    frag_zero(acc);
+    frag_zero(part);
     const bool mt_on[2] = {2 * wm < nsub, 2 * wm + 1 < nsub};  // warp-uniform
 
     int aslot[AV];
 #pragma unroll
     for (int v = 0; v < AV; v++) aslot[v] = slot[(tid + v * TT_THREADS) / 8];
-    m2_vec ra[AV], rb[NB][BV];
-    auto load = [&](int k0) {
-#pragma unroll
-        for (int v = 0; v < AV; v++) {
-            int k = k0 + ((tid + v * TT_THREADS) % 8) * 8;
-            int s = aslot[v];
-            ra[v] = (s >= 0 && k < K) ? *(const m2_vec*)(a + (long long)(s / a_div) * K + k) : m2_vec{0, 0, 0, 0};
-        }
-#pragma unroll
-        for (int m = 0; m < NB; m++)
-#pragma unroll
-            for (int j = 0; j < BV; j++) {
-                int idx = tid + j * TT_THREADS;
-                int nn = idx / VPR, kk = k0 + (idx % VPR) * PV, n = n0 + nn;
-                rb[m][j] = (n < N && kk < K) ? *(const m2_vec*)(bm[m] + (long long)n * K + kk) : m2_vec{0, 0, 0, 0};
-            }
-    };
-    load(0);
+    vec16 ra[AV], rb[NB][BV];
+    vec_load<TT_THREADS, M2_BK, PV>(ra, rb, aslot, a, a_div, bm, tid, 0, n0, N, K);
     for (int k0 = 0; k0 < K; k0 += M2_BK) {
-#pragma unroll
-        for (int v = 0; v < AV; v++) {
-            int idx = tid + v * TT_THREADS;
-            *(m2_vec*)&As[idx / 8][(idx % 8) * 8] = ra[v];
-        }
-#pragma unroll
-        for (int m = 0; m < NB; m++)
-#pragma unroll
-            for (int j = 0; j < BV; j++) {
-                int idx = tid + j * TT_THREADS;
-                int nn = idx / VPR, kk = (idx % VPR) * PV;
-                if (FP8) {
-                    m2_vec lo, hi;
-                    fp8x4_to_bf16x4(rb[m][j].x, lo.x, lo.y);
-                    fp8x4_to_bf16x4(rb[m][j].y, lo.z, lo.w);
-                    fp8x4_to_bf16x4(rb[m][j].z, hi.x, hi.y);
-                    fp8x4_to_bf16x4(rb[m][j].w, hi.z, hi.w);
-                    *(m2_vec*)&Bs[m][nn][kk] = lo;
-                    *(m2_vec*)&Bs[m][nn][kk + 8] = hi;
-                } else {
-                    *(m2_vec*)&Bs[m][nn][kk] = rb[m][j];
-                }
-            }
+        vec_store<TT_THREADS, M2_BK, PV, FP8>(As, Bs, ra, rb, tid);
         __syncthreads();
-        if (k0 + M2_BK < K) load(k0 + M2_BK);  // in flight during the mma below
+        if (k0 + M2_BK < K) vec_load<TT_THREADS, M2_BK, PV>(ra, rb, aslot, a, a_div, bm, tid, k0 + M2_BK, n0, N, K);  // in flight during the mma below
 #pragma unroll
         for (int ks = 0; ks < M2_BK; ks += 16) {
             unsigned bf[NB][2 * J];
@@ -835,78 +665,19 @@ __device__ __forceinline__ void grouped_gemm_tall_tile(
             }
         }
         __syncthreads();
-        if (FP8 && ((k0 + M2_BK) % GG_SCALE_BLOCK == 0 || k0 + M2_BK >= K)) {
-            long long si = (long long)e * s_estride + (long long)(n0 / GG_SCALE_BLOCK) * sc + k0 / GG_SCALE_BLOCK;
-#pragma unroll
-            for (int m = 0; m < NB; m++) {
-                float scale = sm[m][si];
-#pragma unroll
-                for (int t = 0; t < 2; t++)
-#pragma unroll
-                    for (int j = 0; j < J; j++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            acc[m][t][j][i] = fmaf(part[m][t][j][i], scale, acc[m][t][j][i]);
-                            part[m][t][j][i] = 0.f;
-                        }
-            }
-        }
+        if (FP8) promote_scale_block<M2_BK>(acc, part, sm, s_estride, e, n0, sc, k0, K);
     }
 
     const int g = lane >> 2, q = lane & 3;
 #pragma unroll
     for (int t = 0; t < 2; t++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {  // fragment rows g and g+8
-            int s = slot[wm * 32 + t * 16 + g + 8 * h];
-            if (s < 0) continue;
-#pragma unroll
-            for (int j = 0; j < J; j++)
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    int n = n0 + wn * WN + j * 8 + 2 * q + i;
-                    if (n >= N) continue;
-                    float v = acc[0][t][j][2 * h + i];
-                    if (GATED) {
-                        double gv = (double)v;
-                        float sg = (float)(gv / (1.0 + exp(-gv)));
-                        v = __fmul_rn(sg, acc[NB - 1][t][j][2 * h + i]);
-                        c_bf16[(long long)s * N + n] = f32_to_bf16(v);
-                    } else {
-                        c_f32[(long long)s * N + n] = v;
-                    }
-                }
-        }
+        mma_store_tile<GATED, J>(acc[0][t], acc[NB - 1][t], slot + wm * 32 + t * 16, n0 + wn * WN, g, q, N, c);
 }
 
-#define TT_GATE_UP(NAME, WT, FP8)                                                            \
-    extern "C" __global__ void __launch_bounds__(TT_THREADS, 2) NAME(                        \
-        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
-        const bf16_t* x, const WT* w_gate, const WT* w_up, long long w_estride,              \
-        const float* s_gate, const float* s_up, long long s_estride, bf16_t* inter,          \
-        int numel, int topk, int I, int H, int block_size, int num_experts)                  \
-    {                                                                                        \
-        grouped_gemm_tall_tile<WT, true, FP8>(sorted_ids, expert_ids, total_padded, x, topk, \
-            w_gate, w_up, w_estride, s_gate, s_up, s_estride, inter, nullptr, numel, I, H,   \
-            block_size, num_experts);                                                        \
-    }
-
-#define TT_DOWN(NAME, WT, FP8)                                                               \
-    extern "C" __global__ void __launch_bounds__(TT_THREADS, 2) NAME(                        \
-        const int* sorted_ids, const int* expert_ids, const int* total_padded,               \
-        const bf16_t* inter, const WT* w_down, long long w_estride, const float* s_down,     \
-        long long s_estride, float* out, int numel, int H, int I, int block_size,            \
-        int num_experts)                                                                     \
-    {                                                                                        \
-        grouped_gemm_tall_tile<WT, false, FP8>(sorted_ids, expert_ids, total_padded, inter,  \
-            1, w_down, w_down, w_estride, s_down, s_down, s_estride, nullptr, out, numel, H, \
-            I, block_size, num_experts);                                                     \
-    }
-
-TT_GATE_UP(moe_gate_up_tall_bf16_bf16, bf16_t, false)
-TT_GATE_UP(moe_gate_up_tall_bf16_fp8, e4m3_t, true)
-TT_DOWN(moe_down_tall_bf16_bf16, bf16_t, false)
-TT_DOWN(moe_down_tall_bf16_fp8, e4m3_t, true)
+GEMM_GATE_UP(moe_gate_up_tall_bf16_bf16, (TT_THREADS, 2), grouped_gemm_tall_tile, bf16_t, bf16_t, false)
+GEMM_GATE_UP(moe_gate_up_tall_bf16_fp8, (TT_THREADS, 2), grouped_gemm_tall_tile, bf16_t, e4m3_t, true)
+GEMM_DOWN(moe_down_tall_bf16_bf16, (TT_THREADS, 2), grouped_gemm_tall_tile, bf16_t, bf16_t, false)
+GEMM_DOWN(moe_down_tall_bf16_fp8, (TT_THREADS, 2), grouped_gemm_tall_tile, bf16_t, e4m3_t, true)
 
 // ---------------------------------------------------------------------------
 // Pipelined variant of mma2 for bf16 weights ("mma3"), for few rows per
@@ -919,7 +690,7 @@ TT_DOWN(moe_down_tall_bf16_fp8, e4m3_t, true)
 // cp.async.cg (L2 only: the weights are read once) into a ring of STAGES
 // stages of one K step each, and up to STAGES - 1 steps are in flight while
 // the warps multiply the oldest one; each copy asks L2 to fetch 256 bytes
-// (M3_PREFETCH), which is what brought HBM to the Triton peer's rate.
+// (M3_L2_PREFETCH), which is what brought HBM to the Triton peer's rate.
 //
 // The arithmetic is mma2's: 16 rows a CTA, 128 threads, warp w owns columns
 // w BN/4 .. (w+1) BN/4 - 1 of each B matrix (BN = 64 for gate_up, each of gate
@@ -930,21 +701,20 @@ TT_DOWN(moe_down_tall_bf16_fp8, e4m3_t, true)
 // width or K step; the kernels take mma2's parameter list (the fp8 scale
 // arguments are unused: bf16 weights only). Stage layout in dynamic shared
 // memory: A [16][M3_BK] then B [NB][BN][M3_BK] bf16, rows of 2 M3_BK bytes
-// whose 16-byte chunk c sits at chunk c ^ (row & 7), so both the copies and
-// ldmatrix's eight row addresses per phase hit distinct banks without
-// padding. Shared memory a CTA: STAGES x (16 + NB BN) x 2 M3_BK bytes
+// whose 16-byte chunk c sits at chunk c ^ (row & 7) (swizzled_chunk).
+// Shared memory a CTA: STAGES x (16 + NB BN) x 2 M3_BK bytes
 // (kernels/grouped_gemm.go, mma3SmemBytes).
 //
 // Grid: x = column tiles, y = 16-row blocks (the transpose of mma2's), so
 // the CTAs that run together cover all column tiles of a few row blocks,
 // i.e. stream a few experts' weight matrices end to end, as the Triton
 // peer's program order does; mma2's order (every expert's same column tile
-// at once) ran 3% slower at T = 128 (GEMM_NOTES.md, issue 13 pass 7).
+// at once) ran 3% slower at T = 128 (kernels/GEMM_NOTES.md).
 
 // Ring depths, K steps of M3_BK. 5 x 18 KiB for gate_up and 8 x 10 KiB for
 // down: 2 CTAs an SM for each on sm_90, 8 and 14 K steps in flight an SM.
 // H100, T = 128, with the grid order above: 0.3% faster than 4 / 4 (3 and 5
-// CTAs an SM; GEMM_NOTES.md, issue 13 pass 7).
+// CTAs an SM; kernels/GEMM_NOTES.md).
 #ifndef M3_STAGES_GATE_UP
 #define M3_STAGES_GATE_UP 5
 #endif
@@ -961,44 +731,22 @@ TT_DOWN(moe_down_tall_bf16_fp8, e4m3_t, true)
 #ifndef M3_BK
 #define M3_BK 64
 #endif
-// L2 prefetch size of the copies. A stage holds 128 bytes of each row; with
-// ".L2::256B" each miss also brings the row's next 128 bytes (the next K
-// step) into L2, so HBM serves 256-byte runs of each weight row, as a K step
-// of 128 would. H100, T = 128: grouped GEMM 7754 -> 7329 us (GEMM_NOTES.md,
-// issue 13 pass 6); deeper rings without it gained 1-2% at most.
-#ifndef M3_PREFETCH
-#define M3_PREFETCH ".L2::256B"
+// L2 prefetch of the copies, bytes (cp_async16). A stage holds 128 bytes of
+// each row; with 256 each miss also brings the row's next 128 bytes (the
+// next K step) into L2, so HBM serves 256-byte runs of each weight row, as a
+// K step of 128 would. H100, T = 128: grouped GEMM 7754 -> 7329 us
+// (kernels/GEMM_NOTES.md); deeper rings without it gained 1-2% at most.
+#ifndef M3_L2_PREFETCH
+#define M3_L2_PREFETCH 256
 #endif
 
-// 16-byte copy global -> shared (L2 only); in == false writes 16 zero bytes
-// and reads nothing (src-size 0), as mma2's out-of-range loads give zeros.
-__device__ __forceinline__ void m3_cp16(unsigned dst, const void* src, bool in)
+template <class AT, class WT, bool GATED, bool FP8>
+__device__ __forceinline__ void grouped_gemm_mma3_tile(GEMM_TILE_PARAMS)
 {
-    asm volatile("cp.async.cg.shared.global" M3_PREFETCH " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void m3_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void m3_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-__device__ __forceinline__ void m3_ldmatrix_x4(unsigned* r, unsigned addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// Byte offset of 16-byte chunk c of row r in a stage matrix of 2 M3_BK-byte rows.
-__device__ __forceinline__ unsigned m3_off(int r, int c) { return (unsigned)(r * (2 * M3_BK) + ((c ^ (r & 7)) << 4)); }
-
-template <bool GATED, int STAGES, int BN>
-__device__ __forceinline__ void grouped_gemm_mma3_tile(
-    const int* __restrict__ sorted_ids, const int* __restrict__ expert_ids,
-    const int* __restrict__ total_padded, const bf16_t* __restrict__ a, int a_div,
-    const bf16_t* __restrict__ b0, const bf16_t* __restrict__ b1, long long b_estride,
-    bf16_t* __restrict__ c_bf16, float* __restrict__ c_f32, int numel, int N, int K, int block_size,
-    int num_experts)
-{
+    static_assert(!FP8, "bf16 weights only (the scale arguments are unused)");
+    // Ring depth and output columns: gate_up tiles of GG_BN gate and up columns, down tiles of M3_BN_DOWN.
+    constexpr int STAGES = GATED ? M3_STAGES_GATE_UP : M3_STAGES_DOWN;
+    constexpr int BN = GATED ? GG_BN : M3_BN_DOWN;
     constexpr int NB = GATED ? 2 : 1;
     constexpr int CPR = M3_BK / 8;              // 16-byte chunks a row
     constexpr int A_BYTES = GG_BM * M3_BK * 2;
@@ -1029,19 +777,14 @@ __device__ __forceinline__ void grouped_gemm_mma3_tile(
     }
     __syncthreads();
 
-    const bf16_t* bm[2] = {b0 + (long long)e * b_estride, (GATED ? b1 : b0) + (long long)e * b_estride};
+    const WT* bm[2] = {b0 + (long long)e * b_estride, (GATED ? b1 : b0) + (long long)e * b_estride};
     float acc[NB][J][4];
-#pragma unroll
-    for (int m = 0; m < NB; m++)
-#pragma unroll
-        for (int j = 0; j < J; j++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[m][j][i] = 0.f;
+    frag_zero(acc);
 
     // This thread copies chunk (tid + v 128) % CPR of A row (tid + v 128) / CPR,
     // and likewise of B rows.
     int as[AV];
-    const bf16_t* arow[AV];
+    const AT* arow[AV];
 #pragma unroll
     for (int v = 0; v < AV; v++) {
         as[v] = slot[(tid + v * MM_THREADS) / CPR];
@@ -1059,7 +802,7 @@ __device__ __forceinline__ void grouped_gemm_mma3_tile(
                 const int idx = tid + v * MM_THREADS, r = idx / CPR, c = idx % CPR;
                 const int k = kt * M3_BK + c * 8;
                 const bool in = k < K && as[v] >= 0;
-                m3_cp16(st + m3_off(r, c), in ? (const void*)(arow[v] + k) : (const void*)a, in);
+                cp_async16<M3_L2_PREFETCH>(st + swizzled_chunk<2 * M3_BK>(r, c), in ? (const void*)(arow[v] + k) : (const void*)a, in);
             }
 #pragma unroll
             for (int m = 0; m < NB; m++)
@@ -1068,11 +811,11 @@ __device__ __forceinline__ void grouped_gemm_mma3_tile(
                     const int idx = tid + j * MM_THREADS, nn = idx / CPR, c = idx % CPR;
                     const int k = kt * M3_BK + c * 8, n = n0 + nn;
                     const bool in = k < K && n < N;
-                    m3_cp16(st + A_BYTES + m * B_BYTES + m3_off(nn, c),
-                            in ? (const void*)(bm[m] + (long long)n * K + k) : (const void*)bm[m], in);
+                    cp_async16<M3_L2_PREFETCH>(st + A_BYTES + m * B_BYTES + swizzled_chunk<2 * M3_BK>(nn, c),
+                                               in ? (const void*)(bm[m] + (long long)n * K + k) : (const void*)bm[m], in);
                 }
         }
-        m3_commit();
+        cp_async_commit();
     };
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) load(s);
@@ -1081,69 +824,32 @@ __device__ __forceinline__ void grouped_gemm_mma3_tile(
         // Step kt has landed (at most STAGES - 2 younger groups pending), and
         // after the barrier every warp is done with step kt - 1, whose stage
         // the next copies overwrite.
-        m3_wait<STAGES - 2>();
+        cp_async_wait<STAGES - 2>();
         __syncthreads();
         load(kt + STAGES - 1);
         const unsigned st = sbase + (unsigned)((kt % STAGES) * STAGE_BYTES);
 #pragma unroll
         for (int ks = 0; ks < M3_BK / 16; ks++) {
             unsigned af[4];
-            m3_ldmatrix_x4(af, st + m3_off(lane & 15, 2 * ks + (lane >> 4)));
+            ldmatrix_x4(af, st + swizzled_chunk<2 * M3_BK>(lane & 15, 2 * ks + (lane >> 4)));
 #pragma unroll
             for (int m = 0; m < NB; m++)
 #pragma unroll
                 for (int h = 0; h < J / 2; h++) {
                     // bf: (n8 tile 2h: k 0-7, 8-15), (n8 tile 2h+1: k 0-7, 8-15).
                     unsigned bf[4];
-                    m3_ldmatrix_x4(bf, st + A_BYTES + m * B_BYTES +
-                                           m3_off(warp * WN + 16 * h + (lane & 7) + ((lane >> 4) << 3),
-                                                  2 * ks + ((lane >> 3) & 1)));
+                    ldmatrix_x4(bf, st + A_BYTES + m * B_BYTES +
+                                        swizzled_chunk<2 * M3_BK>(warp * WN + 16 * h + (lane & 7) + ((lane >> 4) << 3),
+                                                                  2 * ks + ((lane >> 3) & 1)));
                     mma_bf16_16816(acc[m][2 * h], af[0], af[1], af[2], af[3], bf[0], bf[1]);
                     mma_bf16_16816(acc[m][2 * h + 1], af[0], af[1], af[2], af[3], bf[2], bf[3]);
                 }
         }
     }
-    m3_wait<0>();  // only empty groups remain; leave none behind
+    cp_async_wait<0>();  // only empty groups remain; leave none behind
 
-#pragma unroll
-    for (int h = 0; h < 2; h++) {  // fragment rows g and g+8, as mma2
-        int s = slot[g + 8 * h];
-        if (s < 0) continue;
-#pragma unroll
-        for (int j = 0; j < J; j++)
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                int n = n0 + warp * WN + j * 8 + 2 * q + i;
-                if (n >= N) continue;
-                float v = acc[0][j][2 * h + i];
-                if (GATED) {
-                    double gv = (double)v;
-                    float sg = (float)(gv / (1.0 + exp(-gv)));
-                    v = __fmul_rn(sg, acc[NB - 1][j][2 * h + i]);
-                    c_bf16[(long long)s * N + n] = f32_to_bf16(v);
-                } else {
-                    c_f32[(long long)s * N + n] = v;
-                }
-            }
-    }
+    mma_store_tile<GATED, J>(acc[0], acc[NB - 1], slot, n0 + warp * WN, g, q, N, c);
 }
 
-extern "C" __global__ void __launch_bounds__(MM_THREADS) moe_gate_up_mma3_bf16_bf16(
-    const int* sorted_ids, const int* expert_ids, const int* total_padded, const bf16_t* x,
-    const bf16_t* w_gate, const bf16_t* w_up, long long w_estride, const float* s_gate, const float* s_up,
-    long long s_estride, bf16_t* inter, int numel, int topk, int I, int H, int block_size, int num_experts)
-{
-    grouped_gemm_mma3_tile<true, M3_STAGES_GATE_UP, GG_BN>(sorted_ids, expert_ids, total_padded, x, topk, w_gate,
-                                                           w_up, w_estride, inter, nullptr, numel, I, H, block_size,
-                                                           num_experts);
-}
-
-extern "C" __global__ void __launch_bounds__(MM_THREADS) moe_down_mma3_bf16_bf16(
-    const int* sorted_ids, const int* expert_ids, const int* total_padded, const bf16_t* inter,
-    const bf16_t* w_down, long long w_estride, const float* s_down, long long s_estride, float* out, int numel,
-    int H, int I, int block_size, int num_experts)
-{
-    grouped_gemm_mma3_tile<false, M3_STAGES_DOWN, M3_BN_DOWN>(sorted_ids, expert_ids, total_padded, inter, 1, w_down,
-                                                              w_down, w_estride, nullptr, out, numel, H, I, block_size,
-                                                              num_experts);
-}
+GEMM_GATE_UP(moe_gate_up_mma3_bf16_bf16, (MM_THREADS), grouped_gemm_mma3_tile, bf16_t, bf16_t, false)
+GEMM_DOWN(moe_down_mma3_bf16_bf16, (MM_THREADS), grouped_gemm_mma3_tile, bf16_t, bf16_t, false)

@@ -1,17 +1,12 @@
 // Router GEMM: logits [T,E] (f32) = x [T,H] times Wg [E,H] transposed, f32
 // accumulation; x and Wg each f32 or bf16 (raw 16 bits). The CPU twin is
-// validate.RouterLogits (float64 accumulation rounded to f32): the two agree
+// moe.RouterLogits (float64 accumulation rounded to f32): the two agree
 // to |d| <= ~1e-6 * sum_h |x_h w_h|.
 //
 // One warp per expert, RT_TOKENS tokens per CTA so each weight element read
 // serves several tokens; lanes stride over H (coalesced), then a shuffle sum.
-
-typedef unsigned short bf16_t;
-
-__device__ __forceinline__ float rt_ld(const float* p, long long i) { return p[i]; }
-__device__ __forceinline__ float rt_ld(const bf16_t* p, long long i) {
-    return __uint_as_float(((unsigned)p[i]) << 16);
-}
+#include "numeric.cuh"
+#include "mma_sync.cuh"
 
 #define RT_WARPS 8
 #define RT_TOKENS 4
@@ -29,10 +24,10 @@ __device__ __forceinline__ void router_gemm_impl(const XT* __restrict__ x, const
     for (int i = 0; i < RT_TOKENS; i++) acc[i] = 0.f;
     const WT* wr = w + (long long)e * H;
     for (int k = lane; k < H; k += 32) {
-        float wv = rt_ld(wr, k);
+        float wv = ld_f32(wr, k);
 #pragma unroll
         for (int i = 0; i < RT_TOKENS; i++)
-            if (t0 + i < T) acc[i] = fmaf(rt_ld(x, (long long)(t0 + i) * H + k), wv, acc[i]);
+            if (t0 + i < T) acc[i] = fmaf(ld_f32(x, (long long)(t0 + i) * H + k), wv, acc[i]);
     }
 #pragma unroll
     for (int i = 0; i < RT_TOKENS; i++) {
@@ -71,15 +66,6 @@ RT_KERNEL(router_gemm_bf16_bf16, bf16_t, bf16_t)
 // (8*NT experts), and KW warps splitting K; the KW partial tiles are summed in
 // shared memory in a fixed order (deterministic).
 
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
-                                               unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 template <int MT, int NT, int WM, int WN, int KW>
 __device__ __forceinline__ void router_mma_impl(const bf16_t* __restrict__ x, const bf16_t* __restrict__ w,
                                                 float* __restrict__ logits, int T, int E, int H, float* red) {
@@ -110,12 +96,7 @@ __device__ __forceinline__ void router_mma_impl(const bf16_t* __restrict__ x, co
         wr[nt] = reinterpret_cast<const uint4*>(w + (long long)(n < E ? n : 0) * H);
     }
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.f;
+    frag_zero(acc);
 
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll 4
@@ -141,36 +122,20 @@ __device__ __forceinline__ void router_mma_impl(const bf16_t* __restrict__ x, co
     if (KW > 1) {
         // red: [warp][MT][NT][4][32], lane-minor (conflict-free).
         float* mine = red + warp * (MT * NT * 4 * 32);
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) mine[((mt * NT + nt) * 4 + i) * 32 + lane] = acc[mt][nt][i];
+        frag_each<MT, NT>([&](int mt, int nt, int i) { mine[((mt * NT + nt) * 4 + i) * 32 + lane] = acc[mt][nt][i]; });
         __syncthreads();
         if (kw != 0) return;
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float s = 0.f;
-                    for (int q = 0; q < KW; q++)
-                        s += red[(warp + q) * (MT * NT * 4 * 32) + ((mt * NT + nt) * 4 + i) * 32 + lane];
-                    acc[mt][nt][i] = s;
-                }
+        frag_each<MT, NT>([&](int mt, int nt, int i) {
+            float s = 0.f;
+            for (int q = 0; q < KW; q++) s += red[(warp + q) * (MT * NT * 4 * 32) + ((mt * NT + nt) * 4 + i) * 32 + lane];
+            acc[mt][nt][i] = s;
+        });
     }
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = m0 + 16 * mt + g + 8 * (i >> 1);
-                const int n = n0 + 8 * nt + 2 * c + (i & 1);
-                if (r < T && n < E) logits[(long long)r * E + n] = acc[mt][nt][i];
-            }
+    frag_each<MT, NT>([&](int mt, int nt, int i) {
+        const int r = m0 + 16 * mt + g + 8 * (i >> 1);
+        const int n = n0 + 8 * nt + 2 * c + (i & 1);
+        if (r < T && n < E) logits[(long long)r * E + n] = acc[mt][nt][i];
+    });
 }
 
 #define RT_MMA_KERNEL(NAME, MT, NT, WM, WN, KW)                                                       \
@@ -199,7 +164,7 @@ RT_MMA_KERNEL(router_mma_l, 2, 4, 2, 2, 1)
 // crosses HBM once), and the S CTAs of a thread block cluster split K, so
 // that large tiles still make enough CTAs for the SMs. Operands go global ->
 // shared by 16-byte cp.async into a ring of RC_STAGES K steps of 64 (rows of
-// 128 bytes, 16-byte chunk c at chunk c ^ (row & 7), as mma3), fragments by
+// 128 bytes, 16-byte chunk c at chunk c ^ (row & 7): swizzled_chunk), fragments by
 // ldmatrix, mma.sync m16n8k16 with f32 accumulation; 8 warps (2 x 4) of
 // (BM / 2) x (BN / 4), each k16 product in increasing k within a CTA's K
 // range. One CTA an SM (up to 213 KB of shared memory, up to 255 registers).
@@ -218,28 +183,11 @@ RT_MMA_KERNEL(router_mma_l, 2, 4, 2, 2, 1)
 #define RC_STAGES 4
 #endif
 #define RC_THREADS 256
-// L2 prefetch size of the copies (as mma3's M3_PREFETCH): each miss also
-// brings the row's next 128 bytes, the next K step, into L2.
-#ifndef RC_PREFETCH
-#define RC_PREFETCH ".L2::256B"
+// L2 prefetch of the copies, bytes (as grouped_gemm.cu's M3_L2_PREFETCH):
+// each miss also brings the row's next 128 bytes, the next K step, into L2.
+#ifndef RC_L2_PREFETCH
+#define RC_L2_PREFETCH 256
 #endif
-
-__device__ __forceinline__ void rc_cp16(unsigned dst, const void* src, bool in)
-{
-    asm volatile("cp.async.cg.shared.global" RC_PREFETCH " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(in ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void rc_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void rc_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-__device__ __forceinline__ void rc_ldmatrix_x4(unsigned* r, unsigned addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-// Byte offset of 16-byte chunk c of row r in a matrix of 128-byte rows.
-__device__ __forceinline__ unsigned rc_off(int r, int c) { return (unsigned)(r * 128 + ((c ^ (r & 7)) << 4)); }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned rc_cluster_rank()
@@ -319,19 +267,14 @@ __device__ __forceinline__ void router_cluster_impl(const bf16_t* __restrict__ x
             for (int j = 0; j < CP; j++) {
                 const bool in = kin && ((rin >> j) & 1u);
                 const bf16_t* p = j < AJ ? abase + j * rstride + k : bbase + (j - AJ) * rstride + k;
-                rc_cp16(st + rc_off(cr + 32 * j, cc), in ? (const void*)p : (const void*)x, in);
+                cp_async16<RC_L2_PREFETCH>(st + swizzled_chunk<128>(cr + 32 * j, cc), in ? (const void*)p : (const void*)x, in);
             }
         }
-        rc_commit();
+        cp_async_commit();
     };
 
     float acc[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.f;
+    frag_zero(acc);
 
 #pragma unroll
     for (int s = 0; s < RC_STAGES - 1; s++) load(kt0 + s);
@@ -340,7 +283,7 @@ __device__ __forceinline__ void router_cluster_impl(const bf16_t* __restrict__ x
         // Step kt has landed (at most STAGES - 2 younger groups pending), and
         // after the barrier every warp is done with step kt - 1, whose stage
         // the next copies overwrite.
-        rc_wait<RC_STAGES - 2>();
+        cp_async_wait<RC_STAGES - 2>();
         __syncthreads();
         load(kt + RC_STAGES - 1);
         const unsigned st = sbase + (unsigned)(((kt - kt0) % RC_STAGES) * STAGE_BYTES);
@@ -350,12 +293,12 @@ __device__ __forceinline__ void router_cluster_impl(const bf16_t* __restrict__ x
             unsigned af[MT][4], bf[NT / 2][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
-                rc_ldmatrix_x4(af[mt], st + rc_off(wm * (BM / 2) + mt * 16 + (lane & 15), 2 * ks + (lane >> 4)));
+                ldmatrix_x4(af[mt], st + swizzled_chunk<128>(wm * (BM / 2) + mt * 16 + (lane & 15), 2 * ks + (lane >> 4)));
             // bf[p]: (n8 tile 2p: k 0-7, 8-15), (n8 tile 2p + 1: k 0-7, 8-15).
 #pragma unroll
             for (int p = 0; p < NT / 2; p++)
-                rc_ldmatrix_x4(bf[p], sb + rc_off(wn * (BN / 4) + p * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                  2 * ks + ((lane >> 3) & 1)));
+                ldmatrix_x4(bf[p], sb + swizzled_chunk<128>(wn * (BN / 4) + p * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                            2 * ks + ((lane >> 3) & 1)));
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -364,7 +307,7 @@ __device__ __forceinline__ void router_cluster_impl(const bf16_t* __restrict__ x
                                    bf[nt >> 1][2 * (nt & 1) + 1]);
         }
     }
-    rc_wait<0>();  // only empty groups remain; leave none behind
+    cp_async_wait<0>();  // only empty groups remain; leave none behind
 
     // Partial tile as float2 (fragment rows g / g + 8, columns 2c, 2c + 1):
     // element j = (((warp * MT + mt) * NT + nt) * 2 + h) * 32 + lane, lane-minor

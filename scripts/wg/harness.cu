@@ -1,35 +1,16 @@
 // Standalone check and timing of the wgmma grouped GEMM (grouped_gemm_wg.cu) against the tall
 // kernels, on a GPU machine: nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -o h scripts/wg/harness.cu -lcuda && ./h [0 = small shapes only]
-#include <cstdio>
-#include <cstdlib>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-#include <algorithm>
-#include <random>
-#include <cmath>
-#include <cuda.h>
-#include <cuda_runtime.h>
 #include "../../kernels/cuda/grouped_gemm.cu"
 #include "../../kernels/cuda/grouped_gemm_wg.cu"
+#include "harness_common.cuh"
 
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
-#define CKL() do { CK(cudaGetLastError()); } while (0)
-
-__device__ __forceinline__ uint32_t hsh(uint64_t x) {
-    x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
-    return (uint32_t)x;
-}
 __global__ void fill_bf16(bf16_t* p, size_t n, uint64_t seed, float scale) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         float u = (hsh(i * 0x9E3779B97F4A7C15ull + seed) >> 8) * (2.0f / 16777216.0f) - 1.0f;
         p[i] = f32_to_bf16(u * scale);
     }
 }
-__global__ void fill_u32(uint32_t* p, size_t n, uint32_t v) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
-}
-__device__ __forceinline__ double bfd(bf16_t v) { return (double)__uint_as_float(((unsigned)v) << 16); }
+__device__ __forceinline__ double bfd(bf16_t v) { return (double)bf16_to_f32(v); }
 
 // stats: [0] sum d^2, [1] sum ref^2, [2] max |d| (as ull bits of double), counts in u: [0] ulp>1, [1] ulp>2, [2] poison mismatch, [3] nan
 struct Stats { double s[2]; unsigned long long maxd; unsigned long long cnt[4]; };
@@ -84,54 +65,12 @@ __global__ void ref_down(const int* slots, const int* experts, int ns, const bf1
     ref[idx] = acc;
 }
 
-static float bf2f(bf16_t v) { uint32_t u = ((uint32_t)v) << 16; float f; memcpy(&f, &u, 4); return f; }
-
 struct Cfg { const char* name; int T, H, I, E, topk, shared, bs, local_skip; bool fused; bool timeit; };
 
-struct Align { std::vector<int> sorted, eids; int total; std::vector<int> slot_expert; };
-static Align make_align(const Cfg& c, std::mt19937& rng) {
-    int routed = c.E - c.shared; // shared replicas at the end
-    int numel = c.T * c.topk;
-    Align a; a.slot_expert.assign(numel, 0);
-    std::vector<std::vector<int>> lists(c.E);
-    std::vector<int> perm(routed);
-    for (int t = 0; t < c.T; t++) {
-        int kr = c.shared ? c.topk - 1 : c.topk;
-        for (int i = 0; i < routed; i++) perm[i] = i;
-        for (int k = 0; k < kr; k++) { int j = k + rng() % (routed - k); std::swap(perm[k], perm[j]); a.slot_expert[t * c.topk + k] = perm[k]; }
-        if (c.shared) a.slot_expert[t * c.topk + c.topk - 1] = routed + t % c.shared;
-    }
-    for (int s = 0; s < numel; s++) lists[a.slot_expert[s]].push_back(s);
-    int maxp = numel + c.E * (c.bs - 1); maxp = (maxp + c.bs - 1) / c.bs * c.bs;
-    a.sorted.assign(maxp, numel); a.eids.assign(maxp / c.bs, -1);
-    int pos = 0;
-    for (int e = 0; e < c.E; e++) {
-        if (lists[e].empty()) continue;
-        int p0 = pos;
-        for (int s : lists[e]) a.sorted[pos++] = s;
-        pos = (pos + c.bs - 1) / c.bs * c.bs;
-        for (int b = p0 / c.bs; b < pos / c.bs; b++) a.eids[b] = (e == c.local_skip) ? -1 : e;
-    }
-    a.total = pos;
-    return a;
-}
-
-static double median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
-
-static int g_sms;
-
-// 3D view {K, N, E} of a weight matrix [E][N][K] (expert stride es elements), box {64, rows, 1}, 128-byte swizzle.
-static WgTmap make_tmap(const bf16_t* base, int K, int N, int E, long long es, int rows) {
-    static_assert(sizeof(WgTmap) == sizeof(CUtensorMap), "tensor map size");
-    CUtensorMap m;
-    cuuint64_t dims[3] = {(cuuint64_t)K, (cuuint64_t)N, (cuuint64_t)E};
-    cuuint64_t strides[2] = {(cuuint64_t)K * 2, (cuuint64_t)es * 2};
-    cuuint32_t box[3] = {(cuuint32_t)WG_BK, (cuuint32_t)rows, 1}, es1[3] = {1, 1, 1};
-    CUresult r = cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void*)base, dims, strides, box, es1,
-                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) { fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", (int)r); exit(1); }
-    WgTmap t; memcpy(&t, &m, sizeof t); return t;
+// 3D view {K, N, E} of a bf16 weight matrix [E][N][K] (expert stride es elements), box {64, rows, 1}.
+static WgTmap make_tmap(const bf16_t* base, int K, int N, int E, long long es, int rows)
+{
+    return weight_tmap(base, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, K, N, E, es, rows);
 }
 
 static void print_stats(const char* what, Stats* dst) {
@@ -145,11 +84,8 @@ static void run_cfg(const Cfg& c, bf16_t* wgu, bf16_t* wdn, std::mt19937& rng) {
     int numel = c.T * c.topk;
     Align al = make_align(c, rng);
     printf("== %s: T=%d H=%d I=%d E=%d topk=%d bs=%d total_padded=%d numel=%d\n", c.name, c.T, c.H, c.I, c.E, c.topk, c.bs, al.total, numel);
-    int *d_sorted, *d_eids, *d_total;
-    CK(cudaMalloc(&d_sorted, al.sorted.size() * 4)); CK(cudaMalloc(&d_eids, al.eids.size() * 4)); CK(cudaMalloc(&d_total, 4));
-    CK(cudaMemcpy(d_sorted, al.sorted.data(), al.sorted.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_eids, al.eids.data(), al.eids.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_total, &al.total, 4, cudaMemcpyHostToDevice));
+    DevAlign da(al);
+    int *d_sorted = da.sorted, *d_eids = da.eids, *d_total = da.total;
     bf16_t *x, *i_wg, *i_tt; float *o_wg, *o_tt;
     size_t nx = (size_t)c.T * c.H, ni = (size_t)numel * c.I, no = (size_t)numel * c.H;
     CK(cudaMalloc(&x, nx * 2)); CK(cudaMalloc(&i_wg, ni * 2)); CK(cudaMalloc(&i_tt, ni * 2));
@@ -187,13 +123,8 @@ static void run_cfg(const Cfg& c, bf16_t* wgu, bf16_t* wdn, std::mt19937& rng) {
     {
         std::vector<bf16_t> hi(ni); CK(cudaMemcpy(hi.data(), i_wg, ni * 2, cudaMemcpyDeviceToHost));
         std::vector<float> ho(no); CK(cudaMemcpy(ho.data(), o_wg, no * 4, cudaMemcpyDeviceToHost));
-        long long bad_i = 0, bad_o = 0, written_skip = 0;
-        for (int s = 0; s < numel; s++) {
-            bool local = al.slot_expert[s] != c.local_skip;
-            for (int n = 0; n < c.I; n++) { bool p = hi[(size_t)s * c.I + n] == 0xFFFF; if (local && p) bad_i++; if (!local && !p) written_skip++; }
-            for (int n = 0; n < c.H; n++) { uint32_t u; memcpy(&u, &ho[(size_t)s * c.H + n], 4); bool p = u == 0xFFFFFFFFu; if (local && p) bad_o++; if (!local && !p) written_skip++; }
-        }
-        printf("  wg unwritten: inter %lld out %lld; written for skipped expert: %lld\n", bad_i, bad_o, written_skip);
+        Unwritten uw = count_unwritten(al, c.local_skip, numel, c.I, c.H, hi, ho);
+        printf("  wg unwritten: inter %lld out %lld; written for skipped expert: %lld\n", uw.bad_i, uw.bad_o, uw.written_skip);
         // sampled reference
         int ns = 0; std::vector<int> hs, he;
         for (int s = 0; s < numel && ns < 48; s += std::max(1, numel / 48)) { if (al.slot_expert[s] == c.local_skip) continue; hs.push_back(s); he.push_back(al.slot_expert[s]); ns++; }
@@ -210,7 +141,7 @@ static void run_cfg(const Cfg& c, bf16_t* wgu, bf16_t* wdn, std::mt19937& rng) {
         for (int i = 0; i < ns; i++) {
             int s = hs[i];
             for (int n = 0; n < c.I; n++) {
-                double r = hrg[(size_t)i * c.I + n], a = bf2f(hi[(size_t)s * c.I + n]), b = bf2f(hit[(size_t)s * c.I + n]);
+                double r = hrg[(size_t)i * c.I + n], a = h_bf16_to_f32(hi[(size_t)s * c.I + n]), b = h_bf16_to_f32(hit[(size_t)s * c.I + n]);
                 e2[0] += (a - r) * (a - r); e2[1] += (b - r) * (b - r); r2[0] += r * r;
                 mx[0] = std::max(mx[0], fabs(a - r)); mx[1] = std::max(mx[1], fabs(b - r));
                 if (i == 0 && n < 4) printf("    sample s=%d n=%d ref %.6f wg %.6f tall %.6f\n", s, n, r, a, b);
@@ -227,26 +158,15 @@ static void run_cfg(const Cfg& c, bf16_t* wgu, bf16_t* wdn, std::mt19937& rng) {
         CK(cudaFree(ds)); CK(cudaFree(de)); CK(cudaFree(rg)); CK(cudaFree(rd));
     }
     if (c.timeit) {
-        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-        auto timeit = [&](auto fn) {
-            std::vector<float> v;
-            for (int r = 0; r < 12; r++) {
-                CK(cudaEventRecord(e0)); fn(); CKL(); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-                float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); if (r >= 2) v.push_back(ms * 1000.f);
-            }
-            return median(v);
-        };
-        double t_wg_gu = timeit([&] { wg_gu(i_wg); }), t_tt_gu = timeit([&] { tt_gu(i_tt); });
-        double t_wg_dn = timeit([&] { wg_dn(i_wg, o_wg); }), t_tt_dn = timeit([&] { tt_dn(i_wg, o_tt); });
+        double t_wg_gu = time_us([&] { wg_gu(i_wg); }), t_tt_gu = time_us([&] { tt_gu(i_tt); });
+        double t_wg_dn = time_us([&] { wg_dn(i_wg, o_wg); }), t_tt_dn = time_us([&] { tt_dn(i_wg, o_tt); });
         double f_gu = 2.0 * numel * 2.0 * c.I * c.H, f_dn = 2.0 * numel * (double)c.H * c.I;
         printf("  TIMING T=%d  gate_up: wg %.0f us (%.0f TFLOP/s) tall %.0f us (%.0f) x%.2f | down: wg %.0f us (%.0f) tall %.0f us (%.0f) x%.2f | total wg %.0f tall %.0f x%.2f\n",
                c.T, t_wg_gu, f_gu / t_wg_gu * 1e-6, t_tt_gu, f_gu / t_tt_gu * 1e-6, t_tt_gu / t_wg_gu,
                t_wg_dn, f_dn / t_wg_dn * 1e-6, t_tt_dn, f_dn / t_tt_dn * 1e-6, t_tt_dn / t_wg_dn,
                t_wg_gu + t_wg_dn, t_tt_gu + t_tt_dn, (t_tt_gu + t_tt_dn) / (t_wg_gu + t_wg_dn));
-        CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
     }
     CK(cudaFree(st)); CK(cudaFree(x)); CK(cudaFree(i_wg)); CK(cudaFree(i_tt)); CK(cudaFree(o_wg)); CK(cudaFree(o_tt));
-    CK(cudaFree(d_sorted)); CK(cudaFree(d_eids)); CK(cudaFree(d_total));
     fflush(stdout);
 }
 

@@ -1,11 +1,11 @@
-// Issue 13 deliverable 2 (w8a8); passes on an H100 (kernels/GEMM_NOTES.md,
-// 2026-11-23 "w8a8 on the H100"). On a GPU machine, from the repository root:
+// Standalone check and timing of the w8a8 path, on a GPU machine, from the repository root:
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 --ptxas-options=-v -o hf scripts/wg/harness_fp8.cu -lcuda 2>&1 | grep -E "error|warning|registers|spill|Compiling" ; ./hf 0   (0: small shapes only; no argument: DeepSeek sizes and timing too; T > 1: DeepSeek at T tokens, default instance only)
+// It passes on an H100 (kernels/GEMM_NOTES.md, "w8a8 on the H100").
 //
-// Standalone check and timing of the w8a8 path: moe_act_quant_e4m3
-// (kernels/cuda/act_quant.cu) and moe_gate_up_wg_fp8_fp8 / moe_down_wg_fp8_fp8
-// (kernels/cuda/grouped_gemm_wg_fp8.cu), against references that mirror
-// validate's CPU twin (GroupedGEMMWith(..., GEMMNumerics{W8A8: true})):
+// moe_act_quant_e4m3 (kernels/cuda/act_quant.cu) and moe_gate_up_wg_fp8_fp8 /
+// moe_down_wg_fp8_fp8 (kernels/cuda/grouped_gemm_wg_fp8.cu), against
+// references that mirror the CPU twin's w8a8 numerics (moe.GroupedGEMM with
+// GEMMOptions{W8A8: true}):
 //  1. encoder: the kernels' e4m3 encoder (hardware cvt on sm_89+) against its
 //     software copy on all 2^32 f32 bit patterns (device), and the software
 //     copy against a host copy of numfmt.F32ToE4M3 on the edge cases and
@@ -33,21 +33,9 @@
 //     default instance (BM 128 x BNB 192, 2 consumer warpgroups) and the
 //     variant BM 192 x BNB 128 (3 consumer warpgroups) built here from the
 //     same template.
-#include <cstdio>
-#include <cstdlib>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-#include <algorithm>
-#include <random>
-#include <cmath>
-#include <cuda.h>
-#include <cuda_runtime.h>
 #include "../../kernels/cuda/act_quant.cu"
 #include "../../kernels/cuda/grouped_gemm_wg_fp8.cu"
-
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
-#define CKL() do { CK(cudaGetLastError()); } while (0)
+#include "harness_common.cuh"
 
 static int g_fail = 0;
 #define EXPECT(cond, ...) do { if (!(cond)) { g_fail++; printf("  FAIL: "); printf(__VA_ARGS__); printf("\n"); } } while (0)
@@ -58,23 +46,25 @@ static int g_fail = 0;
 #define HV_NCW 3
 #define HV_STAGES 5
 #define HV_THREADS (128 * (1 + HV_NCW))
-#define HV_SMEM (WfCfg<true, HV_BM, HV_BNB, HV_NCW, HV_STAGES>::SMEM)
+typedef WgW8A8<WgShape<true, HV_BM, HV_BNB, HV_NCW, HV_STAGES, 40, 152>> HvGateUp;
+typedef WgW8A8<WgShape<false, HV_BM, HV_BNB, HV_NCW, HV_STAGES, 40, 152>> HvDown;
+#define HV_SMEM (HvGateUp::L::SMEM)
 extern "C" __global__ void __launch_bounds__(HV_THREADS, 1) hv_gate_up(
     const int* sorted_ids, const int* expert_ids, const int* total_padded, const e4m3_t* xq, const float* xs,
     const e4m3_t* w_gate, const e4m3_t* w_up, long long w_estride, const float* s_gate, const float* s_up,
     long long s_estride, bf16_t* inter, int numel, int topk, int I, int H, int block_size, int num_experts,
     const __grid_constant__ WgTmap tm_gate, const __grid_constant__ WgTmap tm_up)
 {
-    wf_body<true, HV_BM, HV_BNB, HV_NCW, HV_STAGES, 40, 152>(sorted_ids, expert_ids, total_padded, xq, xs, topk, &tm_gate, &tm_up,
-                                                             s_gate, s_up, s_estride, inter, nullptr, numel, I, H, block_size, num_experts);
+    wg_grouped_gemm<HvGateUp>(sorted_ids, expert_ids, total_padded, xq, xs, topk, &tm_gate, &tm_up, s_gate, s_up, s_estride, inter,
+                              nullptr, numel, I, H, block_size, num_experts);
 }
 extern "C" __global__ void __launch_bounds__(HV_THREADS, 1) hv_down(
     const int* sorted_ids, const int* expert_ids, const int* total_padded, const e4m3_t* iq, const float* is,
     const e4m3_t* w_down, long long w_estride, const float* s_down, long long s_estride, float* out, int numel, int H,
     int I, int block_size, int num_experts, const __grid_constant__ WgTmap tm_down)
 {
-    wf_body<false, HV_BM, HV_BNB, HV_NCW, HV_STAGES, 40, 152>(sorted_ids, expert_ids, total_padded, iq, is, 1, &tm_down, &tm_down,
-                                                              s_down, s_down, s_estride, nullptr, out, numel, H, I, block_size, num_experts);
+    wg_grouped_gemm<HvDown>(sorted_ids, expert_ids, total_padded, iq, is, 1, &tm_down, &tm_down, s_down, s_down, s_estride, nullptr,
+                            out, numel, H, I, block_size, num_experts);
 }
 
 // ---- shared host/device helpers ----
@@ -90,7 +80,6 @@ __host__ __device__ inline float hv_e4m3(unsigned b)
     memcpy(&f, &u, 4);
     return f;
 }
-__host__ __device__ inline float hv_bf(bf16_t v) { uint32_t u = ((uint32_t)v) << 16; float f; memcpy(&f, &u, 4); return f; }
 // numfmt.F32ToBF16: RNE, NaN kept quiet.
 __host__ __device__ inline bf16_t hv_f32_to_bf16(float f)
 {
@@ -100,8 +89,6 @@ __host__ __device__ inline bf16_t hv_f32_to_bf16(float f)
     u += 0x7fffu + ((u >> 16) & 1u);
     return (bf16_t)(u >> 16);
 }
-static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 // numfmt.F32ToE4M3, transcribed from internal/numfmt/fp8.go (host reference).
 static uint8_t h_f32_to_e4m3(float f)
 {
@@ -122,7 +109,7 @@ static uint8_t h_f32_to_e4m3(float f)
     if (rem > half || (rem == half && (q & 1))) q++;
     return sign | (uint8_t)q;
 }
-// validate.QuantizeActGroups on one row of bf16 values.
+// moe.QuantizeActGroups on one row of bf16 values.
 static void h_quant_row(const bf16_t* x, int cols, uint8_t* q, float* s)
 {
     int ng = (cols + 127) / 128;
@@ -131,22 +118,17 @@ static void h_quant_row(const bf16_t* x, int cols, uint8_t* q, float* s)
         float amax = 1e-10f;
         bool nan = false;
         for (int c = lo; c < hi; c++) {
-            float a = fabsf(hv_bf(x[c]));
+            float a = fabsf(h_bf16_to_f32(x[c]));
             if (a != a) nan = true;
             else if (a > amax) amax = a;
         }
         float sc = amax / 448.0f;
         if (nan) sc = u2f(0x7fc00000u);
         s[g] = sc;
-        for (int c = lo; c < hi; c++) q[c] = h_f32_to_e4m3(hv_bf(x[c]) / sc);
+        for (int c = lo; c < hi; c++) q[c] = h_f32_to_e4m3(h_bf16_to_f32(x[c]) / sc);
     }
 }
 
-__device__ __forceinline__ uint32_t hsh(uint64_t x)
-{
-    x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
-    return (uint32_t)x;
-}
 __device__ __forceinline__ float unif(size_t i, uint64_t seed) { return (hsh(i * 0x9E3779B97F4A7C15ull + seed) >> 8) * (1.0f / 16777216.0f); }
 // x rows: uniform(-1, 1) times a per-row factor (some rows x64, some /64) so per-token scales differ.
 __global__ void fill_x(bf16_t* p, int rows, int cols, uint64_t seed)
@@ -179,10 +161,6 @@ __global__ void fill_scales(float* p, size_t n, uint64_t seed, float base)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         p[i] = base * (0.5f + unif(i, seed));
-}
-__global__ void fill_u32(uint32_t* p, size_t n, uint32_t v)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
 }
 
 // ---- 1. encoder ----
@@ -286,48 +264,11 @@ static void test_act_quant(int rows, int cols, std::mt19937& rng)
 
 // ---- 3-6. the grouped GEMMs ----
 struct Cfg { const char* name; int T, H, I, E, topk, shared, bs, local_skip; bool fused; bool timeit; bool exact; };
-struct Align { std::vector<int> sorted, eids; int total; std::vector<int> slot_expert; };
-static Align make_align(const Cfg& c, std::mt19937& rng)
-{
-    int routed = c.E - c.shared;
-    int numel = c.T * c.topk;
-    Align a; a.slot_expert.assign(numel, 0);
-    std::vector<std::vector<int>> lists(c.E);
-    std::vector<int> perm(routed);
-    for (int t = 0; t < c.T; t++) {
-        int kr = c.shared ? c.topk - 1 : c.topk;
-        for (int i = 0; i < routed; i++) perm[i] = i;
-        for (int k = 0; k < kr; k++) { int j = k + rng() % (routed - k); std::swap(perm[k], perm[j]); a.slot_expert[t * c.topk + k] = perm[k]; }
-        if (c.shared) a.slot_expert[t * c.topk + c.topk - 1] = routed + t % c.shared;
-    }
-    for (int s = 0; s < numel; s++) lists[a.slot_expert[s]].push_back(s);
-    int maxp = numel + c.E * (c.bs - 1); maxp = (maxp + c.bs - 1) / c.bs * c.bs;
-    a.sorted.assign(maxp, numel); a.eids.assign(maxp / c.bs, -1);
-    int pos = 0;
-    for (int e = 0; e < c.E; e++) {
-        if (lists[e].empty()) continue;
-        int p0 = pos;
-        for (int s : lists[e]) a.sorted[pos++] = s;
-        pos = (pos + c.bs - 1) / c.bs * c.bs;
-        for (int b = p0 / c.bs; b < pos / c.bs; b++) a.eids[b] = (e == c.local_skip) ? -1 : e;
-    }
-    a.total = pos;
-    return a;
-}
 
-// 3D UINT8 view {K, N, E} of an e4m3 weight matrix (expert stride es bytes), box {128, rows, 1}, 128-byte swizzle.
+// 3D UINT8 view {K, N, E} of an e4m3 weight matrix (expert stride es bytes), box {128, rows, 1}.
 static WgTmap make_tmap(const uint8_t* base, int K, int N, int E, long long es, int rows)
 {
-    static_assert(sizeof(WgTmap) == sizeof(CUtensorMap), "tensor map size");
-    CUtensorMap m;
-    cuuint64_t dims[3] = {(cuuint64_t)K, (cuuint64_t)N, (cuuint64_t)E};
-    cuuint64_t strides[2] = {(cuuint64_t)K, (cuuint64_t)es};
-    cuuint32_t box[3] = {(cuuint32_t)WF_BK, (cuuint32_t)rows, 1}, es1[3] = {1, 1, 1};
-    CUresult r = cuTensorMapEncodeTiled(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void*)base, dims, strides, box, es1,
-                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) { fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", (int)r); exit(1); }
-    WgTmap t; memcpy(&t, &m, sizeof t); return t;
+    return weight_tmap(base, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, K, N, E, es, rows);
 }
 
 // Weights: w[e*es + n*K + k] codes, scales sc[e*ses + (n/128)*ceil(K/128) + k/128]; dequantised as the twin: f32(code * scale).
@@ -379,8 +320,6 @@ __global__ void ref_down(const int* slots, const int* experts, int ns, const uin
     refabs[idx] = aa;  // sum |a_k b_k|: the scale of any accumulation error
 }
 
-static double median(std::vector<float> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
-static int g_sms;
 
 // id 0: the default instance (the file's extern "C" kernels); 1: the variant built above.
 struct Variant {
@@ -395,11 +334,8 @@ static void run_cfg(const Cfg& c, const Variant& v, const uint8_t* wgu, const fl
     Align al = make_align(c, rng);
     printf("== %s [%s]: T=%d H=%d I=%d E=%d topk=%d bs=%d total_padded=%d numel=%d\n", c.name, v.name, c.T, c.H, c.I, c.E, c.topk, c.bs,
            al.total, numel);
-    int *d_sorted, *d_eids, *d_total;
-    CK(cudaMalloc(&d_sorted, al.sorted.size() * 4)); CK(cudaMalloc(&d_eids, al.eids.size() * 4)); CK(cudaMalloc(&d_total, 4));
-    CK(cudaMemcpy(d_sorted, al.sorted.data(), al.sorted.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_eids, al.eids.data(), al.eids.size() * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_total, &al.total, 4, cudaMemcpyHostToDevice));
+    DevAlign da(al);
+    int *d_sorted = da.sorted, *d_eids = da.eids, *d_total = da.total;
     bf16_t *x, *inter; uint8_t *xq, *iq; float *xs, *is, *out;
     size_t nx = (size_t)c.T * c.H, ni = (size_t)numel * c.I, no = (size_t)numel * c.H;
     CK(cudaMalloc(&x, nx * 2)); CK(cudaMalloc(&xq, nx)); CK(cudaMalloc(&xs, (size_t)c.T * nkh * 4));
@@ -437,14 +373,9 @@ static void run_cfg(const Cfg& c, const Variant& v, const uint8_t* wgu, const fl
     std::vector<float> ho(no); CK(cudaMemcpy(ho.data(), out, no * 4, cudaMemcpyDeviceToHost));
     std::vector<uint8_t> hiq(ni); CK(cudaMemcpy(hiq.data(), iq, ni, cudaMemcpyDeviceToHost));
     // 5. poison: written exactly where a local expert has the slot
-    long long bad_i = 0, bad_o = 0, written_skip = 0;
-    for (int s = 0; s < numel; s++) {
-        bool local = al.slot_expert[s] != c.local_skip;
-        for (int n = 0; n < c.I; n++) { bool p = hi[(size_t)s * c.I + n] == 0xFFFF; if (local && p) bad_i++; if (!local && !p) written_skip++; }
-        for (int n = 0; n < c.H; n++) { bool p = f2u(ho[(size_t)s * c.H + n]) == 0xFFFFFFFFu; if (local && p) bad_o++; if (!local && !p) written_skip++; }
-    }
-    printf("  unwritten: inter %lld out %lld; written for the skipped expert: %lld\n", bad_i, bad_o, written_skip);
-    EXPECT(bad_i == 0 && bad_o == 0 && written_skip == 0, "%s: unwritten or stray outputs", c.name);
+    Unwritten uw = count_unwritten(al, c.local_skip, numel, c.I, c.H, hi, ho);
+    printf("  unwritten: inter %lld out %lld; written for the skipped expert: %lld\n", uw.bad_i, uw.bad_o, uw.written_skip);
+    EXPECT(uw.bad_i == 0 && uw.bad_o == 0 && uw.written_skip == 0, "%s: unwritten or stray outputs", c.name);
 
     // sampled slots (all of them for the small shapes)
     std::vector<int> hs, he;
@@ -474,14 +405,13 @@ static void run_cfg(const Cfg& c, const Variant& v, const uint8_t* wgu, const fl
         int s = hs[i];
         for (int n = 0; n < c.I; n++) {
             bf16_t a = hi[(size_t)s * c.I + n], b = hrgb[(size_t)i * c.I + n];
-            int oa = (a & 0x8000) ? -(int)(a & 0x7fff) : (int)a, ob = (b & 0x8000) ? -(int)(b & 0x7fff) : (int)b;
-            int d = abs(oa - ob);
+            int d = bf16_ulps(a, b);
             ulp1 += d >= 1; ulp2 += d >= 2; nval++;
-            double r = hrgv[(size_t)i * c.I + n], g = hv_bf(a);
+            double r = hrgv[(size_t)i * c.I + n], g = h_bf16_to_f32(a);
             e2 += (g - r) * (g - r); r2 += r * r;
-            double tw = hv_bf(b);
+            double tw = h_bf16_to_f32(b);
             t2 += (tw - r) * (tw - r); gt2 += (g - tw) * (g - tw); tr2 += tw * tw;
-            if (i == 0 && n < 3) printf("    sample s=%d n=%d ref %.6f twin-bf16 %.6f gpu %.6f\n", s, n, r, hv_bf(b), g);
+            if (i == 0 && n < 3) printf("    sample s=%d n=%d ref %.6f twin-bf16 %.6f gpu %.6f\n", s, n, r, h_bf16_to_f32(b), g);
             rrow[n] = b;
         }
         h_quant_row(&hi[(size_t)s * c.I], c.I, qa.data(), sa.data());   // act_quant of the GPU inter, host
@@ -535,23 +465,12 @@ static void run_cfg(const Cfg& c, const Variant& v, const uint8_t* wgu, const fl
     CK(cudaFree(ds)); CK(cudaFree(de)); CK(cudaFree(rgv)); CK(cudaFree(rgb)); CK(cudaFree(rd)); CK(cudaFree(rda));
 
     if (c.timeit) {
-        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-        auto timeit = [&](auto fn) {
-            std::vector<float> t;
-            for (int r = 0; r < 12; r++) {
-                CK(cudaEventRecord(e0)); fn(); CKL(); CK(cudaEventRecord(e1)); CK(cudaEventSynchronize(e1));
-                float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); if (r >= 2) t.push_back(ms * 1000.f);
-            }
-            return median(t);
-        };
-        double tqx = timeit(q_x), tgu = timeit(gu), tqi = timeit(q_i), tdn = timeit(dn);
+        double tqx = time_us(q_x), tgu = time_us(gu), tqi = time_us(q_i), tdn = time_us(dn);
         double fgu = 2.0 * numel * 2.0 * c.I * c.H, fdn = 2.0 * numel * (double)c.H * c.I;
         printf("  TIMING [%s] T=%d act_quant(x) %.1f us | gate_up %.0f us (%.0f TFLOP/s) | act_quant(inter) %.1f us | down %.0f us (%.0f TFLOP/s) | total %.0f us\n",
                v.name, c.T, tqx, tgu, fgu / tgu * 1e-6, tqi, tdn, fdn / tdn * 1e-6, tqx + tgu + tqi + tdn);
-        CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
     }
     CK(cudaFree(x)); CK(cudaFree(xq)); CK(cudaFree(xs)); CK(cudaFree(inter)); CK(cudaFree(iq)); CK(cudaFree(is)); CK(cudaFree(out));
-    CK(cudaFree(d_sorted)); CK(cudaFree(d_eids)); CK(cudaFree(d_total));
     fflush(stdout);
 }
 

@@ -17,6 +17,10 @@ cudaError_t cudaMemset(void*, int, size_t);
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int);
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes*, const void*);
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int*, const void*, int, size_t);
+// The C++ API's overloads for kernel function pointers.
+template <class T> cudaError_t cudaFuncSetAttribute(T*, cudaFuncAttribute, int);
+template <class T> cudaError_t cudaFuncGetAttributes(cudaFuncAttributes*, T*);
+template <class T> cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int*, T*, int, size_t);
 cudaError_t cudaEventCreate(cudaEvent_t*);
 cudaError_t cudaEventDestroy(cudaEvent_t);
 cudaError_t cudaEventRecord(cudaEvent_t, int = 0);
