@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 )
 
-// The direct writer (issue 12, seventh pass): a shard is assembled in
+// The direct writer: a shard is assembled in
 // memory, one hash block at a time, and every finished block is hashed from
 // that memory and written with O_DIRECT. The output never enters the page
 // cache.

@@ -5,7 +5,7 @@ import (
 	"sort"
 )
 
-// Page alignment of output shards (issue 12, third pass). It was made for
+// Page alignment of output shards. It was made for
 // copy_file_range without reflink, which moves page-cache pages: when a
 // tensor's source and destination sat at different offsets within their
 // pages, the copy and the write-back cost more (0.2-0.4 s on a 1.6 GB model;

@@ -14,7 +14,8 @@ import (
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// How one output shard is written (issue 12):
+// How one output shard is written (measurements: BENCHMARKS.md, "convert and
+// fuse-shared from a cold cache"):
 //
 //   - The shard is cut into chunks, each a piece of one source region, and the
 //     chunks are taken in the order of their source file and offset,
@@ -40,7 +41,7 @@ import (
 //     fsync waits longer. Side by side, cold, in three runs of
 //     bench-convert.sh: B converted in 10.2 / 13.2 / 12.9 s buffered against
 //     12.6 / 15.2 / 16.3 s with copy_file_range, A in 4.1 / 3.7 / 4.3 s
-//     against 4.1 / 4.2 / 5.3 s (BENCHMARKS.md, issue 12, sixth pass).
+//     against 4.1 / 4.2 / 5.3 s (BENCHMARKS.md).
 //   - The file is hashed in 4 MiB blocks (layout.ShardBlockSize), and the
 //     manifest records the hash of the blocks' hashes (layout.BlockDigest;
 //     XXH3-128 unless --digest says otherwise). A whole-file hash would need
@@ -56,7 +57,7 @@ import (
 // Memory is the workers' and hashers' buffers, whatever the model size.
 //
 // One writer and one hasher a shard, from cold-cache measurements on a
-// 2-core machine (BENCHMARKS.md, issue 12). A buffered write to an ext4 file
+// 2-core machine (BENCHMARKS.md). A buffered write to an ext4 file
 // holds the inode's lock for the whole copy, so a second writer on the same
 // file gets no parallel copying: it spins on the lock (perf: 20% of both
 // cores in rwsem_spin_on_owner with two writers; a 6.5 GB model written
@@ -75,7 +76,7 @@ const (
 // Sizes the tests shrink so that tiny fixtures span many chunks and blocks.
 var (
 	// chunkSize is the buffer each worker reads a chunk into: 1, 16 and
-	// 64 MiB measured no faster on A, cold (BENCHMARKS.md, issue 12).
+	// 64 MiB measured no faster on A, cold (BENCHMARKS.md).
 	chunkSize      int64 = 4 << 20
 	shardBlockSize int64 = layout.ShardBlockSize
 )
@@ -197,7 +198,7 @@ type shardSource struct {
 // looks random to the kernel and read-ahead restarts small. With a file of
 // its own, a shard reads each source front to back with gaps. B (3 shards
 // at once): 6.00 s against 6.43 s over 7 rotated rounds, faster in 5
-// (BENCHMARKS.md, issue 12).
+// (BENCHMARKS.md).
 func (sw *shardWriter) ownSource(p *part) (region, *os.File) {
 	shared, ok := outermost(p.src).(*os.File)
 	if !ok {

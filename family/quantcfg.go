@@ -9,7 +9,7 @@ import (
 )
 
 // This file detects how a checkpoint says its weights are quantised,
-// wherever that lives (issue 29, deliverable 1): config.json's
+// wherever that lives: config.json's
 // quantization_config, text_config.quantization_config (multimodal
 // wrappers), compression_config (older compressed-tensors), and
 // hf_quant_config.json (ModelOpt). Each description is classified, its

@@ -250,7 +250,7 @@ const wgMaxExperts = 1023
 // m64n192k16 wgmma per k16 over its 64 rows. 192 rows because a routed
 // DeepSeek-V3 expert has ~128-160 rows at T = 4096: in one 192-row tile
 // its weights cross HBM once, where 128-row tiles read them twice
-// (GEMM_NOTES.md, issue 13 pass 5: -31% at T = 4096 on the H100).
+// (GEMM_NOTES.md: -31% at T = 4096 on the H100).
 const (
 	wgBM      = 192
 	wgBN      = 192
@@ -368,8 +368,8 @@ func (o GEMMOptions) kernel(stage string, w MatDType, k, numel, experts int, hop
 		case mmaOK && k%vec == 0 && numel >= tallMinRows*experts:
 			path = PathMMATall
 		case mmaOK && w == MatBF16 && k%8 == 0 && hopper:
-			// Few rows per expert: the pipelined mma2 tile (GEMM_NOTES.md,
-			// issue 13 pass 6; measured on the H100 only).
+			// Few rows per expert: the pipelined mma2 tile (GEMM_NOTES.md;
+			// measured on the H100 only).
 			path = PathMMA3
 		case mmaOK && k%vec == 0:
 			path = PathMMAVec

@@ -68,7 +68,7 @@ const (
 // 2^-128 chance of missing random damage does not. XXH3-128 hashes at about
 // 21 GB/s on one core of the development machine against BLAKE3's 3.3 GB/s
 // (SHA-256: 1.7 GB/s), and on 2 cores the hash of every output byte was what
-// kept a conversion from the disk's speed (BENCHMARKS.md, issue 12).
+// kept a conversion from the disk's speed (BENCHMARKS.md).
 // `--digest blake3` (or sha256) gives a cryptographic digest to pin.
 const ShardBlockAlgo = XXH3Blocks
 

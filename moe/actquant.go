@@ -18,7 +18,7 @@ import (
 // up to float32 rounding of the scale products, summation order and the
 // tensor cores' own accumulation: on Hopper they sum each k32 chain with a
 // truncated mantissa, ~1.7e-4 relative L2 a GEMM on random codes (measured
-// on the H100, kernels/GEMM_NOTES.md 2026-11-23), which the GPU tests'
+// on the H100, kernels/GEMM_NOTES.md), which the GPU tests'
 // tolerances against this twin allow for.
 
 // ActGroup is the width of an activation quantisation group: 128, the K

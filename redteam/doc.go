@@ -1,4 +1,4 @@
-// Package redteam is the red-team suite of issue 26: hostile and tampered
+// Package redteam is the red-team suite: hostile and tampered
 // checkpoints, generated at test time, run through the real moeprep binary
 // as a subprocess.
 //

@@ -48,7 +48,7 @@ var TolGPUF32 = Tolerance{Name: "gpu-f32", MaxRelL2: 1e-5, MinCosine: 1 - 1e-8,
 // other: the tensor cores' truncated fp8 accumulation (~1.7e-4 a GEMM) flips
 // ~20% of the intermediate's bf16 roundings and ~2% of its e4m3 codes, which
 // the kernels' tests measured at 3.5e-3..4.9e-3 over both stages against
-// the twin (kernels/GEMM_NOTES.md, 2026-11-23); bf16 mode's 2e-2 keeps a 4x
+// the twin (kernels/GEMM_NOTES.md); bf16 mode's 2e-2 keeps a 4x
 // margin and the same sensitivity to conversion errors.
 var TolGPUW8A8 = Tolerance{Name: "gpu-w8a8", MaxRelL2: 2e-2, MinCosine: 0.999,
 	Reason: "w8a8 on the GPU vs the w8a8 CPU reference: fp8 tensor-core accumulation and e4m3 code flips (kernels measured <= 4.9e-3)"}
