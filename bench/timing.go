@@ -126,33 +126,12 @@ func copyBandwidth(dev *cuda.Device, n int64, reps int) (float64, error) {
 	}
 	times := make([]float64, 0, reps)
 	err = dev.Do(func(c *cuda.Ctx) error {
-		a, e := c.NewEvent()
-		if e != nil {
-			return e
-		}
-		defer c.DestroyEvent(a)
-		b, e := c.NewEvent()
-		if e != nil {
-			return e
-		}
-		defer c.DestroyEvent(b)
-		if e := c.CopyDtoD(dst.Ptr(), src.Ptr(), int(n)); e != nil {
+		copyOnce := func() error { return c.CopyDtoD(dst.Ptr(), src.Ptr(), int(n)) }
+		if e := copyOnce(); e != nil {
 			return e
 		}
 		for range reps {
-			if e := c.Record(a, 0); e != nil {
-				return e
-			}
-			if e := c.CopyDtoD(dst.Ptr(), src.Ptr(), int(n)); e != nil {
-				return e
-			}
-			if e := c.Record(b, 0); e != nil {
-				return e
-			}
-			if e := c.SyncEvent(b); e != nil {
-				return e
-			}
-			ms, e := c.Elapsed(a, b)
+			ms, e := c.Time(0, copyOnce)
 			if e != nil {
 				return e
 			}

@@ -17,31 +17,15 @@ func rtTimeUs(t *testing.T, d *cuda.Device, reps int, fn func(c *cuda.Ctx) error
 		if err := fn(c); err != nil {
 			return err
 		}
-		start, err := c.NewEvent()
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(start)
-		end, err := c.NewEvent()
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(end)
-		if err := c.Record(start, 0); err != nil {
-			return err
-		}
-		for range reps {
-			if err := fn(c); err != nil {
-				return err
+		var err error
+		ms, err = c.Time(0, func() error {
+			for range reps {
+				if err := fn(c); err != nil {
+					return err
+				}
 			}
-		}
-		if err := c.Record(end, 0); err != nil {
-			return err
-		}
-		if err := c.SyncEvent(end); err != nil {
-			return err
-		}
-		ms, err = c.Elapsed(start, end)
+			return nil
+		})
 		return err
 	})
 	if err != nil {

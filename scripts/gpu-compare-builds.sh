@@ -13,6 +13,7 @@
 # Here:   CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o .gpu/moeprep-old ./cmd/moeprep  (at the old commit)
 #         CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o .gpu/moeprep-new ./cmd/moeprep
 # There:  run(command="bash scripts/gpu-compare-builds.sh", carry=[".gpu"])
+#         (STEP=validate compares the validate reports only.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 old=${OLD:-.gpu/moeprep-old} new=${NEW:-.gpu/moeprep-new}
@@ -46,6 +47,8 @@ for f in deepseek-v3-fp8:fuse deepseek-v3-bf16:fuse gpt-oss:convert llama4-text:
 	done
 done
 echo "validate reports: $same identical, $diff different"
+# STEP=validate stops here (the reports alone).
+[ "${STEP:-}" = validate ] && exit $((diff > 0))
 for cfg in "--dtype bf16" "--dtype fp8" "--precision fp8"; do
 	tag=$(echo "$cfg" | tr -d ' -')
 	for r in 1 2; do for b in old new; do

@@ -15,13 +15,13 @@
 #   device: run(command="bash scripts/gpu-validate-coverage.sh", carry=[".gpu"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-validate-lib.sh
 root=$(pwd)
 bin=$root/.gpu/moeprep
 out=${OUT:-/tmp/gpu-validate-coverage}
 mkdir -p "$out"
 export CUDA_MODULE_LOADING=EAGER
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-t() { local s=$SECONDS; "$@"; local rc=$?; echo "  -> rc=$rc in $((SECONDS - s))s"; return $rc; }
 if [ "${SKIP_TESTS:-}" != 1 ]; then
 	echo "== validate GPU tests (embedded kernels)"
 	(cd validate && timeout 330 "$root/.gpu/validate.test" -test.v -test.timeout 320s -test.run "${GPU_TEST_RUN:-GPU}") >"$out/validate-gpu-tests.log" 2>&1
@@ -31,9 +31,7 @@ if [ "${SKIP_TESTS:-}" != 1 ]; then
 fi
 src=/dev/shm/moeprep-cov-src
 dst=$root/.cov-dst
-cleanup() { rm -rf "$src" "$dst"; }
-trap cleanup EXIT
-cleanup
+scratch "$src" "$dst"
 echo "== synth deepseek-v3-shaped fp8, 1 dense + 1 MoE layer -> $src"
 t timeout 200 "$bin" fixture synth --preset deepseek-v3-shaped --dtype fp8 --num-layers 2 --dense-layers 1 --no-progress "$src" || exit 1
 echo "== fuse-shared --tp 8 -> $dst"

@@ -17,19 +17,14 @@
 # --golden), so only the SRC+DST run is timed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bin=$(pwd)/.gpu/moeprep
-[ -x "$bin" ] || { echo "no $bin: cross-build it first (see the header)" >&2; exit 2; }
+. scripts/gpu-validate-lib.sh
+need_bin
 out=${OUT:-/tmp/gpu-validate-e2e}
 mkdir -p "$out"
 src=/dev/shm/moeprep-e2e-src
 dst=$(pwd)/.e2e-dst
-cleanup() { rm -rf "$src" "$dst"; }
-trap cleanup EXIT
-cleanup
-export CUDA_MODULE_LOADING=EAGER
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-df -h /dev/shm . | sed 's/^/  /'
-free -g | sed 's/^/  /'
+scratch "$src" "$dst"
+gpu_setup
 # One FP8 MoE layer is ~11.5 GB in SRC and ~11.8 GB after fuse-shared
 # --tp 8; the dense layer and embeddings ~0.6 GB. Keep 8 GB spare on each.
 avail_gb() { df -BG --output=avail "$1" | tail -1 | tr -dc 0-9; }
@@ -38,7 +33,6 @@ if [ "$(avail_gb /dev/shm)" -lt 44 ] || [ "$(avail_gb .)" -lt 45 ]; then
 	layers=3
 	echo "== less than ~45 GB free on /dev/shm or here: --layers 3 (2 MoE layers)"
 fi
-t() { local s=$SECONDS; "$@"; local rc=$?; echo "  -> rc=$rc in $((SECONDS - s))s"; return $rc; }
 echo "== synth deepseek-v3-shaped fp8 --layers $layers --dense-layers 1 -> $src"
 t "$bin" fixture synth --preset deepseek-v3-shaped --dtype fp8 --num-layers "$layers" --dense-layers 1 --no-progress "$src" || exit 1
 echo "== fuse-shared --tp 8 -> $dst"

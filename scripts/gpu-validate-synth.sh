@@ -14,25 +14,17 @@
 # Extra arguments go to validate (e.g. --layers 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-validate-lib.sh
 dtype=${1:?usage: gpu-validate-synth.sh bf16|fp8 [validate flags...]}
 shift
 case "$dtype" in bf16 | fp8) ;; *) echo "dtype must be bf16 or fp8" >&2; exit 2 ;; esac
-bin=$(pwd)/.gpu/moeprep
-[ -x "$bin" ] || { echo "no $bin: cross-build it first (see the header)" >&2; exit 2; }
+need_bin
 out=${OUT:-/tmp/gpu-validate-synth}
 mkdir -p "$out"
 src=/dev/shm/moeprep-synth-$dtype
 dst=$(pwd)/.synth-dst-$dtype
-cleanup() { rm -rf "$src" "$dst"; }
-trap cleanup EXIT
-cleanup
-# The driver's lazy module loading read kernel images after Go had freed
-# them (validate preloads every kernel; eager loading is belt and braces).
-export CUDA_MODULE_LOADING=EAGER
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-df -h /dev/shm . | sed 's/^/  /'
-free -g | sed 's/^/  /'
-t() { local s=$SECONDS; "$@"; local rc=$?; echo "  -> rc=$rc in $((SECONDS - s))s"; return $rc; }
+scratch "$src" "$dst"
+gpu_setup
 echo "== synth deepseek-v3-shaped --dtype $dtype --layers 3 -> $src"
 t "$bin" fixture synth --preset deepseek-v3-shaped --dtype "$dtype" --num-layers 3 --dense-layers 1 --no-progress "$src" || exit 1
 du -sh "$src"

@@ -14,21 +14,101 @@ import (
 )
 
 // TestEveryEmittedCheckHasARow reads the root's source: every value put in
-// a row's Check field, passed to coverageRow as its check or to tolerance
-// as the check whose threshold it wants, must be a judge check constant
-// with a row in judge.Checks, and every row must be emitted somewhere. A
-// check added as a bare string, or a row no code emits, fails here.
+// a row's Check field, or passed to tolerance as the check whose threshold
+// it wants, must be a judge check constant with a row in judge.Checks, and
+// every row must be emitted somewhere. A function may take the check as a
+// parameter and put it there (coverageRow, rowJudge's methods): then every
+// call of it must pass a judge constant in that place (or a parameter of its
+// own, whose callers are held to the same). A check added as a bare string
+// or a local variable, or a row no code emits, fails here.
 func TestEveryEmittedCheckHasARow(t *testing.T) {
 	consts := judgeStringConsts(t)
 	fset := token.NewFileSet()
+	files := parseSources(t, fset, "*.go")
+	// sinks are the calls whose argument is a check: tolerance's first, and
+	// every parameter found below to carry a check into a row.
+	type sink struct {
+		fn  string
+		arg int
+	}
+	sinks := map[sink]bool{{"tolerance", 0}: true}
+	// visit calls use for each expression that names a check, with the
+	// index of the enclosing function's parameter it is (-1: none).
+	visit := func(use func(fn *ast.FuncDecl, e ast.Expr, param int)) {
+		for _, af := range files {
+			for _, d := range af.Decls {
+				fd, ok := d.(*ast.FuncDecl)
+				if !ok || fd.Body == nil {
+					continue
+				}
+				params := map[string]int{}
+				i := 0
+				for _, f := range fd.Type.Params.List {
+					for _, n := range f.Names {
+						params[n.Name] = i
+						i++
+					}
+					if len(f.Names) == 0 {
+						i++
+					}
+				}
+				at := func(e ast.Expr) {
+					param := -1
+					if id, ok := e.(*ast.Ident); ok {
+						if p, ok := params[id.Name]; ok {
+							param = p
+						}
+					}
+					use(fd, e, param)
+				}
+				ast.Inspect(fd.Body, func(n ast.Node) bool {
+					switch n := n.(type) {
+					case *ast.AssignStmt:
+						for i, lhs := range n.Lhs {
+							if sel, ok := lhs.(*ast.SelectorExpr); ok && sel.Sel.Name == "Check" && len(n.Rhs) == len(n.Lhs) {
+								at(n.Rhs[i])
+							}
+						}
+					case *ast.KeyValueExpr:
+						if k, ok := n.Key.(*ast.Ident); ok && k.Name == "Check" {
+							at(n.Value)
+						}
+					case *ast.CallExpr:
+						name := ""
+						switch f := n.Fun.(type) {
+						case *ast.Ident:
+							name = f.Name
+						case *ast.SelectorExpr:
+							name = f.Sel.Name
+						}
+						for i, a := range n.Args {
+							if sinks[sink{name, i}] {
+								at(a)
+							}
+						}
+					}
+					return true
+				})
+			}
+		}
+	}
+	// The parameters that carry a check, to a fixed point.
+	for grew := true; grew; {
+		grew = false
+		visit(func(fd *ast.FuncDecl, _ ast.Expr, param int) {
+			if k := (sink{fd.Name.Name, param}); param >= 0 && !sinks[k] {
+				sinks[k], grew = true, true
+			}
+		})
+	}
 	emitted := map[string]bool{}
 	sites := 0
-	use := func(e ast.Expr) {
+	visit(func(_ *ast.FuncDecl, e ast.Expr, param int) {
+		if param >= 0 {
+			return // a parameter: its callers are checked
+		}
 		sites++
 		pos := fset.Position(e.Pos())
-		if id, ok := e.(*ast.Ident); ok && id.Name == "check" {
-			return // coverageRow's parameter: its callers are checked
-		}
 		sel, ok := e.(*ast.SelectorExpr)
 		if ok {
 			x, isIdent := sel.X.(*ast.Ident)
@@ -47,33 +127,7 @@ func TestEveryEmittedCheckHasARow(t *testing.T) {
 			t.Errorf("%s: check %q has no row in judge.Checks", pos, name)
 		}
 		emitted[name] = true
-	}
-	for _, af := range parseSources(t, fset, "*.go") {
-		ast.Inspect(af, func(n ast.Node) bool {
-			switch n := n.(type) {
-			case *ast.AssignStmt:
-				for i, lhs := range n.Lhs {
-					if sel, ok := lhs.(*ast.SelectorExpr); ok && sel.Sel.Name == "Check" && len(n.Rhs) == len(n.Lhs) {
-						use(n.Rhs[i])
-					}
-				}
-			case *ast.KeyValueExpr:
-				if k, ok := n.Key.(*ast.Ident); ok && k.Name == "Check" {
-					use(n.Value)
-				}
-			case *ast.CallExpr:
-				if sel, ok := n.Fun.(*ast.SelectorExpr); ok {
-					switch {
-					case sel.Sel.Name == "coverageRow" && len(n.Args) > 1:
-						use(n.Args[1])
-					case sel.Sel.Name == "tolerance" && len(n.Args) == 2:
-						use(n.Args[0])
-					}
-				}
-			}
-			return true
-		})
-	}
+	})
 	if sites < len(judge.Checks) {
 		t.Fatalf("found %d places that name a check, fewer than the %d rows: the scan misses them", sites, len(judge.Checks))
 	}

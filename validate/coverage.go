@@ -26,13 +26,13 @@ type CoverageVerdict struct {
 // of the whole set. bankIDs [Tc,Kb] are the forced tokens' bank slots (routed
 // and shared) on the fused side; total is the bank size; skipped lists bank
 // experts deliberately left out (a --sample-experts run).
-func judgeCoverage(r *LayerResult, got, want []float32, h int, bankIDs []int32, kb, total int, sampled bool, tol Tolerance) CoverageVerdict {
+func judgeCoverage(r *LayerResult, got, want []float32, h int, bankIDs []int32, kb, total int, sampled bool, tol judge.Tolerance) CoverageVerdict {
 	tc := len(want) / h
 	v := CoverageVerdict{Total: total}
-	d := Compare(got, want)
+	d := judge.Compare(got, want)
 	perToken := make([]float64, tc)
 	for i := range tc {
-		td := Compare(tokenRows(got, h, i, i+1), tokenRows(want, h, i, i+1))
+		td := judge.Compare(tokenRows(got, h, i, i+1), tokenRows(want, h, i, i+1))
 		perToken[i] = td.RelL2
 		if math.IsNaN(td.RelL2) {
 			perToken[i] = math.Inf(1)
@@ -119,7 +119,7 @@ func (s *session) coverageFor(tg target, h int) (*cpuref.Coverage, error) {
 
 // coverageRow compares the forced tokens' rows of a fused output with
 // another path's.
-func (s *session) coverageRow(base LayerResult, check string, fused *cpuref.FusedResult, other []float32, cov *cpuref.Coverage, h int, tol Tolerance) LayerResult {
+func (s *session) coverageRow(base LayerResult, check string, fused *cpuref.FusedResult, other []float32, cov *cpuref.Coverage, h int, tol judge.Tolerance) LayerResult {
 	r := base
 	r.Check, r.Tokens = check, cov.T
 	t0 := fused.Routing.T

@@ -229,55 +229,24 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 	tm.ComputeSeconds = max(0, fusedSec+unfSec-(dstRec.Busy+srcRec.Busy).Seconds())
 	tm.ReferenceSeconds = refSec
 	tm.Staged = append(append(tm.Staged, dstRec.Staged...), srcRec.Staged...)
-	base := LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}
+	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}, numerics: s.gpuNumerics(), t: t, h: h, cov: cov, g: g0}
 	var rows []LayerResult
-	numerics := s.gpuNumerics()
 	if fused != nil && unf != nil {
-		r := base
-		r.Check, r.Seconds = judge.GPUFusedVsGPUUnfused, fusedSec+unfSec
-		fusedUsage(&r, fused, s.contract)
-		judgeRow(&r, Compare(tokenRows(fused.Y, h, 0, t), tokenRows(unf.Y, h, 0, t)), s.tolerance(judge.GPUFusedVsGPUUnfused, numerics), fused.Routing.IDs, fused.Routing.Weights, unf.Routing.IDs, unf.Routing.Weights, unf.Routing)
-		rows = append(rows, r)
-		if cov != nil {
-			r := s.coverageRow(base, judge.GPUCoverage, fused, unf.Y, cov, h, s.tolerance(judge.GPUCoverage, numerics))
-			r.Seconds = fusedSec + unfSec
-			rows = append(rows, r)
-		}
+		rows = append(rows, rj.fusedVs(judge.GPUFusedVsGPUUnfused, judge.GPUCoverage, fusedSec+unfSec, fused, unf.Y, unf.Routing)...)
 	}
 	if fused != nil && ref != nil {
-		r := base
-		r.Check, r.Seconds = judge.GPUFusedVsReference, fusedSec+refSec
-		fusedUsage(&r, fused, s.contract)
-		judgeRow(&r, Compare(tokenRows(fused.Y, h, 0, t), tokenRows(ref.Y, h, 0, t)), s.tolerance(judge.GPUFusedVsReference, numerics), fused.Routing.IDs, fused.Routing.Weights, ref.Routing.IDs, ref.Routing.Weights, ref.Routing)
-		rows = append(rows, r)
-		if cov != nil {
-			r := s.coverageRow(base, judge.GPUCoverageVsReference, fused, ref.Y, cov, h, s.tolerance(judge.GPUCoverageVsReference, numerics))
-			r.Seconds = fusedSec + refSec
-			rows = append(rows, r)
-		}
+		rows = append(rows, rj.fusedVs(judge.GPUFusedVsReference, judge.GPUCoverageVsReference, fusedSec+refSec, fused, ref.Y, ref.Routing)...)
 	}
 	if g0 != nil {
 		switch {
 		case fused != nil:
-			r := base
-			r.Check, r.Seconds = judge.GPUFusedVsGolden, fusedSec
-			fusedUsage(&r, fused, s.contract)
-			judgeGolden(&r, tokenRows(fused.Y, h, 0, t), fused.Routing, s.contract.RoutedScalingFactor, g0, s.tolerance(judge.GPUFusedVsGolden, numerics))
-			rows = append(rows, r)
+			rows = append(rows, rj.fusedVsGolden(judge.GPUFusedVsGolden, fusedSec, fused))
 		case unf != nil:
-			r := base
-			r.Check, r.Seconds = judge.GPUUnfusedVsGolden, unfSec
-			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(unf.Routing.IDs)
-			judgeGolden(&r, tokenRows(unf.Y, h, 0, t), unf.Routing, s.srcPlan.RouteSpec().RoutedScalingFactor, g0, s.tolerance(judge.GPUUnfusedVsGolden, numerics))
-			rows = append(rows, r)
+			rows = append(rows, rj.srcVsGolden(judge.GPUUnfusedVsGolden, unfSec, unf.Y, unf.Routing))
 		}
 		if ref != nil {
-			r := base
-			r.Check, r.Seconds = judge.ReferenceVsGolden, refSec
-			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(ref.Routing.IDs)
 			// In w8a8 the reference ran in the GPU's numerics, and its rule says so.
-			judgeGolden(&r, tokenRows(ref.Y, h, 0, t), ref.Routing, s.srcPlan.RouteSpec().RoutedScalingFactor, g0, s.tolerance(judge.ReferenceVsGolden, numerics))
-			rows = append(rows, r)
+			rows = append(rows, rj.srcVsGolden(judge.ReferenceVsGolden, refSec, ref.Y, ref.Routing))
 		}
 	}
 	if len(rows) == 0 {

@@ -12,6 +12,7 @@ import (
 	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/validate/byteproof"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 // LayerResult is one comparison on one layer.
@@ -25,7 +26,7 @@ type LayerResult struct {
 	// the bank size (E, or E + R*S on a fused checkpoint).
 	ExpertsUsed int `json:"experts_used"`
 	Experts     int `json:"experts"`
-	Diff
+	judge.Diff
 	// TopK is the tie-robust routing agreement (matching ids / T*K), NaN
 	// when the comparison has no routing to check (golden without topk_ids).
 	TopK float64 `json:"topk"`
@@ -42,11 +43,11 @@ type LayerResult struct {
 	// Sampled (coverage rows) marks a --sample-experts run: only a sample of
 	// the routed experts was exercised on purpose, and the row may pass
 	// with experts unexercised.
-	Sampled   bool      `json:"sampled_experts,omitempty"`
-	Tolerance Tolerance `json:"tolerance"`
-	Pass      bool      `json:"pass"`
-	Reason    string    `json:"reason,omitempty"`
-	Seconds   float64   `json:"seconds"`
+	Sampled   bool            `json:"sampled_experts,omitempty"`
+	Tolerance judge.Tolerance `json:"tolerance"`
+	Pass      bool            `json:"pass"`
+	Reason    string          `json:"reason,omitempty"`
+	Seconds   float64         `json:"seconds"`
 }
 
 // Verdict is PASS or FAIL.
@@ -94,12 +95,9 @@ const (
 	ModeBytes       = "bytes"        // the byte proof alone (--bytes, or a DST whose model is not SRC's)
 )
 
-// Report is a whole validate run.
-type Report struct {
-	// Tool is the program that made the report ("moeprep v1.2.3"), set by
-	// the caller; Mode is what ran.
-	Tool   string `json:"tool,omitempty"`
-	Mode   string `json:"mode"`
+// runSetup is what a run compared and where: the Report's fields and the
+// JSON document's, in the document's order.
+type runSetup struct {
 	Src    string `json:"src,omitempty"`
 	Dst    string `json:"dst,omitempty"`
 	Golden string `json:"golden,omitempty"`
@@ -109,10 +107,19 @@ type Report struct {
 	DeviceName   string `json:"device_name,omitempty"`
 	GPUPrecision string `json:"gpu_precision,omitempty"`
 	CPUCheck     string `json:"cpu_check,omitempty"`
-	Tokens       int    `json:"tokens"` // drawn tokens (goldens bring their own)
-	Seed         uint64 `json:"seed"`
-	BlockSize    int    `json:"block_size"`
-	XDraw        string `json:"x_draw"` // how the token vectors were made
+}
+
+// Report is a whole validate run.
+type Report struct {
+	// Tool is the program that made the report ("moeprep v1.2.3"), set by
+	// the caller; Mode is what ran.
+	Tool string `json:"tool,omitempty"`
+	Mode string `json:"mode"`
+	runSetup
+	Tokens    int    `json:"tokens"` // drawn tokens (goldens bring their own)
+	Seed      uint64 `json:"seed"`
+	BlockSize int    `json:"block_size"`
+	XDraw     string `json:"x_draw"` // how the token vectors were made
 	// LayerSelection is the --layers spec; MoELayers are every MoE layer
 	// of the checkpoint(s), LayersChecked those the layer checks ran on and
 	// LayersNotChecked the others, which a sampled run must own up to.
@@ -420,13 +427,7 @@ func (r Report) MarshalJSON() ([]byte, error) {
 		ChecksPassed int    `json:"checks_passed"`
 		Checks       int    `json:"checks"`
 		Summary      string `json:"summary"`
-		Src          string `json:"src,omitempty"`
-		Dst          string `json:"dst,omitempty"`
-		Golden       string `json:"golden,omitempty"`
-		Device       string `json:"device"`
-		DeviceName   string `json:"device_name,omitempty"`
-		GPUPrecision string `json:"gpu_precision,omitempty"`
-		CPUCheck     string `json:"cpu_check,omitempty"`
+		runSetup
 		*layerFields
 		Rows       []LayerResult          `json:"layers,omitempty"`
 		Coverage   *CoverageSummary       `json:"coverage,omitempty"`
@@ -435,8 +436,7 @@ func (r Report) MarshalJSON() ([]byte, error) {
 		Bytes      *byteproof.BytesResult `json:"bytes,omitempty"`
 		Notes      []string               `json:"notes"`
 		Seconds    float64                `json:"seconds"`
-	}{Schema: Schema, Tool: r.Tool, Mode: r.mode(), Failed: r.Failed(), Summary: r.Summary(), Src: r.Src, Dst: r.Dst, Golden: r.Golden,
-		Device: r.Device, DeviceName: r.DeviceName, GPUPrecision: r.GPUPrecision, CPUCheck: r.CPUCheck,
+	}{Schema: Schema, Tool: r.Tool, Mode: r.mode(), Failed: r.Failed(), Summary: r.Summary(), runSetup: r.runSetup,
 		Rows: r.Rows, Coverage: r.Coverage, Timings: r.Timings, Bytes: r.Bytes, Notes: nonNil(r.Notes), Seconds: r.Seconds}
 	doc.ChecksPassed, doc.Checks = r.checkCounts()
 	if doc.Mode != ModeBytes {

@@ -243,7 +243,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if withBytes {
 		mode = ModeLayersBytes
 	}
-	rep := &Report{Mode: mode, Src: o.Src, Dst: o.Dst, Golden: s.golden, Device: o.Device, Tokens: o.Tokens, Seed: o.Seed,
+	rep := &Report{Mode: mode, runSetup: runSetup{Src: o.Src, Dst: o.Dst, Golden: s.golden, Device: o.Device}, Tokens: o.Tokens, Seed: o.Seed,
 		BlockSize: o.BlockSize, XDraw: XDraw, Notes: append(devNotes, notes...), LayerSelection: strings.TrimSpace(o.Layers),
 		SampleExperts: o.SampleExperts, MoELayers: s.moeLayers}
 	rep.LayersChecked, rep.LayersNotChecked = splitLayers(s.moeLayers, targets)
@@ -330,7 +330,7 @@ func (s *session) notFromSrc(ctx context.Context, err error, start time.Time) (*
 // bytesReport is the report of a run that is the byte proof alone: no
 // device, tokens or block size, which only the layer checks have.
 func (s *session) bytesReport() *Report {
-	return &Report{Mode: ModeBytes, Src: s.o.Src, Dst: s.o.Dst, Golden: s.golden, Device: "none"}
+	return &Report{Mode: ModeBytes, runSetup: runSetup{Src: s.o.Src, Dst: s.o.Dst, Golden: s.golden, Device: "none"}}
 }
 
 func (s *session) checkBytes(ctx context.Context, rep *Report) error {
@@ -575,41 +575,70 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 		fusedSec = time.Since(start).Seconds()
 	}
 	s.o.progress("validate: layer %d: %d tokens, reference %.1fs, fused %.1fs", tg.index, t, refSec, fusedSec)
-	base := LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}
+	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}, numerics: judge.CPU, t: t, h: h, cov: cov, g: g}
 	var rows []LayerResult
 	if ref != nil && fused != nil {
-		r := base
-		r.Check = judge.FusedVsReference
-		r.Seconds = refSec + fusedSec
-		fusedUsage(&r, fused, s.contract)
-		judgeRow(&r, Compare(tokenRows(fused.Y, h, 0, t), tokenRows(ref.Y, h, 0, t)), s.tolerance(judge.FusedVsReference, judge.CPU),
-			fused.Routing.IDs, fused.Routing.Weights, ref.Routing.IDs, ref.Routing.Weights, ref.Routing)
-		rows = append(rows, r)
-		if cov != nil {
-			r := s.coverageRow(base, judge.Coverage, fused, ref.Y, cov, h, s.tolerance(judge.Coverage, judge.CPU))
-			r.Seconds = refSec + fusedSec
-			rows = append(rows, r)
-		}
+		rows = append(rows, rj.fusedVs(judge.FusedVsReference, judge.Coverage, refSec+fusedSec, fused, ref.Y, ref.Routing)...)
 	}
 	if g != nil {
 		if fused != nil {
-			r := base
-			r.Check = judge.FusedVsGolden
-			r.Seconds = fusedSec
-			fusedUsage(&r, fused, s.contract)
-			judgeGolden(&r, tokenRows(fused.Y, h, 0, t), fused.Routing, s.contract.RoutedScalingFactor, g, s.tolerance(judge.FusedVsGolden, judge.CPU))
-			rows = append(rows, r)
+			rows = append(rows, rj.fusedVsGolden(judge.FusedVsGolden, fusedSec, fused))
 		}
 		if ref != nil {
-			r := base
-			r.Check = judge.ReferenceVsGolden
-			r.Seconds = refSec
-			r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(ref.Routing.IDs)
-			judgeGolden(&r, tokenRows(ref.Y, h, 0, t), ref.Routing, s.srcPlan.RouteSpec().RoutedScalingFactor, g, s.tolerance(judge.ReferenceVsGolden, judge.CPU))
-			rows = append(rows, r)
+			rows = append(rows, rj.srcVsGolden(judge.ReferenceVsGolden, refSec, ref.Y, ref.Routing))
 		}
 	}
 	return rows, nil
+}
+
+// rowJudge makes one layer's report rows: each judged in numerics against
+// the check's tolerance, over the layer's t routed tokens of width h (and
+// the forced coverage tokens cov, nil without) or the golden g.
+type rowJudge struct {
+	s        *session
+	base     LayerResult
+	numerics judge.Numerics
+	t, h     int
+	cov      *cpuref.Coverage
+	g        *Golden
+}
+
+// fusedVs compares the fused path with another path's output y and routing
+// rt (the reference, or the GPU's unfused path): the check's row, and the
+// cover check's for the coverage tokens; sec is the two paths' time.
+func (rj rowJudge) fusedVs(check, cover string, sec float64, fused *cpuref.FusedResult, y []float32, rt *moe.Routing) []LayerResult {
+	s, h, t := rj.s, rj.h, rj.t
+	r := rj.base
+	r.Check, r.Seconds = check, sec
+	fusedUsage(&r, fused, s.contract)
+	judgeRow(&r, judge.Compare(tokenRows(fused.Y, h, 0, t), tokenRows(y, h, 0, t)), s.tolerance(check, rj.numerics),
+		fused.Routing.IDs, fused.Routing.Weights, rt.IDs, rt.Weights, rt)
+	rows := []LayerResult{r}
+	if rj.cov != nil {
+		r := s.coverageRow(rj.base, cover, fused, y, rj.cov, h, s.tolerance(cover, rj.numerics))
+		r.Seconds = sec
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// fusedVsGolden compares the fused path (on DST) with the golden.
+func (rj rowJudge) fusedVsGolden(check string, sec float64, fused *cpuref.FusedResult) LayerResult {
+	r := rj.base
+	r.Check, r.Seconds = check, sec
+	fusedUsage(&r, fused, rj.s.contract)
+	judgeGolden(&r, tokenRows(fused.Y, rj.h, 0, rj.t), fused.Routing, rj.s.contract.RoutedScalingFactor, rj.g, rj.s.tolerance(check, rj.numerics))
+	return r
+}
+
+// srcVsGolden compares a path on SRC (output y, routing rt) with the golden.
+func (rj rowJudge) srcVsGolden(check string, sec float64, y []float32, rt *moe.Routing) LayerResult {
+	s := rj.s
+	r := rj.base
+	r.Check, r.Seconds = check, sec
+	r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(rt.IDs)
+	judgeGolden(&r, tokenRows(y, rj.h, 0, rj.t), rt, s.srcPlan.RouteSpec().RoutedScalingFactor, rj.g, s.tolerance(check, rj.numerics))
+	return r
 }
 
 // layerStart is how both loops start a layer: its tokens x [T,H] (the
@@ -686,7 +715,7 @@ func (s *session) dstPlanOrSrc() *family.Plan {
 // computed in numerics: its row in judge.Checks picks it, given whether the
 // contract folded rsf into weights it rounded (FP8 folding touches only
 // the F32 scales and leaves the weights identical).
-func (s *session) tolerance(check string, numerics judge.Numerics) Tolerance {
+func (s *session) tolerance(check string, numerics judge.Numerics) judge.Tolerance {
 	c := s.contract
 	roundedFold := c != nil && c.RoutedScalingFactorFolded && !c.Quantized()
 	return judge.Lookup(check).Tolerance(judge.Situation{Numerics: numerics, RoundedFold: roundedFold})
@@ -711,7 +740,7 @@ func distinct(ids []int32) int {
 // the routing (ids tie-robustly against want's scores, weights on shared
 // ids) equal. Weights are compared on the same scale (both with or both
 // without rsf).
-func judgeRow(r *LayerResult, d Diff, tol Tolerance, gotIDs []int32, gotW []float32, wantIDs []int32, wantW []float32, scores *moe.Routing) {
+func judgeRow(r *LayerResult, d judge.Diff, tol judge.Tolerance, gotIDs []int32, gotW []float32, wantIDs []int32, wantW []float32, scores *moe.Routing) {
 	r.Diff, r.Tolerance = d, tol
 	r.TopK = math.NaN()
 	reason := tol.Verdict(d)
@@ -731,8 +760,8 @@ func join(a, b string) string { return judge.Join(a, b) }
 // judgeGolden compares a path's output and routing with an HF golden. The
 // golden weights include rsf, so the path's are scaled by it first; ids are
 // compared tie-robustly against the path's own scores.
-func judgeGolden(r *LayerResult, y []float32, rt *moe.Routing, rsf float64, g *Golden, tol Tolerance) {
-	d := Compare(y, g.Y)
+func judgeGolden(r *LayerResult, y []float32, rt *moe.Routing, rsf float64, g *Golden, tol judge.Tolerance) {
+	d := judge.Compare(y, g.Y)
 	if g.IDs == nil {
 		judgeRow(r, d, tol, nil, nil, nil, nil, rt)
 		return

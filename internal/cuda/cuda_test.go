@@ -250,29 +250,9 @@ func TestLaunchPTX(t *testing.T) {
 			return err
 		}
 		defer c.DestroyStream(s)
-		e0, err := c.NewEvent()
-		if err != nil {
-			return err
-		}
-		e1, err := c.NewEvent()
-		if err != nil {
-			return err
-		}
-		defer c.DestroyEvent(e0)
-		defer c.DestroyEvent(e1)
-		if err := c.Record(e0, s); err != nil {
-			return err
-		}
-		if err := c.Launch(f, Dim3{(n + 255) / 256, 1, 1}, Dim3{256, 1, 1}, 0, s, by, bx, a, uint32(n)); err != nil {
-			return err
-		}
-		if err := c.Record(e1, s); err != nil {
-			return err
-		}
-		if err := c.SyncStream(s); err != nil {
-			return err
-		}
-		ms, err = c.Elapsed(e0, e1)
+		ms, err = c.Time(s, func() error {
+			return c.Launch(f, Dim3{(n + 255) / 256, 1, 1}, Dim3{256, 1, 1}, 0, s, by, bx, a, uint32(n))
+		})
 		return err
 	})
 	if err != nil {

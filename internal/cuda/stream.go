@@ -58,3 +58,32 @@ func (c *Ctx) Elapsed(start, end Event) (float32, error) {
 	err := c.call("cuEventElapsedTime", uintptr(unsafe.Pointer(ms)), uintptr(start), uintptr(end))
 	return *ms, err
 }
+
+// Time records an event on stream s, calls fn to queue the work to time,
+// records a second event, waits for it and returns the milliseconds between
+// the two. It makes the two events and destroys them.
+func (c *Ctx) Time(s Stream, fn func() error) (float32, error) {
+	start, err := c.NewEvent()
+	if err != nil {
+		return 0, err
+	}
+	defer c.DestroyEvent(start)
+	end, err := c.NewEvent()
+	if err != nil {
+		return 0, err
+	}
+	defer c.DestroyEvent(end)
+	if err := c.Record(start, s); err != nil {
+		return 0, err
+	}
+	if err := fn(); err != nil {
+		return 0, err
+	}
+	if err := c.Record(end, s); err != nil {
+		return 0, err
+	}
+	if err := c.SyncEvent(end); err != nil {
+		return 0, err
+	}
+	return c.Elapsed(start, end)
+}
