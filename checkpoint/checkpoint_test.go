@@ -2,11 +2,12 @@ package checkpoint
 
 import (
 	"bytes"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 const hf = "../fixtures/hf"
@@ -110,20 +111,7 @@ func TestOpenFormats(t *testing.T) {
 
 func write(t *testing.T, dir, name, content string) {
 	t.Helper()
-	if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func copyFile(t *testing.T, src, dst string) {
-	t.Helper()
-	b, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(dst, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, filepath.Join(dir, name), content)
 }
 
 func TestOpenErrors(t *testing.T) {
@@ -133,24 +121,24 @@ func TestOpenErrors(t *testing.T) {
 		setup func(t *testing.T, dir string)
 		want  string
 	}{
-		{"no config", func(t *testing.T, dir string) { copyFile(t, single, filepath.Join(dir, "model.safetensors")) }, "config.json: no such file"},
+		{"no config", func(t *testing.T, dir string) { testkit.CopyFile(t, single, filepath.Join(dir, "model.safetensors")) }, "config.json: no such file"},
 		{"config not object", func(t *testing.T, dir string) { write(t, dir, "config.json", "[1,2]") }, "config.json: not a JSON object"},
 		{"config null", func(t *testing.T, dir string) { write(t, dir, "config.json", "null") }, "config.json: not a JSON object"},
 		{"no weights", func(t *testing.T, dir string) { write(t, dir, "config.json", "{}") }, "no weights found"},
 		{"two safetensors no index", func(t *testing.T, dir string) {
 			write(t, dir, "config.json", "{}")
-			copyFile(t, single, filepath.Join(dir, "a.safetensors"))
-			copyFile(t, single, filepath.Join(dir, "b.safetensors"))
+			testkit.CopyFile(t, single, filepath.Join(dir, "a.safetensors"))
+			testkit.CopyFile(t, single, filepath.Join(dir, "b.safetensors"))
 		}, "2 .safetensors files but no model.safetensors.index.json"},
 		{"two bins no index", func(t *testing.T, dir string) {
 			write(t, dir, "config.json", "{}")
-			copyFile(t, filepath.Join(hf, "qwen3-moe-bin", "pytorch_model.bin"), filepath.Join(dir, "a.bin"))
-			copyFile(t, filepath.Join(hf, "qwen3-moe-bin", "pytorch_model.bin"), filepath.Join(dir, "b.bin"))
+			testkit.CopyFile(t, filepath.Join(hf, "qwen3-moe-bin", "pytorch_model.bin"), filepath.Join(dir, "a.bin"))
+			testkit.CopyFile(t, filepath.Join(hf, "qwen3-moe-bin", "pytorch_model.bin"), filepath.Join(dir, "b.bin"))
 		}, "2 PyTorch files but no pytorch_model.bin.index.json"},
 		{"missing shard", func(t *testing.T, dir string) {
 			write(t, dir, "config.json", "{}")
-			copyFile(t, filepath.Join(hf, "mixtral-bin-sharded", "pytorch_model.bin.index.json"), filepath.Join(dir, "pytorch_model.bin.index.json"))
-			copyFile(t, filepath.Join(hf, "mixtral-bin-sharded", "pytorch_model-00001-of-00002.bin"), filepath.Join(dir, "pytorch_model-00001-of-00002.bin"))
+			testkit.CopyFile(t, filepath.Join(hf, "mixtral-bin-sharded", "pytorch_model.bin.index.json"), filepath.Join(dir, "pytorch_model.bin.index.json"))
+			testkit.CopyFile(t, filepath.Join(hf, "mixtral-bin-sharded", "pytorch_model-00001-of-00002.bin"), filepath.Join(dir, "pytorch_model-00001-of-00002.bin"))
 		}, "pytorch_model-00002-of-00002.bin"},
 	}
 	for _, tt := range tests {

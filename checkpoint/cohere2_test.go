@@ -15,10 +15,7 @@ import (
 // naming the key.
 func TestCohere2SharedCombination(t *testing.T) {
 	src := filepath.Join(hf, "cohere2-moe")
-	cfg, err := os.ReadFile(filepath.Join(src, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := testkit.ReadFile(t, filepath.Join(src, "config.json"))
 	for _, tc := range []struct {
 		name, from, to string
 		want           float64
@@ -38,7 +35,7 @@ func TestCohere2SharedCombination(t *testing.T) {
 				}
 				c = strings.Replace(c, tc.from, tc.to, 1)
 			}
-			os.WriteFile(filepath.Join(dir, "config.json"), []byte(c), 0o644)
+			testkit.WriteFile(t, filepath.Join(dir, "config.json"), c)
 			abs, _ := filepath.Abs(filepath.Join(src, "model.safetensors"))
 			if err := os.Symlink(abs, filepath.Join(dir, "model.safetensors")); err != nil {
 				t.Skip("no symlinks here:", err)

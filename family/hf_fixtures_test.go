@@ -1,21 +1,19 @@
 package family
 
 import (
-	"encoding/binary"
-	"encoding/json"
-	"io"
 	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
-// readHeaders builds a Tensors from the safetensors headers in dir. It is a
-// minimal reader of its own so this package's tests do not depend on the
-// safetensors package's reader.
+// readHeaders builds a Tensors from the safetensors headers in dir, read
+// by testkit so this package's tests do not depend on the safetensors
+// package's reader.
 func readHeaders(t *testing.T, dir string) *fakeTensors {
 	t.Helper()
 	files, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
@@ -24,34 +22,11 @@ func readHeaders(t *testing.T, dir string) *fakeTensors {
 	}
 	out := &fakeTensors{meta: map[string]TensorMeta{}}
 	for _, path := range files {
-		f, err := os.Open(path)
+		h, err := testkit.ReadSTHeader(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var n uint64
-		if err := binary.Read(f, binary.LittleEndian, &n); err != nil || n > 1<<24 {
-			t.Fatalf("%s: header length %d: %v", path, n, err)
-		}
-		raw := make([]byte, n)
-		if _, err := io.ReadFull(f, raw); err != nil {
-			t.Fatal(err)
-		}
-		f.Close()
-		var header map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &header); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		for name, v := range header {
-			if name == "__metadata__" {
-				continue
-			}
-			var info struct {
-				DType string  `json:"dtype"`
-				Shape []int64 `json:"shape"`
-			}
-			if err := json.Unmarshal(v, &info); err != nil {
-				t.Fatalf("%s: %s: %v", path, name, err)
-			}
+		for name, info := range h.Tensors {
 			out.add(name, safetensors.DType(info.DType), info.Shape...)
 		}
 	}
@@ -83,18 +58,11 @@ func TestPlanHFFixtures(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.dir, func(t *testing.T) {
 			dir := filepath.Join("..", "fixtures", "hf", tc.dir)
-			raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
-			if os.IsNotExist(err) {
+			cfg := filepath.Join(dir, "config.json")
+			if _, err := os.Stat(cfg); os.IsNotExist(err) {
 				t.Skipf("%s not present", dir)
 			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			var cfg map[string]any
-			if err := json.Unmarshal(raw, &cfg); err != nil {
-				t.Fatal(err)
-			}
-			p, err := Detect(cfg, readHeaders(t, dir))
+			p, err := Detect(testkit.ReadJSON(t, cfg), readHeaders(t, dir))
 			if err != nil {
 				t.Fatalf("Detect: %v", err)
 			}

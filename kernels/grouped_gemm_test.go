@@ -204,14 +204,53 @@ func uploadSorted(t *testing.T, dev *cuda.Device, al *moe.Alignment, e int) *ker
 	return s
 }
 
+// gemmMode is an activation dtype and kernel path GroupedGEMM is run in,
+// with the tolerance it is held to.
+type gemmMode struct {
+	name string
+	opt  kernels.GEMMOptions
+	tol  float64
+}
+
+// gemmInputs uploads x in the mode's activation dtype with an intermediate
+// of n elements: f32 x and a poisoned f32 intermediate, or x rounded to bf16
+// (xin is then the rounded copy the CPU twin takes) and a bf16 intermediate
+// of fill.
+func gemmInputs(t *testing.T, dev *cuda.Device, x []float32, act kernels.MatDType, n int, fill uint16) (xin []float32, xm, inter kernels.Mat) {
+	t.Helper()
+	if act != kernels.MatBF16 {
+		return x, kernels.F32Mat(toDevice(t, dev, x)), kernels.F32Mat(poisoned(t, dev, n))
+	}
+	xb := toBF16(x)
+	bits := make([]uint16, n)
+	for i := range bits {
+		bits[i] = fill
+	}
+	return fromBF16(xb), kernels.BF16Mat(toDevice(t, dev, xb)), kernels.BF16Mat(toDevice(t, dev, bits))
+}
+
+// checkTwin holds the kernel's output out to moe.GroupedGEMM of the same
+// x (xin), routing and experts within relative L2 tol, and returns the
+// twin's answer.
+func checkTwin(t *testing.T, out *cuda.Buffer[float32], xin []float32, c gemmCase, al *moe.Alignment, load moe.ExpertLoader, tol float64) []float32 {
+	t.Helper()
+	got := fromDevice(t, out)
+	want, err := moe.GroupedGEMM(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, moe.GEMMOptions{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := relL2(got, want)
+	t.Logf("rel_l2 %.3g (tolerance %g)", e, tol)
+	if !(e <= tol) {
+		t.Fatalf("rel_l2 %.3g over %g", e, tol)
+	}
+	return want
+}
+
 func TestGroupedGEMM(t *testing.T) {
 	dev := testDevice(t)
 	r := rand.New(rand.NewPCG(7, 8))
-	modes := []struct {
-		name string
-		opt  kernels.GEMMOptions
-		tol  float64
-	}{
+	modes := []gemmMode{
 		{"f32", kernels.GEMMOptions{Act: kernels.MatF32}, tolF32},
 		{"bf16 simt", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathSIMT}, tolBF16},
 		{"bf16 mma", kernels.GEMMOptions{Act: kernels.MatBF16, Path: kernels.PathMMA}, tolBF16},
@@ -228,17 +267,7 @@ func TestGroupedGEMM(t *testing.T) {
 		numel := c.tok * c.k
 		for _, m := range modes {
 			t.Run(fmt.Sprintf("%s/%s", c.name, m.name), func(t *testing.T) {
-				xin, xm := x, kernels.F32Mat(toDevice(t, dev, x))
-				inter := kernels.F32Mat(poisoned(t, dev, numel*c.inter))
-				if m.opt.Act == kernels.MatBF16 {
-					xb := toBF16(x)
-					xin, xm = fromBF16(xb), kernels.BF16Mat(toDevice(t, dev, xb))
-					nan := make([]uint16, numel*c.inter)
-					for i := range nan {
-						nan[i] = 0x7fc0
-					}
-					inter = kernels.BF16Mat(toDevice(t, dev, nan))
-				}
+				xin, xm, inter := gemmInputs(t, dev, x, m.opt.Act, numel*c.inter, 0x7fc0)
 				out := poisoned(t, dev, numel*c.h)
 				err := kernels.GroupedGEMM(dev, 0, bank, sorted, xm, c.tok, c.k, inter, out, m.opt)
 				if c.w == kernels.MatF32 && (m.opt.Path == kernels.PathMMA || m.opt.Path == kernels.PathMMATall) {
@@ -272,16 +301,7 @@ func TestGroupedGEMM(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got := fromDevice(t, out)
-				want, err := moe.GroupedGEMM(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, moe.GEMMOptions{Workers: 1})
-				if err != nil {
-					t.Fatal(err)
-				}
-				e := relL2(got, want)
-				t.Logf("rel_l2 %.3g (tolerance %g)", e, m.tol)
-				if !(e <= m.tol) {
-					t.Fatalf("rel_l2 %.3g over %g", e, m.tol)
-				}
+				checkTwin(t, out, xin, c, al, load, m.tol)
 			})
 		}
 	}
@@ -460,26 +480,16 @@ func TestGroupedGEMMActivations(t *testing.T) {
 		{name: "fp8 gate_up", tok: 19, e: 16, k: 4, h: 160, inter: 96, block: 16, w: kernels.MatFP8, fused: true, allOn: -1},
 		{name: "f32 up_gate", tok: 11, e: 4, k: 2, h: 64, inter: 48, block: 32, w: kernels.MatF32, fused: true, upGate: true, allOn: -1},
 	}
-	modes := []struct {
-		name string
-		opt  kernels.GEMMOptions
-		tol  float64
-	}{
+	modes := []gemmMode{
 		{"f32", kernels.GEMMOptions{Act: kernels.MatF32}, tolF32},
 		{"bf16", kernels.GEMMOptions{Act: kernels.MatBF16}, tolBF16},
 	}
 	for _, c := range cases {
-		ew := makeExperts(r, c)
-		ids := routeIDs(r, c)
-		al, err := moe.AlignBlockSize(ids, c.e, c.block)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sorted := uploadSorted(t, dev, al, c.e)
+		ew, plainBank, _, al, sorted := routedBank(t, r, dev, c)
 		x := randn(r, c.tok*c.h, 1)
 		numel := c.tok * c.k
 		for _, a := range acts {
-			bank := ew.bank(t, dev, c)
+			bank := new(*plainBank) // the same weights, with this activation and biases
 			bank.Act = a.act
 			var gb, ub, db []float32
 			if a.biases {
@@ -496,13 +506,7 @@ func TestGroupedGEMMActivations(t *testing.T) {
 			}
 			for _, m := range modes {
 				t.Run(fmt.Sprintf("%s/%s/%s", c.name, a.name, m.name), func(t *testing.T) {
-					xin, xm := x, kernels.F32Mat(toDevice(t, dev, x))
-					inter := kernels.F32Mat(poisoned(t, dev, numel*c.inter))
-					if m.opt.Act == kernels.MatBF16 {
-						xb := toBF16(x)
-						xin, xm = fromBF16(xb), kernels.BF16Mat(toDevice(t, dev, xb))
-						inter = kernels.BF16Mat(toDevice(t, dev, make([]uint16, numel*c.inter)))
-					}
+					xin, xm, inter := gemmInputs(t, dev, x, m.opt.Act, numel*c.inter, 0)
 					out := poisoned(t, dev, numel*c.h)
 					opt := m.opt
 					if err := kernels.GroupedGEMM(dev, 0, bank, sorted, xm, c.tok, c.k, inter, out, opt); err == nil {
@@ -512,20 +516,9 @@ func TestGroupedGEMMActivations(t *testing.T) {
 					if err := kernels.GroupedGEMM(dev, 0, bank, sorted, xm, c.tok, c.k, inter, out, opt); err != nil {
 						t.Fatal(err)
 					}
-					got := fromDevice(t, out)
-					want, err := moe.GroupedGEMM(context.Background(), xin, c.tok, c.h, c.inter, c.k, al, load, moe.GEMMOptions{Workers: 1})
-					if err != nil {
-						t.Fatal(err)
-					}
-					plain := *bank
-					plain.Act, plain.GateBias, plain.UpBias, plain.DownBias = layout.Activation{}, nil, nil, nil
-					e := relL2(got, want)
-					t.Logf("rel_l2 %.3g (tolerance %g)", e, m.tol)
-					if !(e <= m.tol) {
-						t.Fatalf("rel_l2 %.3g over %g", e, m.tol)
-					}
+					want := checkTwin(t, out, xin, c, al, load, m.tol)
 					// The details matter: the plain SwiGLU bank is far from it.
-					if err := kernels.GroupedGEMM(dev, 0, &plain, sorted, xm, c.tok, c.k, inter, out, opt); err != nil {
+					if err := kernels.GroupedGEMM(dev, 0, plainBank, sorted, xm, c.tok, c.k, inter, out, opt); err != nil {
 						t.Fatal(err)
 					}
 					if d := relL2(fromDevice(t, out), want); !(d > 50*m.tol) {

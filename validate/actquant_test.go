@@ -2,12 +2,11 @@ package validate
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"testing"
 
-	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 // TestReferenceW8A8 runs the CPU reference in w8a8 numerics on the FP8
@@ -16,8 +15,7 @@ import (
 // 0.01..0.08 band two e4m3 roundings per expert give, with the routing
 // unchanged (the router stays precise).
 func TestReferenceW8A8(t *testing.T) {
-	src := filepath.Join(hfFixtures, "deepseek-v3-fp8")
-	ck, plan := cktest.OpenPlanned(t, src)
+	src, ck, plan := openFixture(t, "deepseek-v3-fp8")
 	n := 0
 	for i := range plan.Layers {
 		layer := &plan.Layers[i]
@@ -33,10 +31,10 @@ func TestReferenceW8A8(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, dg := Compare(w8.Y, precise.Y).RelL2, Compare(w8.Y, g.Y).RelL2
+		d, dg := judge.Compare(w8.Y, precise.Y).RelL2, judge.Compare(w8.Y, g.Y).RelL2
 		t.Logf("layer %d: w8a8 reference vs precise %.3g, vs HF golden %.3g", layer.Index, d, dg)
-		if !(d >= 0.005 && d <= TolW8A8Golden.MaxRelL2) || !(dg <= TolW8A8Golden.MaxRelL2) {
-			t.Errorf("layer %d: w8a8 reference %.3g from the precise one, %.3g from the golden; want 0.005..%g", layer.Index, d, dg, TolW8A8Golden.MaxRelL2)
+		if !(d >= 0.005 && d <= judge.TolW8A8Golden.MaxRelL2) || !(dg <= judge.TolW8A8Golden.MaxRelL2) {
+			t.Errorf("layer %d: w8a8 reference %.3g from the precise one, %.3g from the golden; want 0.005..%g", layer.Index, d, dg, judge.TolW8A8Golden.MaxRelL2)
 		}
 		if !slices.Equal(w8.Routing.IDs, precise.Routing.IDs) {
 			t.Errorf("layer %d: w8a8 changed the routing", layer.Index)

@@ -16,6 +16,7 @@ import (
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/byteproof"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 // TestBytesCleanConversions: the structural proof passes on every correct
@@ -176,7 +177,7 @@ func TestNonFiniteWeightsFail(t *testing.T) {
 			}
 			found := false
 			for _, r := range rep.Rows {
-				if r.Check == CheckNonFinite {
+				if r.Check == judge.NonFinite {
 					found = true
 					if r.Pass || r.Layer != 1 || !strings.Contains(r.Reason, tc.tensor) || !strings.Contains(r.Reason, tc.want) || !strings.Contains(r.Reason, "NaN or Inf") {
 						t.Errorf("row %+v", r)

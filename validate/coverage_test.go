@@ -16,6 +16,7 @@ import (
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 // TestNewCoverage: every routed expert (or the sample) takes exactly Rounds
@@ -133,7 +134,7 @@ func TestNeverRoutedExpertCaught(t *testing.T) {
 			}
 			mustPass(t, clean, "the clean conversion fails")
 			for _, r := range clean.Rows {
-				if r.Check == CheckFusedVsReference && r.ExpertsUsed == r.Experts {
+				if r.Check == judge.FusedVsReference && r.ExpertsUsed == r.Experts {
 					t.Fatalf("layer %d: the routed tokens reached all %d experts; the -30 biases should keep 2 out", r.Layer, r.Experts)
 				}
 			}
@@ -155,14 +156,14 @@ func TestNeverRoutedExpertCaught(t *testing.T) {
 			}
 			for _, r := range rep.Rows {
 				switch {
-				case r.Layer == 2 && r.Check == CheckCoverage:
+				case r.Layer == 2 && r.Check == judge.Coverage:
 					if r.Pass || len(r.Suspects) == 0 || r.Suspects[0] != 11 || r.WorstTokenRelL2 < 100*r.Tolerance.MaxRelL2 {
 						t.Errorf("coverage row: pass %v, suspects %v, worst token %.3g: %s", r.Pass, r.Suspects, r.WorstTokenRelL2, r.Reason)
 					}
 					if !strings.Contains(r.Reason, "11") {
 						t.Errorf("reason does not name expert 11: %s", r.Reason)
 					}
-				case r.Layer == 2 && r.Check == CheckFusedVsReference:
+				case r.Layer == 2 && r.Check == judge.FusedVsReference:
 					if !r.Pass {
 						t.Errorf("routed check failed too (%s): then the -30 bias did not keep expert 11 out", r.Reason)
 					}
@@ -219,7 +220,7 @@ func everyExpertCaught(t *testing.T, base Options) {
 func coverageRows(rep *Report) []LayerResult {
 	var out []LayerResult
 	for _, r := range rep.Rows {
-		if r.Check == CheckCoverage || r.Check == CheckGPUCoverage || r.Check == CheckGPUCoverageVsReference {
+		if r.Check == judge.Coverage || r.Check == judge.GPUCoverage || r.Check == judge.GPUCoverageVsReference {
 			out = append(out, r)
 		}
 	}

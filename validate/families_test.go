@@ -15,6 +15,7 @@ import (
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 // TestDeepSeekV4DetailsMatter: on the deepseek-v4 fixture (swiglu_limit
@@ -24,8 +25,7 @@ import (
 // table (top-k routing instead) and the shared MLP's clamp each move the
 // output far past float32 rounding.
 func TestDeepSeekV4DetailsMatter(t *testing.T) {
-	src := filepath.Join(hfFixtures, "deepseek-v4")
-	ck, plan := cktest.OpenPlanned(t, src)
+	src, ck, plan := openFixture(t, "deepseek-v4")
 	if len(plan.Layers) != 3 || plan.Layers[1].HashTable == "" || plan.Layers[1].RouterBias != "" || plan.Layers[2].HashTable != "" || plan.Layers[2].RouterBias == "" {
 		t.Fatalf("plan: %+v", plan.Layers)
 	}
@@ -57,7 +57,7 @@ func goldenRun(t *testing.T, src string, ck cpuref.TensorSource, plan *family.Pl
 		if err != nil {
 			t.Fatal(err)
 		}
-		return Compare(res.Y, g.Y).RelL2
+		return judge.Compare(res.Y, g.Y).RelL2
 	}
 }
 
@@ -67,6 +67,24 @@ type detail struct {
 	name  string
 	layer int
 	edit  func(p *family.Plan, l *family.Layer)
+}
+
+// openFixture opens and plans the HF fixture name (in src), to be closed
+// when the test ends.
+func openFixture(t *testing.T, name string) (src string, ck *checkpoint.Checkpoint, plan *family.Plan) {
+	t.Helper()
+	src = filepath.Join(hfFixtures, name)
+	ck, plan = cktest.OpenPlanned(t, src)
+	return src, ck, plan
+}
+
+// copyFixture is a copy of the HF fixture name in a temporary directory,
+// to edit.
+func copyFixture(t *testing.T, name string) string {
+	t.Helper()
+	dir := t.TempDir()
+	testkit.CopyDir(t, filepath.Join(hfFixtures, name), dir)
+	return dir
 }
 
 // goldenOf reads HF's golden of layer in the fixture src.
@@ -102,8 +120,7 @@ func detailsMatter(t *testing.T, run func(int, func(*family.Plan, *family.Layer)
 // expert's gate, up and down biases) matches HF's golden only with the
 // biases; fuse-shared refuses it, naming why.
 func TestErnieSharedBiasesMatter(t *testing.T) {
-	src := filepath.Join(hfFixtures, "ernie4-5-moe-bias")
-	ck, plan := cktest.OpenPlanned(t, src)
+	src, ck, plan := openFixture(t, "ernie4-5-moe-bias")
 	if sh := plan.Layers[0].Shared; sh == nil || sh.DownBias == "" {
 		t.Fatalf("shared expert planned without biases: %+v", sh)
 	}
@@ -127,8 +144,7 @@ func TestErnieSharedBiasesMatter(t *testing.T) {
 // E+s weights shared expert s) and the shared experts themselves each move
 // the output far past float32 rounding. fuse-shared refuses, naming why.
 func TestInklingDetailsMatter(t *testing.T) {
-	src := filepath.Join(hfFixtures, "inkling-text")
-	ck, plan := cktest.OpenPlanned(t, src)
+	src, ck, plan := openFixture(t, "inkling-text")
 	if !plan.SharedRouted || len(plan.Layers) != 2 {
 		t.Fatalf("plan: shared routed %v, %d layers", plan.SharedRouted, len(plan.Layers))
 	}
@@ -156,7 +172,6 @@ func TestInklingDetailsMatter(t *testing.T) {
 // TestInklingConfigRefusals: configs Inkling's router cannot run as
 // transformers does are refused in one line naming the key.
 func TestInklingConfigRefusals(t *testing.T) {
-	src := filepath.Join(hfFixtures, "inkling-text")
 	for _, c := range []struct {
 		key  string
 		val  any
@@ -165,15 +180,9 @@ func TestInklingConfigRefusals(t *testing.T) {
 		{"shared_expert_sink", false, "shared_expert_sink=false is not supported"},
 		{"n_shared_experts", 0, "n_shared_experts=0"},
 	} {
-		dir := t.TempDir()
-		testkit.CopyDir(t, src, dir)
+		dir := copyFixture(t, "inkling-text")
 		testkit.EditJSON(t, filepath.Join(dir, "config.json"), func(m map[string]any) { m[c.key] = c.val })
-		ck, err := checkpoint.Open(dir)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = ck.Plan()
-		ck.Close()
+		_, err := cktest.Open(t, dir).Plan()
 		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%s=%v: %v", c.key, c.val, err)
 		}
@@ -194,8 +203,7 @@ func TestBadRoutingTensorsNameThemselves(t *testing.T) {
 		}, "is not an expert id (the layer has 8)"},
 		{"inkling-text", "model.layers.2.mlp.gate.global_scale", func(raw []byte, _ []int64) { clear(raw) }, "want a finite, non-zero scalar"},
 	} {
-		dir := t.TempDir()
-		testkit.CopyDir(t, filepath.Join(hfFixtures, c.fixture), dir)
+		dir := copyFixture(t, c.fixture)
 		rewriteTensor(t, dir, c.tensor, c.edit)
 		ck, plan := cktest.OpenPlanned(t, dir)
 		var err error

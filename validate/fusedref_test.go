@@ -12,10 +12,11 @@ import (
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 // runBoth runs the reference on m's source and the fused path on dst.
-func runBoth(t *testing.T, m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer, tokens, block int) (*cpuref.RefResult, *cpuref.FusedResult, Diff) {
+func runBoth(t *testing.T, m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer, tokens, block int) (*cpuref.RefResult, *cpuref.FusedResult, judge.Diff) {
 	t.Helper()
 	x := DrawX(11, m.layerIndex, tokens, m.H)
 	ref, err := cpuref.ReferenceLayer(context.Background(), m.src, m.plan, &m.plan.Layers[0], x, tokens, cpuref.RefOptions{Workers: 2})
@@ -26,7 +27,7 @@ func runBoth(t *testing.T, m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer, t
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ref, fused, Compare(fused.Y, ref.Y)
+	return ref, fused, judge.Compare(fused.Y, ref.Y)
 }
 
 // TestFusedMatchesReference: the two independent paths agree to float32
@@ -44,7 +45,7 @@ func TestFusedMatchesReference(t *testing.T) {
 		gated    bool
 		experts  int
 		topk     int
-		tol      Tolerance
+		tol      judge.Tolerance
 		hiddenSz int
 	}
 	vs := []variant{
@@ -53,7 +54,7 @@ func TestFusedMatchesReference(t *testing.T) {
 		{lay: layout.UpGate, s: 2, r: 2, fuse: true, tokens: 20, block: 1},
 		{lay: layout.Stacked, s: 1, r: 8, fuse: true, tokens: 1, block: 64},
 		{lay: layout.Stacked, s: 1, fuse: false, tokens: 33, block: 8},
-		{lay: layout.Stacked, s: 1, r: 2, fuse: true, fold: true, tokens: 33, block: 8, tol: TolBF16Fold},
+		{lay: layout.Stacked, s: 1, r: 2, fuse: true, fold: true, tokens: 33, block: 8, tol: judge.TolBF16Fold},
 		{fp8: true, lay: layout.Stacked, s: 1, r: 1, fuse: true, fold: true, tokens: 30, block: 16},
 		{fp8: true, lay: layout.GateUp, s: 2, r: 2, fuse: true, fold: true, tokens: 17, block: 4},
 		{fp8: true, lay: layout.UpGate, s: 1, r: 3, fuse: true, tokens: 17, block: 64},
@@ -81,12 +82,12 @@ func TestFusedMatchesReference(t *testing.T) {
 			ref, fused, d := runBoth(t, m, dst, fl, v.tokens, v.block)
 			tol := v.tol
 			if tol.Name == "" {
-				tol = TolFP32
+				tol = judge.TolFP32
 			}
 			if why := tol.Verdict(d); why != "" {
 				t.Fatalf("%s: %s", tol.Name, why)
 			}
-			if tol == TolBF16Fold && d.RelL2 < 1e-5 {
+			if tol == judge.TolBF16Fold && d.RelL2 < 1e-5 {
 				t.Errorf("bf16 folding changed nothing (rel_l2 %.3g): the fold did not happen", d.RelL2)
 			}
 			ok, total, err := moe.TopKAgreement(fused.Routing.IDs, ref.Routing.IDs, v.tokens, m.K, ref.Routing.Choice, m.E, moe.TieTolerance)
@@ -188,13 +189,13 @@ func TestMutationsInMemory(t *testing.T) {
 		t.Run(mu.name, func(t *testing.T) {
 			m, dst, fl := build(mu.fp8, mu.biases)
 			_, _, clean := runBoth(t, m, dst, fl, 32, 16)
-			if why := TolFP32.Verdict(clean); why != "" {
+			if why := judge.TolFP32.Verdict(clean); why != "" {
 				t.Fatalf("unmutated layer fails: %s", why)
 			}
 			mu.apply(m, dst, fl)
 			_, _, d := runBoth(t, m, dst, fl, 32, 16)
-			if !(d.RelL2 >= 10*TolFP32.MaxRelL2) {
-				t.Fatalf("mutation moved rel_l2 only to %.3g (threshold %.3g)", d.RelL2, TolFP32.MaxRelL2)
+			if !(d.RelL2 >= 10*judge.TolFP32.MaxRelL2) {
+				t.Fatalf("mutation moved rel_l2 only to %.3g (threshold %.3g)", d.RelL2, judge.TolFP32.MaxRelL2)
 			}
 			t.Logf("rel_l2 %.3g", d.RelL2)
 		})

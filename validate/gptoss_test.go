@@ -1,11 +1,9 @@
 package validate
 
 import (
-	"path/filepath"
 	"testing"
 
 	"github.com/moeprep/moeprep/family"
-	"github.com/moeprep/moeprep/internal/testkit/cktest"
 )
 
 // TestGPTOSSDetailsMatter: on the gpt-oss fixture (gate_up_proj scaled so
@@ -15,8 +13,7 @@ import (
 // moves the output far past float32 rounding. So the golden comparisons
 // that pass elsewhere really test these details.
 func TestGPTOSSDetailsMatter(t *testing.T) {
-	src := filepath.Join(hfFixtures, "gpt-oss")
-	ck, plan := cktest.OpenPlanned(t, src)
+	src, ck, plan := openFixture(t, "gpt-oss")
 	oai := plan.Act
 	detailsMatter(t, goldenRun(t, src, ck, plan), []int{1}, []detail{
 		{"no clamp", 1, func(p *family.Plan, _ *family.Layer) { p.Act.Limit = 0 }},

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 // TestMain makes --device auto mean the CPU in this package's tests, so
@@ -57,17 +58,17 @@ func TestGPUCorrectConversions(t *testing.T) {
 				checks := map[string]int{}
 				for _, r := range rep.Rows {
 					checks[r.Check]++
-					if prec == PrecisionF32 && r.Check == CheckGPUFusedVsReference && r.Tolerance == TolGPUF32 && r.RelL2 > 5e-6 {
+					if prec == PrecisionF32 && r.Check == judge.GPUFusedVsReference && r.Tolerance == judge.TolGPUF32 && r.RelL2 > 5e-6 {
 						t.Errorf("f32 layer %d: GPU fused vs CPU reference %.3g, expected float32 rounding (< 5e-6)", r.Layer, r.RelL2)
 					}
-					if r.Check != CheckReferenceVsGolden && !math.IsNaN(r.TopK) && r.TopK != 1 {
+					if r.Check != judge.ReferenceVsGolden && !math.IsNaN(r.TopK) && r.TopK != 1 {
 						t.Errorf("%s layer %d %s: top-k agreement %.4f", prec, r.Layer, r.Check, r.TopK)
 					}
 					t.Logf("%s block %d layer %d %-24s rel_l2 %.3g topk %.4f (%s)", prec, block, r.Layer, r.Check, r.RelL2, r.TopK, r.Tolerance.Name)
 				}
-				n := checks[CheckGPUFusedVsGPUUnfused]
-				if n == 0 || checks[CheckGPUFusedVsReference] != n || checks[CheckGPUFusedVsGolden] != n || checks[CheckReferenceVsGolden] != n ||
-					checks[CheckGPUCoverage] != n || checks[CheckGPUCoverageVsReference] != n {
+				n := checks[judge.GPUFusedVsGPUUnfused]
+				if n == 0 || checks[judge.GPUFusedVsReference] != n || checks[judge.GPUFusedVsGolden] != n || checks[judge.ReferenceVsGolden] != n ||
+					checks[judge.GPUCoverage] != n || checks[judge.GPUCoverageVsReference] != n {
 					t.Fatalf("%s: checks run %v, want all four and both coverage rows on every layer", prec, checks)
 				}
 			}
@@ -87,12 +88,12 @@ func TestGPUGoldenOnly(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := CheckGPUFusedVsGolden
+		want := judge.GPUFusedVsGolden
 		if o.Dst == "" {
-			want = CheckGPUUnfusedVsGolden
+			want = judge.GPUUnfusedVsGolden
 		}
 		for _, r := range rep.Rows {
-			if r.Check != want && r.Check != CheckReferenceVsGolden {
+			if r.Check != want && r.Check != judge.ReferenceVsGolden {
 				t.Errorf("unexpected check %s", r.Check)
 			}
 			t.Logf("layer %d %s rel_l2 %.3g", r.Layer, r.Check, r.RelL2)
@@ -175,15 +176,15 @@ func TestGPUW8A8Conversions(t *testing.T) {
 			for _, r := range rep.Rows {
 				checks[r.Check]++
 				t.Logf("block %d layer %d %-24s rel_l2 %.3g topk %.4f (%s)", block, r.Layer, r.Check, r.RelL2, r.TopK, r.Tolerance.Name)
-				want := TolGPUW8A8
-				if r.Check == CheckGPUFusedVsGolden || r.Check == CheckReferenceVsGolden {
-					want = TolW8A8Golden
+				want := judge.TolGPUW8A8
+				if r.Check == judge.GPUFusedVsGolden || r.Check == judge.ReferenceVsGolden {
+					want = judge.TolW8A8Golden
 				}
 				if r.Tolerance != want {
 					t.Errorf("layer %d %s judged by %s, want %s", r.Layer, r.Check, r.Tolerance.Name, want.Name)
 				}
 			}
-			if checks[CheckGPUFusedVsReference] == 0 || checks[CheckGPUFusedVsGPUUnfused] == 0 || checks[CheckGPUFusedVsGolden] == 0 {
+			if checks[judge.GPUFusedVsReference] == 0 || checks[judge.GPUFusedVsGPUUnfused] == 0 || checks[judge.GPUFusedVsGolden] == 0 {
 				t.Fatalf("checks run %v", checks)
 			}
 			ran++

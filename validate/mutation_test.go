@@ -16,6 +16,7 @@ import (
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 const hfFixtures = "../fixtures/hf"
@@ -48,12 +49,12 @@ func TestValidateCorrectConversions(t *testing.T) {
 			checks := map[string]int{}
 			for _, r := range rep.Rows {
 				checks[r.Check]++
-				if r.Check == CheckFusedVsGolden && r.Tolerance == TolGolden && r.RelL2 > 2e-6 {
+				if r.Check == judge.FusedVsGolden && r.Tolerance == judge.TolGolden && r.RelL2 > 2e-6 {
 					t.Errorf("layer %d: fused vs HF golden %.3g, expected float32 rounding (< 2e-6)", r.Layer, r.RelL2)
 				}
 				t.Logf("layer %d %-20s rel_l2 %.3g topk %.4f (%s)", r.Layer, r.Check, r.RelL2, r.TopK, r.Tolerance.Name)
 			}
-			if checks[CheckFusedVsReference] == 0 || checks[CheckFusedVsGolden] != checks[CheckFusedVsReference] || checks[CheckReferenceVsGolden] != checks[CheckFusedVsReference] {
+			if checks[judge.FusedVsReference] == 0 || checks[judge.FusedVsGolden] != checks[judge.FusedVsReference] || checks[judge.ReferenceVsGolden] != checks[judge.FusedVsReference] {
 				t.Fatalf("checks run: %v, want all three on every layer", checks)
 			}
 		})

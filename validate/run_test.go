@@ -19,6 +19,7 @@ import (
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 func TestOptionsRefused(t *testing.T) {
@@ -106,44 +107,44 @@ func TestDrawX(t *testing.T) {
 }
 
 func TestCompare(t *testing.T) {
-	d := Compare([]float32{3, 4.5}, []float32{3, 4})
+	d := judge.Compare([]float32{3, 4.5}, []float32{3, 4})
 	if math.Abs(d.RelL2-0.1) > 1e-12 || d.MaxAbs != 0.5 || d.Problem != "" {
 		t.Errorf("rel_l2 %v max_abs %v problem %q, want 0.1 0.5", d.RelL2, d.MaxAbs, d.Problem)
 	}
 	if want := (9 + 18.0) / (math.Sqrt(9+20.25) * 5); math.Abs(d.Cosine-want) > 1e-12 {
 		t.Errorf("cos %v, want %v", d.Cosine, want)
 	}
-	if d := Compare([]float32{0, 0}, []float32{0, 0}); d.Problem == "" || TolFP32.Verdict(d) == "" {
+	if d := judge.Compare([]float32{0, 0}, []float32{0, 0}); d.Problem == "" || judge.TolFP32.Verdict(d) == "" {
 		t.Error("zeros vs zeros passed: never compare on zeros")
 	}
-	if d := Compare([]float32{float32(math.NaN()), 1}, []float32{1, 1}); TolFP32.Verdict(d) == "" {
+	if d := judge.Compare([]float32{float32(math.NaN()), 1}, []float32{1, 1}); judge.TolFP32.Verdict(d) == "" {
 		t.Error("NaN passed")
 	}
-	if d := Compare([]float32{1}, []float32{1, 2}); TolFP32.Verdict(d) == "" {
+	if d := judge.Compare([]float32{1}, []float32{1, 2}); judge.TolFP32.Verdict(d) == "" {
 		t.Error("length mismatch passed")
 	}
-	if v := TolFP32.Verdict(Compare([]float32{1, 2.00001}, []float32{1, 2})); v != "" {
+	if v := judge.TolFP32.Verdict(judge.Compare([]float32{1, 2.00001}, []float32{1, 2})); v != "" {
 		t.Errorf("4.5e-6 relative failed fp32: %s", v)
 	}
-	if v := TolFP32.Verdict(Compare([]float32{1, 2.0001}, []float32{1, 2})); v == "" {
+	if v := judge.TolFP32.Verdict(judge.Compare([]float32{1, 2.0001}, []float32{1, 2})); v == "" {
 		t.Error("4.5e-5 relative passed fp32")
 	}
 }
 
 func TestWeightsMatch(t *testing.T) {
 	ids := []int32{3, 1}
-	if _, ok := WeightsMatch(ids, []float32{0.5, 0.25}, []int32{1, 3}, []float32{0.25, 0.50001}, 1, 2); !ok {
+	if _, ok := judge.WeightsMatch(ids, []float32{0.5, 0.25}, []int32{1, 3}, []float32{0.25, 0.50001}, 1, 2); !ok {
 		t.Error("weights within rtol, other order, refused")
 	}
-	if e, ok := WeightsMatch(ids, []float32{0.5, 0.25}, []int32{1, 3}, []float32{0.25, 0.51}, 1, 2); ok || math.Abs(e-0.01) > 1e-6 {
+	if e, ok := judge.WeightsMatch(ids, []float32{0.5, 0.25}, []int32{1, 3}, []float32{0.25, 0.51}, 1, 2); ok || math.Abs(e-0.01) > 1e-6 {
 		t.Errorf("weights 0.01 apart: ok %v err %v", ok, e)
 	}
 }
 
 func TestReportOutputs(t *testing.T) {
-	rep := &Report{Device: "cpu", BlockSize: 64, Rows: []LayerResult{
-		{Layer: 1, Check: CheckFusedVsReference, Tokens: 8, Experts: 257, ExpertsUsed: 40, Diff: Diff{RelL2: 1e-7, Cosine: 1}, TopK: 1, Tolerance: TolFP32, Pass: true},
-		{Layer: 2, MTP: true, Check: CheckFusedVsGolden, Tokens: 8, Experts: 257, ExpertsUsed: 41, Diff: Diff{RelL2: math.Inf(1), Problem: "zeros"}, TopK: math.NaN(), Tolerance: TolGolden, Reason: "zeros"},
+	rep := &Report{runSetup: runSetup{Device: "cpu"}, BlockSize: 64, Rows: []LayerResult{
+		{Layer: 1, Check: judge.FusedVsReference, Tokens: 8, Experts: 257, ExpertsUsed: 40, Diff: judge.Diff{RelL2: 1e-7, Cosine: 1}, TopK: 1, Tolerance: judge.TolFP32, Pass: true},
+		{Layer: 2, MTP: true, Check: judge.FusedVsGolden, Tokens: 8, Experts: 257, ExpertsUsed: 41, Diff: judge.Diff{RelL2: math.Inf(1), Problem: "zeros"}, TopK: math.NaN(), Tolerance: judge.TolGolden, Reason: "zeros"},
 	}}
 	if !rep.Failed() || exitcode.Code(rep.Err()) != exitcode.CheckFailed || !strings.Contains(rep.Err().Error(), "layer 2") {
 		t.Fatalf("failed %v err %v", rep.Failed(), rep.Err())
@@ -254,7 +255,7 @@ func TestGoldenOnlyAndMismatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Failed() || len(rep.Rows) == 0 || rep.Rows[0].Check != CheckFusedVsGolden {
+	if rep.Failed() || len(rep.Rows) == 0 || rep.Rows[0].Check != judge.FusedVsGolden {
 		t.Fatalf("DST vs goldens: %+v", rep.Rows)
 	}
 	// A golden directory with layer 0 only, its y scaled by 1.01.

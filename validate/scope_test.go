@@ -16,6 +16,7 @@ import (
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 // threeLayers synthesises a DeepSeek-V3-style bf16 model with three MoE
@@ -178,7 +179,7 @@ func TestNotExercisedExpertsAreTheUncheckedOnes(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, r := range rep.Rows {
-				if r.Check != CheckCoverage {
+				if r.Check != judge.Coverage {
 					continue
 				}
 				if r.Pass != tc.wantPass || (!tc.wantPass && !slices.Contains(r.Suspects, tc.expert)) {

@@ -13,6 +13,7 @@ import (
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/gpurun"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 // TestCPUCheckOption: --cpu-check takes auto (also empty), none and all in
@@ -76,8 +77,8 @@ func TestReportTimings(t *testing.T) {
 	tm := LayerTiming{Layer: 3, DstBytes: 11_630_000_000, SrcBytes: 9_700_000_000, DstIOSeconds: 1.99, BankWaitSeconds: 0.25,
 		SrcIOSeconds: 1.9, ComputeSeconds: 0.125, WallSeconds: 2.4, IOBaselineSeconds: 3.2, IOBaselineBytes: 21_330_000_000,
 		Ratio: 0.75, Staged: []gpurun.StagedTensor{{T: &checkpoint.Tensor{Name: "x"}}}}
-	rep := &Report{Device: DeviceCUDA, CPUCheck: CPUCheckNone, BlockSize: 64, Timings: []LayerTiming{tm},
-		Rows: []LayerResult{{Layer: 3, Check: CheckGPUFusedVsGPUUnfused, Pass: true, TopK: 1}}}
+	rep := &Report{runSetup: runSetup{Device: DeviceCUDA, CPUCheck: CPUCheckNone}, BlockSize: 64, Timings: []LayerTiming{tm},
+		Rows: []LayerResult{{Layer: 3, Check: judge.GPUFusedVsGPUUnfused, Pass: true, TopK: 1}}}
 	var jb jsonBuf
 	if err := rep.WriteJSON(&jb); err != nil {
 		t.Fatal(err)
@@ -174,7 +175,7 @@ func TestGPUTimings(t *testing.T) {
 		t.Fatalf("failed %v (%v), cpu_check %q", rep.Failed(), rep.Err(), rep.CPUCheck)
 	}
 	for _, r := range rep.Rows {
-		if r.Check != CheckGPUFusedVsGPUUnfused && r.Check != CheckGPUCoverage {
+		if r.Check != judge.GPUFusedVsGPUUnfused && r.Check != judge.GPUCoverage {
 			t.Errorf("--cpu-check none ran %s", r.Check)
 		}
 	}

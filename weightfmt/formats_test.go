@@ -1,21 +1,13 @@
 package weightfmt
 
 import (
-	"bytes"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/safetensors"
-)
-
-const (
-	bf16 = safetensors.BF16
-	f32  = safetensors.F32
-	u8   = safetensors.U8
 )
 
 // New reads the newer formats' Specs: their defaults, the scale dtype
@@ -23,12 +15,7 @@ const (
 // carry with a line naming it (an asymmetric zero point, weight_g_idx, a
 // foreign block, dtype or naming).
 func TestNewQuantisedFormats(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		spec    Spec
-		want    Format
-		wantErr string
-	}{
+	checkNew(t, []newCase{
 		{"fp8 channel default", Spec{Quantization: QuantFP8Channel}, FP8Channel(bf16), ""},
 		{"fp8 channel F32 (vLLM/ModelOpt)", Spec{Quantization: QuantFP8Channel, DType: safetensors.F8E4M3, ScaleDType: f32, Block: []int64{1, 0}}, FP8Channel(f32), ""},
 		{"fp8 tensor default", Spec{Quantization: QuantFP8Tensor}, FP8Tensor(f32), ""},
@@ -54,21 +41,7 @@ func TestNewQuantisedFormats(t *testing.T) {
 		{"nvfp4 compressed-tensors named as modelopt", Spec{Quantization: QuantNVFP4CT, Naming: NamingModelOpt}, nil, `named as "modelopt"`},
 		{"nvfp4 BF16 block scales", Spec{Quantization: QuantNVFP4ModelOpt, ScaleDType: bf16}, nil, "scale dtype BF16"},
 		{"nvfp4 group 32", Spec{Quantization: QuantNVFP4CT, Block: []int64{1, 32}}, nil, "want [1 16]"},
-	} {
-		got, err := New(tc.spec)
-		switch {
-		case tc.wantErr != "":
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("%s: error %v, want one saying %q", tc.name, err, tc.wantErr)
-			}
-		case err != nil:
-			t.Errorf("%s: %v", tc.name, err)
-		case got != tc.want:
-			t.Errorf("%s: %#v, want %#v", tc.name, got, tc.want)
-		case got.Quantization() != tc.spec.Quantization:
-			t.Errorf("%s: quantization %q, want %q", tc.name, got.Quantization(), tc.spec.Quantization)
-		}
-	}
+	})
 }
 
 // The tensors of a weight as each producer names them: plain and FP8
@@ -121,13 +94,7 @@ func TestScaleNameAgreesWithTensorsOf(t *testing.T) {
 // INT4 (by default only when they are F32), nowhere for E8M0 scales or
 // NVFP4 (whose exact home, the per-tensor scale, FoldRule cannot name).
 func TestNewFormatsFoldRules(t *testing.T) {
-	for _, tc := range []struct {
-		f         Format
-		into      FoldTarget
-		dtype     safetensors.DType
-		byDefault bool
-		refusal   string
-	}{
+	checkFold(t, []foldCase{
 		{FP8Channel(bf16), FoldScales, bf16, false, ""},
 		{FP8Channel(f32), FoldScales, f32, true, ""},
 		{FP8Tensor(f32), FoldScales, f32, true, ""},
@@ -135,12 +102,7 @@ func TestNewFormatsFoldRules(t *testing.T) {
 		{MXFP4(NamingGptOss, u8, u8), FoldNowhere, "", false, "the MXFP4 scales are E8M0 (powers of two) and cannot absorb rsf 2.5 exactly"},
 		{NVFP4ModelOpt(), FoldNowhere, "", false, "the NVFP4 block scales are E4M3 and would round rsf 2.5; it belongs in the per-tensor weight_scale_2, which moeprep does not fold into yet"},
 		{NVFP4CT(), FoldNowhere, "", false, "the NVFP4 block scales are E4M3 and would round rsf 2.5; it belongs in the per-tensor weight_global_scale, which moeprep does not fold into yet"},
-	} {
-		r := tc.f.Fold()
-		if r.Into != tc.into || r.DType != tc.dtype || r.ByDefault != tc.byDefault || r.Refusal("rsf 2.5") != tc.refusal {
-			t.Errorf("%s: fold %+v refusal %q, want into %d %s by default %v refusal %q", tc.f, r, r.Refusal("rsf 2.5"), tc.into, tc.dtype, tc.byDefault, tc.refusal)
-		}
-	}
+	})
 	if g, ok := GlobalOf(NVFP4CT()); !ok || !g.Divides || g.DType != f32 {
 		t.Errorf("compressed-tensors NVFP4 global scale %+v %v: want an F32 divisor", g, ok)
 	}
@@ -198,71 +160,6 @@ func TestPackedShapesAndSplits(t *testing.T) {
 	}
 }
 
-// unitStack is N random weights of a packed (or plain) format stacked as
-// a checkpoint stacks them, addressed by hand in packing units: element c
-// of a row lives in unit c/elems, units of a row are consecutive.
-type unitStack struct {
-	m                       Matrix
-	n, elems, ub, units     int64
-	weight, scales, globals []byte
-	ses, gr, gc, bo, bi     int64
-}
-
-func newUnitStack(rng *rand.Rand, f Format, n, rows, cols int64) *unitStack {
-	s := &unitStack{m: Matrix{Format: f, Rows: rows, Cols: cols}, n: n}
-	s.elems, s.ub = f.Packing()
-	s.units = ceilDiv(cols, s.elems)
-	s.weight = randomBytes(rng, n*rows*s.units*s.ub)
-	sc, _ := f.Scale()
-	s.ses = int64(sc.DType.Size())
-	s.gr, s.gc = s.m.ScaleShape()
-	s.bo, s.bi = sc.Block[0], sc.Block[1]
-	if s.bo == 0 {
-		s.bo = rows
-	}
-	if s.bi == 0 {
-		s.bi = cols
-	}
-	s.scales = randomBytes(rng, n*s.gr*s.gc*s.ses)
-	s.globals = randomBytes(rng, n*s.m.GlobalBytes())
-	return s
-}
-
-// want is the bytes of rows [r0, r0+nr) x columns [c0, c0+nc) of expert
-// e (whole units), row by row, the grid entries covering them and the
-// expert's global scale.
-func (s *unitStack) want(e, r0, nr, c0, nc int64) (w, sc, g []byte) {
-	for r := r0; r < r0+nr; r++ {
-		for u := c0 / s.elems; u < ceilDiv(c0+nc, s.elems); u++ {
-			at := ((e*s.m.Rows+r)*s.units + u) * s.ub
-			w = append(w, s.weight[at:at+s.ub]...)
-		}
-	}
-	for gi := r0 / s.bo; gi*s.bo < r0+nr; gi++ {
-		for h := c0 / s.bi; h*s.bi < c0+nc; h++ {
-			at := ((e*s.gr+gi)*s.gc + h) * s.ses
-			sc = append(sc, s.scales[at:at+s.ses]...)
-		}
-	}
-	gb := s.m.GlobalBytes()
-	return w, sc, s.globals[e*gb : (e+1)*gb]
-}
-
-func (s *unitStack) check(t *testing.T, what string, e int64, sl Slice, r0, nr, c0, nc int64) {
-	t.Helper()
-	ex := s.m.Expert(e)
-	w, sc, g := s.want(e, r0, nr, c0, nc)
-	if got := gather(s.weight, sl.Weight, ex.Weight.Off); !bytes.Equal(got, w) {
-		t.Errorf("%s: weight bytes differ from the units' (%d bytes, want %d)", what, len(got), len(w))
-	}
-	if got := gather(s.scales, sl.Scale, ex.Scale.Off); !bytes.Equal(got, sc) {
-		t.Errorf("%s: scale bytes differ from the covering entries' (%d bytes, want %d)", what, len(got), len(sc))
-	}
-	if got := gather(s.globals, sl.Global, ex.Global.Off); !bytes.Equal(got, g) {
-		t.Errorf("%s: global scale bytes %x, want %x", what, got, g)
-	}
-}
-
 // Row blocks, column blocks on packing-unit edges, experts and the whole
 // of the packed formats address exactly the bytes, scale entries and
 // global scale that indexing by hand gives.
@@ -282,25 +179,9 @@ func TestPackedSlicesAgainstBruteForce(t *testing.T) {
 		{FP8Channel(bf16), [][2]int64{{7, 11}}},
 		{FP8Tensor(f32), [][2]int64{{7, 11}}},
 	} {
-		elems, _ := tc.f.Packing()
 		for _, size := range tc.sizes {
 			rows, cols := size[0], size[1]
-			s := newUnitStack(rng, tc.f, 3, rows, cols)
-			name := fmt.Sprintf("%s %dx%d", tc.f, rows, cols)
-			for e := range s.n {
-				whole := s.m.Whole()
-				s.check(t, name+" whole", e, whole, 0, rows, 0, cols)
-				for range 8 {
-					r0 := rng.Int64N(rows)
-					nr := 1 + rng.Int64N(rows-r0)
-					s.check(t, fmt.Sprintf("%s expert %d rows %d+%d", name, e, r0, nr), e, s.m.RowBlock(r0, nr), r0, nr, 0, cols)
-					units := ceilDiv(cols, elems)
-					u0 := rng.Int64N(units)
-					c0 := u0 * elems
-					nc := min((1+rng.Int64N(units-u0))*elems, cols-c0)
-					s.check(t, fmt.Sprintf("%s expert %d cols %d+%d", name, e, c0, nc), e, s.m.ColBlock(c0, nc), 0, rows, c0, nc)
-				}
-			}
+			newStack(rng, tc.f, 3, rows, cols).checkSlices(t, rng, fmt.Sprintf("%s %dx%d", tc.f, rows, cols), 8)
 		}
 	}
 }
@@ -353,38 +234,9 @@ func randomPacked(rng *rand.Rand, m Matrix) (raw, scale, global []byte) {
 func TestPackedPiecesMatchWhole(t *testing.T) {
 	rng := rand.New(rand.NewPCG(29, 2))
 	for _, f := range []Format{Int4Pack(32, bf16), Int4Pack(0, bf16), MXFP4(NamingGptOss, u8, u8), NVFP4ModelOpt(), NVFP4CT(), FP8Channel(bf16), FP8Tensor(f32)} {
-		const rows, cols = 6, 128
-		m := Matrix{Format: f, Rows: rows, Cols: cols}
+		m := Matrix{Format: f, Rows: 6, Cols: 128}
 		raw, scale, global := randomPacked(rng, m)
-		whole := make([]float32, rows*cols)
-		if err := DequantiseWeight(f, raw, rows, cols, scale, global, whole); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		for _, cut := range [][2]int64{{0, 3}, {3, 3}, {1, 4}} {
-			sl := m.RowBlock(cut[0], cut[1])
-			piece := make([]float32, cut[1]*cols)
-			if err := DequantiseWeight(f, gather(raw, sl.Weight, 0), int(cut[1]), cols, gather(scale, sl.Scale, 0), orNil(gather(global, sl.Global, 0), global), piece); err != nil {
-				t.Fatalf("%s rows %v: %v", f, cut, err)
-			}
-			if !sameFloats(piece, whole[cut[0]*cols:(cut[0]+cut[1])*cols]) {
-				t.Errorf("%s rows %d+%d: the piece dequantises differently from the whole", f, cut[0], cut[1])
-			}
-		}
-		for _, cut := range [][2]int64{{0, 64}, {64, 64}, {32, 64}} {
-			if !m.ColSplitExact(cut[0]) || !m.ColSplitExact(cut[0]+cut[1]) {
-				continue
-			}
-			sl := m.ColBlock(cut[0], cut[1])
-			piece := make([]float32, rows*cut[1])
-			if err := DequantiseWeight(f, gather(raw, sl.Weight, 0), rows, int(cut[1]), gather(scale, sl.Scale, 0), orNil(gather(global, sl.Global, 0), global), piece); err != nil {
-				t.Fatalf("%s columns %v: %v", f, cut, err)
-			}
-			for r := range int64(rows) {
-				if !sameFloats(piece[r*cut[1]:(r+1)*cut[1]], whole[r*cols+cut[0]:r*cols+cut[0]+cut[1]]) {
-					t.Errorf("%s columns %d+%d row %d: the piece dequantises differently from the whole", f, cut[0], cut[1], r)
-				}
-			}
-		}
+		checkPieces(t, m, raw, scale, global, [][2]int64{{0, 3}, {3, 3}, {1, 4}}, [][2]int64{{0, 64}, {64, 64}, {32, 64}})
 	}
 }
 

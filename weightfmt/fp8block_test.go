@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
@@ -88,12 +87,7 @@ func TestFP8DequantiseAgainstNumfmt(t *testing.T) {
 // The FP8 format reads what family and the contract say: the default
 // block, a given one, UE8M0 scales; a malformed block is refused.
 func TestNew(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		spec    Spec
-		want    Format
-		wantErr string
-	}{
+	checkNew(t, []newCase{
 		{"plain bf16", Spec{Quantization: "none", DType: safetensors.BF16}, Plain(safetensors.BF16), ""},
 		{"unset is plain", Spec{DType: safetensors.F16}, Plain(safetensors.F16), ""},
 		{"fp8 default block", Spec{Quantization: QuantFP8Block, DType: safetensors.F8E4M3}, FP8Block(128, 128, false), ""},
@@ -102,41 +96,14 @@ func TestNew(t *testing.T) {
 		{"fp8 one-number block", Spec{Quantization: QuantFP8Block, Block: []int64{128}}, nil, "want two positive integers"},
 		{"fp8 zero block", Spec{Quantization: QuantFP8Block, Block: []int64{0, 128}}, nil, "want two positive integers"},
 		{"unknown", Spec{Quantization: "int4_group_32"}, nil, `"int4_group_32" is not supported`},
-	} {
-		got, err := New(tc.spec)
-		switch {
-		case tc.wantErr != "":
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("%s: error %v, want one saying %q", tc.name, err, tc.wantErr)
-			}
-		case err != nil:
-			t.Errorf("%s: %v", tc.name, err)
-		case got != tc.want:
-			t.Errorf("%s: %#v, want %#v", tc.name, got, tc.want)
-		case got.Quantization() != orNone(tc.spec.Quantization):
-			t.Errorf("%s: quantization %q, want %q", tc.name, got.Quantization(), tc.spec.Quantization)
-		}
-	}
-}
-
-func orNone(q string) string {
-	if q == "" {
-		return QuantNone
-	}
-	return q
+	})
 }
 
 // A fold goes into the F32 scales of FP8 (by default: float32 rounding),
 // into bf16/f16/f32 weights only when asked, and nowhere for UE8M0 scales
 // or a dtype the fold cannot round into, with the reason naming the factor.
 func TestFoldRules(t *testing.T) {
-	for _, tc := range []struct {
-		f         Format
-		into      FoldTarget
-		dtype     safetensors.DType
-		byDefault bool
-		refusal   string
-	}{
+	checkFold(t, []foldCase{
 		{FP8Block(128, 128, false), FoldScales, safetensors.F32, true, ""},
 		{FP8Block(128, 128, true), FoldNowhere, "", false, "the FP8 scales are UE8M0 (powers of two) and cannot absorb rsf 2.5 exactly"},
 		{Plain(safetensors.BF16), FoldWeights, safetensors.BF16, false, ""},
@@ -144,12 +111,7 @@ func TestFoldRules(t *testing.T) {
 		{Plain(safetensors.F32), FoldWeights, safetensors.F32, false, ""},
 		{Plain(safetensors.F64), FoldNowhere, "", false, "cannot fold rsf 2.5 into F64 expert weights"},
 		{perChannel{}, FoldNowhere, "", false, "the weights cannot absorb rsf 2.5"},
-	} {
-		r := tc.f.Fold()
-		if r.Into != tc.into || r.DType != tc.dtype || r.ByDefault != tc.byDefault || r.Refusal("rsf 2.5") != tc.refusal {
-			t.Errorf("%s: fold %+v refusal %q, want into %d %s by default %v refusal %q", tc.f, r, r.Refusal("rsf 2.5"), tc.into, tc.dtype, tc.byDefault, tc.refusal)
-		}
-	}
+	})
 }
 
 func TestScaledFormats(t *testing.T) {

@@ -2,12 +2,9 @@ package weightfmt
 
 import (
 	"encoding/binary"
-	"math"
 	"slices"
-	"strings"
 	"testing"
 
-	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -18,40 +15,6 @@ func le32(words ...uint32) []byte {
 		b = binary.LittleEndian.AppendUint32(b, w)
 	}
 	return b
-}
-
-// bf16s and f32s are scale tensors of exactly representable values.
-func bf16s(v ...float64) []byte {
-	b := make([]byte, 0, 2*len(v))
-	for _, x := range v {
-		b = binary.LittleEndian.AppendUint16(b, numfmt.F64ToBF16(x))
-	}
-	return b
-}
-
-func f32s(v ...float32) []byte {
-	b := make([]byte, 0, 4*len(v))
-	for _, x := range v {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
-	}
-	return b
-}
-
-// rep is n copies of v.
-func rep(v float32, n int) []float32 { return slices.Repeat([]float32{v}, n) }
-
-// sameFloats compares bit-for-bit but for the sign of zero, NaN equal to NaN.
-func sameFloats(got, want []float32) bool {
-	if len(got) != len(want) {
-		return false
-	}
-	for i := range got {
-		g, w := got[i], want[i]
-		if g != w && !(g != g && w != w) {
-			return false
-		}
-	}
-	return true
 }
 
 // The word 0x1F087E39 holds, LSB first, the nibbles u = 9, 3, 14, 7, 8, 0,
@@ -72,13 +35,7 @@ func times(q []float32, s float32) []float32 {
 }
 
 func TestInt4PackDequantise(t *testing.T) {
-	for _, tc := range []struct {
-		name       string
-		f          Format
-		rows, cols int
-		raw, scale []byte
-		want       []float32
-	}{
+	checkDequantise(t, []dequantCase{
 		{"one word: nibble order and the offset of 8", Int4Pack(8, safetensors.BF16), 1, 8,
 			le32(int4Word), bf16s(0.5),
 			[]float32{0.5, -2.5, 3, -0.5, 0, -4, 3.5, -3.5}},
@@ -105,16 +62,7 @@ func TestInt4PackDequantise(t *testing.T) {
 		{"F32 scales", Int4Pack(8, safetensors.F32), 1, 8,
 			le32(int4Word), f32s(0.1),
 			times(int4WordQ, 0.1)},
-	} {
-		dst := make([]float32, tc.rows*tc.cols)
-		if err := tc.f.Dequantise(tc.raw, tc.rows, tc.cols, tc.scale, dst); err != nil {
-			t.Errorf("%s: %v", tc.name, err)
-			continue
-		}
-		if !sameFloats(dst, tc.want) {
-			t.Errorf("%s:\n got %v\nwant %v", tc.name, dst, tc.want)
-		}
-	}
+	})
 }
 
 // Wrong sizes are refused with an error, never a panic: a group that does
@@ -122,14 +70,7 @@ func TestInt4PackDequantise(t *testing.T) {
 // long weights and grids, hostile dimensions.
 func TestInt4PackRefusals(t *testing.T) {
 	g8 := Int4Pack(8, safetensors.BF16)
-	for _, tc := range []struct {
-		name       string
-		f          Format
-		rows, cols int
-		raw, scale []byte
-		ndst       int
-		want       string
-	}{
+	checkRefusals(t, []refusal{
 		{"partial group", g8, 1, 12, le32(1, 2), bf16s(1, 1), 12, "whole number of 8-column"},
 		{"row narrower than a group", Int4Pack(32, safetensors.BF16), 1, 8, le32(1), bf16s(1), 8, "whole number of 32-column"},
 		{"short weight", g8, 2, 8, le32(1), bf16s(1, 1), 16, "weight bytes"},
@@ -141,10 +82,5 @@ func TestInt4PackRefusals(t *testing.T) {
 		{"negative rows", g8, -1, 8, nil, nil, 0, "outputs"},
 		{"overflowing size", g8, 1 << 40, 1 << 40, nil, nil, 0, "outputs"},
 		{"overflowing grid", Int4Pack(0, safetensors.BF16), 1 << 62, 0, nil, nil, 0, "scale bytes"},
-	} {
-		err := tc.f.Dequantise(tc.raw, tc.rows, tc.cols, tc.scale, make([]float32, tc.ndst))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: error %v, want one saying %q", tc.name, err, tc.want)
-		}
-	}
+	})
 }

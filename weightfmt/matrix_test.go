@@ -1,7 +1,6 @@
 package weightfmt
 
 import (
-	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -9,98 +8,6 @@ import (
 
 	"github.com/moeprep/moeprep/safetensors"
 )
-
-// stack is N random [rows, cols] weights of a format and their scale
-// grids, laid out as a stack [N, ...] of each, the way a stacked checkpoint
-// holds them, with the brute-force address of every element and entry.
-type stack struct {
-	m              Matrix
-	n              int64
-	weight, scales []byte
-	es, ses        int64 // bytes of an element, of a scale entry
-	gr, gc         int64
-	bo, bi         int64 // block edges (the whole axis for 0)
-}
-
-func newStack(rng *rand.Rand, f Format, n, rows, cols int64) *stack {
-	s := &stack{m: Matrix{Format: f, Rows: rows, Cols: cols}, n: n}
-	_, s.es = f.Packing()
-	s.weight = randomBytes(rng, n*rows*cols*s.es)
-	if sc, ok := f.Scale(); ok {
-		s.ses = int64(sc.DType.Size())
-		s.gr, s.gc = s.m.ScaleShape()
-		s.bo, s.bi = sc.Block[0], sc.Block[1]
-		if s.bo == 0 {
-			s.bo = rows
-		}
-		if s.bi == 0 {
-			s.bi = cols
-		}
-		s.scales = randomBytes(rng, n*s.gr*s.gc*s.ses)
-	}
-	return s
-}
-
-// randomBytes are n random non-zero bytes.
-func randomBytes(rng *rand.Rand, n int64) []byte {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(1 + rng.IntN(255))
-	}
-	return b
-}
-
-// element is the bytes of element (r, c) of expert e, addressed by hand.
-func (s *stack) element(e, r, c int64) []byte {
-	at := ((e*s.m.Rows+r)*s.m.Cols + c) * s.es
-	return s.weight[at : at+s.es]
-}
-
-// entry is the bytes of grid entry (g, h) of expert e.
-func (s *stack) entry(e, g, h int64) []byte {
-	at := ((e*s.gr+g)*s.gc + h) * s.ses
-	return s.scales[at : at+s.ses]
-}
-
-// want is the bytes of rows [r0, r0+nr) x columns [c0, c0+nc) of expert e,
-// row by row, and of the grid entries covering them.
-func (s *stack) want(e, r0, nr, c0, nc int64) (w, sc []byte) {
-	for r := r0; r < r0+nr; r++ {
-		for c := c0; c < c0+nc; c++ {
-			w = append(w, s.element(e, r, c)...)
-		}
-	}
-	if s.ses == 0 {
-		return w, nil
-	}
-	for g := r0 / s.bo; g*s.bo < r0+nr; g++ {
-		for h := c0 / s.bi; h*s.bi < c0+nc; h++ {
-			sc = append(sc, s.entry(e, g, h)...)
-		}
-	}
-	return w, sc
-}
-
-// gather reads a region's ranges out of b, each shifted by base.
-func gather(b []byte, r Region, base int64) []byte {
-	var out []byte
-	for _, rg := range r.Ranges() {
-		out = append(out, b[base+rg[0]:base+rg[1]]...)
-	}
-	return out
-}
-
-func (s *stack) check(t *testing.T, what string, e int64, sl Slice, r0, nr, c0, nc int64) {
-	t.Helper()
-	ex := s.m.Expert(e)
-	w, sc := s.want(e, r0, nr, c0, nc)
-	if got := gather(s.weight, sl.Weight, ex.Weight.Off); !bytes.Equal(got, w) || sl.Weight.Size() != int64(len(w)) {
-		t.Errorf("%s: weight bytes differ from the elements' (%d bytes, want %d)", what, len(got), len(w))
-	}
-	if got := gather(s.scales, sl.Scale, ex.Scale.Off); !bytes.Equal(got, sc) || sl.Scale.Size() != int64(len(sc)) {
-		t.Errorf("%s: scale bytes differ from the covering entries' (%d bytes, want %d)", what, len(got), len(sc))
-	}
-}
 
 var sliceFormats = []Format{
 	Plain(safetensors.BF16),
@@ -121,25 +28,7 @@ func TestSlicesAgainstBruteForce(t *testing.T) {
 	for _, f := range sliceFormats {
 		for _, size := range [][2]int64{{12, 9}, {13, 10}, {160, 96}, {1, 7}} {
 			rows, cols := size[0], size[1]
-			s := newStack(rng, f, 3, rows, cols)
-			name := fmt.Sprintf("%s %T %dx%d", f, f, rows, cols)
-			for e := range s.n {
-				ex := s.m.Expert(e)
-				whole := s.m.Whole()
-				whole.Weight.Off, whole.Scale.Off = 0, 0
-				s.check(t, name+" whole", e, whole, 0, rows, 0, cols)
-				if ex.Weight.Size() != s.m.Bytes() || ex.Scale.Size() != s.m.ScaleBytes() {
-					t.Errorf("%s expert %d: %d+%d bytes, want %d+%d", name, e, ex.Weight.Size(), ex.Scale.Size(), s.m.Bytes(), s.m.ScaleBytes())
-				}
-				for range 6 {
-					r0 := rng.Int64N(rows)
-					nr := 1 + rng.Int64N(rows-r0)
-					s.check(t, fmt.Sprintf("%s expert %d rows %d+%d", name, e, r0, nr), e, s.m.RowBlock(r0, nr), r0, nr, 0, cols)
-					c0 := rng.Int64N(cols)
-					nc := 1 + rng.Int64N(cols-c0)
-					s.check(t, fmt.Sprintf("%s expert %d cols %d+%d", name, e, c0, nc), e, s.m.ColBlock(c0, nc), 0, rows, c0, nc)
-				}
-			}
+			newStack(rng, f, 3, rows, cols).checkSlices(t, rng, fmt.Sprintf("%s %T %dx%d", f, f, rows, cols), 6)
 		}
 	}
 }
@@ -207,35 +96,9 @@ func TestSplitExact(t *testing.T) {
 func TestDequantisedPiecesMatchWhole(t *testing.T) {
 	rng := rand.New(rand.NewPCG(28, 4))
 	for _, f := range []Format{FP8Block(4, 3, false), FP8Block(FP8DefaultBlock, FP8DefaultBlock, false), Plain(safetensors.BF16)} {
-		const rows, cols = 24, 18
-		m := Matrix{Format: f, Rows: rows, Cols: cols}
-		raw, scale := randomWeight(rng, f, rows*cols), randomScales(rng, m)
-		whole := make([]float32, rows*cols)
-		if err := f.Dequantise(raw, rows, cols, scale, whole); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		for _, cut := range [][2]int64{{0, 12}, {12, 12}, {4, 8}} {
-			if !m.RowSplitExact(cut[0]) || !m.RowSplitExact(cut[0]+cut[1]) {
-				continue
-			}
-			sl := m.RowBlock(cut[0], cut[1])
-			piece := make([]float32, cut[1]*cols)
-			if err := f.Dequantise(gather(raw, sl.Weight, 0), int(cut[1]), cols, orNil(gather(scale, sl.Scale, 0), scale), piece); err != nil {
-				t.Fatalf("%s rows %v: %v", f, cut, err)
-			}
-			if !slices.Equal(piece, whole[cut[0]*cols:(cut[0]+cut[1])*cols]) {
-				t.Errorf("%s rows %d+%d: the piece dequantises differently from the whole", f, cut[0], cut[1])
-			}
-		}
+		m := Matrix{Format: f, Rows: 24, Cols: 18}
+		checkPieces(t, m, randomWeight(rng, f, m.Rows*m.Cols), randomScales(rng, m), nil, [][2]int64{{0, 12}, {12, 12}, {4, 8}}, nil)
 	}
-}
-
-// orNil keeps a plain weight's absent scale absent.
-func orNil(b, like []byte) []byte {
-	if like == nil {
-		return nil
-	}
-	return b
 }
 
 func TestRegionRanges(t *testing.T) {

@@ -3,25 +3,10 @@ package weightfmt
 import (
 	"math"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/safetensors"
 )
-
-// group32 is a 16-byte group (32 elements) starting with head, zero after.
-func group32(head ...byte) []byte {
-	b := make([]byte, 16)
-	copy(b, head)
-	return b
-}
-
-// withHead is 32 outputs starting with head, zero after.
-func withHead(head ...float32) []float32 {
-	out := make([]float32, 32)
-	copy(out, head)
-	return out
-}
 
 // Hand-computed MXFP4 values. The even element is the LOW nibble
 // (transformers integrations/mxfp4.py: idx_lo fills columns 0::2;
@@ -34,37 +19,23 @@ func withHead(head ...float32) []float32 {
 // With the nibbles swapped 0x2A would give 1, -1.
 func TestMXFP4Dequantise(t *testing.T) {
 	f := MXFP4(NamingGptOss, safetensors.U8, safetensors.U8)
-	for _, tc := range []struct {
-		name       string
-		rows, cols int
-		raw, scale []byte
-		want       []float32
-	}{
-		{"nibble order, scale 2", 1, 32, group32(0x2A, 0xF7, 0x10), []byte{128},
-			withHead(-2, 2, 12, -12, 0, 1)},
-		{"two groups of a row take their own scales", 1, 64,
-			slices.Concat(group32(0x2A), group32(0x9B)), []byte{127, 125},
-			slices.Concat(withHead(-1, 1), withHead(-0.375, -0.125))},
-		{"two rows", 2, 32, slices.Concat(group32(0xF7), group32(0x2A)), []byte{126, 130},
-			slices.Concat(withHead(3, -3), withHead(-8, 8))},
-		{"smallest scale: 0.5 * 2^-127 is a float32 subnormal", 1, 32, group32(0x01), []byte{0},
-			withHead(0x1p-128, 0)},
-		{"scale 0xFF is NaN (OCP MX E8M0)", 1, 32, group32(0x2A), []byte{0xFF},
+	checkDequantise(t, []dequantCase{
+		{"nibble order, scale 2", f, 1, 32, fp4Group(32, 0x2A, 0xF7, 0x10), []byte{128},
+			outputs(32, -2, 2, 12, -12, 0, 1)},
+		{"two groups of a row take their own scales", f, 1, 64,
+			slices.Concat(fp4Group(32, 0x2A), fp4Group(32, 0x9B)), []byte{127, 125},
+			slices.Concat(outputs(32, -1, 1), outputs(32, -0.375, -0.125))},
+		{"two rows", f, 2, 32, slices.Concat(fp4Group(32, 0xF7), fp4Group(32, 0x2A)), []byte{126, 130},
+			slices.Concat(outputs(32, 3, -3), outputs(32, -8, 8))},
+		{"smallest scale: 0.5 * 2^-127 is a float32 subnormal", f, 1, 32, fp4Group(32, 0x01), []byte{0},
+			outputs(32, 0x1p-128, 0)},
+		{"scale 0xFF is NaN (OCP MX E8M0)", f, 1, 32, fp4Group(32, 0x2A), []byte{0xFF},
 			rep(float32(math.NaN()), 32)},
-	} {
-		dst := make([]float32, tc.rows*tc.cols)
-		if err := f.Dequantise(tc.raw, tc.rows, tc.cols, tc.scale, dst); err != nil {
-			t.Errorf("%s: %v", tc.name, err)
-			continue
-		}
-		if !sameFloats(dst, tc.want) {
-			t.Errorf("%s:\n got %v\nwant %v", tc.name, dst, tc.want)
-		}
-	}
+	})
 	// DeepSeek-V4 stores the same bytes as I8 with F8_E8M0 scales.
 	ds := MXFP4(NamingDeepSeek, safetensors.I8, safetensors.F8E8M0)
 	dst := make([]float32, 32)
-	if err := ds.Dequantise(group32(0x2A), 1, 32, []byte{128}, dst); err != nil || !sameFloats(dst, withHead(-2, 2)) {
+	if err := ds.Dequantise(fp4Group(32, 0x2A), 1, 32, []byte{128}, dst); err != nil || !sameFloats(dst, outputs(32, -2, 2)) {
 		t.Errorf("DeepSeek-V4 naming: %v %v", dst[:2], err)
 	}
 }
@@ -104,24 +75,13 @@ func TestMXFP4GptOssLayout(t *testing.T) {
 
 func TestMXFP4Refusals(t *testing.T) {
 	f := MXFP4(NamingCompressedTensors, safetensors.U8, safetensors.U8)
-	for _, tc := range []struct {
-		name       string
-		rows, cols int
-		raw, scale []byte
-		ndst       int
-		want       string
-	}{
-		{"partial group", 1, 48, make([]byte, 24), []byte{1, 1}, 48, "whole number of 32-column"},
-		{"odd row", 1, 31, make([]byte, 16), []byte{1}, 31, "whole number of 32-column"},
-		{"short weight", 1, 32, make([]byte, 15), []byte{1}, 32, "weight bytes"},
-		{"long grid", 1, 32, make([]byte, 16), []byte{1, 2}, 32, "scale bytes"},
-		{"missing grid", 1, 32, make([]byte, 16), nil, 32, "scale bytes"},
-		{"short output", 2, 32, make([]byte, 32), []byte{1, 1}, 63, "outputs"},
-		{"overflowing size", 1 << 33, 1 << 33, nil, nil, 0, "outputs"},
-	} {
-		err := f.Dequantise(tc.raw, tc.rows, tc.cols, tc.scale, make([]float32, tc.ndst))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: error %v, want one saying %q", tc.name, err, tc.want)
-		}
-	}
+	checkRefusals(t, []refusal{
+		{"partial group", f, 1, 48, make([]byte, 24), []byte{1, 1}, 48, "whole number of 32-column"},
+		{"odd row", f, 1, 31, make([]byte, 16), []byte{1}, 31, "whole number of 32-column"},
+		{"short weight", f, 1, 32, make([]byte, 15), []byte{1}, 32, "weight bytes"},
+		{"long grid", f, 1, 32, make([]byte, 16), []byte{1, 2}, 32, "scale bytes"},
+		{"missing grid", f, 1, 32, make([]byte, 16), nil, 32, "scale bytes"},
+		{"short output", f, 2, 32, make([]byte, 32), []byte{1, 1}, 63, "outputs"},
+		{"overflowing size", f, 1 << 33, 1 << 33, nil, nil, 0, "outputs"},
+	})
 }

@@ -6,19 +6,6 @@ import (
 	"testing"
 )
 
-// group16 is an 8-byte NVFP4 group (16 elements) starting with head.
-func group16(head ...byte) []byte {
-	b := make([]byte, 8)
-	copy(b, head)
-	return b
-}
-
-func head16(head ...float32) []float32 {
-	out := make([]float32, 16)
-	copy(out, head)
-	return out
-}
-
 // Hand-computed NVFP4 values: 0x9C is low 0xC = -2 (the even element,
 // llama.cpp _nvfp4_pack: w & 0x0F first; compressed-tensors
 // unpack_fp4_from_uint8: low before high), high 9 = -0.5; 0x71 is 0.5, 6.
@@ -36,23 +23,23 @@ func TestNVFP4Dequantise(t *testing.T) {
 		global     float32
 		want       []float32
 	}{
-		{"modelopt: s * scale_2 = 2 * 0.25", mo, 1, 16, group16(0x9C, 0x71), []byte{0x40}, 0.25,
-			head16(-1, -0.25, 0.25, 3)},
-		{"compressed-tensors: s / global = 2 / 4", ct, 1, 16, group16(0x9C, 0x71), []byte{0x40}, 4,
-			head16(-1, -0.25, 0.25, 3)},
-		{"compressed-tensors: the reciprocal, 2 / 0.25", ct, 1, 16, group16(0x9C, 0x71), []byte{0x40}, 0.25,
-			head16(-16, -4, 4, 48)},
-		{"modelopt: 2 * 4", mo, 1, 16, group16(0x9C, 0x71), []byte{0x40}, 4,
-			head16(-16, -4, 4, 48)},
+		{"modelopt: s * scale_2 = 2 * 0.25", mo, 1, 16, fp4Group(16, 0x9C, 0x71), []byte{0x40}, 0.25,
+			outputs(16, -1, -0.25, 0.25, 3)},
+		{"compressed-tensors: s / global = 2 / 4", ct, 1, 16, fp4Group(16, 0x9C, 0x71), []byte{0x40}, 4,
+			outputs(16, -1, -0.25, 0.25, 3)},
+		{"compressed-tensors: the reciprocal, 2 / 0.25", ct, 1, 16, fp4Group(16, 0x9C, 0x71), []byte{0x40}, 0.25,
+			outputs(16, -16, -4, 4, 48)},
+		{"modelopt: 2 * 4", mo, 1, 16, fp4Group(16, 0x9C, 0x71), []byte{0x40}, 4,
+			outputs(16, -16, -4, 4, 48)},
 		{"two groups, two rows", mo, 2, 32,
-			slices.Concat(group16(0x9C), group16(0x71), group16(0x10), group16(0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF)), []byte{0x38, 0x40, 0x40, 0xB8}, 1,
-			slices.Concat(head16(-2, -0.5), head16(1, 12), head16(0, 1), rep(6, 16))},
+			slices.Concat(fp4Group(16, 0x9C), fp4Group(16, 0x71), fp4Group(16, 0x10), fp4Group(16, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF)), []byte{0x38, 0x40, 0x40, 0xB8}, 1,
+			slices.Concat(outputs(16, -2, -0.5), outputs(16, 1, 12), outputs(16, 0, 1), rep(6, 16))},
 		// The block's effective scale is rounded to float32 before the
 		// E2M1 value multiplies it, as compressed-tensors and vLLM's
 		// dequantize_to_dtype compute: 1.5 * f32(1.125 / 5) = 0x3EACCCCC,
 		// where the exact 1.5 * 1.125 / 5 rounds to 0x3EACCCCD.
-		{"compressed-tensors rounds the effective scale first", ct, 1, 16, group16(0x03), []byte{0x39}, 5,
-			head16(0.33749998)},
+		{"compressed-tensors rounds the effective scale first", ct, 1, 16, fp4Group(16, 0x03), []byte{0x39}, 5,
+			outputs(16, 0.33749998)},
 	} {
 		dst := make([]float32, tc.rows*tc.cols)
 		if err := tc.f.DequantiseGlobal(tc.raw, tc.rows, tc.cols, tc.scale, f32s(tc.global), dst); err != nil {
@@ -84,14 +71,14 @@ func TestNVFP4Refusals(t *testing.T) {
 		ndst       int
 		want       string
 	}{
-		{"no global scale", 1, 16, group16(), []byte{0x38}, nil, 16, "global scale"},
-		{"short global scale", 1, 16, group16(), []byte{0x38}, []byte{0, 0, 0x80}, 16, "global scale"},
-		{"two global scales", 1, 16, group16(), []byte{0x38}, f32s(1, 2), 16, "global scale"},
+		{"no global scale", 1, 16, fp4Group(16), []byte{0x38}, nil, 16, "global scale"},
+		{"short global scale", 1, 16, fp4Group(16), []byte{0x38}, []byte{0, 0, 0x80}, 16, "global scale"},
+		{"two global scales", 1, 16, fp4Group(16), []byte{0x38}, f32s(1, 2), 16, "global scale"},
 		{"partial group", 1, 24, make([]byte, 12), []byte{0x38, 0x38}, one, 24, "whole number of 16-column"},
 		{"odd row", 1, 17, make([]byte, 9), []byte{0x38, 0x38}, one, 17, "whole number of 16-column"},
 		{"short weight", 1, 16, make([]byte, 7), []byte{0x38}, one, 16, "weight bytes"},
 		{"short grid", 1, 32, make([]byte, 16), []byte{0x38}, one, 32, "scale bytes"},
-		{"short output", 1, 16, group16(), []byte{0x38}, one, 15, "outputs"},
+		{"short output", 1, 16, fp4Group(16), []byte{0x38}, one, 15, "outputs"},
 		{"overflowing size", 1 << 40, 1 << 40, nil, nil, one, 0, "outputs"},
 	} {
 		err := mo.DequantiseGlobal(tc.raw, tc.rows, tc.cols, tc.scale, tc.global, make([]float32, tc.ndst))
@@ -102,10 +89,10 @@ func TestNVFP4Refusals(t *testing.T) {
 	// Without its global scale an NVFP4 weight cannot be dequantised: the
 	// plain Dequantise refuses rather than leave the factor out, and
 	// DequantiseWeight refuses a global scale for a format without one.
-	if err := mo.Dequantise(group16(), 1, 16, []byte{0x38}, make([]float32, 16)); err == nil || !strings.Contains(err.Error(), "weight_scale_2") {
+	if err := mo.Dequantise(fp4Group(16), 1, 16, []byte{0x38}, make([]float32, 16)); err == nil || !strings.Contains(err.Error(), "weight_scale_2") {
 		t.Errorf("Dequantise without the global scale: %v", err)
 	}
-	if err := NVFP4CT().Dequantise(group16(), 1, 16, []byte{0x38}, make([]float32, 16)); err == nil || !strings.Contains(err.Error(), "weight_global_scale") {
+	if err := NVFP4CT().Dequantise(fp4Group(16), 1, 16, []byte{0x38}, make([]float32, 16)); err == nil || !strings.Contains(err.Error(), "weight_global_scale") {
 		t.Errorf("compressed-tensors Dequantise without the global scale: %v", err)
 	}
 	if err := DequantiseWeight(MXFP4(NamingGptOss, "U8", "U8"), make([]byte, 16), 1, 32, []byte{127}, one, make([]float32, 32)); err == nil {

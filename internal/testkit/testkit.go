@@ -232,9 +232,9 @@ func WantErr(t testing.TB, err error, want string) bool {
 	return true
 }
 
-// RefusalTime is what refusing one hostile input may take (issue 26's
-// bound). The real cost is milliseconds, so only a blow-up (a loop sized by
-// a hostile number) fails it; it is loose so that a loaded CI machine cannot
+// RefusalTime is what refusing one hostile input may take (the bound the
+// red-team suite holds moeprep to). The real cost is milliseconds, so only
+// a blow-up (a loop sized by a hostile number) fails it; it is loose so that a loaded CI machine cannot
 // flake it: the allocation bounds are the tight ones.
 const RefusalTime = 5 * time.Second
 
