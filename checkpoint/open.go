@@ -106,6 +106,23 @@ func (c *Checkpoint) canonicalScaleShapes() {
 			t.Shape = canon
 		}
 	}
+	// FP8 weights scaled per channel or per tensor (weight_scale): a
+	// per-tensor scale stored as a scalar [] or [1] is read as the one-entry
+	// grid [1,1], a per-channel one stored as [out] as [out,1]. Copies keep
+	// the file's shape (FileShape).
+	for _, t := range c.Tensors {
+		name, ok := strings.CutSuffix(t.Name, ".weight_scale")
+		if !ok {
+			continue
+		}
+		w, ok := c.byName[name+".weight"]
+		if !ok || w.DType != safetensors.F8E4M3 {
+			continue
+		}
+		if canon, ok := family.CanonicalScaledShape(w.Shape, t.Shape); ok {
+			t.FileShape, t.Shape = t.Shape, canon
+		}
+	}
 }
 
 func unwrapPathErr(err error) error {

@@ -18,6 +18,19 @@ type Tensor struct {
 	Shape []int64
 	File  string      // path of the file that holds it, for error messages
 	Data  io.ReaderAt // the tensor's bytes, offset 0 is its first byte
+	// FileShape is the shape the file stores where Shape was made
+	// canonical for readers (an FP8 per-tensor weight_scale stored as a
+	// scalar or [1], read as [1,1]): a tensor copied unchanged keeps it.
+	// nil when Shape is the file's.
+	FileShape []int64
+}
+
+// StoredShape is the shape as the file stores it: what a copy writes.
+func (t *Tensor) StoredShape() []int64 {
+	if t.FileShape != nil {
+		return t.FileShape
+	}
+	return t.Shape
 }
 
 // NumElements is the product of Shape (1 for a scalar).

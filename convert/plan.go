@@ -141,7 +141,7 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 			continue
 		}
 		n := t.NumBytes()
-		cp := &outTensor{name: t.Name, dtype: t.DType, shape: t.Shape, size: n,
+		cp := &outTensor{name: t.Name, dtype: t.DType, shape: t.StoredShape(), size: n,
 			parts: []part{{region: region{src: t.Data, file: t.File, tensor: t.Name, rows: 1, rowLen: n, stride: n}, dtype: t.DType}}}
 		if err := add(cp); err != nil {
 			return nil, err
@@ -289,7 +289,14 @@ func (p *planner) contract() *layout.Contract {
 		c.SharedSlotWeight = 1 / fp.RoutedScalingFactor
 	}
 	if sc, ok := p.wf.Scale(); ok {
-		c.WeightBlockSize = []int64{sc.Block[0], sc.Block[1]}
+		switch p.wf.Quantization() {
+		case weightfmt.QuantFP8Channel, weightfmt.QuantFP8Tensor:
+			// The grid is the quantization's own; the scale dtype is the
+			// producer's, so the contract says it.
+			c.ScaleDType = string(sc.DType)
+		default:
+			c.WeightBlockSize = []int64{sc.Block[0], sc.Block[1]}
+		}
 	}
 	for _, l := range fp.Layers {
 		c.Layers = append(c.Layers, layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix})

@@ -122,7 +122,10 @@ func TestPlanRefusesBrokenCheckpoints(t *testing.T) {
 			"=config.json: quantization_config.weight_block_size: [64 64] is not supported (only [128,128])"},
 		{"fp8 per-tensor (no block size)", deepseekV3FP8Gen().with(map[string]any{"quantization_config": map[string]any{
 			"quant_method": "fp8"}}), nil,
-			"=config.json: quantization_config: fp8 per-tensor (no weight_block_size) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet (issue 29); moeprep reads bf16/f16/f32 and FP8 128x128 block experts"},
+			"=layer 1: expert 0: missing tensor model.layers.1.mlp.experts.0.gate_proj.weight_scale (FP8 per-tensor weights need their scales)"},
+		{"fp8 per-tensor, static activations (Hy3)", deepseekV3FP8Gen().with(map[string]any{"quantization_config": map[string]any{
+			"quant_method": "fp8", "activation_scheme": "static"}}), nil,
+			`activation_scheme: "static" is not supported (only dynamic: static activation scales, input_scale, are not carried)`},
 		{"fp8 static activations", deepseekV3FP8Gen().with(map[string]any{"quantization_config": map[string]any{
 			"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": []any{128, 128}}}), nil,
 			`activation_scheme: "static" is not supported`},

@@ -17,6 +17,7 @@ type checker struct {
 	p         *Plan
 	dtype     safetensors.DType
 	dtypeFrom string               // the tensor that set dtype, for error messages
+	scaleFrom string               // the scale tensor that set Plan.ScaleDType, for error messages
 	hash      func(layer int) bool // hash-routed layers (nil: none)
 	// sharedBias: shared MLPs carry gate, up and down biases (ERNIE 4.5 use_bias).
 	sharedBias bool
@@ -145,6 +146,13 @@ func (k *checker) weight(where, role, name string, rows, cols int64, hint string
 	if err := k.weightDType(where, role, name, meta.DType); err != nil {
 		return "", err
 	}
+	if k.p.Quantization.scaleDTypeRead() && k.p.ScaleDType == "" {
+		// The format's scale dtype is the producer's: the first expert
+		// scale's, which every other must then match.
+		if sm, ok := k.t.Lookup(name + "_scale"); ok && isFloat(sm.DType) {
+			k.p.ScaleDType, k.scaleFrom = sm.DType, name+"_scale"
+		}
+	}
 	f, err := k.p.Format()
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", where, err)
@@ -170,17 +178,36 @@ func (k *checker) weight(where, role, name string, rows, cols int64, hint string
 	sn := sc.Name(name)
 	sm, hasScale := k.t.Lookup(sn)
 	if !hasScale {
-		return "", fmt.Errorf("%s: missing tensor %s (%s weights need their block scales)", where, sn, f)
+		what := "block scales"
+		if sc.Block[1] == 0 {
+			what = "scales"
+		}
+		return "", fmt.Errorf("%s: missing tensor %s (%s weights need their %s)", where, sn, f, what)
 	}
 	if sm.DType != sc.DType {
+		if k.scaleFrom != "" {
+			return "", fmt.Errorf("%s: %s dtype %s, expected %s like %s", where, sn, sm.DType, sc.DType, k.scaleFrom)
+		}
 		return "", fmt.Errorf("%s: %s dtype %s, expected %s", where, sn, sm.DType, sc.DType)
 	}
 	r, c := weightfmt.Matrix{Format: f, Rows: rows, Cols: cols}.ScaleShape()
 	if want := []int64{r, c}; !slices.Equal(sm.Shape, want) {
-		return "", fmt.Errorf("%s: %s shape %s, expected %s (%dx%d blocks of %s weight %s)",
-			where, sn, shapeString(sm.Shape), shapeString(want), sc.Block[0], sc.Block[1], role, shapeString(meta.Shape))
+		return "", fmt.Errorf("%s: %s shape %s, expected %s (%s of %s weight %s)",
+			where, sn, shapeString(sm.Shape), shapeString(want), gridWords(sc.Block), role, shapeString(meta.Shape))
 	}
 	return sn, nil
+}
+
+// gridWords says what one scale entry covers: "128x128 blocks", "one per
+// output row", "one per weight".
+func gridWords(b [2]int64) string {
+	switch {
+	case b == [2]int64{0, 0}:
+		return "one scale per weight, stored [], [1] or [1,1]"
+	case b[0] == 1 && b[1] == 0:
+		return "one scale per output row"
+	}
+	return fmt.Sprintf("%dx%d blocks", b[0], b[1])
 }
 
 // lower is a format's name as config.json's quant_method writes it ("fp8").

@@ -16,6 +16,12 @@ type Quantization string
 const (
 	QuantNone     Quantization = "none"
 	QuantFP8Block Quantization = "fp8_block_128x128" // F8_E4M3 with F32 weight_scale_inv per 128x128 block
+	// F8_E4M3 with a weight_scale per output row [out,1] (compressed-tensors
+	// float-quantized, strategy channel) or one per weight (strategy
+	// tensor; quant_method fp8 without weight_block_size), of
+	// Plan.ScaleDType.
+	QuantFP8Channel Quantization = "fp8_channel"
+	QuantFP8Tensor  Quantization = "fp8_tensor"
 )
 
 // MLP names the tensors of one SwiGLU MLP (a routed expert or a shared
@@ -100,8 +106,13 @@ type Plan struct {
 	NumHiddenLayers int
 	WeightDType     safetensors.DType // dtype of the expert weights
 	Quantization    Quantization
-	ScaleFmt        string  // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
-	Layers          []Layer // sorted by Index
+	ScaleFmt        string // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
+	// ScaleDType is the dtype of the expert weights' scale tensors where
+	// the format's producers differ in it (FP8 per channel or per tensor:
+	// read from the checkpoint's first expert scale, every other must
+	// match); "" otherwise.
+	ScaleDType safetensors.DType
+	Layers     []Layer // sorted by Index
 }
 
 // Output is OutputScale, 1 when unset.

@@ -67,6 +67,9 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if p.Quantization, p.ScaleFmt, err = readQuant(c); err != nil {
 		return nil, err
 	}
+	if err := checkQuantGroups(raw, t, p); err != nil {
+		return nil, err
+	}
 	isMoE, err := s.layers.moe(c, s.keys, p.NumHiddenLayers)
 	if err != nil {
 		return nil, err
@@ -215,7 +218,7 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 			}
 		}
 	} else if !converted {
-		if err := s.scanExperts(where, prefix, names, p.NumExperts); err != nil {
+		if err := s.scanExperts(where, prefix, names, p.NumExperts, p.Quantization.scaleDTypeRead()); err != nil {
 			return Layer{}, err
 		}
 		out.Experts = make([]MLP, p.NumExperts)
@@ -399,8 +402,9 @@ func (s *spec) mtpLayers(c config, p *Plan, byLayer map[int][]string, module str
 
 // scanExperts rejects tensors under the experts container that no expert
 // slot accounts for: ids >= E, or names other than the three projections
-// and their block scales.
-func (s *spec) scanExperts(where, prefix string, names []string, numExperts int) error {
+// and their block scales (or, scaled is set, their weight_scale: FP8 per
+// channel or per tensor).
+func (s *spec) scanExperts(where, prefix string, names []string, numExperts int, scaled bool) error {
 	ep := prefix + "." + s.names.experts + "."
 	for _, name := range names {
 		rest, ok := strings.CutPrefix(name, ep)
@@ -417,7 +421,7 @@ func (s *spec) scanExperts(where, prefix string, names []string, numExperts int)
 		}
 		known := false
 		for _, pr := range s.names.proj {
-			known = known || tail == pr+".weight" || tail == pr+".weight_scale_inv"
+			known = known || tail == pr+".weight" || tail == pr+".weight_scale_inv" || scaled && tail == pr+".weight_scale"
 		}
 		if !known {
 			return fmt.Errorf("%s: expert %d: unexpected tensor %s", where, id, name)

@@ -2,6 +2,7 @@ package family
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/moeprep/moeprep/weightfmt"
@@ -21,13 +22,21 @@ func (p *Plan) Format() (weightfmt.Format, error) {
 	if q == "" {
 		q = QuantNone
 	}
-	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt})
+	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt, ScaleDType: p.ScaleDType})
 }
 
-// readQuant reads quantization_config. Only DeepSeek-style FP8 (quant_method
-// fp8, e4m3, weight_block_size [128,128], dynamic activations) is supported:
-// other methods pack weights differently (int4 groups, zero points, static
-// activation scales) and would be copied or stacked wrongly.
+// scaleDTypeRead reports whether the plan's format takes its scale dtype
+// from the checkpoint's scale tensors (Plan.ScaleDType).
+func (q Quantization) scaleDTypeRead() bool { return q == QuantFP8Channel || q == QuantFP8Tensor }
+
+// readQuant reads quantization_config. Supported: DeepSeek-style FP8
+// (quant_method fp8, e4m3, weight_block_size [128,128], dynamic
+// activations); FP8 per tensor (quant_method fp8 without
+// weight_block_size, dynamic activations); and compressed-tensors
+// float-quantized FP8 per channel or per tensor (readCTFP8). Other methods
+// pack weights differently (int4 groups, zero points, static activation
+// scales) and would be copied or stacked wrongly; refuseQuant has refused
+// them before this runs.
 func readQuant(c config) (Quantization, string, error) {
 	q, ok, err := c.object("quantization_config")
 	if err != nil || !ok {
@@ -40,8 +49,12 @@ func readQuant(c config) (Quantization, string, error) {
 	if method == "" {
 		return "", "", q.missing("quant_method")
 	}
+	if method == "compressed-tensors" {
+		qu, err := readCTFP8(q)
+		return qu, "", err
+	}
 	if method != "fp8" {
-		return "", "", q.errorf("quant_method", "%q is not supported (only fp8 with 128x128 block scales)", method)
+		return "", "", q.errorf("quant_method", "%q is not supported (only fp8 and compressed-tensors float-quantized fp8)", method)
 	}
 	if f, err := q.str("fmt", "e4m3"); err != nil {
 		return "", "", err
@@ -51,10 +64,12 @@ func readQuant(c config) (Quantization, string, error) {
 	if a, err := q.str("activation_scheme", "dynamic"); err != nil {
 		return "", "", err
 	} else if a != "dynamic" {
-		return "", "", q.errorf("activation_scheme", "%q is not supported (only dynamic)", a)
+		return "", "", q.errorf("activation_scheme", "%q is not supported (only dynamic: static activation scales, input_scale, are not carried)", a)
 	}
 	if !q.has("weight_block_size") {
-		return "", "", q.missing("weight_block_size")
+		// One weight_scale per weight, a scalar (vLLM's and transformers'
+		// fp8 without blocks).
+		return QuantFP8Tensor, "", nil
 	}
 	block, err := q.ints("weight_block_size")
 	if err != nil {
@@ -68,6 +83,122 @@ func readQuant(c config) (Quantization, string, error) {
 		return "", "", err
 	}
 	return QuantFP8Block, scaleFmt, nil
+}
+
+// readCTFP8 reads a compressed-tensors quantization_config whose every
+// config group is float-quantized FP8 (num_bits 8, type float, symmetric)
+// per channel or per tensor, with dynamic activations or none, all of one
+// strategy (compressed-tensors' forward.py: w = q * weight_scale). The
+// ignore list was resolved by DetectQuant (checkQuantGroups).
+func readCTFP8(q config) (Quantization, error) {
+	topFmt, err := q.str("format", "")
+	if err != nil {
+		return "", err
+	}
+	groups, ok, err := q.object("config_groups")
+	if err != nil {
+		return "", err
+	}
+	if !ok || len(groups.m) == 0 {
+		return "", q.missing("config_groups")
+	}
+	var out Quantization
+	for _, name := range slices.Sorted(maps.Keys(groups.m)) {
+		g, _, err := groups.object(name)
+		if err != nil {
+			return "", err
+		}
+		f, err := g.str("format", topFmt)
+		if err != nil {
+			return "", err
+		}
+		if f != "float-quantized" {
+			return "", g.errorf("format", "%q is not supported (only float-quantized FP8 per channel or per tensor)", f)
+		}
+		w, ok, err := g.object("weights")
+		if err != nil {
+			return "", err
+		}
+		if !ok {
+			return "", g.missing("weights")
+		}
+		if t, err := w.str("type", "int"); err != nil {
+			return "", err
+		} else if t != "float" {
+			return "", w.errorf("type", "%q is not supported (only float)", t)
+		}
+		if b, err := w.intIn("num_bits", 8, 1, 64); err != nil {
+			return "", err
+		} else if b != 8 {
+			return "", w.errorf("num_bits", "%d is not supported (only 8: FP8 E4M3)", b)
+		}
+		if sym, err := w.boolean("symmetric", true); err != nil {
+			return "", err
+		} else if !sym {
+			return "", w.errorf("symmetric", "false is not supported (a zero point, weight_zero_point, is not carried)")
+		}
+		if d, err := w.boolean("dynamic", false); err != nil {
+			return "", err
+		} else if d {
+			return "", w.errorf("dynamic", "true is not supported (weights quantised at run time have no stored scales)")
+		}
+		strategy, err := w.str("strategy", "tensor")
+		if err != nil {
+			return "", err
+		}
+		var qu Quantization
+		switch strategy {
+		case "channel":
+			qu = QuantFP8Channel
+		case "tensor":
+			qu = QuantFP8Tensor
+		default:
+			return "", w.errorf("strategy", "%q is not supported (only channel or tensor)", strategy)
+		}
+		if out != "" && qu != out {
+			return "", groups.errorf(name, "weights strategy %q differs from another config group's: one expert format per checkpoint", strategy)
+		}
+		out = qu
+		if a, ok, err := g.object("input_activations"); err != nil {
+			return "", err
+		} else if ok && len(a.m) > 0 {
+			d, err := a.boolean("dynamic", false)
+			if err != nil {
+				return "", err
+			}
+			if !d {
+				return "", a.errorf("dynamic", "false is not supported: static activation scales (input_scale) are not carried (only dynamic activations or none)")
+			}
+		}
+	}
+	return out, nil
+}
+
+// checkQuantGroups refuses an FP8 per-channel or per-tensor checkpoint
+// whose ignore list leaves the routed experts, or the shared expert of a
+// family that has one, unquantised: every expert weight of the plan, the
+// shared expert's too (fuse-shared stacks it with the routed ones), is of
+// one format. Attention and dense MLPs are copied as they are, whatever
+// their format.
+func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
+	if !p.Quantization.scaleDTypeRead() {
+		return nil
+	}
+	descs, err := DetectQuant(raw, hfQuantOf(t))
+	if err != nil {
+		return err
+	}
+	for _, d := range descs {
+		if d.Groups[GroupExperts] == "" {
+			return fmt.Errorf("%s: %s: %s: the routed experts are left unquantised by the ignore list while the format is %s; moeprep carries one expert format per checkpoint",
+				d.File, d.Key, d.Summary(), d.Label)
+		}
+		if p.NumSharedExperts > 0 && d.Groups[GroupShared] != d.Groups[GroupExperts] {
+			return fmt.Errorf("%s: %s: %s: the shared expert is not stored like the routed experts (%s); moeprep carries one expert format per checkpoint",
+				d.File, d.Key, d.Summary(), d.Groups[GroupExperts])
+		}
+	}
+	return nil
 }
 
 func shapeString(s []int64) string {
@@ -116,4 +247,23 @@ func CanonicalScaleShape(weight, shape []int64) (canon []int64, ok bool) {
 		return nil, false
 	}
 	return want, true
+}
+
+// CanonicalScaledShape is the shape that the weight_scale of an FP8
+// [rows, cols] weight scaled per channel or per tensor is read as: [1,1]
+// for a per-tensor scale stored as a scalar [] or [1] (quant_method fp8 and
+// ModelOpt write a scalar, compressed-tensors strategy tensor [1]), and
+// [rows,1] for a per-channel one stored as [rows]. The bytes are the same
+// grid. ok is false when shape is already 2-D or is neither form.
+func CanonicalScaledShape(weight, shape []int64) (canon []int64, ok bool) {
+	if len(weight) != 2 || weight[0] <= 0 || weight[1] <= 0 {
+		return nil, false
+	}
+	switch {
+	case len(shape) == 0, len(shape) == 1 && shape[0] == 1:
+		return []int64{1, 1}, true
+	case len(shape) == 1 && shape[0] == weight[0]:
+		return []int64{weight[0], 1}, true
+	}
+	return nil, false
 }

@@ -14,8 +14,9 @@ import (
 // wrappers), compression_config (older compressed-tensors), and
 // hf_quant_config.json (ModelOpt). Each description is classified, its
 // ignore/exclude list resolved against one representative module name per
-// tensor group, and every format other than FP8 128x128 blocks is refused
-// with one line, so that none is read as bf16 or FP8 by mistake.
+// tensor group, and every format other than FP8 128x128 blocks and FP8 per
+// channel or per tensor (Supported) is refused with one line, so that none
+// is read as bf16 or FP8 by mistake.
 
 // QuantKind classifies a quantisation description.
 type QuantKind string
@@ -74,13 +75,30 @@ type QuantDesc struct {
 	Groups map[string]string // group -> how it is stored ("" when left unquantised)
 }
 
-// Supported reports whether moeprep carries the description today.
-func (d QuantDesc) Supported() bool { return d.Kind == QuantKindNone || d.Kind == QuantKindFP8Block }
+// Supported reports whether moeprep carries the description today: FP8
+// 128x128 blocks, and FP8 per channel or per tensor described by
+// config.json's quantization_config (compressed-tensors float-quantized,
+// or quant_method fp8 without weight_block_size; readQuant checks the
+// rest). ModelOpt's FP8 (static activation scales) is not.
+func (d QuantDesc) Supported() bool {
+	switch d.Kind {
+	case QuantKindNone, QuantKindFP8Block:
+		return true
+	case QuantKindFP8Channel, QuantKindFP8Tensor:
+		return d.File == "config.json" && d.Key == "quantization_config" && !strings.HasPrefix(d.Label, "modelopt")
+	}
+	return false
+}
 
 // Refusal is the one-line error for a description moeprep cannot carry.
 func (d QuantDesc) Refusal() error {
-	return fmt.Errorf("%s: %s: %s: not carried yet (issue 29); moeprep reads bf16/f16/f32 and FP8 128x128 block experts",
-		d.File, d.Key, d.Summary())
+	why := "not carried yet (issue 29); moeprep reads bf16/f16/f32 and FP8 128x128 block experts"
+	if (d.Kind == QuantKindFP8Channel || d.Kind == QuantKindFP8Tensor) && strings.HasPrefix(d.Label, "modelopt") {
+		why = "not carried: ModelOpt FP8 stores static activation scales (input_scale); moeprep reads FP8 with dynamic activations only"
+	} else if d.Kind == QuantKindFP8Channel || d.Kind == QuantKindFP8Tensor {
+		why = "not carried yet: moeprep reads FP8 per-channel and per-tensor experts described by config.json's quantization_config only"
+	}
+	return fmt.Errorf("%s: %s: %s: %s", d.File, d.Key, d.Summary(), why)
 }
 
 // Summary says the format and, per group, what is quantised how.

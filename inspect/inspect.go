@@ -24,6 +24,7 @@ type Summary struct {
 	DType                  string `json:"dtype"`
 	Quantization           string `json:"quantization"`
 	ScaleFmt               string `json:"scale_fmt,omitempty"`
+	ScaleDType             string `json:"scale_dtype,omitempty"`
 	HiddenSize             int    `json:"hidden_size"`
 	MoEIntermediateSize    int    `json:"moe_intermediate_size"`
 	NumExperts             int    `json:"num_experts"`
@@ -93,7 +94,7 @@ func dtypeName(d string) string {
 func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 	s := &Summary{
 		Dir: c.Dir, Family: p.Family, ModelType: p.ModelType, Format: c.Format,
-		DType: p.DTypeName(), Quantization: string(p.Quantization), ScaleFmt: p.ScaleFmt,
+		DType: p.DTypeName(), Quantization: string(p.Quantization), ScaleFmt: p.ScaleFmt, ScaleDType: string(p.ScaleDType),
 		HiddenSize: p.HiddenSize, MoEIntermediateSize: p.MoEIntermediateSize,
 		NumExperts: p.NumExperts, NumSharedExperts: p.NumSharedExperts,
 		SharedIntermediateSize: p.SharedIntermediateSize, SharedGated: p.SharedGated, SharedRouted: p.SharedRouted,
@@ -142,6 +143,9 @@ func WriteText(w io.Writer, s *Summary) error {
 	quant := s.Quantization
 	if s.ScaleFmt != "" {
 		quant += " (scale_fmt " + s.ScaleFmt + ")"
+	}
+	if s.ScaleDType != "" {
+		quant += ", " + s.ScaleDType + " weight_scale"
 	}
 	routing := fmt.Sprintf("%s, top-%d", s.Scoring, s.TopK)
 	if s.NGroup > 1 {

@@ -70,15 +70,25 @@ type Contract struct {
 	TP                        int     `json:"tp"`                  // --tp the run was prepared for
 
 	WeightDType     string  `json:"weight_dtype"`                // safetensors dtype of the expert weights
-	Quantization    string  `json:"quantization"`                // "none" or "fp8_block_128x128"
-	WeightBlockSize []int64 `json:"weight_block_size,omitempty"` // [bo, bi] for FP8
+	Quantization    string  `json:"quantization"`                // "none", "fp8_block_128x128", "fp8_channel" or "fp8_tensor"
+	WeightBlockSize []int64 `json:"weight_block_size,omitempty"` // [bo, bi] for FP8 blocks
+	// ScaleDType is the safetensors dtype of the scale tensors where the
+	// format's producers differ in it (fp8_channel, fp8_tensor: BF16, F16
+	// or F32); absent for formats whose scale dtype is fixed.
+	ScaleDType string `json:"scale_dtype,omitempty"`
 
 	Layers   []LayerInfo `json:"layers"`
 	Manifest string      `json:"manifest"` // ManifestFileName
 }
 
-// Quantized reports whether the expert weights carry FP8 block scales.
+// Quantized reports whether the expert weights carry scales.
 func (c *Contract) Quantized() bool { return c.Quantization != "" && c.Quantization != "none" }
+
+// scaleDTyped reports whether the contract's format records its scale
+// dtype (scale_dtype).
+func (c *Contract) scaleDTyped() bool {
+	return c.Quantization == weightfmt.QuantFP8Channel || c.Quantization == weightfmt.QuantFP8Tensor
+}
 
 // RuntimeScale is what a serving engine multiplies the routed sum by: rsf when
 // not folded, 1 when folded into the weights.
@@ -97,10 +107,11 @@ func (c *Contract) Output() float64 {
 	return c.OutputScale
 }
 
-// Format is how the expert weights are stored: quantization, weight_dtype
-// and weight_block_size.
+// Format is how the expert weights are stored: quantization, weight_dtype,
+// weight_block_size and scale_dtype.
 func (c *Contract) Format() (weightfmt.Format, error) {
-	return weightfmt.New(weightfmt.Spec{Quantization: c.Quantization, DType: safetensors.DType(c.WeightDType), Block: c.WeightBlockSize})
+	return weightfmt.New(weightfmt.Spec{Quantization: c.Quantization, DType: safetensors.DType(c.WeightDType), Block: c.WeightBlockSize,
+		ScaleDType: safetensors.DType(c.ScaleDType)})
 }
 
 // Names gives layer li's output tensor names.
@@ -133,8 +144,14 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: output_scale %v", c.OutputScale)
 	case c.Activation != nil && c.Activation.Check() != nil:
 		return fmt.Errorf("moeprep contract: %v", c.Activation.Check())
-	case c.Quantized() && len(c.WeightBlockSize) != 2:
+	case c.Quantized() && !c.scaleDTyped() && len(c.WeightBlockSize) != 2:
 		return fmt.Errorf("moeprep contract: weight_block_size %v, want [rows, cols]", c.WeightBlockSize)
+	case c.scaleDTyped() && len(c.WeightBlockSize) != 0:
+		return fmt.Errorf("moeprep contract: weight_block_size %v with quantization %s, which has none", c.WeightBlockSize, c.Quantization)
+	case c.scaleDTyped() && c.ScaleDType == "":
+		return fmt.Errorf("moeprep contract: quantization %s without scale_dtype", c.Quantization)
+	case !c.scaleDTyped() && c.ScaleDType != "":
+		return fmt.Errorf("moeprep contract: scale_dtype %s with quantization %s, whose scale dtype is fixed", c.ScaleDType, c.Quantization)
 	}
 	for _, b := range c.WeightBlockSize {
 		if b <= 0 {

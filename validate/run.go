@@ -25,6 +25,7 @@ import (
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // Defaults of the validate flags.
@@ -211,6 +212,7 @@ func (s *session) close() {
 // exit-1 error).
 func Run(ctx context.Context, o Options) (*Report, error) {
 	start := time.Now()
+	asked := strings.ToLower(strings.TrimSpace(o.Device))
 	devNotes, err := o.norm()
 	if err != nil {
 		return nil, err
@@ -219,6 +221,17 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	defer s.close()
 	if err := s.open(); err != nil {
 		return nil, err
+	}
+	if o.Device == DeviceCUDA && o.Bytes != BytesOnly {
+		if why := s.gpuRefusal(); why != "" {
+			if asked != "" && asked != "auto" {
+				return nil, fmt.Errorf("validate --device cuda: %s; use --device cpu or auto", why)
+			}
+			msg := "validate: " + why + "; running on the CPU"
+			o.notice(msg)
+			devNotes = append(devNotes, strings.TrimPrefix(msg, "validate: ")+" (--device auto)")
+			o.Device, s.o.Device = DeviceCPU, DeviceCPU
+		}
 	}
 	if s.srcPlan != nil && s.dstPlan != nil {
 		if err := s.sameModel(); err != nil {
@@ -713,11 +726,15 @@ func (s *session) dstPlanOrSrc() *family.Plan {
 
 // tolerance is the threshold of the check named check when its paths
 // computed in numerics: its row in judge.Checks picks it, given whether the
-// contract folded rsf into weights it rounded (FP8 folding touches only
-// the F32 scales and leaves the weights identical).
+// contract folded rsf into values it rounded coarser than float32: plain
+// weights, or the BF16/F16 scales of FP8 per channel or per tensor (FP8
+// block folding touches only the F32 scales and leaves the weights
+// identical; a BF16 scale rounds like a bf16 weight, 2^-9 relative, so
+// the output moves no more than a folded bf16 weight moves it).
 func (s *session) tolerance(check string, numerics judge.Numerics) judge.Tolerance {
 	c := s.contract
-	roundedFold := c != nil && c.RoutedScalingFactorFolded && !c.Quantized()
+	roundedScales := c != nil && c.ScaleDType != "" && c.ScaleDType != "F32"
+	roundedFold := c != nil && c.RoutedScalingFactorFolded && (!c.Quantized() || roundedScales)
 	return judge.Lookup(check).Tolerance(judge.Situation{Numerics: numerics, RoundedFold: roundedFold})
 }
 
@@ -821,4 +838,36 @@ func jsonText(v any) string {
 		return fmt.Sprint(v)
 	}
 	return string(b)
+}
+
+// gpuRefusal says why the GPU kernels cannot run SRC's or DST's expert
+// weights as they are stored ("" when they can): FP8 per channel or per
+// tensor has no GPU path yet (the kernels take unquantised weights and FP8
+// 128x128 blocks with F32 scales), and must never be run as if it were one
+// they take.
+func (s *session) gpuRefusal() string {
+	var fs []weightfmt.Format
+	if s.srcPlan != nil {
+		f, err := s.srcPlan.Format()
+		if err != nil {
+			return err.Error()
+		}
+		fs = append(fs, f)
+	}
+	if s.contract != nil {
+		f, err := s.contract.Format()
+		if err != nil {
+			return err.Error()
+		}
+		fs = append(fs, f)
+	}
+	for _, f := range fs {
+		if gpurun.KernelsTake(f) {
+			continue
+		}
+		sc, _ := f.Scale()
+		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU kernels take unquantised weights and FP8 128x128 blocks with F32 scales only",
+			f, f.Quantization(), sc.DType)
+	}
+	return ""
 }

@@ -71,7 +71,8 @@
 // to name them through TensorsOf, its dequantising callers to use
 // DequantiseWeight, and a gate|up join to check that the two global scales
 // are equal; and the contract to record the Spec fields New reads beyond
-// quantization, dtype and block (ScaleDType, Naming) where they are not a
-// format's defaults (layout/contract.go hands New only those three). A
+// quantization, dtype and block where they are not a format's defaults
+// (layout/contract.go records and hands New ScaleDType, as scale_dtype,
+// for FP8 per channel and per tensor; Naming not yet). A
 // format whose Fold is FoldNowhere (MXFP4, NVFP4) leaves rsf unfolded.
 package weightfmt

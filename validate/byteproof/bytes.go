@@ -331,7 +331,7 @@ func predict(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract) 
 		if _, dup := p.meta[t.Name]; dup {
 			return nil, fmt.Errorf("%s: tensor %s would be both a stack and a copied tensor", src.Dir, t.Name)
 		}
-		p.meta[t.Name] = tensorWant{dtype: t.DType, shape: t.Shape, layer: -1, expert: -1}
+		p.meta[t.Name] = tensorWant{dtype: t.DType, shape: t.StoredShape(), layer: -1, expert: -1}
 		p.tensors[t.Name] = []segment{{n: t.NumBytes(), src: t, ranges: [][2]int64{{0, t.NumBytes()}}, layer: -1, expert: -1}}
 	}
 	return p, nil

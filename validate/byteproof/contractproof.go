@@ -41,6 +41,16 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		quant = string(family.QuantNone)
 	}
 	block, blockErr := srcBlockSize(src.Config)
+	scaleDType, scaleErr := "", ""
+	perRow := plan.Quantization == family.QuantFP8Channel || plan.Quantization == family.QuantFP8Tensor
+	if perRow {
+		if q, why := srcScaledQuant(src.Config); why != "" {
+			return refuse("quantization", c.Quantization, why)
+		} else if q != quant {
+			return bad("quantization", c.Quantization, q, "SRC's quantization_config")
+		}
+		scaleDType, scaleErr = srcScaleDType(src, plan)
+	}
 	switch {
 	case c.SourceFormat != src.Format:
 		return bad("source_format", c.SourceFormat, src.Format, "SRC's weight files")
@@ -68,8 +78,14 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return refuse("weight_block_size", c.WeightBlockSize, blockErr)
 	case fp8 && !equalInts(c.WeightBlockSize, block):
 		return bad("weight_block_size", c.WeightBlockSize, block, "SRC's quantization_config")
-	case !fp8 && len(c.WeightBlockSize) != 0:
+	case !fp8 && !perRow && len(c.WeightBlockSize) != 0:
 		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's unquantized experts")
+	case perRow && len(c.WeightBlockSize) != 0:
+		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's "+quant+" experts (a scale per row or per weight, no blocks)")
+	case perRow && scaleErr != "":
+		return refuse("scale_dtype", c.ScaleDType, scaleErr)
+	case c.ScaleDType != scaleDType:
+		return bad("scale_dtype", orAbsent(c.ScaleDType), orAbsent(scaleDType), "SRC's expert scale tensors")
 	case c.Manifest != layout.ManifestFileName:
 		return bad("manifest", c.Manifest, layout.ManifestFileName, "moeprep")
 	case c.TP < 1 || c.TP > maxTP:
@@ -251,6 +267,12 @@ func foldsRSF(src *checkpoint.Checkpoint, plan *family.Plan, mode string) bool {
 	if mode == layout.FoldNone || plan.RoutedScalingFactor == 1 || plan.ExpertBias {
 		return false
 	}
+	if plan.Quantization == family.QuantFP8Channel || plan.Quantization == family.QuantFP8Tensor {
+		// Into the scales: by default where they are F32, only when asked
+		// (down) where they are BF16 or F16.
+		dt, why := srcScaleDType(src, plan)
+		return why == "" && (dt == string(safetensors.F32) || mode == layout.FoldDown)
+	}
 	if plan.Quantization == family.QuantFP8Block {
 		if plan.ScaleFmt == "ue8m0" {
 			return false
@@ -269,4 +291,87 @@ func foldsRSF(src *checkpoint.Checkpoint, plan *family.Plan, mode string) bool {
 		return mode == layout.FoldDown
 	}
 	return false
+}
+
+// srcScaledQuant is the quantization convert records for SRC's FP8 per
+// channel or per tensor weights, read from SRC's quantization_config
+// itself: quant_method fp8 without weight_block_size is per tensor; a
+// compressed-tensors config is what its config groups' weights strategy
+// says, all alike. A non-empty problem says why convert would have
+// refused it.
+func srcScaledQuant(cfg map[string]any) (string, string) {
+	qc, _ := cfg["quantization_config"].(map[string]any)
+	method, _ := qc["quant_method"].(string)
+	switch method {
+	case "fp8":
+		if _, blocked := qc["weight_block_size"]; blocked {
+			return "", "SRC's quantization_config has a weight_block_size: FP8 blocks, not a scale per row or per weight"
+		}
+		return "fp8_tensor", ""
+	case "compressed-tensors":
+	default:
+		return "", fmt.Sprintf("SRC's quantization_config.quant_method %s is neither fp8 nor compressed-tensors", render(method))
+	}
+	groups, _ := qc["config_groups"].(map[string]any)
+	out := ""
+	for _, g := range groups {
+		gm, _ := g.(map[string]any)
+		w, _ := gm["weights"].(map[string]any)
+		strategy, _ := w["strategy"].(string)
+		var q string
+		switch strategy {
+		case "channel":
+			q = "fp8_channel"
+		case "tensor", "":
+			q = "fp8_tensor"
+		default:
+			return "", fmt.Sprintf("SRC's config group strategy %s is neither channel nor tensor", render(strategy))
+		}
+		if out != "" && q != out {
+			return "", "SRC's config groups differ in their weights strategy, so moeprep cannot have converted it"
+		}
+		out = q
+	}
+	if out == "" {
+		return "", "SRC's compressed-tensors quantization_config has no config group"
+	}
+	return out, ""
+}
+
+// srcScaleDType is the dtype of SRC's expert scale tensors (every routed
+// and shared expert's, which must be one), as convert records it; a
+// non-empty problem says why convert would have refused SRC.
+func srcScaleDType(src *checkpoint.Checkpoint, plan *family.Plan) (string, string) {
+	var dt safetensors.DType
+	var from string
+	check := func(m family.MLP) string {
+		for _, name := range []string{m.GateScale, m.UpScale, m.DownScale} {
+			t, ok := src.Tensor(name)
+			if !ok {
+				return fmt.Sprintf("SRC has no scale tensor %s", render(name))
+			}
+			if dt == "" {
+				dt, from = t.DType, name
+			} else if t.DType != dt {
+				return fmt.Sprintf("SRC's scale %s is %s and %s is %s, so moeprep cannot have converted it", name, t.DType, from, dt)
+			}
+		}
+		return ""
+	}
+	for _, l := range plan.Layers {
+		for _, e := range l.Experts {
+			if why := check(e); why != "" {
+				return "", why
+			}
+		}
+		if l.Shared != nil {
+			if why := check(*l.Shared); why != "" {
+				return "", why
+			}
+		}
+	}
+	if dt == "" {
+		return "", "SRC has no expert scale tensors"
+	}
+	return string(dt), ""
 }

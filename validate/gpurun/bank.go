@@ -207,7 +207,12 @@ func blockEdge(b [2]int64) string {
 // they are stored: unscaled, or F8_E4M3 in FP8ScaleBlock-square blocks of
 // F32 scales. Other dtypes of unscaled weights are decoded to f32 on the
 // way (matType).
-func kernelsTake(f weightfmt.Format) bool {
+func kernelsTake(f weightfmt.Format) bool { return KernelsTake(f) }
+
+// KernelsTake is kernelsTake for validate, which refuses (or, with
+// --device auto, leaves to the CPU) a format the kernels cannot take
+// before any layer runs.
+func KernelsTake(f weightfmt.Format) bool {
 	sc, scaled := f.Scale()
 	if !scaled {
 		return true

@@ -81,8 +81,10 @@ const (
 type Situation struct {
 	Numerics Numerics
 	// RoundedFold is true when the contract folded rsf into weights that are
-	// not FP8-quantised, so DST's weights were rounded (TolBF16Fold); FP8
-	// folding touches only the F32 scales and leaves the weights identical.
+	// not FP8-quantised, so DST's weights were rounded (TolBF16Fold), or
+	// into BF16/F16 FP8 scales (per channel or per tensor), rounded as
+	// coarsely; FP8 block folding touches only the F32 scales and leaves
+	// the weights identical.
 	RoundedFold bool
 }
 
