@@ -460,3 +460,24 @@ func (c *Checkpoint) Close() error {
 	c.closers = nil
 	return err
 }
+
+// SmallTensorBytes reads the whole of a tensor of at most max bytes
+// (family.TensorBytes: compressed-tensors' weight_shape).
+func (c *Checkpoint) SmallTensorBytes(name string, max int64) ([]byte, error) {
+	t, ok := c.Tensor(name)
+	if !ok {
+		return nil, fmt.Errorf("tensor %s is missing", name)
+	}
+	n := t.NumBytes()
+	if n < 0 || n > max {
+		return nil, fmt.Errorf("%s: tensor %s holds %d bytes, over the %d expected", t.File, name, n, max)
+	}
+	b := make([]byte, n)
+	if got, err := t.Data.ReadAt(b, 0); int64(got) != n {
+		if err == nil || errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("%s: reading tensor %s: %w", t.File, name, err)
+	}
+	return b, nil
+}

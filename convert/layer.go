@@ -107,7 +107,7 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 
 func mlpNames(m family.MLP) []string {
 	var out []string
-	for _, n := range []string{m.Gate, m.Up, m.Down, m.GateScale, m.UpScale, m.DownScale, m.GateBias, m.UpBias, m.DownBias} {
+	for _, n := range []string{m.Gate, m.Up, m.Down, m.GateScale, m.UpScale, m.DownScale, m.GateBias, m.UpBias, m.DownBias, m.GateShape, m.UpShape, m.DownShape} {
 		if n != "" {
 			out = append(out, n)
 		}
@@ -119,15 +119,19 @@ func mlpNames(m family.MLP) []string {
 func (p *planner) expert(m family.MLP, what string, I, H, S int64) (mlpParts, error) {
 	var mp mlpParts
 	wd := p.wf.DType()
-	g, err := p.get(m.Gate, what+" gate", wd, S*I, H)
+	// The stored shapes: [rows, cols] for one element a dtype unit,
+	// [rows, ceil(cols/8)] for INT4 packed eight to an I32.
+	gshape := weightfmt.Matrix{Format: p.wf, Rows: S * I, Cols: H}.Shape()
+	dshape := weightfmt.Matrix{Format: p.wf, Rows: H, Cols: S * I}.Shape()
+	g, err := p.get(m.Gate, what+" gate", wd, gshape...)
 	if err != nil {
 		return mp, err
 	}
-	u, err := p.get(m.Up, what+" up", wd, S*I, H)
+	u, err := p.get(m.Up, what+" up", wd, gshape...)
 	if err != nil {
 		return mp, err
 	}
-	d, err := p.get(m.Down, what+" down", wd, H, S*I)
+	d, err := p.get(m.Down, what+" down", wd, dshape...)
 	if err != nil {
 		return mp, err
 	}

@@ -171,6 +171,11 @@ func (p *planner) checkFusable() error {
 	if fp.NumSharedExperts == 0 {
 		return fmt.Errorf("%s: %s (model_type %s) has no shared expert, so there is nothing to fuse; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
 	}
+	if fp.SharedQuantization != "" {
+		rf, _ := p.wf.Scale()
+		return fmt.Errorf("%s: routed experts %s (%s, %s scales), shared expert %s: fusing would requantise the shared expert (issue 29's --requantize-shared, not built); use moeprep convert instead",
+			p.ck.Dir, p.wf, p.wf.Quantization(), rf.DType, fp.SharedWeightDType)
+	}
 	if fp.RoutedInputScaled {
 		return fmt.Errorf("%s: %s (model_type %s) scales the routed experts' input by the routing weight, and a fused shared slot would need the unscaled input in the same grouped GEMM; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
 	}
@@ -294,9 +299,17 @@ func (p *planner) contract() *layout.Contract {
 			// The grid is the quantization's own; the scale dtype is the
 			// producer's, so the contract says it.
 			c.ScaleDType = string(sc.DType)
+		case weightfmt.QuantInt4Pack:
+			// [1, group size] ([1, 0]: one scale per row) and the model's
+			// dtype of the scales.
+			c.WeightBlockSize = []int64{sc.Block[0], sc.Block[1]}
+			c.ScaleDType = string(sc.DType)
 		default:
 			c.WeightBlockSize = []int64{sc.Block[0], sc.Block[1]}
 		}
+	}
+	if fp.SharedQuantization != "" && !p.o.FuseShared {
+		c.SharedQuantization, c.SharedWeightDType = string(fp.SharedQuantization), string(fp.SharedWeightDType)
 	}
 	for _, l := range fp.Layers {
 		c.Layers = append(c.Layers, layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix})

@@ -21,6 +21,11 @@ type checker struct {
 	hash      func(layer int) bool // hash-routed layers (nil: none)
 	// sharedBias: shared MLPs carry gate, up and down biases (ERNIE 4.5 use_bias).
 	sharedBias bool
+	// inShared: the MLP being checked is a shared expert (which may be
+	// stored apart from the routed experts: Plan.SharedQuantization);
+	// sharedFrom set Plan.SharedWeightDType, for error messages.
+	inShared   bool
+	sharedFrom string
 }
 
 func isFloat(d safetensors.DType) bool {
@@ -31,6 +36,9 @@ func isFloat(d safetensors.DType) bool {
 func (k *checker) anyOf(prefix string, proj [3]string) bool {
 	for _, pr := range proj {
 		if _, ok := k.t.Lookup(prefix + "." + pr + ".weight"); ok {
+			return true
+		}
+		if _, ok := k.t.Lookup(prefix + "." + pr + ".weight_packed"); ok && k.p.Quantization == QuantInt4Pack {
 			return true
 		}
 	}
@@ -97,6 +105,12 @@ func (k *checker) views(where, gateUp, down string, e, inter int, transposed, in
 // mlp checks one SwiGLU MLP of intermediate size inter: gate and up
 // [inter,H], down [H,inter].
 func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
+	switch {
+	case k.inShared && k.p.SharedQuantization == QuantNone:
+		return k.plainSharedMLP(where, prefix, proj, inter, hint)
+	case k.p.Quantization == QuantInt4Pack:
+		return k.int4MLP(where, prefix, proj, inter, hint)
+	}
 	var m MLP
 	names := [3]*string{&m.Gate, &m.Up, &m.Down}
 	scales := [3]*string{&m.GateScale, &m.UpScale, &m.DownScale}

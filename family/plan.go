@@ -22,6 +22,10 @@ const (
 	// Plan.ScaleDType.
 	QuantFP8Channel Quantization = "fp8_channel"
 	QuantFP8Tensor  Quantization = "fp8_tensor"
+	// compressed-tensors pack-quantized INT4 (W4A16, symmetric): I32
+	// weight_packed [out, in/8], weight_scale [out, in/group] of
+	// Plan.ScaleDType (Plan.GroupSize; 0: one per row), I64 weight_shape [2].
+	QuantInt4Pack Quantization = "int4_pack"
 )
 
 // MLP names the tensors of one SwiGLU MLP (a routed expert or a shared
@@ -33,6 +37,10 @@ type MLP struct {
 	// GateBias, UpBias [I] and DownBias [H]: per-expert biases (gpt-oss),
 	// "" when the family has none.
 	GateBias, UpBias, DownBias string
+	// GateShape, UpShape, DownShape: compressed-tensors' weight_shape I64
+	// [2] tensors of packed weights (int4_pack), "" otherwise. Convert
+	// checks and drops them: the contract states every expert's [out, in].
+	GateShape, UpShape, DownShape string
 }
 
 // Layer is one MoE layer of the checkpoint.
@@ -112,7 +120,16 @@ type Plan struct {
 	// read from the checkpoint's first expert scale, every other must
 	// match); "" otherwise.
 	ScaleDType safetensors.DType
-	Layers     []Layer // sorted by Index
+	// GroupSize is the columns one scale covers for int4_pack (0: one
+	// scale per row, strategy channel); 0 otherwise.
+	GroupSize int64
+	// SharedQuantization is how the shared expert is stored where it
+	// differs from the routed experts (Kimi-K2's INT4 routed experts and
+	// BF16 shared expert: QuantNone, its dtype SharedWeightDType); ""
+	// when it is stored like them.
+	SharedQuantization Quantization
+	SharedWeightDType  safetensors.DType
+	Layers             []Layer // sorted by Index
 }
 
 // Output is OutputScale, 1 when unset.

@@ -67,6 +67,12 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if p.Quantization, p.ScaleFmt, err = readQuant(c); err != nil {
 		return nil, err
 	}
+	if p.Quantization == QuantInt4Pack {
+		q, _, _ := c.object("quantization_config")
+		if p.GroupSize, err = readCTInt4(q); err != nil {
+			return nil, err
+		}
+	}
 	if err := checkQuantGroups(raw, t, p); err != nil {
 		return nil, err
 	}
@@ -218,7 +224,7 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 			}
 		}
 	} else if !converted {
-		if err := s.scanExperts(where, prefix, names, p.NumExperts, p.Quantization.scaleDTypeRead()); err != nil {
+		if err := s.scanExperts(where, prefix, names, p.NumExperts, p.Quantization.scaleDTypeRead(), p.Quantization == QuantInt4Pack); err != nil {
 			return Layer{}, err
 		}
 		out.Experts = make([]MLP, p.NumExperts)
@@ -263,7 +269,9 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	if n.sharedGateUp != "" {
 		shared, err = k.views(where+": shared expert", sp+"."+n.sharedGateUp, sp+"."+n.sharedDown, -1, p.SharedIntermediateSize, false, false, hint)
 	} else {
+		k.inShared = true
 		shared, err = k.mlp(where+": shared expert", sp, n.proj, p.SharedIntermediateSize, hint)
+		k.inShared = false
 		if err == nil && k.sharedBias {
 			err = k.mlpBiases(where+": shared expert", sp, n.proj, p.SharedIntermediateSize, &shared)
 		}
@@ -404,7 +412,7 @@ func (s *spec) mtpLayers(c config, p *Plan, byLayer map[int][]string, module str
 // slot accounts for: ids >= E, or names other than the three projections
 // and their block scales (or, scaled is set, their weight_scale: FP8 per
 // channel or per tensor).
-func (s *spec) scanExperts(where, prefix string, names []string, numExperts int, scaled bool) error {
+func (s *spec) scanExperts(where, prefix string, names []string, numExperts int, scaled, packed bool) error {
 	ep := prefix + "." + s.names.experts + "."
 	for _, name := range names {
 		rest, ok := strings.CutPrefix(name, ep)
@@ -421,7 +429,8 @@ func (s *spec) scanExperts(where, prefix string, names []string, numExperts int,
 		}
 		known := false
 		for _, pr := range s.names.proj {
-			known = known || tail == pr+".weight" || tail == pr+".weight_scale_inv" || scaled && tail == pr+".weight_scale"
+			known = known || tail == pr+".weight" || tail == pr+".weight_scale_inv" || scaled && tail == pr+".weight_scale" ||
+				packed && (tail == pr+".weight_packed" || tail == pr+".weight_shape" || tail == pr+".weight_zero_point" || tail == pr+".weight_g_idx")
 		}
 		if !known {
 			return fmt.Errorf("%s: expert %d: unexpected tensor %s", where, id, name)

@@ -22,12 +22,18 @@ func (p *Plan) Format() (weightfmt.Format, error) {
 	if q == "" {
 		q = QuantNone
 	}
-	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt, ScaleDType: p.ScaleDType})
+	var block []int64
+	if q == QuantInt4Pack {
+		block = []int64{1, p.GroupSize}
+	}
+	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt, ScaleDType: p.ScaleDType, Block: block})
 }
 
 // scaleDTypeRead reports whether the plan's format takes its scale dtype
 // from the checkpoint's scale tensors (Plan.ScaleDType).
-func (q Quantization) scaleDTypeRead() bool { return q == QuantFP8Channel || q == QuantFP8Tensor }
+func (q Quantization) scaleDTypeRead() bool {
+	return q == QuantFP8Channel || q == QuantFP8Tensor || q == QuantInt4Pack
+}
 
 // readQuant reads quantization_config. Supported: DeepSeek-style FP8
 // (quant_method fp8, e4m3, weight_block_size [128,128], dynamic
@@ -48,6 +54,9 @@ func readQuant(c config) (Quantization, string, error) {
 	}
 	if method == "" {
 		return "", "", q.missing("quant_method")
+	}
+	if method == "compressed-tensors" && isCTPacked(q) {
+		return QuantInt4Pack, "", nil // readCTInt4 reads the rest
 	}
 	if method == "compressed-tensors" {
 		qu, err := readCTFP8(q)
@@ -181,6 +190,9 @@ func readCTFP8(q config) (Quantization, error) {
 // one format. Attention and dense MLPs are copied as they are, whatever
 // their format.
 func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
+	if p.Quantization == QuantInt4Pack {
+		return checkInt4Groups(raw, t, p)
+	}
 	if !p.Quantization.scaleDTypeRead() {
 		return nil
 	}

@@ -86,6 +86,11 @@ func (d QuantDesc) Supported() bool {
 		return true
 	case QuantKindFP8Channel, QuantKindFP8Tensor:
 		return d.File == "config.json" && d.Key == "quantization_config" && !strings.HasPrefix(d.Label, "modelopt")
+	case QuantKindInt4Pack:
+		// compressed-tensors pack-quantized INT4 in config.json's
+		// quantization_config (readCTInt4 checks the rest: symmetric,
+		// group or channel, W4A16).
+		return d.File == "config.json" && d.Key == "quantization_config"
 	}
 	return false
 }
@@ -97,6 +102,8 @@ func (d QuantDesc) Refusal() error {
 		why = "not carried: ModelOpt FP8 stores static activation scales (input_scale); moeprep reads FP8 with dynamic activations only"
 	} else if d.Kind == QuantKindFP8Channel || d.Kind == QuantKindFP8Tensor {
 		why = "not carried yet: moeprep reads FP8 per-channel and per-tensor experts described by config.json's quantization_config only"
+	} else if d.Kind == QuantKindInt4Pack {
+		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json's quantization_config only"
 	}
 	return fmt.Errorf("%s: %s: %s: %s", d.File, d.Key, d.Summary(), why)
 }

@@ -19,6 +19,7 @@ const int4Group = `{"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4
 // classified, its ignore list resolved per tensor group, and refused with
 // one exact line (FP8 128x128 blocks pass to readQuant).
 func TestDetectQuant(t *testing.T) {
+	const int4Elsewhere = ": not carried yet: moeprep reads pack-quantized INT4 experts described by config.json's quantization_config only"
 	for _, tc := range []struct {
 		name   string
 		config string // config.json
@@ -31,15 +32,16 @@ func TestDetectQuant(t *testing.T) {
 		{"int4 kimi top-level",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": ` + int4Group + `, "ignore": ` + kimiIgnore + `}}`, "",
 			QuantKindInt4Pack,
-			"config.json: quantization_config: compressed-tensors pack-quantized int4 (group 32, symmetric) on the routed experts (unquantised: shared expert, router, attention, dense MLP)" + notCarried},
+			""}, // carried: readCTInt4 reads the rest
+
 		{"int4 kimi-k2.5 text_config",
 			`{"model_type": "kimi_k25", "text_config": {"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": ` + int4Group + `, "ignore": ` + kimiIgnore + `}}}`, "",
 			QuantKindInt4Pack,
-			"config.json: text_config.quantization_config: compressed-tensors pack-quantized int4 (group 32, symmetric) on the routed experts (unquantised: shared expert, router, attention, dense MLP)" + notCarried},
+			"config.json: text_config.quantization_config: compressed-tensors pack-quantized int4 (group 32, symmetric) on the routed experts (unquantised: shared expert, router, attention, dense MLP)" + int4Elsewhere},
 		{"int4 compression_config asymmetric",
 			`{"compression_config": {"format": "pack-quantized", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": false}}}, "ignore": ["lm_head"]}}`, "",
 			QuantKindInt4Pack,
-			"config.json: compression_config: compressed-tensors pack-quantized int4 (group 128, asymmetric) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
+			"config.json: compression_config: compressed-tensors pack-quantized int4 (group 128, asymmetric) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + int4Elsewhere},
 		{"mxfp4 gpt-oss",
 			`{"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}`, "",
 			QuantKindMXFP4,

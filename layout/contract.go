@@ -76,6 +76,12 @@ type Contract struct {
 	// format's producers differ in it (fp8_channel, fp8_tensor: BF16, F16
 	// or F32); absent for formats whose scale dtype is fixed.
 	ScaleDType string `json:"scale_dtype,omitempty"`
+	// SharedQuantization and SharedWeightDType say how the shared expert,
+	// left unfused (convert), is stored where it differs from the routed
+	// experts: Kimi-K2's INT4 routed experts beside a BF16 shared expert
+	// ("none", "BF16"). Absent when it is stored like them.
+	SharedQuantization string `json:"shared_quantization,omitempty"`
+	SharedWeightDType  string `json:"shared_weight_dtype,omitempty"`
 
 	Layers   []LayerInfo `json:"layers"`
 	Manifest string      `json:"manifest"` // ManifestFileName
@@ -87,7 +93,21 @@ func (c *Contract) Quantized() bool { return c.Quantization != "" && c.Quantizat
 // scaleDTyped reports whether the contract's format records its scale
 // dtype (scale_dtype).
 func (c *Contract) scaleDTyped() bool {
-	return c.Quantization == weightfmt.QuantFP8Channel || c.Quantization == weightfmt.QuantFP8Tensor
+	return c.Quantization == weightfmt.QuantFP8Channel || c.Quantization == weightfmt.QuantFP8Tensor || c.int4()
+}
+
+// int4 reports whether the routed experts are pack-quantized INT4, whose
+// weight_block_size is [1, group size] ([1, 0]: one scale per row) and
+// whose scale_dtype is recorded too.
+func (c *Contract) int4() bool { return c.Quantization == weightfmt.QuantInt4Pack }
+
+// SharedFormat is how an unfused shared expert is stored: Format, unless
+// shared_quantization says otherwise.
+func (c *Contract) SharedFormat() (weightfmt.Format, error) {
+	if c.SharedQuantization == "" {
+		return c.Format()
+	}
+	return weightfmt.New(weightfmt.Spec{Quantization: c.SharedQuantization, DType: safetensors.DType(c.SharedWeightDType)})
 }
 
 // RuntimeScale is what a serving engine multiplies the routed sum by: rsf when
@@ -146,15 +166,26 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: %v", c.Activation.Check())
 	case c.Quantized() && !c.scaleDTyped() && len(c.WeightBlockSize) != 2:
 		return fmt.Errorf("moeprep contract: weight_block_size %v, want [rows, cols]", c.WeightBlockSize)
-	case c.scaleDTyped() && len(c.WeightBlockSize) != 0:
+	case c.int4() && (len(c.WeightBlockSize) != 2 || c.WeightBlockSize[0] != 1 || c.WeightBlockSize[1] < 0):
+		return fmt.Errorf("moeprep contract: weight_block_size %v with quantization %s, want [1, group size] or [1, 0]", c.WeightBlockSize, c.Quantization)
+	case c.scaleDTyped() && !c.int4() && len(c.WeightBlockSize) != 0:
 		return fmt.Errorf("moeprep contract: weight_block_size %v with quantization %s, which has none", c.WeightBlockSize, c.Quantization)
 	case c.scaleDTyped() && c.ScaleDType == "":
 		return fmt.Errorf("moeprep contract: quantization %s without scale_dtype", c.Quantization)
 	case !c.scaleDTyped() && c.ScaleDType != "":
 		return fmt.Errorf("moeprep contract: scale_dtype %s with quantization %s, whose scale dtype is fixed", c.ScaleDType, c.Quantization)
+	case (c.SharedQuantization == "") != (c.SharedWeightDType == ""):
+		return fmt.Errorf("moeprep contract: shared_quantization %q and shared_weight_dtype %q: both or neither", c.SharedQuantization, c.SharedWeightDType)
+	case c.SharedQuantization != "" && c.NumFusedSharedExperts > 0:
+		return fmt.Errorf("moeprep contract: shared_quantization %s with fused shared experts, which are stored like the routed ones", c.SharedQuantization)
+	}
+	if c.SharedQuantization != "" {
+		if _, err := c.SharedFormat(); err != nil {
+			return fmt.Errorf("moeprep contract: shared expert: %v", err)
+		}
 	}
 	for _, b := range c.WeightBlockSize {
-		if b <= 0 {
+		if b <= 0 && !c.int4() {
 			return fmt.Errorf("moeprep contract: weight_block_size %v", c.WeightBlockSize)
 		}
 	}

@@ -45,7 +45,17 @@ func NamesFor(l Layout, moePrefix string, f weightfmt.Format) ExpertTensors {
 		if !scaled {
 			return ""
 		}
+		if f != nil {
+			// A Renamed format (INT4: x.weight_packed, x.weight_scale).
+			return weightfmt.TensorsOf(f, w).Scale
+		}
 		return sc.Name(w) // "x.weight" -> "x.weight_scale_inv", "gate_up_proj" -> "gate_up_proj_scale_inv"
+	}
+	weight := func(w string) string {
+		if f == nil {
+			return w
+		}
+		return weightfmt.TensorsOf(f, w).Weight
 	}
 	switch l {
 	case GateUp, UpGate:
@@ -58,9 +68,11 @@ func NamesFor(l Layout, moePrefix string, f weightfmt.Format) ExpertTensors {
 		}
 		t.Down = p + ".down_proj"
 		t.GateUpScale, t.DownScale = scale(t.GateUp), scale(t.Down)
+		t.GateUp, t.Down = weight(t.GateUp), weight(t.Down)
 	default:
 		t.Gate, t.Up, t.Down = p+".all_gate.weight", p+".all_up.weight", p+".all_down.weight"
 		t.GateScale, t.UpScale, t.DownScale = scale(t.Gate), scale(t.Up), scale(t.Down)
+		t.Gate, t.Up, t.Down = weight(t.Gate), weight(t.Up), weight(t.Down)
 	}
 	return t
 }
@@ -80,6 +92,14 @@ func fp8Or(fp8 bool, bo, bi int64) weightfmt.Format {
 }
 
 // scaleOf is f's scale tensor; nil f has none.
+// packingOf is f's Packing, (1, 0) for nil (unquantised).
+func packingOf(f weightfmt.Format) (elems, bytes int64) {
+	if f == nil {
+		return 1, 0
+	}
+	return f.Packing()
+}
+
 func scaleOf(f weightfmt.Format) (weightfmt.Scale, bool) {
 	if f == nil {
 		return weightfmt.Scale{}, false
@@ -115,15 +135,22 @@ func StackShapesFor(l Layout, n, I, H int64, f weightfmt.Format) Shapes {
 		gr, gc = weightfmt.Matrix{Format: f, Rows: I, Cols: H}.ScaleShape()
 		dr, dc = weightfmt.Matrix{Format: f, Rows: H, Cols: I}.ScaleShape()
 	}
+	// Stored columns: H and I, or fewer where elements pack into a dtype
+	// unit (INT4: eight to an I32 along a row).
+	hc, ic := H, I
+	if elems, _ := packingOf(f); elems > 1 {
+		hc = weightfmt.Matrix{Format: f, Rows: 1, Cols: H}.Shape()[1]
+		ic = weightfmt.Matrix{Format: f, Rows: 1, Cols: I}.Shape()[1]
+	}
 	if l.Fused() {
-		s.GateUp, s.Down = Shape{n, 2 * I, H}, Shape{n, H, I}
+		s.GateUp, s.Down = Shape{n, 2 * I, hc}, Shape{n, H, ic}
 		if scaled {
 			s.GateUpScale = Shape{n, 2 * gr, gc}
 			s.DownScale = Shape{n, dr, dc}
 		}
 		return s
 	}
-	s.Gate, s.Up, s.Down = Shape{n, I, H}, Shape{n, I, H}, Shape{n, H, I}
+	s.Gate, s.Up, s.Down = Shape{n, I, hc}, Shape{n, I, hc}, Shape{n, H, ic}
 	if scaled {
 		s.GateScale = Shape{n, gr, gc}
 		s.UpScale = s.GateScale

@@ -407,17 +407,33 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 			m = *l.Shared
 			s, n = int64((b-E)%int(S)), S
 		}
-		g, err := get(m.Gate, n*I, H)
+		// The stored [rows, cols]: fewer columns where elements pack
+		// (INT4: eight to an I32 along a row).
+		gsh := weightfmt.Matrix{Format: wf, Rows: n * I, Cols: H}.Shape()
+		dsh := weightfmt.Matrix{Format: wf, Rows: H, Cols: n * I}.Shape()
+		g, err := get(m.Gate, gsh[0], gsh[1])
 		if err != nil {
 			return pr, err
 		}
-		u, err := get(m.Up, n*I, H)
+		u, err := get(m.Up, gsh[0], gsh[1])
 		if err != nil {
 			return pr, err
 		}
-		d, err := get(m.Down, H, n*I)
+		d, err := get(m.Down, dsh[0], dsh[1])
 		if err != nil {
 			return pr, err
+		}
+		// compressed-tensors' weight_shape (INT4): checked by the plan
+		// (it holds the expert's [out, in]) and not written: the contract
+		// states every expert's shape.
+		for _, sh := range []string{m.GateShape, m.UpShape, m.DownShape} {
+			if sh == "" {
+				continue
+			}
+			if _, ok := src.Tensor(sh); !ok {
+				return pr, fmt.Errorf("%s: layer %d: tensor %s is missing", src.Dir, li.Index, sh)
+			}
+			consumed[checkpoint.BaseName(sh)] = true
 		}
 		// Slice s of a shared expert of n*I (all of a routed expert, n = 1).
 		rows := weightfmt.Matrix{Format: wf, Rows: n * I, Cols: H}.RowBlock(s*I, I)

@@ -51,6 +51,21 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		}
 		scaleDType, scaleErr = srcScaleDType(src, plan)
 	}
+	int4 := plan.Quantization == family.QuantInt4Pack
+	var int4Block []int64
+	sharedQ, sharedDT := "", ""
+	if int4 {
+		var why string
+		if int4Block, why = srcInt4Block(src.Config); why != "" {
+			return refuse("weight_block_size", c.WeightBlockSize, why)
+		}
+		if scaleDType, sharedQ, sharedDT, why = srcInt4Tensors(src, plan); why != "" {
+			return refuse("scale_dtype", c.ScaleDType, why)
+		}
+		if c.NumFusedSharedExperts > 0 {
+			sharedQ, sharedDT = "", "" // fused shared experts are stored like the routed ones
+		}
+	}
 	switch {
 	case c.SourceFormat != src.Format:
 		return bad("source_format", c.SourceFormat, src.Format, "SRC's weight files")
@@ -78,7 +93,13 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return refuse("weight_block_size", c.WeightBlockSize, blockErr)
 	case fp8 && !equalInts(c.WeightBlockSize, block):
 		return bad("weight_block_size", c.WeightBlockSize, block, "SRC's quantization_config")
-	case !fp8 && !perRow && len(c.WeightBlockSize) != 0:
+	case int4 && !equalInts(c.WeightBlockSize, int4Block):
+		return bad("weight_block_size", c.WeightBlockSize, int4Block, "SRC's quantization_config (pack-quantized INT4: [1, group size], [1, 0] per channel)")
+	case c.SharedQuantization != sharedQ:
+		return bad("shared_quantization", orAbsent(c.SharedQuantization), orAbsent(sharedQ), "SRC's shared expert tensors")
+	case c.SharedWeightDType != sharedDT:
+		return bad("shared_weight_dtype", orAbsent(c.SharedWeightDType), orAbsent(sharedDT), "SRC's shared expert tensors")
+	case !fp8 && !perRow && !int4 && len(c.WeightBlockSize) != 0:
 		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's unquantized experts")
 	case perRow && len(c.WeightBlockSize) != 0:
 		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's "+quant+" experts (a scale per row or per weight, no blocks)")
@@ -374,4 +395,94 @@ func srcScaleDType(src *checkpoint.Checkpoint, plan *family.Plan) (string, strin
 		return "", "SRC has no expert scale tensors"
 	}
 	return string(dt), ""
+}
+
+// srcInt4Block is weight_block_size as convert records it for SRC's
+// pack-quantized INT4 experts, read from SRC's quantization_config itself:
+// [1, group_size] for strategy group, [1, 0] for channel, every config
+// group alike. A non-empty problem says why convert would have refused it.
+func srcInt4Block(cfg map[string]any) ([]int64, string) {
+	qc, _ := cfg["quantization_config"].(map[string]any)
+	if m, _ := qc["quant_method"].(string); m != "compressed-tensors" {
+		return nil, fmt.Sprintf("SRC's quantization_config.quant_method %s is not compressed-tensors", render(m))
+	}
+	groups, _ := qc["config_groups"].(map[string]any)
+	var out []int64
+	for _, g := range groups {
+		gm, _ := g.(map[string]any)
+		w, _ := gm["weights"].(map[string]any)
+		var b []int64
+		switch st, _ := w["strategy"].(string); st {
+		case "channel":
+			b = []int64{1, 0}
+		case "group":
+			n, ok := w["group_size"].(float64)
+			if !ok || n < 1 || n != float64(int64(n)) {
+				return nil, fmt.Sprintf("SRC's config group has no usable group_size (%s)", render(w["group_size"]))
+			}
+			b = []int64{1, int64(n)}
+		default:
+			return nil, fmt.Sprintf("SRC's config group strategy %s is neither group nor channel", render(st))
+		}
+		if out != nil && !equalInts(out, b) {
+			return nil, "SRC's config groups differ in their weights strategy or group size, so moeprep cannot have converted it"
+		}
+		out = b
+	}
+	if out == nil {
+		return nil, "SRC's compressed-tensors quantization_config has no config group"
+	}
+	return out, ""
+}
+
+// srcInt4Tensors reads, from SRC's tensors, the dtype of the routed
+// experts' weight_scale tensors (all one) and how the shared expert is
+// stored: "" "" when packed like the routed experts, else "none" and the
+// dtype of its plain weights. A non-empty problem says why convert would
+// have refused SRC.
+func srcInt4Tensors(src *checkpoint.Checkpoint, plan *family.Plan) (scale, sharedQ, sharedDT, why string) {
+	var from string
+	for _, l := range plan.Layers {
+		for _, e := range l.Experts {
+			for _, name := range []string{e.GateScale, e.UpScale, e.DownScale} {
+				t, ok := src.Tensor(name)
+				if !ok {
+					return "", "", "", fmt.Sprintf("SRC has no scale tensor %s", render(name))
+				}
+				if scale == "" {
+					scale, from = string(t.DType), name
+				} else if string(t.DType) != scale {
+					return "", "", "", fmt.Sprintf("SRC's scale %s is %s and %s is %s, so moeprep cannot have converted it", name, t.DType, from, scale)
+				}
+			}
+		}
+		if l.Shared == nil {
+			continue
+		}
+		var q, dt string
+		for _, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
+			t, ok := src.Tensor(name)
+			if !ok {
+				return "", "", "", fmt.Sprintf("SRC has no shared expert tensor %s", render(name))
+			}
+			tq, tdt := "", ""
+			if t.DType != safetensors.I32 {
+				tq, tdt = string(family.QuantNone), string(t.DType)
+			}
+			if q == "" && dt == "" {
+				q, dt = tq, tdt
+			} else if tq != q || tdt != dt {
+				return "", "", "", fmt.Sprintf("SRC's shared expert tensor %s is %s unlike its other projections", name, t.DType)
+			}
+		}
+		if sharedQ == "" && sharedDT == "" {
+			sharedQ, sharedDT = q, dt
+		} else if q != sharedQ || dt != sharedDT {
+			return "", "", "", fmt.Sprintf("SRC's layer %d shared expert is stored unlike another layer's", l.Index)
+		}
+	}
+	if scale == "" {
+		return "", "", "", "SRC has no expert scale tensors"
+	}
+	return scale, sharedQ, sharedDT, ""
 }

@@ -93,7 +93,30 @@ func (fl *FusedLayer) StackDims(src TensorSource) (h, inter int, err error) {
 	if want := int64(fl.Contract.BankSize()); t.Shape[0] != want {
 		return 0, 0, fmt.Errorf("%s: layer %d: tensor %s holds %d experts, the contract says %d routed + %d fused shared", t.File, fl.Index, name, t.Shape[0], fl.Contract.NumExperts, fl.Contract.NumFusedSharedExperts)
 	}
-	return int(t.Shape[1]), int(t.Shape[2]), nil
+	h, inter = int(t.Shape[1]), int(t.Shape[2])
+	if wf, err := fl.Contract.Format(); err == nil {
+		if elems, _ := wf.Packing(); elems > 1 {
+			// Packed along a row (INT4: [E, H, ceil(I/8)] I32): I is the
+			// rows of the gate stack, half those of gate-up.
+			gname, half := fl.Names.Gate, 1
+			if fl.Names.Layout.Fused() {
+				gname, half = fl.Names.GateUp, 2
+			}
+			g, ok := src.Tensor(gname)
+			if !ok {
+				return 0, 0, fmt.Errorf("layer %d: tensor %s is missing", fl.Index, gname)
+			}
+			if len(g.Shape) != 3 || g.Shape[1] <= 0 || g.Shape[1]%int64(half) != 0 || g.Shape[1] > math.MaxInt32 {
+				return 0, 0, fmt.Errorf("%s: layer %d: tensor %s has shape %v, want [experts,%dI,H packed]", g.File, fl.Index, gname, g.Shape, half)
+			}
+			inter = int(g.Shape[1]) / half
+			got := weightfmt.Matrix{Format: wf, Rows: int64(h), Cols: int64(inter)}.Shape()[1]
+			if got != t.Shape[2] {
+				return 0, 0, fmt.Errorf("%s: layer %d: tensor %s has shape %v, want [experts,%d,%d] for I=%d", t.File, fl.Index, name, t.Shape, h, got, inter)
+			}
+		}
+	}
+	return h, inter, nil
 }
 
 // loader returns the ExpertLoader of the layer's bank.
@@ -323,7 +346,7 @@ func (fl *FusedLayer) denseMLP(src TensorSource, m family.MLP, x []float32, t, h
 		return nil, fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.Gate, gt.Shape, h)
 	}
 	inter := int(gt.Shape[0])
-	wf, err := fl.Contract.Format()
+	wf, err := fl.Contract.SharedFormat()
 	if err != nil {
 		return nil, err
 	}

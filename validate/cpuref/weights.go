@@ -138,7 +138,13 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 	if m.Rows < 0 || m.Cols < 0 || m.RowStart < 0 || m.RowStart+m.Rows > sliceRows {
 		return nil, fmt.Errorf("tensor %s: rows %d..%d of a %d-row slice", m.Name, m.RowStart, m.RowStart+m.Rows, sliceRows)
 	}
-	t, off, err := lookup(src, m.Name, m.Index, sliceRows, m.Cols)
+	wcols := m.Cols // stored columns: fewer where elements pack (INT4: eight to an I32)
+	if m.Scale != "" && m.Format != nil {
+		if elems, _ := m.Format.Packing(); elems > 1 {
+			wcols = int(weightfmt.Matrix{Format: m.Format, Rows: 1, Cols: int64(m.Cols)}.Shape()[1])
+		}
+	}
+	t, off, err := lookup(src, m.Name, m.Index, sliceRows, wcols)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,331 @@
+package family
+
+import (
+	"encoding/binary"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
+)
+
+// This file reads compressed-tensors pack-quantized INT4 (W4A16,
+// symmetric, strategy group or channel) into a Plan: Kimi-K2-Thinking's
+// and Kimi-K2.5's routed experts, llm-compressor's W4A16 releases. Its
+// ignore list may leave the shared expert BF16 (Kimi: re:.*shared_experts.*),
+// which the plan then states apart (SharedQuantization).
+
+// TensorBytes is what a Tensors may also implement to hand family the bytes
+// of a small tensor (compressed-tensors' weight_shape, two int64s), at most
+// max bytes of it; checkpoint.Checkpoint does. Without it the values of
+// weight_shape go unchecked here (their dtype and shape still are).
+type TensorBytes interface {
+	SmallTensorBytes(name string, max int64) ([]byte, error)
+}
+
+// isCTPacked reports whether a compressed-tensors quantization_config
+// describes pack-quantized weights (its own format, or any config group's).
+func isCTPacked(q config) bool {
+	if f, _ := q.str("format", ""); f == "pack-quantized" {
+		return true
+	}
+	groups, ok, err := q.object("config_groups")
+	if err != nil || !ok {
+		return false
+	}
+	for _, name := range slices.Sorted(maps.Keys(groups.m)) {
+		g, ok, err := groups.object(name)
+		if err != nil || !ok {
+			continue
+		}
+		if f, _ := g.str("format", ""); f == "pack-quantized" {
+			return true
+		}
+	}
+	return false
+}
+
+// readCTInt4 reads a compressed-tensors quantization_config whose every
+// config group is pack-quantized INT4 (type int, num_bits 4, symmetric,
+// static) of one strategy and group size, without activation quantisation
+// (W4A16), and returns the group size (0 for strategy channel).
+func readCTInt4(q config) (int64, error) {
+	topFmt, err := q.str("format", "")
+	if err != nil {
+		return 0, err
+	}
+	groups, ok, err := q.object("config_groups")
+	if err != nil {
+		return 0, err
+	}
+	if !ok || len(groups.m) == 0 {
+		return 0, q.missing("config_groups")
+	}
+	group := int64(-1)
+	for _, name := range slices.Sorted(maps.Keys(groups.m)) {
+		g, _, err := groups.object(name)
+		if err != nil {
+			return 0, err
+		}
+		f, err := g.str("format", topFmt)
+		if err != nil {
+			return 0, err
+		}
+		if f != "pack-quantized" {
+			return 0, g.errorf("format", "%q is not supported with pack-quantized config groups (one expert format per checkpoint)", f)
+		}
+		w, ok, err := g.object("weights")
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
+			return 0, g.missing("weights")
+		}
+		if t, err := w.str("type", "int"); err != nil {
+			return 0, err
+		} else if t != "int" {
+			return 0, w.errorf("type", "%q is not supported (only int)", t)
+		}
+		if b, err := w.intIn("num_bits", 8, 1, 64); err != nil {
+			return 0, err
+		} else if b != 4 {
+			return 0, w.errorf("num_bits", "%d is not supported (only 4: INT4, eight to an int32)", b)
+		}
+		if sym, err := w.boolean("symmetric", true); err != nil {
+			return 0, err
+		} else if !sym {
+			return 0, w.errorf("symmetric", "false is not supported (asymmetric INT4 stores a zero point, weight_zero_point, which moeprep does not carry)")
+		}
+		if d, err := w.boolean("dynamic", false); err != nil {
+			return 0, err
+		} else if d {
+			return 0, w.errorf("dynamic", "true is not supported (weights quantised at run time have no stored scales)")
+		}
+		if w.has("actorder") {
+			if a, err := w.str("actorder", ""); err != nil {
+				// actorder may also be a boolean in older configs.
+				if b, berr := w.boolean("actorder", false); berr != nil || b {
+					return 0, w.errorf("actorder", "is not supported (activation ordering stores weight_g_idx: columns not in scale-group order)")
+				}
+			} else if a == "group" || a == "dynamic" {
+				return 0, w.errorf("actorder", "%q is not supported (activation ordering stores weight_g_idx: columns not in scale-group order)", a)
+			}
+		}
+		strategy, err := w.str("strategy", "group")
+		if err != nil {
+			return 0, err
+		}
+		var gs int64
+		switch strategy {
+		case "group":
+			n, err := w.intIn("group_size", 0, 1, maxDim)
+			if err != nil {
+				return 0, err
+			}
+			if n == 0 {
+				return 0, w.missing("group_size")
+			}
+			gs = int64(n)
+		case "channel":
+		default:
+			return 0, w.errorf("strategy", "%q is not supported (only group or channel)", strategy)
+		}
+		if group >= 0 && gs != group {
+			return 0, groups.errorf(name, "weights strategy %s group size %d differs from another config group's %d: one expert format per checkpoint", strategy, gs, group)
+		}
+		group = gs
+		if a, ok, err := g.object("input_activations"); err != nil {
+			return 0, err
+		} else if ok && len(a.m) > 0 {
+			return 0, a.errorf("num_bits", "activation quantisation with pack-quantized INT4 weights is not supported (only W4A16: input_activations null)")
+		}
+	}
+	return group, nil
+}
+
+// checkInt4Groups resolves an int4_pack checkpoint's ignore list: the
+// routed experts must be INT4; the shared expert of a family that has one
+// is INT4 too, or left unquantised (Kimi: its re:.*shared_experts.*), which
+// the plan records as SharedQuantization none.
+func checkInt4Groups(raw map[string]any, t Tensors, p *Plan) error {
+	descs, err := DetectQuant(raw, hfQuantOf(t))
+	if err != nil {
+		return err
+	}
+	for _, d := range descs {
+		if d.Groups[GroupExperts] == "" {
+			return fmt.Errorf("%s: %s: %s: the routed experts are left unquantised by the ignore list while the format is %s; moeprep carries one routed expert format per checkpoint",
+				d.File, d.Key, d.Summary(), d.Label)
+		}
+		if p.NumSharedExperts > 0 && d.Groups[GroupShared] == "" {
+			p.SharedQuantization = QuantNone
+		}
+	}
+	return nil
+}
+
+// SharedFormat is how the plan's shared expert is stored: Format, unless
+// SharedQuantization says otherwise (plain weights of SharedWeightDType).
+func (p *Plan) SharedFormat() (weightfmt.Format, error) {
+	if p.SharedQuantization == "" {
+		return p.Format()
+	}
+	return weightfmt.New(weightfmt.Spec{Quantization: string(p.SharedQuantization), DType: p.SharedWeightDType})
+}
+
+// plainShared reports whether the MLP being checked is a shared expert left
+// unquantised next to quantised routed experts.
+func (k *checker) plainShared() bool {
+	return k.inShared && k.p.SharedQuantization == QuantNone
+}
+
+// int4MLP checks one MLP of INT4 weights: each projection's weight_packed,
+// weight_scale and weight_shape.
+func (k *checker) int4MLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
+	var m MLP
+	names := [3]*string{&m.Gate, &m.Up, &m.Down}
+	scales := [3]*string{&m.GateScale, &m.UpScale, &m.DownScale}
+	shapes := [3]*string{&m.GateShape, &m.UpShape, &m.DownShape}
+	h, i := int64(k.p.HiddenSize), int64(inter)
+	for n, pr := range proj {
+		rows, cols := i, h
+		if n == 2 {
+			rows, cols = h, i
+		}
+		tn, err := k.int4Weight(where, pr, prefix+"."+pr+".weight", rows, cols, hint)
+		if err != nil {
+			return MLP{}, err
+		}
+		*names[n], *scales[n], *shapes[n] = tn.Weight, tn.Scale, tn.Shape
+	}
+	return m, nil
+}
+
+// maxShapeBytes bounds what int4Weight reads of a weight_shape tensor.
+const maxShapeBytes = 64
+
+// int4Weight checks one INT4 projection (plain name weight, [rows, cols]):
+// weight_packed I32 [rows, ceil(cols/8)], weight_scale [rows, cols/group]
+// (or [rows, 1]) of the plan's scale dtype, weight_shape I64 [2] holding
+// [rows, cols]; no weight_zero_point or weight_g_idx.
+func (k *checker) int4Weight(where, role, weight string, rows, cols int64, hint string) (weightfmt.Tensors, error) {
+	tn := weightfmt.Tensors{Weight: weight + "_packed", Scale: weight + "_scale", Shape: weight + "_shape"}
+	for _, extra := range []struct{ suffix, why string }{
+		{"_zero_point", "asymmetric INT4 (a zero point) is not supported: moeprep reads symmetric weights only"},
+		{"_g_idx", "activation-ordered INT4 (weight_g_idx) is not supported: its columns are not in scale-group order"},
+	} {
+		if _, ok := k.t.Lookup(weight + extra.suffix); ok {
+			return tn, fmt.Errorf("%s: %s present: %s", where, weight+extra.suffix, extra.why)
+		}
+	}
+	meta, ok := k.t.Lookup(tn.Weight)
+	if !ok {
+		if _, plain := k.t.Lookup(weight); plain {
+			return tn, fmt.Errorf("%s: %s is stored unpacked (%s) but config.json's quantization_config says pack-quantized INT4 for the routed experts", where, tn.Weight, weight)
+		}
+		return tn, fmt.Errorf("%s: missing tensor %s", where, tn.Weight)
+	}
+	if meta.DType != safetensors.I32 {
+		return tn, fmt.Errorf("%s: %s dtype %s, expected I32 (eight INT4 values to a word)", where, tn.Weight, meta.DType)
+	}
+	if k.dtype == "" {
+		k.dtype, k.dtypeFrom = meta.DType, tn.Weight
+	} else if k.dtype != meta.DType {
+		return tn, fmt.Errorf("%s: %s dtype %s, expected %s like %s", where, role, meta.DType, k.dtype, k.dtypeFrom)
+	}
+	if k.p.ScaleDType == "" {
+		if sm, ok := k.t.Lookup(tn.Scale); ok && isFloat(sm.DType) {
+			k.p.ScaleDType, k.scaleFrom = sm.DType, tn.Scale
+		}
+	}
+	f, err := k.p.Format()
+	if err != nil {
+		return tn, fmt.Errorf("%s: %w", where, err)
+	}
+	mx := weightfmt.Matrix{Format: f, Rows: rows, Cols: cols}
+	if want := mx.Shape(); !slices.Equal(meta.Shape, want) {
+		return tn, fmt.Errorf("%s: %s %s shape %s, expected %s (%s weight [%d, %d], eight INT4 to an int32) %s",
+			where, role, tn.Weight, shapeString(meta.Shape), shapeString(want), role, rows, cols, hint)
+	}
+	if k.p.GroupSize > 0 && cols%k.p.GroupSize != 0 {
+		return tn, fmt.Errorf("%s: %s weight has %d input columns, not a whole number of %d-column scale groups (config.json group_size)", where, role, cols, k.p.GroupSize)
+	}
+	sm, ok := k.t.Lookup(tn.Scale)
+	if !ok {
+		return tn, fmt.Errorf("%s: missing tensor %s (INT4 weights need their scales)", where, tn.Scale)
+	}
+	if sm.DType != k.p.ScaleDType {
+		return tn, fmt.Errorf("%s: %s dtype %s, expected %s like %s", where, tn.Scale, sm.DType, k.p.ScaleDType, k.scaleFrom)
+	}
+	r, c := mx.ScaleShape()
+	if want := []int64{r, c}; !slices.Equal(sm.Shape, want) {
+		g := "one scale per output row"
+		if k.p.GroupSize > 0 {
+			g = fmt.Sprintf("one per %d input columns of each row", k.p.GroupSize)
+		}
+		return tn, fmt.Errorf("%s: %s shape %s, expected %s (%s of %s weight [%d, %d])", where, tn.Scale, shapeString(sm.Shape), shapeString(want), g, role, rows, cols)
+	}
+	shm, ok := k.t.Lookup(tn.Shape)
+	if !ok {
+		return tn, fmt.Errorf("%s: missing tensor %s (compressed-tensors' unpacked [out, in] of %s)", where, tn.Shape, tn.Weight)
+	}
+	if shm.DType != safetensors.I64 || !slices.Equal(shm.Shape, []int64{2}) {
+		return tn, fmt.Errorf("%s: %s is %s %s, expected I64 [2]", where, tn.Shape, shm.DType, shapeString(shm.Shape))
+	}
+	if tb, ok := k.t.(TensorBytes); ok {
+		b, err := tb.SmallTensorBytes(tn.Shape, maxShapeBytes)
+		if err != nil {
+			return tn, fmt.Errorf("%s: %w", where, err)
+		}
+		if len(b) != 16 {
+			return tn, fmt.Errorf("%s: %s holds %d bytes, expected 16", where, tn.Shape, len(b))
+		}
+		got := []int64{int64(binary.LittleEndian.Uint64(b)), int64(binary.LittleEndian.Uint64(b[8:]))}
+		if !slices.Equal(got, []int64{rows, cols}) {
+			return tn, fmt.Errorf("%s: %s says %s, expected [%d, %d] (the %s weight's [out, in] %s)", where, tn.Shape, shapeString(got), rows, cols, role, hint)
+		}
+	}
+	return tn, nil
+}
+
+// plainSharedMLP checks a shared expert left unquantised next to quantised
+// routed experts: float weights, all of one dtype (SharedWeightDType), no
+// scales.
+func (k *checker) plainSharedMLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
+	var m MLP
+	names := [3]*string{&m.Gate, &m.Up, &m.Down}
+	h, i := int64(k.p.HiddenSize), int64(inter)
+	for n, pr := range proj {
+		rows, cols := i, h
+		if n == 2 {
+			rows, cols = h, i
+		}
+		name := prefix + "." + pr + ".weight"
+		meta, ok := k.t.Lookup(name)
+		if !ok {
+			if _, packed := k.t.Lookup(name + "_packed"); packed {
+				return MLP{}, fmt.Errorf("%s: %s is packed INT4 but config.json's ignore list leaves the shared expert unquantised", where, name+"_packed")
+			}
+			return MLP{}, fmt.Errorf("%s: missing tensor %s", where, name)
+		}
+		if want := []int64{rows, cols}; !slices.Equal(meta.Shape, want) {
+			return MLP{}, fmt.Errorf("%s: %s shape %s, expected %s %s", where, pr, shapeString(meta.Shape), shapeString(want), hint)
+		}
+		if !isFloat(meta.DType) {
+			return MLP{}, fmt.Errorf("%s: %s dtype %s, expected BF16, F16 or F32 (the ignore list leaves the shared expert unquantised)", where, name, meta.DType)
+		}
+		if k.p.SharedWeightDType == "" {
+			k.p.SharedWeightDType, k.sharedFrom = meta.DType, name
+		} else if meta.DType != k.p.SharedWeightDType {
+			return MLP{}, fmt.Errorf("%s: %s dtype %s, expected %s like %s", where, pr, meta.DType, k.p.SharedWeightDType, k.sharedFrom)
+		}
+		for _, sfx := range []string{"_scale", "_scale_inv"} {
+			if _, has := k.t.Lookup(name + sfx); has {
+				return MLP{}, fmt.Errorf("%s: %s present but the ignore list leaves the shared expert unquantised", where, name+sfx)
+			}
+		}
+		*names[n] = name
+	}
+	return m, nil
+}

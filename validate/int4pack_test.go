@@ -1,0 +1,248 @@
+package validate
+
+import (
+	"context"
+	"encoding/binary"
+	"math"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/weightfmt"
+)
+
+// Pack-quantized INT4 checkpoints (issue 29: Kimi-K2-Thinking's layout,
+// INT4 routed experts beside a BF16 shared expert) at sizes, seeds and
+// group counts that none of the synth presets has: convert in every layout
+// passes validate on the CPU (exact dequantisation on both paths, byte
+// proof), each mutation of DST fails it, and what cannot be carried is
+// refused in one line.
+
+func int4Specs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// Kimi-K2's family and ignore list, group 32: 3 groups a gate row, 2 a down row.
+		"kimi-g32": {Family: "kimi_k2", Layers: 2, DenseLayers: 1, Hidden: 96, Intermediate: 64,
+			Experts: 12, SharedExperts: 1, TopK: 3, RoutedScalingFactor: 2.5,
+			DType: fixtures.DTypeInt4Pack, GroupSize: 32, Vocab: 64, Seed: 2001, BiasLike: "deepseek"},
+		// One scale per row (strategy channel), no shared expert.
+		"qwen3-channel": {Family: "qwen3_moe", Layers: 2, DenseLayers: 1, Hidden: 80, Intermediate: 40,
+			Experts: 6, TopK: 2, DType: fixtures.DTypeInt4Pack, Vocab: 64, Seed: 2002},
+		// Groups of 16, two shared experts (one BF16 shared MLP of 2I), grouped routing.
+		"deepseek-v3-g16": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 64, Intermediate: 48,
+			Experts: 8, SharedExperts: 2, TopK: 2, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 1.5,
+			DType: fixtures.DTypeInt4Pack, GroupSize: 16, Vocab: 64, Seed: 2003},
+	}
+}
+
+func synthInt4(t *testing.T, name string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), name)
+	if _, err := fixtures.Write(context.Background(), dir, int4Specs()[name], fixtures.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestInt4ConversionsValidate(t *testing.T) {
+	for name, spec := range int4Specs() {
+		t.Run(name, func(t *testing.T) {
+			src := synthInt4(t, name)
+			for _, o := range []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}} {
+				dst := convertInto(t, src, o)
+				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCPU})
+				if err != nil {
+					t.Fatalf("%+v: %v", o, err)
+				}
+				mustPass(t, rep, "validate failed on a correct INT4 conversion")
+				c := readContract(t, dst)
+				wantBlock := []int64{1, int64(spec.GroupSize)}
+				if c.Quantization != weightfmt.QuantInt4Pack || c.WeightDType != "I32" || c.ScaleDType != "BF16" ||
+					len(c.WeightBlockSize) != 2 || c.WeightBlockSize[0] != wantBlock[0] || c.WeightBlockSize[1] != wantBlock[1] {
+					t.Errorf("contract quantization %q weight_dtype %q scale_dtype %q weight_block_size %v, want int4_pack I32 BF16 %v",
+						c.Quantization, c.WeightDType, c.ScaleDType, c.WeightBlockSize, wantBlock)
+				}
+				wantShared := ""
+				if spec.SharedExperts > 0 {
+					wantShared = "none"
+				}
+				if c.SharedQuantization != wantShared || (wantShared != "") != (c.SharedWeightDType == "BF16") {
+					t.Errorf("contract shared_quantization %q shared_weight_dtype %q, want %q", c.SharedQuantization, c.SharedWeightDType, wantShared)
+				}
+				if c.RoutedScalingFactorFolded {
+					t.Errorf("%+v: rsf folded into BF16 INT4 scales by default", o)
+				}
+			}
+		})
+	}
+}
+
+// int4Word is word w of expert e's slice of a packed stack.
+func int4Word(raw []byte, shape []int64, e, w int) []byte {
+	s := slice(raw, shape, e)
+	return s[4*w : 4*w+4]
+}
+
+// TestInt4MutationsFail: one flipped nibble in one expert, two scale
+// groups of a row swapped, two differing nibbles of one word swapped
+// (nibble order), and one scale changed each fail validate: the layer
+// checks alone (--skip-bytes) and the whole run.
+func TestInt4MutationsFail(t *testing.T) {
+	const prefix = "model.layers.1.mlp"
+	g32 := weightfmt.Int4Pack(32, "BF16")
+	ch := weightfmt.Int4Pack(0, "BF16")
+	cases := []struct {
+		name, fixture string
+		o             convert.Options
+		mutate        func(t *testing.T, dst string)
+	}{
+		{"one flipped nibble in one expert", "kimi-g32", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
+			n := layout.NamesFor(layout.Stacked, prefix, g32)
+			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
+				w := int4Word(raw, shape, 5, 9)
+				v := binary.LittleEndian.Uint32(w)
+				binary.LittleEndian.PutUint32(w, v^(0x8<<12)) // element 8*9+3 of its row: u -> u^8, the weight's sign and size
+			})
+		}},
+		{"two scale groups swapped", "kimi-g32", convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
+			n := layout.NamesFor(layout.GateUp, prefix, g32)
+			rewriteTensor(t, dst, n.GateUpScale, func(raw []byte, shape []int64) {
+				e := slice(raw, shape, 2)
+				r := 7 * int(shape[2]) * 2 // row 7, BF16 scales
+				for g := 0; g < 2; g++ {
+					if e[r+0] == e[r+2] && e[r+1] == e[r+3] {
+						r += int(shape[2]) * 2 // equal scales: the next row
+					}
+				}
+				e[r], e[r+1], e[r+2], e[r+3] = e[r+2], e[r+3], e[r], e[r+1]
+			})
+		}},
+		{"nibble order reversed within one word", "qwen3-channel", convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
+			n := layout.NamesFor(layout.UpGate, prefix, ch)
+			rewriteTensor(t, dst, n.GateUp, func(raw []byte, shape []int64) {
+				for w := 3; ; w++ {
+					b := int4Word(raw, shape, 4, w)
+					v := binary.LittleEndian.Uint32(b)
+					lo, hi := v&0xF, v>>28
+					if lo == hi {
+						continue
+					}
+					v = v&^(0xF|0xF<<28) | hi | lo<<28 // swap the first and last nibbles
+					binary.LittleEndian.PutUint32(b, v)
+					return
+				}
+			})
+		}},
+		{"a scale changed", "deepseek-v3-g16", convert.Options{Layout: layout.Stacked, TP: 2}, func(t *testing.T, dst string) {
+			n := layout.NamesFor(layout.Stacked, prefix, weightfmt.Int4Pack(16, "BF16"))
+			rewriteTensor(t, dst, n.UpScale, func(raw []byte, shape []int64) {
+				e := slice(raw, shape, 6)
+				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(e[10:]))
+				binary.LittleEndian.PutUint16(e[10:], numfmt.F32ToBF16(v*1.5))
+			})
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := synthInt4(t, tc.fixture)
+			dst := convertInto(t, src, tc.o)
+			tc.mutate(t, dst)
+			for _, bytes := range []string{BytesOff, BytesAuto} {
+				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Device: DeviceCPU, Bytes: bytes})
+				if err != nil {
+					t.Fatalf("bytes %s: the mutation made the input unusable instead of failing the check: %v", bytes, err)
+				}
+				if !rep.Failed() {
+					t.Fatalf("bytes %s: mutation not caught", bytes)
+				}
+				worst := 0.0
+				for _, r := range rep.Rows {
+					if !r.Pass && r.Tolerance.MaxRelL2 > 0 && !math.IsNaN(r.RelL2) {
+						worst = max(worst, r.RelL2/r.Tolerance.MaxRelL2)
+					}
+				}
+				t.Logf("bytes %s: caught: %s (worst row %.0fx its threshold)", bytes, strings.SplitN(rep.Err().Error(), ";", 2)[0], worst)
+			}
+		})
+	}
+}
+
+// TestInt4Refusals: what moeprep cannot carry of INT4 is refused with one
+// line naming the reason.
+func TestInt4Refusals(t *testing.T) {
+	weights := func(c map[string]any) map[string]any {
+		return c["quantization_config"].(map[string]any)["config_groups"].(map[string]any)["group_0"].(map[string]any)["weights"].(map[string]any)
+	}
+	cases := []struct {
+		name, fixture string
+		edit          func(c map[string]any)
+		src           func(t *testing.T, src string)
+		fuse          bool
+		want          string
+	}{
+		{"asymmetric", "kimi-g32", func(c map[string]any) { weights(c)["symmetric"] = false }, nil, false,
+			"weight_zero_point"},
+		{"activation order (g_idx)", "kimi-g32", func(c map[string]any) { weights(c)["actorder"] = "group" }, nil, false,
+			"weight_g_idx"},
+		{"W4A8", "qwen3-channel", func(c map[string]any) {
+			c["quantization_config"].(map[string]any)["config_groups"].(map[string]any)["group_0"].(map[string]any)["input_activations"] =
+				map[string]any{"num_bits": 8, "type": "int", "dynamic": true}
+		}, nil, false, "only W4A16"},
+		{"routed experts ignored", "kimi-g32", func(c map[string]any) {
+			c["quantization_config"].(map[string]any)["ignore"] = []any{"lm_head", "re:.*experts.*"}
+		}, nil, false, "the routed experts are left unquantised"},
+		{"a group size that does not divide the row", "qwen3-channel", func(c map[string]any) {
+			w := weights(c)
+			w["strategy"], w["group_size"] = "group", 24
+		}, nil, false, "not a whole number of 24-column scale groups"},
+		{"weight_shape not the expert's", "kimi-g32", nil, func(t *testing.T, src string) {
+			rewriteTensor(t, src, "model.layers.1.mlp.experts.3.up_proj.weight_shape", func(raw []byte, _ []int64) {
+				binary.LittleEndian.PutUint64(raw[8:], 95)
+			})
+		}, false, "weight_shape says [64,95], expected [64, 96]"},
+		{"fuse-shared with a BF16 shared expert", "kimi-g32", nil, nil, true,
+			"routed experts INT4 (int4_pack, BF16 scales), shared expert BF16: fusing would requantise the shared expert (issue 29's --requantize-shared, not built)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := synthInt4(t, tc.fixture)
+			if tc.edit != nil {
+				testkit.EditJSON(t, filepath.Join(src, "config.json"), tc.edit)
+			}
+			if tc.src != nil {
+				tc.src(t, src)
+			}
+			_, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: filepath.Join(t.TempDir(), "dst"), Layout: layout.Stacked, FuseShared: tc.fuse})
+			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("got %v, want one line containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestInt4GPURefusal: the GPU kernels have no INT4 path: --device cuda
+// refuses, naming the format, before any layer runs; --device auto runs on
+// the CPU with a note.
+func TestInt4GPURefusal(t *testing.T) {
+	old := cudaAvailable
+	cudaAvailable = func() error { return nil } // as on a machine with a GPU
+	t.Cleanup(func() { cudaAvailable = old })
+	src := synthInt4(t, "kimi-g32")
+	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
+	_, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA})
+	if err == nil || !strings.Contains(err.Error(), "INT4 expert weights (quantization int4_pack, BF16 scales) have no GPU path") {
+		t.Fatalf("--device cuda: %v", err)
+	}
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: "auto"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustPass(t, rep, "--device auto")
+	if rep.Device != DeviceCPU || !strings.Contains(strings.Join(rep.Notes, "\n"), "no GPU path") {
+		t.Fatalf("--device auto ran on %s, notes %q", rep.Device, rep.Notes)
+	}
+}
