@@ -173,7 +173,7 @@ func (p *planner) checkFusable() error {
 	}
 	if fp.SharedQuantization != "" {
 		rf, _ := p.wf.Scale()
-		return fmt.Errorf("%s: routed experts %s (%s, %s scales), shared expert %s: fusing would requantise the shared expert (issue 29's --requantize-shared, not built); use moeprep convert instead",
+		return fmt.Errorf("%s: routed experts %s (%s, %s scales), shared expert %s: fusing would requantise the shared expert and moeprep does not requantise yet; use moeprep convert instead",
 			p.ck.Dir, p.wf, p.wf.Quantization(), rf.DType, fp.SharedWeightDType)
 	}
 	if fp.RoutedInputScaled {
