@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -105,14 +106,22 @@ func readContract(t *testing.T, dir string) *layout.Contract {
 // of the fused shared expert changed each fail validate: the layer checks
 // alone (--skip-bytes) and the whole run.
 func TestFP8ScaledMutationsFail(t *testing.T) {
+	fp8ScaledMutationsFail(t, DeviceCPU, BytesOff)
+	fp8ScaledMutationsFail(t, DeviceCPU, BytesAuto)
+}
+
+// fp8ScaledMutation is one corruption of a converted FP8 checkpoint.
+type fp8ScaledMutation struct {
+	name, fixture string
+	o             convert.Options
+	mutate        func(t *testing.T, dst string)
+}
+
+func fp8ScaledMutations() []fp8ScaledMutation {
 	const prefix = "model.layers.1.mlp"
 	channel := weightfmt.FP8Channel("BF16")
 	tensor := weightfmt.FP8Tensor("F32")
-	cases := []struct {
-		name, fixture string
-		o             convert.Options
-		mutate        func(t *testing.T, dst string)
-	}{
+	return []fp8ScaledMutation{
 		{"flipped FP8 byte in one expert", "qwen3-channel", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, channel)
 			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
@@ -149,18 +158,29 @@ func TestFP8ScaledMutationsFail(t *testing.T) {
 			})
 		}},
 	}
-	for _, tc := range cases {
+}
+
+// fp8ScaledMutationsFail runs validate on device with the byte mode
+// bytes on every mutation, or on those named only.
+func fp8ScaledMutationsFail(t *testing.T, device, bytes string, only ...string) {
+	for _, tc := range fp8ScaledMutations() {
+		if len(only) > 0 && !slices.Contains(only, tc.name) {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			src := synthFP8Scaled(t, tc.fixture)
 			dst := convertInto(t, src, tc.o)
 			tc.mutate(t, dst)
-			for _, bytes := range []string{BytesOff, BytesAuto} {
-				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Device: DeviceCPU, Bytes: bytes})
+			{
+				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Device: device, Bytes: bytes})
 				if err != nil {
 					t.Fatalf("bytes %s: the mutation made the input unusable instead of failing the check: %v", bytes, err)
 				}
 				if !rep.Failed() {
 					t.Fatalf("bytes %s: mutation not caught", bytes)
+				}
+				if rep.Device != device {
+					t.Fatalf("bytes %s: ran on %s, want %s", bytes, rep.Device, device)
 				}
 				worst := 0.0
 				for _, r := range rep.Rows {
@@ -216,25 +236,75 @@ func TestFP8ScaledRefusals(t *testing.T) {
 	}
 }
 
-// TestFP8ScaledGPURefusal: the GPU kernels have no path for these formats:
-// --device cuda refuses, naming the format and why, before any layer runs;
-// --device auto runs on the CPU with a note, with or without a GPU.
+// TestFP8ScaledGPURefusal: the GPU decodes these formats to bf16, so only
+// its bf16 precision runs them: --device cuda with --precision f32 or fp8
+// refuses, naming the format and why, before any layer runs; --device
+// auto then runs on the CPU with a note, with or without a GPU.
 func TestFP8ScaledGPURefusal(t *testing.T) {
 	old := cudaAvailable
 	cudaAvailable = func() error { return nil } // as on a machine with a GPU
 	t.Cleanup(func() { cudaAvailable = old })
 	src := synthFP8Scaled(t, "qwen3-channel")
 	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
-	_, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA})
-	if err == nil || !strings.Contains(err.Error(), "FP8 per-channel expert weights (quantization fp8_channel, BF16 scales) have no GPU path") {
-		t.Fatalf("--device cuda: %v", err)
+	for _, prec := range []string{PrecisionF32, PrecisionFP8} {
+		_, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA, GPUPrecision: prec})
+		want := "FP8 per-channel expert weights (quantization fp8_channel, BF16 scales) are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not " + prec + ")"
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("--device cuda --precision %s: %v", prec, err)
+		}
+		rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: "auto", GPUPrecision: prec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustPass(t, rep, "--device auto")
+		if rep.Device != DeviceCPU || !strings.Contains(strings.Join(rep.Notes, "\n"), "decoded to bf16 on the GPU") {
+			t.Fatalf("--device auto ran on %s, notes %q", rep.Device, rep.Notes)
+		}
 	}
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: "auto"})
-	if err != nil {
-		t.Fatal(err)
+}
+
+// TestGPUFP8Scaled: on the GPU (bf16 precision, the gpu-bf16 tolerance)
+// every FP8 per-channel and per-tensor conversion of fp8ScaledSpecs passes
+// validate --device cuda, and every mutation fails it.
+func TestGPUFP8Scaled(t *testing.T) {
+	needGPU(t)
+	for name, spec := range fp8ScaledSpecs() {
+		t.Run(name, func(t *testing.T) {
+			src := synthFP8Scaled(t, name)
+			runs := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate}}
+			if spec.SharedExperts > 0 {
+				runs = append(runs,
+					convert.Options{Layout: layout.Stacked, FuseShared: true, TP: 2},
+					convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 1, FoldScaling: layout.FoldDown})
+			}
+			for _, o := range runs {
+				dst := convertInto(t, src, o)
+				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCUDA})
+				if err != nil {
+					t.Fatalf("%+v: %v", o, err)
+				}
+				mustPass(t, rep, "validate --device cuda failed on a correct FP8 conversion")
+				if rep.Device != DeviceCUDA {
+					t.Fatalf("ran on %s", rep.Device)
+				}
+				worst := 0.0
+				for _, r := range rep.Rows {
+					if r.Tolerance.Name == "gpu-bf16" {
+						worst = max(worst, r.RelL2)
+					}
+				}
+				t.Logf("%+v: passes on the GPU, worst gpu-bf16 rel L2 %.2e", o, worst)
+			}
+		})
 	}
-	mustPass(t, rep, "--device auto")
-	if rep.Device != DeviceCPU || !strings.Contains(strings.Join(rep.Notes, "\n"), "no GPU path") {
-		t.Fatalf("--device auto ran on %s, notes %q", rep.Device, rep.Notes)
-	}
+	// The whole run fails every mutation (the byte proof sees each). The
+	// layer checks alone judge at gpu-bf16 (2e-2): one flipped FP8 byte or
+	// two swapped scale rows of these fixtures move a layer's output by
+	// ~1e-3 relative (random e4m3 codes span 2^-9..448, so one changed
+	// weight is small beside its row), below it; a changed scale of a
+	// whole weight is not, and must fail the layer checks on the GPU.
+	t.Run("mutations", func(t *testing.T) { fp8ScaledMutationsFail(t, DeviceCUDA, BytesAuto) })
+	t.Run("layer checks", func(t *testing.T) {
+		fp8ScaledMutationsFail(t, DeviceCUDA, BytesOff, "a per-tensor scale changed", "a per-tensor scale of the fused shared expert changed")
+	})
 }

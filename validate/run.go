@@ -841,10 +841,12 @@ func jsonText(v any) string {
 }
 
 // gpuRefusal says why the GPU kernels cannot run SRC's or DST's expert
-// weights as they are stored ("" when they can): FP8 per channel or per
-// tensor has no GPU path yet (the kernels take unquantised weights and FP8
-// 128x128 blocks with F32 scales), and must never be run as if it were one
-// they take.
+// weights ("" when they can): the kernels take unquantised weights and FP8
+// 128x128 blocks with F32 scales as stored, and FP8 per channel or per
+// tensor decoded to bf16 on the device, which only the bf16 precision
+// compares (the decode rounds every weight to bf16 once, which the gpu-f32
+// tolerance would rightly fail and the w8a8 mode does not model). No
+// format may run as if it were one they take.
 func (s *session) gpuRefusal() string {
 	var fs []weightfmt.Format
 	if s.srcPlan != nil {
@@ -862,6 +864,11 @@ func (s *session) gpuRefusal() string {
 		fs = append(fs, f)
 	}
 	for _, f := range fs {
+		if gpurun.DecodesOnDevice(f) && s.o.GPUPrecision != PrecisionBF16 {
+			sc, _ := f.Scale()
+			return fmt.Sprintf("%s expert weights (quantization %s, %s scales) are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not %s)",
+				f, f.Quantization(), sc.DType, s.o.GPUPrecision)
+		}
 		if gpurun.KernelsTake(f) {
 			continue
 		}

@@ -14,8 +14,9 @@ import (
 )
 
 // LoadFusedBank queues the upload of a converted layer's stacked expert
-// tensors (stacked, gate-up or up-gate, bf16/f32 or FP8 with block scales)
-// through s and waits for it.
+// tensors (stacked, gate-up or up-gate, bf16/f32 or FP8 with block scales,
+// or FP8 per channel or per tensor, decoded to bf16 on the device) through
+// s and waits for it.
 func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*Bank, error) {
 	h, inter, err := fl.StackDims(src)
 	if err != nil {
@@ -27,7 +28,8 @@ func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	_, scaled := wf.Scale()
+	sc, scaled := wf.Scale()
+	decode := DecodesOnDevice(wf)
 	if scaled && !kernelsTake(wf) {
 		return nil, fmt.Errorf("layer %d: FP8 blocks %v: the GPU kernels take %dx%d", fl.Index, c.WeightBlockSize, kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)
 	}
@@ -52,6 +54,12 @@ func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*
 	}
 	down := bankPart{n.Down, shapes.Down, &b.Down, n.DownScale, shapes.DownScale, &b.DownScale}
 	for _, group := range [][]bankPart{gateUp, {down}} {
+		if decode {
+			if err := b.uploadDecoded(s, src, group, sc.DType); err != nil {
+				return fail(err)
+			}
+			continue
+		}
 		if err := b.upload(s, src, group, false); err != nil {
 			return fail(err)
 		}
@@ -61,8 +69,9 @@ func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*
 			}
 		}
 	}
-	// The kernels read scales exactly for FP8 weights.
-	if scaled != (b.DType == kernels.MatFP8) {
+	// The kernels read scales exactly for FP8 weights (those decoded on
+	// the device are bf16).
+	if (scaled && !decode) != (b.DType == kernels.MatFP8) {
 		return fail(fmt.Errorf("the contract says quantization %q, the expert weights are %v", c.Quantization, b.DType))
 	}
 	b.Act = c.Act()
@@ -106,13 +115,14 @@ func (b *Bank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
 // a shared expert, gate/up [inter,H], down [H,inter]) as a bank of one
 // expert, with its biases where it has them and the activation act. wf is
 // how its weights are stored; one with no scale (or nil) means unquantised
-// in whatever float dtype the tensors hold. The caller waits on s's stream
+// in whatever float dtype the tensors hold; FP8 per channel or per tensor
+// is decoded to bf16 on the device. The caller waits on s's stream
 // (kernels queued on the same stream run after the copies).
 func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format, act layout.Activation) (*Bank, error) {
 	scaled := false
+	var sc weightfmt.Scale
 	var gr, gc, dr, dc int64
 	if wf != nil {
-		var sc weightfmt.Scale
 		if sc, scaled = wf.Scale(); scaled {
 			if !kernelsTake(wf) {
 				return nil, fmt.Errorf("%s block %s: the GPU kernels take %d", wf, blockEdge(sc.Block), kernels.FP8ScaleBlock)
@@ -134,13 +144,16 @@ func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter in
 		{m.Up, []int64{I, H}, &b.Up, m.UpScale, []int64{gr, gc}, &b.UpScale},
 		{m.Down, []int64{H, I}, &b.Down, m.DownScale, []int64{dr, dc}, &b.DownScale},
 	}
-	if err := b.upload(s, src, parts, false); err != nil {
+	if scaled && DecodesOnDevice(wf) {
+		if err := b.uploadDecoded(s, src, parts, sc.DType); err != nil {
+			return fail(err)
+		}
+	} else if err := b.upload(s, src, parts, false); err != nil {
 		return fail(err)
-	}
-	if scaled != (b.DType == kernels.MatFP8) {
+	} else if scaled != (b.DType == kernels.MatFP8) {
 		return fail(fmt.Errorf("tensor %s is %v, the checkpoint's quantisation says fp8=%v", m.Gate, b.DType, scaled))
 	}
-	if scaled {
+	if scaled && !DecodesOnDevice(wf) {
 		if err := b.upload(s, src, parts, true); err != nil {
 			return fail(err)
 		}
@@ -203,10 +216,10 @@ func blockEdge(b [2]int64) string {
 	return fmt.Sprintf("%dx%d", b[0], b[1])
 }
 
-// kernelsTake reports whether the GPU kernels run weights of format f as
-// they are stored: unscaled, or F8_E4M3 in FP8ScaleBlock-square blocks of
-// F32 scales. Other dtypes of unscaled weights are decoded to f32 on the
-// way (matType).
+// kernelsTake reports whether the GPU kernels run weights of format f: as
+// they are stored, unscaled or F8_E4M3 in FP8ScaleBlock-square blocks of
+// F32 scales (other dtypes of unscaled weights are decoded to f32 on the
+// way, matType), or decoded to bf16 on the device (DecodesOnDevice).
 func kernelsTake(f weightfmt.Format) bool { return KernelsTake(f) }
 
 // KernelsTake is kernelsTake for validate, which refuses (or, with
@@ -214,7 +227,7 @@ func kernelsTake(f weightfmt.Format) bool { return KernelsTake(f) }
 // before any layer runs.
 func KernelsTake(f weightfmt.Format) bool {
 	sc, scaled := f.Scale()
-	if !scaled {
+	if !scaled || DecodesOnDevice(f) {
 		return true
 	}
 	return f.DType() == safetensors.F8E4M3 && sc.DType == safetensors.F32 &&

@@ -38,6 +38,8 @@ type Stager struct {
 	// first ring bytes of dst: the I/O baseline copies every byte without
 	// holding a whole tensor on the device.
 	ring int64
+	// dq is the device scratch of weights decoded on the device (dequant.go).
+	dq dequantScratch
 }
 
 func newStager(dev *cuda.Device, stream cuda.Stream) (*Stager, error) {
@@ -78,6 +80,7 @@ func (s *Stager) free() {
 	for _, b := range s.bufs {
 		b.Free()
 	}
+	s.dq.free()
 }
 
 // buffer returns the next staging buffer once its previous copy is done.
@@ -115,13 +118,20 @@ func (s *Stager) copyTensor(dst cuda.DevicePtr, t *checkpoint.Tensor, decode boo
 	if s.rec != nil {
 		defer s.rec.add(t, decode, total*size, time.Now())
 	}
+	return s.copyElems(dst, t, 0, total, decode)
+}
+
+// copyElems queues the upload of elements [from, to) of tensor t to dst
+// (copyTensor without the record).
+func (s *Stager) copyElems(dst cuda.DevicePtr, t *checkpoint.Tensor, from, to int64, decode bool) error {
+	size := int64(t.DType.Size())
 	per := int64(StageChunkBytes) / size
 	if decode {
 		per = StageChunkBytes / 4
 	}
 	var out int64
-	for off := int64(0); off < total; off += per {
-		n := min(per, total-off)
+	for off := from; off < to; off += per {
+		n := min(per, to-off)
 		i, buf, err := s.buffer()
 		if err != nil {
 			return err
