@@ -873,7 +873,7 @@ func (s *session) gpuRefusal() string {
 			continue
 		}
 		sc, _ := f.Scale()
-		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU kernels take unquantised weights and FP8 128x128 blocks with F32 scales only",
+		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU runs unquantised weights, FP8 128x128 blocks with F32 scales, and FP8 per-channel or per-tensor weights (decoded to bf16)",
 			f, f.Quantization(), sc.DType)
 	}
 	return ""
