@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
@@ -39,11 +37,7 @@ func fp8ScaledSpecs() map[string]fixtures.SynthSpec {
 
 func synthFP8Scaled(t *testing.T, name string) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), name)
-	if _, err := fixtures.Write(context.Background(), dir, fp8ScaledSpecs()[name], fixtures.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return synthFrom(t, fp8ScaledSpecs(), name)
 }
 
 func TestFP8ScaledConversionsValidate(t *testing.T) {
@@ -57,14 +51,7 @@ func TestFP8ScaledConversionsValidate(t *testing.T) {
 					convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 1, FoldScaling: layout.FoldDown},
 					convert.Options{Layout: layout.Stacked, FuseShared: true, TP: 1, FoldScaling: layout.FoldNone})
 			}
-			for _, o := range runs {
-				dst := convertInto(t, src, o)
-				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCPU})
-				if err != nil {
-					t.Fatalf("%+v: %v", o, err)
-				}
-				mustPass(t, rep, "validate failed on a correct FP8 conversion")
-				c := readContract(t, dst)
+			conversionsPass(t, src, DeviceCPU, runs, func(o convert.Options, c *layout.Contract) {
 				wantQ, wantS := weightfmt.QuantFP8Channel, "BF16"
 				if spec.DType == fixtures.DTypeFP8Tensor {
 					wantQ, wantS = weightfmt.QuantFP8Tensor, "F32"
@@ -79,7 +66,7 @@ func TestFP8ScaledConversionsValidate(t *testing.T) {
 						t.Errorf("%+v: folded %v, want %v", o, c.RoutedScalingFactorFolded, wantFold)
 					}
 				}
-			}
+			})
 		})
 	}
 }
@@ -110,18 +97,11 @@ func TestFP8ScaledMutationsFail(t *testing.T) {
 	fp8ScaledMutationsFail(t, DeviceCPU, BytesAuto)
 }
 
-// fp8ScaledMutation is one corruption of a converted FP8 checkpoint.
-type fp8ScaledMutation struct {
-	name, fixture string
-	o             convert.Options
-	mutate        func(t *testing.T, dst string)
-}
-
-func fp8ScaledMutations() []fp8ScaledMutation {
+func fp8ScaledMutations() []dstMutation {
 	const prefix = "model.layers.1.mlp"
 	channel := weightfmt.FP8Channel("BF16")
 	tensor := weightfmt.FP8Tensor("F32")
-	return []fp8ScaledMutation{
+	return []dstMutation{
 		{"flipped FP8 byte in one expert", "qwen3-channel", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, channel)
 			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
@@ -163,35 +143,7 @@ func fp8ScaledMutations() []fp8ScaledMutation {
 // fp8ScaledMutationsFail runs validate on device with the byte mode
 // bytes on every mutation, or on those named only.
 func fp8ScaledMutationsFail(t *testing.T, device, bytes string, only ...string) {
-	for _, tc := range fp8ScaledMutations() {
-		if len(only) > 0 && !slices.Contains(only, tc.name) {
-			continue
-		}
-		t.Run(tc.name, func(t *testing.T) {
-			src := synthFP8Scaled(t, tc.fixture)
-			dst := convertInto(t, src, tc.o)
-			tc.mutate(t, dst)
-			{
-				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Device: device, Bytes: bytes})
-				if err != nil {
-					t.Fatalf("bytes %s: the mutation made the input unusable instead of failing the check: %v", bytes, err)
-				}
-				if !rep.Failed() {
-					t.Fatalf("bytes %s: mutation not caught", bytes)
-				}
-				if rep.Device != device {
-					t.Fatalf("bytes %s: ran on %s, want %s", bytes, rep.Device, device)
-				}
-				worst := 0.0
-				for _, r := range rep.Rows {
-					if !r.Pass && r.Tolerance.MaxRelL2 > 0 && !math.IsNaN(r.RelL2) {
-						worst = max(worst, r.RelL2/r.Tolerance.MaxRelL2)
-					}
-				}
-				t.Logf("bytes %s: caught: %s (worst row %.0fx its threshold)", bytes, strings.SplitN(rep.Err().Error(), ";", 2)[0], worst)
-			}
-		})
-	}
+	mutationsFail(t, fp8ScaledSpecs(), fp8ScaledMutations(), device, []string{bytes}, only...)
 }
 
 // TestFP8ScaledRefusals: what moeprep cannot carry of these formats is
@@ -277,16 +229,8 @@ func TestGPUFP8Scaled(t *testing.T) {
 					convert.Options{Layout: layout.Stacked, FuseShared: true, TP: 2},
 					convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 1, FoldScaling: layout.FoldDown})
 			}
-			for _, o := range runs {
-				dst := convertInto(t, src, o)
-				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCUDA})
-				if err != nil {
-					t.Fatalf("%+v: %v", o, err)
-				}
-				mustPass(t, rep, "validate --device cuda failed on a correct FP8 conversion")
-				if rep.Device != DeviceCUDA {
-					t.Fatalf("ran on %s", rep.Device)
-				}
+			for i, rep := range conversionsPass(t, src, DeviceCUDA, runs, nil) {
+				o := runs[i]
 				worst := 0.0
 				for _, r := range rep.Rows {
 					if r.Tolerance.Name == "gpu-bf16" {

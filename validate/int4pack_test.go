@@ -3,7 +3,6 @@ package validate
 import (
 	"context"
 	"encoding/binary"
-	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -41,25 +40,15 @@ func int4Specs() map[string]fixtures.SynthSpec {
 
 func synthInt4(t *testing.T, name string) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), name)
-	if _, err := fixtures.Write(context.Background(), dir, int4Specs()[name], fixtures.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return synthFrom(t, int4Specs(), name)
 }
 
 func TestInt4ConversionsValidate(t *testing.T) {
 	for name, spec := range int4Specs() {
 		t.Run(name, func(t *testing.T) {
 			src := synthInt4(t, name)
-			for _, o := range []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}} {
-				dst := convertInto(t, src, o)
-				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCPU})
-				if err != nil {
-					t.Fatalf("%+v: %v", o, err)
-				}
-				mustPass(t, rep, "validate failed on a correct INT4 conversion")
-				c := readContract(t, dst)
+			runs := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
+			conversionsPass(t, src, DeviceCPU, runs, func(o convert.Options, c *layout.Contract) {
 				wantBlock := []int64{1, int64(spec.GroupSize)}
 				if c.Quantization != weightfmt.QuantInt4Pack || c.WeightDType != "I32" || c.ScaleDType != "BF16" ||
 					len(c.WeightBlockSize) != 2 || c.WeightBlockSize[0] != wantBlock[0] || c.WeightBlockSize[1] != wantBlock[1] {
@@ -76,7 +65,7 @@ func TestInt4ConversionsValidate(t *testing.T) {
 				if c.RoutedScalingFactorFolded {
 					t.Errorf("%+v: rsf folded into BF16 INT4 scales by default", o)
 				}
-			}
+			})
 		})
 	}
 }
@@ -95,11 +84,7 @@ func TestInt4MutationsFail(t *testing.T) {
 	const prefix = "model.layers.1.mlp"
 	g32 := weightfmt.Int4Pack(32, "BF16")
 	ch := weightfmt.Int4Pack(0, "BF16")
-	cases := []struct {
-		name, fixture string
-		o             convert.Options
-		mutate        func(t *testing.T, dst string)
-	}{
+	cases := []dstMutation{
 		{"one flipped nibble in one expert", "kimi-g32", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, g32)
 			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
@@ -146,29 +131,7 @@ func TestInt4MutationsFail(t *testing.T) {
 			})
 		}},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			src := synthInt4(t, tc.fixture)
-			dst := convertInto(t, src, tc.o)
-			tc.mutate(t, dst)
-			for _, bytes := range []string{BytesOff, BytesAuto} {
-				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Device: DeviceCPU, Bytes: bytes})
-				if err != nil {
-					t.Fatalf("bytes %s: the mutation made the input unusable instead of failing the check: %v", bytes, err)
-				}
-				if !rep.Failed() {
-					t.Fatalf("bytes %s: mutation not caught", bytes)
-				}
-				worst := 0.0
-				for _, r := range rep.Rows {
-					if !r.Pass && r.Tolerance.MaxRelL2 > 0 && !math.IsNaN(r.RelL2) {
-						worst = max(worst, r.RelL2/r.Tolerance.MaxRelL2)
-					}
-				}
-				t.Logf("bytes %s: caught: %s (worst row %.0fx its threshold)", bytes, strings.SplitN(rep.Err().Error(), ";", 2)[0], worst)
-			}
-		})
-	}
+	mutationsFail(t, int4Specs(), cases, DeviceCPU, []string{BytesOff, BytesAuto})
 }
 
 // TestInt4Refusals: what moeprep cannot carry of INT4 is refused with one
