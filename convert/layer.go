@@ -17,6 +17,10 @@ type mlpParts struct {
 	gate, up, down                part
 	gateScale, upScale, downScale part
 	gateBias, upBias, downBias    part // gpt-oss; zero parts when the family has none
+	// NVFP4: the per-tensor second scales and the input scales (F32
+	// scalars, 4 bytes each); zero parts for other formats.
+	gateGlobal, upGlobal, downGlobal part
+	gateInput, upInput, downInput    part
 }
 
 // get finds a tensor and checks its dtype and shape.
@@ -107,7 +111,8 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 
 func mlpNames(m family.MLP) []string {
 	var out []string
-	for _, n := range []string{m.Gate, m.Up, m.Down, m.GateScale, m.UpScale, m.DownScale, m.GateBias, m.UpBias, m.DownBias, m.GateShape, m.UpShape, m.DownShape} {
+	for _, n := range []string{m.Gate, m.Up, m.Down, m.GateScale, m.UpScale, m.DownScale, m.GateBias, m.UpBias, m.DownBias, m.GateShape, m.UpShape, m.DownShape,
+		m.GateGlobal, m.UpGlobal, m.DownGlobal, m.GateInput, m.UpInput, m.DownInput} {
 		if n != "" {
 			out = append(out, n)
 		}
@@ -171,6 +176,25 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64) (mlpParts, er
 		return mp, err
 	}
 	mp.gateScale, mp.upScale, mp.downScale = whole(gs), whole(us), whole(ds)
+	if g, ok := weightfmt.GlobalOf(p.wf); ok {
+		for _, s := range []struct {
+			name, role string
+			dst        *part
+		}{{m.GateGlobal, " gate global scale", &mp.gateGlobal}, {m.UpGlobal, " up global scale", &mp.upGlobal}, {m.DownGlobal, " down global scale", &mp.downGlobal},
+			{m.GateInput, " gate input scale", &mp.gateInput}, {m.UpInput, " up input scale", &mp.upInput}, {m.DownInput, " down input scale", &mp.downInput}} {
+			if s.name == "" {
+				continue // no input scales
+			}
+			t, ok := p.ck.Tensor(s.name)
+			if !ok {
+				return mp, fmt.Errorf("%s: %s%s: tensor %s is missing", p.ck.Dir, what, s.role, s.name)
+			}
+			if t.DType != g.DType || t.NumElements() != 1 {
+				return mp, fmt.Errorf("%s: %s%s: tensor %s is %s %v, want one %s", t.File, what, s.role, s.name, t.DType, t.Shape, g.DType)
+			}
+			*s.dst = whole(t)
+		}
+	}
 	return mp, nil
 }
 
@@ -194,6 +218,9 @@ func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64) (mlpP
 		ds, _ := p.ck.Tensor(m.DownScale)
 		sp.gateScale, sp.upScale, sp.downScale = piece(gs, rows.Scale), piece(us, rows.Scale), piece(ds, cols.Scale)
 	}
+	// A slice keeps the whole weight's per-tensor scales.
+	sp.gateGlobal, sp.upGlobal, sp.downGlobal = full.gateGlobal, full.upGlobal, full.downGlobal
+	sp.gateInput, sp.upInput, sp.downInput = full.gateInput, full.upInput, full.downInput
 	return sp, nil
 }
 
@@ -249,6 +276,35 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 		specs = append(specs, spec{names.UpScale, sd.DType, shapes.UpScale, one(func(m mlpParts) part { return m.upScale })})
 		specs = append(specs, spec{names.Down, wd, shapes.Down, one(func(m mlpParts) part { return m.down })})
 		specs = append(specs, spec{names.DownScale, sd.DType, shapes.DownScale, one(func(m mlpParts) part { return m.downScale })})
+	}
+	if g, ok := weightfmt.GlobalOf(p.wf); ok {
+		pair := func(f func(mlpParts) (part, part)) func(mlpParts) []part {
+			if lay == layout.UpGate {
+				return func(m mlpParts) []part { a, b := f(m); return []part{b, a} }
+			}
+			return func(m mlpParts) []part { a, b := f(m); return []part{a, b} }
+		}
+		type scalars struct {
+			gate, up, gateUp, down string
+			pick                   func(mlpParts) (gate, up, down part)
+		}
+		sets := []scalars{{names.GateGlobal, names.UpGlobal, names.GateUpGlobal, names.DownGlobal,
+			func(m mlpParts) (part, part, part) { return m.gateGlobal, m.upGlobal, m.downGlobal }}}
+		if p.fp.NVFP4InputScale {
+			sets = append(sets, scalars{names.GateInput, names.UpInput, names.GateUpInput, names.DownInput,
+				func(m mlpParts) (part, part, part) { return m.gateInput, m.upInput, m.downInput }})
+		}
+		for _, st := range sets {
+			pk := st.pick
+			switch lay {
+			case layout.GateUp, layout.UpGate:
+				specs = append(specs, spec{st.gateUp, g.DType, shapes.GateUpGlobal, pair(func(m mlpParts) (part, part) { a, b, _ := pk(m); return a, b })})
+			default:
+				specs = append(specs, spec{st.gate, g.DType, shapes.GateGlobal, one(func(m mlpParts) part { a, _, _ := pk(m); return a })},
+					spec{st.up, g.DType, shapes.UpGlobal, one(func(m mlpParts) part { _, b, _ := pk(m); return b })})
+			}
+			specs = append(specs, spec{st.down, g.DType, shapes.DownGlobal, one(func(m mlpParts) part { _, _, d := pk(m); return d })})
+		}
 	}
 	if p.fp.ExpertBias {
 		bn, bd := layout.BiasNames(lay, prefix), bank[0].gateBias.dtype

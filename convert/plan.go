@@ -308,6 +308,7 @@ func (p *planner) contract() *layout.Contract {
 			c.WeightBlockSize = []int64{sc.Block[0], sc.Block[1]}
 		}
 	}
+	c.InputScales = fp.NVFP4InputScale
 	if fp.SharedQuantization != "" && !p.o.FuseShared {
 		c.SharedQuantization, c.SharedWeightDType = string(fp.SharedQuantization), string(fp.SharedWeightDType)
 	}

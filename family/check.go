@@ -26,6 +26,10 @@ type checker struct {
 	// sharedFrom set Plan.SharedWeightDType, for error messages.
 	inShared   bool
 	sharedFrom string
+	// nvInputSeen: an NVFP4 weight was checked, which set
+	// Plan.NVFP4InputScale (from nvInputFrom).
+	nvInputSeen bool
+	nvInputFrom string
 }
 
 func isFloat(d safetensors.DType) bool {
@@ -110,6 +114,8 @@ func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint stri
 		return k.plainSharedMLP(where, prefix, proj, inter, hint)
 	case k.p.Quantization == QuantInt4Pack:
 		return k.int4MLP(where, prefix, proj, inter, hint)
+	case k.p.Quantization == QuantNVFP4:
+		return k.nvfp4MLP(where, prefix, proj, inter, hint)
 	}
 	var m MLP
 	names := [3]*string{&m.Gate, &m.Up, &m.Down}

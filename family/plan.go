@@ -26,6 +26,12 @@ const (
 	// weight_packed [out, in/8], weight_scale [out, in/group] of
 	// Plan.ScaleDType (Plan.GroupSize; 0: one per row), I64 weight_shape [2].
 	QuantInt4Pack Quantization = "int4_pack"
+	// ModelOpt NVFP4 (W4A4: NVIDIA's DeepSeek-R1-FP4, DeepSeek-V3.2-NVFP4):
+	// U8 weight [out, in/2] (E2M1, even element in the low nibble),
+	// F8_E4M3 weight_scale [out, in/16], F32 weight_scale_2 (a scalar
+	// multiplier) and F32 input_scale (the static activation scale, carried
+	// byte-exact, not read).
+	QuantNVFP4 Quantization = "nvfp4_modelopt"
 )
 
 // MLP names the tensors of one SwiGLU MLP (a routed expert or a shared
@@ -41,6 +47,12 @@ type MLP struct {
 	// [2] tensors of packed weights (int4_pack), "" otherwise. Convert
 	// checks and drops them: the contract states every expert's [out, in].
 	GateShape, UpShape, DownShape string
+	// GateGlobal, UpGlobal, DownGlobal: the per-tensor second scale of an
+	// NVFP4 weight (weight_scale_2, F32 scalar); GateInput, UpInput,
+	// DownInput: its static activation scale (input_scale, F32 scalar).
+	// "" for other formats.
+	GateGlobal, UpGlobal, DownGlobal string
+	GateInput, UpInput, DownInput    string
 }
 
 // Layer is one MoE layer of the checkpoint.
@@ -123,6 +135,9 @@ type Plan struct {
 	// GroupSize is the columns one scale covers for int4_pack (0: one
 	// scale per row, strategy channel); 0 otherwise.
 	GroupSize int64
+	// NVFP4InputScale: every NVFP4 expert weight has an input_scale (MLP's
+	// GateInput...), carried per expert; false: none has.
+	NVFP4InputScale bool
 	// SharedQuantization is how the shared expert is stored where it
 	// differs from the routed experts (Kimi-K2's INT4 routed experts and
 	// BF16 shared expert: QuantNone, its dtype SharedWeightDType); ""

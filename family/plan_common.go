@@ -67,6 +67,16 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if p.Quantization, p.ScaleFmt, err = readQuant(c); err != nil {
 		return nil, err
 	}
+	// ModelOpt may describe NVFP4 in hf_quant_config.json alone; beside
+	// another format in config.json it is refused as before.
+	if hq, err := readHFNVFP4(hfQuantOf(t)); err != nil {
+		return nil, err
+	} else if hq == QuantNVFP4 && p.Quantization == QuantNone {
+		p.Quantization = QuantNVFP4
+	} else if hq == QuantNVFP4 && p.Quantization != QuantNVFP4 {
+		descs, _ := DetectQuant(raw, hfQuantOf(t))
+		return nil, descs[len(descs)-1].Refusal()
+	}
 	if p.Quantization == QuantInt4Pack {
 		q, _, _ := c.object("quantization_config")
 		if p.GroupSize, err = readCTInt4(q); err != nil {
@@ -224,7 +234,7 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 			}
 		}
 	} else if !converted {
-		if err := s.scanExperts(where, prefix, names, p.NumExperts, p.Quantization.scaleDTypeRead(), p.Quantization == QuantInt4Pack); err != nil {
+		if err := s.scanExperts(where, prefix, names, p.NumExperts, p.Quantization.scaleDTypeRead(), p.Quantization == QuantInt4Pack, p.Quantization == QuantNVFP4); err != nil {
 			return Layer{}, err
 		}
 		out.Experts = make([]MLP, p.NumExperts)
@@ -412,7 +422,7 @@ func (s *spec) mtpLayers(c config, p *Plan, byLayer map[int][]string, module str
 // slot accounts for: ids >= E, or names other than the three projections
 // and their block scales (or, scaled is set, their weight_scale: FP8 per
 // channel or per tensor).
-func (s *spec) scanExperts(where, prefix string, names []string, numExperts int, scaled, packed bool) error {
+func (s *spec) scanExperts(where, prefix string, names []string, numExperts int, scaled, packed, nv bool) error {
 	ep := prefix + "." + s.names.experts + "."
 	for _, name := range names {
 		rest, ok := strings.CutPrefix(name, ep)
@@ -430,7 +440,8 @@ func (s *spec) scanExperts(where, prefix string, names []string, numExperts int,
 		known := false
 		for _, pr := range s.names.proj {
 			known = known || tail == pr+".weight" || tail == pr+".weight_scale_inv" || scaled && tail == pr+".weight_scale" ||
-				packed && (tail == pr+".weight_packed" || tail == pr+".weight_shape" || tail == pr+".weight_zero_point" || tail == pr+".weight_g_idx")
+				packed && (tail == pr+".weight_packed" || tail == pr+".weight_shape" || tail == pr+".weight_zero_point" || tail == pr+".weight_g_idx") ||
+				nv && (tail == pr+".weight_scale" || tail == pr+".weight_scale_2" || tail == pr+".input_scale")
 		}
 		if !known {
 			return fmt.Errorf("%s: expert %d: unexpected tensor %s", where, id, name)

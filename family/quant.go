@@ -26,6 +26,9 @@ func (p *Plan) Format() (weightfmt.Format, error) {
 	if q == QuantInt4Pack {
 		block = []int64{1, p.GroupSize}
 	}
+	if q == QuantNVFP4 {
+		block = []int64{1, weightfmt.NVFP4Group}
+	}
 	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt, ScaleDType: p.ScaleDType, Block: block})
 }
 
@@ -57,6 +60,9 @@ func readQuant(c config) (Quantization, string, error) {
 	}
 	if method == "compressed-tensors" && isCTPacked(q) {
 		return QuantInt4Pack, "", nil // readCTInt4 reads the rest
+	}
+	if method == "modelopt" {
+		return readModelOptNVFP4(q)
 	}
 	if method == "compressed-tensors" {
 		qu, err := readCTFP8(q)
@@ -192,6 +198,9 @@ func readCTFP8(q config) (Quantization, error) {
 func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 	if p.Quantization == QuantInt4Pack {
 		return checkInt4Groups(raw, t, p)
+	}
+	if p.Quantization == QuantNVFP4 {
+		return checkNVFP4Groups(raw, t, p)
 	}
 	if !p.Quantization.scaleDTypeRead() {
 		return nil

@@ -91,6 +91,12 @@ func (d QuantDesc) Supported() bool {
 		// quantization_config (readCTInt4 checks the rest: symmetric,
 		// group or channel, W4A16).
 		return d.File == "config.json" && d.Key == "quantization_config"
+	case QuantKindNVFP4:
+		// ModelOpt NVFP4 in config.json's quantization_config or
+		// hf_quant_config.json (readModelOptNVFP4 checks the rest);
+		// compressed-tensors' nvfp4-pack-quantized is not carried yet.
+		return strings.HasPrefix(d.Label, "modelopt nvfp4 (group 16)") &&
+			(d.File == "hf_quant_config.json" || d.Key == "quantization_config")
 	}
 	return false
 }

@@ -80,6 +80,10 @@ type Contract struct {
 	// left unfused (convert), is stored where it differs from the routed
 	// experts: Kimi-K2's INT4 routed experts beside a BF16 shared expert
 	// ("none", "BF16"). Absent when it is stored like them.
+	// InputScales: the NVFP4 experts' static activation scales
+	// (input_scale) are stacked beside the weights (ExpertTensors'
+	// GateInput...), carried byte-exact and not read by validate.
+	InputScales        bool   `json:"input_scales,omitempty"`
 	SharedQuantization string `json:"shared_quantization,omitempty"`
 	SharedWeightDType  string `json:"shared_weight_dtype,omitempty"`
 

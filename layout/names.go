@@ -16,6 +16,13 @@ type ExpertTensors struct {
 
 	Gate, Up, GateUp, Down                     string
 	GateScale, UpScale, GateUpScale, DownScale string
+	// Per-expert scalars of a format with a second, per-tensor scale
+	// (NVFP4: weight_scale_2; "" otherwise) and its static activation
+	// scales (input_scale, written where the contract says input_scales):
+	// [N] stacks, and [N,2] for GateUp (gate's and up's in the layout's
+	// order, kept apart: they need not be equal).
+	GateGlobal, UpGlobal, GateUpGlobal, DownGlobal string
+	GateInput, UpInput, GateUpInput, DownInput     string
 }
 
 // ExpertsPrefix is the module that holds a layer's stacks in the output, given
@@ -68,10 +75,20 @@ func NamesFor(l Layout, moePrefix string, f weightfmt.Format) ExpertTensors {
 		}
 		t.Down = p + ".down_proj"
 		t.GateUpScale, t.DownScale = scale(t.GateUp), scale(t.Down)
+		if _, ok := globalOf(f); ok {
+			t.GateUpGlobal, t.DownGlobal = weightfmt.TensorsOf(f, t.GateUp).Global, weightfmt.TensorsOf(f, t.Down).Global
+			t.GateUpInput, t.DownInput = t.GateUp+"_input_scale", t.Down+"_input_scale"
+		}
 		t.GateUp, t.Down = weight(t.GateUp), weight(t.Down)
 	default:
 		t.Gate, t.Up, t.Down = p+".all_gate.weight", p+".all_up.weight", p+".all_down.weight"
 		t.GateScale, t.UpScale, t.DownScale = scale(t.Gate), scale(t.Up), scale(t.Down)
+		if _, ok := globalOf(f); ok {
+			g := func(w string) string { return weightfmt.TensorsOf(f, w).Global }
+			in := func(w string) string { return strings.TrimSuffix(w, ".weight") + ".input_scale" }
+			t.GateGlobal, t.UpGlobal, t.DownGlobal = g(t.Gate), g(t.Up), g(t.Down)
+			t.GateInput, t.UpInput, t.DownInput = in(t.Gate), in(t.Up), in(t.Down)
+		}
 		t.Gate, t.Up, t.Down = weight(t.Gate), weight(t.Up), weight(t.Down)
 	}
 	return t
@@ -100,6 +117,14 @@ func packingOf(f weightfmt.Format) (elems, bytes int64) {
 	return f.Packing()
 }
 
+// globalOf is f's global scale; nil f has none.
+func globalOf(f weightfmt.Format) (weightfmt.GlobalScale, bool) {
+	if f == nil {
+		return weightfmt.GlobalScale{}, false
+	}
+	return weightfmt.GlobalOf(f)
+}
+
 func scaleOf(f weightfmt.Format) (weightfmt.Scale, bool) {
 	if f == nil {
 		return weightfmt.Scale{}, false
@@ -116,6 +141,9 @@ type Shape []int64
 type Shapes struct {
 	Gate, Up, GateUp, Down                     Shape
 	GateScale, UpScale, GateUpScale, DownScale Shape
+	// The global (and input) scale stacks: [n], GateUp [n,2]; nil when
+	// the format has none.
+	GateGlobal, UpGlobal, GateUpGlobal, DownGlobal Shape
 }
 
 // CeilDiv is ceil(a/b) for positive b.
@@ -141,6 +169,13 @@ func StackShapesFor(l Layout, n, I, H int64, f weightfmt.Format) Shapes {
 	if elems, _ := packingOf(f); elems > 1 {
 		hc = weightfmt.Matrix{Format: f, Rows: 1, Cols: H}.Shape()[1]
 		ic = weightfmt.Matrix{Format: f, Rows: 1, Cols: I}.Shape()[1]
+	}
+	if _, ok := globalOf(f); ok {
+		if l.Fused() {
+			s.GateUpGlobal, s.DownGlobal = Shape{n, 2}, Shape{n}
+		} else {
+			s.GateGlobal, s.UpGlobal, s.DownGlobal = Shape{n}, Shape{n}, Shape{n}
+		}
 	}
 	if l.Fused() {
 		s.GateUp, s.Down = Shape{n, 2 * I, hc}, Shape{n, H, ic}

@@ -392,7 +392,23 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		ranges [][2]int64
 		fold   float64
 	}
-	type parts struct{ gate, up, down, gs, us, ds, gb, ub, db piece }
+	type parts struct {
+		gate, up, down, gs, us, ds, gb, ub, db piece
+		gg, ug, dg, gi, ui, di                 piece // NVFP4: global and input scales (one F32 each)
+	}
+	glob, globbed := weightfmt.GlobalOf(wf)
+	scalar := func(name string) (piece, error) {
+		t, ok := src.Tensor(name)
+		if !ok {
+			return piece{}, fmt.Errorf("%s: layer %d: tensor %s is missing", src.Dir, li.Index, name)
+		}
+		if t.DType != glob.DType || t.NumElements() != 1 {
+			return piece{}, fmt.Errorf("%s: layer %d: tensor %s is %s %v, want one %s", t.File, li.Index, name, t.DType, t.Shape, glob.DType)
+		}
+		consumed[checkpoint.BaseName(name)] = true
+		m := mat{t, 1, 1}
+		return piece{m, m.all(), 0}, nil
+	}
 	rsf := 0.0
 	if c.RoutedScalingFactorFolded {
 		rsf = c.RoutedScalingFactor
@@ -460,6 +476,25 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 				*x.dst = piece{v, v.all(), 0}
 			}
 		}
+		if globbed {
+			ins := []string{m.GateInput, m.UpInput, m.DownInput}
+			if !c.InputScales {
+				ins = []string{"", "", ""}
+			} else if m.GateInput == "" {
+				return pr, fmt.Errorf("%s: layer %d: the contract has input_scales, SRC's expert %d has none", src.Dir, li.Index, b)
+			}
+			for i, x := range []struct {
+				name string
+				dst  *piece
+			}{{m.GateGlobal, &pr.gg}, {m.UpGlobal, &pr.ug}, {m.DownGlobal, &pr.dg}, {ins[0], &pr.gi}, {ins[1], &pr.ui}, {ins[2], &pr.di}} {
+				if i >= 3 && x.name == "" {
+					continue
+				}
+				if *x.dst, err = scalar(x.name); err != nil {
+					return pr, err
+				}
+			}
+		}
 		if !scaled {
 			return pr, nil
 		}
@@ -494,7 +529,11 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 	}
 	if l.Shared != nil && c.NumFusedSharedExperts == 0 {
 		// an unfused shared expert is copied as it is
-		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down, l.Shared.GateScale, l.Shared.UpScale, l.Shared.DownScale} {
+		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down, l.Shared.GateScale, l.Shared.UpScale, l.Shared.DownScale,
+			l.Shared.GateGlobal, l.Shared.UpGlobal, l.Shared.DownGlobal, l.Shared.GateInput, l.Shared.UpInput, l.Shared.DownInput} {
+			if n == "" {
+				continue
+			}
 			delete(consumed, checkpoint.BaseName(n))
 		}
 	}
@@ -540,6 +579,32 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 	}
 	add(names.Down, wd, shapes.Down, one(func(pr parts) piece { return pr.down }))
 	add(names.DownScale, sf.DType, shapes.DownScale, one(func(pr parts) piece { return pr.ds }))
+	if globbed {
+		type set struct {
+			gate, up, gateUp, down string
+			pick                   func(parts) (piece, piece, piece)
+		}
+		sets := []set{{names.GateGlobal, names.UpGlobal, names.GateUpGlobal, names.DownGlobal, func(pr parts) (piece, piece, piece) { return pr.gg, pr.ug, pr.dg }}}
+		if c.InputScales {
+			sets = append(sets, set{names.GateInput, names.UpInput, names.GateUpInput, names.DownInput, func(pr parts) (piece, piece, piece) { return pr.gi, pr.ui, pr.di }})
+		}
+		for _, st := range sets {
+			pk := st.pick
+			if c.Layout.Fused() {
+				add(st.gateUp, glob.DType, shapes.GateUpGlobal, func(pr parts) []piece {
+					g, u, _ := pk(pr)
+					if c.Layout == layout.UpGate {
+						g, u = u, g
+					}
+					return []piece{g, u}
+				})
+			} else {
+				add(st.gate, glob.DType, shapes.GateGlobal, one(func(pr parts) piece { g, _, _ := pk(pr); return g }))
+				add(st.up, glob.DType, shapes.UpGlobal, one(func(pr parts) piece { _, u, _ := pk(pr); return u }))
+			}
+			add(st.down, glob.DType, shapes.DownGlobal, one(func(pr parts) piece { _, _, d := pk(pr); return d }))
+		}
+	}
 	if bn, ok := c.Biases(li); ok {
 		n, bd := int64(bank), banks[0].gb.m.t.DType
 		first, second := func(pr parts) piece { return pr.gb }, func(pr parts) piece { return pr.ub }

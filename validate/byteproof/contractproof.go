@@ -3,6 +3,7 @@ package byteproof
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
@@ -66,6 +67,15 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 			sharedQ, sharedDT = "", "" // fused shared experts are stored like the routed ones
 		}
 	}
+	nv := plan.Quantization == family.QuantNVFP4
+	var nvBlock []int64
+	nvInput := false
+	if nv {
+		var why string
+		if nvBlock, nvInput, why = srcNVFP4(src, plan); why != "" {
+			return refuse("weight_block_size", c.WeightBlockSize, why)
+		}
+	}
 	switch {
 	case c.SourceFormat != src.Format:
 		return bad("source_format", c.SourceFormat, src.Format, "SRC's weight files")
@@ -95,11 +105,15 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("weight_block_size", c.WeightBlockSize, block, "SRC's quantization_config")
 	case int4 && !equalInts(c.WeightBlockSize, int4Block):
 		return bad("weight_block_size", c.WeightBlockSize, int4Block, "SRC's quantization_config (pack-quantized INT4: [1, group size], [1, 0] per channel)")
+	case nv && !equalInts(c.WeightBlockSize, nvBlock):
+		return bad("weight_block_size", c.WeightBlockSize, nvBlock, "SRC's NVFP4 description (group_size 16: [1, 16])")
+	case c.InputScales != nvInput:
+		return bad("input_scales", c.InputScales, nvInput, "SRC's NVFP4 expert tensors (input_scale)")
 	case c.SharedQuantization != sharedQ:
 		return bad("shared_quantization", orAbsent(c.SharedQuantization), orAbsent(sharedQ), "SRC's shared expert tensors")
 	case c.SharedWeightDType != sharedDT:
 		return bad("shared_weight_dtype", orAbsent(c.SharedWeightDType), orAbsent(sharedDT), "SRC's shared expert tensors")
-	case !fp8 && !perRow && !int4 && len(c.WeightBlockSize) != 0:
+	case !fp8 && !perRow && !int4 && !nv && len(c.WeightBlockSize) != 0:
 		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's unquantized experts")
 	case perRow && len(c.WeightBlockSize) != 0:
 		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's "+quant+" experts (a scale per row or per weight, no blocks)")
@@ -485,4 +499,36 @@ func srcInt4Tensors(src *checkpoint.Checkpoint, plan *family.Plan) (scale, share
 		return "", "", "", "SRC has no expert scale tensors"
 	}
 	return scale, sharedQ, sharedDT, ""
+}
+
+// srcNVFP4 derives an NVFP4 contract's weight_block_size from SRC's own
+// description (config.json's quantization_config, else
+// hf_quant_config.json's quantization: quant_algo NVFP4, group_size 16)
+// and whether its experts carry input_scale (the first routed expert's
+// gate projection, looked up by its hub name).
+func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, input bool, why string) {
+	desc, _ := src.Config["quantization_config"].(map[string]any)
+	if desc == nil {
+		if hf := src.HFQuantConfig(); hf != nil {
+			desc, _ = hf["quantization"].(map[string]any)
+		}
+	}
+	if desc == nil {
+		return nil, false, "SRC has no NVFP4 description (quantization_config or hf_quant_config.json)"
+	}
+	if a, _ := desc["quant_algo"].(string); a != "NVFP4" {
+		return nil, false, fmt.Sprintf("SRC's quant_algo is %q, not NVFP4", a)
+	}
+	g := 16.0
+	if v, ok := desc["group_size"].(float64); ok {
+		g = v
+	}
+	if g != 16 {
+		return nil, false, fmt.Sprintf("SRC's group_size is %v, not 16", g)
+	}
+	if len(plan.Layers) > 0 && len(plan.Layers[0].Experts) > 0 {
+		w := plan.Layers[0].Experts[0].Gate
+		_, input = src.Tensor(strings.TrimSuffix(w, ".weight") + ".input_scale")
+	}
+	return []int64{1, 16}, input, ""
 }

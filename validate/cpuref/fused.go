@@ -135,8 +135,10 @@ func (fl *FusedLayer) loader(src TensorSource, h, inter int, wf weightfmt.Format
 			// stacked grids of the [I,H] half's rows each (layout.StackShapesFor).
 			first := ref(n.GateUp, n.GateUpScale, e, inter, h)
 			first.SliceRows = 2 * inter
+			first.Global, first.GlobalIndex = n.GateUpGlobal, 2*e
 			second := first
 			second.RowStart = inter
+			second.GlobalIndex = 2*e + 1
 			if _, scaled := wf.Scale(); scaled {
 				half, _ := weightfmt.Matrix{Format: wf, Rows: int64(inter), Cols: int64(h)}.ScaleShape()
 				first.ScaleSliceRows, second.ScaleSliceRows = 2*int(half), 2*int(half)
@@ -155,14 +157,18 @@ func (fl *FusedLayer) loader(src TensorSource, h, inter int, wf weightfmt.Format
 				m.Gate, m.Up = b, a
 			}
 		} else {
-			if m.Gate, err = LoadMatrix(src, ref(n.Gate, n.GateScale, e, inter, h)); err != nil {
+			g, u := ref(n.Gate, n.GateScale, e, inter, h), ref(n.Up, n.UpScale, e, inter, h)
+			g.Global, g.GlobalIndex, u.Global, u.GlobalIndex = n.GateGlobal, e, n.UpGlobal, e
+			if m.Gate, err = LoadMatrix(src, g); err != nil {
 				return nil, wrap(err)
 			}
-			if m.Up, err = LoadMatrix(src, ref(n.Up, n.UpScale, e, inter, h)); err != nil {
+			if m.Up, err = LoadMatrix(src, u); err != nil {
 				return nil, wrap(err)
 			}
 		}
-		if m.Down, err = LoadMatrix(src, ref(n.Down, n.DownScale, e, h, inter)); err != nil {
+		d := ref(n.Down, n.DownScale, e, h, inter)
+		d.Global, d.GlobalIndex = n.DownGlobal, e
+		if m.Down, err = LoadMatrix(src, d); err != nil {
 			return nil, wrap(err)
 		}
 		m.Act = c.Act()
@@ -353,17 +359,18 @@ func (fl *FusedLayer) denseMLP(src TensorSource, m family.MLP, x []float32, t, h
 	ref := func(name, scale string, rows, cols int) MatrixRef {
 		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
 	}
-	gate, err := LoadMatrix(src, ref(m.Gate, m.GateScale, inter, h))
+	glob := func(r MatrixRef, g string) MatrixRef { r.Global = g; return r }
+	gate, err := LoadMatrix(src, glob(ref(m.Gate, m.GateScale, inter, h), m.GateGlobal))
 	if err != nil {
 		return nil, err
 	}
 	defer PutFloats(gate)
-	up, err := LoadMatrix(src, ref(m.Up, m.UpScale, inter, h))
+	up, err := LoadMatrix(src, glob(ref(m.Up, m.UpScale, inter, h), m.UpGlobal))
 	if err != nil {
 		return nil, err
 	}
 	defer PutFloats(up)
-	down, err := LoadMatrix(src, ref(m.Down, m.DownScale, h, inter))
+	down, err := LoadMatrix(src, glob(ref(m.Down, m.DownScale, h, inter), m.DownGlobal))
 	if err != nil {
 		return nil, err
 	}

@@ -269,13 +269,14 @@ func loadSourceMLP(src TensorSource, names family.MLP, inter, h int, wf weightfm
 			return nil, err
 		}
 	}
-	if m.gate, err = LoadMatrix(src, ref(names.Gate, names.GateScale, inter, h)); err != nil {
+	glob := func(r MatrixRef, g string) MatrixRef { r.Global = g; return r }
+	if m.gate, err = LoadMatrix(src, glob(ref(names.Gate, names.GateScale, inter, h), names.GateGlobal)); err != nil {
 		return nil, err
 	}
-	if m.up, err = LoadMatrix(src, ref(names.Up, names.UpScale, inter, h)); err != nil {
+	if m.up, err = LoadMatrix(src, glob(ref(names.Up, names.UpScale, inter, h), names.UpGlobal)); err != nil {
 		return nil, err
 	}
-	if m.down, err = LoadMatrix(src, ref(names.Down, names.DownScale, h, inter)); err != nil {
+	if m.down, err = LoadMatrix(src, glob(ref(names.Down, names.DownScale, h, inter), names.DownGlobal)); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -38,6 +38,12 @@ type MatrixRef struct {
 	ScaleSliceRows int
 	ScaleRowStart  int
 	Format         weightfmt.Format // how a weight with a Scale is stored
+	// Global names the tensor holding the weight's per-tensor second
+	// scale where Format has one (NVFP4's weight_scale_2), and
+	// GlobalIndex its element there (0 for a scalar; e, or 2e and 2e+1
+	// for a gate-up stack's [N,2]).
+	Global      string
+	GlobalIndex int
 }
 
 // format is how m's weight is stored: m.Format when m names a scale,
@@ -209,7 +215,21 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 		return nil, err
 	}
 	defer putBytes(sraw)
-	if err := f.Dequantise(raw, m.Rows, m.Cols, sraw, out); err != nil {
+	var graw []byte
+	if g, ok := weightfmt.GlobalOf(f); ok {
+		gt, ok := src.Tensor(m.Global)
+		if m.Global == "" || !ok {
+			return nil, fmt.Errorf("tensor %s: its %s global scale tensor %q is missing", m, f, m.Global)
+		}
+		if gt.DType != g.DType {
+			return nil, fmt.Errorf("%s: global scale %s is %s, want %s", gt.File, m.Global, gt.DType, g.DType)
+		}
+		if graw, err = readElems(gt, int64(m.GlobalIndex), 1); err != nil {
+			return nil, err
+		}
+		defer putBytes(graw)
+	}
+	if err := weightfmt.DequantiseWeight(f, raw, m.Rows, m.Cols, sraw, graw, out); err != nil {
 		return nil, fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
 	}
 	return out, nil
