@@ -26,6 +26,10 @@ const (
 	// weight_packed [out, in/8], weight_scale [out, in/group] of
 	// Plan.ScaleDType (Plan.GroupSize; 0: one per row), I64 weight_shape [2].
 	QuantInt4Pack Quantization = "int4_pack"
+	// gpt-oss's MXFP4 (quant_method mxfp4): U8 E2M1 pairs with a U8 E8M0
+	// scale per 32 input columns, experts stacked on disk as
+	// *_blocks [E, rows, cols/32, 16] and *_scales [E, rows, cols/32].
+	QuantMXFP4 Quantization = "mxfp4"
 )
 
 // MLP names the tensors of one SwiGLU MLP (a routed expert or a shared

@@ -55,6 +55,9 @@ func readQuant(c config) (Quantization, string, error) {
 	if method == "" {
 		return "", "", q.missing("quant_method")
 	}
+	if method == "mxfp4" {
+		return QuantMXFP4, "", nil // checkMXFP4Groups reads the rest
+	}
 	if method == "compressed-tensors" && isCTPacked(q) {
 		return QuantInt4Pack, "", nil // readCTInt4 reads the rest
 	}
@@ -192,6 +195,9 @@ func readCTFP8(q config) (Quantization, error) {
 func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 	if p.Quantization == QuantInt4Pack {
 		return checkInt4Groups(raw, t, p)
+	}
+	if p.Quantization == QuantMXFP4 {
+		return checkMXFP4Groups(raw, t, p)
 	}
 	if !p.Quantization.scaleDTypeRead() {
 		return nil
