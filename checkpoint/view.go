@@ -23,6 +23,11 @@ import (
 // [I, H] and [H, I] matrices every other family stores. Its Data reads the
 // source row by row (transposedReader), never the whole tensor at once.
 
+// gpt-oss's MXFP4 experts interleave gate and up rows: "NAME[i][R:r0:n:step]",
+// last, is rows r0, r0+step, ... (n of them) of the 2-D piece before it
+// (stridedReader); a 4-D tensor's slice "NAME[i]" is its trailing
+// dimensions flattened ([E, rows, g, 16] gives [rows, g*16]).
+
 // BaseName is the stored tensor a name refers to (family.BaseName).
 func BaseName(name string) string { return family.BaseName(name) }
 
@@ -53,6 +58,13 @@ func (c *Checkpoint) view(name string) (*Tensor, error) {
 			}
 			return &Tensor{Name: name, DType: t.DType, Shape: []int64{tr.n, tr.rows}, File: t.File, Data: tr}, nil
 		}
+		if rows, ok := strings.CutPrefix(a, "R:"); ok {
+			sr, err := stridedView(t, name, shape, off, es, rows, ai == len(args)-1)
+			if err != nil {
+				return nil, err
+			}
+			return &Tensor{Name: name, DType: t.DType, Shape: []int64{sr.n, shape[1]}, File: t.File, Data: sr}, nil
+		}
 		if lo, hi, isRange := strings.Cut(a, ":"); isRange {
 			r0, e1 := strconv.ParseInt(lo, 10, 64)
 			r1, e2 := strconv.ParseInt(hi, 10, 64)
@@ -64,11 +76,18 @@ func (c *Checkpoint) view(name string) (*Tensor, error) {
 			continue
 		}
 		i, err := strconv.ParseInt(a, 10, 64)
-		if err != nil || len(shape) != 3 || i < 0 || i >= shape[0] {
+		if err != nil || (len(shape) != 3 && len(shape) != 4) || i < 0 || i >= shape[0] {
 			return nil, fmt.Errorf("%s: tensor view %s: slice %s of shape %v", t.File, name, a, shape)
 		}
-		off += i * shape[1] * shape[2] * es
-		shape = shape[1:]
+		// A 4-D tensor's slice is read as 2-D, its trailing dimensions
+		// flattened: gpt-oss's MXFP4 blocks [E, rows, cols/32, 16] hold
+		// per expert the bytes of a [rows, cols/2] matrix.
+		inner := shape[2]
+		if len(shape) == 4 {
+			inner *= shape[3]
+		}
+		off += i * shape[1] * inner * es
+		shape = []int64{shape[1], inner}
 	}
 	n := es
 	for _, d := range shape {
@@ -170,6 +189,66 @@ func (r *transposedReader) ReadAt(b []byte, pos int64) (int, error) {
 			}
 		}
 		done = int(end - pos)
+	}
+	if len(b) < want {
+		return done, io.EOF
+	}
+	return done, nil
+}
+
+// stridedView checks an "R:r0:n:step" view argument against the 2-D shape
+// it applies to (at byte off of t's data).
+func stridedView(t *Tensor, name string, shape []int64, off, es int64, arg string, last bool) (*stridedReader, error) {
+	var v [3]int64
+	parts := strings.Split(arg, ":")
+	ok := len(parts) == 3 && last && len(shape) == 2
+	for i := range parts {
+		n, err := strconv.ParseInt(parts[i], 10, 64)
+		if i >= len(v) || err != nil {
+			ok = false
+			break
+		}
+		v[i] = n
+	}
+	r0, n, step := v[0], v[1], v[2]
+	if !ok || r0 < 0 || n < 1 || step < 1 || r0 >= shape[0] || (shape[0]-1-r0)/step < n-1 {
+		return nil, fmt.Errorf("%s: tensor view %s: strided rows %s of shape %v (want r0:n:step inside the rows, last)", t.File, name, arg, shape)
+	}
+	return &stridedReader{src: t.Data, off: off + r0*shape[1]*es, rowBytes: shape[1] * es, n: n, stride: step * shape[1] * es}, nil
+}
+
+// stridedReader reads n rows of rowBytes bytes, stride bytes apart from
+// byte off of src, as one contiguous [n, cols] matrix.
+type stridedReader struct {
+	src                      io.ReaderAt
+	off, rowBytes, n, stride int64
+}
+
+// ReadAt implements io.ReaderAt: one ReadAt of src per output row touched.
+func (r *stridedReader) ReadAt(b []byte, pos int64) (int, error) {
+	if pos < 0 {
+		return 0, fmt.Errorf("strided view: negative offset %d", pos)
+	}
+	size := r.n * r.rowBytes
+	if pos >= size {
+		return 0, io.EOF
+	}
+	want := len(b)
+	if rest := size - pos; int64(want) > rest {
+		b = b[:rest]
+	}
+	done := 0
+	for done < len(b) {
+		p := pos + int64(done)
+		i, within := p/r.rowBytes, p%r.rowBytes
+		m := min(int64(len(b)-done), r.rowBytes-within)
+		if n, err := r.src.ReadAt(b[done:done+int(m)], r.off+i*r.stride+within); int64(n) < m {
+			if err == nil || err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return done + n, err
+		}
+		done += int(m)
 	}
 	if len(b) < want {
 		return done, io.EOF

@@ -116,6 +116,8 @@ func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint stri
 		return k.int4MLP(where, prefix, proj, inter, hint)
 	case k.p.Quantization == QuantNVFP4:
 		return k.nvfp4MLP(where, prefix, proj, inter, hint)
+	case k.p.Quantization == QuantMXFP4:
+		return MLP{}, fmt.Errorf("%s: MXFP4 (quant_method mxfp4) is carried for gpt-oss's experts stacked on disk only, not for %s's per-expert tensors", where, k.p.Family)
 	}
 	var m MLP
 	names := [3]*string{&m.Gate, &m.Up, &m.Down}

@@ -5,8 +5,9 @@ import (
 	"github.com/moeprep/moeprep/moe"
 )
 
-// gptOSS is gpt-oss (GptOssMLP) as transformers saves it in bf16 (OpenAI's
-// own repos ship MXFP4 *_blocks/*_scales, which moeprep does not read).
+// gptOSS is gpt-oss (GptOssMLP) as transformers saves it in bf16, or as
+// OpenAI's own repos ship it in MXFP4 (*_blocks/*_scales, not transposed:
+// family/mxfp4.go).
 // Every layer is MoE: model.layers.L.mlp with experts stacked and
 // transposed on disk, experts.gate_up_proj [E, H, 2I] whose columns
 // alternate gate, up, gate, up (z[..., ::2] is the gate, z[..., 1::2] the

@@ -32,6 +32,10 @@ const (
 	// multiplier) and F32 input_scale (the static activation scale, carried
 	// byte-exact, not read).
 	QuantNVFP4 Quantization = "nvfp4_modelopt"
+	// gpt-oss's MXFP4 (quant_method mxfp4): U8 E2M1 pairs with a U8 E8M0
+	// scale per 32 input columns, experts stacked on disk as
+	// *_blocks [E, rows, cols/32, 16] and *_scales [E, rows, cols/32].
+	QuantMXFP4 Quantization = "mxfp4"
 )
 
 // MLP names the tensors of one SwiGLU MLP (a routed expert or a shared

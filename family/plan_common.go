@@ -77,6 +77,9 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 		descs, _ := DetectQuant(raw, hfQuantOf(t))
 		return nil, descs[len(descs)-1].Refusal()
 	}
+	if p.Quantization == QuantMXFP4 && s.name != "gpt_oss" {
+		return nil, fmt.Errorf("config.json: quantization_config: quant_method mxfp4 is carried for gpt-oss (experts stacked on disk as *_blocks and *_scales) only, not %s", p.ModelType)
+	}
 	if p.Quantization == QuantInt4Pack {
 		q, _, _ := c.object("quantization_config")
 		if p.GroupSize, err = readCTInt4(q); err != nil {
@@ -219,12 +222,19 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 		out.Experts = make([]MLP, p.NumExperts)
 		gu, dn := prefix+"."+n.stackedGateUp, prefix+"."+n.stackedDown
 		hint := fmt.Sprintf("(E=%d, H=%d, I=%d: experts stacked on disk)", p.NumExperts, p.HiddenSize, p.MoEIntermediateSize)
-		if err := k.stacked(where, gu, dn, n.stackedTransposed, hint); err != nil {
+		mx := p.Quantization == QuantMXFP4
+		if mx {
+			if err := k.mxfp4Stacked(where, gu, dn, n.stackedInterleaved, hint); err != nil {
+				return Layer{}, err
+			}
+		} else if err := k.stacked(where, gu, dn, n.stackedTransposed, hint); err != nil {
 			return Layer{}, err
 		}
 		for e := range out.Experts {
 			var err error
-			if out.Experts[e], err = k.views(fmt.Sprintf("%s: expert %d", where, e), gu, dn, e, p.MoEIntermediateSize, n.stackedTransposed, n.stackedInterleaved, hint); err != nil {
+			if mx {
+				out.Experts[e] = k.mxfp4Views(gu, dn, e, p.MoEIntermediateSize, n.stackedInterleaved)
+			} else if out.Experts[e], err = k.views(fmt.Sprintf("%s: expert %d", where, e), gu, dn, e, p.MoEIntermediateSize, n.stackedTransposed, n.stackedInterleaved, hint); err != nil {
 				return Layer{}, err
 			}
 			if n.stackedGateUpBias != "" {

@@ -58,6 +58,9 @@ func readQuant(c config) (Quantization, string, error) {
 	if method == "" {
 		return "", "", q.missing("quant_method")
 	}
+	if method == "mxfp4" {
+		return QuantMXFP4, "", nil // checkMXFP4Groups reads the rest
+	}
 	if method == "compressed-tensors" && isCTPacked(q) {
 		return QuantInt4Pack, "", nil // readCTInt4 reads the rest
 	}
@@ -201,6 +204,9 @@ func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 	}
 	if p.Quantization == QuantNVFP4 {
 		return checkNVFP4Groups(raw, t, p)
+	}
+	if p.Quantization == QuantMXFP4 {
+		return checkMXFP4Groups(raw, t, p)
 	}
 	if !p.Quantization.scaleDTypeRead() {
 		return nil

@@ -86,6 +86,11 @@ func (d QuantDesc) Supported() bool {
 		return true
 	case QuantKindFP8Channel, QuantKindFP8Tensor:
 		return d.File == "config.json" && d.Key == "quantization_config" && !strings.HasPrefix(d.Label, "modelopt")
+	case QuantKindMXFP4:
+		// gpt-oss's quant_method mxfp4 in config.json's
+		// quantization_config (compressed-tensors' mxfp4-pack-quantized is
+		// not carried yet); family checks that the family is gpt-oss.
+		return d.File == "config.json" && d.Key == "quantization_config" && d.Label == "mxfp4"
 	case QuantKindInt4Pack:
 		// compressed-tensors pack-quantized INT4 in config.json's
 		// quantization_config (readCTInt4 checks the rest: symmetric,
@@ -108,6 +113,8 @@ func (d QuantDesc) Refusal() error {
 		why = "not carried: ModelOpt FP8 stores static activation scales (input_scale); moeprep reads FP8 with dynamic activations only"
 	} else if d.Kind == QuantKindFP8Channel || d.Kind == QuantKindFP8Tensor {
 		why = "not carried yet: moeprep reads FP8 per-channel and per-tensor experts described by config.json's quantization_config only"
+	} else if d.Kind == QuantKindMXFP4 {
+		why = "not carried yet: moeprep reads MXFP4 experts as gpt-oss stores them (quant_method mxfp4 in config.json's quantization_config) only"
 	} else if d.Kind == QuantKindInt4Pack {
 		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json's quantization_config only"
 	}

@@ -44,8 +44,7 @@ func TestDetectQuant(t *testing.T) {
 			"config.json: compression_config: compressed-tensors pack-quantized int4 (group 128, asymmetric) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + int4Elsewhere},
 		{"mxfp4 gpt-oss",
 			`{"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}`, "",
-			QuantKindMXFP4,
-			"config.json: quantization_config: mxfp4 on the routed experts (unquantised: shared expert, router, attention, dense MLP)" + notCarried},
+			QuantKindMXFP4, ""}, // carried (gpt-oss: family/mxfp4.go)
 		{"nvfp4 modelopt quantization_config",
 			`{"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head", "model.layers.*.self_attn*", "model.layers.0.mlp*"]}}`, "",
 			QuantKindNVFP4,
@@ -143,7 +142,7 @@ func TestDetectRefusesQuantFormats(t *testing.T) {
 	cfg, tensors := deepseekV3Gen().with(map[string]any{"quantization_config": map[string]any{
 		"quant_method": "mxfp4"}}).build(t)
 	_, err := Detect(cfg, tensors)
-	want := "config.json: quantization_config: mxfp4 on the routed experts (unquantised: shared expert, router, attention, dense MLP)" + notCarried
+	want := "config.json: quantization_config: quant_method mxfp4 is carried for gpt-oss (experts stacked on disk as *_blocks and *_scales) only, not deepseek_v3"
 	if err == nil || err.Error() != want {
 		t.Errorf("mxfp4: %v\nwant %s", err, want)
 	}

@@ -76,6 +76,14 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 			return refuse("weight_block_size", c.WeightBlockSize, why)
 		}
 	}
+	mx := plan.Quantization == family.QuantMXFP4
+	var mxBlock []int64
+	if mx {
+		var why string
+		if mxBlock, why = srcMXFP4Block(src, plan); why != "" {
+			return refuse("weight_block_size", c.WeightBlockSize, why)
+		}
+	}
 	switch {
 	case c.SourceFormat != src.Format:
 		return bad("source_format", c.SourceFormat, src.Format, "SRC's weight files")
@@ -109,11 +117,13 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("weight_block_size", c.WeightBlockSize, nvBlock, "SRC's NVFP4 description (group_size 16: [1, 16])")
 	case c.InputScales != nvInput:
 		return bad("input_scales", c.InputScales, nvInput, "SRC's NVFP4 expert tensors (input_scale)")
+	case mx && !equalInts(c.WeightBlockSize, mxBlock):
+		return bad("weight_block_size", c.WeightBlockSize, mxBlock, "SRC's MXFP4 blocks and scales ([1, elements per E8M0 scale])")
 	case c.SharedQuantization != sharedQ:
 		return bad("shared_quantization", orAbsent(c.SharedQuantization), orAbsent(sharedQ), "SRC's shared expert tensors")
 	case c.SharedWeightDType != sharedDT:
 		return bad("shared_weight_dtype", orAbsent(c.SharedWeightDType), orAbsent(sharedDT), "SRC's shared expert tensors")
-	case !fp8 && !perRow && !int4 && !nv && len(c.WeightBlockSize) != 0:
+	case !fp8 && !perRow && !int4 && !nv && !mx && len(c.WeightBlockSize) != 0:
 		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's unquantized experts")
 	case perRow && len(c.WeightBlockSize) != 0:
 		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's "+quant+" experts (a scale per row or per weight, no blocks)")
@@ -531,4 +541,41 @@ func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, inp
 		_, input = src.Tensor(strings.TrimSuffix(w, ".weight") + ".input_scale")
 	}
 	return []int64{1, 16}, input, ""
+}
+
+// srcMXFP4Block is weight_block_size as convert records it for SRC's
+// gpt-oss MXFP4 experts, derived from SRC itself: quant_method mxfp4, and
+// per MoE layer the stacked gate_up_proj_blocks U8 [E, rows, n, b] and
+// gate_up_proj_scales U8 [E, rows, n] (and down's alike): one scale per b
+// bytes of blocks, two E2M1 elements a byte, so [1, 2b] (OCP MX: [1, 32]).
+// A non-empty problem says why convert would have refused it.
+func srcMXFP4Block(src *checkpoint.Checkpoint, plan *family.Plan) ([]int64, string) {
+	qc, _ := src.Config["quantization_config"].(map[string]any)
+	if m, _ := qc["quant_method"].(string); m != "mxfp4" {
+		return nil, fmt.Sprintf("SRC's quantization_config.quant_method %s is not mxfp4", render(m))
+	}
+	var out []int64
+	for _, l := range plan.Layers {
+		for _, w := range []string{"gate_up_proj", "down_proj"} {
+			blocks, scales := l.Prefix+".experts."+w+"_blocks", l.Prefix+".experts."+w+"_scales"
+			bt, ok1 := src.Tensor(blocks)
+			st, ok2 := src.Tensor(scales)
+			switch {
+			case !ok1 || !ok2:
+				return nil, fmt.Sprintf("SRC has no %s and %s", blocks, scales)
+			case bt.DType != "U8" || st.DType != "U8" || len(bt.Shape) != 4 || len(st.Shape) != 3 ||
+				bt.Shape[0] != st.Shape[0] || bt.Shape[1] != st.Shape[1] || bt.Shape[2] != st.Shape[2] || bt.Shape[3] < 1:
+				return nil, fmt.Sprintf("SRC's %s %s %v and %s %s %v are not U8 [E, rows, n, b] and U8 [E, rows, n]", blocks, bt.DType, bt.Shape, scales, st.DType, st.Shape)
+			}
+			b := []int64{1, 2 * bt.Shape[3]}
+			if out != nil && !equalInts(out, b) {
+				return nil, "SRC's MXFP4 tensors differ in the elements one scale covers"
+			}
+			out = b
+		}
+	}
+	if out == nil {
+		return nil, "SRC has no MoE layer"
+	}
+	return out, ""
 }
