@@ -96,22 +96,32 @@ func (c *Checkpoint) view(name string) (*Tensor, error) {
 	return &Tensor{Name: name, DType: t.DType, Shape: shape, File: t.File, Data: io.NewSectionReader(t.Data, off, n)}, nil
 }
 
-// transposedView checks a "T:c0:n:step" view argument against the 2-D shape
-// it applies to (at byte off of t's data).
-func transposedView(t *Tensor, name string, shape []int64, off, es int64, arg string, last bool) (*transposedReader, error) {
+// viewSteps parses the "x0:n:step" of a T: or R: view argument, which must
+// come last (last) and apply to a 2-D shape: indices x0, x0+step, ... (n of
+// them) along dimension dim (1: columns, 0: rows). ok is false when the
+// argument is malformed or the indices do not all lie inside shape[dim].
+func viewSteps(arg string, shape []int64, dim int, last bool) (x0, n, step int64, ok bool) {
 	var v [3]int64
 	parts := strings.Split(arg, ":")
-	ok := len(parts) == 3 && last && len(shape) == 2
+	ok = len(parts) == 3 && last && len(shape) == 2
 	for i := range parts {
-		n, err := strconv.ParseInt(parts[i], 10, 64)
+		x, err := strconv.ParseInt(parts[i], 10, 64)
 		if i >= len(v) || err != nil {
 			ok = false
 			break
 		}
-		v[i] = n
+		v[i] = x
 	}
-	c0, n, step := v[0], v[1], v[2]
-	if !ok || c0 < 0 || n < 1 || step < 1 || c0 >= shape[1] || (shape[1]-1-c0)/step < n-1 {
+	x0, n, step = v[0], v[1], v[2]
+	ok = ok && x0 >= 0 && n >= 1 && step >= 1 && x0 < shape[dim] && (shape[dim]-1-x0)/step >= n-1
+	return x0, n, step, ok
+}
+
+// transposedView checks a "T:c0:n:step" view argument against the 2-D shape
+// it applies to (at byte off of t's data).
+func transposedView(t *Tensor, name string, shape []int64, off, es int64, arg string, last bool) (*transposedReader, error) {
+	c0, n, step, ok := viewSteps(arg, shape, 1, last)
+	if !ok {
 		return nil, fmt.Errorf("%s: tensor view %s: transposed columns %s of shape %v (want c0:n:step inside the columns, last)", t.File, name, arg, shape)
 	}
 	return &transposedReader{src: t.Data, off: off, rows: shape[0], cols: shape[1], c0: c0, n: n, step: step, es: es}, nil
@@ -199,19 +209,8 @@ func (r *transposedReader) ReadAt(b []byte, pos int64) (int, error) {
 // stridedView checks an "R:r0:n:step" view argument against the 2-D shape
 // it applies to (at byte off of t's data).
 func stridedView(t *Tensor, name string, shape []int64, off, es int64, arg string, last bool) (*stridedReader, error) {
-	var v [3]int64
-	parts := strings.Split(arg, ":")
-	ok := len(parts) == 3 && last && len(shape) == 2
-	for i := range parts {
-		n, err := strconv.ParseInt(parts[i], 10, 64)
-		if i >= len(v) || err != nil {
-			ok = false
-			break
-		}
-		v[i] = n
-	}
-	r0, n, step := v[0], v[1], v[2]
-	if !ok || r0 < 0 || n < 1 || step < 1 || r0 >= shape[0] || (shape[0]-1-r0)/step < n-1 {
+	r0, n, step, ok := viewSteps(arg, shape, 0, last)
+	if !ok {
 		return nil, fmt.Errorf("%s: tensor view %s: strided rows %s of shape %v (want r0:n:step inside the rows, last)", t.File, name, arg, shape)
 	}
 	return &stridedReader{src: t.Data, off: off + r0*shape[1]*es, rowBytes: shape[1] * es, n: n, stride: step * shape[1] * es}, nil

@@ -94,14 +94,12 @@ func (k *checker) views(where, gateUp, down string, e, inter int, transposed, in
 			m.Gate, m.Up = TransposedViewName(gateUp, e, 0, inter, 2), TransposedViewName(gateUp, e, 1, inter, 2)
 		}
 	}
-	h, i := int64(k.p.HiddenSize), int64(inter)
-	for _, w := range []struct {
-		role, name string
-		rows, cols int64
-	}{{"gate", m.Gate, i, h}, {"up", m.Up, i, h}, {"down", m.Down, h, i}} {
-		if _, err := k.weight(where, w.role, w.name, w.rows, w.cols, hint); err != nil {
-			return MLP{}, err
-		}
+	names := [3]string{m.Gate, m.Up, m.Down}
+	if err := k.eachProj([3]string{"gate", "up", "down"}, inter, func(n int, role string, rows, cols int64) error {
+		_, err := k.weight(where, role, names[n], rows, cols, hint)
+		return err
+	}); err != nil {
+		return MLP{}, err
 	}
 	return m, nil
 }
@@ -122,19 +120,33 @@ func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint stri
 	var m MLP
 	names := [3]*string{&m.Gate, &m.Up, &m.Down}
 	scales := [3]*string{&m.GateScale, &m.UpScale, &m.DownScale}
+	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
+		*names[n] = prefix + "." + pr + ".weight"
+		var err error
+		*scales[n], err = k.weight(where, pr, *names[n], rows, cols, hint)
+		return err
+	}); err != nil {
+		return MLP{}, err
+	}
+	return m, nil
+}
+
+// eachProj calls f on each projection of an MLP of intermediate size inter,
+// in order (n 0, 1, 2: gate, up, down; pr its name in proj), with the
+// [rows, cols] of its weight: gate and up [inter,H], down [H,inter]. It
+// stops at the first error f returns.
+func (k *checker) eachProj(proj [3]string, inter int, f func(n int, pr string, rows, cols int64) error) error {
 	h, i := int64(k.p.HiddenSize), int64(inter)
 	for n, pr := range proj {
 		rows, cols := i, h
 		if n == 2 {
 			rows, cols = h, i
 		}
-		*names[n] = prefix + "." + pr + ".weight"
-		var err error
-		if *scales[n], err = k.weight(where, pr, *names[n], rows, cols, hint); err != nil {
-			return MLP{}, err
+		if err := f(n, pr, rows, cols); err != nil {
+			return err
 		}
 	}
-	return m, nil
+	return nil
 }
 
 // scaledBy is the quantised format the expert weights are under when the

@@ -149,20 +149,15 @@ func readCTInt4(q config) (int64, error) {
 // is INT4 too, or left unquantised (Kimi: its re:.*shared_experts.*), which
 // the plan records as SharedQuantization none.
 func checkInt4Groups(raw map[string]any, t Tensors, p *Plan) error {
-	descs, err := DetectQuant(raw, hfQuantOf(t))
-	if err != nil {
-		return err
-	}
-	for _, d := range descs {
-		if d.Groups[GroupExperts] == "" {
-			return fmt.Errorf("%s: %s: %s: the routed experts are left unquantised by the ignore list while the format is %s; moeprep carries one routed expert format per checkpoint",
-				d.File, d.Key, d.Summary(), d.Label)
+	return eachQuantDesc(raw, t, func(d QuantDesc) error {
+		if err := routedUnquantised(d, "the ignore list", "one routed expert format"); err != nil {
+			return err
 		}
 		if p.NumSharedExperts > 0 && d.Groups[GroupShared] == "" {
 			p.SharedQuantization = QuantNone
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // SharedFormat is how the plan's shared expert is stored: Format, unless
@@ -187,17 +182,15 @@ func (k *checker) int4MLP(where, prefix string, proj [3]string, inter int, hint 
 	names := [3]*string{&m.Gate, &m.Up, &m.Down}
 	scales := [3]*string{&m.GateScale, &m.UpScale, &m.DownScale}
 	shapes := [3]*string{&m.GateShape, &m.UpShape, &m.DownShape}
-	h, i := int64(k.p.HiddenSize), int64(inter)
-	for n, pr := range proj {
-		rows, cols := i, h
-		if n == 2 {
-			rows, cols = h, i
-		}
+	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
 		tn, err := k.int4Weight(where, pr, prefix+"."+pr+".weight", rows, cols, hint)
 		if err != nil {
-			return MLP{}, err
+			return err
 		}
 		*names[n], *scales[n], *shapes[n] = tn.Weight, tn.Scale, tn.Shape
+		return nil
+	}); err != nil {
+		return MLP{}, err
 	}
 	return m, nil
 }
@@ -295,37 +288,35 @@ func (k *checker) int4Weight(where, role, weight string, rows, cols int64, hint 
 func (k *checker) plainSharedMLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
 	var m MLP
 	names := [3]*string{&m.Gate, &m.Up, &m.Down}
-	h, i := int64(k.p.HiddenSize), int64(inter)
-	for n, pr := range proj {
-		rows, cols := i, h
-		if n == 2 {
-			rows, cols = h, i
-		}
+	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
 		name := prefix + "." + pr + ".weight"
 		meta, ok := k.t.Lookup(name)
 		if !ok {
 			if _, packed := k.t.Lookup(name + "_packed"); packed {
-				return MLP{}, fmt.Errorf("%s: %s is packed INT4 but config.json's ignore list leaves the shared expert unquantised", where, name+"_packed")
+				return fmt.Errorf("%s: %s is packed INT4 but config.json's ignore list leaves the shared expert unquantised", where, name+"_packed")
 			}
-			return MLP{}, fmt.Errorf("%s: missing tensor %s", where, name)
+			return fmt.Errorf("%s: missing tensor %s", where, name)
 		}
 		if want := []int64{rows, cols}; !slices.Equal(meta.Shape, want) {
-			return MLP{}, fmt.Errorf("%s: %s shape %s, expected %s %s", where, pr, shapeString(meta.Shape), shapeString(want), hint)
+			return fmt.Errorf("%s: %s shape %s, expected %s %s", where, pr, shapeString(meta.Shape), shapeString(want), hint)
 		}
 		if !isFloat(meta.DType) {
-			return MLP{}, fmt.Errorf("%s: %s dtype %s, expected BF16, F16 or F32 (the ignore list leaves the shared expert unquantised)", where, name, meta.DType)
+			return fmt.Errorf("%s: %s dtype %s, expected BF16, F16 or F32 (the ignore list leaves the shared expert unquantised)", where, name, meta.DType)
 		}
 		if k.p.SharedWeightDType == "" {
 			k.p.SharedWeightDType, k.sharedFrom = meta.DType, name
 		} else if meta.DType != k.p.SharedWeightDType {
-			return MLP{}, fmt.Errorf("%s: %s dtype %s, expected %s like %s", where, pr, meta.DType, k.p.SharedWeightDType, k.sharedFrom)
+			return fmt.Errorf("%s: %s dtype %s, expected %s like %s", where, pr, meta.DType, k.p.SharedWeightDType, k.sharedFrom)
 		}
 		for _, sfx := range []string{"_scale", "_scale_inv"} {
 			if _, has := k.t.Lookup(name + sfx); has {
-				return MLP{}, fmt.Errorf("%s: %s present but the ignore list leaves the shared expert unquantised", where, name+sfx)
+				return fmt.Errorf("%s: %s present but the ignore list leaves the shared expert unquantised", where, name+sfx)
 			}
 		}
 		*names[n] = name
+		return nil
+	}); err != nil {
+		return MLP{}, err
 	}
 	return m, nil
 }

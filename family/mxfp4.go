@@ -31,17 +31,9 @@ import (
 // modules_to_not_convert leaves the routed experts unquantised (then
 // nothing is MXFP4 and the description is wrong about the tensors).
 func checkMXFP4Groups(raw map[string]any, t Tensors, p *Plan) error {
-	descs, err := DetectQuant(raw, hfQuantOf(t))
-	if err != nil {
-		return err
-	}
-	for _, d := range descs {
-		if d.Groups[GroupExperts] == "" {
-			return fmt.Errorf("%s: %s: %s: the routed experts are left unquantised by modules_to_not_convert while the format is %s; moeprep carries one routed expert format per checkpoint",
-				d.File, d.Key, d.Summary(), d.Label)
-		}
-	}
-	return nil
+	return eachQuantDesc(raw, t, func(d QuantDesc) error {
+		return routedUnquantised(d, "modules_to_not_convert", "one routed expert format")
+	})
 }
 
 // mxfp4Stacked checks gpt-oss's stacked MXFP4 experts of one layer (the

@@ -63,24 +63,19 @@ func readHFNVFP4(hf map[string]any) (Quantization, error) {
 // routed experts, and the shared expert of a family that has one, must be
 // NVFP4 (attention and dense MLPs are copied as they are).
 func checkNVFP4Groups(raw map[string]any, t Tensors, p *Plan) error {
-	descs, err := DetectQuant(raw, hfQuantOf(t))
-	if err != nil {
-		return err
-	}
-	for _, d := range descs {
+	return eachQuantDesc(raw, t, func(d QuantDesc) error {
 		if d.Kind != QuantKindNVFP4 {
 			return fmt.Errorf("%s: %s: %s: another format than the NVFP4 of the other description; moeprep carries one expert format per checkpoint", d.File, d.Key, d.Summary())
 		}
-		if d.Groups[GroupExperts] == "" {
-			return fmt.Errorf("%s: %s: %s: the routed experts are left unquantised by the exclude list while the format is %s; moeprep carries one routed expert format per checkpoint",
-				d.File, d.Key, d.Summary(), d.Label)
+		if err := routedUnquantised(d, "the exclude list", "one routed expert format"); err != nil {
+			return err
 		}
 		if p.NumSharedExperts > 0 && d.Groups[GroupShared] == "" {
 			return fmt.Errorf("%s: %s: %s: the shared expert is left unquantised while the routed experts are %s; moeprep carries NVFP4 shared experts only",
 				d.File, d.Key, d.Summary(), d.Label)
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // nvfp4MLP checks one MLP of NVFP4 weights.
@@ -90,20 +85,18 @@ func (k *checker) nvfp4MLP(where, prefix string, proj [3]string, inter int, hint
 	scales := [3]*string{&m.GateScale, &m.UpScale, &m.DownScale}
 	globals := [3]*string{&m.GateGlobal, &m.UpGlobal, &m.DownGlobal}
 	inputs := [3]*string{&m.GateInput, &m.UpInput, &m.DownInput}
-	h, i := int64(k.p.HiddenSize), int64(inter)
-	for n, pr := range proj {
-		rows, cols := i, h
-		if n == 2 {
-			rows, cols = h, i
-		}
+	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
 		w := prefix + "." + pr + ".weight"
 		if err := k.nvfp4Weight(where, pr, w, rows, cols, hint); err != nil {
-			return MLP{}, err
+			return err
 		}
 		*names[n], *scales[n], *globals[n] = w, w+"_scale", w+"_scale_2"
 		if k.p.NVFP4InputScale {
 			*inputs[n] = prefix + "." + pr + ".input_scale"
 		}
+		return nil
+	}); err != nil {
+		return MLP{}, err
 	}
 	return m, nil
 }

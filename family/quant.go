@@ -211,21 +211,44 @@ func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 	if !p.Quantization.scaleDTypeRead() {
 		return nil
 	}
-	descs, err := DetectQuant(raw, hfQuantOf(t))
-	if err != nil {
-		return err
-	}
-	for _, d := range descs {
-		if d.Groups[GroupExperts] == "" {
-			return fmt.Errorf("%s: %s: %s: the routed experts are left unquantised by the ignore list while the format is %s; moeprep carries one expert format per checkpoint",
-				d.File, d.Key, d.Summary(), d.Label)
+	return eachQuantDesc(raw, t, func(d QuantDesc) error {
+		if err := routedUnquantised(d, "the ignore list", "one expert format"); err != nil {
+			return err
 		}
 		if p.NumSharedExperts > 0 && d.Groups[GroupShared] != d.Groups[GroupExperts] {
 			return fmt.Errorf("%s: %s: %s: the shared expert is not stored like the routed experts (%s); moeprep carries one expert format per checkpoint",
 				d.File, d.Key, d.Summary(), d.Groups[GroupExperts])
 		}
+		return nil
+	})
+}
+
+// eachQuantDesc calls f on each quantisation description of the checkpoint
+// (DetectQuant's: config.json's quantization_config, hf_quant_config.json's),
+// stopping at the first error.
+func eachQuantDesc(raw map[string]any, t Tensors, f func(QuantDesc) error) error {
+	descs, err := DetectQuant(raw, hfQuantOf(t))
+	if err != nil {
+		return err
+	}
+	for _, d := range descs {
+		if err := f(d); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// routedUnquantised refuses a description whose exclusion list (by: "the
+// ignore list", "the exclude list", "modules_to_not_convert") leaves the
+// routed experts unquantised; carries says what moeprep carries per
+// checkpoint. Nil when the routed experts are quantised.
+func routedUnquantised(d QuantDesc, by, carries string) error {
+	if d.Groups[GroupExperts] != "" {
+		return nil
+	}
+	return fmt.Errorf("%s: %s: %s: the routed experts are left unquantised by %s while the format is %s; moeprep carries %s per checkpoint",
+		d.File, d.Key, d.Summary(), by, d.Label, carries)
 }
 
 func shapeString(s []int64) string {

@@ -3,6 +3,7 @@ package kernels_test
 import (
 	"context"
 	"fmt"
+	"github.com/moeprep/moeprep/moe/moetest"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -179,17 +180,7 @@ func u16Bytes(v []uint16) []byte {
 
 // routeIDs draws K distinct experts per token (or all on one expert).
 func routeIDs(r *rand.Rand, c gemmCase) []int32 {
-	ids := make([]int32, c.tok*c.k)
-	for tk := range c.tok {
-		perm := r.Perm(c.e)
-		for j := range c.k {
-			ids[tk*c.k+j] = int32(perm[j])
-			if c.allOn >= 0 {
-				ids[tk*c.k+j] = int32(c.allOn)
-			}
-		}
-	}
-	return ids
+	return moetest.RouteIDs(r, c.tok, c.k, c.e, c.allOn)
 }
 
 // uploadSorted puts the CPU alignment on the device (sortedWithTail: a

@@ -171,27 +171,26 @@ func FoldInPlace(d safetensors.DType, b []byte, factor float64) float64 {
 			track(float64(y), x*factor)
 		}
 	case safetensors.BF16:
-		for i := 0; i+2 <= len(b); i += 2 {
-			x := float64(numfmt.BF16ToF32(binary.LittleEndian.Uint16(b[i:])))
-			if math.IsNaN(x) || math.IsInf(x, 0) {
-				continue
-			}
-			y := numfmt.F64ToBF16(x * factor)
-			binary.LittleEndian.PutUint16(b[i:], y)
-			track(float64(numfmt.BF16ToF32(y)), x*factor)
-		}
+		fold16(b, factor, numfmt.BF16ToF32, numfmt.F64ToBF16, track)
 	case safetensors.F16:
-		for i := 0; i+2 <= len(b); i += 2 {
-			x := float64(numfmt.F16ToF32(binary.LittleEndian.Uint16(b[i:])))
-			if math.IsNaN(x) || math.IsInf(x, 0) {
-				continue
-			}
-			y := numfmt.F64ToF16(x * factor)
-			binary.LittleEndian.PutUint16(b[i:], y)
-			track(float64(numfmt.F16ToF32(y)), x*factor)
-		}
+		fold16(b, factor, numfmt.F16ToF32, numfmt.F64ToF16, track)
 	}
 	return maxRel
+}
+
+// fold16 folds every finite 16-bit element of b (decoded by dec, the
+// product encoded by enc, rounding once) and tracks each folded value
+// against the exact product.
+func fold16(b []byte, factor float64, dec func(uint16) float32, enc func(float64) uint16, track func(got, exact float64)) {
+	for i := 0; i+2 <= len(b); i += 2 {
+		x := float64(dec(binary.LittleEndian.Uint16(b[i:])))
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			continue
+		}
+		y := enc(x * factor)
+		binary.LittleEndian.PutUint16(b[i:], y)
+		track(float64(dec(y)), x*factor)
+	}
 }
 
 // FoldValue is the folded value of one element x of dtype d, as float64:

@@ -2,6 +2,7 @@ package moetest
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/moeprep/moeprep/moe"
@@ -117,16 +118,7 @@ func (c gemmTest) input(i int) (*GEMMCase, []int32) {
 			m.GateBias, m.UpBias, m.DownBias = bf16Normal(r, c.i, 0.5), bf16Normal(r, c.i, 0.5), bf16Normal(r, c.h, 0.5)
 		}
 	}
-	ids := make([]int32, c.t*c.k)
-	for tok := range c.t {
-		perm := r.Perm(c.e)
-		for j := range c.k {
-			ids[tok*c.k+j] = int32(perm[j])
-			if c.allOn >= 0 {
-				ids[tok*c.k+j] = int32(c.allOn)
-			}
-		}
-	}
+	ids := RouteIDs(r, c.t, c.k, c.e, c.allOn)
 	gc.Align = alignment(ids, c.e, c.block)
 	return gc, ids
 }
@@ -177,4 +169,23 @@ func rowRelL2(got []float32, want []float64) float64 {
 		den += w * w
 	}
 	return math.Sqrt(num / den)
+}
+
+// RouteIDs draws k distinct experts of e for each of t tokens, as a
+// router's top-k would (a permutation of the experts per token, so the
+// random stream is the kernels' tests' and the suite's alike); with
+// allOn >= 0 every slot goes to expert allOn instead (one expert takes
+// all the rows).
+func RouteIDs(r *rand.Rand, t, k, e, allOn int) []int32 {
+	ids := make([]int32, t*k)
+	for tok := range t {
+		perm := r.Perm(e)
+		for j := range k {
+			ids[tok*k+j] = int32(perm[j])
+			if allOn >= 0 {
+				ids[tok*k+j] = int32(allOn)
+			}
+		}
+	}
+	return ids
 }

@@ -234,6 +234,17 @@ func sameActivation(got *layout.Activation, want layout.Activation) bool {
 	return *got == *w
 }
 
+// agreeBlock adds b, the weight_block_size one piece of SRC implies, to
+// *out, the one every piece before it agreed on (nil before the first):
+// false when b differs from it.
+func agreeBlock(out *[]int64, b []int64) bool {
+	if *out != nil && !equalInts(*out, b) {
+		return false
+	}
+	*out = b
+	return true
+}
+
 func equalInts(a, b []int64) bool {
 	if len(a) != len(b) {
 		return false
@@ -448,10 +459,9 @@ func srcInt4Block(cfg map[string]any) ([]int64, string) {
 		default:
 			return nil, fmt.Sprintf("SRC's config group strategy %s is neither group nor channel", render(st))
 		}
-		if out != nil && !equalInts(out, b) {
+		if !agreeBlock(&out, b) {
 			return nil, "SRC's config groups differ in their weights strategy or group size, so moeprep cannot have converted it"
 		}
-		out = b
 	}
 	if out == nil {
 		return nil, "SRC's compressed-tensors quantization_config has no config group"
@@ -568,10 +578,9 @@ func srcMXFP4Block(src *checkpoint.Checkpoint, plan *family.Plan) ([]int64, stri
 				return nil, fmt.Sprintf("SRC's %s %s %v and %s %s %v are not U8 [E, rows, n, b] and U8 [E, rows, n]", blocks, bt.DType, bt.Shape, scales, st.DType, st.Shape)
 			}
 			b := []int64{1, 2 * bt.Shape[3]}
-			if out != nil && !equalInts(out, b) {
+			if !agreeBlock(&out, b) {
 				return nil, "SRC's MXFP4 tensors differ in the elements one scale covers"
 			}
-			out = b
 		}
 	}
 	if out == nil {
