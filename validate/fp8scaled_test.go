@@ -1,12 +1,8 @@
 package validate
 
 import (
-	"context"
 	"encoding/binary"
-	"encoding/json"
-	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
@@ -21,47 +17,36 @@ import (
 // that none of the synth presets has: convert in every layout and
 // fuse-shared pass validate on the CPU, and each mutation of DST fails it.
 
-func fp8ScaledSpecs() map[string]fixtures.SynthSpec {
-	return map[string]fixtures.SynthSpec{
-		"qwen3-channel": {Family: "qwen3_moe", Layers: 2, DenseLayers: 1, Hidden: 96, Intermediate: 48,
-			Experts: 6, TopK: 2, DType: fixtures.DTypeFP8Channel, Vocab: 64, Seed: 1001},
-		"deepseek-v2-channel": {Family: "deepseek_v2", Layers: 2, DenseLayers: 1, Hidden: 80, Intermediate: 24,
-			Experts: 12, SharedExperts: 2, TopK: 3, RoutedScalingFactor: 1.75, DType: fixtures.DTypeFP8Channel, Vocab: 64, Seed: 1002},
-		"qwen3-tensor": {Family: "qwen3_moe", Layers: 2, DenseLayers: 1, Hidden: 48, Intermediate: 40,
-			Experts: 10, TopK: 3, DType: fixtures.DTypeFP8Tensor, Vocab: 64, Seed: 1003},
-		"deepseek-v3-tensor": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 72, Intermediate: 24,
-			Experts: 8, SharedExperts: 3, TopK: 2, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.25,
-			DType: fixtures.DTypeFP8Tensor, Vocab: 64, Seed: 1004, BiasLike: "deepseek"},
+// fp8ScaledRuns is the conversions of spec that both the CPU and the GPU
+// tests validate: every layout and, with a shared expert, fuse-shared at
+// --tp 2 and at --tp 1 folded into down.
+func fp8ScaledRuns(spec fixtures.SynthSpec) []convert.Options {
+	runs := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate}}
+	if spec.SharedExperts > 0 {
+		runs = append(runs,
+			convert.Options{Layout: layout.Stacked, FuseShared: true, TP: 2},
+			convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 1, FoldScaling: layout.FoldDown})
 	}
-}
-
-func synthFP8Scaled(t *testing.T, name string) string {
-	t.Helper()
-	return synthFrom(t, fp8ScaledSpecs(), name)
+	return runs
 }
 
 func TestFP8ScaledConversionsValidate(t *testing.T) {
 	for name, spec := range fp8ScaledSpecs() {
 		t.Run(name, func(t *testing.T) {
-			src := synthFP8Scaled(t, name)
-			runs := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate}}
+			src := synthFrom(t, fp8ScaledSpecs(), name)
+			runs := fp8ScaledRuns(spec)
 			if spec.SharedExperts > 0 {
-				runs = append(runs,
-					convert.Options{Layout: layout.Stacked, FuseShared: true, TP: 2},
-					convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 1, FoldScaling: layout.FoldDown},
-					convert.Options{Layout: layout.Stacked, FuseShared: true, TP: 1, FoldScaling: layout.FoldNone})
+				runs = append(runs, convert.Options{Layout: layout.Stacked, FuseShared: true, TP: 1, FoldScaling: layout.FoldNone})
+			}
+			want := quantContract{weightfmt.QuantFP8Channel, "F8_E4M3", "BF16", nil}
+			if spec.DType == fixtures.DTypeFP8Tensor {
+				want.quantization, want.scaleDType = weightfmt.QuantFP8Tensor, "F32"
 			}
 			conversionsPass(t, src, DeviceCPU, runs, func(o convert.Options, c *layout.Contract) {
-				wantQ, wantS := weightfmt.QuantFP8Channel, "BF16"
-				if spec.DType == fixtures.DTypeFP8Tensor {
-					wantQ, wantS = weightfmt.QuantFP8Tensor, "F32"
-				}
-				if c.Quantization != wantQ || c.ScaleDType != wantS || len(c.WeightBlockSize) != 0 {
-					t.Errorf("contract quantization %q scale_dtype %q weight_block_size %v, want %q %q none", c.Quantization, c.ScaleDType, c.WeightBlockSize, wantQ, wantS)
-				}
+				want.check(t, o, c)
 				// BF16 scales fold only when asked; F32 ones by default.
 				if o.FuseShared && o.FoldScaling != layout.FoldNone {
-					wantFold := o.FoldScaling == layout.FoldDown || wantS == "F32"
+					wantFold := o.FoldScaling == layout.FoldDown || want.scaleDType == "F32"
 					if c.RoutedScalingFactorFolded != wantFold {
 						t.Errorf("%+v: folded %v, want %v", o, c.RoutedScalingFactorFolded, wantFold)
 					}
@@ -69,23 +54,6 @@ func TestFP8ScaledConversionsValidate(t *testing.T) {
 			})
 		})
 	}
-}
-
-func readContract(t *testing.T, dir string) *layout.Contract {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	c, ok, err := layout.ReadContract(cfg)
-	if err != nil || !ok {
-		t.Fatalf("%s: contract: %v", dir, err)
-	}
-	return c
 }
 
 // TestFP8ScaledMutationsFail: one flipped FP8 byte in one expert, two
@@ -178,12 +146,9 @@ func TestFP8ScaledRefusals(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			src := synthFP8Scaled(t, tc.fixture)
+			src := synthFrom(t, fp8ScaledSpecs(), tc.fixture)
 			testkit.EditJSON(t, filepath.Join(src, "config.json"), tc.edit)
-			_, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: filepath.Join(t.TempDir(), "dst"), Layout: layout.Stacked})
-			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
-				t.Fatalf("got %v, want one line containing %q", err, tc.want)
-			}
+			convertRefused(t, src, convert.Options{Layout: layout.Stacked}, tc.want)
 		})
 	}
 }
@@ -193,25 +158,12 @@ func TestFP8ScaledRefusals(t *testing.T) {
 // refuses, naming the format and why, before any layer runs; --device
 // auto then runs on the CPU with a note, with or without a GPU.
 func TestFP8ScaledGPURefusal(t *testing.T) {
-	old := cudaAvailable
-	cudaAvailable = func() error { return nil } // as on a machine with a GPU
-	t.Cleanup(func() { cudaAvailable = old })
-	src := synthFP8Scaled(t, "qwen3-channel")
+	src := synthFrom(t, fp8ScaledSpecs(), "qwen3-channel")
 	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
 	for _, prec := range []string{PrecisionF32, PrecisionFP8} {
-		_, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA, GPUPrecision: prec})
-		want := "FP8 per-channel expert weights (quantization fp8_channel, BF16 scales) are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not " + prec + ")"
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Fatalf("--device cuda --precision %s: %v", prec, err)
-		}
-		rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: "auto", GPUPrecision: prec})
-		if err != nil {
-			t.Fatal(err)
-		}
-		mustPass(t, rep, "--device auto")
-		if rep.Device != DeviceCPU || !strings.Contains(strings.Join(rep.Notes, "\n"), "decoded to bf16 on the GPU") {
-			t.Fatalf("--device auto ran on %s, notes %q", rep.Device, rep.Notes)
-		}
+		cudaRefused(t, src, dst, prec,
+			"FP8 per-channel expert weights (quantization fp8_channel, BF16 scales) are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+prec+")",
+			"decoded to bf16 on the GPU")
 	}
 }
 
@@ -222,13 +174,8 @@ func TestGPUFP8Scaled(t *testing.T) {
 	needGPU(t)
 	for name, spec := range fp8ScaledSpecs() {
 		t.Run(name, func(t *testing.T) {
-			src := synthFP8Scaled(t, name)
-			runs := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate}}
-			if spec.SharedExperts > 0 {
-				runs = append(runs,
-					convert.Options{Layout: layout.Stacked, FuseShared: true, TP: 2},
-					convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 1, FoldScaling: layout.FoldDown})
-			}
+			src := synthFrom(t, fp8ScaledSpecs(), name)
+			runs := fp8ScaledRuns(spec)
 			for i, rep := range conversionsPass(t, src, DeviceCUDA, runs, nil) {
 				o := runs[i]
 				worst := 0.0

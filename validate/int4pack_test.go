@@ -1,14 +1,11 @@
 package validate
 
 import (
-	"context"
 	"encoding/binary"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
@@ -22,39 +19,13 @@ import (
 // proof), each mutation of DST fails it, and what cannot be carried is
 // refused in one line.
 
-func int4Specs() map[string]fixtures.SynthSpec {
-	return map[string]fixtures.SynthSpec{
-		// Kimi-K2's family and ignore list, group 32: 3 groups a gate row, 2 a down row.
-		"kimi-g32": {Family: "kimi_k2", Layers: 2, DenseLayers: 1, Hidden: 96, Intermediate: 64,
-			Experts: 12, SharedExperts: 1, TopK: 3, RoutedScalingFactor: 2.5,
-			DType: fixtures.DTypeInt4Pack, GroupSize: 32, Vocab: 64, Seed: 2001, BiasLike: "deepseek"},
-		// One scale per row (strategy channel), no shared expert.
-		"qwen3-channel": {Family: "qwen3_moe", Layers: 2, DenseLayers: 1, Hidden: 80, Intermediate: 40,
-			Experts: 6, TopK: 2, DType: fixtures.DTypeInt4Pack, Vocab: 64, Seed: 2002},
-		// Groups of 16, two shared experts (one BF16 shared MLP of 2I), grouped routing.
-		"deepseek-v3-g16": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 64, Intermediate: 48,
-			Experts: 8, SharedExperts: 2, TopK: 2, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 1.5,
-			DType: fixtures.DTypeInt4Pack, GroupSize: 16, Vocab: 64, Seed: 2003},
-	}
-}
-
-func synthInt4(t *testing.T, name string) string {
-	t.Helper()
-	return synthFrom(t, int4Specs(), name)
-}
-
 func TestInt4ConversionsValidate(t *testing.T) {
 	for name, spec := range int4Specs() {
 		t.Run(name, func(t *testing.T) {
-			src := synthInt4(t, name)
+			src := synthFrom(t, int4Specs(), name)
 			runs := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
 			conversionsPass(t, src, DeviceCPU, runs, func(o convert.Options, c *layout.Contract) {
-				wantBlock := []int64{1, int64(spec.GroupSize)}
-				if c.Quantization != weightfmt.QuantInt4Pack || c.WeightDType != "I32" || c.ScaleDType != "BF16" ||
-					len(c.WeightBlockSize) != 2 || c.WeightBlockSize[0] != wantBlock[0] || c.WeightBlockSize[1] != wantBlock[1] {
-					t.Errorf("contract quantization %q weight_dtype %q scale_dtype %q weight_block_size %v, want int4_pack I32 BF16 %v",
-						c.Quantization, c.WeightDType, c.ScaleDType, c.WeightBlockSize, wantBlock)
-				}
+				quantContract{weightfmt.QuantInt4Pack, "I32", "BF16", []int64{1, int64(spec.GroupSize)}}.check(t, o, c)
 				wantShared := ""
 				if spec.SharedExperts > 0 {
 					wantShared = "none"
@@ -172,17 +143,14 @@ func TestInt4Refusals(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			src := synthInt4(t, tc.fixture)
+			src := synthFrom(t, int4Specs(), tc.fixture)
 			if tc.edit != nil {
 				testkit.EditJSON(t, filepath.Join(src, "config.json"), tc.edit)
 			}
 			if tc.src != nil {
 				tc.src(t, src)
 			}
-			_, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: filepath.Join(t.TempDir(), "dst"), Layout: layout.Stacked, FuseShared: tc.fuse})
-			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
-				t.Fatalf("got %v, want one line containing %q", err, tc.want)
-			}
+			convertRefused(t, src, convert.Options{Layout: layout.Stacked, FuseShared: tc.fuse}, tc.want)
 		})
 	}
 }
@@ -191,21 +159,7 @@ func TestInt4Refusals(t *testing.T) {
 // refuses, naming the format, before any layer runs; --device auto runs on
 // the CPU with a note.
 func TestInt4GPURefusal(t *testing.T) {
-	old := cudaAvailable
-	cudaAvailable = func() error { return nil } // as on a machine with a GPU
-	t.Cleanup(func() { cudaAvailable = old })
-	src := synthInt4(t, "kimi-g32")
+	src := synthFrom(t, int4Specs(), "kimi-g32")
 	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
-	_, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA})
-	if err == nil || !strings.Contains(err.Error(), "INT4 expert weights (quantization int4_pack, BF16 scales) have no GPU path") {
-		t.Fatalf("--device cuda: %v", err)
-	}
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: "auto"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustPass(t, rep, "--device auto")
-	if rep.Device != DeviceCPU || !strings.Contains(strings.Join(rep.Notes, "\n"), "no GPU path") {
-		t.Fatalf("--device auto ran on %s, notes %q", rep.Device, rep.Notes)
-	}
+	cudaRefused(t, src, dst, "", "INT4 expert weights (quantization int4_pack, BF16 scales) have no GPU path", "no GPU path")
 }

@@ -1,9 +1,7 @@
 package validate
 
 import (
-	"context"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
@@ -22,49 +20,19 @@ import (
 // dequantisation on both paths, byte proof), each mutation of DST fails
 // it, and what cannot be carried is refused in one line.
 
-func mxfp4Specs() map[string]fixtures.SynthSpec {
-	return map[string]fixtures.SynthSpec{
-		// Three scale groups a gate row, two a down row.
-		"h96-i64": {Family: "gpt_oss", Layers: 2, Hidden: 96, Intermediate: 64, Experts: 6, TopK: 2,
-			DType: fixtures.DTypeMXFP4, Vocab: 64, Seed: 3001},
-		// One group a gate row, four a down row; three layers.
-		"h32-i128": {Family: "gpt_oss", Layers: 3, Hidden: 32, Intermediate: 128, Experts: 12, TopK: 4,
-			DType: fixtures.DTypeMXFP4, Vocab: 64, Seed: 3002},
-	}
-}
-
-func synthMXFP4(t *testing.T, name string) string {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), name)
-	if _, err := fixtures.Write(context.Background(), dir, mxfp4Specs()[name], fixtures.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	return dir
-}
-
 var gptOssMXFP4 = weightfmt.MXFP4(weightfmt.NamingGptOss, safetensors.U8, safetensors.U8)
 
 func TestMXFP4ConversionsValidate(t *testing.T) {
 	for name := range mxfp4Specs() {
 		t.Run(name, func(t *testing.T) {
-			src := synthMXFP4(t, name)
-			for _, o := range []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}} {
-				dst := convertInto(t, src, o)
-				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCPU})
-				if err != nil {
-					t.Fatalf("%+v: %v", o, err)
-				}
-				mustPass(t, rep, "validate failed on a correct MXFP4 conversion")
-				c := readContract(t, dst)
-				if c.Quantization != weightfmt.QuantMXFP4 || c.WeightDType != "U8" || c.ScaleDType != "" ||
-					len(c.WeightBlockSize) != 2 || c.WeightBlockSize[0] != 1 || c.WeightBlockSize[1] != 32 {
-					t.Errorf("contract quantization %q weight_dtype %q scale_dtype %q weight_block_size %v, want mxfp4 U8 (none) [1 32]",
-						c.Quantization, c.WeightDType, c.ScaleDType, c.WeightBlockSize)
-				}
+			src := synthFrom(t, mxfp4Specs(), name)
+			runs := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
+			conversionsPass(t, src, DeviceCPU, runs, func(o convert.Options, c *layout.Contract) {
+				quantContract{weightfmt.QuantMXFP4, "U8", "", []int64{1, 32}}.check(t, o, c)
 				if c.RoutedScalingFactorFolded {
 					t.Errorf("%+v: rsf folded into E8M0 scales", o)
 				}
-			}
+			})
 		})
 	}
 }
@@ -73,7 +41,7 @@ func TestMXFP4ConversionsValidate(t *testing.T) {
 // of gate_up_proj_blocks[e] and their scales, its up the odd ones, byte for
 // byte, decoded to what SRC's rows decode to.
 func TestMXFP4DeinterleavesExactly(t *testing.T) {
-	src := synthMXFP4(t, "h96-i64")
+	src := synthFrom(t, mxfp4Specs(), "h96-i64")
 	dst := convertInto(t, src, convert.Options{Layout: layout.Stacked})
 	const prefix = "model.layers.0.mlp"
 	h, i := 96, 64
@@ -126,11 +94,7 @@ func mxByte(t *testing.T, buf []byte, at int, pick func(b byte) bool) int {
 func TestMXFP4MutationsFail(t *testing.T) {
 	const prefix = "model.layers.1.mlp"
 	nz := func(n byte) bool { return n&7 != 0 } // a nonzero E2M1 magnitude
-	cases := []struct {
-		name, fixture string
-		o             convert.Options
-		mutate        func(t *testing.T, dst string)
-	}{
+	cases := []dstMutation{
 		{"one flipped nibble in one expert", "h96-i64", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, gptOssMXFP4)
 			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
@@ -168,23 +132,7 @@ func TestMXFP4MutationsFail(t *testing.T) {
 			})
 		}},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			src := synthMXFP4(t, tc.fixture)
-			dst := convertInto(t, src, tc.o)
-			tc.mutate(t, dst)
-			for _, bytes := range []string{BytesOff, BytesAuto} {
-				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Device: DeviceCPU, Bytes: bytes})
-				if err != nil {
-					t.Fatalf("bytes %s: the mutation made the input unusable instead of failing the check: %v", bytes, err)
-				}
-				if !rep.Failed() {
-					t.Fatalf("bytes %s: mutation not caught", bytes)
-				}
-				t.Logf("bytes %s: caught: %s", bytes, strings.SplitN(rep.Err().Error(), ";", 2)[0])
-			}
-		})
-	}
+	mutationsFail(t, mxfp4Specs(), cases, DeviceCPU, []string{BytesOff, BytesAuto})
 }
 
 // TestMXFP4Refusals: what moeprep cannot carry of MXFP4 is refused with one
@@ -208,50 +156,28 @@ func TestMXFP4Refusals(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			src := synthMXFP4(t, "h96-i64")
+			src := synthFrom(t, mxfp4Specs(), "h96-i64")
 			testkit.EditJSON(t, filepath.Join(src, "config.json"), tc.edit)
-			_, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: filepath.Join(t.TempDir(), "dst"), Layout: layout.Stacked})
-			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
-				t.Fatalf("got %v, want one line containing %q", err, tc.want)
-			}
-			t.Logf("refused: %v", err)
+			t.Logf("refused: %v", convertRefused(t, src, convert.Options{Layout: layout.Stacked}, tc.want))
 		})
 	}
-	// gpt-oss's bf16 experts under an mxfp4 quantization_config.
-	src := filepath.Join(t.TempDir(), "bf16")
-	spec := mxfp4Specs()["h96-i64"]
-	spec.DType = "bf16"
-	if _, err := fixtures.Write(context.Background(), src, spec, fixtures.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	testkit.EditJSON(t, filepath.Join(src, "config.json"), func(c map[string]any) {
-		c["quantization_config"] = map[string]any{"quant_method": "mxfp4", "modules_to_not_convert": []any{"lm_head"}}
+	t.Run("bf16 experts under mxfp4", func(t *testing.T) {
+		// gpt-oss's bf16 experts under an mxfp4 quantization_config.
+		spec := mxfp4Specs()["h96-i64"]
+		spec.DType = "bf16"
+		src := synthFrom(t, map[string]fixtures.SynthSpec{"bf16": spec}, "bf16")
+		testkit.EditJSON(t, filepath.Join(src, "config.json"), func(c map[string]any) {
+			c["quantization_config"] = map[string]any{"quant_method": "mxfp4", "modules_to_not_convert": []any{"lm_head"}}
+		})
+		convertRefused(t, src, convert.Options{Layout: layout.Stacked}, "is stored unquantised but config.json's quantization_config says mxfp4")
 	})
-	_, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: filepath.Join(t.TempDir(), "dst"), Layout: layout.Stacked})
-	if want := "is stored unquantised but config.json's quantization_config says mxfp4"; err == nil || !strings.Contains(err.Error(), want) {
-		t.Fatalf("bf16 experts under mxfp4: got %v, want %q", err, want)
-	}
 }
 
 // TestMXFP4GPURefusal: the GPU kernels have no MXFP4 path: --device cuda
 // refuses, naming the format, before any layer runs; --device auto runs on
 // the CPU with a note.
 func TestMXFP4GPURefusal(t *testing.T) {
-	old := cudaAvailable
-	cudaAvailable = func() error { return nil } // as on a machine with a GPU
-	t.Cleanup(func() { cudaAvailable = old })
-	src := synthMXFP4(t, "h96-i64")
+	src := synthFrom(t, mxfp4Specs(), "h96-i64")
 	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
-	_, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA})
-	if err == nil || !strings.Contains(err.Error(), "MXFP4 expert weights (quantization mxfp4, U8 scales) have no GPU path") {
-		t.Fatalf("--device cuda: %v", err)
-	}
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: "auto"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustPass(t, rep, "--device auto")
-	if rep.Device != DeviceCPU || !strings.Contains(strings.Join(rep.Notes, "\n"), "no GPU path") {
-		t.Fatalf("--device auto ran on %s, notes %q", rep.Device, rep.Notes)
-	}
+	cudaRefused(t, src, dst, "", "MXFP4 expert weights (quantization mxfp4, U8 scales) have no GPU path", "no GPU path")
 }

@@ -2,7 +2,9 @@ package validate
 
 import (
 	"context"
+	"encoding/json"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,7 +17,9 @@ import (
 
 // What the tests of each quantised expert format share: a synth
 // checkpoint from the format's spec table, every conversion of it passing
-// validate, and every mutation of DST failing it.
+// validate with the format in its contract, every mutation of DST failing
+// validate, what cannot be carried refused in one line, and the GPU
+// refusing a format it has no path for.
 
 // synthFrom writes specs[name] into a temporary directory.
 func synthFrom(t *testing.T, specs map[string]fixtures.SynthSpec, name string) string {
@@ -52,6 +56,40 @@ func conversionsPass(t *testing.T, src, device string, runs []convert.Options, c
 		reps = append(reps, rep)
 	}
 	return reps
+}
+
+// readContract is the moeprep contract in dir's config.json.
+func readContract(t *testing.T, dir string) *layout.Contract {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	c, ok, err := layout.ReadContract(cfg)
+	if err != nil || !ok {
+		t.Fatalf("%s: contract: %v", dir, err)
+	}
+	return c
+}
+
+// quantContract is what the contract of a conversion says of the routed
+// experts' format.
+type quantContract struct {
+	quantization, weightDType, scaleDType string
+	block                                 []int64 // weight_block_size; nil: none
+}
+
+// check reports where c, the contract of conversion o, says other than q.
+func (q quantContract) check(t *testing.T, o convert.Options, c *layout.Contract) {
+	t.Helper()
+	if c.Quantization != q.quantization || c.WeightDType != q.weightDType || c.ScaleDType != q.scaleDType || !slices.Equal(c.WeightBlockSize, q.block) {
+		t.Errorf("%+v: contract quantization %q weight_dtype %q scale_dtype %q weight_block_size %v, want %q %q %q %v",
+			o, c.Quantization, c.WeightDType, c.ScaleDType, c.WeightBlockSize, q.quantization, q.weightDType, q.scaleDType, q.block)
+	}
 }
 
 // dstMutation is one corruption of a converted checkpoint: fixture names
@@ -94,5 +132,42 @@ func mutationsFail(t *testing.T, specs map[string]fixtures.SynthSpec, cases []ds
 				t.Logf("bytes %s: caught: %s (worst row %.0fx its threshold)", bytes, strings.SplitN(rep.Err().Error(), ";", 2)[0], worst)
 			}
 		})
+	}
+}
+
+// convertRefused converts src with o into a fresh DST and fails t unless
+// convert refuses it with one line containing want; it returns the refusal.
+func convertRefused(t *testing.T, src string, o convert.Options, want string) error {
+	t.Helper()
+	o.Src, o.Dst = src, filepath.Join(t.TempDir(), "dst")
+	_, err := convert.Convert(context.Background(), o)
+	if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("got %v, want one line containing %q", err, want)
+	}
+	return err
+}
+
+// cudaRefused: as on a machine with a GPU, validate --device cuda at
+// precision prec ("": the default) refuses src and dst with an error
+// containing want, before any layer runs, and --device auto then passes
+// on the CPU with a note containing note.
+func cudaRefused(t *testing.T, src, dst, prec, want, note string) {
+	t.Helper()
+	withCUDA(t, nil)
+	asked := "--device cuda"
+	if prec != "" {
+		asked += " --precision " + prec
+	}
+	_, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA, GPUPrecision: prec})
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("%s: %v", asked, err)
+	}
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: "auto", GPUPrecision: prec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustPass(t, rep, "--device auto")
+	if rep.Device != DeviceCPU || !strings.Contains(strings.Join(rep.Notes, "\n"), note) {
+		t.Fatalf("--device auto ran on %s, notes %q", rep.Device, rep.Notes)
 	}
 }

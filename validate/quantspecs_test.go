@@ -1,0 +1,58 @@
+package validate
+
+import "github.com/moeprep/moeprep/fixtures"
+
+// The synthetic checkpoints the quantised formats' tests convert and
+// validate, at sizes, seeds and group counts that none of the synth presets
+// has (so the tests exercise checkpoints the presets never wrote).
+
+func fp8ScaledSpecs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		"qwen3-channel": {Family: "qwen3_moe", Layers: 2, DenseLayers: 1, Hidden: 96, Intermediate: 48,
+			Experts: 6, TopK: 2, DType: fixtures.DTypeFP8Channel, Vocab: 64, Seed: 1001},
+		"deepseek-v2-channel": {Family: "deepseek_v2", Layers: 2, DenseLayers: 1, Hidden: 80, Intermediate: 24,
+			Experts: 12, SharedExperts: 2, TopK: 3, RoutedScalingFactor: 1.75, DType: fixtures.DTypeFP8Channel, Vocab: 64, Seed: 1002},
+		"qwen3-tensor": {Family: "qwen3_moe", Layers: 2, DenseLayers: 1, Hidden: 48, Intermediate: 40,
+			Experts: 10, TopK: 3, DType: fixtures.DTypeFP8Tensor, Vocab: 64, Seed: 1003},
+		"deepseek-v3-tensor": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 72, Intermediate: 24,
+			Experts: 8, SharedExperts: 3, TopK: 2, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.25,
+			DType: fixtures.DTypeFP8Tensor, Vocab: 64, Seed: 1004, BiasLike: "deepseek"},
+	}
+}
+
+func int4Specs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// Kimi-K2's family and ignore list, group 32: 3 groups a gate row, 2 a down row.
+		"kimi-g32": {Family: "kimi_k2", Layers: 2, DenseLayers: 1, Hidden: 96, Intermediate: 64,
+			Experts: 12, SharedExperts: 1, TopK: 3, RoutedScalingFactor: 2.5,
+			DType: fixtures.DTypeInt4Pack, GroupSize: 32, Vocab: 64, Seed: 2001, BiasLike: "deepseek"},
+		// One scale per row (strategy channel), no shared expert.
+		"qwen3-channel": {Family: "qwen3_moe", Layers: 2, DenseLayers: 1, Hidden: 80, Intermediate: 40,
+			Experts: 6, TopK: 2, DType: fixtures.DTypeInt4Pack, Vocab: 64, Seed: 2002},
+		// Groups of 16, two shared experts (one BF16 shared MLP of 2I), grouped routing.
+		"deepseek-v3-g16": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 64, Intermediate: 48,
+			Experts: 8, SharedExperts: 2, TopK: 2, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 1.5,
+			DType: fixtures.DTypeInt4Pack, GroupSize: 16, Vocab: 64, Seed: 2003},
+	}
+}
+
+func mxfp4Specs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// Three scale groups a gate row, two a down row.
+		"h96-i64": {Family: "gpt_oss", Layers: 2, Hidden: 96, Intermediate: 64, Experts: 6, TopK: 2,
+			DType: fixtures.DTypeMXFP4, Vocab: 64, Seed: 3001},
+		// One group a gate row, four a down row; three layers.
+		"h32-i128": {Family: "gpt_oss", Layers: 3, Hidden: 32, Intermediate: 128, Experts: 12, TopK: 4,
+			DType: fixtures.DTypeMXFP4, Vocab: 64, Seed: 3002},
+	}
+}
+
+func nvfp4Specs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		"deepseek-v3-nv": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 96, Intermediate: 48,
+			Experts: 10, SharedExperts: 2, TopK: 3, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5,
+			DType: fixtures.DTypeNVFP4, Vocab: 64, Seed: 3001, BiasLike: "deepseek"},
+		"qwen3-nv": {Family: "qwen3_moe", Layers: 2, DenseLayers: 1, Hidden: 80, Intermediate: 32,
+			Experts: 6, TopK: 2, DType: fixtures.DTypeNVFP4, Vocab: 64, Seed: 3002},
+	}
+}
