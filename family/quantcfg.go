@@ -106,17 +106,25 @@ func (d QuantDesc) Supported() bool {
 	return false
 }
 
+// carriedFormats says which expert formats moeprep reads (README's format
+// table), for refusals of anything else.
+const carriedFormats = "moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, gpt-oss MXFP4 and ModelOpt NVFP4 experts"
+
 // Refusal is the one-line error for a description moeprep cannot carry.
 func (d QuantDesc) Refusal() error {
-	why := "not carried yet (issue 29); moeprep reads bf16/f16/f32 and FP8 128x128 block experts"
-	if (d.Kind == QuantKindFP8Channel || d.Kind == QuantKindFP8Tensor) && strings.HasPrefix(d.Label, "modelopt") {
+	why := "not carried yet; " + carriedFormats
+	fp8Scaled := d.Kind == QuantKindFP8Channel || d.Kind == QuantKindFP8Tensor
+	switch {
+	case fp8Scaled && strings.HasPrefix(d.Label, "modelopt"):
 		why = "not carried: ModelOpt FP8 stores static activation scales (input_scale); moeprep reads FP8 with dynamic activations only"
-	} else if d.Kind == QuantKindFP8Channel || d.Kind == QuantKindFP8Tensor {
+	case fp8Scaled:
 		why = "not carried yet: moeprep reads FP8 per-channel and per-tensor experts described by config.json's quantization_config only"
-	} else if d.Kind == QuantKindMXFP4 {
+	case d.Kind == QuantKindMXFP4:
 		why = "not carried yet: moeprep reads MXFP4 experts as gpt-oss stores them (quant_method mxfp4 in config.json's quantization_config) only"
-	} else if d.Kind == QuantKindInt4Pack {
+	case d.Kind == QuantKindInt4Pack:
 		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json's quantization_config only"
+	case d.Kind == QuantKindNVFP4:
+		why = "not carried yet: moeprep reads ModelOpt NVFP4 experts (quant_algo NVFP4, group 16) only"
 	}
 	return fmt.Errorf("%s: %s: %s: %s", d.File, d.Key, d.Summary(), why)
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-const notCarried = ": not carried yet (issue 29); moeprep reads bf16/f16/f32 and FP8 128x128 block experts"
+const notCarried = ": not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, gpt-oss MXFP4 and ModelOpt NVFP4 experts"
 
 // kimiIgnore is Kimi-K2-Thinking's ignore list: routed experts INT4, the
 // rest bf16.
@@ -65,7 +65,7 @@ func TestDetectQuant(t *testing.T) {
 		{"nvfp4 compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}, "ignore": ["lm_head", "re:.*mlp.gate$"]}}`, "",
 			QuantKindNVFP4,
-			"config.json: quantization_config: compressed-tensors nvfp4-pack-quantized (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
+			"config.json: quantization_config: compressed-tensors nvfp4-pack-quantized (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet: moeprep reads ModelOpt NVFP4 experts (quant_algo NVFP4, group 16) only"},
 		{"fp8 per-channel compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}, "ignore": ["lm_head"]}}`, "",
 			QuantKindFP8Channel,
