@@ -128,6 +128,16 @@ func conversionCases() []conv {
 	// Inkling: stacked experts, a router with rows for the shared experts,
 	// global_scale.
 	cases = append(cases, conv{"inkling-text", convert.Options{}}, conv{"inkling-text", convert.Options{Layout: layout.UpGate}})
+	// Issue 29's low-bit variants (fixtures/hf/export_lowbit.py): every
+	// layout; fuse-shared where routed and shared experts share the format.
+	// gpt-oss-mxfp4's goldens are transformers' own MXFP4 dequantisation.
+	for _, f := range []string{"deepseek-v3-fp8-tensor", "deepseek-v3-int4", "deepseek-v3-nvfp4", "gpt-oss-mxfp4", "qwen3-moe-fp8-channel"} {
+		for _, l := range lays {
+			cases = append(cases, conv{f, convert.Options{Layout: l}})
+		}
+	}
+	cases = append(cases, conv{"deepseek-v3-fp8-tensor", convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 4}},
+		conv{"deepseek-v3-nvfp4", convert.Options{FuseShared: true, TP: 2}})
 	return cases
 }
 

@@ -97,6 +97,12 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		"glm4-moe-fp8":      {"deepseek", "glm4_moe", "safetensors", "fp8_e4m3", "fp8_block_128x128", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 247},
 		"glm4-moe-lite-fp8": {"glm4_moe_lite", "glm4_moe_lite", "safetensors", "fp8_e4m3", "fp8_block_128x128", 16, 1, 4, 4, 2, "sigmoid", 1.8, []int{1, 2}, 259},
 		"hy-v3-fp8":         {"hy_v3", "hy_v3", "safetensors", "fp8_e4m3", "fp8_block_128x128", 8, 1, 2, 1, 1, "sigmoid", 2.826, []int{1, 2}, 157},
+		// issue 29's low-bit variants, written by fixtures/hf/export_lowbit.py
+		"deepseek-v3-fp8-tensor": {"deepseek", "deepseek_v3", "safetensors", "fp8_e4m3", "fp8_tensor", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 259},
+		"deepseek-v3-int4":       {"deepseek", "kimi_k2", "safetensors", "I32", "int4_pack", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 331},
+		"deepseek-v3-nvfp4":      {"deepseek", "deepseek_v3", "safetensors", "U8", "nvfp4_modelopt", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 445},
+		"gpt-oss-mxfp4":          {"gpt_oss", "gpt_oss", "safetensors", "U8", "mxfp4", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 41},
+		"qwen3-moe-fp8-channel":  {"qwen3_moe", "qwen3_moe", "safetensors", "fp8_e4m3", "fp8_channel", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 143},
 	}
 	dirs, _ := filepath.Glob(filepath.Join(fixturesDir, "*", "config.json"))
 	if len(dirs) != len(tests) {

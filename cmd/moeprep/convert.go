@@ -260,8 +260,9 @@ The others have no shared expert, or one gated or weighted per token, or
 routed experts whose input the routing weight scales: fuse-shared refuses
 them with the reason, and convert is the command for them. A checkpoint of a
 listed type is still refused, with the reason, when its shared expert has
-biases the routed experts lack, or is split into S experts across FP8
-128x128 blocks.`,
+biases the routed experts lack, is split into S experts across FP8 128x128
+blocks, or is stored in another format than the routed experts (INT4 routed,
+BF16 shared: Kimi-K2-Thinking).`,
 		Example: `  moeprep fuse-shared --tp 8 ./DeepSeek-V3 ./DeepSeek-V3-fused
   moeprep fuse-shared --tp 8 --replicas 1 --fold-scaling none ./Kimi-K2 ./kimi-fused
   moeprep fuse-shared --tp 4 --layout gate-up --json ./DeepSeek-R1 ./r1-fused`,
