@@ -5,6 +5,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/moeprep/moeprep/family"
 )
@@ -223,7 +224,19 @@ type stridedReader struct {
 	off, rowBytes, n, stride int64
 }
 
-// ReadAt implements io.ReaderAt: one ReadAt of src per output row touched.
+// gatherSpan bounds one read of several strided rows at once: gpt-oss's
+// MXFP4 gate (even) and up (odd) rows are a few kB each, and one read per
+// row cost 1.5 million reads and 1.6x cp's time on a 1.7 GB checkpoint
+// (BENCHMARKS.md, issue 29). Rows of a span are read together, the rows
+// between them included (they are the other half of the same expert, read
+// next from the page cache).
+const gatherSpan = 1 << 20
+
+var gatherBufs = sync.Pool{New: func() any { b := make([]byte, gatherSpan); return &b }}
+
+// ReadAt implements io.ReaderAt: rows are read a span of at most
+// gatherSpan bytes at a time, or one read a row where a row and its stride
+// do not fit twice in a span.
 func (r *stridedReader) ReadAt(b []byte, pos int64) (int, error) {
 	if pos < 0 {
 		return 0, fmt.Errorf("strided view: negative offset %d", pos)
@@ -236,21 +249,53 @@ func (r *stridedReader) ReadAt(b []byte, pos int64) (int, error) {
 	if rest := size - pos; int64(want) > rest {
 		b = b[:rest]
 	}
+	// rowsPer rows of a span: (k-1)*stride + rowBytes <= gatherSpan.
+	rowsPer := int64(1)
+	if r.stride > 0 && r.rowBytes <= gatherSpan {
+		rowsPer = (gatherSpan-r.rowBytes)/r.stride + 1
+	}
+	var scratch []byte
+	if rowsPer > 1 {
+		bp := gatherBufs.Get().(*[]byte)
+		defer gatherBufs.Put(bp)
+		scratch = *bp
+	}
 	done := 0
 	for done < len(b) {
 		p := pos + int64(done)
 		i, within := p/r.rowBytes, p%r.rowBytes
-		m := min(int64(len(b)-done), r.rowBytes-within)
-		if n, err := r.src.ReadAt(b[done:done+int(m)], r.off+i*r.stride+within); int64(n) < m {
-			if err == nil || err == io.EOF {
-				err = io.ErrUnexpectedEOF
+		last := (p + int64(len(b)-done) - 1) / r.rowBytes // last row this call touches
+		k := min(rowsPer, last-i+1)
+		if k <= 1 {
+			m := min(int64(len(b)-done), r.rowBytes-within)
+			if err := readFull(r.src, b[done:done+int(m)], r.off+i*r.stride+within); err != nil {
+				return done, err
 			}
-			return done + n, err
+			done += int(m)
+			continue
 		}
-		done += int(m)
+		span := (k-1)*r.stride + r.rowBytes
+		if err := readFull(r.src, scratch[:span], r.off+i*r.stride); err != nil {
+			return done, err
+		}
+		for j := int64(0); j < k && done < len(b); j++ {
+			n := copy(b[done:], scratch[j*r.stride+within:j*r.stride+r.rowBytes])
+			done, within = done+n, 0
+		}
 	}
 	if len(b) < want {
 		return done, io.EOF
 	}
 	return done, nil
+}
+
+// readFull reads len(b) bytes of src at off; a short read is an error.
+func readFull(src io.ReaderAt, b []byte, off int64) error {
+	if n, err := src.ReadAt(b, off); n < len(b) {
+		if err == nil || err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	return nil
 }

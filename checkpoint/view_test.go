@@ -125,3 +125,50 @@ func TestViewErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestStridedViewSpans reads strided rows at random offsets and lengths,
+// with rows small enough to be gathered many to a span (gpt-oss MXFP4's
+// gate/up rows), about a span long, and longer than one: every byte must be
+// the source row's.
+func TestStridedViewSpans(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		r, c    int64 // source rows, columns (2-byte elements)
+		view    string
+		r0, stp int64
+	}{
+		{"small rows, step 2", 4000, 720, "w[0][R:0:2000:2]", 0, 2},
+		{"small rows, odd rows", 4000, 720, "w[0][R:1:2000:2]", 1, 2},
+		{"rows near half a span", 9, gatherSpan / 4, "w[0][R:1:4:2]", 1, 2},
+		{"rows over a span", 5, gatherSpan/2 + 3, "w[0][R:0:3:2]", 0, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ck, data := stored(1, tc.r, tc.c)
+			v, ok := ck.Tensor(tc.view)
+			if !ok {
+				t.Fatal("view not resolved")
+			}
+			rowBytes := 2 * tc.c
+			rng := rand.New(rand.NewPCG(3, uint64(tc.c)))
+			size := int(v.NumBytes())
+			for k := range 60 {
+				pos, n := 0, size // the first read: the whole view
+				if k > 0 {
+					pos = rng.IntN(size)
+					n = rng.IntN(min(size-pos, 3<<20) + 1)
+				}
+				b := make([]byte, n)
+				if got, err := v.Data.ReadAt(b, int64(pos)); got != n || (err != nil && err != io.EOF) {
+					t.Fatalf("ReadAt(%d at %d) = %d, %v", n, pos, got, err)
+				}
+				for q := range n {
+					at := int64(pos + q)
+					row, within := at/rowBytes, at%rowBytes
+					if want := data[(tc.r0+row*tc.stp)*rowBytes+within]; b[q] != want {
+						t.Fatalf("ReadAt(%d at %d): byte %d (row %d, +%d) = %d, want %d", n, pos, at, row, within, b[q], want)
+					}
+				}
+			}
+		})
+	}
+}

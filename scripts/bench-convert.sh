@@ -26,6 +26,11 @@
 #   B  bf16 DeepSeek-V3-shaped, 256 experts, I 512: 6.5 GB, 4 source shards, 3 output shards
 #   Q  bf16 Qwen3-MoE-shaped (synthetic), 6 layers of 128 experts, H 2048, I 768: 7.3 GB,
 #      2 source shards (issue 12's third row was a 7.6 GB Qwen3-MoE on the GPU machine)
+# Quantised shapes (issue 29), H 7168, 2 MoE layers of 64 experts top-8 + 1 shared, unless said:
+#   F  DeepSeek-V3 FP8 128x128 blocks, I 576: 2.2 GB
+#   K  Kimi-K2-Thinking INT4 (compressed-tensors pack-quantized, group 32) routed experts, BF16 shared, I 1152
+#   N  DeepSeek-R1 ModelOpt NVFP4 routed and shared experts, I 1152
+#   M  gpt-oss-shaped (H 2880, 128 experts) MXFP4 experts stacked on disk, 1 layer
 #
 #   scripts/bench-convert.sh [WORK] [ROUNDS] [SHAPES]
 #   sudo scripts/bench-convert.sh /work/bench 3 "A B"     # needs ~3x the checkpoint free
@@ -75,11 +80,19 @@ for shape in $shapes; do
 	A) synth=(--experts 64 --intermediate 288) ; maxshard=5GB ;;
 	B) synth=(--experts 256 --intermediate 512 --max-shard-size 1.7GB) ; maxshard=3GB ;;
 	Q) synth=(--family qwen3_moe --experts 128 --hidden 2048 --intermediate 768 --num-layers 6 --max-shard-size 4GB) ; maxshard=5GB ;;
+	F) synth=(--preset deepseek-v3-shaped --dtype fp8 --intermediate 576) ; maxshard=5GB ;;
+	K) synth=(--preset small-kimi-k2-int4 --hidden 7168 --intermediate 1152) ; maxshard=5GB ;;
+	N) synth=(--preset small-deepseek-r1-nvfp4 --hidden 7168 --intermediate 1152) ; maxshard=5GB ;;
+	M) synth=(--preset gpt-oss-shaped --dtype mxfp4 --num-layers 1) ; maxshard=5GB ;;
 	*) echo "unknown shape $shape" >&2; exit 2 ;;
 	esac
 	if [ ! -d "$src" ]; then
 		if [ "$shape" = Q ]; then
 			"$mp" fixture synth --dtype bf16 "${synth[@]}" --no-progress "$src" >&2
+		elif [ "$shape" = M ]; then
+			"$mp" fixture synth "${synth[@]}" --no-progress "$src" >&2
+		elif [ "$shape" != A ] && [ "$shape" != B ]; then
+			"$mp" fixture synth "${synth[@]}" --num-layers 2 --dense-layers 0 --experts 64 --top-k 8 --no-progress "$src" >&2
 		else
 			"$mp" fixture synth --preset deepseek-v3-shaped --dtype bf16 --num-layers 2 "${synth[@]}" --no-progress "$src" >&2
 		fi
@@ -94,10 +107,13 @@ for shape in $shapes; do
 	measure sh -c 'cp -r "$1" "$2" && sync' sh "$src" "$work/out-$shape" >/dev/null
 	rm -rf "$work/out-$shape"
 	runs=(cp convert fuse)
-	[ "$shape" = Q ] && runs=(cp convert convert) # Qwen3-MoE has no shared expert to fuse: two convert runs per round
+	# Qwen3-MoE and gpt-oss have no shared expert to fuse, and Kimi's INT4
+	# routed experts beside a BF16 shared one cannot be fused without
+	# requantising: two convert runs per round
+	case $shape in Q | K | M) runs=(cp convert convert) ;; esac
 	if [ -n "$base" ]; then
 		runs+=(convert@base)
-		[ "$shape" = Q ] || runs+=(fuse@base)
+		case $shape in Q | K | M) ;; *) runs+=(fuse@base) ;; esac
 	fi
 	declare -A secs=() raw=() rss=() bytes=() ratios=() reqs=()
 	for r in $(seq "$rounds"); do
