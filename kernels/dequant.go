@@ -6,10 +6,11 @@ import (
 
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// DequantScale is the element type of the scales DequantFP8Rows reads
-// (dequant.cu's scale_dtype).
+// DequantScale is the element type of the scales DequantFP8Rows and
+// Dequant4Rows' INT4 read (dequant.cu's scale_dtype).
 type DequantScale int32
 
 const (
@@ -58,11 +59,17 @@ func DequantFP8RowsCtx(c *cuda.Ctx, st cuda.Stream, q Mat, rows, cols int, scale
 	if err != nil {
 		return err
 	}
+	return launchDequant(c, st, "moe_dequant_fp8_rows", blocks, q.Ptr, int32(rows), int32(cols), scalePtr, int32(sd), int32(rowsPerScale), int64(row0), out.Ptr)
+}
+
+// launchDequant queues dequant.cu's kernel fn, 256 threads a block, on
+// blocks blocks.
+func launchDequant(c *cuda.Ctx, st cuda.Stream, fn string, blocks int, args ...any) error {
 	m, err := LoadCtx(c, "dequant")
 	if err != nil {
 		return err
 	}
-	return m.LaunchCtx(c, "moe_dequant_fp8_rows", Grid(blocks), Block(256), 0, st, q.Ptr, int32(rows), int32(cols), scalePtr, int32(sd), int32(rowsPerScale), int64(row0), out.Ptr)
+	return m.LaunchCtx(c, fn, Grid(blocks), Block(256), 0, st, args...)
 }
 
 // dequantBlocks checks DequantFP8Rows' arguments and returns its grid.
@@ -88,6 +95,205 @@ func dequantBlocks(q Mat, rows, cols int, scalePtr cuda.DevicePtr, scaleLen int,
 	blocks := rows * CeilDiv(cols, dequantChunk)
 	if !dimsOK(blocks) {
 		return 0, fmt.Errorf("dequant: %d x %d is too large for one launch", rows, cols)
+	}
+	return blocks, nil
+}
+
+// Packed4Kind is a 4-bit weight format Dequant4Rows decodes.
+type Packed4Kind int32
+
+const (
+	// Packed4Int4 is compressed-tensors' symmetric pack-quantized INT4
+	// (weightfmt.QuantInt4Pack): (u - 8) * scale, scales F32, BF16 or F16.
+	Packed4Int4 Packed4Kind = iota + 1
+	// Packed4MXFP4 is MXFP4 (weightfmt.QuantMXFP4): E2M1 times an E8M0
+	// scale per 32 columns.
+	Packed4MXFP4
+	// Packed4NVFP4 is NVFP4 (weightfmt.QuantNVFP4ModelOpt, QuantNVFP4CT):
+	// E2M1 times (an E4M3 scale per 16 columns times, or over, the
+	// weight's F32 global scale).
+	Packed4NVFP4
+)
+
+// packed4Names are the kinds' names, as dequant.cu's entry points
+// moe_dequant_<name>_rows say them.
+var packed4Names = [...]string{Packed4Int4: "int4", Packed4MXFP4: "mxfp4", Packed4NVFP4: "nvfp4"}
+
+func (k Packed4Kind) String() string {
+	if k > 0 && int(k) < len(packed4Names) {
+		return packed4Names[k]
+	}
+	return fmt.Sprintf("packed4(%d)", int32(k))
+}
+
+// Packed4 is a 4-bit weight on the device for Dequant4Rows: Rows x Cols
+// elements packed eight to a little-endian 32-bit word along each row
+// (element 8j+k in bits 4k..4k+3 of word j: compressed-tensors' INT4 words
+// and the FP4 bytes of MXFP4 and NVFP4, even element in the low nibble,
+// are the same bits), CeilDiv(Cols, 8) words a row, and its scale grid of
+// Rows x Cols/Group entries. Packed4Of fills the format's fields; the
+// caller sets the rest.
+type Packed4 struct {
+	Kind Packed4Kind
+	// Group is the columns one scale covers: INT4's group size (0: one
+	// scale a row), 32 for MXFP4, 16 for NVFP4.
+	Group int
+	// ScaleType is INT4's scale dtype (MXFP4's E8M0 and NVFP4's E4M3
+	// scales are one byte each).
+	ScaleType DequantScale
+	// GlobalDivides: the global scale divides (compressed-tensors' NVFP4
+	// weight_global_scale), not multiplies (ModelOpt's weight_scale_2).
+	GlobalDivides bool
+
+	Rows, Cols int
+	Q          cuda.DevicePtr // the packed rows, 4-byte aligned
+	QBytes     int
+	Scale      cuda.DevicePtr // the scale grid, aligned to its element
+	ScaleBytes int
+	// NVFP4 only: Global holds GlobalLen F32 per-tensor scales, one per
+	// RowsPerGlobal rows, and the weight's rows are [Row0, Row0 + Rows) of
+	// the stack they index (a loader's chunk of rows).
+	Global                   cuda.DevicePtr
+	GlobalLen, RowsPerGlobal int
+	Row0                     int
+}
+
+// Packed4Of is how Dequant4Rows decodes weights stored as f (Kind, Group,
+// ScaleType, GlobalDivides set); an error for a format it does not decode.
+func Packed4Of(f weightfmt.Format) (Packed4, error) {
+	if f == nil {
+		return Packed4{}, fmt.Errorf("dequant: no weight format")
+	}
+	sc, scaled := f.Scale()
+	elems, bytes := f.Packing()
+	if !scaled || sc.Block[0] != 1 || elems != 2*bytes {
+		return Packed4{}, fmt.Errorf("dequant: %s weights are not 4-bit with one scale row per weight row", f)
+	}
+	p := Packed4{Group: int(sc.Block[1])}
+	g, global := weightfmt.GlobalOf(f)
+	switch q := f.Quantization(); {
+	case q == weightfmt.QuantInt4Pack && !global:
+		st, err := DequantScaleOf(sc.DType)
+		if err != nil {
+			return Packed4{}, err
+		}
+		p.Kind, p.ScaleType = Packed4Int4, st
+	case q == weightfmt.QuantMXFP4 && !global && p.Group == weightfmt.MXFP4Group && sc.DType.Size() == 1:
+		p.Kind = Packed4MXFP4
+	case (q == weightfmt.QuantNVFP4ModelOpt || q == weightfmt.QuantNVFP4CT) && global && g.DType == safetensors.F32 &&
+		p.Group == weightfmt.NVFP4Group && sc.DType == safetensors.F8E4M3:
+		p.Kind, p.GlobalDivides = Packed4NVFP4, g.Divides
+	default:
+		return Packed4{}, fmt.Errorf("dequant: %s weights (quantization %s, %s scales) have no device decode", f, q, sc.DType)
+	}
+	return p, nil
+}
+
+// Dequant4Rows queues the decode of p to bf16 in out [Rows, Cols] on
+// stream st (dequant.cu's moe_dequant_{int4,mxfp4,nvfp4}_rows): bit for bit
+// the format's Dequantise (or DequantiseGlobal) followed by
+// numfmt.F32ToBF16 (NaN stays NaN). Every size, pointer and index is
+// checked before the launch.
+func Dequant4Rows(dev *cuda.Device, st cuda.Stream, p Packed4, out Mat) error {
+	if _, err := dequant4Blocks(p, out); err != nil {
+		return err
+	}
+	return dev.Do(func(c *cuda.Ctx) error { return Dequant4RowsCtx(c, st, p, out) })
+}
+
+// Dequant4RowsCtx is Dequant4Rows on the device's goroutine (inside
+// Device.Do, as the timing loops call it).
+func Dequant4RowsCtx(c *cuda.Ctx, st cuda.Stream, p Packed4, out Mat) error {
+	blocks, err := dequant4Blocks(p, out)
+	if err != nil {
+		return err
+	}
+	args := []any{p.Q, int32(p.Rows), int32(p.Cols)}
+	switch p.Kind {
+	case Packed4Int4:
+		args = append(args, int32(p.group()), p.Scale, int32(p.ScaleType))
+	case Packed4MXFP4:
+		args = append(args, p.Scale)
+	case Packed4NVFP4:
+		div := int32(0)
+		if p.GlobalDivides {
+			div = 1
+		}
+		args = append(args, p.Scale, p.Global, int32(p.RowsPerGlobal), int64(p.Row0), div)
+	}
+	return launchDequant(c, st, "moe_dequant_"+p.Kind.String()+"_rows", blocks, append(args, out.Ptr)...)
+}
+
+// group is the columns one scale covers (INT4's 0: the whole row).
+func (p Packed4) group() int {
+	if p.Group == 0 && p.Kind == Packed4Int4 {
+		return p.Cols
+	}
+	return p.Group
+}
+
+// dequant4Blocks checks Dequant4Rows' arguments and returns its grid.
+func dequant4Blocks(p Packed4, out Mat) (int, error) {
+	ss := 1
+	switch p.Kind {
+	case Packed4Int4:
+		switch p.ScaleType {
+		case DequantScaleF32:
+			ss = 4
+		case DequantScaleBF16, DequantScaleF16:
+			ss = 2
+		default:
+			return 0, fmt.Errorf("dequant int4: unknown scale type %d", p.ScaleType)
+		}
+	case Packed4MXFP4, Packed4NVFP4:
+		want := weightfmt.MXFP4Group
+		if p.Kind == Packed4NVFP4 {
+			want = weightfmt.NVFP4Group
+		}
+		if p.Group != want {
+			return 0, fmt.Errorf("dequant %s: groups of %d columns, want %d", p.Kind, p.Group, want)
+		}
+	default:
+		return 0, fmt.Errorf("dequant: unknown 4-bit format %d", p.Kind)
+	}
+	g := p.group()
+	words := CeilDiv(p.Cols, 8)
+	switch {
+	case !dimsOK(p.Rows, p.Cols) || p.Rows > (1<<60)/p.Cols:
+		return 0, fmt.Errorf("dequant %s: bad dimensions %d x %d", p.Kind, p.Rows, p.Cols)
+	case g <= 0 || p.Cols%g != 0:
+		return 0, fmt.Errorf("dequant %s: %d columns are not whole groups of %d", p.Kind, p.Cols, p.Group)
+	case p.Q == 0 || p.Q%4 != 0:
+		return 0, fmt.Errorf("dequant %s: packed weight at %#x: want a 4-byte aligned device pointer", p.Kind, p.Q)
+	case p.QBytes < 0 || p.QBytes/4/words < p.Rows:
+		return 0, fmt.Errorf("dequant %s: %d packed bytes hold fewer than %d rows of %d words", p.Kind, p.QBytes, p.Rows, words)
+	case p.Scale == 0 || int(p.Scale)%ss != 0:
+		return 0, fmt.Errorf("dequant %s: scale at %#x: want a device pointer aligned to %d bytes", p.Kind, p.Scale, ss)
+	case p.ScaleBytes < 0 || p.ScaleBytes/ss/(p.Cols/g) < p.Rows:
+		return 0, fmt.Errorf("dequant %s: %d scale bytes hold fewer than %d rows of %d scales", p.Kind, p.ScaleBytes, p.Rows, p.Cols/g)
+	case out.Ptr%2 != 0:
+		return 0, fmt.Errorf("dequant %s: out at %#x is not 2-byte aligned", p.Kind, out.Ptr)
+	}
+	if p.Kind == Packed4NVFP4 {
+		switch {
+		case p.Global == 0 || p.Global%4 != 0:
+			return 0, fmt.Errorf("dequant nvfp4: global scales at %#x: want a 4-byte aligned device pointer", p.Global)
+		case !dimsOK(p.RowsPerGlobal, p.GlobalLen):
+			return 0, fmt.Errorf("dequant nvfp4: %d global scales of %d rows each", p.GlobalLen, p.RowsPerGlobal)
+		case p.Row0 < 0 || p.Row0 > math.MaxInt32*p.RowsPerGlobal:
+			return 0, fmt.Errorf("dequant nvfp4: first row %d", p.Row0)
+		case int64(p.GlobalLen)*int64(p.RowsPerGlobal) < int64(p.Row0)+int64(p.Rows):
+			return 0, fmt.Errorf("dequant nvfp4: %d global scales of %d rows each do not reach row %d", p.GlobalLen, p.RowsPerGlobal, p.Row0+p.Rows)
+		}
+	} else if p.Global != 0 || p.GlobalDivides {
+		return 0, fmt.Errorf("dequant %s: a global scale for a format that has none", p.Kind)
+	}
+	if err := out.need("dequant "+p.Kind.String()+": out", p.Rows*p.Cols, MatBF16); err != nil {
+		return 0, err
+	}
+	blocks := p.Rows * CeilDiv(words, dequantChunk/8)
+	if !dimsOK(blocks) {
+		return 0, fmt.Errorf("dequant %s: %d x %d is too large for one launch", p.Kind, p.Rows, p.Cols)
 	}
 	return blocks, nil
 }

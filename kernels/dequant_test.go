@@ -40,6 +40,32 @@ func dequantTwin(t *testing.T, q []byte, rows, cols int, scale []byte, sd safete
 	return out
 }
 
+// sameBF16 fails t unless got is want bit for bit, a NaN matching any
+// NaN (the device's payloads differ from Go's); what names element i. It
+// returns how many NaNs matched.
+func sameBF16(t *testing.T, got, want []uint16, what func(i int) string) int {
+	t.Helper()
+	isNaN := func(v uint16) bool { return v&0x7fff > 0x7f80 }
+	if len(got) < len(want) {
+		t.Fatalf("%d values, want %d", len(got), len(want))
+	}
+	bad, nans := 0, 0
+	for i, w := range want {
+		switch g := got[i]; {
+		case isNaN(w) && isNaN(g):
+			nans++
+		case g != w:
+			if bad++; bad <= 5 {
+				t.Errorf("%s: got 0x%04x, want 0x%04x", what(i), g, w)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d of %d values differ", bad, len(want))
+	}
+	return nans
+}
+
 // dequantScales encodes f32 scale values as sd (f32 values chosen to be
 // exact in bf16 and f16 where the test needs it; others round).
 func dequantScales(v []float32, sd safetensors.DType) []byte {
@@ -150,32 +176,11 @@ func TestDequantFP8Rows(t *testing.T) {
 					if err := kernels.DequantFP8Rows(dev, 0, qm, rows-split, cols, ds.Ptr(), ns, dsd, c.rowsPerScale, split, kernels.BF16Mat(part)); err != nil {
 						t.Fatal(err)
 					}
-					for i, v := range fromDevice(t, part) {
-						w := want[split*cols+i]
-						if v != w && !(numfmt.BF16ToF32(v) != numfmt.BF16ToF32(v) && numfmt.BF16ToF32(w) != numfmt.BF16ToF32(w)) {
-							t.Fatalf("from row %d: [%d] got 0x%04x, want 0x%04x", split, split*cols+i, v, w)
-						}
-					}
+					sameBF16(t, fromDevice(t, part), want[split*cols:], func(i int) string { return fmt.Sprintf("from row %d: [%d]", split, split*cols+i) })
 				}
-				got := fromDevice(t, out)
-				bad, nans := 0, 0
-				for i := range want {
-					gw, gg := numfmt.BF16ToF32(want[i]), numfmt.BF16ToF32(got[i])
-					if gw != gw || gg != gg {
-						if gw != gw && gg != gg {
-							nans++
-							continue
-						}
-					} else if want[i] == got[i] {
-						continue
-					}
-					if bad++; bad <= 5 {
-						t.Errorf("[%d, %d] code 0x%02x scale %g: got 0x%04x, want 0x%04x", i/cols, i%cols, q[i], sv[i/cols/c.rowsPerScale], got[i], want[i])
-					}
-				}
-				if bad > 0 {
-					t.Fatalf("%d of %d values differ", bad, len(want))
-				}
+				nans := sameBF16(t, fromDevice(t, out), want, func(i int) string {
+					return fmt.Sprintf("[%d, %d] code 0x%02x scale %g", i/cols, i%cols, q[i], sv[i/cols/c.rowsPerScale])
+				})
 				if nans < 2 {
 					t.Fatalf("only %d NaN outputs, want at least the two NaN codes planted", nans)
 				}
@@ -227,28 +232,318 @@ func TestDequantFP8RowsRefuses(t *testing.T) {
 func TestDequantFP8RowsTiming(t *testing.T) {
 	dev := benchDevice(t, "MOEPREP_BENCH_DEQUANT", "the FP8 decode")
 	const rows, cols = 32768, 2048
-	q, err := cuda.Alloc[uint8](dev, rows*cols)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer q.Free()
-	out, err := cuda.Alloc[uint16](dev, rows*cols)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Free()
-	out2, err := cuda.Alloc[uint16](dev, rows*cols)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out2.Free()
+	q, out, out2 := scratch[uint8](t, dev, rows*cols), scratch[uint16](t, dev, rows*cols), scratch[uint16](t, dev, rows*cols)
 	sc := toDevice(t, dev, dequantScales(make([]float32, rows), safetensors.BF16))
 	dq := rtTimeUs(t, dev, 20, func(c *cuda.Ctx) error {
 		return kernels.DequantFP8RowsCtx(c, 0, kernels.FP8Mat(q), rows, cols, sc.Ptr(), rows, kernels.DequantScaleBF16, 1, 0, kernels.BF16Mat(out))
 	})
 	cp8 := rtTimeUs(t, dev, 20, func(c *cuda.Ctx) error { return c.CopyDtoD(out2.Ptr(), q.Ptr(), rows*cols) })
 	cp16 := rtTimeUs(t, dev, 20, func(c *cuda.Ctx) error { return c.CopyDtoD(out2.Ptr(), out.Ptr(), 2*rows*cols) })
-	gbs := func(bytes float64, us float64) float64 { return bytes / us / 1e3 }
 	t.Logf("bench dequant %dx%d e4m3->bf16: %.1f us (%.0f GB/s read+write); DtoD copy of the fp8 bytes (64 MiB) %.1f us (%.0f GB/s), of the bf16 bytes (128 MiB) %.1f us (%.0f GB/s)",
 		rows, cols, dq, gbs(3*rows*cols, dq), cp8, gbs(2*rows*cols, cp8), cp16, gbs(4*rows*cols, cp16))
 }
+
+// dequant4Case is one 4-bit weight of TestDequant4Rows: format f, rows x
+// cols, and for NVFP4 one global scale per rowsPerGlobal rows (a stack of
+// experts, or of gate-up halves).
+type dequant4Case struct {
+	f             weightfmt.Format
+	rows, cols    int
+	rowsPerGlobal int
+}
+
+// dequant4Twin is Dequant4Rows on the CPU: the format's Dequantise (or
+// DequantiseGlobal, per run of rowsPerGlobal rows with its global scale)
+// over raw packed rows and their scale grid, then numfmt.F32ToBF16.
+func dequant4Twin(t *testing.T, c dequant4Case, q, scale, global []byte) []uint16 {
+	t.Helper()
+	f := make([]float32, c.rows*c.cols)
+	rb, sb := len(q)/c.rows, len(scale)/c.rows // bytes a row
+	run := c.rows
+	if global != nil {
+		run = c.rowsPerGlobal
+	}
+	for r0 := 0; r0 < c.rows; r0 += run {
+		var g []byte
+		if global != nil {
+			g = global[4*(r0/run) : 4*(r0/run)+4]
+		}
+		if err := weightfmt.DequantiseWeight(c.f, q[r0*rb:(r0+run)*rb], run, c.cols, scale[r0*sb:(r0+run)*sb], g, f[r0*c.cols:(r0+run)*c.cols]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := make([]uint16, len(f))
+	for i, v := range f {
+		out[i] = numfmt.F32ToBF16(v)
+	}
+	return out
+}
+
+// dequant4Cases: INT4 with every scale dtype, groups that hold whole words,
+// one that splits them (12), one scale a row (group 0, ragged rows with a
+// partial last word); MXFP4; NVFP4 of both producers, one global per
+// weight, per expert of a stack and per half of a gate-up stack.
+func dequant4Cases() []dequant4Case {
+	var cs []dequant4Case
+	for _, sd := range []safetensors.DType{safetensors.F32, safetensors.BF16, safetensors.F16} {
+		for _, c := range []struct{ rows, cols, group int }{
+			{37, 1024, 32}, {12, 4104, 8}, {8, 4224, 128}, {6, 96, 12}, {3, 40, 40}, {5, 7, 0}, {9, 2053, 0},
+		} {
+			cs = append(cs, dequant4Case{weightfmt.Int4Pack(int64(c.group), sd), c.rows, c.cols, 0})
+		}
+	}
+	mx := weightfmt.MXFP4(weightfmt.NamingGptOss, safetensors.U8, safetensors.U8)
+	for _, c := range [][2]int{{37, 1024}, {3, 32}, {9, 2080}} {
+		cs = append(cs, dequant4Case{mx, c[0], c[1], 0})
+	}
+	for _, f := range []weightfmt.Format{weightfmt.NVFP4ModelOpt(), weightfmt.NVFP4CT()} {
+		for _, c := range [][3]int{{37, 1024, 37}, {12, 2064, 4}, {8, 16, 2}} {
+			cs = append(cs, dequant4Case{f, c[0], c[1], c[2]})
+		}
+	}
+	return cs
+}
+
+// dequant4Inputs draws a case's packed rows (row 0: the bytes 0, 1, 2, ...,
+// every nibble pair), its scale grid and its global scales (nil: none):
+// INT4 scales of every dtype at ties, subnormal, zero, -0, Inf, huge and
+// random magnitudes; every E8M0 and E4M3 scale code in order (0xff and
+// 0x7f NaN; E8M0 0 the subnormal 2^-127); globals of 1, 1 + 2^-8 (ties),
+// 2^-130 (subnormal block scales), 3e35 (products overflow) and random.
+// The last scale is always a NaN, so every case checks NaN propagation.
+func dequant4Inputs(r *rand.Rand, c dequant4Case, p kernels.Packed4) (q, scale, global []byte) {
+	rb := 4 * kernels.CeilDiv(c.cols, 8)
+	q = make([]byte, c.rows*rb)
+	for i := range q {
+		q[i] = byte(r.IntN(256))
+	}
+	for i := range min(rb, 256) {
+		q[i] = byte(i)
+	}
+	g := p.Group
+	if g == 0 {
+		g = c.cols
+	}
+	n := c.rows * (c.cols / g)
+	if p.Kind == kernels.Packed4Int4 {
+		sd, _ := c.f.Scale()
+		sv := make([]float32, n)
+		special := []float32{1 + 1.0/256, 1 + 3.0/256, float32(math.Ldexp(1, -140)), 0, float32(math.Copysign(0, -1)),
+			float32(math.Inf(1)), 1e38, -3.0 / 128, 65504}
+		for i := range sv {
+			sv[i] = float32(math.Ldexp(r.Float64()+0.5, r.IntN(24)-16))
+			if i < len(special) {
+				sv[i] = special[i]
+			}
+		}
+		sv[n-1] = float32(math.NaN())
+		return q, dequantScales(sv, sd.DType), nil
+	}
+	scale = make([]byte, n)
+	for i := range scale {
+		scale[i] = byte(i)
+		if i >= 256 {
+			scale[i] = byte(100 + r.IntN(50))
+		}
+	}
+	if p.Kind == kernels.Packed4MXFP4 {
+		scale[n-1] = 0xff
+		return q, scale, nil
+	}
+	scale[n-1] = 0x7f
+	gv := []float32{1, math.Float32frombits(0x3f808000), float32(math.Ldexp(1, -130)), 3e35}
+	global = make([]byte, 4*(c.rows/c.rowsPerGlobal))
+	for i := range len(global) / 4 {
+		v := float32(math.Ldexp(r.Float64()+0.5, r.IntN(16)-8))
+		if i < len(gv) {
+			v = gv[i]
+		}
+		binary.LittleEndian.PutUint32(global[4*i:], math.Float32bits(v))
+	}
+	return q, scale, global
+}
+
+// TestDequant4Rows checks moe_dequant_{int4,mxfp4,nvfp4}_rows against
+// their CPU twin bit for bit on dequant4Cases, whole and again from a first
+// row in the middle (the loader's chunks: pointers into the packed rows
+// and the scale grid, Row0 into the global scales), with the output
+// poisoned so that an element left unwritten fails.
+func TestDequant4Rows(t *testing.T) {
+	dev := testDevice(t)
+	r := rand.New(rand.NewPCG(29, 31))
+	for _, c := range dequant4Cases() {
+		sc, _ := c.f.Scale()
+		t.Run(fmt.Sprintf("%s/%s/%dx%d/g%d", c.f.Quantization(), sc.DType, c.rows, c.cols, sc.Block[1]), func(t *testing.T) {
+			p, err := kernels.Packed4Of(c.f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q, scale, global := dequant4Inputs(r, c, p)
+			want := dequant4Twin(t, c, q, scale, global)
+			dq, ds := toDevice(t, dev, q), toDevice(t, dev, scale)
+			p.Rows, p.Cols, p.Q, p.QBytes, p.Scale, p.ScaleBytes = c.rows, c.cols, dq.Ptr(), len(q), ds.Ptr(), len(scale)
+			if global != nil {
+				dg := toDevice(t, dev, global)
+				p.Global, p.GlobalLen, p.RowsPerGlobal = dg.Ptr(), len(global)/4, c.rowsPerGlobal
+			}
+			poison := make([]uint16, c.rows*c.cols)
+			for i := range poison {
+				poison[i] = 0x1234
+			}
+			out := toDevice(t, dev, poison)
+			if err := kernels.Dequant4Rows(dev, 0, p, kernels.BF16Mat(out)); err != nil {
+				t.Fatal(err)
+			}
+			nans := sameBF16(t, fromDevice(t, out), want, func(i int) string {
+				row, col := i/c.cols, i%c.cols
+				return fmt.Sprintf("[%d, %d] nibble %d", row, col, q[row*len(q)/c.rows+col/2]>>(4*(col%2))&15)
+			})
+			if nans == 0 {
+				t.Fatal("no NaN output, want the planted NaN scale's")
+			}
+			split := c.rows/2 + 1
+			rb, sb := len(q)/c.rows, len(scale)/c.rows
+			part := toDevice(t, dev, poison[:(c.rows-split)*c.cols])
+			pp := p
+			pp.Rows, pp.Row0 = c.rows-split, split
+			pp.Q, pp.QBytes = dq.Ptr().Add(split*rb), (c.rows-split)*rb
+			pp.Scale, pp.ScaleBytes = ds.Ptr().Add(split*sb), (c.rows-split)*sb
+			if global == nil {
+				pp.Row0 = 0
+			}
+			if err := kernels.Dequant4Rows(dev, 0, pp, kernels.BF16Mat(part)); err != nil {
+				t.Fatal(err)
+			}
+			sameBF16(t, fromDevice(t, part), want[split*c.cols:], func(i int) string { return fmt.Sprintf("from row %d: [%d]", split, split*c.cols+i) })
+		})
+	}
+}
+
+// TestPacked4Of: each 4-bit format maps to its decoder, group and scale
+// type; other formats have none.
+func TestPacked4Of(t *testing.T) {
+	for _, c := range []struct {
+		f    weightfmt.Format
+		want kernels.Packed4
+	}{
+		{weightfmt.Int4Pack(32, safetensors.BF16), kernels.Packed4{Kind: kernels.Packed4Int4, Group: 32, ScaleType: kernels.DequantScaleBF16}},
+		{weightfmt.Int4Pack(0, safetensors.F32), kernels.Packed4{Kind: kernels.Packed4Int4, ScaleType: kernels.DequantScaleF32}},
+		{weightfmt.MXFP4(weightfmt.NamingGptOss, safetensors.U8, safetensors.U8), kernels.Packed4{Kind: kernels.Packed4MXFP4, Group: 32}},
+		{weightfmt.MXFP4(weightfmt.NamingDeepSeek, safetensors.I8, safetensors.F8E8M0), kernels.Packed4{Kind: kernels.Packed4MXFP4, Group: 32}},
+		{weightfmt.NVFP4ModelOpt(), kernels.Packed4{Kind: kernels.Packed4NVFP4, Group: 16}},
+		{weightfmt.NVFP4CT(), kernels.Packed4{Kind: kernels.Packed4NVFP4, Group: 16, GlobalDivides: true}},
+	} {
+		if got, err := kernels.Packed4Of(c.f); err != nil || got != c.want {
+			t.Errorf("%s: %+v, %v; want %+v", c.f, got, err, c.want)
+		}
+	}
+	for _, f := range []weightfmt.Format{weightfmt.FP8Channel(safetensors.BF16), weightfmt.FP8Tensor(safetensors.F32), weightfmt.Plain(safetensors.BF16), nil} {
+		if _, err := kernels.Packed4Of(f); err == nil {
+			t.Errorf("%v: no error", f)
+		}
+	}
+}
+
+// TestDequant4RowsRefuses: shape, pointer and argument errors come back
+// before any launch (no GPU needed).
+func TestDequant4RowsRefuses(t *testing.T) {
+	base := kernels.Packed4{Kind: kernels.Packed4Int4, Group: 32, ScaleType: kernels.DequantScaleBF16,
+		Rows: 8, Cols: 64, Q: 0x1000, QBytes: 8 * 8 * 4, Scale: 0x2000, ScaleBytes: 8 * 2 * 2}
+	nv := kernels.Packed4{Kind: kernels.Packed4NVFP4, Group: 16, Rows: 8, Cols: 64, Q: 0x1000, QBytes: 8 * 8 * 4,
+		Scale: 0x2000, ScaleBytes: 8 * 4, Global: 0x3000, GlobalLen: 2, RowsPerGlobal: 4}
+	out := kernels.Mat{DType: kernels.MatBF16, Ptr: 0x4000, Len: 8 * 64}
+	edit := func(p kernels.Packed4, f func(p *kernels.Packed4)) kernels.Packed4 { f(&p); return p }
+	cases := []struct {
+		name string
+		p    kernels.Packed4
+		out  kernels.Mat
+		want string
+	}{
+		{"zero rows", edit(base, func(p *kernels.Packed4) { p.Rows = 0 }), out, "bad dimensions"},
+		{"partial group", edit(base, func(p *kernels.Packed4) { p.Cols = 60 }), out, "not whole groups of 32"},
+		{"unaligned q", edit(base, func(p *kernels.Packed4) { p.Q = 0x1002 }), out, "4-byte aligned"},
+		{"q too short", edit(base, func(p *kernels.Packed4) { p.QBytes-- }), out, "fewer than 8 rows of 8 words"},
+		{"null scale", edit(base, func(p *kernels.Packed4) { p.Scale = 0 }), out, "scale at 0x0"},
+		{"unaligned f32 scale", edit(base, func(p *kernels.Packed4) { p.ScaleType, p.Scale, p.ScaleBytes = kernels.DequantScaleF32, 0x2002, 64 }), out, "aligned to 4"},
+		{"scales too short", edit(base, func(p *kernels.Packed4) { p.ScaleBytes-- }), out, "fewer than 8 rows of 2 scales"},
+		{"unknown scale type", edit(base, func(p *kernels.Packed4) { p.ScaleType = 3 }), out, "unknown scale type"},
+		{"unknown format", edit(base, func(p *kernels.Packed4) { p.Kind = 0 }), out, "unknown 4-bit format"},
+		{"int4 with a global scale", edit(base, func(p *kernels.Packed4) { p.Global = 0x3000 }), out, "a global scale for a format that has none"},
+		{"mxfp4 groups of 16", edit(base, func(p *kernels.Packed4) { p.Kind, p.Group = kernels.Packed4MXFP4, 16 }), out, "groups of 16 columns, want 32"},
+		{"nvfp4 without global scales", edit(nv, func(p *kernels.Packed4) { p.Global = 0 }), out, "global scales at 0x0"},
+		{"nvfp4 globals short", edit(nv, func(p *kernels.Packed4) { p.Row0 = 1 }), out, "do not reach row 9"},
+		{"nvfp4 negative first row", edit(nv, func(p *kernels.Packed4) { p.Row0 = -1 }), out, "first row -1"},
+		{"nvfp4 zero rows a global", edit(nv, func(p *kernels.Packed4) { p.RowsPerGlobal = 0 }), out, "global scales of 0 rows"},
+		{"out too short", base, kernels.Mat{DType: kernels.MatBF16, Ptr: 0x4000, Len: 8*64 - 1}, "holds 511 elements"},
+		{"out not bf16", base, kernels.Mat{DType: kernels.MatF32, Ptr: 0x4000, Len: 8 * 64}, "out is"},
+		{"out unaligned", base, kernels.Mat{DType: kernels.MatBF16, Ptr: 0x4001, Len: 8 * 64}, "not 2-byte aligned"},
+	}
+	for _, c := range cases {
+		err := kernels.Dequant4Rows(nil, 0, c.p, c.out)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want %q", c.name, err, c.want)
+		}
+	}
+}
+
+// TestDequant4RowsTiming (MOEPREP_BENCH_DEQUANT=1) times the decode of
+// 64 MiB of packed 4-bit weights (16384 x 8192, random bytes and finite
+// random scales) to 256 MiB of bf16 in each format, against
+// device-to-device copies of the packed input's and the bf16 output's
+// bytes.
+func TestDequant4RowsTiming(t *testing.T) {
+	dev := benchDevice(t, "MOEPREP_BENCH_DEQUANT", "the 4-bit decodes")
+	const rows, cols = 16384, 8192
+	r := rand.New(rand.NewPCG(4, 8))
+	rnd := func(n int, lo, span int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(lo + r.IntN(span))
+		}
+		return b
+	}
+	q := toDevice(t, dev, rnd(rows*cols/2, 0, 256))
+	out, out2 := scratch[uint16](t, dev, rows*cols), scratch[uint16](t, dev, rows*cols)
+	cpQ := rtTimeUs(t, dev, 20, func(c *cuda.Ctx) error { return c.CopyDtoD(out2.Ptr(), q.Ptr(), rows*cols/2) })
+	cpOut := rtTimeUs(t, dev, 20, func(c *cuda.Ctx) error { return c.CopyDtoD(out2.Ptr(), out.Ptr(), 2*rows*cols) })
+	t.Logf("bench dequant4 DtoD copy of the packed bytes (64 MiB) %.1f us (%.0f GB/s read+write), of the bf16 bytes (256 MiB) %.1f us (%.0f GB/s)",
+		cpQ, gbs(rows*cols, cpQ), cpOut, gbs(4*rows*cols, cpOut))
+	for _, f := range []weightfmt.Format{weightfmt.Int4Pack(32, safetensors.BF16), weightfmt.MXFP4(weightfmt.NamingGptOss, safetensors.U8, safetensors.U8), weightfmt.NVFP4ModelOpt()} {
+		p, err := kernels.Packed4Of(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sb []byte
+		switch p.Kind {
+		case kernels.Packed4Int4:
+			sb = dequantScales(randn(r, rows*cols/32, 0.01), safetensors.BF16)
+		case kernels.Packed4MXFP4:
+			sb = rnd(rows*cols/32, 110, 30)
+		default:
+			sb = rnd(rows*cols/16, 0x20, 0x50)
+			g := toDevice(t, dev, []float32{0.003})
+			p.Global, p.GlobalLen, p.RowsPerGlobal = g.Ptr(), 1, rows
+		}
+		s := toDevice(t, dev, sb)
+		p.Rows, p.Cols, p.Q, p.QBytes, p.Scale, p.ScaleBytes = rows, cols, q.Ptr(), rows*cols/2, s.Ptr(), len(sb)
+		us := rtTimeUs(t, dev, 20, func(c *cuda.Ctx) error { return kernels.Dequant4RowsCtx(c, 0, p, kernels.BF16Mat(out)) })
+		moved := float64(rows*cols/2 + len(sb) + 2*rows*cols)
+		t.Logf("bench dequant4 %s %dx%d (64 MiB packed + %d MiB scales -> 256 MiB bf16): %.1f us, packed input %.0f GB/s, %.0f GB/s read+write",
+			p.Kind, rows, cols, len(sb)>>20, us, gbs(rows*cols/2, us), gbs(moved, us))
+	}
+}
+
+// scratch is n elements of device memory (contents undefined), freed when
+// the test ends.
+func scratch[T cuda.Elem](t *testing.T, d *cuda.Device, n int) *cuda.Buffer[T] {
+	t.Helper()
+	b, err := cuda.Alloc[T](d, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Free() })
+	return b
+}
+
+// gbs is a rate in GB/s: bytes moved in us microseconds.
+func gbs(bytes, us float64) float64 { return bytes / us / 1e3 }

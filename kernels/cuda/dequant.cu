@@ -1,24 +1,50 @@
-// On-device decode of FP8 weights with one scale per output row or per run
-// of rows (the fp8_channel and fp8_tensor formats, weightfmt/fp8scaled.go)
-// to bf16, so the bf16 grouped GEMM runs them:
+// On-device decode of quantised expert weights to bf16, so the bf16
+// grouped GEMM runs them. Every kernel here is bit for bit its format's
+// Dequantise (weightfmt) followed by numfmt.F32ToBF16: each f32 product is
+// one multiply rounded to nearest (__fmul_rn, never fused or reordered),
+// then f32_to_bf16's round to nearest even. A NaN stays NaN (its payload
+// may differ from the CPU's).
+//
+// FP8 with one scale per output row or per run of rows (fp8_channel and
+// fp8_tensor, weightfmt/fp8scaled.go):
 //   out[r, c] = bf16_rne(f32(e4m3(q[r, c])) * scale[(row0 + r) / rows_per_scale])
-// with one f32 multiply rounded to nearest (__fmul_rn) and f32_to_bf16's
-// round to nearest even: bit for bit weightfmt's Dequantise followed by
-// numfmt.F32ToBF16. The e4m3 decode is exact (numfmt.E4M3ToF32: 0x7f and
-// 0xff are NaN, subnormals kept, -0 keeps its sign); a NaN stays NaN.
-// scale is f32, bf16 or f16 (scale_dtype 0, 1, 2: kernels.DequantScale*),
-// widened exactly. rows_per_scale is 1 per channel; per tensor it is a
-// weight's row count (I for each half of a fused gate-up stack, whose
-// per-tensor scales are [E, 2, 1]). q and out may be rows [row0, row0 + rows)
-// of a larger matrix whose scales start at scale (the loader decodes a
-// weight in row chunks through a bounded scratch).
+// The e4m3 decode is exact (numfmt.E4M3ToF32: 0x7f and 0xff are NaN,
+// subnormals kept, -0 keeps its sign). scale is f32, bf16 or f16
+// (scale_dtype 0, 1, 2: kernels.DequantScale*), widened exactly.
+// rows_per_scale is 1 per channel; per tensor it is a weight's row count
+// (I for each half of a fused gate-up stack, whose per-tensor scales are
+// [E, 2, 1]). q and out may be rows [row0, row0 + rows) of a larger matrix
+// whose scales start at scale (the loader decodes a weight in row chunks
+// through a bounded scratch).
 //
 // Launch: moe_dequant_fp8_rows with DQ_THREADS threads a block, one block
 // per (row, chunk of DQ_THREADS * 8 columns): grid = rows * ceil(cols /
 // 2048). Each thread decodes 8 consecutive bytes (an 8-byte load and a
 // 16-byte store when cols % 8 == 0, element by element otherwise), so a
-// warp reads 256 contiguous bytes and writes 512. Go side:
-// kernels/dequant.go.
+// warp reads 256 contiguous bytes and writes 512.
+//
+// 4-bit weights (one template, dq4_rows, over three decoders): rows of
+// cols elements packed eight to a little-endian 32-bit word, element 8j+k
+// in bits 4k..4k+3 of word j (compressed-tensors' INT4 words and the FP4
+// bytes of MXFP4 and NVFP4, even element in the low nibble, are the same
+// bits), ceil(cols / 8) words a row; a scale grid [rows, cols / group]
+// (row-major, one row per weight row: the loader uploads a chunk's rows of
+// both). Per element n (the nibble) with its group's scale:
+//   int4  (weightfmt/int4pack.go): f32(n - 8) * s, s f32/bf16/f16
+//         widened exactly; group = cols for one scale a row
+//   mxfp4 (weightfmt/mxfp4.go):    e2m1(n) * 2^(e - 127), e the E8M0 byte
+//         (0xff NaN, 0 the subnormal 2^-127), group 32
+//   nvfp4 (weightfmt/nvfp4.go):    e2m1(n) * eff, eff = f32(e4m3(s) *
+//         global) (ModelOpt's weight_scale_2; / global for
+//         compressed-tensors), rounded to f32 first, group 16;
+//         global[(row0 + r) / rows_per_global] is the row's weight's
+//         per-tensor scale (one per expert, or per half of a gate-up stack)
+// Launch: one thread a word, DQ_THREADS threads a block, one block per
+// (row, chunk of DQ_THREADS words): grid = rows * ceil(ceil(cols / 8) /
+// 256). A warp reads 128 contiguous bytes and writes 512 (one 16-byte
+// store a thread where the row's 8 outputs are whole and aligned).
+//
+// Go side: kernels/dequant.go.
 #include "numeric.cuh"
 
 #define DQ_THREADS 256
@@ -87,4 +113,102 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_fp8_rows(co
 #pragma unroll
     for (int i = 0; i < DQ_PER_THREAD; i++)
         if (c0 + i < cols) orow[c0 + i] = f32_to_bf16(__fmul_rn(dq_e4m3_to_f32(qr[c0 + i]), s));
+}
+
+// numfmt.E2M1ToF32, exact: bit 3 the sign, bits 0-2 index
+// [0, 0.5, 1, 1.5, 2, 3, 4, 6] (code 8 is -0).
+__device__ __forceinline__ float dq_e2m1_to_f32(unsigned n)
+{
+    unsigned e = (n >> 1) & 3u, m = n & 1u;
+    unsigned mag = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
+    return __uint_as_float(((n & 8u) << 28) | mag);
+}
+
+// numfmt.E8M0ToF32, exact: 2^(e - 127), 0xff NaN.
+__device__ __forceinline__ float dq_e8m0_to_f32(unsigned e)
+{
+    if (e == 255u) return __uint_as_float(0x7fc00000u);
+    return __uint_as_float(e ? e << 23 : 0x00400000u);
+}
+
+// The three 4-bit decoders: a row's group scale, and an element's value
+// from its nibble and that scale. groups is the scale grid's row length.
+struct dq_int4 {
+    const void* scale;
+    int dtype, groups;
+    __device__ __forceinline__ float group_scale(int r, int g) const { return dq_scale(scale, dtype, (long long)r * groups + g); }
+    __device__ __forceinline__ float value(unsigned n, float s) const { return __fmul_rn((float)((int)n - 8), s); }
+};
+
+struct dq_mxfp4 {
+    const unsigned char* scale;
+    int groups;
+    __device__ __forceinline__ float group_scale(int r, int g) const { return dq_e8m0_to_f32(scale[(long long)r * groups + g]); }
+    __device__ __forceinline__ float value(unsigned n, float s) const { return __fmul_rn(dq_e2m1_to_f32(n), s); }
+};
+
+struct dq_nvfp4 {
+    const e4m3_t* scale;
+    int groups;
+    const float* global;
+    int rows_per_global, divides;
+    long long row0;
+    __device__ __forceinline__ float group_scale(int r, int g) const
+    {
+        float b = dq_e4m3_to_f32(scale[(long long)r * groups + g]), gl = global[(row0 + r) / rows_per_global];
+        return divides ? __fdiv_rn(b, gl) : __fmul_rn(b, gl);
+    }
+    __device__ __forceinline__ float value(unsigned n, float s) const { return __fmul_rn(dq_e2m1_to_f32(n), s); }
+};
+
+// One thread decodes word j of row r: elements 8j .. 8j+7 (those < cols),
+// with one scale when they share a group and one per element otherwise
+// (an INT4 group that splits words; never written in practice).
+template <class D>
+__device__ __forceinline__ void dq4_rows(const unsigned* __restrict__ q, int rows, int cols, int group, const D& d, bf16_t* __restrict__ out)
+{
+    const int words = (cols + 7) >> 3;
+    const int chunks = (words + DQ_THREADS - 1) / DQ_THREADS;
+    const long long b = blockIdx.x;
+    const int r = (int)(b / chunks), j = (int)(b - (long long)r * chunks) * DQ_THREADS + threadIdx.x;
+    if (r >= rows || j >= words) return;
+    const unsigned w = q[(long long)r * words + j];
+    const int c0 = j * DQ_PER_THREAD, n = min(DQ_PER_THREAD, cols - c0);
+    const int g0 = c0 / group;
+    const bool one = (c0 + n - 1) / group == g0;
+    const float s0 = d.group_scale(r, g0);
+    unsigned p[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int k = 0; k < DQ_PER_THREAD; k++) {
+        float s = one || k >= n ? s0 : d.group_scale(r, (c0 + k) / group);
+        p[k >> 1] |= (unsigned)f32_to_bf16(d.value((w >> (4 * k)) & 15u, s)) << (16 * (k & 1));
+    }
+    bf16_t* o = out + (long long)r * cols + c0;
+    if (n == DQ_PER_THREAD && ((unsigned long long)o & 15ull) == 0) {
+        *(uint4*)o = make_uint4(p[0], p[1], p[2], p[3]);
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < DQ_PER_THREAD; k++)
+        if (k < n) o[k] = (bf16_t)(p[k >> 1] >> (16 * (k & 1)));
+}
+
+// group: the columns a scale covers (cols: one scale a row); cols % group == 0.
+extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_int4_rows(const unsigned* __restrict__ q, int rows, int cols, int group,
+                                                                                const void* __restrict__ scale, int scale_dtype, bf16_t* __restrict__ out)
+{
+    dq4_rows(q, rows, cols, group, dq_int4{scale, scale_dtype, cols / group}, out);
+}
+
+extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_mxfp4_rows(const unsigned* __restrict__ q, int rows, int cols,
+                                                                                 const unsigned char* __restrict__ scale, bf16_t* __restrict__ out)
+{
+    dq4_rows(q, rows, cols, 32, dq_mxfp4{scale, cols / 32}, out);
+}
+
+extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_nvfp4_rows(const unsigned* __restrict__ q, int rows, int cols,
+                                                                                 const e4m3_t* __restrict__ scale, const float* __restrict__ global,
+                                                                                 int rows_per_global, long long row0, int divides, bf16_t* __restrict__ out)
+{
+    dq4_rows(q, rows, cols, 16, dq_nvfp4{scale, cols / 16, global, rows_per_global, divides, row0}, out);
 }
