@@ -153,49 +153,15 @@ func TestFP8ScaledRefusals(t *testing.T) {
 	}
 }
 
-// TestFP8ScaledGPURefusal: the GPU decodes these formats to bf16, so only
-// its bf16 precision runs them: --device cuda with --precision f32 or fp8
-// refuses, naming the format and why, before any layer runs; --device
-// auto then runs on the CPU with a note, with or without a GPU.
-func TestFP8ScaledGPURefusal(t *testing.T) {
-	src := synthFrom(t, fp8ScaledSpecs(), "qwen3-channel")
-	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
-	for _, prec := range []string{PrecisionF32, PrecisionFP8} {
-		cudaRefused(t, src, dst, prec,
-			"FP8 per-channel expert weights (quantization fp8_channel, BF16 scales) are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+prec+")",
-			"decoded to bf16 on the GPU")
-	}
-}
-
-// TestGPUFP8Scaled: on the GPU (bf16 precision, the gpu-bf16 tolerance)
-// every FP8 per-channel and per-tensor conversion of fp8ScaledSpecs passes
-// validate --device cuda, and every mutation fails it.
+// TestGPUFP8Scaled: on the GPU every FP8 per-channel and per-tensor
+// conversion of fp8ScaledSpecs passes validate --device cuda, and every
+// mutation fails it (gpuDecodedPass). The layer checks alone judge at
+// gpu-bf16 (2e-2): one flipped FP8 byte or two swapped scale rows of these
+// fixtures move a layer's output by ~1e-3 relative (random e4m3 codes span
+// 2^-9..448, so one changed weight is small beside its row), below it; a
+// changed scale of a whole weight is not, and must fail the layer checks
+// on the GPU.
 func TestGPUFP8Scaled(t *testing.T) {
-	needGPU(t)
-	for name, spec := range fp8ScaledSpecs() {
-		t.Run(name, func(t *testing.T) {
-			src := synthFrom(t, fp8ScaledSpecs(), name)
-			runs := fp8ScaledRuns(spec)
-			for i, rep := range conversionsPass(t, src, DeviceCUDA, runs, nil) {
-				o := runs[i]
-				worst := 0.0
-				for _, r := range rep.Rows {
-					if r.Tolerance.Name == "gpu-bf16" {
-						worst = max(worst, r.RelL2)
-					}
-				}
-				t.Logf("%+v: passes on the GPU, worst gpu-bf16 rel L2 %.2e", o, worst)
-			}
-		})
-	}
-	// The whole run fails every mutation (the byte proof sees each). The
-	// layer checks alone judge at gpu-bf16 (2e-2): one flipped FP8 byte or
-	// two swapped scale rows of these fixtures move a layer's output by
-	// ~1e-3 relative (random e4m3 codes span 2^-9..448, so one changed
-	// weight is small beside its row), below it; a changed scale of a
-	// whole weight is not, and must fail the layer checks on the GPU.
-	t.Run("mutations", func(t *testing.T) { fp8ScaledMutationsFail(t, DeviceCUDA, BytesAuto) })
-	t.Run("layer checks", func(t *testing.T) {
-		fp8ScaledMutationsFail(t, DeviceCUDA, BytesOff, "a per-tensor scale changed", "a per-tensor scale of the fused shared expert changed")
-	})
+	gpuDecodedPass(t, fp8ScaledSpecs(), fp8ScaledRuns, fp8ScaledMutations(),
+		"a per-tensor scale changed", "a per-tensor scale of the fused shared expert changed")
 }

@@ -22,12 +22,17 @@ import (
 
 var gptOssMXFP4 = weightfmt.MXFP4(weightfmt.NamingGptOss, safetensors.U8, safetensors.U8)
 
+// mxfp4Runs is the conversions of spec that both the CPU and the GPU
+// tests validate: every layout (gpt-oss has no shared expert to fuse).
+func mxfp4Runs(fixtures.SynthSpec) []convert.Options {
+	return []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
+}
+
 func TestMXFP4ConversionsValidate(t *testing.T) {
-	for name := range mxfp4Specs() {
+	for name, spec := range mxfp4Specs() {
 		t.Run(name, func(t *testing.T) {
 			src := synthFrom(t, mxfp4Specs(), name)
-			runs := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
-			conversionsPass(t, src, DeviceCPU, runs, func(o convert.Options, c *layout.Contract) {
+			conversionsPass(t, src, DeviceCPU, mxfp4Runs(spec), func(o convert.Options, c *layout.Contract) {
 				quantContract{weightfmt.QuantMXFP4, "U8", "", []int64{1, 32}}.check(t, o, c)
 				if c.RoutedScalingFactorFolded {
 					t.Errorf("%+v: rsf folded into E8M0 scales", o)
@@ -92,9 +97,13 @@ func mxByte(t *testing.T, buf []byte, at int, pick func(b byte) bool) int {
 // order) and one scale byte changed each fail validate: the layer checks
 // alone (--skip-bytes) and the whole run.
 func TestMXFP4MutationsFail(t *testing.T) {
+	mutationsFail(t, mxfp4Specs(), mxfp4Mutations(), DeviceCPU, []string{BytesOff, BytesAuto})
+}
+
+func mxfp4Mutations() []dstMutation {
 	const prefix = "model.layers.1.mlp"
 	nz := func(n byte) bool { return n&7 != 0 } // a nonzero E2M1 magnitude
-	cases := []dstMutation{
+	return []dstMutation{
 		{"one flipped nibble in one expert", "h96-i64", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, gptOssMXFP4)
 			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
@@ -132,7 +141,6 @@ func TestMXFP4MutationsFail(t *testing.T) {
 			})
 		}},
 	}
-	mutationsFail(t, mxfp4Specs(), cases, DeviceCPU, []string{BytesOff, BytesAuto})
 }
 
 // TestMXFP4Refusals: what moeprep cannot carry of MXFP4 is refused with one
@@ -173,11 +181,14 @@ func TestMXFP4Refusals(t *testing.T) {
 	})
 }
 
-// TestMXFP4GPURefusal: the GPU kernels have no MXFP4 path: --device cuda
-// refuses, naming the format, before any layer runs; --device auto runs on
-// the CPU with a note.
-func TestMXFP4GPURefusal(t *testing.T) {
-	src := synthFrom(t, mxfp4Specs(), "h96-i64")
-	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
-	cudaRefused(t, src, dst, "", "MXFP4 expert weights (quantization mxfp4, U8 scales) have no GPU path", "no GPU path")
+// TestGPUMXFP4: on the GPU, which decodes MXFP4 to bf16 on the device
+// (gpt-oss's interleaved gate and up rows read through the same strided
+// views as on the CPU), every conversion of mxfp4Specs passes validate
+// --device cuda, and every mutation fails the whole run. The layer checks
+// alone must catch two swapped scale entries of a row (two groups of 32
+// weights off by their scales' ratio: 3x gpu-bf16's 2e-2 on an H100);
+// one nibble, a nibble pair or one doubled group scale moves these
+// fixtures' output by 0.1x to 0.9x of it, and is logged.
+func TestGPUMXFP4(t *testing.T) {
+	gpuDecodedPass(t, mxfp4Specs(), mxfp4Runs, mxfp4Mutations(), "two scale entries swapped")
 }

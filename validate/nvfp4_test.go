@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -16,16 +17,22 @@ import (
 // convert in every layout and fuse-shared pass validate on the CPU, and
 // each mutation of DST fails it.
 
+// nvfp4Runs is the conversions of spec that both the CPU and the GPU
+// tests validate: every layout and, with a shared expert, fuse-shared.
+func nvfp4Runs(spec fixtures.SynthSpec) []convert.Options {
+	opts := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
+	if spec.SharedExperts > 0 {
+		opts = append(opts, convert.Options{Layout: layout.Stacked, FuseShared: true, Replicas: 1},
+			convert.Options{Layout: layout.GateUp, FuseShared: true, Replicas: 2})
+	}
+	return opts
+}
+
 func TestNVFP4ConversionsValidate(t *testing.T) {
 	for name, spec := range nvfp4Specs() {
 		t.Run(name, func(t *testing.T) {
 			src := synthFrom(t, nvfp4Specs(), name)
-			opts := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
-			if spec.SharedExperts > 0 {
-				opts = append(opts, convert.Options{Layout: layout.Stacked, FuseShared: true, Replicas: 1},
-					convert.Options{Layout: layout.GateUp, FuseShared: true, Replicas: 2})
-			}
-			conversionsPass(t, src, DeviceCPU, opts, func(o convert.Options, c *layout.Contract) {
+			conversionsPass(t, src, DeviceCPU, nvfp4Runs(spec), func(o convert.Options, c *layout.Contract) {
 				quantContract{weightfmt.QuantNVFP4ModelOpt, "U8", "", []int64{1, 16}}.check(t, o, c)
 				if !c.InputScales || c.RoutedScalingFactorFolded {
 					t.Errorf("%+v: contract input_scales %v folded %v, want true false", o, c.InputScales, c.RoutedScalingFactorFolded)
@@ -39,10 +46,14 @@ func TestNVFP4ConversionsValidate(t *testing.T) {
 // scales swapped, a global scale changed and the nibble order of a byte
 // reversed each fail validate, layer checks alone and whole run.
 func TestNVFP4MutationsFail(t *testing.T) {
+	mutationsFail(t, nvfp4Specs(), nvfp4Mutations(), DeviceCPU, []string{BytesOff, BytesAuto})
+}
+
+func nvfp4Mutations() []dstMutation {
 	const prefix = "model.layers.1.mlp"
 	f := weightfmt.NVFP4ModelOpt()
 	const fixture = "deepseek-v3-nv"
-	cases := []dstMutation{
+	return []dstMutation{
 		{"one flipped nibble in one expert", fixture, convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, f)
 			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
@@ -87,14 +98,16 @@ func TestNVFP4MutationsFail(t *testing.T) {
 			})
 		}},
 	}
-	mutationsFail(t, nvfp4Specs(), cases, DeviceCPU, []string{BytesOff, BytesAuto})
 }
 
-// TestNVFP4GPURefused: the GPU kernels have no NVFP4 path: --device cuda
-// refuses, naming the format, before any layer runs; --device auto runs on
-// the CPU with a note.
-func TestNVFP4GPURefused(t *testing.T) {
-	src := synthFrom(t, nvfp4Specs(), "qwen3-nv")
-	dst := convertInto(t, src, convert.Options{Layout: layout.Stacked})
-	cudaRefused(t, src, dst, "", "NVFP4", "no GPU path")
+// TestGPUNVFP4: on the GPU, which decodes NVFP4 to bf16 on the device
+// (each expert's, and each gate-up half's, weight_scale_2 applied as on
+// the CPU), every conversion of nvfp4Specs, fuse-shared included, passes
+// validate --device cuda, and every mutation fails the whole run. The
+// layer checks alone must catch a changed global scale (a whole weight
+// 1.25x: 1.6x gpu-bf16's 2e-2 on an H100); one nibble or a nibble pair
+// moves these fixtures' output by 0.3x to 0.5x of it and two swapped block
+// scales by about 1.1x, and are logged.
+func TestGPUNVFP4(t *testing.T) {
+	gpuDecodedPass(t, nvfp4Specs(), nvfp4Runs, nvfp4Mutations(), "a global scale changed")
 }

@@ -13,13 +13,15 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/validate/judge"
 )
 
 // What the tests of each quantised expert format share: a synth
 // checkpoint from the format's spec table, every conversion of it passing
-// validate with the format in its contract, every mutation of DST failing
-// validate, what cannot be carried refused in one line, and the GPU
-// refusing a format it has no path for.
+// validate with the format in its contract (on the CPU, and on the GPU
+// where it decodes the format), every mutation of DST failing validate,
+// what cannot be carried refused in one line, and the GPU refusing the
+// precisions its decode to bf16 cannot compare.
 
 // synthFrom writes specs[name] into a temporary directory.
 func synthFrom(t *testing.T, specs map[string]fixtures.SynthSpec, name string) string {
@@ -104,8 +106,19 @@ type dstMutation struct {
 // mutation (or on those named only): each must fail the run, not make the
 // input unusable.
 func mutationsFail(t *testing.T, specs map[string]fixtures.SynthSpec, cases []dstMutation, device string, byteModes []string, only ...string) {
+	mutationsRun(t, specs, cases, device, byteModes, func(name string) (run, must bool) {
+		return len(only) == 0 || slices.Contains(only, name), true
+	})
+}
+
+// mutationsRun runs validate on device with each byte mode on each
+// mutation pick runs: none may make the input unusable, and one that must
+// be caught fails t when the run passes; the others' outcomes are logged,
+// with the worst row's rel L2 as a multiple of its threshold.
+func mutationsRun(t *testing.T, specs map[string]fixtures.SynthSpec, cases []dstMutation, device string, byteModes []string, pick func(name string) (run, must bool)) {
 	for _, tc := range cases {
-		if len(only) > 0 && !slices.Contains(only, tc.name) {
+		run, must := pick(tc.name)
+		if !run {
 			continue
 		}
 		t.Run(tc.name, func(t *testing.T) {
@@ -117,19 +130,96 @@ func mutationsFail(t *testing.T, specs map[string]fixtures.SynthSpec, cases []ds
 				if err != nil {
 					t.Fatalf("bytes %s: the mutation made the input unusable instead of failing the check: %v", bytes, err)
 				}
-				if !rep.Failed() {
-					t.Fatalf("bytes %s: mutation not caught", bytes)
-				}
 				if rep.Device != device {
 					t.Fatalf("bytes %s: ran on %s, want %s", bytes, rep.Device, device)
 				}
 				worst := 0.0
 				for _, r := range rep.Rows {
-					if !r.Pass && r.Tolerance.MaxRelL2 > 0 && !math.IsNaN(r.RelL2) {
+					if r.Tolerance.MaxRelL2 > 0 && !math.IsNaN(r.RelL2) {
 						worst = max(worst, r.RelL2/r.Tolerance.MaxRelL2)
 					}
 				}
-				t.Logf("bytes %s: caught: %s (worst row %.0fx its threshold)", bytes, strings.SplitN(rep.Err().Error(), ";", 2)[0], worst)
+				switch {
+				case rep.Failed():
+					t.Logf("bytes %s: caught: %s (worst row %.0fx its threshold)", bytes, strings.SplitN(rep.Err().Error(), ";", 2)[0], worst)
+				case must:
+					t.Fatalf("bytes %s: mutation not caught (worst row %.2gx its threshold)", bytes, worst)
+				default:
+					t.Logf("bytes %s: not caught, as allowed (worst row %.2gx its threshold)", bytes, worst)
+				}
+			}
+		})
+	}
+}
+
+// gpuDecodedPass checks a format the GPU decodes to bf16 on the GPU (bf16
+// precision, judged at gpu-bf16): every conversion runs(spec) of every
+// spec passes validate --device cuda; every mutation fails the whole run
+// (the byte proof sees each); the layer checks alone (--skip-bytes) must
+// catch those named in layerCaught, and run and log the others (a changed
+// nibble or group scale can move a layer's output by less than gpu-bf16's
+// 2e-2, which the decode's bf16 rounding needs).
+func gpuDecodedPass(t *testing.T, specs map[string]fixtures.SynthSpec, runs func(fixtures.SynthSpec) []convert.Options, muts []dstMutation, layerCaught ...string) {
+	needGPU(t)
+	for name, spec := range specs {
+		t.Run(name, func(t *testing.T) {
+			src := synthFrom(t, specs, name)
+			rs := runs(spec)
+			for i, rep := range conversionsPass(t, src, DeviceCUDA, rs, nil) {
+				worst := 0.0
+				for _, r := range rep.Rows {
+					if r.Tolerance == judge.TolGPUBF16 {
+						worst = max(worst, r.RelL2)
+					}
+				}
+				t.Logf("%+v: passes on the GPU, worst gpu-bf16 rel L2 %.2e", rs[i], worst)
+			}
+		})
+	}
+	t.Run("mutations", func(t *testing.T) { mutationsFail(t, specs, muts, DeviceCUDA, []string{BytesAuto}) })
+	t.Run("layer checks", func(t *testing.T) {
+		mutationsRun(t, specs, muts, DeviceCUDA, []string{BytesOff}, func(name string) (bool, bool) { return true, slices.Contains(layerCaught, name) })
+	})
+}
+
+// decodedOnGPU are the quantised formats the GPU decodes to bf16, each
+// with a spec table, a fixture and how validate names its weights.
+func decodedOnGPU() []struct {
+	specs         map[string]fixtures.SynthSpec
+	fixture, what string
+} {
+	return []struct {
+		specs         map[string]fixtures.SynthSpec
+		fixture, what string
+	}{
+		{fp8ScaledSpecs(), "qwen3-channel", "FP8 per-channel expert weights (quantization fp8_channel, BF16 scales)"},
+		{int4Specs(), "kimi-g32", "INT4 expert weights (quantization int4_pack, BF16 scales)"},
+		{mxfp4Specs(), "h96-i64", "MXFP4 expert weights (quantization mxfp4, U8 scales)"},
+		{nvfp4Specs(), "qwen3-nv", "NVFP4 expert weights (quantization nvfp4_modelopt, F8_E4M3 scales)"},
+	}
+}
+
+// TestDecodedOnGPURefusal: the GPU decodes these formats to bf16, so its
+// bf16 precision (the default) takes them and only that: --device cuda
+// with --precision f32 or fp8 refuses, naming the format and why, before
+// any layer runs; --device auto then runs on the CPU with a note, with or
+// without a GPU.
+func TestDecodedOnGPURefusal(t *testing.T) {
+	for _, c := range decodedOnGPU() {
+		t.Run(c.fixture, func(t *testing.T) {
+			src := synthFrom(t, c.specs, c.fixture)
+			dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
+			s := &session{o: Options{Src: src, Dst: dst, GPUPrecision: PrecisionBF16}}
+			defer s.close()
+			if err := s.open(); err != nil {
+				t.Fatal(err)
+			}
+			if why := s.gpuRefusal(); why != "" {
+				t.Fatalf("--precision bf16 refused: %s", why)
+			}
+			for _, prec := range []string{PrecisionF32, PrecisionFP8} {
+				cudaRefused(t, src, dst, prec, c.what+" are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+prec+")",
+					"decoded to bf16 on the GPU")
 			}
 		})
 	}

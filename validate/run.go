@@ -843,8 +843,9 @@ func jsonText(v any) string {
 // gpuRefusal says why the GPU kernels cannot run SRC's or DST's expert
 // weights ("" when they can): the kernels take unquantised weights and FP8
 // 128x128 blocks with F32 scales as stored, and FP8 per channel or per
-// tensor decoded to bf16 on the device, which only the bf16 precision
-// compares (the decode rounds every weight to bf16 once, which the gpu-f32
+// tensor, pack-quantized INT4, MXFP4 and NVFP4 decoded to bf16 on the
+// device (gpurun.DecodesOnDevice), which only the bf16 precision compares
+// (the decode rounds every weight to bf16 once, which the gpu-f32
 // tolerance would rightly fail and the w8a8 mode does not model). No
 // format may run as if it were one they take.
 func (s *session) gpuRefusal() string {
@@ -873,7 +874,7 @@ func (s *session) gpuRefusal() string {
 			continue
 		}
 		sc, _ := f.Scale()
-		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU runs unquantised weights, FP8 128x128 blocks with F32 scales, and FP8 per-channel or per-tensor weights (decoded to bf16)",
+		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU runs unquantised weights, FP8 128x128 blocks with F32 scales, and FP8 per-channel or per-tensor, INT4, MXFP4 and NVFP4 weights (decoded to bf16)",
 			f, f.Quantization(), sc.DType)
 	}
 	return ""

@@ -15,8 +15,8 @@ import (
 
 // LoadFusedBank queues the upload of a converted layer's stacked expert
 // tensors (stacked, gate-up or up-gate, bf16/f32 or FP8 with block scales,
-// or FP8 per channel or per tensor, decoded to bf16 on the device) through
-// s and waits for it.
+// or a format decoded to bf16 on the device: DecodesOnDevice) through s and
+// waits for it.
 func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*Bank, error) {
 	h, inter, err := fl.StackDims(src)
 	if err != nil {
@@ -28,7 +28,7 @@ func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	sc, scaled := wf.Scale()
+	_, scaled := wf.Scale()
 	decode := DecodesOnDevice(wf)
 	if scaled && !kernelsTake(wf) {
 		return nil, fmt.Errorf("layer %d: FP8 blocks %v: the GPU kernels take %dx%d", fl.Index, c.WeightBlockSize, kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)
@@ -45,17 +45,21 @@ func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*
 	// Gate and up (or the fused gate-up), then down: each group's weights,
 	// then their scales.
 	gateUp := []bankPart{
-		{n.Gate, shapes.Gate, &b.Gate, n.GateScale, shapes.GateScale, &b.GateScale},
-		{n.Up, shapes.Up, &b.Up, n.UpScale, shapes.UpScale, &b.UpScale},
+		{name: n.Gate, shape: shapes.Gate, cols: H, mat: &b.Gate, scaleName: n.GateScale, scaleShape: shapes.GateScale, scale: &b.GateScale,
+			global: n.GateGlobal, globalShape: shapes.GateGlobal},
+		{name: n.Up, shape: shapes.Up, cols: H, mat: &b.Up, scaleName: n.UpScale, scaleShape: shapes.UpScale, scale: &b.UpScale,
+			global: n.UpGlobal, globalShape: shapes.UpGlobal},
 	}
 	if n.Layout.Fused() {
-		gateUp = []bankPart{{n.GateUp, shapes.GateUp, &b.GateUp, n.GateUpScale, shapes.GateUpScale, &b.GateUpScale}}
+		gateUp = []bankPart{{name: n.GateUp, shape: shapes.GateUp, cols: H, mat: &b.GateUp, scaleName: n.GateUpScale, scaleShape: shapes.GateUpScale,
+			scale: &b.GateUpScale, global: n.GateUpGlobal, globalShape: shapes.GateUpGlobal}}
 		b.UpFirst = n.Layout == layout.UpGate
 	}
-	down := bankPart{n.Down, shapes.Down, &b.Down, n.DownScale, shapes.DownScale, &b.DownScale}
+	down := bankPart{name: n.Down, shape: shapes.Down, cols: I, mat: &b.Down, scaleName: n.DownScale, scaleShape: shapes.DownScale, scale: &b.DownScale,
+		global: n.DownGlobal, globalShape: shapes.DownGlobal}
 	for _, group := range [][]bankPart{gateUp, {down}} {
 		if decode {
-			if err := b.uploadDecoded(s, src, group, sc.DType); err != nil {
+			if err := b.uploadDecoded(s, src, group, wf); err != nil {
 				return fail(err)
 			}
 			continue
@@ -114,15 +118,23 @@ func (b *Bank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
 // loadMLPBankOf queues the upload of one hub-layout MLP (a routed expert or
 // a shared expert, gate/up [inter,H], down [H,inter]) as a bank of one
 // expert, with its biases where it has them and the activation act. wf is
-// how its weights are stored; one with no scale (or nil) means unquantised
-// in whatever float dtype the tensors hold; FP8 per channel or per tensor
-// is decoded to bf16 on the device. The caller waits on s's stream
-// (kernels queued on the same stream run after the copies).
+// how its weights are stored; one with no scale (or nil), or an MLP that
+// names no scales (a shared expert left unquantised beside quantised
+// routed experts, read as cpuref reads it), means unquantised in whatever
+// float dtype the tensors hold; a format DecodesOnDevice takes is decoded
+// to bf16 on the device. The caller waits on s's stream (kernels queued on
+// the same stream run after the copies).
 func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format, act layout.Activation) (*Bank, error) {
+	if m.GateScale == "" && m.UpScale == "" && m.DownScale == "" {
+		wf = nil
+	}
 	scaled := false
 	var sc weightfmt.Scale
 	var gr, gc, dr, dc int64
+	H, I := int64(h), int64(inter)
+	gs, ds := []int64{I, H}, []int64{H, I} // stored shapes: fewer columns where elements pack
 	if wf != nil {
+		gs, ds = weightfmt.Matrix{Format: wf, Rows: I, Cols: H}.Shape(), weightfmt.Matrix{Format: wf, Rows: H, Cols: I}.Shape()
 		if sc, scaled = wf.Scale(); scaled {
 			if !kernelsTake(wf) {
 				return nil, fmt.Errorf("%s block %s: the GPU kernels take %d", wf, blockEdge(sc.Block), kernels.FP8ScaleBlock)
@@ -131,7 +143,6 @@ func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter in
 			dr, dc = weightfmt.Matrix{Format: wf, Rows: int64(h), Cols: int64(inter)}.ScaleShape()
 		}
 	}
-	H, I := int64(h), int64(inter)
 	b := &Bank{}
 	b.NumExperts, b.H, b.I = 1, h, inter
 	fail := func(err error) (*Bank, error) {
@@ -139,13 +150,15 @@ func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter in
 		b.Free()
 		return nil, err
 	}
+	// A global scale (NVFP4's weight_scale_2) is one element, whatever its
+	// shape (globalShape nil).
 	parts := []bankPart{
-		{m.Gate, []int64{I, H}, &b.Gate, m.GateScale, []int64{gr, gc}, &b.GateScale},
-		{m.Up, []int64{I, H}, &b.Up, m.UpScale, []int64{gr, gc}, &b.UpScale},
-		{m.Down, []int64{H, I}, &b.Down, m.DownScale, []int64{dr, dc}, &b.DownScale},
+		{name: m.Gate, shape: gs, cols: H, mat: &b.Gate, scaleName: m.GateScale, scaleShape: []int64{gr, gc}, scale: &b.GateScale, global: m.GateGlobal},
+		{name: m.Up, shape: gs, cols: H, mat: &b.Up, scaleName: m.UpScale, scaleShape: []int64{gr, gc}, scale: &b.UpScale, global: m.UpGlobal},
+		{name: m.Down, shape: ds, cols: I, mat: &b.Down, scaleName: m.DownScale, scaleShape: []int64{dr, dc}, scale: &b.DownScale, global: m.DownGlobal},
 	}
 	if scaled && DecodesOnDevice(wf) {
-		if err := b.uploadDecoded(s, src, parts, sc.DType); err != nil {
+		if err := b.uploadDecoded(s, src, parts, wf); err != nil {
 			return fail(err)
 		}
 	} else if err := b.upload(s, src, parts, false); err != nil {
@@ -179,15 +192,20 @@ func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter in
 	return b, nil
 }
 
-// bankPart is one weight of a bank and its scale: the tensors' names, the
-// shapes they must have and where the uploads go.
+// bankPart is one weight of a bank, its scale and its global scale: the
+// tensors' names, the shapes they must have (shape as stored: packed
+// formats hold fewer columns than cols, the weight's), and where the
+// uploads go. globalShape nil means one element of any shape.
 type bankPart struct {
-	name       string
-	shape      []int64
-	mat        *kernels.Mat
-	scaleName  string
-	scaleShape []int64
-	scale      **cuda.Buffer[float32]
+	name        string
+	shape       []int64
+	cols        int64
+	mat         *kernels.Mat
+	scaleName   string
+	scaleShape  []int64
+	scale       **cuda.Buffer[float32]
+	global      string
+	globalShape []int64
 }
 
 // upload queues the uploads of the parts' weights, or (scales) of their

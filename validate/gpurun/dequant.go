@@ -5,36 +5,45 @@ import (
 	"math"
 	"time"
 
+	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/kernels"
-	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // DecodesOnDevice reports whether expert weights of format f reach the GPU
-// kernels as bf16 decoded on the device (kernels.DequantFP8Rows): FP8 with
-// one scale per output row or one per weight. The bf16 grouped GEMM then
-// runs them, so only the bf16 precision compares them (the decode rounds
-// each weight to bf16 once).
+// kernels as bf16 decoded on the device: FP8 with one scale per output row
+// or one per weight (kernels.DequantFP8Rows), and the 4-bit formats
+// kernels.Dequant4Rows decodes (pack-quantized INT4, MXFP4, NVFP4). The
+// bf16 grouped GEMM then runs them, so only the bf16 precision compares
+// them (the decode rounds each weight to bf16 once).
 func DecodesOnDevice(f weightfmt.Format) bool {
 	if f == nil {
 		return false
 	}
-	q := f.Quantization()
-	return q == weightfmt.QuantFP8Channel || q == weightfmt.QuantFP8Tensor
+	if q := f.Quantization(); q == weightfmt.QuantFP8Channel || q == weightfmt.QuantFP8Tensor {
+		return true
+	}
+	_, err := kernels.Packed4Of(f)
+	return err == nil
 }
 
 // dequantScratch is a stager's device room for weights decoded on the
-// device: one staging chunk of FP8 codes and a weight's scales. Each grows
-// to what is asked (codes at most StageChunkBytes) and lives until the
-// stager is freed.
+// device: one staging chunk of packed weight rows, their scales (a whole
+// weight's for FP8, whose scales are one a row or one a weight; the
+// chunk's rows of the grid for the 4-bit formats) and a weight's global
+// scales (NVFP4). Each grows to what is asked (codes at most
+// StageChunkBytes) and lives until the stager is freed.
 type dequantScratch struct {
-	codes, scales *cuda.Buffer[uint8]
+	codes, scales, global *cuda.Buffer[uint8]
+	// chunk, when > 0, is the bytes of packed rows one decode takes
+	// instead of StageChunkBytes (tests: several chunks a weight).
+	chunk int64
 }
 
 func (d *dequantScratch) free() {
-	for _, b := range []**cuda.Buffer[uint8]{&d.codes, &d.scales} {
+	for _, b := range []**cuda.Buffer[uint8]{&d.codes, &d.scales, &d.global} {
 		if *b != nil {
 			(*b).Free()
 			*b = nil
@@ -63,11 +72,12 @@ func (s *Stager) ensure(b **cuda.Buffer[uint8], n int) error {
 	return nil
 }
 
-// uploadDecoded queues, for each part, its weight (FP8) and its scale
-// (dtype sd) and the weight's decode to bf16 on the device.
-func (b *Bank) uploadDecoded(s *Stager, src cpuref.TensorSource, parts []bankPart, sd safetensors.DType) error {
+// uploadDecoded queues, for each part, its weight, scales and global
+// scales and the weight's decode to bf16 on the device (wf is how they are
+// stored: a format DecodesOnDevice takes).
+func (b *Bank) uploadDecoded(s *Stager, src cpuref.TensorSource, parts []bankPart, wf weightfmt.Format) error {
 	for _, p := range parts {
-		m, err := b.decodedWeight(s, src, p.name, p.shape, p.scaleName, p.scaleShape, sd)
+		m, err := b.decodedWeight(s, src, p, wf)
 		if err != nil {
 			return err
 		}
@@ -76,79 +86,193 @@ func (b *Bank) uploadDecoded(s *Stager, src cpuref.TensorSource, parts []bankPar
 	return nil
 }
 
-// decodedWeight allocates the bank's bf16 copy of FP8 tensor name (shape
-// want) and queues on s's stream: its scale tensor (shape scaleShape,
-// dtype sd) into the stager's scale scratch, then, per chunk of whole rows
-// of at most StageChunkBytes, the chunk's bytes into the code scratch and
-// its decode into the bank. Copies and decodes share one stream, so a
+// decodedWeight allocates the bank's bf16 copy of p's weight (stored as
+// wf) and queues on s's stream the uploads and decodes that fill it: per
+// chunk of whole rows of at most StageChunkBytes of packed weight, the
+// chunk's bytes into the code scratch, then its decode into the bank. FP8
+// uploads its scale tensor (one a row, or one a weight) whole first; the
+// 4-bit formats upload each chunk's rows of their scale grid with it (the
+// grid has one row per weight row) and NVFP4 its global scales whole first
+// (one per weight of the stack). Copies and decodes share one stream, so a
 // chunk overwrites the scratch only after the decode before it has read
-// it; device memory beyond the bank is one chunk and one scale tensor.
-func (b *Bank) decodedWeight(s *Stager, src cpuref.TensorSource, name string, want []int64, scaleName string, scaleShape []int64, sd safetensors.DType) (kernels.Mat, error) {
-	t, err := tensorShaped(src, name, want)
+// it; device memory beyond the bank is one chunk, its scales and the
+// global scales.
+func (b *Bank) decodedWeight(s *Stager, src cpuref.TensorSource, p bankPart, wf weightfmt.Format) (kernels.Mat, error) {
+	t, err := tensorShaped(src, p.name, p.shape)
 	if err != nil {
 		return kernels.Mat{}, err
 	}
-	if t.DType != safetensors.F8E4M3 {
-		return kernels.Mat{}, fmt.Errorf("%s: tensor %s is %s, the contract says F8_E4M3", t.File, name, t.DType)
+	if t.DType != wf.DType() {
+		return kernels.Mat{}, fmt.Errorf("%s: tensor %s is %s, the %s format stores %s", t.File, p.name, t.DType, wf, wf.DType())
 	}
 	if b.DType == 0 {
 		b.DType = kernels.MatBF16
 	} else if b.DType != kernels.MatBF16 {
-		return kernels.Mat{}, fmt.Errorf("%s: tensor %s is decoded to bf16, the bank's other weights are %v", t.File, name, b.DType)
+		return kernels.Mat{}, fmt.Errorf("%s: tensor %s is decoded to bf16, the bank's other weights are %v", t.File, p.name, b.DType)
 	}
-	ts, err := tensorShaped(src, scaleName, scaleShape)
+	sc, _ := wf.Scale()
+	ts, err := tensorShaped(src, p.scaleName, p.scaleShape)
 	if err != nil {
 		return kernels.Mat{}, err
 	}
-	if ts.DType != sd {
-		return kernels.Mat{}, fmt.Errorf("%s: scale %s is %s, want %s", ts.File, scaleName, ts.DType, sd)
+	if ts.DType != sc.DType {
+		return kernels.Mat{}, fmt.Errorf("%s: scale %s is %s, want %s", ts.File, p.scaleName, ts.DType, sc.DType)
 	}
-	dsd, err := kernels.DequantScaleOf(sd)
+	es, ss := int64(t.DType.Size()), int64(sc.DType.Size())
+	n, stored := t.NumElements(), int64(1)
+	if len(p.shape) > 0 {
+		stored = p.shape[len(p.shape)-1]
+	}
+	cols := p.cols
+	if cols <= 0 || stored <= 0 || n <= 0 || n%stored != 0 || es <= 0 || ss <= 0 || n > math.MaxInt/8/es || stored*es > StageChunkBytes ||
+		(weightfmt.Matrix{Format: wf, Rows: 1, Cols: cols}).RowBytes() != stored*es {
+		return kernels.Mat{}, fmt.Errorf("%s: tensor %s of shape %v (%d columns) cannot be decoded on the device", t.File, p.name, t.Shape, cols)
+	}
+	rows := n / stored
+	if rows > math.MaxInt/2/cols {
+		return kernels.Mat{}, fmt.Errorf("%s: tensor %s of %d x %d is too large", t.File, p.name, rows, cols)
+	}
+	rowBytes := stored * es
+	buf, err := cuda.Alloc[uint8](s.dev, int(2*rows*cols))
 	if err != nil {
-		return kernels.Mat{}, err
-	}
-	n, ns := t.NumElements(), ts.NumElements()
-	cols := int64(1)
-	if len(want) > 0 {
-		cols = want[len(want)-1]
-	}
-	if cols <= 0 || n <= 0 || n > math.MaxInt/2 || cols > StageChunkBytes {
-		return kernels.Mat{}, fmt.Errorf("%s: tensor %s of shape %v cannot be decoded on the device", t.File, name, t.Shape)
-	}
-	rows := n / cols
-	if ns <= 0 || rows%ns != 0 || rows/ns > math.MaxInt32 {
-		return kernels.Mat{}, fmt.Errorf("%s: tensor %s has %d rows, its scale %s %d entries", t.File, name, rows, scaleName, ns)
-	}
-	rps := rows / ns
-	if s.rec != nil {
-		defer s.rec.add(t, false, n, time.Now())
-	}
-	buf, err := cuda.Alloc[uint8](s.dev, int(2*n))
-	if err != nil {
-		return kernels.Mat{}, fmt.Errorf("tensor %s: %w", name, err)
+		return kernels.Mat{}, fmt.Errorf("tensor %s: %w", p.name, err)
 	}
 	b.bytes = append(b.bytes, buf)
-	b.Size += 2 * n
-	if err := s.ensure(&s.dq.scales, int(ns)*sd.Size()); err != nil {
+	b.Size += 2 * rows * cols
+	chunk := max(1, min(s.dq.chunkBytes(), StageChunkBytes)/rowBytes)
+	if err := s.ensure(&s.dq.codes, int(min(rows, chunk)*rowBytes)); err != nil {
 		return kernels.Mat{}, err
 	}
-	if err := s.copyTensor(s.dq.scales.Ptr(), ts, false); err != nil {
+	var decode chunkDecode
+	fp8 := wf.Quantization() == weightfmt.QuantFP8Channel || wf.Quantization() == weightfmt.QuantFP8Tensor
+	if fp8 {
+		decode, err = s.fp8Decoder(ts, rows, cols)
+	} else {
+		decode, err = s.packed4Decoder(src, p, wf, ts, rows, cols, chunk)
+	}
+	if err != nil {
 		return kernels.Mat{}, err
 	}
-	chunk := StageChunkBytes / cols
-	if err := s.ensure(&s.dq.codes, int(min(rows, chunk)*cols)); err != nil {
-		return kernels.Mat{}, err
+	if s.rec != nil {
+		// The chunks' time is the weight's; a 4-bit grid's bytes come
+		// with them.
+		defer s.rec.add(t, false, n*es, time.Now())
+		if !fp8 {
+			defer s.rec.add(ts, false, ts.NumElements()*ss, time.Now())
+		}
 	}
 	for r0 := int64(0); r0 < rows; r0 += chunk {
 		nr := min(chunk, rows-r0)
-		if err := s.copyElems(s.dq.codes.Ptr(), t, r0*cols, (r0+nr)*cols, false); err != nil {
+		if err := s.copyElems(s.dq.codes.Ptr(), t, r0*stored, (r0+nr)*stored, false); err != nil {
 			return kernels.Mat{}, err
 		}
-		q := kernels.Mat{DType: kernels.MatFP8, Ptr: s.dq.codes.Ptr(), Len: int(nr * cols)}
-		out := kernels.Mat{DType: kernels.MatBF16, Ptr: buf.Ptr().Add(int(2 * r0 * cols)), Len: int(nr * cols)}
-		if err := kernels.DequantFP8Rows(s.dev, s.stream, q, int(nr), int(cols), s.dq.scales.Ptr(), int(ns), dsd, int(rps), int(r0), out); err != nil {
-			return kernels.Mat{}, fmt.Errorf("tensor %s: %w", name, err)
+		if err := decode(r0, nr, s.dq.codes.Ptr(), buf.Ptr().Add(int(2*r0*cols))); err != nil {
+			return kernels.Mat{}, fmt.Errorf("tensor %s: %w", p.name, err)
 		}
 	}
-	return kernels.Mat{DType: kernels.MatBF16, Ptr: buf.Ptr(), Len: int(n)}, nil
+	return kernels.Mat{DType: kernels.MatBF16, Ptr: buf.Ptr(), Len: int(rows * cols)}, nil
+}
+
+func (d *dequantScratch) chunkBytes() int64 {
+	if d.chunk > 0 {
+		return d.chunk
+	}
+	return StageChunkBytes
+}
+
+// chunkDecode queues the decode of rows [r0, r0+nr) of a weight, whose
+// packed bytes the caller has just queued into q, into out.
+type chunkDecode func(r0, nr int64, q, out cuda.DevicePtr) error
+
+// fp8Decoder queues the upload of FP8 scale tensor ts (one scale per row,
+// or per run of rows: per tensor) of a rows x cols weight, whole, and
+// returns the decode of a chunk of its rows.
+func (s *Stager) fp8Decoder(ts *checkpoint.Tensor, rows, cols int64) (chunkDecode, error) {
+	ns := ts.NumElements()
+	if ns <= 0 || rows%ns != 0 || rows/ns > math.MaxInt32 {
+		return nil, fmt.Errorf("%s: %d rows, the scale %s %d entries", ts.File, rows, ts.Name, ns)
+	}
+	dsd, err := kernels.DequantScaleOf(ts.DType)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.ensure(&s.dq.scales, int(ns)*ts.DType.Size()); err != nil {
+		return nil, err
+	}
+	if err := s.copyTensor(s.dq.scales.Ptr(), ts, false); err != nil {
+		return nil, err
+	}
+	return func(r0, nr int64, q, out cuda.DevicePtr) error {
+		qm := kernels.Mat{DType: kernels.MatFP8, Ptr: q, Len: int(nr * cols)}
+		om := kernels.Mat{DType: kernels.MatBF16, Ptr: out, Len: int(nr * cols)}
+		return kernels.DequantFP8Rows(s.dev, s.stream, qm, int(nr), int(cols), s.dq.scales.Ptr(), int(ns), dsd, int(rows/ns), int(r0), om)
+	}, nil
+}
+
+// packed4Decoder queues the upload of the global scales of p (stored as
+// wf, a format kernels.Packed4Of takes) where wf has them, whole, and
+// returns the decode of a chunk of its rows x cols weight's rows, which
+// first queues the chunk's rows of scale grid ts into the scale scratch
+// (room for chunk rows).
+func (s *Stager) packed4Decoder(src cpuref.TensorSource, p bankPart, wf weightfmt.Format, ts *checkpoint.Tensor, rows, cols, chunk int64) (chunkDecode, error) {
+	pk, err := kernels.Packed4Of(wf)
+	if err != nil {
+		return nil, err
+	}
+	_, gc := weightfmt.Matrix{Format: wf, Rows: 1, Cols: cols}.ScaleShape()
+	ss := int64(ts.DType.Size())
+	if ts.NumElements() != rows*gc {
+		return nil, fmt.Errorf("%s: scale %s holds %d entries, want %d rows of %d", ts.File, p.scaleName, ts.NumElements(), rows, gc)
+	}
+	if err := s.ensure(&s.dq.scales, int(min(rows, chunk)*gc*ss)); err != nil {
+		return nil, err
+	}
+	if g, ok := weightfmt.GlobalOf(wf); ok {
+		gt, err := globalTensor(src, p)
+		if err != nil {
+			return nil, err
+		}
+		if gt.DType != g.DType {
+			return nil, fmt.Errorf("%s: global scale %s is %s, want %s", gt.File, p.global, gt.DType, g.DType)
+		}
+		ng := gt.NumElements()
+		if ng <= 0 || rows%ng != 0 || rows/ng > math.MaxInt32 || ng > math.MaxInt32 {
+			return nil, fmt.Errorf("%s: %d rows, the global scale %s %d entries", gt.File, rows, p.global, ng)
+		}
+		if err := s.ensure(&s.dq.global, int(ng)*gt.DType.Size()); err != nil {
+			return nil, err
+		}
+		if err := s.copyTensor(s.dq.global.Ptr(), gt, false); err != nil {
+			return nil, err
+		}
+		pk.Global, pk.GlobalLen, pk.RowsPerGlobal = s.dq.global.Ptr(), int(ng), int(rows/ng)
+	}
+	pk.Cols, pk.Scale = int(cols), s.dq.scales.Ptr()
+	return func(r0, nr int64, q, out cuda.DevicePtr) error {
+		if err := s.copyElems(s.dq.scales.Ptr(), ts, r0*gc, (r0+nr)*gc, false); err != nil {
+			return err
+		}
+		c := pk
+		c.Rows, c.Q, c.QBytes, c.ScaleBytes = int(nr), q, s.dq.codes.Len(), s.dq.scales.Len()
+		if c.Global != 0 {
+			c.Row0 = int(r0)
+		}
+		return kernels.Dequant4Rows(s.dev, s.stream, c, kernels.Mat{DType: kernels.MatBF16, Ptr: out, Len: int(nr * cols)})
+	}, nil
+}
+
+// globalTensor is p's global scale tensor: of shape p.globalShape, or of
+// one element when that is nil (one weight's scalar).
+func globalTensor(src cpuref.TensorSource, p bankPart) (*checkpoint.Tensor, error) {
+	if p.globalShape != nil {
+		return tensorShaped(src, p.global, p.globalShape)
+	}
+	t, ok := src.Tensor(p.global)
+	if p.global == "" || !ok {
+		return nil, fmt.Errorf("the global scale tensor %q of %s is missing", p.global, p.name)
+	}
+	if t.NumElements() != 1 {
+		return nil, fmt.Errorf("%s: global scale %s has shape %v, want one element", t.File, p.global, t.Shape)
+	}
+	return t, nil
 }

@@ -473,10 +473,12 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 		if c.NumFusedSharedExperts > 0 {
 			return nil, fmt.Errorf("layer %d: the contract fuses %d shared experts but shared expert tensors (%s) remain", fl.Index, c.NumFusedSharedExperts, fl.Shared.Gate)
 		}
-		if c.Quantized() && len(c.WeightBlockSize) == 2 && c.WeightBlockSize[1] != c.WeightBlockSize[0] {
-			return nil, fmt.Errorf("layer %d: FP8 blocks %v: the GPU kernels take %dx%d", fl.Index, c.WeightBlockSize, kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)
+		// Stored as the CPU twin reads it (cpuref.FusedLayer.denseMLP);
+		// loadMLPBankOf refuses what the kernels cannot take.
+		wf, err := c.SharedFormat()
+		if err != nil {
+			return nil, fmt.Errorf("layer %d shared expert: %w", fl.Index, err)
 		}
-		wf, _ := c.Format() // Check refuses a contract without one; nil is unquantised
 		if err := g.addDense(src, *fl.Shared, fl.SharedGate, wf, c.Act(), in, y); err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", fl.Index, err)
 		}

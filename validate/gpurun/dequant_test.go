@@ -1,0 +1,202 @@
+package gpurun
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
+	"github.com/moeprep/moeprep/kernels"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/weightfmt"
+)
+
+// TestDecodedBanksMatchCPU: on the GPU, every weight of a 4-bit format as
+// the stager decodes it on the device is bit for bit the CPU's decode
+// (cpuref.LoadMatrix) rounded to bf16: SRC's per-expert MLPs through
+// loadMLPBankOf (gpt-oss's gate and up as strided views of its interleaved
+// rows; Kimi's BF16 shared expert as the plain weights it is) and DST's
+// stacks in every layout through LoadFusedBank (each expert's slice, and
+// each gate-up half, against SRC's expert). The decode chunk is a few rows,
+// so a weight spans several chunks and a chunk of a stack spans experts
+// (and NVFP4's per-expert global scales).
+func TestDecodedBanksMatchCPU(t *testing.T) {
+	specs := map[string]fixtures.SynthSpec{
+		"int4-g32": {Family: "kimi_k2", Layers: 2, DenseLayers: 1, Hidden: 96, Intermediate: 64, Experts: 5, SharedExperts: 1, TopK: 2,
+			RoutedScalingFactor: 2.5, DType: fixtures.DTypeInt4Pack, GroupSize: 32, Vocab: 64, Seed: 4101, BiasLike: "deepseek"},
+		"int4-channel": {Family: "qwen3_moe", Layers: 2, DenseLayers: 1, Hidden: 72, Intermediate: 24, Experts: 4, TopK: 2,
+			DType: fixtures.DTypeInt4Pack, Vocab: 64, Seed: 4102},
+		"mxfp4": {Family: "gpt_oss", Layers: 1, Hidden: 64, Intermediate: 96, Experts: 4, TopK: 2, DType: fixtures.DTypeMXFP4, Vocab: 64, Seed: 4103},
+		"nvfp4": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 48, Intermediate: 32, Experts: 6, SharedExperts: 1, TopK: 2,
+			NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: fixtures.DTypeNVFP4, Vocab: 64, Seed: 4104, BiasLike: "deepseek"},
+	}
+	dev := testGPU(t)
+	s, err := newStager(dev, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.free()
+	for name, spec := range specs {
+		t.Run(name, func(t *testing.T) {
+			src := filepath.Join(t.TempDir(), "src")
+			if _, err := fixtures.Write(context.Background(), src, spec, fixtures.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			ck, plan := cktest.OpenPlanned(t, src)
+			wf, err := plan.Format()
+			if err != nil {
+				t.Fatal(err)
+			}
+			layer := plan.Layers[0]
+			h, inter := plan.HiddenSize, plan.MoEIntermediateSize
+			s.dq.chunk = 3 * (weightfmt.Matrix{Format: wf, Rows: 1, Cols: int64(h)}).RowBytes()
+			// want[e] is SRC's expert e as the CPU decodes it: gate, up, down.
+			want := make([][3][]uint16, len(layer.Experts))
+			for e, m := range layer.Experts {
+				want[e] = cpuMLP(t, ck, m, h, inter, wf)
+				b, err := loadMLPBankOf(s, ck, m, h, inter, wf, plan.Act)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, mat := range []kernels.Mat{b.Gate, b.Up, b.Down} {
+					sameBits(t, "src expert", e, i, bankBF16(t, s, mat, 0, len(want[e][i])), want[e][i])
+				}
+				b.Free()
+			}
+			if layer.Shared != nil {
+				si := rowsOf(t, ck, layer.Shared.Gate)
+				shared := cpuMLP(t, ck, *layer.Shared, h, si, wf)
+				b, err := loadMLPBankOf(s, ck, *layer.Shared, h, si, wf, plan.Act)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, mat := range []kernels.Mat{b.Gate, b.Up, b.Down} {
+					sameBits(t, "src shared expert", 0, i, bankBF16(t, s, mat, 0, len(shared[i])), shared[i])
+				}
+				b.Free()
+			}
+			for _, l := range []layout.Layout{layout.Stacked, layout.GateUp, layout.UpGate} {
+				dst := filepath.Join(t.TempDir(), string(l))
+				if _, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: dst, Layout: l}); err != nil {
+					t.Fatal(err)
+				}
+				dck := cktest.Open(t, dst)
+				c, _, err := layout.ReadContract(dck.Config)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cf, err := c.Format()
+				if err != nil {
+					t.Fatal(err)
+				}
+				fl := &cpuref.FusedLayer{Index: layer.Index, Contract: c, Names: layout.NamesFor(l, layer.Prefix, cf)}
+				b, err := LoadFusedBank(s, dck, fl)
+				if err != nil {
+					t.Fatal(err)
+				}
+				gn := inter * h
+				for e := range want {
+					var gate, up []uint16
+					if l.Fused() {
+						gate, up = bankBF16(t, s, b.GateUp, 2*e*gn, gn), bankBF16(t, s, b.GateUp, (2*e+1)*gn, gn)
+						if b.UpFirst {
+							gate, up = up, gate
+						}
+					} else {
+						gate, up = bankBF16(t, s, b.Gate, e*gn, gn), bankBF16(t, s, b.Up, e*gn, gn)
+					}
+					for i, got := range [][]uint16{gate, up, bankBF16(t, s, b.Down, e*gn, gn)} {
+						sameBits(t, string(l)+" dst expert", e, i, got, want[e][i])
+					}
+				}
+				b.Free()
+			}
+		})
+	}
+}
+
+// testGPU opens GPU 0, or skips without a driver or a GPU.
+func testGPU(t *testing.T) *cuda.Device {
+	t.Helper()
+	dev, err := cuda.Open(0)
+	if errors.Is(err, cuda.ErrNoDriver) || errors.Is(err, cuda.ErrNoDevice) {
+		t.Skipf("no GPU: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	return dev
+}
+
+// rowsOf is the rows of 2-D tensor name.
+func rowsOf(t *testing.T, src cpuref.TensorSource, name string) int {
+	t.Helper()
+	tt, ok := src.Tensor(name)
+	if !ok || len(tt.Shape) != 2 {
+		t.Fatalf("tensor %s missing or not 2-D", name)
+	}
+	return int(tt.Shape[0])
+}
+
+// cpuMLP is MLP m (gate, up [inter, h], down [h, inter]) as the CPU
+// reference decodes it (cpuref.LoadMatrix), rounded to bf16.
+func cpuMLP(t *testing.T, src cpuref.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format) [3][]uint16 {
+	t.Helper()
+	var out [3][]uint16
+	for i, r := range []cpuref.MatrixRef{
+		{Name: m.Gate, Index: -1, Rows: inter, Cols: h, Scale: m.GateScale, Format: wf, Global: m.GateGlobal},
+		{Name: m.Up, Index: -1, Rows: inter, Cols: h, Scale: m.UpScale, Format: wf, Global: m.UpGlobal},
+		{Name: m.Down, Index: -1, Rows: h, Cols: inter, Scale: m.DownScale, Format: wf, Global: m.DownGlobal},
+	} {
+		f, err := cpuref.LoadMatrix(src, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[i] = make([]uint16, len(f))
+		for j, v := range f {
+			out[i][j] = numfmt.F32ToBF16(v)
+		}
+	}
+	return out
+}
+
+// bankBF16 reads n bf16 values of m from element off once s's stream has
+// run.
+func bankBF16(t *testing.T, s *Stager, m kernels.Mat, off, n int) []uint16 {
+	t.Helper()
+	if m.DType != kernels.MatBF16 || off+n > m.Len {
+		t.Fatalf("bank weight %v of %d elements: want bf16 elements [%d, %d)", m.DType, m.Len, off, off+n)
+	}
+	if err := s.wait(); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 2*n)
+	if err := s.dev.Do(func(c *cuda.Ctx) error { return c.CopyDtoH(b, m.Ptr.Add(2*off)) }); err != nil {
+		t.Fatal(err)
+	}
+	v := make([]uint16, n)
+	for i := range v {
+		v[i] = binary.LittleEndian.Uint16(b[2*i:])
+	}
+	return v
+}
+
+// sameBits fails t where got differs from want (projection i: gate, up,
+// down of expert e).
+func sameBits(t *testing.T, what string, e, i int, got, want []uint16) {
+	t.Helper()
+	for j := range want {
+		if got[j] != want[j] {
+			t.Fatalf("%s %d %s [%d]: device 0x%04x, CPU 0x%04x", what, e, [3]string{"gate", "up", "down"}[i], j, got[j], want[j])
+		}
+	}
+}
