@@ -3,6 +3,7 @@ package weightfmt
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -154,4 +155,21 @@ func (f int4Pack) Dequantise(raw []byte, rows, cols int, scale []byte, dst []flo
 		}
 	}
 	return nil
+}
+
+// RequantRule is compressed-tensors' symmetric INT4 rule (requant.go):
+// scale = amax / 7.5 per group, codes in [-8, 7].
+func (f int4Pack) RequantRule() RequantRule {
+	return RequantRule{Name: "absmax-int4", Divisor: 7.5, Lo: -8, Hi: 7, MinScale: MinRequantScale, Rounding: RoundingNearestEven}
+}
+
+// encodeRow packs the row's codes, u = q + 8, eight to a word, the last
+// partial word padded with u = 0 as pack_to_int32 pads.
+func (f int4Pack) encodeRow(vals, scales []float32, bc int, dst []byte) {
+	clear(dst)
+	for c, v := range vals {
+		q := math.RoundToEven(float64(clamp32(v/scales[c/bc], -8, 7)))
+		w := dst[4*(c/8):]
+		binary.LittleEndian.PutUint32(w, binary.LittleEndian.Uint32(w)|uint32(int32(q)+8)<<(4*(c%8)))
+	}
 }
