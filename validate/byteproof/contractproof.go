@@ -63,9 +63,13 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		if scaleDType, sharedQ, sharedDT, why = srcInt4Tensors(src, plan); why != "" {
 			return refuse("scale_dtype", c.ScaleDType, why)
 		}
-		if c.NumFusedSharedExperts > 0 {
-			sharedQ, sharedDT = "", "" // fused shared experts are stored like the routed ones
-		}
+	}
+	// A plain shared expert beside quantised routed experts is fused only
+	// requantised (--requantize-shared), by the routed format's rule.
+	var requant *layout.Requantization
+	if sharedQ == string(family.QuantNone) && c.NumFusedSharedExperts > 0 {
+		requant = srcRequantization(quant, sharedDT, plan.ScaleFmt == "ue8m0")
+		sharedQ, sharedDT = "", "" // fused shared experts are stored like the routed ones
 	}
 	nv := plan.Quantization == family.QuantNVFP4
 	var nvBlock []int64
@@ -123,6 +127,10 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("shared_quantization", orAbsent(c.SharedQuantization), orAbsent(sharedQ), "SRC's shared expert tensors")
 	case c.SharedWeightDType != sharedDT:
 		return bad("shared_weight_dtype", orAbsent(c.SharedWeightDType), orAbsent(sharedDT), "SRC's shared expert tensors")
+	case requant == nil && c.SharedRequantized != nil:
+		return bad("shared_requantized", c.SharedRequantized, shown("absent"), "SRC's shared expert, stored like the routed experts or not fused,")
+	case requant != nil && (c.SharedRequantized == nil || *c.SharedRequantized != *requant):
+		return bad("shared_requantized", orAbsent(c.SharedRequantized), requant, "SRC's plain shared expert fused into "+quant+" slots")
 	case !fp8 && !perRow && !int4 && !nv && !mx && len(c.WeightBlockSize) != 0:
 		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's unquantized experts")
 	case perRow && len(c.WeightBlockSize) != 0:
@@ -329,6 +337,11 @@ func foldsRSF(src *checkpoint.Checkpoint, plan *family.Plan, mode string) bool {
 		dt, why := srcScaleDType(src, plan)
 		return why == "" && (dt == string(safetensors.F32) || mode == layout.FoldDown)
 	}
+	if plan.Quantization == family.QuantInt4Pack {
+		// The same, into the routed experts' weight_scale.
+		dt, _, _, why := srcInt4Tensors(src, plan)
+		return why == "" && (dt == string(safetensors.F32) || mode == layout.FoldDown)
+	}
 	if plan.Quantization == family.QuantFP8Block {
 		if plan.ScaleFmt == "ue8m0" {
 			return false
@@ -519,6 +532,26 @@ func srcInt4Tensors(src *checkpoint.Checkpoint, plan *family.Plan) (scale, share
 		return "", "", "", "SRC has no expert scale tensors"
 	}
 	return scale, sharedQ, sharedDT, ""
+}
+
+// srcRequantization is the shared_requantized record of a plain shared
+// expert of dtype dt quantised into quantization q, written out here from
+// the producers' rules (compressed-tensors' symmetric scales: amax over
+// half the code range, 15/2 for INT4 and 896/2 for E4M3, at least float32's
+// epsilon; DeepSeek's FP8 blocks the same, powers of two rounded up for
+// UE8M0), not from weightfmt's table; nil for a format with no rule.
+func srcRequantization(q, dt string, ue8m0 bool) *layout.Requantization {
+	r := &layout.Requantization{SourceDType: dt, Quantization: q, MinScale: 0x1p-23, Rounding: "nearest-even"}
+	switch q {
+	case string(family.QuantInt4Pack):
+		r.Rule, r.ScaleDivisor, r.CodeRange = "absmax-int4", 7.5, [2]float64{-8, 7}
+	case string(family.QuantFP8Block), string(family.QuantFP8Channel), string(family.QuantFP8Tensor):
+		r.Rule, r.ScaleDivisor, r.CodeRange = "absmax-e4m3", 448, [2]float64{-448, 448}
+		r.ScalePowerOfTwo = ue8m0 && q == string(family.QuantFP8Block)
+	default:
+		return nil
+	}
+	return r
 }
 
 // srcNVFP4 derives an NVFP4 contract's weight_block_size from SRC's own
