@@ -16,17 +16,36 @@ import (
 )
 
 // fuse-shared --requantize-shared (issue 29): a BF16 shared expert beside
-// INT4 routed experts is quantised into INT4 by compressed-tensors' rule.
-// Every conversion passes validate on the CPU: the fused path exact against
+// INT4 routed experts is quantised into INT4 by compressed-tensors' rule,
+// beside FP8 per-channel or per-tensor ones into E4M3 (amax/448). Every
+// conversion passes validate on the CPU: the fused path exact against
 // a reference whose shared expert is requantised the same way, the error
 // requantisation adds reported against the BF16 shared expert within its
 // derived bound, the requantised bytes proven equal to a recomputation from
 // SRC; each mutation of a requantised scale or code fails it.
 
-// wantRequant is the contract record of a BF16 shared expert requantised
-// into INT4.
-var wantRequant = layout.Requantization{SourceDType: "BF16", Quantization: weightfmt.QuantInt4Pack, Rule: "absmax-int4",
-	ScaleDivisor: 7.5, MinScale: 0x1p-23, CodeRange: [2]float64{-8, 7}, Rounding: "nearest-even"}
+// requantCase is a requantSpecs checkpoint and what its fused contract
+// must say: the routed format and the requantisation record.
+type requantCase struct {
+	fixture string
+	format  quantContract
+	record  layout.Requantization
+}
+
+func requantCases() []requantCase {
+	int4 := layout.Requantization{SourceDType: "BF16", Quantization: weightfmt.QuantInt4Pack, Rule: "absmax-int4",
+		ScaleDivisor: 7.5, MinScale: 0x1p-23, CodeRange: [2]float64{-8, 7}, Rounding: "nearest-even"}
+	e4m3 := func(q string) layout.Requantization {
+		return layout.Requantization{SourceDType: "BF16", Quantization: q, Rule: "absmax-e4m3",
+			ScaleDivisor: 448, MinScale: 0x1p-23, CodeRange: [2]float64{-448, 448}, Rounding: "nearest-even"}
+	}
+	return []requantCase{
+		{"kimi-g32", quantContract{weightfmt.QuantInt4Pack, "I32", "BF16", []int64{1, 32}}, int4},
+		{"deepseek-v3-g16", quantContract{weightfmt.QuantInt4Pack, "I32", "BF16", []int64{1, 16}}, int4},
+		{"deepseek-v3-channel", quantContract{weightfmt.QuantFP8Channel, "F8_E4M3", "BF16", nil}, e4m3(weightfmt.QuantFP8Channel)},
+		{"kimi-tensor", quantContract{weightfmt.QuantFP8Tensor, "F8_E4M3", "F32", nil}, e4m3(weightfmt.QuantFP8Tensor)},
+	}
+}
 
 func requantRuns() []convert.Options {
 	fuse := func(o convert.Options) convert.Options {
@@ -41,28 +60,35 @@ func requantRuns() []convert.Options {
 }
 
 func TestRequantSharedValidates(t *testing.T) {
-	for _, name := range []string{"kimi-g32", "deepseek-v3-g16"} {
-		t.Run(name, func(t *testing.T) {
-			spec := int4Specs()[name]
-			src := synthFrom(t, int4Specs(), name)
+	for _, rc := range requantCases() {
+		t.Run(rc.fixture, func(t *testing.T) {
+			spec := requantSpecs()[rc.fixture]
+			src := synthFrom(t, requantSpecs(), rc.fixture)
 			reps := conversionsPass(t, src, DeviceCPU, requantRuns(), func(o convert.Options, c *layout.Contract) {
-				quantContract{weightfmt.QuantInt4Pack, "I32", "BF16", []int64{1, int64(spec.GroupSize)}}.check(t, o, c)
-				if c.SharedRequantized == nil || *c.SharedRequantized != wantRequant {
-					t.Errorf("%+v: shared_requantized %+v, want %+v", o, c.SharedRequantized, wantRequant)
+				rc.format.check(t, o, c)
+				if c.SharedRequantized == nil || *c.SharedRequantized != rc.record {
+					t.Errorf("%+v: shared_requantized %+v, want %+v", o, c.SharedRequantized, rc.record)
 				}
 				if c.SharedQuantization != "" || c.SharedWeightDType != "" {
 					t.Errorf("%+v: fused shared slots recorded as stored apart (%q %q)", o, c.SharedQuantization, c.SharedWeightDType)
 				}
-				if want := o.FoldScaling == layout.FoldDown; c.RoutedScalingFactorFolded != want {
-					t.Errorf("%+v: routed_scaling_factor_folded %v, want %v", o, c.RoutedScalingFactorFolded, want)
+				folds := o.FoldScaling == layout.FoldDown || o.FoldScaling == "" && rc.format.scaleDType == "F32"
+				if c.RoutedScalingFactorFolded != folds {
+					t.Errorf("%+v: routed_scaling_factor_folded %v, want %v", o, c.RoutedScalingFactorFolded, folds)
 				}
 				if c.NumFusedSharedExperts != c.SharedReplicas*spec.SharedExperts {
 					t.Errorf("%+v: %d fused shared experts", o, c.NumFusedSharedExperts)
 				}
 			})
 			for i, rep := range reps {
-				checkRequantRows(t, requantRuns()[i], rep)
+				checkRequantRows(t, requantRuns()[i], rc.record.Quantization, rep)
 			}
+			// convert leaves the shared expert as it is, and says so.
+			conversionsPass(t, src, DeviceCPU, []convert.Options{{Layout: layout.GateUp}}, func(o convert.Options, c *layout.Contract) {
+				if c.SharedQuantization != "none" || c.SharedWeightDType != "BF16" || c.SharedRequantized != nil {
+					t.Errorf("convert: shared_quantization %q shared_weight_dtype %q shared_requantized %+v", c.SharedQuantization, c.SharedWeightDType, c.SharedRequantized)
+				}
+			})
 		})
 	}
 }
@@ -71,7 +97,7 @@ func TestRequantSharedValidates(t *testing.T) {
 // reports a real error (INT4 moves the output by percents) within its
 // derived bound, the exact rows stay at the fp32 tolerance, and a note
 // sums it up.
-func checkRequantRows(t *testing.T, o convert.Options, rep *Report) {
+func checkRequantRows(t *testing.T, o convert.Options, quant string, rep *Report) {
 	t.Helper()
 	layers := map[int]bool{}
 	for _, r := range rep.Rows {
@@ -90,7 +116,7 @@ func checkRequantRows(t *testing.T, o convert.Options, rep *Report) {
 	if len(layers) != len(rep.LayersChecked) || len(layers) == 0 {
 		t.Errorf("%+v: requantized-vs-reference rows for layers %v, checked %v", o, layers, rep.LayersChecked)
 	}
-	if notes := strings.Join(rep.Notes, "\n"); !strings.Contains(notes, "requantised to int4_pack") || !strings.Contains(notes, "moves the layer output by rel_l2") {
+	if notes := strings.Join(rep.Notes, "\n"); !strings.Contains(notes, "requantised to "+quant) || !strings.Contains(notes, "moves the layer output by rel_l2") {
 		t.Errorf("%+v: no note on the requantisation: %q", o, rep.Notes)
 	}
 }
@@ -135,8 +161,18 @@ func TestRequantSharedMutationsFail(t *testing.T) {
 		{"the contract's requantisation record removed", "kimi-g32", stacked, func(t *testing.T, dst string) {
 			editContract(t, dst, func(c map[string]any) { delete(c, "shared_requantized") })
 		}},
+		{"an FP8 requantised shared code flipped", "deepseek-v3-channel", stacked, func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, weightfmt.FP8Channel("BF16")).Up, func(raw []byte, shape []int64) {
+				slice(raw, shape, 11)[30] ^= 0x08 // E = 10: slice 1 of the first replica
+			})
+		}},
+		{"an FP8 per-tensor requantised scale changed", "kimi-tensor", gateUp, func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, layout.NamesFor(layout.GateUp, prefix, weightfmt.FP8Tensor("F32")).DownScale, func(raw []byte, shape []int64) {
+				scaleF32(slice(raw, shape, 9), 1.01) // E = 9
+			})
+		}},
 	}
-	mutationsFail(t, int4Specs(), cases, DeviceCPU, []string{BytesOff, BytesAuto, BytesOnly})
+	mutationsFail(t, requantSpecs(), cases, DeviceCPU, []string{BytesOff, BytesAuto, BytesOnly})
 }
 
 // TestRequantSharedByteProof: the byte proof names the requantised tensor,
@@ -201,9 +237,12 @@ func TestRequantSharedRefusals(t *testing.T) {
 }
 
 // TestRequantSharedGPURefusal: the GPU does not judge a requantised shared
-// expert: --device cuda refuses it, auto runs on the CPU with a note.
+// expert, nor run a plain shared expert beside FP8 routed ones: --device
+// cuda refuses both, auto runs on the CPU with a note.
 func TestRequantSharedGPURefusal(t *testing.T) {
-	src := synthFrom(t, int4Specs(), "kimi-g32")
+	src := synthFrom(t, requantSpecs(), "deepseek-v3-channel")
 	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp, FuseShared: true, RequantizeShared: true})
-	cudaRefused(t, src, dst, "", "requantised from BF16 to int4_pack", "requantised from BF16 to int4_pack")
+	cudaRefused(t, src, dst, "", "requantised from BF16 to fp8_channel", "requantised from BF16 to fp8_channel")
+	dst = convertInto(t, src, convert.Options{Layout: layout.GateUp})
+	cudaRefused(t, src, dst, "", "the shared expert is stored unlike the routed experts", "stored unlike the routed experts")
 }

@@ -937,10 +937,6 @@ func (s *session) gpuRefusal() string {
 		}
 		fs = append(fs, f)
 	}
-	if s.contract != nil && s.contract.SharedRequantized != nil {
-		return fmt.Sprintf("DST's shared expert was requantised from %s to %s (shared_requantized), and the error that adds is judged against SRC's %s shared expert on the CPU only",
-			s.contract.SharedRequantized.SourceDType, s.contract.SharedRequantized.Quantization, s.contract.SharedRequantized.SourceDType)
-	}
 	for _, f := range fs {
 		if gpurun.DecodesOnDevice(f) && s.o.GPUPrecision != PrecisionBF16 {
 			sc, _ := f.Scale()
@@ -953,6 +949,14 @@ func (s *session) gpuRefusal() string {
 		sc, _ := f.Scale()
 		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU runs unquantised weights, FP8 128x128 blocks with F32 scales, and FP8 per-channel or per-tensor weights (decoded to bf16)",
 			f, f.Quantization(), sc.DType)
+	}
+	plainShared := s.srcPlan != nil && s.srcPlan.SharedQuantization != "" && (s.contract == nil || s.contract.SharedRequantized == nil)
+	if plainShared || s.contract != nil && s.contract.SharedQuantization != "" {
+		return "the shared expert is stored unlike the routed experts (plain beside quantised), and the GPU path runs one expert format"
+	}
+	if s.contract != nil && s.contract.SharedRequantized != nil {
+		return fmt.Sprintf("DST's shared expert was requantised from %s to %s (shared_requantized), and the error that adds is judged against SRC's %s shared expert on the CPU only",
+			s.contract.SharedRequantized.SourceDType, s.contract.SharedRequantized.Quantization, s.contract.SharedRequantized.SourceDType)
 	}
 	return ""
 }

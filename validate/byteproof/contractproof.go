@@ -44,23 +44,30 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 	block, blockErr := srcBlockSize(src.Config)
 	scaleDType, scaleErr := "", ""
 	perRow := plan.Quantization == family.QuantFP8Channel || plan.Quantization == family.QuantFP8Tensor
+	int4 := plan.Quantization == family.QuantInt4Pack
+	sharedQ, sharedDT := "", ""
+	if perRow || int4 {
+		// These formats' ignore lists may leave the shared expert plain.
+		var why string
+		if sharedQ, sharedDT, why = srcSharedStorage(src, plan); why != "" {
+			return refuse("shared_quantization", orAbsent(c.SharedQuantization), why)
+		}
+	}
 	if perRow {
 		if q, why := srcScaledQuant(src.Config); why != "" {
 			return refuse("quantization", c.Quantization, why)
 		} else if q != quant {
 			return bad("quantization", c.Quantization, q, "SRC's quantization_config")
 		}
-		scaleDType, scaleErr = srcScaleDType(src, plan)
+		scaleDType, scaleErr = srcScaleDType(src, plan, sharedQ == "")
 	}
-	int4 := plan.Quantization == family.QuantInt4Pack
 	var int4Block []int64
-	sharedQ, sharedDT := "", ""
 	if int4 {
 		var why string
 		if int4Block, why = srcInt4Block(src.Config); why != "" {
 			return refuse("weight_block_size", c.WeightBlockSize, why)
 		}
-		if scaleDType, sharedQ, sharedDT, why = srcInt4Tensors(src, plan); why != "" {
+		if scaleDType, why = srcScaleDType(src, plan, false); why != "" {
 			return refuse("scale_dtype", c.ScaleDType, why)
 		}
 	}
@@ -334,12 +341,12 @@ func foldsRSF(src *checkpoint.Checkpoint, plan *family.Plan, mode string) bool {
 	if plan.Quantization == family.QuantFP8Channel || plan.Quantization == family.QuantFP8Tensor {
 		// Into the scales: by default where they are F32, only when asked
 		// (down) where they are BF16 or F16.
-		dt, why := srcScaleDType(src, plan)
+		dt, why := srcScaleDType(src, plan, false)
 		return why == "" && (dt == string(safetensors.F32) || mode == layout.FoldDown)
 	}
 	if plan.Quantization == family.QuantInt4Pack {
 		// The same, into the routed experts' weight_scale.
-		dt, _, _, why := srcInt4Tensors(src, plan)
+		dt, why := srcScaleDType(src, plan, false)
 		return why == "" && (dt == string(safetensors.F32) || mode == layout.FoldDown)
 	}
 	if plan.Quantization == family.QuantFP8Block {
@@ -408,9 +415,10 @@ func srcScaledQuant(cfg map[string]any) (string, string) {
 }
 
 // srcScaleDType is the dtype of SRC's expert scale tensors (every routed
-// and shared expert's, which must be one), as convert records it; a
-// non-empty problem says why convert would have refused SRC.
-func srcScaleDType(src *checkpoint.Checkpoint, plan *family.Plan) (string, string) {
+// expert's, and the shared expert's where withShared: all one), as
+// convert records it; a non-empty problem says why convert would have
+// refused SRC.
+func srcScaleDType(src *checkpoint.Checkpoint, plan *family.Plan, withShared bool) (string, string) {
 	var dt safetensors.DType
 	var from string
 	check := func(m family.MLP) string {
@@ -433,7 +441,7 @@ func srcScaleDType(src *checkpoint.Checkpoint, plan *family.Plan) (string, strin
 				return "", why
 			}
 		}
-		if l.Shared != nil {
+		if l.Shared != nil && withShared {
 			if why := check(*l.Shared); why != "" {
 				return "", why
 			}
@@ -482,56 +490,39 @@ func srcInt4Block(cfg map[string]any) ([]int64, string) {
 	return out, ""
 }
 
-// srcInt4Tensors reads, from SRC's tensors, the dtype of the routed
-// experts' weight_scale tensors (all one) and how the shared expert is
-// stored: "" "" when packed like the routed experts, else "none" and the
-// dtype of its plain weights. A non-empty problem says why convert would
-// have refused SRC.
-func srcInt4Tensors(src *checkpoint.Checkpoint, plan *family.Plan) (scale, sharedQ, sharedDT, why string) {
-	var from string
+// srcSharedStorage reads, from SRC's tensors, how the shared expert is
+// stored: "" "" like the routed experts (weights of their dtype), else
+// "none" and the dtype of its plain weights, every projection and layer
+// alike. A non-empty problem says why convert would have refused SRC.
+func srcSharedStorage(src *checkpoint.Checkpoint, plan *family.Plan) (sharedQ, sharedDT, why string) {
+	seen := false
 	for _, l := range plan.Layers {
-		for _, e := range l.Experts {
-			for _, name := range []string{e.GateScale, e.UpScale, e.DownScale} {
-				t, ok := src.Tensor(name)
-				if !ok {
-					return "", "", "", fmt.Sprintf("SRC has no scale tensor %s", render(name))
-				}
-				if scale == "" {
-					scale, from = string(t.DType), name
-				} else if string(t.DType) != scale {
-					return "", "", "", fmt.Sprintf("SRC's scale %s is %s and %s is %s, so moeprep cannot have converted it", name, t.DType, from, scale)
-				}
-			}
-		}
 		if l.Shared == nil {
 			continue
 		}
 		var q, dt string
-		for _, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
+		for i, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
 			t, ok := src.Tensor(name)
 			if !ok {
-				return "", "", "", fmt.Sprintf("SRC has no shared expert tensor %s", render(name))
+				return "", "", fmt.Sprintf("SRC has no shared expert tensor %s", render(name))
 			}
 			tq, tdt := "", ""
-			if t.DType != safetensors.I32 {
+			if t.DType != plan.WeightDType {
 				tq, tdt = string(family.QuantNone), string(t.DType)
 			}
-			if q == "" && dt == "" {
+			if i == 0 {
 				q, dt = tq, tdt
 			} else if tq != q || tdt != dt {
-				return "", "", "", fmt.Sprintf("SRC's shared expert tensor %s is %s unlike its other projections", name, t.DType)
+				return "", "", fmt.Sprintf("SRC's shared expert tensor %s is %s unlike its other projections", name, t.DType)
 			}
 		}
-		if sharedQ == "" && sharedDT == "" {
-			sharedQ, sharedDT = q, dt
+		if !seen {
+			sharedQ, sharedDT, seen = q, dt, true
 		} else if q != sharedQ || dt != sharedDT {
-			return "", "", "", fmt.Sprintf("SRC's layer %d shared expert is stored unlike another layer's", l.Index)
+			return "", "", fmt.Sprintf("SRC's layer %d shared expert is stored unlike another layer's", l.Index)
 		}
 	}
-	if scale == "" {
-		return "", "", "", "SRC has no expert scale tensors"
-	}
-	return scale, sharedQ, sharedDT, ""
+	return sharedQ, sharedDT, ""
 }
 
 // srcRequantization is the shared_requantized record of a plain shared
