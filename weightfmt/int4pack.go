@@ -166,10 +166,12 @@ func (f int4Pack) RequantRule() RequantRule {
 // encodeRow packs the row's codes, u = q + 8, eight to a word, the last
 // partial word padded with u = 0 as pack_to_int32 pads.
 func (f int4Pack) encodeRow(vals, scales []float32, bc int, dst []byte) {
-	clear(dst)
-	for c, v := range vals {
-		q := math.RoundToEven(float64(clamp32(v/scales[c/bc], -8, 7)))
-		w := dst[4*(c/8):]
-		binary.LittleEndian.PutUint32(w, binary.LittleEndian.Uint32(w)|uint32(int32(q)+8)<<(4*(c%8)))
+	for j := 0; 8*j < len(vals); j++ {
+		var word uint32
+		for k, v := range vals[8*j : min(8*j+8, len(vals))] {
+			q := math.RoundToEven(float64(clamp32(v/scales[(8*j+k)/bc], -8, 7)))
+			word |= uint32(int32(q)+8) << (4 * k)
+		}
+		binary.LittleEndian.PutUint32(dst[4*j:], word)
 	}
 }

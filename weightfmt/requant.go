@@ -1,6 +1,7 @@
 package weightfmt
 
 import (
+	"container/list"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -153,12 +154,15 @@ func requantBand(bo, cols int64) int64 {
 // Requant quantises a plain [rows, cols] weight into a format on demand,
 // one band of rows at a time: Weight and Scale read the quantised tensors'
 // bytes as if stored, for any byte range, from the plain weight's bytes in
-// src. Memory is one band (its plain bytes, float32 values and quantised
-// bytes: a few MiB for a 128-row FP8 band of 7168 columns); the last band
-// computed is kept, so reading a tensor through regions of its rows (a
-// column block reads a piece of each row) quantises each band once. A
-// per-tensor scale needs the whole weight's amax: one pass over src
-// computes it, once. Safe for concurrent use.
+// src. A per-tensor scale needs the whole weight's amax: one pass over src
+// computes it, once. Bands computed are kept in one cache shared by every
+// Requant, bounded (requantCacheBytes), so that the reads of one region
+// that follow each other (a stack's R replicas of a shared slice, which
+// the shard writer reads one after the other; a column block read row by
+// row) quantise each band once. Memory is that cache plus the band being
+// computed (its plain bytes and float32 values: a few MiB for a 128-row
+// FP8 band of 7168 columns), whatever the weight's size and however many
+// weights there are. Safe for concurrent use.
 type Requant struct {
 	f    Requantiser
 	m    Matrix // the quantised weight: f, rows, cols
@@ -167,13 +171,9 @@ type Requant struct {
 	sd   safetensors.DType
 	band int64 // rows per band
 
-	mu     sync.Mutex
-	global float32 // per-tensor scale, once computed
+	mu     sync.Mutex // one computation at a time; guards global
+	global float32    // per-tensor scale, once computed
 	haveG  bool
-	cached int64 // the band held in w, s; -1 none
-	w, s   []byte
-	plain  []byte
-	vals   []float32
 }
 
 // NewRequant prepares the quantisation of the plain weight named name, of
@@ -197,7 +197,7 @@ func NewRequant(f Format, name string, src io.ReaderAt, sd safetensors.DType, ro
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 	}
-	return &Requant{f: r, m: m, name: name, src: src, sd: sd, band: requantBand(sc.Block[0], cols), cached: -1}, nil
+	return &Requant{f: r, m: m, name: name, src: src, sd: sd, band: requantBand(sc.Block[0], cols)}, nil
 }
 
 // Matrix is the quantised weight: its format and [rows, cols].
@@ -233,12 +233,11 @@ func (v requantView) ReadAt(p []byte, off int64) (int, error) {
 	q := v.q
 	size, per := q.m.Bytes(), q.band*q.m.RowBytes() // bytes a band holds
 	sc, _ := q.f.Scale()
-	perTensor := sc.Block[0] == 0
 	if v.scale {
 		size = q.m.ScaleBytes()
 		_, gc := q.m.ScaleShape()
 		per = q.band / max(sc.Block[0], 1) * gc * int64(sc.DType.Size())
-		if perTensor {
+		if sc.Block[0] == 0 { // per tensor: one entry, every band's
 			per = size
 		}
 	}
@@ -246,26 +245,15 @@ func (v requantView) ReadAt(p []byte, off int64) (int, error) {
 		return 0, fmt.Errorf("%s: requantised read at %d", q.name, off)
 	}
 	n := 0
-	q.mu.Lock()
-	defer q.mu.Unlock()
 	for n < len(p) && off < size {
 		b := off / per
-		if v.scale && perTensor {
-			if err := q.perTensor(); err != nil {
-				return n, err
-			}
-			one := make([]byte, size)
-			putValue(sc.DType, one, q.global)
-			c := copy(p[n:], one[off:])
-			n, off = n+c, off+int64(c)
-			continue
-		}
-		if err := q.compute(b); err != nil {
+		bd, err := q.get(b, !v.scale)
+		if err != nil {
 			return n, err
 		}
-		src := q.w
+		src := bd.w
 		if v.scale {
-			src = q.s
+			src = bd.s
 		}
 		c := copy(p[n:], src[off-b*per:])
 		n, off = n+c, off+int64(c)
@@ -276,16 +264,82 @@ func (v requantView) ReadAt(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-// readPlain reads rows [r0, r0+n) of the plain weight as float32 into
-// q.vals, refusing a non-finite value (no scale can hold it).
+// requantCacheBytes bounds the bands every Requant keeps, together: well
+// above one 4 MiB chunk of a shard (all a stack's replicas read before the
+// next chunk), far below a model's shared experts. A variable for tests.
+var requantCacheBytes int64 = 32 << 20
+
+// requantCache holds recently computed bands, least recently used evicted.
+var requantCache = struct {
+	sync.Mutex
+	m     map[bandKey]*list.Element // of *bandData
+	order list.List                 // most recent first
+	bytes int64
+}{m: map[bandKey]*list.Element{}}
+
+type bandKey struct {
+	q *Requant
+	b int64
+}
+
+// bandData is one quantised band: its weight bytes (nil when only its
+// scales were asked for) and its scale bytes. Never changed once cached.
+type bandData struct {
+	key  bandKey
+	w, s []byte
+}
+
+// get is band b, with its weight bytes where codes.
+func (q *Requant) get(b int64, codes bool) (*bandData, error) {
+	k := bandKey{q, b}
+	if bd := cachedBand(k); bd != nil && (bd.w != nil || !codes) {
+		return bd, nil
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if bd := cachedBand(k); bd != nil && (bd.w != nil || !codes) { // computed meanwhile
+		return bd, nil
+	}
+	bd, err := q.compute(b, codes)
+	if err != nil {
+		return nil, err
+	}
+	requantCache.Lock()
+	defer requantCache.Unlock()
+	if e, ok := requantCache.m[k]; ok {
+		old := e.Value.(*bandData)
+		requantCache.bytes -= int64(len(old.w) + len(old.s))
+		requantCache.order.Remove(e)
+	}
+	requantCache.m[k] = requantCache.order.PushFront(bd)
+	requantCache.bytes += int64(len(bd.w) + len(bd.s))
+	for requantCache.bytes > requantCacheBytes && requantCache.order.Len() > 1 {
+		last := requantCache.order.Back()
+		old := last.Value.(*bandData)
+		requantCache.order.Remove(last)
+		delete(requantCache.m, old.key)
+		requantCache.bytes -= int64(len(old.w) + len(old.s))
+	}
+	return bd, nil
+}
+
+// cachedBand is the cached band k, made the most recent; nil when none.
+func cachedBand(k bandKey) *bandData {
+	requantCache.Lock()
+	defer requantCache.Unlock()
+	e, ok := requantCache.m[k]
+	if !ok {
+		return nil
+	}
+	requantCache.order.MoveToFront(e)
+	return e.Value.(*bandData)
+}
+
+// readPlain reads rows [r0, r0+n) of the plain weight as float32,
+// refusing a non-finite value (no scale can hold it).
 func (q *Requant) readPlain(r0, n int64) ([]float32, error) {
 	cols, es := q.m.Cols, int64(q.sd.Size())
-	need := n * cols
-	if int64(cap(q.plain)) < need*es {
-		q.plain = make([]byte, need*es)
-		q.vals = make([]float32, need)
-	}
-	raw, vals := q.plain[:need*es], q.vals[:need]
+	raw, vals := make([]byte, n*cols*es), make([]float32, n*cols)
 	if got, err := q.src.ReadAt(raw, r0*cols*es); got != len(raw) {
 		if err == nil || err == io.EOF {
 			err = io.ErrUnexpectedEOF
@@ -303,7 +357,8 @@ func (q *Requant) readPlain(r0, n int64) ([]float32, error) {
 	return vals, nil
 }
 
-// perTensor computes the per-tensor scale from the whole weight, once.
+// perTensor computes the per-tensor scale from the whole weight, once
+// (q.mu held).
 func (q *Requant) perTensor() error {
 	if q.haveG {
 		return nil
@@ -327,44 +382,36 @@ func (q *Requant) perTensor() error {
 	return nil
 }
 
-// compute quantises band b into q.w and q.s (unless it is the band held).
-func (q *Requant) compute(b int64) error {
-	if q.cached == b {
-		return nil
-	}
-	q.cached = -1
+// compute quantises band b: its scales, and its codes where codes (q.mu
+// held).
+func (q *Requant) compute(b int64, codes bool) (*bandData, error) {
 	sc, _ := q.f.Scale()
 	if sc.Block[0] == 0 {
 		if err := q.perTensor(); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	r0 := b * q.band
 	n := min(q.band, q.m.Rows-r0)
 	vals, err := q.readPlain(r0, n)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	piece := Matrix{Format: q.f, Rows: n, Cols: q.m.Cols}
-	q.w = growBytes(q.w, piece.Bytes())
-	q.s = growBytes(q.s, piece.ScaleBytes())
-	if err := quantiseRows(q.f, vals, n, q.m.Cols, q.global, q.w, q.s); err != nil {
-		return fmt.Errorf("%s: rows %d..%d: %w", q.name, r0, r0+n, err)
+	bd := &bandData{key: bandKey{q, b}, s: make([]byte, piece.ScaleBytes())}
+	if codes {
+		bd.w = make([]byte, piece.Bytes())
 	}
-	q.cached = b
-	return nil
-}
-
-func growBytes(b []byte, n int64) []byte {
-	if int64(cap(b)) < n {
-		return make([]byte, n)
+	if err := quantiseRows(q.f, vals, n, q.m.Cols, q.global, bd.w, bd.s); err != nil {
+		return nil, fmt.Errorf("%s: rows %d..%d: %w", q.name, r0, r0+n, err)
 	}
-	return b[:n]
+	return bd, nil
 }
 
 // quantiseRows quantises rows [n, cols] of values (a band starting on a
-// grid row of the scale) into w (their stored bytes) and s (their grid
-// rows; for a per-tensor scale, global is the scale and s holds it).
+// grid row of the scale) into w (their stored bytes; nil: scales only) and
+// s (their grid rows; for a per-tensor scale, global is the scale and s
+// holds it).
 func quantiseRows(f Requantiser, vals []float32, n, cols int64, global float32, w, s []byte) error {
 	sc, _ := f.Scale()
 	rule := f.RequantRule()
@@ -402,7 +449,7 @@ func quantiseRows(f Requantiser, vals []float32, n, cols int64, global float32, 
 				putValue(sc.DType, s[off:], scales[j])
 			}
 		}
-		for r := g0; r < g1; r++ {
+		for r := g0; r < g1 && w != nil; r++ {
 			f.encodeRow(vals[r*cols:(r+1)*cols], scales, int(bc), w[r*rowBytes:(r+1)*rowBytes])
 		}
 	}

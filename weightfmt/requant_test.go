@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
@@ -361,5 +362,68 @@ func TestRequantRefusals(t *testing.T) {
 				t.Fatalf("got %v, want an error saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r bytesReader
+	n atomic.Int64
+}
+
+func (c *countingReader) ReadAt(p []byte, off int64) (int, error) {
+	c.n.Add(int64(len(p)))
+	return c.r.ReadAt(p, off)
+}
+
+// TestRequantCache: reading a weight again (a stack's next replica) reads
+// no source byte while its bands are cached; the cache stays within its
+// bound when a weight is larger than it, and what is evicted is computed
+// again to the same bytes.
+func TestRequantCache(t *testing.T) {
+	rng := rand.New(rand.NewPCG(29, 5))
+	for _, tc := range []struct {
+		f          Format
+		rows, cols int64
+		limit      int64
+	}{
+		{Int4Pack(32, bf16), 64, 256, 1 << 20},
+		{FP8Block(128, 128, false), 300, 200, 1 << 20},
+		{Int4Pack(32, bf16), 600, 256, 16 << 10}, // 75 kB of codes through a 16 kB cache
+		{FP8Channel(bf16), 900, 100, 8 << 10},
+	} {
+		old := requantCacheBytes
+		requantCacheBytes = tc.limit
+		vals := plainValues(rng, tc.rows*tc.cols)
+		want, wantS, err := Requantise(tc.f, vals, tc.rows, tc.cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src := &countingReader{r: bytesReader(bf16Bytes(vals))}
+		q, err := NewRequant(tc.f, "x.weight", src, bf16, tc.rows, tc.cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for round := range 3 {
+			before := src.n.Load()
+			w, s, err := q.Bytes()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(w) != string(want) || string(s) != string(wantS) {
+				t.Fatalf("%s: round %d differs", tc.f, round)
+			}
+			fits := int64(len(want)+len(wantS)) <= tc.limit
+			if read := src.n.Load() - before; round > 0 && fits && read != 0 {
+				t.Errorf("%s: round %d read %d source bytes again with every band cached", tc.f, round, read)
+			}
+			requantCache.Lock()
+			over := requantCache.bytes > tc.limit && requantCache.order.Len() > 1
+			requantCache.Unlock()
+			if over {
+				t.Errorf("%s: the cache holds %d bytes, over its %d", tc.f, requantCache.bytes, tc.limit)
+			}
+		}
+		requantCacheBytes = old
 	}
 }

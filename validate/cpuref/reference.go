@@ -212,24 +212,30 @@ func addRequantShared(ctx context.Context, src TensorSource, plan *family.Plan, 
 		return 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Index, err)
 	}
 	defer q.release()
-	p, err := loadSourceMLP(src, *layer.Shared, inter, plan.HiddenSize, f, plan.Act)
-	if err != nil {
-		return 0, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
-	}
-	werr := 0.0
-	for i, w := range [][2][]float32{{q.gate, p.gate}, {q.up, p.up}, {q.down, p.down}} {
+	// Each projection as SRC stores it, one at a time beside the
+	// requantised MLP.
+	h, werr := plan.HiddenSize, 0.0
+	for _, pr := range []struct {
+		name       string
+		rows, cols int
+		got        []float32
+	}{{layer.Shared.Gate, inter, h, q.gate}, {layer.Shared.Up, inter, h, q.up}, {layer.Shared.Down, h, inter, q.down}} {
+		w, err := LoadMatrix(src, MatrixRef{Name: pr.name, Index: -1, Rows: pr.rows, Cols: pr.cols})
+		if err != nil {
+			return 0, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
+		}
 		var d, n float64
-		for j, v := range w[1] {
-			d += (float64(w[0][j]) - float64(v)) * (float64(w[0][j]) - float64(v))
+		for j, v := range w {
+			d += (float64(pr.got[j]) - float64(v)) * (float64(pr.got[j]) - float64(v))
 			n += float64(v) * float64(v)
 		}
+		PutFloats(w)
 		if n == 0 && d > 0 {
-			return 0, fmt.Errorf("layer %d: requantised shared expert projection %d is not zero where the source's is", layer.Index, i)
+			return 0, fmt.Errorf("layer %d: requantised shared expert %s is not zero where the source's is", layer.Index, pr.name)
 		}
 		werr += d / max(n, math.SmallestNonzeroFloat64)
 	}
-	p.release()
-	return math.Sqrt(werr), addSharedMLP(ctx, q, layer, x, t, workers, w8a8, plan.HiddenSize, src, y64)
+	return math.Sqrt(werr), addSharedMLP(ctx, q, layer, x, t, workers, w8a8, h, src, y64)
 }
 
 // sharedInter is the plan's shared MLP's intermediate size (S*I when not stated).
