@@ -246,3 +246,21 @@ func TestRequantSharedGPURefusal(t *testing.T) {
 	dst = convertInto(t, src, convert.Options{Layout: layout.GateUp})
 	cudaRefused(t, src, dst, "", "the shared expert is stored unlike the routed experts", "stored unlike the routed experts")
 }
+
+// TestRequantSharedNonFiniteSource: a NaN put into SRC's shared expert
+// after fusing fails its layer with a non-finite row naming the tensor (exit
+// 1), as for any other weight, not an unusable input.
+func TestRequantSharedNonFiniteSource(t *testing.T) {
+	src := synthFrom(t, requantSpecs(), "kimi-g32")
+	dst := convertInto(t, src, convert.Options{Layout: layout.Stacked, FuseShared: true, RequantizeShared: true})
+	rewriteTensor(t, src, "model.layers.1.mlp.shared_experts.up_proj.weight", func(raw []byte, _ []int64) {
+		binary.LittleEndian.PutUint16(raw[2*5:], numfmt.F32ToBF16(float32(math.Inf(1))))
+	})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCPU, Bytes: BytesOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Failed() || len(rep.Rows) == 0 || rep.Rows[0].Check != judge.NonFinite || !strings.Contains(rep.Rows[0].Reason, "shared_experts.up_proj.weight") {
+		t.Fatalf("rows %+v", rep.Rows)
+	}
+}

@@ -144,13 +144,18 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 	var yq64, routedSum []float64 // the routed sum, then the requantised shared expert; the routed sum
 	var werr float64
 	if layer.Shared != nil && o.RequantShared != nil {
-		yq64, routedSum = slices.Clone(y64), slices.Clone(y64)
-		if werr, err = addRequantShared(ctx, src, plan, layer, x, t, workers, o.RequantShared, o.W8A8, yq64); err != nil {
+		routedSum = slices.Clone(y64)
+	}
+	if layer.Shared != nil {
+		// As stored first: a non-finite weight fails the layer here, by
+		// name, before requantising it could refuse it.
+		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, wf, o.W8A8, y64); err != nil {
 			return nil, err
 		}
 	}
-	if layer.Shared != nil {
-		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, wf, o.W8A8, y64); err != nil {
+	if routedSum != nil {
+		yq64 = slices.Clone(routedSum)
+		if werr, err = addRequantShared(ctx, src, plan, layer, x, t, workers, o.RequantShared, o.W8A8, yq64); err != nil {
 			return nil, err
 		}
 	}
