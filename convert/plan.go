@@ -70,8 +70,8 @@ type planner struct {
 	o  *Options
 	wf weightfmt.Format // how the expert weights are stored
 	// requant: the shared expert is quantised into wf (--requantize-shared);
-	// virtual holds the tensors that computes (checkpoint.Requantised), by
-	// name, beside the checkpoint's own (tensor).
+	// virtual holds, by name, the tensors that requantisation computes
+	// (checkpoint.Requantised), found beside the checkpoint's own (tensor).
 	requant bool
 	virtual map[string]*checkpoint.Tensor
 	fold    foldChoice

@@ -78,8 +78,9 @@ type Contract struct {
 	ScaleDType string `json:"scale_dtype,omitempty"`
 	// SharedQuantization and SharedWeightDType say how the shared expert,
 	// left unfused (convert), is stored where it differs from the routed
-	// experts: Kimi-K2's INT4 routed experts beside a BF16 shared expert
-	// ("none", "BF16"). Absent when it is stored like them.
+	// experts: Kimi-K2's INT4 (or FP8 per-channel or per-tensor) routed
+	// experts beside a BF16 shared expert ("none", "BF16"). Absent when it
+	// is stored like them.
 	// InputScales: the NVFP4 experts' static activation scales
 	// (input_scale) are stacked beside the weights (ExpertTensors'
 	// GateInput...), carried byte-exact and not read by validate.
