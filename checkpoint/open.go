@@ -15,6 +15,7 @@ import (
 	"github.com/moeprep/moeprep/internal/safeio"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/torchbin"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // Formats a checkpoint's weights can come in.
@@ -480,4 +481,31 @@ func (c *Checkpoint) SmallTensorBytes(name string, max int64) ([]byte, error) {
 		return nil, fmt.Errorf("%s: reading tensor %s: %w", t.File, name, err)
 	}
 	return b, nil
+}
+
+// Source finds tensors by name: a *Checkpoint, or what holds one.
+type Source interface {
+	Tensor(name string) (*Tensor, bool)
+}
+
+// RequantisedMLP is m, a plain MLP of src (fuse-shared --requantize-shared's
+// shared expert), with its gate, up and down weights quantised into format
+// f (Requantised): an MLP naming the computed weights and scales, each of
+// which add is handed.
+func RequantisedMLP(src Source, m family.MLP, f weightfmt.Format, add func(*Tensor)) (family.MLP, error) {
+	out := m
+	for _, pr := range []struct{ w, s *string }{{&out.Gate, &out.GateScale}, {&out.Up, &out.UpScale}, {&out.Down, &out.DownScale}} {
+		t, ok := src.Tensor(*pr.w)
+		if !ok {
+			return family.MLP{}, fmt.Errorf("shared expert tensor %s is missing", *pr.w)
+		}
+		w, s, err := Requantised(t, f)
+		if err != nil {
+			return family.MLP{}, err
+		}
+		add(w)
+		add(s)
+		*pr.w, *pr.s = w.Name, s.Name
+	}
+	return out, nil
 }

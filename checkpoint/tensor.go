@@ -8,6 +8,7 @@ import (
 	"io"
 
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // Tensor is one named tensor of a checkpoint. Data yields exactly NumBytes()
@@ -57,3 +58,29 @@ func (t *Tensor) ReadAll() ([]byte, error) {
 	}
 	return b, nil
 }
+
+// Requantised is t, a plain 2-D weight (BF16, F16 or F32), quantised into
+// format f by the format's own rule (weightfmt.Requant): two tensors that
+// hold no bytes of their own, the quantised weight and its scale grid,
+// whose Data computes them from t's bytes band by band on each read. They
+// are named after f's tensors for t, marked "requantised ", and keep t's
+// file for ordering and errors.
+func Requantised(t *Tensor, f weightfmt.Format) (weight, scale *Tensor, err error) {
+	if len(t.Shape) != 2 {
+		return nil, nil, fmt.Errorf("%s: tensor %s has shape %v: only a 2-D weight is requantised", t.File, t.Name, t.Shape)
+	}
+	q, err := weightfmt.NewRequant(f, t.Name, t.Data, t.DType, t.Shape[0], t.Shape[1])
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", t.File, err)
+	}
+	m := q.Matrix()
+	names := weightfmt.TensorsOf(f, t.Name)
+	sc, _ := f.Scale()
+	gr, gc := m.ScaleShape()
+	weight = &Tensor{Name: RequantisedPrefix + names.Weight, DType: f.DType(), Shape: m.Shape(), File: t.File, Data: q.Weight()}
+	scale = &Tensor{Name: RequantisedPrefix + names.Scale, DType: sc.DType, Shape: []int64{gr, gc}, File: t.File, Data: q.Scale()}
+	return weight, scale, nil
+}
+
+// RequantisedPrefix marks the names of Requantised's tensors.
+const RequantisedPrefix = "requantised "

@@ -228,7 +228,8 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 	}
 	sum := &Summary{Dst: w.dst, Layout: string(w.o.Layout), Files: len(files) + 1, Shards: len(w.op.shards),
 		ReusedShards: int(w.reused.Load()), Folded: w.op.contract.RoutedScalingFactorFolded,
-		FoldMaxRelChange: w.op.contract.FoldMaxRelChange, FusedShared: w.op.contract.NumFusedSharedExperts}
+		FoldMaxRelChange: w.op.contract.FoldMaxRelChange, FusedShared: w.op.contract.NumFusedSharedExperts,
+		SharedRequantized: requantizedInto(w.op.contract)}
 	for _, fi := range files {
 		sum.Bytes += fi.Size
 	}

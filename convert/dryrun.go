@@ -20,13 +20,16 @@ type Plan struct {
 	Layout  string `json:"layout"`
 	Tensors int    `json:"tensors"` // output tensors
 	// MoELayers is the number of MoE layers whose experts are stacked.
-	MoELayers   int         `json:"moe_layers"`
-	FusedShared int         `json:"num_fused_shared_experts"`
-	Folded      bool        `json:"routed_scaling_factor_folded"`
-	Shards      []PlanShard `json:"shards"`
-	CopiedFiles int         `json:"copied_files"`
-	ReadBytes   int64       `json:"read_bytes"`  // from SRC: every tensor once, every copied file
-	WriteBytes  int64       `json:"write_bytes"` // shards and copies (the index, config and manifest are a few MB more)
+	MoELayers   int  `json:"moe_layers"`
+	FusedShared int  `json:"num_fused_shared_experts"`
+	Folded      bool `json:"routed_scaling_factor_folded"`
+	// SharedRequantized is the format the shared expert is requantised
+	// into (--requantize-shared); "" when it is not.
+	SharedRequantized string      `json:"shared_requantized,omitempty"`
+	Shards            []PlanShard `json:"shards"`
+	CopiedFiles       int         `json:"copied_files"`
+	ReadBytes         int64       `json:"read_bytes"`  // from SRC: every tensor once, every copied file
+	WriteBytes        int64       `json:"write_bytes"` // shards and copies (the index, config and manifest are a few MB more)
 	// FreeBytes is the space available on DST's file system, -1 unknown.
 	FreeBytes int64 `json:"free_bytes"`
 	Fits      bool  `json:"fits"`
@@ -64,7 +67,7 @@ func DryRun(ctx context.Context, o Options) (*Plan, error) {
 	}
 	p := &Plan{Src: w.src, Dst: w.dst, Layout: string(o.Layout), MoELayers: len(w.op.contract.Layers),
 		FusedShared: w.op.contract.NumFusedSharedExperts, Folded: w.op.contract.RoutedScalingFactorFolded,
-		Tensors: len(w.op.tensors), CopiedFiles: len(w.others)}
+		SharedRequantized: requantizedInto(w.op.contract), Tensors: len(w.op.tensors), CopiedFiles: len(w.others)}
 	for _, s := range w.op.shards {
 		p.Shards = append(p.Shards, PlanShard{Name: s.name, Bytes: s.size, Tensors: len(s.tensors)})
 		p.WriteBytes += s.size

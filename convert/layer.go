@@ -28,7 +28,7 @@ func (p *planner) get(name, what string, dtype safetensors.DType, shape ...int64
 	if name == "" {
 		return nil, fmt.Errorf("%s: %s: no tensor name in the family plan", p.ck.Dir, what)
 	}
-	t, ok := p.ck.Tensor(name)
+	t, ok := p.tensor(name)
 	if !ok {
 		return nil, fmt.Errorf("%s: %s: tensor %s is missing", p.ck.Dir, what, name)
 	}
@@ -90,8 +90,15 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 	if p.o.FuseShared {
 		S := int64(fp.NumSharedExperts)
 		slices := make([]mlpParts, S)
+		shared := *l.Shared
+		if p.requant {
+			var err error
+			if shared, err = p.requantMLP(shared); err != nil {
+				return nil, nil, err
+			}
+		}
 		for s := int64(0); s < S; s++ {
-			sp, err := p.sharedSlice(*l.Shared, where+" shared expert", I, H, S, s)
+			sp, err := p.sharedSlice(shared, where+" shared expert", I, H, S, s)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -206,16 +213,16 @@ func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64) (mlpP
 	if err != nil || S == 1 {
 		return full, err
 	}
-	g, _ := p.ck.Tensor(m.Gate)
-	u, _ := p.ck.Tensor(m.Up)
-	d, _ := p.ck.Tensor(m.Down)
+	g, _ := p.tensor(m.Gate)
+	u, _ := p.tensor(m.Up)
+	d, _ := p.tensor(m.Down)
 	rows := weightfmt.Matrix{Format: p.wf, Rows: S * I, Cols: H}.RowBlock(s*I, I)
 	cols := weightfmt.Matrix{Format: p.wf, Rows: H, Cols: S * I}.ColBlock(s*I, I)
 	sp := mlpParts{gate: piece(g, rows.Weight), up: piece(u, rows.Weight), down: piece(d, cols.Weight)}
 	if _, scaled := p.wf.Scale(); scaled {
-		gs, _ := p.ck.Tensor(m.GateScale)
-		us, _ := p.ck.Tensor(m.UpScale)
-		ds, _ := p.ck.Tensor(m.DownScale)
+		gs, _ := p.tensor(m.GateScale)
+		us, _ := p.tensor(m.UpScale)
+		ds, _ := p.tensor(m.DownScale)
 		sp.gateScale, sp.upScale, sp.downScale = piece(gs, rows.Scale), piece(us, rows.Scale), piece(ds, cols.Scale)
 	}
 	// A slice keeps the whole weight's per-tensor scales.

@@ -35,6 +35,11 @@ type Options struct {
 	TP          int    // tensor-parallel size the output is prepared for (0 means 1)
 	Replicas    int    // R, shared replicas (0 means TP)
 	FoldScaling string // auto, down or none; "" means auto for fuse-shared, none for convert
+	// RequantizeShared (fuse-shared): where the shared expert is stored
+	// unlike the routed experts (Kimi-K2: BF16 beside INT4), quantise it
+	// into their format by the format's own rule (weightfmt/requant.go), so
+	// that its fused slots are stored like the rest of the stack.
+	RequantizeShared bool
 
 	MaxShardSize int64            // 0 means DefaultMaxShardSize
 	Jobs         int              // 0 means DefaultJobs
@@ -59,9 +64,21 @@ type Summary struct {
 	Folded           bool    `json:"routed_scaling_factor_folded"`
 	FoldMaxRelChange float64 `json:"fold_max_rel_change"`
 	FusedShared      int     `json:"num_fused_shared_experts"`
+	// SharedRequantized is the format the fused shared expert was
+	// requantised into (--requantize-shared); "" when it was not.
+	SharedRequantized string `json:"shared_requantized,omitempty"`
 	// AlreadyComplete: --resume found DST complete, every file matching its
 	// manifest and the contract this run would write; nothing was written.
 	AlreadyComplete bool `json:"already_complete"`
+}
+
+// requantizedInto is the format c's shared expert was requantised into, ""
+// when it was not.
+func requantizedInto(c *layout.Contract) string {
+	if c.SharedRequantized == nil {
+		return ""
+	}
+	return c.SharedRequantized.Quantization
 }
 
 // ParseSize reads a size such as "5GB", "500MB", "1.5GiB" or "123456" (bytes).
@@ -118,6 +135,9 @@ func (o *Options) norm() error {
 		if o.FuseShared {
 			o.FoldScaling = layout.FoldAuto
 		}
+	}
+	if o.RequantizeShared && !o.FuseShared {
+		return fmt.Errorf("--requantize-shared applies to fuse-shared only: convert leaves the shared expert as it is")
 	}
 	switch o.FoldScaling {
 	case layout.FoldAuto, layout.FoldDown, layout.FoldNone:

@@ -65,12 +65,17 @@ var shardMetadata = map[string]string{"format": "pt"}
 
 // planner builds an outPlan from an opened checkpoint and its family plan.
 type planner struct {
-	ck   *checkpoint.Checkpoint
-	fp   *family.Plan
-	o    *Options
-	wf   weightfmt.Format // how the expert weights are stored
-	fold foldChoice
-	st   *foldStats
+	ck *checkpoint.Checkpoint
+	fp *family.Plan
+	o  *Options
+	wf weightfmt.Format // how the expert weights are stored
+	// requant: the shared expert is quantised into wf (--requantize-shared);
+	// virtual holds, by name, the tensors that requantisation computes
+	// (checkpoint.Requantised), found beside the checkpoint's own (tensor).
+	requant bool
+	virtual map[string]*checkpoint.Tensor
+	fold    foldChoice
+	st      *foldStats
 }
 
 // foldChoice says which routed down tensors get multiplied by rsf: the
@@ -171,10 +176,8 @@ func (p *planner) checkFusable() error {
 	if fp.NumSharedExperts == 0 {
 		return fmt.Errorf("%s: %s (model_type %s) has no shared expert, so there is nothing to fuse; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
 	}
-	if fp.SharedQuantization != "" {
-		rf, _ := p.wf.Scale()
-		return fmt.Errorf("%s: routed experts %s (%s, %s scales), shared expert %s: fusing would requantise the shared expert and moeprep does not requantise yet; use moeprep convert instead",
-			p.ck.Dir, p.wf, p.wf.Quantization(), rf.DType, fp.SharedWeightDType)
+	if err := p.checkRequant(); err != nil {
+		return err
 	}
 	if fp.RoutedInputScaled {
 		return fmt.Errorf("%s: %s (model_type %s) scales the routed experts' input by the routing weight, and a fused shared slot would need the unscaled input in the same grouped GEMM; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
@@ -195,9 +198,57 @@ func (p *planner) checkFusable() error {
 	}
 	if S, I := int64(fp.NumSharedExperts), int64(fp.MoEIntermediateSize); S > 1 && !sliceable(p.wf, S, I, int64(fp.HiddenSize)) {
 		sc, _ := p.wf.Scale()
+		if p.requant {
+			return fmt.Errorf("%s: --requantize-shared: n_shared_experts %d with moe_intermediate_size %d, not a multiple of the %s scale block %dx%d: the requantised shared expert's down_proj scale groups along its %d-wide input would straddle the %d slices, so it cannot be split exactly",
+				p.ck.Dir, S, I, p.wf, sc.Block[0], sc.Block[1], S*I, S)
+		}
 		return fmt.Errorf("%s: n_shared_experts %d with moe_intermediate_size %d, not a multiple of the %s block %dx%d: the shared expert's scale blocks straddle the slices, so it cannot be split exactly", p.ck.Dir, S, I, p.wf, sc.Block[0], sc.Block[1])
 	}
 	return nil
+}
+
+// checkRequant decides whether fuse-shared requantises the shared expert:
+// only where it is stored unlike the routed experts (SharedQuantization)
+// and --requantize-shared asks, into a format that has a rule for it.
+func (p *planner) checkRequant() error {
+	fp := p.fp
+	rf, _ := p.wf.Scale()
+	switch {
+	case fp.SharedQuantization == "" && p.o.RequantizeShared:
+		return fmt.Errorf("%s: --requantize-shared: the shared expert is stored like the routed experts (%s, quantization %s), so there is nothing to requantise; leave the flag out",
+			p.ck.Dir, p.wf, p.wf.Quantization())
+	case fp.SharedQuantization == "":
+		return nil
+	case !p.o.RequantizeShared:
+		return fmt.Errorf("%s: routed experts %s (%s, %s scales), shared expert %s: fusing would requantise the shared expert; pass --requantize-shared to quantise it by the %s format's own rule (recorded in the contract; validate reports the error it adds), or use moeprep convert instead",
+			p.ck.Dir, p.wf, p.wf.Quantization(), rf.DType, fp.SharedWeightDType, p.wf)
+	}
+	if _, err := weightfmt.Requantisable(p.wf); err != nil {
+		return fmt.Errorf("%s: --requantize-shared: shared expert %s, routed experts %s: %v; use moeprep convert instead", p.ck.Dir, fp.SharedWeightDType, p.wf, err)
+	}
+	p.requant = true
+	return nil
+}
+
+// tensor finds a tensor of the checkpoint, or one the plan computes.
+func (p *planner) tensor(name string) (*checkpoint.Tensor, bool) {
+	if t, ok := p.virtual[name]; ok {
+		return t, true
+	}
+	return p.ck.Tensor(name)
+}
+
+// requantMLP is the shared expert m quantised into the routed format: an
+// MLP naming the computed tensors, which the planner then finds by name.
+func (p *planner) requantMLP(m family.MLP) (family.MLP, error) {
+	if p.virtual == nil {
+		p.virtual = map[string]*checkpoint.Tensor{}
+	}
+	out, err := checkpoint.RequantisedMLP(p.ck, m, p.wf, func(t *checkpoint.Tensor) { p.virtual[t.Name] = t })
+	if err != nil {
+		return family.MLP{}, fmt.Errorf("%s: %w", p.ck.Dir, err)
+	}
+	return out, nil
 }
 
 // sliceable reports whether a shared expert of intermediate S*I in format
@@ -311,6 +362,9 @@ func (p *planner) contract() *layout.Contract {
 	c.InputScales = fp.NVFP4InputScale
 	if fp.SharedQuantization != "" && !p.o.FuseShared {
 		c.SharedQuantization, c.SharedWeightDType = string(fp.SharedQuantization), string(fp.SharedWeightDType)
+	}
+	if p.requant {
+		c.SharedRequantized, _ = layout.NewRequantization(p.wf, fp.SharedWeightDType) // checkRequant made sure it can
 	}
 	for _, l := range fp.Layers {
 		c.Layers = append(c.Layers, layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix})

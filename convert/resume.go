@@ -38,7 +38,7 @@ const maxProgressBytes = 64 << 20
 
 // byteOptions are the run's flags that change output bytes, by flag name.
 func (o *Options) byteOptions() map[string]string {
-	return map[string]string{
+	m := map[string]string{
 		"--layout":         string(o.Layout),
 		"fuse-shared":      fmt.Sprint(o.FuseShared),
 		"--tp":             fmt.Sprint(o.TP),
@@ -47,6 +47,10 @@ func (o *Options) byteOptions() map[string]string {
 		"--max-shard-size": fmt.Sprint(o.MaxShardSize),
 		"--digest":         o.Digest.String(),
 	}
+	if o.RequantizeShared { // recorded where set, so that earlier records still compare
+		m["--requantize-shared"] = "true"
+	}
+	return m
 }
 
 // optionChanges names the flags whose values differ from the recorded run's,
@@ -90,6 +94,9 @@ func (w *run) fingerprint() string {
 	}
 	o := w.o
 	fmt.Fprintf(h, "layout %s fuse %v tp %d replicas %d fold %s max %d\n", o.Layout, o.FuseShared, o.TP, o.Replicas, o.FoldScaling, o.MaxShardSize)
+	if o.RequantizeShared {
+		fmt.Fprintf(h, "requantize-shared\n")
+	}
 	if o.Digest != layout.BLAKE3Blocks {
 		// BLAKE3 was the only shard digest when fingerprints were introduced:
 		// leaving it out keeps those partial outputs resumable.

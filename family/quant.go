@@ -193,11 +193,12 @@ func readCTFP8(q config) (Quantization, error) {
 }
 
 // checkQuantGroups refuses an FP8 per-channel or per-tensor checkpoint
-// whose ignore list leaves the routed experts, or the shared expert of a
-// family that has one, unquantised: every expert weight of the plan, the
-// shared expert's too (fuse-shared stacks it with the routed ones), is of
-// one format. Attention and dense MLPs are copied as they are, whatever
-// their format.
+// whose ignore list leaves the routed experts unquantised, or quantises the
+// shared expert of a family that has one otherwise than the routed ones:
+// every routed expert is of one format. A shared expert the ignore list
+// leaves unquantised is recorded as SharedQuantization none (convert copies
+// it; fuse-shared fuses it only requantised). Attention and dense MLPs are
+// copied as they are, whatever their format.
 func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 	if p.Quantization == QuantInt4Pack {
 		return checkInt4Groups(raw, t, p)
@@ -214,6 +215,10 @@ func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 	return eachQuantDesc(raw, t, func(d QuantDesc) error {
 		if err := routedUnquantised(d, "the ignore list", "one expert format"); err != nil {
 			return err
+		}
+		if p.NumSharedExperts > 0 && d.Groups[GroupShared] == "" {
+			p.SharedQuantization = QuantNone
+			return nil
 		}
 		if p.NumSharedExperts > 0 && d.Groups[GroupShared] != d.Groups[GroupExperts] {
 			return fmt.Errorf("%s: %s: %s: the shared expert is not stored like the routed experts (%s); moeprep carries one expert format per checkpoint",

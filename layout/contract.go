@@ -78,17 +78,81 @@ type Contract struct {
 	ScaleDType string `json:"scale_dtype,omitempty"`
 	// SharedQuantization and SharedWeightDType say how the shared expert,
 	// left unfused (convert), is stored where it differs from the routed
-	// experts: Kimi-K2's INT4 routed experts beside a BF16 shared expert
-	// ("none", "BF16"). Absent when it is stored like them.
+	// experts: Kimi-K2's INT4 (or FP8 per-channel or per-tensor) routed
+	// experts beside a BF16 shared expert ("none", "BF16"). Absent when it
+	// is stored like them.
 	// InputScales: the NVFP4 experts' static activation scales
 	// (input_scale) are stacked beside the weights (ExpertTensors'
 	// GateInput...), carried byte-exact and not read by validate.
 	InputScales        bool   `json:"input_scales,omitempty"`
 	SharedQuantization string `json:"shared_quantization,omitempty"`
 	SharedWeightDType  string `json:"shared_weight_dtype,omitempty"`
+	// SharedRequantized: the fused shared slots hold the shared expert
+	// quantised by fuse-shared --requantize-shared from SRC's plain
+	// weights into the routed experts' format, by that format's own rule.
+	// Absent when the shared expert's bytes are SRC's.
+	SharedRequantized *Requantization `json:"shared_requantized,omitempty"`
 
 	Layers   []LayerInfo `json:"layers"`
 	Manifest string      `json:"manifest"` // ManifestFileName
+}
+
+// Requantization is how fuse-shared --requantize-shared quantised the
+// shared expert (weightfmt.RequantRule, requant.go): per scale block of the
+// format, scale = amax / scale_divisor rounded once to the scale dtype, at
+// least min_scale (and a power of two, rounded up, where
+// scale_power_of_two); each code w / scale in float32, clamped to
+// code_range and rounded to the nearest code, ties to even (rounding).
+type Requantization struct {
+	SourceDType     string     `json:"source_dtype"` // SRC's shared expert weights: BF16, F16 or F32
+	Quantization    string     `json:"quantization"` // the format quantised into: the contract's quantization
+	Rule            string     `json:"rule"`         // absmax-int4, absmax-e4m3
+	ScaleDivisor    float64    `json:"scale_divisor"`
+	MinScale        float64    `json:"min_scale"`
+	ScalePowerOfTwo bool       `json:"scale_power_of_two,omitempty"`
+	CodeRange       [2]float64 `json:"code_range"`
+	Rounding        string     `json:"rounding"`
+}
+
+// NewRequantization is the record of a shared expert of dtype source
+// quantised into format f by its own rule.
+func NewRequantization(f weightfmt.Format, source safetensors.DType) (*Requantization, error) {
+	r, err := weightfmt.Requantisable(f)
+	if err != nil {
+		return nil, err
+	}
+	rule := r.RequantRule()
+	return &Requantization{SourceDType: string(source), Quantization: f.Quantization(), Rule: rule.Name, ScaleDivisor: rule.Divisor,
+		MinScale: rule.MinScale, ScalePowerOfTwo: rule.PowerOfTwo, CodeRange: [2]float64{rule.Lo, rule.Hi}, Rounding: rule.Rounding}, nil
+}
+
+// checkRequantized: a requantised shared expert is fused, was plain, and
+// follows the contract format's own rule, as NewRequantization records it.
+func (c *Contract) checkRequantized() error {
+	r := c.SharedRequantized
+	if r == nil {
+		return nil
+	}
+	if c.NumFusedSharedExperts == 0 {
+		return fmt.Errorf("moeprep contract: shared_requantized without fused shared experts")
+	}
+	switch safetensors.DType(r.SourceDType) {
+	case safetensors.BF16, safetensors.F16, safetensors.F32:
+	default:
+		return fmt.Errorf("moeprep contract: shared_requantized.source_dtype %q: want BF16, F16 or F32", r.SourceDType)
+	}
+	f, err := c.Format()
+	if err != nil {
+		return fmt.Errorf("moeprep contract: %v", err)
+	}
+	want, err := NewRequantization(f, safetensors.DType(r.SourceDType))
+	if err != nil {
+		return fmt.Errorf("moeprep contract: shared_requantized: %v", err)
+	}
+	if *r != *want {
+		return fmt.Errorf("moeprep contract: shared_requantized %+v is not the %s rule %+v", *r, f, *want)
+	}
+	return nil
 }
 
 // Quantized reports whether the expert weights carry scales.
@@ -182,6 +246,9 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: shared_quantization %q and shared_weight_dtype %q: both or neither", c.SharedQuantization, c.SharedWeightDType)
 	case c.SharedQuantization != "" && c.NumFusedSharedExperts > 0:
 		return fmt.Errorf("moeprep contract: shared_quantization %s with fused shared experts, which are stored like the routed ones", c.SharedQuantization)
+	}
+	if err := c.checkRequantized(); err != nil {
+		return err
 	}
 	if c.SharedQuantization != "" {
 		if _, err := c.SharedFormat(); err != nil {

@@ -134,9 +134,9 @@ func TestFP8ScaledRefusals(t *testing.T) {
 		{"routed experts ignored", "qwen3-channel", func(c map[string]any) {
 			c["quantization_config"].(map[string]any)["ignore"] = []any{"lm_head", "re:.*mlp.gate$", "re:.*experts.*"}
 		}, "the routed experts are left unquantised"},
-		{"shared expert ignored", "deepseek-v2-channel", func(c map[string]any) {
+		{"shared expert ignored but stored as FP8", "deepseek-v2-channel", func(c map[string]any) {
 			c["quantization_config"].(map[string]any)["ignore"] = []any{"lm_head", "re:.*mlp.gate$", "re:.*shared_experts.*"}
-		}, "the shared expert is not stored like the routed experts"},
+		}, "shared_experts.gate_proj.weight dtype F8_E4M3, expected BF16, F16 or F32 (the ignore list leaves the shared expert unquantised)"},
 		{"per-tensor static activations", "qwen3-tensor", func(c map[string]any) {
 			c["quantization_config"].(map[string]any)["activation_scheme"] = "static"
 		}, `activation_scheme: "static" is not supported`},

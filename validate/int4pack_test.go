@@ -149,7 +149,7 @@ func TestInt4Refusals(t *testing.T) {
 			})
 		}, false, "weight_shape says [64,95], expected [64, 96]"},
 		{"fuse-shared with a BF16 shared expert", "kimi-g32", nil, nil, true,
-			"routed experts INT4 (int4_pack, BF16 scales), shared expert BF16: fusing would requantise the shared expert and moeprep does not requantise yet"},
+			"routed experts INT4 (int4_pack, BF16 scales), shared expert BF16: fusing would requantise the shared expert; pass --requantize-shared"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

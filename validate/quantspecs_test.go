@@ -56,3 +56,23 @@ func nvfp4Specs() map[string]fixtures.SynthSpec {
 			Experts: 6, TopK: 2, DType: fixtures.DTypeNVFP4, Vocab: 64, Seed: 3002},
 	}
 }
+
+// requantSpecs have a plain BF16 shared expert beside quantised routed
+// experts, which fuse-shared --requantize-shared quantises: Kimi's INT4
+// (two of int4Specs) and FP8 per channel or per tensor whose ignore list
+// names the shared expert.
+func requantSpecs() map[string]fixtures.SynthSpec {
+	i4 := int4Specs()
+	return map[string]fixtures.SynthSpec{
+		"kimi-g32":        i4["kimi-g32"],
+		"deepseek-v3-g16": i4["deepseek-v3-g16"],
+		// Two shared experts split per channel; compressed-tensors' ignore list.
+		"deepseek-v3-channel": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 80, Intermediate: 24,
+			Experts: 10, SharedExperts: 2, TopK: 3, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5,
+			DType: fixtures.DTypeFP8Channel, SharedDType: "bf16", Vocab: 64, Seed: 4001, BiasLike: "deepseek"},
+		// One F32 scale per weight; quant_method fp8's modules_to_not_convert.
+		"kimi-tensor": {Family: "kimi_k2", Layers: 3, DenseLayers: 1, Hidden: 56, Intermediate: 40,
+			Experts: 9, SharedExperts: 1, TopK: 3, RoutedScalingFactor: 2.827,
+			DType: fixtures.DTypeFP8Tensor, SharedDType: "bf16", Vocab: 64, Seed: 4002, BiasLike: "deepseek"},
+	}
+}

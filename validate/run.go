@@ -297,6 +297,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 	s.meter.finishLayers()
+	if n := s.requantNote(rep.Rows); n != "" {
+		rep.Notes = append(rep.Notes, n)
+	}
 	if withBytes {
 		if err := s.checkBytes(ctx, rep); err != nil {
 			return nil, err
@@ -574,7 +577,13 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	if tg.src != nil && s.src != nil {
 		start := time.Now()
 		var err error
-		if ref, err = cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers}); err != nil {
+		ro := cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers}
+		if tg.fused != nil {
+			if ro.RequantShared, err = s.requantFormat(); err != nil {
+				return nil, err
+			}
+		}
+		if ref, err = cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, ro); err != nil {
 			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", s.o.Src, err))
 		}
 		refSec = time.Since(start).Seconds()
@@ -589,9 +598,19 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	}
 	s.o.progress("validate: layer %d: %d tokens, reference %.1fs, fused %.1fs", tg.index, t, refSec, fusedSec)
 	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}, numerics: judge.CPU, t: t, h: h, cov: cov, g: g}
+	if ref != nil && ref.YRequant != nil {
+		rj.requant = judge.RequantStats{WeightErr: ref.RequantWeightErr, Share: ref.SharedShare}
+	}
 	var rows []LayerResult
 	if ref != nil && fused != nil {
-		rows = append(rows, rj.fusedVs(judge.FusedVsReference, judge.Coverage, refSec+fusedSec, fused, ref.Y, ref.Routing)...)
+		want := ref.Y
+		if ref.YRequant != nil { // exact against the same requantised shared expert
+			want = ref.YRequant
+		}
+		rows = append(rows, rj.fusedVs(judge.FusedVsReference, judge.Coverage, refSec+fusedSec, fused, want, ref.Routing)...)
+		if ref.YRequant != nil { // and what requantising added, against SRC's own
+			rows = append(rows, rj.fusedRow(judge.RequantVsReference, refSec+fusedSec, fused, ref.Y, ref.Routing))
+		}
 	}
 	if g != nil {
 		if fused != nil {
@@ -614,25 +633,38 @@ type rowJudge struct {
 	t, h     int
 	cov      *cpuref.Coverage
 	g        *Golden
+	// requant is what the reference measured of a requantised shared
+	// expert (zero: nothing measured).
+	requant judge.RequantStats
+}
+
+// tolerance is the threshold of check for this layer's rows.
+func (rj rowJudge) tolerance(check string) judge.Tolerance {
+	return rj.s.tolerance(check, rj.numerics, rj.requant)
 }
 
 // fusedVs compares the fused path with another path's output y and routing
 // rt (the reference, or the GPU's unfused path): the check's row, and the
 // cover check's for the coverage tokens; sec is the two paths' time.
 func (rj rowJudge) fusedVs(check, cover string, sec float64, fused *cpuref.FusedResult, y []float32, rt *moe.Routing) []LayerResult {
-	s, h, t := rj.s, rj.h, rj.t
-	r := rj.base
-	r.Check, r.Seconds = check, sec
-	fusedUsage(&r, fused, s.contract)
-	judgeRow(&r, judge.Compare(tokenRows(fused.Y, h, 0, t), tokenRows(y, h, 0, t)), s.tolerance(check, rj.numerics),
-		fused.Routing.IDs, fused.Routing.Weights, rt.IDs, rt.Weights, rt)
-	rows := []LayerResult{r}
+	rows := []LayerResult{rj.fusedRow(check, sec, fused, y, rt)}
 	if rj.cov != nil {
-		r := s.coverageRow(rj.base, cover, fused, y, rj.cov, h, s.tolerance(cover, rj.numerics))
+		r := rj.s.coverageRow(rj.base, cover, fused, y, rj.cov, rj.h, rj.tolerance(cover))
 		r.Seconds = sec
 		rows = append(rows, r)
 	}
 	return rows
+}
+
+// fusedRow is fusedVs's row of the routed tokens alone.
+func (rj rowJudge) fusedRow(check string, sec float64, fused *cpuref.FusedResult, y []float32, rt *moe.Routing) LayerResult {
+	h, t := rj.h, rj.t
+	r := rj.base
+	r.Check, r.Seconds = check, sec
+	fusedUsage(&r, fused, rj.s.contract)
+	judgeRow(&r, judge.Compare(tokenRows(fused.Y, h, 0, t), tokenRows(y, h, 0, t)), rj.tolerance(check),
+		fused.Routing.IDs, fused.Routing.Weights, rt.IDs, rt.Weights, rt)
+	return r
 }
 
 // fusedVsGolden compares the fused path (on DST) with the golden.
@@ -640,7 +672,7 @@ func (rj rowJudge) fusedVsGolden(check string, sec float64, fused *cpuref.FusedR
 	r := rj.base
 	r.Check, r.Seconds = check, sec
 	fusedUsage(&r, fused, rj.s.contract)
-	judgeGolden(&r, tokenRows(fused.Y, rj.h, 0, rj.t), fused.Routing, rj.s.contract.RoutedScalingFactor, rj.g, rj.s.tolerance(check, rj.numerics))
+	judgeGolden(&r, tokenRows(fused.Y, rj.h, 0, rj.t), fused.Routing, rj.s.contract.RoutedScalingFactor, rj.g, rj.tolerance(check))
 	return r
 }
 
@@ -650,7 +682,7 @@ func (rj rowJudge) srcVsGolden(check string, sec float64, y []float32, rt *moe.R
 	r := rj.base
 	r.Check, r.Seconds = check, sec
 	r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(rt.IDs)
-	judgeGolden(&r, tokenRows(y, rj.h, 0, rj.t), rt, s.srcPlan.RouteSpec().RoutedScalingFactor, rj.g, s.tolerance(check, rj.numerics))
+	judgeGolden(&r, tokenRows(y, rj.h, 0, rj.t), rt, s.srcPlan.RouteSpec().RoutedScalingFactor, rj.g, rj.tolerance(check))
 	return r
 }
 
@@ -731,11 +763,53 @@ func (s *session) dstPlanOrSrc() *family.Plan {
 // block folding touches only the F32 scales and leaves the weights
 // identical; a BF16 scale rounds like a bf16 weight, 2^-9 relative, so
 // the output moves no more than a folded bf16 weight moves it).
-func (s *session) tolerance(check string, numerics judge.Numerics) judge.Tolerance {
+func (s *session) tolerance(check string, numerics judge.Numerics, requant judge.RequantStats) judge.Tolerance {
 	c := s.contract
 	roundedScales := c != nil && c.ScaleDType != "" && c.ScaleDType != "F32"
 	roundedFold := c != nil && c.RoutedScalingFactorFolded && (!c.Quantized() || roundedScales)
-	return judge.Lookup(check).Tolerance(judge.Situation{Numerics: numerics, RoundedFold: roundedFold})
+	sit := judge.Situation{Numerics: numerics, RoundedFold: roundedFold}
+	if c != nil && c.SharedRequantized != nil {
+		sit.Requant, sit.RequantStats = c.SharedRequantized.Quantization, requant
+	}
+	return judge.Lookup(check).Tolerance(sit)
+}
+
+// requantNote says, for a DST whose shared expert was requantised, what
+// that did to the checked layers' outputs (the requantized-vs-reference
+// rows, each judged at its own bound), so that a run that passes does not
+// pass in silence; "" for any other DST.
+func (s *session) requantNote(rows []LayerResult) string {
+	if s.contract == nil || s.contract.SharedRequantized == nil {
+		return ""
+	}
+	r := s.contract.SharedRequantized
+	lo, hi, maxAbs, minCos, n := math.Inf(1), 0.0, 0.0, 1.0, 0
+	for _, row := range rows {
+		if row.Check != judge.RequantVsReference || math.IsNaN(row.RelL2) {
+			continue
+		}
+		lo, hi, maxAbs, minCos, n = min(lo, row.RelL2), max(hi, row.RelL2), max(maxAbs, row.MaxAbs), min(minCos, row.Cosine), n+1
+	}
+	what := fmt.Sprintf("DST's shared expert is SRC's %s one requantised to %s (%s: scale = amax / %g, codes in [%g, %g], %s)",
+		r.SourceDType, r.Quantization, r.Rule, r.ScaleDivisor, r.CodeRange[0], r.CodeRange[1], r.Rounding)
+	if n == 0 {
+		return what + "; no layer measured the error it adds (no SRC reference ran)"
+	}
+	return fmt.Sprintf("%s: against SRC's %s shared expert it moves the layer output by rel_l2 %.3g..%.3g, max_abs up to %.3g, cos down to %.6f over %d layers (%s rows, each within 2 x the shared weights' relative error x the shared expert's share of the output); %s is exact against the same requantisation",
+		what, r.SourceDType, lo, hi, maxAbs, minCos, n, judge.RequantVsReference, judge.FusedVsReference)
+}
+
+// requantFormat is the format DST's contract says its fused shared expert
+// was requantised into (nil: it was not).
+func (s *session) requantFormat() (weightfmt.Format, error) {
+	if s.contract == nil || s.contract.SharedRequantized == nil {
+		return nil, nil
+	}
+	f, err := s.contract.Format()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", s.o.Dst, err)
+	}
+	return f, nil
 }
 
 // fusedUsage counts the bank experts the routed tokens chose (the forced
@@ -876,6 +950,10 @@ func (s *session) gpuRefusal() string {
 		sc, _ := f.Scale()
 		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU runs unquantised weights, FP8 128x128 blocks with F32 scales, and FP8 per-channel or per-tensor, INT4, MXFP4 and NVFP4 weights (decoded to bf16)",
 			f, f.Quantization(), sc.DType)
+	}
+	if s.contract != nil && s.contract.SharedRequantized != nil {
+		return fmt.Sprintf("DST's shared expert was requantised from %s to %s (shared_requantized), and the error that adds is judged against SRC's %s shared expert on the CPU only",
+			s.contract.SharedRequantized.SourceDType, s.contract.SharedRequantized.Quantization, s.contract.SharedRequantized.SourceDType)
 	}
 	return ""
 }

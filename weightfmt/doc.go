@@ -27,6 +27,11 @@
 // weight_block_size, scale_fmt, and for the newer formats the scale dtype,
 // the producer's naming, and the zero points and g_idx they refuse).
 //
+// requant.go quantises a plain weight into a format by that format's own
+// rule (a Requantiser: INT4 and the FP8 formats), streamed band by band
+// through a bounded cache (Requant): fuse-shared --requantize-shared's
+// shared expert, and validate's recomputation of it.
+//
 // Optional interfaces carry what not every format has, so that plain and
 // FP8 block weights are read as before:
 //

@@ -122,3 +122,26 @@ func DequantE4M3(src []byte, rows, cols int, scale []float32, bo, bi int, dst []
 	}
 	return nil
 }
+
+// RequantRule is the E4M3 rule (requant.go): scale_inv = amax / 448 per
+// block, F32, a power of two (rounded up) where the scales are UE8M0.
+func (f fp8Block) RequantRule() RequantRule { return e4m3Rule(f.ue8m0) }
+
+func (f fp8Block) encodeRow(vals, scales []float32, bc int, dst []byte) {
+	encodeE4M3Row(vals, scales, bc, dst)
+}
+
+// e4m3Rule is how a plain weight becomes E4M3 codes under its scales:
+// scale = amax / 448, codes clamped to +-448.
+func e4m3Rule(pow2 bool) RequantRule {
+	return RequantRule{Name: "absmax-e4m3", Divisor: numfmt.E4M3Max, Lo: -numfmt.E4M3Max, Hi: numfmt.E4M3Max,
+		MinScale: MinRequantScale, PowerOfTwo: pow2, Rounding: RoundingNearestEven}
+}
+
+// encodeE4M3Row stores each value over its scale as the nearest E4M3 code
+// (ties to even, saturating at +-448, which clamping first gives too).
+func encodeE4M3Row(vals, scales []float32, bc int, dst []byte) {
+	for c, v := range vals {
+		dst[c] = numfmt.F32ToE4M3(v / scales[c/bc])
+	}
+}

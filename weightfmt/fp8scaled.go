@@ -115,3 +115,11 @@ func (f fp8Scaled) Dequantise(raw []byte, rows, cols int, scale []byte, dst []fl
 	}
 	return DequantE4M3(raw, rows, cols, s, bo, bi, dst)
 }
+
+// RequantRule is the E4M3 rule (requant.go): scale = amax / 448 per row or
+// per weight, rounded to the scale dtype.
+func (f fp8Scaled) RequantRule() RequantRule { return e4m3Rule(false) }
+
+func (f fp8Scaled) encodeRow(vals, scales []float32, bc int, dst []byte) {
+	encodeE4M3Row(vals, scales, bc, dst)
+}

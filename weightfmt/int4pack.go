@@ -3,6 +3,7 @@ package weightfmt
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -154,4 +155,23 @@ func (f int4Pack) Dequantise(raw []byte, rows, cols int, scale []byte, dst []flo
 		}
 	}
 	return nil
+}
+
+// RequantRule is compressed-tensors' symmetric INT4 rule (requant.go):
+// scale = amax / 7.5 per group, codes in [-8, 7].
+func (f int4Pack) RequantRule() RequantRule {
+	return RequantRule{Name: "absmax-int4", Divisor: 7.5, Lo: -8, Hi: 7, MinScale: MinRequantScale, Rounding: RoundingNearestEven}
+}
+
+// encodeRow packs the row's codes, u = q + 8, eight to a word, the last
+// partial word padded with u = 0 as pack_to_int32 pads.
+func (f int4Pack) encodeRow(vals, scales []float32, bc int, dst []byte) {
+	for j := 0; 8*j < len(vals); j++ {
+		var word uint32
+		for k, v := range vals[8*j : min(8*j+8, len(vals))] {
+			q := math.RoundToEven(float64(clamp32(v/scales[(8*j+k)/bc], -8, 7)))
+			word |= uint32(int32(q)+8) << (4 * k)
+		}
+		binary.LittleEndian.PutUint32(dst[4*j:], word)
+	}
 }

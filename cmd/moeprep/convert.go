@@ -135,6 +135,9 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 			human.Rate(s.Bytes, time.Duration(s.Seconds*float64(time.Second))))
 		if o.FuseShared {
 			msg += fmt.Sprintf("; %s", human.Count(s.FusedShared, "fused shared expert"))
+			if s.SharedRequantized != "" {
+				msg += fmt.Sprintf(" (requantised to %s: validate reports the error it adds)", s.SharedRequantized)
+			}
 			if s.Folded {
 				msg += fmt.Sprintf(", routed_scaling_factor folded (max relative change %.3g)", s.FoldMaxRelChange)
 			} else {
@@ -156,6 +159,9 @@ func printPlan(w io.Writer, label string, p *convert.Plan) error {
 	what := fmt.Sprintf("%s stacked", human.Count(p.MoELayers, "MoE layer"))
 	if p.FusedShared > 0 {
 		what += fmt.Sprintf(", %s fused per layer", human.Count(p.FusedShared, "shared expert slot"))
+	}
+	if p.SharedRequantized != "" {
+		what += ", the shared expert requantised to " + p.SharedRequantized
 	}
 	if p.Folded {
 		what += ", routed_scaling_factor folded"
@@ -237,6 +243,7 @@ func newFuseSharedCmd() *cobra.Command {
 		f            convertFlags
 		tp, replicas int
 		foldScaling  string
+		requantize   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "fuse-shared SRC DST",
@@ -254,6 +261,17 @@ a serving engine's top-k gains shared slots and never clones weights at load.
   none  never fold: the shared slot weight is 1/rsf and rsf stays a multiply
 The contract in DST/config.json says which (see layout/CONTRACT.md).
 
+Where the shared expert is stored unlike the routed experts (Kimi-K2-Thinking:
+INT4 routed experts, a BF16 shared expert), fusing it means quantising it,
+which fuse-shared refuses unless --requantize-shared asks for it: the shared
+expert is then quantised once, from its BF16 values, by the routed format's
+own rule (INT4: scale = amax/7.5 per group in the scale dtype, codes rounded
+to nearest even in [-8, 7], as compressed-tensors does; FP8: scale = amax/448,
+E4M3 codes rounded to nearest even), its slices and replicas stored like the
+routed experts. The contract records it (shared_requantized), and validate
+reports the error it adds against the model with the BF16 shared expert.
+NVFP4 and MXFP4 routed experts are refused: no requantisation rule is built.
+
 Model types whose shared expert can be fused (where the checkpoint has one):
   ` + wrapList(family.FuseSharedModelTypes(), 66, "  ") + `.
 The others have no shared expert, or one gated or weighted per token, or
@@ -261,11 +279,11 @@ routed experts whose input the routing weight scales: fuse-shared refuses
 them with the reason, and convert is the command for them. A checkpoint of a
 listed type is still refused, with the reason, when its shared expert has
 biases the routed experts lack, is split into S experts across FP8 128x128
-blocks, or is stored in another format than the routed experts (INT4 routed,
-BF16 shared: Kimi-K2-Thinking).`,
+blocks, or is stored unlike the routed experts without --requantize-shared.`,
 		Example: `  moeprep fuse-shared --tp 8 ./DeepSeek-V3 ./DeepSeek-V3-fused
   moeprep fuse-shared --tp 8 --replicas 1 --fold-scaling none ./Kimi-K2 ./kimi-fused
-  moeprep fuse-shared --tp 4 --layout gate-up --json ./DeepSeek-R1 ./r1-fused`,
+  moeprep fuse-shared --tp 4 --layout gate-up --json ./DeepSeek-R1 ./r1-fused
+  moeprep fuse-shared --tp 8 --requantize-shared ./Kimi-K2-Thinking ./kimi-thinking-fused`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := f.options(args[0], args[1])
@@ -278,7 +296,7 @@ BF16 shared: Kimi-K2-Thinking).`,
 			if cmd.Flags().Changed("replicas") && replicas < 1 {
 				return fmt.Errorf("--replicas %d: must be at least 1", replicas)
 			}
-			o.FuseShared, o.TP, o.Replicas, o.FoldScaling = true, tp, replicas, foldScaling
+			o.FuseShared, o.TP, o.Replicas, o.FoldScaling, o.RequantizeShared = true, tp, replicas, foldScaling, requantize
 			return runConvert(cmd, &f, o)
 		},
 	}
@@ -286,5 +304,6 @@ BF16 shared: Kimi-K2-Thinking).`,
 	cmd.Flags().IntVar(&tp, "tp", 1, "tensor-parallel size the output is prepared for")
 	cmd.Flags().IntVar(&replicas, "replicas", 0, "shared-expert replicas R (default: --tp)")
 	cmd.Flags().StringVar(&foldScaling, "fold-scaling", "auto", "where routed_scaling_factor goes: auto, down or none")
+	cmd.Flags().BoolVar(&requantize, "requantize-shared", false, "where the shared expert is stored unlike the routed experts (Kimi-K2: BF16 beside INT4), quantise it into their format by that format's own rule (INT4 group or channel, FP8 blocks, channel or tensor); refused otherwise")
 	return cmd
 }

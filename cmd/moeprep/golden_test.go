@@ -6,8 +6,11 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/internal/testkit"
 )
 
@@ -134,6 +137,21 @@ func TestSchemasDocumentEveryField(t *testing.T) {
 		for k := range m {
 			if !bytes.Contains(doc, []byte("`"+k+"`")) {
 				t.Errorf("SCHEMAS.md does not document %s's field %q", schema, k)
+			}
+		}
+	}
+}
+
+// SCHEMAS.md documents the optional fields the goldens leave out too:
+// every JSON key of convert's summary and plan.
+func TestSchemasDocumentOptionalFields(t *testing.T) {
+	doc := testkit.ReadFile(t, "../../SCHEMAS.md")
+	for _, v := range []any{convert.Summary{}, convert.Plan{}} {
+		ty := reflect.TypeOf(v)
+		for i := range ty.NumField() {
+			key, _, _ := strings.Cut(ty.Field(i).Tag.Get("json"), ",")
+			if key != "" && key != "-" && !bytes.Contains(doc, []byte("`"+key+"`")) {
+				t.Errorf("SCHEMAS.md does not document %s's field %q", ty.Name(), key)
 			}
 		}
 	}

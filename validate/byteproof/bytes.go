@@ -374,8 +374,25 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 	if c.RoutedScalingFactorFolded && fold.Into == weightfmt.FoldNowhere {
 		return fmt.Errorf("%s: the contract folds routed_scaling_factor into %s experts, which cannot take it: %s", src.Dir, wf, fold.Refusal("it"))
 	}
+	// A requantised shared expert (shared_requantized) is predicted by
+	// quantising SRC's plain shared expert again into the contract's
+	// format: virtual tensors computed from SRC's bytes.
+	virtual := map[string]*checkpoint.Tensor{}
+	var requant family.MLP
+	if c.SharedRequantized != nil && l.Shared != nil {
+		var err error
+		if requant, err = checkpoint.RequantisedMLP(src, *l.Shared, wf, func(t *checkpoint.Tensor) { virtual[t.Name] = t }); err != nil {
+			return fmt.Errorf("layer %d: %w", li.Index, err)
+		}
+		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
+			consumed[checkpoint.BaseName(n)] = true
+		}
+	}
 	get := func(name string, rows, cols int64) (mat, error) {
-		t, ok := src.Tensor(name)
+		t, ok := virtual[name]
+		if !ok {
+			t, ok = src.Tensor(name)
+		}
 		if !ok {
 			return mat{}, fmt.Errorf("%s: layer %d: tensor %s is missing", src.Dir, li.Index, name)
 		}
@@ -421,6 +438,9 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 			m = l.Experts[b]
 		} else {
 			m = *l.Shared
+			if c.SharedRequantized != nil {
+				m = requant
+			}
 			s, n = int64((b-E)%int(S)), S
 		}
 		// The stored [rows, cols]: fewer columns where elements pack

@@ -44,28 +44,39 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 	block, blockErr := srcBlockSize(src.Config)
 	scaleDType, scaleErr := "", ""
 	perRow := plan.Quantization == family.QuantFP8Channel || plan.Quantization == family.QuantFP8Tensor
+	int4 := plan.Quantization == family.QuantInt4Pack
+	sharedQ, sharedDT := "", ""
+	if perRow || int4 {
+		// These formats' ignore lists may leave the shared expert plain.
+		var why string
+		if sharedQ, sharedDT, why = srcSharedStorage(src, plan); why != "" {
+			return refuse("shared_quantization", orAbsent(c.SharedQuantization), why)
+		}
+	}
 	if perRow {
 		if q, why := srcScaledQuant(src.Config); why != "" {
 			return refuse("quantization", c.Quantization, why)
 		} else if q != quant {
 			return bad("quantization", c.Quantization, q, "SRC's quantization_config")
 		}
-		scaleDType, scaleErr = srcScaleDType(src, plan)
+		scaleDType, scaleErr = srcScaleDType(src, plan, sharedQ == "")
 	}
-	int4 := plan.Quantization == family.QuantInt4Pack
 	var int4Block []int64
-	sharedQ, sharedDT := "", ""
 	if int4 {
 		var why string
 		if int4Block, why = srcInt4Block(src.Config); why != "" {
 			return refuse("weight_block_size", c.WeightBlockSize, why)
 		}
-		if scaleDType, sharedQ, sharedDT, why = srcInt4Tensors(src, plan); why != "" {
+		if scaleDType, why = srcScaleDType(src, plan, false); why != "" {
 			return refuse("scale_dtype", c.ScaleDType, why)
 		}
-		if c.NumFusedSharedExperts > 0 {
-			sharedQ, sharedDT = "", "" // fused shared experts are stored like the routed ones
-		}
+	}
+	// A plain shared expert beside quantised routed experts is fused only
+	// requantised (--requantize-shared), by the routed format's rule.
+	var requant *layout.Requantization
+	if sharedQ == string(family.QuantNone) && c.NumFusedSharedExperts > 0 {
+		requant = srcRequantization(quant, sharedDT, plan.ScaleFmt == "ue8m0")
+		sharedQ, sharedDT = "", "" // fused shared experts are stored like the routed ones
 	}
 	nv := plan.Quantization == family.QuantNVFP4
 	var nvBlock []int64
@@ -123,6 +134,10 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("shared_quantization", orAbsent(c.SharedQuantization), orAbsent(sharedQ), "SRC's shared expert tensors")
 	case c.SharedWeightDType != sharedDT:
 		return bad("shared_weight_dtype", orAbsent(c.SharedWeightDType), orAbsent(sharedDT), "SRC's shared expert tensors")
+	case requant == nil && c.SharedRequantized != nil:
+		return bad("shared_requantized", c.SharedRequantized, shown("absent"), "SRC's shared expert, stored like the routed experts or not fused,")
+	case requant != nil && (c.SharedRequantized == nil || *c.SharedRequantized != *requant):
+		return bad("shared_requantized", orAbsent(c.SharedRequantized), requant, "SRC's plain shared expert fused into "+quant+" slots")
 	case !fp8 && !perRow && !int4 && !nv && !mx && len(c.WeightBlockSize) != 0:
 		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's unquantized experts")
 	case perRow && len(c.WeightBlockSize) != 0:
@@ -326,7 +341,12 @@ func foldsRSF(src *checkpoint.Checkpoint, plan *family.Plan, mode string) bool {
 	if plan.Quantization == family.QuantFP8Channel || plan.Quantization == family.QuantFP8Tensor {
 		// Into the scales: by default where they are F32, only when asked
 		// (down) where they are BF16 or F16.
-		dt, why := srcScaleDType(src, plan)
+		dt, why := srcScaleDType(src, plan, false)
+		return why == "" && (dt == string(safetensors.F32) || mode == layout.FoldDown)
+	}
+	if plan.Quantization == family.QuantInt4Pack {
+		// The same, into the routed experts' weight_scale.
+		dt, why := srcScaleDType(src, plan, false)
 		return why == "" && (dt == string(safetensors.F32) || mode == layout.FoldDown)
 	}
 	if plan.Quantization == family.QuantFP8Block {
@@ -395,9 +415,10 @@ func srcScaledQuant(cfg map[string]any) (string, string) {
 }
 
 // srcScaleDType is the dtype of SRC's expert scale tensors (every routed
-// and shared expert's, which must be one), as convert records it; a
-// non-empty problem says why convert would have refused SRC.
-func srcScaleDType(src *checkpoint.Checkpoint, plan *family.Plan) (string, string) {
+// expert's, and the shared expert's where withShared: all one), as
+// convert records it; a non-empty problem says why convert would have
+// refused SRC.
+func srcScaleDType(src *checkpoint.Checkpoint, plan *family.Plan, withShared bool) (string, string) {
 	var dt safetensors.DType
 	var from string
 	check := func(m family.MLP) string {
@@ -420,7 +441,7 @@ func srcScaleDType(src *checkpoint.Checkpoint, plan *family.Plan) (string, strin
 				return "", why
 			}
 		}
-		if l.Shared != nil {
+		if l.Shared != nil && withShared {
 			if why := check(*l.Shared); why != "" {
 				return "", why
 			}
@@ -469,56 +490,59 @@ func srcInt4Block(cfg map[string]any) ([]int64, string) {
 	return out, ""
 }
 
-// srcInt4Tensors reads, from SRC's tensors, the dtype of the routed
-// experts' weight_scale tensors (all one) and how the shared expert is
-// stored: "" "" when packed like the routed experts, else "none" and the
-// dtype of its plain weights. A non-empty problem says why convert would
-// have refused SRC.
-func srcInt4Tensors(src *checkpoint.Checkpoint, plan *family.Plan) (scale, sharedQ, sharedDT, why string) {
-	var from string
+// srcSharedStorage reads, from SRC's tensors, how the shared expert is
+// stored: "" "" like the routed experts (weights of their dtype), else
+// "none" and the dtype of its plain weights, every projection and layer
+// alike. A non-empty problem says why convert would have refused SRC.
+func srcSharedStorage(src *checkpoint.Checkpoint, plan *family.Plan) (sharedQ, sharedDT, why string) {
+	seen := false
 	for _, l := range plan.Layers {
-		for _, e := range l.Experts {
-			for _, name := range []string{e.GateScale, e.UpScale, e.DownScale} {
-				t, ok := src.Tensor(name)
-				if !ok {
-					return "", "", "", fmt.Sprintf("SRC has no scale tensor %s", render(name))
-				}
-				if scale == "" {
-					scale, from = string(t.DType), name
-				} else if string(t.DType) != scale {
-					return "", "", "", fmt.Sprintf("SRC's scale %s is %s and %s is %s, so moeprep cannot have converted it", name, t.DType, from, scale)
-				}
-			}
-		}
 		if l.Shared == nil {
 			continue
 		}
 		var q, dt string
-		for _, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
+		for i, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
 			t, ok := src.Tensor(name)
 			if !ok {
-				return "", "", "", fmt.Sprintf("SRC has no shared expert tensor %s", render(name))
+				return "", "", fmt.Sprintf("SRC has no shared expert tensor %s", render(name))
 			}
 			tq, tdt := "", ""
-			if t.DType != safetensors.I32 {
+			if t.DType != plan.WeightDType {
 				tq, tdt = string(family.QuantNone), string(t.DType)
 			}
-			if q == "" && dt == "" {
+			if i == 0 {
 				q, dt = tq, tdt
 			} else if tq != q || tdt != dt {
-				return "", "", "", fmt.Sprintf("SRC's shared expert tensor %s is %s unlike its other projections", name, t.DType)
+				return "", "", fmt.Sprintf("SRC's shared expert tensor %s is %s unlike its other projections", name, t.DType)
 			}
 		}
-		if sharedQ == "" && sharedDT == "" {
-			sharedQ, sharedDT = q, dt
+		if !seen {
+			sharedQ, sharedDT, seen = q, dt, true
 		} else if q != sharedQ || dt != sharedDT {
-			return "", "", "", fmt.Sprintf("SRC's layer %d shared expert is stored unlike another layer's", l.Index)
+			return "", "", fmt.Sprintf("SRC's layer %d shared expert is stored unlike another layer's", l.Index)
 		}
 	}
-	if scale == "" {
-		return "", "", "", "SRC has no expert scale tensors"
+	return sharedQ, sharedDT, ""
+}
+
+// srcRequantization is the shared_requantized record of a plain shared
+// expert of dtype dt quantised into quantization q, written out here from
+// the producers' rules (compressed-tensors' symmetric scales: amax over
+// half the code range, 15/2 for INT4 and 896/2 for E4M3, at least float32's
+// epsilon; DeepSeek's FP8 blocks the same, powers of two rounded up for
+// UE8M0), not from weightfmt's table; nil for a format with no rule.
+func srcRequantization(q, dt string, ue8m0 bool) *layout.Requantization {
+	r := &layout.Requantization{SourceDType: dt, Quantization: q, MinScale: 0x1p-23, Rounding: "nearest-even"}
+	switch q {
+	case string(family.QuantInt4Pack):
+		r.Rule, r.ScaleDivisor, r.CodeRange = "absmax-int4", 7.5, [2]float64{-8, 7}
+	case string(family.QuantFP8Block), string(family.QuantFP8Channel), string(family.QuantFP8Tensor):
+		r.Rule, r.ScaleDivisor, r.CodeRange = "absmax-e4m3", 448, [2]float64{-448, 448}
+		r.ScalePowerOfTwo = ue8m0 && q == string(family.QuantFP8Block)
+	default:
+		return nil
 	}
-	return scale, sharedQ, sharedDT, ""
+	return r
 }
 
 // srcNVFP4 derives an NVFP4 contract's weight_block_size from SRC's own

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
@@ -17,6 +18,14 @@ import (
 type RefResult struct {
 	Y       []float32 // [T,H]
 	Routing *moe.Routing
+	// YRequant is Y with the shared expert quantised as
+	// RefOptions.RequantShared says and dequantised exactly; nil without.
+	// RequantWeightErr is how far that moved the shared expert's weights:
+	// sqrt of the sum over gate, up and down of (||Wq - W|| / ||W||)^2;
+	// SharedShare is ||shared(x)|| / ||Y|| over the routed tokens.
+	YRequant         []float32
+	RequantWeightErr float64
+	SharedShare      float64
 }
 
 // RefOptions are ReferenceLayer's settings beyond the layer and its tokens;
@@ -39,6 +48,12 @@ type RefOptions struct {
 	// (moe.RoundTripServing), products and sums in float64 as before.
 	// Router and shared-expert gate stay precise.
 	W8A8 bool
+	// RequantShared is the format a fused DST quantised the layer's plain
+	// shared expert into (its contract's shared_requantized): the shared
+	// expert also runs so quantised (weightfmt.Requant from SRC's bytes,
+	// dequantised exactly) into RefResult.YRequant, beside Y with the
+	// shared expert as SRC stores it. nil: no requantisation.
+	RequantShared weightfmt.Format
 }
 
 // ReferenceLayer runs one MoE layer of a source (hub-layout) plan the way
@@ -126,8 +141,21 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 			y64[tok*h+j] += w * float64(v)
 		}
 	}
+	var yq64, routedSum []float64 // the routed sum, then the requantised shared expert; the routed sum
+	var werr float64
+	if layer.Shared != nil && o.RequantShared != nil {
+		routedSum = slices.Clone(y64)
+	}
 	if layer.Shared != nil {
+		// As stored first: a non-finite weight fails the layer here, by
+		// name, before requantising it could refuse it.
 		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, wf, o.W8A8, y64); err != nil {
+			return nil, err
+		}
+	}
+	if routedSum != nil {
+		yq64 = slices.Clone(routedSum)
+		if werr, err = addRequantShared(ctx, src, plan, layer, x, t, workers, o.RequantShared, o.W8A8, yq64); err != nil {
 			return nil, err
 		}
 	}
@@ -137,11 +165,90 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 		}
 	}
 	scale := plan.Output() // Cohere2's average: (routed + shared) / 2, after the sum as HF does
-	y := make([]float32, t*h)
-	for i, v := range y64 {
-		y[i] = float32(v * scale)
+	res := &RefResult{Y: scaled32(y64, scale), Routing: routed}
+	if yq64 != nil {
+		res.YRequant = scaled32(yq64, scale)
+		var sh, all float64 // the shared expert's part of y over the routed tokens
+		for i, v := range y64[:routed.T*h] {
+			sh += (v - routedSum[i]) * (v - routedSum[i])
+			all += v * v
+		}
+		res.RequantWeightErr, res.SharedShare = werr, math.Sqrt(sh/max(all, math.SmallestNonzeroFloat64))
 	}
-	return &RefResult{Y: y, Routing: routed}, nil
+	return res, nil
+}
+
+// scaled32 is y times scale, each rounded to float32.
+func scaled32(y []float64, scale float64) []float32 {
+	out := make([]float32, len(y))
+	for i, v := range y {
+		out[i] = float32(v * scale)
+	}
+	return out
+}
+
+// overlay finds tensors computed beside a source's own.
+type overlay struct {
+	TensorSource
+	extra map[string]*checkpoint.Tensor
+}
+
+func (o overlay) Tensor(name string) (*checkpoint.Tensor, bool) {
+	if t, ok := o.extra[name]; ok {
+		return t, true
+	}
+	return o.TensorSource.Tensor(name)
+}
+
+// addRequantShared adds the layer's plain shared expert quantised into
+// format f (checkpoint.Requantised, from src's bytes) and dequantised
+// exactly, as addSharedReference adds it as stored, and returns how far
+// that moved its weights: sqrt of the sum over gate, up and down of
+// (||Wq - W|| / ||W||)^2.
+func addRequantShared(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers int, f weightfmt.Format, w8a8 bool, y64 []float64) (float64, error) {
+	extra := map[string]*checkpoint.Tensor{}
+	names, err := checkpoint.RequantisedMLP(src, *layer.Shared, f, func(t *checkpoint.Tensor) { extra[t.Name] = t })
+	if err != nil {
+		return 0, fmt.Errorf("layer %d: %w", layer.Index, err)
+	}
+	inter := sharedInter(plan)
+	q, err := loadSourceMLP(overlay{src, extra}, names, inter, plan.HiddenSize, f, plan.Act)
+	if err != nil {
+		return 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Index, err)
+	}
+	defer q.release()
+	// Each projection as SRC stores it, one at a time beside the
+	// requantised MLP.
+	h, werr := plan.HiddenSize, 0.0
+	for _, pr := range []struct {
+		name       string
+		rows, cols int
+		got        []float32
+	}{{layer.Shared.Gate, inter, h, q.gate}, {layer.Shared.Up, inter, h, q.up}, {layer.Shared.Down, h, inter, q.down}} {
+		w, err := LoadMatrix(src, MatrixRef{Name: pr.name, Index: -1, Rows: pr.rows, Cols: pr.cols})
+		if err != nil {
+			return 0, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
+		}
+		var d, n float64
+		for j, v := range w {
+			d += (float64(pr.got[j]) - float64(v)) * (float64(pr.got[j]) - float64(v))
+			n += float64(v) * float64(v)
+		}
+		PutFloats(w)
+		if n == 0 && d > 0 {
+			return 0, fmt.Errorf("layer %d: requantised shared expert %s is not zero where the source's is", layer.Index, pr.name)
+		}
+		werr += d / max(n, math.SmallestNonzeroFloat64)
+	}
+	return math.Sqrt(werr), addSharedMLP(ctx, q, layer, x, t, workers, w8a8, h, src, y64)
+}
+
+// sharedInter is the plan's shared MLP's intermediate size (S*I when not stated).
+func sharedInter(plan *family.Plan) int {
+	if plan.SharedIntermediateSize > 0 {
+		return plan.SharedIntermediateSize
+	}
+	return plan.NumSharedExperts * plan.MoEIntermediateSize
 }
 
 // routeCovered routes layer index's t tokens x [t,h] (routed) and appends
@@ -329,17 +436,19 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 // addSharedReference adds the shared expert (one MLP of intermediate S*I,
 // not split) to y64, gated per token by sigmoid(x . w_sg) for Qwen2-MoE.
 func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers int, wf weightfmt.Format, w8a8 bool, y64 []float64) error {
-	h := plan.HiddenSize
-	inter := plan.SharedIntermediateSize
-	if inter <= 0 {
-		inter = plan.NumSharedExperts * plan.MoEIntermediateSize
-	}
-	m, err := loadSourceMLP(src, *layer.Shared, inter, h, wf, plan.Act)
+	m, err := loadSourceMLP(src, *layer.Shared, sharedInter(plan), plan.HiddenSize, wf, plan.Act)
 	if err != nil {
 		return fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 	}
-	m.w8a8 = w8a8
 	defer m.release()
+	return addSharedMLP(ctx, m, layer, x, t, workers, w8a8, plan.HiddenSize, src, y64)
+}
+
+// addSharedMLP adds the loaded shared MLP m of layer to y64, gated per
+// token by sigmoid(x . w_sg) where the layer has a shared expert gate.
+func addSharedMLP(ctx context.Context, m *refMLP, layer *family.Layer, x []float32, t, workers int, w8a8 bool, h int, src TensorSource, y64 []float64) error {
+	m.w8a8 = w8a8
+	var err error
 	var gateW []float32
 	if layer.SharedGate != "" {
 		if gateW, err = LoadVector(src, layer.SharedGate, h); err != nil {

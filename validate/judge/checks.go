@@ -3,7 +3,12 @@ package judge
 // The names of the checks a report row can hold (LayerResult.Check, the
 // JSON's layers[].check). Each has one row in Checks.
 const (
-	FusedVsReference       = "fused-vs-reference"
+	FusedVsReference = "fused-vs-reference"
+	// RequantVsReference is the error a requantised shared expert adds:
+	// DST's fused path against SRC's reference with the shared expert as
+	// SRC stores it (fused-vs-reference then compares against the
+	// reference whose shared expert is requantised the same way).
+	RequantVsReference     = "requantized-vs-reference"
 	Coverage               = "coverage"
 	FusedVsGolden          = "fused-vs-golden"
 	ReferenceVsGolden      = "reference-vs-golden"
@@ -39,6 +44,10 @@ const (
 	// TolGolden, or TolW8A8Golden when the reference ran in w8a8 numerics;
 	// SRC's weights are never folded.
 	ReferenceVsGoldenRule
+	// RequantError: a fused path whose shared expert was requantised
+	// against a reference (or golden) whose shared expert was not:
+	// TolRequantINT4 or TolRequantFP8, from the format's step size.
+	RequantError
 )
 
 // Tolerance is the threshold the rule sets in s.
@@ -54,7 +63,12 @@ func (r Rule) Tolerance(s Situation) Tolerance {
 			return folded(TolGPUF32, s)
 		}
 		return folded(TolFP32, s)
+	case RequantError:
+		return requantTolerance(s)
 	case PathVsGolden:
+		if s.Requant != "" {
+			return requantTolerance(s)
+		}
 		switch s.Numerics {
 		case GPUBF16:
 			return TolGPUBF16
@@ -103,8 +117,9 @@ type Check struct {
 // Checks is every check validate can emit, in the order a layer's rows
 // take.
 var Checks = []Check{
-	{FusedVsReference, "cpu", "DST fused path vs SRC unfused reference", PathVsPath, WholeOutput},
+	{FusedVsReference, "cpu", "DST fused path vs SRC unfused reference (with the shared expert requantised as DST's contract says, where it says so)", PathVsPath, WholeOutput},
 	{Coverage, "cpu", "DST fused path vs SRC unfused reference on the forced tokens that exercise every expert", PathVsPath, PerToken},
+	{RequantVsReference, "cpu", "DST fused path (shared expert requantised) vs SRC unfused reference with the shared expert as SRC stores it: the error requantisation adds", RequantError, WholeOutput},
 	{FusedVsGolden, "cpu", "DST fused path vs HF golden y", PathVsGolden, AgainstGolden},
 	{ReferenceVsGolden, "cpu", "SRC unfused reference vs HF golden y", ReferenceVsGoldenRule, AgainstGolden},
 	{GPUFusedVsGPUUnfused, "gpu", "DST fused on the GPU vs SRC unfused on the GPU", PathVsPath, WholeOutput},

@@ -88,3 +88,33 @@ func TestLookupUnknownPanics(t *testing.T) {
 	}()
 	Lookup("fused-vs-nothing")
 }
+
+// TestRequantTolerance: a requantised shared expert's rows are held to
+// twice the measured weight error times the shared share (at least the
+// fp32 tolerance), or to the format's fixed band without a measurement;
+// the exact checks keep their tolerance; checks against goldens take the
+// requantisation's.
+func TestRequantTolerance(t *testing.T) {
+	st := RequantStats{WeightErr: 0.2, Share: 0.25}
+	cases := []struct {
+		check      string
+		s          Situation
+		maxRel     float64
+		name, says string
+	}{
+		{RequantVsReference, Situation{Requant: "int4_pack", RequantStats: st}, 0.1, "requant-int4_pack", "relative error 0.2 x its share 0.25"},
+		{RequantVsReference, Situation{Requant: "fp8_channel", RequantStats: RequantStats{WeightErr: 1e-9, Share: 1}}, TolFP32.MaxRelL2, "requant-fp8_channel", ""},
+		{RequantVsReference, Situation{Requant: "int4_pack"}, TolRequantINT4.MaxRelL2, TolRequantINT4.Name, "no reference to measure it"},
+		{RequantVsReference, Situation{Requant: "fp8_tensor"}, TolRequantFP8.MaxRelL2, TolRequantFP8.Name, ""},
+		{FusedVsGolden, Situation{Requant: "int4_pack", RequantStats: st}, 0.1, "requant-int4_pack", ""},
+		{FusedVsReference, Situation{Requant: "int4_pack", RequantStats: st}, TolFP32.MaxRelL2, TolFP32.Name, ""},
+		{Coverage, Situation{Requant: "int4_pack", RequantStats: st, RoundedFold: true}, TolBF16Fold.MaxRelL2, TolBF16Fold.Name, ""},
+	}
+	for _, tc := range cases {
+		got := Lookup(tc.check).Tolerance(tc.s)
+		if got.Name != tc.name || got.MaxRelL2 != tc.maxRel || !strings.Contains(got.Reason, tc.says) ||
+			!(got.MinCosine < 1) || got.MinCosine < 1-got.MaxRelL2 {
+			t.Errorf("%s in %+v: %+v, want %s at %g", tc.check, tc.s, got, tc.name, tc.maxRel)
+		}
+	}
+}
