@@ -42,7 +42,7 @@ func (k *checker) anyOf(prefix string, proj [3]string) bool {
 		if _, ok := k.t.Lookup(prefix + "." + pr + ".weight"); ok {
 			return true
 		}
-		if _, ok := k.t.Lookup(prefix + "." + pr + ".weight_packed"); ok && k.p.Quantization == QuantInt4Pack {
+		if _, ok := k.t.Lookup(prefix + "." + pr + ".weight_packed"); ok && (k.p.Quantization == QuantInt4Pack || k.p.Quantization == QuantNVFP4CT) {
 			return true
 		}
 	}
@@ -112,7 +112,7 @@ func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint stri
 		return k.plainSharedMLP(where, prefix, proj, inter, hint)
 	case k.p.Quantization == QuantInt4Pack:
 		return k.int4MLP(where, prefix, proj, inter, hint)
-	case k.p.Quantization == QuantNVFP4:
+	case k.p.Quantization.nvfp4():
 		return k.nvfp4MLP(where, prefix, proj, inter, hint)
 	case k.p.Quantization == QuantMXFP4:
 		return MLP{}, fmt.Errorf("%s: MXFP4 (quant_method mxfp4) is carried for gpt-oss's experts stacked on disk only, not for %s's per-expert tensors", where, k.p.Family)

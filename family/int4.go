@@ -24,10 +24,11 @@ type TensorBytes interface {
 	SmallTensorBytes(name string, max int64) ([]byte, error)
 }
 
-// isCTPacked reports whether a compressed-tensors quantization_config
-// describes pack-quantized weights (its own format, or any config group's).
-func isCTPacked(q config) bool {
-	if f, _ := q.str("format", ""); f == "pack-quantized" {
+// ctUses reports whether a compressed-tensors quantization_config
+// describes weights in compression format (its own format, or any config
+// group's): "pack-quantized", "nvfp4-pack-quantized".
+func ctUses(q config, format string) bool {
+	if f, _ := q.str("format", ""); f == format {
 		return true
 	}
 	groups, ok, err := q.object("config_groups")
@@ -39,7 +40,7 @@ func isCTPacked(q config) bool {
 		if err != nil || !ok {
 			continue
 		}
-		if f, _ := g.str("format", ""); f == "pack-quantized" {
+		if f, _ := g.str("format", ""); f == format {
 			return true
 		}
 	}

@@ -2,6 +2,7 @@ package family
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -36,6 +37,98 @@ func readModelOptNVFP4(q config) (Quantization, string, error) {
 		return "", "", q.errorf("group_size", "%d is not supported (NVFP4 scales groups of %d)", g, weightfmt.NVFP4Group)
 	}
 	return QuantNVFP4, "", nil
+}
+
+// readCTNVFP4 checks a compressed-tensors quantization_config whose config
+// groups are nvfp4-pack-quantized (llm-compressor's NVFP4 and NVFP4A16
+// schemes): weights type float, 4 bits, strategy tensor_group, group_size
+// 16, symmetric, static; activations none (W4A16) or NVFP4 with the
+// per-tensor global scale stored (dynamic "local": input_global_scale,
+// carried, not simulated) or nothing stored (dynamic true).
+func readCTNVFP4(q config) error {
+	topFmt, err := q.str("format", "")
+	if err != nil {
+		return err
+	}
+	groups, ok, err := q.object("config_groups")
+	if err != nil {
+		return err
+	}
+	if !ok || len(groups.m) == 0 {
+		return q.missing("config_groups")
+	}
+	for _, name := range slices.Sorted(maps.Keys(groups.m)) {
+		g, _, err := groups.object(name)
+		if err != nil {
+			return err
+		}
+		if f, err := g.str("format", topFmt); err != nil {
+			return err
+		} else if f != "nvfp4-pack-quantized" {
+			return g.errorf("format", "%q is not supported with nvfp4-pack-quantized config groups (one expert format per checkpoint)", f)
+		}
+		w, ok, err := g.object("weights")
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return g.missing("weights")
+		}
+		if err := nvfp4Args(w, "weights"); err != nil {
+			return err
+		}
+		if d, err := w.boolean("dynamic", false); err != nil {
+			return err
+		} else if d {
+			return w.errorf("dynamic", "true is not supported (weights quantised at run time have no stored scales)")
+		}
+		a, ok, err := g.object("input_activations")
+		if err != nil || !ok || len(a.m) == 0 {
+			return err // W4A16: no activation quantisation
+		}
+		if err := nvfp4Args(a, "input activations"); err != nil {
+			return err
+		}
+		// dynamic "local": the per-tensor global scale is stored
+		// (input_global_scale), the block scales computed at run time;
+		// true: nothing is stored; false would store static block scales.
+		if d := a.m["dynamic"]; d != true && d != "local" {
+			return a.errorf("dynamic", "%s is not supported (static NVFP4 activation block scales are not carried; only \"local\" or true)", describe(d))
+		}
+	}
+	return nil
+}
+
+// nvfp4Args checks the quantisation args of NVFP4 weights or activations
+// in a compressed-tensors config group: type float, 4 bits, strategy
+// tensor_group, group_size 16, symmetric.
+func nvfp4Args(w config, what string) error {
+	if t, err := w.str("type", "int"); err != nil {
+		return err
+	} else if t != "float" {
+		return w.errorf("type", "%q is not supported for NVFP4 %s (only float: E2M1)", t, what)
+	}
+	if b, err := w.intIn("num_bits", 8, 1, 64); err != nil {
+		return err
+	} else if b != 4 {
+		return w.errorf("num_bits", "%d is not supported for NVFP4 %s (only 4)", b, what)
+	}
+	if st, err := w.str("strategy", "tensor"); err != nil {
+		return err
+	} else if st != "tensor_group" {
+		return w.errorf("strategy", "%q is not supported for NVFP4 %s (only tensor_group: a scale per 16 and one per tensor)", st, what)
+	}
+	if g, err := w.intIn("group_size", 0, 0, maxDim); err != nil {
+		return err
+	} else if g != weightfmt.NVFP4Group {
+		return w.errorf("group_size", "%d is not supported for NVFP4 %s (NVFP4 scales groups of %d)", g, what, weightfmt.NVFP4Group)
+	}
+	if sym, err := w.boolean("symmetric", true); err != nil {
+		return err
+	} else if !sym {
+		return w.errorf("symmetric", "false is not supported (a zero point, weight_zero_point, is not carried)")
+	}
+	return nil
 }
 
 // readHFNVFP4 reads hf_quant_config.json (nil: none) where config.json
@@ -78,7 +171,8 @@ func checkNVFP4Groups(raw map[string]any, t Tensors, p *Plan) error {
 	})
 }
 
-// nvfp4MLP checks one MLP of NVFP4 weights.
+// nvfp4MLP checks one MLP of NVFP4 weights, named as the plan's format's
+// producer names them.
 func (k *checker) nvfp4MLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
 	var m MLP
 	names := [3]*string{&m.Gate, &m.Up, &m.Down}
@@ -86,13 +180,13 @@ func (k *checker) nvfp4MLP(where, prefix string, proj [3]string, inter int, hint
 	globals := [3]*string{&m.GateGlobal, &m.UpGlobal, &m.DownGlobal}
 	inputs := [3]*string{&m.GateInput, &m.UpInput, &m.DownInput}
 	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
-		w := prefix + "." + pr + ".weight"
-		if err := k.nvfp4Weight(where, pr, w, rows, cols, hint); err != nil {
+		tn, err := k.nvfp4Weight(where, pr, prefix+"."+pr+".weight", rows, cols, hint)
+		if err != nil {
 			return err
 		}
-		*names[n], *scales[n], *globals[n] = w, w+"_scale", w+"_scale_2"
+		*names[n], *scales[n], *globals[n] = tn.Weight, tn.Scale, tn.Global
 		if k.p.NVFP4InputScale {
-			*inputs[n] = prefix + "." + pr + ".input_scale"
+			*inputs[n] = tn.Input
 		}
 		return nil
 	}); err != nil {
@@ -113,55 +207,59 @@ func (k *checker) scalarF32(where, name, what string) error {
 	return nil
 }
 
-// nvfp4Weight checks one NVFP4 projection (weight [rows, cols]).
-func (k *checker) nvfp4Weight(where, role, weight string, rows, cols int64, hint string) error {
-	meta, ok := k.t.Lookup(weight)
-	if !ok {
-		return fmt.Errorf("%s: missing tensor %s", where, weight)
-	}
-	if meta.DType != safetensors.U8 {
-		return fmt.Errorf("%s: %s is %s but the quantisation config says NVFP4 (U8, two E2M1 to a byte) for this module", where, weight, meta.DType)
-	}
-	if k.dtype == "" {
-		k.dtype, k.dtypeFrom = meta.DType, weight
-	}
+// nvfp4Weight checks one NVFP4 projection (plain name weight, [rows,
+// cols]) and names its tensors.
+func (k *checker) nvfp4Weight(where, role, weight string, rows, cols int64, hint string) (weightfmt.Tensors, error) {
 	f, err := k.p.Format()
 	if err != nil {
-		return fmt.Errorf("%s: %w", where, err)
+		return weightfmt.Tensors{}, fmt.Errorf("%s: %w", where, err)
+	}
+	tn := weightfmt.TensorsOf(f, weight)
+	meta, ok := k.t.Lookup(tn.Weight)
+	if !ok {
+		if _, plain := k.t.Lookup(weight); plain && tn.Weight != weight {
+			return tn, fmt.Errorf("%s: %s is stored unpacked (%s) but the quantisation config says %s for this module", where, tn.Weight, weight, f)
+		}
+		return tn, fmt.Errorf("%s: missing tensor %s", where, tn.Weight)
+	}
+	if meta.DType != safetensors.U8 {
+		return tn, fmt.Errorf("%s: %s is %s but the quantisation config says NVFP4 (U8, two E2M1 to a byte) for this module", where, tn.Weight, meta.DType)
+	}
+	if k.dtype == "" {
+		k.dtype, k.dtypeFrom = meta.DType, tn.Weight
 	}
 	if cols%weightfmt.NVFP4Group != 0 {
-		return fmt.Errorf("%s: %s weight has %d input columns, not a whole number of %d-column NVFP4 scale groups", where, role, cols, weightfmt.NVFP4Group)
+		return tn, fmt.Errorf("%s: %s weight has %d input columns, not a whole number of %d-column NVFP4 scale groups", where, role, cols, weightfmt.NVFP4Group)
 	}
 	mx := weightfmt.Matrix{Format: f, Rows: rows, Cols: cols}
 	if want := mx.Shape(); !slices.Equal(meta.Shape, want) {
-		return fmt.Errorf("%s: %s %s shape %s, expected %s (%s weight [%d, %d], two E2M1 to a byte) %s",
-			where, role, weight, shapeString(meta.Shape), shapeString(want), role, rows, cols, hint)
+		return tn, fmt.Errorf("%s: %s %s shape %s, expected %s (%s weight [%d, %d], two E2M1 to a byte) %s",
+			where, role, tn.Weight, shapeString(meta.Shape), shapeString(want), role, rows, cols, hint)
 	}
-	sn := weight + "_scale"
-	sm, ok := k.t.Lookup(sn)
+	sm, ok := k.t.Lookup(tn.Scale)
 	if !ok {
-		return fmt.Errorf("%s: missing tensor %s (NVFP4 weights need their block scales)", where, sn)
+		return tn, fmt.Errorf("%s: missing tensor %s (NVFP4 weights need their block scales)", where, tn.Scale)
 	}
 	r, c := mx.ScaleShape()
 	if sm.DType != safetensors.F8E4M3 || !slices.Equal(sm.Shape, []int64{r, c}) {
-		return fmt.Errorf("%s: %s is %s %s, expected F8_E4M3 [%d, %d] (one per %d input columns of %s weight [%d, %d])",
-			where, sn, sm.DType, shapeString(sm.Shape), r, c, weightfmt.NVFP4Group, role, rows, cols)
+		return tn, fmt.Errorf("%s: %s is %s %s, expected F8_E4M3 [%d, %d] (one per %d input columns of %s weight [%d, %d])",
+			where, tn.Scale, sm.DType, shapeString(sm.Shape), r, c, weightfmt.NVFP4Group, role, rows, cols)
 	}
-	if err := k.scalarF32(where, weight+"_scale_2", "NVFP4's per-tensor second scale"); err != nil {
-		return err
+	if err := k.scalarF32(where, tn.Global, "NVFP4's per-tensor second scale"); err != nil {
+		return tn, err
 	}
-	in := strings.TrimSuffix(weight, ".weight") + ".input_scale"
-	_, hasIn := k.t.Lookup(in)
+	_, hasIn := k.t.Lookup(tn.Input)
 	if !k.nvInputSeen {
-		k.nvInputSeen, k.p.NVFP4InputScale, k.nvInputFrom = true, hasIn, weight
+		k.nvInputSeen, k.p.NVFP4InputScale, k.nvInputFrom = true, hasIn, tn.Weight
 	}
 	switch {
 	case hasIn && !k.p.NVFP4InputScale:
-		return fmt.Errorf("%s: %s present but %s has no input_scale: every NVFP4 expert weight has one or none", where, in, k.nvInputFrom)
+		leaf := tn.Input[strings.LastIndex(tn.Input, ".")+1:]
+		return tn, fmt.Errorf("%s: %s present but %s has no %s: every NVFP4 expert weight has one or none", where, tn.Input, k.nvInputFrom, leaf)
 	case !hasIn && k.p.NVFP4InputScale:
-		return fmt.Errorf("%s: missing tensor %s (%s has one: every NVFP4 expert weight has one or none)", where, in, k.nvInputFrom)
+		return tn, fmt.Errorf("%s: missing tensor %s (%s has one: every NVFP4 expert weight has one or none)", where, tn.Input, k.nvInputFrom)
 	case hasIn:
-		return k.scalarF32(where, in, "NVFP4's static activation scale")
+		return tn, k.scalarF32(where, tn.Input, "NVFP4's static activation scale")
 	}
-	return nil
+	return tn, nil
 }

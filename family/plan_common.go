@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // ErrAlreadyConverted marks a checkpoint that is already moeprep (or other
@@ -244,7 +245,7 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 			}
 		}
 	} else if !converted {
-		if err := s.scanExperts(where, prefix, names, p.NumExperts, p.Quantization.scaleDTypeRead(), p.Quantization == QuantInt4Pack, p.Quantization == QuantNVFP4); err != nil {
+		if err := s.scanExperts(where, prefix, names, p, p.Quantization.scaleDTypeRead(), p.Quantization == QuantInt4Pack); err != nil {
 			return Layer{}, err
 		}
 		out.Experts = make([]MLP, p.NumExperts)
@@ -431,8 +432,19 @@ func (s *spec) mtpLayers(c config, p *Plan, byLayer map[int][]string, module str
 // scanExperts rejects tensors under the experts container that no expert
 // slot accounts for: ids >= E, or names other than the three projections
 // and their block scales (or, scaled is set, their weight_scale: FP8 per
-// channel or per tensor).
-func (s *spec) scanExperts(where, prefix string, names []string, numExperts int, scaled, packed, nv bool) error {
+// channel or per tensor), or the tensors the plan's format names for a
+// projection (TensorsOf: packed weights, global and activation scales).
+func (s *spec) scanExperts(where, prefix string, names []string, p *Plan, scaled, packed bool) error {
+	numExperts := p.NumExperts
+	tails := map[string]bool{}
+	if f, err := p.Format(); err == nil {
+		for _, pr := range s.names.proj {
+			tn := weightfmt.TensorsOf(f, pr+".weight")
+			for _, n := range []string{tn.Weight, tn.Scale, tn.Global, tn.Shape, tn.Input} {
+				tails[n] = n != ""
+			}
+		}
+	}
 	ep := prefix + "." + s.names.experts + "."
 	for _, name := range names {
 		rest, ok := strings.CutPrefix(name, ep)
@@ -451,7 +463,7 @@ func (s *spec) scanExperts(where, prefix string, names []string, numExperts int,
 		for _, pr := range s.names.proj {
 			known = known || tail == pr+".weight" || tail == pr+".weight_scale_inv" || scaled && tail == pr+".weight_scale" ||
 				packed && (tail == pr+".weight_packed" || tail == pr+".weight_shape" || tail == pr+".weight_zero_point" || tail == pr+".weight_g_idx") ||
-				nv && (tail == pr+".weight_scale" || tail == pr+".weight_scale_2" || tail == pr+".input_scale")
+				tails[tail]
 		}
 		if !known {
 			return fmt.Errorf("%s: expert %d: unexpected tensor %s", where, id, name)

@@ -26,11 +26,14 @@ func (p *Plan) Format() (weightfmt.Format, error) {
 	if q == QuantInt4Pack {
 		block = []int64{1, p.GroupSize}
 	}
-	if q == QuantNVFP4 {
+	if q.nvfp4() {
 		block = []int64{1, weightfmt.NVFP4Group}
 	}
 	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt, ScaleDType: p.ScaleDType, Block: block})
 }
+
+// nvfp4 reports whether q is NVFP4, ModelOpt's or compressed-tensors'.
+func (q Quantization) nvfp4() bool { return q == QuantNVFP4 || q == QuantNVFP4CT }
 
 // scaleDTypeRead reports whether the plan's format takes its scale dtype
 // from the checkpoint's scale tensors (Plan.ScaleDType).
@@ -61,8 +64,11 @@ func readQuant(c config) (Quantization, string, error) {
 	if method == "mxfp4" {
 		return QuantMXFP4, "", nil // checkMXFP4Groups reads the rest
 	}
-	if method == "compressed-tensors" && isCTPacked(q) {
+	if method == "compressed-tensors" && ctUses(q, "pack-quantized") {
 		return QuantInt4Pack, "", nil // readCTInt4 reads the rest
+	}
+	if method == "compressed-tensors" && ctUses(q, "nvfp4-pack-quantized") {
+		return QuantNVFP4CT, "", readCTNVFP4(q)
 	}
 	if method == "modelopt" {
 		return readModelOptNVFP4(q)
@@ -202,7 +208,7 @@ func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 	if p.Quantization == QuantInt4Pack {
 		return checkInt4Groups(raw, t, p)
 	}
-	if p.Quantization == QuantNVFP4 {
+	if p.Quantization.nvfp4() {
 		return checkNVFP4Groups(raw, t, p)
 	}
 	if p.Quantization == QuantMXFP4 {

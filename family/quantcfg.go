@@ -98,17 +98,22 @@ func (d QuantDesc) Supported() bool {
 		return d.File == "config.json" && d.Key == "quantization_config"
 	case QuantKindNVFP4:
 		// ModelOpt NVFP4 in config.json's quantization_config or
-		// hf_quant_config.json (readModelOptNVFP4 checks the rest);
-		// compressed-tensors' nvfp4-pack-quantized is not carried yet.
-		return strings.HasPrefix(d.Label, "modelopt nvfp4 (group 16)") &&
-			(d.File == "hf_quant_config.json" || d.Key == "quantization_config")
+		// hf_quant_config.json (readModelOptNVFP4 checks the rest), and
+		// compressed-tensors' nvfp4-pack-quantized in config.json's
+		// quantization_config (readCTNVFP4 checks the rest).
+		return strings.HasPrefix(d.Label, "modelopt nvfp4 (group 16)") && (d.File == "hf_quant_config.json" || d.Key == "quantization_config") ||
+			d.Label == ctNVFP4Label && d.Key == "quantization_config"
 	}
 	return false
 }
 
 // carriedFormats says which expert formats moeprep reads (README's format
 // table), for refusals of anything else.
-const carriedFormats = "moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, gpt-oss MXFP4 and ModelOpt NVFP4 experts"
+const carriedFormats = "moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, gpt-oss MXFP4, ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
+
+// ctNVFP4Label is how classifyCTScheme labels compressed-tensors NVFP4 in
+// groups of 16, the one NVFP4 it may carry.
+const ctNVFP4Label = "compressed-tensors nvfp4-pack-quantized (group 16)"
 
 // Refusal is the one-line error for a description moeprep cannot carry.
 func (d QuantDesc) Refusal() error {
@@ -124,7 +129,7 @@ func (d QuantDesc) Refusal() error {
 	case d.Kind == QuantKindInt4Pack:
 		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json's quantization_config only"
 	case d.Kind == QuantKindNVFP4:
-		why = "not carried yet: moeprep reads ModelOpt NVFP4 experts (quant_algo NVFP4, group 16) only"
+		why = "not carried yet: moeprep reads ModelOpt NVFP4 experts (quant_algo NVFP4, group 16) and compressed-tensors nvfp4-pack-quantized ones (group 16) described by config.json's quantization_config only"
 	}
 	return fmt.Errorf("%s: %s: %s: %s", d.File, d.Key, d.Summary(), why)
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-const notCarried = ": not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, gpt-oss MXFP4 and ModelOpt NVFP4 experts"
+const notCarried = ": not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, gpt-oss MXFP4, ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
 
 // kimiIgnore is Kimi-K2-Thinking's ignore list: routed experts INT4, the
 // rest bf16.
@@ -65,7 +65,11 @@ func TestDetectQuant(t *testing.T) {
 		{"nvfp4 compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}, "ignore": ["lm_head", "re:.*mlp.gate$"]}}`, "",
 			QuantKindNVFP4,
-			"config.json: quantization_config: compressed-tensors nvfp4-pack-quantized (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet: moeprep reads ModelOpt NVFP4 experts (quant_algo NVFP4, group 16) only"},
+			""}, // carried: readCTNVFP4 reads the rest
+		{"nvfp4 compressed-tensors group 32",
+			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 32}}}}}`, "",
+			QuantKindNVFP4,
+			"config.json: quantization_config: compressed-tensors nvfp4-pack-quantized (group 32) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet: moeprep reads ModelOpt NVFP4 experts (quant_algo NVFP4, group 16) and compressed-tensors nvfp4-pack-quantized ones (group 16) described by config.json's quantization_config only"},
 		{"fp8 per-channel compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}, "ignore": ["lm_head"]}}`, "",
 			QuantKindFP8Channel,

@@ -6,32 +6,50 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// ModelOpt NVFP4 checkpoints (issue 29: NVIDIA's DeepSeek-R1-FP4 layout,
-// NVFP4 routed and shared experts with weight_scale_2 and input_scale) at
-// sizes and seeds that the small-deepseek-r1-nvfp4 preset does not use:
+// NVFP4 checkpoints (issue 29): ModelOpt's (NVIDIA's DeepSeek-R1-FP4
+// layout, NVFP4 routed and shared experts with weight_scale_2 and
+// input_scale) and compressed-tensors' nvfp4-pack-quantized (RedHat's,
+// weight_packed with a dividing weight_global_scale and
+// input_global_scale), at sizes and seeds that the presets do not use:
 // convert in every layout and fuse-shared pass validate on the CPU, and
 // each mutation of DST fails it.
 
+// nvfp4Producers are the two NVFP4 producers' spec tables, each with its
+// format and the fixture its mutations corrupt (one with a shared expert
+// and grouped routing).
+var nvfp4Producers = []struct {
+	name    string
+	specs   func() map[string]fixtures.SynthSpec
+	f       weightfmt.Format
+	mutated string
+}{
+	{"modelopt", nvfp4Specs, weightfmt.NVFP4ModelOpt(), "deepseek-v3-nv"},
+	{"compressed-tensors", nvfp4CTSpecs, weightfmt.NVFP4CT(), "deepseek-v3-ct"},
+}
+
 func TestNVFP4ConversionsValidate(t *testing.T) {
-	for name, spec := range nvfp4Specs() {
-		t.Run(name, func(t *testing.T) {
-			src := synthFrom(t, nvfp4Specs(), name)
-			opts := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
-			if spec.SharedExperts > 0 {
-				opts = append(opts, convert.Options{Layout: layout.Stacked, FuseShared: true, Replicas: 1},
-					convert.Options{Layout: layout.GateUp, FuseShared: true, Replicas: 2})
-			}
-			conversionsPass(t, src, DeviceCPU, opts, func(o convert.Options, c *layout.Contract) {
-				quantContract{weightfmt.QuantNVFP4ModelOpt, "U8", "", []int64{1, 16}}.check(t, o, c)
-				if !c.InputScales || c.RoutedScalingFactorFolded {
-					t.Errorf("%+v: contract input_scales %v folded %v, want true false", o, c.InputScales, c.RoutedScalingFactorFolded)
+	for _, pr := range nvfp4Producers {
+		for name, spec := range pr.specs() {
+			t.Run(pr.name+"/"+name, func(t *testing.T) {
+				src := synthFrom(t, pr.specs(), name)
+				opts := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
+				if spec.SharedExperts > 0 {
+					opts = append(opts, convert.Options{Layout: layout.Stacked, FuseShared: true, Replicas: 1},
+						convert.Options{Layout: layout.GateUp, FuseShared: true, Replicas: 2})
 				}
+				conversionsPass(t, src, DeviceCPU, opts, func(o convert.Options, c *layout.Contract) {
+					quantContract{pr.f.Quantization(), "U8", "", []int64{1, 16}}.check(t, o, c)
+					if !c.InputScales || c.RoutedScalingFactorFolded {
+						t.Errorf("%+v: contract input_scales %v folded %v, want true false", o, c.InputScales, c.RoutedScalingFactorFolded)
+					}
+				})
 			})
-		})
+		}
 	}
 }
 
@@ -40,9 +58,17 @@ func TestNVFP4ConversionsValidate(t *testing.T) {
 // reversed each fail validate, layer checks alone and whole run.
 func TestNVFP4MutationsFail(t *testing.T) {
 	const prefix = "model.layers.1.mlp"
-	f := weightfmt.NVFP4ModelOpt()
-	const fixture = "deepseek-v3-nv"
-	cases := []dstMutation{
+	for _, pr := range nvfp4Producers {
+		t.Run(pr.name, func(t *testing.T) {
+			mutationsFail(t, pr.specs(), nvfp4Mutations(prefix, pr.f, pr.mutated), DeviceCPU, []string{BytesOff, BytesAuto})
+		})
+	}
+}
+
+// nvfp4Mutations are the corruptions of a conversion of fixture whose
+// experts are NVFP4 in format f.
+func nvfp4Mutations(prefix string, f weightfmt.Format, fixture string) []dstMutation {
+	return []dstMutation{
 		{"one flipped nibble in one expert", fixture, convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, f)
 			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
@@ -87,14 +113,39 @@ func TestNVFP4MutationsFail(t *testing.T) {
 			})
 		}},
 	}
-	mutationsFail(t, nvfp4Specs(), cases, DeviceCPU, []string{BytesOff, BytesAuto})
+}
+
+// TestNVFP4CTRefusals: what moeprep cannot carry of compressed-tensors
+// NVFP4 is refused with one line naming the reason.
+func TestNVFP4CTRefusals(t *testing.T) {
+	weights := func(c map[string]any) map[string]any { return ctGroup0(c)["weights"].(map[string]any) }
+	ignore := func(l ...any) func(c map[string]any) {
+		return func(c map[string]any) { c["quantization_config"].(map[string]any)["ignore"] = l }
+	}
+	refusalsHold(t, nvfp4CTSpecs(), []refusal{
+		{"routed experts ignored", "qwen3-ct", ignore("lm_head", "re:.*mlp.gate$", "re:.*experts.*"), nil, false,
+			"the routed experts are left unquantised by the exclude list"},
+		{"shared expert ignored", "deepseek-v3-ct", ignore("lm_head", "re:.*mlp.gate$", "re:.*shared_experts.*"), nil, false,
+			"the shared expert is left unquantised while the routed experts are compressed-tensors nvfp4-pack-quantized (group 16)"},
+		{"static activation block scales", "qwen3-ct", func(c map[string]any) { ctGroup0(c)["input_activations"].(map[string]any)["dynamic"] = false }, nil, false,
+			"static NVFP4 activation block scales are not carried"},
+		{"groups of 32", "qwen3-ct", func(c map[string]any) { weights(c)["group_size"] = 32 }, nil, false,
+			"compressed-tensors nvfp4-pack-quantized (group 32) on the routed experts"},
+		{"asymmetric", "qwen3-ct", func(c map[string]any) { weights(c)["symmetric"] = false }, nil, false,
+			"symmetric: false is not supported"},
+	})
 }
 
 // TestNVFP4GPURefused: the GPU kernels have no NVFP4 path: --device cuda
 // refuses, naming the format, before any layer runs; --device auto runs on
 // the CPU with a note.
 func TestNVFP4GPURefused(t *testing.T) {
-	src := synthFrom(t, nvfp4Specs(), "qwen3-nv")
-	dst := convertInto(t, src, convert.Options{Layout: layout.Stacked})
-	cudaRefused(t, src, dst, "", "NVFP4", "no GPU path")
+	for _, pr := range []struct {
+		specs func() map[string]fixtures.SynthSpec
+		name  string
+	}{{nvfp4Specs, "qwen3-nv"}, {nvfp4CTSpecs, "qwen3-ct"}} {
+		src := synthFrom(t, pr.specs(), pr.name)
+		dst := convertInto(t, src, convert.Options{Layout: layout.Stacked})
+		cudaRefused(t, src, dst, "", "NVFP4", "no GPU path")
+	}
 }

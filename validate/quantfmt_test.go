@@ -12,6 +12,7 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 )
 
@@ -131,6 +132,39 @@ func mutationsFail(t *testing.T, specs map[string]fixtures.SynthSpec, cases []ds
 				}
 				t.Logf("bytes %s: caught: %s (worst row %.0fx its threshold)", bytes, strings.SplitN(rep.Err().Error(), ";", 2)[0], worst)
 			}
+		})
+	}
+}
+
+// refusal is one checkpoint moeprep must refuse: fixture names the synth
+// spec, edit changes its config.json and src its files (either may be
+// nil), fuse asks fuse-shared; the refusal is one line containing want.
+type refusal struct {
+	name, fixture string
+	edit          func(c map[string]any)
+	src           func(t *testing.T, src string)
+	fuse          bool
+	want          string
+}
+
+// ctGroup0 is config group group_0 of a compressed-tensors config.json's
+// quantization_config, as the synth writes it.
+func ctGroup0(c map[string]any) map[string]any {
+	return c["quantization_config"].(map[string]any)["config_groups"].(map[string]any)["group_0"].(map[string]any)
+}
+
+// refusalsHold converts each case's checkpoint and requires its refusal.
+func refusalsHold(t *testing.T, specs map[string]fixtures.SynthSpec, cases []refusal) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := synthFrom(t, specs, tc.fixture)
+			if tc.edit != nil {
+				testkit.EditJSON(t, filepath.Join(src, "config.json"), tc.edit)
+			}
+			if tc.src != nil {
+				tc.src(t, src)
+			}
+			convertRefused(t, src, convert.Options{Layout: layout.Stacked, FuseShared: tc.fuse}, tc.want)
 		})
 	}
 }

@@ -56,3 +56,17 @@ func nvfp4Specs() map[string]fixtures.SynthSpec {
 			Experts: 6, TopK: 2, DType: fixtures.DTypeNVFP4, Vocab: 64, Seed: 3002},
 	}
 }
+
+// nvfp4CTSpecs are compressed-tensors NVFP4 checkpoints (every Linear but
+// the head and routers, weight_global_scale a divisor).
+func nvfp4CTSpecs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// Two shared experts (one NVFP4 shared MLP of 2I), grouped routing.
+		"deepseek-v3-ct": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 80, Intermediate: 32,
+			Experts: 12, SharedExperts: 2, TopK: 3, NGroup: 3, TopKGroup: 2, RoutedScalingFactor: 1.75,
+			DType: fixtures.DTypeNVFP4CT, Vocab: 64, Seed: 4001, BiasLike: "deepseek"},
+		// Three 16-groups a down row, one a gate row.
+		"qwen3-ct": {Family: "qwen3_moe", Layers: 2, Hidden: 16, Intermediate: 48,
+			Experts: 6, TopK: 2, DType: fixtures.DTypeNVFP4CT, Vocab: 64, Seed: 4002},
+	}
+}

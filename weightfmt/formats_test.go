@@ -67,8 +67,13 @@ func TestTensorsOf(t *testing.T) {
 		{MXFP4(NamingCompressedTensors, u8, u8), w, Tensors{Weight: w + "_packed", Scale: w + "_scale"}},
 		{MXFP4(NamingDeepSeek, safetensors.I8, safetensors.F8E8M0), "layers.3.ffn.experts.7.w1.weight",
 			Tensors{Weight: "layers.3.ffn.experts.7.w1.weight", Scale: "layers.3.ffn.experts.7.w1.scale"}},
-		{NVFP4ModelOpt(), w, Tensors{Weight: w, Scale: w + "_scale", Global: w + "_scale_2"}},
-		{NVFP4CT(), w, Tensors{Weight: w + "_packed", Scale: w + "_scale", Global: w + "_global_scale"}},
+		{NVFP4ModelOpt(), w, Tensors{Weight: w, Scale: w + "_scale", Global: w + "_scale_2",
+			Input: "model.layers.1.mlp.experts.0.gate_proj.input_scale"}},
+		{NVFP4ModelOpt(), stack, Tensors{Weight: stack, Scale: stack + "_scale", Global: stack + "_scale_2", Input: stack + "_input_scale"}},
+		{NVFP4CT(), w, Tensors{Weight: w + "_packed", Scale: w + "_scale", Global: w + "_global_scale",
+			Input: "model.layers.1.mlp.experts.0.gate_proj.input_global_scale"}},
+		{NVFP4CT(), stack, Tensors{Weight: stack + "_packed", Scale: stack + "_scale", Global: stack + "_global_scale",
+			Input: stack + "_input_global_scale"}},
 	} {
 		if got := TensorsOf(tc.f, tc.weight); got != tc.want {
 			t.Errorf("%s %s: %+v, want %+v", tc.f, tc.weight, got, tc.want)

@@ -67,7 +67,7 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 			sharedQ, sharedDT = "", "" // fused shared experts are stored like the routed ones
 		}
 	}
-	nv := plan.Quantization == family.QuantNVFP4
+	nv := plan.Quantization == family.QuantNVFP4 || plan.Quantization == family.QuantNVFP4CT
 	var nvBlock []int64
 	nvInput := false
 	if nv {
@@ -522,13 +522,16 @@ func srcInt4Tensors(src *checkpoint.Checkpoint, plan *family.Plan) (scale, share
 }
 
 // srcNVFP4 derives an NVFP4 contract's weight_block_size from SRC's own
-// description (config.json's quantization_config, else
-// hf_quant_config.json's quantization: quant_algo NVFP4, group_size 16)
-// and whether its experts carry input_scale (the first routed expert's
-// gate projection, looked up by its hub name).
+// description and whether its experts carry a static activation scale
+// (the first routed expert's gate projection, looked up by its hub name).
+// ModelOpt: config.json's quantization_config, else hf_quant_config.json's
+// quantization (quant_algo NVFP4, group_size 16), x.input_scale;
+// compressed-tensors: config groups of nvfp4-pack-quantized weights in
+// groups of 16, x.input_global_scale beside x.weight_packed.
 func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, input bool, why string) {
 	desc, _ := src.Config["quantization_config"].(map[string]any)
-	if desc == nil {
+	ct := plan.Quantization == family.QuantNVFP4CT
+	if desc == nil && !ct {
 		if hf := src.HFQuantConfig(); hf != nil {
 			desc, _ = hf["quantization"].(map[string]any)
 		}
@@ -536,21 +539,62 @@ func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, inp
 	if desc == nil {
 		return nil, false, "SRC has no NVFP4 description (quantization_config or hf_quant_config.json)"
 	}
-	if a, _ := desc["quant_algo"].(string); a != "NVFP4" {
-		return nil, false, fmt.Sprintf("SRC's quant_algo is %q, not NVFP4", a)
-	}
-	g := 16.0
-	if v, ok := desc["group_size"].(float64); ok {
-		g = v
+	g, leaf, weight := 16.0, ".input_scale", ".weight"
+	if ct {
+		if why := ctGroups(desc, "nvfp4-pack-quantized", func(w map[string]any) string {
+			if v, _ := w["group_size"].(float64); v != 16 {
+				return fmt.Sprintf("SRC's config group has group_size %s, not 16", render(w["group_size"]))
+			}
+			return ""
+		}); why != "" {
+			return nil, false, why
+		}
+		leaf, weight = ".input_global_scale", ".weight_packed"
+	} else {
+		if a, _ := desc["quant_algo"].(string); a != "NVFP4" {
+			return nil, false, fmt.Sprintf("SRC's quant_algo is %q, not NVFP4", a)
+		}
+		if v, ok := desc["group_size"].(float64); ok {
+			g = v
+		}
 	}
 	if g != 16 {
 		return nil, false, fmt.Sprintf("SRC's group_size is %v, not 16", g)
 	}
 	if len(plan.Layers) > 0 && len(plan.Layers[0].Experts) > 0 {
 		w := plan.Layers[0].Experts[0].Gate
-		_, input = src.Tensor(strings.TrimSuffix(w, ".weight") + ".input_scale")
+		_, input = src.Tensor(strings.TrimSuffix(w, weight) + leaf)
 	}
 	return []int64{1, 16}, input, ""
+}
+
+// ctGroups checks that a compressed-tensors description's config groups
+// are all of compression format (the group's, else the description's) and
+// that check("" when it passes) holds for each one's weights.
+func ctGroups(desc map[string]any, format string, check func(weights map[string]any) string) string {
+	if m, _ := desc["quant_method"].(string); m != "compressed-tensors" {
+		return fmt.Sprintf("SRC's quant_method %s is not compressed-tensors", render(m))
+	}
+	top, _ := desc["format"].(string)
+	groups, _ := desc["config_groups"].(map[string]any)
+	if len(groups) == 0 {
+		return "SRC's compressed-tensors description has no config group"
+	}
+	for _, g := range groups {
+		gm, _ := g.(map[string]any)
+		f, ok := gm["format"].(string)
+		if !ok {
+			f = top
+		}
+		if f != format {
+			return fmt.Sprintf("SRC's config group format %s is not %s", render(f), format)
+		}
+		w, _ := gm["weights"].(map[string]any)
+		if why := check(w); why != "" {
+			return why
+		}
+	}
+	return ""
 }
 
 // srcMXFP4Block is weight_block_size as convert records it for SRC's
