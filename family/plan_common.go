@@ -82,7 +82,7 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 		return nil, fmt.Errorf("config.json: quantization_config: quant_method mxfp4 is carried for gpt-oss (experts stacked on disk as *_blocks and *_scales) only, not %s", p.ModelType)
 	}
 	if p.Quantization == QuantInt4Pack {
-		q, _, _ := c.object("quantization_config")
+		q, _, _, _ := quantConfig(c) // readQuant read it
 		if p.GroupSize, err = readCTInt4(q); err != nil {
 			return nil, err
 		}

@@ -41,7 +41,9 @@ func (q Quantization) scaleDTypeRead() bool {
 	return q == QuantFP8Channel || q == QuantFP8Tensor || q == QuantInt4Pack
 }
 
-// readQuant reads quantization_config. Supported: DeepSeek-style FP8
+// readQuant reads config.json's quantisation description, wherever it
+// lives (quantConfig: quantization_config, text_config's, or
+// compression_config). Supported: DeepSeek-style FP8
 // (quant_method fp8, e4m3, weight_block_size [128,128], dynamic
 // activations); FP8 per tensor (quant_method fp8 without
 // weight_block_size, dynamic activations); and compressed-tensors
@@ -50,13 +52,9 @@ func (q Quantization) scaleDTypeRead() bool {
 // scales) and would be copied or stacked wrongly; refuseQuant has refused
 // them before this runs.
 func readQuant(c config) (Quantization, string, error) {
-	q, ok, err := c.object("quantization_config")
+	q, method, ok, err := quantConfig(c)
 	if err != nil || !ok {
 		return QuantNone, "", err
-	}
-	method, err := q.str("quant_method", "")
-	if err != nil {
-		return "", "", err
 	}
 	if method == "" {
 		return "", "", q.missing("quant_method")

@@ -3,6 +3,7 @@ package family
 import (
 	"fmt"
 	"maps"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -75,34 +76,31 @@ type QuantDesc struct {
 	Groups map[string]string // group -> how it is stored ("" when left unquantised)
 }
 
-// Supported reports whether moeprep carries the description today: FP8
-// 128x128 blocks, and FP8 per channel or per tensor described by
-// config.json's quantization_config (compressed-tensors float-quantized,
-// or quant_method fp8 without weight_block_size; readQuant checks the
-// rest). ModelOpt's FP8 (static activation scales) is not.
+// Supported reports whether moeprep carries the description today,
+// wherever config.json holds it (quantConfig reads the one description):
+// FP8 128x128 blocks; FP8 per channel or per tensor (compressed-tensors
+// float-quantized, or quant_method fp8 without weight_block_size; not
+// ModelOpt's, whose activation scales are static); compressed-tensors
+// pack-quantized INT4; gpt-oss's MXFP4; NVFP4 in groups of 16, ModelOpt's
+// (config.json or hf_quant_config.json) or compressed-tensors'. readQuant
+// and the format's reader check the rest.
 func (d QuantDesc) Supported() bool {
+	inConfig := d.File == "config.json"
 	switch d.Kind {
 	case QuantKindNone, QuantKindFP8Block:
 		return true
 	case QuantKindFP8Channel, QuantKindFP8Tensor:
-		return d.File == "config.json" && d.Key == "quantization_config" && !strings.HasPrefix(d.Label, "modelopt")
+		return inConfig && !strings.HasPrefix(d.Label, "modelopt")
 	case QuantKindMXFP4:
-		// gpt-oss's quant_method mxfp4 in config.json's
-		// quantization_config (compressed-tensors' mxfp4-pack-quantized is
-		// not carried yet); family checks that the family is gpt-oss.
-		return d.File == "config.json" && d.Key == "quantization_config" && d.Label == "mxfp4"
+		// gpt-oss's quant_method mxfp4 (compressed-tensors'
+		// mxfp4-pack-quantized is not carried yet); family checks that the
+		// family is gpt-oss.
+		return inConfig && d.Label == "mxfp4"
 	case QuantKindInt4Pack:
-		// compressed-tensors pack-quantized INT4 in config.json's
-		// quantization_config (readCTInt4 checks the rest: symmetric,
-		// group or channel, W4A16).
-		return d.File == "config.json" && d.Key == "quantization_config"
+		// readCTInt4 checks the rest: symmetric, group or channel, W4A16.
+		return inConfig
 	case QuantKindNVFP4:
-		// ModelOpt NVFP4 in config.json's quantization_config or
-		// hf_quant_config.json (readModelOptNVFP4 checks the rest), and
-		// compressed-tensors' nvfp4-pack-quantized in config.json's
-		// quantization_config (readCTNVFP4 checks the rest).
-		return strings.HasPrefix(d.Label, "modelopt nvfp4 (group 16)") && (d.File == "hf_quant_config.json" || d.Key == "quantization_config") ||
-			d.Label == ctNVFP4Label && d.Key == "quantization_config"
+		return strings.HasPrefix(d.Label, "modelopt nvfp4 (group 16)") || d.Label == ctNVFP4Label && inConfig
 	}
 	return false
 }
@@ -123,13 +121,13 @@ func (d QuantDesc) Refusal() error {
 	case fp8Scaled && strings.HasPrefix(d.Label, "modelopt"):
 		why = "not carried: ModelOpt FP8 stores static activation scales (input_scale); moeprep reads FP8 with dynamic activations only"
 	case fp8Scaled:
-		why = "not carried yet: moeprep reads FP8 per-channel and per-tensor experts described by config.json's quantization_config only"
+		why = "not carried yet: moeprep reads FP8 per-channel and per-tensor experts described by config.json only"
 	case d.Kind == QuantKindMXFP4:
-		why = "not carried yet: moeprep reads MXFP4 experts as gpt-oss stores them (quant_method mxfp4 in config.json's quantization_config) only"
+		why = "not carried yet: moeprep reads MXFP4 experts as gpt-oss stores them (quant_method mxfp4) only"
 	case d.Kind == QuantKindInt4Pack:
-		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json's quantization_config only"
+		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json only"
 	case d.Kind == QuantKindNVFP4:
-		why = "not carried yet: moeprep reads ModelOpt NVFP4 experts (quant_algo NVFP4, group 16) and compressed-tensors nvfp4-pack-quantized ones (group 16) described by config.json's quantization_config only"
+		why = "not carried yet: moeprep reads NVFP4 experts in groups of 16 only (ModelOpt quant_algo NVFP4, compressed-tensors nvfp4-pack-quantized)"
 	}
 	return fmt.Errorf("%s: %s: %s: %s", d.File, d.Key, d.Summary(), why)
 }
@@ -173,32 +171,15 @@ func (d QuantDesc) Summary() string {
 // description of config.json's quantization_config is left to readQuant,
 // which checks it in full.
 func DetectQuant(raw map[string]any, hf map[string]any) ([]QuantDesc, error) {
-	c := config{m: raw}
 	var out []QuantDesc
-	// add classifies parent's object key, where there is one.
-	add := func(parent config, key string) error {
-		q, ok, err := parent.object(key)
-		if err != nil || !ok {
-			return err
-		}
-		d, err := classify(q, "config.json", parent.at+key)
+	if err := configQuants(config{m: raw}, func(q config, key string) error {
+		d, err := classify(q, "config.json", key)
 		if err != nil {
 			return err
 		}
 		out = append(out, d)
 		return nil
-	}
-	if err := add(c, "quantization_config"); err != nil {
-		return nil, err
-	}
-	if tc, ok, err := c.object("text_config"); err != nil {
-		return nil, err
-	} else if ok {
-		if err := add(tc, "quantization_config"); err != nil {
-			return nil, err
-		}
-	}
-	if err := add(c, "compression_config"); err != nil {
+	}); err != nil {
 		return nil, err
 	}
 	if hf != nil {
@@ -216,6 +197,58 @@ func DetectQuant(raw map[string]any, hf map[string]any) ([]QuantDesc, error) {
 		}
 	}
 	return out, nil
+}
+
+// configQuants calls f on each quantisation description of config.json,
+// where one is, in order: quantization_config, text_config's
+// quantization_config (multimodal wrappers: Kimi-K2.5), compression_config
+// (older compressed-tensors); key is its path ("text_config.quantization_config").
+func configQuants(c config, f func(q config, key string) error) error {
+	visit := func(parent config, key string) error {
+		q, ok, err := parent.object(key)
+		if err != nil || !ok {
+			return err
+		}
+		return f(q, parent.at+key)
+	}
+	if err := visit(c, "quantization_config"); err != nil {
+		return err
+	}
+	if tc, ok, err := c.object("text_config"); err != nil {
+		return err
+	} else if ok {
+		if err := visit(tc, "quantization_config"); err != nil {
+			return err
+		}
+	}
+	return visit(c, "compression_config")
+}
+
+// quantConfig is config.json's quantisation description wherever it lives
+// (configQuants), and its quant_method (compression_config's defaults to
+// compressed-tensors, as only compressed-tensors wrote it); ok is false
+// when there is none. Two descriptions must say the same: moeprep reads
+// one.
+func quantConfig(c config) (q config, method string, ok bool, err error) {
+	err = configQuants(c, func(d config, key string) error {
+		if ok && !reflect.DeepEqual(d.m, q.m) {
+			return fmt.Errorf("config.json: %s and %s describe the quantisation differently; moeprep reads one description", strings.TrimSuffix(q.at, "."), key)
+		}
+		if !ok {
+			q, ok = d, true
+		}
+		return nil
+	})
+	if err != nil || !ok {
+		return config{}, "", false, err
+	}
+	if method, err = q.str("quant_method", ""); err != nil {
+		return config{}, "", false, err
+	}
+	if method == "" && q.at == "compression_config." {
+		method = "compressed-tensors"
+	}
+	return q, method, true, nil
 }
 
 // hfErr renames an error of config's helpers, which say config.json.

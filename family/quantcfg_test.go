@@ -19,7 +19,6 @@ const int4Group = `{"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4
 // classified, its ignore list resolved per tensor group, and refused with
 // one exact line (FP8 128x128 blocks pass to readQuant).
 func TestDetectQuant(t *testing.T) {
-	const int4Elsewhere = ": not carried yet: moeprep reads pack-quantized INT4 experts described by config.json's quantization_config only"
 	for _, tc := range []struct {
 		name   string
 		config string // config.json
@@ -37,11 +36,15 @@ func TestDetectQuant(t *testing.T) {
 		{"int4 kimi-k2.5 text_config",
 			`{"model_type": "kimi_k25", "text_config": {"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": ` + int4Group + `, "ignore": ` + kimiIgnore + `}}}`, "",
 			QuantKindInt4Pack,
-			"config.json: text_config.quantization_config: compressed-tensors pack-quantized int4 (group 32, symmetric) on the routed experts (unquantised: shared expert, router, attention, dense MLP)" + int4Elsewhere},
+			""}, // carried wherever config.json holds it (quantConfig); the kimi_k25 wrapper itself is refused by Detect
 		{"int4 compression_config asymmetric",
 			`{"compression_config": {"format": "pack-quantized", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": false}}}, "ignore": ["lm_head"]}}`, "",
 			QuantKindInt4Pack,
-			"config.json: compression_config: compressed-tensors pack-quantized int4 (group 128, asymmetric) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + int4Elsewhere},
+			""}, // readCTInt4 refuses the zero point (TestQuantConfigPlaces)
+		{"int4 in hf_quant_config.json",
+			`{}`, `{"quantization": {"quant_algo": "W4A16_AWQ"}}`,
+			QuantKindUnknown,
+			"hf_quant_config.json: quantization: modelopt w4a16_awq on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
 		{"mxfp4 gpt-oss",
 			`{"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}`, "",
 			QuantKindMXFP4, ""}, // carried (gpt-oss: family/mxfp4.go)
@@ -69,7 +72,7 @@ func TestDetectQuant(t *testing.T) {
 		{"nvfp4 compressed-tensors group 32",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 32}}}}}`, "",
 			QuantKindNVFP4,
-			"config.json: quantization_config: compressed-tensors nvfp4-pack-quantized (group 32) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet: moeprep reads ModelOpt NVFP4 experts (quant_algo NVFP4, group 16) and compressed-tensors nvfp4-pack-quantized ones (group 16) described by config.json's quantization_config only"},
+			"config.json: quantization_config: compressed-tensors nvfp4-pack-quantized (group 32) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet: moeprep reads NVFP4 experts in groups of 16 only (ModelOpt quant_algo NVFP4, compressed-tensors nvfp4-pack-quantized)"},
 		{"fp8 per-channel compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}, "ignore": ["lm_head"]}}`, "",
 			QuantKindFP8Channel,
@@ -195,5 +198,36 @@ func TestDetectQuantBounded(t *testing.T) {
 		"modules_to_not_convert": []any{"re:(a*)*(a*)*(a*)*b"}}}
 	if _, err := DetectQuant(cfg, nil); err != nil {
 		t.Error(err)
+	}
+}
+
+// quantConfig finds config.json's one description wherever it lives,
+// takes two identical ones, refuses two that differ, and gives
+// compression_config's missing quant_method as compressed-tensors.
+func TestQuantConfig(t *testing.T) {
+	int4 := `{"format": "pack-quantized", "config_groups": ` + int4Group + `}`
+	for _, tc := range []struct {
+		config, at, method, err string
+	}{
+		{`{}`, "", "", ""},
+		{`{"compression_config": ` + int4 + `}`, "compression_config.", "compressed-tensors", ""},
+		{`{"text_config": {"quantization_config": {"quant_method": "fp8"}}}`, "text_config.quantization_config.", "fp8", ""},
+		{`{"quantization_config": {"quant_method": "fp8"}, "text_config": {"quantization_config": {"quant_method": "fp8"}}}`, "quantization_config.", "fp8", ""},
+		{`{"quantization_config": {"quant_method": "fp8"}, "compression_config": ` + int4 + `}`, "", "",
+			"config.json: quantization_config and compression_config describe the quantisation differently; moeprep reads one description"},
+		{`{"text_config": {"quantization_config": 3}}`, "", "", "config.json: text_config.quantization_config: want an object, got 3"},
+	} {
+		var raw map[string]any
+		if err := json.Unmarshal([]byte(tc.config), &raw); err != nil {
+			t.Fatal(err)
+		}
+		q, method, ok, err := quantConfig(config{m: raw})
+		if got := fmt.Sprint(err); tc.err != "" && got != tc.err || tc.err == "" && err != nil {
+			t.Errorf("%s: error %v, want %q", tc.config, err, tc.err)
+			continue
+		}
+		if q.at != tc.at || method != tc.method || ok != (tc.at != "") {
+			t.Errorf("%s: at %q method %q ok %v, want %q %q", tc.config, q.at, method, ok, tc.at, tc.method)
+		}
 	}
 }

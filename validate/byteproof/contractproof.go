@@ -257,11 +257,34 @@ func equalInts(a, b []int64) bool {
 	return true
 }
 
+// srcQuantDesc is SRC's config.json quantisation description where
+// convert reads it: quantization_config, else text_config's, else
+// compression_config (whose quant_method defaults to compressed-tensors);
+// nil when none. Its quant_method comes with it.
+func srcQuantDesc(cfg map[string]any) (map[string]any, string) {
+	tc, _ := cfg["text_config"].(map[string]any)
+	for _, d := range []struct {
+		in  map[string]any
+		key string
+	}{{cfg, "quantization_config"}, {tc, "quantization_config"}, {cfg, "compression_config"}} {
+		desc, ok := d.in[d.key].(map[string]any)
+		if !ok {
+			continue
+		}
+		m, _ := desc["quant_method"].(string)
+		if _, has := desc["quant_method"]; !has && d.key == "compression_config" {
+			m = "compressed-tensors"
+		}
+		return desc, m
+	}
+	return nil, ""
+}
+
 // srcBlockSize is the FP8 block convert reads from SRC's
 // quantization_config.weight_block_size, [128, 128] when absent; a
 // non-empty problem says why convert would have refused it.
 func srcBlockSize(cfg map[string]any) ([]int64, string) {
-	qc, _ := cfg["quantization_config"].(map[string]any)
+	qc, _ := srcQuantDesc(cfg)
 	raw, ok := qc["weight_block_size"].([]any)
 	if !ok {
 		return []int64{128, 128}, ""
@@ -356,8 +379,7 @@ func foldsRSF(src *checkpoint.Checkpoint, plan *family.Plan, mode string) bool {
 // says, all alike. A non-empty problem says why convert would have
 // refused it.
 func srcScaledQuant(cfg map[string]any) (string, string) {
-	qc, _ := cfg["quantization_config"].(map[string]any)
-	method, _ := qc["quant_method"].(string)
+	qc, method := srcQuantDesc(cfg)
 	switch method {
 	case "fp8":
 		if _, blocked := qc["weight_block_size"]; blocked {
@@ -437,8 +459,8 @@ func srcScaleDType(src *checkpoint.Checkpoint, plan *family.Plan) (string, strin
 // [1, group_size] for strategy group, [1, 0] for channel, every config
 // group alike. A non-empty problem says why convert would have refused it.
 func srcInt4Block(cfg map[string]any) ([]int64, string) {
-	qc, _ := cfg["quantization_config"].(map[string]any)
-	if m, _ := qc["quant_method"].(string); m != "compressed-tensors" {
+	qc, m := srcQuantDesc(cfg)
+	if m != "compressed-tensors" {
 		return nil, fmt.Sprintf("SRC's quantization_config.quant_method %s is not compressed-tensors", render(m))
 	}
 	groups, _ := qc["config_groups"].(map[string]any)
@@ -529,7 +551,7 @@ func srcInt4Tensors(src *checkpoint.Checkpoint, plan *family.Plan) (scale, share
 // compressed-tensors: config groups of nvfp4-pack-quantized weights in
 // groups of 16, x.input_global_scale beside x.weight_packed.
 func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, input bool, why string) {
-	desc, _ := src.Config["quantization_config"].(map[string]any)
+	desc, method := srcQuantDesc(src.Config)
 	ct := plan.Quantization == family.QuantNVFP4CT
 	if desc == nil && !ct {
 		if hf := src.HFQuantConfig(); hf != nil {
@@ -541,7 +563,7 @@ func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, inp
 	}
 	g, leaf, weight := 16.0, ".input_scale", ".weight"
 	if ct {
-		if why := ctGroups(desc, "nvfp4-pack-quantized", func(w map[string]any) string {
+		if why := ctGroups(desc, method, "nvfp4-pack-quantized", func(w map[string]any) string {
 			if v, _ := w["group_size"].(float64); v != 16 {
 				return fmt.Sprintf("SRC's config group has group_size %s, not 16", render(w["group_size"]))
 			}
@@ -571,9 +593,9 @@ func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, inp
 // ctGroups checks that a compressed-tensors description's config groups
 // are all of compression format (the group's, else the description's) and
 // that check("" when it passes) holds for each one's weights.
-func ctGroups(desc map[string]any, format string, check func(weights map[string]any) string) string {
-	if m, _ := desc["quant_method"].(string); m != "compressed-tensors" {
-		return fmt.Sprintf("SRC's quant_method %s is not compressed-tensors", render(m))
+func ctGroups(desc map[string]any, method, format string, check func(weights map[string]any) string) string {
+	if method != "compressed-tensors" {
+		return fmt.Sprintf("SRC's quant_method %s is not compressed-tensors", render(method))
 	}
 	top, _ := desc["format"].(string)
 	groups, _ := desc["config_groups"].(map[string]any)
@@ -604,8 +626,7 @@ func ctGroups(desc map[string]any, format string, check func(weights map[string]
 // bytes of blocks, two E2M1 elements a byte, so [1, 2b] (OCP MX: [1, 32]).
 // A non-empty problem says why convert would have refused it.
 func srcMXFP4Block(src *checkpoint.Checkpoint, plan *family.Plan) ([]int64, string) {
-	qc, _ := src.Config["quantization_config"].(map[string]any)
-	if m, _ := qc["quant_method"].(string); m != "mxfp4" {
+	if _, m := srcQuantDesc(src.Config); m != "mxfp4" {
 		return nil, fmt.Sprintf("SRC's quantization_config.quant_method %s is not mxfp4", render(m))
 	}
 	var out []int64
