@@ -162,7 +162,8 @@ func checkInt4Groups(raw map[string]any, t Tensors, p *Plan) error {
 }
 
 // SharedFormat is how the plan's shared expert is stored: Format, unless
-// SharedQuantization says otherwise (plain weights of SharedWeightDType).
+// SharedQuantization says otherwise (plain weights, or FP8 blocks, of
+// SharedWeightDType).
 func (p *Plan) SharedFormat() (weightfmt.Format, error) {
 	if p.SharedQuantization == "" {
 		return p.Format()

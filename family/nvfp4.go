@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -169,97 +168,4 @@ func checkNVFP4Groups(raw map[string]any, t Tensors, p *Plan) error {
 		}
 		return nil
 	})
-}
-
-// nvfp4MLP checks one MLP of NVFP4 weights, named as the plan's format's
-// producer names them.
-func (k *checker) nvfp4MLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
-	var m MLP
-	names := [3]*string{&m.Gate, &m.Up, &m.Down}
-	scales := [3]*string{&m.GateScale, &m.UpScale, &m.DownScale}
-	globals := [3]*string{&m.GateGlobal, &m.UpGlobal, &m.DownGlobal}
-	inputs := [3]*string{&m.GateInput, &m.UpInput, &m.DownInput}
-	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
-		tn, err := k.nvfp4Weight(where, pr, prefix+"."+pr+".weight", rows, cols, hint)
-		if err != nil {
-			return err
-		}
-		*names[n], *scales[n], *globals[n] = tn.Weight, tn.Scale, tn.Global
-		if k.p.NVFP4InputScale {
-			*inputs[n] = tn.Input
-		}
-		return nil
-	}); err != nil {
-		return MLP{}, err
-	}
-	return m, nil
-}
-
-// scalarF32 checks a per-tensor F32 scale stored as [] or [1].
-func (k *checker) scalarF32(where, name, what string) error {
-	sm, ok := k.t.Lookup(name)
-	if !ok {
-		return fmt.Errorf("%s: missing tensor %s (%s)", where, name, what)
-	}
-	if sm.DType != safetensors.F32 || !(len(sm.Shape) == 0 || slices.Equal(sm.Shape, []int64{1})) {
-		return fmt.Errorf("%s: %s is %s %s, expected F32 [] (%s)", where, name, sm.DType, shapeString(sm.Shape), what)
-	}
-	return nil
-}
-
-// nvfp4Weight checks one NVFP4 projection (plain name weight, [rows,
-// cols]) and names its tensors.
-func (k *checker) nvfp4Weight(where, role, weight string, rows, cols int64, hint string) (weightfmt.Tensors, error) {
-	f, err := k.p.Format()
-	if err != nil {
-		return weightfmt.Tensors{}, fmt.Errorf("%s: %w", where, err)
-	}
-	tn := weightfmt.TensorsOf(f, weight)
-	meta, ok := k.t.Lookup(tn.Weight)
-	if !ok {
-		if _, plain := k.t.Lookup(weight); plain && tn.Weight != weight {
-			return tn, fmt.Errorf("%s: %s is stored unpacked (%s) but the quantisation config says %s for this module", where, tn.Weight, weight, f)
-		}
-		return tn, fmt.Errorf("%s: missing tensor %s", where, tn.Weight)
-	}
-	if meta.DType != safetensors.U8 {
-		return tn, fmt.Errorf("%s: %s is %s but the quantisation config says NVFP4 (U8, two E2M1 to a byte) for this module", where, tn.Weight, meta.DType)
-	}
-	if k.dtype == "" {
-		k.dtype, k.dtypeFrom = meta.DType, tn.Weight
-	}
-	if cols%weightfmt.NVFP4Group != 0 {
-		return tn, fmt.Errorf("%s: %s weight has %d input columns, not a whole number of %d-column NVFP4 scale groups", where, role, cols, weightfmt.NVFP4Group)
-	}
-	mx := weightfmt.Matrix{Format: f, Rows: rows, Cols: cols}
-	if want := mx.Shape(); !slices.Equal(meta.Shape, want) {
-		return tn, fmt.Errorf("%s: %s %s shape %s, expected %s (%s weight [%d, %d], two E2M1 to a byte) %s",
-			where, role, tn.Weight, shapeString(meta.Shape), shapeString(want), role, rows, cols, hint)
-	}
-	sm, ok := k.t.Lookup(tn.Scale)
-	if !ok {
-		return tn, fmt.Errorf("%s: missing tensor %s (NVFP4 weights need their block scales)", where, tn.Scale)
-	}
-	r, c := mx.ScaleShape()
-	if sm.DType != safetensors.F8E4M3 || !slices.Equal(sm.Shape, []int64{r, c}) {
-		return tn, fmt.Errorf("%s: %s is %s %s, expected F8_E4M3 [%d, %d] (one per %d input columns of %s weight [%d, %d])",
-			where, tn.Scale, sm.DType, shapeString(sm.Shape), r, c, weightfmt.NVFP4Group, role, rows, cols)
-	}
-	if err := k.scalarF32(where, tn.Global, "NVFP4's per-tensor second scale"); err != nil {
-		return tn, err
-	}
-	_, hasIn := k.t.Lookup(tn.Input)
-	if !k.nvInputSeen {
-		k.nvInputSeen, k.p.NVFP4InputScale, k.nvInputFrom = true, hasIn, tn.Weight
-	}
-	switch {
-	case hasIn && !k.p.NVFP4InputScale:
-		leaf := tn.Input[strings.LastIndex(tn.Input, ".")+1:]
-		return tn, fmt.Errorf("%s: %s present but %s has no %s: every NVFP4 expert weight has one or none", where, tn.Input, k.nvInputFrom, leaf)
-	case !hasIn && k.p.NVFP4InputScale:
-		return tn, fmt.Errorf("%s: missing tensor %s (%s has one: every NVFP4 expert weight has one or none)", where, tn.Input, k.nvInputFrom)
-	case hasIn:
-		return tn, k.scalarF32(where, tn.Input, "NVFP4's static activation scale")
-	}
-	return tn, nil
 }

@@ -143,6 +143,11 @@ type Plan struct {
 	// read from the checkpoint's first expert scale, every other must
 	// match); "" otherwise.
 	ScaleDType safetensors.DType
+	// Naming is whose tensor names the expert weights carry where the
+	// format's producers differ (weightfmt.Naming*: MXFP4 as
+	// compressed-tensors or DeepSeek-V4 stores it); "" for the format's
+	// own (gpt-oss's, for MXFP4).
+	Naming string
 	// GroupSize is the columns one scale covers for int4_pack (0: one
 	// scale per row, strategy channel); 0 otherwise.
 	GroupSize int64
@@ -152,8 +157,9 @@ type Plan struct {
 	NVFP4InputScale bool
 	// SharedQuantization is how the shared expert is stored where it
 	// differs from the routed experts (Kimi-K2's INT4 routed experts and
-	// BF16 shared expert: QuantNone, its dtype SharedWeightDType); ""
-	// when it is stored like them.
+	// BF16 shared expert: QuantNone, its dtype SharedWeightDType;
+	// DeepSeek-V4's FP4 experts and FP8 shared expert: QuantFP8Block,
+	// F8_E4M3); "" when it is stored like them.
 	SharedQuantization Quantization
 	SharedWeightDType  safetensors.DType
 	Layers             []Layer // sorted by Index

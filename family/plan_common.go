@@ -68,6 +68,9 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if p.Quantization, p.ScaleFmt, err = readQuant(c); err != nil {
 		return nil, err
 	}
+	if err := readExpertFP4(c, p); err != nil {
+		return nil, err
+	}
 	// ModelOpt may describe NVFP4 in hf_quant_config.json alone; beside
 	// another format in config.json it is refused as before.
 	if hq, err := readHFNVFP4(hfQuantOf(t)); err != nil {
@@ -78,7 +81,7 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 		descs, _ := DetectQuant(raw, hfQuantOf(t))
 		return nil, descs[len(descs)-1].Refusal()
 	}
-	if p.Quantization == QuantMXFP4 && s.name != "gpt_oss" {
+	if p.Quantization == QuantMXFP4 && p.Naming == "" && s.name != "gpt_oss" {
 		return nil, fmt.Errorf("config.json: quantization_config: quant_method mxfp4 is carried for gpt-oss (experts stacked on disk as *_blocks and *_scales) only, not %s", p.ModelType)
 	}
 	if p.Quantization == QuantInt4Pack {

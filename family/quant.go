@@ -29,7 +29,8 @@ func (p *Plan) Format() (weightfmt.Format, error) {
 	if q.nvfp4() {
 		block = []int64{1, weightfmt.NVFP4Group}
 	}
-	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt, ScaleDType: p.ScaleDType, Block: block})
+	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt, ScaleDType: p.ScaleDType, Block: block,
+		Naming: p.Naming})
 }
 
 // nvfp4 reports whether q is NVFP4, ModelOpt's or compressed-tensors'.

@@ -172,10 +172,15 @@ func (d QuantDesc) Summary() string {
 // which checks it in full.
 func DetectQuant(raw map[string]any, hf map[string]any) ([]QuantDesc, error) {
 	var out []QuantDesc
+	top, _ := raw["expert_dtype"].(string)
 	if err := configQuants(config{m: raw}, func(q config, key string) error {
 		d, err := classify(q, "config.json", key)
 		if err != nil {
 			return err
+		}
+		if dt, _ := q.m["expert_dtype"].(string); (top == "fp4" || dt == "fp4") && d.Groups[GroupExperts] != "" {
+			// DeepSeek-V4: its experts FP4 beside FP8 (readExpertFP4).
+			d.Groups[GroupExperts] = "mxfp4 (expert_dtype fp4)"
 		}
 		out = append(out, d)
 		return nil
@@ -266,11 +271,11 @@ func classify(q config, file, key string) (QuantDesc, error) {
 	}
 	switch method {
 	case "fp8":
+		d := QuantDesc{File: file, Key: key, Kind: QuantKindFP8Tensor, Label: "fp8 per-tensor (no weight_block_size)"}
 		if q.has("weight_block_size") {
 			// readQuant checks the block size and the rest.
-			return QuantDesc{File: file, Key: key, Kind: QuantKindFP8Block, Label: "fp8 128x128 block"}, nil
+			d.Kind, d.Label = QuantKindFP8Block, "fp8 128x128 block"
 		}
-		d := QuantDesc{File: file, Key: key, Kind: QuantKindFP8Tensor, Label: "fp8 per-tensor (no weight_block_size)"}
 		m, err := newMatcher(q, "modules_to_not_convert", "ignored_layers")
 		if err != nil {
 			return QuantDesc{}, err

@@ -23,18 +23,11 @@ import (
 var gptOssMXFP4 = weightfmt.MXFP4(weightfmt.NamingGptOss, safetensors.U8, safetensors.U8)
 
 func TestMXFP4ConversionsValidate(t *testing.T) {
-	for name := range mxfp4Specs() {
-		t.Run(name, func(t *testing.T) {
-			src := synthFrom(t, mxfp4Specs(), name)
-			runs := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
-			conversionsPass(t, src, DeviceCPU, runs, func(o convert.Options, c *layout.Contract) {
-				quantContract{weightfmt.QuantMXFP4, "U8", "", []int64{1, 32}}.check(t, o, c)
-				if c.RoutedScalingFactorFolded {
-					t.Errorf("%+v: rsf folded into E8M0 scales", o)
-				}
-			})
-		})
-	}
+	specsPass(t, mxfp4Specs(), threeLayouts, nil, quantContract{weightfmt.QuantMXFP4, "U8", "", []int64{1, 32}}, func(o convert.Options, c *layout.Contract) {
+		if c.RoutedScalingFactorFolded {
+			t.Errorf("%+v: rsf folded into E8M0 scales", o)
+		}
+	})
 }
 
 // TestMXFP4DeinterleavesExactly: expert e's gate in DST is SRC's even rows
@@ -92,19 +85,25 @@ func mxByte(t *testing.T, buf []byte, at int, pick func(b byte) bool) int {
 // order) and one scale byte changed each fail validate: the layer checks
 // alone (--skip-bytes) and the whole run.
 func TestMXFP4MutationsFail(t *testing.T) {
-	const prefix = "model.layers.1.mlp"
+	mutationsFail(t, mxfp4Specs(), mxfp4Mutations("model.layers.1.mlp", gptOssMXFP4, "h96-i64", "h32-i128"), DeviceCPU, []string{BytesOff, BytesAuto})
+}
+
+// mxfp4Mutations are the corruptions of conversions of two fixtures whose
+// MoE module at prefix holds MXFP4 experts in format f: wide, with at
+// least two scale groups a gate row, and with at least 12 experts.
+func mxfp4Mutations(prefix string, f weightfmt.Format, wide, many string) []dstMutation {
 	nz := func(n byte) bool { return n&7 != 0 } // a nonzero E2M1 magnitude
-	cases := []dstMutation{
-		{"one flipped nibble in one expert", "h96-i64", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
-			n := layout.NamesFor(layout.Stacked, prefix, gptOssMXFP4)
+	return []dstMutation{
+		{"one flipped nibble in one expert", wide, convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
+			n := layout.NamesFor(layout.Stacked, prefix, f)
 			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 4)
 				j := mxByte(t, e, 40, func(b byte) bool { return nz(b >> 4) })
 				e[j] ^= 0x80 // the high nibble's sign
 			})
 		}},
-		{"two scale entries swapped", "h96-i64", convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
-			n := layout.NamesFor(layout.GateUp, prefix, gptOssMXFP4)
+		{"two scale entries swapped", wide, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
+			n := layout.NamesFor(layout.GateUp, prefix, f)
 			rewriteTensor(t, dst, n.GateUpScale, func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 2)
 				cols := int(shape[2])
@@ -116,23 +115,22 @@ func TestMXFP4MutationsFail(t *testing.T) {
 				}
 			})
 		}},
-		{"nibble order reversed within one byte", "h32-i128", convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
-			n := layout.NamesFor(layout.UpGate, prefix, gptOssMXFP4)
+		{"nibble order reversed within one byte", many, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
+			n := layout.NamesFor(layout.UpGate, prefix, f)
 			rewriteTensor(t, dst, n.GateUp, func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 9)
 				j := mxByte(t, e, 5, func(b byte) bool { return numfmt.E2M1ToF32(b&0xF) != numfmt.E2M1ToF32(b>>4) })
 				e[j] = e[j]<<4 | e[j]>>4
 			})
 		}},
-		{"a scale byte changed", "h32-i128", convert.Options{Layout: layout.Stacked, TP: 2}, func(t *testing.T, dst string) {
-			n := layout.NamesFor(layout.Stacked, prefix, gptOssMXFP4)
+		{"a scale byte changed", many, convert.Options{Layout: layout.Stacked, TP: 2}, func(t *testing.T, dst string) {
+			n := layout.NamesFor(layout.Stacked, prefix, f)
 			rewriteTensor(t, dst, n.UpScale, func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 11)
 				e[3]++ // twice the scale: one group of one row
 			})
 		}},
 	}
-	mutationsFail(t, mxfp4Specs(), cases, DeviceCPU, []string{BytesOff, BytesAuto})
 }
 
 // TestMXFP4Refusals: what moeprep cannot carry of MXFP4 is refused with one

@@ -33,23 +33,15 @@ var nvfp4Producers = []struct {
 }
 
 func TestNVFP4ConversionsValidate(t *testing.T) {
+	fused := []convert.Options{{Layout: layout.Stacked, FuseShared: true, Replicas: 1}, {Layout: layout.GateUp, FuseShared: true, Replicas: 2}}
 	for _, pr := range nvfp4Producers {
-		for name, spec := range pr.specs() {
-			t.Run(pr.name+"/"+name, func(t *testing.T) {
-				src := synthFrom(t, pr.specs(), name)
-				opts := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
-				if spec.SharedExperts > 0 {
-					opts = append(opts, convert.Options{Layout: layout.Stacked, FuseShared: true, Replicas: 1},
-						convert.Options{Layout: layout.GateUp, FuseShared: true, Replicas: 2})
+		t.Run(pr.name, func(t *testing.T) {
+			specsPass(t, pr.specs(), threeLayouts, fused, quantContract{pr.f.Quantization(), "U8", "", []int64{1, 16}}, func(o convert.Options, c *layout.Contract) {
+				if !c.InputScales || c.RoutedScalingFactorFolded {
+					t.Errorf("%+v: contract input_scales %v folded %v, want true false", o, c.InputScales, c.RoutedScalingFactorFolded)
 				}
-				conversionsPass(t, src, DeviceCPU, opts, func(o convert.Options, c *layout.Contract) {
-					quantContract{pr.f.Quantization(), "U8", "", []int64{1, 16}}.check(t, o, c)
-					if !c.InputScales || c.RoutedScalingFactorFolded {
-						t.Errorf("%+v: contract input_scales %v folded %v, want true false", o, c.InputScales, c.RoutedScalingFactorFolded)
-					}
-				})
 			})
-		}
+		})
 	}
 }
 

@@ -59,6 +59,32 @@ func conversionsPass(t *testing.T, src, device string, runs []convert.Options, c
 	return reps
 }
 
+// threeLayouts are the conversions every quantised format's tests pass:
+// each layout once, one of them prepared for --tp 2.
+var threeLayouts = []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
+
+// specsPass runs conversionsPass on the CPU over every spec of specs, one
+// subtest each, with runs and, where the spec has shared experts, the
+// fuse-shared runs of fused; each contract must say q, then passes check
+// (nil: nothing more).
+func specsPass(t *testing.T, specs map[string]fixtures.SynthSpec, runs, fused []convert.Options, q quantContract, check func(o convert.Options, c *layout.Contract)) {
+	for name, spec := range specs {
+		t.Run(name, func(t *testing.T) {
+			src := synthFrom(t, specs, name)
+			all := runs
+			if spec.SharedExperts > 0 {
+				all = append(slices.Clone(runs), fused...)
+			}
+			conversionsPass(t, src, DeviceCPU, all, func(o convert.Options, c *layout.Contract) {
+				q.check(t, o, c)
+				if check != nil {
+					check(o, c)
+				}
+			})
+		})
+	}
+}
+
 // readContract is the moeprep contract in dir's config.json.
 func readContract(t *testing.T, dir string) *layout.Contract {
 	t.Helper()

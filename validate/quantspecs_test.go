@@ -70,3 +70,16 @@ func nvfp4CTSpecs() map[string]fixtures.SynthSpec {
 			Experts: 6, TopK: 2, DType: fixtures.DTypeNVFP4CT, Vocab: 64, Seed: 4002},
 	}
 }
+
+// dsv4FP4Specs are DeepSeek-V4 checkpoints in its official precision: FP4
+// routed experts (I8, F8_E8M0 scale per 32), FP8 ue8m0 shared expert.
+func dsv4FP4Specs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// Two scale groups a gate row, two a down row; a hash-routed layer.
+		"h64-i64": {Family: "deepseek_v4", Layers: 2, HashLayers: 1, Hidden: 64, Intermediate: 64,
+			Experts: 6, TopK: 2, DType: fixtures.DTypeFP4Experts, Vocab: 64, Seed: 5001},
+		// One group a gate row, three a down row, twelve experts.
+		"h32-i96": {Family: "deepseek_v4", Layers: 3, Hidden: 32, Intermediate: 96,
+			Experts: 12, TopK: 3, RoutedScalingFactor: 2, DType: fixtures.DTypeFP4Experts, Vocab: 64, Seed: 5002},
+	}
+}

@@ -237,6 +237,34 @@ const (
 	NamingDeepSeek = "deepseek"
 )
 
+// Named is what a Format also implements when its producers name its
+// tensors differently (Spec.Naming): Naming says whose names it uses.
+type Named interface {
+	Naming() string
+}
+
+// ContractSpec is what a record of f (a moeprep contract) must say beyond
+// its quantization, weight dtype and block for New to build f again: its
+// scale dtype and naming where they are not those New gives the
+// quantization by default ("" where they are).
+func ContractSpec(f Format) (scaleDType safetensors.DType, naming string) {
+	def, err := New(Spec{Quantization: f.Quantization(), DType: f.DType()})
+	if err != nil {
+		return "", ""
+	}
+	if s, ok := f.Scale(); ok {
+		if ds, _ := def.Scale(); ds.DType != s.DType {
+			scaleDType = s.DType
+		}
+	}
+	if n, ok := f.(Named); ok {
+		if dn, _ := def.(Named); dn == nil || dn.Naming() != n.Naming() {
+			naming = n.Naming()
+		}
+	}
+	return scaleDType, naming
+}
+
 // formats maps a quantization name to what builds its Format; each
 // format's file adds itself, so that a new format is one file.
 var formats = map[string]func(Spec) (Format, error){}

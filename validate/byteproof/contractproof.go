@@ -78,10 +78,17 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 	}
 	mx := plan.Quantization == family.QuantMXFP4
 	var mxBlock []int64
+	naming := ""
 	if mx {
 		var why string
-		if mxBlock, why = srcMXFP4Block(src, plan); why != "" {
+		if mxBlock, scaleDType, naming, why = srcMXFP4(src, plan); why != "" {
 			return refuse("weight_block_size", c.WeightBlockSize, why)
+		}
+		if sharedQ, sharedDT, why = srcSharedStored(src, plan); why != "" {
+			return refuse("shared_quantization", c.SharedQuantization, why)
+		}
+		if c.NumFusedSharedExperts > 0 {
+			sharedQ, sharedDT = "", ""
 		}
 	}
 	switch {
@@ -119,6 +126,8 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("input_scales", c.InputScales, nvInput, "SRC's NVFP4 expert tensors (input_scale)")
 	case mx && !equalInts(c.WeightBlockSize, mxBlock):
 		return bad("weight_block_size", c.WeightBlockSize, mxBlock, "SRC's MXFP4 blocks and scales ([1, elements per E8M0 scale])")
+	case c.Naming != naming:
+		return bad("naming", orAbsent(c.Naming), orAbsent(naming), "SRC's MXFP4 description (compressed-tensors, DeepSeek-V4's expert_dtype fp4; absent: gpt-oss)")
 	case c.SharedQuantization != sharedQ:
 		return bad("shared_quantization", orAbsent(c.SharedQuantization), orAbsent(sharedQ), "SRC's shared expert tensors")
 	case c.SharedWeightDType != sharedDT:
@@ -493,8 +502,7 @@ func srcInt4Block(cfg map[string]any) ([]int64, string) {
 
 // srcInt4Tensors reads, from SRC's tensors, the dtype of the routed
 // experts' weight_scale tensors (all one) and how the shared expert is
-// stored: "" "" when packed like the routed experts, else "none" and the
-// dtype of its plain weights. A non-empty problem says why convert would
+// stored (srcSharedStored). A non-empty problem says why convert would
 // have refused SRC.
 func srcInt4Tensors(src *checkpoint.Checkpoint, plan *family.Plan) (scale, sharedQ, sharedDT, why string) {
 	var from string
@@ -512,35 +520,53 @@ func srcInt4Tensors(src *checkpoint.Checkpoint, plan *family.Plan) (scale, share
 				}
 			}
 		}
-		if l.Shared == nil {
-			continue
-		}
-		var q, dt string
-		for _, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
-			t, ok := src.Tensor(name)
-			if !ok {
-				return "", "", "", fmt.Sprintf("SRC has no shared expert tensor %s", render(name))
-			}
-			tq, tdt := "", ""
-			if t.DType != safetensors.I32 {
-				tq, tdt = string(family.QuantNone), string(t.DType)
-			}
-			if q == "" && dt == "" {
-				q, dt = tq, tdt
-			} else if tq != q || tdt != dt {
-				return "", "", "", fmt.Sprintf("SRC's shared expert tensor %s is %s unlike its other projections", name, t.DType)
-			}
-		}
-		if sharedQ == "" && sharedDT == "" {
-			sharedQ, sharedDT = q, dt
-		} else if q != sharedQ || dt != sharedDT {
-			return "", "", "", fmt.Sprintf("SRC's layer %d shared expert is stored unlike another layer's", l.Index)
-		}
 	}
 	if scale == "" {
 		return "", "", "", "SRC has no expert scale tensors"
 	}
-	return scale, sharedQ, sharedDT, ""
+	sharedQ, sharedDT, why = srcSharedStored(src, plan)
+	return scale, sharedQ, sharedDT, why
+}
+
+// srcSharedStored reads how SRC's shared experts are stored: "" "" when
+// in the routed experts' dtype, else "none" and the dtype of plain
+// weights, or fp8_block_128x128 and F8_E4M3 (beside DeepSeek-V4's FP4
+// experts). A non-empty problem says why convert would have refused SRC.
+func srcSharedStored(src *checkpoint.Checkpoint, plan *family.Plan) (sharedQ, sharedDT, why string) {
+	seen := false
+	for _, l := range plan.Layers {
+		if l.Shared == nil {
+			continue
+		}
+		var q, dt string
+		for i, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
+			t, ok := src.Tensor(name)
+			if !ok {
+				return "", "", fmt.Sprintf("SRC has no shared expert tensor %s", render(name))
+			}
+			tq, tdt := "", ""
+			switch {
+			case t.DType == plan.WeightDType:
+			case t.DType == safetensors.F8E4M3:
+				tq, tdt = string(family.QuantFP8Block), string(t.DType)
+			case t.DType == safetensors.BF16 || t.DType == safetensors.F16 || t.DType == safetensors.F32:
+				tq, tdt = string(family.QuantNone), string(t.DType)
+			default:
+				return "", "", fmt.Sprintf("SRC's shared expert tensor %s is %s, so moeprep cannot have converted it", name, t.DType)
+			}
+			if i == 0 {
+				q, dt = tq, tdt
+			} else if tq != q || tdt != dt {
+				return "", "", fmt.Sprintf("SRC's shared expert tensor %s is %s unlike its other projections", name, t.DType)
+			}
+		}
+		if !seen {
+			sharedQ, sharedDT, seen = q, dt, true
+		} else if q != sharedQ || dt != sharedDT {
+			return "", "", fmt.Sprintf("SRC's layer %d shared expert is stored unlike another layer's", l.Index)
+		}
+	}
+	return sharedQ, sharedDT, ""
 }
 
 // srcNVFP4 derives an NVFP4 contract's weight_block_size from SRC's own
@@ -617,6 +643,70 @@ func ctGroups(desc map[string]any, method, format string, check func(weights map
 		}
 	}
 	return ""
+}
+
+// srcMXFP4 derives an MXFP4 contract's weight_block_size, scale_dtype and
+// naming from SRC itself: gpt-oss's stacked experts (quant_method mxfp4,
+// srcMXFP4Block), or per-expert weights as compressed-tensors
+// (mxfp4-pack-quantized config groups of 32) or DeepSeek-V4 (expert_dtype
+// fp4) store them, each routed expert's [rows, n] packed weight and
+// [rows, m] scale grid giving [1, 2n/m]; scale_dtype is the scales' dtype
+// where it is not U8. A non-empty problem says why convert would have
+// refused it.
+func srcMXFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, scaleDType, naming, why string) {
+	desc, method := srcQuantDesc(src.Config)
+	top, _ := src.Config["expert_dtype"].(string)
+	inDesc, _ := desc["expert_dtype"].(string)
+	switch {
+	case method == "mxfp4":
+		block, why = srcMXFP4Block(src, plan)
+		return block, "", "", why
+	case method == "compressed-tensors":
+		naming = "compressed-tensors"
+		why = ctGroups(desc, method, "mxfp4-pack-quantized", func(w map[string]any) string {
+			if v, _ := w["group_size"].(float64); v != 32 {
+				return fmt.Sprintf("SRC's config group has group_size %s, not 32", render(w["group_size"]))
+			}
+			return ""
+		})
+	case top == "fp4" || inDesc == "fp4":
+		naming = "deepseek"
+	default:
+		why = "SRC describes no MXFP4 experts (quant_method mxfp4, compressed-tensors mxfp4-pack-quantized, expert_dtype fp4)"
+	}
+	if why != "" {
+		return nil, "", "", why
+	}
+	for _, l := range plan.Layers {
+		for _, e := range l.Experts {
+			for _, p := range [][2]string{{e.Gate, e.GateScale}, {e.Up, e.UpScale}, {e.Down, e.DownScale}} {
+				wt, ok1 := src.Tensor(p[0])
+				st, ok2 := src.Tensor(p[1])
+				switch {
+				case !ok1 || !ok2:
+					return nil, "", "", fmt.Sprintf("SRC has no %s and %s", render(p[0]), render(p[1]))
+				case len(wt.Shape) != 2 || len(st.Shape) != 2 || wt.Shape[0] != st.Shape[0] || st.Shape[1] < 1 || (2*wt.Shape[1])%st.Shape[1] != 0:
+					return nil, "", "", fmt.Sprintf("SRC's %s %v and %s %v are not [rows, n] and [rows, m] with m dividing 2n", p[0], wt.Shape, p[1], st.Shape)
+				}
+				if !agreeBlock(&block, []int64{1, 2 * wt.Shape[1] / st.Shape[1]}) {
+					return nil, "", "", "SRC's MXFP4 tensors differ in the elements one scale covers"
+				}
+				sd := string(st.DType)
+				if sd == "U8" {
+					sd = ""
+				}
+				if scaleDType == "" {
+					scaleDType = sd
+				} else if sd != scaleDType {
+					return nil, "", "", fmt.Sprintf("SRC's scale %s is %s unlike the others", p[1], st.DType)
+				}
+			}
+		}
+	}
+	if block == nil {
+		return nil, "", "", "SRC has no MoE layer"
+	}
+	return block, scaleDType, naming, ""
 }
 
 // srcMXFP4Block is weight_block_size as convert records it for SRC's
