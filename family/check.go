@@ -38,17 +38,29 @@ func isFloat(d safetensors.DType) bool {
 	return d == safetensors.BF16 || d == safetensors.F16 || d == safetensors.F32
 }
 
-// anyOf reports whether any projection weight of an MLP exists.
+// anyOf reports whether any projection weight of an MLP exists, by its
+// plain name or the name the plan's format stores it under.
 func (k *checker) anyOf(prefix string, proj [3]string) bool {
+	f, err := k.p.Format()
 	for _, pr := range proj {
-		if _, ok := k.t.Lookup(prefix + "." + pr + ".weight"); ok {
+		w := prefix + "." + pr + ".weight"
+		if _, ok := k.t.Lookup(w); ok {
 			return true
 		}
-		if _, ok := k.t.Lookup(prefix + "." + pr + ".weight_packed"); ok && (k.p.Quantization == QuantInt4Pack || k.p.Quantization == QuantNVFP4CT) {
+		if _, ok := k.t.Lookup(weightfmt.TensorsOf(f, w).Weight); ok && err == nil {
 			return true
 		}
 	}
 	return false
+}
+
+// mustFormat is p's format where it is known to build (messages).
+func mustFormat(p *Plan) weightfmt.Format {
+	f, err := p.Format()
+	if err != nil {
+		return weightfmt.Plain(safetensors.BF16)
+	}
+	return f
 }
 
 // stacked checks a family's stacked expert tensors: gate-up [E, 2I, H]

@@ -154,11 +154,18 @@ func checkInt4Groups(raw map[string]any, t Tensors, p *Plan) error {
 		if err := routedUnquantised(d, "the ignore list", "one routed expert format"); err != nil {
 			return err
 		}
-		if p.NumSharedExperts > 0 && d.Groups[GroupShared] == "" {
-			p.SharedQuantization = QuantNone
-		}
+		sharedLeftPlain(d, p)
 		return nil
 	})
+}
+
+// sharedLeftPlain records, for a family with a shared expert, that the
+// description leaves it unquantised (SharedQuantization none: Kimi's
+// re:.*shared_experts.*).
+func sharedLeftPlain(d QuantDesc, p *Plan) {
+	if p.NumSharedExperts > 0 && d.Groups[GroupShared] == "" {
+		p.SharedQuantization = QuantNone
+	}
 }
 
 // SharedFormat is how the plan's shared expert is stored: Format, unless
@@ -295,7 +302,7 @@ func (k *checker) plainSharedMLP(where, prefix string, proj [3]string, inter int
 		meta, ok := k.t.Lookup(name)
 		if !ok {
 			if _, packed := k.t.Lookup(name + "_packed"); packed {
-				return fmt.Errorf("%s: %s is packed INT4 but config.json's ignore list leaves the shared expert unquantised", where, name+"_packed")
+				return fmt.Errorf("%s: %s is packed but config.json's ignore list leaves the shared expert unquantised", where, name+"_packed")
 			}
 			return fmt.Errorf("%s: missing tensor %s", where, name)
 		}

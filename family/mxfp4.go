@@ -102,20 +102,41 @@ func (k *checker) apartSharedMLP(where, prefix string, proj [3]string, inter int
 	return m, err
 }
 
-// checkMXFP4Groups refuses an MXFP4 checkpoint whose
-// modules_to_not_convert leaves the routed experts unquantised (then
-// nothing is MXFP4 and the description is wrong about the tensors).
+// readMXFP4Naming names a compressed-tensors mxfp4-pack-quantized plan's
+// tensors as compressed-tensors does (x.weight_packed, x.weight_scale, per
+// expert); gpt-oss's quant_method mxfp4 keeps the format's own.
+func readMXFP4Naming(c config, p *Plan) {
+	if _, m, _, _ := quantConfig(c); p.Quantization == QuantMXFP4 && m == "compressed-tensors" {
+		p.Naming = weightfmt.NamingCompressedTensors
+	}
+}
+
+// checkMXFP4Groups refuses an MXFP4 checkpoint whose exclusion list
+// (gpt-oss's modules_to_not_convert, compressed-tensors' ignore) leaves the
+// routed experts unquantised (then nothing is MXFP4 and the description
+// is wrong about the tensors); compressed-tensors' may leave the shared
+// expert unquantised, stated apart as INT4's is (sharedLeftPlain).
 func checkMXFP4Groups(raw map[string]any, t Tensors, p *Plan) error {
+	by := "modules_to_not_convert"
+	if p.Naming == weightfmt.NamingCompressedTensors {
+		by = "the ignore list"
+	}
 	return eachQuantDesc(raw, t, func(d QuantDesc) error {
-		return routedUnquantised(d, "modules_to_not_convert", "one routed expert format")
+		if err := routedUnquantised(d, by, "one routed expert format"); err != nil {
+			return err
+		}
+		if p.Naming == weightfmt.NamingCompressedTensors {
+			sharedLeftPlain(d, p)
+		}
+		return nil
 	})
 }
 
 // mxfp4Stacked checks gpt-oss's stacked MXFP4 experts of one layer (the
 // plain names gateUp and down name their *_blocks and *_scales).
 func (k *checker) mxfp4Stacked(where, gateUp, down string, interleaved bool, hint string) error {
-	if k.p.Family != "gpt_oss" {
-		return fmt.Errorf("%s: MXFP4 (quant_method mxfp4) experts stacked on disk are carried for gpt-oss only, not %s", where, k.p.Family)
+	if k.p.Family != "gpt_oss" || k.p.Naming != "" {
+		return fmt.Errorf("%s: MXFP4 experts stacked on disk are carried as gpt-oss stores them (quant_method mxfp4, *_blocks and *_scales) only, not %s's %s", where, k.p.Family, weightfmt.TensorsOf(mustFormat(k.p), gateUp).Weight)
 	}
 	e, h, i := int64(k.p.NumExperts), int64(k.p.HiddenSize), int64(k.p.MoEIntermediateSize)
 	g := int64(weightfmt.MXFP4Group)

@@ -38,13 +38,30 @@ func readModelOptNVFP4(q config) (Quantization, string, error) {
 	return QuantNVFP4, "", nil
 }
 
-// readCTNVFP4 checks a compressed-tensors quantization_config whose config
-// groups are nvfp4-pack-quantized (llm-compressor's NVFP4 and NVFP4A16
-// schemes): weights type float, 4 bits, strategy tensor_group, group_size
-// 16, symmetric, static; activations none (W4A16) or NVFP4 with the
-// per-tensor global scale stored (dynamic "local": input_global_scale,
-// carried, not simulated) or nothing stored (dynamic true).
-func readCTNVFP4(q config) error {
+// ctFP4 is what compressed-tensors writes for one FP4 scheme: the
+// config groups' format, the quantisation args' strategy and group size,
+// and the activation settings whose scales need not be carried (dynamic:
+// true stores nothing; NVFP4's "local" stores input_global_scale, carried,
+// not simulated).
+type ctFP4 struct {
+	format, strategy string
+	group            int
+	dynamic          []any
+	dynamicWords     string // dynamic, for messages
+}
+
+var (
+	// llm-compressor's NVFP4 and NVFP4A16 schemes.
+	ctNVFP4 = ctFP4{"nvfp4-pack-quantized", "tensor_group", weightfmt.NVFP4Group, []any{true, "local"}, `"local" or true`}
+	// llm-compressor's MXFP4 and MXFP4A16 schemes.
+	ctMXFP4 = ctFP4{"mxfp4-pack-quantized", "group", weightfmt.MXFP4Group, []any{true}, "true"}
+)
+
+// readCTFP4 checks a compressed-tensors quantization_config whose config
+// groups are of scheme s: weights type float, 4 bits, s's strategy and
+// group size, symmetric, static; activations none (W4A16) or FP4 of the
+// same grouping with s's dynamic settings.
+func readCTFP4(q config, s ctFP4) error {
 	topFmt, err := q.str("format", "")
 	if err != nil {
 		return err
@@ -63,8 +80,8 @@ func readCTNVFP4(q config) error {
 		}
 		if f, err := g.str("format", topFmt); err != nil {
 			return err
-		} else if f != "nvfp4-pack-quantized" {
-			return g.errorf("format", "%q is not supported with nvfp4-pack-quantized config groups (one expert format per checkpoint)", f)
+		} else if f != s.format {
+			return g.errorf("format", "%q is not supported with %s config groups (one expert format per checkpoint)", f, s.format)
 		}
 		w, ok, err := g.object("weights")
 		if err != nil {
@@ -73,7 +90,7 @@ func readCTNVFP4(q config) error {
 		if !ok {
 			return g.missing("weights")
 		}
-		if err := nvfp4Args(w, "weights"); err != nil {
+		if err := s.args(w, "weights"); err != nil {
 			return err
 		}
 		if d, err := w.boolean("dynamic", false); err != nil {
@@ -85,42 +102,39 @@ func readCTNVFP4(q config) error {
 		if err != nil || !ok || len(a.m) == 0 {
 			return err // W4A16: no activation quantisation
 		}
-		if err := nvfp4Args(a, "input activations"); err != nil {
+		if err := s.args(a, "input activations"); err != nil {
 			return err
 		}
-		// dynamic "local": the per-tensor global scale is stored
-		// (input_global_scale), the block scales computed at run time;
-		// true: nothing is stored; false would store static block scales.
-		if d := a.m["dynamic"]; d != true && d != "local" {
-			return a.errorf("dynamic", "%s is not supported (static NVFP4 activation block scales are not carried; only \"local\" or true)", describe(d))
+		if d := a.m["dynamic"]; !slices.Contains(s.dynamic, d) {
+			return a.errorf("dynamic", "%s is not supported (static FP4 activation block scales are not carried; only %s)", describe(d), s.dynamicWords)
 		}
 	}
 	return nil
 }
 
-// nvfp4Args checks the quantisation args of NVFP4 weights or activations
-// in a compressed-tensors config group: type float, 4 bits, strategy
-// tensor_group, group_size 16, symmetric.
-func nvfp4Args(w config, what string) error {
+// args checks the quantisation args of FP4 weights or activations in a
+// compressed-tensors config group: type float, 4 bits, s's strategy and
+// group size, symmetric.
+func (s ctFP4) args(w config, what string) error {
 	if t, err := w.str("type", "int"); err != nil {
 		return err
 	} else if t != "float" {
-		return w.errorf("type", "%q is not supported for NVFP4 %s (only float: E2M1)", t, what)
+		return w.errorf("type", "%q is not supported for %s %s (only float: E2M1)", t, s.format, what)
 	}
 	if b, err := w.intIn("num_bits", 8, 1, 64); err != nil {
 		return err
 	} else if b != 4 {
-		return w.errorf("num_bits", "%d is not supported for NVFP4 %s (only 4)", b, what)
+		return w.errorf("num_bits", "%d is not supported for %s %s (only 4)", b, s.format, what)
 	}
 	if st, err := w.str("strategy", "tensor"); err != nil {
 		return err
-	} else if st != "tensor_group" {
-		return w.errorf("strategy", "%q is not supported for NVFP4 %s (only tensor_group: a scale per 16 and one per tensor)", st, what)
+	} else if st != s.strategy {
+		return w.errorf("strategy", "%q is not supported for %s %s (only %s)", st, s.format, what, s.strategy)
 	}
 	if g, err := w.intIn("group_size", 0, 0, maxDim); err != nil {
 		return err
-	} else if g != weightfmt.NVFP4Group {
-		return w.errorf("group_size", "%d is not supported for NVFP4 %s (NVFP4 scales groups of %d)", g, what, weightfmt.NVFP4Group)
+	} else if g != s.group {
+		return w.errorf("group_size", "%d is not supported for %s %s (one scale per %d)", g, s.format, what, s.group)
 	}
 	if sym, err := w.boolean("symmetric", true); err != nil {
 		return err

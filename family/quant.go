@@ -67,7 +67,10 @@ func readQuant(c config) (Quantization, string, error) {
 		return QuantInt4Pack, "", nil // readCTInt4 reads the rest
 	}
 	if method == "compressed-tensors" && ctUses(q, "nvfp4-pack-quantized") {
-		return QuantNVFP4CT, "", readCTNVFP4(q)
+		return QuantNVFP4CT, "", readCTFP4(q, ctNVFP4)
+	}
+	if method == "compressed-tensors" && ctUses(q, "mxfp4-pack-quantized") {
+		return QuantMXFP4, "", readCTFP4(q, ctMXFP4) // Plan.Naming: plan reads it from the description
 	}
 	if method == "modelopt" {
 		return readModelOptNVFP4(q)

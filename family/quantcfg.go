@@ -92,10 +92,10 @@ func (d QuantDesc) Supported() bool {
 	case QuantKindFP8Channel, QuantKindFP8Tensor:
 		return inConfig && !strings.HasPrefix(d.Label, "modelopt")
 	case QuantKindMXFP4:
-		// gpt-oss's quant_method mxfp4 (compressed-tensors'
-		// mxfp4-pack-quantized is not carried yet); family checks that the
-		// family is gpt-oss.
-		return inConfig && d.Label == "mxfp4"
+		// gpt-oss's quant_method mxfp4 (family checks that the family is
+		// gpt-oss) and compressed-tensors' mxfp4-pack-quantized in groups
+		// of 32 (readCTFP4 checks the rest).
+		return inConfig && (d.Label == "mxfp4" || d.Label == ctMXFP4Label)
 	case QuantKindInt4Pack:
 		// readCTInt4 checks the rest: symmetric, group or channel, W4A16.
 		return inConfig
@@ -107,7 +107,11 @@ func (d QuantDesc) Supported() bool {
 
 // carriedFormats says which expert formats moeprep reads (README's format
 // table), for refusals of anything else.
-const carriedFormats = "moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, gpt-oss MXFP4, ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
+const carriedFormats = "moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
+
+// ctMXFP4Label is how classifyCTScheme labels compressed-tensors MXFP4 in
+// groups of 32, the one it may carry.
+const ctMXFP4Label = "compressed-tensors mxfp4-pack-quantized (group 32)"
 
 // ctNVFP4Label is how classifyCTScheme labels compressed-tensors NVFP4 in
 // groups of 16, the one NVFP4 it may carry.
@@ -123,7 +127,7 @@ func (d QuantDesc) Refusal() error {
 	case fp8Scaled:
 		why = "not carried yet: moeprep reads FP8 per-channel and per-tensor experts described by config.json only"
 	case d.Kind == QuantKindMXFP4:
-		why = "not carried yet: moeprep reads MXFP4 experts as gpt-oss stores them (quant_method mxfp4) only"
+		why = "not carried yet: moeprep reads MXFP4 experts in groups of 32 only (gpt-oss quant_method mxfp4, compressed-tensors mxfp4-pack-quantized, DeepSeek-V4 expert_dtype fp4)"
 	case d.Kind == QuantKindInt4Pack:
 		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json only"
 	case d.Kind == QuantKindNVFP4:
@@ -470,7 +474,7 @@ func classifyCTScheme(g config, topFmt string) (QuantKind, string, error) {
 			return QuantKindInt4Pack, fmt.Sprintf("compressed-tensors pack-quantized int4 (group %d, %s)", gs, symS), nil
 		}
 		return QuantKindInt4Pack, fmt.Sprintf("compressed-tensors pack-quantized int4 (%s, %s)", strategy, symS), nil
-	case typ == "float" && bits == 4 && (f == "nvfp4-pack-quantized" || gs == 16):
+	case typ == "float" && bits == 4 && (f == "nvfp4-pack-quantized" || f != "mxfp4-pack-quantized" && gs == 16):
 		return QuantKindNVFP4, fmt.Sprintf("compressed-tensors nvfp4-pack-quantized (group %d)", gs), nil
 	case typ == "float" && bits == 4 && (f == "mxfp4-pack-quantized" || gs == 32):
 		return QuantKindMXFP4, fmt.Sprintf("compressed-tensors mxfp4-pack-quantized (group %d)", gs), nil

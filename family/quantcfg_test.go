@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-const notCarried = ": not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, gpt-oss MXFP4, ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
+const notCarried = ": not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
 
 // kimiIgnore is Kimi-K2-Thinking's ignore list: routed experts INT4, the
 // rest bf16.
@@ -69,6 +69,14 @@ func TestDetectQuant(t *testing.T) {
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}, "ignore": ["lm_head", "re:.*mlp.gate$"]}}`, "",
 			QuantKindNVFP4,
 			""}, // carried: readCTNVFP4 reads the rest
+		{"mxfp4 compressed-tensors",
+			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32}}}, "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$"]}}`, "",
+			QuantKindMXFP4,
+			""}, // carried: readCTFP4 reads the rest
+		{"mxfp4 compressed-tensors group 16",
+			`{"compression_config": {"format": "mxfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 16}}}}}`, "",
+			QuantKindMXFP4,
+			"config.json: compression_config: compressed-tensors mxfp4-pack-quantized (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet: moeprep reads MXFP4 experts in groups of 32 only (gpt-oss quant_method mxfp4, compressed-tensors mxfp4-pack-quantized, DeepSeek-V4 expert_dtype fp4)"},
 		{"nvfp4 compressed-tensors group 32",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 32}}}}}`, "",
 			QuantKindNVFP4,

@@ -149,7 +149,7 @@ func TestMXFP4Refusals(t *testing.T) {
 			c["quantization_config"] = map[string]any{"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
 				"config_groups": map[string]any{"group_0": map[string]any{"targets": []any{"Linear"},
 					"weights": map[string]any{"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32, "symmetric": true}}}}
-		}, "not carried yet: moeprep reads MXFP4 experts as gpt-oss stores them"},
+		}, "MXFP4 experts stacked on disk are carried as gpt-oss stores them (quant_method mxfp4, *_blocks and *_scales) only, not gpt_oss's model.layers.0.mlp.experts.gate_up_proj_packed"},
 		{"another family", func(c map[string]any) { c["model_type"] = "mixtral" }, "quant_method mxfp4 is carried for gpt-oss"},
 	}
 	for _, tc := range cases {

@@ -120,7 +120,7 @@ func TestNVFP4CTRefusals(t *testing.T) {
 		{"shared expert ignored", "deepseek-v3-ct", ignore("lm_head", "re:.*mlp.gate$", "re:.*shared_experts.*"), nil, false,
 			"the shared expert is left unquantised while the routed experts are compressed-tensors nvfp4-pack-quantized (group 16)"},
 		{"static activation block scales", "qwen3-ct", func(c map[string]any) { ctGroup0(c)["input_activations"].(map[string]any)["dynamic"] = false }, nil, false,
-			"static NVFP4 activation block scales are not carried"},
+			"static FP4 activation block scales are not carried"},
 		{"groups of 32", "qwen3-ct", func(c map[string]any) { weights(c)["group_size"] = 32 }, nil, false,
 			"compressed-tensors nvfp4-pack-quantized (group 32) on the routed experts"},
 		{"asymmetric", "qwen3-ct", func(c map[string]any) { weights(c)["symmetric"] = false }, nil, false,

@@ -83,3 +83,18 @@ func dsv4FP4Specs() map[string]fixtures.SynthSpec {
 			Experts: 12, TopK: 3, RoutedScalingFactor: 2, DType: fixtures.DTypeFP4Experts, Vocab: 64, Seed: 5002},
 	}
 }
+
+// ctMXFP4Specs are compressed-tensors mxfp4-pack-quantized checkpoints
+// (llm-compressor's MXFP4A16 on the routed and shared experts).
+func ctMXFP4Specs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// Two scale groups a gate row; two shared experts of 32 (fusable
+		// in two exact slices).
+		"deepseek-v3-h64": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 64, Intermediate: 32,
+			Experts: 8, SharedExperts: 2, TopK: 2, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5,
+			DType: fixtures.DTypeMXFP4CT, Vocab: 64, Seed: 6001, BiasLike: "deepseek"},
+		// One group a gate row, two a down row, twelve experts.
+		"qwen3-e12": {Family: "qwen3_moe", Layers: 2, Hidden: 32, Intermediate: 64,
+			Experts: 12, TopK: 3, DType: fixtures.DTypeMXFP4CT, Vocab: 64, Seed: 6002},
+	}
+}
