@@ -27,8 +27,13 @@ func readModelOptNVFP4(q config) (Quantization, string, error) {
 	if err != nil {
 		return "", "", err
 	}
-	if strings.ToUpper(algo) != "NVFP4" {
-		return "", "", q.errorf("quant_algo", "%q is not supported with quant_method modelopt (only NVFP4)", algo)
+	switch strings.ToUpper(algo) {
+	case "NVFP4", "W4A16_NVFP4":
+	case "MIXED_PRECISION":
+		// DetectQuant has checked quantized_layers (nvfp4Experts).
+		return QuantNVFP4, "", nil
+	default:
+		return "", "", q.errorf("quant_algo", "%q is not supported with quant_method modelopt (only NVFP4, W4A16_NVFP4, or MIXED_PRECISION with NVFP4 experts)", algo)
 	}
 	if g, err := q.intIn("group_size", weightfmt.NVFP4Group, 1, maxDim); err != nil {
 		return "", "", err
@@ -144,6 +149,26 @@ func (s ctFP4) args(w config, what string) error {
 	return nil
 }
 
+// checkMixedCovers refuses a ModelOpt MIXED_PRECISION plan whose
+// quantized_layers leaves out some MoE layer's experts: by the description
+// they are unquantised, by their tensors NVFP4, and an engine reading the
+// description would load them wrongly.
+func checkMixedCovers(raw map[string]any, t Tensors, p *Plan) error {
+	return eachQuantDesc(raw, t, func(d QuantDesc) error {
+		if !d.nvfp4Experts() {
+			return nil
+		}
+		for _, l := range p.Layers {
+			e := l.Prefix + ".experts"
+			i, found := slices.BinarySearch(d.experts, e)
+			if !found && (i == len(d.experts) || !strings.HasPrefix(d.experts[i], e+".")) {
+				return fmt.Errorf("%s: %s: quantized_layers names none of layer %d's experts (%s): by it they are unquantised, but their tensors are NVFP4", d.File, d.Key, l.Index, e)
+			}
+		}
+		return nil
+	})
+}
+
 // readHFNVFP4 reads hf_quant_config.json (nil: none) where config.json
 // has no quantization_config: QuantNVFP4 for quant_algo NVFP4, QuantNone
 // for none (refuseQuant has refused the other algorithms).
@@ -170,7 +195,7 @@ func readHFNVFP4(hf map[string]any) (Quantization, error) {
 // NVFP4 (attention and dense MLPs are copied as they are).
 func checkNVFP4Groups(raw map[string]any, t Tensors, p *Plan) error {
 	return eachQuantDesc(raw, t, func(d QuantDesc) error {
-		if d.Kind != QuantKindNVFP4 {
+		if d.Kind != QuantKindNVFP4 && !d.nvfp4Experts() {
 			return fmt.Errorf("%s: %s: %s: another format than the NVFP4 of the other description; moeprep carries one expert format per checkpoint", d.File, d.Key, d.Summary())
 		}
 		if err := routedUnquantised(d, "the exclude list", "one routed expert format"); err != nil {

@@ -152,6 +152,11 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 		p.Layers = append(p.Layers, layer)
 	}
 	p.WeightDType = k.dtype
+	if p.Quantization == QuantNVFP4 && !converted {
+		if err := checkMixedCovers(raw, t, p); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
 }
 

@@ -74,6 +74,12 @@ type QuantDesc struct {
 	Kind   QuantKind
 	Label  string            // e.g. "compressed-tensors pack-quantized int4 (group 32, symmetric)"
 	Groups map[string]string // group -> how it is stored ("" when left unquantised)
+	// Detail names the modules where a mixed-precision description gives
+	// one group two formats ("" when each has one).
+	Detail string
+	// experts are the routed-expert modules a mixed-precision description
+	// names (quantized_layers), sorted: what it leaves out is unquantised.
+	experts []string
 }
 
 // Supported reports whether moeprep carries the description today,
@@ -101,8 +107,22 @@ func (d QuantDesc) Supported() bool {
 		return inConfig
 	case QuantKindNVFP4:
 		return strings.HasPrefix(d.Label, "modelopt nvfp4 (group 16)") || d.Label == ctNVFP4Label && inConfig
+	case QuantKindMixed:
+		// ModelOpt MIXED_PRECISION whose experts are all NVFP4 in groups of
+		// 16 (attention and dense MLPs in any format: copied).
+		return d.nvfp4Experts()
 	}
 	return false
+}
+
+// nvfp4Experts reports whether d is a ModelOpt MIXED_PRECISION
+// description that moeprep carries as NVFP4: every routed expert entry
+// NVFP4 in groups of 16, the shared expert's too where it names one.
+func (d QuantDesc) nvfp4Experts() bool {
+	const nv = "nvfp4 (group 16)"
+	sh := d.Groups[GroupShared]
+	return d.Kind == QuantKindMixed && strings.HasPrefix(d.Label, "modelopt") && d.Detail == "" &&
+		d.Groups[GroupExperts] == nv && (sh == "" || sh == nv)
 }
 
 // carriedFormats says which expert formats moeprep reads (README's format
@@ -132,6 +152,12 @@ func (d QuantDesc) Refusal() error {
 		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json only"
 	case d.Kind == QuantKindNVFP4:
 		why = "not carried yet: moeprep reads NVFP4 experts in groups of 16 only (ModelOpt quant_algo NVFP4, compressed-tensors nvfp4-pack-quantized)"
+	case d.Detail != "":
+		why = "not carried: " + d.Detail
+	case d.Kind == QuantKindMixed && strings.HasPrefix(d.Label, "modelopt") && d.Groups[GroupExperts] == "nvfp4 (group 16)":
+		why = fmt.Sprintf("not carried: the shared expert is %s beside NVFP4 routed experts; moeprep carries NVFP4 shared experts only (fusing or validating a shared expert of another format beside them is not built)", d.Groups[GroupShared])
+	case d.Kind == QuantKindMixed && strings.HasPrefix(d.Label, "modelopt"):
+		why = "not carried yet: moeprep reads MIXED_PRECISION whose routed experts (and shared expert, where quantised) are NVFP4 in groups of 16; attention and dense MLPs may be anything, they are copied"
 	}
 	return fmt.Errorf("%s: %s: %s: %s", d.File, d.Key, d.Summary(), why)
 }
@@ -311,7 +337,7 @@ func classify(q config, file, key string) (QuantDesc, error) {
 // modelOptAlgo names a ModelOpt quant_algo.
 func modelOptAlgo(algo string, group int) (QuantKind, string) {
 	switch strings.ToUpper(algo) {
-	case "NVFP4", "NVFP4_AWQ":
+	case "NVFP4", "W4A16_NVFP4", "NVFP4_AWQ":
 		return QuantKindNVFP4, fmt.Sprintf("modelopt nvfp4 (group %d)", group)
 	case "FP8":
 		return QuantKindFP8Tensor, "modelopt fp8 per-tensor"
@@ -354,42 +380,68 @@ func classifyModelOpt(q config, file, key string) (QuantDesc, error) {
 	if len(layers.m) > maxQuantLayers {
 		return QuantDesc{}, q.errorf("quantized_layers", "%d entries, over the limit of %d", len(layers.m), maxQuantLayers)
 	}
-	layerNames := slices.Sorted(maps.Keys(layers.m))
+	// Each entry names a quantised module (a projection, or a layer's
+	// whole experts: model.layers.L.mlp.experts); what it does not name
+	// is unquantised. Per group: its one format, or the first two that
+	// differ.
 	d.Groups = map[string]string{}
-	// One representative name a group: the first layer entry naming it.
-	for _, g := range quantGroups {
-		if g == GroupRouter || m.excluded(g) {
+	first := map[string]string{}
+	for _, name := range slices.Sorted(maps.Keys(layers.m)) {
+		g := moduleGroup(name)
+		if g == "" || m.matches(name) {
 			continue
 		}
-		for _, rep := range groupNames[g] {
-			how := ""
-			for _, name := range layerNames {
-				v := layers.m[name]
-				if name == rep || strings.HasPrefix(name, rep+".") || strings.HasSuffix(rep, "."+name) {
-					lc, ok := v.(map[string]any)
-					if !ok {
-						return QuantDesc{}, layers.errorf(name, "want an object, got %s", describe(v))
-					}
-					a, err := (config{m: lc, at: layers.at + name + "."}).str("quant_algo", "")
-					if err != nil {
-						return QuantDesc{}, err
-					}
-					g2, err := (config{m: lc, at: layers.at + name + "."}).intIn("group_size", int64(group), 1, maxDim)
-					if err != nil {
-						return QuantDesc{}, err
-					}
-					_, how = modelOptAlgo(a, g2)
-					how = strings.TrimPrefix(how, "modelopt ")
-					break
-				}
-			}
-			if how != "" {
-				d.Groups[g] = how
-				break
-			}
+		lc, ok := layers.m[name].(map[string]any)
+		if !ok {
+			return QuantDesc{}, layers.errorf(name, "want an object, got %s", describe(layers.m[name]))
+		}
+		at := config{m: lc, at: layers.at + name + "."}
+		a, err := at.str("quant_algo", "")
+		if err != nil {
+			return QuantDesc{}, err
+		}
+		g2, err := at.intIn("group_size", int64(group), 1, maxDim)
+		if err != nil {
+			return QuantDesc{}, err
+		}
+		_, how := modelOptAlgo(a, g2)
+		how = strings.TrimPrefix(how, "modelopt ")
+		if g == GroupExperts {
+			d.experts = append(d.experts, name)
+		}
+		switch prev := d.Groups[g]; {
+		case prev == "":
+			d.Groups[g], first[g] = how, name
+		case prev != how && d.Detail == "" && (g == GroupExperts || g == GroupShared):
+			d.Detail = fmt.Sprintf("quantized_layers: %s is %s but %s is %s; moeprep plans one %s format per checkpoint", first[g], prev, name, how, strings.TrimSuffix(g, "s"))
 		}
 	}
 	return d, nil
+}
+
+// moduleGroup is the tensor group a module name of quantized_layers
+// belongs to, by its segments: "" for none (embeddings, head).
+func moduleGroup(name string) string {
+	segs := strings.Split(name, ".")
+	mlp := false
+	for i, s := range segs {
+		switch {
+		case strings.HasPrefix(s, "shared_expert") || s == "shared_mlp":
+			return GroupShared
+		case s == "experts":
+			return GroupExperts
+		case strings.Contains(s, "attn") || s == "attention":
+			return GroupAttention
+		case (s == "gate" || s == "router") && i == len(segs)-1:
+			return GroupRouter
+		case s == "mlp" || s == "ffn" || s == "feed_forward":
+			mlp = true
+		}
+	}
+	if mlp {
+		return GroupDenseMLP
+	}
+	return ""
 }
 
 func classifyCT(q config, file, key string) (QuantDesc, error) {

@@ -64,7 +64,22 @@ func TestDetectQuant(t *testing.T) {
 				"model.layers.1.mlp.shared_experts.gate_proj": {"quant_algo": "FP8"},
 				"model.layers.1.self_attn.q_proj": {"quant_algo": "FP8"}}}}`,
 			QuantKindMixed,
-			"hf_quant_config.json: quantization: modelopt MIXED_PRECISION (nvfp4 (group 16) on the routed experts; fp8 per-tensor on the shared expert, attention) (unquantised: router, dense MLP)" + notCarried},
+			"hf_quant_config.json: quantization: modelopt MIXED_PRECISION (nvfp4 (group 16) on the routed experts; fp8 per-tensor on the shared expert, attention) (unquantised: router, dense MLP): not carried: the shared expert is fp8 per-tensor beside NVFP4 routed experts; moeprep carries NVFP4 shared experts only (fusing or validating a shared expert of another format beside them is not built)"},
+		{"modelopt MIXED_PRECISION, NVFP4 experts, FP8 attention and dense MLP",
+			`{"quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": {
+				"model.layers.1.mlp.experts": {"quant_algo": "NVFP4", "group_size": 16},
+				"model.layers.2.mlp.experts": {"quant_algo": "W4A16_NVFP4", "group_size": 16},
+				"model.layers.1.mlp.shared_experts.gate_proj": {"quant_algo": "NVFP4", "group_size": 16},
+				"model.layers.0.mlp.down_proj": {"quant_algo": "FP8"},
+				"model.layers.1.self_attn.q_proj": {"quant_algo": "FP8"}}}}`, "",
+			QuantKindMixed, ""}, // carried as nvfp4_modelopt (the tensors say whether input_scale is there)
+		{"modelopt MIXED_PRECISION, experts of two formats",
+			`{}`,
+			`{"quantization": {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+				"model.layers.1.mlp.experts": {"quant_algo": "NVFP4", "group_size": 16},
+				"model.layers.2.mlp.experts": {"quant_algo": "FP8"}}}}`,
+			QuantKindMixed,
+			"hf_quant_config.json: quantization: modelopt MIXED_PRECISION (nvfp4 (group 16) on the routed experts) (unquantised: shared expert, router, attention, dense MLP): not carried: quantized_layers: model.layers.1.mlp.experts is nvfp4 (group 16) but model.layers.2.mlp.experts is fp8 per-tensor; moeprep plans one routed expert format per checkpoint"},
 		{"nvfp4 compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}, "ignore": ["lm_head", "re:.*mlp.gate$"]}}`, "",
 			QuantKindNVFP4,

@@ -30,6 +30,7 @@ var nvfp4Producers = []struct {
 }{
 	{"modelopt", nvfp4Specs, weightfmt.NVFP4ModelOpt(), "deepseek-v3-nv"},
 	{"compressed-tensors", nvfp4CTSpecs, weightfmt.NVFP4CT(), "deepseek-v3-ct"},
+	{"modelopt MIXED_PRECISION", nvfp4MixedSpecs, weightfmt.NVFP4ModelOpt(), "deepseek-v3-mixed"},
 }
 
 func TestNVFP4ConversionsValidate(t *testing.T) {
@@ -125,6 +126,30 @@ func TestNVFP4CTRefusals(t *testing.T) {
 			"compressed-tensors nvfp4-pack-quantized (group 32) on the routed experts"},
 		{"asymmetric", "qwen3-ct", func(c map[string]any) { weights(c)["symmetric"] = false }, nil, false,
 			"symmetric: false is not supported"},
+	})
+}
+
+// TestNVFP4MixedRefusals: a MIXED_PRECISION whose experts are not all
+// NVFP4, or whose shared expert is FP8 beside NVFP4 routed experts, is
+// refused in one line naming the modules.
+func TestNVFP4MixedRefusals(t *testing.T) {
+	layers := func(edit func(l map[string]any)) func(c map[string]any) {
+		return func(c map[string]any) {
+			edit(c["quantization_config"].(map[string]any)["quantized_layers"].(map[string]any))
+		}
+	}
+	refusalsHold(t, nvfp4MixedSpecs(), []refusal{
+		{"one layer's experts FP8", "qwen3-mixed", layers(func(l map[string]any) {
+			l["model.layers.2.mlp.experts"] = map[string]any{"quant_algo": "FP8"}
+		}), nil, false, "not carried: quantized_layers: model.layers.1.mlp.experts is nvfp4 (group 16) but model.layers.2.mlp.experts is fp8 per-tensor; moeprep plans one routed expert format per checkpoint"},
+		{"an FP8 shared expert", "deepseek-v3-mixed", layers(func(l map[string]any) {
+			for _, p := range []string{"1.mlp.shared_experts.gate_proj", "1.mlp.shared_experts.up_proj", "1.mlp.shared_experts.down_proj",
+				"2.mlp.shared_experts.gate_proj", "2.mlp.shared_experts.up_proj", "2.mlp.shared_experts.down_proj"} {
+				l["model.layers."+p] = map[string]any{"quant_algo": "FP8"}
+			}
+		}), nil, false, "the shared expert is fp8 per-tensor beside NVFP4 routed experts; moeprep carries NVFP4 shared experts only"},
+		{"experts left out of quantized_layers", "qwen3-mixed", layers(func(l map[string]any) { delete(l, "model.layers.2.mlp.experts") }), nil, false,
+			"config.json: quantization_config: quantized_layers names none of layer 2's experts (model.layers.2.mlp.experts): by it they are unquantised, but their tensors are NVFP4"},
 	})
 }
 

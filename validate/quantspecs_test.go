@@ -98,3 +98,15 @@ func ctMXFP4Specs() map[string]fixtures.SynthSpec {
 			Experts: 12, TopK: 3, DType: fixtures.DTypeMXFP4CT, Vocab: 64, Seed: 6002},
 	}
 }
+
+// nvfp4MixedSpecs are ModelOpt MIXED_PRECISION checkpoints: NVFP4 experts,
+// FP8 attention and dense MLPs with static activation scales.
+func nvfp4MixedSpecs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		"deepseek-v3-mixed": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 48, Intermediate: 32,
+			Experts: 10, SharedExperts: 2, TopK: 3, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5,
+			DType: fixtures.DTypeNVFP4Mixed, Vocab: 64, Seed: 7001, BiasLike: "deepseek"},
+		"qwen3-mixed": {Family: "qwen3_moe", Layers: 3, DenseLayers: 1, Hidden: 32, Intermediate: 48,
+			Experts: 6, TopK: 2, DType: fixtures.DTypeNVFP4Mixed, Vocab: 64, Seed: 7002},
+	}
+}

@@ -599,11 +599,17 @@ func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, inp
 		}
 		leaf, weight = ".input_global_scale", ".weight_packed"
 	} else {
-		if a, _ := desc["quant_algo"].(string); a != "NVFP4" {
-			return nil, false, fmt.Sprintf("SRC's quant_algo is %q, not NVFP4", a)
-		}
 		if v, ok := desc["group_size"].(float64); ok {
 			g = v
+		}
+		switch a, _ := desc["quant_algo"].(string); a {
+		case "NVFP4", "W4A16_NVFP4":
+		case "MIXED_PRECISION":
+			if why := srcMixedNVFP4(desc, g); why != "" {
+				return nil, false, why
+			}
+		default:
+			return nil, false, fmt.Sprintf("SRC's quant_algo is %q, not NVFP4", a)
 		}
 	}
 	if g != 16 {
@@ -614,6 +620,34 @@ func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, inp
 		_, input = src.Tensor(strings.TrimSuffix(w, weight) + leaf)
 	}
 	return []int64{1, 16}, input, ""
+}
+
+// srcMixedNVFP4 checks a ModelOpt MIXED_PRECISION description's
+// quantized_layers as NVFP4 experts: every entry naming routed experts
+// (an "experts" segment) NVFP4 or W4A16_NVFP4 in groups of 16 (the
+// entry's group_size, else the description's g), at least one.
+func srcMixedNVFP4(desc map[string]any, g float64) string {
+	layers, _ := desc["quantized_layers"].(map[string]any)
+	n := 0
+	for name, v := range layers {
+		if !strings.Contains(name+".", ".experts.") {
+			continue
+		}
+		e, _ := v.(map[string]any)
+		a, _ := e["quant_algo"].(string)
+		gs := g
+		if x, ok := e["group_size"].(float64); ok {
+			gs = x
+		}
+		if a != "NVFP4" && a != "W4A16_NVFP4" || gs != 16 {
+			return fmt.Sprintf("SRC's quantized_layers %s is %s in groups of %v, not NVFP4 in 16s", render(name), render(a), gs)
+		}
+		n++
+	}
+	if n == 0 {
+		return "SRC's MIXED_PRECISION quantized_layers names no experts"
+	}
+	return ""
 }
 
 // ctGroups checks that a compressed-tensors description's config groups
