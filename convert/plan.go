@@ -357,6 +357,10 @@ func (p *planner) contract() *layout.Contract {
 			c.ScaleDType = string(sc.DType)
 		default:
 			c.WeightBlockSize = []int64{sc.Block[0], sc.Block[1]}
+			// What else New needs to build the format again (MXFP4:
+			// DeepSeek-V4's F8_E8M0 scales, a producer's names).
+			sd, naming := weightfmt.ContractSpec(p.wf)
+			c.ScaleDType, c.Naming = string(sd), naming
 		}
 	}
 	c.InputScales = fp.NVFP4InputScale

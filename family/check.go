@@ -30,23 +30,37 @@ type checker struct {
 	// Plan.NVFP4InputScale (from nvInputFrom).
 	nvInputSeen bool
 	nvInputFrom string
+	// sharedSeen: sharedApart has decided how the shared expert is stored.
+	sharedSeen bool
 }
 
 func isFloat(d safetensors.DType) bool {
 	return d == safetensors.BF16 || d == safetensors.F16 || d == safetensors.F32
 }
 
-// anyOf reports whether any projection weight of an MLP exists.
+// anyOf reports whether any projection weight of an MLP exists, by its
+// plain name or the name the plan's format stores it under.
 func (k *checker) anyOf(prefix string, proj [3]string) bool {
+	f, err := k.p.Format()
 	for _, pr := range proj {
-		if _, ok := k.t.Lookup(prefix + "." + pr + ".weight"); ok {
+		w := prefix + "." + pr + ".weight"
+		if _, ok := k.t.Lookup(w); ok {
 			return true
 		}
-		if _, ok := k.t.Lookup(prefix + "." + pr + ".weight_packed"); ok && k.p.Quantization == QuantInt4Pack {
+		if _, ok := k.t.Lookup(weightfmt.TensorsOf(f, w).Weight); ok && err == nil {
 			return true
 		}
 	}
 	return false
+}
+
+// mustFormat is p's format where it is known to build (messages).
+func mustFormat(p *Plan) weightfmt.Format {
+	f, err := p.Format()
+	if err != nil {
+		return weightfmt.Plain(safetensors.BF16)
+	}
+	return f
 }
 
 // stacked checks a family's stacked expert tensors: gate-up [E, 2I, H]
@@ -107,15 +121,20 @@ func (k *checker) views(where, gateUp, down string, e, inter int, transposed, in
 // mlp checks one SwiGLU MLP of intermediate size inter: gate and up
 // [inter,H], down [H,inter].
 func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
+	if err := k.sharedApart(where, prefix, proj); err != nil {
+		return MLP{}, err
+	}
 	switch {
 	case k.inShared && k.p.SharedQuantization == QuantNone:
 		return k.plainSharedMLP(where, prefix, proj, inter, hint)
+	case k.inShared && k.p.SharedQuantization != "":
+		return k.apartSharedMLP(where, prefix, proj, inter, hint)
 	case k.p.Quantization == QuantInt4Pack:
 		return k.int4MLP(where, prefix, proj, inter, hint)
-	case k.p.Quantization == QuantNVFP4:
-		return k.nvfp4MLP(where, prefix, proj, inter, hint)
-	case k.p.Quantization == QuantMXFP4:
+	case k.p.Quantization == QuantMXFP4 && k.p.Naming == "":
 		return MLP{}, fmt.Errorf("%s: MXFP4 (quant_method mxfp4) is carried for gpt-oss's experts stacked on disk only, not for %s's per-expert tensors", where, k.p.Family)
+	case k.p.Quantization.nvfp4() || k.p.Quantization == QuantMXFP4:
+		return k.packedMLP(where, prefix, proj, inter, hint)
 	}
 	var m MLP
 	names := [3]*string{&m.Gate, &m.Up, &m.Down}

@@ -25,6 +25,11 @@ import (
 // ids = ffn.gate.tid2eid[token id] (int64 [vocab, k], no correction bias),
 // weighted by the same normalised scores.
 //
+// DeepSeek-V4's official precision, "expert_dtype": "fp4" beside an FP8
+// ue8m0 quantization_config, plans the routed experts as MXFP4 in
+// DeepSeek's names (x.weight, x.scale) and the shared expert as FP8
+// blocks stored apart (readExpertFP4, sharedApart in mxfp4.go).
+//
 // Experts and the shared MLP use the clamped SwiGLU: silu(min(g, limit)) *
 // clamp(u, -limit, limit) with limit = swiglu_limit. Output = routed +
 // shared(x), ungated: fusable.

@@ -24,10 +24,11 @@ type TensorBytes interface {
 	SmallTensorBytes(name string, max int64) ([]byte, error)
 }
 
-// isCTPacked reports whether a compressed-tensors quantization_config
-// describes pack-quantized weights (its own format, or any config group's).
-func isCTPacked(q config) bool {
-	if f, _ := q.str("format", ""); f == "pack-quantized" {
+// ctUses reports whether a compressed-tensors quantization_config
+// describes weights in compression format (its own format, or any config
+// group's): "pack-quantized", "nvfp4-pack-quantized".
+func ctUses(q config, format string) bool {
+	if f, _ := q.str("format", ""); f == format {
 		return true
 	}
 	groups, ok, err := q.object("config_groups")
@@ -39,7 +40,7 @@ func isCTPacked(q config) bool {
 		if err != nil || !ok {
 			continue
 		}
-		if f, _ := g.str("format", ""); f == "pack-quantized" {
+		if f, _ := g.str("format", ""); f == format {
 			return true
 		}
 	}
@@ -153,15 +154,23 @@ func checkInt4Groups(raw map[string]any, t Tensors, p *Plan) error {
 		if err := routedUnquantised(d, "the ignore list", "one routed expert format"); err != nil {
 			return err
 		}
-		if p.NumSharedExperts > 0 && d.Groups[GroupShared] == "" {
-			p.SharedQuantization = QuantNone
-		}
+		sharedLeftPlain(d, p)
 		return nil
 	})
 }
 
+// sharedLeftPlain records, for a family with a shared expert, that the
+// description leaves it unquantised (SharedQuantization none: Kimi's
+// re:.*shared_experts.*).
+func sharedLeftPlain(d QuantDesc, p *Plan) {
+	if p.NumSharedExperts > 0 && d.Groups[GroupShared] == "" {
+		p.SharedQuantization = QuantNone
+	}
+}
+
 // SharedFormat is how the plan's shared expert is stored: Format, unless
-// SharedQuantization says otherwise (plain weights of SharedWeightDType).
+// SharedQuantization says otherwise (plain weights, or FP8 blocks, of
+// SharedWeightDType).
 func (p *Plan) SharedFormat() (weightfmt.Format, error) {
 	if p.SharedQuantization == "" {
 		return p.Format()
@@ -293,7 +302,7 @@ func (k *checker) plainSharedMLP(where, prefix string, proj [3]string, inter int
 		meta, ok := k.t.Lookup(name)
 		if !ok {
 			if _, packed := k.t.Lookup(name + "_packed"); packed {
-				return fmt.Errorf("%s: %s is packed INT4 but config.json's ignore list leaves the shared expert unquantised", where, name+"_packed")
+				return fmt.Errorf("%s: %s is packed but config.json's ignore list leaves the shared expert unquantised", where, name+"_packed")
 			}
 			return fmt.Errorf("%s: missing tensor %s", where, name)
 		}

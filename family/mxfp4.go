@@ -27,20 +27,116 @@ import (
 // its gate the even rows ("[e][R:0:I:2]"), its scales the same rows of the
 // [rows, cols/32] grid.
 
-// checkMXFP4Groups refuses an MXFP4 checkpoint whose
-// modules_to_not_convert leaves the routed experts unquantised (then
-// nothing is MXFP4 and the description is wrong about the tensors).
+// DeepSeek-V4's official checkpoints say "expert_dtype": "fp4" (top
+// level; some copies put it in quantization_config) beside an FP8
+// 128x128 quantization_config with scale_fmt ue8m0: the routed experts are
+// MXFP4 in DeepSeek's names (inference/model.py: x.weight
+// float4_e2m1fn_x2, stored I8 or U8 [out, in/2]; x.scale F8_E8M0
+// [out, in/32]); the shared expert and every other projection stay FP8.
+
+// readExpertFP4 reads expert_dtype into p: "fp4" makes the routed experts
+// MXFP4 in DeepSeek's names (DeepSeek-V4 only); "fp8" or none leaves p.
+func readExpertFP4(c config, p *Plan) error {
+	at := c
+	dt, err := c.str("expert_dtype", "")
+	if err != nil {
+		return err
+	}
+	if q, _, ok, _ := quantConfig(c); dt == "" && ok {
+		if dt, err = q.str("expert_dtype", ""); err != nil {
+			return err
+		}
+		at = q
+	}
+	switch {
+	case dt == "" || dt == "fp8":
+		return nil
+	case dt != "fp4":
+		return at.errorf("expert_dtype", "%q is not supported (fp4: DeepSeek-V4's FP4 experts, or fp8)", dt)
+	case p.Family != "deepseek_v4":
+		return at.errorf("expert_dtype", "fp4 is DeepSeek-V4's (MXFP4 experts named x.weight and x.scale); not planned for model_type %s", p.ModelType)
+	case p.Quantization != QuantFP8Block && p.Quantization != QuantNone:
+		return at.errorf("expert_dtype", "fp4 beside a %s quantisation description; DeepSeek-V4 describes FP8 128x128 blocks", p.Quantization)
+	}
+	p.Quantization, p.Naming, p.ScaleFmt = QuantMXFP4, weightfmt.NamingDeepSeek, ""
+	return nil
+}
+
+// sharedApart decides, at the first shared expert of a plan whose routed
+// experts are DeepSeek-V4's FP4, how it is stored: FP4 like them (nothing
+// to record), FP8 128x128 blocks with F32 weight_scale_inv as transformers
+// writes DeepSeek-V4's FP8 (the official release's), or unquantised; FP8
+// with DeepSeek's own .scale naming is refused.
+func (k *checker) sharedApart(where, prefix string, proj [3]string) error {
+	if !k.inShared || k.sharedSeen || k.p.Naming != weightfmt.NamingDeepSeek {
+		return nil
+	}
+	k.sharedSeen = true
+	w := prefix + "." + proj[0] + ".weight"
+	meta, ok := k.t.Lookup(w)
+	switch {
+	case !ok:
+		return nil // the checks name it
+	case meta.DType == safetensors.F8E4M3:
+		if _, ds := k.t.Lookup(prefix + "." + proj[0] + ".scale"); ds {
+			return fmt.Errorf("%s: %s is FP8 with DeepSeek's own scale naming (%s.scale, E8M0): moeprep reads FP8 128x128 blocks with F32 weight_scale_inv, as transformers writes them", where, w, prefix+"."+proj[0])
+		}
+		k.p.SharedQuantization, k.p.SharedWeightDType, k.sharedFrom = QuantFP8Block, meta.DType, w
+	case isFloat(meta.DType):
+		k.p.SharedQuantization = QuantNone
+	}
+	return nil
+}
+
+// apartSharedMLP checks a shared expert quantised otherwise than the
+// routed experts (SharedQuantization: FP8 blocks beside DeepSeek-V4's FP4
+// experts) as a plan of that format would.
+func (k *checker) apartSharedMLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
+	sp := *k.p
+	sp.Quantization, sp.Naming, sp.WeightDType, sp.ScaleDType, sp.SharedQuantization = k.p.SharedQuantization, "", "", "", ""
+	sub := &checker{t: k.t, p: &sp}
+	m, err := sub.mlp(where, prefix, proj, inter, hint)
+	if err == nil && sub.dtype != k.p.SharedWeightDType {
+		err = fmt.Errorf("%s: shared expert %s, expected %s like %s", where, sub.dtype, k.p.SharedWeightDType, k.sharedFrom)
+	}
+	return m, err
+}
+
+// readMXFP4Naming names a compressed-tensors mxfp4-pack-quantized plan's
+// tensors as compressed-tensors does (x.weight_packed, x.weight_scale, per
+// expert); gpt-oss's quant_method mxfp4 keeps the format's own.
+func readMXFP4Naming(c config, p *Plan) {
+	if _, m, _, _ := quantConfig(c); p.Quantization == QuantMXFP4 && m == "compressed-tensors" {
+		p.Naming = weightfmt.NamingCompressedTensors
+	}
+}
+
+// checkMXFP4Groups refuses an MXFP4 checkpoint whose exclusion list
+// (gpt-oss's modules_to_not_convert, compressed-tensors' ignore) leaves the
+// routed experts unquantised (then nothing is MXFP4 and the description
+// is wrong about the tensors); compressed-tensors' may leave the shared
+// expert unquantised, stated apart as INT4's is (sharedLeftPlain).
 func checkMXFP4Groups(raw map[string]any, t Tensors, p *Plan) error {
+	by := "modules_to_not_convert"
+	if p.Naming == weightfmt.NamingCompressedTensors {
+		by = "the ignore list"
+	}
 	return eachQuantDesc(raw, t, func(d QuantDesc) error {
-		return routedUnquantised(d, "modules_to_not_convert", "one routed expert format")
+		if err := routedUnquantised(d, by, "one routed expert format"); err != nil {
+			return err
+		}
+		if p.Naming == weightfmt.NamingCompressedTensors {
+			sharedLeftPlain(d, p)
+		}
+		return nil
 	})
 }
 
 // mxfp4Stacked checks gpt-oss's stacked MXFP4 experts of one layer (the
 // plain names gateUp and down name their *_blocks and *_scales).
 func (k *checker) mxfp4Stacked(where, gateUp, down string, interleaved bool, hint string) error {
-	if k.p.Family != "gpt_oss" {
-		return fmt.Errorf("%s: MXFP4 (quant_method mxfp4) experts stacked on disk are carried for gpt-oss only, not %s", where, k.p.Family)
+	if k.p.Family != "gpt_oss" || k.p.Naming != "" {
+		return fmt.Errorf("%s: MXFP4 experts stacked on disk are carried as gpt-oss stores them (quant_method mxfp4, *_blocks and *_scales) only, not %s's %s", where, k.p.Family, weightfmt.TensorsOf(mustFormat(k.p), gateUp).Weight)
 	}
 	e, h, i := int64(k.p.NumExperts), int64(k.p.HiddenSize), int64(k.p.MoEIntermediateSize)
 	g := int64(weightfmt.MXFP4Group)

@@ -2,10 +2,10 @@ package family
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
-	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -27,8 +27,13 @@ func readModelOptNVFP4(q config) (Quantization, string, error) {
 	if err != nil {
 		return "", "", err
 	}
-	if strings.ToUpper(algo) != "NVFP4" {
-		return "", "", q.errorf("quant_algo", "%q is not supported with quant_method modelopt (only NVFP4)", algo)
+	switch strings.ToUpper(algo) {
+	case "NVFP4", "W4A16_NVFP4":
+	case "MIXED_PRECISION":
+		// DetectQuant has checked quantized_layers (nvfp4Experts).
+		return QuantNVFP4, "", nil
+	default:
+		return "", "", q.errorf("quant_algo", "%q is not supported with quant_method modelopt (only NVFP4, W4A16_NVFP4, or MIXED_PRECISION with NVFP4 experts)", algo)
 	}
 	if g, err := q.intIn("group_size", weightfmt.NVFP4Group, 1, maxDim); err != nil {
 		return "", "", err
@@ -36,6 +41,132 @@ func readModelOptNVFP4(q config) (Quantization, string, error) {
 		return "", "", q.errorf("group_size", "%d is not supported (NVFP4 scales groups of %d)", g, weightfmt.NVFP4Group)
 	}
 	return QuantNVFP4, "", nil
+}
+
+// ctFP4 is what compressed-tensors writes for one FP4 scheme: the
+// config groups' format, the quantisation args' strategy and group size,
+// and the activation settings whose scales need not be carried (dynamic:
+// true stores nothing; NVFP4's "local" stores input_global_scale, carried,
+// not simulated).
+type ctFP4 struct {
+	format, strategy string
+	group            int
+	dynamic          []any
+	dynamicWords     string // dynamic, for messages
+}
+
+var (
+	// llm-compressor's NVFP4 and NVFP4A16 schemes.
+	ctNVFP4 = ctFP4{"nvfp4-pack-quantized", "tensor_group", weightfmt.NVFP4Group, []any{true, "local"}, `"local" or true`}
+	// llm-compressor's MXFP4 and MXFP4A16 schemes.
+	ctMXFP4 = ctFP4{"mxfp4-pack-quantized", "group", weightfmt.MXFP4Group, []any{true}, "true"}
+)
+
+// readCTFP4 checks a compressed-tensors quantization_config whose config
+// groups are of scheme s: weights type float, 4 bits, s's strategy and
+// group size, symmetric, static; activations none (W4A16) or FP4 of the
+// same grouping with s's dynamic settings.
+func readCTFP4(q config, s ctFP4) error {
+	topFmt, err := q.str("format", "")
+	if err != nil {
+		return err
+	}
+	groups, ok, err := q.object("config_groups")
+	if err != nil {
+		return err
+	}
+	if !ok || len(groups.m) == 0 {
+		return q.missing("config_groups")
+	}
+	for _, name := range slices.Sorted(maps.Keys(groups.m)) {
+		g, _, err := groups.object(name)
+		if err != nil {
+			return err
+		}
+		if f, err := g.str("format", topFmt); err != nil {
+			return err
+		} else if f != s.format {
+			return g.errorf("format", "%q is not supported with %s config groups (one expert format per checkpoint)", f, s.format)
+		}
+		w, ok, err := g.object("weights")
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return g.missing("weights")
+		}
+		if err := s.args(w, "weights"); err != nil {
+			return err
+		}
+		if d, err := w.boolean("dynamic", false); err != nil {
+			return err
+		} else if d {
+			return w.errorf("dynamic", "true is not supported (weights quantised at run time have no stored scales)")
+		}
+		a, ok, err := g.object("input_activations")
+		if err != nil || !ok || len(a.m) == 0 {
+			return err // W4A16: no activation quantisation
+		}
+		if err := s.args(a, "input activations"); err != nil {
+			return err
+		}
+		if d := a.m["dynamic"]; !slices.Contains(s.dynamic, d) {
+			return a.errorf("dynamic", "%s is not supported (static FP4 activation block scales are not carried; only %s)", describe(d), s.dynamicWords)
+		}
+	}
+	return nil
+}
+
+// args checks the quantisation args of FP4 weights or activations in a
+// compressed-tensors config group: type float, 4 bits, s's strategy and
+// group size, symmetric.
+func (s ctFP4) args(w config, what string) error {
+	if t, err := w.str("type", "int"); err != nil {
+		return err
+	} else if t != "float" {
+		return w.errorf("type", "%q is not supported for %s %s (only float: E2M1)", t, s.format, what)
+	}
+	if b, err := w.intIn("num_bits", 8, 1, 64); err != nil {
+		return err
+	} else if b != 4 {
+		return w.errorf("num_bits", "%d is not supported for %s %s (only 4)", b, s.format, what)
+	}
+	if st, err := w.str("strategy", "tensor"); err != nil {
+		return err
+	} else if st != s.strategy {
+		return w.errorf("strategy", "%q is not supported for %s %s (only %s)", st, s.format, what, s.strategy)
+	}
+	if g, err := w.intIn("group_size", 0, 0, maxDim); err != nil {
+		return err
+	} else if g != s.group {
+		return w.errorf("group_size", "%d is not supported for %s %s (one scale per %d)", g, s.format, what, s.group)
+	}
+	if sym, err := w.boolean("symmetric", true); err != nil {
+		return err
+	} else if !sym {
+		return w.errorf("symmetric", "false is not supported (a zero point, weight_zero_point, is not carried)")
+	}
+	return nil
+}
+
+// checkMixedCovers refuses a ModelOpt MIXED_PRECISION plan whose
+// quantized_layers leaves out some MoE layer's experts: by the description
+// they are unquantised, by their tensors NVFP4, and an engine reading the
+// description would load them wrongly.
+func checkMixedCovers(raw map[string]any, t Tensors, p *Plan) error {
+	return eachQuantDesc(raw, t, func(d QuantDesc) error {
+		if !d.nvfp4Experts() {
+			return nil
+		}
+		for _, l := range p.Layers {
+			e := l.Prefix + ".experts"
+			i, found := slices.BinarySearch(d.experts, e)
+			if !found && (i == len(d.experts) || !strings.HasPrefix(d.experts[i], e+".")) {
+				return fmt.Errorf("%s: %s: quantized_layers names none of layer %d's experts (%s): by it they are unquantised, but their tensors are NVFP4", d.File, d.Key, l.Index, e)
+			}
+		}
+		return nil
+	})
 }
 
 // readHFNVFP4 reads hf_quant_config.json (nil: none) where config.json
@@ -64,7 +195,7 @@ func readHFNVFP4(hf map[string]any) (Quantization, error) {
 // NVFP4 (attention and dense MLPs are copied as they are).
 func checkNVFP4Groups(raw map[string]any, t Tensors, p *Plan) error {
 	return eachQuantDesc(raw, t, func(d QuantDesc) error {
-		if d.Kind != QuantKindNVFP4 {
+		if d.Kind != QuantKindNVFP4 && !d.nvfp4Experts() {
 			return fmt.Errorf("%s: %s: %s: another format than the NVFP4 of the other description; moeprep carries one expert format per checkpoint", d.File, d.Key, d.Summary())
 		}
 		if err := routedUnquantised(d, "the exclude list", "one routed expert format"); err != nil {
@@ -76,92 +207,4 @@ func checkNVFP4Groups(raw map[string]any, t Tensors, p *Plan) error {
 		}
 		return nil
 	})
-}
-
-// nvfp4MLP checks one MLP of NVFP4 weights.
-func (k *checker) nvfp4MLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
-	var m MLP
-	names := [3]*string{&m.Gate, &m.Up, &m.Down}
-	scales := [3]*string{&m.GateScale, &m.UpScale, &m.DownScale}
-	globals := [3]*string{&m.GateGlobal, &m.UpGlobal, &m.DownGlobal}
-	inputs := [3]*string{&m.GateInput, &m.UpInput, &m.DownInput}
-	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
-		w := prefix + "." + pr + ".weight"
-		if err := k.nvfp4Weight(where, pr, w, rows, cols, hint); err != nil {
-			return err
-		}
-		*names[n], *scales[n], *globals[n] = w, w+"_scale", w+"_scale_2"
-		if k.p.NVFP4InputScale {
-			*inputs[n] = prefix + "." + pr + ".input_scale"
-		}
-		return nil
-	}); err != nil {
-		return MLP{}, err
-	}
-	return m, nil
-}
-
-// scalarF32 checks a per-tensor F32 scale stored as [] or [1].
-func (k *checker) scalarF32(where, name, what string) error {
-	sm, ok := k.t.Lookup(name)
-	if !ok {
-		return fmt.Errorf("%s: missing tensor %s (%s)", where, name, what)
-	}
-	if sm.DType != safetensors.F32 || !(len(sm.Shape) == 0 || slices.Equal(sm.Shape, []int64{1})) {
-		return fmt.Errorf("%s: %s is %s %s, expected F32 [] (%s)", where, name, sm.DType, shapeString(sm.Shape), what)
-	}
-	return nil
-}
-
-// nvfp4Weight checks one NVFP4 projection (weight [rows, cols]).
-func (k *checker) nvfp4Weight(where, role, weight string, rows, cols int64, hint string) error {
-	meta, ok := k.t.Lookup(weight)
-	if !ok {
-		return fmt.Errorf("%s: missing tensor %s", where, weight)
-	}
-	if meta.DType != safetensors.U8 {
-		return fmt.Errorf("%s: %s is %s but the quantisation config says NVFP4 (U8, two E2M1 to a byte) for this module", where, weight, meta.DType)
-	}
-	if k.dtype == "" {
-		k.dtype, k.dtypeFrom = meta.DType, weight
-	}
-	f, err := k.p.Format()
-	if err != nil {
-		return fmt.Errorf("%s: %w", where, err)
-	}
-	if cols%weightfmt.NVFP4Group != 0 {
-		return fmt.Errorf("%s: %s weight has %d input columns, not a whole number of %d-column NVFP4 scale groups", where, role, cols, weightfmt.NVFP4Group)
-	}
-	mx := weightfmt.Matrix{Format: f, Rows: rows, Cols: cols}
-	if want := mx.Shape(); !slices.Equal(meta.Shape, want) {
-		return fmt.Errorf("%s: %s %s shape %s, expected %s (%s weight [%d, %d], two E2M1 to a byte) %s",
-			where, role, weight, shapeString(meta.Shape), shapeString(want), role, rows, cols, hint)
-	}
-	sn := weight + "_scale"
-	sm, ok := k.t.Lookup(sn)
-	if !ok {
-		return fmt.Errorf("%s: missing tensor %s (NVFP4 weights need their block scales)", where, sn)
-	}
-	r, c := mx.ScaleShape()
-	if sm.DType != safetensors.F8E4M3 || !slices.Equal(sm.Shape, []int64{r, c}) {
-		return fmt.Errorf("%s: %s is %s %s, expected F8_E4M3 [%d, %d] (one per %d input columns of %s weight [%d, %d])",
-			where, sn, sm.DType, shapeString(sm.Shape), r, c, weightfmt.NVFP4Group, role, rows, cols)
-	}
-	if err := k.scalarF32(where, weight+"_scale_2", "NVFP4's per-tensor second scale"); err != nil {
-		return err
-	}
-	in := strings.TrimSuffix(weight, ".weight") + ".input_scale"
-	_, hasIn := k.t.Lookup(in)
-	if !k.nvInputSeen {
-		k.nvInputSeen, k.p.NVFP4InputScale, k.nvInputFrom = true, hasIn, weight
-	}
-	switch {
-	case hasIn && !k.p.NVFP4InputScale:
-		return fmt.Errorf("%s: %s present but %s has no input_scale: every NVFP4 expert weight has one or none", where, in, k.nvInputFrom)
-	case !hasIn && k.p.NVFP4InputScale:
-		return fmt.Errorf("%s: missing tensor %s (%s has one: every NVFP4 expert weight has one or none)", where, in, k.nvInputFrom)
-	case hasIn:
-		return k.scalarF32(where, in, "NVFP4's static activation scale")
-	}
-	return nil
 }

@@ -32,6 +32,12 @@ const (
 	// multiplier) and F32 input_scale (the static activation scale, carried
 	// byte-exact, not read).
 	QuantNVFP4 Quantization = "nvfp4_modelopt"
+	// compressed-tensors nvfp4-pack-quantized (RedHat / llm-compressor
+	// NVFP4 and NVFP4A16): U8 weight_packed [out, in/2], F8_E4M3
+	// weight_scale [out, in/16], F32 weight_global_scale [1] (a divisor,
+	// the reciprocal of ModelOpt's weight_scale_2) and, W4A4, F32
+	// input_global_scale [1] (carried byte-exact, not read).
+	QuantNVFP4CT Quantization = "nvfp4_ct"
 	// gpt-oss's MXFP4 (quant_method mxfp4): U8 E2M1 pairs with a U8 E8M0
 	// scale per 32 input columns, experts stacked on disk as
 	// *_blocks [E, rows, cols/32, 16] and *_scales [E, rows, cols/32].
@@ -52,9 +58,10 @@ type MLP struct {
 	// checks and drops them: the contract states every expert's [out, in].
 	GateShape, UpShape, DownShape string
 	// GateGlobal, UpGlobal, DownGlobal: the per-tensor second scale of an
-	// NVFP4 weight (weight_scale_2, F32 scalar); GateInput, UpInput,
-	// DownInput: its static activation scale (input_scale, F32 scalar).
-	// "" for other formats.
+	// NVFP4 weight (weight_scale_2 or weight_global_scale, F32 scalar);
+	// GateInput, UpInput, DownInput: its static activation scale
+	// (input_scale or input_global_scale, F32 scalar). "" for other
+	// formats.
 	GateGlobal, UpGlobal, DownGlobal string
 	GateInput, UpInput, DownInput    string
 }
@@ -136,16 +143,23 @@ type Plan struct {
 	// read from the checkpoint's first expert scale, every other must
 	// match); "" otherwise.
 	ScaleDType safetensors.DType
+	// Naming is whose tensor names the expert weights carry where the
+	// format's producers differ (weightfmt.Naming*: MXFP4 as
+	// compressed-tensors or DeepSeek-V4 stores it); "" for the format's
+	// own (gpt-oss's, for MXFP4).
+	Naming string
 	// GroupSize is the columns one scale covers for int4_pack (0: one
 	// scale per row, strategy channel); 0 otherwise.
 	GroupSize int64
-	// NVFP4InputScale: every NVFP4 expert weight has an input_scale (MLP's
+	// NVFP4InputScale: every NVFP4 expert weight has an input_scale
+	// (ModelOpt) or input_global_scale (compressed-tensors) (MLP's
 	// GateInput...), carried per expert; false: none has.
 	NVFP4InputScale bool
 	// SharedQuantization is how the shared expert is stored where it
 	// differs from the routed experts (Kimi-K2's INT4 routed experts and
-	// BF16 shared expert: QuantNone, its dtype SharedWeightDType); ""
-	// when it is stored like them.
+	// BF16 shared expert: QuantNone, its dtype SharedWeightDType;
+	// DeepSeek-V4's FP4 experts and FP8 shared expert: QuantFP8Block,
+	// F8_E4M3); "" when it is stored like them.
 	SharedQuantization Quantization
 	SharedWeightDType  safetensors.DType
 	Layers             []Layer // sorted by Index

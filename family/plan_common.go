@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // ErrAlreadyConverted marks a checkpoint that is already moeprep (or other
@@ -67,6 +68,10 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if p.Quantization, p.ScaleFmt, err = readQuant(c); err != nil {
 		return nil, err
 	}
+	readMXFP4Naming(c, p)
+	if err := readExpertFP4(c, p); err != nil {
+		return nil, err
+	}
 	// ModelOpt may describe NVFP4 in hf_quant_config.json alone; beside
 	// another format in config.json it is refused as before.
 	if hq, err := readHFNVFP4(hfQuantOf(t)); err != nil {
@@ -77,11 +82,11 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 		descs, _ := DetectQuant(raw, hfQuantOf(t))
 		return nil, descs[len(descs)-1].Refusal()
 	}
-	if p.Quantization == QuantMXFP4 && s.name != "gpt_oss" {
+	if p.Quantization == QuantMXFP4 && p.Naming == "" && s.name != "gpt_oss" {
 		return nil, fmt.Errorf("config.json: quantization_config: quant_method mxfp4 is carried for gpt-oss (experts stacked on disk as *_blocks and *_scales) only, not %s", p.ModelType)
 	}
 	if p.Quantization == QuantInt4Pack {
-		q, _, _ := c.object("quantization_config")
+		q, _, _, _ := quantConfig(c) // readQuant read it
 		if p.GroupSize, err = readCTInt4(q); err != nil {
 			return nil, err
 		}
@@ -147,6 +152,11 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 		p.Layers = append(p.Layers, layer)
 	}
 	p.WeightDType = k.dtype
+	if p.Quantization == QuantNVFP4 && !converted {
+		if err := checkMixedCovers(raw, t, p); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
 }
 
@@ -244,7 +254,7 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 			}
 		}
 	} else if !converted {
-		if err := s.scanExperts(where, prefix, names, p.NumExperts, p.Quantization.scaleDTypeRead(), p.Quantization == QuantInt4Pack, p.Quantization == QuantNVFP4); err != nil {
+		if err := s.scanExperts(where, prefix, names, p, p.Quantization.scaleDTypeRead(), p.Quantization == QuantInt4Pack); err != nil {
 			return Layer{}, err
 		}
 		out.Experts = make([]MLP, p.NumExperts)
@@ -431,8 +441,19 @@ func (s *spec) mtpLayers(c config, p *Plan, byLayer map[int][]string, module str
 // scanExperts rejects tensors under the experts container that no expert
 // slot accounts for: ids >= E, or names other than the three projections
 // and their block scales (or, scaled is set, their weight_scale: FP8 per
-// channel or per tensor).
-func (s *spec) scanExperts(where, prefix string, names []string, numExperts int, scaled, packed, nv bool) error {
+// channel or per tensor), or the tensors the plan's format names for a
+// projection (TensorsOf: packed weights, global and activation scales).
+func (s *spec) scanExperts(where, prefix string, names []string, p *Plan, scaled, packed bool) error {
+	numExperts := p.NumExperts
+	tails := map[string]bool{}
+	if f, err := p.Format(); err == nil {
+		for _, pr := range s.names.proj {
+			tn := weightfmt.TensorsOf(f, pr+".weight")
+			for _, n := range []string{tn.Weight, tn.Scale, tn.Global, tn.Shape, tn.Input} {
+				tails[n] = n != ""
+			}
+		}
+	}
 	ep := prefix + "." + s.names.experts + "."
 	for _, name := range names {
 		rest, ok := strings.CutPrefix(name, ep)
@@ -451,7 +472,7 @@ func (s *spec) scanExperts(where, prefix string, names []string, numExperts int,
 		for _, pr := range s.names.proj {
 			known = known || tail == pr+".weight" || tail == pr+".weight_scale_inv" || scaled && tail == pr+".weight_scale" ||
 				packed && (tail == pr+".weight_packed" || tail == pr+".weight_shape" || tail == pr+".weight_zero_point" || tail == pr+".weight_g_idx") ||
-				nv && (tail == pr+".weight_scale" || tail == pr+".weight_scale_2" || tail == pr+".input_scale")
+				tails[tail]
 		}
 		if !known {
 			return fmt.Errorf("%s: expert %d: unexpected tensor %s", where, id, name)

@@ -26,11 +26,15 @@ func (p *Plan) Format() (weightfmt.Format, error) {
 	if q == QuantInt4Pack {
 		block = []int64{1, p.GroupSize}
 	}
-	if q == QuantNVFP4 {
+	if q.nvfp4() {
 		block = []int64{1, weightfmt.NVFP4Group}
 	}
-	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt, ScaleDType: p.ScaleDType, Block: block})
+	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt, ScaleDType: p.ScaleDType, Block: block,
+		Naming: p.Naming})
 }
+
+// nvfp4 reports whether q is NVFP4, ModelOpt's or compressed-tensors'.
+func (q Quantization) nvfp4() bool { return q == QuantNVFP4 || q == QuantNVFP4CT }
 
 // scaleDTypeRead reports whether the plan's format takes its scale dtype
 // from the checkpoint's scale tensors (Plan.ScaleDType).
@@ -38,7 +42,9 @@ func (q Quantization) scaleDTypeRead() bool {
 	return q == QuantFP8Channel || q == QuantFP8Tensor || q == QuantInt4Pack
 }
 
-// readQuant reads quantization_config. Supported: DeepSeek-style FP8
+// readQuant reads config.json's quantisation description, wherever it
+// lives (quantConfig: quantization_config, text_config's, or
+// compression_config). Supported: DeepSeek-style FP8
 // (quant_method fp8, e4m3, weight_block_size [128,128], dynamic
 // activations); FP8 per tensor (quant_method fp8 without
 // weight_block_size, dynamic activations); and compressed-tensors
@@ -47,13 +53,9 @@ func (q Quantization) scaleDTypeRead() bool {
 // scales) and would be copied or stacked wrongly; refuseQuant has refused
 // them before this runs.
 func readQuant(c config) (Quantization, string, error) {
-	q, ok, err := c.object("quantization_config")
+	q, method, ok, err := quantConfig(c)
 	if err != nil || !ok {
 		return QuantNone, "", err
-	}
-	method, err := q.str("quant_method", "")
-	if err != nil {
-		return "", "", err
 	}
 	if method == "" {
 		return "", "", q.missing("quant_method")
@@ -61,8 +63,14 @@ func readQuant(c config) (Quantization, string, error) {
 	if method == "mxfp4" {
 		return QuantMXFP4, "", nil // checkMXFP4Groups reads the rest
 	}
-	if method == "compressed-tensors" && isCTPacked(q) {
+	if method == "compressed-tensors" && ctUses(q, "pack-quantized") {
 		return QuantInt4Pack, "", nil // readCTInt4 reads the rest
+	}
+	if method == "compressed-tensors" && ctUses(q, "nvfp4-pack-quantized") {
+		return QuantNVFP4CT, "", readCTFP4(q, ctNVFP4)
+	}
+	if method == "compressed-tensors" && ctUses(q, "mxfp4-pack-quantized") {
+		return QuantMXFP4, "", readCTFP4(q, ctMXFP4) // Plan.Naming: plan reads it from the description
 	}
 	if method == "modelopt" {
 		return readModelOptNVFP4(q)
@@ -203,7 +211,7 @@ func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 	if p.Quantization == QuantInt4Pack {
 		return checkInt4Groups(raw, t, p)
 	}
-	if p.Quantization == QuantNVFP4 {
+	if p.Quantization.nvfp4() {
 		return checkNVFP4Groups(raw, t, p)
 	}
 	if p.Quantization == QuantMXFP4 {

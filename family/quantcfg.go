@@ -3,6 +3,7 @@ package family
 import (
 	"fmt"
 	"maps"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -73,42 +74,68 @@ type QuantDesc struct {
 	Kind   QuantKind
 	Label  string            // e.g. "compressed-tensors pack-quantized int4 (group 32, symmetric)"
 	Groups map[string]string // group -> how it is stored ("" when left unquantised)
+	// Detail names the modules where a mixed-precision description gives
+	// one group two formats ("" when each has one).
+	Detail string
+	// experts are the routed-expert modules a mixed-precision description
+	// names (quantized_layers), sorted: what it leaves out is unquantised.
+	experts []string
 }
 
-// Supported reports whether moeprep carries the description today: FP8
-// 128x128 blocks, and FP8 per channel or per tensor described by
-// config.json's quantization_config (compressed-tensors float-quantized,
-// or quant_method fp8 without weight_block_size; readQuant checks the
-// rest). ModelOpt's FP8 (static activation scales) is not.
+// Supported reports whether moeprep carries the description today,
+// wherever config.json holds it (quantConfig reads the one description):
+// FP8 128x128 blocks; FP8 per channel or per tensor (compressed-tensors
+// float-quantized, or quant_method fp8 without weight_block_size; not
+// ModelOpt's, whose activation scales are static); compressed-tensors
+// pack-quantized INT4; gpt-oss's MXFP4; NVFP4 in groups of 16, ModelOpt's
+// (config.json or hf_quant_config.json) or compressed-tensors'. readQuant
+// and the format's reader check the rest.
 func (d QuantDesc) Supported() bool {
+	inConfig := d.File == "config.json"
 	switch d.Kind {
 	case QuantKindNone, QuantKindFP8Block:
 		return true
 	case QuantKindFP8Channel, QuantKindFP8Tensor:
-		return d.File == "config.json" && d.Key == "quantization_config" && !strings.HasPrefix(d.Label, "modelopt")
+		return inConfig && !strings.HasPrefix(d.Label, "modelopt")
 	case QuantKindMXFP4:
-		// gpt-oss's quant_method mxfp4 in config.json's
-		// quantization_config (compressed-tensors' mxfp4-pack-quantized is
-		// not carried yet); family checks that the family is gpt-oss.
-		return d.File == "config.json" && d.Key == "quantization_config" && d.Label == "mxfp4"
+		// gpt-oss's quant_method mxfp4 (family checks that the family is
+		// gpt-oss) and compressed-tensors' mxfp4-pack-quantized in groups
+		// of 32 (readCTFP4 checks the rest).
+		return inConfig && (d.Label == "mxfp4" || d.Label == ctMXFP4Label)
 	case QuantKindInt4Pack:
-		// compressed-tensors pack-quantized INT4 in config.json's
-		// quantization_config (readCTInt4 checks the rest: symmetric,
-		// group or channel, W4A16).
-		return d.File == "config.json" && d.Key == "quantization_config"
+		// readCTInt4 checks the rest: symmetric, group or channel, W4A16.
+		return inConfig
 	case QuantKindNVFP4:
-		// ModelOpt NVFP4 in config.json's quantization_config or
-		// hf_quant_config.json (readModelOptNVFP4 checks the rest);
-		// compressed-tensors' nvfp4-pack-quantized is not carried yet.
-		return strings.HasPrefix(d.Label, "modelopt nvfp4 (group 16)") &&
-			(d.File == "hf_quant_config.json" || d.Key == "quantization_config")
+		return strings.HasPrefix(d.Label, "modelopt nvfp4 (group 16)") || d.Label == ctNVFP4Label && inConfig
+	case QuantKindMixed:
+		// ModelOpt MIXED_PRECISION whose experts are all NVFP4 in groups of
+		// 16 (attention and dense MLPs in any format: copied).
+		return d.nvfp4Experts()
 	}
 	return false
 }
 
+// nvfp4Experts reports whether d is a ModelOpt MIXED_PRECISION
+// description that moeprep carries as NVFP4: every routed expert entry
+// NVFP4 in groups of 16, the shared expert's too where it names one.
+func (d QuantDesc) nvfp4Experts() bool {
+	const nv = "nvfp4 (group 16)"
+	sh := d.Groups[GroupShared]
+	return d.Kind == QuantKindMixed && strings.HasPrefix(d.Label, "modelopt") && d.Detail == "" &&
+		d.Groups[GroupExperts] == nv && (sh == "" || sh == nv)
+}
+
 // carriedFormats says which expert formats moeprep reads (README's format
 // table), for refusals of anything else.
-const carriedFormats = "moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, gpt-oss MXFP4 and ModelOpt NVFP4 experts"
+const carriedFormats = "moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
+
+// ctMXFP4Label is how classifyCTScheme labels compressed-tensors MXFP4 in
+// groups of 32, the one it may carry.
+const ctMXFP4Label = "compressed-tensors mxfp4-pack-quantized (group 32)"
+
+// ctNVFP4Label is how classifyCTScheme labels compressed-tensors NVFP4 in
+// groups of 16, the one NVFP4 it may carry.
+const ctNVFP4Label = "compressed-tensors nvfp4-pack-quantized (group 16)"
 
 // Refusal is the one-line error for a description moeprep cannot carry.
 func (d QuantDesc) Refusal() error {
@@ -118,13 +145,19 @@ func (d QuantDesc) Refusal() error {
 	case fp8Scaled && strings.HasPrefix(d.Label, "modelopt"):
 		why = "not carried: ModelOpt FP8 stores static activation scales (input_scale); moeprep reads FP8 with dynamic activations only"
 	case fp8Scaled:
-		why = "not carried yet: moeprep reads FP8 per-channel and per-tensor experts described by config.json's quantization_config only"
+		why = "not carried yet: moeprep reads FP8 per-channel and per-tensor experts described by config.json only"
 	case d.Kind == QuantKindMXFP4:
-		why = "not carried yet: moeprep reads MXFP4 experts as gpt-oss stores them (quant_method mxfp4 in config.json's quantization_config) only"
+		why = "not carried yet: moeprep reads MXFP4 experts in groups of 32 only (gpt-oss quant_method mxfp4, compressed-tensors mxfp4-pack-quantized, DeepSeek-V4 expert_dtype fp4)"
 	case d.Kind == QuantKindInt4Pack:
-		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json's quantization_config only"
+		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json only"
 	case d.Kind == QuantKindNVFP4:
-		why = "not carried yet: moeprep reads ModelOpt NVFP4 experts (quant_algo NVFP4, group 16) only"
+		why = "not carried yet: moeprep reads NVFP4 experts in groups of 16 only (ModelOpt quant_algo NVFP4, compressed-tensors nvfp4-pack-quantized)"
+	case d.Detail != "":
+		why = "not carried: " + d.Detail
+	case d.Kind == QuantKindMixed && strings.HasPrefix(d.Label, "modelopt") && d.Groups[GroupExperts] == "nvfp4 (group 16)":
+		why = fmt.Sprintf("not carried: the shared expert is %s beside NVFP4 routed experts; moeprep carries NVFP4 shared experts only (fusing or validating a shared expert of another format beside them is not built)", d.Groups[GroupShared])
+	case d.Kind == QuantKindMixed && strings.HasPrefix(d.Label, "modelopt"):
+		why = "not carried yet: moeprep reads MIXED_PRECISION whose routed experts (and shared expert, where quantised) are NVFP4 in groups of 16; attention and dense MLPs may be anything, they are copied"
 	}
 	return fmt.Errorf("%s: %s: %s: %s", d.File, d.Key, d.Summary(), why)
 }
@@ -168,32 +201,20 @@ func (d QuantDesc) Summary() string {
 // description of config.json's quantization_config is left to readQuant,
 // which checks it in full.
 func DetectQuant(raw map[string]any, hf map[string]any) ([]QuantDesc, error) {
-	c := config{m: raw}
 	var out []QuantDesc
-	// add classifies parent's object key, where there is one.
-	add := func(parent config, key string) error {
-		q, ok, err := parent.object(key)
-		if err != nil || !ok {
-			return err
-		}
-		d, err := classify(q, "config.json", parent.at+key)
+	top, _ := raw["expert_dtype"].(string)
+	if err := configQuants(config{m: raw}, func(q config, key string) error {
+		d, err := classify(q, "config.json", key)
 		if err != nil {
 			return err
 		}
+		if dt, _ := q.m["expert_dtype"].(string); (top == "fp4" || dt == "fp4") && d.Groups[GroupExperts] != "" {
+			// DeepSeek-V4: its experts FP4 beside FP8 (readExpertFP4).
+			d.Groups[GroupExperts] = "mxfp4 (expert_dtype fp4)"
+		}
 		out = append(out, d)
 		return nil
-	}
-	if err := add(c, "quantization_config"); err != nil {
-		return nil, err
-	}
-	if tc, ok, err := c.object("text_config"); err != nil {
-		return nil, err
-	} else if ok {
-		if err := add(tc, "quantization_config"); err != nil {
-			return nil, err
-		}
-	}
-	if err := add(c, "compression_config"); err != nil {
+	}); err != nil {
 		return nil, err
 	}
 	if hf != nil {
@@ -213,6 +234,58 @@ func DetectQuant(raw map[string]any, hf map[string]any) ([]QuantDesc, error) {
 	return out, nil
 }
 
+// configQuants calls f on each quantisation description of config.json,
+// where one is, in order: quantization_config, text_config's
+// quantization_config (multimodal wrappers: Kimi-K2.5), compression_config
+// (older compressed-tensors); key is its path ("text_config.quantization_config").
+func configQuants(c config, f func(q config, key string) error) error {
+	visit := func(parent config, key string) error {
+		q, ok, err := parent.object(key)
+		if err != nil || !ok {
+			return err
+		}
+		return f(q, parent.at+key)
+	}
+	if err := visit(c, "quantization_config"); err != nil {
+		return err
+	}
+	if tc, ok, err := c.object("text_config"); err != nil {
+		return err
+	} else if ok {
+		if err := visit(tc, "quantization_config"); err != nil {
+			return err
+		}
+	}
+	return visit(c, "compression_config")
+}
+
+// quantConfig is config.json's quantisation description wherever it lives
+// (configQuants), and its quant_method (compression_config's defaults to
+// compressed-tensors, as only compressed-tensors wrote it); ok is false
+// when there is none. Two descriptions must say the same: moeprep reads
+// one.
+func quantConfig(c config) (q config, method string, ok bool, err error) {
+	err = configQuants(c, func(d config, key string) error {
+		if ok && !reflect.DeepEqual(d.m, q.m) {
+			return fmt.Errorf("config.json: %s and %s describe the quantisation differently; moeprep reads one description", strings.TrimSuffix(q.at, "."), key)
+		}
+		if !ok {
+			q, ok = d, true
+		}
+		return nil
+	})
+	if err != nil || !ok {
+		return config{}, "", false, err
+	}
+	if method, err = q.str("quant_method", ""); err != nil {
+		return config{}, "", false, err
+	}
+	if method == "" && q.at == "compression_config." {
+		method = "compressed-tensors"
+	}
+	return q, method, true, nil
+}
+
 // hfErr renames an error of config's helpers, which say config.json.
 func hfErr(err error) error {
 	return fmt.Errorf("hf_quant_config.json%s", strings.TrimPrefix(err.Error(), "config.json"))
@@ -228,11 +301,11 @@ func classify(q config, file, key string) (QuantDesc, error) {
 	}
 	switch method {
 	case "fp8":
+		d := QuantDesc{File: file, Key: key, Kind: QuantKindFP8Tensor, Label: "fp8 per-tensor (no weight_block_size)"}
 		if q.has("weight_block_size") {
 			// readQuant checks the block size and the rest.
-			return QuantDesc{File: file, Key: key, Kind: QuantKindFP8Block, Label: "fp8 128x128 block"}, nil
+			d.Kind, d.Label = QuantKindFP8Block, "fp8 128x128 block"
 		}
-		d := QuantDesc{File: file, Key: key, Kind: QuantKindFP8Tensor, Label: "fp8 per-tensor (no weight_block_size)"}
 		m, err := newMatcher(q, "modules_to_not_convert", "ignored_layers")
 		if err != nil {
 			return QuantDesc{}, err
@@ -264,7 +337,7 @@ func classify(q config, file, key string) (QuantDesc, error) {
 // modelOptAlgo names a ModelOpt quant_algo.
 func modelOptAlgo(algo string, group int) (QuantKind, string) {
 	switch strings.ToUpper(algo) {
-	case "NVFP4", "NVFP4_AWQ":
+	case "NVFP4", "W4A16_NVFP4", "NVFP4_AWQ":
 		return QuantKindNVFP4, fmt.Sprintf("modelopt nvfp4 (group %d)", group)
 	case "FP8":
 		return QuantKindFP8Tensor, "modelopt fp8 per-tensor"
@@ -307,42 +380,68 @@ func classifyModelOpt(q config, file, key string) (QuantDesc, error) {
 	if len(layers.m) > maxQuantLayers {
 		return QuantDesc{}, q.errorf("quantized_layers", "%d entries, over the limit of %d", len(layers.m), maxQuantLayers)
 	}
-	layerNames := slices.Sorted(maps.Keys(layers.m))
+	// Each entry names a quantised module (a projection, or a layer's
+	// whole experts: model.layers.L.mlp.experts); what it does not name
+	// is unquantised. Per group: its one format, or the first two that
+	// differ.
 	d.Groups = map[string]string{}
-	// One representative name a group: the first layer entry naming it.
-	for _, g := range quantGroups {
-		if g == GroupRouter || m.excluded(g) {
+	first := map[string]string{}
+	for _, name := range slices.Sorted(maps.Keys(layers.m)) {
+		g := moduleGroup(name)
+		if g == "" || m.matches(name) {
 			continue
 		}
-		for _, rep := range groupNames[g] {
-			how := ""
-			for _, name := range layerNames {
-				v := layers.m[name]
-				if name == rep || strings.HasPrefix(name, rep+".") || strings.HasSuffix(rep, "."+name) {
-					lc, ok := v.(map[string]any)
-					if !ok {
-						return QuantDesc{}, layers.errorf(name, "want an object, got %s", describe(v))
-					}
-					a, err := (config{m: lc, at: layers.at + name + "."}).str("quant_algo", "")
-					if err != nil {
-						return QuantDesc{}, err
-					}
-					g2, err := (config{m: lc, at: layers.at + name + "."}).intIn("group_size", int64(group), 1, maxDim)
-					if err != nil {
-						return QuantDesc{}, err
-					}
-					_, how = modelOptAlgo(a, g2)
-					how = strings.TrimPrefix(how, "modelopt ")
-					break
-				}
-			}
-			if how != "" {
-				d.Groups[g] = how
-				break
-			}
+		lc, ok := layers.m[name].(map[string]any)
+		if !ok {
+			return QuantDesc{}, layers.errorf(name, "want an object, got %s", describe(layers.m[name]))
+		}
+		at := config{m: lc, at: layers.at + name + "."}
+		a, err := at.str("quant_algo", "")
+		if err != nil {
+			return QuantDesc{}, err
+		}
+		g2, err := at.intIn("group_size", int64(group), 1, maxDim)
+		if err != nil {
+			return QuantDesc{}, err
+		}
+		_, how := modelOptAlgo(a, g2)
+		how = strings.TrimPrefix(how, "modelopt ")
+		if g == GroupExperts {
+			d.experts = append(d.experts, name)
+		}
+		switch prev := d.Groups[g]; {
+		case prev == "":
+			d.Groups[g], first[g] = how, name
+		case prev != how && d.Detail == "" && (g == GroupExperts || g == GroupShared):
+			d.Detail = fmt.Sprintf("quantized_layers: %s is %s but %s is %s; moeprep plans one %s format per checkpoint", first[g], prev, name, how, strings.TrimSuffix(g, "s"))
 		}
 	}
 	return d, nil
+}
+
+// moduleGroup is the tensor group a module name of quantized_layers
+// belongs to, by its segments: "" for none (embeddings, head).
+func moduleGroup(name string) string {
+	segs := strings.Split(name, ".")
+	mlp := false
+	for i, s := range segs {
+		switch {
+		case strings.HasPrefix(s, "shared_expert") || s == "shared_mlp":
+			return GroupShared
+		case s == "experts":
+			return GroupExperts
+		case strings.Contains(s, "attn") || s == "attention":
+			return GroupAttention
+		case (s == "gate" || s == "router") && i == len(segs)-1:
+			return GroupRouter
+		case s == "mlp" || s == "ffn" || s == "feed_forward":
+			mlp = true
+		}
+	}
+	if mlp {
+		return GroupDenseMLP
+	}
+	return ""
 }
 
 func classifyCT(q config, file, key string) (QuantDesc, error) {
@@ -427,7 +526,7 @@ func classifyCTScheme(g config, topFmt string) (QuantKind, string, error) {
 			return QuantKindInt4Pack, fmt.Sprintf("compressed-tensors pack-quantized int4 (group %d, %s)", gs, symS), nil
 		}
 		return QuantKindInt4Pack, fmt.Sprintf("compressed-tensors pack-quantized int4 (%s, %s)", strategy, symS), nil
-	case typ == "float" && bits == 4 && (f == "nvfp4-pack-quantized" || gs == 16):
+	case typ == "float" && bits == 4 && (f == "nvfp4-pack-quantized" || f != "mxfp4-pack-quantized" && gs == 16):
 		return QuantKindNVFP4, fmt.Sprintf("compressed-tensors nvfp4-pack-quantized (group %d)", gs), nil
 	case typ == "float" && bits == 4 && (f == "mxfp4-pack-quantized" || gs == 32):
 		return QuantKindMXFP4, fmt.Sprintf("compressed-tensors mxfp4-pack-quantized (group %d)", gs), nil

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-const notCarried = ": not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, gpt-oss MXFP4 and ModelOpt NVFP4 experts"
+const notCarried = ": not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
 
 // kimiIgnore is Kimi-K2-Thinking's ignore list: routed experts INT4, the
 // rest bf16.
@@ -19,7 +19,6 @@ const int4Group = `{"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4
 // classified, its ignore list resolved per tensor group, and refused with
 // one exact line (FP8 128x128 blocks pass to readQuant).
 func TestDetectQuant(t *testing.T) {
-	const int4Elsewhere = ": not carried yet: moeprep reads pack-quantized INT4 experts described by config.json's quantization_config only"
 	for _, tc := range []struct {
 		name   string
 		config string // config.json
@@ -37,11 +36,15 @@ func TestDetectQuant(t *testing.T) {
 		{"int4 kimi-k2.5 text_config",
 			`{"model_type": "kimi_k25", "text_config": {"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": ` + int4Group + `, "ignore": ` + kimiIgnore + `}}}`, "",
 			QuantKindInt4Pack,
-			"config.json: text_config.quantization_config: compressed-tensors pack-quantized int4 (group 32, symmetric) on the routed experts (unquantised: shared expert, router, attention, dense MLP)" + int4Elsewhere},
+			""}, // carried wherever config.json holds it (quantConfig); the kimi_k25 wrapper itself is refused by Detect
 		{"int4 compression_config asymmetric",
 			`{"compression_config": {"format": "pack-quantized", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": false}}}, "ignore": ["lm_head"]}}`, "",
 			QuantKindInt4Pack,
-			"config.json: compression_config: compressed-tensors pack-quantized int4 (group 128, asymmetric) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + int4Elsewhere},
+			""}, // readCTInt4 refuses the zero point (TestQuantConfigPlaces)
+		{"int4 in hf_quant_config.json",
+			`{}`, `{"quantization": {"quant_algo": "W4A16_AWQ"}}`,
+			QuantKindUnknown,
+			"hf_quant_config.json: quantization: modelopt w4a16_awq on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
 		{"mxfp4 gpt-oss",
 			`{"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}`, "",
 			QuantKindMXFP4, ""}, // carried (gpt-oss: family/mxfp4.go)
@@ -61,11 +64,38 @@ func TestDetectQuant(t *testing.T) {
 				"model.layers.1.mlp.shared_experts.gate_proj": {"quant_algo": "FP8"},
 				"model.layers.1.self_attn.q_proj": {"quant_algo": "FP8"}}}}`,
 			QuantKindMixed,
-			"hf_quant_config.json: quantization: modelopt MIXED_PRECISION (nvfp4 (group 16) on the routed experts; fp8 per-tensor on the shared expert, attention) (unquantised: router, dense MLP)" + notCarried},
+			"hf_quant_config.json: quantization: modelopt MIXED_PRECISION (nvfp4 (group 16) on the routed experts; fp8 per-tensor on the shared expert, attention) (unquantised: router, dense MLP): not carried: the shared expert is fp8 per-tensor beside NVFP4 routed experts; moeprep carries NVFP4 shared experts only (fusing or validating a shared expert of another format beside them is not built)"},
+		{"modelopt MIXED_PRECISION, NVFP4 experts, FP8 attention and dense MLP",
+			`{"quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": {
+				"model.layers.1.mlp.experts": {"quant_algo": "NVFP4", "group_size": 16},
+				"model.layers.2.mlp.experts": {"quant_algo": "W4A16_NVFP4", "group_size": 16},
+				"model.layers.1.mlp.shared_experts.gate_proj": {"quant_algo": "NVFP4", "group_size": 16},
+				"model.layers.0.mlp.down_proj": {"quant_algo": "FP8"},
+				"model.layers.1.self_attn.q_proj": {"quant_algo": "FP8"}}}}`, "",
+			QuantKindMixed, ""}, // carried as nvfp4_modelopt (the tensors say whether input_scale is there)
+		{"modelopt MIXED_PRECISION, experts of two formats",
+			`{}`,
+			`{"quantization": {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
+				"model.layers.1.mlp.experts": {"quant_algo": "NVFP4", "group_size": 16},
+				"model.layers.2.mlp.experts": {"quant_algo": "FP8"}}}}`,
+			QuantKindMixed,
+			"hf_quant_config.json: quantization: modelopt MIXED_PRECISION (nvfp4 (group 16) on the routed experts) (unquantised: shared expert, router, attention, dense MLP): not carried: quantized_layers: model.layers.1.mlp.experts is nvfp4 (group 16) but model.layers.2.mlp.experts is fp8 per-tensor; moeprep plans one routed expert format per checkpoint"},
 		{"nvfp4 compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}, "ignore": ["lm_head", "re:.*mlp.gate$"]}}`, "",
 			QuantKindNVFP4,
-			"config.json: quantization_config: compressed-tensors nvfp4-pack-quantized (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet: moeprep reads ModelOpt NVFP4 experts (quant_algo NVFP4, group 16) only"},
+			""}, // carried: readCTNVFP4 reads the rest
+		{"mxfp4 compressed-tensors",
+			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32}}}, "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$"]}}`, "",
+			QuantKindMXFP4,
+			""}, // carried: readCTFP4 reads the rest
+		{"mxfp4 compressed-tensors group 16",
+			`{"compression_config": {"format": "mxfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 16}}}}}`, "",
+			QuantKindMXFP4,
+			"config.json: compression_config: compressed-tensors mxfp4-pack-quantized (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet: moeprep reads MXFP4 experts in groups of 32 only (gpt-oss quant_method mxfp4, compressed-tensors mxfp4-pack-quantized, DeepSeek-V4 expert_dtype fp4)"},
+		{"nvfp4 compressed-tensors group 32",
+			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 32}}}}}`, "",
+			QuantKindNVFP4,
+			"config.json: quantization_config: compressed-tensors nvfp4-pack-quantized (group 32) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet: moeprep reads NVFP4 experts in groups of 16 only (ModelOpt quant_algo NVFP4, compressed-tensors nvfp4-pack-quantized)"},
 		{"fp8 per-channel compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}, "ignore": ["lm_head"]}}`, "",
 			QuantKindFP8Channel,
@@ -191,5 +221,36 @@ func TestDetectQuantBounded(t *testing.T) {
 		"modules_to_not_convert": []any{"re:(a*)*(a*)*(a*)*b"}}}
 	if _, err := DetectQuant(cfg, nil); err != nil {
 		t.Error(err)
+	}
+}
+
+// quantConfig finds config.json's one description wherever it lives,
+// takes two identical ones, refuses two that differ, and gives
+// compression_config's missing quant_method as compressed-tensors.
+func TestQuantConfig(t *testing.T) {
+	int4 := `{"format": "pack-quantized", "config_groups": ` + int4Group + `}`
+	for _, tc := range []struct {
+		config, at, method, err string
+	}{
+		{`{}`, "", "", ""},
+		{`{"compression_config": ` + int4 + `}`, "compression_config.", "compressed-tensors", ""},
+		{`{"text_config": {"quantization_config": {"quant_method": "fp8"}}}`, "text_config.quantization_config.", "fp8", ""},
+		{`{"quantization_config": {"quant_method": "fp8"}, "text_config": {"quantization_config": {"quant_method": "fp8"}}}`, "quantization_config.", "fp8", ""},
+		{`{"quantization_config": {"quant_method": "fp8"}, "compression_config": ` + int4 + `}`, "", "",
+			"config.json: quantization_config and compression_config describe the quantisation differently; moeprep reads one description"},
+		{`{"text_config": {"quantization_config": 3}}`, "", "", "config.json: text_config.quantization_config: want an object, got 3"},
+	} {
+		var raw map[string]any
+		if err := json.Unmarshal([]byte(tc.config), &raw); err != nil {
+			t.Fatal(err)
+		}
+		q, method, ok, err := quantConfig(config{m: raw})
+		if got := fmt.Sprint(err); tc.err != "" && got != tc.err || tc.err == "" && err != nil {
+			t.Errorf("%s: error %v, want %q", tc.config, err, tc.err)
+			continue
+		}
+		if q.at != tc.at || method != tc.method || ok != (tc.at != "") {
+			t.Errorf("%s: at %q method %q ok %v, want %q %q", tc.config, q.at, method, ok, tc.at, tc.method)
+		}
 	}
 }

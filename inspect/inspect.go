@@ -59,6 +59,42 @@ type Summary struct {
 	WeightFiles int   `json:"weight_files"`
 	// Contract is the moeprep section of a converted checkpoint, nil for a source checkpoint.
 	Contract *layout.Contract `json:"moeprep,omitempty"`
+	// Quant are the checkpoint's quantisation descriptions, wherever they
+	// live, each with what it quantises per tensor group.
+	Quant []QuantDesc `json:"quant_descriptions,omitempty"`
+}
+
+// QuantDesc is one quantisation description as inspect reports it.
+type QuantDesc struct {
+	File  string `json:"file"`  // config.json or hf_quant_config.json
+	Key   string `json:"key"`   // quantization_config, text_config.quantization_config, compression_config, quantization
+	Label string `json:"label"` // the format it names
+	// Groups says how each tensor group is stored (routed experts, shared
+	// expert, router, attention, dense MLP); a group it leaves unquantised
+	// is absent.
+	Groups map[string]string `json:"groups"`
+	// Text is the one-line account the table prints.
+	Text string `json:"text"`
+}
+
+// quantDescs reads c's quantisation descriptions (none where it has none,
+// or where they cannot be read: planning has refused those already).
+func quantDescs(c *checkpoint.Checkpoint) []QuantDesc {
+	descs, err := family.DetectQuant(c.Config, c.HFQuantConfig())
+	if err != nil {
+		return nil
+	}
+	var out []QuantDesc
+	for _, d := range descs {
+		groups := map[string]string{}
+		for g, how := range d.Groups {
+			if how != "" {
+				groups[g] = how
+			}
+		}
+		out = append(out, QuantDesc{File: d.File, Key: d.Key, Label: d.Label, Groups: groups, Text: d.Summary()})
+	}
+	return out
 }
 
 // Summarize plans c and collects its summary. A checkpoint converted by
@@ -73,7 +109,9 @@ func Summarize(c *checkpoint.Checkpoint) (*Summary, error) {
 		if err != nil {
 			return nil, err
 		}
-		return fromPlan(c, p), nil
+		s := fromPlan(c, p)
+		s.Quant = quantDescs(c)
+		return s, nil
 	}
 	p, err := family.PlanConverted(c.Config, c)
 	if err != nil {
@@ -190,6 +228,9 @@ func WriteText(w io.Writer, s *Summary) error {
 	}
 	if len(s.HashLayers) > 0 {
 		rows = append(rows, [2]string{"hash routed", Ranges(s.HashLayers) + " (experts from the token-id table)"})
+	}
+	for _, q := range s.Quant {
+		rows = append(rows, [2]string{"quantised", fmt.Sprintf("%s %s: %s", q.File, q.Key, q.Text)})
 	}
 	if len(s.MTPLayers) > 0 {
 		rows = append(rows, [2]string{"MTP layers", Ranges(s.MTPLayers)})

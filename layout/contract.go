@@ -74,8 +74,13 @@ type Contract struct {
 	WeightBlockSize []int64 `json:"weight_block_size,omitempty"` // [bo, bi] for FP8 blocks
 	// ScaleDType is the safetensors dtype of the scale tensors where the
 	// format's producers differ in it (fp8_channel, fp8_tensor: BF16, F16
-	// or F32); absent for formats whose scale dtype is fixed.
+	// or F32; int4_pack; mxfp4 where not U8: DeepSeek-V4's F8_E8M0);
+	// absent for formats whose scale dtype is fixed.
 	ScaleDType string `json:"scale_dtype,omitempty"`
+	// Naming is whose tensor names the stacks carry where the format's
+	// producers differ in them and they are not the format's default
+	// (mxfp4: "compressed-tensors", "deepseek"; absent: gpt-oss's).
+	Naming string `json:"naming,omitempty"`
 	// SharedQuantization and SharedWeightDType say how the shared expert,
 	// left unfused (convert), is stored where it differs from the routed
 	// experts: Kimi-K2's INT4 (or FP8 per-channel or per-tensor) routed
@@ -199,7 +204,7 @@ func (c *Contract) Output() float64 {
 // weight_block_size and scale_dtype.
 func (c *Contract) Format() (weightfmt.Format, error) {
 	return weightfmt.New(weightfmt.Spec{Quantization: c.Quantization, DType: safetensors.DType(c.WeightDType), Block: c.WeightBlockSize,
-		ScaleDType: safetensors.DType(c.ScaleDType)})
+		ScaleDType: safetensors.DType(c.ScaleDType), Naming: c.Naming})
 }
 
 // Names gives layer li's output tensor names.
@@ -240,7 +245,7 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: weight_block_size %v with quantization %s, which has none", c.WeightBlockSize, c.Quantization)
 	case c.scaleDTyped() && c.ScaleDType == "":
 		return fmt.Errorf("moeprep contract: quantization %s without scale_dtype", c.Quantization)
-	case !c.scaleDTyped() && c.ScaleDType != "":
+	case !c.scaleDTyped() && c.ScaleDType != "" && c.Quantization != weightfmt.QuantMXFP4:
 		return fmt.Errorf("moeprep contract: scale_dtype %s with quantization %s, whose scale dtype is fixed", c.ScaleDType, c.Quantization)
 	case (c.SharedQuantization == "") != (c.SharedWeightDType == ""):
 		return fmt.Errorf("moeprep contract: shared_quantization %q and shared_weight_dtype %q: both or neither", c.SharedQuantization, c.SharedWeightDType)

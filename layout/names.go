@@ -17,8 +17,9 @@ type ExpertTensors struct {
 	Gate, Up, GateUp, Down                     string
 	GateScale, UpScale, GateUpScale, DownScale string
 	// Per-expert scalars of a format with a second, per-tensor scale
-	// (NVFP4: weight_scale_2; "" otherwise) and its static activation
-	// scales (input_scale, written where the contract says input_scales):
+	// (NVFP4: weight_scale_2 or weight_global_scale; "" otherwise) and its
+	// static activation scales (input_scale or input_global_scale, written
+	// where the contract says input_scales):
 	// [N] stacks, and [N,2] for GateUp (gate's and up's in the layout's
 	// order, kept apart: they need not be equal).
 	GateGlobal, UpGlobal, GateUpGlobal, DownGlobal string
@@ -76,18 +77,17 @@ func NamesFor(l Layout, moePrefix string, f weightfmt.Format) ExpertTensors {
 		t.Down = p + ".down_proj"
 		t.GateUpScale, t.DownScale = scale(t.GateUp), scale(t.Down)
 		if _, ok := globalOf(f); ok {
-			t.GateUpGlobal, t.DownGlobal = weightfmt.TensorsOf(f, t.GateUp).Global, weightfmt.TensorsOf(f, t.Down).Global
-			t.GateUpInput, t.DownInput = t.GateUp+"_input_scale", t.Down+"_input_scale"
+			gu, dn := weightfmt.TensorsOf(f, t.GateUp), weightfmt.TensorsOf(f, t.Down)
+			t.GateUpGlobal, t.DownGlobal, t.GateUpInput, t.DownInput = gu.Global, dn.Global, gu.Input, dn.Input
 		}
 		t.GateUp, t.Down = weight(t.GateUp), weight(t.Down)
 	default:
 		t.Gate, t.Up, t.Down = p+".all_gate.weight", p+".all_up.weight", p+".all_down.weight"
 		t.GateScale, t.UpScale, t.DownScale = scale(t.Gate), scale(t.Up), scale(t.Down)
 		if _, ok := globalOf(f); ok {
-			g := func(w string) string { return weightfmt.TensorsOf(f, w).Global }
-			in := func(w string) string { return strings.TrimSuffix(w, ".weight") + ".input_scale" }
-			t.GateGlobal, t.UpGlobal, t.DownGlobal = g(t.Gate), g(t.Up), g(t.Down)
-			t.GateInput, t.UpInput, t.DownInput = in(t.Gate), in(t.Up), in(t.Down)
+			g, u, d := weightfmt.TensorsOf(f, t.Gate), weightfmt.TensorsOf(f, t.Up), weightfmt.TensorsOf(f, t.Down)
+			t.GateGlobal, t.UpGlobal, t.DownGlobal = g.Global, u.Global, d.Global
+			t.GateInput, t.UpInput, t.DownInput = g.Input, u.Input, d.Input
 		}
 		t.Gate, t.Up, t.Down = weight(t.Gate), weight(t.Up), weight(t.Down)
 	}

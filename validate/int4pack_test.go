@@ -2,13 +2,11 @@ package validate
 
 import (
 	"encoding/binary"
-	"path/filepath"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/numfmt"
-	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -118,23 +116,14 @@ func int4Mutations() []dstMutation {
 // TestInt4Refusals: what moeprep cannot carry of INT4 is refused with one
 // line naming the reason.
 func TestInt4Refusals(t *testing.T) {
-	weights := func(c map[string]any) map[string]any {
-		return c["quantization_config"].(map[string]any)["config_groups"].(map[string]any)["group_0"].(map[string]any)["weights"].(map[string]any)
-	}
-	cases := []struct {
-		name, fixture string
-		edit          func(c map[string]any)
-		src           func(t *testing.T, src string)
-		fuse          bool
-		want          string
-	}{
+	weights := func(c map[string]any) map[string]any { return ctGroup0(c)["weights"].(map[string]any) }
+	refusalsHold(t, int4Specs(), []refusal{
 		{"asymmetric", "kimi-g32", func(c map[string]any) { weights(c)["symmetric"] = false }, nil, false,
 			"weight_zero_point"},
 		{"activation order (g_idx)", "kimi-g32", func(c map[string]any) { weights(c)["actorder"] = "group" }, nil, false,
 			"weight_g_idx"},
 		{"W4A8", "qwen3-channel", func(c map[string]any) {
-			c["quantization_config"].(map[string]any)["config_groups"].(map[string]any)["group_0"].(map[string]any)["input_activations"] =
-				map[string]any{"num_bits": 8, "type": "int", "dynamic": true}
+			ctGroup0(c)["input_activations"] = map[string]any{"num_bits": 8, "type": "int", "dynamic": true}
 		}, nil, false, "only W4A16"},
 		{"routed experts ignored", "kimi-g32", func(c map[string]any) {
 			c["quantization_config"].(map[string]any)["ignore"] = []any{"lm_head", "re:.*experts.*"}
@@ -150,19 +139,7 @@ func TestInt4Refusals(t *testing.T) {
 		}, false, "weight_shape says [64,95], expected [64, 96]"},
 		{"fuse-shared with a BF16 shared expert", "kimi-g32", nil, nil, true,
 			"routed experts INT4 (int4_pack, BF16 scales), shared expert BF16: fusing would requantise the shared expert; pass --requantize-shared"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			src := synthFrom(t, int4Specs(), tc.fixture)
-			if tc.edit != nil {
-				testkit.EditJSON(t, filepath.Join(src, "config.json"), tc.edit)
-			}
-			if tc.src != nil {
-				tc.src(t, src)
-			}
-			convertRefused(t, src, convert.Options{Layout: layout.Stacked, FuseShared: tc.fuse}, tc.want)
-		})
-	}
+	})
 }
 
 // TestGPUInt4: on the GPU, which decodes INT4 to bf16 on the device,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -160,6 +161,22 @@ func mustPass(t *testing.T, rep *Report, what string) {
 // rewriting the shard that holds it (names, dtypes, shapes unchanged).
 func rewriteTensor(t *testing.T, dir, name string, edit func(raw []byte, shape []int64)) {
 	t.Helper()
+	editTensor(t, dir, name, func(e *safetensors.Entry, raw []byte) { edit(raw, e.Shape) })
+}
+
+// renameTensor renames one tensor of a single-file checkpoint.
+func renameTensor(t *testing.T, dir, name, to string) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(dir, safetensors.IndexFileName)); err == nil {
+		t.Fatalf("%s is sharded: renameTensor rewrites one file only", dir)
+	}
+	editTensor(t, dir, name, func(e *safetensors.Entry, _ []byte) { e.Name = to })
+}
+
+// editTensor rewrites the shard that holds tensor name, handing edit its
+// entry (to rename it) and its bytes (to change them).
+func editTensor(t *testing.T, dir, name string, edit func(e *safetensors.Entry, raw []byte)) {
+	t.Helper()
 	shard := "model.safetensors"
 	if idx, err := safetensors.ReadIndex(filepath.Join(dir, safetensors.IndexFileName)); err == nil {
 		var ok bool
@@ -183,12 +200,13 @@ func rewriteTensor(t *testing.T, dir, name string, edit func(raw []byte, shape [
 		if err != nil {
 			t.Fatal(err)
 		}
+		e := safetensors.Entry{Name: ti.Name, DType: ti.DType, Shape: ti.Shape,
+			Open: func() (io.Reader, error) { return &byteReader{b: raw}, nil }}
 		if ti.Name == name {
-			edit(raw, ti.Shape)
+			edit(&e, raw)
 			found = true
 		}
-		entries = append(entries, safetensors.Entry{Name: ti.Name, DType: ti.DType, Shape: ti.Shape,
-			Open: func() (io.Reader, error) { return &byteReader{b: raw}, nil }})
+		entries = append(entries, e)
 	}
 	meta := f.Metadata
 	f.Close()

@@ -22,24 +22,12 @@ import (
 
 var gptOssMXFP4 = weightfmt.MXFP4(weightfmt.NamingGptOss, safetensors.U8, safetensors.U8)
 
-// mxfp4Runs is the conversions of spec that both the CPU and the GPU
-// tests validate: every layout (gpt-oss has no shared expert to fuse).
-func mxfp4Runs(fixtures.SynthSpec) []convert.Options {
-	return []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
-}
-
 func TestMXFP4ConversionsValidate(t *testing.T) {
-	for name, spec := range mxfp4Specs() {
-		t.Run(name, func(t *testing.T) {
-			src := synthFrom(t, mxfp4Specs(), name)
-			conversionsPass(t, src, DeviceCPU, mxfp4Runs(spec), func(o convert.Options, c *layout.Contract) {
-				quantContract{weightfmt.QuantMXFP4, "U8", "", []int64{1, 32}}.check(t, o, c)
-				if c.RoutedScalingFactorFolded {
-					t.Errorf("%+v: rsf folded into E8M0 scales", o)
-				}
-			})
-		})
-	}
+	specsPass(t, mxfp4Specs(), threeLayouts, nil, quantContract{weightfmt.QuantMXFP4, "U8", "", []int64{1, 32}}, func(o convert.Options, c *layout.Contract) {
+		if c.RoutedScalingFactorFolded {
+			t.Errorf("%+v: rsf folded into E8M0 scales", o)
+		}
+	})
 }
 
 // TestMXFP4DeinterleavesExactly: expert e's gate in DST is SRC's even rows
@@ -97,23 +85,25 @@ func mxByte(t *testing.T, buf []byte, at int, pick func(b byte) bool) int {
 // order) and one scale byte changed each fail validate: the layer checks
 // alone (--skip-bytes) and the whole run.
 func TestMXFP4MutationsFail(t *testing.T) {
-	mutationsFail(t, mxfp4Specs(), mxfp4Mutations(), DeviceCPU, []string{BytesOff, BytesAuto})
+	mutationsFail(t, mxfp4Specs(), mxfp4Mutations("model.layers.1.mlp", gptOssMXFP4, "h96-i64", "h32-i128"), DeviceCPU, []string{BytesOff, BytesAuto})
 }
 
-func mxfp4Mutations() []dstMutation {
-	const prefix = "model.layers.1.mlp"
+// mxfp4Mutations are the corruptions of conversions of two fixtures whose
+// MoE module at prefix holds MXFP4 experts in format f: wide, with at
+// least two scale groups a gate row, and with at least 12 experts.
+func mxfp4Mutations(prefix string, f weightfmt.Format, wide, many string) []dstMutation {
 	nz := func(n byte) bool { return n&7 != 0 } // a nonzero E2M1 magnitude
 	return []dstMutation{
-		{"one flipped nibble in one expert", "h96-i64", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
-			n := layout.NamesFor(layout.Stacked, prefix, gptOssMXFP4)
+		{"one flipped nibble in one expert", wide, convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
+			n := layout.NamesFor(layout.Stacked, prefix, f)
 			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 4)
 				j := mxByte(t, e, 40, func(b byte) bool { return nz(b >> 4) })
 				e[j] ^= 0x80 // the high nibble's sign
 			})
 		}},
-		{"two scale entries swapped", "h96-i64", convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
-			n := layout.NamesFor(layout.GateUp, prefix, gptOssMXFP4)
+		{"two scale entries swapped", wide, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
+			n := layout.NamesFor(layout.GateUp, prefix, f)
 			rewriteTensor(t, dst, n.GateUpScale, func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 2)
 				cols := int(shape[2])
@@ -125,16 +115,16 @@ func mxfp4Mutations() []dstMutation {
 				}
 			})
 		}},
-		{"nibble order reversed within one byte", "h32-i128", convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
-			n := layout.NamesFor(layout.UpGate, prefix, gptOssMXFP4)
+		{"nibble order reversed within one byte", many, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
+			n := layout.NamesFor(layout.UpGate, prefix, f)
 			rewriteTensor(t, dst, n.GateUp, func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 9)
 				j := mxByte(t, e, 5, func(b byte) bool { return numfmt.E2M1ToF32(b&0xF) != numfmt.E2M1ToF32(b>>4) })
 				e[j] = e[j]<<4 | e[j]>>4
 			})
 		}},
-		{"a scale byte changed", "h32-i128", convert.Options{Layout: layout.Stacked, TP: 2}, func(t *testing.T, dst string) {
-			n := layout.NamesFor(layout.Stacked, prefix, gptOssMXFP4)
+		{"a scale byte changed", many, convert.Options{Layout: layout.Stacked, TP: 2}, func(t *testing.T, dst string) {
+			n := layout.NamesFor(layout.Stacked, prefix, f)
 			rewriteTensor(t, dst, n.UpScale, func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 11)
 				e[3]++ // twice the scale: one group of one row
@@ -159,7 +149,7 @@ func TestMXFP4Refusals(t *testing.T) {
 			c["quantization_config"] = map[string]any{"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
 				"config_groups": map[string]any{"group_0": map[string]any{"targets": []any{"Linear"},
 					"weights": map[string]any{"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32, "symmetric": true}}}}
-		}, "not carried yet: moeprep reads MXFP4 experts as gpt-oss stores them"},
+		}, "MXFP4 experts stacked on disk are carried as gpt-oss stores them (quant_method mxfp4, *_blocks and *_scales) only, not gpt_oss's model.layers.0.mlp.experts.gate_up_proj_packed"},
 		{"another family", func(c map[string]any) { c["model_type"] = "mixtral" }, "quant_method mxfp4 is carried for gpt-oss"},
 	}
 	for _, tc := range cases {
@@ -190,5 +180,8 @@ func TestMXFP4Refusals(t *testing.T) {
 // one nibble, a nibble pair or one doubled group scale moves these
 // fixtures' output by 0.1x to 0.9x of it, and is logged.
 func TestGPUMXFP4(t *testing.T) {
-	gpuDecodedPass(t, mxfp4Specs(), mxfp4Runs, mxfp4Mutations(), "two scale entries swapped")
+	gpuDecodedPass(t, mxfp4Specs(), layoutsOnly, mxfp4Mutations("model.layers.1.mlp", gptOssMXFP4, "h96-i64", "h32-i128"), "two scale entries swapped")
 }
+
+// layoutsOnly is threeLayouts for any spec (gpuDecodedPass's runs).
+func layoutsOnly(fixtures.SynthSpec) []convert.Options { return threeLayouts }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/judge"
 )
@@ -58,6 +59,32 @@ func conversionsPass(t *testing.T, src, device string, runs []convert.Options, c
 		reps = append(reps, rep)
 	}
 	return reps
+}
+
+// threeLayouts are the conversions every quantised format's tests pass:
+// each layout once, one of them prepared for --tp 2.
+var threeLayouts = []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
+
+// specsPass runs conversionsPass on the CPU over every spec of specs, one
+// subtest each, with runs and, where the spec has shared experts, the
+// fuse-shared runs of fused; each contract must say q, then passes check
+// (nil: nothing more).
+func specsPass(t *testing.T, specs map[string]fixtures.SynthSpec, runs, fused []convert.Options, q quantContract, check func(o convert.Options, c *layout.Contract)) {
+	for name, spec := range specs {
+		t.Run(name, func(t *testing.T) {
+			src := synthFrom(t, specs, name)
+			all := runs
+			if spec.SharedExperts > 0 {
+				all = append(slices.Clone(runs), fused...)
+			}
+			conversionsPass(t, src, DeviceCPU, all, func(o convert.Options, c *layout.Contract) {
+				q.check(t, o, c)
+				if check != nil {
+					check(o, c)
+				}
+			})
+		})
+	}
 }
 
 // readContract is the moeprep contract in dir's config.json.
@@ -221,6 +248,39 @@ func TestDecodedOnGPURefusal(t *testing.T) {
 				cudaRefused(t, src, dst, prec, c.what+" are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+prec+")",
 					"decoded to bf16 on the GPU")
 			}
+		})
+	}
+}
+
+// refusal is one checkpoint moeprep must refuse: fixture names the synth
+// spec, edit changes its config.json and src its files (either may be
+// nil), fuse asks fuse-shared; the refusal is one line containing want.
+type refusal struct {
+	name, fixture string
+	edit          func(c map[string]any)
+	src           func(t *testing.T, src string)
+	fuse          bool
+	want          string
+}
+
+// ctGroup0 is config group group_0 of a compressed-tensors config.json's
+// quantization_config, as the synth writes it.
+func ctGroup0(c map[string]any) map[string]any {
+	return c["quantization_config"].(map[string]any)["config_groups"].(map[string]any)["group_0"].(map[string]any)
+}
+
+// refusalsHold converts each case's checkpoint and requires its refusal.
+func refusalsHold(t *testing.T, specs map[string]fixtures.SynthSpec, cases []refusal) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			src := synthFrom(t, specs, tc.fixture)
+			if tc.edit != nil {
+				testkit.EditJSON(t, filepath.Join(src, "config.json"), tc.edit)
+			}
+			if tc.src != nil {
+				tc.src(t, src)
+			}
+			convertRefused(t, src, convert.Options{Layout: layout.Stacked, FuseShared: tc.fuse}, tc.want)
 		})
 	}
 }

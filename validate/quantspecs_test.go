@@ -76,3 +76,57 @@ func requantSpecs() map[string]fixtures.SynthSpec {
 			DType: fixtures.DTypeFP8Tensor, SharedDType: "bf16", Vocab: 64, Seed: 4002, BiasLike: "deepseek"},
 	}
 }
+
+// nvfp4CTSpecs are compressed-tensors NVFP4 checkpoints (every Linear but
+// the head and routers, weight_global_scale a divisor).
+func nvfp4CTSpecs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// Two shared experts (one NVFP4 shared MLP of 2I), grouped routing.
+		"deepseek-v3-ct": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 80, Intermediate: 32,
+			Experts: 12, SharedExperts: 2, TopK: 3, NGroup: 3, TopKGroup: 2, RoutedScalingFactor: 1.75,
+			DType: fixtures.DTypeNVFP4CT, Vocab: 64, Seed: 4001, BiasLike: "deepseek"},
+		// Three 16-groups a down row, one a gate row.
+		"qwen3-ct": {Family: "qwen3_moe", Layers: 2, Hidden: 16, Intermediate: 48,
+			Experts: 6, TopK: 2, DType: fixtures.DTypeNVFP4CT, Vocab: 64, Seed: 4002},
+	}
+}
+
+// dsv4FP4Specs are DeepSeek-V4 checkpoints in its official precision: FP4
+// routed experts (I8, F8_E8M0 scale per 32), FP8 ue8m0 shared expert.
+func dsv4FP4Specs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// Two scale groups a gate row, two a down row; a hash-routed layer.
+		"h64-i64": {Family: "deepseek_v4", Layers: 2, HashLayers: 1, Hidden: 64, Intermediate: 64,
+			Experts: 6, TopK: 2, DType: fixtures.DTypeFP4Experts, Vocab: 64, Seed: 5001},
+		// One group a gate row, three a down row, twelve experts.
+		"h32-i96": {Family: "deepseek_v4", Layers: 3, Hidden: 32, Intermediate: 96,
+			Experts: 12, TopK: 3, RoutedScalingFactor: 2, DType: fixtures.DTypeFP4Experts, Vocab: 64, Seed: 5002},
+	}
+}
+
+// ctMXFP4Specs are compressed-tensors mxfp4-pack-quantized checkpoints
+// (llm-compressor's MXFP4A16 on the routed and shared experts).
+func ctMXFP4Specs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// Two scale groups a gate row; two shared experts of 32 (fusable
+		// in two exact slices).
+		"deepseek-v3-h64": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 64, Intermediate: 32,
+			Experts: 8, SharedExperts: 2, TopK: 2, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5,
+			DType: fixtures.DTypeMXFP4CT, Vocab: 64, Seed: 6001, BiasLike: "deepseek"},
+		// One group a gate row, two a down row, twelve experts.
+		"qwen3-e12": {Family: "qwen3_moe", Layers: 2, Hidden: 32, Intermediate: 64,
+			Experts: 12, TopK: 3, DType: fixtures.DTypeMXFP4CT, Vocab: 64, Seed: 6002},
+	}
+}
+
+// nvfp4MixedSpecs are ModelOpt MIXED_PRECISION checkpoints: NVFP4 experts,
+// FP8 attention and dense MLPs with static activation scales.
+func nvfp4MixedSpecs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		"deepseek-v3-mixed": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 48, Intermediate: 32,
+			Experts: 10, SharedExperts: 2, TopK: 3, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5,
+			DType: fixtures.DTypeNVFP4Mixed, Vocab: 64, Seed: 7001, BiasLike: "deepseek"},
+		"qwen3-mixed": {Family: "qwen3_moe", Layers: 3, DenseLayers: 1, Hidden: 32, Intermediate: 48,
+			Experts: 6, TopK: 2, DType: fixtures.DTypeNVFP4Mixed, Vocab: 64, Seed: 7002},
+	}
+}

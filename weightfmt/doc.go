@@ -78,6 +78,7 @@
 // are equal; and the contract to record the Spec fields New reads beyond
 // quantization, dtype and block where they are not a format's defaults
 // (layout/contract.go records and hands New ScaleDType, as scale_dtype,
-// for FP8 per channel and per tensor; Naming not yet). A
+// and Naming, as naming, where ContractSpec says they differ from the
+// quantization's defaults). A
 // format whose Fold is FoldNowhere (MXFP4, NVFP4) leaves rsf unfolded.
 package weightfmt

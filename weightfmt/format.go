@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -108,6 +109,22 @@ type Tensors struct {
 	// Shape is compressed-tensors' weight_shape, an I64 [2] tensor holding
 	// the unpacked [rows, cols]; "" when the format has none.
 	Shape string
+	// Input is the static activation scale a W4A4 export may store beside
+	// the weight (NVFP4: ModelOpt's x.input_scale, compressed-tensors'
+	// x.input_global_scale; a stack's "gate_up_proj" + "_input_scale"),
+	// carried and never read; "" when the format has none. Whether a
+	// checkpoint has it is the checkpoint's to say.
+	Input string
+}
+
+// inputName names the activation scale leaf ("input_scale") of the weight
+// a plain checkpoint names weight: x.weight's is x.<leaf>, a stack's
+// ("...gate_up_proj") is the stack's name + "_" + leaf.
+func inputName(weight, leaf string) string {
+	if base, ok := strings.CutSuffix(weight, ".weight"); ok {
+		return base + "." + leaf
+	}
+	return weight + "_" + leaf
 }
 
 // Renamed is what a Format also implements when its tensors are not named
@@ -219,6 +236,34 @@ const (
 	// NamingDeepSeek: DeepSeek-V4's x.weight and x.scale.
 	NamingDeepSeek = "deepseek"
 )
+
+// Named is what a Format also implements when its producers name its
+// tensors differently (Spec.Naming): Naming says whose names it uses.
+type Named interface {
+	Naming() string
+}
+
+// ContractSpec is what a record of f (a moeprep contract) must say beyond
+// its quantization, weight dtype and block for New to build f again: its
+// scale dtype and naming where they are not those New gives the
+// quantization by default ("" where they are).
+func ContractSpec(f Format) (scaleDType safetensors.DType, naming string) {
+	def, err := New(Spec{Quantization: f.Quantization(), DType: f.DType()})
+	if err != nil {
+		return "", ""
+	}
+	if s, ok := f.Scale(); ok {
+		if ds, _ := def.Scale(); ds.DType != s.DType {
+			scaleDType = s.DType
+		}
+	}
+	if n, ok := f.(Named); ok {
+		if dn, _ := def.(Named); dn == nil || dn.Naming() != n.Naming() {
+			naming = n.Naming()
+		}
+	}
+	return scaleDType, naming
+}
 
 // formats maps a quantization name to what builds its Format; each
 // format's file adds itself, so that a new format is one file.

@@ -67,8 +67,14 @@ func TestTensorsOf(t *testing.T) {
 		{MXFP4(NamingCompressedTensors, u8, u8), w, Tensors{Weight: w + "_packed", Scale: w + "_scale"}},
 		{MXFP4(NamingDeepSeek, safetensors.I8, safetensors.F8E8M0), "layers.3.ffn.experts.7.w1.weight",
 			Tensors{Weight: "layers.3.ffn.experts.7.w1.weight", Scale: "layers.3.ffn.experts.7.w1.scale"}},
-		{NVFP4ModelOpt(), w, Tensors{Weight: w, Scale: w + "_scale", Global: w + "_scale_2"}},
-		{NVFP4CT(), w, Tensors{Weight: w + "_packed", Scale: w + "_scale", Global: w + "_global_scale"}},
+		{MXFP4(NamingDeepSeek, safetensors.I8, safetensors.F8E8M0), stack, Tensors{Weight: stack, Scale: stack + "_scale"}},
+		{NVFP4ModelOpt(), w, Tensors{Weight: w, Scale: w + "_scale", Global: w + "_scale_2",
+			Input: "model.layers.1.mlp.experts.0.gate_proj.input_scale"}},
+		{NVFP4ModelOpt(), stack, Tensors{Weight: stack, Scale: stack + "_scale", Global: stack + "_scale_2", Input: stack + "_input_scale"}},
+		{NVFP4CT(), w, Tensors{Weight: w + "_packed", Scale: w + "_scale", Global: w + "_global_scale",
+			Input: "model.layers.1.mlp.experts.0.gate_proj.input_global_scale"}},
+		{NVFP4CT(), stack, Tensors{Weight: stack + "_packed", Scale: stack + "_scale", Global: stack + "_global_scale",
+			Input: stack + "_input_global_scale"}},
 	} {
 		if got := TensorsOf(tc.f, tc.weight); got != tc.want {
 			t.Errorf("%s %s: %+v, want %+v", tc.f, tc.weight, got, tc.want)
@@ -315,5 +321,38 @@ func BenchmarkDequantise(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// ContractSpec: what a contract records beyond quantization, dtype and
+// block is what differs from the quantization's defaults (gpt-oss's U8
+// scales and names for MXFP4); New builds the format again from it.
+func TestContractSpec(t *testing.T) {
+	for _, tc := range []struct {
+		f             Format
+		scale, naming string
+	}{
+		{Plain(bf16), "", ""},
+		{FP8Block(128, 128, false), "", ""},
+		{MXFP4(NamingGptOss, u8, u8), "", ""},
+		{MXFP4(NamingCompressedTensors, u8, u8), "", NamingCompressedTensors},
+		{MXFP4(NamingDeepSeek, safetensors.I8, safetensors.F8E8M0), "F8_E8M0", NamingDeepSeek},
+		{NVFP4CT(), "", ""},
+		{Int4Pack(32, bf16), "", ""},
+		{Int4Pack(32, f32), "F32", ""},
+	} {
+		sd, n := ContractSpec(tc.f)
+		if string(sd) != tc.scale || n != tc.naming {
+			t.Errorf("%s: %q %q, want %q %q", tc.f, sd, n, tc.scale, tc.naming)
+		}
+		b, _ := tc.f.Scale()
+		var block []int64
+		if _, ok := tc.f.Scale(); ok {
+			block = b.Block[:]
+		}
+		again, err := New(Spec{Quantization: tc.f.Quantization(), DType: tc.f.DType(), Block: block, ScaleDType: sd, Naming: n})
+		if err != nil || again != tc.f {
+			t.Errorf("%s: New from the contract's fields gives %v (%v)", tc.f, again, err)
+		}
 	}
 }

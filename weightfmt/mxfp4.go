@@ -108,10 +108,18 @@ func (f mxfp4) TensorsOf(weight string) Tensors {
 	case NamingCompressedTensors:
 		return Tensors{Weight: weight + "_packed", Scale: weight + "_scale"}
 	case NamingDeepSeek:
-		return Tensors{Weight: weight, Scale: strings.TrimSuffix(weight, ".weight") + ".scale"}
+		// x.weight's scale is x.scale; a stack's ("gate_up_proj", no
+		// .weight to replace) is named after it, "gate_up_proj_scale".
+		if base, ok := strings.CutSuffix(weight, ".weight"); ok {
+			return Tensors{Weight: weight, Scale: base + ".scale"}
+		}
+		return Tensors{Weight: weight, Scale: weight + "_scale"}
 	}
 	return Tensors{Weight: weight + "_blocks", Scale: weight + "_scales"}
 }
+
+// Naming is whose tensor names the weights carry (Named).
+func (f mxfp4) Naming() string { return f.naming }
 
 // Fold: E8M0 scales are powers of two; a factor such as 2.5 would leave
 // that grid (only a power of two could fold, and none is asked for).

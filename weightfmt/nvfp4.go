@@ -107,12 +107,15 @@ func (f nvfp4) GlobalScale() GlobalScale {
 	return GlobalScale{Suffix: "_scale_2", DType: safetensors.F32}
 }
 
-// TensorsOf names the weight's tensors as its producer does.
+// TensorsOf names the weight's tensors as its producer does, with the
+// static activation scale of a W4A4 export (ModelOpt's input_scale,
+// compressed-tensors' input_global_scale, its reciprocal likewise).
 func (f nvfp4) TensorsOf(weight string) Tensors {
 	if f.ct {
-		return Tensors{Weight: weight + "_packed", Scale: weight + "_scale", Global: weight + "_global_scale"}
+		return Tensors{Weight: weight + "_packed", Scale: weight + "_scale", Global: weight + "_global_scale",
+			Input: inputName(weight, "input_global_scale")}
 	}
-	return Tensors{Weight: weight, Scale: weight + "_scale", Global: weight + "_scale_2"}
+	return Tensors{Weight: weight, Scale: weight + "_scale", Global: weight + "_scale_2", Input: inputName(weight, "input_scale")}
 }
 
 // Fold: a factor would fold exactly (to float32) into the per-tensor

@@ -25,7 +25,7 @@ func newFixtureCmd() *cobra.Command {
 }
 
 // synthDTypes are --dtype's values.
-var synthDTypes = []string{"bf16", "f16", "f32", "fp8", fixtures.DTypeFP8Channel, fixtures.DTypeFP8Tensor, fixtures.DTypeInt4Pack, fixtures.DTypeNVFP4, fixtures.DTypeMXFP4}
+var synthDTypes = []string{"bf16", "f16", "f32", "fp8", fixtures.DTypeFP8Channel, fixtures.DTypeFP8Tensor, fixtures.DTypeInt4Pack, fixtures.DTypeNVFP4, fixtures.DTypeNVFP4CT, fixtures.DTypeNVFP4Mixed, fixtures.DTypeMXFP4, fixtures.DTypeMXFP4CT, fixtures.DTypeFP4Experts}
 
 func newFixtureSynthCmd() *cobra.Command {
 	var (

@@ -45,8 +45,9 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 	scaleDType, scaleErr := "", ""
 	perRow := plan.Quantization == family.QuantFP8Channel || plan.Quantization == family.QuantFP8Tensor
 	int4 := plan.Quantization == family.QuantInt4Pack
+	mx := plan.Quantization == family.QuantMXFP4
 	sharedQ, sharedDT := "", ""
-	if perRow || int4 {
+	if perRow || int4 || mx {
 		// These formats' ignore lists may leave the shared expert plain.
 		var why string
 		if sharedQ, sharedDT, why = srcSharedStorage(src, plan); why != "" {
@@ -78,7 +79,7 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		requant = srcRequantization(quant, sharedDT, plan.ScaleFmt == "ue8m0")
 		sharedQ, sharedDT = "", "" // fused shared experts are stored like the routed ones
 	}
-	nv := plan.Quantization == family.QuantNVFP4
+	nv := plan.Quantization == family.QuantNVFP4 || plan.Quantization == family.QuantNVFP4CT
 	var nvBlock []int64
 	nvInput := false
 	if nv {
@@ -87,11 +88,11 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 			return refuse("weight_block_size", c.WeightBlockSize, why)
 		}
 	}
-	mx := plan.Quantization == family.QuantMXFP4
 	var mxBlock []int64
+	naming := ""
 	if mx {
 		var why string
-		if mxBlock, why = srcMXFP4Block(src, plan); why != "" {
+		if mxBlock, scaleDType, naming, why = srcMXFP4(src, plan); why != "" {
 			return refuse("weight_block_size", c.WeightBlockSize, why)
 		}
 	}
@@ -130,6 +131,8 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("input_scales", c.InputScales, nvInput, "SRC's NVFP4 expert tensors (input_scale)")
 	case mx && !equalInts(c.WeightBlockSize, mxBlock):
 		return bad("weight_block_size", c.WeightBlockSize, mxBlock, "SRC's MXFP4 blocks and scales ([1, elements per E8M0 scale])")
+	case c.Naming != naming:
+		return bad("naming", orAbsent(c.Naming), orAbsent(naming), "SRC's MXFP4 description (compressed-tensors, DeepSeek-V4's expert_dtype fp4; absent: gpt-oss)")
 	case c.SharedQuantization != sharedQ:
 		return bad("shared_quantization", orAbsent(c.SharedQuantization), orAbsent(sharedQ), "SRC's shared expert tensors")
 	case c.SharedWeightDType != sharedDT:
@@ -272,11 +275,34 @@ func equalInts(a, b []int64) bool {
 	return true
 }
 
+// srcQuantDesc is SRC's config.json quantisation description where
+// convert reads it: quantization_config, else text_config's, else
+// compression_config (whose quant_method defaults to compressed-tensors);
+// nil when none. Its quant_method comes with it.
+func srcQuantDesc(cfg map[string]any) (map[string]any, string) {
+	tc, _ := cfg["text_config"].(map[string]any)
+	for _, d := range []struct {
+		in  map[string]any
+		key string
+	}{{cfg, "quantization_config"}, {tc, "quantization_config"}, {cfg, "compression_config"}} {
+		desc, ok := d.in[d.key].(map[string]any)
+		if !ok {
+			continue
+		}
+		m, _ := desc["quant_method"].(string)
+		if _, has := desc["quant_method"]; !has && d.key == "compression_config" {
+			m = "compressed-tensors"
+		}
+		return desc, m
+	}
+	return nil, ""
+}
+
 // srcBlockSize is the FP8 block convert reads from SRC's
 // quantization_config.weight_block_size, [128, 128] when absent; a
 // non-empty problem says why convert would have refused it.
 func srcBlockSize(cfg map[string]any) ([]int64, string) {
-	qc, _ := cfg["quantization_config"].(map[string]any)
+	qc, _ := srcQuantDesc(cfg)
 	raw, ok := qc["weight_block_size"].([]any)
 	if !ok {
 		return []int64{128, 128}, ""
@@ -376,8 +402,7 @@ func foldsRSF(src *checkpoint.Checkpoint, plan *family.Plan, mode string) bool {
 // says, all alike. A non-empty problem says why convert would have
 // refused it.
 func srcScaledQuant(cfg map[string]any) (string, string) {
-	qc, _ := cfg["quantization_config"].(map[string]any)
-	method, _ := qc["quant_method"].(string)
+	qc, method := srcQuantDesc(cfg)
 	switch method {
 	case "fp8":
 		if _, blocked := qc["weight_block_size"]; blocked {
@@ -458,8 +483,8 @@ func srcScaleDType(src *checkpoint.Checkpoint, plan *family.Plan, withShared boo
 // [1, group_size] for strategy group, [1, 0] for channel, every config
 // group alike. A non-empty problem says why convert would have refused it.
 func srcInt4Block(cfg map[string]any) ([]int64, string) {
-	qc, _ := cfg["quantization_config"].(map[string]any)
-	if m, _ := qc["quant_method"].(string); m != "compressed-tensors" {
+	qc, m := srcQuantDesc(cfg)
+	if m != "compressed-tensors" {
 		return nil, fmt.Sprintf("SRC's quantization_config.quant_method %s is not compressed-tensors", render(m))
 	}
 	groups, _ := qc["config_groups"].(map[string]any)
@@ -492,7 +517,8 @@ func srcInt4Block(cfg map[string]any) ([]int64, string) {
 
 // srcSharedStorage reads, from SRC's tensors, how the shared expert is
 // stored: "" "" like the routed experts (weights of their dtype), else
-// "none" and the dtype of its plain weights, every projection and layer
+// "none" and the dtype of its plain weights, or fp8_block_128x128 and
+// F8_E4M3 (beside DeepSeek-V4's FP4 experts), every projection and layer
 // alike. A non-empty problem says why convert would have refused SRC.
 func srcSharedStorage(src *checkpoint.Checkpoint, plan *family.Plan) (sharedQ, sharedDT, why string) {
 	seen := false
@@ -507,8 +533,14 @@ func srcSharedStorage(src *checkpoint.Checkpoint, plan *family.Plan) (sharedQ, s
 				return "", "", fmt.Sprintf("SRC has no shared expert tensor %s", render(name))
 			}
 			tq, tdt := "", ""
-			if t.DType != plan.WeightDType {
+			switch {
+			case t.DType == plan.WeightDType:
+			case t.DType == safetensors.F8E4M3:
+				tq, tdt = string(family.QuantFP8Block), string(t.DType)
+			case t.DType == safetensors.BF16 || t.DType == safetensors.F16 || t.DType == safetensors.F32:
 				tq, tdt = string(family.QuantNone), string(t.DType)
+			default:
+				return "", "", fmt.Sprintf("SRC's shared expert tensor %s is %s, so moeprep cannot have converted it", name, t.DType)
 			}
 			if i == 0 {
 				q, dt = tq, tdt
@@ -546,13 +578,16 @@ func srcRequantization(q, dt string, ue8m0 bool) *layout.Requantization {
 }
 
 // srcNVFP4 derives an NVFP4 contract's weight_block_size from SRC's own
-// description (config.json's quantization_config, else
-// hf_quant_config.json's quantization: quant_algo NVFP4, group_size 16)
-// and whether its experts carry input_scale (the first routed expert's
-// gate projection, looked up by its hub name).
+// description and whether its experts carry a static activation scale
+// (the first routed expert's gate projection, looked up by its hub name).
+// ModelOpt: config.json's quantization_config, else hf_quant_config.json's
+// quantization (quant_algo NVFP4, group_size 16), x.input_scale;
+// compressed-tensors: config groups of nvfp4-pack-quantized weights in
+// groups of 16, x.input_global_scale beside x.weight_packed.
 func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, input bool, why string) {
-	desc, _ := src.Config["quantization_config"].(map[string]any)
-	if desc == nil {
+	desc, method := srcQuantDesc(src.Config)
+	ct := plan.Quantization == family.QuantNVFP4CT
+	if desc == nil && !ct {
 		if hf := src.HFQuantConfig(); hf != nil {
 			desc, _ = hf["quantization"].(map[string]any)
 		}
@@ -560,21 +595,160 @@ func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, inp
 	if desc == nil {
 		return nil, false, "SRC has no NVFP4 description (quantization_config or hf_quant_config.json)"
 	}
-	if a, _ := desc["quant_algo"].(string); a != "NVFP4" {
-		return nil, false, fmt.Sprintf("SRC's quant_algo is %q, not NVFP4", a)
-	}
-	g := 16.0
-	if v, ok := desc["group_size"].(float64); ok {
-		g = v
+	g, leaf, weight := 16.0, ".input_scale", ".weight"
+	if ct {
+		if why := ctGroups(desc, method, "nvfp4-pack-quantized", func(w map[string]any) string {
+			if v, _ := w["group_size"].(float64); v != 16 {
+				return fmt.Sprintf("SRC's config group has group_size %s, not 16", render(w["group_size"]))
+			}
+			return ""
+		}); why != "" {
+			return nil, false, why
+		}
+		leaf, weight = ".input_global_scale", ".weight_packed"
+	} else {
+		if v, ok := desc["group_size"].(float64); ok {
+			g = v
+		}
+		switch a, _ := desc["quant_algo"].(string); a {
+		case "NVFP4", "W4A16_NVFP4":
+		case "MIXED_PRECISION":
+			if why := srcMixedNVFP4(desc, g); why != "" {
+				return nil, false, why
+			}
+		default:
+			return nil, false, fmt.Sprintf("SRC's quant_algo is %q, not NVFP4", a)
+		}
 	}
 	if g != 16 {
 		return nil, false, fmt.Sprintf("SRC's group_size is %v, not 16", g)
 	}
 	if len(plan.Layers) > 0 && len(plan.Layers[0].Experts) > 0 {
 		w := plan.Layers[0].Experts[0].Gate
-		_, input = src.Tensor(strings.TrimSuffix(w, ".weight") + ".input_scale")
+		_, input = src.Tensor(strings.TrimSuffix(w, weight) + leaf)
 	}
 	return []int64{1, 16}, input, ""
+}
+
+// srcMixedNVFP4 checks a ModelOpt MIXED_PRECISION description's
+// quantized_layers as NVFP4 experts: every entry naming routed experts
+// (an "experts" segment) NVFP4 or W4A16_NVFP4 in groups of 16 (the
+// entry's group_size, else the description's g), at least one.
+func srcMixedNVFP4(desc map[string]any, g float64) string {
+	layers, _ := desc["quantized_layers"].(map[string]any)
+	n := 0
+	for name, v := range layers {
+		if !strings.Contains(name+".", ".experts.") {
+			continue
+		}
+		e, _ := v.(map[string]any)
+		a, _ := e["quant_algo"].(string)
+		gs := g
+		if x, ok := e["group_size"].(float64); ok {
+			gs = x
+		}
+		if a != "NVFP4" && a != "W4A16_NVFP4" || gs != 16 {
+			return fmt.Sprintf("SRC's quantized_layers %s is %s in groups of %v, not NVFP4 in 16s", render(name), render(a), gs)
+		}
+		n++
+	}
+	if n == 0 {
+		return "SRC's MIXED_PRECISION quantized_layers names no experts"
+	}
+	return ""
+}
+
+// ctGroups checks that a compressed-tensors description's config groups
+// are all of compression format (the group's, else the description's) and
+// that check("" when it passes) holds for each one's weights.
+func ctGroups(desc map[string]any, method, format string, check func(weights map[string]any) string) string {
+	if method != "compressed-tensors" {
+		return fmt.Sprintf("SRC's quant_method %s is not compressed-tensors", render(method))
+	}
+	top, _ := desc["format"].(string)
+	groups, _ := desc["config_groups"].(map[string]any)
+	if len(groups) == 0 {
+		return "SRC's compressed-tensors description has no config group"
+	}
+	for _, g := range groups {
+		gm, _ := g.(map[string]any)
+		f, ok := gm["format"].(string)
+		if !ok {
+			f = top
+		}
+		if f != format {
+			return fmt.Sprintf("SRC's config group format %s is not %s", render(f), format)
+		}
+		w, _ := gm["weights"].(map[string]any)
+		if why := check(w); why != "" {
+			return why
+		}
+	}
+	return ""
+}
+
+// srcMXFP4 derives an MXFP4 contract's weight_block_size, scale_dtype and
+// naming from SRC itself: gpt-oss's stacked experts (quant_method mxfp4,
+// srcMXFP4Block), or per-expert weights as compressed-tensors
+// (mxfp4-pack-quantized config groups of 32) or DeepSeek-V4 (expert_dtype
+// fp4) store them, each routed expert's [rows, n] packed weight and
+// [rows, m] scale grid giving [1, 2n/m]; scale_dtype is the scales' dtype
+// where it is not U8. A non-empty problem says why convert would have
+// refused it.
+func srcMXFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, scaleDType, naming, why string) {
+	desc, method := srcQuantDesc(src.Config)
+	top, _ := src.Config["expert_dtype"].(string)
+	inDesc, _ := desc["expert_dtype"].(string)
+	switch {
+	case method == "mxfp4":
+		block, why = srcMXFP4Block(src, plan)
+		return block, "", "", why
+	case method == "compressed-tensors":
+		naming = "compressed-tensors"
+		why = ctGroups(desc, method, "mxfp4-pack-quantized", func(w map[string]any) string {
+			if v, _ := w["group_size"].(float64); v != 32 {
+				return fmt.Sprintf("SRC's config group has group_size %s, not 32", render(w["group_size"]))
+			}
+			return ""
+		})
+	case top == "fp4" || inDesc == "fp4":
+		naming = "deepseek"
+	default:
+		why = "SRC describes no MXFP4 experts (quant_method mxfp4, compressed-tensors mxfp4-pack-quantized, expert_dtype fp4)"
+	}
+	if why != "" {
+		return nil, "", "", why
+	}
+	for _, l := range plan.Layers {
+		for _, e := range l.Experts {
+			for _, p := range [][2]string{{e.Gate, e.GateScale}, {e.Up, e.UpScale}, {e.Down, e.DownScale}} {
+				wt, ok1 := src.Tensor(p[0])
+				st, ok2 := src.Tensor(p[1])
+				switch {
+				case !ok1 || !ok2:
+					return nil, "", "", fmt.Sprintf("SRC has no %s and %s", render(p[0]), render(p[1]))
+				case len(wt.Shape) != 2 || len(st.Shape) != 2 || wt.Shape[0] != st.Shape[0] || st.Shape[1] < 1 || (2*wt.Shape[1])%st.Shape[1] != 0:
+					return nil, "", "", fmt.Sprintf("SRC's %s %v and %s %v are not [rows, n] and [rows, m] with m dividing 2n", p[0], wt.Shape, p[1], st.Shape)
+				}
+				if !agreeBlock(&block, []int64{1, 2 * wt.Shape[1] / st.Shape[1]}) {
+					return nil, "", "", "SRC's MXFP4 tensors differ in the elements one scale covers"
+				}
+				sd := string(st.DType)
+				if sd == "U8" {
+					sd = ""
+				}
+				if scaleDType == "" {
+					scaleDType = sd
+				} else if sd != scaleDType {
+					return nil, "", "", fmt.Sprintf("SRC's scale %s is %s unlike the others", p[1], st.DType)
+				}
+			}
+		}
+	}
+	if block == nil {
+		return nil, "", "", "SRC has no MoE layer"
+	}
+	return block, scaleDType, naming, ""
 }
 
 // srcMXFP4Block is weight_block_size as convert records it for SRC's
@@ -584,8 +758,7 @@ func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, inp
 // bytes of blocks, two E2M1 elements a byte, so [1, 2b] (OCP MX: [1, 32]).
 // A non-empty problem says why convert would have refused it.
 func srcMXFP4Block(src *checkpoint.Checkpoint, plan *family.Plan) ([]int64, string) {
-	qc, _ := src.Config["quantization_config"].(map[string]any)
-	if m, _ := qc["quant_method"].(string); m != "mxfp4" {
+	if _, m := srcQuantDesc(src.Config); m != "mxfp4" {
 		return nil, fmt.Sprintf("SRC's quantization_config.quant_method %s is not mxfp4", render(m))
 	}
 	var out []int64

@@ -149,7 +149,11 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 	if layer.Shared != nil {
 		// As stored first: a non-finite weight fails the layer here, by
 		// name, before requantising it could refuse it.
-		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, wf, o.W8A8, y64); err != nil {
+		sf, err := plan.SharedFormat() // stored apart where the plan says so
+		if err != nil {
+			return nil, err
+		}
+		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, sf, o.W8A8, y64); err != nil {
 			return nil, err
 		}
 	}

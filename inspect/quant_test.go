@@ -1,0 +1,72 @@
+package inspect
+
+import (
+	"bytes"
+	"context"
+	"maps"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/testkit"
+)
+
+// inspect says, per description and wherever it lives, what is quantised
+// how: Kimi's INT4 moved into text_config (routed experts only),
+// DeepSeek-V4's FP4 experts beside FP8, ModelOpt MIXED_PRECISION.
+func TestQuantDescriptions(t *testing.T) {
+	for _, tc := range []struct {
+		preset string
+		edit   func(c map[string]any)
+		key    string
+		groups map[string]string
+		line   string
+	}{
+		{"small-kimi-k2-int4", func(c map[string]any) {
+			c["text_config"] = map[string]any{"quantization_config": c["quantization_config"]}
+			delete(c, "quantization_config")
+		}, "text_config.quantization_config",
+			map[string]string{"routed experts": "compressed-tensors pack-quantized int4 (group 32, symmetric)"},
+			"quantised:       config.json text_config.quantization_config: compressed-tensors pack-quantized int4 (group 32, symmetric) on the routed experts (unquantised: shared expert, router, attention, dense MLP)"},
+		{"small-deepseek-v4-fp4", nil, "quantization_config",
+			map[string]string{"routed experts": "mxfp4 (expert_dtype fp4)", "shared expert": "fp8 128x128 block", "attention": "fp8 128x128 block", "dense MLP": "fp8 128x128 block"},
+			"quantised:       config.json quantization_config: fp8 128x128 block (mxfp4 (expert_dtype fp4) on the routed experts; fp8 128x128 block on the shared expert, attention, dense MLP) (unquantised: router)"},
+		{"small-deepseek-v3-nvfp4-mixed", nil, "quantization_config",
+			map[string]string{"routed experts": "nvfp4 (group 16)", "shared expert": "nvfp4 (group 16)", "attention": "fp8 per-tensor", "dense MLP": "fp8 per-tensor"},
+			"quantised:       hf_quant_config.json quantization: modelopt MIXED_PRECISION (nvfp4 (group 16) on the routed experts, shared expert; fp8 per-tensor on the attention, dense MLP) (unquantised: router)"},
+	} {
+		t.Run(tc.preset, func(t *testing.T) {
+			spec, err := fixtures.Preset(tc.preset)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := filepath.Join(t.TempDir(), tc.preset)
+			if _, err := fixtures.Write(context.Background(), dir, spec, fixtures.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.edit != nil {
+				testkit.EditJSON(t, filepath.Join(dir, "config.json"), tc.edit)
+			}
+			c, err := checkpoint.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := Summarize(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(s.Quant) == 0 || s.Quant[0].Key != tc.key || !maps.Equal(s.Quant[0].Groups, tc.groups) {
+				t.Errorf("descriptions %+v, want key %s groups %v", s.Quant, tc.key, tc.groups)
+			}
+			var b bytes.Buffer
+			if err := WriteText(&b, s); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(b.String(), tc.line+"\n") {
+				t.Errorf("table:\n%s\nwant the line\n%s", b.String(), tc.line)
+			}
+		})
+	}
+}
