@@ -28,12 +28,16 @@ root=$(pwd)
 pkgs=(internal/cuda kernels validate)
 [ -n "${GPU_TEST_PKGS:-}" ] && read -r -a pkgs <<<"$GPU_TEST_PKGS"
 
+# GPU_TEST_BIN_DIR: where the test binaries live (default .gpu), so that
+# two people's builds need not share one folder.
+bindir=${GPU_TEST_BIN_DIR:-.gpu}
+
 case "${1:-}" in
 build)
-	grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
-	mkdir -p .gpu
+	grep -qx "/$bindir/" .git/info/exclude 2>/dev/null || echo "/$bindir/" >>.git/info/exclude
+	mkdir -p "$bindir"
 	for p in "${pkgs[@]}"; do
-		bin=.gpu/$(echo "$p" | tr / _).test
+		bin=$bindir/$(echo "$p" | tr / _).test
 		CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go test -c -o "$bin" "./$p" || exit 1
 		echo "built $bin"
 	done
@@ -60,7 +64,7 @@ run)
 	rc=$build_rc
 	for p in "${pkgs[@]}"; do
 		name=$(echo "$p" | tr / _)
-		bin=$root/.gpu/$name.test
+		bin=$root/$bindir/$name.test
 		echo "== $p"
 		(cd "$p" && "$bin" -test.v -test.timeout "${GPU_TEST_TIMEOUT:-240s}" "${runargs[@]}") >"$out/$name.log" 2>&1
 		prc=$?

@@ -100,9 +100,13 @@ func TestDSV4FP4Refusals(t *testing.T) {
 	})
 }
 
-// TestGPUDSV4FP4: DeepSeek-V4's FP4 experts (I8 weight, F8_E8M0 scale)
-// decode to bf16 on the device as gpt-oss's MXFP4 does: every conversion
-// passes validate --device cuda, every mutation fails the whole run.
-func TestGPUDSV4FP4(t *testing.T) {
-	gpuDecodedPass(t, dsv4FP4Specs(), layoutsOnly, mxfp4Mutations("model.layers.1.ffn", dsv4FP4, "h64-i64", "h32-i96"), "two scale entries swapped")
+// TestDSV4FP4GPURefusal: DeepSeek-V4's FP4 experts sit beside an FP8
+// 128x128 shared expert, a second quantised format the GPU's bank loader
+// does not decode: --device cuda refuses naming both, --device auto runs
+// on the CPU with a note. (Its FP4 routed experts alone decode as gpt-oss's
+// MXFP4 and compressed-tensors' do: TestGPUMXFP4, TestGPUCTMXFP4.)
+func TestDSV4FP4GPURefusal(t *testing.T) {
+	src := synthFrom(t, dsv4FP4Specs(), "h32-i96")
+	dst := convertInto(t, src, convert.Options{Layout: layout.Stacked})
+	cudaRefused(t, src, dst, "", "the shared expert is stored as fp8_block_128x128 beside mxfp4 routed experts", "one quantised expert format a layer")
 }

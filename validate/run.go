@@ -951,9 +951,40 @@ func (s *session) gpuRefusal() string {
 		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU runs unquantised weights, FP8 128x128 blocks with F32 scales, and FP8 per-channel or per-tensor, INT4, MXFP4 and NVFP4 weights (decoded to bf16)",
 			f, f.Quantization(), sc.DType)
 	}
+	// A plain shared expert runs as the plain MLP it is; one quantised
+	// another way than the routed experts (DeepSeek-V4: FP8 blocks beside
+	// FP4) would need a second decode the bank loader does not have.
+	if sq := s.sharedQuantization(); sq != "" && sq != string(family.QuantNone) {
+		return fmt.Sprintf("the shared expert is stored as %s beside %s routed experts, and the GPU path runs one quantised expert format a layer", sq, s.routedQuantization())
+	}
 	if s.contract != nil && s.contract.SharedRequantized != nil {
 		return fmt.Sprintf("DST's shared expert was requantised from %s to %s (shared_requantized), and the error that adds is judged against SRC's %s shared expert on the CPU only",
 			s.contract.SharedRequantized.SourceDType, s.contract.SharedRequantized.Quantization, s.contract.SharedRequantized.SourceDType)
+	}
+	return ""
+}
+
+// sharedQuantization is how the shared expert is stored where it is stored
+// unlike the routed experts (SRC's plan, else DST's contract), "" where it
+// is not.
+func (s *session) sharedQuantization() string {
+	if s.srcPlan != nil && s.srcPlan.SharedQuantization != "" {
+		return string(s.srcPlan.SharedQuantization)
+	}
+	if s.contract != nil {
+		return s.contract.SharedQuantization
+	}
+	return ""
+}
+
+// routedQuantization names the routed experts' format (SRC's plan, else
+// DST's contract).
+func (s *session) routedQuantization() string {
+	if s.srcPlan != nil {
+		return string(s.srcPlan.Quantization)
+	}
+	if s.contract != nil {
+		return s.contract.Quantization
 	}
 	return ""
 }
