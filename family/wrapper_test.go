@@ -5,6 +5,7 @@ import (
 	"maps"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -80,23 +81,34 @@ func TestPlanWrapperFixtures(t *testing.T) {
 					t.Errorf("layer %d: router %s, expert 0 %s outside %s", l.Index, l.Router, l.Experts[0].Down, tc.layers)
 				}
 			}
-			if !slicesEqual(idx, tc.moe) {
+			if !slices.Equal(idx, tc.moe) {
 				t.Errorf("MoE layers %v, want %v", idx, tc.moe)
 			}
 		})
 	}
 }
 
-func slicesEqual(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
+// Kimi-K2.5 as its hub release names its text layers
+// (language_model.model.layers.L), not as transformers 5.17 saves them
+// (language_model.model.blocks.L): the same plan under the other prefix.
+func TestKimiK25HubPrefix(t *testing.T) {
+	cfg, saved := wrapperFixture(t, "kimi-k25")
+	hub := &fakeTensors{meta: map[string]TensorMeta{}}
+	for _, n := range saved.Names() {
+		m, _ := saved.Lookup(n)
+		hub.add(strings.Replace(n, "language_model.model.blocks.", "language_model.model.layers.", 1), m.DType, m.Shape...)
 	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
+	text := maps.Clone(cfg["text_config"].(map[string]any))
+	text["model_type"] = "kimi_k2" // as the hub's config.json says
+	cfg["text_config"] = text
+	p, err := Detect(cfg, hub)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return true
+	if p.Wrapper.Layers != "language_model.model.layers." || p.ModelType != "kimi_k2" || len(p.Layers) != 2 ||
+		p.Layers[1].Router != "language_model.model.layers.2.mlp.gate.weight" {
+		t.Errorf("planned %s under %s: %+v", p.ModelType, p.Wrapper.Layers, p.Layers[1])
+	}
 }
 
 // Qwen3-VL-MoE's experts are planned in the orientation their shapes say:
