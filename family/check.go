@@ -95,6 +95,40 @@ func (k *checker) stacked(where, gateUp, down string, transposed bool, hint stri
 	return nil
 }
 
+// stackedOrientation says whether a layer's stacked gate-up and down
+// tensors are stored transposed ([E, H, 2I] and [E, I, H]) or not ([E, 2I,
+// H] and [E, H, I]), for a family that meets both. One of the two shapes
+// always tells (H = 2I and H = I cannot both hold); where both tell, they
+// must agree. A shape that fits neither is left to stacked's check.
+func (k *checker) stackedOrientation(where, gateUp, down, hint string) (bool, error) {
+	e, h, i := int64(k.p.NumExperts), int64(k.p.HiddenSize), int64(k.p.MoEIntermediateSize)
+	says := func(name string, plain, transposed []int64) (known, t bool) {
+		meta, ok := k.t.Lookup(name)
+		switch {
+		case !ok || slices.Equal(plain, transposed):
+			return false, false
+		case slices.Equal(meta.Shape, transposed):
+			return true, true
+		case slices.Equal(meta.Shape, plain):
+			return true, false
+		}
+		return false, false
+	}
+	guKnown, guT := says(gateUp, []int64{e, 2 * i, h}, []int64{e, h, 2 * i})
+	dnKnown, dnT := says(down, []int64{e, h, i}, []int64{e, i, h})
+	if guKnown && dnKnown && guT != dnT {
+		return false, fmt.Errorf("%s: %s is stored %s but %s %s %s", where, gateUp, orientation(guT), down, orientation(dnT), hint)
+	}
+	return guT || dnT, nil
+}
+
+func orientation(transposed bool) string {
+	if transposed {
+		return "transposed (x @ W)"
+	}
+	return "as [out, in]"
+}
+
 // views plans one MLP stored as a gate-up tensor (gate rows, then up rows)
 // and a down tensor: slice e of stacked ones, or (e < 0) whole 2-D ones.
 // Transposed, the gate and up are column blocks and every piece is read

@@ -163,6 +163,10 @@ type Plan struct {
 	SharedQuantization Quantization
 	SharedWeightDType  safetensors.DType
 	Layers             []Layer // sorted by Index
+	// Wrapper is the multimodal wrapper the text model was planned inside
+	// (its model_type, text config key and layer prefix); nil for a bare
+	// text model. ModelType is then the text model's.
+	Wrapper *Wrapper
 }
 
 // Output is OutputScale, 1 when unset.

@@ -233,18 +233,25 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 		gu, dn := prefix+"."+n.stackedGateUp, prefix+"."+n.stackedDown
 		hint := fmt.Sprintf("(E=%d, H=%d, I=%d: experts stacked on disk)", p.NumExperts, p.HiddenSize, p.MoEIntermediateSize)
 		mx := p.Quantization == QuantMXFP4
+		transposed := n.stackedTransposed
+		if n.stackedEitherWay {
+			var err error
+			if transposed, err = k.stackedOrientation(where, gu, dn, hint); err != nil {
+				return Layer{}, err
+			}
+		}
 		if mx {
 			if err := k.mxfp4Stacked(where, gu, dn, n.stackedInterleaved, hint); err != nil {
 				return Layer{}, err
 			}
-		} else if err := k.stacked(where, gu, dn, n.stackedTransposed, hint); err != nil {
+		} else if err := k.stacked(where, gu, dn, transposed, hint); err != nil {
 			return Layer{}, err
 		}
 		for e := range out.Experts {
 			var err error
 			if mx {
 				out.Experts[e] = k.mxfp4Views(gu, dn, e, p.MoEIntermediateSize, n.stackedInterleaved)
-			} else if out.Experts[e], err = k.views(fmt.Sprintf("%s: expert %d", where, e), gu, dn, e, p.MoEIntermediateSize, n.stackedTransposed, n.stackedInterleaved, hint); err != nil {
+			} else if out.Experts[e], err = k.views(fmt.Sprintf("%s: expert %d", where, e), gu, dn, e, p.MoEIntermediateSize, transposed, n.stackedInterleaved, hint); err != nil {
 				return Layer{}, err
 			}
 			if n.stackedGateUpBias != "" {

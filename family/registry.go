@@ -37,7 +37,8 @@ func SupportedModelTypes() []string {
 	return out
 }
 
-// FuseSharedModelTypes lists, sorted, the model types whose shared expert
+// FuseSharedModelTypes lists, sorted, the model types (and the multimodal
+// wrappers of such text models) whose shared expert
 // fuse-shared can append to the expert bank as constant-weight slots, where
 // a checkpoint has one: the family names a shared expert that no per-token
 // gate, router row or input scaling ties to the token. (A checkpoint may
@@ -46,12 +47,23 @@ func SupportedModelTypes() []string {
 func FuseSharedModelTypes() []string {
 	var out []string
 	for _, f := range families {
-		if f.names.shared != "" && !f.keys.sharedGated && f.sharedUnfusable == "" {
+		if f.fusable() {
 			out = append(out, f.types()...)
+		}
+	}
+	for _, w := range wrappers {
+		if textFamily(w.textTypes[0]).fusable() {
+			out = append(out, w.modelType)
 		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// fusable: the family names a shared expert that no per-token gate, router
+// row or input scaling ties to the token.
+func (s *spec) fusable() bool {
+	return s.names.shared != "" && !s.keys.sharedGated && s.sharedUnfusable == ""
 }
 
 func lookup(modelType string) (*spec, error) {
@@ -76,9 +88,9 @@ func Lookup(modelType string) (Family, error) {
 	return f, nil
 }
 
-// modelType reads config.json's model_type. Multimodal wrappers that nest
-// the language model under text_config are named in the error: their
-// tensors live under other prefixes, so they are not planned.
+// modelType reads config.json's model_type: a family's, or a multimodal
+// wrapper's (wrapper.go). Other configs that nest the language model under
+// text_config are named in the error.
 func modelType(config map[string]any) (string, error) {
 	if config == nil {
 		return "", errors.New("config.json: no configuration")
@@ -91,9 +103,13 @@ func modelType(config map[string]any) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("config.json: model_type: want a string, got %s", describe(v))
 	}
+	if wrapperOf(mt) != nil {
+		return mt, nil
+	}
 	if _, err := lookup(mt); err != nil {
 		if _, nested := config["text_config"].(map[string]any); nested {
-			return "", fmt.Errorf("%w; configs with the language model under text_config are not supported", err)
+			return "", fmt.Errorf("%w; configs with the language model under text_config are not supported except the multimodal wrappers %s",
+				err, strings.Join(SupportedWrappers(), ", "))
 		}
 		return "", err
 	}
@@ -111,6 +127,9 @@ func Detect(config map[string]any, tensors Tensors) (*Plan, error) {
 	if _, ok := config["moeprep"]; ok {
 		return nil, errConvertedConfig()
 	}
+	if w := wrapperOf(mt); w != nil {
+		return w.plan(config, tensors, false)
+	}
 	f, _ := lookup(mt)
 	return f.plan(config, tensors, false)
 }
@@ -126,6 +145,9 @@ func PlanConverted(config map[string]any, tensors Tensors) (*Plan, error) {
 	mt, err := modelType(config)
 	if err != nil {
 		return nil, err
+	}
+	if w := wrapperOf(mt); w != nil {
+		return w.plan(config, tensors, true)
 	}
 	f, _ := lookup(mt)
 	return f.plan(config, tensors, true)

@@ -76,6 +76,11 @@ type naming struct {
 	// x @ W): gate-up [E, H, 2I], gate columns then up columns, and down
 	// [E, I, H]; the views read them transposed.
 	stackedTransposed bool
+	// stackedEitherWay: the stacked tensors may be stored either way, as
+	// stackedTransposed says or not (Qwen3-VL-MoE: the hub transposed,
+	// transformers' own save untransposed); each layer's two shapes say
+	// which (stackedOrientation).
+	stackedEitherWay bool
 	// stackedInterleaved: transposed gate-up columns alternate gate, up,
 	// gate, up (gpt-oss) instead of all gate columns then all up.
 	stackedInterleaved bool

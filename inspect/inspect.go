@@ -4,9 +4,11 @@ package inspect
 
 import (
 	"fmt"
-	"github.com/moeprep/moeprep/internal/human"
 	"io"
+	"slices"
 	"strings"
+
+	"github.com/moeprep/moeprep/internal/human"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
@@ -62,6 +64,9 @@ type Summary struct {
 	// Quant are the checkpoint's quantisation descriptions, wherever they
 	// live, each with what it quantises per tensor group.
 	Quant []QuantDesc `json:"quant_descriptions,omitempty"`
+	// Wrapper is the multimodal wrapper the text model sits in; nil for a
+	// bare text model. ModelType is then the wrapper's (config.json's).
+	Wrapper *Wrapper `json:"wrapper,omitempty"`
 }
 
 // QuantDesc is one quantisation description as inspect reports it.
@@ -94,6 +99,51 @@ func quantDescs(c *checkpoint.Checkpoint) []QuantDesc {
 		}
 		out = append(out, QuantDesc{File: d.File, Key: d.Key, Label: d.Label, Groups: groups, Text: d.Summary()})
 	}
+	return out
+}
+
+// Wrapper is where in a multimodal wrapper the planned text model lives,
+// and what else the checkpoint holds, which convert carries byte for byte.
+type Wrapper struct {
+	ModelType     string `json:"model_type"`
+	TextConfig    string `json:"text_config"`
+	TextModelType string `json:"text_model_type"`
+	Layers        string `json:"layers"`
+	// Carried groups every tensor outside the text model by its leading
+	// name (its first segment, two under "model."), sorted.
+	Carried []Carried `json:"carried"`
+}
+
+// Carried is one part of a wrapper outside its text model.
+type Carried struct {
+	Prefix  string `json:"prefix"`
+	Tensors int    `json:"tensors"`
+	Bytes   int64  `json:"bytes"`
+}
+
+// wrapperOf summarises p's wrapper over c's tensors.
+func wrapperOf(c *checkpoint.Checkpoint, w *family.Wrapper) *Wrapper {
+	out := &Wrapper{ModelType: w.ModelType, TextConfig: w.TextConfig, TextModelType: w.TextModelType, Layers: w.Layers,
+		Carried: []Carried{}}
+	at := map[string]int{}
+	for _, t := range c.Tensors {
+		if slices.ContainsFunc(w.Text, func(p string) bool { return strings.HasPrefix(t.Name, p) }) {
+			continue
+		}
+		first, rest, _ := strings.Cut(t.Name, ".")
+		if second, _, ok := strings.Cut(rest, "."); first == "model" && ok {
+			first += "." + second
+		}
+		i, ok := at[first]
+		if !ok {
+			i = len(out.Carried)
+			at[first] = i
+			out.Carried = append(out.Carried, Carried{Prefix: first})
+		}
+		out.Carried[i].Tensors++
+		out.Carried[i].Bytes += t.NumBytes()
+	}
+	slices.SortFunc(out.Carried, func(a, b Carried) int { return strings.Compare(a.Prefix, b.Prefix) })
 	return out
 }
 
@@ -142,6 +192,10 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 		NumHiddenLayers:   p.NumHiddenLayers,
 		MoELayers:         []int{}, MTPLayers: []int{},
 		NumTensors: len(c.Tensors), TotalBytes: c.TotalBytes(),
+	}
+	if p.Wrapper != nil {
+		s.ModelType = p.Wrapper.ModelType
+		s.Wrapper = wrapperOf(c, p.Wrapper)
 	}
 	if !p.Act.SwiGLU() {
 		act := p.Act
@@ -225,6 +279,17 @@ func WriteText(w io.Writer, s *Summary) error {
 		{"routing", routing},
 		{"experts", experts},
 		{"MoE layers", fmt.Sprintf("%d of %d: %s", len(s.MoELayers), s.NumHiddenLayers, Ranges(s.MoELayers))},
+	}
+	if w := s.Wrapper; w != nil {
+		rows = append(rows, [2]string{"wrapper", fmt.Sprintf("%s: text model %s (%s), layers %sL", w.ModelType, w.TextModelType, w.TextConfig, w.Layers)})
+		var parts []string
+		for _, c := range w.Carried {
+			parts = append(parts, fmt.Sprintf("%s (%s, %s)", c.Prefix, human.Count(c.Tensors, "tensor"), human.Bytes(c.Bytes)))
+		}
+		if len(parts) == 0 {
+			parts = []string{"nothing"}
+		}
+		rows = append(rows, [2]string{"carried", strings.Join(parts, ", ") + ", byte for byte"})
 	}
 	if len(s.HashLayers) > 0 {
 		rows = append(rows, [2]string{"hash routed", Ranges(s.HashLayers) + " (experts from the token-id table)"})

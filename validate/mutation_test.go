@@ -139,6 +139,17 @@ func conversionCases() []conv {
 	}
 	cases = append(cases, conv{"deepseek-v3-fp8-tensor", convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 4}},
 		conv{"deepseek-v3-nvfp4", convert.Options{FuseShared: true, TP: 2}})
+	// Issue 30's multimodal wrappers (fixtures/hf/export_wrappers.py): the
+	// text model's MoE layers in every layout, the vision tower and the
+	// projector carried and proven byte for byte; fuse-shared where the
+	// text family fuses (Kimi-K2.5's DeepSeek-V3, GLM-4.5V's GLM-4.5).
+	for _, f := range []string{"qwen3-5-moe", "llama4", "kimi-k25", "qwen3-vl-moe", "glm4v-moe"} {
+		for _, l := range lays {
+			cases = append(cases, conv{f, convert.Options{Layout: l}})
+		}
+	}
+	cases = append(cases, conv{"kimi-k25", convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 8}},
+		conv{"glm4v-moe", convert.Options{FuseShared: true, TP: 2, FoldScaling: "down"}})
 	return cases
 }
 

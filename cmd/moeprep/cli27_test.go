@@ -64,7 +64,11 @@ func TestFuseSharedHelpMatchesBehaviour(t *testing.T) {
 	for _, cfg := range dirs {
 		dir := filepath.Dir(cfg)
 		p := cktest.Plan(t, dir)
-		listed := slices.Contains(fusable, p.ModelType)
+		mt := p.ModelType // config.json's: a wrapper's own
+		if p.Wrapper != nil {
+			mt = p.Wrapper.ModelType
+		}
+		listed := slices.Contains(fusable, mt)
 		code, _, stderr := runCLI(t, "fuse-shared", "-q", "--tp", "2", dir, filepath.Join(t.TempDir(), "out"))
 		switch {
 		case p.NumSharedExperts == 0:
@@ -87,13 +91,14 @@ func TestFuseSharedHelpMatchesBehaviour(t *testing.T) {
 func TestReadmeListsEveryModelType(t *testing.T) {
 	b := testkit.ReadFile(t, "../../README.md")
 	readme := string(b)
-	for _, mt := range family.SupportedModelTypes() {
+	types := slices.Concat(family.SupportedModelTypes(), family.SupportedWrappers())
+	for _, mt := range types {
 		if !strings.Contains(readme, "`"+mt+"`") {
 			t.Errorf("README.md does not list model type %s", mt)
 		}
 	}
 	_, help, _ := runCLI(t, "--help")
-	for _, mt := range family.SupportedModelTypes() {
+	for _, mt := range types {
 		if !strings.Contains(help, mt) {
 			t.Errorf("moeprep --help does not list %s", mt)
 		}

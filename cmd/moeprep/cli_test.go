@@ -103,6 +103,13 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		"deepseek-v3-nvfp4":      {"deepseek", "deepseek_v3", "safetensors", "U8", "nvfp4_modelopt", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 445},
 		"gpt-oss-mxfp4":          {"gpt_oss", "gpt_oss", "safetensors", "U8", "mxfp4", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 41},
 		"qwen3-moe-fp8-channel":  {"qwen3_moe", "qwen3_moe", "safetensors", "fp8_e4m3", "fp8_channel", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 143},
+		// issue 30's multimodal wrappers, written by fixtures/hf/export_wrappers.py:
+		// model_type is the wrapper's, the family its text model's
+		"qwen3-5-moe":  {"qwen3_5_moe", "qwen3_5_moe", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 101},
+		"llama4":       {"llama4", "llama4", "safetensors", "bf16", "none", 8, 1, 1, 1, 1, "sigmoid", 1, []int{1, 3}, 71},
+		"kimi-k25":     {"deepseek", "kimi_k25", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 161},
+		"qwen3-vl-moe": {"qwen3_vl_moe", "qwen3_vl_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 63},
+		"glm4v-moe":    {"deepseek", "glm4v_moe", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 159},
 	}
 	dirs, _ := filepath.Glob(filepath.Join(fixturesDir, "*", "config.json"))
 	if len(dirs) != len(tests) {

@@ -74,6 +74,7 @@ func TestJSONGolden(t *testing.T) {
 		volatile []string
 	}{
 		{"inspect.golden.json", []string{"inspect", "--json", src}, []string{"dir"}},
+		{"inspect-wrapper.golden.json", []string{"inspect", "--json", filepath.Join(fixturesDir, "kimi-k25")}, []string{"dir"}},
 		{"convert-plan.golden.json", []string{"fuse-shared", "--tp", "2", "--dry-run", "--json", src, filepath.Join(dir, "plan")},
 			[]string{"src", "dst", "free_bytes", "fits", "read_rate_bytes_per_s", "rate_sample_seconds", "rate_direct_io", "estimated_seconds"}},
 		{"convert.golden.json", []string{"fuse-shared", "-q", "--tp", "2", "--json", src, filepath.Join(dir, "out")},

@@ -1,0 +1,69 @@
+package family
+
+// The text models that moeprep plans only inside their multimodal wrapper
+// (wrapper.go): transformers 5.17 saves them there in a layout of their own,
+// and a text model saved alone may differ (Qwen3-VL-MoE's text model alone
+// has no conversion mapping, so its experts would be saved untransposed and
+// unrenamed), so they are not listed among the families a bare config.json
+// names.
+
+// qwen35MoE is Qwen3.5/3.6 MoE's text model (Qwen3_5MoeSparseMoeBlock):
+// every decoder layer is MoE, per-expert tensors as the hub layout
+// (transformers 5.17 saves mlp.experts.E.{gate,up,down}_proj through its
+// qwen2_moe conversion pattern), mlp.gate [E,H], and one shared expert
+// mlp.shared_expert.*_proj of shared_expert_intermediate_size behind a
+// per-token sigmoid gate mlp.shared_expert_gate [1,H]. The router
+// (Qwen3_5MoeTopKRouter) is softmax top-k, always renormalised: the text
+// config has no norm_topk_prob, decoder_sparse_step or mlp_only_layers (its
+// class deletes them), so none is read.
+var qwen35MoE = &spec{
+	name:       "qwen3_5_moe",
+	modelTypes: []string{"qwen3_5_moe_text"},
+	names:      qwen2MoE.names,
+	keys:       qwen2MoE.keys,
+	layers:     everyLayer,
+	routing:    softmaxNorm(true),
+}
+
+// qwen3VLMoE is Qwen3-VL-MoE's text model (Qwen3VLMoeTextSparseMoeBlock):
+// Qwen3-MoE's layer rule (mlp_only_layers, decoder_sparse_step), no shared
+// expert, softmax top-k always renormalised (Qwen3VLMoeTextTopKRouter), and
+// the experts stacked on disk as mlp.experts.gate_up_proj and
+// mlp.experts.down_proj in either orientation: the hub's checkpoints hold
+// them transposed, [E, H, 2I] (gate columns, then up) and [E, I, H], and
+// transformers 5.17's save_pretrained writes them as it holds them, [E, 2I, H]
+// and [E, H, I] (its Transpose(check_dims) loads whichever shape differs
+// from its own and reverses nothing on save). The shapes say which.
+var qwen3VLMoE = &spec{
+	name:       "qwen3_vl_moe",
+	modelTypes: []string{"qwen3_vl_moe_text"},
+	names: naming{
+		layers:           "model.layers.",
+		modules:          []string{"mlp"},
+		proj:             [3]string{"gate_proj", "up_proj", "down_proj"},
+		router:           "gate",
+		stackedGateUp:    "experts.gate_up_proj",
+		stackedDown:      "experts.down_proj",
+		stackedEitherWay: true,
+	},
+	keys:     configKeys{intermediate: "moe_intermediate_size"},
+	layers:   sparseStep,
+	defaults: map[string]any{"decoder_sparse_step": 1.0, "mlp_only_layers": []any{}},
+	routing:  softmaxNorm(true),
+}
+
+// glm4vMoEText is GLM-4.5V's text model (Glm4vMoeTextMoE): GLM-4.5's MoE
+// block as the deepseek family plans it (Glm4vMoeTextTopkRouter: fp32
+// sigmoid, correction bias, groups by the sum of their top 2, weights
+// normalised +1e-20, times routed_scaling_factor; one shared expert),
+// layers from first_k_dense_replace, with Glm4vMoeTextConfig's defaults,
+// which are Glm4MoeConfig's.
+var glm4vMoEText = func() *spec {
+	s := *deepseek
+	s.modelTypes = []string{"glm4v_moe_text"}
+	s.defaultsByType = map[string]map[string]any{"glm4v_moe_text": glm4MoEDefaults}
+	return &s
+}()
+
+// wrappedTextFamilies are the families planned only inside a wrapper.
+var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText}

@@ -1,0 +1,174 @@
+package family
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+)
+
+// A wrapper is a multimodal model whose config.json holds its language
+// model's config under one key and whose checkpoint holds that model's
+// decoder layers under a name prefix of its own, beside a vision tower, a
+// projector and whatever else the wrapper has. moeprep plans the text model
+// with its family, as data: which key, which text model types, which
+// prefixes. Everything outside the text model's MoE layers is carried byte
+// for byte, as for any family; config.json is kept whole.
+type wrapper struct {
+	modelType string // config.json's model_type
+	textKey   string // the key of the text model's config
+	// textTypes are the text config's model_types the wrapper holds; the
+	// first is the one transformers assumes when the text config names none.
+	textTypes []string
+	// layers are the text decoder layers' name prefixes, each followed by
+	// the layer index; the first that any tensor name starts with is used.
+	layers []string
+	// text are the name prefixes of the whole text model (embeddings,
+	// layers, final norm, head); every other tensor belongs to the rest of
+	// the wrapper, which inspect lists as carried.
+	text []string
+}
+
+// wrappers are the multimodal wrappers moeprep reads, each as transformers
+// 5.17 saves it (fixtures/hf/export_wrappers.py) and, where the hub's
+// release names its layers otherwise, as the hub does.
+var wrappers = []wrapper{
+	// Qwen3.5/3.6 MoE: model.language_model.layers.L, model.visual.*, lm_head.
+	{modelType: "qwen3_5_moe", textKey: "text_config", textTypes: []string{"qwen3_5_moe_text"},
+		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},
+	// Llama 4 Scout/Maverick as released: language_model.model.layers.L,
+	// language_model.lm_head, vision_model.*, multi_modal_projector.*.
+	{modelType: "llama4", textKey: "text_config", textTypes: []string{"llama4_text"},
+		layers: []string{"language_model.model.layers."}, text: []string{"language_model."}},
+	// Kimi-K2.5/2.6: DeepSeek-V3's text model (kimi_k2 on the hub; transformers
+	// rewrites it to deepseek_v3, its default) under language_model.model.layers.L
+	// on the hub; transformers 5.17's save renames the layers
+	// language_model.model.blocks.L. vision_tower.*, mm_projector.*.
+	{modelType: "kimi_k25", textKey: "text_config", textTypes: []string{"deepseek_v3", "kimi_k2"},
+		layers: []string{"language_model.model.layers.", "language_model.model.blocks."}, text: []string{"language_model."}},
+	// Qwen3-VL-MoE: as Qwen3.5, experts stacked on disk (either orientation).
+	{modelType: "qwen3_vl_moe", textKey: "text_config", textTypes: []string{"qwen3_vl_moe_text"},
+		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},
+	// GLM-4.5V: as Qwen3.5, GLM-4.5's MoE.
+	{modelType: "glm4v_moe", textKey: "text_config", textTypes: []string{"glm4v_moe_text"},
+		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},
+}
+
+// Wrapper says where in a multimodal wrapper the planned text model lives.
+type Wrapper struct {
+	ModelType     string // config.json's model_type, e.g. "qwen3_5_moe"
+	TextConfig    string // the key of the text model's config, "text_config"
+	TextModelType string // the text model's model_type, which the family plans
+	// Layers is the text decoder layers' name prefix, followed by the
+	// index: "model.language_model.layers."
+	Layers string
+	// Text are the name prefixes of the whole text model; every tensor
+	// outside them is the rest of the wrapper, carried byte for byte.
+	Text []string
+}
+
+// SupportedWrappers lists, sorted, the multimodal wrapper model_types
+// moeprep plans (the text model inside them).
+func SupportedWrappers() []string {
+	out := make([]string, len(wrappers))
+	for i, w := range wrappers {
+		out[i] = w.modelType
+	}
+	slices.Sort(out)
+	return out
+}
+
+func wrapperOf(modelType string) *wrapper {
+	for i := range wrappers {
+		if wrappers[i].modelType == modelType {
+			return &wrappers[i]
+		}
+	}
+	return nil
+}
+
+// textFamily finds the family that plans a text model type: a bare
+// family, or one planned only inside a wrapper.
+func textFamily(modelType string) *spec {
+	for _, f := range append(slices.Clone(families), wrappedTextFamilies...) {
+		if slices.Contains(f.types(), modelType) {
+			return f
+		}
+	}
+	return nil
+}
+
+// plan plans the text model of a wrapper's checkpoint: its family, run on
+// the text config with the wrapper's layer prefix.
+func (w *wrapper) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error) {
+	c := config{m: raw}
+	tc, ok, err := c.object(w.textKey)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("config.json: model_type %q keeps its language model's config under %s, which is missing", w.modelType, w.textKey)
+	}
+	mt, err := tc.str("model_type", w.textTypes[0])
+	if err != nil {
+		return nil, err
+	}
+	s := textFamily(mt)
+	if !slices.Contains(w.textTypes, mt) || s == nil {
+		return nil, fmt.Errorf("config.json: %s.model_type %q: a %s wrapper holds %s", w.textKey, mt, w.modelType, strings.Join(w.textTypes, " or "))
+	}
+	descs, err := DetectQuant(raw, hfQuantOf(t))
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range descs {
+		if d.Kind != QuantKindNone {
+			return nil, fmt.Errorf("%s: %s describes %s: moeprep does not carry quantised %s checkpoints yet (multimodal wrappers are read in bf16, f16 or f32)", d.File, d.Key, d.Label, w.modelType)
+		}
+	}
+	inner := *s
+	inner.names.layers = w.layerPrefix(t)
+	text := maps.Clone(tc.m)
+	text["model_type"] = mt
+	p, err := inner.plan(text, t, converted)
+	if err != nil {
+		return nil, inTextConfig{key: w.textKey, err: err}
+	}
+	if p.Quantization != QuantNone {
+		return nil, fmt.Errorf("config.json: model_type %q: %s experts: moeprep does not carry quantised %s checkpoints yet (multimodal wrappers are read in bf16, f16 or f32)", w.modelType, p.Quantization, w.modelType)
+	}
+	p.Wrapper = &Wrapper{ModelType: w.modelType, TextConfig: w.textKey, TextModelType: mt, Layers: inner.names.layers,
+		Text: slices.Clone(w.text)}
+	return p, nil
+}
+
+// layerPrefix is the first of the wrapper's layer prefixes that a tensor
+// name starts with (the first when none does: the plan then names it).
+func (w *wrapper) layerPrefix(t Tensors) string {
+	names := t.Names()
+	for _, pre := range w.layers {
+		for _, n := range names {
+			if strings.HasPrefix(n, pre) {
+				return pre
+			}
+		}
+	}
+	return w.layers[0]
+}
+
+// inTextConfig names the text config in an error about a key of it: the
+// family's planner reads the text config as it reads a bare config.json.
+type inTextConfig struct {
+	key string
+	err error
+}
+
+func (e inTextConfig) Error() string {
+	msg := e.err.Error()
+	if rest, ok := strings.CutPrefix(msg, "config.json: "); ok {
+		return "config.json: " + e.key + ": " + rest
+	}
+	return msg
+}
+
+func (e inTextConfig) Unwrap() error { return e.err }

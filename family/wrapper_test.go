@@ -1,0 +1,199 @@
+package family
+
+import (
+	"errors"
+	"maps"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// wrapperFixture reads one of fixtures/hf/export_wrappers.py's checkpoints.
+func wrapperFixture(t *testing.T, name string) (map[string]any, viewTensors) {
+	t.Helper()
+	dir := filepath.Join("..", "fixtures", "hf", name)
+	return testkit.ReadJSON(t, filepath.Join(dir, "config.json")), viewTensors{readHeaders(t, dir)}
+}
+
+// viewTensors resolves the views a plan of stacked experts names (view.go)
+// to their 2-D shapes, as checkpoint does, from the stored tensor's shape.
+type viewTensors struct{ *fakeTensors }
+
+var viewRE = regexp.MustCompile(`^(.+)\[(\d+)\](?:\[(\d+):(\d+)\]|\[T:(\d+):(\d+):(\d+)\])?$`)
+
+func (v viewTensors) Lookup(name string) (TensorMeta, bool) {
+	if m, ok := v.fakeTensors.Lookup(name); ok {
+		return m, true
+	}
+	g := viewRE.FindStringSubmatch(name)
+	if g == nil {
+		return TensorMeta{}, false
+	}
+	m, ok := v.fakeTensors.Lookup(g[1])
+	if !ok || len(m.Shape) != 3 {
+		return TensorMeta{}, false
+	}
+	n := func(s string) int64 { x, _ := strconv.ParseInt(s, 10, 64); return x }
+	switch {
+	case g[3] != "":
+		return TensorMeta{DType: m.DType, Shape: []int64{n(g[4]) - n(g[3]), m.Shape[2]}}, true
+	case g[5] != "":
+		return TensorMeta{DType: m.DType, Shape: []int64{n(g[6]), m.Shape[1]}}, true
+	}
+	return TensorMeta{DType: m.DType, Shape: m.Shape[1:]}, true
+}
+
+// The wrappers transformers 5.17 wrote: the text model planned under its
+// prefix, the wrapper recorded, every MoE tensor under the text layers.
+func TestPlanWrapperFixtures(t *testing.T) {
+	cases := []struct {
+		dir, family, text, layers string
+		moe                       []int
+	}{
+		{"qwen3-5-moe", "qwen3_5_moe", "qwen3_5_moe_text", "model.language_model.layers.", []int{0, 1}},
+		{"llama4", "llama4", "llama4_text", "language_model.model.layers.", []int{1, 3}},
+		{"kimi-k25", "deepseek", "deepseek_v3", "language_model.model.blocks.", []int{1, 2}},
+		{"qwen3-vl-moe", "qwen3_vl_moe", "qwen3_vl_moe_text", "model.language_model.layers.", []int{1, 2}},
+		{"glm4v-moe", "deepseek", "glm4v_moe_text", "model.language_model.layers.", []int{1, 2}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.dir, func(t *testing.T) {
+			cfg, ts := wrapperFixture(t, tc.dir)
+			p, err := Detect(cfg, ts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := p.Wrapper
+			if w == nil || w.ModelType != cfg["model_type"] || w.TextConfig != "text_config" || w.TextModelType != tc.text ||
+				w.Layers != tc.layers || p.Family != tc.family || p.ModelType != tc.text {
+				t.Fatalf("plan %s (%s), wrapper %+v", p.Family, p.ModelType, w)
+			}
+			var idx []int
+			for _, l := range p.Layers {
+				idx = append(idx, l.Index)
+				if !strings.HasPrefix(l.Router, tc.layers) || !strings.HasPrefix(BaseName(l.Experts[0].Down), tc.layers) {
+					t.Errorf("layer %d: router %s, expert 0 %s outside %s", l.Index, l.Router, l.Experts[0].Down, tc.layers)
+				}
+			}
+			if !slices.Equal(idx, tc.moe) {
+				t.Errorf("MoE layers %v, want %v", idx, tc.moe)
+			}
+		})
+	}
+}
+
+// Kimi-K2.5 as its hub release names its text layers
+// (language_model.model.layers.L), not as transformers 5.17 saves them
+// (language_model.model.blocks.L): the same plan under the other prefix.
+func TestKimiK25HubPrefix(t *testing.T) {
+	cfg, saved := wrapperFixture(t, "kimi-k25")
+	hub := &fakeTensors{meta: map[string]TensorMeta{}}
+	for _, n := range saved.Names() {
+		m, _ := saved.Lookup(n)
+		hub.add(strings.Replace(n, "language_model.model.blocks.", "language_model.model.layers.", 1), m.DType, m.Shape...)
+	}
+	text := maps.Clone(cfg["text_config"].(map[string]any))
+	text["model_type"] = "kimi_k2" // as the hub's config.json says
+	cfg["text_config"] = text
+	p, err := Detect(cfg, hub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Wrapper.Layers != "language_model.model.layers." || p.ModelType != "kimi_k2" || len(p.Layers) != 2 ||
+		p.Layers[1].Router != "language_model.model.layers.2.mlp.gate.weight" {
+		t.Errorf("planned %s under %s: %+v", p.ModelType, p.Wrapper.Layers, p.Layers[1])
+	}
+}
+
+// Qwen3-VL-MoE's experts are planned in the orientation their shapes say:
+// transformers' save [E, 2I, H] / [E, H, I], the hub's [E, H, 2I] / [E, I,
+// H]; shapes that disagree are refused naming both.
+func TestQwen3VLMoEOrientation(t *testing.T) {
+	cfg, ts := wrapperFixture(t, "qwen3-vl-moe") // H 64 = 2I: only down tells
+	p, err := Detect(cfg, ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := p.Layers[0].Experts[3].Gate; g != "model.language_model.layers.1.mlp.experts.gate_up_proj[3][0:32]" {
+		t.Errorf("untransposed gate view %s", g)
+	}
+	bf := safetensors.BF16
+	for l := 1; l <= 2; l++ {
+		pre := "model.language_model.layers." + string(rune('0'+l)) + ".mlp.experts."
+		ts.add(pre+"down_proj", bf, 8, 32, 64)
+	}
+	if p, err = Detect(cfg, ts); err != nil {
+		t.Fatal(err)
+	}
+	if g := p.Layers[0].Experts[3].Gate; g != "model.language_model.layers.1.mlp.experts.gate_up_proj[3][T:0:32:1]" {
+		t.Errorf("transposed gate view %s", g)
+	}
+	text := maps.Clone(cfg["text_config"].(map[string]any))
+	text["moe_intermediate_size"] = 16.0 // 2I = 32: gate-up [8,64,64] now fits neither
+	c2 := maps.Clone(cfg)
+	c2["text_config"] = text
+	ts.add("model.language_model.layers.1.mlp.experts.gate_up_proj", bf, 8, 32, 64)
+	ts.add("model.language_model.layers.1.mlp.experts.down_proj", bf, 8, 16, 64)
+	want := "layer 1: model.language_model.layers.1.mlp.experts.gate_up_proj is stored as [out, in] but model.language_model.layers.1.mlp.experts.down_proj transposed (x @ W) (E=8, H=64, I=16: experts stacked on disk)"
+	if _, err = Detect(c2, ts); err == nil || err.Error() != want {
+		t.Errorf("got %v\nwant %s", err, want)
+	}
+}
+
+// What a wrapper cannot be: each refused in one line naming why.
+func TestWrapperRefusals(t *testing.T) {
+	cfg, ts := wrapperFixture(t, "qwen3-5-moe")
+	with := func(top map[string]any, text map[string]any) map[string]any {
+		c := maps.Clone(cfg)
+		tc := maps.Clone(cfg["text_config"].(map[string]any))
+		maps.Copy(tc, text)
+		c["text_config"] = tc
+		for k, v := range top {
+			if v == nil {
+				delete(c, k)
+			} else {
+				c[k] = v
+			}
+		}
+		return c
+	}
+	fp8 := map[string]any{"quant_method": "fp8", "weight_block_size": []any{128.0, 128.0}, "fmt": "e4m3", "activation_scheme": "dynamic"}
+	cases := []struct {
+		name string
+		cfg  map[string]any
+		want string
+	}{
+		{"unknown wrapper", with(map[string]any{"model_type": "qwen3_omni_moe"}, nil),
+			`config.json: model_type "qwen3_omni_moe" is not supported (supported: `},
+		{"no text config", with(map[string]any{"text_config": nil}, nil),
+			`config.json: model_type "qwen3_5_moe" keeps its language model's config under text_config, which is missing`},
+		{"text config not an object", with(map[string]any{"text_config": 3.0}, nil),
+			"config.json: text_config: want an object, got 3"},
+		{"other text model", with(nil, map[string]any{"model_type": "qwen3_moe"}),
+			`config.json: text_config.model_type "qwen3_moe": a qwen3_5_moe wrapper holds qwen3_5_moe_text`},
+		{"text size broken", with(nil, map[string]any{"hidden_size": "64"}),
+			`config.json: text_config: hidden_size: want an integer, got "64"`},
+		{"quantised at the top", with(map[string]any{"quantization_config": fp8}, nil),
+			"config.json: quantization_config describes fp8 128x128 block: moeprep does not carry quantised qwen3_5_moe checkpoints yet"},
+		{"quantised text config", with(nil, map[string]any{"quantization_config": fp8}),
+			"config.json: text_config.quantization_config describes fp8 128x128 block: moeprep does not carry quantised"},
+		{"converted", with(map[string]any{"moeprep": map[string]any{"version": 1.0}}, nil), "already converted by moeprep"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Detect(tc.cfg, ts)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("got %v, want one line with %q", err, tc.want)
+			}
+			if tc.name == "converted" && !errors.Is(err, ErrAlreadyConverted) {
+				t.Errorf("%v is not ErrAlreadyConverted", err)
+			}
+		})
+	}
+}
