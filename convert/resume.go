@@ -38,7 +38,7 @@ const maxProgressBytes = 64 << 20
 
 // byteOptions are the run's flags that change output bytes, by flag name.
 func (o *Options) byteOptions() map[string]string {
-	return map[string]string{
+	m := map[string]string{
 		"--layout":         string(o.Layout),
 		"fuse-shared":      fmt.Sprint(o.FuseShared),
 		"--tp":             fmt.Sprint(o.TP),
@@ -47,6 +47,10 @@ func (o *Options) byteOptions() map[string]string {
 		"--max-shard-size": fmt.Sprint(o.MaxShardSize),
 		"--digest":         o.Digest.String(),
 	}
+	if o.DType != "" {
+		m["--dtype"] = string(o.DType)
+	}
+	return m
 }
 
 // optionChanges names the flags whose values differ from the recorded run's,
@@ -94,6 +98,9 @@ func (w *run) fingerprint() string {
 		// BLAKE3 was the only shard digest when fingerprints were introduced:
 		// leaving it out keeps those partial outputs resumable.
 		fmt.Fprintf(h, "digest %s\n", o.Digest)
+	}
+	if o.DType != "" {
+		fmt.Fprintf(h, "dtype %s\n", o.DType)
 	}
 	for _, s := range w.op.shards {
 		fmt.Fprintf(h, "shard %s %d ", s.name, s.size)

@@ -14,6 +14,7 @@ import (
 	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/internal/progress"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
 )
 
 func init() { extraCommands = append(extraCommands, newConvertCmd, newFuseSharedCmd) }
@@ -22,6 +23,7 @@ func init() { extraCommands = append(extraCommands, newConvertCmd, newFuseShared
 type convertFlags struct {
 	layout, maxShard string
 	digest           string
+	dtype            string
 	jobs             int
 	force, resume    bool
 	dryRun           bool
@@ -45,11 +47,13 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl.BoolVarP(&f.force, "force", "f", false, "replace DST if it is an earlier moeprep output (every file listed in its manifest) or empty; anything else is refused")
 	fl.BoolVar(&f.resume, "resume", false, "continue an interrupted run from DST.partial, reusing finished shards whose file and source bytes still hash as recorded; on a complete DST, verify it and exit 0")
 	fl.BoolVar(&f.dryRun, "dry-run", false, "print the plan (shards, bytes to read and write, free space, time at SRC's measured read speed) and write nothing")
+	fl.StringVar(&f.dtype, "dtype", "", "dequantise every quantised weight (experts, attention, dense MLPs; FP8, INT4, NVFP4, MXFP4) into bf16, f16 or f32: the dtype the dequantised tensors get, each value the exact float32 dequantisation rounded once to nearest even (f32: exact); their scale tensors and input_scale are dropped, config.json loses quantization_config; every other tensor stays byte for byte")
 	fl.BoolVar(&f.bufferedIO, "buffered-io", false, "write shards through the page cache instead of with O_DIRECT (used anyway where the file system refuses O_DIRECT)")
 	quietFlag(cmd, &f.quiet)
 	f.report.register(cmd, "the summary")
 	_ = cmd.RegisterFlagCompletionFunc("layout", fixedCompletion(layout.Stacked, layout.GateUp, layout.UpGate))
 	_ = cmd.RegisterFlagCompletionFunc("digest", fixedCompletion("xxh3", "blake3", "sha256"))
+	_ = cmd.RegisterFlagCompletionFunc("dtype", fixedCompletion("bf16", "f16", "f32"))
 }
 
 // fixedCompletion completes a flag's value from a fixed list.
@@ -79,6 +83,10 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	if err != nil {
 		return convert.Options{}, fmt.Errorf("--digest: %w", err)
 	}
+	dtype, err := parseDequantDType(f.dtype)
+	if err != nil {
+		return convert.Options{}, err
+	}
 	if f.force && f.resume {
 		return convert.Options{}, fmt.Errorf("--force and --resume contradict each other: --resume keeps DST.partial's finished shards, --force starts over")
 	}
@@ -86,7 +94,23 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 		return convert.Options{}, err
 	}
 	return convert.Options{Src: src, Dst: dst, Layout: l, MaxShardSize: size, Jobs: f.jobs, Digest: digest,
-		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, Tool: "moeprep " + versionString()}, nil
+		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, DType: dtype, Tool: "moeprep " + versionString()}, nil
+}
+
+// parseDequantDType reads --dtype: "" (keep quantised weights), bf16, f16
+// or f32 (any case; bfloat16, float16, float32 too).
+func parseDequantDType(s string) (safetensors.DType, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "":
+		return "", nil
+	case "bf16", "bfloat16":
+		return safetensors.BF16, nil
+	case "f16", "fp16", "float16":
+		return safetensors.F16, nil
+	case "f32", "fp32", "float32":
+		return safetensors.F32, nil
+	}
+	return "", fmt.Errorf("--dtype %q: want bf16, f16 or f32 (the dtype dequantised weights get)", s)
 }
 
 func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
