@@ -157,6 +157,9 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 			s.Dst, s.Layout, shards, human.Count(s.Files, "file"),
 			human.Bytes(s.Bytes), human.Duration(time.Duration(s.Seconds*float64(time.Second))),
 			human.Rate(s.Bytes, time.Duration(s.Seconds*float64(time.Second))))
+		if s.DType != "" {
+			msg += fmt.Sprintf("; %s dequantised to %s", human.Count(s.DequantizedTensors, "quantised weight"), s.DType)
+		}
 		if o.FuseShared {
 			msg += fmt.Sprintf("; %s", human.Count(s.FusedShared, "fused shared expert"))
 			if s.Folded {
@@ -183,6 +186,9 @@ func printPlan(w io.Writer, label string, p *convert.Plan) error {
 	}
 	if p.Folded {
 		what += ", routed_scaling_factor folded"
+	}
+	if p.DType != "" {
+		what += fmt.Sprintf(", %s dequantised to %s", human.Count(p.DequantizedTensors, "quantised weight"), p.DType)
 	}
 	fmt.Fprintf(&b, "  %s, %s (%s)\n", human.Count(len(p.Shards), "shard"), human.Count(p.Tensors, "tensor"), what)
 	const listed = 12
@@ -233,7 +239,12 @@ func newConvertCmd() *cobra.Command {
 		Short: "Stack each MoE layer's experts into contiguous tensors",
 		Long: `convert re-lays every MoE layer's experts into contiguous stacked tensors and
 copies everything else byte for byte. Slice e of a stack is source expert e:
-bytes are copied, never converted (FP8 weight_scale_inv are stacked alongside).
+bytes are copied, never converted (FP8 weight_scale_inv are stacked alongside),
+unless --dtype asks for the quantised weights dequantised: then every quantised
+weight (experts and others) becomes bf16, f16 or f32, each value rounded once,
+under the names an unquantised checkpoint of the family has; --dtype names the
+dtype the dequantised tensors get, and every tensor that was not quantised is
+still copied byte for byte.
 
 The output is a hub-layout directory: sharded safetensors with
 model.safetensors.index.json, config.json with a "moeprep" contract section
@@ -242,7 +253,8 @@ source gives safetensors output. Work happens in DST.partial, renamed to DST
 only when complete; --resume continues an interrupted run.`,
 		Example: `  moeprep convert ./DeepSeek-V3 ./DeepSeek-V3-stacked
   moeprep convert --layout gate-up --max-shard-size 10GB ./Qwen3-30B-A3B ./qwen3-gate-up
-  moeprep convert --resume ./DeepSeek-V3 ./DeepSeek-V3-stacked   # after an interruption`,
+  moeprep convert --resume ./DeepSeek-V3 ./DeepSeek-V3-stacked   # after an interruption
+  moeprep convert --dtype bf16 ./DeepSeek-V3 ./DeepSeek-V3-bf16   # FP8 dequantised, for GPUs without FP8`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := f.options(args[0], args[1])
