@@ -1,7 +1,9 @@
 package convert
 
 import (
+	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 
@@ -215,44 +217,84 @@ func (p *planner) dequantRecord() *layout.Dequantized {
 // shards' writers.
 var dequantisers = sync.Pool{New: func() any { return new(weightfmt.Dequantiser) }}
 
-// dequantise fills b with the chunk's dequantised rows, reading the weight
-// through r (its part's region, or the same bytes through the shard's own
-// file) and noting the digest of every source byte read (weight rows,
-// scale rows, global scale, in the order read) in src.
+// maxDequantWorkers bounds the goroutines one chunk is dequantised by.
+const maxDequantWorkers = 8
+
+// dequantise fills b with the chunk's dequantised rows. It reads the
+// chunk's source bytes (its weight rows through r, its part's region or
+// the same bytes through the shard's own file; the scale rows that cover
+// them; the global scale) into memory, notes their digest in src (in that
+// order: the same whatever the machine), and dequantises them split
+// across up to GOMAXPROCS goroutines in runs of whole scale blocks of
+// rows: on a machine with cores to spare the CPU keeps up with the disk.
+// Its memory is the chunk's source bytes and one Dequantiser a goroutine.
 func (c *chunk) dequantise(b []byte, r region, src *sourceDigests) error {
 	d := c.p.dq
 	rb := d.rowBytes()
 	if rb <= 0 || c.pos%rb != 0 || c.n%rb != 0 || int64(len(b)) != c.n {
 		return fmt.Errorf("%s: tensor %s: dequantising output bytes %d..%d, not whole rows of %d", c.p.file, c.p.tensor, c.pos, c.pos+c.n, rb)
 	}
+	r0, n := c.pos/rb, c.n/rb
+	if n == 0 {
+		return nil
+	}
+	sl := d.m.RowBlock(r0, n)
+	in := chunkSources.Get().(*weightfmt.MemRows)
+	defer chunkSources.Put(in)
 	h := xxh3.New()
-	dq := dequantisers.Get().(*weightfmt.Dequantiser)
-	defer dequantisers.Put(dq)
-	if err := dq.DequantRows(d.m, dequantSource{w: r, s: d.scale, g: d.global, h: h}, c.pos/rb, c.n/rb, d.to, b); err != nil {
-		return fmt.Errorf("%s: tensor %s: %w", c.p.file, c.p.tensor, err)
+	for _, x := range []struct {
+		dst    *[]byte
+		from   region
+		off, n int64
+	}{{&in.Raw, r, sl.Weight.Off, sl.Weight.Size()}, {&in.Scale, d.scale, sl.Scale.Off, sl.Scale.Size()}, {&in.Global, d.global, 0, d.m.GlobalBytes()}} {
+		*x.dst = growBytes(*x.dst, x.n)
+		if x.n == 0 {
+			continue // no scale or global scale: no region to read
+		}
+		if err := x.from.readAt(*x.dst, x.off); err != nil {
+			return err
+		}
+		h.Write(*x.dst)
 	}
 	src.set(c, h)
-	return nil
-}
-
-// dequantSource reads a dequantised part's source bytes for the
-// Dequantiser, hashing each as it is read.
-type dequantSource struct {
-	w, s, g region
-	h       *xxh3.Hasher
-}
-
-func (s dequantSource) read(r region, b []byte, off int64) error {
-	if err := r.readAt(b, off); err != nil {
-		return err
+	piece := weightfmt.Matrix{Format: d.m.Format, Rows: n, Cols: d.m.Cols}
+	unit := piece.RowUnit()
+	units := (n + unit - 1) / unit
+	workers := min(int64(runtime.GOMAXPROCS(0)), maxDequantWorkers, units)
+	per := (units + workers - 1) / workers * unit // rows a goroutine: whole scale blocks
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for k := int64(0); k*per < n; k++ {
+		p, rows := k*per, min(per, n-k*per)
+		wg.Go(func() {
+			dq := dequantisers.Get().(*weightfmt.Dequantiser)
+			defer dequantisers.Put(dq)
+			errs[k] = dq.DequantRows(piece, *in, p, rows, d.to, b[p*rb:(p+rows)*rb])
+		})
 	}
-	s.h.Write(b)
+	wg.Wait()
+	for _, err := range errs {
+		var over *weightfmt.OverflowError
+		if errors.As(err, &over) {
+			over.Row += r0
+		}
+		if err != nil {
+			return fmt.Errorf("%s: tensor %s: %w", c.p.file, c.p.tensor, err)
+		}
+	}
 	return nil
 }
 
-func (s dequantSource) ReadWeight(b []byte, off int64) error { return s.read(s.w, b, off) }
-func (s dequantSource) ReadScale(b []byte, off int64) error  { return s.read(s.s, b, off) }
-func (s dequantSource) ReadGlobal(b []byte) error            { return s.read(s.g, b, 0) }
+// chunkSources hold a chunk's source bytes while it is dequantised.
+var chunkSources = sync.Pool{New: func() any { return new(weightfmt.MemRows) }}
+
+// growBytes is b resized to n bytes, reallocated only when too small.
+func growBytes(b []byte, n int64) []byte {
+	if int64(cap(b)) < n {
+		return make([]byte, n)
+	}
+	return b[:n]
+}
 
 // sourcePos is where byte pos of the part's output stream starts in its
 // region's stream: the same byte, or for a dequantised part the first byte

@@ -60,13 +60,41 @@ type RowSource interface {
 	ReadGlobal(b []byte) error
 }
 
+// MemRows is a RowSource over bytes in memory: a weight's (or a piece's)
+// stored bytes, its scale grid's and its global scale's.
+type MemRows struct{ Raw, Scale, Global []byte }
+
+func (m MemRows) ReadWeight(b []byte, off int64) error { return readMem("weight", m.Raw, b, off) }
+func (m MemRows) ReadScale(b []byte, off int64) error  { return readMem("scale", m.Scale, b, off) }
+func (m MemRows) ReadGlobal(b []byte) error            { return readMem("global scale", m.Global, b, 0) }
+
+func readMem(what string, src, b []byte, off int64) error {
+	if off < 0 || off > int64(len(src)) || int64(len(b)) > int64(len(src))-off {
+		return fmt.Errorf("reading %d %s bytes at %d of %d", len(b), what, off, len(src))
+	}
+	copy(b, src[off:])
+	return nil
+}
+
 // Dequantiser dequantises rows of weights into a plain dtype, reusing its
 // buffers from call to call: its memory is that of one group of rows
 // (dequantGroupElems values, or one scale block of rows where that is
 // more), whatever the weight's size.
 type Dequantiser struct {
+	// Reference turns off the fast path of the FP8 formats (a table of
+	// encoded values per scale entry, no float32 in between), so that
+	// every value goes through the format's Dequantise and Encode: the
+	// byte proof predicts with it what convert wrote with the fast path.
+	Reference bool
+
 	raw, scale, global []byte
 	vals               []float32
+}
+
+// e4m3Scaled is what the FP8 formats implement: a weight of E4M3 bytes,
+// the element (r, c) scaled by entry [r/bo][c/bi] of a float32 grid.
+type e4m3Scaled interface {
+	e4m3Grid(rows, cols int, scale []byte) (s []float32, bo, bi int, err error)
 }
 
 // dequantGroupElems is how many values DequantRows decodes per call of the
@@ -136,6 +164,17 @@ func (d *Dequantiser) DequantRows(m Matrix, src RowSource, r0, n int64, to safet
 				return err
 			}
 		}
+		o := out[(r-r0)*m.Cols*es : (r-r0+gn)*m.Cols*es]
+		if f, ok := m.Format.(e4m3Scaled); ok && !d.Reference {
+			s, bo, bi, err := f.e4m3Grid(int(gn), int(m.Cols), scale)
+			if err != nil {
+				return err
+			}
+			if done, err := encodeE4M3(d.raw, int(gn), int(m.Cols), s, bo, bi, to, o); err != nil || done {
+				return err
+			}
+			// A value overflows: the general path says which.
+		}
 		vals := product(gn, m.Cols)
 		if int64(cap(d.vals)) < vals {
 			d.vals = make([]float32, vals)
@@ -144,12 +183,78 @@ func (d *Dequantiser) DequantRows(m Matrix, src RowSource, r0, n int64, to safet
 		if err := DequantiseWeight(m.Format, d.raw, int(gn), int(m.Cols), scale, global, d.vals); err != nil {
 			return err
 		}
-		o := out[(r-r0)*m.Cols*es : (r-r0+gn)*m.Cols*es]
 		if i := Encode(to, d.vals, o); i >= 0 {
 			return &OverflowError{Row: r + int64(i)/m.Cols, Col: int64(i) % m.Cols, Value: d.vals[i], To: to}
 		}
 	}
 	return nil
+}
+
+// encodeE4M3 writes the rows x cols E4M3 weight src, element (r, c)
+// scaled by s[r/bo][c/bi], as dtype to into out: for each scale entry the
+// 256 values its bytes can take, dequantised as DequantE4M3 does
+// (E4M3 value times the scale, rounded to float32) and encoded as Encode
+// does, then one lookup an element: the same bits as DequantE4M3 and
+// Encode, without the float32 values in between (the most of --dtype's
+// CPU time for FP8 checkpoints). done is false, and out not all written,
+// when some value would overflow to: the caller takes the general path,
+// which reports it.
+func encodeE4M3(src []byte, rows, cols int, s []float32, bo, bi int, to safetensors.DType, out []byte) (done bool, err error) {
+	if bo <= 0 || bi <= 0 || rows < 0 || cols < 0 || (cols > 0 && rows > math.MaxInt/cols) || len(src) != rows*cols || len(out) != rows*cols*to.Size() {
+		return false, fmt.Errorf("fp8 dequant: %d bytes, %d output bytes for a %dx%d weight", len(src), len(out), rows, cols)
+	}
+	sr, sc := (rows+bo-1)/bo, (cols+bi-1)/bi
+	if len(s) != sr*sc {
+		return false, fmt.Errorf("fp8 dequant: %d scales for a %dx%d weight, want %dx%d", len(s), rows, cols, sr, sc)
+	}
+	es := to.Size()
+	var vals [256]float32
+	var tab16 [256]uint16
+	var tab32 [256]uint32
+	for br := range sr {
+		r0, r1 := br*bo, min((br+1)*bo, rows)
+		for bc := range sc {
+			c0, c1 := bc*bi, min((bc+1)*bi, cols)
+			for i := range vals {
+				vals[i] = numfmt.E4M3ToF32(byte(i)) * s[br*sc+bc]
+			}
+			switch to {
+			case safetensors.F32:
+				for i, v := range vals {
+					tab32[i] = math.Float32bits(v)
+				}
+			default:
+				var enc [512]byte
+				if Encode(to, vals[:], enc[:]) >= 0 {
+					return false, nil
+				}
+				for i := range tab16 {
+					tab16[i] = binary.LittleEndian.Uint16(enc[2*i:])
+				}
+			}
+			for r := r0; r < r1; r++ {
+				row := src[r*cols+c0 : r*cols+c1]
+				o := out[(r*cols+c0)*es : (r*cols+c1)*es]
+				if es == 4 {
+					o = o[:4*len(row)]
+					for i, b := range row {
+						binary.LittleEndian.PutUint32(o[4*i:], tab32[b])
+					}
+					continue
+				}
+				o = o[:2*len(row)]
+				n := len(row) &^ 3
+				for i := 0; i < n; i += 4 { // four values a store
+					x := row[i : i+4 : i+4]
+					binary.LittleEndian.PutUint64(o[2*i:], uint64(tab16[x[0]])|uint64(tab16[x[1]])<<16|uint64(tab16[x[2]])<<32|uint64(tab16[x[3]])<<48)
+				}
+				for i := n; i < len(row); i++ {
+					binary.LittleEndian.PutUint16(o[2*i:], tab16[row[i]])
+				}
+			}
+		}
+	}
+	return true, nil
 }
 
 // grow is b resized to n bytes, reallocated only when it is too small.
@@ -173,24 +278,39 @@ func Encode(to safetensors.DType, vals []float32, out []byte) int {
 		}
 		return -1
 	case safetensors.BF16:
-		return encode16(vals, out, numfmt.F32ToBF16, 0x7f80)
+		// One loop a dtype, the encoder called directly: it inlines, where
+		// a function value would cost a call per element (this loop is
+		// most of --dtype bf16's CPU time).
+		out = out[:2*len(vals)]
+		over := -1
+		for i, v := range vals {
+			h := numfmt.F32ToBF16(v)
+			binary.LittleEndian.PutUint16(out[2*i:], h)
+			if h&0x7fff == 0x7f80 && over < 0 {
+				over = overflowed(v, i)
+			}
+		}
+		return over
 	case safetensors.F16:
-		return encode16(vals, out, numfmt.F32ToF16, 0x7c00)
+		out = out[:2*len(vals)]
+		over := -1
+		for i, v := range vals {
+			h := numfmt.F32ToF16(v)
+			binary.LittleEndian.PutUint16(out[2*i:], h)
+			if h&0x7fff == 0x7c00 && over < 0 {
+				over = overflowed(v, i)
+			}
+		}
+		return over
 	}
 	panic("weightfmt.Encode: dtype " + string(to))
 }
 
-// encode16 encodes vals through enc, whose infinity has the exponent bits
-// inf, and finds the first finite value that overflowed.
-func encode16(vals []float32, out []byte, enc func(float32) uint16, inf uint16) int {
-	out = out[:2*len(vals)]
-	over := -1
-	for i, v := range vals {
-		h := enc(v)
-		binary.LittleEndian.PutUint16(out[2*i:], h)
-		if h&0x7fff == inf && over < 0 && !math.IsInf(float64(v), 0) && v == v {
-			over = i
-		}
+// overflowed is i when v, which encoded as an infinity, was finite, and -1
+// when it was an infinity itself.
+func overflowed(v float32, i int) int {
+	if math.IsInf(float64(v), 0) {
+		return -1
 	}
-	return over
+	return i
 }

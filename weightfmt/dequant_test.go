@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -13,21 +12,6 @@ import (
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
 )
-
-// memRows is a RowSource over whole byte slices.
-type memRows struct{ raw, scale, global []byte }
-
-func (m memRows) ReadWeight(b []byte, off int64) error { return readSlice(m.raw, b, off) }
-func (m memRows) ReadScale(b []byte, off int64) error  { return readSlice(m.scale, b, off) }
-func (m memRows) ReadGlobal(b []byte) error            { return readSlice(m.global, b, 0) }
-
-func readSlice(src, b []byte, off int64) error {
-	if off < 0 || off+int64(len(b)) > int64(len(src)) {
-		return fmt.Errorf("read [%d,+%d) of %d bytes", off, len(b), len(src))
-	}
-	copy(b, src[off:])
-	return nil
-}
 
 // roundedOnce is the expected bytes of vals in dtype to: each value
 // rounded once from its exact float64 (numfmt's F64 encoders, which round
@@ -80,7 +64,8 @@ func dequantFormats(rng *rand.Rand) []struct {
 // DequantRows gives, for every format and target dtype, the format's
 // exact float32 dequantisation of the whole weight rounded once to nearest
 // even (F32: as it is), whatever pieces of whole scale blocks of rows it is
-// asked for: one call, one scale block of rows at a time, or uneven runs.
+// asked for: one call, one scale block of rows at a time, or uneven runs;
+// the FP8 formats' table path and the general path (Reference) alike.
 func TestDequantRowsRoundsTheWholeOnce(t *testing.T) {
 	rng := rand.New(rand.NewPCG(29, 6))
 	for _, w := range dequantFormats(rng) {
@@ -92,13 +77,13 @@ func TestDequantRowsRoundsTheWholeOnce(t *testing.T) {
 		for _, to := range []safetensors.DType{safetensors.BF16, safetensors.F16, safetensors.F32} {
 			want := roundedOnce(to, vals)
 			unit := m.RowUnit()
-			for _, step := range []int64{m.Rows, unit, 2 * unit, 3 * unit} {
-				var d Dequantiser
+			for i, step := range []int64{m.Rows, unit, 2 * unit, 3 * unit, m.Rows, unit} {
+				d := Dequantiser{Reference: i >= 4} // the FP8 formats' fast path, and the general one
 				var got []byte
 				for r := int64(0); r < m.Rows; r += step {
 					n := min(step, m.Rows-r)
 					out := make([]byte, n*m.Cols*int64(to.Size()))
-					err := d.DequantRows(m, memRows{w.raw, w.scale, w.global}, r, n, to, out)
+					err := d.DequantRows(m, MemRows{w.raw, w.scale, w.global}, r, n, to, out)
 					var over *OverflowError
 					if errors.As(err, &over) && to == safetensors.F16 {
 						continue // random FP8 values may pass 65504: TestDequantRowsOverflow
@@ -122,7 +107,7 @@ func TestDequantRowsRoundsTheWholeOnce(t *testing.T) {
 // A piece must start on a scale block of rows, and every size is checked.
 func TestDequantRowsRefusals(t *testing.T) {
 	m := Matrix{Format: FP8Block(4, 8, false), Rows: 12, Cols: 8}
-	src := memRows{raw: make([]byte, 96), scale: make([]byte, 12)}
+	src := MemRows{Raw: make([]byte, 96), Scale: make([]byte, 12)}
 	var d Dequantiser
 	for _, tc := range []struct {
 		r0, n int64
@@ -174,7 +159,7 @@ func TestEncodeRoundsOnceToNearestEven(t *testing.T) {
 func TestDequantRowsOverflow(t *testing.T) {
 	m := Matrix{Format: FP8Tensor(f32), Rows: 2, Cols: 3}
 	raw := []byte{0x38, 0x38, 0x38, 0x38, 0x7e, 0x38} // 1s, and 448 at row 1, column 1
-	src := memRows{raw: raw, scale: f32s(200)}
+	src := MemRows{Raw: raw, Scale: f32s(200)}
 	var d Dequantiser
 	err := d.DequantRows(m, src, 0, 2, safetensors.F16, make([]byte, 12))
 	var over *OverflowError
@@ -201,7 +186,7 @@ func TestDequantRowsBoundedBuffers(t *testing.T) {
 		raw, scale := randomWeight(rng, tc.m.Format, tc.m.Rows*tc.m.Cols), make([]byte, tc.m.ScaleBytes())
 		var d Dequantiser
 		out := make([]byte, tc.m.Rows*tc.m.Cols*2)
-		if err := d.DequantRows(tc.m, memRows{raw: raw, scale: scale}, 0, tc.m.Rows, safetensors.BF16, out); err != nil {
+		if err := d.DequantRows(tc.m, MemRows{Raw: raw, Scale: scale}, 0, tc.m.Rows, safetensors.BF16, out); err != nil {
 			t.Fatal(err)
 		}
 		if cap(d.vals) > tc.most || int64(cap(d.raw)) > int64(tc.most) {

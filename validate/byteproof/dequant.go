@@ -191,6 +191,7 @@ func (r *segReader) nextDequant(sg *segment) (bool, error) {
 		r.dqBuf = make([]byte, size)
 	}
 	r.dqBuf, r.dqOff = r.dqBuf[:size], 0
+	r.dq.Reference = true // every value through the format's Dequantise: not convert's FP8 fast path
 	if err := r.dq.DequantRows(d.m, dequantSource{sg}, r.dqRow, n, d.to, r.dqBuf); err != nil {
 		return false, fmt.Errorf("%s: tensor %s: predicting its dequantised values: %w", sg.src.File, sg.src.Name, err)
 	}
