@@ -354,3 +354,15 @@ func TestDequantHFDeepSeekFP8(t *testing.T) {
 		}
 	}
 }
+
+// Weights wider than one group of rows the Dequantiser decodes at a time
+// (and than one goroutine's share of a chunk): FP8 blocks with ragged
+// edges, dequantised to bf16 and f32, every value proven. (A bug that
+// left every group but a call's first unwritten passed the small presets
+// and was caught here, by the byte proof of a DeepSeek-V3-shaped model.)
+func TestDequantWideWeights(t *testing.T) {
+	specs := map[string]fixtures.SynthSpec{"wide": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 1024, Intermediate: 320,
+		DenseIntermediate: 640, Experts: 4, SharedExperts: 1, TopK: 2, DType: "fp8", Vocab: 64, Seed: 2029, BiasLike: "deepseek"}}
+	src := synthFrom(t, specs, "wide")
+	conversionsPass(t, src, DeviceCPU, []convert.Options{{DType: safetensors.BF16}, {DType: safetensors.F32, FuseShared: true, Layout: layout.GateUp}}, nil)
+}

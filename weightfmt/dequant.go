@@ -170,8 +170,12 @@ func (d *Dequantiser) DequantRows(m Matrix, src RowSource, r0, n int64, to safet
 			if err != nil {
 				return err
 			}
-			if done, err := encodeE4M3(d.raw, int(gn), int(m.Cols), s, bo, bi, to, o); err != nil || done {
+			done, err := encodeE4M3(d.raw, int(gn), int(m.Cols), s, bo, bi, to, o)
+			if err != nil {
 				return err
+			}
+			if done {
+				continue
 			}
 			// A value overflows: the general path says which.
 		}

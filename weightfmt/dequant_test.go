@@ -43,6 +43,9 @@ func dequantFormats(rng *rand.Rand) []struct {
 	}
 	for _, m := range []Matrix{
 		{FP8Block(128, 128, false), 300, 200}, {FP8Block(4, 8, false), 18, 20},
+		// more rows than one group of dequantGroupElems values: several
+		// groups a call, ragged column blocks
+		{FP8Block(128, 128, false), 300, 2100}, {FP8Channel(f32), 2000, 200}, {Int4Pack(32, bf16), 1500, 192},
 		{FP8Channel(bf16), 9, 40}, {FP8Tensor(f32), 9, 40}, {FP8Tensor(bf16), 5, 3},
 		{Int4Pack(32, bf16), 7, 96}, {Int4Pack(0, safetensors.F16), 5, 40},
 		{MXFP4(NamingGptOss, u8, u8), 6, 64}, {NVFP4ModelOpt(), 7, 48}, {NVFP4CT(), 3, 32},
