@@ -323,34 +323,44 @@ func TestDequantMutationsFail(t *testing.T) {
 	}
 }
 
-// The HF DeepSeek-V3 FP8 fixture (transformers' own save, with goldens)
-// dequantised to bf16, converted and fused: validate passes against SRC
-// and HF's golden outputs, the fused path judged against the golden within
-// the bf16-dequantised tolerance; its FP8 attention and dense layers are
-// proven dequantised too.
-func TestDequantHFDeepSeekFP8(t *testing.T) {
-	src := filepath.Join(hfFixtures, "deepseek-v3-fp8")
-	for _, o := range []convert.Options{{DType: safetensors.BF16}, {DType: safetensors.BF16, FuseShared: true, TP: 8, Layout: layout.GateUp}} {
-		dst := convertInto(t, src, o)
-		rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1, Device: DeviceCPU})
-		if err != nil {
-			t.Fatal(err)
+// The HF FP8 fixtures (transformers' own saves of DeepSeek-V3 and -V4,
+// GLM-4.5 and 4.7-Flash, EXAONE, ERNIE, AFMoE, HY-V3, with goldens)
+// dequantised to bf16, converted (and DeepSeek-V3 fused): validate passes
+// against SRC and HF's golden outputs, the fused path judged against the
+// golden within the bf16-dequantised tolerance; their FP8 attention and
+// dense layers are proven dequantised too.
+func TestDequantHFFP8Fixtures(t *testing.T) {
+	dirs, _ := filepath.Glob(filepath.Join(hfFixtures, "*-fp8"))
+	if len(dirs) < 7 {
+		t.Fatalf("only %d HF FP8 fixtures", len(dirs))
+	}
+	for _, src := range dirs {
+		runs := []convert.Options{{DType: safetensors.BF16}}
+		if filepath.Base(src) == "deepseek-v3-fp8" {
+			runs = append(runs, convert.Options{DType: safetensors.BF16, FuseShared: true, TP: 8, Layout: layout.GateUp})
 		}
-		mustPass(t, rep, "validate of the dequantised HF fixture")
-		golden := 0
-		for _, r := range rep.Rows {
-			if r.Check == judge.FusedVsGolden {
-				golden++
-				if r.Tolerance.Name != judge.TolDequantBF16.Name {
-					t.Errorf("layer %d fused-vs-golden at %s", r.Layer, r.Tolerance.Name)
+		for _, o := range runs {
+			dst := convertInto(t, src, o)
+			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1, Device: DeviceCPU})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustPass(t, rep, filepath.Base(src)+": validate of the dequantised HF fixture")
+			golden := 0
+			for _, r := range rep.Rows {
+				if r.Check == judge.FusedVsGolden {
+					golden++
+					if r.Tolerance.Name != judge.TolDequantBF16.Name {
+						t.Errorf("%s: layer %d fused-vs-golden at %s", src, r.Layer, r.Tolerance.Name)
+					}
 				}
 			}
-		}
-		c := readContract(t, dst)
-		other, ok := c.Dequantized.Group(layout.GroupOther)
-		if golden == 0 || !ok || other.Tensors == 0 || rep.Bytes.Dequantized == 0 ||
-			!strings.Contains(strings.Join(rep.Notes, "\n"), "dequantised to BF16") {
-			t.Errorf("%+v: %d golden rows, other group %+v, %d proven, notes %q", o, golden, other, rep.Bytes.Dequantized, rep.Notes)
+			c := readContract(t, dst)
+			other, ok := c.Dequantized.Group(layout.GroupOther)
+			if golden == 0 || !ok || other.Tensors == 0 || rep.Bytes.Dequantized == 0 ||
+				!strings.Contains(strings.Join(rep.Notes, "\n"), "dequantised to BF16") {
+				t.Errorf("%s %+v: %d golden rows, other group %+v, %d proven, notes %q", src, o, golden, other, rep.Bytes.Dequantized, rep.Notes)
+			}
 		}
 	}
 }

@@ -288,6 +288,8 @@ a serving engine's top-k gains shared slots and never clones weights at load.
   down  always fold; bf16/f16/f32 routed down weights times rsf, rounded to
         nearest even (reports the largest relative change); refuses UE8M0 scales
   none  never fold: the shared slot weight is 1/rsf and rsf stays a multiply
+With --dtype the weights are dequantised and plain: auto folds nothing and
+down is refused (a fold would have to be inside the one rounding).
 The contract in DST/config.json says which (see layout/CONTRACT.md).
 
 Model types whose shared expert can be fused (where the checkpoint has one):

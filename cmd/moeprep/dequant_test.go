@@ -39,4 +39,7 @@ func TestConvertDType(t *testing.T) {
 	if code, out, stderr := runCLI(t, "validate", "-q", "--device", "cpu", src, dst); code != 0 || !strings.Contains(out, "dequantised") {
 		t.Fatalf("validate: exit %d\n%s%s", code, out, stderr)
 	}
+	if code, out, _ := runCLI(t, "inspect", dst); code != 0 || !strings.Contains(out, "dequantised:     to BF16 (nearest-even): 96 expert weights from fp8_block_128x128") {
+		t.Errorf("inspect: exit %d\n%s", code, out)
+	}
 }
