@@ -281,33 +281,36 @@ func Encode(to safetensors.DType, vals []float32, out []byte) int {
 			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(v))
 		}
 		return -1
-	case safetensors.BF16:
-		// One loop a dtype, the encoder called directly: it inlines, where
-		// a function value would cost a call per element (this loop is
-		// most of --dtype bf16's CPU time).
-		out = out[:2*len(vals)]
-		over := -1
-		for i, v := range vals {
-			h := numfmt.F32ToBF16(v)
-			binary.LittleEndian.PutUint16(out[2*i:], h)
-			if h&0x7fff == 0x7f80 && over < 0 {
-				over = overflowed(v, i)
-			}
-		}
-		return over
-	case safetensors.F16:
-		out = out[:2*len(vals)]
-		over := -1
-		for i, v := range vals {
-			h := numfmt.F32ToF16(v)
-			binary.LittleEndian.PutUint16(out[2*i:], h)
-			if h&0x7fff == 0x7c00 && over < 0 {
-				over = overflowed(v, i)
-			}
-		}
-		return over
+	case safetensors.BF16, safetensors.F16:
+		return encode16(vals, out, to == safetensors.F16)
 	}
 	panic("weightfmt.Encode: dtype " + string(to))
+}
+
+// encode16 encodes vals as bf16, or f16, into out and returns the index of
+// the first finite value that overflowed (-1: none). The encoders are
+// called directly, so that they inline (a function value would cost a
+// call an element); the dtype is a branch the loop predicts.
+func encode16(vals []float32, out []byte, f16 bool) int {
+	out = out[:2*len(vals)]
+	inf := uint16(0x7f80)
+	if f16 {
+		inf = 0x7c00
+	}
+	over := -1
+	for i, v := range vals {
+		var h uint16
+		if f16 {
+			h = numfmt.F32ToF16(v)
+		} else {
+			h = numfmt.F32ToBF16(v)
+		}
+		binary.LittleEndian.PutUint16(out[2*i:], h)
+		if h&0x7fff == inf && over < 0 {
+			over = overflowed(v, i)
+		}
+	}
+	return over
 }
 
 // overflowed is i when v, which encoded as an infinity, was finite, and -1
