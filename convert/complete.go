@@ -76,6 +76,7 @@ func (w *run) verifyComplete(ctx context.Context) (*Summary, error) {
 	sum := &Summary{Dst: w.dst, Layout: string(w.o.Layout), Files: len(listed) + 1, Shards: len(w.op.shards),
 		ReusedShards: len(w.op.shards), Folded: got.RoutedScalingFactorFolded, FoldMaxRelChange: got.FoldMaxRelChange,
 		FusedShared: got.NumFusedSharedExperts, SharedRequantized: requantizedInto(got), AlreadyComplete: true}
+	sum.DType, sum.DequantizedTensors = dequantSummary(got)
 	for _, n := range listed {
 		if err := ctx.Err(); err != nil {
 			return nil, err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -108,6 +109,11 @@ func planRun(o *Options, ck *checkpoint.Checkpoint, src, dst string) (*run, erro
 	others, err := ck.OtherFiles()
 	if err != nil {
 		return nil, err
+	}
+	if o.DType != "" {
+		// ModelOpt's quantisation description: the output has no
+		// quantised weights left for it to describe.
+		others = slices.DeleteFunc(others, func(f string) bool { return filepath.ToSlash(f) == checkpoint.HFQuantConfigFileName })
 	}
 	if err := checkCollisions(src, others, op); err != nil {
 		return nil, err
@@ -230,6 +236,7 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 		ReusedShards: int(w.reused.Load()), Folded: w.op.contract.RoutedScalingFactorFolded,
 		FoldMaxRelChange: w.op.contract.FoldMaxRelChange, FusedShared: w.op.contract.NumFusedSharedExperts,
 		SharedRequantized: requantizedInto(w.op.contract)}
+	sum.DType, sum.DequantizedTensors = dequantSummary(w.op.contract)
 	for _, fi := range files {
 		sum.Bytes += fi.Size
 	}

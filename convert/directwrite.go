@@ -164,9 +164,9 @@ func (sw *shardWriter) writeDirect(ctx context.Context, dout *os.File, header []
 }
 
 // put reads one chunk into the blocks it lands in: straight into their
-// staging buffers, or through scratch when the part is folded (folding
-// needs whole elements, and a block boundary may split one) or the block
-// was spilled.
+// staging buffers, or through scratch when the part is transformed (folding
+// needs whole elements, and a block boundary may split one; dequantising
+// computes the bytes) or the block was spilled.
 func (d *directShard) put(ctx context.Context, c *chunk, scratch *[]byte) error {
 	r, _ := d.sw.ownSource(c.p)
 	buf := func(n int64) []byte {
@@ -177,7 +177,7 @@ func (d *directShard) put(ctx context.Context, c *chunk, scratch *[]byte) error 
 	}
 	var whole []byte
 	var src *xxh3.Hasher // the source bytes read piece by piece, for the chunk's digest
-	if c.p.fold {
+	if c.p.transformed() {
 		whole = buf(c.n)
 		if err := c.read(whole, r, d.sw.srcSums); err != nil {
 			return err

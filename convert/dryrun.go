@@ -40,8 +40,14 @@ type Plan struct {
 	RateSampleSeconds float64 `json:"rate_sample_seconds"`
 	RateDirect        bool    `json:"rate_direct_io"`
 	// EstimatedSeconds is ReadBytes / ReadRate: a run reads every byte of
-	// SRC once and writes while it reads, so the read is its floor.
+	// SRC once and writes while it reads, so the read is its floor. With
+	// --dtype the output is larger than what is read: the larger of the
+	// two at that rate.
 	EstimatedSeconds float64 `json:"estimated_seconds"`
+	// DType and DequantizedTensors: with --dtype, the dtype the quantised
+	// weights are dequantised into and how many are (absent without).
+	DType              string `json:"dtype,omitempty"`
+	DequantizedTensors int    `json:"dequantized_tensors,omitempty"`
 }
 
 // PlanShard is one output shard of the plan.
@@ -68,6 +74,7 @@ func DryRun(ctx context.Context, o Options) (*Plan, error) {
 	p := &Plan{Src: w.src, Dst: w.dst, Layout: string(o.Layout), MoELayers: len(w.op.contract.Layers),
 		FusedShared: w.op.contract.NumFusedSharedExperts, Folded: w.op.contract.RoutedScalingFactorFolded,
 		SharedRequantized: requantizedInto(w.op.contract), Tensors: len(w.op.tensors), CopiedFiles: len(w.others)}
+	p.DType, p.DequantizedTensors = dequantSummary(w.op.contract)
 	for _, s := range w.op.shards {
 		p.Shards = append(p.Shards, PlanShard{Name: s.name, Bytes: s.size, Tensors: len(s.tensors)})
 		p.WriteBytes += s.size
@@ -95,6 +102,9 @@ func DryRun(ctx context.Context, o Options) (*Plan, error) {
 		p.ReadRate, p.RateSampleSeconds, p.RateDirect = rate, secs, direct
 		if rate > 0 {
 			p.EstimatedSeconds = float64(p.ReadBytes) / rate
+			if o.DType != "" {
+				p.EstimatedSeconds = float64(max(p.ReadBytes, p.WriteBytes)) / rate
+			}
 		}
 	}
 	return p, nil

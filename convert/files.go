@@ -117,11 +117,18 @@ func syncDir(dir string) error {
 
 // configWithContract is the source config.json with the contract added as its
 // last key. The source's bytes are kept as they are (key order, formatting,
-// quantization_config), so loaders see exactly the config they knew.
+// quantization_config), so loaders see exactly the config they knew; a
+// dequantised output (c.Dequantized) drops quantization_config, which
+// would tell loaders to expect scales that are no longer there.
 func configWithContract(src []byte, c *layout.Contract) ([]byte, error) {
 	cb, err := json.MarshalIndent(c, "  ", "  ")
 	if err != nil {
 		return nil, err
+	}
+	if c.Dequantized != nil {
+		if src, err = withoutKey(src, QuantizationConfigKey); err != nil {
+			return nil, err
+		}
 	}
 	body := bytes.TrimRight(src, " \t\r\n")
 	if len(body) == 0 || body[len(body)-1] != '}' {
@@ -151,3 +158,53 @@ func manifestJSON(files map[string]layout.FileInfo) ([]byte, error) {
 	}
 	return append(b, '\n'), nil
 }
+
+// QuantizationConfigKey is the config.json key a dequantised output drops.
+const QuantizationConfigKey = "quantization_config"
+
+// withoutKey is the JSON object src without its top-level member key (every
+// one of them, were it repeated), every other byte as it was: the comma
+// before the member goes with it, or after it when it is the first.
+func withoutKey(src []byte, key string) ([]byte, error) {
+	for range maxKeyRepeats {
+		dec := json.NewDecoder(bytes.NewReader(src))
+		if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+			return nil, fmt.Errorf("not a JSON object")
+		}
+		prev, first, found := dec.InputOffset(), true, false
+		for dec.More() {
+			t, err := dec.Token()
+			if err != nil {
+				return nil, err
+			}
+			var v json.RawMessage
+			if err := dec.Decode(&v); err != nil {
+				return nil, err
+			}
+			end := dec.InputOffset()
+			if k, _ := t.(string); k != key {
+				prev, first = end, false
+				continue
+			}
+			if !first {
+				src = append(append([]byte(nil), src[:prev]...), src[end:]...)
+			} else {
+				start := prev + int64(len(src[prev:])-len(bytes.TrimLeft(src[prev:], " \t\r\n")))
+				next := bytes.TrimLeft(src[end:], " \t\r\n")
+				if len(next) > 0 && next[0] == ',' {
+					end = int64(len(src) - len(bytes.TrimLeft(next[1:], " \t\r\n")))
+				}
+				src = append(append([]byte(nil), src[:start]...), src[end:]...)
+			}
+			found = true
+			break
+		}
+		if !found {
+			return src, nil
+		}
+	}
+	return nil, fmt.Errorf("%q appears more than %d times", key, maxKeyRepeats)
+}
+
+// maxKeyRepeats bounds how often withoutKey removes a repeated key.
+const maxKeyRepeats = 16

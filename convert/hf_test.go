@@ -147,7 +147,7 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 			var g, u, d, gs, us, ds []byte
 			if b < c.NumExperts {
 				m := l.Experts[b]
-				for _, n := range mlpNames(m) {
+				for _, n := range m.Names() {
 					consumed[checkpoint.BaseName(n)] = true
 				}
 				g, u, d = read(m.Gate), read(m.Up), read(m.Down)
@@ -156,7 +156,7 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 				}
 			} else {
 				m := *l.Shared
-				for _, n := range mlpNames(m) {
+				for _, n := range m.Names() {
 					consumed[checkpoint.BaseName(n)] = true
 				}
 				s := int64((b - c.NumExperts) % S)

@@ -74,7 +74,10 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 		what := fmt.Sprintf("%s expert %d", where, e)
 		var mp mlpParts
 		var err error
-		if mp, err = p.expert(m, what, I, H, 1); err != nil {
+		if mp, err = p.expert(m, what, I, H, 1, p.wf); err != nil {
+			return nil, nil, err
+		}
+		if mp, err = p.dequantMLP(mp, p.wf, I, H, what); err != nil {
 			return nil, nil, err
 		}
 		switch p.fold.into {
@@ -84,7 +87,10 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 			mp.downScale.fold, mp.downScale.factor, mp.downScale.stats = true, p.fold.factor, p.st
 		}
 		routed[e] = mp
-		consumed = append(consumed, mlpNames(m)...)
+		consumed = append(consumed, m.Names()...)
+	}
+	if p.o.DType != "" {
+		p.dq.experts += 3 * len(l.Experts)
 	}
 	bank := routed
 	if p.o.FuseShared {
@@ -97,9 +103,16 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 				return nil, nil, err
 			}
 		}
+		sf := p.sharedFormat()
+		if _, scaled := sf.Scale(); scaled && p.o.DType != "" {
+			p.dq.experts += 3 // the shared expert's weights, however many slices they make
+		}
 		for s := int64(0); s < S; s++ {
-			sp, err := p.sharedSlice(shared, where+" shared expert", I, H, S, s)
+			sp, err := p.sharedSlice(shared, where+" shared expert", I, H, S, s, sf)
 			if err != nil {
+				return nil, nil, err
+			}
+			if sp, err = p.dequantMLP(sp, sf, I, H, where+" shared expert"); err != nil {
 				return nil, nil, err
 			}
 			slices[s] = sp
@@ -107,34 +120,25 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 		for r := 0; r < p.o.Replicas; r++ {
 			bank = append(bank, slices...) // ids E + r*S + s
 		}
-		consumed = append(consumed, mlpNames(*l.Shared)...)
+		consumed = append(consumed, l.Shared.Names()...)
 	}
-	outs, err := p.stacks(l.Prefix, bank, I, H, wd)
+	outs, err := p.stacks(l.Prefix, bank, I, H, p.out.DType())
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %s: %w", p.ck.Dir, where, err)
 	}
 	return outs, consumed, nil
 }
 
-func mlpNames(m family.MLP) []string {
-	var out []string
-	for _, n := range []string{m.Gate, m.Up, m.Down, m.GateScale, m.UpScale, m.DownScale, m.GateBias, m.UpBias, m.DownBias, m.GateShape, m.UpShape, m.DownShape,
-		m.GateGlobal, m.UpGlobal, m.DownGlobal, m.GateInput, m.UpInput, m.DownInput} {
-		if n != "" {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
-// expert checks one routed expert (intermediate I*S with S = 1) and returns whole-tensor parts.
-func (p *planner) expert(m family.MLP, what string, I, H, S int64) (mlpParts, error) {
+// expert checks one expert of intermediate I*S stored in format f (a
+// routed expert, S = 1, or the whole shared expert) and returns
+// whole-tensor parts.
+func (p *planner) expert(m family.MLP, what string, I, H, S int64, f weightfmt.Format) (mlpParts, error) {
 	var mp mlpParts
-	wd := p.wf.DType()
+	wd := f.DType()
 	// The stored shapes: [rows, cols] for one element a dtype unit,
 	// [rows, ceil(cols/8)] for INT4 packed eight to an I32.
-	gshape := weightfmt.Matrix{Format: p.wf, Rows: S * I, Cols: H}.Shape()
-	dshape := weightfmt.Matrix{Format: p.wf, Rows: H, Cols: S * I}.Shape()
+	gshape := weightfmt.Matrix{Format: f, Rows: S * I, Cols: H}.Shape()
+	dshape := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}.Shape()
 	g, err := p.get(m.Gate, what+" gate", wd, gshape...)
 	if err != nil {
 		return mp, err
@@ -164,12 +168,12 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64) (mlpParts, er
 			*b.dst = whole(t)
 		}
 	}
-	sc, scaled := p.wf.Scale()
+	sc, scaled := f.Scale()
 	if !scaled {
 		return mp, nil
 	}
-	gr, gc := weightfmt.Matrix{Format: p.wf, Rows: S * I, Cols: H}.ScaleShape()
-	dr, dc := weightfmt.Matrix{Format: p.wf, Rows: H, Cols: S * I}.ScaleShape()
+	gr, gc := weightfmt.Matrix{Format: f, Rows: S * I, Cols: H}.ScaleShape()
+	dr, dc := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}.ScaleShape()
 	gs, err := p.get(m.GateScale, what+" gate scale", sc.DType, gr, gc)
 	if err != nil {
 		return mp, err
@@ -183,7 +187,7 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64) (mlpParts, er
 		return mp, err
 	}
 	mp.gateScale, mp.upScale, mp.downScale = whole(gs), whole(us), whole(ds)
-	if g, ok := weightfmt.GlobalOf(p.wf); ok {
+	if g, ok := weightfmt.GlobalOf(f); ok {
 		for _, s := range []struct {
 			name, role string
 			dst        *part
@@ -205,21 +209,22 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64) (mlpParts, er
 	return mp, nil
 }
 
-// sharedSlice is slice s of the shared expert of intermediate S*I: gate and up
-// rows s*I..(s+1)*I-1, down columns s*I..(s+1)*I-1, and the scale entries
-// that cover them (checkFusable made sure the splits are exact when S > 1).
-func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64) (mlpParts, error) {
-	full, err := p.expert(m, what, I, H, S)
+// sharedSlice is slice s of the shared expert of intermediate S*I, stored
+// in format f: gate and up rows s*I..(s+1)*I-1, down columns
+// s*I..(s+1)*I-1, and the scale entries that cover them (checkFusable made
+// sure the splits are exact when S > 1).
+func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64, f weightfmt.Format) (mlpParts, error) {
+	full, err := p.expert(m, what, I, H, S, f)
 	if err != nil || S == 1 {
 		return full, err
 	}
 	g, _ := p.tensor(m.Gate)
 	u, _ := p.tensor(m.Up)
 	d, _ := p.tensor(m.Down)
-	rows := weightfmt.Matrix{Format: p.wf, Rows: S * I, Cols: H}.RowBlock(s*I, I)
-	cols := weightfmt.Matrix{Format: p.wf, Rows: H, Cols: S * I}.ColBlock(s*I, I)
+	rows := weightfmt.Matrix{Format: f, Rows: S * I, Cols: H}.RowBlock(s*I, I)
+	cols := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}.ColBlock(s*I, I)
 	sp := mlpParts{gate: piece(g, rows.Weight), up: piece(u, rows.Weight), down: piece(d, cols.Weight)}
-	if _, scaled := p.wf.Scale(); scaled {
+	if _, scaled := f.Scale(); scaled {
 		gs, _ := p.tensor(m.GateScale)
 		us, _ := p.tensor(m.UpScale)
 		ds, _ := p.tensor(m.DownScale)
@@ -235,9 +240,9 @@ func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64) (mlpP
 func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetensors.DType) ([]*outTensor, error) {
 	n := int64(len(bank))
 	lay := p.o.Layout
-	names := layout.NamesFor(lay, prefix, p.wf)
-	shapes := layout.StackShapesFor(lay, n, I, H, p.wf)
-	sd, _ := p.wf.Scale() // names has no scale tensors when the format has none
+	names := layout.NamesFor(lay, prefix, p.out)
+	shapes := layout.StackShapesFor(lay, n, I, H, p.out)
+	sd, _ := p.out.Scale() // names has no scale tensors when the format has none
 	mk := func(name string, dtype safetensors.DType, shape layout.Shape, pick func(mlpParts) []part) (*outTensor, error) {
 		t := &outTensor{name: name, dtype: dtype, shape: shape}
 		for _, m := range bank {
@@ -284,7 +289,7 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 		specs = append(specs, spec{names.Down, wd, shapes.Down, one(func(m mlpParts) part { return m.down })})
 		specs = append(specs, spec{names.DownScale, sd.DType, shapes.DownScale, one(func(m mlpParts) part { return m.downScale })})
 	}
-	if g, ok := weightfmt.GlobalOf(p.wf); ok {
+	if g, ok := weightfmt.GlobalOf(p.out); ok {
 		pair := func(f func(mlpParts) (part, part)) func(mlpParts) []part {
 			if lay == layout.UpGate {
 				return func(m mlpParts) []part { a, b := f(m); return []part{b, a} }

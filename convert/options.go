@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // Reporter receives byte progress. Workers call Add concurrently; it must be
@@ -40,6 +42,9 @@ type Options struct {
 	// into their format by the format's own rule (weightfmt/requant.go), so
 	// that its fused slots are stored like the rest of the stack.
 	RequantizeShared bool
+	// DType ("" keeps quantised weights as they are): dequantise every
+	// quantised weight of the source into BF16, F16 or F32 (dequant.go).
+	DType safetensors.DType
 
 	MaxShardSize int64            // 0 means DefaultMaxShardSize
 	Jobs         int              // 0 means DefaultJobs
@@ -70,6 +75,10 @@ type Summary struct {
 	// AlreadyComplete: --resume found DST complete, every file matching its
 	// manifest and the contract this run would write; nothing was written.
 	AlreadyComplete bool `json:"already_complete"`
+	// DType and DequantizedTensors: with --dtype, the dtype the quantised
+	// weights were dequantised into and how many were (absent without).
+	DType              string `json:"dtype,omitempty"`
+	DequantizedTensors int    `json:"dequantized_tensors,omitempty"`
 }
 
 // requantizedInto is the format c's shared expert was requantised into, ""
@@ -143,6 +152,9 @@ func (o *Options) norm() error {
 	case layout.FoldAuto, layout.FoldDown, layout.FoldNone:
 	default:
 		return fmt.Errorf("--fold-scaling %q: want auto, down or none", o.FoldScaling)
+	}
+	if o.DType != "" && !weightfmt.Dequantisable(o.DType) {
+		return fmt.Errorf("--dtype %s: want bf16, f16 or f32", strings.ToLower(string(o.DType)))
 	}
 	if o.MaxShardSize == 0 {
 		o.MaxShardSize = DefaultMaxShardSize

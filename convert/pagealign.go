@@ -41,7 +41,7 @@ func dataPhase(ts []*outTensor) (phase int64, ok bool) {
 	for _, t := range ts {
 		for i := range t.parts {
 			p := &t.parts[i]
-			if _, file := outermost(p.src).(*os.File); file && !p.fold && p.contiguous() {
+			if _, file := outermost(p.src).(*os.File); file && !p.transformed() && p.contiguous() {
 				src := baseOffset(p.src) + p.off
 				if ph := ((src-rel)%pageSize + pageSize) % pageSize; ph%8 == 0 {
 					weight[ph] += p.size()

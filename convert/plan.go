@@ -3,6 +3,7 @@ package convert
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
@@ -11,14 +12,29 @@ import (
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// part is one region of a source tensor, optionally folded on the way out.
+// part is one region of a source tensor, optionally folded on the way out,
+// or (dq) a quantised weight dequantised on the way out.
 type part struct {
 	region
 	dtype  safetensors.DType
 	fold   bool
 	factor float64
 	stats  *foldStats
+	dq     *dequant // nil: the region's bytes (folded or not)
 }
+
+// size is the bytes the part puts in the output: its region's, or its
+// dequantised values'.
+func (p part) size() int64 {
+	if p.dq != nil {
+		return p.dq.size()
+	}
+	return p.region.size()
+}
+
+// transformed reports whether the part's output bytes are computed from
+// its source bytes (folded or dequantised), not copied.
+func (p part) transformed() bool { return p.fold || p.dq != nil }
 
 // outTensor is one output tensor: the concatenation of its parts.
 type outTensor struct {
@@ -74,8 +90,12 @@ type planner struct {
 	// (checkpoint.Requantised), found beside the checkpoint's own (tensor).
 	requant bool
 	virtual map[string]*checkpoint.Tensor
-	fold    foldChoice
-	st      *foldStats
+	// out is how the stacks store them: wf, or with --dtype the plain
+	// dtype they are dequantised into (dequant.go).
+	out  weightfmt.Format
+	fold foldChoice
+	st   *foldStats
+	dq   dequantCounts // with --dtype: what was dequantised
 }
 
 // foldChoice says which routed down tensors get multiplied by rsf: the
@@ -104,6 +124,9 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 	if p.wf, err = fp.Format(); err != nil {
 		return nil, fmt.Errorf("%s/config.json: %w", ck.Dir, err)
 	}
+	if p.out, err = p.outFormat(); err != nil {
+		return nil, err
+	}
 	if err := p.checkFusable(); err != nil {
 		return nil, err
 	}
@@ -121,6 +144,10 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 		for _, n := range names {
 			consumed[checkpoint.BaseName(n)] = li // a view consumes the stacked tensor it is cut from
 		}
+	}
+	other, dropped, err := p.otherWeights(consumed)
+	if err != nil {
+		return nil, err
 	}
 	op := &outPlan{stats: p.st}
 	seen := map[string]bool{}
@@ -143,6 +170,19 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 					}
 				}
 			}
+			continue
+		}
+		if q, ok := other[t.Name]; ok {
+			dt, err := p.dequantTensor(q)
+			if err != nil {
+				return nil, err
+			}
+			if err := add(dt); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if dropped[t.Name] {
 			continue
 		}
 		n := t.NumBytes()
@@ -176,7 +216,16 @@ func (p *planner) checkFusable() error {
 	if fp.NumSharedExperts == 0 {
 		return fmt.Errorf("%s: %s (model_type %s) has no shared expert, so there is nothing to fuse; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
 	}
-	if err := p.checkRequant(); err != nil {
+	if fp.SharedQuantization != "" && p.o.DType != "" {
+		switch {
+		case p.o.RequantizeShared:
+			return fmt.Errorf("%s: --requantize-shared with --dtype %s: the routed experts are dequantised, so there is no quantised format to requantise the shared expert into; leave --requantize-shared out",
+				p.ck.Dir, strings.ToLower(string(p.o.DType)))
+		case !p.sharedDequantMatches():
+			return fmt.Errorf("%s: routed experts %s, shared expert %s, --dtype %s: fusing would round the shared expert to %s; use --dtype %s, or moeprep convert",
+				p.ck.Dir, p.wf, fp.SharedWeightDType, strings.ToLower(string(p.o.DType)), p.o.DType, strings.ToLower(string(fp.SharedWeightDType)))
+		}
+	} else if err := p.checkRequant(); err != nil {
 		return err
 	}
 	if fp.RoutedInputScaled {
@@ -196,13 +245,13 @@ func (p *planner) checkFusable() error {
 	if si, s := fp.SharedIntermediateSize, fp.NumSharedExperts*fp.MoEIntermediateSize; si != 0 && si != s {
 		return fmt.Errorf("%s: the shared expert's intermediate size %d is not %d x the routed experts' %d, so it cannot be split into experts of the bank; use moeprep convert instead", p.ck.Dir, si, fp.NumSharedExperts, fp.MoEIntermediateSize)
 	}
-	if S, I := int64(fp.NumSharedExperts), int64(fp.MoEIntermediateSize); S > 1 && !sliceable(p.wf, S, I, int64(fp.HiddenSize)) {
-		sc, _ := p.wf.Scale()
+	if S, I, sf := int64(fp.NumSharedExperts), int64(fp.MoEIntermediateSize), p.sharedFormat(); S > 1 && !sliceable(sf, S, I, int64(fp.HiddenSize)) {
+		sc, _ := sf.Scale()
 		if p.requant {
 			return fmt.Errorf("%s: --requantize-shared: n_shared_experts %d with moe_intermediate_size %d, not a multiple of the %s scale block %dx%d: the requantised shared expert's down_proj scale groups along its %d-wide input would straddle the %d slices, so it cannot be split exactly",
-				p.ck.Dir, S, I, p.wf, sc.Block[0], sc.Block[1], S*I, S)
+				p.ck.Dir, S, I, sf, sc.Block[0], sc.Block[1], S*I, S)
 		}
-		return fmt.Errorf("%s: n_shared_experts %d with moe_intermediate_size %d, not a multiple of the %s block %dx%d: the shared expert's scale blocks straddle the slices, so it cannot be split exactly", p.ck.Dir, S, I, p.wf, sc.Block[0], sc.Block[1])
+		return fmt.Errorf("%s: n_shared_experts %d with moe_intermediate_size %d, not a multiple of the %s block %dx%d: the shared expert's scale blocks straddle the slices, so it cannot be split exactly", p.ck.Dir, S, I, sf, sc.Block[0], sc.Block[1])
 	}
 	return nil
 }
@@ -275,6 +324,13 @@ func (p *planner) chooseFold() error {
 	if p.o.FoldScaling == layout.FoldNone || rsf == 1 {
 		return nil
 	}
+	if p.o.DType != "" {
+		// Dequantised weights are plain: auto folds none of those.
+		if p.o.FoldScaling == layout.FoldDown {
+			return fmt.Errorf("%s: --fold-scaling down with --dtype: folding routed_scaling_factor %v into dequantised weights is not built (it would need the fold inside the one rounding); use --fold-scaling auto or none", p.ck.Dir, rsf)
+		}
+		return nil
+	}
 	if fp.ExpertBias {
 		return fmt.Errorf("%s: the experts have biases, and folding routed_scaling_factor %v would have to scale the down biases too, which moeprep does not do; use --fold-scaling none", p.ck.Dir, rsf)
 	}
@@ -318,13 +374,9 @@ func (p *planner) contract() *layout.Contract {
 		RoutedScalingFactor: fp.RoutedScalingFactor,
 		FoldMode:            p.o.FoldScaling,
 		TP:                  p.o.TP,
-		WeightDType:         string(fp.WeightDType),
-		Quantization:        string(fp.Quantization),
 		Manifest:            layout.ManifestFileName,
 	}
-	if c.Quantization == "" {
-		c.Quantization = string(family.QuantNone)
-	}
+	c.Quantization, c.WeightDType, c.WeightBlockSize, c.ScaleDType, c.Naming = layout.FormatFields(p.out)
 	if p.o.FuseShared {
 		c.SharedReplicas = p.o.Replicas
 		c.SharedSlices = fp.NumSharedExperts
@@ -344,32 +396,14 @@ func (p *planner) contract() *layout.Contract {
 	if !c.RoutedScalingFactorFolded {
 		c.SharedSlotWeight = 1 / fp.RoutedScalingFactor
 	}
-	if sc, ok := p.wf.Scale(); ok {
-		switch p.wf.Quantization() {
-		case weightfmt.QuantFP8Channel, weightfmt.QuantFP8Tensor:
-			// The grid is the quantization's own; the scale dtype is the
-			// producer's, so the contract says it.
-			c.ScaleDType = string(sc.DType)
-		case weightfmt.QuantInt4Pack:
-			// [1, group size] ([1, 0]: one scale per row) and the model's
-			// dtype of the scales.
-			c.WeightBlockSize = []int64{sc.Block[0], sc.Block[1]}
-			c.ScaleDType = string(sc.DType)
-		default:
-			c.WeightBlockSize = []int64{sc.Block[0], sc.Block[1]}
-			// What else New needs to build the format again (MXFP4:
-			// DeepSeek-V4's F8_E8M0 scales, a producer's names).
-			sd, naming := weightfmt.ContractSpec(p.wf)
-			c.ScaleDType, c.Naming = string(sd), naming
-		}
-	}
-	c.InputScales = fp.NVFP4InputScale
-	if fp.SharedQuantization != "" && !p.o.FuseShared {
+	c.InputScales = fp.NVFP4InputScale && p.o.DType == ""
+	if fp.SharedQuantization != "" && !p.o.FuseShared && !p.sharedDequantMatches() {
 		c.SharedQuantization, c.SharedWeightDType = string(fp.SharedQuantization), string(fp.SharedWeightDType)
 	}
 	if p.requant {
 		c.SharedRequantized, _ = layout.NewRequantization(p.wf, fp.SharedWeightDType) // checkRequant made sure it can
 	}
+	c.Dequantized = p.dequantRecord()
 	for _, l := range fp.Layers {
 		c.Layers = append(c.Layers, layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix})
 	}

@@ -50,6 +50,9 @@ func (o *Options) byteOptions() map[string]string {
 	if o.RequantizeShared { // recorded where set, so that earlier records still compare
 		m["--requantize-shared"] = "true"
 	}
+	if o.DType != "" {
+		m["--dtype"] = string(o.DType)
+	}
 	return m
 }
 
@@ -101,6 +104,9 @@ func (w *run) fingerprint() string {
 		// BLAKE3 was the only shard digest when fingerprints were introduced:
 		// leaving it out keeps those partial outputs resumable.
 		fmt.Fprintf(h, "digest %s\n", o.Digest)
+	}
+	if o.DType != "" {
+		fmt.Fprintf(h, "dtype %s\n", o.DType)
 	}
 	for _, s := range w.op.shards {
 		fmt.Fprintf(h, "shard %s %d ", s.name, s.size)

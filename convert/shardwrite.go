@@ -115,15 +115,18 @@ func (s *shardPlan) planChunks() ([]*chunk, error) {
 			p := &t.parts[i]
 			size := p.size()
 			step := chunkSize
-			if !p.contiguous() && p.rowLen < step {
+			switch {
+			case p.dq != nil:
+				step = p.dq.chunkRows() * p.dq.rowBytes() // whole scale blocks of rows
+			case !p.contiguous() && p.rowLen < step:
 				step = step / p.rowLen * p.rowLen // whole rows
 			}
-			if es := int64(p.dtype.Size()); es > 1 {
+			if es := int64(p.dtype.Size()); es > 1 && p.dq == nil {
 				step = max(step/es*es, es) // folding needs whole elements
 			}
 			for pos := int64(0); pos < size; pos += step {
 				c := &chunk{p: p, pos: pos, n: min(step, size-pos), dst: dst}
-				c.src = sourceKey{file: p.file, off: p.sourceOffset(pos)}
+				c.src = sourceKey{file: p.file, off: p.sourceOffset(p.sourcePos(pos))}
 				out = append(out, c)
 				dst += c.n
 			}
@@ -145,8 +148,12 @@ func (s *shardPlan) planChunks() ([]*chunk, error) {
 // read reads the chunk's bytes of r (its part's region, or the same bytes
 // through another open file) into b (len c.n), notes their digest in src
 // (before folding: it identifies the source bytes) and folds them when the
-// part is folded.
+// part is folded; a dequantised part's chunk is computed from its source
+// rows (dequantise).
 func (c *chunk) read(b []byte, r region, src *sourceDigests) error {
+	if c.p.dq != nil {
+		return c.dequantise(b, r, src)
+	}
 	if err := r.readAt(b, c.pos); err != nil {
 		return err
 	}

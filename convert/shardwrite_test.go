@@ -19,6 +19,7 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
 	"github.com/zeebo/blake3"
 	"github.com/zeebo/xxh3"
 )
@@ -64,6 +65,8 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 		{"bf16 stacked", ds3BF16, Options{}},
 		{"bf16 fuse tp4 fold gate-up", ds3BF16, Options{FuseShared: true, TP: 4, FoldScaling: "down", Layout: layout.GateUp}},
 		{"fp8 S2 fuse tp2 split", ds2FP8, Options{FuseShared: true, TP: 2, Layout: layout.UpGate}},
+		{"fp8 S2 fuse tp2 dequantised to bf16", ds2FP8, Options{FuseShared: true, TP: 2, DType: safetensors.BF16}},
+		{"fp8 ragged blocks dequantised to f32 gate-up", ds3FP8, Options{Layout: layout.GateUp, DType: safetensors.F32}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

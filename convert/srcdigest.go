@@ -72,6 +72,12 @@ func (s *shardPlan) sourceDigest(ctx context.Context) (string, error) {
 			buf = make([]byte, max(c.n, chunkSize))
 		}
 		b := buf[:c.n]
+		if c.p.dq != nil { // the digest of what dequantising it reads
+			if err := c.read(b, c.p.region, d); err != nil {
+				return "", fmt.Errorf("checking the source of %s: %w", s.name, err)
+			}
+			continue
+		}
 		if err := c.p.region.readAt(b, c.pos); err != nil {
 			return "", fmt.Errorf("checking the source of %s: %w", s.name, err)
 		}

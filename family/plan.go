@@ -66,6 +66,19 @@ type MLP struct {
 	GateInput, UpInput, DownInput    string
 }
 
+// Names lists every tensor the MLP names (weights, scales, biases, shapes,
+// global and input scales), in a fixed order, the empty ones left out.
+func (m MLP) Names() []string {
+	var out []string
+	for _, n := range []string{m.Gate, m.Up, m.Down, m.GateScale, m.UpScale, m.DownScale, m.GateBias, m.UpBias, m.DownBias, m.GateShape, m.UpShape, m.DownShape,
+		m.GateGlobal, m.UpGlobal, m.DownGlobal, m.GateInput, m.UpInput, m.DownInput} {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // Layer is one MoE layer of the checkpoint.
 type Layer struct {
 	Index      int    // decoder layer index (>= NumHiddenLayers for MTP layers)

@@ -314,6 +314,13 @@ func WriteText(w io.Writer, s *Summary) error {
 			[2]string{"converted by", fmt.Sprintf("%s, layout %s, from %s", k.Tool, k.Layout, k.SourceFormat)},
 			[2]string{"fused shared", fused},
 			[2]string{"rsf", fmt.Sprintf("%g, %s", k.RoutedScalingFactor, folded)})
+		if d := k.Dequantized; d != nil {
+			var from []string
+			for _, g := range d.Groups {
+				from = append(from, fmt.Sprintf("%d %s weights from %s", g.Tensors, strings.TrimSuffix(g.Group, "s"), g.Quantization))
+			}
+			rows = append(rows, [2]string{"dequantised", fmt.Sprintf("to %s (%s): %s", d.DType, d.Rounding, strings.Join(from, ", "))})
+		}
 	}
 	for _, r := range rows {
 		if _, err := fmt.Fprintf(w, "%-16s %s\n", r[0]+":", r[1]); err != nil {

@@ -97,6 +97,10 @@ type Contract struct {
 	// weights into the routed experts' format, by that format's own rule.
 	// Absent when the shared expert's bytes are SRC's.
 	SharedRequantized *Requantization `json:"shared_requantized,omitempty"`
+	// Dequantized: convert --dtype turned the checkpoint's quantised
+	// weights into plain ones of Dequantized.DType (the experts' format
+	// above is then "none" in that dtype); absent when it did not.
+	Dequantized *Dequantized `json:"dequantized,omitempty"`
 
 	Layers   []LayerInfo `json:"layers"`
 	Manifest string      `json:"manifest"` // ManifestFileName
@@ -156,6 +160,122 @@ func (c *Contract) checkRequantized() error {
 	}
 	if *r != *want {
 		return fmt.Errorf("moeprep contract: shared_requantized %+v is not the %s rule %+v", *r, f, *want)
+	}
+	return nil
+}
+
+// Dequantized records what convert --dtype did: every quantised weight of
+// the source (the experts' and any other, such as DeepSeek's FP8
+// attention) is stored as its exact float32 dequantisation rounded once to
+// DType, under the plain name an unquantised checkpoint gives it, and its
+// scale tensors (and input_scale) are gone.
+type Dequantized struct {
+	DType string `json:"dtype"` // BF16, F16 or F32
+	// Rounding is weightfmt.RoundNearestEven (BF16, F16) or RoundExact (F32).
+	Rounding string `json:"rounding"`
+	// Groups say how each group of dequantised weights was stored in the
+	// source: "experts" (the stacked routed experts, and fused shared
+	// experts where quantised), "other" (every other quantised weight).
+	Groups []DequantGroup `json:"groups"`
+	// InputScalesDropped: the source's weights had static activation
+	// scales (input_scale), which the output does not carry.
+	InputScalesDropped bool `json:"input_scales_dropped,omitempty"`
+}
+
+// Dequantized groups.
+const (
+	GroupExperts = "experts"
+	GroupOther   = "other"
+)
+
+// DequantGroup is one group of dequantised weights: the source format (as
+// the contract's own quantization fields describe a format) and how many
+// source weights it dequantised.
+type DequantGroup struct {
+	Group           string  `json:"group"`
+	Quantization    string  `json:"quantization"`
+	WeightDType     string  `json:"weight_dtype"`
+	WeightBlockSize []int64 `json:"weight_block_size,omitempty"`
+	ScaleDType      string  `json:"scale_dtype,omitempty"`
+	Naming          string  `json:"naming,omitempty"`
+	Tensors         int     `json:"tensors"`
+}
+
+// FormatFields are a weight format as a contract records it: quantization,
+// weight_dtype, weight_block_size (FP8 blocks, [1, group] for INT4,
+// NVFP4 and MXFP4; absent for per channel or per tensor scales and plain
+// weights) and scale_dtype (where the format's producers differ in it:
+// FP8 per channel and per tensor, INT4).
+func FormatFields(f weightfmt.Format) (quant, weightDType string, block []int64, scaleDType, naming string) {
+	quant, weightDType = f.Quantization(), string(f.DType())
+	if sc, ok := f.Scale(); ok {
+		switch quant {
+		case weightfmt.QuantFP8Channel, weightfmt.QuantFP8Tensor:
+			scaleDType = string(sc.DType)
+		case weightfmt.QuantInt4Pack:
+			block, scaleDType = []int64{sc.Block[0], sc.Block[1]}, string(sc.DType)
+		default:
+			block = []int64{sc.Block[0], sc.Block[1]}
+			// What else New needs to build the format again (MXFP4:
+			// DeepSeek-V4's F8_E8M0 scales, a producer's names).
+			sd, n := weightfmt.ContractSpec(f)
+			scaleDType, naming = string(sd), n
+		}
+	}
+	return quant, weightDType, block, scaleDType, naming
+}
+
+// NewDequantGroup is group's record of n weights dequantised from format f.
+func NewDequantGroup(group string, f weightfmt.Format, n int) DequantGroup {
+	g := DequantGroup{Group: group, Tensors: n}
+	g.Quantization, g.WeightDType, g.WeightBlockSize, g.ScaleDType, g.Naming = FormatFields(f)
+	return g
+}
+
+// Format is the source format the group records.
+func (g DequantGroup) Format() (weightfmt.Format, error) {
+	return weightfmt.New(weightfmt.Spec{Quantization: g.Quantization, DType: safetensors.DType(g.WeightDType), Block: g.WeightBlockSize,
+		ScaleDType: safetensors.DType(g.ScaleDType), Naming: g.Naming})
+}
+
+// Group is the record of group ("experts", "other"); ok is false when
+// nothing of it was dequantised.
+func (d *Dequantized) Group(group string) (DequantGroup, bool) {
+	for _, g := range d.Groups {
+		if g.Group == group {
+			return g, true
+		}
+	}
+	return DequantGroup{}, false
+}
+
+// check verifies the record's internal consistency.
+func (d *Dequantized) check() error {
+	if !weightfmt.Dequantisable(safetensors.DType(d.DType)) {
+		return fmt.Errorf("dequantized.dtype %q: want BF16, F16 or F32", d.DType)
+	}
+	if want := weightfmt.RoundingOf(safetensors.DType(d.DType)); d.Rounding != want {
+		return fmt.Errorf("dequantized.rounding %q: dequantising to %s is %q", d.Rounding, d.DType, want)
+	}
+	if len(d.Groups) == 0 {
+		return fmt.Errorf("dequantized.groups is empty")
+	}
+	seen := map[string]bool{}
+	for _, g := range d.Groups {
+		if g.Group != GroupExperts && g.Group != GroupOther || seen[g.Group] {
+			return fmt.Errorf("dequantized.groups: group %q (want experts and other, each at most once)", g.Group)
+		}
+		seen[g.Group] = true
+		if g.Tensors <= 0 {
+			return fmt.Errorf("dequantized.groups: %s has %d tensors", g.Group, g.Tensors)
+		}
+		f, err := g.Format()
+		if err != nil {
+			return fmt.Errorf("dequantized.groups: %s: %v", g.Group, err)
+		}
+		if _, scaled := f.Scale(); !scaled {
+			return fmt.Errorf("dequantized.groups: %s was %s, not quantised", g.Group, f)
+		}
 	}
 	return nil
 }
@@ -254,6 +374,14 @@ func (c *Contract) Check() error {
 	}
 	if err := c.checkRequantized(); err != nil {
 		return err
+	}
+	if c.Dequantized != nil {
+		switch err := c.Dequantized.check(); {
+		case err != nil:
+			return fmt.Errorf("moeprep contract: %v", err)
+		case c.Quantized() || c.WeightDType != c.Dequantized.DType:
+			return fmt.Errorf("moeprep contract: quantization %s, weight_dtype %s with dequantized.dtype %s: dequantised experts are quantization none of that dtype", c.Quantization, c.WeightDType, c.Dequantized.DType)
+		}
 	}
 	if c.SharedQuantization != "" {
 		if _, err := c.SharedFormat(); err != nil {

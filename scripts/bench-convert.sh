@@ -26,6 +26,9 @@
 #   B  bf16 DeepSeek-V3-shaped, 256 experts, I 512: 6.5 GB, 4 source shards, 3 output shards
 #   Q  bf16 Qwen3-MoE-shaped (synthetic), 6 layers of 128 experts, H 2048, I 768: 7.3 GB,
 #      2 source shards (issue 12's third row was a 7.6 GB Qwen3-MoE on the GPU machine)
+#   D  FP8 (128x128 blocks) DeepSeek-V3-shaped, 176 experts, I 288: 1.5 GB, one source and one
+#      output shard; its runs are cp, convert and convert --dtype bf16 (issue 29: the output is
+#      twice the source, every FP8 weight dequantised)
 # Quantised shapes (issue 29), H 7168, 2 MoE layers of 64 experts top-8 + 1 shared, unless said:
 #   F  DeepSeek-V3 FP8 128x128 blocks, I 576: 2.2 GB
 #   K  Kimi-K2-Thinking INT4 (compressed-tensors pack-quantized, group 32) routed experts, BF16 shared, I 1152
@@ -76,8 +79,10 @@ median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 printf '%-5s %-12s %8s %7s %7s %7s %7s %8s %7s   %s\n' shape run median_s x_cp paired GB/s rss_MB out_GB wr_reqs "raw (wall/user/sys s per round)"
 for shape in $shapes; do
 	src=$(readlink -f "$work/src-$shape" || echo "$work/src-$shape")
+	dtype=bf16
 	case $shape in
 	A) synth=(--experts 64 --intermediate 288) ; maxshard=5GB ;;
+	D) synth=(--experts 176 --intermediate 288) ; maxshard=5GB ; dtype=fp8 ;;
 	B) synth=(--experts 256 --intermediate 512 --max-shard-size 1.7GB) ; maxshard=3GB ;;
 	Q) synth=(--family qwen3_moe --experts 128 --hidden 2048 --intermediate 768 --num-layers 6 --max-shard-size 4GB) ; maxshard=5GB ;;
 	F) synth=(--preset deepseek-v3-shaped --dtype fp8 --intermediate 576) ; maxshard=5GB ;;
@@ -94,7 +99,7 @@ for shape in $shapes; do
 		elif [ "$shape" != A ] && [ "$shape" != B ]; then
 			"$mp" fixture synth "${synth[@]}" --num-layers 2 --dense-layers 0 --experts 64 --top-k 8 --no-progress "$src" >&2
 		else
-			"$mp" fixture synth --preset deepseek-v3-shaped --dtype bf16 --num-layers 2 "${synth[@]}" --no-progress "$src" >&2
+			"$mp" fixture synth --preset deepseek-v3-shaped --dtype "$dtype" --num-layers 2 "${synth[@]}" --no-progress "$src" >&2
 		fi
 	fi
 	# Warm-up, untimed and discarded: this machine is a Firecracker VM whose
@@ -111,6 +116,7 @@ for shape in $shapes; do
 	# routed experts beside a BF16 shared one cannot be fused without
 	# requantising: two convert runs per round
 	case $shape in Q | K | M) runs=(cp convert convert) ;; esac
+	[ "$shape" = D ] && runs=(cp convert dtype)
 	if [ -n "$base" ]; then
 		runs+=(convert@base)
 		case $shape in Q | K | M) ;; *) runs+=(fuse@base) ;; esac
@@ -126,6 +132,7 @@ for shape in $shapes; do
 			cp) read -r s u y m q < <(measure sh -c 'cp -r "$1" "$2" && sync' sh "$src" "$out") ;;
 			convert) read -r s u y m q < <(measure "$mp" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			fuse) read -r s u y m q < <(measure "$mp" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
+			dtype) read -r s u y m q < <(measure "$mp" convert --dtype bf16 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			convert@base) read -r s u y m q < <(measure "$base" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			fuse@base) read -r s u y m q < <(measure "$base" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			esac

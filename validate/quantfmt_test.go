@@ -87,8 +87,8 @@ func specsPass(t *testing.T, specs map[string]fixtures.SynthSpec, runs, fused []
 	}
 }
 
-// readContract is the moeprep contract in dir's config.json.
-func readContract(t *testing.T, dir string) *layout.Contract {
+// readConfig is dir's config.json, decoded.
+func readConfig(t *testing.T, dir string) map[string]any {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
@@ -98,7 +98,13 @@ func readContract(t *testing.T, dir string) *layout.Contract {
 	if err := json.Unmarshal(b, &cfg); err != nil {
 		t.Fatal(err)
 	}
-	c, ok, err := layout.ReadContract(cfg)
+	return cfg
+}
+
+// readContract is the moeprep contract in dir's config.json.
+func readContract(t *testing.T, dir string) *layout.Contract {
+	t.Helper()
+	c, ok, err := layout.ReadContract(readConfig(t, dir))
 	if err != nil || !ok {
 		t.Fatalf("%s: contract: %v", dir, err)
 	}

@@ -240,8 +240,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if b := r.Bytes; b != nil {
 		if b.Pass {
-			fmt.Fprintf(w, "bytes: PASS: %s in %s (%s of DST, %s of SRC) match SRC and the contract; config.json is SRC's plus the contract, %s equal SRC's, DST holds nothing else; manifest hashes verified, in %s\n",
-				human.Count(b.Tensors, "tensor"), human.Count(b.Files, "file"), human.Bytes(b.DstBytes), human.Bytes(b.SrcBytes),
+			dq := ""
+			if b.Dequantized > 0 {
+				dq = fmt.Sprintf(" (%d of them dequantised: every value the one rounding of SRC's exact dequantisation, bit for bit)", b.Dequantized)
+			}
+			fmt.Fprintf(w, "bytes: PASS: %s in %s (%s of DST, %s of SRC) match SRC and the contract%s; config.json is SRC's plus the contract, %s equal SRC's, DST holds nothing else; manifest hashes verified, in %s\n",
+				human.Count(b.Tensors, "tensor"), human.Count(b.Files, "file"), human.Bytes(b.DstBytes), human.Bytes(b.SrcBytes), dq,
 				human.Count(b.Copies, "copied file"), human.Duration(seconds(b.Seconds)))
 		} else {
 			fmt.Fprintf(w, "bytes: FAIL: %s\n", b.Mismatch.Error())

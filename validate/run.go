@@ -260,6 +260,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		BlockSize: o.BlockSize, XDraw: XDraw, Notes: append(devNotes, notes...), LayerSelection: strings.TrimSpace(o.Layers),
 		SampleExperts: o.SampleExperts, MoELayers: s.moeLayers}
 	rep.LayersChecked, rep.LayersNotChecked = splitLayers(s.moeLayers, targets)
+	if d := s.dequantized(); d != nil {
+		tol := judge.Lookup(judge.FusedVsReference).Tolerance(judge.Situation{Dequantised: d.DType})
+		rep.Notes = append(rep.Notes, fmt.Sprintf("DST's quantised weights were dequantised to %s (%s): the layer checks allow one rounding of every weight (%s, rel_l2 %.3g); the byte proof holds every dequantised value to the one rounding of SRC's exact dequantisation, bit for bit",
+			d.DType, d.Rounding, tol.Name, tol.MaxRelL2))
+	}
 	defer func() {
 		if rep != nil {
 			rep.finishCoverage(s.o.SampleExperts)
@@ -756,6 +761,15 @@ func (s *session) dstPlanOrSrc() *family.Plan {
 	return s.dstPlan
 }
 
+// dequantized is the contract's record of a dequantised DST, nil when
+// DST is not one.
+func (s *session) dequantized() *layout.Dequantized {
+	if s.contract == nil {
+		return nil
+	}
+	return s.contract.Dequantized
+}
+
 // tolerance is the threshold of the check named check when its paths
 // computed in numerics: its row in judge.Checks picks it, given whether the
 // contract folded rsf into values it rounded coarser than float32: plain
@@ -768,6 +782,9 @@ func (s *session) tolerance(check string, numerics judge.Numerics, requant judge
 	roundedScales := c != nil && c.ScaleDType != "" && c.ScaleDType != "F32"
 	roundedFold := c != nil && c.RoutedScalingFactorFolded && (!c.Quantized() || roundedScales)
 	sit := judge.Situation{Numerics: numerics, RoundedFold: roundedFold}
+	if d := s.dequantized(); d != nil {
+		sit.Dequantised = d.DType
+	}
 	if c != nil && c.SharedRequantized != nil {
 		sit.Requant, sit.RequantStats = c.SharedRequantized.Quantization, requant
 	}

@@ -65,16 +65,26 @@ func (f fp8Block) Fold() FoldRule {
 }
 
 func (f fp8Block) Dequantise(raw []byte, rows, cols int, scale []byte, dst []float32) error {
+	s, bo, bi, err := f.e4m3Grid(rows, cols, scale)
+	if err != nil {
+		return err
+	}
+	return DequantE4M3(raw, rows, cols, s, bo, bi, dst)
+}
+
+// e4m3Grid is the weight's scale grid decoded to float32 and the block it
+// scales (e4m3Scaled).
+func (f fp8Block) e4m3Grid(rows, cols int, scale []byte) ([]float32, int, int, error) {
 	m := Matrix{Format: f, Rows: int64(rows), Cols: int64(cols)}
 	sr, sc := m.ScaleShape()
 	if rows < 0 || cols < 0 || int64(len(scale)) != sr*sc*4 {
-		return fmt.Errorf("fp8 dequant: %d scale bytes for a %dx%d weight, want %dx%d F32", len(scale), rows, cols, sr, sc)
+		return nil, 0, 0, fmt.Errorf("fp8 dequant: %d scale bytes for a %dx%d weight, want %dx%d F32", len(scale), rows, cols, sr, sc)
 	}
 	s := make([]float32, sr*sc)
 	if err := Decode(safetensors.F32, scale, s); err != nil {
-		return err
+		return nil, 0, 0, err
 	}
-	return DequantE4M3(raw, rows, cols, s, int(f.block[0]), int(f.block[1]), dst)
+	return s, int(f.block[0]), int(f.block[1]), nil
 }
 
 // DequantE4M3 decodes an F8_E4M3 rows x cols weight whose element (r,c) is

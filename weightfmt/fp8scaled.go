@@ -105,15 +105,25 @@ func (f fp8Scaled) Dequantise(raw []byte, rows, cols int, scale []byte, dst []fl
 	if err := checkSizes(m, raw, scale, len(dst)); err != nil || len(dst) == 0 {
 		return err
 	}
+	s, bo, bi, err := f.e4m3Grid(rows, cols, scale)
+	if err != nil {
+		return err
+	}
+	return DequantE4M3(raw, rows, cols, s, bo, bi, dst)
+}
+
+// e4m3Grid is the weight's scales decoded to float32 and the block each
+// scales: a row, or the whole weight (e4m3Scaled).
+func (f fp8Scaled) e4m3Grid(rows, cols int, scale []byte) ([]float32, int, int, error) {
 	s := make([]float32, len(scale)/f.scale.Size())
 	if err := Decode(f.scale, scale, s); err != nil {
-		return err
+		return nil, 0, 0, err
 	}
 	bo, bi := max(rows, 1), max(cols, 1)
 	if !f.perTensor() {
 		bo = 1
 	}
-	return DequantE4M3(raw, rows, cols, s, bo, bi, dst)
+	return s, bo, bi, nil
 }
 
 // RequantRule is the E4M3 rule (requant.go): scale = amax / 448 per row or

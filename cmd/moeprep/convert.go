@@ -14,6 +14,7 @@ import (
 	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/internal/progress"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
 )
 
 func init() { extraCommands = append(extraCommands, newConvertCmd, newFuseSharedCmd) }
@@ -22,6 +23,7 @@ func init() { extraCommands = append(extraCommands, newConvertCmd, newFuseShared
 type convertFlags struct {
 	layout, maxShard string
 	digest           string
+	dtype            string
 	jobs             int
 	force, resume    bool
 	dryRun           bool
@@ -45,11 +47,13 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl.BoolVarP(&f.force, "force", "f", false, "replace DST if it is an earlier moeprep output (every file listed in its manifest) or empty; anything else is refused")
 	fl.BoolVar(&f.resume, "resume", false, "continue an interrupted run from DST.partial, reusing finished shards whose file and source bytes still hash as recorded; on a complete DST, verify it and exit 0")
 	fl.BoolVar(&f.dryRun, "dry-run", false, "print the plan (shards, bytes to read and write, free space, time at SRC's measured read speed) and write nothing")
+	fl.StringVar(&f.dtype, "dtype", "", "dequantise every quantised weight (experts, attention, dense MLPs; FP8, INT4, NVFP4, MXFP4) into bf16, f16 or f32: the dtype the dequantised tensors get, each value the exact float32 dequantisation rounded once to nearest even (f32: exact); their scale tensors and input_scale are dropped, config.json loses quantization_config; every other tensor stays byte for byte")
 	fl.BoolVar(&f.bufferedIO, "buffered-io", false, "write shards through the page cache instead of with O_DIRECT (used anyway where the file system refuses O_DIRECT)")
 	quietFlag(cmd, &f.quiet)
 	f.report.register(cmd, "the summary")
 	_ = cmd.RegisterFlagCompletionFunc("layout", fixedCompletion(layout.Stacked, layout.GateUp, layout.UpGate))
 	_ = cmd.RegisterFlagCompletionFunc("digest", fixedCompletion("xxh3", "blake3", "sha256"))
+	_ = cmd.RegisterFlagCompletionFunc("dtype", fixedCompletion("bf16", "f16", "f32"))
 }
 
 // fixedCompletion completes a flag's value from a fixed list.
@@ -79,6 +83,10 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	if err != nil {
 		return convert.Options{}, fmt.Errorf("--digest: %w", err)
 	}
+	dtype, err := parseDequantDType(f.dtype)
+	if err != nil {
+		return convert.Options{}, err
+	}
 	if f.force && f.resume {
 		return convert.Options{}, fmt.Errorf("--force and --resume contradict each other: --resume keeps DST.partial's finished shards, --force starts over")
 	}
@@ -86,7 +94,23 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 		return convert.Options{}, err
 	}
 	return convert.Options{Src: src, Dst: dst, Layout: l, MaxShardSize: size, Jobs: f.jobs, Digest: digest,
-		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, Tool: "moeprep " + versionString()}, nil
+		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, DType: dtype, Tool: "moeprep " + versionString()}, nil
+}
+
+// parseDequantDType reads --dtype: "" (keep quantised weights), bf16, f16
+// or f32 (any case; bfloat16, float16, float32 too).
+func parseDequantDType(s string) (safetensors.DType, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "":
+		return "", nil
+	case "bf16", "bfloat16":
+		return safetensors.BF16, nil
+	case "f16", "fp16", "float16":
+		return safetensors.F16, nil
+	case "f32", "fp32", "float32":
+		return safetensors.F32, nil
+	}
+	return "", fmt.Errorf("--dtype %q: want bf16, f16 or f32 (the dtype dequantised weights get)", s)
 }
 
 func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
@@ -133,6 +157,9 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 			s.Dst, s.Layout, shards, human.Count(s.Files, "file"),
 			human.Bytes(s.Bytes), human.Duration(time.Duration(s.Seconds*float64(time.Second))),
 			human.Rate(s.Bytes, time.Duration(s.Seconds*float64(time.Second))))
+		if s.DType != "" {
+			msg += fmt.Sprintf("; %s dequantised to %s", human.Count(s.DequantizedTensors, "quantised weight"), s.DType)
+		}
 		if o.FuseShared {
 			msg += fmt.Sprintf("; %s", human.Count(s.FusedShared, "fused shared expert"))
 			if s.SharedRequantized != "" {
@@ -165,6 +192,9 @@ func printPlan(w io.Writer, label string, p *convert.Plan) error {
 	}
 	if p.Folded {
 		what += ", routed_scaling_factor folded"
+	}
+	if p.DType != "" {
+		what += fmt.Sprintf(", %s dequantised to %s", human.Count(p.DequantizedTensors, "quantised weight"), p.DType)
 	}
 	fmt.Fprintf(&b, "  %s, %s (%s)\n", human.Count(len(p.Shards), "shard"), human.Count(p.Tensors, "tensor"), what)
 	const listed = 12
@@ -215,7 +245,12 @@ func newConvertCmd() *cobra.Command {
 		Short: "Stack each MoE layer's experts into contiguous tensors",
 		Long: `convert re-lays every MoE layer's experts into contiguous stacked tensors and
 copies everything else byte for byte. Slice e of a stack is source expert e:
-bytes are copied, never converted (FP8 weight_scale_inv are stacked alongside).
+bytes are copied, never converted (FP8 weight_scale_inv are stacked alongside),
+unless --dtype asks for the quantised weights dequantised: then every quantised
+weight (experts and others) becomes bf16, f16 or f32, each value rounded once,
+under the names an unquantised checkpoint of the family has; --dtype names the
+dtype the dequantised tensors get, and every tensor that was not quantised is
+still copied byte for byte.
 
 The output is a hub-layout directory: sharded safetensors with
 model.safetensors.index.json, config.json with a "moeprep" contract section
@@ -224,7 +259,8 @@ source gives safetensors output. Work happens in DST.partial, renamed to DST
 only when complete; --resume continues an interrupted run.`,
 		Example: `  moeprep convert ./DeepSeek-V3 ./DeepSeek-V3-stacked
   moeprep convert --layout gate-up --max-shard-size 10GB ./Qwen3-30B-A3B ./qwen3-gate-up
-  moeprep convert --resume ./DeepSeek-V3 ./DeepSeek-V3-stacked   # after an interruption`,
+  moeprep convert --resume ./DeepSeek-V3 ./DeepSeek-V3-stacked   # after an interruption
+  moeprep convert --dtype bf16 ./DeepSeek-V3 ./DeepSeek-V3-bf16   # FP8 dequantised, for GPUs without FP8`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := f.options(args[0], args[1])
@@ -259,6 +295,8 @@ a serving engine's top-k gains shared slots and never clones weights at load.
   down  always fold; bf16/f16/f32 routed down weights times rsf, rounded to
         nearest even (reports the largest relative change); refuses UE8M0 scales
   none  never fold: the shared slot weight is 1/rsf and rsf stays a multiply
+With --dtype the weights are dequantised and plain: auto folds nothing and
+down is refused (a fold would have to be inside the one rounding).
 The contract in DST/config.json says which (see layout/CONTRACT.md).
 
 Where the shared expert is stored unlike the routed experts (Kimi-K2-Thinking:

@@ -87,7 +87,7 @@ func (m *ByteMismatch) Error() string {
 	if where != "" {
 		where += ": "
 	}
-	if m.Kind == MismatchBytes || m.Kind == MismatchFold || m.Kind == MismatchNaN || m.Kind == MismatchCopy {
+	if m.Kind == MismatchBytes || m.Kind == MismatchFold || m.Kind == MismatchNaN || m.Kind == MismatchCopy || m.Kind == MismatchDequant {
 		return termsafe.Escape(fmt.Sprintf("%s%s at byte %d: %s", where, m.Kind, m.Offset, m.Detail))
 	}
 	return termsafe.Escape(fmt.Sprintf("%s%s: %s", where, m.Kind, m.Detail))
@@ -106,6 +106,9 @@ type BytesResult struct {
 	// FoldMaxRelChange is the largest |dst - src*rsf| / |src*rsf| over the
 	// folded values, against the contract's fold_max_rel_change.
 	FoldMaxRelChange float64 `json:"fold_max_rel_change,omitempty"`
+	// Dequantized is how many DST tensors were predicted by dequantising
+	// SRC's weights (a dequantised DST) and matched bit for bit.
+	Dequantized int `json:"dequantized_tensors,omitempty"`
 }
 
 // segment is a run of DST bytes and how to predict them: src bytes as they
@@ -114,8 +117,11 @@ type segment struct {
 	off    int64 // within the DST tensor
 	n      int64
 	src    *checkpoint.Tensor
-	ranges [][2]int64 // byte ranges of src, in order, totalling n
+	ranges [][2]int64 // byte ranges of src, in order, totalling n (dq: src's weight bytes)
 	fold   float64    // 0: exact bytes
+	// dq: the n bytes are src's weight (ranges) dequantised and rounded
+	// once (dequant.go); nil: src's bytes themselves.
+	dq     *dequantSeg
 	layer  int
 	expert int
 }
@@ -174,7 +180,7 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 		ours[filepath.ToSlash(f)] = true
 		weights[filepath.ToSlash(f)] = true
 	}
-	copies, mm, err := checkCopiesListed(src, dst.Dir, man, ours)
+	copies, mm, err := checkCopiesListed(src, dst.Dir, man, ours, c)
 	if err != nil {
 		return nil, err
 	}
@@ -233,6 +239,7 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 		res.SrcBytes += fr.st.srcBytes
 		res.Tensors += len(fr.st.tensors)
 		res.FoldMaxRelChange = max(res.FoldMaxRelChange, fr.st.foldMax)
+		res.Dequantized += fr.st.dequantized
 		for _, n := range fr.st.tensors {
 			if seen[n] && res.Mismatch == nil {
 				res.Mismatch = &ByteMismatch{Kind: MismatchExtra, File: filepath.Join(dst.Dir, rel), Tensor: n, Layer: pred.meta[n].layer, Expert: -1, Detail: "in two shards"}
@@ -324,6 +331,9 @@ func predict(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract) 
 			return nil, err
 		}
 	}
+	if err := p.predictOthers(src, c, consumed); err != nil {
+		return nil, err
+	}
 	for _, t := range src.Tensors {
 		if consumed[t.Name] {
 			continue
@@ -352,20 +362,27 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 	I, H := int64(plan.MoEIntermediateSize), int64(plan.HiddenSize)
 	E := c.NumExperts
 	bank := c.BankSize()
-	wf, err := c.Format()
+	of, err := c.Format() // how DST stores the experts
 	if err != nil {
 		return fmt.Errorf("%s: %w", src.Dir, err)
 	}
-	sf, scaled := wf.Scale()
+	// How SRC stores them: as DST does, or as the contract records the
+	// dequantised experts' source format; a shared expert dequantising
+	// leaves plain (Kimi's BF16 beside INT4) is read as plain.
+	wf, sharedF, err := srcFormats(plan, c, of)
+	if err != nil {
+		return fmt.Errorf("%s: %w", src.Dir, err)
+	}
+	sf, _ := of.Scale()
 	S := int64(max(c.SharedSlices, 1))
 	if c.NumFusedSharedExperts > 0 && l.Shared == nil {
 		return fmt.Errorf("%s: layer %d: the contract fuses a shared expert SRC does not have", src.Dir, li.Index)
 	}
-	gateRows := weightfmt.Matrix{Format: wf, Rows: S * I, Cols: H}
-	downCols := weightfmt.Matrix{Format: wf, Rows: H, Cols: S * I}
+	gateRows := weightfmt.Matrix{Format: sharedF, Rows: S * I, Cols: H}
+	downCols := weightfmt.Matrix{Format: sharedF, Rows: H, Cols: S * I}
 	for s := int64(1); c.NumFusedSharedExperts > 0 && s < S; s++ {
 		if !gateRows.RowSplitExact(s*I) || !downCols.ColSplitExact(s*I) {
-			return fmt.Errorf("%s: layer %d: I %d is not a multiple of the %s block, so the shared expert cannot be split", src.Dir, li.Index, I, wf)
+			return fmt.Errorf("%s: layer %d: I %d is not a multiple of the %s block, so the shared expert cannot be split", src.Dir, li.Index, I, sharedF)
 		}
 	}
 	// rsf, when folded, multiplies the routed experts' down weights or
@@ -408,6 +425,7 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		m      mat
 		ranges [][2]int64
 		fold   float64
+		dq     *dequantSeg // dequantised from m's bytes (ranges), nil: those bytes
 	}
 	type parts struct {
 		gate, up, down, gs, us, ds, gb, ub, db piece
@@ -424,7 +442,7 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		}
 		consumed[checkpoint.BaseName(name)] = true
 		m := mat{t, 1, 1}
-		return piece{m, m.all(), 0}, nil
+		return piece{m, m.all(), 0, nil}, nil
 	}
 	rsf := 0.0
 	if c.RoutedScalingFactorFolded {
@@ -434,6 +452,7 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		var pr parts
 		m, s, n := family.MLP{}, int64(0), int64(1)
 		routed := b < E
+		wf := wf
 		if routed {
 			m = l.Experts[b]
 		} else {
@@ -442,7 +461,9 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 				m = requant
 			}
 			s, n = int64((b-E)%int(S)), S
+			wf = sharedF
 		}
+		_, scaled := wf.Scale()
 		// The stored [rows, cols]: fewer columns where elements pack
 		// (INT4: eight to an I32 along a row).
 		gsh := weightfmt.Matrix{Format: wf, Rows: n * I, Cols: H}.Shape()
@@ -474,9 +495,9 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		// Slice s of a shared expert of n*I (all of a routed expert, n = 1).
 		rows := weightfmt.Matrix{Format: wf, Rows: n * I, Cols: H}.RowBlock(s*I, I)
 		cols := weightfmt.Matrix{Format: wf, Rows: H, Cols: n * I}.ColBlock(s*I, I)
-		pr.gate = piece{g, rows.Weight.Ranges(), 0}
-		pr.up = piece{u, rows.Weight.Ranges(), 0}
-		pr.down = piece{d, cols.Weight.Ranges(), 0}
+		pr.gate = piece{g, rows.Weight.Ranges(), 0, nil}
+		pr.up = piece{u, rows.Weight.Ranges(), 0, nil}
+		pr.down = piece{d, cols.Weight.Ranges(), 0, nil}
 		if routed && fold.Into == weightfmt.FoldWeights {
 			pr.down.fold = rsf
 		}
@@ -493,14 +514,14 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 				if err != nil {
 					return pr, err
 				}
-				*x.dst = piece{v, v.all(), 0}
+				*x.dst = piece{v, v.all(), 0, nil}
 			}
 		}
 		if globbed {
 			ins := []string{m.GateInput, m.UpInput, m.DownInput}
-			if !c.InputScales {
+			if !c.InputScales && c.Dequantized == nil {
 				ins = []string{"", "", ""}
-			} else if m.GateInput == "" {
+			} else if c.InputScales && m.GateInput == "" {
 				return pr, fmt.Errorf("%s: layer %d: the contract has input_scales, SRC's expert %d has none", src.Dir, li.Index, b)
 			}
 			for i, x := range []struct {
@@ -532,11 +553,23 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		if err != nil {
 			return pr, err
 		}
-		pr.gs = piece{gs, rows.Scale.Ranges(), 0}
-		pr.us = piece{us, rows.Scale.Ranges(), 0}
-		pr.ds = piece{ds, cols.Scale.Ranges(), 0}
+		pr.gs = piece{gs, rows.Scale.Ranges(), 0, nil}
+		pr.us = piece{us, rows.Scale.Ranges(), 0, nil}
+		pr.ds = piece{ds, cols.Scale.Ranges(), 0, nil}
 		if routed && fold.Into == weightfmt.FoldScales {
 			pr.ds.fold = rsf
+		}
+		if c.Dequantized != nil {
+			// DST holds each weight dequantised: its values from the
+			// weight's bytes, its scales' and its global scale's.
+			to := safetensors.DType(c.Dequantized.DType)
+			for _, x := range []struct {
+				w, s, g    *piece
+				rows, cols int64
+			}{{&pr.gate, &pr.gs, &pr.gg, I, H}, {&pr.up, &pr.us, &pr.ug, I, H}, {&pr.down, &pr.ds, &pr.dg, H, I}} {
+				x.w.dq = &dequantSeg{m: weightfmt.Matrix{Format: wf, Rows: x.rows, Cols: x.cols}, to: to,
+					scale: x.s.m.t, scaleRanges: x.s.ranges, global: x.g.m.t, globalRanges: x.g.ranges}
+			}
 		}
 		return pr, nil
 	}
@@ -558,7 +591,7 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		}
 	}
 	names := c.Names(li)
-	shapes := layout.StackShapesFor(c.Layout, int64(bank), I, H, wf)
+	shapes := layout.StackShapesFor(c.Layout, int64(bank), I, H, of)
 	wd, err := safetensors.ParseDType(c.WeightDType)
 	if err != nil {
 		return fmt.Errorf("%s: contract weight_dtype: %w", src.Dir, err)
@@ -576,7 +609,10 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 				for _, r := range pc.ranges {
 					n += r[1] - r[0]
 				}
-				segs = append(segs, segment{off: off, n: n, src: pc.m.t, ranges: pc.ranges, fold: pc.fold, layer: li.Index, expert: b})
+				if pc.dq != nil {
+					n = pc.dq.size()
+				}
+				segs = append(segs, segment{off: off, n: n, src: pc.m.t, ranges: pc.ranges, fold: pc.fold, dq: pc.dq, layer: li.Index, expert: b})
 				off += n
 			}
 		}
@@ -641,9 +677,10 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 
 // shardStats is what one shard's check saw.
 type shardStats struct {
-	tensors  []string
-	srcBytes int64
-	foldMax  float64
+	tensors     []string
+	srcBytes    int64
+	foldMax     float64
+	dequantized int // tensors predicted by dequantising
 }
 
 // checkShard reads one DST shard in file order, hashing it, and compares
@@ -710,9 +747,15 @@ func checkShard(ctx context.Context, path string, like layout.FileInfo, pred *pr
 				Detail: fmt.Sprintf("%s %v, want %s %v", ti.DType, ti.Shape, w.dtype, w.shape)}, st, nil
 		}
 		st.tensors = append(st.tensors, ti.Name)
+		if segs := pred.tensors[ti.Name]; len(segs) > 0 && segs[0].dq != nil {
+			st.dequantized++
+		}
 		es := int64(ti.DType.Size())
 		step := int64(compareChunk) / es * es
 		for _, sg := range pred.tensors[ti.Name] {
+			if sg.dq != nil {
+				st.srcBytes += sg.dq.srcBytes(sg.ranges)
+			}
 			for done := int64(0); done < sg.n; done += step {
 				n := min(step, sg.n-done)
 				if _, err := io.ReadFull(dr, got[:n]); err != nil {
@@ -722,7 +765,9 @@ func checkShard(ctx context.Context, path string, like layout.FileInfo, pred *pr
 				if _, err := io.ReadFull(want, exp[:n]); err != nil {
 					return fail(fmt.Errorf("tensor %s: reading its prediction from SRC: %w", ti.Name, err))
 				}
-				st.srcBytes += n
+				if sg.dq == nil {
+					st.srcBytes += n
+				}
 				if mm := compareSeg(path, ti, sg, got[:n], exp[:n], sg.off+done, &st.foldMax); mm != nil {
 					return layout.FileInfo{}, mm, st, nil
 				}
@@ -754,6 +799,9 @@ func compareSeg(path string, ti *safetensors.TensorInfo, sg segment, got, want [
 	if i, bits := tensorbytes.FirstNonFinite(ti.DType, got); i >= 0 {
 		es := int64(ti.DType.Size())
 		return mm(MismatchNaN, at+int64(i)*es, fmt.Sprintf("element %d is NaN or Inf (bits %#x)", (at/es)+int64(i), bits))
+	}
+	if sg.dq != nil {
+		return compareDequant(mm, sg, ti.DType, got, want, at)
 	}
 	if sg.fold == 0 {
 		if bytes.Equal(got, want) {
@@ -794,6 +842,12 @@ type segReader struct {
 	seg  int
 	rng  int
 	pos  int64 // within the current range
+	// A dequantised segment (dequant.go): the rows predicted so far, the
+	// predicted bytes not yet read (dqBuf from dqOff), the scratch.
+	dqRow int64
+	dqBuf []byte
+	dqOff int
+	dq    weightfmt.Dequantiser
 }
 
 // Read fills p with the next predicted bytes; io.EOF after the last.
@@ -807,6 +861,17 @@ func (r *segReader) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		sg := &r.segs[r.seg]
+		if sg.dq != nil {
+			m, err := r.readDequant(sg, p[n:])
+			if err != nil {
+				return n, err
+			}
+			if m == 0 {
+				r.seg, r.dqRow, r.dqBuf, r.dqOff = r.seg+1, 0, r.dqBuf[:0], 0
+			}
+			n += m
+			continue
+		}
 		if r.rng >= len(sg.ranges) {
 			r.seg, r.rng, r.pos = r.seg+1, 0, 0
 			continue

@@ -36,6 +36,18 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return &ByteMismatch{Kind: MismatchContract, File: cfgPath, Layer: -1, Expert: -1,
 			Detail: fmt.Sprintf("%s.%s is %s, but %s", layout.ContractKey, key, render(got), why)}
 	}
+	// fc describes SRC's expert format as the contract records it: c
+	// itself, or for a dequantised DST its experts group (whose fields
+	// fk names), c's own fields then saying plain weights of the dtype.
+	fc, fk := c, func(k string) string { return k }
+	if c.Dequantized != nil {
+		g, ok := c.Dequantized.Group(layout.GroupExperts)
+		if !ok {
+			return refuse("dequantized.groups", c.Dequantized.Groups, "SRC's experts are what --dtype dequantises, and there is no experts group")
+		}
+		fc = &layout.Contract{Quantization: g.Quantization, WeightDType: g.WeightDType, WeightBlockSize: g.WeightBlockSize, ScaleDType: g.ScaleDType, Naming: g.Naming}
+		fk = func(k string) string { return "dequantized.groups[experts]." + k }
+	}
 	fp8 := plan.Quantization == family.QuantFP8Block
 	quant := string(plan.Quantization)
 	if quant == "" {
@@ -56,9 +68,9 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 	}
 	if perRow {
 		if q, why := srcScaledQuant(src.Config); why != "" {
-			return refuse("quantization", c.Quantization, why)
+			return refuse(fk("quantization"), fc.Quantization, why)
 		} else if q != quant {
-			return bad("quantization", c.Quantization, q, "SRC's quantization_config")
+			return bad(fk("quantization"), fc.Quantization, q, "SRC's quantization_config")
 		}
 		scaleDType, scaleErr = srcScaleDType(src, plan, sharedQ == "")
 	}
@@ -66,16 +78,21 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 	if int4 {
 		var why string
 		if int4Block, why = srcInt4Block(src.Config); why != "" {
-			return refuse("weight_block_size", c.WeightBlockSize, why)
+			return refuse(fk("weight_block_size"), fc.WeightBlockSize, why)
 		}
 		if scaleDType, why = srcScaleDType(src, plan, false); why != "" {
-			return refuse("scale_dtype", c.ScaleDType, why)
+			return refuse(fk("scale_dtype"), fc.ScaleDType, why)
 		}
 	}
 	// A plain shared expert beside quantised routed experts is fused only
 	// requantised (--requantize-shared), by the routed format's rule.
 	var requant *layout.Requantization
-	if sharedQ == string(family.QuantNone) && c.NumFusedSharedExperts > 0 {
+	switch {
+	case sharedQ == string(family.QuantNone) && c.Dequantized != nil && sharedDT == c.Dequantized.DType:
+		// a plain shared expert of the dtype --dtype dequantises the
+		// routed experts into is stored like them, fused or not
+		sharedQ, sharedDT = "", ""
+	case sharedQ == string(family.QuantNone) && c.NumFusedSharedExperts > 0:
 		requant = srcRequantization(quant, sharedDT, plan.ScaleFmt == "ue8m0")
 		sharedQ, sharedDT = "", "" // fused shared experts are stored like the routed ones
 	}
@@ -85,7 +102,7 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 	if nv {
 		var why string
 		if nvBlock, nvInput, why = srcNVFP4(src, plan); why != "" {
-			return refuse("weight_block_size", c.WeightBlockSize, why)
+			return refuse(fk("weight_block_size"), fc.WeightBlockSize, why)
 		}
 	}
 	var mxBlock []int64
@@ -93,7 +110,7 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 	if mx {
 		var why string
 		if mxBlock, scaleDType, naming, why = srcMXFP4(src, plan); why != "" {
-			return refuse("weight_block_size", c.WeightBlockSize, why)
+			return refuse(fk("weight_block_size"), fc.WeightBlockSize, why)
 		}
 	}
 	switch {
@@ -115,24 +132,24 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("activation", orAbsent(c.Activation), orAbsent(activation(plan.Act)), "SRC's family ("+plan.ModelType+")")
 	case c.ExpertBias != plan.ExpertBias:
 		return bad("expert_bias", c.ExpertBias, plan.ExpertBias, "SRC's experts")
-	case c.WeightDType != string(plan.WeightDType):
-		return bad("weight_dtype", c.WeightDType, string(plan.WeightDType), "SRC's experts")
-	case c.Quantization != quant:
-		return bad("quantization", c.Quantization, quant, "SRC's experts")
+	case fc.WeightDType != string(plan.WeightDType):
+		return bad(fk("weight_dtype"), fc.WeightDType, string(plan.WeightDType), "SRC's experts")
+	case fc.Quantization != quant:
+		return bad(fk("quantization"), fc.Quantization, quant, "SRC's experts")
 	case fp8 && blockErr != "":
-		return refuse("weight_block_size", c.WeightBlockSize, blockErr)
-	case fp8 && !equalInts(c.WeightBlockSize, block):
-		return bad("weight_block_size", c.WeightBlockSize, block, "SRC's quantization_config")
-	case int4 && !equalInts(c.WeightBlockSize, int4Block):
-		return bad("weight_block_size", c.WeightBlockSize, int4Block, "SRC's quantization_config (pack-quantized INT4: [1, group size], [1, 0] per channel)")
-	case nv && !equalInts(c.WeightBlockSize, nvBlock):
-		return bad("weight_block_size", c.WeightBlockSize, nvBlock, "SRC's NVFP4 description (group_size 16: [1, 16])")
-	case c.InputScales != nvInput:
-		return bad("input_scales", c.InputScales, nvInput, "SRC's NVFP4 expert tensors (input_scale)")
-	case mx && !equalInts(c.WeightBlockSize, mxBlock):
-		return bad("weight_block_size", c.WeightBlockSize, mxBlock, "SRC's MXFP4 blocks and scales ([1, elements per E8M0 scale])")
-	case c.Naming != naming:
-		return bad("naming", orAbsent(c.Naming), orAbsent(naming), "SRC's MXFP4 description (compressed-tensors, DeepSeek-V4's expert_dtype fp4; absent: gpt-oss)")
+		return refuse(fk("weight_block_size"), fc.WeightBlockSize, blockErr)
+	case fp8 && !equalInts(fc.WeightBlockSize, block):
+		return bad(fk("weight_block_size"), fc.WeightBlockSize, block, "SRC's quantization_config")
+	case int4 && !equalInts(fc.WeightBlockSize, int4Block):
+		return bad(fk("weight_block_size"), fc.WeightBlockSize, int4Block, "SRC's quantization_config (pack-quantized INT4: [1, group size], [1, 0] per channel)")
+	case nv && !equalInts(fc.WeightBlockSize, nvBlock):
+		return bad(fk("weight_block_size"), fc.WeightBlockSize, nvBlock, "SRC's NVFP4 description (group_size 16: [1, 16])")
+	case c.InputScales != (nvInput && c.Dequantized == nil):
+		return bad("input_scales", c.InputScales, nvInput && c.Dequantized == nil, "SRC's NVFP4 expert tensors (input_scale), which a dequantised DST drops")
+	case mx && !equalInts(fc.WeightBlockSize, mxBlock):
+		return bad(fk("weight_block_size"), fc.WeightBlockSize, mxBlock, "SRC's MXFP4 blocks and scales ([1, elements per E8M0 scale])")
+	case fc.Naming != naming:
+		return bad(fk("naming"), orAbsent(fc.Naming), orAbsent(naming), "SRC's MXFP4 description (compressed-tensors, DeepSeek-V4's expert_dtype fp4; absent: gpt-oss)")
 	case c.SharedQuantization != sharedQ:
 		return bad("shared_quantization", orAbsent(c.SharedQuantization), orAbsent(sharedQ), "SRC's shared expert tensors")
 	case c.SharedWeightDType != sharedDT:
@@ -141,14 +158,14 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("shared_requantized", c.SharedRequantized, shown("absent"), "SRC's shared expert, stored like the routed experts or not fused,")
 	case requant != nil && (c.SharedRequantized == nil || *c.SharedRequantized != *requant):
 		return bad("shared_requantized", orAbsent(c.SharedRequantized), requant, "SRC's plain shared expert fused into "+quant+" slots")
-	case !fp8 && !perRow && !int4 && !nv && !mx && len(c.WeightBlockSize) != 0:
-		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's unquantized experts")
-	case perRow && len(c.WeightBlockSize) != 0:
-		return bad("weight_block_size", c.WeightBlockSize, shown("absent"), "SRC's "+quant+" experts (a scale per row or per weight, no blocks)")
+	case !fp8 && !perRow && !int4 && !nv && !mx && len(fc.WeightBlockSize) != 0:
+		return bad(fk("weight_block_size"), fc.WeightBlockSize, shown("absent"), "SRC's unquantized experts")
+	case perRow && len(fc.WeightBlockSize) != 0:
+		return bad(fk("weight_block_size"), fc.WeightBlockSize, shown("absent"), "SRC's "+quant+" experts (a scale per row or per weight, no blocks)")
 	case perRow && scaleErr != "":
-		return refuse("scale_dtype", c.ScaleDType, scaleErr)
-	case c.ScaleDType != scaleDType:
-		return bad("scale_dtype", orAbsent(c.ScaleDType), orAbsent(scaleDType), "SRC's expert scale tensors")
+		return refuse(fk("scale_dtype"), fc.ScaleDType, scaleErr)
+	case fc.ScaleDType != scaleDType:
+		return bad(fk("scale_dtype"), orAbsent(fc.ScaleDType), orAbsent(scaleDType), "SRC's expert scale tensors")
 	case c.Manifest != layout.ManifestFileName:
 		return bad("manifest", c.Manifest, layout.ManifestFileName, "moeprep")
 	case c.TP < 1 || c.TP > maxTP:
@@ -156,6 +173,11 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 	}
 	if mm := checkContractLayers(cfgPath, bad, plan, c); mm != nil {
 		return mm
+	}
+	if c.Dequantized != nil {
+		if mm := checkDequantized(src, plan, c, bad, refuse); mm != nil {
+			return mm
+		}
 	}
 	if c.SharedReplicas > 0 || c.SharedSlices > 0 || c.NumFusedSharedExperts > 0 {
 		if why := unfusable(src, plan, block); why != "" {
@@ -175,7 +197,7 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 	default:
 		return refuse("fold_mode", c.FoldMode, "moeprep writes auto, down or none")
 	}
-	if want := foldsRSF(src, plan, c.FoldMode); c.RoutedScalingFactorFolded != want {
+	if want := foldsRSF(src, plan, c.FoldMode) && c.Dequantized == nil; c.RoutedScalingFactorFolded != want {
 		return bad("routed_scaling_factor_folded", c.RoutedScalingFactorFolded, want,
 			fmt.Sprintf("fold_mode %s on SRC's %s experts with routed_scaling_factor %v", c.FoldMode, plan.DTypeName(), plan.RoutedScalingFactor))
 	}

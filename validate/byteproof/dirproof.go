@@ -175,13 +175,16 @@ func walkTree(dir, rel string, listed map[string]layout.FileInfo, dirs map[strin
 // checkCopiesListed ties the manifest's files to SRC's: each one is
 // moeprep's own output (ours) or a file moeprep copies from SRC, and every
 // file it copies is listed. It returns the copies to compare.
-func checkCopiesListed(src *checkpoint.Checkpoint, dstDir string, man *layout.Manifest, ours map[string]bool) (map[string]bool, *ByteMismatch, error) {
+func checkCopiesListed(src *checkpoint.Checkpoint, dstDir string, man *layout.Manifest, ours map[string]bool, c *layout.Contract) (map[string]bool, *ByteMismatch, error) {
 	others, err := src.OtherFiles()
 	if err != nil {
 		return nil, nil, err
 	}
 	copies := map[string]bool{}
 	for _, f := range others {
+		if !copiedDequant(c, f) {
+			continue // a dequantised DST has no hf_quant_config.json; listed, it fails below
+		}
 		rel := filepath.ToSlash(f)
 		p := filepath.Join(dstDir, f)
 		switch _, listed := man.Files[rel]; {
@@ -258,8 +261,9 @@ func checkCopy(ctx context.Context, dstPath, srcPath string, like layout.FileInf
 
 // checkConfigFile reads DST's config.json once, hashes it for the manifest
 // and proves it is SRC's config plus exactly the contract c: SRC's keys
-// with SRC's values, and a "moeprep" object that holds c as moeprep writes
-// it and nothing else.
+// with SRC's values (but quantization_config, which a dequantised DST must
+// not have), and a "moeprep" object that holds c as moeprep writes it and
+// nothing else.
 func checkConfigFile(p string, like layout.FileInfo, srcPath string, srcJSON []byte, c *layout.Contract) (layout.FileInfo, *ByteMismatch, error) {
 	b, err := safeio.ReadFile(p, maxConfigBytes, "config.json")
 	if err != nil {
@@ -280,6 +284,9 @@ func checkConfigFile(p string, like layout.FileInfo, srcPath string, srcJSON []b
 	}
 	if _, has := srcCfg[layout.ContractKey]; has {
 		return layout.FileInfo{}, nil, fmt.Errorf("%s: has a %q key of its own: SRC is moeprep output, not the checkpoint DST was converted from", srcPath, layout.ContractKey)
+	}
+	if c.Dequantized != nil {
+		delete(srcCfg, quantizationConfigKey)
 	}
 	dv, ddups, err := decodeJSON(b)
 	if err != nil {
@@ -312,8 +319,9 @@ func checkConfigFile(p string, like layout.FileInfo, srcPath string, srcJSON []b
 	return h.Sum(), nil, nil
 }
 
-// contractJSON is c as moeprep writes it, decoded for comparison.
-func contractJSON(c *layout.Contract) (any, error) {
+// contractJSON is c (the contract, or a part of it) as moeprep writes it,
+// decoded for comparison.
+func contractJSON(c any) (any, error) {
 	b, err := jsonMarshal(c)
 	if err != nil {
 		return nil, err
@@ -348,3 +356,6 @@ func unwrapPath(err error) error {
 	}
 	return err
 }
+
+// quantizationConfigKey is the config.json key a dequantised DST drops.
+const quantizationConfigKey = "quantization_config"

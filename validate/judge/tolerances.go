@@ -38,6 +38,27 @@ var (
 		Reason: "bf16 activations on the GPU: 8 mantissa bits per rounding (vLLM/SGLang use 2e-2)"}
 )
 
+// TolDequantBF16 is for a DST whose quantised weights convert --dtype bf16
+// dequantised: each weight is its exact float32 dequantisation rounded
+// once to nearest-even bf16, a relative change of at most 2^-8 (half an
+// ulp of 8 significant bits), RMS about 1.7e-3 over uniformly placed
+// mantissas. A layer's output goes through three such matrices (gate, up,
+// down) whose errors are independent and add in quadrature: at most about
+// sqrt(3) * 2^-8 = 6.8e-3 if every weight moved by the most, measured
+// 2.3e-3..3.4e-3 whole-layer and up to 5.9e-3 for one forced token on the
+// synth presets of every format (validate/README.md). Twice the bound,
+// 1.35e-2, leaves that margin, while an ignored scale or a wrong expert
+// moves the output by 0.1 to 1. Bit exactness is the byte proof's: it
+// requires every dequantised value to be the one rounding, so a double
+// rounding or a truncation, which this tolerance would pass, fails there.
+var TolDequantBF16 = Tolerance{Name: "bf16-dequantised", MaxRelL2: 1.35e-2, MinCosine: 1 - 1e-4,
+	Reason: "weights dequantised and rounded once to bf16: at most 2^-8 each, three matrices in quadrature (sqrt(3)*2^-8 = 6.8e-3), x2"}
+
+// TolDequantF16 is TolDequantBF16 for --dtype f16: one rounding to 11
+// significant bits, at most 2^-11 a weight, 2*sqrt(3)*2^-11 = 1.7e-3.
+var TolDequantF16 = Tolerance{Name: "f16-dequantised", MaxRelL2: 1.7e-3, MinCosine: 1 - 2e-6,
+	Reason: "weights dequantised and rounded once to f16: at most 2^-11 each, three matrices in quadrature, x2"}
+
 // TolGPUF32 is for the GPU kernels in f32 mode (f32 activations, weights as
 // stored) against float32/float64 CPU paths or each other on identical
 // weights: f32 accumulation in another order, measured 2.6e-7..5.8e-7 by the
@@ -88,6 +109,11 @@ type Situation struct {
 	// coarsely; FP8 block folding touches only the F32 scales and leaves
 	// the weights identical.
 	RoundedFold bool
+	// Dequantised is the dtype DST's dequantised weights were rounded to
+	// (convert --dtype: "BF16", "F16"); "" or "F32" where they were not
+	// rounded (F32 holds the exact dequantisation, as SRC's reference
+	// computes it).
+	Dequantised string
 	// Requant is the quantization DST's fused shared expert was
 	// requantised into (its contract's shared_requantized), "" when it was
 	// not: its paths are then judged against SRC's unrequantised ones at
@@ -109,10 +135,15 @@ type RequantStats struct {
 }
 
 // folded widens a tolerance tighter than TolBF16Fold to it when DST's
-// weights were rounded by folding rsf.
+// weights were rounded by folding rsf, and one tighter than
+// TolDequantBF16 or TolDequantF16 to it when they were rounded by
+// dequantising.
 func folded(base Tolerance, s Situation) Tolerance {
 	if s.RoundedFold && base.MaxRelL2 < TolBF16Fold.MaxRelL2 {
-		return TolBF16Fold
+		base = TolBF16Fold
+	}
+	if d, ok := dequantised[s.Dequantised]; ok && base.MaxRelL2 < d.MaxRelL2 {
+		base = d
 	}
 	return base
 }
@@ -162,3 +193,6 @@ var (
 	TolRequantFP8 = Tolerance{Name: "requant-fp8", MaxRelL2: 0.1, MinCosine: 0.99,
 		Reason: "shared expert requantised to FP8 E4M3, no reference to measure it: about 0.047 of the shared output, share 1"}
 )
+
+// dequantised is the tolerance of weights rounded once to each dtype.
+var dequantised = map[string]Tolerance{"BF16": TolDequantBF16, "F16": TolDequantF16}
