@@ -21,6 +21,8 @@ type checker struct {
 	hash      func(layer int) bool // hash-routed layers (nil: none)
 	// sharedBias: shared MLPs carry gate, up and down biases (ERNIE 4.5 use_bias).
 	sharedBias bool
+	// noBias: config.json turns the router's correction bias off (biasIf).
+	noBias bool
 	// inShared: the MLP being checked is a shared expert (which may be
 	// stored apart from the routed experts: Plan.SharedQuantization);
 	// sharedFrom set Plan.SharedWeightDType, for error messages.

@@ -134,6 +134,13 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 			return nil, err
 		}
 	}
+	if s.keys.biasIf != "" {
+		has, err := c.boolean(s.keys.biasIf, true)
+		if err != nil {
+			return nil, err
+		}
+		k.noBias = !has
+	}
 	if s.names.hashTable != "" {
 		if k.hash, err = hashLayers(c, p.NumHiddenLayers); err != nil {
 			return nil, err
@@ -212,7 +219,11 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 			return Layer{}, fmt.Errorf("%s: holds a hash routing table %s but config.json (mlp_layer_types) routes it by top-k", where, table)
 		}
 	}
-	if n.bias != "" && !hashed && (p.Scoring.PerExpert() || s.softmaxBias) {
+	if n.bias != "" && k.noBias {
+		if _, present := k.t.Lookup(prefix + "." + n.bias); present {
+			return Layer{}, fmt.Errorf("%s: holds a correction bias %s.%s but config.json says %s=false", where, prefix, n.bias, s.keys.biasIf)
+		}
+	} else if n.bias != "" && !hashed && (p.Scoring.PerExpert() || s.softmaxBias) {
 		out.RouterBias = prefix + "." + n.bias
 		if err := k.bias(where, out.RouterBias, s.softmaxBias); err != nil {
 			return Layer{}, err

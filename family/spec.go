@@ -133,6 +133,9 @@ type configKeys struct {
 	// sharedBias: the key of a bool saying the shared MLP's projections
 	// have biases (ERNIE 4.5's use_bias); "" when they never do.
 	sharedBias string
+	// biasIf: the key of a bool saying the router has its correction bias
+	// (LFM2-MoE's use_expert_bias); "" when names.bias always exists.
+	biasIf string
 	// sharedIfSized: the shared expert exists only when the sharedSize key
 	// is present and non-zero (Granite: shared_intermediate_size 0 = none).
 	sharedIfSized bool
