@@ -100,7 +100,7 @@ func conversionCases() []conv {
 		}
 	}
 	// issue 30's families: every layout, fuse-shared where the shared expert is ungated.
-	for i, f := range []string{"dots1", "hunyuan-v1-moe", "solar-open", "lfm2-moe", "mimo-v2-flash"} {
+	for i, f := range []string{"dots1", "hunyuan-v1-moe", "solar-open", "lfm2-moe", "mimo-v2-flash", "dbrx"} {
 		for j, lay := range lays {
 			cases = append(cases, conv{f, convert.Options{Layout: lay}})
 			if i < 3 {

@@ -102,6 +102,7 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		"hunyuan-v1-moe": {"hunyuan_v1_moe", "hunyuan_v1_moe", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 75},
 		"lfm2-moe":       {"lfm2_moe", "lfm2_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "sigmoid", 1.5, []int{1, 2}, 76},
 		"solar-open":     {"solar_open", "solar_open", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{0, 1}, 121},
+		"dbrx":           {"dbrx", "dbrx", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 19},
 		"mimo-v2-flash":  {"mimo_v2_flash", "mimo_v2_flash", "safetensors", "bf16", "none", 16, 0, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 125},
 		// issue 29's low-bit variants, written by fixtures/hf/export_lowbit.py
 		"deepseek-v3-fp8-tensor": {"deepseek", "deepseek_v3", "safetensors", "fp8_e4m3", "fp8_tensor", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 259},
