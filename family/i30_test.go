@@ -110,10 +110,26 @@ func TestLfm2ExpertBias(t *testing.T) {
 	}
 }
 
-// Hunyuan-A13B may give moe_topk per layer; moeprep reads one number.
+// Hunyuan-A13B gives moe_topk per layer: one value for all is planned,
+// differing values are refused, and so is a num_experts list.
 func TestHunyuanPerLayerTopK(t *testing.T) {
-	_, err := planEdited(t, "hunyuan-v1-moe", func(c map[string]any) { c["moe_topk"] = []any{2.0, 2.0} })
-	if err == nil || !strings.Contains(err.Error(), "moe_topk") {
-		t.Errorf("moe_topk list: %v", err)
+	p, err := planEdited(t, "hunyuan-v1-moe", func(c map[string]any) { c["moe_topk"] = []any{2.0, 2.0} })
+	if err != nil || p.TopK != 2 {
+		t.Errorf("moe_topk [2 2]: %v", err)
+	}
+	for _, tc := range []struct {
+		key  string
+		v    any
+		want string
+	}{
+		{"moe_topk", []any{2.0, 3.0}, "moe_topk [2 3]: a top-k that differs between layers is not supported"},
+		{"moe_topk", []any{}, "moe_topk []"},
+		{"moe_topk", []any{"2"}, "moe_topk: element 0"},
+		{"num_experts", []any{8.0, 8.0}, "num_experts"},
+	} {
+		_, err := planEdited(t, "hunyuan-v1-moe", func(c map[string]any) { c[tc.key] = tc.v })
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %v: %v, want %q", tc.key, tc.v, err, tc.want)
+		}
 	}
 }
