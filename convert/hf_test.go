@@ -26,7 +26,9 @@ var wantHF = []string{"deepseek-v2-lite", "deepseek-v3-bf16", "deepseek-v3-fp8",
 	"minimax", "minimax-m2", "olmoe", "qwen3-next", "granitemoe", "granitemoe-swa", "granitemoeshared", "phimoe", "llama4-text", "gpt-oss", "deepseek-v4", "deepseek-v4-fp8", "ernie4-5-moe-bias", "inkling-text",
 	"afmoe-fp8", "ernie4-5-moe-fp8", "exaone-moe-fp8", "glm4-moe-fp8", "glm4-moe-lite-fp8", "hy-v3-fp8",
 	// issue 30's multimodal wrappers (fixtures/hf/export_wrappers.py)
-	"qwen3-5-moe", "llama4", "kimi-k25", "qwen3-vl-moe", "glm4v-moe"}
+	"qwen3-5-moe", "llama4", "kimi-k25", "qwen3-vl-moe", "glm4v-moe",
+	// issue 30's families (fixtures/hf/export_families.py)
+	"dots1", "hunyuan-v1-moe", "lfm2-moe", "solar-open", "mimo-v2-flash", "dbrx"}
 
 // wantHFLowBit are issue 29's low-bit variants (fixtures/hf/export_lowbit.py).
 // This file's byte model knows bf16 and FP8 128x128 blocks only; their bytes

@@ -3,6 +3,7 @@ package family
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/moeprep/moeprep/safetensors"
@@ -21,6 +22,8 @@ type checker struct {
 	hash      func(layer int) bool // hash-routed layers (nil: none)
 	// sharedBias: shared MLPs carry gate, up and down biases (ERNIE 4.5 use_bias).
 	sharedBias bool
+	// noBias: config.json turns the router's correction bias off (biasIf).
+	noBias bool
 	// inShared: the MLP being checked is a shared expert (which may be
 	// stored apart from the routed experts: Plan.SharedQuantization);
 	// sharedFrom set Plan.SharedWeightDType, for error messages.
@@ -75,21 +78,38 @@ func (k *checker) stacked(where, gateUp, down string, transposed bool, hint stri
 	if transposed {
 		gu, dn = []int64{e, h, 2 * i}, []int64{e, i, h}
 	}
-	for _, w := range []struct {
-		name  string
-		shape []int64
-	}{{gateUp, gu}, {down, dn}} {
-		meta, ok := k.t.Lookup(w.name)
-		if !ok {
-			return fmt.Errorf("%s: missing tensor %s %s", where, w.name, hint)
-		}
-		if !slices.Equal(meta.Shape, w.shape) {
-			return fmt.Errorf("%s: %s shape %s, expected %s %s", where, w.name, shapeString(meta.Shape), shapeString(w.shape), hint)
-		}
-		if f, err := k.scaledBy(meta.DType); err != nil {
-			return fmt.Errorf("%s: %w", where, err)
-		} else if f != nil {
-			return fmt.Errorf("%s: %s: %s experts stacked on disk are not supported", where, w.name, f)
+	if err := k.wholeStack(where, gateUp, gu, hint); err != nil {
+		return err
+	}
+	return k.wholeStack(where, down, dn, hint)
+}
+
+// wholeStack checks one tensor holding many experts' weights: its shape,
+// and an unquantised float dtype (quantised stacks are not planned: their
+// scales would need views too).
+func (k *checker) wholeStack(where, name string, shape []int64, hint string) error {
+	meta, ok := k.t.Lookup(name)
+	if !ok {
+		return fmt.Errorf("%s: missing tensor %s %s", where, name, hint)
+	}
+	if !slices.Equal(meta.Shape, shape) {
+		return fmt.Errorf("%s: %s shape %s, expected %s %s", where, name, shapeString(meta.Shape), shapeString(shape), hint)
+	}
+	if f, err := k.scaledBy(meta.DType); err != nil {
+		return fmt.Errorf("%s: %w", where, err)
+	} else if f != nil {
+		return fmt.Errorf("%s: %s: %s experts stacked on disk are not supported", where, name, f)
+	}
+	return nil
+}
+
+// flat checks a family's flattened experts (DBRX): gate, up and down each
+// one [E*I, H] tensor.
+func (k *checker) flat(where string, names [3]string, hint string) error {
+	shape := []int64{int64(k.p.NumExperts) * int64(k.p.MoEIntermediateSize), int64(k.p.HiddenSize)}
+	for _, name := range names {
+		if err := k.wholeStack(where, name, shape, hint); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -129,6 +149,17 @@ func orientation(transposed bool) string {
 	return "as [out, in]"
 }
 
+// flatViews plans expert e of flattened experts: rows e*I..(e+1)*I-1 of
+// the gate and up tensors, and the same rows of the down tensor read
+// transposed to [H, I].
+func (k *checker) flatViews(where string, names [3]string, e int, hint string) (MLP, error) {
+	i := k.p.MoEIntermediateSize
+	r0, r1 := e*i, (e+1)*i
+	m := MLP{Gate: ViewName(names[0], -1, r0, r1), Up: ViewName(names[1], -1, r0, r1),
+		Down: ViewName(names[2], -1, r0, r1) + "[T:0:" + strconv.Itoa(k.p.HiddenSize) + ":1]"}
+	return m, k.viewWeights(where, m, i, hint)
+}
+
 // views plans one MLP stored as a gate-up tensor (gate rows, then up rows)
 // and a down tensor: slice e of stacked ones, or (e < 0) whole 2-D ones.
 // Transposed, the gate and up are column blocks and every piece is read
@@ -142,14 +173,20 @@ func (k *checker) views(where, gateUp, down string, e, inter int, transposed, in
 			m.Gate, m.Up = TransposedViewName(gateUp, e, 0, inter, 2), TransposedViewName(gateUp, e, 1, inter, 2)
 		}
 	}
-	names := [3]string{m.Gate, m.Up, m.Down}
-	if err := k.eachProj([3]string{"gate", "up", "down"}, inter, func(n int, role string, rows, cols int64) error {
-		_, err := k.weight(where, role, names[n], rows, cols, hint)
-		return err
-	}); err != nil {
+	if err := k.viewWeights(where, m, inter, hint); err != nil {
 		return MLP{}, err
 	}
 	return m, nil
+}
+
+// viewWeights checks the gate, up and down views of one MLP of
+// intermediate size inter.
+func (k *checker) viewWeights(where string, m MLP, inter int, hint string) error {
+	names := [3]string{m.Gate, m.Up, m.Down}
+	return k.eachProj([3]string{"gate", "up", "down"}, inter, func(n int, role string, rows, cols int64) error {
+		_, err := k.weight(where, role, names[n], rows, cols, hint)
+		return err
+	})
 }
 
 // mlp checks one SwiGLU MLP of intermediate size inter: gate and up

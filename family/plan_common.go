@@ -46,6 +46,11 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 		return nil, errConvertedConfig()
 	}
 	c = s.withDefaults(raw, mt)
+	if s.lift != nil {
+		if c, err = s.lift(c); err != nil {
+			return nil, err
+		}
+	}
 	p := &Plan{Family: s.name, ModelType: mt, Scoring: moe.Softmax, TopKMethod: moe.TopKGreedy,
 		NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 1}
 	if err := s.readSizes(c, p, converted); err != nil {
@@ -100,7 +105,7 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	}
 
 	names := t.Names()
-	if !converted && s.names.stackedGateUp == "" {
+	if !converted && s.names.stackedGateUp == "" && s.names.flat[0] == "" {
 		if err := s.refuseStacked(names); err != nil {
 			return nil, err
 		}
@@ -138,6 +143,13 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 		if k.sharedBias, err = c.boolean(s.keys.sharedBias, false); err != nil {
 			return nil, err
 		}
+	}
+	if s.keys.biasIf != "" {
+		has, err := c.boolean(s.keys.biasIf, true)
+		if err != nil {
+			return nil, err
+		}
+		k.noBias = !has
 	}
 	if s.names.hashTable != "" {
 		if k.hash, err = hashLayers(c, p.NumHiddenLayers); err != nil {
@@ -222,7 +234,11 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 			return Layer{}, fmt.Errorf("%s: holds a hash routing table %s but config.json (mlp_layer_types) routes it by top-k", where, table)
 		}
 	}
-	if n.bias != "" && !hashed && (p.Scoring.PerExpert() || s.softmaxBias) {
+	if n.bias != "" && k.noBias {
+		if _, present := k.t.Lookup(prefix + "." + n.bias); present {
+			return Layer{}, fmt.Errorf("%s: holds a correction bias %s.%s but config.json says %s=false", where, prefix, n.bias, s.keys.biasIf)
+		}
+	} else if n.bias != "" && !hashed && (p.Scoring.PerExpert() || s.softmaxBias) {
 		out.RouterBias = prefix + "." + n.bias
 		if err := k.bias(where, out.RouterBias, s.softmaxBias); err != nil {
 			return Layer{}, err
@@ -258,6 +274,22 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 				if err := k.expertBiases(fmt.Sprintf("%s: expert %d", where, e), prefix+"."+n.stackedGateUpBias, prefix+"."+n.stackedDownBias, e, n.stackedInterleaved, &out.Experts[e]); err != nil {
 					return Layer{}, err
 				}
+			}
+		}
+	} else if !converted && n.flat[0] != "" {
+		var flat [3]string
+		for j, t := range n.flat {
+			flat[j] = prefix + "." + t
+		}
+		hint := fmt.Sprintf("(E=%d, H=%d, I=%d: experts flattened on disk)", p.NumExperts, p.HiddenSize, p.MoEIntermediateSize)
+		if err := k.flat(where, flat, hint); err != nil {
+			return Layer{}, err
+		}
+		out.Experts = make([]MLP, p.NumExperts)
+		for e := range out.Experts {
+			var err error
+			if out.Experts[e], err = k.flatViews(fmt.Sprintf("%s: expert %d", where, e), flat, e, hint); err != nil {
+				return Layer{}, err
 			}
 		}
 	} else if !converted {

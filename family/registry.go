@@ -10,12 +10,15 @@ import (
 // families lists every supported family, in the order All reports them.
 var families = []*spec{deepseek, qwen2MoE, qwen3MoE, mixtral,
 	glm4MoELite, exaoneMoE, hyV3, afmoe, minimaxM2, ernie45MoE, olmoe, jamba, cohere2MoE,
-	graniteMoE, graniteMoESWA, phimoe, llama4, gptOSS, deepseekV4, inkling}
+	graniteMoE, graniteMoESWA, phimoe, llama4, gptOSS, deepseekV4, inkling,
+	dots1, hunyuanV1MoE, flexOlmo, lfm2MoE, dbrx, solarOpen, mimoV2Flash}
 
 // unsupported are the MoE model types transformers ships that moeprep
 // refuses, each with the reason a user needs.
 var unsupported = map[string]string{
-	"jetmoe": "JetMoE's experts include a mixture of attention heads (attention projections per expert), which a stacked SwiGLU bank cannot express",
+	"jetmoe":        "JetMoE's experts include a mixture of attention heads (attention projections per expert), which a stacked SwiGLU bank cannot express",
+	"nemotron_h":    "Nemotron-H's experts are ungated (up and down projections only, relu2), and moeprep's expert bank and kernels compute gated SwiGLU experts only",
+	"longcat_flash": "LongCat-Flash routes over zero-compute experts too (ids past the SwiGLU experts return their input unchanged, weighted), which a stacked SwiGLU bank cannot hold",
 }
 
 // All returns every supported family.

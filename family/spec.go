@@ -26,6 +26,10 @@ type spec struct {
 	defaults       map[string]any
 	defaultsByType map[string]map[string]any
 	routing        func(c config, modelType string, p *Plan) error
+	// lift, when set, rewrites config.json (defaults filled) into the keys
+	// the planner reads: DBRX keeps its sizes under ffn_config and names
+	// hidden_size and num_hidden_layers d_model and n_layers.
+	lift func(c config) (config, error)
 	// softmaxBias: the correction bias also steers softmax routing (ERNIE
 	// 4.5: top-k of softmax + bias, weights from the unbiased softmax).
 	softmaxBias bool
@@ -94,6 +98,11 @@ type naming struct {
 	// the MoE module (DeepSeek-V4's "gate.tid2eid" [vocab, k] int64). Which
 	// layers are hash-routed the layer rule says (hashOrMoE).
 	hashTable string
+	// flat: experts flattened on disk (DBRX's experts.mlp.w1, v1, w2),
+	// relative to the MoE module: gate, up and down of every expert in one
+	// [E*I, H] tensor each, expert e's rows e*I..(e+1)*I-1; the down
+	// tensor's rows hold each expert's down projection transposed.
+	flat [3]string
 	// sharedGateUp / sharedDown: a shared MLP that stores gate and up rows
 	// in one [2I, H] tensor, relative to the shared module.
 	sharedGateUp, sharedDown string
@@ -138,6 +147,9 @@ type configKeys struct {
 	// sharedBias: the key of a bool saying the shared MLP's projections
 	// have biases (ERNIE 4.5's use_bias); "" when they never do.
 	sharedBias string
+	// biasIf: the key of a bool saying the router has its correction bias
+	// (LFM2-MoE's use_expert_bias); "" when names.bias always exists.
+	biasIf string
 	// sharedIfSized: the shared expert exists only when the sharedSize key
 	// is present and non-zero (Granite: shared_intermediate_size 0 = none).
 	sharedIfSized bool

@@ -100,6 +100,15 @@ func conversionCases() []conv {
 			cases = append(cases, conv{f, convert.Options{Layout: lays[(i+1)%3], FuseShared: true, TP: []int{1, 4, 8}[i%3]}})
 		}
 	}
+	// issue 30's families: every layout, fuse-shared where the shared expert is ungated.
+	for i, f := range []string{"dots1", "hunyuan-v1-moe", "solar-open", "lfm2-moe", "mimo-v2-flash", "dbrx"} {
+		for j, lay := range lays {
+			cases = append(cases, conv{f, convert.Options{Layout: lay}})
+			if i < 3 {
+				cases = append(cases, conv{f, convert.Options{Layout: lay, FuseShared: true, TP: []int{1, 4, 8}[j]}})
+			}
+		}
+	}
 	// Cohere2 MoE's average: the whole output halved, shared slots included.
 	cases = append(cases, conv{"cohere2-moe", convert.Options{Layout: layout.GateUp, FuseShared: true, TP: 2}})
 	// Granite MoE: experts stacked on disk, read through views; the shared

@@ -97,6 +97,13 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		"glm4-moe-fp8":      {"deepseek", "glm4_moe", "safetensors", "fp8_e4m3", "fp8_block_128x128", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 247},
 		"glm4-moe-lite-fp8": {"glm4_moe_lite", "glm4_moe_lite", "safetensors", "fp8_e4m3", "fp8_block_128x128", 16, 1, 4, 4, 2, "sigmoid", 1.8, []int{1, 2}, 259},
 		"hy-v3-fp8":         {"hy_v3", "hy_v3", "safetensors", "fp8_e4m3", "fp8_block_128x128", 8, 1, 2, 1, 1, "sigmoid", 2.826, []int{1, 2}, 157},
+		// issue 30's families, written by fixtures/hf/export_families.py
+		"dots1":          {"dots1", "dots1", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 136},
+		"hunyuan-v1-moe": {"hunyuan_v1_moe", "hunyuan_v1_moe", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 75},
+		"lfm2-moe":       {"lfm2_moe", "lfm2_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "sigmoid", 1.5, []int{1, 2}, 76},
+		"solar-open":     {"solar_open", "solar_open", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{0, 1}, 121},
+		"dbrx":           {"dbrx", "dbrx", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 19},
+		"mimo-v2-flash":  {"mimo_v2_flash", "mimo_v2_flash", "safetensors", "bf16", "none", 16, 0, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 125},
 		// issue 29's low-bit variants, written by fixtures/hf/export_lowbit.py
 		"deepseek-v3-fp8-tensor": {"deepseek", "deepseek_v3", "safetensors", "fp8_e4m3", "fp8_tensor", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 259},
 		"deepseek-v3-int4":       {"deepseek", "kimi_k2", "safetensors", "I32", "int4_pack", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 331},
