@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/quantwrap"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -247,4 +248,31 @@ func TestQwen3VLMoEFP8Refused(t *testing.T) {
 		t.Errorf("got %v, want one line naming the stacked FP8 experts", err)
 	}
 	t.Log(err)
+}
+
+// Kimi-K2.5's INT4 release, its description in text_config (as the hub
+// has it), at the top level, or in both alike: the same INT4 plan, its
+// BF16 shared expert stated apart.
+func TestQuantisedKimiK25Placements(t *testing.T) {
+	dir := quantwrap.Write(t, filepath.Join("..", "fixtures", "hf"), quantwrap.KimiK25Int4())
+	cfg := testkit.ReadJSON(t, filepath.Join(dir, "config.json"))
+	ts := viewTensors{readHeaders(t, dir)}
+	desc := cfg["text_config"].(map[string]any)["quantization_config"]
+	top := maps.Clone(cfg)
+	top["quantization_config"] = desc
+	text := maps.Clone(cfg["text_config"].(map[string]any))
+	delete(text, "quantization_config")
+	top["text_config"] = text
+	both := maps.Clone(cfg)
+	both["quantization_config"] = desc
+	for name, c := range map[string]map[string]any{"text_config": cfg, "top level": top, "both": both} {
+		p, err := Detect(c, ts)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if p.Quantization != QuantInt4Pack || p.GroupSize != 32 || p.SharedQuantization != QuantNone || p.Wrapper == nil ||
+			p.Layers[0].Experts[0].Gate != "language_model.model.blocks.1.mlp.experts.0.gate_proj.weight_packed" {
+			t.Errorf("%s: planned %s group %d shared %q, expert 0 %+v", name, p.Quantization, p.GroupSize, p.SharedQuantization, p.Layers[0].Experts[0])
+		}
+	}
 }
