@@ -150,7 +150,7 @@ func readCTInt4(q config) (int64, error) {
 // is INT4 too, or left unquantised (Kimi: its re:.*shared_experts.*), which
 // the plan records as SharedQuantization none.
 func checkInt4Groups(raw map[string]any, t Tensors, p *Plan) error {
-	return eachQuantDesc(raw, t, func(d QuantDesc) error {
+	return eachQuantDesc(raw, t, p.textLayers(), func(d QuantDesc) error {
 		if err := routedUnquantised(d, "the ignore list", "one routed expert format"); err != nil {
 			return err
 		}

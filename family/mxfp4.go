@@ -121,7 +121,7 @@ func checkMXFP4Groups(raw map[string]any, t Tensors, p *Plan) error {
 	if p.Naming == weightfmt.NamingCompressedTensors {
 		by = "the ignore list"
 	}
-	return eachQuantDesc(raw, t, func(d QuantDesc) error {
+	return eachQuantDesc(raw, t, p.textLayers(), func(d QuantDesc) error {
 		if err := routedUnquantised(d, by, "one routed expert format"); err != nil {
 			return err
 		}

@@ -154,7 +154,7 @@ func (s ctFP4) args(w config, what string) error {
 // they are unquantised, by their tensors NVFP4, and an engine reading the
 // description would load them wrongly.
 func checkMixedCovers(raw map[string]any, t Tensors, p *Plan) error {
-	return eachQuantDesc(raw, t, func(d QuantDesc) error {
+	return eachQuantDesc(raw, t, p.textLayers(), func(d QuantDesc) error {
 		if !d.nvfp4Experts() {
 			return nil
 		}
@@ -194,7 +194,7 @@ func readHFNVFP4(hf map[string]any) (Quantization, error) {
 // routed experts, and the shared expert of a family that has one, must be
 // NVFP4 (attention and dense MLPs are copied as they are).
 func checkNVFP4Groups(raw map[string]any, t Tensors, p *Plan) error {
-	return eachQuantDesc(raw, t, func(d QuantDesc) error {
+	return eachQuantDesc(raw, t, p.textLayers(), func(d QuantDesc) error {
 		if d.Kind != QuantKindNVFP4 && !d.nvfp4Experts() {
 			return fmt.Errorf("%s: %s: %s: another format than the NVFP4 of the other description; moeprep carries one expert format per checkpoint", d.File, d.Key, d.Summary())
 		}

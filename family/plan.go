@@ -182,6 +182,16 @@ type Plan struct {
 	Wrapper *Wrapper
 }
 
+// textLayers are the layer prefixes the ignore lists of the plan's
+// quantisation descriptions are resolved under: a wrapper's text layers;
+// nil, model.layers., for a bare text model.
+func (p *Plan) textLayers() []string {
+	if p.Wrapper == nil {
+		return nil
+	}
+	return []string{p.Wrapper.Layers}
+}
+
 // Output is OutputScale, 1 when unset.
 func (p *Plan) Output() float64 {
 	if p.OutputScale == 0 {

@@ -67,7 +67,11 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if err := checkRouting(p); err != nil {
 		return nil, err
 	}
-	if err := refuseQuant(raw, t); err != nil {
+	if s.textLayers != "" {
+		// The wrapper completes it (wrapper.plan).
+		p.Wrapper = &Wrapper{Layers: s.textLayers}
+	}
+	if err := refuseQuant(raw, t, p.textLayers()); err != nil {
 		return nil, err
 	}
 	if p.Quantization, p.ScaleFmt, err = readQuant(c); err != nil {
@@ -84,7 +88,7 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	} else if hq == QuantNVFP4 && p.Quantization == QuantNone {
 		p.Quantization = QuantNVFP4
 	} else if hq == QuantNVFP4 && p.Quantization != QuantNVFP4 {
-		descs, _ := DetectQuant(raw, hfQuantOf(t))
+		descs, _ := detectQuant(raw, hfQuantOf(t), p.textLayers())
 		return nil, descs[len(descs)-1].Refusal()
 	}
 	if p.Quantization == QuantMXFP4 && p.Naming == "" && s.name != "gpt_oss" {

@@ -220,7 +220,7 @@ func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 	if !p.Quantization.scaleDTypeRead() {
 		return nil
 	}
-	return eachQuantDesc(raw, t, func(d QuantDesc) error {
+	return eachQuantDesc(raw, t, p.textLayers(), func(d QuantDesc) error {
 		if err := routedUnquantised(d, "the ignore list", "one expert format"); err != nil {
 			return err
 		}
@@ -237,10 +237,10 @@ func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 }
 
 // eachQuantDesc calls f on each quantisation description of the checkpoint
-// (DetectQuant's: config.json's quantization_config, hf_quant_config.json's),
-// stopping at the first error.
-func eachQuantDesc(raw map[string]any, t Tensors, f func(QuantDesc) error) error {
-	descs, err := DetectQuant(raw, hfQuantOf(t))
+// (detectQuant's: config.json's quantization_config, hf_quant_config.json's,
+// ignore lists resolved under layers), stopping at the first error.
+func eachQuantDesc(raw map[string]any, t Tensors, layers []string, f func(QuantDesc) error) error {
+	descs, err := detectQuant(raw, hfQuantOf(t), layers)
 	if err != nil {
 		return err
 	}

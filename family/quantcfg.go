@@ -47,7 +47,9 @@ const (
 var quantGroups = []string{GroupExperts, GroupShared, GroupRouter, GroupAttention, GroupDenseMLP}
 
 // groupNames are representative module names of each group in the common
-// hub namings; a group is excluded when an ignore entry matches any of them.
+// hub namings; a group is excluded when an ignore entry matches any of them
+// (inside a multimodal wrapper, any of them under its text layer prefix in
+// place of model.layers.: matcher.excluded).
 var groupNames = map[string][]string{
 	GroupExperts: {"model.layers.1.mlp.experts.0.gate_proj", "model.layers.1.mlp.experts.0.down_proj",
 		"model.layers.1.mlp.experts", "model.layers.1.block_sparse_moe.experts.0.w1"},
@@ -201,10 +203,22 @@ func (d QuantDesc) Summary() string {
 // description of config.json's quantization_config is left to readQuant,
 // which checks it in full.
 func DetectQuant(raw map[string]any, hf map[string]any) ([]QuantDesc, error) {
+	var layers []string
+	if mt, _ := raw["model_type"].(string); wrapperOf(mt) != nil {
+		layers = wrapperOf(mt).layers
+	}
+	return detectQuant(raw, hf, layers)
+}
+
+// detectQuant is DetectQuant with the ignore lists resolved against the
+// group names under layers, a wrapper's text layer prefixes
+// (language_model.model.layers.1.mlp.experts.0.gate_proj), or, nil, under
+// model.layers. as a bare text model names them.
+func detectQuant(raw map[string]any, hf map[string]any, layers []string) ([]QuantDesc, error) {
 	var out []QuantDesc
 	top, _ := raw["expert_dtype"].(string)
 	if err := configQuants(config{m: raw}, func(q config, key string) error {
-		d, err := classify(q, "config.json", key)
+		d, err := classify(q, "config.json", key, layers)
 		if err != nil {
 			return err
 		}
@@ -224,7 +238,7 @@ func DetectQuant(raw map[string]any, hf map[string]any) ([]QuantDesc, error) {
 			return nil, hfErr(err)
 		}
 		if ok {
-			d, err := classifyModelOpt(q, "hf_quant_config.json", "quantization")
+			d, err := classifyModelOpt(q, "hf_quant_config.json", "quantization", layers)
 			if err != nil {
 				return nil, hfErr(err)
 			}
@@ -291,7 +305,7 @@ func hfErr(err error) error {
 	return fmt.Errorf("hf_quant_config.json%s", strings.TrimPrefix(err.Error(), "config.json"))
 }
 
-func classify(q config, file, key string) (QuantDesc, error) {
+func classify(q config, file, key string, layers []string) (QuantDesc, error) {
 	method, err := q.str("quant_method", "")
 	if err != nil {
 		return QuantDesc{}, err
@@ -306,7 +320,7 @@ func classify(q config, file, key string) (QuantDesc, error) {
 			// readQuant checks the block size and the rest.
 			d.Kind, d.Label = QuantKindFP8Block, "fp8 128x128 block"
 		}
-		m, err := newMatcher(q, "modules_to_not_convert", "ignored_layers")
+		m, err := newMatcher(q, layers, "modules_to_not_convert", "ignored_layers")
 		if err != nil {
 			return QuantDesc{}, err
 		}
@@ -314,7 +328,7 @@ func classify(q config, file, key string) (QuantDesc, error) {
 		return d, nil
 	case "mxfp4":
 		d := QuantDesc{File: file, Key: key, Kind: QuantKindMXFP4, Label: "mxfp4"}
-		m, err := newMatcher(q, "modules_to_not_convert")
+		m, err := newMatcher(q, layers, "modules_to_not_convert")
 		if err != nil {
 			return QuantDesc{}, err
 		}
@@ -325,9 +339,9 @@ func classify(q config, file, key string) (QuantDesc, error) {
 		}
 		return d, nil
 	case "modelopt":
-		return classifyModelOpt(q, file, key)
+		return classifyModelOpt(q, file, key, layers)
 	case "compressed-tensors":
-		return classifyCT(q, file, key)
+		return classifyCT(q, file, key, layers)
 	case "":
 		return QuantDesc{}, q.missing("quant_method")
 	}
@@ -347,7 +361,7 @@ func modelOptAlgo(algo string, group int) (QuantKind, string) {
 	return QuantKindUnknown, fmt.Sprintf("modelopt %s", strings.ToLower(algo))
 }
 
-func classifyModelOpt(q config, file, key string) (QuantDesc, error) {
+func classifyModelOpt(q config, file, key string, prefixes []string) (QuantDesc, error) {
 	algo, err := q.str("quant_algo", "")
 	if err != nil {
 		return QuantDesc{}, err
@@ -359,7 +373,7 @@ func classifyModelOpt(q config, file, key string) (QuantDesc, error) {
 	if err != nil {
 		return QuantDesc{}, err
 	}
-	m, err := newMatcher(q, "exclude_modules", "ignore")
+	m, err := newMatcher(q, prefixes, "exclude_modules", "ignore")
 	if err != nil {
 		return QuantDesc{}, err
 	}
@@ -444,7 +458,7 @@ func moduleGroup(name string) string {
 	return ""
 }
 
-func classifyCT(q config, file, key string) (QuantDesc, error) {
+func classifyCT(q config, file, key string, layers []string) (QuantDesc, error) {
 	topFmt, err := q.str("format", "")
 	if err != nil {
 		return QuantDesc{}, err
@@ -456,7 +470,7 @@ func classifyCT(q config, file, key string) (QuantDesc, error) {
 	if len(groups.m) > maxQuantLayers {
 		return QuantDesc{}, q.errorf("config_groups", "%d entries, over the limit of %d", len(groups.m), maxQuantLayers)
 	}
-	m, err := newMatcher(q, "ignore")
+	m, err := newMatcher(q, layers, "ignore")
 	if err != nil {
 		return QuantDesc{}, err
 	}
@@ -552,10 +566,14 @@ func classifyCTScheme(g config, topFmt string) (QuantKind, string, error) {
 type matcher struct {
 	plain []string
 	res   []*regexp.Regexp
+	// layers are the text layer prefixes the group names are resolved
+	// under (a wrapper's: "language_model.model.layers."); nil:
+	// "model.layers.", as groupNames has them.
+	layers []string
 }
 
-func newMatcher(q config, keys ...string) (*matcher, error) {
-	m := &matcher{}
+func newMatcher(q config, layers []string, keys ...string) (*matcher, error) {
+	m := &matcher{layers: layers}
 	for _, key := range keys {
 		list, err := q.strs(key)
 		if err != nil {
@@ -607,11 +625,18 @@ func (m *matcher) matches(name string) bool {
 	return false
 }
 
-// excluded reports whether the list leaves a group unquantised.
+// excluded reports whether the list leaves a group unquantised: whether
+// it matches any of the group's representative names, under each of the
+// matcher's layer prefixes (a wrapper's, in place of model.layers.).
 func (m *matcher) excluded(group string) bool {
 	for _, n := range groupNames[group] {
-		if m.matches(n) {
+		if len(m.layers) == 0 && m.matches(n) {
 			return true
+		}
+		for _, pre := range m.layers {
+			if m.matches(pre + strings.TrimPrefix(n, "model.layers.")) {
+				return true
+			}
 		}
 	}
 	return false
@@ -648,16 +673,13 @@ func hfQuantOf(t Tensors) map[string]any {
 	return nil
 }
 
-// refuseQuant refuses the first description moeprep cannot carry.
-func refuseQuant(raw map[string]any, t Tensors) error {
-	descs, err := DetectQuant(raw, hfQuantOf(t))
-	if err != nil {
-		return err
-	}
-	for _, d := range descs {
+// refuseQuant refuses the first description moeprep cannot carry, its
+// ignore lists resolved under layers (detectQuant).
+func refuseQuant(raw map[string]any, t Tensors, layers []string) error {
+	return eachQuantDesc(raw, t, layers, func(d QuantDesc) error {
 		if !d.Supported() {
 			return d.Refusal()
 		}
-	}
-	return nil
+		return nil
+	})
 }

@@ -18,6 +18,10 @@ type spec struct {
 	keys       configKeys
 	layers     layerRule
 	mtp        bool // layers >= num_hidden_layers that hold experts are MTP layers
+	// textLayers is the wrapper's text layer prefix when the family plans
+	// the text model inside a multimodal wrapper ("" otherwise): ignore
+	// lists are resolved against the group names under it.
+	textLayers string
 	// defaults for keys a config.json may leave out (or set to null): the
 	// values of transformers' configuration class, where it agrees with the
 	// model's own remote code. Sizes and expert counts have none. A family of

@@ -3,6 +3,7 @@ package family
 import (
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 )
@@ -117,29 +118,51 @@ func (w *wrapper) plan(raw map[string]any, t Tensors, converted bool) (*Plan, er
 	if !slices.Contains(w.textTypes, mt) || s == nil {
 		return nil, fmt.Errorf("config.json: %s.model_type %q: a %s wrapper holds %s", w.textKey, mt, w.modelType, strings.Join(w.textTypes, " or "))
 	}
-	descs, err := DetectQuant(raw, hfQuantOf(t))
+	inner := *s
+	inner.names.layers = w.layerPrefix(t)
+	inner.textLayers = inner.names.layers
+	text := maps.Clone(tc.m)
+	text["model_type"] = mt
+	moved, err := w.quantInText(c, text)
 	if err != nil {
 		return nil, err
 	}
-	for _, d := range descs {
-		if d.Kind != QuantKindNone {
-			return nil, fmt.Errorf("%s: %s describes %s: moeprep does not carry quantised %s checkpoints yet (multimodal wrappers are read in bf16, f16 or f32)", d.File, d.Key, d.Label, w.modelType)
-		}
-	}
-	inner := *s
-	inner.names.layers = w.layerPrefix(t)
-	text := maps.Clone(tc.m)
-	text["model_type"] = mt
 	p, err := inner.plan(text, t, converted)
 	if err != nil {
-		return nil, inTextConfig{key: w.textKey, err: err}
-	}
-	if p.Quantization != QuantNone {
-		return nil, fmt.Errorf("config.json: model_type %q: %s experts: moeprep does not carry quantised %s checkpoints yet (multimodal wrappers are read in bf16, f16 or f32)", w.modelType, p.Quantization, w.modelType)
+		return nil, inTextConfig{key: w.textKey, err: err, top: moved}
 	}
 	p.Wrapper = &Wrapper{ModelType: w.modelType, TextConfig: w.textKey, TextModelType: mt, Layers: inner.names.layers,
 		Text: slices.Clone(w.text)}
 	return p, nil
+}
+
+// quantKeys are the keys of a quantisation description that a wrapper's
+// config.json may hold at its top level (Qwen3.5's and Qwen3-VL's FP8
+// releases) rather than in its text config (Kimi-K2.5's).
+var quantKeys = []string{"quantization_config", "compression_config"}
+
+// quantInText puts a description at the wrapper's top level into text,
+// the text config the family plans: it applies to the text model (what it
+// says of the vision tower does not matter, which is carried byte for
+// byte). Where the text config holds one too, the two must say the same.
+// moved are the keys put there from the top level.
+func (w *wrapper) quantInText(c config, text map[string]any) (moved []string, err error) {
+	for _, key := range quantKeys {
+		q, ok, err := c.object(key)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		if in, ok := text[key]; ok && !reflect.DeepEqual(in, q.m) {
+			return nil, fmt.Errorf("config.json: %s and %s.%s describe the quantisation differently; moeprep reads one description", key, w.textKey, key)
+		} else if !ok {
+			moved = append(moved, key)
+		}
+		text[key] = q.m
+	}
+	return moved, nil
 }
 
 // layerPrefix is the first of the wrapper's layer prefixes that a tensor
@@ -158,17 +181,26 @@ func (w *wrapper) layerPrefix(t Tensors) string {
 
 // inTextConfig names the text config in an error about a key of it: the
 // family's planner reads the text config as it reads a bare config.json.
+// A key of top, a description the wrapper holds at its top level
+// (quantInText), is named there.
 type inTextConfig struct {
 	key string
 	err error
+	top []string
 }
 
 func (e inTextConfig) Error() string {
 	msg := e.err.Error()
-	if rest, ok := strings.CutPrefix(msg, "config.json: "); ok {
-		return "config.json: " + e.key + ": " + rest
+	rest, ok := strings.CutPrefix(msg, "config.json: ")
+	if !ok {
+		return msg
 	}
-	return msg
+	for _, k := range e.top {
+		if strings.HasPrefix(rest, k+".") || strings.HasPrefix(rest, k+":") {
+			return msg
+		}
+	}
+	return "config.json: " + e.key + ": " + rest
 }
 
 func (e inTextConfig) Unwrap() error { return e.err }

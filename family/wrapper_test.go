@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/quantwrap"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -179,10 +180,18 @@ func TestWrapperRefusals(t *testing.T) {
 			`config.json: text_config.model_type "qwen3_moe": a qwen3_5_moe wrapper holds qwen3_5_moe_text`},
 		{"text size broken", with(nil, map[string]any{"hidden_size": "64"}),
 			`config.json: text_config: hidden_size: want an integer, got "64"`},
+		// The description applies to the text model wherever it stands;
+		// these bf16 tensors do not match it.
 		{"quantised at the top", with(map[string]any{"quantization_config": fp8}, nil),
-			"config.json: quantization_config describes fp8 128x128 block: moeprep does not carry quantised qwen3_5_moe checkpoints yet"},
+			"layer 0: expert 0: model.language_model.layers.0.mlp.experts.0.gate_proj.weight is BF16 but config.json quantization_config says fp8"},
 		{"quantised text config", with(nil, map[string]any{"quantization_config": fp8}),
-			"config.json: text_config.quantization_config describes fp8 128x128 block: moeprep does not carry quantised"},
+			"model.language_model.layers.0.mlp.experts.0.gate_proj.weight is BF16 but config.json quantization_config says fp8"},
+		{"two descriptions", with(map[string]any{"quantization_config": fp8}, map[string]any{"quantization_config": map[string]any{"quant_method": "fp8"}}),
+			"config.json: quantization_config and text_config.quantization_config describe the quantisation differently; moeprep reads one description"},
+		{"format not carried", with(nil, map[string]any{"quantization_config": map[string]any{"quant_method": "awq", "bits": 4.0}}),
+			`config.json: text_config: quantization_config.quant_method: "awq" is not supported`},
+		{"format not carried at the top", with(map[string]any{"quantization_config": map[string]any{"quant_method": "fp8", "weight_block_size": []any{64.0, 64.0}}}, nil),
+			"config.json: quantization_config.weight_block_size: [64 64] is not supported (only [128,128])"},
 		{"converted", with(map[string]any{"moeprep": map[string]any{"version": 1.0}}, nil), "already converted by moeprep"},
 	}
 	for _, tc := range cases {
@@ -195,5 +204,75 @@ func TestWrapperRefusals(t *testing.T) {
 				t.Errorf("%v is not ErrAlreadyConverted", err)
 			}
 		})
+	}
+}
+
+// A wrapper's ignore lists are resolved under its text layer prefix: a
+// plain module name with the prefix leaves its group unquantised, the
+// same name without it (which names nothing in a wrapper) does not.
+func TestWrapperIgnorePrefix(t *testing.T) {
+	cfg, _ := wrapperFixture(t, "qwen3-5-moe")
+	for _, tc := range []struct {
+		name      string
+		attention bool // left unquantised
+	}{
+		{"model.language_model.layers.1.self_attn", true},
+		{"re:model\\.language_model\\.layers\\.\\d+\\.self_attn.*", true},
+		{"model.layers.1.self_attn", false},
+	} {
+		c := maps.Clone(cfg)
+		c["quantization_config"] = map[string]any{"quant_method": "fp8", "weight_block_size": []any{128.0, 128.0},
+			"modules_to_not_convert": []any{tc.name}}
+		descs, err := DetectQuant(c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := descs[0].Groups[GroupAttention] == ""; got != tc.attention || descs[0].Groups[GroupExperts] == "" {
+			t.Errorf("%s: groups %v, want attention unquantised %v", tc.name, descs[0].Groups, tc.attention)
+		}
+	}
+}
+
+// Qwen3-VL-MoE's experts are stacked on disk: FP8 ones are not carried,
+// and the refusal names the tensor.
+func TestQwen3VLMoEFP8Refused(t *testing.T) {
+	cfg, ts := wrapperFixture(t, "qwen3-vl-moe")
+	cfg["quantization_config"] = map[string]any{"quant_method": "fp8", "weight_block_size": []any{128.0, 128.0}, "activation_scheme": "dynamic"}
+	for l := 1; l <= 2; l++ {
+		pre := "model.language_model.layers." + strconv.Itoa(l) + ".mlp.experts."
+		ts.add(pre+"gate_up_proj", safetensors.F8E4M3, 8, 64, 64)
+		ts.add(pre+"down_proj", safetensors.F8E4M3, 8, 64, 32)
+	}
+	_, err := Detect(cfg, ts)
+	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "model.language_model.layers.1.mlp.experts.gate_up_proj") {
+		t.Errorf("got %v, want one line naming the stacked FP8 experts", err)
+	}
+	t.Log(err)
+}
+
+// Kimi-K2.5's INT4 release, its description in text_config (as the hub
+// has it), at the top level, or in both alike: the same INT4 plan, its
+// BF16 shared expert stated apart.
+func TestQuantisedKimiK25Placements(t *testing.T) {
+	dir := quantwrap.Write(t, filepath.Join("..", "fixtures", "hf"), quantwrap.KimiK25Int4())
+	cfg := testkit.ReadJSON(t, filepath.Join(dir, "config.json"))
+	ts := viewTensors{readHeaders(t, dir)}
+	desc := cfg["text_config"].(map[string]any)["quantization_config"]
+	top := maps.Clone(cfg)
+	top["quantization_config"] = desc
+	text := maps.Clone(cfg["text_config"].(map[string]any))
+	delete(text, "quantization_config")
+	top["text_config"] = text
+	both := maps.Clone(cfg)
+	both["quantization_config"] = desc
+	for name, c := range map[string]map[string]any{"text_config": cfg, "top level": top, "both": both} {
+		p, err := Detect(c, ts)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if p.Quantization != QuantInt4Pack || p.GroupSize != 32 || p.SharedQuantization != QuantNone || p.Wrapper == nil ||
+			p.Layers[0].Experts[0].Gate != "language_model.model.blocks.1.mlp.experts.0.gate_proj.weight_packed" {
+			t.Errorf("%s: planned %s group %d shared %q, expert 0 %+v", name, p.Quantization, p.GroupSize, p.SharedQuantization, p.Layers[0].Experts[0])
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/quantwrap"
 )
 
 // inspect says, per description and wherever it lives, what is quantised
@@ -67,6 +68,49 @@ func TestQuantDescriptions(t *testing.T) {
 			if !strings.Contains(b.String(), tc.line+"\n") {
 				t.Errorf("table:\n%s\nwant the line\n%s", b.String(), tc.line)
 			}
+		})
+	}
+}
+
+// A quantised multimodal wrapper: inspect names the wrapper and says how
+// each tensor group of its text model is stored, the ignore lists
+// resolved under the wrapper's layer prefix (Qwen3.5's FP8 release leaves
+// model.language_model.layers.1.self_attn unquantised by that name).
+func TestQuantisedWrapperDescriptions(t *testing.T) {
+	fp8 := "fp8 128x128 block"
+	for _, tc := range []struct {
+		q      quantwrap.Spec
+		key    string
+		groups map[string]string
+		line   string
+	}{
+		{quantwrap.KimiK25Int4(), "text_config.quantization_config",
+			map[string]string{"routed experts": "compressed-tensors pack-quantized int4 (group 32, symmetric)"},
+			"quantised:       config.json text_config.quantization_config: compressed-tensors pack-quantized int4 (group 32, symmetric) on the routed experts (unquantised: shared expert, router, attention, dense MLP)"},
+		{quantwrap.Qwen35FP8(), "quantization_config",
+			map[string]string{"routed experts": fp8, "shared expert": fp8, "dense MLP": fp8},
+			"quantised:       config.json quantization_config: fp8 128x128 block on the routed experts, shared expert, dense MLP (unquantised: router, attention)"},
+	} {
+		t.Run(tc.q.Fixture, func(t *testing.T) {
+			c, err := checkpoint.Open(quantwrap.Write(t, filepath.Join("..", "fixtures", "hf"), tc.q))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := Summarize(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Wrapper == nil || len(s.Quant) != 1 || s.Quant[0].Key != tc.key || !maps.Equal(s.Quant[0].Groups, tc.groups) {
+				t.Errorf("wrapper %+v, descriptions %+v, want key %s groups %v", s.Wrapper, s.Quant, tc.key, tc.groups)
+			}
+			var b bytes.Buffer
+			if err := WriteText(&b, s); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(b.String(), tc.line+"\n") {
+				t.Errorf("table:\n%s\nwant the line\n%s", b.String(), tc.line)
+			}
+			t.Logf("%s", b.String())
 		})
 	}
 }
