@@ -39,6 +39,8 @@ type Plan struct {
 	// EstimatedSeconds is ReadBytes / ReadRate: a run reads every byte of
 	// SRC once and writes while it reads, so the read is its floor.
 	EstimatedSeconds float64 `json:"estimated_seconds"`
+	// Notices: as Summary's.
+	Notices []string `json:"notices,omitempty"`
 }
 
 // PlanShard is one output shard of the plan.
@@ -64,7 +66,7 @@ func DryRun(ctx context.Context, o Options) (*Plan, error) {
 	}
 	p := &Plan{Src: w.src, Dst: w.dst, Layout: string(o.Layout), MoELayers: len(w.op.contract.Layers),
 		FusedShared: w.op.contract.NumFusedSharedExperts, Folded: w.op.contract.RoutedScalingFactorFolded,
-		Tensors: len(w.op.tensors), CopiedFiles: len(w.others)}
+		Tensors: len(w.op.tensors), CopiedFiles: len(w.others), Notices: w.notices}
 	for _, s := range w.op.shards {
 		p.Shards = append(p.Shards, PlanShard{Name: s.name, Bytes: s.size, Tensors: len(s.tensors)})
 		p.WriteBytes += s.size

@@ -44,6 +44,10 @@ type Options struct {
 	BufferedIO   bool             // write shards through the page cache, not with O_DIRECT (directwrite.go)
 	Progress     Reporter
 	Tool         string // recorded in the contract, e.g. "moeprep v0.1.0"
+	// Notice receives, once the source is planned, each remark on what
+	// its config.json says and moeprep ignores (family.Plan.Notices);
+	// nil: none is sent (Summary and Plan still carry them).
+	Notice func(msg string)
 }
 
 // Summary is what a finished run reports (--json prints it).
@@ -62,6 +66,9 @@ type Summary struct {
 	// AlreadyComplete: --resume found DST complete, every file matching its
 	// manifest and the contract this run would write; nothing was written.
 	AlreadyComplete bool `json:"already_complete"`
+	// Notices: what SRC's config.json says that moeprep ignores, as
+	// transformers does (family.Plan.Notices).
+	Notices []string `json:"notices,omitempty"`
 }
 
 // ParseSize reads a size such as "5GB", "500MB", "1.5GiB" or "123456" (bytes).

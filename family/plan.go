@@ -149,6 +149,10 @@ type Plan struct {
 	SharedQuantization Quantization
 	SharedWeightDType  safetensors.DType
 	Layers             []Layer // sorted by Index
+	// Notices are one-line remarks on what the config says and moeprep,
+	// as transformers, ignores (moe_layers entries past the last layer);
+	// commands print them to stderr and carry them in their JSON.
+	Notices []string
 }
 
 // Output is OutputScale, 1 when unset.

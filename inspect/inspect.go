@@ -59,6 +59,9 @@ type Summary struct {
 	WeightFiles int   `json:"weight_files"`
 	// Contract is the moeprep section of a converted checkpoint, nil for a source checkpoint.
 	Contract *layout.Contract `json:"moeprep,omitempty"`
+	// Notices: what config.json says that moeprep ignores, as transformers
+	// does (family.Plan.Notices).
+	Notices []string `json:"notices,omitempty"`
 }
 
 // Summarize plans c and collects its summary. A checkpoint converted by
@@ -103,7 +106,7 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 		RoutedInputScaled: p.RoutedInputScaled,
 		NumHiddenLayers:   p.NumHiddenLayers,
 		MoELayers:         []int{}, MTPLayers: []int{},
-		NumTensors: len(c.Tensors), TotalBytes: c.TotalBytes(),
+		NumTensors: len(c.Tensors), TotalBytes: c.TotalBytes(), Notices: p.Notices,
 	}
 	if !p.Act.SwiGLU() {
 		act := p.Act

@@ -94,6 +94,7 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 	if o.FuseShared {
 		label = "fuse-shared"
 	}
+	o.Notice = noticer(cmd, label)
 	if f.dryRun {
 		p, err := convert.DryRun(cmd.Context(), o)
 		if err != nil {
