@@ -232,7 +232,7 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 	if err := w.finish(files, unsynced); err != nil {
 		return nil, err
 	}
-	sum := &Summary{Dst: w.dst, Layout: string(w.o.Layout), Files: len(files) + 1, Shards: len(w.op.shards),
+	sum := &Summary{Dst: w.dst, Layout: string(w.o.Layout), Orientation: string(w.op.contract.Orientation), Files: len(files) + 1, Shards: len(w.op.shards),
 		ReusedShards: int(w.reused.Load()), Folded: w.op.contract.RoutedScalingFactorFolded,
 		FoldMaxRelChange: w.op.contract.FoldMaxRelChange, FusedShared: w.op.contract.NumFusedSharedExperts}
 	for _, fi := range files {

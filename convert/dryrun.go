@@ -15,10 +15,12 @@ import (
 // write, what it would read and write, whether it fits, and how long it
 // would take at the speed SRC's disk was just measured to read.
 type Plan struct {
-	Src     string `json:"src"`
-	Dst     string `json:"dst"`
-	Layout  string `json:"layout"`
-	Tensors int    `json:"tensors"` // output tensors
+	Src    string `json:"src"`
+	Dst    string `json:"dst"`
+	Layout string `json:"layout"`
+	// Orientation: as Summary's.
+	Orientation string `json:"orientation,omitempty"`
+	Tensors     int    `json:"tensors"` // output tensors
 	// MoELayers is the number of MoE layers whose experts are stacked.
 	MoELayers   int         `json:"moe_layers"`
 	FusedShared int         `json:"num_fused_shared_experts"`
@@ -64,7 +66,7 @@ func DryRun(ctx context.Context, o Options) (*Plan, error) {
 			return nil, err
 		}
 	}
-	p := &Plan{Src: w.src, Dst: w.dst, Layout: string(o.Layout), MoELayers: len(w.op.contract.Layers),
+	p := &Plan{Src: w.src, Dst: w.dst, Layout: string(o.Layout), Orientation: string(w.op.contract.Orientation), MoELayers: len(w.op.contract.Layers),
 		FusedShared: w.op.contract.NumFusedSharedExperts, Folded: w.op.contract.RoutedScalingFactorFolded,
 		Tensors: len(w.op.tensors), CopiedFiles: len(w.others), Notices: w.notices}
 	for _, s := range w.op.shards {

@@ -30,6 +30,8 @@ const DefaultJobs = 4
 type Options struct {
 	Src, Dst string
 	Layout   layout.Layout // "" means stacked
+	// Orientation of each expert matrix in the stacks ("" means out-in).
+	Orientation layout.Orientation
 
 	FuseShared  bool   // fuse-shared: append the shared expert as extra experts
 	TP          int    // tensor-parallel size the output is prepared for (0 means 1)
@@ -52,8 +54,10 @@ type Options struct {
 
 // Summary is what a finished run reports (--json prints it).
 type Summary struct {
-	Dst              string  `json:"dst"`
-	Layout           string  `json:"layout"`
+	Dst    string `json:"dst"`
+	Layout string `json:"layout"`
+	// Orientation is "in-out" when the stacks are transposed; absent: out-in.
+	Orientation      string  `json:"orientation,omitempty"`
 	Files            int     `json:"files"`
 	Shards           int     `json:"shards"`
 	ReusedShards     int     `json:"reused_shards"`
@@ -108,6 +112,9 @@ func (o *Options) norm() error {
 		return err
 	}
 	o.Layout = l
+	if o.Orientation, err = layout.ParseOrientation(string(o.Orientation)); err != nil {
+		return err
+	}
 	if o.TP == 0 {
 		o.TP = 1
 	}

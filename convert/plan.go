@@ -18,6 +18,10 @@ type part struct {
 	fold   bool
 	factor float64
 	stats  *foldStats
+	// inOut: the region holds its matrix already transposed, [in, out]
+	// (a Llama 4 or gpt-oss expert as stored, checkpoint.Untransposed),
+	// for --orientation in-out.
+	inOut bool
 }
 
 // outTensor is one output tensor: the concatenation of its parts.
@@ -40,7 +44,8 @@ type shardPlan struct {
 	name    string
 	tensors []*outTensor
 	header  []byte
-	size    int64 // whole file
+	size    int64      // whole file
+	bands   *bandCache // the band of in-out parts read last (transpose.go); nil: none
 }
 
 func (s *shardPlan) entries() []safetensors.Entry {
@@ -99,6 +104,9 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 	if p.wf, err = fp.Format(); err != nil {
 		return nil, fmt.Errorf("%s/config.json: %w", ck.Dir, err)
 	}
+	if why := layout.TransposeRefusal(p.wf); o.Orientation == layout.InOut && why != "" {
+		return nil, fmt.Errorf("%s: --orientation in-out: %s", ck.Dir, why)
+	}
 	if err := p.checkFusable(); err != nil {
 		return nil, err
 	}
@@ -152,6 +160,9 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 	}
 	if err := op.shard(o.MaxShardSize); err != nil {
 		return nil, err
+	}
+	for _, s := range op.shards {
+		s.shareBands()
 	}
 	op.contract = p.contract()
 	return op, nil
@@ -278,6 +289,9 @@ func (p *planner) contract() *layout.Contract {
 		c.SharedReplicas = p.o.Replicas
 		c.SharedSlices = fp.NumSharedExperts
 		c.NumFusedSharedExperts = c.SharedReplicas * c.SharedSlices
+	}
+	if p.o.Orientation == layout.InOut {
+		c.Orientation = layout.InOut // out-in, the default, is left out
 	}
 	c.RoutedInputScaled = fp.RoutedInputScaled
 	c.ExpertBias = fp.ExpertBias

@@ -208,7 +208,7 @@ func WriteText(w io.Writer, s *Summary) error {
 			folded = fmt.Sprintf("folded into routed down projections (max relative change %.3g)", k.FoldMaxRelChange)
 		}
 		rows = append(rows,
-			[2]string{"converted by", fmt.Sprintf("%s, layout %s, from %s", k.Tool, k.Layout, k.SourceFormat)},
+			[2]string{"converted by", fmt.Sprintf("%s, layout %s%s, from %s", k.Tool, k.Layout, orientation(k), k.SourceFormat)},
 			[2]string{"fused shared", fused},
 			[2]string{"rsf", fmt.Sprintf("%g, %s", k.RoutedScalingFactor, folded)})
 	}
@@ -271,4 +271,13 @@ func outputScale(p *family.Plan) float64 {
 		return 0
 	}
 	return p.Output()
+}
+
+// orientation says ", in-out ([in, out] per expert)" for transposed
+// stacks, "" for the default.
+func orientation(k *layout.Contract) string {
+	if k.Oriented() == layout.OutIn {
+		return ""
+	}
+	return fmt.Sprintf(", %s ([in, out] per expert)", k.Oriented())
 }

@@ -26,6 +26,9 @@
 #   B  bf16 DeepSeek-V3-shaped, 256 experts, I 512: 6.5 GB, 4 source shards, 3 output shards
 #   Q  bf16 Qwen3-MoE-shaped (synthetic), 6 layers of 128 experts, H 2048, I 768: 7.3 GB,
 #      2 source shards (issue 12's third row was a 7.6 GB Qwen3-MoE on the GPU machine)
+#   T  bf16 DeepSeek-V3-shaped, 2 MoE layers of 64 experts, H 2048, I 1024: 1.6 GB, one source and
+#      one output shard; runs cp, convert and convert --orientation in-out (issue 30: every
+#      expert transposed, the in-out row `inout`)
 #
 #   scripts/bench-convert.sh [WORK] [ROUNDS] [SHAPES]
 #   sudo scripts/bench-convert.sh /work/bench 3 "A B"     # needs ~3x the checkpoint free
@@ -75,10 +78,11 @@ for shape in $shapes; do
 	A) synth=(--experts 64 --intermediate 288) ; maxshard=5GB ;;
 	B) synth=(--experts 256 --intermediate 512 --max-shard-size 1.7GB) ; maxshard=3GB ;;
 	Q) synth=(--family qwen3_moe --experts 128 --hidden 2048 --intermediate 768 --num-layers 6 --max-shard-size 4GB) ; maxshard=5GB ;;
+	T) synth=(--family deepseek_v3 --experts 64 --hidden 2048 --intermediate 1024 --num-layers 2 --dense-layers 0) ; maxshard=5GB ;;
 	*) echo "unknown shape $shape" >&2; exit 2 ;;
 	esac
 	if [ ! -d "$src" ]; then
-		if [ "$shape" = Q ]; then
+		if [ "$shape" = Q ] || [ "$shape" = T ]; then
 			"$mp" fixture synth --dtype bf16 "${synth[@]}" --no-progress "$src" >&2
 		else
 			"$mp" fixture synth --preset deepseek-v3-shaped --dtype bf16 --num-layers 2 "${synth[@]}" --no-progress "$src" >&2
@@ -95,6 +99,7 @@ for shape in $shapes; do
 	rm -rf "$work/out-$shape"
 	runs=(cp convert fuse)
 	[ "$shape" = Q ] && runs=(cp convert convert) # Qwen3-MoE has no shared expert to fuse: two convert runs per round
+	[ "$shape" = T ] && runs=(cp convert inout)
 	if [ -n "$base" ]; then
 		runs+=(convert@base)
 		[ "$shape" = Q ] || runs+=(fuse@base)
@@ -110,6 +115,7 @@ for shape in $shapes; do
 			cp) read -r s u y m q < <(measure sh -c 'cp -r "$1" "$2" && sync' sh "$src" "$out") ;;
 			convert) read -r s u y m q < <(measure "$mp" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			fuse) read -r s u y m q < <(measure "$mp" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
+			inout) read -r s u y m q < <(measure "$mp" convert --orientation in-out --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			convert@base) read -r s u y m q < <(measure "$base" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			fuse@base) read -r s u y m q < <(measure "$base" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			esac

@@ -69,12 +69,7 @@ func TestHashRoutedEveryLayer(t *testing.T) {
 			}
 			golden := writeHashGoldens(t, src, 40)
 			for _, o := range runs {
-				dst := convertInto(t, src, o)
-				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: golden, Seed: 11, Device: DeviceCPU})
-				if err != nil {
-					t.Fatalf("%+v: %v", o, err)
-				}
-				mustPass(t, rep, fmt.Sprintf("%+v: a correct conversion of hash-routed layers failed", o))
+				rep, _ := convertedPasses(t, src, golden, o)
 				checks := map[string]int{}
 				for _, r := range rep.Rows {
 					checks[r.Check]++
@@ -112,6 +107,19 @@ func TestHashRoutedEveryLayer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// convertedPasses converts src with o and validates the output on the CPU
+// against src (and golden, where not ""): every check must pass.
+func convertedPasses(t *testing.T, src, golden string, o convert.Options) (*Report, string) {
+	t.Helper()
+	dst := convertInto(t, src, o)
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: golden, Seed: 11, Device: DeviceCPU})
+	if err != nil {
+		t.Fatalf("%+v: %v", o, err)
+	}
+	mustPass(t, rep, fmt.Sprintf("%+v: validate failed on a correct conversion", o))
+	return rep, dst
 }
 
 // writeHashGoldens writes, for each layer of src, a golden of t tokens as

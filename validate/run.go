@@ -868,6 +868,9 @@ func jsonText(v any) string {
 // tolerance would rightly fail and the w8a8 mode does not model). No
 // format may run as if it were one they take.
 func (s *session) gpuRefusal() string {
+	if s.contract != nil && s.contract.Oriented() == layout.InOut {
+		return "the stacks are in-out ([E,H,I]: orientation in-out), and the GPU bank loads out-in stacks only"
+	}
 	var fs []weightfmt.Format
 	if s.srcPlan != nil {
 		f, err := s.srcPlan.Format()
