@@ -199,7 +199,7 @@ func readSpan(s *tileSrc, b []byte, at int64) error {
 func (c *bandCache) rows(t *tiled, dst []byte, a, z int64) {
 	if p := int64(runtime.GOMAXPROCS(0)); p > 1 && (z-a)*t.rowBytes >= parallelRows {
 		var wg sync.WaitGroup
-		step := (z - a + p - 1) / p
+		step := ((z-a+p-1)/p + 7) / 8 * 8 // whole 8-row blocks for the word kernels
 		for b := a; b < z; b += step {
 			e := min(z, b+step)
 			wg.Go(func() { c.rowsOf(t, dst[(b-a)*t.rowBytes:(e-a)*t.rowBytes], b, e) })
