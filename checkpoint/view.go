@@ -299,3 +299,76 @@ func readFull(src io.ReaderAt, b []byte, off int64) error {
 	}
 	return nil
 }
+
+// Untransposed is the transpose of a transposed view ("NAME[i][T:c0:n:step]",
+// Llama 4's and gpt-oss's experts): the stored [rows, n] matrix of its
+// columns c0, c0+step, ..., read row by row from the stored tensor (one
+// read per row, no element read twice), as a writer of x @ W stacks wants
+// it. ok is false for any other tensor, whose transpose has to be computed.
+func (t *Tensor) Untransposed() (*Tensor, bool) {
+	tr, ok := t.Data.(*transposedReader)
+	if !ok {
+		return nil, false
+	}
+	return &Tensor{Name: t.Name + " (stored)", DType: t.DType, Shape: []int64{tr.rows, tr.n}, File: t.File, Data: &columnsReader{tr}}, true
+}
+
+// columnsReader reads the columns c0, c0+step, ... (n of them) of a
+// transposedReader's row-major [rows, cols] source as the row-major
+// [rows, n] matrix they form: per output row touched, one ReadAt of the
+// span of source columns it needs (straight into the output when step is 1).
+type columnsReader struct{ *transposedReader }
+
+// ReadAt implements io.ReaderAt.
+func (r *columnsReader) ReadAt(b []byte, pos int64) (int, error) {
+	if pos < 0 {
+		return 0, fmt.Errorf("stored columns: negative offset %d", pos)
+	}
+	rowBytes := r.n * r.es
+	size := r.rows * rowBytes
+	if pos >= size {
+		return 0, io.EOF
+	}
+	want := len(b)
+	if rest := size - pos; int64(want) > rest {
+		b = b[:rest]
+	}
+	span := ((r.n-1)*r.step + 1) * r.es
+	var buf []byte
+	for done := int64(0); done < int64(len(b)); {
+		p := pos + done
+		row, within := p/rowBytes, p%rowBytes
+		m := min(int64(len(b))-done, rowBytes-within)
+		at := r.off + row*r.cols*r.es + r.c0*r.es
+		out := b[done : done+m]
+		if r.step == 1 {
+			if n, err := r.src.ReadAt(out, at+within); int64(n) < m {
+				return int(done) + n, shortRead(err)
+			}
+		} else {
+			if buf == nil {
+				buf = make([]byte, span)
+			}
+			if n, err := r.src.ReadAt(buf, at); int64(n) < span {
+				return int(done), shortRead(err)
+			}
+			for k := int64(0); k < m; k++ { // byte within+k of the row: element (within+k)/es, byte (within+k)%es
+				q := within + k
+				out[k] = buf[q/r.es*r.step*r.es+q%r.es]
+			}
+		}
+		done += m
+	}
+	if len(b) < want {
+		return len(b), io.EOF
+	}
+	return len(b), nil
+}
+
+// shortRead is the error of a read that came back short.
+func shortRead(err error) error {
+	if err == nil || err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}

@@ -42,7 +42,7 @@ func Convert(ctx context.Context, o Options) (*Summary, error) {
 		if err != nil {
 			return nil, err
 		}
-		sum.Seconds = time.Since(start).Seconds()
+		sum.Seconds, sum.Notices = time.Since(start).Seconds(), w.notices
 		return sum, nil
 	}
 	if err := checkReplaceable(w.dst, o.Dst, o.Force); err != nil {
@@ -53,7 +53,7 @@ func Convert(ctx context.Context, o Options) (*Summary, error) {
 	if err != nil {
 		return nil, diskFull(w.partial, err)
 	}
-	sum.Seconds = time.Since(start).Seconds()
+	sum.Seconds, sum.Notices = time.Since(start).Seconds(), w.notices
 	if sum.Seconds > 0 {
 		sum.GBPerSec = float64(sum.Bytes) / sum.Seconds / 1e9
 	}
@@ -102,6 +102,11 @@ func planRun(o *Options, ck *checkpoint.Checkpoint, src, dst string) (*run, erro
 	if err != nil {
 		return nil, err
 	}
+	if o.Notice != nil {
+		for _, n := range fp.Notices {
+			o.Notice(n)
+		}
+	}
 	op, err := buildPlan(ck, fp, o)
 	if err != nil {
 		return nil, err
@@ -118,7 +123,7 @@ func planRun(o *Options, ck *checkpoint.Checkpoint, src, dst string) (*run, erro
 	if err := checkCollisions(src, others, op); err != nil {
 		return nil, err
 	}
-	return &run{o: o, ck: ck, op: op, src: src, dst: dst, partial: dst + PartialSuffix, others: others}, nil
+	return &run{o: o, ck: ck, op: op, src: src, dst: dst, partial: dst + PartialSuffix, others: others, notices: fp.Notices}, nil
 }
 
 // diskFull makes a full disk say so in the one-line error.
@@ -167,6 +172,7 @@ type run struct {
 	src, dst string
 	partial  string
 	others   []string
+	notices  []string // family.Plan.Notices of SRC
 	prog     *progressState
 	lock     *partialDir // DST.partial, locked from preparePartial until the run returns
 	reused   atomic.Int64
@@ -232,7 +238,7 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 	if err := w.finish(files, unsynced); err != nil {
 		return nil, err
 	}
-	sum := &Summary{Dst: w.dst, Layout: string(w.o.Layout), Files: len(files) + 1, Shards: len(w.op.shards),
+	sum := &Summary{Dst: w.dst, Layout: string(w.o.Layout), Orientation: string(w.op.contract.Orientation), Files: len(files) + 1, Shards: len(w.op.shards),
 		ReusedShards: int(w.reused.Load()), Folded: w.op.contract.RoutedScalingFactorFolded,
 		FoldMaxRelChange: w.op.contract.FoldMaxRelChange, FusedShared: w.op.contract.NumFusedSharedExperts,
 		SharedRequantized: requantizedInto(w.op.contract)}

@@ -15,10 +15,12 @@ import (
 // write, what it would read and write, whether it fits, and how long it
 // would take at the speed SRC's disk was just measured to read.
 type Plan struct {
-	Src     string `json:"src"`
-	Dst     string `json:"dst"`
-	Layout  string `json:"layout"`
-	Tensors int    `json:"tensors"` // output tensors
+	Src    string `json:"src"`
+	Dst    string `json:"dst"`
+	Layout string `json:"layout"`
+	// Orientation: as Summary's.
+	Orientation string `json:"orientation,omitempty"`
+	Tensors     int    `json:"tensors"` // output tensors
 	// MoELayers is the number of MoE layers whose experts are stacked.
 	MoELayers   int  `json:"moe_layers"`
 	FusedShared int  `json:"num_fused_shared_experts"`
@@ -48,6 +50,8 @@ type Plan struct {
 	// weights are dequantised into and how many are (absent without).
 	DType              string `json:"dtype,omitempty"`
 	DequantizedTensors int    `json:"dequantized_tensors,omitempty"`
+	// Notices: as Summary's.
+	Notices []string `json:"notices,omitempty"`
 }
 
 // PlanShard is one output shard of the plan.
@@ -71,9 +75,9 @@ func DryRun(ctx context.Context, o Options) (*Plan, error) {
 			return nil, err
 		}
 	}
-	p := &Plan{Src: w.src, Dst: w.dst, Layout: string(o.Layout), MoELayers: len(w.op.contract.Layers),
+	p := &Plan{Src: w.src, Dst: w.dst, Layout: string(o.Layout), Orientation: string(w.op.contract.Orientation), MoELayers: len(w.op.contract.Layers),
 		FusedShared: w.op.contract.NumFusedSharedExperts, Folded: w.op.contract.RoutedScalingFactorFolded,
-		SharedRequantized: requantizedInto(w.op.contract), Tensors: len(w.op.tensors), CopiedFiles: len(w.others)}
+		SharedRequantized: requantizedInto(w.op.contract), Tensors: len(w.op.tensors), CopiedFiles: len(w.others), Notices: w.notices}
 	p.DType, p.DequantizedTensors = dequantSummary(w.op.contract)
 	for _, s := range w.op.shards {
 		p.Shards = append(p.Shards, PlanShard{Name: s.name, Bytes: s.size, Tensors: len(s.tensors)})

@@ -120,6 +120,8 @@ func TestResumeFinishesInterruptedRunIdentically(t *testing.T) {
 	}{
 		{"fp8 fuse fold", ds3FP8, Options{FuseShared: true, TP: 2, MaxShardSize: 150000, Jobs: 1}},
 		{"bf16 fuse fold down gate-up", ds3BF16, Options{FuseShared: true, TP: 4, FoldScaling: "down", Layout: layout.GateUp, MaxShardSize: 8000, Jobs: 2}},
+		// reused shards' sources are read again through the band caches
+		{"fp8 fuse in-out", ds3FP8, Options{FuseShared: true, TP: 2, Orientation: layout.InOut, MaxShardSize: 150000, Jobs: 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -204,6 +206,11 @@ func TestResumeRefusesDifferentOptions(t *testing.T) {
 	if _, err := Convert(context.Background(), o); err == nil || !strings.Contains(err.Error(), "started with --layout stacked, now gate-up") {
 		t.Errorf("resume with another layout: %v", err)
 	}
+	o.Layout, o.Orientation = "", layout.InOut
+	if _, err := Convert(context.Background(), o); err == nil || !strings.Contains(err.Error(), "started with --orientation out-in, now in-out") {
+		t.Errorf("resume with another orientation: %v", err)
+	}
+	o.Orientation, o.Layout = "", layout.GateUp
 	// A record from before options were recorded, whose shards carry BLAKE3
 	// digests: the error points at --digest blake3.
 	prog := filepath.Join(dst+".partial", progressFileName)

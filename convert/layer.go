@@ -47,6 +47,19 @@ func whole(t *checkpoint.Tensor) part {
 	return part{region: region{src: t.Data, file: t.File, tensor: t.Name, rows: 1, rowLen: n, stride: n}, dtype: t.DType}
 }
 
+// whole is a part covering all of t, for an in-out output the matrix as
+// stored where t is a transposed view of it (Llama 4, gpt-oss).
+func (p *planner) whole(t *checkpoint.Tensor) part {
+	if p.o.Orientation == layout.InOut {
+		if st, ok := t.Untransposed(); ok {
+			w := whole(st)
+			w.inOut = true
+			return w
+		}
+	}
+	return whole(t)
+}
+
 // piece is the bytes r of t (a weight or its scale tensor, cut as a
 // weightfmt.Matrix says).
 func piece(t *checkpoint.Tensor, r weightfmt.Region) part {
@@ -151,7 +164,7 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64, f weightfmt.F
 	if err != nil {
 		return mp, err
 	}
-	mp.gate, mp.up, mp.down = whole(g), whole(u), whole(d)
+	mp.gate, mp.up, mp.down = p.whole(g), p.whole(u), p.whole(d)
 	if m.GateBias != "" {
 		for _, b := range []struct {
 			name, role string
@@ -218,6 +231,9 @@ func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64, f wei
 	if err != nil || S == 1 {
 		return full, err
 	}
+	if full.gate.inOut || full.down.inOut {
+		return mlpParts{}, fmt.Errorf("%s: %s is stored transposed, and slicing it for --orientation in-out is not supported", p.ck.Dir, what)
+	}
 	g, _ := p.tensor(m.Gate)
 	u, _ := p.tensor(m.Up)
 	d, _ := p.tensor(m.Down)
@@ -241,12 +257,25 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 	n := int64(len(bank))
 	lay := p.o.Layout
 	names := layout.NamesFor(lay, prefix, p.out)
-	shapes := layout.StackShapesFor(lay, n, I, H, p.out)
+	shapes := layout.StackShapesFor(lay, n, I, H, p.out).Oriented(p.o.Orientation)
 	sd, _ := p.out.Scale() // names has no scale tensors when the format has none
-	mk := func(name string, dtype safetensors.DType, shape layout.Shape, pick func(mlpParts) []part) (*outTensor, error) {
+	gr, gc := weightfmt.Matrix{Format: p.out, Rows: I, Cols: H}.ScaleShape()
+	dr, dc := weightfmt.Matrix{Format: p.out, Rows: H, Cols: I}.ScaleShape()
+	// mk stacks pick's parts of every expert; mat is the [out, in] of each
+	// weight or scale grid they hold (zero for vectors), which in-out
+	// writes transposed.
+	mk := func(name string, dtype safetensors.DType, shape layout.Shape, mat [2]int64, pick func(mlpParts) []part) (*outTensor, error) {
 		t := &outTensor{name: name, dtype: dtype, shape: shape}
 		for _, m := range bank {
-			t.parts = append(t.parts, pick(m)...)
+			parts := pick(m)
+			if p.o.Orientation == layout.InOut && mat[0] > 0 {
+				tp, err := transposed(parts, mat[0], mat[1])
+				if err != nil {
+					return nil, err
+				}
+				parts = []part{tp}
+			}
+			t.parts = append(t.parts, parts...)
 		}
 		want, ok := mul(append([]int64{int64(dtype.Size())}, shape...)...)
 		if !ok {
@@ -264,8 +293,10 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 		name  string
 		dtype safetensors.DType
 		shape layout.Shape
+		mat   [2]int64
 		pick  func(mlpParts) []part
 	}
+	gate, down, gs, ds := [2]int64{I, H}, [2]int64{H, I}, [2]int64{gr, gc}, [2]int64{dr, dc}
 	one := func(f func(mlpParts) part) func(mlpParts) []part {
 		return func(m mlpParts) []part { return []part{f(m)} }
 	}
@@ -277,17 +308,17 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 			first = func(m mlpParts) (part, part) { return m.up, m.gate }
 			second = func(m mlpParts) (part, part) { return m.upScale, m.gateScale }
 		}
-		specs = append(specs, spec{names.GateUp, wd, shapes.GateUp, func(m mlpParts) []part { a, b := first(m); return []part{a, b} }})
-		specs = append(specs, spec{names.GateUpScale, sd.DType, shapes.GateUpScale, func(m mlpParts) []part { a, b := second(m); return []part{a, b} }})
-		specs = append(specs, spec{names.Down, wd, shapes.Down, one(func(m mlpParts) part { return m.down })})
-		specs = append(specs, spec{names.DownScale, sd.DType, shapes.DownScale, one(func(m mlpParts) part { return m.downScale })})
+		specs = append(specs, spec{names.GateUp, wd, shapes.GateUp, gate, func(m mlpParts) []part { a, b := first(m); return []part{a, b} }})
+		specs = append(specs, spec{names.GateUpScale, sd.DType, shapes.GateUpScale, gs, func(m mlpParts) []part { a, b := second(m); return []part{a, b} }})
+		specs = append(specs, spec{names.Down, wd, shapes.Down, down, one(func(m mlpParts) part { return m.down })})
+		specs = append(specs, spec{names.DownScale, sd.DType, shapes.DownScale, ds, one(func(m mlpParts) part { return m.downScale })})
 	default:
-		specs = append(specs, spec{names.Gate, wd, shapes.Gate, one(func(m mlpParts) part { return m.gate })})
-		specs = append(specs, spec{names.GateScale, sd.DType, shapes.GateScale, one(func(m mlpParts) part { return m.gateScale })})
-		specs = append(specs, spec{names.Up, wd, shapes.Up, one(func(m mlpParts) part { return m.up })})
-		specs = append(specs, spec{names.UpScale, sd.DType, shapes.UpScale, one(func(m mlpParts) part { return m.upScale })})
-		specs = append(specs, spec{names.Down, wd, shapes.Down, one(func(m mlpParts) part { return m.down })})
-		specs = append(specs, spec{names.DownScale, sd.DType, shapes.DownScale, one(func(m mlpParts) part { return m.downScale })})
+		specs = append(specs, spec{names.Gate, wd, shapes.Gate, gate, one(func(m mlpParts) part { return m.gate })})
+		specs = append(specs, spec{names.GateScale, sd.DType, shapes.GateScale, gs, one(func(m mlpParts) part { return m.gateScale })})
+		specs = append(specs, spec{names.Up, wd, shapes.Up, gate, one(func(m mlpParts) part { return m.up })})
+		specs = append(specs, spec{names.UpScale, sd.DType, shapes.UpScale, gs, one(func(m mlpParts) part { return m.upScale })})
+		specs = append(specs, spec{names.Down, wd, shapes.Down, down, one(func(m mlpParts) part { return m.down })})
+		specs = append(specs, spec{names.DownScale, sd.DType, shapes.DownScale, ds, one(func(m mlpParts) part { return m.downScale })})
 	}
 	if g, ok := weightfmt.GlobalOf(p.out); ok {
 		pair := func(f func(mlpParts) (part, part)) func(mlpParts) []part {
@@ -310,12 +341,12 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 			pk := st.pick
 			switch lay {
 			case layout.GateUp, layout.UpGate:
-				specs = append(specs, spec{st.gateUp, g.DType, shapes.GateUpGlobal, pair(func(m mlpParts) (part, part) { a, b, _ := pk(m); return a, b })})
+				specs = append(specs, spec{st.gateUp, g.DType, shapes.GateUpGlobal, [2]int64{}, pair(func(m mlpParts) (part, part) { a, b, _ := pk(m); return a, b })})
 			default:
-				specs = append(specs, spec{st.gate, g.DType, shapes.GateGlobal, one(func(m mlpParts) part { a, _, _ := pk(m); return a })},
-					spec{st.up, g.DType, shapes.UpGlobal, one(func(m mlpParts) part { _, b, _ := pk(m); return b })})
+				specs = append(specs, spec{st.gate, g.DType, shapes.GateGlobal, [2]int64{}, one(func(m mlpParts) part { a, _, _ := pk(m); return a })},
+					spec{st.up, g.DType, shapes.UpGlobal, [2]int64{}, one(func(m mlpParts) part { _, b, _ := pk(m); return b })})
 			}
-			specs = append(specs, spec{st.down, g.DType, shapes.DownGlobal, one(func(m mlpParts) part { _, _, d := pk(m); return d })})
+			specs = append(specs, spec{st.down, g.DType, shapes.DownGlobal, [2]int64{}, one(func(m mlpParts) part { _, _, d := pk(m); return d })})
 		}
 	}
 	if p.fp.ExpertBias {
@@ -326,19 +357,19 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 			if lay == layout.UpGate {
 				pick = func(m mlpParts) []part { return []part{m.upBias, m.gateBias} }
 			}
-			specs = append(specs, spec{bn.GateUp, bd, layout.Shape{n, 2 * I}, pick})
+			specs = append(specs, spec{bn.GateUp, bd, layout.Shape{n, 2 * I}, [2]int64{}, pick})
 		default:
-			specs = append(specs, spec{bn.Gate, bd, layout.Shape{n, I}, one(func(m mlpParts) part { return m.gateBias })},
-				spec{bn.Up, bd, layout.Shape{n, I}, one(func(m mlpParts) part { return m.upBias })})
+			specs = append(specs, spec{bn.Gate, bd, layout.Shape{n, I}, [2]int64{}, one(func(m mlpParts) part { return m.gateBias })},
+				spec{bn.Up, bd, layout.Shape{n, I}, [2]int64{}, one(func(m mlpParts) part { return m.upBias })})
 		}
-		specs = append(specs, spec{bn.Down, bd, layout.Shape{n, H}, one(func(m mlpParts) part { return m.downBias })})
+		specs = append(specs, spec{bn.Down, bd, layout.Shape{n, H}, [2]int64{}, one(func(m mlpParts) part { return m.downBias })})
 	}
 	out := make([]*outTensor, 0, len(specs))
 	for _, s := range specs {
 		if s.name == "" { // a scale stack of a format without scales
 			continue
 		}
-		t, err := mk(s.name, s.dtype, s.shape, s.pick)
+		t, err := mk(s.name, s.dtype, s.shape, s.mat, s.pick)
 		if err != nil {
 			return nil, err
 		}

@@ -32,6 +32,8 @@ const DefaultJobs = 4
 type Options struct {
 	Src, Dst string
 	Layout   layout.Layout // "" means stacked
+	// Orientation of each expert matrix in the stacks ("" means out-in).
+	Orientation layout.Orientation
 
 	FuseShared  bool   // fuse-shared: append the shared expert as extra experts
 	TP          int    // tensor-parallel size the output is prepared for (0 means 1)
@@ -54,12 +56,18 @@ type Options struct {
 	BufferedIO   bool             // write shards through the page cache, not with O_DIRECT (directwrite.go)
 	Progress     Reporter
 	Tool         string // recorded in the contract, e.g. "moeprep v0.1.0"
+	// Notice receives, once the source is planned, each remark on what
+	// its config.json says and moeprep ignores (family.Plan.Notices);
+	// nil: none is sent (Summary and Plan still carry them).
+	Notice func(msg string)
 }
 
 // Summary is what a finished run reports (--json prints it).
 type Summary struct {
-	Dst              string  `json:"dst"`
-	Layout           string  `json:"layout"`
+	Dst    string `json:"dst"`
+	Layout string `json:"layout"`
+	// Orientation is "in-out" when the stacks are transposed; absent: out-in.
+	Orientation      string  `json:"orientation,omitempty"`
 	Files            int     `json:"files"`
 	Shards           int     `json:"shards"`
 	ReusedShards     int     `json:"reused_shards"`
@@ -75,6 +83,9 @@ type Summary struct {
 	// AlreadyComplete: --resume found DST complete, every file matching its
 	// manifest and the contract this run would write; nothing was written.
 	AlreadyComplete bool `json:"already_complete"`
+	// Notices: what SRC's config.json says that moeprep ignores, as
+	// transformers does (family.Plan.Notices).
+	Notices []string `json:"notices,omitempty"`
 	// DType and DequantizedTensors: with --dtype, the dtype the quantised
 	// weights were dequantised into and how many were (absent without).
 	DType              string `json:"dtype,omitempty"`
@@ -127,6 +138,9 @@ func (o *Options) norm() error {
 		return err
 	}
 	o.Layout = l
+	if o.Orientation, err = layout.ParseOrientation(string(o.Orientation)); err != nil {
+		return err
+	}
 	if o.TP == 0 {
 		o.TP = 1
 	}

@@ -21,6 +21,10 @@ type part struct {
 	factor float64
 	stats  *foldStats
 	dq     *dequant // nil: the region's bytes (folded or not)
+	// inOut: the region holds its matrix already transposed, [in, out]
+	// (a Llama 4 or gpt-oss expert as stored, checkpoint.Untransposed),
+	// for --orientation in-out.
+	inOut bool
 }
 
 // size is the bytes the part puts in the output: its region's, or its
@@ -56,7 +60,8 @@ type shardPlan struct {
 	name    string
 	tensors []*outTensor
 	header  []byte
-	size    int64 // whole file
+	size    int64      // whole file
+	bands   *bandCache // the band of in-out parts read last (transpose.go); nil: none
 }
 
 func (s *shardPlan) entries() []safetensors.Entry {
@@ -126,6 +131,12 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 	}
 	if p.out, err = p.outFormat(); err != nil {
 		return nil, err
+	}
+	if o.Orientation == layout.InOut && o.DType != "" {
+		return nil, fmt.Errorf("%s: --orientation in-out with --dtype: writing dequantised experts transposed is not built; use one of them", ck.Dir)
+	}
+	if why := layout.TransposeRefusal(p.wf); o.Orientation == layout.InOut && why != "" {
+		return nil, fmt.Errorf("%s: --orientation in-out: %s", ck.Dir, why)
 	}
 	if err := p.checkFusable(); err != nil {
 		return nil, err
@@ -197,6 +208,9 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 	}
 	if err := op.shard(o.MaxShardSize); err != nil {
 		return nil, err
+	}
+	for _, s := range op.shards {
+		s.shareBands()
 	}
 	op.contract = p.contract()
 	return op, nil
@@ -381,6 +395,9 @@ func (p *planner) contract() *layout.Contract {
 		c.SharedReplicas = p.o.Replicas
 		c.SharedSlices = fp.NumSharedExperts
 		c.NumFusedSharedExperts = c.SharedReplicas * c.SharedSlices
+	}
+	if p.o.Orientation == layout.InOut {
+		c.Orientation = layout.InOut // out-in, the default, is left out
 	}
 	c.RoutedInputScaled = fp.RoutedInputScaled
 	c.ExpertBias = fp.ExpertBias

@@ -9,6 +9,20 @@ import (
 	"github.com/moeprep/moeprep/fixtures"
 )
 
+// synthPreset writes the synth preset name into a temporary directory.
+func synthPreset(t *testing.T, name string) string {
+	t.Helper()
+	spec, err := fixtures.Preset(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(t.TempDir(), name)
+	if err := fixtures.Synth(context.Background(), src, spec, nil); err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
 // TestSynthPresets converts every tiny synthetic preset the fixtures package
 // writes (MTP layers with experts, Kimi-K2's 24 experts, FP8 with partial
 // 128x128 blocks, DeepSeek-V2's two shared experts, every family) through the
@@ -20,15 +34,7 @@ func TestSynthPresets(t *testing.T) {
 			continue
 		}
 		n++
-		spec, err := fixtures.Preset(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		src := filepath.Join(t.TempDir(), name)
-		if err := fixtures.Synth(context.Background(), src, spec, nil); err != nil {
-			t.Fatal(err)
-		}
-		checkHFFixture(t, src)
+		checkHFFixture(t, synthPreset(t, name))
 	}
 	if n < 6 {
 		t.Fatalf("only %d tiny presets", n)

@@ -59,6 +59,9 @@ func (r region) readFull(b []byte, off int64) error {
 // sourceOffset is where byte pos of the region's stream lives in its source
 // (in the outermost file when the source is a section of one), for ordering.
 func (r region) sourceOffset(pos int64) int64 {
+	if t, ok := r.src.(*tiled); ok {
+		return t.sourceOffset(r.off + pos)
+	}
 	off := r.off + pos
 	if !r.contiguous() {
 		off = r.off + pos/r.rowLen*r.stride + pos%r.rowLen

@@ -40,6 +40,7 @@ const maxProgressBytes = 64 << 20
 func (o *Options) byteOptions() map[string]string {
 	m := map[string]string{
 		"--layout":         string(o.Layout),
+		"--orientation":    string(o.Orientation),
 		"fuse-shared":      fmt.Sprint(o.FuseShared),
 		"--tp":             fmt.Sprint(o.TP),
 		"--replicas":       fmt.Sprint(o.Replicas),
@@ -99,6 +100,10 @@ func (w *run) fingerprint() string {
 	fmt.Fprintf(h, "layout %s fuse %v tp %d replicas %d fold %s max %d\n", o.Layout, o.FuseShared, o.TP, o.Replicas, o.FoldScaling, o.MaxShardSize)
 	if o.RequantizeShared {
 		fmt.Fprintf(h, "requantize-shared\n")
+	}
+	if o.Orientation == layout.InOut {
+		// Only when in-out: out-in runs keep the fingerprints they had.
+		fmt.Fprintf(h, "orientation %s\n", o.Orientation)
 	}
 	if o.Digest != layout.BLAKE3Blocks {
 		// BLAKE3 was the only shard digest when fingerprints were introduced:

@@ -306,6 +306,7 @@ func (w *run) writeShard(ctx context.Context, s *shardPlan) (fi layout.FileInfo,
 	if err != nil {
 		return layout.FileInfo{}, "", err
 	}
+	defer s.releaseBands()
 	tmp := path + ".tmp"
 	out, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {

@@ -62,6 +62,7 @@ func (s *shardPlan) sourceDigest(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	defer s.releaseBands()
 	d := newSourceDigests(len(chunks))
 	var buf []byte
 	for _, c := range chunks {

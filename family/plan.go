@@ -176,6 +176,10 @@ type Plan struct {
 	SharedQuantization Quantization
 	SharedWeightDType  safetensors.DType
 	Layers             []Layer // sorted by Index
+	// Notices are one-line remarks on what the config says and moeprep,
+	// as transformers, ignores (moe_layers entries past the last layer);
+	// commands print them to stderr and carry them in their JSON.
+	Notices []string
 	// Wrapper is the multimodal wrapper the text model was planned inside
 	// (its model_type, text config key and layer prefix); nil for a bare
 	// text model. ModelType is then the text model's.

@@ -103,7 +103,7 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if err := checkQuantGroups(raw, t, p); err != nil {
 		return nil, err
 	}
-	isMoE, err := s.layers.moe(c, s.keys, p.NumHiddenLayers)
+	isMoE, err := s.layers.moe(c, s.keys, p)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,8 @@ package family
 import (
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/moeprep/moeprep/moe"
 )
@@ -215,7 +217,11 @@ func hashLayers(c config, layers int) (func(int) bool, error) {
 	return func(l int) bool { return l < n && l < layers }, nil
 }
 
-func (r layerRule) moe(c config, k configKeys, layers int) (func(int) bool, error) {
+// moe returns which of p's num_hidden_layers layers are MoE. What the
+// config names and the rule ignores, as transformers does, becomes one of
+// p.Notices.
+func (r layerRule) moe(c config, k configKeys, p *Plan) (func(int) bool, error) {
+	layers := p.NumHiddenLayers
 	dense := func() (int, error) {
 		if k.denseKey == "" {
 			return k.denseFixed, nil
@@ -297,12 +303,21 @@ func (r layerRule) moe(c config, k configKeys, layers int) (func(int) bool, erro
 			if err != nil {
 				return nil, err
 			}
+			// transformers asks `layer_idx in config.moe_layers` of each of
+			// its layers, so an entry past the last (a config trimmed for
+			// tests keeps the full model's list) names nothing.
 			in := make([]bool, layers)
-			for i, l := range list {
+			var beyond []int
+			for _, l := range list {
 				if l >= layers {
-					return nil, fmt.Errorf("config.json: moe_layers[%d] = %d, but num_hidden_layers=%d", i, l, layers)
+					beyond = append(beyond, l)
+					continue
 				}
 				in[l] = true
+			}
+			if len(beyond) > 0 {
+				p.Notices = append(p.Notices, fmt.Sprintf("config.json: moe_layers lists %s beyond num_hidden_layers=%d: ignored, as transformers ignores them",
+					listSome(beyond, 8), layers))
 			}
 			return func(l int) bool { return l < len(in) && in[l] }, nil
 		}
@@ -474,4 +489,19 @@ func checkRouting(p *Plan) error {
 		return fmt.Errorf("config.json: routed_scaling_factor=%g must be positive", p.RoutedScalingFactor)
 	}
 	return nil
+}
+
+// listSome writes up to n of xs, "3, 5 and 7", saying how many more there are.
+func listSome(xs []int, n int) string {
+	s := make([]string, 0, min(len(xs), n)+1)
+	for _, x := range xs[:min(len(xs), n)] {
+		s = append(s, strconv.Itoa(x))
+	}
+	if len(xs) > n {
+		s = append(s, fmt.Sprintf("%d more", len(xs)-n))
+	}
+	if len(s) == 1 {
+		return s[0]
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }

@@ -61,6 +61,9 @@ type Summary struct {
 	WeightFiles int   `json:"weight_files"`
 	// Contract is the moeprep section of a converted checkpoint, nil for a source checkpoint.
 	Contract *layout.Contract `json:"moeprep,omitempty"`
+	// Notices: what config.json says that moeprep ignores, as transformers
+	// does (family.Plan.Notices).
+	Notices []string `json:"notices,omitempty"`
 	// Quant are the checkpoint's quantisation descriptions, wherever they
 	// live, each with what it quantises per tensor group.
 	Quant []QuantDesc `json:"quant_descriptions,omitempty"`
@@ -191,7 +194,7 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 		RoutedInputScaled: p.RoutedInputScaled,
 		NumHiddenLayers:   p.NumHiddenLayers,
 		MoELayers:         []int{}, MTPLayers: []int{},
-		NumTensors: len(c.Tensors), TotalBytes: c.TotalBytes(),
+		NumTensors: len(c.Tensors), TotalBytes: c.TotalBytes(), Notices: p.Notices,
 	}
 	if p.Wrapper != nil {
 		s.ModelType = p.Wrapper.ModelType
@@ -311,7 +314,7 @@ func WriteText(w io.Writer, s *Summary) error {
 			folded = fmt.Sprintf("folded into routed down projections (max relative change %.3g)", k.FoldMaxRelChange)
 		}
 		rows = append(rows,
-			[2]string{"converted by", fmt.Sprintf("%s, layout %s, from %s", k.Tool, k.Layout, k.SourceFormat)},
+			[2]string{"converted by", fmt.Sprintf("%s, layout %s%s, from %s", k.Tool, k.Layout, orientation(k), k.SourceFormat)},
 			[2]string{"fused shared", fused},
 			[2]string{"rsf", fmt.Sprintf("%g, %s", k.RoutedScalingFactor, folded)})
 		if d := k.Dequantized; d != nil {
@@ -381,4 +384,13 @@ func outputScale(p *family.Plan) float64 {
 		return 0
 	}
 	return p.Output()
+}
+
+// orientation says ", in-out ([in, out] per expert)" for transposed
+// stacks, "" for the default.
+func orientation(k *layout.Contract) string {
+	if k.Oriented() == layout.OutIn {
+		return ""
+	}
+	return fmt.Sprintf(", %s ([in, out] per expert)", k.Oriented())
 }

@@ -37,11 +37,15 @@ type LayerInfo struct {
 
 // Contract is the "moeprep" object of a converted checkpoint's config.json.
 type Contract struct {
-	Version      int    `json:"version"`
-	Tool         string `json:"tool,omitempty"` // "moeprep <version>"
-	Layout       Layout `json:"layout"`
-	SourceFormat string `json:"source_format"` // "safetensors" or "torch"
-	Family       string `json:"family"`
+	Version int    `json:"version"`
+	Tool    string `json:"tool,omitempty"` // "moeprep <version>"
+	Layout  Layout `json:"layout"`
+	// Orientation of every expert matrix in the stacks: "in-out" ([in,
+	// out] per expert, scale grids transposed with them); absent means
+	// "out-in", nn.Linear's [out, in].
+	Orientation  Orientation `json:"orientation,omitempty"`
+	SourceFormat string      `json:"source_format"` // "safetensors" or "torch"
+	Family       string      `json:"family"`
 
 	NumExperts            int     `json:"num_experts"`              // routed experts E
 	NumFusedSharedExperts int     `json:"num_fused_shared_experts"` // R*S, 0 when the shared expert was not fused
@@ -327,6 +331,21 @@ func (c *Contract) Format() (weightfmt.Format, error) {
 		ScaleDType: safetensors.DType(c.ScaleDType), Naming: c.Naming})
 }
 
+// Oriented is the stacks' orientation, OutIn when absent.
+func (c *Contract) Oriented() Orientation {
+	if c.Orientation == "" {
+		return OutIn
+	}
+	return c.Orientation
+}
+
+// Shapes are layer stacks' shapes for this contract: a bank of n experts of
+// intermediate I and hidden H, in its layout, format and orientation.
+func (c *Contract) Shapes(n, I, H int64) Shapes {
+	f, _ := c.Format() // Check refuses a contract without one
+	return StackShapesFor(c.Layout, n, I, H, f).Oriented(c.Oriented())
+}
+
 // Names gives layer li's output tensor names.
 func (c *Contract) Names(li LayerInfo) ExpertTensors {
 	f, _ := c.Format() // Check refuses a contract without one; nil names no scales
@@ -367,6 +386,8 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: quantization %s without scale_dtype", c.Quantization)
 	case !c.scaleDTyped() && c.ScaleDType != "" && c.Quantization != weightfmt.QuantMXFP4:
 		return fmt.Errorf("moeprep contract: scale_dtype %s with quantization %s, whose scale dtype is fixed", c.ScaleDType, c.Quantization)
+	case c.Orientation != "" && c.Orientation != OutIn && c.Orientation != InOut:
+		return fmt.Errorf("moeprep contract: unknown orientation %q", c.Orientation)
 	case (c.SharedQuantization == "") != (c.SharedWeightDType == ""):
 		return fmt.Errorf("moeprep contract: shared_quantization %q and shared_weight_dtype %q: both or neither", c.SharedQuantization, c.SharedWeightDType)
 	case c.SharedQuantization != "" && c.NumFusedSharedExperts > 0:
@@ -393,8 +414,12 @@ func (c *Contract) Check() error {
 			return fmt.Errorf("moeprep contract: weight_block_size %v", c.WeightBlockSize)
 		}
 	}
-	if _, err := c.Format(); err != nil {
+	f, err := c.Format()
+	if err != nil {
 		return fmt.Errorf("moeprep contract: %v", err)
+	}
+	if why := TransposeRefusal(f); c.Oriented() == InOut && why != "" {
+		return fmt.Errorf("moeprep contract: orientation in-out, but %s", why)
 	}
 	return nil
 }

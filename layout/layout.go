@@ -6,6 +6,8 @@ package layout
 import (
 	"fmt"
 	"strings"
+
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // Layout is how a layer's experts are stacked in the output.
@@ -41,3 +43,41 @@ func Parse(s string) (Layout, error) {
 func (l Layout) Fused() bool { return l == GateUp || l == UpGate }
 
 func (l Layout) String() string { return string(l) }
+
+// Orientation is how each expert's matrix lies in a stack.
+type Orientation string
+
+const (
+	// OutIn is [out, in] per expert, as nn.Linear holds its weight:
+	// all_gate [E,I,H], all_down [E,H,I], gate_up_proj [E,2I,H]. The default;
+	// the contract leaves it out.
+	OutIn Orientation = "out-in"
+	// InOut is the transpose, [in, out] per expert, for x @ W (K-major B):
+	// all_gate [E,H,I], all_down [E,I,H], gate_up_proj [E,H,2I] (each row
+	// H the gate's I values, then the up's); scale grids transposed with
+	// their weights.
+	InOut Orientation = "in-out"
+)
+
+// ParseOrientation reads an --orientation value; "" means OutIn.
+func ParseOrientation(s string) (Orientation, error) {
+	switch {
+	case s == "" || strings.EqualFold(s, string(OutIn)):
+		return OutIn, nil
+	case strings.EqualFold(s, string(InOut)):
+		return InOut, nil
+	}
+	return "", fmt.Errorf("unknown orientation %q (want out-in or in-out)", s)
+}
+
+// TransposeRefusal says why weights stored in f cannot be written in-out
+// ("" when they can): a format that packs several elements into a unit
+// along the row (INT4 eight to an I32, FP4 two to a byte) has no
+// byte-exact transpose, and would have to be unpacked and repacked.
+func TransposeRefusal(f weightfmt.Format) string {
+	if e, _ := packingOf(f); e > 1 {
+		return fmt.Sprintf("%s (%s) packs %d elements per unit along each row, so its experts have no byte-exact transpose: --orientation in-out takes weights of one element per unit (bf16, f16, f32, FP8)",
+			f, f.Quantization(), e)
+	}
+	return ""
+}

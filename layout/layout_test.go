@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -334,5 +336,49 @@ func TestParseBlockAlgo(t *testing.T) {
 	}
 	if _, err := ParseBlockAlgo("md5"); err == nil || !strings.Contains(err.Error(), "md5") {
 		t.Errorf("md5: %v", err)
+	}
+}
+
+// TestOrientation: parsing, the in-out shapes (the last two dimensions of
+// every weight and grid stack swapped, per-expert scalars kept) and the
+// contracts that are refused.
+func TestOrientation(t *testing.T) {
+	for in, want := range map[string]Orientation{"": OutIn, "out-in": OutIn, "IN-OUT": InOut} {
+		if got, err := ParseOrientation(in); got != want || err != nil {
+			t.Errorf("%q: %q %v", in, got, err)
+		}
+	}
+	if _, err := ParseOrientation("kmajor"); err == nil || !strings.Contains(err.Error(), "out-in or in-out") {
+		t.Errorf("kmajor: %v", err)
+	}
+	fp8 := weightfmt.FP8Block(128, 128, false)
+	s := StackShapesFor(GateUp, 10, 200, 384, fp8).Oriented(InOut)
+	if fmt.Sprint(s.GateUp, s.GateUpScale, s.Down, s.DownScale) != "[10 384 400] [10 3 4] [10 200 384] [10 2 3]" {
+		t.Errorf("gate-up in-out: %v %v %v %v", s.GateUp, s.GateUpScale, s.Down, s.DownScale)
+	}
+	if o := StackShapesFor(Stacked, 10, 200, 384, nil); !reflect.DeepEqual(o.Oriented(OutIn), o) {
+		t.Error("out-in changed the shapes")
+	}
+	int4 := func(c *Contract) {
+		c.Quantization, c.WeightDType, c.WeightBlockSize, c.ScaleDType = "int4_pack", "I32", []int64{1, 32}, "BF16"
+	}
+	for want, bad := range map[string]func(*Contract){
+		`unknown orientation "diagonal"`: func(c *Contract) { c.Orientation = "diagonal" },
+		"orientation in-out, but INT4 (int4_pack) packs 8 elements per unit along each row": func(c *Contract) { int4(c); c.Orientation = InOut },
+		"": int4,
+	} {
+		c := goodContract()
+		bad(c)
+		if err := c.Check(); want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("%s: %v", want, err)
+		}
+	}
+	c := goodContract()
+	c.Orientation = InOut
+	if err := c.Check(); err != nil || c.Shapes(3, 128, 256).GateUp[1] != 256 {
+		t.Errorf("in-out FP8 contract: %v", err)
+	}
+	if why := TransposeRefusal(nil); why != "" {
+		t.Errorf("unquantised: %s", why)
 	}
 }

@@ -194,6 +194,23 @@ func StackShapesFor(l Layout, n, I, H int64, f weightfmt.Format) Shapes {
 	return s
 }
 
+// Oriented is s for stacks of orientation o: InOut swaps the last two
+// dimensions of every weight stack and scale grid stack ([N, H, I] for
+// gate, [N, ceil(H/bi), ceil(I/bo)] for its FP8 grid, [N, H, 2I] and
+// [N, ceil(H/bi), 2*ceil(I/bo)] for gate-up); the per-expert global
+// scales keep their shapes.
+func (s Shapes) Oriented(o Orientation) Shapes {
+	if o != InOut {
+		return s
+	}
+	for _, sh := range []*Shape{&s.Gate, &s.Up, &s.GateUp, &s.Down, &s.GateScale, &s.UpScale, &s.GateUpScale, &s.DownScale} {
+		if len(*sh) == 3 {
+			*sh = Shape{(*sh)[0], (*sh)[2], (*sh)[1]}
+		}
+	}
+	return s
+}
+
 // StackShapes is StackShapesFor for unquantised weights, or for FP8 ones
 // in blocks of bo rows (output dim) by bi columns (input dim) when fp8 is set.
 func StackShapes(l Layout, n, I, H int64, fp8 bool, bo, bi int64) Shapes {

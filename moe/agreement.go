@@ -3,6 +3,7 @@ package moe
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // TieTolerance is how close two biased scores must be for either expert to be
@@ -51,6 +52,31 @@ func TopKAgreement(got, want []int32, t, k int, choice []float32, e int, tol flo
 		for j := 0; j < len(gotOnly) && j < len(wantOnly); j++ {
 			if d := float64(c[gotOnly[j]]) - float64(c[wantOnly[j]]); math.Abs(d) <= float64(tol) {
 				okCount++
+			}
+		}
+	}
+	return okCount, t * k, nil
+}
+
+// HashAgreement compares the routings got and want ([T,K] ids each) of a
+// hash-routed layer, whose ids are a token-to-experts table's rows: per
+// token, an id of got is correct when want names it too, as a multiset
+// (an expert the row names twice must be named twice; HF initialises the
+// table to zeros, so every slot may name expert 0). No tie makes a
+// different id right: both paths read the same table. It returns the
+// number of correct ids and the total, T*K.
+func HashAgreement(got, want []int32, t, k int) (int, int, error) {
+	if len(got) != t*k || len(want) != t*k {
+		return 0, 0, fmt.Errorf("hash agreement: %d and %d ids for %d tokens x %d", len(got), len(want), t, k)
+	}
+	okCount := 0
+	left := make([]int32, k)
+	for i := range t {
+		left = append(left[:0], want[i*k:(i+1)*k]...)
+		for _, id := range got[i*k : (i+1)*k] {
+			if j := slices.Index(left, id); j >= 0 {
+				okCount++
+				left = slices.Delete(left, j, j+1)
 			}
 		}
 	}

@@ -82,6 +82,10 @@ type Routing struct {
 	// otherwise.
 	S      int
 	Shared []float32
+	// Hashed: IDs are rows of a token-to-experts table (RouteHashed), not
+	// a ranking of Choice: another path must take the same ids (an expert
+	// a row names twice counts twice), ties do not apply (HashAgreement).
+	Hashed bool
 }
 
 // RouterLogits computes x [T,H] times router [E,H] transposed in float64 and
@@ -302,7 +306,7 @@ func RouteHashed(spec RouteSpec, logits []float32, ids []int32, t int) (*Routing
 	if len(logits) != t*e || len(ids) != t*k {
 		return nil, fmt.Errorf("hash routing: %d logits and %d ids for %d tokens x %d experts, top-%d", len(logits), len(ids), t, e, k)
 	}
-	r := &Routing{T: t, K: k, IDs: slices.Clone(ids), Weights: make([]float32, t*k), Choice: make([]float32, t*e)}
+	r := &Routing{T: t, K: k, IDs: slices.Clone(ids), Weights: make([]float32, t*k), Choice: make([]float32, t*e), Hashed: true}
 	for i := range t {
 		choice := r.Choice[i*e : (i+1)*e]
 		for j, l := range logits[i*e : (i+1)*e] {

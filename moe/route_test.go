@@ -64,6 +64,31 @@ func TestTopKAgreement(t *testing.T) {
 	}
 }
 
+// TestHashAgreement: a hash layer's ids match as the table's multiset per
+// token: an expert named twice must be named twice, and no score makes
+// another id right.
+func TestHashAgreement(t *testing.T) {
+	for _, tt := range []struct {
+		name      string
+		got, want []int32
+		ok        int
+	}{
+		{"the table's row", []int32{3, 1, 3}, []int32{3, 1, 3}, 3},
+		{"all zeros, as HF initialises tid2eid", []int32{0, 0, 0}, []int32{0, 0, 0}, 3},
+		{"another order", []int32{1, 3, 3}, []int32{3, 3, 1}, 3},
+		{"a repeat too few", []int32{3, 1, 1}, []int32{3, 1, 3}, 2},
+		{"another expert", []int32{0, 0, 2}, []int32{0, 0, 0}, 2},
+	} {
+		ok, total, err := HashAgreement(tt.got, tt.want, 1, 3)
+		if err != nil || ok != tt.ok || total != 3 {
+			t.Errorf("%s: %d/%d (%v), want %d/3", tt.name, ok, total, err, tt.ok)
+		}
+	}
+	if _, _, err := HashAgreement([]int32{0}, []int32{0, 1}, 1, 2); err == nil {
+		t.Error("ids of the wrong count: no error")
+	}
+}
+
 // TestSqrtSoftplusScores: DeepSeek-V4's score against values worked by
 // hand, torch's softplus threshold (l > 20 gives l) included.
 func TestSqrtSoftplusScores(t *testing.T) {

@@ -34,6 +34,9 @@
 #   K  Kimi-K2-Thinking INT4 (compressed-tensors pack-quantized, group 32) routed experts, BF16 shared, I 1152
 #   N  DeepSeek-R1 ModelOpt NVFP4 routed and shared experts, I 1152
 #   M  gpt-oss-shaped (H 2880, 128 experts) MXFP4 experts stacked on disk, 1 layer
+#   T  bf16 DeepSeek-V3-shaped, 2 MoE layers of 64 experts, H 2048, I 1024: 1.6 GB, one source and
+#      one output shard; runs cp, convert and convert --orientation in-out (issue 30: every
+#      expert transposed, the in-out row `inout`)
 #
 #   scripts/bench-convert.sh [WORK] [ROUNDS] [SHAPES]
 #   sudo scripts/bench-convert.sh /work/bench 3 "A B"     # needs ~3x the checkpoint free
@@ -89,10 +92,11 @@ for shape in $shapes; do
 	K) synth=(--preset small-kimi-k2-int4 --hidden 7168 --intermediate 1152) ; maxshard=5GB ;;
 	N) synth=(--preset small-deepseek-r1-nvfp4 --hidden 7168 --intermediate 1152) ; maxshard=5GB ;;
 	M) synth=(--preset gpt-oss-shaped --dtype mxfp4 --num-layers 1) ; maxshard=5GB ;;
+	T) synth=(--family deepseek_v3 --experts 64 --hidden 2048 --intermediate 1024 --num-layers 2 --dense-layers 0) ; maxshard=5GB ;;
 	*) echo "unknown shape $shape" >&2; exit 2 ;;
 	esac
 	if [ ! -d "$src" ]; then
-		if [ "$shape" = Q ]; then
+		if [ "$shape" = Q ] || [ "$shape" = T ]; then
 			"$mp" fixture synth --dtype bf16 "${synth[@]}" --no-progress "$src" >&2
 		elif [ "$shape" = M ]; then
 			"$mp" fixture synth "${synth[@]}" --no-progress "$src" >&2
@@ -117,6 +121,7 @@ for shape in $shapes; do
 	# requantising: two convert runs per round
 	case $shape in Q | K | M) runs=(cp convert convert) ;; esac
 	[ "$shape" = D ] && runs=(cp convert dtype)
+	[ "$shape" = T ] && runs=(cp convert inout)
 	if [ -n "$base" ]; then
 		runs+=(convert@base)
 		case $shape in Q | K | M) ;; *) runs+=(fuse@base) ;; esac
@@ -133,6 +138,7 @@ for shape in $shapes; do
 			convert) read -r s u y m q < <(measure "$mp" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			fuse) read -r s u y m q < <(measure "$mp" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			dtype) read -r s u y m q < <(measure "$mp" convert --dtype bf16 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
+			inout) read -r s u y m q < <(measure "$mp" convert --orientation in-out --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			convert@base) read -r s u y m q < <(measure "$base" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			fuse@base) read -r s u y m q < <(measure "$base" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			esac

@@ -163,7 +163,7 @@ func mutationsRun(t *testing.T, specs map[string]fixtures.SynthSpec, cases []dst
 				if err != nil {
 					t.Fatalf("bytes %s: the mutation made the input unusable instead of failing the check: %v", bytes, err)
 				}
-				if bytes != BytesOnly && rep.Device != device {
+				if bytes != BytesOnly && rep.Device != device { // the byte proof alone runs on no device
 					t.Fatalf("bytes %s: ran on %s, want %s", bytes, rep.Device, device)
 				}
 				worst := 0.0

@@ -195,6 +195,7 @@ type session struct {
 	meter    *meter // nil: no byte progress
 	// moeLayers are every MoE layer index of the checkpoints, sorted.
 	moeLayers []int
+	notices   []string // planNotices
 }
 
 func (s *session) close() {
@@ -222,6 +223,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := s.open(); err != nil {
 		return nil, err
 	}
+	devNotes = append(devNotes, s.planNotices()...)
 	if o.Device == DeviceCUDA && o.Bytes != BytesOnly {
 		if why := s.gpuRefusal(); why != "" {
 			if asked != "" && asked != "auto" {
@@ -351,7 +353,25 @@ func (s *session) notFromSrc(ctx context.Context, err error, start time.Time) (*
 // bytesReport is the report of a run that is the byte proof alone: no
 // device, tokens or block size, which only the layer checks have.
 func (s *session) bytesReport() *Report {
-	return &Report{Mode: ModeBytes, runSetup: runSetup{Src: s.o.Src, Dst: s.o.Dst, Golden: s.golden, Device: "none"}}
+	return &Report{Mode: ModeBytes, runSetup: runSetup{Src: s.o.Src, Dst: s.o.Dst, Golden: s.golden, Device: "none"}, Notes: s.notices}
+}
+
+// planNotices sends what SRC's and DST's plans noticed (family.Plan.Notices,
+// each once: DST's config.json is SRC's) to Notice and keeps them for the
+// report's notes.
+func (s *session) planNotices() []string {
+	for _, p := range []*family.Plan{s.srcPlan, s.dstPlan} {
+		if p == nil {
+			continue
+		}
+		for _, n := range p.Notices {
+			if !slices.Contains(s.notices, n) {
+				s.notices = append(s.notices, n)
+				s.o.notice("validate: " + n)
+			}
+		}
+	}
+	return s.notices
 }
 
 func (s *session) checkBytes(ctx context.Context, rep *Report) error {
@@ -940,6 +960,9 @@ func jsonText(v any) string {
 // tolerance would rightly fail and the w8a8 mode does not model). No
 // format may run as if it were one they take.
 func (s *session) gpuRefusal() string {
+	if s.contract != nil && s.contract.Oriented() == layout.InOut {
+		return "the stacks are in-out ([E,H,I]: orientation in-out), and the GPU bank loads out-in stacks only"
+	}
 	var fs []weightfmt.Format
 	if s.srcPlan != nil {
 		f, err := s.srcPlan.Format()

@@ -22,6 +22,7 @@ func init() { extraCommands = append(extraCommands, newConvertCmd, newFuseShared
 // convertFlags are the flags convert and fuse-shared share.
 type convertFlags struct {
 	layout, maxShard string
+	orientation      string
 	digest           string
 	dtype            string
 	jobs             int
@@ -41,6 +42,7 @@ const (
 func (f *convertFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.layout, "layout", "stacked", "expert layout: stacked (all_gate/all_up [E,I,H], all_down [E,H,I]), gate-up (gate_up_proj [E,2I,H], gate rows first) or up-gate (up rows first)")
+	fl.StringVar(&f.orientation, "orientation", string(layout.OutIn), "each expert matrix in the stacks: out-in ([out,in] as nn.Linear holds it: all_gate [E,I,H]) or in-out (its transpose, for x @ W: all_gate [E,H,I], all_down [E,I,H], gate_up_proj [E,H,2I]; FP8 scale grids transposed with them; not for formats packed along a row: INT4, NVFP4, MXFP4)")
 	fl.StringVar(&f.maxShard, "max-shard-size", "5GB", "largest output shard, e.g. 5GB, 500MB, 2GiB (GB = 10^9 bytes, GiB = 2^30)")
 	fl.IntVarP(&f.jobs, "jobs", "j", convert.DefaultJobs, "shards written at once; each holds up to 36 MiB of buffers (8 staged 4 MiB blocks and a 4 MiB read buffer)")
 	fl.StringVar(&f.digest, "digest", layout.ShardBlockAlgo.String(), fmt.Sprintf("how the manifest hashes each shard's %d MiB blocks: xxh3 (XXH3-128, fast; catches corruption and torn writes), blake3 or sha256 (cryptographic, for a digest to pin; slower on few cores)", layout.ShardBlockSize>>20))
@@ -52,6 +54,7 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	quietFlag(cmd, &f.quiet)
 	f.report.register(cmd, "the summary")
 	_ = cmd.RegisterFlagCompletionFunc("layout", fixedCompletion(layout.Stacked, layout.GateUp, layout.UpGate))
+	_ = cmd.RegisterFlagCompletionFunc("orientation", fixedCompletion(layout.OutIn, layout.InOut))
 	_ = cmd.RegisterFlagCompletionFunc("digest", fixedCompletion("xxh3", "blake3", "sha256"))
 	_ = cmd.RegisterFlagCompletionFunc("dtype", fixedCompletion("bf16", "f16", "f32"))
 }
@@ -71,6 +74,10 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	l, err := layout.Parse(f.layout)
 	if err != nil {
 		return convert.Options{}, fmt.Errorf("--layout: %w", err)
+	}
+	orient, err := layout.ParseOrientation(f.orientation)
+	if err != nil {
+		return convert.Options{}, fmt.Errorf("--orientation: %w", err)
 	}
 	size, err := convert.ParseSize(f.maxShard)
 	if err != nil {
@@ -93,7 +100,7 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	if err := checkOutputPath(f.report.output, src, dst); err != nil {
 		return convert.Options{}, err
 	}
-	return convert.Options{Src: src, Dst: dst, Layout: l, MaxShardSize: size, Jobs: f.jobs, Digest: digest,
+	return convert.Options{Src: src, Dst: dst, Layout: l, Orientation: orient, MaxShardSize: size, Jobs: f.jobs, Digest: digest,
 		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, DType: dtype, Tool: "moeprep " + versionString()}, nil
 }
 
@@ -118,6 +125,7 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 	if o.FuseShared {
 		label = "fuse-shared"
 	}
+	o.Notice = noticer(cmd, label)
 	if f.dryRun {
 		p, err := convert.DryRun(cmd.Context(), o)
 		if err != nil {
@@ -153,8 +161,8 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 		if s.ReusedShards > 0 {
 			shards += fmt.Sprintf(" (%d reused from the interrupted run)", s.ReusedShards)
 		}
-		msg := fmt.Sprintf("wrote %s: layout %s, %s, %s, %s in %s (%s)",
-			s.Dst, s.Layout, shards, human.Count(s.Files, "file"),
+		msg := fmt.Sprintf("wrote %s: layout %s%s, %s, %s, %s in %s (%s)",
+			s.Dst, s.Layout, orientationNote(s.Orientation), shards, human.Count(s.Files, "file"),
 			human.Bytes(s.Bytes), human.Duration(time.Duration(s.Seconds*float64(time.Second))),
 			human.Rate(s.Bytes, time.Duration(s.Seconds*float64(time.Second))))
 		if s.DType != "" {
@@ -182,7 +190,7 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 // printPlan prints a --dry-run plan for people.
 func printPlan(w io.Writer, label string, p *convert.Plan) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "plan: %s %s -> %s (layout %s)\n", label, p.Src, p.Dst, p.Layout)
+	fmt.Fprintf(&b, "plan: %s %s -> %s (layout %s%s)\n", label, p.Src, p.Dst, p.Layout, orientationNote(p.Orientation))
 	what := fmt.Sprintf("%s stacked", human.Count(p.MoELayers, "MoE layer"))
 	if p.FusedShared > 0 {
 		what += fmt.Sprintf(", %s fused per layer", human.Count(p.FusedShared, "shared expert slot"))
@@ -228,6 +236,14 @@ func printPlan(w io.Writer, label string, p *convert.Plan) error {
 	return err
 }
 
+// orientationNote is ", in-out" for transposed stacks, "" for the default.
+func orientationNote(o string) string {
+	if o == "" {
+		return ""
+	}
+	return ", " + o
+}
+
 // shellQuote quotes a path for a command line a person can paste.
 func shellQuote(s string) string {
 	if s != "" && strings.IndexFunc(s, func(r rune) bool {
@@ -260,7 +276,9 @@ only when complete; --resume continues an interrupted run.`,
 		Example: `  moeprep convert ./DeepSeek-V3 ./DeepSeek-V3-stacked
   moeprep convert --layout gate-up --max-shard-size 10GB ./Qwen3-30B-A3B ./qwen3-gate-up
   moeprep convert --resume ./DeepSeek-V3 ./DeepSeek-V3-stacked   # after an interruption
-  moeprep convert --dtype bf16 ./DeepSeek-V3 ./DeepSeek-V3-bf16   # FP8 dequantised, for GPUs without FP8`,
+  moeprep convert --dtype bf16 ./DeepSeek-V3 ./DeepSeek-V3-bf16   # FP8 dequantised, for GPUs without FP8
+
+  moeprep convert --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-kmajor   # all_gate [E,H,I], all_down [E,I,H]`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := f.options(args[0], args[1])
@@ -321,7 +339,8 @@ blocks, or is stored unlike the routed experts without --requantize-shared.`,
 		Example: `  moeprep fuse-shared --tp 8 ./DeepSeek-V3 ./DeepSeek-V3-fused
   moeprep fuse-shared --tp 8 --replicas 1 --fold-scaling none ./Kimi-K2 ./kimi-fused
   moeprep fuse-shared --tp 4 --layout gate-up --json ./DeepSeek-R1 ./r1-fused
-  moeprep fuse-shared --tp 8 --requantize-shared ./Kimi-K2-Thinking ./kimi-thinking-fused`,
+  moeprep fuse-shared --tp 8 --requantize-shared ./Kimi-K2-Thinking ./kimi-thinking-fused
+  moeprep fuse-shared --tp 8 --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-fused-kmajor`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := f.options(args[0], args[1])

@@ -46,6 +46,9 @@ identical shapes and dtypes, FP8 scales where quantised) and prints the plan.`,
 			if err != nil {
 				return err
 			}
+			for _, n := range s.Notices {
+				noticer(cmd, "inspect")(n)
+			}
 			var stats *inspect.ReadStats
 			if readAll {
 				rep := progress.New(os.Stderr, "reading", quiet)

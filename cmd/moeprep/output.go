@@ -47,6 +47,13 @@ func quietFlag(cmd *cobra.Command, quiet *bool) {
 	cmd.Flags().BoolVar(quiet, "no-progress", false, "the same as --quiet")
 }
 
+// noticer prints what a command's planning noticed (family.Plan.Notices)
+// to stderr, one line each prefixed with the command's name, even with
+// --quiet: it says what the run ignored.
+func noticer(cmd *cobra.Command, label string) func(string) {
+	return func(msg string) { fmt.Fprintf(cmd.ErrOrStderr(), "%s: %s\n", label, msg) }
+}
+
 // checkOutputPath refuses an -o path that could destroy something: inside
 // (or equal to) one of the checkpoint directories dirs, a directory, or an
 // existing file that is not a JSON document with a moeprep schema.

@@ -124,6 +124,7 @@ type segment struct {
 	dq     *dequantSeg
 	layer  int
 	expert int
+	io     *ioSeg // an in-out slice (inout.go): its bytes, not ranges
 }
 
 // prediction is every DST tensor's segments, by name.
@@ -591,12 +592,36 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		}
 	}
 	names := c.Names(li)
-	shapes := layout.StackShapesFor(c.Layout, int64(bank), I, H, of)
+	shapes := c.Shapes(int64(bank), I, H)
 	wd, err := safetensors.ParseDType(c.WeightDType)
 	if err != nil {
 		return fmt.Errorf("%s: contract weight_dtype: %w", src.Dir, err)
 	}
-	add := func(name string, d safetensors.DType, shape []int64, pick func(parts) []piece) {
+	inOut := c.Oriented() == layout.InOut
+	gr, gc := weightfmt.Matrix{Format: wf, Rows: I, Cols: H}.ScaleShape()
+	dr, dc := weightfmt.Matrix{Format: wf, Rows: H, Cols: I}.ScaleShape()
+	// The [out, in] of each piece of a weight or scale stack, which an
+	// in-out stack holds transposed.
+	gm, dm, gsm, dsm := [2]int64{I, H}, [2]int64{H, I}, [2]int64{gr, gc}, [2]int64{dr, dc}
+	// ioSlice is the in-out slice of pieces, each of an [rows, cols]
+	// matrix: its transpose, or, where SRC stores the expert transposed
+	// (a view of a Llama 4 or gpt-oss stack), its stored rows.
+	ioSlice := func(pcs []piece, rows, cols int64) (*ioSeg, error) {
+		srcs := make([]ioSrc, len(pcs))
+		for i, pc := range pcs {
+			es := int64(pc.m.t.DType.Size())
+			srcs[i] = ioSrc{t: pc.m.t, ranges: pc.ranges, rows: rows, cols: cols, es: es}
+			if st, ok := pc.m.t.Untransposed(); ok {
+				if pc.m.rows != rows || pc.m.cols != cols {
+					return nil, fmt.Errorf("tensor %s: a slice of an expert stored transposed", pc.m.t.Name)
+				}
+				srcs[i] = ioSrc{t: st, ranges: [][2]int64{{0, st.NumBytes()}}, rows: cols, cols: rows, es: es, stored: true}
+			}
+		}
+		return newIOSeg(srcs...)
+	}
+	var addErr error
+	add := func(name string, d safetensors.DType, shape []int64, mat [2]int64, pick func(parts) []piece) {
 		if name == "" {
 			return
 		}
@@ -604,6 +629,17 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		var segs []segment
 		var off int64
 		for b, pr := range banks {
+			if inOut && mat[0] > 0 {
+				g, err := ioSlice(pick(pr), mat[0], mat[1])
+				if err != nil && addErr == nil {
+					addErr = fmt.Errorf("%s: layer %d: %w", src.Dir, li.Index, err)
+				}
+				if err == nil {
+					segs = append(segs, segment{off: off, n: g.size(), src: g.srcs[0].t, fold: pick(pr)[0].fold, layer: li.Index, expert: b, io: g})
+					off += g.size()
+				}
+				continue
+			}
 			for _, pc := range pick(pr) {
 				var n int64
 				for _, r := range pc.ranges {
@@ -625,16 +661,16 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		if c.Layout == layout.UpGate {
 			first, second, fs, ss = second, first, ss, fs
 		}
-		add(names.GateUp, wd, shapes.GateUp, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
-		add(names.GateUpScale, sf.DType, shapes.GateUpScale, func(pr parts) []piece { return []piece{fs(pr), ss(pr)} })
+		add(names.GateUp, wd, shapes.GateUp, gm, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
+		add(names.GateUpScale, sf.DType, shapes.GateUpScale, gsm, func(pr parts) []piece { return []piece{fs(pr), ss(pr)} })
 	} else {
-		add(names.Gate, wd, shapes.Gate, one(func(pr parts) piece { return pr.gate }))
-		add(names.Up, wd, shapes.Up, one(func(pr parts) piece { return pr.up }))
-		add(names.GateScale, sf.DType, shapes.GateScale, one(func(pr parts) piece { return pr.gs }))
-		add(names.UpScale, sf.DType, shapes.UpScale, one(func(pr parts) piece { return pr.us }))
+		add(names.Gate, wd, shapes.Gate, gm, one(func(pr parts) piece { return pr.gate }))
+		add(names.Up, wd, shapes.Up, gm, one(func(pr parts) piece { return pr.up }))
+		add(names.GateScale, sf.DType, shapes.GateScale, gsm, one(func(pr parts) piece { return pr.gs }))
+		add(names.UpScale, sf.DType, shapes.UpScale, gsm, one(func(pr parts) piece { return pr.us }))
 	}
-	add(names.Down, wd, shapes.Down, one(func(pr parts) piece { return pr.down }))
-	add(names.DownScale, sf.DType, shapes.DownScale, one(func(pr parts) piece { return pr.ds }))
+	add(names.Down, wd, shapes.Down, dm, one(func(pr parts) piece { return pr.down }))
+	add(names.DownScale, sf.DType, shapes.DownScale, dsm, one(func(pr parts) piece { return pr.ds }))
 	if globbed {
 		type set struct {
 			gate, up, gateUp, down string
@@ -647,7 +683,7 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		for _, st := range sets {
 			pk := st.pick
 			if c.Layout.Fused() {
-				add(st.gateUp, glob.DType, shapes.GateUpGlobal, func(pr parts) []piece {
+				add(st.gateUp, glob.DType, shapes.GateUpGlobal, [2]int64{}, func(pr parts) []piece {
 					g, u, _ := pk(pr)
 					if c.Layout == layout.UpGate {
 						g, u = u, g
@@ -655,10 +691,10 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 					return []piece{g, u}
 				})
 			} else {
-				add(st.gate, glob.DType, shapes.GateGlobal, one(func(pr parts) piece { g, _, _ := pk(pr); return g }))
-				add(st.up, glob.DType, shapes.UpGlobal, one(func(pr parts) piece { _, u, _ := pk(pr); return u }))
+				add(st.gate, glob.DType, shapes.GateGlobal, [2]int64{}, one(func(pr parts) piece { g, _, _ := pk(pr); return g }))
+				add(st.up, glob.DType, shapes.UpGlobal, [2]int64{}, one(func(pr parts) piece { _, u, _ := pk(pr); return u }))
 			}
-			add(st.down, glob.DType, shapes.DownGlobal, one(func(pr parts) piece { _, _, d := pk(pr); return d }))
+			add(st.down, glob.DType, shapes.DownGlobal, [2]int64{}, one(func(pr parts) piece { _, _, d := pk(pr); return d }))
 		}
 	}
 	if bn, ok := c.Biases(li); ok {
@@ -667,12 +703,12 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		if c.Layout == layout.UpGate {
 			first, second = second, first
 		}
-		add(bn.GateUp, bd, []int64{n, 2 * I}, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
-		add(bn.Gate, bd, []int64{n, I}, one(first))
-		add(bn.Up, bd, []int64{n, I}, one(second))
-		add(bn.Down, bd, []int64{n, H}, one(func(pr parts) piece { return pr.db }))
+		add(bn.GateUp, bd, []int64{n, 2 * I}, [2]int64{}, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
+		add(bn.Gate, bd, []int64{n, I}, [2]int64{}, one(first))
+		add(bn.Up, bd, []int64{n, I}, [2]int64{}, one(second))
+		add(bn.Down, bd, []int64{n, H}, [2]int64{}, one(func(pr parts) piece { return pr.db }))
 	}
-	return nil
+	return addErr
 }
 
 // shardStats is what one shard's check saw.
@@ -848,6 +884,7 @@ type segReader struct {
 	dqBuf []byte
 	dqOff int
 	dq    weightfmt.Dequantiser
+	io    *ioReader // the current in-out segment's, its buffers kept for the next
 }
 
 // Read fills p with the next predicted bytes; io.EOF after the last.
@@ -870,6 +907,23 @@ func (r *segReader) Read(p []byte) (int, error) {
 				r.seg, r.dqRow, r.dqBuf, r.dqOff = r.seg+1, 0, r.dqBuf[:0], 0
 			}
 			n += m
+			continue
+		}
+		if sg.io != nil {
+			if r.io == nil {
+				r.io = &ioReader{}
+			}
+			if r.io.g != sg.io {
+				*r.io = ioReader{g: sg.io, buf: r.io.buf, tmp: r.io.tmp}
+			}
+			m, err := r.io.read(p[n:])
+			n += m
+			if err != nil {
+				return n, err
+			}
+			if r.io.pos == sg.io.size() {
+				r.seg++
+			}
 			continue
 		}
 		if r.rng >= len(sg.ranges) {

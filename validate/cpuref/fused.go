@@ -90,6 +90,9 @@ func (fl *FusedLayer) StackDims(src TensorSource) (h, inter int, err error) {
 	if len(t.Shape) != 3 || t.Shape[1] <= 0 || t.Shape[2] <= 0 || t.Shape[1] > math.MaxInt32 || t.Shape[2] > math.MaxInt32 {
 		return 0, 0, fmt.Errorf("%s: layer %d: tensor %s has shape %v, want [experts,H,I]", t.File, fl.Index, name, t.Shape)
 	}
+	if fl.Contract.Oriented() == layout.InOut { // [experts,I,H]; never packed (layout.TransposeRefusal)
+		return int(t.Shape[2]), int(t.Shape[1]), nil
+	}
 	if want := int64(fl.Contract.BankSize()); t.Shape[0] != want {
 		return 0, 0, fmt.Errorf("%s: layer %d: tensor %s holds %d experts, the contract says %d routed + %d fused shared", t.File, fl.Index, name, t.Shape[0], fl.Contract.NumExperts, fl.Contract.NumFusedSharedExperts)
 	}
@@ -123,8 +126,9 @@ func (fl *FusedLayer) StackDims(src TensorSource) (h, inter int, err error) {
 // wf is the contract's weight format.
 func (fl *FusedLayer) loader(src TensorSource, h, inter int, wf weightfmt.Format) moe.ExpertLoader {
 	c, n := fl.Contract, fl.Names
+	inOut := c.Oriented() == layout.InOut
 	ref := func(name, scale string, e, rows, cols int) MatrixRef {
-		return MatrixRef{Name: name, Index: e, Rows: rows, Cols: cols, Scale: scale, Format: wf}
+		return MatrixRef{Name: name, Index: e, Rows: rows, Cols: cols, Scale: scale, Format: wf, InOut: inOut}
 	}
 	return func(_ context.Context, e int) (*moe.ExpertMats, error) {
 		m := &moe.ExpertMats{}

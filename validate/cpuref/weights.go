@@ -44,6 +44,11 @@ type MatrixRef struct {
 	// for a gate-up stack's [N,2]).
 	Global      string
 	GlobalIndex int
+	// InOut: the slice and its scale grid are stored transposed (a stack
+	// of orientation in-out): [Cols, SliceRows] and the grid's transpose,
+	// the matrix their columns from RowStart (and ScaleRowStart). It is
+	// read back to [Rows, Cols] before it is decoded.
+	InOut bool
 }
 
 // format is how m's weight is stored: m.Format when m names a scale,
@@ -150,7 +155,7 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 			wcols = int(weightfmt.Matrix{Format: m.Format, Rows: 1, Cols: int64(m.Cols)}.Shape()[1])
 		}
 	}
-	t, off, err := lookup(src, m.Name, m.Index, sliceRows, wcols)
+	t, off, err := m.lookup(src, m.Name, int64(sliceRows), int64(wcols))
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +167,7 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 	piece := weightfmt.Matrix{Format: f, Rows: int64(m.Rows), Cols: int64(m.Cols)}
 	rows := slice.RowBlock(int64(m.RowStart), int64(m.Rows))
 	es := int64(max(t.DType.Size(), 1)) // readElems refuses a dtype of no size
-	raw, err := readElems(t, off+rows.Weight.Off/es, rows.Weight.Size()/es)
+	raw, err := m.read(t, off+rows.Weight.Off/es, rows.Weight.Size()/es, int64(sliceRows), int64(wcols), int64(m.RowStart), int64(m.Rows))
 	if err != nil {
 		return nil, err
 	}
@@ -203,14 +208,14 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 	if srs+sr > ssr {
 		return nil, fmt.Errorf("tensor %s: scale rows %d..%d of %d", m, srs, srs+sr, ssr)
 	}
-	st, soff, err := lookup(src, m.Scale, m.Index, int(ssr), int(scols))
+	st, soff, err := m.lookup(src, m.Scale, ssr, scols)
 	if err != nil {
 		return nil, err
 	}
 	if st.DType != sc.DType {
 		return nil, fmt.Errorf("%s: scale %s is %s, want %s", st.File, m.Scale, st.DType, sc.DType)
 	}
-	sraw, err := readElems(st, soff+srs*scols, sr*scols)
+	sraw, err := m.read(st, soff+srs*scols, sr*scols, ssr, scols, srs, sr)
 	if err != nil {
 		return nil, err
 	}
@@ -231,6 +236,38 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 	}
 	if err := weightfmt.DequantiseWeight(f, raw, m.Rows, m.Cols, sraw, graw, out); err != nil {
 		return nil, fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
+	}
+	return out, nil
+}
+
+// lookup is the package's lookup of m's slice of [rows, cols] (out, in)
+// in the tensor name, [cols, rows] where m is stored in-out.
+func (m MatrixRef) lookup(src TensorSource, name string, rows, cols int64) (*checkpoint.Tensor, int64, error) {
+	if m.InOut {
+		rows, cols = cols, rows
+	}
+	return lookup(src, name, m.Index, int(rows), int(cols))
+}
+
+// read reads n elements from element off of t: rows [r0, r0+nr) of a
+// slice of [rows, cols] at element off - r0*cols. Stored in-out, the
+// slice at that element is [cols, rows]: it is read whole and its columns
+// [r0, r0+nr) transposed back to [nr, cols].
+func (m MatrixRef) read(t *checkpoint.Tensor, off, n, rows, cols, r0, nr int64) ([]byte, error) {
+	if !m.InOut {
+		return readElems(t, off, n)
+	}
+	whole, err := readElems(t, off-r0*cols, rows*cols)
+	if err != nil {
+		return nil, err
+	}
+	defer putBytes(whole)
+	es := int64(t.DType.Size())
+	out := getBytes(int(nr * cols * es))
+	for r := range nr {
+		for c := range cols {
+			copy(out[(r*cols+c)*es:(r*cols+c+1)*es], whole[(c*rows+r0+r)*es:])
+		}
 	}
 	return out, nil
 }

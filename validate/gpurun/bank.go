@@ -23,6 +23,9 @@ func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*
 		return nil, err
 	}
 	c, n := fl.Contract, fl.Names
+	if c.Oriented() != layout.OutIn {
+		return nil, fmt.Errorf("layer %d: orientation %s: the GPU bank loads out-in stacks only", fl.Index, c.Oriented())
+	}
 	e := int64(c.BankSize())
 	wf, err := c.Format()
 	if err != nil {

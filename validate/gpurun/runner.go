@@ -289,7 +289,7 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 	if sl.Weights, err = out.Weights.ToHost(t * k); err != nil {
 		return nil, nil, nil, err
 	}
-	r := &moe.Routing{T: t, K: spec.TopK, IDs: make([]int32, t*spec.TopK), Weights: make([]float32, t*spec.TopK)}
+	r := &moe.Routing{T: t, K: spec.TopK, IDs: make([]int32, t*spec.TopK), Weights: make([]float32, t*spec.TopK), Hashed: rr.Hash != ""}
 	if r.Choice, err = out.Choice.ToHost(t * e); err != nil {
 		return nil, nil, nil, err
 	}

@@ -111,20 +111,29 @@ func WeightsMatch(gotIDs []int32, got []float32, wantIDs []int32, want []float32
 
 // RoutingAgreement compares got's routing with want's: ids tie-robustly
 // against scores (a different id is wrong only when its score is beyond
-// moe.TieTolerance of the one it displaced), weights on the ids both chose
+// moe.TieTolerance of the one it displaced), or, where scores took its ids
+// from a hash table (Hashed), as the same multiset of table entries per
+// token (moe.HashAgreement), weights on the ids both chose
 // (WeightsMatch). topK is the matching fraction (NaN when the ids could not
 // be compared), maxErr the largest weight difference; reason is "" when
 // both agree, else why not, in the words of a report row.
 func RoutingAgreement(gotIDs []int32, gotW []float32, wantIDs []int32, wantW []float32, scores *moe.Routing) (topK, maxErr float64, reason string) {
 	topK = math.NaN()
-	okIDs, total, err := moe.TopKAgreement(gotIDs, wantIDs, scores.T, scores.K, scores.Choice, len(scores.Choice)/max(scores.T, 1), moe.TieTolerance)
+	okIDs, total, err := 0, 0, error(nil)
+	beyond := "beyond ties"
+	if scores.Hashed {
+		okIDs, total, err = moe.HashAgreement(gotIDs, wantIDs, scores.T, scores.K)
+		beyond = "taken from the hash table"
+	} else {
+		okIDs, total, err = moe.TopKAgreement(gotIDs, wantIDs, scores.T, scores.K, scores.Choice, len(scores.Choice)/max(scores.T, 1), moe.TieTolerance)
+	}
 	switch {
 	case err != nil:
 		reason = err.Error()
 	default:
 		topK = float64(okIDs) / float64(total)
 		if okIDs != total {
-			reason = fmt.Sprintf("routing differs on %d of %d ids beyond ties", total-okIDs, total)
+			reason = fmt.Sprintf("routing differs on %d of %d ids %s", total-okIDs, total, beyond)
 		}
 	}
 	maxErr, ok := WeightsMatch(gotIDs, gotW, wantIDs, wantW, scores.T, scores.K)
