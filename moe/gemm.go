@@ -132,35 +132,20 @@ func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken in
 	if workers <= 0 {
 		workers = Workers()
 	}
-	// Blocks of one expert are contiguous: collect each expert's block range.
-	type job struct{ expert, first, last int }
-	var jobs []job
-	for b := 0; b < al.Blocks(); {
-		e := int(al.ExpertIDs[b])
-		end := b
-		for end < al.Blocks() && int(al.ExpertIDs[end]) == e {
-			end++
-		}
-		jobs = append(jobs, job{e, b, end})
-		b = end
-	}
 	out := make([]float32, int(al.Numel)*h)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(workers)
-	for _, j := range jobs {
+	for _, j := range al.ExpertJobs() {
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			m, err := load(gctx, j.expert)
+			m, err := load(gctx, j.Expert)
 			if err != nil {
 				return err
 			}
-			if err := m.check(h, inter); err != nil {
-				return fmt.Errorf("expert %d: %w", j.expert, err)
-			}
-			for b := j.first; b < j.last; b++ {
-				expertBlock(x, h, inter, slotsPerToken, al.Block(b), m, out, o.W8A8)
+			if err := j.Run(x, h, inter, slotsPerToken, al, m, out, o.W8A8); err != nil {
+				return err
 			}
 			if o.Release != nil {
 				o.Release(m)
@@ -172,6 +157,38 @@ func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken in
 		return nil, err
 	}
 	return out, nil
+}
+
+// ExpertJob is one expert's share of a grouped GEMM: its blocks
+// [First, Last) of the alignment, which are contiguous.
+type ExpertJob struct{ Expert, First, Last int }
+
+// ExpertJobs lists the experts that have blocks, in block order.
+func (a *Alignment) ExpertJobs() []ExpertJob {
+	var jobs []ExpertJob
+	for b := 0; b < a.Blocks(); {
+		e := int(a.ExpertIDs[b])
+		end := b
+		for end < a.Blocks() && int(a.ExpertIDs[end]) == e {
+			end++
+		}
+		jobs = append(jobs, ExpertJob{e, b, end})
+		b = end
+	}
+	return jobs
+}
+
+// Run computes the job's blocks with expert weights m into their slots'
+// rows of out [Numel,H], as GroupedGEMM does; jobs of different experts
+// write disjoint rows, so they may run at once.
+func (j ExpertJob) Run(x []float32, h, inter, slotsPerToken int, al *Alignment, m *ExpertMats, out []float32, w8a8 bool) error {
+	if err := m.check(h, inter); err != nil {
+		return fmt.Errorf("expert %d: %w", j.Expert, err)
+	}
+	for b := j.First; b < j.Last; b++ {
+		expertBlock(x, h, inter, slotsPerToken, al.Block(b), m, out, w8a8)
+	}
+	return nil
 }
 
 // expertBlock runs one block: rows are slot indices, all of one expert.

@@ -193,8 +193,14 @@ type session struct {
 	contract *layout.Contract
 	golden   string
 	meter    *meter // nil: no byte progress
-	// moeLayers are every MoE layer index of the checkpoints, sorted.
+	// moeLayers are every MoE layer index of the checkpoints, sorted;
+	// allLayers each of them on both sides (SRC and DST runs).
 	moeLayers []int
+	allLayers []target
+	// A streamed pass's tensor reads that no step held, and the shards
+	// its byte proof read again in file order (pass.go; tests read them).
+	streamMisses int64
+	rechecked    int
 }
 
 func (s *session) close() {
@@ -277,6 +283,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			// did not apply, and the report must not read as if it had.
 			rep.Notes = append(rep.Notes, fmt.Sprintf("GPU precision %s not applied: it sets the GPU's activations, and this run is on the CPU", o.GPUPrecision))
 		}
+	}
+	if o.Device != DeviceCUDA && s.src != nil && s.dst != nil {
+		if err := s.runStreamed(ctx, targets, rep, withBytes); err != nil {
+			return nil, err
+		}
+		rep.Seconds = time.Since(start).Seconds()
+		return rep, nil
 	}
 	s.planProgress(targets, withBytes)
 	if o.Device == DeviceCUDA {
@@ -480,6 +493,7 @@ func (s *session) targets() ([]target, []string, error) {
 			if t := byIndex[i]; t.src == nil || t.fused == nil {
 				return nil, nil, fmt.Errorf("layer %d is a MoE layer of only one of %s and %s", i, s.o.Src, s.o.Dst)
 			}
+			s.allLayers = append(s.allLayers, *byIndex[i])
 		}
 	}
 	chosen, explicit, err := selectLayers(s.o.Layers, order)
@@ -564,6 +578,12 @@ func intList(v []int) string {
 
 // checkLayer runs the available paths on one layer and compares them.
 func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, error) {
+	return s.checkLayerWith(ctx, tg, nil)
+}
+
+// checkLayerWith is checkLayer, telling release (when set) of each bank
+// expert whose weights the paths are done with.
+func (s *session) checkLayerWith(ctx context.Context, tg target, release func(bank int)) ([]LayerResult, error) {
 	x, t, h, g, tokens, cov, err := s.layerStart(tg)
 	if err != nil {
 		return nil, err
@@ -571,7 +591,27 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	var ref *cpuref.RefResult
 	var fused *cpuref.FusedResult
 	var refSec, fusedSec float64
-	if tg.src != nil && s.src != nil {
+	both := tg.src != nil && s.src != nil && tg.fused != nil && s.dst != nil
+	if both {
+		// One pass over the bank runs both paths, each expert's weights
+		// read and decoded once while both need them.
+		start := time.Now()
+		var err error
+		if ref, fused, err = cpuref.PairLayer(ctx, s.src, s.srcPlan, tg.src, s.dst, tg.fused, x, t, cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers, Release: release}); err != nil {
+			side := s.o.Src
+			if se := (*cpuref.SideError)(nil); errors.As(err, &se) {
+				if se.DST {
+					side = s.o.Dst
+				}
+				err = se.Err
+			}
+			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", side, err))
+		}
+		refSec = time.Since(start).Seconds()
+		fusedSec = refSec
+		s.o.progress("validate: layer %d: %d tokens, reference and fused %.1fs", tg.index, t, refSec)
+	}
+	if !both && tg.src != nil && s.src != nil {
 		start := time.Now()
 		var err error
 		if ref, err = cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers}); err != nil {
@@ -579,7 +619,7 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 		}
 		refSec = time.Since(start).Seconds()
 	}
-	if tg.fused != nil && s.dst != nil {
+	if !both && tg.fused != nil && s.dst != nil {
 		start := time.Now()
 		var err error
 		if fused, err = cpuref.FusedLayerRun(ctx, s.dst, tg.fused, x, t, cpuref.FusedOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers}); err != nil {
@@ -587,11 +627,17 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 		}
 		fusedSec = time.Since(start).Seconds()
 	}
-	s.o.progress("validate: layer %d: %d tokens, reference %.1fs, fused %.1fs", tg.index, t, refSec, fusedSec)
+	if !both {
+		s.o.progress("validate: layer %d: %d tokens, reference %.1fs, fused %.1fs", tg.index, t, refSec, fusedSec)
+	}
 	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}, numerics: judge.CPU, t: t, h: h, cov: cov, g: g}
 	var rows []LayerResult
 	if ref != nil && fused != nil {
-		rows = append(rows, rj.fusedVs(judge.FusedVsReference, judge.Coverage, refSec+fusedSec, fused, ref.Y, ref.Routing)...)
+		sec := refSec + fusedSec
+		if both {
+			sec = refSec // the paths ran side by side
+		}
+		rows = append(rows, rj.fusedVs(judge.FusedVsReference, judge.Coverage, sec, fused, ref.Y, ref.Routing)...)
 	}
 	if g != nil {
 		if fused != nil {

@@ -49,63 +49,25 @@ type RefOptions struct {
 // float32. It shares only decoding, routing and swiGLU with the fused path,
 // not its alignment or GEMM, so a bug there cannot hide in both.
 func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, o RefOptions) (*RefResult, error) {
-	h, inter, e := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts
-	if len(x) != t*h {
-		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Index, len(x), t, h)
-	}
-	if len(layer.Experts) != e {
-		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
-	}
-	spec := plan.RouteSpec()
-	x, routed, routing, err := routeCovered(layer.Index, src, spec, RouterOf(layer), x, t, h, o.Tokens, o.Coverage)
+	r, err := newRefLayer(src, plan, layer, x, t, o)
 	if err != nil {
 		return nil, err
 	}
-	t = routing.T
-	workers := o.Workers
-	if workers <= 0 {
-		workers = moe.Workers()
-	}
-	// Each selected (token, slot) gets its expert's unweighted output; they
-	// are summed afterwards in a fixed order so the result is reproducible.
-	k := routing.K
-	contrib := make([]float32, t*k*h)
-	users := make([][]int, e) // slots t*K+k per expert
-	for s, id := range routing.IDs {
-		if id < 0 || int(id) >= e {
-			return nil, fmt.Errorf("layer %d: slot %d names expert %d of %d", layer.Index, s, id, e)
-		}
-		users[id] = append(users[id], s)
-	}
-	wf, err := plan.Format()
-	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
-	}
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(workers)
-	for id := range e {
-		if len(users[id]) == 0 {
+	g.SetLimit(r.workers)
+	for id := range r.e {
+		if !r.uses(id) {
 			continue
 		}
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			m, err := loadSourceMLP(src, layer.Experts[id], inter, h, wf, plan.Act)
+			m, err := r.loadExpert(nil, id)
 			if err != nil {
-				return fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
+				return err
 			}
-			m.w8a8 = o.W8A8
-			xs := make([][]float32, len(users[id]))
-			outs := make([][]float32, len(users[id]))
-			for i, s := range users[id] {
-				tok := s / k
-				xs[i], outs[i] = x[tok*h:(tok+1)*h], contrib[s*h:(s+1)*h]
-				if plan.RoutedInputScaled {
-					xs[i] = scaledRow(xs[i], routing.Weights[s])
-				}
-			}
-			m.applyBatch(xs, outs)
+			r.runExpert(id, m)
 			m.release()
 			return nil
 		})
@@ -113,26 +75,121 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	return r.finish(ctx)
+}
+
+// refLayer is one reference layer from its routing to its sum: what
+// ReferenceLayer and PairLayer share. Each expert's output rows land in
+// contrib, one per slot, whichever order the experts run in; finish sums
+// them in slot order, so the result does not depend on that order.
+type refLayer struct {
+	src               TensorSource
+	plan              *family.Plan
+	layer             *family.Layer
+	o                 RefOptions
+	x                 []float32    // the routed tokens' rows, then the forced ones'
+	routed, routing   *moe.Routing // the routed tokens'; all of them
+	h, inter, e, k, t int
+	workers           int
+	wf                weightfmt.Format
+	users             [][]int   // slots t*K+k per expert
+	contrib           []float32 // [T*K,H]: each slot's unweighted expert output
+	shared            *sharedOut
+}
+
+// sharedOut is the shared expert's output over all tokens [T,H] and its
+// per-token gate vector (nil: ungated).
+type sharedOut struct{ out, gate []float32 }
+
+// newRefLayer checks and routes a reference layer: everything before its
+// experts run.
+func newRefLayer(src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, o RefOptions) (*refLayer, error) {
+	h, inter, e := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts
+	if len(x) != t*h {
+		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Index, len(x), t, h)
+	}
+	if len(layer.Experts) != e {
+		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
+	}
+	x, routed, routing, err := routeCovered(layer.Index, src, plan.RouteSpec(), RouterOf(layer), x, t, h, o.Tokens, o.Coverage)
+	if err != nil {
+		return nil, err
+	}
+	r := &refLayer{src: src, plan: plan, layer: layer, o: o, x: x, routed: routed, routing: routing,
+		h: h, inter: inter, e: e, k: routing.K, t: routing.T, workers: o.Workers}
+	if r.workers <= 0 {
+		r.workers = moe.Workers()
+	}
+	r.contrib = make([]float32, r.t*r.k*h)
+	r.users = make([][]int, e)
+	for s, id := range routing.IDs {
+		if id < 0 || int(id) >= e {
+			return nil, fmt.Errorf("layer %d: slot %d names expert %d of %d", layer.Index, s, id, e)
+		}
+		r.users[id] = append(r.users[id], s)
+	}
+	if r.wf, err = plan.Format(); err != nil {
+		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+	}
+	return r, nil
+}
+
+// uses reports whether any slot chose expert id.
+func (r *refLayer) uses(id int) bool { return len(r.users[id]) > 0 }
+
+// loadExpert reads and decodes expert id's weights (through dec).
+func (r *refLayer) loadExpert(dec *decoder, id int) (*refMLP, error) {
+	m, err := loadSourceMLP(dec, r.src, r.layer.Experts[id], r.inter, r.h, r.wf, r.plan.Act)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d expert %d: %w", r.layer.Index, id, err)
+	}
+	m.w8a8 = r.o.W8A8
+	return m, nil
+}
+
+// runExpert computes expert id, loaded as m, on every slot that chose it,
+// in one pass over its weights.
+func (r *refLayer) runExpert(id int, m *refMLP) {
+	h, users := r.h, r.users[id]
+	xs := make([][]float32, len(users))
+	outs := make([][]float32, len(users))
+	for i, s := range users {
+		tok := s / r.k
+		xs[i], outs[i] = r.x[tok*h:(tok+1)*h], r.contrib[s*h:(s+1)*h]
+		if r.plan.RoutedInputScaled {
+			xs[i] = scaledRow(xs[i], r.routing.Weights[s])
+		}
+	}
+	m.applyBatch(xs, outs)
+}
+
+// finish sums the experts' outputs in slot order, adds the shared experts
+// (run here unless runShared already did) and scales.
+func (r *refLayer) finish(ctx context.Context) (*RefResult, error) {
+	h, t, layer, plan := r.h, r.t, r.layer, r.plan
 	y64 := make([]float64, t*h)
-	rsf := float32(spec.RoutedScalingFactor)
-	for s := range t * k {
-		w := float64(routing.Weights[s] * rsf) // HF scales each weight by rsf in float32
+	rsf := float32(plan.RouteSpec().RoutedScalingFactor)
+	for s := range t * r.k {
+		w := float64(r.routing.Weights[s] * rsf) // HF scales each weight by rsf in float32
 		if plan.RoutedInputScaled {
 			w = float64(rsf) // the weight went into the expert's input
 		}
-		tok := s / k
-		row := contrib[s*h : (s+1)*h]
+		tok := s / r.k
+		row := r.contrib[s*h : (s+1)*h]
 		for j, v := range row {
 			y64[tok*h+j] += w * float64(v)
 		}
 	}
 	if layer.Shared != nil {
-		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, wf, o.W8A8, y64); err != nil {
-			return nil, err
+		if r.shared == nil {
+			if err := r.runShared(ctx, nil); err != nil {
+				return nil, err
+			}
 		}
+		r.shared.addTo(y64, r.x, t, h)
 	}
 	if len(layer.SharedExperts) > 0 {
-		if err := addRoutedSharedReference(ctx, src, plan, layer, x, routing, rsf, workers, wf, o.W8A8, y64); err != nil {
+		if err := addRoutedSharedReference(ctx, r.src, plan, layer, r.x, r.routing, rsf, r.workers, r.wf, r.o.W8A8, y64); err != nil {
 			return nil, err
 		}
 	}
@@ -141,7 +198,7 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 	for i, v := range y64 {
 		y[i] = float32(v * scale)
 	}
-	return &RefResult{Y: y, Routing: routed}, nil
+	return &RefResult{Y: y, Routing: r.routed}, nil
 }
 
 // routeCovered routes layer index's t tokens x [t,h] (routed) and appends
@@ -247,16 +304,17 @@ type refMLP struct {
 	gb, ub, db     []float32 // biases [I], [I], [H]; nil when none
 	act            layout.Activation
 	h, inter       int
-	w8a8           bool // RefOptions.W8A8: quantise input and intermediate (applyBatch)
+	w8a8           bool     // RefOptions.W8A8: quantise input and intermediate (applyBatch)
+	dec            *decoder // what loaded the weights, and takes them back
 }
 
 // loadSourceMLP reads one source MLP whose weights are stored in format wf
 // (the plan's).
-func loadSourceMLP(src TensorSource, names family.MLP, inter, h int, wf weightfmt.Format, act layout.Activation) (*refMLP, error) {
+func loadSourceMLP(dec *decoder, src TensorSource, names family.MLP, inter, h int, wf weightfmt.Format, act layout.Activation) (*refMLP, error) {
 	ref := func(name, scale string, rows, cols int) MatrixRef {
 		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
 	}
-	m := &refMLP{h: h, inter: inter, act: act}
+	m := &refMLP{h: h, inter: inter, act: act, dec: dec}
 	var err error
 	if names.GateBias != "" {
 		if m.gb, err = LoadVector(src, names.GateBias, inter); err != nil {
@@ -270,22 +328,22 @@ func loadSourceMLP(src TensorSource, names family.MLP, inter, h int, wf weightfm
 		}
 	}
 	glob := func(r MatrixRef, g string) MatrixRef { r.Global = g; return r }
-	if m.gate, err = LoadMatrix(src, glob(ref(names.Gate, names.GateScale, inter, h), names.GateGlobal)); err != nil {
+	if m.gate, err = loadMatrix(dec, src, glob(ref(names.Gate, names.GateScale, inter, h), names.GateGlobal)); err != nil {
 		return nil, err
 	}
-	if m.up, err = LoadMatrix(src, glob(ref(names.Up, names.UpScale, inter, h), names.UpGlobal)); err != nil {
+	if m.up, err = loadMatrix(dec, src, glob(ref(names.Up, names.UpScale, inter, h), names.UpGlobal)); err != nil {
 		return nil, err
 	}
-	if m.down, err = LoadMatrix(src, glob(ref(names.Down, names.DownScale, h, inter), names.DownGlobal)); err != nil {
+	if m.down, err = loadMatrix(dec, src, glob(ref(names.Down, names.DownScale, h, inter), names.DownGlobal)); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
 func (m *refMLP) release() {
-	PutFloats(m.gate)
-	PutFloats(m.up)
-	PutFloats(m.down)
+	m.dec.put(m.gate)
+	m.dec.put(m.up)
+	m.dec.put(m.down)
 	m.gate, m.up, m.down = nil, nil, nil
 }
 
@@ -326,40 +384,62 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 	}
 }
 
-// addSharedReference adds the shared expert (one MLP of intermediate S*I,
-// not split) to y64, gated per token by sigmoid(x . w_sg) for Qwen2-MoE.
-func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers int, wf weightfmt.Format, w8a8 bool, y64 []float64) error {
-	h := plan.HiddenSize
+// runShared runs the shared expert (one MLP of intermediate S*I, not
+// split) over every token, its weights loaded through dec, for finish to
+// add, gated per token by sigmoid(x . w_sg) for Qwen2-MoE.
+func (r *refLayer) runShared(ctx context.Context, dec *decoder) error {
+	m, err := r.loadShared(dec)
+	if err != nil {
+		return err
+	}
+	defer m.release()
+	return r.runSharedWith(ctx, m)
+}
+
+// loadShared reads the shared expert's weights.
+func (r *refLayer) loadShared(dec *decoder) (*refMLP, error) {
+	plan := r.plan
 	inter := plan.SharedIntermediateSize
 	if inter <= 0 {
 		inter = plan.NumSharedExperts * plan.MoEIntermediateSize
 	}
-	m, err := loadSourceMLP(src, *layer.Shared, inter, h, wf, plan.Act)
+	m, err := loadSourceMLP(dec, r.src, *r.layer.Shared, inter, r.h, r.wf, plan.Act)
 	if err != nil {
-		return fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
+		return nil, fmt.Errorf("layer %d shared expert: %w", r.layer.Index, err)
 	}
-	m.w8a8 = w8a8
-	defer m.release()
-	var gateW []float32
-	if layer.SharedGate != "" {
-		if gateW, err = LoadVector(src, layer.SharedGate, h); err != nil {
-			return fmt.Errorf("layer %d shared expert gate: %w", layer.Index, err)
+	m.w8a8 = r.o.W8A8
+	return m, nil
+}
+
+// runSharedWith runs the shared expert, loaded as m.
+func (r *refLayer) runSharedWith(ctx context.Context, m *refMLP) error {
+	sh := &sharedOut{}
+	if g := r.layer.SharedGate; g != "" {
+		var err error
+		if sh.gate, err = LoadVector(r.src, g, r.h); err != nil {
+			return fmt.Errorf("layer %d shared expert gate: %w", r.layer.Index, err)
 		}
 	}
-	out, err := m.applyAll(ctx, x, t, workers)
-	if err != nil {
+	var err error
+	if sh.out, err = m.applyAll(ctx, r.x, r.t, r.workers); err != nil {
 		return err
 	}
+	r.shared = sh
+	return nil
+}
+
+// addTo adds the shared expert's output to y64 [T,H], gated per token
+// where it has a gate.
+func (sh *sharedOut) addTo(y64 []float64, x []float32, t, h int) {
 	for tok := range t {
 		factor := 1.0
-		if gateW != nil {
-			factor = float64(float32(1 / (1 + math.Exp(-moe.Dot64(x[tok*h:(tok+1)*h], gateW)))))
+		if sh.gate != nil {
+			factor = float64(float32(1 / (1 + math.Exp(-moe.Dot64(x[tok*h:(tok+1)*h], sh.gate)))))
 		}
 		for j := range h {
-			y64[tok*h+j] += factor * float64(out[tok*h+j])
+			y64[tok*h+j] += factor * float64(sh.out[tok*h+j])
 		}
 	}
-	return nil
 }
 
 // applyAll runs the MLP over every token of x [T,H], the tokens split into
@@ -397,7 +477,7 @@ func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *famil
 		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the plan has %d", layer.Index, r.S, len(r.Shared), t, ns)
 	}
 	for s, names := range layer.SharedExperts {
-		m, err := loadSourceMLP(src, names, plan.MoEIntermediateSize, h, wf, plan.Act)
+		m, err := loadSourceMLP(nil, src, names, plan.MoEIntermediateSize, h, wf, plan.Act)
 		if err != nil {
 			return fmt.Errorf("layer %d shared expert %d: %w", layer.Index, s, err)
 		}

@@ -136,7 +136,11 @@ func readElems(t *checkpoint.Tensor, off, n int64) ([]byte, error) {
 
 // loadMatrix reads one weight and dequantises it to float32 as its format
 // says.
-func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
+func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) { return loadMatrix(nil, src, m) }
+
+// loadMatrix is LoadMatrix through dec, which hands back a buffer it
+// already decoded from the same bytes instead of decoding them again.
+func loadMatrix(dec *decoder, src TensorSource, m MatrixRef) ([]float32, error) {
 	sliceRows := m.SliceRows
 	if sliceRows == 0 {
 		sliceRows = m.Rows
@@ -166,10 +170,8 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer putBytes(raw)
-	// The result comes from the pool: callers hand it back with putFloats
-	// once done, or let the garbage collector have it.
-	out := getFloats(int(piece.Rows * piece.Cols))
+	in := decodeInputs{raw: raw}
+	defer in.release()
 	sc, scaled := f.Scale()
 	switch {
 	case scaled && t.DType != f.DType():
@@ -181,10 +183,12 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 		if !Decodable(t.DType) {
 			return nil, fmt.Errorf("%s: tensor %s: dtype %s is not a floating-point type validate can read", t.File, m, t.DType)
 		}
-		if err := f.Dequantise(raw, m.Rows, m.Cols, nil, out); err != nil {
-			return nil, fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
-		}
-		return out, nil
+		return in.decode(dec, f, m.Rows, m.Cols, func(out []float32) error {
+			if err := f.Dequantise(raw, m.Rows, m.Cols, nil, out); err != nil {
+				return fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
+			}
+			return nil
+		})
 	}
 	if !slice.RowSplitExact(int64(m.RowStart)) && m.ScaleRowStart == 0 {
 		return nil, fmt.Errorf("tensor %s: rows from %d do not start a %d-row scale block", m, m.RowStart, sc.Block[0])
@@ -210,12 +214,9 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 	if st.DType != sc.DType {
 		return nil, fmt.Errorf("%s: scale %s is %s, want %s", st.File, m.Scale, st.DType, sc.DType)
 	}
-	sraw, err := readElems(st, soff+srs*scols, sr*scols)
-	if err != nil {
+	if in.scale, err = readElems(st, soff+srs*scols, sr*scols); err != nil {
 		return nil, err
 	}
-	defer putBytes(sraw)
-	var graw []byte
 	if g, ok := weightfmt.GlobalOf(f); ok {
 		gt, ok := src.Tensor(m.Global)
 		if m.Global == "" || !ok {
@@ -224,15 +225,49 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 		if gt.DType != g.DType {
 			return nil, fmt.Errorf("%s: global scale %s is %s, want %s", gt.File, m.Global, gt.DType, g.DType)
 		}
-		if graw, err = readElems(gt, int64(m.GlobalIndex), 1); err != nil {
+		if in.global, err = readElems(gt, int64(m.GlobalIndex), 1); err != nil {
 			return nil, err
 		}
-		defer putBytes(graw)
 	}
-	if err := weightfmt.DequantiseWeight(f, raw, m.Rows, m.Cols, sraw, graw, out); err != nil {
-		return nil, fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
+	return in.decode(dec, f, m.Rows, m.Cols, func(out []float32) error {
+		if err := weightfmt.DequantiseWeight(f, in.raw, m.Rows, m.Cols, in.scale, in.global, out); err != nil {
+			return fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
+		}
+		return nil
+	})
+}
+
+// decodeInputs are the bytes one weight decodes from: its elements, and
+// its scale grid and global scale where its format has them (nil
+// otherwise), all from the pool.
+type decodeInputs struct{ raw, scale, global []byte }
+
+// decode returns the rows x cols weight that dequantise writes from in,
+// or the buffer dec already decoded from the same inputs in format f. The
+// result comes from the pool: callers hand it back (dec.put) once done, or
+// let the garbage collector have it.
+func (in *decodeInputs) decode(dec *decoder, f weightfmt.Format, rows, cols int, dequantise func(out []float32) error) ([]float32, error) {
+	if out := dec.find(f, rows, cols, in.raw, in.scale, in.global); out != nil {
+		return out, nil
+	}
+	out := getFloats(rows * cols)
+	if err := dequantise(out); err != nil {
+		PutFloats(out)
+		return nil, err
+	}
+	if dec.keep(f, rows, cols, in.raw, in.scale, in.global, out) {
+		*in = decodeInputs{} // the decoder owns them now
 	}
 	return out, nil
+}
+
+// release hands the input buffers back to the pool.
+func (in *decodeInputs) release() {
+	for _, b := range [][]byte{in.raw, in.scale, in.global} {
+		if b != nil {
+			putBytes(b)
+		}
+	}
 }
 
 // loadRow reads row index of a [N, n] tensor of floats (a stacked bias).

@@ -1,0 +1,62 @@
+package stream
+
+import (
+	"io"
+
+	"github.com/moeprep/moeprep/checkpoint"
+)
+
+// Install routes the reads of c's stored tensors through the pass: a read
+// that one of the planned extents covers waits for its step and is copied
+// from the step's buffer; any other read, or one of a step every user has
+// released, goes to the tensor's own reader. Views of c made from now on
+// read through their base tensor, so they are served too.
+func (p *Pass) Install(c *checkpoint.Checkpoint) {
+	for _, t := range c.Tensors {
+		if _, ok := p.tensors[t]; ok {
+			t.Data = &windowData{p: p, t: t, r: t.Data}
+		}
+	}
+}
+
+// windowData is a tensor's reader while a pass runs.
+type windowData struct {
+	p *Pass
+	t *checkpoint.Tensor
+	r io.ReaderAt // the tensor's own reader
+}
+
+func (w *windowData) ReadAt(b []byte, off int64) (int, error) {
+	p := w.p
+	end := off + int64(len(b))
+	for _, h := range p.tensors[w.t] {
+		if h.off > off || h.off+h.n < end {
+			continue
+		}
+		st := p.steps[h.i]
+		<-st.ready // a step waits only for the reads before it
+		p.mu.Lock()
+		if st.freed || st.skip || st.err != nil {
+			p.mu.Unlock()
+			continue
+		}
+		st.pins++
+		p.mu.Unlock()
+		x := st.ext[h.e]
+		n := copy(b, x.sp.buf[x.off+off-h.off:x.off+end-h.off])
+		p.unpin(st)
+		return n, nil
+	}
+	p.misses.Add(1)
+	return w.r.ReadAt(b, off)
+}
+
+// unpin ends a copy out of st's buffers, freeing them if it was released
+// meanwhile.
+func (p *Pass) unpin(st *step) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if st.pins--; st.pins == 0 && st.freed {
+		st.free()
+	}
+}
