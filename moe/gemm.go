@@ -6,9 +6,8 @@ import (
 	"math"
 	"runtime"
 
+	"github.com/moeprep/moeprep/internal/blasdot"
 	"golang.org/x/sync/errgroup"
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/gonum"
 )
 
 // Activation is an expert's gated activation act(g, u) beyond SwiGLU
@@ -123,7 +122,7 @@ type GEMMOptions struct {
 // Down^T, and writes each slot's output row: the result is [Numel,H],
 // unweighted (Finalize applies the slot weights). Experts are loaded one at
 // a time per worker; only experts with tokens are touched. Accumulation is
-// float32 (gonum's Sgemm), as on the GPU.
+// float32 (gonum's Sgemm, bit for bit: internal/blasdot), as on the GPU.
 func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken int, al *Alignment, load ExpertLoader, o GEMMOptions) ([]float32, error) {
 	if len(x) != t*h || int(al.Numel) != t*slotsPerToken {
 		return nil, fmt.Errorf("grouped gemm: x has %d values for %dx%d, alignment %d slots for %d x %d", len(x), t, h, al.Numel, t, slotsPerToken)
@@ -207,17 +206,16 @@ func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *Exp
 	if w8a8 {
 		RoundTripActGroups(xb, rows, h, ActGroup)
 	}
-	impl := gonum.Implementation{}
 	gate := make([]float32, rows*inter)
 	up := make([]float32, rows*inter)
-	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Gate, h, 0, gate, inter)
-	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Up, h, 0, up, inter)
+	blasdot.SgemmNT(rows, inter, h, xb, h, m.Gate, h, gate, inter)
+	blasdot.SgemmNT(rows, inter, h, xb, h, m.Up, h, up, inter)
 	Activate(m.Act, gate, up, m.GateBias, m.UpBias)
 	if w8a8 {
 		RoundTripServing(gate, rows, inter)
 	}
 	ob := make([]float32, rows*h)
-	impl.Sgemm(blas.NoTrans, blas.Trans, rows, h, inter, 1, gate, inter, m.Down, inter, 0, ob, h)
+	blasdot.SgemmNT(rows, h, inter, gate, inter, m.Down, inter, ob, h)
 	AddRowBias(ob, m.DownBias)
 	for r, s := range slots {
 		copy(out[int(s)*h:(int(s)+1)*h], ob[r*h:(r+1)*h])

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/blasdot"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -348,8 +349,10 @@ func (m *refMLP) release() {
 }
 
 // applyBatch writes down(silu(gate x) * up x) for each token xs[r] into
-// outs[r] [H]. Weight rows are the outer loop so each row is read from
-// memory once for all the tokens (the layer is memory-bound at small m).
+// outs[r] [H]: every output a float64-accumulated dot product (moe.Dot64's,
+// bit for bit), all tokens against each weight row at once, so each row is
+// read from memory once for all of them (the layer is memory-bound at
+// small m).
 func (m *refMLP) applyBatch(xs, outs [][]float32) {
 	n := len(xs)
 	if m.w8a8 {
@@ -362,26 +365,30 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 	}
 	g := make([]float32, n*m.inter)
 	u := make([]float32, n*m.inter)
-	for i := range m.inter {
-		gr, ur := m.gate[i*m.h:(i+1)*m.h], m.up[i*m.h:(i+1)*m.h]
-		for r, x := range xs {
-			g[r*m.inter+i] = float32(moe.Dot64(x, gr))
-			u[r*m.inter+i] = float32(moe.Dot64(x, ur))
-		}
-	}
+	gs, us := rowsOf(g, n, m.inter), rowsOf(u, n, m.inter)
+	blasdot.Dot64Rows(xs, m.gate, m.inter, m.h, gs)
+	blasdot.Dot64Rows(xs, m.up, m.inter, m.h, us)
 	moe.Activate(m.act, g, u, m.gb, m.ub)
 	if m.w8a8 {
 		moe.RoundTripServing(g, n, m.inter)
 	}
-	for j := range m.h {
-		dr := m.down[j*m.inter : (j+1)*m.inter]
-		for r := range xs {
-			outs[r][j] = float32(moe.Dot64(g[r*m.inter:(r+1)*m.inter], dr))
-			if m.db != nil {
-				outs[r][j] += m.db[j]
+	blasdot.Dot64Rows(gs, m.down, m.h, m.inter, outs)
+	if m.db != nil {
+		for _, o := range outs {
+			for j, b := range m.db {
+				o[j] += b
 			}
 		}
 	}
+}
+
+// rowsOf cuts m [n,cols] into its rows.
+func rowsOf(m []float32, n, cols int) [][]float32 {
+	rows := make([][]float32, n)
+	for r := range rows {
+		rows[r] = m[r*cols : (r+1)*cols]
+	}
+	return rows
 }
 
 // runShared runs the shared expert (one MLP of intermediate S*I, not
