@@ -6,7 +6,6 @@ import (
 	"hash"
 	"os"
 	"slices"
-	"sync"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
@@ -59,8 +58,7 @@ type shardStream struct {
 	tensors   []*shardTensor // in file order
 	pieces    []Piece
 	hash      *blockHash // nil: the manifest hashes it whole, so it is hashed apart, in order
-	mu        sync.Mutex
-	failed    bool // something differed: Result checks the shard again in order
+	failed    bool       // something differed: Result checks the shard again in order
 	foldMax   float64
 }
 
@@ -211,36 +209,51 @@ func (s *Stream) Take(p Piece, off int64, b []byte) error {
 	if p.Tensor == "" || t == nil || !t.ok || sh.failed {
 		return nil
 	}
-	start := p.TensorOff + off
-	if int64(cap(s.buf)) < int64(len(b)) {
-		s.buf = make([]byte, len(b))
-	}
-	exp := s.buf[:len(b)]
-	var err error
-	t.eachSrc(start, int64(len(b)), func(sg *segment, r SrcRange, at int64) {
-		if err == nil {
-			err = tensorbytes.ReadAt(r.T, exp[at-start:at-start+r.N], r.Off)
-		}
-	})
-	if err != nil {
-		return fmt.Errorf("tensor %s: reading its prediction from SRC: %w", p.Tensor, err)
-	}
+	start, end := p.TensorOff+off, p.TensorOff+off+int64(len(b))
 	for i := range t.segs {
 		sg := &t.segs[i]
-		lo, hi := max(start, sg.off), min(start+int64(len(b)), sg.off+sg.n)
+		lo, hi := max(start, sg.off), min(end, sg.off+sg.n)
 		if lo >= hi {
 			continue
 		}
+		want, done, err := s.predicted(t, lo, hi)
+		if err != nil {
+			return fmt.Errorf("tensor %s: reading its prediction from SRC: %w", p.Tensor, err)
+		}
 		foldMax := 0.0
-		mm := compareSeg(sh.path, &t.info, *sg, b[lo-start:hi-start], exp[lo-start:hi-start], lo, &foldMax)
-		sh.mu.Lock()
+		mm := compareSeg(sh.path, &t.info, *sg, b[lo-start:hi-start], want, lo, &foldMax)
+		done()
 		sh.foldMax = max(sh.foldMax, foldMax)
 		if mm != nil {
 			sh.failed = true
 		}
-		sh.mu.Unlock()
 	}
 	return nil
+}
+
+// predicted is SRC's prediction of bytes [lo, hi) of t, which lie within
+// one segment: lent by the pass where one range of a SRC tensor holds
+// them (no copy), else read into the stream's buffer.
+func (s *Stream) predicted(t *shardTensor, lo, hi int64) ([]byte, func(), error) {
+	var rs []SrcRange
+	t.eachSrc(lo, hi-lo, func(_ *segment, r SrcRange, _ int64) { rs = append(rs, r) })
+	if len(rs) == 1 {
+		if b, done, ok := tensorbytes.Lend(rs[0].T, rs[0].Off, rs[0].N); ok {
+			return b, done, nil
+		}
+	}
+	if int64(cap(s.buf)) < hi-lo {
+		s.buf = make([]byte, hi-lo)
+	}
+	exp := s.buf[:hi-lo]
+	at := int64(0)
+	for _, r := range rs {
+		if err := tensorbytes.ReadAt(r.T, exp[at:at+r.N], r.Off); err != nil {
+			return nil, nil, err
+		}
+		at += r.N
+	}
+	return exp, func() {}, nil
 }
 
 // Result sums the proof up: each shard streamed whole and matching gives

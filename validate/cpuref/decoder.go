@@ -32,6 +32,24 @@ type decoded struct {
 	refs       int
 }
 
+// seen reports whether b holds exactly the bytes of an input the decoder
+// already decoded from (which were scanned for NaN and Inf then).
+func (d *decoder) seen(b []byte) bool {
+	if d == nil {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, e := range d.entries {
+		for _, in := range [][]byte{e.raw, e.scale, e.global} {
+			if len(in) == len(b) && bytes.Equal(in, b) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // find returns the buffer decoded from exactly these inputs, taking a
 // reference to it, or nil.
 func (d *decoder) find(f weightfmt.Format, rows, cols int, raw, scale, global []byte) []float32 {
@@ -42,7 +60,7 @@ func (d *decoder) find(f weightfmt.Format, rows, cols int, raw, scale, global []
 	defer d.mu.Unlock()
 	for _, e := range d.entries {
 		if e.rows == rows && e.cols == cols && len(e.raw) == len(raw) && bytes.Equal(e.scale, scale) &&
-			bytes.Equal(e.global, global) && bytes.Equal(e.raw, raw) && reflect.DeepEqual(e.f, f) {
+			bytes.Equal(e.global, global) && reflect.DeepEqual(e.f, f) && bytes.Equal(e.raw, raw) {
 			e.refs++
 			return e.out
 		}
@@ -50,16 +68,15 @@ func (d *decoder) find(f weightfmt.Format, rows, cols int, raw, scale, global []
 	return nil
 }
 
-// keep records out, decoded from these inputs, for later loads; it reports
-// whether the decoder took the input buffers (the caller then must not
-// hand them back to the pool).
-func (d *decoder) keep(f weightfmt.Format, rows, cols int, raw, scale, global []byte, out []float32) bool {
+// keep records out, decoded from in, for later loads; it reports whether
+// the decoder took the inputs (the caller then must not hand them back).
+func (d *decoder) keep(in decodeInputs, f weightfmt.Format, rows, cols int, out []float32) bool {
 	if d == nil {
 		return false
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.entries = append(d.entries, &decoded{decodeInputs: decodeInputs{raw, scale, global}, f: f, rows: rows, cols: cols, out: out, refs: 1})
+	d.entries = append(d.entries, &decoded{decodeInputs: in, f: f, rows: rows, cols: cols, out: out, refs: 1})
 	return true
 }
 

@@ -109,29 +109,81 @@ func lookup(src TensorSource, name string, index, rows, cols int) (*checkpoint.T
 	return nil, 0, fmt.Errorf("%s: tensor %s has shape %v, want %s", t.File, name, sh, want)
 }
 
-// readElems reads n elements of t starting at element off.
+// readElems reads n elements of t starting at element off, checked for
+// NaN and Inf, into a pool buffer.
 func readElems(t *checkpoint.Tensor, off, n int64) ([]byte, error) {
-	size := int64(t.DType.Size())
-	if size == 0 {
-		return nil, fmt.Errorf("%s: tensor %s has unknown dtype %s", t.File, t.Name, t.DType)
+	if err := elemRange(t, off, n); err != nil {
+		return nil, err
 	}
-	if off < 0 || n < 0 || off > t.NumElements() || n > t.NumElements()-off || n > math.MaxInt/size {
-		return nil, fmt.Errorf("%s: tensor %s: elements [%d,+%d) out of range", t.File, t.Name, off, n)
+	buf := getBytes(int(n * int64(t.DType.Size())))
+	if err := readInto(t, buf, off); err != nil {
+		putBytes(buf)
+		return nil, err
+	}
+	if err := tensorbytes.CheckFinite(t.File, t.Name, t.DType, buf, off); err != nil {
+		putBytes(buf)
+		return nil, err
+	}
+	return buf, nil
+}
+
+// readRaw reads n elements of t starting at element off, unchecked: lent
+// by a streamed pass where it holds them (no copy), else into a pool
+// buffer. done hands them back.
+func readRaw(t *checkpoint.Tensor, off, n int64) (b []byte, done func(), err error) {
+	if err := elemRange(t, off, n); err != nil {
+		return nil, nil, err
+	}
+	size := int64(t.DType.Size())
+	if b, done, ok := tensorbytes.Lend(t, off*size, n*size); ok {
+		return b, done, nil
 	}
 	buf := getBytes(int(n * size))
-	got, err := t.Data.ReadAt(buf, off*size)
-	if got == len(buf) {
-		if err := tensorbytes.CheckFinite(t.File, t.Name, t.DType, buf, off); err != nil {
-			putBytes(buf)
-			return nil, err
-		}
-		return buf, nil
+	if err := readInto(t, buf, off); err != nil {
+		putBytes(buf)
+		return nil, nil, err
 	}
-	putBytes(buf)
+	return buf, func() { putBytes(buf) }, nil
+}
+
+// elemRange checks that elements [off, off+n) are within t.
+func elemRange(t *checkpoint.Tensor, off, n int64) error {
+	size := int64(t.DType.Size())
+	if size == 0 {
+		return fmt.Errorf("%s: tensor %s has unknown dtype %s", t.File, t.Name, t.DType)
+	}
+	if off < 0 || n < 0 || off > t.NumElements() || n > t.NumElements()-off || n > math.MaxInt/size {
+		return fmt.Errorf("%s: tensor %s: elements [%d,+%d) out of range", t.File, t.Name, off, n)
+	}
+	return nil
+}
+
+// readInto fills buf with t's elements from element off.
+func readInto(t *checkpoint.Tensor, buf []byte, off int64) error {
+	got, err := t.Data.ReadAt(buf, off*int64(t.DType.Size()))
+	if got == len(buf) {
+		return nil
+	}
 	if err == nil || errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
 	}
-	return nil, fmt.Errorf("%s: reading tensor %s: %w", t.File, t.Name, err)
+	return fmt.Errorf("%s: reading tensor %s: %w", t.File, t.Name, err)
+}
+
+// readChecked is readRaw, then the NaN and Inf scan, which dec skips for
+// bytes it has already decoded (they were scanned when first read).
+func readChecked(dec *decoder, t *checkpoint.Tensor, off, n int64) ([]byte, func(), error) {
+	b, done, err := readRaw(t, off, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !dec.seen(b) {
+		if err := tensorbytes.CheckFinite(t.File, t.Name, t.DType, b, off); err != nil {
+			done()
+			return nil, nil, err
+		}
+	}
+	return b, done, nil
 }
 
 // loadMatrix reads one weight and dequantises it to float32 as its format
@@ -166,11 +218,11 @@ func loadMatrix(dec *decoder, src TensorSource, m MatrixRef) ([]float32, error) 
 	piece := weightfmt.Matrix{Format: f, Rows: int64(m.Rows), Cols: int64(m.Cols)}
 	rows := slice.RowBlock(int64(m.RowStart), int64(m.Rows))
 	es := int64(max(t.DType.Size(), 1)) // readElems refuses a dtype of no size
-	raw, err := readElems(t, off+rows.Weight.Off/es, rows.Weight.Size()/es)
+	raw, done, err := readChecked(dec, t, off+rows.Weight.Off/es, rows.Weight.Size()/es)
 	if err != nil {
 		return nil, err
 	}
-	in := decodeInputs{raw: raw}
+	in := decodeInputs{raw: raw, done: []func(){done}}
 	defer in.release()
 	sc, scaled := f.Scale()
 	switch {
@@ -214,9 +266,10 @@ func loadMatrix(dec *decoder, src TensorSource, m MatrixRef) ([]float32, error) 
 	if st.DType != sc.DType {
 		return nil, fmt.Errorf("%s: scale %s is %s, want %s", st.File, m.Scale, st.DType, sc.DType)
 	}
-	if in.scale, err = readElems(st, soff+srs*scols, sr*scols); err != nil {
+	if in.scale, done, err = readChecked(dec, st, soff+srs*scols, sr*scols); err != nil {
 		return nil, err
 	}
+	in.done = append(in.done, done)
 	if g, ok := weightfmt.GlobalOf(f); ok {
 		gt, ok := src.Tensor(m.Global)
 		if m.Global == "" || !ok {
@@ -225,9 +278,10 @@ func loadMatrix(dec *decoder, src TensorSource, m MatrixRef) ([]float32, error) 
 		if gt.DType != g.DType {
 			return nil, fmt.Errorf("%s: global scale %s is %s, want %s", gt.File, m.Global, gt.DType, g.DType)
 		}
-		if in.global, err = readElems(gt, int64(m.GlobalIndex), 1); err != nil {
+		if in.global, done, err = readChecked(dec, gt, int64(m.GlobalIndex), 1); err != nil {
 			return nil, err
 		}
+		in.done = append(in.done, done)
 	}
 	return in.decode(dec, f, m.Rows, m.Cols, func(out []float32) error {
 		if err := weightfmt.DequantiseWeight(f, in.raw, m.Rows, m.Cols, in.scale, in.global, out); err != nil {
@@ -239,8 +293,11 @@ func loadMatrix(dec *decoder, src TensorSource, m MatrixRef) ([]float32, error) 
 
 // decodeInputs are the bytes one weight decodes from: its elements, and
 // its scale grid and global scale where its format has them (nil
-// otherwise), all from the pool.
-type decodeInputs struct{ raw, scale, global []byte }
+// otherwise), and what hands each back.
+type decodeInputs struct {
+	raw, scale, global []byte
+	done               []func()
+}
 
 // decode returns the rows x cols weight that dequantise writes from in,
 // or the buffer dec already decoded from the same inputs in format f. The
@@ -255,19 +312,18 @@ func (in *decodeInputs) decode(dec *decoder, f weightfmt.Format, rows, cols int,
 		PutFloats(out)
 		return nil, err
 	}
-	if dec.keep(f, rows, cols, in.raw, in.scale, in.global, out) {
+	if dec.keep(*in, f, rows, cols, out) {
 		*in = decodeInputs{} // the decoder owns them now
 	}
 	return out, nil
 }
 
-// release hands the input buffers back to the pool.
+// release hands the input bytes back.
 func (in *decodeInputs) release() {
-	for _, b := range [][]byte{in.raw, in.scale, in.global} {
-		if b != nil {
-			putBytes(b)
-		}
+	for _, done := range in.done {
+		done()
 	}
+	in.done = nil
 }
 
 // loadRow reads row index of a [N, n] tensor of floats (a stacked bias).

@@ -27,14 +27,27 @@ type windowData struct {
 }
 
 func (w *windowData) ReadAt(b []byte, off int64) (int, error) {
+	if held, done, ok := w.Lend(off, int64(len(b))); ok {
+		n := copy(b, held)
+		done()
+		return n, nil
+	}
+	w.p.misses.Add(1)
+	return w.r.ReadAt(b, off)
+}
+
+// Lend returns the tensor's bytes [off, off+n) where a step still holds
+// them, pinned (its buffers stay until done is called), waiting for the
+// step to be read first (a step waits only for the reads before it).
+func (w *windowData) Lend(off, n int64) ([]byte, func(), bool) {
 	p := w.p
-	end := off + int64(len(b))
+	end := off + n
 	for _, h := range p.tensors[w.t] {
 		if h.off > off || h.off+h.n < end {
 			continue
 		}
 		st := p.steps[h.i]
-		<-st.ready // a step waits only for the reads before it
+		<-st.ready
 		p.mu.Lock()
 		if st.freed || st.skip || st.err != nil {
 			p.mu.Unlock()
@@ -43,12 +56,9 @@ func (w *windowData) ReadAt(b []byte, off int64) (int, error) {
 		st.pins++
 		p.mu.Unlock()
 		x := st.ext[h.e]
-		n := copy(b, x.sp.buf[x.off+off-h.off:x.off+end-h.off])
-		p.unpin(st)
-		return n, nil
+		return x.sp.buf[x.off+off-h.off : x.off+end-h.off], func() { p.unpin(st) }, true
 	}
-	p.misses.Add(1)
-	return w.r.ReadAt(b, off)
+	return nil, nil, false
 }
 
 // unpin ends a copy out of st's buffers, freeing them if it was released
