@@ -375,8 +375,18 @@ func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pass.Start(ctx)
-	proofDone := make(chan error, 1)
-	go func() { proofDone <- s.feedProof(ctx, pass, pp, proof) }()
+	var proofErr error
+	proofDone := make(chan struct{})
+	go func() {
+		defer close(proofDone)
+		proofErr = s.feedProof(ctx, pass, pp, proof)
+	}()
+	// The byte proof compares bytes the pass lends: it ends before the
+	// pass closes, however the run ends.
+	defer func() {
+		cancel()
+		<-proofDone
+	}()
 
 	var mu sync.Mutex
 	let := func(ls *layerSteps, i int) {
@@ -405,12 +415,12 @@ func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report
 	}
 	s.meter.finishLayers()
 	if !withBytes {
-		return <-proofDone
+		return nil
 	}
 	s.meter.startBytes()
 	s.o.progress("validate: --bytes: every DST file against SRC, the contract and the manifest, every tensor byte for byte")
-	if err := <-proofDone; err != nil {
-		return err
+	if <-proofDone; proofErr != nil {
+		return proofErr
 	}
 	if early != nil {
 		rep.Bytes = early

@@ -3,6 +3,7 @@ package cpuref
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/moe"
@@ -53,7 +54,7 @@ func PairLayer(ctx context.Context, src TensorSource, plan *family.Plan, layer *
 	if err != nil {
 		return nil, nil, &SideError{Err: err}
 	}
-	p := &pair{r: r, dst: dst, release: o.Release, bankSize: fl.Contract.BankSize()}
+	p := &pair{r: r, dst: dst, release: o.Release, bankSize: fl.Contract.BankSize(), let1: map[int]bool{}}
 	f, err := newFusedRun(dst, fl, x, t, FusedOptions{Tokens: o.Tokens, Coverage: o.Coverage, BlockSize: o.BlockSize})
 	if err != nil {
 		p.fail(true, stepPrepare, err)
@@ -103,8 +104,17 @@ type pair struct {
 	jobs     map[int]moe.ExpertJob
 	release  func(bank int) // PairOptions.Release
 	bankSize int
+	// The shared expert's job and the replica jobs: the decoder they load
+	// through, closed once SRC's shared expert is loaded (sharedMLP), and
+	// how many of them are still running.
+	common    *decoder
+	ready     chan struct{}
+	once      sync.Once
+	sharedMLP *refMLP
+	holds     atomic.Int64
 
 	mu      sync.Mutex
+	let1    map[int]bool // bank experts let go
 	errs    [2]error
 	errStep [2]int
 }
@@ -130,39 +140,58 @@ func (p *pair) live(dst bool) bool {
 	return p.errs[0] == nil && (!dst || (p.f != nil && p.errs[1] == nil))
 }
 
-// run runs the jobs, Workers at a time, in bank order after the shared
-// expert's.
+// run runs the jobs, Workers at a time, in the order a stream reads the
+// layer: the shared expert's, its replicas', then the routed experts'.
 func (p *pair) run(ctx context.Context) {
 	r := p.r
 	sem := make(chan struct{}, r.workers)
 	var wg sync.WaitGroup
-	// start runs job, which reads bank experts ids, when a worker is free.
-	start := func(job func(dec *decoder), ids ...int) {
+	// start runs job, which reads bank experts ids, when a worker is free;
+	// skip instead once there is no point (the run ended, SRC failed).
+	start := func(job func(dec *decoder), skip func(), ids ...int) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			defer p.let(ids...)
 			if ctx.Err() == nil && p.live(false) {
 				job(&decoder{})
+			} else {
+				skip()
 			}
 		})
 	}
-	var idle []int // bank experts no job reads
-	if p.hasShared() {
-		start(func(dec *decoder) { p.shared(ctx, dec) }, p.bankRange(r.e, p.bankSize)...)
-	} else {
-		idle = p.bankRange(r.e, p.bankSize)
+	var idle, replicas []int // bank experts no job reads; replicas that run
+	for id := r.e; id < p.bankSize; id++ {
+		if _, ok := p.jobs[id]; ok && p.f != nil {
+			replicas = append(replicas, id)
+		} else {
+			idle = append(idle, id)
+		}
 	}
 	for id := range r.e {
-		if _, ok := p.jobs[id]; ok || r.uses(id) {
-			continue
+		if _, ok := p.jobs[id]; !ok && !r.uses(id) {
+			idle = append(idle, id)
 		}
-		idle = append(idle, id)
 	}
 	p.let(idle...)
+	p.common = &decoder{}
+	p.ready = make(chan struct{})
+	p.holds.Store(int64(len(replicas)) + 1)
+	if r.layer.Shared != nil || (p.f != nil && p.f.fl.Shared != nil) {
+		start(func(*decoder) { p.shared(ctx) }, func() { p.loaded(nil); p.drop() })
+	} else {
+		p.loaded(nil)
+	}
+	for _, id := range replicas {
+		start(func(*decoder) {
+			<-p.ready
+			defer p.drop()
+			p.bank(ctx, p.common, id)
+		}, p.drop, id)
+	}
 	for id := range r.e {
 		if _, ok := p.jobs[id]; ok || r.uses(id) {
-			start(func(dec *decoder) { p.expert(ctx, dec, id) }, id)
+			start(func(dec *decoder) { p.expert(ctx, dec, id) }, func() {}, id)
 		}
 	}
 	wg.Wait()
@@ -177,31 +206,20 @@ func (p *pair) bankRange(lo, hi int) []int {
 	return ids
 }
 
-// let tells Release that bank experts ids are done with.
+// let tells Release that bank experts ids are done with, each once.
 func (p *pair) let(ids ...int) {
 	if p.release == nil {
 		return
 	}
 	for _, id := range ids {
-		p.release(id)
-	}
-}
-
-// hasShared reports whether the layer has a shared expert to run apart
-// from the routed ones: SRC's, DST's replicas of it, or DST's unfused one.
-func (p *pair) hasShared() bool {
-	if p.r.layer.Shared != nil {
-		return true
-	}
-	if p.f == nil {
-		return false
-	}
-	for id := range p.jobs {
-		if id >= p.r.e {
-			return true
+		p.mu.Lock()
+		first := !p.let1[id]
+		p.let1[id] = true
+		p.mu.Unlock()
+		if first {
+			p.release(id)
 		}
 	}
-	return p.f.fl.Shared != nil
 }
 
 // expert is routed expert id's job on both sides.
@@ -239,32 +257,49 @@ func (p *pair) bank(ctx context.Context, dec *decoder, id int) {
 	}
 }
 
-// shared is the shared expert's job: SRC's shared expert over every token,
-// DST's replicas of it in the bank and DST's unfused one, all loaded while
-// SRC's is held, so that those with its bytes share its decoding.
-func (p *pair) shared(ctx context.Context, dec *decoder) {
+// shared is the shared expert's job: SRC's shared expert over every token
+// and DST's unfused one. SRC's stays loaded in the common decoder until
+// the replica jobs, which load DST's replicas of it through that decoder
+// (sharing its decoding where they hold its bytes), are done with it.
+func (p *pair) shared(ctx context.Context) {
 	r := p.r
+	var m *refMLP
+	defer p.drop()
 	if r.layer.Shared != nil {
-		m, err := r.loadShared(dec)
-		if err != nil {
+		var err error
+		if m, err = r.loadShared(p.common); err != nil {
 			p.fail(false, stepShared, err)
+			p.loaded(nil)
 			return
 		}
-		defer m.release()
+	}
+	p.loaded(m)
+	if m != nil {
 		if err := r.runSharedWith(ctx, m); err != nil {
 			p.fail(false, stepShared, err)
 			return
 		}
 	}
-	if !p.live(true) {
-		return
-	}
-	for id := r.e; id < p.f.fl.Contract.BankSize(); id++ {
-		p.bank(ctx, dec, id)
-	}
-	if p.f.fl.Shared != nil && p.f.denseSharedErr() == nil && p.live(true) {
-		if err := p.f.runDense(dec); err != nil {
+	if p.f != nil && p.f.fl.Shared != nil && p.f.denseSharedErr() == nil && p.live(true) {
+		if err := p.f.runDense(p.common); err != nil {
 			p.fail(true, stepShared, err)
 		}
+	}
+}
+
+// loaded records SRC's shared expert (nil: none, or it failed) and lets the
+// replica jobs start; only the first call counts.
+func (p *pair) loaded(m *refMLP) {
+	p.once.Do(func() {
+		p.sharedMLP = m
+		close(p.ready)
+	})
+}
+
+// drop is one of the shared job and the replica jobs done: the last one
+// hands SRC's shared expert back.
+func (p *pair) drop() {
+	if p.holds.Add(-1) == 0 && p.sharedMLP != nil {
+		p.sharedMLP.release()
 	}
 }

@@ -6,8 +6,9 @@ import (
 )
 
 // buffers hands out the memory steps are read into, aligned for O_DIRECT.
-// Large buffers are whole multiples of bufUnit, kept for reuse until the
-// pass closes: a pass reads gigabytes through a few hundred MB of them, and
+// Large buffers (whole pages, starting on a huge page) are kept for reuse
+// until the pass closes: a pass reads gigabytes through a few hundred MB
+// of them, the steps of a layer come in a few sizes that repeat, and
 // memory new to the process costs a fault per page (on this development
 // machine a VM fault back to the host). Small ones come from the Go heap.
 type buffers struct {
@@ -16,8 +17,8 @@ type buffers struct {
 	maps []func()         // unmaps every large buffer
 }
 
-// bufUnit is the size large buffers come in: a huge page, so that a read
-// into one reaches the disk as one request (buffers_linux.go).
+// bufUnit is where large buffers start: a huge page, so that a read into
+// one reaches the disk as one request (buffers_linux.go).
 const bufUnit = 2 << 20
 
 // get returns n bytes at an address aligned to directAlign.
@@ -27,11 +28,19 @@ func (b *buffers) get(n int64) []byte {
 		a := alignedAt(mem)
 		return mem[a : a+int(n) : a+int(n)]
 	}
-	size := int((n + bufUnit - 1) / bufUnit * bufUnit)
+	size := int(bufSize(n))
 	b.mu.Lock()
-	if l := b.free[size]; len(l) > 0 {
+	// the smallest free buffer that holds n, if not much larger
+	best := 0
+	for s, l := range b.free {
+		if len(l) > 0 && s >= size && s <= size+size/8 && (best == 0 || s < best) {
+			best = s
+		}
+	}
+	if best > 0 {
+		l := b.free[best]
 		buf := l[len(l)-1]
-		b.free[size] = l[:len(l)-1]
+		b.free[best] = l[:len(l)-1]
 		b.mu.Unlock()
 		return buf[:n]
 	}
@@ -41,6 +50,15 @@ func (b *buffers) get(n int64) []byte {
 	b.maps = append(b.maps, unmap)
 	b.mu.Unlock()
 	return buf[:n]
+}
+
+// bufSize is what get(n) allocates, alignment aside: large buffers are
+// whole pages.
+func bufSize(n int64) int64 {
+	if n < bufUnit/2 {
+		return n
+	}
+	return (n + directAlign - 1) / directAlign * directAlign
 }
 
 // put takes back a buffer get returned.

@@ -51,7 +51,7 @@ type Step struct {
 type Options struct {
 	// Budget bounds the bytes held: read ahead, or read and not yet
 	// released by every user. A step larger than the budget is still read,
-	// alone. 0: eight of the largest step, within [MinBudget, MaxBudget].
+	// alone. 0: four of the largest step, within [MinBudget, MaxBudget].
 	Budget int64
 	// Depth is how many reads are in flight (0: DefaultDepth).
 	Depth int
@@ -62,7 +62,7 @@ type Options struct {
 	OnRead func(step int, n int64)
 }
 
-// The default budget: eight steps of the largest, enough to keep reads in
+// The default budget: four steps of the largest, enough to keep reads in
 // flight ahead of consumers that hold a few (a layer's head, an expert a
 // worker), within bounds that do not grow with the model: at most
 // MaxBudget, about six DeepSeek-V3 expert steps (SRC's and DST's 44 MB in
@@ -95,6 +95,7 @@ type Pass struct {
 	cond    *sync.Cond
 	held    int64
 	next    int // the next step to admit
+	wanted  int // the furthest step a tensor read waits for, -1: none
 	closed  bool
 	runErr  error
 	tensors map[*checkpoint.Tensor][]held // planned extents of each tensor, by tensor
@@ -113,7 +114,8 @@ type held struct {
 
 type step struct {
 	users   int
-	size    int64
+	size    int64 // bytes wanted
+	mem     int64 // what holding them costs: the buffers' sizes (the budget's unit)
 	spans   []*span
 	ext     []extentAt // per extent: where its bytes are
 	pending int        // spans not yet read
@@ -142,6 +144,7 @@ type span struct {
 	off, n int64
 	buf    []byte // the wanted bytes, once read
 	mem    []byte // what buf was cut from (returned to the pool)
+	read   bool   // the read is over (under the pass's lock)
 }
 
 // file is one file a pass reads, opened on first use.
@@ -159,7 +162,7 @@ func New(steps []Step, o Options) (*Pass, error) {
 	if o.Depth <= 0 {
 		o.Depth = DefaultDepth
 	}
-	p := &Pass{o: o, tensors: map[*checkpoint.Tensor][]held{}, files: map[string]*file{}}
+	p := &Pass{o: o, tensors: map[*checkpoint.Tensor][]held{}, files: map[string]*file{}, wanted: -1}
 	p.cond = sync.NewCond(&p.mu)
 	var largest int64
 	for i, s := range steps {
@@ -169,10 +172,10 @@ func New(steps []Step, o Options) (*Pass, error) {
 		}
 		p.steps = append(p.steps, st)
 		p.spans = append(p.spans, st.spans...)
-		largest = max(largest, st.size)
+		largest = max(largest, st.mem)
 	}
 	if p.o.Budget <= 0 {
-		p.o.Budget = min(max(8*largest, MinBudget), MaxBudget)
+		p.o.Budget = min(max(4*largest, MinBudget), MaxBudget)
 	}
 	return p, nil
 }
@@ -237,6 +240,8 @@ func (p *Pass) resolve(i int, st *step, exts []Extent) error {
 	}
 	for _, sp := range st.spans {
 		st.size += sp.n
+		lo := sp.off &^ (directAlign - 1) // an O_DIRECT read starts on a block, and ends on one
+		st.mem += bufSize(sp.off + sp.n + directAlign - lo)
 	}
 	return nil
 }
@@ -306,13 +311,15 @@ func (p *Pass) Start(ctx context.Context) {
 }
 
 // admit waits until step i fits the budget (a step when nothing else is
-// held always fits) and reports false once the pass is stopped. A step
-// its users released before it was read is not read at all.
+// held always fits, and so does one a tensor read is waiting for: its
+// reader may hold what fills the budget) and reports false once the pass
+// is stopped. A step its users released before it was read is not read at
+// all.
 func (p *Pass) admit(i int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := p.steps[i]
-	for !p.closed && !st.freed && p.held > 0 && p.held+st.size > p.o.Budget {
+	for !p.closed && !st.freed && p.held > 0 && p.held+st.mem > p.o.Budget && p.wanted < i {
 		p.cond.Wait()
 	}
 	if p.closed {
@@ -322,7 +329,7 @@ func (p *Pass) admit(i int) bool {
 	st.admitted = true
 	st.skip = st.freed
 	if !st.skip {
-		p.held += st.size
+		p.held += st.mem
 		st.pending = len(st.spans)
 	}
 	if st.skip || st.pending == 0 {
@@ -402,7 +409,8 @@ func (p *Pass) done(sp *span, err error) {
 	if err != nil && st.err == nil {
 		st.err = err
 	}
-	if st.freed {
+	sp.read = true
+	if st.freed && st.pins == 0 {
 		sp.free()
 	}
 	if st.pending--; st.pending == 0 {
@@ -458,7 +466,7 @@ func (p *Pass) Release(i int) {
 	}
 	st.freed = true
 	if st.admitted && !st.skip {
-		p.held -= st.size
+		p.held -= st.mem
 		p.cond.Broadcast()
 	}
 	if st.pins == 0 {
@@ -467,7 +475,7 @@ func (p *Pass) Release(i int) {
 }
 
 // free returns the buffers of the spans read so far; the others return
-// theirs as they finish (done).
+// theirs as they finish (done). The pass's lock is held.
 func (st *step) free() {
 	for _, sp := range st.spans {
 		sp.free()
@@ -475,7 +483,7 @@ func (st *step) free() {
 }
 
 func (sp *span) free() {
-	if sp.mem != nil {
+	if sp.read && sp.mem != nil { // a read in flight frees its own (done)
 		sp.bufs.put(sp.mem)
 		sp.mem, sp.buf = nil, nil
 	}

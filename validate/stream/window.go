@@ -47,6 +47,7 @@ func (w *windowData) Lend(off, n int64) ([]byte, func(), bool) {
 			continue
 		}
 		st := p.steps[h.i]
+		p.want(h.i)
 		<-st.ready
 		p.mu.Lock()
 		if st.freed || st.skip || st.err != nil {
@@ -59,6 +60,18 @@ func (w *windowData) Lend(off, n int64) ([]byte, func(), bool) {
 		return x.sp.buf[x.off+off-h.off : x.off+end-h.off], func() { p.unpin(st) }, true
 	}
 	return nil, nil, false
+}
+
+// want lets step i in past the budget: a tensor read waits for it, and
+// the reader may hold steps that fill the budget until it gets it (an
+// expert's job holds the layer's head and its earlier steps).
+func (p *Pass) want(i int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i > p.wanted && !p.steps[i].admitted {
+		p.wanted = i
+		p.cond.Broadcast()
+	}
 }
 
 // unpin ends a copy out of st's buffers, freeing them if it was released
