@@ -59,6 +59,10 @@ type proofTake struct {
 	off   int64
 }
 
+// passBudget is the pass's budget (0: stream's default); tests shrink it
+// to the least, where only the reads consumers wait for get in.
+var passBudget int64
+
 // restChunk bounds one DST read of the rest: a multiple of every dtype's
 // size, so that a chunk of a tensor starts on an element.
 const restChunk = 8 << 20
@@ -363,7 +367,7 @@ func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report
 		}
 	}
 	pp := s.planPass(targets, proof)
-	pass, err := stream.New(pp.steps, stream.Options{OnRead: s.meter.streamRead(pp)})
+	pass, err := stream.New(pp.steps, stream.Options{Budget: passBudget, OnRead: s.meter.streamRead(pp)})
 	if err != nil {
 		return err
 	}

@@ -16,9 +16,12 @@ import (
 // streamedRun runs the layer checks and the byte proof of SRC DST over one
 // streamed pass, as a CPU run does, and returns the report and the session
 // (its pass's misses and rechecked shards).
-func streamedRun(t *testing.T, src, dst string) (*Report, *session) {
+func streamedRun(t *testing.T, src, dst string, workers ...int) (*Report, *session) {
 	t.Helper()
 	o := Options{Src: src, Dst: dst, Device: DeviceCPU, Seed: 1, Tokens: 8}
+	if len(workers) > 0 {
+		o.Workers = workers[0]
+	}
 	if _, err := o.norm(); err != nil {
 		t.Fatal(err)
 	}
@@ -189,4 +192,27 @@ func sameBits(a, b []float32) bool {
 		}
 	}
 	return true
+}
+
+// With no budget at all the pass still ends, with the same report: a
+// step gets in when a worker or the byte proof waits for it, whatever the
+// workers hold (a layer's head, their experts, the replicas of the shared
+// expert's job).
+func TestStreamedPassLeastBudget(t *testing.T) {
+	defer func(b int64) { passBudget = b }(passBudget)
+	src := filepath.Join(hfFixtures, "deepseek-v3-fp8")
+	dst := convertInto(t, src, convert.Options{FuseShared: true, TP: 8})
+	want, _ := streamedRun(t, src, dst)
+	passBudget = 1
+	for _, w := range []int{1, 2, 4} {
+		got, s := streamedRun(t, src, dst, w)
+		if s.streamMisses != 0 || !got.Bytes.Pass || len(got.Rows) != len(want.Rows) {
+			t.Fatalf("workers %d: %d misses, bytes %+v", w, s.streamMisses, got.Bytes)
+		}
+		for i := range got.Rows {
+			if a, b := got.Rows[i], want.Rows[i]; a.RelL2 != b.RelL2 || a.MaxAbs != b.MaxAbs || a.Pass != b.Pass {
+				t.Errorf("workers %d: row %d %+v, want %+v", w, i, a.Diff, b.Diff)
+			}
+		}
+	}
 }
