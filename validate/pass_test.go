@@ -13,6 +13,24 @@ import (
 	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
+// openSession fills in s's options, opens its checkpoints (closed when the
+// test ends) and returns the layers to check, as Run does.
+func openSession(t *testing.T, s *session) []target {
+	t.Helper()
+	if _, err := s.o.norm(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.close)
+	if err := s.open(); err != nil {
+		t.Fatal(err)
+	}
+	targets, _, err := s.targets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return targets
+}
+
 // streamedRun runs the layer checks and the byte proof of SRC DST over one
 // streamed pass, as a CPU run does, and returns the report and the session
 // (its pass's misses and rechecked shards).
@@ -22,18 +40,8 @@ func streamedRun(t *testing.T, src, dst string, workers ...int) (*Report, *sessi
 	if len(workers) > 0 {
 		o.Workers = workers[0]
 	}
-	if _, err := o.norm(); err != nil {
-		t.Fatal(err)
-	}
 	s := &session{o: o}
-	t.Cleanup(s.close)
-	if err := s.open(); err != nil {
-		t.Fatal(err)
-	}
-	targets, _, err := s.targets()
-	if err != nil {
-		t.Fatal(err)
-	}
+	targets := openSession(t, s)
 	rep := &Report{}
 	if err := s.runStreamed(context.Background(), targets, rep, true); err != nil {
 		t.Fatal(err)
@@ -131,19 +139,8 @@ func TestPairLayerBitIdentical(t *testing.T) {
 		t.Run(c.name(), func(t *testing.T) {
 			src := filepath.Join(hfFixtures, c.fixture)
 			dst := convertInto(t, src, c.o)
-			o := Options{Src: src, Dst: dst, Device: DeviceCPU, Seed: 5, Tokens: 8}
-			if _, err := o.norm(); err != nil {
-				t.Fatal(err)
-			}
-			s := &session{o: o}
-			defer s.close()
-			if err := s.open(); err != nil {
-				t.Fatal(err)
-			}
-			targets, _, err := s.targets()
-			if err != nil {
-				t.Fatal(err)
-			}
+			s := &session{o: Options{Src: src, Dst: dst, Device: DeviceCPU, Seed: 5, Tokens: 8}}
+			targets := openSession(t, s)
 			ctx := context.Background()
 			for _, tg := range targets {
 				x, tn, _, _, tokens, cov, err := s.layerStart(tg)

@@ -429,19 +429,8 @@ func checkPlanMatchesReads(t *testing.T, fixture string, co convert.Options, dev
 	src := filepath.Join(hfFixtures, fixture)
 	dst := convertInto(t, src, co)
 	var r recorder
-	o := Options{Src: src, Dst: dst, Device: device, Seed: 1, Tokens: 8, Bytes: BytesOff, ByteProgress: &r}
-	if _, err := o.norm(); err != nil {
-		t.Fatal(err)
-	}
-	s := &session{o: o, meter: newMeter(&r)}
-	defer s.close()
-	if err := s.open(); err != nil {
-		t.Fatal(err)
-	}
-	targets, _, err := s.targets()
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := &session{o: Options{Src: src, Dst: dst, Device: device, Seed: 1, Tokens: 8, Bytes: BytesOff, ByteProgress: &r}, meter: newMeter(&r)}
+	targets := openSession(t, s)
 	s.planProgress(targets, false)
 	if err := run(s, targets); err != nil {
 		t.Fatal(err)
