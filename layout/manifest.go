@@ -185,6 +185,10 @@ func blockInfo(a BlockAlgo, size, bs int64, root hash.Hash) FileInfo {
 	return FileInfo{Size: size, Blocks: d}
 }
 
+// BlockHash returns the file's block digest and its algorithm, or ok false
+// for a whole-file SHA-256.
+func (f FileInfo) BlockHash() (d BlockDigest, a BlockAlgo, ok bool) { return f.blocks() }
+
 // blocks returns the file's block digest and its algorithm, or ok false for
 // a whole-file SHA-256.
 func (f FileInfo) blocks() (d BlockDigest, a BlockAlgo, ok bool) {

@@ -6,9 +6,8 @@ import (
 	"math"
 	"runtime"
 
+	"github.com/moeprep/moeprep/internal/blasdot"
 	"golang.org/x/sync/errgroup"
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/gonum"
 )
 
 // Activation is an expert's gated activation act(g, u) beyond SwiGLU
@@ -123,7 +122,7 @@ type GEMMOptions struct {
 // Down^T, and writes each slot's output row: the result is [Numel,H],
 // unweighted (Finalize applies the slot weights). Experts are loaded one at
 // a time per worker; only experts with tokens are touched. Accumulation is
-// float32 (gonum's Sgemm), as on the GPU.
+// float32 (gonum's Sgemm, bit for bit: internal/blasdot), as on the GPU.
 func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken int, al *Alignment, load ExpertLoader, o GEMMOptions) ([]float32, error) {
 	if len(x) != t*h || int(al.Numel) != t*slotsPerToken {
 		return nil, fmt.Errorf("grouped gemm: x has %d values for %dx%d, alignment %d slots for %d x %d", len(x), t, h, al.Numel, t, slotsPerToken)
@@ -132,35 +131,20 @@ func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken in
 	if workers <= 0 {
 		workers = Workers()
 	}
-	// Blocks of one expert are contiguous: collect each expert's block range.
-	type job struct{ expert, first, last int }
-	var jobs []job
-	for b := 0; b < al.Blocks(); {
-		e := int(al.ExpertIDs[b])
-		end := b
-		for end < al.Blocks() && int(al.ExpertIDs[end]) == e {
-			end++
-		}
-		jobs = append(jobs, job{e, b, end})
-		b = end
-	}
 	out := make([]float32, int(al.Numel)*h)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(workers)
-	for _, j := range jobs {
+	for _, j := range al.ExpertJobs() {
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			m, err := load(gctx, j.expert)
+			m, err := load(gctx, j.Expert)
 			if err != nil {
 				return err
 			}
-			if err := m.check(h, inter); err != nil {
-				return fmt.Errorf("expert %d: %w", j.expert, err)
-			}
-			for b := j.first; b < j.last; b++ {
-				expertBlock(x, h, inter, slotsPerToken, al.Block(b), m, out, o.W8A8)
+			if err := j.Run(x, h, inter, slotsPerToken, al, m, out, o.W8A8); err != nil {
+				return err
 			}
 			if o.Release != nil {
 				o.Release(m)
@@ -172,6 +156,38 @@ func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken in
 		return nil, err
 	}
 	return out, nil
+}
+
+// ExpertJob is one expert's share of a grouped GEMM: its blocks
+// [First, Last) of the alignment, which are contiguous.
+type ExpertJob struct{ Expert, First, Last int }
+
+// ExpertJobs lists the experts that have blocks, in block order.
+func (a *Alignment) ExpertJobs() []ExpertJob {
+	var jobs []ExpertJob
+	for b := 0; b < a.Blocks(); {
+		e := int(a.ExpertIDs[b])
+		end := b
+		for end < a.Blocks() && int(a.ExpertIDs[end]) == e {
+			end++
+		}
+		jobs = append(jobs, ExpertJob{e, b, end})
+		b = end
+	}
+	return jobs
+}
+
+// Run computes the job's blocks with expert weights m into their slots'
+// rows of out [Numel,H], as GroupedGEMM does; jobs of different experts
+// write disjoint rows, so they may run at once.
+func (j ExpertJob) Run(x []float32, h, inter, slotsPerToken int, al *Alignment, m *ExpertMats, out []float32, w8a8 bool) error {
+	if err := m.check(h, inter); err != nil {
+		return fmt.Errorf("expert %d: %w", j.Expert, err)
+	}
+	for b := j.First; b < j.Last; b++ {
+		expertBlock(x, h, inter, slotsPerToken, al.Block(b), m, out, w8a8)
+	}
+	return nil
 }
 
 // expertBlock runs one block: rows are slot indices, all of one expert.
@@ -190,17 +206,16 @@ func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *Exp
 	if w8a8 {
 		RoundTripActGroups(xb, rows, h, ActGroup)
 	}
-	impl := gonum.Implementation{}
 	gate := make([]float32, rows*inter)
 	up := make([]float32, rows*inter)
-	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Gate, h, 0, gate, inter)
-	impl.Sgemm(blas.NoTrans, blas.Trans, rows, inter, h, 1, xb, h, m.Up, h, 0, up, inter)
+	blasdot.SgemmNT(rows, inter, h, xb, h, m.Gate, h, gate, inter)
+	blasdot.SgemmNT(rows, inter, h, xb, h, m.Up, h, up, inter)
 	Activate(m.Act, gate, up, m.GateBias, m.UpBias)
 	if w8a8 {
 		RoundTripServing(gate, rows, inter)
 	}
 	ob := make([]float32, rows*h)
-	impl.Sgemm(blas.NoTrans, blas.Trans, rows, h, inter, 1, gate, inter, m.Down, inter, 0, ob, h)
+	blasdot.SgemmNT(rows, h, inter, gate, inter, m.Down, inter, ob, h)
 	AddRowBias(ob, m.DownBias)
 	for r, s := range slots {
 		copy(out[int(s)*h:(int(s)+1)*h], ob[r*h:(r+1)*h])

@@ -10,8 +10,9 @@
 // tokens they run), gpurun (the same two paths on the GPU: staging weights
 // to the device, the fused and unfused layers, their I/O timings; the root
 // keeps gpu_run.go, which drives it layer by layer and judges its outputs),
-// byteproof (the structural proof), tensorbytes (reading tensor bytes and
-// scanning them for NaN and Inf), judge (the metrics, the tolerances and the
+// byteproof (the structural proof), stream (the CPU run's one pass over
+// SRC's and DST's bytes, which pass.go plans and both feed on), tensorbytes
+// (reading tensor bytes and scanning them for NaN and Inf), judge (the metrics, the tolerances and the
 // one table of checks: each check's comparison, tolerance rule and
 // judgement, looked up by name).
 package validate

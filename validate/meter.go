@@ -24,8 +24,9 @@ type Reporter interface {
 
 // The sides a read comes from, as the stage names them.
 const (
-	sideSRC = "SRC"
-	sideDST = "DST"
+	sideSRC  = "SRC"
+	sideDST  = "DST"
+	sideBoth = "SRC and DST" // a streamed pass reads them side by side
 )
 
 // meter turns the bytes the run reads into progress. Every tensor of the
@@ -171,6 +172,12 @@ func (m *meter) read(side string, layer, display int, n int64) {
 		m.push()
 		return
 	}
+	m.readLayer(side, layer, n)
+}
+
+// readLayer counts n bytes read from side for checked layer layer (none
+// when it is not one); m.mu is held.
+func (m *meter) readLayer(side string, layer int, n int64) {
 	p, ok := m.pos[layer]
 	if !ok {
 		return
@@ -405,4 +412,49 @@ func (s *session) planBytesOnly() {
 	}
 	s.meter.wrap(s.src, sideSRC, nil)
 	s.meter.plan(nil, s.dst.TotalBytes())
+}
+
+// planStream plans the progress of a streamed pass (pass.go): each
+// checked layer's steps, then the rest of DST for the byte proof, each at
+// the bytes the pass reads for it, which it counts as it reads them
+// (streamRead): every byte of the run once.
+func (m *meter) planStream(pp *passPlan, targets []target, stepBytes func(i int) int64) {
+	if m == nil {
+		return
+	}
+	planned := map[int]int64{}
+	var rest int64
+	for i, l := range pp.layerOf {
+		if l < 0 {
+			rest += stepBytes(i)
+		} else {
+			planned[l] += stepBytes(i)
+		}
+	}
+	var layers []meterLayer
+	for _, tg := range targets {
+		layers = append(layers, meterLayer{index: tg.index, mtp: tg.mtp, planned: planned[tg.index]})
+	}
+	m.plan(layers, rest)
+}
+
+// streamRead is the pass's OnRead: a step's bytes count for its layer, or
+// for the byte proof.
+func (m *meter) streamRead(pp *passPlan) func(step int, n int64) {
+	if m == nil {
+		return nil
+	}
+	return func(i int, n int64) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if layer := pp.layerOf[i]; layer >= 0 {
+			m.readLayer(sideBoth, layer, n)
+		} else {
+			m.bytesRead += n
+			if m.bytesPhase {
+				m.bytesLayer = pp.display[i]
+			}
+		}
+		m.push()
+	}
 }

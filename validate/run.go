@@ -193,9 +193,15 @@ type session struct {
 	contract *layout.Contract
 	golden   string
 	meter    *meter // nil: no byte progress
-	// moeLayers are every MoE layer index of the checkpoints, sorted.
+	// moeLayers are every MoE layer index of the checkpoints, sorted;
+	// allLayers each of them on both sides (SRC and DST runs).
 	moeLayers []int
 	notices   []string // planNotices
+	allLayers []target
+	// A streamed pass's tensor reads that no step held, and the shards
+	// its byte proof read again in file order (pass.go; tests read them).
+	streamMisses int64
+	rechecked    int
 }
 
 func (s *session) close() {
@@ -284,6 +290,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			// did not apply, and the report must not read as if it had.
 			rep.Notes = append(rep.Notes, fmt.Sprintf("GPU precision %s not applied: it sets the GPU's activations, and this run is on the CPU", o.GPUPrecision))
 		}
+	}
+	if o.Device != DeviceCUDA && s.src != nil && s.dst != nil {
+		if err := s.runStreamed(ctx, targets, rep, withBytes); err != nil {
+			return nil, err
+		}
+		rep.Seconds = time.Since(start).Seconds()
+		return rep, nil
 	}
 	s.planProgress(targets, withBytes)
 	if o.Device == DeviceCUDA {
@@ -508,6 +521,7 @@ func (s *session) targets() ([]target, []string, error) {
 			if t := byIndex[i]; t.src == nil || t.fused == nil {
 				return nil, nil, fmt.Errorf("layer %d is a MoE layer of only one of %s and %s", i, s.o.Src, s.o.Dst)
 			}
+			s.allLayers = append(s.allLayers, *byIndex[i])
 		}
 	}
 	chosen, explicit, err := selectLayers(s.o.Layers, order)
@@ -592,6 +606,12 @@ func intList(v []int) string {
 
 // checkLayer runs the available paths on one layer and compares them.
 func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, error) {
+	return s.checkLayerWith(ctx, tg, nil)
+}
+
+// checkLayerWith is checkLayer, telling release (when set) of each bank
+// expert whose weights the paths are done with.
+func (s *session) checkLayerWith(ctx context.Context, tg target, release func(bank int)) ([]LayerResult, error) {
 	x, t, h, g, tokens, cov, err := s.layerStart(tg)
 	if err != nil {
 		return nil, err
@@ -599,7 +619,31 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 	var ref *cpuref.RefResult
 	var fused *cpuref.FusedResult
 	var refSec, fusedSec float64
-	if tg.src != nil && s.src != nil {
+	both := tg.src != nil && s.src != nil && tg.fused != nil && s.dst != nil
+	if both {
+		// One pass over the bank runs both paths, each expert's weights
+		// read and decoded once while both need them.
+		start := time.Now()
+		po := cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers, Release: release}
+		var err error
+		if po.RequantShared, err = s.requantFormat(); err != nil {
+			return nil, err
+		}
+		if ref, fused, err = cpuref.PairLayer(ctx, s.src, s.srcPlan, tg.src, s.dst, tg.fused, x, t, po); err != nil {
+			side := s.o.Src
+			if se := (*cpuref.SideError)(nil); errors.As(err, &se) {
+				if se.DST {
+					side = s.o.Dst
+				}
+				err = se.Err
+			}
+			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", side, err))
+		}
+		refSec = time.Since(start).Seconds()
+		fusedSec = refSec
+		s.o.progress("validate: layer %d: %d tokens, reference and fused %.1fs", tg.index, t, refSec)
+	}
+	if !both && tg.src != nil && s.src != nil {
 		start := time.Now()
 		var err error
 		ro := cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers}
@@ -613,7 +657,7 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 		}
 		refSec = time.Since(start).Seconds()
 	}
-	if tg.fused != nil && s.dst != nil {
+	if !both && tg.fused != nil && s.dst != nil {
 		start := time.Now()
 		var err error
 		if fused, err = cpuref.FusedLayerRun(ctx, s.dst, tg.fused, x, t, cpuref.FusedOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers}); err != nil {
@@ -621,20 +665,26 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 		}
 		fusedSec = time.Since(start).Seconds()
 	}
-	s.o.progress("validate: layer %d: %d tokens, reference %.1fs, fused %.1fs", tg.index, t, refSec, fusedSec)
+	if !both {
+		s.o.progress("validate: layer %d: %d tokens, reference %.1fs, fused %.1fs", tg.index, t, refSec, fusedSec)
+	}
 	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}, numerics: judge.CPU, t: t, h: h, cov: cov, g: g}
 	if ref != nil && ref.YRequant != nil {
 		rj.requant = judge.RequantStats{WeightErr: ref.RequantWeightErr, Share: ref.SharedShare}
 	}
 	var rows []LayerResult
 	if ref != nil && fused != nil {
+		sec := refSec + fusedSec
+		if both {
+			sec = refSec // the paths ran side by side
+		}
 		want := ref.Y
 		if ref.YRequant != nil { // exact against the same requantised shared expert
 			want = ref.YRequant
 		}
-		rows = append(rows, rj.fusedVs(judge.FusedVsReference, judge.Coverage, refSec+fusedSec, fused, want, ref.Routing)...)
+		rows = append(rows, rj.fusedVs(judge.FusedVsReference, judge.Coverage, sec, fused, want, ref.Routing)...)
 		if ref.YRequant != nil { // and what requantising added, against SRC's own
-			rows = append(rows, rj.fusedRow(judge.RequantVsReference, refSec+fusedSec, fused, ref.Y, ref.Routing))
+			rows = append(rows, rj.fusedRow(judge.RequantVsReference, sec, fused, ref.Y, ref.Routing))
 		}
 	}
 	if g != nil {

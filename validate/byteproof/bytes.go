@@ -146,24 +146,75 @@ type tensorWant struct {
 // tensor byte. A mismatch is reported in the result (Pass false), an
 // unreadable input is an error.
 func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract, progress func(string)) (*BytesResult, error) {
-	start := time.Now()
-	res := &BytesResult{}
-	fail := func(m *ByteMismatch) (*BytesResult, error) {
-		res.Mismatch = m
-		res.Seconds = time.Since(start).Seconds()
-		return res, nil
+	pr, res, err := prepare(src, dst, plan, c)
+	if err != nil || res != nil {
+		return res, err
 	}
-	// The cheap checks first, and the manifest's names before any of them
-	// is opened: an entry may point anywhere.
+	// Files are checked concurrently (each shard reads, hashes and compares
+	// in its own pipeline of a few chunks); the first mismatch in file-name
+	// order is the one reported.
+	results := make([]fileResult, len(pr.names))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(min(4, max(1, runtime.GOMAXPROCS(0))))
+	for i, rel := range pr.names {
+		g.Go(func() error {
+			var err error
+			if pr.isShard(rel) {
+				if progress != nil {
+					progress(fmt.Sprintf("validate --bytes: %s (%s)", rel, human.Bytes(pr.man.Files[rel].Size)))
+				}
+				results[i], err = pr.checkShard(gctx, rel)
+			} else {
+				results[i], err = pr.checkFile(gctx, rel)
+			}
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return pr.result(results), nil
+}
+
+// proofRun is one byte proof past the directory checks: what CheckBytes
+// and Stream share.
+type proofRun struct {
+	start   time.Time
+	src     *checkpoint.Checkpoint
+	dst     *checkpoint.Checkpoint
+	c       *layout.Contract
+	man     *layout.Manifest
+	names   []string        // the manifest's files, sorted
+	copies  map[string]bool // files copied from SRC
+	weights map[string]bool // DST's weight files
+	cfgPath string
+	pred    *prediction
+}
+
+// fileResult is what checking one file of the manifest found.
+type fileResult struct {
+	got layout.FileInfo
+	mm  *ByteMismatch
+	st  shardStats
+}
+
+// prepare runs the cheap checks, the manifest's names before any of them
+// is opened (an entry may point anywhere), and predicts every tensor. A
+// mismatch found there is the proof's result (res, with pr nil).
+func prepare(src, dst *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract) (pr *proofRun, res *BytesResult, err error) {
+	start := time.Now()
+	fail := func(m *ByteMismatch) (*proofRun, *BytesResult, error) {
+		return nil, &BytesResult{Mismatch: m, Seconds: time.Since(start).Seconds()}, nil
+	}
 	man, mm, err := readManifest(dst.Dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if mm != nil {
 		return fail(mm)
 	}
 	if mm, err := checkTree(dst.Dir, man); err != nil {
-		return nil, err
+		return nil, nil, err
 	} else if mm != nil {
 		return fail(mm)
 	}
@@ -183,57 +234,65 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 	}
 	copies, mm, err := checkCopiesListed(src, dst.Dir, man, ours, c)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if mm != nil {
 		return fail(mm)
 	}
 	pred, err := predict(src, plan, c)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	names := sortedKeys(man.Files)
-	// Files are checked concurrently (each shard reads, hashes and compares
-	// in its own pipeline of a few chunks); the first mismatch in file-name
-	// order is the one reported.
-	type fileResult struct {
-		got layout.FileInfo
-		mm  *ByteMismatch
-		st  shardStats
+	return &proofRun{start: start, src: src, dst: dst, c: c, man: man, names: sortedKeys(man.Files), copies: copies,
+		weights: weights, cfgPath: cfgPath, pred: pred}, nil, nil
+}
+
+// isShard reports whether the manifest's file rel is a safetensors shard,
+// whose tensors are compared.
+func (pr *proofRun) isShard(rel string) bool {
+	return pr.weights[rel] && strings.HasSuffix(rel, ".safetensors")
+}
+
+func (pr *proofRun) path(rel string) string {
+	return filepath.Join(pr.dst.Dir, filepath.FromSlash(rel))
+}
+
+// checkShard reads shard rel in file order and compares it.
+func (pr *proofRun) checkShard(ctx context.Context, rel string) (fileResult, error) {
+	var r fileResult
+	var err error
+	r.got, r.mm, r.st, err = checkShard(ctx, pr.path(rel), pr.man.Files[rel], pr.pred)
+	return r, err
+}
+
+// checkFile checks a file of the manifest that is not a shard: config.json,
+// a copy of SRC's, or the index (its contents are what opened DST).
+func (pr *proofRun) checkFile(ctx context.Context, rel string) (fileResult, error) {
+	var r fileResult
+	var err error
+	path, like := pr.path(rel), pr.man.Files[rel]
+	switch {
+	case rel == checkpoint.ConfigFileName:
+		r.got, r.mm, err = checkConfigFile(path, like, filepath.Join(pr.src.Dir, checkpoint.ConfigFileName), pr.src.ConfigJSON, pr.c)
+	case pr.copies[rel]:
+		r.got, r.mm, err = checkCopy(ctx, path, filepath.Join(pr.src.Dir, filepath.FromSlash(rel)), like)
+	default:
+		r.got, err = layout.HashFileLike(path, like)
 	}
-	results := make([]fileResult, len(names))
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(min(4, max(1, runtime.GOMAXPROCS(0))))
-	for i, rel := range names {
-		g.Go(func() error {
-			path := filepath.Join(dst.Dir, filepath.FromSlash(rel))
-			like := man.Files[rel]
-			r := &results[i]
-			var err error
-			switch {
-			case weights[rel] && strings.HasSuffix(rel, ".safetensors"):
-				if progress != nil {
-					progress(fmt.Sprintf("validate --bytes: %s (%s)", rel, human.Bytes(like.Size)))
-				}
-				r.got, r.mm, r.st, err = checkShard(gctx, path, like, pred)
-			case rel == checkpoint.ConfigFileName:
-				r.got, r.mm, err = checkConfigFile(path, like, filepath.Join(src.Dir, checkpoint.ConfigFileName), src.ConfigJSON, c)
-			case copies[rel]:
-				r.got, r.mm, err = checkCopy(gctx, path, filepath.Join(src.Dir, filepath.FromSlash(rel)), like)
-			default: // the index: its contents are what opened DST
-				r.got, err = layout.HashFileLike(path, like)
-			}
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return nil, err
-	}
+	return r, err
+}
+
+// result sums the files' results, in the manifest's name order, into the
+// proof's: the first mismatch in that order, then a predicted tensor no
+// shard holds, then the folded values against the contract's statement.
+func (pr *proofRun) result(results []fileResult) *BytesResult {
+	res := &BytesResult{}
+	dst, c, pred := pr.dst, pr.c, pr.pred
 	seen := map[string]bool{}
-	for i, rel := range names {
+	for i, rel := range pr.names {
 		fr := results[i]
 		res.Files++
-		if copies[rel] {
+		if pr.copies[rel] {
 			res.Copies++
 		}
 		res.DstBytes += fr.got.Size
@@ -254,7 +313,7 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 			res.Mismatch = fr.mm
 			continue
 		}
-		if want := man.Files[rel]; fr.got != want {
+		if want := pr.man.Files[rel]; fr.got != want {
 			res.Mismatch = &ByteMismatch{Kind: MismatchManifest, File: filepath.Join(dst.Dir, filepath.FromSlash(rel)), Layer: -1, Expert: -1,
 				Detail: fmt.Sprintf("%s, the manifest says %s", fr.got, want)}
 		}
@@ -279,13 +338,13 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 			res.Mismatch = &ByteMismatch{Kind: MismatchFold, Layer: -1, Expert: -1,
 				Detail: fmt.Sprintf("folded values move by up to %.3g, the contract states fold_max_rel_change %.3g", got, stated)}
 		case got < stated*(1-1e-6)-1e-12:
-			res.Mismatch = &ByteMismatch{Kind: MismatchContract, File: cfgPath, Layer: -1, Expert: -1,
+			res.Mismatch = &ByteMismatch{Kind: MismatchContract, File: pr.cfgPath, Layer: -1, Expert: -1,
 				Detail: fmt.Sprintf("%s.fold_max_rel_change is %v, the folded values move by up to %v", layout.ContractKey, stated, got)}
 		}
 	}
 	res.Pass = res.Mismatch == nil
-	res.Seconds = time.Since(start).Seconds()
-	return res, nil
+	res.Seconds = time.Since(pr.start).Seconds()
+	return res
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -33,12 +33,12 @@ func SharedSlots(c *layout.Contract) moe.SharedSlots {
 	return moe.SharedSlots{PerToken: c.SharedSlices, Replicas: c.SharedReplicas, Weight: float32(c.SharedSlotWeight)}
 }
 
-// releaseExpert hands a bank expert's weight buffers back to the pool once
-// the grouped GEMM is done with it.
-func releaseExpert(m *moe.ExpertMats) {
-	PutFloats(m.Gate)
-	PutFloats(m.Up)
-	PutFloats(m.Down)
+// releaseExpert hands a bank expert's weight buffers back (to dec, which
+// loaded them) once the grouped GEMM is done with it.
+func (dec *decoder) releaseExpert(m *moe.ExpertMats) {
+	dec.put(m.Gate)
+	dec.put(m.Up)
+	dec.put(m.Down)
 	m.Gate, m.Up, m.Down = nil, nil, nil
 }
 
@@ -122,9 +122,9 @@ func (fl *FusedLayer) StackDims(src TensorSource) (h, inter int, err error) {
 	return h, inter, nil
 }
 
-// loader returns the ExpertLoader of the layer's bank.
-// wf is the contract's weight format.
-func (fl *FusedLayer) loader(src TensorSource, h, inter int, wf weightfmt.Format) moe.ExpertLoader {
+// loader returns the ExpertLoader of the layer's bank, decoding through
+// dec. wf is the contract's weight format.
+func (fl *FusedLayer) loader(dec *decoder, src TensorSource, h, inter int, wf weightfmt.Format) moe.ExpertLoader {
 	c, n := fl.Contract, fl.Names
 	inOut := c.Oriented() == layout.InOut
 	ref := func(name, scale string, e, rows, cols int) MatrixRef {
@@ -148,11 +148,11 @@ func (fl *FusedLayer) loader(src TensorSource, h, inter int, wf weightfmt.Format
 				first.ScaleSliceRows, second.ScaleSliceRows = 2*int(half), 2*int(half)
 				second.ScaleRowStart = int(half)
 			}
-			a, err := LoadMatrix(src, first)
+			a, err := loadMatrix(dec, src, first)
 			if err != nil {
 				return nil, wrap(err)
 			}
-			b, err := LoadMatrix(src, second)
+			b, err := loadMatrix(dec, src, second)
 			if err != nil {
 				return nil, wrap(err)
 			}
@@ -163,16 +163,16 @@ func (fl *FusedLayer) loader(src TensorSource, h, inter int, wf weightfmt.Format
 		} else {
 			g, u := ref(n.Gate, n.GateScale, e, inter, h), ref(n.Up, n.UpScale, e, inter, h)
 			g.Global, g.GlobalIndex, u.Global, u.GlobalIndex = n.GateGlobal, e, n.UpGlobal, e
-			if m.Gate, err = LoadMatrix(src, g); err != nil {
+			if m.Gate, err = loadMatrix(dec, src, g); err != nil {
 				return nil, wrap(err)
 			}
-			if m.Up, err = LoadMatrix(src, u); err != nil {
+			if m.Up, err = loadMatrix(dec, src, u); err != nil {
 				return nil, wrap(err)
 			}
 		}
 		d := ref(n.Down, n.DownScale, e, h, inter)
 		d.Global, d.GlobalIndex = n.DownGlobal, e
-		if m.Down, err = LoadMatrix(src, d); err != nil {
+		if m.Down, err = loadMatrix(dec, src, d); err != nil {
 			return nil, wrap(err)
 		}
 		m.Act = c.Act()
@@ -233,6 +233,40 @@ type FusedOptions struct {
 // gate (top-k plus shared slots), moe_align_block_size, grouped GEMM over the
 // blocks, finalize; plus an unfused shared expert where the contract left one.
 func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []float32, t int, o FusedOptions) (*FusedResult, error) {
+	f, err := newFusedRun(src, fl, x, t, o)
+	if err != nil {
+		return nil, err
+	}
+	var dec *decoder
+	if f.out, err = moe.GroupedGEMM(ctx, f.gx, f.gt, f.h, f.inter, f.gk, f.al, fl.loader(dec, src, f.h, f.inter, f.wf), moe.GEMMOptions{Workers: o.Workers, Release: dec.releaseExpert}); err != nil {
+		return nil, err
+	}
+	return f.finish()
+}
+
+// fusedRun is one fused layer from its routing to its finalize: what
+// FusedLayerRun and PairLayer share.
+type fusedRun struct {
+	src             TensorSource
+	fl              *FusedLayer
+	x               []float32    // the routed tokens' rows, then the forced ones'
+	routed, routing *moe.Routing // the routed tokens'; all of them
+	h, inter, t     int
+	slots           *moe.Slots
+	al              *moe.Alignment
+	wf              weightfmt.Format
+	// The grouped GEMM's input: its rows gx [gt,H], gk slots a row, and
+	// the finalize weights (Llama 4 runs one slot a row, scaled).
+	gx      []float32
+	gt, gk  int
+	weights []float32
+	out     []float32 // the grouped GEMM's output [Numel,H]
+	dense   *sharedOut
+}
+
+// newFusedRun checks, routes and aligns a fused layer: everything before
+// its grouped GEMM.
+func newFusedRun(src TensorSource, fl *FusedLayer, x []float32, t int, o FusedOptions) (*fusedRun, error) {
 	h, inter, err := fl.StackDims(src)
 	if err != nil {
 		return nil, err
@@ -247,77 +281,101 @@ func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []fl
 	if err != nil {
 		return nil, err
 	}
-	t = routing.T
-	slots, err := FusedSlots(routing, fl.Contract)
-	if err != nil {
+	f := &fusedRun{src: src, fl: fl, x: x, routed: routed, routing: routing, h: h, inter: inter, t: routing.T}
+	if f.slots, err = FusedSlots(routing, fl.Contract); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	al, err := moe.AlignBlockSize(slots.IDs, fl.Contract.BankSize(), o.BlockSize)
-	if err != nil {
+	if f.al, err = moe.AlignBlockSize(f.slots.IDs, fl.Contract.BankSize(), o.BlockSize); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	wf, err := fl.Contract.Format() // FusedSlots checked the contract, so it has one
-	if err != nil {
+	if f.wf, err = fl.Contract.Format(); err != nil { // FusedSlots checked the contract, so it has one
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	gx, gt, gk, weights := x, t, slots.K, slots.Weights
+	f.gx, f.gt, f.gk, f.weights = x, f.t, f.slots.K, f.slots.Weights
 	if fl.Contract.RoutedInputScaled {
 		// Llama 4: each slot's row is w * x and the slots sum unweighted.
-		gx, gt, gk, weights = SlotRows(x, h, slots.K, slots.Weights), t*slots.K, 1, Ones(len(slots.Weights))
+		f.gx, f.gt, f.gk, f.weights = SlotRows(x, h, f.slots.K, f.slots.Weights), f.t*f.slots.K, 1, Ones(len(f.slots.Weights))
 	}
-	out, err := moe.GroupedGEMM(ctx, gx, gt, h, inter, gk, al, fl.loader(src, h, inter, wf), moe.GEMMOptions{Workers: o.Workers, Release: releaseExpert})
+	return f, nil
+}
+
+// runJob runs one bank expert's blocks with its weights m into f.out.
+func (f *fusedRun) runJob(j moe.ExpertJob, m *moe.ExpertMats) error {
+	return j.Run(f.gx, f.h, f.inter, f.gk, f.al, m, f.out, false)
+}
+
+// denseSharedErr is why the layer's unfused shared expert cannot run (nil:
+// it can, or there is none).
+func (f *fusedRun) denseSharedErr() error {
+	if fl := f.fl; fl.Shared != nil && fl.Contract.NumFusedSharedExperts > 0 {
+		return fmt.Errorf("layer %d: the contract fuses %d shared experts but shared expert tensors (%s) remain", fl.Index, fl.Contract.NumFusedSharedExperts, fl.Shared.Gate)
+	}
+	return nil
+}
+
+// runDense runs the unfused shared expert over every token, its weights
+// loaded through dec, for finish to add.
+func (f *fusedRun) runDense(dec *decoder) error {
+	fl := f.fl
+	wrap := func(err error) error { return fmt.Errorf("layer %d shared expert: %w", fl.Index, err) }
+	o, err := fl.denseMLP(dec, f.src, *fl.Shared, f.x, f.t, f.h)
 	if err != nil {
-		return nil, err
+		return wrap(err)
 	}
-	y, err := moe.Finalize(out, t, slots.K, h, weights, slots.FinalScale)
+	sh := &sharedOut{out: o}
+	if fl.SharedGate != "" {
+		if sh.gate, err = LoadVector(f.src, fl.SharedGate, f.h); err != nil {
+			return wrap(err)
+		}
+	}
+	f.dense = sh
+	return nil
+}
+
+// finish finalizes the grouped GEMM's output, adds the shared experts
+// (the unfused one run here unless runDense already did) and scales.
+func (f *fusedRun) finish() (*FusedResult, error) {
+	fl, t, h := f.fl, f.t, f.h
+	y, err := moe.Finalize(f.out, t, f.slots.K, h, f.weights, f.slots.FinalScale)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	if fl.Shared != nil {
-		if fl.Contract.NumFusedSharedExperts > 0 {
-			return nil, fmt.Errorf("layer %d: the contract fuses %d shared experts but shared expert tensors (%s) remain", fl.Index, fl.Contract.NumFusedSharedExperts, fl.Shared.Gate)
-		}
-		if err := fl.addDenseShared(src, x, t, h, y); err != nil {
+		if err := f.denseSharedErr(); err != nil {
 			return nil, err
 		}
+		if f.dense == nil {
+			if err := f.runDense(nil); err != nil {
+				return nil, err
+			}
+		}
+		f.dense.addDense(y, f.x, t, h)
 	}
 	if len(fl.SharedExperts) > 0 {
-		if err := fl.addRoutedShared(src, x, routing, h, slots.FinalScale, y); err != nil {
+		if err := fl.addRoutedShared(f.src, f.x, f.routing, h, f.slots.FinalScale, y); err != nil {
 			return nil, err
 		}
 	}
 	ScaleOutput(y, fl.Contract.Output())
-	return &FusedResult{Y: y, Routing: routed, Slots: slots, Align: al}, nil
+	return &FusedResult{Y: y, Routing: f.routed, Slots: f.slots, Align: f.al}, nil
 }
 
-// addDenseShared runs an unfused shared expert over all tokens with one
-// GEMM per projection and adds it (gated for Qwen2-MoE) to y.
-func (fl *FusedLayer) addDenseShared(src TensorSource, x []float32, t, h int, y []float32) error {
-	wrap := func(err error) error { return fmt.Errorf("layer %d shared expert: %w", fl.Index, err) }
-	o, err := fl.denseMLP(src, *fl.Shared, x, t, h)
-	if err != nil {
-		return wrap(err)
-	}
-	var gw []float32
-	if fl.SharedGate != "" {
-		if gw, err = LoadVector(src, fl.SharedGate, h); err != nil {
-			return wrap(err)
-		}
-	}
+// addDense adds an unfused shared expert's output to y [T,H] the way the
+// fused path sums, in float32, gated per token for Qwen2-MoE.
+func (sh *sharedOut) addDense(y, x []float32, t, h int) {
 	for tok := range t {
 		factor := float32(1)
-		if gw != nil {
+		if sh.gate != nil {
 			var s float32
 			for j, v := range x[tok*h : (tok+1)*h] {
-				s += v * gw[j]
+				s += v * sh.gate[j]
 			}
 			factor = float32(1 / (1 + math.Exp(-float64(s))))
 		}
 		for j := range h {
-			y[tok*h+j] += factor * o[tok*h+j]
+			y[tok*h+j] += factor * sh.out[tok*h+j]
 		}
 	}
-	return nil
 }
 
 // addRoutedShared adds shared experts the router weights per token
@@ -329,7 +387,7 @@ func (fl *FusedLayer) addRoutedShared(src TensorSource, x []float32, r *moe.Rout
 		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the checkpoint has %d", fl.Index, r.S, len(r.Shared), t, ns)
 	}
 	for s, m := range fl.SharedExperts {
-		o, err := fl.denseMLP(src, m, x, t, h)
+		o, err := fl.denseMLP(nil, src, m, x, t, h)
 		if err != nil {
 			return fmt.Errorf("layer %d shared expert %d: %w", fl.Index, s, err)
 		}
@@ -347,7 +405,7 @@ func (fl *FusedLayer) addRoutedShared(src TensorSource, x []float32, r *moe.Rout
 // denseMLP runs one hub-layout MLP over all tokens of x [T,H] with one GEMM
 // per projection, in the contract's activation (DeepSeek-V4's shared MLP
 // is clamped as its experts are), with its biases where it has them.
-func (fl *FusedLayer) denseMLP(src TensorSource, m family.MLP, x []float32, t, h int) ([]float32, error) {
+func (fl *FusedLayer) denseMLP(dec *decoder, src TensorSource, m family.MLP, x []float32, t, h int) ([]float32, error) {
 	gt, ok := src.Tensor(m.Gate)
 	if !ok {
 		return nil, fmt.Errorf("tensor %s is missing", m.Gate)
@@ -364,21 +422,21 @@ func (fl *FusedLayer) denseMLP(src TensorSource, m family.MLP, x []float32, t, h
 		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
 	}
 	glob := func(r MatrixRef, g string) MatrixRef { r.Global = g; return r }
-	gate, err := LoadMatrix(src, glob(ref(m.Gate, m.GateScale, inter, h), m.GateGlobal))
+	gate, err := loadMatrix(dec, src, glob(ref(m.Gate, m.GateScale, inter, h), m.GateGlobal))
 	if err != nil {
 		return nil, err
 	}
-	defer PutFloats(gate)
-	up, err := LoadMatrix(src, glob(ref(m.Up, m.UpScale, inter, h), m.UpGlobal))
+	defer dec.put(gate)
+	up, err := loadMatrix(dec, src, glob(ref(m.Up, m.UpScale, inter, h), m.UpGlobal))
 	if err != nil {
 		return nil, err
 	}
-	defer PutFloats(up)
-	down, err := LoadMatrix(src, glob(ref(m.Down, m.DownScale, h, inter), m.DownGlobal))
+	defer dec.put(up)
+	down, err := loadMatrix(dec, src, glob(ref(m.Down, m.DownScale, h, inter), m.DownGlobal))
 	if err != nil {
 		return nil, err
 	}
-	defer PutFloats(down)
+	defer dec.put(down)
 	impl := gonum.Implementation{}
 	g := make([]float32, t*inter)
 	u := make([]float32, t*inter)

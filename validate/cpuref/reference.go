@@ -8,6 +8,7 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/blasdot"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -64,63 +65,25 @@ type RefOptions struct {
 // float32. It shares only decoding, routing and swiGLU with the fused path,
 // not its alignment or GEMM, so a bug there cannot hide in both.
 func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, o RefOptions) (*RefResult, error) {
-	h, inter, e := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts
-	if len(x) != t*h {
-		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Index, len(x), t, h)
-	}
-	if len(layer.Experts) != e {
-		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
-	}
-	spec := plan.RouteSpec()
-	x, routed, routing, err := routeCovered(layer.Index, src, spec, RouterOf(layer), x, t, h, o.Tokens, o.Coverage)
+	r, err := newRefLayer(src, plan, layer, x, t, o)
 	if err != nil {
 		return nil, err
 	}
-	t = routing.T
-	workers := o.Workers
-	if workers <= 0 {
-		workers = moe.Workers()
-	}
-	// Each selected (token, slot) gets its expert's unweighted output; they
-	// are summed afterwards in a fixed order so the result is reproducible.
-	k := routing.K
-	contrib := make([]float32, t*k*h)
-	users := make([][]int, e) // slots t*K+k per expert
-	for s, id := range routing.IDs {
-		if id < 0 || int(id) >= e {
-			return nil, fmt.Errorf("layer %d: slot %d names expert %d of %d", layer.Index, s, id, e)
-		}
-		users[id] = append(users[id], s)
-	}
-	wf, err := plan.Format()
-	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
-	}
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(workers)
-	for id := range e {
-		if len(users[id]) == 0 {
+	g.SetLimit(r.workers)
+	for id := range r.e {
+		if !r.uses(id) {
 			continue
 		}
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			m, err := loadSourceMLP(src, layer.Experts[id], inter, h, wf, plan.Act)
+			m, err := r.loadExpert(nil, id)
 			if err != nil {
-				return fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
+				return err
 			}
-			m.w8a8 = o.W8A8
-			xs := make([][]float32, len(users[id]))
-			outs := make([][]float32, len(users[id]))
-			for i, s := range users[id] {
-				tok := s / k
-				xs[i], outs[i] = x[tok*h:(tok+1)*h], contrib[s*h:(s+1)*h]
-				if plan.RoutedInputScaled {
-					xs[i] = scaledRow(xs[i], routing.Weights[s])
-				}
-			}
-			m.applyBatch(xs, outs)
+			r.runExpert(id, m)
 			m.release()
 			return nil
 		})
@@ -128,52 +91,144 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	return r.finish(ctx)
+}
+
+// refLayer is one reference layer from its routing to its sum: what
+// ReferenceLayer and PairLayer share. Each expert's output rows land in
+// contrib, one per slot, whichever order the experts run in; finish sums
+// them in slot order, so the result does not depend on that order.
+type refLayer struct {
+	src               TensorSource
+	plan              *family.Plan
+	layer             *family.Layer
+	o                 RefOptions
+	x                 []float32    // the routed tokens' rows, then the forced ones'
+	routed, routing   *moe.Routing // the routed tokens'; all of them
+	h, inter, e, k, t int
+	workers           int
+	wf                weightfmt.Format
+	users             [][]int   // slots t*K+k per expert
+	contrib           []float32 // [T*K,H]: each slot's unweighted expert output
+	shared            *sharedOut
+}
+
+// sharedOut is the shared expert's output over all tokens [T,H] and its
+// per-token gate vector (nil: ungated).
+type sharedOut struct{ out, gate []float32 }
+
+// newRefLayer checks and routes a reference layer: everything before its
+// experts run.
+func newRefLayer(src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, o RefOptions) (*refLayer, error) {
+	h, inter, e := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts
+	if len(x) != t*h {
+		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Index, len(x), t, h)
+	}
+	if len(layer.Experts) != e {
+		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
+	}
+	x, routed, routing, err := routeCovered(layer.Index, src, plan.RouteSpec(), RouterOf(layer), x, t, h, o.Tokens, o.Coverage)
+	if err != nil {
+		return nil, err
+	}
+	r := &refLayer{src: src, plan: plan, layer: layer, o: o, x: x, routed: routed, routing: routing,
+		h: h, inter: inter, e: e, k: routing.K, t: routing.T, workers: o.Workers}
+	if r.workers <= 0 {
+		r.workers = moe.Workers()
+	}
+	r.contrib = make([]float32, r.t*r.k*h)
+	r.users = make([][]int, e)
+	for s, id := range routing.IDs {
+		if id < 0 || int(id) >= e {
+			return nil, fmt.Errorf("layer %d: slot %d names expert %d of %d", layer.Index, s, id, e)
+		}
+		r.users[id] = append(r.users[id], s)
+	}
+	if r.wf, err = plan.Format(); err != nil {
+		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+	}
+	return r, nil
+}
+
+// uses reports whether any slot chose expert id.
+func (r *refLayer) uses(id int) bool { return len(r.users[id]) > 0 }
+
+// loadExpert reads and decodes expert id's weights (through dec).
+func (r *refLayer) loadExpert(dec *decoder, id int) (*refMLP, error) {
+	m, err := loadSourceMLP(dec, r.src, r.layer.Experts[id], r.inter, r.h, r.wf, r.plan.Act)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d expert %d: %w", r.layer.Index, id, err)
+	}
+	m.w8a8 = r.o.W8A8
+	return m, nil
+}
+
+// runExpert computes expert id, loaded as m, on every slot that chose it,
+// in one pass over its weights.
+func (r *refLayer) runExpert(id int, m *refMLP) {
+	h, users := r.h, r.users[id]
+	xs := make([][]float32, len(users))
+	outs := make([][]float32, len(users))
+	for i, s := range users {
+		tok := s / r.k
+		xs[i], outs[i] = r.x[tok*h:(tok+1)*h], r.contrib[s*h:(s+1)*h]
+		if r.plan.RoutedInputScaled {
+			xs[i] = scaledRow(xs[i], r.routing.Weights[s])
+		}
+	}
+	m.applyBatch(xs, outs)
+}
+
+// finish sums the experts' outputs in slot order, adds the shared experts
+// (run here unless runShared already did) and scales.
+func (r *refLayer) finish(ctx context.Context) (*RefResult, error) {
+	h, t, layer, plan := r.h, r.t, r.layer, r.plan
 	y64 := make([]float64, t*h)
-	rsf := float32(spec.RoutedScalingFactor)
-	for s := range t * k {
-		w := float64(routing.Weights[s] * rsf) // HF scales each weight by rsf in float32
+	rsf := float32(plan.RouteSpec().RoutedScalingFactor)
+	for s := range t * r.k {
+		w := float64(r.routing.Weights[s] * rsf) // HF scales each weight by rsf in float32
 		if plan.RoutedInputScaled {
 			w = float64(rsf) // the weight went into the expert's input
 		}
-		tok := s / k
-		row := contrib[s*h : (s+1)*h]
+		tok := s / r.k
+		row := r.contrib[s*h : (s+1)*h]
 		for j, v := range row {
 			y64[tok*h+j] += w * float64(v)
 		}
 	}
 	var yq64, routedSum []float64 // the routed sum, then the requantised shared expert; the routed sum
 	var werr float64
-	if layer.Shared != nil && o.RequantShared != nil {
+	if layer.Shared != nil && r.o.RequantShared != nil {
 		routedSum = slices.Clone(y64)
 	}
 	if layer.Shared != nil {
 		// As stored first: a non-finite weight fails the layer here, by
 		// name, before requantising it could refuse it.
-		sf, err := plan.SharedFormat() // stored apart where the plan says so
-		if err != nil {
-			return nil, err
+		if r.shared == nil {
+			if err := r.runShared(ctx, nil); err != nil {
+				return nil, err
+			}
 		}
-		if err := addSharedReference(ctx, src, plan, layer, x, t, workers, sf, o.W8A8, y64); err != nil {
-			return nil, err
-		}
+		r.shared.addTo(y64, r.x, t, h)
 	}
 	if routedSum != nil {
 		yq64 = slices.Clone(routedSum)
-		if werr, err = addRequantShared(ctx, src, plan, layer, x, t, workers, o.RequantShared, o.W8A8, yq64); err != nil {
+		var err error
+		if werr, err = r.addRequantShared(ctx, yq64); err != nil {
 			return nil, err
 		}
 	}
 	if len(layer.SharedExperts) > 0 {
-		if err := addRoutedSharedReference(ctx, src, plan, layer, x, routing, rsf, workers, wf, o.W8A8, y64); err != nil {
+		if err := addRoutedSharedReference(ctx, r.src, plan, layer, r.x, r.routing, rsf, r.workers, r.wf, r.o.W8A8, y64); err != nil {
 			return nil, err
 		}
 	}
 	scale := plan.Output() // Cohere2's average: (routed + shared) / 2, after the sum as HF does
-	res := &RefResult{Y: scaled32(y64, scale), Routing: routed}
+	res := &RefResult{Y: scaled32(y64, scale), Routing: r.routed}
 	if yq64 != nil {
 		res.YRequant = scaled32(yq64, scale)
 		var sh, all float64 // the shared expert's part of y over the routed tokens
-		for i, v := range y64[:routed.T*h] {
+		for i, v := range y64[:r.routed.T*h] {
 			sh += (v - routedSum[i]) * (v - routedSum[i])
 			all += v * v
 		}
@@ -205,18 +260,21 @@ func (o overlay) Tensor(name string) (*checkpoint.Tensor, bool) {
 }
 
 // addRequantShared adds the layer's plain shared expert quantised into
-// format f (checkpoint.Requantised, from src's bytes) and dequantised
-// exactly, as addSharedReference adds it as stored, and returns how far
-// that moved its weights: sqrt of the sum over gate, up and down of
-// (||Wq - W|| / ||W||)^2.
-func addRequantShared(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers int, f weightfmt.Format, w8a8 bool, y64 []float64) (float64, error) {
+// format RefOptions.RequantShared (checkpoint.Requantised, from SRC's
+// bytes) and dequantised exactly to y64, as the shared expert as stored is
+// added, and returns how far that moved its weights: sqrt of the sum over
+// gate, up and down of (||Wq - W|| / ||W||)^2. Its reads go straight to
+// SRC (a streamed pass serves them where it still holds the bytes, else
+// they read the files) and to the requantised tensors computed here.
+func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64, error) {
+	src, plan, layer, f := r.src, r.plan, r.layer, r.o.RequantShared
 	extra := map[string]*checkpoint.Tensor{}
 	names, err := checkpoint.RequantisedMLP(src, *layer.Shared, f, func(t *checkpoint.Tensor) { extra[t.Name] = t })
 	if err != nil {
 		return 0, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
 	inter := sharedInter(plan)
-	q, err := loadSourceMLP(overlay{src, extra}, names, inter, plan.HiddenSize, f, plan.Act)
+	q, err := loadSourceMLP(nil, overlay{src, extra}, names, inter, plan.HiddenSize, f, plan.Act)
 	if err != nil {
 		return 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Index, err)
 	}
@@ -244,7 +302,13 @@ func addRequantShared(ctx context.Context, src TensorSource, plan *family.Plan, 
 		}
 		werr += d / max(n, math.SmallestNonzeroFloat64)
 	}
-	return math.Sqrt(werr), addSharedMLP(ctx, q, layer, x, t, workers, w8a8, h, src, y64)
+	q.w8a8 = r.o.W8A8
+	sh, err := r.sharedWith(ctx, q)
+	if err != nil {
+		return 0, err
+	}
+	sh.addTo(y64, r.x, r.t, h)
+	return math.Sqrt(werr), nil
 }
 
 // sharedInter is the plan's shared MLP's intermediate size (S*I when not stated).
@@ -358,16 +422,17 @@ type refMLP struct {
 	gb, ub, db     []float32 // biases [I], [I], [H]; nil when none
 	act            layout.Activation
 	h, inter       int
-	w8a8           bool // RefOptions.W8A8: quantise input and intermediate (applyBatch)
+	w8a8           bool     // RefOptions.W8A8: quantise input and intermediate (applyBatch)
+	dec            *decoder // what loaded the weights, and takes them back
 }
 
 // loadSourceMLP reads one source MLP whose weights are stored in format wf
 // (the plan's).
-func loadSourceMLP(src TensorSource, names family.MLP, inter, h int, wf weightfmt.Format, act layout.Activation) (*refMLP, error) {
+func loadSourceMLP(dec *decoder, src TensorSource, names family.MLP, inter, h int, wf weightfmt.Format, act layout.Activation) (*refMLP, error) {
 	ref := func(name, scale string, rows, cols int) MatrixRef {
 		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
 	}
-	m := &refMLP{h: h, inter: inter, act: act}
+	m := &refMLP{h: h, inter: inter, act: act, dec: dec}
 	var err error
 	if names.GateBias != "" {
 		if m.gb, err = LoadVector(src, names.GateBias, inter); err != nil {
@@ -381,28 +446,30 @@ func loadSourceMLP(src TensorSource, names family.MLP, inter, h int, wf weightfm
 		}
 	}
 	glob := func(r MatrixRef, g string) MatrixRef { r.Global = g; return r }
-	if m.gate, err = LoadMatrix(src, glob(ref(names.Gate, names.GateScale, inter, h), names.GateGlobal)); err != nil {
+	if m.gate, err = loadMatrix(dec, src, glob(ref(names.Gate, names.GateScale, inter, h), names.GateGlobal)); err != nil {
 		return nil, err
 	}
-	if m.up, err = LoadMatrix(src, glob(ref(names.Up, names.UpScale, inter, h), names.UpGlobal)); err != nil {
+	if m.up, err = loadMatrix(dec, src, glob(ref(names.Up, names.UpScale, inter, h), names.UpGlobal)); err != nil {
 		return nil, err
 	}
-	if m.down, err = LoadMatrix(src, glob(ref(names.Down, names.DownScale, h, inter), names.DownGlobal)); err != nil {
+	if m.down, err = loadMatrix(dec, src, glob(ref(names.Down, names.DownScale, h, inter), names.DownGlobal)); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
 func (m *refMLP) release() {
-	PutFloats(m.gate)
-	PutFloats(m.up)
-	PutFloats(m.down)
+	m.dec.put(m.gate)
+	m.dec.put(m.up)
+	m.dec.put(m.down)
 	m.gate, m.up, m.down = nil, nil, nil
 }
 
 // applyBatch writes down(silu(gate x) * up x) for each token xs[r] into
-// outs[r] [H]. Weight rows are the outer loop so each row is read from
-// memory once for all the tokens (the layer is memory-bound at small m).
+// outs[r] [H]: every output a float64-accumulated dot product (moe.Dot64's,
+// bit for bit), all tokens against each weight row at once, so each row is
+// read from memory once for all of them (the layer is memory-bound at
+// small m).
 func (m *refMLP) applyBatch(xs, outs [][]float32) {
 	n := len(xs)
 	if m.w8a8 {
@@ -415,64 +482,99 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 	}
 	g := make([]float32, n*m.inter)
 	u := make([]float32, n*m.inter)
-	for i := range m.inter {
-		gr, ur := m.gate[i*m.h:(i+1)*m.h], m.up[i*m.h:(i+1)*m.h]
-		for r, x := range xs {
-			g[r*m.inter+i] = float32(moe.Dot64(x, gr))
-			u[r*m.inter+i] = float32(moe.Dot64(x, ur))
-		}
-	}
+	gs, us := rowsOf(g, n, m.inter), rowsOf(u, n, m.inter)
+	blasdot.Dot64Rows(xs, m.gate, m.inter, m.h, gs)
+	blasdot.Dot64Rows(xs, m.up, m.inter, m.h, us)
 	moe.Activate(m.act, g, u, m.gb, m.ub)
 	if m.w8a8 {
 		moe.RoundTripServing(g, n, m.inter)
 	}
-	for j := range m.h {
-		dr := m.down[j*m.inter : (j+1)*m.inter]
-		for r := range xs {
-			outs[r][j] = float32(moe.Dot64(g[r*m.inter:(r+1)*m.inter], dr))
-			if m.db != nil {
-				outs[r][j] += m.db[j]
+	blasdot.Dot64Rows(gs, m.down, m.h, m.inter, outs)
+	if m.db != nil {
+		for _, o := range outs {
+			for j, b := range m.db {
+				o[j] += b
 			}
 		}
 	}
 }
 
-// addSharedReference adds the shared expert (one MLP of intermediate S*I,
-// not split) to y64, gated per token by sigmoid(x . w_sg) for Qwen2-MoE.
-func addSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t, workers int, wf weightfmt.Format, w8a8 bool, y64 []float64) error {
-	m, err := loadSourceMLP(src, *layer.Shared, sharedInter(plan), plan.HiddenSize, wf, plan.Act)
-	if err != nil {
-		return fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
+// rowsOf cuts m [n,cols] into its rows.
+func rowsOf(m []float32, n, cols int) [][]float32 {
+	rows := make([][]float32, n)
+	for r := range rows {
+		rows[r] = m[r*cols : (r+1)*cols]
 	}
-	defer m.release()
-	return addSharedMLP(ctx, m, layer, x, t, workers, w8a8, plan.HiddenSize, src, y64)
+	return rows
 }
 
-// addSharedMLP adds the loaded shared MLP m of layer to y64, gated per
-// token by sigmoid(x . w_sg) where the layer has a shared expert gate.
-func addSharedMLP(ctx context.Context, m *refMLP, layer *family.Layer, x []float32, t, workers int, w8a8 bool, h int, src TensorSource, y64 []float64) error {
-	m.w8a8 = w8a8
-	var err error
-	var gateW []float32
-	if layer.SharedGate != "" {
-		if gateW, err = LoadVector(src, layer.SharedGate, h); err != nil {
-			return fmt.Errorf("layer %d shared expert gate: %w", layer.Index, err)
-		}
-	}
-	out, err := m.applyAll(ctx, x, t, workers)
+// runShared runs the shared expert (one MLP of intermediate S*I, not
+// split) over every token, its weights loaded through dec, for finish to
+// add, gated per token by sigmoid(x . w_sg) for Qwen2-MoE.
+func (r *refLayer) runShared(ctx context.Context, dec *decoder) error {
+	m, err := r.loadShared(dec)
 	if err != nil {
 		return err
 	}
-	for tok := range t {
-		factor := 1.0
-		if gateW != nil {
-			factor = float64(float32(1 / (1 + math.Exp(-moe.Dot64(x[tok*h:(tok+1)*h], gateW)))))
-		}
-		for j := range h {
-			y64[tok*h+j] += factor * float64(out[tok*h+j])
+	defer m.release()
+	return r.runSharedWith(ctx, m)
+}
+
+// loadShared reads the shared expert's weights, in the format it is
+// stored in (apart from the routed experts' where the plan says so).
+func (r *refLayer) loadShared(dec *decoder) (*refMLP, error) {
+	plan := r.plan
+	sf, err := plan.SharedFormat()
+	if err != nil {
+		return nil, err
+	}
+	m, err := loadSourceMLP(dec, r.src, *r.layer.Shared, sharedInter(plan), r.h, sf, plan.Act)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d shared expert: %w", r.layer.Index, err)
+	}
+	m.w8a8 = r.o.W8A8
+	return m, nil
+}
+
+// runSharedWith runs the shared expert, loaded as m.
+func (r *refLayer) runSharedWith(ctx context.Context, m *refMLP) error {
+	sh, err := r.sharedWith(ctx, m)
+	if err != nil {
+		return err
+	}
+	r.shared = sh
+	return nil
+}
+
+// sharedWith is the output of the shared MLP m (as stored, or
+// requantised) over every token, with the layer's shared expert gate.
+func (r *refLayer) sharedWith(ctx context.Context, m *refMLP) (*sharedOut, error) {
+	sh := &sharedOut{}
+	if g := r.layer.SharedGate; g != "" {
+		var err error
+		if sh.gate, err = LoadVector(r.src, g, r.h); err != nil {
+			return nil, fmt.Errorf("layer %d shared expert gate: %w", r.layer.Index, err)
 		}
 	}
-	return nil
+	var err error
+	if sh.out, err = m.applyAll(ctx, r.x, r.t, r.workers); err != nil {
+		return nil, err
+	}
+	return sh, nil
+}
+
+// addTo adds the shared expert's output to y64 [T,H], gated per token
+// where it has a gate.
+func (sh *sharedOut) addTo(y64 []float64, x []float32, t, h int) {
+	for tok := range t {
+		factor := 1.0
+		if sh.gate != nil {
+			factor = float64(float32(1 / (1 + math.Exp(-moe.Dot64(x[tok*h:(tok+1)*h], sh.gate)))))
+		}
+		for j := range h {
+			y64[tok*h+j] += factor * float64(sh.out[tok*h+j])
+		}
+	}
 }
 
 // applyAll runs the MLP over every token of x [T,H], the tokens split into
@@ -510,7 +612,7 @@ func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *famil
 		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the plan has %d", layer.Index, r.S, len(r.Shared), t, ns)
 	}
 	for s, names := range layer.SharedExperts {
-		m, err := loadSourceMLP(src, names, plan.MoEIntermediateSize, h, wf, plan.Act)
+		m, err := loadSourceMLP(nil, src, names, plan.MoEIntermediateSize, h, wf, plan.Act)
 		if err != nil {
 			return fmt.Errorf("layer %d shared expert %d: %w", layer.Index, s, err)
 		}

@@ -114,34 +114,90 @@ func lookup(src TensorSource, name string, index, rows, cols int) (*checkpoint.T
 	return nil, 0, fmt.Errorf("%s: tensor %s has shape %v, want %s", t.File, name, sh, want)
 }
 
-// readElems reads n elements of t starting at element off.
+// readElems reads n elements of t starting at element off, checked for
+// NaN and Inf, into a pool buffer.
 func readElems(t *checkpoint.Tensor, off, n int64) ([]byte, error) {
-	size := int64(t.DType.Size())
-	if size == 0 {
-		return nil, fmt.Errorf("%s: tensor %s has unknown dtype %s", t.File, t.Name, t.DType)
+	if err := elemRange(t, off, n); err != nil {
+		return nil, err
 	}
-	if off < 0 || n < 0 || off > t.NumElements() || n > t.NumElements()-off || n > math.MaxInt/size {
-		return nil, fmt.Errorf("%s: tensor %s: elements [%d,+%d) out of range", t.File, t.Name, off, n)
+	buf := getBytes(int(n * int64(t.DType.Size())))
+	if err := readInto(t, buf, off); err != nil {
+		putBytes(buf)
+		return nil, err
+	}
+	if err := tensorbytes.CheckFinite(t.File, t.Name, t.DType, buf, off); err != nil {
+		putBytes(buf)
+		return nil, err
+	}
+	return buf, nil
+}
+
+// readRaw reads n elements of t starting at element off, unchecked: lent
+// by a streamed pass where it holds them (no copy), else into a pool
+// buffer. done hands them back.
+func readRaw(t *checkpoint.Tensor, off, n int64) (b []byte, done func(), err error) {
+	if err := elemRange(t, off, n); err != nil {
+		return nil, nil, err
+	}
+	size := int64(t.DType.Size())
+	if b, done, ok := tensorbytes.Lend(t, off*size, n*size); ok {
+		return b, done, nil
 	}
 	buf := getBytes(int(n * size))
-	got, err := t.Data.ReadAt(buf, off*size)
-	if got == len(buf) {
-		if err := tensorbytes.CheckFinite(t.File, t.Name, t.DType, buf, off); err != nil {
-			putBytes(buf)
-			return nil, err
-		}
-		return buf, nil
+	if err := readInto(t, buf, off); err != nil {
+		putBytes(buf)
+		return nil, nil, err
 	}
-	putBytes(buf)
+	return buf, func() { putBytes(buf) }, nil
+}
+
+// elemRange checks that elements [off, off+n) are within t.
+func elemRange(t *checkpoint.Tensor, off, n int64) error {
+	size := int64(t.DType.Size())
+	if size == 0 {
+		return fmt.Errorf("%s: tensor %s has unknown dtype %s", t.File, t.Name, t.DType)
+	}
+	if off < 0 || n < 0 || off > t.NumElements() || n > t.NumElements()-off || n > math.MaxInt/size {
+		return fmt.Errorf("%s: tensor %s: elements [%d,+%d) out of range", t.File, t.Name, off, n)
+	}
+	return nil
+}
+
+// readInto fills buf with t's elements from element off.
+func readInto(t *checkpoint.Tensor, buf []byte, off int64) error {
+	got, err := t.Data.ReadAt(buf, off*int64(t.DType.Size()))
+	if got == len(buf) {
+		return nil
+	}
 	if err == nil || errors.Is(err, io.EOF) {
 		err = io.ErrUnexpectedEOF
 	}
-	return nil, fmt.Errorf("%s: reading tensor %s: %w", t.File, t.Name, err)
+	return fmt.Errorf("%s: reading tensor %s: %w", t.File, t.Name, err)
+}
+
+// readChecked is readRaw, then the NaN and Inf scan, which dec skips for
+// bytes it has already decoded (they were scanned when first read).
+func readChecked(dec *decoder, t *checkpoint.Tensor, off, n int64) ([]byte, func(), error) {
+	b, done, err := readRaw(t, off, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !dec.seen(b) {
+		if err := tensorbytes.CheckFinite(t.File, t.Name, t.DType, b, off); err != nil {
+			done()
+			return nil, nil, err
+		}
+	}
+	return b, done, nil
 }
 
 // loadMatrix reads one weight and dequantises it to float32 as its format
 // says.
-func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
+func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) { return loadMatrix(nil, src, m) }
+
+// loadMatrix is LoadMatrix through dec, which hands back a buffer it
+// already decoded from the same bytes instead of decoding them again.
+func loadMatrix(dec *decoder, src TensorSource, m MatrixRef) ([]float32, error) {
 	sliceRows := m.SliceRows
 	if sliceRows == 0 {
 		sliceRows = m.Rows
@@ -167,14 +223,12 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 	piece := weightfmt.Matrix{Format: f, Rows: int64(m.Rows), Cols: int64(m.Cols)}
 	rows := slice.RowBlock(int64(m.RowStart), int64(m.Rows))
 	es := int64(max(t.DType.Size(), 1)) // readElems refuses a dtype of no size
-	raw, err := m.read(t, off+rows.Weight.Off/es, rows.Weight.Size()/es, int64(sliceRows), int64(wcols), int64(m.RowStart), int64(m.Rows))
+	raw, done, err := m.read(dec, t, off+rows.Weight.Off/es, rows.Weight.Size()/es, int64(sliceRows), int64(wcols), int64(m.RowStart), int64(m.Rows))
 	if err != nil {
 		return nil, err
 	}
-	defer putBytes(raw)
-	// The result comes from the pool: callers hand it back with putFloats
-	// once done, or let the garbage collector have it.
-	out := getFloats(int(piece.Rows * piece.Cols))
+	in := decodeInputs{raw: raw, done: []func(){done}}
+	defer in.release()
 	sc, scaled := f.Scale()
 	switch {
 	case scaled && t.DType != f.DType():
@@ -186,10 +240,12 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 		if !Decodable(t.DType) {
 			return nil, fmt.Errorf("%s: tensor %s: dtype %s is not a floating-point type validate can read", t.File, m, t.DType)
 		}
-		if err := f.Dequantise(raw, m.Rows, m.Cols, nil, out); err != nil {
-			return nil, fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
-		}
-		return out, nil
+		return in.decode(dec, f, m.Rows, m.Cols, func(out []float32) error {
+			if err := f.Dequantise(raw, m.Rows, m.Cols, nil, out); err != nil {
+				return fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
+			}
+			return nil
+		})
 	}
 	if !slice.RowSplitExact(int64(m.RowStart)) && m.ScaleRowStart == 0 {
 		return nil, fmt.Errorf("tensor %s: rows from %d do not start a %d-row scale block", m, m.RowStart, sc.Block[0])
@@ -215,12 +271,10 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 	if st.DType != sc.DType {
 		return nil, fmt.Errorf("%s: scale %s is %s, want %s", st.File, m.Scale, st.DType, sc.DType)
 	}
-	sraw, err := m.read(st, soff+srs*scols, sr*scols, ssr, scols, srs, sr)
-	if err != nil {
+	if in.scale, done, err = m.read(dec, st, soff+srs*scols, sr*scols, ssr, scols, srs, sr); err != nil {
 		return nil, err
 	}
-	defer putBytes(sraw)
-	var graw []byte
+	in.done = append(in.done, done)
 	if g, ok := weightfmt.GlobalOf(f); ok {
 		gt, ok := src.Tensor(m.Global)
 		if m.Global == "" || !ok {
@@ -229,15 +283,52 @@ func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
 		if gt.DType != g.DType {
 			return nil, fmt.Errorf("%s: global scale %s is %s, want %s", gt.File, m.Global, gt.DType, g.DType)
 		}
-		if graw, err = readElems(gt, int64(m.GlobalIndex), 1); err != nil {
+		if in.global, done, err = readChecked(dec, gt, int64(m.GlobalIndex), 1); err != nil {
 			return nil, err
 		}
-		defer putBytes(graw)
+		in.done = append(in.done, done)
 	}
-	if err := weightfmt.DequantiseWeight(f, raw, m.Rows, m.Cols, sraw, graw, out); err != nil {
-		return nil, fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
+	return in.decode(dec, f, m.Rows, m.Cols, func(out []float32) error {
+		if err := weightfmt.DequantiseWeight(f, in.raw, m.Rows, m.Cols, in.scale, in.global, out); err != nil {
+			return fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
+		}
+		return nil
+	})
+}
+
+// decodeInputs are the bytes one weight decodes from: its elements, and
+// its scale grid and global scale where its format has them (nil
+// otherwise), and what hands each back.
+type decodeInputs struct {
+	raw, scale, global []byte
+	done               []func()
+}
+
+// decode returns the rows x cols weight that dequantise writes from in,
+// or the buffer dec already decoded from the same inputs in format f. The
+// result comes from the pool: callers hand it back (dec.put) once done, or
+// let the garbage collector have it.
+func (in *decodeInputs) decode(dec *decoder, f weightfmt.Format, rows, cols int, dequantise func(out []float32) error) ([]float32, error) {
+	if out := dec.find(f, rows, cols, in.raw, in.scale, in.global); out != nil {
+		return out, nil
+	}
+	out := getFloats(rows * cols)
+	if err := dequantise(out); err != nil {
+		PutFloats(out)
+		return nil, err
+	}
+	if dec.keep(*in, f, rows, cols, out) {
+		*in = decodeInputs{} // the decoder owns them now
 	}
 	return out, nil
+}
+
+// release hands the input bytes back.
+func (in *decodeInputs) release() {
+	for _, done := range in.done {
+		done()
+	}
+	in.done = nil
 }
 
 // lookup is the package's lookup of m's slice of [rows, cols] (out, in)
@@ -249,19 +340,21 @@ func (m MatrixRef) lookup(src TensorSource, name string, rows, cols int64) (*che
 	return lookup(src, name, m.Index, int(rows), int(cols))
 }
 
-// read reads n elements from element off of t: rows [r0, r0+nr) of a
-// slice of [rows, cols] at element off - r0*cols. Stored in-out, the
-// slice at that element is [cols, rows]: it is read whole and its columns
-// [r0, r0+nr) transposed back to [nr, cols].
-func (m MatrixRef) read(t *checkpoint.Tensor, off, n, rows, cols, r0, nr int64) ([]byte, error) {
+// read is readChecked of n elements from element off of t (through dec):
+// rows [r0, r0+nr) of a slice of [rows, cols] at element off - r0*cols.
+// Stored in-out, the slice at that element is [cols, rows]: it is read
+// whole (lent by a streamed pass where one holds it, as any read) and its
+// columns [r0, r0+nr) transposed back to [nr, cols] into a pool buffer.
+// done hands the bytes back.
+func (m MatrixRef) read(dec *decoder, t *checkpoint.Tensor, off, n, rows, cols, r0, nr int64) ([]byte, func(), error) {
 	if !m.InOut {
-		return readElems(t, off, n)
+		return readChecked(dec, t, off, n)
 	}
-	whole, err := readElems(t, off-r0*cols, rows*cols)
+	whole, done, err := readChecked(dec, t, off-r0*cols, rows*cols)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	defer putBytes(whole)
+	defer done()
 	es := int64(t.DType.Size())
 	out := getBytes(int(nr * cols * es))
 	for r := range nr {
@@ -269,7 +362,7 @@ func (m MatrixRef) read(t *checkpoint.Tensor, off, n, rows, cols, r0, nr int64) 
 			copy(out[(r*cols+c)*es:(r*cols+c+1)*es], whole[(c*rows+r0+r)*es:])
 		}
 	}
-	return out, nil
+	return out, func() { putBytes(out) }, nil
 }
 
 // loadRow reads row index of a [N, n] tensor of floats (a stacked bias).

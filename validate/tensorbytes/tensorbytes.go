@@ -104,9 +104,21 @@ func clean(d safetensors.DType, raw []byte) bool {
 	default:
 		return false
 	}
-	n := len(raw) &^ 7
-	for i := 0; i < n; i += 8 {
-		x := (binary.LittleEndian.Uint64(raw[i:]) & m) ^ m
+	// 32 bytes a round, their tests or-ed: one branch a round (the scan
+	// runs over every byte validate reads).
+	n := len(raw) &^ 31
+	for i := 0; i < n; i += 32 {
+		b := raw[i : i+32 : i+32]
+		x0 := (binary.LittleEndian.Uint64(b[0:]) & m) ^ m
+		x1 := (binary.LittleEndian.Uint64(b[8:]) & m) ^ m
+		x2 := (binary.LittleEndian.Uint64(b[16:]) & m) ^ m
+		x3 := (binary.LittleEndian.Uint64(b[24:]) & m) ^ m
+		if ((x0-lo)&^x0|(x1-lo)&^x1|(x2-lo)&^x2|(x3-lo)&^x3)&hi != 0 {
+			return false
+		}
+	}
+	for ; n+8 <= len(raw); n += 8 {
+		x := (binary.LittleEndian.Uint64(raw[n:]) & m) ^ m
 		if (x-lo)&^x&hi != 0 {
 			return false
 		}
@@ -130,4 +142,20 @@ func ReadAt(t *checkpoint.Tensor, buf []byte, off int64) error {
 		err = io.ErrUnexpectedEOF
 	}
 	return fmt.Errorf("%s: reading tensor %s: %w", t.File, t.Name, err)
+}
+
+// Lender is a tensor reader that can lend bytes it holds in memory
+// instead of copying them out (a streamed pass: validate/stream).
+type Lender interface {
+	// Lend returns bytes [off, off+n) and the function that hands them
+	// back, or ok false when it does not hold them.
+	Lend(off, n int64) (b []byte, done func(), ok bool)
+}
+
+// Lend is t's bytes [off, off+n) where its reader lends them.
+func Lend(t *checkpoint.Tensor, off, n int64) ([]byte, func(), bool) {
+	if l, ok := t.Data.(Lender); ok {
+		return l.Lend(off, n)
+	}
+	return nil, nil, false
 }

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Issue 31's CPU benchmark: `moeprep validate SRC DST --device cpu` (layer
+# checks and byte proof) against `cat` of SRC's and DST's weight files, each
+# run from a cold page cache (sync, then drop_caches: run as root), in
+# rounds whose order rotates; the table gives each run's median, its ratio
+# to cat's median (x_cat), the median of the per-round ratios to that
+# round's cat (paired: the shared disk's speed drifts over minutes), peak
+# RSS, and every raw wall/user/sys figure.
+#
+# The model is issue 31's: a 1.6 GB DeepSeek-V3-shaped bf16 checkpoint (64
+# experts, H 2048, I 1024, 2 MoE layers) and its fuse-shared --tp 8 output,
+# made once under WORK.
+#
+#   sudo scripts/bench-validate.sh [WORK] [ROUNDS]
+#   MOEPREP_BASE=/path/to/old/moeprep sudo scripts/bench-validate.sh /work/bench 3   # an older build beside
+set -euo pipefail
+work=${1:-/work/bench}
+rounds=${2:-3}
+cd "$(dirname "$0")/.."
+mkdir -p "$work"
+mp=${MOEPREP_BIN:-}
+if [ -z "$mp" ]; then
+	go build -o "$work/moeprep" ./cmd/moeprep
+	mp="$work/moeprep"
+fi
+base=${MOEPREP_BASE:-}
+[ -w /proc/sys/vm/drop_caches ] || echo "warning: not root, page cache not dropped: figures are warm" >&2
+src=$work/v31-src dst=$work/v31-dst
+if [ ! -d "$src" ]; then
+	"$mp" fixture synth -q --family deepseek_v3 --experts 64 --hidden 2048 --intermediate 1024 --num-layers 2 --dense-layers 0 "$src" >&2
+fi
+if [ ! -d "$dst" ]; then
+	"$mp" fuse-shared -q --tp 8 "$src" "$dst" >&2
+fi
+shards=("$src"/*.safetensors "$dst"/*.safetensors)
+
+# measure CMD...: "wall user sys peak_rss_MB" of CMD from a cold cache
+measure() {
+	sync
+	if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches; fi
+	/usr/bin/time -f "%e %U %S %M" -o "$work/time.txt" "$@" >/dev/null
+	awk '{printf "%s %s %s %.0f\n", $1, $2, $3, $4/1024}' "$work/time.txt"
+}
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+runs=(cat validate)
+[ -n "$base" ] && runs+=(validate@base)
+measure cat "${shards[@]}" >/dev/null # warm-up, discarded: the VM's first run faults its memory back
+declare -A secs=() raw=() rss=() ratios=()
+for r in $(seq "$rounds"); do
+	declare -A round=()
+	for i in $(seq 0 $((${#runs[@]} - 1))); do
+		run=${runs[$(((i + r) % ${#runs[@]}))]}
+		case $run in
+		cat) read -r s u y m < <(measure cat "${shards[@]}") ;;
+		validate) read -r s u y m < <(measure "$mp" validate -q --device cpu "$src" "$dst") ;;
+		validate@base) read -r s u y m < <(measure "$base" validate -q --device cpu "$src" "$dst") ;;
+		esac
+		secs[$run]+="$s "
+		round[$run]=$s
+		raw[$run]+="$s/$u/$y "
+		rss[$run]=$((${rss[$run]:-0} > m ? ${rss[$run]:-0} : m))
+	done
+	for run in "${runs[@]}"; do
+		ratios[$run]+="$(awk -v a="${round[$run]}" -v b="${round[cat]}" 'BEGIN { printf "%.4f", a/b }') "
+	done
+	unset round
+done
+cat_med=$(tr ' ' '\n' <<<"${secs[cat]}" | grep . | median)
+printf '%-14s %8s %6s %7s %7s   %s\n' run median_s x_cat paired rss_MB "raw (wall/user/sys s per round)"
+for run in "${runs[@]}"; do
+	med=$(tr ' ' '\n' <<<"${secs[$run]}" | grep . | median)
+	pr=$(tr ' ' '\n' <<<"${ratios[$run]}" | grep . | median)
+	awk -v n="$run" -v s="$med" -v c="$cat_med" -v p="$pr" -v m="${rss[$run]}" -v raw="${raw[$run]}" \
+		'BEGIN { printf "%-14s %8.2f %6.2f %7.2f %7d   %s\n", n, s, s/c, p, m, raw }'
+done

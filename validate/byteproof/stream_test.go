@@ -1,0 +1,65 @@
+package byteproof
+
+import (
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/moeprep/moeprep/layout"
+)
+
+// A block digest taken over pieces that come in any order, each block's
+// bytes held until their turn, is the digest of the file read in order;
+// a byte that comes twice, or one that never comes, leaves it unknown.
+func TestBlockHashAnyOrder(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	data := make([]byte, 100_003)
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	path := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, like := range []layout.FileInfo{
+		{X3Blocks: layout.BlockDigest{BlockSize: 4096}},
+		{B3Blocks: layout.BlockDigest{BlockSize: 777}},
+		{Blocks: layout.BlockDigest{BlockSize: 100_003}},
+	} {
+		want, err := layout.HashFileLike(path, like)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// pieces of random sizes, in a random order
+		var cuts [][2]int
+		for at := 0; at < len(data); {
+			n := min(len(data)-at, 1+r.IntN(9000))
+			cuts = append(cuts, [2]int{at, at + n})
+			at += n
+		}
+		r.Shuffle(len(cuts), func(i, j int) { cuts[i], cuts[j] = cuts[j], cuts[i] })
+		bh, err := newBlockHash(like, int64(len(data)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range cuts {
+			if i == len(cuts)-1 {
+				if _, ok := bh.sum(); ok {
+					t.Fatalf("a sum before the last piece")
+				}
+			}
+			bh.write(int64(c[0]), data[c[0]:c[1]])
+		}
+		if got, ok := bh.sum(); !ok || got != want {
+			t.Errorf("%v: got %v (%v), want %v", like, got, ok, want)
+		}
+		bh.write(int64(cuts[0][0]), data[cuts[0][0]:cuts[0][1]])
+		if _, ok := bh.sum(); ok {
+			t.Errorf("%v: bytes hashed twice still sum", like)
+		}
+	}
+	if bh, err := newBlockHash(layout.FileInfo{SHA256: "x"}, 10); bh != nil || err != nil {
+		t.Errorf("a whole-file SHA-256 needs its bytes in order: %v %v", bh, err)
+	}
+}

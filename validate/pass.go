@@ -1,0 +1,474 @@
+package validate
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/validate/byteproof"
+	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/stream"
+)
+
+// The one streamed pass of a CPU run with SRC and DST: every byte the
+// layer checks and the byte proof need is read once (stream), in the
+// order the layer checks use them, and both take it from memory.
+//
+// Per checked layer the plan reads a head (the routers, the shared
+// expert, anything not cut by expert), then one step per bank expert:
+// DST's slice of every stack and SRC's expert, which the byte proof's
+// prediction of that slice reads too; the shared replicas come first, as
+// PairLayer runs them first. The rest of DST (every other tensor, the
+// headers, layers left out) follows in file order, with the SRC bytes
+// that predict it. Each expert step is let go as soon as both its
+// expert's job and the byte proof are done with it, so memory holds the
+// read-ahead budget, a head, and the experts in flight, whatever the
+// model's size.
+
+// passPlan is the steps of a run's pass and who reads what in them.
+type passPlan struct {
+	steps  []stream.Step
+	layers map[int]*layerSteps // by decoder layer index
+	// proof lists, per step, the DST bytes the byte proof takes from it.
+	proof [][]proofTake
+	// layerOf is each step's checked layer, -1 for the rest; display the
+	// decoder layer a rest step's DST bytes belong to (-1: none).
+	layerOf, display []int
+	// holdUntil: the byte proof lets step i go only after step
+	// holdUntil[i] (a layer's head, until the layer's last expert).
+	holdUntil map[int]int
+}
+
+// layerSteps are a checked layer's steps: its head and one per bank
+// expert.
+type layerSteps struct {
+	head int
+	bank []int
+	// released marks the steps the layer checks let go of (each once).
+	released map[int]bool
+}
+
+// proofTake is one DST extent of a step that the byte proof takes: the
+// step's extent e, bytes off.. of piece.
+type proofTake struct {
+	e     int
+	piece byteproof.Piece
+	off   int64
+}
+
+// passBudget is the pass's budget (0: stream's default); tests shrink it
+// to the least, where only the reads consumers wait for get in.
+var passBudget int64
+
+// restChunk bounds one DST read of the rest: a multiple of every dtype's
+// size, so that a chunk of a tensor starts on an element.
+const restChunk = 8 << 20
+
+// restStep is how many DST bytes of the rest one step reads at most.
+const restStep = 32 << 20
+
+// stepBuilder collects one step's extents: DST's, with what the byte
+// proof takes of them, and SRC's, merged per tensor.
+type stepBuilder struct {
+	dst   []stream.Extent
+	takes []proofTake
+	src   map[*checkpoint.Tensor][][2]int64
+	order []*checkpoint.Tensor
+}
+
+func (b *stepBuilder) addSrc(t *checkpoint.Tensor, off, n int64) {
+	if t == nil || n <= 0 {
+		return
+	}
+	if b.src == nil {
+		b.src = map[*checkpoint.Tensor][][2]int64{}
+	}
+	if _, ok := b.src[t]; !ok {
+		b.order = append(b.order, t)
+	}
+	b.src[t] = append(b.src[t], [2]int64{off, off + n})
+}
+
+// step is the builder's step, SRC ranges of one tensor merged, less what
+// skip (a layer's head) already holds.
+func (b *stepBuilder) step(users int, skip *stepBuilder) (stream.Step, []proofTake) {
+	exts := slices.Clone(b.dst)
+	takes := slices.Clone(b.takes)
+	for _, t := range b.order {
+		for _, r := range mergeRanges(b.src[t]) {
+			if skip != nil && skip.covers(t, r) {
+				continue
+			}
+			exts = append(exts, stream.Extent{T: t, Off: r[0], N: r[1] - r[0]})
+		}
+	}
+	return stream.Step{Extents: exts, Users: users}, takes
+}
+
+// covers reports whether the builder's SRC ranges of t hold all of r.
+func (b *stepBuilder) covers(t *checkpoint.Tensor, r [2]int64) bool {
+	for _, h := range mergeRanges(b.src[t]) {
+		if h[0] <= r[0] && r[1] <= h[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// mergeRanges sorts byte ranges and joins those that overlap or touch.
+func mergeRanges(rs [][2]int64) [][2]int64 {
+	rs = slices.Clone(rs)
+	slices.SortFunc(rs, func(a, b [2]int64) int { return int(min(max(a[0]-b[0], -1), 1)) })
+	var out [][2]int64
+	for _, r := range rs {
+		if n := len(out); n > 0 && r[0] <= out[n-1][1] {
+			out[n-1][1] = max(out[n-1][1], r[1])
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// planPass lays out the pass of targets (every one with both sides);
+// proof nil: no byte proof, the layers' bytes alone.
+func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan {
+	pp := &passPlan{layers: map[int]*layerSteps{}, holdUntil: map[int]int{}}
+	users := 1
+	var pieces map[string]byteproof.Piece
+	if proof != nil {
+		users = 2
+		pieces = map[string]byteproof.Piece{}
+		for _, p := range proof.Pieces() {
+			if p.Tensor != "" {
+				pieces[p.Tensor] = p
+			}
+		}
+	}
+	add := func(b *stepBuilder, layer, display int, skip *stepBuilder, u int) int {
+		st, takes := b.step(u, skip)
+		pp.steps = append(pp.steps, st)
+		pp.proof = append(pp.proof, takes)
+		pp.layerOf = append(pp.layerOf, layer)
+		pp.display = append(pp.display, display)
+		return len(pp.steps) - 1
+	}
+	// dstPart adds bytes [off, off+n) of DST tensor t to b, and what
+	// predicts them.
+	dstPart := func(b *stepBuilder, t *checkpoint.Tensor, off, n int64) {
+		b.dst = append(b.dst, stream.Extent{T: t, Off: off, N: n})
+		if proof == nil {
+			return
+		}
+		if p, ok := pieces[t.Name]; ok {
+			b.takes = append(b.takes, proofTake{e: len(b.dst) - 1, piece: p, off: off})
+		}
+		for _, r := range proof.Predicted(t.Name, off, n) {
+			b.addSrc(r.T, r.Off, r.N)
+		}
+	}
+	taken := map[string]bool{} // DST tensors the layers' steps read
+	// layer lays out one MoE layer: its head, then a step per bank
+	// expert, each read by users.
+	layer := func(tg target, users int) *layerSteps {
+		fl, l := tg.fused, tg.src
+		bank := fl.Contract.BankSize()
+		ls := &layerSteps{released: map[int]bool{}}
+		head := &stepBuilder{}
+		experts := make([]stepBuilder, bank)
+		stacks, rest := dstLayerTensors(fl)
+		for _, name := range append(stacks, rest...) {
+			name = checkpoint.BaseName(name) // a view reads the tensor it is cut from
+			t, ok := s.dst.Tensor(name)
+			if !ok || taken[name] {
+				continue
+			}
+			taken[name] = true
+			if sz, ok := sliceBytes(t, bank); ok && slices.Contains(stacks, name) {
+				for b := range bank {
+					dstPart(&experts[b], t, int64(b)*sz, sz)
+				}
+				continue
+			}
+			dstPart(head, t, 0, t.NumBytes())
+		}
+		for _, name := range srcHeadTensors(l) {
+			s.addSrcTensor(head, name, -1, 0)
+		}
+		for b, m := range l.Experts {
+			for _, name := range mlpTensors(m) {
+				s.addSrcTensor(&experts[b], name, b, len(l.Experts))
+			}
+		}
+		layerOf := tg.index
+		if users == 1 {
+			layerOf = -1 // read for the byte proof alone
+		}
+		ls.head = add(head, layerOf, tg.index, nil, users)
+		order := append(rangeOf(len(l.Experts), bank), rangeOf(0, len(l.Experts))...)
+		ls.bank = make([]int, bank)
+		for _, b := range order {
+			ls.bank[b] = add(&experts[b], layerOf, tg.index, head, users)
+		}
+		// The proof compares the replicas with the head's shared expert:
+		// it lets the head go after the layer's last step.
+		pp.holdUntil[ls.head] = len(pp.steps) - 1
+		return ls
+	}
+	checked := map[int]bool{}
+	for _, tg := range targets {
+		pp.layers[tg.index] = layer(tg, users)
+		checked[tg.index] = true
+	}
+	if proof == nil {
+		return pp
+	}
+	// Layers left out of the checks, for the byte proof alone.
+	for _, tg := range s.allLayers {
+		if !checked[tg.index] {
+			layer(tg, 1)
+		}
+	}
+	// The rest of DST, in file order, a few chunks a step.
+	var cur stepBuilder
+	var curBytes int64
+	curLayer := -1
+	flush := func() {
+		if len(cur.dst) > 0 {
+			add(&cur, -1, curLayer, nil, 1)
+		}
+		cur, curBytes = stepBuilder{}, 0
+	}
+	for _, p := range proof.Pieces() {
+		if p.Tensor != "" && taken[p.Tensor] {
+			continue
+		}
+		t, _ := s.dst.Tensor(p.Tensor)
+		if p.Tensor == "" || t == nil {
+			cur.dst = append(cur.dst, stream.Extent{File: p.Path, Off: p.Off, N: p.N})
+			cur.takes = append(cur.takes, proofTake{e: len(cur.dst) - 1, piece: p})
+			curBytes += p.N
+			continue
+		}
+		for off := int64(0); off < p.N; off += restChunk {
+			if curBytes >= restStep {
+				flush()
+			}
+			curLayer = decoderLayerOf(p.Tensor)
+			n := min(restChunk, p.N-off)
+			dstPart(&cur, t, off, n)
+			curBytes += n
+		}
+	}
+	flush()
+	return pp
+}
+
+// rangeOf is lo, lo+1, ..., hi-1.
+func rangeOf(lo, hi int) []int {
+	var out []int
+	for i := lo; i < hi; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
+// sliceBytes is the size of one of n slices of t along its first axis,
+// when t is a stack of n.
+func sliceBytes(t *checkpoint.Tensor, n int) (int64, bool) {
+	if len(t.Shape) == 0 || t.Shape[0] != int64(n) || n < 2 {
+		return 0, false
+	}
+	return t.NumBytes() / int64(n), true
+}
+
+// addSrcTensor adds SRC tensor name (or, for a view, the part of its
+// stored tensor it reads: expert b's slice of a stack of e, or all of it)
+// to b.
+func (s *session) addSrcTensor(b *stepBuilder, name string, expert, e int) {
+	if name == "" {
+		return
+	}
+	t, ok := s.src.Tensor(checkpoint.BaseName(name))
+	if !ok {
+		return
+	}
+	if sz, ok := sliceBytes(t, e); ok && expert >= 0 && checkpoint.BaseName(name) != name {
+		b.addSrc(t, int64(expert)*sz, sz)
+		return
+	}
+	b.addSrc(t, 0, t.NumBytes())
+}
+
+// dstLayerTensors are the stored DST tensors of a checked layer's fused
+// path: its expert stacks (which the plan cuts by expert) and the rest of
+// what it reads.
+func dstLayerTensors(fl *cpuref.FusedLayer) (stacks, rest []string) {
+	n := fl.Names
+	stacks = []string{n.Gate, n.Up, n.GateUp, n.Down, n.GateScale, n.UpScale, n.GateUpScale, n.DownScale,
+		n.GateGlobal, n.UpGlobal, n.GateUpGlobal, n.DownGlobal, n.GateInput, n.UpInput, n.GateUpInput, n.DownInput}
+	if b := fl.Biases; b != nil {
+		stacks = append(stacks, b.Gate, b.Up, b.GateUp, b.Down)
+	}
+	rest = append([]string{fl.Router, fl.RouterBias, fl.RouterLogitBias, fl.RouterScale, fl.SharedGate, fl.HashTable},
+		sharedTensors(fl.Shared, fl.SharedExperts)...)
+	empty := func(s string) bool { return s == "" }
+	return slices.DeleteFunc(stacks, empty), slices.DeleteFunc(rest, empty)
+}
+
+// srcHeadTensors are what SRC's reference reads of a layer apart from its
+// routed experts.
+func srcHeadTensors(l *family.Layer) []string {
+	return append([]string{l.Router, l.RouterBias, l.RouterLogitBias, l.RouterScale, l.SharedGate, l.HashTable},
+		sharedTensors(l.Shared, l.SharedExperts)...)
+}
+
+// sharedTensors are every tensor of a layer's shared experts: the one
+// beside the routed ones (nil: none) and those the router weights.
+func sharedTensors(shared *family.MLP, routed []family.MLP) []string {
+	var names []string
+	if shared != nil {
+		names = mlpTensors(*shared)
+	}
+	for _, m := range routed {
+		names = append(names, mlpTensors(m)...)
+	}
+	return names
+}
+
+// mlpTensors are every tensor one MLP's weights are stored in.
+func mlpTensors(m family.MLP) []string {
+	return append(mlpNames(m), m.GateShape, m.UpShape, m.DownShape, m.GateGlobal, m.UpGlobal, m.DownGlobal, m.GateInput, m.UpInput, m.DownInput)
+}
+
+// decoderLayerOf is the decoder layer a tensor belongs to, -1: none.
+func decoderLayerOf(name string) int {
+	if sm := decoderLayer.FindStringSubmatch(name); sm != nil {
+		var v int
+		if _, err := fmt.Sscan(sm[1], &v); err == nil {
+			return v
+		}
+	}
+	return -1
+}
+
+// runStreamed runs the layer checks of targets, and with withBytes the
+// byte proof, over one streamed pass.
+func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report, withBytes bool) error {
+	var proof *byteproof.Stream
+	var early *byteproof.BytesResult
+	if withBytes {
+		var err error
+		if proof, early, err = byteproof.NewStream(s.src, s.dst, s.srcPlan, s.contract); err != nil {
+			return err
+		}
+	}
+	pp := s.planPass(targets, proof)
+	pass, err := stream.New(pp.steps, stream.Options{Budget: passBudget, OnRead: s.meter.streamRead(pp)})
+	if err != nil {
+		return err
+	}
+	s.meter.planStream(pp, targets, pass.StepBytes)
+	defer pass.Close()
+	defer func() { s.streamMisses = pass.Misses() }()
+	pass.Install(s.src)
+	pass.Install(s.dst)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pass.Start(ctx)
+	var proofErr error
+	proofDone := make(chan struct{})
+	go func() {
+		defer close(proofDone)
+		proofErr = s.feedProof(ctx, pass, pp, proof)
+	}()
+	// The byte proof compares bytes the pass lends: it ends before the
+	// pass closes, however the run ends.
+	defer func() {
+		cancel()
+		<-proofDone
+	}()
+
+	var mu sync.Mutex
+	let := func(ls *layerSteps, i int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !ls.released[i] {
+			ls.released[i] = true
+			pass.Release(i)
+		}
+	}
+	for i, tg := range targets {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		s.o.progress("validate: layer %d (%d of %d)", tg.index, i+1, len(targets))
+		ls := pp.layers[tg.index]
+		rows, err := s.checkLayerWith(ctx, tg, func(b int) { let(ls, ls.bank[b]) })
+		let(ls, ls.head)
+		for _, st := range ls.bank {
+			let(ls, st)
+		}
+		if err != nil {
+			return err
+		}
+		rep.Rows = append(rep.Rows, rows...)
+	}
+	s.meter.finishLayers()
+	if n := s.requantNote(rep.Rows); n != "" {
+		rep.Notes = append(rep.Notes, n)
+	}
+	if !withBytes {
+		return nil
+	}
+	s.meter.startBytes()
+	s.o.progress("validate: --bytes: every DST file against SRC, the contract and the manifest, every tensor byte for byte")
+	if <-proofDone; proofErr != nil {
+		return proofErr
+	}
+	if early != nil {
+		rep.Bytes = early
+		return nil
+	}
+	res, err := proof.Result(ctx)
+	if err != nil {
+		return err
+	}
+	s.rechecked = proof.Rechecked
+	rep.Bytes = res
+	return nil
+}
+
+// feedProof hands the byte proof its bytes, step after step, and lets
+// each step go; without a proof it only lets the rest go.
+func (s *session) feedProof(ctx context.Context, pass *stream.Pass, pp *passPlan, proof *byteproof.Stream) error {
+	if proof == nil {
+		return nil
+	}
+	after := map[int][]int{} // steps to let go once step i is done
+	for i, j := range pp.holdUntil {
+		after[j] = append(after[j], i)
+	}
+	for i := range pp.steps {
+		if err := pass.Wait(ctx, i); err != nil {
+			return err
+		}
+		for _, tk := range pp.proof[i] {
+			if err := proof.Take(tk.piece, tk.off, pass.Bytes(i, tk.e)); err != nil {
+				return err
+			}
+		}
+		if _, held := pp.holdUntil[i]; !held || pp.holdUntil[i] == i {
+			pass.Release(i)
+		}
+		for _, h := range after[i] {
+			if h != i {
+				pass.Release(h)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,215 @@
+package validate
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/validate/cpuref"
+)
+
+// openSession fills in s's options, opens its checkpoints (closed when the
+// test ends) and returns the layers to check, as Run does.
+func openSession(t *testing.T, s *session) []target {
+	t.Helper()
+	if _, err := s.o.norm(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.close)
+	if err := s.open(); err != nil {
+		t.Fatal(err)
+	}
+	targets, _, err := s.targets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return targets
+}
+
+// streamedRun runs the layer checks and the byte proof of SRC DST over one
+// streamed pass, as a CPU run does, and returns the report and the session
+// (its pass's misses and rechecked shards).
+func streamedRun(t *testing.T, src, dst string, workers ...int) (*Report, *session) {
+	t.Helper()
+	o := Options{Src: src, Dst: dst, Device: DeviceCPU, Seed: 1, Tokens: 8}
+	if len(workers) > 0 {
+		o.Workers = workers[0]
+	}
+	s := &session{o: o}
+	targets := openSession(t, s)
+	rep := &Report{}
+	if err := s.runStreamed(context.Background(), targets, rep, true); err != nil {
+		t.Fatal(err)
+	}
+	return rep, s
+}
+
+// The streamed pass reads, once, everything the layer checks read: no
+// tensor read of theirs misses the steps (families whose experts are
+// views, FP8 scales, biases, shared experts fused or not included), and its
+// byte proof, streamed expert by expert, states what CheckBytes states
+// reading DST in file order, without reading any shard again.
+func TestStreamedPassReadsOnce(t *testing.T) {
+	for _, c := range conversionCases() {
+		t.Run(c.name(), func(t *testing.T) {
+			src := filepath.Join(hfFixtures, c.fixture)
+			dst := convertInto(t, src, c.o)
+			rep, s := streamedRun(t, src, dst)
+			if rep.Bytes == nil || !rep.Bytes.Pass {
+				t.Fatalf("byte proof: %+v", rep.Bytes)
+			}
+			if s.streamMisses != 0 || s.rechecked != 0 {
+				t.Errorf("%d tensor reads missed the pass, %d shards read again", s.streamMisses, s.rechecked)
+			}
+			whole, err := Run(context.Background(), Options{Src: src, Dst: dst, Bytes: BytesOnly})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a, b := proofFields(t, rep), proofFields(t, whole); a != b {
+				t.Errorf("streamed proof %s\nCheckBytes     %s", a, b)
+			}
+		})
+	}
+}
+
+// proofFields is a report's byte proof as JSON, without its time.
+func proofFields(t *testing.T, r *Report) string {
+	t.Helper()
+	b := *r.Bytes
+	b.Seconds = 0
+	j, err := json.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(j)
+}
+
+// A DST that differs anywhere gets the report CheckBytes gives: the
+// streamed proof reads the shard again in file order, so the first
+// mismatch and the counts up to it are the same.
+func TestStreamedProofMismatchAsCheckBytes(t *testing.T) {
+	fp8 := filepath.Join(hfFixtures, "deepseek-v3-fp8")
+	bf16 := filepath.Join(hfFixtures, "deepseek-v3-bf16")
+	p := "model.layers.1.mlp"
+	for _, tc := range []struct {
+		name   string
+		src    string
+		o      convert.Options
+		tensor string
+		mutate func(raw []byte, shape []int64)
+	}{
+		{"routed slice byte", fp8, convert.Options{FuseShared: true, TP: 1}, layout.Names(layout.Stacked, p, true).Gate,
+			func(raw []byte, shape []int64) { slice(raw, shape, 5)[100] ^= 1 }},
+		{"replica", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp}, layout.Names(layout.GateUp, p, false).Down,
+			func(raw []byte, shape []int64) { slice(raw, shape, 18)[0] ^= 0x40 }},
+		{"copied tensor", bf16, convert.Options{}, "model.layers.0.mlp.down_proj.weight",
+			func(raw []byte, _ []int64) { raw[len(raw)-1] ^= 0x10 }},
+		{"NaN in a stack", fp8, convert.Options{FuseShared: true, TP: 1}, layout.Names(layout.Stacked, p, true).Up,
+			func(raw []byte, shape []int64) { slice(raw, shape, 2)[7] = 0x7F }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := convertInto(t, tc.src, tc.o)
+			rewriteTensor(t, dst, tc.tensor, tc.mutate)
+			rep, s := streamedRun(t, tc.src, dst)
+			whole, err := Run(context.Background(), Options{Src: tc.src, Dst: dst, Bytes: BytesOnly})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Bytes.Pass || s.rechecked != 1 {
+				t.Fatalf("pass %v, %d shards read again", rep.Bytes.Pass, s.rechecked)
+			}
+			if a, b := proofFields(t, rep), proofFields(t, whole); a != b {
+				t.Errorf("streamed proof %s\nCheckBytes     %s", a, b)
+			}
+		})
+	}
+}
+
+// PairLayer, which runs both paths in one pass over the bank and decodes
+// an expert once where SRC and DST hold the same bytes, computes what
+// ReferenceLayer and FusedLayerRun compute on their own, bit for bit, on
+// every conversion case and on the forced coverage tokens too.
+func TestPairLayerBitIdentical(t *testing.T) {
+	for _, c := range conversionCases() {
+		t.Run(c.name(), func(t *testing.T) {
+			src := filepath.Join(hfFixtures, c.fixture)
+			dst := convertInto(t, src, c.o)
+			s := &session{o: Options{Src: src, Dst: dst, Device: DeviceCPU, Seed: 5, Tokens: 8}}
+			targets := openSession(t, s)
+			ctx := context.Background()
+			for _, tg := range targets {
+				x, tn, _, _, tokens, cov, err := s.layerStart(tg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				released := map[int]int{}
+				var mu sync.Mutex
+				let := func(b int) { mu.Lock(); released[b]++; mu.Unlock() }
+				ref, fused, err := cpuref.PairLayer(ctx, s.src, s.srcPlan, tg.src, s.dst, tg.fused, x, tn,
+					cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: 16, Release: let})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ref1, err := cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, tn, cpuref.RefOptions{Tokens: tokens, Coverage: cov})
+				if err != nil {
+					t.Fatal(err)
+				}
+				fused1, err := cpuref.FusedLayerRun(ctx, s.dst, tg.fused, x, tn, cpuref.FusedOptions{Tokens: tokens, Coverage: cov, BlockSize: 16})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !sameBits(ref.Y, ref1.Y) || !sameBits(fused.Y, fused1.Y) {
+					t.Errorf("layer %d: PairLayer's outputs differ from the paths run apart", tg.index)
+				}
+				if bank := tg.fused.Contract.BankSize(); len(released) != bank {
+					t.Errorf("layer %d: %d of %d bank experts released", tg.index, len(released), bank)
+				}
+				for b, n := range released {
+					if n != 1 {
+						t.Errorf("layer %d: bank expert %d released %d times", tg.index, b, n)
+					}
+				}
+			}
+		})
+	}
+}
+
+func sameBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// With no budget at all the pass still ends, with the same report: a
+// step gets in when a worker or the byte proof waits for it, whatever the
+// workers hold (a layer's head, their experts, the replicas of the shared
+// expert's job).
+func TestStreamedPassLeastBudget(t *testing.T) {
+	defer func(b int64) { passBudget = b }(passBudget)
+	src := filepath.Join(hfFixtures, "deepseek-v3-fp8")
+	dst := convertInto(t, src, convert.Options{FuseShared: true, TP: 8})
+	want, _ := streamedRun(t, src, dst)
+	passBudget = 1
+	for _, w := range []int{1, 2, 4} {
+		got, s := streamedRun(t, src, dst, w)
+		if s.streamMisses != 0 || !got.Bytes.Pass || len(got.Rows) != len(want.Rows) {
+			t.Fatalf("workers %d: %d misses, bytes %+v", w, s.streamMisses, got.Bytes)
+		}
+		for i := range got.Rows {
+			if a, b := got.Rows[i], want.Rows[i]; a.RelL2 != b.RelL2 || a.MaxAbs != b.MaxAbs || a.Pass != b.Pass {
+				t.Errorf("workers %d: row %d %+v, want %+v", w, i, a.Diff, b.Diff)
+			}
+		}
+	}
+}

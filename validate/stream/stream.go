@@ -1,0 +1,526 @@
+// Package stream reads the bytes a validate run needs once, in a planned
+// order, ahead of the code that uses them, in bounded memory.
+//
+// A plan is a list of steps, each a set of extents: byte ranges of stored
+// tensors or of files. A Pass reads the steps in order, a few reads in
+// flight and as far ahead as its budget allows, and holds each step until
+// every consumer planned for it has released it. Consumers take a step's
+// bytes directly (Bytes: the byte proof hashes and compares them), or read
+// a tensor as they always do: Install routes a checkpoint's tensor reads
+// to the steps that hold those bytes, so a loader that knows nothing of
+// the pass finds its expert already in memory. A read that no held step
+// covers goes to the file as before (Misses counts them): the plan decides
+// how fast the run goes, never what it reads.
+//
+// Files are read with O_DIRECT where the file system takes it: a cold read
+// then costs the CPU almost nothing (buffered reads of this development
+// machine's disk cost about a second of system time per GB, BENCHMARKS.md),
+// and the bytes go once from the disk into the step's buffer.
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/moeprep/moeprep/checkpoint"
+)
+
+// Extent is a byte range of a stored tensor (T set: Off counts from its
+// first byte) or of a file (T nil: Off counts from the file's start).
+type Extent struct {
+	T      *checkpoint.Tensor
+	File   string
+	Off, N int64
+}
+
+// Step is extents read together and released together.
+type Step struct {
+	Extents []Extent
+	// Users is how many Release calls free the step (0 counts as 1).
+	Users int
+}
+
+// Options size a Pass.
+type Options struct {
+	// Budget bounds the bytes held: read ahead, or read and not yet
+	// released by every user. A step larger than the budget is still read,
+	// alone. 0: four of the largest step, within [MinBudget, MaxBudget].
+	Budget int64
+	// Depth is how many reads are in flight (0: DefaultDepth).
+	Depth int
+	// Buffered turns O_DIRECT off: every read goes through the page cache.
+	Buffered bool
+	// OnRead, when set, is told the bytes each read brought in for a step
+	// (called from the reading goroutines).
+	OnRead func(step int, n int64)
+}
+
+// The default budget: four steps of the largest, enough to keep reads in
+// flight ahead of consumers that hold a few (a layer's head, an expert a
+// worker), within bounds that do not grow with the model: at most
+// MaxBudget, about six DeepSeek-V3 expert steps (SRC's and DST's 44 MB in
+// FP8 each).
+const (
+	MinBudget = 64 << 20
+	MaxBudget = 512 << 20
+)
+
+// DefaultDepth is the reads in flight: four 4 MB O_DIRECT reads keep this
+// development machine's disk as busy as cat does (BENCHMARKS.md, issue 31).
+const DefaultDepth = 4
+
+// directAlign is the alignment of O_DIRECT offsets, lengths and buffers:
+// the largest logical block size of the disks moeprep meets.
+const directAlign = 4096
+
+// maxGap is the most unwanted bytes a read takes in to join two extents of
+// one file into one request: a page, the padding convert leaves between
+// tensors.
+const maxGap = 4 << 10
+
+// Pass reads a plan's steps.
+type Pass struct {
+	o     Options
+	steps []*step
+	spans []*span // every step's reads, in step order
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	held    int64
+	next    int // the next step to admit
+	wanted  int // the furthest step a tensor read waits for, -1: none
+	closed  bool
+	runErr  error
+	tensors map[*checkpoint.Tensor][]held // planned extents of each tensor, by tensor
+	files   map[string]*file
+	misses  atomic.Int64
+	bufs    buffers
+	wg      sync.WaitGroup
+	cancel  context.CancelFunc
+}
+
+// held is one planned extent of a tensor: step i's extent e.
+type held struct {
+	i, e   int
+	off, n int64
+}
+
+type step struct {
+	users   int
+	size    int64 // bytes wanted
+	mem     int64 // what holding them costs: the buffers' sizes (the budget's unit)
+	spans   []*span
+	ext     []extentAt // per extent: where its bytes are
+	pending int        // spans not yet read
+	ready   chan struct{}
+	err     error
+	// admitted: counted in the budget (unless skip: released before it
+	// was read, so never read); freed: released by every user.
+	admitted, skip, freed bool
+	pins                  int // readers copying out of its buffers now
+}
+
+// extentAt locates an extent in a span's buffer.
+type extentAt struct {
+	sp  *span
+	off int64 // within sp.buf's wanted bytes
+	n   int64
+}
+
+// span is one read: bytes [off, off+n) of a file (or of a tensor's own
+// reader when it is not a plain file range).
+type span struct {
+	bufs   *buffers
+	step   int
+	f      *file
+	r      io.ReaderAt // when f is nil: the tensor's reader
+	off, n int64
+	buf    []byte // the wanted bytes, once read
+	mem    []byte // what buf was cut from (returned to the pool)
+	read   bool   // the read is over (under the pass's lock)
+}
+
+// file is one file a pass reads, opened on first use.
+type file struct {
+	path   string
+	once   sync.Once
+	direct *os.File // nil when O_DIRECT is not available
+	plain  *os.File
+	err    error
+	noDir  atomic.Bool // O_DIRECT refused a read: read through the cache
+}
+
+// New resolves a plan's extents to reads. Nothing is read before Start.
+func New(steps []Step, o Options) (*Pass, error) {
+	if o.Depth <= 0 {
+		o.Depth = DefaultDepth
+	}
+	p := &Pass{o: o, tensors: map[*checkpoint.Tensor][]held{}, files: map[string]*file{}, wanted: -1}
+	p.cond = sync.NewCond(&p.mu)
+	var largest int64
+	for i, s := range steps {
+		st := &step{users: max(s.Users, 1), ready: make(chan struct{})}
+		if err := p.resolve(i, st, s.Extents); err != nil {
+			return nil, err
+		}
+		p.steps = append(p.steps, st)
+		p.spans = append(p.spans, st.spans...)
+		largest = max(largest, st.mem)
+	}
+	if p.o.Budget <= 0 {
+		p.o.Budget = min(max(4*largest, MinBudget), MaxBudget)
+	}
+	return p, nil
+}
+
+// where is an extent as a file range, or a range of a reader that is not
+// one.
+type where struct {
+	f   *file
+	r   io.ReaderAt
+	off int64
+}
+
+// resolve turns step i's extents into its spans, joining extents of one
+// file that lie close together into one read.
+func (p *Pass) resolve(i int, st *step, exts []Extent) error {
+	type item struct {
+		e int
+		w where
+		n int64
+	}
+	var items []item
+	for e, x := range exts {
+		if x.Off < 0 || x.N < 0 {
+			return fmt.Errorf("stream: extent %d of step %d: bytes [%d,+%d)", e, i, x.Off, x.N)
+		}
+		w, err := p.locate(x)
+		if err != nil {
+			return err
+		}
+		items = append(items, item{e, w, x.N})
+		if x.T != nil {
+			p.tensors[x.T] = append(p.tensors[x.T], held{i: i, e: e, off: x.Off, n: x.N})
+		}
+	}
+	st.ext = make([]extentAt, len(exts))
+	// Plain file ranges sorted by file and offset; other readers alone.
+	slices.SortStableFunc(items, func(a, b item) int {
+		switch {
+		case a.w.f == nil || b.w.f == nil:
+			return 0
+		case a.w.f.path != b.w.f.path:
+			if a.w.f.path < b.w.f.path {
+				return -1
+			}
+			return 1
+		case a.w.off < b.w.off:
+			return -1
+		case a.w.off > b.w.off:
+			return 1
+		}
+		return 0
+	})
+	var cur *span
+	for _, it := range items {
+		if it.w.f != nil && cur != nil && cur.f == it.w.f && it.w.off <= cur.off+cur.n+maxGap {
+			cur.n = max(cur.n, it.w.off+it.n-cur.off)
+		} else {
+			cur = &span{bufs: &p.bufs, step: i, f: it.w.f, r: it.w.r, off: it.w.off, n: it.n}
+			st.spans = append(st.spans, cur)
+		}
+		st.ext[it.e] = extentAt{sp: cur, off: it.w.off - cur.off, n: it.n}
+	}
+	for _, sp := range st.spans {
+		st.size += sp.n
+		lo := sp.off &^ (directAlign - 1) // an O_DIRECT read starts on a block, and ends on one
+		st.mem += bufSize(sp.off + sp.n + directAlign - lo)
+	}
+	return nil
+}
+
+// locate finds an extent's bytes: a range of a plain file where the
+// tensor's reader is a section of one (safetensors), else its reader.
+func (p *Pass) locate(x Extent) (where, error) {
+	if x.T == nil {
+		return where{f: p.file(x.File), off: x.Off}, nil
+	}
+	if x.Off+x.N > x.T.NumBytes() {
+		return where{}, fmt.Errorf("stream: %s: bytes [%d,+%d) of a %d-byte tensor", x.T.Name, x.Off, x.N, x.T.NumBytes())
+	}
+	if sr, ok := x.T.Data.(*io.SectionReader); ok {
+		if r, base, _ := sr.Outer(); r != nil {
+			if f, ok := r.(*os.File); ok {
+				return where{f: p.file(f.Name()), off: base + x.Off}, nil
+			}
+		}
+	}
+	return where{r: x.T.Data, off: x.Off}, nil
+}
+
+func (p *Pass) file(path string) *file {
+	f, ok := p.files[path]
+	if !ok {
+		f = &file{path: path}
+		p.files[path] = f
+	}
+	return f
+}
+
+// Start reads the steps in the background until they are all read, ctx
+// ends or Close.
+func (p *Pass) Start(ctx context.Context) {
+	ctx, p.cancel = context.WithCancel(ctx)
+	jobs := make(chan *span)
+	for range p.o.Depth {
+		p.wg.Go(func() {
+			for sp := range jobs {
+				p.done(sp, p.read(sp))
+			}
+		})
+	}
+	p.wg.Go(func() {
+		defer close(jobs)
+		for i, st := range p.steps {
+			if !p.admit(i) {
+				return
+			}
+			if st.skip {
+				continue
+			}
+			for _, sp := range st.spans {
+				select {
+				case jobs <- sp:
+				case <-ctx.Done():
+					p.done(sp, ctx.Err()) // the step ends, failed
+				}
+			}
+		}
+	})
+	go func() {
+		<-ctx.Done()
+		p.stop(ctx.Err())
+	}()
+}
+
+// admit waits until step i fits the budget (a step when nothing else is
+// held always fits, and so does one a tensor read is waiting for: its
+// reader may hold what fills the budget) and reports false once the pass
+// is stopped. A step its users released before it was read is not read at
+// all.
+func (p *Pass) admit(i int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.steps[i]
+	for !p.closed && !st.freed && p.held > 0 && p.held+st.mem > p.o.Budget && p.wanted < i {
+		p.cond.Wait()
+	}
+	if p.closed {
+		return false
+	}
+	p.next = i + 1
+	st.admitted = true
+	st.skip = st.freed
+	if !st.skip {
+		p.held += st.mem
+		st.pending = len(st.spans)
+	}
+	if st.skip || st.pending == 0 {
+		close(st.ready)
+	}
+	return true
+}
+
+// read fills a span's buffer.
+func (p *Pass) read(sp *span) error {
+	if sp.f == nil {
+		sp.mem = p.bufs.get(sp.n)
+		sp.buf = sp.mem[:sp.n]
+		return readFull(sp.r, sp.buf, sp.off)
+	}
+	f := sp.f
+	f.once.Do(func() { f.open(p.o.Buffered) })
+	if f.err != nil {
+		return f.err
+	}
+	if f.direct != nil && !f.noDir.Load() {
+		lo := sp.off &^ (directAlign - 1)
+		hi := (sp.off + sp.n + directAlign - 1) &^ (directAlign - 1)
+		mem := p.bufs.get(hi - lo)
+		n, err := f.direct.ReadAt(mem, lo)
+		if n >= int(sp.off+sp.n-lo) {
+			sp.mem, sp.buf = mem, mem[sp.off-lo:sp.off-lo+sp.n]
+			return nil
+		}
+		p.bufs.put(mem)
+		if !errors.Is(err, syscall.EINVAL) {
+			if err == nil || errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("%s: %w", f.path, err)
+		}
+		f.noDir.Store(true) // the file system takes no O_DIRECT reads here
+	}
+	sp.mem = p.bufs.get(sp.n)
+	sp.buf = sp.mem[:sp.n]
+	if err := readFull(f.plain, sp.buf, sp.off); err != nil {
+		return fmt.Errorf("%s: %w", f.path, err)
+	}
+	return nil
+}
+
+func readFull(r io.ReaderAt, b []byte, off int64) error {
+	n, err := r.ReadAt(b, off)
+	if n == len(b) {
+		return nil
+	}
+	if err == nil || errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+func (f *file) open(buffered bool) {
+	if f.plain, f.err = os.Open(f.path); f.err != nil {
+		return
+	}
+	if !buffered {
+		if d, err := openDirect(f.path); err == nil {
+			f.direct = d
+		}
+	}
+}
+
+// done records a span's read.
+func (p *Pass) done(sp *span, err error) {
+	if err == nil && p.o.OnRead != nil {
+		p.o.OnRead(sp.step, sp.n)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.steps[sp.step]
+	if err != nil && st.err == nil {
+		st.err = err
+	}
+	sp.read = true
+	if st.freed && st.pins == 0 {
+		sp.free()
+	}
+	if st.pending--; st.pending == 0 {
+		close(st.ready)
+	}
+}
+
+// stop ends the reading: steps not admitted yet fail with err.
+func (p *Pass) stop(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.closed, p.runErr = true, err
+	for _, st := range p.steps[p.next:] {
+		st.err = err
+		close(st.ready)
+	}
+	p.next = len(p.steps)
+	p.cond.Broadcast()
+}
+
+// Wait returns once step i is read, with its read error if any.
+func (p *Pass) Wait(ctx context.Context, i int) error {
+	st := p.steps[i]
+	select {
+	case <-st.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return st.err
+}
+
+// Bytes is extent e of step i, valid from Wait until the step is freed.
+func (p *Pass) Bytes(i, e int) []byte {
+	x := p.steps[i].ext[e]
+	return x.sp.buf[x.off : x.off+x.n]
+}
+
+// Release is one user done with step i: the last one frees its buffers.
+func (p *Pass) Release(i int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.steps[i]
+	if st.users == 0 {
+		return
+	}
+	if st.users--; st.users > 0 {
+		return
+	}
+	st.freed = true
+	if st.admitted && !st.skip {
+		p.held -= st.mem
+		p.cond.Broadcast()
+	}
+	if st.pins == 0 {
+		st.free()
+	}
+}
+
+// free returns the buffers of the spans read so far; the others return
+// theirs as they finish (done). The pass's lock is held.
+func (st *step) free() {
+	for _, sp := range st.spans {
+		sp.free()
+	}
+}
+
+func (sp *span) free() {
+	if sp.read && sp.mem != nil { // a read in flight frees its own (done)
+		sp.bufs.put(sp.mem)
+		sp.mem, sp.buf = nil, nil
+	}
+}
+
+// Close stops reading, waits for the reads in flight and frees every
+// buffer; the pass is then done with.
+func (p *Pass) Close() {
+	if p.cancel != nil {
+		p.cancel()
+	}
+	p.stop(errClosed)
+	p.wg.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, st := range p.steps {
+		if !st.freed {
+			st.freed = true
+			if st.pins == 0 {
+				st.free()
+			}
+		}
+	}
+	for _, f := range p.files {
+		for _, h := range []*os.File{f.direct, f.plain} {
+			if h != nil {
+				h.Close()
+			}
+		}
+	}
+	p.bufs.close()
+}
+
+var errClosed = errors.New("stream: closed")
+
+// StepBytes is the bytes step i reads (OnRead reports them as they come).
+func (p *Pass) StepBytes(i int) int64 { return p.steps[i].size }
+
+// Misses is how many tensor reads no step held.
+func (p *Pass) Misses() int64 { return p.misses.Load() }

@@ -1,0 +1,166 @@
+package stream
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// fixture writes n random bytes to a file and returns its path and bytes.
+func fixture(t *testing.T, n int) (string, []byte) {
+	t.Helper()
+	b := make([]byte, n)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	path := filepath.Join(t.TempDir(), "f.bin")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path, b
+}
+
+// tensorAt is a U8 tensor of the file's bytes [off, off+n), read through
+// a section of the open file as safetensors tensors are.
+func tensorAt(t *testing.T, path string, off, n int64) *checkpoint.Tensor {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return &checkpoint.Tensor{Name: "t", DType: safetensors.U8, Shape: []int64{n}, File: path, Data: io.NewSectionReader(f, off, n)}
+}
+
+// Every step's extents come back as the file holds them, whether the
+// extent is a file range, a tensor of a file (O_DIRECT where the file
+// system takes it, buffered otherwise) or a tensor of another reader; a
+// budget smaller than a step still reads it; a step released before it
+// was read is never read.
+func TestPassSteps(t *testing.T) {
+	for _, buffered := range []bool{false, true} {
+		path, data := fixture(t, 3<<20+123)
+		a := tensorAt(t, path, 1000, 1<<20)
+		mem := &checkpoint.Tensor{Name: "m", DType: safetensors.U8, Shape: []int64{4096}, Data: bytes.NewReader(data[5000:9096])}
+		steps := []Step{
+			{Extents: []Extent{{File: path, Off: 0, N: 10}, {T: a, Off: 7, N: 100}, {T: mem, Off: 1, N: 4000}}},
+			{Extents: []Extent{{T: a, Off: 1 << 19, N: 1 << 19}, {File: path, Off: 3 << 20, N: 123}}},
+			{Extents: []Extent{{File: path, Off: 2 << 20, N: 1 << 20}}, Users: 2},
+			{Extents: []Extent{{File: path, Off: 17, N: 3}}},
+		}
+		want := [][][]byte{
+			{data[0:10], data[1007:1107], data[5001:9001]},
+			{data[1000+1<<19 : 1000+1<<20], data[3<<20:]},
+			{data[2<<20 : 3<<20]},
+			{data[17:20]},
+		}
+		var readFor [4]atomic.Int64
+		p, err := New(steps, Options{Budget: 1 << 10, Buffered: buffered, OnRead: func(i int, n int64) { readFor[i].Add(n) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Release(3) // no one needs it
+		ctx := context.Background()
+		p.Start(ctx)
+		for i := range 3 {
+			if err := p.Wait(ctx, i); err != nil {
+				t.Fatal(err)
+			}
+			for e, w := range want[i] {
+				if !bytes.Equal(p.Bytes(i, e), w) {
+					t.Fatalf("buffered %v: step %d extent %d differs", buffered, i, e)
+				}
+			}
+			p.Release(i)
+		}
+		p.Release(2) // its second user
+		if err := p.Wait(ctx, 3); err != nil {
+			t.Fatal(err)
+		}
+		if readFor[3].Load() != 0 || readFor[2].Load() != 1<<20 || readFor[0].Load() != p.StepBytes(0) {
+			t.Errorf("bytes read per step: %d %d %d %d", readFor[0].Load(), readFor[1].Load(), readFor[2].Load(), readFor[3].Load())
+		}
+		p.Close()
+	}
+}
+
+// Install serves a tensor's reads from the steps that hold them, from
+// many goroutines at once, while steps are released; a read no held step
+// covers goes to the file and counts as a miss. Run with -race.
+func TestWindowReads(t *testing.T) {
+	path, data := fixture(t, 8<<20)
+	const n = 16
+	c := &checkpoint.Checkpoint{}
+	var steps []Step
+	for i := range n {
+		tn := tensorAt(t, path, int64(i)<<19, 1<<19)
+		c.Tensors = append(c.Tensors, tn)
+		steps = append(steps, Step{Extents: []Extent{{T: tn, Off: 0, N: 1 << 19}}})
+	}
+	p, err := New(steps, Options{Budget: 3 << 19})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Install(c)
+	p.Start(context.Background())
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			defer p.Release(i)
+			buf := make([]byte, 1000)
+			for off := int64(0); off+1000 <= 1<<19; off += 77777 {
+				if _, err := c.Tensors[i].Data.ReadAt(buf, off); err != nil {
+					t.Error(err)
+					return
+				}
+				at := int64(i)<<19 + off
+				if !bytes.Equal(buf, data[at:at+1000]) {
+					t.Errorf("tensor %d at %d differs", i, off)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if p.Misses() != 0 {
+		t.Errorf("%d misses while every step was held", p.Misses())
+	}
+	buf := make([]byte, 10)
+	if _, err := c.Tensors[3].Data.ReadAt(buf, 5); err != nil || !bytes.Equal(buf, data[3<<19+5:3<<19+15]) || p.Misses() != 1 {
+		t.Errorf("a read after its step was let go: %v, %d misses", err, p.Misses())
+	}
+}
+
+// A pass closed half way returns, and its Wait says why.
+func TestPassClose(t *testing.T) {
+	path, _ := fixture(t, 1<<20)
+	var steps []Step
+	for i := range 8 {
+		steps = append(steps, Step{Extents: []Extent{{File: path, Off: int64(i) << 17, N: 1 << 17}}})
+	}
+	p, err := New(steps, Options{Budget: 1 << 17})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.Start(ctx)
+	if err := p.Wait(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	p.Close()
+	if err := p.Wait(context.Background(), 7); err == nil {
+		t.Errorf("step 7 of a closed pass: no error")
+	}
+}

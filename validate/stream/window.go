@@ -1,0 +1,85 @@
+package stream
+
+import (
+	"io"
+
+	"github.com/moeprep/moeprep/checkpoint"
+)
+
+// Install routes the reads of c's stored tensors through the pass: a read
+// that one of the planned extents covers waits for its step and is copied
+// from the step's buffer; any other read, or one of a step every user has
+// released, goes to the tensor's own reader. Views of c made from now on
+// read through their base tensor, so they are served too.
+func (p *Pass) Install(c *checkpoint.Checkpoint) {
+	for _, t := range c.Tensors {
+		if _, ok := p.tensors[t]; ok {
+			t.Data = &windowData{p: p, t: t, r: t.Data}
+		}
+	}
+}
+
+// windowData is a tensor's reader while a pass runs.
+type windowData struct {
+	p *Pass
+	t *checkpoint.Tensor
+	r io.ReaderAt // the tensor's own reader
+}
+
+func (w *windowData) ReadAt(b []byte, off int64) (int, error) {
+	if held, done, ok := w.Lend(off, int64(len(b))); ok {
+		n := copy(b, held)
+		done()
+		return n, nil
+	}
+	w.p.misses.Add(1)
+	return w.r.ReadAt(b, off)
+}
+
+// Lend returns the tensor's bytes [off, off+n) where a step still holds
+// them, pinned (its buffers stay until done is called), waiting for the
+// step to be read first (a step waits only for the reads before it).
+func (w *windowData) Lend(off, n int64) ([]byte, func(), bool) {
+	p := w.p
+	end := off + n
+	for _, h := range p.tensors[w.t] {
+		if h.off > off || h.off+h.n < end {
+			continue
+		}
+		st := p.steps[h.i]
+		p.want(h.i)
+		<-st.ready
+		p.mu.Lock()
+		if st.freed || st.skip || st.err != nil {
+			p.mu.Unlock()
+			continue
+		}
+		st.pins++
+		p.mu.Unlock()
+		x := st.ext[h.e]
+		return x.sp.buf[x.off+off-h.off : x.off+end-h.off], func() { p.unpin(st) }, true
+	}
+	return nil, nil, false
+}
+
+// want lets step i in past the budget: a tensor read waits for it, and
+// the reader may hold steps that fill the budget until it gets it (an
+// expert's job holds the layer's head and its earlier steps).
+func (p *Pass) want(i int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if i > p.wanted && !p.steps[i].admitted {
+		p.wanted = i
+		p.cond.Broadcast()
+	}
+}
+
+// unpin ends a copy out of st's buffers, freeing them if it was released
+// meanwhile.
+func (p *Pass) unpin(st *step) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if st.pins--; st.pins == 0 && st.freed {
+		st.free()
+	}
+}
