@@ -108,7 +108,7 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 		if i+1 < len(targets) {
 			pending = start(targets[i+1])
 		}
-		rows, err := s.checkLayerGPU(ctx, g, tg, ld.bank, sampled[tg.index], &tm)
+		rows, err := s.checkLayerGPU(ctx, g, tg, ld.bank, nil, sampled[tg.index], &tm)
 		ld.bank.Free()
 		if err != nil {
 			return err
@@ -119,17 +119,85 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 		rep.Rows = append(rep.Rows, rows...)
 		rep.Timings = append(rep.Timings, tm)
 	}
-	if s.o.IOBaseline {
-		s.o.progress("validate: io baseline: reading and uploading each layer's bytes again, no compute")
-		if err := g.IOBaseline(rep.Timings); err != nil {
-			rep.Notes = append(rep.Notes, err.Error())
-			return nil
-		}
-		for i := range rep.Timings {
-			s.o.progress("validate: %s", rep.Timings[i].Line())
+	s.ioBaseline(g, rep)
+	return nil
+}
+
+// ioBaseline, with Options.IOBaseline, reads and uploads each timed
+// layer's bytes again without compute, for the timings' ratio.
+func (s *session) ioBaseline(g *gpurun.Runner, rep *Report) {
+	if !s.o.IOBaseline {
+		return
+	}
+	s.o.progress("validate: io baseline: reading and uploading each layer's bytes again, no compute")
+	if err := g.IOBaseline(rep.Timings); err != nil {
+		rep.Notes = append(rep.Notes, err.Error())
+		return
+	}
+	for i := range rep.Timings {
+		s.o.progress("validate: %s", rep.Timings[i].Line())
+	}
+}
+
+// gpuStreams reports whether a GPU run of targets goes over one streamed
+// pass (runGPUStreamed): SRC and DST are both given, every target has
+// both sides, and every fused bank loads expert by expert. Other runs
+// load each bank whole, the next one while a layer computes (runGPU).
+func (s *session) gpuStreams(targets []target) bool {
+	if s.src == nil || s.dst == nil {
+		return false
+	}
+	for _, tg := range targets {
+		if tg.fused == nil || tg.src == nil || !gpurun.LoadsInOrder(tg.fused) {
+			return false
 		}
 	}
+	return true
+}
+
+// runGPUStreamed checks every target on the GPU over one streamed pass
+// (pass.go), which with withBytes also feeds the byte proof: each byte of
+// SRC and DST is read once. Per layer, the fused bank's upload, the GPU
+// unfused path and the CPU reference (on sampled layers) read each
+// expert's step as the pass brings it in; the fused path runs once its
+// bank is complete. At most one bank is on the device.
+func (s *session) runGPUStreamed(ctx context.Context, targets []target, rep *Report, withBytes bool) error {
+	g, err := gpurun.Open(s.o.GPUPrecision)
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+	rep.DeviceName = g.Device().String()
+	rep.GPUPrecision = s.o.GPUPrecision
+	sampled := refSampled(targets, s.o.CPUCheck)
+	layerStart := time.Now()
+	err = s.streamPass(ctx, targets, rep, withBytes, " on "+rep.DeviceName, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
+		tm := LayerTiming{Layer: tg.index}
+		rows, err := s.checkLayerGPU(ctx, g, tg, nil, &lp, sampled[tg.index], &tm)
+		if err != nil {
+			return nil, err
+		}
+		tm.WallSeconds = time.Since(layerStart).Seconds()
+		layerStart = time.Now()
+		s.o.progress("validate: %s", tm.Line())
+		rep.Timings = append(rep.Timings, tm)
+		return rows, nil
+	})
+	if err != nil {
+		return err
+	}
+	s.ioBaseline(g, rep)
 	return nil
+}
+
+// paceWindow is how many bank steps a reader of a streamed GPU layer may
+// run ahead of the slowest: what the pass's budget holds, and at least 4,
+// so that the CPU reference keeps 4 experts in flight.
+func paceWindow(lp *layerPass) int {
+	if lp.step <= 0 {
+		return 4
+	}
+	return max(4, int(lp.budget/lp.step))
 }
 
 // gpuNumerics is how the GPU paths compute (Options.GPUPrecision), which
@@ -145,8 +213,11 @@ func (s *session) gpuNumerics() judge.Numerics {
 }
 
 // checkLayerGPU runs one layer's GPU fused and unfused paths (and the CPU
-// reference on sampled layers, concurrently) and compares them.
-func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target, bank *gpurun.Bank, withRef bool, tm *LayerTiming) ([]LayerResult, error) {
+// reference on sampled layers, concurrently) and compares them. The fused
+// bank is loaded before (bank), or, in a streamed pass (lp set), loaded
+// expert by expert beside the unfused path and the reference, the three
+// reading each expert's step of the pass once between them (layerPace).
+func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target, bank *gpurun.Bank, lp *layerPass, withRef bool, tm *LayerTiming) ([]LayerResult, error) {
 	x, t, h, g0, tokens, cov, err := s.layerStart(tg)
 	if err != nil {
 		return nil, err
@@ -155,19 +226,56 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 	if cov != nil {
 		xAll = append(append([]float32(nil), x...), cov.X...)
 	}
+	withRef = withRef && tg.src != nil && s.src != nil
+	withUnf := tg.src != nil && s.src != nil
+	var pace *layerPace
+	paced := func(r int) cpuref.Pace { return nil }
+	if lp != nil {
+		readers := [numReaders]bool{readerBank: tg.fused != nil, readerUnfused: withUnf, readerRef: withRef}
+		pace = newLayerPace(lp.order, len(tg.src.Experts), readers, paceWindow(lp), lp.release)
+		paced = func(r int) cpuref.Pace { return pace.reader(r) }
+		defer func() {
+			for r := range numReaders {
+				pace.finish(r)
+			}
+		}()
+	}
 	type refOut struct {
 		r   *cpuref.RefResult
 		err error
 		sec float64
 	}
 	var refCh chan refOut
-	if withRef && tg.src != nil && s.src != nil {
+	if withRef {
 		refCh = make(chan refOut, 1)
 		go func() {
 			t0 := time.Now()
 			// In w8a8 mode the reference runs the same numerics as the GPU.
-			r, err := cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers, W8A8: s.o.GPUPrecision == PrecisionFP8})
+			r, err := cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers,
+				W8A8: s.o.GPUPrecision == PrecisionFP8, Pace: paced(readerRef)})
+			if pace != nil {
+				pace.finish(readerRef)
+			}
 			refCh <- refOut{r, err, time.Since(t0).Seconds()}
+		}()
+	}
+	// A streamed pass's bank loads beside the unfused path.
+	var bankCh chan bankLoad
+	if pace != nil && tg.fused != nil {
+		bankCh = make(chan bankLoad, 1)
+		go func() {
+			var ld bankLoad
+			ld.err = gpurun.Recording(g.Prefetch, &ld.rec, func() (err error) {
+				ld.bank, err = gpurun.LoadFusedBankInOrder(ctx, g.Prefetch, s.dst, tg.fused, lp.order, pace.reader(readerBank))
+				return err
+			})
+			pace.finish(readerBank)
+			bankCh <- ld
+		}()
+		defer func() {
+			if bankCh != nil {
+				(<-bankCh).bank.Free()
+			}
 		}()
 	}
 	// The stager's I/O during each path: DST's unfused shared expert, SRC's
@@ -181,6 +289,39 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 			return nil, nil, 0, 0, err
 		}
 		in.Tokens = tokens
+		runUnfused := func() error {
+			t0 := time.Now()
+			err := gpurun.Recording(g.Stage, &srcRec, func() (err error) {
+				unf, err = g.UnfusedLayer(ctx, s.src, s.srcPlan, tg.src, in, cov, paced(readerUnfused))
+				return err
+			})
+			if pace != nil {
+				pace.finish(readerUnfused)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.o.Src, err)
+			}
+			unfSec = time.Since(t0).Seconds()
+			return nil
+		}
+		if bankCh != nil {
+			// Streamed: the unfused path first, while the bank fills.
+			if withUnf {
+				if err := runUnfused(); err != nil {
+					return nil, nil, 0, 0, err
+				}
+			}
+			t0 := time.Now()
+			ld := <-bankCh
+			bankCh = nil
+			tm.BankWaitSeconds = time.Since(t0).Seconds()
+			tm.DstBytes, tm.DstIOSeconds, tm.Staged = ld.rec.Bytes, ld.rec.Busy.Seconds(), ld.rec.Staged
+			if ld.err != nil {
+				return nil, nil, 0, 0, fmt.Errorf("%s: %w", s.o.Dst, ld.err)
+			}
+			bank = ld.bank
+			fr.AddBank(bank)
+		}
 		if tg.fused != nil && bank != nil {
 			t0 := time.Now()
 			err := gpurun.Recording(g.Stage, &dstRec, func() (err error) {
@@ -192,16 +333,10 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 			}
 			fusedSec = time.Since(t0).Seconds()
 		}
-		if tg.src != nil && s.src != nil {
-			t0 := time.Now()
-			err := gpurun.Recording(g.Stage, &srcRec, func() (err error) {
-				unf, err = g.UnfusedLayer(s.src, s.srcPlan, tg.src, in, cov)
-				return err
-			})
-			if err != nil {
-				return nil, nil, 0, 0, fmt.Errorf("%s: %w", s.o.Src, err)
+		if withUnf && unf == nil {
+			if err := runUnfused(); err != nil {
+				return nil, nil, 0, 0, err
 			}
-			unfSec = time.Since(t0).Seconds()
 		}
 		return
 	}

@@ -51,6 +51,13 @@ type layerSteps struct {
 	released map[int]bool
 }
 
+// order is the layer's bank experts in the order of their steps.
+func (ls *layerSteps) order() []int {
+	out := rangeOf(0, len(ls.bank))
+	slices.SortFunc(out, func(a, b int) int { return ls.bank[a] - ls.bank[b] })
+	return out
+}
+
 // proofTake is one DST extent of a step that the byte proof takes: the
 // step's extent e, bytes off.. of piece.
 type proofTake struct {
@@ -355,9 +362,34 @@ func decoderLayerOf(name string) int {
 	return -1
 }
 
-// runStreamed runs the layer checks of targets, and with withBytes the
-// byte proof, over one streamed pass.
+// runStreamed runs the layer checks of targets on the CPU, and with
+// withBytes the byte proof, over one streamed pass.
 func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report, withBytes bool) error {
+	return s.streamPass(ctx, targets, rep, withBytes, "", func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
+		return s.checkLayerWith(ctx, tg, lp.release)
+	})
+}
+
+// layerPass is what a check of one layer of a streamed pass gets.
+type layerPass struct {
+	// order is the layer's bank experts in the order the pass reads them.
+	order []int
+	// budget is the bytes the pass holds at most; step the largest of the
+	// layer's bank steps.
+	budget, step int64
+	// release lets a bank expert's step go once the check is done with it
+	// (each at most once; the rest go when the check returns).
+	release func(bank int)
+}
+
+// layerCheck checks one target of a streamed pass, reading its bytes
+// through the pass.
+type layerCheck func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error)
+
+// streamPass runs check on every target, and with withBytes the byte
+// proof, over one streamed pass; on names the device in the progress
+// lines ("": none).
+func (s *session) streamPass(ctx context.Context, targets []target, rep *Report, withBytes bool, on string, check layerCheck) error {
 	var proof *byteproof.Stream
 	var early *byteproof.BytesResult
 	if withBytes {
@@ -405,9 +437,13 @@ func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		s.o.progress("validate: layer %d (%d of %d)", tg.index, i+1, len(targets))
+		s.o.progress("validate: layer %d (%d of %d)%s", tg.index, i+1, len(targets), on)
 		ls := pp.layers[tg.index]
-		rows, err := s.checkLayerWith(ctx, tg, func(b int) { let(ls, ls.bank[b]) })
+		lp := layerPass{order: ls.order(), budget: pass.Budget(), release: func(b int) { let(ls, ls.bank[b]) }}
+		for _, st := range ls.bank {
+			lp.step = max(lp.step, pass.StepBytes(st))
+		}
+		rows, err := check(ctx, tg, lp)
 		let(ls, ls.head)
 		for _, st := range ls.bank {
 			let(ls, st)

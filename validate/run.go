@@ -291,6 +291,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("GPU precision %s not applied: it sets the GPU's activations, and this run is on the CPU", o.GPUPrecision))
 		}
 	}
+	if o.Device == DeviceCUDA && s.gpuStreams(targets) {
+		if err := s.runGPUStreamed(ctx, targets, rep, withBytes); err != nil {
+			return nil, err
+		}
+		rep.Seconds = time.Since(start).Seconds()
+		return rep, nil
+	}
 	if o.Device != DeviceCUDA && s.src != nil && s.dst != nil {
 		if err := s.runStreamed(ctx, targets, rep, withBytes); err != nil {
 			return nil, err

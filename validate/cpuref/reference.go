@@ -55,6 +55,20 @@ type RefOptions struct {
 	// dequantised exactly) into RefResult.YRequant, beside Y with the
 	// shared expert as SRC stores it. nil: no requantisation.
 	RequantShared weightfmt.Format
+	// Pace, when set, paces the reads of the experts' weights (a streamed
+	// run shares them with other readers); nil: none.
+	Pace Pace
+}
+
+// Pace paces a layer's reads of its experts' weights in a streamed run,
+// where other readers of the same bytes go at their own speed and memory
+// holds only the bytes between the slowest and the fastest: Take before
+// expert id's weights are read (it may wait for the slower readers of
+// earlier experts), Done once they are no longer needed (also for an
+// expert never read). Every expert gets one Done.
+type Pace interface {
+	Take(ctx context.Context, expert int) error
+	Done(expert int)
 }
 
 // ReferenceLayer runs one MoE layer of a source (hub-layout) plan the way
@@ -71,15 +85,29 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(r.workers)
+	pace := o.Pace
 	for id := range r.e {
 		if !r.uses(id) {
+			if pace != nil {
+				pace.Done(id)
+			}
 			continue
 		}
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {
 				return err
 			}
+			if pace != nil {
+				// The decoded weights are the worker's own: the bytes go
+				// as soon as they are read.
+				if err := pace.Take(gctx, id); err != nil {
+					return err
+				}
+			}
 			m, err := r.loadExpert(nil, id)
+			if pace != nil {
+				pace.Done(id)
+			}
 			if err != nil {
 				return err
 			}

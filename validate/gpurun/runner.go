@@ -1,6 +1,7 @@
 package gpurun
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -642,6 +643,9 @@ type bankFree struct{ b *Bank }
 
 func (f bankFree) Free() error { f.b.Free(); return nil }
 
+// AddBank frees bank b with f, once the compute stream is done with it.
+func (f *Frees) AddBank(b *Bank) { f.add(bankFree{b}) }
+
 // UnfusedLayer runs a hub-layout (SRC) layer on the GPU the way an engine
 // without fusion does: router and gate, then per expert the tokens routed to
 // it through the grouped GEMM with a bank of that one expert (weights from
@@ -649,8 +653,9 @@ func (f bankFree) Free() error { f.b.Free(); return nil }
 // a dense MLP.
 //
 // cov's forced tokens (nil: none) follow the routed ones in in and run in
-// the same pass over the experts.
-func (g *Runner) UnfusedLayer(src cpuref.TensorSource, plan *family.Plan, layer *family.Layer, in *Input, cov *cpuref.Coverage) (*cpuref.RefResult, error) {
+// the same pass over the experts. pace (nil: none) paces the experts'
+// reads in a streamed run.
+func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan *family.Plan, layer *family.Layer, in *Input, cov *cpuref.Coverage, pace cpuref.Pace) (*cpuref.RefResult, error) {
 	var fr Frees
 	defer fr.Release(g)
 	h, inter, e, t := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts, in.t
@@ -688,9 +693,21 @@ func (g *Runner) UnfusedLayer(src cpuref.TensorSource, plan *family.Plan, layer 
 	}
 	for id := range e {
 		if len(users[id]) == 0 {
+			if pace != nil {
+				pace.Done(id)
+			}
 			continue
 		}
-		if err := g.oneExpert(src, layer.Experts[id], h, inter, wf, plan.Act, users[id], numel, gk, gin, mid, out); err != nil {
+		if pace != nil {
+			if err := pace.Take(ctx, id); err != nil {
+				return nil, err
+			}
+		}
+		err := g.oneExpert(src, layer.Experts[id], h, inter, wf, plan.Act, users[id], numel, gk, gin, mid, out)
+		if pace != nil {
+			pace.Done(id) // oneExpert waited for its copies
+		}
+		if err != nil {
 			return nil, fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
 		}
 	}

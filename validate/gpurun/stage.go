@@ -245,6 +245,18 @@ func (b *Bank) weight(s *Stager, src cpuref.TensorSource, name string, want []in
 	} else if b.DType != dt {
 		return kernels.Mat{}, fmt.Errorf("%s: tensor %s is %s, the bank's other weights %v", t.File, name, t.DType, b.DType)
 	}
+	buf, err := b.alloc(s.dev, t, dt)
+	if err != nil {
+		return kernels.Mat{}, err
+	}
+	if err := s.copyTensor(buf.Ptr(), t, decode); err != nil {
+		return kernels.Mat{}, err
+	}
+	return kernels.Mat{DType: dt, Ptr: buf.Ptr(), Len: int(t.NumElements())}, nil
+}
+
+// alloc allocates the bank's device memory for weight tensor t as dt.
+func (b *Bank) alloc(dev *cuda.Device, t *checkpoint.Tensor, dt kernels.MatDType) (*cuda.Buffer[uint8], error) {
 	n := t.NumElements()
 	es := int64(4)
 	switch dt {
@@ -254,18 +266,15 @@ func (b *Bank) weight(s *Stager, src cpuref.TensorSource, name string, want []in
 		es = 1
 	}
 	if n > math.MaxInt/es {
-		return kernels.Mat{}, fmt.Errorf("%s: tensor %s is too large", t.File, name)
+		return nil, fmt.Errorf("%s: tensor %s is too large", t.File, t.Name)
 	}
-	buf, err := cuda.Alloc[uint8](s.dev, int(n*es))
+	buf, err := cuda.Alloc[uint8](dev, int(n*es))
 	if err != nil {
-		return kernels.Mat{}, fmt.Errorf("tensor %s: %w", name, err)
+		return nil, fmt.Errorf("tensor %s: %w", t.Name, err)
 	}
 	b.bytes = append(b.bytes, buf)
 	b.Size += n * es
-	if err := s.copyTensor(buf.Ptr(), t, decode); err != nil {
-		return kernels.Mat{}, err
-	}
-	return kernels.Mat{DType: dt, Ptr: buf.Ptr(), Len: int(n)}, nil
+	return buf, nil
 }
 
 // scale allocates and queues an F32 block-scale tensor of shape want.
@@ -274,16 +283,25 @@ func (b *Bank) scale(s *Stager, src cpuref.TensorSource, name string, want []int
 	if err != nil {
 		return nil, err
 	}
-	if t.DType != safetensors.F32 {
-		return nil, fmt.Errorf("%s: scale %s is %s, want F32", t.File, name, t.DType)
-	}
-	buf, err := cuda.Alloc[float32](s.dev, int(t.NumElements()))
+	buf, err := b.scaleBuffer(s.dev, t)
 	if err != nil {
-		return nil, fmt.Errorf("tensor %s: %w", name, err)
+		return nil, err
+	}
+	return buf, s.copyTensor(buf.Ptr(), t, false)
+}
+
+// scaleBuffer allocates the bank's device memory for F32 scale tensor t.
+func (b *Bank) scaleBuffer(dev *cuda.Device, t *checkpoint.Tensor) (*cuda.Buffer[float32], error) {
+	if t.DType != safetensors.F32 {
+		return nil, fmt.Errorf("%s: scale %s is %s, want F32", t.File, t.Name, t.DType)
+	}
+	buf, err := cuda.Alloc[float32](dev, int(t.NumElements()))
+	if err != nil {
+		return nil, fmt.Errorf("tensor %s: %w", t.Name, err)
 	}
 	b.f32 = append(b.f32, buf)
 	b.Size += int64(buf.Bytes())
-	return buf, s.copyTensor(buf.Ptr(), t, false)
+	return buf, nil
 }
 
 func tensorShaped(src cpuref.TensorSource, name string, want []int64) (*checkpoint.Tensor, error) {

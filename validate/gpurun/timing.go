@@ -92,6 +92,13 @@ func (r *StageRecord) add(t *checkpoint.Tensor, decode bool, n int64, start time
 	r.Busy += time.Since(start)
 }
 
+// addTimed records tensor t's n bytes, staged in pieces that took d.
+func (r *StageRecord) addTimed(t *checkpoint.Tensor, decode bool, n int64, d time.Duration) {
+	r.Staged = append(r.Staged, StagedTensor{t, decode})
+	r.Bytes += n
+	r.Busy += d
+}
+
 func (r *StageRecord) addWait(start time.Time) { r.Busy += time.Since(start) }
 
 // Recording runs fn with s's I/O collected into rec.

@@ -522,5 +522,9 @@ var errClosed = errors.New("stream: closed")
 // StepBytes is the bytes step i reads (OnRead reports them as they come).
 func (p *Pass) StepBytes(i int) int64 { return p.steps[i].size }
 
+// Budget is the bytes the pass holds at most (Options.Budget, or its
+// default).
+func (p *Pass) Budget() int64 { return p.o.Budget }
+
 // Misses is how many tensor reads no step held.
 func (p *Pass) Misses() int64 { return p.misses.Load() }
