@@ -11,8 +11,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
+	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/validate/judge"
 )
@@ -286,4 +288,63 @@ func TestGPUStreamedPassMatchesBanks(t *testing.T) {
 	if streamed == 0 {
 		t.Fatal("no conversion was streamed")
 	}
+}
+
+// In-out stacks (convert --orientation in-out) reach the GPU as their
+// out-in transpose, so validate --device cuda of an in-out DST gives the
+// out-in DST's report value for value (fused path, unfused path, CPU
+// reference, in each precision and layout, shared experts fused), and
+// passes; stacks left untransposed fail on the GPU too.
+func TestGPUInOutConversions(t *testing.T) {
+	needGPU(t)
+	ctx := context.Background()
+	srcs := map[string]string{}
+	for _, name := range []string{"deepseek-v3-fp8", "deepseek-v2-lite", "llama4-text", "gpt-oss", "qwen2-moe"} {
+		srcs[name] = filepath.Join(hfFixtures, name)
+	}
+	for name := range inOutSpecs() {
+		srcs[name] = synthFrom(t, inOutSpecs(), name)
+	}
+	runs := []convert.Options{{}, {Layout: layout.GateUp}, {Layout: layout.UpGate}, {FuseShared: true, TP: 2, Layout: layout.GateUp}}
+	for name, src := range srcs {
+		for _, o := range runs {
+			if o.FuseShared && name != "deepseek-v3-fp8" && name != "deepseek-v2-lite" && name != "deepseek-v2-fp8" {
+				continue // no shared expert to fuse
+			}
+			for _, prec := range []string{PrecisionBF16, PrecisionF32} {
+				t.Run(fmt.Sprintf("%s/%s/fuse=%v/%s", name, o.Layout, o.FuseShared, prec), func(t *testing.T) {
+					io := o
+					io.Orientation = layout.InOut
+					var reps [2]*Report
+					for i, oo := range []convert.Options{o, io} {
+						rep, err := Run(ctx, Options{Src: src, Dst: convertInto(t, src, oo), Seed: 5, Device: DeviceCUDA, GPUPrecision: prec, CPUCheck: CPUCheckAll})
+						if err != nil {
+							t.Fatal(err)
+						}
+						mustPass(t, rep, "validate --device cuda of a correct conversion")
+						reps[i] = rep
+					}
+					if len(reps[0].Rows) != len(reps[1].Rows) || len(reps[0].Rows) == 0 {
+						t.Fatalf("%d rows out-in, %d in-out", len(reps[0].Rows), len(reps[1].Rows))
+					}
+					for i := range reps[0].Rows {
+						a, b := reps[0].Rows[i], reps[1].Rows[i]
+						a.Seconds, b.Seconds = 0, 0
+						ja, _ := json.Marshal(a)
+						jb, _ := json.Marshal(b)
+						if string(ja) != string(jb) {
+							t.Errorf("row %d out-in %s\nin-out %s", i, ja, jb)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestGPUInOutMutationsFail: TestInOutMutationsFail's in-out DSTs (one
+// expert's slice or FP8 grid left out-in) fail the GPU's layer checks.
+func TestGPUInOutMutationsFail(t *testing.T) {
+	needGPU(t)
+	mutationsFail(t, inOutSpecs(), inOutMutations(), DeviceCUDA, []string{BytesOff})
 }

@@ -74,6 +74,12 @@ func TestInOutConversionsPass(t *testing.T) {
 // the wrong order) fails validate: the layer checks and the byte proof
 // each catch it.
 func TestInOutMutationsFail(t *testing.T) {
+	mutationsFail(t, inOutSpecs(), inOutMutations(), DeviceCPU, []string{BytesOff, BytesOnly})
+}
+
+// inOutMutations are in-out DSTs with one expert's slice or FP8 scale grid
+// left as the out-in bytes.
+func inOutMutations() []dstMutation {
 	// untransposed writes slice e of the stack name back in out-in order.
 	untransposed := func(name string, e int) func(t *testing.T, dst string) {
 		return func(t *testing.T, dst string) {
@@ -93,7 +99,7 @@ func TestInOutMutationsFail(t *testing.T) {
 		}
 	}
 	p := "model.layers.1.mlp.experts."
-	cases := []dstMutation{
+	return []dstMutation{
 		{"a gate slice not transposed", "deepseek-v2-fp8", convert.Options{Orientation: layout.InOut}, untransposed(p+"all_gate.weight", 3)},
 		{"a gate scale grid not transposed", "deepseek-v2-fp8", convert.Options{Orientation: layout.InOut}, untransposed(p+"all_gate.weight_scale_inv", 2)},
 		{"a fused shared slice's down not transposed", "deepseek-v2-fp8", convert.Options{Orientation: layout.InOut, FuseShared: true, TP: 1, Layout: layout.GateUp},
@@ -101,12 +107,13 @@ func TestInOutMutationsFail(t *testing.T) {
 		{"a gate-up scale grid not transposed", "deepseek-v2-fp8", convert.Options{Orientation: layout.InOut, Layout: layout.UpGate}, untransposed(p+"up_gate_proj_scale_inv", 0)},
 		{"a bf16 down slice not transposed", "qwen3-bf16", convert.Options{Orientation: layout.InOut, Layout: layout.GateUp}, untransposed(p+"down_proj", 5)},
 	}
-	mutationsFail(t, inOutSpecs(), cases, DeviceCPU, []string{BytesOff, BytesOnly})
 }
 
 // TestInOutRefusals: formats packed along the row are refused in one line
-// naming the rule, and the GPU, whose bank loads out-in stacks, refuses
-// an in-out DST (--device auto runs it on the CPU, saying so).
+// naming the rule, and the GPU, which decodes out-in rows on the device,
+// refuses an in-out DST of FP8 per channel (--device auto runs it on the
+// CPU, saying so); the stacks it takes as stored it transposes as they
+// upload (TestGPUInOutConversions).
 func TestInOutRefusals(t *testing.T) {
 	for _, c := range []struct {
 		specs map[string]fixtures.SynthSpec
@@ -115,7 +122,7 @@ func TestInOutRefusals(t *testing.T) {
 		src := synthFrom(t, c.specs, c.name)
 		convertRefused(t, src, convert.Options{Orientation: layout.InOut}, "along each row, so its experts have no byte-exact transpose")
 	}
-	src := synthFrom(t, inOutSpecs(), "deepseek-v2-fp8")
+	src := synthFrom(t, fp8ScaledSpecs(), "qwen3-channel")
 	dst := convertInto(t, src, convert.Options{Orientation: layout.InOut})
-	cudaRefused(t, src, dst, "", "orientation in-out", "orientation in-out")
+	cudaRefused(t, src, dst, "", "orientation in-out) and FP8 per-channel expert weights", "orientation in-out")
 }

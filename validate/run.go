@@ -1017,9 +1017,6 @@ func jsonText(v any) string {
 // tolerance would rightly fail and the w8a8 mode does not model). No
 // format may run as if it were one they take.
 func (s *session) gpuRefusal() string {
-	if s.contract != nil && s.contract.Oriented() == layout.InOut {
-		return "the stacks are in-out ([E,H,I]: orientation in-out), and the GPU bank loads out-in stacks only"
-	}
 	var fs []weightfmt.Format
 	if s.srcPlan != nil {
 		f, err := s.srcPlan.Format()
@@ -1036,6 +1033,11 @@ func (s *session) gpuRefusal() string {
 		fs = append(fs, f)
 	}
 	for _, f := range fs {
+		if s.contract != nil && s.contract.Oriented() == layout.InOut && gpurun.DecodesOnDevice(f) {
+			// In-out stacks are transposed on the host as they upload;
+			// the device decode takes out-in rows.
+			return fmt.Sprintf("the stacks are in-out ([E,H,I]: orientation in-out) and %s expert weights (quantization %s) are decoded on the GPU, which decodes out-in stacks only", f, f.Quantization())
+		}
 		if gpurun.DecodesOnDevice(f) && s.o.GPUPrecision != PrecisionBF16 {
 			sc, _ := f.Scale()
 			return fmt.Sprintf("%s expert weights (quantization %s, %s scales) are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not %s)",

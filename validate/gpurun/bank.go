@@ -1,6 +1,7 @@
 package gpurun
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/moeprep/moeprep/internal/cuda"
@@ -22,9 +23,14 @@ func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*
 	if err != nil {
 		return nil, err
 	}
+	if LoadsInOrder(fl) {
+		// Weights that go to the device as stored: one loader for both
+		// runs, in-out stacks transposed on the way.
+		return LoadFusedBankInOrder(context.Background(), s, src, fl, identityOrder(fl.Contract.BankSize()), nil)
+	}
 	c, n := fl.Contract, fl.Names
 	if c.Oriented() != layout.OutIn {
-		return nil, fmt.Errorf("layer %d: orientation %s: the GPU bank loads out-in stacks only", fl.Index, c.Oriented())
+		return nil, fmt.Errorf("layer %d: orientation %s: the GPU decodes out-in stacks only", fl.Index, c.Oriented())
 	}
 	e := int64(c.BankSize())
 	wf, err := c.Format()
@@ -100,6 +106,15 @@ func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*
 		return nil, err
 	}
 	return b, nil
+}
+
+// identityOrder is 0, 1, ..., n-1.
+func identityOrder(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
 }
 
 // setBiases uploads a bank's f32 biases (gate, up [E*I], down [E*H]).

@@ -13,16 +13,12 @@ import (
 )
 
 // LoadsInOrder reports whether LoadFusedBankInOrder can load fl's bank:
-// out-in stacks whose bytes go to the device as they are (bf16, f32 or
-// FP8 blocks, or float types decoded to f32 on the host) and no biases.
-// Formats decoded on the device, and biases, load by tensor
-// (LoadFusedBank).
+// stacks whose bytes go to the device as they are stored (bf16, f32 or
+// FP8 blocks, or float types decoded to f32 on the host), in either
+// orientation. Formats decoded on the device load by tensor
+// (LoadFusedBank), out-in only.
 func LoadsInOrder(fl *cpuref.FusedLayer) bool {
-	c := fl.Contract
-	if c.Oriented() != layout.OutIn || fl.Biases != nil {
-		return false
-	}
-	wf, err := c.Format()
+	wf, err := fl.Contract.Format()
 	if err != nil {
 		return false
 	}
@@ -31,22 +27,35 @@ func LoadsInOrder(fl *cpuref.FusedLayer) bool {
 }
 
 // orderedPart is one stack of a bank loaded expert by expert: the stored
-// tensor, where its device copy starts, and one expert's elements in and
-// bytes out.
+// tensor, where its device copy starts, one expert's elements in and
+// bytes out, and, for an in-out stack, one expert's stored rows and
+// columns (its transpose goes to the device).
 type orderedPart struct {
-	t      *checkpoint.Tensor
-	dst    cuda.DevicePtr
-	per    int64 // elements of one expert
-	outPer int64 // device bytes of one expert
-	decode bool
+	t          *checkpoint.Tensor
+	dst        cuda.DevicePtr
+	per        int64 // elements of one expert
+	outPer     int64 // device bytes of one expert
+	decode     bool
+	rows, cols int64 // in-out: the stored [rows, cols] of one expert; 0: out-in
 }
 
-// LoadFusedBankInOrder is LoadFusedBank for a streamed run: the same bank,
-// filled expert by expert in order (bank indices, each once) rather than
-// tensor by tensor, so that it takes each expert's slices of every stack
-// together, in the order a streamed pass reads them, and lets them go at
-// once (pace: Take before an expert's slices are read, Done after; nil:
-// none). Only for layers LoadsInOrder takes.
+// copyExpert queues expert x's slice of p to the device, transposed to
+// out-in when p is stored in-out.
+func (p orderedPart) copyExpert(s *Stager, x int64) error {
+	dst := p.dst.Add(int(x * p.outPer))
+	if p.rows > 0 {
+		return s.copyTransposed(dst, p.t, x, p.rows, p.cols, p.decode)
+	}
+	return s.copyElems(dst, p.t, x*p.per, (x+1)*p.per, p.decode)
+}
+
+// LoadFusedBankInOrder loads the bank of a layer LoadsInOrder takes expert
+// by expert in order (bank indices, each once): each expert's slices of
+// every stack (and its biases) together, in the order a streamed pass
+// reads them, let go at once (pace: Take before an expert's slices are
+// read, Done after; nil: none). In-out stacks reach the device as their
+// out-in transpose, the layout the kernels take, so the bank is the same
+// either way.
 func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer, order []int, pace cpuref.Pace) (*Bank, error) {
 	if !LoadsInOrder(fl) {
 		return nil, fmt.Errorf("layer %d: the bank does not load expert by expert", fl.Index)
@@ -63,7 +72,8 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 	}
 	_, scaled := wf.Scale()
 	H, I := int64(h), int64(inter)
-	shapes := layout.StackShapesFor(n.Layout, e, I, H, wf)
+	inOut := c.Oriented() == layout.InOut
+	shapes := layout.StackShapesFor(n.Layout, e, I, H, wf).Oriented(c.Oriented())
 	b := &Bank{}
 	b.NumExperts, b.H, b.I = int(e), h, inter
 	fail := func(err error) (*Bank, error) {
@@ -107,7 +117,7 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 			return fail(err)
 		}
 		*st.mat = kernels.Mat{DType: dt, Ptr: buf.Ptr(), Len: int(t.NumElements())}
-		parts = append(parts, orderedPart{t: t, dst: buf.Ptr(), per: t.NumElements() / e, outPer: int64(buf.Bytes()) / e, decode: decode})
+		parts = append(parts, orderedPart{t: t, dst: buf.Ptr(), per: t.NumElements() / e, outPer: int64(buf.Bytes()) / e, decode: decode}.oriented(inOut))
 		if scaled {
 			ts, err := tensorShaped(src, st.scaleName, st.scaleShape)
 			if err != nil {
@@ -118,7 +128,7 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 				return fail(err)
 			}
 			*st.scale = sb
-			parts = append(parts, orderedPart{t: ts, dst: sb.Ptr(), per: ts.NumElements() / e, outPer: int64(sb.Bytes()) / e})
+			parts = append(parts, orderedPart{t: ts, dst: sb.Ptr(), per: ts.NumElements() / e, outPer: int64(sb.Bytes()) / e}.oriented(inOut))
 		}
 	}
 	if scaled != (b.DType == kernels.MatFP8) {
@@ -126,6 +136,10 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 	}
 	busy := make([]time.Duration, len(parts))
 	done := map[int]bool{}
+	var gb, ub, db []float32 // biases, [E*I], [E*I], [E*H]
+	if fl.Biases != nil {
+		gb, ub, db = make([]float32, e*I), make([]float32, e*I), make([]float32, e*H)
+	}
 	for _, x := range order {
 		if x < 0 || int64(x) >= e || done[x] {
 			return fail(fmt.Errorf("bank order names expert %d of %d twice or out of range", x, e))
@@ -138,7 +152,7 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 		}
 		for i, p := range parts {
 			t0 := time.Now()
-			err := s.copyElems(p.dst.Add(int(int64(x)*p.outPer)), p.t, int64(x)*p.per, int64(x+1)*p.per, p.decode)
+			err := p.copyExpert(s, int64(x))
 			busy[i] += time.Since(t0)
 			if err != nil {
 				if pace != nil {
@@ -146,6 +160,18 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 				}
 				return fail(err)
 			}
+		}
+		if fl.Biases != nil {
+			g, u, d, err := fl.ExpertBiases(src, x, h, inter)
+			if err != nil {
+				if pace != nil {
+					pace.Done(x)
+				}
+				return fail(fmt.Errorf("expert %d: %w", x, err))
+			}
+			copy(gb[x*inter:], g)
+			copy(ub[x*inter:], u)
+			copy(db[x*h:], d)
 		}
 		// copyElems copied the bytes into a staging buffer: the source
 		// may go.
@@ -161,10 +187,24 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 			s.rec.addTimed(p.t, p.decode, e*p.per*int64(p.t.DType.Size()), busy[i])
 		}
 	}
+	if fl.Biases != nil {
+		if err := b.setBiases(s.dev, gb, ub, db); err != nil {
+			return fail(err)
+		}
+	}
 	b.Act = c.Act()
 	if err := s.wait(); err != nil {
 		b.Free()
 		return nil, err
 	}
 	return b, nil
+}
+
+// oriented is p for a stack stored in-out: one expert's slice is stored
+// transposed, [rows, cols] = the last two dimensions of the tensor.
+func (p orderedPart) oriented(inOut bool) orderedPart {
+	if inOut && len(p.t.Shape) == 3 {
+		p.rows, p.cols = p.t.Shape[1], p.t.Shape[2]
+	}
+	return p
 }

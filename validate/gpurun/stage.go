@@ -31,6 +31,8 @@ type Stager struct {
 	used   [2]bool
 	next   int
 	raw    []byte // read buffer for tensors decoded to f32 on the host
+	// decoded is copyTransposed's room for a slice decoded to f32.
+	decoded []byte
 	// rec, when set, collects what this stager reads and the time it takes
 	// (a layer's I/O); only the goroutine using the stager touches it.
 	rec *StageRecord
@@ -169,6 +171,96 @@ func (s *Stager) copyElems(dst cuda.DevicePtr, t *checkpoint.Tensor, from, to in
 		out += n * 4
 	}
 	return nil
+}
+
+// copyTransposed queues the upload of expert x's slice of in-out stack t,
+// stored [rows, cols] (in, out), as its out-in transpose [cols, rows] at
+// dst: the bytes the kernels take (decoded to f32 on the host first when
+// decode). The slice is read whole into host memory (one expert's, the
+// unit a streamed pass holds anyway), then transposed a staging buffer of
+// output rows at a time.
+func (s *Stager) copyTransposed(dst cuda.DevicePtr, t *checkpoint.Tensor, x, rows, cols int64, decode bool) error {
+	size := int64(t.DType.Size())
+	n := rows * cols
+	if size == 0 || rows <= 0 || cols <= 0 || n > math.MaxInt/8 {
+		return fmt.Errorf("%s: tensor %s: expert %d of %d x %d cannot be transposed", t.File, t.Name, x, rows, cols)
+	}
+	if int64(cap(s.raw)) < n*size {
+		s.raw = make([]byte, n*size)
+	}
+	raw := s.raw[:n*size]
+	if err := tensorbytes.ReadAt(t, raw, x*n*size); err != nil {
+		return err
+	}
+	if err := tensorbytes.CheckFinite(t.File, t.Name, t.DType, raw, x*n); err != nil {
+		return err
+	}
+	in, es := raw, size
+	if decode {
+		if int64(cap(s.decoded)) < n*4 {
+			s.decoded = make([]byte, n*4)
+		}
+		in, es = s.decoded[:n*4], 4
+		f := unsafe.Slice((*float32)(unsafe.Pointer(&in[0])), n)
+		if err := cpuref.Decode(t.DType, raw, f); err != nil {
+			return fmt.Errorf("%s: tensor %s: %w", t.File, t.Name, err)
+		}
+	}
+	rowOut := rows * es // bytes of one output row
+	if rowOut > StageChunkBytes {
+		return fmt.Errorf("%s: tensor %s: a row of %d bytes does not fit a staging buffer", t.File, t.Name, rowOut)
+	}
+	per := StageChunkBytes / rowOut
+	for c0 := int64(0); c0 < cols; c0 += per {
+		nc := min(per, cols-c0)
+		i, buf, err := s.buffer()
+		if err != nil {
+			return err
+		}
+		transposeInto(buf[:nc*rowOut], in, rows, cols, c0, nc, es)
+		if err := s.send(i, dst.Add(int(c0*rowOut)), int(nc*rowOut)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// transposeInto writes columns [c0, c0+nc) of in, a rows x cols matrix of
+// es-byte elements (1, 2 or 4), as the rows of out: out[c-c0][r] =
+// in[r][c].
+func transposeInto(out, in []byte, rows, cols, c0, nc, es int64) {
+	switch es {
+	case 1:
+		transposeTiles(out, in, rows, cols, c0, nc)
+	case 2:
+		transposeTiles(asElems[uint16](out), asElems[uint16](in), rows, cols, c0, nc)
+	default:
+		transposeTiles(asElems[uint32](out), asElems[uint32](in), rows, cols, c0, nc)
+	}
+}
+
+// asElems views b as elements of T (b's length a multiple of T's size).
+func asElems[T uint16 | uint32](b []byte) []T {
+	var z T
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/int(unsafe.Sizeof(z)))
+}
+
+// transposeTiles is transposeInto for one element type, in 64 x 64 tiles
+// that keep both sides in cache.
+func transposeTiles[T uint8 | uint16 | uint32](out, in []T, rows, cols, c0, nc int64) {
+	const tile = 64
+	for r0 := int64(0); r0 < rows; r0 += tile {
+		r1 := min(r0+tile, rows)
+		for cc := c0; cc < c0+nc; cc += tile {
+			cc1 := min(cc+tile, c0+nc)
+			for c := cc; c < cc1; c++ {
+				o := out[(c-c0)*rows : (c-c0+1)*rows]
+				for r := r0; r < r1; r++ {
+					o[r] = in[r*cols+c]
+				}
+			}
+		}
+	}
 }
 
 // at is where n bytes at offset out of a tensor go: dst + out, or, with
