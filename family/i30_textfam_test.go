@@ -217,3 +217,40 @@ func TestTextFamiliesRefused(t *testing.T) {
 		}
 	}
 }
+
+// Qwen4-Exp's wrapper holds Qwen3-Next's block under
+// model.language_model.layers.L, as Qwen3.5-MoE's does: transformers'
+// qwen3-5-moe fixture relabelled plans as qwen4_exp (norm_topk_prob read,
+// true by default), its shared expert gated per token.
+func TestQwen4ExpWrapper(t *testing.T) {
+	relabel := func(norm any) func(map[string]any) {
+		return func(c map[string]any) {
+			c["model_type"] = "qwen4_exp"
+			text := c["text_config"].(map[string]any)
+			text["model_type"] = "qwen4_exp_text"
+			text["norm_topk_prob"] = norm
+		}
+	}
+	for _, tc := range []struct {
+		norm any
+		want bool
+	}{{nil, true}, {true, true}, {false, false}} {
+		p, err := planEdited(t, "qwen3-5-moe", relabel(tc.norm))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Family != "qwen4_exp" || p.ModelType != "qwen4_exp_text" || p.Wrapper == nil || p.Wrapper.ModelType != "qwen4_exp" ||
+			p.Wrapper.Layers != "model.language_model.layers." || p.NormTopKProb != tc.want || !p.SharedGated ||
+			p.NumExperts != 8 || p.TopK != 2 || p.SharedIntermediateSize != 48 || len(p.Layers) != 2 ||
+			p.Layers[1].Router != "model.language_model.layers.1.mlp.gate.weight" ||
+			p.Layers[1].SharedGate != "model.language_model.layers.1.mlp.shared_expert_gate.weight" {
+			t.Errorf("norm_topk_prob %v: plan %s (%s) wrapper %+v norm %v gated %v, %d of %d, shared %d, layer 1 router %s gate %s",
+				tc.norm, p.Family, p.ModelType, p.Wrapper, p.NormTopKProb, p.SharedGated, p.TopK, p.NumExperts,
+				p.SharedIntermediateSize, p.Layers[1].Router, p.Layers[1].SharedGate)
+		}
+	}
+	// a bare text config is planned only inside its wrapper, as Qwen3.5's
+	if _, err := family.Detect(map[string]any{"model_type": "qwen4_exp_text"}, nil); err == nil {
+		t.Error("a bare qwen4_exp_text config planned")
+	}
+}
