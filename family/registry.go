@@ -17,7 +17,7 @@ var families = []*spec{deepseek, qwen2MoE, qwen3MoE, mixtral,
 // unsupported are the MoE model types transformers ships that moeprep
 // refuses, each with the reason a user needs.
 var unsupported = map[string]string{
-	"jetmoe":        "JetMoE's experts include a mixture of attention heads (attention projections per expert), which a stacked SwiGLU bank cannot express",
+	"jetmoe":        "JetMoE's MoE MLP adds a block output bias (mlp.bias [H]) after the weighted expert sum, and its attention is itself a mixture of attention heads with a router of its own (self_attention.experts), which moeprep's MoE layer model, a bias-free expert bank, cannot express",
 	"nemotron_h":    "Nemotron-H's experts are ungated (up and down projections only, relu2), and moeprep's expert bank and kernels compute gated SwiGLU experts only",
 	"longcat_flash": "LongCat-Flash routes over zero-compute experts too (ids past the SwiGLU experts return their input unchanged, weighted), which a stacked SwiGLU bank cannot hold",
 	// issue 30, read from transformers 5.17.0's sources
