@@ -17,6 +17,11 @@ package family
 // MoE layer as the sum before the norm, carries the norm byte for byte, and
 // validates that sum (the fixture's goldens take the norm's input). Fusing
 // the shared expert changes nothing the norm sees.
+//
+// transformers builds no MTP layer for A.X-K1 (AXK1Config drops
+// num_mtp_layers); layers past num_hidden_layers that hold experts, as
+// DeepSeek-V3's repos keep their MTP layer, are planned as DeepSeek's MTP
+// layers (bounded by num_nextn_predict_layers where config.json gives it).
 var axk1 = &spec{
 	name:  "axk1",
 	names: deepseek.names,
@@ -26,8 +31,10 @@ var axk1 = &spec{
 		sharedCount:  "n_shared_experts",
 		denseKey:     "first_k_dense_replace",
 		denseFixed:   1,
+		mtpCount:     "num_nextn_predict_layers",
 	},
 	layers: firstDense,
+	mtp:    true,
 	// AXK1Config's defaults (DeepseekV3Config's where it keeps them).
 	defaults: map[string]any{
 		"n_group": 8.0, "topk_group": 4.0, "norm_topk_prob": true, "routed_scaling_factor": 2.5,

@@ -24,7 +24,9 @@ import (
 // hub's) gets it as AXK2Config builds it, sparse iff L >=
 // first_k_dense_replace (1) and L % moe_layer_freq (1) == 0. The gated
 // RMSNorms around attention and before the block, and DeepSeek-V3.2's
-// indexer, lie outside the block and are copied.
+// indexer, lie outside the block and are copied. Layers past
+// num_hidden_layers that hold experts are planned as DeepSeek's MTP layers
+// (bounded by num_nextn_predict_layers where config.json gives it).
 var axk2 = &spec{
 	name:  "axk2",
 	names: deepseek.names,
@@ -33,8 +35,10 @@ var axk2 = &spec{
 		numExperts:   routedExperts,
 		sharedCount:  "n_shared_experts",
 		denseFixed:   1,
+		mtpCount:     "num_nextn_predict_layers",
 	},
 	layers: layerTypes,
+	mtp:    true,
 	defaults: map[string]any{
 		"norm_topk_prob": true, "routed_scaling_factor": 2.5, "n_shared_experts": 1.0, "num_experts_per_tok": 8.0,
 	},
