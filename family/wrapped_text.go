@@ -65,5 +65,25 @@ var glm4vMoEText = func() *spec {
 	return &s
 }()
 
+// qwen4ExpText is Qwen4-Exp's text model (Qwen4ExpTextSparseMoeBlock =
+// Qwen3-Next's block, transformers 5.17): every decoder layer is MoE,
+// per-expert mlp.experts.E.{gate,up,down}_proj (its mapping is Qwen3.5's
+// plus a concatenation of the n-gram embedding shards, which are copied),
+// mlp.gate [E,H], and one shared expert mlp.shared_expert.*_proj of
+// shared_expert_intermediate_size behind a per-token sigmoid gate
+// mlp.shared_expert_gate [1,H]: not fusable. Qwen4ExpTextTopKRouter:
+// softmax of the logits in f32, top-k, renormalised when norm_topk_prob
+// (default true). The hyper-connection mixers, per-layer embeddings and the
+// QSA indexer lie outside the block and are copied.
+var qwen4ExpText = &spec{
+	name:       "qwen4_exp",
+	modelTypes: []string{"qwen4_exp_text"},
+	names:      qwen2MoE.names,
+	keys:       qwen2MoE.keys,
+	layers:     everyLayer,
+	defaults:   map[string]any{"norm_topk_prob": true, "num_experts_per_tok": 10.0},
+	routing:    softmaxRouting,
+}
+
 // wrappedTextFamilies are the families planned only inside a wrapper.
-var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText}
+var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText, qwen4ExpText}

@@ -53,6 +53,9 @@ var wrappers = []wrapper{
 	// GLM-4.5V: as Qwen3.5, GLM-4.5's MoE.
 	{modelType: "glm4v_moe", textKey: "text_config", textTypes: []string{"glm4v_moe_text"},
 		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},
+	// Qwen4-Exp: as Qwen3.5 (Qwen3-Next's block, a gated shared expert).
+	{modelType: "qwen4_exp", textKey: "text_config", textTypes: []string{"qwen4_exp_text"},
+		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},
 }
 
 // Wrapper says where in a multimodal wrapper the planned text model lives.

@@ -23,7 +23,7 @@ rm -rf "$work" && mkdir -p "$work/out"
 PYTHONUNBUFFERED=1 timeout 240 python3 fixtures/hf/export_families.py "$work/src" --unseen --seed 500 ${FAMILIES:+--only "$FAMILIES"} --log "$out/unseen-export.log" >/dev/null 2>&1
 echo "export rc=$? ($(tail -1 "$out/unseen-export.log"))"
 refusing=" inkling-text llama4-text qwen3-next ernie4-5-moe-bias "
-fusable=" afmoe ernie4-5-moe exaone-moe glm4-moe glm4-moe-lite hy-v3 granitemoeshared granitemoe-swa cohere2-moe deepseek-v4 dots1 solar-open hunyuan-v1-moe "
+fusable=" afmoe ernie4-5-moe exaone-moe glm4-moe glm4-moe-lite hy-v3 granitemoeshared granitemoe-swa cohere2-moe deepseek-v4 dots1 solar-open hunyuan-v1-moe granitemoehybrid axk1 axk2 "
 if [ -n "${LOWBIT:-}" ]; then
 	mv "$work/src" "$work/bf16"
 	PYTHONUNBUFFERED=1 timeout 240 python3 fixtures/hf/export_lowbit.py "$work/bf16" "$work/src" --unseen --seed 900 --log "$out/unseen-lowbit-export.log" >/dev/null 2>&1

@@ -1,0 +1,80 @@
+package validate
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/layout"
+)
+
+// TestTextFamilySynthValidate: issue 30's last text families, as synth
+// writes them (presets small-<model_type>), convert to the stacked and
+// gate-up layouts, and fuse their shared experts where the family has
+// ungated ones, and each output validates on the CPU against its source,
+// bytes proven.
+func TestTextFamilySynthValidate(t *testing.T) {
+	for _, tc := range []struct {
+		preset string
+		fuse   bool
+	}{
+		{"small-mellum", false},
+		{"small-granitemoehybrid", true},
+		{"small-axk1", true},
+		{"small-axk2", true},
+	} {
+		t.Run(tc.preset, func(t *testing.T) {
+			spec, err := fixtures.Preset(tc.preset)
+			if err != nil {
+				t.Fatal(err)
+			}
+			src := synthFrom(t, map[string]fixtures.SynthSpec{tc.preset: spec}, tc.preset)
+			runs := []convert.Options{{}, {Layout: layout.GateUp}}
+			if tc.fuse {
+				runs = append(runs, convert.Options{FuseShared: true, TP: 2}, convert.Options{FuseShared: true, TP: 1, Layout: layout.GateUp})
+			}
+			reps := conversionsPass(t, src, DeviceCPU, runs, nil)
+			if len(reps) != len(runs) {
+				t.Fatalf("%d reports for %d runs", len(reps), len(runs))
+			}
+		})
+	}
+}
+
+// TestQwen4ExpGoldens: Qwen4-Exp's text block is Qwen3-Next's in Qwen3.5's
+// wrapper layout, so transformers' qwen3-5-moe fixture relabelled qwen4_exp
+// (norm_topk_prob true, as Qwen3.5 always renormalises) converts and
+// validates against HF's goldens on the CPU.
+func TestQwen4ExpGoldens(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "qwen4-exp")
+	testkit.CopyDir(t, filepath.Join("..", "fixtures", "hf", "qwen3-5-moe"), src)
+	cfg := testkit.ReadJSON(t, filepath.Join(src, "config.json"))
+	cfg["model_type"], cfg["architectures"] = "qwen4_exp", []any{"Qwen4ExpForConditionalGeneration"}
+	text := cfg["text_config"].(map[string]any)
+	text["model_type"], text["norm_topk_prob"] = "qwen4_exp_text", true
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "config.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: filepath.Join(src, "reference"), Seed: 7, Device: DeviceCPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustPass(t, rep, "qwen4_exp against HF's goldens")
+	checks := map[string]int{}
+	for _, r := range rep.Rows {
+		checks[r.Check]++
+	}
+	if len(rep.LayersChecked) != 2 || checks["reference-vs-golden"] != 2 || checks["fused-vs-golden"] != 2 {
+		t.Errorf("layers checked %v, checks %v", rep.LayersChecked, checks)
+	}
+}
