@@ -17,7 +17,9 @@ import (
 // for byte, as for any family; config.json is kept whole.
 type wrapper struct {
 	modelType string // config.json's model_type
-	textKey   string // the key of the text model's config
+	// textKey is the key of the text model's config; dots name a path
+	// through nested configs ("thinker_config.text_config").
+	textKey string
 	// textTypes are the text config's model_types the wrapper holds; the
 	// first is the one transformers assumes when the text config names none.
 	textTypes []string
@@ -28,6 +30,12 @@ type wrapper struct {
 	// layers, final norm, head); every other tensor belongs to the rest of
 	// the wrapper, which inspect lists as carried.
 	text []string
+	// anyTextType: the wrapper's config class builds its text config as
+	// textTypes[0] whatever model_type the text config names (it pops it).
+	anyTextType bool
+	// refuse, when set, turns the tensor names under the chosen layer
+	// prefix into the one-line reason a layout cannot be carried.
+	refuse func(names []string, layers string) error
 }
 
 // wrappers are the multimodal wrappers moeprep reads, each as transformers
@@ -53,6 +61,13 @@ var wrappers = []wrapper{
 	// GLM-4.5V: as Qwen3.5, GLM-4.5's MoE.
 	{modelType: "glm4v_moe", textKey: "text_config", textTypes: []string{"glm4v_moe_text"},
 		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},
+	// Qwen3-Omni-MoE: the thinker's text model (Qwen3-MoE's block) under
+	// thinker.model.layers.L (its config at thinker_config.text_config),
+	// thinker.lm_head; thinker.audio_tower.*, thinker.visual.*, the talker
+	// (its own MoE with a gated shared expert, talker.model.layers.L) and
+	// code2wav.* are carried byte for byte.
+	{modelType: "qwen3_omni_moe", textKey: "thinker_config.text_config", textTypes: []string{"qwen3_omni_moe_text"},
+		layers: []string{"thinker.model.layers."}, text: []string{"thinker.model.", "thinker.lm_head."}},
 }
 
 // Wrapper says where in a multimodal wrapper the planned text model lives.
@@ -103,7 +118,12 @@ func textFamily(modelType string) *spec {
 // the text config with the wrapper's layer prefix.
 func (w *wrapper) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error) {
 	c := config{m: raw}
-	tc, ok, err := c.object(w.textKey)
+	tc, ok, err := c, true, error(nil)
+	for _, key := range strings.Split(w.textKey, ".") {
+		if tc, ok, err = tc.object(key); err != nil || !ok {
+			break
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -114,12 +134,20 @@ func (w *wrapper) plan(raw map[string]any, t Tensors, converted bool) (*Plan, er
 	if err != nil {
 		return nil, err
 	}
+	if w.anyTextType {
+		mt = w.textTypes[0]
+	}
 	s := textFamily(mt)
 	if !slices.Contains(w.textTypes, mt) || s == nil {
 		return nil, fmt.Errorf("config.json: %s.model_type %q: a %s wrapper holds %s", w.textKey, mt, w.modelType, strings.Join(w.textTypes, " or "))
 	}
 	inner := *s
 	inner.names.layers = w.layerPrefix(t)
+	if w.refuse != nil {
+		if err := w.refuse(t.Names(), inner.names.layers); err != nil {
+			return nil, err
+		}
+	}
 	inner.textLayers = inner.names.layers
 	text := maps.Clone(tc.m)
 	text["model_type"] = mt
