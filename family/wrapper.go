@@ -75,6 +75,15 @@ var wrappers = []wrapper{
 	{modelType: "aria", textKey: "text_config", textTypes: []string{"aria_text"},
 		layers: []string{"language_model.model.layers.", "model.language_model.layers.", "language_model.layers."},
 		text:   []string{"language_model.", "model.language_model.", "lm_head."}},
+	// MiniMax-M3-VL: its text model under language_model.model.layers.L
+	// (the hub's names, which transformers 5.17's minimax_m3_vl mapping
+	// writes back on save: block_sparse_moe, per-expert w1/w3/w2),
+	// language_model.lm_head; vision_tower.*, multi_modal_projector.*,
+	// patch_merge_mlp.*. transformers replaces the text config's
+	// model_type with minimax_m3_vl_text whatever it says.
+	{modelType: "minimax_m3_vl", textKey: "text_config", textTypes: []string{"minimax_m3_vl_text"}, anyTextType: true,
+		layers: []string{"language_model.model.layers.", "model.language_model.layers."},
+		text:   []string{"language_model.", "model.language_model.", "lm_head."}},
 }
 
 // Wrapper says where in a multimodal wrapper the planned text model lives.
