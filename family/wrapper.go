@@ -84,6 +84,27 @@ var wrappers = []wrapper{
 	{modelType: "minimax_m3_vl", textKey: "text_config", textTypes: []string{"minimax_m3_vl_text"}, anyTextType: true,
 		layers: []string{"language_model.model.layers.", "model.language_model.layers."},
 		text:   []string{"language_model.", "model.language_model.", "lm_head."}},
+	// Inkling: inkling_text under model.language_model.layers.L as
+	// transformers 5.17 holds it (experts.gate_up_proj, gate then up rows),
+	// lm_head; model.audio_tower.*, model.vision_tower.*. The hub's layout
+	// (model.llm.layers.L, mlp.experts.w13_weight: gate and up rows
+	// interleaved), which the inkling_mm_model mapping would write back on
+	// save, is refused in one line.
+	{modelType: "inkling_mm_model", textKey: "text_config", textTypes: []string{"inkling_text"},
+		layers: []string{"model.language_model.layers.", "model.llm.layers."},
+		text:   []string{"model.language_model.", "model.llm.", "lm_head."}, refuse: inklingW13},
+}
+
+// inklingW13 refuses Inkling's hub layout: w13_weight holds each expert's
+// gate and up rows interleaved (transformers' Interleave(dim=1)), which
+// moeprep's views read only as transposed columns (gpt-oss).
+func inklingW13(names []string, layers string) error {
+	for _, n := range names {
+		if strings.HasPrefix(n, layers) && strings.HasSuffix(n, "w13_weight") {
+			return fmt.Errorf("%s: model_type \"inkling_mm_model\" in the hub's layout stores each expert's gate and up rows interleaved (mlp.experts.w13_weight [E, 2I, H], and shared_w13_weight); moeprep reads interleaved gate/up only as transposed columns (gpt-oss); the layout transformers 5.17 holds (model.language_model.layers.L.mlp.experts.gate_up_proj) is supported", n)
+		}
+	}
+	return nil
 }
 
 // Wrapper says where in a multimodal wrapper the planned text model lives.
