@@ -19,6 +19,12 @@ var unsupported = map[string]string{
 	"jetmoe":        "JetMoE's experts include a mixture of attention heads (attention projections per expert), which a stacked SwiGLU bank cannot express",
 	"nemotron_h":    "Nemotron-H's experts are ungated (up and down projections only, relu2), and moeprep's expert bank and kernels compute gated SwiGLU experts only",
 	"longcat_flash": "LongCat-Flash routes over zero-compute experts too (ids past the SwiGLU experts return their input unchanged, weighted), which a stacked SwiGLU bank cannot hold",
+	// issue 30's multimodal wrappers and text models moeprep cannot carry exactly
+	"ernie4_5_vl_moe": "ERNIE-4.5-VL's MoE layers hold two routed banks, text_moe and vision_moe, each with its own router and expert size, and send each token to one by its token type; moeprep plans one routed bank per layer",
+	"gemma4":          "Gemma 4's MoE (gemma4_text) routes the layer's residual stream through the router's own RMSNorm and learned scale, not the experts' input, multiplies each expert's weight by per_expert_scale and runs beside a dense MLP; moeprep's router is a linear map of the experts' input",
+	"gemma4_text":     "Gemma 4's router reads the layer's residual stream through its own RMSNorm and learned scale, not the experts' input, and multiplies each expert's weight by per_expert_scale; moeprep's router is a linear map of the experts' input",
+	"diffusion_gemma": "DiffusionGemma's MoE layers use Gemma 4's router (its own RMSNorm and learned scale on the residual stream, not the experts' input, and per_expert_scale), in an encoder and a decoder; moeprep's router is a linear map of the experts' input",
+	"cosmos3_omni":    "Cosmos3-Omni is not a MoE model: its language model is a dense Qwen3-VL text model, and its generator expert (Mixture-of-Transformers, moe_gen) is a second transformer tower that transformers drops on load; there are no routed experts to plan",
 }
 
 // All returns every supported family.
