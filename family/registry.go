@@ -116,7 +116,8 @@ func modelType(config map[string]any) (string, error) {
 		return mt, nil
 	}
 	if _, err := lookup(mt); err != nil {
-		if _, nested := config["text_config"].(map[string]any); nested {
+		// A model type refused for a reason of its own is named with it alone.
+		if _, nested := config["text_config"].(map[string]any); nested && unsupported[mt] == "" {
 			return "", fmt.Errorf("%w; configs with the language model under text_config are not supported except the multimodal wrappers %s",
 				err, strings.Join(SupportedWrappers(), ", "))
 		}
