@@ -7,8 +7,10 @@ import (
 )
 
 // aria is Aria's language model (AriaTextMoELayer, transformers 5.17,
-// model_type aria_text), alone or inside the aria wrapper. Every decoder
-// layer is MoE, model.layers.L.mlp holding:
+// model_type aria_text), planned inside the aria wrapper. (A text-only
+// save, AriaTextForCausalLM, has the same names under model.layers.L; it is
+// not listed as a bare family until synth can write it.) Every decoder
+// layer is MoE, <layers>.L.mlp holding:
 //
 //   - router.weight [E, H] (no bias);
 //   - the routed experts stacked and transposed (AriaGroupedExpertsGemm

@@ -11,7 +11,7 @@ import (
 var families = []*spec{deepseek, qwen2MoE, qwen3MoE, mixtral,
 	glm4MoELite, exaoneMoE, hyV3, afmoe, minimaxM2, ernie45MoE, olmoe, jamba, cohere2MoE,
 	graniteMoE, graniteMoESWA, phimoe, llama4, gptOSS, deepseekV4, inkling,
-	dots1, hunyuanV1MoE, flexOlmo, lfm2MoE, dbrx, solarOpen, mimoV2Flash, aria}
+	dots1, hunyuanV1MoE, flexOlmo, lfm2MoE, dbrx, solarOpen, mimoV2Flash}
 
 // unsupported are the MoE model types transformers ships that moeprep
 // refuses, each with the reason a user needs.

@@ -82,4 +82,4 @@ var qwen3OmniMoEText = &spec{
 }
 
 // wrappedTextFamilies are the families planned only inside a wrapper.
-var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText, qwen3OmniMoEText, minimaxM3}
+var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText, qwen3OmniMoEText, minimaxM3, aria}
