@@ -68,10 +68,13 @@ var wrappers = []wrapper{
 	// code2wav.* are carried byte for byte.
 	{modelType: "qwen3_omni_moe", textKey: "thinker_config.text_config", textTypes: []string{"qwen3_omni_moe_text"},
 		layers: []string{"thinker.model.layers."}, text: []string{"thinker.model.", "thinker.lm_head."}},
-	// Aria: aria_text under the llava pattern: transformers 5.17 holds it
-	// as model.language_model.layers.L and lm_head; the hub's release
-	// (and the llava mapping reversed on save) as language_model.model.layers.L
-	// and language_model.lm_head. vision_tower.*, multi_modal_projector.*.
+	// Aria: aria_text under the llava pattern: the hub's release holds it
+	// as language_model.model.layers.L and language_model.lm_head,
+	// transformers 5.17's modules as model.language_model.layers.L and
+	// lm_head, and the llava mapping reversed on save (^model.language_model
+	// -> language_model) would write language_model.layers.L; which one a
+	// save writes the fixture run will say. vision_tower.*,
+	// multi_modal_projector.* are carried.
 	{modelType: "aria", textKey: "text_config", textTypes: []string{"aria_text"},
 		layers: []string{"language_model.model.layers.", "model.language_model.layers.", "language_model.layers."},
 		text:   []string{"language_model.", "model.language_model.", "lm_head."}},

@@ -107,6 +107,14 @@ func TestPlanWrappers2(t *testing.T) {
 				t.Errorf("wrapper %+v, router %s", p.Wrapper, p.Layers[0].Router)
 			}
 		}},
+		// the llava mapping reversed on save (^model.language_model -> language_model): language_model.layers.L.
+		{mt: "aria", rename: func(n string) string {
+			return strings.Replace(n, "language_model.model.", "language_model.", 1)
+		}, check: func(t *testing.T, p *Plan) {
+			if p.Wrapper.Layers != "language_model.layers." || p.Layers[1].Experts[0].Down != "language_model.layers.1.mlp.experts.fc2.weight[0][T:0:16:1]" {
+				t.Errorf("wrapper %+v, expert 0 %+v", p.Wrapper, p.Layers[1].Experts[0])
+			}
+		}},
 		{mt: "minimax_m3_vl", check: func(t *testing.T, p *Plan) {
 			pre := "language_model.model.layers.1.block_sparse_moe."
 			if p.ModelType != "minimax_m3_vl_text" || p.Family != "minimax_m3" || len(p.Layers) != 1 || p.Layers[0].Index != 1 {
