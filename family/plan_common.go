@@ -315,7 +315,11 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	if n.sharedAtLayer {
 		sp = n.layers + strconv.Itoa(l) + "." + n.shared
 	}
-	present := n.shared != "" && k.anyOf(sp, n.proj)
+	sproj := n.proj
+	if n.sharedProj[0] != "" {
+		sproj = n.sharedProj
+	}
+	present := n.shared != "" && k.anyOf(sp, sproj)
 	if n.sharedGateUp != "" {
 		_, present = k.t.Lookup(sp + "." + n.sharedGateUp)
 	}
@@ -343,10 +347,10 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 		shared, err = k.views(where+": shared expert", sp+"."+n.sharedGateUp, sp+"."+n.sharedDown, -1, p.SharedIntermediateSize, false, false, hint)
 	} else {
 		k.inShared = true
-		shared, err = k.mlp(where+": shared expert", sp, n.proj, p.SharedIntermediateSize, hint)
+		shared, err = k.mlp(where+": shared expert", sp, sproj, p.SharedIntermediateSize, hint)
 		k.inShared = false
 		if err == nil && k.sharedBias {
-			err = k.mlpBiases(where+": shared expert", sp, n.proj, p.SharedIntermediateSize, &shared)
+			err = k.mlpBiases(where+": shared expert", sp, sproj, p.SharedIntermediateSize, &shared)
 		}
 	}
 	if err != nil {

@@ -35,6 +35,12 @@ var unsupported = map[string]string{
 	"evolla":                "Evolla is a dense protein-language model: it has no MoE experts to convert",
 	"pi0":                   "PI0 is a dense vision-language-action model: it has no MoE experts to convert",
 	"decision_transformer":  "Decision Transformer is a dense GPT-2 policy model: it has no MoE experts to convert",
+	// issue 30's multimodal wrappers and text models moeprep cannot carry exactly
+	"ernie4_5_vl_moe": "ERNIE-4.5-VL's MoE layers hold two routed banks, text_moe and vision_moe, each with its own router and expert size, and send each token to one by its token type; moeprep plans one routed bank per layer",
+	"gemma4":          "Gemma 4's MoE (gemma4_text) routes the layer's residual stream through the router's own RMSNorm and learned scale, not the experts' input, multiplies each expert's weight by per_expert_scale and runs beside a dense MLP; moeprep's router is a linear map of the experts' input",
+	"gemma4_text":     "Gemma 4's router reads the layer's residual stream through its own RMSNorm and learned scale, not the experts' input, and multiplies each expert's weight by per_expert_scale; moeprep's router is a linear map of the experts' input",
+	"diffusion_gemma": "DiffusionGemma's MoE layers use Gemma 4's router (its own RMSNorm and learned scale on the residual stream, not the experts' input, and per_expert_scale), in an encoder and a decoder; moeprep's router is a linear map of the experts' input",
+	"cosmos3_omni":    "Cosmos3-Omni is not a MoE model: its language model is a dense Qwen3-VL text model, and its generator expert (Mixture-of-Transformers, moe_gen) is a second transformer tower that transformers drops on load; there are no routed experts to plan",
 }
 
 // All returns every supported family.
@@ -126,7 +132,8 @@ func modelType(config map[string]any) (string, error) {
 		return mt, nil
 	}
 	if _, err := lookup(mt); err != nil {
-		if _, nested := config["text_config"].(map[string]any); nested {
+		// A model type refused for a reason of its own is named with it alone.
+		if _, nested := config["text_config"].(map[string]any); nested && unsupported[mt] == "" {
 			return "", fmt.Errorf("%w; configs with the language model under text_config are not supported except the multimodal wrappers %s",
 				err, strings.Join(SupportedWrappers(), ", "))
 		}

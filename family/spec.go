@@ -109,6 +109,10 @@ type naming struct {
 	// [E*I, H] tensor each, expert e's rows e*I..(e+1)*I-1; the down
 	// tensor's rows hold each expert's down projection transposed.
 	flat [3]string
+	// sharedProj: the shared MLP's gate, up and down projections where
+	// they are named otherwise than the routed experts' (MiniMax-M3: w1,
+	// w3, w2 experts beside a gate_proj, up_proj, down_proj shared MLP).
+	sharedProj [3]string
 	// sharedGateUp / sharedDown: a shared MLP that stores gate and up rows
 	// in one [2I, H] tensor, relative to the shared module.
 	sharedGateUp, sharedDown string

@@ -85,5 +85,21 @@ var qwen4ExpText = &spec{
 	routing:    softmaxRouting,
 }
 
+// qwen3OmniMoEText is Qwen3-Omni-MoE's thinker text model
+// (Qwen3OmniMoeThinkerTextSparseMoeBlock): Qwen3-MoE's block, names (the
+// qwen2_moe conversion pattern: mlp.experts.E.*_proj, mlp.gate) and layer
+// rule (mlp_only_layers, decoder_sparse_step), softmax top-k renormalised
+// when norm_topk_prob, which Qwen3OmniMoeTextConfig defaults to true. No
+// shared expert (the talker's MoE has one; it is carried).
+var qwen3OmniMoEText = &spec{
+	name:       "qwen3_omni_moe",
+	modelTypes: []string{"qwen3_omni_moe_text"},
+	names:      qwen3MoE.names,
+	keys:       qwen3MoE.keys,
+	layers:     sparseStep,
+	defaults:   map[string]any{"decoder_sparse_step": 1.0, "norm_topk_prob": true, "mlp_only_layers": []any{}},
+	routing:    softmaxRouting,
+}
+
 // wrappedTextFamilies are the families planned only inside a wrapper.
-var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText, qwen4ExpText}
+var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText, qwen4ExpText, qwen3OmniMoEText, minimaxM3, aria}

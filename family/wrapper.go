@@ -17,7 +17,9 @@ import (
 // for byte, as for any family; config.json is kept whole.
 type wrapper struct {
 	modelType string // config.json's model_type
-	textKey   string // the key of the text model's config
+	// textKey is the key of the text model's config; dots name a path
+	// through nested configs ("thinker_config.text_config").
+	textKey string
 	// textTypes are the text config's model_types the wrapper holds; the
 	// first is the one transformers assumes when the text config names none.
 	textTypes []string
@@ -28,6 +30,12 @@ type wrapper struct {
 	// layers, final norm, head); every other tensor belongs to the rest of
 	// the wrapper, which inspect lists as carried.
 	text []string
+	// anyTextType: the wrapper's config class builds its text config as
+	// textTypes[0] whatever model_type the text config names (it pops it).
+	anyTextType bool
+	// refuse, when set, turns the tensor names under the chosen layer
+	// prefix into the one-line reason a layout cannot be carried.
+	refuse func(names []string, layers string) error
 }
 
 // wrappers are the multimodal wrappers moeprep reads, each as transformers
@@ -56,6 +64,53 @@ var wrappers = []wrapper{
 	// Qwen4-Exp: as Qwen3.5 (Qwen3-Next's block, a gated shared expert).
 	{modelType: "qwen4_exp", textKey: "text_config", textTypes: []string{"qwen4_exp_text"},
 		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},
+	// Qwen3-Omni-MoE: the thinker's text model (Qwen3-MoE's block) under
+	// thinker.model.layers.L (its config at thinker_config.text_config),
+	// thinker.lm_head; thinker.audio_tower.*, thinker.visual.*, the talker
+	// (its own MoE with a gated shared expert, talker.model.layers.L) and
+	// code2wav.* are carried byte for byte.
+	{modelType: "qwen3_omni_moe", textKey: "thinker_config.text_config", textTypes: []string{"qwen3_omni_moe_text"},
+		layers: []string{"thinker.model.layers."}, text: []string{"thinker.model.", "thinker.lm_head."}},
+	// Aria: aria_text under the llava pattern: the hub's release holds it
+	// as language_model.model.layers.L and language_model.lm_head,
+	// transformers 5.17's modules as model.language_model.layers.L and
+	// lm_head, and the llava mapping reversed on save (^model.language_model
+	// -> language_model) would write language_model.layers.L; which one a
+	// save writes the fixture run will say. vision_tower.*,
+	// multi_modal_projector.* are carried.
+	{modelType: "aria", textKey: "text_config", textTypes: []string{"aria_text"},
+		layers: []string{"language_model.model.layers.", "model.language_model.layers.", "language_model.layers."},
+		text:   []string{"language_model.", "model.language_model.", "lm_head."}},
+	// MiniMax-M3-VL: its text model under language_model.model.layers.L
+	// (the hub's names, which transformers 5.17's minimax_m3_vl mapping
+	// writes back on save: block_sparse_moe, per-expert w1/w3/w2),
+	// language_model.lm_head; vision_tower.*, multi_modal_projector.*,
+	// patch_merge_mlp.*. transformers replaces the text config's
+	// model_type with minimax_m3_vl_text whatever it says.
+	{modelType: "minimax_m3_vl", textKey: "text_config", textTypes: []string{"minimax_m3_vl_text"}, anyTextType: true,
+		layers: []string{"language_model.model.layers.", "model.language_model.layers."},
+		text:   []string{"language_model.", "model.language_model.", "lm_head."}},
+	// Inkling: inkling_text under model.language_model.layers.L as
+	// transformers 5.17 holds it (experts.gate_up_proj, gate then up rows),
+	// lm_head; model.audio_tower.*, model.vision_tower.*. The hub's layout
+	// (model.llm.layers.L, mlp.experts.w13_weight: gate and up rows
+	// interleaved), which the inkling_mm_model mapping would write back on
+	// save, is refused in one line.
+	{modelType: "inkling_mm_model", textKey: "text_config", textTypes: []string{"inkling_text"},
+		layers: []string{"model.language_model.layers.", "model.llm.layers."},
+		text:   []string{"model.language_model.", "model.llm.", "lm_head."}, refuse: inklingW13},
+}
+
+// inklingW13 refuses Inkling's hub layout: w13_weight holds each expert's
+// gate and up rows interleaved (transformers' Interleave(dim=1)), which
+// moeprep's views read only as transposed columns (gpt-oss).
+func inklingW13(names []string, layers string) error {
+	for _, n := range names {
+		if strings.HasPrefix(n, layers) && strings.HasSuffix(n, "w13_weight") {
+			return fmt.Errorf("%s: model_type \"inkling_mm_model\" in the hub's layout stores each expert's gate and up rows interleaved (mlp.experts.w13_weight [E, 2I, H], and shared_w13_weight); moeprep reads interleaved gate/up only as transposed columns (gpt-oss); the layout transformers 5.17 holds (model.language_model.layers.L.mlp.experts.gate_up_proj) is supported", n)
+		}
+	}
+	return nil
 }
 
 // Wrapper says where in a multimodal wrapper the planned text model lives.
@@ -106,7 +161,12 @@ func textFamily(modelType string) *spec {
 // the text config with the wrapper's layer prefix.
 func (w *wrapper) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error) {
 	c := config{m: raw}
-	tc, ok, err := c.object(w.textKey)
+	tc, ok, err := c, true, error(nil)
+	for _, key := range strings.Split(w.textKey, ".") {
+		if tc, ok, err = tc.object(key); err != nil || !ok {
+			break
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -117,12 +177,20 @@ func (w *wrapper) plan(raw map[string]any, t Tensors, converted bool) (*Plan, er
 	if err != nil {
 		return nil, err
 	}
+	if w.anyTextType {
+		mt = w.textTypes[0]
+	}
 	s := textFamily(mt)
 	if !slices.Contains(w.textTypes, mt) || s == nil {
 		return nil, fmt.Errorf("config.json: %s.model_type %q: a %s wrapper holds %s", w.textKey, mt, w.modelType, strings.Join(w.textTypes, " or "))
 	}
 	inner := *s
 	inner.names.layers = w.layerPrefix(t)
+	if w.refuse != nil {
+		if err := w.refuse(t.Names(), inner.names.layers); err != nil {
+			return nil, err
+		}
+	}
 	inner.textLayers = inner.names.layers
 	text := maps.Clone(tc.m)
 	text["model_type"] = mt

@@ -170,8 +170,8 @@ func TestWrapperRefusals(t *testing.T) {
 		cfg  map[string]any
 		want string
 	}{
-		{"unknown wrapper", with(map[string]any{"model_type": "qwen3_omni_moe"}, nil),
-			`config.json: model_type "qwen3_omni_moe" is not supported (supported: `},
+		{"unknown wrapper", with(map[string]any{"model_type": "llava_next"}, nil),
+			`config.json: model_type "llava_next" is not supported (supported: `},
 		{"no text config", with(map[string]any{"text_config": nil}, nil),
 			`config.json: model_type "qwen3_5_moe" keeps its language model's config under text_config, which is missing`},
 		{"text config not an object", with(map[string]any{"text_config": 3.0}, nil),
