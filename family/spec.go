@@ -123,6 +123,18 @@ type naming struct {
 	// MoE module (Granite: model.layers.L.shared_mlp beside block_sparse_moe);
 	// the layer's output is still routed + shared.
 	sharedAtLayer bool
+	// sharedProj: the shared expert's projections where they are named
+	// otherwise than the routed experts' (Kimi-Linear: routed w1, w3, w2,
+	// shared gate_proj, up_proj, down_proj); zero: proj.
+	sharedProj [3]string
+}
+
+// sharedProjections are the shared expert's projection names.
+func (n naming) sharedProjections() [3]string {
+	if n.sharedProj[0] != "" {
+		return n.sharedProj
+	}
+	return n.proj
 }
 
 // hubLayoutNames is the layout transformers saves most MoE families in (its

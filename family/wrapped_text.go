@@ -66,4 +66,4 @@ var glm4vMoEText = func() *spec {
 }()
 
 // wrappedTextFamilies are the families planned only inside a wrapper.
-var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText}
+var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText, deepseekOcr2Text, glm5NextText}
