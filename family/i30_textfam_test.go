@@ -14,12 +14,6 @@ import (
 	"github.com/moeprep/moeprep/moe"
 )
 
-// synthPlan writes a synth preset and plans it with its config.json edited
-// (edit nil: as written).
-func synthPlan(t *testing.T, preset string, edit func(cfg map[string]any)) (*family.Plan, error) {
-	return synthPlanSpec(t, preset, nil, edit)
-}
-
 // synthPlanSpec is synthPlan with the preset's spec changed first.
 func synthPlanSpec(t *testing.T, preset string, mod func(*fixtures.SynthSpec), edit func(cfg map[string]any)) (*family.Plan, error) {
 	t.Helper()

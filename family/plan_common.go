@@ -315,11 +315,7 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	if n.sharedAtLayer {
 		sp = n.layers + strconv.Itoa(l) + "." + n.shared
 	}
-	sproj := n.proj
-	if n.sharedProj[0] != "" {
-		sproj = n.sharedProj
-	}
-	present := n.shared != "" && k.anyOf(sp, sproj)
+	present := n.shared != "" && k.anyOf(sp, n.sharedProjections())
 	if n.sharedGateUp != "" {
 		_, present = k.t.Lookup(sp + "." + n.sharedGateUp)
 	}
@@ -347,10 +343,10 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 		shared, err = k.views(where+": shared expert", sp+"."+n.sharedGateUp, sp+"."+n.sharedDown, -1, p.SharedIntermediateSize, false, false, hint)
 	} else {
 		k.inShared = true
-		shared, err = k.mlp(where+": shared expert", sp, sproj, p.SharedIntermediateSize, hint)
+		shared, err = k.mlp(where+": shared expert", sp, n.sharedProjections(), p.SharedIntermediateSize, hint)
 		k.inShared = false
 		if err == nil && k.sharedBias {
-			err = k.mlpBiases(where+": shared expert", sp, sproj, p.SharedIntermediateSize, &shared)
+			err = k.mlpBiases(where+": shared expert", sp, n.sharedProjections(), p.SharedIntermediateSize, &shared)
 		}
 	}
 	if err != nil {
@@ -404,7 +400,7 @@ func (s *spec) refuseStacked(names []string) error {
 	marker := "." + s.names.experts + "."
 	for _, name := range names {
 		i := strings.Index(name, marker)
-		if i < 0 {
+		if i < 0 || s.biasInExperts(name) {
 			continue
 		}
 		seg, _, _ := strings.Cut(name[i+len(marker):], ".")
@@ -504,7 +500,7 @@ func (s *spec) scanExperts(where, prefix string, names []string, p *Plan, scaled
 	ep := prefix + "." + s.names.experts + "."
 	for _, name := range names {
 		rest, ok := strings.CutPrefix(name, ep)
-		if !ok {
+		if !ok || s.biasInExperts(name) {
 			continue
 		}
 		seg, tail, _ := strings.Cut(rest, ".")
@@ -526,6 +522,13 @@ func (s *spec) scanExperts(where, prefix string, names []string, p *Plan, scaled
 		}
 	}
 	return nil
+}
+
+// biasInExperts says whether name is the family's correction bias kept
+// under its experts container (Laguna's mlp.experts.e_score_correction_bias):
+// a router tensor, not an expert's.
+func (s *spec) biasInExperts(name string) bool {
+	return strings.HasPrefix(s.names.bias, s.names.experts+".") && strings.HasSuffix(name, "."+s.names.bias)
 }
 
 func sortedKeys(m map[int][]string) []int {

@@ -109,10 +109,6 @@ type naming struct {
 	// [E*I, H] tensor each, expert e's rows e*I..(e+1)*I-1; the down
 	// tensor's rows hold each expert's down projection transposed.
 	flat [3]string
-	// sharedProj: the shared MLP's gate, up and down projections where
-	// they are named otherwise than the routed experts' (MiniMax-M3: w1,
-	// w3, w2 experts beside a gate_proj, up_proj, down_proj shared MLP).
-	sharedProj [3]string
 	// sharedGateUp / sharedDown: a shared MLP that stores gate and up rows
 	// in one [2I, H] tensor, relative to the shared module.
 	sharedGateUp, sharedDown string
@@ -127,6 +123,18 @@ type naming struct {
 	// MoE module (Granite: model.layers.L.shared_mlp beside block_sparse_moe);
 	// the layer's output is still routed + shared.
 	sharedAtLayer bool
+	// sharedProj: the shared expert's projections where they are named
+	// otherwise than the routed experts' (Kimi-Linear and MiniMax-M3:
+	// routed w1, w3, w2, shared gate_proj, up_proj, down_proj); zero: proj.
+	sharedProj [3]string
+}
+
+// sharedProjections are the shared expert's projection names.
+func (n naming) sharedProjections() [3]string {
+	if n.sharedProj[0] != "" {
+		return n.sharedProj
+	}
+	return n.proj
 }
 
 // hubLayoutNames is the layout transformers saves most MoE families in (its

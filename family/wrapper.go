@@ -99,6 +99,20 @@ var wrappers = []wrapper{
 	{modelType: "inkling_mm_model", textKey: "text_config", textTypes: []string{"inkling_text"},
 		layers: []string{"model.language_model.layers.", "model.llm.layers."},
 		text:   []string{"model.language_model.", "model.llm.", "lm_head."}, refuse: inklingW13},
+	// DeepSeek-OCR-2: DeepSeek-V2's MoE text model (deepseek_ocr2.go). Its
+	// conversion mapping moves (^|model.)layers., embed_tokens. and norm.
+	// under language_model on load, so transformers saves the text model
+	// as the hub holds it, model.layers.L, beside model.sam_model.*,
+	// model.qwen2_model.*, model.projector.* and model.view_seperator.
+	{modelType: "deepseek_ocr2", textKey: "text_config", textTypes: []string{"deepseek_ocr2_text"},
+		layers: []string{"model.layers.", "model.language_model.layers."},
+		text:   []string{"model.embed_tokens.", "model.layers.", "model.norm.", "model.language_model.", "lm_head."}},
+	// GLM-5.3-Flash: GLM-5's DSA model with KDA layers, hyper-connections and
+	// clamped experts (glm5_next.go) under model.language_model.layers.L,
+	// model.visual.*, lm_head. A flat config.json (the text keys at the top
+	// level, no text_config) is refused naming text_config.
+	{modelType: "glm5_next", textKey: "text_config", textTypes: []string{"glm5_next_text"},
+		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},
 }
 
 // inklingW13 refuses Inkling's hub layout: w13_weight holds each expert's

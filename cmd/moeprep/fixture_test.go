@@ -231,7 +231,7 @@ func TestFixtureSynthCompletion(t *testing.T) {
 		flag, prefix string
 		want         []string
 	}{
-		{"--family", "gl", []string{"glm4_moe", "glm4_moe_lite"}},
+		{"--family", "gl", []string{"glm4_moe", "glm4_moe_lite", "glm_moe_dsa"}},
 		{"--family", "", family.SupportedModelTypes()},
 		{"--preset", "tiny-gpt", []string{"tiny-gpt-oss"}},
 		{"--dtype", "", []string{"bf16", "f16", "f32", "fp8", "fp8-channel", "fp8-tensor", "int4-pack", "nvfp4", "nvfp4-ct", "nvfp4-mixed", "mxfp4", "mxfp4-ct", "fp4-experts"}},
