@@ -416,6 +416,7 @@ func (p *planner) contract() *layout.Contract {
 	c.InputScales = fp.NVFP4InputScale && p.o.DType == ""
 	if fp.SharedQuantization != "" && !p.o.FuseShared && !p.sharedDequantMatches() {
 		c.SharedQuantization, c.SharedWeightDType = string(fp.SharedQuantization), string(fp.SharedWeightDType)
+		c.SharedScaleDType, c.SharedNaming = string(fp.SharedScaleDType), fp.SharedNaming
 	}
 	if p.requant {
 		c.SharedRequantized, _ = layout.NewRequantization(p.wf, fp.SharedWeightDType) // checkRequant made sure it can

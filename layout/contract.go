@@ -96,6 +96,12 @@ type Contract struct {
 	InputScales        bool   `json:"input_scales,omitempty"`
 	SharedQuantization string `json:"shared_quantization,omitempty"`
 	SharedWeightDType  string `json:"shared_weight_dtype,omitempty"`
+	// SharedScaleDType and SharedNaming: an FP8 128x128 shared expert's
+	// scale dtype and names where they are not transformers' F32
+	// weight_scale_inv: DeepSeek-V4's official x.scale, F8_E8M0
+	// ("F8_E8M0", "deepseek"). Absent otherwise.
+	SharedScaleDType string `json:"shared_scale_dtype,omitempty"`
+	SharedNaming     string `json:"shared_naming,omitempty"`
 	// SharedRequantized: the fused shared slots hold the shared expert
 	// quantised by fuse-shared --requantize-shared from SRC's plain
 	// weights into the routed experts' format, by that format's own rule.
@@ -304,7 +310,8 @@ func (c *Contract) SharedFormat() (weightfmt.Format, error) {
 	if c.SharedQuantization == "" {
 		return c.Format()
 	}
-	return weightfmt.New(weightfmt.Spec{Quantization: c.SharedQuantization, DType: safetensors.DType(c.SharedWeightDType)})
+	return weightfmt.New(weightfmt.Spec{Quantization: c.SharedQuantization, DType: safetensors.DType(c.SharedWeightDType),
+		ScaleDType: safetensors.DType(c.SharedScaleDType), Naming: c.SharedNaming})
 }
 
 // RuntimeScale is what a serving engine multiplies the routed sum by: rsf when
@@ -390,6 +397,8 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: unknown orientation %q", c.Orientation)
 	case (c.SharedQuantization == "") != (c.SharedWeightDType == ""):
 		return fmt.Errorf("moeprep contract: shared_quantization %q and shared_weight_dtype %q: both or neither", c.SharedQuantization, c.SharedWeightDType)
+	case c.SharedQuantization == "" && (c.SharedScaleDType != "" || c.SharedNaming != ""):
+		return fmt.Errorf("moeprep contract: shared_scale_dtype %q, shared_naming %q without shared_quantization", c.SharedScaleDType, c.SharedNaming)
 	case c.SharedQuantization != "" && c.NumFusedSharedExperts > 0:
 		return fmt.Errorf("moeprep contract: shared_quantization %s with fused shared experts, which are stored like the routed ones", c.SharedQuantization)
 	}
