@@ -181,7 +181,7 @@ type Plan struct {
 	// NamingDeepSeek); "" otherwise.
 	SharedScaleDType safetensors.DType
 	SharedNaming     string
-	Layers             []Layer // sorted by Index
+	Layers           []Layer // sorted by Index
 	// Notices are one-line remarks on what the config says and moeprep,
 	// as transformers, ignores (moe_layers entries past the last layer);
 	// commands print them to stderr and carry them in their JSON.

@@ -86,10 +86,10 @@ func TestDSV4FP4Refusals(t *testing.T) {
 			"routed experts MXFP4 (mxfp4, F8_E8M0 scales), shared expert F8_E4M3: fusing would requantise the shared expert"},
 		{"an expert dtype moeprep does not know", "h64-i64", func(c map[string]any) { c["expert_dtype"] = "fp6" }, nil, false,
 			`config.json: expert_dtype: "fp6" is not supported`},
-		{"an FP8 shared expert in DeepSeek's own scale naming", "h64-i64", nil, func(t *testing.T, src string) {
-			const w1 = "model.layers.0.ffn.shared_experts.w1"
-			renameTensor(t, src, w1+".weight_scale_inv", w1+".scale")
-		}, false, "is FP8 with DeepSeek's own scale naming (model.layers.0.ffn.shared_experts.w1.scale, E8M0): moeprep reads FP8 128x128 blocks with F32 weight_scale_inv"},
+		{"one FP8 shared projection in DeepSeek's own scale naming, the others in transformers'", "h64-i64", nil, func(t *testing.T, src string) {
+			const w3 = "model.layers.0.ffn.shared_experts.w3"
+			renameTensor(t, src, w3+".weight_scale_inv", w3+".scale")
+		}, false, "missing tensor model.layers.0.ffn.shared_experts.w3.weight_scale_inv"},
 		{"fp4 experts beside another description", "h64-i64", func(c map[string]any) {
 			c["quantization_config"] = map[string]any{"quant_method": "fp8"}
 		}, nil, false, "config.json: expert_dtype: fp4 beside a fp8_tensor quantisation description"},
