@@ -185,7 +185,11 @@ type Dequantized struct {
 	Rounding string `json:"rounding"`
 	// Groups say how each group of dequantised weights was stored in the
 	// source: "experts" (the stacked routed experts, and fused shared
-	// experts where quantised), "other" (every other quantised weight).
+	// experts where quantised), "other" (every other quantised weight); a
+	// group per source format where a mixed-format checkpoint stores them
+	// in two (DeepSeek-V4: experts mxfp4, then experts fp8_block_128x128 for
+	// a fused shared expert; other fp8_block_128x128), the routed experts'
+	// format first.
 	Groups []DequantGroup `json:"groups"`
 	// InputScalesDropped: the source's weights had static activation
 	// scales (input_scale), which the output does not carry.
@@ -270,12 +274,17 @@ func (d *Dequantized) check() error {
 	if len(d.Groups) == 0 {
 		return fmt.Errorf("dequantized.groups is empty")
 	}
+	// each group at most once per source format (a mixed-format
+	// checkpoint: DeepSeek-V4's fused FP8 shared expert beside the FP4
+	// experts, ModelOpt MIXED_PRECISION's unfused NVFP4 shared expert beside
+	// FP8 attention); the first experts group is the routed experts'.
 	seen := map[string]bool{}
 	for _, g := range d.Groups {
-		if g.Group != GroupExperts && g.Group != GroupOther || seen[g.Group] {
-			return fmt.Errorf("dequantized.groups: group %q (want experts and other, each at most once)", g.Group)
+		key := fmt.Sprint(g.Group, g.Quantization, g.WeightDType, g.WeightBlockSize, g.ScaleDType, g.Naming)
+		if g.Group != GroupExperts && g.Group != GroupOther || seen[key] {
+			return fmt.Errorf("dequantized.groups: group %q (want experts and other, each at most once per source format)", g.Group)
 		}
-		seen[g.Group] = true
+		seen[key] = true
 		if g.Tensors <= 0 {
 			return fmt.Errorf("dequantized.groups: %s has %d tensors", g.Group, g.Tensors)
 		}

@@ -93,6 +93,11 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		// a plain shared expert of the dtype --dtype dequantises the
 		// routed experts into is stored like them, fused or not
 		sharedQ, sharedDT = "", ""
+	case sharedQ != "" && sharedQ != string(family.QuantNone) && c.Dequantized != nil:
+		// a quantised shared expert apart from the routed experts
+		// (DeepSeek-V4's FP8 beside FP4) is dequantised by its own format
+		// among the other weights: stored like the dequantised experts
+		sharedQ, sharedDT = "", ""
 	case sharedQ == string(family.QuantNone) && c.NumFusedSharedExperts > 0:
 		requant = srcRequantization(quant, sharedDT, plan.ScaleFmt == "ue8m0")
 		sharedQ, sharedDT = "", "" // fused shared experts are stored like the routed ones
