@@ -68,8 +68,16 @@ func (d *dequant) chunkRows() int64 {
 
 // dequantCounts is what a --dtype run dequantised, for the contract.
 type dequantCounts struct {
-	experts, other int  // source weights: the stacked experts', every other
+	experts, other int  // source weights: the stacked experts', every other in their format
 	inputs         bool // input_scale tensors were dropped
+	// second counts the other weights of a mixed-format checkpoint's
+	// second format (family.OtherFormat), secondF; 0 and nil otherwise.
+	second  int
+	secondF weightfmt.Format
+	// sharedApart counts the fused shared expert's weights dequantised
+	// from their own format (sharedF), not the routed experts'.
+	sharedApart int
+	sharedF     weightfmt.Format
 }
 
 // outFormat is how the stacks store expert weights: as the source does,
@@ -89,8 +97,15 @@ func (p *planner) outFormat() (weightfmt.Format, error) {
 // sharedFormat is how the shared expert is stored: like the routed
 // experts, or plain where the plan says so (Kimi's BF16 beside INT4).
 func (p *planner) sharedFormat() weightfmt.Format {
-	if p.fp.SharedQuantization == family.QuantNone && !p.requant { // requantised: stored as wf
+	switch q := p.fp.SharedQuantization; {
+	case q == family.QuantNone && !p.requant: // requantised: stored as wf
 		return weightfmt.Plain(p.fp.SharedWeightDType)
+	case q != "" && q != family.QuantNone:
+		// another quantised format (DeepSeek-V4's FP8 beside FP4): fused
+		// only with --dtype, dequantised by its own format
+		if f, err := p.fp.SharedFormat(); err == nil {
+			return f
+		}
 	}
 	return p.wf
 }
@@ -100,6 +115,15 @@ func (p *planner) sharedFormat() weightfmt.Format {
 // dtype they are dequantised into (Kimi's BF16 with --dtype bf16).
 func (p *planner) sharedDequantMatches() bool {
 	return p.o.DType != "" && p.fp.SharedQuantization == family.QuantNone && p.fp.SharedWeightDType == p.o.DType
+}
+
+// sharedDequantised reports whether an unfused shared expert quantised
+// unlike the routed experts (DeepSeek-V4's FP8 beside FP4) is dequantised
+// by --dtype, by its own format, among the other weights: then stored
+// like the dequantised routed experts.
+func (p *planner) sharedDequantised() bool {
+	q := p.fp.SharedQuantization
+	return p.o.DType != "" && !p.o.FuseShared && q != "" && q != family.QuantNone
 }
 
 // dequantMLP turns an expert's parts in format f (whole weights, or a
@@ -153,7 +177,10 @@ func (p *planner) otherWeights(consumed map[string]int) (map[string]family.Quant
 		return nil, nil, nil
 	}
 	taken := func(n string) bool { _, ok := consumed[n]; return ok }
-	qs, err := family.QuantisedWeights(p.ck, p.wf, taken)
+	// Each weight by its own format: a mixed-format checkpoint's second
+	// format (DeepSeek-V4's FP8 beside FP4 experts, ModelOpt's FP8 beside
+	// NVFP4) is dequantised by its own arithmetic.
+	qs, err := family.MixedQuantisedWeights(p.ck, p.wf, taken)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: --dtype: %w", p.ck.Dir, err)
 	}
@@ -164,8 +191,13 @@ func (p *planner) otherWeights(consumed map[string]int) (map[string]family.Quant
 			dropped[n] = true
 		}
 		p.dq.inputs = p.dq.inputs || q.Input != ""
+		if q.Format == p.wf {
+			p.dq.other++
+		} else {
+			p.dq.second++
+			p.dq.secondF = q.Format
+		}
 	}
-	p.dq.other = len(qs)
 	for _, t := range p.ck.Tensors {
 		if !taken(t.Name) && !dropped[t.Name] && (t.DType == safetensors.F8E4M3 || t.DType == safetensors.F8E5M2) {
 			return nil, nil, fmt.Errorf("%s: --dtype: tensor %s is %s but no %s weight or scale: moeprep dequantises one format per checkpoint, the experts' (%s)",
@@ -188,7 +220,7 @@ func (p *planner) dequantTensor(q family.QuantWeight) (*outTensor, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: tensor %s is missing", p.ck.Dir, q.Tensors.Weight)
 	}
-	m := weightfmt.Matrix{Format: p.wf, Rows: q.Rows, Cols: q.Cols}
+	m := weightfmt.Matrix{Format: q.Format, Rows: q.Rows, Cols: q.Cols}
 	pt, err := p.dequantPart(whole(w), get(q.Tensors.Scale), get(q.Tensors.Global), m, "dequantising")
 	if err != nil {
 		return nil, err
@@ -209,6 +241,12 @@ func (p *planner) dequantRecord() *layout.Dequantized {
 		if g.n > 0 {
 			d.Groups = append(d.Groups, layout.NewDequantGroup(g.name, p.wf, g.n))
 		}
+	}
+	if p.dq.sharedApart > 0 {
+		d.Groups = append(d.Groups, layout.NewDequantGroup(layout.GroupExperts, p.dq.sharedF, p.dq.sharedApart))
+	}
+	if p.dq.second > 0 {
+		d.Groups = append(d.Groups, layout.NewDequantGroup(layout.GroupOther, p.dq.secondF, p.dq.second))
 	}
 	return d
 }

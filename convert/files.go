@@ -126,8 +126,10 @@ func configWithContract(src []byte, c *layout.Contract) ([]byte, error) {
 		return nil, err
 	}
 	if c.Dequantized != nil {
-		if src, err = withoutKey(src, QuantizationConfigKey); err != nil {
-			return nil, err
+		for _, k := range DequantizedDropKeys {
+			if src, err = withoutKey(src, k); err != nil {
+				return nil, err
+			}
 		}
 	}
 	body := bytes.TrimRight(src, " \t\r\n")
@@ -161,6 +163,11 @@ func manifestJSON(files map[string]layout.FileInfo) ([]byte, error) {
 
 // QuantizationConfigKey is the config.json key a dequantised output drops.
 const QuantizationConfigKey = "quantization_config"
+
+// DequantizedDropKeys are the top-level config.json keys a dequantised
+// output drops: quantization_config, and DeepSeek-V4's expert_dtype
+// ("fp4": its experts are no longer FP4).
+var DequantizedDropKeys = []string{QuantizationConfigKey, "expert_dtype"}
 
 // withoutKey is the JSON object src without its top-level member key (every
 // one of them, were it repeated), every other byte as it was: the comma

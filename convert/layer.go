@@ -117,7 +117,10 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 			}
 		}
 		sf := p.sharedFormat()
-		if _, scaled := sf.Scale(); scaled && p.o.DType != "" {
+		if _, scaled := sf.Scale(); scaled && p.o.DType != "" && sf != p.wf {
+			p.dq.sharedApart += 3 // dequantised by its own format: a group of its own
+			p.dq.sharedF = sf
+		} else if scaled && p.o.DType != "" {
 			p.dq.experts += 3 // the shared expert's weights, however many slices they make
 		}
 		for s := int64(0); s < S; s++ {

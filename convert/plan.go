@@ -235,6 +235,9 @@ func (p *planner) checkFusable() error {
 		case p.o.RequantizeShared:
 			return fmt.Errorf("%s: --requantize-shared with --dtype %s: the routed experts are dequantised, so there is no quantised format to requantise the shared expert into; leave --requantize-shared out",
 				p.ck.Dir, strings.ToLower(string(p.o.DType)))
+		case fp.SharedQuantization != family.QuantNone:
+			// quantised unlike the routed experts (DeepSeek-V4's FP8 beside
+			// FP4): dequantised by its own format into the plain stacks
 		case !p.sharedDequantMatches():
 			return fmt.Errorf("%s: routed experts %s, shared expert %s, --dtype %s: fusing would round the shared expert to %s; use --dtype %s, or moeprep convert",
 				p.ck.Dir, p.wf, fp.SharedWeightDType, strings.ToLower(string(p.o.DType)), p.o.DType, strings.ToLower(string(fp.SharedWeightDType)))
@@ -414,8 +417,9 @@ func (p *planner) contract() *layout.Contract {
 		c.SharedSlotWeight = 1 / fp.RoutedScalingFactor
 	}
 	c.InputScales = fp.NVFP4InputScale && p.o.DType == ""
-	if fp.SharedQuantization != "" && !p.o.FuseShared && !p.sharedDequantMatches() {
+	if fp.SharedQuantization != "" && !p.o.FuseShared && !p.sharedDequantMatches() && !p.sharedDequantised() {
 		c.SharedQuantization, c.SharedWeightDType = string(fp.SharedQuantization), string(fp.SharedWeightDType)
+		c.SharedScaleDType, c.SharedNaming = string(fp.SharedScaleDType), fp.SharedNaming
 	}
 	if p.requant {
 		c.SharedRequantized, _ = layout.NewRequantization(p.wf, fp.SharedWeightDType) // checkRequant made sure it can

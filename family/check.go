@@ -299,7 +299,7 @@ func (k *checker) weight(where, role, name string, rows, cols int64, hint string
 	if meta.DType != f.DType() {
 		return "", fmt.Errorf("%s: %s is %s but config.json quantization_config says %s", where, name, meta.DType, lower(f))
 	}
-	sn := sc.Name(name)
+	sn := weightfmt.TensorsOf(f, name).Scale
 	sm, hasScale := k.t.Lookup(sn)
 	if !hasScale {
 		what := "block scales"

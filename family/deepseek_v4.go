@@ -25,6 +25,13 @@ import (
 // ids = ffn.gate.tid2eid[token id] (int64 [vocab, k], no correction bias),
 // weighted by the same normalised scores.
 //
+// DeepSeek-V4's official repo layout (deepseek-ai/DeepSeek-V4-*) names
+// the same tensors without "model.": layers.L.ffn..., beside embed.weight,
+// head.weight, norm.weight and the hyper-connection (hc_*), attention,
+// compressor and indexer tensors, all carried byte for byte; its FP8
+// weights (the shared expert's included) carry DeepSeek's x.scale (F8_E8M0
+// per 128x128 block) instead of transformers' x.weight_scale_inv.
+//
 // DeepSeek-V4's official precision, "expert_dtype": "fp4" beside an FP8
 // ue8m0 quantization_config, plans the routed experts as MXFP4 in
 // DeepSeek's names (x.weight, x.scale) and the shared expert as FP8
@@ -35,7 +42,7 @@ import (
 // shared(x), ungated: fusable.
 var deepseekV4 = &spec{
 	name: "deepseek_v4",
-	names: naming{layers: "model.layers.", modules: []string{"ffn", "mlp"}, experts: "experts",
+	names: naming{layers: "model.layers.", layersAlt: []string{"layers."}, modules: []string{"ffn", "mlp"}, experts: "experts",
 		proj: [3]string{"w1", "w3", "w2"}, router: "gate", bias: "gate.bias", shared: "shared_experts",
 		hashTable: "gate.tid2eid"},
 	keys: configKeys{

@@ -26,6 +26,9 @@ type QuantWeight struct {
 	// weight runs with unquantised activations.
 	Input      string
 	Rows, Cols int64
+	// Format is how it is stored: the format QuantisedWeights was asked
+	// for (MixedQuantisedWeights: the experts' or the second one).
+	Format weightfmt.Format
 }
 
 // Dropped lists the stored tensors that the dequantised weight replaces
@@ -93,7 +96,7 @@ func QuantisedWeights(t Tensors, f weightfmt.Format, skip func(string) bool) ([]
 // quantWeight checks one weight found by QuantisedWeights: weight meta and
 // scale sm, ts its tensors named from the plain name plain.
 func quantWeight(t Tensors, f weightfmt.Format, sc weightfmt.Scale, plain string, ts weightfmt.Tensors, meta, sm TensorMeta) (QuantWeight, error) {
-	q := QuantWeight{Name: plain, Tensors: ts}
+	q := QuantWeight{Name: plain, Tensors: ts, Format: f}
 	if _, taken := t.Lookup(plain); taken && plain != ts.Weight {
 		return q, fmt.Errorf("tensor %s is stored both plain and as %s %s: moeprep cannot tell which to keep", plain, f, ts.Weight)
 	}

@@ -3,6 +3,7 @@ package family
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -70,6 +71,9 @@ func TestQuantisedWeightsFinds(t *testing.T) {
 	} {
 		s := newShaped()
 		tc.build(s)
+		for i := range tc.want {
+			tc.want[i].Format = tc.f // each weight found carries the format it was found in
+		}
 		got, err := QuantisedWeights(s, tc.f, func(n string) bool { return strings.Contains(n, ".experts.") })
 		if err != nil {
 			t.Fatalf("%s: %v", tc.f, err)
@@ -138,5 +142,74 @@ func TestQuantisedWeightsRefusals(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestMixedQuantisedWeights: a checkpoint mixing two quantised formats
+// lists each weight with the format it is stored in: DeepSeek-V4's FP8
+// blocks beside its FP4 experts (transformers' weight_scale_inv, or the
+// official x.scale E8M0), ModelOpt's FP8 per tensor beside NVFP4; a
+// one-format checkpoint has no second format.
+func TestMixedQuantisedWeights(t *testing.T) {
+	const attn, sh = "layers.1.attn.wkv", "layers.1.ffn.shared_experts.w1"
+	dsv4 := weightfmt.MXFP4(weightfmt.NamingDeepSeek, safetensors.I8, safetensors.F8E8M0)
+	cases := []struct {
+		name  string
+		f     weightfmt.Format
+		build func(s shapedTensors)
+		other string // the second format's quantization and scale dtype; "" none
+		want  map[string]string
+	}{
+		{"DeepSeek-V4 official x.scale", dsv4, func(s shapedTensors) {
+			s.add(attn+".weight", safetensors.F8E4M3, 256, 64)
+			s.add(attn+".scale", safetensors.F8E8M0, 2, 1)
+			s.add(sh+".weight", safetensors.F8E4M3, 32, 64)
+			s.add(sh+".scale", safetensors.F8E8M0, 1, 1)
+			s.add("layers.1.ffn.experts.0.w1.weight", safetensors.I8, 32, 32)
+			s.add("layers.1.ffn.experts.0.w1.scale", safetensors.F8E8M0, 32, 2)
+		}, "fp8_block_128x128 F8_E8M0", map[string]string{attn + ".weight": "FP8", sh + ".weight": "FP8"}},
+		{"DeepSeek-V4 transformers weight_scale_inv", dsv4, func(s shapedTensors) {
+			s.add(attn+".weight", safetensors.F8E4M3, 256, 64)
+			s.add(attn+".weight_scale_inv", safetensors.F32, 2, 1)
+			s.add("layers.1.mlp.w3.weight", safetensors.I8, 32, 32) // an FP4 weight outside the experts
+			s.add("layers.1.mlp.w3.scale", safetensors.F8E8M0, 32, 2)
+		}, "fp8_block_128x128 F32", map[string]string{attn + ".weight": "FP8", "layers.1.mlp.w3.weight": "MXFP4"}},
+		{"ModelOpt MIXED_PRECISION", weightfmt.NVFP4ModelOpt(), func(s shapedTensors) {
+			s.add(attn+".weight", safetensors.F8E4M3, 8, 16)
+			s.add(attn+".weight_scale", safetensors.F32, 1, 1) // [] as checkpoint.Open canonicalises it
+			s.add(attn+".input_scale", safetensors.F32)
+			s.add(sh+".weight", safetensors.U8, 8, 16)
+			s.add(sh+".weight_scale", safetensors.F8E4M3, 8, 2)
+			s.add(sh+".weight_scale_2", safetensors.F32)
+		}, "fp8_tensor F32", map[string]string{attn + ".weight": "FP8 per-tensor", sh + ".weight": "NVFP4"}},
+		{"gpt-oss one format", weightfmt.MXFP4(weightfmt.NamingGptOss, safetensors.U8, safetensors.U8), func(s shapedTensors) {
+			s.add("model.layers.0.self_attn.q_proj.weight", safetensors.BF16, 8, 8)
+		}, "", map[string]string{}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newShaped()
+			tc.build(s)
+			other, ok := OtherFormat(s, tc.f)
+			got := ""
+			if ok {
+				sc, _ := other.Scale()
+				got = other.Quantization() + " " + string(sc.DType)
+			}
+			if got != tc.other {
+				t.Errorf("OtherFormat = %q, want %q", got, tc.other)
+			}
+			qs, err := MixedQuantisedWeights(s, tc.f, func(n string) bool { return strings.Contains(n, ".experts.") })
+			if err != nil {
+				t.Fatal(err)
+			}
+			formats := map[string]string{}
+			for _, q := range qs {
+				formats[q.Name] = q.Format.String()
+			}
+			if !maps.Equal(formats, tc.want) {
+				t.Errorf("weights %v, want %v", formats, tc.want)
+			}
+		})
 	}
 }

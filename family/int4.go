@@ -175,7 +175,8 @@ func (p *Plan) SharedFormat() (weightfmt.Format, error) {
 	if p.SharedQuantization == "" {
 		return p.Format()
 	}
-	return weightfmt.New(weightfmt.Spec{Quantization: string(p.SharedQuantization), DType: p.SharedWeightDType})
+	return weightfmt.New(weightfmt.Spec{Quantization: string(p.SharedQuantization), DType: p.SharedWeightDType,
+		ScaleDType: p.SharedScaleDType, Naming: p.SharedNaming})
 }
 
 // plainShared reports whether the MLP being checked is a shared expert left

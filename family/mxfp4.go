@@ -65,8 +65,9 @@ func readExpertFP4(c config, p *Plan) error {
 // sharedApart decides, at the first shared expert of a plan whose routed
 // experts are DeepSeek-V4's FP4, how it is stored: FP4 like them (nothing
 // to record), FP8 128x128 blocks with F32 weight_scale_inv as transformers
-// writes DeepSeek-V4's FP8 (the official release's), or unquantised; FP8
-// with DeepSeek's own .scale naming is refused.
+// writes DeepSeek-V4's FP8, FP8 128x128 blocks under DeepSeek's own names
+// (x.scale, F8_E8M0: the official repo layout; SharedNaming and
+// SharedScaleDType record it), or unquantised.
 func (k *checker) sharedApart(where, prefix string, proj [3]string) error {
 	if !k.inShared || k.sharedSeen || k.p.Naming != weightfmt.NamingDeepSeek {
 		return nil
@@ -78,8 +79,8 @@ func (k *checker) sharedApart(where, prefix string, proj [3]string) error {
 	case !ok:
 		return nil // the checks name it
 	case meta.DType == safetensors.F8E4M3:
-		if _, ds := k.t.Lookup(prefix + "." + proj[0] + ".scale"); ds {
-			return fmt.Errorf("%s: %s is FP8 with DeepSeek's own scale naming (%s.scale, E8M0): moeprep reads FP8 128x128 blocks with F32 weight_scale_inv, as transformers writes them", where, w, prefix+"."+proj[0])
+		if sm, ds := k.t.Lookup(prefix + "." + proj[0] + ".scale"); ds {
+			k.p.SharedNaming, k.p.SharedScaleDType = weightfmt.NamingDeepSeek, sm.DType
 		}
 		k.p.SharedQuantization, k.p.SharedWeightDType, k.sharedFrom = QuantFP8Block, meta.DType, w
 	case isFloat(meta.DType):
@@ -93,7 +94,7 @@ func (k *checker) sharedApart(where, prefix string, proj [3]string) error {
 // experts) as a plan of that format would.
 func (k *checker) apartSharedMLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
 	sp := *k.p
-	sp.Quantization, sp.Naming, sp.WeightDType, sp.ScaleDType, sp.SharedQuantization = k.p.SharedQuantization, "", "", "", ""
+	sp.Quantization, sp.Naming, sp.WeightDType, sp.ScaleDType, sp.SharedQuantization = k.p.SharedQuantization, k.p.SharedNaming, "", k.p.SharedScaleDType, ""
 	sub := &checker{t: k.t, p: &sp}
 	m, err := sub.mlp(where, prefix, proj, inter, hint)
 	if err == nil && sub.dtype != k.p.SharedWeightDType {

@@ -175,7 +175,13 @@ type Plan struct {
 	// F8_E4M3); "" when it is stored like them.
 	SharedQuantization Quantization
 	SharedWeightDType  safetensors.DType
-	Layers             []Layer // sorted by Index
+	// SharedScaleDType and SharedNaming: the FP8 shared expert's scale
+	// dtype and tensor names where they are not the format's own
+	// (DeepSeek-V4's official layout: x.scale, F8_E8M0; weightfmt's
+	// NamingDeepSeek); "" otherwise.
+	SharedScaleDType safetensors.DType
+	SharedNaming     string
+	Layers           []Layer // sorted by Index
 	// Notices are one-line remarks on what the config says and moeprep,
 	// as transformers, ignores (moe_layers entries past the last layer);
 	// commands print them to stderr and carry them in their JSON.

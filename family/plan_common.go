@@ -30,6 +30,11 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if t == nil {
 		return nil, errors.New("no tensors to plan from")
 	}
+	if len(s.names.layersAlt) > 0 {
+		in := *s
+		in.names.layers = s.layerPrefix(t)
+		s = &in
+	}
 	c := config{m: raw}
 	mt, err := c.str("model_type", "")
 	if err != nil {
@@ -375,6 +380,21 @@ func parseIndex(s string) (int, bool) {
 	}
 	n, err := strconv.Atoi(s)
 	return n, err == nil
+}
+
+// layerPrefix is the family's decoder layer prefix that t's tensors use:
+// names.layers, or else the first of names.layersAlt a tensor name starts
+// with (names.layers when none does: the plan then names what is missing).
+func (s *spec) layerPrefix(t Tensors) string {
+	names := t.Names()
+	for _, pre := range append([]string{s.names.layers}, s.names.layersAlt...) {
+		for _, n := range names {
+			if strings.HasPrefix(n, pre) {
+				return pre
+			}
+		}
+	}
+	return s.names.layers
 }
 
 // groupByLayer buckets tensor names by decoder layer index.

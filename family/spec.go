@@ -69,7 +69,12 @@ func (s *spec) withDefaults(raw map[string]any, modelType string) config {
 // naming is where a family keeps its MoE tensors. Full names are
 // layers + index + "." + module + "." + (router | experts.<id>.<proj> | shared.<proj>) + ".weight".
 type naming struct {
-	layers     string    // decoder layer prefix, followed by the index: "model.layers."
+	layers string // decoder layer prefix, followed by the index: "model.layers."
+	// layersAlt: the decoder layer prefixes of the family's other repo
+	// layouts, tried in order where no tensor name starts with layers
+	// (DeepSeek-V4's official repo: "layers.", no "model."). Everything
+	// below the layer prefix is named alike in all of them.
+	layersAlt  []string
 	modules    []string  // the MoE module in a layer; the first whose router exists wins
 	experts    string    // container of routed experts, followed by ".<id>."
 	proj       [3]string // gate, up, down projection of one expert (Mixtral: w1, w3, w2)

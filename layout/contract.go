@@ -96,6 +96,12 @@ type Contract struct {
 	InputScales        bool   `json:"input_scales,omitempty"`
 	SharedQuantization string `json:"shared_quantization,omitempty"`
 	SharedWeightDType  string `json:"shared_weight_dtype,omitempty"`
+	// SharedScaleDType and SharedNaming: an FP8 128x128 shared expert's
+	// scale dtype and names where they are not transformers' F32
+	// weight_scale_inv: DeepSeek-V4's official x.scale, F8_E8M0
+	// ("F8_E8M0", "deepseek"). Absent otherwise.
+	SharedScaleDType string `json:"shared_scale_dtype,omitempty"`
+	SharedNaming     string `json:"shared_naming,omitempty"`
 	// SharedRequantized: the fused shared slots hold the shared expert
 	// quantised by fuse-shared --requantize-shared from SRC's plain
 	// weights into the routed experts' format, by that format's own rule.
@@ -179,7 +185,11 @@ type Dequantized struct {
 	Rounding string `json:"rounding"`
 	// Groups say how each group of dequantised weights was stored in the
 	// source: "experts" (the stacked routed experts, and fused shared
-	// experts where quantised), "other" (every other quantised weight).
+	// experts where quantised), "other" (every other quantised weight); a
+	// group per source format where a mixed-format checkpoint stores them
+	// in two (DeepSeek-V4: experts mxfp4, then experts fp8_block_128x128 for
+	// a fused shared expert; other fp8_block_128x128), the routed experts'
+	// format first.
 	Groups []DequantGroup `json:"groups"`
 	// InputScalesDropped: the source's weights had static activation
 	// scales (input_scale), which the output does not carry.
@@ -264,12 +274,17 @@ func (d *Dequantized) check() error {
 	if len(d.Groups) == 0 {
 		return fmt.Errorf("dequantized.groups is empty")
 	}
+	// each group at most once per source format (a mixed-format
+	// checkpoint: DeepSeek-V4's fused FP8 shared expert beside the FP4
+	// experts, ModelOpt MIXED_PRECISION's unfused NVFP4 shared expert beside
+	// FP8 attention); the first experts group is the routed experts'.
 	seen := map[string]bool{}
 	for _, g := range d.Groups {
-		if g.Group != GroupExperts && g.Group != GroupOther || seen[g.Group] {
-			return fmt.Errorf("dequantized.groups: group %q (want experts and other, each at most once)", g.Group)
+		key := fmt.Sprint(g.Group, g.Quantization, g.WeightDType, g.WeightBlockSize, g.ScaleDType, g.Naming)
+		if g.Group != GroupExperts && g.Group != GroupOther || seen[key] {
+			return fmt.Errorf("dequantized.groups: group %q (want experts and other, each at most once per source format)", g.Group)
 		}
-		seen[g.Group] = true
+		seen[key] = true
 		if g.Tensors <= 0 {
 			return fmt.Errorf("dequantized.groups: %s has %d tensors", g.Group, g.Tensors)
 		}
@@ -304,7 +319,8 @@ func (c *Contract) SharedFormat() (weightfmt.Format, error) {
 	if c.SharedQuantization == "" {
 		return c.Format()
 	}
-	return weightfmt.New(weightfmt.Spec{Quantization: c.SharedQuantization, DType: safetensors.DType(c.SharedWeightDType)})
+	return weightfmt.New(weightfmt.Spec{Quantization: c.SharedQuantization, DType: safetensors.DType(c.SharedWeightDType),
+		ScaleDType: safetensors.DType(c.SharedScaleDType), Naming: c.SharedNaming})
 }
 
 // RuntimeScale is what a serving engine multiplies the routed sum by: rsf when
@@ -390,6 +406,8 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: unknown orientation %q", c.Orientation)
 	case (c.SharedQuantization == "") != (c.SharedWeightDType == ""):
 		return fmt.Errorf("moeprep contract: shared_quantization %q and shared_weight_dtype %q: both or neither", c.SharedQuantization, c.SharedWeightDType)
+	case c.SharedQuantization == "" && (c.SharedScaleDType != "" || c.SharedNaming != ""):
+		return fmt.Errorf("moeprep contract: shared_scale_dtype %q, shared_naming %q without shared_quantization", c.SharedScaleDType, c.SharedNaming)
 	case c.SharedQuantization != "" && c.NumFusedSharedExperts > 0:
 		return fmt.Errorf("moeprep contract: shared_quantization %s with fused shared experts, which are stored like the routed ones", c.SharedQuantization)
 	}

@@ -60,6 +60,27 @@ func TestDequantizedContract(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
+	// A mixed-format source: a group per (group, source format), the
+	// routed experts' first; the same format twice in a group is refused.
+	fp4 := weightfmt.MXFP4(weightfmt.NamingDeepSeek, "I8", "F8_E8M0")
+	fp8 := weightfmt.FP8BlockDeepSeek(128, 128, "F8_E8M0")
+	mixed := dequantContract()
+	mixed.Dequantized.Groups = []DequantGroup{NewDequantGroup(GroupExperts, fp4, 72), NewDequantGroup(GroupExperts, fp8, 9),
+		NewDequantGroup(GroupOther, fp8, 22)}
+	got, err = read(mixed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, _ := got.Dequantized.Group(GroupExperts); g.Quantization != weightfmt.QuantMXFP4 || g.Tensors != 72 {
+		t.Errorf("mixed: experts group %+v, want the routed experts' mxfp4", g)
+	}
+	if g := got.Dequantized.Groups[2]; g.ScaleDType != "F8_E8M0" || g.Naming != weightfmt.NamingDeepSeek {
+		t.Errorf("mixed: other group %+v, want F8_E8M0 x.scale (deepseek)", g)
+	}
+	mixed.Dequantized.Groups = append(mixed.Dequantized.Groups, NewDequantGroup(GroupOther, fp8, 1))
+	if _, err := read(mixed); err == nil {
+		t.Error("other twice in one source format: accepted")
+	}
 }
 
 // FormatFields records each format as the contract's own fields do.

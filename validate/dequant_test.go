@@ -39,6 +39,11 @@ var dequantPresets = []struct{ preset, quantization string }{
 	{"small-qwen3-moe-int4-g128", weightfmt.QuantInt4Pack},
 	{"small-deepseek-r1-nvfp4", weightfmt.QuantNVFP4ModelOpt},
 	{"small-gpt-oss-mxfp4", weightfmt.QuantMXFP4},
+	// mixed formats (issue 29): each weight dequantised by its own
+	// (TestDequantMixedFormats checks the groups and the second format)
+	{"small-deepseek-v4-fp4", weightfmt.QuantMXFP4},
+	{"small-deepseek-v4-official", weightfmt.QuantMXFP4},
+	{"small-deepseek-v3-nvfp4-mixed", weightfmt.QuantNVFP4ModelOpt},
 }
 
 // presetSpecs are the named presets' specs, as synthFrom takes them.

@@ -3,6 +3,9 @@ package validate
 import (
 	"testing"
 
+	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/validate/gpurun"
+
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
@@ -86,10 +89,10 @@ func TestDSV4FP4Refusals(t *testing.T) {
 			"routed experts MXFP4 (mxfp4, F8_E8M0 scales), shared expert F8_E4M3: fusing would requantise the shared expert"},
 		{"an expert dtype moeprep does not know", "h64-i64", func(c map[string]any) { c["expert_dtype"] = "fp6" }, nil, false,
 			`config.json: expert_dtype: "fp6" is not supported`},
-		{"an FP8 shared expert in DeepSeek's own scale naming", "h64-i64", nil, func(t *testing.T, src string) {
-			const w1 = "model.layers.0.ffn.shared_experts.w1"
-			renameTensor(t, src, w1+".weight_scale_inv", w1+".scale")
-		}, false, "is FP8 with DeepSeek's own scale naming (model.layers.0.ffn.shared_experts.w1.scale, E8M0): moeprep reads FP8 128x128 blocks with F32 weight_scale_inv"},
+		{"one FP8 shared projection in DeepSeek's own scale naming, the others in transformers'", "h64-i64", nil, func(t *testing.T, src string) {
+			const w3 = "model.layers.0.ffn.shared_experts.w3"
+			renameTensor(t, src, w3+".weight_scale_inv", w3+".scale")
+		}, false, "missing tensor model.layers.0.ffn.shared_experts.w3.weight_scale_inv"},
 		{"fp4 experts beside another description", "h64-i64", func(c map[string]any) {
 			c["quantization_config"] = map[string]any{"quant_method": "fp8"}
 		}, nil, false, "config.json: expert_dtype: fp4 beside a fp8_tensor quantisation description"},
@@ -100,13 +103,80 @@ func TestDSV4FP4Refusals(t *testing.T) {
 	})
 }
 
-// TestDSV4FP4GPURefusal: DeepSeek-V4's FP4 experts sit beside an FP8
-// 128x128 shared expert, a second quantised format the GPU's bank loader
-// does not decode: --device cuda refuses naming both, --device auto runs
-// on the CPU with a note. (Its FP4 routed experts alone decode as gpt-oss's
-// MXFP4 and compressed-tensors' do: TestGPUMXFP4, TestGPUCTMXFP4.)
-func TestDSV4FP4GPURefusal(t *testing.T) {
-	src := synthFrom(t, dsv4FP4Specs(), "h32-i96")
-	dst := convertInto(t, src, convert.Options{Layout: layout.Stacked})
-	cudaRefused(t, src, dst, "", "the shared expert is stored as fp8_block_128x128 beside mxfp4 routed experts", "one quantised expert format a layer")
+// TestDSV4FP4GPUFormats: DeepSeek-V4's FP4 experts sit beside an FP8
+// 128x128 shared expert; the GPU loads each MLP with its own format (the
+// routed experts decoded from FP4 to bf16 on the device, the shared expert
+// through the FP8 kernels), so the default precision (bf16) takes them, in
+// transformers' names and the official layout's (x.scale F8_E8M0, widened
+// to F32 exactly as it is uploaded), and the other precisions refuse
+// naming the routed format, before any layer runs. No GPU needed.
+func TestDSV4FP4GPUFormats(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		specs map[string]fixtures.SynthSpec
+	}{{"transformers", dsv4FP4Specs()}, {"official", dsv4OfficialSpecs()}} {
+		t.Run(c.name, func(t *testing.T) {
+			src := synthFrom(t, c.specs, "h32-i96")
+			dst := convertInto(t, src, convert.Options{Layout: layout.Stacked})
+			for _, pair := range [][2]string{{src, dst}, {src, ""}, {dst, ""}} {
+				s := &session{o: Options{Src: pair[0], Dst: pair[1], GPUPrecision: PrecisionBF16}}
+				if pair[1] == "" && pair[0] == dst {
+					s.o = Options{Dst: dst, GPUPrecision: PrecisionBF16}
+				}
+				if err := s.open(); err != nil {
+					t.Fatal(err)
+				}
+				if why := s.gpuRefusal(); why != "" {
+					t.Errorf("%v --precision bf16 refused: %s", pair, why)
+				}
+				s.close()
+			}
+			for _, prec := range []string{PrecisionF32, PrecisionFP8} {
+				cudaRefused(t, src, dst, prec, "MXFP4 expert weights (quantization mxfp4, F8_E8M0 scales) are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+prec+")",
+					"decoded to bf16 on the GPU")
+			}
+		})
+	}
+	// The kernels take FP8 128x128 blocks under F32, F8_E8M0 or U8 (E8M0)
+	// scales, nothing else.
+	for _, tc := range []struct {
+		f    weightfmt.Format
+		take bool
+	}{
+		{weightfmt.FP8Block(128, 128, false), true},
+		{weightfmt.FP8BlockDeepSeek(128, 128, safetensors.F8E8M0), true},
+		{weightfmt.FP8BlockDeepSeek(128, 128, safetensors.U8), true},
+		{weightfmt.FP8BlockDeepSeek(64, 128, safetensors.F8E8M0), false},
+	} {
+		if got := gpurun.KernelsTake(tc.f); got != tc.take {
+			sc, _ := tc.f.Scale()
+			t.Errorf("KernelsTake(FP8 %v %s) = %v, want %v", sc.Block, sc.DType, got, tc.take)
+		}
+	}
+}
+
+// TestGPUDSV4FP4: on a GPU, DeepSeek-V4's FP4 experts (decoded to bf16 on
+// the device) beside their FP8 128x128 shared expert (the FP8 kernels),
+// in transformers' layout and the official one: every conversion passes
+// validate --device cuda, every mutation fails the run with the byte
+// proof, and the layer checks alone (at the gpu-bf16 tolerance) catch
+// swapped FP4 scales and a doubled FP8 shared-expert block scale (the
+// others, one code each, are logged: gpu-bf16 need not see one code).
+func TestGPUDSV4FP4(t *testing.T) {
+	t.Run("transformers", func(t *testing.T) {
+		gpuDecodedPass(t, dsv4FP4Specs(), layoutsAndFused, mxfp4Mutations("model.layers.1.ffn", dsv4FP4, "h64-i64", "h32-i96"),
+			"two scale entries swapped")
+	})
+	t.Run("official", func(t *testing.T) {
+		muts := append(mxfp4Mutations("layers.1.ffn", dsv4FP4, "h64-i64", "h32-i96"), dsv4OfficialSharedMutations()...)
+		gpuDecodedPass(t, dsv4OfficialSpecs(), layoutsAndFused, muts,
+			"two scale entries swapped", "shared expert E8M0 block scale doubled")
+	})
+	// Dequantised (--dtype bf16, each weight by its own format; the FP8
+	// shared expert fused too): plain bf16 on the device.
+	t.Run("dequantised", func(t *testing.T) {
+		needGPU(t)
+		src := synthFrom(t, dsv4OfficialSpecs(), "h64-i64")
+		conversionsPass(t, src, DeviceCUDA, []convert.Options{{DType: safetensors.BF16}, {DType: safetensors.BF16, FuseShared: true, TP: 2, Layout: layout.GateUp}}, nil)
+	})
 }

@@ -1050,15 +1050,48 @@ func (s *session) gpuRefusal() string {
 		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU runs unquantised weights, FP8 128x128 blocks with F32 scales, and FP8 per-channel or per-tensor, INT4, MXFP4 and NVFP4 weights (decoded to bf16)",
 			f, f.Quantization(), sc.DType)
 	}
-	// A plain shared expert runs as the plain MLP it is; one quantised
-	// another way than the routed experts (DeepSeek-V4: FP8 blocks beside
-	// FP4) would need a second decode the bank loader does not have.
+	// A shared expert stored unlike the routed experts loads with its own
+	// format (gpurun: a plain one as the plain MLP it is, DeepSeek-V4's FP8
+	// blocks beside FP4 through the FP8 kernels): it must be one the
+	// kernels take, at this precision.
 	if sq := s.sharedQuantization(); sq != "" && sq != string(family.QuantNone) {
-		return fmt.Sprintf("the shared expert is stored as %s beside %s routed experts, and the GPU path runs one quantised expert format a layer", sq, s.routedQuantization())
+		if why := s.sharedGPURefusal(sq); why != "" {
+			return why
+		}
 	}
 	if s.contract != nil && s.contract.SharedRequantized != nil {
 		return fmt.Sprintf("DST's shared expert was requantised from %s to %s (shared_requantized), and the error that adds is judged against SRC's %s shared expert on the CPU only",
 			s.contract.SharedRequantized.SourceDType, s.contract.SharedRequantized.Quantization, s.contract.SharedRequantized.SourceDType)
+	}
+	return ""
+}
+
+// sharedGPURefusal says why the GPU cannot run a shared expert stored as
+// sq beside the routed experts ("" when it can).
+func (s *session) sharedGPURefusal(sq string) string {
+	var fs []weightfmt.Format
+	if s.srcPlan != nil && s.srcPlan.SharedQuantization != "" {
+		f, err := s.srcPlan.SharedFormat()
+		if err != nil {
+			return err.Error()
+		}
+		fs = append(fs, f)
+	}
+	if s.contract != nil && s.contract.SharedQuantization != "" {
+		f, err := s.contract.SharedFormat()
+		if err != nil {
+			return err.Error()
+		}
+		fs = append(fs, f)
+	}
+	for _, f := range fs {
+		sc, _ := f.Scale()
+		switch {
+		case !gpurun.KernelsTake(f):
+			return fmt.Sprintf("the shared expert is stored as %s (%s scales) beside %s routed experts, which the GPU kernels do not take", sq, sc.DType, s.routedQuantization())
+		case gpurun.DecodesOnDevice(f) && s.o.GPUPrecision != PrecisionBF16:
+			return fmt.Sprintf("the shared expert (%s) is decoded to bf16 on the GPU, which runs it with --precision bf16 only (not %s)", sq, s.o.GPUPrecision)
+		}
 	}
 	return ""
 }

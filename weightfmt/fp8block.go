@@ -3,6 +3,7 @@ package weightfmt
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
@@ -21,9 +22,15 @@ const FP8DefaultBlock = 128
 // weight_scale_inv (a multiplier, despite its name). ue8m0: the entries
 // are powers of two (quantization_config.scale_fmt "ue8m0", DeepSeek-V3.1
 // on): still stored as F32, but a product with rsf would leave that grid.
+//
+// DeepSeek-V4's own repo layout (NamingDeepSeek) names the grid x.scale
+// beside x.weight and stores it F8_E8M0 (or as its U8 bytes): the same
+// blocks and the same product, each entry 2^(e-127).
 type fp8Block struct {
-	block [2]int64
-	ue8m0 bool
+	block  [2]int64
+	ue8m0  bool
+	naming string            // "" (x.weight_scale_inv) or NamingDeepSeek (x.scale)
+	scale  safetensors.DType // "" : F32
 }
 
 // FP8Block is the FP8 block-scaled format with blocks of bo rows by bi
@@ -41,8 +48,56 @@ func init() {
 		if len(b) != 2 || b[0] <= 0 || b[1] <= 0 {
 			return nil, fmt.Errorf("FP8 weight_block_size %v: want two positive integers [rows, cols]", s.Block)
 		}
-		return FP8Block(b[0], b[1], s.ScaleFmt == "ue8m0"), nil
+		f := fp8Block{block: [2]int64{b[0], b[1]}, ue8m0: s.ScaleFmt == "ue8m0"}
+		switch s.Naming {
+		case "":
+		case NamingDeepSeek:
+			f.naming = NamingDeepSeek
+		default:
+			return nil, fmt.Errorf("FP8 weights named as %q: want %q or DeepSeek's own (%q)", s.Naming, "", NamingDeepSeek)
+		}
+		switch sd := s.ScaleDType; {
+		case sd == "" || sd == safetensors.F32:
+		case f.naming == NamingDeepSeek && (sd == safetensors.F8E8M0 || sd == safetensors.U8):
+			f.scale, f.ue8m0 = sd, true // E8M0 entries are powers of two whatever scale_fmt says
+		default:
+			return nil, fmt.Errorf("FP8 128x128 scale dtype %s: want F32 (weight_scale_inv), or F8_E8M0 or U8 under DeepSeek's x.scale", sd)
+		}
+		return f, nil
 	})
+}
+
+// FP8BlockDeepSeek is the FP8 block-scaled format in DeepSeek-V4's own
+// names: x.weight F8_E4M3, x.scale of dtype scale (F8_E8M0, U8 or F32).
+func FP8BlockDeepSeek(bo, bi int64, scale safetensors.DType) Format {
+	f, err := New(Spec{Quantization: QuantFP8Block, Block: []int64{bo, bi}, ScaleFmt: "ue8m0", Naming: NamingDeepSeek, ScaleDType: scale})
+	if err != nil {
+		panic(err)
+	}
+	return f
+}
+
+func (f fp8Block) scaleDType() safetensors.DType {
+	if f.scale == "" {
+		return safetensors.F32
+	}
+	return f.scale
+}
+
+// Naming is whose tensor names the weights carry (Named): "" for
+// transformers' weight_scale_inv, NamingDeepSeek for x.scale.
+func (f fp8Block) Naming() string { return f.naming }
+
+// TensorsOf names the weight's tensors (Renamed): x.weight_scale_inv, or
+// DeepSeek's x.scale (a stack's: "gate_up_proj_scale").
+func (f fp8Block) TensorsOf(weight string) Tensors {
+	if f.naming == NamingDeepSeek {
+		if base, ok := strings.CutSuffix(weight, ".weight"); ok {
+			return Tensors{Weight: weight, Scale: base + ".scale"}
+		}
+		return Tensors{Weight: weight, Scale: weight + "_scale"}
+	}
+	return Tensors{Weight: weight, Scale: weight + "_scale_inv"}
 }
 
 func (f fp8Block) Quantization() string          { return QuantFP8Block }
@@ -51,6 +106,9 @@ func (f fp8Block) Packing() (elems, bytes int64) { return 1, 1 }
 func (f fp8Block) String() string                { return "FP8" }
 
 func (f fp8Block) Scale() (Scale, bool) {
+	if f.naming == NamingDeepSeek {
+		return Scale{Suffix: ".scale", DType: f.scaleDType(), Block: f.block}, true
+	}
 	return Scale{Suffix: "_scale_inv", DType: safetensors.F32, Block: f.block}, true
 }
 
@@ -58,7 +116,7 @@ func (f fp8Block) Scale() (Scale, bool) {
 // float32 ulp and leaves the FP8 bytes alone; UE8M0 scales cannot take a
 // factor that is not a power of two and stay powers of two.
 func (f fp8Block) Fold() FoldRule {
-	if f.ue8m0 {
+	if f.ue8m0 || f.scaleDType() != safetensors.F32 {
 		return FoldRule{refusal: "the FP8 scales are UE8M0 (powers of two) and cannot absorb %s exactly"}
 	}
 	return FoldRule{Into: FoldScales, DType: safetensors.F32, ByDefault: true}
@@ -77,11 +135,15 @@ func (f fp8Block) Dequantise(raw []byte, rows, cols int, scale []byte, dst []flo
 func (f fp8Block) e4m3Grid(rows, cols int, scale []byte) ([]float32, int, int, error) {
 	m := Matrix{Format: f, Rows: int64(rows), Cols: int64(cols)}
 	sr, sc := m.ScaleShape()
-	if rows < 0 || cols < 0 || int64(len(scale)) != sr*sc*4 {
-		return nil, 0, 0, fmt.Errorf("fp8 dequant: %d scale bytes for a %dx%d weight, want %dx%d F32", len(scale), rows, cols, sr, sc)
+	sd := f.scaleDType()
+	if rows < 0 || cols < 0 || int64(len(scale)) != sr*sc*int64(sd.Size()) {
+		return nil, 0, 0, fmt.Errorf("fp8 dequant: %d scale bytes for a %dx%d weight, want %dx%d %s", len(scale), rows, cols, sr, sc, sd)
 	}
 	s := make([]float32, sr*sc)
-	if err := Decode(safetensors.F32, scale, s); err != nil {
+	if sd == safetensors.U8 {
+		sd = safetensors.F8E8M0 // the same bytes
+	}
+	if err := Decode(sd, scale, s); err != nil {
 		return nil, 0, 0, err
 	}
 	return s, int(f.block[0]), int(f.block[1]), nil

@@ -9,6 +9,7 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // The contract against SRC: every value of the "moeprep" object that is a
@@ -92,9 +93,18 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		// a plain shared expert of the dtype --dtype dequantises the
 		// routed experts into is stored like them, fused or not
 		sharedQ, sharedDT = "", ""
+	case sharedQ != "" && sharedQ != string(family.QuantNone) && c.Dequantized != nil:
+		// a quantised shared expert apart from the routed experts
+		// (DeepSeek-V4's FP8 beside FP4) is dequantised by its own format
+		// among the other weights: stored like the dequantised experts
+		sharedQ, sharedDT = "", ""
 	case sharedQ == string(family.QuantNone) && c.NumFusedSharedExperts > 0:
 		requant = srcRequantization(quant, sharedDT, plan.ScaleFmt == "ue8m0")
 		sharedQ, sharedDT = "", "" // fused shared experts are stored like the routed ones
+	}
+	sharedSD, sharedNaming := "", ""
+	if sharedQ == string(family.QuantFP8Block) {
+		sharedSD, sharedNaming = srcSharedScaleNaming(src, plan)
 	}
 	nv := plan.Quantization == family.QuantNVFP4 || plan.Quantization == family.QuantNVFP4CT
 	var nvBlock []int64
@@ -154,6 +164,10 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("shared_quantization", orAbsent(c.SharedQuantization), orAbsent(sharedQ), "SRC's shared expert tensors")
 	case c.SharedWeightDType != sharedDT:
 		return bad("shared_weight_dtype", orAbsent(c.SharedWeightDType), orAbsent(sharedDT), "SRC's shared expert tensors")
+	case c.SharedScaleDType != sharedSD:
+		return bad("shared_scale_dtype", orAbsent(c.SharedScaleDType), orAbsent(sharedSD), "SRC's FP8 shared expert scales (DeepSeek's x.scale: its dtype; weight_scale_inv: absent)")
+	case c.SharedNaming != sharedNaming:
+		return bad("shared_naming", orAbsent(c.SharedNaming), orAbsent(sharedNaming), "SRC's FP8 shared expert scales (x.scale: deepseek; weight_scale_inv: absent)")
 	case requant == nil && c.SharedRequantized != nil:
 		return bad("shared_requantized", c.SharedRequantized, shown("absent"), "SRC's shared expert, stored like the routed experts or not fused,")
 	case requant != nil && (c.SharedRequantized == nil || *c.SharedRequantized != *requant):
@@ -577,6 +591,27 @@ func srcSharedStorage(src *checkpoint.Checkpoint, plan *family.Plan) (sharedQ, s
 		}
 	}
 	return sharedQ, sharedDT, ""
+}
+
+// srcSharedScaleNaming is how SRC names an FP8 128x128 shared expert's
+// scales, read from its first shared gate projection: DeepSeek's own
+// x.scale (its dtype, "deepseek"), or transformers' x.weight_scale_inv
+// ("", "").
+func srcSharedScaleNaming(src *checkpoint.Checkpoint, plan *family.Plan) (scaleDType, naming string) {
+	for _, l := range plan.Layers {
+		if l.Shared == nil {
+			continue
+		}
+		base, ok := strings.CutSuffix(l.Shared.Gate, ".weight")
+		if !ok {
+			return "", ""
+		}
+		if t, ok := src.Tensor(base + ".scale"); ok {
+			return string(t.DType), weightfmt.NamingDeepSeek
+		}
+		return "", ""
+	}
+	return "", ""
 }
 
 // srcRequantization is the shared_requantized record of a plain shared

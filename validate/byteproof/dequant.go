@@ -71,8 +71,15 @@ func srcFormats(plan *family.Plan, c *layout.Contract, of weightfmt.Format) (rou
 		return nil, nil, err
 	}
 	shared = routed
-	if plan.SharedQuantization == family.QuantNone {
+	switch q := plan.SharedQuantization; {
+	case q == family.QuantNone:
 		shared = weightfmt.Plain(plan.SharedWeightDType)
+	case q != "":
+		// quantised unlike the routed experts (DeepSeek-V4's FP8 beside
+		// FP4): dequantised by its own format
+		if shared, err = plan.SharedFormat(); err != nil {
+			return nil, nil, err
+		}
 	}
 	return routed, shared, nil
 }
@@ -98,14 +105,16 @@ func (p *prediction) predictOthers(src *checkpoint.Checkpoint, c *layout.Contrac
 	if err != nil {
 		return fmt.Errorf("%s: %w", src.Dir, err)
 	}
-	qs, err := family.QuantisedWeights(src, f, func(n string) bool { return consumed[n] })
+	qs, err := family.MixedQuantisedWeights(src, f, func(n string) bool { return consumed[n] })
 	if err != nil {
 		return fmt.Errorf("%s: %w", src.Dir, err)
 	}
 	to := safetensors.DType(c.Dequantized.DType)
 	for _, q := range qs {
 		w, _ := src.Tensor(q.Tensors.Weight)
-		d := &dequantSeg{m: weightfmt.Matrix{Format: f, Rows: q.Rows, Cols: q.Cols}, to: to}
+		// each weight by the format SRC stores it in (a mixed-format
+		// checkpoint's second format for its own weights)
+		d := &dequantSeg{m: weightfmt.Matrix{Format: q.Format, Rows: q.Rows, Cols: q.Cols}, to: to}
 		if t, ok := src.Tensor(q.Tensors.Scale); ok {
 			d.scale, d.scaleRanges = t, [][2]int64{{0, t.NumBytes()}}
 		}
@@ -278,7 +287,8 @@ func checkDequantized(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.C
 	if err != nil {
 		return refuse("dequantized.groups", d.Groups, err.Error())
 	}
-	taken, n := map[string]bool{}, 0
+	taken, n, nApart := map[string]bool{}, 0, 0
+	apart := plan.SharedQuantization != "" && plan.SharedQuantization != family.QuantNone
 	take := func(m family.MLP) {
 		for _, x := range m.Names() {
 			taken[checkpoint.BaseName(x)] = true
@@ -293,17 +303,40 @@ func checkDequantized(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.C
 			take(*l.Shared)
 			if plan.SharedQuantization == "" {
 				n += 3
+			} else if apart {
+				nApart += 3 // dequantised by its own format (DeepSeek-V4's FP8)
 			}
 		}
 	}
-	qs, err := family.QuantisedWeights(src, f, func(x string) bool { return taken[x] })
+	qs, err := family.MixedQuantisedWeights(src, f, func(x string) bool { return taken[x] })
 	if err != nil {
 		return refuse("dequantized", shown("present"), "SRC's quantised weights cannot be dequantised: "+err.Error())
 	}
 	want := &layout.Dequantized{DType: d.DType, Rounding: weightfmt.RoundingOf(safetensors.DType(d.DType)), InputScalesDropped: plan.NVFP4InputScale,
 		Groups: []layout.DequantGroup{layout.NewDequantGroup(layout.GroupExperts, f, n)}}
-	if len(qs) > 0 {
-		want.Groups = append(want.Groups, layout.NewDequantGroup(layout.GroupOther, f, len(qs)))
+	if nApart > 0 {
+		sf, err := plan.SharedFormat()
+		if err != nil {
+			return refuse("dequantized.groups", d.Groups, err.Error())
+		}
+		want.Groups = append(want.Groups, layout.NewDequantGroup(layout.GroupExperts, sf, nApart))
+	}
+	// other: the experts' format's weights, then a mixed-format
+	// checkpoint's second format's (family.OtherFormat), each its group
+	var nf, n2 int
+	var f2 weightfmt.Format
+	for _, q := range qs {
+		if q.Format == f {
+			nf++
+		} else {
+			n2, f2 = n2+1, q.Format
+		}
+	}
+	if nf > 0 {
+		want.Groups = append(want.Groups, layout.NewDequantGroup(layout.GroupOther, f, nf))
+	}
+	if n2 > 0 {
+		want.Groups = append(want.Groups, layout.NewDequantGroup(layout.GroupOther, f2, n2))
 	}
 	for _, q := range qs {
 		want.InputScalesDropped = want.InputScalesDropped || q.Input != ""

@@ -287,6 +287,7 @@ func checkConfigFile(p string, like layout.FileInfo, srcPath string, srcJSON []b
 	}
 	if c.Dequantized != nil {
 		delete(srcCfg, quantizationConfigKey)
+		delete(srcCfg, expertDTypeKey) // DeepSeek-V4's "fp4": no longer so
 	}
 	dv, ddups, err := decodeJSON(b)
 	if err != nil {
@@ -359,3 +360,7 @@ func unwrapPath(err error) error {
 
 // quantizationConfigKey is the config.json key a dequantised DST drops.
 const quantizationConfigKey = "quantization_config"
+
+// expertDTypeKey is DeepSeek-V4's expert_dtype, which a dequantised DST
+// drops too.
+const expertDTypeKey = "expert_dtype"

@@ -171,9 +171,9 @@ func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter in
 	// A global scale (NVFP4's weight_scale_2) is one element, whatever its
 	// shape (globalShape nil).
 	parts := []bankPart{
-		{name: m.Gate, shape: gs, cols: H, mat: &b.Gate, scaleName: m.GateScale, scaleShape: []int64{gr, gc}, scale: &b.GateScale, global: m.GateGlobal},
-		{name: m.Up, shape: gs, cols: H, mat: &b.Up, scaleName: m.UpScale, scaleShape: []int64{gr, gc}, scale: &b.UpScale, global: m.UpGlobal},
-		{name: m.Down, shape: ds, cols: I, mat: &b.Down, scaleName: m.DownScale, scaleShape: []int64{dr, dc}, scale: &b.DownScale, global: m.DownGlobal},
+		{name: m.Gate, shape: gs, cols: H, mat: &b.Gate, scaleName: m.GateScale, scaleShape: []int64{gr, gc}, scaleDType: sc.DType, scale: &b.GateScale, global: m.GateGlobal},
+		{name: m.Up, shape: gs, cols: H, mat: &b.Up, scaleName: m.UpScale, scaleShape: []int64{gr, gc}, scaleDType: sc.DType, scale: &b.UpScale, global: m.UpGlobal},
+		{name: m.Down, shape: ds, cols: I, mat: &b.Down, scaleName: m.DownScale, scaleShape: []int64{dr, dc}, scaleDType: sc.DType, scale: &b.DownScale, global: m.DownGlobal},
 	}
 	if scaled && DecodesOnDevice(wf) {
 		if err := b.uploadDecoded(s, src, parts, wf); err != nil {
@@ -221,6 +221,7 @@ type bankPart struct {
 	mat         *kernels.Mat
 	scaleName   string
 	scaleShape  []int64
+	scaleDType  safetensors.DType // the format's scale dtype; "" : F32
 	scale       **cuda.Buffer[float32]
 	global      string
 	globalShape []int64
@@ -232,7 +233,7 @@ func (b *Bank) upload(s *Stager, src cpuref.TensorSource, parts []bankPart, scal
 	for _, p := range parts {
 		var err error
 		if scales {
-			*p.scale, err = b.scale(s, src, p.scaleName, p.scaleShape)
+			*p.scale, err = b.scale(s, src, p.scaleName, p.scaleShape, p.scaleDType)
 		} else {
 			*p.mat, err = b.weight(s, src, p.name, p.shape)
 		}
@@ -260,12 +261,21 @@ func kernelsTake(f weightfmt.Format) bool { return KernelsTake(f) }
 
 // KernelsTake is kernelsTake for validate, which refuses (or, with
 // --device auto, leaves to the CPU) a format the kernels cannot take
-// before any layer runs.
+// before any layer runs. FP8 blocks scaled by E8M0 entries (DeepSeek-V4's
+// official x.scale) are taken too: their scales are widened to the F32
+// the kernels read, exactly, as they are uploaded (Bank.scale).
 func KernelsTake(f weightfmt.Format) bool {
 	sc, scaled := f.Scale()
 	if !scaled || DecodesOnDevice(f) {
 		return true
 	}
-	return f.DType() == safetensors.F8E4M3 && sc.DType == safetensors.F32 &&
+	return f.DType() == safetensors.F8E4M3 && scaleWidens(sc.DType) &&
 		sc.Block == [2]int64{kernels.FP8ScaleBlock, kernels.FP8ScaleBlock}
+}
+
+// scaleWidens reports whether FP8 block scales of dtype d reach the
+// kernels as F32 exactly: F32 as stored, E8M0 (F8_E8M0, or its U8 bytes)
+// widened on the host, 2^(e-127) being a float32.
+func scaleWidens(d safetensors.DType) bool {
+	return d == safetensors.F32 || d == safetensors.F8E8M0 || d == safetensors.U8
 }

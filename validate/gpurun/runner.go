@@ -719,7 +719,14 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan
 		return nil, err
 	}
 	if layer.Shared != nil {
-		if err := g.addDense(src, *layer.Shared, layer.SharedGate, wf, plan.Act, in, y); err != nil {
+		// Each MLP with its own format: a shared expert stored unlike the
+		// routed experts (DeepSeek-V4's FP8 blocks beside FP4; Kimi's BF16
+		// beside INT4) loads as that format, as cpuref reads it.
+		swf, err := plan.SharedFormat()
+		if err != nil {
+			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
+		}
+		if err := g.addDense(src, *layer.Shared, layer.SharedGate, swf, plan.Act, in, y); err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 		}
 	}

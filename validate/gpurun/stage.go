@@ -12,6 +12,7 @@ import (
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/tensorbytes"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // StageChunkBytes is the size of each of a stager's two pinned host
@@ -370,10 +371,13 @@ func (b *Bank) alloc(dev *cuda.Device, t *checkpoint.Tensor, dt kernels.MatDType
 }
 
 // scale allocates and queues an F32 block-scale tensor of shape want.
-func (b *Bank) scale(s *Stager, src cpuref.TensorSource, name string, want []int64) (*cuda.Buffer[float32], error) {
+func (b *Bank) scale(s *Stager, src cpuref.TensorSource, name string, want []int64, dtype safetensors.DType) (*cuda.Buffer[float32], error) {
 	t, err := tensorShaped(src, name, want)
 	if err != nil {
 		return nil, err
+	}
+	if dtype != "" && dtype != safetensors.F32 {
+		return b.widenedScale(s, t, dtype)
 	}
 	buf, err := b.scaleBuffer(s.dev, t)
 	if err != nil {
@@ -388,6 +392,31 @@ func (b *Bank) scaleBuffer(dev *cuda.Device, t *checkpoint.Tensor) (*cuda.Buffer
 		return nil, fmt.Errorf("%s: scale %s is %s, want F32", t.File, t.Name, t.DType)
 	}
 	buf, err := cuda.Alloc[float32](dev, int(t.NumElements()))
+	if err != nil {
+		return nil, fmt.Errorf("tensor %s: %w", t.Name, err)
+	}
+	b.f32 = append(b.f32, buf)
+	b.Size += int64(buf.Bytes())
+	return buf, nil
+}
+
+// widenedScale uploads FP8 block scale grid t, stored as dtype (E8M0:
+// F8_E8M0 or its U8 bytes, DeepSeek-V4's official x.scale), as the F32
+// the kernels read: each entry 2^(e-127), exact in float32. The grid is
+// one entry per 128x128 block, small enough to widen on the host.
+func (b *Bank) widenedScale(s *Stager, t *checkpoint.Tensor, dtype safetensors.DType) (*cuda.Buffer[float32], error) {
+	if t.DType != dtype || !scaleWidens(dtype) {
+		return nil, fmt.Errorf("%s: scale %s is %s, want %s", t.File, t.Name, t.DType, dtype)
+	}
+	raw, err := t.ReadAll()
+	if err != nil {
+		return nil, err
+	}
+	vals := make([]float32, t.NumElements())
+	if err := weightfmt.Decode(safetensors.F8E8M0, raw, vals); err != nil { // U8: the same bytes
+		return nil, fmt.Errorf("%s: scale %s: %w", t.File, t.Name, err)
+	}
+	buf, err := cuda.FromHost(s.dev, vals)
 	if err != nil {
 		return nil, fmt.Errorf("tensor %s: %w", t.Name, err)
 	}

@@ -1,0 +1,112 @@
+package family_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/weightfmt"
+)
+
+// TestDeepSeekV4OfficialLayout: DeepSeek-V4's official repo layout (no
+// "model." prefix, FP8 x.scale F8_E8M0) plans to the same MoE tensors,
+// below layers.L, as transformers' save: the layer prefix is the only
+// rename, the shared expert's FP8 names and scale dtype are recorded, and
+// its dequantisation is q * 2^(e-127).
+func TestDeepSeekV4OfficialLayout(t *testing.T) {
+	cases := []struct {
+		preset           string
+		prefix           string // layer 1's MoE module
+		sharedScale      string // layer 1's shared gate scale tensor
+		sharedNaming     string
+		sharedScaleDType safetensors.DType
+	}{
+		{"small-deepseek-v4-official", "layers.1.ffn", "layers.1.ffn.shared_experts.w1.scale", weightfmt.NamingDeepSeek, safetensors.F8E8M0},
+		{"small-deepseek-v4-fp4", "model.layers.1.ffn", "model.layers.1.ffn.shared_experts.w1.weight_scale_inv", "", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.preset, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "src")
+			spec, err := fixtures.Preset(tc.preset)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := fixtures.Write(context.Background(), dir, spec, fixtures.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			ck, err := checkpoint.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ck.Close()
+			p, err := family.Detect(testkit.ReadJSON(t, filepath.Join(dir, "config.json")), ck)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Family != "deepseek_v4" || p.Quantization != family.QuantMXFP4 || p.Naming != weightfmt.NamingDeepSeek || len(p.Layers) != 3 {
+				t.Fatalf("plan %s %s %q, %d layers", p.Family, p.Quantization, p.Naming, len(p.Layers))
+			}
+			l0, l1 := p.Layers[0], p.Layers[1]
+			if l1.Prefix != tc.prefix || l1.Router != tc.prefix+".gate.weight" || l1.RouterBias != tc.prefix+".gate.bias" || l1.HashTable != "" {
+				t.Errorf("layer 1: prefix %q router %q bias %q hash %q", l1.Prefix, l1.Router, l1.RouterBias, l1.HashTable)
+			}
+			if want := tc.prefix[:len(tc.prefix)-len("1.ffn")] + "0.ffn.gate.tid2eid"; l0.HashTable != want {
+				t.Errorf("layer 0 hash table %q, want %q", l0.HashTable, want)
+			}
+			if e := l1.Experts[5]; e.Down != tc.prefix+".experts.5.w2.weight" || e.DownScale != tc.prefix+".experts.5.w2.scale" {
+				t.Errorf("expert 5 down %q scale %q", e.Down, e.DownScale)
+			}
+			if l1.Shared == nil || l1.Shared.GateScale != tc.sharedScale {
+				t.Fatalf("layer 1 shared %+v, want gate scale %s", l1.Shared, tc.sharedScale)
+			}
+			if p.SharedQuantization != family.QuantFP8Block || p.SharedNaming != tc.sharedNaming || p.SharedScaleDType != tc.sharedScaleDType {
+				t.Errorf("shared %s naming %q scale %q", p.SharedQuantization, p.SharedNaming, p.SharedScaleDType)
+			}
+			sf, err := p.SharedFormat()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := weightfmt.TensorsOf(sf, l1.Shared.Gate).Scale; got != tc.sharedScale {
+				t.Errorf("shared format names the scale %q, want %q", got, tc.sharedScale)
+			}
+			// One 32x64 block: decode it from the file and check every value
+			// is its code times the one scale entry.
+			raw, scale := readAll(t, ck, l1.Shared.Gate), readAll(t, ck, l1.Shared.GateScale)
+			dst := make([]float32, 32*64)
+			if err := sf.Dequantise(raw, 32, 64, scale, dst); err != nil {
+				t.Fatal(err)
+			}
+			s := make([]float32, 1)
+			sd := safetensors.F32
+			if tc.sharedScaleDType != "" {
+				sd = tc.sharedScaleDType
+			}
+			if err := weightfmt.Decode(sd, scale, s); err != nil {
+				t.Fatal(err)
+			}
+			code := make([]float32, len(raw))
+			if err := weightfmt.Decode(safetensors.F8E4M3, raw, code); err != nil {
+				t.Fatal(err)
+			}
+			for i := range dst {
+				if dst[i] != code[i]*s[0] {
+					t.Fatalf("element %d: %g, want %g * %g", i, dst[i], code[i], s[0])
+				}
+			}
+		})
+	}
+}
+
+func readAll(t *testing.T, ck *checkpoint.Checkpoint, name string) []byte {
+	t.Helper()
+	b, err := ck.SmallTensorBytes(name, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
