@@ -50,6 +50,11 @@ func assertCleanError(t *testing.T, stderr string, mustName ...string) {
 
 const fixturesDir = "../../fixtures/hf"
 
+// refusedHF are HF fixtures in a layout moeprep refuses, with what the
+// one-line refusal names: transformers 5.17 saves Inkling's multimodal
+// model in the hub's layout, gate and up rows interleaved.
+var refusedHF = map[string]string{"inkling-mm-model": "w13_weight"}
+
 func TestInspectJSONOnHFFixtures(t *testing.T) {
 	type want struct {
 		Family, ModelType, Format, DType, Quant  string
@@ -117,10 +122,31 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		"kimi-k25":     {"deepseek", "kimi_k25", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 161},
 		"qwen3-vl-moe": {"qwen3_vl_moe", "qwen3_vl_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 63},
 		"glm4v-moe":    {"deepseek", "glm4v_moe", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 159},
+		// issue 30's later families and wrappers, written by transformers 5.17
+		"flex-olmo":                   {"flex_olmo", "flex_olmo", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 69},
+		"mellum":                      {"mellum", "mellum", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 80},
+		"granitemoehybrid":            {"granitemoehybrid", "granitemoehybrid", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{0, 1}, 29},
+		"axk1":                        {"axk1", "axk1", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 141},
+		"axk2":                        {"axk2", "axk2", "safetensors", "bf16", "none", 16, 1, 4, 1, 1, "sigmoid", 2.5, []int{1, 2}, 164},
+		"deepseek-v32":                {"deepseek_v32", "deepseek_v32", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 154},
+		"glm-moe-dsa":                 {"glm_moe_dsa", "glm_moe_dsa", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 149},
+		"laguna":                      {"laguna", "laguna", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 1.5, []int{1, 2}, 91},
+		"qwen4-exp":                   {"qwen4_exp", "qwen4_exp", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 118},
+		"qwen3-omni-moe-thinker-only": {"qwen3_omni_moe", "qwen3_omni_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 136},
+		"aria":                        {"aria", "aria", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{0, 1}, 66},
+		"minimax-m3-vl":               {"minimax_m3", "minimax_m3_vl", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 2, []int{1}, 78},
+		"deepseek-ocr2":               {"deepseek_ocr2", "deepseek_ocr2", "safetensors", "bf16", "none", 16, 2, 4, 4, 2, "softmax", 1.5, []int{1, 2}, 185},
+		"glm5-next":                   {"glm5_next", "glm5_next", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2, 3}, 281},
 	}
 	dirs, _ := filepath.Glob(filepath.Join(fixturesDir, "*", "config.json"))
-	if len(dirs) != len(tests) {
-		t.Fatalf("found %d HF fixtures, the table knows %d: keep them in step", len(dirs), len(tests))
+	if len(dirs) != len(tests)+len(refusedHF) {
+		t.Fatalf("found %d HF fixtures, the table knows %d and %d refused: keep them in step", len(dirs), len(tests), len(refusedHF))
+	}
+	for name, why := range refusedHF {
+		code, _, stderr := runCLI(t, "inspect", "--json", filepath.Join(fixturesDir, name))
+		if code != 2 || !strings.Contains(stderr, why) || strings.Count(strings.TrimSpace(stderr), "\n") != 0 {
+			t.Errorf("inspect %s: exit %d, %q; want exit 2 and one line naming %s", name, code, stderr, why)
+		}
 	}
 	for name, w := range tests {
 		t.Run(name, func(t *testing.T) {
