@@ -32,7 +32,7 @@ var wantHF = []string{"deepseek-v2-lite", "deepseek-v3-bf16", "deepseek-v3-fp8",
 	"dots1", "hunyuan-v1-moe", "lfm2-moe", "solar-open", "mimo-v2-flash", "dbrx",
 	// issue 30's later families and wrappers, written by transformers 5.17
 	"flex-olmo", "mellum", "granitemoehybrid", "axk1", "axk2", "deepseek-v32", "glm-moe-dsa", "laguna",
-	"qwen4-exp", "qwen3-omni-moe", "aria", "minimax-m3-vl", "deepseek-ocr2", "glm5-next", "kimi-linear"}
+	"qwen4-exp", "qwen3-omni-moe", "aria", "minimax-m3-vl", "deepseek-ocr2", "glm5-next", "kimi-linear", "mistral4"}
 
 // wantHFRefused are fixtures transformers 5.17 wrote in a layout moeprep
 // refuses, in one line naming the tensor and the reason: Inkling's

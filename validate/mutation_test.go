@@ -163,10 +163,10 @@ func conversionCases() []conv {
 	// every layout, fuse-shared (tp 1, 4, 8 in turn) where the shared expert
 	// is ungated.
 	for i, f := range []string{"axk1", "axk2", "deepseek-v32", "glm-moe-dsa", "laguna", "granitemoehybrid", "aria",
-		"minimax-m3-vl", "deepseek-ocr2", "glm5-next", "kimi-linear", "flex-olmo", "mellum", "qwen3-omni-moe", "qwen4-exp"} {
+		"minimax-m3-vl", "deepseek-ocr2", "glm5-next", "kimi-linear", "mistral4", "flex-olmo", "mellum", "qwen3-omni-moe", "qwen4-exp"} {
 		for j, lay := range lays {
 			cases = append(cases, conv{f, convert.Options{Layout: lay}})
-			if i < 11 && j == i%3 {
+			if i < 12 && j == i%3 {
 				cases = append(cases, conv{f, convert.Options{Layout: lay, FuseShared: true, TP: []int{1, 4, 8}[j]}})
 			}
 		}

@@ -138,6 +138,7 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		"deepseek-ocr2":    {"deepseek_ocr2", "deepseek_ocr2", "safetensors", "bf16", "none", 16, 2, 4, 4, 2, "softmax", 1.5, []int{1, 2}, 185},
 		"glm5-next":        {"glm5_next", "glm5_next", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2, 3}, 281},
 		"kimi-linear":      {"kimi_linear", "kimi_linear", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 153},
+		"mistral4":         {"mistral4", "mistral4", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "softmax", 1.5, []int{1, 2}, 45},
 	}
 	dirs, _ := filepath.Glob(filepath.Join(fixturesDir, "*", "config.json"))
 	if len(dirs) != len(tests)+len(refusedHF) {
