@@ -260,14 +260,27 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 			curBytes += p.N
 			continue
 		}
-		for off := int64(0); off < p.N; off += restChunk {
-			if curBytes >= restStep {
-				flush()
+		spans := proof.Spans(p.Tensor)
+		if spans == nil {
+			spans = []byteproof.Span{{N: p.N}}
+		}
+		for _, sp := range spans {
+			// A span compared only as a whole (a dequantised or in-out
+			// matrix) is one extent, however large; any other goes in
+			// chunks.
+			chunk := int64(restChunk)
+			if sp.Whole {
+				chunk = sp.N
 			}
-			curLayer = decoderLayerOf(p.Tensor)
-			n := min(restChunk, p.N-off)
-			dstPart(&cur, t, off, n)
-			curBytes += n
+			for off := sp.Off; off < sp.Off+sp.N; off += chunk {
+				if curBytes >= restStep {
+					flush()
+				}
+				curLayer = decoderLayerOf(p.Tensor)
+				n := min(chunk, sp.Off+sp.N-off)
+				dstPart(&cur, t, off, n)
+				curBytes += n
+			}
 		}
 	}
 	flush()
@@ -473,7 +486,7 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 	if err != nil {
 		return err
 	}
-	s.rechecked = proof.Rechecked
+	s.rechecked, s.reread = proof.Rechecked, proof.Reread
 	rep.Bytes = res
 	return nil
 }

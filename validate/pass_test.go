@@ -3,6 +3,7 @@ package validate
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"path/filepath"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/cpuref"
 )
 
@@ -211,5 +213,77 @@ func TestStreamedPassLeastBudget(t *testing.T) {
 				t.Errorf("workers %d: row %d %+v, want %+v", w, i, a.Diff, b.Diff)
 			}
 		}
+	}
+}
+
+// The streamed pass proves in-out and dequantised (--dtype) outputs from
+// the bytes it read once, too: each transposed or dequantised matrix comes
+// to the byte proof whole (an expert's slice, or the rest's matrix in one
+// extent), with the SRC bytes its prediction reads in the same step, so
+// no tensor read misses the pass, no shard is read again, and the proof
+// states what CheckBytes states reading DST in file order.
+func TestStreamedPassReadsOnceTransposedAndDequantised(t *testing.T) {
+	type run struct {
+		src string
+		o   convert.Options
+	}
+	hf := func(name string) string { return filepath.Join(hfFixtures, name) }
+	runs := []run{
+		{hf("deepseek-v3-fp8"), convert.Options{Orientation: layout.InOut}},
+		{hf("deepseek-v3-fp8"), convert.Options{Orientation: layout.InOut, FuseShared: true, TP: 2, Layout: layout.GateUp}},
+		{hf("gpt-oss"), convert.Options{Orientation: layout.InOut, Layout: layout.UpGate}},
+		{hf("qwen2-moe"), convert.Options{Orientation: layout.InOut, Layout: layout.GateUp}},
+		{hf("deepseek-v3-fp8"), convert.Options{DType: safetensors.BF16}},
+		{hf("deepseek-v3-fp8"), convert.Options{DType: safetensors.F32, FuseShared: true, TP: 2, Layout: layout.GateUp}},
+		{hf("deepseek-v3-int4"), convert.Options{DType: safetensors.BF16, Layout: layout.UpGate}},
+		{hf("gpt-oss-mxfp4"), convert.Options{DType: safetensors.F16}},
+		{hf("deepseek-v3-nvfp4"), convert.Options{DType: safetensors.BF16, Layout: layout.GateUp}},
+	}
+	for name := range inOutSpecs() {
+		runs = append(runs, run{synthFrom(t, inOutSpecs(), name), convert.Options{Orientation: layout.InOut}})
+	}
+	for _, r := range runs {
+		t.Run(fmt.Sprintf("%s/%s/%s/%s/fuse=%v", filepath.Base(r.src), r.o.Orientation, r.o.DType, r.o.Layout, r.o.FuseShared), func(t *testing.T) {
+			dst := convertInto(t, r.src, r.o)
+			rep, s := streamedRun(t, r.src, dst)
+			if rep.Bytes == nil || !rep.Bytes.Pass {
+				t.Fatalf("byte proof: %+v", rep.Bytes)
+			}
+			if s.streamMisses != 0 || s.rechecked != 0 || s.reread != 0 {
+				t.Errorf("%d tensor reads missed the pass, %d shards read again, %d read again in file order", s.streamMisses, s.rechecked, s.reread)
+			}
+			whole, err := Run(context.Background(), Options{Src: r.src, Dst: dst, Bytes: BytesOnly})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a, b := proofFields(t, rep), proofFields(t, whole); a != b {
+				t.Errorf("streamed proof %s\nCheckBytes     %s", a, b)
+			}
+		})
+	}
+}
+
+// A transposed slice or grid left untransposed is caught by the streamed
+// proof itself, where the whole slice is compared: its report is
+// CheckBytes's, naming the same first mismatch (a miss in Take would end
+// in the shard's manifest hash instead).
+func TestStreamedPassCatchesUntransposed(t *testing.T) {
+	for _, tc := range inOutMutations() {
+		t.Run(tc.name, func(t *testing.T) {
+			src := synthFrom(t, inOutSpecs(), tc.fixture)
+			dst := convertInto(t, src, tc.o)
+			tc.mutate(t, dst)
+			rep, _ := streamedRun(t, src, dst)
+			if rep.Bytes == nil || rep.Bytes.Pass || rep.Bytes.Mismatch == nil || rep.Bytes.Mismatch.Tensor == "" {
+				t.Fatalf("streamed proof: %+v, want a tensor's mismatch", rep.Bytes)
+			}
+			whole, err := Run(context.Background(), Options{Src: src, Dst: dst, Bytes: BytesOnly})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a, b := proofFields(t, rep), proofFields(t, whole); a != b {
+				t.Errorf("streamed proof %s\nCheckBytes     %s", a, b)
+			}
+		})
 	}
 }

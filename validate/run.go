@@ -202,6 +202,7 @@ type session struct {
 	// its byte proof read again in file order (pass.go; tests read them).
 	streamMisses int64
 	rechecked    int
+	reread       int
 }
 
 func (s *session) close() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash"
+	"io"
 	"os"
 	"slices"
 
@@ -31,8 +32,10 @@ type Stream struct {
 	order  []*shardStream          // in the manifest's name order
 	tensor map[string]*shardTensor // DST's tensors, by name
 	buf    []byte                  // predicted bytes, read from SRC (one Take at a time)
-	// Rechecked counts the shards read again because something differed.
-	Rechecked int
+	// Rechecked counts the shards read again because something differed;
+	// Reread those read again because a segment that is compared whole
+	// came in parts.
+	Rechecked, Reread int
 }
 
 // Piece is a byte range of a DST shard, in file order: the bytes of a
@@ -59,11 +62,10 @@ type shardStream struct {
 	pieces    []Piece
 	hash      *blockHash // nil: the manifest hashes it whole, so it is hashed apart, in order
 	failed    bool       // something differed: Result checks the shard again in order
-	// ordered: the shard holds a dequantised or in-out tensor, whose
-	// prediction is computed from SRC in file order (segReader), not read
-	// as SRC ranges: Result checks the shard in file order, as CheckBytes
-	// does, and the bytes the pass hands it go unused.
-	ordered bool
+	// reread: a dequantised or in-out segment (predicted as a whole, by
+	// segReader) came in parts, so Take could not compare it: Result
+	// checks the shard in file order, as CheckBytes does.
+	reread  bool
 	foldMax float64
 }
 
@@ -130,11 +132,6 @@ func (s *Stream) openShard(rel string) (*shardStream, error) {
 		t.ok = ok && ti.DType == w.dtype && slices.Equal(ti.Shape, w.shape)
 		if t.ok {
 			t.segs = pr.pred.tensors[ti.Name]
-			for _, sg := range t.segs {
-				if sg.dq != nil || sg.io != nil {
-					sh.ordered = true
-				}
-			}
 		}
 		n := ti.NumBytes()
 		if t.at < at || t.at+n > sh.size {
@@ -169,11 +166,75 @@ func (s *Stream) Pieces() []Piece {
 // DST tensor name (nothing for a tensor nothing predicts).
 func (s *Stream) Predicted(name string, off, n int64) []SrcRange {
 	t := s.tensor[name]
-	if t == nil || !t.ok || t.sh.ordered {
+	if t == nil || !t.ok {
 		return nil
 	}
 	var out []SrcRange
-	t.eachSrc(off, n, func(sg *segment, r SrcRange, _ int64) { out = append(out, r) })
+	end := off + n
+	for i := range t.segs {
+		sg := &t.segs[i]
+		if sg.off >= end || sg.off+sg.n <= off || !wholeSeg(sg) {
+			continue
+		}
+		// A dequantised or in-out segment is predicted as a whole from
+		// every byte it reads.
+		out = append(out, sg.srcRanges()...)
+	}
+	t.eachSrc(off, n, func(sg *segment, r SrcRange, _ int64) {
+		if !wholeSeg(sg) {
+			out = append(out, r)
+		}
+	})
+	return out
+}
+
+// Span is a byte range of a DST tensor that Take must get whole (Whole: a
+// dequantised or in-out segment, compared only as a whole) or may get in
+// any parts.
+type Span struct {
+	Off, N int64
+	Whole  bool
+}
+
+// Spans cuts DST tensor name into the spans its prediction has, in order;
+// nil when no part of it must come whole (any cut will do).
+func (s *Stream) Spans(name string) []Span {
+	t := s.tensor[name]
+	if t == nil || !t.ok || !slices.ContainsFunc(t.segs, func(sg segment) bool { return wholeSeg(&sg) }) {
+		return nil
+	}
+	out := make([]Span, len(t.segs))
+	for i := range t.segs {
+		out[i] = Span{Off: t.segs[i].off, N: t.segs[i].n, Whole: wholeSeg(&t.segs[i])}
+	}
+	return out
+}
+
+// wholeSeg reports whether sg is predicted as a whole (segReader): a
+// dequantised or in-out segment, whose bytes are computed from SRC's, not
+// SRC's own.
+func wholeSeg(sg *segment) bool { return sg.dq != nil || sg.io != nil }
+
+// srcRanges are every SRC byte range the prediction of a whole segment
+// reads.
+func (sg *segment) srcRanges() []SrcRange {
+	var out []SrcRange
+	add := func(t *checkpoint.Tensor, rs [][2]int64) {
+		for _, r := range rs {
+			if t != nil && r[1] > r[0] {
+				out = append(out, SrcRange{T: t, Off: r[0], N: r[1] - r[0]})
+			}
+		}
+	}
+	if sg.io != nil {
+		for _, x := range sg.io.srcs {
+			add(x.t, x.ranges)
+		}
+		return out
+	}
+	add(sg.src, sg.ranges)
+	add(sg.dq.scale, sg.dq.scaleRanges)
+	add(sg.dq.global, sg.dq.globalRanges)
 	return out
 }
 
@@ -216,7 +277,7 @@ func (s *Stream) Take(p Piece, off int64, b []byte) error {
 		sh.hash.write(p.Off+off, b)
 	}
 	t := s.tensor[p.Tensor]
-	if p.Tensor == "" || t == nil || !t.ok || sh.failed || sh.ordered {
+	if p.Tensor == "" || t == nil || !t.ok || sh.failed || sh.reread {
 		return nil
 	}
 	start, end := p.TensorOff+off, p.TensorOff+off+int64(len(b))
@@ -224,6 +285,22 @@ func (s *Stream) Take(p Piece, off int64, b []byte) error {
 		sg := &t.segs[i]
 		lo, hi := max(start, sg.off), min(end, sg.off+sg.n)
 		if lo >= hi {
+			continue
+		}
+		if wholeSeg(sg) {
+			if lo != sg.off || hi != sg.off+sg.n {
+				sh.reread = true // in parts: Result reads the shard in order
+				return nil
+			}
+			want, err := s.predictWhole(sg)
+			if err != nil {
+				return fmt.Errorf("tensor %s: predicting it from SRC: %w", p.Tensor, err)
+			}
+			foldMax := 0.0
+			if compareSeg(sh.path, &t.info, *sg, b[lo-start:hi-start], want, lo, &foldMax) != nil {
+				sh.failed = true
+			}
+			sh.foldMax = max(sh.foldMax, foldMax)
 			continue
 		}
 		want, done, err := s.predicted(t, lo, hi)
@@ -239,6 +316,21 @@ func (s *Stream) Take(p Piece, off int64, b []byte) error {
 		}
 	}
 	return nil
+}
+
+// predictWhole is SRC's prediction of the whole segment sg (dequantised or
+// in-out), computed as CheckBytes computes it (segReader), into the
+// stream's buffer: one expert matrix at most.
+func (s *Stream) predictWhole(sg *segment) ([]byte, error) {
+	if int64(cap(s.buf)) < sg.n {
+		s.buf = make([]byte, sg.n)
+	}
+	want := s.buf[:sg.n]
+	r := &segReader{segs: []segment{*sg}}
+	if _, err := io.ReadFull(r, want); err != nil {
+		return nil, err
+	}
+	return want, nil
 }
 
 // predicted is SRC's prediction of bytes [lo, hi) of t, which lie within
@@ -295,8 +387,11 @@ func (s *Stream) Result(ctx context.Context) (*BytesResult, error) {
 		return nil, err
 	}
 	for _, sh := range s.order {
-		if _, ok := sh.sum(); !ok && !sh.ordered {
+		if _, ok := sh.sum(); !ok && !sh.reread {
 			s.Rechecked++
+		}
+		if sh.reread {
+			s.Reread++
 		}
 	}
 	return pr.result(results), nil
@@ -305,7 +400,7 @@ func (s *Stream) Result(ctx context.Context) (*BytesResult, error) {
 // sum is the shard's hash when it was streamed whole and nothing in it
 // differed.
 func (sh *shardStream) sum() (layout.FileInfo, bool) {
-	if sh.failed || sh.ordered || sh.hash == nil {
+	if sh.failed || sh.reread || sh.hash == nil {
 		return layout.FileInfo{}, false
 	}
 	return sh.hash.sum()
@@ -316,7 +411,18 @@ func (sh *shardStream) stats() shardStats {
 	st := shardStats{foldMax: sh.foldMax}
 	for _, t := range sh.tensors {
 		st.tensors = append(st.tensors, t.info.Name)
-		st.srcBytes += t.info.NumBytes()
+		if len(t.segs) > 0 && t.segs[0].dq != nil {
+			st.dequantized++
+		}
+		// As checkShard counts: a dequantised segment's SRC bytes are
+		// what its prediction reads, any other's its own size.
+		for _, sg := range t.segs {
+			if sg.dq != nil {
+				st.srcBytes += sg.dq.srcBytes(sg.ranges)
+			} else {
+				st.srcBytes += sg.n
+			}
+		}
 	}
 	return st
 }
