@@ -19,40 +19,15 @@ import (
 // or a format decoded to bf16 on the device: DecodesOnDevice) through s and
 // waits for it.
 func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*Bank, error) {
-	h, inter, err := fl.StackDims(src)
-	if err != nil {
-		return nil, err
-	}
-	if LoadsInOrder(fl) {
-		// Weights that go to the device as stored: one loader for both
-		// runs, in-out stacks transposed on the way.
-		return LoadFusedBankInOrder(context.Background(), s, src, fl, identityOrder(fl.Contract.BankSize()), nil)
-	}
-	c, n := fl.Contract, fl.Names
-	if c.Oriented() != layout.OutIn {
-		return nil, fmt.Errorf("layer %d: orientation %s: the GPU decodes out-in stacks only", fl.Index, c.Oriented())
-	}
-	e := int64(c.BankSize())
-	wf, err := c.Format()
-	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
-	}
-	_, scaled := wf.Scale()
-	decode := DecodesOnDevice(wf)
-	if scaled && !kernelsTake(wf) {
-		return nil, fmt.Errorf("layer %d: FP8 blocks %v: the GPU kernels take %dx%d", fl.Index, c.WeightBlockSize, kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)
-	}
-	H, I := int64(h), int64(inter)
-	shapes := layout.StackShapesFor(n.Layout, e, I, H, wf)
-	b := &Bank{}
-	b.NumExperts, b.H, b.I = int(e), h, inter
-	fail := func(err error) (*Bank, error) {
-		s.wait()
-		b.Free()
-		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
-	}
-	// Gate and up (or the fused gate-up), then down: each group's weights,
-	// then their scales.
+	// One loader for both runs: expert by expert, in-out stacks transposed
+	// on the way, formats the kernels do not take decoded on the device.
+	return LoadFusedBankInOrder(context.Background(), s, src, fl, identityOrder(fl.Contract.BankSize()), nil)
+}
+
+// bankParts are a fused bank's weights as bankParts: gate and up (or the
+// fused gate-up), then down, with their scales and global scales, named
+// by n and shaped by shapes, loading into b.
+func bankParts(n layout.ExpertTensors, shapes layout.Shapes, b *Bank, H, I int64) []bankPart {
 	gateUp := []bankPart{
 		{name: n.Gate, shape: shapes.Gate, cols: H, mat: &b.Gate, scaleName: n.GateScale, scaleShape: shapes.GateScale, scale: &b.GateScale,
 			global: n.GateGlobal, globalShape: shapes.GateGlobal},
@@ -62,50 +37,9 @@ func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*
 	if n.Layout.Fused() {
 		gateUp = []bankPart{{name: n.GateUp, shape: shapes.GateUp, cols: H, mat: &b.GateUp, scaleName: n.GateUpScale, scaleShape: shapes.GateUpScale,
 			scale: &b.GateUpScale, global: n.GateUpGlobal, globalShape: shapes.GateUpGlobal}}
-		b.UpFirst = n.Layout == layout.UpGate
 	}
-	down := bankPart{name: n.Down, shape: shapes.Down, cols: I, mat: &b.Down, scaleName: n.DownScale, scaleShape: shapes.DownScale, scale: &b.DownScale,
-		global: n.DownGlobal, globalShape: shapes.DownGlobal}
-	for _, group := range [][]bankPart{gateUp, {down}} {
-		if decode {
-			if err := b.uploadDecoded(s, src, group, wf); err != nil {
-				return fail(err)
-			}
-			continue
-		}
-		if err := b.upload(s, src, group, false); err != nil {
-			return fail(err)
-		}
-		if scaled {
-			if err := b.upload(s, src, group, true); err != nil {
-				return fail(err)
-			}
-		}
-	}
-	// The kernels read scales exactly for FP8 weights (those decoded on
-	// the device are bf16).
-	if (scaled && !decode) != (b.DType == kernels.MatFP8) {
-		return fail(fmt.Errorf("the contract says quantization %q, the expert weights are %v", c.Quantization, b.DType))
-	}
-	b.Act = c.Act()
-	if fl.Biases != nil {
-		var gb, ub, db []float32
-		for x := range int(e) {
-			g, u, d, err := fl.ExpertBiases(src, x, h, inter)
-			if err != nil {
-				return fail(fmt.Errorf("expert %d: %w", x, err))
-			}
-			gb, ub, db = append(gb, g...), append(ub, u...), append(db, d...)
-		}
-		if err := b.setBiases(s.dev, gb, ub, db); err != nil {
-			return fail(err)
-		}
-	}
-	if err := s.wait(); err != nil {
-		b.Free()
-		return nil, err
-	}
-	return b, nil
+	return append(gateUp, bankPart{name: n.Down, shape: shapes.Down, cols: I, mat: &b.Down, scaleName: n.DownScale, scaleShape: shapes.DownScale,
+		scale: &b.DownScale, global: n.DownGlobal, globalShape: shapes.DownGlobal})
 }
 
 // identityOrder is 0, 1, ..., n-1.

@@ -13,17 +13,15 @@ import (
 )
 
 // LoadsInOrder reports whether LoadFusedBankInOrder can load fl's bank:
-// stacks whose bytes go to the device as they are stored (bf16, f32 or
-// FP8 blocks, or float types decoded to f32 on the host), in either
-// orientation. Formats decoded on the device load by tensor
-// (LoadFusedBank), out-in only.
+// any format the kernels take (as stored, or decoded to bf16 on the
+// device), in either orientation, except a format decoded on the device
+// stored in-out (the device decodes out-in rows).
 func LoadsInOrder(fl *cpuref.FusedLayer) bool {
 	wf, err := fl.Contract.Format()
 	if err != nil {
 		return false
 	}
-	_, scaled := wf.Scale()
-	return !DecodesOnDevice(wf) && (!scaled || kernelsTake(wf))
+	return kernelsTake(wf) && !(DecodesOnDevice(wf) && fl.Contract.Oriented() == layout.InOut)
 }
 
 // orderedPart is one stack of a bank loaded expert by expert: the stored
@@ -57,8 +55,11 @@ func (p orderedPart) copyExpert(s *Stager, x int64) error {
 // out-in transpose, the layout the kernels take, so the bank is the same
 // either way.
 func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer, order []int, pace cpuref.Pace) (*Bank, error) {
-	if !LoadsInOrder(fl) {
-		return nil, fmt.Errorf("layer %d: the bank does not load expert by expert", fl.Index)
+	if wf, err := fl.Contract.Format(); err == nil && !LoadsInOrder(fl) {
+		if sc, _ := wf.Scale(); !kernelsTake(wf) {
+			return nil, fmt.Errorf("layer %d: %s blocks %s: the GPU kernels take %dx%d", fl.Index, wf, blockEdge(sc.Block), kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)
+		}
+		return nil, fmt.Errorf("layer %d: orientation %s: the GPU decodes out-in stacks only", fl.Index, fl.Contract.Oriented())
 	}
 	h, inter, err := fl.StackDims(src)
 	if err != nil {
@@ -71,6 +72,7 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	_, scaled := wf.Scale()
+	decode := DecodesOnDevice(wf)
 	H, I := int64(h), int64(inter)
 	inOut := c.Oriented() == layout.InOut
 	shapes := layout.StackShapesFor(n.Layout, e, I, H, wf).Oriented(c.Oriented())
@@ -80,6 +82,23 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 		s.wait()
 		b.Free()
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	// Formats decoded on the device: each weight's bf16 copy, its scales
+	// and global scales filled expert by expert too.
+	var decoded []*decodedPart
+	if decode {
+		b.UpFirst = n.Layout == layout.UpGate
+		for _, p := range bankParts(n, shapes, b, H, I) {
+			d, err := b.decodeSetup(s, src, p, wf, true)
+			if err != nil {
+				return fail(err)
+			}
+			if d.rows%e != 0 {
+				return fail(fmt.Errorf("%s: tensor %s: %d rows for %d experts", d.t.File, d.t.Name, d.rows, e))
+			}
+			*p.mat = d.mat
+			decoded = append(decoded, d)
+		}
 	}
 	type stackOf struct {
 		name       string
@@ -96,7 +115,10 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 		b.UpFirst = n.Layout == layout.UpGate
 	}
 	stacks = append(stacks, stackOf{n.Down, shapes.Down, &b.Down, n.DownScale, shapes.DownScale, &b.DownScale})
-	// Allocate every stack first, as LoadFusedBank does, then fill them.
+	if decode {
+		stacks = nil
+	}
+	// Allocate every stack first, then fill them.
 	var parts []orderedPart
 	for _, st := range stacks {
 		t, err := tensorShaped(src, st.name, st.shape)
@@ -131,10 +153,10 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 			parts = append(parts, orderedPart{t: ts, dst: sb.Ptr(), per: ts.NumElements() / e, outPer: int64(sb.Bytes()) / e}.oriented(inOut))
 		}
 	}
-	if scaled != (b.DType == kernels.MatFP8) {
+	if scaled && !decode != (b.DType == kernels.MatFP8) {
 		return fail(fmt.Errorf("the contract says quantization %q, the expert weights are %v", c.Quantization, b.DType))
 	}
-	busy := make([]time.Duration, len(parts))
+	busy := make([]time.Duration, len(parts)+len(decoded))
 	done := map[int]bool{}
 	var gb, ub, db []float32 // biases, [E*I], [E*I], [E*H]
 	if fl.Biases != nil {
@@ -154,6 +176,21 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 			t0 := time.Now()
 			err := p.copyExpert(s, int64(x))
 			busy[i] += time.Since(t0)
+			if err != nil {
+				if pace != nil {
+					pace.Done(x)
+				}
+				return fail(err)
+			}
+		}
+		for i, d := range decoded {
+			t0 := time.Now()
+			r := d.rows / e
+			err := d.expertScales(s, int64(x), e)
+			if err == nil {
+				err = d.decodeRows(s, int64(x)*r, int64(x+1)*r)
+			}
+			busy[len(parts)+i] += time.Since(t0)
 			if err != nil {
 				if pace != nil {
 					pace.Done(x)
@@ -185,6 +222,12 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 	if s.rec != nil {
 		for i, p := range parts {
 			s.rec.addTimed(p.t, p.decode, e*p.per*int64(p.t.DType.Size()), busy[i])
+		}
+		for i, d := range decoded {
+			s.rec.addTimed(d.t, false, d.t.NumElements()*int64(d.t.DType.Size()), busy[len(parts)+i])
+			if !d.fp8 { // a 4-bit grid's bytes come with its weight's
+				s.rec.addTimed(d.ts, false, d.ts.NumElements()*int64(d.ts.DType.Size()), 0)
+			}
 		}
 	}
 	if fl.Biases != nil {

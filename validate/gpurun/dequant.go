@@ -98,25 +98,68 @@ func (b *Bank) uploadDecoded(s *Stager, src cpuref.TensorSource, parts []bankPar
 // it; device memory beyond the bank is one chunk, its scales and the
 // global scales.
 func (b *Bank) decodedWeight(s *Stager, src cpuref.TensorSource, p bankPart, wf weightfmt.Format) (kernels.Mat, error) {
-	t, err := tensorShaped(src, p.name, p.shape)
+	d, err := b.decodeSetup(s, src, p, wf, false)
 	if err != nil {
 		return kernels.Mat{}, err
 	}
+	if s.rec != nil {
+		// The chunks' time is the weight's; a 4-bit grid's bytes come
+		// with them.
+		defer s.rec.add(d.t, false, d.t.NumElements()*int64(d.t.DType.Size()), time.Now())
+		if !d.fp8 {
+			defer s.rec.add(d.ts, false, d.ts.NumElements()*int64(d.ts.DType.Size()), time.Now())
+		}
+	}
+	if err := d.decodeRows(s, 0, d.rows); err != nil {
+		return kernels.Mat{}, err
+	}
+	return d.mat, nil
+}
+
+// decodedPart is a weight of a bank decoded on the device, set up: its
+// bf16 bank copy allocated, its rows ready to decode a chunk at a time.
+type decodedPart struct {
+	t, ts                     *checkpoint.Tensor
+	mat                       kernels.Mat
+	rows, cols, stored, chunk int64
+	fp8                       bool
+	decode                    chunkDecode
+	// perExpert are the tensors of whole-weight scales (FP8's scales,
+	// NVFP4's global scales) and their device room, when the setup left
+	// their upload to expertScales (ordered loading).
+	perExpert []scaleUpload
+}
+
+// scaleUpload is a scale tensor whose entries go to dst, expert by expert.
+type scaleUpload struct {
+	t   *checkpoint.Tensor
+	dst *cuda.Buffer[uint8]
+}
+
+// decodeSetup checks p's weight and scales, allocates its bf16 copy in
+// the bank and returns its decoder. With own, the whole-weight scales get
+// device room of their own, filled expert by expert (expertScales),
+// instead of the stager's scratch filled now.
+func (b *Bank) decodeSetup(s *Stager, src cpuref.TensorSource, p bankPart, wf weightfmt.Format, own bool) (*decodedPart, error) {
+	t, err := tensorShaped(src, p.name, p.shape)
+	if err != nil {
+		return nil, err
+	}
 	if t.DType != wf.DType() {
-		return kernels.Mat{}, fmt.Errorf("%s: tensor %s is %s, the %s format stores %s", t.File, p.name, t.DType, wf, wf.DType())
+		return nil, fmt.Errorf("%s: tensor %s is %s, the %s format stores %s", t.File, p.name, t.DType, wf, wf.DType())
 	}
 	if b.DType == 0 {
 		b.DType = kernels.MatBF16
 	} else if b.DType != kernels.MatBF16 {
-		return kernels.Mat{}, fmt.Errorf("%s: tensor %s is decoded to bf16, the bank's other weights are %v", t.File, p.name, b.DType)
+		return nil, fmt.Errorf("%s: tensor %s is decoded to bf16, the bank's other weights are %v", t.File, p.name, b.DType)
 	}
 	sc, _ := wf.Scale()
 	ts, err := tensorShaped(src, p.scaleName, p.scaleShape)
 	if err != nil {
-		return kernels.Mat{}, err
+		return nil, err
 	}
 	if ts.DType != sc.DType {
-		return kernels.Mat{}, fmt.Errorf("%s: scale %s is %s, want %s", ts.File, p.scaleName, ts.DType, sc.DType)
+		return nil, fmt.Errorf("%s: scale %s is %s, want %s", ts.File, p.scaleName, ts.DType, sc.DType)
 	}
 	es, ss := int64(t.DType.Size()), int64(sc.DType.Size())
 	n, stored := t.NumElements(), int64(1)
@@ -126,51 +169,84 @@ func (b *Bank) decodedWeight(s *Stager, src cpuref.TensorSource, p bankPart, wf 
 	cols := p.cols
 	if cols <= 0 || stored <= 0 || n <= 0 || n%stored != 0 || es <= 0 || ss <= 0 || n > math.MaxInt/8/es || stored*es > StageChunkBytes ||
 		(weightfmt.Matrix{Format: wf, Rows: 1, Cols: cols}).RowBytes() != stored*es {
-		return kernels.Mat{}, fmt.Errorf("%s: tensor %s of shape %v (%d columns) cannot be decoded on the device", t.File, p.name, t.Shape, cols)
+		return nil, fmt.Errorf("%s: tensor %s of shape %v (%d columns) cannot be decoded on the device", t.File, p.name, t.Shape, cols)
 	}
 	rows := n / stored
 	if rows > math.MaxInt/2/cols {
-		return kernels.Mat{}, fmt.Errorf("%s: tensor %s of %d x %d is too large", t.File, p.name, rows, cols)
+		return nil, fmt.Errorf("%s: tensor %s of %d x %d is too large", t.File, p.name, rows, cols)
 	}
 	rowBytes := stored * es
 	buf, err := cuda.Alloc[uint8](s.dev, int(2*rows*cols))
 	if err != nil {
-		return kernels.Mat{}, fmt.Errorf("tensor %s: %w", p.name, err)
+		return nil, fmt.Errorf("tensor %s: %w", p.name, err)
 	}
 	b.bytes = append(b.bytes, buf)
 	b.Size += 2 * rows * cols
-	chunk := max(1, min(s.dq.chunkBytes(), StageChunkBytes)/rowBytes)
-	if err := s.ensure(&s.dq.codes, int(min(rows, chunk)*rowBytes)); err != nil {
-		return kernels.Mat{}, err
+	d := &decodedPart{t: t, ts: ts, rows: rows, cols: cols, stored: stored,
+		mat: kernels.Mat{DType: kernels.MatBF16, Ptr: buf.Ptr(), Len: int(rows * cols)}}
+	d.chunk = max(1, min(s.dq.chunkBytes(), StageChunkBytes)/rowBytes)
+	if err := s.ensure(&s.dq.codes, int(min(rows, d.chunk)*rowBytes)); err != nil {
+		return nil, err
 	}
-	var decode chunkDecode
-	fp8 := wf.Quantization() == weightfmt.QuantFP8Channel || wf.Quantization() == weightfmt.QuantFP8Tensor
-	if fp8 {
-		decode, err = s.fp8Decoder(ts, rows, cols)
+	// room gives a whole-weight scale tensor its device room: the
+	// stager's scratch, filled now, or (own) the bank's, filled per expert.
+	room := func(scratch **cuda.Buffer[uint8], st *checkpoint.Tensor) (cuda.DevicePtr, error) {
+		size := int(st.NumElements()) * st.DType.Size()
+		if !own {
+			if err := s.ensure(scratch, size); err != nil {
+				return 0, err
+			}
+			return (*scratch).Ptr(), s.copyTensor((*scratch).Ptr(), st, false)
+		}
+		x, err := cuda.Alloc[uint8](s.dev, size)
+		if err != nil {
+			return 0, fmt.Errorf("tensor %s: %w", st.Name, err)
+		}
+		b.bytes = append(b.bytes, x)
+		d.perExpert = append(d.perExpert, scaleUpload{st, x})
+		return x.Ptr(), nil
+	}
+	d.fp8 = wf.Quantization() == weightfmt.QuantFP8Channel || wf.Quantization() == weightfmt.QuantFP8Tensor
+	if d.fp8 {
+		d.decode, err = s.fp8Decoder(ts, rows, cols, room)
 	} else {
-		decode, err = s.packed4Decoder(src, p, wf, ts, rows, cols, chunk)
+		d.decode, err = s.packed4Decoder(src, p, wf, ts, rows, cols, d.chunk, room)
 	}
 	if err != nil {
-		return kernels.Mat{}, err
+		return nil, err
 	}
-	if s.rec != nil {
-		// The chunks' time is the weight's; a 4-bit grid's bytes come
-		// with them.
-		defer s.rec.add(t, false, n*es, time.Now())
-		if !fp8 {
-			defer s.rec.add(ts, false, ts.NumElements()*ss, time.Now())
+	return d, nil
+}
+
+// decodeRows queues the upload and decode of rows [r0, r1) of d, a chunk
+// at a time.
+func (d *decodedPart) decodeRows(s *Stager, r0, r1 int64) error {
+	for ; r0 < r1; r0 += d.chunk {
+		nr := min(d.chunk, r1-r0)
+		if err := s.copyElems(s.dq.codes.Ptr(), d.t, r0*d.stored, (r0+nr)*d.stored, false); err != nil {
+			return err
+		}
+		if err := d.decode(r0, nr, s.dq.codes.Ptr(), d.mat.Ptr.Add(int(2*r0*d.cols))); err != nil {
+			return fmt.Errorf("tensor %s: %w", d.t.Name, err)
 		}
 	}
-	for r0 := int64(0); r0 < rows; r0 += chunk {
-		nr := min(chunk, rows-r0)
-		if err := s.copyElems(s.dq.codes.Ptr(), t, r0*stored, (r0+nr)*stored, false); err != nil {
-			return kernels.Mat{}, err
+	return nil
+}
+
+// expertScales queues the upload of expert x's entries (of e) of every
+// whole-weight scale tensor d left to it.
+func (d *decodedPart) expertScales(s *Stager, x, e int64) error {
+	for _, u := range d.perExpert {
+		n := u.t.NumElements()
+		if n%e != 0 {
+			return fmt.Errorf("%s: scale %s holds %d entries for %d experts", u.t.File, u.t.Name, n, e)
 		}
-		if err := decode(r0, nr, s.dq.codes.Ptr(), buf.Ptr().Add(int(2*r0*cols))); err != nil {
-			return kernels.Mat{}, fmt.Errorf("tensor %s: %w", p.name, err)
+		per := n / e
+		if err := s.copyElems(u.dst.Ptr().Add(int(x*per)*u.t.DType.Size()), u.t, x*per, (x+1)*per, false); err != nil {
+			return err
 		}
 	}
-	return kernels.Mat{DType: kernels.MatBF16, Ptr: buf.Ptr(), Len: int(rows * cols)}, nil
+	return nil
 }
 
 func (d *dequantScratch) chunkBytes() int64 {
@@ -184,10 +260,10 @@ func (d *dequantScratch) chunkBytes() int64 {
 // packed bytes the caller has just queued into q, into out.
 type chunkDecode func(r0, nr int64, q, out cuda.DevicePtr) error
 
-// fp8Decoder queues the upload of FP8 scale tensor ts (one scale per row,
-// or per run of rows: per tensor) of a rows x cols weight, whole, and
-// returns the decode of a chunk of its rows.
-func (s *Stager) fp8Decoder(ts *checkpoint.Tensor, rows, cols int64) (chunkDecode, error) {
+// fp8Decoder puts FP8 scale tensor ts (one scale per row, or per run of
+// rows: per tensor) of a rows x cols weight where room says, and returns
+// the decode of a chunk of its rows.
+func (s *Stager) fp8Decoder(ts *checkpoint.Tensor, rows, cols int64, room func(**cuda.Buffer[uint8], *checkpoint.Tensor) (cuda.DevicePtr, error)) (chunkDecode, error) {
 	ns := ts.NumElements()
 	if ns <= 0 || rows%ns != 0 || rows/ns > math.MaxInt32 {
 		return nil, fmt.Errorf("%s: %d rows, the scale %s %d entries", ts.File, rows, ts.Name, ns)
@@ -196,25 +272,23 @@ func (s *Stager) fp8Decoder(ts *checkpoint.Tensor, rows, cols int64) (chunkDecod
 	if err != nil {
 		return nil, err
 	}
-	if err := s.ensure(&s.dq.scales, int(ns)*ts.DType.Size()); err != nil {
-		return nil, err
-	}
-	if err := s.copyTensor(s.dq.scales.Ptr(), ts, false); err != nil {
+	scales, err := room(&s.dq.scales, ts)
+	if err != nil {
 		return nil, err
 	}
 	return func(r0, nr int64, q, out cuda.DevicePtr) error {
 		qm := kernels.Mat{DType: kernels.MatFP8, Ptr: q, Len: int(nr * cols)}
 		om := kernels.Mat{DType: kernels.MatBF16, Ptr: out, Len: int(nr * cols)}
-		return kernels.DequantFP8Rows(s.dev, s.stream, qm, int(nr), int(cols), s.dq.scales.Ptr(), int(ns), dsd, int(rows/ns), int(r0), om)
+		return kernels.DequantFP8Rows(s.dev, s.stream, qm, int(nr), int(cols), scales, int(ns), dsd, int(rows/ns), int(r0), om)
 	}, nil
 }
 
-// packed4Decoder queues the upload of the global scales of p (stored as
-// wf, a format kernels.Packed4Of takes) where wf has them, whole, and
-// returns the decode of a chunk of its rows x cols weight's rows, which
-// first queues the chunk's rows of scale grid ts into the scale scratch
-// (room for chunk rows).
-func (s *Stager) packed4Decoder(src cpuref.TensorSource, p bankPart, wf weightfmt.Format, ts *checkpoint.Tensor, rows, cols, chunk int64) (chunkDecode, error) {
+// packed4Decoder puts the global scales of p (stored as wf, a format
+// kernels.Packed4Of takes) where wf has them where room says, and returns
+// the decode of a chunk of its rows x cols weight's rows, which first
+// queues the chunk's rows of scale grid ts into the scale scratch (room
+// for chunk rows).
+func (s *Stager) packed4Decoder(src cpuref.TensorSource, p bankPart, wf weightfmt.Format, ts *checkpoint.Tensor, rows, cols, chunk int64, room func(**cuda.Buffer[uint8], *checkpoint.Tensor) (cuda.DevicePtr, error)) (chunkDecode, error) {
 	pk, err := kernels.Packed4Of(wf)
 	if err != nil {
 		return nil, err
@@ -239,13 +313,11 @@ func (s *Stager) packed4Decoder(src cpuref.TensorSource, p bankPart, wf weightfm
 		if ng <= 0 || rows%ng != 0 || rows/ng > math.MaxInt32 || ng > math.MaxInt32 {
 			return nil, fmt.Errorf("%s: %d rows, the global scale %s %d entries", gt.File, rows, p.global, ng)
 		}
-		if err := s.ensure(&s.dq.global, int(ng)*gt.DType.Size()); err != nil {
+		global, err := room(&s.dq.global, gt)
+		if err != nil {
 			return nil, err
 		}
-		if err := s.copyTensor(s.dq.global.Ptr(), gt, false); err != nil {
-			return nil, err
-		}
-		pk.Global, pk.GlobalLen, pk.RowsPerGlobal = s.dq.global.Ptr(), int(ng), int(rows/ng)
+		pk.Global, pk.GlobalLen, pk.RowsPerGlobal = global, int(ng), int(rows/ng)
 	}
 	pk.Cols, pk.Scale = int(cols), s.dq.scales.Ptr()
 	return func(r0, nr int64, q, out cuda.DevicePtr) error {
