@@ -319,13 +319,14 @@ func (s *Stager) packed4Decoder(src cpuref.TensorSource, p bankPart, wf weightfm
 		}
 		pk.Global, pk.GlobalLen, pk.RowsPerGlobal = global, int(ng), int(rows/ng)
 	}
-	pk.Cols, pk.Scale = int(cols), s.dq.scales.Ptr()
+	pk.Cols = int(cols)
 	return func(r0, nr int64, q, out cuda.DevicePtr) error {
 		if err := s.copyElems(s.dq.scales.Ptr(), ts, r0*gc, (r0+nr)*gc, false); err != nil {
 			return err
 		}
 		c := pk
-		c.Rows, c.Q, c.QBytes, c.ScaleBytes = int(nr), q, s.dq.codes.Len(), s.dq.scales.Len()
+		// The scratch as it is now: a later weight's setup may have grown it.
+		c.Rows, c.Q, c.QBytes, c.Scale, c.ScaleBytes = int(nr), q, s.dq.codes.Len(), s.dq.scales.Ptr(), s.dq.scales.Len()
 		if c.Global != 0 {
 			c.Row0 = int(r0)
 		}
