@@ -24,7 +24,8 @@ import (
 // [I, H] and [H, I] matrices every other family stores. Its Data reads the
 // source row by row (transposedReader), never the whole tensor at once.
 
-// gpt-oss's MXFP4 experts interleave gate and up rows: "NAME[i][R:r0:n:step]",
+// gpt-oss's MXFP4 experts, and Inkling's w13_weight in the hub's layout,
+// interleave gate and up rows: "NAME[i][R:r0:n:step]",
 // last, is rows r0, r0+step, ... (n of them) of the 2-D piece before it
 // (stridedReader); a 4-D tensor's slice "NAME[i]" is its trailing
 // dimensions flattened ([E, rows, g, 16] gives [rows, g*16]).

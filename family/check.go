@@ -165,7 +165,7 @@ func (k *checker) flatViews(where string, names [3]string, e int, hint string) (
 // Transposed, the gate and up are column blocks and every piece is read
 // transposed, so the MLP's matrices are [I,H], [I,H], [H,I] as always.
 func (k *checker) views(where, gateUp, down string, e, inter int, transposed, interleaved bool, hint string) (MLP, error) {
-	m := MLP{Gate: ViewName(gateUp, e, 0, inter), Up: ViewName(gateUp, e, inter, 2*inter), Down: ViewName(down, e, 0, 0)}
+	m := gateUpViews(gateUp, down, e, inter, interleaved)
 	if transposed {
 		m = MLP{Gate: TransposedViewName(gateUp, e, 0, inter, 1), Up: TransposedViewName(gateUp, e, inter, inter, 1),
 			Down: TransposedViewName(down, e, 0, k.p.HiddenSize, 1)}
@@ -177,6 +177,16 @@ func (k *checker) views(where, gateUp, down string, e, inter int, transposed, in
 		return MLP{}, err
 	}
 	return m, nil
+}
+
+// gateUpViews names MLP e of a stack gate-up [E, 2I, H] (gate rows then
+// up rows, or interleaved: gate rows 0, 2, 4, ..., up rows 1, 3, 5, ...)
+// and down [E, H, I]; e < 0: a 2-D gate-up [2I, H] and down [H, I].
+func gateUpViews(gateUp, down string, e, inter int, interleaved bool) MLP {
+	if interleaved {
+		return MLP{Gate: StridedRowsViewName(gateUp, e, 0, inter, 2), Up: StridedRowsViewName(gateUp, e, 1, inter, 2), Down: ViewName(down, e, 0, 0)}
+	}
+	return MLP{Gate: ViewName(gateUp, e, 0, inter), Up: ViewName(gateUp, e, inter, 2*inter), Down: ViewName(down, e, 0, 0)}
 }
 
 // viewWeights checks the gate, up and down views of one MLP of
@@ -375,41 +385,45 @@ func (k *checker) router(where, name string) error {
 }
 
 // sharedStack plans S shared experts stored stacked under prefix: gate and
-// up [S, I, H], down [S, H, I] (proj names without ".weight"), one MLP of
-// views per shared expert.
-func (k *checker) sharedStack(where, prefix string, proj [3]string) ([]MLP, error) {
+// up [S, I, H], down [S, H, I] (proj names without ".weight"), or gate-up
+// [S, 2I, H] and down [S, H, I] where n names them (sharedStackedGateUp),
+// one MLP of views per shared expert.
+func (k *checker) sharedStack(where, prefix string, n naming) ([]MLP, error) {
 	s, h, i := int64(k.p.NumSharedExperts), int64(k.p.HiddenSize), int64(k.p.MoEIntermediateSize)
 	hint := fmt.Sprintf("(S=%d, H=%d, I=%d: shared experts stacked on disk)", s, h, i)
-	for n, pr := range proj {
-		want := []int64{s, i, h}
-		if n == 2 {
-			want = []int64{s, h, i}
-		}
-		name := prefix + "." + pr
-		meta, ok := k.t.Lookup(name)
+	type stack struct {
+		name  string
+		shape []int64
+	}
+	stacks := []stack{{prefix + "." + n.proj[0], []int64{s, i, h}}, {prefix + "." + n.proj[1], []int64{s, i, h}}, {prefix + "." + n.proj[2], []int64{s, h, i}}}
+	if n.sharedStackedGateUp != "" {
+		stacks = []stack{{prefix + "." + n.sharedStackedGateUp, []int64{s, 2 * i, h}}, {prefix + "." + n.sharedStackedDown, []int64{s, h, i}}}
+	}
+	for _, st := range stacks {
+		meta, ok := k.t.Lookup(st.name)
 		if !ok {
-			return nil, fmt.Errorf("%s: missing tensor %s %s", where, name, hint)
+			return nil, fmt.Errorf("%s: missing tensor %s %s", where, st.name, hint)
 		}
-		if !slices.Equal(meta.Shape, want) {
-			return nil, fmt.Errorf("%s: %s shape %s, expected %s %s", where, name, shapeString(meta.Shape), shapeString(want), hint)
+		if !slices.Equal(meta.Shape, st.shape) {
+			return nil, fmt.Errorf("%s: %s shape %s, expected %s %s", where, st.name, shapeString(meta.Shape), shapeString(st.shape), hint)
 		}
 		if f, err := k.scaledBy(meta.DType); err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		} else if f != nil {
-			return nil, fmt.Errorf("%s: %s: %s experts stacked on disk are not supported", where, name, f)
+			return nil, fmt.Errorf("%s: %s: %s experts stacked on disk are not supported", where, st.name, f)
 		}
 	}
 	out := make([]MLP, s)
 	for e := range out {
-		m := MLP{Gate: ViewName(prefix+"."+proj[0], e, 0, 0), Up: ViewName(prefix+"."+proj[1], e, 0, 0), Down: ViewName(prefix+"."+proj[2], e, 0, 0)}
+		var m MLP
+		if n.sharedStackedGateUp != "" {
+			m = gateUpViews(stacks[0].name, stacks[1].name, e, int(i), n.stackedInterleaved)
+		} else {
+			m = MLP{Gate: ViewName(stacks[0].name, e, 0, 0), Up: ViewName(stacks[1].name, e, 0, 0), Down: ViewName(stacks[2].name, e, 0, 0)}
+		}
 		w := fmt.Sprintf("%s: shared expert %d", where, e)
-		for _, x := range []struct {
-			role, name string
-			rows, cols int64
-		}{{"gate", m.Gate, i, h}, {"up", m.Up, i, h}, {"down", m.Down, h, i}} {
-			if _, err := k.weight(w, x.role, x.name, x.rows, x.cols, hint); err != nil {
-				return nil, err
-			}
+		if err := k.viewWeights(w, m, int(i), hint); err != nil {
+			return nil, err
 		}
 		out[e] = m
 	}

@@ -27,9 +27,11 @@ import (
 //
 // MoE layers are mlp_layer_types "sparse" (without the list, those from
 // dense_mlp_idx on, 0 by default); MTP layers are dense. The multimodal
-// layout (inkling_mm_model: text under text_config, w13 interleaved) is not
-// planned. shared_expert_sink and rms_norm_eps_moe_gate are documented
-// config keys that transformers 5.17's modeling code never reads.
+// model (inkling_mm_model) holds it under text_config, in the hub's layout
+// when transformers saves it (w13_weight, gate and up rows interleaved):
+// wrapper.go's inklingHub names that layout. shared_expert_sink and
+// rms_norm_eps_moe_gate are documented config keys that transformers
+// 5.17's modeling code never reads.
 var inkling = &spec{
 	name: "inkling_text",
 	names: func() naming {

@@ -327,6 +327,9 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	if n.sharedStacked {
 		_, present = k.t.Lookup(sp + "." + n.proj[0])
 	}
+	if n.sharedStackedGateUp != "" {
+		_, present = k.t.Lookup(sp + "." + n.sharedStackedGateUp)
+	}
 	if p.NumSharedExperts == 0 {
 		if present {
 			return Layer{}, fmt.Errorf("%s: holds shared expert tensors under %s but config.json gives no shared experts", where, sp)
@@ -336,9 +339,9 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	if converted && !present {
 		return out, nil // fused into the stacked experts by fuse-shared
 	}
-	if n.sharedStacked {
+	if n.sharedStacked || n.sharedStackedGateUp != "" {
 		var err error
-		out.SharedExperts, err = k.sharedStack(where, sp, n.proj)
+		out.SharedExperts, err = k.sharedStack(where, sp, n)
 		return out, err
 	}
 	hint := fmt.Sprintf("(H=%d, shared I=%d)", p.HiddenSize, p.SharedIntermediateSize)

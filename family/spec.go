@@ -96,8 +96,9 @@ type naming struct {
 	// transformers' own save untransposed); each layer's two shapes say
 	// which (stackedOrientation).
 	stackedEitherWay bool
-	// stackedInterleaved: transposed gate-up columns alternate gate, up,
-	// gate, up (gpt-oss) instead of all gate columns then all up.
+	// stackedInterleaved: the gate-up rows (transposed: columns) alternate
+	// gate, up, gate, up instead of all gate rows then all up: gpt-oss's
+	// columns, Inkling's hub rows (and its shared sharedStackedGateUp's).
 	stackedInterleaved bool
 	// stackedGateUpBias [E, 2I] (laid out as the gate-up columns) and
 	// stackedDownBias [E, H]: per-expert biases, relative to the MoE module.
@@ -121,6 +122,12 @@ type naming struct {
 	// tensor per projection named proj without ".weight": gate and up
 	// [S, I, H], down [S, H, I] (Inkling); each is planned as views.
 	sharedStacked bool
+	// sharedStackedGateUp / sharedStackedDown: the S shared experts stacked
+	// with gate and up in one tensor [S, 2I, H] (rows interleaved where
+	// stackedInterleaved says so) and down [S, H, I], relative to the shared
+	// module (Inkling's hub layout: shared_w13_weight, shared_w2_weight);
+	// each is planned as views.
+	sharedStackedGateUp, sharedStackedDown string
 	// routerScale: a scalar [1] multiplying the routing weights, relative
 	// to the MoE module (Inkling's "gate.global_scale"), "" if none.
 	routerScale string

@@ -40,7 +40,7 @@ func TransposedViewName(name string, index int, c0, n, step int) string {
 // StridedRowsViewName names rows r0, r0+step, ... (n of them) of slice
 // index of a 3-D or 4-D tensor (checkpoint/view.go): gpt-oss's MXFP4
 // gate_up_proj_blocks [E, 2I, H/32, 16] holds expert e's gate as its even
-// rows, its up as the odd ones.
+// rows, its up as the odd ones; so does Inkling's hub w13_weight [E, 2I, H].
 func StridedRowsViewName(name string, index int, r0, n, step int) string {
 	return ViewName(name, index, 0, 0) + "[R:" + strconv.Itoa(r0) + ":" + strconv.Itoa(n) + ":" + strconv.Itoa(step) + "]"
 }

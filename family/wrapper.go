@@ -33,9 +33,11 @@ type wrapper struct {
 	// anyTextType: the wrapper's config class builds its text config as
 	// textTypes[0] whatever model_type the text config names (it pops it).
 	anyTextType bool
-	// refuse, when set, turns the tensor names under the chosen layer
-	// prefix into the one-line reason a layout cannot be carried.
-	refuse func(names []string, layers string) error
+	// names, keyed by one of layers, rewrites the family's naming for a
+	// checkpoint whose layers that prefix names: the tensor names below it
+	// where the layout differs from the one the family plans (Inkling's
+	// hub layout: w13_weight, gate and up rows interleaved).
+	names map[string]func(*naming)
 }
 
 // wrappers are the multimodal wrappers moeprep reads, each as transformers
@@ -92,13 +94,14 @@ var wrappers = []wrapper{
 		text:   []string{"language_model.", "model.language_model.", "lm_head."}},
 	// Inkling: inkling_text under model.language_model.layers.L as
 	// transformers 5.17 holds it (experts.gate_up_proj, gate then up rows),
-	// lm_head; model.audio_tower.*, model.vision_tower.*. The hub's layout
-	// (model.llm.layers.L, mlp.experts.w13_weight: gate and up rows
-	// interleaved), which the inkling_mm_model mapping would write back on
-	// save, is refused in one line.
+	// lm_head; model.audio_tower.*, model.vision_tower.*. transformers 5.17
+	// saves it in the hub's layout (its inkling_mm_model mapping reversed):
+	// model.llm.layers.L, model.llm.{embed,embed_norm,norm,unembed},
+	// model.audio.*, model.visual.*, with the MoE names of inklingHub.
 	{modelType: "inkling_mm_model", textKey: "text_config", textTypes: []string{"inkling_text"},
 		layers: []string{"model.language_model.layers.", "model.llm.layers."},
-		text:   []string{"model.language_model.", "model.llm.", "lm_head."}, refuse: inklingW13},
+		text:   []string{"model.language_model.", "model.llm.", "lm_head."},
+		names:  map[string]func(*naming){"model.llm.layers.": inklingHub}},
 	// DeepSeek-OCR-2: DeepSeek-V2's MoE text model (deepseek_ocr2.go). Its
 	// conversion mapping moves (^|model.)layers., embed_tokens. and norm.
 	// under language_model on load, so transformers saves the text model
@@ -115,16 +118,20 @@ var wrappers = []wrapper{
 		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},
 }
 
-// inklingW13 refuses Inkling's hub layout: w13_weight holds each expert's
-// gate and up rows interleaved (transformers' Interleave(dim=1)), which
-// moeprep's views read only as transposed columns (gpt-oss).
-func inklingW13(names []string, layers string) error {
-	for _, n := range names {
-		if strings.HasPrefix(n, layers) && strings.HasSuffix(n, "w13_weight") {
-			return fmt.Errorf("%s: model_type \"inkling_mm_model\" in the hub's layout stores each expert's gate and up rows interleaved (mlp.experts.w13_weight [E, 2I, H], and shared_w13_weight); moeprep reads interleaved gate/up only as transposed columns (gpt-oss); the layout transformers 5.17 holds (model.language_model.layers.L.mlp.experts.gate_up_proj) is supported", n)
-		}
-	}
-	return nil
+// inklingHub is Inkling's MoE block in the hub's layout, which
+// transformers 5.17's inkling_mm_model mapping reads (and writes back on
+// save): routed experts mlp.experts.w13_weight [E, 2I, H] and w2_weight
+// [E, H, I]; shared experts mlp.shared_experts.shared_w13_weight [S, 2I, H]
+// and shared_w2_weight [S, H, I]; the correction bias mlp.gate.bias. Both
+// w13 tensors interleave each expert's gate and up rows: the mapping's
+// Interleave(dim=1) splits row r into [r/2, r%2] and swaps the two, so the
+// gate is rows 0, 2, 4, ... and the up rows 1, 3, 5, ... (planned as
+// strided row views, "[e][R:0:I:2]" and "[e][R:1:I:2]"). The router
+// (gate.weight [E+S, H]) and gate.global_scale keep their names.
+func inklingHub(n *naming) {
+	n.stackedGateUp, n.stackedDown, n.stackedInterleaved = "experts.w13_weight", "experts.w2_weight", true
+	n.bias = "gate.bias"
+	n.sharedStackedGateUp, n.sharedStackedDown = "shared_w13_weight", "shared_w2_weight"
 }
 
 // Wrapper says where in a multimodal wrapper the planned text model lives.
@@ -200,10 +207,8 @@ func (w *wrapper) plan(raw map[string]any, t Tensors, converted bool) (*Plan, er
 	}
 	inner := *s
 	inner.names.layers = w.layerPrefix(t)
-	if w.refuse != nil {
-		if err := w.refuse(t.Names(), inner.names.layers); err != nil {
-			return nil, err
-		}
+	if rename := w.names[inner.names.layers]; rename != nil {
+		rename(&inner.names)
 	}
 	inner.textLayers = inner.names.layers
 	text := maps.Clone(tc.m)

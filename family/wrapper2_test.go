@@ -3,6 +3,7 @@ package family
 import (
 	"encoding/json"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -183,11 +184,6 @@ func TestRefuseWrappers2(t *testing.T) {
 			nil, `config.json: model_type "qwen3_omni_moe" keeps its language model's config under thinker_config.text_config, which is missing`},
 		{"minimax moe_layer_freq", "minimax_m3_vl", func(_, text map[string]any) { text["moe_layer_freq"] = []any{0.0, 2.0} },
 			nil, `config.json: text_config: moe_layer_freq[1] = 2 (want 0 or 1)`},
-		{"inkling hub w13", "aria", func(cfg, text map[string]any) {
-			cfg["model_type"], text["model_type"] = "inkling_mm_model", "inkling_text"
-		}, func(n string) string {
-			return strings.Replace(strings.Replace(n, "language_model.model.layers.", "model.llm.layers.", 1), "experts.fc1.weight", "experts.w13_weight", 1)
-		}, `model.llm.layers.0.mlp.experts.w13_weight: model_type "inkling_mm_model" in the hub's layout stores each expert's gate and up rows interleaved`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -196,6 +192,97 @@ func TestRefuseWrappers2(t *testing.T) {
 			if err == nil || !strings.HasPrefix(err.Error(), c.want) && !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") ||
 				strings.Contains(err.Error(), "except the multimodal wrappers") {
 				t.Errorf("got %v\nwant %s", err, c.want)
+			}
+		})
+	}
+}
+
+// Inkling's multimodal model as transformers 5.17 saves it, in the hub's
+// layout (fixtures/hf/inkling-mm-model): model.llm.layers.L, each routed
+// and shared expert's gate and up the even and odd rows of its w13 slice
+// (transformers loads them with Interleave(dim=1)), down its w2 slice, the
+// correction bias gate.bias.
+func TestPlanInklingHub(t *testing.T) {
+	cfg, ts := wrapperFixture(t, "inkling-mm-model")
+	p, err := Detect(cfg, ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := p.Wrapper; w == nil || w.ModelType != "inkling_mm_model" || w.Layers != "model.llm.layers." || p.Family != "inkling_text" ||
+		!slices.Equal(w.Text, []string{"model.language_model.", "model.llm.", "lm_head."}) {
+		t.Fatalf("plan %s, wrapper %+v", p.Family, p.Wrapper)
+	}
+	if len(p.Layers) != 2 || p.Layers[0].Index != 1 || !p.SharedRouted || p.NumSharedExperts != 2 || p.RoutedScalingFactor != 2.5 {
+		t.Fatalf("plan %+v", p)
+	}
+	pre := "model.llm.layers.2.mlp."
+	l := p.Layers[1]
+	if l.Router != pre+"gate.weight" || l.RouterBias != pre+"gate.bias" || l.RouterScale != pre+"gate.global_scale" || l.Shared != nil {
+		t.Errorf("router %s, bias %s, scale %s, shared %+v", l.Router, l.RouterBias, l.RouterScale, l.Shared)
+	}
+	if e, want := l.Experts[5], (MLP{Gate: pre + "experts.w13_weight[5][R:0:32:2]", Up: pre + "experts.w13_weight[5][R:1:32:2]",
+		Down: pre + "experts.w2_weight[5]"}); e != want {
+		t.Errorf("expert 5 %+v\nwant     %+v", e, want)
+	}
+	sh := pre + "shared_experts."
+	if len(l.SharedExperts) != 2 || l.SharedExperts[1] != (MLP{Gate: sh + "shared_w13_weight[1][R:0:32:2]", Up: sh + "shared_w13_weight[1][R:1:32:2]",
+		Down: sh + "shared_w2_weight[1]"}) {
+		t.Errorf("shared experts %+v", l.SharedExperts)
+	}
+}
+
+// The layout transformers 5.17 holds in memory (model.language_model.layers.L,
+// experts.gate_up_proj gate rows then up rows, shared gate_proj/up_proj/
+// down_proj) is still planned as it was: the hub's names apply under the
+// hub's prefix only.
+func TestPlanInklingInMemory(t *testing.T) {
+	cfg, _ := wrapperFixture(t, "inkling-mm-model")
+	saved := readHeaders(t, filepath.Join("..", "fixtures", "hf", "inkling-text"))
+	ts := viewTensors{&fakeTensors{meta: map[string]TensorMeta{}}}
+	for _, n := range saved.Names() {
+		m, _ := saved.Lookup(n)
+		ts.add(strings.Replace(n, "model.", "model.language_model.", 1), m.DType, m.Shape...)
+	}
+	p, err := Detect(cfg, ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre := "model.language_model.layers.1.mlp."
+	l := p.Layers[0]
+	if p.Wrapper.Layers != "model.language_model.layers." || l.RouterBias != pre+"gate.e_score_correction_bias" ||
+		l.Experts[3] != (MLP{Gate: pre + "experts.gate_up_proj[3][0:32]", Up: pre + "experts.gate_up_proj[3][32:64]", Down: pre + "experts.down_proj[3]"}) ||
+		l.SharedExperts[0] != (MLP{Gate: pre + "shared_experts.gate_proj[0]", Up: pre + "shared_experts.up_proj[0]", Down: pre + "shared_experts.down_proj[0]"}) {
+		t.Errorf("wrapper %+v, layer %+v", p.Wrapper, l)
+	}
+}
+
+// A hub-layout Inkling whose w13/w2 tensors are missing or misshapen is
+// refused in one line naming the tensor and the shape it needs.
+func TestRefuseInklingHub(t *testing.T) {
+	pre := "model.llm.layers.1.mlp."
+	cases := []struct {
+		name string
+		edit func(t *testing.T, ts viewTensors)
+		want string
+	}{
+		{"w13 rows", func(t *testing.T, ts viewTensors) { ts.add(pre+"experts.w13_weight", safetensors.BF16, 8, 32, 64) },
+			pre + "experts.w13_weight shape [8,32,64], expected [8,64,64] (E=8, H=64, I=32: experts stacked on disk)"},
+		{"w2 missing", func(t *testing.T, ts viewTensors) { ts.del(t, pre+"experts.w2_weight") }, pre + "experts.w2_weight"},
+		{"shared w13 rows", func(t *testing.T, ts viewTensors) {
+			ts.add(pre+"shared_experts.shared_w13_weight", safetensors.BF16, 2, 32, 64)
+		},
+			pre + "shared_experts.shared_w13_weight shape [2,32,64], expected [2,64,64] (S=2, H=64, I=32: shared experts stacked on disk)"},
+		{"shared w2 missing", func(t *testing.T, ts viewTensors) { ts.del(t, pre+"shared_experts.shared_w2_weight") },
+			"missing tensor " + pre + "shared_experts.shared_w2_weight"},
+		{"bias missing", func(t *testing.T, ts viewTensors) { ts.del(t, pre+"gate.bias") }, pre + "gate.bias"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, ts := wrapperFixture(t, "inkling-mm-model")
+			c.edit(t, ts)
+			_, err := Detect(cfg, ts)
+			if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+				t.Errorf("got %v\nwant one line naming %s", err, c.want)
 			}
 		})
 	}

@@ -26,7 +26,7 @@ func wrapperFixture(t *testing.T, name string) (map[string]any, viewTensors) {
 // to their 2-D shapes, as checkpoint does, from the stored tensor's shape.
 type viewTensors struct{ *fakeTensors }
 
-var viewRE = regexp.MustCompile(`^(.+)\[(\d+)\](?:\[(\d+):(\d+)\]|\[T:(\d+):(\d+):(\d+)\])?$`)
+var viewRE = regexp.MustCompile(`^(.+)\[(\d+)\](?:\[(\d+):(\d+)\]|\[T:(\d+):(\d+):(\d+)\]|\[R:(\d+):(\d+):(\d+)\])?$`)
 
 func (v viewTensors) Lookup(name string) (TensorMeta, bool) {
 	if m, ok := v.fakeTensors.Lookup(name); ok {
@@ -46,6 +46,11 @@ func (v viewTensors) Lookup(name string) (TensorMeta, bool) {
 		return TensorMeta{DType: m.DType, Shape: []int64{n(g[4]) - n(g[3]), m.Shape[2]}}, true
 	case g[5] != "":
 		return TensorMeta{DType: m.DType, Shape: []int64{n(g[6]), m.Shape[1]}}, true
+	case g[8] != "":
+		if r0, k, step := n(g[8]), n(g[9]), n(g[10]); k < 1 || step < 1 || r0+(k-1)*step >= m.Shape[1] {
+			return TensorMeta{}, false
+		}
+		return TensorMeta{DType: m.DType, Shape: []int64{n(g[9]), m.Shape[2]}}, true
 	}
 	return TensorMeta{DType: m.DType, Shape: m.Shape[1:]}, true
 }

@@ -169,6 +169,42 @@ func TestInklingDetailsMatter(t *testing.T) {
 	}
 }
 
+// TestInklingHubRowsMatter: on inkling-mm-model (Inkling's multimodal
+// model as transformers 5.17 saves it, in the hub's layout), the CPU
+// reference matches HF's goldens on both layers with each expert's gate
+// the even rows of its w13 slice and its up the odd ones (transformers'
+// Interleave(dim=1)), routed and shared experts alike, and not with the
+// rows read the other way round or as halves (gate rows then up rows, the
+// layout transformers holds in memory).
+func TestInklingHubRowsMatter(t *testing.T) {
+	src, ck, plan := openFixture(t, "inkling-mm-model")
+	if plan.Wrapper == nil || plan.Wrapper.Layers != "model.llm.layers." || len(plan.Layers) != 2 || len(plan.Layers[0].SharedExperts) != 2 {
+		t.Fatalf("plan: wrapper %+v, layers %+v", plan.Wrapper, plan.Layers)
+	}
+	inter := plan.MoEIntermediateSize
+	swapped := func(ms []family.MLP) []family.MLP {
+		out := slices.Clone(ms)
+		for e := range out {
+			out[e].Gate, out[e].Up = out[e].Up, out[e].Gate
+		}
+		return out
+	}
+	halves := func(ms []family.MLP) []family.MLP {
+		out := slices.Clone(ms)
+		for e := range out {
+			w13 := family.BaseName(out[e].Gate)
+			out[e].Gate, out[e].Up = family.ViewName(w13, e, 0, inter), family.ViewName(w13, e, inter, 2*inter)
+		}
+		return out
+	}
+	detailsMatter(t, goldenRun(t, src, ck, plan), []int{0, 1}, []detail{
+		{"routed gate and up from the odd and even rows", 0, func(_ *family.Plan, l *family.Layer) { l.Experts = swapped(l.Experts) }},
+		{"routed gate and up as halves", 1, func(_ *family.Plan, l *family.Layer) { l.Experts = halves(l.Experts) }},
+		{"shared gate and up from the odd and even rows", 1, func(_ *family.Plan, l *family.Layer) { l.SharedExperts = swapped(l.SharedExperts) }},
+		{"shared gate and up as halves", 0, func(_ *family.Plan, l *family.Layer) { l.SharedExperts = halves(l.SharedExperts) }},
+	})
+}
+
 // TestInklingConfigRefusals: configs Inkling's router cannot run as
 // transformers does are refused in one line naming the key.
 func TestInklingConfigRefusals(t *testing.T) {

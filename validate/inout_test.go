@@ -28,11 +28,12 @@ func inOutSpecs() map[string]fixtures.SynthSpec {
 // storage the orientation takes (plain bf16, FP8 blocks with partial and
 // non-square grids, FP8 per channel and per tensor, experts stored
 // transposed on disk: Llama 4, gpt-oss's interleaved gate and up; stacked
-// on disk: Granite) in every layout, fuse-shared with shared slices and
+// on disk: Granite, Inkling's hub layout with gate and up rows
+// interleaved) in every layout, fuse-shared with shared slices and
 // folding, pass validate on the CPU (the layer checks and the byte proof),
 // against HF's goldens where the fixture has them.
 func TestInOutConversionsPass(t *testing.T) {
-	hf := []string{"deepseek-v3-fp8", "deepseek-v2-lite", "llama4-text", "gpt-oss", "granitemoe", "qwen2-moe", "deepseek-v4", "inkling-text"}
+	hf := []string{"deepseek-v3-fp8", "deepseek-v2-lite", "llama4-text", "gpt-oss", "granitemoe", "qwen2-moe", "deepseek-v4", "inkling-text", "inkling-mm-model"}
 	runs := []convert.Options{{Orientation: layout.InOut}, {Orientation: layout.InOut, Layout: layout.GateUp},
 		{Orientation: layout.InOut, Layout: layout.UpGate}}
 	fuse := []convert.Options{{Orientation: layout.InOut, FuseShared: true, TP: 2, Layout: layout.GateUp},

@@ -161,9 +161,11 @@ func conversionCases() []conv {
 		conv{"glm4v-moe", convert.Options{FuseShared: true, TP: 2, FoldScaling: "down"}})
 	// Issue 30's later families and wrappers, written by transformers 5.17:
 	// every layout, fuse-shared (tp 1, 4, 8 in turn) where the shared expert
-	// is ungated.
+	// is ungated. Inkling's multimodal model is saved in the hub's layout
+	// (gate and up rows interleaved in w13_weight); fuse-shared refuses it,
+	// as inkling-text (the router weights the shared experts per token).
 	for i, f := range []string{"axk1", "axk2", "deepseek-v32", "glm-moe-dsa", "laguna", "granitemoehybrid", "aria",
-		"minimax-m3-vl", "deepseek-ocr2", "glm5-next", "kimi-linear", "mistral4", "flex-olmo", "mellum", "qwen3-omni-moe", "qwen4-exp"} {
+		"minimax-m3-vl", "deepseek-ocr2", "glm5-next", "kimi-linear", "mistral4", "flex-olmo", "mellum", "qwen3-omni-moe", "qwen4-exp", "inkling-mm-model"} {
 		for j, lay := range lays {
 			cases = append(cases, conv{f, convert.Options{Layout: lay}})
 			if i < 12 && j == i%3 {
@@ -390,6 +392,7 @@ func mutations(t *testing.T) []mutation {
 	dsv4 := filepath.Join(hfFixtures, "deepseek-v4")
 	ernieBias := filepath.Join(hfFixtures, "ernie4-5-moe-bias")
 	inkling := filepath.Join(hfFixtures, "inkling-text")
+	inklingHub := filepath.Join(hfFixtures, "inkling-mm-model")
 	return []mutation{
 		{"gate and up swapped in one expert", fp8, convert.Options{FuseShared: true, TP: 1}, gateUpSwapped(stacked(true), 3), 1},
 		{"two experts swapped", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp}, expertsSwapped(2, 5), 1},
@@ -499,6 +502,35 @@ func mutations(t *testing.T) []mutation {
 		{"inkling: global_scale reset to 1", inkling, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, "model.layers.1.mlp.gate.global_scale", func(raw []byte, _ []int64) {
 				binary.LittleEndian.PutUint16(raw, numfmt.F32ToBF16(1))
+			})
+		}, 1},
+		// Inkling in the hub's layout: gate and up interleaved in w13_weight
+		// (gate the even rows, up the odd), routed and shared alike.
+		{"inkling hub: gate and up swapped in one expert (odd rows read as the gate)", inklingHub, convert.Options{},
+			gateUpSwapped(layout.Names(layout.Stacked, "model.llm.layers.1.mlp", false), 5), 1},
+		{"inkling hub: one expert's gate-up left interleaved as stored", inklingHub, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
+			n := layout.Names(layout.GateUp, "model.llm.layers.1.mlp", false)
+			rewriteTensor(t, dst, n.GateUp, func(raw []byte, shape []int64) {
+				e := slice(raw, shape, 2) // [2I, H]: gate rows, then up rows
+				row := len(e) / int(shape[1])
+				halves := append([]byte(nil), e...)
+				inter := int(shape[1]) / 2
+				for j := range inter {
+					copy(e[2*j*row:(2*j+1)*row], halves[j*row:(j+1)*row])
+					copy(e[(2*j+1)*row:(2*j+2)*row], halves[(inter+j)*row:(inter+j+1)*row])
+				}
+			})
+		}, 1},
+		{"inkling hub: one shared expert's gate and up rows swapped", inklingHub, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, "model.llm.layers.1.mlp.shared_experts.shared_w13_weight", func(raw []byte, shape []int64) {
+				e := slice(raw, shape, 1) // [2I, H], gate and up rows interleaved
+				row := len(e) / int(shape[1])
+				for r := 0; r+1 < int(shape[1]); r += 2 {
+					a, b := e[r*row:(r+1)*row], e[(r+1)*row:(r+2)*row]
+					tmp := append([]byte(nil), a...)
+					copy(a, b)
+					copy(b, tmp)
+				}
 			})
 		}, 1},
 		{"down projection transposed where square", square, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {

@@ -63,9 +63,6 @@ func TestFuseSharedHelpMatchesBehaviour(t *testing.T) {
 	}
 	for _, cfg := range dirs {
 		dir := filepath.Dir(cfg)
-		if _, refused := refusedHF[filepath.Base(dir)]; refused {
-			continue // TestInspectJSONOnHFFixtures checks its refusal
-		}
 		p := cktest.Plan(t, dir)
 		mt := p.ModelType // config.json's: a wrapper's own
 		if p.Wrapper != nil {

@@ -118,3 +118,104 @@ func InklingMM(t testing.TB, fixture string) string {
 	}
 	return dir
 }
+
+// InklingHub writes an inkling_text checkpoint in transformers' layout
+// (model.layers.L, experts.gate_up_proj gate rows then up rows, shared
+// gate_proj/up_proj/down_proj stacks: fixtures/hf/inkling-text, or one
+// fixtures.Write made) as the inkling_mm_model wrapper in the hub's layout,
+// the inverse of transformers 5.17's inkling_mm_model mapping: the text
+// model under model.llm (layers model.llm.layers.L), experts.w13_weight
+// with each expert's gate rows at the even rows and its up rows at the odd
+// ones (Interleave(dim=1) reversed), experts.w2_weight,
+// shared_experts.shared_w13_weight (gate_proj and up_proj interleaved
+// alike) and shared_w2_weight, the correction bias gate.bias; an audio and
+// a vision tensor beside it.
+func InklingHub(t testing.TB, src string) string {
+	t.Helper()
+	ck := Open(t, src)
+	var text map[string]any
+	b, err := os.ReadFile(filepath.Join(src, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &text); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "hub")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := json.Marshal(map[string]any{"model_type": "inkling_mm_model", "text_config": text,
+		"audio_config": map[string]any{"hidden_size": 8}, "vision_config": map[string]any{"hidden_size": 8}})
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	read := func(n string) []byte {
+		tt, ok := ck.Tensor(n)
+		if !ok {
+			t.Fatalf("%s: no tensor %s", src, n)
+		}
+		data, err := tt.ReadAll()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	// interleave writes, per slice of s, row j of gate at row 2j and row j
+	// of up at row 2j+1 (rows of rowBytes bytes, i of each per slice).
+	interleave := func(gate, up []byte, s, i, rowBytes int) []byte {
+		out := make([]byte, 0, len(gate)+len(up))
+		for e := range s {
+			for j := range i {
+				at := (e*i + j) * rowBytes
+				out = append(append(out, gate[at:at+rowBytes]...), up[at:at+rowBytes]...)
+			}
+		}
+		return out
+	}
+	var entries []safetensors.Entry
+	add := func(name string, dt safetensors.DType, shape []int64, data []byte) {
+		entries = append(entries, safetensors.Entry{Name: name, DType: dt, Shape: shape,
+			Open: func() (io.Reader, error) { return bytes.NewReader(data), nil }})
+	}
+	for _, n := range ck.Names() {
+		tt, _ := ck.Tensor(n)
+		name := strings.Replace(n, "model.", "model.llm.", 1)
+		if n == "lm_head.weight" {
+			name = "model.llm.unembed.weight"
+		}
+		switch {
+		case strings.HasSuffix(n, ".mlp.experts.gate_up_proj"):
+			e, i2, h := int(tt.Shape[0]), int(tt.Shape[1]), int(tt.Shape[2])
+			data, rb := read(n), h*tt.DType.Size()
+			half := i2 / 2 * rb
+			var gate, up []byte
+			for x := range e {
+				slice := data[x*i2*rb : (x+1)*i2*rb]
+				gate, up = append(gate, slice[:half]...), append(up, slice[half:]...)
+			}
+			add(strings.TrimSuffix(name, "gate_up_proj")+"w13_weight", tt.DType, tt.Shape, interleave(gate, up, e, i2/2, rb))
+		case strings.HasSuffix(n, ".mlp.experts.down_proj"):
+			add(strings.TrimSuffix(name, "down_proj")+"w2_weight", tt.DType, tt.Shape, read(n))
+		case strings.HasSuffix(n, ".mlp.shared_experts.gate_proj"):
+			s, i, h := int(tt.Shape[0]), int(tt.Shape[1]), int(tt.Shape[2])
+			up := read(strings.TrimSuffix(n, "gate_proj") + "up_proj")
+			add(strings.TrimSuffix(name, "gate_proj")+"shared_w13_weight", tt.DType, []int64{int64(s), int64(2 * i), int64(h)},
+				interleave(read(n), up, s, i, h*tt.DType.Size()))
+		case strings.HasSuffix(n, ".mlp.shared_experts.up_proj"):
+		case strings.HasSuffix(n, ".mlp.shared_experts.down_proj"):
+			add(strings.TrimSuffix(name, "down_proj")+"shared_w2_weight", tt.DType, tt.Shape, read(n))
+		case strings.HasSuffix(n, ".mlp.gate.e_score_correction_bias"):
+			add(strings.TrimSuffix(name, "e_score_correction_bias")+"bias", tt.DType, tt.Shape, read(n))
+		default:
+			add(name, tt.DType, tt.Shape, read(n))
+		}
+	}
+	for _, n := range []string{"model.audio.final_norm.weight", "model.visual.final_norm.weight"} {
+		add(n, safetensors.BF16, []int64{4}, make([]byte, 8))
+	}
+	if _, err := safetensors.WriteFile(context.Background(), filepath.Join(dir, "model.safetensors"), nil, entries, nil); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
