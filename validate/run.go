@@ -1059,10 +1059,12 @@ func (s *session) gpuRefusal() string {
 			return why
 		}
 	}
-	if s.contract != nil && s.contract.SharedRequantized != nil {
-		return fmt.Sprintf("DST's shared expert was requantised from %s to %s (shared_requantized), and the error that adds is judged against SRC's %s shared expert on the CPU only",
-			s.contract.SharedRequantized.SourceDType, s.contract.SharedRequantized.Quantization, s.contract.SharedRequantized.SourceDType)
-	}
+	// A shared expert DST's contract says was requantised
+	// (shared_requantized) is in the routed experts' format, held to the
+	// kernels and the precision above: the fused bank holds its replicas,
+	// the GPU's unfused path runs SRC's shared expert requantised the same
+	// way (gpurun.RequantisedShared) and the CPU reference runs it both
+	// ways on the layers it checks (checkLayerGPU).
 	return ""
 }
 
