@@ -375,45 +375,63 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 	tm.ReferenceSeconds = refSec
 	tm.Staged = append(append(tm.Staged, dstRec.Staged...), srcRec.Staged...)
 	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}, numerics: s.gpuNumerics(), t: t, h: h, cov: cov, g: g0}
-	if ref != nil && ref.YRequant != nil {
-		rj.requant = judge.RequantStats{WeightErr: ref.RequantWeightErr, Share: ref.SharedShare}
+	rows := rj.gpuRows(gpuPaths{fused: fused, unf: unf, ref: ref, fusedSec: fusedSec, unfSec: unfSec, refSec: refSec})
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("layer %d: nothing to compare on the GPU (give SRC and DST, or a golden)", tg.index)
+	}
+	return rows, nil
+}
+
+// gpuPaths is what one GPU layer's paths computed (nil: the path did not
+// run) and the seconds each took.
+type gpuPaths struct {
+	fused                    *cpuref.FusedResult
+	unf, ref                 *cpuref.RefResult
+	fusedSec, unfSec, refSec float64
+}
+
+// gpuRows makes a GPU layer's report rows from what its paths computed
+// (none: nothing to compare). Where the reference ran a requantised shared
+// expert both ways (RefResult.YRequant), the fused path is judged against
+// the requantised output, as a CPU run judges it (checkLayerWith), and
+// requantRow reports what requantising added.
+func (rj rowJudge) gpuRows(p gpuPaths) []LayerResult {
+	if p.ref != nil && p.ref.YRequant != nil {
+		rj.requant = judge.RequantStats{WeightErr: p.ref.RequantWeightErr, Share: p.ref.SharedShare}
 	}
 	var rows []LayerResult
-	if fused != nil && unf != nil {
+	if p.fused != nil && p.unf != nil {
 		// With a requantised shared expert both GPU paths ran it requantised.
-		rows = append(rows, rj.fusedVs(judge.GPUFusedVsGPUUnfused, judge.GPUCoverage, fusedSec+unfSec, fused, unf.Y, unf.Routing)...)
+		rows = append(rows, rj.fusedVs(judge.GPUFusedVsGPUUnfused, judge.GPUCoverage, p.fusedSec+p.unfSec, p.fused, p.unf.Y, p.unf.Routing)...)
 	}
-	if fused != nil && ref != nil {
-		want := ref.Y
-		if ref.YRequant != nil { // against the same requantised shared expert
-			want = ref.YRequant
+	if p.fused != nil && p.ref != nil {
+		want := p.ref.Y
+		if p.ref.YRequant != nil { // against the same requantised shared expert
+			want = p.ref.YRequant
 		}
-		rows = append(rows, rj.fusedVs(judge.GPUFusedVsReference, judge.GPUCoverageVsReference, fusedSec+refSec, fused, want, ref.Routing)...)
-		if ref.YRequant != nil {
+		rows = append(rows, rj.fusedVs(judge.GPUFusedVsReference, judge.GPUCoverageVsReference, p.fusedSec+p.refSec, p.fused, want, p.ref.Routing)...)
+		if p.ref.YRequant != nil {
 			// What requantising added, against SRC's own shared expert:
 			// measured by the reference, which ran it both ways in the
 			// same float64 arithmetic, so the GPU's bf16 rounding is not
 			// counted in it (gpu-fused-vs-reference holds the GPU to the
 			// requantised reference).
-			rows = append(rows, rj.requantRow(refSec, ref))
+			rows = append(rows, rj.requantRow(p.refSec, p.ref))
 		}
 	}
-	if g0 != nil {
+	if rj.g != nil {
 		switch {
-		case fused != nil:
-			rows = append(rows, rj.fusedVsGolden(judge.GPUFusedVsGolden, fusedSec, fused))
-		case unf != nil:
-			rows = append(rows, rj.srcVsGolden(judge.GPUUnfusedVsGolden, unfSec, unf.Y, unf.Routing))
+		case p.fused != nil:
+			rows = append(rows, rj.fusedVsGolden(judge.GPUFusedVsGolden, p.fusedSec, p.fused))
+		case p.unf != nil:
+			rows = append(rows, rj.srcVsGolden(judge.GPUUnfusedVsGolden, p.unfSec, p.unf.Y, p.unf.Routing))
 		}
-		if ref != nil {
+		if p.ref != nil {
 			// In w8a8 the reference ran in the GPU's numerics, and its rule says so.
-			rows = append(rows, rj.srcVsGolden(judge.ReferenceVsGolden, refSec, ref.Y, ref.Routing))
+			rows = append(rows, rj.srcVsGolden(judge.ReferenceVsGolden, p.refSec, p.ref.Y, p.ref.Routing))
 		}
 	}
-	if len(rows) == 0 {
-		return nil, fmt.Errorf("layer %d: nothing to compare on the GPU (give SRC and DST, or a golden)", tg.index)
-	}
-	return rows, nil
+	return rows
 }
 
 // requantRow is a GPU layer's requantized-vs-reference row: the error a

@@ -11,6 +11,7 @@ import (
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/byteproof"
+	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -432,7 +433,8 @@ func checkGPURequantRows(t *testing.T, o convert.Options, quant string, cpu, gpu
 		}
 	}
 	notes := strings.Join(gpu.Notes, "\n")
-	if !strings.Contains(notes, "requantised to "+quant) || !strings.Contains(notes, "moves the layer output by rel_l2") {
+	if !strings.Contains(notes, "requantised to "+quant) || !strings.Contains(notes, "moves the layer output by rel_l2") ||
+		!strings.Contains(notes, judge.GPUFusedVsGPUUnfused+" and "+judge.GPUFusedVsReference+" compare against the same requantisation") {
 		t.Errorf("%+v: no note on the requantisation: %q", o, gpu.Notes)
 	}
 }
@@ -515,4 +517,58 @@ func TestGPURequantSharedMutationsFail(t *testing.T) {
 		mutationsFail(t, requantSpecs(), requantMutations(), DeviceCUDA, []string{BytesAuto})
 		mutationsRun(t, requantSpecs(), requantMutations(), DeviceCUDA, []string{BytesOff}, func(string) (bool, bool) { return true, false })
 	})
+}
+
+// TestGPURequantRowsOnCPUTwins (CPU): the rows a GPU layer of a
+// requantised DST makes (gpuRows, as checkLayerGPU calls it), fed the CPU
+// twins of its paths: the fused path (cpuref.FusedLayerRun) for the GPU's
+// fused one, the reference run with RequantShared as checkLayerGPU runs it,
+// and its requantised output for the GPU's unfused path (which runs the
+// same requantised shared expert). They pass checkGPURequantRows against
+// the CPU run of the same tokens, as TestGPURequantShared's GPU runs must:
+// the requantized-vs-reference row and its bound are the CPU run's, the
+// paths are judged against the requantised reference, and the note sums
+// the rows up as a CPU run's does.
+func TestGPURequantRowsOnCPUTwins(t *testing.T) {
+	ctx := context.Background()
+	for _, rc := range requantCases() {
+		t.Run(rc.fixture, func(t *testing.T) {
+			src := synthFrom(t, requantSpecs(), rc.fixture)
+			for _, o := range gpuRequantRuns() {
+				dst := convertInto(t, src, o)
+				cpu, err := Run(ctx, Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCPU})
+				if err != nil {
+					t.Fatal(err)
+				}
+				withCUDA(t, nil)
+				s := &session{o: Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCUDA, GPUPrecision: PrecisionBF16, CPUCheck: CPUCheckAll}}
+				targets := openSession(t, s)
+				requant, err := s.requantFormat()
+				if err != nil || requant == nil {
+					t.Fatalf("requantised format %v, %v", requant, err)
+				}
+				rep := &Report{}
+				for _, tg := range targets {
+					x, tn, h, g, tokens, cov, err := s.layerStart(tg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					ref, err := cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, tn, cpuref.RefOptions{Tokens: tokens, Coverage: cov, RequantShared: requant})
+					if err != nil {
+						t.Fatal(err)
+					}
+					fused, err := cpuref.FusedLayerRun(ctx, s.dst, tg.fused, x, tn, cpuref.FusedOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize})
+					if err != nil {
+						t.Fatal(err)
+					}
+					unf := &cpuref.RefResult{Y: ref.YRequant, Routing: ref.Routing}
+					rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: tn}, numerics: s.gpuNumerics(), t: tn, h: h, cov: cov, g: g}
+					rep.Rows = append(rep.Rows, rj.gpuRows(gpuPaths{fused: fused, unf: unf, ref: ref})...)
+					rep.LayersChecked = append(rep.LayersChecked, tg.index)
+				}
+				rep.Notes = append(rep.Notes, s.requantNote(rep.Rows))
+				checkGPURequantRows(t, o, rc.record.Quantization, cpu, rep)
+			}
+		})
+	}
 }
