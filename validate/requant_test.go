@@ -519,7 +519,7 @@ func TestGPURequantSharedMutationsFail(t *testing.T) {
 	})
 }
 
-// TestGPURequantRowsOnCPUTwins (CPU): the rows a GPU layer of a
+// TestRequantGPURowsOnCPUTwins (CPU): the rows a GPU layer of a
 // requantised DST makes (gpuRows, as checkLayerGPU calls it), fed the CPU
 // twins of its paths: the fused path (cpuref.FusedLayerRun) for the GPU's
 // fused one, the reference run with RequantShared as checkLayerGPU runs it,
@@ -529,7 +529,7 @@ func TestGPURequantSharedMutationsFail(t *testing.T) {
 // the requantized-vs-reference row and its bound are the CPU run's, the
 // paths are judged against the requantised reference, and the note sums
 // the rows up as a CPU run's does.
-func TestGPURequantRowsOnCPUTwins(t *testing.T) {
+func TestRequantGPURowsOnCPUTwins(t *testing.T) {
 	ctx := context.Background()
 	for _, rc := range requantCases() {
 		t.Run(rc.fixture, func(t *testing.T) {
@@ -570,5 +570,27 @@ func TestGPURequantRowsOnCPUTwins(t *testing.T) {
 				checkGPURequantRows(t, o, rc.record.Quantization, cpu, rep)
 			}
 		})
+	}
+}
+
+// TestGPURequantSharedNonFiniteSource (GPU): an Inf put into SRC's shared
+// expert after fusing fails its layer on the GPU with a non-finite row
+// naming the tensor (exit 1), as on the CPU (TestRequantSharedNonFiniteSource):
+// the GPU's unfused path scans SRC's shared weights as it requantises them.
+func TestGPURequantSharedNonFiniteSource(t *testing.T) {
+	needGPU(t)
+	src := synthFrom(t, requantSpecs(), "kimi-g32")
+	dst := convertInto(t, src, convert.Options{Layout: layout.Stacked, FuseShared: true, RequantizeShared: true})
+	rewriteTensor(t, src, "model.layers.1.mlp.shared_experts.up_proj.weight", func(raw []byte, _ []int64) {
+		binary.LittleEndian.PutUint16(raw[2*5:], numfmt.F32ToBF16(float32(math.Inf(1))))
+	})
+	for _, check := range []string{CPUCheckAll, CPUCheckNone} {
+		rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA, CPUCheck: check, Bytes: BytesOff})
+		if err != nil {
+			t.Fatalf("--cpu-check %s: %v", check, err)
+		}
+		if !rep.Failed() || len(rep.Rows) == 0 || rep.Rows[0].Check != judge.NonFinite || !strings.Contains(rep.Rows[0].Reason, "shared_experts.up_proj.weight") {
+			t.Fatalf("--cpu-check %s: rows %+v", check, rep.Rows)
+		}
 	}
 }
