@@ -8,6 +8,7 @@ import (
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // LayerTiming is where one layer's time went in a GPU run (gpurun.LayerTiming).
@@ -228,6 +229,15 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 	}
 	withRef = withRef && tg.src != nil && s.src != nil
 	withUnf := tg.src != nil && s.src != nil
+	// A shared expert DST's contract says was requantised runs so
+	// requantised on the GPU's unfused path and, beside it as stored, in
+	// the reference, as in a CPU run (checkLayerWith).
+	var requant weightfmt.Format
+	if tg.fused != nil {
+		if requant, err = s.requantFormat(); err != nil {
+			return nil, err
+		}
+	}
 	var pace *layerPace
 	paced := func(r int) cpuref.Pace { return nil }
 	if lp != nil {
@@ -252,7 +262,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 			t0 := time.Now()
 			// In w8a8 mode the reference runs the same numerics as the GPU.
 			r, err := cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers,
-				W8A8: s.o.GPUPrecision == PrecisionFP8, Pace: paced(readerRef)})
+				W8A8: s.o.GPUPrecision == PrecisionFP8, Pace: paced(readerRef), RequantShared: requant})
 			if pace != nil {
 				pace.finish(readerRef)
 			}
@@ -292,7 +302,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 		runUnfused := func() error {
 			t0 := time.Now()
 			err := gpurun.Recording(g.Stage, &srcRec, func() (err error) {
-				unf, err = g.UnfusedLayer(ctx, s.src, s.srcPlan, tg.src, in, cov, paced(readerUnfused))
+				unf, err = g.UnfusedLayer(ctx, s.src, s.srcPlan, tg.src, in, cov, paced(readerUnfused), requant)
 				return err
 			})
 			if pace != nil {
@@ -365,27 +375,76 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 	tm.ReferenceSeconds = refSec
 	tm.Staged = append(append(tm.Staged, dstRec.Staged...), srcRec.Staged...)
 	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}, numerics: s.gpuNumerics(), t: t, h: h, cov: cov, g: g0}
-	var rows []LayerResult
-	if fused != nil && unf != nil {
-		rows = append(rows, rj.fusedVs(judge.GPUFusedVsGPUUnfused, judge.GPUCoverage, fusedSec+unfSec, fused, unf.Y, unf.Routing)...)
-	}
-	if fused != nil && ref != nil {
-		rows = append(rows, rj.fusedVs(judge.GPUFusedVsReference, judge.GPUCoverageVsReference, fusedSec+refSec, fused, ref.Y, ref.Routing)...)
-	}
-	if g0 != nil {
-		switch {
-		case fused != nil:
-			rows = append(rows, rj.fusedVsGolden(judge.GPUFusedVsGolden, fusedSec, fused))
-		case unf != nil:
-			rows = append(rows, rj.srcVsGolden(judge.GPUUnfusedVsGolden, unfSec, unf.Y, unf.Routing))
-		}
-		if ref != nil {
-			// In w8a8 the reference ran in the GPU's numerics, and its rule says so.
-			rows = append(rows, rj.srcVsGolden(judge.ReferenceVsGolden, refSec, ref.Y, ref.Routing))
-		}
-	}
+	rows := rj.gpuRows(gpuPaths{fused: fused, unf: unf, ref: ref, fusedSec: fusedSec, unfSec: unfSec, refSec: refSec})
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("layer %d: nothing to compare on the GPU (give SRC and DST, or a golden)", tg.index)
 	}
 	return rows, nil
+}
+
+// gpuPaths is what one GPU layer's paths computed (nil: the path did not
+// run) and the seconds each took.
+type gpuPaths struct {
+	fused                    *cpuref.FusedResult
+	unf, ref                 *cpuref.RefResult
+	fusedSec, unfSec, refSec float64
+}
+
+// gpuRows makes a GPU layer's report rows from what its paths computed
+// (none: nothing to compare). Where the reference ran a requantised shared
+// expert both ways (RefResult.YRequant), the fused path is judged against
+// the requantised output, as a CPU run judges it (checkLayerWith), and
+// requantRow reports what requantising added.
+func (rj rowJudge) gpuRows(p gpuPaths) []LayerResult {
+	if p.ref != nil && p.ref.YRequant != nil {
+		rj.requant = judge.RequantStats{WeightErr: p.ref.RequantWeightErr, Share: p.ref.SharedShare}
+	}
+	var rows []LayerResult
+	if p.fused != nil && p.unf != nil {
+		// With a requantised shared expert both GPU paths ran it requantised.
+		rows = append(rows, rj.fusedVs(judge.GPUFusedVsGPUUnfused, judge.GPUCoverage, p.fusedSec+p.unfSec, p.fused, p.unf.Y, p.unf.Routing)...)
+	}
+	if p.fused != nil && p.ref != nil {
+		want := p.ref.Y
+		if p.ref.YRequant != nil { // against the same requantised shared expert
+			want = p.ref.YRequant
+		}
+		rows = append(rows, rj.fusedVs(judge.GPUFusedVsReference, judge.GPUCoverageVsReference, p.fusedSec+p.refSec, p.fused, want, p.ref.Routing)...)
+		if p.ref.YRequant != nil {
+			// What requantising added, against SRC's own shared expert:
+			// measured by the reference, which ran it both ways in the
+			// same float64 arithmetic, so the GPU's bf16 rounding is not
+			// counted in it (gpu-fused-vs-reference holds the GPU to the
+			// requantised reference).
+			rows = append(rows, rj.requantRow(p.refSec, p.ref))
+		}
+	}
+	if rj.g != nil {
+		switch {
+		case p.fused != nil:
+			rows = append(rows, rj.fusedVsGolden(judge.GPUFusedVsGolden, p.fusedSec, p.fused))
+		case p.unf != nil:
+			rows = append(rows, rj.srcVsGolden(judge.GPUUnfusedVsGolden, p.unfSec, p.unf.Y, p.unf.Routing))
+		}
+		if p.ref != nil {
+			// In w8a8 the reference ran in the GPU's numerics, and its rule says so.
+			rows = append(rows, rj.srcVsGolden(judge.ReferenceVsGolden, p.refSec, p.ref.Y, p.ref.Routing))
+		}
+	}
+	return rows
+}
+
+// requantRow is a GPU layer's requantized-vs-reference row: the error a
+// requantised shared expert adds, as the CPU reference measured it (ref's
+// YRequant, the shared expert requantised as DST's contract says, against
+// its Y, the shared expert as SRC stores it) over the routed tokens, at the
+// bound the same measurement derives (rj.requant). Both outputs share one
+// routing, so there are no ids to compare (top-k NaN).
+func (rj rowJudge) requantRow(sec float64, ref *cpuref.RefResult) LayerResult {
+	h, t := rj.h, rj.t
+	r := rj.base
+	r.Check, r.Seconds = judge.RequantVsReference, sec
+	r.Experts, r.ExpertsUsed = rj.s.srcPlan.NumExperts, distinct(ref.Routing.IDs)
+	judgeRow(&r, judge.Compare(tokenRows(ref.YRequant, h, 0, t), tokenRows(ref.Y, h, 0, t)), rj.tolerance(judge.RequantVsReference), nil, nil, nil, nil, ref.Routing)
+	return r
 }

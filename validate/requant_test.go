@@ -11,6 +11,7 @@ import (
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/byteproof"
+	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -127,6 +128,11 @@ func checkRequantRows(t *testing.T, o convert.Options, quant string, rep *Report
 // check against the same requantisation), the whole run, and the byte
 // proof alone.
 func TestRequantSharedMutationsFail(t *testing.T) {
+	mutationsFail(t, requantSpecs(), requantMutations(), DeviceCPU, []string{BytesOff, BytesAuto, BytesOnly})
+}
+
+// requantMutations are TestRequantSharedMutationsFail's.
+func requantMutations() []dstMutation {
 	const prefix = "model.layers.1.mlp"
 	g32, g16 := weightfmt.Int4Pack(32, "BF16"), weightfmt.Int4Pack(16, "BF16")
 	stacked := convert.Options{Layout: layout.Stacked, TP: 2, FuseShared: true, RequantizeShared: true}
@@ -172,7 +178,7 @@ func TestRequantSharedMutationsFail(t *testing.T) {
 			})
 		}},
 	}
-	mutationsFail(t, requantSpecs(), cases, DeviceCPU, []string{BytesOff, BytesAuto, BytesOnly})
+	return cases
 }
 
 // TestRequantSharedByteProof: the byte proof names the requantised tensor,
@@ -236,12 +242,34 @@ func TestRequantSharedRefusals(t *testing.T) {
 	}
 }
 
-// TestRequantSharedGPURefusal: the GPU does not judge a requantised shared
-// expert: --device cuda refuses it, auto runs on the CPU with a note.
-func TestRequantSharedGPURefusal(t *testing.T) {
-	src := synthFrom(t, requantSpecs(), "deepseek-v3-channel")
-	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp, FuseShared: true, RequantizeShared: true})
-	cudaRefused(t, src, dst, "", "requantised from BF16 to fp8_channel", "requantised from BF16 to fp8_channel")
+// TestRequantSharedGPUPrecisionRefused: a requantised shared expert is in
+// the routed experts' format, and every format fuse-shared requantises
+// into is decoded to bf16 on the GPU, so --device cuda with --precision
+// f32 or fp8 refuses it, naming why, before any layer runs, and --device
+// auto then runs on the CPU with a note; --precision bf16 is not refused
+// (TestGPURequantShared runs it).
+func TestRequantSharedGPUPrecisionRefused(t *testing.T) {
+	for _, c := range []struct{ fixture, what string }{
+		{"deepseek-v3-channel", "FP8 per-channel expert weights (quantization fp8_channel, BF16 scales)"},
+		{"kimi-g32", "INT4 expert weights (quantization int4_pack, BF16 scales)"},
+	} {
+		t.Run(c.fixture, func(t *testing.T) {
+			src := synthFrom(t, requantSpecs(), c.fixture)
+			dst := convertInto(t, src, convert.Options{Layout: layout.GateUp, FuseShared: true, RequantizeShared: true})
+			s := &session{o: Options{Src: src, Dst: dst, GPUPrecision: PrecisionBF16}}
+			defer s.close()
+			if err := s.open(); err != nil {
+				t.Fatal(err)
+			}
+			if why := s.gpuRefusal(); why != "" {
+				t.Fatalf("--precision bf16 refused: %s", why)
+			}
+			for _, prec := range []string{PrecisionF32, PrecisionFP8} {
+				cudaRefused(t, src, dst, prec, c.what+" are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+prec+")",
+					"decoded to bf16 on the GPU")
+			}
+		})
+	}
 }
 
 // TestGPUPlainSharedBesideQuantised: a BF16 shared expert beside FP8
@@ -278,5 +306,291 @@ func TestRequantSharedNonFiniteSource(t *testing.T) {
 	}
 	if !rep.Failed() || len(rep.Rows) == 0 || rep.Rows[0].Check != judge.NonFinite || !strings.Contains(rep.Rows[0].Reason, "shared_experts.up_proj.weight") {
 		t.Fatalf("rows %+v", rep.Rows)
+	}
+}
+
+// gpuRequantRuns are requantRuns plus a gate-up DST prepared for --tp 8
+// (eight replicas of each shared slice).
+func gpuRequantRuns() []convert.Options {
+	return append(requantRuns(), convert.Options{Layout: layout.GateUp, TP: 8, FuseShared: true, RequantizeShared: true})
+}
+
+// TestGPURequantShared (GPU): validate --device cuda on every requantised
+// conversion (Kimi-style INT4 groups of 32, INT4 groups of 16 with two
+// shared experts, FP8 per channel and per tensor; stacked, gate-up and
+// up-gate, tp 1, 2, 4 and 8, rsf folded and not) passes with the rows of
+// a CPU run: on every layer gpu-fused-vs-gpu-unfused and gpu-coverage (the
+// unfused path runs SRC's shared expert requantised as DST holds it), and,
+// the CPU reference running on every layer, gpu-fused-vs-reference and
+// gpu-coverage-vs-reference against the reference with the same
+// requantisation, and requantized-vs-reference, the error requantising
+// adds, as the reference measured it: the CPU run's, at the CPU run's
+// tolerance, with the same note. The GPU paths are judged at gpu-bf16;
+// they must be within half the requantisation error of each other, and
+// the fused path within 0.8 of it from the requantised reference: a path
+// that ran SRC's BF16 shared expert instead, or a reference without the
+// requantisation, would differ by at least the requantisation error
+// (0.01..0.06 here). --cpu-check none runs the GPU paths alone and says that no layer
+// measured the error.
+func TestGPURequantShared(t *testing.T) {
+	needGPU(t)
+	for _, rc := range requantCases() {
+		t.Run(rc.fixture, func(t *testing.T) {
+			src := synthFrom(t, requantSpecs(), rc.fixture)
+			for _, o := range gpuRequantRuns() {
+				dst := convertInto(t, src, o)
+				cpu, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCPU})
+				if err != nil {
+					t.Fatal(err)
+				}
+				mustPass(t, cpu, "the CPU run")
+				gpu, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCUDA, CPUCheck: CPUCheckAll})
+				if err != nil {
+					t.Fatalf("%+v: %v", o, err)
+				}
+				mustPass(t, gpu, "validate --device cuda on a requantised shared expert")
+				if gpu.Device != DeviceCUDA {
+					t.Fatalf("%+v: ran on %s", o, gpu.Device)
+				}
+				checkGPURequantRows(t, o, rc.record.Quantization, cpu, gpu)
+			}
+			dst := convertInto(t, src, requantRuns()[0])
+			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCUDA, CPUCheck: CPUCheckNone})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustPass(t, rep, "--cpu-check none")
+			for _, r := range rep.Rows {
+				if r.Check != judge.GPUFusedVsGPUUnfused && r.Check != judge.GPUCoverage {
+					t.Errorf("--cpu-check none: layer %d row %s", r.Layer, r.Check)
+				}
+			}
+			if notes := strings.Join(rep.Notes, "\n"); !strings.Contains(notes, "requantised to "+rc.record.Quantization) || !strings.Contains(notes, "no layer measured the error it adds") {
+				t.Errorf("--cpu-check none: notes %q", rep.Notes)
+			}
+		})
+	}
+}
+
+// checkGPURequantRows holds a GPU run's rows (gpu) of a requantised DST to
+// the CPU run's (cpu) on the same tokens, as TestGPURequantShared says.
+func checkGPURequantRows(t *testing.T, o convert.Options, quant string, cpu, gpu *Report) {
+	t.Helper()
+	type key struct {
+		layer int
+		check string
+	}
+	rows := map[key]LayerResult{}
+	for _, r := range gpu.Rows {
+		rows[key{r.Layer, r.Check}] = r
+		t.Logf("%+v: layer %d %-26s rel_l2 %.3g (%s %.3g)", o, r.Layer, r.Check, r.RelL2, r.Tolerance.Name, r.Tolerance.MaxRelL2)
+	}
+	cpuRequant, cpuExact := map[int]LayerResult{}, map[int]float64{}
+	for _, r := range cpu.Rows {
+		switch r.Check {
+		case judge.RequantVsReference:
+			cpuRequant[r.Layer] = r
+		case judge.FusedVsReference:
+			cpuExact[r.Layer] = r.RelL2
+		}
+	}
+	if len(gpu.LayersChecked) == 0 || len(cpuRequant) != len(gpu.LayersChecked) {
+		t.Fatalf("%+v: GPU checked layers %v, CPU requantized-vs-reference rows %d", o, gpu.LayersChecked, len(cpuRequant))
+	}
+	for _, l := range gpu.LayersChecked {
+		want := cpuRequant[l]
+		rq, ok := rows[key{l, judge.RequantVsReference}]
+		switch {
+		case !ok:
+			t.Errorf("%+v: layer %d has no %s row", o, l, judge.RequantVsReference)
+			continue
+		case rq.Tolerance != want.Tolerance:
+			t.Errorf("%+v: layer %d %s tolerance %+v, the CPU run's %+v", o, l, rq.Check, rq.Tolerance, want.Tolerance)
+		case !(rq.RelL2 > 1e-3) || math.Abs(rq.RelL2-want.RelL2) > 1.1*cpuExact[l]+1e-6 || math.Abs(rq.Cosine-want.Cosine) > cpuExact[l]+1e-6:
+			// The CPU row is DST's fused path against the reference; the
+			// GPU run's is the requantised reference itself, from which
+			// the CPU's fused path is fused-vs-reference away (1e-5, or
+			// a rounded rsf fold's 1e-3).
+			t.Errorf("%+v: layer %d %s rel_l2 %g cos %g, the CPU run's %g %g", o, l, rq.Check, rq.RelL2, rq.Cosine, want.RelL2, want.Cosine)
+		}
+		for _, c := range []string{judge.GPUFusedVsGPUUnfused, judge.GPUCoverage, judge.GPUFusedVsReference, judge.GPUCoverageVsReference} {
+			r, ok := rows[key{l, c}]
+			switch {
+			case !ok:
+				t.Errorf("%+v: layer %d has no %s row", o, l, c)
+			case r.Tolerance != judge.TolGPUBF16:
+				t.Errorf("%+v: layer %d %s judged at %s, want %s", o, l, c, r.Tolerance.Name, judge.TolGPUBF16.Name)
+			case c == judge.GPUFusedVsGPUUnfused && !(r.RelL2 <= rq.RelL2/2):
+				// Both paths run the same bf16 weights: activations'
+				// rounding alone (and a rounded rsf fold).
+				t.Errorf("%+v: layer %d %s rel_l2 %g, not within half the requantisation error %g: the paths ran different shared experts", o, l, c, r.RelL2, rq.RelL2)
+			case c == judge.GPUFusedVsReference && !(r.RelL2 <= 0.8*rq.RelL2):
+				// bf16 weights against the reference's exact ones too;
+				// against the unrequantised reference it would be at
+				// least the requantisation error.
+				t.Errorf("%+v: layer %d %s rel_l2 %g, not below the requantisation error %g: judged against another shared expert", o, l, c, r.RelL2, rq.RelL2)
+			}
+		}
+	}
+	notes := strings.Join(gpu.Notes, "\n")
+	if !strings.Contains(notes, "requantised to "+quant) || !strings.Contains(notes, "moves the layer output by rel_l2") ||
+		!strings.Contains(notes, judge.GPUFusedVsGPUUnfused+" and "+judge.GPUFusedVsReference+" compare against the same requantisation") {
+		t.Errorf("%+v: no note on the requantisation: %q", o, gpu.Notes)
+	}
+}
+
+// gpuRequantMutations each change one byte of a requantised shared scale
+// in DST, by enough to move a layer's output far beyond gpu-bf16's 2e-2
+// (TestRequantSharedGPUMutationMargin measures it on the CPU): the GPU's
+// layer checks alone must fail them. One requantised code or a sign of
+// one scale group moves it by less (0.002..0.05 on the CPU), which only
+// the CPU's exact checks and the byte proof are sure to see
+// (requantMutations).
+func gpuRequantMutations() []dstMutation {
+	const prefix = "model.layers.1.mlp"
+	stacked := convert.Options{Layout: layout.Stacked, TP: 2, FuseShared: true, RequantizeShared: true}
+	gateUp := convert.Options{Layout: layout.GateUp, TP: 1, FuseShared: true, RequantizeShared: true}
+	// hiByte flips bits of the high byte of the first BF16 scale of
+	// bank expert e's slice of stack name of layout l.
+	hiByte := func(l layout.Layout, name func(layout.ExpertTensors) string, f weightfmt.Format, e, at int, bits byte) func(t *testing.T, dst string) {
+		return func(t *testing.T, dst string) {
+			rewriteTensor(t, dst, name(layout.NamesFor(l, prefix, f)), func(raw []byte, shape []int64) {
+				slice(raw, shape, e)[at] ^= bits
+			})
+		}
+	}
+	down := func(n layout.ExpertTensors) string { return n.DownScale }
+	return []dstMutation{
+		{"INT4 g32: a shared down scale's exponent bit flipped", "kimi-g32", stacked,
+			hiByte(layout.Stacked, down, weightfmt.Int4Pack(32, "BF16"), 12, 1, 0x02)},
+		{"INT4 g16: a shared slice's down scale's exponent bit flipped", "deepseek-v3-g16", gateUp,
+			hiByte(layout.GateUp, down, weightfmt.Int4Pack(16, "BF16"), 9, 1, 0x02)},
+		{"FP8 channel: a shared slice's down row scale's exponent bit flipped", "deepseek-v3-channel", stacked,
+			hiByte(layout.Stacked, down, weightfmt.FP8Channel("BF16"), 11, 1, 0x04)},
+		{"FP8 tensor: the shared down scale's sign bit flipped", "kimi-tensor", gateUp,
+			hiByte(layout.GateUp, down, weightfmt.FP8Tensor("F32"), 9, 3, 0x80)},
+	}
+}
+
+// TestRequantSharedGPUMutationMargin (CPU): each of gpuRequantMutations
+// moves its layer's output (fused-vs-reference and the coverage tokens')
+// by at least 5 x gpu-bf16's threshold on the CPU, so that the GPU's layer
+// checks failing them is no accident of the bf16 rounding.
+func TestRequantSharedGPUMutationMargin(t *testing.T) {
+	for _, tc := range gpuRequantMutations() {
+		t.Run(tc.name, func(t *testing.T) {
+			src := synthFrom(t, requantSpecs(), tc.fixture)
+			dst := convertInto(t, src, tc.o)
+			tc.mutate(t, dst)
+			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Device: DeviceCPU, Bytes: BytesOff})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, r := range rep.Rows {
+				if r.Layer != 1 || (r.Check != judge.FusedVsReference && r.Check != judge.Coverage) {
+					continue
+				}
+				n++
+				if !(r.RelL2 >= 5*judge.TolGPUBF16.MaxRelL2) || r.Pass {
+					t.Errorf("layer 1 %s rel_l2 %g, want >= %g", r.Check, r.RelL2, 5*judge.TolGPUBF16.MaxRelL2)
+				}
+			}
+			if n != 2 {
+				t.Fatalf("rows %+v", rep.Rows)
+			}
+		})
+	}
+}
+
+// TestGPURequantSharedMutationsFail (GPU): each one-byte change of a
+// requantised shared scale in gpuRequantMutations fails validate --device
+// cuda on its layer checks alone (--skip-bytes: the GPU paths and the
+// requantised reference disagree with DST) and with the byte proof; the
+// CPU suite's mutations (one requantised code flipped, a replica's code,
+// a scale group's sign, the contract's record removed) fail the GPU run
+// with the byte proof, and its layer checks alone are logged.
+func TestGPURequantSharedMutationsFail(t *testing.T) {
+	needGPU(t)
+	mutationsFail(t, requantSpecs(), gpuRequantMutations(), DeviceCUDA, []string{BytesOff, BytesAuto})
+	t.Run("cpu suite", func(t *testing.T) {
+		mutationsFail(t, requantSpecs(), requantMutations(), DeviceCUDA, []string{BytesAuto})
+		mutationsRun(t, requantSpecs(), requantMutations(), DeviceCUDA, []string{BytesOff}, func(string) (bool, bool) { return true, false })
+	})
+}
+
+// TestRequantGPURowsOnCPUTwins (CPU): the rows a GPU layer of a
+// requantised DST makes (gpuRows, as checkLayerGPU calls it), fed the CPU
+// twins of its paths: the fused path (cpuref.FusedLayerRun) for the GPU's
+// fused one, the reference run with RequantShared as checkLayerGPU runs it,
+// and its requantised output for the GPU's unfused path (which runs the
+// same requantised shared expert). They pass checkGPURequantRows against
+// the CPU run of the same tokens, as TestGPURequantShared's GPU runs must:
+// the requantized-vs-reference row and its bound are the CPU run's, the
+// paths are judged against the requantised reference, and the note sums
+// the rows up as a CPU run's does.
+func TestRequantGPURowsOnCPUTwins(t *testing.T) {
+	ctx := context.Background()
+	for _, rc := range requantCases() {
+		t.Run(rc.fixture, func(t *testing.T) {
+			src := synthFrom(t, requantSpecs(), rc.fixture)
+			for _, o := range gpuRequantRuns() {
+				dst := convertInto(t, src, o)
+				cpu, err := Run(ctx, Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCPU})
+				if err != nil {
+					t.Fatal(err)
+				}
+				withCUDA(t, nil)
+				s := &session{o: Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCUDA, GPUPrecision: PrecisionBF16, CPUCheck: CPUCheckAll}}
+				targets := openSession(t, s)
+				requant, err := s.requantFormat()
+				if err != nil || requant == nil {
+					t.Fatalf("requantised format %v, %v", requant, err)
+				}
+				rep := &Report{}
+				for _, tg := range targets {
+					x, tn, h, g, tokens, cov, err := s.layerStart(tg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					ref, err := cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, tn, cpuref.RefOptions{Tokens: tokens, Coverage: cov, RequantShared: requant})
+					if err != nil {
+						t.Fatal(err)
+					}
+					fused, err := cpuref.FusedLayerRun(ctx, s.dst, tg.fused, x, tn, cpuref.FusedOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize})
+					if err != nil {
+						t.Fatal(err)
+					}
+					unf := &cpuref.RefResult{Y: ref.YRequant, Routing: ref.Routing}
+					rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: tn}, numerics: s.gpuNumerics(), t: tn, h: h, cov: cov, g: g}
+					rep.Rows = append(rep.Rows, rj.gpuRows(gpuPaths{fused: fused, unf: unf, ref: ref})...)
+					rep.LayersChecked = append(rep.LayersChecked, tg.index)
+				}
+				rep.Notes = append(rep.Notes, s.requantNote(rep.Rows))
+				checkGPURequantRows(t, o, rc.record.Quantization, cpu, rep)
+			}
+		})
+	}
+}
+
+// TestGPURequantSharedNonFiniteSource (GPU): an Inf put into SRC's shared
+// expert after fusing fails its layer on the GPU with a non-finite row
+// naming the tensor (exit 1), as on the CPU (TestRequantSharedNonFiniteSource):
+// the GPU's unfused path scans SRC's shared weights as it requantises them.
+func TestGPURequantSharedNonFiniteSource(t *testing.T) {
+	needGPU(t)
+	src := synthFrom(t, requantSpecs(), "kimi-g32")
+	dst := convertInto(t, src, convert.Options{Layout: layout.Stacked, FuseShared: true, RequantizeShared: true})
+	rewriteTensor(t, src, "model.layers.1.mlp.shared_experts.up_proj.weight", func(raw []byte, _ []int64) {
+		binary.LittleEndian.PutUint16(raw[2*5:], numfmt.F32ToBF16(float32(math.Inf(1))))
+	})
+	for _, check := range []string{CPUCheckAll, CPUCheckNone} {
+		rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA, CPUCheck: check, Bytes: BytesOff})
+		if err != nil {
+			t.Fatalf("--cpu-check %s: %v", check, err)
+		}
+		if !rep.Failed() || len(rep.Rows) == 0 || rep.Rows[0].Check != judge.NonFinite || !strings.Contains(rep.Rows[0].Reason, "shared_experts.up_proj.weight") {
+			t.Fatalf("--cpu-check %s: rows %+v", check, rep.Rows)
+		}
 	}
 }

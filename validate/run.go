@@ -887,11 +887,21 @@ func (s *session) requantNote(rows []LayerResult) string {
 	}
 	what := fmt.Sprintf("DST's shared expert is SRC's %s one requantised to %s (%s: scale = amax / %g, codes in [%g, %g], %s)",
 		r.SourceDType, r.Quantization, r.Rule, r.ScaleDivisor, r.CodeRange[0], r.CodeRange[1], r.Rounding)
+	gpu := s.o.Device == DeviceCUDA
 	if n == 0 {
+		if gpu && s.src != nil && s.o.CPUCheck == CPUCheckNone {
+			return what + "; no layer measured the error it adds (no CPU reference ran: --cpu-check none)"
+		}
 		return what + "; no layer measured the error it adds (no SRC reference ran)"
 	}
-	return fmt.Sprintf("%s: against SRC's %s shared expert it moves the layer output by rel_l2 %.3g..%.3g, max_abs up to %.3g, cos down to %.6f over %d layers (%s rows, each within 2 x the shared weights' relative error x the shared expert's share of the output); %s is exact against the same requantisation",
-		what, r.SourceDType, lo, hi, maxAbs, minCos, n, judge.RequantVsReference, judge.FusedVsReference)
+	exact := fmt.Sprintf("%s is exact against the same requantisation", judge.FusedVsReference)
+	if gpu {
+		// The GPU's unfused path and the reference run the shared expert
+		// requantised too, so the GPU's checks compare like with like.
+		exact = fmt.Sprintf("%s and %s compare against the same requantisation, at the GPU's tolerance", judge.GPUFusedVsGPUUnfused, judge.GPUFusedVsReference)
+	}
+	return fmt.Sprintf("%s: against SRC's %s shared expert it moves the layer output by rel_l2 %.3g..%.3g, max_abs up to %.3g, cos down to %.6f over %d layers (%s rows, each within 2 x the shared weights' relative error x the shared expert's share of the output); %s",
+		what, r.SourceDType, lo, hi, maxAbs, minCos, n, judge.RequantVsReference, exact)
 }
 
 // requantFormat is the format DST's contract says its fused shared expert
@@ -1060,10 +1070,12 @@ func (s *session) gpuRefusal() string {
 			return why
 		}
 	}
-	if s.contract != nil && s.contract.SharedRequantized != nil {
-		return fmt.Sprintf("DST's shared expert was requantised from %s to %s (shared_requantized), and the error that adds is judged against SRC's %s shared expert on the CPU only",
-			s.contract.SharedRequantized.SourceDType, s.contract.SharedRequantized.Quantization, s.contract.SharedRequantized.SourceDType)
-	}
+	// A shared expert DST's contract says was requantised
+	// (shared_requantized) is in the routed experts' format, held to the
+	// kernels and the precision above: the fused bank holds its replicas,
+	// the GPU's unfused path runs SRC's shared expert requantised the same
+	// way (gpurun.RequantisedShared) and the CPU reference runs it both
+	// ways on the layers it checks (checkLayerGPU).
 	return ""
 }
 

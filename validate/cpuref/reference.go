@@ -287,6 +287,23 @@ func (o overlay) Tensor(name string) (*checkpoint.Tensor, bool) {
 	return o.TensorSource.Tensor(name)
 }
 
+// RequantisedShared is m, a plain shared expert of src, quantised into
+// format f as fuse-shared --requantize-shared quantises it
+// (checkpoint.RequantisedMLP: weightfmt's rule, from src's bytes): the MLP
+// naming the requantised weights and scales, and a source that serves them
+// beside src's own tensors, each computing its bytes from src's as it is
+// read. The CPU reference and the GPU's unfused path both run the
+// requantised shared expert from it, so they run the same bytes as DST's
+// fused replicas.
+func RequantisedShared(src TensorSource, m family.MLP, f weightfmt.Format) (family.MLP, TensorSource, error) {
+	extra := map[string]*checkpoint.Tensor{}
+	names, err := checkpoint.RequantisedMLP(src, m, f, func(t *checkpoint.Tensor) { extra[t.Name] = t })
+	if err != nil {
+		return family.MLP{}, nil, err
+	}
+	return names, overlay{src, extra}, nil
+}
+
 // addRequantShared adds the layer's plain shared expert quantised into
 // format RefOptions.RequantShared (checkpoint.Requantised, from SRC's
 // bytes) and dequantised exactly to y64, as the shared expert as stored is
@@ -296,13 +313,12 @@ func (o overlay) Tensor(name string) (*checkpoint.Tensor, bool) {
 // they read the files) and to the requantised tensors computed here.
 func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64, error) {
 	src, plan, layer, f := r.src, r.plan, r.layer, r.o.RequantShared
-	extra := map[string]*checkpoint.Tensor{}
-	names, err := checkpoint.RequantisedMLP(src, *layer.Shared, f, func(t *checkpoint.Tensor) { extra[t.Name] = t })
+	names, rsrc, err := RequantisedShared(src, *layer.Shared, f)
 	if err != nil {
 		return 0, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
 	inter := sharedInter(plan)
-	q, err := loadSourceMLP(nil, overlay{src, extra}, names, inter, plan.HiddenSize, f, plan.Act)
+	q, err := loadSourceMLP(nil, rsrc, names, inter, plan.HiddenSize, f, plan.Act)
 	if err != nil {
 		return 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Index, err)
 	}

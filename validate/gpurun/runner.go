@@ -654,8 +654,12 @@ func (f *Frees) AddBank(b *Bank) { f.add(bankFree{b}) }
 //
 // cov's forced tokens (nil: none) follow the routed ones in in and run in
 // the same pass over the experts. pace (nil: none) paces the experts'
-// reads in a streamed run.
-func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan *family.Plan, layer *family.Layer, in *Input, cov *cpuref.Coverage, pace cpuref.Pace) (*cpuref.RefResult, error) {
+// reads in a streamed run. requant (nil: none) is the format DST's
+// contract says fuse-shared requantised the plain shared expert into
+// (shared_requantized): the shared expert then runs so requantised
+// (RequantisedShared), as DST's fused replicas hold it, so that the fused
+// path compares with this one at the GPU's usual tolerance.
+func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan *family.Plan, layer *family.Layer, in *Input, cov *cpuref.Coverage, pace cpuref.Pace, requant weightfmt.Format) (*cpuref.RefResult, error) {
 	var fr Frees
 	defer fr.Release(g)
 	h, inter, e, t := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts, in.t
@@ -726,7 +730,14 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan
 		if err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 		}
-		if err := g.addDense(src, *layer.Shared, layer.SharedGate, swf, plan.Act, in, y); err != nil {
+		ssrc, sm := src, *layer.Shared
+		if requant != nil {
+			if sm, ssrc, err = RequantisedShared(src, sm, requant); err != nil {
+				return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+			}
+			swf = requant
+		}
+		if err := g.addDense(ssrc, sm, layer.SharedGate, swf, plan.Act, in, y); err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 		}
 	}

@@ -7,7 +7,10 @@ const (
 	// RequantVsReference is the error a requantised shared expert adds:
 	// DST's fused path against SRC's reference with the shared expert as
 	// SRC stores it (fused-vs-reference then compares against the
-	// reference whose shared expert is requantised the same way).
+	// reference whose shared expert is requantised the same way); in a GPU
+	// run, the reference's output with the shared expert requantised
+	// against it as stored (gpu-fused-vs-reference and
+	// gpu-fused-vs-gpu-unfused compare requantised with requantised).
 	RequantVsReference     = "requantized-vs-reference"
 	Coverage               = "coverage"
 	FusedVsGolden          = "fused-vs-golden"
@@ -119,12 +122,12 @@ type Check struct {
 var Checks = []Check{
 	{FusedVsReference, "cpu", "DST fused path vs SRC unfused reference (with the shared expert requantised as DST's contract says, where it says so)", PathVsPath, WholeOutput},
 	{Coverage, "cpu", "DST fused path vs SRC unfused reference on the forced tokens that exercise every expert", PathVsPath, PerToken},
-	{RequantVsReference, "cpu", "DST fused path (shared expert requantised) vs SRC unfused reference with the shared expert as SRC stores it: the error requantisation adds", RequantError, WholeOutput},
+	{RequantVsReference, "cpu", "DST fused path (shared expert requantised) vs SRC unfused reference with the shared expert as SRC stores it: the error requantisation adds (in a GPU run, on the layers the CPU reference checks, the reference measures it alone: its output with the shared expert requantised vs as stored)", RequantError, WholeOutput},
 	{FusedVsGolden, "cpu", "DST fused path vs HF golden y", PathVsGolden, AgainstGolden},
 	{ReferenceVsGolden, "cpu", "SRC unfused reference vs HF golden y", ReferenceVsGoldenRule, AgainstGolden},
-	{GPUFusedVsGPUUnfused, "gpu", "DST fused on the GPU vs SRC unfused on the GPU", PathVsPath, WholeOutput},
+	{GPUFusedVsGPUUnfused, "gpu", "DST fused on the GPU vs SRC unfused on the GPU (with the shared expert requantised as DST's contract says, where it says so)", PathVsPath, WholeOutput},
 	{GPUCoverage, "gpu", "DST fused on the GPU vs SRC unfused on the GPU on the forced tokens", PathVsPath, PerToken},
-	{GPUFusedVsReference, "gpu", "DST fused on the GPU vs SRC's CPU reference (sampled layers, --cpu-check)", PathVsPath, WholeOutput},
+	{GPUFusedVsReference, "gpu", "DST fused on the GPU vs SRC's CPU reference (sampled layers, --cpu-check; with the shared expert requantised as DST's contract says, where it says so)", PathVsPath, WholeOutput},
 	{GPUCoverageVsReference, "gpu", "DST fused on the GPU vs SRC's CPU reference on the forced tokens", PathVsPath, PerToken},
 	{GPUFusedVsGolden, "gpu", "DST fused on the GPU vs HF golden y", PathVsGolden, AgainstGolden},
 	{GPUUnfusedVsGolden, "gpu", "SRC unfused on the GPU vs HF golden y (no DST)", PathVsGolden, AgainstGolden},
