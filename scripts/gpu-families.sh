@@ -15,16 +15,22 @@
 # along the row must refuse it) and validated on both devices.
 #
 # LOWBIT=1 runs issue 29's formats instead: export_lowbit.py --unseen
-# quantises unseen gpt_oss, glm4_moe and olmoe checkpoints to MXFP4, INT4
-# (Kimi's layout), NVFP4, FP8 per tensor and per channel, with goldens from
-# transformers (MXFP4: its own dequantisation); each is also converted with
-# --dtype bf16 where the binary has the flag.
+# quantises unseen gpt_oss, glm4_moe, olmoe and deepseek_v4 checkpoints
+# (FAMILIES defaults to those four) to MXFP4 (gpt-oss; compressed-tensors),
+# INT4 (Kimi's layout), NVFP4 (ModelOpt; compressed-tensors on the experts
+# and, W4A4, on every Linear), ModelOpt MIXED_PRECISION (NVFP4 experts, FP8
+# per tensor elsewhere), FP8 per tensor and per channel, and DeepSeek-V4's
+# FP4 experts beside FP8 ue8m0 blocks, with goldens from transformers
+# (gpt-oss's MXFP4: its own dequantisation); each is also converted with
+# --dtype bf16 where the binary has the flag. LOWBIT_ONLY=name,... exports
+# only those low-bit checkpoints (names as export_lowbit.py --unseen has them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$(pwd)/.gpu/moeprep
 out=${OUT:-/tmp/gpu-families}
 work=/tmp/families-unseen
 rm -rf "$work" && mkdir -p "$work/out"
+[ -n "${LOWBIT:-}" ] && FAMILIES=${FAMILIES:-gpt_oss,glm4_moe,olmoe,deepseek_v4}
 PYTHONUNBUFFERED=1 timeout 240 python3 fixtures/hf/export_families.py "$work/src" --unseen --seed 500 ${FAMILIES:+--only "$FAMILIES"} --log "$out/unseen-export.log" >/dev/null 2>&1
 echo "export rc=$? ($(tail -1 "$out/unseen-export.log"))"
 if [ -n "${WRAPPERS:-}" ]; then
@@ -36,10 +42,12 @@ refusing=" inkling-text llama4-text qwen3-next ernie4-5-moe-bias qwen4-exp inkli
 fusable=" afmoe ernie4-5-moe exaone-moe glm4-moe glm4-moe-lite hy-v3 granitemoeshared granitemoe-swa cohere2-moe deepseek-v4 dots1 solar-open hunyuan-v1-moe granitemoehybrid axk1 axk2 deepseek-v32 glm-moe-dsa mistral4 kimi-linear laguna aria minimax-m3-vl deepseek-ocr2 glm5-next glm4v-moe kimi-k25 "
 if [ -n "${LOWBIT:-}" ]; then
 	mv "$work/src" "$work/bf16"
-	PYTHONUNBUFFERED=1 timeout 240 python3 fixtures/hf/export_lowbit.py "$work/bf16" "$work/src" --unseen --seed 900 --log "$out/unseen-lowbit-export.log" >/dev/null 2>&1
+	PYTHONUNBUFFERED=1 timeout 480 python3 fixtures/hf/export_lowbit.py "$work/bf16" "$work/src" --unseen --seed 900 ${LOWBIT_ONLY:+--only "$LOWBIT_ONLY"} --log "$out/unseen-lowbit-export.log" >/dev/null 2>&1
 	echo "lowbit export rc=$? ($(tail -1 "$out/unseen-lowbit-export.log"))"
-	refusing=" glm4-moe-int4 " # INT4 routed, BF16 shared: fusing would requantise
-	fusable=" glm4-moe-nvfp4 glm4-moe-fp8-tensor "
+	# routed and shared stored unlike (INT4 beside BF16, FP4 beside FP8):
+	# fusing would requantise the shared expert
+	refusing=" glm4-moe-int4 deepseek-v4-fp4 "
+	fusable=" glm4-moe-nvfp4 glm4-moe-fp8-tensor glm4-moe-nvfp4-ct glm4-moe-mxfp4-ct glm4-moe-nvfp4-mixed "
 fi
 dtype=""
 "$bin" convert --help 2>/dev/null | grep -q -- "--dtype" && dtype=bf16
