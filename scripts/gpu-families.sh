@@ -38,6 +38,7 @@ if [ -n "${WRAPPERS:-}" ]; then
 	PYTHONUNBUFFERED=1 timeout 240 python3 fixtures/hf/export_wrappers.py "$work/src" --unseen --seed 700 $only --log "$out/unseen-wrappers-export.log" >/dev/null 2>&1
 	echo "wrappers export rc=$? ($(tail -1 "$out/unseen-wrappers-export.log"))"
 fi
+requantizable=""
 refusing=" inkling-text llama4-text qwen3-next ernie4-5-moe-bias qwen4-exp inkling-mm-model "
 fusable=" afmoe ernie4-5-moe exaone-moe glm4-moe glm4-moe-lite hy-v3 granitemoeshared granitemoe-swa cohere2-moe deepseek-v4 dots1 solar-open hunyuan-v1-moe granitemoehybrid axk1 axk2 deepseek-v32 glm-moe-dsa mistral4 kimi-linear laguna aria minimax-m3-vl deepseek-ocr2 glm5-next glm4v-moe kimi-k25 "
 if [ -n "${LOWBIT:-}" ]; then
@@ -47,6 +48,7 @@ if [ -n "${LOWBIT:-}" ]; then
 	# routed and shared stored unlike (INT4 beside BF16, FP4 beside FP8):
 	# fusing would requantise the shared expert
 	refusing=" glm4-moe-int4 deepseek-v4-fp4 "
+	requantizable=" glm4-moe-int4 "
 	fusable=" glm4-moe-nvfp4 glm4-moe-fp8-tensor glm4-moe-nvfp4-ct glm4-moe-mxfp4-ct glm4-moe-nvfp4-mixed "
 fi
 dtype=""
@@ -83,6 +85,14 @@ for src in "$work"/src/*/; do
 		"$bin" fuse-shared --tp 1 --no-progress "$src" "$work/out/$n-refused" >/dev/null 2>"$work/out/err"
 		rc=$?
 		if [ $rc -eq 2 ] && [ ! -e "$work/out/$n-refused" ]; then line "fuse-shared --tp 1" refused "expected: $(head -c 120 "$work/out/err")"; else line "fuse-shared --tp 1" FAIL "rc $rc: $(head -c 120 "$work/out/err")"; fi
+		# LOWBIT: a BF16 shared expert beside INT4 routed ones fuses when
+		# asked to requantise it (compressed-tensors' rule).
+		if [ -n "${LOWBIT:-}" ] && [[ $requantizable == *" $n "* ]]; then
+			for tp in 1 4 8; do
+				d="$work/out/$n-rq$tp"
+				if "$bin" fuse-shared --requantize-shared --tp "$tp" --no-progress "$src" "$d" >/dev/null 2>"$work/out/err"; then dsts+=("$d:fuse-shared --requantize-shared --tp $tp"); else line "fuse-shared --requantize-shared --tp $tp" FAIL "$(head -c 150 "$work/out/err")"; fi
+			done
+		fi
 	fi
 	if [[ $fusable == *" ${n%-fp8} "* ]]; then
 		for tp in 1 4 8; do
@@ -95,6 +105,43 @@ for src in "$work"/src/*/; do
 				line "fuse-shared --tp $tp" FAIL "$(head -c 150 "$work/out/err")"
 			fi
 		done
+	fi
+	# One nibble of one routed expert's weight flipped in a copy of the
+	# first output: validate must fail (exit 1) on both devices.
+	if [ ${#dsts[@]} -gt 0 ]; then
+		first=${dsts[0]%%:*}
+		mut="$work/out/$n-mutated"
+		rm -rf "$mut" && cp -r "$first" "$mut"
+		if what=$(python3 - "$mut" <<'PY'
+import json, os, struct, sys
+d = sys.argv[1]
+for f in sorted(os.listdir(d)):
+    if not f.endswith(".safetensors"):
+        continue
+    p = os.path.join(d, f)
+    with open(p, "r+b") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        hdr = json.loads(fh.read(n))
+        for name, t in sorted(hdr.items()):
+            if name == "__metadata__" or "experts" not in name or "scale" in name or "bias" in name:
+                continue
+            b, e = t["data_offsets"]
+            if e - b < 64 or t["dtype"] not in ("BF16", "F8_E4M3", "U8", "I32", "I8", "F32", "F16"):
+                continue
+            at = 8 + n + b + (e - b) // 3
+            fh.seek(at); v = fh.read(1)[0]
+            fh.seek(at); fh.write(bytes([v ^ 0x0F]))
+            print(f"{name} byte {(e - b) // 3}")
+            sys.exit(0)
+sys.exit(1)
+PY
+); then
+			for dev in cpu cuda; do
+				timeout 120 "$bin" validate --device "$dev" --no-progress -o "$mut-$dev.json" "$src" "$mut" --golden "$src" >/dev/null 2>"$work/out/err"
+				rc=$?
+				if [ $rc -eq 1 ]; then line "mutated ($dev)" caught "$what"; else line "mutated ($dev)" FAIL "rc $rc, want 1: $what"; fi
+			done
+		fi
 	fi
 	for entry in "${dsts[@]}"; do
 		d=${entry%%:*}; what=${entry#*:}
@@ -111,4 +158,4 @@ for src in "$work"/src/*/; do
 		done
 	done
 done
-echo "== $(grep -c ' pass ' "$out/table.txt") pass, $(grep -c ' FAIL' "$out/table.txt") fail, $(grep -c ' refused ' "$out/table.txt") refused as expected"
+echo "== $(grep -c ' pass ' "$out/table.txt") pass, $(grep -c ' FAIL' "$out/table.txt") fail, $(grep -c ' refused ' "$out/table.txt") refused as expected, $(grep -c ' caught ' "$out/table.txt") mutations caught"
