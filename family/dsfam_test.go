@@ -35,6 +35,13 @@ func synthPlan(t *testing.T, preset string, edit func(map[string]any)) (*family.
 			t.Fatalf("synth %s: %v", preset, err)
 		}
 	})
+	return planEditedDir(t, dir, edit)
+}
+
+// planEditedDir plans the checkpoint in dir with its config.json edited
+// (edit nil: as written).
+func planEditedDir(t *testing.T, dir string, edit func(map[string]any)) (*family.Plan, error) {
+	t.Helper()
 	ck, err := checkpoint.Open(dir)
 	if err != nil {
 		t.Fatal(err)

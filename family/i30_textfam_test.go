@@ -7,10 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/fixtures"
-	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/moe"
 )
 
@@ -31,16 +29,7 @@ func synthPlanSpec(t *testing.T, preset string, mod func(*fixtures.SynthSpec), e
 	if err := fixtures.Synth(context.Background(), dir, spec, nil); err != nil {
 		t.Fatal(err)
 	}
-	ck, err := checkpoint.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
-	cfg := testkit.ReadJSON(t, filepath.Join(dir, "config.json"))
-	if edit != nil {
-		edit(cfg)
-	}
-	return family.Detect(cfg, ck)
+	return planEditedDir(t, dir, edit)
 }
 
 // The families issue 30 adds last plan their synth checkpoints with the

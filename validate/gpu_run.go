@@ -39,6 +39,18 @@ func refSampled(targets []target, mode string) map[int]bool {
 	return out
 }
 
+// openGPU opens the GPU runner of a run of targets, names the device in
+// rep, and says which layers the CPU reference samples.
+func (s *session) openGPU(targets []target, rep *Report) (*gpurun.Runner, map[int]bool, error) {
+	g, err := gpurun.Open(s.o.GPUPrecision)
+	if err != nil {
+		return nil, nil, err
+	}
+	rep.DeviceName = g.Device().String()
+	rep.GPUPrecision = s.o.GPUPrecision
+	return g, refSampled(targets, s.o.CPUCheck), nil
+}
+
 // bankLoad is one layer's fused bank streaming to the device, with the
 // I/O it took.
 type bankLoad struct {
@@ -53,14 +65,11 @@ type bankLoad struct {
 // rep.Timings; with Options.IOBaseline the same bytes are then read and
 // uploaded again without compute, for the ratio.
 func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) error {
-	g, err := gpurun.Open(s.o.GPUPrecision)
+	g, sampled, err := s.openGPU(targets, rep)
 	if err != nil {
 		return err
 	}
 	defer g.Close()
-	rep.DeviceName = g.Device().String()
-	rep.GPUPrecision = s.o.GPUPrecision
-	sampled := refSampled(targets, s.o.CPUCheck)
 	start := func(tg target) chan bankLoad {
 		ch := make(chan bankLoad, 1)
 		if tg.fused == nil || s.dst == nil {
@@ -163,14 +172,11 @@ func (s *session) gpuStreams(targets []target) bool {
 // expert's step as the pass brings it in; the fused path runs once its
 // bank is complete. At most one bank is on the device.
 func (s *session) runGPUStreamed(ctx context.Context, targets []target, rep *Report, withBytes bool) error {
-	g, err := gpurun.Open(s.o.GPUPrecision)
+	g, sampled, err := s.openGPU(targets, rep)
 	if err != nil {
 		return err
 	}
 	defer g.Close()
-	rep.DeviceName = g.Device().String()
-	rep.GPUPrecision = s.o.GPUPrecision
-	sampled := refSampled(targets, s.o.CPUCheck)
 	layerStart := time.Now()
 	err = s.streamPass(ctx, targets, rep, withBytes, " on "+rep.DeviceName, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
 		tm := LayerTiming{Layer: tg.index}
