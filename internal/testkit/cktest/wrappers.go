@@ -78,23 +78,7 @@ func WriteHand(t testing.TB, h handwrap.Hand, seed uint64) string {
 func InklingMM(t testing.TB, fixture string) string {
 	t.Helper()
 	ck := Open(t, fixture)
-	var text map[string]any
-	b, err := os.ReadFile(filepath.Join(fixture, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &text); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "src")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg, _ := json.Marshal(map[string]any{"model_type": "inkling_mm_model", "text_config": text,
-		"audio_config": map[string]any{"hidden_size": 8}, "vision_config": map[string]any{"hidden_size": 8}})
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := inklingMMDir(t, fixture, "src")
 	var entries []safetensors.Entry
 	for _, n := range ck.Names() {
 		tt, _ := ck.Tensor(n)
@@ -119,6 +103,30 @@ func InklingMM(t testing.TB, fixture string) string {
 	return dir
 }
 
+// inklingMMDir makes dir name under a temporary directory with the
+// inkling_mm_model wrapper's config.json around text's config.json.
+func inklingMMDir(t testing.TB, text, name string) string {
+	t.Helper()
+	var cfgText map[string]any
+	b, err := os.ReadFile(filepath.Join(text, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &cfgText); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := json.Marshal(map[string]any{"model_type": "inkling_mm_model", "text_config": cfgText,
+		"audio_config": map[string]any{"hidden_size": 8}, "vision_config": map[string]any{"hidden_size": 8}})
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // InklingHub writes an inkling_text checkpoint in transformers' layout
 // (model.layers.L, experts.gate_up_proj gate rows then up rows, shared
 // gate_proj/up_proj/down_proj stacks: fixtures/hf/inkling-text, or one
@@ -133,23 +141,7 @@ func InklingMM(t testing.TB, fixture string) string {
 func InklingHub(t testing.TB, src string) string {
 	t.Helper()
 	ck := Open(t, src)
-	var text map[string]any
-	b, err := os.ReadFile(filepath.Join(src, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &text); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "hub")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg, _ := json.Marshal(map[string]any{"model_type": "inkling_mm_model", "text_config": text,
-		"audio_config": map[string]any{"hidden_size": 8}, "vision_config": map[string]any{"hidden_size": 8}})
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := inklingMMDir(t, src, "hub")
 	read := func(n string) []byte {
 		tt, ok := ck.Tensor(n)
 		if !ok {
