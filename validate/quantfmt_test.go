@@ -237,23 +237,31 @@ func decodedOnGPU() []struct {
 // with --precision f32 or fp8 refuses, naming the format and why, before
 // any layer runs; --device auto then runs on the CPU with a note, with or
 // without a GPU.
+// bf16OnlyOnGPU: the GPU takes src/dst, whose expert weights (what) it
+// decodes to bf16, in the bf16 precision and refuses f32 and fp8 in one
+// line (--device auto runs those on the CPU, saying why).
+func bf16OnlyOnGPU(t *testing.T, src, dst, what string) {
+	t.Helper()
+	s := &session{o: Options{Src: src, Dst: dst, GPUPrecision: PrecisionBF16}}
+	defer s.close()
+	if err := s.open(); err != nil {
+		t.Fatal(err)
+	}
+	if why := s.gpuRefusal(); why != "" {
+		t.Fatalf("--precision bf16 refused: %s", why)
+	}
+	for _, prec := range []string{PrecisionF32, PrecisionFP8} {
+		cudaRefused(t, src, dst, prec, what+" are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+prec+")",
+			"decoded to bf16 on the GPU")
+	}
+}
+
 func TestDecodedOnGPURefusal(t *testing.T) {
 	for _, c := range decodedOnGPU() {
 		t.Run(c.fixture, func(t *testing.T) {
 			src := synthFrom(t, c.specs, c.fixture)
 			dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
-			s := &session{o: Options{Src: src, Dst: dst, GPUPrecision: PrecisionBF16}}
-			defer s.close()
-			if err := s.open(); err != nil {
-				t.Fatal(err)
-			}
-			if why := s.gpuRefusal(); why != "" {
-				t.Fatalf("--precision bf16 refused: %s", why)
-			}
-			for _, prec := range []string{PrecisionF32, PrecisionFP8} {
-				cudaRefused(t, src, dst, prec, c.what+" are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+prec+")",
-					"decoded to bf16 on the GPU")
-			}
+			bf16OnlyOnGPU(t, src, dst, c.what)
 		})
 	}
 }

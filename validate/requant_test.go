@@ -256,18 +256,7 @@ func TestRequantSharedGPUPrecisionRefused(t *testing.T) {
 		t.Run(c.fixture, func(t *testing.T) {
 			src := synthFrom(t, requantSpecs(), c.fixture)
 			dst := convertInto(t, src, convert.Options{Layout: layout.GateUp, FuseShared: true, RequantizeShared: true})
-			s := &session{o: Options{Src: src, Dst: dst, GPUPrecision: PrecisionBF16}}
-			defer s.close()
-			if err := s.open(); err != nil {
-				t.Fatal(err)
-			}
-			if why := s.gpuRefusal(); why != "" {
-				t.Fatalf("--precision bf16 refused: %s", why)
-			}
-			for _, prec := range []string{PrecisionF32, PrecisionFP8} {
-				cudaRefused(t, src, dst, prec, c.what+" are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+prec+")",
-					"decoded to bf16 on the GPU")
-			}
+			bf16OnlyOnGPU(t, src, dst, c.what)
 		})
 	}
 }
