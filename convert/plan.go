@@ -255,6 +255,10 @@ func (p *planner) checkFusable() error {
 		if l.Shared == nil {
 			return fmt.Errorf("%s: layer %d has no shared expert to fuse", p.ck.Dir, l.Index)
 		}
+		if sa, ra := fp.SharedActOf(l), fp.RoutedAct(l); sa != ra {
+			return fmt.Errorf("%s: layer %d: %s (model_type %s) runs its shared MLP with another activation (%s) than its routed experts (%s), and a fused bank applies one activation to every slot; use moeprep convert instead",
+				p.ck.Dir, l.Index, fp.Family, fp.ModelType, sa.Describe(), ra.Describe())
+		}
 		if l.Shared.GateBias != "" {
 			return fmt.Errorf("%s: layer %d: the shared expert has biases (%s) and the routed experts none, so its fused slots would need bias stacks of their own; use moeprep convert instead", p.ck.Dir, l.Index, l.Shared.GateBias)
 		}
@@ -408,6 +412,10 @@ func (p *planner) contract() *layout.Contract {
 		act := fp.Act
 		c.Activation = &act
 	}
+	if fp.SharedAct != nil && *fp.SharedAct != fp.Act && !p.o.FuseShared {
+		act := *fp.SharedAct
+		c.SharedActivation = &act
+	}
 	if s := fp.Output(); s != 1 {
 		c.OutputScale = s
 	}
@@ -426,7 +434,16 @@ func (p *planner) contract() *layout.Contract {
 	}
 	c.Dequantized = p.dequantRecord()
 	for _, l := range fp.Layers {
-		c.Layers = append(c.Layers, layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix})
+		li := layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix}
+		// A layer's own activations, where they differ from the
+		// contract-wide ones it would otherwise read (Step-3.7).
+		if a := fp.RoutedAct(l); a != c.Act() {
+			li.Activation = &a
+		}
+		if a := fp.SharedActOf(l); l.Shared != nil && !p.o.FuseShared && a != c.SharedAct(li) {
+			li.SharedActivation = &a
+		}
+		c.Layers = append(c.Layers, li)
 	}
 	return c
 }

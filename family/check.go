@@ -84,6 +84,28 @@ func (k *checker) stacked(where, gateUp, down string, transposed bool, hint stri
 	return k.wholeStack(where, down, dn, hint)
 }
 
+// separateStacks checks experts stacked one tensor per projection, gate
+// and up [E, I, H] and down [E, H, I], and plans each expert as its slice
+// of the three.
+func (k *checker) separateStacks(where string, st [3]string) ([]MLP, error) {
+	e, h, i := int64(k.p.NumExperts), int64(k.p.HiddenSize), int64(k.p.MoEIntermediateSize)
+	hint := fmt.Sprintf("(E=%d, H=%d, I=%d: experts stacked on disk, one tensor per projection)", e, h, i)
+	for j, shape := range [3][]int64{{e, i, h}, {e, i, h}, {e, h, i}} {
+		if err := k.wholeStack(where, st[j], shape, hint); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]MLP, e)
+	for x := range out {
+		m := MLP{Gate: ViewName(st[0], x, 0, 0), Up: ViewName(st[1], x, 0, 0), Down: ViewName(st[2], x, 0, 0)}
+		if err := k.viewWeights(fmt.Sprintf("%s: expert %d", where, x), m, int(i), hint); err != nil {
+			return nil, err
+		}
+		out[x] = m
+	}
+	return out, nil
+}
+
 // wholeStack checks one tensor holding many experts' weights: its shape,
 // and an unquantised float dtype (quantised stacks are not planned: their
 // scales would need views too).

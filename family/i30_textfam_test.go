@@ -176,11 +176,8 @@ func TestTextFamiliesConfig(t *testing.T) {
 // config that nests its text model.
 func TestTextFamiliesRefused(t *testing.T) {
 	for mt, want := range map[string]string{
-		"hy_v4":                 "shared MLP does not",
 		"zaya":                  "skip expert",
 		"doge":                  "embedding rows",
-		"step3p7":               "clamp silu(gate) after the activation",
-		"step3p5":               "clamps silu(gate) after the activation",
 		"openai_privacy_filter": "token classifier",
 		"switch_transformers":   "encoder-decoder",
 		"nllb_moe":              "encoder-decoder",

@@ -145,12 +145,20 @@ type Plan struct {
 	RoutedInputScaled bool
 	// Act is the experts' gated activation (zero: SwiGLU); ExpertBias: the
 	// experts have biases (gpt-oss's clamped SwiGLU with biases).
-	Act             layout.Activation
-	ExpertBias      bool
-	NumHiddenLayers int
-	WeightDType     safetensors.DType // dtype of the expert weights
-	Quantization    Quantization
-	ScaleFmt        string // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
+	Act layout.Activation
+	// SharedAct is the shared MLP's activation where it differs from the
+	// routed experts' (HY-V4: routed clamped, shared plain SwiGLU); nil:
+	// Act. A layer's own (Layer.SharedAct) comes first.
+	SharedAct *layout.Activation
+	// ActByLayer and SharedActByLayer: the layers whose routed experts' or
+	// shared MLP's activation is their own (Step-3.7's per-layer
+	// swiglu_limits and swiglu_limits_shared), by layer index.
+	ActByLayer, SharedActByLayer map[int]layout.Activation
+	ExpertBias                   bool
+	NumHiddenLayers              int
+	WeightDType                  safetensors.DType // dtype of the expert weights
+	Quantization                 Quantization
+	ScaleFmt                     string // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
 	// ScaleDType is the dtype of the expert weights' scale tensors where
 	// the format's producers differ in it (FP8 per channel or per tensor:
 	// read from the checkpoint's first expert scale, every other must
@@ -200,6 +208,25 @@ func (p *Plan) textLayers() []string {
 		return nil
 	}
 	return []string{p.Wrapper.Layers}
+}
+
+// RoutedAct is layer l's routed experts' activation.
+func (p *Plan) RoutedAct(l Layer) layout.Activation {
+	if a, ok := p.ActByLayer[l.Index]; ok {
+		return a
+	}
+	return p.Act
+}
+
+// SharedActOf is layer l's shared MLP's activation.
+func (p *Plan) SharedActOf(l Layer) layout.Activation {
+	if a, ok := p.SharedActByLayer[l.Index]; ok {
+		return a
+	}
+	if p.SharedAct != nil {
+		return *p.SharedAct
+	}
+	return p.RoutedAct(l)
 }
 
 // Output is OutputScale, 1 when unset.

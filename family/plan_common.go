@@ -114,7 +114,7 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	}
 
 	names := t.Names()
-	if !converted && s.names.stackedGateUp == "" && s.names.flat[0] == "" {
+	if !converted && s.names.stackedGateUp == "" && s.names.flat[0] == "" && s.names.stackedProj[0] == "" {
 		if err := s.refuseStacked(names); err != nil {
 			return nil, err
 		}
@@ -284,6 +284,15 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 					return Layer{}, err
 				}
 			}
+		}
+	} else if !converted && n.stackedProj[0] != "" {
+		var st [3]string
+		for j, t := range n.stackedProj {
+			st[j] = prefix + "." + t
+		}
+		var err error
+		if out.Experts, err = k.separateStacks(where, st); err != nil {
+			return Layer{}, err
 		}
 	} else if !converted && n.flat[0] != "" {
 		var flat [3]string

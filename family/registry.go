@@ -12,7 +12,7 @@ var families = []*spec{deepseek, qwen2MoE, qwen3MoE, mixtral,
 	glm4MoELite, exaoneMoE, hyV3, afmoe, minimaxM2, ernie45MoE, olmoe, jamba, cohere2MoE,
 	graniteMoE, graniteMoESWA, phimoe, llama4, gptOSS, deepseekV4, inkling,
 	dots1, hunyuanV1MoE, flexOlmo, lfm2MoE, dbrx, solarOpen, mimoV2Flash,
-	mellum, graniteMoEHybrid, axk1, axk2, deepseekV32, glmMoEDsa, mistral4, kimiLinear, laguna}
+	mellum, graniteMoEHybrid, axk1, axk2, deepseekV32, glmMoEDsa, mistral4, kimiLinear, laguna, hyV4, step3p5}
 
 // unsupported are the MoE model types transformers ships that moeprep
 // refuses, each with the reason a user needs.
@@ -22,11 +22,8 @@ var unsupported = map[string]string{
 	"youtu":         "Youtu-LLM is a dense model (MLA attention and one SwiGLU MLP in every layer): it has no MoE layer to convert",
 	"longcat_flash": "LongCat-Flash routes over zero-compute experts too (ids past the SwiGLU experts return their input unchanged, weighted), which a stacked SwiGLU bank cannot hold",
 	// issue 30, read from transformers 5.17.0's sources
-	"hy_v4":                 "HY-V4's routed experts clamp their SwiGLU at swiglu_limit while its shared MLP does not, and moeprep's bank and kernels apply one activation to routed and shared experts alike",
 	"zaya":                  "ZAYA's router is an MLP (down_proj, two GELU layers, out_proj) fed router states carried from the previous layer, and routes to a skip expert with no compute, which moeprep's linear router and SwiGLU bank cannot express",
 	"doge":                  "Doge's CDMoE retrieves product-key experts that are embedding rows (down_embed, up_embed), not SwiGLU MLPs, which moeprep's expert bank cannot hold",
-	"step3p7":               "Step-3.7's experts clamp silu(gate) after the activation with per-layer limits that differ between the routed experts and the shared MLP (swiglu_limits, swiglu_limits_shared), and moeprep's activation clamps the gate before silu and applies one activation to both",
-	"step3p5":               "Step-3.7's text model clamps silu(gate) after the activation with per-layer limits that differ between the routed experts and the shared MLP (swiglu_limits, swiglu_limits_shared), and moeprep's activation clamps the gate before silu and applies one activation to both",
 	"openai_privacy_filter": "OpenAI Privacy Filter is a bidirectional token classifier, not a language model, and its experts (concatenated gate|up with gpt-oss's clamped activation) and router (softmax over the top-k logits divided by k) are planned for no model moeprep converts",
 	"switch_transformers":   "Switch Transformers is an encoder-decoder model with top-1 routed experts in both stacks; moeprep converts decoder-only language models",
 	"nllb_moe":              "NLLB-MoE is an encoder-decoder translation model with top-2 routed experts in both stacks; moeprep converts decoder-only language models",

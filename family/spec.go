@@ -87,6 +87,11 @@ type naming struct {
 	// each expert's gate rows then up rows, and [E, H, I]. Each expert is
 	// planned as views of them (view.go), read in place by every command.
 	stackedGateUp, stackedDown string
+	// stackedProj: experts stacked on disk one tensor per projection
+	// (Step-3.5/3.7's moe.gate_proj.weight, up_proj, down_proj): gate and
+	// up [E, I, H], down [E, H, I], relative to the MoE module; each expert
+	// is planned as views of them.
+	stackedProj [3]string
 	// stackedTransposed: the stacked tensors hold W transposed (Llama 4's
 	// x @ W): gate-up [E, H, 2I], gate columns then up columns, and down
 	// [E, I, H]; the views read them transposed.

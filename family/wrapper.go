@@ -116,6 +116,13 @@ var wrappers = []wrapper{
 	// level, no text_config) is refused naming text_config.
 	{modelType: "glm5_next", textKey: "text_config", textTypes: []string{"glm5_next_text"},
 		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},
+	// Step-3.7: step3p5's text model (step3p5.go). transformers 5.17 holds
+	// it under model.language_model.layers.L and saves the hub's names
+	// (its step3p7 mapping reversed): model.layers.L, model.embed_tokens,
+	// model.norm, lm_head, beside vision_model.* and vit_large_projector.*.
+	{modelType: "step3p7", textKey: "text_config", textTypes: []string{"step3p5"},
+		layers: []string{"model.layers.", "model.language_model.layers."},
+		text:   []string{"model.embed_tokens.", "model.layers.", "model.norm.", "model.language_model.", "lm_head."}},
 }
 
 // inklingHub is Inkling's MoE block in the hub's layout, which

@@ -49,10 +49,15 @@ type Summary struct {
 	// Activation is the experts' gated activation where it is not plain
 	// SwiGLU (gpt-oss, DeepSeek-V4's clamp); ExpertBias: the experts have
 	// biases (gpt-oss).
-	Activation      *layout.Activation `json:"activation,omitempty"`
-	ExpertBias      bool               `json:"expert_bias,omitempty"`
-	NumHiddenLayers int                `json:"num_hidden_layers"`
-	MoELayers       []int              `json:"moe_layers"`
+	Activation *layout.Activation `json:"activation,omitempty"`
+	// SharedActivation is the shared MLP's where it differs from the
+	// routed experts' (HY-V4); LayerActivations the layers whose own
+	// differ from both (Step-3.7's per-layer limits).
+	SharedActivation *layout.Activation `json:"shared_activation,omitempty"`
+	LayerActivations []LayerActivation  `json:"layer_activations,omitempty"`
+	ExpertBias       bool               `json:"expert_bias,omitempty"`
+	NumHiddenLayers  int                `json:"num_hidden_layers"`
+	MoELayers        []int              `json:"moe_layers"`
 	// HashLayers are the MoE layers routed by token id (DeepSeek-V4's hash_moe).
 	HashLayers  []int `json:"hash_layers,omitempty"`
 	MTPLayers   []int `json:"mtp_layers"`
@@ -204,6 +209,24 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 		act := p.Act
 		s.Activation = &act
 	}
+	if p.SharedAct != nil && *p.SharedAct != p.Act {
+		act := *p.SharedAct
+		s.SharedActivation = &act
+	}
+	for _, l := range p.Layers {
+		ra, sa := p.RoutedAct(l), p.SharedActOf(l)
+		plainShared := p.Act
+		if p.SharedAct != nil {
+			plainShared = *p.SharedAct
+		}
+		if ra != p.Act || (l.Shared != nil && sa != plainShared) {
+			la := LayerActivation{Layer: l.Index, Activation: ra.Describe()}
+			if l.Shared != nil {
+				la.SharedActivation = sa.Describe()
+			}
+			s.LayerActivations = append(s.LayerActivations, la)
+		}
+	}
 	s.ExpertBias = p.ExpertBias
 	for _, l := range p.Layers {
 		s.RouterScaled = s.RouterScaled || l.RouterScale != ""
@@ -271,6 +294,15 @@ func WriteText(w io.Writer, s *Summary) error {
 	if s.ExpertBias {
 		experts += ", with biases"
 	}
+	if a := s.SharedActivation; a != nil {
+		experts += "; shared MLP " + a.Describe()
+	}
+	for _, la := range s.LayerActivations {
+		experts += fmt.Sprintf("; layer %d: %s", la.Layer, la.Activation)
+		if la.SharedActivation != "" {
+			experts += ", shared MLP " + la.SharedActivation
+		}
+	}
 	rows := [][2]string{
 		{"checkpoint", s.Dir},
 		{"family", fmt.Sprintf("%s (model_type %s)", s.Family, s.ModelType)},
@@ -333,29 +365,17 @@ func WriteText(w io.Writer, s *Summary) error {
 	return nil
 }
 
-// activationText spells out a gated activation other than SwiGLU:
-// g·σ(alpha g)·(u + offset) with g = min(g, L), u = clamp(u, ±L).
-func activationText(a layout.Activation) string {
-	alpha := a.Alpha
-	if alpha == 0 {
-		alpha = 1
-	}
-	var parts []string
-	if a.Limit > 0 {
-		parts = append(parts, fmt.Sprintf("limit %g", a.Limit))
-	}
-	if alpha != 1 {
-		parts = append(parts, fmt.Sprintf("alpha %g", alpha))
-	}
-	if a.UpOffset != 0 {
-		parts = append(parts, fmt.Sprintf("up offset %g", a.UpOffset))
-	}
-	name := "SwiGLU variant"
-	if a.Limit > 0 {
-		name = "clamped SwiGLU"
-	}
-	return name + " (" + strings.Join(parts, ", ") + ")"
+// LayerActivation is a layer whose activations differ from the
+// checkpoint-wide ones, as text.
+type LayerActivation struct {
+	Layer            int    `json:"layer"`
+	Activation       string `json:"activation"`
+	SharedActivation string `json:"shared_activation,omitempty"`
 }
+
+// activationText spells out a gated activation other than SwiGLU
+// (layout.Activation.Describe).
+func activationText(a layout.Activation) string { return a.Describe() }
 
 // Ranges renders sorted ints compactly: 1-3,5,7-9.
 func Ranges(xs []int) string {

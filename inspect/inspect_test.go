@@ -34,6 +34,8 @@ func TestActivationText(t *testing.T) {
 		{layout.Activation{Limit: 10}, "clamped SwiGLU (limit 10)"},
 		{layout.Activation{Alpha: 0.5}, "SwiGLU variant (alpha 0.5)"},
 		{layout.Activation{Alpha: 1, UpOffset: -2}, "SwiGLU variant (up offset -2)"},
+		{layout.ClampedAfter(7), "SwiGLU with silu(gate) capped (limit 7)"},
+		{layout.Activation{}, "SwiGLU"},
 	} {
 		if got := activationText(c.a); got != c.want {
 			t.Errorf("%+v: %q, want %q", c.a, got, c.want)

@@ -3,6 +3,8 @@ package kernels
 import (
 	"fmt"
 
+	"github.com/moeprep/moeprep/layout"
+
 	"github.com/moeprep/moeprep/internal/cuda"
 )
 
@@ -80,7 +82,21 @@ func moeGateUpAct(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *So
 	return am.Launch(fmt.Sprintf("moe_act_%v", opt.Act), Grid(sorted.SortedIDs.Len()), Block(128), 0, st,
 		sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, raw[0], raw[1], bank.GateBias, bank.UpBias, inter.Ptr,
 		int32(sorted.Numel), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts),
-		alpha, bank.Act.Limit, bank.Act.UpOffset)
+		alpha, bank.Act.Limit, bank.Act.UpOffset, actMode(bank.Act))
+}
+
+// act.cu's activation modes (ACT_*).
+const (
+	actClampBefore int32 = 0 // limit caps g (SwiGLU, gpt-oss, DeepSeek-V4)
+	actClampAfter  int32 = 1 // limit caps silu(g) (Step-3.7)
+	actReLU2       int32 = 2 // max(u, 0)^2, gate unused (ungated experts); no layout.Activation names it yet
+)
+
+func actMode(a layout.Activation) int32 {
+	if a.ClampAfter {
+		return actClampAfter
+	}
+	return actClampBefore
 }
 
 func moeDownBias(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *Sorted, out *cuda.Buffer[float32]) error {

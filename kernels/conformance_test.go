@@ -212,7 +212,7 @@ func (g gemmRunner) GroupedGEMM(c *moetest.GEMMCase) ([]float32, error) {
 	switch a := c.Experts[0].Act.(type) {
 	case nil:
 	case moetest.ClampedSwiGLU:
-		act = layout.Activation{Alpha: a.Alpha, Limit: a.Limit, UpOffset: a.UpOffset}
+		act = layout.Activation{Alpha: a.Alpha, Limit: a.Limit, UpOffset: a.UpOffset, ClampAfter: a.ClampAfter}
 	default:
 		return nil, unsupported("activation %T", a)
 	}

@@ -464,6 +464,7 @@ func TestGroupedGEMMActivations(t *testing.T) {
 	}{
 		{"gpt-oss clamped swiglu + biases", layout.Activation{Alpha: 1.702, Limit: 0.6, UpOffset: 1}, true},
 		{"deepseek-v4 clamp", layout.Activation{Limit: 0.5}, false},
+		{"step-3.7 clamp after silu", layout.Activation{Limit: 0.3, ClampAfter: true}, false},
 		{"swiglu + biases", layout.Activation{}, true},
 	}
 	cases := []gemmCase{

@@ -3,25 +3,36 @@ package layout
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/moeprep/moeprep/moe"
 )
 
-// Activation is the gated activation of every expert of a layer:
+// Activation is the gated activation of an expert:
 //
 //	act(g, u) = g' * sigmoid(Alpha * g') * (u' + UpOffset)
 //	g' = min(g, Limit), u' = clamp(u, -Limit, Limit)
 //
+// or, with ClampAfter, the limit caps the activated gate instead:
+//
+//	act(g, u) = min(g * sigmoid(Alpha * g), Limit) * (u' + UpOffset)
+//
 // The zero value is SwiGLU, silu(g) * u (Alpha 1, no limit, offset 0).
-// gpt-oss uses Alpha 1.702, Limit 7, UpOffset 1 (its clamped SwiGLU).
+// gpt-oss uses Alpha 1.702, Limit 7, UpOffset 1 (its clamped SwiGLU);
+// Step-3.7 clamps after the activation (ClampAfter) with per-layer limits.
 type Activation struct {
 	Alpha    float64 `json:"alpha,omitempty"`     // 0 means 1
 	Limit    float64 `json:"limit,omitempty"`     // 0 means no clamp
 	UpOffset float64 `json:"up_offset,omitempty"` // added to the (clamped) up projection
+	// ClampAfter: Limit caps silu(g), not g (Step-3.7's experts and shared
+	// MLP). Meaningless, and left false, without a Limit.
+	ClampAfter bool `json:"clamp_after_act,omitempty"`
 }
 
 // SwiGLU reports whether a is plain silu(g) * u.
-func (a Activation) SwiGLU() bool { return a == Activation{} || a == Activation{Alpha: 1} }
+func (a Activation) SwiGLU() bool {
+	return (a.Alpha == 0 || a.Alpha == 1) && a.Limit == 0 && a.UpOffset == 0
+}
 
 // Check refuses values no activation could have.
 func (a Activation) Check() error {
@@ -33,12 +44,58 @@ func (a Activation) Check() error {
 	if a.Alpha < 0 || a.Limit < 0 {
 		return fmt.Errorf("activation %+v: alpha and limit must not be negative", a)
 	}
+	if a.ClampAfter && a.Limit == 0 {
+		return fmt.Errorf("activation %+v: clamp_after_act without a limit", a)
+	}
 	return nil
 }
 
 // Apply is act(g, u) in float64.
 func (a Activation) Apply(g, u float64) float64 {
+	if a.ClampAfter {
+		return moe.SwiGLUClampedAfter(g, u, a.Alpha, a.Limit, a.UpOffset)
+	}
 	return moe.ClampedSwiGLU(g, u, a.Alpha, a.Limit, a.UpOffset)
+}
+
+// Describe spells out the activation for people: "SwiGLU", or the values
+// that differ from it, e.g. "clamped SwiGLU (limit 7, alpha 1.702, up
+// offset 1)".
+func (a Activation) Describe() string {
+	if a.SwiGLU() {
+		return "SwiGLU"
+	}
+	alpha := a.Alpha
+	if alpha == 0 {
+		alpha = 1
+	}
+	var parts []string
+	if a.Limit > 0 {
+		parts = append(parts, fmt.Sprintf("limit %g", a.Limit))
+	}
+	if alpha != 1 {
+		parts = append(parts, fmt.Sprintf("alpha %g", alpha))
+	}
+	if a.UpOffset != 0 {
+		parts = append(parts, fmt.Sprintf("up offset %g", a.UpOffset))
+	}
+	name := "SwiGLU variant"
+	switch {
+	case a.Limit > 0 && a.ClampAfter:
+		name = "SwiGLU with silu(gate) capped"
+	case a.Limit > 0:
+		name = "clamped SwiGLU"
+	}
+	return name + " (" + strings.Join(parts, ", ") + ")"
+}
+
+// ClampedAfter is Step-3.7's activation with limit L (0: SwiGLU, the
+// layers its config leaves unclamped).
+func ClampedAfter(limit float64) Activation {
+	if limit == 0 {
+		return Activation{}
+	}
+	return Activation{Limit: limit, ClampAfter: true}
 }
 
 // ExpertBiases names a layer's stacked expert biases (gpt-oss): per expert

@@ -22,6 +22,12 @@ func TestActivationApply(t *testing.T) {
 		{"gpt-oss up clamped both ways", oai, 1, -12, 1 * sig(1.702) * (-7 + 1)},
 		{"gpt-oss up clamped above", oai, 1, 12, 1 * sig(1.702) * 8},
 		{"deepseek-v4 style limit only", Activation{Limit: 10}, 11, 11, 10 * sig(10) * 10},
+		// Step-3.7: the limit caps silu(g), so silu(2) = 1.76 becomes 1,
+		// where clamping g first would give silu(1) = 0.73.
+		{"step-3.7 activated gate capped", ClampedAfter(1), 2, 0.5, 1 * 0.5},
+		{"step-3.7 under the cap", ClampedAfter(1), 0.5, 3, 0.5 * sig(0.5) * 1},
+		{"step-3.7 negative gate untouched", ClampedAfter(1), -4, -0.5, -4 * sig(-4) * -0.5},
+		{"step-3.7 limit 0 is swiglu", ClampedAfter(0), 2, 3, 2 * sig(2) * 3},
 	} {
 		if got := c.a.Apply(c.g, c.u); math.Abs(got-c.want) > 1e-12*math.Max(1, math.Abs(c.want)) {
 			t.Errorf("%s: Apply(%v, %v) = %v, want %v", c.name, c.g, c.u, got, c.want)
@@ -30,7 +36,10 @@ func TestActivationApply(t *testing.T) {
 	if !(Activation{}).SwiGLU() || !(Activation{Alpha: 1}).SwiGLU() || oai.SwiGLU() || (Activation{Limit: 10}).SwiGLU() {
 		t.Error("SwiGLU() misclassifies")
 	}
-	for _, bad := range []Activation{{Alpha: -1}, {Limit: -2}, {UpOffset: math.NaN()}, {Alpha: math.Inf(1)}} {
+	if ClampedAfter(0) != (Activation{}) || ClampedAfter(7).SwiGLU() {
+		t.Error("ClampedAfter(0) must be SwiGLU and ClampedAfter(7) not")
+	}
+	for _, bad := range []Activation{{Alpha: -1}, {Limit: -2}, {UpOffset: math.NaN()}, {Alpha: math.Inf(1)}, {ClampAfter: true}} {
 		if bad.Check() == nil {
 			t.Errorf("Check(%+v) = nil", bad)
 		}

@@ -33,6 +33,11 @@ type LayerInfo struct {
 	Index  int    `json:"index"`
 	MTP    bool   `json:"mtp,omitempty"`
 	Prefix string `json:"prefix"` // the MoE module in the source, e.g. "model.layers.3.mlp"
+	// Activation and SharedActivation are this layer's routed experts' and
+	// shared MLP's activations where they differ from the contract's
+	// (Step-3.7's per-layer swiglu_limits); absent: the contract's.
+	Activation       *Activation `json:"activation,omitempty"`
+	SharedActivation *Activation `json:"shared_activation,omitempty"`
 }
 
 // Contract is the "moeprep" object of a converted checkpoint's config.json.
@@ -65,6 +70,10 @@ type Contract struct {
 	RoutedInputScaled bool `json:"routed_input_scaled,omitempty"`
 	// Activation of every expert; absent means SwiGLU, silu(gate) * up.
 	Activation *Activation `json:"activation,omitempty"`
+	// SharedActivation is the unfused shared MLP's where it differs from
+	// the routed experts' (HY-V4: routed clamped, shared plain SwiGLU);
+	// absent means Activation. A layer's own (LayerInfo) comes first.
+	SharedActivation *Activation `json:"shared_activation,omitempty"`
 	// ExpertBias: every expert has gate, up and down biases, stacked as
 	// BiasNames says (gpt-oss).
 	ExpertBias                bool    `json:"expert_bias,omitempty"`
@@ -392,6 +401,8 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: output_scale %v", c.OutputScale)
 	case c.Activation != nil && c.Activation.Check() != nil:
 		return fmt.Errorf("moeprep contract: %v", c.Activation.Check())
+	case c.SharedActivation != nil && c.SharedActivation.Check() != nil:
+		return fmt.Errorf("moeprep contract: shared_activation: %v", c.SharedActivation.Check())
 	case c.Quantized() && !c.scaleDTyped() && len(c.WeightBlockSize) != 2:
 		return fmt.Errorf("moeprep contract: weight_block_size %v, want [rows, cols]", c.WeightBlockSize)
 	case c.int4() && (len(c.WeightBlockSize) != 2 || c.WeightBlockSize[0] != 1 || c.WeightBlockSize[1] < 0):
@@ -412,6 +423,9 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: shared_quantization %s with fused shared experts, which are stored like the routed ones", c.SharedQuantization)
 	}
 	if err := c.checkRequantized(); err != nil {
+		return err
+	}
+	if err := c.checkLayerActs(); err != nil {
 		return err
 	}
 	if c.Dequantized != nil {
@@ -469,6 +483,61 @@ func (c *Contract) Act() Activation {
 		return Activation{}
 	}
 	return *c.Activation
+}
+
+// RoutedAct is layer li's routed experts' activation (fused shared slots
+// included: fuse-shared refuses shared MLPs that differ).
+func (c *Contract) RoutedAct(li LayerInfo) Activation {
+	if li.Activation != nil {
+		return *li.Activation
+	}
+	return c.Act()
+}
+
+// SharedAct is layer li's unfused shared MLP's activation.
+func (c *Contract) SharedAct(li LayerInfo) Activation {
+	switch {
+	case li.SharedActivation != nil:
+		return *li.SharedActivation
+	case c.SharedActivation != nil:
+		return *c.SharedActivation
+	}
+	return c.RoutedAct(li)
+}
+
+// LayerActs reports whether some layer's activations differ from the
+// contract-wide ones, or the shared MLP's from the routed experts'.
+func (c *Contract) LayerActs() bool {
+	if c.SharedActivation != nil {
+		return true
+	}
+	for _, li := range c.Layers {
+		if li.Activation != nil || li.SharedActivation != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *Contract) checkLayerActs() error {
+	for _, li := range c.Layers {
+		for _, a := range []*Activation{li.Activation, li.SharedActivation} {
+			if a == nil {
+				continue
+			}
+			if err := a.Check(); err != nil {
+				return fmt.Errorf("moeprep contract: layer %d: %v", li.Index, err)
+			}
+		}
+	}
+	if c.NumFusedSharedExperts > 0 && c.LayerActs() {
+		for _, li := range c.Layers {
+			if c.SharedAct(li) != c.RoutedAct(li) {
+				return fmt.Errorf("moeprep contract: layer %d: fused shared experts with an activation of their own (%+v, routed %+v)", li.Index, c.SharedAct(li), c.RoutedAct(li))
+			}
+		}
+	}
+	return nil
 }
 
 // Biases names layer li's bias stacks; ok is false when the experts have none.

@@ -37,6 +37,24 @@ func ClampedSwiGLU(g, u, alpha, limit, upOffset float64) float64 {
 	return g / (1 + math.Exp(-alpha*g)) * (u + upOffset)
 }
 
+// SwiGLUClampedAfter is Step-3.7's activation in float64: the limit caps
+// the activated gate, not its input,
+//
+//	act(g, u) = min(g sigmoid(alpha g), limit) (clamp(u, -limit, limit) + upOffset)
+//
+// with alpha 0 meaning 1 and limit 0 no clamp.
+func SwiGLUClampedAfter(g, u, alpha, limit, upOffset float64) float64 {
+	if alpha == 0 {
+		alpha = 1
+	}
+	a := g / (1 + math.Exp(-alpha*g))
+	if limit > 0 {
+		a = math.Min(a, limit)
+		u = math.Max(-limit, math.Min(u, limit))
+	}
+	return a * (u + upOffset)
+}
+
 // ExpertMats is one expert's weights dequantised to float32:
 // E(x) = Down act(Gate x + GateBias, Up x + UpBias) + DownBias.
 type ExpertMats struct {

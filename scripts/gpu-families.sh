@@ -39,7 +39,7 @@ if [ -n "${WRAPPERS:-}" ]; then
 	echo "wrappers export rc=$? ($(tail -1 "$out/unseen-wrappers-export.log"))"
 fi
 requantizable=""
-refusing=" inkling-text llama4-text qwen3-next ernie4-5-moe-bias qwen4-exp inkling-mm-model "
+refusing=" inkling-text llama4-text qwen3-next ernie4-5-moe-bias qwen4-exp inkling-mm-model hy-v4 step3p7 "
 fusable=" afmoe ernie4-5-moe exaone-moe glm4-moe glm4-moe-lite hy-v3 granitemoeshared granitemoe-swa cohere2-moe deepseek-v4 dots1 solar-open hunyuan-v1-moe granitemoehybrid axk1 axk2 deepseek-v32 glm-moe-dsa mistral4 kimi-linear laguna aria minimax-m3-vl deepseek-ocr2 glm5-next glm4v-moe kimi-k25 "
 if [ -n "${LOWBIT:-}" ]; then
 	mv "$work/src" "$work/bf16"

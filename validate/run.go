@@ -468,6 +468,9 @@ func (s *session) sameModel() error {
 	if s.contract.ExpertBias != s.srcPlan.ExpertBias || s.contract.Act() != s.srcPlan.Act {
 		return fmt.Errorf("%s: contract has expert_bias %v, activation %s; SRC's family (%s) has %v, %s", s.o.Dst, s.contract.ExpertBias, jsonText(s.contract.Act()), s.srcPlan.ModelType, s.srcPlan.ExpertBias, jsonText(s.srcPlan.Act))
 	}
+	if err := s.checkLayerActs(); err != nil {
+		return err
+	}
 	if s.contract.RoutedInputScaled != s.srcPlan.RoutedInputScaled {
 		return fmt.Errorf("%s: contract has routed_input_scaled %v, SRC's family (%s) %v", s.o.Dst, s.contract.RoutedInputScaled, s.srcPlan.ModelType, s.srcPlan.RoutedInputScaled)
 	}
@@ -513,7 +516,7 @@ func (s *session) targets() ([]target, []string, error) {
 			t := get(l.Index, l.MTP)
 			t.fused = &cpuref.FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
 				Spec: s.dstPlan.RouteSpec(), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate,
-				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale}
+				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale, Info: li}
 			if b, ok := s.contract.Biases(li); ok {
 				t.fused.Biases = &b
 			}
@@ -1132,4 +1135,27 @@ func (s *session) routedQuantization() string {
 		return s.contract.Quantization
 	}
 	return ""
+}
+
+// checkLayerActs: every layer's routed and (unfused) shared activation in
+// the contract is SRC's family's (Step-3.7's per-layer limits, HY-V4's
+// plain shared MLP).
+func (s *session) checkLayerActs() error {
+	for _, li := range s.contract.Layers {
+		for _, l := range s.srcPlan.Layers {
+			if l.Index != li.Index {
+				continue
+			}
+			if a, w := s.contract.RoutedAct(li), s.srcPlan.RoutedAct(l); a != w {
+				return fmt.Errorf("%s: layer %d: contract has activation %s; SRC's family (%s) has %s", s.o.Dst, li.Index, jsonText(a), s.srcPlan.ModelType, jsonText(w))
+			}
+			if l.Shared == nil || s.contract.NumFusedSharedExperts > 0 {
+				continue
+			}
+			if a, w := s.contract.SharedAct(li), s.srcPlan.SharedActOf(l); a != w {
+				return fmt.Errorf("%s: layer %d: contract has shared_activation %s; SRC's family (%s) has %s", s.o.Dst, li.Index, jsonText(a), s.srcPlan.ModelType, jsonText(w))
+			}
+		}
+	}
+	return nil
 }

@@ -137,6 +137,8 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		// layout, gate and up rows interleaved (w13_weight)
 		"inkling-mm-model": {"inkling_text", "inkling_mm_model", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 2.5, []int{1, 2}, 67},
 		"mistral4":         {"mistral4", "mistral4", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "softmax", 1.5, []int{1, 2}, 45},
+		"step3p7":          {"step3p5", "step3p7", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 2, []int{1, 2, 3}, 89},
+		"hy-v4":            {"hy_v4", "hy_v4", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 84},
 	}
 	dirs, _ := filepath.Glob(filepath.Join(fixturesDir, "*", "config.json"))
 	if len(dirs) != len(tests) {

@@ -23,13 +23,22 @@ __device__ __forceinline__ int sorted_slot(const int* sorted_ids, const int* exp
     return s;
 }
 
-// act(g, u) = g' * sigmoid(alpha g') * (u' + up_offset), g' = min(g, limit),
-// u' = clamp(u, -limit, limit) when limit > 0 (layout.Activation).
+// Activation modes (layout.Activation; kernels.ActMode):
+//   ACT_CLAMP_BEFORE: act(g, u) = g' * sigmoid(alpha g') * (u' + up_offset),
+//     g' = min(g, limit), u' = clamp(u, -limit, limit) when limit > 0
+//     (SwiGLU, gpt-oss, DeepSeek-V4);
+//   ACT_CLAMP_AFTER: act(g, u) = min(g * sigmoid(alpha g), limit) * (u' + up_offset)
+//     (Step-3.7: the limit caps the activated gate);
+//   ACT_RELU2: act(g, u) = max(u, 0)^2, the gate unused (ungated experts,
+//     Nemotron-H's relu2).
+#define ACT_CLAMP_BEFORE 0
+#define ACT_CLAMP_AFTER 1
+#define ACT_RELU2 2
 template <class OT>
 __device__ __forceinline__ void act_rows(const int* sorted_ids, const int* expert_ids, const int* total_padded,
                                          const float* gate, const float* up, const float* gate_bias,
                                          const float* up_bias, OT* inter, int numel, int I, int block_size,
-                                         int num_experts, double alpha, double limit, double up_offset) {
+                                         int num_experts, double alpha, double limit, double up_offset, int mode) {
     int e = 0;
     const int s = sorted_slot(sorted_ids, expert_ids, total_padded, blockIdx.x, numel, block_size, num_experts, &e);
     if (s < 0) return;
@@ -38,12 +47,26 @@ __device__ __forceinline__ void act_rows(const int* sorted_ids, const int* exper
         float g = gate[i], u = up[i];
         if (gate_bias != nullptr) g = __fadd_rn(g, gate_bias[(long long)e * I + n]);
         if (up_bias != nullptr) u = __fadd_rn(u, up_bias[(long long)e * I + n]);
-        double gd = (double)g, ud = (double)u;
-        if (limit > 0.0) {
-            gd = fmin(gd, limit);
-            ud = fmax(-limit, fmin(ud, limit));
+        double gd = (double)g, ud = (double)u, a;
+        if (mode == ACT_RELU2) {
+            const double r = fmax(ud, 0.0);
+            st_val(inter, i, (float)(r * r));
+            continue;
         }
-        st_val(inter, i, (float)(gd / (1.0 + exp(-alpha * gd)) * (ud + up_offset)));
+        if (mode == ACT_CLAMP_AFTER) {
+            a = gd / (1.0 + exp(-alpha * gd));
+            if (limit > 0.0) {
+                a = fmin(a, limit);
+                ud = fmax(-limit, fmin(ud, limit));
+            }
+        } else {
+            if (limit > 0.0) {
+                gd = fmin(gd, limit);
+                ud = fmax(-limit, fmin(ud, limit));
+            }
+            a = gd / (1.0 + exp(-alpha * gd));
+        }
+        st_val(inter, i, (float)(a * (ud + up_offset)));
     }
 }
 
@@ -53,10 +76,10 @@ __device__ __forceinline__ void act_rows(const int* sorted_ids, const int* exper
     extern "C" __global__ void __launch_bounds__(128) NAME(                                        \
         const int* sorted_ids, const int* expert_ids, const int* total_padded, const float* gate,  \
         const float* up, const float* gate_bias, const float* up_bias, OT* inter, int numel, int I, \
-        int block_size, int num_experts, double alpha, double limit, double up_offset)             \
+        int block_size, int num_experts, double alpha, double limit, double up_offset, int mode)   \
     {                                                                                              \
         act_rows<OT>(sorted_ids, expert_ids, total_padded, gate, up, gate_bias, up_bias, inter,    \
-                     numel, I, block_size, num_experts, alpha, limit, up_offset);                  \
+                     numel, I, block_size, num_experts, alpha, limit, up_offset, mode);            \
     }
 MOE_ACT(moe_act_f32, float)
 MOE_ACT(moe_act_bf16, bf16_t)

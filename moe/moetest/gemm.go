@@ -27,7 +27,12 @@ type GEMMCase struct {
 //	g' = min(g, Limit), u' = clamp(u, -Limit, Limit)
 //
 // with Alpha 0 meaning 1 and Limit 0 no clamp; the zero value is SwiGLU.
-type ClampedSwiGLU struct{ Alpha, Limit, UpOffset float64 }
+// ClampAfter caps the activated gate instead, min(g sigmoid(Alpha g),
+// Limit) (Step-3.7).
+type ClampedSwiGLU struct {
+	Alpha, Limit, UpOffset float64
+	ClampAfter             bool
+}
 
 // SwiGLU reports whether a is plain silu(g) * u.
 func (a ClampedSwiGLU) SwiGLU() bool {
@@ -36,6 +41,9 @@ func (a ClampedSwiGLU) SwiGLU() bool {
 
 // Apply is act(g, u) in float64.
 func (a ClampedSwiGLU) Apply(g, u float64) float64 {
+	if a.ClampAfter {
+		return moe.SwiGLUClampedAfter(g, u, a.Alpha, a.Limit, a.UpOffset)
+	}
 	return moe.ClampedSwiGLU(g, u, a.Alpha, a.Limit, a.UpOffset)
 }
 
@@ -66,6 +74,7 @@ var gemmTests = []gemmTest{
 	{name: "gpt-oss clamped SwiGLU + biases", t: 23, e: 8, k: 3, h: 96, i: 64, block: 16, allOn: -1,
 		act: ClampedSwiGLU{Alpha: 1.702, Limit: 0.6, UpOffset: 1}, biases: true},
 	{name: "deepseek-v4 clamp", t: 19, e: 16, k: 4, h: 160, i: 96, block: 16, allOn: -1, act: ClampedSwiGLU{Limit: 0.5}},
+	{name: "step-3.7 clamp after silu", t: 17, e: 8, k: 3, h: 96, i: 64, block: 16, allOn: -1, act: ClampedSwiGLU{Limit: 0.3, ClampAfter: true}},
 	{name: "SwiGLU + biases", t: 11, e: 4, k: 2, h: 64, i: 48, block: 32, allOn: -1, act: ClampedSwiGLU{}, biases: true},
 }
 

@@ -243,9 +243,19 @@ func checkContractLayers(cfgPath string, bad func(string, any, any, string) *Byt
 			Detail: fmt.Sprintf("%s.layers lists %d layers, SRC has %d MoE layers", layout.ContractKey, len(c.Layers), len(plan.Layers))}
 	}
 	for i, l := range plan.Layers {
-		want := layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix}
-		if c.Layers[i] != want {
-			return bad(fmt.Sprintf("layers[%d]", i), c.Layers[i], want, "SRC's plan")
+		got, want := c.Layers[i], layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix}
+		if got.Index != want.Index || got.MTP != want.MTP || got.Prefix != want.Prefix {
+			return bad(fmt.Sprintf("layers[%d]", i), got, want, "SRC's plan")
+		}
+		// Each layer's activations as the contract reads them, whichever
+		// level (contract or layer) records them.
+		if a, w := c.RoutedAct(got), plan.RoutedAct(l); a != w {
+			return bad(fmt.Sprintf("layers[%d] activation", i), a, w, "SRC's family ("+plan.ModelType+")")
+		}
+		if l.Shared != nil && c.NumFusedSharedExperts == 0 {
+			if a, w := c.SharedAct(got), plan.SharedActOf(l); a != w {
+				return bad(fmt.Sprintf("layers[%d] shared_activation", i), a, w, "SRC's family ("+plan.ModelType+")")
+			}
 		}
 	}
 	return nil

@@ -66,7 +66,15 @@ type FusedLayer struct {
 	// RouterScale is the router's scale tensor ("" if none).
 	SharedExperts []family.MLP
 	RouterScale   string
+	// Info is the layer's contract entry, for its own activations.
+	Info layout.LayerInfo
 }
+
+// Act is the bank's activation in this layer (fused shared slots too).
+func (fl *FusedLayer) Act() layout.Activation { return fl.Contract.RoutedAct(fl.Info) }
+
+// SharedAct is the unfused shared MLP's activation in this layer.
+func (fl *FusedLayer) SharedAct() layout.Activation { return fl.Contract.SharedAct(fl.Info) }
 
 // FusedResult is the fused path's output for one layer.
 type FusedResult struct {
@@ -175,7 +183,7 @@ func (fl *FusedLayer) loader(dec *decoder, src TensorSource, h, inter int, wf we
 		if m.Down, err = loadMatrix(dec, src, d); err != nil {
 			return nil, wrap(err)
 		}
-		m.Act = c.Act()
+		m.Act = fl.Act()
 		if m.GateBias, m.UpBias, m.DownBias, err = fl.ExpertBiases(src, e, h, inter); err != nil {
 			return nil, wrap(err)
 		}
@@ -454,7 +462,7 @@ func (fl *FusedLayer) denseMLP(dec *decoder, src TensorSource, m family.MLP, x [
 			return nil, err
 		}
 	}
-	moe.Activate(fl.Contract.Act(), g, u, gb, ub)
+	moe.Activate(fl.SharedAct(), g, u, gb, ub)
 	o := make([]float32, t*h)
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, h, inter, 1, g, inter, down, inter, 0, o, h)
 	moe.AddRowBias(o, db)

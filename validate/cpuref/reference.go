@@ -183,7 +183,7 @@ func (r *refLayer) uses(id int) bool { return len(r.users[id]) > 0 }
 
 // loadExpert reads and decodes expert id's weights (through dec).
 func (r *refLayer) loadExpert(dec *decoder, id int) (*refMLP, error) {
-	m, err := loadSourceMLP(dec, r.src, r.layer.Experts[id], r.inter, r.h, r.wf, r.plan.Act)
+	m, err := loadSourceMLP(dec, r.src, r.layer.Experts[id], r.inter, r.h, r.wf, r.plan.RoutedAct(*r.layer))
 	if err != nil {
 		return nil, fmt.Errorf("layer %d expert %d: %w", r.layer.Index, id, err)
 	}
@@ -318,7 +318,7 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 		return 0, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
 	inter := sharedInter(plan)
-	q, err := loadSourceMLP(nil, rsrc, names, inter, plan.HiddenSize, f, plan.Act)
+	q, err := loadSourceMLP(nil, rsrc, names, inter, plan.HiddenSize, f, plan.SharedActOf(*layer))
 	if err != nil {
 		return 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Index, err)
 	}
@@ -572,7 +572,7 @@ func (r *refLayer) loadShared(dec *decoder) (*refMLP, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := loadSourceMLP(dec, r.src, *r.layer.Shared, sharedInter(plan), r.h, sf, plan.Act)
+	m, err := loadSourceMLP(dec, r.src, *r.layer.Shared, sharedInter(plan), r.h, sf, plan.SharedActOf(*r.layer))
 	if err != nil {
 		return nil, fmt.Errorf("layer %d shared expert: %w", r.layer.Index, err)
 	}
@@ -656,7 +656,7 @@ func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *famil
 		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the plan has %d", layer.Index, r.S, len(r.Shared), t, ns)
 	}
 	for s, names := range layer.SharedExperts {
-		m, err := loadSourceMLP(nil, src, names, plan.MoEIntermediateSize, h, wf, plan.Act)
+		m, err := loadSourceMLP(nil, src, names, plan.MoEIntermediateSize, h, wf, plan.SharedActOf(*layer))
 		if err != nil {
 			return fmt.Errorf("layer %d shared expert %d: %w", layer.Index, s, err)
 		}

@@ -235,7 +235,7 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 			return fail(err)
 		}
 	}
-	b.Act = c.Act()
+	b.Act = fl.Act()
 	if err := s.wait(); err != nil {
 		b.Free()
 		return nil, err

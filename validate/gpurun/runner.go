@@ -480,12 +480,12 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 		if err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", fl.Index, err)
 		}
-		if err := g.addDense(src, *fl.Shared, fl.SharedGate, wf, c.Act(), in, y); err != nil {
+		if err := g.addDense(src, *fl.Shared, fl.SharedGate, wf, fl.SharedAct(), in, y); err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", fl.Index, err)
 		}
 	}
 	if len(fl.SharedExperts) > 0 {
-		if err := g.addRoutedShared(src, fl.SharedExperts, routing, cov, slots.FinalScale, nil, c.Act(), in, y); err != nil {
+		if err := g.addRoutedShared(src, fl.SharedExperts, routing, cov, slots.FinalScale, nil, fl.SharedAct(), in, y); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 		}
 	}
@@ -707,7 +707,7 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan
 				return nil, err
 			}
 		}
-		err := g.oneExpert(src, layer.Experts[id], h, inter, wf, plan.Act, users[id], numel, gk, gin, mid, out)
+		err := g.oneExpert(src, layer.Experts[id], h, inter, wf, plan.RoutedAct(*layer), users[id], numel, gk, gin, mid, out)
 		if pace != nil {
 			pace.Done(id) // oneExpert waited for its copies
 		}
@@ -737,12 +737,12 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan
 			}
 			swf = requant
 		}
-		if err := g.addDense(ssrc, sm, layer.SharedGate, swf, plan.Act, in, y); err != nil {
+		if err := g.addDense(ssrc, sm, layer.SharedGate, swf, plan.SharedActOf(*layer), in, y); err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 		}
 	}
 	if len(layer.SharedExperts) > 0 {
-		if err := g.addRoutedShared(src, layer.SharedExperts, routing, cov, float32(spec.RoutedScalingFactor), wf, plan.Act, in, y); err != nil {
+		if err := g.addRoutedShared(src, layer.SharedExperts, routing, cov, float32(spec.RoutedScalingFactor), wf, plan.SharedActOf(*layer), in, y); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 		}
 	}
