@@ -89,7 +89,6 @@ func moeGateUpAct(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *So
 const (
 	actClampBefore int32 = 0 // limit caps g (SwiGLU, gpt-oss, DeepSeek-V4)
 	actClampAfter  int32 = 1 // limit caps silu(g) (Step-3.7)
-	actReLU2       int32 = 2 // max(u, 0)^2, gate unused (ungated experts); no layout.Activation names it yet
 )
 
 func actMode(a layout.Activation) int32 {

@@ -28,12 +28,9 @@ __device__ __forceinline__ int sorted_slot(const int* sorted_ids, const int* exp
 //     g' = min(g, limit), u' = clamp(u, -limit, limit) when limit > 0
 //     (SwiGLU, gpt-oss, DeepSeek-V4);
 //   ACT_CLAMP_AFTER: act(g, u) = min(g * sigmoid(alpha g), limit) * (u' + up_offset)
-//     (Step-3.7: the limit caps the activated gate);
-//   ACT_RELU2: act(g, u) = max(u, 0)^2, the gate unused (ungated experts,
-//     Nemotron-H's relu2).
+//     (Step-3.7: the limit caps the activated gate).
 #define ACT_CLAMP_BEFORE 0
 #define ACT_CLAMP_AFTER 1
-#define ACT_RELU2 2
 template <class OT>
 __device__ __forceinline__ void act_rows(const int* sorted_ids, const int* expert_ids, const int* total_padded,
                                          const float* gate, const float* up, const float* gate_bias,
@@ -48,11 +45,6 @@ __device__ __forceinline__ void act_rows(const int* sorted_ids, const int* exper
         if (gate_bias != nullptr) g = __fadd_rn(g, gate_bias[(long long)e * I + n]);
         if (up_bias != nullptr) u = __fadd_rn(u, up_bias[(long long)e * I + n]);
         double gd = (double)g, ud = (double)u, a;
-        if (mode == ACT_RELU2) {
-            const double r = fmax(ud, 0.0);
-            st_val(inter, i, (float)(r * r));
-            continue;
-        }
         if (mode == ACT_CLAMP_AFTER) {
             a = gd / (1.0 + exp(-alpha * gd));
             if (limit > 0.0) {
