@@ -55,10 +55,8 @@ var step3p5 = &spec{
 // trimmed to num_hidden_layers.
 func stepLift(c config) (config, error) {
 	m := maps.Clone(c.m)
-	if !c.has("num_experts_per_tok") || c.has("moe_top_k") {
-		if v, ok := c.get("moe_top_k"); ok {
-			m["num_experts_per_tok"] = v
-		}
+	if v, ok := c.get("moe_top_k"); ok { // the hub's name; transformers maps it onto num_experts_per_tok
+		m["num_experts_per_tok"] = v
 	}
 	n, err := c.sizeAtMost("num_hidden_layers", maxLayers, "the deepest released models have about 130")
 	if err != nil {
@@ -176,7 +174,7 @@ func stepLimits(c config, key string, n int) ([]float64, error) {
 			continue
 		}
 		f, isNum := e.(float64)
-		if !isNum || !(f >= 0) || f > 1e30 {
+		if !isNum || !(f >= 0) {
 			return nil, fmt.Errorf("config.json: %s[%d] = %v, want a limit >= 0", key, i, e)
 		}
 		out[i] = f
