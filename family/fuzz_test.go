@@ -1,0 +1,67 @@
+package family
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// FuzzDetect: any config.json, planned against the tensors of one of the
+// real checkpoints transformers wrote, plans or fails with an error: never
+// a panic, and a hostile config's lists (moe_layers_enum, per-layer limits,
+// layer types) cost bounded time. The seeds are those checkpoints' own
+// configs (each plans against its tensors) plus hub-style Step-3.5 keys.
+func FuzzDetect(f *testing.F) {
+	dirs := []string{"deepseek-v3-bf16", "step3p7", "hy-v4", "gpt-oss", "llama4", "glm5-next"}
+	sets := make([]*fakeTensors, len(dirs))
+	for i, dir := range dirs {
+		d := filepath.Join("..", "fixtures", "hf", dir)
+		ts := &fakeTensors{meta: map[string]TensorMeta{}}
+		shards, _ := filepath.Glob(filepath.Join(d, "*.safetensors"))
+		for _, s := range shards {
+			sf, err := safetensors.Open(s)
+			if err != nil {
+				f.Fatal(err)
+			}
+			for _, ti := range sf.Tensors {
+				ts.add(ti.Name, ti.DType, ti.Shape...)
+			}
+			sf.Close()
+		}
+		sets[i] = ts
+		b, err := os.ReadFile(filepath.Join(d, "config.json"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, uint8(i))
+		// The per-expert checkpoint plans against its own tensors: the
+		// seeds reach the planner's tensor checks (the stacked ones need
+		// views, which these metadata-only tensors do not resolve).
+		var cfg map[string]any
+		if dir == "deepseek-v3-bf16" {
+			if json.Unmarshal(b, &cfg) != nil {
+				f.Fatalf("%s: config.json", dir)
+			}
+			if p, err := Detect(cfg, ts); err != nil || len(p.Layers) == 0 {
+				f.Fatalf("%s does not plan against its own tensors: %v", dir, err)
+			}
+		}
+	}
+	f.Add([]byte(`{"model_type":"step3p5","hidden_size":64,"num_hidden_layers":4,"moe_intermediate_size":32,"n_routed_experts":8,`+
+		`"moe_top_k":2,"moe_layers_enum":"1,2,3,99999999999999999999","num_nextn_predict_layers":1,"share_expert_dim":64,`+
+		`"swiglu_limits":[0,0,null,7,7],"swiglu_limits_shared":[0,0,16,16,16]}`), uint8(1))
+	f.Add([]byte(`{"model_type":"step3p7","text_config":{"model_type":"step3p5","moe_layers_enum":[1,2,-3]}}`), uint8(1))
+	f.Fuzz(func(t *testing.T, b []byte, which uint8) {
+		var cfg map[string]any
+		if json.Unmarshal(b, &cfg) != nil {
+			return
+		}
+		p, err := Detect(cfg, sets[int(which)%len(sets)])
+		if err == nil && (p == nil || len(p.Layers) == 0) {
+			t.Fatalf("planned without an error but with no MoE layer: %+v", p)
+		}
+	})
+}
