@@ -93,6 +93,10 @@ func stepMoELayers(v any, n int) ([]any, error) {
 	var items []string
 	switch x := v.(type) {
 	case string:
+		// count before splitting: a 16 MiB string of commas would be 16 M strings
+		if n := strings.Count(x, ","); n >= maxLayers*4 {
+			return nil, fmt.Errorf("config.json: moe_layers_enum has %d entries", n+1)
+		}
 		items = strings.Split(x, ",")
 	case []any:
 		if len(x) > maxLayers*4 {
@@ -103,9 +107,6 @@ func stepMoELayers(v any, n int) ([]any, error) {
 		}
 	default:
 		return nil, fmt.Errorf("config.json: moe_layers_enum is %T, want a string or a list of layer indices", v)
-	}
-	if len(items) > maxLayers*4 {
-		return nil, fmt.Errorf("config.json: moe_layers_enum has %d entries", len(items))
 	}
 	types := make([]any, n)
 	for i := range types {

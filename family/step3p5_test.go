@@ -58,6 +58,7 @@ func TestStepHubConfig(t *testing.T) {
 		{func(c map[string]any) { c["swiglu_limits_shared"] = []any{0.0, 0.0, -1.0, 0.0} }, "swiglu_limits_shared[2]"},
 		{func(c map[string]any) { c["moe_layers_enum"] = "1,x" }, `moe_layers_enum entry "x"`},
 		{func(c map[string]any) { c["moe_layers_enum"] = 3.0 }, "moe_layers_enum is float64"},
+		{func(c map[string]any) { c["moe_layers_enum"] = strings.Repeat(",", 1<<20) }, "moe_layers_enum has 1048577 entries"},
 	} {
 		_, err := synthPlan(t, "small-step3p5", func(c map[string]any) {
 			hub(c)

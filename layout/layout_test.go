@@ -165,6 +165,12 @@ func TestReadContract(t *testing.T) {
 		func(c *Contract) { c.WeightBlockSize = nil },
 		func(c *Contract) { c.NumExperts = 0 },
 		func(c *Contract) { c.Quantization = "int4_group_32" }, // a format moeprep does not know
+		// activations: not finite or negative, or a fused shared slot (one
+		// bank, one activation) whose shared MLP runs another
+		func(c *Contract) { c.SharedActivation = &Activation{Limit: -1} },
+		func(c *Contract) { c.Layers[0].Activation = &Activation{ClampAfter: true} },
+		func(c *Contract) { c.SharedActivation = &Activation{Limit: 7} },
+		func(c *Contract) { c.Layers[0].SharedActivation = &Activation{Limit: 7, ClampAfter: true} },
 	} {
 		c := goodContract()
 		bad(c)
