@@ -39,7 +39,14 @@ var wantHF = []string{"deepseek-v2-lite", "deepseek-v3-bf16", "deepseek-v3-fp8",
 	// stacked one tensor per projection, per-layer activations
 	"step3p7",
 	// HY-V4: stacked experts clamped, the shared MLP plain SwiGLU
-	"hy-v4"}
+	"hy-v4",
+	// Gemma 4: the MoE block hangs off the decoder layer, two inputs (the
+	// router's and the experts' norms), per_expert_scale, GeGLU; bare and
+	// in its multimodal wrapper
+	"gemma4-text", "gemma4",
+	// DiffusionGemma: Gemma 4's MoE layers, the encoder's tied to the
+	// decoder's (one copy saved, model.decoder.layers.L)
+	"diffusion-gemma"}
 
 // wantHFLowBit are issue 29's low-bit variants (fixtures/hf/export_lowbit.py).
 // This file's byte model knows bf16 and FP8 128x128 blocks only; their bytes

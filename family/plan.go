@@ -105,6 +105,30 @@ type Layer struct {
 	// RouterScale is a scalar tensor [1] the routing weights are multiplied
 	// by, shared slots included (Inkling's gate.global_scale), "" if none.
 	RouterScale string
+	// ExpertScale [E] multiplies each routing weight by its expert's entry
+	// after the top-k and its renormalisation (Gemma 4's
+	// router.per_expert_scale), "" if none.
+	ExpertScale string
+	// The layer's two inputs (Gemma 4), "" if the router and the experts
+	// both read the layer's input x as it is. RouterInputScale [H]: the
+	// router reads rmsnorm(x) * RouterInputScale * H^-1/2 (router.scale,
+	// its RMSNorm without a weight); ExpertInputNorm [H]: the experts read
+	// rmsnorm(x) * ExpertInputNorm (pre_feedforward_layernorm_2.weight).
+	// Both norms take Plan.InputNormEps. x is then the residual stream.
+	RouterInputScale, ExpertInputNorm string
+}
+
+// InputTensors are the layer's tensors that shape its routing weights and
+// inputs beyond the router (ExpertScale, RouterInputScale,
+// ExpertInputNorm), the empty ones left out.
+func (l *Layer) InputTensors() []string {
+	var out []string
+	for _, n := range []string{l.ExpertScale, l.RouterInputScale, l.ExpertInputNorm} {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // Plan is everything moeprep needs to know about a checkpoint's MoE layers.
@@ -189,7 +213,11 @@ type Plan struct {
 	// NamingDeepSeek); "" otherwise.
 	SharedScaleDType safetensors.DType
 	SharedNaming     string
-	Layers           []Layer // sorted by Index
+	// InputNormEps is the epsilon of the RMSNorms of a layer's two inputs
+	// (Layer.RouterInputScale, ExpertInputNorm: Gemma 4's rms_norm_eps);
+	// 0 when the layers have none.
+	InputNormEps float64
+	Layers       []Layer // sorted by Index
 	// Notices are one-line remarks on what the config says and moeprep,
 	// as transformers, ignores (moe_layers entries past the last layer);
 	// commands print them to stderr and carry them in their JSON.

@@ -212,7 +212,7 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	if mtp {
 		where += " (MTP)"
 	}
-	prefix := n.layers + strconv.Itoa(l) + "." + module
+	prefix := s.modulePrefix(l, module)
 	out := Layer{Index: l, MTP: mtp, Prefix: prefix, Router: prefix + "." + n.router + ".weight"}
 	if err := k.router(where, out.Router); err != nil {
 		return Layer{}, err
@@ -220,6 +220,21 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	if n.routerLogitBias != "" {
 		out.RouterLogitBias = prefix + "." + n.routerLogitBias
 		if err := k.small(where, "router bias", out.RouterLogitBias, []int64{int64(p.NumExperts)}, fmt.Sprintf("(E=%d)", p.NumExperts)); err != nil {
+			return Layer{}, err
+		}
+	}
+	for _, v := range []struct {
+		rel, role string
+		dst       *string
+		size      int
+	}{{n.expertScale, "per-expert scale", &out.ExpertScale, p.NumExperts},
+		{n.routerInputScale, "router input scale", &out.RouterInputScale, p.HiddenSize},
+		{n.expertInputNorm, "experts' input norm", &out.ExpertInputNorm, p.HiddenSize}} {
+		if v.rel == "" {
+			continue
+		}
+		*v.dst = prefix + "." + v.rel
+		if err := k.small(where, v.role, *v.dst, []int64{int64(v.size)}, ""); err != nil {
 			return Layer{}, err
 		}
 	}
@@ -444,10 +459,19 @@ func (s *spec) refuseStacked(names []string) error {
 	return nil
 }
 
+// modulePrefix is layer l's MoE module: the decoder layer itself where
+// module is "" (Gemma 4).
+func (s *spec) modulePrefix(l int, module string) string {
+	if module == "" {
+		return s.names.layers + strconv.Itoa(l)
+	}
+	return s.names.layers + strconv.Itoa(l) + "." + module
+}
+
 // pickModule chooses the MoE module name by the first MoE layer's router.
 func (s *spec) pickModule(t Tensors, l int) string {
 	for _, m := range s.names.modules {
-		if _, ok := t.Lookup(s.names.layers + strconv.Itoa(l) + "." + m + "." + s.names.router + ".weight"); ok {
+		if _, ok := t.Lookup(s.modulePrefix(l, m) + "." + s.names.router + ".weight"); ok {
 			return m
 		}
 	}
@@ -457,7 +481,7 @@ func (s *spec) pickModule(t Tensors, l int) string {
 // moeTensor returns the first of names that belongs to the MoE module of
 // layer l (an expert or the router), or "".
 func (s *spec) moeTensor(l int, module string, names []string) string {
-	prefix := s.names.layers + strconv.Itoa(l) + "." + module + "."
+	prefix := s.modulePrefix(l, module) + "."
 	router := prefix + s.names.router + ".weight"
 	for _, name := range names {
 		if name == router || strings.HasPrefix(name, prefix+s.names.experts+".") {

@@ -12,7 +12,7 @@ var families = []*spec{deepseek, qwen2MoE, qwen3MoE, mixtral,
 	glm4MoELite, exaoneMoE, hyV3, afmoe, minimaxM2, ernie45MoE, olmoe, jamba, cohere2MoE,
 	graniteMoE, graniteMoESWA, phimoe, llama4, gptOSS, deepseekV4, inkling,
 	dots1, hunyuanV1MoE, flexOlmo, lfm2MoE, dbrx, solarOpen, mimoV2Flash,
-	mellum, graniteMoEHybrid, axk1, axk2, deepseekV32, glmMoEDsa, mistral4, kimiLinear, laguna, hyV4, step3p5}
+	mellum, graniteMoEHybrid, axk1, axk2, deepseekV32, glmMoEDsa, mistral4, kimiLinear, laguna, hyV4, step3p5, gemma4}
 
 // unsupported are the MoE model types transformers ships that moeprep
 // refuses, each with the reason a user needs.
@@ -35,9 +35,6 @@ var unsupported = map[string]string{
 	"decision_transformer":  "Decision Transformer is a dense GPT-2 policy model: it has no MoE experts to convert",
 	// issue 30's multimodal wrappers and text models moeprep cannot carry exactly
 	"ernie4_5_vl_moe": "ERNIE-4.5-VL's MoE layers hold two routed banks, text_moe and vision_moe, each with its own router and expert size, and send each token to one by its token type; moeprep plans one routed bank per layer",
-	"gemma4":          "Gemma 4's MoE (gemma4_text) routes the layer's residual stream through the router's own RMSNorm and learned scale, not the experts' input, multiplies each expert's weight by per_expert_scale and runs beside a dense MLP; moeprep's router is a linear map of the experts' input",
-	"gemma4_text":     "Gemma 4's router reads the layer's residual stream through its own RMSNorm and learned scale, not the experts' input, and multiplies each expert's weight by per_expert_scale; moeprep's router is a linear map of the experts' input",
-	"diffusion_gemma": "DiffusionGemma's MoE layers use Gemma 4's router (its own RMSNorm and learned scale on the residual stream, not the experts' input, and per_expert_scale), in an encoder and a decoder; moeprep's router is a linear map of the experts' input",
 	"cosmos3_omni":    "Cosmos3-Omni is not a MoE model: its language model is a dense Qwen3-VL text model, and its generator expert (Mixture-of-Transformers, moe_gen) is a second transformer tower that transformers drops on load; there are no routed experts to plan",
 }
 

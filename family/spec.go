@@ -74,8 +74,10 @@ type naming struct {
 	// layouts, tried in order where no tensor name starts with layers
 	// (DeepSeek-V4's official repo: "layers.", no "model."). Everything
 	// below the layer prefix is named alike in all of them.
-	layersAlt  []string
-	modules    []string  // the MoE module in a layer; the first whose router exists wins
+	layersAlt []string
+	// modules: the MoE module in a layer; the first whose router exists
+	// wins. "" is the decoder layer itself (Gemma 4's router and experts).
+	modules    []string
 	experts    string    // container of routed experts, followed by ".<id>."
 	proj       [3]string // gate, up, down projection of one expert (Mixtral: w1, w3, w2)
 	router     string    // router module, relative to the MoE module ("gate", "router.gate")
@@ -136,6 +138,11 @@ type naming struct {
 	// routerScale: a scalar [1] multiplying the routing weights, relative
 	// to the MoE module (Inkling's "gate.global_scale"), "" if none.
 	routerScale string
+	// expertScale [E], routerInputScale [H] and expertInputNorm [H]:
+	// Layer.ExpertScale, RouterInputScale and ExpertInputNorm, relative to
+	// the MoE module (Gemma 4's router.per_expert_scale, router.scale,
+	// pre_feedforward_layernorm_2.weight), "" if none.
+	expertScale, routerInputScale, expertInputNorm string
 	// sharedAtLayer: the shared module hangs off the decoder layer, not the
 	// MoE module (Granite: model.layers.L.shared_mlp beside block_sparse_moe);
 	// the layer's output is still routed + shared.

@@ -123,6 +123,22 @@ var wrappers = []wrapper{
 	{modelType: "step3p7", textKey: "text_config", textTypes: []string{"step3p5"},
 		layers: []string{"model.layers.", "model.language_model.layers."},
 		text:   []string{"model.embed_tokens.", "model.layers.", "model.norm.", "model.language_model.", "lm_head."}},
+	// Gemma 4: gemma4_text (gemma4.go) under model.language_model.layers.L,
+	// model.vision_tower.*, model.embed_vision.* (and model.audio_tower.*,
+	// model.embed_audio.* where it has audio); the head is tied to the
+	// embeddings.
+	{modelType: "gemma4", textKey: "text_config", textTypes: []string{"gemma4_text"},
+		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},
+	// DiffusionGemma: Gemma 4's MoE text model (diffusion_gemma_text) in an
+	// encoder and a diffusion decoder whose layers' weights are tied
+	// (DiffusionGemmaModel._tied_weights_keys): transformers saves one copy,
+	// the decoder's, model.decoder.layers.L, and the encoder's untied
+	// buffers (model.encoder.language_model.layers.L.layer_scalar); converting
+	// the decoder's layers converts the weights both run.
+	// model.decoder.self_conditioning.*, model.encoder.vision_tower.*,
+	// model.encoder.embed_vision.* are carried.
+	{modelType: "diffusion_gemma", textKey: "text_config", textTypes: []string{"diffusion_gemma_text"},
+		layers: []string{"model.decoder.layers."}, text: []string{"model.decoder.", "model.encoder.language_model.", "lm_head."}},
 }
 
 // inklingHub is Inkling's MoE block in the hub's layout, which

@@ -172,9 +172,6 @@ func TestRefuseWrappers2(t *testing.T) {
 		want     string
 	}{
 		{"ernie4_5_vl_moe", "aria", top("ernie4_5_vl_moe"), nil, `model_type "ernie4_5_vl_moe" is not supported: ERNIE-4.5-VL's MoE layers hold two routed banks`},
-		{"gemma4", "aria", top("gemma4"), nil, `model_type "gemma4" is not supported: Gemma 4's MoE (gemma4_text) routes the layer's residual stream`},
-		{"gemma4_text", "aria", top("gemma4_text"), nil, `model_type "gemma4_text" is not supported: Gemma 4's router reads`},
-		{"diffusion_gemma", "aria", top("diffusion_gemma"), nil, `model_type "diffusion_gemma" is not supported: DiffusionGemma's MoE layers use Gemma 4's router`},
 		{"cosmos3_omni", "aria", top("cosmos3_omni"), nil, `model_type "cosmos3_omni" is not supported: Cosmos3-Omni is not a MoE model`},
 		{"aria hidden_act", "aria", func(_, text map[string]any) { text["hidden_act"] = "gelu" },
 			nil, `config.json: text_config: hidden_act "gelu" is not supported for aria_text`},

@@ -36,8 +36,16 @@ type Summary struct {
 	// SharedRouted: the router scores the shared experts too and weights
 	// each per token (Inkling); RouterScaled: a per-layer scalar tensor
 	// multiplies the routing weights (Inkling's gate.global_scale).
-	SharedRouted        bool    `json:"shared_routed,omitempty"`
-	RouterScaled        bool    `json:"router_scaled,omitempty"`
+	SharedRouted bool `json:"shared_routed,omitempty"`
+	RouterScaled bool `json:"router_scaled,omitempty"`
+	// ExpertScaled: each weight is multiplied by its expert's entry of a
+	// per-layer vector after the top-k (Gemma 4's per_expert_scale);
+	// InputNorms: the layer reads the residual stream through two
+	// RMSNorms of epsilon InputNormEps, the router's (times a scale
+	// vector and H^-1/2) and the experts' (Gemma 4).
+	ExpertScaled        bool    `json:"expert_scaled,omitempty"`
+	InputNorms          bool    `json:"input_norms,omitempty"`
+	InputNormEps        float64 `json:"input_norm_eps,omitempty"`
 	TopK                int     `json:"top_k"`
 	NGroup              int     `json:"n_group"`
 	TopKGroup           int     `json:"topk_group"`
@@ -230,6 +238,10 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 	s.ExpertBias = p.ExpertBias
 	for _, l := range p.Layers {
 		s.RouterScaled = s.RouterScaled || l.RouterScale != ""
+		s.ExpertScaled = s.ExpertScaled || l.ExpertScale != ""
+		if l.RouterInputScale != "" || l.ExpertInputNorm != "" {
+			s.InputNorms, s.InputNormEps = true, p.InputNormEps
+		}
 		if l.HashTable != "" {
 			s.HashLayers = append(s.HashLayers, l.Index)
 		}
@@ -287,6 +299,9 @@ func WriteText(w io.Writer, s *Summary) error {
 	if s.RouterScaled {
 		routing += " x the layer's router scale tensor"
 	}
+	if s.ExpertScaled {
+		routing += ", each weight x its expert's per_expert_scale"
+	}
 	experts := "SwiGLU"
 	if a := s.Activation; a != nil {
 		experts = activationText(*a)
@@ -325,6 +340,9 @@ func WriteText(w io.Writer, s *Summary) error {
 			parts = []string{"nothing"}
 		}
 		rows = append(rows, [2]string{"carried", strings.Join(parts, ", ") + ", byte for byte"})
+	}
+	if s.InputNorms {
+		rows = append(rows, [2]string{"layer input", fmt.Sprintf("the residual stream r: the router reads rmsnorm(r) x router.scale x H^-1/2, the experts pre_feedforward_layernorm_2(r) (eps %g)", s.InputNormEps)})
 	}
 	if len(s.HashLayers) > 0 {
 		rows = append(rows, [2]string{"hash routed", Ranges(s.HashLayers) + " (experts from the token-id table)"})

@@ -89,10 +89,14 @@ func moeGateUpAct(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *So
 const (
 	actClampBefore int32 = 0 // limit caps g (SwiGLU, gpt-oss, DeepSeek-V4)
 	actClampAfter  int32 = 1 // limit caps silu(g) (Step-3.7)
+	actGeluTanh    int32 = 2 // GeGLU with tanh gelu (Gemma 4)
 )
 
 func actMode(a layout.Activation) int32 {
-	if a.ClampAfter {
+	switch {
+	case a.Gate == layout.GateGeluTanh:
+		return actGeluTanh
+	case a.ClampAfter:
 		return actClampAfter
 	}
 	return actClampBefore
@@ -125,4 +129,21 @@ func AddBiasRows(dev *cuda.Device, st cuda.Stream, m, bias *cuda.Buffer[float32]
 		return err
 	}
 	return am.Launch("add_bias_rows", Grid(rows), Block(128), 0, st, m, bias, int32(rows), int32(cols))
+}
+
+// ScaleByExpert queues w[i] *= scale[ids[i]] for the n slots whose id is
+// a routed expert (below e): Gemma 4's per_expert_scale on the gate's
+// weights. CPU twin: moe.ScaleByExpert.
+func ScaleByExpert(dev *cuda.Device, st cuda.Stream, w *cuda.Buffer[float32], ids *cuda.Buffer[int32], scale *cuda.Buffer[float32], n, e int) error {
+	switch {
+	case w == nil || ids == nil || scale == nil || !dimsOK(n, e):
+		return fmt.Errorf("scale by expert: bad arguments (%d slots, %d experts)", n, e)
+	case w.Len() < n || ids.Len() < n || scale.Len() < e:
+		return fmt.Errorf("scale by expert: %d weights, %d ids and %d scales for %d slots of %d experts", w.Len(), ids.Len(), scale.Len(), n, e)
+	}
+	am, err := Load(dev, "act")
+	if err != nil {
+		return err
+	}
+	return am.Launch("scale_by_expert", Grid((n+127)/128), Block(128), 0, st, w, ids, scale, int32(n), int32(e))
 }

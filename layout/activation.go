@@ -27,11 +27,22 @@ type Activation struct {
 	// ClampAfter: Limit caps silu(g), not g (Step-3.7's experts and shared
 	// MLP). Meaningless, and left false, without a Limit.
 	ClampAfter bool `json:"clamp_after_act,omitempty"`
+	// Gate is the gate's nonlinearity: "" is the sigmoid-weighted g above;
+	// GateGeluTanh is GeGLU, gelu_tanh(g) * u (Gemma 4's
+	// gelu_pytorch_tanh), which takes no alpha, limit or offset.
+	Gate string `json:"gate,omitempty"`
 }
+
+// GateGeluTanh is Activation.Gate for GeGLU with the tanh approximation
+// of gelu: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+const GateGeluTanh = "gelu_tanh"
+
+// GeGLUTanh is Gemma 4's experts' activation, gelu_tanh(g) * u.
+func GeGLUTanh() Activation { return Activation{Gate: GateGeluTanh} }
 
 // SwiGLU reports whether a is plain silu(g) * u.
 func (a Activation) SwiGLU() bool {
-	return (a.Alpha == 0 || a.Alpha == 1) && a.Limit == 0 && a.UpOffset == 0
+	return (a.Alpha == 0 || a.Alpha == 1) && a.Limit == 0 && a.UpOffset == 0 && a.Gate == ""
 }
 
 // Check refuses values no activation could have.
@@ -47,11 +58,23 @@ func (a Activation) Check() error {
 	if a.ClampAfter && a.Limit == 0 {
 		return fmt.Errorf("activation %+v: clamp_after_act without a limit", a)
 	}
+	switch a.Gate {
+	case "":
+	case GateGeluTanh:
+		if a.Alpha != 0 || a.Limit != 0 || a.UpOffset != 0 || a.ClampAfter {
+			return fmt.Errorf("activation %+v: gate %s takes no alpha, limit or up offset", a, a.Gate)
+		}
+	default:
+		return fmt.Errorf("activation %+v: gate %q is not one moeprep computes (want %q or none)", a, a.Gate, GateGeluTanh)
+	}
 	return nil
 }
 
 // Apply is act(g, u) in float64.
 func (a Activation) Apply(g, u float64) float64 {
+	if a.Gate == GateGeluTanh {
+		return moe.GeluTanh(g) * u
+	}
 	if a.ClampAfter {
 		return moe.SwiGLUClampedAfter(g, u, a.Alpha, a.Limit, a.UpOffset)
 	}
@@ -64,6 +87,9 @@ func (a Activation) Apply(g, u float64) float64 {
 func (a Activation) Describe() string {
 	if a.SwiGLU() {
 		return "SwiGLU"
+	}
+	if a.Gate == GateGeluTanh {
+		return "GeGLU (tanh gelu)"
 	}
 	alpha := a.Alpha
 	if alpha == 0 {

@@ -55,6 +55,16 @@ func SwiGLUClampedAfter(g, u, alpha, limit, upOffset float64) float64 {
 	return a * (u + upOffset)
 }
 
+// GeluTanh is gelu with the tanh approximation in float64 (torch's
+// gelu(approximate="tanh"), transformers' gelu_pytorch_tanh):
+//
+//	0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+//
+// Gemma 4's experts run GeGLU, GeluTanh(g) * u.
+func GeluTanh(g float64) float64 {
+	return 0.5 * g * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(g+0.044715*g*g*g)))
+}
+
 // ExpertMats is one expert's weights dequantised to float32:
 // E(x) = Down act(Gate x + GateBias, Up x + UpBias) + DownBias.
 type ExpertMats struct {

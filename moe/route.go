@@ -276,6 +276,20 @@ func ScaleRouting(r *Routing, s float32) {
 	}
 }
 
+// ScaleByExpert multiplies each routing weight by its expert's entry of
+// s (Gemma 4's per_expert_scale, applied after the top-k and its
+// renormalisation), each product rounded to float32 as HF multiplies.
+// An id outside s is an error, never an index out of range.
+func ScaleByExpert(r *Routing, s []float32) error {
+	for i, id := range r.IDs {
+		if id < 0 || int(id) >= len(s) {
+			return fmt.Errorf("per-expert scale: slot %d names expert %d of %d", i, id, len(s))
+		}
+		r.Weights[i] *= s[id]
+	}
+	return nil
+}
+
 // renormalise divides w by its float32 sum + 1e-20, as the HF routers do.
 func renormalise(w []float32) {
 	var sum float32

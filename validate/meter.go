@@ -288,7 +288,7 @@ func (m *meter) wrap(c *checkpoint.Checkpoint, side string, layerOf map[string]i
 // srcLayerNames are the tensors the unfused paths read for one SRC layer
 // (the hash table, read a row per token, is left out of the plan).
 func srcLayerNames(l *family.Layer) []string {
-	names := []string{l.Router, l.RouterBias, l.RouterLogitBias, l.RouterScale, l.SharedGate}
+	names := append([]string{l.Router, l.RouterBias, l.RouterLogitBias, l.RouterScale, l.SharedGate}, l.InputTensors()...)
 	for _, e := range l.Experts {
 		names = append(names, mlpNames(e)...)
 	}
@@ -304,7 +304,7 @@ func srcLayerNames(l *family.Layer) []string {
 // dstLayerNames are the tensors the fused paths read for one DST layer.
 func dstLayerNames(fl *cpuref.FusedLayer) []string {
 	n := fl.Names
-	names := []string{fl.Router, fl.RouterBias, fl.RouterLogitBias, fl.RouterScale, fl.SharedGate,
+	names := []string{fl.Router, fl.RouterBias, fl.RouterLogitBias, fl.RouterScale, fl.ExpertScale, fl.Prep.RouterScale, fl.Prep.ExpertNorm, fl.SharedGate,
 		n.Gate, n.Up, n.GateUp, n.Down, n.GateScale, n.UpScale, n.GateUpScale, n.DownScale}
 	if b := fl.Biases; b != nil {
 		names = append(names, b.Gate, b.Up, b.GateUp, b.Down)

@@ -333,7 +333,7 @@ func dstLayerTensors(fl *cpuref.FusedLayer) (stacks, rest []string) {
 	if b := fl.Biases; b != nil {
 		stacks = append(stacks, b.Gate, b.Up, b.GateUp, b.Down)
 	}
-	rest = append([]string{fl.Router, fl.RouterBias, fl.RouterLogitBias, fl.RouterScale, fl.SharedGate, fl.HashTable},
+	rest = append([]string{fl.Router, fl.RouterBias, fl.RouterLogitBias, fl.RouterScale, fl.ExpertScale, fl.Prep.RouterScale, fl.Prep.ExpertNorm, fl.SharedGate, fl.HashTable},
 		sharedTensors(fl.Shared, fl.SharedExperts)...)
 	empty := func(s string) bool { return s == "" }
 	return slices.DeleteFunc(stacks, empty), slices.DeleteFunc(rest, empty)
@@ -342,7 +342,7 @@ func dstLayerTensors(fl *cpuref.FusedLayer) (stacks, rest []string) {
 // srcHeadTensors are what SRC's reference reads of a layer apart from its
 // routed experts.
 func srcHeadTensors(l *family.Layer) []string {
-	return append([]string{l.Router, l.RouterBias, l.RouterLogitBias, l.RouterScale, l.SharedGate, l.HashTable},
+	return append(append([]string{l.Router, l.RouterBias, l.RouterLogitBias, l.RouterScale, l.SharedGate, l.HashTable}, l.InputTensors()...),
 		sharedTensors(l.Shared, l.SharedExperts)...)
 }
 

@@ -516,7 +516,7 @@ func (s *session) targets() ([]target, []string, error) {
 			t := get(l.Index, l.MTP)
 			t.fused = &cpuref.FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
 				Spec: s.dstPlan.RouteSpec(), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate,
-				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale, Info: li}
+				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale, ExpertScale: l.ExpertScale, Prep: cpuref.PrepOf(s.dstPlan, l), Info: li}
 			if b, ok := s.contract.Biases(li); ok {
 				t.fused.Biases = &b
 			}

@@ -139,6 +139,11 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		"mistral4":         {"mistral4", "mistral4", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "softmax", 1.5, []int{1, 2}, 45},
 		"step3p7":          {"step3p5", "step3p7", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 2, []int{1, 2, 3}, 89},
 		"hy-v4":            {"hy_v4", "hy_v4", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 84},
+		// Gemma 4, bare and in its multimodal wrapper: every layer MoE, no shared expert
+		"gemma4-text": {"gemma4", "gemma4_text", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1, 2}, 69},
+		"gemma4":      {"gemma4", "gemma4", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1, 2}, 84},
+		// DiffusionGemma: the decoder's layers (the encoder's are tied to them)
+		"diffusion-gemma": {"gemma4", "diffusion_gemma", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1, 2}, 90},
 	}
 	dirs, _ := filepath.Glob(filepath.Join(fixturesDir, "*", "config.json"))
 	if len(dirs) != len(tests) {

@@ -28,9 +28,12 @@ __device__ __forceinline__ int sorted_slot(const int* sorted_ids, const int* exp
 //     g' = min(g, limit), u' = clamp(u, -limit, limit) when limit > 0
 //     (SwiGLU, gpt-oss, DeepSeek-V4);
 //   ACT_CLAMP_AFTER: act(g, u) = min(g * sigmoid(alpha g), limit) * (u' + up_offset)
-//     (Step-3.7: the limit caps the activated gate).
+//     (Step-3.7: the limit caps the activated gate);
+//   ACT_GELU_TANH: act(g, u) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u
+//     (Gemma 4's GeGLU; alpha, limit and up_offset are 1, 0, 0).
 #define ACT_CLAMP_BEFORE 0
 #define ACT_CLAMP_AFTER 1
+#define ACT_GELU_TANH 2
 template <class OT>
 __device__ __forceinline__ void act_rows(const int* sorted_ids, const int* expert_ids, const int* total_padded,
                                          const float* gate, const float* up, const float* gate_bias,
@@ -45,7 +48,9 @@ __device__ __forceinline__ void act_rows(const int* sorted_ids, const int* exper
         if (gate_bias != nullptr) g = __fadd_rn(g, gate_bias[(long long)e * I + n]);
         if (up_bias != nullptr) u = __fadd_rn(u, up_bias[(long long)e * I + n]);
         double gd = (double)g, ud = (double)u, a;
-        if (mode == ACT_CLAMP_AFTER) {
+        if (mode == ACT_GELU_TANH) {
+            a = 0.5 * gd * (1.0 + tanh(0.7978845608028654 * (gd + 0.044715 * gd * gd * gd)));
+        } else if (mode == ACT_CLAMP_AFTER) {
             a = gd / (1.0 + exp(-alpha * gd));
             if (limit > 0.0) {
                 a = fmin(a, limit);
@@ -96,4 +101,17 @@ add_bias_rows(float* m, const float* bias, int rows, int cols) {
     if (r >= rows) return;
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
         m[(long long)r * cols + c] = __fadd_rn(m[(long long)r * cols + c], bias[c]);
+}
+
+// scale_by_expert: grid = ceil(n / 128), block 128: w[i] *= scale[ids[i]]
+// for the n slots whose id is a routed expert (0 <= id < num_experts; a
+// fused shared slot's id is past them and keeps its weight): Gemma 4's
+// per_expert_scale, applied to the gate's renormalised top-k weights.
+// CPU twin: moe.ScaleByExpert.
+extern "C" __global__ void __launch_bounds__(128)
+scale_by_expert(float* w, const int* ids, const float* scale, int n, int num_experts) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int e = ids[i];
+    if (e >= 0 && e < num_experts) w[i] = __fmul_rn(w[i], scale[e]);
 }

@@ -66,6 +66,10 @@ type FusedLayer struct {
 	// RouterScale is the router's scale tensor ("" if none).
 	SharedExperts []family.MLP
 	RouterScale   string
+	// ExpertScale is the router's per-expert scale (Gemma 4), "" if none;
+	// Prep derives the layer's two inputs (Gemma 4), zero if it has one.
+	ExpertScale string
+	Prep        InputPrep
 	// Info is the layer's contract entry, for its own activations.
 	Info layout.LayerInfo
 }
@@ -85,7 +89,7 @@ type FusedResult struct {
 }
 
 func (fl *FusedLayer) RouterRef() RouterRef {
-	return RouterRef{Router: fl.Router, Bias: fl.RouterBias, LogitBias: fl.RouterLogitBias, Hash: fl.HashTable, Scale: fl.RouterScale}
+	return RouterRef{Router: fl.Router, Bias: fl.RouterBias, LogitBias: fl.RouterLogitBias, Hash: fl.HashTable, Scale: fl.RouterScale, ExpertScale: fl.ExpertScale}
 }
 
 // stackDims reads H and I from the stacked tensors and checks the bank size.
@@ -285,7 +289,11 @@ func newFusedRun(src TensorSource, fl *FusedLayer, x []float32, t int, o FusedOp
 	if fl.Spec.NumExperts != fl.Contract.NumExperts {
 		return nil, fmt.Errorf("layer %d: config routes over %d experts, the contract says %d", fl.Index, fl.Spec.NumExperts, fl.Contract.NumExperts)
 	}
-	x, routed, routing, err := routeCovered(fl.Index, src, fl.Spec, fl.RouterRef(), x, t, h, o.Tokens, o.Coverage)
+	x, xr, cov, err := fl.Prep.Prepare(src, x, t, h, o.Coverage)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	x, routed, routing, err := routeCovered(fl.Index, src, fl.Spec, fl.RouterRef(), x, xr, t, h, o.Tokens, cov)
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,9 @@ import (
 // scale tensor (Inkling's global_scale), "" where absent.
 type RouterRef struct {
 	Router, Bias, LogitBias, Hash, Scale string
+	// ExpertScale [E] multiplies each weight by its expert's entry after
+	// the top-k (Gemma 4's per_expert_scale), "" if none.
+	ExpertScale string
 }
 
 // DrawTokens returns t token ids in [0, vocab) for a hash-routed layer,

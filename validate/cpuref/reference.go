@@ -155,7 +155,11 @@ func newRefLayer(src TensorSource, plan *family.Plan, layer *family.Layer, x []f
 	if len(layer.Experts) != e {
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
-	x, routed, routing, err := routeCovered(layer.Index, src, plan.RouteSpec(), RouterOf(layer), x, t, h, o.Tokens, o.Coverage)
+	x, xr, cov, err := PrepOf(plan, layer).Prepare(src, x, t, h, o.Coverage)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+	}
+	x, routed, routing, err := routeCovered(layer.Index, src, plan.RouteSpec(), RouterOf(layer), x, xr, t, h, o.Tokens, cov)
 	if err != nil {
 		return nil, err
 	}
@@ -363,10 +367,14 @@ func sharedInter(plan *family.Plan) int {
 	return plan.NumSharedExperts * plan.MoEIntermediateSize
 }
 
-// routeCovered routes layer index's t tokens x [t,h] (routed) and appends
-// the forced coverage tokens cov (nil: none) to x and the routing (all).
-func routeCovered(index int, src TensorSource, spec moe.RouteSpec, rr RouterRef, x []float32, t, h int, tokens []int32, cov *Coverage) (xAll []float32, routed, all *moe.Routing, err error) {
-	if routed, err = routeLayer(src, spec, rr, x, t, h, tokens); err != nil {
+// routeCovered routes layer index's t tokens x [t,h] (routed; by the
+// router's own input xr where non-nil, Gemma 4's) and appends the forced
+// coverage tokens cov (nil: none) to x and the routing (all).
+func routeCovered(index int, src TensorSource, spec moe.RouteSpec, rr RouterRef, x, xr []float32, t, h int, tokens []int32, cov *Coverage) (xAll []float32, routed, all *moe.Routing, err error) {
+	if xr == nil {
+		xr = x
+	}
+	if routed, err = routeLayer(src, spec, rr, xr, t, h, tokens); err != nil {
 		return nil, nil, nil, fmt.Errorf("layer %d: %w", index, err)
 	}
 	if xAll, all, err = WithCoverage(x, routed, cov); err != nil {
@@ -431,6 +439,9 @@ func routeLogits(src TensorSource, spec moe.RouteSpec, rr RouterRef, logits, b [
 		}
 		moe.ScaleRouting(r, s)
 	}
+	if err := scaleByExpert(src, rr, r, spec.NumExperts); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -457,7 +468,7 @@ func RouterScale(src TensorSource, rr RouterRef) (float32, error) {
 
 // routerOf names a planned layer's router.
 func RouterOf(l *family.Layer) RouterRef {
-	return RouterRef{Router: l.Router, Bias: l.RouterBias, LogitBias: l.RouterLogitBias, Hash: l.HashTable, Scale: l.RouterScale}
+	return RouterRef{Router: l.Router, Bias: l.RouterBias, LogitBias: l.RouterLogitBias, Hash: l.HashTable, Scale: l.RouterScale, ExpertScale: l.ExpertScale}
 }
 
 // refMLP is one gated MLP in float32 for the reference.

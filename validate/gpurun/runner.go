@@ -174,6 +174,42 @@ type Input struct {
 	Tokens []int32
 	x32    *cuda.Buffer[float32]
 	act    kernels.Mat
+	// r32 is the router's own input where it is not x (Gemma 4: Prepared);
+	// nil: x32.
+	r32 *cuda.Buffer[float32]
+}
+
+// routerX is what the router reads: its own input, or x.
+func (in *Input) routerX() *cuda.Buffer[float32] {
+	if in.r32 != nil {
+		return in.r32
+	}
+	return in.x32
+}
+
+// Prepared is in as a layer with two inputs reads it (Gemma 4: the
+// experts' input and the router's, derived on the host from in's x, the
+// residual stream, by prep with src's norm tensors, cpuref.InputPrep's
+// float32 arithmetic); in itself for a layer with one. Each path prepares
+// its own from its own checkpoint.
+func (g *Runner) Prepared(src cpuref.TensorSource, prep cpuref.InputPrep, in *Input, fr *Frees) (*Input, error) {
+	if prep.None() {
+		return in, nil
+	}
+	xe, xr, err := prep.Inputs(src, in.x, in.t, in.h)
+	if err != nil {
+		return nil, err
+	}
+	out, err := g.Input(xe, in.t, in.h, fr)
+	if err != nil {
+		return nil, err
+	}
+	out.Tokens = in.Tokens
+	if out.r32, err = cuda.FromHost(g.dev, xr); err != nil {
+		return nil, err
+	}
+	fr.add(out.r32)
+	return out, nil
 }
 
 // Input uploads t tokens of x (t x h) as f32 and in the GEMM's activation
@@ -241,7 +277,7 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 		return nil, nil, nil, err
 	}
 	fr.add(logits)
-	if err := g.lr.Router(kernels.F32Mat(in.x32), kernels.F32Mat(w), logits, t, in.h, rows); err != nil {
+	if err := g.lr.Router(kernels.F32Mat(in.routerX()), kernels.F32Mat(w), logits, t, in.h, rows); err != nil {
 		return nil, nil, nil, err
 	}
 	if rr.LogitBias != "" { // gpt-oss: the router's own bias, added to the logits on the device
@@ -283,6 +319,20 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 		return nil, nil, nil, err
 	}
 	k := gs.SlotsPerToken()
+	if rr.ExpertScale != "" { // Gemma 4's per_expert_scale, on the gate's renormalised weights
+		sv, err := cpuref.ExpertScales(src, rr, e)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		ds, err := cuda.FromHost(g.dev, sv)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		fr.add(ds)
+		if err := kernels.ScaleByExpert(g.dev, g.compute, out.Weights, out.IDs, ds, t*k, e); err != nil {
+			return nil, nil, nil, err
+		}
+	}
 	sl := &moe.Slots{T: t, K: k, FinalScale: finalScale}
 	if sl.IDs, err = out.IDs.ToHost(t * k); err != nil {
 		return nil, nil, nil, err
@@ -432,6 +482,10 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 	}
 	if bank.H != in.h {
 		return nil, fmt.Errorf("layer %d: experts have H %d, x has %d", fl.Index, bank.H, in.h)
+	}
+	in, err := g.Prepared(src, fl.Prep, in, &fr)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	t, h := in.t, in.h
 	routing, slots, slotIDs, slotW, err := g.gate(src, fl.Spec, fl.RouterRef(), in, cov, c, &fr)
@@ -668,6 +722,10 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan
 	}
 	if len(layer.Experts) != e {
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
+	}
+	in, err := g.Prepared(src, cpuref.PrepOf(plan, layer), in, &fr)
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
 	spec := plan.RouteSpec()
 	routing, slots, _, slotW, err := g.gate(src, spec, cpuref.RouterOf(layer), in, cov, nil, &fr)
