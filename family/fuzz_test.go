@@ -13,9 +13,10 @@ import (
 // real checkpoints transformers wrote, plans or fails with an error: never
 // a panic, and a hostile config's lists (moe_layers_enum, per-layer limits,
 // layer types) cost bounded time. The seeds are those checkpoints' own
-// configs (each plans against its tensors) plus hub-style Step-3.5 keys.
+// configs (each plans against its tensors) plus hub-style Step-3.5 keys
+// and a Gemma 4 config with a bad epsilon and activation.
 func FuzzDetect(f *testing.F) {
-	dirs := []string{"deepseek-v3-bf16", "step3p7", "hy-v4", "gpt-oss", "llama4", "glm5-next"}
+	dirs := []string{"deepseek-v3-bf16", "step3p7", "hy-v4", "gpt-oss", "llama4", "glm5-next", "gemma4", "diffusion-gemma"}
 	sets := make([]*fakeTensors, len(dirs))
 	for i, dir := range dirs {
 		d := filepath.Join("..", "fixtures", "hf", dir)
@@ -54,6 +55,8 @@ func FuzzDetect(f *testing.F) {
 		`"moe_top_k":2,"moe_layers_enum":"1,2,3,99999999999999999999","num_nextn_predict_layers":1,"share_expert_dim":64,`+
 		`"swiglu_limits":[0,0,null,7,7],"swiglu_limits_shared":[0,0,16,16,16]}`), uint8(1))
 	f.Add([]byte(`{"model_type":"step3p7","text_config":{"model_type":"step3p5","moe_layers_enum":[1,2,-3]}}`), uint8(1))
+	f.Add([]byte(`{"model_type":"gemma4_text","hidden_size":64,"num_hidden_layers":3,"moe_intermediate_size":32,"num_experts":8,`+
+		`"top_k_experts":2,"enable_moe_block":true,"rms_norm_eps":-1,"hidden_activation":"gelu"}`), uint8(6))
 	f.Fuzz(func(t *testing.T, b []byte, which uint8) {
 		var cfg map[string]any
 		if json.Unmarshal(b, &cfg) != nil {
