@@ -2,9 +2,12 @@ package validate
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/cpuref"
@@ -63,4 +66,38 @@ func TestGemma4GoldensNeedEveryPart(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestGemma4TamperedInputs: DST carries Gemma 4's router scale, per-expert
+// scale and experts' input norm byte for byte, and the fused path reads
+// DST's own: one value of any of them doubled or halved fails the layer's numbers
+// with the byte proof off, and the byte proof alone.
+func TestGemma4TamperedInputs(t *testing.T) {
+	src := filepath.Join(hfFixtures, "gemma4-text")
+	for _, name := range []string{"model.layers.1.router.scale", "model.layers.1.router.per_expert_scale",
+		"model.layers.1.pre_feedforward_layernorm_2.weight"} {
+		t.Run(name, func(t *testing.T) {
+			dst := convertInto(t, src, convert.Options{})
+			rewriteTensor(t, dst, name, func(raw []byte, _ []int64) {
+				raw[0] ^= 0x80 // bf16 element 0's lowest exponent bit: twice or half the value
+			})
+			for _, bytes := range []string{BytesOff, BytesOnly} {
+				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Bytes: bytes})
+				if err == nil {
+					err = rep.Err()
+				}
+				if err == nil {
+					t.Fatalf("bytes %s: a changed %s passed", bytes, name)
+				}
+				t.Logf("bytes %s: %v", bytes, firstLine(err.Error()))
+			}
+		})
+	}
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }
