@@ -46,7 +46,10 @@ var wantHF = []string{"deepseek-v2-lite", "deepseek-v3-bf16", "deepseek-v3-fp8",
 	"gemma4-text", "gemma4",
 	// DiffusionGemma: Gemma 4's MoE layers, the encoder's tied to the
 	// decoder's (one copy saved, model.decoder.layers.L)
-	"diffusion-gemma"}
+	"diffusion-gemma",
+	// LongCat-Flash: the router ranks zero-compute identity experts with the
+	// routed ones; the zero-compute experts' unused gate and up carried
+	"longcat-flash"}
 
 // wantHFLowBit are issue 29's low-bit variants (fixtures/hf/export_lowbit.py).
 // This file's byte model knows bf16 and FP8 128x128 blocks only; their bytes

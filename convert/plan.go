@@ -407,6 +407,7 @@ func (p *planner) contract() *layout.Contract {
 		c.Orientation = layout.InOut // out-in, the default, is left out
 	}
 	c.RoutedInputScaled = fp.RoutedInputScaled
+	c.ZeroExperts = fp.ZeroExperts
 	c.ExpertBias = fp.ExpertBias
 	if !fp.Act.SwiGLU() {
 		act := fp.Act

@@ -402,6 +402,10 @@ func (k *checker) router(where, name string) error {
 		return k.small(where, "router", name, []int64{int64(k.p.NumExperts + k.p.NumSharedExperts), int64(k.p.HiddenSize)},
 			fmt.Sprintf("(E=%d routed + S=%d shared rows, H=%d)", k.p.NumExperts, k.p.NumSharedExperts, k.p.HiddenSize))
 	}
+	if z := k.p.ZeroExperts; z > 0 {
+		return k.small(where, "router", name, []int64{int64(k.p.NumExperts + z), int64(k.p.HiddenSize)},
+			fmt.Sprintf("(E=%d routed + Z=%d zero-compute rows, H=%d)", k.p.NumExperts, z, k.p.HiddenSize))
+	}
 	return k.small(where, "router", name, []int64{int64(k.p.NumExperts), int64(k.p.HiddenSize)},
 		fmt.Sprintf("(E=%d, H=%d)", k.p.NumExperts, k.p.HiddenSize))
 }
@@ -458,12 +462,16 @@ func (k *checker) sharedStack(where, prefix string, n naming) ([]MLP, error) {
 // bias checks a correction bias [E], or [1,E] where the family stores it
 // so (row: ERNIE 4.5).
 func (k *checker) bias(where, name string, row bool) error {
-	want := []int64{int64(k.p.NumExperts)}
+	n := int64(k.p.NumExperts + k.p.ZeroExperts) // LongCat-Flash's bias covers its zero-compute rows too
+	want := []int64{n}
 	if row {
-		want = []int64{1, int64(k.p.NumExperts)}
+		want = []int64{1, n}
 	}
-	return k.small(where, "router bias", name, want,
-		fmt.Sprintf("(E=%d; sigmoid routing needs e_score_correction_bias)", k.p.NumExperts))
+	hint := fmt.Sprintf("(E=%d; sigmoid routing needs e_score_correction_bias)", k.p.NumExperts)
+	if k.p.ZeroExperts > 0 {
+		hint = fmt.Sprintf("(E=%d routed + Z=%d zero-compute)", k.p.NumExperts, k.p.ZeroExperts)
+	}
+	return k.small(where, "router bias", name, want, hint)
 }
 
 // mlpBiases plans the biases of a hub-layout MLP (prefix.<proj>.bias):

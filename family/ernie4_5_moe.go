@@ -21,6 +21,7 @@ var ernie45MoE = &spec{
 	},
 	layers:      startEndInterval,
 	softmaxBias: true,
+	biasRow:     true,
 	defaults:    map[string]any{"moe_num_shared_experts": 2.0, "moe_k": 6.0},
 	routing:     softmaxNorm(true),
 }

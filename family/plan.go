@@ -148,11 +148,17 @@ type Plan struct {
 	// logits, so each shared expert is weighted per token by its share
 	// (times RoutedScalingFactor and the layer's RouterScale).
 	SharedRouted bool
-	TopK         int
-	TopKMethod   moe.TopKMethod
-	NGroup       int // 1 when the family has no grouping
-	TopKGroup    int
-	Scoring      moe.Scoring
+	// ZeroExperts Z: the router has Z more rows, after the E routed ones,
+	// for zero-compute identity experts ranked with the routed ones
+	// (LongCat-Flash's zero_expert_num): a token's slot on one returns its
+	// input times its weight. Their correction bias entries follow the
+	// routed ones'.
+	ZeroExperts int
+	TopK        int
+	TopKMethod  moe.TopKMethod
+	NGroup      int // 1 when the family has no grouping
+	TopKGroup   int
+	Scoring     moe.Scoring
 	// JitterEps is sparsemixer's mask threshold (router_jitter_noise): an
 	// expert takes part in a slot's softmax only when its logit is within
 	// 2*JitterEps (relative) of that slot's winner.
@@ -288,6 +294,7 @@ func (p *Plan) RouteSpec() moe.RouteSpec {
 	if p.SharedRouted {
 		s.SharedLogits = p.NumSharedExperts
 	}
+	s.ZeroExperts = p.ZeroExperts
 	if !p.TopKMethod.Grouped() || s.NGroup < 1 {
 		s.NGroup, s.TopKGroup = 1, 1
 	}

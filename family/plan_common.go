@@ -264,7 +264,7 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 		}
 	} else if n.bias != "" && !hashed && (p.Scoring.PerExpert() || s.softmaxBias) {
 		out.RouterBias = prefix + "." + n.bias
-		if err := k.bias(where, out.RouterBias, s.softmaxBias); err != nil {
+		if err := k.bias(where, out.RouterBias, s.biasRow); err != nil {
 			return Layer{}, err
 		}
 	}
@@ -563,6 +563,12 @@ func (s *spec) scanExperts(where, prefix string, names []string, p *Plan, scaled
 		id, ok := parseIndex(seg)
 		if !ok {
 			return fmt.Errorf("%s: unexpected tensor %s", where, name)
+		}
+		if id >= numExperts && id < numExperts+p.ZeroExperts && (tail == s.names.proj[0]+".weight" || tail == s.names.proj[1]+".weight") {
+			// LongCat-Flash: transformers holds gate_up_proj for all E+Z
+			// experts and saves the zero-compute ones' gate and up too,
+			// which nothing reads; carried byte for byte
+			continue
 		}
 		if id >= numExperts {
 			return fmt.Errorf("%s: expert %d: tensor %s is beyond num_experts=%d", where, id, name, numExperts)

@@ -39,6 +39,9 @@ type spec struct {
 	// softmaxBias: the correction bias also steers softmax routing (ERNIE
 	// 4.5: top-k of softmax + bias, weights from the unbiased softmax).
 	softmaxBias bool
+	// biasRow: the correction bias is stored [1, E] (ERNIE 4.5's
+	// moe_statics), not [E].
+	biasRow bool
 	// refuse, when set, turns a config into the one-line reason this family
 	// cannot be planned (an option moeprep cannot express).
 	refuse func(c config) error

@@ -43,7 +43,10 @@ type Summary struct {
 	// InputNorms: the layer reads the residual stream through two
 	// RMSNorms of epsilon InputNormEps, the router's (times a scale
 	// vector and H^-1/2) and the experts' (Gemma 4).
-	ExpertScaled        bool    `json:"expert_scaled,omitempty"`
+	ExpertScaled bool `json:"expert_scaled,omitempty"`
+	// ZeroExperts: the router also ranks this many zero-compute identity
+	// experts (LongCat-Flash), which return a token's input.
+	ZeroExperts         int     `json:"zero_experts,omitempty"`
 	InputNorms          bool    `json:"input_norms,omitempty"`
 	InputNormEps        float64 `json:"input_norm_eps,omitempty"`
 	TopK                int     `json:"top_k"`
@@ -200,7 +203,7 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 		Dir: c.Dir, Family: p.Family, ModelType: p.ModelType, Format: c.Format,
 		DType: p.DTypeName(), Quantization: string(p.Quantization), ScaleFmt: p.ScaleFmt, ScaleDType: string(p.ScaleDType),
 		HiddenSize: p.HiddenSize, MoEIntermediateSize: p.MoEIntermediateSize,
-		NumExperts: p.NumExperts, NumSharedExperts: p.NumSharedExperts,
+		NumExperts: p.NumExperts, NumSharedExperts: p.NumSharedExperts, ZeroExperts: p.ZeroExperts,
 		SharedIntermediateSize: p.SharedIntermediateSize, SharedGated: p.SharedGated, SharedRouted: p.SharedRouted,
 		TopK: p.TopK, NGroup: p.NGroup, TopKGroup: p.TopKGroup, Scoring: string(p.Scoring),
 		NormTopKProb: p.NormTopKProb, RoutedScalingFactor: p.RoutedScalingFactor, OutputScale: outputScale(p),
@@ -324,7 +327,7 @@ func WriteText(w io.Writer, s *Summary) error {
 		{"format", fmt.Sprintf("%s, %s, %s, %s", s.Format, human.Count(s.WeightFiles, "weight file"), human.Count(s.NumTensors, "tensor"), human.Bytes(s.TotalBytes))},
 		{"expert weights", fmt.Sprintf("%s, quantization %s", s.DType, quant)},
 		{"shapes", fmt.Sprintf("hidden %d, expert intermediate %d", s.HiddenSize, s.MoEIntermediateSize)},
-		{"routed experts", fmt.Sprint(s.NumExperts)},
+		{"routed experts", routedText(s)},
 		{"shared experts", shared},
 		{"routing", routing},
 		{"experts", experts},
@@ -431,4 +434,13 @@ func orientation(k *layout.Contract) string {
 		return ""
 	}
 	return fmt.Sprintf(", %s ([in, out] per expert)", k.Oriented())
+}
+
+// routedText is the routed experts' count, with the zero-compute experts
+// the router ranks beside them (LongCat-Flash).
+func routedText(s *Summary) string {
+	if s.ZeroExperts == 0 {
+		return fmt.Sprint(s.NumExperts)
+	}
+	return fmt.Sprintf("%d, and %d zero-compute experts the router ranks with them (a slot on one returns the token's input, weighted)", s.NumExperts, s.ZeroExperts)
 }

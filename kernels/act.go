@@ -147,3 +147,22 @@ func ScaleByExpert(dev *cuda.Device, st cuda.Stream, w *cuda.Buffer[float32], id
 	}
 	return am.Launch("scale_by_expert", Grid((n+127)/128), Block(128), 0, st, w, ids, scale, int32(n), int32(e))
 }
+
+// IdentityRows queues out[s] = x[s/topk] for every slot s of sorted's
+// experts lo..hi-1 (LongCat-Flash's zero-compute experts past the bank),
+// x f32 [T,H] and out f32 [Numel,H]. CPU twin: moe.IdentityRows.
+func IdentityRows(dev *cuda.Device, st cuda.Stream, sorted *Sorted, x, out *cuda.Buffer[float32], topk, h, lo, hi int) error {
+	switch {
+	case sorted == nil || x == nil || out == nil || !dimsOK(topk, h, sorted.Numel) || lo < 0 || hi <= lo:
+		return fmt.Errorf("identity rows: bad arguments (top-%d, H %d, experts %d..%d)", topk, h, lo, hi)
+	case out.Len() < sorted.Numel*h || x.Len()*topk < sorted.Numel*h:
+		return fmt.Errorf("identity rows: %d outputs and %d inputs for %d slots of %d a token x %d", out.Len(), x.Len(), sorted.Numel, topk, h)
+	}
+	am, err := Load(dev, "act")
+	if err != nil {
+		return err
+	}
+	return am.Launch("moe_identity_rows", Grid(sorted.SortedIDs.Len()), Block(128), 0, st,
+		sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, x, out,
+		int32(sorted.Numel), int32(topk), int32(h), int32(sorted.BlockSize), int32(lo), int32(hi))
+}

@@ -591,6 +591,59 @@ func TestScaleByExpert(t *testing.T) {
 	}
 }
 
+// TestIdentityRows checks LongCat-Flash's zero-compute rows kernel against
+// moe.IdentityRows bit for bit over an alignment of E routed and Z
+// zero-compute experts: every slot of experts E..E+Z-1 gets its token's
+// row, every other row stays as it was (poisoned NaN), and a short output
+// is refused.
+func TestIdentityRows(t *testing.T) {
+	dev := testDevice(t)
+	r := rand.New(rand.NewPCG(23, 24))
+	tok, k, e, z, h, block := 37, 3, 8, 4, 96, 16
+	ids := make([]int32, tok*k)
+	for i := range ids {
+		ids[i] = int32(r.IntN(e + z))
+	}
+	al, err := moe.AlignBlockSize(ids, e+z, block)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := randn(r, tok*h, 1)
+	sorted := uploadSorted(t, dev, al, e+z)
+	out := poisoned(t, dev, tok*k*h)
+	if err := kernels.IdentityRows(dev, 0, sorted, toDevice(t, dev, x), out, k, h, e, e+z); err != nil {
+		t.Fatal(err)
+	}
+	got := fromDevice(t, out)
+	want := make([]float32, tok*k*h)
+	for i := range want {
+		want[i] = float32(math.NaN())
+	}
+	if err := moe.IdentityRows(x, h, k, al, e, e+z, want); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for s, id := range ids {
+		for j := range h {
+			g, w := got[s*h+j], want[s*h+j]
+			if id >= int32(e) {
+				if g != x[(s/k)*h+j] || g != w {
+					t.Fatalf("slot %d (zero-compute expert %d) column %d: %v, twin %v, want x %v", s, id, j, g, w, x[(s/k)*h+j])
+				}
+				n++
+			} else if !math.IsNaN(float64(g)) || !math.IsNaN(float64(w)) {
+				t.Fatalf("slot %d (bank expert %d) column %d written: %v, twin %v", s, id, j, g, w)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no slot chose a zero-compute expert")
+	}
+	if err := kernels.IdentityRows(dev, 0, sorted, toDevice(t, dev, x), poisoned(t, dev, tok*k*h-1), k, h, e, e+z); err == nil {
+		t.Fatal("short output accepted")
+	}
+}
+
 // routedBank draws c's experts and routing, uploads the bank and the aligned
 // slots, and returns them with the CPU-side alignment the twins take.
 func routedBank(t *testing.T, r *rand.Rand, dev *cuda.Device, c gemmCase) (*expertWeights, *kernels.ExpertBank, []int32, *moe.Alignment, *kernels.Sorted) {

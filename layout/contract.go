@@ -60,6 +60,11 @@ type Contract struct {
 	SharedSlotWeight      float64 `json:"shared_slot_weight"`       // 1.0 when folded, 1/rsf otherwise
 
 	RoutedScalingFactor float64 `json:"routed_scaling_factor"` // the source's, unchanged
+	// ZeroExperts is Z where the router also ranks Z zero-compute
+	// identity experts (LongCat-Flash's zero_expert_num): a slot whose id
+	// is E+z, past the bank, outputs its token's input, weighted and
+	// scaled like any slot. Absent means none.
+	ZeroExperts int `json:"zero_experts,omitempty"`
 	// OutputScale multiplies the whole MoE output after the shared expert is
 	// added (Cohere2 MoE's "average": 0.5). Absent means 1.
 	OutputScale float64 `json:"output_scale,omitempty"`
@@ -380,6 +385,11 @@ func (c *Contract) Names(li LayerInfo) ExpertTensors {
 // BankSize is the number of experts in each stack: E + R*S.
 func (c *Contract) BankSize() int { return c.NumExperts + c.NumFusedSharedExperts }
 
+// AlignExperts is how many expert ids the gate's slots may name: the bank
+// and, past it, the zero-compute experts (which the grouped GEMM leaves
+// alone, as another rank's, and IdentityRows fills).
+func (c *Contract) AlignExperts() int { return c.BankSize() + c.ZeroExperts }
+
 // Check verifies the contract's internal consistency.
 func (c *Contract) Check() error {
 	switch {
@@ -393,6 +403,12 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: negative shared expert counts")
 	case c.NumFusedSharedExperts != c.SharedReplicas*c.SharedSlices:
 		return fmt.Errorf("moeprep contract: num_fused_shared_experts %d != shared_replicas %d * shared_slices %d", c.NumFusedSharedExperts, c.SharedReplicas, c.SharedSlices)
+	case c.ZeroExperts < 0 || c.ZeroExperts > 1<<20:
+		return fmt.Errorf("moeprep contract: zero_experts %d", c.ZeroExperts)
+	case c.ZeroExperts > 0 && (c.NumFusedSharedExperts > 0 || c.RoutedScalingFactorFolded):
+		// their ids would be the fused shared slots', and a folded rsf has
+		// no down projection to ride in for them
+		return fmt.Errorf("moeprep contract: zero_experts %d with fused shared experts or a folded routed_scaling_factor", c.ZeroExperts)
 	case c.NumFusedSharedExperts > 0 && c.SharedFirstID != c.NumExperts:
 		return fmt.Errorf("moeprep contract: shared_first_id %d != num_experts %d", c.SharedFirstID, c.NumExperts)
 	case math.IsNaN(c.SharedSlotWeight) || c.SharedSlotWeight <= 0:

@@ -141,6 +141,11 @@ type GEMMOptions struct {
 	// Release, when set, gets each loaded expert back once its blocks have
 	// run (to recycle its buffers); the GEMM does not touch it after.
 	Release func(*ExpertMats)
+	// BankExperts, when positive, is the bank's size: blocks of experts
+	// from there on are not the bank's (LongCat-Flash's zero-compute
+	// experts, IdentityRows') and are left alone, as the kernels leave
+	// another rank's.
+	BankExperts int
 }
 
 // GroupedGEMM is the CPU twin of the fused MoE GEMM. For every block of the
@@ -163,6 +168,9 @@ func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken in
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(workers)
 	for _, j := range al.ExpertJobs() {
+		if o.BankExperts > 0 && j.Expert >= o.BankExperts {
+			continue
+		}
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {
 				return err
@@ -184,6 +192,28 @@ func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken in
 		return nil, err
 	}
 	return out, nil
+}
+
+// IdentityRows is the CPU twin of moe_identity_rows: every slot of the
+// experts lo..hi-1 (LongCat-Flash's zero-compute experts, past the bank)
+// gets its token's input row of x [T,H] as its output row of out
+// [Numel,H], which Finalize then weights like any other.
+func IdentityRows(x []float32, h, slotsPerToken int, al *Alignment, lo, hi int, out []float32) error {
+	if len(out) != int(al.Numel)*h || len(x)*slotsPerToken != int(al.Numel)*h {
+		return fmt.Errorf("identity rows: %d outputs, %d inputs for %d slots of %d a token x %d", len(out), len(x), al.Numel, slotsPerToken, h)
+	}
+	for _, j := range al.ExpertJobs() {
+		if j.Expert < lo || j.Expert >= hi {
+			continue
+		}
+		for b := j.First; b < j.Last; b++ {
+			for _, s := range al.Block(b) {
+				tok := int(s) / slotsPerToken
+				copy(out[int(s)*h:(int(s)+1)*h], x[tok*h:(tok+1)*h])
+			}
+		}
+	}
+	return nil
 }
 
 // ExpertJob is one expert's share of a grouped GEMM: its blocks

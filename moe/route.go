@@ -31,10 +31,25 @@ type RouteSpec struct {
 	// routed ones, for shared experts weighted in the same normalisation
 	// as the chosen ones (Inkling); 0 otherwise.
 	SharedLogits int
+	// ZeroExperts is Z where the router has Z more rows, after the E
+	// routed ones, for zero-compute identity experts (LongCat-Flash): they
+	// are ranked with the routed experts, and a slot that chooses id E+z
+	// returns its token's input, weighted. 0 otherwise.
+	ZeroExperts int
 }
 
-// Rows is how many rows the router has: E, plus the shared experts' rows.
-func (s RouteSpec) Rows() int { return s.NumExperts + s.SharedLogits }
+// Rows is how many rows the router has: E, plus the shared experts' or
+// the zero-compute experts' rows.
+func (s RouteSpec) Rows() int { return s.NumExperts + s.SharedLogits + s.ZeroExperts }
+
+// Ranking is the spec the gate ranks with: the zero-compute experts are
+// experts to it (ids E..E+Z-1, their correction bias and scores beside the
+// routed ones'); what a slot's id means is the caller's business.
+func (s RouteSpec) Ranking() RouteSpec {
+	s.NumExperts += s.ZeroExperts
+	s.ZeroExperts = 0
+	return s
+}
 
 // Check refuses a spec Route cannot run: an unknown scoring, sizes that do
 // not fit together, a routed scaling factor that is not a finite positive
@@ -183,6 +198,9 @@ func topK(score []float32, allowed []bool, k int) []int {
 func Route(spec RouteSpec, logits []float32, bias []float32, t int) (*Routing, error) {
 	if err := spec.Check(); err != nil {
 		return nil, err
+	}
+	if spec.ZeroExperts != 0 {
+		return nil, fmt.Errorf("routing: %d zero-compute experts: route with the spec's Ranking", spec.ZeroExperts)
 	}
 	e, k, ns, rows := spec.NumExperts, spec.TopK, spec.SharedLogits, spec.Rows()
 	if len(logits) != t*rows {

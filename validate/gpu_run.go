@@ -450,7 +450,7 @@ func (rj rowJudge) requantRow(sec float64, ref *cpuref.RefResult) LayerResult {
 	h, t := rj.h, rj.t
 	r := rj.base
 	r.Check, r.Seconds = judge.RequantVsReference, sec
-	r.Experts, r.ExpertsUsed = rj.s.srcPlan.NumExperts, distinct(ref.Routing.IDs)
+	r.Experts, r.ExpertsUsed = rj.s.srcPlan.NumExperts, distinct(ref.Routing.IDs, rj.s.srcPlan.NumExperts)
 	judgeRow(&r, judge.Compare(tokenRows(ref.YRequant, h, 0, t), tokenRows(ref.Y, h, 0, t)), rj.tolerance(judge.RequantVsReference), nil, nil, nil, nil, ref.Routing)
 	return r
 }

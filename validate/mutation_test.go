@@ -165,7 +165,7 @@ func conversionCases() []conv {
 	// (gate and up rows interleaved in w13_weight); fuse-shared refuses it,
 	// as inkling-text (the router weights the shared experts per token).
 	for i, f := range []string{"axk1", "axk2", "deepseek-v32", "glm-moe-dsa", "laguna", "granitemoehybrid", "aria",
-		"minimax-m3-vl", "deepseek-ocr2", "glm5-next", "kimi-linear", "mistral4", "flex-olmo", "mellum", "qwen3-omni-moe", "qwen4-exp", "inkling-mm-model", "step3p7", "hy-v4", "gemma4-text", "gemma4", "diffusion-gemma"} {
+		"minimax-m3-vl", "deepseek-ocr2", "glm5-next", "kimi-linear", "mistral4", "flex-olmo", "mellum", "qwen3-omni-moe", "qwen4-exp", "inkling-mm-model", "step3p7", "hy-v4", "gemma4-text", "gemma4", "diffusion-gemma", "longcat-flash"} {
 		for j, lay := range lays {
 			cases = append(cases, conv{f, convert.Options{Layout: lay}})
 			if i < 12 && j == i%3 {

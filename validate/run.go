@@ -471,6 +471,9 @@ func (s *session) sameModel() error {
 	if err := s.checkLayerActs(); err != nil {
 		return err
 	}
+	if s.contract.ZeroExperts != s.srcPlan.ZeroExperts {
+		return fmt.Errorf("%s: contract has zero_experts %d, SRC's config gives %d", s.o.Dst, s.contract.ZeroExperts, s.srcPlan.ZeroExperts)
+	}
 	if s.contract.RoutedInputScaled != s.srcPlan.RoutedInputScaled {
 		return fmt.Errorf("%s: contract has routed_input_scaled %v, SRC's family (%s) %v", s.o.Dst, s.contract.RoutedInputScaled, s.srcPlan.ModelType, s.srcPlan.RoutedInputScaled)
 	}
@@ -767,7 +770,7 @@ func (rj rowJudge) srcVsGolden(check string, sec float64, y []float32, rt *moe.R
 	s := rj.s
 	r := rj.base
 	r.Check, r.Seconds = check, sec
-	r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(rt.IDs)
+	r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(rt.IDs, s.srcPlan.NumExperts)
 	judgeGolden(&r, tokenRows(y, rj.h, 0, rj.t), rt, s.srcPlan.RouteSpec().RoutedScalingFactor, rj.g, rj.tolerance(check))
 	return r
 }
@@ -924,13 +927,17 @@ func (s *session) requantFormat() (weightfmt.Format, error) {
 // coverage tokens, if any, have rows of their own).
 func fusedUsage(r *LayerResult, f *cpuref.FusedResult, c *layout.Contract) {
 	r.Experts = c.BankSize()
-	r.ExpertsUsed = distinct(f.Slots.IDs[:f.Routing.T*f.Slots.K])
+	r.ExpertsUsed = distinct(f.Slots.IDs[:f.Routing.T*f.Slots.K], r.Experts)
 }
 
-func distinct(ids []int32) int {
+// distinct counts the experts below n that ids name (ids past them are
+// LongCat-Flash's zero-compute experts, which are no expert of the bank).
+func distinct(ids []int32, n int) int {
 	seen := map[int32]bool{}
 	for _, id := range ids {
-		seen[id] = true
+		if int(id) < n {
+			seen[id] = true
+		}
 	}
 	return len(seen)
 }

@@ -143,6 +143,8 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		"gemma4-text": {"gemma4", "gemma4_text", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1, 2}, 69},
 		"gemma4":      {"gemma4", "gemma4", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1, 2}, 84},
 		// DiffusionGemma: the decoder's layers (the encoder's are tied to them)
+		// LongCat-Flash: 8 routed experts beside 4 zero-compute ones
+		"longcat-flash":   {"longcat_flash", "longcat_flash", "safetensors", "bf16", "none", 8, 0, 3, 1, 1, "softmax", 2, []int{0, 1}, 119},
 		"diffusion-gemma": {"gemma4", "diffusion_gemma", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1, 2}, 90},
 	}
 	dirs, _ := filepath.Glob(filepath.Join(fixturesDir, "*", "config.json"))

@@ -115,3 +115,21 @@ scale_by_expert(float* w, const int* ids, const float* scale, int n, int num_exp
     const int e = ids[i];
     if (e >= 0 && e < num_experts) w[i] = __fmul_rn(w[i], scale[e]);
 }
+
+// moe_identity_rows: grid = padded rows, block 128: out[s, :] = x[s / topk, :]
+// for every slot s of the experts lo..hi-1 (LongCat-Flash's zero-compute
+// identity experts, past the bank, whose blocks the grouped GEMM leaves
+// alone as another rank's), x f32 [T, H], out f32 [numel, H]; Finalize
+// then weights them like any slot. CPU twin: moe.IdentityRows.
+extern "C" __global__ void __launch_bounds__(128)
+moe_identity_rows(const int* sorted_ids, const int* expert_ids, const int* total_padded, const float* x, float* out,
+                  int numel, int topk, int H, int block_size, int lo, int hi) {
+    const int p = blockIdx.x;
+    if (p >= *total_padded) return;
+    const int s = sorted_ids[p];
+    if (s < 0 || s >= numel) return;
+    const int e = expert_ids[p / block_size];
+    if (e < lo || e >= hi) return;
+    const long long tok = s / topk;
+    for (int n = threadIdx.x; n < H; n += blockDim.x) out[(long long)s * H + n] = x[tok * H + n];
+}

@@ -250,7 +250,8 @@ func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []fl
 		return nil, err
 	}
 	var dec *decoder
-	if f.out, err = moe.GroupedGEMM(ctx, f.gx, f.gt, f.h, f.inter, f.gk, f.al, fl.loader(dec, src, f.h, f.inter, f.wf), moe.GEMMOptions{Workers: o.Workers, Release: dec.releaseExpert}); err != nil {
+	if f.out, err = moe.GroupedGEMM(ctx, f.gx, f.gt, f.h, f.inter, f.gk, f.al, fl.loader(dec, src, f.h, f.inter, f.wf),
+		moe.GEMMOptions{Workers: o.Workers, Release: dec.releaseExpert, BankExperts: fl.Contract.BankSize()}); err != nil {
 		return nil, err
 	}
 	return f.finish()
@@ -301,7 +302,7 @@ func newFusedRun(src TensorSource, fl *FusedLayer, x []float32, t int, o FusedOp
 	if f.slots, err = FusedSlots(routing, fl.Contract); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	if f.al, err = moe.AlignBlockSize(f.slots.IDs, fl.Contract.BankSize(), o.BlockSize); err != nil {
+	if f.al, err = moe.AlignBlockSize(f.slots.IDs, fl.Contract.AlignExperts(), o.BlockSize); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	if f.wf, err = fl.Contract.Format(); err != nil { // FusedSlots checked the contract, so it has one
@@ -352,6 +353,12 @@ func (f *fusedRun) runDense(dec *decoder) error {
 // (the unfused one run here unless runDense already did) and scales.
 func (f *fusedRun) finish() (*FusedResult, error) {
 	fl, t, h := f.fl, f.t, f.h
+	if z := fl.Contract.ZeroExperts; z > 0 { // LongCat-Flash: the slots past the bank return their input
+		bank := fl.Contract.BankSize()
+		if err := moe.IdentityRows(f.gx, h, f.gk, f.al, bank, bank+z, f.out); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+		}
+	}
 	y, err := moe.Finalize(f.out, t, f.slots.K, h, f.weights, f.slots.FinalScale)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)

@@ -171,6 +171,13 @@ func newRefLayer(src TensorSource, plan *family.Plan, layer *family.Layer, x []f
 	r.contrib = make([]float32, r.t*r.k*h)
 	r.users = make([][]int, e)
 	for s, id := range routing.IDs {
+		if z := plan.ZeroExperts; int(id) >= e && int(id) < e+z {
+			// a zero-compute expert (LongCat-Flash's identity_expert): its
+			// output is the token's input itself
+			tok := s / r.k
+			copy(r.contrib[s*h:(s+1)*h], x[tok*h:(tok+1)*h])
+			continue
+		}
 		if id < 0 || int(id) >= e {
 			return nil, fmt.Errorf("layer %d: slot %d names expert %d of %d", layer.Index, s, id, e)
 		}
@@ -387,6 +394,7 @@ func routeCovered(index int, src TensorSource, spec moe.RouteSpec, rr RouterRef,
 // and its hash table, where named) and routes x; tokens are the token ids
 // of x's rows, needed only by a hash-routed layer.
 func routeLayer(src TensorSource, spec moe.RouteSpec, rr RouterRef, x []float32, t, h int, tokens []int32) (*moe.Routing, error) {
+	spec = spec.Ranking() // LongCat-Flash's zero-compute experts are ranked with the routed ones
 	wg, err := LoadMatrix(src, MatrixRef{Name: rr.Router, Index: -1, Rows: spec.Rows(), Cols: h})
 	if err != nil {
 		return nil, err

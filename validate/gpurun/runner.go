@@ -362,6 +362,7 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 // cov's forced slots (forced): the routed tokens' routing, the slots of all
 // tokens and their device copies.
 func (g *Runner) gate(src cpuref.TensorSource, spec moe.RouteSpec, rr cpuref.RouterRef, in *Input, cov *cpuref.Coverage, c *layout.Contract, fr *Frees) (*moe.Routing, *moe.Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
+	spec = spec.Ranking() // LongCat-Flash's zero-compute experts are ranked with the routed ones
 	gs, finalScale := kernels.FusedGate(spec, c)
 	gout, routing, slots, err := g.route(src, spec, gs, rr, in, routedTokens(in, cov), finalScale, fr)
 	if err != nil {
@@ -494,7 +495,7 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 	}
 	k := slots.K
 	numel := t * k
-	al, err := kernels.NewAlignment(g.dev, numel, c.BankSize(), blockSize)
+	al, err := kernels.NewAlignment(g.dev, numel, c.AlignExperts(), blockSize)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
@@ -516,6 +517,11 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 	}
 	if err := g.groupedGEMM(&bank.ExpertBank, sorted, gin.act, gin.t, gk, inter, out, &fr); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	if z := c.ZeroExperts; z > 0 { // the GEMM left the zero-compute experts' blocks alone: their rows are the inputs
+		if err := kernels.IdentityRows(g.dev, g.compute, sorted, gin.x32, out, gk, h, c.BankSize(), c.BankSize()+z); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+		}
 	}
 	y, err := g.f32Buffer(t*h, &fr)
 	if err != nil {
@@ -735,7 +741,12 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan
 	k := slots.K
 	numel := t * k
 	users := make([][]int32, e)
+	var identity []int32 // slots on LongCat-Flash's zero-compute experts
 	for s, id := range slots.IDs {
+		if int(id) >= e && int(id) < e+plan.ZeroExperts {
+			identity = append(identity, int32(s))
+			continue
+		}
 		if id < 0 || int(id) >= e {
 			return nil, fmt.Errorf("layer %d: the gate chose expert %d of %d", layer.Index, id, e)
 		}
@@ -771,6 +782,15 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan
 		}
 		if err != nil {
 			return nil, fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
+		}
+	}
+	if len(identity) > 0 { // their rows are the tokens' inputs, in one launch
+		sorted, err := g.oneExpertSorted(identity, numel, &fr)
+		if err != nil {
+			return nil, err
+		}
+		if err := kernels.IdentityRows(g.dev, g.compute, sorted, in.x32, out, k, h, 0, 1); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 		}
 	}
 	y, err := g.f32Buffer(t*h, &fr)
