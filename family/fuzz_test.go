@@ -14,9 +14,10 @@ import (
 // a panic, and a hostile config's lists (moe_layers_enum, per-layer limits,
 // layer types) cost bounded time. The seeds are those checkpoints' own
 // configs (each plans against its tensors) plus hub-style Step-3.5 keys
-// and a Gemma 4 config with a bad epsilon and activation.
+// a Gemma 4 config with a bad epsilon and activation, and a LongCat-Flash
+// one with a huge zero_expert_num.
 func FuzzDetect(f *testing.F) {
-	dirs := []string{"deepseek-v3-bf16", "step3p7", "hy-v4", "gpt-oss", "llama4", "glm5-next", "gemma4", "diffusion-gemma"}
+	dirs := []string{"deepseek-v3-bf16", "step3p7", "hy-v4", "gpt-oss", "llama4", "glm5-next", "gemma4", "diffusion-gemma", "longcat-flash"}
 	sets := make([]*fakeTensors, len(dirs))
 	for i, dir := range dirs {
 		d := filepath.Join("..", "fixtures", "hf", dir)
@@ -57,6 +58,8 @@ func FuzzDetect(f *testing.F) {
 	f.Add([]byte(`{"model_type":"step3p7","text_config":{"model_type":"step3p5","moe_layers_enum":[1,2,-3]}}`), uint8(1))
 	f.Add([]byte(`{"model_type":"gemma4_text","hidden_size":64,"num_hidden_layers":3,"moe_intermediate_size":32,"num_experts":8,`+
 		`"top_k_experts":2,"enable_moe_block":true,"rms_norm_eps":-1,"hidden_activation":"gelu"}`), uint8(6))
+	f.Add([]byte(`{"model_type":"longcat_flash","hidden_size":64,"num_layers":2,"num_hidden_layers":4,"expert_ffn_hidden_size":32,`+
+		`"n_routed_experts":8,"zero_expert_num":999999999,"moe_topk":3}`), uint8(8))
 	f.Fuzz(func(t *testing.T, b []byte, which uint8) {
 		var cfg map[string]any
 		if json.Unmarshal(b, &cfg) != nil {
