@@ -28,10 +28,21 @@ func TestActivationApply(t *testing.T) {
 		{"step-3.7 under the cap", ClampedAfter(1), 0.5, 3, 0.5 * sig(0.5) * 1},
 		{"step-3.7 negative gate untouched", ClampedAfter(1), -4, -0.5, -4 * sig(-4) * -0.5},
 		{"step-3.7 limit 0 is swiglu", ClampedAfter(0), 2, 3, 2 * sig(2) * 3},
+		// Gemma 4: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u; gelu_tanh(1) = 0.8411919906082768
+		{"gemma-4 geglu", GeGLUTanh(), 1, -2, 0.8411919906082768 * -2},
+		{"gemma-4 geglu negative gate", GeGLUTanh(), -1, 3, -0.15880800939172324 * 3},
 	} {
 		if got := c.a.Apply(c.g, c.u); math.Abs(got-c.want) > 1e-12*math.Max(1, math.Abs(c.want)) {
 			t.Errorf("%s: Apply(%v, %v) = %v, want %v", c.name, c.g, c.u, got, c.want)
 		}
+	}
+	for _, bad := range []Activation{{Gate: "relu"}, {Gate: GateGeluTanh, Limit: 7}, {Gate: GateGeluTanh, Alpha: 1.702}} {
+		if bad.Check() == nil {
+			t.Errorf("Check accepts %+v", bad)
+		}
+	}
+	if GeGLUTanh().Check() != nil || GeGLUTanh().SwiGLU() || GeGLUTanh().Describe() != "GeGLU (tanh gelu)" {
+		t.Errorf("GeGLU: check %v, SwiGLU %v, %q", GeGLUTanh().Check(), GeGLUTanh().SwiGLU(), GeGLUTanh().Describe())
 	}
 	if !(Activation{}).SwiGLU() || !(Activation{Alpha: 1}).SwiGLU() || oai.SwiGLU() || (Activation{Limit: 10}).SwiGLU() {
 		t.Error("SwiGLU() misclassifies")

@@ -46,11 +46,11 @@ func (p InputPrep) Inputs(src TensorSource, x []float32, t, h int) (xe, xr []flo
 	if len(x) != t*h {
 		return nil, nil, fmt.Errorf("input norms: x has %d values for %d tokens x %d", len(x), t, h)
 	}
-	rs, err := loadFinite(src, p.RouterScale, h)
+	rs, err := LoadVector(src, p.RouterScale, h)
 	if err != nil {
 		return nil, nil, err
 	}
-	en, err := loadFinite(src, p.ExpertNorm, h)
+	en, err := LoadVector(src, p.ExpertNorm, h)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -93,32 +93,13 @@ func (p InputPrep) Prepare(src TensorSource, x []float32, t, h int, cov *Coverag
 	return xe, xr, &c2, nil
 }
 
-// loadFinite reads a vector of n values, each finite (a NaN norm weight
-// would make every output NaN: nothing to compare).
-func loadFinite(src TensorSource, name string, n int) ([]float32, error) {
-	v, err := LoadVector(src, name, n)
-	if err != nil {
-		return nil, err
-	}
-	for i, f := range v {
-		if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
-			file := ""
-			if t, ok := src.Tensor(name); ok {
-				file = t.File + ": "
-			}
-			return nil, fmt.Errorf("%stensor %s[%d] is %v: want finite values", file, name, i, f)
-		}
-	}
-	return v, nil
-}
-
 // ExpertScales reads the router's per-expert scale (Gemma 4's
-// per_expert_scale) of e finite values; nil when the router has none.
+// per_expert_scale) of e values; nil when the router has none.
 func ExpertScales(src TensorSource, rr RouterRef, e int) ([]float32, error) {
 	if rr.ExpertScale == "" {
 		return nil, nil
 	}
-	return loadFinite(src, rr.ExpertScale, e)
+	return LoadVector(src, rr.ExpertScale, e) // finite: every read is checked (tensorbytes.CheckFinite)
 }
 
 // scaleByExpert applies the router's per-expert scale to r's weights.
