@@ -65,6 +65,9 @@ func moeGateUpAct(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *So
 	for i, w := range [2]struct {
 		w, s cuda.DevicePtr
 	}{{wg, sg}, {wu, su}} {
+		if i == 0 && bank.Act.Ungated() {
+			continue // no gate: moe_act reads the up projection alone
+		}
 		if err := m.Launch(fn, grid, Block(256), 0, st,
 			sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, x.Ptr, w.w, ws, w.s, ss, raw[i],
 			int32(sorted.Numel), int32(topk), int32(bank.I), int32(bank.H), int32(sorted.BlockSize), int32(bank.NumExperts)); err != nil {
@@ -90,10 +93,13 @@ const (
 	actClampBefore int32 = 0 // limit caps g (SwiGLU, gpt-oss, DeepSeek-V4)
 	actClampAfter  int32 = 1 // limit caps silu(g) (Step-3.7)
 	actGeluTanh    int32 = 2 // GeGLU with tanh gelu (Gemma 4)
+	actReLU2       int32 = 3 // relu(u)^2 of ungated experts (Nemotron-H); gate unread
 )
 
 func actMode(a layout.Activation) int32 {
 	switch {
+	case a.Ungated():
+		return actReLU2
 	case a.Gate == layout.GateGeluTanh:
 		return actGeluTanh
 	case a.ClampAfter:

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/cuda"
@@ -468,6 +469,8 @@ func TestGroupedGEMMActivations(t *testing.T) {
 		{"step-3.7 clamp after silu", layout.Activation{Limit: 0.3, ClampAfter: true}, false},
 		{"gemma-4 geglu tanh", layout.GeGLUTanh(), false},
 		{"swiglu + biases", layout.Activation{}, true},
+		// Nemotron-H: no gate weights at all, relu(up)^2 (separate stacks only)
+		{"nemotron-h ungated relu2", layout.ReLU2(), false},
 	}
 	cases := []gemmCase{
 		{name: "bf16 separate", tok: 23, e: 8, k: 3, h: 96, inter: 64, block: 16, w: kernels.MatBF16, allOn: -1},
@@ -485,6 +488,20 @@ func TestGroupedGEMMActivations(t *testing.T) {
 		for _, a := range acts {
 			bank := new(*plainBank) // the same weights, with this activation and biases
 			bank.Act = a.act
+			if a.act.Ungated() {
+				if c.fused || c.w == kernels.MatFP8 {
+					continue // ungated experts are stacked all_up/all_down, unquantised
+				}
+				// a bank that still holds gate weights is refused, not half-run
+				t.Run(c.name+"/"+a.name+"/gate refused", func(t *testing.T) {
+					_, xm, inter := gemmInputs(t, dev, x, kernels.MatF32, numel*c.inter, 0)
+					opt := kernels.GEMMOptions{Act: kernels.MatF32, Scratch: poisoned(t, dev, 2*numel*c.inter)}
+					if err := kernels.GroupedGEMM(dev, 0, bank, sorted, xm, c.tok, c.k, inter, poisoned(t, dev, numel*c.h), opt); err == nil || !strings.Contains(err.Error(), "ungated") {
+						t.Fatalf("an ungated bank with gate weights: %v", err)
+					}
+				})
+				bank.Gate = kernels.Mat{}
+			}
 			var gb, ub, db []float32
 			if a.biases {
 				gb, ub, db = randn(r, c.e*c.inter, 0.5), randn(r, c.e*c.inter, 0.5), randn(r, c.e*c.h, 0.5)
@@ -493,6 +510,9 @@ func TestGroupedGEMMActivations(t *testing.T) {
 			load := func(_ context.Context, e int) (*moe.ExpertMats, error) {
 				m := ew.mats[e]
 				out := &moe.ExpertMats{Gate: m.Gate, Up: m.Up, Down: m.Down, Act: a.act}
+				if a.act.Ungated() {
+					out.Gate = nil
+				}
 				if a.biases {
 					out.GateBias, out.UpBias, out.DownBias = gb[e*c.inter:(e+1)*c.inter], ub[e*c.inter:(e+1)*c.inter], db[e*c.h:(e+1)*c.h]
 				}

@@ -40,6 +40,19 @@ const GateGeluTanh = "gelu_tanh"
 // GeGLUTanh is Gemma 4's experts' activation, gelu_tanh(g) * u.
 func GeGLUTanh() Activation { return Activation{Gate: GateGeluTanh} }
 
+// GateNoneReLU2 is Activation.Gate for ungated experts (Nemotron-H's):
+// an expert has no gate projection, only up and down, and act = relu(u)^2
+// (transformers' relu2). Its stacks are all_up and all_down alone (no
+// all_gate, and no gate-up layout); it takes no alpha, limit or offset.
+const GateNoneReLU2 = "none_relu2"
+
+// ReLU2 is Nemotron-H's ungated experts' activation, relu(u)^2.
+func ReLU2() Activation { return Activation{Gate: GateNoneReLU2} }
+
+// Ungated reports whether the experts have no gate projection: act reads
+// u alone, and the stacks hold up and down only.
+func (a Activation) Ungated() bool { return a.Gate == GateNoneReLU2 }
+
 // SwiGLU reports whether a is plain silu(g) * u.
 func (a Activation) SwiGLU() bool {
 	return (a.Alpha == 0 || a.Alpha == 1) && a.Limit == 0 && a.UpOffset == 0 && a.Gate == ""
@@ -60,18 +73,21 @@ func (a Activation) Check() error {
 	}
 	switch a.Gate {
 	case "":
-	case GateGeluTanh:
+	case GateGeluTanh, GateNoneReLU2:
 		if a.Alpha != 0 || a.Limit != 0 || a.UpOffset != 0 || a.ClampAfter {
 			return fmt.Errorf("activation %+v: gate %s takes no alpha, limit or up offset", a, a.Gate)
 		}
 	default:
-		return fmt.Errorf("activation %+v: gate %q is not one moeprep computes (want %q or none)", a, a.Gate, GateGeluTanh)
+		return fmt.Errorf("activation %+v: gate %q is not one moeprep computes (want %q, %q or none)", a, a.Gate, GateGeluTanh, GateNoneReLU2)
 	}
 	return nil
 }
 
 // Apply is act(g, u) in float64.
 func (a Activation) Apply(g, u float64) float64 {
+	if a.Ungated() {
+		return moe.ReLU2(u)
+	}
 	if a.Gate == GateGeluTanh {
 		return moe.GeluTanh(g) * u
 	}
@@ -90,6 +106,9 @@ func (a Activation) Describe() string {
 	}
 	if a.Gate == GateGeluTanh {
 		return "GeGLU (tanh gelu)"
+	}
+	if a.Ungated() {
+		return "relu2, relu(up)^2"
 	}
 	alpha := a.Alpha
 	if alpha == 0 {

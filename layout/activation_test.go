@@ -2,6 +2,7 @@ package layout
 
 import (
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -31,18 +32,42 @@ func TestActivationApply(t *testing.T) {
 		// Gemma 4: 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u; gelu_tanh(1) = 0.8411919906082768
 		{"gemma-4 geglu", GeGLUTanh(), 1, -2, 0.8411919906082768 * -2},
 		{"gemma-4 geglu negative gate", GeGLUTanh(), -1, 3, -0.15880800939172324 * 3},
+		// Nemotron-H: relu(u)^2, the gate argument unread
+		{"nemotron-h relu2", ReLU2(), 5, 1.5, 2.25},
+		{"nemotron-h relu2 negative up", ReLU2(), 5, -1.5, 0},
 	} {
 		if got := c.a.Apply(c.g, c.u); math.Abs(got-c.want) > 1e-12*math.Max(1, math.Abs(c.want)) {
 			t.Errorf("%s: Apply(%v, %v) = %v, want %v", c.name, c.g, c.u, got, c.want)
 		}
 	}
-	for _, bad := range []Activation{{Gate: "relu"}, {Gate: GateGeluTanh, Limit: 7}, {Gate: GateGeluTanh, Alpha: 1.702}} {
+	for _, bad := range []Activation{{Gate: "relu"}, {Gate: GateGeluTanh, Limit: 7}, {Gate: GateGeluTanh, Alpha: 1.702},
+		{Gate: GateNoneReLU2, Limit: 7}, {Gate: GateNoneReLU2, UpOffset: 1}} {
 		if bad.Check() == nil {
 			t.Errorf("Check accepts %+v", bad)
 		}
 	}
 	if GeGLUTanh().Check() != nil || GeGLUTanh().SwiGLU() || GeGLUTanh().Describe() != "GeGLU (tanh gelu)" {
 		t.Errorf("GeGLU: check %v, SwiGLU %v, %q", GeGLUTanh().Check(), GeGLUTanh().SwiGLU(), GeGLUTanh().Describe())
+	}
+	if ReLU2().Check() != nil || ReLU2().SwiGLU() || !ReLU2().Ungated() || GeGLUTanh().Ungated() || (Activation{}).Ungated() || ReLU2().Describe() != "relu2, relu(up)^2" {
+		t.Errorf("relu2: check %v, SwiGLU %v, ungated %v, %q", ReLU2().Check(), ReLU2().SwiGLU(), ReLU2().Ungated(), ReLU2().Describe())
+	}
+	// the contract: ungated experts are stacked all_up and all_down, no
+	// all_gate, and a gate-up layout or expert biases with them are refused
+	c := &Contract{Version: ContractVersion, Layout: Stacked, NumExperts: 4, SharedSlotWeight: 1, OutputScale: 1, WeightDType: "BF16",
+		Quantization: "none", Activation: &Activation{Gate: GateNoneReLU2}, Layers: []LayerInfo{{Index: 1, Prefix: "backbone.layers.1.mixer"}}}
+	if err := c.Check(); err != nil {
+		t.Fatalf("ungated contract: %v", err)
+	}
+	if n := c.Names(c.Layers[0]); n.Gate != "" || n.Up != "backbone.layers.1.mixer.experts.all_up.weight" || n.Down == "" {
+		t.Errorf("ungated names: %+v", n)
+	}
+	for _, bad := range []func(*Contract){func(c *Contract) { c.Layout = GateUp }, func(c *Contract) { c.Layout = UpGate }, func(c *Contract) { c.ExpertBias = true }} {
+		b := *c
+		bad(&b)
+		if err := b.Check(); err == nil || !strings.Contains(err.Error(), "ungated") {
+			t.Errorf("ungated contract %s bias %v: %v", b.Layout, b.ExpertBias, err)
+		}
 	}
 	if !(Activation{}).SwiGLU() || !(Activation{Alpha: 1}).SwiGLU() || oai.SwiGLU() || (Activation{Limit: 10}).SwiGLU() {
 		t.Error("SwiGLU() misclassifies")

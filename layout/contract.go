@@ -379,7 +379,11 @@ func (c *Contract) Shapes(n, I, H int64) Shapes {
 // Names gives layer li's output tensor names.
 func (c *Contract) Names(li LayerInfo) ExpertTensors {
 	f, _ := c.Format() // Check refuses a contract without one; nil names no scales
-	return NamesFor(c.Layout, li.Prefix, f)
+	t := NamesFor(c.Layout, li.Prefix, f)
+	if c.RoutedAct(li).Ungated() {
+		t = t.Ungated()
+	}
+	return t
 }
 
 // BankSize is the number of experts in each stack: E + R*S.
@@ -544,6 +548,15 @@ func (c *Contract) checkLayerActs() error {
 			if err := a.Check(); err != nil {
 				return fmt.Errorf("moeprep contract: layer %d: %v", li.Index, err)
 			}
+		}
+	}
+	for _, li := range append([]LayerInfo{{Index: -1}}, c.Layers...) {
+		if c.RoutedAct(li).Ungated() && c.Layout.Fused() {
+			// no gate rows to put beside the up rows
+			return fmt.Errorf("moeprep contract: layout %s with ungated experts (activation %s), whose stacks are all_up and all_down", c.Layout, c.RoutedAct(li).Describe())
+		}
+		if c.RoutedAct(li).Ungated() && c.ExpertBias {
+			return fmt.Errorf("moeprep contract: expert biases with ungated experts (activation %s)", c.RoutedAct(li).Describe())
 		}
 	}
 	if c.NumFusedSharedExperts > 0 && c.LayerActs() {

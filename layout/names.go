@@ -94,6 +94,15 @@ func NamesFor(l Layout, moePrefix string, f weightfmt.Format) ExpertTensors {
 	return t
 }
 
+// Ungated is t without gate stacks, for experts that have no gate
+// projection (Activation.Ungated): all_up and all_down alone. Only the
+// Stacked layout has such names; a gate-up layout has none to drop, and
+// convert and Contract.Check refuse it for ungated experts.
+func (t ExpertTensors) Ungated() ExpertTensors {
+	t.Gate, t.GateScale, t.GateGlobal, t.GateInput = "", "", "", ""
+	return t
+}
+
 // Names is NamesFor for unquantised weights, or for FP8 block-scaled ones
 // when fp8 is set.
 func Names(l Layout, moePrefix string, fp8 bool) ExpertTensors {

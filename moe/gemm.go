@@ -65,10 +65,32 @@ func GeluTanh(g float64) float64 {
 	return 0.5 * g * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(g+0.044715*g*g*g)))
 }
 
+// ReLU2 is relu(u)^2 in float64, the activation of Nemotron-H's ungated
+// experts (transformers' relu2: square(relu(u))). For a float32 u the
+// product is exact in float64, so rounding it to float32 gives torch's
+// float32 square bit for bit.
+func ReLU2(u float64) float64 {
+	if u < 0 { // a NaN stays NaN, as torch's relu keeps it
+		u = 0
+	}
+	return u * u
+}
+
+// Ungated is an Activation of experts without a gate projection
+// (layout.Activation with GateNoneReLU2): act(g, u) reads u alone, and
+// ExpertMats.Gate is nil.
+type Ungated interface{ Ungated() bool }
+
+// IsUngated reports whether act is an ungated activation.
+func IsUngated(act Activation) bool {
+	u, ok := act.(Ungated)
+	return ok && u.Ungated()
+}
+
 // ExpertMats is one expert's weights dequantised to float32:
 // E(x) = Down act(Gate x + GateBias, Up x + UpBias) + DownBias.
 type ExpertMats struct {
-	Gate, Up []float32 // [I,H]
+	Gate, Up []float32 // [I,H]; Gate nil for an ungated Act
 	Down     []float32 // [H,I]
 	// GateBias, UpBias [I] and DownBias [H]: nil when the experts have none.
 	GateBias, UpBias, DownBias []float32
@@ -76,7 +98,14 @@ type ExpertMats struct {
 }
 
 func (m *ExpertMats) check(h, inter int) error {
-	if len(m.Gate) != inter*h || len(m.Up) != inter*h || len(m.Down) != h*inter {
+	gate := len(m.Gate)
+	if IsUngated(m.Act) {
+		if m.Gate != nil || m.GateBias != nil {
+			return fmt.Errorf("an ungated expert holds gate weights")
+		}
+		gate = inter * h
+	}
+	if gate != inter*h || len(m.Up) != inter*h || len(m.Down) != h*inter {
 		return fmt.Errorf("expert weights have %d/%d/%d values, want %d each (H %d, I %d)", len(m.Gate), len(m.Up), len(m.Down), inter*h, h, inter)
 	}
 	return nil
@@ -98,7 +127,7 @@ func swiGLU(g, u []float32) {
 // (biases nil: none): SwiGLU (act nil or SwiGLU) with the sigmoid in
 // float64 and the product in float32, any other activation in float64.
 func Activate(act Activation, g, u, gb, ub []float32) {
-	if gb != nil {
+	if gb != nil || ub != nil {
 		AddRowBias(g, gb)
 		AddRowBias(u, ub)
 	}
@@ -264,10 +293,15 @@ func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *Exp
 	if w8a8 {
 		RoundTripActGroups(xb, rows, h, ActGroup)
 	}
-	gate := make([]float32, rows*inter)
 	up := make([]float32, rows*inter)
-	blasdot.SgemmNT(rows, inter, h, xb, h, m.Gate, h, gate, inter)
 	blasdot.SgemmNT(rows, inter, h, xb, h, m.Up, h, up, inter)
+	var gate []float32
+	if IsUngated(m.Act) {
+		gate = up // act reads u alone; it is written in place
+	} else {
+		gate = make([]float32, rows*inter)
+		blasdot.SgemmNT(rows, inter, h, xb, h, m.Gate, h, gate, inter)
+	}
 	Activate(m.Act, gate, up, m.GateBias, m.UpBias)
 	if w8a8 {
 		RoundTripServing(gate, rows, inter)

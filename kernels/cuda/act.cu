@@ -30,10 +30,13 @@ __device__ __forceinline__ int sorted_slot(const int* sorted_ids, const int* exp
 //   ACT_CLAMP_AFTER: act(g, u) = min(g * sigmoid(alpha g), limit) * (u' + up_offset)
 //     (Step-3.7: the limit caps the activated gate);
 //   ACT_GELU_TANH: act(g, u) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u
-//     (Gemma 4's GeGLU; alpha, limit and up_offset are 1, 0, 0).
+//     (Gemma 4's GeGLU; alpha, limit and up_offset are 1, 0, 0);
+//   ACT_RELU2: act(u) = max(u, 0)^2, ungated experts (Nemotron-H): gate is
+//     not read (the launch layer runs no gate GEMM) and may be garbage.
 #define ACT_CLAMP_BEFORE 0
 #define ACT_CLAMP_AFTER 1
 #define ACT_GELU_TANH 2
+#define ACT_RELU2 3
 template <class OT>
 __device__ __forceinline__ void act_rows(const int* sorted_ids, const int* expert_ids, const int* total_padded,
                                          const float* gate, const float* up, const float* gate_bias,
@@ -44,9 +47,17 @@ __device__ __forceinline__ void act_rows(const int* sorted_ids, const int* exper
     if (s < 0) return;
     for (int n = threadIdx.x; n < I; n += blockDim.x) {
         const long long i = (long long)s * I + n;
-        float g = gate[i], u = up[i];
-        if (gate_bias != nullptr) g = __fadd_rn(g, gate_bias[(long long)e * I + n]);
+        float u = up[i];
         if (up_bias != nullptr) u = __fadd_rn(u, up_bias[(long long)e * I + n]);
+        if (mode == ACT_RELU2) {
+            // torch's square(relu(u)) in float32: one correctly rounded
+            // product (a NaN stays NaN, as relu keeps it)
+            const float r = u < 0.0f ? 0.0f : u;
+            st_val(inter, i, __fmul_rn(r, r));
+            continue;
+        }
+        float g = gate[i];
+        if (gate_bias != nullptr) g = __fadd_rn(g, gate_bias[(long long)e * I + n]);
         double gd = (double)g, ud = (double)u, a;
         if (mode == ACT_GELU_TANH) {
             a = 0.5 * gd * (1.0 + tanh(0.7978845608028654 * (gd + 0.044715 * gd * gd * gd)));
