@@ -49,7 +49,10 @@ var wantHF = []string{"deepseek-v2-lite", "deepseek-v3-bf16", "deepseek-v3-fp8",
 	"diffusion-gemma",
 	// LongCat-Flash: the router ranks zero-compute identity experts with the
 	// routed ones; the zero-compute experts' unused gate and up carried
-	"longcat-flash"}
+	"longcat-flash",
+	// Nemotron-H: ungated relu2 experts (up and down only) under
+	// backbone.layers.L.mixer, Mamba-2, attention and MLP blocks carried
+	"nemotron-h"}
 
 // wantHFLowBit are issue 29's low-bit variants (fixtures/hf/export_lowbit.py).
 // This file's byte model knows bf16 and FP8 128x128 blocks only; their bytes
@@ -84,7 +87,11 @@ func checkHFFixture(t *testing.T, src string) {
 	fp := cktest.Plan(t, src)
 	runs := []Options{{}, {Layout: layout.GateUp}, {Layout: layout.UpGate}}
 	if fp.NumSharedExperts > 0 && !fp.SharedGated {
-		runs = append(runs, Options{FuseShared: true, TP: 2}, Options{FuseShared: true, TP: 1, FoldScaling: "down", Layout: layout.GateUp})
+		fold := Options{FuseShared: true, TP: 1, FoldScaling: "down", Layout: layout.GateUp}
+		if fp.Act.Ungated() {
+			fold.Layout = layout.Stacked // the only layout of ungated experts
+		}
+		runs = append(runs, Options{FuseShared: true, TP: 2}, fold)
 	}
 	for i, o := range runs {
 		name := fmt.Sprintf("%s/%s/fuse=%v/tp%d/%s", filepath.Base(src), o.Layout, o.FuseShared, o.TP, o.FoldScaling)
@@ -92,6 +99,13 @@ func checkHFFixture(t *testing.T, src string) {
 			dst := filepath.Join(t.TempDir(), fmt.Sprint("out", i))
 			o.Src, o.Dst = src, dst
 			sum, err := Convert(context.Background(), o)
+			if o.Layout.Fused() && fp.Act.Ungated() {
+				// Nemotron-H: no gate rows to fuse, refused in one line naming the way out
+				if err == nil || !strings.Contains(err.Error(), "no gate rows to fuse") || !strings.Contains(err.Error(), "--layout stacked") {
+					t.Fatalf("--layout %s of ungated experts: %v, want the refusal", o.Layout, err)
+				}
+				return
+			}
 			if err != nil {
 				if o.FoldScaling == "down" && strings.Contains(err.Error(), "UE8M0") {
 					return
@@ -145,6 +159,9 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 		t.Fatalf("contract: %v %v", ok, err)
 	}
 	read := func(name string) []byte {
+		if name == "" {
+			return nil // an ungated MLP's gate
+		}
 		tt, ok := ck.Tensor(name)
 		if !ok {
 			t.Fatalf("source lacks %s", name)
@@ -188,7 +205,9 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 					consumed[checkpoint.BaseName(n)] = true
 				}
 				s := int64((b - c.NumExperts) % S)
-				g = rowsOf(read(m.Gate), H*es, s*I, I)
+				if m.Gate != "" {
+					g = rowsOf(read(m.Gate), H*es, s*I, I)
+				}
 				u = rowsOf(read(m.Up), H*es, s*I, I)
 				d = colsOf(read(m.Down), H, int64(S)*I*es, s*I*es, I*es)
 				if S == 1 {
@@ -215,7 +234,17 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 					eqBytes(t, where+" gate/up scale", sliceOf(pick(names.GateUpScale), int64(b), int64(len(as)+len(zs))), append(append([]byte{}, as...), zs...))
 				}
 			} else {
-				eqBytes(t, where+" gate", sliceOf(pick(names.Gate), int64(b), int64(len(g))), g)
+				if names.Gate == "" {
+					// ungated: the source has no gate, the output no all_gate
+					if g != nil || !c.RoutedAct(layout.LayerInfo{Index: l.Index}).Ungated() {
+						t.Fatalf("%s: no gate stack named, yet the source has a gate or the contract's activation is gated", where)
+					}
+					if _, ok := out[strings.Replace(names.Up, ".all_up.", ".all_gate.", 1)]; ok {
+						t.Fatalf("%s: an ungated layer's output holds all_gate", where)
+					}
+				} else {
+					eqBytes(t, where+" gate", sliceOf(pick(names.Gate), int64(b), int64(len(g))), g)
+				}
 				eqBytes(t, where+" up", sliceOf(pick(names.Up), int64(b), int64(len(u))), u)
 				if fp8 {
 					eqBytes(t, where+" gate scale", sliceOf(pick(names.GateScale), int64(b), int64(len(gs))), gs)

@@ -138,7 +138,7 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 		}
 		consumed = append(consumed, l.Shared.Names()...)
 	}
-	outs, err := p.stacks(l.Prefix, bank, I, H, p.out.DType())
+	outs, err := p.stacks(l.Prefix, bank, I, H, p.out.DType(), fp.RoutedAct(*l).Ungated())
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %s: %w", p.ck.Dir, where, err)
 	}
@@ -155,9 +155,12 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64, f weightfmt.F
 	// [rows, ceil(cols/8)] for INT4 packed eight to an I32.
 	gshape := weightfmt.Matrix{Format: f, Rows: S * I, Cols: H}.Shape()
 	dshape := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}.Shape()
-	g, err := p.get(m.Gate, what+" gate", wd, gshape...)
-	if err != nil {
-		return mp, err
+	var g *checkpoint.Tensor
+	var err error
+	if m.Gate != "" { // "": an ungated expert (up and down only)
+		if g, err = p.get(m.Gate, what+" gate", wd, gshape...); err != nil {
+			return mp, err
+		}
 	}
 	u, err := p.get(m.Up, what+" up", wd, gshape...)
 	if err != nil {
@@ -167,7 +170,10 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64, f weightfmt.F
 	if err != nil {
 		return mp, err
 	}
-	mp.gate, mp.up, mp.down = p.whole(g), p.whole(u), p.whole(d)
+	mp.up, mp.down = p.whole(u), p.whole(d)
+	if g != nil {
+		mp.gate = p.whole(g)
+	}
 	if m.GateBias != "" {
 		for _, b := range []struct {
 			name, role string
@@ -190,6 +196,9 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64, f weightfmt.F
 	}
 	gr, gc := weightfmt.Matrix{Format: f, Rows: S * I, Cols: H}.ScaleShape()
 	dr, dc := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}.ScaleShape()
+	if m.Gate == "" {
+		return mp, fmt.Errorf("%s: %s: ungated experts stored in %s are not supported: moeprep carries them unquantised", p.ck.Dir, what, f)
+	}
 	gs, err := p.get(m.GateScale, what+" gate scale", sc.DType, gr, gc)
 	if err != nil {
 		return mp, err
@@ -237,12 +246,15 @@ func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64, f wei
 	if full.gate.inOut || full.down.inOut {
 		return mlpParts{}, fmt.Errorf("%s: %s is stored transposed, and slicing it for --orientation in-out is not supported", p.ck.Dir, what)
 	}
-	g, _ := p.tensor(m.Gate)
 	u, _ := p.tensor(m.Up)
 	d, _ := p.tensor(m.Down)
 	rows := weightfmt.Matrix{Format: f, Rows: S * I, Cols: H}.RowBlock(s*I, I)
 	cols := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}.ColBlock(s*I, I)
-	sp := mlpParts{gate: piece(g, rows.Weight), up: piece(u, rows.Weight), down: piece(d, cols.Weight)}
+	sp := mlpParts{up: piece(u, rows.Weight), down: piece(d, cols.Weight)}
+	if m.Gate != "" {
+		g, _ := p.tensor(m.Gate)
+		sp.gate = piece(g, rows.Weight)
+	}
 	if _, scaled := f.Scale(); scaled {
 		gs, _ := p.tensor(m.GateScale)
 		us, _ := p.tensor(m.UpScale)
@@ -256,10 +268,13 @@ func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64, f wei
 }
 
 // stacks builds the layer's output tensors over the bank of experts.
-func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetensors.DType) ([]*outTensor, error) {
+func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetensors.DType, ungated bool) ([]*outTensor, error) {
 	n := int64(len(bank))
 	lay := p.o.Layout
 	names := layout.NamesFor(lay, prefix, p.out)
+	if ungated {
+		names = names.Ungated() // no all_gate (checkUngated refused the gate-up layouts)
+	}
 	shapes := layout.StackShapesFor(lay, n, I, H, p.out).Oriented(p.o.Orientation)
 	sd, _ := p.out.Scale() // names has no scale tensors when the format has none
 	gr, gc := weightfmt.Matrix{Format: p.out, Rows: I, Cols: H}.ScaleShape()

@@ -123,6 +123,26 @@ func mul(vals ...int64) (int64, bool) {
 	return r, true
 }
 
+// checkUngated refuses what ungated experts (Nemotron-H's: up and down
+// only) cannot be written as: a gate-up layout has no gate rows to put
+// beside the up rows. An expert whose gate is absent must be one the plan
+// runs with an ungated activation, and the other way round.
+func (p *planner) checkUngated() error {
+	for _, l := range p.fp.Layers {
+		act := p.fp.RoutedAct(l)
+		for e, m := range l.Experts {
+			if m.Ungated() != act.Ungated() {
+				return fmt.Errorf("%s: layer %d expert %d: the plan names gate %q with activation %s, which disagree", p.ck.Dir, l.Index, e, m.Gate, act.Describe())
+			}
+		}
+		if act.Ungated() && p.o.Layout.Fused() {
+			return fmt.Errorf("%s: --layout %s: %s's experts are ungated (up and down projections only; activation %s), so there are no gate rows to fuse with the up rows; use --layout stacked (all_up, all_down)",
+				p.ck.Dir, p.o.Layout, p.fp.ModelType, act.Describe())
+		}
+	}
+	return nil
+}
+
 func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan, error) {
 	p := &planner{ck: ck, fp: fp, o: o, st: &foldStats{}}
 	var err error
@@ -139,6 +159,9 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 		return nil, fmt.Errorf("%s: --orientation in-out: %s", ck.Dir, why)
 	}
 	if err := p.checkFusable(); err != nil {
+		return nil, err
+	}
+	if err := p.checkUngated(); err != nil {
 		return nil, err
 	}
 	if err := p.chooseFold(); err != nil {

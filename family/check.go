@@ -260,6 +260,9 @@ func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint stri
 func (k *checker) eachProj(proj [3]string, inter int, f func(n int, pr string, rows, cols int64) error) error {
 	h, i := int64(k.p.HiddenSize), int64(inter)
 	for n, pr := range proj {
+		if pr == "" {
+			continue // an ungated MLP's gate (Nemotron-H: up and down only)
+		}
 		rows, cols := i, h
 		if n == 2 {
 			rows, cols = h, i

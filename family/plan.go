@@ -66,6 +66,19 @@ type MLP struct {
 	GateInput, UpInput, DownInput    string
 }
 
+// Ungated reports whether the MLP has no gate projection (Nemotron-H's
+// experts and shared MLP: up and down only, relu2).
+func (m MLP) Ungated() bool { return m.Gate == "" && m.Up != "" }
+
+// First is the MLP's first projection, whose rows are its intermediate
+// size: the gate, or the up projection of an ungated MLP.
+func (m MLP) First() string {
+	if m.Gate == "" {
+		return m.Up
+	}
+	return m.Gate
+}
+
 // Names lists every tensor the MLP names (weights, scales, biases, shapes,
 // global and input scales), in a fixed order, the empty ones left out.
 func (m MLP) Names() []string {

@@ -547,6 +547,9 @@ func (s *spec) scanExperts(where, prefix string, names []string, p *Plan, scaled
 	tails := map[string]bool{}
 	if f, err := p.Format(); err == nil {
 		for _, pr := range s.names.proj {
+			if pr == "" {
+				continue // ungated: no gate projection
+			}
 			tn := weightfmt.TensorsOf(f, pr+".weight")
 			for _, n := range []string{tn.Weight, tn.Scale, tn.Global, tn.Shape, tn.Input} {
 				tails[n] = n != ""
@@ -575,6 +578,9 @@ func (s *spec) scanExperts(where, prefix string, names []string, p *Plan, scaled
 		}
 		known := false
 		for _, pr := range s.names.proj {
+			if pr == "" {
+				continue
+			}
 			known = known || tail == pr+".weight" || tail == pr+".weight_scale_inv" || scaled && tail == pr+".weight_scale" ||
 				packed && (tail == pr+".weight_packed" || tail == pr+".weight_shape" || tail == pr+".weight_zero_point" || tail == pr+".weight_g_idx") ||
 				tails[tail]

@@ -173,6 +173,11 @@ func conversionCases() []conv {
 			}
 		}
 	}
+	// Nemotron-H's ungated experts are written stacked only (all_up,
+	// all_down): out-in, in-out, and fuse-shared (its relu2 shared MLP, two
+	// experts wide)
+	cases = append(cases, conv{"nemotron-h", convert.Options{}}, conv{"nemotron-h", convert.Options{Orientation: layout.InOut}},
+		conv{"nemotron-h", convert.Options{FuseShared: true, TP: 4}})
 	return cases
 }
 

@@ -528,9 +528,14 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 		// (INT4: eight to an I32 along a row).
 		gsh := weightfmt.Matrix{Format: wf, Rows: n * I, Cols: H}.Shape()
 		dsh := weightfmt.Matrix{Format: wf, Rows: H, Cols: n * I}.Shape()
-		g, err := get(m.Gate, gsh[0], gsh[1])
-		if err != nil {
-			return pr, err
+		var g mat
+		var err error
+		if m.Gate != "" { // "": ungated (Nemotron-H), whose contract names no gate stack
+			if g, err = get(m.Gate, gsh[0], gsh[1]); err != nil {
+				return pr, err
+			}
+		} else if scaled {
+			return pr, fmt.Errorf("%s: layer %d: ungated experts stored in %s are not supported", src.Dir, li.Index, wf)
 		}
 		u, err := get(m.Up, gsh[0], gsh[1])
 		if err != nil {

@@ -573,7 +573,11 @@ func srcSharedStorage(src *checkpoint.Checkpoint, plan *family.Plan) (sharedQ, s
 			continue
 		}
 		var q, dt string
-		for i, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
+		first := false
+		for _, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
+			if name == "" {
+				continue // an ungated shared MLP's gate
+			}
 			t, ok := src.Tensor(name)
 			if !ok {
 				return "", "", fmt.Sprintf("SRC has no shared expert tensor %s", render(name))
@@ -588,8 +592,8 @@ func srcSharedStorage(src *checkpoint.Checkpoint, plan *family.Plan) (sharedQ, s
 			default:
 				return "", "", fmt.Sprintf("SRC's shared expert tensor %s is %s, so moeprep cannot have converted it", name, t.DType)
 			}
-			if i == 0 {
-				q, dt = tq, tdt
+			if !first {
+				q, dt, first = tq, tdt, true
 			} else if tq != q || tdt != dt {
 				return "", "", fmt.Sprintf("SRC's shared expert tensor %s is %s unlike its other projections", name, t.DType)
 			}
@@ -612,7 +616,7 @@ func srcSharedScaleNaming(src *checkpoint.Checkpoint, plan *family.Plan) (scaleD
 		if l.Shared == nil {
 			continue
 		}
-		base, ok := strings.CutSuffix(l.Shared.Gate, ".weight")
+		base, ok := strings.CutSuffix(l.Shared.First(), ".weight")
 		if !ok {
 			return "", ""
 		}

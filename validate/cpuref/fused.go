@@ -175,8 +175,10 @@ func (fl *FusedLayer) loader(dec *decoder, src TensorSource, h, inter int, wf we
 		} else {
 			g, u := ref(n.Gate, n.GateScale, e, inter, h), ref(n.Up, n.UpScale, e, inter, h)
 			g.Global, g.GlobalIndex, u.Global, u.GlobalIndex = n.GateGlobal, e, n.UpGlobal, e
-			if m.Gate, err = loadMatrix(dec, src, g); err != nil {
-				return nil, wrap(err)
+			if n.Gate != "" { // "": ungated experts (Contract.Names)
+				if m.Gate, err = loadMatrix(dec, src, g); err != nil {
+					return nil, wrap(err)
+				}
 			}
 			if m.Up, err = loadMatrix(dec, src, u); err != nil {
 				return nil, wrap(err)
@@ -325,7 +327,7 @@ func (f *fusedRun) runJob(j moe.ExpertJob, m *moe.ExpertMats) error {
 // it can, or there is none).
 func (f *fusedRun) denseSharedErr() error {
 	if fl := f.fl; fl.Shared != nil && fl.Contract.NumFusedSharedExperts > 0 {
-		return fmt.Errorf("layer %d: the contract fuses %d shared experts but shared expert tensors (%s) remain", fl.Index, fl.Contract.NumFusedSharedExperts, fl.Shared.Gate)
+		return fmt.Errorf("layer %d: the contract fuses %d shared experts but shared expert tensors (%s) remain", fl.Index, fl.Contract.NumFusedSharedExperts, fl.Shared.First())
 	}
 	return nil
 }
@@ -429,12 +431,12 @@ func (fl *FusedLayer) addRoutedShared(src TensorSource, x []float32, r *moe.Rout
 // per projection, in the contract's activation (DeepSeek-V4's shared MLP
 // is clamped as its experts are), with its biases where it has them.
 func (fl *FusedLayer) denseMLP(dec *decoder, src TensorSource, m family.MLP, x []float32, t, h int) ([]float32, error) {
-	gt, ok := src.Tensor(m.Gate)
+	gt, ok := src.Tensor(m.First())
 	if !ok {
-		return nil, fmt.Errorf("tensor %s is missing", m.Gate)
+		return nil, fmt.Errorf("tensor %s is missing", m.First())
 	}
 	if len(gt.Shape) != 2 || gt.Shape[0] <= 0 || gt.Shape[0] > math.MaxInt32 {
-		return nil, fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.Gate, gt.Shape, h)
+		return nil, fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.First(), gt.Shape, h)
 	}
 	inter := int(gt.Shape[0])
 	wf, err := fl.Contract.SharedFormat()
@@ -445,11 +447,17 @@ func (fl *FusedLayer) denseMLP(dec *decoder, src TensorSource, m family.MLP, x [
 		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
 	}
 	glob := func(r MatrixRef, g string) MatrixRef { r.Global = g; return r }
-	gate, err := loadMatrix(dec, src, glob(ref(m.Gate, m.GateScale, inter, h), m.GateGlobal))
-	if err != nil {
+	act := fl.SharedAct()
+	if err := checkGated(m.Gate, act); err != nil {
 		return nil, err
 	}
-	defer dec.put(gate)
+	var gate []float32
+	if m.Gate != "" {
+		if gate, err = loadMatrix(dec, src, glob(ref(m.Gate, m.GateScale, inter, h), m.GateGlobal)); err != nil {
+			return nil, err
+		}
+		defer dec.put(gate)
+	}
 	up, err := loadMatrix(dec, src, glob(ref(m.Up, m.UpScale, inter, h), m.UpGlobal))
 	if err != nil {
 		return nil, err
@@ -461,10 +469,13 @@ func (fl *FusedLayer) denseMLP(dec *decoder, src TensorSource, m family.MLP, x [
 	}
 	defer dec.put(down)
 	impl := gonum.Implementation{}
-	g := make([]float32, t*inter)
 	u := make([]float32, t*inter)
-	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, gate, h, 0, g, inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, up, h, 0, u, inter)
+	g := u // an ungated MLP's act reads u alone, in place
+	if gate != nil {
+		g = make([]float32, t*inter)
+		impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, gate, h, 0, g, inter)
+	}
 	var gb, ub, db []float32
 	if m.GateBias != "" { // ERNIE 4.5 use_bias
 		if gb, err = LoadVector(src, m.GateBias, inter); err != nil {

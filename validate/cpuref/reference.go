@@ -342,6 +342,9 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 		rows, cols int
 		got        []float32
 	}{{layer.Shared.Gate, inter, h, q.gate}, {layer.Shared.Up, inter, h, q.up}, {layer.Shared.Down, h, inter, q.down}} {
+		if pr.name == "" {
+			continue // an ungated MLP's gate
+		}
 		w, err := LoadMatrix(src, MatrixRef{Name: pr.name, Index: -1, Rows: pr.rows, Cols: pr.cols})
 		if err != nil {
 			return 0, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
@@ -479,7 +482,20 @@ func RouterOf(l *family.Layer) RouterRef {
 	return RouterRef{Router: l.Router, Bias: l.RouterBias, LogitBias: l.RouterLogitBias, Hash: l.HashTable, Scale: l.RouterScale, ExpertScale: l.ExpertScale}
 }
 
-// refMLP is one gated MLP in float32 for the reference.
+// checkGated refuses an MLP whose gate projection and activation disagree:
+// an ungated activation (relu2) with a gate tensor, or a gated one without.
+func checkGated(gate string, act layout.Activation) error {
+	switch {
+	case act.Ungated() && gate != "":
+		return fmt.Errorf("tensor %s: the experts' activation (%s) is ungated, yet the plan names a gate projection", gate, act.Describe())
+	case !act.Ungated() && gate == "":
+		return fmt.Errorf("the experts' activation (%s) needs a gate projection, and the plan names none", act.Describe())
+	}
+	return nil
+}
+
+// refMLP is one gated MLP in float32 for the reference (gate nil:
+// ungated).
 type refMLP struct {
 	gate, up, down []float32 // [I,H], [I,H], [H,I]
 	gb, ub, db     []float32 // biases [I], [I], [H]; nil when none
@@ -509,8 +525,13 @@ func loadSourceMLP(dec *decoder, src TensorSource, names family.MLP, inter, h in
 		}
 	}
 	glob := func(r MatrixRef, g string) MatrixRef { r.Global = g; return r }
-	if m.gate, err = loadMatrix(dec, src, glob(ref(names.Gate, names.GateScale, inter, h), names.GateGlobal)); err != nil {
+	if err := checkGated(names.Gate, act); err != nil {
 		return nil, err
+	}
+	if names.Gate != "" {
+		if m.gate, err = loadMatrix(dec, src, glob(ref(names.Gate, names.GateScale, inter, h), names.GateGlobal)); err != nil {
+			return nil, err
+		}
 	}
 	if m.up, err = loadMatrix(dec, src, glob(ref(names.Up, names.UpScale, inter, h), names.UpGlobal)); err != nil {
 		return nil, err
@@ -543,11 +564,15 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 		}
 		xs = q
 	}
-	g := make([]float32, n*m.inter)
 	u := make([]float32, n*m.inter)
-	gs, us := rowsOf(g, n, m.inter), rowsOf(u, n, m.inter)
-	blasdot.Dot64Rows(xs, m.gate, m.inter, m.h, gs)
+	us := rowsOf(u, n, m.inter)
 	blasdot.Dot64Rows(xs, m.up, m.inter, m.h, us)
+	g, gs := u, us // an ungated expert's act reads u alone, in place
+	if m.gate != nil {
+		g = make([]float32, n*m.inter)
+		gs = rowsOf(g, n, m.inter)
+		blasdot.Dot64Rows(xs, m.gate, m.inter, m.h, gs)
+	}
 	moe.Activate(m.act, g, u, m.gb, m.ub)
 	if m.w8a8 {
 		moe.RoundTripServing(g, n, m.inter)

@@ -116,7 +116,7 @@ func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter in
 	} else if err := b.upload(s, src, parts, false); err != nil {
 		return fail(err)
 	} else if scaled != (b.DType == kernels.MatFP8) {
-		return fail(fmt.Errorf("tensor %s is %v, the checkpoint's quantisation says fp8=%v", m.Gate, b.DType, scaled))
+		return fail(fmt.Errorf("tensor %s is %v, the checkpoint's quantisation says fp8=%v", m.First(), b.DType, scaled))
 	}
 	if scaled && !DecodesOnDevice(wf) {
 		if err := b.upload(s, src, parts, true); err != nil {
@@ -165,6 +165,9 @@ type bankPart struct {
 // scales, in order.
 func (b *Bank) upload(s *Stager, src cpuref.TensorSource, parts []bankPart, scales bool) error {
 	for _, p := range parts {
+		if p.name == "" {
+			continue // an ungated bank's gate (Contract.Names, family.MLP)
+		}
 		var err error
 		if scales {
 			*p.scale, err = b.scale(s, src, p.scaleName, p.scaleShape, p.scaleDType)

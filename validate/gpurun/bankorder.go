@@ -121,6 +121,9 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSourc
 	// Allocate every stack first, then fill them.
 	var parts []orderedPart
 	for _, st := range stacks {
+		if st.name == "" {
+			continue // an ungated bank's gate (Contract.Names)
+		}
 		t, err := tensorShaped(src, st.name, st.shape)
 		if err != nil {
 			return fail(err)

@@ -532,7 +532,7 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 	}
 	if fl.Shared != nil {
 		if c.NumFusedSharedExperts > 0 {
-			return nil, fmt.Errorf("layer %d: the contract fuses %d shared experts but shared expert tensors (%s) remain", fl.Index, c.NumFusedSharedExperts, fl.Shared.Gate)
+			return nil, fmt.Errorf("layer %d: the contract fuses %d shared experts but shared expert tensors (%s) remain", fl.Index, c.NumFusedSharedExperts, fl.Shared.First())
 		}
 		// Stored as the CPU twin reads it (cpuref.FusedLayer.denseMLP);
 		// loadMLPBankOf refuses what the kernels cannot take.
@@ -585,12 +585,12 @@ func (g *Runner) oneExpertSorted(slots []int32, numel int, fr *Frees) (*kernels.
 func (g *Runner) addDense(src cpuref.TensorSource, m family.MLP, gate string, wf weightfmt.Format, act layout.Activation, in *Input, y *cuda.Buffer[float32]) error {
 	var fr Frees
 	defer fr.Release(g)
-	gt, ok := src.Tensor(m.Gate)
+	gt, ok := src.Tensor(m.First())
 	if !ok {
-		return fmt.Errorf("tensor %s is missing", m.Gate)
+		return fmt.Errorf("tensor %s is missing", m.First())
 	}
 	if len(gt.Shape) != 2 || gt.Shape[0] <= 0 || gt.Shape[0] > 1<<30 {
-		return fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.Gate, gt.Shape, in.h)
+		return fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.First(), gt.Shape, in.h)
 	}
 	inter := int(gt.Shape[0])
 	bank, err := loadMLPBankOf(g.Stage, src, m, in.h, inter, wf, act)
@@ -653,9 +653,9 @@ func (g *Runner) addRoutedShared(src cpuref.TensorSource, mlps []family.MLP, rou
 	if routing.S != ns || len(weights) != t*ns {
 		return fmt.Errorf("the routing weights %d shared experts (%d values for %d tokens), the checkpoint has %d", routing.S, len(weights), t, ns)
 	}
-	gt, ok := src.Tensor(mlps[0].Gate)
+	gt, ok := src.Tensor(mlps[0].First())
 	if !ok || len(gt.Shape) != 2 || gt.Shape[0] <= 0 || gt.Shape[0] > 1<<30 {
-		return fmt.Errorf("shared expert 0: tensor %s is missing or not [I,%d]", mlps[0].Gate, h)
+		return fmt.Errorf("shared expert 0: tensor %s is missing or not [I,%d]", mlps[0].First(), h)
 	}
 	inter := int(gt.Shape[0])
 	numel := t * ns

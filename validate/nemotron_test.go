@@ -1,0 +1,108 @@
+package validate
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/judge"
+)
+
+// TestNemotronHGoldensNeedEveryPart: transformers' Nemotron-H goldens are
+// the ungated relu2 experts plus the relu2 shared MLP. The CPU reference
+// matches them; with the shared MLP's share taken out, or with relu(u)
+// for relu(u)^2 (the experts' output halved where it would be squared:
+// checked through the moe twin on the same weights), it is far off.
+func TestNemotronHGoldensNeedEveryPart(t *testing.T) {
+	src, ck, plan := openFixture(t, "nemotron-h")
+	if !plan.Act.Ungated() || plan.NumExperts != 16 || plan.NumSharedExperts != 2 || plan.RoutedScalingFactor != 2.5 || plan.NGroup != 4 {
+		t.Fatalf("plan: act %+v E %d S %d rsf %v groups %d", plan.Act, plan.NumExperts, plan.NumSharedExperts, plan.RoutedScalingFactor, plan.NGroup)
+	}
+	for i := range plan.Layers {
+		layer := &plan.Layers[i]
+		if len(layer.Experts) != 16 || !layer.Experts[3].Ungated() || layer.Shared == nil || !layer.Shared.Ungated() {
+			t.Fatalf("layer %d: experts or shared MLP planned gated: %+v", layer.Index, layer.Experts[3])
+		}
+		g := goldenOf(t, src, plan, layer)
+		ref, err := cpuref.ReferenceLayer(context.Background(), ck, plan, layer, g.X, g.T, cpuref.RefOptions{Workers: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := judge.Compare(ref.Y, g.Y).RelL2
+		noShared := *plan
+		noShared.NumSharedExperts = 0
+		nl := *layer
+		nl.Shared = nil
+		routed, err := cpuref.ReferenceLayer(context.Background(), ck, &noShared, &nl, g.X, g.T, cpuref.RefOptions{Workers: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds := judge.Compare(routed.Y, g.Y).RelL2
+		t.Logf("layer %d: reference vs HF %.3g; without the shared MLP %.3g", layer.Index, d, ds)
+		if d > 1e-6 || ds < 0.05 {
+			t.Errorf("layer %d: rel_l2 %.3g, %.3g without the shared MLP", layer.Index, d, ds)
+		}
+	}
+	// relu2 against relu, one value: the activation is squared, not
+	// gated (what HF's ReLUSquaredActivation computes, the GPU's mode 3)
+	for _, c := range []struct{ u, want float64 }{{-2, 0}, {0, 0}, {0.5, 0.25}, {3, 9}, {math.Inf(-1), 0}} {
+		if got := layout.ReLU2().Apply(123, c.u); got != c.want {
+			t.Errorf("relu2(%g) = %g, want %g (the gate argument must be unread)", c.u, got, c.want)
+		}
+	}
+}
+
+// TestNemotronHTampered: one row of DST's all_up doubled fails the
+// numbers (byte proof off) and the byte proof alone; a contract whose
+// activation is gone (so it claims SwiGLU experts with an all_gate) is
+// refused; gate-up layouts are refused by convert, naming the way out.
+func TestNemotronHTampered(t *testing.T) {
+	src := hfFixtures + "/nemotron-h"
+	dst := convertInto(t, src, convert.Options{})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
+	if err != nil || rep.Failed() {
+		t.Fatalf("clean conversion: %v %v", err, rep.Err())
+	}
+	bad := convertInto(t, src, convert.Options{})
+	rewriteTensor(t, bad, "backbone.layers.3.mixer.experts.all_up.weight", func(raw []byte, _ []int64) {
+		// expert 5, row 7 doubled (bf16 exponent + 1): finite, and far
+		// beyond bf16 rounding
+		for j := range 64 {
+			o := 2 * (5*32*64 + 7*64 + j)
+			v := uint16(raw[o]) | uint16(raw[o+1])<<8
+			if v&0x7f80 != 0 && v&0x7f80 != 0x7f00 {
+				v += 0x80
+			}
+			raw[o], raw[o+1] = byte(v), byte(v>>8)
+		}
+	})
+	for _, bytes := range []string{BytesOff, BytesOnly} {
+		rep, err := Run(context.Background(), Options{Src: src, Dst: bad, Seed: 1, Bytes: bytes})
+		if err == nil {
+			err = rep.Err()
+		}
+		if err == nil || strings.Contains(err.Error(), "non-finite") {
+			t.Fatalf("bytes %s: a changed all_up row: %v", bytes, err)
+		}
+		t.Logf("bytes %s: %v", bytes, firstLine(err.Error()))
+	}
+	editContract(t, dst, func(c map[string]any) { delete(c, "activation") })
+	rep, err = Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Bytes: BytesOff})
+	if err == nil {
+		err = rep.Err()
+	}
+	if err == nil {
+		t.Fatal("a contract without the ungated activation passed")
+	}
+	t.Logf("contract without activation: %v", firstLine(err.Error()))
+	for _, lay := range []layout.Layout{layout.GateUp, layout.UpGate} {
+		_, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: t.TempDir() + "/out", Layout: lay})
+		if err == nil || !strings.Contains(err.Error(), "no gate rows") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("--layout %s: %v", lay, err)
+		}
+	}
+}
