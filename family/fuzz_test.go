@@ -17,7 +17,7 @@ import (
 // a Gemma 4 config with a bad epsilon and activation, and a LongCat-Flash
 // one with a huge zero_expert_num.
 func FuzzDetect(f *testing.F) {
-	dirs := []string{"deepseek-v3-bf16", "step3p7", "hy-v4", "gpt-oss", "llama4", "glm5-next", "gemma4", "diffusion-gemma", "longcat-flash"}
+	dirs := []string{"deepseek-v3-bf16", "step3p7", "hy-v4", "gpt-oss", "llama4", "glm5-next", "gemma4", "diffusion-gemma", "longcat-flash", "nemotron-h"}
 	sets := make([]*fakeTensors, len(dirs))
 	for i, dir := range dirs {
 		d := filepath.Join("..", "fixtures", "hf", dir)
@@ -60,6 +60,9 @@ func FuzzDetect(f *testing.F) {
 		`"top_k_experts":2,"enable_moe_block":true,"rms_norm_eps":-1,"hidden_activation":"gelu"}`), uint8(6))
 	f.Add([]byte(`{"model_type":"longcat_flash","hidden_size":64,"num_layers":2,"num_hidden_layers":4,"expert_ffn_hidden_size":32,`+
 		`"n_routed_experts":8,"zero_expert_num":999999999,"moe_topk":3}`), uint8(8))
+	f.Add([]byte(`{"model_type":"nemotron_h","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":16,"num_experts_per_tok":4,`+
+		`"n_group":4,"topk_group":2,"moe_shared_expert_intermediate_size":64,"hybrid_override_pattern":"MEM*E-"}`), uint8(9))
+	f.Add([]byte(`{"model_type":"nemotron_h","layers_block_type":["moe","mamba2"],"moe_latent_size":null,"mlp_hidden_act":"relu2"}`), uint8(9))
 	f.Fuzz(func(t *testing.T, b []byte, which uint8) {
 		var cfg map[string]any
 		if json.Unmarshal(b, &cfg) != nil {

@@ -313,10 +313,10 @@ func TestRegistry(t *testing.T) {
 			}
 		}
 	}
-	if want := []string{"deepseek", "qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe_lite", "exaone_moe", "hy_v3", "afmoe", "minimax_m2", "ernie4_5_moe", "olmoe", "jamba", "cohere2_moe", "granitemoe", "granitemoe_swa", "phimoe", "llama4", "gpt_oss", "deepseek_v4", "inkling_text", "dots1", "hunyuan_v1_moe", "flex_olmo", "lfm2_moe", "dbrx", "solar_open", "mimo_v2_flash", "mellum", "granitemoehybrid", "axk1", "axk2", "deepseek_v32", "glm_moe_dsa", "mistral4", "kimi_linear", "laguna", "hy_v4", "step3p5", "gemma4", "longcat_flash"}; !reflect.DeepEqual(names, want) {
+	if want := []string{"deepseek", "qwen2_moe", "qwen3_moe", "mixtral", "glm4_moe_lite", "exaone_moe", "hy_v3", "afmoe", "minimax_m2", "ernie4_5_moe", "olmoe", "jamba", "cohere2_moe", "granitemoe", "granitemoe_swa", "phimoe", "llama4", "gpt_oss", "deepseek_v4", "inkling_text", "dots1", "hunyuan_v1_moe", "flex_olmo", "lfm2_moe", "dbrx", "solar_open", "mimo_v2_flash", "mellum", "granitemoehybrid", "axk1", "axk2", "deepseek_v32", "glm_moe_dsa", "mistral4", "kimi_linear", "laguna", "hy_v4", "step3p5", "gemma4", "longcat_flash", "nemotron_h"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("All() = %v, want %v", names, want)
 	}
-	want := strings.Split("afmoe, axk1, axk2, cohere2_moe, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, deepseek_v4, diffusion_gemma_text, dots1, ernie4_5_moe, exaone_moe, flex_olmo, gemma4_text, glm4_moe, glm4_moe_lite, glm_moe_dsa, gpt_oss, granitemoe, granitemoe_swa, granitemoehybrid, granitemoeshared, hunyuan_v1_moe, hy_v3, hy_v4, inkling_text, jamba, kimi_k2, kimi_linear, laguna, lfm2_moe, llama4_text, longcat_flash, mellum, mimo_v2_flash, minimax, minimax_m2, mistral4, mixtral, olmoe, phimoe, qwen2_moe, qwen3_moe, qwen3_next, solar_open, step3p5", ", ")
+	want := strings.Split("afmoe, axk1, axk2, cohere2_moe, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, deepseek_v4, diffusion_gemma_text, dots1, ernie4_5_moe, exaone_moe, flex_olmo, gemma4_text, glm4_moe, glm4_moe_lite, glm_moe_dsa, gpt_oss, granitemoe, granitemoe_swa, granitemoehybrid, granitemoeshared, hunyuan_v1_moe, hy_v3, hy_v4, inkling_text, jamba, kimi_k2, kimi_linear, laguna, lfm2_moe, llama4_text, longcat_flash, mellum, mimo_v2_flash, minimax, minimax_m2, mistral4, mixtral, nemotron_h, olmoe, phimoe, qwen2_moe, qwen3_moe, qwen3_next, solar_open, step3p5", ", ")
 	if got := SupportedModelTypes(); !reflect.DeepEqual(got, want) {
 		t.Errorf("SupportedModelTypes() = %v, want %v", got, want)
 	}
@@ -325,7 +325,7 @@ func TestRegistry(t *testing.T) {
 	if f.ModelTypes()[0] != "deepseek_v2" {
 		t.Error("ModelTypes exposes the family's own slice")
 	}
-	if _, err := Lookup("llama"); err == nil || err.Error() != `config.json: model_type "llama" is not supported (supported: afmoe, axk1, axk2, cohere2_moe, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, deepseek_v4, diffusion_gemma_text, dots1, ernie4_5_moe, exaone_moe, flex_olmo, gemma4_text, glm4_moe, glm4_moe_lite, glm_moe_dsa, gpt_oss, granitemoe, granitemoe_swa, granitemoehybrid, granitemoeshared, hunyuan_v1_moe, hy_v3, hy_v4, inkling_text, jamba, kimi_k2, kimi_linear, laguna, lfm2_moe, llama4_text, longcat_flash, mellum, mimo_v2_flash, minimax, minimax_m2, mistral4, mixtral, olmoe, phimoe, qwen2_moe, qwen3_moe, qwen3_next, solar_open, step3p5)` {
+	if _, err := Lookup("llama"); err == nil || err.Error() != `config.json: model_type "llama" is not supported (supported: afmoe, axk1, axk2, cohere2_moe, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, deepseek_v4, diffusion_gemma_text, dots1, ernie4_5_moe, exaone_moe, flex_olmo, gemma4_text, glm4_moe, glm4_moe_lite, glm_moe_dsa, gpt_oss, granitemoe, granitemoe_swa, granitemoehybrid, granitemoeshared, hunyuan_v1_moe, hy_v3, hy_v4, inkling_text, jamba, kimi_k2, kimi_linear, laguna, lfm2_moe, llama4_text, longcat_flash, mellum, mimo_v2_flash, minimax, minimax_m2, mistral4, mixtral, nemotron_h, olmoe, phimoe, qwen2_moe, qwen3_moe, qwen3_next, solar_open, step3p5)` {
 		t.Errorf("Lookup(llama) error = %v", err)
 	}
 }
@@ -368,7 +368,7 @@ func TestCanonicalScaleShape(t *testing.T) {
 // TestUnsupportedFamiliesNameTheirReason: the MoE model types transformers
 // ships that moeprep refuses say why, in one line.
 func TestUnsupportedFamiliesNameTheirReason(t *testing.T) {
-	for mt, want := range map[string]string{"jetmoe": "attention heads", "nemotron_h": "ungated"} {
+	for mt, want := range map[string]string{"jetmoe": "attention heads", "ernie4_5_vl_moe": "two routed banks"} {
 		_, err := Lookup(mt)
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), mt) {
 			t.Errorf("%s: %v", mt, err)

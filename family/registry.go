@@ -12,14 +12,13 @@ var families = []*spec{deepseek, qwen2MoE, qwen3MoE, mixtral,
 	glm4MoELite, exaoneMoE, hyV3, afmoe, minimaxM2, ernie45MoE, olmoe, jamba, cohere2MoE,
 	graniteMoE, graniteMoESWA, phimoe, llama4, gptOSS, deepseekV4, inkling,
 	dots1, hunyuanV1MoE, flexOlmo, lfm2MoE, dbrx, solarOpen, mimoV2Flash,
-	mellum, graniteMoEHybrid, axk1, axk2, deepseekV32, glmMoEDsa, mistral4, kimiLinear, laguna, hyV4, step3p5, gemma4, longcatFlash}
+	mellum, graniteMoEHybrid, axk1, axk2, deepseekV32, glmMoEDsa, mistral4, kimiLinear, laguna, hyV4, step3p5, gemma4, longcatFlash, nemotronH}
 
 // unsupported are the MoE model types transformers ships that moeprep
 // refuses, each with the reason a user needs.
 var unsupported = map[string]string{
-	"jetmoe":     "JetMoE's MoE MLP adds a block output bias (mlp.bias [H]) after the weighted expert sum, and its attention is itself a mixture of attention heads with a router of its own (self_attention.experts), which moeprep's MoE layer model, a bias-free expert bank, cannot express",
-	"nemotron_h": "Nemotron-H's experts are ungated (up and down projections only, relu2), and moeprep's expert bank and kernels compute gated SwiGLU experts only",
-	"youtu":      "Youtu-LLM is a dense model (MLA attention and one SwiGLU MLP in every layer): it has no MoE layer to convert",
+	"jetmoe": "JetMoE's MoE MLP adds a block output bias (mlp.bias [H]) after the weighted expert sum, and its attention is itself a mixture of attention heads with a router of its own (self_attention.experts), which moeprep's MoE layer model, a bias-free expert bank, cannot express",
+	"youtu":  "Youtu-LLM is a dense model (MLA attention and one SwiGLU MLP in every layer): it has no MoE layer to convert",
 	// issue 30, read from transformers 5.17.0's sources
 	"zaya":                  "ZAYA's router is an MLP (down_proj, two GELU layers, out_proj) fed router states carried from the previous layer, and routes to a skip expert with no compute, which moeprep's linear router and SwiGLU bank cannot express",
 	"doge":                  "Doge's CDMoE retrieves product-key experts that are embedding rows (down_embed, up_embed), not SwiGLU MLPs, which moeprep's expert bank cannot hold",

@@ -40,7 +40,7 @@ if [ -n "${WRAPPERS:-}" ]; then
 fi
 requantizable=""
 refusing=" inkling-text llama4-text qwen3-next ernie4-5-moe-bias qwen4-exp inkling-mm-model hy-v4 step3p7 "
-fusable=" afmoe ernie4-5-moe exaone-moe glm4-moe glm4-moe-lite hy-v3 granitemoeshared granitemoe-swa cohere2-moe deepseek-v4 dots1 solar-open hunyuan-v1-moe granitemoehybrid axk1 axk2 deepseek-v32 glm-moe-dsa mistral4 kimi-linear laguna aria minimax-m3-vl deepseek-ocr2 glm5-next glm4v-moe kimi-k25 "
+fusable=" afmoe ernie4-5-moe exaone-moe glm4-moe glm4-moe-lite hy-v3 granitemoeshared granitemoe-swa cohere2-moe deepseek-v4 dots1 solar-open hunyuan-v1-moe granitemoehybrid axk1 axk2 deepseek-v32 glm-moe-dsa mistral4 kimi-linear laguna aria minimax-m3-vl deepseek-ocr2 glm5-next glm4v-moe kimi-k25 nemotron-h "
 if [ -n "${LOWBIT:-}" ]; then
 	mv "$work/src" "$work/bf16"
 	PYTHONUNBUFFERED=1 timeout 480 python3 fixtures/hf/export_lowbit.py "$work/bf16" "$work/src" --unseen --seed 900 ${LOWBIT_ONLY:+--only "$LOWBIT_ONLY"} --log "$out/unseen-lowbit-export.log" >/dev/null 2>&1
@@ -67,7 +67,9 @@ for src in "$work"/src/*/; do
 	dsts=()
 	for lay in stacked gate-up up-gate; do
 		d="$work/out/$n-$lay"
-		if "$bin" convert --no-progress --layout "$lay" "$src" "$d" >/dev/null 2>"$work/out/err"; then dsts+=("$d:convert --layout $lay"); else line "convert $lay" FAIL "$(head -c 150 "$work/out/err")"; fi
+		if "$bin" convert --no-progress --layout "$lay" "$src" "$d" >/dev/null 2>"$work/out/err"; then dsts+=("$d:convert --layout $lay")
+		elif [ "$lay" != stacked ] && grep -q "no gate rows to fuse" "$work/out/err"; then line "convert $lay" refused "expected (ungated experts): $(head -c 100 "$work/out/err")"
+		else line "convert $lay" FAIL "$(head -c 150 "$work/out/err")"; fi
 	done
 	d="$work/out/$n-in-out"
 	if "$bin" convert --no-progress --orientation in-out "$src" "$d" >/dev/null 2>"$work/out/err"; then
