@@ -3,10 +3,12 @@ package validate
 import (
 	"context"
 	"math"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
@@ -105,4 +107,43 @@ func TestNemotronHTampered(t *testing.T) {
 			t.Errorf("--layout %s: %v", lay, err)
 		}
 	}
+}
+
+// TestNemotronHHubConfig: the hub's configs (Nemotron 3 Nano) spell the
+// blocks as hybrid_override_pattern and keep a num_hidden_layers of their
+// own; the fixture with its config so written converts and validates
+// against transformers' goldens as it does with layers_block_type. A
+// pattern that calls the attention block a MoE block is refused naming
+// the router it lacks.
+func TestNemotronHHubConfig(t *testing.T) {
+	hub := func(pattern string) string {
+		src := copyFixture(t, "nemotron-h")
+		testkit.EditJSON(t, filepath.Join(src, "config.json"), func(c map[string]any) {
+			delete(c, "layers_block_type")
+			c["hybrid_override_pattern"] = pattern
+			c["num_hidden_layers"] = 52.0 // ignored, as transformers ignores it
+			c["moe_latent_size"] = nil
+		})
+		return src
+	}
+	src := hub("ME*E-")
+	dst := convertInto(t, src, convert.Options{FuseShared: true, TP: 2})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
+	if err != nil || rep.Failed() {
+		t.Fatalf("hub config: %v %v", err, rep.Err())
+	}
+	var layers []int
+	for _, r := range rep.Rows {
+		if r.Check == "fused-vs-golden" {
+			layers = append(layers, r.Layer)
+		}
+	}
+	if len(layers) != 2 || layers[0] != 1 || layers[1] != 3 {
+		t.Errorf("golden rows on layers %v, want [1 3]", layers)
+	}
+	_, err = convert.Convert(context.Background(), convert.Options{Src: hub("MEEE-"), Dst: filepath.Join(t.TempDir(), "out")})
+	if err == nil || !strings.Contains(err.Error(), "layer 2") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("a pattern that makes the attention block MoE: %v", err)
+	}
+	t.Logf("MEEE-: %v", err)
 }
