@@ -312,6 +312,9 @@ func WriteText(w io.Writer, s *Summary) error {
 	if s.ExpertBias {
 		experts += ", with biases"
 	}
+	if a := s.Activation; a != nil && a.Ungated() {
+		experts += " (ungated: up and down only, converted --layout stacked)"
+	}
 	if a := s.SharedActivation; a != nil {
 		experts += "; shared MLP " + a.Describe()
 	}
