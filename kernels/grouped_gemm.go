@@ -65,19 +65,19 @@ func (b *ExpertBank) gateUpPtrs() (wg, wu cuda.DevicePtr, wStride int64, sg, su 
 		}
 		return
 	}
-	if err = b.Up.need("expert bank: up", e*in*h, b.DType); err != nil {
-		return
-	}
 	if b.Act.Ungated() {
 		// No gate projection (Nemotron-H): stage 1 is the up GEMM alone
 		// (moeGateUpAct); a bank holding gate weights anyway is a loader bug.
-		if b.Gate.Ptr != 0 || b.DType == MatFP8 {
+		if err = b.Up.need("expert bank: up", e*in*h, b.DType); err == nil && (b.Gate.Ptr != 0 || b.DType == MatFP8) {
 			err = fmt.Errorf("expert bank: ungated experts (activation %s) with gate weights or FP8 blocks", b.Act.Describe())
 		}
 		wu, wStride = b.Up.Ptr, int64(in*h)
 		return
 	}
 	if err = b.Gate.need("expert bank: gate", e*in*h, b.DType); err != nil {
+		return
+	}
+	if err = b.Up.need("expert bank: up", e*in*h, b.DType); err != nil {
 		return
 	}
 	wg, wu, wStride = b.Gate.Ptr, b.Up.Ptr, int64(in*h)
