@@ -32,8 +32,9 @@ var unsupported = map[string]string{
 	"pi0":                   "PI0 is a dense vision-language-action model: it has no MoE experts to convert",
 	"decision_transformer":  "Decision Transformer is a dense GPT-2 policy model: it has no MoE experts to convert",
 	// issue 30's multimodal wrappers and text models moeprep cannot carry exactly
-	"ernie4_5_vl_moe": "ERNIE-4.5-VL's MoE layers hold two routed banks, text_moe and vision_moe, each with its own router and expert size, and send each token to one by its token type; moeprep plans one routed bank per layer",
-	"cosmos3_omni":    "Cosmos3-Omni is not a MoE model: its language model is a dense Qwen3-VL text model, and its generator expert (Mixture-of-Transformers, moe_gen) is a second transformer tower that transformers drops on load; there are no routed experts to plan",
+	"ernie4_5_vl_moe":      "ERNIE-4.5-VL's MoE layers hold two routed banks, text_moe and vision_moe, each with its own router and expert size, and send each token to one by its token type; moeprep plans one routed bank per layer",
+	"ernie4_5_vl_moe_text": "ERNIE-4.5-VL's MoE layers hold two routed banks, text_moe and vision_moe, each with its own router and expert size, and send each token to one by its token type; moeprep plans one routed bank per layer",
+	"cosmos3_omni":         "Cosmos3-Omni is not a MoE model: its language model is a dense Qwen3-VL text model, and its generator expert (Mixture-of-Transformers, moe_gen) is a second transformer tower that transformers drops on load; there are no routed experts to plan",
 }
 
 // All returns every supported family.
@@ -93,8 +94,23 @@ func lookup(modelType string) (*spec, error) {
 	if why, ok := unsupported[modelType]; ok {
 		return nil, fmt.Errorf("config.json: model_type %q is not supported: %s", modelType, why)
 	}
+	if w := wrapperHolding(modelType); w != nil {
+		return nil, fmt.Errorf("config.json: model_type %q is the text model of the %s wrapper, which moeprep plans inside the wrapper's checkpoint (config.json model_type %s, the text model under %s), the layout transformers saves and the hub ships; a text model saved alone may lay out its experts otherwise and is not read",
+			modelType, w.modelType, w.modelType, w.textKey)
+	}
 	return nil, fmt.Errorf("config.json: model_type %q is not supported (supported: %s)",
 		modelType, strings.Join(SupportedModelTypes(), ", "))
+}
+
+// wrapperHolding is the multimodal wrapper whose text config names
+// modelType, nil if none does.
+func wrapperHolding(modelType string) *wrapper {
+	for i := range wrappers {
+		if slices.Contains(wrappers[i].textTypes, modelType) {
+			return &wrappers[i]
+		}
+	}
+	return nil
 }
 
 // Lookup finds the family that handles a config.json model_type.

@@ -281,3 +281,30 @@ func TestQuantisedKimiK25Placements(t *testing.T) {
 		}
 	}
 }
+
+// TestWrapperTextTypesNameTheirWrapper: a bare config.json whose model_type
+// is a wrapper's text model that moeprep reads only inside the wrapper is
+// refused in one line naming the wrapper and where the text model goes,
+// not with the generic list of supported types.
+func TestWrapperTextTypesNameTheirWrapper(t *testing.T) {
+	n := 0
+	for _, w := range wrappers {
+		for _, mt := range w.textTypes {
+			if slices.Contains(SupportedModelTypes(), mt) {
+				continue
+			}
+			n++
+			_, err := Lookup(mt)
+			if err == nil || strings.Contains(err.Error(), "(supported:") || strings.Contains(err.Error(), "\n") ||
+				!strings.Contains(err.Error(), "model_type "+w.modelType) || !strings.Contains(err.Error(), w.textKey) {
+				t.Errorf("%s (in %s): %v", mt, w.modelType, err)
+			}
+		}
+	}
+	if n < 8 {
+		t.Errorf("only %d wrapper-only text types checked", n)
+	}
+	if _, err := Lookup("ernie4_5_vl_moe_text"); err == nil || !strings.Contains(err.Error(), "two routed banks") {
+		t.Errorf("ernie4_5_vl_moe_text: %v", err)
+	}
+}
