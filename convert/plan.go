@@ -272,6 +272,9 @@ func (p *planner) checkFusable() error {
 		return fmt.Errorf("%s: %s (model_type %s) scales the routed experts' input by the routing weight, and a fused shared slot would need the unscaled input in the same grouped GEMM; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
 	}
 	for _, l := range fp.Layers {
+		if l.Bank != "" {
+			return fmt.Errorf("%s: %s (model_type %s) adds its shared MLP to the tokens of both routed banks of a layer (text and vision), whose experts differ in width, so it cannot become slots of one bank; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
+		}
 		if l.SharedGate != "" {
 			return fmt.Errorf("%s: layer %d: shared expert is gated per token by %s: it cannot be fused with a constant slot weight; use moeprep convert instead", p.ck.Dir, l.Index, l.SharedGate)
 		}
@@ -458,7 +461,7 @@ func (p *planner) contract() *layout.Contract {
 	}
 	c.Dequantized = p.dequantRecord()
 	for _, l := range fp.Layers {
-		li := layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix}
+		li := layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix, Bank: l.Bank}
 		// A layer's own activations, where they differ from the
 		// contract-wide ones it would otherwise read (Step-3.7).
 		if a := fp.RoutedAct(l); a != c.Act() {

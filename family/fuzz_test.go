@@ -15,9 +15,10 @@ import (
 // layer types) cost bounded time. The seeds are those checkpoints' own
 // configs (each plans against its tensors) plus hub-style Step-3.5 keys
 // a Gemma 4 config with a bad epsilon and activation, and a LongCat-Flash
-// one with a huge zero_expert_num.
+// one with a huge zero_expert_num, and ERNIE-4.5-VL's per-bank lists
+// (widths, the hub's expert counts) malformed and well formed.
 func FuzzDetect(f *testing.F) {
-	dirs := []string{"deepseek-v3-bf16", "step3p7", "hy-v4", "gpt-oss", "llama4", "glm5-next", "gemma4", "diffusion-gemma", "longcat-flash", "nemotron-h"}
+	dirs := []string{"deepseek-v3-bf16", "step3p7", "hy-v4", "gpt-oss", "llama4", "glm5-next", "gemma4", "diffusion-gemma", "longcat-flash", "nemotron-h", "ernie4-5-vl-moe"}
 	sets := make([]*fakeTensors, len(dirs))
 	for i, dir := range dirs {
 		d := filepath.Join("..", "fixtures", "hf", dir)
@@ -43,7 +44,7 @@ func FuzzDetect(f *testing.F) {
 		// seeds reach the planner's tensor checks (the stacked ones need
 		// views, which these metadata-only tensors do not resolve).
 		var cfg map[string]any
-		if dir == "deepseek-v3-bf16" {
+		if dir == "deepseek-v3-bf16" || dir == "ernie4-5-vl-moe" {
 			if json.Unmarshal(b, &cfg) != nil {
 				f.Fatalf("%s: config.json", dir)
 			}
@@ -63,6 +64,10 @@ func FuzzDetect(f *testing.F) {
 	f.Add([]byte(`{"model_type":"nemotron_h","hidden_size":64,"moe_intermediate_size":32,"n_routed_experts":16,"num_experts_per_tok":4,`+
 		`"n_group":4,"topk_group":2,"moe_shared_expert_intermediate_size":64,"hybrid_override_pattern":"MEM*E-"}`), uint8(9))
 	f.Add([]byte(`{"model_type":"nemotron_h","layers_block_type":["moe","mamba2"],"moe_latent_size":null,"mlp_hidden_act":"relu2"}`), uint8(9))
+	f.Add([]byte(`{"model_type":"ernie4_5_vl_moe","text_config":{"model_type":"ernie4_5_vl_moe_text","hidden_size":64,"num_hidden_layers":3,`+
+		`"moe_intermediate_size":[32,0,16],"moe_num_experts":[8,9],"moe_k":2,"mlp_layer_types":["dense","sparse","sparse"]}}`), uint8(10))
+	f.Add([]byte(`{"model_type":"ernie4_5_vl_moe","text_config":{"hidden_size":64,"num_hidden_layers":3,"moe_intermediate_size":[32,16],`+
+		`"moe_num_experts":[8,8],"moe_k":2,"moe_num_shared_experts":1}}`), uint8(10))
 	f.Fuzz(func(t *testing.T, b []byte, which uint8) {
 		var cfg map[string]any
 		if json.Unmarshal(b, &cfg) != nil {

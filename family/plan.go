@@ -129,6 +129,14 @@ type Layer struct {
 	// rmsnorm(x) * ExpertInputNorm (pre_feedforward_layernorm_2.weight).
 	// Both norms take Plan.InputNormEps. x is then the residual stream.
 	RouterInputScale, ExpertInputNorm string
+	// Bank names the routed bank this layer is, where a decoder layer holds
+	// more than one (ERNIE-4.5-VL's BankText and BankVision; Index is then
+	// the decoder layer's, plus BankStride for the vision bank); "" where
+	// it holds one.
+	Bank string
+	// Intermediate is the layer's routed experts' width where it is not
+	// Plan.MoEIntermediateSize (ERNIE-4.5-VL's vision bank); 0 otherwise.
+	Intermediate int
 }
 
 // InputTensors are the layer's tensors that shape its routing weights and
@@ -255,6 +263,14 @@ func (p *Plan) textLayers() []string {
 		return nil
 	}
 	return []string{p.Wrapper.Layers}
+}
+
+// IntermediateOf is I of layer l's routed experts.
+func (p *Plan) IntermediateOf(l Layer) int {
+	if l.Intermediate > 0 {
+		return l.Intermediate
+	}
+	return p.MoEIntermediateSize
 }
 
 // RoutedAct is layer l's routed experts' activation.

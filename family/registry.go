@@ -32,9 +32,7 @@ var unsupported = map[string]string{
 	"pi0":                   "PI0 is a dense vision-language-action model: it has no MoE experts to convert",
 	"decision_transformer":  "Decision Transformer is a dense GPT-2 policy model: it has no MoE experts to convert",
 	// issue 30's multimodal wrappers and text models moeprep cannot carry exactly
-	"ernie4_5_vl_moe":      "ERNIE-4.5-VL's MoE layers hold two routed banks, text_moe and vision_moe, each with its own router and expert size, and send each token to one by its token type; moeprep plans one routed bank per layer",
-	"ernie4_5_vl_moe_text": "ERNIE-4.5-VL's MoE layers hold two routed banks, text_moe and vision_moe, each with its own router and expert size, and send each token to one by its token type; moeprep plans one routed bank per layer",
-	"cosmos3_omni":         "Cosmos3-Omni is not a MoE model: its language model is a dense Qwen3-VL text model, and its generator expert (Mixture-of-Transformers, moe_gen) is a second transformer tower that transformers drops on load; there are no routed experts to plan",
+	"cosmos3_omni": "Cosmos3-Omni is not a MoE model: its language model is a dense Qwen3-VL text model, and its generator expert (Mixture-of-Transformers, moe_gen) is a second transformer tower that transformers drops on load; there are no routed experts to plan",
 }
 
 // All returns every supported family.

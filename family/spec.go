@@ -49,6 +49,9 @@ type spec struct {
 	// family's shared expert as constant-weight slots, beyond what the
 	// naming says (a per-token shared gate, sharedGated).
 	sharedUnfusable string
+	// modalityBanks: each MoE layer holds a text and a vision routed bank
+	// (ERNIE-4.5-VL), planned as a layer each (planBanks).
+	modalityBanks bool
 }
 
 // withDefaults returns config.json with the model type's defaults filled in

@@ -139,6 +139,15 @@ var wrappers = []wrapper{
 	// model.encoder.embed_vision.* are carried.
 	{modelType: "diffusion_gemma", textKey: "text_config", textTypes: []string{"diffusion_gemma_text"},
 		layers: []string{"model.decoder.layers."}, text: []string{"model.decoder.", "model.encoder.language_model.", "lm_head."}},
+	// ERNIE-4.5-VL MoE: ernie4_5_vl_moe_text (ernie4_5_vl_moe.go), two
+	// routed banks a layer. transformers 5.17 holds it under
+	// model.language_model.layers.L and saves the hub's names (its
+	// ernie4_5_vl_moe mapping reversed): model.layers.L, model.embed_tokens,
+	// model.norm, lm_head, beside vision_tower.* (the hub's vision_model.*)
+	// and model.resampler_model.*.
+	{modelType: "ernie4_5_vl_moe", textKey: "text_config", textTypes: []string{"ernie4_5_vl_moe_text"},
+		layers: []string{"model.layers.", "model.language_model.layers."},
+		text:   []string{"model.embed_tokens.", "model.layers.", "model.norm.", "model.language_model.", "lm_head."}},
 }
 
 // inklingHub is Inkling's MoE block in the hub's layout, which
@@ -240,7 +249,11 @@ func (w *wrapper) plan(raw map[string]any, t Tensors, converted bool) (*Plan, er
 	if err != nil {
 		return nil, err
 	}
-	p, err := inner.plan(text, t, converted)
+	plan := inner.plan
+	if inner.modalityBanks {
+		plan = inner.planBanks
+	}
+	p, err := plan(text, t, converted)
 	if err != nil {
 		return nil, inTextConfig{key: w.textKey, err: err, top: moved}
 	}

@@ -171,7 +171,6 @@ func TestRefuseWrappers2(t *testing.T) {
 		rename   func(string) string
 		want     string
 	}{
-		{"ernie4_5_vl_moe", "aria", top("ernie4_5_vl_moe"), nil, `model_type "ernie4_5_vl_moe" is not supported: ERNIE-4.5-VL's MoE layers hold two routed banks`},
 		{"cosmos3_omni", "aria", top("cosmos3_omni"), nil, `model_type "cosmos3_omni" is not supported: Cosmos3-Omni is not a MoE model`},
 		{"aria hidden_act", "aria", func(_, text map[string]any) { text["hidden_act"] = "gelu" },
 			nil, `config.json: text_config: hidden_act "gelu" is not supported for aria_text`},

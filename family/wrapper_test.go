@@ -304,7 +304,7 @@ func TestWrapperTextTypesNameTheirWrapper(t *testing.T) {
 	if n < 8 {
 		t.Errorf("only %d wrapper-only text types checked", n)
 	}
-	if _, err := Lookup("ernie4_5_vl_moe_text"); err == nil || !strings.Contains(err.Error(), "two routed banks") {
+	if _, err := Lookup("ernie4_5_vl_moe_text"); err == nil || !strings.Contains(err.Error(), "text model of the ernie4_5_vl_moe wrapper") {
 		t.Errorf("ernie4_5_vl_moe_text: %v", err)
 	}
 }

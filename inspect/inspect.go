@@ -69,6 +69,10 @@ type Summary struct {
 	ExpertBias       bool               `json:"expert_bias,omitempty"`
 	NumHiddenLayers  int                `json:"num_hidden_layers"`
 	MoELayers        []int              `json:"moe_layers"`
+	// Banks are the routed banks each MoE layer holds where it holds two
+	// (ERNIE-4.5-VL: text and vision, each of its own expert width);
+	// absent for one.
+	Banks []Bank `json:"banks,omitempty"`
 	// HashLayers are the MoE layers routed by token id (DeepSeek-V4's hash_moe).
 	HashLayers  []int `json:"hash_layers,omitempty"`
 	MTPLayers   []int `json:"mtp_layers"`
@@ -248,6 +252,12 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 		if l.HashTable != "" {
 			s.HashLayers = append(s.HashLayers, l.Index)
 		}
+		if l.Bank != "" && !slices.ContainsFunc(s.Banks, func(b Bank) bool { return b.Name == l.Bank }) {
+			s.Banks = append(s.Banks, Bank{Name: l.Bank, ExpertIntermediateSize: p.IntermediateOf(l), Module: l.Prefix[strings.LastIndexByte(l.Prefix, '.')+1:]})
+		}
+		if family.BankOf(l.Index) != "" {
+			continue // its decoder layer is listed with the first bank
+		}
 		s.MoELayers = append(s.MoELayers, l.Index)
 		if l.MTP {
 			s.MTPLayers = append(s.MTPLayers, l.Index)
@@ -329,12 +339,12 @@ func WriteText(w io.Writer, s *Summary) error {
 		{"family", fmt.Sprintf("%s (model_type %s)", s.Family, s.ModelType)},
 		{"format", fmt.Sprintf("%s, %s, %s, %s", s.Format, human.Count(s.WeightFiles, "weight file"), human.Count(s.NumTensors, "tensor"), human.Bytes(s.TotalBytes))},
 		{"expert weights", fmt.Sprintf("%s, quantization %s", s.DType, quant)},
-		{"shapes", fmt.Sprintf("hidden %d, expert intermediate %d", s.HiddenSize, s.MoEIntermediateSize)},
+		{"shapes", shapesText(s)},
 		{"routed experts", routedText(s)},
 		{"shared experts", shared},
 		{"routing", routing},
 		{"experts", experts},
-		{"MoE layers", fmt.Sprintf("%d of %d: %s", len(s.MoELayers), s.NumHiddenLayers, Ranges(s.MoELayers))},
+		{"MoE layers", fmt.Sprintf("%d of %d: %s%s", len(s.MoELayers), s.NumHiddenLayers, Ranges(s.MoELayers), banksText(s))},
 	}
 	if w := s.Wrapper; w != nil {
 		rows = append(rows, [2]string{"wrapper", fmt.Sprintf("%s: text model %s (%s), layers %sL", w.ModelType, w.TextModelType, w.TextConfig, w.Layers)})
@@ -402,6 +412,38 @@ type LayerActivation struct {
 func activationText(a layout.Activation) string { return a.Describe() }
 
 // Ranges renders sorted ints compactly: 1-3,5,7-9.
+// Bank is one of the routed banks of a MoE layer that holds two.
+type Bank struct {
+	Name                   string `json:"name"`                     // "text", "vision"
+	ExpertIntermediateSize int    `json:"expert_intermediate_size"` // I of its experts
+	Module                 string `json:"module"`                   // its converted stacks' module under the layer's MoE module: "text_moe"
+}
+
+// shapesText is the shapes row: the expert width, each bank's where the
+// layers hold two.
+func shapesText(s *Summary) string {
+	if len(s.Banks) == 0 {
+		return fmt.Sprintf("hidden %d, expert intermediate %d", s.HiddenSize, s.MoEIntermediateSize)
+	}
+	var parts []string
+	for _, b := range s.Banks {
+		parts = append(parts, fmt.Sprintf("%d (%s bank)", b.ExpertIntermediateSize, b.Name))
+	}
+	return fmt.Sprintf("hidden %d, expert intermediate %s", s.HiddenSize, strings.Join(parts, ", "))
+}
+
+// banksText says, after the MoE layers, that each holds several banks.
+func banksText(s *Summary) string {
+	if len(s.Banks) == 0 {
+		return ""
+	}
+	var names []string
+	for _, b := range s.Banks {
+		names = append(names, b.Name)
+	}
+	return fmt.Sprintf(", each with a %s routed bank of %d experts chosen by token type (converted as mlp.<bank>_moe.experts)", strings.Join(names, " and a "), s.NumExperts)
+}
+
 func Ranges(xs []int) string {
 	if len(xs) == 0 {
 		return "none"

@@ -33,6 +33,11 @@ type LayerInfo struct {
 	Index  int    `json:"index"`
 	MTP    bool   `json:"mtp,omitempty"`
 	Prefix string `json:"prefix"` // the MoE module in the source, e.g. "model.layers.3.mlp"
+	// Bank is which routed bank of its decoder layer this is where the
+	// layer has two (ERNIE-4.5-VL: "text", "vision"; Prefix is then the
+	// bank's module, e.g. "model.layers.3.mlp.vision_moe", and a vision
+	// bank's Index is its decoder layer's plus 65536); absent otherwise.
+	Bank string `json:"bank,omitempty"`
 	// Activation and SharedActivation are this layer's routed experts' and
 	// shared MLP's activations where they differ from the contract's
 	// (Step-3.7's per-layer swiglu_limits); absent: the contract's.

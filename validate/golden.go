@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/cpuref"
 )
@@ -26,6 +27,40 @@ type Golden struct {
 	// InputIDs [T]: the tokens' ids, which a hash-routed layer routes by
 	// (DeepSeek-V4); nil when absent.
 	InputIDs []int32
+	// TokenTypes [T]: each token's type (0 text, else vision), which picks
+	// the routed bank of a layer that has two (ERNIE-4.5-VL); nil when
+	// absent.
+	TokenTypes []int32
+}
+
+// ForBank is the golden's tokens that the routed bank bank of a layer with
+// two (family.BankText, BankVision) computes, chosen by their
+// token_type_ids: y of a text token is the text bank's output plus the
+// shared MLP's, and so on. A golden of such a layer must say the types.
+func (g *Golden) ForBank(bank string, layer string) (*Golden, error) {
+	if g.TokenTypes == nil {
+		return nil, fmt.Errorf("%s: layer %s holds a text and a vision bank, and the golden has no token_type_ids to say which bank each token took", g.Path, layer)
+	}
+	out := &Golden{Path: g.Path, H: g.H, K: g.K}
+	for i, tt := range g.TokenTypes {
+		if (tt != 0) != (bank == family.BankVision) {
+			continue
+		}
+		out.T++
+		out.X = append(out.X, g.X[i*g.H:(i+1)*g.H]...)
+		out.Y = append(out.Y, g.Y[i*g.H:(i+1)*g.H]...)
+		if g.IDs != nil {
+			out.IDs = append(out.IDs, g.IDs[i*g.K:(i+1)*g.K]...)
+			out.Weights = append(out.Weights, g.Weights[i*g.K:(i+1)*g.K]...)
+		}
+		if g.InputIDs != nil {
+			out.InputIDs = append(out.InputIDs, g.InputIDs[i])
+		}
+	}
+	if out.T == 0 {
+		return nil, fmt.Errorf("%s: no token of the golden took layer %s (token_type_ids), so it cannot check it", g.Path, layer)
+	}
+	return out, nil
 }
 
 // Limits on what a golden may make validate read and hold. A golden's
@@ -55,7 +90,7 @@ const (
 )
 
 // goldenNames are the tensors a golden may hold and validate reads.
-var goldenNames = map[string]bool{"x": true, "y": true, "topk_ids": true, "topk_weights": true, "input_ids": true}
+var goldenNames = map[string]bool{"x": true, "y": true, "topk_ids": true, "topk_weights": true, "input_ids": true, "token_type_ids": true}
 
 // ReadGolden reads and checks dir/moe-layer-l.safetensors. wantH is the
 // layer's hidden size (0: not checked). Every shape and dtype is checked
@@ -117,14 +152,28 @@ func ReadGolden(path string, wantH int) (*Golden, error) {
 			return fail("tensor topk_weights is %s, want F32", w.DType)
 		}
 	}
-	tok, hasTok := f.Lookup("input_ids")
-	if hasTok {
-		if len(tok.Shape) != 1 || tok.Shape[0] != t {
-			return fail("input_ids %v must be [%d]", tok.Shape, t)
+	// Per-token integer tensors [T]: the token ids (hash routing), the
+	// token types (a layer's two routed banks).
+	perToken := func(name string) (safetensors.TensorInfo, bool, error) {
+		ti, ok := f.Lookup(name)
+		switch {
+		case !ok:
+		case len(ti.Shape) != 1 || ti.Shape[0] != t:
+			_, err := fail("%s %v must be [%d]", name, ti.Shape, t)
+			return ti, ok, err
+		case ti.DType != safetensors.I32 && ti.DType != safetensors.I64:
+			_, err := fail("tensor %s is %s, want I32 or I64", name, ti.DType)
+			return ti, ok, err
 		}
-		if tok.DType != safetensors.I32 && tok.DType != safetensors.I64 {
-			return fail("tensor input_ids is %s, want I32 or I64", tok.DType)
-		}
+		return ti, ok, nil
+	}
+	tok, hasTok, err := perToken("input_ids")
+	if err != nil {
+		return nil, err
+	}
+	types, hasTypes, err := perToken("token_type_ids")
+	if err != nil {
+		return nil, err
 	}
 	other := int64(0)
 	for _, ti := range f.Tensors {
@@ -132,7 +181,7 @@ func ReadGolden(path string, wantH int) (*Golden, error) {
 			continue
 		}
 		if other += ti.NumBytes(); other > maxGoldenOther {
-			return fail("tensor %s: the file holds over %d bytes of tensors besides x, y, topk_ids, topk_weights and input_ids (not a golden?)", ti.Name, maxGoldenOther)
+			return fail("tensor %s: the file holds over %d bytes of tensors besides x, y, topk_ids, topk_weights, input_ids and token_type_ids (not a golden?)", ti.Name, maxGoldenOther)
 		}
 	}
 
@@ -159,6 +208,11 @@ func ReadGolden(path string, wantH int) (*Golden, error) {
 	}
 	if hasTok {
 		if g.InputIDs, err = goldenInts(f, tok); err != nil {
+			return nil, err
+		}
+	}
+	if hasTypes {
+		if g.TokenTypes, err = goldenInts(f, types); err != nil {
 			return nil, err
 		}
 	}

@@ -70,7 +70,7 @@ func TestReadGoldenBounds(t *testing.T) {
 			"tensor topk_ids is F32, want I32 or I64"},
 		{"huge input_ids", with(xy(32, 64), goldenTensorDecl{"input_ids", safetensors.I64, []int64{1 << 30}}), 64, "input_ids [1073741824] must be [32]"},
 		{"4 GiB beside the golden", with(xy(32, 64), goldenTensorDecl{"junk", safetensors.U8, []int64{4 << 30}}), 64,
-			"tensor junk: the file holds over 16777216 bytes of tensors besides x, y, topk_ids, topk_weights and input_ids"},
+			"tensor junk: the file holds over 16777216 bytes of tensors besides x, y, topk_ids, topk_weights, input_ids and token_type_ids"},
 		{"named pipe", nil, 64, "a named pipe (FIFO), not a regular file"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -178,6 +178,12 @@ func conversionCases() []conv {
 	// experts wide)
 	cases = append(cases, conv{"nemotron-h", convert.Options{}}, conv{"nemotron-h", convert.Options{Orientation: layout.InOut}},
 		conv{"nemotron-h", convert.Options{FuseShared: true, TP: 4}})
+	// ERNIE-4.5-VL's two routed banks a layer (text, vision; each of its
+	// own width): every layout, and in-out.
+	for _, lay := range lays {
+		cases = append(cases, conv{"ernie4-5-vl-moe", convert.Options{Layout: lay}})
+	}
+	cases = append(cases, conv{"ernie4-5-vl-moe", convert.Options{Orientation: layout.InOut}})
 	return cases
 }
 

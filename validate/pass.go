@@ -446,18 +446,30 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 			pass.Release(i)
 		}
 	}
+	var sharing *layerSteps // a head kept for the next target, its sibling bank
 	for i, tg := range targets {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		s.o.progress("validate: layer %d (%d of %d)%s", tg.index, i+1, len(targets), on)
+		s.o.progress("validate: layer %s (%d of %d)%s", family.LayerLabel(tg.index), i+1, len(targets), on)
 		ls := pp.layers[tg.index]
 		lp := layerPass{order: ls.order(), budget: pass.Budget(), release: func(b int) { let(ls, ls.bank[b]) }}
 		for _, st := range ls.bank {
 			lp.step = max(lp.step, pass.StepBytes(st))
 		}
 		rows, err := check(ctx, tg, lp)
-		let(ls, ls.head)
+		// The second routed bank of a decoder layer (ERNIE-4.5-VL) reads
+		// what the first's head holds and it does not: the shared MLP and
+		// the correction bias. That head goes when both are done.
+		if sharing != nil {
+			let(sharing, sharing.head)
+			sharing = nil
+		}
+		if i+1 < len(targets) && family.DecoderLayer(targets[i+1].index) == family.DecoderLayer(tg.index) {
+			sharing = ls
+		} else {
+			let(ls, ls.head)
+		}
 		for _, st := range ls.bank {
 			let(ls, st)
 		}

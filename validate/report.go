@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/validate/byteproof"
@@ -17,8 +19,13 @@ import (
 
 // LayerResult is one comparison on one layer.
 type LayerResult struct {
-	Layer  int    `json:"layer"`
-	MTP    bool   `json:"mtp,omitempty"`
+	Layer int  `json:"layer"`
+	MTP   bool `json:"mtp,omitempty"`
+	// Bank is which routed bank of its decoder layer the row checked where
+	// the layer has two (ERNIE-4.5-VL: "text", "vision"); Layer is then the
+	// decoder layer's index in JSON, and in memory the MoE layer's
+	// (family.BankStride added for the vision bank).
+	Bank   string `json:"bank,omitempty"`
 	Check  string `json:"check"`
 	Tokens int    `json:"tokens"`
 	// ExpertsUsed is how many distinct experts of the bank the tokens
@@ -58,6 +65,47 @@ func (r *LayerResult) Verdict() string {
 	return "FAIL"
 }
 
+// layerName names MoE layer i as the table's rows do: its index, or, in a
+// model whose decoder layers hold two routed banks, its decoder layer and
+// bank.
+func (r *Report) layerName(i int) string {
+	if slices.ContainsFunc(r.MoELayers, func(l int) bool { return family.BankOf(l) != "" }) {
+		bank := family.BankOf(i)
+		if bank == "" {
+			bank = family.BankText
+		}
+		return fmt.Sprintf("%d %s", family.DecoderLayer(i), bank)
+	}
+	return fmt.Sprint(i)
+}
+
+// layerBefore: MoE layer a comes before b in a run (by decoder layer, so
+// that a decoder layer's two routed banks are adjacent; then by index).
+func layerBefore(a, b int) bool {
+	if da, db := family.DecoderLayer(a), family.DecoderLayer(b); da != db {
+		return da < db
+	}
+	return a < b
+}
+
+// layerLabels lists MoE layer indices as the table names them, ", "
+// between them.
+func (r *Report) layerLabels(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = r.layerName(x)
+	}
+	return strings.Join(s, ", ")
+}
+
+// label names the row's layer: its index, or its decoder layer and bank.
+func (r LayerResult) label() string {
+	if r.Bank != "" {
+		return fmt.Sprintf("%d %s", family.DecoderLayer(r.Layer), r.Bank)
+	}
+	return fmt.Sprint(r.Layer)
+}
+
 // MarshalJSON writes the row with its verdict. JSON has no NaN or Inf: a
 // number that is not finite (topk not compared, rel_l2 of a refused
 // comparison, the norm of a reference holding a NaN) is written as -1, with
@@ -77,6 +125,7 @@ func (r LayerResult) MarshalJSON() ([]byte, error) {
 	fix(&p.TopKWeightMaxErr)
 	fix(&p.WorstTokenRelL2)
 	fix(&p.RefNorm)
+	p.Layer = family.DecoderLayer(p.Layer)
 	return json.Marshal(struct {
 		plain
 		Verdict string `json:"verdict"`
@@ -200,7 +249,7 @@ func (r *Report) Err() error {
 	}
 	for _, row := range r.Rows {
 		if !row.Pass {
-			bad = append(bad, fmt.Sprintf("layer %d %s (%s)", row.Layer, row.Check, row.Reason))
+			bad = append(bad, fmt.Sprintf("layer %s %s (%s)", row.label(), row.Check, row.Reason))
 		}
 	}
 	_, total := r.checkCounts()
@@ -271,15 +320,15 @@ func (r *Report) writeRows(w io.Writer) error {
 		why = "left out by --layers " + r.LayerSelection
 	}
 	notChecked := func(upTo int, inclusive bool) {
-		for len(skipped) > 0 && (skipped[0] < upTo || inclusive) {
+		for len(skipped) > 0 && (layerBefore(skipped[0], upTo) || inclusive) {
 			// Every cell, so that the columns stay aligned across the row.
-			fmt.Fprintf(tw, "%d\tnot checked\t-\t-\t-\t-\t-\t-\t%s\n", skipped[0], why)
+			fmt.Fprintf(tw, "%s\tnot checked\t-\t-\t-\t-\t-\t-\t%s\n", r.layerName(skipped[0]), why)
 			skipped = skipped[1:]
 		}
 	}
 	for _, row := range r.Rows {
 		notChecked(row.Layer, false)
-		layer := fmt.Sprint(row.Layer)
+		layer := row.label()
 		if row.MTP {
 			layer += " (mtp)"
 		}
@@ -310,7 +359,7 @@ func (r *Report) writeExperts(w io.Writer) {
 	}
 	fmt.Fprintln(w, r.expertsLine())
 	for _, g := range r.ExpertGaps {
-		line := fmt.Sprintf("  layer %d: %d of %d bank experts not exercised", g.Layer, g.Total-g.Exercised, g.Total)
+		line := fmt.Sprintf("  layer %s: %d of %d bank experts not exercised", r.layerName(g.Layer), g.Total-g.Exercised, g.Total)
 		if len(g.NotExercised) > 0 {
 			ids := g.NotExercised
 			more := ""
@@ -405,7 +454,7 @@ func (r *Report) layersPhrase() string {
 		}
 		return fmt.Sprintf("all %d MoE layers checked", len(r.MoELayers))
 	}
-	return fmt.Sprintf("checked %d of %d MoE layers (not checked: %s)", len(r.LayersChecked), len(r.MoELayers), strings.ReplaceAll(intList(r.LayersNotChecked), ",", ", "))
+	return fmt.Sprintf("checked %d of %d MoE layers (not checked: %s)", len(r.LayersChecked), len(r.MoELayers), r.layerLabels(r.LayersNotChecked))
 }
 
 // MarshalJSON writes the report as schema moeprep.validate/v1

@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -179,6 +180,7 @@ func (o *Options) progress(format string, args ...any) {
 type target struct {
 	index  int
 	mtp    bool
+	bank   string // family.Layer.Bank: which of a decoder layer's two routed banks, "" if it has one
 	src    *family.Layer
 	fused  *cpuref.FusedLayer
 	golden string // path, "" if none
@@ -316,7 +318,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			o.progress("validate: layer %d (%d of %d)", tg.index, i+1, len(targets))
+			o.progress("validate: layer %s (%d of %d)", family.LayerLabel(tg.index), i+1, len(targets))
 			rows, err := s.checkLayer(ctx, tg)
 			if err != nil {
 				return nil, err
@@ -499,7 +501,8 @@ func (s *session) targets() ([]target, []string, error) {
 	if s.srcPlan != nil {
 		for i := range s.srcPlan.Layers {
 			l := &s.srcPlan.Layers[i]
-			get(l.Index, l.MTP).src = l
+			t := get(l.Index, l.MTP)
+			t.src, t.bank = l, l.Bank
 		}
 	}
 	if s.dstPlan != nil {
@@ -517,6 +520,7 @@ func (s *session) targets() ([]target, []string, error) {
 				return nil, nil, fmt.Errorf("%s: layer %d: contract prefix %q, checkpoint has %q", s.o.Dst, l.Index, li.Prefix, l.Prefix)
 			}
 			t := get(l.Index, l.MTP)
+			t.bank = l.Bank
 			t.fused = &cpuref.FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
 				Spec: s.dstPlan.RouteSpec(), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate,
 				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale, ExpertScale: l.ExpertScale, Prep: cpuref.PrepOf(s.dstPlan, l), Info: li}
@@ -528,7 +532,7 @@ func (s *session) targets() ([]target, []string, error) {
 			return nil, nil, fmt.Errorf("%s: the contract lists %d MoE layers, the checkpoint has %d", s.o.Dst, len(s.contract.Layers), len(s.dstPlan.Layers))
 		}
 	}
-	slices.Sort(order)
+	sortLayers(order)
 	s.moeLayers = order
 	if s.src != nil && s.dst != nil {
 		for _, i := range order {
@@ -547,12 +551,13 @@ func (s *session) targets() ([]target, []string, error) {
 	for _, i := range chosen {
 		t := byIndex[i]
 		if s.golden != "" {
-			if p, ok := goldenPath(s.golden, i); ok {
+			d := family.DecoderLayer(i)
+			if p, ok := goldenPath(s.golden, d); ok {
 				t.golden = p
 			} else if explicit {
-				return nil, nil, fmt.Errorf("%s: no golden for layer %d", filepath.Join(s.golden, GoldenFileName(i)), i)
+				return nil, nil, fmt.Errorf("%s: no golden for layer %s", filepath.Join(s.golden, GoldenFileName(d)), family.LayerLabel(i))
 			} else {
-				notes = append(notes, fmt.Sprintf("layer %d has no golden in %s", i, s.golden))
+				notes = append(notes, fmt.Sprintf("layer %s has no golden in %s", family.LayerLabel(i), s.golden))
 				if s.src == nil || s.dst == nil {
 					continue
 				}
@@ -599,15 +604,44 @@ func selectLayers(spec string, all []int) ([]int, bool, error) {
 		if err != nil || v < 0 {
 			return nil, false, fmt.Errorf("--layers %q: want all, sample:N or a comma-separated list of layer indices", spec)
 		}
-		if !slices.Contains(all, v) {
-			return nil, false, fmt.Errorf("--layers: layer %d is not a MoE layer (MoE layers: %s)", v, intList(all))
+		// A decoder layer of two routed banks (ERNIE-4.5-VL) is both.
+		found := false
+		for _, i := range all {
+			if family.DecoderLayer(i) == v {
+				found = true
+				if !slices.Contains(out, i) {
+					out = append(out, i)
+				}
+			}
 		}
-		if !slices.Contains(out, v) {
-			out = append(out, v)
+		if !found {
+			return nil, false, fmt.Errorf("--layers: layer %d is not a MoE layer (MoE layers: %s)", v, layerList(all))
 		}
 	}
-	slices.Sort(out)
+	sortLayers(out)
 	return out, true, nil
+}
+
+// sortLayers orders MoE layer indices by decoder layer, so that the two
+// routed banks of one (ERNIE-4.5-VL: L and L+family.BankStride) are
+// checked one after the other and a streamed pass holds what they share
+// (the shared MLP, the correction bias) for both; otherwise by index.
+func sortLayers(v []int) {
+	slices.SortFunc(v, func(a, b int) int {
+		return cmp.Or(cmp.Compare(family.DecoderLayer(a), family.DecoderLayer(b)), cmp.Compare(a, b))
+	})
+}
+
+// layerList lists MoE layer indices as --layers takes them: a second
+// routed bank is its decoder layer's, listed once.
+func layerList(v []int) string {
+	var s []int
+	for _, x := range v {
+		if family.BankOf(x) == "" {
+			s = append(s, x)
+		}
+	}
+	return intList(s)
 }
 
 func intList(v []int) string {
@@ -655,7 +689,7 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 		}
 		refSec = time.Since(start).Seconds()
 		fusedSec = refSec
-		s.o.progress("validate: layer %d: %d tokens, reference and fused %.1fs", tg.index, t, refSec)
+		s.o.progress("validate: layer %s: %d tokens, reference and fused %.1fs", family.LayerLabel(tg.index), t, refSec)
 	}
 	if !both && tg.src != nil && s.src != nil {
 		start := time.Now()
@@ -680,9 +714,9 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 		fusedSec = time.Since(start).Seconds()
 	}
 	if !both {
-		s.o.progress("validate: layer %d: %d tokens, reference %.1fs, fused %.1fs", tg.index, t, refSec, fusedSec)
+		s.o.progress("validate: layer %s: %d tokens, reference %.1fs, fused %.1fs", family.LayerLabel(tg.index), t, refSec, fusedSec)
 	}
-	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: t}, numerics: judge.CPU, t: t, h: h, cov: cov, g: g}
+	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Bank: tg.bank, Tokens: t}, numerics: judge.CPU, t: t, h: h, cov: cov, g: g}
 	if ref != nil && ref.YRequant != nil {
 		rj.requant = judge.RequantStats{WeightErr: ref.RequantWeightErr, Share: ref.SharedShare}
 	}
@@ -801,6 +835,11 @@ func (s *session) layerInput(tg target) (x []float32, t int, g *Golden, err erro
 	if tg.golden != "" {
 		if g, err = ReadGolden(tg.golden, h); err != nil {
 			return nil, 0, nil, err
+		}
+		if tg.bank != "" {
+			if g, err = g.ForBank(tg.bank, family.LayerLabel(tg.index)); err != nil {
+				return nil, 0, nil, err
+			}
 		}
 		return g.X, g.T, g, nil
 	}

@@ -145,6 +145,7 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		// DiffusionGemma: the decoder's layers (the encoder's are tied to them)
 		// LongCat-Flash: 8 routed experts beside 4 zero-compute ones
 		"longcat-flash":   {"longcat_flash", "longcat_flash", "safetensors", "bf16", "none", 8, 0, 3, 1, 1, "softmax", 2, []int{0, 1}, 119},
+		"ernie4-5-vl-moe": {"ernie4_5_vl_moe", "ernie4_5_vl_moe", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{1, 2}, 161},
 		"diffusion-gemma": {"gemma4", "diffusion_gemma", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1, 2}, 90},
 		// Nemotron-H: ungated relu2 experts in a Mamba-2/attention/MLP/MoE hybrid
 		"nemotron-h": {"nemotron_h", "nemotron_h", "safetensors", "bf16", "none", 16, 2, 4, 4, 2, "sigmoid", 2.5, []int{1, 3}, 94},

@@ -71,7 +71,7 @@ type ByteMismatch struct {
 func (m *ByteMismatch) Error() string {
 	where := m.Tensor
 	if m.Layer >= 0 && where != "" {
-		where += fmt.Sprintf(" (layer %d", m.Layer)
+		where += fmt.Sprintf(" (layer %s", family.LayerLabel(m.Layer))
 		if m.Expert >= 0 {
 			where += fmt.Sprintf(", expert %d", m.Expert)
 		}
@@ -419,7 +419,7 @@ func (m mat) all() [][2]int64 {
 }
 
 func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract, li layout.LayerInfo, l *family.Layer, consumed map[string]bool) error {
-	I, H := int64(plan.MoEIntermediateSize), int64(plan.HiddenSize)
+	I, H := int64(plan.IntermediateOf(*l)), int64(plan.HiddenSize)
 	E := c.NumExperts
 	bank := c.BankSize()
 	of, err := c.Format() // how DST stores the experts

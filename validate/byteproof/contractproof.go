@@ -243,8 +243,8 @@ func checkContractLayers(cfgPath string, bad func(string, any, any, string) *Byt
 			Detail: fmt.Sprintf("%s.layers lists %d layers, SRC has %d MoE layers", layout.ContractKey, len(c.Layers), len(plan.Layers))}
 	}
 	for i, l := range plan.Layers {
-		got, want := c.Layers[i], layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix}
-		if got.Index != want.Index || got.MTP != want.MTP || got.Prefix != want.Prefix {
+		got, want := c.Layers[i], layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix, Bank: l.Bank}
+		if got.Index != want.Index || got.MTP != want.MTP || got.Prefix != want.Prefix || got.Bank != want.Bank {
 			return bad(fmt.Sprintf("layers[%d]", i), got, want, "SRC's plan")
 		}
 		// Each layer's activations as the contract reads them, whichever

@@ -148,7 +148,7 @@ type sharedOut struct{ out, gate []float32 }
 // newRefLayer checks and routes a reference layer: everything before its
 // experts run.
 func newRefLayer(src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, o RefOptions) (*refLayer, error) {
-	h, inter, e := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts
+	h, inter, e := plan.HiddenSize, plan.IntermediateOf(*layer), plan.NumExperts
 	if len(x) != t*h {
 		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Index, len(x), t, h)
 	}

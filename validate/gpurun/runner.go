@@ -722,7 +722,7 @@ func (f *Frees) AddBank(b *Bank) { f.add(bankFree{b}) }
 func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan *family.Plan, layer *family.Layer, in *Input, cov *cpuref.Coverage, pace cpuref.Pace, requant weightfmt.Format) (*cpuref.RefResult, error) {
 	var fr Frees
 	defer fr.Release(g)
-	h, inter, e, t := plan.HiddenSize, plan.MoEIntermediateSize, plan.NumExperts, in.t
+	h, inter, e, t := plan.HiddenSize, plan.IntermediateOf(*layer), plan.NumExperts, in.t
 	if h != in.h {
 		return nil, fmt.Errorf("layer %d: H %d, x has %d", layer.Index, h, in.h)
 	}
