@@ -9,6 +9,8 @@
 #   here:   CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -o .gpu/moeprep ./cmd/moeprep
 #   device: run(command="bash scripts/gpu-families.sh", carry=[".gpu"])
 #
+# ERNIE_VL=1 also exports an unseen ERNIE-4.5-VL (export_ernie_vl.py
+# --unseen: two routed banks a layer; fuse-shared must refuse it).
 # WRAPPERS=name,... also exports those multimodal wrappers
 # (export_wrappers.py --unseen; WRAPPERS=all: every one) into the same run.
 # Every source is also converted with --orientation in-out (formats packed
@@ -38,8 +40,12 @@ if [ -n "${WRAPPERS:-}" ]; then
 	PYTHONUNBUFFERED=1 timeout 240 python3 fixtures/hf/export_wrappers.py "$work/src" --unseen --seed 700 $only --log "$out/unseen-wrappers-export.log" >/dev/null 2>&1
 	echo "wrappers export rc=$? ($(tail -1 "$out/unseen-wrappers-export.log"))"
 fi
+if [ -n "${ERNIE_VL:-}" ]; then
+	PYTHONUNBUFFERED=1 timeout 120 python3 fixtures/hf/export_ernie_vl.py "$work/src" --unseen --seed 700 --log "$out/unseen-ernie-vl-export.log" >/dev/null 2>&1
+	echo "ernie-vl export rc=$? ($(tail -1 "$out/unseen-ernie-vl-export.log"))"
+fi
 requantizable=""
-refusing=" inkling-text llama4-text qwen3-next ernie4-5-moe-bias qwen4-exp inkling-mm-model hy-v4 step3p7 "
+refusing=" ernie4-5-vl-moe inkling-text llama4-text qwen3-next ernie4-5-moe-bias qwen4-exp inkling-mm-model hy-v4 step3p7 "
 fusable=" afmoe ernie4-5-moe exaone-moe glm4-moe glm4-moe-lite hy-v3 granitemoeshared granitemoe-swa cohere2-moe deepseek-v4 dots1 solar-open hunyuan-v1-moe granitemoehybrid axk1 axk2 deepseek-v32 glm-moe-dsa mistral4 kimi-linear laguna aria minimax-m3-vl deepseek-ocr2 glm5-next glm4v-moe kimi-k25 nemotron-h "
 if [ -n "${LOWBIT:-}" ]; then
 	mv "$work/src" "$work/bf16"
@@ -124,7 +130,9 @@ for f in sorted(os.listdir(d)):
     with open(p, "r+b") as fh:
         n = struct.unpack("<Q", fh.read(8))[0]
         hdr = json.loads(fh.read(n))
-        for name, t in sorted(hdr.items()):
+        # a second routed bank (ERNIE-4.5-VL's vision_moe) first: its
+        # tokens are the ones a one-bank check would not run
+        for name, t in sorted(hdr.items(), key=lambda kv: ("vision_moe" not in kv[0], kv[0])):
             if name == "__metadata__" or "experts" not in name or "scale" in name or "bias" in name:
                 continue
             b, e = t["data_offsets"]
