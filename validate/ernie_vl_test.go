@@ -3,6 +3,7 @@ package validate
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -97,6 +98,14 @@ func TestErnieVLBanks(t *testing.T) {
 	if err := rep.WriteJSON(&js); err != nil || !strings.Contains(js.String(), `"layer": 2,
       "bank": "vision"`) {
 		t.Errorf("JSON rows do not name layer 2's vision bank: %v", err)
+	}
+
+	for spec, want := range map[string][]int{"sample:1": {1, 1 + family.BankStride}, "sample:2": {1, 1 + family.BankStride, 2, 2 + family.BankStride},
+		"2,1": {1, 1 + family.BankStride, 2, 2 + family.BankStride}, "2": {2, 2 + family.BankStride}} {
+		all := []int{1, 1 + family.BankStride, 2, 2 + family.BankStride}
+		if got, _, err := selectLayers(spec, all); err != nil || !slices.Equal(got, want) {
+			t.Errorf("--layers %s: %v %v, want %v (a decoder layer's banks together)", spec, got, err, want)
+		}
 	}
 
 	_, err = convert.Convert(context.Background(), convert.Options{Src: src, Dst: t.TempDir() + "/fs", FuseShared: true, TP: 2})

@@ -583,7 +583,10 @@ func selectLayers(spec string, all []int) ([]int, bool, error) {
 		if err != nil || n <= 0 {
 			return nil, false, fmt.Errorf("--layers %q: want sample:N with N > 0", spec)
 		}
-		if n >= len(all) {
+		// N decoder layers: a layer of two routed banks (ERNIE-4.5-VL)
+		// is sampled whole.
+		decoders := slices.DeleteFunc(slices.Clone(all), func(i int) bool { return family.BankOf(i) != "" })
+		if n >= len(decoders) {
 			return all, false, nil
 		}
 		// Evenly spaced, first and last included, so a sample always covers
@@ -592,11 +595,18 @@ func selectLayers(spec string, all []int) ([]int, bool, error) {
 		for i := range n {
 			j := 0
 			if n > 1 {
-				j = int(math.Round(float64(i) * float64(len(all)-1) / float64(n-1)))
+				j = int(math.Round(float64(i) * float64(len(decoders)-1) / float64(n-1)))
 			}
-			out = append(out, all[j])
+			out = append(out, decoders[j])
 		}
-		return slices.Compact(out), false, nil
+		out = slices.Compact(out)
+		for _, i := range all {
+			if family.BankOf(i) != "" && slices.Contains(out, family.DecoderLayer(i)) {
+				out = append(out, i)
+			}
+		}
+		sortLayers(out)
+		return out, false, nil
 	}
 	var out []int
 	for _, f := range strings.Split(spec, ",") {
