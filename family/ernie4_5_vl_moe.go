@@ -319,8 +319,7 @@ func (bt *bankTensors) present(name string, h int) (string, bool, error) {
 		}
 		return head + "experts." + strconv.Itoa(id-bt.e) + rest[dot:], true, nil
 	}
-	// Past both banks: the first bank's planner names it.
-	return name, bt.bank == 0, nil
+	return "", false, fmt.Errorf("tensor %s: expert %d is past both routed banks (text 0..%d, vision %d..%d: E=%d each)", name, id, bt.e-1, bt.e, 2*bt.e-1, bt.e)
 }
 
 func (bt *bankTensors) Names() []string { return bt.names }

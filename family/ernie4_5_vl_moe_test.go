@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -67,7 +68,7 @@ func TestErnieVLPlan(t *testing.T) {
 			t.Errorf("layer %d:\n got %+v\nwant %+v", i, got, w)
 		}
 		d := DecoderLayer(l.Index)
-		if l.Shared == nil || l.Shared.Down != "model.layers."+itoa(d)+".mlp.shared_experts.down_proj.weight" || !strings.HasSuffix(l.Prefix, "."+l.Bank+"_moe") {
+		if l.Shared == nil || l.Shared.Down != "model.layers."+strconv.Itoa(d)+".mlp.shared_experts.down_proj.weight" || !strings.HasSuffix(l.Prefix, "."+l.Bank+"_moe") {
 			t.Errorf("layer %s: shared %+v prefix %s", LayerLabel(l.Index), l.Shared, l.Prefix)
 		}
 	}
@@ -75,8 +76,6 @@ func TestErnieVLPlan(t *testing.T) {
 		t.Errorf("labels: %q %q", LayerLabel(2+BankStride), LayerLabel(2))
 	}
 }
-
-func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
 
 // TestErnieVLRefusals: what the two banks cannot be read from is refused in
 // one line naming the key or tensor.
@@ -110,6 +109,9 @@ func TestErnieVLRefusals(t *testing.T) {
 			ts.names = slicesDelete(ts.names, "model.layers.1.mlp.experts.15.down_proj.weight")
 			delete(ts.meta, "model.layers.1.mlp.experts.15.down_proj.weight")
 		}, "missing tensor model.layers.1.mlp.experts.15.down_proj.weight"},
+		{"an expert past both banks", func(_ map[string]any, ts *fakeTensors) {
+			ts.add("model.layers.1.mlp.experts.16.gate_proj.weight", safetensors.BF16, 32, 64)
+		}, "tensor model.layers.1.mlp.experts.16.gate_proj.weight: expert 16 is past both routed banks (text 0..7, vision 8..15"},
 	} {
 		cfg, ts := ernieVLFixture(t)
 		c.edit(cfg, ts)
