@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/safetensors"
@@ -68,6 +69,32 @@ func FuzzDetect(f *testing.F) {
 		`"moe_intermediate_size":[32,0,16],"moe_num_experts":[8,9],"moe_k":2,"mlp_layer_types":["dense","sparse","sparse"]}}`), uint8(10))
 	f.Add([]byte(`{"model_type":"ernie4_5_vl_moe","text_config":{"hidden_size":64,"num_hidden_layers":3,"moe_intermediate_size":[32,16],`+
 		`"moe_num_experts":[8,8],"moe_k":2,"moe_num_shared_experts":1}}`), uint8(10))
+	// Issue 41's ignore lists against the DeepSeek-V3 tensors: explicit
+	// names past layer 1, a lookahead, patterns RE2 compiled to gigabytes,
+	// a backtracking one, ModelOpt globs.
+	dsv3, err := os.ReadFile(filepath.Join("..", "fixtures", "hf", "deepseek-v3-bf16", "config.json"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, q := range []string{
+		`{"quant_method":"compressed-tensors","format":"pack-quantized","config_groups":{"g":{"weights":{"num_bits":4,"type":"int","strategy":"group","group_size":32}}},` +
+			`"ignore":["lm_head","model.layers.3.mlp.shared_experts.gate_proj","model.layers.1.self_attn.q_proj","re:.*mlp\\.(?!experts)(gate|up|down)_proj.*"]}`,
+		`{"quant_method":"compressed-tensors","format":"pack-quantized","config_groups":{"g":{"weights":{"num_bits":4,"type":"int"}}},` +
+			`"ignore":["re:` + strings.Repeat(".{1000}", 145) + `mlp","re:.*.*.*.*.*.*[z]","re:(?<=a|bc)x","re:(a)\\1"]}`,
+		`{"quant_method":"modelopt","quant_algo":"NVFP4","group_size":16,"exclude_modules":["re:.*self_attn.*","model.layers.[!0].mlp.*","*.gate"]}`,
+	} {
+		var cfg map[string]any
+		if err := json.Unmarshal(dsv3, &cfg); err != nil {
+			f.Fatal(err)
+		}
+		var qc any
+		if err := json.Unmarshal([]byte(q), &qc); err != nil {
+			f.Fatalf("%s: %v", q, err)
+		}
+		cfg["quantization_config"] = qc
+		b, _ := json.Marshal(cfg)
+		f.Add(b, uint8(0))
+	}
 	f.Fuzz(func(t *testing.T, b []byte, which uint8) {
 		var cfg map[string]any
 		if json.Unmarshal(b, &cfg) != nil {

@@ -93,8 +93,11 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	} else if hq == QuantNVFP4 && p.Quantization == QuantNone {
 		p.Quantization = QuantNVFP4
 	} else if hq == QuantNVFP4 && p.Quantization != QuantNVFP4 {
-		descs, _ := detectQuant(raw, hfQuantOf(t), p.textLayers())
-		return nil, descs[len(descs)-1].Refusal()
+		descs, err := detectQuant(raw, hfQuantOf(t), quantModulesOf(t, p.textLayers()))
+		if err != nil {
+			return nil, err
+		}
+		return nil, conflictingQuant(descs)
 	}
 	if p.Quantization == QuantMXFP4 && p.Naming == "" && s.name != "gpt_oss" {
 		return nil, fmt.Errorf("config.json: quantization_config: quant_method mxfp4 is carried for gpt-oss (experts stacked on disk as *_blocks and *_scales) only, not %s", p.ModelType)

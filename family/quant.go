@@ -238,9 +238,10 @@ func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 
 // eachQuantDesc calls f on each quantisation description of the checkpoint
 // (detectQuant's: config.json's quantization_config, hf_quant_config.json's,
-// ignore lists resolved under layers), stopping at the first error.
+// ignore lists resolved against t's modules under layers), stopping at the
+// first error.
 func eachQuantDesc(raw map[string]any, t Tensors, layers []string, f func(QuantDesc) error) error {
-	descs, err := detectQuant(raw, hfQuantOf(t), layers)
+	descs, err := detectQuant(raw, hfQuantOf(t), quantModulesOf(t, layers))
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
-	"regexp"
 	"slices"
 	"strings"
 )
@@ -94,6 +93,10 @@ type QuantDesc struct {
 // and the format's reader check the rest.
 func (d QuantDesc) Supported() bool {
 	inConfig := d.File == "config.json"
+	if d.Detail != "" {
+		// One group in two formats: moeprep plans one per group.
+		return false
+	}
 	switch d.Kind {
 	case QuantKindNone, QuantKindFP8Block:
 		return true
@@ -144,6 +147,8 @@ func (d QuantDesc) Refusal() error {
 	why := "not carried yet; " + carriedFormats
 	fp8Scaled := d.Kind == QuantKindFP8Channel || d.Kind == QuantKindFP8Tensor
 	switch {
+	case d.Detail != "":
+		why = "not carried: " + d.Detail
 	case fp8Scaled && strings.HasPrefix(d.Label, "modelopt"):
 		why = "not carried: ModelOpt FP8 stores static activation scales (input_scale); moeprep reads FP8 with dynamic activations only"
 	case fp8Scaled:
@@ -154,8 +159,6 @@ func (d QuantDesc) Refusal() error {
 		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json only"
 	case d.Kind == QuantKindNVFP4:
 		why = "not carried yet: moeprep reads NVFP4 experts in groups of 16 only (ModelOpt quant_algo NVFP4, compressed-tensors nvfp4-pack-quantized)"
-	case d.Detail != "":
-		why = "not carried: " + d.Detail
 	case d.Kind == QuantKindMixed && strings.HasPrefix(d.Label, "modelopt") && d.Groups[GroupExperts] == "nvfp4 (group 16)":
 		why = fmt.Sprintf("not carried: the shared expert is %s beside NVFP4 routed experts; moeprep carries NVFP4 shared experts only (fusing or validating a shared expert of another format beside them is not built)", d.Groups[GroupShared])
 	case d.Kind == QuantKindMixed && strings.HasPrefix(d.Label, "modelopt"):
@@ -203,22 +206,28 @@ func (d QuantDesc) Summary() string {
 // description of config.json's quantization_config is left to readQuant,
 // which checks it in full.
 func DetectQuant(raw map[string]any, hf map[string]any) ([]QuantDesc, error) {
+	return DetectQuantOf(raw, hf, nil)
+}
+
+// DetectQuantOf is DetectQuant with the ignore lists resolved against t's
+// module names (nil: representative names), as planning resolves them.
+func DetectQuantOf(raw map[string]any, hf map[string]any, t Tensors) ([]QuantDesc, error) {
 	var layers []string
 	if mt, _ := raw["model_type"].(string); wrapperOf(mt) != nil {
 		layers = wrapperOf(mt).layers
 	}
-	return detectQuant(raw, hf, layers)
+	return detectQuant(raw, hf, quantModulesOf(t, layers))
 }
 
-// detectQuant is DetectQuant with the ignore lists resolved against the
-// group names under layers, a wrapper's text layer prefixes
-// (language_model.model.layers.1.mlp.experts.0.gate_proj), or, nil, under
-// model.layers. as a bare text model names them.
-func detectQuant(raw map[string]any, hf map[string]any, layers []string) ([]QuantDesc, error) {
+// detectQuant is DetectQuant with the ignore lists resolved against mods:
+// the checkpoint's modules of each group in its text layers (a wrapper's
+// under its text layer prefixes), or, for a group it has none of, the
+// representative names of groupNames.
+func detectQuant(raw map[string]any, hf map[string]any, mods *quantModules) ([]QuantDesc, error) {
 	var out []QuantDesc
 	top, _ := raw["expert_dtype"].(string)
 	if err := configQuants(config{m: raw}, func(q config, key string) error {
-		d, err := classify(q, "config.json", key, layers)
+		d, err := classify(q, "config.json", key, mods)
 		if err != nil {
 			return err
 		}
@@ -238,7 +247,7 @@ func detectQuant(raw map[string]any, hf map[string]any, layers []string) ([]Quan
 			return nil, hfErr(err)
 		}
 		if ok {
-			d, err := classifyModelOpt(q, "hf_quant_config.json", "quantization", layers)
+			d, err := classifyModelOpt(q, "hf_quant_config.json", "quantization", mods)
 			if err != nil {
 				return nil, hfErr(err)
 			}
@@ -300,12 +309,27 @@ func quantConfig(c config) (q config, method string, ok bool, err error) {
 	return q, method, true, nil
 }
 
+// conflictingQuant is the refusal of a checkpoint whose config.json and
+// hf_quant_config.json describe its weights differently (descs as
+// detectQuant gives them, hf_quant_config.json's last): each file named
+// with what it says, since moeprep cannot know which one the tensors
+// follow.
+func conflictingQuant(descs []QuantDesc) error {
+	hf := descs[len(descs)-1]
+	if len(descs) < 2 {
+		return hf.Refusal()
+	}
+	cfg := descs[0]
+	return fmt.Errorf("%s: %s says %s, but %s: %s says %s; the two files describe the weights differently and moeprep reads one description (remove the one the tensors do not follow)",
+		cfg.File, cfg.Key, cfg.Summary(), hf.File, hf.Key, hf.Summary())
+}
+
 // hfErr renames an error of config's helpers, which say config.json.
 func hfErr(err error) error {
 	return fmt.Errorf("hf_quant_config.json%s", strings.TrimPrefix(err.Error(), "config.json"))
 }
 
-func classify(q config, file, key string, layers []string) (QuantDesc, error) {
+func classify(q config, file, key string, mods *quantModules) (QuantDesc, error) {
 	method, err := q.str("quant_method", "")
 	if err != nil {
 		return QuantDesc{}, err
@@ -320,28 +344,32 @@ func classify(q config, file, key string, layers []string) (QuantDesc, error) {
 			// readQuant checks the block size and the rest.
 			d.Kind, d.Label = QuantKindFP8Block, "fp8 128x128 block"
 		}
-		m, err := newMatcher(q, layers, "modules_to_not_convert", "ignored_layers")
+		m, err := newMatcher(q, mods, syntaxRe, "modules_to_not_convert", "ignored_layers")
 		if err != nil {
 			return QuantDesc{}, err
 		}
-		d.Groups = m.resolve(d.Label, false)
-		return d, nil
+		d.Groups, d.Detail, err = m.resolve(d.Label, false)
+		return d, err
 	case "mxfp4":
 		d := QuantDesc{File: file, Key: key, Kind: QuantKindMXFP4, Label: "mxfp4"}
-		m, err := newMatcher(q, layers, "modules_to_not_convert")
+		m, err := newMatcher(q, mods, syntaxRe, "modules_to_not_convert")
 		if err != nil {
 			return QuantDesc{}, err
 		}
 		// gpt-oss quantises the experts only.
 		d.Groups = map[string]string{}
-		if !m.excluded(GroupExperts) {
+		s, err := m.excluded(GroupExperts)
+		if err != nil {
+			return QuantDesc{}, err
+		}
+		if !s.excluded {
 			d.Groups[GroupExperts] = d.Label
 		}
 		return d, nil
 	case "modelopt":
-		return classifyModelOpt(q, file, key, layers)
+		return classifyModelOpt(q, file, key, mods)
 	case "compressed-tensors":
-		return classifyCT(q, file, key, layers)
+		return classifyCT(q, file, key, mods)
 	case "":
 		return QuantDesc{}, q.missing("quant_method")
 	}
@@ -361,7 +389,7 @@ func modelOptAlgo(algo string, group int) (QuantKind, string) {
 	return QuantKindUnknown, fmt.Sprintf("modelopt %s", strings.ToLower(algo))
 }
 
-func classifyModelOpt(q config, file, key string, prefixes []string) (QuantDesc, error) {
+func classifyModelOpt(q config, file, key string, mods *quantModules) (QuantDesc, error) {
 	algo, err := q.str("quant_algo", "")
 	if err != nil {
 		return QuantDesc{}, err
@@ -373,15 +401,15 @@ func classifyModelOpt(q config, file, key string, prefixes []string) (QuantDesc,
 	if err != nil {
 		return QuantDesc{}, err
 	}
-	m, err := newMatcher(q, prefixes, "exclude_modules", "ignore")
+	m, err := newMatcher(q, mods, syntaxGlob, "exclude_modules", "ignore")
 	if err != nil {
 		return QuantDesc{}, err
 	}
 	d := QuantDesc{File: file, Key: key}
 	if strings.ToUpper(algo) != "MIXED_PRECISION" {
 		d.Kind, d.Label = modelOptAlgo(algo, group)
-		d.Groups = m.resolve(d.Label, false)
-		return d, nil
+		d.Groups, d.Detail, err = m.resolve(d.Label, false)
+		return d, err
 	}
 	d.Kind, d.Label = QuantKindMixed, "modelopt MIXED_PRECISION"
 	layers, ok, err := q.object("quantized_layers")
@@ -402,7 +430,12 @@ func classifyModelOpt(q config, file, key string, prefixes []string) (QuantDesc,
 	first := map[string]string{}
 	for _, name := range slices.Sorted(maps.Keys(layers.m)) {
 		g := moduleGroup(name)
-		if g == "" || m.matches(name) {
+		if g == "" {
+			continue
+		}
+		if skip, err := m.matches(name); err != nil {
+			return QuantDesc{}, err
+		} else if skip {
 			continue
 		}
 		lc, ok := layers.m[name].(map[string]any)
@@ -436,17 +469,23 @@ func classifyModelOpt(q config, file, key string, prefixes []string) (QuantDesc,
 // moduleGroup is the tensor group a module name of quantized_layers
 // belongs to, by its segments: "" for none (embeddings, head).
 func moduleGroup(name string) string {
-	segs := strings.Split(name, ".")
 	mlp := false
-	for i, s := range segs {
+	for rest := name; rest != ""; {
+		s, after, more := strings.Cut(rest, ".")
+		rest = after
+		last := !more
 		switch {
+		case s == "shared_expert_gate" && last:
+			// Qwen's [1, H] sigmoid gate on the shared expert's output:
+			// a router of sorts, not one of the shared MLP's projections.
+			return GroupRouter
 		case strings.HasPrefix(s, "shared_expert") || s == "shared_mlp":
 			return GroupShared
 		case s == "experts":
 			return GroupExperts
 		case strings.Contains(s, "attn") || s == "attention":
 			return GroupAttention
-		case (s == "gate" || s == "router") && i == len(segs)-1:
+		case (s == "gate" || s == "router") && last:
 			return GroupRouter
 		case s == "mlp" || s == "ffn" || s == "feed_forward":
 			mlp = true
@@ -458,7 +497,7 @@ func moduleGroup(name string) string {
 	return ""
 }
 
-func classifyCT(q config, file, key string, layers []string) (QuantDesc, error) {
+func classifyCT(q config, file, key string, mods *quantModules) (QuantDesc, error) {
 	topFmt, err := q.str("format", "")
 	if err != nil {
 		return QuantDesc{}, err
@@ -470,7 +509,7 @@ func classifyCT(q config, file, key string, layers []string) (QuantDesc, error) 
 	if len(groups.m) > maxQuantLayers {
 		return QuantDesc{}, q.errorf("config_groups", "%d entries, over the limit of %d", len(groups.m), maxQuantLayers)
 	}
-	m, err := newMatcher(q, layers, "ignore")
+	m, err := newMatcher(q, mods, syntaxRe, "ignore")
 	if err != nil {
 		return QuantDesc{}, err
 	}
@@ -494,8 +533,8 @@ func classifyCT(q config, file, key string, layers []string) (QuantDesc, error) 
 	if d.Kind == "" {
 		d.Kind, d.Label = QuantKindUnknown, "compressed-tensors (no config_groups)"
 	}
-	d.Groups = m.resolve(d.Label, false)
-	return d, nil
+	d.Groups, d.Detail, err = m.resolve(d.Label, false)
+	return d, err
 }
 
 func classifyCTScheme(g config, topFmt string) (QuantKind, string, error) {
@@ -556,107 +595,6 @@ func classifyCTScheme(g config, topFmt string) (QuantKind, string, error) {
 		return QuantKindFP8BlockCT, fmt.Sprintf("compressed-tensors float-quantized fp8 block %v (weight_scale, not weight_scale_inv)", bs), nil
 	}
 	return QuantKindUnknown, fmt.Sprintf("compressed-tensors %s %s%d %s (%s)", f, typ, bits, strategy, symS), nil
-}
-
-// matcher holds an ignore/exclude list: plain module names (a name, a
-// suffix of one after a dot, or a parent module), globs (* and ?) and re:
-// regular expressions, matched from the start as compressed-tensors'
-// re.match does. Go's regexp runs in linear time, so a hostile pattern
-// costs its length only; count and length are bounded besides.
-type matcher struct {
-	plain []string
-	res   []*regexp.Regexp
-	// layers are the text layer prefixes the group names are resolved
-	// under (a wrapper's: "language_model.model.layers."); nil:
-	// "model.layers.", as groupNames has them.
-	layers []string
-}
-
-func newMatcher(q config, layers []string, keys ...string) (*matcher, error) {
-	m := &matcher{layers: layers}
-	for _, key := range keys {
-		list, err := q.strs(key)
-		if err != nil {
-			return nil, err
-		}
-		if len(list) > maxQuantPatterns {
-			return nil, q.errorf(key, "%d entries, over the limit of %d", len(list), maxQuantPatterns)
-		}
-		for i, e := range list {
-			if len(e) > maxQuantPatternLen {
-				return nil, q.errorf(key, "element %d: %d bytes, over the limit of %d", i, len(e), maxQuantPatternLen)
-			}
-			var expr string
-			switch {
-			case strings.HasPrefix(e, "re:"):
-				expr = "^(?:" + strings.TrimPrefix(e, "re:") + ")"
-			case strings.ContainsAny(e, "*?"):
-				expr = regexp.QuoteMeta(e)
-				expr = strings.ReplaceAll(expr, `\*`, ".*")
-				expr = "^" + strings.ReplaceAll(expr, `\?`, ".") + "$"
-			default:
-				m.plain = append(m.plain, e)
-				continue
-			}
-			if len(m.res) >= maxQuantRegexes {
-				return nil, q.errorf(key, "more than %d patterns, over the limit", maxQuantRegexes)
-			}
-			re, err := regexp.Compile(expr)
-			if err != nil {
-				return nil, q.errorf(key, "element %d: %q is not a pattern moeprep can read: %v", i, e, err)
-			}
-			m.res = append(m.res, re)
-		}
-	}
-	return m, nil
-}
-
-func (m *matcher) matches(name string) bool {
-	for _, p := range m.plain {
-		if name == p || strings.HasSuffix(name, "."+p) || strings.HasPrefix(name, p+".") {
-			return true
-		}
-	}
-	for _, re := range m.res {
-		if re.MatchString(name) {
-			return true
-		}
-	}
-	return false
-}
-
-// excluded reports whether the list leaves a group unquantised: whether
-// it matches any of the group's representative names, under each of the
-// matcher's layer prefixes (a wrapper's, in place of model.layers.).
-func (m *matcher) excluded(group string) bool {
-	for _, n := range groupNames[group] {
-		if len(m.layers) == 0 && m.matches(n) {
-			return true
-		}
-		for _, pre := range m.layers {
-			if m.matches(pre + strings.TrimPrefix(n, "model.layers.")) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// resolve says how each group is stored: label unless excluded. Routers
-// are not quantisation targets (compressed-tensors targets Linear, which
-// DeepSeek-style gates are not; ModelOpt and MXFP4 skip them) unless
-// router is true.
-func (m *matcher) resolve(label string, router bool) map[string]string {
-	out := map[string]string{}
-	for _, g := range quantGroups {
-		if g == GroupRouter && !router {
-			continue
-		}
-		if !m.excluded(g) {
-			out[g] = label
-		}
-	}
-	return out
 }
 
 // HFQuantConfigs is what a Tensors may also implement to hand family the

@@ -120,7 +120,7 @@ func TestDetectQuant(t *testing.T) {
 			`{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}`,
 			`{"quantization": {"quant_algo": "NVFP4"}}`,
 			QuantKindNVFP4,
-			""}, // carried alone; the plan refuses it beside config.json's FP8 (TestNVFP4BesideFP8Refused)
+			""}, // carried alone; the plan refuses it beside config.json's FP8 (TestConflictingQuantFiles)
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var cfg, hf map[string]any
@@ -206,7 +206,8 @@ func TestDetectQuantBounded(t *testing.T) {
 		{"huge ignore list", many, "config.json: quantization_config.ignore: 4097 entries, over the limit of 4096"},
 		{"too many regexes", regexes, "config.json: quantization_config.ignore: more than 256 patterns, over the limit"},
 		{"long regex", []any{"re:" + strings.Repeat("a", 2000)}, "config.json: quantization_config.ignore: element 0: 2003 bytes, over the limit of 1024"},
-		{"perl-only regex", []any{"re:(?=x)"}, "config.json: quantization_config.ignore: element 0: \"re:(?=x)\" is not a pattern moeprep can read"},
+		{"backreference", []any{`re:(a)\1`}, "config.json: quantization_config.ignore: element 0: \"re:(a)\\\\1\" is not a Python regular expression moeprep can read: backreferences are not read"},
+		{"invalid in Python", []any{`re:a**`}, "config.json: quantization_config.ignore: element 0: \"re:a**\" is not a Python regular expression moeprep can read: multiple repeat at position 2"},
 	} {
 		cfg := map[string]any{"quantization_config": map[string]any{"quant_method": "compressed-tensors", "format": "pack-quantized",
 			"config_groups": map[string]any{"g": map[string]any{"weights": map[string]any{"num_bits": 4.0, "type": "int", "strategy": "group", "group_size": 32.0}}},
@@ -216,7 +217,8 @@ func TestDetectQuantBounded(t *testing.T) {
 			t.Errorf("%s: %v, want %s", tc.name, err, tc.want)
 		}
 	}
-	// A nested-star regex costs its length only (RE2).
+	// A nested-star regex fails the representative names at once (none
+	// holds the "b" every match needs).
 	cfg := map[string]any{"quantization_config": map[string]any{"quant_method": "mxfp4",
 		"modules_to_not_convert": []any{"re:(a*)*(a*)*(a*)*b"}}}
 	if _, err := DetectQuant(cfg, nil); err != nil {

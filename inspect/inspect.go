@@ -108,7 +108,7 @@ type QuantDesc struct {
 // quantDescs reads c's quantisation descriptions (none where it has none,
 // or where they cannot be read: planning has refused those already).
 func quantDescs(c *checkpoint.Checkpoint) []QuantDesc {
-	descs, err := family.DetectQuant(c.Config, c.HFQuantConfig())
+	descs, err := family.DetectQuantOf(c.Config, c.HFQuantConfig(), c)
 	if err != nil {
 		return nil
 	}
