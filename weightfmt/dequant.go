@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strconv"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
@@ -103,23 +104,81 @@ type e4m3Scaled interface {
 // few enough that the float32 buffer stays at 1 MiB.
 const dequantGroupElems = 1 << 18
 
-// OverflowError is a finite dequantised value that the target dtype cannot
-// hold: rounding gave an infinity (F16 above 65504).
+// OverflowError is a value computed from finite source values (its code,
+// its scale entry, the global scale) that the target dtype cannot hold:
+// its float32 dequantisation rounded to an infinity (F16 from 65520, BF16
+// from 3.3961775e38: halfway past each one's largest value), or was
+// already past float32 (MXFP4's E8M0 254 = 2^127 times FP4 6.0, INT4's
+// largest bf16 scale times -8). An infinity written for a finite weight
+// would be a wrong model that nothing downstream notices. Value is the
+// exact value, in float64 because it may be past float32's range; NaN
+// where the format's float32 steps make a NaN of finite values (NVFP4: a
+// zero times a block scale past float32).
 type OverflowError struct {
 	Row, Col int64
-	Value    float32
+	Value    float64
 	To       safetensors.DType
 }
 
 func (e *OverflowError) Error() string {
-	return fmt.Sprintf("dequantised value %g at row %d, column %d overflows %s", e.Value, e.Row, e.Col, e.To)
+	if math.IsNaN(e.Value) {
+		return fmt.Sprintf("dequantised value at row %d, column %d is NaN from finite source values (zero times a scale that is not finite in float32): %s cannot hold it",
+			e.Row, e.Col, e.To)
+	}
+	// Shortest digits: a float32's as before (89600, 3.3961775e+38), a
+	// value past float32 in float64's.
+	bits := 64
+	if float64(float32(e.Value)) == e.Value {
+		bits = 32
+	}
+	return fmt.Sprintf("dequantised value %s at row %d, column %d overflows %s", strconv.FormatFloat(e.Value, 'g', -1, bits), e.Row, e.Col, e.To)
+}
+
+// exactDequantiser is what every quantised format implements so that
+// DequantRows can tell an overflow from an infinity or NaN the source
+// holds. Its float32 dequantisation meets a value past float32 as an
+// infinity, the same as an infinite scale gives; exactValues tells them
+// apart and names the value.
+type exactDequantiser interface {
+	// exactValues takes a rows x cols piece as DequantiseWeight does and
+	// returns a function of an element's row-major index in it: the
+	// element's dequantised value computed in float64 (past float32's
+	// range), and whether the source values it is computed from are all
+	// finite. DequantRows calls it only where the float32 value is not
+	// finite, so that its cost (decoding the piece's scales) is paid only
+	// there.
+	exactValues(raw []byte, rows, cols int, scale, global []byte) (func(i int) (float64, bool), error)
+}
+
+// finite32 reports whether v is neither an infinity nor NaN.
+func finite32(v float32) bool { return !math.IsInf(float64(v), 0) && !math.IsNaN(float64(v)) }
+
+// exactE4M3 is exactValues of the FP8 formats (e4m3Scaled): the E4M3
+// value times its scale entry, exact in float64 (4 bits of significand
+// times 24); finite unless the code is E4M3's NaN or the scale is not.
+func exactE4M3(f e4m3Scaled, raw []byte, rows, cols int, scale []byte) (func(int) (float64, bool), error) {
+	s, bo, bi, err := f.e4m3Grid(rows, cols, scale)
+	if err != nil {
+		return nil, err
+	}
+	if bo <= 0 || bi <= 0 || rows < 0 || cols <= 0 || len(raw) != rows*cols || len(s) != ((rows+bo-1)/bo)*((cols+bi-1)/bi) {
+		return nil, fmt.Errorf("fp8 dequant: %d bytes, %d scales for a %dx%d weight in %dx%d blocks", len(raw), len(s), rows, cols, bo, bi)
+	}
+	sc := (cols + bi - 1) / bi
+	return func(i int) (float64, bool) {
+		e, k := numfmt.E4M3ToF32(raw[i]), s[(i/cols)/bo*sc+(i%cols)/bi]
+		return float64(e) * float64(k), finite32(e) && finite32(k)
+	}, nil
 }
 
 // DequantRows dequantises rows [r0, r0+n) of m, read from src, and writes
 // each value as the dtype to (Dequantisable) to out, little-endian:
 // n*m.Cols*to.Size() bytes. r0 must be a multiple of m.RowUnit() (a piece
-// that starts on a scale block). It returns an *OverflowError for a finite
-// value that rounds to an infinity; NaN and infinities stay what they are.
+// that starts on a scale block). It returns an *OverflowError for a value
+// of finite source values that is not finite in to (rounded to an
+// infinity, or past float32 before any rounding); an infinity or NaN that
+// the source holds (an infinite scale, E8M0's or E4M3's NaN) stays what
+// it is.
 func (d *Dequantiser) DequantRows(m Matrix, src RowSource, r0, n int64, to safetensors.DType, out []byte) error {
 	if !Dequantisable(to) {
 		return fmt.Errorf("dequantising %s weights to %s: want BF16, F16 or F32", m.Format, to)
@@ -187,11 +246,46 @@ func (d *Dequantiser) DequantRows(m Matrix, src RowSource, r0, n int64, to safet
 		if err := DequantiseWeight(m.Format, d.raw, int(gn), int(m.Cols), scale, global, d.vals); err != nil {
 			return err
 		}
-		if i := Encode(to, d.vals, o); i >= 0 {
-			return &OverflowError{Row: r + int64(i)/m.Cols, Col: int64(i) % m.Cols, Value: d.vals[i], To: to}
+		first := encode(to, d.vals, o)
+		if first < 0 {
+			continue
+		}
+		i, v, err := firstRefused(m.Format, d.raw, int(gn), int(m.Cols), scale, global, d.vals, to, o, first)
+		if err != nil {
+			return err
+		}
+		if i >= 0 {
+			return &OverflowError{Row: r + int64(i)/m.Cols, Col: int64(i) % m.Cols, Value: v, To: to}
 		}
 	}
 	return nil
+}
+
+// firstRefused looks at the values of one group (encoded in out, the first
+// that is not finite at from) for the first computed from finite source
+// values that is not finite in to: i, its exact value v; i < 0 when every
+// one is an infinity or NaN the source holds. Rare, so not fast: the
+// format's exactValues is asked only once a float32 value is not finite.
+func firstRefused(f Format, raw []byte, rows, cols int, scale, global []byte, vals []float32, to safetensors.DType, out []byte, from int) (i int, v float64, err error) {
+	var exact func(int) (float64, bool)
+	for i := from; i >= 0; i = nonFinite(to, out, i+1) {
+		if finite32(vals[i]) {
+			return i, float64(vals[i]), nil // rounding took it past to's largest value
+		}
+		if exact == nil {
+			ed, ok := f.(exactDequantiser)
+			if !ok {
+				return -1, 0, nil // a format that cannot tell (plain): as it is
+			}
+			if exact, err = ed.exactValues(raw, rows, cols, scale, global); err != nil {
+				return -1, 0, err
+			}
+		}
+		if x, ok := exact(i); ok {
+			return i, x, nil
+		}
+	}
+	return -1, 0, nil
 }
 
 // encodeE4M3 writes the rows x cols E4M3 weight src, element (r, c)
@@ -201,8 +295,8 @@ func (d *Dequantiser) DequantRows(m Matrix, src RowSource, r0, n int64, to safet
 // does, then one lookup an element: the same bits as DequantE4M3 and
 // Encode, without the float32 values in between (the most of --dtype's
 // CPU time for FP8 checkpoints). done is false, and out not all written,
-// when some value would overflow to: the caller takes the general path,
-// which reports it.
+// when some value would overflow to or float32: the caller takes the
+// general path, which reports it.
 func encodeE4M3(src []byte, rows, cols int, s []float32, bo, bi int, to safetensors.DType, out []byte) (done bool, err error) {
 	if bo <= 0 || bi <= 0 || rows < 0 || cols < 0 || (cols > 0 && rows > math.MaxInt/cols) || len(src) != rows*cols || len(out) != rows*cols*to.Size() {
 		return false, fmt.Errorf("fp8 dequant: %d bytes, %d output bytes for a %dx%d weight", len(src), len(out), rows, cols)
@@ -213,25 +307,31 @@ func encodeE4M3(src []byte, rows, cols int, s []float32, bo, bi int, to safetens
 	}
 	es := to.Size()
 	var vals [256]float32
+	var enc [256 * 4]byte // vals encoded: 256*es bytes
 	var tab16 [256]uint16
 	var tab32 [256]uint32
 	for br := range sr {
 		r0, r1 := br*bo, min((br+1)*bo, rows)
 		for bc := range sc {
 			c0, c1 := bc*bi, min((bc+1)*bi, cols)
+			k := s[br*sc+bc]
 			for i := range vals {
-				vals[i] = numfmt.E4M3ToF32(byte(i)) * s[br*sc+bc]
+				vals[i] = numfmt.E4M3ToF32(byte(i)) * k
 			}
-			switch to {
-			case safetensors.F32:
-				for i, v := range vals {
-					tab32[i] = math.Float32bits(v)
+			encode(to, vals[:], enc[:256*es])
+			// Code 0x7e is E4M3's largest magnitude (448; 0xfe the same,
+			// negative), and rounding is monotonic: with a finite scale,
+			// some value is past float32 or past to exactly when 448*k
+			// encodes as an infinity. One check a scale entry, not a scan
+			// past the NaN codes (0x7f, 0xff).
+			if finite32(k) && nonFinite(to, enc[:256*es], 0x7e) == 0x7e {
+				return false, nil
+			}
+			if es == 4 {
+				for i := range tab32 {
+					tab32[i] = binary.LittleEndian.Uint32(enc[4*i:])
 				}
-			default:
-				var enc [512]byte
-				if Encode(to, vals[:], enc[:]) >= 0 {
-					return false, nil
-				}
+			} else {
 				for i := range tab16 {
 					tab16[i] = binary.LittleEndian.Uint16(enc[2*i:])
 				}
@@ -274,22 +374,61 @@ func grow(b []byte, n int64) []byte {
 // bytes. It returns the index of the first finite value that rounded to an
 // infinity, -1 when none did.
 func Encode(to safetensors.DType, vals []float32, out []byte) int {
+	for i := encode(to, vals, out); i >= 0; i = nonFinite(to, out, i+1) {
+		if finite32(vals[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+// encode is Encode, returning the index of the first value whose encoding
+// is not finite (an infinity or NaN, whatever the value was), -1 when
+// none is: one comparison an element finds where the rare path
+// (DequantRows' refusal, Encode's overflow) must look.
+func encode(to safetensors.DType, vals []float32, out []byte) int {
 	switch to {
 	case safetensors.F32:
-		out = out[:4*len(vals)]
-		for i, v := range vals {
-			binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(v))
-		}
-		return -1
+		return encode32(vals, out)
 	case safetensors.BF16, safetensors.F16:
 		return encode16(vals, out, to == safetensors.F16)
 	}
 	panic("weightfmt.Encode: dtype " + string(to))
 }
 
+// encode32 writes vals as F32 to out and returns the index of the first
+// value that is an infinity or NaN (-1: none). Four values a step, their
+// exponents ORed without a branch: (u&0x7fffffff)+2^23 sets bit 31 only
+// for an all-ones exponent. This is faster than the plain copy it
+// replaces, so that --dtype f32 pays nothing for the check; where a value
+// is not finite, nonFinite finds the first.
+func encode32(vals []float32, out []byte) int {
+	out = out[:4*len(vals)]
+	const mag, carry = 0x7fffffff, 0x00800000
+	var acc uint32
+	n := len(vals) &^ 3
+	for i := 0; i < n; i += 4 {
+		v := vals[i : i+4 : i+4]
+		o := out[4*i : 4*i+16 : 4*i+16]
+		a, b, c, d := math.Float32bits(v[0]), math.Float32bits(v[1]), math.Float32bits(v[2]), math.Float32bits(v[3])
+		binary.LittleEndian.PutUint64(o, uint64(a)|uint64(b)<<32)
+		binary.LittleEndian.PutUint64(o[8:], uint64(c)|uint64(d)<<32)
+		acc |= (a&mag + carry) | (b&mag + carry) | (c&mag + carry) | (d&mag + carry)
+	}
+	for i := n; i < len(vals); i++ {
+		u := math.Float32bits(vals[i])
+		binary.LittleEndian.PutUint32(out[4*i:], u)
+		acc |= u&mag + carry
+	}
+	if acc&0x80000000 == 0 {
+		return -1
+	}
+	return nonFinite(safetensors.F32, out, 0)
+}
+
 // encode16 encodes vals as bf16, or f16, into out and returns the index of
-// the first finite value that overflowed (-1: none). The encoders are
-// called directly, so that they inline (a function value would cost a
+// the first value encoded as an infinity or NaN (-1: none). The encoders
+// are called directly, so that they inline (a function value would cost a
 // call an element); the dtype is a branch the loop predicts.
 func encode16(vals []float32, out []byte, f16 bool) int {
 	out = out[:2*len(vals)]
@@ -297,7 +436,7 @@ func encode16(vals []float32, out []byte, f16 bool) int {
 	if f16 {
 		inf = 0x7c00
 	}
-	over := -1
+	first := -1
 	for i, v := range vals {
 		var h uint16
 		if f16 {
@@ -306,18 +445,30 @@ func encode16(vals []float32, out []byte, f16 bool) int {
 			h = numfmt.F32ToBF16(v)
 		}
 		binary.LittleEndian.PutUint16(out[2*i:], h)
-		if h&0x7fff == inf && over < 0 {
-			over = overflowed(v, i)
+		if h&0x7fff >= inf && first < 0 { // the exponent all ones
+			first = i
 		}
 	}
-	return over
+	return first
 }
 
-// overflowed is i when v, which encoded as an infinity, was finite, and -1
-// when it was an infinity itself.
-func overflowed(v float32, i int) int {
-	if math.IsInf(float64(v), 0) {
-		return -1
+// nonFinite is the index of the first value at or after i whose encoding
+// as to in out is an infinity or NaN, -1 when none is.
+func nonFinite(to safetensors.DType, out []byte, i int) int {
+	es := to.Size()
+	for ; i*es < len(out); i++ {
+		var exp bool
+		switch to {
+		case safetensors.F32:
+			exp = binary.LittleEndian.Uint32(out[4*i:])&0x7f800000 == 0x7f800000
+		case safetensors.F16:
+			exp = binary.LittleEndian.Uint16(out[2*i:])&0x7c00 == 0x7c00
+		default:
+			exp = binary.LittleEndian.Uint16(out[2*i:])&0x7f80 == 0x7f80
+		}
+		if exp {
+			return i
+		}
 	}
-	return i
+	return -1
 }

@@ -58,7 +58,11 @@
 // Adding a format: a file that implements Format and registers its
 // quantization name in init (as fp8block.go does; registerByConfig where
 // its weight dtype alone does not identify it, so that Scaled leaves it to
-// AllScaled), and its tests. Convert's
+// AllScaled), its exactValues (dequant.go's exactDequantiser: an element's
+// value in float64 and whether its source values are finite, so that
+// DequantRows refuses a value past float32 instead of writing an
+// infinity; TestEveryScaledFormatDequantisesExactly fails without it),
+// and its tests. Convert's
 // planner and the byte proof (validate/byteproof/bytes.go) then stack, slice,
 // prove and fold it as they ask; family/check.go checks its weights and
 // scale tensors in a source checkpoint from the plan's Format (and Scaled

@@ -130,6 +130,11 @@ func (f fp8Block) Dequantise(raw []byte, rows, cols int, scale []byte, dst []flo
 	return DequantE4M3(raw, rows, cols, s, bo, bi, dst)
 }
 
+// exactValues: the E4M3 value times its block's scale (exactDequantiser).
+func (f fp8Block) exactValues(raw []byte, rows, cols int, scale, _ []byte) (func(int) (float64, bool), error) {
+	return exactE4M3(f, raw, rows, cols, scale)
+}
+
 // e4m3Grid is the weight's scale grid decoded to float32 and the block it
 // scales (e4m3Scaled).
 func (f fp8Block) e4m3Grid(rows, cols int, scale []byte) ([]float32, int, int, error) {

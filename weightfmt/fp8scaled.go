@@ -112,6 +112,12 @@ func (f fp8Scaled) Dequantise(raw []byte, rows, cols int, scale []byte, dst []fl
 	return DequantE4M3(raw, rows, cols, s, bo, bi, dst)
 }
 
+// exactValues: the E4M3 value times its row's or the weight's scale
+// (exactDequantiser).
+func (f fp8Scaled) exactValues(raw []byte, rows, cols int, scale, _ []byte) (func(int) (float64, bool), error) {
+	return exactE4M3(f, raw, rows, cols, scale)
+}
+
 // e4m3Grid is the weight's scales decoded to float32 and the block each
 // scales: a row, or the whole weight (e4m3Scaled).
 func (f fp8Scaled) e4m3Grid(rows, cols int, scale []byte) ([]float32, int, int, error) {

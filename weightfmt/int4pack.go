@@ -157,6 +157,35 @@ func (f int4Pack) Dequantise(raw []byte, rows, cols int, scale []byte, dst []flo
 	return nil
 }
 
+// exactValues is (u - 8) times its group's scale in float64, where the
+// largest bf16 scale times -8 is a value, not float32's infinity; finite
+// unless the scale is not (exactDequantiser).
+func (f int4Pack) exactValues(raw []byte, rows, cols int, scale, _ []byte) (func(int) (float64, bool), error) {
+	m := Matrix{Format: f, Rows: int64(rows), Cols: int64(cols)}
+	if err := checkSizes(m, raw, scale, rows*cols); err != nil {
+		return nil, err
+	}
+	if err := wholeGroups(f, cols, f.group); err != nil {
+		return nil, err
+	}
+	_, gc := m.ScaleShape()
+	s := make([]float32, len(scale)/f.scale.Size())
+	if err := Decode(f.scale, scale, s); err != nil {
+		return nil, err
+	}
+	g := max(int(f.group), 1)
+	if f.group == 0 {
+		g = max(cols, 1) // "channel": one scale a row
+	}
+	words := (cols + 7) / 8
+	return func(i int) (float64, bool) {
+		r, c := i/cols, i%cols
+		u := binary.LittleEndian.Uint32(raw[4*(r*words+c/8):]) >> (4 * (c % 8)) & 0xF
+		k := s[r*int(gc)+c/g]
+		return float64(int32(u)-8) * float64(k), finite32(k)
+	}, nil
+}
+
 // RequantRule is compressed-tensors' symmetric INT4 rule (requant.go):
 // scale = amax / 7.5 per group, codes in [-8, 7].
 func (f int4Pack) RequantRule() RequantRule {

@@ -139,6 +139,32 @@ func (f mxfp4) Dequantise(raw []byte, rows, cols int, scale []byte, dst []float3
 	return decodeFP4(raw, rows, cols, MXFP4Group, scale, func(s byte) *[16]float32 { return &mxfp4Table[s] }, dst)
 }
 
+// exactValues is e2m1(nibble) * 2^(e-127) in float64, where E8M0 254
+// (2^127) times 6 is 1.02e39, a value the OCP MX spec defines, not
+// float32's infinity; finite unless the scale is E8M0's NaN
+// (exactDequantiser).
+func (f mxfp4) exactValues(raw []byte, rows, cols int, scale, _ []byte) (func(int) (float64, bool), error) {
+	m := Matrix{Format: f, Rows: int64(rows), Cols: int64(cols)}
+	if err := checkSizes(m, raw, scale, rows*cols); err != nil {
+		return nil, err
+	}
+	if err := wholeGroups(f, cols, MXFP4Group); err != nil {
+		return nil, err
+	}
+	return func(i int) (float64, bool) {
+		n, e := fp4At(raw, scale, cols, MXFP4Group, i)
+		k := numfmt.E8M0ToF32(e)
+		return float64(numfmt.E2M1ToF32(n)) * float64(k), finite32(k)
+	}, nil
+}
+
+// fp4At is element i (row-major) of a weight of cols columns stored as
+// decodeFP4 reads it: its E2M1 code and its group's one-byte scale entry.
+func fp4At(raw, scale []byte, cols, g, i int) (code, s byte) {
+	r, c := i/cols, i%cols
+	return raw[(r*cols+c)/2] >> (4 * (c % 2)) & 0xF, scale[r*(cols/g)+c/g]
+}
+
 // decodeFP4 writes the rows x cols E2M1 weight packed two to a byte in raw
 // (even element in the low nibble) to dst, each group of g elements of a
 // row through the 16-entry table that its one-byte scale entry selects.

@@ -136,6 +136,42 @@ func (f nvfp4) Dequantise(raw []byte, rows, cols int, scale []byte, dst []float3
 // DequantiseGlobal is e2m1(nibble) * eff[s] for each element, eff[s] =
 // float32(e4m3(s) * scale_2) (ModelOpt) or float32(e4m3(s) / global)
 // (compressed-tensors), each product rounded to float32.
+// exactValues is what DequantiseGlobal computes, in float64: the block's
+// effective scale rounded to float32 as the references round it, the E2M1
+// value times it; where that scale is itself past float32 (the references
+// get an infinity), the E2M1 value times its exact value, and NaN for a
+// zero (0 times their infinity). Finite unless the block scale is E4M3's
+// NaN or the global scale is not finite (exactDequantiser).
+func (f nvfp4) exactValues(raw []byte, rows, cols int, scale, global []byte) (func(int) (float64, bool), error) {
+	m := Matrix{Format: f, Rows: int64(rows), Cols: int64(cols)}
+	if err := checkSizes(m, raw, scale, rows*cols); err != nil {
+		return nil, err
+	}
+	if len(global) != 4 {
+		return nil, fmt.Errorf("%s dequant: %d bytes of global scale, want one F32", f, len(global))
+	}
+	if err := wholeGroups(f, cols, NVFP4Group); err != nil {
+		return nil, err
+	}
+	g := math.Float32frombits(binary.LittleEndian.Uint32(global))
+	return func(i int) (float64, bool) {
+		n, s := fp4At(raw, scale, cols, NVFP4Group, i)
+		e, x := numfmt.E4M3ToF32(s), float64(numfmt.E2M1ToF32(n))
+		eff := float64(e) * float64(g) // exact: 4 bits of significand times 24
+		if f.ct {
+			eff = float64(e) / float64(g) // rounded to float32 below as if once
+		}
+		ok := finite32(e) && finite32(g)
+		if e32 := float32(eff); !math.IsInf(float64(e32), 0) {
+			return x * float64(e32), ok
+		}
+		if x == 0 {
+			return math.NaN(), ok
+		}
+		return x * eff, ok
+	}, nil
+}
+
 func (f nvfp4) DequantiseGlobal(raw []byte, rows, cols int, scale, global []byte, dst []float32) error {
 	m := Matrix{Format: f, Rows: int64(rows), Cols: int64(cols)}
 	if err := checkSizes(m, raw, scale, len(dst)); err != nil {
