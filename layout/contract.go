@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"reflect"
+	"strings"
 
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -188,9 +190,24 @@ func (c *Contract) checkRequantized() error {
 		return fmt.Errorf("moeprep contract: shared_requantized: %v", err)
 	}
 	if *r != *want {
-		return fmt.Errorf("moeprep contract: shared_requantized %+v is not the %s rule %+v", *r, f, *want)
+		key, got, rule := firstFieldDiff(*r, *want)
+		return fmt.Errorf("moeprep contract: shared_requantized.%s is %v, the %s rule's is %v", key, got, f, rule)
 	}
 	return nil
+}
+
+// firstFieldDiff names the first field (by its JSON key) in which two
+// values of one struct type differ, with both values: a refusal names the
+// key a reader can find in config.json, not a dump of the whole record.
+func firstFieldDiff(a, b any) (key string, x, y any) {
+	av, bv := reflect.ValueOf(a), reflect.ValueOf(b)
+	for i := range av.NumField() {
+		if fa, fb := av.Field(i).Interface(), bv.Field(i).Interface(); !reflect.DeepEqual(fa, fb) {
+			key, _, _ = strings.Cut(av.Type().Field(i).Tag.Get("json"), ",")
+			return key, fa, fb
+		}
+	}
+	return "", a, b
 }
 
 // Dequantized records what convert --dtype did: every quantised weight of
@@ -288,7 +305,8 @@ func (d *Dequantized) check() error {
 		return fmt.Errorf("dequantized.dtype %q: want BF16, F16 or F32", d.DType)
 	}
 	if want := weightfmt.RoundingOf(safetensors.DType(d.DType)); d.Rounding != want {
-		return fmt.Errorf("dequantized.rounding %q: dequantising to %s is %q", d.Rounding, d.DType, want)
+		// name both keys: either may be the one that was changed
+		return fmt.Errorf("dequantized.rounding %q with dequantized.dtype %s: dequantising to %s is %q", d.Rounding, d.DType, d.DType, want)
 	}
 	if len(d.Groups) == 0 {
 		return fmt.Errorf("dequantized.groups is empty")
@@ -481,8 +499,19 @@ func (c *Contract) Check() error {
 	return nil
 }
 
+// InvalidContractError is a contract that decodes, in this version, but
+// breaks the contract's rules (Check): what holds it is not what moeprep
+// writes. validate reports it as a DST that fails its check (exit 1), not
+// as input it cannot read; its text is Err's.
+type InvalidContractError struct{ Err error }
+
+func (e *InvalidContractError) Error() string { return e.Err.Error() }
+func (e *InvalidContractError) Unwrap() error { return e.Err }
+
 // ReadContract extracts the contract from a decoded config.json. ok is false
-// (and err nil) when config has no "moeprep" object.
+// (and err nil) when config has no "moeprep" object. A contract that does
+// not decode, or is of another version, is a plain error (unreadable
+// here); one that decodes and breaks the rules is an *InvalidContractError.
 func ReadContract(config map[string]any) (*Contract, bool, error) {
 	raw, ok := config[ContractKey]
 	if !ok {
@@ -497,7 +526,10 @@ func ReadContract(config map[string]any) (*Contract, bool, error) {
 		return nil, true, fmt.Errorf("moeprep contract: %v", err)
 	}
 	if err := c.Check(); err != nil {
-		return nil, true, err
+		if c.Version != ContractVersion {
+			return nil, true, err // another moeprep's output, not a wrong one
+		}
+		return nil, true, &InvalidContractError{err}
 	}
 	return &c, true, nil
 }

@@ -362,7 +362,7 @@ func replaceByLink(t *testing.T, p string) {
 // proof) fails a tampered config and a forged contract with exit 1 too: the
 // layers agree, the proof does not. A forged routed_scaling_factor makes
 // DST another model than SRC: the layer checks cannot run, the proof says
-// why.
+// why (and without the proof, the check that found it).
 func TestDirectoryProofFullRun(t *testing.T) {
 	src := dirSource(t)
 	for _, tc := range []struct {
@@ -404,11 +404,12 @@ func TestDirectoryProofFullRun(t *testing.T) {
 			}
 		})
 	}
-	// --skip-bytes keeps the old answer to another model: exit 2.
+	// --skip-bytes: no proof names the key, but DST is still not SRC's
+	// model, which is a failed check (exit 1) naming what differs.
 	dst := convertInto(t, src, convert.Options{FuseShared: true, TP: 1})
 	forgeContract(t, dst, func(c map[string]any) { c["routed_scaling_factor"] = 1.0; c["shared_slot_weight"] = 1.0 })
-	if _, err := Run(context.Background(), Options{Src: src, Dst: dst, Bytes: BytesOff}); exitcode.Code(err) != exitcode.BadInput {
-		t.Fatalf("--skip-bytes: %v, want exit 2", err)
+	if _, err := Run(context.Background(), Options{Src: src, Dst: dst, Bytes: BytesOff}); exitcode.Code(err) != exitcode.CheckFailed || !strings.Contains(err.Error(), "rsf 1; SRC has 16, rsf 2.5") {
+		t.Fatalf("--skip-bytes: %v, want exit 1 naming rsf", err)
 	}
 }
 

@@ -29,21 +29,22 @@ type Golden struct {
 	InputIDs []int32
 	// TokenTypes [T]: each token's type (0 text, else vision), which picks
 	// the routed bank of a layer that has two (ERNIE-4.5-VL); nil when
-	// absent.
+	// absent: every token text.
 	TokenTypes []int32
 }
 
 // ForBank is the golden's tokens that the routed bank bank of a layer with
 // two (family.BankText, BankVision) computes, chosen by their
 // token_type_ids: y of a text token is the text bank's output plus the
-// shared MLP's, and so on. A golden of such a layer must say the types.
+// shared MLP's, and so on. A golden without token_type_ids is text
+// throughout, as transformers takes a prompt without them (and as the
+// project's exporter writes a text prompt's). A bank none of whose tokens
+// the golden holds is an error; Run asks only for the banks it took
+// (TookBank) and reports the others not checked against the golden.
 func (g *Golden) ForBank(bank string, layer string) (*Golden, error) {
-	if g.TokenTypes == nil {
-		return nil, fmt.Errorf("%s: layer %s holds a text and a vision bank, and the golden has no token_type_ids to say which bank each token took", g.Path, layer)
-	}
 	out := &Golden{Path: g.Path, H: g.H, K: g.K}
-	for i, tt := range g.TokenTypes {
-		if (tt != 0) != (bank == family.BankVision) {
+	for i := range g.T {
+		if !g.tookBank(i, bank) {
 			continue
 		}
 		out.T++
@@ -61,6 +62,24 @@ func (g *Golden) ForBank(bank string, layer string) (*Golden, error) {
 		return nil, fmt.Errorf("%s: no token of the golden took layer %s (token_type_ids), so it cannot check it", g.Path, layer)
 	}
 	return out, nil
+}
+
+// TookBank reports whether some token of the golden took routed bank bank
+// of a layer with two (see ForBank).
+func (g *Golden) TookBank(bank string) bool {
+	for i := range g.T {
+		if g.tookBank(i, bank) {
+			return true
+		}
+	}
+	return false
+}
+
+// tookBank: token i took bank by its type (0 text, else vision; text
+// where the golden says no types).
+func (g *Golden) tookBank(i int, bank string) bool {
+	vision := g.TokenTypes != nil && g.TokenTypes[i] != 0
+	return vision == (bank == family.BankVision)
 }
 
 // Limits on what a golden may make validate read and hold. A golden's

@@ -176,6 +176,11 @@ type Report struct {
 	MoELayers        []int  `json:"moe_layers,omitempty"`
 	LayersChecked    []int  `json:"layers_checked,omitempty"`
 	LayersNotChecked []int  `json:"layers_not_checked,omitempty"`
+	// GoldenNotChecked are the checked layers --golden gave no golden
+	// tokens to (no golden file; a bank of a two-bank layer none of the
+	// golden's tokens took): the layer checks ran on them against SRC
+	// alone, and the report must say so.
+	GoldenNotChecked []int `json:"not_checked_against_golden,omitempty"`
 	// SampleExperts is --sample-experts (0: every expert was asked for).
 	SampleExperts int           `json:"sample_experts,omitempty"`
 	Rows          []LayerResult `json:"layers"`
@@ -471,6 +476,7 @@ func (r Report) MarshalJSON() ([]byte, error) {
 		MoELayers        []int  `json:"moe_layers"`
 		LayersChecked    []int  `json:"layers_checked"`
 		LayersNotChecked []int  `json:"layers_not_checked"`
+		GoldenNotChecked []int  `json:"not_checked_against_golden,omitempty"`
 	}
 	doc := struct {
 		Schema       string `json:"schema"`
@@ -498,7 +504,8 @@ func (r Report) MarshalJSON() ([]byte, error) {
 			sel = "all"
 		}
 		doc.layerFields = &layerFields{Tokens: r.Tokens, Seed: r.Seed, BlockSize: r.BlockSize, XDraw: r.XDraw, LayerSelection: sel,
-			SampleExperts: r.SampleExperts, MoELayers: nonNil(r.MoELayers), LayersChecked: nonNil(r.LayersChecked), LayersNotChecked: nonNil(r.LayersNotChecked)}
+			SampleExperts: r.SampleExperts, MoELayers: nonNil(r.MoELayers), LayersChecked: nonNil(r.LayersChecked), LayersNotChecked: nonNil(r.LayersNotChecked),
+			GoldenNotChecked: r.GoldenNotChecked}
 		gaps := nonNil(r.ExpertGaps)
 		doc.ExpertGaps = &gaps
 		doc.Rows = nonNil(r.Rows)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
@@ -200,6 +201,10 @@ type session struct {
 	moeLayers []int
 	notices   []string // planNotices
 	allLayers []target
+	// goldenUnchecked are the targets --golden gave no golden tokens to
+	// (no golden file, or a bank none of the golden's tokens took), which
+	// the layer checks still run against SRC.
+	goldenUnchecked []int
 	// A streamed pass's tensor reads that no step held, and the shards
 	// its byte proof read again in file order (pass.go; tests read them).
 	streamMisses int64
@@ -260,6 +265,17 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	targets, notes, err := s.targets()
 	if err != nil {
+		if exitcode.IsCheckFailure(err) && s.srcPlan != nil && s.dstPlan != nil {
+			// DST's contract does not fit DST or SRC: the proof names
+			// the file and key where it can, as for sameModel
+			return s.notFromSrc(ctx, err, start)
+		}
+		return nil, err
+	}
+	if err := s.stacksFit(targets); err != nil {
+		if s.srcPlan != nil {
+			return s.notFromSrc(ctx, err, start)
+		}
 		return nil, err
 	}
 	withBytes := o.Bytes == BytesAuto && s.src != nil && s.dst != nil
@@ -271,6 +287,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		BlockSize: o.BlockSize, XDraw: XDraw, Notes: append(devNotes, notes...), LayerSelection: strings.TrimSpace(o.Layers),
 		SampleExperts: o.SampleExperts, MoELayers: s.moeLayers}
 	rep.LayersChecked, rep.LayersNotChecked = splitLayers(s.moeLayers, targets)
+	rep.GoldenNotChecked = s.goldenUnchecked
+	if n := s.capJobs(targets); n != "" { // jobs bounded by cores and memory (jobs.go)
+		rep.Notes = append(rep.Notes, n)
+		o.progress("validate: %s", n)
+	}
 	if d := s.dequantized(); d != nil {
 		tol := judge.Lookup(judge.FusedVsReference).Tolerance(judge.Situation{Dequantised: d.DType})
 		rep.Notes = append(rep.Notes, fmt.Sprintf("DST's quantised weights were dequantised to %s (%s): the layer checks allow one rounding of every weight (%s, rel_l2 %.3g); the byte proof holds every dequantised value to the one rounding of SRC's exact dequantisation, bit for bit",
@@ -347,13 +368,15 @@ const (
 )
 
 // notFromSrc answers a DST whose model differs from SRC's (sameModel's
-// err): the layer checks cannot pair its layers with SRC's, but the byte
-// proof can say which file and key differ (a forged contract, a changed
-// config), as the failed check it is (exit 1). Only when the proof is
-// skipped, or finds nothing, does err itself end the run.
+// err), or whose contract does not fit its layers: the layer checks cannot
+// pair its layers with SRC's, but the byte proof can say which file and key
+// differ (a forged contract, a changed config), as the failed check it is
+// (exit 1). Where the proof is skipped, cannot finish or finds nothing, err
+// itself ends the run, as a failed check too: DST is not what SRC and its
+// contract say, whatever else could be read.
 func (s *session) notFromSrc(ctx context.Context, err error, start time.Time) (*Report, error) {
 	if s.o.Bytes == BytesOff {
-		return nil, err
+		return nil, misfit(err)
 	}
 	rep := s.bytesReport()
 	s.planBytesOnly()
@@ -361,16 +384,43 @@ func (s *session) notFromSrc(ctx context.Context, err error, start time.Time) (*
 		if ctx.Err() != nil {
 			return nil, berr // interrupted: exit 130, not a verdict
 		}
-		return nil, err
+		return nil, misfit(err)
 	}
 	if rep.Bytes.Pass {
-		return nil, err
+		return nil, misfit(err)
 	}
 	if s.o.Bytes != BytesOnly {
 		rep.Notes = append(rep.Notes, "layer checks not run: "+err.Error())
 	}
 	rep.Seconds = time.Since(start).Seconds()
 	return rep, nil
+}
+
+// misfit marks err, a way DST fails to be what SRC and its contract say,
+// as the failed check it is (exit 1), not input validate cannot read
+// (exit 2): a CI gate must count such a DST as rejected.
+func misfit(err error) error {
+	if exitcode.IsCheckFailure(err) {
+		return err
+	}
+	return exitcode.Check(err.Error())
+}
+
+// stacksFit checks, before any layer runs, that DST holds the stacks its
+// contract names for each target, of the contract's bank size (their
+// headers alone): a forged layout or shared replica count would otherwise
+// stop the layer checks as if DST could not be read, before the byte proof
+// could say what differs.
+func (s *session) stacksFit(targets []target) error {
+	for _, tg := range targets {
+		if tg.fused == nil {
+			continue
+		}
+		if _, _, err := tg.fused.StackDims(s.dst); err != nil {
+			return misfit(fmt.Errorf("%s: %w", s.o.Dst, err))
+		}
+	}
+	return nil
 }
 
 // bytesReport is the report of a run that is the byte proof alone: no
@@ -428,7 +478,13 @@ func (s *session) open() error {
 		}
 		c, ok, err := layout.ReadContract(s.dst.Config)
 		if err != nil {
-			return fmt.Errorf("%s: %w", filepath.Join(s.o.Dst, checkpoint.ConfigFileName), err)
+			err = fmt.Errorf("%s: %w", filepath.Join(s.o.Dst, checkpoint.ConfigFileName), err)
+			if bad := (*layout.InvalidContractError)(nil); errors.As(err, &bad) {
+				// it decodes and contradicts itself or its format: DST
+				// is wrong, not unreadable
+				return misfit(err)
+			}
+			return err
 		}
 		if !ok {
 			return fmt.Errorf("%s: config.json has no %q contract: not moeprep convert/fuse-shared output", s.o.Dst, layout.ContractKey)
@@ -514,10 +570,10 @@ func (s *session) targets() ([]target, []string, error) {
 			l := &s.dstPlan.Layers[i]
 			li, ok := info[l.Index]
 			if !ok {
-				return nil, nil, fmt.Errorf("%s: MoE layer %d is not in the moeprep contract", s.o.Dst, l.Index)
+				return nil, nil, misfit(fmt.Errorf("%s: MoE layer %d is not in the moeprep contract", s.o.Dst, l.Index))
 			}
 			if li.Prefix != l.Prefix {
-				return nil, nil, fmt.Errorf("%s: layer %d: contract prefix %q, checkpoint has %q", s.o.Dst, l.Index, li.Prefix, l.Prefix)
+				return nil, nil, misfit(fmt.Errorf("%s: layer %d: contract prefix %q, checkpoint has %q", s.o.Dst, l.Index, li.Prefix, l.Prefix))
 			}
 			t := get(l.Index, l.MTP)
 			t.bank = l.Bank
@@ -529,7 +585,7 @@ func (s *session) targets() ([]target, []string, error) {
 			}
 		}
 		if len(s.contract.Layers) != len(s.dstPlan.Layers) {
-			return nil, nil, fmt.Errorf("%s: the contract lists %d MoE layers, the checkpoint has %d", s.o.Dst, len(s.contract.Layers), len(s.dstPlan.Layers))
+			return nil, nil, misfit(fmt.Errorf("%s: the contract lists %d MoE layers, the checkpoint has %d", s.o.Dst, len(s.contract.Layers), len(s.dstPlan.Layers)))
 		}
 	}
 	sortLayers(order)
@@ -537,7 +593,7 @@ func (s *session) targets() ([]target, []string, error) {
 	if s.src != nil && s.dst != nil {
 		for _, i := range order {
 			if t := byIndex[i]; t.src == nil || t.fused == nil {
-				return nil, nil, fmt.Errorf("layer %d is a MoE layer of only one of %s and %s", i, s.o.Src, s.o.Dst)
+				return nil, nil, misfit(fmt.Errorf("layer %d is a MoE layer of only one of %s and %s", i, s.o.Src, s.o.Dst))
 			}
 			s.allLayers = append(s.allLayers, *byIndex[i])
 		}
@@ -548,12 +604,35 @@ func (s *session) targets() ([]target, []string, error) {
 	}
 	var out []target
 	var notes []string
+	took := map[string]*Golden{} // a two-bank layer's golden, read once for both banks
 	for _, i := range chosen {
 		t := byIndex[i]
 		if s.golden != "" {
 			d := family.DecoderLayer(i)
 			if p, ok := goldenPath(s.golden, d); ok {
 				t.golden = p
+				if t.bank != "" {
+					g, ok := took[p]
+					if !ok {
+						if g, err = ReadGolden(p, s.dstPlanOrSrc().HiddenSize); err != nil {
+							return nil, nil, err
+						}
+						took[p] = g
+					}
+					if !g.TookBank(t.bank) {
+						// A text prompt's golden leaves the vision bank
+						// (and an image's the text bank) to the rest of
+						// the run: with SRC, its drawn and forced tokens.
+						t.golden = ""
+						label := fmt.Sprintf("layer %d (%s bank)", d, t.bank)
+						if s.src == nil || s.dst == nil {
+							notes = append(notes, fmt.Sprintf("%s not checked: no token of its golden %s took it (token_type_ids; a golden without them is text throughout), and without SRC and DST nothing else checks it", label, p))
+							continue
+						}
+						notes = append(notes, fmt.Sprintf("%s not checked against the golden: no token of %s took it (token_type_ids; a golden without them is text throughout); its drawn and forced tokens checked it against SRC", label, p))
+						s.goldenUnchecked = append(s.goldenUnchecked, i)
+					}
+				}
 			} else if explicit {
 				return nil, nil, fmt.Errorf("%s: no golden for layer %s", filepath.Join(s.golden, GoldenFileName(d)), family.LayerLabel(i))
 			} else {
@@ -561,6 +640,7 @@ func (s *session) targets() ([]target, []string, error) {
 				if s.src == nil || s.dst == nil {
 					continue
 				}
+				s.goldenUnchecked = append(s.goldenUnchecked, i)
 			}
 		}
 		out = append(out, *t)
@@ -877,6 +957,23 @@ func (s *session) layerTokens(tg target, t int, g *Golden) ([]int32, error) {
 	if g != nil {
 		if g.InputIDs == nil {
 			return nil, fmt.Errorf("%s: layer %d routes by token id (%s) and the golden has no input_ids", g.Path, tg.index, table)
+		}
+		// Ids past the table are the golden's fault (another model's
+		// vocabulary), not the table's: checked here, against the table
+		// of the model the golden is the reference for (SRC's where
+		// given), before a path looks them up and names the checkpoint.
+		if tg.src != nil && tg.src.HashTable != "" {
+			table, src = tg.src.HashTable, s.src
+		}
+		vocab, err := cpuref.HashVocab(src, table, s.dstPlanOrSrc().TopK)
+		if err != nil {
+			return nil, fmt.Errorf("layer %d: %w", tg.index, err)
+		}
+		for i, id := range g.InputIDs {
+			if int(id) >= vocab {
+				return nil, fmt.Errorf("%s: tensor input_ids: token %d has id %d, past the %d rows of layer %s's hash routing table %s: a golden of another vocabulary",
+					g.Path, i, id, vocab, family.LayerLabel(tg.index), table)
+			}
 		}
 		return g.InputIDs, nil
 	}

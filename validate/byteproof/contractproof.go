@@ -136,6 +136,9 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("routed_scaling_factor", c.RoutedScalingFactor, plan.RoutedScalingFactor, "SRC's config")
 	case !sameFloat(c.OutputScale, outputScale(plan)):
 		return bad("output_scale", orAbsent(c.OutputScale), orAbsent(outputScale(plan)), "SRC's config")
+	case c.ZeroExperts != plan.ZeroExperts:
+		// the router ranks them: a count off moves every id past the bank
+		return bad("zero_experts", orAbsent(c.ZeroExperts), orAbsent(plan.ZeroExperts), "SRC's config (zero_expert_num)")
 	case c.RoutedInputScaled != plan.RoutedInputScaled:
 		return bad("routed_input_scaled", c.RoutedInputScaled, plan.RoutedInputScaled, "SRC's family ("+plan.ModelType+")")
 	case !sameActivation(c.Activation, plan.Act):
