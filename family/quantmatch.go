@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/moeprep/moeprep/internal/pyre"
@@ -340,7 +341,12 @@ func (m *matcher) resolve(label string, router bool) (map[string]string, string,
 	return maps.Clone(r.groups), r.detail, r.err
 }
 
+// resolutions counts uncached resolutions, for the test that a command
+// resolves a list once.
+var resolutions atomic.Int64
+
 func (m *matcher) resolveUncached(label string, router bool) resolution {
+	resolutions.Add(1)
 	r := resolution{groups: map[string]string{}}
 	for _, g := range quantGroups {
 		if g == GroupRouter && !router {
