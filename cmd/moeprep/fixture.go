@@ -13,8 +13,6 @@ import (
 	"github.com/moeprep/moeprep/internal/progress"
 )
 
-func init() { extraCommands = append(extraCommands, newFixtureCmd) }
-
 func newFixtureCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "fixture",
