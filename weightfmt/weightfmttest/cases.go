@@ -206,7 +206,7 @@ func FP8ScaledCases() []Case {
 	var cs []Case
 	for _, d := range []safetensors.DType{safetensors.F32, safetensors.BF16, safetensors.F16} {
 		ch := weightfmt.FP8Channel(d)
-		for _, sz := range [][2]int{{held(d, scaleSpecials) + 2, 256}, {held(d, scaleSpecials), 7}, {3, 4104}} {
+		for _, sz := range [][2]int{{held(d, scaleSpecials) + 2, 256}, {held(d, scaleSpecials), 7}, {3, 4104}, {2, 2053}} {
 			rows, cols := sz[0], sz[1]
 			scale, _ := scaleGrid(r, d, rows, scaleSpecials)
 			cs = append(cs, fp8Case(fmt.Sprintf("channel/%s/%dx%d", d, rows, cols), ch, rows, cols, 1, cols,
@@ -285,10 +285,11 @@ func int4Words(r *rand.Rand, rows, words int) []byte {
 }
 
 // Int4PackCases: compressed-tensors' symmetric pack-quantized INT4, each
-// scale dtype, groups of whole words, groups that split a word (12), one
-// scale a row with a partial last word, and long rows. Element 8j+k of a
-// row is bits 4k..4k+3 of its little-endian I32 word j, stored offset by
-// 8: its value is (u - 8) times its group's scale.
+// scale dtype, groups of whole words, groups that split a word (12, and
+// 40: a whole row), one scale a row with a partial last word, and long
+// rows. Element 8j+k of a row is bits 4k..4k+3 of its little-endian I32
+// word j, stored offset by 8: its value is (u - 8) times its group's
+// scale.
 func Int4PackCases() []Case {
 	r := rand.New(rand.NewPCG(7, 8))
 	var cs []Case
@@ -312,7 +313,7 @@ func Int4PackCases() []Case {
 			})
 		}
 		for _, c := range []struct{ rows, cols, group int }{
-			{4, 128, 8}, {3, 48, 12}, {4, 256, 32}, {3, 4224, 128}, {held(d, scaleSpecials), 13, 0}, {3, 2053, 0},
+			{4, 128, 8}, {3, 48, 12}, {3, 40, 40}, {4, 256, 32}, {3, 4224, 128}, {held(d, scaleSpecials), 13, 0}, {3, 2053, 0},
 		} {
 			cs = append(cs, one(c.rows, c.cols, c.group, scaleSpecials))
 		}
