@@ -13,180 +13,228 @@ import (
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
+	"github.com/moeprep/moeprep/weightfmt/weightfmttest"
 )
 
-// dequantTwin is DequantFP8Rows on the CPU: the FP8 per-channel (or, per
-// run of rowsPerScale rows, per-tensor) format's Dequantise, then
-// numfmt.F32ToBF16.
-func dequantTwin(t *testing.T, q []byte, rows, cols int, scale []byte, sd safetensors.DType, rowsPerScale int) []uint16 {
-	t.Helper()
-	f := make([]float32, rows*cols)
-	if rowsPerScale == 1 {
-		if err := weightfmt.FP8Channel(sd).Dequantise(q, rows, cols, scale, f); err != nil {
-			t.Fatal(err)
+// gpuDecode decodes on the device rows [from, rows) of a stack of weights
+// of format f, each runRows rows with its own per-tensor scale (FP8 per
+// tensor) or global scale (NVFP4), to bf16: raw, scale and global are the
+// whole stack's bytes, uploaded whole, and the launch takes pointers into
+// them and a first row into the scale runs, as the loader's row chunks
+// do. The output is poisoned first, so that an element left unwritten
+// fails. It returns errors rather than failing a test, since the suite's
+// Decoder runs it inside the suite's subtests.
+func gpuDecode(dev *cuda.Device, f weightfmt.Format, rows, cols, runRows, from int, raw, scale, global []byte) ([]uint16, error) {
+	n := rows - from
+	poison := make([]uint16, n*cols)
+	for i := range poison {
+		poison[i] = 0x1234
+	}
+	var bufs []interface{ Free() error }
+	defer func() {
+		for _, b := range bufs {
+			b.Free()
 		}
-	} else {
-		ss, n := sd.Size(), rowsPerScale*cols
-		for g := range rows / rowsPerScale {
-			if err := weightfmt.FP8Tensor(sd).Dequantise(q[g*n:(g+1)*n], rowsPerScale, cols, scale[g*ss:(g+1)*ss], f[g*n:(g+1)*n]); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	out := make([]uint16, len(f))
-	for i, v := range f {
-		out[i] = numfmt.F32ToBF16(v)
-	}
-	return out
-}
-
-// sameBF16 fails t unless got is want bit for bit, a NaN matching any
-// NaN (the device's payloads differ from Go's); what names element i. It
-// returns how many NaNs matched.
-func sameBF16(t *testing.T, got, want []uint16, what func(i int) string) int {
-	t.Helper()
-	isNaN := func(v uint16) bool { return v&0x7fff > 0x7f80 }
-	if len(got) < len(want) {
-		t.Fatalf("%d values, want %d", len(got), len(want))
-	}
-	bad, nans := 0, 0
-	for i, w := range want {
-		switch g := got[i]; {
-		case isNaN(w) && isNaN(g):
-			nans++
-		case g != w:
-			if bad++; bad <= 5 {
-				t.Errorf("%s: got 0x%04x, want 0x%04x", what(i), g, w)
-			}
-		}
-	}
-	if bad > 0 {
-		t.Fatalf("%d of %d values differ", bad, len(want))
-	}
-	return nans
-}
-
-// dequantScales encodes f32 scale values as sd (f32 values chosen to be
-// exact in bf16 and f16 where the test needs it; others round).
-func dequantScales(v []float32, sd safetensors.DType) []byte {
-	b := make([]byte, len(v)*sd.Size())
-	for i, x := range v {
-		switch sd {
-		case safetensors.F32:
-			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-		case safetensors.BF16:
-			binary.LittleEndian.PutUint16(b[2*i:], numfmt.F32ToBF16(x))
-		case safetensors.F16:
-			binary.LittleEndian.PutUint16(b[2*i:], f32ToF16(x))
-		}
-	}
-	return b
-}
-
-// f32ToF16 truncates to f16 (the test only needs some f16 values,
-// subnormal and normal, not a rounding rule).
-func f32ToF16(x float32) uint16 {
-	u := math.Float32bits(x)
-	sign := uint16(u>>16) & 0x8000
-	e := int(u>>23&0xff) - 127
-	switch {
-	case x != x:
-		return sign | 0x7e00
-	case e > 15:
-		return sign | 0x7c00
-	case e < -24:
-		return sign
-	case e < -14:
-		return sign | uint16(((u&0x7fffff)|0x800000)>>uint(-e-14+13))
-	}
-	return sign | uint16(e+15)<<10 | uint16(u>>13&0x3ff)
-}
-
-// TestDequantFP8Rows checks moe_dequant_fp8_rows against its CPU twin bit
-// for bit: every e4m3 code (zeros, -0, subnormals, +-448, the NaN codes
-// 0x7f and 0xff, which must come out NaN) times scales of every dtype
-// that give bf16 ties, subnormal and overflowing products, on whole
-// (cols % 8 == 0, several blocks a row) and ragged rows, per channel, per
-// tensor and per half of a fused gate-up stack, whole and from a first
-// row in the middle of a run.
-func TestDequantFP8Rows(t *testing.T) {
-	dev := testDevice(t)
-	r := rand.New(rand.NewPCG(29, 30))
-	cases := []struct{ rows, cols, rowsPerScale int }{
-		{37, 1000, 1}, {12, 4104, 1}, {5, 7, 1}, {9, 2053, 1}, // per channel
-		{6, 96, 6}, {3, 13, 3}, // per tensor
-		{8, 64, 4}, {12, 2056, 3}, // per tensor, gate-up stacks [E, 2, 1]
-	}
-	for _, sd := range []safetensors.DType{safetensors.F32, safetensors.BF16, safetensors.F16} {
-		dsd, err := kernels.DequantScaleOf(sd)
+	}()
+	up := func(b []byte) (cuda.DevicePtr, error) {
+		d, err := cuda.FromHost(dev, b)
 		if err != nil {
-			t.Fatal(err)
+			return 0, err
 		}
-		for _, c := range cases {
-			t.Run(fmt.Sprintf("%s/%dx%d/%d", sd, c.rows, c.cols, c.rowsPerScale), func(t *testing.T) {
-				rows, cols := c.rows, c.cols
-				q := make([]byte, rows*cols)
-				for i := range q {
-					q[i] = byte(r.IntN(256))
-				}
-				for i := range min(cols, 256) {
-					q[i] = byte(i) // row 0: every code
-				}
-				q[cols-1], q[len(q)-1] = 0x7f, 0xff
-				ns := rows / c.rowsPerScale
-				sv := make([]float32, ns)
-				special := []float32{
-					1 + 1.0/256,                 // a tie: 1.0 * s lies halfway between two bf16 values
-					1 + 3.0/256,                 // a tie the other way
-					float32(math.Ldexp(1, -14)), // with f32 scales: subnormal f32 products (e4m3 2^-9 * 2^-14 is normal; F16 subnormal scales below)
-					float32(math.Ldexp(1, -20)),
-					-0.0,
-					0,
-					65504,      // f16 max: 448 * 65504 is finite in bf16
-					1.5e36,     // f32 and bf16: the products overflow bf16 to inf
-					-3.0 / 128, // negative
-				}
-				for i := range sv {
-					sv[i] = float32(math.Ldexp(r.Float64()+0.5, r.IntN(20)-14))
-					if i < len(special) {
-						sv[i] = special[i]
-					}
-				}
-				if sd == safetensors.F32 && ns > 2 {
-					sv[2] = float32(math.Ldexp(1.375, -135)) // f32 subnormal products
-				}
-				if sd == safetensors.F32 && ns > 3 {
-					sv[3] = math.Float32frombits(0x3f808000) // 1 + 2^-8 exactly, ties at every code
-				}
-				sb := dequantScales(sv, sd)
-				want := dequantTwin(t, q, rows, cols, sb, sd, c.rowsPerScale)
+		bufs = append(bufs, d)
+		return d.Ptr(), nil
+	}
+	out, err := cuda.FromHost(dev, poison)
+	if err != nil {
+		return nil, err
+	}
+	bufs = append(bufs, out)
+	dq, err := up(raw)
+	if err != nil {
+		return nil, err
+	}
+	ds, err := up(scale)
+	if err != nil {
+		return nil, err
+	}
+	rb, sb := len(raw)/rows, len(scale)/rows // bytes a row (per-tensor scales: unused)
+	sc, _ := f.Scale()
+	switch q := f.Quantization(); q {
+	case weightfmt.QuantFP8Channel, weightfmt.QuantFP8Tensor:
+		sd, err := kernels.DequantScaleOf(sc.DType)
+		if err != nil {
+			return nil, err
+		}
+		rowsPerScale := 1
+		if q == weightfmt.QuantFP8Tensor {
+			rowsPerScale = runRows
+		}
+		qm := kernels.Mat{DType: kernels.MatFP8, Ptr: dq.Add(from * rb), Len: n * cols}
+		if err := kernels.DequantFP8Rows(dev, 0, qm, n, cols, ds, rows/rowsPerScale, sd, rowsPerScale, from, kernels.BF16Mat(out)); err != nil {
+			return nil, err
+		}
+	default:
+		p, err := kernels.Packed4Of(f)
+		if err != nil {
+			return nil, err
+		}
+		p.Rows, p.Cols = n, cols
+		p.Q, p.QBytes = dq.Add(from*rb), n*rb
+		p.Scale, p.ScaleBytes = ds.Add(from*sb), n*sb
+		if global != nil {
+			dg, err := up(global)
+			if err != nil {
+				return nil, err
+			}
+			p.Global, p.GlobalLen, p.RowsPerGlobal, p.Row0 = dg, len(global)/4, runRows, from
+		}
+		if err := kernels.Dequant4Rows(dev, 0, p, kernels.BF16Mat(out)); err != nil {
+			return nil, err
+		}
+	}
+	return out.ToHost(-1)
+}
 
-				dq := toDevice(t, dev, q)
-				ds := toDevice(t, dev, sb)
-				out := toDevice(t, dev, make([]uint16, rows*cols))
-				if err := kernels.DequantFP8Rows(dev, 0, kernels.FP8Mat(dq), rows, cols, ds.Ptr(), ns, dsd, c.rowsPerScale, 0, kernels.BF16Mat(out)); err != nil {
+// gpuDecoder is the device decoders (DequantFP8Rows, Dequant4Rows) under
+// the weight-decode conformance suite. Each weight is decoded whole, and
+// again from a row in the middle, which must give the same bits: a
+// difference is kept in chunks, which the test reports (the suite's
+// Decoder has no test to fail).
+type gpuDecoder struct {
+	dev    *cuda.Device
+	chunks *[]string
+}
+
+func (gpuDecoder) Output() safetensors.DType { return safetensors.BF16 }
+
+func (d gpuDecoder) Decode(w weightfmttest.Weight) ([]float32, error) {
+	whole, err := gpuDecode(d.dev, w.Format, w.Rows, w.Cols, w.Rows, 0, w.Raw, w.Scale, w.Global)
+	if err != nil {
+		return nil, err
+	}
+	if split := w.Rows/2 + 1; split < w.Rows {
+		part, err := gpuDecode(d.dev, w.Format, w.Rows, w.Cols, w.Rows, split, w.Raw, w.Scale, w.Global)
+		if err != nil {
+			return nil, err
+		}
+		if i := diffBF16(part, whole[split*w.Cols:]); i >= 0 {
+			*d.chunks = append(*d.chunks, fmt.Sprintf("%s %dx%d from row %d: [%d] is 0x%04x, decoded whole 0x%04x",
+				w.Format, w.Rows, w.Cols, split, split*w.Cols+i, part[i], whole[split*w.Cols+i]))
+		}
+	}
+	return widenBF16(whole), nil
+}
+
+// TestDequantConformance runs the weight-decode conformance suite on the
+// device decoders: FP8 per channel and per tensor (DequantFP8Rows), INT4,
+// MXFP4 and NVFP4 (Dequant4Rows).
+func TestDequantConformance(t *testing.T) {
+	dev := testDevice(t)
+	var chunks []string
+	d := gpuDecoder{dev, &chunks}
+	t.Run("fp8-scaled", func(t *testing.T) { weightfmttest.TestFP8Scaled(t, d) })
+	t.Run("int4-pack", func(t *testing.T) { weightfmttest.TestInt4Pack(t, d) })
+	t.Run("mxfp4", func(t *testing.T) { weightfmttest.TestMXFP4(t, d) })
+	t.Run("nvfp4", func(t *testing.T) { weightfmttest.TestNVFP4(t, d) })
+	for _, c := range chunks {
+		t.Error("decoded from a middle row: " + c)
+	}
+}
+
+// TestDequantStacksConformance: a loader decodes a stack of weights (the
+// experts of a bank, or the two halves of a gate-up stack), each with its
+// own per-tensor scale, in one launch. The suite's FP8 per-tensor and
+// NVFP4 weights of one format and shape are stacked three at a time and
+// decoded in one launch, and again from a row inside the second, to each
+// weight's values.
+func TestDequantStacksConformance(t *testing.T) {
+	dev := testDevice(t)
+	groups := map[string][]weightfmttest.Case{}
+	var keys []string
+	for _, c := range append(weightfmttest.FP8ScaledCases(), weightfmttest.NVFP4Cases()...) {
+		w := c.Weight
+		if _, global := weightfmt.GlobalOf(w.Format); !global && w.Format.Quantization() != weightfmt.QuantFP8Tensor {
+			continue
+		}
+		sc, _ := w.Format.Scale()
+		key := fmt.Sprintf("%s/%s/%dx%d", w.Format, sc.DType, w.Rows, w.Cols)
+		if groups[key] == nil {
+			keys = append(keys, key)
+		}
+		groups[key] = append(groups[key], c)
+	}
+	stacks := 0
+	for _, key := range keys {
+		cs := groups[key]
+		for len(cs) >= 2 {
+			stacks++
+			stack := cs[:min(3, len(cs))]
+			cs = cs[len(stack):]
+			w0 := stack[0].Weight
+			var raw, scale, global []byte
+			for _, c := range stack {
+				raw, scale, global = append(raw, c.Weight.Raw...), append(scale, c.Weight.Scale...), append(global, c.Weight.Global...)
+			}
+			if w0.Global == nil {
+				global = nil
+			}
+			rows, n := len(stack)*w0.Rows, w0.Rows*w0.Cols
+			t.Run(fmt.Sprintf("%s/%d", key, len(stack)), func(t *testing.T) {
+				got, err := gpuDecode(dev, w0.Format, rows, w0.Cols, w0.Rows, 0, raw, scale, global)
+				if err != nil {
 					t.Fatal(err)
 				}
-				// The loader decodes in row chunks: rows [split, rows) again,
-				// from a first row that need not start a run of a scale.
-				if split := rows/2 + 1; split < rows {
-					n := (rows - split) * cols
-					part := toDevice(t, dev, make([]uint16, n))
-					qm := kernels.Mat{DType: kernels.MatFP8, Ptr: dq.Ptr().Add(split * cols), Len: n}
-					if err := kernels.DequantFP8Rows(dev, 0, qm, rows-split, cols, ds.Ptr(), ns, dsd, c.rowsPerScale, split, kernels.BF16Mat(part)); err != nil {
-						t.Fatal(err)
-					}
-					sameBF16(t, fromDevice(t, part), want[split*cols:], func(i int) string { return fmt.Sprintf("from row %d: [%d]", split, split*cols+i) })
+				for k, c := range stack {
+					weightfmttest.Check(t, c, safetensors.BF16, widenBF16(got[k*n:(k+1)*n]))
 				}
-				nans := sameBF16(t, fromDevice(t, out), want, func(i int) string {
-					return fmt.Sprintf("[%d, %d] code 0x%02x scale %g", i/cols, i%cols, q[i], sv[i/cols/c.rowsPerScale])
-				})
-				if nans < 2 {
-					t.Fatalf("only %d NaN outputs, want at least the two NaN codes planted", nans)
+				from := w0.Rows + w0.Rows/2
+				part, err := gpuDecode(dev, w0.Format, rows, w0.Cols, w0.Rows, from, raw, scale, global)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if i := diffBF16(part, got[from*w0.Cols:]); i >= 0 {
+					t.Errorf("from row %d: [%d] is 0x%04x, decoded whole 0x%04x", from, from*w0.Cols+i, part[i], got[from*w0.Cols+i])
 				}
 			})
 		}
 	}
+	if stacks == 0 {
+		t.Fatal("the suite has no per-tensor weights of one shape to stack")
+	}
+}
+
+// widenBF16 is bf16 values as float32.
+func widenBF16(h []uint16) []float32 {
+	v := make([]float32, len(h))
+	for i, x := range h {
+		v[i] = math.Float32frombits(uint32(x) << 16)
+	}
+	return v
+}
+
+// diffBF16 is the index of the first value of got that is not want bit
+// for bit, a NaN matching any NaN (the device's payloads differ from
+// Go's); -1 when none differs.
+func diffBF16(got, want []uint16) int {
+	isNaN := func(v uint16) bool { return v&0x7fff > 0x7f80 }
+	if len(got) != len(want) {
+		return min(len(got), len(want))
+	}
+	for i, w := range want {
+		if g := got[i]; g != w && !(isNaN(w) && isNaN(g)) {
+			return i
+		}
+	}
+	return -1
+}
+
+// bf16Bytes encodes values as bf16 scales.
+func bf16Bytes(v []float32) []byte {
+	b := make([]byte, 2*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint16(b[2*i:], numfmt.F32ToBF16(x))
+	}
+	return b
 }
 
 // TestDequantFP8RowsRefuses: shape and argument errors come back before
@@ -233,7 +281,7 @@ func TestDequantFP8RowsTiming(t *testing.T) {
 	dev := benchDevice(t, "MOEPREP_BENCH_DEQUANT", "the FP8 decode")
 	const rows, cols = 32768, 2048
 	q, out, out2 := scratch[uint8](t, dev, rows*cols), scratch[uint16](t, dev, rows*cols), scratch[uint16](t, dev, rows*cols)
-	sc := toDevice(t, dev, dequantScales(make([]float32, rows), safetensors.BF16))
+	sc := toDevice(t, dev, bf16Bytes(make([]float32, rows)))
 	dq := rtTimeUs(t, dev, 20, func(c *cuda.Ctx) error {
 		return kernels.DequantFP8RowsCtx(c, 0, kernels.FP8Mat(q), rows, cols, sc.Ptr(), rows, kernels.DequantScaleBF16, 1, 0, kernels.BF16Mat(out))
 	})
@@ -241,182 +289,6 @@ func TestDequantFP8RowsTiming(t *testing.T) {
 	cp16 := rtTimeUs(t, dev, 20, func(c *cuda.Ctx) error { return c.CopyDtoD(out2.Ptr(), out.Ptr(), 2*rows*cols) })
 	t.Logf("bench dequant %dx%d e4m3->bf16: %.1f us (%.0f GB/s read+write); DtoD copy of the fp8 bytes (64 MiB) %.1f us (%.0f GB/s), of the bf16 bytes (128 MiB) %.1f us (%.0f GB/s)",
 		rows, cols, dq, gbs(3*rows*cols, dq), cp8, gbs(2*rows*cols, cp8), cp16, gbs(4*rows*cols, cp16))
-}
-
-// dequant4Case is one 4-bit weight of TestDequant4Rows: format f, rows x
-// cols, and for NVFP4 one global scale per rowsPerGlobal rows (a stack of
-// experts, or of gate-up halves).
-type dequant4Case struct {
-	f             weightfmt.Format
-	rows, cols    int
-	rowsPerGlobal int
-}
-
-// dequant4Twin is Dequant4Rows on the CPU: the format's Dequantise (or
-// DequantiseGlobal, per run of rowsPerGlobal rows with its global scale)
-// over raw packed rows and their scale grid, then numfmt.F32ToBF16.
-func dequant4Twin(t *testing.T, c dequant4Case, q, scale, global []byte) []uint16 {
-	t.Helper()
-	f := make([]float32, c.rows*c.cols)
-	rb, sb := len(q)/c.rows, len(scale)/c.rows // bytes a row
-	run := c.rows
-	if global != nil {
-		run = c.rowsPerGlobal
-	}
-	for r0 := 0; r0 < c.rows; r0 += run {
-		var g []byte
-		if global != nil {
-			g = global[4*(r0/run) : 4*(r0/run)+4]
-		}
-		if err := weightfmt.DequantiseWeight(c.f, q[r0*rb:(r0+run)*rb], run, c.cols, scale[r0*sb:(r0+run)*sb], g, f[r0*c.cols:(r0+run)*c.cols]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	out := make([]uint16, len(f))
-	for i, v := range f {
-		out[i] = numfmt.F32ToBF16(v)
-	}
-	return out
-}
-
-// dequant4Cases: INT4 with every scale dtype, groups that hold whole words,
-// one that splits them (12), one scale a row (group 0, ragged rows with a
-// partial last word); MXFP4; NVFP4 of both producers, one global per
-// weight, per expert of a stack and per half of a gate-up stack.
-func dequant4Cases() []dequant4Case {
-	var cs []dequant4Case
-	for _, sd := range []safetensors.DType{safetensors.F32, safetensors.BF16, safetensors.F16} {
-		for _, c := range []struct{ rows, cols, group int }{
-			{37, 1024, 32}, {12, 4104, 8}, {8, 4224, 128}, {6, 96, 12}, {3, 40, 40}, {5, 7, 0}, {9, 2053, 0},
-		} {
-			cs = append(cs, dequant4Case{weightfmt.Int4Pack(int64(c.group), sd), c.rows, c.cols, 0})
-		}
-	}
-	mx := weightfmt.MXFP4(weightfmt.NamingGptOss, safetensors.U8, safetensors.U8)
-	for _, c := range [][2]int{{37, 1024}, {3, 32}, {9, 2080}} {
-		cs = append(cs, dequant4Case{mx, c[0], c[1], 0})
-	}
-	for _, f := range []weightfmt.Format{weightfmt.NVFP4ModelOpt(), weightfmt.NVFP4CT()} {
-		for _, c := range [][3]int{{37, 1024, 37}, {12, 2064, 4}, {8, 16, 2}} {
-			cs = append(cs, dequant4Case{f, c[0], c[1], c[2]})
-		}
-	}
-	return cs
-}
-
-// dequant4Inputs draws a case's packed rows (row 0: the bytes 0, 1, 2, ...,
-// every nibble pair), its scale grid and its global scales (nil: none):
-// INT4 scales of every dtype at ties, subnormal, zero, -0, Inf, huge and
-// random magnitudes; every E8M0 and E4M3 scale code in order (0xff and
-// 0x7f NaN; E8M0 0 the subnormal 2^-127); globals of 1, 1 + 2^-8 (ties),
-// 2^-130 (subnormal block scales), 3e35 (products overflow) and random.
-// The last scale is always a NaN, so every case checks NaN propagation.
-func dequant4Inputs(r *rand.Rand, c dequant4Case, p kernels.Packed4) (q, scale, global []byte) {
-	rb := 4 * kernels.CeilDiv(c.cols, 8)
-	q = make([]byte, c.rows*rb)
-	for i := range q {
-		q[i] = byte(r.IntN(256))
-	}
-	for i := range min(rb, 256) {
-		q[i] = byte(i)
-	}
-	g := p.Group
-	if g == 0 {
-		g = c.cols
-	}
-	n := c.rows * (c.cols / g)
-	if p.Kind == kernels.Packed4Int4 {
-		sd, _ := c.f.Scale()
-		sv := make([]float32, n)
-		special := []float32{1 + 1.0/256, 1 + 3.0/256, float32(math.Ldexp(1, -140)), 0, float32(math.Copysign(0, -1)),
-			float32(math.Inf(1)), 1e38, -3.0 / 128, 65504}
-		for i := range sv {
-			sv[i] = float32(math.Ldexp(r.Float64()+0.5, r.IntN(24)-16))
-			if i < len(special) {
-				sv[i] = special[i]
-			}
-		}
-		sv[n-1] = float32(math.NaN())
-		return q, dequantScales(sv, sd.DType), nil
-	}
-	scale = make([]byte, n)
-	for i := range scale {
-		scale[i] = byte(i)
-		if i >= 256 {
-			scale[i] = byte(100 + r.IntN(50))
-		}
-	}
-	if p.Kind == kernels.Packed4MXFP4 {
-		scale[n-1] = 0xff
-		return q, scale, nil
-	}
-	scale[n-1] = 0x7f
-	gv := []float32{1, math.Float32frombits(0x3f808000), float32(math.Ldexp(1, -130)), 3e35}
-	global = make([]byte, 4*(c.rows/c.rowsPerGlobal))
-	for i := range len(global) / 4 {
-		v := float32(math.Ldexp(r.Float64()+0.5, r.IntN(16)-8))
-		if i < len(gv) {
-			v = gv[i]
-		}
-		binary.LittleEndian.PutUint32(global[4*i:], math.Float32bits(v))
-	}
-	return q, scale, global
-}
-
-// TestDequant4Rows checks moe_dequant_{int4,mxfp4,nvfp4}_rows against
-// their CPU twin bit for bit on dequant4Cases, whole and again from a first
-// row in the middle (the loader's chunks: pointers into the packed rows
-// and the scale grid, Row0 into the global scales), with the output
-// poisoned so that an element left unwritten fails.
-func TestDequant4Rows(t *testing.T) {
-	dev := testDevice(t)
-	r := rand.New(rand.NewPCG(29, 31))
-	for _, c := range dequant4Cases() {
-		sc, _ := c.f.Scale()
-		t.Run(fmt.Sprintf("%s/%s/%dx%d/g%d", c.f.Quantization(), sc.DType, c.rows, c.cols, sc.Block[1]), func(t *testing.T) {
-			p, err := kernels.Packed4Of(c.f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			q, scale, global := dequant4Inputs(r, c, p)
-			want := dequant4Twin(t, c, q, scale, global)
-			dq, ds := toDevice(t, dev, q), toDevice(t, dev, scale)
-			p.Rows, p.Cols, p.Q, p.QBytes, p.Scale, p.ScaleBytes = c.rows, c.cols, dq.Ptr(), len(q), ds.Ptr(), len(scale)
-			if global != nil {
-				dg := toDevice(t, dev, global)
-				p.Global, p.GlobalLen, p.RowsPerGlobal = dg.Ptr(), len(global)/4, c.rowsPerGlobal
-			}
-			poison := make([]uint16, c.rows*c.cols)
-			for i := range poison {
-				poison[i] = 0x1234
-			}
-			out := toDevice(t, dev, poison)
-			if err := kernels.Dequant4Rows(dev, 0, p, kernels.BF16Mat(out)); err != nil {
-				t.Fatal(err)
-			}
-			nans := sameBF16(t, fromDevice(t, out), want, func(i int) string {
-				row, col := i/c.cols, i%c.cols
-				return fmt.Sprintf("[%d, %d] nibble %d", row, col, q[row*len(q)/c.rows+col/2]>>(4*(col%2))&15)
-			})
-			if nans == 0 {
-				t.Fatal("no NaN output, want the planted NaN scale's")
-			}
-			split := c.rows/2 + 1
-			rb, sb := len(q)/c.rows, len(scale)/c.rows
-			part := toDevice(t, dev, poison[:(c.rows-split)*c.cols])
-			pp := p
-			pp.Rows, pp.Row0 = c.rows-split, split
-			pp.Q, pp.QBytes = dq.Ptr().Add(split*rb), (c.rows-split)*rb
-			pp.Scale, pp.ScaleBytes = ds.Ptr().Add(split*sb), (c.rows-split)*sb
-			if global == nil {
-				pp.Row0 = 0
-			}
-			if err := kernels.Dequant4Rows(dev, 0, pp, kernels.BF16Mat(part)); err != nil {
-				t.Fatal(err)
-			}
-			sameBF16(t, fromDevice(t, part), want[split*c.cols:], func(i int) string { return fmt.Sprintf("from row %d: [%d]", split, split*c.cols+i) })
-		})
-	}
 }
 
 // TestPacked4Of: each 4-bit format maps to its decoder, group and scale
@@ -516,7 +388,7 @@ func TestDequant4RowsTiming(t *testing.T) {
 		var sb []byte
 		switch p.Kind {
 		case kernels.Packed4Int4:
-			sb = dequantScales(randn(r, rows*cols/32, 0.01), safetensors.BF16)
+			sb = bf16Bytes(randn(r, rows*cols/32, 0.01))
 		case kernels.Packed4MXFP4:
 			sb = rnd(rows*cols/32, 110, 30)
 		default:

@@ -62,7 +62,9 @@
 // value in float64 and whether its source values are finite, so that
 // DequantRows refuses a value past float32 instead of writing an
 // infinity; TestEveryScaledFormatDequantisesExactly fails without it),
-// and its tests. Convert's
+// its tests, and its cases in the decode conformance suite
+// (weightfmttest/cases.go: its rule written from the format's definition,
+// which every decoder of it runs). Convert's
 // planner and the byte proof (validate/byteproof/bytes.go) then stack, slice,
 // prove and fold it as they ask; family/check.go checks its weights and
 // scale tensors in a source checkpoint from the plan's Format (and Scaled

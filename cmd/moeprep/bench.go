@@ -15,8 +15,6 @@ import (
 // schemaBench is bench kernels' JSON document (SCHEMAS.md).
 const schemaBench = schemaPrefix + "bench-kernels/v1"
 
-func init() { extraCommands = append(extraCommands, newBenchCmd) }
-
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",

@@ -17,8 +17,6 @@ import (
 	"github.com/moeprep/moeprep/safetensors"
 )
 
-func init() { extraCommands = append(extraCommands, newConvertCmd, newFuseSharedCmd) }
-
 // convertFlags are the flags convert and fuse-shared share.
 type convertFlags struct {
 	layout, maxShard string

@@ -13,8 +13,6 @@ import (
 	"github.com/moeprep/moeprep/layout"
 )
 
-func init() { extraCommands = append(extraCommands, newDemoCmd) }
-
 func newDemoCmd() *cobra.Command {
 	var (
 		tp     int

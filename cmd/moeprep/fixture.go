@@ -6,14 +6,13 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/internal/progress"
 )
-
-func init() { extraCommands = append(extraCommands, newFixtureCmd) }
 
 func newFixtureCmd() *cobra.Command {
 	cmd := &cobra.Command{
@@ -24,138 +23,59 @@ func newFixtureCmd() *cobra.Command {
 	return cmd
 }
 
+// synthDType is one value --dtype takes and what it writes.
+type synthDType struct{ name, what string }
+
+// synthDTypeTable is every value fixtures.SynthSpec.Normalize takes for
+// DType, in the order --dtype's help and completion list them: the long
+// help's table and the flag's line are both made from it, so neither can
+// name fewer dtypes than synth writes.
+var synthDTypeTable = []synthDType{
+	{"bf16", "plain weights (the default)"},
+	{"f16", "plain weights"},
+	{"f32", "plain weights"},
+	{"fp8", "FP8 E4M3 with 128x128 block scales (see --scale-fmt)"},
+	{fixtures.DTypeFP8Channel, "FP8 E4M3, a BF16 scale per output row (compressed-tensors)"},
+	{fixtures.DTypeFP8Tensor, "FP8 E4M3, one F32 scale per weight"},
+	{fixtures.DTypeInt4Pack, "routed experts INT4, eight to an I32 word (compressed-tensors)"},
+	{fixtures.DTypeNVFP4, "routed and shared experts NVFP4 (ModelOpt)"},
+	{fixtures.DTypeNVFP4CT, "every Linear but the head and routers NVFP4 (compressed-tensors)"},
+	{fixtures.DTypeNVFP4Mixed, "experts NVFP4, attention and dense MLPs FP8 per tensor (ModelOpt)"},
+	{fixtures.DTypeMXFP4, "gpt_oss only: experts MXFP4, stacked as gpt-oss ships them"},
+	{fixtures.DTypeMXFP4CT, "routed and shared experts MXFP4 (compressed-tensors)"},
+	{fixtures.DTypeFP4Experts, "deepseek_v4 only: routed experts MXFP4, the rest FP8, as released"},
+}
+
 // synthDTypes are --dtype's values.
-var synthDTypes = []string{"bf16", "f16", "f32", "fp8", fixtures.DTypeFP8Channel, fixtures.DTypeFP8Tensor, fixtures.DTypeInt4Pack, fixtures.DTypeNVFP4, fixtures.DTypeNVFP4CT, fixtures.DTypeNVFP4Mixed, fixtures.DTypeMXFP4, fixtures.DTypeMXFP4CT, fixtures.DTypeFP4Experts}
-
-func newFixtureSynthCmd() *cobra.Command {
-	var (
-		preset, maxShard     string
-		quiet, force, asJSON bool
-		s                    fixtures.SynthSpec
-	)
-	cmd := &cobra.Command{
-		Use:   "synth DIR (--preset NAME | --family MODEL_TYPE)",
-		Short: "Write a deterministic synthetic hub-layout MoE checkpoint of any supported family",
-		Long: `synth writes a synthetic checkpoint of any model type moeprep supports, at any
-size: config.json, safetensors shards with their index, and random non-zero
-weights drawn deterministically from --seed (the same flags always give
-byte-identical files) in bf16, f16, f32 or FP8 E4M3 with 128x128 block scales,
-with each family's own tensor names, stacked layouts, biases, shared experts and
-hash-routing tables. Memory stays constant whatever the size.
-
-Model types (--family):
-  ` + wrapList(fixtures.Families(), 78, "  ") + `
-
-Experts stacked on disk (bf16, f16 or f32 only, as moeprep reads them):
-  ` + wrapList(fixtures.StackedFamilies(), 78, "  ") + `
-
-Start from a --preset and override any field with its flag. Presets:
-  ` + wrapList(fixtures.PresetNames(), 78, "  ") + `
-
---dense-layers N makes the first N layers dense; for Jamba and Llama 4 every
-(N+1)-th layer from layer N is MoE instead (N = 1: every other layer).
-
-The checkpoint is written in DIR.partial and renamed to DIR when complete: an
-interrupted run leaves nothing at DIR, and a rerun replaces a DIR.partial that
-synth left. DIR may be new or empty; --force replaces a DIR that synth wrote
-(its ` + fixtures.SummaryFile + ` lists every file, and records the spec). A DIR
-holding anything else is refused and never deleted.`,
-		Example: `  moeprep fixture synth --preset tiny-deepseek-v3 /tmp/ds
-  moeprep fixture synth --preset glm4-moe-shaped --num-layers 4 /data/glm-synth
-  moeprep fixture synth --preset gpt-oss-shaped --max-shard-size 2GB /data/gpt-oss-synth
-  moeprep fixture synth --family deepseek_v4 --hash-layers 1 --experts 32 --top-k 4 /tmp/v4
-  moeprep fixture synth --family mixtral --experts 8 --hidden 256 --intermediate 512 --json /tmp/mx`,
-		Args: exactArgs(1, "one output directory"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			spec := fixtures.SynthSpec{}
-			if preset != "" {
-				p, err := fixtures.PresetSpec(preset)
-				if err != nil {
-					return fmt.Errorf("--preset: %w", err)
-				}
-				spec = p
-			}
-			f := cmd.Flags()
-			changed := func(names ...string) bool {
-				for _, n := range names {
-					if f.Changed(n) {
-						return true
-					}
-				}
-				return false
-			}
-			// The flags bound to s override the preset only where given.
-			set := func(dst, src any, names ...string) {
-				if !changed(names...) {
-					return
-				}
-				switch d := dst.(type) {
-				case *int:
-					*d = *src.(*int)
-				case *string:
-					*d = *src.(*string)
-				case *float64:
-					*d = *src.(*float64)
-				case *uint64:
-					*d = *src.(*uint64)
-				}
-			}
-			set(&spec.Family, &s.Family, "family")
-			set(&spec.Layers, &s.Layers, "num-layers", "layers")
-			set(&spec.DenseLayers, &s.DenseLayers, "dense-layers")
-			set(&spec.MTPLayers, &s.MTPLayers, "mtp-layers")
-			set(&spec.HashLayers, &s.HashLayers, "hash-layers")
-			set(&spec.Hidden, &s.Hidden, "hidden")
-			set(&spec.Intermediate, &s.Intermediate, "intermediate")
-			set(&spec.DenseIntermediate, &s.DenseIntermediate, "dense-intermediate")
-			set(&spec.SharedIntermediate, &s.SharedIntermediate, "shared-intermediate")
-			set(&spec.Experts, &s.Experts, "experts")
-			set(&spec.SharedExperts, &s.SharedExperts, "shared-experts")
-			set(&spec.TopK, &s.TopK, "top-k")
-			set(&spec.NGroup, &s.NGroup, "n-group")
-			set(&spec.TopKGroup, &s.TopKGroup, "topk-group")
-			set(&spec.Vocab, &s.Vocab, "vocab")
-			set(&spec.DType, &s.DType, "dtype")
-			set(&spec.ScaleFmt, &s.ScaleFmt, "scale-fmt")
-			set(&spec.SharedDType, &s.SharedDType, "shared-dtype")
-			set(&spec.Layout, &s.Layout, "layout")
-			set(&spec.BiasLike, &s.BiasLike, "bias-like")
-			set(&spec.RoutedScalingFactor, &s.RoutedScalingFactor, "rsf")
-			set(&spec.Seed, &s.Seed, "seed")
-			if changed("max-shard-size", "shard-size") {
-				n, err := convert.ParseSize(maxShard)
-				if err != nil {
-					return fmt.Errorf("--max-shard-size: %w", err)
-				}
-				spec.ShardSize = n
-			}
-			if spec.Family == "" {
-				return fmt.Errorf("give --preset or --family (one of %s)", strings.Join(fixtures.Families(), ", "))
-			}
-			spec, err := spec.Normalize()
-			if err != nil {
-				return err
-			}
-			total, err := spec.TotalBytes()
-			if err != nil {
-				return err
-			}
-			rep := progress.New(os.Stderr, "synth", quiet)
-			rep.Total(total)
-			sum, err := fixtures.Write(cmd.Context(), args[0], spec, fixtures.Options{Force: force, Progress: rep.Add})
-			rep.Done()
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), sum)
-			}
-			_, err = fmt.Fprintln(cmd.OutOrStdout(), synthLine(sum))
-			return err
-		},
+var synthDTypes = func() []string {
+	out := make([]string, len(synthDTypeTable))
+	for i, d := range synthDTypeTable {
+		out[i] = d.name
 	}
+	return out
+}()
+
+// synthDTypeHelp is the long help's table of --dtype's values.
+func synthDTypeHelp() string {
+	var b strings.Builder
+	for _, d := range synthDTypeTable {
+		fmt.Fprintf(&b, "\n  %-12s %s", d.name, d.what)
+	}
+	return b.String()
+}
+
+// synthFlags are fixture synth's flags. Those bound to spec override the
+// preset's fields only where given (options).
+type synthFlags struct {
+	preset, maxShard     string
+	quiet, force, asJSON bool
+	spec                 fixtures.SynthSpec
+}
+
+func (f *synthFlags) register(cmd *cobra.Command) {
+	s := &f.spec
 	fl := cmd.Flags()
-	fl.StringVar(&preset, "preset", "", "start from a preset (see above)")
+	fl.StringVar(&f.preset, "preset", "", "start from a preset (see above)")
 	fl.StringVar(&s.Family, "family", "", "config.json model_type to write (see above)")
 	fl.IntVar(&s.Layers, "num-layers", 0, "how many decoder layers: num_hidden_layers (default 2; MTP layers come on top)")
 	fl.IntVar(&s.Layers, "layers", 0, "")
@@ -179,11 +99,11 @@ holding anything else is refused and never deleted.`,
 	fl.StringVar(&s.SharedDType, "shared-dtype", "", "fp8-channel, fp8-tensor: bf16 leaves the shared expert unquantised, named in the ignore list (as int4-pack always does)")
 	fl.StringVar(&s.BiasLike, "bias-like", "", "correction bias values: deepseek (offset + tiny spread, the default) or random")
 	fl.Uint64Var(&s.Seed, "seed", 0, "random seed")
-	fl.StringVar(&maxShard, "max-shard-size", "", "largest shard, e.g. 5GB, 500MB, 2GiB (default: one file)")
-	fl.StringVar(&maxShard, "shard-size", "", "")
-	quietFlag(cmd, &quiet)
-	fl.BoolVarP(&force, "force", "f", false, "replace DIR if synth wrote it; anything else is refused")
-	fl.BoolVar(&asJSON, "json", false, "print the summary as JSON on stdout (schema "+fixtures.SummarySchema+", as DIR/"+fixtures.SummaryFile+")")
+	fl.StringVar(&f.maxShard, "max-shard-size", "", "largest shard, e.g. 5GB, 500MB, 2GiB (default: one file)")
+	fl.StringVar(&f.maxShard, "shard-size", "", "")
+	quietFlag(cmd, &f.quiet)
+	fl.BoolVarP(&f.force, "force", "f", false, "replace DIR if synth wrote it; anything else is refused")
+	fl.BoolVar(&f.asJSON, "json", false, "print the summary as JSON on stdout (schema "+fixtures.SummarySchema+", as DIR/"+fixtures.SummaryFile+")")
 	// The old names keep working, and say so.
 	_ = fl.MarkDeprecated("layers", "use --num-layers (--layers picks which layers elsewhere, as in validate)")
 	_ = fl.MarkDeprecated("shard-size", "use --max-shard-size")
@@ -207,6 +127,140 @@ holding anything else is refused and never deleted.`,
 	_ = cmd.RegisterFlagCompletionFunc("dtype", complete(func() []string { return synthDTypes }))
 	_ = cmd.RegisterFlagCompletionFunc("scale-fmt", complete(func() []string { return []string{"ue8m0"} }))
 	_ = cmd.RegisterFlagCompletionFunc("bias-like", complete(func() []string { return []string{"deepseek", "random"} }))
+}
+
+// options is the spec the flags ask for: the preset's, with each field
+// whose flag was given replaced by the flag's value, normalised.
+func (f *synthFlags) options(fl *pflag.FlagSet) (fixtures.SynthSpec, error) {
+	spec := fixtures.SynthSpec{}
+	if f.preset != "" {
+		p, err := fixtures.PresetSpec(f.preset)
+		if err != nil {
+			return spec, fmt.Errorf("--preset: %w", err)
+		}
+		spec = p
+	}
+	changed := func(names ...string) bool {
+		for _, n := range names {
+			if fl.Changed(n) {
+				return true
+			}
+		}
+		return false
+	}
+	s := &f.spec
+	set := func(dst, src any, names ...string) {
+		if !changed(names...) {
+			return
+		}
+		switch d := dst.(type) {
+		case *int:
+			*d = *src.(*int)
+		case *string:
+			*d = *src.(*string)
+		case *float64:
+			*d = *src.(*float64)
+		case *uint64:
+			*d = *src.(*uint64)
+		}
+	}
+	set(&spec.Family, &s.Family, "family")
+	set(&spec.Layers, &s.Layers, "num-layers", "layers")
+	set(&spec.DenseLayers, &s.DenseLayers, "dense-layers")
+	set(&spec.MTPLayers, &s.MTPLayers, "mtp-layers")
+	set(&spec.HashLayers, &s.HashLayers, "hash-layers")
+	set(&spec.Hidden, &s.Hidden, "hidden")
+	set(&spec.Intermediate, &s.Intermediate, "intermediate")
+	set(&spec.DenseIntermediate, &s.DenseIntermediate, "dense-intermediate")
+	set(&spec.SharedIntermediate, &s.SharedIntermediate, "shared-intermediate")
+	set(&spec.Experts, &s.Experts, "experts")
+	set(&spec.SharedExperts, &s.SharedExperts, "shared-experts")
+	set(&spec.TopK, &s.TopK, "top-k")
+	set(&spec.NGroup, &s.NGroup, "n-group")
+	set(&spec.TopKGroup, &s.TopKGroup, "topk-group")
+	set(&spec.Vocab, &s.Vocab, "vocab")
+	set(&spec.DType, &s.DType, "dtype")
+	set(&spec.ScaleFmt, &s.ScaleFmt, "scale-fmt")
+	set(&spec.SharedDType, &s.SharedDType, "shared-dtype")
+	set(&spec.Layout, &s.Layout, "layout")
+	set(&spec.BiasLike, &s.BiasLike, "bias-like")
+	set(&spec.RoutedScalingFactor, &s.RoutedScalingFactor, "rsf")
+	set(&spec.Seed, &s.Seed, "seed")
+	if changed("max-shard-size", "shard-size") {
+		n, err := convert.ParseSize(f.maxShard)
+		if err != nil {
+			return spec, fmt.Errorf("--max-shard-size: %w", err)
+		}
+		spec.ShardSize = n
+	}
+	if spec.Family == "" {
+		return spec, fmt.Errorf("give --preset or --family (one of %s)", strings.Join(fixtures.Families(), ", "))
+	}
+	return spec.Normalize()
+}
+
+func newFixtureSynthCmd() *cobra.Command {
+	var f synthFlags
+	cmd := &cobra.Command{
+		Use:   "synth DIR (--preset NAME | --family MODEL_TYPE)",
+		Short: "Write a deterministic synthetic hub-layout MoE checkpoint of any supported family",
+		Long: `synth writes a synthetic checkpoint of any model type moeprep supports, at any
+size: config.json, safetensors shards with their index, and random non-zero
+weights drawn deterministically from --seed (the same flags always give
+byte-identical files), with each family's own tensor names, stacked layouts,
+biases, shared experts and hash-routing tables. Memory stays constant whatever
+the size.
+
+Weights (--dtype):` + synthDTypeHelp() + `
+
+Model types (--family):
+  ` + wrapList(fixtures.Families(), 78, "  ") + `
+
+Experts stacked on disk (bf16, f16 or f32 only, as moeprep reads them; gpt_oss
+also mxfp4):
+  ` + wrapList(fixtures.StackedFamilies(), 78, "  ") + `
+
+Start from a --preset and override any field with its flag. Presets:
+  ` + wrapList(fixtures.PresetNames(), 78, "  ") + `
+
+--dense-layers N makes the first N layers dense; for Jamba and Llama 4 every
+(N+1)-th layer from layer N is MoE instead (N = 1: every other layer).
+
+The checkpoint is written in DIR.partial and renamed to DIR when complete: an
+interrupted run leaves nothing at DIR, and a rerun replaces a DIR.partial that
+synth left. DIR may be new or empty; --force replaces a DIR that synth wrote
+(its ` + fixtures.SummaryFile + ` lists every file, and records the spec). A DIR
+holding anything else is refused and never deleted.`,
+		Example: `  moeprep fixture synth --preset tiny-deepseek-v3 /tmp/ds
+  moeprep fixture synth --preset glm4-moe-shaped --num-layers 4 /data/glm-synth
+  moeprep fixture synth --preset gpt-oss-shaped --max-shard-size 2GB /data/gpt-oss-synth
+  moeprep fixture synth --family deepseek_v4 --hash-layers 1 --experts 32 --top-k 4 /tmp/v4
+  moeprep fixture synth --family mixtral --experts 8 --hidden 256 --intermediate 512 --json /tmp/mx`,
+		Args: exactArgs(1, "one output directory"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			spec, err := f.options(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			total, err := spec.TotalBytes()
+			if err != nil {
+				return err
+			}
+			rep := progress.New(os.Stderr, "synth", f.quiet)
+			rep.Total(total)
+			sum, err := fixtures.Write(cmd.Context(), args[0], spec, fixtures.Options{Force: f.force, Progress: rep.Add})
+			rep.Done()
+			if err != nil {
+				return err
+			}
+			if f.asJSON {
+				return writeJSON(cmd.OutOrStdout(), sum)
+			}
+			_, err = fmt.Fprintln(cmd.OutOrStdout(), synthLine(sum))
+			return err
+		},
+	}
+	f.register(cmd)
 	return cmd
 }
 

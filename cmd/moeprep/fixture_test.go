@@ -247,3 +247,41 @@ func TestFixtureSynthCompletion(t *testing.T) {
 		}
 	}
 }
+
+// --dtype's help names every dtype the spec takes, and no other: the list
+// the spec's own refusal gives is the independent statement.
+func TestFixtureSynthDTypeHelpComplete(t *testing.T) {
+	_, err := fixtures.SynthSpec{Family: "mixtral", DType: "no-such-dtype"}.Normalize()
+	if err == nil {
+		t.Fatal("an unknown dtype was accepted")
+	}
+	m := regexp.MustCompile(`want (.*)$`).FindStringSubmatch(err.Error())
+	if m == nil {
+		t.Fatalf("refusal %q lists no dtypes", err)
+	}
+	want := map[string]bool{}
+	for _, d := range strings.Split(strings.ReplaceAll(m[1], " or ", ", "), ", ") {
+		want[d] = true
+	}
+	got := map[string]bool{}
+	for _, d := range synthDTypes {
+		got[d] = true
+		if !want[d] {
+			t.Errorf("--dtype's help names %q, which the spec refuses", d)
+		}
+	}
+	for d := range want {
+		if !got[d] {
+			t.Errorf("--dtype's help leaves out %q, which the spec takes", d)
+		}
+	}
+	code, help, _ := runCLI(t, "fixture", "synth", "--help")
+	if code != 0 {
+		t.Fatalf("fixture synth --help: exit %d", code)
+	}
+	for _, d := range synthDTypes {
+		if !strings.Contains(help, "\n  "+d+" ") {
+			t.Errorf("the long help's table has no row for %q", d)
+		}
+	}
+}

@@ -74,10 +74,7 @@ malformed input, 130 interrupted (SIGINT), 143 terminated (SIGTERM).`,
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return fmt.Errorf("%s: %s (see '%s --help')", strings.TrimPrefix(c.CommandPath(), "moeprep "), cleanFlagError(err), c.CommandPath())
 	})
-	root.AddCommand(newVersionCmd(), newInspectCmd())
-	for _, add := range extraCommands {
-		root.AddCommand(add())
-	}
+	root.AddCommand(commands()...)
 	return root
 }
 
@@ -129,8 +126,22 @@ func wrapList(words []string, width int, indent string) string {
 	return b.String()
 }
 
-// extraCommands lets each command file register itself.
-var extraCommands []func() *cobra.Command
+// commands are moeprep's commands, every one of them in this one list: a
+// new command is a line here, not an init() in its own file whose place
+// depends on the file's name. The order is the order they are added to the
+// root; help lists them sorted by name whatever it is.
+func commands() []*cobra.Command {
+	return []*cobra.Command{
+		newVersionCmd(),
+		newInspectCmd(),
+		newBenchCmd(),
+		newConvertCmd(),
+		newFuseSharedCmd(),
+		newDemoCmd(),
+		newFixtureCmd(),
+		newValidateCmd(),
+	}
+}
 
 func newVersionCmd() *cobra.Command {
 	return &cobra.Command{

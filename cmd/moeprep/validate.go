@@ -13,8 +13,6 @@ import (
 	"github.com/moeprep/moeprep/validate"
 )
 
-func init() { extraCommands = append(extraCommands, newValidateCmd) }
-
 type validateFlags struct {
 	layers, golden, device     string
 	precision, cpuCheck        string
