@@ -130,7 +130,7 @@ func (d QuantDesc) nvfp4Experts() bool {
 		d.Groups[GroupExperts] == nv && (sh == "" || sh == nv)
 }
 
-// carriedFormats says which expert formats moeprep reads (README's format
+// carriedFormats says which expert formats moeprep reads (FORMATS.md's
 // table), for refusals of anything else.
 const carriedFormats = "moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
 

@@ -18,7 +18,7 @@ import (
 // adapters below, each case's buffers made and freed per call. The suite
 // compares with its own float64 references; the kernels' bit-for-bit
 // agreement with the CPU twins, where they have it, is checked beside
-// (TestFinalizeMatchesTwin, TestGroupedGEMMFP8).
+// (TestFinalizeMatchesTwin, TestGroupedGEMMFP8Decode).
 
 // devBufs frees the device buffers one adapter call made.
 type devBufs []interface{ Free() error }

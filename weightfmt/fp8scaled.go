@@ -23,7 +23,7 @@ const (
 // the dtype of the weight it observed (lifecycle/initialize.py:
 // scale_dtype = observed_dtype: BF16 for a bf16 model, F16 for a dtype
 // that is not a float), while ModelOpt's and quant_method "fp8" per-tensor
-// checkpoints store an F32 scalar (formats.md, llama.cpp's handling of
+// checkpoints store an F32 scalar (llama.cpp's handling of
 // ModelOpt's 1-D FP8 weight_scale; not checked against hub files here:
 // vLLM allocates every FP8 scale as float32 and casts whatever it loads,
 // so its loaders do not tell). Both occur, so Spec.ScaleDType says which;

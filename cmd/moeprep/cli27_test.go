@@ -88,14 +88,16 @@ func TestFuseSharedHelpMatchesBehaviour(t *testing.T) {
 	}
 }
 
-// README's table of supported model types is the registry's.
-func TestReadmeListsEveryModelType(t *testing.T) {
-	b := testkit.ReadFile(t, "../../README.md")
-	readme := string(b)
+// MODELS.md's table of supported model types (README's link for them) and
+// the help list every model type of the registry; family's
+// TestModelsDocMatchesRegistry holds the table to it row by row.
+func TestModelsDocListsEveryModelType(t *testing.T) {
+	b := testkit.ReadFile(t, "../../MODELS.md")
+	models := string(b)
 	types := slices.Concat(family.SupportedModelTypes(), family.SupportedWrappers())
 	for _, mt := range types {
-		if !strings.Contains(readme, "`"+mt+"`") {
-			t.Errorf("README.md does not list model type %s", mt)
+		if !strings.Contains(models, "`"+mt+"`") {
+			t.Errorf("MODELS.md does not list model type %s", mt)
 		}
 	}
 	_, help, _ := runCLI(t, "--help")
