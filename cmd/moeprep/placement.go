@@ -10,8 +10,6 @@ import (
 	"github.com/moeprep/moeprep/placement"
 )
 
-func init() { extraCommands = append(extraCommands, newPlacementCmd) }
-
 func newPlacementCmd() *cobra.Command {
 	var (
 		s              placement.Spec

@@ -140,6 +140,7 @@ func commands() []*cobra.Command {
 		newDemoCmd(),
 		newFixtureCmd(),
 		newValidateCmd(),
+		newPlacementCmd(),
 	}
 }
 
