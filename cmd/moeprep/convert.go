@@ -28,6 +28,7 @@ type convertFlags struct {
 	dryRun           bool
 	bufferedIO       bool
 	quiet            bool
+	revision         string
 	report           reportFlags
 }
 
@@ -39,6 +40,7 @@ const (
 
 func (f *convertFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
+	revisionFlag(cmd, &f.revision)
 	fl.StringVar(&f.layout, "layout", "stacked", "expert layout: stacked (all_gate/all_up [E,I,H], all_down [E,H,I]), gate-up (gate_up_proj [E,2I,H], gate rows first) or up-gate (up rows first); ungated experts (Nemotron-H) are stacked only, all_up and all_down")
 	fl.StringVar(&f.orientation, "orientation", string(layout.OutIn), "each expert matrix in the stacks: out-in ([out,in] as nn.Linear holds it: all_gate [E,I,H]) or in-out (its transpose, for x @ W: all_gate [E,H,I], all_down [E,I,H], gate_up_proj [E,H,2I]; FP8 scale grids transposed with them; not for formats packed along a row: INT4, NVFP4, MXFP4)")
 	fl.StringVar(&f.maxShard, "max-shard-size", "5GB", "largest output shard, e.g. 5GB, 500MB, 2GiB (GB = 10^9 bytes, GiB = 2^30)")
@@ -279,7 +281,11 @@ only when complete; --resume continues an interrupted run.`,
   moeprep convert --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-kmajor   # all_gate [E,H,I], all_down [E,I,H]`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o, err := f.options(args[0], args[1])
+			src, err := sourceDir(cmd, cmd.Name(), args[0], f.revision)
+			if err != nil {
+				return err
+			}
+			o, err := f.options(src, args[1])
 			if err != nil {
 				return err
 			}
@@ -341,7 +347,11 @@ blocks, or is stored unlike the routed experts without --requantize-shared.`,
   moeprep fuse-shared --tp 8 --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-fused-kmajor`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o, err := f.options(args[0], args[1])
+			src, err := sourceDir(cmd, cmd.Name(), args[0], f.revision)
+			if err != nil {
+				return err
+			}
+			o, err := f.options(src, args[1])
 			if err != nil {
 				return err
 			}

@@ -20,6 +20,7 @@ const schemaInspect = schemaPrefix + "inspect/v1"
 func newInspectCmd() *cobra.Command {
 	var (
 		readAll, quiet bool
+		revision       string
 		report         reportFlags
 	)
 	cmd := &cobra.Command{
@@ -30,14 +31,19 @@ sharded or not, or PyTorch .bin zip files), detects the model family from
 config.json, checks every MoE layer (all experts present, three projections,
 identical shapes and dtypes, FP8 scales where quantised) and prints the plan.`,
 		Example: `  moeprep inspect ./DeepSeek-V3
+  moeprep inspect deepseek-ai/DeepSeek-V3   # the Hugging Face cache's snapshot (never downloads)
   moeprep inspect --json ./Qwen3-30B-A3B | jq .moe_layers
   moeprep inspect --read ./Kimi-K2   # also read every tensor byte once`,
 		Args: exactArgs(1, "one checkpoint directory"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutputPath(report.output, args[0]); err != nil {
+			dir, err := sourceDir(cmd, "inspect", args[0], revision)
+			if err != nil {
 				return err
 			}
-			c, err := checkpoint.Open(args[0])
+			if err := checkOutputPath(report.output, dir); err != nil {
+				return err
+			}
+			c, err := checkpoint.Open(dir)
 			if err != nil {
 				return err
 			}
@@ -75,6 +81,7 @@ identical shapes and dtypes, FP8 scales where quantised) and prints the plan.`,
 			})
 		},
 	}
+	revisionFlag(cmd, &revision)
 	cmd.Flags().BoolVar(&readAll, "read", false, "also read every tensor's bytes once (bounded memory), reporting throughput")
 	quietFlag(cmd, &quiet)
 	report.register(cmd, "the plan")

@@ -18,6 +18,7 @@ type validateFlags struct {
 	precision, cpuCheck        string
 	tokens, blockSize, workers int
 	sampleExperts              int
+	revision                   string
 	seed                       uint64
 	quiet, ioBaseline          bool
 	bytesOnly, skipBytes       bool
@@ -26,6 +27,7 @@ type validateFlags struct {
 
 func (f *validateFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
+	revisionFlag(cmd, &f.revision)
 	fl.StringVar(&f.layers, "layers", "all", "layers to check: all, a list like 1,2,5, or sample:N (the report names the layers left out)")
 	fl.IntVar(&f.tokens, "tokens", validate.DefaultTokens, "token vectors per layer, 1..65536 (when no golden provides them)")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the token vectors")
@@ -124,6 +126,12 @@ func validateSides(args []string) (src, dst string) {
 // when a check failed and 2 when the input could not be checked. Step lines
 // and notices go to msgs.
 func runValidate(cmd *cobra.Command, f *validateFlags, src, dst string, msgs io.Writer) error {
+	if src != "" {
+		var err error
+		if src, err = sourceDir(cmd, "validate", src, f.revision); err != nil {
+			return err
+		}
+	}
 	o := validate.Options{Src: src, Dst: dst, Golden: f.golden, Layers: f.layers, Tokens: f.tokens,
 		Seed: f.seed, Device: f.device, BlockSize: f.blockSize, Workers: f.workers, GPUPrecision: f.precision,
 		CPUCheck: f.cpuCheck, IOBaseline: f.ioBaseline, SampleExperts: f.sampleExperts}

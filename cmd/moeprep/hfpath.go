@@ -1,0 +1,32 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/moeprep/moeprep/internal/hfcache"
+)
+
+// revisionFlag registers --revision for a command that reads a source
+// checkpoint, which may be named the way hf users name it.
+func revisionFlag(cmd *cobra.Command, rev *string) {
+	cmd.Flags().StringVar(rev, "revision", "", "with a Hugging Face id (org/name) or cache folder (models--org--name): the branch, tag or commit of the cached snapshot to read (default main)")
+}
+
+// sourceDir resolves a source checkpoint argument: a folder as it is, or
+// "org/name" and a cache's models--org--name folder to the cached
+// snapshot, saying on stderr (even with --quiet) which one it took.
+func sourceDir(cmd *cobra.Command, label, arg, rev string) (string, error) {
+	r, err := hfcache.Resolve(arg, rev)
+	if err != nil {
+		return "", err
+	}
+	if rev != "" && r.Repo == "" {
+		return "", fmt.Errorf("--revision %s: %s is a checkpoint folder, not a Hugging Face id or cache folder", rev, arg)
+	}
+	if n := r.Note(); n != "" {
+		noticer(cmd, label)("reading " + n)
+	}
+	return r.Dir, nil
+}

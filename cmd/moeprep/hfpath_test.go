@@ -1,0 +1,50 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
+)
+
+// A model named as hf users name it (org/name, or the cache's
+// models--org--name folder) is read from the cached snapshot refs/main
+// names, with a line saying which; a name in no cache says how to get it.
+func TestHuggingFacePaths(t *testing.T) {
+	cache := t.TempDir()
+	t.Setenv("HF_HUB_CACHE", cache)
+	const commit = "0123456789abcdef0123456789abcdef01234567"
+	repo := filepath.Join(cache, "models--mistralai--Mixtral-tiny")
+	snap := filepath.Join(repo, "snapshots", commit)
+	testkit.CopyDir(t, filepath.Join("..", "..", "fixtures", "hf", "mixtral"), snap)
+	if err := os.MkdirAll(filepath.Join(repo, "refs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(repo, "refs", "main"), []byte(commit), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	note := "mistralai/Mixtral-tiny: the Hugging Face cache's snapshot " + commit + " (refs/main): " + snap
+	for _, arg := range []string{"mistralai/Mixtral-tiny", repo} {
+		code, out, errOut := runCLI(t, "inspect", arg)
+		if code != 0 || !strings.Contains(out, "mixtral") || !strings.Contains(errOut, "inspect: reading "+note) {
+			t.Fatalf("inspect %s: exit %d\n%s\n%s", arg, code, out, errOut)
+		}
+	}
+	dst := filepath.Join(t.TempDir(), "out")
+	if code, _, errOut := runCLI(t, "convert", "-q", "mistralai/Mixtral-tiny", dst); code != 0 || !strings.Contains(errOut, "convert: reading "+note) {
+		t.Fatalf("convert: exit %d\n%s", code, errOut)
+	}
+	if code, out, errOut := runCLI(t, "validate", "--device", "cpu", "-q", "mistralai/Mixtral-tiny", dst); code != 0 || !strings.Contains(errOut, "validate: reading "+note) {
+		t.Fatalf("validate: exit %d\n%s\n%s", code, out, errOut)
+	}
+	code, _, errOut := runCLI(t, "inspect", "mistralai/Mixtral-8x7B")
+	if code != 2 || !strings.Contains(errOut, "mistralai/Mixtral-8x7B: no such directory, nor a model in the Hugging Face cache ("+cache+"); moeprep never downloads: run `hf download mistralai/Mixtral-8x7B` first") {
+		t.Errorf("not cached: exit %d, %s", code, errOut)
+	}
+	code, _, errOut = runCLI(t, "inspect", "--revision", "v9", "mistralai/Mixtral-tiny")
+	if code != 2 || !strings.Contains(errOut, `no snapshot for revision "v9"`) {
+		t.Errorf("--revision v9: exit %d, %s", code, errOut)
+	}
+}
