@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/moeprep/moeprep/internal/safeio"
+	"github.com/moeprep/moeprep/validate"
 )
 
 // One meaning per flag, across every command:
@@ -151,6 +152,33 @@ func (r *reportFlags) emit(cmd *cobra.Command, doc any, text func(io.Writer) err
 	}
 	if r.output != "" {
 		return writeOutput(r.output, func(w io.Writer) error { return writeJSON(w, doc) })
+	}
+	return nil
+}
+
+// checkJUnitPath refuses a --junit path that could destroy something: one
+// inside a checkpoint directory, a directory, or an existing file that is
+// not a JUnit document moeprep wrote (its suite named validate.JUnitSuiteName).
+func checkJUnitPath(path string, dirs ...string) error {
+	if path == "" {
+		return nil
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return checkOutputPath(path, dirs...) // nothing there yet: not inside a checkpoint
+	}
+	if st.IsDir() {
+		return fmt.Errorf("--junit %s: a directory", path)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("--junit %s: %w", path, err)
+	}
+	defer f.Close()
+	head := make([]byte, 512)
+	n, _ := io.ReadFull(f, head)
+	if !strings.Contains(string(head[:n]), `<testsuites name="`+validate.JUnitSuiteName+`"`) {
+		return fmt.Errorf("--junit %s: exists and is not a JUnit report moeprep wrote; moeprep does not overwrite it", path)
 	}
 	return nil
 }

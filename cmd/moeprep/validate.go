@@ -19,6 +19,7 @@ type validateFlags struct {
 	tokens, blockSize, workers int
 	sampleExperts              int
 	revision                   string
+	junit                      string
 	seed                       uint64
 	quiet, ioBaseline          bool
 	bytesOnly, skipBytes       bool
@@ -28,6 +29,7 @@ type validateFlags struct {
 func (f *validateFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	revisionFlag(cmd, &f.revision)
+	fl.StringVar(&f.junit, "junit", "", "also write the checks as JUnit XML to `FILE` (one test case per check and layer), for CI systems; never over a file that is not moeprep's JUnit")
 	fl.StringVar(&f.layers, "layers", "all", "layers to check: all, a list like 1,2,5, or sample:N (the report names the layers left out)")
 	fl.IntVar(&f.tokens, "tokens", validate.DefaultTokens, "token vectors per layer, 1..65536 (when no golden provides them)")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the token vectors")
@@ -107,7 +109,10 @@ func (f *validateFlags) check(cmd *cobra.Command, args []string) error {
 	src, dst := validateSides(args)
 	// Before the run, not after it: a report path that would overwrite a
 	// checkpoint or a file that is not a report fails at once.
-	return checkOutputPath(f.report.output, src, dst, f.golden)
+	if err := checkOutputPath(f.report.output, src, dst, f.golden); err != nil {
+		return err
+	}
+	return checkJUnitPath(f.junit, src, dst, f.golden)
 }
 
 // validateSides are SRC and DST of validate's arguments (SRC "" for DST
@@ -161,6 +166,17 @@ func runValidate(cmd *cobra.Command, f *validateFlags, src, dst string, msgs io.
 	rep.Tool = "moeprep " + versionString()
 	if err := f.report.emit(cmd, rep, rep.WriteTable); err != nil {
 		return err
+	}
+	if f.junit != "" {
+		if err := writeOutput(f.junit, rep.WriteJUnit); err != nil {
+			return err
+		}
+	}
+	if os.Getenv("GITHUB_ACTIONS") == "true" {
+		// Workflow commands on stderr: stdout may be --json's document.
+		if err := rep.WriteGitHubAnnotations(cmd.ErrOrStderr()); err != nil {
+			return err
+		}
 	}
 	return rep.Err()
 }
