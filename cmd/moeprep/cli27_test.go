@@ -23,6 +23,9 @@ func TestUsageErrorsAreOneCleanLine(t *testing.T) {
 		{[]string{"conver"}, `moeprep: unknown command "conver"; did you mean convert? (see 'moeprep --help')`},
 		{[]string{"fuse-shared", "--tp", "eight", "a", "b"}, `moeprep: fuse-shared: --tp "eight": not a whole number (see 'moeprep fuse-shared --help')`},
 		{[]string{"convert", "--bogus", "a", "b"}, `moeprep: convert: unknown flag: --bogus (see 'moeprep convert --help')`},
+		{[]string{"valdiate"}, `moeprep: unknown command "valdiate"; did you mean validate? (see 'moeprep --help')`},
+		{[]string{"convert", "--layotu", "x", "a", "b"}, `moeprep: convert: unknown flag: --layotu; did you mean --layout? (see 'moeprep convert --help')`},
+		{[]string{"fuse-shared", "--tpp", "2", "a", "b"}, `moeprep: fuse-shared: unknown flag: --tpp; did you mean --tp? (see 'moeprep fuse-shared --help')`},
 		{[]string{"convert", "-j", "x", "a", "b"}, `moeprep: convert: -j, --jobs "x": not a whole number (see 'moeprep convert --help')`},
 		{[]string{"convert", "--force", "--resume", "a", "b"}, "--force and --resume contradict each other"},
 	}

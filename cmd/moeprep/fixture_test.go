@@ -182,9 +182,10 @@ func TestFixtureSynthErrors(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"--family", "llama"}, []string{`unknown family "llama"`, "glm4_moe", "gpt_oss"}},
+		{[]string{"--family", "llama"}, []string{`unknown family "llama"; did you mean llama4_text?`, "`moeprep fixture synth --help` lists all"}},
 		{[]string{"--experts", "8"}, []string{"give --preset or --family", "deepseek_v4"}},
-		{[]string{"--preset", "nope"}, []string{"--preset", `unknown preset "nope"`, "tiny-gpt-oss"}},
+		{[]string{"--preset", "nope"}, []string{"--preset", `unknown preset "nope" (`, "`moeprep fixture synth --help` lists all"}},
+		{[]string{"--preset", "tiny-gpt-os"}, []string{`unknown preset "tiny-gpt-os"; did you mean tiny-gpt-oss`}},
 		{[]string{"--family", "gpt_oss", "--dtype", "fp8"}, []string{"stacked on disk"}},
 		{[]string{"--family", "mixtral", "--max-shard-size", "lots"}, []string{"--max-shard-size"}},
 	} {

@@ -9,8 +9,10 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/suggest"
 )
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3";
@@ -70,12 +72,38 @@ malformed input, 130 interrupted (SIGINT), 143 terminated (SIGTERM).`,
 			return fmt.Errorf("%s (see 'moeprep --help')", msg)
 		},
 	}
+	// cobra leaves the distance at 0 unless asked: "valdiate" then finds
+	// nothing, though two letters are swapped.
+	root.SuggestionsMinimumDistance = 2
 	root.SetVersionTemplate("moeprep {{.Version}}\n")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return fmt.Errorf("%s: %s (see '%s --help')", strings.TrimPrefix(c.CommandPath(), "moeprep "), cleanFlagError(err), c.CommandPath())
+		msg := cleanFlagError(err)
+		if s := flagSuggestion(c, err); s != "" {
+			msg += "; did you mean " + s + "?"
+		}
+		return fmt.Errorf("%s: %s (see '%s --help')", strings.TrimPrefix(c.CommandPath(), "moeprep "), msg, c.CommandPath())
 	})
 	root.AddCommand(commands()...)
 	return root
+}
+
+// flagSuggestion is the command's flag closest to an unknown one (--layotu:
+// --layout), within two edits (a swap counting one), or "".
+func flagSuggestion(c *cobra.Command, err error) string {
+	name, ok := strings.CutPrefix(err.Error(), "unknown flag: --")
+	if !ok {
+		return ""
+	}
+	best, bestD := "", 3
+	c.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Hidden || f.Deprecated != "" {
+			return
+		}
+		if d := suggest.Distance(name, f.Name); d < bestD {
+			best, bestD = "--"+f.Name, d
+		}
+	})
+	return best
 }
 
 // cleanFlagError rewrites pflag's errors for people: `invalid argument
