@@ -188,10 +188,27 @@ func newVersionCmd() *cobra.Command {
 func exactArgs(n int, what string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) != n {
-			return fmt.Errorf("%s takes %s, got %d argument(s) (see '%s --help')", cmd.CommandPath(), what, len(args), cmd.CommandPath())
+			return fmt.Errorf("%s takes %s, got %s (see '%s --help')", commandName(cmd), what, argCount(len(args)), cmd.CommandPath())
 		}
 		return nil
 	}
+}
+
+// commandName is the command's path without "moeprep ": the error line
+// already starts "moeprep: ".
+func commandName(cmd *cobra.Command) string {
+	return strings.TrimPrefix(cmd.CommandPath(), "moeprep ")
+}
+
+// argCount says how many arguments came: "none", "1 argument", "3 arguments".
+func argCount(n int) string {
+	switch n {
+	case 0:
+		return "none"
+	case 1:
+		return "1 argument"
+	}
+	return fmt.Sprintf("%d arguments", n)
 }
 
 func writeJSON(w io.Writer, v any) error {

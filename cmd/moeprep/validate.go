@@ -254,7 +254,7 @@ unusable or flags cannot apply together.`,
 			if f.report.json && len(args) > 2 {
 				hint = "; --json takes no file now (it prints the report as JSON on stdout): -o FILE writes it to a file"
 			}
-			return fmt.Errorf("%s takes SRC DST, or DST with --golden DIR; got %d argument(s)%s (see '%s --help')", cmd.CommandPath(), len(args), hint, cmd.CommandPath())
+			return fmt.Errorf("%s takes SRC DST, or DST with --golden DIR; got %s%s (see '%s --help')", commandName(cmd), argCount(len(args)), hint, cmd.CommandPath())
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := f.check(cmd, args); err != nil {
