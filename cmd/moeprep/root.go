@@ -4,12 +4,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"runtime/debug"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/term"
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/suggest"
@@ -76,6 +79,11 @@ malformed input, 130 interrupted (SIGINT), 143 terminated (SIGTERM).`,
 	// nothing, though two letters are swapped.
 	root.SuggestionsMinimumDistance = 2
 	root.SetVersionTemplate("moeprep {{.Version}}\n")
+	cobra.AddTemplateFunc("flagUsages", func(fs *pflag.FlagSet) string {
+		return strings.TrimRight(fs.FlagUsagesWrapped(helpWidth()), " \n")
+	})
+	root.SetUsageTemplate(usageTemplate)
+	root.SetHelpTemplate(helpTemplate)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		msg := cleanFlagError(err)
 		if s := flagSuggestion(c, err); s != "" {
@@ -193,6 +201,53 @@ func exactArgs(n int, what string) cobra.PositionalArgs {
 		return nil
 	}
 }
+
+// helpWidth is the columns help is wrapped to: $COLUMNS, else the
+// terminal's width, else 100; never under 60 (the flag names need room).
+func helpWidth() int {
+	if c, err := strconv.Atoi(os.Getenv("COLUMNS")); err == nil && c > 0 {
+		return max(c, 60)
+	}
+	if w, _, err := term.GetSize(int(os.Stdout.Fd())); err == nil && w > 0 {
+		return max(w, 60)
+	}
+	return 100
+}
+
+// usageTemplate is cobra's, with each flag's description wrapped to the
+// terminal (cobra prints one line a flag, up to 400 columns).
+const usageTemplate = `Usage:{{if .Runnable}}
+  {{.UseLine}}{{end}}{{if .HasAvailableSubCommands}}
+  {{.CommandPath}} [command]{{end}}{{if gt (len .Aliases) 0}}
+
+Aliases:
+  {{.NameAndAliases}}{{end}}{{if .HasExample}}
+
+Examples:
+{{.Example}}{{end}}{{if .HasAvailableSubCommands}}
+
+Available Commands:{{range .Commands}}{{if (or .IsAvailableCommand (eq .Name "help"))}}
+  {{rpad .Name .NamePadding }} {{.Short}}{{end}}{{end}}{{end}}{{if .HasAvailableLocalFlags}}
+
+Flags:
+{{flagUsages .LocalFlags}}{{end}}{{if .HasAvailableInheritedFlags}}
+
+Global Flags:
+{{flagUsages .InheritedFlags}}{{end}}{{if .HasAvailableSubCommands}}
+
+Use "{{.CommandPath}} [command] --help" for more information about a command.{{end}}
+`
+
+// helpTemplate puts a command's one-line summary, usage, examples and flags
+// on the first screen and its longer prose after them (fuse-shared's ran
+// 35 lines before Usage); moeprep's own help keeps its overview first.
+const helpTemplate = `{{if .HasParent}}{{.Short}}
+
+{{if or .Runnable .HasSubCommands}}{{.UsageString}}{{end}}{{with .Long}}
+{{. | trimTrailingWhitespaces}}
+{{end}}{{else}}{{with (or .Long .Short)}}{{. | trimTrailingWhitespaces}}
+
+{{end}}{{if or .Runnable .HasSubCommands}}{{.UsageString}}{{end}}{{end}}`
 
 // commandName is the command's path without "moeprep ": the error line
 // already starts "moeprep: ".
