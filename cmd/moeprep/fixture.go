@@ -69,6 +69,7 @@ func synthDTypeHelp() string {
 type synthFlags struct {
 	preset, maxShard     string
 	quiet, force, asJSON bool
+	dryRun               bool
 	spec                 fixtures.SynthSpec
 }
 
@@ -103,6 +104,7 @@ func (f *synthFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.maxShard, "shard-size", "", "")
 	quietFlag(cmd, &f.quiet)
 	fl.BoolVarP(&f.force, "force", "f", false, "replace DIR if synth wrote it; anything else is refused")
+	fl.BoolVar(&f.dryRun, "dry-run", false, "print what would be written (model, layers, experts, size) and write nothing")
 	fl.BoolVar(&f.asJSON, "json", false, "print the summary as JSON on stdout (schema "+fixtures.SummarySchema+", as DIR/"+fixtures.SummaryFile+")")
 	// The old names keep working, and say so.
 	_ = fl.MarkDeprecated("layers", "use --num-layers (--layers picks which layers elsewhere, as in validate)")
@@ -220,8 +222,9 @@ Experts stacked on disk (bf16, f16 or f32 only, as moeprep reads them; gpt_oss
 also mxfp4):
   ` + wrapList(fixtures.StackedFamilies(), 78, "  ") + `
 
-Start from a --preset and override any field with its flag. Presets:
-  ` + wrapList(fixtures.PresetNames(), 78, "  ") + `
+Start from a --preset and override any field with its flag. Presets, with the
+tensor bytes each writes:
+` + presetsPlaceholder + `
 
 --dense-layers N makes the first N layers dense; for Jamba and Llama 4 every
 (N+1)-th layer from layer N is MoE instead (N = 1: every other layer).
@@ -246,6 +249,15 @@ holding anything else is refused and never deleted.`,
 			if err != nil {
 				return err
 			}
+			if f.dryRun {
+				_, err := fmt.Fprintf(cmd.OutOrStdout(), "would write %s: %s (dry run: nothing written)\n", args[0], synthSpecLine(spec, total))
+				return err
+			}
+			if !f.quiet {
+				// Said before the first byte: a preset's size is easy to
+				// underestimate (deepseek-v3-shaped at 4 layers is 34 GB).
+				fmt.Fprintf(cmd.ErrOrStderr(), "synth: writing %s to %s\n", human.Bytes(total), args[0])
+			}
 			rep := progress.New(os.Stderr, "synth", f.quiet)
 			rep.Total(total)
 			sum, err := fixtures.Write(cmd.Context(), args[0], spec, fixtures.Options{Force: f.force, Progress: rep.Add})
@@ -261,7 +273,65 @@ holding anything else is refused and never deleted.`,
 		},
 	}
 	f.register(cmd)
+	// The presets' sizes are computed only when the help is shown: the
+	// command is built on every run of moeprep.
+	cmd.SetHelpFunc(func(c *cobra.Command, args []string) {
+		c.Long = strings.Replace(c.Long, presetsPlaceholder, presetTable(), 1)
+		c.Parent().HelpFunc()(c, args)
+	})
 	return cmd
+}
+
+// presetsPlaceholder stands in synth's long help for presetTable.
+const presetsPlaceholder = "  {{presets}}"
+
+// presetTable lists the presets two to a line, each with the bytes it
+// writes, so a 34 GB one is not picked by accident.
+func presetTable() string {
+	names := fixtures.PresetNames()
+	cells := make([]string, len(names))
+	for i, n := range names {
+		size := "?"
+		if sp, err := fixtures.PresetSpec(n); err == nil {
+			if b, err := sp.TotalBytes(); err == nil {
+				size = human.Bytes(b)
+			}
+		}
+		cells[i] = fmt.Sprintf("%-31s %9s", n, size)
+	}
+	var b strings.Builder
+	for i := 0; i < len(cells); i += 2 {
+		b.WriteString("  " + cells[i])
+		if i+1 < len(cells) {
+			b.WriteString("   " + cells[i+1])
+		}
+		if i+2 < len(cells) {
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
+}
+
+// synthSpecLine says what a spec writes before it is written: the model
+// type and weights, layers, experts and bytes.
+func synthSpecLine(spec fixtures.SynthSpec, total int64) string {
+	n, err := spec.Normalize()
+	if err != nil {
+		return human.Bytes(total)
+	}
+	dtype := n.DType
+	if dtype == "" {
+		dtype = "bf16"
+	}
+	experts := human.Count(n.Experts, "expert")
+	if n.SharedExperts > 0 {
+		experts += fmt.Sprintf(" + %d shared", n.SharedExperts)
+	}
+	layers := human.Count(n.Layers, "layer")
+	if n.MTPLayers > 0 {
+		layers += " + " + human.Count(n.MTPLayers, "MTP layer")
+	}
+	return fmt.Sprintf("%s %s, %s, %s, top-%d, %s", n.Family, dtype, layers, experts, n.TopK, human.Bytes(total))
 }
 
 // synthLine is the human summary: "wrote DIR: glm4_moe bf16, 3 layers

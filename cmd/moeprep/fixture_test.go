@@ -286,3 +286,28 @@ func TestFixtureSynthDTypeHelpComplete(t *testing.T) {
 		}
 	}
 }
+
+// synth says how much a preset writes: beside each preset in --help,
+// before it writes, and with --dry-run instead of writing.
+func TestFixtureSynthSizes(t *testing.T) {
+	code, out, _ := runCLI(t, "fixture", "synth", "--help")
+	if code != 0 || !regexp.MustCompile(`deepseek-v3-shaped +2\d\.\d GB`).MatchString(out) || !regexp.MustCompile(`tiny-qwen3-moe +3\d\d kB`).MatchString(out) {
+		t.Fatalf("--help: exit %d\n%s", code, out)
+	}
+	dir := filepath.Join(t.TempDir(), "big")
+	code, out, errOut := runCLI(t, "fixture", "synth", "--preset", "deepseek-v3-shaped", "--num-layers", "4", "--dry-run", dir)
+	if code != 0 || out != "would write "+dir+": deepseek_v3 fp8, 4 layers, 256 experts + 1 shared, top-8, 34.4 GB (dry run: nothing written)\n" {
+		t.Fatalf("--dry-run: exit %d\n%q\n%s", code, out, errOut)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("--dry-run left %s: %v", dir, err)
+	}
+	if _, err := os.Stat(dir + ".partial"); !os.IsNotExist(err) {
+		t.Errorf("--dry-run left %s.partial: %v", dir, err)
+	}
+	small := filepath.Join(t.TempDir(), "small")
+	code, _, errOut = runCLI(t, "fixture", "synth", "--preset", "tiny-qwen3-moe", small)
+	if code != 0 || !strings.HasPrefix(errOut, "synth: writing 343 kB to "+small+"\n") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}
