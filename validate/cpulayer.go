@@ -11,6 +11,7 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -26,8 +27,8 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 	if err != nil {
 		return nil, err
 	}
-	var ref *cpuref.RefResult
-	var fused *cpuref.FusedResult
+	var ref *moelayer.RefResult
+	var fused *moelayer.FusedResult
 	var refSec, fusedSec float64
 	both := tg.src != nil && s.src != nil && tg.fused != nil && s.dst != nil
 	if both {

@@ -9,6 +9,7 @@ import (
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -246,11 +247,11 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 		}
 	}
 	var pace *layerPace
-	paced := func(r int) cpuref.Pace { return nil }
+	paced := func(r int) moelayer.Pace { return nil }
 	if lp != nil {
 		readers := [numReaders]bool{readerBank: tg.fused != nil, readerUnfused: withUnf, readerRef: withRef}
 		pace = newLayerPace(lp.order, len(tg.src.Experts), readers, paceWindow(lp), lp.release)
-		paced = func(r int) cpuref.Pace { return pace.reader(r) }
+		paced = func(r int) moelayer.Pace { return pace.reader(r) }
 		defer func() {
 			for r := range numReaders {
 				pace.finish(r)
@@ -258,7 +259,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 		}()
 	}
 	type refOut struct {
-		r   *cpuref.RefResult
+		r   *moelayer.RefResult
 		err error
 		sec float64
 	}
@@ -298,7 +299,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 	// The stager's I/O during each path: DST's unfused shared expert, SRC's
 	// experts and shared expert.
 	var dstRec, srcRec gpurun.StageRecord
-	gpu := func() (fused *cpuref.FusedResult, unf *cpuref.RefResult, fusedSec, unfSec float64, err error) {
+	gpu := func() (fused *moelayer.FusedResult, unf *moelayer.RefResult, fusedSec, unfSec float64, err error) {
 		var fr gpurun.Frees
 		defer fr.Release(g)
 		in, err := g.Input(xAll, len(xAll)/h, h, &fr)
@@ -358,7 +359,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 		return
 	}
 	fused, unf, fusedSec, unfSec, gpuErr := gpu()
-	var ref *cpuref.RefResult
+	var ref *moelayer.RefResult
 	var refSec float64
 	if refCh != nil {
 		ro := <-refCh
@@ -392,8 +393,8 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 // gpuPaths is what one GPU layer's paths computed (nil: the path did not
 // run) and the seconds each took.
 type gpuPaths struct {
-	fused                    *cpuref.FusedResult
-	unf, ref                 *cpuref.RefResult
+	fused                    *moelayer.FusedResult
+	unf, ref                 *moelayer.RefResult
 	fusedSec, unfSec, refSec float64
 }
 
@@ -447,7 +448,7 @@ func (rj rowJudge) gpuRows(p gpuPaths) []LayerResult {
 // its Y, the shared expert as SRC stores it) over the routed tokens, at the
 // bound the same measurement derives (rj.requant). Both outputs share one
 // routing, so there are no ids to compare (top-k NaN).
-func (rj rowJudge) requantRow(sec float64, ref *cpuref.RefResult) LayerResult {
+func (rj rowJudge) requantRow(sec float64, ref *moelayer.RefResult) LayerResult {
 	h, t := rj.h, rj.t
 	r := rj.base
 	r.Check, r.Seconds = judge.RequantVsReference, sec

@@ -8,7 +8,8 @@ import (
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/numfmt"
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
+	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
 // XDraw documents how token vectors are made when no golden provides them.
@@ -30,7 +31,7 @@ func DrawX(seed uint64, layer, t, h int) []float32 {
 // layerStart is how both loops start a layer: its tokens x [T,H] (the
 // golden's, or drawn), h = H, the golden if any, a hash-routed layer's
 // token ids and the forced coverage tokens (nil without).
-func (s *session) layerStart(tg target) (x []float32, t, h int, g *Golden, tokens []int32, cov *cpuref.Coverage, err error) {
+func (s *session) layerStart(tg target) (x []float32, t, h int, g *Golden, tokens []int32, cov *moelayer.Coverage, err error) {
 	if x, t, g, err = s.layerInput(tg); err != nil {
 		return nil, 0, 0, nil, nil, nil, err
 	}
@@ -69,7 +70,7 @@ func (s *session) layerInput(tg target) (x []float32, t int, g *Golden, err erro
 // vocabulary. SRC and DST must agree on which layers are hash-routed.
 func (s *session) layerTokens(tg target, t int, g *Golden) ([]int32, error) {
 	var table string
-	var src cpuref.TensorSource
+	var src tensorload.TensorSource
 	if tg.src != nil && tg.src.HashTable != "" {
 		table, src = tg.src.HashTable, s.src
 	}
@@ -93,7 +94,7 @@ func (s *session) layerTokens(tg target, t int, g *Golden) ([]int32, error) {
 		if tg.src != nil && tg.src.HashTable != "" {
 			table, src = tg.src.HashTable, s.src
 		}
-		vocab, err := cpuref.HashVocab(src, table, s.dstPlanOrSrc().TopK)
+		vocab, err := moelayer.HashVocab(src, table, s.dstPlanOrSrc().TopK)
 		if err != nil {
 			return nil, fmt.Errorf("layer %d: %w", tg.index, err)
 		}
@@ -105,9 +106,9 @@ func (s *session) layerTokens(tg target, t int, g *Golden) ([]int32, error) {
 		}
 		return g.InputIDs, nil
 	}
-	vocab, err := cpuref.HashVocab(src, table, s.dstPlanOrSrc().TopK)
+	vocab, err := moelayer.HashVocab(src, table, s.dstPlanOrSrc().TopK)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", tg.index, err)
 	}
-	return cpuref.DrawTokens(s.o.Seed, tg.index, t, vocab), nil
+	return moelayer.DrawTokens(s.o.Seed, tg.index, t, vocab), nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/moeprep/moeprep/validate/byteproof"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -550,7 +551,7 @@ func TestRequantGPURowsOnCPUTwins(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					unf := &cpuref.RefResult{Y: ref.YRequant, Routing: ref.Routing}
+					unf := &moelayer.RefResult{Y: ref.YRequant, Routing: ref.Routing}
 					rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: tn}, numerics: s.gpuNumerics(), t: tn, h: h, cov: cov, g: g}
 					rep.Rows = append(rep.Rows, rj.gpuRows(gpuPaths{fused: fused, unf: unf, ref: ref})...)
 					rep.LayersChecked = append(rep.LayersChecked, tg.index)

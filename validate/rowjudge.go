@@ -8,8 +8,8 @@ import (
 
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
-	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/moelayer"
 )
 
 // rowJudge makes one layer's report rows: each judged in numerics against
@@ -20,7 +20,7 @@ type rowJudge struct {
 	base     LayerResult
 	numerics judge.Numerics
 	t, h     int
-	cov      *cpuref.Coverage
+	cov      *moelayer.Coverage
 	g        *Golden
 	// requant is what the reference measured of a requantised shared
 	// expert (zero: nothing measured).
@@ -35,7 +35,7 @@ func (rj rowJudge) tolerance(check string) judge.Tolerance {
 // fusedVs compares the fused path with another path's output y and routing
 // rt (the reference, or the GPU's unfused path): the check's row, and the
 // cover check's for the coverage tokens; sec is the two paths' time.
-func (rj rowJudge) fusedVs(check, cover string, sec float64, fused *cpuref.FusedResult, y []float32, rt *moe.Routing) []LayerResult {
+func (rj rowJudge) fusedVs(check, cover string, sec float64, fused *moelayer.FusedResult, y []float32, rt *moe.Routing) []LayerResult {
 	rows := []LayerResult{rj.fusedRow(check, sec, fused, y, rt)}
 	if rj.cov != nil {
 		r := rj.s.coverageRow(rj.base, cover, fused, y, rj.cov, rj.h, rj.tolerance(cover))
@@ -46,7 +46,7 @@ func (rj rowJudge) fusedVs(check, cover string, sec float64, fused *cpuref.Fused
 }
 
 // fusedRow is fusedVs's row of the routed tokens alone.
-func (rj rowJudge) fusedRow(check string, sec float64, fused *cpuref.FusedResult, y []float32, rt *moe.Routing) LayerResult {
+func (rj rowJudge) fusedRow(check string, sec float64, fused *moelayer.FusedResult, y []float32, rt *moe.Routing) LayerResult {
 	h, t := rj.h, rj.t
 	r := rj.base
 	r.Check, r.Seconds = check, sec
@@ -57,7 +57,7 @@ func (rj rowJudge) fusedRow(check string, sec float64, fused *cpuref.FusedResult
 }
 
 // fusedVsGolden compares the fused path (on DST) with the golden.
-func (rj rowJudge) fusedVsGolden(check string, sec float64, fused *cpuref.FusedResult) LayerResult {
+func (rj rowJudge) fusedVsGolden(check string, sec float64, fused *moelayer.FusedResult) LayerResult {
 	r := rj.base
 	r.Check, r.Seconds = check, sec
 	fusedUsage(&r, fused, rj.s.contract)
@@ -133,7 +133,7 @@ func (s *session) requantNote(rows []LayerResult) string {
 
 // fusedUsage counts the bank experts the routed tokens chose (the forced
 // coverage tokens, if any, have rows of their own).
-func fusedUsage(r *LayerResult, f *cpuref.FusedResult, c *layout.Contract) {
+func fusedUsage(r *LayerResult, f *moelayer.FusedResult, c *layout.Contract) {
 	r.Experts = c.BankSize()
 	r.ExpertsUsed = distinct(f.Slots.IDs[:f.Routing.T*f.Slots.K], r.Experts)
 }

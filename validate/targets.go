@@ -9,7 +9,7 @@ import (
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
 )
 
 // target is one layer to check, on whichever sides exist.
@@ -18,7 +18,7 @@ type target struct {
 	mtp    bool
 	bank   string // family.Layer.Bank: which of a decoder layer's two routed banks, "" if it has one
 	src    *family.Layer
-	fused  *cpuref.FusedLayer
+	fused  *moelayer.FusedLayer
 	golden string // path, "" if none
 }
 
@@ -58,9 +58,9 @@ func (s *session) targets() ([]target, []string, error) {
 			}
 			t := get(l.Index, l.MTP)
 			t.bank = l.Bank
-			t.fused = &cpuref.FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
+			t.fused = &moelayer.FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
 				Spec: s.dstPlan.RouteSpec(), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate,
-				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale, ExpertScale: l.ExpertScale, Prep: cpuref.PrepOf(s.dstPlan, l), Info: li}
+				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale, ExpertScale: l.ExpertScale, Prep: moelayer.PrepOf(s.dstPlan, l), Info: li}
 			if b, ok := s.contract.Biases(li); ok {
 				t.fused.Biases = &b
 			}
