@@ -456,3 +456,10 @@ func (rj rowJudge) requantRow(sec float64, ref *moelayer.RefResult) LayerResult 
 	judgeRow(&r, judge.Compare(tokenRows(ref.YRequant, h, 0, t), tokenRows(ref.Y, h, 0, t)), rj.tolerance(judge.RequantVsReference), nil, nil, nil, nil, ref.Routing)
 	return r
 }
+
+// gpuRefusal says why the GPU cannot run this run's expert weights ("" when
+// it can): the policy is gpurun's (Refusal, beside the kernels it speaks
+// for), asked of SRC's plan and DST's contract at the run's precision.
+func (s *session) gpuRefusal() string {
+	return gpurun.Refusal(s.srcPlan, s.contract, s.o.GPUPrecision)
+}

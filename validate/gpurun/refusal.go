@@ -1,53 +1,55 @@
-// The GPU refusal policy: which expert weights the GPU kernels cannot run, said before a GPU run
-// starts.
+// The GPU refusal policy, beside KernelsTake and DecodesOnDevice which it
+// rests on: which expert weights the GPU run cannot take, said before a run
+// starts (validate falls back to the CPU under --device auto, and refuses
+// under --device cuda).
 
-package validate
+package gpurun
 
 import (
 	"fmt"
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
-	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// gpuRefusal says why the GPU kernels cannot run SRC's or DST's expert
-// weights ("" when they can): the kernels take unquantised weights and FP8
+// Refusal says why the GPU kernels cannot run the expert weights of SRC
+// (plan, nil: no SRC) or DST (contract c, nil: no DST) at precision ("" when
+// they can): the kernels take unquantised weights and FP8
 // 128x128 blocks with F32 scales as stored, and FP8 per channel or per
 // tensor, pack-quantized INT4, MXFP4 and NVFP4 decoded to bf16 on the
-// device (gpurun.DecodesOnDevice), which only the bf16 precision compares
+// device (DecodesOnDevice), which only the bf16 precision compares
 // (the decode rounds every weight to bf16 once, which the gpu-f32
 // tolerance would rightly fail and the w8a8 mode does not model). No
 // format may run as if it were one they take.
-func (s *session) gpuRefusal() string {
+func Refusal(plan *family.Plan, c *layout.Contract, precision string) string {
 	var fs []weightfmt.Format
-	if s.srcPlan != nil {
-		f, err := s.srcPlan.Format()
+	if plan != nil {
+		f, err := plan.Format()
 		if err != nil {
 			return err.Error()
 		}
 		fs = append(fs, f)
 	}
-	if s.contract != nil {
-		f, err := s.contract.Format()
+	if c != nil {
+		f, err := c.Format()
 		if err != nil {
 			return err.Error()
 		}
 		fs = append(fs, f)
 	}
 	for _, f := range fs {
-		if s.contract != nil && s.contract.Oriented() == layout.InOut && gpurun.DecodesOnDevice(f) {
+		if c != nil && c.Oriented() == layout.InOut && DecodesOnDevice(f) {
 			// In-out stacks are transposed on the host as they upload;
 			// the device decode takes out-in rows.
 			return fmt.Sprintf("the stacks are in-out ([E,H,I]: orientation in-out) and %s expert weights (quantization %s) are decoded on the GPU, which decodes out-in stacks only", f, f.Quantization())
 		}
-		if gpurun.DecodesOnDevice(f) && s.o.GPUPrecision != PrecisionBF16 {
+		if DecodesOnDevice(f) && precision != PrecisionBF16 {
 			sc, _ := f.Scale()
 			return fmt.Sprintf("%s expert weights (quantization %s, %s scales) are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not %s)",
-				f, f.Quantization(), sc.DType, s.o.GPUPrecision)
+				f, f.Quantization(), sc.DType, precision)
 		}
-		if gpurun.KernelsTake(f) {
+		if KernelsTake(f) {
 			continue
 		}
 		sc, _ := f.Scale()
@@ -55,11 +57,11 @@ func (s *session) gpuRefusal() string {
 			f, f.Quantization(), sc.DType)
 	}
 	// A shared expert stored unlike the routed experts loads with its own
-	// format (gpurun: a plain one as the plain MLP it is, DeepSeek-V4's FP8
+	// format (a plain one as the plain MLP it is, DeepSeek-V4's FP8
 	// blocks beside FP4 through the FP8 kernels): it must be one the
 	// kernels take, at this precision.
-	if sq := s.sharedQuantization(); sq != "" && sq != string(family.QuantNone) {
-		if why := s.sharedGPURefusal(sq); why != "" {
+	if sq := sharedQuantization(plan, c); sq != "" && sq != string(family.QuantNone) {
+		if why := sharedRefusal(plan, c, precision, sq); why != "" {
 			return why
 		}
 	}
@@ -67,24 +69,24 @@ func (s *session) gpuRefusal() string {
 	// (shared_requantized) is in the routed experts' format, held to the
 	// kernels and the precision above: the fused bank holds its replicas,
 	// the GPU's unfused path runs SRC's shared expert requantised the same
-	// way (gpurun.RequantisedShared) and the CPU reference runs it both
-	// ways on the layers it checks (checkLayerGPU).
+	// way (RequantisedShared) and the CPU reference runs it both
+	// ways on the layers it checks (validate's checkLayerGPU).
 	return ""
 }
 
-// sharedGPURefusal says why the GPU cannot run a shared expert stored as
+// sharedRefusal says why the GPU cannot run a shared expert stored as
 // sq beside the routed experts ("" when it can).
-func (s *session) sharedGPURefusal(sq string) string {
+func sharedRefusal(plan *family.Plan, c *layout.Contract, precision, sq string) string {
 	var fs []weightfmt.Format
-	if s.srcPlan != nil && s.srcPlan.SharedQuantization != "" {
-		f, err := s.srcPlan.SharedFormat()
+	if plan != nil && plan.SharedQuantization != "" {
+		f, err := plan.SharedFormat()
 		if err != nil {
 			return err.Error()
 		}
 		fs = append(fs, f)
 	}
-	if s.contract != nil && s.contract.SharedQuantization != "" {
-		f, err := s.contract.SharedFormat()
+	if c != nil && c.SharedQuantization != "" {
+		f, err := c.SharedFormat()
 		if err != nil {
 			return err.Error()
 		}
@@ -93,10 +95,10 @@ func (s *session) sharedGPURefusal(sq string) string {
 	for _, f := range fs {
 		sc, _ := f.Scale()
 		switch {
-		case !gpurun.KernelsTake(f):
-			return fmt.Sprintf("the shared expert is stored as %s (%s scales) beside %s routed experts, which the GPU kernels do not take", sq, sc.DType, s.routedQuantization())
-		case gpurun.DecodesOnDevice(f) && s.o.GPUPrecision != PrecisionBF16:
-			return fmt.Sprintf("the shared expert (%s) is decoded to bf16 on the GPU, which runs it with --precision bf16 only (not %s)", sq, s.o.GPUPrecision)
+		case !KernelsTake(f):
+			return fmt.Sprintf("the shared expert is stored as %s (%s scales) beside %s routed experts, which the GPU kernels do not take", sq, sc.DType, routedQuantization(plan, c))
+		case DecodesOnDevice(f) && precision != PrecisionBF16:
+			return fmt.Sprintf("the shared expert (%s) is decoded to bf16 on the GPU, which runs it with --precision bf16 only (not %s)", sq, precision)
 		}
 	}
 	return ""
@@ -105,24 +107,24 @@ func (s *session) sharedGPURefusal(sq string) string {
 // sharedQuantization is how the shared expert is stored where it is stored
 // unlike the routed experts (SRC's plan, else DST's contract), "" where it
 // is not.
-func (s *session) sharedQuantization() string {
-	if s.srcPlan != nil && s.srcPlan.SharedQuantization != "" {
-		return string(s.srcPlan.SharedQuantization)
+func sharedQuantization(plan *family.Plan, c *layout.Contract) string {
+	if plan != nil && plan.SharedQuantization != "" {
+		return string(plan.SharedQuantization)
 	}
-	if s.contract != nil {
-		return s.contract.SharedQuantization
+	if c != nil {
+		return c.SharedQuantization
 	}
 	return ""
 }
 
 // routedQuantization names the routed experts' format (SRC's plan, else
 // DST's contract).
-func (s *session) routedQuantization() string {
-	if s.srcPlan != nil {
-		return string(s.srcPlan.Quantization)
+func routedQuantization(plan *family.Plan, c *layout.Contract) string {
+	if plan != nil {
+		return string(plan.Quantization)
 	}
-	if s.contract != nil {
-		return s.contract.Quantization
+	if c != nil {
+		return c.Quantization
 	}
 	return ""
 }
