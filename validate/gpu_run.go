@@ -16,16 +16,20 @@ import (
 // LayerTiming is where one layer's time went in a GPU run (gpurun.LayerTiming).
 type LayerTiming = gpurun.LayerTiming
 
+// CPUCheckMode is which layers of a GPU run the CPU reference also checks
+// (Options.CPUCheck, --cpu-check).
+type CPUCheckMode string
+
 // The CPU reference sampling of a GPU run (Options.CPUCheck).
 const (
-	CPUCheckAuto = "auto" // first and last layer, or all when there are at most 4
-	CPUCheckNone = "none" // GPU paths only
-	CPUCheckAll  = "all"  // every layer
+	CPUCheckAuto CPUCheckMode = "auto" // first and last layer, or all when there are at most 4
+	CPUCheckNone CPUCheckMode = "none" // GPU paths only
+	CPUCheckAll  CPUCheckMode = "all"  // every layer
 )
 
 // refSampled picks the layers the CPU reference runs on in a GPU run, per
 // mode (CPUCheckAuto when empty).
-func refSampled(targets []target, mode string) map[int]bool {
+func refSampled(targets []target, mode CPUCheckMode) map[int]bool {
 	out := map[int]bool{}
 	for i, tg := range targets {
 		switch mode {
@@ -44,7 +48,7 @@ func refSampled(targets []target, mode string) map[int]bool {
 // openGPU opens the GPU runner of a run of targets, names the device in
 // rep, and says which layers the CPU reference samples.
 func (s *session) openGPU(targets []target, rep *Report) (*gpurun.Runner, map[int]bool, error) {
-	g, err := gpurun.Open(s.o.GPUPrecision)
+	g, err := gpurun.Open(string(s.o.GPUPrecision))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -461,5 +465,5 @@ func (rj rowJudge) requantRow(sec float64, ref *moelayer.RefResult) LayerResult 
 // it can): the policy is gpurun's (Refusal, beside the kernels it speaks
 // for), asked of SRC's plan and DST's contract at the run's precision.
 func (s *session) gpuRefusal() string {
-	return gpurun.Refusal(s.srcPlan, s.contract, s.o.GPUPrecision)
+	return gpurun.Refusal(s.srcPlan, s.contract, string(s.o.GPUPrecision))
 }

@@ -27,12 +27,12 @@ type Options struct {
 	Seed     uint64
 	// Device is "auto" (default: CUDA when a GPU is usable, else the CPU
 	// with a one-line notice), "cpu" or "cuda" (an error without a GPU).
-	Device string
+	Device Device
 	// GPUPrecision is the activation type of the GPU grouped GEMM: "bf16"
 	// (default, as serving engines run), "f32" (high precision) or "fp8"
 	// (w8a8: e4m3 activations, fp8 weights, Hopper; the CPU reference of a
 	// GPU run then quantises the same way).
-	GPUPrecision string
+	GPUPrecision Precision
 	// BlockSize is moe_align_block_size's block (0: DefaultBlockSize); on
 	// the GPU it must be a multiple of GPUBlockMultiple.
 	BlockSize int
@@ -40,7 +40,7 @@ type Options struct {
 	// CPUCheckAuto ("" too: the first and last layer, or all when there
 	// are at most 4), CPUCheckNone (GPU only: the run goes at I/O speed) or
 	// CPUCheckAll. A CPU run always runs the reference.
-	CPUCheck string
+	CPUCheck CPUCheckMode
 	// IOBaseline (GPU runs) times, after the run, how long reading each
 	// layer's expert bytes from the page cache and copying them to the GPU
 	// takes through the same staging buffers with no compute, and reports
@@ -53,7 +53,7 @@ type Options struct {
 	// Bytes is the structural proof (CheckBytes) of a SRC+DST run:
 	// BytesAuto ("" too) runs it after the layer checks, BytesOnly runs
 	// nothing else, BytesOff skips it.
-	Bytes    string
+	Bytes    BytesMode
 	Workers  int              // experts in flight (0: moe.Workers())
 	Progress func(msg string) // one line per step, for stderr; nil: quiet
 	// ByteProgress (nil: none) receives the bytes the run reads against
@@ -85,7 +85,7 @@ func (o *Options) norm() ([]string, error) {
 	if o.Bytes == BytesOnly {
 		// The byte proof needs no GPU: no device to look for, no fallback
 		// to announce, and --device cuda is no reason to refuse it.
-		switch strings.ToLower(strings.TrimSpace(o.Device)) {
+		switch Device(strings.ToLower(strings.TrimSpace(string(o.Device)))) {
 		case "", "auto", DeviceCPU, DeviceCUDA, "gpu":
 			return nil, nil
 		}
@@ -122,7 +122,7 @@ func (o *Options) checkRest() error {
 	if o.SampleExperts < 0 {
 		return fmt.Errorf("validate: --sample-experts %d (want 0 for every expert, or N > 0)", o.SampleExperts)
 	}
-	switch strings.ToLower(strings.TrimSpace(o.CPUCheck)) {
+	switch CPUCheckMode(strings.ToLower(strings.TrimSpace(string(o.CPUCheck)))) {
 	case "", CPUCheckAuto:
 		o.CPUCheck = CPUCheckAuto
 	case CPUCheckNone:
@@ -141,9 +141,12 @@ func (o *Options) progress(format string, args ...any) {
 	}
 }
 
+// BytesMode is whether a run proves DST's bytes (Options.Bytes).
+type BytesMode string
+
 // The structural proof's modes (Options.Bytes).
 const (
-	BytesAuto = "auto" // after the layer checks, when SRC and DST are given
-	BytesOnly = "only" // validate --bytes: the structural proof alone
-	BytesOff  = "off"  // --skip-bytes
+	BytesAuto BytesMode = "auto" // after the layer checks, when SRC and DST are given
+	BytesOnly BytesMode = "only" // validate --bytes: the structural proof alone
+	BytesOff  BytesMode = "off"  // --skip-bytes
 )

@@ -129,7 +129,7 @@ func checkRequantRows(t *testing.T, o convert.Options, quant string, rep *Report
 // check against the same requantisation), the whole run, and the byte
 // proof alone.
 func TestRequantSharedMutationsFail(t *testing.T) {
-	mutationsFail(t, requantSpecs(), requantMutations(), DeviceCPU, []string{BytesOff, BytesAuto, BytesOnly})
+	mutationsFail(t, requantSpecs(), requantMutations(), DeviceCPU, []BytesMode{BytesOff, BytesAuto, BytesOnly})
 }
 
 // requantMutations are TestRequantSharedMutationsFail's.
@@ -502,10 +502,10 @@ func TestRequantSharedGPUMutationMargin(t *testing.T) {
 // with the byte proof, and its layer checks alone are logged.
 func TestGPURequantSharedMutationsFail(t *testing.T) {
 	needGPU(t)
-	mutationsFail(t, requantSpecs(), gpuRequantMutations(), DeviceCUDA, []string{BytesOff, BytesAuto})
+	mutationsFail(t, requantSpecs(), gpuRequantMutations(), DeviceCUDA, []BytesMode{BytesOff, BytesAuto})
 	t.Run("cpu suite", func(t *testing.T) {
-		mutationsFail(t, requantSpecs(), requantMutations(), DeviceCUDA, []string{BytesAuto})
-		mutationsRun(t, requantSpecs(), requantMutations(), DeviceCUDA, []string{BytesOff}, func(string) (bool, bool) { return true, false })
+		mutationsFail(t, requantSpecs(), requantMutations(), DeviceCUDA, []BytesMode{BytesAuto})
+		mutationsRun(t, requantSpecs(), requantMutations(), DeviceCUDA, []BytesMode{BytesOff}, func(string) (bool, bool) { return true, false })
 	})
 }
 
@@ -574,7 +574,7 @@ func TestGPURequantSharedNonFiniteSource(t *testing.T) {
 	rewriteTensor(t, src, "model.layers.1.mlp.shared_experts.up_proj.weight", func(raw []byte, _ []int64) {
 		binary.LittleEndian.PutUint16(raw[2*5:], numfmt.F32ToBF16(float32(math.Inf(1))))
 	})
-	for _, check := range []string{CPUCheckAll, CPUCheckNone} {
+	for _, check := range []CPUCheckMode{CPUCheckAll, CPUCheckNone} {
 		rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA, CPUCheck: check, Bytes: BytesOff})
 		if err != nil {
 			t.Fatalf("--cpu-check %s: %v", check, err)

@@ -20,7 +20,7 @@ import (
 // exit-1 error).
 func Run(ctx context.Context, o Options) (*Report, error) {
 	start := time.Now()
-	asked := strings.ToLower(strings.TrimSpace(o.Device))
+	asked := strings.ToLower(strings.TrimSpace(string(o.Device)))
 	devNotes, err := o.norm()
 	if err != nil {
 		return nil, err
