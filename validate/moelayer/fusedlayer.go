@@ -22,7 +22,7 @@ func FusedSlots(r *moe.Routing, c *layout.Contract) (*moe.Slots, error) {
 	return moe.FusedSlots(r, c.NumExperts, SharedSlots(c), float32(c.RuntimeScale()))
 }
 
-// sharedSlots is the contract's shared slot layout (none when the shared
+// SharedSlots is the contract's shared slot layout (none when the shared
 // experts were not fused).
 func SharedSlots(c *layout.Contract) moe.SharedSlots {
 	if c.NumFusedSharedExperts == 0 {

@@ -37,7 +37,7 @@ func DrawTokens(seed uint64, layer, t, vocab int) []int32 {
 	return out
 }
 
-// hashVocab is the number of token ids a layer's table maps.
+// HashVocab is the number of token ids a layer's table maps.
 func HashVocab(src tensorload.TensorSource, name string, k int) (int, error) {
 	t, ok := src.Tensor(name)
 	if !ok {

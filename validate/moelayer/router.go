@@ -8,7 +8,7 @@ import (
 	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
-// routerScale reads the router's scale tensor (Inkling's global_scale), a
+// RouterScale reads the router's scale tensor (Inkling's global_scale), a
 // finite non-zero scalar (zero would make the whole layer's output zero,
 // nothing to compare); 1 when the router has none.
 func RouterScale(src tensorload.TensorSource, rr RouterRef) (float32, error) {
@@ -29,7 +29,7 @@ func RouterScale(src tensorload.TensorSource, rr RouterRef) (float32, error) {
 	return s[0], nil
 }
 
-// routerOf names a planned layer's router.
+// RouterOf names a planned layer's router.
 func RouterOf(l *family.Layer) RouterRef {
 	return RouterRef{Router: l.Router, Bias: l.RouterBias, LogitBias: l.RouterLogitBias, Hash: l.HashTable, Scale: l.RouterScale, ExpertScale: l.ExpertScale}
 }

@@ -2,7 +2,7 @@ package moelayer
 
 import ()
 
-// slotRows is the input of an input-scaled grouped GEMM: one row per slot,
+// SlotRows is the input of an input-scaled grouped GEMM: one row per slot,
 // slot s = t*k + j holding weights[s] * x[t], so the GEMM runs with one
 // slot per "token" and finalize sums each token's k slots unweighted.
 func SlotRows(x []float32, h, k int, weights []float32) []float32 {
@@ -16,7 +16,7 @@ func SlotRows(x []float32, h, k int, weights []float32) []float32 {
 	return out
 }
 
-// ones is n weights of 1: the finalize weights of an input-scaled layer.
+// Ones is n weights of 1: the finalize weights of an input-scaled layer.
 func Ones(n int) []float32 {
 	out := make([]float32, n)
 	for i := range out {

@@ -191,7 +191,7 @@ func readChecked(dec *Decoder, t *checkpoint.Tensor, off, n int64) ([]byte, func
 	return b, done, nil
 }
 
-// loadMatrix reads one weight and dequantises it to float32 as its format
+// LoadMatrix reads one weight and dequantises it to float32 as its format
 // says.
 func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) { return loadMatrix(nil, src, m) }
 
@@ -372,7 +372,7 @@ func (m MatrixRef) read(dec *Decoder, t *checkpoint.Tensor, off, n, rows, cols, 
 	return out, func() { putBytes(out) }, nil
 }
 
-// loadRow reads row index of a [N, n] tensor of floats (a stacked bias).
+// LoadRow reads row index of a [N, n] tensor of floats (a stacked bias).
 func LoadRow(src TensorSource, name string, index, n int) ([]float32, error) {
 	t, ok := src.Tensor(name)
 	if !ok {
