@@ -9,9 +9,11 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
+	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
 )
 
 // handMLP is one expert of H = 2, I = 1: gate and up [1,2], down [2,1].
@@ -126,6 +128,105 @@ func TestReferenceLayerByHand(t *testing.T) {
 				for h := range 2 {
 					got := float64(ref.Y[tok*2+h])
 					if math.Abs(got-want[h]) > 1e-6*math.Max(1, math.Abs(want[h])) {
+						t.Errorf("token %d: y[%d] = %v, want %v", tok, h, got, want[h])
+					}
+				}
+			}
+		})
+	}
+}
+
+// handStacked is handLayer converted by hand to the stacked layout: the
+// experts' gate, up and down as stacks [bank, 1, 2], [bank, 1, 2] and
+// [bank, 2, 1], the shared expert (when fused) the bank's last expert,
+// weighing 1 in every token's slots (rsf 1: folded or not, 1/rsf is 1).
+func handStacked(src cktest.Mem, plan *family.Plan, l *family.Layer, fuse bool) (cktest.Mem, *moelayer.FusedLayer) {
+	c := &layout.Contract{Version: layout.ContractVersion, Layout: layout.Stacked, SourceFormat: "safetensors", Family: plan.Family,
+		NumExperts: 2, SharedFirstID: 2, RoutedScalingFactor: plan.RoutedScalingFactor, WeightDType: string(plan.WeightDType),
+		Quantization: string(plan.Quantization), Layers: []layout.LayerInfo{{Index: l.Index, Prefix: l.Prefix}}, SharedSlotWeight: 1}
+	mlps := l.Experts
+	if fuse {
+		c.SharedReplicas, c.SharedSlices, c.NumFusedSharedExperts = 1, 1, 1
+		mlps = append(mlps[:len(mlps):len(mlps)], *l.Shared)
+	}
+	dst := cktest.Mem{}
+	dst.Put(l.Router, safetensors.F32, []int64{2, 2}, src.Bytes(l.Router))
+	n := layout.Names(layout.Stacked, l.Prefix, false)
+	stack := func(name string, pick func(family.MLP) string, rows, cols int64) {
+		var raw []byte
+		for _, m := range mlps {
+			raw = append(raw, src.Bytes(pick(m))...)
+		}
+		dst.Put(name, safetensors.F32, []int64{int64(len(mlps)), rows, cols}, raw)
+	}
+	stack(n.Gate, func(m family.MLP) string { return m.Gate }, 1, 2)
+	stack(n.Up, func(m family.MLP) string { return m.Up }, 1, 2)
+	stack(n.Down, func(m family.MLP) string { return m.Down }, 2, 1)
+	fl := &moelayer.FusedLayer{Index: l.Index, Router: l.Router, Spec: plan.RouteSpec(), Contract: c, Names: n}
+	if !fuse && l.Shared != nil { // copied as it is, run beside the bank
+		for _, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
+			dst.Put(name, safetensors.F32, src[name].Shape, src.Bytes(name))
+		}
+		fl.Shared = l.Shared
+	}
+	return dst, fl
+}
+
+// TestFusedLayerByHand: the CPU fused twin on the hand-converted stacks
+// gives the reference's routing and, within float32 rounding, its output:
+// the by-hand values of TestReferenceLayerByHand, with the shared expert
+// as an unfused MLP or as a fused bank expert in every token's slots.
+func TestFusedLayerByHand(t *testing.T) {
+	router := [2][2]float32{{1, 0}, {0, 1}}
+	experts := [2]handMLP{
+		{gate: [2]float32{1, 0}, up: [2]float32{0.5, 0}, down: [2]float32{1, 2}},
+		{gate: [2]float32{0, 1}, up: [2]float32{0, 1}, down: [2]float32{1, -1}},
+	}
+	shared := handMLP{gate: [2]float32{1, 1}, up: [2]float32{1, 0}, down: [2]float32{0.25, 0}}
+	x := [][2]float32{{2, 0}, {0, 3}}
+	// token 0 takes expert 0 at e^2/(e^2+1), token 1 expert 1 at e^3/(1+e^3)
+	w := [2]float64{math.Exp(2) / (math.Exp(2) + 1), math.Exp(3) / (1 + math.Exp(3))}
+	for _, tc := range []struct {
+		name          string
+		shared, fused bool
+		bank          int
+	}{
+		{"no shared expert", false, false, 2},
+		{"shared expert beside the bank", true, false, 2},
+		{"shared expert fused into the bank", true, true, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var sh *handMLP
+			if tc.shared {
+				sh = &shared
+			}
+			src, plan, layer := handLayer(router, experts, sh, 1, 1)
+			dst, fl := handStacked(src, plan, layer, tc.fused)
+			if got := fl.Contract.BankSize(); got != tc.bank {
+				t.Fatalf("bank of %d, want %d", got, tc.bank)
+			}
+			var xs []float32
+			for _, v := range x {
+				xs = append(xs, v[:]...)
+			}
+			res, err := cpuref.FusedLayerRun(context.Background(), dst, fl, xs, len(x), cpuref.FusedOptions{BlockSize: 4, Workers: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(res.Routing.IDs) != "[0 1]" {
+				t.Fatalf("ids %v, want [0 1]", res.Routing.IDs)
+			}
+			for tok, xt := range x {
+				o := experts[tok].out(xt)
+				want := [2]float64{w[tok] * o[0], w[tok] * o[1]}
+				if tc.shared {
+					so := shared.out(xt)
+					want[0] += so[0]
+					want[1] += so[1]
+				}
+				for h := range 2 {
+					got := float64(res.Y[tok*2+h])
+					if math.Abs(got-want[h]) > 1e-5*math.Max(1, math.Abs(want[h])) {
 						t.Errorf("token %d: y[%d] = %v, want %v", tok, h, got, want[h])
 					}
 				}
