@@ -68,7 +68,7 @@ func TestContractMisfitExitsOne(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := convertInto(t, tc.src, tc.o)
 			forgeContract(t, dst, tc.edit)
-			for _, bytes := range []string{BytesOnly, BytesAuto, BytesOff} {
+			for _, bytes := range []BytesMode{BytesOnly, BytesAuto, BytesOff} {
 				rep, err := Run(context.Background(), Options{Src: tc.src, Dst: dst, Bytes: bytes, Tokens: 8, Seed: 1})
 				if err == nil {
 					err = rep.Err()

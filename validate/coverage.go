@@ -2,8 +2,8 @@ package validate
 
 import (
 	"fmt"
-	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/moelayer"
 	"math"
 	"slices"
 )
@@ -100,7 +100,7 @@ func judgeCoverage(r *LayerResult, got, want []float32, h int, bankIDs []int32, 
 
 // coverageFor draws the forced tokens of one layer of a SRC+DST run, or
 // returns nil when there are not both sides to compare.
-func (s *session) coverageFor(tg target, h int) (*cpuref.Coverage, error) {
+func (s *session) coverageFor(tg target, h int) (*moelayer.Coverage, error) {
 	if tg.src == nil || tg.fused == nil || s.src == nil || s.dst == nil {
 		return nil, nil
 	}
@@ -109,7 +109,7 @@ func (s *session) coverageFor(tg target, h int) (*cpuref.Coverage, error) {
 	if c.NumFusedSharedExperts > 0 {
 		reps = c.SharedReplicas
 	}
-	cov, err := cpuref.NewCoverage(cpuref.CoverageOptions{Seed: s.o.Seed, Layer: tg.index, H: h, E: s.srcPlan.NumExperts,
+	cov, err := moelayer.NewCoverage(moelayer.CoverageOptions{Seed: s.o.Seed, Layer: tg.index, H: h, E: s.srcPlan.NumExperts,
 		K: s.srcPlan.TopK, Replicas: reps, Sample: s.o.SampleExperts})
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", tg.index, err)
@@ -119,7 +119,7 @@ func (s *session) coverageFor(tg target, h int) (*cpuref.Coverage, error) {
 
 // coverageRow compares the forced tokens' rows of a fused output with
 // another path's.
-func (s *session) coverageRow(base LayerResult, check string, fused *cpuref.FusedResult, other []float32, cov *cpuref.Coverage, h int, tol judge.Tolerance) LayerResult {
+func (s *session) coverageRow(base LayerResult, check string, fused *moelayer.FusedResult, other []float32, cov *moelayer.Coverage, h int, tol judge.Tolerance) LayerResult {
 	r := base
 	r.Check, r.Tokens = check, cov.T
 	t0 := fused.Routing.T

@@ -17,6 +17,7 @@ import (
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/moelayer"
 )
 
 // TestNewCoverage: every routed expert (or the sample) takes exactly Rounds
@@ -30,13 +31,13 @@ func TestNewCoverage(t *testing.T) {
 		{5, 3, 2, 2, 0}, {64, 8, 4, 2, 10}, {10, 1, 16, 2, 0},
 	} {
 		t.Run(fmt.Sprintf("E%d_K%d_R%d_rounds%d_sample%d", tc.e, tc.k, tc.reps, tc.rounds, tc.sample), func(t *testing.T) {
-			c, err := cpuref.NewCoverage(cpuref.CoverageOptions{Seed: 7, Layer: 3, H: 4, E: tc.e, K: tc.k, Replicas: tc.reps, Rounds: tc.rounds, Sample: tc.sample})
+			c, err := moelayer.NewCoverage(moelayer.CoverageOptions{Seed: 7, Layer: 3, H: 4, E: tc.e, K: tc.k, Replicas: tc.reps, Rounds: tc.rounds, Sample: tc.sample})
 			if err != nil {
 				t.Fatal(err)
 			}
 			rounds := max(tc.rounds, 1)
 			if tc.rounds == 0 {
-				rounds = cpuref.DefaultCoverageRounds
+				rounds = moelayer.DefaultCoverageRounds
 			}
 			want := tc.e
 			if tc.sample > 0 {
@@ -69,14 +70,14 @@ func TestNewCoverage(t *testing.T) {
 			if len(c.X) != c.T*4 || slices.ContainsFunc(c.X, func(v float32) bool { return v == 0 || math.IsNaN(float64(v)) }) {
 				t.Errorf("x: %d values, want %d non-zero", len(c.X), c.T*4)
 			}
-			again, _ := cpuref.NewCoverage(cpuref.CoverageOptions{Seed: 7, Layer: 3, H: 4, E: tc.e, K: tc.k, Replicas: tc.reps, Rounds: tc.rounds, Sample: tc.sample})
+			again, _ := moelayer.NewCoverage(moelayer.CoverageOptions{Seed: 7, Layer: 3, H: 4, E: tc.e, K: tc.k, Replicas: tc.reps, Rounds: tc.rounds, Sample: tc.sample})
 			if !slices.Equal(again.Routing.IDs, c.Routing.IDs) || !slices.Equal(again.X, c.X) {
 				t.Error("not reproducible from the seed")
 			}
 		})
 	}
-	for _, bad := range []cpuref.CoverageOptions{{H: 4, E: 4, K: 5}, {H: 0, E: 4, K: 1}, {H: 4, E: 4, K: 1, Rounds: 100}, {H: 4, E: 4, K: 1, Sample: -1}} {
-		if _, err := cpuref.NewCoverage(bad); err == nil {
+	for _, bad := range []moelayer.CoverageOptions{{H: 4, E: 4, K: 5}, {H: 0, E: 4, K: 1}, {H: 4, E: 4, K: 1, Rounds: 100}, {H: 4, E: 4, K: 1, Sample: -1}} {
+		if _, err := moelayer.NewCoverage(bad); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
 	}

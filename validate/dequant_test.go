@@ -306,7 +306,7 @@ func TestDequantMutationsFail(t *testing.T) {
 				src := synthFrom(t, specs, p.preset)
 				dst := convertInto(t, src, bf16)
 				mu.mutate(t, src, dst)
-				for _, bytes := range []string{BytesOff, BytesAuto, BytesOnly} {
+				for _, bytes := range []BytesMode{BytesOff, BytesAuto, BytesOnly} {
 					rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Device: DeviceCPU, Bytes: bytes})
 					if err != nil {
 						t.Fatalf("bytes %s: %v", bytes, err)

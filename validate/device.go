@@ -9,18 +9,27 @@ import (
 	"github.com/moeprep/moeprep/validate/gpurun"
 )
 
+// Device is where a run's layers compute (Options.Device, --device):
+// DeviceCPU or DeviceCUDA once a run resolved it, and before that as the
+// flag gave it ("auto" or "", "cpu", "cuda" or "gpu", in any case).
+type Device string
+
+// Precision is the activation type of a GPU run's grouped GEMM
+// (Options.GPUPrecision, --precision).
+type Precision string
+
 // Devices and GPU precisions of Options.
 const (
-	DeviceCPU  = "cpu"
-	DeviceCUDA = "cuda"
+	DeviceCPU  Device = "cpu"
+	DeviceCUDA Device = "cuda"
 
-	PrecisionBF16 = gpurun.PrecisionBF16
-	PrecisionF32  = gpurun.PrecisionF32
+	PrecisionBF16 Precision = gpurun.PrecisionBF16
+	PrecisionF32  Precision = gpurun.PrecisionF32
 	// PrecisionFP8 is the w8a8 serving numerics (moe.GEMMOptions.W8A8): the
 	// GPU quantises each expert GEMM's activations to e4m3 per token per
 	// 128 channels and multiplies e4m3 x e4m3 (fp8 weights, compute
 	// capability 9.0); the CPU reference quantises the same way.
-	PrecisionFP8 = gpurun.PrecisionFP8
+	PrecisionFP8 Precision = gpurun.PrecisionFP8
 )
 
 // GPUBlockMultiple is what --block-size must be a multiple of on the GPU:
@@ -36,7 +45,7 @@ var cudaAvailable = cuda.Available
 // notes of an auto fallback (also sent to Notice, or Progress).
 func (o *Options) selectDevice(avail func() error) ([]string, error) {
 	var notes []string
-	switch strings.ToLower(strings.TrimSpace(o.Device)) {
+	switch strings.ToLower(strings.TrimSpace(string(o.Device))) {
 	case "", "auto":
 		if err := avail(); err != nil {
 			msg := "validate: " + fallbackReason(err) + "; running on the CPU"
@@ -56,7 +65,7 @@ func (o *Options) selectDevice(avail func() error) ([]string, error) {
 	default:
 		return nil, fmt.Errorf("validate: unknown --device %q (want auto, cpu or cuda)", o.Device)
 	}
-	switch strings.ToLower(o.GPUPrecision) {
+	switch Precision(strings.ToLower(string(o.GPUPrecision))) {
 	case "", PrecisionBF16:
 		o.GPUPrecision = PrecisionBF16
 	case PrecisionF32, "fp32":

@@ -27,11 +27,13 @@ func withCUDA(t *testing.T, err error) {
 func TestSelectDevice(t *testing.T) {
 	other := errors.New("cuda: cuInit: CUDA_ERROR_INSUFFICIENT_DRIVER (35)")
 	tests := []struct {
-		device, precision string
-		block             int
-		avail             error
-		want, prec        string
-		notice, err       string
+		device      Device
+		precision   Precision
+		block       int
+		avail       error
+		want        Device
+		prec        Precision
+		notice, err string
 	}{
 		{"", "", 64, nil, DeviceCUDA, PrecisionBF16, "", ""},
 		{"auto", "f32", 64, nil, DeviceCUDA, PrecisionF32, "", ""},

@@ -83,7 +83,7 @@ func dsv4OfficialSharedMutations() []dstMutation {
 
 func TestDSV4OfficialMutationsFail(t *testing.T) {
 	muts := append(mxfp4Mutations("layers.1.ffn", dsv4FP4, "h64-i64", "h32-i96"), dsv4OfficialSharedMutations()...)
-	mutationsFail(t, dsv4OfficialSpecs(), muts, DeviceCPU, []string{BytesOff, BytesAuto})
+	mutationsFail(t, dsv4OfficialSpecs(), muts, DeviceCPU, []BytesMode{BytesOff, BytesAuto})
 	// Tensors outside the MoE layers no layer runs: the byte proof alone.
 	mutationsFail(t, dsv4OfficialSpecs(), []dstMutation{
 		{"a hyper-connection mixer value changed", "h64-i64", convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
@@ -92,7 +92,7 @@ func TestDSV4OfficialMutationsFail(t *testing.T) {
 		{"an attention FP8 scale changed", "h32-i96", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, "layers.2.attn.wkv.scale", func(raw []byte, _ []int64) { raw[0]-- })
 		}},
-	}, DeviceCPU, []string{BytesAuto})
+	}, DeviceCPU, []BytesMode{BytesAuto})
 }
 
 // TestDSV4OfficialRefusals: what moeprep cannot carry of the official

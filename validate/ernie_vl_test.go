@@ -147,7 +147,7 @@ func TestErnieVLBanks(t *testing.T) {
 			raw[o], raw[o+1] = byte(v), byte(v>>8)
 		}
 	})
-	for _, bytes := range []string{BytesOff, BytesOnly} {
+	for _, bytes := range []BytesMode{BytesOff, BytesOnly} {
 		rep, err := Run(context.Background(), Options{Src: src, Dst: bad, Seed: 1, Bytes: bytes})
 		if err == nil {
 			err = rep.Err()

@@ -16,6 +16,7 @@ import (
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
 // TestDeepSeekV4DetailsMatter: on the deepseek-v4 fixture (swiglu_limit
@@ -42,7 +43,7 @@ func TestDeepSeekV4DetailsMatter(t *testing.T) {
 
 // goldenRun returns the rel_l2 against HF's golden of the CPU reference of
 // plan's layer i, on copies of the plan and layer that edit changed.
-func goldenRun(t *testing.T, src string, ck cpuref.TensorSource, plan *family.Plan) func(i int, edit func(p *family.Plan, l *family.Layer)) float64 {
+func goldenRun(t *testing.T, src string, ck tensorload.TensorSource, plan *family.Plan) func(i int, edit func(p *family.Plan, l *family.Layer)) float64 {
 	return func(i int, edit func(p *family.Plan, l *family.Layer)) float64 {
 		t.Helper()
 		layer := &plan.Layers[i]

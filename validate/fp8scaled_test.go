@@ -110,8 +110,8 @@ func fp8ScaledMutations() []dstMutation {
 
 // fp8ScaledMutationsFail runs validate on device with the byte mode
 // bytes on every mutation, or on those named only.
-func fp8ScaledMutationsFail(t *testing.T, device, bytes string, only ...string) {
-	mutationsFail(t, fp8ScaledSpecs(), fp8ScaledMutations(), device, []string{bytes}, only...)
+func fp8ScaledMutationsFail(t *testing.T, device Device, bytes BytesMode, only ...string) {
+	mutationsFail(t, fp8ScaledSpecs(), fp8ScaledMutations(), device, []BytesMode{bytes}, only...)
 }
 
 // TestFP8ScaledRefusals: what moeprep cannot carry of these formats is

@@ -13,10 +13,11 @@ import (
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/moelayer"
 )
 
 // runBoth runs the reference on m's source and the fused path on dst.
-func runBoth(t *testing.T, m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer, tokens, block int) (*cpuref.RefResult, *cpuref.FusedResult, judge.Diff) {
+func runBoth(t *testing.T, m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer, tokens, block int) (*moelayer.RefResult, *moelayer.FusedResult, judge.Diff) {
 	t.Helper()
 	x := DrawX(11, m.layerIndex, tokens, m.H)
 	ref, err := cpuref.ReferenceLayer(context.Background(), m.src, m.plan, &m.plan.Layers[0], x, tokens, cpuref.RefOptions{Workers: 2})
@@ -115,7 +116,7 @@ func TestFusedMatchesReference(t *testing.T) {
 // converted layer and checks the fused-vs-reference error is at least 10x
 // the threshold (the on-disk suite with convert's output is in mutation_test.go).
 func TestMutationsInMemory(t *testing.T) {
-	build := func(fp8 bool, biasLike bool) (*memModel, cktest.Mem, *cpuref.FusedLayer) {
+	build := func(fp8 bool, biasLike bool) (*memModel, cktest.Mem, *moelayer.FusedLayer) {
 		mm := memModel{H: 160, I: 128, E: 16, S: 1, K: 4, NGroup: 4, TopKGroup: 2, RSF: 2.5, FP8: fp8, deepseekLikeBiases: biasLike}
 		m := newMemModel(42, mm)
 		dst, _, fl := m.convert(convertOpts{layout: layout.Stacked, fuse: true, replicas: 2, fold: fp8})
@@ -125,7 +126,7 @@ func TestMutationsInMemory(t *testing.T) {
 		name   string
 		fp8    bool
 		biases bool
-		apply  func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer)
+		apply  func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer)
 	}
 	swapSlices := func(dst cktest.Mem, name string, a, b int) {
 		t := dst[name]
@@ -138,7 +139,7 @@ func TestMutationsInMemory(t *testing.T) {
 	}
 	// The expert the first token selects, so every mutation is on a used expert.
 	muts := []mutation{
-		{"gate and up swapped in one expert", false, false, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
+		{"gate and up swapped in one expert", false, false, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
 			g, u := dst.Bytes(fl.Names.Gate), dst.Bytes(fl.Names.Up)
 			per := len(g) / int(dst[fl.Names.Gate].Shape[0])
 			e := usedExpert(t, m)
@@ -148,34 +149,34 @@ func TestMutationsInMemory(t *testing.T) {
 			dst.Put(fl.Names.Gate, dst[fl.Names.Gate].DType, dst[fl.Names.Gate].Shape, g)
 			dst.Put(fl.Names.Up, dst[fl.Names.Up].DType, dst[fl.Names.Up].Shape, u)
 		}},
-		{"two experts swapped", false, false, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
+		{"two experts swapped", false, false, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
 			e := usedExpert(t, m)
 			for _, n := range []string{fl.Names.Gate, fl.Names.Up, fl.Names.Down} {
 				swapSlices(dst, n, e, (e+1)%m.E)
 			}
 		}},
-		{"rsf folded twice (fp8 scales)", true, false, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
+		{"rsf folded twice (fp8 scales)", true, false, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
 			scaleStack(dst, fl.Names.DownScale, m.E, m.RSF)
 		}},
-		{"rsf neither folded nor applied", false, false, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
+		{"rsf neither folded nor applied", false, false, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
 			fl.Contract.RoutedScalingFactorFolded = true // contract claims folded, weights are not
 			fl.Contract.SharedSlotWeight = 1
 		}},
-		{"one shared replica zeroed", false, false, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
+		{"one shared replica zeroed", false, false, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
 			n := dst[fl.Names.Down]
 			raw := dst.Bytes(fl.Names.Down)
 			per := len(raw) / int(n.Shape[0])
 			clear(raw[(m.E+1)*per : (m.E+2)*per]) // replica 1 of 2
 			dst.Put(fl.Names.Down, n.DType, n.Shape, raw)
 		}},
-		{"correction bias rounded to bf16", false, true, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
+		{"correction bias rounded to bf16", false, true, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
 			b := make([]float32, m.E)
 			for i, v := range m.bias {
 				b[i] = numfmt.RoundBF16(v)
 			}
 			dst.Put(fl.RouterBias, dst[fl.RouterBias].DType, dst[fl.RouterBias].Shape, testkit.F32LE(b...))
 		}},
-		{"one wrong fp8 scale block", true, false, func(m *memModel, dst cktest.Mem, fl *cpuref.FusedLayer) {
+		{"one wrong fp8 scale block", true, false, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
 			n := dst[fl.Names.UpScale]
 			raw := dst.Bytes(fl.Names.UpScale)
 			per := len(raw) / int(n.Shape[0])

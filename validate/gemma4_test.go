@@ -81,7 +81,7 @@ func TestGemma4TamperedInputs(t *testing.T) {
 			rewriteTensor(t, dst, name, func(raw []byte, _ []int64) {
 				raw[0] ^= 0x80 // bf16 element 0's lowest exponent bit: twice or half the value
 			})
-			for _, bytes := range []string{BytesOff, BytesOnly} {
+			for _, bytes := range []BytesMode{BytesOff, BytesOnly} {
 				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Bytes: bytes})
 				if err == nil {
 					err = rep.Err()

@@ -9,7 +9,7 @@ import (
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/safetensors"
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
 // GoldenFileName is the golden of MoE layer l inside a golden directory.
@@ -147,7 +147,7 @@ func ReadGolden(path string, wantH int) (*Golden, error) {
 		return fail("tensor x: [%d,%d] is %d values, over the limit of %d", t, h, t*h, maxGoldenElems)
 	}
 	for _, ti := range []safetensors.TensorInfo{x, y} {
-		if !cpuref.Decodable(ti.DType) {
+		if !tensorload.Decodable(ti.DType) {
 			return fail("tensor %s is %s, want F32", ti.Name, ti.DType)
 		}
 	}
@@ -167,7 +167,7 @@ func ReadGolden(path string, wantH int) (*Golden, error) {
 		if ids.DType != safetensors.I32 && ids.DType != safetensors.I64 {
 			return fail("tensor topk_ids is %s, want I32 or I64", ids.DType)
 		}
-		if !cpuref.Decodable(w.DType) {
+		if !tensorload.Decodable(w.DType) {
 			return fail("tensor topk_weights is %s, want F32", w.DType)
 		}
 	}
@@ -267,7 +267,7 @@ func goldenFloats(f *safetensors.File, ti safetensors.TensorInfo) ([]float32, er
 	size := ti.DType.Size()
 	out := make([]float32, ti.NumBytes()/int64(size))
 	err := goldenRead(f, ti, func(raw []byte, first int) error {
-		if err := cpuref.Decode(ti.DType, raw, out[first:first+len(raw)/size]); err != nil {
+		if err := tensorload.Decode(ti.DType, raw, out[first:first+len(raw)/size]); err != nil {
 			return fmt.Errorf("%s: tensor %s: %w", f.Path, ti.Name, err)
 		}
 		return nil

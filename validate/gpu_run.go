@@ -9,22 +9,27 @@ import (
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // LayerTiming is where one layer's time went in a GPU run (gpurun.LayerTiming).
 type LayerTiming = gpurun.LayerTiming
 
+// CPUCheckMode is which layers of a GPU run the CPU reference also checks
+// (Options.CPUCheck, --cpu-check).
+type CPUCheckMode string
+
 // The CPU reference sampling of a GPU run (Options.CPUCheck).
 const (
-	CPUCheckAuto = "auto" // first and last layer, or all when there are at most 4
-	CPUCheckNone = "none" // GPU paths only
-	CPUCheckAll  = "all"  // every layer
+	CPUCheckAuto CPUCheckMode = "auto" // first and last layer, or all when there are at most 4
+	CPUCheckNone CPUCheckMode = "none" // GPU paths only
+	CPUCheckAll  CPUCheckMode = "all"  // every layer
 )
 
 // refSampled picks the layers the CPU reference runs on in a GPU run, per
 // mode (CPUCheckAuto when empty).
-func refSampled(targets []target, mode string) map[int]bool {
+func refSampled(targets []target, mode CPUCheckMode) map[int]bool {
 	out := map[int]bool{}
 	for i, tg := range targets {
 		switch mode {
@@ -43,7 +48,7 @@ func refSampled(targets []target, mode string) map[int]bool {
 // openGPU opens the GPU runner of a run of targets, names the device in
 // rep, and says which layers the CPU reference samples.
 func (s *session) openGPU(targets []target, rep *Report) (*gpurun.Runner, map[int]bool, error) {
-	g, err := gpurun.Open(s.o.GPUPrecision)
+	g, err := gpurun.Open(string(s.o.GPUPrecision))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -246,11 +251,11 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 		}
 	}
 	var pace *layerPace
-	paced := func(r int) cpuref.Pace { return nil }
+	paced := func(r int) moelayer.Pace { return nil }
 	if lp != nil {
 		readers := [numReaders]bool{readerBank: tg.fused != nil, readerUnfused: withUnf, readerRef: withRef}
 		pace = newLayerPace(lp.order, len(tg.src.Experts), readers, paceWindow(lp), lp.release)
-		paced = func(r int) cpuref.Pace { return pace.reader(r) }
+		paced = func(r int) moelayer.Pace { return pace.reader(r) }
 		defer func() {
 			for r := range numReaders {
 				pace.finish(r)
@@ -258,7 +263,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 		}()
 	}
 	type refOut struct {
-		r   *cpuref.RefResult
+		r   *moelayer.RefResult
 		err error
 		sec float64
 	}
@@ -298,7 +303,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 	// The stager's I/O during each path: DST's unfused shared expert, SRC's
 	// experts and shared expert.
 	var dstRec, srcRec gpurun.StageRecord
-	gpu := func() (fused *cpuref.FusedResult, unf *cpuref.RefResult, fusedSec, unfSec float64, err error) {
+	gpu := func() (fused *moelayer.FusedResult, unf *moelayer.RefResult, fusedSec, unfSec float64, err error) {
 		var fr gpurun.Frees
 		defer fr.Release(g)
 		in, err := g.Input(xAll, len(xAll)/h, h, &fr)
@@ -358,7 +363,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 		return
 	}
 	fused, unf, fusedSec, unfSec, gpuErr := gpu()
-	var ref *cpuref.RefResult
+	var ref *moelayer.RefResult
 	var refSec float64
 	if refCh != nil {
 		ro := <-refCh
@@ -392,8 +397,8 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 // gpuPaths is what one GPU layer's paths computed (nil: the path did not
 // run) and the seconds each took.
 type gpuPaths struct {
-	fused                    *cpuref.FusedResult
-	unf, ref                 *cpuref.RefResult
+	fused                    *moelayer.FusedResult
+	unf, ref                 *moelayer.RefResult
 	fusedSec, unfSec, refSec float64
 }
 
@@ -447,11 +452,18 @@ func (rj rowJudge) gpuRows(p gpuPaths) []LayerResult {
 // its Y, the shared expert as SRC stores it) over the routed tokens, at the
 // bound the same measurement derives (rj.requant). Both outputs share one
 // routing, so there are no ids to compare (top-k NaN).
-func (rj rowJudge) requantRow(sec float64, ref *cpuref.RefResult) LayerResult {
+func (rj rowJudge) requantRow(sec float64, ref *moelayer.RefResult) LayerResult {
 	h, t := rj.h, rj.t
 	r := rj.base
 	r.Check, r.Seconds = judge.RequantVsReference, sec
 	r.Experts, r.ExpertsUsed = rj.s.srcPlan.NumExperts, distinct(ref.Routing.IDs, rj.s.srcPlan.NumExperts)
 	judgeRow(&r, judge.Compare(tokenRows(ref.YRequant, h, 0, t), tokenRows(ref.Y, h, 0, t)), rj.tolerance(judge.RequantVsReference), nil, nil, nil, nil, ref.Routing)
 	return r
+}
+
+// gpuRefusal says why the GPU cannot run this run's expert weights ("" when
+// it can): the policy is gpurun's (Refusal, beside the kernels it speaks
+// for), asked of SRC's plan and DST's contract at the run's precision.
+func (s *session) gpuRefusal() string {
+	return gpurun.Refusal(s.srcPlan, s.contract, string(s.o.GPUPrecision))
 }

@@ -64,7 +64,7 @@ func TestGPUCorrectConversions(t *testing.T) {
 		t.Run(c.name(), func(t *testing.T) {
 			src := filepath.Join(hfFixtures, c.fixture)
 			dst := convertInto(t, src, c.o)
-			precs := []string{PrecisionBF16, PrecisionF32}
+			precs := []Precision{PrecisionBF16, PrecisionF32}
 			if decodedOnDevice(t, src) {
 				precs = precs[:1]
 			}
@@ -77,7 +77,7 @@ func TestGPUCorrectConversions(t *testing.T) {
 				if rep.Device != DeviceCUDA || rep.DeviceName == "" {
 					t.Fatalf("ran on %q %q", rep.Device, rep.DeviceName)
 				}
-				mustPass(t, rep, prec+": validate --device cuda failed on a correct conversion")
+				mustPass(t, rep, string(prec)+": validate --device cuda failed on a correct conversion")
 				checks := map[string]int{}
 				for _, r := range rep.Rows {
 					checks[r.Check]++
@@ -138,7 +138,7 @@ func TestGPUMutationSuite(t *testing.T) {
 	needGPU(t)
 	smallEffect := map[string]bool{"gpt-oss: gate and up biases swapped in one expert": true, "gpt-oss: one expert's down bias zeroed": true}
 	for _, tt := range mutations(t) {
-		for _, prec := range []string{PrecisionBF16, PrecisionF32} {
+		for _, prec := range []Precision{PrecisionBF16, PrecisionF32} {
 			factor := 10.0
 			if prec == PrecisionBF16 {
 				factor = 3
@@ -159,8 +159,8 @@ func TestGPUMutationSuite(t *testing.T) {
 // the GPU-vs-GPU and GPU-vs-CPU coverage rows alike.
 func TestGPUEveryExpertCorruptionCaught(t *testing.T) {
 	needGPU(t)
-	for _, prec := range []string{PrecisionBF16, PrecisionF32} {
-		t.Run(prec, func(t *testing.T) {
+	for _, prec := range []Precision{PrecisionBF16, PrecisionF32} {
+		t.Run(string(prec), func(t *testing.T) {
 			everyExpertCaught(t, Options{Device: DeviceCUDA, GPUPrecision: prec, CPUCheck: CPUCheckAll})
 		})
 	}
@@ -311,7 +311,7 @@ func TestGPUInOutConversions(t *testing.T) {
 			if o.FuseShared && name != "deepseek-v3-fp8" && name != "deepseek-v2-lite" && name != "deepseek-v2-fp8" {
 				continue // no shared expert to fuse
 			}
-			for _, prec := range []string{PrecisionBF16, PrecisionF32} {
+			for _, prec := range []Precision{PrecisionBF16, PrecisionF32} {
 				t.Run(fmt.Sprintf("%s/%s/fuse=%v/%s", name, o.Layout, o.FuseShared, prec), func(t *testing.T) {
 					io := o
 					io.Orientation = layout.InOut
@@ -346,5 +346,5 @@ func TestGPUInOutConversions(t *testing.T) {
 // expert's slice or FP8 grid left out-in) fail the GPU's layer checks.
 func TestGPUInOutMutationsFail(t *testing.T) {
 	needGPU(t)
-	mutationsFail(t, inOutSpecs(), inOutMutations(), DeviceCUDA, []string{BytesOff})
+	mutationsFail(t, inOutSpecs(), inOutMutations(), DeviceCUDA, []BytesMode{BytesOff})
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/moelayer"
 )
 
 // hashEveryLayer is a DeepSeek-V4 checkpoint whose every MoE layer is
@@ -134,7 +135,7 @@ func writeHashGoldens(t *testing.T, src string, tokens int) string {
 	for i := range plan.Layers {
 		l := &plan.Layers[i]
 		x := DrawX(5, l.Index, tokens, plan.HiddenSize)
-		ids := cpuref.DrawTokens(5, l.Index, tokens, hashEveryLayer.Vocab)
+		ids := moelayer.DrawTokens(5, l.Index, tokens, hashEveryLayer.Vocab)
 		res, err := cpuref.ReferenceLayer(context.Background(), ck, plan, l, x, tokens, cpuref.RefOptions{Tokens: ids, Workers: 2})
 		if err != nil {
 			t.Fatal(err)

@@ -75,7 +75,7 @@ func TestInOutConversionsPass(t *testing.T) {
 // the wrong order) fails validate: the layer checks and the byte proof
 // each catch it.
 func TestInOutMutationsFail(t *testing.T) {
-	mutationsFail(t, inOutSpecs(), inOutMutations(), DeviceCPU, []string{BytesOff, BytesOnly})
+	mutationsFail(t, inOutSpecs(), inOutMutations(), DeviceCPU, []BytesMode{BytesOff, BytesOnly})
 }
 
 // inOutMutations are in-out DSTs with one expert's slice or FP8 scale grid

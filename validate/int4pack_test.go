@@ -57,7 +57,7 @@ func int4Word(raw []byte, shape []int64, e, w int) []byte {
 // (nibble order), and one scale changed each fail validate: the layer
 // checks alone (--skip-bytes) and the whole run.
 func TestInt4MutationsFail(t *testing.T) {
-	mutationsFail(t, int4Specs(), int4Mutations(), DeviceCPU, []string{BytesOff, BytesAuto})
+	mutationsFail(t, int4Specs(), int4Mutations(), DeviceCPU, []BytesMode{BytesOff, BytesAuto})
 }
 
 func int4Mutations() []dstMutation {

@@ -63,7 +63,7 @@ func secs(s float64) string { return fmt.Sprintf("%.3f", s) }
 // left out are skipped cases, so a sampled run cannot pass for a whole one.
 func (r *Report) WriteJUnit(w io.Writer) error {
 	s := junitSuite{Name: JUnitSuiteName, Time: secs(r.Seconds)}
-	for _, k := range []struct{ name, value string }{{"mode", r.Mode}, {"device", r.Device}, {"src", r.Src}, {"dst", r.Dst}, {"tool", r.Tool}} {
+	for _, k := range []struct{ name, value string }{{"mode", r.Mode}, {"device", string(r.Device)}, {"src", r.Src}, {"dst", r.Dst}, {"tool", r.Tool}} {
 		if k.value != "" {
 			s.Props = append(s.Props, junitProp{k.name, k.value})
 		}

@@ -67,7 +67,7 @@ func TestLongcatContractAndBias(t *testing.T) {
 	rewriteTensor(t, biasDst, "model.layers.1.mlp.router.e_score_correction_bias", func(raw []byte, _ []int64) {
 		raw[4*9+3] ^= 0x40 // row 9, a zero-compute expert's: a large bias, it wins every token's top-k
 	})
-	for _, bytes := range []string{BytesOff, BytesOnly} {
+	for _, bytes := range []BytesMode{BytesOff, BytesOnly} {
 		rep, err := Run(context.Background(), Options{Src: src, Dst: biasDst, Seed: 1, Bytes: bytes})
 		if err == nil {
 			err = rep.Err()

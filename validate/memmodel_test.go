@@ -14,7 +14,8 @@ import (
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/safetensors"
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
+	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
 func bf16Bytes(v []float32) []byte {
@@ -43,14 +44,14 @@ func encodeE4M3(v float32) byte {
 
 // quantFP8 quantises a rows x cols matrix in 128x128 blocks (scale = amax/448).
 func quantFP8(w []float32, rows, cols int) ([]byte, []float32) {
-	sr, sc := cpuref.ScaleDims(rows, cols, cpuref.FP8Block, cpuref.FP8Block)
+	sr, sc := tensorload.ScaleDims(rows, cols, tensorload.FP8Block, tensorload.FP8Block)
 	scale := make([]float32, sr*sc)
 	q := make([]byte, len(w))
 	for br := range sr {
 		for bc := range sc {
 			var amax float32
-			for r := br * cpuref.FP8Block; r < min(rows, (br+1)*cpuref.FP8Block); r++ {
-				for c := bc * cpuref.FP8Block; c < min(cols, (bc+1)*cpuref.FP8Block); c++ {
+			for r := br * tensorload.FP8Block; r < min(rows, (br+1)*tensorload.FP8Block); r++ {
+				for c := bc * tensorload.FP8Block; c < min(cols, (bc+1)*tensorload.FP8Block); c++ {
 					amax = max(amax, float32(math.Abs(float64(w[r*cols+c]))))
 				}
 			}
@@ -59,8 +60,8 @@ func quantFP8(w []float32, rows, cols int) ([]byte, []float32) {
 				s = 1
 			}
 			scale[br*sc+bc] = s
-			for r := br * cpuref.FP8Block; r < min(rows, (br+1)*cpuref.FP8Block); r++ {
-				for c := bc * cpuref.FP8Block; c < min(cols, (bc+1)*cpuref.FP8Block); c++ {
+			for r := br * tensorload.FP8Block; r < min(rows, (br+1)*tensorload.FP8Block); r++ {
+				for c := bc * tensorload.FP8Block; c < min(cols, (bc+1)*tensorload.FP8Block); c++ {
 					q[r*cols+c] = encodeE4M3(w[r*cols+c] / s)
 				}
 			}
@@ -168,7 +169,7 @@ func newMemModel(seed uint64, m memModel) *memModel {
 func (m *memModel) putMat(s cktest.Mem, name string, e encMat) {
 	s.Put(name, m.dtype, []int64{int64(e.rows), int64(e.cols)}, e.raw)
 	if m.FP8 {
-		sr, sc := cpuref.ScaleDims(e.rows, e.cols, cpuref.FP8Block, cpuref.FP8Block)
+		sr, sc := tensorload.ScaleDims(e.rows, e.cols, tensorload.FP8Block, tensorload.FP8Block)
 		s.Put(name+"_scale_inv", safetensors.F32, []int64{int64(sr), int64(sc)}, testkit.F32LE(e.scale...))
 	}
 }
@@ -232,8 +233,8 @@ func (m *memModel) rowsOf(e encMat, r0, r1 int) encMat {
 	es := m.dtype.Size()
 	out := encMat{raw: e.raw[r0*e.cols*es : r1*e.cols*es], rows: r1 - r0, cols: e.cols}
 	if m.FP8 {
-		_, sc := cpuref.ScaleDims(e.rows, e.cols, cpuref.FP8Block, cpuref.FP8Block)
-		out.scale = e.scale[r0/cpuref.FP8Block*sc : ((r1-r0+cpuref.FP8Block-1)/cpuref.FP8Block+r0/cpuref.FP8Block)*sc]
+		_, sc := tensorload.ScaleDims(e.rows, e.cols, tensorload.FP8Block, tensorload.FP8Block)
+		out.scale = e.scale[r0/tensorload.FP8Block*sc : ((r1-r0+tensorload.FP8Block-1)/tensorload.FP8Block+r0/tensorload.FP8Block)*sc]
 	}
 	return out
 }
@@ -246,9 +247,9 @@ func (m *memModel) colsOf(e encMat, c0, c1 int) encMat {
 		out.raw = append(out.raw, e.raw[(r*e.cols+c0)*es:(r*e.cols+c1)*es]...)
 	}
 	if m.FP8 {
-		sr, sc := cpuref.ScaleDims(e.rows, e.cols, cpuref.FP8Block, cpuref.FP8Block)
+		sr, sc := tensorload.ScaleDims(e.rows, e.cols, tensorload.FP8Block, tensorload.FP8Block)
 		for br := range sr {
-			out.scale = append(out.scale, e.scale[br*sc+c0/cpuref.FP8Block:br*sc+(c1+cpuref.FP8Block-1)/cpuref.FP8Block]...)
+			out.scale = append(out.scale, e.scale[br*sc+c0/tensorload.FP8Block:br*sc+(c1+tensorload.FP8Block-1)/tensorload.FP8Block]...)
 		}
 	}
 	return out
@@ -264,7 +265,7 @@ type convertOpts struct {
 
 // convert builds the converted layer the way convert / fuse-shared write it,
 // returning the DST tensors and contract.
-func (m *memModel) convert(o convertOpts) (cktest.Mem, *layout.Contract, *cpuref.FusedLayer) {
+func (m *memModel) convert(o convertOpts) (cktest.Mem, *layout.Contract, *moelayer.FusedLayer) {
 	c := &layout.Contract{Version: layout.ContractVersion, Layout: o.layout, SourceFormat: "safetensors", Family: m.plan.Family,
 		NumExperts: m.E, SharedFirstID: m.E, RoutedScalingFactor: m.RSF, WeightDType: string(m.dtype), Quantization: string(m.plan.Quantization),
 		Layers: []layout.LayerInfo{{Index: m.layerIndex, Prefix: m.prefix}}}
@@ -277,7 +278,7 @@ func (m *memModel) convert(o convertOpts) (cktest.Mem, *layout.Contract, *cpuref
 		c.SharedSlotWeight = 1 / m.RSF
 	}
 	if m.FP8 {
-		c.WeightBlockSize = []int64{cpuref.FP8Block, cpuref.FP8Block}
+		c.WeightBlockSize = []int64{tensorload.FP8Block, tensorload.FP8Block}
 	}
 	bank := make([][3]encMat, 0, m.E+c.NumFusedSharedExperts)
 	for _, ex := range m.experts {
@@ -303,7 +304,7 @@ func (m *memModel) convert(o convertOpts) (cktest.Mem, *layout.Contract, *cpuref
 			dst.Put(n, m.src[n].DType, m.src[n].Shape, m.src.Bytes(n))
 		}
 	}
-	fl := &cpuref.FusedLayer{Index: m.layerIndex, Router: l.Router, RouterBias: l.RouterBias, Spec: m.plan.RouteSpec(), Contract: c,
+	fl := &moelayer.FusedLayer{Index: m.layerIndex, Router: l.Router, RouterBias: l.RouterBias, Spec: m.plan.RouteSpec(), Contract: c,
 		Names: layout.Names(o.layout, m.prefix, m.FP8), SharedGate: l.SharedGate}
 	if !o.fuse && l.Shared != nil {
 		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down, l.Shared.GateScale, l.Shared.UpScale, l.Shared.DownScale} {
@@ -329,7 +330,7 @@ func (m *memModel) foldDown(e encMat) encMat {
 		return out
 	}
 	v := make([]float32, e.rows*e.cols)
-	if err := cpuref.Decode(safetensors.BF16, e.raw, v); err != nil {
+	if err := tensorload.Decode(safetensors.BF16, e.raw, v); err != nil {
 		panic(err)
 	}
 	for i := range v {
@@ -355,7 +356,7 @@ func (m *memModel) putStacks(dst cktest.Mem, n layout.ExpertTensors, l layout.La
 		raw, sc := cat(which, m.FP8)
 		dst.Put(name, m.dtype, []int64{nb, rows, cols}, raw)
 		if m.FP8 {
-			sr, scc := cpuref.ScaleDims(int(rows), int(cols), cpuref.FP8Block, cpuref.FP8Block)
+			sr, scc := tensorload.ScaleDims(int(rows), int(cols), tensorload.FP8Block, tensorload.FP8Block)
 			dst.Put(scale, safetensors.F32, []int64{nb, int64(sr), int64(scc)}, testkit.F32LE(sc...))
 		}
 	}
@@ -377,7 +378,7 @@ func (m *memModel) putStacks(dst cktest.Mem, n layout.ExpertTensors, l layout.La
 	}
 	dst.Put(n.GateUp, m.dtype, []int64{nb, 2 * in, h}, raw)
 	if m.FP8 {
-		sr, scc := cpuref.ScaleDims(m.I, m.H, cpuref.FP8Block, cpuref.FP8Block)
+		sr, scc := tensorload.ScaleDims(m.I, m.H, tensorload.FP8Block, tensorload.FP8Block)
 		dst.Put(n.GateUpScale, safetensors.F32, []int64{nb, int64(2 * sr), int64(scc)}, testkit.F32LE(sc...))
 	}
 	put(n.Down, n.DownScale, 2, h, in)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
 )
 
 // Reporter receives a run's byte progress (Options.ByteProgress): Total
@@ -302,7 +302,7 @@ func srcLayerNames(l *family.Layer) []string {
 }
 
 // dstLayerNames are the tensors the fused paths read for one DST layer.
-func dstLayerNames(fl *cpuref.FusedLayer) []string {
+func dstLayerNames(fl *moelayer.FusedLayer) []string {
 	n := fl.Names
 	names := []string{fl.Router, fl.RouterBias, fl.RouterLogitBias, fl.RouterScale, fl.ExpertScale, fl.Prep.RouterScale, fl.Prep.ExpertNorm, fl.SharedGate,
 		n.Gate, n.Up, n.GateUp, n.Down, n.GateScale, n.UpScale, n.GateUpScale, n.DownScale}

@@ -85,7 +85,7 @@ func mxByte(t *testing.T, buf []byte, at int, pick func(b byte) bool) int {
 // order) and one scale byte changed each fail validate: the layer checks
 // alone (--skip-bytes) and the whole run.
 func TestMXFP4MutationsFail(t *testing.T) {
-	mutationsFail(t, mxfp4Specs(), mxfp4Mutations("model.layers.1.mlp", gptOssMXFP4, "h96-i64", "h32-i128"), DeviceCPU, []string{BytesOff, BytesAuto})
+	mutationsFail(t, mxfp4Specs(), mxfp4Mutations("model.layers.1.mlp", gptOssMXFP4, "h96-i64", "h32-i128"), DeviceCPU, []BytesMode{BytesOff, BytesAuto})
 }
 
 // mxfp4Mutations are the corruptions of conversions of two fixtures whose

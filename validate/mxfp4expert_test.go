@@ -37,7 +37,7 @@ func TestCTMXFP4ConversionsValidate(t *testing.T) {
 }
 
 func TestCTMXFP4MutationsFail(t *testing.T) {
-	mutationsFail(t, ctMXFP4Specs(), mxfp4Mutations("model.layers.1.mlp", ctMXFP4, "deepseek-v3-h64", "qwen3-e12"), DeviceCPU, []string{BytesOff, BytesAuto})
+	mutationsFail(t, ctMXFP4Specs(), mxfp4Mutations("model.layers.1.mlp", ctMXFP4, "deepseek-v3-h64", "qwen3-e12"), DeviceCPU, []BytesMode{BytesOff, BytesAuto})
 }
 
 // TestCTMXFP4Refusals: what moeprep cannot carry of compressed-tensors
@@ -78,7 +78,7 @@ func TestDSV4FP4ConversionsValidate(t *testing.T) {
 }
 
 func TestDSV4FP4MutationsFail(t *testing.T) {
-	mutationsFail(t, dsv4FP4Specs(), mxfp4Mutations("model.layers.1.ffn", dsv4FP4, "h64-i64", "h32-i96"), DeviceCPU, []string{BytesOff, BytesAuto})
+	mutationsFail(t, dsv4FP4Specs(), mxfp4Mutations("model.layers.1.ffn", dsv4FP4, "h64-i64", "h32-i96"), DeviceCPU, []BytesMode{BytesOff, BytesAuto})
 }
 
 // TestDSV4FP4Refusals: what moeprep cannot carry of DeepSeek-V4's FP4 is
@@ -131,8 +131,8 @@ func TestDSV4FP4GPUFormats(t *testing.T) {
 				}
 				s.close()
 			}
-			for _, prec := range []string{PrecisionF32, PrecisionFP8} {
-				cudaRefused(t, src, dst, prec, "MXFP4 expert weights (quantization mxfp4, F8_E8M0 scales) are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+prec+")",
+			for _, prec := range []Precision{PrecisionF32, PrecisionFP8} {
+				cudaRefused(t, src, dst, prec, "MXFP4 expert weights (quantization mxfp4, F8_E8M0 scales) are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+string(prec)+")",
 					"decoded to bf16 on the GPU")
 			}
 		})

@@ -53,7 +53,7 @@ func TestNVFP4MutationsFail(t *testing.T) {
 	const prefix = "model.layers.1.mlp"
 	for _, pr := range nvfp4Producers {
 		t.Run(pr.name, func(t *testing.T) {
-			mutationsFail(t, pr.specs(), nvfp4Mutations(prefix, pr.f, pr.mutated), DeviceCPU, []string{BytesOff, BytesAuto})
+			mutationsFail(t, pr.specs(), nvfp4Mutations(prefix, pr.f, pr.mutated), DeviceCPU, []BytesMode{BytesOff, BytesAuto})
 		})
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
 )
 
 // layerPace paces the readers of one layer's bank expert steps in a
@@ -65,7 +65,7 @@ func newLayerPace(order []int, routed int, readers [numReaders]bool, window int,
 }
 
 // reader is reader r's view of the pace.
-func (p *layerPace) reader(r int) cpuref.Pace { return paceReader{p, r} }
+func (p *layerPace) reader(r int) moelayer.Pace { return paceReader{p, r} }
 
 type paceReader struct {
 	p *layerPace

@@ -9,7 +9,7 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/validate/byteproof"
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/validate/stream"
 )
 
@@ -326,7 +326,7 @@ func (s *session) addSrcTensor(b *stepBuilder, name string, expert, e int) {
 // dstLayerTensors are the stored DST tensors of a checked layer's fused
 // path: its expert stacks (which the plan cuts by expert) and the rest of
 // what it reads.
-func dstLayerTensors(fl *cpuref.FusedLayer) (stacks, rest []string) {
+func dstLayerTensors(fl *moelayer.FusedLayer) (stacks, rest []string) {
 	n := fl.Names
 	stacks = []string{n.Gate, n.Up, n.GateUp, n.Down, n.GateScale, n.UpScale, n.GateUpScale, n.DownScale,
 		n.GateGlobal, n.UpGlobal, n.GateUpGlobal, n.DownGlobal, n.GateInput, n.UpInput, n.GateUpInput, n.DownInput}

@@ -40,7 +40,7 @@ func synthFrom(t *testing.T, specs map[string]fixtures.SynthSpec, name string) s
 
 // conversionsPass converts src with each of runs, validates each output on
 // device and hands its contract to check (nil: none).
-func conversionsPass(t *testing.T, src, device string, runs []convert.Options, check func(o convert.Options, c *layout.Contract)) []*Report {
+func conversionsPass(t *testing.T, src string, device Device, runs []convert.Options, check func(o convert.Options, c *layout.Contract)) []*Report {
 	t.Helper()
 	var reps []*Report
 	for _, o := range runs {
@@ -49,7 +49,7 @@ func conversionsPass(t *testing.T, src, device string, runs []convert.Options, c
 		if err != nil {
 			t.Fatalf("%+v: %v", o, err)
 		}
-		mustPass(t, rep, "validate --device "+device+" failed on a correct conversion")
+		mustPass(t, rep, "validate --device "+string(device)+" failed on a correct conversion")
 		if rep.Device != device {
 			t.Fatalf("%+v: ran on %s, want %s", o, rep.Device, device)
 		}
@@ -138,7 +138,7 @@ type dstMutation struct {
 // mutationsFail runs validate on device with each byte mode on every
 // mutation (or on those named only): each must fail the run, not make the
 // input unusable.
-func mutationsFail(t *testing.T, specs map[string]fixtures.SynthSpec, cases []dstMutation, device string, byteModes []string, only ...string) {
+func mutationsFail(t *testing.T, specs map[string]fixtures.SynthSpec, cases []dstMutation, device Device, byteModes []BytesMode, only ...string) {
 	mutationsRun(t, specs, cases, device, byteModes, func(name string) (run, must bool) {
 		return len(only) == 0 || slices.Contains(only, name), true
 	})
@@ -148,7 +148,7 @@ func mutationsFail(t *testing.T, specs map[string]fixtures.SynthSpec, cases []ds
 // mutation pick runs: none may make the input unusable, and one that must
 // be caught fails t when the run passes; the others' outcomes are logged,
 // with the worst row's rel L2 as a multiple of its threshold.
-func mutationsRun(t *testing.T, specs map[string]fixtures.SynthSpec, cases []dstMutation, device string, byteModes []string, pick func(name string) (run, must bool)) {
+func mutationsRun(t *testing.T, specs map[string]fixtures.SynthSpec, cases []dstMutation, device Device, byteModes []BytesMode, pick func(name string) (run, must bool)) {
 	for _, tc := range cases {
 		run, must := pick(tc.name)
 		if !run {
@@ -209,9 +209,9 @@ func gpuDecodedPass(t *testing.T, specs map[string]fixtures.SynthSpec, runs func
 			}
 		})
 	}
-	t.Run("mutations", func(t *testing.T) { mutationsFail(t, specs, muts, DeviceCUDA, []string{BytesAuto}) })
+	t.Run("mutations", func(t *testing.T) { mutationsFail(t, specs, muts, DeviceCUDA, []BytesMode{BytesAuto}) })
 	t.Run("layer checks", func(t *testing.T) {
-		mutationsRun(t, specs, muts, DeviceCUDA, []string{BytesOff}, func(name string) (bool, bool) { return true, slices.Contains(layerCaught, name) })
+		mutationsRun(t, specs, muts, DeviceCUDA, []BytesMode{BytesOff}, func(name string) (bool, bool) { return true, slices.Contains(layerCaught, name) })
 	})
 }
 
@@ -250,8 +250,8 @@ func bf16OnlyOnGPU(t *testing.T, src, dst, what string) {
 	if why := s.gpuRefusal(); why != "" {
 		t.Fatalf("--precision bf16 refused: %s", why)
 	}
-	for _, prec := range []string{PrecisionF32, PrecisionFP8} {
-		cudaRefused(t, src, dst, prec, what+" are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+prec+")",
+	for _, prec := range []Precision{PrecisionF32, PrecisionFP8} {
+		cudaRefused(t, src, dst, prec, what+" are decoded to bf16 on the GPU, which runs them with --precision bf16 only (not "+string(prec)+")",
 			"decoded to bf16 on the GPU")
 	}
 }
@@ -315,12 +315,12 @@ func convertRefused(t *testing.T, src string, o convert.Options, want string) er
 // precision prec ("": the default) refuses src and dst with an error
 // containing want, before any layer runs, and --device auto then passes
 // on the CPU with a note containing note.
-func cudaRefused(t *testing.T, src, dst, prec, want, note string) {
+func cudaRefused(t *testing.T, src, dst string, prec Precision, want, note string) {
 	t.Helper()
 	withCUDA(t, nil)
 	asked := "--device cuda"
 	if prec != "" {
-		asked += " --precision " + prec
+		asked += " --precision " + string(prec)
 	}
 	_, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA, GPUPrecision: prec})
 	if err == nil || !strings.Contains(err.Error(), want) {

@@ -150,12 +150,12 @@ type runSetup struct {
 	Src    string `json:"src,omitempty"`
 	Dst    string `json:"dst,omitempty"`
 	Golden string `json:"golden,omitempty"`
-	Device string `json:"device"`
+	Device Device `json:"device"` // "none": a run of the byte proof alone
 	// DeviceName is the GPU of a cuda run, GPUPrecision its activation type
 	// and CPUCheck which of its layers the CPU reference checked.
-	DeviceName   string `json:"device_name,omitempty"`
-	GPUPrecision string `json:"gpu_precision,omitempty"`
-	CPUCheck     string `json:"cpu_check,omitempty"`
+	DeviceName   string       `json:"device_name,omitempty"`
+	GPUPrecision Precision    `json:"gpu_precision,omitempty"`
+	CPUCheck     CPUCheckMode `json:"cpu_check,omitempty"`
 }
 
 // Report is a whole validate run.
@@ -415,7 +415,7 @@ func (r *Report) Summary() string {
 		}
 		return head + ": the byte proof alone; no MoE layer was run"
 	}
-	dev := r.Device
+	dev := string(r.Device)
 	if r.DeviceName != "" {
 		dev = fmt.Sprintf("%s: %s, %s activations", r.Device, r.DeviceName, r.GPUPrecision)
 	}

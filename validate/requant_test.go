@@ -13,6 +13,7 @@ import (
 	"github.com/moeprep/moeprep/validate/byteproof"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -128,7 +129,7 @@ func checkRequantRows(t *testing.T, o convert.Options, quant string, rep *Report
 // check against the same requantisation), the whole run, and the byte
 // proof alone.
 func TestRequantSharedMutationsFail(t *testing.T) {
-	mutationsFail(t, requantSpecs(), requantMutations(), DeviceCPU, []string{BytesOff, BytesAuto, BytesOnly})
+	mutationsFail(t, requantSpecs(), requantMutations(), DeviceCPU, []BytesMode{BytesOff, BytesAuto, BytesOnly})
 }
 
 // requantMutations are TestRequantSharedMutationsFail's.
@@ -501,10 +502,10 @@ func TestRequantSharedGPUMutationMargin(t *testing.T) {
 // with the byte proof, and its layer checks alone are logged.
 func TestGPURequantSharedMutationsFail(t *testing.T) {
 	needGPU(t)
-	mutationsFail(t, requantSpecs(), gpuRequantMutations(), DeviceCUDA, []string{BytesOff, BytesAuto})
+	mutationsFail(t, requantSpecs(), gpuRequantMutations(), DeviceCUDA, []BytesMode{BytesOff, BytesAuto})
 	t.Run("cpu suite", func(t *testing.T) {
-		mutationsFail(t, requantSpecs(), requantMutations(), DeviceCUDA, []string{BytesAuto})
-		mutationsRun(t, requantSpecs(), requantMutations(), DeviceCUDA, []string{BytesOff}, func(string) (bool, bool) { return true, false })
+		mutationsFail(t, requantSpecs(), requantMutations(), DeviceCUDA, []BytesMode{BytesAuto})
+		mutationsRun(t, requantSpecs(), requantMutations(), DeviceCUDA, []BytesMode{BytesOff}, func(string) (bool, bool) { return true, false })
 	})
 }
 
@@ -550,7 +551,7 @@ func TestRequantGPURowsOnCPUTwins(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					unf := &cpuref.RefResult{Y: ref.YRequant, Routing: ref.Routing}
+					unf := &moelayer.RefResult{Y: ref.YRequant, Routing: ref.Routing}
 					rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Tokens: tn}, numerics: s.gpuNumerics(), t: tn, h: h, cov: cov, g: g}
 					rep.Rows = append(rep.Rows, rj.gpuRows(gpuPaths{fused: fused, unf: unf, ref: ref})...)
 					rep.LayersChecked = append(rep.LayersChecked, tg.index)
@@ -573,7 +574,7 @@ func TestGPURequantSharedNonFiniteSource(t *testing.T) {
 	rewriteTensor(t, src, "model.layers.1.mlp.shared_experts.up_proj.weight", func(raw []byte, _ []int64) {
 		binary.LittleEndian.PutUint16(raw[2*5:], numfmt.F32ToBF16(float32(math.Inf(1))))
 	})
-	for _, check := range []string{CPUCheckAll, CPUCheckNone} {
+	for _, check := range []CPUCheckMode{CPUCheckAll, CPUCheckNone} {
 		rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA, CPUCheck: check, Bytes: BytesOff})
 		if err != nil {
 			t.Fatalf("--cpu-check %s: %v", check, err)

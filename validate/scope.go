@@ -4,8 +4,8 @@ import (
 	"slices"
 
 	"github.com/moeprep/moeprep/moe"
-	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/moelayer"
 )
 
 // splitLayers divides the MoE layers into those the layer checks run on
@@ -79,7 +79,7 @@ func (s *session) forcedBankIDs(tg target, t int) []int {
 	all := &moe.Routing{T: t + cov.T, K: cov.K, IDs: make([]int32, (t+cov.T)*cov.K), Weights: make([]float32, (t+cov.T)*cov.K)}
 	copy(all.IDs[t*cov.K:], cov.Routing.IDs)
 	copy(all.Weights[t*cov.K:], cov.Routing.Weights)
-	fs, err := cpuref.FusedSlots(all, s.contract)
+	fs, err := moelayer.FusedSlots(all, s.contract)
 	if err != nil {
 		return nil
 	}

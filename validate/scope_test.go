@@ -198,7 +198,7 @@ func TestNotExercisedExpertsAreTheUncheckedOnes(t *testing.T) {
 func TestBytesOnlyReport(t *testing.T) {
 	withCUDA(t, cuda.ErrNoDriver)
 	src, dst := threeLayers(t)
-	for _, device := range []string{"cuda", "auto", "cpu", ""} {
+	for _, device := range []Device{"cuda", "auto", "cpu", ""} {
 		var said []string
 		rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Bytes: BytesOnly, Device: device,
 			Notice: func(m string) { said = append(said, m) }, Progress: func(m string) { said = append(said, m) }})
@@ -245,7 +245,7 @@ func TestFallbackNotesPrecision(t *testing.T) {
 	withCUDA(t, cuda.ErrNoDriver)
 	src := filepath.Join(hfFixtures, "qwen3-moe")
 	for _, tc := range []struct {
-		precision string
+		precision Precision
 		note      bool
 	}{{"fp8", true}, {"f32", true}, {"bf16", false}, {"", false}} {
 		rep, err := Run(context.Background(), Options{Src: src, Golden: src, Device: "auto", GPUPrecision: tc.precision, Layers: "sample:1", Notice: func(string) {}})
@@ -424,7 +424,7 @@ func TestProgressPlanMatchesReads(t *testing.T) {
 // checkPlanMatchesReads converts the HF fixture with co, plans the layer
 // checks' progress on device, runs them (run), and checks that every layer
 // read what was planned for it, within 5%.
-func checkPlanMatchesReads(t *testing.T, fixture string, co convert.Options, device string, run func(s *session, targets []target) error) {
+func checkPlanMatchesReads(t *testing.T, fixture string, co convert.Options, device Device, run func(s *session, targets []target) error) {
 	t.Helper()
 	src := filepath.Join(hfFixtures, fixture)
 	dst := convertInto(t, src, co)

@@ -19,7 +19,10 @@ import (
 // TestCPUCheckOption: --cpu-check takes auto (also empty), none and all in
 // any case, and refuses anything else naming the flag.
 func TestCPUCheckOption(t *testing.T) {
-	tests := []struct{ in, want, err string }{
+	tests := []struct {
+		in, want CPUCheckMode
+		err      string
+	}{
 		{"", CPUCheckAuto, ""},
 		{"auto", CPUCheckAuto, ""},
 		{" None ", CPUCheckNone, ""},
@@ -46,7 +49,7 @@ func TestCPUCheckOption(t *testing.T) {
 func TestRefSampledModes(t *testing.T) {
 	six := []target{{index: 3}, {index: 4}, {index: 5}, {index: 6}, {index: 7}, {index: 61}}
 	tests := []struct {
-		mode string
+		mode CPUCheckMode
 		want []int
 	}{
 		{CPUCheckNone, nil},
@@ -90,7 +93,7 @@ func TestReportTimings(t *testing.T) {
 	if err := json.Unmarshal(jb, &back); err != nil {
 		t.Fatalf("%v\n%s", err, jb)
 	}
-	if back.CPUCheck != CPUCheckNone || len(back.Timings) != 1 {
+	if back.CPUCheck != string(CPUCheckNone) || len(back.Timings) != 1 {
 		t.Fatalf("JSON: %s", jb)
 	}
 	want := map[string]float64{"layer": 3, "dst_bytes": 11.63e9, "src_bytes": 9.7e9, "dst_io_seconds": 1.99, "bank_wait_seconds": 0.25,

@@ -95,7 +95,7 @@ func TestQuantisedWrappersValidate(t *testing.T) {
 						raw[i] ^= 0x5a
 					}
 				})
-				modes := []string{BytesAuto, BytesOnly}
+				modes := []BytesMode{BytesAuto, BytesOnly}
 				if name == tc.expert {
 					modes = append(modes, BytesOff) // the layer checks alone catch it too
 				}

@@ -65,11 +65,11 @@
 // its tests, and its cases in the decode conformance suite
 // (weightfmttest/cases.go: its rule written from the format's definition,
 // which every decoder of it runs). Convert's
-// planner and the byte proof (validate/byteproof/bytes.go) then stack, slice,
+// planner and the byte proof (validate/byteproof/predictlayer.go) then stack, slice,
 // prove and fold it as they ask; family/check.go checks its weights and
 // scale tensors in a source checkpoint from the plan's Format (and Scaled
 // for a checkpoint whose config names none); validate's CPU loaders
-// (validate/cpuref: MatrixRef.Format) and the GPU bank loaders
+// (validate/tensorload: MatrixRef.Format) and the GPU bank loaders
 // (validate/gpurun/bank.go: LoadFusedBank, loadMLPBankOf) are handed the
 // contract's or plan's Format. Outside this package the format still needs:
 // reading its quantization_config into a family.Plan (family/quant.go); the

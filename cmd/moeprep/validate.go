@@ -34,9 +34,9 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.tokens, "tokens", validate.DefaultTokens, "token vectors per layer, 1..65536 (when no golden provides them)")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed of the token vectors")
 	fl.StringVar(&f.device, "device", "auto", "auto (CUDA when a GPU and driver are present, else the CPU), cpu or cuda")
-	fl.StringVar(&f.precision, "precision", validate.PrecisionBF16, "GPU runs: activations bf16 (as serving engines run), f32, or fp8 (w8a8: e4m3 per token per 128 channels, "+
+	fl.StringVar(&f.precision, "precision", string(validate.PrecisionBF16), "GPU runs: activations bf16 (as serving engines run), f32, or fp8 (w8a8: e4m3 per token per 128 channels, "+
 		"fp8 weights, compute capability 9.0; the CPU reference quantises the same way)")
-	fl.StringVar(&f.cpuCheck, "cpu-check", validate.CPUCheckAuto, "GPU runs: layers the CPU reference also checks: auto (first and last, or all when <= 4), none (GPU only, at I/O speed) or all")
+	fl.StringVar(&f.cpuCheck, "cpu-check", string(validate.CPUCheckAuto), "GPU runs: layers the CPU reference also checks: auto (first and last, or all when <= 4), none (GPU only, at I/O speed) or all")
 	fl.BoolVar(&f.ioBaseline, "io-baseline", false, "GPU runs: afterwards, time reading and uploading each layer's bytes without compute, and report layer time / that")
 	fl.StringVar(&f.golden, "golden", "", "directory of HF golden outputs (moe-layer-L.safetensors) to check against")
 	fl.IntVar(&f.blockSize, "block-size", validate.DefaultBlockSize, "moe_align_block_size block size of the fused path")
@@ -52,7 +52,7 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 	quietFlag(cmd, &f.quiet)
 	_ = cmd.RegisterFlagCompletionFunc("device", fixedCompletion("auto", "cpu", "cuda"))
 	_ = cmd.RegisterFlagCompletionFunc("precision", fixedCompletion(validate.PrecisionBF16, "f32", "fp8"))
-	_ = cmd.RegisterFlagCompletionFunc("cpu-check", fixedCompletion(validate.CPUCheckAuto, "none", "all"))
+	_ = cmd.RegisterFlagCompletionFunc("cpu-check", fixedCompletion(string(validate.CPUCheckAuto), string(validate.CPUCheckNone), string(validate.CPUCheckAll)))
 }
 
 // layerOnlyFlags are the flags only the layer checks read: with --bytes,
@@ -87,9 +87,9 @@ func (f *validateFlags) check(cmd *cobra.Command, args []string) error {
 	if changed("tokens") && f.tokens <= 0 {
 		return fmt.Errorf("--tokens %d: want 1..65536 token vectors per layer (default %d)", f.tokens, validate.DefaultTokens)
 	}
-	if strings.EqualFold(strings.TrimSpace(f.device), validate.DeviceCPU) {
+	if strings.EqualFold(strings.TrimSpace(f.device), string(validate.DeviceCPU)) {
 		for _, name := range gpuOnlyFlags {
-			if !changed(name) || (name == "precision" && strings.EqualFold(f.precision, validate.PrecisionBF16)) {
+			if !changed(name) || (name == "precision" && strings.EqualFold(f.precision, string(validate.PrecisionBF16))) {
 				continue // bf16 is what the CPU comparison assumes anyway
 			}
 			return fmt.Errorf("--%s applies to GPU runs, and this run is --device cpu; drop it, or use --device cuda (or auto on a machine with a GPU)", name)
@@ -138,8 +138,8 @@ func runValidate(cmd *cobra.Command, f *validateFlags, src, dst string, msgs io.
 		}
 	}
 	o := validate.Options{Src: src, Dst: dst, Golden: f.golden, Layers: f.layers, Tokens: f.tokens,
-		Seed: f.seed, Device: f.device, BlockSize: f.blockSize, Workers: f.workers, GPUPrecision: f.precision,
-		CPUCheck: f.cpuCheck, IOBaseline: f.ioBaseline, SampleExperts: f.sampleExperts}
+		Seed: f.seed, Device: validate.Device(f.device), BlockSize: f.blockSize, Workers: f.workers, GPUPrecision: validate.Precision(f.precision),
+		CPUCheck: validate.CPUCheckMode(f.cpuCheck), IOBaseline: f.ioBaseline, SampleExperts: f.sampleExperts}
 	switch {
 	case f.bytesOnly && f.skipBytes:
 		return fmt.Errorf("--bytes and --skip-bytes contradict each other")

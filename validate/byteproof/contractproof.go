@@ -196,6 +196,15 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 			return mm
 		}
 	}
+	return checkContractFusion(src, plan, c, block, bad, refuse)
+}
+
+// checkContractFusion compares with what SRC implies the contract's values
+// of the shared expert's fusion (slices, replicas) and of the fold of rsf
+// (the fold mode, whether it folded, the shared slots' weight); block is
+// SRC's FP8 block size. bad and refuse are checkContract's.
+func checkContractFusion(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract, block []int64,
+	bad func(key string, got, want any, why string) *ByteMismatch, refuse func(key string, got any, why string) *ByteMismatch) *ByteMismatch {
 	if c.SharedReplicas > 0 || c.SharedSlices > 0 || c.NumFusedSharedExperts > 0 {
 		if why := unfusable(src, plan, block); why != "" {
 			return refuse("num_fused_shared_experts", c.NumFusedSharedExperts, why)

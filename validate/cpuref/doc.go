@@ -3,8 +3,8 @@
 // the fused path on the converted checkpoint, the CPU twin of the serving
 // kernels (gate, moe_align_block_size, grouped GEMM, finalize); PairLayer
 // runs both in one pass over the bank, an expert decoded once for both
-// where their bytes are the same. It also
-// draws the forced coverage tokens both paths run, loads and decodes the
-// weights they read, and holds the router and hash-table helpers the GPU
-// paths share, so that the two devices read weights and route one way.
+// where their bytes are the same. The layer's description, its inputs and
+// the forced coverage tokens (moelayer) and the loading of its weights
+// (tensorload) are shared with the GPU paths, so that the two devices read
+// weights and route one way.
 package cpuref

@@ -8,139 +8,20 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/validate/moelayer"
+	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 )
 
-// FusedSlots adds the contract's shared slots to a routing (moe.FusedSlots):
-// token t's shared slice s goes to expert E + (t mod R)*S + s with the
-// contract's slot weight (1.0 when rsf is folded into the routed experts,
-// 1/rsf otherwise), and the final scale is the contract's runtime rsf.
-func FusedSlots(r *moe.Routing, c *layout.Contract) (*moe.Slots, error) {
-	if err := c.Check(); err != nil {
-		return nil, err
-	}
-	return moe.FusedSlots(r, c.NumExperts, SharedSlots(c), float32(c.RuntimeScale()))
-}
-
-// sharedSlots is the contract's shared slot layout (none when the shared
-// experts were not fused).
-func SharedSlots(c *layout.Contract) moe.SharedSlots {
-	if c.NumFusedSharedExperts == 0 {
-		return moe.SharedSlots{}
-	}
-	return moe.SharedSlots{PerToken: c.SharedSlices, Replicas: c.SharedReplicas, Weight: float32(c.SharedSlotWeight)}
-}
-
-// releaseExpert hands a bank expert's weight buffers back (to dec, which
-// loaded them) once the grouped GEMM is done with it.
-func (dec *decoder) releaseExpert(m *moe.ExpertMats) {
-	dec.put(m.Gate)
-	dec.put(m.Up)
-	dec.put(m.Down)
-	m.Gate, m.Up, m.Down = nil, nil, nil
-}
-
-// FusedLayer is one converted layer as the fused path reads it.
-type FusedLayer struct {
-	Index      int
-	Router     string // [E,H], the source's name
-	RouterBias string // "" if none
-	// RouterLogitBias is the router's own bias (gpt-oss), "" if none.
-	RouterLogitBias string
-	// HashTable is a hash-routed layer's token-to-experts table (DeepSeek-V4), "" if none.
-	HashTable string
-	// Biases names the bias stacks (gpt-oss); nil when the experts have none.
-	Biases   *layout.ExpertBiases
-	Spec     moe.RouteSpec
-	Contract *layout.Contract
-	Names    layout.ExpertTensors
-	// Shared is a shared expert that was NOT fused into the bank (convert
-	// without fuse-shared): it runs as a separate dense MLP, as engines
-	// without fusion do. SharedGate is Qwen2-MoE's per-token gate.
-	Shared     *family.MLP
-	SharedGate string
-	// SharedExperts are shared experts the router weights per token
-	// (Inkling), run as dense MLPs with the routing's shared weights;
-	// RouterScale is the router's scale tensor ("" if none).
-	SharedExperts []family.MLP
-	RouterScale   string
-	// ExpertScale is the router's per-expert scale (Gemma 4), "" if none;
-	// Prep derives the layer's two inputs (Gemma 4), zero if it has one.
-	ExpertScale string
-	Prep        InputPrep
-	// Info is the layer's contract entry, for its own activations.
-	Info layout.LayerInfo
-}
-
-// Act is the bank's activation in this layer (fused shared slots too).
-func (fl *FusedLayer) Act() layout.Activation { return fl.Contract.RoutedAct(fl.Info) }
-
-// SharedAct is the unfused shared MLP's activation in this layer.
-func (fl *FusedLayer) SharedAct() layout.Activation { return fl.Contract.SharedAct(fl.Info) }
-
-// FusedResult is the fused path's output for one layer.
-type FusedResult struct {
-	Y       []float32 // [T,H]
-	Routing *moe.Routing
-	Slots   *moe.Slots
-	Align   *moe.Alignment
-}
-
-func (fl *FusedLayer) RouterRef() RouterRef {
-	return RouterRef{Router: fl.Router, Bias: fl.RouterBias, LogitBias: fl.RouterLogitBias, Hash: fl.HashTable, Scale: fl.RouterScale, ExpertScale: fl.ExpertScale}
-}
-
-// stackDims reads H and I from the stacked tensors and checks the bank size.
-func (fl *FusedLayer) StackDims(src TensorSource) (h, inter int, err error) {
-	name := fl.Names.Down
-	t, ok := src.Tensor(name)
-	if !ok {
-		return 0, 0, fmt.Errorf("layer %d: tensor %s is missing", fl.Index, name)
-	}
-	if len(t.Shape) != 3 || t.Shape[1] <= 0 || t.Shape[2] <= 0 || t.Shape[1] > math.MaxInt32 || t.Shape[2] > math.MaxInt32 {
-		return 0, 0, fmt.Errorf("%s: layer %d: tensor %s has shape %v, want [experts,H,I]", t.File, fl.Index, name, t.Shape)
-	}
-	if fl.Contract.Oriented() == layout.InOut { // [experts,I,H]; never packed (layout.TransposeRefusal)
-		return int(t.Shape[2]), int(t.Shape[1]), nil
-	}
-	if want := int64(fl.Contract.BankSize()); t.Shape[0] != want {
-		return 0, 0, fmt.Errorf("%s: layer %d: tensor %s holds %d experts, the contract says %d routed + %d fused shared", t.File, fl.Index, name, t.Shape[0], fl.Contract.NumExperts, fl.Contract.NumFusedSharedExperts)
-	}
-	h, inter = int(t.Shape[1]), int(t.Shape[2])
-	if wf, err := fl.Contract.Format(); err == nil {
-		if elems, _ := wf.Packing(); elems > 1 {
-			// Packed along a row (INT4: [E, H, ceil(I/8)] I32): I is the
-			// rows of the gate stack, half those of gate-up.
-			gname, half := fl.Names.Gate, 1
-			if fl.Names.Layout.Fused() {
-				gname, half = fl.Names.GateUp, 2
-			}
-			g, ok := src.Tensor(gname)
-			if !ok {
-				return 0, 0, fmt.Errorf("layer %d: tensor %s is missing", fl.Index, gname)
-			}
-			if len(g.Shape) != 3 || g.Shape[1] <= 0 || g.Shape[1]%int64(half) != 0 || g.Shape[1] > math.MaxInt32 {
-				return 0, 0, fmt.Errorf("%s: layer %d: tensor %s has shape %v, want [experts,%dI,H packed]", g.File, fl.Index, gname, g.Shape, half)
-			}
-			inter = int(g.Shape[1]) / half
-			got := weightfmt.Matrix{Format: wf, Rows: int64(h), Cols: int64(inter)}.Shape()[1]
-			if got != t.Shape[2] {
-				return 0, 0, fmt.Errorf("%s: layer %d: tensor %s has shape %v, want [experts,%d,%d] for I=%d", t.File, fl.Index, name, t.Shape, h, got, inter)
-			}
-		}
-	}
-	return h, inter, nil
-}
-
-// loader returns the ExpertLoader of the layer's bank, decoding through
+// fusedLoader returns the ExpertLoader of the layer's bank, decoding through
 // dec. wf is the contract's weight format.
-func (fl *FusedLayer) loader(dec *decoder, src TensorSource, h, inter int, wf weightfmt.Format) moe.ExpertLoader {
+func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.TensorSource, h, inter int, wf weightfmt.Format) moe.ExpertLoader {
 	c, n := fl.Contract, fl.Names
 	inOut := c.Oriented() == layout.InOut
-	ref := func(name, scale string, e, rows, cols int) MatrixRef {
-		return MatrixRef{Name: name, Index: e, Rows: rows, Cols: cols, Scale: scale, Format: wf, InOut: inOut}
+	ref := func(name, scale string, e, rows, cols int) tensorload.MatrixRef {
+		return tensorload.MatrixRef{Name: name, Index: e, Rows: rows, Cols: cols, Scale: scale, Format: wf, InOut: inOut}
 	}
 	return func(_ context.Context, e int) (*moe.ExpertMats, error) {
 		m := &moe.ExpertMats{}
@@ -160,11 +41,11 @@ func (fl *FusedLayer) loader(dec *decoder, src TensorSource, h, inter int, wf we
 				first.ScaleSliceRows, second.ScaleSliceRows = 2*int(half), 2*int(half)
 				second.ScaleRowStart = int(half)
 			}
-			a, err := loadMatrix(dec, src, first)
+			a, err := dec.Load(src, first)
 			if err != nil {
 				return nil, wrap(err)
 			}
-			b, err := loadMatrix(dec, src, second)
+			b, err := dec.Load(src, second)
 			if err != nil {
 				return nil, wrap(err)
 			}
@@ -176,17 +57,17 @@ func (fl *FusedLayer) loader(dec *decoder, src TensorSource, h, inter int, wf we
 			g, u := ref(n.Gate, n.GateScale, e, inter, h), ref(n.Up, n.UpScale, e, inter, h)
 			g.Global, g.GlobalIndex, u.Global, u.GlobalIndex = n.GateGlobal, e, n.UpGlobal, e
 			if n.Gate != "" { // "": ungated experts (Contract.Names)
-				if m.Gate, err = loadMatrix(dec, src, g); err != nil {
+				if m.Gate, err = dec.Load(src, g); err != nil {
 					return nil, wrap(err)
 				}
 			}
-			if m.Up, err = loadMatrix(dec, src, u); err != nil {
+			if m.Up, err = dec.Load(src, u); err != nil {
 				return nil, wrap(err)
 			}
 		}
 		d := ref(n.Down, n.DownScale, e, h, inter)
 		d.Global, d.GlobalIndex = n.DownGlobal, e
-		if m.Down, err = loadMatrix(dec, src, d); err != nil {
+		if m.Down, err = dec.Load(src, d); err != nil {
 			return nil, wrap(err)
 		}
 		m.Act = fl.Act()
@@ -195,36 +76,6 @@ func (fl *FusedLayer) loader(dec *decoder, src TensorSource, h, inter int, wf we
 		}
 		return m, nil
 	}
-}
-
-// expertBiases reads bank expert e's gate, up [inter] and down [h] biases
-// from the layer's bias stacks (all nil when the experts have none).
-func (fl *FusedLayer) ExpertBiases(src TensorSource, e, h, inter int) (gb, ub, db []float32, err error) {
-	b := fl.Biases
-	if b == nil {
-		return nil, nil, nil, nil
-	}
-	if b.GateUp != "" {
-		gu, err := loadRow(src, b.GateUp, e, 2*inter)
-		if err != nil {
-			return nil, nil, nil, err
-		}
-		gb, ub = gu[:inter], gu[inter:]
-		if fl.Names.Layout == layout.UpGate {
-			gb, ub = gu[inter:], gu[:inter]
-		}
-	} else {
-		if gb, err = loadRow(src, b.Gate, e, inter); err != nil {
-			return nil, nil, nil, err
-		}
-		if ub, err = loadRow(src, b.Up, e, inter); err != nil {
-			return nil, nil, nil, err
-		}
-	}
-	if db, err = loadRow(src, b.Down, e, h); err != nil {
-		return nil, nil, nil, err
-	}
-	return gb, ub, db, nil
 }
 
 // FusedOptions are FusedLayerRun's settings beyond the layer and its
@@ -236,7 +87,7 @@ type FusedOptions struct {
 	// slots (forced routed ids, then the contract's shared slots) go through
 	// the same align, grouped GEMM and finalize. Y and Slots then hold both
 	// sets of tokens; Routing stays the routed tokens' alone.
-	Coverage *Coverage
+	Coverage *moelayer.Coverage
 	// BlockSize is moe_align_block_size's block.
 	BlockSize int
 	// Workers is how many experts run at once (0: moe.Workers()).
@@ -246,14 +97,14 @@ type FusedOptions struct {
 // FusedLayerRun runs one converted layer the way a serving engine does:
 // gate (top-k plus shared slots), moe_align_block_size, grouped GEMM over the
 // blocks, finalize; plus an unfused shared expert where the contract left one.
-func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []float32, t int, o FusedOptions) (*FusedResult, error) {
+func FusedLayerRun(ctx context.Context, src tensorload.TensorSource, fl *moelayer.FusedLayer, x []float32, t int, o FusedOptions) (*moelayer.FusedResult, error) {
 	f, err := newFusedRun(src, fl, x, t, o)
 	if err != nil {
 		return nil, err
 	}
-	var dec *decoder
-	if f.out, err = moe.GroupedGEMM(ctx, f.gx, f.gt, f.h, f.inter, f.gk, f.al, fl.loader(dec, src, f.h, f.inter, f.wf),
-		moe.GEMMOptions{Workers: o.Workers, Release: dec.releaseExpert, BankExperts: fl.Contract.BankSize()}); err != nil {
+	var dec *tensorload.Decoder
+	if f.out, err = moe.GroupedGEMM(ctx, f.gx, f.gt, f.h, f.inter, f.gk, f.al, fusedLoader(fl, dec, src, f.h, f.inter, f.wf),
+		moe.GEMMOptions{Workers: o.Workers, Release: dec.ReleaseExpert, BankExperts: fl.Contract.BankSize()}); err != nil {
 		return nil, err
 	}
 	return f.finish()
@@ -262,8 +113,8 @@ func FusedLayerRun(ctx context.Context, src TensorSource, fl *FusedLayer, x []fl
 // fusedRun is one fused layer from its routing to its finalize: what
 // FusedLayerRun and PairLayer share.
 type fusedRun struct {
-	src             TensorSource
-	fl              *FusedLayer
+	src             tensorload.TensorSource
+	fl              *moelayer.FusedLayer
 	x               []float32    // the routed tokens' rows, then the forced ones'
 	routed, routing *moe.Routing // the routed tokens'; all of them
 	h, inter, t     int
@@ -281,7 +132,7 @@ type fusedRun struct {
 
 // newFusedRun checks, routes and aligns a fused layer: everything before
 // its grouped GEMM.
-func newFusedRun(src TensorSource, fl *FusedLayer, x []float32, t int, o FusedOptions) (*fusedRun, error) {
+func newFusedRun(src tensorload.TensorSource, fl *moelayer.FusedLayer, x []float32, t int, o FusedOptions) (*fusedRun, error) {
 	h, inter, err := fl.StackDims(src)
 	if err != nil {
 		return nil, err
@@ -301,19 +152,19 @@ func newFusedRun(src TensorSource, fl *FusedLayer, x []float32, t int, o FusedOp
 		return nil, err
 	}
 	f := &fusedRun{src: src, fl: fl, x: x, routed: routed, routing: routing, h: h, inter: inter, t: routing.T}
-	if f.slots, err = FusedSlots(routing, fl.Contract); err != nil {
+	if f.slots, err = moelayer.FusedSlots(routing, fl.Contract); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	if f.al, err = moe.AlignBlockSize(f.slots.IDs, fl.Contract.AlignExperts(), o.BlockSize); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	if f.wf, err = fl.Contract.Format(); err != nil { // FusedSlots checked the contract, so it has one
+	if f.wf, err = fl.Contract.Format(); err != nil { // moelayer.FusedSlots checked the contract, so it has one
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	f.gx, f.gt, f.gk, f.weights = x, f.t, f.slots.K, f.slots.Weights
 	if fl.Contract.RoutedInputScaled {
 		// Llama 4: each slot's row is w * x and the slots sum unweighted.
-		f.gx, f.gt, f.gk, f.weights = SlotRows(x, h, f.slots.K, f.slots.Weights), f.t*f.slots.K, 1, Ones(len(f.slots.Weights))
+		f.gx, f.gt, f.gk, f.weights = moelayer.SlotRows(x, h, f.slots.K, f.slots.Weights), f.t*f.slots.K, 1, moelayer.Ones(len(f.slots.Weights))
 	}
 	return f, nil
 }
@@ -334,16 +185,16 @@ func (f *fusedRun) denseSharedErr() error {
 
 // runDense runs the unfused shared expert over every token, its weights
 // loaded through dec, for finish to add.
-func (f *fusedRun) runDense(dec *decoder) error {
+func (f *fusedRun) runDense(dec *tensorload.Decoder) error {
 	fl := f.fl
 	wrap := func(err error) error { return fmt.Errorf("layer %d shared expert: %w", fl.Index, err) }
-	o, err := fl.denseMLP(dec, f.src, *fl.Shared, f.x, f.t, f.h)
+	o, err := denseMLP(fl, dec, f.src, *fl.Shared, f.x, f.t, f.h)
 	if err != nil {
 		return wrap(err)
 	}
 	sh := &sharedOut{out: o}
 	if fl.SharedGate != "" {
-		if sh.gate, err = LoadVector(f.src, fl.SharedGate, f.h); err != nil {
+		if sh.gate, err = tensorload.LoadVector(f.src, fl.SharedGate, f.h); err != nil {
 			return wrap(err)
 		}
 	}
@@ -353,7 +204,7 @@ func (f *fusedRun) runDense(dec *decoder) error {
 
 // finish finalizes the grouped GEMM's output, adds the shared experts
 // (the unfused one run here unless runDense already did) and scales.
-func (f *fusedRun) finish() (*FusedResult, error) {
+func (f *fusedRun) finish() (*moelayer.FusedResult, error) {
 	fl, t, h := f.fl, f.t, f.h
 	if z := fl.Contract.ZeroExperts; z > 0 { // LongCat-Flash: the slots past the bank return their input
 		bank := fl.Contract.BankSize()
@@ -377,12 +228,12 @@ func (f *fusedRun) finish() (*FusedResult, error) {
 		f.dense.addDense(y, f.x, t, h)
 	}
 	if len(fl.SharedExperts) > 0 {
-		if err := fl.addRoutedShared(f.src, f.x, f.routing, h, f.slots.FinalScale, y); err != nil {
+		if err := addRoutedShared(fl, f.src, f.x, f.routing, h, f.slots.FinalScale, y); err != nil {
 			return nil, err
 		}
 	}
-	ScaleOutput(y, fl.Contract.Output())
-	return &FusedResult{Y: y, Routing: f.routed, Slots: f.slots, Align: f.al}, nil
+	moelayer.ScaleOutput(y, fl.Contract.Output())
+	return &moelayer.FusedResult{Y: y, Routing: f.routed, Slots: f.slots, Align: f.al}, nil
 }
 
 // addDense adds an unfused shared expert's output to y [T,H] the way the
@@ -406,13 +257,13 @@ func (sh *sharedOut) addDense(y, x []float32, t, h int) {
 // addRoutedShared adds shared experts the router weights per token
 // (Inkling), each a dense MLP over all tokens times its routing weight and
 // the final scale the routed sum took.
-func (fl *FusedLayer) addRoutedShared(src TensorSource, x []float32, r *moe.Routing, h int, finalScale float32, y []float32) error {
+func addRoutedShared(fl *moelayer.FusedLayer, src tensorload.TensorSource, x []float32, r *moe.Routing, h int, finalScale float32, y []float32) error {
 	t, ns := r.T, len(fl.SharedExperts)
 	if r.S != ns || len(r.Shared) != t*ns {
 		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the checkpoint has %d", fl.Index, r.S, len(r.Shared), t, ns)
 	}
 	for s, m := range fl.SharedExperts {
-		o, err := fl.denseMLP(nil, src, m, x, t, h)
+		o, err := denseMLP(fl, nil, src, m, x, t, h)
 		if err != nil {
 			return fmt.Errorf("layer %d shared expert %d: %w", fl.Index, s, err)
 		}
@@ -422,7 +273,7 @@ func (fl *FusedLayer) addRoutedShared(src TensorSource, x []float32, r *moe.Rout
 				y[tok*h+j] += w * o[tok*h+j]
 			}
 		}
-		PutFloats(o)
+		tensorload.PutFloats(o)
 	}
 	return nil
 }
@@ -430,7 +281,7 @@ func (fl *FusedLayer) addRoutedShared(src TensorSource, x []float32, r *moe.Rout
 // denseMLP runs one hub-layout MLP over all tokens of x [T,H] with one GEMM
 // per projection, in the contract's activation (DeepSeek-V4's shared MLP
 // is clamped as its experts are), with its biases where it has them.
-func (fl *FusedLayer) denseMLP(dec *decoder, src TensorSource, m family.MLP, x []float32, t, h int) ([]float32, error) {
+func denseMLP(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.TensorSource, m family.MLP, x []float32, t, h int) ([]float32, error) {
 	gt, ok := src.Tensor(m.First())
 	if !ok {
 		return nil, fmt.Errorf("tensor %s is missing", m.First())
@@ -443,31 +294,31 @@ func (fl *FusedLayer) denseMLP(dec *decoder, src TensorSource, m family.MLP, x [
 	if err != nil {
 		return nil, err
 	}
-	ref := func(name, scale string, rows, cols int) MatrixRef {
-		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
+	ref := func(name, scale string, rows, cols int) tensorload.MatrixRef {
+		return tensorload.MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
 	}
-	glob := func(r MatrixRef, g string) MatrixRef { r.Global = g; return r }
+	glob := func(r tensorload.MatrixRef, g string) tensorload.MatrixRef { r.Global = g; return r }
 	act := fl.SharedAct()
 	if err := checkGated(m.Gate, act); err != nil {
 		return nil, err
 	}
 	var gate []float32
 	if m.Gate != "" {
-		if gate, err = loadMatrix(dec, src, glob(ref(m.Gate, m.GateScale, inter, h), m.GateGlobal)); err != nil {
+		if gate, err = dec.Load(src, glob(ref(m.Gate, m.GateScale, inter, h), m.GateGlobal)); err != nil {
 			return nil, err
 		}
-		defer dec.put(gate)
+		defer dec.Put(gate)
 	}
-	up, err := loadMatrix(dec, src, glob(ref(m.Up, m.UpScale, inter, h), m.UpGlobal))
+	up, err := dec.Load(src, glob(ref(m.Up, m.UpScale, inter, h), m.UpGlobal))
 	if err != nil {
 		return nil, err
 	}
-	defer dec.put(up)
-	down, err := loadMatrix(dec, src, glob(ref(m.Down, m.DownScale, h, inter), m.DownGlobal))
+	defer dec.Put(up)
+	down, err := dec.Load(src, glob(ref(m.Down, m.DownScale, h, inter), m.DownGlobal))
 	if err != nil {
 		return nil, err
 	}
-	defer dec.put(down)
+	defer dec.Put(down)
 	impl := gonum.Implementation{}
 	u := make([]float32, t*inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, up, h, 0, u, inter)
@@ -478,13 +329,13 @@ func (fl *FusedLayer) denseMLP(dec *decoder, src TensorSource, m family.MLP, x [
 	}
 	var gb, ub, db []float32
 	if m.GateBias != "" { // ERNIE 4.5 use_bias
-		if gb, err = LoadVector(src, m.GateBias, inter); err != nil {
+		if gb, err = tensorload.LoadVector(src, m.GateBias, inter); err != nil {
 			return nil, err
 		}
-		if ub, err = LoadVector(src, m.UpBias, inter); err != nil {
+		if ub, err = tensorload.LoadVector(src, m.UpBias, inter); err != nil {
 			return nil, err
 		}
-		if db, err = LoadVector(src, m.DownBias, h); err != nil {
+		if db, err = tensorload.LoadVector(src, m.DownBias, h); err != nil {
 			return nil, err
 		}
 	}
@@ -493,18 +344,4 @@ func (fl *FusedLayer) denseMLP(dec *decoder, src TensorSource, m family.MLP, x [
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, h, inter, 1, g, inter, down, inter, 0, o, h)
 	moe.AddRowBias(o, db)
 	return o, nil
-}
-
-// scaleOutput multiplies a layer's whole output, shared expert included, by
-// the contract's output_scale (Cohere2's average: 0.5, a power of two, so
-// the product is exact and the order of the sum does not matter). The GPU
-// paths apply it here too, to the output they read back.
-func ScaleOutput(y []float32, s float64) {
-	if s == 1 {
-		return
-	}
-	f := float32(s)
-	for i := range y {
-		y[i] *= f
-	}
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/validate/moelayer"
+	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -16,7 +18,7 @@ type PairOptions struct {
 	Tokens []int32
 	// Coverage adds forced tokens after the routed ones (nil: none), as
 	// RefOptions.Coverage and FusedOptions.Coverage do.
-	Coverage *Coverage
+	Coverage *moelayer.Coverage
 	// RequantShared is RefOptions.RequantShared: the format DST's fused
 	// bank quantised SRC's plain shared expert into (nil: none).
 	RequantShared weightfmt.Format
@@ -53,7 +55,7 @@ func (e *SideError) Unwrap() error { return e.Err }
 // slot order after all of them), and so is the error: a failing reference
 // is reported before anything of the fused path, as when the two ran one
 // after the other.
-func PairLayer(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, dst TensorSource, fl *FusedLayer, x []float32, t int, o PairOptions) (*RefResult, *FusedResult, error) {
+func PairLayer(ctx context.Context, src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, dst tensorload.TensorSource, fl *moelayer.FusedLayer, x []float32, t int, o PairOptions) (*moelayer.RefResult, *moelayer.FusedResult, error) {
 	r, err := newRefLayer(src, plan, layer, x, t, RefOptions{Tokens: o.Tokens, Coverage: o.Coverage, Workers: o.Workers, RequantShared: o.RequantShared})
 	if err != nil {
 		return nil, nil, &SideError{Err: err}
@@ -104,14 +106,14 @@ const (
 type pair struct {
 	r        *refLayer
 	f        *fusedRun // nil when DST's path failed before its experts
-	dst      TensorSource
+	dst      tensorload.TensorSource
 	jobs     map[int]moe.ExpertJob
 	release  func(bank int) // PairOptions.Release
 	bankSize int
 	// The shared expert's job and the replica jobs: the decoder they load
 	// through, closed once SRC's shared expert is loaded (sharedMLP), and
 	// how many of them are still running.
-	common    *decoder
+	common    *tensorload.Decoder
 	ready     chan struct{}
 	once      sync.Once
 	sharedMLP *refMLP
@@ -152,13 +154,13 @@ func (p *pair) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	// start runs job, which reads bank experts ids, when a worker is free;
 	// skip instead once there is no point (the run ended, SRC failed).
-	start := func(job func(dec *decoder), skip func(), ids ...int) {
+	start := func(job func(dec *tensorload.Decoder), skip func(), ids ...int) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			defer p.let(ids...)
 			if ctx.Err() == nil && p.live(false) {
-				job(&decoder{})
+				job(&tensorload.Decoder{})
 			} else {
 				skip()
 			}
@@ -178,16 +180,16 @@ func (p *pair) run(ctx context.Context) {
 		}
 	}
 	p.let(idle...)
-	p.common = &decoder{}
+	p.common = &tensorload.Decoder{}
 	p.ready = make(chan struct{})
 	p.holds.Store(int64(len(replicas)) + 1)
 	if r.layer.Shared != nil || (p.f != nil && p.f.fl.Shared != nil) {
-		start(func(*decoder) { p.shared(ctx) }, func() { p.loaded(nil); p.drop() })
+		start(func(*tensorload.Decoder) { p.shared(ctx) }, func() { p.loaded(nil); p.drop() })
 	} else {
 		p.loaded(nil)
 	}
 	for _, id := range replicas {
-		start(func(*decoder) {
+		start(func(*tensorload.Decoder) {
 			<-p.ready
 			defer p.drop()
 			p.bank(ctx, p.common, id)
@@ -195,7 +197,7 @@ func (p *pair) run(ctx context.Context) {
 	}
 	for id := range r.e {
 		if _, ok := p.jobs[id]; ok || r.uses(id) {
-			start(func(dec *decoder) { p.expert(ctx, dec, id) }, func() {}, id)
+			start(func(dec *tensorload.Decoder) { p.expert(ctx, dec, id) }, func() {}, id)
 		}
 	}
 	wg.Wait()
@@ -227,7 +229,7 @@ func (p *pair) let(ids ...int) {
 }
 
 // expert is routed expert id's job on both sides.
-func (p *pair) expert(ctx context.Context, dec *decoder, id int) {
+func (p *pair) expert(ctx context.Context, dec *tensorload.Decoder, id int) {
 	var m *refMLP
 	if p.r.uses(id) {
 		var err error
@@ -244,18 +246,18 @@ func (p *pair) expert(ctx context.Context, dec *decoder, id int) {
 }
 
 // bank runs DST's bank expert id on its blocks, where it has any.
-func (p *pair) bank(ctx context.Context, dec *decoder, id int) {
+func (p *pair) bank(ctx context.Context, dec *tensorload.Decoder, id int) {
 	j, ok := p.jobs[id]
 	if !ok || !p.live(true) {
 		return
 	}
 	f := p.f
-	m, err := f.fl.loader(dec, p.dst, f.h, f.inter, f.wf)(ctx, id)
+	m, err := fusedLoader(f.fl, dec, p.dst, f.h, f.inter, f.wf)(ctx, id)
 	if err != nil {
 		p.fail(true, stepExperts, err)
 		return
 	}
-	defer dec.releaseExpert(m)
+	defer dec.ReleaseExpert(m)
 	if err := f.runJob(j, m); err != nil {
 		p.fail(true, stepExperts, err)
 	}

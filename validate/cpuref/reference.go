@@ -6,28 +6,15 @@ import (
 	"math"
 	"slices"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/blasdot"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/validate/moelayer"
+	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
 	"golang.org/x/sync/errgroup"
 )
-
-// RefResult is the unfused reference's output for one layer.
-type RefResult struct {
-	Y       []float32 // [T,H]
-	Routing *moe.Routing
-	// YRequant is Y with the shared expert quantised as
-	// RefOptions.RequantShared says and dequantised exactly; nil without.
-	// RequantWeightErr is how far that moved the shared expert's weights:
-	// sqrt of the sum over gate, up and down of (||Wq - W|| / ||W||)^2;
-	// SharedShare is ||shared(x)|| / ||Y|| over the routed tokens.
-	YRequant         []float32
-	RequantWeightErr float64
-	SharedShare      float64
-}
 
 // RefOptions are ReferenceLayer's settings beyond the layer and its tokens;
 // the zero value runs the routed tokens alone, precisely, on Workers()
@@ -39,7 +26,7 @@ type RefOptions struct {
 	// tokens' and their experts are the forced ones, computed in the same
 	// pass over the experts. Y then holds both sets of rows; Routing stays
 	// the routed tokens' alone.
-	Coverage *Coverage
+	Coverage *moelayer.Coverage
 	// Workers is how many experts run at once (0: moe.Workers()).
 	Workers int
 	// W8A8 runs every expert MLP (routed and shared) as the w8a8 serving
@@ -57,18 +44,7 @@ type RefOptions struct {
 	RequantShared weightfmt.Format
 	// Pace, when set, paces the reads of the experts' weights (a streamed
 	// run shares them with other readers); nil: none.
-	Pace Pace
-}
-
-// Pace paces a layer's reads of its experts' weights in a streamed run,
-// where other readers of the same bytes go at their own speed and memory
-// holds only the bytes between the slowest and the fastest: Take before
-// expert id's weights are read (it may wait for the slower readers of
-// earlier experts), Done once they are no longer needed (also for an
-// expert never read). Every expert gets one Done.
-type Pace interface {
-	Take(ctx context.Context, expert int) error
-	Done(expert int)
+	Pace moelayer.Pace
 }
 
 // ReferenceLayer runs one MoE layer of a source (hub-layout) plan the way
@@ -78,7 +54,7 @@ type Pace interface {
 // to float32; every dot product accumulates in float64 and is stored as
 // float32. It shares only decoding, routing and swiGLU with the fused path,
 // not its alignment or GEMM, so a bug there cannot hide in both.
-func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, o RefOptions) (*RefResult, error) {
+func ReferenceLayer(ctx context.Context, src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, o RefOptions) (*moelayer.RefResult, error) {
 	r, err := newRefLayer(src, plan, layer, x, t, o)
 	if err != nil {
 		return nil, err
@@ -127,7 +103,7 @@ func ReferenceLayer(ctx context.Context, src TensorSource, plan *family.Plan, la
 // contrib, one per slot, whichever order the experts run in; finish sums
 // them in slot order, so the result does not depend on that order.
 type refLayer struct {
-	src               TensorSource
+	src               tensorload.TensorSource
 	plan              *family.Plan
 	layer             *family.Layer
 	o                 RefOptions
@@ -147,7 +123,7 @@ type sharedOut struct{ out, gate []float32 }
 
 // newRefLayer checks and routes a reference layer: everything before its
 // experts run.
-func newRefLayer(src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, o RefOptions) (*refLayer, error) {
+func newRefLayer(src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, o RefOptions) (*refLayer, error) {
 	h, inter, e := plan.HiddenSize, plan.IntermediateOf(*layer), plan.NumExperts
 	if len(x) != t*h {
 		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Index, len(x), t, h)
@@ -155,11 +131,11 @@ func newRefLayer(src TensorSource, plan *family.Plan, layer *family.Layer, x []f
 	if len(layer.Experts) != e {
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
-	x, xr, cov, err := PrepOf(plan, layer).Prepare(src, x, t, h, o.Coverage)
+	x, xr, cov, err := moelayer.PrepOf(plan, layer).Prepare(src, x, t, h, o.Coverage)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
-	x, routed, routing, err := routeCovered(layer.Index, src, plan.RouteSpec(), RouterOf(layer), x, xr, t, h, o.Tokens, cov)
+	x, routed, routing, err := routeCovered(layer.Index, src, plan.RouteSpec(), moelayer.RouterOf(layer), x, xr, t, h, o.Tokens, cov)
 	if err != nil {
 		return nil, err
 	}
@@ -193,7 +169,7 @@ func newRefLayer(src TensorSource, plan *family.Plan, layer *family.Layer, x []f
 func (r *refLayer) uses(id int) bool { return len(r.users[id]) > 0 }
 
 // loadExpert reads and decodes expert id's weights (through dec).
-func (r *refLayer) loadExpert(dec *decoder, id int) (*refMLP, error) {
+func (r *refLayer) loadExpert(dec *tensorload.Decoder, id int) (*refMLP, error) {
 	m, err := loadSourceMLP(dec, r.src, r.layer.Experts[id], r.inter, r.h, r.wf, r.plan.RoutedAct(*r.layer))
 	if err != nil {
 		return nil, fmt.Errorf("layer %d expert %d: %w", r.layer.Index, id, err)
@@ -220,7 +196,7 @@ func (r *refLayer) runExpert(id int, m *refMLP) {
 
 // finish sums the experts' outputs in slot order, adds the shared experts
 // (run here unless runShared already did) and scales.
-func (r *refLayer) finish(ctx context.Context) (*RefResult, error) {
+func (r *refLayer) finish(ctx context.Context) (*moelayer.RefResult, error) {
 	h, t, layer, plan := r.h, r.t, r.layer, r.plan
 	y64 := make([]float64, t*h)
 	rsf := float32(plan.RouteSpec().RoutedScalingFactor)
@@ -263,7 +239,7 @@ func (r *refLayer) finish(ctx context.Context) (*RefResult, error) {
 		}
 	}
 	scale := plan.Output() // Cohere2's average: (routed + shared) / 2, after the sum as HF does
-	res := &RefResult{Y: scaled32(y64, scale), Routing: r.routed}
+	res := &moelayer.RefResult{Y: scaled32(y64, scale), Routing: r.routed}
 	if yq64 != nil {
 		res.YRequant = scaled32(yq64, scale)
 		var sh, all float64 // the shared expert's part of y over the routed tokens
@@ -285,36 +261,6 @@ func scaled32(y []float64, scale float64) []float32 {
 	return out
 }
 
-// overlay finds tensors computed beside a source's own.
-type overlay struct {
-	TensorSource
-	extra map[string]*checkpoint.Tensor
-}
-
-func (o overlay) Tensor(name string) (*checkpoint.Tensor, bool) {
-	if t, ok := o.extra[name]; ok {
-		return t, true
-	}
-	return o.TensorSource.Tensor(name)
-}
-
-// RequantisedShared is m, a plain shared expert of src, quantised into
-// format f as fuse-shared --requantize-shared quantises it
-// (checkpoint.RequantisedMLP: weightfmt's rule, from src's bytes): the MLP
-// naming the requantised weights and scales, and a source that serves them
-// beside src's own tensors, each computing its bytes from src's as it is
-// read. The CPU reference and the GPU's unfused path both run the
-// requantised shared expert from it, so they run the same bytes as DST's
-// fused replicas.
-func RequantisedShared(src TensorSource, m family.MLP, f weightfmt.Format) (family.MLP, TensorSource, error) {
-	extra := map[string]*checkpoint.Tensor{}
-	names, err := checkpoint.RequantisedMLP(src, m, f, func(t *checkpoint.Tensor) { extra[t.Name] = t })
-	if err != nil {
-		return family.MLP{}, nil, err
-	}
-	return names, overlay{src, extra}, nil
-}
-
 // addRequantShared adds the layer's plain shared expert quantised into
 // format RefOptions.RequantShared (checkpoint.Requantised, from SRC's
 // bytes) and dequantised exactly to y64, as the shared expert as stored is
@@ -324,7 +270,7 @@ func RequantisedShared(src TensorSource, m family.MLP, f weightfmt.Format) (fami
 // they read the files) and to the requantised tensors computed here.
 func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64, error) {
 	src, plan, layer, f := r.src, r.plan, r.layer, r.o.RequantShared
-	names, rsrc, err := RequantisedShared(src, *layer.Shared, f)
+	names, rsrc, err := tensorload.RequantisedShared(src, *layer.Shared, f)
 	if err != nil {
 		return 0, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
@@ -345,7 +291,7 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 		if pr.name == "" {
 			continue // an ungated MLP's gate
 		}
-		w, err := LoadMatrix(src, MatrixRef{Name: pr.name, Index: -1, Rows: pr.rows, Cols: pr.cols})
+		w, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: pr.name, Index: -1, Rows: pr.rows, Cols: pr.cols})
 		if err != nil {
 			return 0, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 		}
@@ -354,7 +300,7 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 			d += (float64(pr.got[j]) - float64(v)) * (float64(pr.got[j]) - float64(v))
 			n += float64(v) * float64(v)
 		}
-		PutFloats(w)
+		tensorload.PutFloats(w)
 		if n == 0 && d > 0 {
 			return 0, fmt.Errorf("layer %d: requantised shared expert %s is not zero where the source's is", layer.Index, pr.name)
 		}
@@ -380,14 +326,14 @@ func sharedInter(plan *family.Plan) int {
 // routeCovered routes layer index's t tokens x [t,h] (routed; by the
 // router's own input xr where non-nil, Gemma 4's) and appends the forced
 // coverage tokens cov (nil: none) to x and the routing (all).
-func routeCovered(index int, src TensorSource, spec moe.RouteSpec, rr RouterRef, x, xr []float32, t, h int, tokens []int32, cov *Coverage) (xAll []float32, routed, all *moe.Routing, err error) {
+func routeCovered(index int, src tensorload.TensorSource, spec moe.RouteSpec, rr moelayer.RouterRef, x, xr []float32, t, h int, tokens []int32, cov *moelayer.Coverage) (xAll []float32, routed, all *moe.Routing, err error) {
 	if xr == nil {
 		xr = x
 	}
 	if routed, err = routeLayer(src, spec, rr, xr, t, h, tokens); err != nil {
 		return nil, nil, nil, fmt.Errorf("layer %d: %w", index, err)
 	}
-	if xAll, all, err = WithCoverage(x, routed, cov); err != nil {
+	if xAll, all, err = moelayer.WithCoverage(x, routed, cov); err != nil {
 		return nil, nil, nil, fmt.Errorf("layer %d: %w", index, err)
 	}
 	return xAll, routed, all, nil
@@ -396,15 +342,15 @@ func routeCovered(index int, src TensorSource, spec moe.RouteSpec, rr RouterRef,
 // routeLayer loads a router (and its correction bias, its own logit bias
 // and its hash table, where named) and routes x; tokens are the token ids
 // of x's rows, needed only by a hash-routed layer.
-func routeLayer(src TensorSource, spec moe.RouteSpec, rr RouterRef, x []float32, t, h int, tokens []int32) (*moe.Routing, error) {
+func routeLayer(src tensorload.TensorSource, spec moe.RouteSpec, rr moelayer.RouterRef, x []float32, t, h int, tokens []int32) (*moe.Routing, error) {
 	spec = spec.Ranking() // LongCat-Flash's zero-compute experts are ranked with the routed ones
-	wg, err := LoadMatrix(src, MatrixRef{Name: rr.Router, Index: -1, Rows: spec.Rows(), Cols: h})
+	wg, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: rr.Router, Index: -1, Rows: spec.Rows(), Cols: h})
 	if err != nil {
 		return nil, err
 	}
 	var b []float32
 	if rr.Bias != "" {
-		if b, err = LoadVector(src, rr.Bias, spec.NumExperts); err != nil {
+		if b, err = tensorload.LoadVector(src, rr.Bias, spec.NumExperts); err != nil {
 			return nil, err
 		}
 	}
@@ -413,7 +359,7 @@ func routeLayer(src TensorSource, spec moe.RouteSpec, rr RouterRef, x []float32,
 		return nil, err
 	}
 	if rr.LogitBias != "" {
-		lb, err := LoadVector(src, rr.LogitBias, spec.NumExperts)
+		lb, err := tensorload.LoadVector(src, rr.LogitBias, spec.NumExperts)
 		if err != nil {
 			return nil, err
 		}
@@ -424,7 +370,7 @@ func routeLayer(src TensorSource, spec moe.RouteSpec, rr RouterRef, x []float32,
 		if len(tokens) != t {
 			return nil, fmt.Errorf("hash-routed layer: %d token ids for %d tokens", len(tokens), t)
 		}
-		if ids, err = HashIDs(src, rr.Hash, tokens, spec.TopK, spec.NumExperts); err != nil {
+		if ids, err = moelayer.HashIDs(src, rr.Hash, tokens, spec.TopK, spec.NumExperts); err != nil {
 			return nil, err
 		}
 	}
@@ -435,7 +381,7 @@ func routeLayer(src TensorSource, spec moe.RouteSpec, rr RouterRef, x []float32,
 // host: through the hash table's ids where non-nil, else top-k with the
 // correction bias b (nil: none), then times the router's scale tensor.
 // The CPU paths run it; the GPU's gate kernel is checked against it.
-func routeLogits(src TensorSource, spec moe.RouteSpec, rr RouterRef, logits, b []float32, ids []int32, t int) (*moe.Routing, error) {
+func routeLogits(src tensorload.TensorSource, spec moe.RouteSpec, rr moelayer.RouterRef, logits, b []float32, ids []int32, t int) (*moe.Routing, error) {
 	if ids != nil {
 		return moe.RouteHashed(spec, logits, ids, t)
 	}
@@ -444,42 +390,16 @@ func routeLogits(src TensorSource, spec moe.RouteSpec, rr RouterRef, logits, b [
 		return nil, err
 	}
 	if rr.Scale != "" {
-		s, err := RouterScale(src, rr)
+		s, err := moelayer.RouterScale(src, rr)
 		if err != nil {
 			return nil, err
 		}
 		moe.ScaleRouting(r, s)
 	}
-	if err := scaleByExpert(src, rr, r, spec.NumExperts); err != nil {
+	if err := moelayer.ScaleByExpert(src, rr, r, spec.NumExperts); err != nil {
 		return nil, err
 	}
 	return r, nil
-}
-
-// routerScale reads the router's scale tensor (Inkling's global_scale), a
-// finite non-zero scalar (zero would make the whole layer's output zero,
-// nothing to compare); 1 when the router has none.
-func RouterScale(src TensorSource, rr RouterRef) (float32, error) {
-	if rr.Scale == "" {
-		return 1, nil
-	}
-	s, err := LoadVector(src, rr.Scale, 1)
-	if err != nil {
-		return 0, err
-	}
-	if v := float64(s[0]); math.IsNaN(v) || math.IsInf(v, 0) || v == 0 {
-		file := ""
-		if t, ok := src.Tensor(rr.Scale); ok {
-			file = t.File + ": "
-		}
-		return 0, fmt.Errorf("%srouter scale %s is %v: want a finite, non-zero scalar", file, rr.Scale, v)
-	}
-	return s[0], nil
-}
-
-// routerOf names a planned layer's router.
-func RouterOf(l *family.Layer) RouterRef {
-	return RouterRef{Router: l.Router, Bias: l.RouterBias, LogitBias: l.RouterLogitBias, Hash: l.HashTable, Scale: l.RouterScale, ExpertScale: l.ExpertScale}
 }
 
 // checkGated refuses an MLP whose gate projection and activation disagree:
@@ -501,51 +421,51 @@ type refMLP struct {
 	gb, ub, db     []float32 // biases [I], [I], [H]; nil when none
 	act            layout.Activation
 	h, inter       int
-	w8a8           bool     // RefOptions.W8A8: quantise input and intermediate (applyBatch)
-	dec            *decoder // what loaded the weights, and takes them back
+	w8a8           bool                // RefOptions.W8A8: quantise input and intermediate (applyBatch)
+	dec            *tensorload.Decoder // what loaded the weights, and takes them back
 }
 
 // loadSourceMLP reads one source MLP whose weights are stored in format wf
 // (the plan's).
-func loadSourceMLP(dec *decoder, src TensorSource, names family.MLP, inter, h int, wf weightfmt.Format, act layout.Activation) (*refMLP, error) {
-	ref := func(name, scale string, rows, cols int) MatrixRef {
-		return MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
+func loadSourceMLP(dec *tensorload.Decoder, src tensorload.TensorSource, names family.MLP, inter, h int, wf weightfmt.Format, act layout.Activation) (*refMLP, error) {
+	ref := func(name, scale string, rows, cols int) tensorload.MatrixRef {
+		return tensorload.MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
 	}
 	m := &refMLP{h: h, inter: inter, act: act, dec: dec}
 	var err error
 	if names.GateBias != "" {
-		if m.gb, err = LoadVector(src, names.GateBias, inter); err != nil {
+		if m.gb, err = tensorload.LoadVector(src, names.GateBias, inter); err != nil {
 			return nil, err
 		}
-		if m.ub, err = LoadVector(src, names.UpBias, inter); err != nil {
+		if m.ub, err = tensorload.LoadVector(src, names.UpBias, inter); err != nil {
 			return nil, err
 		}
-		if m.db, err = LoadVector(src, names.DownBias, h); err != nil {
+		if m.db, err = tensorload.LoadVector(src, names.DownBias, h); err != nil {
 			return nil, err
 		}
 	}
-	glob := func(r MatrixRef, g string) MatrixRef { r.Global = g; return r }
+	glob := func(r tensorload.MatrixRef, g string) tensorload.MatrixRef { r.Global = g; return r }
 	if err := checkGated(names.Gate, act); err != nil {
 		return nil, err
 	}
 	if names.Gate != "" {
-		if m.gate, err = loadMatrix(dec, src, glob(ref(names.Gate, names.GateScale, inter, h), names.GateGlobal)); err != nil {
+		if m.gate, err = dec.Load(src, glob(ref(names.Gate, names.GateScale, inter, h), names.GateGlobal)); err != nil {
 			return nil, err
 		}
 	}
-	if m.up, err = loadMatrix(dec, src, glob(ref(names.Up, names.UpScale, inter, h), names.UpGlobal)); err != nil {
+	if m.up, err = dec.Load(src, glob(ref(names.Up, names.UpScale, inter, h), names.UpGlobal)); err != nil {
 		return nil, err
 	}
-	if m.down, err = loadMatrix(dec, src, glob(ref(names.Down, names.DownScale, h, inter), names.DownGlobal)); err != nil {
+	if m.down, err = dec.Load(src, glob(ref(names.Down, names.DownScale, h, inter), names.DownGlobal)); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
 func (m *refMLP) release() {
-	m.dec.put(m.gate)
-	m.dec.put(m.up)
-	m.dec.put(m.down)
+	m.dec.Put(m.gate)
+	m.dec.Put(m.up)
+	m.dec.Put(m.down)
 	m.gate, m.up, m.down = nil, nil, nil
 }
 
@@ -599,7 +519,7 @@ func rowsOf(m []float32, n, cols int) [][]float32 {
 // runShared runs the shared expert (one MLP of intermediate S*I, not
 // split) over every token, its weights loaded through dec, for finish to
 // add, gated per token by sigmoid(x . w_sg) for Qwen2-MoE.
-func (r *refLayer) runShared(ctx context.Context, dec *decoder) error {
+func (r *refLayer) runShared(ctx context.Context, dec *tensorload.Decoder) error {
 	m, err := r.loadShared(dec)
 	if err != nil {
 		return err
@@ -610,7 +530,7 @@ func (r *refLayer) runShared(ctx context.Context, dec *decoder) error {
 
 // loadShared reads the shared expert's weights, in the format it is
 // stored in (apart from the routed experts' where the plan says so).
-func (r *refLayer) loadShared(dec *decoder) (*refMLP, error) {
+func (r *refLayer) loadShared(dec *tensorload.Decoder) (*refMLP, error) {
 	plan := r.plan
 	sf, err := plan.SharedFormat()
 	if err != nil {
@@ -640,7 +560,7 @@ func (r *refLayer) sharedWith(ctx context.Context, m *refMLP) (*sharedOut, error
 	sh := &sharedOut{}
 	if g := r.layer.SharedGate; g != "" {
 		var err error
-		if sh.gate, err = LoadVector(r.src, g, r.h); err != nil {
+		if sh.gate, err = tensorload.LoadVector(r.src, g, r.h); err != nil {
 			return nil, fmt.Errorf("layer %d shared expert gate: %w", r.layer.Index, err)
 		}
 	}
@@ -694,7 +614,7 @@ func (m *refMLP) applyAll(ctx context.Context, x []float32, t, workers int) ([]f
 // (Inkling): sum over s of w[t,s] * rsf * shared_s(x), w the routing's
 // shared weights (the router scale already in them), times rsf in float32
 // as the routed weights are.
-func addRoutedSharedReference(ctx context.Context, src TensorSource, plan *family.Plan, layer *family.Layer, x []float32, r *moe.Routing, rsf float32, workers int, wf weightfmt.Format, w8a8 bool, y64 []float64) error {
+func addRoutedSharedReference(ctx context.Context, src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, x []float32, r *moe.Routing, rsf float32, workers int, wf weightfmt.Format, w8a8 bool, y64 []float64) error {
 	h, t, ns := plan.HiddenSize, r.T, len(layer.SharedExperts)
 	if r.S != ns || len(r.Shared) != t*ns {
 		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the plan has %d", layer.Index, r.S, len(r.Shared), t, ns)
@@ -727,29 +647,6 @@ func scaledRow(x []float32, w float32) []float32 {
 	out := make([]float32, len(x))
 	for j, v := range x {
 		out[j] = w * v
-	}
-	return out
-}
-
-// slotRows is the input of an input-scaled grouped GEMM: one row per slot,
-// slot s = t*k + j holding weights[s] * x[t], so the GEMM runs with one
-// slot per "token" and finalize sums each token's k slots unweighted.
-func SlotRows(x []float32, h, k int, weights []float32) []float32 {
-	out := make([]float32, len(weights)*h)
-	for s, w := range weights {
-		tok := s / k
-		for j, v := range x[tok*h : (tok+1)*h] {
-			out[s*h+j] = w * v
-		}
-	}
-	return out
-}
-
-// ones is n weights of 1: the finalize weights of an input-scaled layer.
-func Ones(n int) []float32 {
-	out := make([]float32, n)
-	for i := range out {
-		out[i] = 1
 	}
 	return out
 }

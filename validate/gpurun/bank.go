@@ -10,7 +10,8 @@ import (
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
+	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -18,7 +19,7 @@ import (
 // tensors (stacked, gate-up or up-gate, bf16/f32 or FP8 with block scales,
 // or a format decoded to bf16 on the device: DecodesOnDevice) through s and
 // waits for it.
-func LoadFusedBank(s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer) (*Bank, error) {
+func LoadFusedBank(s *Stager, src tensorload.TensorSource, fl *moelayer.FusedLayer) (*Bank, error) {
 	// One loader for both runs: expert by expert, in-out stacks transposed
 	// on the way, formats the kernels do not take decoded on the device.
 	return LoadFusedBankInOrder(context.Background(), s, src, fl, identityOrder(fl.Contract.BankSize()), nil)
@@ -72,11 +73,11 @@ func (b *Bank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
 // expert, with its biases where it has them and the activation act. wf is
 // how its weights are stored; one with no scale (or nil), or an MLP that
 // names no scales (a shared expert left unquantised beside quantised
-// routed experts, read as cpuref reads it), means unquantised in whatever
+// routed experts, read as the CPU reference reads it), means unquantised in whatever
 // float dtype the tensors hold; a format DecodesOnDevice takes is decoded
 // to bf16 on the device. The caller waits on s's stream (kernels queued on
 // the same stream run after the copies).
-func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format, act layout.Activation) (*Bank, error) {
+func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format, act layout.Activation) (*Bank, error) {
 	if m.GateScale == "" && m.UpScale == "" && m.DownScale == "" {
 		wf = nil
 	}
@@ -125,15 +126,15 @@ func loadMLPBankOf(s *Stager, src cpuref.TensorSource, m family.MLP, h, inter in
 	}
 	b.Act = act
 	if m.GateBias != "" {
-		gb, err := cpuref.LoadVector(src, m.GateBias, inter)
+		gb, err := tensorload.LoadVector(src, m.GateBias, inter)
 		if err != nil {
 			return fail(err)
 		}
-		ub, err := cpuref.LoadVector(src, m.UpBias, inter)
+		ub, err := tensorload.LoadVector(src, m.UpBias, inter)
 		if err != nil {
 			return fail(err)
 		}
-		db, err := cpuref.LoadVector(src, m.DownBias, h)
+		db, err := tensorload.LoadVector(src, m.DownBias, h)
 		if err != nil {
 			return fail(err)
 		}
@@ -163,7 +164,7 @@ type bankPart struct {
 
 // upload queues the uploads of the parts' weights, or (scales) of their
 // scales, in order.
-func (b *Bank) upload(s *Stager, src cpuref.TensorSource, parts []bankPart, scales bool) error {
+func (b *Bank) upload(s *Stager, src tensorload.TensorSource, parts []bankPart, scales bool) error {
 	for _, p := range parts {
 		if p.name == "" {
 			continue // an ungated bank's gate (Contract.Names, family.MLP)

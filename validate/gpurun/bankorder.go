@@ -9,14 +9,15 @@ import (
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
+	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
 // LoadsInOrder reports whether LoadFusedBankInOrder can load fl's bank:
 // any format the kernels take (as stored, or decoded to bf16 on the
 // device), in either orientation, except a format decoded on the device
 // stored in-out (the device decodes out-in rows).
-func LoadsInOrder(fl *cpuref.FusedLayer) bool {
+func LoadsInOrder(fl *moelayer.FusedLayer) bool {
 	wf, err := fl.Contract.Format()
 	if err != nil {
 		return false
@@ -54,7 +55,7 @@ func (p orderedPart) copyExpert(s *Stager, x int64) error {
 // read, Done after; nil: none). In-out stacks reach the device as their
 // out-in transpose, the layout the kernels take, so the bank is the same
 // either way.
-func LoadFusedBankInOrder(ctx context.Context, s *Stager, src cpuref.TensorSource, fl *cpuref.FusedLayer, order []int, pace cpuref.Pace) (*Bank, error) {
+func LoadFusedBankInOrder(ctx context.Context, s *Stager, src tensorload.TensorSource, fl *moelayer.FusedLayer, order []int, pace moelayer.Pace) (*Bank, error) {
 	if wf, err := fl.Contract.Format(); err == nil && !LoadsInOrder(fl) {
 		if sc, _ := wf.Scale(); !kernelsTake(wf) {
 			return nil, fmt.Errorf("layer %d: %s blocks %s: the GPU kernels take %dx%d", fl.Index, wf, blockEdge(sc.Block), kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)

@@ -8,7 +8,7 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/kernels"
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -75,7 +75,7 @@ func (s *Stager) ensure(b **cuda.Buffer[uint8], n int) error {
 // uploadDecoded queues, for each part, its weight, scales and global
 // scales and the weight's decode to bf16 on the device (wf is how they are
 // stored: a format DecodesOnDevice takes).
-func (b *Bank) uploadDecoded(s *Stager, src cpuref.TensorSource, parts []bankPart, wf weightfmt.Format) error {
+func (b *Bank) uploadDecoded(s *Stager, src tensorload.TensorSource, parts []bankPart, wf weightfmt.Format) error {
 	for _, p := range parts {
 		m, err := b.decodedWeight(s, src, p, wf)
 		if err != nil {
@@ -97,7 +97,7 @@ func (b *Bank) uploadDecoded(s *Stager, src cpuref.TensorSource, parts []bankPar
 // chunk overwrites the scratch only after the decode before it has read
 // it; device memory beyond the bank is one chunk, its scales and the
 // global scales.
-func (b *Bank) decodedWeight(s *Stager, src cpuref.TensorSource, p bankPart, wf weightfmt.Format) (kernels.Mat, error) {
+func (b *Bank) decodedWeight(s *Stager, src tensorload.TensorSource, p bankPart, wf weightfmt.Format) (kernels.Mat, error) {
 	d, err := b.decodeSetup(s, src, p, wf, false)
 	if err != nil {
 		return kernels.Mat{}, err
@@ -140,7 +140,7 @@ type scaleUpload struct {
 // the bank and returns its decoder. With own, the whole-weight scales get
 // device room of their own, filled expert by expert (expertScales),
 // instead of the stager's scratch filled now.
-func (b *Bank) decodeSetup(s *Stager, src cpuref.TensorSource, p bankPart, wf weightfmt.Format, own bool) (*decodedPart, error) {
+func (b *Bank) decodeSetup(s *Stager, src tensorload.TensorSource, p bankPart, wf weightfmt.Format, own bool) (*decodedPart, error) {
 	t, err := tensorShaped(src, p.name, p.shape)
 	if err != nil {
 		return nil, err
@@ -288,7 +288,7 @@ func (s *Stager) fp8Decoder(ts *checkpoint.Tensor, rows, cols int64, room func(*
 // the decode of a chunk of its rows x cols weight's rows, which first
 // queues the chunk's rows of scale grid ts into the scale scratch (room
 // for chunk rows).
-func (s *Stager) packed4Decoder(src cpuref.TensorSource, p bankPart, wf weightfmt.Format, ts *checkpoint.Tensor, rows, cols, chunk int64, room func(**cuda.Buffer[uint8], *checkpoint.Tensor) (cuda.DevicePtr, error)) (chunkDecode, error) {
+func (s *Stager) packed4Decoder(src tensorload.TensorSource, p bankPart, wf weightfmt.Format, ts *checkpoint.Tensor, rows, cols, chunk int64, room func(**cuda.Buffer[uint8], *checkpoint.Tensor) (cuda.DevicePtr, error)) (chunkDecode, error) {
 	pk, err := kernels.Packed4Of(wf)
 	if err != nil {
 		return nil, err
@@ -336,7 +336,7 @@ func (s *Stager) packed4Decoder(src cpuref.TensorSource, p bankPart, wf weightfm
 
 // globalTensor is p's global scale tensor: of shape p.globalShape, or of
 // one element when that is nil (one weight's scalar).
-func globalTensor(src cpuref.TensorSource, p bankPart) (*checkpoint.Tensor, error) {
+func globalTensor(src tensorload.TensorSource, p bankPart) (*checkpoint.Tensor, error) {
 	if p.globalShape != nil {
 		return tensorShaped(src, p.global, p.globalShape)
 	}

@@ -15,13 +15,14 @@ import (
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
+	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // TestDecodedBanksMatchCPU: on the GPU, every weight of a 4-bit format as
 // the stager decodes it on the device is bit for bit the CPU's decode
-// (cpuref.LoadMatrix) rounded to bf16: SRC's per-expert MLPs through
+// (tensorload.LoadMatrix) rounded to bf16: SRC's per-expert MLPs through
 // loadMLPBankOf (gpt-oss's gate and up as strided views of its interleaved
 // rows; Kimi's BF16 shared expert as the plain weights it is) and DST's
 // stacks in every layout through LoadFusedBank (each expert's slice, and
@@ -97,7 +98,7 @@ func TestDecodedBanksMatchCPU(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				fl := &cpuref.FusedLayer{Index: layer.Index, Contract: c, Names: layout.NamesFor(l, layer.Prefix, cf)}
+				fl := &moelayer.FusedLayer{Index: layer.Index, Contract: c, Names: layout.NamesFor(l, layer.Prefix, cf)}
 				b, err := LoadFusedBank(s, dck, fl)
 				if err != nil {
 					t.Fatal(err)
@@ -138,7 +139,7 @@ func testGPU(t *testing.T) *cuda.Device {
 }
 
 // rowsOf is the rows of 2-D tensor name.
-func rowsOf(t *testing.T, src cpuref.TensorSource, name string) int {
+func rowsOf(t *testing.T, src tensorload.TensorSource, name string) int {
 	t.Helper()
 	tt, ok := src.Tensor(name)
 	if !ok || len(tt.Shape) != 2 {
@@ -148,16 +149,16 @@ func rowsOf(t *testing.T, src cpuref.TensorSource, name string) int {
 }
 
 // cpuMLP is MLP m (gate, up [inter, h], down [h, inter]) as the CPU
-// reference decodes it (cpuref.LoadMatrix), rounded to bf16.
-func cpuMLP(t *testing.T, src cpuref.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format) [3][]uint16 {
+// reference decodes it (tensorload.LoadMatrix), rounded to bf16.
+func cpuMLP(t *testing.T, src tensorload.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format) [3][]uint16 {
 	t.Helper()
 	var out [3][]uint16
-	for i, r := range []cpuref.MatrixRef{
+	for i, r := range []tensorload.MatrixRef{
 		{Name: m.Gate, Index: -1, Rows: inter, Cols: h, Scale: m.GateScale, Format: wf, Global: m.GateGlobal},
 		{Name: m.Up, Index: -1, Rows: inter, Cols: h, Scale: m.UpScale, Format: wf, Global: m.UpGlobal},
 		{Name: m.Down, Index: -1, Rows: h, Cols: inter, Scale: m.DownScale, Format: wf, Global: m.DownGlobal},
 	} {
-		f, err := cpuref.LoadMatrix(src, r)
+		f, err := tensorload.LoadMatrix(src, r)
 		if err != nil {
 			t.Fatal(err)
 		}

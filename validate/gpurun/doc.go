@@ -14,7 +14,7 @@
 //
 // It is a package of its own so that the device code (streams, pinned
 // buffers, device memory and its release) stays apart from what the run
-// compares: it returns results in cpuref's types, and the root validate
+// compares: it returns results in moelayer's types, and the root validate
 // package picks the layers, runs the CPU reference beside it, judges the
 // outputs and reports the timings. It does not import the root package.
 package gpurun

@@ -5,15 +5,15 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
-	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/tensorbytes"
+	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // RequantisedShared is what the GPU's unfused path runs for a shared
 // expert that DST's contract says fuse-shared requantised into format f
 // (shared_requantized): m, SRC's plain shared expert, quantised by
-// weightfmt's rule from SRC's bytes (cpuref.RequantisedShared, the
+// weightfmt's rule from SRC's bytes (tensorload.RequantisedShared, the
 // requantisation the CPU reference runs and the byte proof predicts DST's
 // replicas with), and the source that serves the requantised weights and
 // scales beside src's tensors. They load as any MLP of format f does
@@ -24,14 +24,14 @@ import (
 // scanned for NaN and Inf as the requantiser reads them, so a non-finite
 // one fails its layer by name (tensorbytes.NonFiniteError) as the plain
 // shared expert's would, not as a refusal to requantise it.
-func RequantisedShared(src cpuref.TensorSource, m family.MLP, f weightfmt.Format) (family.MLP, cpuref.TensorSource, error) {
-	return cpuref.RequantisedShared(finiteSource{src, map[string]bool{m.Gate: true, m.Up: true, m.Down: true}}, m, f)
+func RequantisedShared(src tensorload.TensorSource, m family.MLP, f weightfmt.Format) (family.MLP, tensorload.TensorSource, error) {
+	return tensorload.RequantisedShared(finiteSource{src, map[string]bool{m.Gate: true, m.Up: true, m.Down: true}}, m, f)
 }
 
 // finiteSource is src, its tensors named in scan read through
 // finiteReader.
 type finiteSource struct {
-	src  cpuref.TensorSource
+	src  tensorload.TensorSource
 	scan map[string]bool
 }
 

@@ -19,8 +19,9 @@ import (
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/validate/tensorbytes"
+	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -46,7 +47,7 @@ func requantSpecs() map[string]fixtures.SynthSpec {
 // --tp tp (stacked, out-in) DST, and returns them with SRC's plan, the
 // first MoE layer, DST's contract and its format.
 type requantFixture struct {
-	src, dst cpuref.TensorSource
+	src, dst tensorload.TensorSource
 	plan     *family.Plan
 	layer    family.Layer
 	c        *layout.Contract
@@ -87,27 +88,27 @@ func newRequantFixture(t *testing.T, spec fixtures.SynthSpec, tp int) requantFix
 
 // sharedRef is projection i (gate, up, down) of MLP m of format wf
 // (gate and up [si, h], down [h, si]), whole.
-func sharedRef(m family.MLP, i, h, si int, wf weightfmt.Format) cpuref.MatrixRef {
+func sharedRef(m family.MLP, i, h, si int, wf weightfmt.Format) tensorload.MatrixRef {
 	switch i {
 	case 0:
-		return cpuref.MatrixRef{Name: m.Gate, Index: -1, Rows: si, Cols: h, Scale: m.GateScale, Format: wf}
+		return tensorload.MatrixRef{Name: m.Gate, Index: -1, Rows: si, Cols: h, Scale: m.GateScale, Format: wf}
 	case 1:
-		return cpuref.MatrixRef{Name: m.Up, Index: -1, Rows: si, Cols: h, Scale: m.UpScale, Format: wf}
+		return tensorload.MatrixRef{Name: m.Up, Index: -1, Rows: si, Cols: h, Scale: m.UpScale, Format: wf}
 	}
-	return cpuref.MatrixRef{Name: m.Down, Index: -1, Rows: h, Cols: si, Scale: m.DownScale, Format: wf}
+	return tensorload.MatrixRef{Name: m.Down, Index: -1, Rows: h, Cols: si, Scale: m.DownScale, Format: wf}
 }
 
 // slotRef is projection i of bank expert e of DST's stacked bank.
-func (f requantFixture) slotRef(i, e int) cpuref.MatrixRef {
+func (f requantFixture) slotRef(i, e int) tensorload.MatrixRef {
 	h, inter := f.plan.HiddenSize, f.plan.MoEIntermediateSize
 	n := f.names
 	switch i {
 	case 0:
-		return cpuref.MatrixRef{Name: n.Gate, Index: e, Rows: inter, Cols: h, Scale: n.GateScale, Format: f.wf}
+		return tensorload.MatrixRef{Name: n.Gate, Index: e, Rows: inter, Cols: h, Scale: n.GateScale, Format: f.wf}
 	case 1:
-		return cpuref.MatrixRef{Name: n.Up, Index: e, Rows: inter, Cols: h, Scale: n.UpScale, Format: f.wf}
+		return tensorload.MatrixRef{Name: n.Up, Index: e, Rows: inter, Cols: h, Scale: n.UpScale, Format: f.wf}
 	}
-	return cpuref.MatrixRef{Name: n.Down, Index: e, Rows: h, Cols: inter, Scale: n.DownScale, Format: f.wf}
+	return tensorload.MatrixRef{Name: n.Down, Index: e, Rows: h, Cols: inter, Scale: n.DownScale, Format: f.wf}
 }
 
 // part is slice s of shared projection i (whole: w, [rows, cols]) as DST
@@ -126,7 +127,7 @@ func part(w []float32, i, s, inter, h, si int) []float32 {
 // TestRequantisedSharedHostValues (CPU): the shared expert the GPU's
 // unfused path loads for a requantised DST (RequantisedShared) is, value
 // for value, what DST's fused bank holds in every shared replica and slice:
-// each projection decoded exactly (cpuref.LoadMatrix, the arithmetic the
+// each projection decoded exactly (tensorload.LoadMatrix, the arithmetic the
 // device decode rounds to bf16 once, TestDecodedBanksMatchCPU and
 // TestRequantisedSharedOnDevice) equals the bank slot's, bit for bit in
 // float32, so the bf16 both paths run is the same; and its raw codes and
@@ -149,14 +150,14 @@ func TestRequantisedSharedHostValues(t *testing.T) {
 					t.Fatalf("shared intermediate %d, %d replicas of %d slices of %d", si, R, S, inter)
 				}
 				for i := range 3 {
-					whole, err := cpuref.LoadMatrix(rsrc, sharedRef(m, i, h, si, f.wf))
+					whole, err := tensorload.LoadMatrix(rsrc, sharedRef(m, i, h, si, f.wf))
 					if err != nil {
 						t.Fatal(err)
 					}
 					for r := range R {
 						for s := range S {
 							e := f.c.SharedFirstID + r*S + s
-							got, err := cpuref.LoadMatrix(f.dst, f.slotRef(i, e))
+							got, err := tensorload.LoadMatrix(f.dst, f.slotRef(i, e))
 							if err != nil {
 								t.Fatal(err)
 							}
@@ -180,7 +181,7 @@ func TestRequantisedSharedHostValues(t *testing.T) {
 
 // sameSlotBytes: tensor name of src (a whole requantised weight or scale)
 // is byte for byte slices first..first+n-1 of stack name of dst.
-func sameSlotBytes(t *testing.T, src, dst cpuref.TensorSource, name, stack string, first, n int) {
+func sameSlotBytes(t *testing.T, src, dst tensorload.TensorSource, name, stack string, first, n int) {
 	t.Helper()
 	a, ok := src.Tensor(name)
 	b, ok2 := dst.Tensor(stack)
@@ -234,10 +235,10 @@ func TestRequantisedSharedNonFinite(t *testing.T) {
 		t.Fatal(err)
 	}
 	h, si := f.plan.HiddenSize, rowsOf(t, rsrc, m.Gate)
-	if _, err := cpuref.LoadMatrix(rsrc, sharedRef(m, 0, h, si, f.wf)); err != nil {
+	if _, err := tensorload.LoadMatrix(rsrc, sharedRef(m, 0, h, si, f.wf)); err != nil {
 		t.Fatalf("the finite gate: %v", err)
 	}
-	_, err = cpuref.LoadMatrix(rsrc, sharedRef(m, 1, h, si, f.wf))
+	_, err = tensorload.LoadMatrix(rsrc, sharedRef(m, 1, h, si, f.wf))
 	var nf *tensorbytes.NonFiniteError
 	if !errors.As(err, &nf) || nf.Tensor != up.Name || nf.Element != bad || nf.DType != safetensors.BF16 {
 		t.Fatalf("err %v (%+v)", err, nf)
@@ -246,7 +247,7 @@ func TestRequantisedSharedNonFinite(t *testing.T) {
 
 // overrideSource is src with some tensors replaced.
 type overrideSource struct {
-	src cpuref.TensorSource
+	src tensorload.TensorSource
 	m   map[string]*checkpoint.Tensor
 }
 
@@ -291,7 +292,7 @@ func TestRequantisedSharedOnDevice(t *testing.T) {
 			for i, mat := range []kernels.Mat{b.Gate, b.Up, b.Down} {
 				sameBits(t, "requantised shared expert", 0, i, bankBF16(t, s, mat, 0, len(want[i])), want[i])
 			}
-			fl := &cpuref.FusedLayer{Index: f.layer.Index, Contract: f.c, Names: f.names}
+			fl := &moelayer.FusedLayer{Index: f.layer.Index, Contract: f.c, Names: f.names}
 			bank, err := LoadFusedBank(s, f.dst, fl)
 			if err != nil {
 				t.Fatal(err)
@@ -356,11 +357,11 @@ func TestRequantisedSharedFP8Blocks(t *testing.T) {
 		if w.DType != safetensors.F8E4M3 || sc.DType != safetensors.F32 {
 			t.Fatalf("%s %s, %s %s", pr.w, w.DType, pr.s, sc.DType)
 		}
-		got, err := cpuref.LoadMatrix(rsrc, sharedRef(m, i, h, si, wf))
+		got, err := tensorload.LoadMatrix(rsrc, sharedRef(m, i, h, si, wf))
 		if err != nil {
 			t.Fatal(err)
 		}
-		plain, err := cpuref.LoadMatrix(f.src, sharedRef(*f.layer.Shared, i, h, si, nil))
+		plain, err := tensorload.LoadMatrix(f.src, sharedRef(*f.layer.Shared, i, h, si, nil))
 		if err != nil {
 			t.Fatal(err)
 		}

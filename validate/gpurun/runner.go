@@ -12,7 +12,8 @@ import (
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
-	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
+	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -189,10 +190,10 @@ func (in *Input) routerX() *cuda.Buffer[float32] {
 
 // Prepared is in as a layer with two inputs reads it (Gemma 4: the
 // experts' input and the router's, derived on the host from in's x, the
-// residual stream, by prep with src's norm tensors, cpuref.InputPrep's
+// residual stream, by prep with src's norm tensors, moelayer.InputPrep's
 // float32 arithmetic); in itself for a layer with one. Each path prepares
 // its own from its own checkpoint.
-func (g *Runner) Prepared(src cpuref.TensorSource, prep cpuref.InputPrep, in *Input, fr *Frees) (*Input, error) {
+func (g *Runner) Prepared(src tensorload.TensorSource, prep moelayer.InputPrep, in *Input, fr *Frees) (*Input, error) {
 	if prep.None() {
 		return in, nil
 	}
@@ -243,7 +244,7 @@ func (g *Runner) Input(x []float32, t, h int, fr *Frees) (*Input, error) {
 // golden's float32 x routes as HF routed it.
 //
 // Only the first t of in's tokens are routed: forced coverage tokens may follow.
-func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.GateSpec, rr cpuref.RouterRef, in *Input, t int, finalScale float32, fr *Frees) (*kernels.GateOut, *moe.Routing, *moe.Slots, error) {
+func (g *Runner) route(src tensorload.TensorSource, spec moe.RouteSpec, gs kernels.GateSpec, rr moelayer.RouterRef, in *Input, t int, finalScale float32, fr *Frees) (*kernels.GateOut, *moe.Routing, *moe.Slots, error) {
 	if err := spec.Check(); err != nil {
 		return nil, nil, nil, err
 	}
@@ -251,12 +252,12 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 		return nil, nil, nil, fmt.Errorf("routing %d of %d tokens", t, in.t)
 	}
 	e, rows := spec.NumExperts, spec.Rows()
-	wg, err := cpuref.LoadMatrix(src, cpuref.MatrixRef{Name: rr.Router, Index: -1, Rows: rows, Cols: in.h})
+	wg, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: rr.Router, Index: -1, Rows: rows, Cols: in.h})
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	w, err := cuda.FromHost(g.dev, wg)
-	cpuref.PutFloats(wg)
+	tensorload.PutFloats(wg)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -264,7 +265,7 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 	var b *cuda.Buffer[float32]
 	var bv []float32
 	if rr.Bias != "" {
-		if bv, err = cpuref.LoadVector(src, rr.Bias, e); err != nil {
+		if bv, err = tensorload.LoadVector(src, rr.Bias, e); err != nil {
 			return nil, nil, nil, err
 		}
 		if b, err = cuda.FromHost(g.dev, bv); err != nil {
@@ -281,7 +282,7 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 		return nil, nil, nil, err
 	}
 	if rr.LogitBias != "" { // gpt-oss: the router's own bias, added to the logits on the device
-		lb, err := cpuref.LoadVector(src, rr.LogitBias, e)
+		lb, err := tensorload.LoadVector(src, rr.LogitBias, e)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -294,7 +295,7 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 			return nil, nil, nil, err
 		}
 	}
-	if gs.WeightScale, err = cpuref.RouterScale(src, rr); err != nil { // Inkling's global_scale: the gate multiplies every weight by it
+	if gs.WeightScale, err = moelayer.RouterScale(src, rr); err != nil { // Inkling's global_scale: the gate multiplies every weight by it
 		return nil, nil, nil, err
 	}
 	out, err := kernels.NewGateOut(g.dev, gs, t, true)
@@ -306,7 +307,7 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 		if len(in.Tokens) != t {
 			return nil, nil, nil, fmt.Errorf("hash-routed layer: %d token ids for %d tokens", len(in.Tokens), t)
 		}
-		ids, err := cpuref.HashIDs(src, rr.Hash, in.Tokens, spec.TopK, e)
+		ids, err := moelayer.HashIDs(src, rr.Hash, in.Tokens, spec.TopK, e)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -320,7 +321,7 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 	}
 	k := gs.SlotsPerToken()
 	if rr.ExpertScale != "" { // Gemma 4's per_expert_scale, on the gate's renormalised weights
-		sv, err := cpuref.ExpertScales(src, rr, e)
+		sv, err := moelayer.ExpertScales(src, rr, e)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -361,7 +362,7 @@ func (g *Runner) route(src cpuref.TensorSource, spec moe.RouteSpec, gs kernels.G
 // (with contract c's shared slots; nil c for the unfused path) and appends
 // cov's forced slots (forced): the routed tokens' routing, the slots of all
 // tokens and their device copies.
-func (g *Runner) gate(src cpuref.TensorSource, spec moe.RouteSpec, rr cpuref.RouterRef, in *Input, cov *cpuref.Coverage, c *layout.Contract, fr *Frees) (*moe.Routing, *moe.Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
+func (g *Runner) gate(src tensorload.TensorSource, spec moe.RouteSpec, rr moelayer.RouterRef, in *Input, cov *moelayer.Coverage, c *layout.Contract, fr *Frees) (*moe.Routing, *moe.Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
 	spec = spec.Ranking() // LongCat-Flash's zero-compute experts are ranked with the routed ones
 	gs, finalScale := kernels.FusedGate(spec, c)
 	gout, routing, slots, err := g.route(src, spec, gs, rr, in, routedTokens(in, cov), finalScale, fr)
@@ -380,17 +381,17 @@ func (g *Runner) gate(src cpuref.TensorSource, spec moe.RouteSpec, rr cpuref.Rou
 // place after the routed tokens as FusedSlots numbers them. It returns the
 // slots of all tokens and their device copies; without cov, the gate's own
 // device outputs.
-func (g *Runner) forced(gout *kernels.GateOut, routing *moe.Routing, slots *moe.Slots, cov *cpuref.Coverage, c *layout.Contract, fr *Frees) (*moe.Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
+func (g *Runner) forced(gout *kernels.GateOut, routing *moe.Routing, slots *moe.Slots, cov *moelayer.Coverage, c *layout.Contract, fr *Frees) (*moe.Slots, *cuda.Buffer[int32], *cuda.Buffer[float32], error) {
 	if cov == nil {
 		return slots, gout.IDs, gout.Weights, nil
 	}
-	_, all, err := cpuref.WithCoverage(nil, routing, cov)
+	_, all, err := moelayer.WithCoverage(nil, routing, cov)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	tail := &moe.Slots{T: cov.T, K: all.K, IDs: cov.Routing.IDs, Weights: cov.Routing.Weights}
 	if c != nil {
-		fs, err := cpuref.FusedSlots(all, c)
+		fs, err := moelayer.FusedSlots(all, c)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -474,7 +475,7 @@ func (g *Runner) f32Buffer(n int, fr *Frees) (*cuda.Buffer[float32], error) {
 //
 // cov's forced tokens (nil: none) follow the routed ones in in; their slots
 // go through the same align, GEMM and finalize.
-func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank *Bank, in *Input, cov *cpuref.Coverage, blockSize int) (*cpuref.FusedResult, error) {
+func (g *Runner) FusedLayer(src tensorload.TensorSource, fl *moelayer.FusedLayer, bank *Bank, in *Input, cov *moelayer.Coverage, blockSize int) (*moelayer.FusedResult, error) {
 	var fr Frees
 	defer fr.Release(g)
 	c := fl.Contract
@@ -534,7 +535,7 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 		if c.NumFusedSharedExperts > 0 {
 			return nil, fmt.Errorf("layer %d: the contract fuses %d shared experts but shared expert tensors (%s) remain", fl.Index, c.NumFusedSharedExperts, fl.Shared.First())
 		}
-		// Stored as the CPU twin reads it (cpuref.FusedLayer.denseMLP);
+		// Stored as the CPU twin reads it (moelayer.FusedLayer.denseMLP);
 		// loadMLPBankOf refuses what the kernels cannot take.
 		wf, err := c.SharedFormat()
 		if err != nil {
@@ -557,8 +558,8 @@ func (g *Runner) FusedLayer(src cpuref.TensorSource, fl *cpuref.FusedLayer, bank
 	if err != nil {
 		return nil, err
 	}
-	cpuref.ScaleOutput(yh, c.Output())
-	return &cpuref.FusedResult{Y: yh, Routing: routing, Slots: slots, Align: ha}, nil
+	moelayer.ScaleOutput(yh, c.Output())
+	return &moelayer.FusedResult{Y: yh, Routing: routing, Slots: slots, Align: ha}, nil
 }
 
 // oneExpertSorted builds the alignment of a bank of one expert over the
@@ -582,7 +583,7 @@ func (g *Runner) oneExpertSorted(slots []int32, numel int, fr *Frees) (*kernels.
 // addDense runs one hub-layout MLP over every token (a shared expert) and
 // adds it to y, gated by sigmoid(x . w_gate) where gate names Qwen2-MoE's
 // shared_expert_gate.
-func (g *Runner) addDense(src cpuref.TensorSource, m family.MLP, gate string, wf weightfmt.Format, act layout.Activation, in *Input, y *cuda.Buffer[float32]) error {
+func (g *Runner) addDense(src tensorload.TensorSource, m family.MLP, gate string, wf weightfmt.Format, act layout.Activation, in *Input, y *cuda.Buffer[float32]) error {
 	var fr Frees
 	defer fr.Release(g)
 	gt, ok := src.Tensor(m.First())
@@ -621,7 +622,7 @@ func (g *Runner) addDense(src cpuref.TensorSource, m family.MLP, gate string, wf
 	}
 	var logit *cuda.Buffer[float32]
 	if gate != "" {
-		gw, err := cpuref.LoadVector(src, gate, h)
+		gw, err := tensorload.LoadVector(src, gate, h)
 		if err != nil {
 			return err
 		}
@@ -645,11 +646,11 @@ func (g *Runner) addDense(src cpuref.TensorSource, m family.MLP, gate string, wf
 // slots t*S+s of every token (routed and cov's forced ones), then finalize
 // weights each token's S slots by the routing's shared weights times scale
 // (the routed sum's final scale) and the sum is added to y, all on the device.
-func (g *Runner) addRoutedShared(src cpuref.TensorSource, mlps []family.MLP, routing *moe.Routing, cov *cpuref.Coverage, scale float32, wf weightfmt.Format, act layout.Activation, in *Input, y *cuda.Buffer[float32]) error {
+func (g *Runner) addRoutedShared(src tensorload.TensorSource, mlps []family.MLP, routing *moe.Routing, cov *moelayer.Coverage, scale float32, wf weightfmt.Format, act layout.Activation, in *Input, y *cuda.Buffer[float32]) error {
 	var fr Frees
 	defer fr.Release(g)
 	t, h, ns := in.t, in.h, len(mlps)
-	weights := cpuref.SharedWeights(routing, cov)
+	weights := moelayer.SharedWeights(routing, cov)
 	if routing.S != ns || len(weights) != t*ns {
 		return fmt.Errorf("the routing weights %d shared experts (%d values for %d tokens), the checkpoint has %d", routing.S, len(weights), t, ns)
 	}
@@ -719,7 +720,7 @@ func (f *Frees) AddBank(b *Bank) { f.add(bankFree{b}) }
 // (shared_requantized): the shared expert then runs so requantised
 // (RequantisedShared), as DST's fused replicas hold it, so that the fused
 // path compares with this one at the GPU's usual tolerance.
-func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan *family.Plan, layer *family.Layer, in *Input, cov *cpuref.Coverage, pace cpuref.Pace, requant weightfmt.Format) (*cpuref.RefResult, error) {
+func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, in *Input, cov *moelayer.Coverage, pace moelayer.Pace, requant weightfmt.Format) (*moelayer.RefResult, error) {
 	var fr Frees
 	defer fr.Release(g)
 	h, inter, e, t := plan.HiddenSize, plan.IntermediateOf(*layer), plan.NumExperts, in.t
@@ -729,12 +730,12 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan
 	if len(layer.Experts) != e {
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
 	}
-	in, err := g.Prepared(src, cpuref.PrepOf(plan, layer), in, &fr)
+	in, err := g.Prepared(src, moelayer.PrepOf(plan, layer), in, &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
 	spec := plan.RouteSpec()
-	routing, slots, _, slotW, err := g.gate(src, spec, cpuref.RouterOf(layer), in, cov, nil, &fr)
+	routing, slots, _, slotW, err := g.gate(src, spec, moelayer.RouterOf(layer), in, cov, nil, &fr)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
 	}
@@ -803,7 +804,7 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan
 	if layer.Shared != nil {
 		// Each MLP with its own format: a shared expert stored unlike the
 		// routed experts (DeepSeek-V4's FP8 blocks beside FP4; Kimi's BF16
-		// beside INT4) loads as that format, as cpuref reads it.
+		// beside INT4) loads as that format, as the CPU reference reads it.
 		swf, err := plan.SharedFormat()
 		if err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
@@ -828,14 +829,14 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src cpuref.TensorSource, plan
 	if err != nil {
 		return nil, err
 	}
-	cpuref.ScaleOutput(yh, plan.Output())
-	return &cpuref.RefResult{Y: yh, Routing: routing}, nil
+	moelayer.ScaleOutput(yh, plan.Output())
+	return &moelayer.RefResult{Y: yh, Routing: routing}, nil
 }
 
 // oneExpert uploads one expert and queues its SwiGLU over its slots, writing
 // those slots' rows of out; its device memory is released once the compute
 // stream has run it.
-func (g *Runner) oneExpert(src cpuref.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format, act layout.Activation, slots []int32, numel, k int, in *Input, mid kernels.Mat, out *cuda.Buffer[float32]) error {
+func (g *Runner) oneExpert(src tensorload.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format, act layout.Activation, slots []int32, numel, k int, in *Input, mid kernels.Mat, out *cuda.Buffer[float32]) error {
 	var fr Frees
 	defer fr.Release(g)
 	bank, err := loadMLPBankOf(g.Stage, src, m, h, inter, wf, act)
@@ -887,11 +888,11 @@ func (g *Runner) inputScaled(in *Input, slots *moe.Slots, fr *Frees) (*Input, *c
 	if len(in.x) != in.t*in.h || len(slots.Weights) != in.t*slots.K {
 		return nil, nil, fmt.Errorf("input-scaled slots: %d host values for %d tokens x %d, %d slot weights", len(in.x), in.t, in.h, len(slots.Weights))
 	}
-	rows, err := g.Input(cpuref.SlotRows(in.x, in.h, slots.K, slots.Weights), in.t*slots.K, in.h, fr)
+	rows, err := g.Input(moelayer.SlotRows(in.x, in.h, slots.K, slots.Weights), in.t*slots.K, in.h, fr)
 	if err != nil {
 		return nil, nil, err
 	}
-	w, err := cuda.FromHost(g.dev, cpuref.Ones(len(slots.Weights)))
+	w, err := cuda.FromHost(g.dev, moelayer.Ones(len(slots.Weights)))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -900,7 +901,7 @@ func (g *Runner) inputScaled(in *Input, slots *moe.Slots, fr *Frees) (*Input, *c
 }
 
 // routedTokens is how many of in's tokens the router sees: all but cov's.
-func routedTokens(in *Input, cov *cpuref.Coverage) int {
+func routedTokens(in *Input, cov *moelayer.Coverage) int {
 	if cov == nil {
 		return in.t
 	}

@@ -10,8 +10,8 @@ import (
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/safetensors"
-	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/tensorbytes"
+	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -163,7 +163,7 @@ func (s *Stager) copyElems(dst cuda.DevicePtr, t *checkpoint.Tensor, from, to in
 			return err
 		}
 		f := unsafe.Slice((*float32)(unsafe.Pointer(&buf[0])), n)
-		if err := cpuref.Decode(t.DType, raw, f); err != nil {
+		if err := tensorload.Decode(t.DType, raw, f); err != nil {
 			return fmt.Errorf("%s: tensor %s: %w", t.File, t.Name, err)
 		}
 		if err := s.send(i, s.at(dst, out, n*4), int(n*4)); err != nil {
@@ -203,7 +203,7 @@ func (s *Stager) copyTransposed(dst cuda.DevicePtr, t *checkpoint.Tensor, x, row
 		}
 		in, es = s.decoded[:n*4], 4
 		f := unsafe.Slice((*float32)(unsafe.Pointer(&in[0])), n)
-		if err := cpuref.Decode(t.DType, raw, f); err != nil {
+		if err := tensorload.Decode(t.DType, raw, f); err != nil {
 			return fmt.Errorf("%s: tensor %s: %w", t.File, t.Name, err)
 		}
 	}
@@ -294,7 +294,7 @@ func matType(t *checkpoint.Tensor) (kernels.MatDType, bool, error) {
 	case safetensors.F8E4M3:
 		return kernels.MatFP8, false, nil
 	}
-	if cpuref.Decodable(t.DType) && t.DType.Size() > 0 {
+	if tensorload.Decodable(t.DType) && t.DType.Size() > 0 {
 		return kernels.MatF32, true, nil
 	}
 	return 0, false, fmt.Errorf("%s: tensor %s has dtype %s, which the GPU path cannot use", t.File, t.Name, t.DType)
@@ -324,7 +324,7 @@ func (b *Bank) Free() {
 
 // weight allocates device memory for tensor t (shape checked against want)
 // and queues its upload; the Mat has the bank's dtype.
-func (b *Bank) weight(s *Stager, src cpuref.TensorSource, name string, want []int64) (kernels.Mat, error) {
+func (b *Bank) weight(s *Stager, src tensorload.TensorSource, name string, want []int64) (kernels.Mat, error) {
 	t, err := tensorShaped(src, name, want)
 	if err != nil {
 		return kernels.Mat{}, err
@@ -371,7 +371,7 @@ func (b *Bank) alloc(dev *cuda.Device, t *checkpoint.Tensor, dt kernels.MatDType
 }
 
 // scale allocates and queues an F32 block-scale tensor of shape want.
-func (b *Bank) scale(s *Stager, src cpuref.TensorSource, name string, want []int64, dtype safetensors.DType) (*cuda.Buffer[float32], error) {
+func (b *Bank) scale(s *Stager, src tensorload.TensorSource, name string, want []int64, dtype safetensors.DType) (*cuda.Buffer[float32], error) {
 	t, err := tensorShaped(src, name, want)
 	if err != nil {
 		return nil, err
@@ -425,7 +425,7 @@ func (b *Bank) widenedScale(s *Stager, t *checkpoint.Tensor, dtype safetensors.D
 	return buf, nil
 }
 
-func tensorShaped(src cpuref.TensorSource, name string, want []int64) (*checkpoint.Tensor, error) {
+func tensorShaped(src tensorload.TensorSource, name string, want []int64) (*checkpoint.Tensor, error) {
 	t, ok := src.Tensor(name)
 	if !ok {
 		return nil, fmt.Errorf("tensor %s is missing", name)

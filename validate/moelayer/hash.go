@@ -1,4 +1,4 @@
-package cpuref
+package moelayer
 
 import (
 	"encoding/binary"
@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
 // Hash-routed layers (DeepSeek-V4's hash_moe) choose a token's experts by
@@ -36,8 +37,8 @@ func DrawTokens(seed uint64, layer, t, vocab int) []int32 {
 	return out
 }
 
-// hashVocab is the number of token ids a layer's table maps.
-func HashVocab(src TensorSource, name string, k int) (int, error) {
+// HashVocab is the number of token ids a layer's table maps.
+func HashVocab(src tensorload.TensorSource, name string, k int) (int, error) {
 	t, ok := src.Tensor(name)
 	if !ok {
 		return 0, fmt.Errorf("hash routing table %s is missing", name)
@@ -53,7 +54,7 @@ func HashVocab(src TensorSource, name string, k int) (int, error) {
 
 // hashIDs looks tokens up in a table [vocab, k] of expert ids below e: one
 // read of k entries per token, so the table is never loaded whole.
-func HashIDs(src TensorSource, name string, tokens []int32, k, e int) ([]int32, error) {
+func HashIDs(src tensorload.TensorSource, name string, tokens []int32, k, e int) ([]int32, error) {
 	vocab, err := HashVocab(src, name, k)
 	if err != nil {
 		return nil, err
@@ -67,7 +68,7 @@ func HashIDs(src TensorSource, name string, tokens []int32, k, e int) ([]int32, 
 		if tok < 0 || int(tok) >= vocab {
 			return nil, fmt.Errorf("%s: token %d has id %d, outside the %d rows of %s", t.File, i, tok, vocab, name)
 		}
-		raw, err := readElems(t, int64(tok)*int64(k), int64(k))
+		raw, err := tensorload.ReadElems(t, int64(tok)*int64(k), int64(k))
 		if err != nil {
 			return nil, err
 		}

@@ -1,14 +1,15 @@
-package cpuref
+package tensorload
 
 import (
 	"bytes"
 	"reflect"
 	"sync"
 
+	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// A decoder shares decoded weights between the loads of one job: a weight
+// A Decoder shares decoded weights between the loads of one job: a weight
 // whose stored bytes, scales and global scale are byte for byte those of
 // one it already decoded, in the same format and shape, gets that float32
 // buffer back instead of a second decode. PairLayer gives each expert's job
@@ -17,7 +18,7 @@ import (
 // (a folded down projection, a corrupted slice) are decoded on their own.
 // Decoding is a pure function of what is compared, so sharing changes no
 // value. The nil decoder decodes every load afresh.
-type decoder struct {
+type Decoder struct {
 	mu      sync.Mutex
 	entries []*decoded
 }
@@ -34,7 +35,7 @@ type decoded struct {
 
 // seen reports whether b holds exactly the bytes of an input the decoder
 // already decoded from (which were scanned for NaN and Inf then).
-func (d *decoder) seen(b []byte) bool {
+func (d *Decoder) seen(b []byte) bool {
 	if d == nil {
 		return false
 	}
@@ -52,7 +53,7 @@ func (d *decoder) seen(b []byte) bool {
 
 // find returns the buffer decoded from exactly these inputs, taking a
 // reference to it, or nil.
-func (d *decoder) find(f weightfmt.Format, rows, cols int, raw, scale, global []byte) []float32 {
+func (d *Decoder) find(f weightfmt.Format, rows, cols int, raw, scale, global []byte) []float32 {
 	if d == nil {
 		return nil
 	}
@@ -70,7 +71,7 @@ func (d *decoder) find(f weightfmt.Format, rows, cols int, raw, scale, global []
 
 // keep records out, decoded from in, for later loads; it reports whether
 // the decoder took the inputs (the caller then must not hand them back).
-func (d *decoder) keep(in decodeInputs, f weightfmt.Format, rows, cols int, out []float32) bool {
+func (d *Decoder) keep(in decodeInputs, f weightfmt.Format, rows, cols int, out []float32) bool {
 	if d == nil {
 		return false
 	}
@@ -81,7 +82,7 @@ func (d *decoder) keep(in decodeInputs, f weightfmt.Format, rows, cols int, out 
 }
 
 // put hands back one load's buffer: to the pool once no load holds it.
-func (d *decoder) put(out []float32) {
+func (d *Decoder) Put(out []float32) {
 	if out == nil {
 		return
 	}
@@ -107,4 +108,13 @@ func (d *decoder) put(out []float32) {
 func (e *decoded) free() {
 	PutFloats(e.out)
 	e.release()
+}
+
+// releaseExpert hands a bank expert's weight buffers back (to dec, which
+// loaded them) once the grouped GEMM is done with it.
+func (dec *Decoder) ReleaseExpert(m *moe.ExpertMats) {
+	dec.Put(m.Gate)
+	dec.Put(m.Up)
+	dec.Put(m.Down)
+	m.Gate, m.Up, m.Down = nil, nil, nil
 }

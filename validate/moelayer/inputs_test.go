@@ -1,4 +1,4 @@
-package cpuref
+package moelayer
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package cpuref
+package moelayer
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
 // InputPrep is how a layer with two inputs (Gemma 4) derives them from
@@ -33,7 +34,7 @@ func (p InputPrep) None() bool { return p.RouterScale == "" && p.ExpertNorm == "
 // -1/2, times the row, rounded; then times the weight, rounded (the
 // experts'), or times the router's scale and H^-1/2, each product
 // rounded (the router's).
-func (p InputPrep) Inputs(src TensorSource, x []float32, t, h int) (xe, xr []float32, err error) {
+func (p InputPrep) Inputs(src tensorload.TensorSource, x []float32, t, h int) (xe, xr []float32, err error) {
 	if p.None() {
 		return x, nil, nil
 	}
@@ -46,11 +47,11 @@ func (p InputPrep) Inputs(src TensorSource, x []float32, t, h int) (xe, xr []flo
 	if len(x) != t*h {
 		return nil, nil, fmt.Errorf("input norms: x has %d values for %d tokens x %d", len(x), t, h)
 	}
-	rs, err := LoadVector(src, p.RouterScale, h)
+	rs, err := tensorload.LoadVector(src, p.RouterScale, h)
 	if err != nil {
 		return nil, nil, err
 	}
-	en, err := LoadVector(src, p.ExpertNorm, h)
+	en, err := tensorload.LoadVector(src, p.ExpertNorm, h)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -77,7 +78,7 @@ func (p InputPrep) Inputs(src TensorSource, x []float32, t, h int) (xe, xr []flo
 // Prepare is Inputs for x's t rows and for cov's forced rows (nil: none),
 // which stand for tokens of the residual stream too: the experts' input,
 // the router's (nil: x's) and cov with its rows the experts' input.
-func (p InputPrep) Prepare(src TensorSource, x []float32, t, h int, cov *Coverage) (xe, xr []float32, c *Coverage, err error) {
+func (p InputPrep) Prepare(src tensorload.TensorSource, x []float32, t, h int, cov *Coverage) (xe, xr []float32, c *Coverage, err error) {
 	if xe, xr, err = p.Inputs(src, x, t, h); err != nil || p.None() || cov == nil {
 		return xe, xr, cov, err
 	}
@@ -95,15 +96,15 @@ func (p InputPrep) Prepare(src TensorSource, x []float32, t, h int, cov *Coverag
 
 // ExpertScales reads the router's per-expert scale (Gemma 4's
 // per_expert_scale) of e values; nil when the router has none.
-func ExpertScales(src TensorSource, rr RouterRef, e int) ([]float32, error) {
+func ExpertScales(src tensorload.TensorSource, rr RouterRef, e int) ([]float32, error) {
 	if rr.ExpertScale == "" {
 		return nil, nil
 	}
-	return LoadVector(src, rr.ExpertScale, e) // finite: every read is checked (tensorbytes.CheckFinite)
+	return tensorload.LoadVector(src, rr.ExpertScale, e) // finite: every read is checked (tensorbytes.CheckFinite)
 }
 
-// scaleByExpert applies the router's per-expert scale to r's weights.
-func scaleByExpert(src TensorSource, rr RouterRef, r *moe.Routing, e int) error {
+// ScaleByExpert applies the router's per-expert scale to r's weights.
+func ScaleByExpert(src tensorload.TensorSource, rr RouterRef, r *moe.Routing, e int) error {
 	s, err := ExpertScales(src, rr, e)
 	if err != nil || s == nil {
 		return err

@@ -1,4 +1,4 @@
-package cpuref
+package tensorload
 
 import (
 	"errors"
@@ -116,7 +116,7 @@ func lookup(src TensorSource, name string, index, rows, cols int) (*checkpoint.T
 
 // readElems reads n elements of t starting at element off, checked for
 // NaN and Inf, into a pool buffer.
-func readElems(t *checkpoint.Tensor, off, n int64) ([]byte, error) {
+func ReadElems(t *checkpoint.Tensor, off, n int64) ([]byte, error) {
 	if err := elemRange(t, off, n); err != nil {
 		return nil, err
 	}
@@ -177,7 +177,7 @@ func readInto(t *checkpoint.Tensor, buf []byte, off int64) error {
 
 // readChecked is readRaw, then the NaN and Inf scan, which dec skips for
 // bytes it has already decoded (they were scanned when first read).
-func readChecked(dec *decoder, t *checkpoint.Tensor, off, n int64) ([]byte, func(), error) {
+func readChecked(dec *Decoder, t *checkpoint.Tensor, off, n int64) ([]byte, func(), error) {
 	b, done, err := readRaw(t, off, n)
 	if err != nil {
 		return nil, nil, err
@@ -191,13 +191,20 @@ func readChecked(dec *decoder, t *checkpoint.Tensor, off, n int64) ([]byte, func
 	return b, done, nil
 }
 
-// loadMatrix reads one weight and dequantises it to float32 as its format
+// LoadMatrix reads one weight and dequantises it to float32 as its format
 // says.
 func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) { return loadMatrix(nil, src, m) }
 
+// Load is LoadMatrix through d, which hands back a buffer it already decoded
+// from the same bytes instead of decoding them again (nil: every load
+// decodes afresh); Put gives the buffer back.
+func (d *Decoder) Load(src TensorSource, m MatrixRef) ([]float32, error) {
+	return loadMatrix(d, src, m)
+}
+
 // loadMatrix is LoadMatrix through dec, which hands back a buffer it
 // already decoded from the same bytes instead of decoding them again.
-func loadMatrix(dec *decoder, src TensorSource, m MatrixRef) ([]float32, error) {
+func loadMatrix(dec *Decoder, src TensorSource, m MatrixRef) ([]float32, error) {
 	sliceRows := m.SliceRows
 	if sliceRows == 0 {
 		sliceRows = m.Rows
@@ -222,7 +229,7 @@ func loadMatrix(dec *decoder, src TensorSource, m MatrixRef) ([]float32, error) 
 	slice := weightfmt.Matrix{Format: f, Rows: int64(sliceRows), Cols: int64(m.Cols)}
 	piece := weightfmt.Matrix{Format: f, Rows: int64(m.Rows), Cols: int64(m.Cols)}
 	rows := slice.RowBlock(int64(m.RowStart), int64(m.Rows))
-	es := int64(max(t.DType.Size(), 1)) // readElems refuses a dtype of no size
+	es := int64(max(t.DType.Size(), 1)) // ReadElems refuses a dtype of no size
 	raw, done, err := m.read(dec, t, off+rows.Weight.Off/es, rows.Weight.Size()/es, int64(sliceRows), int64(wcols), int64(m.RowStart), int64(m.Rows))
 	if err != nil {
 		return nil, err
@@ -308,7 +315,7 @@ type decodeInputs struct {
 // or the buffer dec already decoded from the same inputs in format f. The
 // result comes from the pool: callers hand it back (dec.put) once done, or
 // let the garbage collector have it.
-func (in *decodeInputs) decode(dec *decoder, f weightfmt.Format, rows, cols int, dequantise func(out []float32) error) ([]float32, error) {
+func (in *decodeInputs) decode(dec *Decoder, f weightfmt.Format, rows, cols int, dequantise func(out []float32) error) ([]float32, error) {
 	if out := dec.find(f, rows, cols, in.raw, in.scale, in.global); out != nil {
 		return out, nil
 	}
@@ -346,7 +353,7 @@ func (m MatrixRef) lookup(src TensorSource, name string, rows, cols int64) (*che
 // whole (lent by a streamed pass where one holds it, as any read) and its
 // columns [r0, r0+nr) transposed back to [nr, cols] into a pool buffer.
 // done hands the bytes back.
-func (m MatrixRef) read(dec *decoder, t *checkpoint.Tensor, off, n, rows, cols, r0, nr int64) ([]byte, func(), error) {
+func (m MatrixRef) read(dec *Decoder, t *checkpoint.Tensor, off, n, rows, cols, r0, nr int64) ([]byte, func(), error) {
 	if !m.InOut {
 		return readChecked(dec, t, off, n)
 	}
@@ -365,8 +372,8 @@ func (m MatrixRef) read(dec *decoder, t *checkpoint.Tensor, off, n, rows, cols, 
 	return out, func() { putBytes(out) }, nil
 }
 
-// loadRow reads row index of a [N, n] tensor of floats (a stacked bias).
-func loadRow(src TensorSource, name string, index, n int) ([]float32, error) {
+// LoadRow reads row index of a [N, n] tensor of floats (a stacked bias).
+func LoadRow(src TensorSource, name string, index, n int) ([]float32, error) {
 	t, ok := src.Tensor(name)
 	if !ok {
 		return nil, fmt.Errorf("tensor %s is missing", name)
@@ -392,7 +399,7 @@ func LoadVector(src TensorSource, name string, n int) ([]float32, error) {
 
 // decodeElems reads n elements of t from element off as float32.
 func decodeElems(t *checkpoint.Tensor, off int64, n int) ([]float32, error) {
-	raw, err := readElems(t, off, int64(n))
+	raw, err := ReadElems(t, off, int64(n))
 	if err != nil {
 		return nil, err
 	}
