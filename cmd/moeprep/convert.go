@@ -182,9 +182,28 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 		if _, err := fmt.Fprintln(w, msg); err != nil {
 			return err
 		}
-		_, err := fmt.Fprintf(w, "next: moeprep validate %s %s   # prove it computes what the source does; then see README \"Using the output\"\n", shellQuote(o.Src), shellQuote(o.Dst))
+		_, err := fmt.Fprintf(w, "next: moeprep validate %s %s   # prove it computes what the source does\n", shellQuote(o.Src), shellQuote(o.Dst))
+		if err == nil {
+			_, err = fmt.Fprintln(w, loadStep(s, o))
+		}
 		return err
 	})
+}
+
+// loadStep is the line after next: how to load what was written, where a
+// library loads it as it is, else where to read what an engine must do.
+func loadStep(s *convert.Summary, o convert.Options) string {
+	if s.Layout == string(layout.GateUp) && (s.Orientation == "" || s.Orientation == string(layout.OutIn)) && !o.FuseShared {
+		// transformers 5's MoE modules hold gate_up_proj/down_proj: checked
+		// with identical logits by scripts/gpu-interop.sh (bf16 fixtures).
+		return fmt.Sprintf("then: python3 -c \"import transformers as t; t.AutoModelForCausalLM.from_pretrained(%s)\"   # transformers 5 loads it as it is", pyQuote(o.Dst))
+	}
+	return fmt.Sprintf("then: README \"Using the output\": who loads layout %s, and what a loader must do", s.Layout)
+}
+
+// pyQuote is s as a Python string literal.
+func pyQuote(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`, `"`, `\"`).Replace(s) + "'"
 }
 
 // printPlan prints a --dry-run plan for people.
