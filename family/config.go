@@ -41,10 +41,11 @@ const (
 	maxConfigList = jsoncfg.MaxList
 )
 
-// config is one JSON object of config.json, read through jsoncfg (which
-// checks every value's type and names the key in full); at is the path of
-// the object itself ("" or "quantization_config."). The families' data
-// files read it through the short methods below.
+// config is one JSON object of config.json; at is the path of the object
+// itself ("" or "quantization_config."). Its short methods are jsoncfg's
+// reads (each checks the value's type and names the key in full), one
+// implementation shared with quantdesc, kept short so the families' data
+// files stay terse.
 type config struct {
 	m  map[string]any
 	at string
@@ -78,7 +79,8 @@ func (c config) object(key string) (config, bool, error) {
 	return configOf(o), ok, err
 }
 
-var (
-	describe = jsoncfg.Describe
-	asInt    = jsoncfg.AsInt
-)
+// describe names a JSON value the way an error message should show it.
+func describe(v any) string { return jsoncfg.Describe(v) }
+
+// asInt converts an integral JSON number (jsoncfg.AsInt).
+func asInt(v any) (int64, bool) { return jsoncfg.AsInt(v) }
