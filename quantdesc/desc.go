@@ -1,14 +1,15 @@
 // Package quantdesc reads how a checkpoint describes the quantisation of
-// its weights, wherever that lives: config.json's
-// quantization_config, text_config.quantization_config (multimodal
-// wrappers), compression_config (older compressed-tensors), and
-// hf_quant_config.json (ModelOpt). Each description is classified, its
-// ignore/exclude list resolved against one representative module name per
-// tensor group, and every format other than FP8 128x128 blocks and FP8 per
-// channel or per tensor (Supported) is refused with one line, so that none
-// is read as bf16 or FP8 by mistake. The formats it carries are read in
-// full (Read, Int4Group, ReadHF) into weightfmt's quantization names;
-// family plans each model family's tensors by them.
+// its weights, wherever that lives: config.json's quantization_config,
+// text_config.quantization_config (multimodal wrappers),
+// compression_config (older compressed-tensors), and hf_quant_config.json
+// (ModelOpt). Detect classifies each description and resolves its
+// ignore/exclude lists per tensor group (match.go: against the
+// checkpoint's own modules of every layer); Desc.Supported says whether
+// moeprep carries it, and Desc.Refusal words the one-line refusal of one it
+// does not, so that none is read as bf16 or FP8 by mistake. The carried
+// ones are read in full (read.go: Read, Int4Group, ReadHF) into
+// weightfmt's quantization names; family plans each model family's
+// tensors by them.
 package quantdesc
 
 import (
