@@ -11,6 +11,7 @@ import (
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/quantweights"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -71,7 +72,7 @@ type dequantCounts struct {
 	experts, other int  // source weights: the stacked experts', every other in their format
 	inputs         bool // input_scale tensors were dropped
 	// second counts the other weights of a mixed-format checkpoint's
-	// second format (family.OtherFormat), secondF; 0 and nil otherwise.
+	// second format (quantweights.OtherFormat), secondF; 0 and nil otherwise.
 	second  int
 	secondF weightfmt.Format
 	// sharedApart counts the fused shared expert's weights dequantised
@@ -172,7 +173,7 @@ func (p *planner) dequantPart(weight, sc, gl part, m weightfmt.Matrix, what stri
 // their weight tensor, and the stored tensors dequantising them drops (the
 // weight tensors too). A tensor of an FP8 dtype left over is refused: the
 // output would claim a dequantised model and hold it still quantised.
-func (p *planner) otherWeights(consumed map[string]int) (map[string]family.QuantWeight, map[string]bool, error) {
+func (p *planner) otherWeights(consumed map[string]int) (map[string]quantweights.Weight, map[string]bool, error) {
 	if p.o.DType == "" {
 		return nil, nil, nil
 	}
@@ -180,11 +181,11 @@ func (p *planner) otherWeights(consumed map[string]int) (map[string]family.Quant
 	// Each weight by its own format: a mixed-format checkpoint's second
 	// format (DeepSeek-V4's FP8 beside FP4 experts, ModelOpt's FP8 beside
 	// NVFP4) is dequantised by its own arithmetic.
-	qs, err := family.MixedQuantisedWeights(p.ck, p.wf, taken)
+	qs, err := quantweights.FindMixed(p.ck, p.wf, taken)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: --dtype: %w", p.ck.Dir, err)
 	}
-	other, dropped := map[string]family.QuantWeight{}, map[string]bool{}
+	other, dropped := map[string]quantweights.Weight{}, map[string]bool{}
 	for _, q := range qs {
 		other[q.Tensors.Weight] = q
 		for _, n := range q.Dropped() {
@@ -209,7 +210,7 @@ func (p *planner) otherWeights(consumed map[string]int) (map[string]family.Quant
 
 // dequantTensor is the output tensor of a quantised weight outside the
 // experts: its plain name, [rows, cols] of the target dtype.
-func (p *planner) dequantTensor(q family.QuantWeight) (*outTensor, error) {
+func (p *planner) dequantTensor(q quantweights.Weight) (*outTensor, error) {
 	get := func(name string) part {
 		if t, ok := p.ck.Tensor(name); ok {
 			return whole(t)

@@ -3,9 +3,9 @@ package family
 import (
 	"encoding/binary"
 	"fmt"
-	"maps"
 	"slices"
 
+	"github.com/moeprep/moeprep/quantdesc"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -24,133 +24,12 @@ type TensorBytes interface {
 	SmallTensorBytes(name string, max int64) ([]byte, error)
 }
 
-// ctUses reports whether a compressed-tensors quantization_config
-// describes weights in compression format (its own format, or any config
-// group's): "pack-quantized", "nvfp4-pack-quantized".
-func ctUses(q config, format string) bool {
-	if f, _ := q.str("format", ""); f == format {
-		return true
-	}
-	groups, ok, err := q.object("config_groups")
-	if err != nil || !ok {
-		return false
-	}
-	for _, name := range slices.Sorted(maps.Keys(groups.m)) {
-		g, ok, err := groups.object(name)
-		if err != nil || !ok {
-			continue
-		}
-		if f, _ := g.str("format", ""); f == format {
-			return true
-		}
-	}
-	return false
-}
-
-// readCTInt4 reads a compressed-tensors quantization_config whose every
-// config group is pack-quantized INT4 (type int, num_bits 4, symmetric,
-// static) of one strategy and group size, without activation quantisation
-// (W4A16), and returns the group size (0 for strategy channel).
-func readCTInt4(q config) (int64, error) {
-	topFmt, err := q.str("format", "")
-	if err != nil {
-		return 0, err
-	}
-	groups, ok, err := q.object("config_groups")
-	if err != nil {
-		return 0, err
-	}
-	if !ok || len(groups.m) == 0 {
-		return 0, q.missing("config_groups")
-	}
-	group := int64(-1)
-	for _, name := range slices.Sorted(maps.Keys(groups.m)) {
-		g, _, err := groups.object(name)
-		if err != nil {
-			return 0, err
-		}
-		f, err := g.str("format", topFmt)
-		if err != nil {
-			return 0, err
-		}
-		if f != "pack-quantized" {
-			return 0, g.errorf("format", "%q is not supported with pack-quantized config groups (one expert format per checkpoint)", f)
-		}
-		w, ok, err := g.object("weights")
-		if err != nil {
-			return 0, err
-		}
-		if !ok {
-			return 0, g.missing("weights")
-		}
-		if t, err := w.str("type", "int"); err != nil {
-			return 0, err
-		} else if t != "int" {
-			return 0, w.errorf("type", "%q is not supported (only int)", t)
-		}
-		if b, err := w.intIn("num_bits", 8, 1, 64); err != nil {
-			return 0, err
-		} else if b != 4 {
-			return 0, w.errorf("num_bits", "%d is not supported (only 4: INT4, eight to an int32)", b)
-		}
-		if sym, err := w.boolean("symmetric", true); err != nil {
-			return 0, err
-		} else if !sym {
-			return 0, w.errorf("symmetric", "false is not supported (asymmetric INT4 stores a zero point, weight_zero_point, which moeprep does not carry)")
-		}
-		if d, err := w.boolean("dynamic", false); err != nil {
-			return 0, err
-		} else if d {
-			return 0, w.errorf("dynamic", "true is not supported (weights quantised at run time have no stored scales)")
-		}
-		if w.has("actorder") {
-			if a, err := w.str("actorder", ""); err != nil {
-				// actorder may also be a boolean in older configs.
-				if b, berr := w.boolean("actorder", false); berr != nil || b {
-					return 0, w.errorf("actorder", "is not supported (activation ordering stores weight_g_idx: columns not in scale-group order)")
-				}
-			} else if a == "group" || a == "dynamic" {
-				return 0, w.errorf("actorder", "%q is not supported (activation ordering stores weight_g_idx: columns not in scale-group order)", a)
-			}
-		}
-		strategy, err := w.str("strategy", "group")
-		if err != nil {
-			return 0, err
-		}
-		var gs int64
-		switch strategy {
-		case "group":
-			n, err := w.intIn("group_size", 0, 1, maxDim)
-			if err != nil {
-				return 0, err
-			}
-			if n == 0 {
-				return 0, w.missing("group_size")
-			}
-			gs = int64(n)
-		case "channel":
-		default:
-			return 0, w.errorf("strategy", "%q is not supported (only group or channel)", strategy)
-		}
-		if group >= 0 && gs != group {
-			return 0, groups.errorf(name, "weights strategy %s group size %d differs from another config group's %d: one expert format per checkpoint", strategy, gs, group)
-		}
-		group = gs
-		if a, ok, err := g.object("input_activations"); err != nil {
-			return 0, err
-		} else if ok && len(a.m) > 0 {
-			return 0, a.errorf("num_bits", "activation quantisation with pack-quantized INT4 weights is not supported (only W4A16: input_activations null)")
-		}
-	}
-	return group, nil
-}
-
 // checkInt4Groups resolves an int4_pack checkpoint's ignore list: the
 // routed experts must be INT4; the shared expert of a family that has one
 // is INT4 too, or left unquantised (Kimi: its re:.*shared_experts.*), which
 // the plan records as SharedQuantization none.
 func checkInt4Groups(raw map[string]any, t Tensors, p *Plan) error {
-	return eachQuantDesc(raw, t, p.textLayers(), func(d QuantDesc) error {
+	return eachQuantDesc(raw, t, p.textLayers(), func(d quantdesc.Desc) error {
 		if err := routedUnquantised(d, "the ignore list", "one routed expert format"); err != nil {
 			return err
 		}
@@ -162,8 +41,8 @@ func checkInt4Groups(raw map[string]any, t Tensors, p *Plan) error {
 // sharedLeftPlain records, for a family with a shared expert, that the
 // description leaves it unquantised (SharedQuantization none: Kimi's
 // re:.*shared_experts.*).
-func sharedLeftPlain(d QuantDesc, p *Plan) {
-	if p.NumSharedExperts > 0 && d.Groups[GroupShared] == "" {
+func sharedLeftPlain(d quantdesc.Desc, p *Plan) {
+	if p.NumSharedExperts > 0 && d.Groups[quantdesc.GroupShared] == "" {
 		p.SharedQuantization = QuantNone
 	}
 }

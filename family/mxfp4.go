@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/moeprep/moeprep/quantdesc"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -42,11 +43,11 @@ func readExpertFP4(c config, p *Plan) error {
 	if err != nil {
 		return err
 	}
-	if q, _, ok, _ := quantConfig(c); dt == "" && ok {
-		if dt, err = q.str("expert_dtype", ""); err != nil {
+	if q, _, ok, _ := quantdesc.Config(c.j()); dt == "" && ok {
+		at = configOf(q)
+		if dt, err = at.str("expert_dtype", ""); err != nil {
 			return err
 		}
-		at = q
 	}
 	switch {
 	case dt == "" || dt == "fp8":
@@ -107,7 +108,7 @@ func (k *checker) apartSharedMLP(where, prefix string, proj [3]string, inter int
 // tensors as compressed-tensors does (x.weight_packed, x.weight_scale, per
 // expert); gpt-oss's quant_method mxfp4 keeps the format's own.
 func readMXFP4Naming(c config, p *Plan) {
-	if _, m, _, _ := quantConfig(c); p.Quantization == QuantMXFP4 && m == "compressed-tensors" {
+	if _, m, _, _ := quantdesc.Config(c.j()); p.Quantization == QuantMXFP4 && m == "compressed-tensors" {
 		p.Naming = weightfmt.NamingCompressedTensors
 	}
 }
@@ -122,7 +123,7 @@ func checkMXFP4Groups(raw map[string]any, t Tensors, p *Plan) error {
 	if p.Naming == weightfmt.NamingCompressedTensors {
 		by = "the ignore list"
 	}
-	return eachQuantDesc(raw, t, p.textLayers(), func(d QuantDesc) error {
+	return eachQuantDesc(raw, t, p.textLayers(), func(d quantdesc.Desc) error {
 		if err := routedUnquantised(d, by, "one routed expert format"); err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/quantdesc"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -88,23 +89,22 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	}
 	// ModelOpt may describe NVFP4 in hf_quant_config.json alone; beside
 	// another format in config.json it is refused as before.
-	if hq, err := readHFNVFP4(hfQuantOf(t)); err != nil {
+	if hq, err := readHF(t); err != nil {
 		return nil, err
 	} else if hq == QuantNVFP4 && p.Quantization == QuantNone {
 		p.Quantization = QuantNVFP4
 	} else if hq == QuantNVFP4 && p.Quantization != QuantNVFP4 {
-		descs, err := detectQuant(raw, hfQuantOf(t), quantModulesOf(t, p.textLayers()))
+		descs, err := detectQuant(raw, t, p.textLayers())
 		if err != nil {
 			return nil, err
 		}
-		return nil, conflictingQuant(descs)
+		return nil, quantdesc.Conflicting(descs)
 	}
 	if p.Quantization == QuantMXFP4 && p.Naming == "" && s.name != "gpt_oss" {
 		return nil, fmt.Errorf("config.json: quantization_config: quant_method mxfp4 is carried for gpt-oss (experts stacked on disk as *_blocks and *_scales) only, not %s", p.ModelType)
 	}
 	if p.Quantization == QuantInt4Pack {
-		q, _, _, _ := quantConfig(c) // readQuant read it
-		if p.GroupSize, err = readCTInt4(q); err != nil {
+		if p.GroupSize, err = quantdesc.Int4Group(c.j()); err != nil {
 			return nil, err
 		}
 	}

@@ -2,11 +2,84 @@ package family
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 
+	"github.com/moeprep/moeprep/quantdesc"
 	"github.com/moeprep/moeprep/weightfmt"
 )
+
+// This file plans by the checkpoint's quantisation descriptions
+// (quantdesc): which format the plan's experts are stored in, and which
+// combinations of formats over the tensor groups a plan carries.
+
+// HFQuantConfigs is what a Tensors may also implement to hand family the
+// decoded hf_quant_config.json of the checkpoint directory (nil when it has
+// none); checkpoint.Checkpoint does.
+type HFQuantConfigs interface {
+	HFQuantConfig() map[string]any
+}
+
+func hfQuantOf(t Tensors) map[string]any {
+	if h, ok := t.(HFQuantConfigs); ok {
+		return h.HFQuantConfig()
+	}
+	return nil
+}
+
+// DetectQuantOf is quantdesc.Detect with the ignore lists resolved against
+// t's modules (nil: representative names) in the text layers of raw's
+// model type (a multimodal wrapper's), as planning resolves them.
+func DetectQuantOf(raw map[string]any, hf map[string]any, t Tensors) ([]quantdesc.Desc, error) {
+	var layers []string
+	if mt, _ := raw["model_type"].(string); wrapperOf(mt) != nil {
+		layers = wrapperOf(mt).layers
+	}
+	return quantdesc.Detect(raw, hf, quantModulesOf(t, layers))
+}
+
+// detectQuant is quantdesc.Detect of the checkpoint's descriptions
+// (config.json's, and t's hf_quant_config.json), the ignore lists resolved
+// against t's modules under layers.
+func detectQuant(raw map[string]any, t Tensors, layers []string) ([]quantdesc.Desc, error) {
+	return quantdesc.Detect(raw, hfQuantOf(t), quantModulesOf(t, layers))
+}
+
+// quantModulesOf is t's modules (t may be nil: then only representative
+// names are known) under the text layer prefixes layers.
+func quantModulesOf(t Tensors, layers []string) *quantdesc.Modules {
+	if t == nil {
+		return quantdesc.Representative(layers)
+	}
+	return quantdesc.ModulesOf(t.Names(), func(name string) bool {
+		meta, ok := t.Lookup(name)
+		return ok && len(meta.Shape) >= 2
+	}, layers)
+}
+
+// refuseQuant refuses the first description moeprep cannot carry, its
+// ignore lists resolved under layers.
+func refuseQuant(raw map[string]any, t Tensors, layers []string) error {
+	return eachQuantDesc(raw, t, layers, func(d quantdesc.Desc) error {
+		if !d.Supported() {
+			return d.Refusal()
+		}
+		return nil
+	})
+}
+
+// readQuant is quantdesc.Read: how config.json says the experts are
+// stored, and FP8 blocks' scale_fmt.
+func readQuant(c config) (Quantization, string, error) {
+	q, scaleFmt, err := quantdesc.Read(c.j())
+	return Quantization(q), scaleFmt, err
+}
+
+// readHF is quantdesc.ReadHF of t's hf_quant_config.json: QuantNVFP4 or
+// QuantNone.
+func readHF(t Tensors) (Quantization, error) {
+	q, err := quantdesc.ReadHF(hfQuantOf(t))
+	return Quantization(q), err
+}
 
 // fp8Format is the only FP8 layout readQuant accepts: DeepSeek's official
 // 128x128 blocks (Qwen3's FP8 releases copy it). scale_fmt does not change
@@ -42,164 +115,6 @@ func (q Quantization) scaleDTypeRead() bool {
 	return q == QuantFP8Channel || q == QuantFP8Tensor || q == QuantInt4Pack
 }
 
-// readQuant reads config.json's quantisation description, wherever it
-// lives (quantConfig: quantization_config, text_config's, or
-// compression_config). Supported: DeepSeek-style FP8
-// (quant_method fp8, e4m3, weight_block_size [128,128], dynamic
-// activations); FP8 per tensor (quant_method fp8 without
-// weight_block_size, dynamic activations); and compressed-tensors
-// float-quantized FP8 per channel or per tensor (readCTFP8). Other methods
-// pack weights differently (int4 groups, zero points, static activation
-// scales) and would be copied or stacked wrongly; refuseQuant has refused
-// them before this runs.
-func readQuant(c config) (Quantization, string, error) {
-	q, method, ok, err := quantConfig(c)
-	if err != nil || !ok {
-		return QuantNone, "", err
-	}
-	if method == "" {
-		return "", "", q.missing("quant_method")
-	}
-	if method == "mxfp4" {
-		return QuantMXFP4, "", nil // checkMXFP4Groups reads the rest
-	}
-	if method == "compressed-tensors" && ctUses(q, "pack-quantized") {
-		return QuantInt4Pack, "", nil // readCTInt4 reads the rest
-	}
-	if method == "compressed-tensors" && ctUses(q, "nvfp4-pack-quantized") {
-		return QuantNVFP4CT, "", readCTFP4(q, ctNVFP4)
-	}
-	if method == "compressed-tensors" && ctUses(q, "mxfp4-pack-quantized") {
-		return QuantMXFP4, "", readCTFP4(q, ctMXFP4) // Plan.Naming: plan reads it from the description
-	}
-	if method == "modelopt" {
-		return readModelOptNVFP4(q)
-	}
-	if method == "compressed-tensors" {
-		qu, err := readCTFP8(q)
-		return qu, "", err
-	}
-	if method != "fp8" {
-		return "", "", q.errorf("quant_method", "%q is not supported (only fp8 and compressed-tensors float-quantized fp8)", method)
-	}
-	if f, err := q.str("fmt", "e4m3"); err != nil {
-		return "", "", err
-	} else if f != "e4m3" {
-		return "", "", q.errorf("fmt", "%q is not supported (only e4m3)", f)
-	}
-	if a, err := q.str("activation_scheme", "dynamic"); err != nil {
-		return "", "", err
-	} else if a != "dynamic" {
-		return "", "", q.errorf("activation_scheme", "%q is not supported (only dynamic: static activation scales, input_scale, are not carried)", a)
-	}
-	if !q.has("weight_block_size") {
-		// One weight_scale per weight, a scalar (vLLM's and transformers'
-		// fp8 without blocks).
-		return QuantFP8Tensor, "", nil
-	}
-	block, err := q.ints("weight_block_size")
-	if err != nil {
-		return "", "", err
-	}
-	if !slices.Equal(block, []int{weightfmt.FP8DefaultBlock, weightfmt.FP8DefaultBlock}) {
-		return "", "", q.errorf("weight_block_size", "%v is not supported (only [128,128])", block)
-	}
-	scaleFmt, err := q.str("scale_fmt", "")
-	if err != nil {
-		return "", "", err
-	}
-	return QuantFP8Block, scaleFmt, nil
-}
-
-// readCTFP8 reads a compressed-tensors quantization_config whose every
-// config group is float-quantized FP8 (num_bits 8, type float, symmetric)
-// per channel or per tensor, with dynamic activations or none, all of one
-// strategy (compressed-tensors' forward.py: w = q * weight_scale). The
-// ignore list was resolved by DetectQuant (checkQuantGroups).
-func readCTFP8(q config) (Quantization, error) {
-	topFmt, err := q.str("format", "")
-	if err != nil {
-		return "", err
-	}
-	groups, ok, err := q.object("config_groups")
-	if err != nil {
-		return "", err
-	}
-	if !ok || len(groups.m) == 0 {
-		return "", q.missing("config_groups")
-	}
-	var out Quantization
-	for _, name := range slices.Sorted(maps.Keys(groups.m)) {
-		g, _, err := groups.object(name)
-		if err != nil {
-			return "", err
-		}
-		f, err := g.str("format", topFmt)
-		if err != nil {
-			return "", err
-		}
-		if f != "float-quantized" {
-			return "", g.errorf("format", "%q is not supported (only float-quantized FP8 per channel or per tensor)", f)
-		}
-		w, ok, err := g.object("weights")
-		if err != nil {
-			return "", err
-		}
-		if !ok {
-			return "", g.missing("weights")
-		}
-		if t, err := w.str("type", "int"); err != nil {
-			return "", err
-		} else if t != "float" {
-			return "", w.errorf("type", "%q is not supported (only float)", t)
-		}
-		if b, err := w.intIn("num_bits", 8, 1, 64); err != nil {
-			return "", err
-		} else if b != 8 {
-			return "", w.errorf("num_bits", "%d is not supported (only 8: FP8 E4M3)", b)
-		}
-		if sym, err := w.boolean("symmetric", true); err != nil {
-			return "", err
-		} else if !sym {
-			return "", w.errorf("symmetric", "false is not supported (a zero point, weight_zero_point, is not carried)")
-		}
-		if d, err := w.boolean("dynamic", false); err != nil {
-			return "", err
-		} else if d {
-			return "", w.errorf("dynamic", "true is not supported (weights quantised at run time have no stored scales)")
-		}
-		strategy, err := w.str("strategy", "tensor")
-		if err != nil {
-			return "", err
-		}
-		var qu Quantization
-		switch strategy {
-		case "channel":
-			qu = QuantFP8Channel
-		case "tensor":
-			qu = QuantFP8Tensor
-		default:
-			return "", w.errorf("strategy", "%q is not supported (only channel or tensor)", strategy)
-		}
-		if out != "" && qu != out {
-			return "", groups.errorf(name, "weights strategy %q differs from another config group's: one expert format per checkpoint", strategy)
-		}
-		out = qu
-		if a, ok, err := g.object("input_activations"); err != nil {
-			return "", err
-		} else if ok && len(a.m) > 0 {
-			d, err := a.boolean("dynamic", false)
-			if err != nil {
-				return "", err
-			}
-			if !d {
-				return "", a.errorf("dynamic", "false is not supported: static activation scales (input_scale) are not carried (only dynamic activations or none)")
-			}
-		}
-	}
-	return out, nil
-}
-
 // checkQuantGroups refuses an FP8 per-channel or per-tensor checkpoint
 // whose ignore list leaves the routed experts unquantised, or quantises the
 // shared expert of a family that has one otherwise than the routed ones:
@@ -220,17 +135,17 @@ func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 	if !p.Quantization.scaleDTypeRead() {
 		return nil
 	}
-	return eachQuantDesc(raw, t, p.textLayers(), func(d QuantDesc) error {
+	return eachQuantDesc(raw, t, p.textLayers(), func(d quantdesc.Desc) error {
 		if err := routedUnquantised(d, "the ignore list", "one expert format"); err != nil {
 			return err
 		}
-		if p.NumSharedExperts > 0 && d.Groups[GroupShared] == "" {
+		if p.NumSharedExperts > 0 && d.Groups[quantdesc.GroupShared] == "" {
 			p.SharedQuantization = QuantNone
 			return nil
 		}
-		if p.NumSharedExperts > 0 && d.Groups[GroupShared] != d.Groups[GroupExperts] {
+		if p.NumSharedExperts > 0 && d.Groups[quantdesc.GroupShared] != d.Groups[quantdesc.GroupExperts] {
 			return fmt.Errorf("%s: %s: %s: the shared expert is not stored like the routed experts (%s); moeprep carries one expert format per checkpoint",
-				d.File, d.Key, d.Summary(), d.Groups[GroupExperts])
+				d.File, d.Key, d.Summary(), d.Groups[quantdesc.GroupExperts])
 		}
 		return nil
 	})
@@ -240,8 +155,8 @@ func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 // (detectQuant's: config.json's quantization_config, hf_quant_config.json's,
 // ignore lists resolved against t's modules under layers), stopping at the
 // first error.
-func eachQuantDesc(raw map[string]any, t Tensors, layers []string, f func(QuantDesc) error) error {
-	descs, err := detectQuant(raw, hfQuantOf(t), quantModulesOf(t, layers))
+func eachQuantDesc(raw map[string]any, t Tensors, layers []string, f func(quantdesc.Desc) error) error {
+	descs, err := detectQuant(raw, t, layers)
 	if err != nil {
 		return err
 	}
@@ -257,8 +172,8 @@ func eachQuantDesc(raw map[string]any, t Tensors, layers []string, f func(QuantD
 // ignore list", "the exclude list", "modules_to_not_convert") leaves the
 // routed experts unquantised; carries says what moeprep carries per
 // checkpoint. Nil when the routed experts are quantised.
-func routedUnquantised(d QuantDesc, by, carries string) error {
-	if d.Groups[GroupExperts] != "" {
+func routedUnquantised(d quantdesc.Desc, by, carries string) error {
+	if d.Groups[quantdesc.GroupExperts] != "" {
 		return nil
 	}
 	return fmt.Errorf("%s: %s: %s: the routed experts are left unquantised by %s while the format is %s; moeprep carries %s per checkpoint",

@@ -7,8 +7,7 @@ import (
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// A plan's Quantization values are weightfmt's names, and Format gives the
-// format readQuant's config describes: the experts' dtype when plain,
+// Format gives the format readQuant's config describes: the experts' dtype when plain,
 // 128x128 FP8 blocks with or without UE8M0 scales.
 func TestPlanFormat(t *testing.T) {
 	for _, tc := range []struct {
@@ -25,7 +24,18 @@ func TestPlanFormat(t *testing.T) {
 			t.Errorf("%s %s %q: %v %v, want %v", tc.p.Quantization, tc.p.WeightDType, tc.p.ScaleFmt, got, err, tc.want)
 		}
 	}
-	if string(QuantNone) != weightfmt.QuantNone || string(QuantFP8Block) != weightfmt.QuantFP8Block {
-		t.Errorf("family's quantization names %q, %q are not weightfmt's", QuantNone, QuantFP8Block)
+}
+
+// A plan's Quantization values are weightfmt's names: quantdesc.Read and
+// ReadHF name formats by them, and the plan takes them as they are.
+func TestQuantizationNames(t *testing.T) {
+	for q, w := range map[Quantization]string{
+		QuantNone: weightfmt.QuantNone, QuantFP8Block: weightfmt.QuantFP8Block, QuantFP8Channel: weightfmt.QuantFP8Channel,
+		QuantFP8Tensor: weightfmt.QuantFP8Tensor, QuantInt4Pack: weightfmt.QuantInt4Pack, QuantNVFP4: weightfmt.QuantNVFP4ModelOpt,
+		QuantNVFP4CT: weightfmt.QuantNVFP4CT, QuantMXFP4: weightfmt.QuantMXFP4,
+	} {
+		if string(q) != w {
+			t.Errorf("family's %q is weightfmt's %q", q, w)
+		}
 	}
 }

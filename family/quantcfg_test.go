@@ -2,9 +2,10 @@ package family
 
 import (
 	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/quantdesc"
 )
 
 const notCarried = ": not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
@@ -23,39 +24,39 @@ func TestDetectQuant(t *testing.T) {
 		name   string
 		config string // config.json
 		hf     string // hf_quant_config.json, "" for none
-		kind   QuantKind
+		kind   quantdesc.Kind
 		want   string // the refusal; "" when supported
 	}{
 		{"none", `{}`, "", "", ""},
-		{"fp8 block", `{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}`, "", QuantKindFP8Block, ""},
+		{"fp8 block", `{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}`, "", quantdesc.KindFP8Block, ""},
 		{"int4 kimi top-level",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": ` + int4Group + `, "ignore": ` + kimiIgnore + `}}`, "",
-			QuantKindInt4Pack,
-			""}, // carried: readCTInt4 reads the rest
+			quantdesc.KindInt4Pack,
+			""}, // carried: quantdesc.Int4Group reads the rest
 
 		{"int4 kimi-k2.5 text_config",
 			`{"model_type": "kimi_k25", "text_config": {"quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": ` + int4Group + `, "ignore": ` + kimiIgnore + `}}}`, "",
-			QuantKindInt4Pack,
-			""}, // carried wherever config.json holds it (quantConfig); the kimi_k25 wrapper itself is refused by Detect
+			quantdesc.KindInt4Pack,
+			""}, // carried wherever config.json holds it (quantdesc.Config); the kimi_k25 wrapper itself is refused by Detect
 		{"int4 compression_config asymmetric",
 			`{"compression_config": {"format": "pack-quantized", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": false}}}, "ignore": ["lm_head"]}}`, "",
-			QuantKindInt4Pack,
-			""}, // readCTInt4 refuses the zero point (TestQuantConfigPlaces)
+			quantdesc.KindInt4Pack,
+			""}, // quantdesc.Int4Group refuses the zero point (TestQuantConfigPlaces)
 		{"int4 in hf_quant_config.json",
 			`{}`, `{"quantization": {"quant_algo": "W4A16_AWQ"}}`,
-			QuantKindUnknown,
+			quantdesc.KindUnknown,
 			"hf_quant_config.json: quantization: modelopt w4a16_awq on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
 		{"mxfp4 gpt-oss",
 			`{"quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}`, "",
-			QuantKindMXFP4, ""}, // carried (gpt-oss: family/mxfp4.go)
+			quantdesc.KindMXFP4, ""}, // carried (gpt-oss: family/mxfp4.go)
 		{"nvfp4 modelopt quantization_config",
 			`{"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head", "model.layers.*.self_attn*", "model.layers.0.mlp*"]}}`, "",
-			QuantKindNVFP4,
+			quantdesc.KindNVFP4,
 			""},
 		{"nvfp4 hf_quant_config.json",
 			`{"model_type": "deepseek_v3"}`,
 			`{"producer": {"name": "modelopt", "version": "0.29.0"}, "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": null, "group_size": 16, "exclude_modules": ["lm_head", "re:.*self_attn.*"]}}`,
-			QuantKindNVFP4,
+			quantdesc.KindNVFP4,
 			""},
 		{"modelopt MIXED_PRECISION",
 			`{}`,
@@ -63,7 +64,7 @@ func TestDetectQuant(t *testing.T) {
 				"model.layers.1.mlp.experts.0.gate_proj": {"quant_algo": "NVFP4", "group_size": 16},
 				"model.layers.1.mlp.shared_experts.gate_proj": {"quant_algo": "FP8"},
 				"model.layers.1.self_attn.q_proj": {"quant_algo": "FP8"}}}}`,
-			QuantKindMixed,
+			quantdesc.KindMixed,
 			"hf_quant_config.json: quantization: modelopt MIXED_PRECISION (nvfp4 (group 16) on the routed experts; fp8 per-tensor on the shared expert, attention) (unquantised: router, dense MLP): not carried: the shared expert is fp8 per-tensor beside NVFP4 routed experts; moeprep carries NVFP4 shared experts only (fusing or validating a shared expert of another format beside them is not built)"},
 		{"modelopt MIXED_PRECISION, NVFP4 experts, FP8 attention and dense MLP",
 			`{"quantization_config": {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": {
@@ -72,54 +73,54 @@ func TestDetectQuant(t *testing.T) {
 				"model.layers.1.mlp.shared_experts.gate_proj": {"quant_algo": "NVFP4", "group_size": 16},
 				"model.layers.0.mlp.down_proj": {"quant_algo": "FP8"},
 				"model.layers.1.self_attn.q_proj": {"quant_algo": "FP8"}}}}`, "",
-			QuantKindMixed, ""}, // carried as nvfp4_modelopt (the tensors say whether input_scale is there)
+			quantdesc.KindMixed, ""}, // carried as nvfp4_modelopt (the tensors say whether input_scale is there)
 		{"modelopt MIXED_PRECISION, experts of two formats",
 			`{}`,
 			`{"quantization": {"quant_algo": "MIXED_PRECISION", "quantized_layers": {
 				"model.layers.1.mlp.experts": {"quant_algo": "NVFP4", "group_size": 16},
 				"model.layers.2.mlp.experts": {"quant_algo": "FP8"}}}}`,
-			QuantKindMixed,
+			quantdesc.KindMixed,
 			"hf_quant_config.json: quantization: modelopt MIXED_PRECISION (nvfp4 (group 16) on the routed experts) (unquantised: shared expert, router, attention, dense MLP): not carried: quantized_layers: model.layers.1.mlp.experts is nvfp4 (group 16) but model.layers.2.mlp.experts is fp8 per-tensor; moeprep plans one routed expert format per checkpoint"},
 		{"nvfp4 compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}, "ignore": ["lm_head", "re:.*mlp.gate$"]}}`, "",
-			QuantKindNVFP4,
+			quantdesc.KindNVFP4,
 			""}, // carried: readCTNVFP4 reads the rest
 		{"mxfp4 compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32}}}, "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$"]}}`, "",
-			QuantKindMXFP4,
-			""}, // carried: readCTFP4 reads the rest
+			quantdesc.KindMXFP4,
+			""}, // carried: quantdesc.Read reads the rest
 		{"mxfp4 compressed-tensors group 16",
 			`{"compression_config": {"format": "mxfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 16}}}}}`, "",
-			QuantKindMXFP4,
+			quantdesc.KindMXFP4,
 			"config.json: compression_config: compressed-tensors mxfp4-pack-quantized (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet: moeprep reads MXFP4 experts in groups of 32 only (gpt-oss quant_method mxfp4, compressed-tensors mxfp4-pack-quantized, DeepSeek-V4 expert_dtype fp4)"},
 		{"nvfp4 compressed-tensors group 32",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 32}}}}}`, "",
-			QuantKindNVFP4,
+			quantdesc.KindNVFP4,
 			"config.json: quantization_config: compressed-tensors nvfp4-pack-quantized (group 32) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet: moeprep reads NVFP4 experts in groups of 16 only (ModelOpt quant_algo NVFP4, compressed-tensors nvfp4-pack-quantized)"},
 		{"fp8 per-channel compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}, "ignore": ["lm_head"]}}`, "",
-			QuantKindFP8Channel,
+			quantdesc.KindFP8Channel,
 			"" /* supported: readQuant checks the rest, and refuses a static activation scheme */},
 		{"fp8 per-tensor compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "tensor"}}}}}`, "",
-			QuantKindFP8Tensor,
+			quantdesc.KindFP8Tensor,
 			"" /* supported: readQuant checks the rest, and refuses a static activation scheme */},
 		{"fp8 per-tensor (Hy3)",
 			`{"quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}}`, "",
-			QuantKindFP8Tensor,
+			quantdesc.KindFP8Tensor,
 			"" /* supported: readQuant checks the rest, and refuses a static activation scheme */},
 		{"fp8 block compressed-tensors",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]}}}, "ignore": ["re:.*self_attn.*"]}}`, "",
-			QuantKindFP8BlockCT,
+			quantdesc.KindFP8BlockCT,
 			"config.json: quantization_config: compressed-tensors float-quantized fp8 block [128 128] (weight_scale, not weight_scale_inv) on the routed experts, shared expert, dense MLP (unquantised: router, attention)" + notCarried},
 		{"compressed-tensors mixed schemes",
 			`{"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"a": {"format": "pack-quantized", "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}}, "b": {"format": "float-quantized", "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}}`, "",
-			QuantKindMixed,
+			quantdesc.KindMixed,
 			"config.json: quantization_config: compressed-tensors (several schemes) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
 		{"fp8 block with nvfp4 hf_quant_config.json",
 			`{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}`,
 			`{"quantization": {"quant_algo": "NVFP4"}}`,
-			QuantKindNVFP4,
+			quantdesc.KindNVFP4,
 			""}, // carried alone; the plan refuses it beside config.json's FP8 (TestConflictingQuantFiles)
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -132,11 +133,11 @@ func TestDetectQuant(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			descs, err := DetectQuant(cfg, hf)
+			descs, err := DetectQuantOf(cfg, hf, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var kind QuantKind
+			var kind quantdesc.Kind
 			var refusal string
 			for _, d := range descs {
 				if !d.Supported() {
@@ -185,74 +186,5 @@ func TestDetectRefusesQuantFormats(t *testing.T) {
 	}
 	if _, err := Detect(cfg, hfTensors{tensors, nil}); err != nil {
 		t.Errorf("no hf_quant_config.json: %v", err)
-	}
-}
-
-// Hostile ignore lists are refused in one line, quickly.
-func TestDetectQuantBounded(t *testing.T) {
-	many := make([]any, maxConfigList+1)
-	for i := range many {
-		many[i] = fmt.Sprintf("model.layers.%d.self_attn", i)
-	}
-	regexes := make([]any, maxQuantRegexes+1)
-	for i := range regexes {
-		regexes[i] = fmt.Sprintf("re:.*layers\\.%d\\..*", i)
-	}
-	for _, tc := range []struct {
-		name   string
-		ignore []any
-		want   string
-	}{
-		{"huge ignore list", many, "config.json: quantization_config.ignore: 4097 entries, over the limit of 4096"},
-		{"too many regexes", regexes, "config.json: quantization_config.ignore: more than 256 patterns, over the limit"},
-		{"long regex", []any{"re:" + strings.Repeat("a", 2000)}, "config.json: quantization_config.ignore: element 0: 2003 bytes, over the limit of 1024"},
-		{"backreference", []any{`re:(a)\1`}, "config.json: quantization_config.ignore: element 0: \"re:(a)\\\\1\" is not a Python regular expression moeprep can read: backreferences are not read"},
-		{"invalid in Python", []any{`re:a**`}, "config.json: quantization_config.ignore: element 0: \"re:a**\" is not a Python regular expression moeprep can read: multiple repeat at position 2"},
-	} {
-		cfg := map[string]any{"quantization_config": map[string]any{"quant_method": "compressed-tensors", "format": "pack-quantized",
-			"config_groups": map[string]any{"g": map[string]any{"weights": map[string]any{"num_bits": 4.0, "type": "int", "strategy": "group", "group_size": 32.0}}},
-			"ignore":        tc.ignore}}
-		_, err := DetectQuant(cfg, nil)
-		if err == nil || !strings.HasPrefix(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
-			t.Errorf("%s: %v, want %s", tc.name, err, tc.want)
-		}
-	}
-	// A nested-star regex fails the representative names at once (none
-	// holds the "b" every match needs).
-	cfg := map[string]any{"quantization_config": map[string]any{"quant_method": "mxfp4",
-		"modules_to_not_convert": []any{"re:(a*)*(a*)*(a*)*b"}}}
-	if _, err := DetectQuant(cfg, nil); err != nil {
-		t.Error(err)
-	}
-}
-
-// quantConfig finds config.json's one description wherever it lives,
-// takes two identical ones, refuses two that differ, and gives
-// compression_config's missing quant_method as compressed-tensors.
-func TestQuantConfig(t *testing.T) {
-	int4 := `{"format": "pack-quantized", "config_groups": ` + int4Group + `}`
-	for _, tc := range []struct {
-		config, at, method, err string
-	}{
-		{`{}`, "", "", ""},
-		{`{"compression_config": ` + int4 + `}`, "compression_config.", "compressed-tensors", ""},
-		{`{"text_config": {"quantization_config": {"quant_method": "fp8"}}}`, "text_config.quantization_config.", "fp8", ""},
-		{`{"quantization_config": {"quant_method": "fp8"}, "text_config": {"quantization_config": {"quant_method": "fp8"}}}`, "quantization_config.", "fp8", ""},
-		{`{"quantization_config": {"quant_method": "fp8"}, "compression_config": ` + int4 + `}`, "", "",
-			"config.json: quantization_config and compression_config describe the quantisation differently; moeprep reads one description"},
-		{`{"text_config": {"quantization_config": 3}}`, "", "", "config.json: text_config.quantization_config: want an object, got 3"},
-	} {
-		var raw map[string]any
-		if err := json.Unmarshal([]byte(tc.config), &raw); err != nil {
-			t.Fatal(err)
-		}
-		q, method, ok, err := quantConfig(config{m: raw})
-		if got := fmt.Sprint(err); tc.err != "" && got != tc.err || tc.err == "" && err != nil {
-			t.Errorf("%s: error %v, want %q", tc.config, err, tc.err)
-			continue
-		}
-		if q.at != tc.at || method != tc.method || ok != (tc.at != "") {
-			t.Errorf("%s: at %q method %q ok %v, want %q %q", tc.config, q.at, method, ok, tc.at, tc.method)
-		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/quantwrap"
+	"github.com/moeprep/moeprep/quantdesc"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -228,11 +229,11 @@ func TestWrapperIgnorePrefix(t *testing.T) {
 		c := maps.Clone(cfg)
 		c["quantization_config"] = map[string]any{"quant_method": "fp8", "weight_block_size": []any{128.0, 128.0},
 			"modules_to_not_convert": []any{tc.name}}
-		descs, err := DetectQuant(c, nil)
+		descs, err := DetectQuantOf(c, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := descs[0].Groups[GroupAttention] == ""; got != tc.attention || descs[0].Groups[GroupExperts] == "" {
+		if got := descs[0].Groups[quantdesc.GroupAttention] == ""; got != tc.attention || descs[0].Groups[quantdesc.GroupExperts] == "" {
 			t.Errorf("%s: groups %v, want attention unquantised %v", tc.name, descs[0].Groups, tc.attention)
 		}
 	}

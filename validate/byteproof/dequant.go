@@ -10,6 +10,7 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/quantweights"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/tensorbytes"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -105,7 +106,7 @@ func (p *prediction) predictOthers(src *checkpoint.Checkpoint, c *layout.Contrac
 	if err != nil {
 		return fmt.Errorf("%s: %w", src.Dir, err)
 	}
-	qs, err := family.MixedQuantisedWeights(src, f, func(n string) bool { return consumed[n] })
+	qs, err := quantweights.FindMixed(src, f, func(n string) bool { return consumed[n] })
 	if err != nil {
 		return fmt.Errorf("%s: %w", src.Dir, err)
 	}
@@ -263,7 +264,7 @@ func copiedDequant(c *layout.Contract, rel string) bool {
 // experts' plain weights carry no block or scale dtype; the experts group
 // counts the stacked experts' source weights (three per routed expert, and
 // the shared expert's where fused and quantised), the other group every
-// other quantised weight of SRC (family.QuantisedWeights, as the tensor
+// other quantised weight of SRC (quantweights.Find, as the tensor
 // proof predicts them), both in the experts' source format, which the
 // contract proof has held to SRC's; input_scales_dropped says whether any
 // had an input_scale. --fold-scaling down is refused with --dtype, and a
@@ -308,7 +309,7 @@ func checkDequantized(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.C
 			}
 		}
 	}
-	qs, err := family.MixedQuantisedWeights(src, f, func(x string) bool { return taken[x] })
+	qs, err := quantweights.FindMixed(src, f, func(x string) bool { return taken[x] })
 	if err != nil {
 		return refuse("dequantized", shown("present"), "SRC's quantised weights cannot be dequantised: "+err.Error())
 	}
@@ -322,7 +323,7 @@ func checkDequantized(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.C
 		want.Groups = append(want.Groups, layout.NewDequantGroup(layout.GroupExperts, sf, nApart))
 	}
 	// other: the experts' format's weights, then a mixed-format
-	// checkpoint's second format's (family.OtherFormat), each its group
+	// checkpoint's second format's (quantweights.OtherFormat), each its group
 	var nf, n2 int
 	var f2 weightfmt.Format
 	for _, q := range qs {

@@ -1,4 +1,4 @@
-package family
+package quantdesc
 
 import (
 	"fmt"
@@ -6,33 +6,47 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/moeprep/moeprep/safetensors"
 )
+
+// tensorNames are a checkpoint's tensor names and each one's rank, as
+// ModulesOf reads them.
+type tensorNames struct {
+	names []string
+	rank  map[string]int
+}
+
+func (f *tensorNames) add(name string, shape ...int64) {
+	f.names = append(f.names, name)
+	f.rank[name] = len(shape)
+}
+
+func (f *tensorNames) modules() *Modules {
+	return ModulesOf(f.names, func(name string) bool { return f.rank[name] >= 2 }, nil)
+}
 
 // deepseekSizedNames is the module layout of a DeepSeek-V3-sized
 // checkpoint's text layers (61 layers, the first 3 dense, 256 experts):
 // 45,000 modules, metadata only.
-func deepseekSizedNames() *fakeTensors {
-	f := &fakeTensors{meta: map[string]TensorMeta{}}
+func deepseekSizedNames() *tensorNames {
+	f := &tensorNames{rank: map[string]int{}}
 	for l := range 61 {
 		pre := fmt.Sprintf("model.layers.%d.", l)
 		for _, a := range []string{"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"} {
-			f.add(pre+"self_attn."+a+".weight", safetensors.BF16, 8, 8)
+			f.add(pre+"self_attn."+a+".weight", 8, 8)
 		}
-		f.add(pre+"self_attn.q_a_layernorm.weight", safetensors.BF16, 8)
-		f.add(pre+"input_layernorm.weight", safetensors.BF16, 8)
+		f.add(pre+"self_attn.q_a_layernorm.weight", 8)
+		f.add(pre+"input_layernorm.weight", 8)
 		if l < 3 {
 			for _, p := range []string{"gate_proj", "up_proj", "down_proj"} {
-				f.add(pre+"mlp."+p+".weight", safetensors.BF16, 8, 8)
+				f.add(pre+"mlp."+p+".weight", 8, 8)
 			}
 			continue
 		}
-		f.add(pre+"mlp.gate.weight", safetensors.BF16, 256, 8)
+		f.add(pre+"mlp.gate.weight", 256, 8)
 		for _, p := range []string{"gate_proj", "up_proj", "down_proj"} {
-			f.add(pre+"mlp.shared_experts."+p+".weight", safetensors.BF16, 8, 8)
+			f.add(pre+"mlp.shared_experts."+p+".weight", 8, 8)
 			for e := range 256 {
-				f.add(fmt.Sprintf("%smlp.experts.%d.%s.weight_packed", pre, e, p), safetensors.I32, 8, 1)
+				f.add(fmt.Sprintf("%smlp.experts.%d.%s.weight_packed", pre, e, p), 8, 1)
 			}
 		}
 	}
@@ -99,7 +113,7 @@ func TestQuantListCost(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clear(resolveCache.m)
 			var err error
-			d, mem := costOf(func() { _, err = detectQuant(tc.cfg, tc.hf, quantModulesOf(names, nil)) })
+			d, mem := costOf(func() { _, err = Detect(tc.cfg, tc.hf, names.modules()) })
 			t.Logf("%v, %.1f MB allocated", d, float64(mem)/1e6)
 			switch {
 			case tc.want == "" && err != nil:
@@ -112,7 +126,7 @@ func TestQuantListCost(t *testing.T) {
 			}
 			// The second resolution of the same list comes from the cache.
 			before := resolutions.Load()
-			detectQuant(tc.cfg, tc.hf, quantModulesOf(names, nil))
+			Detect(tc.cfg, tc.hf, names.modules())
 			if n := resolutions.Load() - before; n != 0 {
 				t.Errorf("second detection resolved %d lists again: not cached", n)
 			}
@@ -147,7 +161,7 @@ func TestQuantListSyntax(t *testing.T) {
 			"modelopt nvfp4 (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			descs, err := detectQuant(tc.cfg, tc.hf, quantModulesOf(names, nil))
+			descs, err := Detect(tc.cfg, tc.hf, names.modules())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,16 @@
-package family
+// Package quantdesc reads how a checkpoint describes the quantisation of
+// its weights, wherever that lives: config.json's quantization_config,
+// text_config.quantization_config (multimodal wrappers),
+// compression_config (older compressed-tensors), and hf_quant_config.json
+// (ModelOpt). Detect classifies each description and resolves its
+// ignore/exclude lists per tensor group (match.go: against the
+// checkpoint's own modules of every layer); Desc.Supported says whether
+// moeprep carries it, and Desc.Refusal words the one-line refusal of one it
+// does not, so that none is read as bf16 or FP8 by mistake. The carried
+// ones are read in full (read.go: Read, Int4Group, ReadHF) into
+// weightfmt's quantization names; family plans each model family's
+// tensors by them.
+package quantdesc
 
 import (
 	"fmt"
@@ -6,32 +18,24 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+
+	"github.com/moeprep/moeprep/internal/jsoncfg"
 )
 
-// This file detects how a checkpoint says its weights are quantised,
-// wherever that lives: config.json's
-// quantization_config, text_config.quantization_config (multimodal
-// wrappers), compression_config (older compressed-tensors), and
-// hf_quant_config.json (ModelOpt). Each description is classified, its
-// ignore/exclude list resolved against one representative module name per
-// tensor group, and every format other than FP8 128x128 blocks and FP8 per
-// channel or per tensor (Supported) is refused with one line, so that none
-// is read as bf16 or FP8 by mistake.
-
-// QuantKind classifies a quantisation description.
-type QuantKind string
+// Kind classifies a quantisation description.
+type Kind string
 
 const (
-	QuantKindNone       QuantKind = "none"
-	QuantKindFP8Block   QuantKind = "fp8-block-128x128"   // DeepSeek-style: weight_scale_inv per 128x128 (supported)
-	QuantKindFP8BlockCT QuantKind = "fp8-block-ct"        // compressed-tensors float-quantized, block strategy (weight_scale)
-	QuantKindInt4Pack   QuantKind = "int4-pack-quantized" // compressed-tensors pack-quantized
-	QuantKindMXFP4      QuantKind = "mxfp4"               // gpt-oss, or compressed-tensors mxfp4-pack-quantized
-	QuantKindNVFP4      QuantKind = "nvfp4"               // ModelOpt, or compressed-tensors nvfp4-pack-quantized
-	QuantKindFP8Channel QuantKind = "fp8-per-channel"     // weight_scale [out,1]
-	QuantKindFP8Tensor  QuantKind = "fp8-per-tensor"      // scalar weight_scale
-	QuantKindMixed      QuantKind = "mixed"               // several kinds over the groups
-	QuantKindUnknown    QuantKind = "unknown"             // anything else
+	KindNone       Kind = "none"
+	KindFP8Block   Kind = "fp8-block-128x128"   // DeepSeek-style: weight_scale_inv per 128x128 (supported)
+	KindFP8BlockCT Kind = "fp8-block-ct"        // compressed-tensors float-quantized, block strategy (weight_scale)
+	KindInt4Pack   Kind = "int4-pack-quantized" // compressed-tensors pack-quantized
+	KindMXFP4      Kind = "mxfp4"               // gpt-oss, or compressed-tensors mxfp4-pack-quantized
+	KindNVFP4      Kind = "nvfp4"               // ModelOpt, or compressed-tensors nvfp4-pack-quantized
+	KindFP8Channel Kind = "fp8-per-channel"     // weight_scale [out,1]
+	KindFP8Tensor  Kind = "fp8-per-tensor"      // scalar weight_scale
+	KindMixed      Kind = "mixed"               // several kinds over the groups
+	KindUnknown    Kind = "unknown"             // anything else
 )
 
 // Tensor groups a quantisation description is resolved for, in report order.
@@ -62,17 +66,17 @@ var groupNames = map[string][]string{
 // Bounds on ignore/exclude lists: real ones have a handful of entries (a
 // MIXED_PRECISION list names every layer: a few thousand).
 const (
-	maxQuantPatterns   = maxConfigList // entries of one list
-	maxQuantRegexes    = 256           // re: patterns and globs compiled
-	maxQuantPatternLen = 1024          // bytes of one entry
-	maxQuantLayers     = maxConfigList // quantized_layers entries
+	maxQuantPatterns   = jsoncfg.MaxList // entries of one list
+	maxQuantRegexes    = 256             // re: patterns and globs compiled
+	maxQuantPatternLen = 1024            // bytes of one entry
+	maxQuantLayers     = jsoncfg.MaxList // quantized_layers entries
 )
 
-// QuantDesc is one quantisation description as detected.
-type QuantDesc struct {
+// Desc is one quantisation description as detected.
+type Desc struct {
 	File   string // "config.json" or "hf_quant_config.json"
 	Key    string // "quantization_config", "text_config.quantization_config", "compression_config", "quantization"
-	Kind   QuantKind
+	Kind   Kind
 	Label  string            // e.g. "compressed-tensors pack-quantized int4 (group 32, symmetric)"
 	Groups map[string]string // group -> how it is stored ("" when left unquantised)
 	// Detail names the modules where a mixed-precision description gives
@@ -84,53 +88,61 @@ type QuantDesc struct {
 }
 
 // Supported reports whether moeprep carries the description today,
-// wherever config.json holds it (quantConfig reads the one description):
+// wherever config.json holds it (Config reads the one description):
 // FP8 128x128 blocks; FP8 per channel or per tensor (compressed-tensors
 // float-quantized, or quant_method fp8 without weight_block_size; not
 // ModelOpt's, whose activation scales are static); compressed-tensors
 // pack-quantized INT4; gpt-oss's MXFP4; NVFP4 in groups of 16, ModelOpt's
-// (config.json or hf_quant_config.json) or compressed-tensors'. readQuant
+// (config.json or hf_quant_config.json) or compressed-tensors'. Read
 // and the format's reader check the rest.
-func (d QuantDesc) Supported() bool {
+func (d Desc) Supported() bool {
 	inConfig := d.File == "config.json"
 	if d.Detail != "" {
 		// One group in two formats: moeprep plans one per group.
 		return false
 	}
 	switch d.Kind {
-	case QuantKindNone, QuantKindFP8Block:
+	case KindNone, KindFP8Block:
 		return true
-	case QuantKindFP8Channel, QuantKindFP8Tensor:
+	case KindFP8Channel, KindFP8Tensor:
 		return inConfig && !strings.HasPrefix(d.Label, "modelopt")
-	case QuantKindMXFP4:
+	case KindMXFP4:
 		// gpt-oss's quant_method mxfp4 (family checks that the family is
 		// gpt-oss) and compressed-tensors' mxfp4-pack-quantized in groups
 		// of 32 (readCTFP4 checks the rest).
 		return inConfig && (d.Label == "mxfp4" || d.Label == ctMXFP4Label)
-	case QuantKindInt4Pack:
+	case KindInt4Pack:
 		// readCTInt4 checks the rest: symmetric, group or channel, W4A16.
 		return inConfig
-	case QuantKindNVFP4:
+	case KindNVFP4:
 		return strings.HasPrefix(d.Label, "modelopt nvfp4 (group 16)") || d.Label == ctNVFP4Label && inConfig
-	case QuantKindMixed:
+	case KindMixed:
 		// ModelOpt MIXED_PRECISION whose experts are all NVFP4 in groups of
 		// 16 (attention and dense MLPs in any format: copied).
-		return d.nvfp4Experts()
+		return d.NVFP4Experts()
 	}
 	return false
 }
 
-// nvfp4Experts reports whether d is a ModelOpt MIXED_PRECISION
+// NVFP4Experts reports whether d is a ModelOpt MIXED_PRECISION
 // description that moeprep carries as NVFP4: every routed expert entry
 // NVFP4 in groups of 16, the shared expert's too where it names one.
-func (d QuantDesc) nvfp4Experts() bool {
+func (d Desc) NVFP4Experts() bool {
 	const nv = "nvfp4 (group 16)"
 	sh := d.Groups[GroupShared]
-	return d.Kind == QuantKindMixed && strings.HasPrefix(d.Label, "modelopt") && d.Detail == "" &&
+	return d.Kind == KindMixed && strings.HasPrefix(d.Label, "modelopt") && d.Detail == "" &&
 		d.Groups[GroupExperts] == nv && (sh == "" || sh == nv)
 }
 
-// carriedFormats says which expert formats moeprep reads (FORMATS.md's
+// CoversExperts reports whether a MIXED_PRECISION description's
+// quantized_layers names the experts module e
+// ("model.layers.3.mlp.experts") or a module under it.
+func (d Desc) CoversExperts(e string) bool {
+	i, found := slices.BinarySearch(d.experts, e)
+	return found || i < len(d.experts) && strings.HasPrefix(d.experts[i], e+".")
+}
+
+// carriedFormats says which expert formats moeprep reads (FORMATS.md's format
 // table), for refusals of anything else.
 const carriedFormats = "moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
 
@@ -143,9 +155,9 @@ const ctMXFP4Label = "compressed-tensors mxfp4-pack-quantized (group 32)"
 const ctNVFP4Label = "compressed-tensors nvfp4-pack-quantized (group 16)"
 
 // Refusal is the one-line error for a description moeprep cannot carry.
-func (d QuantDesc) Refusal() error {
+func (d Desc) Refusal() error {
 	why := "not carried yet; " + carriedFormats
-	fp8Scaled := d.Kind == QuantKindFP8Channel || d.Kind == QuantKindFP8Tensor
+	fp8Scaled := d.Kind == KindFP8Channel || d.Kind == KindFP8Tensor
 	switch {
 	case d.Detail != "":
 		why = "not carried: " + d.Detail
@@ -153,22 +165,22 @@ func (d QuantDesc) Refusal() error {
 		why = "not carried: ModelOpt FP8 stores static activation scales (input_scale); moeprep reads FP8 with dynamic activations only"
 	case fp8Scaled:
 		why = "not carried yet: moeprep reads FP8 per-channel and per-tensor experts described by config.json only"
-	case d.Kind == QuantKindMXFP4:
+	case d.Kind == KindMXFP4:
 		why = "not carried yet: moeprep reads MXFP4 experts in groups of 32 only (gpt-oss quant_method mxfp4, compressed-tensors mxfp4-pack-quantized, DeepSeek-V4 expert_dtype fp4)"
-	case d.Kind == QuantKindInt4Pack:
+	case d.Kind == KindInt4Pack:
 		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json only"
-	case d.Kind == QuantKindNVFP4:
+	case d.Kind == KindNVFP4:
 		why = "not carried yet: moeprep reads NVFP4 experts in groups of 16 only (ModelOpt quant_algo NVFP4, compressed-tensors nvfp4-pack-quantized)"
-	case d.Kind == QuantKindMixed && strings.HasPrefix(d.Label, "modelopt") && d.Groups[GroupExperts] == "nvfp4 (group 16)":
+	case d.Kind == KindMixed && strings.HasPrefix(d.Label, "modelopt") && d.Groups[GroupExperts] == "nvfp4 (group 16)":
 		why = fmt.Sprintf("not carried: the shared expert is %s beside NVFP4 routed experts; moeprep carries NVFP4 shared experts only (fusing or validating a shared expert of another format beside them is not built)", d.Groups[GroupShared])
-	case d.Kind == QuantKindMixed && strings.HasPrefix(d.Label, "modelopt"):
+	case d.Kind == KindMixed && strings.HasPrefix(d.Label, "modelopt"):
 		why = "not carried yet: moeprep reads MIXED_PRECISION whose routed experts (and shared expert, where quantised) are NVFP4 in groups of 16; attention and dense MLPs may be anything, they are copied"
 	}
 	return fmt.Errorf("%s: %s: %s: %s", d.File, d.Key, d.Summary(), why)
 }
 
 // Summary says the format and, per group, what is quantised how.
-func (d QuantDesc) Summary() string {
+func (d Desc) Summary() string {
 	byHow := map[string][]string{}
 	var hows, plain []string
 	for _, g := range quantGroups {
@@ -201,38 +213,23 @@ func (d QuantDesc) Summary() string {
 	return s
 }
 
-// DetectQuant reads every quantisation description of config.json and of
-// hf_quant_config.json (hf may be nil) and classifies each. The FP8 block
-// description of config.json's quantization_config is left to readQuant,
-// which checks it in full.
-func DetectQuant(raw map[string]any, hf map[string]any) ([]QuantDesc, error) {
-	return DetectQuantOf(raw, hf, nil)
-}
-
-// DetectQuantOf is DetectQuant with the ignore lists resolved against t's
-// module names (nil: representative names), as planning resolves them.
-func DetectQuantOf(raw map[string]any, hf map[string]any, t Tensors) ([]QuantDesc, error) {
-	var layers []string
-	if mt, _ := raw["model_type"].(string); wrapperOf(mt) != nil {
-		layers = wrapperOf(mt).layers
-	}
-	return detectQuant(raw, hf, quantModulesOf(t, layers))
-}
-
-// detectQuant is DetectQuant with the ignore lists resolved against mods:
-// the checkpoint's modules of each group in its text layers (a wrapper's
-// under its text layer prefixes), or, for a group it has none of, the
-// representative names of groupNames.
-func detectQuant(raw map[string]any, hf map[string]any, mods *quantModules) ([]QuantDesc, error) {
-	var out []QuantDesc
+// Detect reads every quantisation description of config.json (raw) and of
+// hf_quant_config.json (hf may be nil) and classifies each, the ignore
+// lists resolved against mods: the checkpoint's modules of each group in
+// its text layers (a wrapper's under its text layer prefixes), or, for a
+// group it has none of (mods nil: any), the representative names of
+// groupNames. The FP8 block description of config.json's
+// quantization_config is left to Read, which checks it in full.
+func Detect(raw map[string]any, hf map[string]any, mods *Modules) ([]Desc, error) {
+	var out []Desc
 	top, _ := raw["expert_dtype"].(string)
-	if err := configQuants(config{m: raw}, func(q config, key string) error {
+	if err := configQuants(jsoncfg.Object{M: raw}, func(q jsoncfg.Object, key string) error {
 		d, err := classify(q, "config.json", key, mods)
 		if err != nil {
 			return err
 		}
-		if dt, _ := q.m["expert_dtype"].(string); (top == "fp4" || dt == "fp4") && d.Groups[GroupExperts] != "" {
-			// DeepSeek-V4: its experts FP4 beside FP8 (readExpertFP4).
+		if dt, _ := q.M["expert_dtype"].(string); (top == "fp4" || dt == "fp4") && d.Groups[GroupExperts] != "" {
+			// DeepSeek-V4: its experts FP4 beside FP8 (family's readExpertFP4).
 			d.Groups[GroupExperts] = "mxfp4 (expert_dtype fp4)"
 		}
 		out = append(out, d)
@@ -241,8 +238,8 @@ func detectQuant(raw map[string]any, hf map[string]any, mods *quantModules) ([]Q
 		return nil, err
 	}
 	if hf != nil {
-		h := config{m: hf}
-		q, ok, err := h.object("quantization")
+		h := jsoncfg.Object{M: hf}
+		q, ok, err := h.Object("quantization")
 		if err != nil {
 			return nil, hfErr(err)
 		}
@@ -261,18 +258,18 @@ func detectQuant(raw map[string]any, hf map[string]any, mods *quantModules) ([]Q
 // where one is, in order: quantization_config, text_config's
 // quantization_config (multimodal wrappers: Kimi-K2.5), compression_config
 // (older compressed-tensors); key is its path ("text_config.quantization_config").
-func configQuants(c config, f func(q config, key string) error) error {
-	visit := func(parent config, key string) error {
-		q, ok, err := parent.object(key)
+func configQuants(c jsoncfg.Object, f func(q jsoncfg.Object, key string) error) error {
+	visit := func(parent jsoncfg.Object, key string) error {
+		q, ok, err := parent.Object(key)
 		if err != nil || !ok {
 			return err
 		}
-		return f(q, parent.at+key)
+		return f(q, parent.At+key)
 	}
 	if err := visit(c, "quantization_config"); err != nil {
 		return err
 	}
-	if tc, ok, err := c.object("text_config"); err != nil {
+	if tc, ok, err := c.Object("text_config"); err != nil {
 		return err
 	} else if ok {
 		if err := visit(tc, "quantization_config"); err != nil {
@@ -282,15 +279,15 @@ func configQuants(c config, f func(q config, key string) error) error {
 	return visit(c, "compression_config")
 }
 
-// quantConfig is config.json's quantisation description wherever it lives
+// Config is config.json's quantisation description wherever it lives
 // (configQuants), and its quant_method (compression_config's defaults to
 // compressed-tensors, as only compressed-tensors wrote it); ok is false
 // when there is none. Two descriptions must say the same: moeprep reads
 // one.
-func quantConfig(c config) (q config, method string, ok bool, err error) {
-	err = configQuants(c, func(d config, key string) error {
-		if ok && !reflect.DeepEqual(d.m, q.m) {
-			return fmt.Errorf("config.json: %s and %s describe the quantisation differently; moeprep reads one description", strings.TrimSuffix(q.at, "."), key)
+func Config(c jsoncfg.Object) (q jsoncfg.Object, method string, ok bool, err error) {
+	err = configQuants(c, func(d jsoncfg.Object, key string) error {
+		if ok && !reflect.DeepEqual(d.M, q.M) {
+			return fmt.Errorf("config.json: %s and %s describe the quantisation differently; moeprep reads one description", strings.TrimSuffix(q.At, "."), key)
 		}
 		if !ok {
 			q, ok = d, true
@@ -298,23 +295,23 @@ func quantConfig(c config) (q config, method string, ok bool, err error) {
 		return nil
 	})
 	if err != nil || !ok {
-		return config{}, "", false, err
+		return jsoncfg.Object{}, "", false, err
 	}
-	if method, err = q.str("quant_method", ""); err != nil {
-		return config{}, "", false, err
+	if method, err = q.Str("quant_method", ""); err != nil {
+		return jsoncfg.Object{}, "", false, err
 	}
-	if method == "" && q.at == "compression_config." {
+	if method == "" && q.At == "compression_config." {
 		method = "compressed-tensors"
 	}
 	return q, method, true, nil
 }
 
-// conflictingQuant is the refusal of a checkpoint whose config.json and
+// Conflicting is the refusal of a checkpoint whose config.json and
 // hf_quant_config.json describe its weights differently (descs as
-// detectQuant gives them, hf_quant_config.json's last): each file named
+// Detect gives them, hf_quant_config.json's last): each file named
 // with what it says, since moeprep cannot know which one the tensors
 // follow.
-func conflictingQuant(descs []QuantDesc) error {
+func Conflicting(descs []Desc) error {
 	hf := descs[len(descs)-1]
 	if len(descs) < 2 {
 		return hf.Refusal()
@@ -324,43 +321,43 @@ func conflictingQuant(descs []QuantDesc) error {
 		cfg.File, cfg.Key, cfg.Summary(), hf.File, hf.Key, hf.Summary())
 }
 
-// hfErr renames an error of config's helpers, which say config.json.
+// hfErr renames an error of jsoncfg's reads, which say config.json.
 func hfErr(err error) error {
 	return fmt.Errorf("hf_quant_config.json%s", strings.TrimPrefix(err.Error(), "config.json"))
 }
 
-func classify(q config, file, key string, mods *quantModules) (QuantDesc, error) {
-	method, err := q.str("quant_method", "")
+func classify(q jsoncfg.Object, file, key string, mods *Modules) (Desc, error) {
+	method, err := q.Str("quant_method", "")
 	if err != nil {
-		return QuantDesc{}, err
+		return Desc{}, err
 	}
 	if method == "" && key == "compression_config" {
 		method = "compressed-tensors"
 	}
 	switch method {
 	case "fp8":
-		d := QuantDesc{File: file, Key: key, Kind: QuantKindFP8Tensor, Label: "fp8 per-tensor (no weight_block_size)"}
-		if q.has("weight_block_size") {
-			// readQuant checks the block size and the rest.
-			d.Kind, d.Label = QuantKindFP8Block, "fp8 128x128 block"
+		d := Desc{File: file, Key: key, Kind: KindFP8Tensor, Label: "fp8 per-tensor (no weight_block_size)"}
+		if q.Has("weight_block_size") {
+			// Read checks the block size and the rest.
+			d.Kind, d.Label = KindFP8Block, "fp8 128x128 block"
 		}
 		m, err := newMatcher(q, mods, syntaxRe, "modules_to_not_convert", "ignored_layers")
 		if err != nil {
-			return QuantDesc{}, err
+			return Desc{}, err
 		}
 		d.Groups, d.Detail, err = m.resolve(d.Label, false)
 		return d, err
 	case "mxfp4":
-		d := QuantDesc{File: file, Key: key, Kind: QuantKindMXFP4, Label: "mxfp4"}
+		d := Desc{File: file, Key: key, Kind: KindMXFP4, Label: "mxfp4"}
 		m, err := newMatcher(q, mods, syntaxRe, "modules_to_not_convert")
 		if err != nil {
-			return QuantDesc{}, err
+			return Desc{}, err
 		}
 		// gpt-oss quantises the experts only.
 		d.Groups = map[string]string{}
 		s, err := m.excluded(GroupExperts)
 		if err != nil {
-			return QuantDesc{}, err
+			return Desc{}, err
 		}
 		if !s.excluded {
 			d.Groups[GroupExperts] = d.Label
@@ -371,56 +368,56 @@ func classify(q config, file, key string, mods *quantModules) (QuantDesc, error)
 	case "compressed-tensors":
 		return classifyCT(q, file, key, mods)
 	case "":
-		return QuantDesc{}, q.missing("quant_method")
+		return Desc{}, q.Missing("quant_method")
 	}
-	return QuantDesc{}, q.errorf("quant_method", "%q is not supported (only fp8 with 128x128 block scales)", method)
+	return Desc{}, q.Errorf("quant_method", "%q is not supported (only fp8 with 128x128 block scales)", method)
 }
 
 // modelOptAlgo names a ModelOpt quant_algo.
-func modelOptAlgo(algo string, group int) (QuantKind, string) {
+func modelOptAlgo(algo string, group int) (Kind, string) {
 	switch strings.ToUpper(algo) {
 	case "NVFP4", "W4A16_NVFP4", "NVFP4_AWQ":
-		return QuantKindNVFP4, fmt.Sprintf("modelopt nvfp4 (group %d)", group)
+		return KindNVFP4, fmt.Sprintf("modelopt nvfp4 (group %d)", group)
 	case "FP8":
-		return QuantKindFP8Tensor, "modelopt fp8 per-tensor"
+		return KindFP8Tensor, "modelopt fp8 per-tensor"
 	case "FP8_PER_CHANNEL_PER_TOKEN":
-		return QuantKindFP8Channel, "modelopt fp8 per-channel"
+		return KindFP8Channel, "modelopt fp8 per-channel"
 	}
-	return QuantKindUnknown, fmt.Sprintf("modelopt %s", strings.ToLower(algo))
+	return KindUnknown, fmt.Sprintf("modelopt %s", strings.ToLower(algo))
 }
 
-func classifyModelOpt(q config, file, key string, mods *quantModules) (QuantDesc, error) {
-	algo, err := q.str("quant_algo", "")
+func classifyModelOpt(q jsoncfg.Object, file, key string, mods *Modules) (Desc, error) {
+	algo, err := q.Str("quant_algo", "")
 	if err != nil {
-		return QuantDesc{}, err
+		return Desc{}, err
 	}
 	if algo == "" {
-		return QuantDesc{}, q.missing("quant_algo")
+		return Desc{}, q.Missing("quant_algo")
 	}
-	group, err := q.intIn("group_size", 16, 1, maxDim)
+	group, err := q.IntIn("group_size", 16, 1, jsoncfg.MaxDim)
 	if err != nil {
-		return QuantDesc{}, err
+		return Desc{}, err
 	}
 	m, err := newMatcher(q, mods, syntaxGlob, "exclude_modules", "ignore")
 	if err != nil {
-		return QuantDesc{}, err
+		return Desc{}, err
 	}
-	d := QuantDesc{File: file, Key: key}
+	d := Desc{File: file, Key: key}
 	if strings.ToUpper(algo) != "MIXED_PRECISION" {
 		d.Kind, d.Label = modelOptAlgo(algo, group)
 		d.Groups, d.Detail, err = m.resolve(d.Label, false)
 		return d, err
 	}
-	d.Kind, d.Label = QuantKindMixed, "modelopt MIXED_PRECISION"
-	layers, ok, err := q.object("quantized_layers")
+	d.Kind, d.Label = KindMixed, "modelopt MIXED_PRECISION"
+	layers, ok, err := q.Object("quantized_layers")
 	if err != nil {
-		return QuantDesc{}, err
+		return Desc{}, err
 	}
 	if !ok {
-		return QuantDesc{}, q.missing("quantized_layers")
+		return Desc{}, q.Missing("quantized_layers")
 	}
-	if len(layers.m) > maxQuantLayers {
-		return QuantDesc{}, q.errorf("quantized_layers", "%d entries, over the limit of %d", len(layers.m), maxQuantLayers)
+	if len(layers.M) > maxQuantLayers {
+		return Desc{}, q.Errorf("quantized_layers", "%d entries, over the limit of %d", len(layers.M), maxQuantLayers)
 	}
 	// Each entry names a quantised module (a projection, or a layer's
 	// whole experts: model.layers.L.mlp.experts); what it does not name
@@ -428,28 +425,28 @@ func classifyModelOpt(q config, file, key string, mods *quantModules) (QuantDesc
 	// differ.
 	d.Groups = map[string]string{}
 	first := map[string]string{}
-	for _, name := range slices.Sorted(maps.Keys(layers.m)) {
+	for _, name := range slices.Sorted(maps.Keys(layers.M)) {
 		g := moduleGroup(name)
 		if g == "" {
 			continue
 		}
 		if skip, err := m.matches(name); err != nil {
-			return QuantDesc{}, err
+			return Desc{}, err
 		} else if skip {
 			continue
 		}
-		lc, ok := layers.m[name].(map[string]any)
+		lc, ok := layers.M[name].(map[string]any)
 		if !ok {
-			return QuantDesc{}, layers.errorf(name, "want an object, got %s", describe(layers.m[name]))
+			return Desc{}, layers.Errorf(name, "want an object, got %s", jsoncfg.Describe(layers.M[name]))
 		}
-		at := config{m: lc, at: layers.at + name + "."}
-		a, err := at.str("quant_algo", "")
+		at := jsoncfg.Object{M: lc, At: layers.At + name + "."}
+		a, err := at.Str("quant_algo", "")
 		if err != nil {
-			return QuantDesc{}, err
+			return Desc{}, err
 		}
-		g2, err := at.intIn("group_size", int64(group), 1, maxDim)
+		g2, err := at.IntIn("group_size", int64(group), 1, jsoncfg.MaxDim)
 		if err != nil {
-			return QuantDesc{}, err
+			return Desc{}, err
 		}
 		_, how := modelOptAlgo(a, g2)
 		how = strings.TrimPrefix(how, "modelopt ")
@@ -497,75 +494,75 @@ func moduleGroup(name string) string {
 	return ""
 }
 
-func classifyCT(q config, file, key string, mods *quantModules) (QuantDesc, error) {
-	topFmt, err := q.str("format", "")
+func classifyCT(q jsoncfg.Object, file, key string, mods *Modules) (Desc, error) {
+	topFmt, err := q.Str("format", "")
 	if err != nil {
-		return QuantDesc{}, err
+		return Desc{}, err
 	}
-	groups, _, err := q.object("config_groups")
+	groups, _, err := q.Object("config_groups")
 	if err != nil {
-		return QuantDesc{}, err
+		return Desc{}, err
 	}
-	if len(groups.m) > maxQuantLayers {
-		return QuantDesc{}, q.errorf("config_groups", "%d entries, over the limit of %d", len(groups.m), maxQuantLayers)
+	if len(groups.M) > maxQuantLayers {
+		return Desc{}, q.Errorf("config_groups", "%d entries, over the limit of %d", len(groups.M), maxQuantLayers)
 	}
 	m, err := newMatcher(q, mods, syntaxRe, "ignore")
 	if err != nil {
-		return QuantDesc{}, err
+		return Desc{}, err
 	}
-	d := QuantDesc{File: file, Key: key}
-	names := slices.Sorted(maps.Keys(groups.m))
+	d := Desc{File: file, Key: key}
+	names := slices.Sorted(maps.Keys(groups.M))
 	for _, gname := range names {
-		g, _, err := groups.object(gname)
+		g, _, err := groups.Object(gname)
 		if err != nil {
-			return QuantDesc{}, err
+			return Desc{}, err
 		}
 		kind, label, err := classifyCTScheme(g, topFmt)
 		if err != nil {
-			return QuantDesc{}, err
+			return Desc{}, err
 		}
 		if d.Kind == "" {
 			d.Kind, d.Label = kind, label
 		} else if d.Label != label {
-			d.Kind, d.Label = QuantKindMixed, "compressed-tensors (several schemes)"
+			d.Kind, d.Label = KindMixed, "compressed-tensors (several schemes)"
 		}
 	}
 	if d.Kind == "" {
-		d.Kind, d.Label = QuantKindUnknown, "compressed-tensors (no config_groups)"
+		d.Kind, d.Label = KindUnknown, "compressed-tensors (no config_groups)"
 	}
 	d.Groups, d.Detail, err = m.resolve(d.Label, false)
 	return d, err
 }
 
-func classifyCTScheme(g config, topFmt string) (QuantKind, string, error) {
-	f, err := g.str("format", topFmt)
+func classifyCTScheme(g jsoncfg.Object, topFmt string) (Kind, string, error) {
+	f, err := g.Str("format", topFmt)
 	if err != nil {
 		return "", "", err
 	}
-	w, ok, err := g.object("weights")
+	w, ok, err := g.Object("weights")
 	if err != nil {
 		return "", "", err
 	}
 	if !ok {
-		return QuantKindUnknown, "compressed-tensors " + f + " (no weights scheme)", nil
+		return KindUnknown, "compressed-tensors " + f + " (no weights scheme)", nil
 	}
-	typ, err := w.str("type", "int")
+	typ, err := w.Str("type", "int")
 	if err != nil {
 		return "", "", err
 	}
-	bits, err := w.intIn("num_bits", 8, 1, 64)
+	bits, err := w.IntIn("num_bits", 8, 1, 64)
 	if err != nil {
 		return "", "", err
 	}
-	strategy, err := w.str("strategy", "tensor")
+	strategy, err := w.Str("strategy", "tensor")
 	if err != nil {
 		return "", "", err
 	}
-	sym, err := w.boolean("symmetric", true)
+	sym, err := w.Bool("symmetric", true)
 	if err != nil {
 		return "", "", err
 	}
-	gs, err := w.intIn("group_size", 0, 0, maxDim)
+	gs, err := w.IntIn("group_size", 0, 0, jsoncfg.MaxDim)
 	if err != nil {
 		return "", "", err
 	}
@@ -576,48 +573,23 @@ func classifyCTScheme(g config, topFmt string) (QuantKind, string, error) {
 	switch {
 	case typ == "int" && bits == 4 && f == "pack-quantized":
 		if strategy == "group" {
-			return QuantKindInt4Pack, fmt.Sprintf("compressed-tensors pack-quantized int4 (group %d, %s)", gs, symS), nil
+			return KindInt4Pack, fmt.Sprintf("compressed-tensors pack-quantized int4 (group %d, %s)", gs, symS), nil
 		}
-		return QuantKindInt4Pack, fmt.Sprintf("compressed-tensors pack-quantized int4 (%s, %s)", strategy, symS), nil
+		return KindInt4Pack, fmt.Sprintf("compressed-tensors pack-quantized int4 (%s, %s)", strategy, symS), nil
 	case typ == "float" && bits == 4 && (f == "nvfp4-pack-quantized" || f != "mxfp4-pack-quantized" && gs == 16):
-		return QuantKindNVFP4, fmt.Sprintf("compressed-tensors nvfp4-pack-quantized (group %d)", gs), nil
+		return KindNVFP4, fmt.Sprintf("compressed-tensors nvfp4-pack-quantized (group %d)", gs), nil
 	case typ == "float" && bits == 4 && (f == "mxfp4-pack-quantized" || gs == 32):
-		return QuantKindMXFP4, fmt.Sprintf("compressed-tensors mxfp4-pack-quantized (group %d)", gs), nil
+		return KindMXFP4, fmt.Sprintf("compressed-tensors mxfp4-pack-quantized (group %d)", gs), nil
 	case typ == "float" && bits == 8 && strategy == "channel":
-		return QuantKindFP8Channel, "compressed-tensors float-quantized fp8 per-channel", nil
+		return KindFP8Channel, "compressed-tensors float-quantized fp8 per-channel", nil
 	case typ == "float" && bits == 8 && strategy == "tensor":
-		return QuantKindFP8Tensor, "compressed-tensors float-quantized fp8 per-tensor", nil
+		return KindFP8Tensor, "compressed-tensors float-quantized fp8 per-tensor", nil
 	case typ == "float" && bits == 8 && strategy == "block":
-		bs, err := w.ints("block_structure")
+		bs, err := w.Ints("block_structure")
 		if err != nil {
 			return "", "", err
 		}
-		return QuantKindFP8BlockCT, fmt.Sprintf("compressed-tensors float-quantized fp8 block %v (weight_scale, not weight_scale_inv)", bs), nil
+		return KindFP8BlockCT, fmt.Sprintf("compressed-tensors float-quantized fp8 block %v (weight_scale, not weight_scale_inv)", bs), nil
 	}
-	return QuantKindUnknown, fmt.Sprintf("compressed-tensors %s %s%d %s (%s)", f, typ, bits, strategy, symS), nil
-}
-
-// HFQuantConfigs is what a Tensors may also implement to hand family the
-// decoded hf_quant_config.json of the checkpoint directory (nil when it has
-// none); checkpoint.Checkpoint does.
-type HFQuantConfigs interface {
-	HFQuantConfig() map[string]any
-}
-
-func hfQuantOf(t Tensors) map[string]any {
-	if h, ok := t.(HFQuantConfigs); ok {
-		return h.HFQuantConfig()
-	}
-	return nil
-}
-
-// refuseQuant refuses the first description moeprep cannot carry, its
-// ignore lists resolved under layers (detectQuant).
-func refuseQuant(raw map[string]any, t Tensors, layers []string) error {
-	return eachQuantDesc(raw, t, layers, func(d QuantDesc) error {
-		if !d.Supported() {
-			return d.Refusal()
-		}
-		return nil
-	})
+	return KindUnknown, fmt.Sprintf("compressed-tensors %s %s%d %s (%s)", f, typ, bits, strategy, symS), nil
 }

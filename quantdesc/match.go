@@ -1,4 +1,4 @@
-package family
+package quantdesc
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
+	"github.com/moeprep/moeprep/internal/jsoncfg"
 	"github.com/moeprep/moeprep/internal/pyre"
 )
 
@@ -41,9 +42,9 @@ const (
 // million), so a hostile list costs well under a second and a few MB.
 const maxQuantMatchSteps = 1 << 25
 
-// quantModules are the module names a checkpoint's ignore lists are
+// Modules are the module names a checkpoint's ignore lists are
 // resolved against.
-type quantModules struct {
+type Modules struct {
 	// layers are the text layer prefixes (a wrapper's:
 	// "language_model.model.layers."); nil for a bare text model.
 	layers []string
@@ -55,15 +56,19 @@ type quantModules struct {
 	sum uint64
 }
 
-// quantModulesOf collects t's modules per tensor group (t may be nil:
-// then only the representative names of groupNames are known).
-func quantModulesOf(t Tensors, layers []string) *quantModules {
-	m := &quantModules{layers: layers}
-	if t == nil {
-		return m
-	}
+// Representative is Modules knowing only the text layer prefixes (nil for
+// a bare text model): every group is resolved against groupNames'
+// representative names.
+func Representative(layers []string) *Modules {
+	return &Modules{layers: layers}
+}
+
+// ModulesOf collects a checkpoint's modules per tensor group from its
+// tensor names, in its text layers (under layers; nil for a bare text
+// model); matrix reports whether a tensor has rank 2 or more.
+func ModulesOf(names []string, matrix func(name string) bool, layers []string) *Modules {
+	m := &Modules{layers: layers}
 	m.groups = map[string][]string{}
-	names := t.Names()
 	seen := make(map[string]bool, len(names))
 	prev := ""
 	for _, name := range names {
@@ -78,8 +83,7 @@ func quantModulesOf(t Tensors, layers []string) *quantModules {
 			continue
 		}
 		prev = mod
-		meta, ok := t.Lookup(name)
-		if !ok || len(meta.Shape) < 2 {
+		if !matrix(name) {
 			continue
 		}
 		seen[mod] = true
@@ -115,9 +119,9 @@ func underLayers(name string, layers []string) bool {
 // matcher holds one description's ignore/exclude lists, each entry read as
 // its producer reads it (listSyntax).
 type matcher struct {
-	q    config
+	q    jsoncfg.Object
 	keys []string // the keys the entries came from, for messages
-	mods *quantModules
+	mods *Modules
 	// plain entries match a module name itself, a module whose name ends
 	// in "."+entry, and the modules under it (entry+"."): as
 	// transformers' should_convert_module reads them.
@@ -136,25 +140,25 @@ type pattern struct {
 	glob  *pyre.Glob
 }
 
-func newMatcher(q config, mods *quantModules, syntax listSyntax, keys ...string) (*matcher, error) {
+func newMatcher(q jsoncfg.Object, mods *Modules, syntax listSyntax, keys ...string) (*matcher, error) {
 	if mods == nil {
-		mods = &quantModules{}
+		mods = &Modules{}
 	}
 	m := &matcher{q: q, keys: keys, mods: mods, plain: map[string]bool{}}
 	var ck strings.Builder
-	fmt.Fprintf(&ck, "%d|%s|%x|%q", syntax, q.at, mods.sum, mods.layers)
+	fmt.Fprintf(&ck, "%d|%s|%x|%q", syntax, q.At, mods.sum, mods.layers)
 	for _, key := range keys {
-		list, err := q.strs(key)
+		list, err := q.Strs(key)
 		if err != nil {
 			return nil, err
 		}
 		if len(list) > maxQuantPatterns {
-			return nil, q.errorf(key, "%d entries, over the limit of %d", len(list), maxQuantPatterns)
+			return nil, q.Errorf(key, "%d entries, over the limit of %d", len(list), maxQuantPatterns)
 		}
 		fmt.Fprintf(&ck, "|%s:%d", key, len(list))
 		for i, e := range list {
 			if len(e) > maxQuantPatternLen {
-				return nil, q.errorf(key, "element %d: %d bytes, over the limit of %d", i, len(e), maxQuantPatternLen)
+				return nil, q.Errorf(key, "element %d: %d bytes, over the limit of %d", i, len(e), maxQuantPatternLen)
 			}
 			ck.WriteString("\x00" + e)
 			p := pattern{key: key, index: i, text: e}
@@ -162,13 +166,13 @@ func newMatcher(q config, mods *quantModules, syntax listSyntax, keys ...string)
 			case syntax == syntaxRe && strings.HasPrefix(e, "re:"):
 				re, err := pyre.Parse(strings.TrimPrefix(e, "re:"))
 				if err != nil {
-					return nil, q.errorf(key, "element %d: %q is not a Python regular expression moeprep can read: %v", i, e, err)
+					return nil, q.Errorf(key, "element %d: %q is not a Python regular expression moeprep can read: %v", i, e, err)
 				}
 				p.re = re
 			case syntax == syntaxGlob && pyre.HasMeta(e) || syntax == syntaxRe && strings.ContainsAny(e, "*?"):
 				g, err := pyre.ParseGlob(e)
 				if err != nil {
-					return nil, q.errorf(key, "element %d: %v", i, err)
+					return nil, q.Errorf(key, "element %d: %v", i, err)
 				}
 				p.glob = g
 			default:
@@ -176,7 +180,7 @@ func newMatcher(q config, mods *quantModules, syntax listSyntax, keys ...string)
 				continue
 			}
 			if len(m.pats) >= maxQuantRegexes {
-				return nil, q.errorf(key, "more than %d patterns, over the limit", maxQuantRegexes)
+				return nil, q.Errorf(key, "more than %d patterns, over the limit", maxQuantRegexes)
 			}
 			m.pats = append(m.pats, p)
 		}
@@ -215,7 +219,7 @@ func (m *matcher) matches(name string) (bool, error) {
 		m.steps += used
 		var be *pyre.BudgetError
 		if errors.As(err, &be) {
-			return false, m.q.errorf(p.key, "element %d: %.80q: matching the list against the checkpoint's module names took over %d steps (at %q); moeprep refuses lists that costly", p.index, p.text, maxQuantMatchSteps, name)
+			return false, m.q.Errorf(p.key, "element %d: %.80q: matching the list against the checkpoint's module names took over %d steps (at %q); moeprep refuses lists that costly", p.index, p.text, maxQuantMatchSteps, name)
 		}
 		if ok {
 			return true, nil
@@ -361,7 +365,7 @@ func (m *matcher) resolveUncached(label string, router bool) resolution {
 		}
 		if r.detail == "" && !s.excluded && s.partlyIn != "" && (g == GroupExperts || g == GroupShared) {
 			r.detail = fmt.Sprintf("%s leaves %s unquantised but not %s; moeprep carries one %s format per checkpoint",
-				m.q.at+strings.Join(m.keys, "/"), s.partlyIn, s.partlyOut, strings.TrimSuffix(g, "s"))
+				m.q.At+strings.Join(m.keys, "/"), s.partlyIn, s.partlyOut, strings.TrimSuffix(g, "s"))
 		}
 	}
 	return r

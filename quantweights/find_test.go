@@ -1,4 +1,4 @@
-package family
+package quantweights
 
 import (
 	"encoding/binary"
@@ -8,9 +8,30 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
 )
+
+// fakeTensors is a checkpoint's tensor metadata, in the order added.
+type fakeTensors struct {
+	names []string
+	meta  map[string]family.TensorMeta
+}
+
+func (f *fakeTensors) Lookup(name string) (family.TensorMeta, bool) {
+	m, ok := f.meta[name]
+	return m, ok
+}
+
+func (f *fakeTensors) Names() []string { return f.names }
+
+func (f *fakeTensors) add(name string, dt safetensors.DType, shape ...int64) {
+	if _, ok := f.meta[name]; !ok {
+		f.names = append(f.names, name)
+	}
+	f.meta[name] = family.TensorMeta{DType: dt, Shape: shape}
+}
 
 // shapedTensors is fakeTensors that also hands out small tensors' bytes
 // (compressed-tensors' weight_shape), as a checkpoint does.
@@ -28,10 +49,10 @@ func (s shapedTensors) SmallTensorBytes(name string, max int64) ([]byte, error) 
 }
 
 func newShaped() shapedTensors {
-	return shapedTensors{&fakeTensors{meta: map[string]TensorMeta{}}, map[string][]byte{}}
+	return shapedTensors{&fakeTensors{meta: map[string]family.TensorMeta{}}, map[string][]byte{}}
 }
 
-// QuantisedWeights finds each format's weights outside the experts by the
+// Find finds each format's weights outside the experts by the
 // format's own names, with their [rows, cols] and the tensors
 // dequantising them drops (input_scale included), in the checkpoint's
 // order, and leaves the experts (skip), plain tensors and integer tensors
@@ -41,7 +62,7 @@ func TestQuantisedWeightsFinds(t *testing.T) {
 	for _, tc := range []struct {
 		f     weightfmt.Format
 		build func(s shapedTensors)
-		want  []QuantWeight
+		want  []Weight
 	}{
 		{weightfmt.FP8Block(128, 128, false), func(s shapedTensors) {
 			s.add(attn+".weight", safetensors.F8E4M3, 300, 200)
@@ -49,24 +70,24 @@ func TestQuantisedWeightsFinds(t *testing.T) {
 			s.add("model.norm.weight", safetensors.BF16, 200)
 			s.add("model.layers.1.mlp.experts.0.down_proj.weight", safetensors.F8E4M3, 64, 32)
 			s.add("model.layers.1.mlp.experts.0.down_proj.weight_scale_inv", safetensors.F32, 1, 1)
-		}, []QuantWeight{{Name: attn + ".weight", Tensors: weightfmt.Tensors{Weight: attn + ".weight", Scale: attn + ".weight_scale_inv"}, Rows: 300, Cols: 200}}},
+		}, []Weight{{Name: attn + ".weight", Tensors: weightfmt.Tensors{Weight: attn + ".weight", Scale: attn + ".weight_scale_inv"}, Rows: 300, Cols: 200}}},
 		{weightfmt.FP8Tensor(safetensors.F32), func(s shapedTensors) {
 			s.add(attn+".weight", safetensors.F8E4M3, 8, 16)
 			s.add(attn+".weight_scale", safetensors.F32, 1, 1)
-		}, []QuantWeight{{Name: attn + ".weight", Tensors: weightfmt.Tensors{Weight: attn + ".weight", Scale: attn + ".weight_scale"}, Rows: 8, Cols: 16}}},
+		}, []Weight{{Name: attn + ".weight", Tensors: weightfmt.Tensors{Weight: attn + ".weight", Scale: attn + ".weight_scale"}, Rows: 8, Cols: 16}}},
 		{weightfmt.Int4Pack(32, safetensors.BF16), func(s shapedTensors) {
 			s.add(attn+".weight_packed", safetensors.I32, 8, 12)
 			s.add(attn+".weight_scale", safetensors.BF16, 8, 3)
 			s.add(attn+".weight_shape", safetensors.I64, 2)
 			s.bytes[attn+".weight_shape"] = binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 8), 96)
 			s.add("model.layers.1.mlp.gate.tid2eid", safetensors.I32, 64, 2) // a token table, no scale
-		}, []QuantWeight{{Name: attn + ".weight", Tensors: weightfmt.Tensors{Weight: attn + ".weight_packed", Scale: attn + ".weight_scale", Shape: attn + ".weight_shape"}, Rows: 8, Cols: 96}}},
+		}, []Weight{{Name: attn + ".weight", Tensors: weightfmt.Tensors{Weight: attn + ".weight_packed", Scale: attn + ".weight_scale", Shape: attn + ".weight_shape"}, Rows: 8, Cols: 96}}},
 		{weightfmt.NVFP4ModelOpt(), func(s shapedTensors) {
 			s.add(attn+".weight", safetensors.U8, 8, 16)
 			s.add(attn+".weight_scale", safetensors.F8E4M3, 8, 2)
 			s.add(attn+".weight_scale_2", safetensors.F32)
 			s.add(attn+".input_scale", safetensors.F32)
-		}, []QuantWeight{{Name: attn + ".weight", Tensors: weightfmt.Tensors{Weight: attn + ".weight", Scale: attn + ".weight_scale", Global: attn + ".weight_scale_2",
+		}, []Weight{{Name: attn + ".weight", Tensors: weightfmt.Tensors{Weight: attn + ".weight", Scale: attn + ".weight_scale", Global: attn + ".weight_scale_2",
 			Input: attn + ".input_scale"}, Input: attn + ".input_scale", Rows: 8, Cols: 32}}},
 	} {
 		s := newShaped()
@@ -74,15 +95,15 @@ func TestQuantisedWeightsFinds(t *testing.T) {
 		for i := range tc.want {
 			tc.want[i].Format = tc.f // each weight found carries the format it was found in
 		}
-		got, err := QuantisedWeights(s, tc.f, func(n string) bool { return strings.Contains(n, ".experts.") })
+		got, err := Find(s, tc.f, func(n string) bool { return strings.Contains(n, ".experts.") })
 		if err != nil {
 			t.Fatalf("%s: %v", tc.f, err)
 		}
-		if !slices.EqualFunc(got, tc.want, func(a, b QuantWeight) bool { return a == b }) {
+		if !slices.EqualFunc(got, tc.want, func(a, b Weight) bool { return a == b }) {
 			t.Errorf("%s: %+v, want %+v", tc.f, got, tc.want)
 		}
 	}
-	q := QuantWeight{Tensors: weightfmt.Tensors{Weight: "w_packed", Scale: "w_scale", Global: "g", Shape: "s"}, Input: "i"}
+	q := Weight{Tensors: weightfmt.Tensors{Weight: "w_packed", Scale: "w_scale", Global: "g", Shape: "s"}, Input: "i"}
 	if got := q.Dropped(); !slices.Equal(got, []string{"w_packed", "w_scale", "g", "s", "i"}) {
 		t.Errorf("Dropped %v", got)
 	}
@@ -138,7 +159,7 @@ func TestQuantisedWeightsRefusals(t *testing.T) {
 	} {
 		s := newShaped()
 		tc.build(s)
-		_, err := QuantisedWeights(s, tc.f, func(string) bool { return false })
+		_, err := Find(s, tc.f, func(string) bool { return false })
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
@@ -199,7 +220,7 @@ func TestMixedQuantisedWeights(t *testing.T) {
 			if got != tc.other {
 				t.Errorf("OtherFormat = %q, want %q", got, tc.other)
 			}
-			qs, err := MixedQuantisedWeights(s, tc.f, func(n string) bool { return strings.Contains(n, ".experts.") })
+			qs, err := FindMixed(s, tc.f, func(n string) bool { return strings.Contains(n, ".experts.") })
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,9 @@
-package family
+// Package quantweights finds a checkpoint's quantised weights outside the
+// experts a plan stacks (attention, dense MLPs, a shared expert left
+// unfused), each checked against the format it is stored in: what
+// convert --dtype dequantises and the byte proof predicts. A mixed-format
+// checkpoint's second format is found by its tensors (mixed.go).
+package quantweights
 
 import (
 	"encoding/binary"
@@ -6,15 +11,16 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// QuantWeight is one quantised weight of a checkpoint that is not among the
+// Weight is one quantised weight of a checkpoint that is not among the
 // experts a plan stacks (attention, dense MLPs, a shared expert left
 // unfused): what convert --dtype dequantises under its plain name, and the
 // stored tensors it drops.
-type QuantWeight struct {
+type Weight struct {
 	// Name is the plain name the dequantised weight takes ("x.weight"), as
 	// an unquantised checkpoint of the family names it.
 	Name string
@@ -26,14 +32,14 @@ type QuantWeight struct {
 	// weight runs with unquantised activations.
 	Input      string
 	Rows, Cols int64
-	// Format is how it is stored: the format QuantisedWeights was asked
-	// for (MixedQuantisedWeights: the experts' or the second one).
+	// Format is how it is stored: the format Find was asked
+	// for (FindMixed: the experts' or the second one).
 	Format weightfmt.Format
 }
 
 // Dropped lists the stored tensors that the dequantised weight replaces
 // (its weight tensor included), in a fixed order.
-func (q QuantWeight) Dropped() []string {
+func (q Weight) Dropped() []string {
 	var out []string
 	for _, n := range []string{q.Tensors.Weight, q.Tensors.Scale, q.Tensors.Global, q.Tensors.Shape, q.Input} {
 		if n != "" {
@@ -43,12 +49,12 @@ func (q QuantWeight) Dropped() []string {
 	return out
 }
 
-// maxQuantWeights bounds how many quantised weights QuantisedWeights lists:
+// maxQuantWeights bounds how many quantised weights Find lists:
 // the checkpoint's own tensor limit (checkpoint: 1,048,576) already bounds
 // it; this only keeps a listing from a hostile Tensors finite.
 const maxQuantWeights = 1 << 20
 
-// QuantisedWeights finds every weight of t stored in format f (a quantised
+// Find finds every weight of t stored in format f (a quantised
 // format, as the plan's Format gives it) whose tensors skip does not claim
 // (the experts a plan stacks: skip is given base names), in t's order: a
 // tensor of f's weight dtype named as f names a weight (x.weight,
@@ -59,14 +65,14 @@ const maxQuantWeights = 1 << 20
 // its scale (its values mean nothing alone), a weight that is not 2-D, a
 // plain name that is taken. Integer tensors of f's dtype without a scale
 // (token tables) are not weights and are left alone.
-func QuantisedWeights(t Tensors, f weightfmt.Format, skip func(string) bool) ([]QuantWeight, error) {
+func Find(t family.Tensors, f weightfmt.Format, skip func(string) bool) ([]Weight, error) {
 	sc, scaled := f.Scale()
 	if !scaled {
 		return nil, fmt.Errorf("%s weights are not quantised: nothing to dequantise", f)
 	}
 	wsuffix := strings.TrimPrefix(weightfmt.TensorsOf(f, "w").Weight, "w")
 	fp8 := f.DType() == safetensors.F8E4M3 || f.DType() == safetensors.F8E5M2
-	var out []QuantWeight
+	var out []Weight
 	for _, n := range t.Names() {
 		meta, ok := t.Lookup(n)
 		if !ok || meta.DType != f.DType() || skip(n) {
@@ -93,10 +99,10 @@ func QuantisedWeights(t Tensors, f weightfmt.Format, skip func(string) bool) ([]
 	return out, nil
 }
 
-// quantWeight checks one weight found by QuantisedWeights: weight meta and
+// quantWeight checks one weight found by Find: weight meta and
 // scale sm, ts its tensors named from the plain name plain.
-func quantWeight(t Tensors, f weightfmt.Format, sc weightfmt.Scale, plain string, ts weightfmt.Tensors, meta, sm TensorMeta) (QuantWeight, error) {
-	q := QuantWeight{Name: plain, Tensors: ts, Format: f}
+func quantWeight(t family.Tensors, f weightfmt.Format, sc weightfmt.Scale, plain string, ts weightfmt.Tensors, meta, sm family.TensorMeta) (Weight, error) {
+	q := Weight{Name: plain, Tensors: ts, Format: f}
 	if _, taken := t.Lookup(plain); taken && plain != ts.Weight {
 		return q, fmt.Errorf("tensor %s is stored both plain and as %s %s: moeprep cannot tell which to keep", plain, f, ts.Weight)
 	}
@@ -143,14 +149,14 @@ func quantWeight(t Tensors, f weightfmt.Format, sc weightfmt.Scale, plain string
 
 // packedWidth reads compressed-tensors' weight_shape tensor name (I64 [2],
 // [rows, cols]) and returns cols, checking rows; without the tensor bytes
-// (a Tensors that is not a TensorBytes) the tensor's dtype and shape are
+// (a Tensors that is not a family.TensorBytes) the tensor's dtype and shape are
 // still checked and the width is refused.
-func packedWidth(t Tensors, name string, rows int64) (int64, error) {
+func packedWidth(t family.Tensors, name string, rows int64) (int64, error) {
 	meta, ok := t.Lookup(name)
 	if !ok || meta.DType != safetensors.I64 || !slices.Equal(meta.Shape, []int64{2}) {
 		return 0, fmt.Errorf("tensor %s: missing or not I64 [2] (compressed-tensors' unpacked [out, in])", name)
 	}
-	tb, ok := t.(TensorBytes)
+	tb, ok := t.(family.TensorBytes)
 	if !ok {
 		return 0, fmt.Errorf("tensor %s: its values cannot be read here", name)
 	}
@@ -177,4 +183,12 @@ func oneElement(shape []int64) bool {
 		}
 	}
 	return true
+}
+
+// maxShapeBytes bounds what packedWidth reads of a weight_shape tensor.
+const maxShapeBytes = 64
+
+// shapeString writes a shape as the planner's messages do: [2,3].
+func shapeString(s []int64) string {
+	return strings.ReplaceAll(fmt.Sprint(s), " ", ",")
 }

@@ -1,8 +1,9 @@
-package family
+package quantweights
 
 import (
 	"strings"
 
+	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -40,7 +41,7 @@ var secondFormats = []struct {
 // that some weight of t is stored in (a tensor of its weight dtype named
 // as it names weights, with its scale tensor beside it, of its scale
 // dtype). ok is false for a checkpoint of one format.
-func OtherFormat(t Tensors, f weightfmt.Format) (other weightfmt.Format, ok bool) {
+func OtherFormat(t family.Tensors, f weightfmt.Format) (other weightfmt.Format, ok bool) {
 	naming := ""
 	if n, is := f.(weightfmt.Named); is {
 		naming = n.Naming()
@@ -64,7 +65,7 @@ func OtherFormat(t Tensors, f weightfmt.Format) (other weightfmt.Format, ok bool
 
 // storesAny reports whether some weight of t is stored in format f, its
 // scale of f's dtype and shape rank beside it.
-func storesAny(t Tensors, f weightfmt.Format) bool {
+func storesAny(t family.Tensors, f weightfmt.Format) bool {
 	sc, _ := f.Scale()
 	wsuffix := strings.TrimPrefix(weightfmt.TensorsOf(f, "w").Weight, "w")
 	for _, n := range t.Names() {
@@ -84,18 +85,18 @@ func storesAny(t Tensors, f weightfmt.Format) bool {
 	return false
 }
 
-// MixedQuantisedWeights is QuantisedWeights of f, then, for a mixed-format
+// FindMixed is Find of f, then, for a mixed-format
 // checkpoint, of its OtherFormat over what f's weights leave: every
 // quantised weight outside skip, each with the format it is stored in
-// (QuantWeight.Format).
-func MixedQuantisedWeights(t Tensors, f weightfmt.Format, skip func(string) bool) ([]QuantWeight, error) {
+// (Weight.Format).
+func FindMixed(t family.Tensors, f weightfmt.Format, skip func(string) bool) ([]Weight, error) {
 	other, mixed := OtherFormat(t, f)
 	if !mixed {
-		return QuantisedWeights(t, f, skip)
+		return Find(t, f, skip)
 	}
 	// f's weights first (the experts' FP4, whose scale tensors may be of an
 	// FP8 dtype, NVFP4's E4M3), then the second format's among the rest.
-	first, err := QuantisedWeights(t, f, skip)
+	first, err := Find(t, f, skip)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +106,7 @@ func MixedQuantisedWeights(t Tensors, f weightfmt.Format, skip func(string) bool
 			taken[n] = true
 		}
 	}
-	second, err := QuantisedWeights(t, other, func(n string) bool { return taken[n] || skip(n) })
+	second, err := Find(t, other, func(n string) bool { return taken[n] || skip(n) })
 	if err != nil {
 		return nil, err
 	}
