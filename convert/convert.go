@@ -120,10 +120,24 @@ func planRun(o *Options, ck *checkpoint.Checkpoint, src, dst string) (*run, erro
 		// quantised weights left for it to describe.
 		others = slices.DeleteFunc(others, func(f string) bool { return filepath.ToSlash(f) == checkpoint.HFQuantConfigFileName })
 	}
+	others, excluded, err := applyExclude(o.Exclude, others, append(slices.Clone(ck.WeightFiles), checkpoint.ConfigFileName))
+	if err != nil {
+		return nil, err
+	}
+	// The contract records what was left out on purpose, file by file, so
+	// that the byte proof tells it from a file lost by accident.
+	op.contract.ExcludedFiles = excluded
+	notices := fp.Notices
+	for _, n := range weightFolderNotices(src, others, ck.TotalBytes()) {
+		if o.Notice != nil {
+			o.Notice(n)
+		}
+		notices = append(slices.Clone(notices), n)
+	}
 	if err := checkCollisions(src, others, op); err != nil {
 		return nil, err
 	}
-	return &run{o: o, ck: ck, op: op, src: src, dst: dst, partial: dst + PartialSuffix, others: others, notices: fp.Notices}, nil
+	return &run{o: o, ck: ck, op: op, src: src, dst: dst, partial: dst + PartialSuffix, others: others, excluded: excluded, notices: notices}, nil
 }
 
 // diskFull makes a full disk say so in the one-line error.
@@ -172,7 +186,8 @@ type run struct {
 	src, dst string
 	partial  string
 	others   []string
-	notices  []string // family.Plan.Notices of SRC
+	excluded []string // SRC's files --exclude left out, slash-separated
+	notices  []string // family.Plan.Notices of SRC, and the copied folders that hold weights
 	prog     *progressState
 	lock     *partialDir // DST.partial, locked from preparePartial until the run returns
 	reused   atomic.Int64
@@ -238,7 +253,7 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 	if err := w.finish(files, unsynced); err != nil {
 		return nil, err
 	}
-	sum := &Summary{Dst: w.dst, Layout: string(w.o.Layout), Orientation: string(w.op.contract.Orientation), Files: len(files) + 1, Shards: len(w.op.shards),
+	sum := &Summary{Dst: w.dst, Copied: copiedFiles(w.src, w.others), Excluded: w.excluded, Layout: string(w.o.Layout), Orientation: string(w.op.contract.Orientation), Files: len(files) + 1, Shards: len(w.op.shards),
 		ReusedShards: int(w.reused.Load()), Folded: w.op.contract.RoutedScalingFactorFolded,
 		FoldMaxRelChange: w.op.contract.FoldMaxRelChange, FusedShared: w.op.contract.NumFusedSharedExperts,
 		SharedRequantized: requantizedInto(w.op.contract)}

@@ -30,8 +30,12 @@ type Plan struct {
 	SharedRequantized string      `json:"shared_requantized,omitempty"`
 	Shards            []PlanShard `json:"shards"`
 	CopiedFiles       int         `json:"copied_files"`
-	ReadBytes         int64       `json:"read_bytes"`  // from SRC: every tensor once, every copied file
-	WriteBytes        int64       `json:"write_bytes"` // shards and copies (the index, config and manifest are a few MB more)
+	// Copied are the files copied as they are, largest first; Excluded
+	// those --exclude leaves out (slash-separated, relative to SRC).
+	Copied     []CopiedFile `json:"copied"`
+	Excluded   []string     `json:"excluded_files,omitempty"`
+	ReadBytes  int64        `json:"read_bytes"`  // from SRC: every tensor once, every copied file
+	WriteBytes int64        `json:"write_bytes"` // shards and copies (the index, config and manifest are a few MB more)
 	// FreeBytes is the space available on DST's file system, -1 unknown.
 	FreeBytes int64 `json:"free_bytes"`
 	Fits      bool  `json:"fits"`
@@ -52,6 +56,12 @@ type Plan struct {
 	DequantizedTensors int    `json:"dequantized_tensors,omitempty"`
 	// Notices: as Summary's.
 	Notices []string `json:"notices,omitempty"`
+}
+
+// CopiedFile is a file of SRC copied as it is, with its size.
+type CopiedFile struct {
+	Path  string `json:"path"`
+	Bytes int64  `json:"bytes"`
 }
 
 // PlanShard is one output shard of the plan.
@@ -84,12 +94,12 @@ func DryRun(ctx context.Context, o Options) (*Plan, error) {
 		p.WriteBytes += s.size
 	}
 	p.ReadBytes = w.ck.TotalBytes()
-	for _, f := range w.others {
-		if st, err := os.Stat(filepath.Join(w.src, f)); err == nil {
-			p.ReadBytes += st.Size()
-			p.WriteBytes += st.Size()
-		}
+	p.Copied = copiedFiles(w.src, w.others)
+	for _, c := range p.Copied {
+		p.ReadBytes += c.Bytes
+		p.WriteBytes += c.Bytes
 	}
+	p.Excluded = w.excluded
 	p.FreeBytes = freeBytes(nearestDir(w.dst))
 	p.Fits = p.FreeBytes < 0 || p.FreeBytes >= p.WriteBytes
 	largest, size := "", int64(-1)

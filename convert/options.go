@@ -47,6 +47,10 @@ type Options struct {
 	// DType ("" keeps quantised weights as they are): dequantise every
 	// quantised weight of the source into BF16, F16 or F32 (dequant.go).
 	DType safetensors.DType
+	// Exclude are path.Match patterns of SRC's files (or folders) not to
+	// copy: "original", "metal/*", "*.gguf". The weights and config.json
+	// cannot be excluded; a pattern that names nothing is refused.
+	Exclude []string
 
 	MaxShardSize int64            // 0 means DefaultMaxShardSize
 	Jobs         int              // 0 means DefaultJobs
@@ -64,8 +68,12 @@ type Options struct {
 
 // Summary is what a finished run reports (--json prints it).
 type Summary struct {
-	Dst    string `json:"dst"`
-	Layout string `json:"layout"`
+	Dst string `json:"dst"`
+	// Copied are SRC's files copied as they are, largest first; Excluded
+	// those --exclude left out (both as Plan's).
+	Copied   []CopiedFile `json:"copied"`
+	Excluded []string     `json:"excluded_files,omitempty"`
+	Layout   string       `json:"layout"`
 	// Orientation is "in-out" when the stacks are transposed; absent: out-in.
 	Orientation      string  `json:"orientation,omitempty"`
 	Files            int     `json:"files"`

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"path"
 	"reflect"
 	"strings"
 
@@ -67,6 +68,10 @@ type Contract struct {
 	SharedSlotWeight      float64 `json:"shared_slot_weight"`       // 1.0 when folded, 1/rsf otherwise
 
 	RoutedScalingFactor float64 `json:"routed_scaling_factor"` // the source's, unchanged
+	// ExcludedFiles are SRC's files (slash-separated, relative to SRC)
+	// that convert --exclude left out of DST on purpose; every other file
+	// of SRC besides its weights is copied. Absent: none.
+	ExcludedFiles []string `json:"excluded_files,omitempty"`
 	// ZeroExperts is Z where the router also ranks Z zero-compute
 	// identity experts (LongCat-Flash's zero_expert_num): a slot whose id
 	// is E+z, past the bank, outputs its token's input, weighted and
@@ -419,6 +424,9 @@ func (c *Contract) AlignExperts() int { return c.BankSize() + c.ZeroExperts }
 
 // Check verifies the contract's internal consistency.
 func (c *Contract) Check() error {
+	if err := checkExcluded(c.ExcludedFiles); err != nil {
+		return err
+	}
 	switch {
 	case c.Version != ContractVersion:
 		return fmt.Errorf("moeprep contract version %d, this moeprep reads version %d", c.Version, ContractVersion)
@@ -612,4 +620,24 @@ func (c *Contract) Biases(li LayerInfo) (ExpertBiases, bool) {
 		return ExpertBiases{}, false
 	}
 	return BiasNames(c.Layout, li.Prefix), true
+}
+
+// maxExcludedFiles bounds excluded_files as the manifest bounds its files.
+const maxExcludedFiles = 262144
+
+// checkExcluded: excluded_files are plain relative paths inside SRC,
+// sorted, each once, bounded in count.
+func checkExcluded(files []string) error {
+	if len(files) > maxExcludedFiles {
+		return fmt.Errorf("moeprep contract: excluded_files has %d entries, over the limit of %d", len(files), maxExcludedFiles)
+	}
+	for i, f := range files {
+		if f == "" || path.IsAbs(f) || path.Clean(f) != f || f == "." || strings.HasPrefix(f, "../") || f == ".." || strings.Contains(f, "\\") {
+			return fmt.Errorf("moeprep contract: excluded_files[%d] %q is not a plain relative path", i, f)
+		}
+		if i > 0 && files[i-1] >= f {
+			return fmt.Errorf("moeprep contract: excluded_files is not sorted and unique at %q", f)
+		}
+	}
+	return nil
 }

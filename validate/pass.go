@@ -500,6 +500,7 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 	}
 	s.rechecked, s.reread = proof.Rechecked, proof.Reread
 	rep.Bytes = res
+	s.noteExcluded(rep)
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
@@ -86,7 +87,24 @@ func (s *session) checkBytes(ctx context.Context, rep *Report) error {
 		return err
 	}
 	rep.Bytes = res
+	s.noteExcluded(rep)
 	return nil
+}
+
+// noteExcluded says in the report which of SRC's files DST leaves out on
+// purpose (convert --exclude, the contract's excluded_files), so a reader
+// of a passing proof knows the copy is not all of SRC.
+func (s *session) noteExcluded(rep *Report) {
+	if s.contract == nil || len(s.contract.ExcludedFiles) == 0 {
+		return
+	}
+	files := s.contract.ExcludedFiles
+	more := ""
+	if len(files) > 5 {
+		files, more = files[:5], fmt.Sprintf(" and %d more", len(s.contract.ExcludedFiles)-5)
+	}
+	rep.Notes = append(rep.Notes, fmt.Sprintf("DST leaves out %d of SRC's files on purpose (convert --exclude; the contract's excluded_files): %s%s",
+		len(s.contract.ExcludedFiles), strings.Join(files, ", "), more))
 }
 
 func (s *session) open() error {

@@ -13,6 +13,7 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/internal/progress"
+	"github.com/moeprep/moeprep/internal/termsafe"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -29,6 +30,7 @@ type convertFlags struct {
 	bufferedIO       bool
 	quiet            bool
 	revision         string
+	exclude          []string
 	report           reportFlags
 }
 
@@ -41,6 +43,7 @@ const (
 func (f *convertFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	revisionFlag(cmd, &f.revision)
+	fl.StringArrayVar(&f.exclude, "exclude", nil, "leave out SRC's files or folders matching `GLOB` (repeatable): 'original', 'metal/*', '*.gguf'; never the weights or config.json; the contract records each file left out")
 	fl.StringVar(&f.layout, "layout", "stacked", "expert layout: stacked (all_gate/all_up [E,I,H], all_down [E,H,I]), gate-up (gate_up_proj [E,2I,H], gate rows first) or up-gate (up rows first); ungated experts (Nemotron-H) are stacked only, all_up and all_down")
 	fl.StringVar(&f.orientation, "orientation", string(layout.OutIn), "each expert matrix in the stacks: out-in ([out,in] as nn.Linear holds it: all_gate [E,I,H]) or in-out (its transpose, for x @ W: all_gate [E,H,I], all_down [E,I,H], gate_up_proj [E,H,2I]; FP8 scale grids transposed with them; not for formats packed along a row: INT4, NVFP4, MXFP4)")
 	fl.StringVar(&f.maxShard, "max-shard-size", "5GB", "largest output shard, e.g. 5GB, 500MB, 2GiB (GB = 10^9 bytes, GiB = 2^30)")
@@ -100,7 +103,7 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	if err := checkOutputPath(f.report.output, src, dst); err != nil {
 		return convert.Options{}, err
 	}
-	return convert.Options{Src: src, Dst: dst, Layout: l, Orientation: orient, MaxShardSize: size, Jobs: f.jobs, Digest: digest,
+	return convert.Options{Src: src, Dst: dst, Layout: l, Orientation: orient, MaxShardSize: size, Jobs: f.jobs, Digest: digest, Exclude: f.exclude,
 		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, DType: dtype, Tool: "moeprep " + versionString()}, nil
 }
 
@@ -182,6 +185,11 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 		if _, err := fmt.Fprintln(w, msg); err != nil {
 			return err
 		}
+		if l := copiedLine(s.Copied, s.Excluded); l != "" {
+			if _, err := fmt.Fprintln(w, l); err != nil {
+				return err
+			}
+		}
 		_, err := fmt.Fprintf(w, "next: moeprep validate %s %s   # prove it computes what the source does\n", shellQuote(o.Src), shellQuote(o.Dst))
 		if err == nil {
 			_, err = fmt.Fprintln(w, loadStep(s, o))
@@ -233,6 +241,9 @@ func printPlan(w io.Writer, label string, p *convert.Plan) error {
 		fmt.Fprintf(&b, "    %-36s %10s  %s\n", s.Name, human.Bytes(s.Bytes), human.Count(s.Tensors, "tensor"))
 	}
 	fmt.Fprintf(&b, "  read %s from SRC, write %s to DST (%s copied as they are)\n", human.Bytes(p.ReadBytes), human.Bytes(p.WriteBytes), human.Count(p.CopiedFiles, "other file"))
+	if l := copiedLine(p.Copied, p.Excluded); l != "" {
+		b.WriteString("  " + l + "\n")
+	}
 	switch {
 	case p.FreeBytes < 0:
 		fmt.Fprintf(&b, "  disk: %s needed; the free space of DST's file system could not be read\n", human.Bytes(p.WriteBytes))
@@ -390,4 +401,40 @@ blocks, or is stored unlike the routed experts without --requantize-shared.`,
 	cmd.Flags().StringVar(&foldScaling, "fold-scaling", "auto", "where routed_scaling_factor goes: auto, down or none")
 	cmd.Flags().BoolVar(&requantize, "requantize-shared", false, "where the shared expert is stored unlike the routed experts (Kimi-K2: BF16 beside INT4), quantise it into their format by that format's own rule (INT4 group or channel, FP8 blocks, channel or tensor); refused otherwise")
 	return cmd
+}
+
+// copiedLine names the files copied as they are, largest first (the first
+// few; --json lists all), and what --exclude left out: so nothing large
+// rides along unnoticed.
+func copiedLine(copied []convert.CopiedFile, excluded []string) string {
+	const shown = 4
+	var parts []string
+	var total int64
+	for _, c := range copied {
+		total += c.Bytes
+	}
+	if len(copied) > 0 {
+		names := make([]string, 0, shown)
+		for i, c := range copied {
+			if i == shown {
+				names = append(names, fmt.Sprintf("%d more", len(copied)-shown))
+				break
+			}
+			names = append(names, fmt.Sprintf("%s %s", termsafe.Escape(c.Path), human.Bytes(c.Bytes)))
+		}
+		parts = append(parts, fmt.Sprintf("copied %s, %s: %s", human.Count(len(copied), "file"), human.Bytes(total), strings.Join(names, ", ")))
+	}
+	if len(excluded) > 0 {
+		names := excluded
+		more := ""
+		if len(names) > shown {
+			names, more = names[:shown], fmt.Sprintf(", %d more", len(excluded)-shown)
+		}
+		esc := make([]string, len(names))
+		for i, n := range names {
+			esc[i] = termsafe.Escape(n)
+		}
+		parts = append(parts, fmt.Sprintf("excluded %s: %s%s", human.Count(len(excluded), "file"), strings.Join(esc, ", "), more))
+	}
+	return strings.Join(parts, "; ")
 }

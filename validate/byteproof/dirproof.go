@@ -181,12 +181,27 @@ func checkCopiesListed(src *checkpoint.Checkpoint, dstDir string, man *layout.Ma
 		return nil, nil, err
 	}
 	copies := map[string]bool{}
+	// Files convert --exclude left out on purpose, as the contract lists
+	// them: each must be SRC's and absent from DST; any other file of SRC
+	// missing from DST is still a failure.
+	excluded := map[string]bool{}
+	for _, f := range c.ExcludedFiles {
+		excluded[f] = true
+	}
 	for _, f := range others {
 		if !copiedDequant(c, f) {
 			continue // a dequantised DST has no hf_quant_config.json; listed, it fails below
 		}
 		rel := filepath.ToSlash(f)
 		p := filepath.Join(dstDir, f)
+		if excluded[rel] {
+			delete(excluded, rel)
+			if _, listed := man.Files[rel]; listed {
+				return nil, &ByteMismatch{Kind: MismatchFile, File: p, Layer: -1, Expert: -1,
+					Detail: fmt.Sprintf("the contract's excluded_files names %s, but DST's manifest lists it", rel)}, nil
+			}
+			continue
+		}
 		switch _, listed := man.Files[rel]; {
 		case ours[rel]:
 			return nil, &ByteMismatch{Kind: MismatchFile, File: p, Layer: -1, Expert: -1,
@@ -196,6 +211,10 @@ func checkCopiesListed(src *checkpoint.Checkpoint, dstDir string, man *layout.Ma
 				Detail: fmt.Sprintf("SRC has %s and DST does not: moeprep copies every file of SRC besides its weights and config.json", rel)}, nil
 		}
 		copies[rel] = true
+	}
+	for _, rel := range sortedKeys(excluded) {
+		return nil, &ByteMismatch{Kind: MismatchContract, File: filepath.Join(dstDir, "config.json"), Layer: -1, Expert: -1,
+			Detail: fmt.Sprintf("the contract's excluded_files names %s, which is no file of SRC that moeprep copies", rel)}, nil
 	}
 	for _, rel := range sortedKeys(man.Files) {
 		if !ours[rel] && !copies[rel] {
