@@ -45,7 +45,7 @@ func resolveDirs(srcIn, dstIn string) (src, dst string, err error) {
 	if st, err := os.Lstat(dst); err == nil && st.Mode()&fs.ModeSymlink != 0 {
 		return "", "", fmt.Errorf("%s: is a symbolic link; give the directory it points to, or a new path, as the destination", dstIn)
 	}
-	parent, err := filepath.EvalSymlinks(filepath.Dir(dst))
+	parent, err := resolveExisting(filepath.Dir(dst))
 	if err != nil {
 		return "", "", fmt.Errorf("%s: cannot create the output directory: %w", dstIn, unwrapPath(err))
 	}
@@ -63,6 +63,41 @@ func resolveDirs(srcIn, dstIn string) (src, dst string, err error) {
 	return src, dst, nil
 }
 
+// resolveExisting resolves the links of dir's longest existing prefix and
+// joins the rest, which the run creates (as rclone and hf download
+// --local-dir do): a DST whose parents do not exist yet is fine. The prefix
+// must be a directory.
+func resolveExisting(dir string) (string, error) {
+	var missing []string
+	for p := dir; ; p = filepath.Dir(p) {
+		r, err := filepath.EvalSymlinks(p)
+		if err == nil {
+			if st, err := os.Stat(r); err != nil || !st.IsDir() {
+				return "", fmt.Errorf("%s: not a directory", p)
+			}
+			for i := len(missing) - 1; i >= 0; i-- {
+				r = filepath.Join(r, missing[i])
+			}
+			return r, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) || filepath.Dir(p) == p || len(missing) > 64 {
+			return "", err
+		}
+		missing = append(missing, filepath.Base(p))
+	}
+}
+
+// emptyDir reports whether path is a directory holding nothing (a link is
+// not one).
+func emptyDir(path string) bool {
+	st, err := os.Lstat(path)
+	if err != nil || !st.IsDir() {
+		return false
+	}
+	entries, err := os.ReadDir(path)
+	return err == nil && len(entries) == 0
+}
+
 // checkReplaceable refuses an existing DST that --force may not replace:
 // anything but an empty directory or a complete moeprep output.
 func checkReplaceable(dst, dstIn string, force bool) error {
@@ -74,6 +109,9 @@ func checkReplaceable(dst, dstIn string, force bool) error {
 		return fmt.Errorf("%s: cannot create the output directory: %w", dstIn, unwrapPath(err))
 	}
 	if !force {
+		if emptyDir(dst) {
+			return nil // nothing in it to lose: an empty DST is taken, as rclone takes one
+		}
 		return fmt.Errorf("%s: already exists; remove it, choose another destination, or use --force to replace an earlier moeprep output", dstIn)
 	}
 	if !st.IsDir() {
@@ -156,6 +194,10 @@ func errBusy(path string) error {
 // name the locked directory, since another run may have renamed or removed
 // it in between.
 func lockPartial(path string) (pd *partialDir, created bool, err error) {
+	// DST's parents may not exist yet (resolveDirs allows it).
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, false, fmt.Errorf("cannot create the output directory's parent %s: %w", filepath.Dir(path), unwrapPath(err))
+	}
 	for try := 0; try < 3; try++ {
 		created = false
 		err := os.Mkdir(path, 0o755)
@@ -242,6 +284,13 @@ func (p *partialDir) clear() error {
 // moment leaves neither.
 func install(partial, dst, dstIn string, force bool) error {
 	var old string
+	if emptyDir(dst) {
+		// Remove refuses a directory that is no longer empty: nothing
+		// written there since the check is lost.
+		if err := os.Remove(dst); err != nil {
+			return fmt.Errorf("%s: was empty, now cannot be replaced: %w", dstIn, unwrapPath(err))
+		}
+	}
 	if _, err := os.Lstat(dst); err == nil {
 		if err := checkReplaceable(dst, dstIn, force); err != nil {
 			return err
