@@ -170,7 +170,7 @@ func TestPlanRefusesBrokenCheckpoints(t *testing.T) {
 
 		// config.json values.
 		{"unknown model_type", mixtralGen().with(map[string]any{"model_type": "llama"}), nil,
-			`=config.json: model_type "llama" is not supported (supported: afmoe, axk1, axk2, cohere2_moe, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, deepseek_v4, diffusion_gemma_text, dots1, ernie4_5_moe, exaone_moe, flex_olmo, gemma4_text, glm4_moe, glm4_moe_lite, glm_moe_dsa, gpt_oss, granitemoe, granitemoe_swa, granitemoehybrid, granitemoeshared, hunyuan_v1_moe, hy_v3, hy_v4, inkling_text, jamba, kimi_k2, kimi_linear, laguna, lfm2_moe, llama4_text, longcat_flash, mellum, mimo_v2_flash, minimax, minimax_m2, mistral4, mixtral, nemotron_h, olmoe, phimoe, qwen2_moe, qwen3_moe, qwen3_next, solar_open, step3p5)`},
+			"=config.json: model_type \"llama\" is not supported; did you mean llama4 or llama4_text? (`moeprep --help` lists the 48 text model types and 16 wrappers moeprep reads)"},
 		{"multimodal text_config", mixtralGen().with(map[string]any{"model_type": "kimi_vl", "text_config": map[string]any{"model_type": "deepseek_v3"}}), nil,
 			"configs with the language model under text_config are not supported"},
 		{"missing model_type", mixtralGen().with(map[string]any{"model_type": nil}), nil,

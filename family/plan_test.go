@@ -325,7 +325,7 @@ func TestRegistry(t *testing.T) {
 	if f.ModelTypes()[0] != "deepseek_v2" {
 		t.Error("ModelTypes exposes the family's own slice")
 	}
-	if _, err := Lookup("llama"); err == nil || err.Error() != `config.json: model_type "llama" is not supported (supported: afmoe, axk1, axk2, cohere2_moe, dbrx, deepseek_v2, deepseek_v3, deepseek_v32, deepseek_v4, diffusion_gemma_text, dots1, ernie4_5_moe, exaone_moe, flex_olmo, gemma4_text, glm4_moe, glm4_moe_lite, glm_moe_dsa, gpt_oss, granitemoe, granitemoe_swa, granitemoehybrid, granitemoeshared, hunyuan_v1_moe, hy_v3, hy_v4, inkling_text, jamba, kimi_k2, kimi_linear, laguna, lfm2_moe, llama4_text, longcat_flash, mellum, mimo_v2_flash, minimax, minimax_m2, mistral4, mixtral, nemotron_h, olmoe, phimoe, qwen2_moe, qwen3_moe, qwen3_next, solar_open, step3p5)` {
+	if _, err := Lookup("llama"); err == nil || err.Error() != "config.json: model_type \"llama\" is not supported; did you mean llama4 or llama4_text? (`moeprep --help` lists the 48 text model types and 16 wrappers moeprep reads)" {
 		t.Errorf("Lookup(llama) error = %v", err)
 	}
 }
@@ -372,6 +372,21 @@ func TestUnsupportedFamiliesNameTheirReason(t *testing.T) {
 		_, err := Lookup(mt)
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), mt) {
 			t.Errorf("%s: %v", mt, err)
+		}
+	}
+}
+
+// A dense model's config (no key names experts) is told so, not listed
+// the 48 model types moeprep reads.
+func TestDenseModelRefusal(t *testing.T) {
+	for _, cfg := range []map[string]any{
+		{"model_type": "llama", "hidden_size": 4096.0, "num_hidden_layers": 32.0, "intermediate_size": 11008.0},
+		{"model_type": "qwen2", "hidden_size": 64.0},
+	} {
+		_, err := Detect(cfg, &fakeTensors{meta: map[string]TensorMeta{}})
+		want := fmt.Sprintf("config.json: model_type %q is a dense model (its config names no experts): it has no MoE layers for moeprep to prepare; serve it as it is", cfg["model_type"])
+		if err == nil || err.Error() != want {
+			t.Errorf("%v: got %v, want %s", cfg["model_type"], err, want)
 		}
 	}
 }

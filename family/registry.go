@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/moeprep/moeprep/internal/suggest"
 )
 
 // families lists every supported family, in the order All reports them.
@@ -96,8 +98,28 @@ func lookup(modelType string) (*spec, error) {
 		return nil, fmt.Errorf("config.json: model_type %q is the text model of the %s wrapper, which moeprep plans inside the wrapper's checkpoint (config.json model_type %s, the text model under %s), the layout transformers saves and the hub ships; a text model saved alone may lay out its experts otherwise and is not read",
 			modelType, w.modelType, w.modelType, w.textKey)
 	}
-	return nil, fmt.Errorf("config.json: model_type %q is not supported (supported: %s)",
-		modelType, strings.Join(SupportedModelTypes(), ", "))
+	// The closest names, not all 48: the full list is in --help.
+	known := append(SupportedModelTypes(), SupportedWrappers()...)
+	return nil, fmt.Errorf("config.json: model_type %q is not supported%s (`moeprep --help` lists the %d text model types and %d wrappers moeprep reads)",
+		modelType, suggest.Phrase(modelType, known), len(SupportedModelTypes()), len(SupportedWrappers()))
+}
+
+// namesExperts reports whether a config says anything of experts: a key
+// naming them, at the top or in a nested text or language config. A
+// config that does not is a dense model, with nothing for moeprep to do.
+func namesExperts(config map[string]any) bool {
+	for _, m := range []any{config, config["text_config"], config["language_config"], config["llm_config"]} {
+		c, ok := m.(map[string]any)
+		if !ok {
+			continue
+		}
+		for k := range c {
+			if strings.Contains(strings.ToLower(k), "expert") || strings.HasPrefix(k, "moe_") || k == "ffn_config" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // wrapperHolding is the multimodal wrapper whose text config names
@@ -139,6 +161,9 @@ func modelType(config map[string]any) (string, error) {
 		return mt, nil
 	}
 	if _, err := lookup(mt); err != nil {
+		if unsupported[mt] == "" && wrapperHolding(mt) == nil && !namesExperts(config) {
+			return "", fmt.Errorf("config.json: model_type %q is a dense model (its config names no experts): it has no MoE layers for moeprep to prepare; serve it as it is", mt)
+		}
 		// A model type refused for a reason of its own is named with it alone.
 		if _, nested := config["text_config"].(map[string]any); nested && unsupported[mt] == "" {
 			return "", fmt.Errorf("%w; configs with the language model under text_config are not supported except the multimodal wrappers %s",
