@@ -391,12 +391,41 @@ func WriteText(w io.Writer, s *Summary) error {
 			rows = append(rows, [2]string{"dequantised", fmt.Sprintf("to %s (%s): %s", d.DType, d.Rounding, strings.Join(from, ", "))})
 		}
 	}
+	if s.Contract == nil {
+		rows = append(rows, [2]string{"next", nextStep(s)})
+	}
 	for _, r := range rows {
 		if _, err := fmt.Fprintf(w, "%-16s %s\n", r[0]+":", r[1]); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// nextStep says what to run on a source checkpoint: fuse-shared where its
+// shared expert can be fused (as far as the plan shows: a checkpoint may
+// still be refused for what fuse-shared checks), else convert to the
+// layout transformers 5 loads as it is.
+func nextStep(s *Summary) string {
+	dir := s.Dir
+	if strings.ContainsAny(dir, " '\"$`\\") {
+		dir = "'" + strings.ReplaceAll(dir, "'", `'\''`) + "'"
+	}
+	fusable := s.NumSharedExperts > 0 && !s.SharedGated && !s.SharedRouted && slices.Contains(family.FuseSharedModelTypes(), s.ModelType)
+	if fusable {
+		return fmt.Sprintf("moeprep fuse-shared --tp 8 %s OUT (the shared expert fuses), or convert --layout gate-up (transformers 5 loads it)", dir)
+	}
+	why := "it has no shared expert"
+	switch {
+	case s.NumSharedExperts == 0:
+	case s.SharedGated:
+		why = "its shared expert is gated per token"
+	case s.SharedRouted:
+		why = "the router weights its shared experts per token"
+	default:
+		why = "its family's shared expert is not fused"
+	}
+	return fmt.Sprintf("moeprep convert --layout gate-up %s OUT (transformers 5 loads it; fuse-shared does not apply: %s)", dir, why)
 }
 
 // LayerActivation is a layer whose activations differ from the

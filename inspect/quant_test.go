@@ -114,3 +114,30 @@ func TestQuantisedWrapperDescriptions(t *testing.T) {
 		})
 	}
 }
+
+// inspect ends with what to run next on a source checkpoint: fuse-shared
+// where its shared expert fuses, else convert, saying why not.
+func TestInspectNextStep(t *testing.T) {
+	for _, tc := range []struct{ dir, want string }{
+		{"deepseek-v3-bf16", "next:            moeprep fuse-shared --tp 8 ../fixtures/hf/deepseek-v3-bf16 OUT (the shared expert fuses), or convert --layout gate-up (transformers 5 loads it)"},
+		{"qwen2-moe", "next:            moeprep convert --layout gate-up ../fixtures/hf/qwen2-moe OUT (transformers 5 loads it; fuse-shared does not apply: its shared expert is gated per token)"},
+		{"mixtral", "fuse-shared does not apply: it has no shared expert)"},
+	} {
+		c, err := checkpoint.Open(filepath.Join("..", "fixtures", "hf", tc.dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := Summarize(c)
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		if err := WriteText(&b, s); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), tc.want) {
+			t.Errorf("%s: no %q in\n%s", tc.dir, tc.want, b.String())
+		}
+	}
+}
