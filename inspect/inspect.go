@@ -412,8 +412,12 @@ func nextStep(s *Summary) string {
 		dir = "'" + strings.ReplaceAll(dir, "'", `'\''`) + "'"
 	}
 	fusable := s.NumSharedExperts > 0 && !s.SharedGated && !s.SharedRouted && slices.Contains(family.FuseSharedModelTypes(), s.ModelType)
+	loads := "transformers 5 loads it"
+	if !layout.LoadsInTransformers(s.ModelType) {
+		loads = "a loader maps it: README, Using the output"
+	}
 	if fusable {
-		return fmt.Sprintf("moeprep fuse-shared --tp 8 %s OUT (the shared expert fuses), or convert --layout gate-up (transformers 5 loads it)", dir)
+		return fmt.Sprintf("moeprep fuse-shared --tp 8 %s OUT (the shared expert fuses), or convert --layout gate-up (%s)", dir, loads)
 	}
 	why := "it has no shared expert"
 	switch {
@@ -425,7 +429,7 @@ func nextStep(s *Summary) string {
 	default:
 		why = "its family's shared expert is not fused"
 	}
-	return fmt.Sprintf("moeprep convert --layout gate-up %s OUT (transformers 5 loads it; fuse-shared does not apply: %s)", dir, why)
+	return fmt.Sprintf("moeprep convert --layout gate-up %s OUT (%s; fuse-shared does not apply: %s)", dir, loads, why)
 }
 
 // LayerActivation is a layer whose activations differ from the

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -201,9 +203,10 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 // loadStep is the line after next: how to load what was written, where a
 // library loads it as it is, else where to read what an engine must do.
 func loadStep(s *convert.Summary, o convert.Options) string {
-	if s.Layout == string(layout.GateUp) && (s.Orientation == "" || s.Orientation == string(layout.OutIn)) && !o.FuseShared {
-		// transformers 5's MoE modules hold gate_up_proj/down_proj: checked
-		// with identical logits by scripts/gpu-interop.sh (bf16 fixtures).
+	if s.Layout == string(layout.GateUp) && (s.Orientation == "" || s.Orientation == string(layout.OutIn)) && !o.FuseShared &&
+		layout.LoadsInTransformers(sourceModelType(o.Src)) {
+		// transformers 5's MoE modules hold gate_up_proj/down_proj for these
+		// families: checked with identical logits by scripts/gpu-interop.sh.
 		return fmt.Sprintf("then: python3 -c \"import transformers as t; t.AutoModelForCausalLM.from_pretrained(%s)\"   # transformers 5 loads it as it is", pyQuote(o.Dst))
 	}
 	return fmt.Sprintf("then: README \"Using the output\": who loads layout %s, and what a loader must do", s.Layout)
@@ -437,4 +440,20 @@ func copiedLine(copied []convert.CopiedFile, excluded []string) string {
 		parts = append(parts, fmt.Sprintf("excluded %s: %s%s", human.Count(len(excluded), "file"), strings.Join(esc, ", "), more))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// sourceModelType is SRC's config.json model_type, "" when it cannot be
+// read (the run read it already; this only picks the next-step line).
+func sourceModelType(src string) string {
+	b, err := os.ReadFile(filepath.Join(src, "config.json"))
+	if err != nil || len(b) > 16<<20 {
+		return ""
+	}
+	var c struct {
+		ModelType string `json:"model_type"`
+	}
+	if json.Unmarshal(b, &c) != nil {
+		return ""
+	}
+	return c.ModelType
 }
