@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/xml"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,67 @@ import (
 
 	"github.com/moeprep/moeprep/internal/testkit"
 )
+
+// checkJUnitSchema holds a document to what the JUnit XML schema CI
+// systems read (Jenkins' junit-10.xsd, which GitHub's and GitLab's
+// reporters follow) requires of it: a testsuites root; each testsuite with
+// name, tests, failures, errors and time, its counts equal to its cases;
+// each testcase with classname, name and time; at most one failure or
+// skipped element in a case, a failure with a message.
+func checkJUnitSchema(t *testing.T, b []byte) {
+	t.Helper()
+	type cas struct {
+		Attrs   []xml.Attr `xml:",any,attr"`
+		Failure []struct {
+			Message string `xml:"message,attr"`
+		} `xml:"failure"`
+		Skipped []struct{} `xml:"skipped"`
+	}
+	var doc struct {
+		XMLName xml.Name
+		Suites  []struct {
+			Attrs []xml.Attr `xml:",any,attr"`
+			Cases []cas      `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("not XML: %v", err)
+	}
+	if doc.XMLName.Local != "testsuites" || len(doc.Suites) == 0 {
+		t.Fatalf("root %q with %d suites, want testsuites with at least one", doc.XMLName.Local, len(doc.Suites))
+	}
+	attrs := func(as []xml.Attr) map[string]string {
+		m := map[string]string{}
+		for _, a := range as {
+			m[a.Name.Local] = a.Value
+		}
+		return m
+	}
+	for _, s := range doc.Suites {
+		a := attrs(s.Attrs)
+		for _, k := range []string{"name", "tests", "failures", "errors", "time"} {
+			if _, ok := a[k]; !ok {
+				t.Errorf("testsuite lacks %s", k)
+			}
+		}
+		fails := 0
+		for _, c := range s.Cases {
+			ca := attrs(c.Attrs)
+			for _, k := range []string{"classname", "name", "time"} {
+				if ca[k] == "" {
+					t.Errorf("testcase %v lacks %s", ca, k)
+				}
+			}
+			if len(c.Failure)+len(c.Skipped) > 1 || len(c.Failure) == 1 && c.Failure[0].Message == "" {
+				t.Errorf("testcase %v: %d failures, %d skipped", ca, len(c.Failure), len(c.Skipped))
+			}
+			fails += len(c.Failure)
+		}
+		if a["tests"] != fmt.Sprint(len(s.Cases)) || a["failures"] != fmt.Sprint(fails) || a["errors"] != "0" {
+			t.Errorf("testsuite counts %v, cases %d, failures %d", a, len(s.Cases), fails)
+		}
+	}
+}
 
 // junitDoc is what a CI system reads of --junit's file.
 type junitDoc struct {
@@ -40,6 +102,7 @@ func TestValidateJUnit(t *testing.T) {
 	read := func() junitDoc {
 		t.Helper()
 		var d junitDoc
+		checkJUnitSchema(t, testkit.ReadFile(t, junit))
 		if err := xml.Unmarshal(testkit.ReadFile(t, junit), &d); err != nil {
 			t.Fatal(err)
 		}
