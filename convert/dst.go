@@ -112,6 +112,10 @@ func checkReplaceable(dst, dstIn string, force bool) error {
 		if emptyDir(dst) {
 			return nil // nothing in it to lose: an empty DST is taken, as rclone takes one
 		}
+		if _, err := os.Lstat(filepath.Join(dst, layout.ManifestFileName)); err == nil {
+			// Most likely this very run, finished before: say how to check it.
+			return fmt.Errorf("%s: already exists and is moeprep output; --resume checks it against this run's plan (exit 0 when it is complete), --force writes it again", dstIn)
+		}
 		return fmt.Errorf("%s: already exists; remove it, choose another destination, or use --force to replace an earlier moeprep output", dstIn)
 	}
 	if !st.IsDir() {

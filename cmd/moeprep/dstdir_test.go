@@ -49,4 +49,12 @@ func TestConvertDestinations(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(empty, "config.json")); err != nil {
 		t.Errorf("the empty DST was not filled: %v", err)
 	}
+	// Rerunning a finished convert says how to check it instead.
+	code, _, errOut := runCLI(t, "convert", "-q", src, empty)
+	if code != 2 || !strings.Contains(errOut, "already exists and is moeprep output; --resume checks it against this run's plan") {
+		t.Errorf("rerun: exit %d, %s", code, errOut)
+	}
+	if code, out, errOut := runCLI(t, "convert", "--resume", src, empty); code != 0 || !strings.Contains(out, "is already complete") {
+		t.Errorf("--resume of the finished run: exit %d\n%s\n%s", code, out, errOut)
+	}
 }
