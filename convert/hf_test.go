@@ -135,15 +135,7 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 		if name == "" {
 			return nil // an ungated MLP's gate
 		}
-		tt, ok := ck.Tensor(name)
-		if !ok {
-			t.Fatalf("source lacks %s", name)
-		}
-		b, err := tt.ReadAll()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
+		return cktest.Bytes(t, ck, name)
 	}
 	fp8 := c.Quantized()
 	I, H := int64(fp.MoEIntermediateSize), int64(fp.HiddenSize)

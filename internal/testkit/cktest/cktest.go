@@ -62,3 +62,30 @@ func (m Mem) Bytes(name string) []byte {
 	}
 	return b
 }
+
+// Source is anything tests read tensors from by name: a *checkpoint.Checkpoint,
+// a Mem, validate's tensor sources.
+type Source interface {
+	Tensor(name string) (*checkpoint.Tensor, bool)
+}
+
+// ReadAll is tn's bytes; a read error fails t.
+func ReadAll(t testing.TB, tn *checkpoint.Tensor) []byte {
+	t.Helper()
+	b, err := tn.ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Bytes is tensor name's bytes in src; a missing tensor or a read error
+// fails t.
+func Bytes(t testing.TB, src Source, name string) []byte {
+	t.Helper()
+	tn, ok := src.Tensor(name)
+	if !ok {
+		t.Fatalf("no tensor %s", name)
+	}
+	return ReadAll(t, tn)
+}
