@@ -135,6 +135,16 @@ type dstMutation struct {
 	mutate        func(t *testing.T, dst string)
 }
 
+// apply writes the mutation's fixture from specs, converts it and corrupts
+// the copy: SRC and the corrupted DST.
+func (m dstMutation) apply(t *testing.T, specs map[string]fixtures.SynthSpec) (src, dst string) {
+	t.Helper()
+	src = synthFrom(t, specs, m.fixture)
+	dst = convertInto(t, src, m.o)
+	m.mutate(t, dst)
+	return src, dst
+}
+
 // mutationsFail runs validate on device with each byte mode on every
 // mutation (or on those named only): each must fail the run, not make the
 // input unusable.
@@ -155,9 +165,7 @@ func mutationsRun(t *testing.T, specs map[string]fixtures.SynthSpec, cases []dst
 			continue
 		}
 		t.Run(tc.name, func(t *testing.T) {
-			src := synthFrom(t, specs, tc.fixture)
-			dst := convertInto(t, src, tc.o)
-			tc.mutate(t, dst)
+			src, dst := tc.apply(t, specs)
 			for _, bytes := range byteModes {
 				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Device: device, Bytes: bytes})
 				if err != nil {
