@@ -13,6 +13,7 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/judge"
 )
@@ -31,11 +32,7 @@ func synthFrom(t *testing.T, specs map[string]fixtures.SynthSpec, name string) s
 	if !ok {
 		t.Fatalf("no synth spec %q", name)
 	}
-	dir := filepath.Join(t.TempDir(), name)
-	if _, err := fixtures.Write(context.Background(), dir, spec, fixtures.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return cktest.WriteSpec(t, filepath.Join(t.TempDir(), name), spec)
 }
 
 // conversionsPass converts src with each of runs, validates each output on
