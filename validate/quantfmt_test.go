@@ -2,9 +2,7 @@ package validate
 
 import (
 	"context"
-	"encoding/json"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -87,15 +85,7 @@ func specsPass(t *testing.T, specs map[string]fixtures.SynthSpec, runs, fused []
 // readConfig is dir's config.json, decoded.
 func readConfig(t *testing.T, dir string) map[string]any {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	return cfg
+	return testkit.ReadJSON(t, filepath.Join(dir, "config.json"))
 }
 
 // readContract is the moeprep contract in dir's config.json.
