@@ -43,14 +43,7 @@ func TestTorchAndSafetensorsAgree(t *testing.T) {
 			if ta.DType != tb.DType || !slices.Equal(ta.Shape, tb.Shape) {
 				t.Fatalf("%s: %s %v vs %s %v", ta.Name, ta.DType, ta.Shape, tb.DType, tb.Shape)
 			}
-			ba, err := ta.ReadAll()
-			if err != nil {
-				t.Fatal(err)
-			}
-			bb, err := tb.ReadAll()
-			if err != nil {
-				t.Fatal(err)
-			}
+			ba, bb := readAll(t, ta), readAll(t, tb)
 			if !bytes.Equal(ba, bb) {
 				t.Fatalf("%s: bytes differ between %s and %s", ta.Name, p.st, p.torch)
 			}
@@ -158,4 +151,15 @@ func TestOpenErrors(t *testing.T) {
 	if _, err := Open(single); err == nil || !strings.Contains(err.Error(), "not a directory") {
 		t.Errorf("a file as checkpoint dir: %v", err)
 	}
+}
+
+// readAll is tn's bytes; a read error fails t (cktest.ReadAll, which
+// checkpoint's own tests cannot import).
+func readAll(t *testing.T, tn *Tensor) []byte {
+	t.Helper()
+	b, err := tn.ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -2,6 +2,7 @@ package convert
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/fixtures/hf"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
@@ -18,63 +20,30 @@ import (
 
 // TestHFFixtures converts every committed HF fixture (fixtures/hf/*/config.json)
 // with each layout and, where the family has a shared expert, fuse-shared.
-// wantHF lists the committed fixtures, so the test fails when one goes missing.
-var wantHF = []string{"deepseek-v2-lite", "deepseek-v3-bf16", "deepseek-v3-fp8", "mixtral",
-	"mixtral-bin-sharded", "qwen2-moe", "qwen3-moe", "qwen3-moe-bin",
-	// issue 11's families (fixtures/hf/export_families.py)
-	"afmoe", "cohere2-moe", "ernie4-5-moe", "exaone-moe", "glm4-moe", "glm4-moe-lite", "hy-v3", "jamba",
-	"minimax", "minimax-m2", "olmoe", "qwen3-next", "granitemoe", "granitemoe-swa", "granitemoeshared", "phimoe", "llama4-text", "gpt-oss", "deepseek-v4", "deepseek-v4-fp8", "ernie4-5-moe-bias", "inkling-text",
-	"afmoe-fp8", "ernie4-5-moe-fp8", "exaone-moe-fp8", "glm4-moe-fp8", "glm4-moe-lite-fp8", "hy-v3-fp8",
-	// issue 30's multimodal wrappers (fixtures/hf/export_wrappers.py)
-	"qwen3-5-moe", "llama4", "kimi-k25", "qwen3-vl-moe", "glm4v-moe",
-	// issue 30's families (fixtures/hf/export_families.py)
-	"dots1", "hunyuan-v1-moe", "lfm2-moe", "solar-open", "mimo-v2-flash", "dbrx",
-	// issue 30's later families and wrappers, written by transformers 5.17
-	"flex-olmo", "mellum", "granitemoehybrid", "axk1", "axk2", "deepseek-v32", "glm-moe-dsa", "laguna",
-	"qwen4-exp", "qwen3-omni-moe", "aria", "minimax-m3-vl", "deepseek-ocr2", "glm5-next", "kimi-linear", "mistral4",
-	// Inkling's multimodal model, which transformers 5.17 saves in the hub's
-	// layout: w13_weight with each expert's gate and up rows interleaved
-	"inkling-mm-model",
-	// Step-3.7 as transformers 5.17 saves it (the hub's names): experts
-	// stacked one tensor per projection, per-layer activations
-	"step3p7",
-	// HY-V4: stacked experts clamped, the shared MLP plain SwiGLU
-	"hy-v4",
-	// Gemma 4: the MoE block hangs off the decoder layer, two inputs (the
-	// router's and the experts' norms), per_expert_scale, GeGLU; bare and
-	// in its multimodal wrapper
-	"gemma4-text", "gemma4",
-	// DiffusionGemma: Gemma 4's MoE layers, the encoder's tied to the
-	// decoder's (one copy saved, model.decoder.layers.L)
-	"diffusion-gemma",
-	// LongCat-Flash: the router ranks zero-compute identity experts with the
-	// routed ones; the zero-compute experts' unused gate and up carried
-	"longcat-flash",
-	// Nemotron-H: ungated relu2 experts (up and down only) under
-	// backbone.layers.L.mixer, Mamba-2, attention and MLP blocks carried
-	"nemotron-h", "ernie4-5-vl-moe"}
-
-// wantHFLowBit are issue 29's low-bit variants (fixtures/hf/export_lowbit.py).
-// This file's byte model knows bf16 and FP8 128x128 blocks only; their bytes
-// are proven by validate's byte proof in validate's
+// The fixtures index (fixtures/hf/index.go) lists the committed fixtures, so
+// the test fails when one goes missing.
+//
+// Issue 29's low-bit variants (hf.Fixture.LowBit: FP8 per tensor or channel,
+// INT4, NVFP4, MXFP4): this file's byte model knows bf16 and FP8 128x128
+// blocks only; their bytes are proven by validate's byte proof in validate's
 // TestValidateCorrectConversions, with transformers' goldens, in every
 // layout. Here they are converted in every layout and must succeed.
-var wantHFLowBit = []string{"deepseek-v3-fp8-tensor", "deepseek-v3-int4", "deepseek-v3-nvfp4", "gpt-oss-mxfp4",
-	"qwen3-moe-fp8-channel"}
+// hfDir holds the HF fixtures.
+var hfDir = filepath.Join("..", "fixtures", "hf")
 
 func TestHFFixtures(t *testing.T) {
-	dirs, _ := filepath.Glob(filepath.Join("..", "fixtures", "hf", "*", "config.json"))
+	dirs, _ := filepath.Glob(filepath.Join(hfDir, "*", "config.json"))
 	found := map[string]bool{}
 	for _, c := range dirs {
 		found[filepath.Base(filepath.Dir(c))] = true
 	}
-	for _, w := range slices.Concat(wantHF, wantHFLowBit) {
-		if !found[w] {
-			t.Errorf("HF fixture %s is missing", w)
+	for _, fx := range hf.All() {
+		if !found[fx.Dir] {
+			t.Errorf("HF fixture %s is missing", fx.Dir)
 		}
 	}
-	if len(dirs) != len(wantHF)+len(wantHFLowBit) {
-		t.Errorf("found %d HF fixtures, wantHF and wantHFLowBit list %d: keep them in step", len(dirs), len(wantHF)+len(wantHFLowBit))
+	if len(dirs) != len(hf.All()) {
+		t.Errorf("found %d HF fixtures, the index lists %d: keep them in step", len(dirs), len(hf.All()))
 	}
 	for _, c := range dirs {
 		checkHFFixture(t, filepath.Dir(c))
@@ -85,6 +54,13 @@ func TestHFFixtures(t *testing.T) {
 // against the source through the family plan (no knowledge of the generator).
 func checkHFFixture(t *testing.T, src string) {
 	fp := cktest.Plan(t, src)
+	// An HF fixture's row in the fixtures index says which layouts convert
+	// takes; the other sources (synth presets, hand-made wrappers) have none.
+	fx, inIndex := hf.Lookup(filepath.Base(src))
+	if filepath.Dir(src) == hfDir && !inIndex {
+		t.Fatalf("%s has no row in the fixtures index", src)
+	}
+	inIndex = inIndex && filepath.Dir(src) == hfDir
 	runs := []Options{{}, {Layout: layout.GateUp}, {Layout: layout.UpGate}}
 	if fp.NumSharedExperts > 0 && !fp.SharedGated {
 		fold := Options{FuseShared: true, TP: 1, FoldScaling: "down", Layout: layout.GateUp}
@@ -99,6 +75,10 @@ func checkHFFixture(t *testing.T, src string) {
 			dst := filepath.Join(t.TempDir(), fmt.Sprint("out", i))
 			o.Src, o.Dst = src, dst
 			sum, err := Convert(context.Background(), o)
+			lay := cmp.Or(o.Layout, layout.Stacked)
+			if inIndex && !o.FuseShared && slices.Contains(fx.Layouts, string(lay)) != (err == nil) {
+				t.Errorf("--layout %s: %v, but the fixtures index lists layouts %v", lay, err, fx.Layouts)
+			}
 			if o.Layout.Fused() && fp.Act.Ungated() {
 				// Nemotron-H: no gate rows to fuse, refused in one line naming the way out
 				if err == nil || !strings.Contains(err.Error(), "no gate rows to fuse") || !strings.Contains(err.Error(), "--layout stacked") {
@@ -147,8 +127,8 @@ func checkHFFixture(t *testing.T, src string) {
 				}
 				t.Fatal(err)
 			}
-			if slices.Contains(wantHFLowBit, filepath.Base(src)) {
-				return // validate proves these bytes (see wantHFLowBit)
+			if inIndex && fx.LowBit() {
+				return // validate proves these bytes (see TestHFFixtures)
 			}
 			verifyAgainstPlan(t, src, dst, o, sum)
 		})
@@ -166,15 +146,7 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 		if name == "" {
 			return nil // an ungated MLP's gate
 		}
-		tt, ok := ck.Tensor(name)
-		if !ok {
-			t.Fatalf("source lacks %s", name)
-		}
-		b, err := tt.ReadAll()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
+		return cktest.Bytes(t, ck, name)
 	}
 	fp8 := c.Quantized()
 	I, H := int64(fp.MoEIntermediateSize), int64(fp.HiddenSize)

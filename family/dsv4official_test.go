@@ -1,14 +1,13 @@
 package family_test
 
 import (
-	"context"
 	"path/filepath"
 	"testing"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
-	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -31,19 +30,8 @@ func TestDeepSeekV4OfficialLayout(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.preset, func(t *testing.T) {
-			dir := filepath.Join(t.TempDir(), "src")
-			spec, err := fixtures.Preset(tc.preset)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := fixtures.Write(context.Background(), dir, spec, fixtures.Options{}); err != nil {
-				t.Fatal(err)
-			}
-			ck, err := checkpoint.Open(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ck.Close()
+			dir := cktest.WriteSpec(t, filepath.Join(t.TempDir(), "src"), cktest.Preset(t, tc.preset))
+			ck := cktest.Open(t, dir)
 			p, err := family.Detect(testkit.ReadJSON(t, filepath.Join(dir, "config.json")), ck)
 			if err != nil {
 				t.Fatal(err)

@@ -1,13 +1,12 @@
 package family
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -16,14 +15,7 @@ import (
 func ernieVLFixture(t *testing.T) (map[string]any, *fakeTensors) {
 	t.Helper()
 	d := filepath.Join("..", "fixtures", "hf", "ernie4-5-vl-moe")
-	b, err := os.ReadFile(filepath.Join(d, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
+	cfg := testkit.ReadJSON(t, filepath.Join(d, "config.json"))
 	sf, err := safetensors.Open(filepath.Join(d, "model.safetensors"))
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package family_test
 
 import (
-	"context"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -9,8 +8,8 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
-	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 )
 
 // explicitIgnore is the ignore list compressed-tensors'
@@ -41,20 +40,10 @@ func explicitIgnore(t *testing.T, ck *checkpoint.Checkpoint) []any {
 // as INT4. Resolved against layer-1 names only, no entry matched and the
 // BF16 shared expert was refused as "stored unpacked".
 func TestExplicitIgnoreListEveryLayer(t *testing.T) {
-	spec, err := fixtures.Preset("small-kimi-k2-int4")
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec := cktest.Preset(t, "small-kimi-k2-int4")
 	spec.DenseLayers, spec.Layers = 3, 5
-	dir := filepath.Join(t.TempDir(), "kimi-int4-dense3")
-	if _, err := fixtures.Write(context.Background(), dir, spec, fixtures.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	ck, err := checkpoint.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
+	dir := cktest.WriteSpec(t, filepath.Join(t.TempDir(), "kimi-int4-dense3"), spec)
+	ck := cktest.Open(t, dir)
 	ignore := explicitIgnore(t, ck)
 	if slices.ContainsFunc(ignore, func(e any) bool {
 		return strings.HasPrefix(e.(string), "model.layers.1.") && strings.Contains(e.(string), "shared")
@@ -113,14 +102,7 @@ func TestConflictingQuantFiles(t *testing.T) {
 		{"tiny-deepseek-v3-fp8", "config.json: quantization_config says fp8 128x128 block on the routed experts, shared expert, attention, dense MLP (unquantised: router), but hf_quant_config.json: quantization says modelopt nvfp4 (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router); the two files describe the weights differently"},
 	} {
 		t.Run(tc.preset, func(t *testing.T) {
-			spec, err := fixtures.Preset(tc.preset)
-			if err != nil {
-				t.Fatal(err)
-			}
-			dir := filepath.Join(t.TempDir(), tc.preset)
-			if _, err := fixtures.Write(context.Background(), dir, spec, fixtures.Options{}); err != nil {
-				t.Fatal(err)
-			}
+			dir := cktest.WritePreset(t, tc.preset)
 			testkit.WriteFile(t, filepath.Join(dir, "hf_quant_config.json"),
 				[]byte(`{"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16}}`))
 			ck, err := checkpoint.Open(dir)

@@ -2,15 +2,14 @@ package inspect
 
 import (
 	"bytes"
-	"context"
 	"maps"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/checkpoint"
-	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/internal/testkit/quantwrap"
 )
 
@@ -39,14 +38,7 @@ func TestQuantDescriptions(t *testing.T) {
 			"quantised:       hf_quant_config.json quantization: modelopt MIXED_PRECISION (nvfp4 (group 16) on the routed experts, shared expert; fp8 per-tensor on the attention, dense MLP) (unquantised: router)"},
 	} {
 		t.Run(tc.preset, func(t *testing.T) {
-			spec, err := fixtures.Preset(tc.preset)
-			if err != nil {
-				t.Fatal(err)
-			}
-			dir := filepath.Join(t.TempDir(), tc.preset)
-			if _, err := fixtures.Write(context.Background(), dir, spec, fixtures.Options{}); err != nil {
-				t.Fatal(err)
-			}
+			dir := cktest.WritePreset(t, tc.preset)
 			if tc.edit != nil {
 				testkit.EditJSON(t, filepath.Join(dir, "config.json"), tc.edit)
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/byteproof"
@@ -172,15 +173,7 @@ func configWithoutContract(t *testing.T, dir string) map[string]any {
 // enc. It fails t when the rewrite changes nothing.
 func redequant(t *testing.T, src, dst string, e int, ignoreScale bool, enc func(vals []float32) []byte) {
 	t.Helper()
-	ck, err := checkpoint.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
-	plan, err := ck.Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ck, plan := cktest.OpenPlanned(t, src)
 	f, err := plan.Format()
 	if err != nil {
 		t.Fatal(err)

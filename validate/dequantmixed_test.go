@@ -5,9 +5,9 @@ import (
 	"encoding/binary"
 	"testing"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/byteproof"
@@ -72,8 +72,8 @@ func TestDequantMixedFormats(t *testing.T) {
 			mustPass(t, rep, "mixed --dtype")
 			// Element 0 of the FP8 weight: its code times its scale's first
 			// entry, rounded once to the target dtype.
-			sck := openCk(t, src)
-			code, scale := tensorBytes(t, sck, tc.fp8), tensorBytes(t, sck, tc.fp8Scale)
+			sck := cktest.Open(t, src)
+			code, scale := cktest.Bytes(t, sck, tc.fp8), cktest.Bytes(t, sck, tc.fp8Scale)
 			st, _ := sck.Tensor(tc.fp8Scale)
 			s := make([]float32, 1)
 			sd := st.DType
@@ -91,8 +91,8 @@ func TestDequantMixedFormats(t *testing.T) {
 			case safetensors.F16:
 				want = numfmt.F32ToF16(exact)
 			}
-			dck := openCk(t, dst)
-			got := tensorBytes(t, dck, tc.fp8)
+			dck := cktest.Open(t, dst)
+			got := cktest.Bytes(t, dck, tc.fp8)
 			if v := binary.LittleEndian.Uint16(got); v != want {
 				t.Errorf("%s[0] = 0x%04x, want 0x%04x (E4M3 0x%02x x %g = %g rounded once)", tc.fp8, v, want, code[0], s[0], exact)
 			}
@@ -109,27 +109,4 @@ func TestDequantMixedFormats(t *testing.T) {
 			}
 		})
 	}
-}
-
-func openCk(t *testing.T, dir string) *checkpoint.Checkpoint {
-	t.Helper()
-	ck, err := checkpoint.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
-	return ck
-}
-
-func tensorBytes(t *testing.T, ck *checkpoint.Checkpoint, name string) []byte {
-	t.Helper()
-	tn, ok := ck.Tensor(name)
-	if !ok {
-		t.Fatalf("no tensor %s", name)
-	}
-	b, err := tn.ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/fixtures/hf"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
@@ -33,7 +34,13 @@ func TestGemma4GoldensNeedEveryPart(t *testing.T) {
 		{"no per-expert scale", func(_ *family.Plan, l *family.Layer) { l.ExpertScale = "" }},
 		{"SwiGLU", func(p *family.Plan, _ *family.Layer) { p.Act = layout.Activation{} }},
 	}
-	for _, fx := range []string{"gemma4-text", "gemma4", "diffusion-gemma"} {
+	// Every fixture whose goldens measure the decoder layer's MoE block:
+	// Gemma 4 bare, in its multimodal wrapper and DiffusionGemma's decoder.
+	atLayer := hf.Names(func(f hf.Fixture) bool { return f.Golden == hf.DecoderLayer })
+	if len(atLayer) < 3 {
+		t.Fatalf("the fixtures index has %d fixtures with decoder-layer goldens, want at least Gemma 4's three: %v", len(atLayer), atLayer)
+	}
+	for _, fx := range atLayer {
 		for _, e := range edits {
 			t.Run(fx+"/"+e.name, func(t *testing.T) {
 				src, ck, plan := openFixture(t, fx)

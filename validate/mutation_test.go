@@ -12,6 +12,7 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/fixtures/hf"
 	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/internal/testkit"
@@ -141,7 +142,7 @@ func conversionCases() []conv {
 	// Issue 29's low-bit variants (fixtures/hf/export_lowbit.py): every
 	// layout; fuse-shared where routed and shared experts share the format.
 	// gpt-oss-mxfp4's goldens are transformers' own MXFP4 dequantisation.
-	for _, f := range []string{"deepseek-v3-fp8-tensor", "deepseek-v3-int4", "deepseek-v3-nvfp4", "gpt-oss-mxfp4", "qwen3-moe-fp8-channel"} {
+	for _, f := range hf.Names(hf.Fixture.LowBit) {
 		for _, l := range lays {
 			cases = append(cases, conv{f, convert.Options{Layout: l}})
 		}

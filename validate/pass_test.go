@@ -270,9 +270,7 @@ func TestStreamedPassReadsOnceTransposedAndDequantised(t *testing.T) {
 func TestStreamedPassCatchesUntransposed(t *testing.T) {
 	for _, tc := range inOutMutations() {
 		t.Run(tc.name, func(t *testing.T) {
-			src := synthFrom(t, inOutSpecs(), tc.fixture)
-			dst := convertInto(t, src, tc.o)
-			tc.mutate(t, dst)
+			src, dst := tc.apply(t, inOutSpecs())
 			rep, _ := streamedRun(t, src, dst)
 			if rep.Bytes == nil || rep.Bytes.Pass || rep.Bytes.Mismatch == nil || rep.Bytes.Mismatch.Tensor == "" {
 				t.Fatalf("streamed proof: %+v, want a tensor's mismatch", rep.Bytes)

@@ -2,9 +2,7 @@ package validate
 
 import (
 	"context"
-	"encoding/json"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,6 +11,7 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/judge"
 )
@@ -31,11 +30,7 @@ func synthFrom(t *testing.T, specs map[string]fixtures.SynthSpec, name string) s
 	if !ok {
 		t.Fatalf("no synth spec %q", name)
 	}
-	dir := filepath.Join(t.TempDir(), name)
-	if _, err := fixtures.Write(context.Background(), dir, spec, fixtures.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return cktest.WriteSpec(t, filepath.Join(t.TempDir(), name), spec)
 }
 
 // conversionsPass converts src with each of runs, validates each output on
@@ -90,15 +85,7 @@ func specsPass(t *testing.T, specs map[string]fixtures.SynthSpec, runs, fused []
 // readConfig is dir's config.json, decoded.
 func readConfig(t *testing.T, dir string) map[string]any {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cfg map[string]any
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	return cfg
+	return testkit.ReadJSON(t, filepath.Join(dir, "config.json"))
 }
 
 // readContract is the moeprep contract in dir's config.json.
@@ -135,6 +122,16 @@ type dstMutation struct {
 	mutate        func(t *testing.T, dst string)
 }
 
+// apply writes the mutation's fixture from specs, converts it and corrupts
+// the copy: SRC and the corrupted DST.
+func (m dstMutation) apply(t *testing.T, specs map[string]fixtures.SynthSpec) (src, dst string) {
+	t.Helper()
+	src = synthFrom(t, specs, m.fixture)
+	dst = convertInto(t, src, m.o)
+	m.mutate(t, dst)
+	return src, dst
+}
+
 // mutationsFail runs validate on device with each byte mode on every
 // mutation (or on those named only): each must fail the run, not make the
 // input unusable.
@@ -155,9 +152,7 @@ func mutationsRun(t *testing.T, specs map[string]fixtures.SynthSpec, cases []dst
 			continue
 		}
 		t.Run(tc.name, func(t *testing.T) {
-			src := synthFrom(t, specs, tc.fixture)
-			dst := convertInto(t, src, tc.o)
-			tc.mutate(t, dst)
+			src, dst := tc.apply(t, specs)
 			for _, bytes := range byteModes {
 				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Device: device, Bytes: bytes})
 				if err != nil {

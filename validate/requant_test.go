@@ -469,9 +469,7 @@ func gpuRequantMutations() []dstMutation {
 func TestRequantSharedGPUMutationMargin(t *testing.T) {
 	for _, tc := range gpuRequantMutations() {
 		t.Run(tc.name, func(t *testing.T) {
-			src := synthFrom(t, requantSpecs(), tc.fixture)
-			dst := convertInto(t, src, tc.o)
-			tc.mutate(t, dst)
+			src, dst := tc.apply(t, requantSpecs())
 			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Device: DeviceCPU, Bytes: BytesOff})
 			if err != nil {
 				t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/fixtures/hf"
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 )
@@ -64,11 +65,11 @@ func TestFuseSharedHelpMatchesBehaviour(t *testing.T) {
 		}
 	}
 	dirs, _ := filepath.Glob(filepath.Join(fixturesDir, "*", "config.json"))
-	if len(dirs) < 20 {
-		t.Fatalf("only %d HF fixtures found", len(dirs))
+	if len(dirs) < 20 || len(dirs) != len(hf.All()) {
+		t.Fatalf("%d HF fixtures found, the fixtures index lists %d", len(dirs), len(hf.All()))
 	}
-	for _, cfg := range dirs {
-		dir := filepath.Dir(cfg)
+	for _, fx := range hf.All() {
+		dir := filepath.Join(fixturesDir, fx.Dir)
 		p := cktest.Plan(t, dir)
 		mt := p.ModelType // config.json's: a wrapper's own
 		if p.Wrapper != nil {
@@ -76,6 +77,9 @@ func TestFuseSharedHelpMatchesBehaviour(t *testing.T) {
 		}
 		listed := slices.Contains(fusable, mt)
 		code, _, stderr := runCLI(t, "fuse-shared", "-q", "--tp", "2", dir, filepath.Join(t.TempDir(), "out"))
+		if (code == 0) != fx.FuseShared {
+			t.Errorf("%s: fuse-shared exit %d, the fixtures index says fuse-shared allowed %v: %s", dir, code, fx.FuseShared, stderr)
+		}
 		switch {
 		case p.NumSharedExperts == 0:
 			if code == 0 {

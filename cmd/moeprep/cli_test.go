@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/fixtures/hf"
 	"github.com/moeprep/moeprep/internal/testkit"
 )
 
@@ -59,102 +60,16 @@ func TestInspectJSONOnHFFixtures(t *testing.T) {
 		Layers                                   []int
 		Tensors                                  int
 	}
-	tests := map[string]want{
-		"deepseek-v2-lite":    {"deepseek", "deepseek_v2", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{1, 2}, 83},
-		"deepseek-v3-bf16":    {"deepseek", "deepseek_v3", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 139},
-		"deepseek-v3-fp8":     {"deepseek", "deepseek_v3", "safetensors", "fp8_e4m3", "fp8_block_128x128", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 259},
-		"mixtral":             {"mixtral", "mixtral", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 65},
-		"mixtral-bin-sharded": {"mixtral", "mixtral", "torch", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 65},
-		"qwen2-moe":           {"qwen2_moe", "qwen2_moe", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 79},
-		"qwen3-moe":           {"qwen3_moe", "qwen3_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 80},
-		"qwen3-moe-bin":       {"qwen3_moe", "qwen3_moe", "torch", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 80},
-		// issue 11's families, written by fixtures/hf/export_families.py
-		"afmoe":             {"afmoe", "afmoe", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 1.5, []int{1, 2}, 97},
-		"cohere2-moe":       {"cohere2_moe", "cohere2_moe", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 69},
-		"ernie4-5-moe":      {"ernie4_5_moe", "ernie4_5_moe", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{1, 2}, 82},
-		"exaone-moe":        {"exaone_moe", "exaone_moe", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 136},
-		"glm4-moe":          {"deepseek", "glm4_moe", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 130},
-		"glm4-moe-lite":     {"glm4_moe_lite", "glm4_moe_lite", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 1.8, []int{1, 2}, 139},
-		"hy-v3":             {"hy_v3", "hy_v3", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "sigmoid", 2.826, []int{1, 2}, 88},
-		"jamba":             {"jamba", "jamba", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 3}, 107},
-		"minimax":           {"mixtral", "minimax", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 69},
-		"minimax-m2":        {"minimax_m2", "minimax_m2", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "sigmoid", 1, []int{0, 1}, 71},
-		"olmoe":             {"olmoe", "olmoe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 69},
-		"qwen3-next":        {"qwen2_moe", "qwen3_next", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1, 2, 3}, 154},
-		"phimoe":            {"phimoe", "phimoe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "sparsemixer", 1, []int{0, 1}, 70},
-		"granitemoe":        {"granitemoe", "granitemoe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 21},
-		"granitemoe-swa":    {"granitemoe_swa", "granitemoe_swa", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{0, 1}, 27},
-		"granitemoeshared":  {"granitemoe", "granitemoeshared", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 25},
-		"llama4-text":       {"llama4", "llama4_text", "safetensors", "bf16", "none", 8, 1, 1, 1, 1, "sigmoid", 1, []int{1, 3}, 45},
-		"gpt-oss":           {"gpt_oss", "gpt_oss", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 37},
-		"deepseek-v4":       {"deepseek_v4", "deepseek_v4", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "sqrtsoftplus", 1.5, []int{0, 1, 2}, 159},
-		"ernie4-5-moe-bias": {"ernie4_5_moe", "ernie4_5_moe", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{1, 2}, 104},
-		"inkling-text":      {"inkling_text", "inkling_text", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 2.5, []int{1, 2}, 66},
-		"deepseek-v4-fp8":   {"deepseek_v4", "deepseek_v4", "safetensors", "fp8_e4m3", "fp8_block_128x128", 8, 1, 2, 1, 1, "sqrtsoftplus", 1.5, []int{0, 1, 2}, 241},
-		"afmoe-fp8":         {"afmoe", "afmoe", "safetensors", "fp8_e4m3", "fp8_block_128x128", 8, 2, 2, 1, 1, "sigmoid", 1.5, []int{1, 2}, 169},
-		"ernie4-5-moe-fp8":  {"ernie4_5_moe", "ernie4_5_moe", "safetensors", "fp8_e4m3", "fp8_block_128x128", 8, 2, 2, 1, 1, "softmax", 1, []int{1, 2}, 151},
-		"exaone-moe-fp8":    {"exaone_moe", "exaone_moe", "safetensors", "fp8_e4m3", "fp8_block_128x128", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 253},
-		"glm4-moe-fp8":      {"deepseek", "glm4_moe", "safetensors", "fp8_e4m3", "fp8_block_128x128", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 247},
-		"glm4-moe-lite-fp8": {"glm4_moe_lite", "glm4_moe_lite", "safetensors", "fp8_e4m3", "fp8_block_128x128", 16, 1, 4, 4, 2, "sigmoid", 1.8, []int{1, 2}, 259},
-		"hy-v3-fp8":         {"hy_v3", "hy_v3", "safetensors", "fp8_e4m3", "fp8_block_128x128", 8, 1, 2, 1, 1, "sigmoid", 2.826, []int{1, 2}, 157},
-		// issue 30's families, written by fixtures/hf/export_families.py
-		"dots1":          {"dots1", "dots1", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 136},
-		"hunyuan-v1-moe": {"hunyuan_v1_moe", "hunyuan_v1_moe", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 75},
-		"lfm2-moe":       {"lfm2_moe", "lfm2_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "sigmoid", 1.5, []int{1, 2}, 76},
-		"solar-open":     {"solar_open", "solar_open", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{0, 1}, 121},
-		"dbrx":           {"dbrx", "dbrx", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 19},
-		"mimo-v2-flash":  {"mimo_v2_flash", "mimo_v2_flash", "safetensors", "bf16", "none", 16, 0, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 125},
-		// issue 29's low-bit variants, written by fixtures/hf/export_lowbit.py
-		"deepseek-v3-fp8-tensor": {"deepseek", "deepseek_v3", "safetensors", "fp8_e4m3", "fp8_tensor", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 259},
-		"deepseek-v3-int4":       {"deepseek", "kimi_k2", "safetensors", "I32", "int4_pack", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 331},
-		"deepseek-v3-nvfp4":      {"deepseek", "deepseek_v3", "safetensors", "U8", "nvfp4_modelopt", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 445},
-		"gpt-oss-mxfp4":          {"gpt_oss", "gpt_oss", "safetensors", "U8", "mxfp4", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 41},
-		"qwen3-moe-fp8-channel":  {"qwen3_moe", "qwen3_moe", "safetensors", "fp8_e4m3", "fp8_channel", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 143},
-		// issue 30's multimodal wrappers, written by fixtures/hf/export_wrappers.py:
-		// model_type is the wrapper's, the family its text model's
-		"qwen3-5-moe":  {"qwen3_5_moe", "qwen3_5_moe", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 101},
-		"llama4":       {"llama4", "llama4", "safetensors", "bf16", "none", 8, 1, 1, 1, 1, "sigmoid", 1, []int{1, 3}, 71},
-		"kimi-k25":     {"deepseek", "kimi_k25", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 161},
-		"qwen3-vl-moe": {"qwen3_vl_moe", "qwen3_vl_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 63},
-		"glm4v-moe":    {"deepseek", "glm4v_moe", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 159},
-		// issue 30's later families and wrappers, written by transformers 5.17
-		"flex-olmo":        {"flex_olmo", "flex_olmo", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1}, 69},
-		"mellum":           {"mellum", "mellum", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 80},
-		"granitemoehybrid": {"granitemoehybrid", "granitemoehybrid", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{0, 1}, 29},
-		"axk1":             {"axk1", "axk1", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 141},
-		"axk2":             {"axk2", "axk2", "safetensors", "bf16", "none", 16, 1, 4, 1, 1, "sigmoid", 2.5, []int{1, 2}, 164},
-		"deepseek-v32":     {"deepseek_v32", "deepseek_v32", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 154},
-		"glm-moe-dsa":      {"glm_moe_dsa", "glm_moe_dsa", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 149},
-		"laguna":           {"laguna", "laguna", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 1.5, []int{1, 2}, 91},
-		"qwen4-exp":        {"qwen4_exp", "qwen4_exp", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{0, 1}, 118},
-		"qwen3-omni-moe":   {"qwen3_omni_moe", "qwen3_omni_moe", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{1, 2}, 283},
-		"aria":             {"aria", "aria", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "softmax", 1, []int{0, 1}, 66},
-		"minimax-m3-vl":    {"minimax_m3", "minimax_m3_vl", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 2, []int{1}, 78},
-		"deepseek-ocr2":    {"deepseek_ocr2", "deepseek_ocr2", "safetensors", "bf16", "none", 16, 2, 4, 4, 2, "softmax", 1.5, []int{1, 2}, 185},
-		"glm5-next":        {"glm5_next", "glm5_next", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2, 3}, 281},
-		"kimi-linear":      {"kimi_linear", "kimi_linear", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 153},
-		// Inkling's multimodal model as transformers 5.17 saves it: the hub's
-		// layout, gate and up rows interleaved (w13_weight)
-		"inkling-mm-model": {"inkling_text", "inkling_mm_model", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 2.5, []int{1, 2}, 67},
-		"mistral4":         {"mistral4", "mistral4", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "softmax", 1.5, []int{1, 2}, 45},
-		"step3p7":          {"step3p5", "step3p7", "safetensors", "bf16", "none", 8, 2, 2, 1, 1, "sigmoid", 2, []int{1, 2, 3}, 89},
-		"hy-v4":            {"hy_v4", "hy_v4", "safetensors", "bf16", "none", 16, 1, 4, 4, 2, "sigmoid", 2.5, []int{1, 2}, 84},
-		// Gemma 4, bare and in its multimodal wrapper: every layer MoE, no shared expert
-		"gemma4-text": {"gemma4", "gemma4_text", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1, 2}, 69},
-		"gemma4":      {"gemma4", "gemma4", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1, 2}, 84},
-		// DiffusionGemma: the decoder's layers (the encoder's are tied to them)
-		// LongCat-Flash: 8 routed experts beside 4 zero-compute ones
-		"longcat-flash":   {"longcat_flash", "longcat_flash", "safetensors", "bf16", "none", 8, 0, 3, 1, 1, "softmax", 2, []int{0, 1}, 119},
-		"ernie4-5-vl-moe": {"ernie4_5_vl_moe", "ernie4_5_vl_moe", "safetensors", "bf16", "none", 8, 1, 2, 1, 1, "softmax", 1, []int{1, 2}, 161},
-		"diffusion-gemma": {"gemma4", "diffusion_gemma", "safetensors", "bf16", "none", 8, 0, 2, 1, 1, "softmax", 1, []int{0, 1, 2}, 90},
-		// Nemotron-H: ungated relu2 experts in a Mamba-2/attention/MLP/MoE hybrid
-		"nemotron-h": {"nemotron_h", "nemotron_h", "safetensors", "bf16", "none", 16, 2, 4, 4, 2, "sigmoid", 2.5, []int{1, 3}, 94},
-	}
 	dirs, _ := filepath.Glob(filepath.Join(fixturesDir, "*", "config.json"))
-	if len(dirs) != len(tests) {
-		t.Fatalf("found %d HF fixtures, the table knows %d: keep them in step", len(dirs), len(tests))
+	if len(dirs) != len(hf.All()) {
+		t.Fatalf("found %d HF fixtures, the index knows %d: keep them in step", len(dirs), len(hf.All()))
 	}
-	for name, w := range tests {
+	// inspect must report each fixture as its row in the index says
+	// (fixtures/hf/index.go; model_type is the wrapper's, the family its text
+	// model's).
+	for _, fx := range hf.All() {
+		name, w := fx.Dir, want{fx.Family, fx.ModelType, string(fx.Files), fx.DType, string(fx.Format), fx.Experts, fx.Shared,
+			fx.TopK, fx.NGroup, fx.TopKGroup, fx.Scoring, fx.RSF, fx.MoELayers, fx.Tensors}
 		t.Run(name, func(t *testing.T) {
 			code, stdout, stderr := runCLI(t, "inspect", "--json", filepath.Join(fixturesDir, name))
 			if code != 0 {

@@ -27,6 +27,24 @@ func (m handMLP) out(x [2]float32) [2]float64 {
 	return [2]float64{float64(m.down[0]) * h, float64(m.down[1]) * h}
 }
 
+// plusShared is want with the shared expert's output for token x added.
+func plusShared(want [2]float64, shared handMLP, x [2]float32) [2]float64 {
+	o := shared.out(x)
+	return [2]float64{want[0] + o[0], want[1] + o[1]}
+}
+
+// checkTokenY holds token tok's two outputs in y to want, within tol
+// relative (absolute below 1).
+func checkTokenY(t *testing.T, y []float32, tok int, want [2]float64, tol float64) {
+	t.Helper()
+	for h := range 2 {
+		got := float64(y[tok*2+h])
+		if math.Abs(got-want[h]) > tol*math.Max(1, math.Abs(want[h])) {
+			t.Errorf("token %d: y[%d] = %v, want %v", tok, h, got, want[h])
+		}
+	}
+}
+
 // handLayer is a two-expert softmax layer in F32 on a cktest.Mem, small
 // enough to check by hand: the router's rows are the experts' logits.
 func handLayer(router [2][2]float32, experts [2]handMLP, shared *handMLP, topK int, rsf float64) (cktest.Mem, *family.Plan, *family.Layer) {
@@ -121,16 +139,9 @@ func TestReferenceLayerByHand(t *testing.T) {
 					want[1] += w * tc.rsf * o[1]
 				}
 				if tc.shared {
-					o := shared.out(xt)
-					want[0] += o[0]
-					want[1] += o[1]
+					want = plusShared(want, shared, xt)
 				}
-				for h := range 2 {
-					got := float64(ref.Y[tok*2+h])
-					if math.Abs(got-want[h]) > 1e-6*math.Max(1, math.Abs(want[h])) {
-						t.Errorf("token %d: y[%d] = %v, want %v", tok, h, got, want[h])
-					}
-				}
+				checkTokenY(t, ref.Y, tok, want, 1e-6)
 			}
 		})
 	}
@@ -220,16 +231,9 @@ func TestFusedLayerByHand(t *testing.T) {
 				o := experts[tok].out(xt)
 				want := [2]float64{w[tok] * o[0], w[tok] * o[1]}
 				if tc.shared {
-					so := shared.out(xt)
-					want[0] += so[0]
-					want[1] += so[1]
+					want = plusShared(want, shared, xt)
 				}
-				for h := range 2 {
-					got := float64(res.Y[tok*2+h])
-					if math.Abs(got-want[h]) > 1e-5*math.Max(1, math.Abs(want[h])) {
-						t.Errorf("token %d: y[%d] = %v, want %v", tok, h, got, want[h])
-					}
-				}
+				checkTokenY(t, res.Y, tok, want, 1e-5)
 			}
 		})
 	}

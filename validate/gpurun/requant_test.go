@@ -183,19 +183,11 @@ func TestRequantisedSharedHostValues(t *testing.T) {
 // is byte for byte slices first..first+n-1 of stack name of dst.
 func sameSlotBytes(t *testing.T, src, dst tensorload.TensorSource, name, stack string, first, n int) {
 	t.Helper()
-	a, ok := src.Tensor(name)
-	b, ok2 := dst.Tensor(stack)
-	if !ok || !ok2 {
-		t.Fatalf("tensor %s or %s missing", name, stack)
+	b, ok := dst.Tensor(stack)
+	if !ok {
+		t.Fatalf("tensor %s missing", stack)
 	}
-	want, err := a.ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
-	all, err := b.ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
+	want, all := cktest.Bytes(t, src, name), cktest.ReadAll(t, b)
 	per := len(all) / int(b.Shape[0])
 	if per != len(want) {
 		t.Fatalf("%s: %d bytes a slice, %s %d", stack, per, name, len(want))
@@ -221,10 +213,7 @@ func TestRequantisedSharedNonFinite(t *testing.T) {
 	if !ok {
 		t.Fatal("no shared up")
 	}
-	raw, err := up.ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := cktest.ReadAll(t, up)
 	const bad = 1234
 	binary.LittleEndian.PutUint16(raw[2*bad:], numfmt.F32ToBF16(float32(math.Inf(-1))))
 	c := *up

@@ -1,15 +1,18 @@
 // Package cktest opens checkpoints for tests through moeprep's own reader
-// and planner: testkit's helpers that need them. Tests of checkpoint, of
+// and planner, and writes synth's presets: testkit's helpers that need them. Tests of checkpoint, of
 // family and of what they import cannot use it (an import cycle); the
 // rest (convert, validate, fixtures, cmd) can. Only tests import it.
 package cktest
 
 import (
 	"bytes"
+	"context"
+	"path/filepath"
 	"testing"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -61,4 +64,57 @@ func (m Mem) Bytes(name string) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// Source is anything tests read tensors from by name: a *checkpoint.Checkpoint,
+// a Mem, validate's tensor sources.
+type Source interface {
+	Tensor(name string) (*checkpoint.Tensor, bool)
+}
+
+// ReadAll is tn's bytes; a read error fails t.
+func ReadAll(t testing.TB, tn *checkpoint.Tensor) []byte {
+	t.Helper()
+	b, err := tn.ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Bytes is tensor name's bytes in src; a missing tensor or a read error
+// fails t.
+func Bytes(t testing.TB, src Source, name string) []byte {
+	t.Helper()
+	tn, ok := src.Tensor(name)
+	if !ok {
+		t.Fatalf("no tensor %s", name)
+	}
+	return ReadAll(t, tn)
+}
+
+// Preset is synth preset name's spec.
+func Preset(t testing.TB, name string) fixtures.SynthSpec {
+	t.Helper()
+	spec, err := fixtures.Preset(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}
+
+// WriteSpec writes spec into dir with synth's default options and returns dir.
+func WriteSpec(t testing.TB, dir string, spec fixtures.SynthSpec) string {
+	t.Helper()
+	if _, err := fixtures.Write(context.Background(), dir, spec, fixtures.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// WritePreset writes synth preset name into a temporary directory of that
+// name and returns it.
+func WritePreset(t testing.TB, name string) string {
+	t.Helper()
+	return WriteSpec(t, filepath.Join(t.TempDir(), name), Preset(t, name))
 }
