@@ -233,29 +233,29 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 				if c.Layout == layout.UpGate {
 					a, z, as, zs = u, g, us, gs
 				}
-				eqBytes(t, where+" gate/up", sliceOf(pick(names.GateUp), int64(b), int64(len(a)+len(z))), append(append([]byte{}, a...), z...))
+				eqBytes(t, where+" gate/up", sliceOf(pick(names.Weight(layout.ProjGateUp)), int64(b), int64(len(a)+len(z))), append(append([]byte{}, a...), z...))
 				if fp8 {
-					eqBytes(t, where+" gate/up scale", sliceOf(pick(names.GateUpScale), int64(b), int64(len(as)+len(zs))), append(append([]byte{}, as...), zs...))
+					eqBytes(t, where+" gate/up scale", sliceOf(pick(names.Get(layout.ProjGateUp, layout.RoleScale)), int64(b), int64(len(as)+len(zs))), append(append([]byte{}, as...), zs...))
 				}
 			} else {
-				if names.Gate == "" {
+				if names.Weight(layout.ProjGate) == "" {
 					// ungated: the source has no gate, the output no all_gate
 					if g != nil || !c.RoutedAct(layout.LayerInfo{Index: l.Index}).Ungated() {
 						t.Fatalf("%s: no gate stack named, yet the source has a gate or the contract's activation is gated", where)
 					}
-					if _, ok := out[strings.Replace(names.Up, ".all_up.", ".all_gate.", 1)]; ok {
+					if _, ok := out[strings.Replace(names.Weight(layout.ProjUp), ".all_up.", ".all_gate.", 1)]; ok {
 						t.Fatalf("%s: an ungated layer's output holds all_gate", where)
 					}
 				} else {
-					eqBytes(t, where+" gate", sliceOf(pick(names.Gate), int64(b), int64(len(g))), g)
+					eqBytes(t, where+" gate", sliceOf(pick(names.Weight(layout.ProjGate)), int64(b), int64(len(g))), g)
 				}
-				eqBytes(t, where+" up", sliceOf(pick(names.Up), int64(b), int64(len(u))), u)
+				eqBytes(t, where+" up", sliceOf(pick(names.Weight(layout.ProjUp)), int64(b), int64(len(u))), u)
 				if fp8 {
-					eqBytes(t, where+" gate scale", sliceOf(pick(names.GateScale), int64(b), int64(len(gs))), gs)
-					eqBytes(t, where+" up scale", sliceOf(pick(names.UpScale), int64(b), int64(len(us))), us)
+					eqBytes(t, where+" gate scale", sliceOf(pick(names.Get(layout.ProjGate, layout.RoleScale)), int64(b), int64(len(gs))), gs)
+					eqBytes(t, where+" up scale", sliceOf(pick(names.Get(layout.ProjUp, layout.RoleScale)), int64(b), int64(len(us))), us)
 				}
 			}
-			gotD := sliceOf(pick(names.Down), int64(b), int64(len(d)))
+			gotD := sliceOf(pick(names.Weight(layout.ProjDown)), int64(b), int64(len(d)))
 			if folded && !fp8 {
 				eqFolded(t, where+" down", gotD, d, fp.WeightDType, c.RoutedScalingFactor)
 			} else {
@@ -277,7 +277,7 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 				eqBytes(t, where+" down bias", sliceOf(pick(bn.Down), int64(b), int64(len(db))), db)
 			}
 			if fp8 {
-				gotS := sliceOf(pick(names.DownScale), int64(b), int64(len(ds)))
+				gotS := sliceOf(pick(names.Get(layout.ProjDown, layout.RoleScale)), int64(b), int64(len(ds)))
 				if folded {
 					eqFolded(t, where+" down scale", gotS, ds, safetensors.F32, c.RoutedScalingFactor)
 				} else {

@@ -326,17 +326,17 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 			first = func(m mlpParts) (part, part) { return m.up, m.gate }
 			second = func(m mlpParts) (part, part) { return m.upScale, m.gateScale }
 		}
-		specs = append(specs, spec{names.GateUp, wd, shapes.GateUp, gate, func(m mlpParts) []part { a, b := first(m); return []part{a, b} }})
-		specs = append(specs, spec{names.GateUpScale, sd.DType, shapes.GateUpScale, gs, func(m mlpParts) []part { a, b := second(m); return []part{a, b} }})
-		specs = append(specs, spec{names.Down, wd, shapes.Down, down, one(func(m mlpParts) part { return m.down })})
-		specs = append(specs, spec{names.DownScale, sd.DType, shapes.DownScale, ds, one(func(m mlpParts) part { return m.downScale })})
+		specs = append(specs, spec{names.Weight(layout.ProjGateUp), wd, shapes.GateUp, gate, func(m mlpParts) []part { a, b := first(m); return []part{a, b} }})
+		specs = append(specs, spec{names.Get(layout.ProjGateUp, layout.RoleScale), sd.DType, shapes.GateUpScale, gs, func(m mlpParts) []part { a, b := second(m); return []part{a, b} }})
+		specs = append(specs, spec{names.Weight(layout.ProjDown), wd, shapes.Down, down, one(func(m mlpParts) part { return m.down })})
+		specs = append(specs, spec{names.Get(layout.ProjDown, layout.RoleScale), sd.DType, shapes.DownScale, ds, one(func(m mlpParts) part { return m.downScale })})
 	default:
-		specs = append(specs, spec{names.Gate, wd, shapes.Gate, gate, one(func(m mlpParts) part { return m.gate })})
-		specs = append(specs, spec{names.GateScale, sd.DType, shapes.GateScale, gs, one(func(m mlpParts) part { return m.gateScale })})
-		specs = append(specs, spec{names.Up, wd, shapes.Up, gate, one(func(m mlpParts) part { return m.up })})
-		specs = append(specs, spec{names.UpScale, sd.DType, shapes.UpScale, gs, one(func(m mlpParts) part { return m.upScale })})
-		specs = append(specs, spec{names.Down, wd, shapes.Down, down, one(func(m mlpParts) part { return m.down })})
-		specs = append(specs, spec{names.DownScale, sd.DType, shapes.DownScale, ds, one(func(m mlpParts) part { return m.downScale })})
+		specs = append(specs, spec{names.Weight(layout.ProjGate), wd, shapes.Gate, gate, one(func(m mlpParts) part { return m.gate })})
+		specs = append(specs, spec{names.Get(layout.ProjGate, layout.RoleScale), sd.DType, shapes.GateScale, gs, one(func(m mlpParts) part { return m.gateScale })})
+		specs = append(specs, spec{names.Weight(layout.ProjUp), wd, shapes.Up, gate, one(func(m mlpParts) part { return m.up })})
+		specs = append(specs, spec{names.Get(layout.ProjUp, layout.RoleScale), sd.DType, shapes.UpScale, gs, one(func(m mlpParts) part { return m.upScale })})
+		specs = append(specs, spec{names.Weight(layout.ProjDown), wd, shapes.Down, down, one(func(m mlpParts) part { return m.down })})
+		specs = append(specs, spec{names.Get(layout.ProjDown, layout.RoleScale), sd.DType, shapes.DownScale, ds, one(func(m mlpParts) part { return m.downScale })})
 	}
 	if g, ok := weightfmt.GlobalOf(p.out); ok {
 		pair := func(f func(mlpParts) (part, part)) func(mlpParts) []part {
@@ -349,10 +349,10 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 			gate, up, gateUp, down string
 			pick                   func(mlpParts) (gate, up, down part)
 		}
-		sets := []scalars{{names.GateGlobal, names.UpGlobal, names.GateUpGlobal, names.DownGlobal,
+		sets := []scalars{{names.Get(layout.ProjGate, layout.RoleGlobal), names.Get(layout.ProjUp, layout.RoleGlobal), names.Get(layout.ProjGateUp, layout.RoleGlobal), names.Get(layout.ProjDown, layout.RoleGlobal),
 			func(m mlpParts) (part, part, part) { return m.gateGlobal, m.upGlobal, m.downGlobal }}}
 		if p.fp.NVFP4InputScale {
-			sets = append(sets, scalars{names.GateInput, names.UpInput, names.GateUpInput, names.DownInput,
+			sets = append(sets, scalars{names.Get(layout.ProjGate, layout.RoleInput), names.Get(layout.ProjUp, layout.RoleInput), names.Get(layout.ProjGateUp, layout.RoleInput), names.Get(layout.ProjDown, layout.RoleInput),
 				func(m mlpParts) (part, part, part) { return m.gateInput, m.upInput, m.downInput }})
 		}
 		for _, st := range sets {

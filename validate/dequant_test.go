@@ -212,7 +212,7 @@ func redequant(t *testing.T, src, dst string, e int, ignoreScale bool, enc func(
 		t.Fatal(err)
 	}
 	want := enc(vals)
-	name := layout.NamesFor(layout.Stacked, l.Prefix, nil).Gate
+	name := layout.NamesFor(layout.Stacked, l.Prefix, nil).Weight(layout.ProjGate)
 	rewriteTensor(t, dst, name, func(raw []byte, shape []int64) {
 		s := slice(raw, shape, e)
 		if string(s) == string(want) {
@@ -284,7 +284,7 @@ func TestDequantMutationsFail(t *testing.T) {
 		muts := []mutation{
 			{"one value of one expert off by an ulp", func(t *testing.T, _, dst string) {
 				prefix := readContract(t, dst).Layers[0].Prefix
-				rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, nil).Gate, func(raw []byte, shape []int64) {
+				rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, nil).Weight(layout.ProjGate), func(raw []byte, shape []int64) {
 					s := slice(raw, shape, 1)
 					for i := 2 * 7; ; i += 2 {
 						if v := binary.LittleEndian.Uint16(s[i:]); v&0x7fff != 0 {

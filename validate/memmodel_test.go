@@ -361,9 +361,9 @@ func (m *memModel) putStacks(dst cktest.Mem, n layout.ExpertTensors, l layout.La
 		}
 	}
 	if !l.Fused() {
-		put(n.Gate, n.GateScale, 0, in, h)
-		put(n.Up, n.UpScale, 1, in, h)
-		put(n.Down, n.DownScale, 2, h, in)
+		put(n.Weight(layout.ProjGate), n.Get(layout.ProjGate, layout.RoleScale), 0, in, h)
+		put(n.Weight(layout.ProjUp), n.Get(layout.ProjUp, layout.RoleScale), 1, in, h)
+		put(n.Weight(layout.ProjDown), n.Get(layout.ProjDown, layout.RoleScale), 2, h, in)
 		return
 	}
 	first, second := 0, 1
@@ -376,10 +376,10 @@ func (m *memModel) putStacks(dst cktest.Mem, n layout.ExpertTensors, l layout.La
 		raw = append(append(raw, ex[first].raw...), ex[second].raw...)
 		sc = append(append(sc, ex[first].scale...), ex[second].scale...)
 	}
-	dst.Put(n.GateUp, m.dtype, []int64{nb, 2 * in, h}, raw)
+	dst.Put(n.Weight(layout.ProjGateUp), m.dtype, []int64{nb, 2 * in, h}, raw)
 	if m.FP8 {
 		sr, scc := tensorload.ScaleDims(m.I, m.H, tensorload.FP8Block, tensorload.FP8Block)
-		dst.Put(n.GateUpScale, safetensors.F32, []int64{nb, int64(2 * sr), int64(scc)}, testkit.F32LE(sc...))
+		dst.Put(n.Get(layout.ProjGateUp, layout.RoleScale), safetensors.F32, []int64{nb, int64(2 * sr), int64(scc)}, testkit.F32LE(sc...))
 	}
-	put(n.Down, n.DownScale, 2, h, in)
+	put(n.Weight(layout.ProjDown), n.Get(layout.ProjDown, layout.RoleScale), 2, h, in)
 }

@@ -2,6 +2,7 @@ package validate
 
 import (
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"io"
 	"regexp"
 	"strconv"
@@ -305,7 +306,7 @@ func srcLayerNames(l *family.Layer) []string {
 func dstLayerNames(fl *moelayer.FusedLayer) []string {
 	n := fl.Names
 	names := []string{fl.Router, fl.RouterBias, fl.RouterLogitBias, fl.RouterScale, fl.ExpertScale, fl.Prep.RouterScale, fl.Prep.ExpertNorm, fl.SharedGate,
-		n.Gate, n.Up, n.GateUp, n.Down, n.GateScale, n.UpScale, n.GateUpScale, n.DownScale}
+		n.Weight(layout.ProjGate), n.Weight(layout.ProjUp), n.Weight(layout.ProjGateUp), n.Weight(layout.ProjDown), n.Get(layout.ProjGate, layout.RoleScale), n.Get(layout.ProjUp, layout.RoleScale), n.Get(layout.ProjGateUp, layout.RoleScale), n.Get(layout.ProjDown, layout.RoleScale)}
 	if b := fl.Biases; b != nil {
 		names = append(names, b.Gate, b.Up, b.GateUp, b.Down)
 	}

@@ -3,6 +3,7 @@ package validate
 import (
 	"context"
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"slices"
 	"sync"
 
@@ -328,8 +329,8 @@ func (s *session) addSrcTensor(b *stepBuilder, name string, expert, e int) {
 // what it reads.
 func dstLayerTensors(fl *moelayer.FusedLayer) (stacks, rest []string) {
 	n := fl.Names
-	stacks = []string{n.Gate, n.Up, n.GateUp, n.Down, n.GateScale, n.UpScale, n.GateUpScale, n.DownScale,
-		n.GateGlobal, n.UpGlobal, n.GateUpGlobal, n.DownGlobal, n.GateInput, n.UpInput, n.GateUpInput, n.DownInput}
+	stacks = []string{n.Weight(layout.ProjGate), n.Weight(layout.ProjUp), n.Weight(layout.ProjGateUp), n.Weight(layout.ProjDown), n.Get(layout.ProjGate, layout.RoleScale), n.Get(layout.ProjUp, layout.RoleScale), n.Get(layout.ProjGateUp, layout.RoleScale), n.Get(layout.ProjDown, layout.RoleScale),
+		n.Get(layout.ProjGate, layout.RoleGlobal), n.Get(layout.ProjUp, layout.RoleGlobal), n.Get(layout.ProjGateUp, layout.RoleGlobal), n.Get(layout.ProjDown, layout.RoleGlobal), n.Get(layout.ProjGate, layout.RoleInput), n.Get(layout.ProjUp, layout.RoleInput), n.Get(layout.ProjGateUp, layout.RoleInput), n.Get(layout.ProjDown, layout.RoleInput)}
 	if b := fl.Biases; b != nil {
 		stacks = append(stacks, b.Gate, b.Up, b.GateUp, b.Down)
 	}

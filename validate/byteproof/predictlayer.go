@@ -416,16 +416,16 @@ func (lp *layerPrediction) addStacks() error {
 		if c.Layout == layout.UpGate {
 			first, second, fs, ss = second, first, ss, fs
 		}
-		lp.add(names.GateUp, wd, shapes.GateUp, gm, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
-		lp.add(names.GateUpScale, sf.DType, shapes.GateUpScale, gsm, func(pr parts) []piece { return []piece{fs(pr), ss(pr)} })
+		lp.add(names.Weight(layout.ProjGateUp), wd, shapes.GateUp, gm, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
+		lp.add(names.Get(layout.ProjGateUp, layout.RoleScale), sf.DType, shapes.GateUpScale, gsm, func(pr parts) []piece { return []piece{fs(pr), ss(pr)} })
 	} else {
-		lp.add(names.Gate, wd, shapes.Gate, gm, one(func(pr parts) piece { return pr.gate }))
-		lp.add(names.Up, wd, shapes.Up, gm, one(func(pr parts) piece { return pr.up }))
-		lp.add(names.GateScale, sf.DType, shapes.GateScale, gsm, one(func(pr parts) piece { return pr.gs }))
-		lp.add(names.UpScale, sf.DType, shapes.UpScale, gsm, one(func(pr parts) piece { return pr.us }))
+		lp.add(names.Weight(layout.ProjGate), wd, shapes.Gate, gm, one(func(pr parts) piece { return pr.gate }))
+		lp.add(names.Weight(layout.ProjUp), wd, shapes.Up, gm, one(func(pr parts) piece { return pr.up }))
+		lp.add(names.Get(layout.ProjGate, layout.RoleScale), sf.DType, shapes.GateScale, gsm, one(func(pr parts) piece { return pr.gs }))
+		lp.add(names.Get(layout.ProjUp, layout.RoleScale), sf.DType, shapes.UpScale, gsm, one(func(pr parts) piece { return pr.us }))
 	}
-	lp.add(names.Down, wd, shapes.Down, dm, one(func(pr parts) piece { return pr.down }))
-	lp.add(names.DownScale, sf.DType, shapes.DownScale, dsm, one(func(pr parts) piece { return pr.ds }))
+	lp.add(names.Weight(layout.ProjDown), wd, shapes.Down, dm, one(func(pr parts) piece { return pr.down }))
+	lp.add(names.Get(layout.ProjDown, layout.RoleScale), sf.DType, shapes.DownScale, dsm, one(func(pr parts) piece { return pr.ds }))
 	if lp.globbed {
 		lp.addGlobals(names, shapes)
 	}
@@ -451,9 +451,9 @@ func (lp *layerPrediction) addGlobals(names layout.ExpertTensors, shapes layout.
 		gate, up, gateUp, down string
 		pick                   func(parts) (piece, piece, piece)
 	}
-	sets := []set{{names.GateGlobal, names.UpGlobal, names.GateUpGlobal, names.DownGlobal, func(pr parts) (piece, piece, piece) { return pr.gg, pr.ug, pr.dg }}}
+	sets := []set{{names.Get(layout.ProjGate, layout.RoleGlobal), names.Get(layout.ProjUp, layout.RoleGlobal), names.Get(layout.ProjGateUp, layout.RoleGlobal), names.Get(layout.ProjDown, layout.RoleGlobal), func(pr parts) (piece, piece, piece) { return pr.gg, pr.ug, pr.dg }}}
 	if c.InputScales {
-		sets = append(sets, set{names.GateInput, names.UpInput, names.GateUpInput, names.DownInput, func(pr parts) (piece, piece, piece) { return pr.gi, pr.ui, pr.di }})
+		sets = append(sets, set{names.Get(layout.ProjGate, layout.RoleInput), names.Get(layout.ProjUp, layout.RoleInput), names.Get(layout.ProjGateUp, layout.RoleInput), names.Get(layout.ProjDown, layout.RoleInput), func(pr parts) (piece, piece, piece) { return pr.gi, pr.ui, pr.di }})
 	}
 	for _, st := range sets {
 		pk := st.pick

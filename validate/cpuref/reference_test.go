@@ -159,9 +159,9 @@ func handStacked(src cktest.Mem, plan *family.Plan, l *family.Layer, fuse bool) 
 		}
 		dst.Put(name, safetensors.F32, []int64{int64(len(mlps)), rows, cols}, raw)
 	}
-	stack(n.Gate, func(m family.MLP) string { return m.Gate }, 1, 2)
-	stack(n.Up, func(m family.MLP) string { return m.Up }, 1, 2)
-	stack(n.Down, func(m family.MLP) string { return m.Down }, 2, 1)
+	stack(n.Weight(layout.ProjGate), func(m family.MLP) string { return m.Gate }, 1, 2)
+	stack(n.Weight(layout.ProjUp), func(m family.MLP) string { return m.Up }, 1, 2)
+	stack(n.Weight(layout.ProjDown), func(m family.MLP) string { return m.Down }, 2, 1)
 	fl := &moelayer.FusedLayer{Index: l.Index, Router: l.Router, Spec: plan.RouteSpec(), Contract: c, Names: n}
 	if !fuse && l.Shared != nil { // copied as it is, run beside the bank
 		for _, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {

@@ -30,17 +30,17 @@ func LoadFusedBank(s *Stager, src tensorload.TensorSource, fl *moelayer.FusedLay
 // by n and shaped by shapes, loading into b.
 func bankParts(n layout.ExpertTensors, shapes layout.Shapes, b *Bank, H, I int64) []bankPart {
 	gateUp := []bankPart{
-		{name: n.Gate, shape: shapes.Gate, cols: H, mat: &b.Gate, scaleName: n.GateScale, scaleShape: shapes.GateScale, scale: &b.GateScale,
-			global: n.GateGlobal, globalShape: shapes.GateGlobal},
-		{name: n.Up, shape: shapes.Up, cols: H, mat: &b.Up, scaleName: n.UpScale, scaleShape: shapes.UpScale, scale: &b.UpScale,
-			global: n.UpGlobal, globalShape: shapes.UpGlobal},
+		{name: n.Weight(layout.ProjGate), shape: shapes.Gate, cols: H, mat: &b.Gate, scaleName: n.Get(layout.ProjGate, layout.RoleScale), scaleShape: shapes.GateScale, scale: &b.GateScale,
+			global: n.Get(layout.ProjGate, layout.RoleGlobal), globalShape: shapes.GateGlobal},
+		{name: n.Weight(layout.ProjUp), shape: shapes.Up, cols: H, mat: &b.Up, scaleName: n.Get(layout.ProjUp, layout.RoleScale), scaleShape: shapes.UpScale, scale: &b.UpScale,
+			global: n.Get(layout.ProjUp, layout.RoleGlobal), globalShape: shapes.UpGlobal},
 	}
 	if n.Layout.Fused() {
-		gateUp = []bankPart{{name: n.GateUp, shape: shapes.GateUp, cols: H, mat: &b.GateUp, scaleName: n.GateUpScale, scaleShape: shapes.GateUpScale,
-			scale: &b.GateUpScale, global: n.GateUpGlobal, globalShape: shapes.GateUpGlobal}}
+		gateUp = []bankPart{{name: n.Weight(layout.ProjGateUp), shape: shapes.GateUp, cols: H, mat: &b.GateUp, scaleName: n.Get(layout.ProjGateUp, layout.RoleScale), scaleShape: shapes.GateUpScale,
+			scale: &b.GateUpScale, global: n.Get(layout.ProjGateUp, layout.RoleGlobal), globalShape: shapes.GateUpGlobal}}
 	}
-	return append(gateUp, bankPart{name: n.Down, shape: shapes.Down, cols: I, mat: &b.Down, scaleName: n.DownScale, scaleShape: shapes.DownScale,
-		scale: &b.DownScale, global: n.DownGlobal, globalShape: shapes.DownGlobal})
+	return append(gateUp, bankPart{name: n.Weight(layout.ProjDown), shape: shapes.Down, cols: I, mat: &b.Down, scaleName: n.Get(layout.ProjDown, layout.RoleScale), scaleShape: shapes.DownScale,
+		scale: &b.DownScale, global: n.Get(layout.ProjDown, layout.RoleGlobal), globalShape: shapes.DownGlobal})
 }
 
 // identityOrder is 0, 1, ..., n-1.

@@ -104,11 +104,11 @@ func (f requantFixture) slotRef(i, e int) tensorload.MatrixRef {
 	n := f.names
 	switch i {
 	case 0:
-		return tensorload.MatrixRef{Name: n.Gate, Index: e, Rows: inter, Cols: h, Scale: n.GateScale, Format: f.wf}
+		return tensorload.MatrixRef{Name: n.Weight(layout.ProjGate), Index: e, Rows: inter, Cols: h, Scale: n.Get(layout.ProjGate, layout.RoleScale), Format: f.wf}
 	case 1:
-		return tensorload.MatrixRef{Name: n.Up, Index: e, Rows: inter, Cols: h, Scale: n.UpScale, Format: f.wf}
+		return tensorload.MatrixRef{Name: n.Weight(layout.ProjUp), Index: e, Rows: inter, Cols: h, Scale: n.Get(layout.ProjUp, layout.RoleScale), Format: f.wf}
 	}
-	return tensorload.MatrixRef{Name: n.Down, Index: e, Rows: h, Cols: inter, Scale: n.DownScale, Format: f.wf}
+	return tensorload.MatrixRef{Name: n.Weight(layout.ProjDown), Index: e, Rows: h, Cols: inter, Scale: n.Get(layout.ProjDown, layout.RoleScale), Format: f.wf}
 }
 
 // part is slice s of shared projection i (whole: w, [rows, cols]) as DST
@@ -170,8 +170,8 @@ func TestRequantisedSharedHostValues(t *testing.T) {
 						}
 					}
 					if S == 1 {
-						sameSlotBytes(t, rsrc, f.dst, [3]string{m.Gate, m.Up, m.Down}[i], [3]string{f.names.Gate, f.names.Up, f.names.Down}[i], f.c.SharedFirstID, R)
-						sameSlotBytes(t, rsrc, f.dst, [3]string{m.GateScale, m.UpScale, m.DownScale}[i], [3]string{f.names.GateScale, f.names.UpScale, f.names.DownScale}[i], f.c.SharedFirstID, R)
+						sameSlotBytes(t, rsrc, f.dst, [3]string{m.Gate, m.Up, m.Down}[i], [3]string{f.names.Weight(layout.ProjGate), f.names.Weight(layout.ProjUp), f.names.Weight(layout.ProjDown)}[i], f.c.SharedFirstID, R)
+						sameSlotBytes(t, rsrc, f.dst, [3]string{m.GateScale, m.UpScale, m.DownScale}[i], [3]string{f.names.Get(layout.ProjGate, layout.RoleScale), f.names.Get(layout.ProjUp, layout.RoleScale), f.names.Get(layout.ProjDown, layout.RoleScale)}[i], f.c.SharedFirstID, R)
 					}
 				}
 			})
