@@ -125,7 +125,7 @@ func checkHFFixture(t *testing.T, src string) {
 					return
 				}
 				// ERNIE 4.5 use_bias: the shared expert's biases cannot ride in fused slots.
-				if o.FuseShared && fp.Layers[0].Shared != nil && fp.Layers[0].Shared.GateBias != "" && strings.Contains(err.Error(), "the shared expert has biases") {
+				if o.FuseShared && fp.Layers[0].Shared != nil && fp.Layers[0].Shared.Get(layout.ProjGate, layout.RoleBias) != "" && strings.Contains(err.Error(), "the shared expert has biases") {
 					return
 				}
 				// ERNIE-4.5-VL: the shared MLP serves both banks of a layer.
@@ -199,9 +199,9 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 				for _, n := range m.Names() {
 					consumed[checkpoint.BaseName(n)] = true
 				}
-				g, u, d = read(m.Gate), read(m.Up), read(m.Down)
+				g, u, d = read(m.Weight(layout.ProjGate)), read(m.Weight(layout.ProjUp)), read(m.Weight(layout.ProjDown))
 				if fp8 {
-					gs, us, ds = read(m.GateScale), read(m.UpScale), read(m.DownScale)
+					gs, us, ds = read(m.Get(layout.ProjGate, layout.RoleScale)), read(m.Get(layout.ProjUp, layout.RoleScale)), read(m.Get(layout.ProjDown, layout.RoleScale))
 				}
 			} else {
 				m := *l.Shared
@@ -209,21 +209,21 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 					consumed[checkpoint.BaseName(n)] = true
 				}
 				s := int64((b - c.NumExperts) % S)
-				if m.Gate != "" {
-					g = rowsOf(read(m.Gate), H*es, s*I, I)
+				if m.Weight(layout.ProjGate) != "" {
+					g = rowsOf(read(m.Weight(layout.ProjGate)), H*es, s*I, I)
 				}
-				u = rowsOf(read(m.Up), H*es, s*I, I)
-				d = colsOf(read(m.Down), H, int64(S)*I*es, s*I*es, I*es)
+				u = rowsOf(read(m.Weight(layout.ProjUp)), H*es, s*I, I)
+				d = colsOf(read(m.Weight(layout.ProjDown)), H, int64(S)*I*es, s*I*es, I*es)
 				if S == 1 {
-					g, u, d = read(m.Gate), read(m.Up), read(m.Down)
+					g, u, d = read(m.Weight(layout.ProjGate)), read(m.Weight(layout.ProjUp)), read(m.Weight(layout.ProjDown))
 				}
 				if fp8 && S == 1 {
-					gs, us, ds = read(m.GateScale), read(m.UpScale), read(m.DownScale)
+					gs, us, ds = read(m.Get(layout.ProjGate, layout.RoleScale)), read(m.Get(layout.ProjUp, layout.RoleScale)), read(m.Get(layout.ProjDown, layout.RoleScale))
 				} else if fp8 {
 					gc := layout.CeilDiv(H, 128) * 4
-					gs = rowsOf(read(m.GateScale), gc, s*I/128, layout.CeilDiv(I, 128))
-					us = rowsOf(read(m.UpScale), gc, s*I/128, layout.CeilDiv(I, 128))
-					ds = colsOf(read(m.DownScale), layout.CeilDiv(H, 128), int64(S)*layout.CeilDiv(I, 128)*4, s*I/128*4, layout.CeilDiv(I, 128)*4)
+					gs = rowsOf(read(m.Get(layout.ProjGate, layout.RoleScale)), gc, s*I/128, layout.CeilDiv(I, 128))
+					us = rowsOf(read(m.Get(layout.ProjUp, layout.RoleScale)), gc, s*I/128, layout.CeilDiv(I, 128))
+					ds = colsOf(read(m.Get(layout.ProjDown, layout.RoleScale)), layout.CeilDiv(H, 128), int64(S)*layout.CeilDiv(I, 128)*4, s*I/128*4, layout.CeilDiv(I, 128)*4)
 				}
 			}
 			where := fmt.Sprintf("layer %d id %d", l.Index, b)
@@ -263,7 +263,7 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 			}
 			if bn, ok := c.Biases(layout.LayerInfo{Index: l.Index, Prefix: l.Prefix}); ok {
 				m := l.Experts[b] // gpt-oss: biases read through the source's views
-				gb, ub, db := read(m.GateBias), read(m.UpBias), read(m.DownBias)
+				gb, ub, db := read(m.Get(layout.ProjGate, layout.RoleBias)), read(m.Get(layout.ProjUp, layout.RoleBias)), read(m.Get(layout.ProjDown, layout.RoleBias))
 				if c.Layout.Fused() {
 					a, z := gb, ub
 					if c.Layout == layout.UpGate {

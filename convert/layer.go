@@ -157,16 +157,16 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64, f weightfmt.F
 	dshape := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}.Shape()
 	var g *checkpoint.Tensor
 	var err error
-	if m.Gate != "" { // "": an ungated expert (up and down only)
-		if g, err = p.get(m.Gate, what+" gate", wd, gshape...); err != nil {
+	if m.Weight(layout.ProjGate) != "" { // "": an ungated expert (up and down only)
+		if g, err = p.get(m.Weight(layout.ProjGate), what+" gate", wd, gshape...); err != nil {
 			return mp, err
 		}
 	}
-	u, err := p.get(m.Up, what+" up", wd, gshape...)
+	u, err := p.get(m.Weight(layout.ProjUp), what+" up", wd, gshape...)
 	if err != nil {
 		return mp, err
 	}
-	d, err := p.get(m.Down, what+" down", wd, dshape...)
+	d, err := p.get(m.Weight(layout.ProjDown), what+" down", wd, dshape...)
 	if err != nil {
 		return mp, err
 	}
@@ -174,12 +174,12 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64, f weightfmt.F
 	if g != nil {
 		mp.gate = p.whole(g)
 	}
-	if m.GateBias != "" {
+	if m.Get(layout.ProjGate, layout.RoleBias) != "" {
 		for _, b := range []struct {
 			name, role string
 			n          int64
 			dst        *part
-		}{{m.GateBias, " gate bias", S * I, &mp.gateBias}, {m.UpBias, " up bias", S * I, &mp.upBias}, {m.DownBias, " down bias", H, &mp.downBias}} {
+		}{{m.Get(layout.ProjGate, layout.RoleBias), " gate bias", S * I, &mp.gateBias}, {m.Get(layout.ProjUp, layout.RoleBias), " up bias", S * I, &mp.upBias}, {m.Get(layout.ProjDown, layout.RoleBias), " down bias", H, &mp.downBias}} {
 			t, ok := p.ck.Tensor(b.name)
 			if !ok {
 				return mp, fmt.Errorf("%s: %s%s: tensor %s is missing", p.ck.Dir, what, b.role, b.name)
@@ -196,18 +196,18 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64, f weightfmt.F
 	}
 	gr, gc := weightfmt.Matrix{Format: f, Rows: S * I, Cols: H}.ScaleShape()
 	dr, dc := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}.ScaleShape()
-	if m.Gate == "" {
+	if m.Weight(layout.ProjGate) == "" {
 		return mp, fmt.Errorf("%s: %s: ungated experts stored in %s are not supported: moeprep carries them unquantised", p.ck.Dir, what, f)
 	}
-	gs, err := p.get(m.GateScale, what+" gate scale", sc.DType, gr, gc)
+	gs, err := p.get(m.Get(layout.ProjGate, layout.RoleScale), what+" gate scale", sc.DType, gr, gc)
 	if err != nil {
 		return mp, err
 	}
-	us, err := p.get(m.UpScale, what+" up scale", sc.DType, gr, gc)
+	us, err := p.get(m.Get(layout.ProjUp, layout.RoleScale), what+" up scale", sc.DType, gr, gc)
 	if err != nil {
 		return mp, err
 	}
-	ds, err := p.get(m.DownScale, what+" down scale", sc.DType, dr, dc)
+	ds, err := p.get(m.Get(layout.ProjDown, layout.RoleScale), what+" down scale", sc.DType, dr, dc)
 	if err != nil {
 		return mp, err
 	}
@@ -216,8 +216,8 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64, f weightfmt.F
 		for _, s := range []struct {
 			name, role string
 			dst        *part
-		}{{m.GateGlobal, " gate global scale", &mp.gateGlobal}, {m.UpGlobal, " up global scale", &mp.upGlobal}, {m.DownGlobal, " down global scale", &mp.downGlobal},
-			{m.GateInput, " gate input scale", &mp.gateInput}, {m.UpInput, " up input scale", &mp.upInput}, {m.DownInput, " down input scale", &mp.downInput}} {
+		}{{m.Get(layout.ProjGate, layout.RoleGlobal), " gate global scale", &mp.gateGlobal}, {m.Get(layout.ProjUp, layout.RoleGlobal), " up global scale", &mp.upGlobal}, {m.Get(layout.ProjDown, layout.RoleGlobal), " down global scale", &mp.downGlobal},
+			{m.Get(layout.ProjGate, layout.RoleInput), " gate input scale", &mp.gateInput}, {m.Get(layout.ProjUp, layout.RoleInput), " up input scale", &mp.upInput}, {m.Get(layout.ProjDown, layout.RoleInput), " down input scale", &mp.downInput}} {
 			if s.name == "" {
 				continue // no input scales
 			}
@@ -246,19 +246,19 @@ func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64, f wei
 	if full.gate.inOut || full.down.inOut {
 		return mlpParts{}, fmt.Errorf("%s: %s is stored transposed, and slicing it for --orientation in-out is not supported", p.ck.Dir, what)
 	}
-	u, _ := p.tensor(m.Up)
-	d, _ := p.tensor(m.Down)
+	u, _ := p.tensor(m.Weight(layout.ProjUp))
+	d, _ := p.tensor(m.Weight(layout.ProjDown))
 	rows := weightfmt.Matrix{Format: f, Rows: S * I, Cols: H}.RowBlock(s*I, I)
 	cols := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}.ColBlock(s*I, I)
 	sp := mlpParts{up: piece(u, rows.Weight), down: piece(d, cols.Weight)}
-	if m.Gate != "" {
-		g, _ := p.tensor(m.Gate)
+	if m.Weight(layout.ProjGate) != "" {
+		g, _ := p.tensor(m.Weight(layout.ProjGate))
 		sp.gate = piece(g, rows.Weight)
 	}
 	if _, scaled := f.Scale(); scaled {
-		gs, _ := p.tensor(m.GateScale)
-		us, _ := p.tensor(m.UpScale)
-		ds, _ := p.tensor(m.DownScale)
+		gs, _ := p.tensor(m.Get(layout.ProjGate, layout.RoleScale))
+		us, _ := p.tensor(m.Get(layout.ProjUp, layout.RoleScale))
+		ds, _ := p.tensor(m.Get(layout.ProjDown, layout.RoleScale))
 		sp.gateScale, sp.upScale, sp.downScale = piece(gs, rows.Scale), piece(us, rows.Scale), piece(ds, cols.Scale)
 	}
 	// A slice keeps the whole weight's per-tensor scales.

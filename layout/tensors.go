@@ -69,3 +69,8 @@ func (t Tensors) Weight(p Proj) string { return t[p][RoleWeight] }
 
 // Clear drops every tensor of p (Ungated drops the gate).
 func (t *Tensors) Clear(p Proj) { t[p] = [NumRole]string{} }
+
+// MLPProjs are a source MLP's projections in their order (gate, up, down:
+// n 0, 1, 2 of a family's projection names); a source MLP has no
+// ProjGateUp.
+var MLPProjs = [3]Proj{ProjGate, ProjUp, ProjDown}

@@ -202,13 +202,13 @@ func redequant(t *testing.T, src, dst string, e int, ignoreScale bool, enc func(
 		}
 		return b
 	}
-	scale := read(m.GateScale)
+	scale := read(m.Get(layout.ProjGate, layout.RoleScale))
 	if ignoreScale {
 		sc, _ := f.Scale()
 		scale = unitScales(t, sc.DType, len(scale)/sc.DType.Size())
 	}
 	vals := make([]float32, I*H)
-	if err := weightfmt.DequantiseWeight(f, read(m.Gate), I, H, scale, read(m.GateGlobal), vals); err != nil {
+	if err := weightfmt.DequantiseWeight(f, read(m.Weight(layout.ProjGate)), I, H, scale, read(m.Get(layout.ProjGate, layout.RoleGlobal)), vals); err != nil {
 		t.Fatal(err)
 	}
 	want := enc(vals)

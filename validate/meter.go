@@ -320,7 +320,7 @@ func dstLayerNames(fl *moelayer.FusedLayer) []string {
 }
 
 func mlpNames(m family.MLP) []string {
-	return []string{m.Gate, m.Up, m.Down, m.GateScale, m.UpScale, m.DownScale, m.GateBias, m.UpBias, m.DownBias}
+	return []string{m.Weight(layout.ProjGate), m.Weight(layout.ProjUp), m.Weight(layout.ProjDown), m.Get(layout.ProjGate, layout.RoleScale), m.Get(layout.ProjUp, layout.RoleScale), m.Get(layout.ProjDown, layout.RoleScale), m.Get(layout.ProjGate, layout.RoleBias), m.Get(layout.ProjUp, layout.RoleBias), m.Get(layout.ProjDown, layout.RoleBias)}
 }
 
 // layerBytes sums the sizes of names in c (views resolved, each name

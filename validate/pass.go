@@ -362,7 +362,7 @@ func sharedTensors(shared *family.MLP, routed []family.MLP) []string {
 
 // mlpTensors are every tensor one MLP's weights are stored in.
 func mlpTensors(m family.MLP) []string {
-	return append(mlpNames(m), m.GateShape, m.UpShape, m.DownShape, m.GateGlobal, m.UpGlobal, m.DownGlobal, m.GateInput, m.UpInput, m.DownInput)
+	return append(mlpNames(m), m.Get(layout.ProjGate, layout.RoleShape), m.Get(layout.ProjUp, layout.RoleShape), m.Get(layout.ProjDown, layout.RoleShape), m.Get(layout.ProjGate, layout.RoleGlobal), m.Get(layout.ProjUp, layout.RoleGlobal), m.Get(layout.ProjDown, layout.RoleGlobal), m.Get(layout.ProjGate, layout.RoleInput), m.Get(layout.ProjUp, layout.RoleInput), m.Get(layout.ProjDown, layout.RoleInput))
 }
 
 // decoderLayerOf is the decoder layer a tensor belongs to, -1: none.

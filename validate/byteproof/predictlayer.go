@@ -72,8 +72,8 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 	}
 	if l.Shared != nil && c.NumFusedSharedExperts == 0 {
 		// an unfused shared expert is copied as it is
-		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down, l.Shared.GateScale, l.Shared.UpScale, l.Shared.DownScale,
-			l.Shared.GateGlobal, l.Shared.UpGlobal, l.Shared.DownGlobal, l.Shared.GateInput, l.Shared.UpInput, l.Shared.DownInput} {
+		for _, n := range []string{l.Shared.Weight(layout.ProjGate), l.Shared.Weight(layout.ProjUp), l.Shared.Weight(layout.ProjDown), l.Shared.Get(layout.ProjGate, layout.RoleScale), l.Shared.Get(layout.ProjUp, layout.RoleScale), l.Shared.Get(layout.ProjDown, layout.RoleScale),
+			l.Shared.Get(layout.ProjGate, layout.RoleGlobal), l.Shared.Get(layout.ProjUp, layout.RoleGlobal), l.Shared.Get(layout.ProjDown, layout.RoleGlobal), l.Shared.Get(layout.ProjGate, layout.RoleInput), l.Shared.Get(layout.ProjUp, layout.RoleInput), l.Shared.Get(layout.ProjDown, layout.RoleInput)} {
 			if n == "" {
 				continue
 			}
@@ -126,7 +126,7 @@ func newLayerPrediction(p *prediction, src *checkpoint.Checkpoint, plan *family.
 		if lp.requant, err = checkpoint.RequantisedMLP(src, *l.Shared, lp.wf, func(t *checkpoint.Tensor) { lp.virtual[t.Name] = t }); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", li.Index, err)
 		}
-		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
+		for _, n := range []string{l.Shared.Weight(layout.ProjGate), l.Shared.Weight(layout.ProjUp), l.Shared.Weight(layout.ProjDown)} {
 			consumed[checkpoint.BaseName(n)] = true
 		}
 	}
@@ -193,25 +193,25 @@ func (lp *layerPrediction) expert(b int) (parts, error) {
 	dsh := weightfmt.Matrix{Format: wf, Rows: H, Cols: n * I}.Shape()
 	var g mat
 	var err error
-	if m.Gate != "" { // "": ungated (Nemotron-H), whose contract names no gate stack
-		if g, err = lp.get(m.Gate, gsh[0], gsh[1]); err != nil {
+	if m.Weight(layout.ProjGate) != "" { // "": ungated (Nemotron-H), whose contract names no gate stack
+		if g, err = lp.get(m.Weight(layout.ProjGate), gsh[0], gsh[1]); err != nil {
 			return pr, err
 		}
 	} else if scaled {
 		return pr, fmt.Errorf("%s: layer %d: ungated experts stored in %s are not supported", lp.src.Dir, lp.li.Index, wf)
 	}
-	u, err := lp.get(m.Up, gsh[0], gsh[1])
+	u, err := lp.get(m.Weight(layout.ProjUp), gsh[0], gsh[1])
 	if err != nil {
 		return pr, err
 	}
-	d, err := lp.get(m.Down, dsh[0], dsh[1])
+	d, err := lp.get(m.Weight(layout.ProjDown), dsh[0], dsh[1])
 	if err != nil {
 		return pr, err
 	}
 	// compressed-tensors' weight_shape (INT4): checked by the plan
 	// (it holds the expert's [out, in]) and not written: the contract
 	// states every expert's shape.
-	for _, sh := range []string{m.GateShape, m.UpShape, m.DownShape} {
+	for _, sh := range []string{m.Get(layout.ProjGate, layout.RoleShape), m.Get(layout.ProjUp, layout.RoleShape), m.Get(layout.ProjDown, layout.RoleShape)} {
 		if sh == "" {
 			continue
 		}
@@ -248,14 +248,14 @@ func (lp *layerPrediction) expert(b int) (parts, error) {
 // expertBiases adds bank expert b's biases to pr: views [I,1], [I,1] and
 // [1,H] of the stacked biases.
 func (lp *layerPrediction) expertBiases(pr *parts, m family.MLP, routed bool, b int) error {
-	if m.GateBias == "" || !routed {
+	if m.Get(layout.ProjGate, layout.RoleBias) == "" || !routed {
 		return fmt.Errorf("%s: layer %d: the contract has expert biases, SRC's expert %d has none", lp.src.Dir, lp.li.Index, b)
 	}
 	for _, x := range []struct {
 		name       string
 		rows, cols int64
 		dst        *piece
-	}{{m.GateBias, lp.I, 1, &pr.gb}, {m.UpBias, lp.I, 1, &pr.ub}, {m.DownBias, 1, lp.H, &pr.db}} {
+	}{{m.Get(layout.ProjGate, layout.RoleBias), lp.I, 1, &pr.gb}, {m.Get(layout.ProjUp, layout.RoleBias), lp.I, 1, &pr.ub}, {m.Get(layout.ProjDown, layout.RoleBias), 1, lp.H, &pr.db}} {
 		v, err := lp.get(x.name, x.rows, x.cols)
 		if err != nil {
 			return err
@@ -269,17 +269,17 @@ func (lp *layerPrediction) expertBiases(pr *parts, m family.MLP, routed bool, b 
 // scales where DST keeps them (or dequantises with them).
 func (lp *layerPrediction) expertGlobals(pr *parts, m family.MLP, b int) error {
 	c := lp.c
-	ins := []string{m.GateInput, m.UpInput, m.DownInput}
+	ins := []string{m.Get(layout.ProjGate, layout.RoleInput), m.Get(layout.ProjUp, layout.RoleInput), m.Get(layout.ProjDown, layout.RoleInput)}
 	if !c.InputScales && c.Dequantized == nil {
 		ins = []string{"", "", ""}
-	} else if c.InputScales && m.GateInput == "" {
+	} else if c.InputScales && m.Get(layout.ProjGate, layout.RoleInput) == "" {
 		return fmt.Errorf("%s: layer %d: the contract has input_scales, SRC's expert %d has none", lp.src.Dir, lp.li.Index, b)
 	}
 	var err error
 	for i, x := range []struct {
 		name string
 		dst  *piece
-	}{{m.GateGlobal, &pr.gg}, {m.UpGlobal, &pr.ug}, {m.DownGlobal, &pr.dg}, {ins[0], &pr.gi}, {ins[1], &pr.ui}, {ins[2], &pr.di}} {
+	}{{m.Get(layout.ProjGate, layout.RoleGlobal), &pr.gg}, {m.Get(layout.ProjUp, layout.RoleGlobal), &pr.ug}, {m.Get(layout.ProjDown, layout.RoleGlobal), &pr.dg}, {ins[0], &pr.gi}, {ins[1], &pr.ui}, {ins[2], &pr.di}} {
 		if i >= 3 && x.name == "" {
 			continue
 		}
@@ -297,15 +297,15 @@ func (lp *layerPrediction) expertScales(pr *parts, m family.MLP, wf weightfmt.Fo
 	c, I, H := lp.c, lp.I, lp.H
 	gr, gc := weightfmt.Matrix{Format: wf, Rows: n * I, Cols: H}.ScaleShape()
 	dr, dc := weightfmt.Matrix{Format: wf, Rows: H, Cols: n * I}.ScaleShape()
-	gs, err := lp.get(m.GateScale, gr, gc)
+	gs, err := lp.get(m.Get(layout.ProjGate, layout.RoleScale), gr, gc)
 	if err != nil {
 		return err
 	}
-	us, err := lp.get(m.UpScale, gr, gc)
+	us, err := lp.get(m.Get(layout.ProjUp, layout.RoleScale), gr, gc)
 	if err != nil {
 		return err
 	}
-	ds, err := lp.get(m.DownScale, dr, dc)
+	ds, err := lp.get(m.Get(layout.ProjDown, layout.RoleScale), dr, dc)
 	if err != nil {
 		return err
 	}
