@@ -64,6 +64,20 @@ func (t Tensors) Names() []string {
 	return out
 }
 
+// NamesOf lists the named tensors of the given roles, in Each's order
+// (roles in the order given, projections inner), the empty ones left out.
+func (t Tensors) NamesOf(roles ...Role) []string {
+	var out []string
+	for _, r := range roles {
+		for p := Proj(0); p < NumProj; p++ {
+			if n := t[p][r]; n != "" {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
 // Weight is p's weight, "" if none.
 func (t Tensors) Weight(p Proj) string { return t[p][RoleWeight] }
 

@@ -304,9 +304,8 @@ func srcLayerNames(l *family.Layer) []string {
 
 // dstLayerNames are the tensors the fused paths read for one DST layer.
 func dstLayerNames(fl *moelayer.FusedLayer) []string {
-	n := fl.Names
-	names := []string{fl.Router, fl.RouterBias, fl.RouterLogitBias, fl.RouterScale, fl.ExpertScale, fl.Prep.RouterScale, fl.Prep.ExpertNorm, fl.SharedGate,
-		n.Weight(layout.ProjGate), n.Weight(layout.ProjUp), n.Weight(layout.ProjGateUp), n.Weight(layout.ProjDown), n.Get(layout.ProjGate, layout.RoleScale), n.Get(layout.ProjUp, layout.RoleScale), n.Get(layout.ProjGateUp, layout.RoleScale), n.Get(layout.ProjDown, layout.RoleScale)}
+	names := []string{fl.Router, fl.RouterBias, fl.RouterLogitBias, fl.RouterScale, fl.ExpertScale, fl.Prep.RouterScale, fl.Prep.ExpertNorm, fl.SharedGate}
+	names = append(names, fl.Names.NamesOf(layout.RoleWeight, layout.RoleScale)...)
 	if b := fl.Biases; b != nil {
 		names = append(names, b.Gate, b.Up, b.GateUp, b.Down)
 	}
@@ -320,7 +319,7 @@ func dstLayerNames(fl *moelayer.FusedLayer) []string {
 }
 
 func mlpNames(m family.MLP) []string {
-	return []string{m.Weight(layout.ProjGate), m.Weight(layout.ProjUp), m.Weight(layout.ProjDown), m.Get(layout.ProjGate, layout.RoleScale), m.Get(layout.ProjUp, layout.RoleScale), m.Get(layout.ProjDown, layout.RoleScale), m.Get(layout.ProjGate, layout.RoleBias), m.Get(layout.ProjUp, layout.RoleBias), m.Get(layout.ProjDown, layout.RoleBias)}
+	return m.NamesOf(layout.RoleWeight, layout.RoleScale, layout.RoleBias)
 }
 
 // layerBytes sums the sizes of names in c (views resolved, each name

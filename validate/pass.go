@@ -3,7 +3,6 @@ package validate
 import (
 	"context"
 	"fmt"
-	"github.com/moeprep/moeprep/layout"
 	"slices"
 	"sync"
 
@@ -328,9 +327,7 @@ func (s *session) addSrcTensor(b *stepBuilder, name string, expert, e int) {
 // path: its expert stacks (which the plan cuts by expert) and the rest of
 // what it reads.
 func dstLayerTensors(fl *moelayer.FusedLayer) (stacks, rest []string) {
-	n := fl.Names
-	stacks = []string{n.Weight(layout.ProjGate), n.Weight(layout.ProjUp), n.Weight(layout.ProjGateUp), n.Weight(layout.ProjDown), n.Get(layout.ProjGate, layout.RoleScale), n.Get(layout.ProjUp, layout.RoleScale), n.Get(layout.ProjGateUp, layout.RoleScale), n.Get(layout.ProjDown, layout.RoleScale),
-		n.Get(layout.ProjGate, layout.RoleGlobal), n.Get(layout.ProjUp, layout.RoleGlobal), n.Get(layout.ProjGateUp, layout.RoleGlobal), n.Get(layout.ProjDown, layout.RoleGlobal), n.Get(layout.ProjGate, layout.RoleInput), n.Get(layout.ProjUp, layout.RoleInput), n.Get(layout.ProjGateUp, layout.RoleInput), n.Get(layout.ProjDown, layout.RoleInput)}
+	stacks = fl.Names.Names() // every role of every stack, in the table's order
 	if b := fl.Biases; b != nil {
 		stacks = append(stacks, b.Gate, b.Up, b.GateUp, b.Down)
 	}
@@ -362,7 +359,7 @@ func sharedTensors(shared *family.MLP, routed []family.MLP) []string {
 
 // mlpTensors are every tensor one MLP's weights are stored in.
 func mlpTensors(m family.MLP) []string {
-	return append(mlpNames(m), m.Get(layout.ProjGate, layout.RoleShape), m.Get(layout.ProjUp, layout.RoleShape), m.Get(layout.ProjDown, layout.RoleShape), m.Get(layout.ProjGate, layout.RoleGlobal), m.Get(layout.ProjUp, layout.RoleGlobal), m.Get(layout.ProjDown, layout.RoleGlobal), m.Get(layout.ProjGate, layout.RoleInput), m.Get(layout.ProjUp, layout.RoleInput), m.Get(layout.ProjDown, layout.RoleInput))
+	return m.Names()
 }
 
 // decoderLayerOf is the decoder layer a tensor belongs to, -1: none.

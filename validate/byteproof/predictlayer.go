@@ -72,11 +72,7 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 	}
 	if l.Shared != nil && c.NumFusedSharedExperts == 0 {
 		// an unfused shared expert is copied as it is
-		for _, n := range []string{l.Shared.Weight(layout.ProjGate), l.Shared.Weight(layout.ProjUp), l.Shared.Weight(layout.ProjDown), l.Shared.Get(layout.ProjGate, layout.RoleScale), l.Shared.Get(layout.ProjUp, layout.RoleScale), l.Shared.Get(layout.ProjDown, layout.RoleScale),
-			l.Shared.Get(layout.ProjGate, layout.RoleGlobal), l.Shared.Get(layout.ProjUp, layout.RoleGlobal), l.Shared.Get(layout.ProjDown, layout.RoleGlobal), l.Shared.Get(layout.ProjGate, layout.RoleInput), l.Shared.Get(layout.ProjUp, layout.RoleInput), l.Shared.Get(layout.ProjDown, layout.RoleInput)} {
-			if n == "" {
-				continue
-			}
+		for _, n := range l.Shared.NamesOf(layout.RoleWeight, layout.RoleScale, layout.RoleGlobal, layout.RoleInput) {
 			delete(consumed, checkpoint.BaseName(n))
 		}
 	}
