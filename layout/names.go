@@ -157,6 +157,23 @@ type Shapes struct {
 	GateGlobal, UpGlobal, GateUpGlobal, DownGlobal Shape
 }
 
+// Of is the shape of p's stack of role r: an input scale stack has its
+// global scale stack's shape; nil where there is none.
+func (s Shapes) Of(p Proj, r Role) Shape {
+	var by [NumProj]Shape
+	switch r {
+	case RoleWeight:
+		by = [NumProj]Shape{s.Gate, s.Up, s.GateUp, s.Down}
+	case RoleScale:
+		by = [NumProj]Shape{s.GateScale, s.UpScale, s.GateUpScale, s.DownScale}
+	case RoleGlobal, RoleInput:
+		by = [NumProj]Shape{s.GateGlobal, s.UpGlobal, s.GateUpGlobal, s.DownGlobal}
+	default:
+		return nil
+	}
+	return by[p]
+}
+
 // CeilDiv is ceil(a/b) for positive b.
 func CeilDiv(a, b int64) int64 { return (a + b - 1) / b }
 

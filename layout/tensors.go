@@ -15,6 +15,11 @@ const (
 	NumProj
 )
 
+// String is p's name in messages: gate, up, gate_up or down.
+func (p Proj) String() string {
+	return [NumProj]string{"gate", "up", "gate_up", "down"}[p]
+}
+
 // Role is what one tensor of a projection holds.
 type Role int
 
@@ -83,6 +88,32 @@ func (t Tensors) Weight(p Proj) string { return t[p][RoleWeight] }
 
 // Clear drops every tensor of p (Ungated drops the gate).
 func (t *Tensors) Clear(p Proj) { t[p] = [NumRole]string{} }
+
+// Stack is one output stack of a layer's experts: projection Proj's
+// tensor of role Role.
+type Stack struct {
+	Proj Proj
+	Role Role
+}
+
+// StackOrder is the one order of a layer's expert stacks in the output:
+// each projection's weight and its scale in turn, then every projection's
+// global scale, then every projection's input scale (a layer has those of
+// them its ExpertTensors name; the per-expert biases, BiasNames, follow).
+// Convert writes the stacks in this order and the byte proof predicts them
+// in it.
+var StackOrder = func() []Stack {
+	var out []Stack
+	for p := Proj(0); p < NumProj; p++ {
+		out = append(out, Stack{p, RoleWeight}, Stack{p, RoleScale})
+	}
+	for _, r := range []Role{RoleGlobal, RoleInput} {
+		for p := Proj(0); p < NumProj; p++ {
+			out = append(out, Stack{p, r})
+		}
+	}
+	return out
+}()
 
 // MLPProjs are a source MLP's projections in their order (gate, up, down:
 // n 0, 1, 2 of a family's projection names); a source MLP has no
