@@ -443,28 +443,33 @@ func (lp *layerPrediction) addStacks() error {
 // where the contract keeps them.
 func (lp *layerPrediction) addGlobals(names layout.ExpertTensors, shapes layout.Shapes) {
 	c, glob := lp.c, lp.glob
-	type set struct {
-		gate, up, gateUp, down string
-		pick                   func(parts) (piece, piece, piece)
+	// each role's pieces of gate, up and down, read from SRC by this proof
+	picks := map[layout.Role]func(parts) (piece, piece, piece){
+		layout.RoleGlobal: func(pr parts) (piece, piece, piece) { return pr.gg, pr.ug, pr.dg },
+		layout.RoleInput:  func(pr parts) (piece, piece, piece) { return pr.gi, pr.ui, pr.di },
 	}
-	sets := []set{{names.Get(layout.ProjGate, layout.RoleGlobal), names.Get(layout.ProjUp, layout.RoleGlobal), names.Get(layout.ProjGateUp, layout.RoleGlobal), names.Get(layout.ProjDown, layout.RoleGlobal), func(pr parts) (piece, piece, piece) { return pr.gg, pr.ug, pr.dg }}}
-	if c.InputScales {
-		sets = append(sets, set{names.Get(layout.ProjGate, layout.RoleInput), names.Get(layout.ProjUp, layout.RoleInput), names.Get(layout.ProjGateUp, layout.RoleInput), names.Get(layout.ProjDown, layout.RoleInput), func(pr parts) (piece, piece, piece) { return pr.gi, pr.ui, pr.di }})
-	}
-	for _, st := range sets {
-		pk := st.pick
-		if c.Layout.Fused() {
-			lp.add(st.gateUp, glob.DType, shapes.GateUpGlobal, [2]int64{}, func(pr parts) []piece {
+	for _, st := range layout.StackOrder {
+		pk, ok := picks[st.Role]
+		if !ok || (st.Role == layout.RoleInput && !c.InputScales) {
+			continue
+		}
+		var pick func(parts) []piece
+		switch st.Proj {
+		case layout.ProjGateUp:
+			pick = func(pr parts) []piece {
 				g, u, _ := pk(pr)
 				if c.Layout == layout.UpGate {
 					g, u = u, g
 				}
 				return []piece{g, u}
-			})
-		} else {
-			lp.add(st.gate, glob.DType, shapes.GateGlobal, [2]int64{}, one(func(pr parts) piece { g, _, _ := pk(pr); return g }))
-			lp.add(st.up, glob.DType, shapes.UpGlobal, [2]int64{}, one(func(pr parts) piece { _, u, _ := pk(pr); return u }))
+			}
+		case layout.ProjGate:
+			pick = one(func(pr parts) piece { g, _, _ := pk(pr); return g })
+		case layout.ProjUp:
+			pick = one(func(pr parts) piece { _, u, _ := pk(pr); return u })
+		default:
+			pick = one(func(pr parts) piece { _, _, d := pk(pr); return d })
 		}
-		lp.add(st.down, glob.DType, shapes.DownGlobal, [2]int64{}, one(func(pr parts) piece { _, _, d := pk(pr); return d }))
+		lp.add(names.Get(st.Proj, st.Role), glob.DType, shapes.Of(st.Proj, st.Role), [2]int64{}, pick)
 	}
 }
