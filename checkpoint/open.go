@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"io"
 	"io/fs"
 	"os"
@@ -494,10 +495,10 @@ type Source interface {
 // which add is handed.
 func RequantisedMLP(src Source, m family.MLP, f weightfmt.Format, add func(*Tensor)) (family.MLP, error) {
 	out := m
-	for _, pr := range []struct{ w, s *string }{{&out.Gate, &out.GateScale}, {&out.Up, &out.UpScale}, {&out.Down, &out.DownScale}} {
-		t, ok := src.Tensor(*pr.w)
+	for _, pj := range layout.MLPProjs {
+		t, ok := src.Tensor(out.Weight(pj))
 		if !ok {
-			return family.MLP{}, fmt.Errorf("shared expert tensor %s is missing", *pr.w)
+			return family.MLP{}, fmt.Errorf("shared expert tensor %s is missing", out.Weight(pj))
 		}
 		w, s, err := Requantised(t, f)
 		if err != nil {
@@ -505,7 +506,8 @@ func RequantisedMLP(src Source, m family.MLP, f weightfmt.Format, add func(*Tens
 		}
 		add(w)
 		add(s)
-		*pr.w, *pr.s = w.Name, s.Name
+		out.Set(pj, layout.RoleWeight, w.Name)
+		out.Set(pj, layout.RoleScale, s.Name)
 	}
 	return out, nil
 }

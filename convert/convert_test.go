@@ -184,14 +184,14 @@ func checkOutput(t *testing.T, s synth, srcT map[string]synthTensor, src, dst st
 		downDT, downScaleDT := s.dtype, safetensors.F32
 		var gate, up, gateUp, down, gs, us, gus, ds outTensorData
 		if lay.Fused() {
-			gateUp, down = get(names.GateUp), get(names.Down)
+			gateUp, down = get(names.Weight(layout.ProjGateUp)), get(names.Weight(layout.ProjDown))
 			if fp8 {
-				gus, ds = get(names.GateUpScale), get(names.DownScale)
+				gus, ds = get(names.Get(layout.ProjGateUp, layout.RoleScale)), get(names.Get(layout.ProjDown, layout.RoleScale))
 			}
 		} else {
-			gate, up, down = get(names.Gate), get(names.Up), get(names.Down)
+			gate, up, down = get(names.Weight(layout.ProjGate)), get(names.Weight(layout.ProjUp)), get(names.Weight(layout.ProjDown))
 			if fp8 {
-				gs, us, ds = get(names.GateScale), get(names.UpScale), get(names.DownScale)
+				gs, us, ds = get(names.Get(layout.ProjGate, layout.RoleScale)), get(names.Get(layout.ProjUp, layout.RoleScale)), get(names.Get(layout.ProjDown, layout.RoleScale))
 			}
 		}
 		for b := 0; b < bank; b++ {

@@ -135,20 +135,22 @@ func (p *planner) dequantMLP(mp mlpParts, f weightfmt.Format, I, H int64, what s
 	if _, scaled := f.Scale(); p.o.DType == "" || !scaled {
 		return mp, nil
 	}
-	out := mlpParts{gateBias: mp.gateBias, upBias: mp.upBias, downBias: mp.downBias}
-	var err error
-	for _, w := range []struct {
-		dst            *part
-		weight, sc, gl part
-		rows, cols     int64
-		role           string
-	}{{&out.gate, mp.gate, mp.gateScale, mp.gateGlobal, I, H, " gate"}, {&out.up, mp.up, mp.upScale, mp.upGlobal, I, H, " up"},
-		{&out.down, mp.down, mp.downScale, mp.downGlobal, H, I, " down"}} {
-		if *w.dst, err = p.dequantPart(w.weight, w.sc, w.gl, weightfmt.Matrix{Format: f, Rows: w.rows, Cols: w.cols}, what+w.role); err != nil {
+	var out mlpParts
+	for _, pj := range layout.MLPProjs {
+		out[pj][layout.RoleBias] = mp[pj][layout.RoleBias]
+	}
+	for _, pj := range layout.MLPProjs {
+		rows, cols := I, H
+		if pj == layout.ProjDown {
+			rows, cols = H, I
+		}
+		w := mp[pj]
+		var err error
+		if out[pj][layout.RoleWeight], err = p.dequantPart(w[layout.RoleWeight], w[layout.RoleScale], w[layout.RoleGlobal], weightfmt.Matrix{Format: f, Rows: rows, Cols: cols}, what+" "+pj.String()); err != nil {
 			return mlpParts{}, err
 		}
 	}
-	if mp.gateInput.size() > 0 {
+	if mp[layout.ProjGate][layout.RoleInput].size() > 0 {
 		p.dq.inputs = true
 	}
 	return out, nil

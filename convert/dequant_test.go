@@ -78,9 +78,9 @@ func TestDequantFP8Convert(t *testing.T) {
 			for _, l := range s.moeLayers() {
 				p := s.moePrefix(l)
 				names := layout.NamesFor(o.Layout, p, nil)
-				gate, down := out[names.Gate].data, out[names.Down].data
+				gate, down := out[names.Weight(layout.ProjGate)].data, out[names.Weight(layout.ProjDown)].data
 				if o.Layout.Fused() {
-					gate = out[names.GateUp].data
+					gate = out[names.Weight(layout.ProjGateUp)].data
 				}
 				es := int64(o.DType.Size())
 				for e := range int64(s.E) {
@@ -90,7 +90,7 @@ func TestDequantFP8Convert(t *testing.T) {
 						eqFusedPair(t, o.Layout, gate, e, g, u, ep+"gate", ep+"up")
 					} else {
 						eqBytes(t, ep+"gate", sliceOf(gate, e, int64(len(g))), g)
-						eqBytes(t, ep+"up", sliceOf(out[names.Up].data, e, int64(len(u))), u)
+						eqBytes(t, ep+"up", sliceOf(out[names.Weight(layout.ProjUp)].data, e, int64(len(u))), u)
 					}
 					eqBytes(t, ep+"down", sliceOf(down, e, int64(len(d))), d)
 					for _, pr := range []string{"gate_proj", "up_proj", "down_proj"} {

@@ -105,7 +105,7 @@ func checkHFFixture(t *testing.T, src string) {
 					return
 				}
 				// ERNIE 4.5 use_bias: the shared expert's biases cannot ride in fused slots.
-				if o.FuseShared && fp.Layers[0].Shared != nil && fp.Layers[0].Shared.GateBias != "" && strings.Contains(err.Error(), "the shared expert has biases") {
+				if o.FuseShared && fp.Layers[0].Shared != nil && fp.Layers[0].Shared.Get(layout.ProjGate, layout.RoleBias) != "" && strings.Contains(err.Error(), "the shared expert has biases") {
 					return
 				}
 				// ERNIE-4.5-VL: the shared MLP serves both banks of a layer.
@@ -171,9 +171,9 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 				for _, n := range m.Names() {
 					consumed[checkpoint.BaseName(n)] = true
 				}
-				g, u, d = read(m.Gate), read(m.Up), read(m.Down)
+				g, u, d = read(m.Weight(layout.ProjGate)), read(m.Weight(layout.ProjUp)), read(m.Weight(layout.ProjDown))
 				if fp8 {
-					gs, us, ds = read(m.GateScale), read(m.UpScale), read(m.DownScale)
+					gs, us, ds = read(m.Get(layout.ProjGate, layout.RoleScale)), read(m.Get(layout.ProjUp, layout.RoleScale)), read(m.Get(layout.ProjDown, layout.RoleScale))
 				}
 			} else {
 				m := *l.Shared
@@ -181,21 +181,21 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 					consumed[checkpoint.BaseName(n)] = true
 				}
 				s := int64((b - c.NumExperts) % S)
-				if m.Gate != "" {
-					g = rowsOf(read(m.Gate), H*es, s*I, I)
+				if m.Weight(layout.ProjGate) != "" {
+					g = rowsOf(read(m.Weight(layout.ProjGate)), H*es, s*I, I)
 				}
-				u = rowsOf(read(m.Up), H*es, s*I, I)
-				d = colsOf(read(m.Down), H, int64(S)*I*es, s*I*es, I*es)
+				u = rowsOf(read(m.Weight(layout.ProjUp)), H*es, s*I, I)
+				d = colsOf(read(m.Weight(layout.ProjDown)), H, int64(S)*I*es, s*I*es, I*es)
 				if S == 1 {
-					g, u, d = read(m.Gate), read(m.Up), read(m.Down)
+					g, u, d = read(m.Weight(layout.ProjGate)), read(m.Weight(layout.ProjUp)), read(m.Weight(layout.ProjDown))
 				}
 				if fp8 && S == 1 {
-					gs, us, ds = read(m.GateScale), read(m.UpScale), read(m.DownScale)
+					gs, us, ds = read(m.Get(layout.ProjGate, layout.RoleScale)), read(m.Get(layout.ProjUp, layout.RoleScale)), read(m.Get(layout.ProjDown, layout.RoleScale))
 				} else if fp8 {
 					gc := layout.CeilDiv(H, 128) * 4
-					gs = rowsOf(read(m.GateScale), gc, s*I/128, layout.CeilDiv(I, 128))
-					us = rowsOf(read(m.UpScale), gc, s*I/128, layout.CeilDiv(I, 128))
-					ds = colsOf(read(m.DownScale), layout.CeilDiv(H, 128), int64(S)*layout.CeilDiv(I, 128)*4, s*I/128*4, layout.CeilDiv(I, 128)*4)
+					gs = rowsOf(read(m.Get(layout.ProjGate, layout.RoleScale)), gc, s*I/128, layout.CeilDiv(I, 128))
+					us = rowsOf(read(m.Get(layout.ProjUp, layout.RoleScale)), gc, s*I/128, layout.CeilDiv(I, 128))
+					ds = colsOf(read(m.Get(layout.ProjDown, layout.RoleScale)), layout.CeilDiv(H, 128), int64(S)*layout.CeilDiv(I, 128)*4, s*I/128*4, layout.CeilDiv(I, 128)*4)
 				}
 			}
 			where := fmt.Sprintf("layer %d id %d", l.Index, b)
@@ -205,29 +205,29 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 				if c.Layout == layout.UpGate {
 					a, z, as, zs = u, g, us, gs
 				}
-				eqBytes(t, where+" gate/up", sliceOf(pick(names.GateUp), int64(b), int64(len(a)+len(z))), append(append([]byte{}, a...), z...))
+				eqBytes(t, where+" gate/up", sliceOf(pick(names.Weight(layout.ProjGateUp)), int64(b), int64(len(a)+len(z))), append(append([]byte{}, a...), z...))
 				if fp8 {
-					eqBytes(t, where+" gate/up scale", sliceOf(pick(names.GateUpScale), int64(b), int64(len(as)+len(zs))), append(append([]byte{}, as...), zs...))
+					eqBytes(t, where+" gate/up scale", sliceOf(pick(names.Get(layout.ProjGateUp, layout.RoleScale)), int64(b), int64(len(as)+len(zs))), append(append([]byte{}, as...), zs...))
 				}
 			} else {
-				if names.Gate == "" {
+				if names.Weight(layout.ProjGate) == "" {
 					// ungated: the source has no gate, the output no all_gate
 					if g != nil || !c.RoutedAct(layout.LayerInfo{Index: l.Index}).Ungated() {
 						t.Fatalf("%s: no gate stack named, yet the source has a gate or the contract's activation is gated", where)
 					}
-					if _, ok := out[strings.Replace(names.Up, ".all_up.", ".all_gate.", 1)]; ok {
+					if _, ok := out[strings.Replace(names.Weight(layout.ProjUp), ".all_up.", ".all_gate.", 1)]; ok {
 						t.Fatalf("%s: an ungated layer's output holds all_gate", where)
 					}
 				} else {
-					eqBytes(t, where+" gate", sliceOf(pick(names.Gate), int64(b), int64(len(g))), g)
+					eqBytes(t, where+" gate", sliceOf(pick(names.Weight(layout.ProjGate)), int64(b), int64(len(g))), g)
 				}
-				eqBytes(t, where+" up", sliceOf(pick(names.Up), int64(b), int64(len(u))), u)
+				eqBytes(t, where+" up", sliceOf(pick(names.Weight(layout.ProjUp)), int64(b), int64(len(u))), u)
 				if fp8 {
-					eqBytes(t, where+" gate scale", sliceOf(pick(names.GateScale), int64(b), int64(len(gs))), gs)
-					eqBytes(t, where+" up scale", sliceOf(pick(names.UpScale), int64(b), int64(len(us))), us)
+					eqBytes(t, where+" gate scale", sliceOf(pick(names.Get(layout.ProjGate, layout.RoleScale)), int64(b), int64(len(gs))), gs)
+					eqBytes(t, where+" up scale", sliceOf(pick(names.Get(layout.ProjUp, layout.RoleScale)), int64(b), int64(len(us))), us)
 				}
 			}
-			gotD := sliceOf(pick(names.Down), int64(b), int64(len(d)))
+			gotD := sliceOf(pick(names.Weight(layout.ProjDown)), int64(b), int64(len(d)))
 			if folded && !fp8 {
 				eqFolded(t, where+" down", gotD, d, fp.WeightDType, c.RoutedScalingFactor)
 			} else {
@@ -235,7 +235,7 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 			}
 			if bn, ok := c.Biases(layout.LayerInfo{Index: l.Index, Prefix: l.Prefix}); ok {
 				m := l.Experts[b] // gpt-oss: biases read through the source's views
-				gb, ub, db := read(m.GateBias), read(m.UpBias), read(m.DownBias)
+				gb, ub, db := read(m.Get(layout.ProjGate, layout.RoleBias)), read(m.Get(layout.ProjUp, layout.RoleBias)), read(m.Get(layout.ProjDown, layout.RoleBias))
 				if c.Layout.Fused() {
 					a, z := gb, ub
 					if c.Layout == layout.UpGate {
@@ -249,7 +249,7 @@ func verifyAgainstPlan(t *testing.T, src, dst string, o Options, sum *Summary) {
 				eqBytes(t, where+" down bias", sliceOf(pick(bn.Down), int64(b), int64(len(db))), db)
 			}
 			if fp8 {
-				gotS := sliceOf(pick(names.DownScale), int64(b), int64(len(ds)))
+				gotS := sliceOf(pick(names.Get(layout.ProjDown, layout.RoleScale)), int64(b), int64(len(ds)))
 				if folded {
 					eqFolded(t, where+" down scale", gotS, ds, safetensors.F32, c.RoutedScalingFactor)
 				} else {

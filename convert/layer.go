@@ -12,16 +12,9 @@ import (
 )
 
 // mlpParts are the regions of one expert (routed, or one slice of the shared
-// expert) in the order the stacks need them.
-type mlpParts struct {
-	gate, up, down                part
-	gateScale, upScale, downScale part
-	gateBias, upBias, downBias    part // gpt-oss; zero parts when the family has none
-	// NVFP4: the per-tensor second scales and the input scales (F32
-	// scalars, 4 bytes each); zero parts for other formats.
-	gateGlobal, upGlobal, downGlobal part
-	gateInput, upInput, downInput    part
-}
+// expert) by projection (gate, up, down) and role: zero parts where it has
+// none.
+type mlpParts [layout.NumProj][layout.NumRole]part
 
 // get finds a tensor and checks its dtype and shape.
 func (p *planner) get(name, what string, dtype safetensors.DType, shape ...int64) (*checkpoint.Tensor, error) {
@@ -95,9 +88,9 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 		}
 		switch p.fold.into {
 		case weightfmt.FoldWeights:
-			mp.down.fold, mp.down.factor, mp.down.stats = true, p.fold.factor, p.st
+			mp[layout.ProjDown][layout.RoleWeight].fold, mp[layout.ProjDown][layout.RoleWeight].factor, mp[layout.ProjDown][layout.RoleWeight].stats = true, p.fold.factor, p.st
 		case weightfmt.FoldScales:
-			mp.downScale.fold, mp.downScale.factor, mp.downScale.stats = true, p.fold.factor, p.st
+			mp[layout.ProjDown][layout.RoleScale].fold, mp[layout.ProjDown][layout.RoleScale].factor, mp[layout.ProjDown][layout.RoleScale].stats = true, p.fold.factor, p.st
 		}
 		routed[e] = mp
 		consumed = append(consumed, m.Names()...)
@@ -157,37 +150,37 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64, f weightfmt.F
 	dshape := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}.Shape()
 	var g *checkpoint.Tensor
 	var err error
-	if m.Gate != "" { // "": an ungated expert (up and down only)
-		if g, err = p.get(m.Gate, what+" gate", wd, gshape...); err != nil {
+	if m.Weight(layout.ProjGate) != "" { // "": an ungated expert (up and down only)
+		if g, err = p.get(m.Weight(layout.ProjGate), what+" gate", wd, gshape...); err != nil {
 			return mp, err
 		}
 	}
-	u, err := p.get(m.Up, what+" up", wd, gshape...)
+	u, err := p.get(m.Weight(layout.ProjUp), what+" up", wd, gshape...)
 	if err != nil {
 		return mp, err
 	}
-	d, err := p.get(m.Down, what+" down", wd, dshape...)
+	d, err := p.get(m.Weight(layout.ProjDown), what+" down", wd, dshape...)
 	if err != nil {
 		return mp, err
 	}
-	mp.up, mp.down = p.whole(u), p.whole(d)
+	mp[layout.ProjUp][layout.RoleWeight], mp[layout.ProjDown][layout.RoleWeight] = p.whole(u), p.whole(d)
 	if g != nil {
-		mp.gate = p.whole(g)
+		mp[layout.ProjGate][layout.RoleWeight] = p.whole(g)
 	}
-	if m.GateBias != "" {
-		for _, b := range []struct {
-			name, role string
-			n          int64
-			dst        *part
-		}{{m.GateBias, " gate bias", S * I, &mp.gateBias}, {m.UpBias, " up bias", S * I, &mp.upBias}, {m.DownBias, " down bias", H, &mp.downBias}} {
-			t, ok := p.ck.Tensor(b.name)
+	if m.Get(layout.ProjGate, layout.RoleBias) != "" {
+		for _, pj := range layout.MLPProjs {
+			name, role, n := m.Get(pj, layout.RoleBias), " "+pj.String()+" bias", S*I
+			if pj == layout.ProjDown {
+				n = H
+			}
+			t, ok := p.ck.Tensor(name)
 			if !ok {
-				return mp, fmt.Errorf("%s: %s%s: tensor %s is missing", p.ck.Dir, what, b.role, b.name)
+				return mp, fmt.Errorf("%s: %s%s: tensor %s is missing", p.ck.Dir, what, role, name)
 			}
-			if t.NumElements() != b.n {
-				return mp, fmt.Errorf("%s: %s%s: tensor %s has shape %v, want %d values", t.File, what, b.role, b.name, t.Shape, b.n)
+			if t.NumElements() != n {
+				return mp, fmt.Errorf("%s: %s%s: tensor %s has shape %v, want %d values", t.File, what, role, name, t.Shape, n)
 			}
-			*b.dst = whole(t)
+			mp[pj][layout.RoleBias] = whole(t)
 		}
 	}
 	sc, scaled := f.Scale()
@@ -196,39 +189,41 @@ func (p *planner) expert(m family.MLP, what string, I, H, S int64, f weightfmt.F
 	}
 	gr, gc := weightfmt.Matrix{Format: f, Rows: S * I, Cols: H}.ScaleShape()
 	dr, dc := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}.ScaleShape()
-	if m.Gate == "" {
+	if m.Weight(layout.ProjGate) == "" {
 		return mp, fmt.Errorf("%s: %s: ungated experts stored in %s are not supported: moeprep carries them unquantised", p.ck.Dir, what, f)
 	}
-	gs, err := p.get(m.GateScale, what+" gate scale", sc.DType, gr, gc)
+	gs, err := p.get(m.Get(layout.ProjGate, layout.RoleScale), what+" gate scale", sc.DType, gr, gc)
 	if err != nil {
 		return mp, err
 	}
-	us, err := p.get(m.UpScale, what+" up scale", sc.DType, gr, gc)
+	us, err := p.get(m.Get(layout.ProjUp, layout.RoleScale), what+" up scale", sc.DType, gr, gc)
 	if err != nil {
 		return mp, err
 	}
-	ds, err := p.get(m.DownScale, what+" down scale", sc.DType, dr, dc)
+	ds, err := p.get(m.Get(layout.ProjDown, layout.RoleScale), what+" down scale", sc.DType, dr, dc)
 	if err != nil {
 		return mp, err
 	}
-	mp.gateScale, mp.upScale, mp.downScale = whole(gs), whole(us), whole(ds)
+	mp[layout.ProjGate][layout.RoleScale], mp[layout.ProjUp][layout.RoleScale], mp[layout.ProjDown][layout.RoleScale] = whole(gs), whole(us), whole(ds)
 	if g, ok := weightfmt.GlobalOf(f); ok {
-		for _, s := range []struct {
-			name, role string
-			dst        *part
-		}{{m.GateGlobal, " gate global scale", &mp.gateGlobal}, {m.UpGlobal, " up global scale", &mp.upGlobal}, {m.DownGlobal, " down global scale", &mp.downGlobal},
-			{m.GateInput, " gate input scale", &mp.gateInput}, {m.UpInput, " up input scale", &mp.upInput}, {m.DownInput, " down input scale", &mp.downInput}} {
-			if s.name == "" {
-				continue // no input scales
+		for _, sr := range []struct {
+			r    layout.Role
+			kind string
+		}{{layout.RoleGlobal, " global scale"}, {layout.RoleInput, " input scale"}} {
+			for _, pj := range layout.MLPProjs {
+				name, role := m.Get(pj, sr.r), " "+pj.String()+sr.kind
+				if name == "" {
+					continue // no input scales
+				}
+				t, ok := p.ck.Tensor(name)
+				if !ok {
+					return mp, fmt.Errorf("%s: %s%s: tensor %s is missing", p.ck.Dir, what, role, name)
+				}
+				if t.DType != g.DType || t.NumElements() != 1 {
+					return mp, fmt.Errorf("%s: %s%s: tensor %s is %s %v, want one %s", t.File, what, role, name, t.DType, t.Shape, g.DType)
+				}
+				mp[pj][sr.r] = whole(t)
 			}
-			t, ok := p.ck.Tensor(s.name)
-			if !ok {
-				return mp, fmt.Errorf("%s: %s%s: tensor %s is missing", p.ck.Dir, what, s.role, s.name)
-			}
-			if t.DType != g.DType || t.NumElements() != 1 {
-				return mp, fmt.Errorf("%s: %s%s: tensor %s is %s %v, want one %s", t.File, what, s.role, s.name, t.DType, t.Shape, g.DType)
-			}
-			*s.dst = whole(t)
 		}
 	}
 	return mp, nil
@@ -243,27 +238,29 @@ func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64, f wei
 	if err != nil || S == 1 {
 		return full, err
 	}
-	if full.gate.inOut || full.down.inOut {
+	if full[layout.ProjGate][layout.RoleWeight].inOut || full[layout.ProjDown][layout.RoleWeight].inOut {
 		return mlpParts{}, fmt.Errorf("%s: %s is stored transposed, and slicing it for --orientation in-out is not supported", p.ck.Dir, what)
 	}
-	u, _ := p.tensor(m.Up)
-	d, _ := p.tensor(m.Down)
 	rows := weightfmt.Matrix{Format: f, Rows: S * I, Cols: H}.RowBlock(s*I, I)
 	cols := weightfmt.Matrix{Format: f, Rows: H, Cols: S * I}.ColBlock(s*I, I)
-	sp := mlpParts{up: piece(u, rows.Weight), down: piece(d, cols.Weight)}
-	if m.Gate != "" {
-		g, _ := p.tensor(m.Gate)
-		sp.gate = piece(g, rows.Weight)
+	_, scaled := f.Scale()
+	var sp mlpParts
+	for _, pj := range layout.MLPProjs {
+		cut := rows // gate and up: rows s*I..; down: columns s*I..
+		if pj == layout.ProjDown {
+			cut = cols
+		}
+		if w := m.Weight(pj); w != "" { // "": an ungated expert's gate
+			t, _ := p.tensor(w)
+			sp[pj][layout.RoleWeight] = piece(t, cut.Weight)
+		}
+		if scaled {
+			t, _ := p.tensor(m.Get(pj, layout.RoleScale))
+			sp[pj][layout.RoleScale] = piece(t, cut.Scale)
+		}
+		// A slice keeps the whole weight's per-tensor scales.
+		sp[pj][layout.RoleGlobal], sp[pj][layout.RoleInput] = full[pj][layout.RoleGlobal], full[pj][layout.RoleInput]
 	}
-	if _, scaled := f.Scale(); scaled {
-		gs, _ := p.tensor(m.GateScale)
-		us, _ := p.tensor(m.UpScale)
-		ds, _ := p.tensor(m.DownScale)
-		sp.gateScale, sp.upScale, sp.downScale = piece(gs, rows.Scale), piece(us, rows.Scale), piece(ds, cols.Scale)
-	}
-	// A slice keeps the whole weight's per-tensor scales.
-	sp.gateGlobal, sp.upGlobal, sp.downGlobal = full.gateGlobal, full.upGlobal, full.downGlobal
-	sp.gateInput, sp.upInput, sp.downInput = full.gateInput, full.upInput, full.downInput
 	return sp, nil
 }
 
@@ -314,73 +311,64 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 		mat   [2]int64
 		pick  func(mlpParts) []part
 	}
-	gate, down, gs, ds := [2]int64{I, H}, [2]int64{H, I}, [2]int64{gr, gc}, [2]int64{dr, dc}
 	one := func(f func(mlpParts) part) func(mlpParts) []part {
 		return func(m mlpParts) []part { return []part{f(m)} }
 	}
-	var specs []spec
-	switch lay {
-	case layout.GateUp, layout.UpGate:
-		first, second := func(m mlpParts) (part, part) { return m.gate, m.up }, func(m mlpParts) (part, part) { return m.gateScale, m.upScale }
-		if lay == layout.UpGate {
-			first = func(m mlpParts) (part, part) { return m.up, m.gate }
-			second = func(m mlpParts) (part, part) { return m.upScale, m.gateScale }
+	// mat is the [out, in] of a stack's weights or scale grids, zero for
+	// the per-expert scalars.
+	mat := func(pj layout.Proj, r layout.Role) [2]int64 {
+		switch {
+		case r == layout.RoleWeight && pj == layout.ProjDown:
+			return [2]int64{H, I}
+		case r == layout.RoleWeight:
+			return [2]int64{I, H}
+		case r == layout.RoleScale && pj == layout.ProjDown:
+			return [2]int64{dr, dc}
+		case r == layout.RoleScale:
+			return [2]int64{gr, gc}
 		}
-		specs = append(specs, spec{names.GateUp, wd, shapes.GateUp, gate, func(m mlpParts) []part { a, b := first(m); return []part{a, b} }})
-		specs = append(specs, spec{names.GateUpScale, sd.DType, shapes.GateUpScale, gs, func(m mlpParts) []part { a, b := second(m); return []part{a, b} }})
-		specs = append(specs, spec{names.Down, wd, shapes.Down, down, one(func(m mlpParts) part { return m.down })})
-		specs = append(specs, spec{names.DownScale, sd.DType, shapes.DownScale, ds, one(func(m mlpParts) part { return m.downScale })})
-	default:
-		specs = append(specs, spec{names.Gate, wd, shapes.Gate, gate, one(func(m mlpParts) part { return m.gate })})
-		specs = append(specs, spec{names.GateScale, sd.DType, shapes.GateScale, gs, one(func(m mlpParts) part { return m.gateScale })})
-		specs = append(specs, spec{names.Up, wd, shapes.Up, gate, one(func(m mlpParts) part { return m.up })})
-		specs = append(specs, spec{names.UpScale, sd.DType, shapes.UpScale, gs, one(func(m mlpParts) part { return m.upScale })})
-		specs = append(specs, spec{names.Down, wd, shapes.Down, down, one(func(m mlpParts) part { return m.down })})
-		specs = append(specs, spec{names.DownScale, sd.DType, shapes.DownScale, ds, one(func(m mlpParts) part { return m.downScale })})
+		return [2]int64{}
 	}
-	if g, ok := weightfmt.GlobalOf(p.out); ok {
-		pair := func(f func(mlpParts) (part, part)) func(mlpParts) []part {
+	g, _ := weightfmt.GlobalOf(p.out) // names has no global or input scales when the format has none
+	dtypes := map[layout.Role]safetensors.DType{layout.RoleWeight: wd, layout.RoleScale: sd.DType, layout.RoleGlobal: g.DType, layout.RoleInput: g.DType}
+	var specs []spec
+	for _, st := range layout.StackOrder {
+		pj, r := st.Proj, st.Role
+		if r == layout.RoleInput && !p.fp.NVFP4InputScale {
+			continue
+		}
+		name := names.Get(pj, r)
+		if name == "" {
+			continue
+		}
+		pick := one(func(m mlpParts) part { return m[pj][r] })
+		if pj == layout.ProjGateUp {
+			// gate's and up's parts of each expert, in the layout's order
+			pick = func(m mlpParts) []part { return []part{m[layout.ProjGate][r], m[layout.ProjUp][r]} }
 			if lay == layout.UpGate {
-				return func(m mlpParts) []part { a, b := f(m); return []part{b, a} }
+				pick = func(m mlpParts) []part { return []part{m[layout.ProjUp][r], m[layout.ProjGate][r]} }
 			}
-			return func(m mlpParts) []part { a, b := f(m); return []part{a, b} }
 		}
-		type scalars struct {
-			gate, up, gateUp, down string
-			pick                   func(mlpParts) (gate, up, down part)
-		}
-		sets := []scalars{{names.GateGlobal, names.UpGlobal, names.GateUpGlobal, names.DownGlobal,
-			func(m mlpParts) (part, part, part) { return m.gateGlobal, m.upGlobal, m.downGlobal }}}
-		if p.fp.NVFP4InputScale {
-			sets = append(sets, scalars{names.GateInput, names.UpInput, names.GateUpInput, names.DownInput,
-				func(m mlpParts) (part, part, part) { return m.gateInput, m.upInput, m.downInput }})
-		}
-		for _, st := range sets {
-			pk := st.pick
-			switch lay {
-			case layout.GateUp, layout.UpGate:
-				specs = append(specs, spec{st.gateUp, g.DType, shapes.GateUpGlobal, [2]int64{}, pair(func(m mlpParts) (part, part) { a, b, _ := pk(m); return a, b })})
-			default:
-				specs = append(specs, spec{st.gate, g.DType, shapes.GateGlobal, [2]int64{}, one(func(m mlpParts) part { a, _, _ := pk(m); return a })},
-					spec{st.up, g.DType, shapes.UpGlobal, [2]int64{}, one(func(m mlpParts) part { _, b, _ := pk(m); return b })})
-			}
-			specs = append(specs, spec{st.down, g.DType, shapes.DownGlobal, [2]int64{}, one(func(m mlpParts) part { _, _, d := pk(m); return d })})
-		}
+		specs = append(specs, spec{name, dtypes[r], shapes.Of(pj, r), mat(pj, r), pick})
 	}
 	if p.fp.ExpertBias {
-		bn, bd := layout.BiasNames(lay, prefix), bank[0].gateBias.dtype
+		bn, bd := layout.BiasNames(lay, prefix), bank[0][layout.ProjGate][layout.RoleBias].dtype
 		switch lay {
 		case layout.GateUp, layout.UpGate:
-			pick := func(m mlpParts) []part { return []part{m.gateBias, m.upBias} }
+			pick := func(m mlpParts) []part {
+				return []part{m[layout.ProjGate][layout.RoleBias], m[layout.ProjUp][layout.RoleBias]}
+			}
 			if lay == layout.UpGate {
-				pick = func(m mlpParts) []part { return []part{m.upBias, m.gateBias} }
+				pick = func(m mlpParts) []part {
+					return []part{m[layout.ProjUp][layout.RoleBias], m[layout.ProjGate][layout.RoleBias]}
+				}
 			}
 			specs = append(specs, spec{bn.GateUp, bd, layout.Shape{n, 2 * I}, [2]int64{}, pick})
 		default:
-			specs = append(specs, spec{bn.Gate, bd, layout.Shape{n, I}, [2]int64{}, one(func(m mlpParts) part { return m.gateBias })},
-				spec{bn.Up, bd, layout.Shape{n, I}, [2]int64{}, one(func(m mlpParts) part { return m.upBias })})
+			specs = append(specs, spec{bn.Gate, bd, layout.Shape{n, I}, [2]int64{}, one(func(m mlpParts) part { return m[layout.ProjGate][layout.RoleBias] })},
+				spec{bn.Up, bd, layout.Shape{n, I}, [2]int64{}, one(func(m mlpParts) part { return m[layout.ProjUp][layout.RoleBias] })})
 		}
-		specs = append(specs, spec{bn.Down, bd, layout.Shape{n, H}, [2]int64{}, one(func(m mlpParts) part { return m.downBias })})
+		specs = append(specs, spec{bn.Down, bd, layout.Shape{n, H}, [2]int64{}, one(func(m mlpParts) part { return m[layout.ProjDown][layout.RoleBias] })})
 	}
 	out := make([]*outTensor, 0, len(specs))
 	for _, s := range specs {

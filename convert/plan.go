@@ -132,7 +132,7 @@ func (p *planner) checkUngated() error {
 		act := p.fp.RoutedAct(l)
 		for e, m := range l.Experts {
 			if m.Ungated() != act.Ungated() {
-				return fmt.Errorf("%s: layer %d expert %d: the plan names gate %q with activation %s, which disagree", p.ck.Dir, l.Index, e, m.Gate, act.Describe())
+				return fmt.Errorf("%s: layer %d expert %d: the plan names gate %q with activation %s, which disagree", p.ck.Dir, l.Index, e, m.Weight(layout.ProjGate), act.Describe())
 			}
 		}
 		if act.Ungated() && p.o.Layout.Fused() {
@@ -285,8 +285,8 @@ func (p *planner) checkFusable() error {
 			return fmt.Errorf("%s: layer %d: %s (model_type %s) runs its shared MLP with another activation (%s) than its routed experts (%s), and a fused bank applies one activation to every slot; use moeprep convert instead",
 				p.ck.Dir, l.Index, fp.Family, fp.ModelType, sa.Describe(), ra.Describe())
 		}
-		if l.Shared.GateBias != "" {
-			return fmt.Errorf("%s: layer %d: the shared expert has biases (%s) and the routed experts none, so its fused slots would need bias stacks of their own; use moeprep convert instead", p.ck.Dir, l.Index, l.Shared.GateBias)
+		if l.Shared.Get(layout.ProjGate, layout.RoleBias) != "" {
+			return fmt.Errorf("%s: layer %d: the shared expert has biases (%s) and the routed experts none, so its fused slots would need bias stacks of their own; use moeprep convert instead", p.ck.Dir, l.Index, l.Shared.Get(layout.ProjGate, layout.RoleBias))
 		}
 	}
 	if si, s := fp.SharedIntermediateSize, fp.NumSharedExperts*fp.MoEIntermediateSize; si != 0 && si != s {
@@ -388,7 +388,7 @@ func (p *planner) chooseFold() error {
 	scalesAsStated := true
 	for _, l := range fp.Layers {
 		for _, e := range l.Experts {
-			if t, ok := p.ck.Tensor(e.DownScale); ok && scaled && t.DType != sc.DType {
+			if t, ok := p.ck.Tensor(e.Get(layout.ProjDown, layout.RoleScale)); ok && scaled && t.DType != sc.DType {
 				scalesAsStated = false
 			}
 		}

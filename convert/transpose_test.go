@@ -127,7 +127,7 @@ func checkTransposed(t *testing.T, name, outIn, inOut string) {
 	stacks := map[string]bool{}
 	for _, li := range kb.Layers {
 		n := kb.Names(li)
-		for _, s := range []string{n.Gate, n.Up, n.GateUp, n.Down, n.GateScale, n.UpScale, n.GateUpScale, n.DownScale} {
+		for _, s := range []string{n.Weight(layout.ProjGate), n.Weight(layout.ProjUp), n.Weight(layout.ProjGateUp), n.Weight(layout.ProjDown), n.Get(layout.ProjGate, layout.RoleScale), n.Get(layout.ProjUp, layout.RoleScale), n.Get(layout.ProjGateUp, layout.RoleScale), n.Get(layout.ProjDown, layout.RoleScale)} {
 			stacks[s] = s != ""
 		}
 	}

@@ -2,6 +2,7 @@ package family
 
 import (
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"slices"
 	"strconv"
 	"strings"
@@ -97,7 +98,7 @@ func (k *checker) separateStacks(where string, st [3]string) ([]MLP, error) {
 	}
 	out := make([]MLP, e)
 	for x := range out {
-		m := MLP{Gate: ViewName(st[0], x, 0, 0), Up: ViewName(st[1], x, 0, 0), Down: ViewName(st[2], x, 0, 0)}
+		m := MLPOf(ViewName(st[0], x, 0, 0), ViewName(st[1], x, 0, 0), ViewName(st[2], x, 0, 0))
 		if err := k.viewWeights(fmt.Sprintf("%s: expert %d", where, x), m, int(i), hint); err != nil {
 			return nil, err
 		}
@@ -177,8 +178,7 @@ func orientation(transposed bool) string {
 func (k *checker) flatViews(where string, names [3]string, e int, hint string) (MLP, error) {
 	i := k.p.MoEIntermediateSize
 	r0, r1 := e*i, (e+1)*i
-	m := MLP{Gate: ViewName(names[0], -1, r0, r1), Up: ViewName(names[1], -1, r0, r1),
-		Down: ViewName(names[2], -1, r0, r1) + "[T:0:" + strconv.Itoa(k.p.HiddenSize) + ":1]"}
+	m := MLPOf(ViewName(names[0], -1, r0, r1), ViewName(names[1], -1, r0, r1), ViewName(names[2], -1, r0, r1)+"[T:0:"+strconv.Itoa(k.p.HiddenSize)+":1]")
 	return m, k.viewWeights(where, m, i, hint)
 }
 
@@ -189,10 +189,10 @@ func (k *checker) flatViews(where string, names [3]string, e int, hint string) (
 func (k *checker) views(where, gateUp, down string, e, inter int, transposed, interleaved bool, hint string) (MLP, error) {
 	m := gateUpViews(gateUp, down, e, inter, interleaved)
 	if transposed {
-		m = MLP{Gate: TransposedViewName(gateUp, e, 0, inter, 1), Up: TransposedViewName(gateUp, e, inter, inter, 1),
-			Down: TransposedViewName(down, e, 0, k.p.HiddenSize, 1)}
+		m = MLPOf(TransposedViewName(gateUp, e, 0, inter, 1), TransposedViewName(gateUp, e, inter, inter, 1), TransposedViewName(down, e, 0, k.p.HiddenSize, 1))
 		if interleaved {
-			m.Gate, m.Up = TransposedViewName(gateUp, e, 0, inter, 2), TransposedViewName(gateUp, e, 1, inter, 2)
+			m.Set(layout.ProjGate, layout.RoleWeight, TransposedViewName(gateUp, e, 0, inter, 2))
+			m.Set(layout.ProjUp, layout.RoleWeight, TransposedViewName(gateUp, e, 1, inter, 2))
 		}
 	}
 	if err := k.viewWeights(where, m, inter, hint); err != nil {
@@ -206,15 +206,15 @@ func (k *checker) views(where, gateUp, down string, e, inter int, transposed, in
 // and down [E, H, I]; e < 0: a 2-D gate-up [2I, H] and down [H, I].
 func gateUpViews(gateUp, down string, e, inter int, interleaved bool) MLP {
 	if interleaved {
-		return MLP{Gate: StridedRowsViewName(gateUp, e, 0, inter, 2), Up: StridedRowsViewName(gateUp, e, 1, inter, 2), Down: ViewName(down, e, 0, 0)}
+		return MLPOf(StridedRowsViewName(gateUp, e, 0, inter, 2), StridedRowsViewName(gateUp, e, 1, inter, 2), ViewName(down, e, 0, 0))
 	}
-	return MLP{Gate: ViewName(gateUp, e, 0, inter), Up: ViewName(gateUp, e, inter, 2*inter), Down: ViewName(down, e, 0, 0)}
+	return MLPOf(ViewName(gateUp, e, 0, inter), ViewName(gateUp, e, inter, 2*inter), ViewName(down, e, 0, 0))
 }
 
 // viewWeights checks the gate, up and down views of one MLP of
 // intermediate size inter.
 func (k *checker) viewWeights(where string, m MLP, inter int, hint string) error {
-	names := [3]string{m.Gate, m.Up, m.Down}
+	names := [3]string{m.Weight(layout.ProjGate), m.Weight(layout.ProjUp), m.Weight(layout.ProjDown)}
 	return k.eachProj([3]string{"gate", "up", "down"}, inter, func(n int, role string, rows, cols int64) error {
 		_, err := k.weight(where, role, names[n], rows, cols, hint)
 		return err
@@ -240,12 +240,11 @@ func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint stri
 		return k.packedMLP(where, prefix, proj, inter, hint)
 	}
 	var m MLP
-	names := [3]*string{&m.Gate, &m.Up, &m.Down}
-	scales := [3]*string{&m.GateScale, &m.UpScale, &m.DownScale}
 	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
-		*names[n] = prefix + "." + pr + ".weight"
-		var err error
-		*scales[n], err = k.weight(where, pr, *names[n], rows, cols, hint)
+		name := prefix + "." + pr + ".weight"
+		m.Set(layout.MLPProjs[n], layout.RoleWeight, name)
+		scale, err := k.weight(where, pr, name, rows, cols, hint)
+		m.Set(layout.MLPProjs[n], layout.RoleScale, scale)
 		return err
 	}); err != nil {
 		return MLP{}, err
@@ -448,7 +447,7 @@ func (k *checker) sharedStack(where, prefix string, n naming) ([]MLP, error) {
 		if n.sharedStackedGateUp != "" {
 			m = gateUpViews(stacks[0].name, stacks[1].name, e, int(i), n.stackedInterleaved)
 		} else {
-			m = MLP{Gate: ViewName(stacks[0].name, e, 0, 0), Up: ViewName(stacks[1].name, e, 0, 0), Down: ViewName(stacks[2].name, e, 0, 0)}
+			m = MLPOf(ViewName(stacks[0].name, e, 0, 0), ViewName(stacks[1].name, e, 0, 0), ViewName(stacks[2].name, e, 0, 0))
 		}
 		w := fmt.Sprintf("%s: shared expert %d", where, e)
 		if err := k.viewWeights(w, m, int(i), hint); err != nil {
@@ -480,7 +479,7 @@ func (k *checker) bias(where, name string, row bool) error {
 // mlpBiases plans the biases of a hub-layout MLP (prefix.<proj>.bias):
 // [inter] for gate and up, [H] for down.
 func (k *checker) mlpBiases(where, prefix string, proj [3]string, inter int, m *MLP) error {
-	for n, dst := range [3]*string{&m.GateBias, &m.UpBias, &m.DownBias} {
+	for n, pj := range layout.MLPProjs {
 		size := int64(inter)
 		if n == 2 {
 			size = int64(k.p.HiddenSize)
@@ -489,7 +488,7 @@ func (k *checker) mlpBiases(where, prefix string, proj [3]string, inter int, m *
 		if err := k.small(where, proj[n]+" bias", name, []int64{size}, "(config.json use_bias=true)"); err != nil {
 			return err
 		}
-		*dst = name
+		m.Set(pj, layout.RoleBias, name)
 	}
 	return nil
 }
@@ -551,10 +550,12 @@ func (k *checker) expertBiases(where, gateUp, down string, e int, interleaved bo
 		}
 	}
 	row, n := ViewName(gateUp, -1, e, e+1), int(i) // [1, 2I]: its columns, transposed, are a vector
-	m.GateBias, m.UpBias = TransposedViewName(row, -1, 0, n, 1), TransposedViewName(row, -1, n, n, 1)
+	m.Set(layout.ProjGate, layout.RoleBias, TransposedViewName(row, -1, 0, n, 1))
+	m.Set(layout.ProjUp, layout.RoleBias, TransposedViewName(row, -1, n, n, 1))
 	if interleaved {
-		m.GateBias, m.UpBias = TransposedViewName(row, -1, 0, n, 2), TransposedViewName(row, -1, 1, n, 2)
+		m.Set(layout.ProjGate, layout.RoleBias, TransposedViewName(row, -1, 0, n, 2))
+		m.Set(layout.ProjUp, layout.RoleBias, TransposedViewName(row, -1, 1, n, 2))
 	}
-	m.DownBias = ViewName(down, -1, e, e+1)
+	m.Set(layout.ProjDown, layout.RoleBias, ViewName(down, -1, e, e+1))
 	return nil
 }

@@ -3,6 +3,7 @@ package family_test
 import (
 	"context"
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"maps"
 	"os"
 	"path/filepath"
@@ -126,12 +127,12 @@ func TestDSFamiliesPlan(t *testing.T) {
 				t.Errorf("MoE layers %s, want %s", g, tc.moe)
 			}
 			l1, l2 := p.Layers[0], p.Layers[1]
-			if l1.Router != tc.names[0] || l1.RouterBias != tc.names[1] || l2.Experts[3].Gate != tc.names[2] ||
+			if l1.Router != tc.names[0] || l1.RouterBias != tc.names[1] || l2.Experts[3].Weight(layout.ProjGate) != tc.names[2] ||
 				p.Layers[len(p.Layers)-1].Shared == nil {
-				t.Errorf("names: router %s, bias %q, expert 3 gate %s", l1.Router, l1.RouterBias, l2.Experts[3].Gate)
+				t.Errorf("names: router %s, bias %q, expert 3 gate %s", l1.Router, l1.RouterBias, l2.Experts[3].Weight(layout.ProjGate))
 			}
-			if last := p.Layers[len(p.Layers)-1]; last.Shared.Down != tc.names[3] {
-				t.Errorf("shared down %s, want %s", last.Shared.Down, tc.names[3])
+			if last := p.Layers[len(p.Layers)-1]; last.Shared.Weight(layout.ProjDown) != tc.names[3] {
+				t.Errorf("shared down %s, want %s", last.Shared.Weight(layout.ProjDown), tc.names[3])
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package family
 
 import (
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"slices"
 	"strings"
 	"testing"
@@ -104,10 +105,10 @@ func TestDSWrappers(t *testing.T) {
 			if got != tc.want {
 				t.Errorf("plan\n got %s\nwant %s", got, tc.want)
 			}
-			if e := p.Layers[1].Experts[7].Down; e != tc.layers+"2.mlp.experts.7.down_proj.weight" {
+			if e := p.Layers[1].Experts[7].Weight(layout.ProjDown); e != tc.layers+"2.mlp.experts.7.down_proj.weight" {
 				t.Errorf("expert 7 of layer 2: %s", e)
 			}
-			if s := p.Layers[0].Shared; s == nil || s.Gate != tc.layers+"1.mlp.shared_experts.gate_proj.weight" {
+			if s := p.Layers[0].Shared; s == nil || s.Weight(layout.ProjGate) != tc.layers+"1.mlp.shared_experts.gate_proj.weight" {
 				t.Errorf("shared expert %+v", s)
 			}
 		})

@@ -1,6 +1,7 @@
 package family_test
 
 import (
+	"github.com/moeprep/moeprep/layout"
 	"path/filepath"
 	"testing"
 
@@ -46,10 +47,10 @@ func TestDeepSeekV4OfficialLayout(t *testing.T) {
 			if want := tc.prefix[:len(tc.prefix)-len("1.ffn")] + "0.ffn.gate.tid2eid"; l0.HashTable != want {
 				t.Errorf("layer 0 hash table %q, want %q", l0.HashTable, want)
 			}
-			if e := l1.Experts[5]; e.Down != tc.prefix+".experts.5.w2.weight" || e.DownScale != tc.prefix+".experts.5.w2.scale" {
-				t.Errorf("expert 5 down %q scale %q", e.Down, e.DownScale)
+			if e := l1.Experts[5]; e.Weight(layout.ProjDown) != tc.prefix+".experts.5.w2.weight" || e.Get(layout.ProjDown, layout.RoleScale) != tc.prefix+".experts.5.w2.scale" {
+				t.Errorf("expert 5 down %q scale %q", e.Weight(layout.ProjDown), e.Get(layout.ProjDown, layout.RoleScale))
 			}
-			if l1.Shared == nil || l1.Shared.GateScale != tc.sharedScale {
+			if l1.Shared == nil || l1.Shared.Get(layout.ProjGate, layout.RoleScale) != tc.sharedScale {
 				t.Fatalf("layer 1 shared %+v, want gate scale %s", l1.Shared, tc.sharedScale)
 			}
 			if p.SharedQuantization != family.QuantFP8Block || p.SharedNaming != tc.sharedNaming || p.SharedScaleDType != tc.sharedScaleDType {
@@ -59,12 +60,12 @@ func TestDeepSeekV4OfficialLayout(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := weightfmt.TensorsOf(sf, l1.Shared.Gate).Scale; got != tc.sharedScale {
+			if got := weightfmt.TensorsOf(sf, l1.Shared.Weight(layout.ProjGate)).Scale; got != tc.sharedScale {
 				t.Errorf("shared format names the scale %q, want %q", got, tc.sharedScale)
 			}
 			// One 32x64 block: decode it from the file and check every value
 			// is its code times the one scale entry.
-			raw, scale := readAll(t, ck, l1.Shared.Gate), readAll(t, ck, l1.Shared.GateScale)
+			raw, scale := readAll(t, ck, l1.Shared.Weight(layout.ProjGate)), readAll(t, ck, l1.Shared.Get(layout.ProjGate, layout.RoleScale))
 			dst := make([]float32, 32*64)
 			if err := sf.Dequantise(raw, 32, 64, scale, dst); err != nil {
 				t.Fatal(err)

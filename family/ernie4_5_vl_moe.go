@@ -2,8 +2,8 @@ package family
 
 import (
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"maps"
-	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -368,10 +368,5 @@ func (bt *bankTensors) storedName(n string) string {
 
 // renameMLP applies f to every tensor name of m.
 func renameMLP(m *MLP, f func(string) string) {
-	v := reflect.ValueOf(m).Elem()
-	for i := range v.NumField() {
-		if fv := v.Field(i); fv.Kind() == reflect.String && fv.String() != "" {
-			fv.SetString(f(fv.String()))
-		}
-	}
+	m.Each(func(p layout.Proj, r layout.Role, n string) { m.Set(p, r, f(n)) })
 }

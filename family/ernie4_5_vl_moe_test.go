@@ -1,6 +1,7 @@
 package family
 
 import (
+	"github.com/moeprep/moeprep/layout"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -55,12 +56,12 @@ func TestErnieVLPlan(t *testing.T) {
 	}
 	for i, w := range wants {
 		l := p.Layers[i]
-		got := want{l.Index, l.Bank, l.Router, l.RouterBias, l.Experts[5].Up, p.IntermediateOf(l)}
+		got := want{l.Index, l.Bank, l.Router, l.RouterBias, l.Experts[5].Weight(layout.ProjUp), p.IntermediateOf(l)}
 		if got != w {
 			t.Errorf("layer %d:\n got %+v\nwant %+v", i, got, w)
 		}
 		d := DecoderLayer(l.Index)
-		if l.Shared == nil || l.Shared.Down != "model.layers."+strconv.Itoa(d)+".mlp.shared_experts.down_proj.weight" || !strings.HasSuffix(l.Prefix, "."+l.Bank+"_moe") {
+		if l.Shared == nil || l.Shared.Weight(layout.ProjDown) != "model.layers."+strconv.Itoa(d)+".mlp.shared_experts.down_proj.weight" || !strings.HasSuffix(l.Prefix, "."+l.Bank+"_moe") {
 			t.Errorf("layer %s: shared %+v prefix %s", LayerLabel(l.Index), l.Shared, l.Prefix)
 		}
 	}

@@ -31,7 +31,7 @@ func TestGemma4Config(t *testing.T) {
 			if got := [...]string{l.Prefix, l.Router, l.ExpertScale, l.RouterInputScale, l.ExpertInputNorm}; got != want {
 				t.Fatalf("layer 1 names %q, want %q", got, want)
 			}
-			if p.Act != layout.GeGLUTanh() || p.InputNormEps != 1e-6 || !p.NormTopKProb || len(p.Layers) != 3 || l.Experts[7].Gate == "" {
+			if p.Act != layout.GeGLUTanh() || p.InputNormEps != 1e-6 || !p.NormTopKProb || len(p.Layers) != 3 || l.Experts[7].Weight(layout.ProjGate) == "" {
 				t.Fatalf("plan: act %+v eps %g renorm %v, %d layers", p.Act, p.InputNormEps, p.NormTopKProb, len(p.Layers))
 			}
 		})

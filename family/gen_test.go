@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"maps"
 	"slices"
 	"testing"
@@ -205,11 +206,11 @@ func (g gen) wantLayers() []Layer {
 }
 
 func (g gen) wantMLP(prefix string, proj [3]string) MLP {
-	m := MLP{Gate: prefix + "." + proj[0] + ".weight", Up: prefix + "." + proj[1] + ".weight", Down: prefix + "." + proj[2] + ".weight"}
+	m := MLPOf(prefix+"."+proj[0]+".weight", prefix+"."+proj[1]+".weight", prefix+"."+proj[2]+".weight")
 	if g.fp8 {
-		m.GateScale = prefix + "." + proj[0] + ".weight_scale_inv"
-		m.UpScale = prefix + "." + proj[1] + ".weight_scale_inv"
-		m.DownScale = prefix + "." + proj[2] + ".weight_scale_inv"
+		m.Set(layout.ProjGate, layout.RoleScale, prefix+"."+proj[0]+".weight_scale_inv")
+		m.Set(layout.ProjUp, layout.RoleScale, prefix+"."+proj[1]+".weight_scale_inv")
+		m.Set(layout.ProjDown, layout.RoleScale, prefix+"."+proj[2]+".weight_scale_inv")
 	}
 	return m
 }

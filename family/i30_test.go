@@ -1,6 +1,7 @@
 package family_test
 
 import (
+	"github.com/moeprep/moeprep/layout"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -76,7 +77,7 @@ func TestDbrxConfig(t *testing.T) {
 				if p.NormTopKProb != (tc.want == "") || p.TopK != 2 || p.NumExperts != 8 || p.MoEIntermediateSize != 32 || p.HiddenSize != 64 {
 					t.Errorf("plan: norm %v, top-%d of %d, I %d, H %d", p.NormTopKProb, p.TopK, p.NumExperts, p.MoEIntermediateSize, p.HiddenSize)
 				}
-				if got := p.Layers[1].Experts[3].Down; got != "transformer.blocks.1.ffn.experts.mlp.w2[96:128][T:0:64:1]" {
+				if got := p.Layers[1].Experts[3].Weight(layout.ProjDown); got != "transformer.blocks.1.ffn.experts.mlp.w2[96:128][T:0:64:1]" {
 					t.Errorf("expert 3's down = %s", got)
 				}
 			case err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n"):

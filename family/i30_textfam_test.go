@@ -3,6 +3,7 @@ package family_test
 import (
 	"context"
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -81,7 +82,7 @@ func TestTextFamiliesPlan(t *testing.T) {
 			if l.Index != 1 {
 				l = p.Layers[len(p.Layers)-1]
 			}
-			if got := l.Experts[3].Down; !strings.HasPrefix(got, c.down3) {
+			if got := l.Experts[3].Weight(layout.ProjDown); !strings.HasPrefix(got, c.down3) {
 				t.Errorf("expert 3 down = %s, want %s", got, c.down3)
 			}
 			if l.Router != c.router {
@@ -90,7 +91,7 @@ func TestTextFamiliesPlan(t *testing.T) {
 			switch {
 			case c.sharedDown == "" && l.Shared != nil:
 				t.Errorf("shared expert %+v, want none", l.Shared)
-			case c.sharedDown != "" && (l.Shared == nil || !strings.HasPrefix(l.Shared.Down, c.sharedDown)):
+			case c.sharedDown != "" && (l.Shared == nil || !strings.HasPrefix(l.Shared.Weight(layout.ProjDown), c.sharedDown)):
 				t.Errorf("shared expert %+v, want down %s", l.Shared, c.sharedDown)
 			}
 		})

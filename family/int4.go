@@ -3,6 +3,7 @@ package family
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"slices"
 
 	"github.com/moeprep/moeprep/quantdesc"
@@ -68,15 +69,15 @@ func (k *checker) plainShared() bool {
 // weight_scale and weight_shape.
 func (k *checker) int4MLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
 	var m MLP
-	names := [3]*string{&m.Gate, &m.Up, &m.Down}
-	scales := [3]*string{&m.GateScale, &m.UpScale, &m.DownScale}
-	shapes := [3]*string{&m.GateShape, &m.UpShape, &m.DownShape}
 	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
 		tn, err := k.int4Weight(where, pr, prefix+"."+pr+".weight", rows, cols, hint)
 		if err != nil {
 			return err
 		}
-		*names[n], *scales[n], *shapes[n] = tn.Weight, tn.Scale, tn.Shape
+		pj := layout.MLPProjs[n]
+		m.Set(pj, layout.RoleWeight, tn.Weight)
+		m.Set(pj, layout.RoleScale, tn.Scale)
+		m.Set(pj, layout.RoleShape, tn.Shape)
 		return nil
 	}); err != nil {
 		return MLP{}, err
@@ -176,7 +177,6 @@ func (k *checker) int4Weight(where, role, weight string, rows, cols int64, hint 
 // scales.
 func (k *checker) plainSharedMLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
 	var m MLP
-	names := [3]*string{&m.Gate, &m.Up, &m.Down}
 	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
 		name := prefix + "." + pr + ".weight"
 		meta, ok := k.t.Lookup(name)
@@ -202,7 +202,7 @@ func (k *checker) plainSharedMLP(where, prefix string, proj [3]string, inter int
 				return fmt.Errorf("%s: %s present but the ignore list leaves the shared expert unquantised", where, name+sfx)
 			}
 		}
-		*names[n] = name
+		m.Set(layout.MLPProjs[n], layout.RoleWeight, name)
 		return nil
 	}); err != nil {
 		return MLP{}, err

@@ -2,6 +2,7 @@ package family
 
 import (
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"slices"
 
 	"github.com/moeprep/moeprep/quantdesc"
@@ -193,8 +194,9 @@ func (k *checker) mxfp4Views(gateUp, down string, e, inter int, interleaved bool
 		}
 		return ViewName(name, e, half*inter, (half+1)*inter)
 	}
-	return MLP{
-		Gate: rows(gu.Weight, 0), Up: rows(gu.Weight, 1), Down: ViewName(dn.Weight, e, 0, 0),
-		GateScale: rows(gu.Scale, 0), UpScale: rows(gu.Scale, 1), DownScale: ViewName(dn.Scale, e, 0, 0),
-	}
+	m := MLPOf(rows(gu.Weight, 0), rows(gu.Weight, 1), ViewName(dn.Weight, e, 0, 0))
+	m.Set(layout.ProjGate, layout.RoleScale, rows(gu.Scale, 0))
+	m.Set(layout.ProjUp, layout.RoleScale, rows(gu.Scale, 1))
+	m.Set(layout.ProjDown, layout.RoleScale, ViewName(dn.Scale, e, 0, 0))
+	return m
 }

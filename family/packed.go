@@ -2,6 +2,7 @@ package family
 
 import (
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"slices"
 	"strings"
 
@@ -19,18 +20,17 @@ import (
 // packedMLP checks one MLP of such weights and names its tensors.
 func (k *checker) packedMLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
 	var m MLP
-	names := [3]*string{&m.Gate, &m.Up, &m.Down}
-	scales := [3]*string{&m.GateScale, &m.UpScale, &m.DownScale}
-	globals := [3]*string{&m.GateGlobal, &m.UpGlobal, &m.DownGlobal}
-	inputs := [3]*string{&m.GateInput, &m.UpInput, &m.DownInput}
 	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
 		tn, err := k.packedWeight(where, pr, prefix+"."+pr+".weight", rows, cols, hint)
 		if err != nil {
 			return err
 		}
-		*names[n], *scales[n], *globals[n] = tn.Weight, tn.Scale, tn.Global
+		pj := layout.MLPProjs[n]
+		m.Set(pj, layout.RoleWeight, tn.Weight)
+		m.Set(pj, layout.RoleScale, tn.Scale)
+		m.Set(pj, layout.RoleGlobal, tn.Global)
 		if k.p.NVFP4InputScale {
-			*inputs[n] = tn.Input
+			m.Set(pj, layout.RoleInput, tn.Input)
 		}
 		return nil
 	}); err != nil {

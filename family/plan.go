@@ -48,48 +48,40 @@ const (
 // expert): E(x) = Down(silu(Gate x) * Up x). Scale names are empty unless the
 // weights are FP8 block-quantised.
 type MLP struct {
-	Gate, Up, Down                string
-	GateScale, UpScale, DownScale string
-	// GateBias, UpBias [I] and DownBias [H]: per-expert biases (gpt-oss),
-	// "" when the family has none.
-	GateBias, UpBias, DownBias string
-	// GateShape, UpShape, DownShape: compressed-tensors' weight_shape I64
-	// [2] tensors of packed weights (int4_pack), "" otherwise. Convert
+	// The source tensors by projection (ProjGate, ProjUp, ProjDown; never
+	// ProjGateUp) and role. RoleBias: per-expert biases, [I] for gate and
+	// up and [H] for down (gpt-oss). RoleShape: compressed-tensors'
+	// weight_shape I64 [2] tensors of packed weights (int4_pack); convert
 	// checks and drops them: the contract states every expert's [out, in].
-	GateShape, UpShape, DownShape string
-	// GateGlobal, UpGlobal, DownGlobal: the per-tensor second scale of an
-	// NVFP4 weight (weight_scale_2 or weight_global_scale, F32 scalar);
-	// GateInput, UpInput, DownInput: its static activation scale
-	// (input_scale or input_global_scale, F32 scalar). "" for other
-	// formats.
-	GateGlobal, UpGlobal, DownGlobal string
-	GateInput, UpInput, DownInput    string
+	// RoleGlobal: the per-tensor second scale of an NVFP4 weight
+	// (weight_scale_2 or weight_global_scale, F32 scalar); RoleInput: its
+	// static activation scale (input_scale or input_global_scale, F32
+	// scalar). "" where there is none.
+	layout.Tensors
+}
+
+// MLPOf is the MLP of three weights and no other tensor.
+func MLPOf(gate, up, down string) MLP {
+	var m MLP
+	m.Set(layout.ProjGate, layout.RoleWeight, gate)
+	m.Set(layout.ProjUp, layout.RoleWeight, up)
+	m.Set(layout.ProjDown, layout.RoleWeight, down)
+	return m
 }
 
 // Ungated reports whether the MLP has no gate projection (Nemotron-H's
 // experts and shared MLP: up and down only, relu2).
-func (m MLP) Ungated() bool { return m.Gate == "" && m.Up != "" }
+func (m MLP) Ungated() bool {
+	return m.Weight(layout.ProjGate) == "" && m.Weight(layout.ProjUp) != ""
+}
 
 // First is the MLP's first projection, whose rows are its intermediate
 // size: the gate, or the up projection of an ungated MLP.
 func (m MLP) First() string {
-	if m.Gate == "" {
-		return m.Up
+	if g := m.Weight(layout.ProjGate); g != "" {
+		return g
 	}
-	return m.Gate
-}
-
-// Names lists every tensor the MLP names (weights, scales, biases, shapes,
-// global and input scales), in a fixed order, the empty ones left out.
-func (m MLP) Names() []string {
-	var out []string
-	for _, n := range []string{m.Gate, m.Up, m.Down, m.GateScale, m.UpScale, m.DownScale, m.GateBias, m.UpBias, m.DownBias, m.GateShape, m.UpShape, m.DownShape,
-		m.GateGlobal, m.UpGlobal, m.DownGlobal, m.GateInput, m.UpInput, m.DownInput} {
-		if n != "" {
-			out = append(out, n)
-		}
-	}
-	return out
+	return m.Weight(layout.ProjUp)
 }
 
 // Layer is one MoE layer of the checkpoint.

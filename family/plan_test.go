@@ -2,6 +2,7 @@ package family
 
 import (
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"reflect"
 	"slices"
 	"strings"
@@ -162,8 +163,8 @@ func TestPlanFamilies(t *testing.T) {
 		{"deepseek_v3 bf16 with MTP layer", deepseekV3Gen(), v3, []int{1, 2, 3, 4},
 			func(p *Plan) [][2]string {
 				return [][2]string{
-					{p.Layers[0].Experts[7].Up, "model.layers.1.mlp.experts.7.up_proj.weight"},
-					{p.Layers[3].Shared.Down, "model.layers.4.mlp.shared_experts.down_proj.weight"},
+					{p.Layers[0].Experts[7].Weight(layout.ProjUp), "model.layers.1.mlp.experts.7.up_proj.weight"},
+					{p.Layers[3].Shared.Weight(layout.ProjDown), "model.layers.4.mlp.shared_experts.down_proj.weight"},
 					{p.Layers[3].RouterBias, "model.layers.4.mlp.gate.e_score_correction_bias"},
 					{fmt.Sprint(p.Layers[3].MTP), "true"},
 					{fmt.Sprint(p.Layers[2].MTP), "false"},
@@ -174,8 +175,8 @@ func TestPlanFamilies(t *testing.T) {
 		{"deepseek_v3 fp8 ue8m0, H and I not multiples of 128", deepseekV3FP8Gen(), v3fp8, []int{1, 2},
 			func(p *Plan) [][2]string {
 				return [][2]string{
-					{p.Layers[0].Experts[3].DownScale, "model.layers.1.mlp.experts.3.down_proj.weight_scale_inv"},
-					{p.Layers[1].Shared.GateScale, "model.layers.2.mlp.shared_experts.gate_proj.weight_scale_inv"},
+					{p.Layers[0].Experts[3].Get(layout.ProjDown, layout.RoleScale), "model.layers.1.mlp.experts.3.down_proj.weight_scale_inv"},
+					{p.Layers[1].Shared.Get(layout.ProjGate, layout.RoleScale), "model.layers.2.mlp.shared_experts.gate_proj.weight_scale_inv"},
 				}
 			}},
 		{"deepseek_v3 defaults from DeepseekV3Config",
@@ -195,13 +196,13 @@ func TestPlanFamilies(t *testing.T) {
 			[]int{1, 2},
 			func(p *Plan) [][2]string {
 				return [][2]string{
-					{p.Layers[1].Experts[383].Gate, "model.layers.2.mlp.experts.383.gate_proj.weight"},
+					{p.Layers[1].Experts[383].Weight(layout.ProjGate), "model.layers.2.mlp.experts.383.gate_proj.weight"},
 				}
 			}},
 		{"deepseek_v2 S=2 group_limited_greedy moe_layer_freq 2", deepseekV2Gen(), v2, []int{2, 4},
 			func(p *Plan) [][2]string {
 				return [][2]string{
-					{p.Layers[1].Shared.Up, "model.layers.4.mlp.shared_experts.up_proj.weight"},
+					{p.Layers[1].Shared.Weight(layout.ProjUp), "model.layers.4.mlp.shared_experts.up_proj.weight"},
 					{p.Layers[0].RouterBias, ""},
 				}
 			}},
@@ -223,7 +224,7 @@ func TestPlanFamilies(t *testing.T) {
 			func(p *Plan) [][2]string {
 				return [][2]string{
 					{p.Layers[1].SharedGate, "model.layers.5.mlp.shared_expert_gate.weight"},
-					{p.Layers[0].Shared.Gate, "model.layers.1.mlp.shared_expert.gate_proj.weight"},
+					{p.Layers[0].Shared.Weight(layout.ProjGate), "model.layers.1.mlp.shared_expert.gate_proj.weight"},
 				}
 			}},
 		{"qwen3_moe num_local_experts (transformers 5)", qwen3MoEGen(), qwen3, []int{1, 2}, nil},
@@ -240,8 +241,8 @@ func TestPlanFamilies(t *testing.T) {
 		{"mixtral f16", mixtralGen(), mixtral, []int{0, 1},
 			func(p *Plan) [][2]string {
 				return [][2]string{
-					{p.Layers[1].Experts[2].Up, "model.layers.1.block_sparse_moe.experts.2.w3.weight"},
-					{p.Layers[1].Experts[2].Down, "model.layers.1.block_sparse_moe.experts.2.w2.weight"},
+					{p.Layers[1].Experts[2].Weight(layout.ProjUp), "model.layers.1.block_sparse_moe.experts.2.w3.weight"},
+					{p.Layers[1].Experts[2].Weight(layout.ProjDown), "model.layers.1.block_sparse_moe.experts.2.w2.weight"},
 				}
 			}},
 		{"mixtral saved under mlp", func() gen { g := mixtralGen(); g.module = "mlp"; return g }(), mixtral, []int{0, 1},

@@ -72,7 +72,7 @@ func TestPlanWrappers2(t *testing.T) {
 			}
 			l := p.Layers[0]
 			if len(p.Layers) != 1 || l.Index != 1 || l.Router != "thinker.model.layers.1.mlp.gate.weight" || l.Shared != nil ||
-				l.Experts[3].Down != "thinker.model.layers.1.mlp.experts.3.down_proj.weight" {
+				l.Experts[3].Weight(layout.ProjDown) != "thinker.model.layers.1.mlp.experts.3.down_proj.weight" {
 				t.Errorf("layers %+v", p.Layers)
 			}
 			if p.Scoring != moe.Softmax || !p.NormTopKProb || p.TopK != 2 || p.NumExperts != 4 || p.NumSharedExperts != 0 {
@@ -91,9 +91,9 @@ func TestPlanWrappers2(t *testing.T) {
 			}
 			l := p.Layers[1]
 			pre := "language_model.model.layers.1.mlp."
-			if l.Router != pre+"router.weight" || l.Experts[2].Gate != pre+"experts.fc1.weight[2][T:0:8:1]" ||
-				l.Experts[2].Up != pre+"experts.fc1.weight[2][T:8:8:1]" || l.Experts[2].Down != pre+"experts.fc2.weight[2][T:0:16:1]" ||
-				l.Shared == nil || l.Shared.Down != pre+"shared_experts.down_proj.weight" {
+			if l.Router != pre+"router.weight" || l.Experts[2].Weight(layout.ProjGate) != pre+"experts.fc1.weight[2][T:0:8:1]" ||
+				l.Experts[2].Weight(layout.ProjUp) != pre+"experts.fc1.weight[2][T:8:8:1]" || l.Experts[2].Weight(layout.ProjDown) != pre+"experts.fc2.weight[2][T:0:16:1]" ||
+				l.Shared == nil || l.Shared.Weight(layout.ProjDown) != pre+"shared_experts.down_proj.weight" {
 				t.Errorf("layer 1 %+v", l)
 			}
 			if p.Scoring != moe.Softmax || !p.NormTopKProb || p.NumSharedExperts != 2 || p.SharedIntermediateSize != 16 || p.RoutedScalingFactor != 1 {
@@ -112,7 +112,7 @@ func TestPlanWrappers2(t *testing.T) {
 		{mt: "aria", rename: func(n string) string {
 			return strings.Replace(n, "language_model.model.", "language_model.", 1)
 		}, check: func(t *testing.T, p *Plan) {
-			if p.Wrapper.Layers != "language_model.layers." || p.Layers[1].Experts[0].Down != "language_model.layers.1.mlp.experts.fc2.weight[0][T:0:16:1]" {
+			if p.Wrapper.Layers != "language_model.layers." || p.Layers[1].Experts[0].Weight(layout.ProjDown) != "language_model.layers.1.mlp.experts.fc2.weight[0][T:0:16:1]" {
 				t.Errorf("wrapper %+v, expert 0 %+v", p.Wrapper, p.Layers[1].Experts[0])
 			}
 		}},
@@ -122,8 +122,8 @@ func TestPlanWrappers2(t *testing.T) {
 				t.Fatalf("planned %s (%s), %d layers", p.ModelType, p.Family, len(p.Layers))
 			}
 			l := p.Layers[0]
-			if l.Router != pre+"gate.weight" || l.RouterBias != pre+"e_score_correction_bias" || l.Experts[1].Up != pre+"experts.1.w3.weight" ||
-				l.Shared == nil || l.Shared.Gate != pre+"shared_experts.gate_proj.weight" {
+			if l.Router != pre+"gate.weight" || l.RouterBias != pre+"e_score_correction_bias" || l.Experts[1].Weight(layout.ProjUp) != pre+"experts.1.w3.weight" ||
+				l.Shared == nil || l.Shared.Weight(layout.ProjGate) != pre+"shared_experts.gate_proj.weight" {
 				t.Errorf("layer %+v", l)
 			}
 			if p.Scoring != moe.Sigmoid || p.TopKMethod != moe.TopKNoAuxTC || !p.NormTopKProb || p.RoutedScalingFactor != 2 ||
@@ -216,13 +216,11 @@ func TestPlanInklingHub(t *testing.T) {
 	if l.Router != pre+"gate.weight" || l.RouterBias != pre+"gate.bias" || l.RouterScale != pre+"gate.global_scale" || l.Shared != nil {
 		t.Errorf("router %s, bias %s, scale %s, shared %+v", l.Router, l.RouterBias, l.RouterScale, l.Shared)
 	}
-	if e, want := l.Experts[5], (MLP{Gate: pre + "experts.w13_weight[5][R:0:32:2]", Up: pre + "experts.w13_weight[5][R:1:32:2]",
-		Down: pre + "experts.w2_weight[5]"}); e != want {
+	if e, want := l.Experts[5], (MLPOf(pre+"experts.w13_weight[5][R:0:32:2]", pre+"experts.w13_weight[5][R:1:32:2]", pre+"experts.w2_weight[5]")); e != want {
 		t.Errorf("expert 5 %+v\nwant     %+v", e, want)
 	}
 	sh := pre + "shared_experts."
-	if len(l.SharedExperts) != 2 || l.SharedExperts[1] != (MLP{Gate: sh + "shared_w13_weight[1][R:0:32:2]", Up: sh + "shared_w13_weight[1][R:1:32:2]",
-		Down: sh + "shared_w2_weight[1]"}) {
+	if len(l.SharedExperts) != 2 || l.SharedExperts[1] != (MLPOf(sh+"shared_w13_weight[1][R:0:32:2]", sh+"shared_w13_weight[1][R:1:32:2]", sh+"shared_w2_weight[1]")) {
 		t.Errorf("shared experts %+v", l.SharedExperts)
 	}
 }
@@ -246,8 +244,8 @@ func TestPlanInklingInMemory(t *testing.T) {
 	pre := "model.language_model.layers.1.mlp."
 	l := p.Layers[0]
 	if p.Wrapper.Layers != "model.language_model.layers." || l.RouterBias != pre+"gate.e_score_correction_bias" ||
-		l.Experts[3] != (MLP{Gate: pre + "experts.gate_up_proj[3][0:32]", Up: pre + "experts.gate_up_proj[3][32:64]", Down: pre + "experts.down_proj[3]"}) ||
-		l.SharedExperts[0] != (MLP{Gate: pre + "shared_experts.gate_proj[0]", Up: pre + "shared_experts.up_proj[0]", Down: pre + "shared_experts.down_proj[0]"}) {
+		l.Experts[3] != (MLPOf(pre+"experts.gate_up_proj[3][0:32]", pre+"experts.gate_up_proj[3][32:64]", pre+"experts.down_proj[3]")) ||
+		l.SharedExperts[0] != (MLPOf(pre+"shared_experts.gate_proj[0]", pre+"shared_experts.up_proj[0]", pre+"shared_experts.down_proj[0]")) {
 		t.Errorf("wrapper %+v, layer %+v", p.Wrapper, l)
 	}
 }

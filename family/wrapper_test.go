@@ -2,6 +2,7 @@ package family
 
 import (
 	"errors"
+	"github.com/moeprep/moeprep/layout"
 	"maps"
 	"path/filepath"
 	"regexp"
@@ -84,8 +85,8 @@ func TestPlanWrapperFixtures(t *testing.T) {
 			var idx []int
 			for _, l := range p.Layers {
 				idx = append(idx, l.Index)
-				if !strings.HasPrefix(l.Router, tc.layers) || !strings.HasPrefix(BaseName(l.Experts[0].Down), tc.layers) {
-					t.Errorf("layer %d: router %s, expert 0 %s outside %s", l.Index, l.Router, l.Experts[0].Down, tc.layers)
+				if !strings.HasPrefix(l.Router, tc.layers) || !strings.HasPrefix(BaseName(l.Experts[0].Weight(layout.ProjDown)), tc.layers) {
+					t.Errorf("layer %d: router %s, expert 0 %s outside %s", l.Index, l.Router, l.Experts[0].Weight(layout.ProjDown), tc.layers)
 				}
 			}
 			if !slices.Equal(idx, tc.moe) {
@@ -127,7 +128,7 @@ func TestQwen3VLMoEOrientation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g := p.Layers[0].Experts[3].Gate; g != "model.language_model.layers.1.mlp.experts.gate_up_proj[3][0:32]" {
+	if g := p.Layers[0].Experts[3].Weight(layout.ProjGate); g != "model.language_model.layers.1.mlp.experts.gate_up_proj[3][0:32]" {
 		t.Errorf("untransposed gate view %s", g)
 	}
 	bf := safetensors.BF16
@@ -138,7 +139,7 @@ func TestQwen3VLMoEOrientation(t *testing.T) {
 	if p, err = Detect(cfg, ts); err != nil {
 		t.Fatal(err)
 	}
-	if g := p.Layers[0].Experts[3].Gate; g != "model.language_model.layers.1.mlp.experts.gate_up_proj[3][T:0:32:1]" {
+	if g := p.Layers[0].Experts[3].Weight(layout.ProjGate); g != "model.language_model.layers.1.mlp.experts.gate_up_proj[3][T:0:32:1]" {
 		t.Errorf("transposed gate view %s", g)
 	}
 	text := maps.Clone(cfg["text_config"].(map[string]any))
@@ -277,7 +278,7 @@ func TestQuantisedKimiK25Placements(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 		if p.Quantization != QuantInt4Pack || p.GroupSize != 32 || p.SharedQuantization != QuantNone || p.Wrapper == nil ||
-			p.Layers[0].Experts[0].Gate != "language_model.model.blocks.1.mlp.experts.0.gate_proj.weight_packed" {
+			p.Layers[0].Experts[0].Weight(layout.ProjGate) != "language_model.model.blocks.1.mlp.experts.0.gate_proj.weight_packed" {
 			t.Errorf("%s: planned %s group %d shared %q, expert 0 %+v", name, p.Quantization, p.GroupSize, p.SharedQuantization, p.Layers[0].Experts[0])
 		}
 	}

@@ -59,7 +59,7 @@ func TestActivationApply(t *testing.T) {
 	if err := c.Check(); err != nil {
 		t.Fatalf("ungated contract: %v", err)
 	}
-	if n := c.Names(c.Layers[0]); n.Gate != "" || n.Up != "backbone.layers.1.mixer.experts.all_up.weight" || n.Down == "" {
+	if n := c.Names(c.Layers[0]); n.Weight(ProjGate) != "" || n.Weight(ProjUp) != "backbone.layers.1.mixer.experts.all_up.weight" || n.Weight(ProjDown) == "" {
 		t.Errorf("ungated names: %+v", n)
 	}
 	for _, bad := range []func(*Contract){func(c *Contract) { c.Layout = GateUp }, func(c *Contract) { c.Layout = UpGate }, func(c *Contract) { c.ExpertBias = true }} {

@@ -35,7 +35,7 @@ func TestDequantizedContract(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := got.Names(got.Layers[0]); got.Quantized() || n.GateUp != "model.layers.3.mlp.experts.gate_up_proj" || n.GateUpScale != "" {
+	if n := got.Names(got.Layers[0]); got.Quantized() || n.Weight(ProjGateUp) != "model.layers.3.mlp.experts.gate_up_proj" || n.Get(ProjGateUp, RoleScale) != "" {
 		t.Errorf("names %+v", n)
 	}
 	if g, ok := got.Dequantized.Group(GroupExperts); !ok || g.Quantization != weightfmt.QuantFP8Block || len(g.WeightBlockSize) != 2 {

@@ -38,20 +38,23 @@ func TestNames(t *testing.T) {
 		fp8    bool
 		want   ExpertTensors
 	}{
-		{Stacked, "model.layers.3.mlp", true, ExpertTensors{Layout: Stacked, Prefix: "model.layers.3.mlp.experts",
-			Gate: "model.layers.3.mlp.experts.all_gate.weight", Up: "model.layers.3.mlp.experts.all_up.weight", Down: "model.layers.3.mlp.experts.all_down.weight",
-			GateScale: "model.layers.3.mlp.experts.all_gate.weight_scale_inv", UpScale: "model.layers.3.mlp.experts.all_up.weight_scale_inv",
-			DownScale: "model.layers.3.mlp.experts.all_down.weight_scale_inv"}},
-		{Stacked, "model.layers.0.block_sparse_moe", false, ExpertTensors{Layout: Stacked, Prefix: "model.layers.0.block_sparse_moe.experts",
-			Gate: "model.layers.0.block_sparse_moe.experts.all_gate.weight", Up: "model.layers.0.block_sparse_moe.experts.all_up.weight",
-			Down: "model.layers.0.block_sparse_moe.experts.all_down.weight"}},
-		{GateUp, "model.layers.3.mlp", true, ExpertTensors{Layout: GateUp, Prefix: "model.layers.3.mlp.experts",
-			GateUp: "model.layers.3.mlp.experts.gate_up_proj", Down: "model.layers.3.mlp.experts.down_proj",
-			GateUpScale: "model.layers.3.mlp.experts.gate_up_proj_scale_inv", DownScale: "model.layers.3.mlp.experts.down_proj_scale_inv"}},
-		{GateUp, "model.layers.0.block_sparse_moe", false, ExpertTensors{Layout: GateUp, Prefix: "model.layers.0.mlp.experts",
-			GateUp: "model.layers.0.mlp.experts.gate_up_proj", Down: "model.layers.0.mlp.experts.down_proj"}},
-		{UpGate, "model.layers.1.mlp", false, ExpertTensors{Layout: UpGate, Prefix: "model.layers.1.mlp.experts",
-			GateUp: "model.layers.1.mlp.experts.up_gate_proj", Down: "model.layers.1.mlp.experts.down_proj"}},
+		{Stacked, "model.layers.3.mlp", true, ExpertTensors{Layout: Stacked, Prefix: "model.layers.3.mlp.experts", Tensors: Tensors{
+			ProjGate: {RoleWeight: "model.layers.3.mlp.experts.all_gate.weight", RoleScale: "model.layers.3.mlp.experts.all_gate.weight_scale_inv"},
+			ProjUp:   {RoleWeight: "model.layers.3.mlp.experts.all_up.weight", RoleScale: "model.layers.3.mlp.experts.all_up.weight_scale_inv"},
+			ProjDown: {RoleWeight: "model.layers.3.mlp.experts.all_down.weight", RoleScale: "model.layers.3.mlp.experts.all_down.weight_scale_inv"}}}},
+		{Stacked, "model.layers.0.block_sparse_moe", false, ExpertTensors{Layout: Stacked, Prefix: "model.layers.0.block_sparse_moe.experts", Tensors: Tensors{
+			ProjGate: {RoleWeight: "model.layers.0.block_sparse_moe.experts.all_gate.weight"},
+			ProjUp:   {RoleWeight: "model.layers.0.block_sparse_moe.experts.all_up.weight"},
+			ProjDown: {RoleWeight: "model.layers.0.block_sparse_moe.experts.all_down.weight"}}}},
+		{GateUp, "model.layers.3.mlp", true, ExpertTensors{Layout: GateUp, Prefix: "model.layers.3.mlp.experts", Tensors: Tensors{
+			ProjGateUp: {RoleWeight: "model.layers.3.mlp.experts.gate_up_proj", RoleScale: "model.layers.3.mlp.experts.gate_up_proj_scale_inv"},
+			ProjDown:   {RoleWeight: "model.layers.3.mlp.experts.down_proj", RoleScale: "model.layers.3.mlp.experts.down_proj_scale_inv"}}}},
+		{GateUp, "model.layers.0.block_sparse_moe", false, ExpertTensors{Layout: GateUp, Prefix: "model.layers.0.mlp.experts", Tensors: Tensors{
+			ProjGateUp: {RoleWeight: "model.layers.0.mlp.experts.gate_up_proj"},
+			ProjDown:   {RoleWeight: "model.layers.0.mlp.experts.down_proj"}}}},
+		{UpGate, "model.layers.1.mlp", false, ExpertTensors{Layout: UpGate, Prefix: "model.layers.1.mlp.experts", Tensors: Tensors{
+			ProjGateUp: {RoleWeight: "model.layers.1.mlp.experts.up_gate_proj"},
+			ProjDown:   {RoleWeight: "model.layers.1.mlp.experts.down_proj"}}}},
 	} {
 		if got := Names(tc.l, tc.prefix, tc.fp8); got != tc.want {
 			t.Errorf("Names(%s, %s, %v) =\n %+v\nwant\n %+v", tc.l, tc.prefix, tc.fp8, got, tc.want)
@@ -80,10 +83,10 @@ func TestStackShapes(t *testing.T) {
 func TestNamesAndShapesFor(t *testing.T) {
 	fp8 := weightfmt.FP8Block(64, 32, false)
 	n := NamesFor(GateUp, "model.layers.2.mlp", fp8)
-	if n.GateUpScale != "model.layers.2.mlp.experts.gate_up_proj_scale_inv" || n.DownScale != "model.layers.2.mlp.experts.down_proj_scale_inv" {
+	if n.Get(ProjGateUp, RoleScale) != "model.layers.2.mlp.experts.gate_up_proj_scale_inv" || n.Get(ProjDown, RoleScale) != "model.layers.2.mlp.experts.down_proj_scale_inv" {
 		t.Errorf("gate-up FP8 scale names %+v", n)
 	}
-	if p := NamesFor(Stacked, "model.layers.2.mlp", weightfmt.Plain(safetensors.BF16)); p.GateScale != "" || p.DownScale != "" || p.Gate == "" {
+	if p := NamesFor(Stacked, "model.layers.2.mlp", weightfmt.Plain(safetensors.BF16)); p.Get(ProjGate, RoleScale) != "" || p.Get(ProjDown, RoleScale) != "" || p.Weight(ProjGate) == "" {
 		t.Errorf("stacked bf16 names %+v", p)
 	}
 	s := StackShapesFor(Stacked, 3, 100, 70, fp8)
@@ -102,7 +105,7 @@ func TestNamesAndShapesFor(t *testing.T) {
 		t.Errorf("FP8 contract with 64x32 blocks: %v %v", f, err)
 	}
 	c.Quantization, c.WeightDType, c.WeightBlockSize = "none", "BF16", nil
-	if f, err := c.Format(); err != nil || f != weightfmt.Plain(safetensors.BF16) || c.Names(c.Layers[0]).DownScale != "" {
+	if f, err := c.Format(); err != nil || f != weightfmt.Plain(safetensors.BF16) || c.Names(c.Layers[0]).Get(ProjDown, RoleScale) != "" {
 		t.Errorf("bf16 contract: %v %v", f, err)
 	}
 }
@@ -150,7 +153,7 @@ func TestReadContract(t *testing.T) {
 	json.Unmarshal(b, &cfg)
 	got, ok, err := ReadContract(cfg)
 	if err != nil || !ok || got.BankSize() != 264 || got.RuntimeScale() != 1 || !got.Quantized() ||
-		got.Names(got.Layers[0]).GateUp != "model.layers.3.mlp.experts.gate_up_proj" {
+		got.Names(got.Layers[0]).Weight(ProjGateUp) != "model.layers.3.mlp.experts.gate_up_proj" {
 		t.Fatalf("ReadContract: %+v %v %v", got, ok, err)
 	}
 	if _, ok, err := ReadContract(map[string]any{"model_type": "x"}); ok || err != nil {

@@ -6,24 +6,21 @@ import (
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// ExpertTensors are the output names of one MoE layer's stacked experts. For
-// Stacked, Gate/Up/Down are set and GateUp is empty; for the fused layouts,
-// GateUp and Down are set and Gate/Up are empty. Scale names are set only
-// when the expert weights' format has scale tensors.
+// ExpertTensors are the output names of one MoE layer's stacked experts, by
+// projection and role (Tensors). For Stacked, ProjGate/ProjUp/ProjDown are
+// set and ProjGateUp is empty; for the fused layouts, ProjGateUp and
+// ProjDown are set and ProjGate/ProjUp are empty. Scale names are set only
+// when the expert weights' format has scale tensors. RoleGlobal and
+// RoleInput are the per-expert scalars of a format with a second,
+// per-tensor scale (NVFP4: weight_scale_2 or weight_global_scale) and its
+// static activation scales (input_scale or input_global_scale, written
+// where the contract says input_scales): [N] stacks, and [N,2] for GateUp
+// (gate's and up's in the layout's order, kept apart: they need not be
+// equal).
 type ExpertTensors struct {
 	Layout Layout
 	Prefix string // the module that holds the stacks, e.g. "model.layers.3.mlp.experts"
-
-	Gate, Up, GateUp, Down                     string
-	GateScale, UpScale, GateUpScale, DownScale string
-	// Per-expert scalars of a format with a second, per-tensor scale
-	// (NVFP4: weight_scale_2 or weight_global_scale; "" otherwise) and its
-	// static activation scales (input_scale or input_global_scale, written
-	// where the contract says input_scales):
-	// [N] stacks, and [N,2] for GateUp (gate's and up's in the layout's
-	// order, kept apart: they need not be equal).
-	GateGlobal, UpGlobal, GateUpGlobal, DownGlobal string
-	GateInput, UpInput, GateUpInput, DownInput     string
+	Tensors
 }
 
 // ExpertsPrefix is the module that holds a layer's stacks in the output, given
@@ -65,31 +62,36 @@ func NamesFor(l Layout, moePrefix string, f weightfmt.Format) ExpertTensors {
 		}
 		return weightfmt.TensorsOf(f, w).Weight
 	}
+	// The weights' names before the format renames them (INT4:
+	// x.weight_packed): each scale tensor is named after them.
 	switch l {
 	case GateUp, UpGate:
 		if l == GateUp {
-			t.GateUp = p + ".gate_up_proj"
+			t.Set(ProjGateUp, RoleWeight, p+".gate_up_proj")
 		} else {
 			// A different name on purpose: a loader that expects gate rows first
 			// must not find up-first data under the gate-first name.
-			t.GateUp = p + ".up_gate_proj"
+			t.Set(ProjGateUp, RoleWeight, p+".up_gate_proj")
 		}
-		t.Down = p + ".down_proj"
-		t.GateUpScale, t.DownScale = scale(t.GateUp), scale(t.Down)
-		if _, ok := globalOf(f); ok {
-			gu, dn := weightfmt.TensorsOf(f, t.GateUp), weightfmt.TensorsOf(f, t.Down)
-			t.GateUpGlobal, t.DownGlobal, t.GateUpInput, t.DownInput = gu.Global, dn.Global, gu.Input, dn.Input
-		}
-		t.GateUp, t.Down = weight(t.GateUp), weight(t.Down)
+		t.Set(ProjDown, RoleWeight, p+".down_proj")
 	default:
-		t.Gate, t.Up, t.Down = p+".all_gate.weight", p+".all_up.weight", p+".all_down.weight"
-		t.GateScale, t.UpScale, t.DownScale = scale(t.Gate), scale(t.Up), scale(t.Down)
-		if _, ok := globalOf(f); ok {
-			g, u, d := weightfmt.TensorsOf(f, t.Gate), weightfmt.TensorsOf(f, t.Up), weightfmt.TensorsOf(f, t.Down)
-			t.GateGlobal, t.UpGlobal, t.DownGlobal = g.Global, u.Global, d.Global
-			t.GateInput, t.UpInput, t.DownInput = g.Input, u.Input, d.Input
+		t.Set(ProjGate, RoleWeight, p+".all_gate.weight")
+		t.Set(ProjUp, RoleWeight, p+".all_up.weight")
+		t.Set(ProjDown, RoleWeight, p+".all_down.weight")
+	}
+	_, global := globalOf(f)
+	for q := Proj(0); q < NumProj; q++ {
+		w := t.Weight(q)
+		if w == "" {
+			continue
 		}
-		t.Gate, t.Up, t.Down = weight(t.Gate), weight(t.Up), weight(t.Down)
+		t.Set(q, RoleScale, scale(w))
+		if global {
+			ts := weightfmt.TensorsOf(f, w)
+			t.Set(q, RoleGlobal, ts.Global)
+			t.Set(q, RoleInput, ts.Input)
+		}
+		t.Set(q, RoleWeight, weight(w))
 	}
 	return t
 }
@@ -99,7 +101,7 @@ func NamesFor(l Layout, moePrefix string, f weightfmt.Format) ExpertTensors {
 // Stacked layout has such names; a gate-up layout has none to drop, and
 // convert and Contract.Check refuse it for ungated experts.
 func (t ExpertTensors) Ungated() ExpertTensors {
-	t.Gate, t.GateScale, t.GateGlobal, t.GateInput = "", "", "", ""
+	t.Clear(ProjGate)
 	return t
 }
 
@@ -153,6 +155,23 @@ type Shapes struct {
 	// The global (and input) scale stacks: [n], GateUp [n,2]; nil when
 	// the format has none.
 	GateGlobal, UpGlobal, GateUpGlobal, DownGlobal Shape
+}
+
+// Of is the shape of p's stack of role r: an input scale stack has its
+// global scale stack's shape; nil where there is none.
+func (s Shapes) Of(p Proj, r Role) Shape {
+	var by [NumProj]Shape
+	switch r {
+	case RoleWeight:
+		by = [NumProj]Shape{s.Gate, s.Up, s.GateUp, s.Down}
+	case RoleScale:
+		by = [NumProj]Shape{s.GateScale, s.UpScale, s.GateUpScale, s.DownScale}
+	case RoleGlobal, RoleInput:
+		by = [NumProj]Shape{s.GateGlobal, s.UpGlobal, s.GateUpGlobal, s.DownGlobal}
+	default:
+		return nil
+	}
+	return by[p]
 }
 
 // CeilDiv is ceil(a/b) for positive b.

@@ -60,23 +60,23 @@ func TestBytesMismatchKinds(t *testing.T) {
 		offset int64 // -1: do not check
 	}{
 		{"routed slice byte", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) string {
-			n := layout.Names(layout.Stacked, p, true).Gate
+			n := layout.Names(layout.Stacked, p, true).Weight(layout.ProjGate)
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { slice(raw, shape, 5)[100] ^= 1 })
 			return n
 		}, byteproof.MismatchBytes, 5, -1},
 		{"replica differs from its shared expert", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp}, func(t *testing.T, dst string) string {
-			n := layout.Names(layout.GateUp, p, false).Down
+			n := layout.Names(layout.GateUp, p, false).Weight(layout.ProjDown)
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { slice(raw, shape, 16+2)[0] ^= 0x40 })
 			return n
 		}, byteproof.MismatchBytes, 18, 18 * 160 * 32 * 2},
 		{"split shared slice wrong", v2, convert.Options{FuseShared: true, TP: 2, Layout: layout.UpGate}, func(t *testing.T, dst string) string {
-			n := layout.Names(layout.UpGate, p, false).GateUp
+			n := layout.Names(layout.UpGate, p, false).Weight(layout.ProjGateUp)
 			// replica 1, slice 1 is bank expert 8 + 1*2 + 1 = 11: one bit of its up rows
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { m := slice(raw, shape, 11); m[3] ^= 0x01 })
 			return n
 		}, byteproof.MismatchBytes, 11, -1},
 		{"folded bf16 value off", bf16, convert.Options{FuseShared: true, TP: 1, FoldScaling: "down"}, func(t *testing.T, dst string) string {
-			n := layout.Names(layout.Stacked, p, false).Down
+			n := layout.Names(layout.Stacked, p, false).Weight(layout.ProjDown)
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) {
 				m := slice(raw, shape, 7)
 				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(m[20:]))
@@ -85,7 +85,7 @@ func TestBytesMismatchKinds(t *testing.T) {
 			return n
 		}, byteproof.MismatchFold, 7, -1},
 		{"folded fp8 scale off", fp8, convert.Options{FuseShared: true, TP: 2, Layout: layout.GateUp}, func(t *testing.T, dst string) string {
-			n := layout.Names(layout.GateUp, p, true).DownScale
+			n := layout.Names(layout.GateUp, p, true).Get(layout.ProjDown, layout.RoleScale)
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { scaleF32(slice(raw, shape, 9)[:4], 1+1e-5) })
 			return n
 		}, byteproof.MismatchFold, 9, -1},
@@ -95,7 +95,7 @@ func TestBytesMismatchKinds(t *testing.T) {
 			return n
 		}, byteproof.MismatchBytes, -1, -1},
 		{"NaN in a stack", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) string {
-			n := layout.Names(layout.Stacked, p, true).Up
+			n := layout.Names(layout.Stacked, p, true).Weight(layout.ProjUp)
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) { slice(raw, shape, 2)[7] = 0x7F })
 			return n
 		}, byteproof.MismatchNaN, 2, -1},
@@ -147,9 +147,9 @@ func TestNonFiniteWeightsFail(t *testing.T) {
 		mutate       func(raw []byte, shape []int64)
 		want         string
 	}{
-		{"NaN fp8 byte in a DST stack", layout.Names(layout.Stacked, "model.layers.1.mlp", true).Down, false,
+		{"NaN fp8 byte in a DST stack", layout.Names(layout.Stacked, "model.layers.1.mlp", true).Weight(layout.ProjDown), false,
 			func(raw []byte, shape []int64) { slice(raw, shape, 4)[11] = 0xFF }, "expert 4"},
-		{"Inf weight scale in DST", layout.Names(layout.Stacked, "model.layers.1.mlp", true).GateScale, false,
+		{"Inf weight scale in DST", layout.Names(layout.Stacked, "model.layers.1.mlp", true).Get(layout.ProjGate, layout.RoleScale), false,
 			func(raw []byte, shape []int64) {
 				binary.LittleEndian.PutUint32(slice(raw, shape, 1), math.Float32bits(float32(math.Inf(1))))
 			}, "expert 1"},

@@ -112,7 +112,7 @@ func unroutable(t *testing.T, dtype string) string {
 func flipDownSigns(t *testing.T, dst, prefix string, lay layout.Layout, e int) {
 	t.Helper()
 	n := layout.Names(lay, prefix, false)
-	rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
+	rewriteTensor(t, dst, n.Weight(layout.ProjDown), func(raw []byte, shape []int64) {
 		m := slice(raw, shape, e)
 		for i := 1; i < len(m); i += 2 {
 			m[i] ^= 0x80 // bf16 sign bit, little-endian high byte
@@ -198,7 +198,7 @@ func everyExpertCaught(t *testing.T, base Options) {
 		t.Fatalf("clean conversion: %v (coverage rows %d)", clean.Err(), len(coverageRows(clean)))
 	}
 	n := layout.Names(layout.UpGate, "model.layers.1.mlp", false)
-	orig := readTensor(t, dst, n.Down)
+	orig := readTensor(t, dst, n.Weight(layout.ProjDown))
 	for e := range 16 + 2 {
 		flipDownSigns(t, dst, "model.layers.1.mlp", layout.UpGate, e)
 		rep, err := Run(context.Background(), opts)
@@ -214,7 +214,7 @@ func everyExpertCaught(t *testing.T, base Options) {
 				t.Errorf("expert %d corrupted: %s row: pass %v suspects %v worst token %.3g (%s)", e, cov.Check, cov.Pass, cov.Suspects, cov.WorstTokenRelL2, cov.Reason)
 			}
 		}
-		rewriteTensor(t, dst, n.Down, func(raw []byte, _ []int64) { copy(raw, orig) })
+		rewriteTensor(t, dst, n.Weight(layout.ProjDown), func(raw []byte, _ []int64) { copy(raw, orig) })
 	}
 }
 

@@ -195,17 +195,17 @@ func redequant(t *testing.T, src, dst string, e int, ignoreScale bool, enc func(
 		}
 		return b
 	}
-	scale := read(m.GateScale)
+	scale := read(m.Get(layout.ProjGate, layout.RoleScale))
 	if ignoreScale {
 		sc, _ := f.Scale()
 		scale = unitScales(t, sc.DType, len(scale)/sc.DType.Size())
 	}
 	vals := make([]float32, I*H)
-	if err := weightfmt.DequantiseWeight(f, read(m.Gate), I, H, scale, read(m.GateGlobal), vals); err != nil {
+	if err := weightfmt.DequantiseWeight(f, read(m.Weight(layout.ProjGate)), I, H, scale, read(m.Get(layout.ProjGate, layout.RoleGlobal)), vals); err != nil {
 		t.Fatal(err)
 	}
 	want := enc(vals)
-	name := layout.NamesFor(layout.Stacked, l.Prefix, nil).Gate
+	name := layout.NamesFor(layout.Stacked, l.Prefix, nil).Weight(layout.ProjGate)
 	rewriteTensor(t, dst, name, func(raw []byte, shape []int64) {
 		s := slice(raw, shape, e)
 		if string(s) == string(want) {
@@ -277,7 +277,7 @@ func TestDequantMutationsFail(t *testing.T) {
 		muts := []mutation{
 			{"one value of one expert off by an ulp", func(t *testing.T, _, dst string) {
 				prefix := readContract(t, dst).Layers[0].Prefix
-				rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, nil).Gate, func(raw []byte, shape []int64) {
+				rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, nil).Weight(layout.ProjGate), func(raw []byte, shape []int64) {
 					s := slice(raw, shape, 1)
 					for i := 2 * 7; ; i += 2 {
 						if v := binary.LittleEndian.Uint16(s[i:]); v&0x7fff != 0 {

@@ -3,6 +3,7 @@ package validate
 import (
 	"context"
 	"encoding/binary"
+	"github.com/moeprep/moeprep/layout"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -122,13 +123,15 @@ func detailsMatter(t *testing.T, run func(int, func(*family.Plan, *family.Layer)
 // biases; fuse-shared refuses it, naming why.
 func TestErnieSharedBiasesMatter(t *testing.T) {
 	src, ck, plan := openFixture(t, "ernie4-5-moe-bias")
-	if sh := plan.Layers[0].Shared; sh == nil || sh.DownBias == "" {
+	if sh := plan.Layers[0].Shared; sh == nil || sh.Get(layout.ProjDown, layout.RoleBias) == "" {
 		t.Fatalf("shared expert planned without biases: %+v", sh)
 	}
 	detailsMatter(t, goldenRun(t, src, ck, plan), []int{0}, []detail{
 		{"no shared biases", 0, func(_ *family.Plan, l *family.Layer) {
 			sh := *l.Shared
-			sh.GateBias, sh.UpBias, sh.DownBias = "", "", ""
+			for _, pj := range layout.MLPProjs {
+				sh.Set(pj, layout.RoleBias, "")
+			}
 			l.Shared = &sh
 		}},
 	})
@@ -151,7 +154,7 @@ func TestInklingDetailsMatter(t *testing.T) {
 	}
 	for _, l := range plan.Layers {
 		if l.Shared != nil || len(l.SharedExperts) != 2 || l.RouterScale != l.Prefix+".gate.global_scale" ||
-			l.SharedExperts[1].Down != l.Prefix+".shared_experts.down_proj[1]" || l.RouterBias != l.Prefix+".gate.e_score_correction_bias" {
+			l.SharedExperts[1].Weight(layout.ProjDown) != l.Prefix+".shared_experts.down_proj[1]" || l.RouterBias != l.Prefix+".gate.e_score_correction_bias" {
 			t.Fatalf("layer %d planned as %+v", l.Index, l)
 		}
 	}
@@ -186,15 +189,18 @@ func TestInklingHubRowsMatter(t *testing.T) {
 	swapped := func(ms []family.MLP) []family.MLP {
 		out := slices.Clone(ms)
 		for e := range out {
-			out[e].Gate, out[e].Up = out[e].Up, out[e].Gate
+			g, u := out[e].Weight(layout.ProjGate), out[e].Weight(layout.ProjUp)
+			out[e].Set(layout.ProjGate, layout.RoleWeight, u)
+			out[e].Set(layout.ProjUp, layout.RoleWeight, g)
 		}
 		return out
 	}
 	halves := func(ms []family.MLP) []family.MLP {
 		out := slices.Clone(ms)
 		for e := range out {
-			w13 := family.BaseName(out[e].Gate)
-			out[e].Gate, out[e].Up = family.ViewName(w13, e, 0, inter), family.ViewName(w13, e, inter, 2*inter)
+			w13 := family.BaseName(out[e].Weight(layout.ProjGate))
+			out[e].Set(layout.ProjGate, layout.RoleWeight, family.ViewName(w13, e, 0, inter))
+			out[e].Set(layout.ProjUp, layout.RoleWeight, family.ViewName(w13, e, inter, 2*inter))
 		}
 		return out
 	}

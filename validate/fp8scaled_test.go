@@ -72,7 +72,7 @@ func fp8ScaledMutations() []dstMutation {
 	return []dstMutation{
 		{"flipped FP8 byte in one expert", "qwen3-channel", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, channel)
-			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Weight(layout.ProjDown), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 4)
 				i := len(e) / 3
 				e[i] ^= 0x08 // the exponent's lowest bit: the weight doubles or halves
@@ -83,7 +83,7 @@ func fp8ScaledMutations() []dstMutation {
 		}},
 		{"two experts' scale rows swapped", "qwen3-channel", convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.GateUp, prefix, channel)
-			rewriteTensor(t, dst, n.GateUpScale, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Get(layout.ProjGateUp, layout.RoleScale), func(raw []byte, shape []int64) {
 				a, b := slice(raw, shape, 1), slice(raw, shape, 3)
 				r := 5 * 2 // row 5, two bytes a BF16 scale
 				a[r], a[r+1], b[r], b[r+1] = b[r], b[r+1], a[r], a[r+1]
@@ -91,15 +91,15 @@ func fp8ScaledMutations() []dstMutation {
 		}},
 		{"a per-tensor scale changed", "qwen3-tensor", convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.UpGate, prefix, tensor)
-			rewriteTensor(t, dst, n.DownScale, func(raw []byte, shape []int64) { scaleF32(slice(raw, shape, 7), 1.25) })
+			rewriteTensor(t, dst, n.Get(layout.ProjDown, layout.RoleScale), func(raw []byte, shape []int64) { scaleF32(slice(raw, shape, 7), 1.25) })
 		}},
 		{"a per-tensor scale of the fused shared expert changed", "deepseek-v3-tensor", convert.Options{Layout: layout.Stacked, FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, tensor)
-			rewriteTensor(t, dst, n.UpScale, func(raw []byte, shape []int64) { scaleF32(slice(raw, shape, 8+1), 0.5) })
+			rewriteTensor(t, dst, n.Get(layout.ProjUp, layout.RoleScale), func(raw []byte, shape []int64) { scaleF32(slice(raw, shape, 8+1), 0.5) })
 		}},
 		{"a scale row of the fused shared expert changed", "deepseek-v2-channel", convert.Options{Layout: layout.Stacked, FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, channel)
-			rewriteTensor(t, dst, n.DownScale, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Get(layout.ProjDown, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 12) // the first shared slice
 				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(e[6:]))
 				binary.LittleEndian.PutUint16(e[6:], numfmt.F32ToBF16(v*1.5))

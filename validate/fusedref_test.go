@@ -140,34 +140,34 @@ func TestMutationsInMemory(t *testing.T) {
 	// The expert the first token selects, so every mutation is on a used expert.
 	muts := []mutation{
 		{"gate and up swapped in one expert", false, false, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
-			g, u := dst.Bytes(fl.Names.Gate), dst.Bytes(fl.Names.Up)
-			per := len(g) / int(dst[fl.Names.Gate].Shape[0])
+			g, u := dst.Bytes(fl.Names.Weight(layout.ProjGate)), dst.Bytes(fl.Names.Weight(layout.ProjUp))
+			per := len(g) / int(dst[fl.Names.Weight(layout.ProjGate)].Shape[0])
 			e := usedExpert(t, m)
 			tmp := append([]byte(nil), g[e*per:(e+1)*per]...)
 			copy(g[e*per:], u[e*per:(e+1)*per])
 			copy(u[e*per:], tmp)
-			dst.Put(fl.Names.Gate, dst[fl.Names.Gate].DType, dst[fl.Names.Gate].Shape, g)
-			dst.Put(fl.Names.Up, dst[fl.Names.Up].DType, dst[fl.Names.Up].Shape, u)
+			dst.Put(fl.Names.Weight(layout.ProjGate), dst[fl.Names.Weight(layout.ProjGate)].DType, dst[fl.Names.Weight(layout.ProjGate)].Shape, g)
+			dst.Put(fl.Names.Weight(layout.ProjUp), dst[fl.Names.Weight(layout.ProjUp)].DType, dst[fl.Names.Weight(layout.ProjUp)].Shape, u)
 		}},
 		{"two experts swapped", false, false, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
 			e := usedExpert(t, m)
-			for _, n := range []string{fl.Names.Gate, fl.Names.Up, fl.Names.Down} {
+			for _, n := range []string{fl.Names.Weight(layout.ProjGate), fl.Names.Weight(layout.ProjUp), fl.Names.Weight(layout.ProjDown)} {
 				swapSlices(dst, n, e, (e+1)%m.E)
 			}
 		}},
 		{"rsf folded twice (fp8 scales)", true, false, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
-			scaleStack(dst, fl.Names.DownScale, m.E, m.RSF)
+			scaleStack(dst, fl.Names.Get(layout.ProjDown, layout.RoleScale), m.E, m.RSF)
 		}},
 		{"rsf neither folded nor applied", false, false, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
 			fl.Contract.RoutedScalingFactorFolded = true // contract claims folded, weights are not
 			fl.Contract.SharedSlotWeight = 1
 		}},
 		{"one shared replica zeroed", false, false, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
-			n := dst[fl.Names.Down]
-			raw := dst.Bytes(fl.Names.Down)
+			n := dst[fl.Names.Weight(layout.ProjDown)]
+			raw := dst.Bytes(fl.Names.Weight(layout.ProjDown))
 			per := len(raw) / int(n.Shape[0])
 			clear(raw[(m.E+1)*per : (m.E+2)*per]) // replica 1 of 2
-			dst.Put(fl.Names.Down, n.DType, n.Shape, raw)
+			dst.Put(fl.Names.Weight(layout.ProjDown), n.DType, n.Shape, raw)
 		}},
 		{"correction bias rounded to bf16", false, true, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
 			b := make([]float32, m.E)
@@ -177,13 +177,13 @@ func TestMutationsInMemory(t *testing.T) {
 			dst.Put(fl.RouterBias, dst[fl.RouterBias].DType, dst[fl.RouterBias].Shape, testkit.F32LE(b...))
 		}},
 		{"one wrong fp8 scale block", true, false, func(m *memModel, dst cktest.Mem, fl *moelayer.FusedLayer) {
-			n := dst[fl.Names.UpScale]
-			raw := dst.Bytes(fl.Names.UpScale)
+			n := dst[fl.Names.Get(layout.ProjUp, layout.RoleScale)]
+			raw := dst.Bytes(fl.Names.Get(layout.ProjUp, layout.RoleScale))
 			per := len(raw) / int(n.Shape[0])
 			e := usedExpert(t, m)
 			v := math.Float32frombits(leU32(raw[e*per:]))
 			putLeU32(raw[e*per:], math.Float32bits(v*4))
-			dst.Put(fl.Names.UpScale, n.DType, n.Shape, raw)
+			dst.Put(fl.Names.Get(layout.ProjUp, layout.RoleScale), n.DType, n.Shape, raw)
 		}},
 	}
 	for _, mu := range muts {

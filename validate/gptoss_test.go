@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"github.com/moeprep/moeprep/layout"
 	"testing"
 
 	"github.com/moeprep/moeprep/family"
@@ -21,12 +22,14 @@ func TestGPTOSSDetailsMatter(t *testing.T) {
 		{"alpha 1 (plain silu)", 1, func(p *family.Plan, _ *family.Layer) { p.Act.Alpha = 1 }},
 		{"no expert biases", 1, func(_ *family.Plan, l *family.Layer) {
 			for i := range l.Experts {
-				l.Experts[i].GateBias, l.Experts[i].UpBias, l.Experts[i].DownBias = "", "", ""
+				for _, pj := range layout.MLPProjs {
+					l.Experts[i].Set(pj, layout.RoleBias, "")
+				}
 			}
 		}},
 		{"no router bias", 1, func(_ *family.Plan, l *family.Layer) { l.RouterLogitBias = "" }},
 	})
-	if plan.Act != oai || plan.Layers[1].Experts[0].GateBias == "" {
+	if plan.Act != oai || plan.Layers[1].Experts[0].Get(layout.ProjGate, layout.RoleBias) == "" {
 		t.Fatal("an edit leaked into the plan")
 	}
 }

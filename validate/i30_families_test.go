@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"github.com/moeprep/moeprep/layout"
 	"strings"
 	"testing"
 
@@ -15,7 +16,9 @@ func TestIssue30DetailsMatter(t *testing.T) {
 	// DBRX's gate is w1, its up v1.
 	swapGateUp := func(_ *family.Plan, l *family.Layer) {
 		for e := range l.Experts {
-			l.Experts[e].Gate, l.Experts[e].Up = l.Experts[e].Up, l.Experts[e].Gate
+			g, u := l.Experts[e].Weight(layout.ProjGate), l.Experts[e].Weight(layout.ProjUp)
+			l.Experts[e].Set(layout.ProjGate, layout.RoleWeight, u)
+			l.Experts[e].Set(layout.ProjUp, layout.RoleWeight, g)
 		}
 	}
 	for _, tc := range []struct {
@@ -68,8 +71,8 @@ func TestDbrxDownIsTransposed(t *testing.T) {
 	_, _, plan := openFixture(t, "dbrx")
 	for _, l := range plan.Layers {
 		for e, m := range l.Experts {
-			if !strings.HasSuffix(m.Down, "[T:0:64:1]") || !strings.Contains(m.Down, "experts.mlp.w2[") {
-				t.Fatalf("layer %d expert %d: down %s", l.Index, e, m.Down)
+			if !strings.HasSuffix(m.Weight(layout.ProjDown), "[T:0:64:1]") || !strings.Contains(m.Weight(layout.ProjDown), "experts.mlp.w2[") {
+				t.Fatalf("layer %d expert %d: down %s", l.Index, e, m.Weight(layout.ProjDown))
 			}
 		}
 	}

@@ -67,7 +67,7 @@ func int4Mutations() []dstMutation {
 	return []dstMutation{
 		{"one flipped nibble in one expert", "kimi-g32", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, g32)
-			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Weight(layout.ProjDown), func(raw []byte, shape []int64) {
 				w := int4Word(raw, shape, 5, 9)
 				v := binary.LittleEndian.Uint32(w)
 				binary.LittleEndian.PutUint32(w, v^(0x8<<12)) // element 8*9+3 of its row: u -> u^8, the weight's sign and size
@@ -75,7 +75,7 @@ func int4Mutations() []dstMutation {
 		}},
 		{"two scale groups swapped", "kimi-g32", convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.GateUp, prefix, g32)
-			rewriteTensor(t, dst, n.GateUpScale, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Get(layout.ProjGateUp, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 2)
 				r := 7 * int(shape[2]) * 2 // row 7, BF16 scales
 				for g := 0; g < 2; g++ {
@@ -88,7 +88,7 @@ func int4Mutations() []dstMutation {
 		}},
 		{"nibble order reversed within one word", "qwen3-channel", convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.UpGate, prefix, ch)
-			rewriteTensor(t, dst, n.GateUp, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Weight(layout.ProjGateUp), func(raw []byte, shape []int64) {
 				for w := 3; ; w++ {
 					b := int4Word(raw, shape, 4, w)
 					v := binary.LittleEndian.Uint32(b)
@@ -104,7 +104,7 @@ func int4Mutations() []dstMutation {
 		}},
 		{"a scale changed", "deepseek-v3-g16", convert.Options{Layout: layout.Stacked, TP: 2}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, weightfmt.Int4Pack(16, "BF16"))
-			rewriteTensor(t, dst, n.UpScale, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Get(layout.ProjUp, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 6)
 				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(e[10:]))
 				binary.LittleEndian.PutUint16(e[10:], numfmt.F32ToBF16(v*1.5))

@@ -175,9 +175,11 @@ func (m *memModel) putMat(s cktest.Mem, name string, e encMat) {
 }
 
 func (m *memModel) mlpNames(p string) family.MLP {
-	n := family.MLP{Gate: p + ".gate_proj.weight", Up: p + ".up_proj.weight", Down: p + ".down_proj.weight"}
+	n := family.MLPOf(p+".gate_proj.weight", p+".up_proj.weight", p+".down_proj.weight")
 	if m.FP8 {
-		n.GateScale, n.UpScale, n.DownScale = n.Gate+"_scale_inv", n.Up+"_scale_inv", n.Down+"_scale_inv"
+		for _, pj := range layout.MLPProjs {
+			n.Set(pj, layout.RoleScale, n.Weight(pj)+"_scale_inv")
+		}
 	}
 	return n
 }
@@ -192,9 +194,9 @@ func (m *memModel) buildSource() {
 	}
 	for e, ex := range m.experts {
 		n := m.mlpNames(fmt.Sprintf("%s.experts.%d", m.prefix, e))
-		m.putMat(s, n.Gate, ex[0])
-		m.putMat(s, n.Up, ex[1])
-		m.putMat(s, n.Down, ex[2])
+		m.putMat(s, n.Weight(layout.ProjGate), ex[0])
+		m.putMat(s, n.Weight(layout.ProjUp), ex[1])
+		m.putMat(s, n.Weight(layout.ProjDown), ex[2])
 		l.Experts = append(l.Experts, n)
 	}
 	if m.S > 0 {
@@ -203,9 +205,9 @@ func (m *memModel) buildSource() {
 			sp = m.prefix + ".shared_expert"
 		}
 		n := m.mlpNames(sp)
-		m.putMat(s, n.Gate, m.shared[0])
-		m.putMat(s, n.Up, m.shared[1])
-		m.putMat(s, n.Down, m.shared[2])
+		m.putMat(s, n.Weight(layout.ProjGate), m.shared[0])
+		m.putMat(s, n.Weight(layout.ProjUp), m.shared[1])
+		m.putMat(s, n.Weight(layout.ProjDown), m.shared[2])
 		l.Shared = &n
 		if m.SharedGated {
 			l.SharedGate = m.prefix + ".shared_expert_gate.weight"
@@ -307,7 +309,7 @@ func (m *memModel) convert(o convertOpts) (cktest.Mem, *layout.Contract, *moelay
 	fl := &moelayer.FusedLayer{Index: m.layerIndex, Router: l.Router, RouterBias: l.RouterBias, Spec: m.plan.RouteSpec(), Contract: c,
 		Names: layout.Names(o.layout, m.prefix, m.FP8), SharedGate: l.SharedGate}
 	if !o.fuse && l.Shared != nil {
-		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down, l.Shared.GateScale, l.Shared.UpScale, l.Shared.DownScale} {
+		for _, n := range []string{l.Shared.Weight(layout.ProjGate), l.Shared.Weight(layout.ProjUp), l.Shared.Weight(layout.ProjDown), l.Shared.Get(layout.ProjGate, layout.RoleScale), l.Shared.Get(layout.ProjUp, layout.RoleScale), l.Shared.Get(layout.ProjDown, layout.RoleScale)} {
 			if n != "" {
 				dst.Put(n, m.src[n].DType, m.src[n].Shape, m.src.Bytes(n))
 			}
@@ -361,9 +363,9 @@ func (m *memModel) putStacks(dst cktest.Mem, n layout.ExpertTensors, l layout.La
 		}
 	}
 	if !l.Fused() {
-		put(n.Gate, n.GateScale, 0, in, h)
-		put(n.Up, n.UpScale, 1, in, h)
-		put(n.Down, n.DownScale, 2, h, in)
+		put(n.Weight(layout.ProjGate), n.Get(layout.ProjGate, layout.RoleScale), 0, in, h)
+		put(n.Weight(layout.ProjUp), n.Get(layout.ProjUp, layout.RoleScale), 1, in, h)
+		put(n.Weight(layout.ProjDown), n.Get(layout.ProjDown, layout.RoleScale), 2, h, in)
 		return
 	}
 	first, second := 0, 1
@@ -376,10 +378,10 @@ func (m *memModel) putStacks(dst cktest.Mem, n layout.ExpertTensors, l layout.La
 		raw = append(append(raw, ex[first].raw...), ex[second].raw...)
 		sc = append(append(sc, ex[first].scale...), ex[second].scale...)
 	}
-	dst.Put(n.GateUp, m.dtype, []int64{nb, 2 * in, h}, raw)
+	dst.Put(n.Weight(layout.ProjGateUp), m.dtype, []int64{nb, 2 * in, h}, raw)
 	if m.FP8 {
 		sr, scc := tensorload.ScaleDims(m.I, m.H, tensorload.FP8Block, tensorload.FP8Block)
-		dst.Put(n.GateUpScale, safetensors.F32, []int64{nb, int64(2 * sr), int64(scc)}, testkit.F32LE(sc...))
+		dst.Put(n.Get(layout.ProjGateUp, layout.RoleScale), safetensors.F32, []int64{nb, int64(2 * sr), int64(scc)}, testkit.F32LE(sc...))
 	}
-	put(n.Down, n.DownScale, 2, h, in)
+	put(n.Weight(layout.ProjDown), n.Get(layout.ProjDown, layout.RoleScale), 2, h, in)
 }

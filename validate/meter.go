@@ -2,6 +2,7 @@ package validate
 
 import (
 	"fmt"
+	"github.com/moeprep/moeprep/layout"
 	"io"
 	"regexp"
 	"strconv"
@@ -303,9 +304,8 @@ func srcLayerNames(l *family.Layer) []string {
 
 // dstLayerNames are the tensors the fused paths read for one DST layer.
 func dstLayerNames(fl *moelayer.FusedLayer) []string {
-	n := fl.Names
-	names := []string{fl.Router, fl.RouterBias, fl.RouterLogitBias, fl.RouterScale, fl.ExpertScale, fl.Prep.RouterScale, fl.Prep.ExpertNorm, fl.SharedGate,
-		n.Gate, n.Up, n.GateUp, n.Down, n.GateScale, n.UpScale, n.GateUpScale, n.DownScale}
+	names := []string{fl.Router, fl.RouterBias, fl.RouterLogitBias, fl.RouterScale, fl.ExpertScale, fl.Prep.RouterScale, fl.Prep.ExpertNorm, fl.SharedGate}
+	names = append(names, fl.Names.NamesOf(layout.RoleWeight, layout.RoleScale)...)
 	if b := fl.Biases; b != nil {
 		names = append(names, b.Gate, b.Up, b.GateUp, b.Down)
 	}
@@ -319,7 +319,7 @@ func dstLayerNames(fl *moelayer.FusedLayer) []string {
 }
 
 func mlpNames(m family.MLP) []string {
-	return []string{m.Gate, m.Up, m.Down, m.GateScale, m.UpScale, m.DownScale, m.GateBias, m.UpBias, m.DownBias}
+	return m.NamesOf(layout.RoleWeight, layout.RoleScale, layout.RoleBias)
 }
 
 // layerBytes sums the sizes of names in c (views resolved, each name

@@ -308,9 +308,9 @@ func swapIn(t *testing.T, dir, name string, a, b int) {
 // scales, where n names them) in a stacked DST.
 func gateUpSwapped(n layout.ExpertTensors, e int) func(t *testing.T, dst string) {
 	return func(t *testing.T, dst string) {
-		pairs := [][2]string{{n.Gate, n.Up}}
-		if n.GateScale != "" {
-			pairs = append(pairs, [2]string{n.GateScale, n.UpScale})
+		pairs := [][2]string{{n.Weight(layout.ProjGate), n.Weight(layout.ProjUp)}}
+		if n.Get(layout.ProjGate, layout.RoleScale) != "" {
+			pairs = append(pairs, [2]string{n.Get(layout.ProjGate, layout.RoleScale), n.Get(layout.ProjUp, layout.RoleScale)})
 		}
 		for _, p := range pairs {
 			a, b := readTensor(t, dst, p[0]), readTensor(t, dst, p[1])
@@ -324,8 +324,8 @@ func gateUpSwapped(n layout.ExpertTensors, e int) func(t *testing.T, dst string)
 func expertsSwapped(a, b int) func(t *testing.T, dst string) {
 	return func(t *testing.T, dst string) {
 		n := layout.Names(layout.GateUp, "model.layers.1.mlp", false)
-		swapIn(t, dst, n.GateUp, a, b)
-		swapIn(t, dst, n.Down, a, b)
+		swapIn(t, dst, n.Weight(layout.ProjGateUp), a, b)
+		swapIn(t, dst, n.Weight(layout.ProjDown), a, b)
 	}
 }
 
@@ -410,7 +410,7 @@ func mutations(t *testing.T) []mutation {
 		{"two experts swapped", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp}, expertsSwapped(2, 5), 1},
 		{"rsf folded twice", fp8, convert.Options{FuseShared: true, TP: 2}, func(t *testing.T, dst string) {
 			n := stacked(true)
-			rewriteTensor(t, dst, n.DownScale, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Get(layout.ProjDown, layout.RoleScale), func(raw []byte, shape []int64) {
 				scaleF32(raw[:len(raw)/int(shape[0])*16], 2.5) // the 16 routed experts only
 			})
 		}, 1},
@@ -422,14 +422,14 @@ func mutations(t *testing.T) []mutation {
 		}, 1},
 		{"one shared replica zeroed", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			n := layout.Names(layout.UpGate, "model.layers.1.mlp", false)
-			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) { clear(slice(raw, shape, 16+2)) })
+			rewriteTensor(t, dst, n.Weight(layout.ProjDown), func(raw []byte, shape []int64) { clear(slice(raw, shape, 16+2)) })
 		}, 1},
 		{"correction bias rounded to bf16", fp8, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, "model.layers.1.mlp.gate.e_score_correction_bias", roundF32ToBF16)
 		}, 1},
 		{"one wrong fp8 scale block", fp8, convert.Options{FuseShared: true, TP: 1, Layout: layout.GateUp}, func(t *testing.T, dst string) {
 			n := layout.Names(layout.GateUp, "model.layers.1.mlp", true)
-			rewriteTensor(t, dst, n.GateUpScale, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Get(layout.ProjGateUp, layout.RoleScale), func(raw []byte, shape []int64) {
 				scaleF32(slice(raw, shape, 7)[4:8], 3) // expert 7, block (0,1)
 			})
 		}, 1},
@@ -438,13 +438,13 @@ func mutations(t *testing.T) []mutation {
 		// (softmax ranked with a correction bias).
 		{"afmoe: two experts swapped", afm, convert.Options{FuseShared: true, TP: 2, Layout: layout.GateUp}, expertsSwapped(1, 6), 1},
 		{"afmoe: one shared replica zeroed", afm, convert.Options{FuseShared: true, TP: 4}, func(t *testing.T, dst string) {
-			rewriteTensor(t, dst, stacked(false).Down, func(raw []byte, shape []int64) { clear(slice(raw, shape, 8+3)) })
+			rewriteTensor(t, dst, stacked(false).Weight(layout.ProjDown), func(raw []byte, shape []int64) { clear(slice(raw, shape, 8+3)) })
 		}, 1},
 		{"afmoe: expert_bias rounded to bf16", afm, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, "model.layers.1.mlp.expert_bias", roundF32ToBF16)
 		}, 1},
 		{"afmoe: route_scale folded twice", afm, convert.Options{FuseShared: true, TP: 1, FoldScaling: "down"}, func(t *testing.T, dst string) {
-			rewriteTensor(t, dst, stacked(false).Down, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, stacked(false).Weight(layout.ProjDown), func(raw []byte, shape []int64) {
 				m := raw[:len(raw)/int(shape[0])*8] // the 8 routed experts only
 				for i := 0; i+1 < len(m); i += 2 {
 					v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(m[i:]))
@@ -459,20 +459,20 @@ func mutations(t *testing.T) []mutation {
 		// Experts stacked on disk (Granite MoE, read through views).
 		{"granite: one routed expert's up rows taken from its neighbour", granite, convert.Options{FuseShared: true, TP: 2, Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			n := layout.Names(layout.UpGate, "model.layers.1.block_sparse_moe", false)
-			rewriteTensor(t, dst, n.GateUp, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Weight(layout.ProjGateUp), func(raw []byte, shape []int64) {
 				half := len(slice(raw, shape, 0)) / 2
 				copy(slice(raw, shape, 4)[:half], slice(raw, shape, 5)[:half]) // up-gate: the first half is up
 			})
 		}, 1},
 		{"granite: the shared MLP's slice swapped with a routed expert", granite, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := layout.Names(layout.Stacked, "model.layers.1.block_sparse_moe", false)
-			swapIn(t, dst, n.Down, 2, 8)
+			swapIn(t, dst, n.Weight(layout.ProjDown), 2, 8)
 		}, 1},
 		// Llama 4: stacked and transposed on disk, input-scaled routing.
 		{"llama4: gate and up swapped in one expert", llama4, convert.Options{}, gateUpSwapped(layout.Names(layout.Stacked, "model.layers.1.feed_forward", false), 5), 1},
 		{"llama4: one expert's down projection from its neighbour", llama4, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			n := layout.Names(layout.UpGate, "model.layers.1.feed_forward", false)
-			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) { copy(slice(raw, shape, 2), slice(raw, shape, 3)) })
+			rewriteTensor(t, dst, n.Weight(layout.ProjDown), func(raw []byte, shape []int64) { copy(slice(raw, shape, 2), slice(raw, shape, 3)) })
 		}, 1},
 		// gpt-oss: the biases are stacked too.
 		{"gpt-oss: gate and up biases swapped in one expert", gptoss, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
@@ -491,7 +491,7 @@ func mutations(t *testing.T) []mutation {
 		// DeepSeek-V4: an expert only the hash table reaches is still proven.
 		{"deepseek-v4: hash layer's expert gate from its neighbour", dsv4, convert.Options{FuseShared: true, TP: 2}, func(t *testing.T, dst string) {
 			n := layout.Names(layout.Stacked, "model.layers.1.ffn", false)
-			rewriteTensor(t, dst, n.Gate, func(raw []byte, shape []int64) { copy(slice(raw, shape, 6), slice(raw, shape, 7)) })
+			rewriteTensor(t, dst, n.Weight(layout.ProjGate), func(raw []byte, shape []int64) { copy(slice(raw, shape, 6), slice(raw, shape, 7)) })
 		}, 1},
 		{"deepseek-v4: a token's hash table row changed", dsv4, convert.Options{}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, "model.layers.1.ffn.gate.tid2eid", func(raw []byte, shape []int64) {
@@ -506,7 +506,7 @@ func mutations(t *testing.T) []mutation {
 		// Inkling: experts stacked on disk, shared experts the router weights.
 		{"inkling: one routed expert's down projection from its neighbour", inkling, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
 			n := layout.Names(layout.GateUp, "model.layers.1.mlp", false)
-			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) { copy(slice(raw, shape, 3), slice(raw, shape, 4)) })
+			rewriteTensor(t, dst, n.Weight(layout.ProjDown), func(raw []byte, shape []int64) { copy(slice(raw, shape, 3), slice(raw, shape, 4)) })
 		}, 1},
 		{"inkling: the two shared experts' down projections swapped", inkling, convert.Options{}, func(t *testing.T, dst string) {
 			swapIn(t, dst, "model.layers.1.mlp.shared_experts.down_proj", 0, 1)
@@ -522,7 +522,7 @@ func mutations(t *testing.T) []mutation {
 			gateUpSwapped(layout.Names(layout.Stacked, "model.llm.layers.1.mlp", false), 5), 1},
 		{"inkling hub: one expert's gate-up left interleaved as stored", inklingHub, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
 			n := layout.Names(layout.GateUp, "model.llm.layers.1.mlp", false)
-			rewriteTensor(t, dst, n.GateUp, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Weight(layout.ProjGateUp), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 2) // [2I, H]: gate rows, then up rows
 				row := len(e) / int(shape[1])
 				halves := append([]byte(nil), e...)
@@ -547,7 +547,7 @@ func mutations(t *testing.T) []mutation {
 		}, 1},
 		{"down projection transposed where square", square, convert.Options{FuseShared: true, TP: 1}, func(t *testing.T, dst string) {
 			n := stacked(false)
-			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Weight(layout.ProjDown), func(raw []byte, shape []int64) {
 				d := int(shape[1])
 				m := slice(raw, shape, 1)
 				for r := range d {

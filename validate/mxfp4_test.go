@@ -41,8 +41,8 @@ func TestMXFP4DeinterleavesExactly(t *testing.T) {
 	sb := readTensor(t, src, prefix+".experts.gate_up_proj_blocks")
 	ss := readTensor(t, src, prefix+".experts.gate_up_proj_scales")
 	n := layout.NamesFor(layout.Stacked, prefix, gptOssMXFP4)
-	gb, ub := readTensor(t, dst, n.Gate), readTensor(t, dst, n.Up)
-	gs, us := readTensor(t, dst, n.GateScale), readTensor(t, dst, n.UpScale)
+	gb, ub := readTensor(t, dst, n.Weight(layout.ProjGate)), readTensor(t, dst, n.Weight(layout.ProjUp))
+	gs, us := readTensor(t, dst, n.Get(layout.ProjGate, layout.RoleScale)), readTensor(t, dst, n.Get(layout.ProjUp, layout.RoleScale))
 	rowB, rowS := h/2, h/32
 	for e := 0; e < mxfp4Specs()["h96-i64"].Experts; e++ {
 		for r := 0; r < i; r++ {
@@ -96,7 +96,7 @@ func mxfp4Mutations(prefix string, f weightfmt.Format, wide, many string) []dstM
 	return []dstMutation{
 		{"one flipped nibble in one expert", wide, convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, f)
-			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Weight(layout.ProjDown), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 4)
 				j := mxByte(t, e, 40, func(b byte) bool { return nz(b >> 4) })
 				e[j] ^= 0x80 // the high nibble's sign
@@ -104,7 +104,7 @@ func mxfp4Mutations(prefix string, f weightfmt.Format, wide, many string) []dstM
 		}},
 		{"two scale entries swapped", wide, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.GateUp, prefix, f)
-			rewriteTensor(t, dst, n.GateUpScale, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Get(layout.ProjGateUp, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 2)
 				cols := int(shape[2])
 				for r := 7; ; r++ {
@@ -117,7 +117,7 @@ func mxfp4Mutations(prefix string, f weightfmt.Format, wide, many string) []dstM
 		}},
 		{"nibble order reversed within one byte", many, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.UpGate, prefix, f)
-			rewriteTensor(t, dst, n.GateUp, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Weight(layout.ProjGateUp), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 9)
 				j := mxByte(t, e, 5, func(b byte) bool { return numfmt.E2M1ToF32(b&0xF) != numfmt.E2M1ToF32(b>>4) })
 				e[j] = e[j]<<4 | e[j]>>4
@@ -125,7 +125,7 @@ func mxfp4Mutations(prefix string, f weightfmt.Format, wide, many string) []dstM
 		}},
 		{"a scale byte changed", many, convert.Options{Layout: layout.Stacked, TP: 2}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, f)
-			rewriteTensor(t, dst, n.UpScale, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Get(layout.ProjUp, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 11)
 				e[3]++ // twice the scale: one group of one row
 			})

@@ -64,7 +64,7 @@ func nvfp4Mutations(prefix string, f weightfmt.Format, fixture string) []dstMuta
 	return []dstMutation{
 		{"one flipped nibble in one expert", fixture, convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, f)
-			rewriteTensor(t, dst, n.Down, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Weight(layout.ProjDown), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 5)
 				for i := 9; ; i++ {
 					if e[i]&0x7 != 0 { // a nonzero magnitude: flipping the sign changes the value
@@ -76,7 +76,7 @@ func nvfp4Mutations(prefix string, f weightfmt.Format, fixture string) []dstMuta
 		}},
 		{"two block scales swapped", fixture, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.GateUp, prefix, f)
-			rewriteTensor(t, dst, n.GateUpScale, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Get(layout.ProjGateUp, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 2)
 				for i := 7 * int(shape[2]); ; i++ {
 					if e[i] != e[i+1] {
@@ -88,14 +88,14 @@ func nvfp4Mutations(prefix string, f weightfmt.Format, fixture string) []dstMuta
 		}},
 		{"a global scale changed", fixture, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.UpGate, prefix, f)
-			rewriteTensor(t, dst, n.GateUpGlobal, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Get(layout.ProjGateUp, layout.RoleGlobal), func(raw []byte, shape []int64) {
 				v := math.Float32frombits(binary.LittleEndian.Uint32(raw[4*7:]))
 				binary.LittleEndian.PutUint32(raw[4*7:], math.Float32bits(v*1.25))
 			})
 		}},
 		{"nibble order reversed within a byte", fixture, convert.Options{Layout: layout.Stacked, TP: 2}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.Stacked, prefix, f)
-			rewriteTensor(t, dst, n.Up, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, n.Weight(layout.ProjUp), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 4)
 				for i := 3; ; i++ {
 					if e[i]&0xF != e[i]>>4 {

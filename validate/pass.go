@@ -327,9 +327,7 @@ func (s *session) addSrcTensor(b *stepBuilder, name string, expert, e int) {
 // path: its expert stacks (which the plan cuts by expert) and the rest of
 // what it reads.
 func dstLayerTensors(fl *moelayer.FusedLayer) (stacks, rest []string) {
-	n := fl.Names
-	stacks = []string{n.Gate, n.Up, n.GateUp, n.Down, n.GateScale, n.UpScale, n.GateUpScale, n.DownScale,
-		n.GateGlobal, n.UpGlobal, n.GateUpGlobal, n.DownGlobal, n.GateInput, n.UpInput, n.GateUpInput, n.DownInput}
+	stacks = fl.Names.Names() // every role of every stack, in the table's order
 	if b := fl.Biases; b != nil {
 		stacks = append(stacks, b.Gate, b.Up, b.GateUp, b.Down)
 	}
@@ -361,7 +359,7 @@ func sharedTensors(shared *family.MLP, routed []family.MLP) []string {
 
 // mlpTensors are every tensor one MLP's weights are stored in.
 func mlpTensors(m family.MLP) []string {
-	return append(mlpNames(m), m.GateShape, m.UpShape, m.DownShape, m.GateGlobal, m.UpGlobal, m.DownGlobal, m.GateInput, m.UpInput, m.DownInput)
+	return m.Names()
 }
 
 // decoderLayerOf is the decoder layer a tensor belongs to, -1: none.

@@ -105,13 +105,13 @@ func TestStreamedProofMismatchAsCheckBytes(t *testing.T) {
 		tensor string
 		mutate func(raw []byte, shape []int64)
 	}{
-		{"routed slice byte", fp8, convert.Options{FuseShared: true, TP: 1}, layout.Names(layout.Stacked, p, true).Gate,
+		{"routed slice byte", fp8, convert.Options{FuseShared: true, TP: 1}, layout.Names(layout.Stacked, p, true).Weight(layout.ProjGate),
 			func(raw []byte, shape []int64) { slice(raw, shape, 5)[100] ^= 1 }},
-		{"replica", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp}, layout.Names(layout.GateUp, p, false).Down,
+		{"replica", bf16, convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp}, layout.Names(layout.GateUp, p, false).Weight(layout.ProjDown),
 			func(raw []byte, shape []int64) { slice(raw, shape, 18)[0] ^= 0x40 }},
 		{"copied tensor", bf16, convert.Options{}, "model.layers.0.mlp.down_proj.weight",
 			func(raw []byte, _ []int64) { raw[len(raw)-1] ^= 0x10 }},
-		{"NaN in a stack", fp8, convert.Options{FuseShared: true, TP: 1}, layout.Names(layout.Stacked, p, true).Up,
+		{"NaN in a stack", fp8, convert.Options{FuseShared: true, TP: 1}, layout.Names(layout.Stacked, p, true).Weight(layout.ProjUp),
 			func(raw []byte, shape []int64) { slice(raw, shape, 2)[7] = 0x7F }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -140,26 +140,26 @@ func requantMutations() []dstMutation {
 	gateUp := convert.Options{Layout: layout.GateUp, TP: 1, FuseShared: true, RequantizeShared: true}
 	cases := []dstMutation{
 		{"a requantised shared scale changed", "kimi-g32", stacked, func(t *testing.T, dst string) {
-			rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, g32).DownScale, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, g32).Get(layout.ProjDown, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 12) // the first shared slot: E = 12
 				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(e[6:]))
 				binary.LittleEndian.PutUint16(e[6:], numfmt.F32ToBF16(v*1.25))
 			})
 		}},
 		{"one requantised shared code flipped", "kimi-g32", stacked, func(t *testing.T, dst string) {
-			rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, g32).Gate, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, g32).Weight(layout.ProjGate), func(raw []byte, shape []int64) {
 				w := int4Word(raw, shape, 12, 5)
 				binary.LittleEndian.PutUint32(w, binary.LittleEndian.Uint32(w)^(0x8<<20))
 			})
 		}},
 		{"a code of the second replica flipped", "kimi-g32", stacked, func(t *testing.T, dst string) {
-			rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, g32).Down, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, g32).Weight(layout.ProjDown), func(raw []byte, shape []int64) {
 				w := int4Word(raw, shape, 13, 2)
 				binary.LittleEndian.PutUint32(w, binary.LittleEndian.Uint32(w)^0x4)
 			})
 		}},
 		{"the second shared slice's gate-up scale changed", "deepseek-v3-g16", gateUp, func(t *testing.T, dst string) {
-			rewriteTensor(t, dst, layout.NamesFor(layout.GateUp, prefix, g16).GateUpScale, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, layout.NamesFor(layout.GateUp, prefix, g16).Get(layout.ProjGateUp, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 9) // E = 8: slice 1 of the shared expert
 				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(e[40:]))
 				binary.LittleEndian.PutUint16(e[40:], numfmt.F32ToBF16(-v))
@@ -169,12 +169,12 @@ func requantMutations() []dstMutation {
 			editContract(t, dst, func(c map[string]any) { delete(c, "shared_requantized") })
 		}},
 		{"an FP8 requantised shared code flipped", "deepseek-v3-channel", stacked, func(t *testing.T, dst string) {
-			rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, weightfmt.FP8Channel("BF16")).Up, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, weightfmt.FP8Channel("BF16")).Weight(layout.ProjUp), func(raw []byte, shape []int64) {
 				slice(raw, shape, 11)[30] ^= 0x08 // E = 10: slice 1 of the first replica
 			})
 		}},
 		{"an FP8 per-tensor requantised scale changed", "kimi-tensor", gateUp, func(t *testing.T, dst string) {
-			rewriteTensor(t, dst, layout.NamesFor(layout.GateUp, prefix, weightfmt.FP8Tensor("F32")).DownScale, func(raw []byte, shape []int64) {
+			rewriteTensor(t, dst, layout.NamesFor(layout.GateUp, prefix, weightfmt.FP8Tensor("F32")).Get(layout.ProjDown, layout.RoleScale), func(raw []byte, shape []int64) {
 				scaleF32(slice(raw, shape, 9), 1.01) // E = 9
 			})
 		}},
@@ -188,7 +188,7 @@ func requantMutations() []dstMutation {
 func TestRequantSharedByteProof(t *testing.T) {
 	src := synthFrom(t, int4Specs(), "kimi-g32")
 	dst := convertInto(t, src, convert.Options{Layout: layout.Stacked, TP: 2, FuseShared: true, RequantizeShared: true})
-	name := layout.NamesFor(layout.Stacked, "model.layers.1.mlp", weightfmt.Int4Pack(32, "BF16")).Up
+	name := layout.NamesFor(layout.Stacked, "model.layers.1.mlp", weightfmt.Int4Pack(32, "BF16")).Weight(layout.ProjUp)
 	rewriteTensor(t, dst, name, func(raw []byte, shape []int64) {
 		slice(raw, shape, 13)[17] ^= 0x10
 	})
@@ -449,7 +449,7 @@ func gpuRequantMutations() []dstMutation {
 			})
 		}
 	}
-	down := func(n layout.ExpertTensors) string { return n.DownScale }
+	down := func(n layout.ExpertTensors) string { return n.Get(layout.ProjDown, layout.RoleScale) }
 	return []dstMutation{
 		{"INT4 g32: a shared down scale's exponent bit flipped", "kimi-g32", stacked,
 			hiByte(layout.Stacked, down, weightfmt.Int4Pack(32, "BF16"), 12, 1, 0x02)},

@@ -193,7 +193,7 @@ func TestGPUTimings(t *testing.T) {
 	for i, tm := range rep.Timings {
 		n := c.Names(c.Layers[i])
 		var bank int64
-		for _, name := range []string{n.GateUp, n.Gate, n.Up, n.Down, n.GateUpScale, n.GateScale, n.UpScale, n.DownScale} {
+		for _, name := range []string{n.Weight(layout.ProjGateUp), n.Weight(layout.ProjGate), n.Weight(layout.ProjUp), n.Weight(layout.ProjDown), n.Get(layout.ProjGateUp, layout.RoleScale), n.Get(layout.ProjGate, layout.RoleScale), n.Get(layout.ProjUp, layout.RoleScale), n.Get(layout.ProjDown, layout.RoleScale)} {
 			if x, ok := ck.Tensor(name); name != "" && ok {
 				bank += x.NumElements() * int64(x.DType.Size())
 			}

@@ -60,7 +60,7 @@ func TestQwen3VLMoEHubLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.WriteFile(t, path, file)
-	if g := cktest.Plan(t, src).Layers[0].Experts[5].Up; g != "model.language_model.layers.1.mlp.experts.gate_up_proj[5][T:32:32:1]" {
+	if g := cktest.Plan(t, src).Layers[0].Experts[5].Weight(layout.ProjUp); g != "model.language_model.layers.1.mlp.experts.gate_up_proj[5][T:32:32:1]" {
 		t.Fatalf("expert 5's up planned as %s, want a transposed view", g)
 	}
 	for _, l := range []layout.Layout{layout.Stacked, layout.GateUp, layout.UpGate} {

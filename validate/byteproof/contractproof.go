@@ -400,7 +400,7 @@ func unfusable(src *checkpoint.Checkpoint, plan *family.Plan, block []int64) str
 			return fmt.Sprintf("SRC's layer %d gates its shared expert per token by %s, so fuse-shared refuses it", l.Index, l.SharedGate)
 		case l.Shared == nil:
 			return fmt.Sprintf("SRC's layer %d has no shared expert to fuse", l.Index)
-		case l.Shared.GateBias != "":
+		case l.Shared.Get(layout.ProjGate, layout.RoleBias) != "":
 			return fmt.Sprintf("SRC's layer %d has a shared expert with biases, so fuse-shared refuses it", l.Index)
 		}
 	}
@@ -439,7 +439,7 @@ func foldsRSF(src *checkpoint.Checkpoint, plan *family.Plan, mode string) bool {
 		}
 		for _, l := range plan.Layers {
 			for _, e := range l.Experts {
-				if t, ok := src.Tensor(e.DownScale); ok && t.DType != safetensors.F32 {
+				if t, ok := src.Tensor(e.Get(layout.ProjDown, layout.RoleScale)); ok && t.DType != safetensors.F32 {
 					return false
 				}
 			}
@@ -505,7 +505,7 @@ func srcScaleDType(src *checkpoint.Checkpoint, plan *family.Plan, withShared boo
 	var dt safetensors.DType
 	var from string
 	check := func(m family.MLP) string {
-		for _, name := range []string{m.GateScale, m.UpScale, m.DownScale} {
+		for _, name := range []string{m.Get(layout.ProjGate, layout.RoleScale), m.Get(layout.ProjUp, layout.RoleScale), m.Get(layout.ProjDown, layout.RoleScale)} {
 			t, ok := src.Tensor(name)
 			if !ok {
 				return fmt.Sprintf("SRC has no scale tensor %s", render(name))
@@ -586,7 +586,7 @@ func srcSharedStorage(src *checkpoint.Checkpoint, plan *family.Plan) (sharedQ, s
 		}
 		var q, dt string
 		first := false
-		for _, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
+		for _, name := range []string{l.Shared.Weight(layout.ProjGate), l.Shared.Weight(layout.ProjUp), l.Shared.Weight(layout.ProjDown)} {
 			if name == "" {
 				continue // an ungated shared MLP's gate
 			}
@@ -707,7 +707,7 @@ func srcNVFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, inp
 		return nil, false, fmt.Sprintf("SRC's group_size is %v, not 16", g)
 	}
 	if len(plan.Layers) > 0 && len(plan.Layers[0].Experts) > 0 {
-		w := plan.Layers[0].Experts[0].Gate
+		w := plan.Layers[0].Experts[0].Weight(layout.ProjGate)
 		_, input = src.Tensor(strings.TrimSuffix(w, weight) + leaf)
 	}
 	return []int64{1, 16}, input, ""
@@ -804,7 +804,7 @@ func srcMXFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, sca
 	}
 	for _, l := range plan.Layers {
 		for _, e := range l.Experts {
-			for _, p := range [][2]string{{e.Gate, e.GateScale}, {e.Up, e.UpScale}, {e.Down, e.DownScale}} {
+			for _, p := range [][2]string{{e.Weight(layout.ProjGate), e.Get(layout.ProjGate, layout.RoleScale)}, {e.Weight(layout.ProjUp), e.Get(layout.ProjUp, layout.RoleScale)}, {e.Weight(layout.ProjDown), e.Get(layout.ProjDown, layout.RoleScale)}} {
 				wt, ok1 := src.Tensor(p[0])
 				st, ok2 := src.Tensor(p[1])
 				switch {

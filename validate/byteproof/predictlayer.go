@@ -72,11 +72,7 @@ func (p *prediction) layer(src *checkpoint.Checkpoint, plan *family.Plan, c *lay
 	}
 	if l.Shared != nil && c.NumFusedSharedExperts == 0 {
 		// an unfused shared expert is copied as it is
-		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down, l.Shared.GateScale, l.Shared.UpScale, l.Shared.DownScale,
-			l.Shared.GateGlobal, l.Shared.UpGlobal, l.Shared.DownGlobal, l.Shared.GateInput, l.Shared.UpInput, l.Shared.DownInput} {
-			if n == "" {
-				continue
-			}
+		for _, n := range l.Shared.NamesOf(layout.RoleWeight, layout.RoleScale, layout.RoleGlobal, layout.RoleInput) {
 			delete(consumed, checkpoint.BaseName(n))
 		}
 	}
@@ -126,7 +122,7 @@ func newLayerPrediction(p *prediction, src *checkpoint.Checkpoint, plan *family.
 		if lp.requant, err = checkpoint.RequantisedMLP(src, *l.Shared, lp.wf, func(t *checkpoint.Tensor) { lp.virtual[t.Name] = t }); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", li.Index, err)
 		}
-		for _, n := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
+		for _, n := range []string{l.Shared.Weight(layout.ProjGate), l.Shared.Weight(layout.ProjUp), l.Shared.Weight(layout.ProjDown)} {
 			consumed[checkpoint.BaseName(n)] = true
 		}
 	}
@@ -193,25 +189,25 @@ func (lp *layerPrediction) expert(b int) (parts, error) {
 	dsh := weightfmt.Matrix{Format: wf, Rows: H, Cols: n * I}.Shape()
 	var g mat
 	var err error
-	if m.Gate != "" { // "": ungated (Nemotron-H), whose contract names no gate stack
-		if g, err = lp.get(m.Gate, gsh[0], gsh[1]); err != nil {
+	if m.Weight(layout.ProjGate) != "" { // "": ungated (Nemotron-H), whose contract names no gate stack
+		if g, err = lp.get(m.Weight(layout.ProjGate), gsh[0], gsh[1]); err != nil {
 			return pr, err
 		}
 	} else if scaled {
 		return pr, fmt.Errorf("%s: layer %d: ungated experts stored in %s are not supported", lp.src.Dir, lp.li.Index, wf)
 	}
-	u, err := lp.get(m.Up, gsh[0], gsh[1])
+	u, err := lp.get(m.Weight(layout.ProjUp), gsh[0], gsh[1])
 	if err != nil {
 		return pr, err
 	}
-	d, err := lp.get(m.Down, dsh[0], dsh[1])
+	d, err := lp.get(m.Weight(layout.ProjDown), dsh[0], dsh[1])
 	if err != nil {
 		return pr, err
 	}
 	// compressed-tensors' weight_shape (INT4): checked by the plan
 	// (it holds the expert's [out, in]) and not written: the contract
 	// states every expert's shape.
-	for _, sh := range []string{m.GateShape, m.UpShape, m.DownShape} {
+	for _, sh := range []string{m.Get(layout.ProjGate, layout.RoleShape), m.Get(layout.ProjUp, layout.RoleShape), m.Get(layout.ProjDown, layout.RoleShape)} {
 		if sh == "" {
 			continue
 		}
@@ -248,14 +244,14 @@ func (lp *layerPrediction) expert(b int) (parts, error) {
 // expertBiases adds bank expert b's biases to pr: views [I,1], [I,1] and
 // [1,H] of the stacked biases.
 func (lp *layerPrediction) expertBiases(pr *parts, m family.MLP, routed bool, b int) error {
-	if m.GateBias == "" || !routed {
+	if m.Get(layout.ProjGate, layout.RoleBias) == "" || !routed {
 		return fmt.Errorf("%s: layer %d: the contract has expert biases, SRC's expert %d has none", lp.src.Dir, lp.li.Index, b)
 	}
 	for _, x := range []struct {
 		name       string
 		rows, cols int64
 		dst        *piece
-	}{{m.GateBias, lp.I, 1, &pr.gb}, {m.UpBias, lp.I, 1, &pr.ub}, {m.DownBias, 1, lp.H, &pr.db}} {
+	}{{m.Get(layout.ProjGate, layout.RoleBias), lp.I, 1, &pr.gb}, {m.Get(layout.ProjUp, layout.RoleBias), lp.I, 1, &pr.ub}, {m.Get(layout.ProjDown, layout.RoleBias), 1, lp.H, &pr.db}} {
 		v, err := lp.get(x.name, x.rows, x.cols)
 		if err != nil {
 			return err
@@ -269,17 +265,17 @@ func (lp *layerPrediction) expertBiases(pr *parts, m family.MLP, routed bool, b 
 // scales where DST keeps them (or dequantises with them).
 func (lp *layerPrediction) expertGlobals(pr *parts, m family.MLP, b int) error {
 	c := lp.c
-	ins := []string{m.GateInput, m.UpInput, m.DownInput}
+	ins := []string{m.Get(layout.ProjGate, layout.RoleInput), m.Get(layout.ProjUp, layout.RoleInput), m.Get(layout.ProjDown, layout.RoleInput)}
 	if !c.InputScales && c.Dequantized == nil {
 		ins = []string{"", "", ""}
-	} else if c.InputScales && m.GateInput == "" {
+	} else if c.InputScales && m.Get(layout.ProjGate, layout.RoleInput) == "" {
 		return fmt.Errorf("%s: layer %d: the contract has input_scales, SRC's expert %d has none", lp.src.Dir, lp.li.Index, b)
 	}
 	var err error
 	for i, x := range []struct {
 		name string
 		dst  *piece
-	}{{m.GateGlobal, &pr.gg}, {m.UpGlobal, &pr.ug}, {m.DownGlobal, &pr.dg}, {ins[0], &pr.gi}, {ins[1], &pr.ui}, {ins[2], &pr.di}} {
+	}{{m.Get(layout.ProjGate, layout.RoleGlobal), &pr.gg}, {m.Get(layout.ProjUp, layout.RoleGlobal), &pr.ug}, {m.Get(layout.ProjDown, layout.RoleGlobal), &pr.dg}, {ins[0], &pr.gi}, {ins[1], &pr.ui}, {ins[2], &pr.di}} {
 		if i >= 3 && x.name == "" {
 			continue
 		}
@@ -297,15 +293,15 @@ func (lp *layerPrediction) expertScales(pr *parts, m family.MLP, wf weightfmt.Fo
 	c, I, H := lp.c, lp.I, lp.H
 	gr, gc := weightfmt.Matrix{Format: wf, Rows: n * I, Cols: H}.ScaleShape()
 	dr, dc := weightfmt.Matrix{Format: wf, Rows: H, Cols: n * I}.ScaleShape()
-	gs, err := lp.get(m.GateScale, gr, gc)
+	gs, err := lp.get(m.Get(layout.ProjGate, layout.RoleScale), gr, gc)
 	if err != nil {
 		return err
 	}
-	us, err := lp.get(m.UpScale, gr, gc)
+	us, err := lp.get(m.Get(layout.ProjUp, layout.RoleScale), gr, gc)
 	if err != nil {
 		return err
 	}
-	ds, err := lp.get(m.DownScale, dr, dc)
+	ds, err := lp.get(m.Get(layout.ProjDown, layout.RoleScale), dr, dc)
 	if err != nil {
 		return err
 	}
@@ -416,16 +412,16 @@ func (lp *layerPrediction) addStacks() error {
 		if c.Layout == layout.UpGate {
 			first, second, fs, ss = second, first, ss, fs
 		}
-		lp.add(names.GateUp, wd, shapes.GateUp, gm, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
-		lp.add(names.GateUpScale, sf.DType, shapes.GateUpScale, gsm, func(pr parts) []piece { return []piece{fs(pr), ss(pr)} })
+		lp.add(names.Weight(layout.ProjGateUp), wd, shapes.GateUp, gm, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
+		lp.add(names.Get(layout.ProjGateUp, layout.RoleScale), sf.DType, shapes.GateUpScale, gsm, func(pr parts) []piece { return []piece{fs(pr), ss(pr)} })
 	} else {
-		lp.add(names.Gate, wd, shapes.Gate, gm, one(func(pr parts) piece { return pr.gate }))
-		lp.add(names.Up, wd, shapes.Up, gm, one(func(pr parts) piece { return pr.up }))
-		lp.add(names.GateScale, sf.DType, shapes.GateScale, gsm, one(func(pr parts) piece { return pr.gs }))
-		lp.add(names.UpScale, sf.DType, shapes.UpScale, gsm, one(func(pr parts) piece { return pr.us }))
+		lp.add(names.Weight(layout.ProjGate), wd, shapes.Gate, gm, one(func(pr parts) piece { return pr.gate }))
+		lp.add(names.Weight(layout.ProjUp), wd, shapes.Up, gm, one(func(pr parts) piece { return pr.up }))
+		lp.add(names.Get(layout.ProjGate, layout.RoleScale), sf.DType, shapes.GateScale, gsm, one(func(pr parts) piece { return pr.gs }))
+		lp.add(names.Get(layout.ProjUp, layout.RoleScale), sf.DType, shapes.UpScale, gsm, one(func(pr parts) piece { return pr.us }))
 	}
-	lp.add(names.Down, wd, shapes.Down, dm, one(func(pr parts) piece { return pr.down }))
-	lp.add(names.DownScale, sf.DType, shapes.DownScale, dsm, one(func(pr parts) piece { return pr.ds }))
+	lp.add(names.Weight(layout.ProjDown), wd, shapes.Down, dm, one(func(pr parts) piece { return pr.down }))
+	lp.add(names.Get(layout.ProjDown, layout.RoleScale), sf.DType, shapes.DownScale, dsm, one(func(pr parts) piece { return pr.ds }))
 	if lp.globbed {
 		lp.addGlobals(names, shapes)
 	}
@@ -447,28 +443,33 @@ func (lp *layerPrediction) addStacks() error {
 // where the contract keeps them.
 func (lp *layerPrediction) addGlobals(names layout.ExpertTensors, shapes layout.Shapes) {
 	c, glob := lp.c, lp.glob
-	type set struct {
-		gate, up, gateUp, down string
-		pick                   func(parts) (piece, piece, piece)
+	// each role's pieces of gate, up and down, read from SRC by this proof
+	picks := map[layout.Role]func(parts) (piece, piece, piece){
+		layout.RoleGlobal: func(pr parts) (piece, piece, piece) { return pr.gg, pr.ug, pr.dg },
+		layout.RoleInput:  func(pr parts) (piece, piece, piece) { return pr.gi, pr.ui, pr.di },
 	}
-	sets := []set{{names.GateGlobal, names.UpGlobal, names.GateUpGlobal, names.DownGlobal, func(pr parts) (piece, piece, piece) { return pr.gg, pr.ug, pr.dg }}}
-	if c.InputScales {
-		sets = append(sets, set{names.GateInput, names.UpInput, names.GateUpInput, names.DownInput, func(pr parts) (piece, piece, piece) { return pr.gi, pr.ui, pr.di }})
-	}
-	for _, st := range sets {
-		pk := st.pick
-		if c.Layout.Fused() {
-			lp.add(st.gateUp, glob.DType, shapes.GateUpGlobal, [2]int64{}, func(pr parts) []piece {
+	for _, st := range layout.StackOrder {
+		pk, ok := picks[st.Role]
+		if !ok || (st.Role == layout.RoleInput && !c.InputScales) {
+			continue
+		}
+		var pick func(parts) []piece
+		switch st.Proj {
+		case layout.ProjGateUp:
+			pick = func(pr parts) []piece {
 				g, u, _ := pk(pr)
 				if c.Layout == layout.UpGate {
 					g, u = u, g
 				}
 				return []piece{g, u}
-			})
-		} else {
-			lp.add(st.gate, glob.DType, shapes.GateGlobal, [2]int64{}, one(func(pr parts) piece { g, _, _ := pk(pr); return g }))
-			lp.add(st.up, glob.DType, shapes.UpGlobal, [2]int64{}, one(func(pr parts) piece { _, u, _ := pk(pr); return u }))
+			}
+		case layout.ProjGate:
+			pick = one(func(pr parts) piece { g, _, _ := pk(pr); return g })
+		case layout.ProjUp:
+			pick = one(func(pr parts) piece { _, u, _ := pk(pr); return u })
+		default:
+			pick = one(func(pr parts) piece { _, _, d := pk(pr); return d })
 		}
-		lp.add(st.down, glob.DType, shapes.DownGlobal, [2]int64{}, one(func(pr parts) piece { _, _, d := pk(pr); return d }))
+		lp.add(names.Get(st.Proj, st.Role), glob.DType, shapes.Of(st.Proj, st.Role), [2]int64{}, pick)
 	}
 }

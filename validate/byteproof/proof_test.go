@@ -90,9 +90,9 @@ func TestCheckBytesTable(t *testing.T) {
 		{"untouched fused gate-up, fuse-shared tp 4", "deepseek-v3-bf16", convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp}, "", 0, 0, 0},
 		{"untouched fp8 fuse-shared", "deepseek-v3-fp8", convert.Options{FuseShared: true, TP: 1}, "", 0, 0, 0},
 		{"routed slice of the gate stack", "deepseek-v3-bf16", convert.Options{TP: 1},
-			layout.Names(layout.Stacked, p, false).Gate, 5*per + 100, 5, 1},
+			layout.Names(layout.Stacked, p, false).Weight(layout.ProjGate), 5*per + 100, 5, 1},
 		{"replica of the shared expert (bank expert 16 + 2)", "deepseek-v3-bf16", convert.Options{FuseShared: true, TP: 4, Layout: layout.GateUp},
-			layout.Names(layout.GateUp, p, false).Down, 18 * per, 18, 1},
+			layout.Names(layout.GateUp, p, false).Weight(layout.ProjDown), 18 * per, 18, 1},
 		{"a copied tensor (the router)", "deepseek-v3-bf16", convert.Options{TP: 1},
 			p + ".gate.weight", 7, -1, -1},
 	} {
@@ -162,7 +162,7 @@ func TestPredictStacks(t *testing.T) {
 			for _, st := range []struct {
 				name, proj string
 				rows       bool // a shared slice is rows (gate, up) or columns (down)
-			}{{names.Gate, "gate_proj", true}, {names.Up, "up_proj", true}, {names.Down, "down_proj", false}} {
+			}{{names.Weight(layout.ProjGate), "gate_proj", true}, {names.Weight(layout.ProjUp), "up_proj", true}, {names.Weight(layout.ProjDown), "down_proj", false}} {
 				segs := pred.tensors[st.name]
 				if len(segs) != bank {
 					t.Fatalf("%s: %d segments, want one per bank expert (%d)", st.name, len(segs), bank)

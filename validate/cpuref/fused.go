@@ -30,9 +30,9 @@ func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorloa
 		if n.Layout.Fused() {
 			// Two halves of the [2I,H] slice; with a scale the grid is two
 			// stacked grids of the [I,H] half's rows each (layout.StackShapesFor).
-			first := ref(n.GateUp, n.GateUpScale, e, inter, h)
+			first := ref(n.Weight(layout.ProjGateUp), n.Get(layout.ProjGateUp, layout.RoleScale), e, inter, h)
 			first.SliceRows = 2 * inter
-			first.Global, first.GlobalIndex = n.GateUpGlobal, 2*e
+			first.Global, first.GlobalIndex = n.Get(layout.ProjGateUp, layout.RoleGlobal), 2*e
 			second := first
 			second.RowStart = inter
 			second.GlobalIndex = 2*e + 1
@@ -54,9 +54,9 @@ func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorloa
 				m.Gate, m.Up = b, a
 			}
 		} else {
-			g, u := ref(n.Gate, n.GateScale, e, inter, h), ref(n.Up, n.UpScale, e, inter, h)
-			g.Global, g.GlobalIndex, u.Global, u.GlobalIndex = n.GateGlobal, e, n.UpGlobal, e
-			if n.Gate != "" { // "": ungated experts (Contract.Names)
+			g, u := ref(n.Weight(layout.ProjGate), n.Get(layout.ProjGate, layout.RoleScale), e, inter, h), ref(n.Weight(layout.ProjUp), n.Get(layout.ProjUp, layout.RoleScale), e, inter, h)
+			g.Global, g.GlobalIndex, u.Global, u.GlobalIndex = n.Get(layout.ProjGate, layout.RoleGlobal), e, n.Get(layout.ProjUp, layout.RoleGlobal), e
+			if n.Weight(layout.ProjGate) != "" { // "": ungated experts (Contract.Names)
 				if m.Gate, err = dec.Load(src, g); err != nil {
 					return nil, wrap(err)
 				}
@@ -65,8 +65,8 @@ func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorloa
 				return nil, wrap(err)
 			}
 		}
-		d := ref(n.Down, n.DownScale, e, h, inter)
-		d.Global, d.GlobalIndex = n.DownGlobal, e
+		d := ref(n.Weight(layout.ProjDown), n.Get(layout.ProjDown, layout.RoleScale), e, h, inter)
+		d.Global, d.GlobalIndex = n.Get(layout.ProjDown, layout.RoleGlobal), e
 		if m.Down, err = dec.Load(src, d); err != nil {
 			return nil, wrap(err)
 		}
@@ -299,22 +299,22 @@ func denseMLP(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.T
 	}
 	glob := func(r tensorload.MatrixRef, g string) tensorload.MatrixRef { r.Global = g; return r }
 	act := fl.SharedAct()
-	if err := checkGated(m.Gate, act); err != nil {
+	if err := checkGated(m.Weight(layout.ProjGate), act); err != nil {
 		return nil, err
 	}
 	var gate []float32
-	if m.Gate != "" {
-		if gate, err = dec.Load(src, glob(ref(m.Gate, m.GateScale, inter, h), m.GateGlobal)); err != nil {
+	if m.Weight(layout.ProjGate) != "" {
+		if gate, err = dec.Load(src, glob(ref(m.Weight(layout.ProjGate), m.Get(layout.ProjGate, layout.RoleScale), inter, h), m.Get(layout.ProjGate, layout.RoleGlobal))); err != nil {
 			return nil, err
 		}
 		defer dec.Put(gate)
 	}
-	up, err := dec.Load(src, glob(ref(m.Up, m.UpScale, inter, h), m.UpGlobal))
+	up, err := dec.Load(src, glob(ref(m.Weight(layout.ProjUp), m.Get(layout.ProjUp, layout.RoleScale), inter, h), m.Get(layout.ProjUp, layout.RoleGlobal)))
 	if err != nil {
 		return nil, err
 	}
 	defer dec.Put(up)
-	down, err := dec.Load(src, glob(ref(m.Down, m.DownScale, h, inter), m.DownGlobal))
+	down, err := dec.Load(src, glob(ref(m.Weight(layout.ProjDown), m.Get(layout.ProjDown, layout.RoleScale), h, inter), m.Get(layout.ProjDown, layout.RoleGlobal)))
 	if err != nil {
 		return nil, err
 	}
@@ -328,14 +328,14 @@ func denseMLP(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.T
 		impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, gate, h, 0, g, inter)
 	}
 	var gb, ub, db []float32
-	if m.GateBias != "" { // ERNIE 4.5 use_bias
-		if gb, err = tensorload.LoadVector(src, m.GateBias, inter); err != nil {
+	if m.Get(layout.ProjGate, layout.RoleBias) != "" { // ERNIE 4.5 use_bias
+		if gb, err = tensorload.LoadVector(src, m.Get(layout.ProjGate, layout.RoleBias), inter); err != nil {
 			return nil, err
 		}
-		if ub, err = tensorload.LoadVector(src, m.UpBias, inter); err != nil {
+		if ub, err = tensorload.LoadVector(src, m.Get(layout.ProjUp, layout.RoleBias), inter); err != nil {
 			return nil, err
 		}
-		if db, err = tensorload.LoadVector(src, m.DownBias, h); err != nil {
+		if db, err = tensorload.LoadVector(src, m.Get(layout.ProjDown, layout.RoleBias), h); err != nil {
 			return nil, err
 		}
 	}

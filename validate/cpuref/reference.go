@@ -287,7 +287,7 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 		name       string
 		rows, cols int
 		got        []float32
-	}{{layer.Shared.Gate, inter, h, q.gate}, {layer.Shared.Up, inter, h, q.up}, {layer.Shared.Down, h, inter, q.down}} {
+	}{{layer.Shared.Weight(layout.ProjGate), inter, h, q.gate}, {layer.Shared.Weight(layout.ProjUp), inter, h, q.up}, {layer.Shared.Weight(layout.ProjDown), h, inter, q.down}} {
 		if pr.name == "" {
 			continue // an ungated MLP's gate
 		}
@@ -433,30 +433,30 @@ func loadSourceMLP(dec *tensorload.Decoder, src tensorload.TensorSource, names f
 	}
 	m := &refMLP{h: h, inter: inter, act: act, dec: dec}
 	var err error
-	if names.GateBias != "" {
-		if m.gb, err = tensorload.LoadVector(src, names.GateBias, inter); err != nil {
+	if names.Get(layout.ProjGate, layout.RoleBias) != "" {
+		if m.gb, err = tensorload.LoadVector(src, names.Get(layout.ProjGate, layout.RoleBias), inter); err != nil {
 			return nil, err
 		}
-		if m.ub, err = tensorload.LoadVector(src, names.UpBias, inter); err != nil {
+		if m.ub, err = tensorload.LoadVector(src, names.Get(layout.ProjUp, layout.RoleBias), inter); err != nil {
 			return nil, err
 		}
-		if m.db, err = tensorload.LoadVector(src, names.DownBias, h); err != nil {
+		if m.db, err = tensorload.LoadVector(src, names.Get(layout.ProjDown, layout.RoleBias), h); err != nil {
 			return nil, err
 		}
 	}
 	glob := func(r tensorload.MatrixRef, g string) tensorload.MatrixRef { r.Global = g; return r }
-	if err := checkGated(names.Gate, act); err != nil {
+	if err := checkGated(names.Weight(layout.ProjGate), act); err != nil {
 		return nil, err
 	}
-	if names.Gate != "" {
-		if m.gate, err = dec.Load(src, glob(ref(names.Gate, names.GateScale, inter, h), names.GateGlobal)); err != nil {
+	if names.Weight(layout.ProjGate) != "" {
+		if m.gate, err = dec.Load(src, glob(ref(names.Weight(layout.ProjGate), names.Get(layout.ProjGate, layout.RoleScale), inter, h), names.Get(layout.ProjGate, layout.RoleGlobal))); err != nil {
 			return nil, err
 		}
 	}
-	if m.up, err = dec.Load(src, glob(ref(names.Up, names.UpScale, inter, h), names.UpGlobal)); err != nil {
+	if m.up, err = dec.Load(src, glob(ref(names.Weight(layout.ProjUp), names.Get(layout.ProjUp, layout.RoleScale), inter, h), names.Get(layout.ProjUp, layout.RoleGlobal))); err != nil {
 		return nil, err
 	}
-	if m.down, err = dec.Load(src, glob(ref(names.Down, names.DownScale, h, inter), names.DownGlobal)); err != nil {
+	if m.down, err = dec.Load(src, glob(ref(names.Weight(layout.ProjDown), names.Get(layout.ProjDown, layout.RoleScale), h, inter), names.Get(layout.ProjDown, layout.RoleGlobal))); err != nil {
 		return nil, err
 	}
 	return m, nil

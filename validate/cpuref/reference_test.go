@@ -53,10 +53,10 @@ func handLayer(router [2][2]float32, experts [2]handMLP, shared *handMLP, topK i
 	l := family.Layer{Index: 1, Prefix: p, Router: p + ".gate.weight"}
 	src.Put(l.Router, safetensors.F32, []int64{2, 2}, testkit.F32LE(router[0][0], router[0][1], router[1][0], router[1][1]))
 	put := func(prefix string, m handMLP) family.MLP {
-		n := family.MLP{Gate: prefix + ".gate_proj.weight", Up: prefix + ".up_proj.weight", Down: prefix + ".down_proj.weight"}
-		src.Put(n.Gate, safetensors.F32, []int64{1, 2}, testkit.F32LE(m.gate[:]...))
-		src.Put(n.Up, safetensors.F32, []int64{1, 2}, testkit.F32LE(m.up[:]...))
-		src.Put(n.Down, safetensors.F32, []int64{2, 1}, testkit.F32LE(m.down[:]...))
+		n := family.MLPOf(prefix+".gate_proj.weight", prefix+".up_proj.weight", prefix+".down_proj.weight")
+		src.Put(n.Weight(layout.ProjGate), safetensors.F32, []int64{1, 2}, testkit.F32LE(m.gate[:]...))
+		src.Put(n.Weight(layout.ProjUp), safetensors.F32, []int64{1, 2}, testkit.F32LE(m.up[:]...))
+		src.Put(n.Weight(layout.ProjDown), safetensors.F32, []int64{2, 1}, testkit.F32LE(m.down[:]...))
 		return n
 	}
 	for e, m := range experts {
@@ -170,12 +170,12 @@ func handStacked(src cktest.Mem, plan *family.Plan, l *family.Layer, fuse bool) 
 		}
 		dst.Put(name, safetensors.F32, []int64{int64(len(mlps)), rows, cols}, raw)
 	}
-	stack(n.Gate, func(m family.MLP) string { return m.Gate }, 1, 2)
-	stack(n.Up, func(m family.MLP) string { return m.Up }, 1, 2)
-	stack(n.Down, func(m family.MLP) string { return m.Down }, 2, 1)
+	stack(n.Weight(layout.ProjGate), func(m family.MLP) string { return m.Weight(layout.ProjGate) }, 1, 2)
+	stack(n.Weight(layout.ProjUp), func(m family.MLP) string { return m.Weight(layout.ProjUp) }, 1, 2)
+	stack(n.Weight(layout.ProjDown), func(m family.MLP) string { return m.Weight(layout.ProjDown) }, 2, 1)
 	fl := &moelayer.FusedLayer{Index: l.Index, Router: l.Router, Spec: plan.RouteSpec(), Contract: c, Names: n}
 	if !fuse && l.Shared != nil { // copied as it is, run beside the bank
-		for _, name := range []string{l.Shared.Gate, l.Shared.Up, l.Shared.Down} {
+		for _, name := range []string{l.Shared.Weight(layout.ProjGate), l.Shared.Weight(layout.ProjUp), l.Shared.Weight(layout.ProjDown)} {
 			dst.Put(name, safetensors.F32, src[name].Shape, src.Bytes(name))
 		}
 		fl.Shared = l.Shared

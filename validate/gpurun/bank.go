@@ -30,17 +30,17 @@ func LoadFusedBank(s *Stager, src tensorload.TensorSource, fl *moelayer.FusedLay
 // by n and shaped by shapes, loading into b.
 func bankParts(n layout.ExpertTensors, shapes layout.Shapes, b *Bank, H, I int64) []bankPart {
 	gateUp := []bankPart{
-		{name: n.Gate, shape: shapes.Gate, cols: H, mat: &b.Gate, scaleName: n.GateScale, scaleShape: shapes.GateScale, scale: &b.GateScale,
-			global: n.GateGlobal, globalShape: shapes.GateGlobal},
-		{name: n.Up, shape: shapes.Up, cols: H, mat: &b.Up, scaleName: n.UpScale, scaleShape: shapes.UpScale, scale: &b.UpScale,
-			global: n.UpGlobal, globalShape: shapes.UpGlobal},
+		{name: n.Weight(layout.ProjGate), shape: shapes.Gate, cols: H, mat: &b.Gate, scaleName: n.Get(layout.ProjGate, layout.RoleScale), scaleShape: shapes.GateScale, scale: &b.GateScale,
+			global: n.Get(layout.ProjGate, layout.RoleGlobal), globalShape: shapes.GateGlobal},
+		{name: n.Weight(layout.ProjUp), shape: shapes.Up, cols: H, mat: &b.Up, scaleName: n.Get(layout.ProjUp, layout.RoleScale), scaleShape: shapes.UpScale, scale: &b.UpScale,
+			global: n.Get(layout.ProjUp, layout.RoleGlobal), globalShape: shapes.UpGlobal},
 	}
 	if n.Layout.Fused() {
-		gateUp = []bankPart{{name: n.GateUp, shape: shapes.GateUp, cols: H, mat: &b.GateUp, scaleName: n.GateUpScale, scaleShape: shapes.GateUpScale,
-			scale: &b.GateUpScale, global: n.GateUpGlobal, globalShape: shapes.GateUpGlobal}}
+		gateUp = []bankPart{{name: n.Weight(layout.ProjGateUp), shape: shapes.GateUp, cols: H, mat: &b.GateUp, scaleName: n.Get(layout.ProjGateUp, layout.RoleScale), scaleShape: shapes.GateUpScale,
+			scale: &b.GateUpScale, global: n.Get(layout.ProjGateUp, layout.RoleGlobal), globalShape: shapes.GateUpGlobal}}
 	}
-	return append(gateUp, bankPart{name: n.Down, shape: shapes.Down, cols: I, mat: &b.Down, scaleName: n.DownScale, scaleShape: shapes.DownScale,
-		scale: &b.DownScale, global: n.DownGlobal, globalShape: shapes.DownGlobal})
+	return append(gateUp, bankPart{name: n.Weight(layout.ProjDown), shape: shapes.Down, cols: I, mat: &b.Down, scaleName: n.Get(layout.ProjDown, layout.RoleScale), scaleShape: shapes.DownScale,
+		scale: &b.DownScale, global: n.Get(layout.ProjDown, layout.RoleGlobal), globalShape: shapes.DownGlobal})
 }
 
 // identityOrder is 0, 1, ..., n-1.
@@ -78,7 +78,7 @@ func (b *Bank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
 // to bf16 on the device. The caller waits on s's stream (kernels queued on
 // the same stream run after the copies).
 func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format, act layout.Activation) (*Bank, error) {
-	if m.GateScale == "" && m.UpScale == "" && m.DownScale == "" {
+	if m.Get(layout.ProjGate, layout.RoleScale) == "" && m.Get(layout.ProjUp, layout.RoleScale) == "" && m.Get(layout.ProjDown, layout.RoleScale) == "" {
 		wf = nil
 	}
 	scaled := false
@@ -106,9 +106,9 @@ func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inte
 	// A global scale (NVFP4's weight_scale_2) is one element, whatever its
 	// shape (globalShape nil).
 	parts := []bankPart{
-		{name: m.Gate, shape: gs, cols: H, mat: &b.Gate, scaleName: m.GateScale, scaleShape: []int64{gr, gc}, scaleDType: sc.DType, scale: &b.GateScale, global: m.GateGlobal},
-		{name: m.Up, shape: gs, cols: H, mat: &b.Up, scaleName: m.UpScale, scaleShape: []int64{gr, gc}, scaleDType: sc.DType, scale: &b.UpScale, global: m.UpGlobal},
-		{name: m.Down, shape: ds, cols: I, mat: &b.Down, scaleName: m.DownScale, scaleShape: []int64{dr, dc}, scaleDType: sc.DType, scale: &b.DownScale, global: m.DownGlobal},
+		{name: m.Weight(layout.ProjGate), shape: gs, cols: H, mat: &b.Gate, scaleName: m.Get(layout.ProjGate, layout.RoleScale), scaleShape: []int64{gr, gc}, scaleDType: sc.DType, scale: &b.GateScale, global: m.Get(layout.ProjGate, layout.RoleGlobal)},
+		{name: m.Weight(layout.ProjUp), shape: gs, cols: H, mat: &b.Up, scaleName: m.Get(layout.ProjUp, layout.RoleScale), scaleShape: []int64{gr, gc}, scaleDType: sc.DType, scale: &b.UpScale, global: m.Get(layout.ProjUp, layout.RoleGlobal)},
+		{name: m.Weight(layout.ProjDown), shape: ds, cols: I, mat: &b.Down, scaleName: m.Get(layout.ProjDown, layout.RoleScale), scaleShape: []int64{dr, dc}, scaleDType: sc.DType, scale: &b.DownScale, global: m.Get(layout.ProjDown, layout.RoleGlobal)},
 	}
 	if scaled && DecodesOnDevice(wf) {
 		if err := b.uploadDecoded(s, src, parts, wf); err != nil {
@@ -125,16 +125,16 @@ func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inte
 		}
 	}
 	b.Act = act
-	if m.GateBias != "" {
-		gb, err := tensorload.LoadVector(src, m.GateBias, inter)
+	if m.Get(layout.ProjGate, layout.RoleBias) != "" {
+		gb, err := tensorload.LoadVector(src, m.Get(layout.ProjGate, layout.RoleBias), inter)
 		if err != nil {
 			return fail(err)
 		}
-		ub, err := tensorload.LoadVector(src, m.UpBias, inter)
+		ub, err := tensorload.LoadVector(src, m.Get(layout.ProjUp, layout.RoleBias), inter)
 		if err != nil {
 			return fail(err)
 		}
-		db, err := tensorload.LoadVector(src, m.DownBias, h)
+		db, err := tensorload.LoadVector(src, m.Get(layout.ProjDown, layout.RoleBias), h)
 		if err != nil {
 			return fail(err)
 		}

@@ -109,13 +109,13 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src tensorload.TensorS
 		scaleShape []int64
 		scale      **cuda.Buffer[float32]
 	}
-	stacks := []stackOf{{n.Gate, shapes.Gate, &b.Gate, n.GateScale, shapes.GateScale, &b.GateScale},
-		{n.Up, shapes.Up, &b.Up, n.UpScale, shapes.UpScale, &b.UpScale}}
+	stacks := []stackOf{{n.Weight(layout.ProjGate), shapes.Gate, &b.Gate, n.Get(layout.ProjGate, layout.RoleScale), shapes.GateScale, &b.GateScale},
+		{n.Weight(layout.ProjUp), shapes.Up, &b.Up, n.Get(layout.ProjUp, layout.RoleScale), shapes.UpScale, &b.UpScale}}
 	if n.Layout.Fused() {
-		stacks = []stackOf{{n.GateUp, shapes.GateUp, &b.GateUp, n.GateUpScale, shapes.GateUpScale, &b.GateUpScale}}
+		stacks = []stackOf{{n.Weight(layout.ProjGateUp), shapes.GateUp, &b.GateUp, n.Get(layout.ProjGateUp, layout.RoleScale), shapes.GateUpScale, &b.GateUpScale}}
 		b.UpFirst = n.Layout == layout.UpGate
 	}
-	stacks = append(stacks, stackOf{n.Down, shapes.Down, &b.Down, n.DownScale, shapes.DownScale, &b.DownScale})
+	stacks = append(stacks, stackOf{n.Weight(layout.ProjDown), shapes.Down, &b.Down, n.Get(layout.ProjDown, layout.RoleScale), shapes.DownScale, &b.DownScale})
 	if decode {
 		stacks = nil
 	}

@@ -73,7 +73,7 @@ func TestDecodedBanksMatchCPU(t *testing.T) {
 				b.Free()
 			}
 			if layer.Shared != nil {
-				si := rowsOf(t, ck, layer.Shared.Gate)
+				si := rowsOf(t, ck, layer.Shared.Weight(layout.ProjGate))
 				shared := cpuMLP(t, ck, *layer.Shared, h, si, wf)
 				b, err := loadMLPBankOf(s, ck, *layer.Shared, h, si, wf, plan.Act)
 				if err != nil {
@@ -154,9 +154,9 @@ func cpuMLP(t *testing.T, src tensorload.TensorSource, m family.MLP, h, inter in
 	t.Helper()
 	var out [3][]uint16
 	for i, r := range []tensorload.MatrixRef{
-		{Name: m.Gate, Index: -1, Rows: inter, Cols: h, Scale: m.GateScale, Format: wf, Global: m.GateGlobal},
-		{Name: m.Up, Index: -1, Rows: inter, Cols: h, Scale: m.UpScale, Format: wf, Global: m.UpGlobal},
-		{Name: m.Down, Index: -1, Rows: h, Cols: inter, Scale: m.DownScale, Format: wf, Global: m.DownGlobal},
+		{Name: m.Weight(layout.ProjGate), Index: -1, Rows: inter, Cols: h, Scale: m.Get(layout.ProjGate, layout.RoleScale), Format: wf, Global: m.Get(layout.ProjGate, layout.RoleGlobal)},
+		{Name: m.Weight(layout.ProjUp), Index: -1, Rows: inter, Cols: h, Scale: m.Get(layout.ProjUp, layout.RoleScale), Format: wf, Global: m.Get(layout.ProjUp, layout.RoleGlobal)},
+		{Name: m.Weight(layout.ProjDown), Index: -1, Rows: h, Cols: inter, Scale: m.Get(layout.ProjDown, layout.RoleScale), Format: wf, Global: m.Get(layout.ProjDown, layout.RoleGlobal)},
 	} {
 		f, err := tensorload.LoadMatrix(src, r)
 		if err != nil {

@@ -2,6 +2,7 @@ package gpurun
 
 import (
 	"context"
+	"github.com/moeprep/moeprep/layout"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -65,8 +66,8 @@ func TestMixedFormatBanks(t *testing.T) {
 			b.Free()
 
 			sh := *layer.Shared
-			if _, err := loadMLPBankOf(s, ck, sh, h, inter, wf, plan.Act); err == nil || !strings.Contains(err.Error(), sh.Gate) {
-				t.Errorf("shared expert loaded as %s: %v, want a refusal naming %s", wf, err, sh.Gate)
+			if _, err := loadMLPBankOf(s, ck, sh, h, inter, wf, plan.Act); err == nil || !strings.Contains(err.Error(), sh.Weight(layout.ProjGate)) {
+				t.Errorf("shared expert loaded as %s: %v, want a refusal naming %s", wf, err, sh.Weight(layout.ProjGate))
 			}
 			b, err = loadMLPBankOf(s, ck, sh, h, inter, sf, plan.Act)
 			if err != nil {
@@ -80,7 +81,7 @@ func TestMixedFormatBanks(t *testing.T) {
 				w, sc string
 				mat   kernels.Mat
 				scale *cuda.Buffer[float32]
-			}{{sh.Gate, sh.GateScale, b.Gate, b.GateScale}, {sh.Up, sh.UpScale, b.Up, b.UpScale}, {sh.Down, sh.DownScale, b.Down, b.DownScale}} {
+			}{{sh.Weight(layout.ProjGate), sh.Get(layout.ProjGate, layout.RoleScale), b.Gate, b.GateScale}, {sh.Weight(layout.ProjUp), sh.Get(layout.ProjUp, layout.RoleScale), b.Up, b.UpScale}, {sh.Weight(layout.ProjDown), sh.Get(layout.ProjDown, layout.RoleScale), b.Down, b.DownScale}} {
 				wt, _ := ck.Tensor(p.w)
 				raw, err := wt.ReadAll()
 				if err != nil {

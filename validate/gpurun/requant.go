@@ -1,6 +1,7 @@
 package gpurun
 
 import (
+	"github.com/moeprep/moeprep/layout"
 	"io"
 
 	"github.com/moeprep/moeprep/checkpoint"
@@ -25,7 +26,7 @@ import (
 // one fails its layer by name (tensorbytes.NonFiniteError) as the plain
 // shared expert's would, not as a refusal to requantise it.
 func RequantisedShared(src tensorload.TensorSource, m family.MLP, f weightfmt.Format) (family.MLP, tensorload.TensorSource, error) {
-	return tensorload.RequantisedShared(finiteSource{src, map[string]bool{m.Gate: true, m.Up: true, m.Down: true}}, m, f)
+	return tensorload.RequantisedShared(finiteSource{src, map[string]bool{m.Weight(layout.ProjGate): true, m.Weight(layout.ProjUp): true, m.Weight(layout.ProjDown): true}}, m, f)
 }
 
 // finiteSource is src, its tensors named in scan read through

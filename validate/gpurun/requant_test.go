@@ -91,11 +91,11 @@ func newRequantFixture(t *testing.T, spec fixtures.SynthSpec, tp int) requantFix
 func sharedRef(m family.MLP, i, h, si int, wf weightfmt.Format) tensorload.MatrixRef {
 	switch i {
 	case 0:
-		return tensorload.MatrixRef{Name: m.Gate, Index: -1, Rows: si, Cols: h, Scale: m.GateScale, Format: wf}
+		return tensorload.MatrixRef{Name: m.Weight(layout.ProjGate), Index: -1, Rows: si, Cols: h, Scale: m.Get(layout.ProjGate, layout.RoleScale), Format: wf}
 	case 1:
-		return tensorload.MatrixRef{Name: m.Up, Index: -1, Rows: si, Cols: h, Scale: m.UpScale, Format: wf}
+		return tensorload.MatrixRef{Name: m.Weight(layout.ProjUp), Index: -1, Rows: si, Cols: h, Scale: m.Get(layout.ProjUp, layout.RoleScale), Format: wf}
 	}
-	return tensorload.MatrixRef{Name: m.Down, Index: -1, Rows: h, Cols: si, Scale: m.DownScale, Format: wf}
+	return tensorload.MatrixRef{Name: m.Weight(layout.ProjDown), Index: -1, Rows: h, Cols: si, Scale: m.Get(layout.ProjDown, layout.RoleScale), Format: wf}
 }
 
 // slotRef is projection i of bank expert e of DST's stacked bank.
@@ -104,11 +104,11 @@ func (f requantFixture) slotRef(i, e int) tensorload.MatrixRef {
 	n := f.names
 	switch i {
 	case 0:
-		return tensorload.MatrixRef{Name: n.Gate, Index: e, Rows: inter, Cols: h, Scale: n.GateScale, Format: f.wf}
+		return tensorload.MatrixRef{Name: n.Weight(layout.ProjGate), Index: e, Rows: inter, Cols: h, Scale: n.Get(layout.ProjGate, layout.RoleScale), Format: f.wf}
 	case 1:
-		return tensorload.MatrixRef{Name: n.Up, Index: e, Rows: inter, Cols: h, Scale: n.UpScale, Format: f.wf}
+		return tensorload.MatrixRef{Name: n.Weight(layout.ProjUp), Index: e, Rows: inter, Cols: h, Scale: n.Get(layout.ProjUp, layout.RoleScale), Format: f.wf}
 	}
-	return tensorload.MatrixRef{Name: n.Down, Index: e, Rows: h, Cols: inter, Scale: n.DownScale, Format: f.wf}
+	return tensorload.MatrixRef{Name: n.Weight(layout.ProjDown), Index: e, Rows: h, Cols: inter, Scale: n.Get(layout.ProjDown, layout.RoleScale), Format: f.wf}
 }
 
 // part is slice s of shared projection i (whole: w, [rows, cols]) as DST
@@ -144,7 +144,7 @@ func TestRequantisedSharedHostValues(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				si := rowsOf(t, rsrc, m.Gate)
+				si := rowsOf(t, rsrc, m.Weight(layout.ProjGate))
 				S, R := f.c.SharedSlices, f.c.SharedReplicas
 				if si != S*inter || R < 1 || f.c.NumFusedSharedExperts != R*S {
 					t.Fatalf("shared intermediate %d, %d replicas of %d slices of %d", si, R, S, inter)
@@ -170,8 +170,8 @@ func TestRequantisedSharedHostValues(t *testing.T) {
 						}
 					}
 					if S == 1 {
-						sameSlotBytes(t, rsrc, f.dst, [3]string{m.Gate, m.Up, m.Down}[i], [3]string{f.names.Gate, f.names.Up, f.names.Down}[i], f.c.SharedFirstID, R)
-						sameSlotBytes(t, rsrc, f.dst, [3]string{m.GateScale, m.UpScale, m.DownScale}[i], [3]string{f.names.GateScale, f.names.UpScale, f.names.DownScale}[i], f.c.SharedFirstID, R)
+						sameSlotBytes(t, rsrc, f.dst, [3]string{m.Weight(layout.ProjGate), m.Weight(layout.ProjUp), m.Weight(layout.ProjDown)}[i], [3]string{f.names.Weight(layout.ProjGate), f.names.Weight(layout.ProjUp), f.names.Weight(layout.ProjDown)}[i], f.c.SharedFirstID, R)
+						sameSlotBytes(t, rsrc, f.dst, [3]string{m.Get(layout.ProjGate, layout.RoleScale), m.Get(layout.ProjUp, layout.RoleScale), m.Get(layout.ProjDown, layout.RoleScale)}[i], [3]string{f.names.Get(layout.ProjGate, layout.RoleScale), f.names.Get(layout.ProjUp, layout.RoleScale), f.names.Get(layout.ProjDown, layout.RoleScale)}[i], f.c.SharedFirstID, R)
 					}
 				}
 			})
@@ -209,7 +209,7 @@ func sameSlotBytes(t *testing.T, src, dst tensorload.TensorSource, name, stack s
 func TestRequantisedSharedNonFinite(t *testing.T) {
 	spec := requantSpecs()["int4-g32"]
 	f := newRequantFixture(t, spec, 1)
-	up, ok := f.src.Tensor(f.layer.Shared.Up)
+	up, ok := f.src.Tensor(f.layer.Shared.Weight(layout.ProjUp))
 	if !ok {
 		t.Fatal("no shared up")
 	}
@@ -223,7 +223,7 @@ func TestRequantisedSharedNonFinite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, si := f.plan.HiddenSize, rowsOf(t, rsrc, m.Gate)
+	h, si := f.plan.HiddenSize, rowsOf(t, rsrc, m.Weight(layout.ProjGate))
 	if _, err := tensorload.LoadMatrix(rsrc, sharedRef(m, 0, h, si, f.wf)); err != nil {
 		t.Fatalf("the finite gate: %v", err)
 	}
@@ -270,7 +270,7 @@ func TestRequantisedSharedOnDevice(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			si := rowsOf(t, rsrc, m.Gate)
+			si := rowsOf(t, rsrc, m.Weight(layout.ProjGate))
 			s.dq.chunk = 3 * (weightfmt.Matrix{Format: f.wf, Rows: 1, Cols: int64(h)}).RowBytes()
 			want := cpuMLP(t, rsrc, m, h, si, f.wf)
 			b, err := loadMLPBankOf(s, rsrc, m, h, si, f.wf, f.plan.Act)
@@ -328,11 +328,11 @@ func TestRequantisedSharedFP8Blocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	si := rowsOf(t, rsrc, m.Gate)
+	si := rowsOf(t, rsrc, m.Weight(layout.ProjGate))
 	for i, pr := range []struct {
 		w, s       string
 		rows, cols int64
-	}{{m.Gate, m.GateScale, int64(si), int64(h)}, {m.Up, m.UpScale, int64(si), int64(h)}, {m.Down, m.DownScale, int64(h), int64(si)}} {
+	}{{m.Weight(layout.ProjGate), m.Get(layout.ProjGate, layout.RoleScale), int64(si), int64(h)}, {m.Weight(layout.ProjUp), m.Get(layout.ProjUp, layout.RoleScale), int64(si), int64(h)}, {m.Weight(layout.ProjDown), m.Get(layout.ProjDown, layout.RoleScale), int64(h), int64(si)}} {
 		mat := weightfmt.Matrix{Format: wf, Rows: pr.rows, Cols: pr.cols}
 		w, err := tensorShaped(rsrc, pr.w, mat.Shape())
 		if err != nil {

@@ -83,7 +83,7 @@ func (fl *FusedLayer) RouterRef() RouterRef {
 
 // stackDims reads H and I from the stacked tensors and checks the bank size.
 func (fl *FusedLayer) StackDims(src tensorload.TensorSource) (h, inter int, err error) {
-	name := fl.Names.Down
+	name := fl.Names.Weight(layout.ProjDown)
 	t, ok := src.Tensor(name)
 	if !ok {
 		return 0, 0, fmt.Errorf("layer %d: tensor %s is missing", fl.Index, name)
@@ -102,9 +102,9 @@ func (fl *FusedLayer) StackDims(src tensorload.TensorSource) (h, inter int, err 
 		if elems, _ := wf.Packing(); elems > 1 {
 			// Packed along a row (INT4: [E, H, ceil(I/8)] I32): I is the
 			// rows of the gate stack, half those of gate-up.
-			gname, half := fl.Names.Gate, 1
+			gname, half := fl.Names.Weight(layout.ProjGate), 1
 			if fl.Names.Layout.Fused() {
-				gname, half = fl.Names.GateUp, 2
+				gname, half = fl.Names.Weight(layout.ProjGateUp), 2
 			}
 			g, ok := src.Tensor(gname)
 			if !ok {
