@@ -1,13 +1,13 @@
 package family
 
 import (
-	"github.com/moeprep/moeprep/layout"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
