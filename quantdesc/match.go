@@ -1,6 +1,7 @@
 package quantdesc
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -185,7 +186,10 @@ func newMatcher(q jsoncfg.Object, mods *Modules, syntax listSyntax, keys ...stri
 			m.pats = append(m.pats, p)
 		}
 	}
-	m.cacheKey = ck.String()
+	// A digest, not the text: a list may hold thousands of 1 KB entries,
+	// and the cache keeps its keys for the life of the process.
+	sum := sha256.Sum256([]byte(ck.String()))
+	m.cacheKey = string(sum[:])
 	return m, nil
 }
 

@@ -8,6 +8,7 @@ package hfcache
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -109,7 +110,7 @@ func isRepoFolder(dir string) bool {
 // names a commit; a revision that is itself a commit names its folder.
 func snapshot(folder, repo, rev string) (Resolution, error) {
 	commit := rev
-	if b, err := os.ReadFile(filepath.Join(folder, "refs", filepath.FromSlash(rev))); err == nil {
+	if b, err := readRef(filepath.Join(folder, "refs", filepath.FromSlash(rev))); err == nil {
 		commit = strings.TrimSpace(string(b))
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return Resolution{}, fmt.Errorf("%s: refs/%s: %w", folder, rev, err)
@@ -131,4 +132,15 @@ func snapshot(folder, repo, rev string) (Resolution, error) {
 			folder, rev, strings.Join(names, ", "), repo, rev)
 	}
 	return Resolution{Dir: dir, Repo: repo, Revision: rev, Commit: commit}, nil
+}
+
+// readRef reads a ref file, at most 256 bytes of it: a commit hash is 40,
+// and a ref file of gigabytes must not be read whole.
+func readRef(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, 256))
 }

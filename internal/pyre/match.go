@@ -73,7 +73,16 @@ type machine struct {
 	in    []rune
 	steps int64
 	limit int64
+	// depth counts the nested iterations of repeats of more than one
+	// character, the one way the recursion grows with the input rather
+	// than the pattern: past maxDepth a match is refused like one past its
+	// budget, so a megabyte-long name cannot grow the stack by gigabytes.
+	depth int
 }
+
+// maxDepth bounds nested repeat iterations (a module name has a few
+// hundred characters).
+const maxDepth = 1 << 14
 
 func (m *machine) step() {
 	m.steps++
@@ -178,7 +187,12 @@ func (m *machine) repeat(n *node, count int64, i int, k func(int) bool) bool {
 				}
 				return m.repeat(n, n.min, i, k)
 			}
-			return m.repeat(n, count+1, j, k)
+			if m.depth++; m.depth > maxDepth {
+				panic(errBudget)
+			}
+			ok := m.repeat(n, count+1, j, k)
+			m.depth--
+			return ok
 		})
 	}
 	done := count >= n.min
