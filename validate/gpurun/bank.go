@@ -25,22 +25,45 @@ func LoadFusedBank(s *Stager, src tensorload.TensorSource, fl *moelayer.FusedLay
 	return LoadFusedBankInOrder(context.Background(), s, src, fl, identityOrder(fl.Contract.BankSize()), nil)
 }
 
-// bankParts are a fused bank's weights as bankParts: gate and up (or the
-// fused gate-up), then down, with their scales and global scales, named
-// by n and shaped by shapes, loading into b.
+// bankProjs are the projections of a bank of layout l in the order it
+// loads them: gate and up (or the fused gate-up), then down.
+func bankProjs(l layout.Layout) []layout.Proj {
+	if l.Fused() {
+		return []layout.Proj{layout.ProjGateUp, layout.ProjDown}
+	}
+	return []layout.Proj{layout.ProjGate, layout.ProjUp, layout.ProjDown}
+}
+
+// matOf is where projection p's weight goes in b.
+func (b *Bank) matOf(p layout.Proj) *kernels.Mat {
+	return [layout.NumProj]*kernels.Mat{&b.Gate, &b.Up, &b.GateUp, &b.Down}[p]
+}
+
+// scaleOf is where projection p's scales go in b.
+func (b *Bank) scaleOf(p layout.Proj) **cuda.Buffer[float32] {
+	return [layout.NumProj]**cuda.Buffer[float32]{&b.GateScale, &b.UpScale, &b.GateUpScale, &b.DownScale}[p]
+}
+
+// projCols is the columns of projection p's weight: I for down, H for the
+// others.
+func projCols(p layout.Proj, H, I int64) int64 {
+	if p == layout.ProjDown {
+		return I
+	}
+	return H
+}
+
+// bankParts are a fused bank's weights as bankParts (bankProjs), with
+// their scales and global scales, named by n and shaped by shapes,
+// loading into b.
 func bankParts(n layout.ExpertTensors, shapes layout.Shapes, b *Bank, H, I int64) []bankPart {
-	gateUp := []bankPart{
-		{name: n.Weight(layout.ProjGate), shape: shapes.Gate, cols: H, mat: &b.Gate, scaleName: n.Get(layout.ProjGate, layout.RoleScale), scaleShape: shapes.GateScale, scale: &b.GateScale,
-			global: n.Get(layout.ProjGate, layout.RoleGlobal), globalShape: shapes.GateGlobal},
-		{name: n.Weight(layout.ProjUp), shape: shapes.Up, cols: H, mat: &b.Up, scaleName: n.Get(layout.ProjUp, layout.RoleScale), scaleShape: shapes.UpScale, scale: &b.UpScale,
-			global: n.Get(layout.ProjUp, layout.RoleGlobal), globalShape: shapes.UpGlobal},
+	var out []bankPart
+	for _, p := range bankProjs(n.Layout) {
+		out = append(out, bankPart{name: n.Weight(p), shape: shapes.Of(p, layout.RoleWeight), cols: projCols(p, H, I), mat: b.matOf(p),
+			scaleName: n.Get(p, layout.RoleScale), scaleShape: shapes.Of(p, layout.RoleScale), scale: b.scaleOf(p),
+			global: n.Get(p, layout.RoleGlobal), globalShape: shapes.Of(p, layout.RoleGlobal)})
 	}
-	if n.Layout.Fused() {
-		gateUp = []bankPart{{name: n.Weight(layout.ProjGateUp), shape: shapes.GateUp, cols: H, mat: &b.GateUp, scaleName: n.Get(layout.ProjGateUp, layout.RoleScale), scaleShape: shapes.GateUpScale,
-			scale: &b.GateUpScale, global: n.Get(layout.ProjGateUp, layout.RoleGlobal), globalShape: shapes.GateUpGlobal}}
-	}
-	return append(gateUp, bankPart{name: n.Weight(layout.ProjDown), shape: shapes.Down, cols: I, mat: &b.Down, scaleName: n.Get(layout.ProjDown, layout.RoleScale), scaleShape: shapes.DownScale,
-		scale: &b.DownScale, global: n.Get(layout.ProjDown, layout.RoleGlobal), globalShape: shapes.DownGlobal})
+	return out
 }
 
 // identityOrder is 0, 1, ..., n-1.
@@ -78,7 +101,7 @@ func (b *Bank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
 // to bf16 on the device. The caller waits on s's stream (kernels queued on
 // the same stream run after the copies).
 func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format, act layout.Activation) (*Bank, error) {
-	if m.Get(layout.ProjGate, layout.RoleScale) == "" && m.Get(layout.ProjUp, layout.RoleScale) == "" && m.Get(layout.ProjDown, layout.RoleScale) == "" {
+	if len(m.NamesOf(layout.RoleScale)) == 0 {
 		wf = nil
 	}
 	scaled := false
@@ -105,10 +128,14 @@ func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inte
 	}
 	// A global scale (NVFP4's weight_scale_2) is one element, whatever its
 	// shape (globalShape nil).
-	parts := []bankPart{
-		{name: m.Weight(layout.ProjGate), shape: gs, cols: H, mat: &b.Gate, scaleName: m.Get(layout.ProjGate, layout.RoleScale), scaleShape: []int64{gr, gc}, scaleDType: sc.DType, scale: &b.GateScale, global: m.Get(layout.ProjGate, layout.RoleGlobal)},
-		{name: m.Weight(layout.ProjUp), shape: gs, cols: H, mat: &b.Up, scaleName: m.Get(layout.ProjUp, layout.RoleScale), scaleShape: []int64{gr, gc}, scaleDType: sc.DType, scale: &b.UpScale, global: m.Get(layout.ProjUp, layout.RoleGlobal)},
-		{name: m.Weight(layout.ProjDown), shape: ds, cols: I, mat: &b.Down, scaleName: m.Get(layout.ProjDown, layout.RoleScale), scaleShape: []int64{dr, dc}, scaleDType: sc.DType, scale: &b.DownScale, global: m.Get(layout.ProjDown, layout.RoleGlobal)},
+	var parts []bankPart
+	for _, p := range layout.MLPProjs {
+		shape, scaleShape := gs, []int64{gr, gc}
+		if p == layout.ProjDown {
+			shape, scaleShape = ds, []int64{dr, dc}
+		}
+		parts = append(parts, bankPart{name: m.Weight(p), shape: shape, cols: projCols(p, H, I), mat: b.matOf(p),
+			scaleName: m.Get(p, layout.RoleScale), scaleShape: scaleShape, scaleDType: sc.DType, scale: b.scaleOf(p), global: m.Get(p, layout.RoleGlobal)})
 	}
 	if scaled && DecodesOnDevice(wf) {
 		if err := b.uploadDecoded(s, src, parts, wf); err != nil {
@@ -126,19 +153,18 @@ func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inte
 	}
 	b.Act = act
 	if m.Get(layout.ProjGate, layout.RoleBias) != "" {
-		gb, err := tensorload.LoadVector(src, m.Get(layout.ProjGate, layout.RoleBias), inter)
-		if err != nil {
-			return fail(err)
+		var bias [len(layout.MLPProjs)][]float32 // gate, up [inter], down [h]
+		for i, p := range layout.MLPProjs {
+			n := inter // a bias has the weight's rows
+			if p == layout.ProjDown {
+				n = h
+			}
+			var err error
+			if bias[i], err = tensorload.LoadVector(src, m.Get(p, layout.RoleBias), n); err != nil {
+				return fail(err)
+			}
 		}
-		ub, err := tensorload.LoadVector(src, m.Get(layout.ProjUp, layout.RoleBias), inter)
-		if err != nil {
-			return fail(err)
-		}
-		db, err := tensorload.LoadVector(src, m.Get(layout.ProjDown, layout.RoleBias), h)
-		if err != nil {
-			return fail(err)
-		}
-		if err := b.setBiases(s.dev, gb, ub, db); err != nil {
+		if err := b.setBiases(s.dev, bias[0], bias[1], bias[2]); err != nil {
 			return fail(err)
 		}
 	}
