@@ -397,11 +397,11 @@ func (lp *layerPrediction) add(name string, d safetensors.DType, shape []int64, 
 
 // proofOrder is the order in which the proof lays out a layer's stacks:
 // the gate and up (or gate-up) weights, their scales, down's weight and
-// scale, then layout.StackOrder's global and input scales. It is not
-// StackOrder's weight-scale pairs: the order decides which of several
-// stacks that cannot be laid out (addErr) is reported, and the proof
-// keeps the order it has always reported in. A stack the contract does
-// not name is passed over.
+// scale, then the rest of layout.StackOrder (the global and input scales)
+// in its order. It is not StackOrder's weight-scale pairs: the order
+// decides which of several stacks that cannot be laid out (addErr) is
+// reported, and the proof keeps the order it has always reported in. A
+// stack the contract does not name is passed over.
 var proofOrder = func() []layout.Stack {
 	out := []layout.Stack{
 		{Proj: layout.ProjGate, Role: layout.RoleWeight}, {Proj: layout.ProjUp, Role: layout.RoleWeight}, {Proj: layout.ProjGateUp, Role: layout.RoleWeight},
@@ -409,7 +409,7 @@ var proofOrder = func() []layout.Stack {
 		{Proj: layout.ProjDown, Role: layout.RoleWeight}, {Proj: layout.ProjDown, Role: layout.RoleScale},
 	}
 	for _, st := range layout.StackOrder {
-		if st.Role == layout.RoleGlobal || st.Role == layout.RoleInput {
+		if st.Role != layout.RoleWeight && st.Role != layout.RoleScale {
 			out = append(out, st)
 		}
 	}

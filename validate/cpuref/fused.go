@@ -20,8 +20,12 @@ import (
 func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.TensorSource, h, inter int, wf weightfmt.Format) moe.ExpertLoader {
 	c, n := fl.Contract, fl.Names
 	inOut := c.Oriented() == layout.InOut
-	ref := func(name, scale string, e, rows, cols int) tensorload.MatrixRef {
-		return tensorload.MatrixRef{Name: name, Index: e, Rows: rows, Cols: cols, Scale: scale, Format: wf, InOut: inOut}
+	// ref is stack p's slice e of [rows, cols], with its scales and its
+	// global scale (element e of the global stack).
+	ref := func(p layout.Proj, e, rows, cols int) tensorload.MatrixRef {
+		r := projRef(n.Tensors, p, e, rows, cols, wf)
+		r.GlobalIndex, r.InOut = e, inOut
+		return r
 	}
 	return func(_ context.Context, e int) (*moe.ExpertMats, error) {
 		m := &moe.ExpertMats{}
@@ -31,9 +35,9 @@ func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorloa
 		if n.Layout.Fused() {
 			// Two halves of the [2I,H] slice; with a scale the grid is two
 			// stacked grids of the [I,H] half's rows each (layout.StackShapesFor).
-			first := ref(n.Weight(layout.ProjGateUp), n.Get(layout.ProjGateUp, layout.RoleScale), e, inter, h)
+			first := ref(layout.ProjGateUp, e, inter, h)
 			first.SliceRows = 2 * inter
-			first.Global, first.GlobalIndex = n.Get(layout.ProjGateUp, layout.RoleGlobal), 2*e
+			first.GlobalIndex = 2 * e
 			second := first
 			second.RowStart = inter
 			second.GlobalIndex = 2*e + 1
@@ -61,9 +65,7 @@ func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorloa
 				continue // ungated experts (Contract.Names)
 			}
 			rows, cols := projDims(p, inter, h)
-			r := ref(n.Weight(p), n.Get(p, layout.RoleScale), e, rows, cols)
-			r.Global, r.GlobalIndex = n.Get(p, layout.RoleGlobal), e
-			if *expertMat(m, p), err = dec.Load(src, r); err != nil {
+			if *expertMat(m, p), err = dec.Load(src, ref(p, e, rows, cols)); err != nil {
 				return nil, wrap(err)
 			}
 		}

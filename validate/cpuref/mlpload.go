@@ -21,6 +21,17 @@ func projDims(p layout.Proj, inter, h int) (rows, cols int) {
 	return inter, h
 }
 
+// projRef is projection p's weight in t (a source MLP's tensors, or a
+// layer's stacks) as a MatrixRef: element index of a stack (-1: the whole
+// matrix), [rows, cols], stored as wf where t names its scale, with t's
+// global scale (element 0 of it: a stack's caller sets GlobalIndex). This
+// is the one place the CPU loaders read a projection's roles from the
+// table.
+func projRef(t layout.Tensors, p layout.Proj, index, rows, cols int, wf weightfmt.Format) tensorload.MatrixRef {
+	return tensorload.MatrixRef{Name: t.Weight(p), Index: index, Rows: rows, Cols: cols,
+		Scale: t.Get(p, layout.RoleScale), Format: wf, Global: t.Get(p, layout.RoleGlobal)}
+}
+
 // loadWeights loads a hub-layout MLP's weights (m's names, stored as wf
 // where m names a scale, with m's global scales) through dec, in
 // layout.MLPProjs' order, the gate only where m names one. On an error
@@ -34,9 +45,7 @@ func loadWeights(dec *tensorload.Decoder, src tensorload.TensorSource, m family.
 		}
 		rows, cols := projDims(p, inter, h)
 		var err error
-		w[p], err = dec.Load(src, tensorload.MatrixRef{Name: m.Weight(p), Index: -1, Rows: rows, Cols: cols,
-			Scale: m.Get(p, layout.RoleScale), Format: wf, Global: m.Get(p, layout.RoleGlobal)})
-		if err != nil {
+		if w[p], err = dec.Load(src, projRef(m.Tensors, p, -1, rows, cols, wf)); err != nil {
 			return w, err
 		}
 	}
