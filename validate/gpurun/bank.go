@@ -106,19 +106,12 @@ func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inte
 	}
 	scaled := false
 	var sc weightfmt.Scale
-	var gr, gc, dr, dc int64
-	H, I := int64(h), int64(inter)
-	gs, ds := []int64{I, H}, []int64{H, I} // stored shapes: fewer columns where elements pack
 	if wf != nil {
-		gs, ds = weightfmt.Matrix{Format: wf, Rows: I, Cols: H}.Shape(), weightfmt.Matrix{Format: wf, Rows: H, Cols: I}.Shape()
-		if sc, scaled = wf.Scale(); scaled {
-			if !kernelsTake(wf) {
-				return nil, fmt.Errorf("%s block %s: the GPU kernels take %d", wf, blockEdge(sc.Block), kernels.FP8ScaleBlock)
-			}
-			gr, gc = weightfmt.Matrix{Format: wf, Rows: int64(inter), Cols: int64(h)}.ScaleShape()
-			dr, dc = weightfmt.Matrix{Format: wf, Rows: int64(h), Cols: int64(inter)}.ScaleShape()
+		if sc, scaled = wf.Scale(); scaled && !kernelsTake(wf) {
+			return nil, fmt.Errorf("%s block %s: the GPU kernels take %d", wf, blockEdge(sc.Block), kernels.FP8ScaleBlock)
 		}
 	}
+	H, I := int64(h), int64(inter)
 	b := &Bank{}
 	b.NumExperts, b.H, b.I = 1, h, inter
 	fail := func(err error) (*Bank, error) {
@@ -130,12 +123,21 @@ func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inte
 	// shape (globalShape nil).
 	var parts []bankPart
 	for _, p := range layout.MLPProjs {
-		shape, scaleShape := gs, []int64{gr, gc}
+		rows, cols := I, H
 		if p == layout.ProjDown {
-			shape, scaleShape = ds, []int64{dr, dc}
+			rows, cols = H, I
 		}
-		parts = append(parts, bankPart{name: m.Weight(p), shape: shape, cols: projCols(p, H, I), mat: b.matOf(p),
-			scaleName: m.Get(p, layout.RoleScale), scaleShape: scaleShape, scaleDType: sc.DType, scale: b.scaleOf(p), global: m.Get(p, layout.RoleGlobal)})
+		part := bankPart{name: m.Weight(p), shape: []int64{rows, cols}, cols: cols, mat: b.matOf(p),
+			scaleName: m.Get(p, layout.RoleScale), scaleShape: []int64{0, 0}, scaleDType: sc.DType, scale: b.scaleOf(p), global: m.Get(p, layout.RoleGlobal)}
+		if wf != nil {
+			mx := weightfmt.Matrix{Format: wf, Rows: rows, Cols: cols}
+			part.shape = mx.Shape() // as stored: fewer columns where elements pack
+			if scaled {
+				r, c := mx.ScaleShape()
+				part.scaleShape = []int64{r, c}
+			}
+		}
+		parts = append(parts, part)
 	}
 	if scaled && DecodesOnDevice(wf) {
 		if err := b.uploadDecoded(s, src, parts, wf); err != nil {
@@ -152,23 +154,30 @@ func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inte
 		}
 	}
 	b.Act = act
-	if m.Get(layout.ProjGate, layout.RoleBias) != "" {
-		var bias [len(layout.MLPProjs)][]float32 // gate, up [inter], down [h]
-		for i, p := range layout.MLPProjs {
-			n := inter // a bias has the weight's rows
-			if p == layout.ProjDown {
-				n = h
-			}
-			var err error
-			if bias[i], err = tensorload.LoadVector(src, m.Get(p, layout.RoleBias), n); err != nil {
-				return fail(err)
-			}
-		}
-		if err := b.setBiases(s.dev, bias[0], bias[1], bias[2]); err != nil {
-			return fail(err)
-		}
+	if err := b.loadBiases(s, src, m, h, inter); err != nil {
+		return fail(err)
 	}
 	return b, nil
+}
+
+// loadBiases uploads m's biases (gate and up [inter], down [h]) where m
+// names a gate bias.
+func (b *Bank) loadBiases(s *Stager, src tensorload.TensorSource, m family.MLP, h, inter int) error {
+	if m.Get(layout.ProjGate, layout.RoleBias) == "" {
+		return nil
+	}
+	var bias [layout.NumProj][]float32
+	for _, p := range layout.MLPProjs {
+		n := inter // a bias has its weight's rows
+		if p == layout.ProjDown {
+			n = h
+		}
+		var err error
+		if bias[p], err = tensorload.LoadVector(src, m.Get(p, layout.RoleBias), n); err != nil {
+			return err
+		}
+	}
+	return b.setBiases(s.dev, bias[layout.ProjGate], bias[layout.ProjUp], bias[layout.ProjDown])
 }
 
 // bankPart is one weight of a bank, its scale and its global scale: the
