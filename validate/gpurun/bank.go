@@ -53,8 +53,8 @@ func projCols(p layout.Proj, H, I int64) int64 {
 	return H
 }
 
-// bankParts are a fused bank's weights as bankParts (bankProjs), with
-// their scales and global scales, named by n and shaped by shapes,
+// bankParts are a fused bank's parts, one for each of bankProjs: its
+// weight, scale and global scale stacks, named by n and shaped by shapes,
 // loading into b.
 func bankParts(n layout.ExpertTensors, shapes layout.Shapes, b *Bank, H, I int64) []bankPart {
 	var out []bankPart
