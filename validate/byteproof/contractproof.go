@@ -505,7 +505,8 @@ func srcScaleDType(src *checkpoint.Checkpoint, plan *family.Plan, withShared boo
 	var dt safetensors.DType
 	var from string
 	check := func(m family.MLP) string {
-		for _, name := range []string{m.Get(layout.ProjGate, layout.RoleScale), m.Get(layout.ProjUp, layout.RoleScale), m.Get(layout.ProjDown, layout.RoleScale)} {
+		for _, p := range layout.MLPProjs {
+			name := m.Get(p, layout.RoleScale)
 			t, ok := src.Tensor(name)
 			if !ok {
 				return fmt.Sprintf("SRC has no scale tensor %s", render(name))
@@ -586,7 +587,8 @@ func srcSharedStorage(src *checkpoint.Checkpoint, plan *family.Plan) (sharedQ, s
 		}
 		var q, dt string
 		first := false
-		for _, name := range []string{l.Shared.Weight(layout.ProjGate), l.Shared.Weight(layout.ProjUp), l.Shared.Weight(layout.ProjDown)} {
+		for _, p := range layout.MLPProjs {
+			name := l.Shared.Weight(p)
 			if name == "" {
 				continue // an ungated shared MLP's gate
 			}
@@ -804,7 +806,8 @@ func srcMXFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, sca
 	}
 	for _, l := range plan.Layers {
 		for _, e := range l.Experts {
-			for _, p := range [][2]string{{e.Weight(layout.ProjGate), e.Get(layout.ProjGate, layout.RoleScale)}, {e.Weight(layout.ProjUp), e.Get(layout.ProjUp, layout.RoleScale)}, {e.Weight(layout.ProjDown), e.Get(layout.ProjDown, layout.RoleScale)}} {
+			for _, q := range layout.MLPProjs {
+				p := [2]string{e.Weight(q), e.Get(q, layout.RoleScale)}
 				wt, ok1 := src.Tensor(p[0])
 				st, ok2 := src.Tensor(p[1])
 				switch {

@@ -23,12 +23,11 @@ type piece struct {
 	dq     *dequantSeg // dequantised from m's bytes (ranges), nil: those bytes
 }
 
-// parts of bank expert b: gate, up, down and their scales, as (tensor, byte
-// ranges) with the fold factor of each.
-type parts struct {
-	gate, up, down, gs, us, ds, gb, ub, db piece
-	gg, ug, dg, gi, ui, di                 piece // NVFP4: global and input scales (one F32 each)
-}
+// parts of bank expert b: each projection's tensors (gate, up, down;
+// ProjGateUp is an output stack only) by role, as (tensor, byte ranges)
+// with the fold factor of each. The roles the proof reads are the weight,
+// its scale, the bias and NVFP4's global and input scales (one F32 each).
+type parts [layout.NumProj][layout.NumRole]piece
 
 // layerPrediction predicts the stacks of contract layer li from SRC's
 // layer l, marking each SRC tensor it cuts from as consumed.
@@ -122,8 +121,8 @@ func newLayerPrediction(p *prediction, src *checkpoint.Checkpoint, plan *family.
 		if lp.requant, err = checkpoint.RequantisedMLP(src, *l.Shared, lp.wf, func(t *checkpoint.Tensor) { lp.virtual[t.Name] = t }); err != nil {
 			return nil, fmt.Errorf("layer %d: %w", li.Index, err)
 		}
-		for _, n := range []string{l.Shared.Weight(layout.ProjGate), l.Shared.Weight(layout.ProjUp), l.Shared.Weight(layout.ProjDown)} {
-			consumed[checkpoint.BaseName(n)] = true
+		for _, p := range layout.MLPProjs {
+			consumed[checkpoint.BaseName(l.Shared.Weight(p))] = true
 		}
 	}
 	lp.glob, lp.globbed = weightfmt.GlobalOf(lp.wf)
@@ -164,10 +163,29 @@ func (lp *layerPrediction) scalar(name string) (piece, error) {
 	return piece{m, m.all(), 0, nil}, nil
 }
 
+// projMatrix is projection p of a bank expert stored as wf, n slices of I
+// (a routed expert one): gate and up (and the fused gate-up's halves)
+// [n*I, H], down [H, n*I].
+func (lp *layerPrediction) projMatrix(p layout.Proj, wf weightfmt.Format, n int64) weightfmt.Matrix {
+	if p == layout.ProjDown {
+		return weightfmt.Matrix{Format: wf, Rows: lp.H, Cols: n * lp.I}
+	}
+	return weightfmt.Matrix{Format: wf, Rows: n * lp.I, Cols: lp.H}
+}
+
+// projSlice is slice s of I of projection p's matrix m: rows of gate and
+// up, columns of down.
+func (lp *layerPrediction) projSlice(p layout.Proj, m weightfmt.Matrix, s int64) weightfmt.Slice {
+	if p == layout.ProjDown {
+		return m.ColBlock(s*lp.I, lp.I)
+	}
+	return m.RowBlock(s*lp.I, lp.I)
+}
+
 // expert finds the parts of bank expert b in SRC: routed expert b, or slice
 // (b-E) mod S of the shared expert.
 func (lp *layerPrediction) expert(b int) (parts, error) {
-	c, l, I, H := lp.c, lp.l, lp.I, lp.H
+	c, l := lp.c, lp.l
 	var pr parts
 	m, s, n := family.MLP{}, int64(0), int64(1)
 	routed := b < lp.E
@@ -183,31 +201,30 @@ func (lp *layerPrediction) expert(b int) (parts, error) {
 		wf = lp.sharedF
 	}
 	_, scaled := wf.Scale()
-	// The stored [rows, cols]: fewer columns where elements pack
-	// (INT4: eight to an I32 along a row).
-	gsh := weightfmt.Matrix{Format: wf, Rows: n * I, Cols: H}.Shape()
-	dsh := weightfmt.Matrix{Format: wf, Rows: H, Cols: n * I}.Shape()
-	var g mat
-	var err error
-	if m.Weight(layout.ProjGate) != "" { // "": ungated (Nemotron-H), whose contract names no gate stack
-		if g, err = lp.get(m.Weight(layout.ProjGate), gsh[0], gsh[1]); err != nil {
-			return pr, err
+	for _, p := range layout.MLPProjs {
+		// The stored [rows, cols]: fewer columns where elements pack
+		// (INT4: eight to an I32 along a row).
+		full := lp.projMatrix(p, wf, n)
+		var w mat
+		if name := m.Weight(p); name != "" || p != layout.ProjGate {
+			sh := full.Shape()
+			var err error
+			if w, err = lp.get(name, sh[0], sh[1]); err != nil {
+				return pr, err
+			}
+		} else if scaled { // ungated (Nemotron-H), whose contract names no gate stack
+			return pr, fmt.Errorf("%s: layer %d: ungated experts stored in %s are not supported", lp.src.Dir, lp.li.Index, wf)
 		}
-	} else if scaled {
-		return pr, fmt.Errorf("%s: layer %d: ungated experts stored in %s are not supported", lp.src.Dir, lp.li.Index, wf)
+		pr[p][layout.RoleWeight] = piece{w, lp.projSlice(p, full, s).Weight.Ranges(), 0, nil}
 	}
-	u, err := lp.get(m.Weight(layout.ProjUp), gsh[0], gsh[1])
-	if err != nil {
-		return pr, err
-	}
-	d, err := lp.get(m.Weight(layout.ProjDown), dsh[0], dsh[1])
-	if err != nil {
-		return pr, err
+	if routed && lp.fold.Into == weightfmt.FoldWeights {
+		pr[layout.ProjDown][layout.RoleWeight].fold = lp.rsf
 	}
 	// compressed-tensors' weight_shape (INT4): checked by the plan
 	// (it holds the expert's [out, in]) and not written: the contract
 	// states every expert's shape.
-	for _, sh := range []string{m.Get(layout.ProjGate, layout.RoleShape), m.Get(layout.ProjUp, layout.RoleShape), m.Get(layout.ProjDown, layout.RoleShape)} {
+	for _, p := range layout.MLPProjs {
+		sh := m.Get(p, layout.RoleShape)
 		if sh == "" {
 			continue
 		}
@@ -215,15 +232,6 @@ func (lp *layerPrediction) expert(b int) (parts, error) {
 			return pr, fmt.Errorf("%s: layer %d: tensor %s is missing", lp.src.Dir, lp.li.Index, sh)
 		}
 		lp.consumed[checkpoint.BaseName(sh)] = true
-	}
-	// Slice s of a shared expert of n*I (all of a routed expert, n = 1).
-	rows := weightfmt.Matrix{Format: wf, Rows: n * I, Cols: H}.RowBlock(s*I, I)
-	cols := weightfmt.Matrix{Format: wf, Rows: H, Cols: n * I}.ColBlock(s*I, I)
-	pr.gate = piece{g, rows.Weight.Ranges(), 0, nil}
-	pr.up = piece{u, rows.Weight.Ranges(), 0, nil}
-	pr.down = piece{d, cols.Weight.Ranges(), 0, nil}
-	if routed && lp.fold.Into == weightfmt.FoldWeights {
-		pr.down.fold = lp.rsf
 	}
 	if c.ExpertBias {
 		if err := lp.expertBiases(&pr, m, routed, b); err != nil {
@@ -238,7 +246,7 @@ func (lp *layerPrediction) expert(b int) (parts, error) {
 	if !scaled {
 		return pr, nil
 	}
-	return pr, lp.expertScales(&pr, m, wf, n, rows, cols, routed)
+	return pr, lp.expertScales(&pr, m, wf, s, n, routed)
 }
 
 // expertBiases adds bank expert b's biases to pr: views [I,1], [I,1] and
@@ -247,16 +255,16 @@ func (lp *layerPrediction) expertBiases(pr *parts, m family.MLP, routed bool, b 
 	if m.Get(layout.ProjGate, layout.RoleBias) == "" || !routed {
 		return fmt.Errorf("%s: layer %d: the contract has expert biases, SRC's expert %d has none", lp.src.Dir, lp.li.Index, b)
 	}
-	for _, x := range []struct {
-		name       string
-		rows, cols int64
-		dst        *piece
-	}{{m.Get(layout.ProjGate, layout.RoleBias), lp.I, 1, &pr.gb}, {m.Get(layout.ProjUp, layout.RoleBias), lp.I, 1, &pr.ub}, {m.Get(layout.ProjDown, layout.RoleBias), 1, lp.H, &pr.db}} {
-		v, err := lp.get(x.name, x.rows, x.cols)
+	for _, p := range layout.MLPProjs {
+		rows, cols := lp.I, int64(1)
+		if p == layout.ProjDown {
+			rows, cols = 1, lp.H
+		}
+		v, err := lp.get(m.Get(p, layout.RoleBias), rows, cols)
 		if err != nil {
 			return err
 		}
-		*x.dst = piece{v, v.all(), 0, nil}
+		pr[p][layout.RoleBias] = piece{v, v.all(), 0, nil}
 	}
 	return nil
 }
@@ -265,62 +273,51 @@ func (lp *layerPrediction) expertBiases(pr *parts, m family.MLP, routed bool, b 
 // scales where DST keeps them (or dequantises with them).
 func (lp *layerPrediction) expertGlobals(pr *parts, m family.MLP, b int) error {
 	c := lp.c
-	ins := []string{m.Get(layout.ProjGate, layout.RoleInput), m.Get(layout.ProjUp, layout.RoleInput), m.Get(layout.ProjDown, layout.RoleInput)}
-	if !c.InputScales && c.Dequantized == nil {
-		ins = []string{"", "", ""}
-	} else if c.InputScales && m.Get(layout.ProjGate, layout.RoleInput) == "" {
+	inputs := c.InputScales || c.Dequantized != nil
+	if c.InputScales && m.Get(layout.ProjGate, layout.RoleInput) == "" {
 		return fmt.Errorf("%s: layer %d: the contract has input_scales, SRC's expert %d has none", lp.src.Dir, lp.li.Index, b)
 	}
-	var err error
-	for i, x := range []struct {
-		name string
-		dst  *piece
-	}{{m.Get(layout.ProjGate, layout.RoleGlobal), &pr.gg}, {m.Get(layout.ProjUp, layout.RoleGlobal), &pr.ug}, {m.Get(layout.ProjDown, layout.RoleGlobal), &pr.dg}, {ins[0], &pr.gi}, {ins[1], &pr.ui}, {ins[2], &pr.di}} {
-		if i >= 3 && x.name == "" {
-			continue
-		}
-		if *x.dst, err = lp.scalar(x.name); err != nil {
-			return err
+	for _, r := range []layout.Role{layout.RoleGlobal, layout.RoleInput} {
+		for _, p := range layout.MLPProjs {
+			name := m.Get(p, r)
+			if r == layout.RoleInput && (!inputs || name == "") {
+				continue
+			}
+			var err error
+			if pr[p][r], err = lp.scalar(name); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
 }
 
-// expertScales adds the scales of a bank expert stored as wf (n slices of
-// I) to pr, the blocks of rows and cols, and for a dequantised DST how each
-// weight decodes.
-func (lp *layerPrediction) expertScales(pr *parts, m family.MLP, wf weightfmt.Format, n int64, rows, cols weightfmt.Slice, routed bool) error {
-	c, I, H := lp.c, lp.I, lp.H
-	gr, gc := weightfmt.Matrix{Format: wf, Rows: n * I, Cols: H}.ScaleShape()
-	dr, dc := weightfmt.Matrix{Format: wf, Rows: H, Cols: n * I}.ScaleShape()
-	gs, err := lp.get(m.Get(layout.ProjGate, layout.RoleScale), gr, gc)
-	if err != nil {
-		return err
+// expertScales adds the scales of a bank expert stored as wf (slice s of
+// n slices of I) to pr, and for a dequantised DST how each weight decodes.
+func (lp *layerPrediction) expertScales(pr *parts, m family.MLP, wf weightfmt.Format, s, n int64, routed bool) error {
+	c := lp.c
+	for _, p := range layout.MLPProjs {
+		full := lp.projMatrix(p, wf, n)
+		r, cl := full.ScaleShape()
+		sc, err := lp.get(m.Get(p, layout.RoleScale), r, cl)
+		if err != nil {
+			return err
+		}
+		pr[p][layout.RoleScale] = piece{sc, lp.projSlice(p, full, s).Scale.Ranges(), 0, nil}
 	}
-	us, err := lp.get(m.Get(layout.ProjUp, layout.RoleScale), gr, gc)
-	if err != nil {
-		return err
-	}
-	ds, err := lp.get(m.Get(layout.ProjDown, layout.RoleScale), dr, dc)
-	if err != nil {
-		return err
-	}
-	pr.gs = piece{gs, rows.Scale.Ranges(), 0, nil}
-	pr.us = piece{us, rows.Scale.Ranges(), 0, nil}
-	pr.ds = piece{ds, cols.Scale.Ranges(), 0, nil}
 	if routed && lp.fold.Into == weightfmt.FoldScales {
-		pr.ds.fold = lp.rsf
+		pr[layout.ProjDown][layout.RoleScale].fold = lp.rsf
 	}
 	if c.Dequantized != nil {
 		// DST holds each weight dequantised: its values from the
 		// weight's bytes, its scales' and its global scale's.
 		to := safetensors.DType(c.Dequantized.DType)
-		for _, x := range []struct {
-			w, s, g    *piece
-			rows, cols int64
-		}{{&pr.gate, &pr.gs, &pr.gg, I, H}, {&pr.up, &pr.us, &pr.ug, I, H}, {&pr.down, &pr.ds, &pr.dg, H, I}} {
-			x.w.dq = &dequantSeg{m: weightfmt.Matrix{Format: wf, Rows: x.rows, Cols: x.cols}, to: to,
-				scale: x.s.m.t, scaleRanges: x.s.ranges, global: x.g.m.t, globalRanges: x.g.ranges}
+		for _, p := range layout.MLPProjs {
+			w1 := lp.projMatrix(p, wf, 1) // one slice of I
+			x := &pr[p]
+			x[layout.RoleWeight].dq = &dequantSeg{m: w1, to: to,
+				scale: x[layout.RoleScale].m.t, scaleRanges: x[layout.RoleScale].ranges,
+				global: x[layout.RoleGlobal].m.t, globalRanges: x[layout.RoleGlobal].ranges}
 		}
 	}
 	return nil
@@ -344,9 +341,17 @@ func ioSlice(pcs []piece, rows, cols int64) (*ioSeg, error) {
 	return newIOSeg(srcs...)
 }
 
-// one picks a single piece of each bank expert.
-func one(f func(parts) piece) func(parts) []piece {
-	return func(pr parts) []piece { return []piece{f(pr)} }
+// pick is the pieces of each bank expert that stack (p, r) holds: p's, or
+// for the fused gate-up stack gate's and up's in the layout's order.
+func (lp *layerPrediction) pick(st layout.Stack) func(parts) []piece {
+	if st.Proj != layout.ProjGateUp {
+		return func(pr parts) []piece { return []piece{pr[st.Proj][st.Role]} }
+	}
+	first, second := layout.ProjGate, layout.ProjUp
+	if lp.c.Layout == layout.UpGate {
+		first, second = second, first
+	}
+	return func(pr parts) []piece { return []piece{pr[first][st.Role], pr[second][st.Role]} }
 }
 
 // add predicts stack name (dtype d, shape): each bank expert's pieces
@@ -390,8 +395,29 @@ func (lp *layerPrediction) add(name string, d safetensors.DType, shape []int64, 
 	lp.p.tensors[name] = segs
 }
 
+// proofOrder is the order in which the proof lays out a layer's stacks:
+// the gate and up (or gate-up) weights, their scales, down's weight and
+// scale, then the rest of layout.StackOrder (the global and input scales)
+// in its order. It is not StackOrder's weight-scale pairs: the order
+// decides which of several stacks that cannot be laid out (addErr) is
+// reported, and the proof keeps the order it has always reported in. A
+// stack the contract does not name is passed over.
+var proofOrder = func() []layout.Stack {
+	out := []layout.Stack{
+		{Proj: layout.ProjGate, Role: layout.RoleWeight}, {Proj: layout.ProjUp, Role: layout.RoleWeight}, {Proj: layout.ProjGateUp, Role: layout.RoleWeight},
+		{Proj: layout.ProjGate, Role: layout.RoleScale}, {Proj: layout.ProjUp, Role: layout.RoleScale}, {Proj: layout.ProjGateUp, Role: layout.RoleScale},
+		{Proj: layout.ProjDown, Role: layout.RoleWeight}, {Proj: layout.ProjDown, Role: layout.RoleScale},
+	}
+	for _, st := range layout.StackOrder {
+		if st.Role != layout.RoleWeight && st.Role != layout.RoleScale {
+			out = append(out, st)
+		}
+	}
+	return out
+}()
+
 // addStacks predicts every stack the contract names for the layer from the
-// bank experts' parts.
+// bank experts' parts, in proofOrder, then the per-expert biases.
 func (lp *layerPrediction) addStacks() error {
 	c, I, H := lp.c, lp.I, lp.H
 	names := c.Names(lp.li)
@@ -401,75 +427,44 @@ func (lp *layerPrediction) addStacks() error {
 		return fmt.Errorf("%s: contract weight_dtype: %w", lp.src.Dir, err)
 	}
 	sf, _ := lp.of.Scale()
-	gr, gc := weightfmt.Matrix{Format: lp.wf, Rows: I, Cols: H}.ScaleShape()
-	dr, dc := weightfmt.Matrix{Format: lp.wf, Rows: H, Cols: I}.ScaleShape()
-	// The [out, in] of each piece of a weight or scale stack, which an
-	// in-out stack holds transposed.
-	gm, dm, gsm, dsm := [2]int64{I, H}, [2]int64{H, I}, [2]int64{gr, gc}, [2]int64{dr, dc}
-	if c.Layout.Fused() {
-		first, second := func(pr parts) piece { return pr.gate }, func(pr parts) piece { return pr.up }
-		fs, ss := func(pr parts) piece { return pr.gs }, func(pr parts) piece { return pr.us }
-		if c.Layout == layout.UpGate {
-			first, second, fs, ss = second, first, ss, fs
+	for _, st := range proofOrder {
+		// each role's dtype, and the [out, in] of each piece of a weight
+		// or scale stack, which an in-out stack holds transposed
+		var d safetensors.DType
+		var mat [2]int64
+		w := lp.projMatrix(st.Proj, lp.wf, 1)
+		switch st.Role {
+		case layout.RoleWeight:
+			d, mat = wd, [2]int64{w.Rows, w.Cols}
+		case layout.RoleScale:
+			d = sf.DType
+			mat[0], mat[1] = w.ScaleShape()
+		case layout.RoleGlobal, layout.RoleInput:
+			if !lp.globbed || (st.Role == layout.RoleInput && !c.InputScales) {
+				continue
+			}
+			d = lp.glob.DType
 		}
-		lp.add(names.Weight(layout.ProjGateUp), wd, shapes.GateUp, gm, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
-		lp.add(names.Get(layout.ProjGateUp, layout.RoleScale), sf.DType, shapes.GateUpScale, gsm, func(pr parts) []piece { return []piece{fs(pr), ss(pr)} })
-	} else {
-		lp.add(names.Weight(layout.ProjGate), wd, shapes.Gate, gm, one(func(pr parts) piece { return pr.gate }))
-		lp.add(names.Weight(layout.ProjUp), wd, shapes.Up, gm, one(func(pr parts) piece { return pr.up }))
-		lp.add(names.Get(layout.ProjGate, layout.RoleScale), sf.DType, shapes.GateScale, gsm, one(func(pr parts) piece { return pr.gs }))
-		lp.add(names.Get(layout.ProjUp, layout.RoleScale), sf.DType, shapes.UpScale, gsm, one(func(pr parts) piece { return pr.us }))
-	}
-	lp.add(names.Weight(layout.ProjDown), wd, shapes.Down, dm, one(func(pr parts) piece { return pr.down }))
-	lp.add(names.Get(layout.ProjDown, layout.RoleScale), sf.DType, shapes.DownScale, dsm, one(func(pr parts) piece { return pr.ds }))
-	if lp.globbed {
-		lp.addGlobals(names, shapes)
+		lp.add(names.Get(st.Proj, st.Role), d, shapes.Of(st.Proj, st.Role), mat, lp.pick(st))
 	}
 	if bn, ok := c.Biases(lp.li); ok {
-		n, bd := int64(len(lp.banks)), lp.banks[0].gb.m.t.DType
-		first, second := func(pr parts) piece { return pr.gb }, func(pr parts) piece { return pr.ub }
-		if c.Layout == layout.UpGate {
-			first, second = second, first
-		}
-		lp.add(bn.GateUp, bd, []int64{n, 2 * I}, [2]int64{}, func(pr parts) []piece { return []piece{first(pr), second(pr)} })
-		lp.add(bn.Gate, bd, []int64{n, I}, [2]int64{}, one(first))
-		lp.add(bn.Up, bd, []int64{n, I}, [2]int64{}, one(second))
-		lp.add(bn.Down, bd, []int64{n, H}, [2]int64{}, one(func(pr parts) piece { return pr.db }))
+		lp.addBiases(bn)
 	}
 	return lp.addErr
 }
 
-// addGlobals predicts the global scale stacks, and the input scale stacks
-// where the contract keeps them.
-func (lp *layerPrediction) addGlobals(names layout.ExpertTensors, shapes layout.Shapes) {
-	c, glob := lp.c, lp.glob
-	// each role's pieces of gate, up and down, read from SRC by this proof
-	picks := map[layout.Role]func(parts) (piece, piece, piece){
-		layout.RoleGlobal: func(pr parts) (piece, piece, piece) { return pr.gg, pr.ug, pr.dg },
-		layout.RoleInput:  func(pr parts) (piece, piece, piece) { return pr.gi, pr.ui, pr.di },
+// addBiases predicts the per-expert bias stacks bn names: the fused
+// gate-up's (gate's and up's in the layout's order), or the first and
+// second of the pair apart, and down's.
+func (lp *layerPrediction) addBiases(bn layout.ExpertBiases) {
+	n, bd := int64(len(lp.banks)), lp.banks[0][layout.ProjGate][layout.RoleBias].m.t.DType
+	first, second := layout.ProjGate, layout.ProjUp
+	if lp.c.Layout == layout.UpGate {
+		first, second = second, first
 	}
-	for _, st := range layout.StackOrder {
-		pk, ok := picks[st.Role]
-		if !ok || (st.Role == layout.RoleInput && !c.InputScales) {
-			continue
-		}
-		var pick func(parts) []piece
-		switch st.Proj {
-		case layout.ProjGateUp:
-			pick = func(pr parts) []piece {
-				g, u, _ := pk(pr)
-				if c.Layout == layout.UpGate {
-					g, u = u, g
-				}
-				return []piece{g, u}
-			}
-		case layout.ProjGate:
-			pick = one(func(pr parts) piece { g, _, _ := pk(pr); return g })
-		case layout.ProjUp:
-			pick = one(func(pr parts) piece { _, u, _ := pk(pr); return u })
-		default:
-			pick = one(func(pr parts) piece { _, _, d := pk(pr); return d })
-		}
-		lp.add(names.Get(st.Proj, st.Role), glob.DType, shapes.Of(st.Proj, st.Role), [2]int64{}, pick)
-	}
+	bias := func(p layout.Proj) func(parts) []piece { return lp.pick(layout.Stack{Proj: p, Role: layout.RoleBias}) }
+	lp.add(bn.GateUp, bd, []int64{n, 2 * lp.I}, [2]int64{}, bias(layout.ProjGateUp))
+	lp.add(bn.Gate, bd, []int64{n, lp.I}, [2]int64{}, bias(first))
+	lp.add(bn.Up, bd, []int64{n, lp.I}, [2]int64{}, bias(second))
+	lp.add(bn.Down, bd, []int64{n, lp.H}, [2]int64{}, bias(layout.ProjDown))
 }

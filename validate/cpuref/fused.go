@@ -20,19 +20,24 @@ import (
 func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.TensorSource, h, inter int, wf weightfmt.Format) moe.ExpertLoader {
 	c, n := fl.Contract, fl.Names
 	inOut := c.Oriented() == layout.InOut
-	ref := func(name, scale string, e, rows, cols int) tensorload.MatrixRef {
-		return tensorload.MatrixRef{Name: name, Index: e, Rows: rows, Cols: cols, Scale: scale, Format: wf, InOut: inOut}
+	// ref is stack p's slice e of [rows, cols], with its scales and its
+	// global scale (element e of the global stack).
+	ref := func(p layout.Proj, e, rows, cols int) tensorload.MatrixRef {
+		r := projRef(n.Tensors, p, e, rows, cols, wf)
+		r.GlobalIndex, r.InOut = e, inOut
+		return r
 	}
 	return func(_ context.Context, e int) (*moe.ExpertMats, error) {
 		m := &moe.ExpertMats{}
 		var err error
 		wrap := func(err error) error { return fmt.Errorf("layer %d expert %d: %w", fl.Index, e, err) }
+		projs := layout.MLPProjs[:]
 		if n.Layout.Fused() {
 			// Two halves of the [2I,H] slice; with a scale the grid is two
 			// stacked grids of the [I,H] half's rows each (layout.StackShapesFor).
-			first := ref(n.Weight(layout.ProjGateUp), n.Get(layout.ProjGateUp, layout.RoleScale), e, inter, h)
+			first := ref(layout.ProjGateUp, e, inter, h)
 			first.SliceRows = 2 * inter
-			first.Global, first.GlobalIndex = n.Get(layout.ProjGateUp, layout.RoleGlobal), 2*e
+			first.GlobalIndex = 2 * e
 			second := first
 			second.RowStart = inter
 			second.GlobalIndex = 2*e + 1
@@ -53,22 +58,16 @@ func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorloa
 			if n.Layout == layout.UpGate {
 				m.Gate, m.Up = b, a
 			}
-		} else {
-			g, u := ref(n.Weight(layout.ProjGate), n.Get(layout.ProjGate, layout.RoleScale), e, inter, h), ref(n.Weight(layout.ProjUp), n.Get(layout.ProjUp, layout.RoleScale), e, inter, h)
-			g.Global, g.GlobalIndex, u.Global, u.GlobalIndex = n.Get(layout.ProjGate, layout.RoleGlobal), e, n.Get(layout.ProjUp, layout.RoleGlobal), e
-			if n.Weight(layout.ProjGate) != "" { // "": ungated experts (Contract.Names)
-				if m.Gate, err = dec.Load(src, g); err != nil {
-					return nil, wrap(err)
-				}
+			projs = []layout.Proj{layout.ProjDown}
+		}
+		for _, p := range projs {
+			if p == layout.ProjGate && n.Weight(p) == "" {
+				continue // ungated experts (Contract.Names)
 			}
-			if m.Up, err = dec.Load(src, u); err != nil {
+			rows, cols := projDims(p, inter, h)
+			if *expertMat(m, p), err = dec.Load(src, ref(p, e, rows, cols)); err != nil {
 				return nil, wrap(err)
 			}
-		}
-		d := ref(n.Weight(layout.ProjDown), n.Get(layout.ProjDown, layout.RoleScale), e, h, inter)
-		d.Global, d.GlobalIndex = n.Get(layout.ProjDown, layout.RoleGlobal), e
-		if m.Down, err = dec.Load(src, d); err != nil {
-			return nil, wrap(err)
 		}
 		m.Act = fl.Act()
 		if m.GateBias, m.UpBias, m.DownBias, err = fl.ExpertBiases(src, e, h, inter); err != nil {
@@ -76,6 +75,18 @@ func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorloa
 		}
 		return m, nil
 	}
+}
+
+// expertMat is where projection p's weight goes in m (p a source MLP's
+// projection: gate, up or down).
+func expertMat(m *moe.ExpertMats, p layout.Proj) *[]float32 {
+	switch p {
+	case layout.ProjGate:
+		return &m.Gate
+	case layout.ProjUp:
+		return &m.Up
+	}
+	return &m.Down
 }
 
 // FusedOptions are FusedLayerRun's settings beyond the layer and its
@@ -294,31 +305,20 @@ func denseMLP(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.T
 	if err != nil {
 		return nil, err
 	}
-	ref := func(name, scale string, rows, cols int) tensorload.MatrixRef {
-		return tensorload.MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
-	}
-	glob := func(r tensorload.MatrixRef, g string) tensorload.MatrixRef { r.Global = g; return r }
 	act := fl.SharedAct()
 	if err := checkGated(m.Weight(layout.ProjGate), act); err != nil {
 		return nil, err
 	}
-	var gate []float32
-	if m.Weight(layout.ProjGate) != "" {
-		if gate, err = dec.Load(src, glob(ref(m.Weight(layout.ProjGate), m.Get(layout.ProjGate, layout.RoleScale), inter, h), m.Get(layout.ProjGate, layout.RoleGlobal))); err != nil {
-			return nil, err
+	w, err := loadWeights(dec, src, m, inter, h, wf)
+	defer func() {
+		for _, x := range w {
+			dec.Put(x)
 		}
-		defer dec.Put(gate)
-	}
-	up, err := dec.Load(src, glob(ref(m.Weight(layout.ProjUp), m.Get(layout.ProjUp, layout.RoleScale), inter, h), m.Get(layout.ProjUp, layout.RoleGlobal)))
+	}()
 	if err != nil {
 		return nil, err
 	}
-	defer dec.Put(up)
-	down, err := dec.Load(src, glob(ref(m.Weight(layout.ProjDown), m.Get(layout.ProjDown, layout.RoleScale), h, inter), m.Get(layout.ProjDown, layout.RoleGlobal)))
-	if err != nil {
-		return nil, err
-	}
-	defer dec.Put(down)
+	gate, up, down := w[layout.ProjGate], w[layout.ProjUp], w[layout.ProjDown]
 	impl := gonum.Implementation{}
 	u := make([]float32, t*inter)
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, up, h, 0, u, inter)
@@ -327,21 +327,13 @@ func denseMLP(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.T
 		g = make([]float32, t*inter)
 		impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, gate, h, 0, g, inter)
 	}
-	var gb, ub, db []float32
-	if m.Get(layout.ProjGate, layout.RoleBias) != "" { // ERNIE 4.5 use_bias
-		if gb, err = tensorload.LoadVector(src, m.Get(layout.ProjGate, layout.RoleBias), inter); err != nil {
-			return nil, err
-		}
-		if ub, err = tensorload.LoadVector(src, m.Get(layout.ProjUp, layout.RoleBias), inter); err != nil {
-			return nil, err
-		}
-		if db, err = tensorload.LoadVector(src, m.Get(layout.ProjDown, layout.RoleBias), h); err != nil {
-			return nil, err
-		}
+	bias, err := loadBiases(src, m, inter, h) // ERNIE 4.5 use_bias
+	if err != nil {
+		return nil, err
 	}
-	moe.Activate(fl.SharedAct(), g, u, gb, ub)
+	moe.Activate(fl.SharedAct(), g, u, bias[layout.ProjGate], bias[layout.ProjUp])
 	o := make([]float32, t*h)
 	impl.Sgemm(blas.NoTrans, blas.Trans, t, h, inter, 1, g, inter, down, inter, 0, o, h)
-	moe.AddRowBias(o, db)
+	moe.AddRowBias(o, bias[layout.ProjDown])
 	return o, nil
 }

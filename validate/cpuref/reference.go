@@ -283,26 +283,24 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 	// Each projection as SRC stores it, one at a time beside the
 	// requantised MLP.
 	h, werr := plan.HiddenSize, 0.0
-	for _, pr := range []struct {
-		name       string
-		rows, cols int
-		got        []float32
-	}{{layer.Shared.Weight(layout.ProjGate), inter, h, q.gate}, {layer.Shared.Weight(layout.ProjUp), inter, h, q.up}, {layer.Shared.Weight(layout.ProjDown), h, inter, q.down}} {
-		if pr.name == "" {
+	for _, p := range layout.MLPProjs {
+		name, got := layer.Shared.Weight(p), q.w[p]
+		if name == "" {
 			continue // an ungated MLP's gate
 		}
-		w, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: pr.name, Index: -1, Rows: pr.rows, Cols: pr.cols})
+		rows, cols := projDims(p, inter, h)
+		w, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols})
 		if err != nil {
 			return 0, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
 		}
 		var d, n float64
 		for j, v := range w {
-			d += (float64(pr.got[j]) - float64(v)) * (float64(pr.got[j]) - float64(v))
+			d += (float64(got[j]) - float64(v)) * (float64(got[j]) - float64(v))
 			n += float64(v) * float64(v)
 		}
 		tensorload.PutFloats(w)
 		if n == 0 && d > 0 {
-			return 0, fmt.Errorf("layer %d: requantised shared expert %s is not zero where the source's is", layer.Index, pr.name)
+			return 0, fmt.Errorf("layer %d: requantised shared expert %s is not zero where the source's is", layer.Index, name)
 		}
 		werr += d / max(n, math.SmallestNonzeroFloat64)
 	}
@@ -417,56 +415,36 @@ func checkGated(gate string, act layout.Activation) error {
 // refMLP is one gated MLP in float32 for the reference (gate nil:
 // ungated).
 type refMLP struct {
-	gate, up, down []float32 // [I,H], [I,H], [H,I]
-	gb, ub, db     []float32 // biases [I], [I], [H]; nil when none
-	act            layout.Activation
-	h, inter       int
-	w8a8           bool                // RefOptions.W8A8: quantise input and intermediate (applyBatch)
-	dec            *tensorload.Decoder // what loaded the weights, and takes them back
+	w        projMats // weights: gate, up [I,H], down [H,I]
+	bias     projMats // biases: gate, up [I], down [H]; nil when none
+	act      layout.Activation
+	h, inter int
+	w8a8     bool                // RefOptions.W8A8: quantise input and intermediate (applyBatch)
+	dec      *tensorload.Decoder // what loaded the weights, and takes them back
 }
 
 // loadSourceMLP reads one source MLP whose weights are stored in format wf
 // (the plan's).
 func loadSourceMLP(dec *tensorload.Decoder, src tensorload.TensorSource, names family.MLP, inter, h int, wf weightfmt.Format, act layout.Activation) (*refMLP, error) {
-	ref := func(name, scale string, rows, cols int) tensorload.MatrixRef {
-		return tensorload.MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols, Scale: scale, Format: wf}
-	}
 	m := &refMLP{h: h, inter: inter, act: act, dec: dec}
 	var err error
-	if names.Get(layout.ProjGate, layout.RoleBias) != "" {
-		if m.gb, err = tensorload.LoadVector(src, names.Get(layout.ProjGate, layout.RoleBias), inter); err != nil {
-			return nil, err
-		}
-		if m.ub, err = tensorload.LoadVector(src, names.Get(layout.ProjUp, layout.RoleBias), inter); err != nil {
-			return nil, err
-		}
-		if m.db, err = tensorload.LoadVector(src, names.Get(layout.ProjDown, layout.RoleBias), h); err != nil {
-			return nil, err
-		}
+	if m.bias, err = loadBiases(src, names, inter, h); err != nil {
+		return nil, err
 	}
-	glob := func(r tensorload.MatrixRef, g string) tensorload.MatrixRef { r.Global = g; return r }
 	if err := checkGated(names.Weight(layout.ProjGate), act); err != nil {
 		return nil, err
 	}
-	if names.Weight(layout.ProjGate) != "" {
-		if m.gate, err = dec.Load(src, glob(ref(names.Weight(layout.ProjGate), names.Get(layout.ProjGate, layout.RoleScale), inter, h), names.Get(layout.ProjGate, layout.RoleGlobal))); err != nil {
-			return nil, err
-		}
-	}
-	if m.up, err = dec.Load(src, glob(ref(names.Weight(layout.ProjUp), names.Get(layout.ProjUp, layout.RoleScale), inter, h), names.Get(layout.ProjUp, layout.RoleGlobal))); err != nil {
-		return nil, err
-	}
-	if m.down, err = dec.Load(src, glob(ref(names.Weight(layout.ProjDown), names.Get(layout.ProjDown, layout.RoleScale), h, inter), names.Get(layout.ProjDown, layout.RoleGlobal))); err != nil {
+	if m.w, err = loadWeights(dec, src, names, inter, h, wf); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
 func (m *refMLP) release() {
-	m.dec.Put(m.gate)
-	m.dec.Put(m.up)
-	m.dec.Put(m.down)
-	m.gate, m.up, m.down = nil, nil, nil
+	for p := range m.w {
+		m.dec.Put(m.w[p])
+		m.w[p] = nil
+	}
 }
 
 // applyBatch writes down(silu(gate x) * up x) for each token xs[r] into
@@ -486,21 +464,21 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 	}
 	u := make([]float32, n*m.inter)
 	us := rowsOf(u, n, m.inter)
-	blasdot.Dot64Rows(xs, m.up, m.inter, m.h, us)
+	blasdot.Dot64Rows(xs, m.w[layout.ProjUp], m.inter, m.h, us)
 	g, gs := u, us // an ungated expert's act reads u alone, in place
-	if m.gate != nil {
+	if m.w[layout.ProjGate] != nil {
 		g = make([]float32, n*m.inter)
 		gs = rowsOf(g, n, m.inter)
-		blasdot.Dot64Rows(xs, m.gate, m.inter, m.h, gs)
+		blasdot.Dot64Rows(xs, m.w[layout.ProjGate], m.inter, m.h, gs)
 	}
-	moe.Activate(m.act, g, u, m.gb, m.ub)
+	moe.Activate(m.act, g, u, m.bias[layout.ProjGate], m.bias[layout.ProjUp])
 	if m.w8a8 {
 		moe.RoundTripServing(g, n, m.inter)
 	}
-	blasdot.Dot64Rows(gs, m.down, m.h, m.inter, outs)
-	if m.db != nil {
+	blasdot.Dot64Rows(gs, m.w[layout.ProjDown], m.h, m.inter, outs)
+	if db := m.bias[layout.ProjDown]; db != nil {
 		for _, o := range outs {
-			for j, b := range m.db {
+			for j, b := range db {
 				o[j] += b
 			}
 		}

@@ -25,22 +25,45 @@ func LoadFusedBank(s *Stager, src tensorload.TensorSource, fl *moelayer.FusedLay
 	return LoadFusedBankInOrder(context.Background(), s, src, fl, identityOrder(fl.Contract.BankSize()), nil)
 }
 
-// bankParts are a fused bank's weights as bankParts: gate and up (or the
-// fused gate-up), then down, with their scales and global scales, named
-// by n and shaped by shapes, loading into b.
+// bankProjs are the projections of a bank of layout l in the order it
+// loads them: gate and up (or the fused gate-up), then down.
+func bankProjs(l layout.Layout) []layout.Proj {
+	if l.Fused() {
+		return []layout.Proj{layout.ProjGateUp, layout.ProjDown}
+	}
+	return []layout.Proj{layout.ProjGate, layout.ProjUp, layout.ProjDown}
+}
+
+// matOf is where projection p's weight goes in b.
+func (b *Bank) matOf(p layout.Proj) *kernels.Mat {
+	return [layout.NumProj]*kernels.Mat{&b.Gate, &b.Up, &b.GateUp, &b.Down}[p]
+}
+
+// scaleOf is where projection p's scales go in b.
+func (b *Bank) scaleOf(p layout.Proj) **cuda.Buffer[float32] {
+	return [layout.NumProj]**cuda.Buffer[float32]{&b.GateScale, &b.UpScale, &b.GateUpScale, &b.DownScale}[p]
+}
+
+// projCols is the columns of projection p's weight: I for down, H for the
+// others.
+func projCols(p layout.Proj, H, I int64) int64 {
+	if p == layout.ProjDown {
+		return I
+	}
+	return H
+}
+
+// bankParts are a fused bank's parts, one for each of bankProjs: its
+// weight, scale and global scale stacks, named by n and shaped by shapes,
+// loading into b.
 func bankParts(n layout.ExpertTensors, shapes layout.Shapes, b *Bank, H, I int64) []bankPart {
-	gateUp := []bankPart{
-		{name: n.Weight(layout.ProjGate), shape: shapes.Gate, cols: H, mat: &b.Gate, scaleName: n.Get(layout.ProjGate, layout.RoleScale), scaleShape: shapes.GateScale, scale: &b.GateScale,
-			global: n.Get(layout.ProjGate, layout.RoleGlobal), globalShape: shapes.GateGlobal},
-		{name: n.Weight(layout.ProjUp), shape: shapes.Up, cols: H, mat: &b.Up, scaleName: n.Get(layout.ProjUp, layout.RoleScale), scaleShape: shapes.UpScale, scale: &b.UpScale,
-			global: n.Get(layout.ProjUp, layout.RoleGlobal), globalShape: shapes.UpGlobal},
+	var out []bankPart
+	for _, p := range bankProjs(n.Layout) {
+		out = append(out, bankPart{name: n.Weight(p), shape: shapes.Of(p, layout.RoleWeight), cols: projCols(p, H, I), mat: b.matOf(p),
+			scaleName: n.Get(p, layout.RoleScale), scaleShape: shapes.Of(p, layout.RoleScale), scale: b.scaleOf(p),
+			global: n.Get(p, layout.RoleGlobal), globalShape: shapes.Of(p, layout.RoleGlobal)})
 	}
-	if n.Layout.Fused() {
-		gateUp = []bankPart{{name: n.Weight(layout.ProjGateUp), shape: shapes.GateUp, cols: H, mat: &b.GateUp, scaleName: n.Get(layout.ProjGateUp, layout.RoleScale), scaleShape: shapes.GateUpScale,
-			scale: &b.GateUpScale, global: n.Get(layout.ProjGateUp, layout.RoleGlobal), globalShape: shapes.GateUpGlobal}}
-	}
-	return append(gateUp, bankPart{name: n.Weight(layout.ProjDown), shape: shapes.Down, cols: I, mat: &b.Down, scaleName: n.Get(layout.ProjDown, layout.RoleScale), scaleShape: shapes.DownScale,
-		scale: &b.DownScale, global: n.Get(layout.ProjDown, layout.RoleGlobal), globalShape: shapes.DownGlobal})
+	return out
 }
 
 // identityOrder is 0, 1, ..., n-1.
@@ -78,24 +101,17 @@ func (b *Bank) setBiases(dev *cuda.Device, gb, ub, db []float32) error {
 // to bf16 on the device. The caller waits on s's stream (kernels queued on
 // the same stream run after the copies).
 func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inter int, wf weightfmt.Format, act layout.Activation) (*Bank, error) {
-	if m.Get(layout.ProjGate, layout.RoleScale) == "" && m.Get(layout.ProjUp, layout.RoleScale) == "" && m.Get(layout.ProjDown, layout.RoleScale) == "" {
+	if len(m.NamesOf(layout.RoleScale)) == 0 {
 		wf = nil
 	}
 	scaled := false
 	var sc weightfmt.Scale
-	var gr, gc, dr, dc int64
-	H, I := int64(h), int64(inter)
-	gs, ds := []int64{I, H}, []int64{H, I} // stored shapes: fewer columns where elements pack
 	if wf != nil {
-		gs, ds = weightfmt.Matrix{Format: wf, Rows: I, Cols: H}.Shape(), weightfmt.Matrix{Format: wf, Rows: H, Cols: I}.Shape()
-		if sc, scaled = wf.Scale(); scaled {
-			if !kernelsTake(wf) {
-				return nil, fmt.Errorf("%s block %s: the GPU kernels take %d", wf, blockEdge(sc.Block), kernels.FP8ScaleBlock)
-			}
-			gr, gc = weightfmt.Matrix{Format: wf, Rows: int64(inter), Cols: int64(h)}.ScaleShape()
-			dr, dc = weightfmt.Matrix{Format: wf, Rows: int64(h), Cols: int64(inter)}.ScaleShape()
+		if sc, scaled = wf.Scale(); scaled && !kernelsTake(wf) {
+			return nil, fmt.Errorf("%s block %s: the GPU kernels take %d", wf, blockEdge(sc.Block), kernels.FP8ScaleBlock)
 		}
 	}
+	H, I := int64(h), int64(inter)
 	b := &Bank{}
 	b.NumExperts, b.H, b.I = 1, h, inter
 	fail := func(err error) (*Bank, error) {
@@ -105,10 +121,23 @@ func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inte
 	}
 	// A global scale (NVFP4's weight_scale_2) is one element, whatever its
 	// shape (globalShape nil).
-	parts := []bankPart{
-		{name: m.Weight(layout.ProjGate), shape: gs, cols: H, mat: &b.Gate, scaleName: m.Get(layout.ProjGate, layout.RoleScale), scaleShape: []int64{gr, gc}, scaleDType: sc.DType, scale: &b.GateScale, global: m.Get(layout.ProjGate, layout.RoleGlobal)},
-		{name: m.Weight(layout.ProjUp), shape: gs, cols: H, mat: &b.Up, scaleName: m.Get(layout.ProjUp, layout.RoleScale), scaleShape: []int64{gr, gc}, scaleDType: sc.DType, scale: &b.UpScale, global: m.Get(layout.ProjUp, layout.RoleGlobal)},
-		{name: m.Weight(layout.ProjDown), shape: ds, cols: I, mat: &b.Down, scaleName: m.Get(layout.ProjDown, layout.RoleScale), scaleShape: []int64{dr, dc}, scaleDType: sc.DType, scale: &b.DownScale, global: m.Get(layout.ProjDown, layout.RoleGlobal)},
+	var parts []bankPart
+	for _, p := range layout.MLPProjs {
+		rows, cols := I, H
+		if p == layout.ProjDown {
+			rows, cols = H, I
+		}
+		part := bankPart{name: m.Weight(p), shape: []int64{rows, cols}, cols: cols, mat: b.matOf(p),
+			scaleName: m.Get(p, layout.RoleScale), scaleShape: []int64{0, 0}, scaleDType: sc.DType, scale: b.scaleOf(p), global: m.Get(p, layout.RoleGlobal)}
+		if wf != nil {
+			mx := weightfmt.Matrix{Format: wf, Rows: rows, Cols: cols}
+			part.shape = mx.Shape() // as stored: fewer columns where elements pack
+			if scaled {
+				r, c := mx.ScaleShape()
+				part.scaleShape = []int64{r, c}
+			}
+		}
+		parts = append(parts, part)
 	}
 	if scaled && DecodesOnDevice(wf) {
 		if err := b.uploadDecoded(s, src, parts, wf); err != nil {
@@ -125,24 +154,30 @@ func loadMLPBankOf(s *Stager, src tensorload.TensorSource, m family.MLP, h, inte
 		}
 	}
 	b.Act = act
-	if m.Get(layout.ProjGate, layout.RoleBias) != "" {
-		gb, err := tensorload.LoadVector(src, m.Get(layout.ProjGate, layout.RoleBias), inter)
-		if err != nil {
-			return fail(err)
-		}
-		ub, err := tensorload.LoadVector(src, m.Get(layout.ProjUp, layout.RoleBias), inter)
-		if err != nil {
-			return fail(err)
-		}
-		db, err := tensorload.LoadVector(src, m.Get(layout.ProjDown, layout.RoleBias), h)
-		if err != nil {
-			return fail(err)
-		}
-		if err := b.setBiases(s.dev, gb, ub, db); err != nil {
-			return fail(err)
-		}
+	if err := b.loadBiases(s, src, m, h, inter); err != nil {
+		return fail(err)
 	}
 	return b, nil
+}
+
+// loadBiases uploads m's biases (gate and up [inter], down [h]) where m
+// names a gate bias.
+func (b *Bank) loadBiases(s *Stager, src tensorload.TensorSource, m family.MLP, h, inter int) error {
+	if m.Get(layout.ProjGate, layout.RoleBias) == "" {
+		return nil
+	}
+	var bias [layout.NumProj][]float32
+	for _, p := range layout.MLPProjs {
+		n := inter // a bias has its weight's rows
+		if p == layout.ProjDown {
+			n = h
+		}
+		var err error
+		if bias[p], err = tensorload.LoadVector(src, m.Get(p, layout.RoleBias), n); err != nil {
+			return err
+		}
+	}
+	return b.setBiases(s.dev, bias[layout.ProjGate], bias[layout.ProjUp], bias[layout.ProjDown])
 }
 
 // bankPart is one weight of a bank, its scale and its global scale: the

@@ -11,6 +11,7 @@ import (
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/validate/tensorload"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // LoadsInOrder reports whether LoadFusedBankInOrder can load fl's bank:
@@ -62,180 +63,25 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src tensorload.TensorS
 		}
 		return nil, fmt.Errorf("layer %d: orientation %s: the GPU decodes out-in stacks only", fl.Index, fl.Contract.Oriented())
 	}
-	h, inter, err := fl.StackDims(src)
+	ld, err := newOrderedLoad(s, src, fl)
 	if err != nil {
 		return nil, err
 	}
-	c, n := fl.Contract, fl.Names
-	e := int64(c.BankSize())
-	wf, err := c.Format()
-	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
-	}
-	_, scaled := wf.Scale()
-	decode := DecodesOnDevice(wf)
-	H, I := int64(h), int64(inter)
-	inOut := c.Oriented() == layout.InOut
-	shapes := layout.StackShapesFor(n.Layout, e, I, H, wf).Oriented(c.Oriented())
-	b := &Bank{}
-	b.NumExperts, b.H, b.I = int(e), h, inter
+	b := ld.b
 	fail := func(err error) (*Bank, error) {
 		s.wait()
 		b.Free()
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
-	// Formats decoded on the device: each weight's bf16 copy, its scales
-	// and global scales filled expert by expert too.
-	var decoded []*decodedPart
-	if decode {
-		b.UpFirst = n.Layout == layout.UpGate
-		for _, p := range bankParts(n, shapes, b, H, I) {
-			d, err := b.decodeSetup(s, src, p, wf, true)
-			if err != nil {
-				return fail(err)
-			}
-			if d.rows%e != 0 {
-				return fail(fmt.Errorf("%s: tensor %s: %d rows for %d experts", d.t.File, d.t.Name, d.rows, e))
-			}
-			*p.mat = d.mat
-			decoded = append(decoded, d)
-		}
+	if err := ld.allocate(); err != nil {
+		return fail(err)
 	}
-	type stackOf struct {
-		name       string
-		shape      []int64
-		mat        *kernels.Mat
-		scaleName  string
-		scaleShape []int64
-		scale      **cuda.Buffer[float32]
+	if err := ld.fill(ctx, order, pace); err != nil {
+		return fail(err)
 	}
-	stacks := []stackOf{{n.Weight(layout.ProjGate), shapes.Gate, &b.Gate, n.Get(layout.ProjGate, layout.RoleScale), shapes.GateScale, &b.GateScale},
-		{n.Weight(layout.ProjUp), shapes.Up, &b.Up, n.Get(layout.ProjUp, layout.RoleScale), shapes.UpScale, &b.UpScale}}
-	if n.Layout.Fused() {
-		stacks = []stackOf{{n.Weight(layout.ProjGateUp), shapes.GateUp, &b.GateUp, n.Get(layout.ProjGateUp, layout.RoleScale), shapes.GateUpScale, &b.GateUpScale}}
-		b.UpFirst = n.Layout == layout.UpGate
-	}
-	stacks = append(stacks, stackOf{n.Weight(layout.ProjDown), shapes.Down, &b.Down, n.Get(layout.ProjDown, layout.RoleScale), shapes.DownScale, &b.DownScale})
-	if decode {
-		stacks = nil
-	}
-	// Allocate every stack first, then fill them.
-	var parts []orderedPart
-	for _, st := range stacks {
-		if st.name == "" {
-			continue // an ungated bank's gate (Contract.Names)
-		}
-		t, err := tensorShaped(src, st.name, st.shape)
-		if err != nil {
-			return fail(err)
-		}
-		dt, decode, err := matType(t)
-		if err != nil {
-			return fail(err)
-		}
-		if b.DType == 0 {
-			b.DType = dt
-		} else if b.DType != dt {
-			return fail(fmt.Errorf("%s: tensor %s is %s, the bank's other weights %v", t.File, st.name, t.DType, b.DType))
-		}
-		buf, err := b.alloc(s.dev, t, dt)
-		if err != nil {
-			return fail(err)
-		}
-		*st.mat = kernels.Mat{DType: dt, Ptr: buf.Ptr(), Len: int(t.NumElements())}
-		parts = append(parts, orderedPart{t: t, dst: buf.Ptr(), per: t.NumElements() / e, outPer: int64(buf.Bytes()) / e, decode: decode}.oriented(inOut))
-		if scaled {
-			ts, err := tensorShaped(src, st.scaleName, st.scaleShape)
-			if err != nil {
-				return fail(err)
-			}
-			sb, err := b.scaleBuffer(s.dev, ts)
-			if err != nil {
-				return fail(err)
-			}
-			*st.scale = sb
-			parts = append(parts, orderedPart{t: ts, dst: sb.Ptr(), per: ts.NumElements() / e, outPer: int64(sb.Bytes()) / e}.oriented(inOut))
-		}
-	}
-	if scaled && !decode != (b.DType == kernels.MatFP8) {
-		return fail(fmt.Errorf("the contract says quantization %q, the expert weights are %v", c.Quantization, b.DType))
-	}
-	busy := make([]time.Duration, len(parts)+len(decoded))
-	done := map[int]bool{}
-	var gb, ub, db []float32 // biases, [E*I], [E*I], [E*H]
+	ld.record()
 	if fl.Biases != nil {
-		gb, ub, db = make([]float32, e*I), make([]float32, e*I), make([]float32, e*H)
-	}
-	for _, x := range order {
-		if x < 0 || int64(x) >= e || done[x] {
-			return fail(fmt.Errorf("bank order names expert %d of %d twice or out of range", x, e))
-		}
-		done[x] = true
-		if pace != nil {
-			if err := pace.Take(ctx, x); err != nil {
-				return fail(err)
-			}
-		}
-		for i, p := range parts {
-			t0 := time.Now()
-			err := p.copyExpert(s, int64(x))
-			busy[i] += time.Since(t0)
-			if err != nil {
-				if pace != nil {
-					pace.Done(x)
-				}
-				return fail(err)
-			}
-		}
-		for i, d := range decoded {
-			t0 := time.Now()
-			r := d.rows / e
-			err := d.expertScales(s, int64(x), e)
-			if err == nil {
-				err = d.decodeRows(s, int64(x)*r, int64(x+1)*r)
-			}
-			busy[len(parts)+i] += time.Since(t0)
-			if err != nil {
-				if pace != nil {
-					pace.Done(x)
-				}
-				return fail(err)
-			}
-		}
-		if fl.Biases != nil {
-			g, u, d, err := fl.ExpertBiases(src, x, h, inter)
-			if err != nil {
-				if pace != nil {
-					pace.Done(x)
-				}
-				return fail(fmt.Errorf("expert %d: %w", x, err))
-			}
-			copy(gb[x*inter:], g)
-			copy(ub[x*inter:], u)
-			copy(db[x*h:], d)
-		}
-		// copyElems copied the bytes into a staging buffer: the source
-		// may go.
-		if pace != nil {
-			pace.Done(x)
-		}
-	}
-	if int64(len(done)) != e {
-		return fail(fmt.Errorf("bank order names %d of %d experts", len(done), e))
-	}
-	if s.rec != nil {
-		for i, p := range parts {
-			s.rec.addTimed(p.t, p.decode, e*p.per*int64(p.t.DType.Size()), busy[i])
-		}
-		for i, d := range decoded {
-			s.rec.addTimed(d.t, false, d.t.NumElements()*int64(d.t.DType.Size()), busy[len(parts)+i])
-			if !d.fp8 { // a 4-bit grid's bytes come with its weight's
-				s.rec.addTimed(d.ts, false, d.ts.NumElements()*int64(d.ts.DType.Size()), 0)
-			}
-		}
-	}
-	if fl.Biases != nil {
-		if err := b.setBiases(s.dev, gb, ub, db); err != nil {
+		if err := b.setBiases(s.dev, ld.gb, ld.ub, ld.db); err != nil {
 			return fail(err)
 		}
 	}
@@ -245,6 +91,216 @@ func LoadFusedBankInOrder(ctx context.Context, s *Stager, src tensorload.TensorS
 		return nil, err
 	}
 	return b, nil
+}
+
+// orderedLoad is a bank being loaded expert by expert: its stacks
+// allocated (parts) or, for a format decoded on the device, set up to
+// decode (decoded), the time each one's copies took, and the biases
+// gathered on the host.
+type orderedLoad struct {
+	s        *Stager
+	src      tensorload.TensorSource
+	fl       *moelayer.FusedLayer
+	wf       weightfmt.Format // the contract's
+	b        *Bank
+	e        int64 // bank experts
+	h, inter int
+	parts    []orderedPart
+	decoded  []*decodedPart
+	busy     []time.Duration // by part, then by decoded part
+	gb, ub   []float32       // biases [E*I]; nil when the layer has none
+	db       []float32       // [E*H]
+}
+
+// newOrderedLoad reads fl's dimensions and format and makes its empty bank.
+func newOrderedLoad(s *Stager, src tensorload.TensorSource, fl *moelayer.FusedLayer) (*orderedLoad, error) {
+	h, inter, err := fl.StackDims(src)
+	if err != nil {
+		return nil, err
+	}
+	wf, err := fl.Contract.Format()
+	if err != nil {
+		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	e := int64(fl.Contract.BankSize())
+	ld := &orderedLoad{s: s, src: src, fl: fl, wf: wf, b: &Bank{}, e: e, h: h, inter: inter}
+	ld.b.NumExperts, ld.b.H, ld.b.I = int(e), h, inter
+	return ld, nil
+}
+
+// allocate allocates every stack of the bank (bankParts), or sets up the
+// decode of each where the device decodes the format, before any expert
+// is filled; and the host's room for the biases.
+func (ld *orderedLoad) allocate() error {
+	c, n, b, e := ld.fl.Contract, ld.fl.Names, ld.b, ld.e
+	H, I := int64(ld.h), int64(ld.inter)
+	shapes := layout.StackShapesFor(n.Layout, e, I, H, ld.wf).Oriented(c.Oriented())
+	b.UpFirst = n.Layout == layout.UpGate
+	parts := bankParts(n, shapes, b, H, I)
+	_, scaled := ld.wf.Scale()
+	decode := DecodesOnDevice(ld.wf)
+	var err error
+	if decode {
+		err = ld.setUpDecodes(parts)
+	} else {
+		err = ld.allocStacks(parts, scaled)
+	}
+	if err != nil {
+		return err
+	}
+	if scaled && !decode != (b.DType == kernels.MatFP8) {
+		return fmt.Errorf("the contract says quantization %q, the expert weights are %v", c.Quantization, b.DType)
+	}
+	ld.busy = make([]time.Duration, len(ld.parts)+len(ld.decoded))
+	if ld.fl.Biases != nil {
+		ld.gb, ld.ub, ld.db = make([]float32, e*I), make([]float32, e*I), make([]float32, e*H)
+	}
+	return nil
+}
+
+// setUpDecodes sets up each part of a format decoded on the device: its
+// bf16 copy, its scales and global scales filled expert by expert too.
+func (ld *orderedLoad) setUpDecodes(parts []bankPart) error {
+	for _, p := range parts {
+		d, err := ld.b.decodeSetup(ld.s, ld.src, p, ld.wf, true)
+		if err != nil {
+			return err
+		}
+		if d.rows%ld.e != 0 {
+			return fmt.Errorf("%s: tensor %s: %d rows for %d experts", d.t.File, d.t.Name, d.rows, ld.e)
+		}
+		*p.mat = d.mat
+		ld.decoded = append(ld.decoded, d)
+	}
+	return nil
+}
+
+// allocStacks allocates each part's weight stack, and its scale stack
+// where the format is scaled, as the orderedParts that fill them.
+func (ld *orderedLoad) allocStacks(parts []bankPart, scaled bool) error {
+	b, e, s := ld.b, ld.e, ld.s
+	inOut := ld.fl.Contract.Oriented() == layout.InOut
+	for _, p := range parts {
+		if p.name == "" {
+			continue // an ungated bank's gate (Contract.Names)
+		}
+		t, err := tensorShaped(ld.src, p.name, p.shape)
+		if err != nil {
+			return err
+		}
+		dt, decode, err := matType(t)
+		if err != nil {
+			return err
+		}
+		if b.DType == 0 {
+			b.DType = dt
+		} else if b.DType != dt {
+			return fmt.Errorf("%s: tensor %s is %s, the bank's other weights %v", t.File, p.name, t.DType, b.DType)
+		}
+		buf, err := b.alloc(s.dev, t, dt)
+		if err != nil {
+			return err
+		}
+		*p.mat = kernels.Mat{DType: dt, Ptr: buf.Ptr(), Len: int(t.NumElements())}
+		ld.parts = append(ld.parts, orderedPart{t: t, dst: buf.Ptr(), per: t.NumElements() / e, outPer: int64(buf.Bytes()) / e, decode: decode}.oriented(inOut))
+		if scaled {
+			ts, err := tensorShaped(ld.src, p.scaleName, p.scaleShape)
+			if err != nil {
+				return err
+			}
+			sb, err := b.scaleBuffer(s.dev, ts)
+			if err != nil {
+				return err
+			}
+			*p.scale = sb
+			ld.parts = append(ld.parts, orderedPart{t: ts, dst: sb.Ptr(), per: ts.NumElements() / e, outPer: int64(sb.Bytes()) / e}.oriented(inOut))
+		}
+	}
+	return nil
+}
+
+// fill loads the experts in order, each once (pace: Take before an
+// expert, Done after, also when it fails).
+func (ld *orderedLoad) fill(ctx context.Context, order []int, pace moelayer.Pace) error {
+	done := map[int]bool{}
+	for _, x := range order {
+		if x < 0 || int64(x) >= ld.e || done[x] {
+			return fmt.Errorf("bank order names expert %d of %d twice or out of range", x, ld.e)
+		}
+		done[x] = true
+		if pace != nil {
+			if err := pace.Take(ctx, x); err != nil {
+				return err
+			}
+		}
+		err := ld.expert(x)
+		// copyElems copied the bytes into a staging buffer: the source
+		// may go.
+		if pace != nil {
+			pace.Done(x)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if int64(len(done)) != ld.e {
+		return fmt.Errorf("bank order names %d of %d experts", len(done), ld.e)
+	}
+	return nil
+}
+
+// expert queues expert x's slice of every stack (copied, or decoded with
+// its scales) and gathers its biases.
+func (ld *orderedLoad) expert(x int) error {
+	s, e := ld.s, ld.e
+	for i, p := range ld.parts {
+		t0 := time.Now()
+		err := p.copyExpert(s, int64(x))
+		ld.busy[i] += time.Since(t0)
+		if err != nil {
+			return err
+		}
+	}
+	for i, d := range ld.decoded {
+		t0 := time.Now()
+		r := d.rows / e
+		err := d.expertScales(s, int64(x), e)
+		if err == nil {
+			err = d.decodeRows(s, int64(x)*r, int64(x+1)*r)
+		}
+		ld.busy[len(ld.parts)+i] += time.Since(t0)
+		if err != nil {
+			return err
+		}
+	}
+	if ld.fl.Biases != nil {
+		g, u, d, err := ld.fl.ExpertBiases(ld.src, x, ld.h, ld.inter)
+		if err != nil {
+			return fmt.Errorf("expert %d: %w", x, err)
+		}
+		copy(ld.gb[x*ld.inter:], g)
+		copy(ld.ub[x*ld.inter:], u)
+		copy(ld.db[x*ld.h:], d)
+	}
+	return nil
+}
+
+// record adds each stack's bytes and the time its copies took to the
+// stager's recorder, where it has one.
+func (ld *orderedLoad) record() {
+	s, e := ld.s, ld.e
+	if s.rec == nil {
+		return
+	}
+	for i, p := range ld.parts {
+		s.rec.addTimed(p.t, p.decode, e*p.per*int64(p.t.DType.Size()), ld.busy[i])
+	}
+	for i, d := range ld.decoded {
+		s.rec.addTimed(d.t, false, d.t.NumElements()*int64(d.t.DType.Size()), ld.busy[len(ld.parts)+i])
+		if !d.fp8 { // a 4-bit grid's bytes come with its weight's
+			s.rec.addTimed(d.ts, false, d.ts.NumElements()*int64(d.ts.DType.Size()), 0)
+		}
+	}
 }
 
 // oriented is p for a stack stored in-out: one expert's slice is stored

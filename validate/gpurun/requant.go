@@ -26,7 +26,11 @@ import (
 // one fails its layer by name (tensorbytes.NonFiniteError) as the plain
 // shared expert's would, not as a refusal to requantise it.
 func RequantisedShared(src tensorload.TensorSource, m family.MLP, f weightfmt.Format) (family.MLP, tensorload.TensorSource, error) {
-	return tensorload.RequantisedShared(finiteSource{src, map[string]bool{m.Weight(layout.ProjGate): true, m.Weight(layout.ProjUp): true, m.Weight(layout.ProjDown): true}}, m, f)
+	scan := map[string]bool{}
+	for _, p := range layout.MLPProjs {
+		scan[m.Weight(p)] = true
+	}
+	return tensorload.RequantisedShared(finiteSource{src, scan}, m, f)
 }
 
 // finiteSource is src, its tensors named in scan read through

@@ -1,0 +1,70 @@
+package cpuref
+
+import (
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/validate/tensorload"
+	"github.com/moeprep/moeprep/weightfmt"
+)
+
+// projMats are one MLP's matrices (or vectors) by projection: gate, up
+// and down (layout.MLPProjs); ProjGateUp stays nil, and so does the gate
+// of an ungated MLP.
+type projMats [layout.NumProj][]float32
+
+// projDims is projection p's [rows, cols] in an MLP of intermediate size
+// inter and hidden size h: gate and up [inter, h], down [h, inter].
+func projDims(p layout.Proj, inter, h int) (rows, cols int) {
+	if p == layout.ProjDown {
+		return h, inter
+	}
+	return inter, h
+}
+
+// projRef is projection p's weight in t (a source MLP's tensors, or a
+// layer's stacks) as a MatrixRef: element index of a stack (-1: the whole
+// matrix), [rows, cols], stored as wf where t names its scale, with t's
+// global scale (element 0 of it: a stack's caller sets GlobalIndex). This
+// is the one place the CPU loaders read a projection's roles from the
+// table.
+func projRef(t layout.Tensors, p layout.Proj, index, rows, cols int, wf weightfmt.Format) tensorload.MatrixRef {
+	return tensorload.MatrixRef{Name: t.Weight(p), Index: index, Rows: rows, Cols: cols,
+		Scale: t.Get(p, layout.RoleScale), Format: wf, Global: t.Get(p, layout.RoleGlobal)}
+}
+
+// loadWeights loads a hub-layout MLP's weights (m's names, stored as wf
+// where m names a scale, with m's global scales) through dec, in
+// layout.MLPProjs' order, the gate only where m names one. On an error
+// the weights loaded so far are returned with it, for the caller to put
+// back.
+func loadWeights(dec *tensorload.Decoder, src tensorload.TensorSource, m family.MLP, inter, h int, wf weightfmt.Format) (projMats, error) {
+	var w projMats
+	for _, p := range layout.MLPProjs {
+		if p == layout.ProjGate && m.Weight(p) == "" {
+			continue // an ungated MLP (checkGated)
+		}
+		rows, cols := projDims(p, inter, h)
+		var err error
+		if w[p], err = dec.Load(src, projRef(m.Tensors, p, -1, rows, cols, wf)); err != nil {
+			return w, err
+		}
+	}
+	return w, nil
+}
+
+// loadBiases loads m's biases (gate and up [inter], down [h]; ERNIE 4.5's
+// use_bias, gpt-oss), all nil when m names no gate bias.
+func loadBiases(src tensorload.TensorSource, m family.MLP, inter, h int) (projMats, error) {
+	var b projMats
+	if m.Get(layout.ProjGate, layout.RoleBias) == "" {
+		return b, nil
+	}
+	for _, p := range layout.MLPProjs {
+		n, _ := projDims(p, inter, h) // a bias has its weight's rows
+		var err error
+		if b[p], err = tensorload.LoadVector(src, m.Get(p, layout.RoleBias), n); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}

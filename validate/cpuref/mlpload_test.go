@@ -1,0 +1,121 @@
+package cpuref
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
+)
+
+// TestLoadMLPByTable: loadWeights and loadBiases read each projection of a
+// small in-memory MLP (inter 2, h 3: gate and up [2,3], down [3,2]) into
+// its own slot by projection, an ungated MLP's gate and the never-source
+// ProjGateUp left nil, and name the tensor that is missing or misshapen.
+func TestLoadMLPByTable(t *testing.T) {
+	const inter, h = 2, 3
+	// Each weight's values are its projection's number times 10 plus the
+	// element's index, so a weight in the wrong slot is seen.
+	vals := func(p layout.Proj, n int) []float32 {
+		out := make([]float32, n)
+		for i := range out {
+			out[i] = float32(10*int(p) + i)
+		}
+		return out
+	}
+	build := func(gated, biased bool, edit func(src cktest.Mem, m *family.MLP)) (cktest.Mem, family.MLP) {
+		src := cktest.Mem{}
+		m := family.MLPOf("e.gate_proj.weight", "e.up_proj.weight", "e.down_proj.weight")
+		if !gated {
+			m.Clear(layout.ProjGate)
+		}
+		for _, p := range layout.MLPProjs {
+			if m.Weight(p) == "" {
+				continue
+			}
+			rows, cols := projDims(p, inter, h)
+			src.Put(m.Weight(p), safetensors.F32, []int64{int64(rows), int64(cols)}, testkit.F32LE(vals(p, rows*cols)...))
+			if biased {
+				b := fmt.Sprintf("e.%s_proj.bias", p)
+				m.Set(p, layout.RoleBias, b)
+				src.Put(b, safetensors.F32, []int64{int64(rows)}, testkit.F32LE(vals(p, rows)...))
+			}
+		}
+		if edit != nil {
+			edit(src, &m)
+		}
+		return src, m
+	}
+	for _, tc := range []struct {
+		name           string
+		gated, biased  bool
+		edit           func(src cktest.Mem, m *family.MLP)
+		weightErr      string // "": the weights load
+		biasErr        string // "": the biases load
+		loadedOnWeight []layout.Proj
+	}{
+		{name: "gated, no biases", gated: true},
+		{name: "ungated", gated: false},
+		{name: "gated with biases", gated: true, biased: true},
+		{name: "up missing: gate loaded before it", gated: true,
+			edit:      func(src cktest.Mem, m *family.MLP) { delete(src, m.Weight(layout.ProjUp)) },
+			weightErr: "e.up_proj.weight", loadedOnWeight: []layout.Proj{layout.ProjGate}},
+		{name: "down misshapen", gated: true,
+			edit: func(src cktest.Mem, m *family.MLP) {
+				src.Put(m.Weight(layout.ProjDown), safetensors.F32, []int64{inter, h}, testkit.F32LE(vals(layout.ProjDown, inter*h)...))
+			},
+			weightErr: "e.down_proj.weight", loadedOnWeight: []layout.Proj{layout.ProjGate, layout.ProjUp}},
+		{name: "down bias missing", gated: true, biased: true,
+			edit:    func(src cktest.Mem, m *family.MLP) { delete(src, m.Get(layout.ProjDown, layout.RoleBias)) },
+			biasErr: "e.down_proj.bias"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src, m := build(tc.gated, tc.biased, tc.edit)
+			w, err := loadWeights(nil, src, m, inter, h, nil)
+			if tc.weightErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.weightErr) {
+					t.Fatalf("loadWeights: err %v, want one naming %s", err, tc.weightErr)
+				}
+				for _, p := range tc.loadedOnWeight {
+					if w[p] == nil {
+						t.Errorf("loadWeights failed without handing back %s, loaded before the failure", p)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := loadBiases(src, m, inter, h)
+			if tc.biasErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.biasErr) {
+					t.Fatalf("loadBiases: err %v, want one naming %s", err, tc.biasErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for p := range layout.NumProj {
+				rows, cols := projDims(p, inter, h)
+				wantW, wantB := fmt.Sprint(vals(p, rows*cols)), fmt.Sprint(vals(p, rows))
+				if p == layout.ProjGateUp || (p == layout.ProjGate && !tc.gated) {
+					wantW = "[]"
+				}
+				if !tc.biased || p == layout.ProjGateUp {
+					wantB = "[]"
+				}
+				if got := fmt.Sprint(w[p]); got != wantW {
+					t.Errorf("weight %s = %s, want %s", p, got, wantW)
+				}
+				if got := fmt.Sprint(b[p]); got != wantB {
+					t.Errorf("bias %s = %s, want %s", p, got, wantB)
+				}
+			}
+		})
+	}
+}
