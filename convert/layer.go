@@ -63,7 +63,7 @@ func piece(t *checkpoint.Tensor, r weightfmt.Region) part {
 func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 	fp := p.fp
 	E, I, H := int64(len(l.Experts)), int64(fp.IntermediateOf(*l)), int64(fp.HiddenSize)
-	where := fmt.Sprintf("layer %s (%s)", family.LayerLabel(l.Index), l.Prefix)
+	where := fmt.Sprintf("layer %s (%s)", l.Label(), l.Prefix)
 	if E != int64(fp.NumExperts) || E == 0 {
 		return nil, nil, fmt.Errorf("%s: %s has %d experts, config says %d", p.ck.Dir, where, E, fp.NumExperts)
 	}

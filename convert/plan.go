@@ -132,7 +132,7 @@ func (p *planner) checkUngated() error {
 		act := p.fp.RoutedAct(l)
 		for e, m := range l.Experts {
 			if m.Ungated() != act.Ungated() {
-				return fmt.Errorf("%s: layer %d expert %d: the plan names gate %q with activation %s, which disagree", p.ck.Dir, l.Index, e, m.Weight(layout.ProjGate), act.Describe())
+				return fmt.Errorf("%s: layer %d expert %d: the plan names gate %q with activation %s, which disagree", p.ck.Dir, l.Key(), e, m.Weight(layout.ProjGate), act.Describe())
 			}
 		}
 		if act.Ungated() && p.o.Layout.Fused() {
@@ -272,21 +272,21 @@ func (p *planner) checkFusable() error {
 		return fmt.Errorf("%s: %s (model_type %s) scales the routed experts' input by the routing weight, and a fused shared slot would need the unscaled input in the same grouped GEMM; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
 	}
 	for _, l := range fp.Layers {
-		if l.Bank != "" {
+		if l.Bank != family.NoBank {
 			return fmt.Errorf("%s: %s (model_type %s) adds its shared MLP to the tokens of both routed banks of a layer (text and vision), whose experts differ in width, so it cannot become slots of one bank; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
 		}
 		if l.SharedGate != "" {
-			return fmt.Errorf("%s: layer %d: shared expert is gated per token by %s: it cannot be fused with a constant slot weight; use moeprep convert instead", p.ck.Dir, l.Index, l.SharedGate)
+			return fmt.Errorf("%s: layer %d: shared expert is gated per token by %s: it cannot be fused with a constant slot weight; use moeprep convert instead", p.ck.Dir, l.Key(), l.SharedGate)
 		}
 		if l.Shared == nil {
-			return fmt.Errorf("%s: layer %d has no shared expert to fuse", p.ck.Dir, l.Index)
+			return fmt.Errorf("%s: layer %d has no shared expert to fuse", p.ck.Dir, l.Key())
 		}
 		if sa, ra := fp.SharedActOf(l), fp.RoutedAct(l); sa != ra {
 			return fmt.Errorf("%s: layer %d: %s (model_type %s) runs its shared MLP with another activation (%s) than its routed experts (%s), and a fused bank applies one activation to every slot; use moeprep convert instead",
-				p.ck.Dir, l.Index, fp.Family, fp.ModelType, sa.Describe(), ra.Describe())
+				p.ck.Dir, l.Key(), fp.Family, fp.ModelType, sa.Describe(), ra.Describe())
 		}
 		if l.Shared.Get(layout.ProjGate, layout.RoleBias) != "" {
-			return fmt.Errorf("%s: layer %d: the shared expert has biases (%s) and the routed experts none, so its fused slots would need bias stacks of their own; use moeprep convert instead", p.ck.Dir, l.Index, l.Shared.Get(layout.ProjGate, layout.RoleBias))
+			return fmt.Errorf("%s: layer %d: the shared expert has biases (%s) and the routed experts none, so its fused slots would need bias stacks of their own; use moeprep convert instead", p.ck.Dir, l.Key(), l.Shared.Get(layout.ProjGate, layout.RoleBias))
 		}
 	}
 	if si, s := fp.SharedIntermediateSize, fp.NumSharedExperts*fp.MoEIntermediateSize; si != 0 && si != s {
@@ -461,7 +461,10 @@ func (p *planner) contract() *layout.Contract {
 	}
 	c.Dequantized = p.dequantRecord()
 	for _, l := range fp.Layers {
-		li := layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix, Bank: l.Bank}
+		// The contract's index and bank are the layer's written forms
+		// (family.Layer.Key: a second bank's index offset by 65536, as
+		// contracts already converted carry it).
+		li := layout.LayerInfo{Index: l.Key(), MTP: l.MTP, Prefix: l.Prefix, Bank: l.Bank.String()}
 		// A layer's own activations, where they differ from the
 		// contract-wide ones it would otherwise read (Step-3.7).
 		if a := fp.RoutedAct(l); a != c.Act() {

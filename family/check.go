@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"github.com/moeprep/moeprep/layout"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/moeprep/moeprep/safetensors"
@@ -67,46 +66,6 @@ func mustFormat(p *Plan) weightfmt.Format {
 	return f
 }
 
-// stacked checks a family's stacked expert tensors: gate-up [E, 2I, H]
-// and down [E, H, I], in an unquantised float dtype (quantised stacked
-// sources are not planned: their scales would need views too).
-//
-// Transposed (Llama 4: x @ W) they are gate-up [E, H, 2I] holding each
-// expert's gate columns then up columns, and down [E, I, H].
-func (k *checker) stacked(where, gateUp, down string, transposed bool, hint string) error {
-	e, h, i := int64(k.p.NumExperts), int64(k.p.HiddenSize), int64(k.p.MoEIntermediateSize)
-	gu, dn := []int64{e, 2 * i, h}, []int64{e, h, i}
-	if transposed {
-		gu, dn = []int64{e, h, 2 * i}, []int64{e, i, h}
-	}
-	if err := k.wholeStack(where, gateUp, gu, hint); err != nil {
-		return err
-	}
-	return k.wholeStack(where, down, dn, hint)
-}
-
-// separateStacks checks experts stacked one tensor per projection, gate
-// and up [E, I, H] and down [E, H, I], and plans each expert as its slice
-// of the three.
-func (k *checker) separateStacks(where string, st [3]string) ([]MLP, error) {
-	e, h, i := int64(k.p.NumExperts), int64(k.p.HiddenSize), int64(k.p.MoEIntermediateSize)
-	hint := fmt.Sprintf("(E=%d, H=%d, I=%d: experts stacked on disk, one tensor per projection)", e, h, i)
-	for j, shape := range [3][]int64{{e, i, h}, {e, i, h}, {e, h, i}} {
-		if err := k.wholeStack(where, st[j], shape, hint); err != nil {
-			return nil, err
-		}
-	}
-	out := make([]MLP, e)
-	for x := range out {
-		m := MLPOf(ViewName(st[0], x, 0, 0), ViewName(st[1], x, 0, 0), ViewName(st[2], x, 0, 0))
-		if err := k.viewWeights(fmt.Sprintf("%s: expert %d", where, x), m, int(i), hint); err != nil {
-			return nil, err
-		}
-		out[x] = m
-	}
-	return out, nil
-}
-
 // wholeStack checks one tensor holding many experts' weights: its shape,
 // and an unquantised float dtype (quantised stacks are not planned: their
 // scales would need views too).
@@ -124,62 +83,6 @@ func (k *checker) wholeStack(where, name string, shape []int64, hint string) err
 		return fmt.Errorf("%s: %s: %s experts stacked on disk are not supported", where, name, f)
 	}
 	return nil
-}
-
-// flat checks a family's flattened experts (DBRX): gate, up and down each
-// one [E*I, H] tensor.
-func (k *checker) flat(where string, names [3]string, hint string) error {
-	shape := []int64{int64(k.p.NumExperts) * int64(k.p.MoEIntermediateSize), int64(k.p.HiddenSize)}
-	for _, name := range names {
-		if err := k.wholeStack(where, name, shape, hint); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// stackedOrientation says whether a layer's stacked gate-up and down
-// tensors are stored transposed ([E, H, 2I] and [E, I, H]) or not ([E, 2I,
-// H] and [E, H, I]), for a family that meets both. One of the two shapes
-// always tells (H = 2I and H = I cannot both hold); where both tell, they
-// must agree. A shape that fits neither is left to stacked's check.
-func (k *checker) stackedOrientation(where, gateUp, down, hint string) (bool, error) {
-	e, h, i := int64(k.p.NumExperts), int64(k.p.HiddenSize), int64(k.p.MoEIntermediateSize)
-	says := func(name string, plain, transposed []int64) (known, t bool) {
-		meta, ok := k.t.Lookup(name)
-		switch {
-		case !ok || slices.Equal(plain, transposed):
-			return false, false
-		case slices.Equal(meta.Shape, transposed):
-			return true, true
-		case slices.Equal(meta.Shape, plain):
-			return true, false
-		}
-		return false, false
-	}
-	guKnown, guT := says(gateUp, []int64{e, 2 * i, h}, []int64{e, h, 2 * i})
-	dnKnown, dnT := says(down, []int64{e, h, i}, []int64{e, i, h})
-	if guKnown && dnKnown && guT != dnT {
-		return false, fmt.Errorf("%s: %s is stored %s but %s %s %s", where, gateUp, orientation(guT), down, orientation(dnT), hint)
-	}
-	return guT || dnT, nil
-}
-
-func orientation(transposed bool) string {
-	if transposed {
-		return "transposed (x @ W)"
-	}
-	return "as [out, in]"
-}
-
-// flatViews plans expert e of flattened experts: rows e*I..(e+1)*I-1 of
-// the gate and up tensors, and the same rows of the down tensor read
-// transposed to [H, I].
-func (k *checker) flatViews(where string, names [3]string, e int, hint string) (MLP, error) {
-	i := k.p.MoEIntermediateSize
-	r0, r1 := e*i, (e+1)*i
-	m := MLPOf(ViewName(names[0], -1, r0, r1), ViewName(names[1], -1, r0, r1), ViewName(names[2], -1, r0, r1)+"[T:0:"+strconv.Itoa(k.p.HiddenSize)+":1]")
-	return m, k.viewWeights(where, m, i, hint)
 }
 
 // views plans one MLP stored as a gate-up tensor (gate rows, then up rows)

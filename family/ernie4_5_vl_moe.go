@@ -27,45 +27,14 @@ import (
 //   - experts.0..E-1: the text bank; experts.E..2E-1: the vision bank;
 //   - shared_experts.{gate,up,down}_proj.
 //
-// moeprep plans each bank as a MoE layer of its own (Layer.Bank): the text
-// bank keeps the decoder layer's index, the vision bank's is it plus
-// BankStride, so that every map keyed by a layer's index keeps them apart.
+// moeprep plans each bank as a MoE layer of its own: both keep the decoder
+// layer's Index and differ in Layer.Bank (BankText, BankVision), which
+// every map of a plan's layers keys by with Index (Layer.Key).
 // Both banks' layers carry the shared MLP, so each computes what a token of
 // its type gets; a golden (token_type_ids) is compared row by row with the
 // bank each token takes. The converted banks are the stacks under
 // mlp.text_moe.experts and mlp.vision_moe.experts, transformers' own module
 // names.
-
-// BankStride is added to a decoder layer's index to key its second routed
-// bank (ERNIE-4.5-VL's vision experts). Decoder layers are bounded by
-// maxLayers, far below it.
-const BankStride = 1 << 16
-
-// Bank names (Layer.Bank): a layer of a model with one routed bank has none.
-const (
-	BankText   = "text"
-	BankVision = "vision"
-)
-
-// DecoderLayer is the decoder layer a MoE layer index belongs to.
-func DecoderLayer(index int) int { return index % BankStride }
-
-// BankOf is the bank a MoE layer index names: "" for a layer's first (or
-// only) bank, BankVision for a second.
-func BankOf(index int) string {
-	if index >= BankStride {
-		return BankVision
-	}
-	return ""
-}
-
-// LayerLabel names a MoE layer index for people: "3", or "3 (vision bank)".
-func LayerLabel(index int) string {
-	if b := BankOf(index); b != "" {
-		return fmt.Sprintf("%d (%s bank)", DecoderLayer(index), b)
-	}
-	return strconv.Itoa(index)
-}
 
 // ernie45VLText is ERNIE-4.5-VL's text model, planned inside its wrapper:
 // ERNIE 4.5's router and names, layers by mlp_layer_types (transformers'
@@ -95,9 +64,12 @@ func ernie45VLKeys() configKeys {
 }
 
 // banks are the two routed banks of an ERNIE-4.5-VL MoE layer, in order:
-// the name, the router's stored name (relative to the module) and the
+// the bank, the router's stored name (relative to the module) and the
 // module name of the converted stacks.
-var banks = [2]struct{ name, router, module string }{
+var banks = [2]struct {
+	bank           Bank
+	router, module string
+}{
 	{BankText, "gate.weight", "text_moe"},
 	{BankVision, "gate.weight_1", "vision_moe"},
 }
@@ -153,17 +125,16 @@ func (s *spec) planBanks(raw map[string]any, t Tensors, converted bool) (*Plan, 
 			if b == 0 {
 				return nil, err
 			}
-			return nil, fmt.Errorf("%s bank (experts %d..%d, router %s): %s", bank.name, e, 2*e-1, bank.router, storedIDs(err.Error(), e))
+			return nil, fmt.Errorf("%s bank (experts %d..%d, router %s): %s", bank.bank, e, 2*e-1, bank.router, storedIDs(err.Error(), e))
 		}
 		for i := range p.Layers {
 			l := &p.Layers[i]
 			bt.restore(l)
-			l.Bank = bank.name
+			l.Bank = bank.bank
 			l.Prefix += "." + bank.module
 			if b > 0 {
-				l.Index += BankStride
 				l.Intermediate = sizes[b]
-				if j := slices.IndexFunc(text, func(t Layer) bool { return t.Index == DecoderLayer(l.Index) }); j >= 0 {
+				if j := slices.IndexFunc(text, func(t Layer) bool { return t.Index == l.Index }); j >= 0 {
 					l.Shared = text[j].Shared
 				}
 			}

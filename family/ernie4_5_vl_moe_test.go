@@ -30,8 +30,8 @@ func ernieVLFixture(t *testing.T) (map[string]any, *fakeTensors) {
 }
 
 // TestErnieVLPlan: each MoE layer of the fixture is planned as two banks,
-// the text bank at the decoder layer's index and the vision bank at it plus
-// BankStride, each with its own router (a transposed view of its stored
+// both at the decoder layer's index, the text bank's Key that index and the
+// vision bank's it plus 65536, each with its own router (a transposed view of its stored
 // [H, E] router), correction bias row, experts (the vision bank's are the
 // stored E..2E-1) and width, and the one shared MLP.
 func TestErnieVLPlan(t *testing.T) {
@@ -41,32 +41,32 @@ func TestErnieVLPlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	type want struct {
-		index                      int
-		bank, router, bias, expert string
-		inter                      int
+		index, key           int
+		bank                 Bank
+		router, bias, expert string
+		inter                int
 	}
 	wants := []want{
-		{1, BankText, "model.layers.1.mlp.gate.weight[T:0:8:1]", "model.layers.1.mlp.moe_statics.e_score_correction_bias[0:1]", "model.layers.1.mlp.experts.5.up_proj.weight", 32},
-		{2, BankText, "model.layers.2.mlp.gate.weight[T:0:8:1]", "model.layers.2.mlp.moe_statics.e_score_correction_bias[0:1]", "model.layers.2.mlp.experts.5.up_proj.weight", 32},
-		{1 + BankStride, BankVision, "model.layers.1.mlp.gate.weight_1[T:0:8:1]", "model.layers.1.mlp.moe_statics.e_score_correction_bias[1:2]", "model.layers.1.mlp.experts.13.up_proj.weight", 16},
-		{2 + BankStride, BankVision, "model.layers.2.mlp.gate.weight_1[T:0:8:1]", "model.layers.2.mlp.moe_statics.e_score_correction_bias[1:2]", "model.layers.2.mlp.experts.13.up_proj.weight", 16},
+		{1, 1, BankText, "model.layers.1.mlp.gate.weight[T:0:8:1]", "model.layers.1.mlp.moe_statics.e_score_correction_bias[0:1]", "model.layers.1.mlp.experts.5.up_proj.weight", 32},
+		{2, 2, BankText, "model.layers.2.mlp.gate.weight[T:0:8:1]", "model.layers.2.mlp.moe_statics.e_score_correction_bias[0:1]", "model.layers.2.mlp.experts.5.up_proj.weight", 32},
+		{1, 65537, BankVision, "model.layers.1.mlp.gate.weight_1[T:0:8:1]", "model.layers.1.mlp.moe_statics.e_score_correction_bias[1:2]", "model.layers.1.mlp.experts.13.up_proj.weight", 16},
+		{2, 65538, BankVision, "model.layers.2.mlp.gate.weight_1[T:0:8:1]", "model.layers.2.mlp.moe_statics.e_score_correction_bias[1:2]", "model.layers.2.mlp.experts.13.up_proj.weight", 16},
 	}
 	if len(p.Layers) != len(wants) || p.NumExperts != 8 || p.MoEIntermediateSize != 32 || p.SharedIntermediateSize != 32 {
 		t.Fatalf("%d layers, E %d, I %d, shared I %d", len(p.Layers), p.NumExperts, p.MoEIntermediateSize, p.SharedIntermediateSize)
 	}
 	for i, w := range wants {
 		l := p.Layers[i]
-		got := want{l.Index, l.Bank, l.Router, l.RouterBias, l.Experts[5].Weight(layout.ProjUp), p.IntermediateOf(l)}
+		got := want{l.Index, l.Key(), l.Bank, l.Router, l.RouterBias, l.Experts[5].Weight(layout.ProjUp), p.IntermediateOf(l)}
 		if got != w {
 			t.Errorf("layer %d:\n got %+v\nwant %+v", i, got, w)
 		}
-		d := DecoderLayer(l.Index)
-		if l.Shared == nil || l.Shared.Weight(layout.ProjDown) != "model.layers."+strconv.Itoa(d)+".mlp.shared_experts.down_proj.weight" || !strings.HasSuffix(l.Prefix, "."+l.Bank+"_moe") {
-			t.Errorf("layer %s: shared %+v prefix %s", LayerLabel(l.Index), l.Shared, l.Prefix)
+		if l.Shared == nil || l.Shared.Weight(layout.ProjDown) != "model.layers."+strconv.Itoa(l.Index)+".mlp.shared_experts.down_proj.weight" || !strings.HasSuffix(l.Prefix, "."+l.Bank.String()+"_moe") {
+			t.Errorf("layer %s: shared %+v prefix %s", l.Label(), l.Shared, l.Prefix)
 		}
 	}
-	if LayerLabel(2+BankStride) != "2 (vision bank)" || LayerLabel(2) != "2" || BankOf(2) != "" {
-		t.Errorf("labels: %q %q", LayerLabel(2+BankStride), LayerLabel(2))
+	if p.Layers[3].Label() != "2 (vision bank)" || p.Layers[1].Label() != "2" {
+		t.Errorf("labels: %q %q", p.Layers[3].Label(), p.Layers[1].Label())
 	}
 }
 

@@ -28,7 +28,7 @@ func checkMixedCovers(raw map[string]any, t Tensors, p *Plan) error {
 		}
 		for _, l := range p.Layers {
 			if e := l.Prefix + ".experts"; !d.CoversExperts(e) {
-				return fmt.Errorf("%s: %s: quantized_layers names none of layer %d's experts (%s): by it they are unquantised, but their tensors are NVFP4", d.File, d.Key, l.Index, e)
+				return fmt.Errorf("%s: %s: quantized_layers names none of layer %d's experts (%s): by it they are unquantised, but their tensors are NVFP4", d.File, d.Key, l.Key(), e)
 			}
 		}
 		return nil

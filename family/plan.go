@@ -121,11 +121,11 @@ type Layer struct {
 	// rmsnorm(x) * ExpertInputNorm (pre_feedforward_layernorm_2.weight).
 	// Both norms take Plan.InputNormEps. x is then the residual stream.
 	RouterInputScale, ExpertInputNorm string
-	// Bank names the routed bank this layer is, where a decoder layer holds
-	// more than one (ERNIE-4.5-VL's BankText and BankVision; Index is then
-	// the decoder layer's, plus BankStride for the vision bank); "" where
-	// it holds one.
-	Bank string
+	// Bank is the routed bank this layer is, where a decoder layer holds
+	// more than one (ERNIE-4.5-VL's BankText and BankVision, two Layers of
+	// one Index); NoBank where it holds one. Key is the index the written
+	// forms use for both.
+	Bank Bank
 	// Intermediate is the layer's routed experts' width where it is not
 	// Plan.MoEIntermediateSize (ERNIE-4.5-VL's vision bank); 0 otherwise.
 	Intermediate int
@@ -236,7 +236,7 @@ type Plan struct {
 	// (Layer.RouterInputScale, ExpertInputNorm: Gemma 4's rms_norm_eps);
 	// 0 when the layers have none.
 	InputNormEps float64
-	Layers       []Layer // sorted by Index
+	Layers       []Layer // sorted by Key
 	// Notices are one-line remarks on what the config says and moeprep,
 	// as transformers, ignores (moe_layers entries past the last layer);
 	// commands print them to stderr and carry them in their JSON.

@@ -9,7 +9,6 @@ import (
 
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/quantdesc"
-	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // ErrAlreadyConverted marks a checkpoint that is already moeprep (or other
@@ -117,7 +116,8 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	}
 
 	names := t.Names()
-	if !converted && s.names.stackedGateUp == "" && s.names.flat[0] == "" && s.names.stackedProj[0] == "" {
+	st := storages{routed: s.names.storage(), shared: s.names.sharedStorage()}
+	if _, perExp := st.routed.(perExpert); perExp && !converted {
 		if err := s.refuseStacked(names); err != nil {
 			return nil, err
 		}
@@ -169,7 +169,7 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 		}
 	}
 	for _, l := range append(moe, mtp...) {
-		layer, err := s.layer(k, l, l >= p.NumHiddenLayers, module, byLayer[l], converted)
+		layer, err := s.layer(k, st, l, l >= p.NumHiddenLayers, module, byLayer[l], converted)
 		if err != nil {
 			return nil, err
 		}
@@ -208,8 +208,15 @@ func (s *spec) checkLayersPresent(p *Plan, moe []int, byLayer map[int][]string) 
 		p.NumHiddenLayers, which, s.names.layers, first)
 }
 
-// layer plans and checks one MoE layer.
-func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string, converted bool) (Layer, error) {
+// storages are a family's on-disk expert storages, picked once per plan
+// from its naming.
+type storages struct {
+	routed expertStorage
+	shared sharedStorage
+}
+
+// layer plans and checks one MoE layer; st says how its experts are stored.
+func (s *spec) layer(k *checker, st storages, l int, mtp bool, module string, names []string, converted bool) (Layer, error) {
 	p, n := k.p, s.names
 	where := "layer " + strconv.Itoa(l)
 	if mtp {
@@ -217,13 +224,53 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 	}
 	prefix := s.modulePrefix(l, module)
 	out := Layer{Index: l, MTP: mtp, Prefix: prefix, Router: prefix + "." + n.router + ".weight"}
-	if err := k.router(where, out.Router); err != nil {
+	if err := s.routerTensors(k, where, l, &out); err != nil {
 		return Layer{}, err
+	}
+	if !converted {
+		var err error
+		if out.Experts, err = st.routed.experts(k, where, prefix, names); err != nil {
+			return Layer{}, err
+		}
+	}
+	sp := prefix + "." + n.shared
+	if n.sharedAtLayer {
+		sp = n.layers + strconv.Itoa(l) + "." + n.shared
+	}
+	present := st.shared.present(k, sp)
+	if p.NumSharedExperts == 0 {
+		if present {
+			return Layer{}, fmt.Errorf("%s: holds shared expert tensors under %s but config.json gives no shared experts", where, sp)
+		}
+		return out, nil
+	}
+	if converted && !present {
+		return out, nil // fused into the stacked experts by fuse-shared
+	}
+	if err := st.shared.plan(k, where, sp, &out); err != nil {
+		return Layer{}, err
+	}
+	if out.Shared != nil && p.SharedGated {
+		out.SharedGate = prefix + "." + n.sharedGate + ".weight"
+		if err := k.sharedGate(where, out.SharedGate); err != nil {
+			return Layer{}, err
+		}
+	}
+	return out, nil
+}
+
+// routerTensors checks layer l's routing tensors beyond the router and names
+// them in out: the router's logit bias, the per-expert and input scales, the
+// hash table and the correction bias, where the family has them.
+func (s *spec) routerTensors(k *checker, where string, l int, out *Layer) error {
+	p, n, prefix := k.p, s.names, out.Prefix
+	if err := k.router(where, out.Router); err != nil {
+		return err
 	}
 	if n.routerLogitBias != "" {
 		out.RouterLogitBias = prefix + "." + n.routerLogitBias
 		if err := k.small(where, "router bias", out.RouterLogitBias, []int64{int64(p.NumExperts)}, fmt.Sprintf("(E=%d)", p.NumExperts)); err != nil {
-			return Layer{}, err
+			return err
 		}
 	}
 	for _, v := range []struct {
@@ -238,13 +285,13 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 		}
 		*v.dst = prefix + "." + v.rel
 		if err := k.small(where, v.role, *v.dst, []int64{int64(v.size)}, ""); err != nil {
-			return Layer{}, err
+			return err
 		}
 	}
 	if n.routerScale != "" {
 		out.RouterScale = prefix + "." + n.routerScale
 		if err := k.small(where, "router scale", out.RouterScale, []int64{1}, "(a scalar the routing weights are multiplied by)"); err != nil {
-			return Layer{}, err
+			return err
 		}
 	}
 	hashed := k.hash != nil && k.hash(l)
@@ -255,146 +302,23 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 		case hashed:
 			out.HashTable = table
 			if err := k.hashTable(where, table); err != nil {
-				return Layer{}, err
+				return err
 			}
 		case present:
-			return Layer{}, fmt.Errorf("%s: holds a hash routing table %s but config.json (mlp_layer_types) routes it by top-k", where, table)
+			return fmt.Errorf("%s: holds a hash routing table %s but config.json (mlp_layer_types) routes it by top-k", where, table)
 		}
 	}
 	if n.bias != "" && k.noBias {
 		if _, present := k.t.Lookup(prefix + "." + n.bias); present {
-			return Layer{}, fmt.Errorf("%s: holds a correction bias %s.%s but config.json says %s=false", where, prefix, n.bias, s.keys.biasIf)
+			return fmt.Errorf("%s: holds a correction bias %s.%s but config.json says %s=false", where, prefix, n.bias, s.keys.biasIf)
 		}
 	} else if n.bias != "" && !hashed && (p.Scoring.PerExpert() || s.softmaxBias) {
 		out.RouterBias = prefix + "." + n.bias
 		if err := k.bias(where, out.RouterBias, s.biasRow); err != nil {
-			return Layer{}, err
+			return err
 		}
 	}
-	if !converted && n.stackedGateUp != "" {
-		out.Experts = make([]MLP, p.NumExperts)
-		gu, dn := prefix+"."+n.stackedGateUp, prefix+"."+n.stackedDown
-		hint := fmt.Sprintf("(E=%d, H=%d, I=%d: experts stacked on disk)", p.NumExperts, p.HiddenSize, p.MoEIntermediateSize)
-		mx := p.Quantization == QuantMXFP4
-		transposed := n.stackedTransposed
-		if n.stackedEitherWay {
-			var err error
-			if transposed, err = k.stackedOrientation(where, gu, dn, hint); err != nil {
-				return Layer{}, err
-			}
-		}
-		if mx {
-			if err := k.mxfp4Stacked(where, gu, dn, n.stackedInterleaved, hint); err != nil {
-				return Layer{}, err
-			}
-		} else if err := k.stacked(where, gu, dn, transposed, hint); err != nil {
-			return Layer{}, err
-		}
-		for e := range out.Experts {
-			var err error
-			if mx {
-				out.Experts[e] = k.mxfp4Views(gu, dn, e, p.MoEIntermediateSize, n.stackedInterleaved)
-			} else if out.Experts[e], err = k.views(fmt.Sprintf("%s: expert %d", where, e), gu, dn, e, p.MoEIntermediateSize, transposed, n.stackedInterleaved, hint); err != nil {
-				return Layer{}, err
-			}
-			if n.stackedGateUpBias != "" {
-				if err := k.expertBiases(fmt.Sprintf("%s: expert %d", where, e), prefix+"."+n.stackedGateUpBias, prefix+"."+n.stackedDownBias, e, n.stackedInterleaved, &out.Experts[e]); err != nil {
-					return Layer{}, err
-				}
-			}
-		}
-	} else if !converted && n.stackedProj[0] != "" {
-		var st [3]string
-		for j, t := range n.stackedProj {
-			st[j] = prefix + "." + t
-		}
-		var err error
-		if out.Experts, err = k.separateStacks(where, st); err != nil {
-			return Layer{}, err
-		}
-	} else if !converted && n.flat[0] != "" {
-		var flat [3]string
-		for j, t := range n.flat {
-			flat[j] = prefix + "." + t
-		}
-		hint := fmt.Sprintf("(E=%d, H=%d, I=%d: experts flattened on disk)", p.NumExperts, p.HiddenSize, p.MoEIntermediateSize)
-		if err := k.flat(where, flat, hint); err != nil {
-			return Layer{}, err
-		}
-		out.Experts = make([]MLP, p.NumExperts)
-		for e := range out.Experts {
-			var err error
-			if out.Experts[e], err = k.flatViews(fmt.Sprintf("%s: expert %d", where, e), flat, e, hint); err != nil {
-				return Layer{}, err
-			}
-		}
-	} else if !converted {
-		if err := s.scanExperts(where, prefix, names, p, p.Quantization.scaleDTypeRead(), p.Quantization == QuantInt4Pack); err != nil {
-			return Layer{}, err
-		}
-		out.Experts = make([]MLP, p.NumExperts)
-		hint := fmt.Sprintf("(H=%d, I=%d)", p.HiddenSize, p.MoEIntermediateSize)
-		for e := range out.Experts {
-			w := fmt.Sprintf("%s: expert %d", where, e)
-			ep := prefix + "." + n.experts + "." + strconv.Itoa(e)
-			var err error
-			if out.Experts[e], err = k.mlp(w, ep, n.proj, p.MoEIntermediateSize, hint); err != nil {
-				return Layer{}, err
-			}
-		}
-	}
-	sp := prefix + "." + n.shared
-	if n.sharedAtLayer {
-		sp = n.layers + strconv.Itoa(l) + "." + n.shared
-	}
-	present := n.shared != "" && k.anyOf(sp, n.sharedProjections())
-	if n.sharedGateUp != "" {
-		_, present = k.t.Lookup(sp + "." + n.sharedGateUp)
-	}
-	if n.sharedStacked {
-		_, present = k.t.Lookup(sp + "." + n.proj[0])
-	}
-	if n.sharedStackedGateUp != "" {
-		_, present = k.t.Lookup(sp + "." + n.sharedStackedGateUp)
-	}
-	if p.NumSharedExperts == 0 {
-		if present {
-			return Layer{}, fmt.Errorf("%s: holds shared expert tensors under %s but config.json gives no shared experts", where, sp)
-		}
-		return out, nil
-	}
-	if converted && !present {
-		return out, nil // fused into the stacked experts by fuse-shared
-	}
-	if n.sharedStacked || n.sharedStackedGateUp != "" {
-		var err error
-		out.SharedExperts, err = k.sharedStack(where, sp, n)
-		return out, err
-	}
-	hint := fmt.Sprintf("(H=%d, shared I=%d)", p.HiddenSize, p.SharedIntermediateSize)
-	var shared MLP
-	var err error
-	if n.sharedGateUp != "" {
-		shared, err = k.views(where+": shared expert", sp+"."+n.sharedGateUp, sp+"."+n.sharedDown, -1, p.SharedIntermediateSize, false, false, hint)
-	} else {
-		k.inShared = true
-		shared, err = k.mlp(where+": shared expert", sp, n.sharedProjections(), p.SharedIntermediateSize, hint)
-		k.inShared = false
-		if err == nil && k.sharedBias {
-			err = k.mlpBiases(where+": shared expert", sp, n.sharedProjections(), p.SharedIntermediateSize, &shared)
-		}
-	}
-	if err != nil {
-		return Layer{}, err
-	}
-	out.Shared = &shared
-	if p.SharedGated {
-		out.SharedGate = prefix + "." + n.sharedGate + ".weight"
-		if err := k.sharedGate(where, out.SharedGate); err != nil {
-			return Layer{}, err
-		}
-	}
-	return out, nil
+	return nil
 }
 
 // parseIndex reads a layer or expert index: decimal digits, no sign, no
@@ -450,7 +374,7 @@ func (s *spec) refuseStacked(names []string) error {
 	marker := "." + s.names.experts + "."
 	for _, name := range names {
 		i := strings.Index(name, marker)
-		if i < 0 || s.biasInExperts(name) {
+		if i < 0 || s.names.biasInExperts(name) {
 			continue
 		}
 		seg, _, _ := strings.Cut(name[i+len(marker):], ".")
@@ -538,68 +462,6 @@ func (s *spec) mtpLayers(c config, p *Plan, byLayer map[int][]string, module str
 		out = append(out, l)
 	}
 	return out, nil
-}
-
-// scanExperts rejects tensors under the experts container that no expert
-// slot accounts for: ids >= E, or names other than the three projections
-// and their block scales (or, scaled is set, their weight_scale: FP8 per
-// channel or per tensor), or the tensors the plan's format names for a
-// projection (TensorsOf: packed weights, global and activation scales).
-func (s *spec) scanExperts(where, prefix string, names []string, p *Plan, scaled, packed bool) error {
-	numExperts := p.NumExperts
-	tails := map[string]bool{}
-	if f, err := p.Format(); err == nil {
-		for _, pr := range s.names.proj {
-			if pr == "" {
-				continue // ungated: no gate projection
-			}
-			tn := weightfmt.TensorsOf(f, pr+".weight")
-			for _, n := range []string{tn.Weight, tn.Scale, tn.Global, tn.Shape, tn.Input} {
-				tails[n] = n != ""
-			}
-		}
-	}
-	ep := prefix + "." + s.names.experts + "."
-	for _, name := range names {
-		rest, ok := strings.CutPrefix(name, ep)
-		if !ok || s.biasInExperts(name) {
-			continue
-		}
-		seg, tail, _ := strings.Cut(rest, ".")
-		id, ok := parseIndex(seg)
-		if !ok {
-			return fmt.Errorf("%s: unexpected tensor %s", where, name)
-		}
-		if id >= numExperts && id < numExperts+p.ZeroExperts && (tail == s.names.proj[0]+".weight" || tail == s.names.proj[1]+".weight") {
-			// LongCat-Flash: transformers holds gate_up_proj for all E+Z
-			// experts and saves the zero-compute ones' gate and up too,
-			// which nothing reads; carried byte for byte
-			continue
-		}
-		if id >= numExperts {
-			return fmt.Errorf("%s: expert %d: tensor %s is beyond num_experts=%d", where, id, name, numExperts)
-		}
-		known := false
-		for _, pr := range s.names.proj {
-			if pr == "" {
-				continue
-			}
-			known = known || tail == pr+".weight" || tail == pr+".weight_scale_inv" || scaled && tail == pr+".weight_scale" ||
-				packed && (tail == pr+".weight_packed" || tail == pr+".weight_shape" || tail == pr+".weight_zero_point" || tail == pr+".weight_g_idx") ||
-				tails[tail]
-		}
-		if !known {
-			return fmt.Errorf("%s: expert %d: unexpected tensor %s", where, id, name)
-		}
-	}
-	return nil
-}
-
-// biasInExperts says whether name is the family's correction bias kept
-// under its experts container (Laguna's mlp.experts.e_score_correction_bias):
-// a router tensor, not an expert's.
-func (s *spec) biasInExperts(name string) bool {
-	return strings.HasPrefix(s.names.bias, s.names.experts+".") && strings.HasSuffix(name, "."+s.names.bias)
 }
 
 func sortedKeys(m map[int][]string) []int {

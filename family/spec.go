@@ -167,6 +167,43 @@ func (n naming) sharedProjections() [3]string {
 	return n.proj
 }
 
+// storage is the on-disk storage of the family's routed experts, read from
+// its naming: a family names at most one of the stacked layouts.
+func (n naming) storage() expertStorage {
+	switch {
+	case n.stackedGateUp != "":
+		return stackedGateUp{gateUp: n.stackedGateUp, down: n.stackedDown, gateUpBias: n.stackedGateUpBias, downBias: n.stackedDownBias,
+			transposed: n.stackedTransposed, eitherWay: n.stackedEitherWay, interleaved: n.stackedInterleaved}
+	case n.stackedProj[0] != "":
+		return stackedPerProj{proj: n.stackedProj}
+	case n.flat[0] != "":
+		return flatExperts{proj: n.flat}
+	}
+	return perExpert{n: n}
+}
+
+// sharedStorage is the on-disk storage of the family's shared experts, read
+// from its naming (the stacked layouts before the gate-up one before the
+// per-projection one, where a naming sets more than one).
+func (n naming) sharedStorage() sharedStorage {
+	switch {
+	case n.sharedStackedGateUp != "":
+		return sharedStacked{n: n, first: n.sharedStackedGateUp}
+	case n.sharedStacked:
+		return sharedStacked{n: n, first: n.proj[0]}
+	case n.sharedGateUp != "":
+		return sharedGateUp{gateUp: n.sharedGateUp, down: n.sharedDown}
+	}
+	return sharedPerProj{named: n.shared != "", proj: n.sharedProjections()}
+}
+
+// biasInExperts says whether name is the family's correction bias kept
+// under its experts container (Laguna's mlp.experts.e_score_correction_bias):
+// a router tensor, not an expert's.
+func (n naming) biasInExperts(name string) bool {
+	return strings.HasPrefix(n.bias, n.experts+".") && strings.HasSuffix(name, "."+n.bias)
+}
+
 // hubLayoutNames is the layout transformers saves most MoE families in (its
 // qwen2_moe conversion pattern): model.layers.L.<module> holding the router,
 // experts.E.{gate,up,down}_proj and, where named, the correction bias and

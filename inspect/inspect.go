@@ -235,7 +235,7 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 			plainShared = *p.SharedAct
 		}
 		if ra != p.Act || (l.Shared != nil && sa != plainShared) {
-			la := LayerActivation{Layer: l.Index, Activation: ra.Describe()}
+			la := LayerActivation{Layer: l.Key(), Activation: ra.Describe()}
 			if l.Shared != nil {
 				la.SharedActivation = sa.Describe()
 			}
@@ -250,12 +250,12 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 			s.InputNorms, s.InputNormEps = true, p.InputNormEps
 		}
 		if l.HashTable != "" {
-			s.HashLayers = append(s.HashLayers, l.Index)
+			s.HashLayers = append(s.HashLayers, l.Key())
 		}
-		if l.Bank != "" && !slices.ContainsFunc(s.Banks, func(b Bank) bool { return b.Name == l.Bank }) {
-			s.Banks = append(s.Banks, Bank{Name: l.Bank, ExpertIntermediateSize: p.IntermediateOf(l), Module: l.Prefix[strings.LastIndexByte(l.Prefix, '.')+1:]})
+		if l.Bank != family.NoBank && !slices.ContainsFunc(s.Banks, func(b Bank) bool { return b.Name == l.Bank.String() }) {
+			s.Banks = append(s.Banks, Bank{Name: l.Bank.String(), ExpertIntermediateSize: p.IntermediateOf(l), Module: l.Prefix[strings.LastIndexByte(l.Prefix, '.')+1:]})
 		}
-		if family.BankOf(l.Index) != "" {
+		if l.Bank.Second() {
 			continue // its decoder layer is listed with the first bank
 		}
 		s.MoELayers = append(s.MoELayers, l.Index)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
 	"github.com/moeprep/moeprep/validate/moelayer"
@@ -52,7 +51,7 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 		}
 		refSec = time.Since(start).Seconds()
 		fusedSec = refSec
-		s.o.progress("validate: layer %s: %d tokens, reference and fused %.1fs", family.LayerLabel(tg.index), t, refSec)
+		s.o.progress("validate: layer %s: %d tokens, reference and fused %.1fs", tg.label(), t, refSec)
 	}
 	if !both && tg.src != nil && s.src != nil {
 		start := time.Now()
@@ -77,9 +76,9 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 		fusedSec = time.Since(start).Seconds()
 	}
 	if !both {
-		s.o.progress("validate: layer %s: %d tokens, reference %.1fs, fused %.1fs", family.LayerLabel(tg.index), t, refSec, fusedSec)
+		s.o.progress("validate: layer %s: %d tokens, reference %.1fs, fused %.1fs", tg.label(), t, refSec, fusedSec)
 	}
-	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Bank: tg.bank, Tokens: t}, numerics: judge.CPU, t: t, h: h, cov: cov, g: g}
+	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Bank: tg.bank.String(), Tokens: t}, numerics: judge.CPU, t: t, h: h, cov: cov, g: g}
 	if ref != nil && ref.YRequant != nil {
 		rj.requant = judge.RequantStats{WeightErr: ref.RequantWeightErr, Share: ref.SharedShare}
 	}

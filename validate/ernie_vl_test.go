@@ -27,19 +27,19 @@ func TestErnieVLGoldensNeedEveryPart(t *testing.T) {
 	}
 	for i := range plan.Layers {
 		layer := &plan.Layers[i]
-		d := family.DecoderLayer(layer.Index)
+		d := layer.Index
 		wantBank, wantI := family.BankText, 32
-		if layer.Index >= family.BankStride {
+		if i >= 2 {
 			wantBank, wantI = family.BankVision, 16
 		}
-		if layer.Bank != wantBank || plan.IntermediateOf(*layer) != wantI || layer.Shared == nil || !strings.HasSuffix(layer.Prefix, "."+wantBank+"_moe") {
+		if layer.Bank != wantBank || plan.IntermediateOf(*layer) != wantI || layer.Shared == nil || !strings.HasSuffix(layer.Prefix, "."+wantBank.String()+"_moe") {
 			t.Fatalf("layer %d: bank %q I %d prefix %s shared %v", layer.Index, layer.Bank, plan.IntermediateOf(*layer), layer.Prefix, layer.Shared != nil)
 		}
 		g, err := ReadGolden(filepath.Join(src, "reference", GoldenFileName(d)), plan.HiddenSize)
 		if err != nil {
 			t.Fatal(err)
 		}
-		own, err := g.ForBank(layer.Bank, family.LayerLabel(layer.Index))
+		own, err := g.ForBank(layer.Bank, layer.Label())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,7 +52,7 @@ func TestErnieVLGoldensNeedEveryPart(t *testing.T) {
 			t.Fatal(err)
 		}
 		if own.T+theirs.T != g.T || own.T < 4 || theirs.T < 4 {
-			t.Fatalf("layer %s: %d + %d of %d tokens", family.LayerLabel(layer.Index), own.T, theirs.T, g.T)
+			t.Fatalf("layer %s: %d + %d of %d tokens", layer.Label(), own.T, theirs.T, g.T)
 		}
 		for _, c := range []struct {
 			g      *Golden
@@ -64,9 +64,9 @@ func TestErnieVLGoldensNeedEveryPart(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := judge.Compare(ref.Y, c.g.Y).RelL2
-			t.Logf("layer %s: reference vs HF on %s (%d): %.3g", family.LayerLabel(layer.Index), c.what, c.g.T, r)
+			t.Logf("layer %s: reference vs HF on %s (%d): %.3g", layer.Label(), c.what, c.g.T, r)
 			if r < c.lo || r > c.hi {
-				t.Errorf("layer %s on %s: rel_l2 %.3g, want in [%g, %g]", family.LayerLabel(layer.Index), c.what, r, c.lo, c.hi)
+				t.Errorf("layer %s on %s: rel_l2 %.3g, want in [%g, %g]", layer.Label(), c.what, r, c.lo, c.hi)
 			}
 		}
 	}
@@ -101,9 +101,9 @@ func TestErnieVLBanks(t *testing.T) {
 		t.Errorf("JSON rows do not name layer 2's vision bank: %v", err)
 	}
 
-	for spec, want := range map[string][]int{"sample:1": {1, 1 + family.BankStride}, "sample:2": {1, 1 + family.BankStride, 2, 2 + family.BankStride},
-		"2,1": {1, 1 + family.BankStride, 2, 2 + family.BankStride}, "2": {2, 2 + family.BankStride}} {
-		all := []int{1, 1 + family.BankStride, 2, 2 + family.BankStride}
+	for spec, want := range map[string][]int{"sample:1": {1, 1 + 65536}, "sample:2": {1, 1 + 65536, 2, 2 + 65536},
+		"2,1": {1, 1 + 65536, 2, 2 + 65536}, "2": {2, 2 + 65536}} {
+		all := []int{1, 1 + 65536, 2, 2 + 65536}
 		if got, _, err := selectLayers(spec, all); err != nil || !slices.Equal(got, want) {
 			t.Errorf("--layers %s: %v %v, want %v (a decoder layer's banks together)", spec, got, err, want)
 		}
@@ -129,7 +129,7 @@ func TestErnieVLBanks(t *testing.T) {
 		t.Fatalf("golden without token types: %v", err)
 	}
 	if err := rep.Err(); exitcode.Code(err) != exitcode.CheckFailed || !strings.Contains(err.Error(), "layer 1 text fused-vs-golden") ||
-		strings.Contains(err.Error(), "vision") || !slices.Equal(rep.GoldenNotChecked, []int{1 + family.BankStride}) {
+		strings.Contains(err.Error(), "vision") || !slices.Equal(rep.GoldenNotChecked, []int{1 + 65536}) {
 		t.Errorf("golden of both banks' tokens without token types: %v; not checked against the golden %v", err, rep.GoldenNotChecked)
 	}
 

@@ -41,7 +41,7 @@ type Golden struct {
 // project's exporter writes a text prompt's). A bank none of whose tokens
 // the golden holds is an error; Run asks only for the banks it took
 // (TookBank) and reports the others not checked against the golden.
-func (g *Golden) ForBank(bank string, layer string) (*Golden, error) {
+func (g *Golden) ForBank(bank family.Bank, layer string) (*Golden, error) {
 	out := &Golden{Path: g.Path, H: g.H, K: g.K}
 	for i := range g.T {
 		if !g.tookBank(i, bank) {
@@ -66,7 +66,7 @@ func (g *Golden) ForBank(bank string, layer string) (*Golden, error) {
 
 // TookBank reports whether some token of the golden took routed bank bank
 // of a layer with two (see ForBank).
-func (g *Golden) TookBank(bank string) bool {
+func (g *Golden) TookBank(bank family.Bank) bool {
 	for i := range g.T {
 		if g.tookBank(i, bank) {
 			return true
@@ -77,7 +77,7 @@ func (g *Golden) TookBank(bank string) bool {
 
 // tookBank: token i took bank by its type (0 text, else vision; text
 // where the golden says no types).
-func (g *Golden) tookBank(i int, bank string) bool {
+func (g *Golden) tookBank(i int, bank family.Bank) bool {
 	vision := g.TokenTypes != nil && g.TokenTypes[i] != 0
 	return vision == (bank == family.BankVision)
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/validate/judge"
@@ -104,7 +103,7 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		s.o.progress("validate: layer %s (%d of %d) on %s", family.LayerLabel(tg.index), i+1, len(targets), rep.DeviceName)
+		s.o.progress("validate: layer %s (%d of %d) on %s", tg.label(), i+1, len(targets), rep.DeviceName)
 		t0 := time.Now()
 		ld := <-pending
 		pending = nil
@@ -379,14 +378,14 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 	if refCh != nil {
 		refNote = fmt.Sprintf("cpu reference %.1fs", refSec)
 	}
-	s.o.progress("validate: layer %s: %d tokens, gpu fused %.3fs, gpu unfused %.2fs, %s", family.LayerLabel(tg.index), t, fusedSec, unfSec, refNote)
+	s.o.progress("validate: layer %s: %d tokens, gpu fused %.3fs, gpu unfused %.2fs, %s", tg.label(), t, fusedSec, unfSec, refNote)
 	tm.DstBytes += dstRec.Bytes
 	tm.DstIOSeconds += dstRec.Busy.Seconds()
 	tm.SrcBytes, tm.SrcIOSeconds = srcRec.Bytes, srcRec.Busy.Seconds()
 	tm.ComputeSeconds = max(0, fusedSec+unfSec-(dstRec.Busy+srcRec.Busy).Seconds())
 	tm.ReferenceSeconds = refSec
 	tm.Staged = append(append(tm.Staged, dstRec.Staged...), srcRec.Staged...)
-	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Bank: tg.bank, Tokens: t}, numerics: s.gpuNumerics(), t: t, h: h, cov: cov, g: g0}
+	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Bank: tg.bank.String(), Tokens: t}, numerics: s.gpuNumerics(), t: t, h: h, cov: cov, g: g0}
 	rows := rj.gpuRows(gpuPaths{fused: fused, unf: unf, ref: ref, fusedSec: fusedSec, unfSec: unfSec, refSec: refSec})
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("layer %d: nothing to compare on the GPU (give SRC and DST, or a golden)", tg.index)

@@ -55,8 +55,8 @@ func (s *session) layerInput(tg target) (x []float32, t int, g *Golden, err erro
 		if g, err = ReadGolden(tg.golden, h); err != nil {
 			return nil, 0, nil, err
 		}
-		if tg.bank != "" {
-			if g, err = g.ForBank(tg.bank, family.LayerLabel(tg.index)); err != nil {
+		if tg.bank != family.NoBank {
+			if g, err = g.ForBank(tg.bank, tg.label()); err != nil {
 				return nil, 0, nil, err
 			}
 		}
@@ -101,7 +101,7 @@ func (s *session) layerTokens(tg target, t int, g *Golden) ([]int32, error) {
 		for i, id := range g.InputIDs {
 			if int(id) >= vocab {
 				return nil, fmt.Errorf("%s: tensor input_ids: token %d has id %d, past the %d rows of layer %s's hash routing table %s: a golden of another vocabulary",
-					g.Path, i, id, vocab, family.LayerLabel(tg.index), table)
+					g.Path, i, id, vocab, tg.label(), table)
 			}
 		}
 		return g.InputIDs, nil

@@ -27,7 +27,7 @@ func selectLayers(spec string, all []int) ([]int, bool, error) {
 		}
 		// N decoder layers: a layer of two routed banks (ERNIE-4.5-VL)
 		// is sampled whole.
-		decoders := slices.DeleteFunc(slices.Clone(all), func(i int) bool { return family.BankOf(i) != "" })
+		decoders := slices.DeleteFunc(slices.Clone(all), func(i int) bool { return secondBank(i) })
 		if n >= len(decoders) {
 			return all, false, nil
 		}
@@ -43,7 +43,7 @@ func selectLayers(spec string, all []int) ([]int, bool, error) {
 		}
 		out = slices.Compact(out)
 		for _, i := range all {
-			if family.BankOf(i) != "" && slices.Contains(out, family.DecoderLayer(i)) {
+			if secondBank(i) && slices.Contains(out, decoderOf(i)) {
 				out = append(out, i)
 			}
 		}
@@ -59,7 +59,7 @@ func selectLayers(spec string, all []int) ([]int, bool, error) {
 		// A decoder layer of two routed banks (ERNIE-4.5-VL) is both.
 		found := false
 		for _, i := range all {
-			if family.DecoderLayer(i) == v {
+			if decoderOf(i) == v {
 				found = true
 				if !slices.Contains(out, i) {
 					out = append(out, i)
@@ -75,12 +75,12 @@ func selectLayers(spec string, all []int) ([]int, bool, error) {
 }
 
 // sortLayers orders MoE layer indices by decoder layer, so that the two
-// routed banks of one (ERNIE-4.5-VL: L and L+family.BankStride) are
+// routed banks of one (ERNIE-4.5-VL: L and L+65536, family.Layer.Key) are
 // checked one after the other and a streamed pass holds what they share
 // (the shared MLP, the correction bias) for both; otherwise by index.
 func sortLayers(v []int) {
 	slices.SortFunc(v, func(a, b int) int {
-		return cmp.Or(cmp.Compare(family.DecoderLayer(a), family.DecoderLayer(b)), cmp.Compare(a, b))
+		return cmp.Or(cmp.Compare(decoderOf(a), decoderOf(b)), cmp.Compare(a, b))
 	})
 }
 
@@ -89,11 +89,24 @@ func sortLayers(v []int) {
 func layerList(v []int) string {
 	var s []int
 	for _, x := range v {
-		if family.BankOf(x) == "" {
+		if !secondBank(x) {
 			s = append(s, x)
 		}
 	}
 	return intList(s)
+}
+
+// decoderOf is the decoder layer of MoE layer i, and secondBank says
+// whether i is its decoder layer's second routed bank: i is the index the
+// run lists its MoE layers by, family.Layer.Key, the report's form.
+func decoderOf(i int) int {
+	d, _ := family.SplitLayerKey(i)
+	return d
+}
+
+func secondBank(i int) bool {
+	_, b := family.SplitLayerKey(i)
+	return b.Second()
 }
 
 func intList(v []int) string {

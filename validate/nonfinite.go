@@ -19,7 +19,7 @@ func nonFiniteRows(tg target, t int, err error) ([]LayerResult, error) {
 }
 
 func nonFiniteRow(tg target, t int, err error) LayerResult {
-	r := LayerResult{Layer: tg.index, MTP: tg.mtp, Bank: tg.bank, Check: judge.NonFinite, Tokens: t, Reason: err.Error()}
+	r := LayerResult{Layer: tg.index, MTP: tg.mtp, Bank: tg.bank.String(), Check: judge.NonFinite, Tokens: t, Reason: err.Error()}
 	r.Diff = judge.Diff{RelL2: nanF, MaxAbs: nanF, Cosine: nanF, Problem: "non-finite weights"}
 	r.TopK, r.TopKWeightMaxErr = nanF, nanF
 	return r

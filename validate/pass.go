@@ -449,7 +449,7 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		s.o.progress("validate: layer %s (%d of %d)%s", family.LayerLabel(tg.index), i+1, len(targets), on)
+		s.o.progress("validate: layer %s (%d of %d)%s", tg.label(), i+1, len(targets), on)
 		ls := pp.layers[tg.index]
 		lp := layerPass{order: ls.order(), budget: pass.Budget(), release: func(b int) { let(ls, ls.bank[b]) }}
 		for _, st := range ls.bank {
@@ -463,7 +463,7 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 			let(sharing, sharing.head)
 			sharing = nil
 		}
-		if i+1 < len(targets) && family.DecoderLayer(targets[i+1].index) == family.DecoderLayer(tg.index) {
+		if i+1 < len(targets) && targets[i+1].layer == tg.layer {
 			sharing = ls
 		} else {
 			let(ls, ls.head)

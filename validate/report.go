@@ -24,7 +24,7 @@ type LayerResult struct {
 	// Bank is which routed bank of its decoder layer the row checked where
 	// the layer has two (ERNIE-4.5-VL: "text", "vision"); Layer is then the
 	// decoder layer's index in JSON, and in memory the MoE layer's
-	// (family.BankStride added for the vision bank).
+	// written index (family.Layer.Key: 65536 added for the vision bank).
 	Bank   string `json:"bank,omitempty"`
 	Check  string `json:"check"`
 	Tokens int    `json:"tokens"`
@@ -69,12 +69,12 @@ func (r *LayerResult) Verdict() string {
 // model whose decoder layers hold two routed banks, its decoder layer and
 // bank.
 func (r *Report) layerName(i int) string {
-	if slices.ContainsFunc(r.MoELayers, func(l int) bool { return family.BankOf(l) != "" }) {
-		bank := family.BankOf(i)
-		if bank == "" {
+	if slices.ContainsFunc(r.MoELayers, secondBank) {
+		d, bank := family.SplitLayerKey(i)
+		if bank == family.NoBank {
 			bank = family.BankText
 		}
-		return fmt.Sprintf("%d %s", family.DecoderLayer(i), bank)
+		return fmt.Sprintf("%d %s", d, bank)
 	}
 	return fmt.Sprint(i)
 }
@@ -82,7 +82,7 @@ func (r *Report) layerName(i int) string {
 // layerBefore: MoE layer a comes before b in a run (by decoder layer, so
 // that a decoder layer's two routed banks are adjacent; then by index).
 func layerBefore(a, b int) bool {
-	if da, db := family.DecoderLayer(a), family.DecoderLayer(b); da != db {
+	if da, db := decoderOf(a), decoderOf(b); da != db {
 		return da < db
 	}
 	return a < b
@@ -101,7 +101,7 @@ func (r *Report) layerLabels(v []int) string {
 // label names the row's layer: its index, or its decoder layer and bank.
 func (r LayerResult) label() string {
 	if r.Bank != "" {
-		return fmt.Sprintf("%d %s", family.DecoderLayer(r.Layer), r.Bank)
+		return fmt.Sprintf("%d %s", decoderOf(r.Layer), r.Bank)
 	}
 	return fmt.Sprint(r.Layer)
 }
@@ -125,7 +125,7 @@ func (r LayerResult) MarshalJSON() ([]byte, error) {
 	fix(&p.TopKWeightMaxErr)
 	fix(&p.WorstTokenRelL2)
 	fix(&p.RefNorm)
-	p.Layer = family.DecoderLayer(p.Layer)
+	p.Layer = decoderOf(p.Layer)
 	return json.Marshal(struct {
 		plain
 		Verdict string `json:"verdict"`

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/validate/judge"
 )
@@ -132,7 +131,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			o.progress("validate: layer %s (%d of %d)", family.LayerLabel(tg.index), i+1, len(targets))
+			o.progress("validate: layer %s (%d of %d)", tg.label(), i+1, len(targets))
 			rows, err := s.checkLayer(ctx, tg)
 			if err != nil {
 				return nil, err

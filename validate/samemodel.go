@@ -42,7 +42,7 @@ func (s *session) sameModel() error {
 func (s *session) checkLayerActs() error {
 	for _, li := range s.contract.Layers {
 		for _, l := range s.srcPlan.Layers {
-			if l.Index != li.Index {
+			if l.Key() != li.Index { // the contract writes Layer.Key
 				continue
 			}
 			if a, w := s.contract.RoutedAct(li), s.srcPlan.RoutedAct(l); a != w {

@@ -14,13 +14,17 @@ import (
 
 // target is one layer to check, on whichever sides exist.
 type target struct {
-	index  int
+	index  int         // family.Layer.Key: the index the report writes
+	layer  int         // family.Layer.Index: the decoder layer
+	bank   family.Bank // which of a decoder layer's two routed banks, NoBank if it has one
 	mtp    bool
-	bank   string // family.Layer.Bank: which of a decoder layer's two routed banks, "" if it has one
 	src    *family.Layer
 	fused  *moelayer.FusedLayer
 	golden string // path, "" if none
 }
+
+// label names the target's layer for people (family.Layer.Label).
+func (t target) label() string { return family.LayerLabel(t.layer, t.bank) }
 
 // targets lists the layers to check, per the --layers spec.
 func (s *session) targets() ([]target, []string, error) {
@@ -38,8 +42,8 @@ func (s *session) targets() ([]target, []string, error) {
 	if s.srcPlan != nil {
 		for i := range s.srcPlan.Layers {
 			l := &s.srcPlan.Layers[i]
-			t := get(l.Index, l.MTP)
-			t.src, t.bank = l, l.Bank
+			t := get(l.Key(), l.MTP)
+			t.src, t.layer, t.bank = l, l.Index, l.Bank
 		}
 	}
 	if s.dstPlan != nil {
@@ -49,16 +53,16 @@ func (s *session) targets() ([]target, []string, error) {
 		}
 		for i := range s.dstPlan.Layers {
 			l := &s.dstPlan.Layers[i]
-			li, ok := info[l.Index]
+			li, ok := info[l.Key()] // the contract's written index (Layer.Key)
 			if !ok {
-				return nil, nil, misfit(fmt.Errorf("%s: MoE layer %d is not in the moeprep contract", s.o.Dst, l.Index))
+				return nil, nil, misfit(fmt.Errorf("%s: MoE layer %d is not in the moeprep contract", s.o.Dst, l.Key()))
 			}
 			if li.Prefix != l.Prefix {
-				return nil, nil, misfit(fmt.Errorf("%s: layer %d: contract prefix %q, checkpoint has %q", s.o.Dst, l.Index, li.Prefix, l.Prefix))
+				return nil, nil, misfit(fmt.Errorf("%s: layer %d: contract prefix %q, checkpoint has %q", s.o.Dst, l.Key(), li.Prefix, l.Prefix))
 			}
-			t := get(l.Index, l.MTP)
-			t.bank = l.Bank
-			t.fused = &moelayer.FusedLayer{Index: l.Index, Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
+			t := get(l.Key(), l.MTP)
+			t.layer, t.bank = l.Index, l.Bank
+			t.fused = &moelayer.FusedLayer{Index: l.Key(), Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
 				Spec: s.dstPlan.RouteSpec(), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate,
 				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale, ExpertScale: l.ExpertScale, Prep: moelayer.PrepOf(s.dstPlan, l), Info: li}
 			if b, ok := s.contract.Biases(li); ok {
@@ -89,10 +93,10 @@ func (s *session) targets() ([]target, []string, error) {
 	for _, i := range chosen {
 		t := byIndex[i]
 		if s.golden != "" {
-			d := family.DecoderLayer(i)
+			d := t.layer
 			if p, ok := goldenPath(s.golden, d); ok {
 				t.golden = p
-				if t.bank != "" {
+				if t.bank != family.NoBank {
 					g, ok := took[p]
 					if !ok {
 						if g, err = ReadGolden(p, s.dstPlanOrSrc().HiddenSize); err != nil {
@@ -115,9 +119,9 @@ func (s *session) targets() ([]target, []string, error) {
 					}
 				}
 			} else if explicit {
-				return nil, nil, fmt.Errorf("%s: no golden for layer %s", filepath.Join(s.golden, GoldenFileName(d)), family.LayerLabel(i))
+				return nil, nil, fmt.Errorf("%s: no golden for layer %s", filepath.Join(s.golden, GoldenFileName(d)), t.label())
 			} else {
-				notes = append(notes, fmt.Sprintf("layer %s has no golden in %s", family.LayerLabel(i), s.golden))
+				notes = append(notes, fmt.Sprintf("layer %s has no golden in %s", t.label(), s.golden))
 				if s.src == nil || s.dst == nil {
 					continue
 				}

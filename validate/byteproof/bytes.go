@@ -64,7 +64,7 @@ type ByteMismatch struct {
 func (m *ByteMismatch) Error() string {
 	where := m.Tensor
 	if m.Layer >= 0 && where != "" {
-		where += fmt.Sprintf(" (layer %s", family.LayerLabel(m.Layer))
+		where += fmt.Sprintf(" (layer %s", family.KeyLabel(m.Layer))
 		if m.Expert >= 0 {
 			where += fmt.Sprintf(", expert %d", m.Expert)
 		}

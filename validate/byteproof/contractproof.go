@@ -255,7 +255,7 @@ func checkContractLayers(cfgPath string, bad func(string, any, any, string) *Byt
 			Detail: fmt.Sprintf("%s.layers lists %d layers, SRC has %d MoE layers", layout.ContractKey, len(c.Layers), len(plan.Layers))}
 	}
 	for i, l := range plan.Layers {
-		got, want := c.Layers[i], layout.LayerInfo{Index: l.Index, MTP: l.MTP, Prefix: l.Prefix, Bank: l.Bank}
+		got, want := c.Layers[i], layout.LayerInfo{Index: l.Key(), MTP: l.MTP, Prefix: l.Prefix, Bank: l.Bank.String()}
 		if got.Index != want.Index || got.MTP != want.MTP || got.Prefix != want.Prefix || got.Bank != want.Bank {
 			return bad(fmt.Sprintf("layers[%d]", i), got, want, "SRC's plan")
 		}
@@ -397,11 +397,11 @@ func unfusable(src *checkpoint.Checkpoint, plan *family.Plan, block []int64) str
 	for _, l := range plan.Layers {
 		switch {
 		case l.SharedGate != "":
-			return fmt.Sprintf("SRC's layer %d gates its shared expert per token by %s, so fuse-shared refuses it", l.Index, l.SharedGate)
+			return fmt.Sprintf("SRC's layer %d gates its shared expert per token by %s, so fuse-shared refuses it", l.Key(), l.SharedGate)
 		case l.Shared == nil:
-			return fmt.Sprintf("SRC's layer %d has no shared expert to fuse", l.Index)
+			return fmt.Sprintf("SRC's layer %d has no shared expert to fuse", l.Key())
 		case l.Shared.Get(layout.ProjGate, layout.RoleBias) != "":
-			return fmt.Sprintf("SRC's layer %d has a shared expert with biases, so fuse-shared refuses it", l.Index)
+			return fmt.Sprintf("SRC's layer %d has a shared expert with biases, so fuse-shared refuses it", l.Key())
 		}
 	}
 	if si, s := plan.SharedIntermediateSize, plan.NumSharedExperts*plan.MoEIntermediateSize; si != 0 && si != s {
@@ -615,7 +615,7 @@ func srcSharedStorage(src *checkpoint.Checkpoint, plan *family.Plan) (sharedQ, s
 		if !seen {
 			sharedQ, sharedDT, seen = q, dt, true
 		} else if q != sharedQ || dt != sharedDT {
-			return "", "", fmt.Sprintf("SRC's layer %d shared expert is stored unlike another layer's", l.Index)
+			return "", "", fmt.Sprintf("SRC's layer %d shared expert is stored unlike another layer's", l.Key())
 		}
 	}
 	return sharedQ, sharedDT, ""

@@ -51,7 +51,7 @@ func predict(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract) 
 	consumed := map[string]bool{}
 	byIndex := map[int]*family.Layer{}
 	for i := range plan.Layers {
-		byIndex[plan.Layers[i].Index] = &plan.Layers[i]
+		byIndex[plan.Layers[i].Key()] = &plan.Layers[i]
 	}
 	if len(c.Layers) != len(plan.Layers) {
 		return nil, fmt.Errorf("%s: the contract lists %d MoE layers, SRC has %d", src.Dir, len(c.Layers), len(plan.Layers))

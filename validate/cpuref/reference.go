@@ -126,16 +126,16 @@ type sharedOut struct{ out, gate []float32 }
 func newRefLayer(src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, x []float32, t int, o RefOptions) (*refLayer, error) {
 	h, inter, e := plan.HiddenSize, plan.IntermediateOf(*layer), plan.NumExperts
 	if len(x) != t*h {
-		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Index, len(x), t, h)
+		return nil, fmt.Errorf("layer %d: x has %d values for %d tokens x %d", layer.Key(), len(x), t, h)
 	}
 	if len(layer.Experts) != e {
-		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
+		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Key(), len(layer.Experts), e)
 	}
 	x, xr, cov, err := moelayer.PrepOf(plan, layer).Prepare(src, x, t, h, o.Coverage)
 	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+		return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
 	}
-	x, routed, routing, err := routeCovered(layer.Index, src, plan.RouteSpec(), moelayer.RouterOf(layer), x, xr, t, h, o.Tokens, cov)
+	x, routed, routing, err := routeCovered(layer.Key(), src, plan.RouteSpec(), moelayer.RouterOf(layer), x, xr, t, h, o.Tokens, cov)
 	if err != nil {
 		return nil, err
 	}
@@ -155,12 +155,12 @@ func newRefLayer(src tensorload.TensorSource, plan *family.Plan, layer *family.L
 			continue
 		}
 		if id < 0 || int(id) >= e {
-			return nil, fmt.Errorf("layer %d: slot %d names expert %d of %d", layer.Index, s, id, e)
+			return nil, fmt.Errorf("layer %d: slot %d names expert %d of %d", layer.Key(), s, id, e)
 		}
 		r.users[id] = append(r.users[id], s)
 	}
 	if r.wf, err = plan.Format(); err != nil {
-		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+		return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
 	}
 	return r, nil
 }
@@ -172,7 +172,7 @@ func (r *refLayer) uses(id int) bool { return len(r.users[id]) > 0 }
 func (r *refLayer) loadExpert(dec *tensorload.Decoder, id int) (*refMLP, error) {
 	m, err := loadSourceMLP(dec, r.src, r.layer.Experts[id], r.inter, r.h, r.wf, r.plan.RoutedAct(*r.layer))
 	if err != nil {
-		return nil, fmt.Errorf("layer %d expert %d: %w", r.layer.Index, id, err)
+		return nil, fmt.Errorf("layer %d expert %d: %w", r.layer.Key(), id, err)
 	}
 	m.w8a8 = r.o.W8A8
 	return m, nil
@@ -272,12 +272,12 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 	src, plan, layer, f := r.src, r.plan, r.layer, r.o.RequantShared
 	names, rsrc, err := tensorload.RequantisedShared(src, *layer.Shared, f)
 	if err != nil {
-		return 0, fmt.Errorf("layer %d: %w", layer.Index, err)
+		return 0, fmt.Errorf("layer %d: %w", layer.Key(), err)
 	}
 	inter := sharedInter(plan)
 	q, err := loadSourceMLP(nil, rsrc, names, inter, plan.HiddenSize, f, plan.SharedActOf(*layer))
 	if err != nil {
-		return 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Index, err)
+		return 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Key(), err)
 	}
 	defer q.release()
 	// Each projection as SRC stores it, one at a time beside the
@@ -291,7 +291,7 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 		rows, cols := projDims(p, inter, h)
 		w, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols})
 		if err != nil {
-			return 0, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
+			return 0, fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)
 		}
 		var d, n float64
 		for j, v := range w {
@@ -300,7 +300,7 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 		}
 		tensorload.PutFloats(w)
 		if n == 0 && d > 0 {
-			return 0, fmt.Errorf("layer %d: requantised shared expert %s is not zero where the source's is", layer.Index, name)
+			return 0, fmt.Errorf("layer %d: requantised shared expert %s is not zero where the source's is", layer.Key(), name)
 		}
 		werr += d / max(n, math.SmallestNonzeroFloat64)
 	}
@@ -516,7 +516,7 @@ func (r *refLayer) loadShared(dec *tensorload.Decoder) (*refMLP, error) {
 	}
 	m, err := loadSourceMLP(dec, r.src, *r.layer.Shared, sharedInter(plan), r.h, sf, plan.SharedActOf(*r.layer))
 	if err != nil {
-		return nil, fmt.Errorf("layer %d shared expert: %w", r.layer.Index, err)
+		return nil, fmt.Errorf("layer %d shared expert: %w", r.layer.Key(), err)
 	}
 	m.w8a8 = r.o.W8A8
 	return m, nil
@@ -539,7 +539,7 @@ func (r *refLayer) sharedWith(ctx context.Context, m *refMLP) (*sharedOut, error
 	if g := r.layer.SharedGate; g != "" {
 		var err error
 		if sh.gate, err = tensorload.LoadVector(r.src, g, r.h); err != nil {
-			return nil, fmt.Errorf("layer %d shared expert gate: %w", r.layer.Index, err)
+			return nil, fmt.Errorf("layer %d shared expert gate: %w", r.layer.Key(), err)
 		}
 	}
 	var err error
@@ -595,12 +595,12 @@ func (m *refMLP) applyAll(ctx context.Context, x []float32, t, workers int) ([]f
 func addRoutedSharedReference(ctx context.Context, src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, x []float32, r *moe.Routing, rsf float32, workers int, wf weightfmt.Format, w8a8 bool, y64 []float64) error {
 	h, t, ns := plan.HiddenSize, r.T, len(layer.SharedExperts)
 	if r.S != ns || len(r.Shared) != t*ns {
-		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the plan has %d", layer.Index, r.S, len(r.Shared), t, ns)
+		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the plan has %d", layer.Key(), r.S, len(r.Shared), t, ns)
 	}
 	for s, names := range layer.SharedExperts {
 		m, err := loadSourceMLP(nil, src, names, plan.MoEIntermediateSize, h, wf, plan.SharedActOf(*layer))
 		if err != nil {
-			return fmt.Errorf("layer %d shared expert %d: %w", layer.Index, s, err)
+			return fmt.Errorf("layer %d shared expert %d: %w", layer.Key(), s, err)
 		}
 		m.w8a8 = w8a8
 		out, err := m.applyAll(ctx, x, t, workers)

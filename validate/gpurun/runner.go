@@ -725,19 +725,19 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 	defer fr.Release(g)
 	h, inter, e, t := plan.HiddenSize, plan.IntermediateOf(*layer), plan.NumExperts, in.t
 	if h != in.h {
-		return nil, fmt.Errorf("layer %d: H %d, x has %d", layer.Index, h, in.h)
+		return nil, fmt.Errorf("layer %d: H %d, x has %d", layer.Key(), h, in.h)
 	}
 	if len(layer.Experts) != e {
-		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Index, len(layer.Experts), e)
+		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Key(), len(layer.Experts), e)
 	}
 	in, err := g.Prepared(src, moelayer.PrepOf(plan, layer), in, &fr)
 	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+		return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
 	}
 	spec := plan.RouteSpec()
 	routing, slots, _, slotW, err := g.gate(src, spec, moelayer.RouterOf(layer), in, cov, nil, &fr)
 	if err != nil {
-		return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+		return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
 	}
 	k := slots.K
 	numel := t * k
@@ -749,7 +749,7 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 			continue
 		}
 		if id < 0 || int(id) >= e {
-			return nil, fmt.Errorf("layer %d: the gate chose expert %d of %d", layer.Index, id, e)
+			return nil, fmt.Errorf("layer %d: the gate chose expert %d of %d", layer.Key(), id, e)
 		}
 		users[id] = append(users[id], int32(s))
 	}
@@ -761,7 +761,7 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 	gin, gk := in, k
 	if plan.RoutedInputScaled {
 		if gin, slotW, err = g.inputScaled(in, slots, &fr); err != nil {
-			return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+			return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
 		}
 		gk = 1
 	}
@@ -782,7 +782,7 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 			pace.Done(id) // oneExpert waited for its copies
 		}
 		if err != nil {
-			return nil, fmt.Errorf("layer %d expert %d: %w", layer.Index, id, err)
+			return nil, fmt.Errorf("layer %d expert %d: %w", layer.Key(), id, err)
 		}
 	}
 	if len(identity) > 0 { // their rows are the tokens' inputs, in one launch
@@ -791,7 +791,7 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 			return nil, err
 		}
 		if err := kernels.IdentityRows(g.dev, g.compute, sorted, in.x32, out, k, h, 0, 1); err != nil {
-			return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+			return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
 		}
 	}
 	y, err := g.f32Buffer(t*h, &fr)
@@ -807,22 +807,22 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 		// beside INT4) loads as that format, as the CPU reference reads it.
 		swf, err := plan.SharedFormat()
 		if err != nil {
-			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
+			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)
 		}
 		ssrc, sm := src, *layer.Shared
 		if requant != nil {
 			if sm, ssrc, err = RequantisedShared(src, sm, requant); err != nil {
-				return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+				return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
 			}
 			swf = requant
 		}
 		if err := g.addDense(ssrc, sm, layer.SharedGate, swf, plan.SharedActOf(*layer), in, y); err != nil {
-			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Index, err)
+			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)
 		}
 	}
 	if len(layer.SharedExperts) > 0 {
 		if err := g.addRoutedShared(src, layer.SharedExperts, routing, cov, float32(spec.RoutedScalingFactor), wf, plan.SharedActOf(*layer), in, y); err != nil {
-			return nil, fmt.Errorf("layer %d: %w", layer.Index, err)
+			return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
 		}
 	}
 	yh, err := y.ToHost(t * h)
