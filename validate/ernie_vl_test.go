@@ -10,67 +10,8 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/exitcode"
-	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
 )
-
-// TestErnieVLGoldensNeedEveryPart: transformers' ERNIE-4.5-VL goldens are
-// each token's own bank (by token_type_ids) plus the shared MLP. Each bank
-// is planned as a layer of its own width, router and bias row; its
-// reference matches HF on the golden's tokens of its type, and is far off
-// on the other bank's tokens, so a golden read without the token types, or
-// a bank given the other's router or bias row, could not pass.
-func TestErnieVLGoldensNeedEveryPart(t *testing.T) {
-	src, ck, plan := openFixture(t, "ernie4-5-vl-moe")
-	if len(plan.Layers) != 4 || plan.NumExperts != 8 || plan.TopK != 2 || plan.MoEIntermediateSize != 32 {
-		t.Fatalf("plan: %d layers, E %d, k %d, I %d", len(plan.Layers), plan.NumExperts, plan.TopK, plan.MoEIntermediateSize)
-	}
-	for i := range plan.Layers {
-		layer := &plan.Layers[i]
-		d := family.DecoderLayer(layer.Index)
-		wantBank, wantI := family.BankText, 32
-		if layer.Index >= family.BankStride {
-			wantBank, wantI = family.BankVision, 16
-		}
-		if layer.Bank != wantBank || plan.IntermediateOf(*layer) != wantI || layer.Shared == nil || !strings.HasSuffix(layer.Prefix, "."+wantBank+"_moe") {
-			t.Fatalf("layer %d: bank %q I %d prefix %s shared %v", layer.Index, layer.Bank, plan.IntermediateOf(*layer), layer.Prefix, layer.Shared != nil)
-		}
-		g, err := ReadGolden(filepath.Join(src, "reference", GoldenFileName(d)), plan.HiddenSize)
-		if err != nil {
-			t.Fatal(err)
-		}
-		own, err := g.ForBank(layer.Bank, family.LayerLabel(layer.Index))
-		if err != nil {
-			t.Fatal(err)
-		}
-		other := family.BankVision
-		if layer.Bank == family.BankVision {
-			other = family.BankText
-		}
-		theirs, err := g.ForBank(other, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if own.T+theirs.T != g.T || own.T < 4 || theirs.T < 4 {
-			t.Fatalf("layer %s: %d + %d of %d tokens", family.LayerLabel(layer.Index), own.T, theirs.T, g.T)
-		}
-		for _, c := range []struct {
-			g      *Golden
-			lo, hi float64
-			what   string
-		}{{own, 0, 1e-6, "its own tokens"}, {theirs, 0.05, 10, "the other bank's tokens"}} {
-			ref, err := cpuref.ReferenceLayer(context.Background(), ck, plan, layer, c.g.X, c.g.T, cpuref.RefOptions{Workers: 2})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := judge.Compare(ref.Y, c.g.Y).RelL2
-			t.Logf("layer %s: reference vs HF on %s (%d): %.3g", family.LayerLabel(layer.Index), c.what, c.g.T, r)
-			if r < c.lo || r > c.hi {
-				t.Errorf("layer %s on %s: rel_l2 %.3g, want in [%g, %g]", family.LayerLabel(layer.Index), c.what, r, c.lo, c.hi)
-			}
-		}
-	}
-}
 
 // TestErnieVLBanks: both banks of every layer are checked against the
 // goldens and reported by decoder layer and bank; --layers names decoder

@@ -3,7 +3,7 @@ package validate
 import (
 	"context"
 	"encoding/binary"
-	"github.com/moeprep/moeprep/layout"
+	"math"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,9 +14,11 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
+	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
@@ -55,10 +57,7 @@ func goldenRun(t *testing.T, src string, ck tensorload.TensorSource, plan *famil
 		p, l := *plan, *layer
 		l.Experts = slices.Clone(layer.Experts) // edits of an expert stay in the copy
 		edit(&p, &l)
-		res, err := cpuref.ReferenceLayer(context.Background(), ck, &p, &l, g.X, g.T, cpuref.RefOptions{Tokens: g.InputIDs, Workers: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
+		res := goldenRef(t, ck, &p, &l, g, cpuref.RefOptions{Tokens: g.InputIDs, Workers: 2})
 		return judge.Compare(res.Y, g.Y).RelL2
 	}
 }
@@ -97,6 +96,17 @@ func goldenOf(t *testing.T, src string, plan *family.Plan, layer *family.Layer) 
 		t.Fatal(err)
 	}
 	return g
+}
+
+// goldenRef is the CPU reference of layer of plan on the tokens of HF's
+// golden g, failing t where it cannot be run.
+func goldenRef(t *testing.T, ck tensorload.TensorSource, plan *family.Plan, layer *family.Layer, g *Golden, o cpuref.RefOptions) *moelayer.RefResult {
+	t.Helper()
+	ref, err := cpuref.ReferenceLayer(context.Background(), ck, plan, layer, g.X, g.T, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
 }
 
 // detailsMatter checks that the reference (run) matches HF's golden to
@@ -260,5 +270,170 @@ func TestBadRoutingTensorsNameThemselves(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.tensor) || !strings.Contains(err.Error(), ".safetensors") {
 			t.Errorf("%s: %v", c.tensor, err)
 		}
+	}
+}
+
+// TestErnieVLGoldensNeedEveryPart: transformers' ERNIE-4.5-VL goldens are
+// each token's own bank (by token_type_ids) plus the shared MLP. Each bank
+// is planned as a layer of its own width, router and bias row; its
+// reference matches HF on the golden's tokens of its type, and is far off
+// on the other bank's tokens, so a golden read without the token types, or
+// a bank given the other's router or bias row, could not pass.
+func TestErnieVLGoldensNeedEveryPart(t *testing.T) {
+	src, ck, plan := openFixture(t, "ernie4-5-vl-moe")
+	if len(plan.Layers) != 4 || plan.NumExperts != 8 || plan.TopK != 2 || plan.MoEIntermediateSize != 32 {
+		t.Fatalf("plan: %d layers, E %d, k %d, I %d", len(plan.Layers), plan.NumExperts, plan.TopK, plan.MoEIntermediateSize)
+	}
+	for i := range plan.Layers {
+		layer := &plan.Layers[i]
+		d := family.DecoderLayer(layer.Index)
+		wantBank, wantI := family.BankText, 32
+		if layer.Index >= family.BankStride {
+			wantBank, wantI = family.BankVision, 16
+		}
+		if layer.Bank != wantBank || plan.IntermediateOf(*layer) != wantI || layer.Shared == nil || !strings.HasSuffix(layer.Prefix, "."+wantBank+"_moe") {
+			t.Fatalf("layer %d: bank %q I %d prefix %s shared %v", layer.Index, layer.Bank, plan.IntermediateOf(*layer), layer.Prefix, layer.Shared != nil)
+		}
+		g, err := ReadGolden(filepath.Join(src, "reference", GoldenFileName(d)), plan.HiddenSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, err := g.ForBank(layer.Bank, family.LayerLabel(layer.Index))
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := family.BankVision
+		if layer.Bank == family.BankVision {
+			other = family.BankText
+		}
+		theirs, err := g.ForBank(other, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if own.T+theirs.T != g.T || own.T < 4 || theirs.T < 4 {
+			t.Fatalf("layer %s: %d + %d of %d tokens", family.LayerLabel(layer.Index), own.T, theirs.T, g.T)
+		}
+		for _, c := range []struct {
+			g      *Golden
+			lo, hi float64
+			what   string
+		}{{own, 0, 1e-6, "its own tokens"}, {theirs, 0.05, 10, "the other bank's tokens"}} {
+			ref := goldenRef(t, ck, plan, layer, c.g, cpuref.RefOptions{Workers: 2})
+			r := judge.Compare(ref.Y, c.g.Y).RelL2
+			t.Logf("layer %s: reference vs HF on %s (%d): %.3g", family.LayerLabel(layer.Index), c.what, c.g.T, r)
+			if r < c.lo || r > c.hi {
+				t.Errorf("layer %s on %s: rel_l2 %.3g, want in [%g, %g]", family.LayerLabel(layer.Index), c.what, r, c.lo, c.hi)
+			}
+		}
+	}
+}
+
+// TestNemotronHGoldensNeedEveryPart: transformers' Nemotron-H goldens are
+// the ungated relu2 experts plus the relu2 shared MLP. The CPU reference
+// matches them, and with the shared MLP's share taken out it is far off.
+// The activation itself is pinned at a few points (squared, the gate
+// argument unread); that SwiGLU would be far from it on real weights is
+// kernels' TestGroupedGEMMActivations (ten times the tolerance at least).
+func TestNemotronHGoldensNeedEveryPart(t *testing.T) {
+	src, ck, plan := openFixture(t, "nemotron-h")
+	if !plan.Act.Ungated() || plan.NumExperts != 16 || plan.NumSharedExperts != 2 || plan.RoutedScalingFactor != 2.5 || plan.NGroup != 4 {
+		t.Fatalf("plan: act %+v E %d S %d rsf %v groups %d", plan.Act, plan.NumExperts, plan.NumSharedExperts, plan.RoutedScalingFactor, plan.NGroup)
+	}
+	for i := range plan.Layers {
+		layer := &plan.Layers[i]
+		if len(layer.Experts) != 16 || !layer.Experts[3].Ungated() || layer.Shared == nil || !layer.Shared.Ungated() {
+			t.Fatalf("layer %d: experts or shared MLP planned gated: %+v", layer.Index, layer.Experts[3])
+		}
+		g := goldenOf(t, src, plan, layer)
+		ref := goldenRef(t, ck, plan, layer, g, cpuref.RefOptions{Workers: 2})
+		d := judge.Compare(ref.Y, g.Y).RelL2
+		noShared := *plan
+		noShared.NumSharedExperts = 0
+		nl := *layer
+		nl.Shared = nil
+		routed := goldenRef(t, ck, &noShared, &nl, g, cpuref.RefOptions{Workers: 2})
+		ds := judge.Compare(routed.Y, g.Y).RelL2
+		t.Logf("layer %d: reference vs HF %.3g; without the shared MLP %.3g", layer.Index, d, ds)
+		if d > 1e-6 || ds < 0.05 {
+			t.Errorf("layer %d: rel_l2 %.3g, %.3g without the shared MLP", layer.Index, d, ds)
+		}
+	}
+	// relu2 against relu, one value: the activation is squared, not
+	// gated (what HF's ReLUSquaredActivation computes, the GPU's mode 3)
+	for _, c := range []struct{ u, want float64 }{{-2, 0}, {0, 0}, {0.5, 0.25}, {3, 9}, {math.Inf(-1), 0}} {
+		if got := layout.ReLU2().Apply(123, c.u); got != c.want {
+			t.Errorf("relu2(%g) = %g, want %g (the gate argument must be unread)", c.u, got, c.want)
+		}
+	}
+}
+
+// TestLongcatZeroExpertsInGoldens: transformers' LongCat-Flash goldens send
+// a good share of slots to the zero-compute experts (ids E..E+Z-1), and the
+// CPU reference, which returns the token's input for them, matches the
+// goldens; with those slots' outputs dropped (as a bank-only engine would)
+// it is far off.
+func TestLongcatZeroExpertsInGoldens(t *testing.T) {
+	src, ck, plan := openFixture(t, "longcat-flash")
+	if plan.ZeroExperts != 4 || plan.NumExperts != 8 || plan.NormTopKProb || plan.RoutedScalingFactor != 2 {
+		t.Fatalf("plan: E %d Z %d renorm %v rsf %v", plan.NumExperts, plan.ZeroExperts, plan.NormTopKProb, plan.RoutedScalingFactor)
+	}
+	for i := range plan.Layers {
+		layer := &plan.Layers[i]
+		g := goldenOf(t, src, plan, layer)
+		zero := 0
+		for _, id := range g.IDs {
+			if int(id) >= plan.NumExperts {
+				zero++
+			}
+		}
+		ref := goldenRef(t, ck, plan, layer, g, cpuref.RefOptions{Workers: 2})
+		d := judge.Compare(ref.Y, g.Y).RelL2
+		// the zero-compute slots' share of the output: w * rsf * x per slot
+		dropped := append([]float32(nil), ref.Y...)
+		for s, id := range ref.Routing.IDs {
+			if int(id) < plan.NumExperts {
+				continue
+			}
+			tok, w := s/ref.Routing.K, ref.Routing.Weights[s]*float32(plan.RoutedScalingFactor)
+			for j := range plan.HiddenSize {
+				dropped[tok*plan.HiddenSize+j] -= w * g.X[tok*plan.HiddenSize+j]
+			}
+		}
+		dd := judge.Compare(dropped, g.Y).RelL2
+		t.Logf("layer %d: %d of %d golden slots on zero-compute experts; reference vs HF %.3g, without them %.3g", layer.Index, zero, len(g.IDs), d, dd)
+		if zero < len(g.IDs)/10 || d > 1e-6 || dd < 0.05 {
+			t.Errorf("layer %d: %d zero-compute slots, rel_l2 %.3g, %.3g without them", layer.Index, zero, d, dd)
+		}
+	}
+}
+
+// TestReferenceW8A8 runs the CPU reference in w8a8 numerics on the FP8
+// DeepSeek-V3 fixture's MoE layers (routed and shared experts): it must
+// move the output off the precise reference and HF's float32 golden by the
+// 0.01..0.08 band two e4m3 roundings per expert give, with the routing
+// unchanged (the router stays precise).
+func TestReferenceW8A8(t *testing.T) {
+	src, ck, plan := openFixture(t, "deepseek-v3-fp8")
+	n := 0
+	for i := range plan.Layers {
+		layer := &plan.Layers[i]
+		if len(layer.Experts) == 0 {
+			continue
+		}
+		g := goldenOf(t, src, plan, layer)
+		precise := goldenRef(t, ck, plan, layer, g, cpuref.RefOptions{Workers: 2})
+		w8 := goldenRef(t, ck, plan, layer, g, cpuref.RefOptions{Workers: 2, W8A8: true})
+		d, dg := judge.Compare(w8.Y, precise.Y).RelL2, judge.Compare(w8.Y, g.Y).RelL2
+		t.Logf("layer %d: w8a8 reference vs precise %.3g, vs HF golden %.3g", layer.Index, d, dg)
+		if !(d >= 0.005 && d <= judge.TolW8A8Golden.MaxRelL2) || !(dg <= judge.TolW8A8Golden.MaxRelL2) {
+			t.Errorf("layer %d: w8a8 reference %.3g from the precise one, %.3g from the golden; want 0.005..%g", layer.Index, d, dg, judge.TolW8A8Golden.MaxRelL2)
+		}
+		if !slices.Equal(w8.Routing.IDs, precise.Routing.IDs) {
+			t.Errorf("layer %d: w8a8 changed the routing", layer.Index)
+		}
+		n++
+	}
+	if n == 0 {
+		t.Fatal("no MoE layer in the fixture")
 	}
 }
