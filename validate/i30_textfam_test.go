@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 )
 
@@ -29,11 +29,7 @@ func TestTextFamilySynthValidate(t *testing.T) {
 		{"small-axk2", true},
 	} {
 		t.Run(tc.preset, func(t *testing.T) {
-			spec, err := fixtures.Preset(tc.preset)
-			if err != nil {
-				t.Fatal(err)
-			}
-			src := synthFrom(t, map[string]fixtures.SynthSpec{tc.preset: spec}, tc.preset)
+			src := cktest.WritePreset(t, tc.preset)
 			runs := []convert.Options{{}, {Layout: layout.GateUp}}
 			if tc.fuse {
 				runs = append(runs, convert.Options{FuseShared: true, TP: 2}, convert.Options{FuseShared: true, TP: 1, Layout: layout.GateUp})

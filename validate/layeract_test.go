@@ -2,12 +2,11 @@ package validate
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 )
 
 // TestActivationsOfTheirOwn: checkpoints whose shared MLP (HY-V4) or
@@ -31,14 +30,7 @@ func TestActivationsOfTheirOwn(t *testing.T) {
 		{"small-step3p5", func(c map[string]any) { layerEntry(c, 2)["activation"] = map[string]any{"limit": 0.05} }, "layers[2] activation"},
 	} {
 		t.Run(c.preset, func(t *testing.T) {
-			s, err := fixtures.Preset(c.preset)
-			if err != nil {
-				t.Fatal(err)
-			}
-			src := filepath.Join(t.TempDir(), "src")
-			if err := fixtures.Synth(context.Background(), src, s, nil); err != nil {
-				t.Fatal(err)
-			}
+			src := cktest.WritePreset(t, c.preset)
 			dst := convertInto(t, src, convert.Options{})
 			opts := Options{Src: src, Dst: dst, Seed: 3}
 			rep, err := Run(context.Background(), opts)
