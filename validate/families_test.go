@@ -12,6 +12,8 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/fixtures/hf"
+	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
@@ -436,4 +438,308 @@ func TestReferenceW8A8(t *testing.T) {
 	if n == 0 {
 		t.Fatal("no MoE layer in the fixture")
 	}
+}
+
+// TestNemotronHTampered: one row of DST's all_up doubled fails the
+// numbers (byte proof off) and the byte proof alone; a contract whose
+// activation is gone (so it claims SwiGLU experts with an all_gate) is
+// refused; gate-up layouts are refused by convert, naming the way out.
+func TestNemotronHTampered(t *testing.T) {
+	src := hfFixtures + "/nemotron-h"
+	dst := convertInto(t, src, convert.Options{})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
+	if err != nil || rep.Failed() {
+		t.Fatalf("clean conversion: %v %v", err, rep.Err())
+	}
+	bad := convertInto(t, src, convert.Options{})
+	rewriteTensor(t, bad, "backbone.layers.3.mixer.experts.all_up.weight", func(raw []byte, _ []int64) {
+		// expert 5, row 7 doubled (bf16 exponent + 1): finite, and far
+		// beyond bf16 rounding
+		for j := range 64 {
+			o := 2 * (5*32*64 + 7*64 + j)
+			v := uint16(raw[o]) | uint16(raw[o+1])<<8
+			if v&0x7f80 != 0 && v&0x7f80 != 0x7f00 {
+				v += 0x80
+			}
+			raw[o], raw[o+1] = byte(v), byte(v>>8)
+		}
+	})
+	for _, bytes := range []BytesMode{BytesOff, BytesOnly} {
+		rep, err := Run(context.Background(), Options{Src: src, Dst: bad, Seed: 1, Bytes: bytes})
+		if err == nil {
+			err = rep.Err()
+		}
+		if err == nil || strings.Contains(err.Error(), "non-finite") {
+			t.Fatalf("bytes %s: a changed all_up row: %v", bytes, err)
+		}
+		t.Logf("bytes %s: %v", bytes, firstLine(err.Error()))
+	}
+	editContract(t, dst, func(c map[string]any) { delete(c, "activation") })
+	rep, err = Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Bytes: BytesOff})
+	if err == nil {
+		err = rep.Err()
+	}
+	if err == nil {
+		t.Fatal("a contract without the ungated activation passed")
+	}
+	t.Logf("contract without activation: %v", firstLine(err.Error()))
+	for _, lay := range []layout.Layout{layout.GateUp, layout.UpGate} {
+		_, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: t.TempDir() + "/out", Layout: lay})
+		if err == nil || !strings.Contains(err.Error(), "no gate rows") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("--layout %s: %v", lay, err)
+		}
+	}
+}
+
+// TestNemotronHHubConfig: the hub's configs (Nemotron 3 Nano) spell the
+// blocks as hybrid_override_pattern and keep a num_hidden_layers of their
+// own; the fixture with its config so written converts and validates
+// against transformers' goldens as it does with layers_block_type. A
+// pattern that calls the attention block a MoE block is refused naming
+// the router it lacks.
+func TestNemotronHHubConfig(t *testing.T) {
+	hub := func(pattern string) string {
+		src := copyFixture(t, "nemotron-h")
+		testkit.EditJSON(t, filepath.Join(src, "config.json"), func(c map[string]any) {
+			delete(c, "layers_block_type")
+			c["hybrid_override_pattern"] = pattern
+			c["num_hidden_layers"] = 52.0 // ignored, as transformers ignores it
+			c["moe_latent_size"] = nil
+		})
+		return src
+	}
+	src := hub("ME*E-")
+	dst := convertInto(t, src, convert.Options{FuseShared: true, TP: 2})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
+	if err != nil || rep.Failed() {
+		t.Fatalf("hub config: %v %v", err, rep.Err())
+	}
+	var layers []int
+	for _, r := range rep.Rows {
+		if r.Check == "fused-vs-golden" {
+			layers = append(layers, r.Layer)
+		}
+	}
+	if len(layers) != 2 || layers[0] != 1 || layers[1] != 3 {
+		t.Errorf("golden rows on layers %v, want [1 3]", layers)
+	}
+	_, err = convert.Convert(context.Background(), convert.Options{Src: hub("MEEE-"), Dst: filepath.Join(t.TempDir(), "out")})
+	if err == nil || !strings.Contains(err.Error(), "layer 2") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("a pattern that makes the attention block MoE: %v", err)
+	}
+	t.Logf("MEEE-: %v", err)
+}
+
+// TestLongcatContractAndBias: a DST whose contract loses zero_experts is
+// refused naming it; one zero-compute row's correction bias changed in DST
+// fails the numbers (the fused path ranks with DST's) and the byte proof.
+func TestLongcatContractAndBias(t *testing.T) {
+	src := hfFixtures + "/longcat-flash"
+	dst := convertInto(t, src, convert.Options{})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
+	if err != nil || rep.Failed() {
+		t.Fatalf("clean conversion: %v %v", err, rep.Err())
+	}
+	biasDst := convertInto(t, src, convert.Options{})
+	rewriteTensor(t, biasDst, "model.layers.1.mlp.router.e_score_correction_bias", func(raw []byte, _ []int64) {
+		raw[4*9+3] ^= 0x40 // row 9, a zero-compute expert's: a large bias, it wins every token's top-k
+	})
+	for _, bytes := range []BytesMode{BytesOff, BytesOnly} {
+		rep, err := Run(context.Background(), Options{Src: src, Dst: biasDst, Seed: 1, Bytes: bytes})
+		if err == nil {
+			err = rep.Err()
+		}
+		if err == nil {
+			t.Fatalf("bytes %s: a changed zero-compute bias passed", bytes)
+		}
+		t.Logf("bytes %s: %v", bytes, firstLine(err.Error()))
+	}
+	editContract(t, dst, func(c map[string]any) { delete(c, "zero_experts") })
+	// with the byte proof on, the edited config.json fails the manifest
+	// first and the session's reason becomes a note; off, it is the error
+	rep, err = Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Bytes: BytesOff})
+	if err == nil {
+		err = rep.Err()
+	}
+	if err == nil || !strings.Contains(err.Error(), "zero_experts") {
+		t.Fatalf("contract without zero_experts: %v", err)
+	}
+}
+
+// TestErnieVLBanks: both banks of every layer are checked against the
+// goldens and reported by decoder layer and bank; --layers names decoder
+// layers; fuse-shared is refused in one line; a golden without
+// token_type_ids is text throughout; one row of the vision bank's
+// all_down changed fails the numbers (byte proof off) and the byte proof
+// alone.
+func TestErnieVLBanks(t *testing.T) {
+	src := hfFixtures + "/ernie4-5-vl-moe"
+	dst := convertInto(t, src, convert.Options{})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1, Layers: "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustPass(t, rep, "clean conversion")
+	got := map[string]int{}
+	for _, r := range rep.Rows {
+		if r.Check == judge.FusedVsGolden {
+			got[r.label()] = r.Tokens
+		}
+	}
+	if len(got) != 2 || got["2 text"] == 0 || got["2 vision"] == 0 || got["2 text"]+got["2 vision"] != 32 {
+		t.Errorf("golden rows of --layers 2: %v, want 2 text and 2 vision, 32 tokens between them", got)
+	}
+	var js jsonBuf
+	if err := rep.WriteJSON(&js); err != nil || !strings.Contains(js.String(), `"layer": 2,
+      "bank": "vision"`) {
+		t.Errorf("JSON rows do not name layer 2's vision bank: %v", err)
+	}
+
+	for spec, want := range map[string][]int{"sample:1": {1, 1 + family.BankStride}, "sample:2": {1, 1 + family.BankStride, 2, 2 + family.BankStride},
+		"2,1": {1, 1 + family.BankStride, 2, 2 + family.BankStride}, "2": {2, 2 + family.BankStride}} {
+		all := []int{1, 1 + family.BankStride, 2, 2 + family.BankStride}
+		if got, _, err := selectLayers(spec, all); err != nil || !slices.Equal(got, want) {
+			t.Errorf("--layers %s: %v %v, want %v (a decoder layer's banks together)", spec, got, err, want)
+		}
+	}
+
+	_, err = convert.Convert(context.Background(), convert.Options{Src: src, Dst: t.TempDir() + "/fs", FuseShared: true, TP: 2})
+	if err == nil || !strings.Contains(err.Error(), "both routed banks") || strings.Contains(err.Error(), "\n") {
+		t.Errorf("fuse-shared: %v", err)
+	}
+
+	noTypes := t.TempDir()
+	g, err := ReadGolden(filepath.Join(src, "reference", GoldenFileName(1)), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeGolden(t, filepath.Join(noTypes, GoldenFileName(1)), map[string][]float32{"x": g.X, "y": g.Y}, map[string][]int64{"x": {int64(g.T), 64}, "y": {int64(g.T), 64}}, nil)
+	// Without token_type_ids every token is text, as transformers takes
+	// them: the vision tokens' y is not the text bank's, so the text
+	// bank's golden rows fail (exit 1), and the vision bank, which no
+	// token took, is checked against SRC alone, and reported so.
+	rep, err = Run(context.Background(), Options{Src: src, Dst: dst, Golden: noTypes, Seed: 1, Layers: "1"})
+	if err != nil {
+		t.Fatalf("golden without token types: %v", err)
+	}
+	if err := rep.Err(); exitcode.Code(err) != exitcode.CheckFailed || !strings.Contains(err.Error(), "layer 1 text fused-vs-golden") ||
+		strings.Contains(err.Error(), "vision") || !slices.Equal(rep.GoldenNotChecked, []int{1 + family.BankStride}) {
+		t.Errorf("golden of both banks' tokens without token types: %v; not checked against the golden %v", err, rep.GoldenNotChecked)
+	}
+
+	bad := convertInto(t, src, convert.Options{})
+	rewriteTensor(t, bad, "model.layers.2.mlp.vision_moe.experts.all_down.weight", func(raw []byte, shape []int64) {
+		if shape[0] != 8 || shape[1] != 64 || shape[2] != 16 {
+			t.Fatalf("vision all_down %v, want [8 64 16]", shape)
+		}
+		for j := range 16 { // expert 3, row 9 doubled (bf16 exponent + 1)
+			o := 2 * (3*64*16 + 9*16 + j)
+			v := uint16(raw[o]) | uint16(raw[o+1])<<8
+			if v&0x7f80 != 0 && v&0x7f80 != 0x7f00 {
+				v += 0x80
+			}
+			raw[o], raw[o+1] = byte(v), byte(v>>8)
+		}
+	})
+	for _, bytes := range []BytesMode{BytesOff, BytesOnly} {
+		rep, err := Run(context.Background(), Options{Src: src, Dst: bad, Seed: 1, Bytes: bytes})
+		if err == nil {
+			err = rep.Err()
+		}
+		if err == nil || (bytes == BytesOff && !strings.Contains(err.Error(), "layer 2 vision")) {
+			t.Fatalf("bytes %s: a changed vision all_down row: %v", bytes, err)
+		}
+		t.Logf("bytes %s: %v", bytes, firstLine(err.Error()))
+	}
+}
+
+// TestGemma4GoldensNeedEveryPart: the CPU reference of transformers'
+// Gemma 4 checkpoints (bare, in the multimodal wrapper and DiffusionGemma's
+// decoder) matches HF's
+// goldens only with all of the layer's parts: the two inputs (the router's
+// scale-free RMSNorm times router.scale times H^-1/2, the experts'
+// pre_feedforward_layernorm_2), the per-expert scale and GeGLU. Each part
+// dropped in turn moves it far off the goldens; so each part is one the
+// goldens can check.
+func TestGemma4GoldensNeedEveryPart(t *testing.T) {
+	type edit struct {
+		name string
+		f    func(p *family.Plan, l *family.Layer)
+	}
+	edits := []edit{
+		{"as planned", func(*family.Plan, *family.Layer) {}},
+		{"experts read the residual", func(_ *family.Plan, l *family.Layer) { l.ExpertInputNorm, l.RouterInputScale = "", "" }},
+		{"no per-expert scale", func(_ *family.Plan, l *family.Layer) { l.ExpertScale = "" }},
+		{"SwiGLU", func(p *family.Plan, _ *family.Layer) { p.Act = layout.Activation{} }},
+	}
+	// Every fixture whose goldens measure the decoder layer's MoE block:
+	// Gemma 4 bare, in its multimodal wrapper and DiffusionGemma's decoder.
+	atLayer := hf.Names(func(f hf.Fixture) bool { return f.Golden == hf.DecoderLayer })
+	if len(atLayer) < 3 {
+		t.Fatalf("the fixtures index has %d fixtures with decoder-layer goldens, want at least Gemma 4's three: %v", len(atLayer), atLayer)
+	}
+	for _, fx := range atLayer {
+		for _, e := range edits {
+			t.Run(fx+"/"+e.name, func(t *testing.T) {
+				src, ck, plan := openFixture(t, fx)
+				if len(plan.Layers) != 3 || plan.InputNormEps != 1e-6 || plan.Act != layout.GeGLUTanh() {
+					t.Fatalf("plan: %d layers, eps %g, activation %+v", len(plan.Layers), plan.InputNormEps, plan.Act)
+				}
+				worst, idsEqual := 0.0, true
+				for i := range plan.Layers {
+					p, l := *plan, plan.Layers[i]
+					g := goldenOf(t, src, &p, &l)
+					e.f(&p, &l)
+					ref := goldenRef(t, ck, &p, &l, g, cpuref.RefOptions{Workers: 2})
+					worst = max(worst, judge.Compare(ref.Y, g.Y).RelL2)
+					idsEqual = idsEqual && slices.Equal(ref.Routing.IDs, g.IDs)
+				}
+				t.Logf("worst rel_l2 against HF %.3g, routing equal %v", worst, idsEqual)
+				if e.name == "as planned" {
+					// HF's float32 against a float64-accumulating reference
+					// differ by rounding alone (3.4e-7 seen); 1e-6 leaves room
+					// for that and none for a wrong part's 0.1 or more.
+					if worst > 1e-6 || !idsEqual {
+						t.Fatalf("as planned: rel_l2 %.3g, routing equal %v", worst, idsEqual)
+					}
+				} else if worst < 0.05 {
+					t.Fatalf("%s: rel_l2 only %.3g: the goldens do not see this part", e.name, worst)
+				}
+			})
+		}
+	}
+}
+
+// TestGemma4TamperedInputs: DST carries Gemma 4's router scale, per-expert
+// scale and experts' input norm byte for byte, and the fused path reads
+// DST's own: one value of any of them doubled or halved fails the layer's numbers
+// with the byte proof off, and the byte proof alone.
+func TestGemma4TamperedInputs(t *testing.T) {
+	src := filepath.Join(hfFixtures, "gemma4-text")
+	for _, name := range []string{"model.layers.1.router.scale", "model.layers.1.router.per_expert_scale",
+		"model.layers.1.pre_feedforward_layernorm_2.weight"} {
+		t.Run(name, func(t *testing.T) {
+			dst := convertInto(t, src, convert.Options{})
+			rewriteTensor(t, dst, name, func(raw []byte, _ []int64) {
+				raw[0] ^= 0x80 // bf16 element 0's lowest exponent bit: twice or half the value
+			})
+			for _, bytes := range []BytesMode{BytesOff, BytesOnly} {
+				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Bytes: bytes})
+				if err == nil {
+					err = rep.Err()
+				}
+				if err == nil {
+					t.Fatalf("bytes %s: a changed %s passed", bytes, name)
+				}
+				t.Logf("bytes %s: %v", bytes, firstLine(err.Error()))
+			}
+		})
+	}
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }
