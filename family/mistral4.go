@@ -19,12 +19,7 @@ var mistral4 = &spec{
 	name: "mistral4",
 	names: naming{layers: "model.layers.", modules: []string{"mlp"}, proj: hubProj, router: "gate",
 		shared: "shared_experts", stackedGateUp: "experts.gate_up_proj", stackedDown: "experts.down_proj"},
-	keys: configKeys{
-		intermediate: "moe_intermediate_size",
-		numExperts:   routedExperts,
-		sharedCount:  "n_shared_experts",
-		denseKey:     "first_k_dense_replace",
-	},
+	keys:   firstDenseKeys,
 	layers: firstDense,
 	defaults: map[string]any{
 		"n_group": 1.0, "topk_group": 1.0, "norm_topk_prob": true, "routed_scaling_factor": 1.0, "n_shared_experts": 1.0,
