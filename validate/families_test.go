@@ -111,6 +111,19 @@ func goldenRef(t *testing.T, ck tensorload.TensorSource, plan *family.Plan, laye
 	return ref
 }
 
+// doubleBF16 doubles the first n bf16 values of raw in place (exponent +
+// 1), leaving zeros and subnormals (exponent 0) and the values it would
+// make infinite as they are: a corrupted weight row that stays finite.
+func doubleBF16(raw []byte, n int) {
+	for j := range n {
+		v := binary.LittleEndian.Uint16(raw[2*j:])
+		if v&0x7f80 != 0 && v&0x7f80 != 0x7f00 {
+			v += 0x80
+		}
+		binary.LittleEndian.PutUint16(raw[2*j:], v)
+	}
+}
+
 // detailsMatter checks that the reference (run) matches HF's golden to
 // float32 rounding on each of layers (rel_l2 < 2e-6), and that each detail,
 // taken out, moves it far past that (rel_l2 >= 1e-3).
@@ -453,16 +466,8 @@ func TestNemotronHTampered(t *testing.T) {
 	}
 	bad := convertInto(t, src, convert.Options{})
 	rewriteTensor(t, bad, "backbone.layers.3.mixer.experts.all_up.weight", func(raw []byte, _ []int64) {
-		// expert 5, row 7 doubled (bf16 exponent + 1): finite, and far
-		// beyond bf16 rounding
-		for j := range 64 {
-			o := 2 * (5*32*64 + 7*64 + j)
-			v := uint16(raw[o]) | uint16(raw[o+1])<<8
-			if v&0x7f80 != 0 && v&0x7f80 != 0x7f00 {
-				v += 0x80
-			}
-			raw[o], raw[o+1] = byte(v), byte(v>>8)
-		}
+		// expert 5, row 7 doubled: finite, and far beyond bf16 rounding
+		doubleBF16(raw[2*(5*32*64+7*64):], 64)
 	})
 	for _, bytes := range []BytesMode{BytesOff, BytesOnly} {
 		rep, err := Run(context.Background(), Options{Src: src, Dst: bad, Seed: 1, Bytes: bytes})
@@ -632,14 +637,7 @@ func TestErnieVLBanks(t *testing.T) {
 		if shape[0] != 8 || shape[1] != 64 || shape[2] != 16 {
 			t.Fatalf("vision all_down %v, want [8 64 16]", shape)
 		}
-		for j := range 16 { // expert 3, row 9 doubled (bf16 exponent + 1)
-			o := 2 * (3*64*16 + 9*16 + j)
-			v := uint16(raw[o]) | uint16(raw[o+1])<<8
-			if v&0x7f80 != 0 && v&0x7f80 != 0x7f00 {
-				v += 0x80
-			}
-			raw[o], raw[o+1] = byte(v), byte(v>>8)
-		}
+		doubleBF16(raw[2*(3*64*16+9*16):], 16) // expert 3, row 9 doubled
 	})
 	for _, bytes := range []BytesMode{BytesOff, BytesOnly} {
 		rep, err := Run(context.Background(), Options{Src: src, Dst: bad, Seed: 1, Bytes: bytes})

@@ -41,18 +41,10 @@ func TestDecodedBanksMatchCPU(t *testing.T) {
 		"nvfp4": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 48, Intermediate: 32, Experts: 6, SharedExperts: 1, TopK: 2,
 			NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: fixtures.DTypeNVFP4, Vocab: 64, Seed: 4104, BiasLike: "deepseek"},
 	}
-	dev := testGPU(t)
-	s, err := newStager(dev, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.free()
+	s := testStager(t)
 	for name, spec := range specs {
 		t.Run(name, func(t *testing.T) {
-			src := filepath.Join(t.TempDir(), "src")
-			if _, err := fixtures.Write(context.Background(), src, spec, fixtures.Options{}); err != nil {
-				t.Fatal(err)
-			}
+			src := cktest.WriteSpec(t, filepath.Join(t.TempDir(), "src"), spec)
 			ck, plan := cktest.OpenPlanned(t, src)
 			wf, err := plan.Format()
 			if err != nil {
@@ -140,6 +132,18 @@ func testGPU(t *testing.T) *cuda.Device {
 	return dev
 }
 
+// testStager is a stager on testGPU's device, freed before the device is
+// closed.
+func testStager(t *testing.T) *Stager {
+	t.Helper()
+	s, err := newStager(testGPU(t), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.free)
+	return s
+}
+
 // rowsOf is the rows of 2-D tensor name.
 func rowsOf(t *testing.T, src tensorload.TensorSource, name string) int {
 	t.Helper()
@@ -220,18 +224,10 @@ func TestMixedFormatBanks(t *testing.T) {
 		"official": {Family: "deepseek_v4", Layers: 2, HashLayers: 1, Hidden: 64, Intermediate: 64, Experts: 4, TopK: 2,
 			DType: fixtures.DTypeFP4Experts, Vocab: 64, Seed: 4202, Layout: fixtures.LayoutDeepSeekOfficial},
 	}
-	dev := testGPU(t)
-	s, err := newStager(dev, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.free()
+	s := testStager(t)
 	for name, spec := range specs {
 		t.Run(name, func(t *testing.T) {
-			src := filepath.Join(t.TempDir(), "src")
-			if _, err := fixtures.Write(context.Background(), src, spec, fixtures.Options{}); err != nil {
-				t.Fatal(err)
-			}
+			src := cktest.WriteSpec(t, filepath.Join(t.TempDir(), "src"), spec)
 			ck, plan := cktest.OpenPlanned(t, src)
 			wf, err := plan.Format()
 			if err != nil {

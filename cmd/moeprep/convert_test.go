@@ -135,3 +135,121 @@ func TestMoELayersBeyondNotice(t *testing.T) {
 		}
 	}
 }
+
+// convert --dtype: its help says it names the dtype dequantised tensors
+// get and that nothing else changes; a dtype it does not write is a usage
+// error; a run prints (and --json reports) what it dequantised, and
+// validate proves it; --dry-run plans the larger output.
+func TestConvertDType(t *testing.T) {
+	_, help, _ := runCLI(t, "convert", "--help")
+	for _, want := range []string{"--dtype", "the dtype the dequantised tensors get", "rounded once to nearest even", "input_scale", "quantization_config", "every other tensor stays byte for byte"} {
+		if !strings.Contains(strings.Join(strings.Fields(help), " "), want) {
+			t.Errorf("convert --help does not say %q", want)
+		}
+	}
+	src := filepath.Join(fixturesDir, "deepseek-v3-fp8")
+	dir := t.TempDir()
+	code, _, stderr := runCLI(t, "convert", "--dtype", "fp8", src, filepath.Join(dir, "x"))
+	if code != 2 {
+		t.Errorf("--dtype fp8: exit %d", code)
+	}
+	assertCleanError(t, stderr, `--dtype "fp8"`, "bf16, f16 or f32")
+	code, out, stderr := runCLI(t, "fuse-shared", "--dry-run", "--json", "--tp", "2", "--dtype", "bf16", src, filepath.Join(dir, "plan"))
+	var plan map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &plan) != nil || plan["dtype"] != "bf16" || plan["dequantized_tensors"] == nil {
+		t.Fatalf("--dry-run --dtype bf16: exit %d, %s %s", code, out, stderr)
+	}
+	dst := filepath.Join(dir, "out")
+	code, out, stderr = runCLI(t, "convert", "-q", "--json", "--dtype", "BF16", src, dst)
+	var sum map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &sum) != nil || sum["dtype"] != "bf16" || sum["dequantized_tensors"].(float64) <= 0 {
+		t.Fatalf("convert --dtype BF16: exit %d, %s %s", code, out, stderr)
+	}
+	if code, out, stderr := runCLI(t, "validate", "-q", "--device", "cpu", src, dst); code != 0 || !strings.Contains(out, "dequantised") {
+		t.Fatalf("validate: exit %d\n%s%s", code, out, stderr)
+	}
+	if code, out, _ := runCLI(t, "inspect", dst); code != 0 || !strings.Contains(out, "dequantised:     to BF16 (nearest-even): 96 expert weights from fp8_block_128x128") {
+		t.Errorf("inspect: exit %d\n%s", code, out)
+	}
+}
+
+// TestOrientationFlag: --orientation in-out converts, says so in the
+// summary (text and JSON), the plan and inspect, and validates; a value
+// that is not an orientation, and a format packed along the row, are
+// refused in one line, exit 2.
+func TestOrientationFlag(t *testing.T) {
+	src := filepath.Join(fixturesDir, "deepseek-v3-fp8")
+	dst := filepath.Join(t.TempDir(), "kmajor")
+	code, out, stderr := runCLI(t, "fuse-shared", "-q", "--tp", "2", "--layout", "gate-up", "--orientation", "in-out", "--dry-run", src, dst)
+	if code != 0 || !strings.Contains(out, "(layout gate-up, in-out)") {
+		t.Fatalf("--dry-run: exit %d: %s%s", code, out, stderr)
+	}
+	code, out, stderr = runCLI(t, "fuse-shared", "-q", "--tp", "2", "--layout", "gate-up", "--orientation", "in-out", "--json", src, dst)
+	var sum struct{ Orientation string }
+	if code != 0 || json.Unmarshal([]byte(out), &sum) != nil || sum.Orientation != "in-out" {
+		t.Fatalf("fuse-shared --orientation in-out: exit %d: %s%s", code, out, stderr)
+	}
+	if code, out, stderr = runCLI(t, "inspect", dst); code != 0 || !strings.Contains(out, "layout gate-up, in-out ([in, out] per expert)") {
+		t.Errorf("inspect: exit %d: %s%s", code, out, stderr)
+	}
+	if code, out, stderr = runCLI(t, "validate", "-q", "--device", "auto", "--golden", src, src, dst); code != 0 || !strings.Contains(out, "bytes: PASS") {
+		t.Errorf("validate: exit %d: %s%s", code, out, stderr)
+	}
+	code, _, stderr = runCLI(t, "convert", "--orientation", "k-major", src, filepath.Join(t.TempDir(), "x"))
+	if code != 2 {
+		t.Errorf("--orientation k-major: exit %d", code)
+	}
+	assertCleanError(t, stderr, "--orientation", "out-in or in-out")
+}
+
+// DST as rclone and hf download --local-dir take it: an empty directory is
+// filled, missing parents are made; a directory holding anything, or a
+// path through a file, is still refused.
+func TestConvertDestinations(t *testing.T) {
+	src := filepath.Join("..", "..", "fixtures", "hf", "qwen3-moe")
+	base := t.TempDir()
+	empty := filepath.Join(base, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	full := filepath.Join(base, "full")
+	if err := os.MkdirAll(full, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(full, "notes.txt"), []byte("mine"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(base, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		dst  string
+		code int
+		want string
+	}{
+		{empty, 0, "wrote " + empty},
+		{filepath.Join(base, "a", "b", "out"), 0, "wrote " + filepath.Join(base, "a", "b", "out")},
+		{full, 2, "full: already exists"},
+		{filepath.Join(file, "out"), 2, "cannot create the output directory"},
+	} {
+		code, out, errOut := runCLI(t, "convert", "-q", src, tc.dst)
+		if code != tc.code || !strings.Contains(out+errOut, tc.want) {
+			t.Errorf("%s: exit %d, %s%s; want %d and %q", tc.dst, code, out, errOut, tc.code, tc.want)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(full, "notes.txt")); err != nil || string(b) != "mine" {
+		t.Errorf("the refused DST's file: %q %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(empty, "config.json")); err != nil {
+		t.Errorf("the empty DST was not filled: %v", err)
+	}
+	// Rerunning a finished convert says how to check it instead.
+	code, _, errOut := runCLI(t, "convert", "-q", src, empty)
+	if code != 2 || !strings.Contains(errOut, "already exists and is moeprep output; --resume checks it against this run's plan") {
+		t.Errorf("rerun: exit %d, %s", code, errOut)
+	}
+	if code, out, errOut := runCLI(t, "convert", "--resume", src, empty); code != 0 || !strings.Contains(out, "is already complete") {
+		t.Errorf("--resume of the finished run: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
