@@ -111,6 +111,19 @@ func goldenRef(t *testing.T, ck tensorload.TensorSource, plan *family.Plan, laye
 	return ref
 }
 
+// cleanConversionPasses converts the HF fixture src with convert's defaults
+// into dst and fails t unless validate passes it against src and its
+// goldens.
+func cleanConversionPasses(t *testing.T, src string) (dst string) {
+	t.Helper()
+	dst = convertInto(t, src, convert.Options{})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
+	if err != nil || rep.Failed() {
+		t.Fatalf("clean conversion: %v %v", err, rep.Err())
+	}
+	return dst
+}
+
 // doubleBF16 doubles the first n bf16 values of raw in place (exponent +
 // 1), leaving zeros and subnormals (exponent 0) and the values it would
 // make infinite as they are: a corrupted weight row that stays finite.
@@ -459,11 +472,7 @@ func TestReferenceW8A8(t *testing.T) {
 // refused; gate-up layouts are refused by convert, naming the way out.
 func TestNemotronHTampered(t *testing.T) {
 	src := hfFixtures + "/nemotron-h"
-	dst := convertInto(t, src, convert.Options{})
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
-	if err != nil || rep.Failed() {
-		t.Fatalf("clean conversion: %v %v", err, rep.Err())
-	}
+	dst := cleanConversionPasses(t, src)
 	bad := convertInto(t, src, convert.Options{})
 	rewriteTensor(t, bad, "backbone.layers.3.mixer.experts.all_up.weight", func(raw []byte, _ []int64) {
 		// expert 5, row 7 doubled: finite, and far beyond bf16 rounding
@@ -480,7 +489,7 @@ func TestNemotronHTampered(t *testing.T) {
 		t.Logf("bytes %s: %v", bytes, firstLine(err.Error()))
 	}
 	editContract(t, dst, func(c map[string]any) { delete(c, "activation") })
-	rep, err = Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Bytes: BytesOff})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Bytes: BytesOff})
 	if err == nil {
 		err = rep.Err()
 	}
@@ -540,11 +549,7 @@ func TestNemotronHHubConfig(t *testing.T) {
 // fails the numbers (the fused path ranks with DST's) and the byte proof.
 func TestLongcatContractAndBias(t *testing.T) {
 	src := hfFixtures + "/longcat-flash"
-	dst := convertInto(t, src, convert.Options{})
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
-	if err != nil || rep.Failed() {
-		t.Fatalf("clean conversion: %v %v", err, rep.Err())
-	}
+	dst := cleanConversionPasses(t, src)
 	biasDst := convertInto(t, src, convert.Options{})
 	rewriteTensor(t, biasDst, "model.layers.1.mlp.router.e_score_correction_bias", func(raw []byte, _ []int64) {
 		raw[4*9+3] ^= 0x40 // row 9, a zero-compute expert's: a large bias, it wins every token's top-k
@@ -562,7 +567,7 @@ func TestLongcatContractAndBias(t *testing.T) {
 	editContract(t, dst, func(c map[string]any) { delete(c, "zero_experts") })
 	// with the byte proof on, the edited config.json fails the manifest
 	// first and the session's reason becomes a note; off, it is the error
-	rep, err = Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Bytes: BytesOff})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 1, Bytes: BytesOff})
 	if err == nil {
 		err = rep.Err()
 	}

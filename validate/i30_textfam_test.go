@@ -2,8 +2,6 @@ package validate
 
 import (
 	"context"
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,21 +16,15 @@ import (
 // writes them (presets small-<model_type>), convert to the stacked and
 // gate-up layouts, and fuse their shared experts where the family has
 // ungated ones, and each output validates on the CPU against its source,
-// bytes proven.
+// bytes proven. Every one of these families' shared experts is ungated, so
+// each preset with shared experts is fused too (Mellum has none).
 func TestTextFamilySynthValidate(t *testing.T) {
-	for _, tc := range []struct {
-		preset string
-		fuse   bool
-	}{
-		{"small-mellum", false},
-		{"small-granitemoehybrid", true},
-		{"small-axk1", true},
-		{"small-axk2", true},
-	} {
-		t.Run(tc.preset, func(t *testing.T) {
-			src := cktest.WritePreset(t, tc.preset)
+	for _, preset := range []string{"small-mellum", "small-granitemoehybrid", "small-axk1", "small-axk2"} {
+		t.Run(preset, func(t *testing.T) {
+			spec := cktest.Preset(t, preset)
+			src := cktest.WriteSpec(t, filepath.Join(t.TempDir(), preset), spec)
 			runs := []convert.Options{{}, {Layout: layout.GateUp}}
-			if tc.fuse {
+			if spec.SharedExperts > 0 {
 				runs = append(runs, convert.Options{FuseShared: true, TP: 2}, convert.Options{FuseShared: true, TP: 1, Layout: layout.GateUp})
 			}
 			reps := conversionsPass(t, src, DeviceCPU, runs, nil)
@@ -49,18 +41,12 @@ func TestTextFamilySynthValidate(t *testing.T) {
 // validates against HF's goldens on the CPU.
 func TestQwen4ExpGoldens(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "qwen4-exp")
-	testkit.CopyDir(t, filepath.Join("..", "fixtures", "hf", "qwen3-5-moe"), src)
-	cfg := testkit.ReadJSON(t, filepath.Join(src, "config.json"))
-	cfg["model_type"], cfg["architectures"] = "qwen4_exp", []any{"Qwen4ExpForConditionalGeneration"}
-	text := cfg["text_config"].(map[string]any)
-	text["model_type"], text["norm_topk_prob"] = "qwen4_exp_text", true
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "config.json"), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.CopyDir(t, filepath.Join(hfFixtures, "qwen3-5-moe"), src)
+	testkit.EditJSON(t, filepath.Join(src, "config.json"), func(cfg map[string]any) {
+		cfg["model_type"], cfg["architectures"] = "qwen4_exp", []any{"Qwen4ExpForConditionalGeneration"}
+		text := cfg["text_config"].(map[string]any)
+		text["model_type"], text["norm_topk_prob"] = "qwen4_exp_text", true
+	})
 	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
 	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: filepath.Join(src, "reference"), Seed: 7, Device: DeviceCPU})
 	if err != nil {

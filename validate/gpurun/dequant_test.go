@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/fixtures"
@@ -44,12 +45,7 @@ func TestDecodedBanksMatchCPU(t *testing.T) {
 	s := testStager(t)
 	for name, spec := range specs {
 		t.Run(name, func(t *testing.T) {
-			src := cktest.WriteSpec(t, filepath.Join(t.TempDir(), "src"), spec)
-			ck, plan := cktest.OpenPlanned(t, src)
-			wf, err := plan.Format()
-			if err != nil {
-				t.Fatal(err)
-			}
+			src, ck, plan, wf := synthPlanned(t, spec)
 			layer := plan.Layers[0]
 			h, inter := plan.HiddenSize, plan.MoEIntermediateSize
 			s.dq.chunk = 3 * (weightfmt.Matrix{Format: wf, Rows: 1, Cols: int64(h)}).RowBytes()
@@ -130,6 +126,19 @@ func testGPU(t *testing.T) *cuda.Device {
 	}
 	t.Cleanup(func() { dev.Close() })
 	return dev
+}
+
+// synthPlanned writes spec into src, opens and plans it, and gives its
+// experts' weight format.
+func synthPlanned(t *testing.T, spec fixtures.SynthSpec) (src string, ck *checkpoint.Checkpoint, plan *family.Plan, wf weightfmt.Format) {
+	t.Helper()
+	src = cktest.WriteSpec(t, filepath.Join(t.TempDir(), "src"), spec)
+	ck, plan = cktest.OpenPlanned(t, src)
+	wf, err := plan.Format()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src, ck, plan, wf
 }
 
 // testStager is a stager on testGPU's device, freed before the device is
@@ -227,12 +236,7 @@ func TestMixedFormatBanks(t *testing.T) {
 	s := testStager(t)
 	for name, spec := range specs {
 		t.Run(name, func(t *testing.T) {
-			src := cktest.WriteSpec(t, filepath.Join(t.TempDir(), "src"), spec)
-			ck, plan := cktest.OpenPlanned(t, src)
-			wf, err := plan.Format()
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, ck, plan, wf := synthPlanned(t, spec)
 			sf, err := plan.SharedFormat()
 			if err != nil {
 				t.Fatal(err)
