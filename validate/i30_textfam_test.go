@@ -53,10 +53,7 @@ func TestQwen4ExpGoldens(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustPass(t, rep, "qwen4_exp against HF's goldens")
-	checks := map[string]int{}
-	for _, r := range rep.Rows {
-		checks[r.Check]++
-	}
+	checks := checksRun(rep)
 	if len(rep.LayersChecked) != 2 || checks["reference-vs-golden"] != 2 || checks["fused-vs-golden"] != 2 {
 		t.Errorf("layers checked %v, checks %v", rep.LayersChecked, checks)
 	}
