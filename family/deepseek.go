@@ -91,10 +91,7 @@ func deepseekRouting(c config, modelType string, p *Plan) error {
 			scoring, method, modelType, supported)
 	}
 	if p.TopKMethod.Grouped() {
-		if p.NGroup, err = c.size("n_group"); err != nil {
-			return err
-		}
-		if p.TopKGroup, err = c.size("topk_group"); err != nil {
+		if err = readGroups(c, p); err != nil {
 			return err
 		}
 	}

@@ -34,10 +34,7 @@ var hubProj = [3]string{"gate_proj", "up_proj", "down_proj"}
 func mistral4Routing(c config, _ string, p *Plan) error {
 	p.Scoring, p.TopKMethod = moe.Softmax, moe.TopKNoAuxTC // groups by the sum of their top 2
 	var err error
-	if p.NGroup, err = c.size("n_group"); err != nil {
-		return err
-	}
-	if p.TopKGroup, err = c.size("topk_group"); err != nil {
+	if err = readGroups(c, p); err != nil {
 		return err
 	}
 	if p.NormTopKProb, err = c.boolean("norm_topk_prob", true); err != nil {
