@@ -95,9 +95,5 @@ func deepseekRouting(c config, modelType string, p *Plan) error {
 			return err
 		}
 	}
-	if p.NormTopKProb, err = c.boolean("norm_topk_prob", false); err != nil {
-		return err
-	}
-	p.RoutedScalingFactor, err = c.float("routed_scaling_factor", 1)
-	return err
+	return readRenorm(c, p, false)
 }

@@ -33,13 +33,8 @@ var hubProj = [3]string{"gate_proj", "up_proj", "down_proj"}
 
 func mistral4Routing(c config, _ string, p *Plan) error {
 	p.Scoring, p.TopKMethod = moe.Softmax, moe.TopKNoAuxTC // groups by the sum of their top 2
-	var err error
-	if err = readGroups(c, p); err != nil {
+	if err := readGroups(c, p); err != nil {
 		return err
 	}
-	if p.NormTopKProb, err = c.boolean("norm_topk_prob", true); err != nil {
-		return err
-	}
-	p.RoutedScalingFactor, err = c.float("routed_scaling_factor", 1)
-	return err
+	return readRenorm(c, p, true)
 }

@@ -41,6 +41,16 @@ func readGroups(c config, p *Plan) (err error) {
 	return err
 }
 
+// readRenorm reads norm_topk_prob (norm when the config has none) and
+// routed_scaling_factor (1 when it has none).
+func readRenorm(c config, p *Plan, norm bool) (err error) {
+	if p.NormTopKProb, err = c.boolean("norm_topk_prob", norm); err != nil {
+		return err
+	}
+	p.RoutedScalingFactor, err = c.float("routed_scaling_factor", 1)
+	return err
+}
+
 // softmaxNorm is softmax top-k with the renormalisation fixed: Jamba never
 // renormalises, ERNIE 4.5 always does (its clamp at 1e-12 never binds on a
 // sum of probabilities).
