@@ -91,16 +91,9 @@ func deepseekRouting(c config, modelType string, p *Plan) error {
 			scoring, method, modelType, supported)
 	}
 	if p.TopKMethod.Grouped() {
-		if p.NGroup, err = c.size("n_group"); err != nil {
-			return err
-		}
-		if p.TopKGroup, err = c.size("topk_group"); err != nil {
+		if err = readGroups(c, p); err != nil {
 			return err
 		}
 	}
-	if p.NormTopKProb, err = c.boolean("norm_topk_prob", false); err != nil {
-		return err
-	}
-	p.RoutedScalingFactor, err = c.float("routed_scaling_factor", 1)
-	return err
+	return readRenorm(c, p, false)
 }

@@ -49,10 +49,7 @@ func deepseekOcr2Routing(c config, _ string, p *Plan) error {
 		p.Scoring, p.TopKMethod = moe.Softmax, moe.TopKGreedy
 	case "group_limited_greedy":
 		p.Scoring, p.TopKMethod = moe.Softmax, moe.TopKGroupLimited
-		if p.NGroup, err = c.size("n_group"); err != nil {
-			return err
-		}
-		if p.TopKGroup, err = c.size("topk_group"); err != nil {
+		if err = readGroups(c, p); err != nil {
 			return err
 		}
 	default:

@@ -10,14 +10,9 @@ package family
 // expert of n_shared_experts * I is added: fusable. Layer L is MoE iff
 // L >= first_k_dense_replace (no moe_layer_freq, no MTP layers).
 var dots1 = &spec{
-	name:  "dots1",
-	names: deepseek.names,
-	keys: configKeys{
-		intermediate: "moe_intermediate_size",
-		numExperts:   routedExperts,
-		sharedCount:  "n_shared_experts",
-		denseKey:     "first_k_dense_replace",
-	},
+	name:   "dots1",
+	names:  deepseek.names,
+	keys:   firstDenseKeys,
 	layers: firstDense,
 	// Dots1Config's defaults; n_shared_experts has none (its None fails in
 	// transformers), so a config without it plans no shared expert.
@@ -25,4 +20,14 @@ var dots1 = &spec{
 		"n_group": 1.0, "topk_group": 1.0, "norm_topk_prob": false, "routed_scaling_factor": 1.0, "first_k_dense_replace": 0.0,
 	},
 	routing: biasedSigmoid("routed_scaling_factor", true, "norm_topk_prob"),
+}
+
+// firstDenseKeys are the config keys of DeepSeek-V3's successors that read
+// no MTP layers and plan layer L as MoE iff L >= first_k_dense_replace
+// (layers: firstDense): dots1 and Mistral 4.
+var firstDenseKeys = configKeys{
+	intermediate: "moe_intermediate_size",
+	numExperts:   routedExperts,
+	sharedCount:  "n_shared_experts",
+	denseKey:     "first_k_dense_replace",
 }

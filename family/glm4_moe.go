@@ -22,20 +22,6 @@ var glm4MoEDefaults = map[string]any{
 	"n_shared_experts":      1.0,
 }
 
-var glm4MoELite = &spec{
-	name:  "glm4_moe_lite",
-	names: deepseek.names,
-	keys: configKeys{
-		intermediate: "moe_intermediate_size",
-		numExperts:   routedExperts,
-		sharedCount:  "n_shared_experts",
-		mtpCount:     "num_nextn_predict_layers",
-		denseFixed:   1,
-	},
-	layers: layerTypes,
-	mtp:    true,
-	defaults: map[string]any{
-		"n_group": 1.0, "topk_group": 1.0, "norm_topk_prob": true, "routed_scaling_factor": 1.8, "n_shared_experts": 1.0,
-	},
-	routing: biasedSigmoid("routed_scaling_factor", true, "norm_topk_prob"),
-}
+var glm4MoELite = layerTypedDeepSeek("glm4_moe_lite", glmKeys(1), map[string]any{
+	"n_group": 1.0, "topk_group": 1.0, "norm_topk_prob": true, "routed_scaling_factor": 1.8, "n_shared_experts": 1.0,
+})

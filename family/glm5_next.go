@@ -24,25 +24,15 @@ import (
 // the routed ones: fusable. MoE layers are mlp_layer_types "sparse", by
 // default all but the first 3; layers past num_hidden_layers with experts
 // (the hub's MTP layer 45) are planned as MTP layers.
-var glm5NextText = &spec{
-	name:       "glm5_next",
-	modelTypes: []string{"glm5_next_text"},
-	names:      deepseek.names,
-	keys: configKeys{
-		intermediate: "moe_intermediate_size",
-		numExperts:   routedExperts,
-		sharedCount:  "n_shared_experts",
-		mtpCount:     "num_nextn_predict_layers",
-		denseFixed:   3,
-	},
-	layers: layerTypes,
-	mtp:    true,
-	defaults: map[string]any{
+var glm5NextText = func() *spec {
+	s := layerTypedDeepSeek("glm5_next", glmKeys(3), map[string]any{
 		"n_group": 1.0, "topk_group": 1.0, "norm_topk_prob": true, "routed_scaling_factor": 2.5, "n_shared_experts": 1.0,
 		"num_experts_per_tok": 8.0, "swiglu_limit": 10.0,
-	},
-	routing: withSwigluLimit(biasedSigmoid("routed_scaling_factor", true, "norm_topk_prob")),
-}
+	})
+	s.modelTypes = []string{"glm5_next_text"}
+	s.routing = withSwigluLimit(s.routing)
+	return s
+}()
 
 // withSwigluLimit adds the clamped SwiGLU of swiglu_limit to a routing rule.
 func withSwigluLimit(routing func(config, string, *Plan) error) func(config, string, *Plan) error {

@@ -11,15 +11,7 @@ package family
 // mlp_layer_types "sparse", by default all but the first
 // first_k_dense_replace (3); the MTP layer (model.layers.78 on the hub) is
 // planned as DeepSeek-V3's.
-var glmMoEDsa = &spec{
-	name:   "glm_moe_dsa",
-	names:  deepseek.names,
-	keys:   deepseekV32.keys,
-	layers: layerTypes,
-	mtp:    true,
-	defaults: map[string]any{
-		"n_group": 1.0, "topk_group": 1.0, "norm_topk_prob": true, "routed_scaling_factor": 2.5, "n_shared_experts": 1.0,
-		"num_experts_per_tok": 8.0, "first_k_dense_replace": 3.0,
-	},
-	routing: biasedSigmoid("routed_scaling_factor", true, "norm_topk_prob"),
-}
+var glmMoEDsa = layerTypedDeepSeek("glm_moe_dsa", deepseekV32.keys, map[string]any{
+	"n_group": 1.0, "topk_group": 1.0, "norm_topk_prob": true, "routed_scaling_factor": 2.5, "n_shared_experts": 1.0,
+	"num_experts_per_tok": 8.0, "first_k_dense_replace": 3.0,
+})

@@ -1,11 +1,11 @@
 package family
 
 import (
-	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
 
+	"github.com/moeprep/moeprep/fixtures/hf"
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/safetensors"
@@ -33,51 +33,50 @@ func readHeaders(t *testing.T, dir string) *fakeTensors {
 	return out
 }
 
-// The checkpoints fixtures/hf/export.py wrote with transformers 5 itself.
+// The safetensors checkpoints fixtures/hf/export.py wrote with transformers
+// 5 itself plan as their index rows say (family, routed and shared experts,
+// MoE layers, scoring, groups, quantisation), with the weight dtype, top-k
+// method and shared gate exportPyPlans gives. (The other fixtures' stacked
+// and packed experts need the checkpoint reader's views, which readHeaders
+// does not give: cmd/moeprep's TestInspectJSONOnHFFixtures holds every row.)
 func TestPlanHFFixtures(t *testing.T) {
-	cases := []struct {
-		dir      string
-		family   string
-		experts  int
-		shared   int
-		layers   []int
-		dtype    safetensors.DType
-		quant    Quantization
-		scoring  moe.Scoring
-		method   moe.TopKMethod
-		ngroup   int
-		sharedGt bool
-	}{
-		{"deepseek-v2-lite", "deepseek", 8, 2, []int{1, 2}, safetensors.BF16, QuantNone, moe.Softmax, moe.TopKGreedy, 1, false},
-		{"deepseek-v3-bf16", "deepseek", 16, 1, []int{1, 2}, safetensors.BF16, QuantNone, moe.Sigmoid, moe.TopKNoAuxTC, 4, false},
-		{"deepseek-v3-fp8", "deepseek", 16, 1, []int{1, 2}, safetensors.F8E4M3, QuantFP8Block, moe.Sigmoid, moe.TopKNoAuxTC, 4, false},
-		{"mixtral", "mixtral", 8, 0, []int{0, 1}, safetensors.BF16, QuantNone, moe.Softmax, moe.TopKGreedy, 1, false},
-		{"qwen2-moe", "qwen2_moe", 8, 1, []int{0, 1}, safetensors.BF16, QuantNone, moe.Softmax, moe.TopKGreedy, 1, true},
-		{"qwen3-moe", "qwen3_moe", 8, 0, []int{1, 2}, safetensors.BF16, QuantNone, moe.Softmax, moe.TopKGreedy, 1, false},
-	}
-	for _, tc := range cases {
-		t.Run(tc.dir, func(t *testing.T) {
-			dir := filepath.Join("..", "fixtures", "hf", tc.dir)
-			cfg := filepath.Join(dir, "config.json")
-			if _, err := os.Stat(cfg); os.IsNotExist(err) {
-				t.Skipf("%s not present", dir)
-			}
-			p, err := Detect(testkit.ReadJSON(t, cfg), readHeaders(t, dir))
+	for _, f := range hf.Pick(t, exportPyPlans) {
+		d := exportPyPlans[f.Dir]
+		t.Run(f.Dir, func(t *testing.T) {
+			dir := filepath.Join("..", "fixtures", "hf", f.Dir)
+			p, err := Detect(testkit.ReadJSON(t, filepath.Join(dir, "config.json")), readHeaders(t, dir))
 			if err != nil {
 				t.Fatalf("Detect: %v", err)
 			}
 			var idx []int
 			for _, l := range p.Layers {
 				idx = append(idx, l.Index)
-				if len(l.Experts) != tc.experts || (l.Shared != nil) != (tc.shared > 0) {
+				if len(l.Experts) != f.Experts || (l.Shared != nil) != (f.Shared > 0) {
 					t.Errorf("layer %d: %d experts, shared %v", l.Index, len(l.Experts), l.Shared)
 				}
 			}
-			got := []any{p.Family, p.NumExperts, p.NumSharedExperts, idx, p.WeightDType, p.Quantization, p.Scoring, p.TopKMethod, p.NGroup, p.SharedGated}
-			want := []any{tc.family, tc.experts, tc.shared, tc.layers, tc.dtype, tc.quant, tc.scoring, tc.method, tc.ngroup, tc.sharedGt}
+			got := []any{p.Family, p.NumExperts, p.NumSharedExperts, idx, string(p.Quantization), string(p.Scoring), p.NGroup}
+			want := []any{f.Family, f.Experts, f.Shared, f.MoELayers, string(f.Format), f.Scoring, f.NGroup}
+			got = append(got, p.WeightDType, p.TopKMethod, p.SharedGated)
+			want = append(want, d.dtype, d.method, d.sharedGated)
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("got  %v\nwant %v", got, want)
 			}
 		})
 	}
+}
+
+// exportPyPlans is what the index does not say of the plans of export.py's
+// safetensors checkpoints.
+var exportPyPlans = map[string]struct {
+	dtype       safetensors.DType
+	method      moe.TopKMethod
+	sharedGated bool
+}{
+	"deepseek-v2-lite": {safetensors.BF16, moe.TopKGreedy, false},
+	"deepseek-v3-bf16": {safetensors.BF16, moe.TopKNoAuxTC, false},
+	"deepseek-v3-fp8":  {safetensors.F8E4M3, moe.TopKNoAuxTC, false},
+	"mixtral":          {safetensors.BF16, moe.TopKGreedy, false},
+	"qwen2-moe":        {safetensors.BF16, moe.TopKGreedy, true},
+	"qwen3-moe":        {safetensors.BF16, moe.TopKGreedy, false},
 }

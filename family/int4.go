@@ -68,21 +68,7 @@ func (k *checker) plainShared() bool {
 // int4MLP checks one MLP of INT4 weights: each projection's weight_packed,
 // weight_scale and weight_shape.
 func (k *checker) int4MLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
-	var m MLP
-	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
-		tn, err := k.int4Weight(where, pr, prefix+"."+pr+".weight", rows, cols, hint)
-		if err != nil {
-			return err
-		}
-		pj := layout.MLPProjs[n]
-		m.Set(pj, layout.RoleWeight, tn.Weight)
-		m.Set(pj, layout.RoleScale, tn.Scale)
-		m.Set(pj, layout.RoleShape, tn.Shape)
-		return nil
-	}); err != nil {
-		return MLP{}, err
-	}
-	return m, nil
+	return k.quantMLP(where, prefix, proj, inter, hint, k.int4Weight, layout.RoleWeight, layout.RoleScale, layout.RoleShape)
 }
 
 // maxShapeBytes bounds what int4Weight reads of a weight_shape tensor.

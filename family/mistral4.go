@@ -19,12 +19,7 @@ var mistral4 = &spec{
 	name: "mistral4",
 	names: naming{layers: "model.layers.", modules: []string{"mlp"}, proj: hubProj, router: "gate",
 		shared: "shared_experts", stackedGateUp: "experts.gate_up_proj", stackedDown: "experts.down_proj"},
-	keys: configKeys{
-		intermediate: "moe_intermediate_size",
-		numExperts:   routedExperts,
-		sharedCount:  "n_shared_experts",
-		denseKey:     "first_k_dense_replace",
-	},
+	keys:   firstDenseKeys,
 	layers: firstDense,
 	defaults: map[string]any{
 		"n_group": 1.0, "topk_group": 1.0, "norm_topk_prob": true, "routed_scaling_factor": 1.0, "n_shared_experts": 1.0,
@@ -38,16 +33,8 @@ var hubProj = [3]string{"gate_proj", "up_proj", "down_proj"}
 
 func mistral4Routing(c config, _ string, p *Plan) error {
 	p.Scoring, p.TopKMethod = moe.Softmax, moe.TopKNoAuxTC // groups by the sum of their top 2
-	var err error
-	if p.NGroup, err = c.size("n_group"); err != nil {
+	if err := readGroups(c, p); err != nil {
 		return err
 	}
-	if p.TopKGroup, err = c.size("topk_group"); err != nil {
-		return err
-	}
-	if p.NormTopKProb, err = c.boolean("norm_topk_prob", true); err != nil {
-		return err
-	}
-	p.RoutedScalingFactor, err = c.float("routed_scaling_factor", 1)
-	return err
+	return readRenorm(c, p, true)
 }

@@ -2,6 +2,7 @@ package family
 
 import (
 	"fmt"
+	"iter"
 	"os"
 	"regexp"
 	"slices"
@@ -12,8 +13,9 @@ import (
 // docTable is one markdown table of a document: its header cells and its
 // rows' cells, each trimmed.
 type docTable struct {
-	header []string
-	rows   [][]string
+	heading string
+	header  []string
+	rows    [][]string
 }
 
 // col is the index of the header cell named name, -1 if none is.
@@ -23,7 +25,7 @@ func (d docTable) col(name string) int { return slices.Index(d.header, name) }
 // before the next "## " heading; a document without one fails t.
 func tableUnder(t *testing.T, doc, heading string) docTable {
 	t.Helper()
-	var d docTable
+	d := docTable{heading: heading}
 	in := false
 	for line := range strings.Lines(doc) {
 		line = strings.TrimRight(line, "\n")
@@ -62,6 +64,23 @@ func tableUnder(t *testing.T, doc, heading string) docTable {
 // word.
 var rowType = regexp.MustCompile("^`([a-z0-9_]+)`$")
 
+// typedRows yields each row with the model type it names (rowType), and
+// fails t for a row that names none.
+func (d docTable) typedRows(t *testing.T) iter.Seq2[string, []string] {
+	return func(yield func(string, []string) bool) {
+		for _, r := range d.rows {
+			m := rowType.FindStringSubmatch(r[0])
+			if m == nil {
+				t.Errorf("%s: row %q does not start with one backquoted model type", d.heading, r[0])
+				continue
+			}
+			if !yield(m[1], r) {
+				return
+			}
+		}
+	}
+}
+
 // TestModelsDocMatchesRegistry holds MODELS.md to the registry: every
 // model type config.json may name and Detect plans (a family's or a
 // multimodal wrapper's) has exactly one row of "Supported model types",
@@ -87,13 +106,7 @@ func TestModelsDocMatchesRegistry(t *testing.T) {
 	accepted := slices.Concat(SupportedModelTypes(), SupportedWrappers())
 	fusable := FuseSharedModelTypes()
 	rows := map[string]int{}
-	for _, r := range supported.rows {
-		m := rowType.FindStringSubmatch(r[0])
-		if m == nil {
-			t.Errorf("Supported model types: row %q does not start with one backquoted model type", r[0])
-			continue
-		}
-		mt := m[1]
+	for mt, r := range supported.typedRows(t) {
 		rows[mt]++
 		if !slices.Contains(accepted, mt) {
 			t.Errorf("Supported model types: %s is no model type the registry accepts", mt)
@@ -114,13 +127,7 @@ func TestModelsDocMatchesRegistry(t *testing.T) {
 
 	refused := tableUnder(t, doc, "Refused model types")
 	listed := map[string]bool{}
-	for _, r := range refused.rows {
-		m := rowType.FindStringSubmatch(r[0])
-		if m == nil {
-			t.Errorf("Refused model types: row %q does not start with one backquoted model type", r[0])
-			continue
-		}
-		mt := m[1]
+	for mt := range refused.typedRows(t) {
 		if listed[mt] {
 			t.Errorf("Refused model types: %s has two rows", mt)
 		}

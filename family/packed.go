@@ -19,24 +19,51 @@ import (
 
 // packedMLP checks one MLP of such weights and names its tensors.
 func (k *checker) packedMLP(where, prefix string, proj [3]string, inter int, hint string) (MLP, error) {
+	return k.quantMLP(where, prefix, proj, inter, hint, func(where, role, weight string, rows, cols int64, hint string) (weightfmt.Tensors, error) {
+		tn, err := k.packedWeight(where, role, weight, rows, cols, hint)
+		if !k.p.NVFP4InputScale { // decided at the first weight: the checkpoint has none
+			tn.Input = ""
+		}
+		return tn, err
+	}, layout.RoleWeight, layout.RoleScale, layout.RoleGlobal, layout.RoleInput)
+}
+
+// quantMLP checks one MLP of quantised weights, each projection's through
+// check (int4Weight, packedWeight), and names of each the tensors of roles.
+func (k *checker) quantMLP(where, prefix string, proj [3]string, inter int, hint string,
+	check func(where, role, weight string, rows, cols int64, hint string) (weightfmt.Tensors, error), roles ...layout.Role) (MLP, error) {
 	var m MLP
 	if err := k.eachProj(proj, inter, func(n int, pr string, rows, cols int64) error {
-		tn, err := k.packedWeight(where, pr, prefix+"."+pr+".weight", rows, cols, hint)
+		tn, err := check(where, pr, prefix+"."+pr+".weight", rows, cols, hint)
 		if err != nil {
 			return err
 		}
-		pj := layout.MLPProjs[n]
-		m.Set(pj, layout.RoleWeight, tn.Weight)
-		m.Set(pj, layout.RoleScale, tn.Scale)
-		m.Set(pj, layout.RoleGlobal, tn.Global)
-		if k.p.NVFP4InputScale {
-			m.Set(pj, layout.RoleInput, tn.Input)
+		for _, r := range roles {
+			m.Set(layout.MLPProjs[n], r, roleTensor(tn, r))
 		}
 		return nil
 	}); err != nil {
 		return MLP{}, err
 	}
 	return m, nil
+}
+
+// roleTensor is tn's tensor of role r; "" for a role weightfmt.Tensors does
+// not name.
+func roleTensor(tn weightfmt.Tensors, r layout.Role) string {
+	switch r {
+	case layout.RoleWeight:
+		return tn.Weight
+	case layout.RoleScale:
+		return tn.Scale
+	case layout.RoleShape:
+		return tn.Shape
+	case layout.RoleGlobal:
+		return tn.Global
+	case layout.RoleInput:
+		return tn.Input
+	}
+	return ""
 }
 
 // packedFormat is the plan's format; at the first expert weight, where

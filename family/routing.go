@@ -14,10 +14,7 @@ func biasedSigmoid(rsfKey string, grouped bool, normKey string) func(config, str
 		p.Scoring, p.TopKMethod = moe.Sigmoid, moe.TopKNoAuxTC
 		var err error
 		if grouped {
-			if p.NGroup, err = c.size("n_group"); err != nil {
-				return err
-			}
-			if p.TopKGroup, err = c.size("topk_group"); err != nil {
+			if err = readGroups(c, p); err != nil {
 				return err
 			}
 		}
@@ -32,6 +29,26 @@ func biasedSigmoid(rsfKey string, grouped bool, normKey string) func(config, str
 		}
 		return err
 	}
+}
+
+// readGroups reads n_group and topk_group, the groups a grouped top-k
+// ranks and the number of them it keeps.
+func readGroups(c config, p *Plan) (err error) {
+	if p.NGroup, err = c.size("n_group"); err != nil {
+		return err
+	}
+	p.TopKGroup, err = c.size("topk_group")
+	return err
+}
+
+// readRenorm reads norm_topk_prob (norm when the config has none) and
+// routed_scaling_factor (1 when it has none).
+func readRenorm(c config, p *Plan, norm bool) (err error) {
+	if p.NormTopKProb, err = c.boolean("norm_topk_prob", norm); err != nil {
+		return err
+	}
+	p.RoutedScalingFactor, err = c.float("routed_scaling_factor", 1)
+	return err
 }
 
 // softmaxNorm is softmax top-k with the renormalisation fixed: Jamba never

@@ -1,8 +1,13 @@
 package layout
 
 import (
+	"math/rand/v2"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -41,5 +46,68 @@ func TestContractFieldsDocumented(t *testing.T) {
 	walk(reflect.TypeOf(Contract{}), "")
 	if len(seen) < 4 {
 		t.Fatalf("walked %d object types, want Contract, LayerInfo, Activation and Requantization", len(seen))
+	}
+}
+
+// The shell recipes CONTRACT.md gives for checking a shard's block digest
+// by hand must compute what moeprep computes, with the block size moeprep
+// writes. Each runs here on a random file of several blocks. CI installs
+// the tools (.ci/run); elsewhere a missing tool skips its recipe.
+func TestContractRecipes(t *testing.T) {
+	doc, err := os.ReadFile("CONTRACT.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	recipes := regexp.MustCompile("`(split -a 6 -d -b (\\d+) SHARD blk\\. && [^`]+)`").FindAllStringSubmatch(string(doc), -1)
+	algos := []struct {
+		algo BlockAlgo
+		tool string
+	}{{XXH3Blocks, "xxhsum"}, {BLAKE3Blocks, "b3sum"}, {SHA256Blocks, "sha256sum"}}
+	if len(recipes) != len(algos) {
+		t.Fatalf("CONTRACT.md has %d hand recipes, want one per digest (%d)", len(recipes), len(algos))
+	}
+	dir := t.TempDir()
+	shard := filepath.Join(dir, "model-00001-of-00001.safetensors")
+	b := make([]byte, 2*ShardBlockSize+12345) // two whole blocks and a short one
+	r := rand.New(rand.NewPCG(7, 9))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	if err := os.WriteFile(shard, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range algos {
+		recipe, bs := recipes[i][1], recipes[i][2]
+		t.Run(a.algo.String(), func(t *testing.T) {
+			if n, _ := strconv.Atoi(bs); n != ShardBlockSize {
+				t.Fatalf("the recipe splits into %s-byte blocks, moeprep writes %d", bs, ShardBlockSize)
+			}
+			if !strings.Contains(recipe, a.tool) {
+				t.Fatalf("recipe %d does not use %s: %s", i, a.tool, recipe)
+			}
+			for _, tool := range []string{a.tool, "split", "xxd", "bash"} {
+				if _, err := exec.LookPath(tool); err != nil {
+					if os.Getenv("CI") != "" {
+						t.Fatalf("%s is not installed: .ci/run must install it", tool)
+					}
+					t.Skipf("%s is not installed", tool)
+				}
+			}
+			work := t.TempDir()
+			cmd := exec.Command("bash", "-c", strings.ReplaceAll(recipe, "SHARD", shard))
+			cmd.Dir = work
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("%s: %v: %s", recipe, err, out)
+			}
+			got := strings.Fields(string(out))[0]
+			want := NewHasher(BlockInfo(a.algo, 0, ShardBlockSize, nil))
+			want.Write(b)
+			fi := want.Sum()
+			d, _, _ := fi.blocks()
+			if got != d.Root {
+				t.Errorf("the recipe gives %s, moeprep %s", got, d.Root)
+			}
+		})
 	}
 }

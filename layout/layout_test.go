@@ -18,15 +18,22 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
+// Parse takes every layout's name in any case, and "" as the default
+// (stacked); nothing else.
 func TestParse(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want Layout
-		ok   bool
-	}{{"", Stacked, true}, {"stacked", Stacked, true}, {"gate-up", GateUp, true}, {"UP-GATE", UpGate, true}, {"gate_up", "", false}, {"x", "", false}} {
-		got, err := Parse(tc.in)
-		if got != tc.want || (err == nil) != tc.ok {
-			t.Errorf("Parse(%q) = %q, %v", tc.in, got, err)
+	for _, l := range Layouts {
+		for _, in := range []string{string(l), strings.ToUpper(string(l))} {
+			if got, err := Parse(in); got != l || err != nil {
+				t.Errorf("Parse(%q) = %q, %v, want %q", in, got, err, l)
+			}
+		}
+	}
+	if got, err := Parse(""); got != Stacked || err != nil {
+		t.Errorf("Parse(\"\") = %q, %v, want stacked", got, err)
+	}
+	for _, in := range []string{"gate_up", "x"} {
+		if got, err := Parse(in); got != "" || err == nil {
+			t.Errorf("Parse(%q) = %q, %v, want an error", in, got, err)
 		}
 	}
 }

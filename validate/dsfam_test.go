@@ -2,11 +2,12 @@ package validate
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/byteproof"
 )
@@ -30,11 +31,8 @@ func TestDSFamiliesValidate(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.preset, func(t *testing.T) {
-			spec, err := fixtures.Preset(tc.preset)
-			if err != nil {
-				t.Fatal(err)
-			}
-			src := synthFrom(t, map[string]fixtures.SynthSpec{tc.preset: spec}, tc.preset)
+			spec := cktest.Preset(t, tc.preset)
+			src := cktest.WriteSpec(t, filepath.Join(t.TempDir(), tc.preset), spec)
 			runs := []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp, Orientation: layout.InOut},
 				{FuseShared: true, TP: 2, Layout: layout.GateUp}}
 			conversionsPass(t, src, DeviceCPU, runs, func(o convert.Options, c *layout.Contract) {

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -18,28 +17,6 @@ import (
 // layout converts and passes validate on the CPU, the contract records the
 // shared expert's names, every mutation of DST fails validate, and the
 // carried tensors are proven byte for byte.
-
-// dsv4OfficialSpecs are official-layout checkpoints at sizes and seeds the
-// preset small-deepseek-v4-official does not use.
-func dsv4OfficialSpecs() map[string]fixtures.SynthSpec {
-	return map[string]fixtures.SynthSpec{
-		// Two scale groups a gate row, two a down row; a hash-routed layer.
-		"h64-i64": {Family: "deepseek_v4", Layers: 2, HashLayers: 1, Hidden: 64, Intermediate: 64,
-			Experts: 6, TopK: 2, DType: fixtures.DTypeFP4Experts, Vocab: 64, Seed: 5101, Layout: fixtures.LayoutDeepSeekOfficial},
-		// One group a gate row, three a down row, twelve experts.
-		"h32-i96": {Family: "deepseek_v4", Layers: 3, Hidden: 32, Intermediate: 96,
-			Experts: 12, TopK: 3, RoutedScalingFactor: 2, DType: fixtures.DTypeFP4Experts, Vocab: 64, Seed: 5102, Layout: fixtures.LayoutDeepSeekOfficial},
-	}
-}
-
-// dsv4OfficialBF16Specs: the official names with bf16 weights, whose shared
-// expert fuse-shared fuses.
-func dsv4OfficialBF16Specs() map[string]fixtures.SynthSpec {
-	return map[string]fixtures.SynthSpec{
-		"bf16": {Family: "deepseek_v4", Layers: 3, HashLayers: 1, Hidden: 48, Intermediate: 32, Experts: 8,
-			SharedExperts: 1, TopK: 2, Vocab: 64, Seed: 5103, Layout: fixtures.LayoutDeepSeekOfficial},
-	}
-}
 
 func TestDSV4OfficialConversionsValidate(t *testing.T) {
 	specsPass(t, dsv4OfficialSpecs(), threeLayouts, nil, quantContract{weightfmt.QuantMXFP4, "I8", "F8_E8M0", []int64{1, 32}}, func(o convert.Options, c *layout.Contract) {

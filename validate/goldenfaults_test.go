@@ -165,14 +165,7 @@ func TestErnieVLTextGoldens(t *testing.T) {
 		bad := convertInto(t, src, convert.Options{})
 		rewriteTensor(t, bad, "model.layers.2.mlp."+bank+"_moe.experts.all_down.weight", func(raw []byte, shape []int64) {
 			per := len(raw) / int(shape[0])
-			for j := range int(shape[2]) { // expert 3, row 9 doubled (bf16 exponent + 1)
-				o := 3*per + 2*(9*int(shape[2])+j)
-				v := uint16(raw[o]) | uint16(raw[o+1])<<8
-				if v&0x7f80 != 0 && v&0x7f80 != 0x7f00 {
-					v += 0x80
-				}
-				raw[o], raw[o+1] = byte(v), byte(v>>8)
-			}
+			doubleBF16(raw[3*per+2*9*int(shape[2]):], int(shape[2])) // expert 3, row 9 doubled
 		})
 		rep, err := Run(context.Background(), Options{Src: src, Dst: bad, Golden: golden, Seed: 1, Bytes: BytesOff})
 		if err != nil {

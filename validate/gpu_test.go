@@ -78,9 +78,8 @@ func TestGPUCorrectConversions(t *testing.T) {
 					t.Fatalf("ran on %q %q", rep.Device, rep.DeviceName)
 				}
 				mustPass(t, rep, string(prec)+": validate --device cuda failed on a correct conversion")
-				checks := map[string]int{}
+				checks := checksRun(rep)
 				for _, r := range rep.Rows {
-					checks[r.Check]++
 					if prec == PrecisionF32 && r.Check == judge.GPUFusedVsReference && r.Tolerance == judge.TolGPUF32 && r.RelL2 > 5e-6 {
 						t.Errorf("f32 layer %d: GPU fused vs CPU reference %.3g, expected float32 rounding (< 5e-6)", r.Layer, r.RelL2)
 					}
@@ -195,9 +194,8 @@ func TestGPUW8A8Conversions(t *testing.T) {
 				t.Fatal(err)
 			}
 			mustPass(t, rep, "validate --precision fp8 failed on a correct conversion")
-			checks := map[string]int{}
+			checks := checksRun(rep)
 			for _, r := range rep.Rows {
-				checks[r.Check]++
 				t.Logf("block %d layer %d %-24s rel_l2 %.3g topk %.4f (%s)", block, r.Layer, r.Check, r.RelL2, r.TopK, r.Tolerance.Name)
 				want := judge.TolGPUW8A8
 				if r.Check == judge.GPUFusedVsGolden || r.Check == judge.ReferenceVsGolden {

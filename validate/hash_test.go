@@ -71,9 +71,8 @@ func TestHashRoutedEveryLayer(t *testing.T) {
 			golden := writeHashGoldens(t, src, 40)
 			for _, o := range runs {
 				rep, _ := convertedPasses(t, src, golden, o)
-				checks := map[string]int{}
+				checks := checksRun(rep)
 				for _, r := range rep.Rows {
-					checks[r.Check]++
 					if r.Check != judge.Coverage && r.TopK != 1 {
 						t.Errorf("%+v: layer %d %s: topk %v, want 1", o, r.Layer, r.Check, r.TopK)
 					}

@@ -12,18 +12,6 @@ import (
 // The in-out orientation (convert --orientation in-out): every expert
 // matrix stacked transposed, [in, out], its scale grid with it.
 
-// inOutSpecs are synthetic checkpoints whose matrices and FP8 grids are
-// not square, so that a slice or grid left untransposed cannot pass.
-func inOutSpecs() map[string]fixtures.SynthSpec {
-	return map[string]fixtures.SynthSpec{
-		// gate [256, 384]: grid [2, 3], in-out [3, 2]; 2 shared experts split.
-		"deepseek-v2-fp8": {Family: "deepseek_v2", Layers: 2, DenseLayers: 1, Hidden: 384, Intermediate: 256,
-			Experts: 6, SharedExperts: 2, TopK: 2, RoutedScalingFactor: 1.5, DType: "fp8", Vocab: 64, Seed: 3001},
-		"qwen3-bf16": {Family: "qwen3_moe", Layers: 2, DenseLayers: 1, Hidden: 96, Intermediate: 40,
-			Experts: 6, TopK: 2, Vocab: 64, Seed: 3002},
-	}
-}
-
 // TestInOutConversionsPass: in-out conversions of checkpoints of every
 // storage the orientation takes (plain bf16, FP8 blocks with partial and
 // non-square grids, FP8 per channel and per tensor, experts stored

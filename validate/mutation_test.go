@@ -48,9 +48,8 @@ func TestValidateCorrectConversions(t *testing.T) {
 				t.Fatal(err)
 			}
 			mustPass(t, rep, "validate failed on a correct conversion")
-			checks := map[string]int{}
+			checks := checksRun(rep)
 			for _, r := range rep.Rows {
-				checks[r.Check]++
 				if r.Check == judge.FusedVsGolden && r.Tolerance == judge.TolGolden && r.RelL2 > 2e-6 {
 					t.Errorf("layer %d: fused vs HF golden %.3g, expected float32 rounding (< 2e-6)", r.Layer, r.RelL2)
 				}
@@ -192,6 +191,15 @@ type jsonBuf []byte
 
 func (b *jsonBuf) Write(p []byte) (int, error) { *b = append(*b, p...); return len(p), nil }
 func (b jsonBuf) String() string               { return string(b) }
+
+// checksRun counts rep's rows by check.
+func checksRun(rep *Report) map[string]int {
+	checks := map[string]int{}
+	for _, r := range rep.Rows {
+		checks[r.Check]++
+	}
+	return checks
+}
 
 // mustPass fails t at once, with the report's table, when rep failed.
 func mustPass(t *testing.T, rep *Report, what string) {

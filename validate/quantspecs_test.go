@@ -2,9 +2,10 @@ package validate
 
 import "github.com/moeprep/moeprep/fixtures"
 
-// The synthetic checkpoints the quantised formats' tests convert and
-// validate, at sizes, seeds and group counts that none of the synth presets
-// has (so the tests exercise checkpoints the presets never wrote).
+// The synthetic checkpoints the quantised formats', DeepSeek-V4 official
+// layout's and in-out orientation's tests convert and validate, at sizes,
+// seeds and group counts that none of the synth presets has (so the tests
+// exercise checkpoints the presets never wrote).
 
 func fp8ScaledSpecs() map[string]fixtures.SynthSpec {
 	return map[string]fixtures.SynthSpec{
@@ -128,5 +129,39 @@ func nvfp4MixedSpecs() map[string]fixtures.SynthSpec {
 			DType: fixtures.DTypeNVFP4Mixed, Vocab: 64, Seed: 7001, BiasLike: "deepseek"},
 		"qwen3-mixed": {Family: "qwen3_moe", Layers: 3, DenseLayers: 1, Hidden: 32, Intermediate: 48,
 			Experts: 6, TopK: 2, DType: fixtures.DTypeNVFP4Mixed, Vocab: 64, Seed: 7002},
+	}
+}
+
+// dsv4OfficialSpecs are official-layout checkpoints at sizes and seeds the
+// preset small-deepseek-v4-official does not use.
+func dsv4OfficialSpecs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// Two scale groups a gate row, two a down row; a hash-routed layer.
+		"h64-i64": {Family: "deepseek_v4", Layers: 2, HashLayers: 1, Hidden: 64, Intermediate: 64,
+			Experts: 6, TopK: 2, DType: fixtures.DTypeFP4Experts, Vocab: 64, Seed: 5101, Layout: fixtures.LayoutDeepSeekOfficial},
+		// One group a gate row, three a down row, twelve experts.
+		"h32-i96": {Family: "deepseek_v4", Layers: 3, Hidden: 32, Intermediate: 96,
+			Experts: 12, TopK: 3, RoutedScalingFactor: 2, DType: fixtures.DTypeFP4Experts, Vocab: 64, Seed: 5102, Layout: fixtures.LayoutDeepSeekOfficial},
+	}
+}
+
+// dsv4OfficialBF16Specs: the official names with bf16 weights, whose shared
+// expert fuse-shared fuses.
+func dsv4OfficialBF16Specs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		"bf16": {Family: "deepseek_v4", Layers: 3, HashLayers: 1, Hidden: 48, Intermediate: 32, Experts: 8,
+			SharedExperts: 1, TopK: 2, Vocab: 64, Seed: 5103, Layout: fixtures.LayoutDeepSeekOfficial},
+	}
+}
+
+// inOutSpecs are synthetic checkpoints whose matrices and FP8 grids are
+// not square, so that a slice or grid left untransposed cannot pass.
+func inOutSpecs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// gate [256, 384]: grid [2, 3], in-out [3, 2]; 2 shared experts split.
+		"deepseek-v2-fp8": {Family: "deepseek_v2", Layers: 2, DenseLayers: 1, Hidden: 384, Intermediate: 256,
+			Experts: 6, SharedExperts: 2, TopK: 2, RoutedScalingFactor: 1.5, DType: "fp8", Vocab: 64, Seed: 3001},
+		"qwen3-bf16": {Family: "qwen3_moe", Layers: 2, DenseLayers: 1, Hidden: 96, Intermediate: 40,
+			Experts: 6, TopK: 2, Vocab: 64, Seed: 3002},
 	}
 }

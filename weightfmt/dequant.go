@@ -153,6 +153,16 @@ type exactDequantiser interface {
 // finite32 reports whether v is neither an infinity nor NaN.
 func finite32(v float32) bool { return !math.IsInf(float64(v), 0) && !math.IsNaN(float64(v)) }
 
+// dequantE4M3 is Dequantise of the FP8 formats (e4m3Scaled): each E4M3
+// value times its scale entry, rounded once to float32 (DequantE4M3).
+func dequantE4M3(f e4m3Scaled, raw []byte, rows, cols int, scale []byte, dst []float32) error {
+	s, bo, bi, err := f.e4m3Grid(rows, cols, scale)
+	if err != nil {
+		return err
+	}
+	return DequantE4M3(raw, rows, cols, s, bo, bi, dst)
+}
+
 // exactE4M3 is exactValues of the FP8 formats (e4m3Scaled): the E4M3
 // value times its scale entry, exact in float64 (4 bits of significand
 // times 24); finite unless the code is E4M3's NaN or the scale is not.

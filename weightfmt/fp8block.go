@@ -123,11 +123,7 @@ func (f fp8Block) Fold() FoldRule {
 }
 
 func (f fp8Block) Dequantise(raw []byte, rows, cols int, scale []byte, dst []float32) error {
-	s, bo, bi, err := f.e4m3Grid(rows, cols, scale)
-	if err != nil {
-		return err
-	}
-	return DequantE4M3(raw, rows, cols, s, bo, bi, dst)
+	return dequantE4M3(f, raw, rows, cols, scale, dst)
 }
 
 // exactValues: the E4M3 value times its block's scale (exactDequantiser).

@@ -105,11 +105,7 @@ func (f fp8Scaled) Dequantise(raw []byte, rows, cols int, scale []byte, dst []fl
 	if err := checkSizes(m, raw, scale, len(dst)); err != nil || len(dst) == 0 {
 		return err
 	}
-	s, bo, bi, err := f.e4m3Grid(rows, cols, scale)
-	if err != nil {
-		return err
-	}
-	return DequantE4M3(raw, rows, cols, s, bo, bi, dst)
+	return dequantE4M3(f, raw, rows, cols, scale, dst)
 }
 
 // exactValues: the E4M3 value times its row's or the weight's scale

@@ -75,6 +75,17 @@ func fixedCompletion[T ~string](values ...T) func(*cobra.Command, []string, stri
 	}
 }
 
+// argsOptions resolves SRC (args[0]: a directory or a Hugging Face repo at
+// --revision) and gives convert's options for it and DST (args[1]): what
+// convert and fuse-shared both start from.
+func (f *convertFlags) argsOptions(cmd *cobra.Command, args []string) (convert.Options, error) {
+	src, err := sourceDir(cmd, cmd.Name(), args[0], f.revision)
+	if err != nil {
+		return convert.Options{}, err
+	}
+	return f.options(src, args[1])
+}
+
 func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	l, err := layout.Parse(f.layout)
 	if err != nil {
@@ -314,11 +325,7 @@ only when complete; --resume continues an interrupted run.`,
   moeprep convert --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-kmajor   # all_gate [E,H,I], all_down [E,I,H]`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			src, err := sourceDir(cmd, cmd.Name(), args[0], f.revision)
-			if err != nil {
-				return err
-			}
-			o, err := f.options(src, args[1])
+			o, err := f.argsOptions(cmd, args)
 			if err != nil {
 				return err
 			}
@@ -380,11 +387,7 @@ blocks, or is stored unlike the routed experts without --requantize-shared.`,
   moeprep fuse-shared --tp 8 --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-fused-kmajor`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			src, err := sourceDir(cmd, cmd.Name(), args[0], f.revision)
-			if err != nil {
-				return err
-			}
-			o, err := f.options(src, args[1])
+			o, err := f.argsOptions(cmd, args)
 			if err != nil {
 				return err
 			}

@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/fixtures"
@@ -15,6 +17,7 @@ import (
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -39,23 +42,10 @@ func TestDecodedBanksMatchCPU(t *testing.T) {
 		"nvfp4": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 48, Intermediate: 32, Experts: 6, SharedExperts: 1, TopK: 2,
 			NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: fixtures.DTypeNVFP4, Vocab: 64, Seed: 4104, BiasLike: "deepseek"},
 	}
-	dev := testGPU(t)
-	s, err := newStager(dev, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.free()
+	s := testStager(t)
 	for name, spec := range specs {
 		t.Run(name, func(t *testing.T) {
-			src := filepath.Join(t.TempDir(), "src")
-			if _, err := fixtures.Write(context.Background(), src, spec, fixtures.Options{}); err != nil {
-				t.Fatal(err)
-			}
-			ck, plan := cktest.OpenPlanned(t, src)
-			wf, err := plan.Format()
-			if err != nil {
-				t.Fatal(err)
-			}
+			src, ck, plan, wf := synthPlanned(t, spec)
 			layer := plan.Layers[0]
 			h, inter := plan.HiddenSize, plan.MoEIntermediateSize
 			s.dq.chunk = 3 * (weightfmt.Matrix{Format: wf, Rows: 1, Cols: int64(h)}).RowBytes()
@@ -138,6 +128,31 @@ func testGPU(t *testing.T) *cuda.Device {
 	return dev
 }
 
+// synthPlanned writes spec into src, opens and plans it, and gives its
+// experts' weight format.
+func synthPlanned(t *testing.T, spec fixtures.SynthSpec) (src string, ck *checkpoint.Checkpoint, plan *family.Plan, wf weightfmt.Format) {
+	t.Helper()
+	src = cktest.WriteSpec(t, filepath.Join(t.TempDir(), "src"), spec)
+	ck, plan = cktest.OpenPlanned(t, src)
+	wf, err := plan.Format()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src, ck, plan, wf
+}
+
+// testStager is a stager on testGPU's device, freed before the device is
+// closed.
+func testStager(t *testing.T) *Stager {
+	t.Helper()
+	s, err := newStager(testGPU(t), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.free)
+	return s
+}
+
 // rowsOf is the rows of 2-D tensor name.
 func rowsOf(t *testing.T, src tensorload.TensorSource, name string) int {
 	t.Helper()
@@ -199,5 +214,101 @@ func sameBits(t *testing.T, what string, e, i int, got, want []uint16) {
 		if got[j] != want[j] {
 			t.Fatalf("%s %d %s [%d]: device 0x%04x, CPU 0x%04x", what, e, [3]string{"gate", "up", "down"}[i], j, got[j], want[j])
 		}
+	}
+}
+
+// TestMixedFormatBanks: on the GPU, a layer whose MLPs are stored in two
+// quantised formats (DeepSeek-V4: FP4 routed experts, FP8 128x128 shared
+// expert) loads each MLP with its own: a routed expert decoded from FP4 to
+// bf16 on the device, bit for bit the CPU's decode rounded to bf16; the
+// shared expert as FP8 codes, byte for byte SRC's, under F32 block scales
+// equal to SRC's (transformers' weight_scale_inv) or to 2^(e-127) of each
+// E8M0 entry (the official x.scale, widened as uploaded). Loading the
+// shared expert as the routed format, what the GPU path did before, is
+// refused naming its tensor.
+func TestMixedFormatBanks(t *testing.T) {
+	specs := map[string]fixtures.SynthSpec{
+		"transformers": {Family: "deepseek_v4", Layers: 2, HashLayers: 1, Hidden: 64, Intermediate: 64, Experts: 4, TopK: 2,
+			DType: fixtures.DTypeFP4Experts, Vocab: 64, Seed: 4201},
+		"official": {Family: "deepseek_v4", Layers: 2, HashLayers: 1, Hidden: 64, Intermediate: 64, Experts: 4, TopK: 2,
+			DType: fixtures.DTypeFP4Experts, Vocab: 64, Seed: 4202, Layout: fixtures.LayoutDeepSeekOfficial},
+	}
+	s := testStager(t)
+	for name, spec := range specs {
+		t.Run(name, func(t *testing.T) {
+			_, ck, plan, wf := synthPlanned(t, spec)
+			sf, err := plan.SharedFormat()
+			if err != nil {
+				t.Fatal(err)
+			}
+			h, inter := plan.HiddenSize, plan.MoEIntermediateSize
+			layer := plan.Layers[1]
+			m := layer.Experts[2]
+			b, err := loadMLPBankOf(s, ck, m, h, inter, wf, plan.Act)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := cpuMLP(t, ck, m, h, inter, wf)
+			for i, mat := range []kernels.Mat{b.Gate, b.Up, b.Down} {
+				sameBits(t, "routed expert", 2, i, bankBF16(t, s, mat, 0, len(want[i])), want[i])
+			}
+			b.Free()
+
+			sh := *layer.Shared
+			if _, err := loadMLPBankOf(s, ck, sh, h, inter, wf, plan.Act); err == nil || !strings.Contains(err.Error(), sh.Weight(layout.ProjGate)) {
+				t.Errorf("shared expert loaded as %s: %v, want a refusal naming %s", wf, err, sh.Weight(layout.ProjGate))
+			}
+			b, err = loadMLPBankOf(s, ck, sh, h, inter, sf, plan.Act)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Free()
+			if err := s.wait(); err != nil {
+				t.Fatal(err)
+			}
+			for i, p := range []struct {
+				w, sc string
+				mat   kernels.Mat
+				scale *cuda.Buffer[float32]
+			}{{sh.Weight(layout.ProjGate), sh.Get(layout.ProjGate, layout.RoleScale), b.Gate, b.GateScale}, {sh.Weight(layout.ProjUp), sh.Get(layout.ProjUp, layout.RoleScale), b.Up, b.UpScale}, {sh.Weight(layout.ProjDown), sh.Get(layout.ProjDown, layout.RoleScale), b.Down, b.DownScale}} {
+				wt, _ := ck.Tensor(p.w)
+				raw, err := wt.ReadAll()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p.mat.DType != kernels.MatFP8 || p.mat.Len != len(raw) {
+					t.Fatalf("shared %s: bank %v of %d, want FP8 of %d", p.w, p.mat.DType, p.mat.Len, len(raw))
+				}
+				got := make([]byte, len(raw))
+				if err := s.dev.Do(func(c *cuda.Ctx) error { return c.CopyDtoH(got, p.mat.Ptr) }); err != nil {
+					t.Fatal(err)
+				}
+				if string(got) != string(raw) {
+					t.Errorf("shared %s: device FP8 codes differ from SRC's", p.w)
+				}
+				st, _ := ck.Tensor(p.sc)
+				sraw, err := st.ReadAll()
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantS := make([]float32, st.NumElements())
+				dt := st.DType
+				if dt == safetensors.U8 {
+					dt = safetensors.F8E8M0
+				}
+				if err := weightfmt.Decode(dt, sraw, wantS); err != nil {
+					t.Fatal(err)
+				}
+				gotS, err := p.scale.ToHost(len(wantS))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j := range wantS {
+					if gotS[j] != wantS[j] {
+						t.Fatalf("shared projection %d scale [%d]: device %g, SRC %g (%s)", i, j, gotS[j], wantS[j], st.DType)
+					}
+				}
+			}
+		})
 	}
 }

@@ -59,9 +59,7 @@ func newRequantFixture(t *testing.T, spec fixtures.SynthSpec, tp int) requantFix
 	t.Helper()
 	dir := t.TempDir()
 	src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
-	if _, err := fixtures.Write(context.Background(), src, spec, fixtures.Options{}); err != nil {
-		t.Fatal(err)
-	}
+	cktest.WriteSpec(t, src, spec)
 	if _, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: dst, Layout: layout.Stacked, TP: tp,
 		FuseShared: true, RequantizeShared: true}); err != nil {
 		t.Fatal(err)
@@ -253,12 +251,7 @@ func (o overrideSource) Tensor(name string) (*checkpoint.Tensor, bool) {
 // shared slot of DST's fused bank (LoadFusedBank), and the CPU's exact
 // decode rounded once to bf16.
 func TestRequantisedSharedOnDevice(t *testing.T) {
-	dev := testGPU(t)
-	s, err := newStager(dev, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.free()
+	s := testStager(t)
 	for name, spec := range requantSpecs() {
 		t.Run(name, func(t *testing.T) {
 			f := newRequantFixture(t, spec, 2)

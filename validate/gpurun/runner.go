@@ -158,6 +158,16 @@ type Frees []interface{ Free() error }
 
 func (f *Frees) add(b interface{ Free() error }) { *f = append(*f, b) }
 
+// toDevice copies host into a new device buffer, freed with the rest of fr.
+func toDevice[T cuda.Elem](g *Runner, host []T, fr *Frees) (*cuda.Buffer[T], error) {
+	b, err := cuda.FromHost(g.dev, host)
+	if err != nil {
+		return nil, err
+	}
+	fr.add(b)
+	return b, nil
+}
+
 // Release waits for the compute stream and frees every buffer in f.
 func (f Frees) Release(g *Runner) {
 	g.sync()
@@ -206,10 +216,9 @@ func (g *Runner) Prepared(src tensorload.TensorSource, prep moelayer.InputPrep, 
 		return nil, err
 	}
 	out.Tokens = in.Tokens
-	if out.r32, err = cuda.FromHost(g.dev, xr); err != nil {
+	if out.r32, err = toDevice(g, xr, fr); err != nil {
 		return nil, err
 	}
-	fr.add(out.r32)
 	return out, nil
 }
 
@@ -218,21 +227,19 @@ func (g *Runner) Prepared(src tensorload.TensorSource, prep moelayer.InputPrep, 
 func (g *Runner) Input(x []float32, t, h int, fr *Frees) (*Input, error) {
 	in := &Input{t: t, h: h, x: x}
 	var err error
-	if in.x32, err = cuda.FromHost(g.dev, x); err != nil {
+	if in.x32, err = toDevice(g, x, fr); err != nil {
 		return nil, err
 	}
-	fr.add(in.x32)
 	in.act = kernels.F32Mat(in.x32)
 	if g.act == kernels.MatBF16 {
 		xb := make([]uint16, len(x))
 		for i, v := range x {
 			xb[i] = numfmt.F32ToBF16(v)
 		}
-		b, err := cuda.FromHost(g.dev, xb)
+		b, err := toDevice(g, xb, fr)
 		if err != nil {
 			return nil, err
 		}
-		fr.add(b)
 		in.act = kernels.BF16Mat(b)
 	}
 	return in, nil
@@ -268,10 +275,9 @@ func (g *Runner) route(src tensorload.TensorSource, spec moe.RouteSpec, gs kerne
 		if bv, err = tensorload.LoadVector(src, rr.Bias, e); err != nil {
 			return nil, nil, nil, err
 		}
-		if b, err = cuda.FromHost(g.dev, bv); err != nil {
+		if b, err = toDevice(g, bv, fr); err != nil {
 			return nil, nil, nil, err
 		}
-		fr.add(b)
 	}
 	logits, err := cuda.Alloc[float32](g.dev, t*rows)
 	if err != nil {
@@ -286,11 +292,10 @@ func (g *Runner) route(src tensorload.TensorSource, spec moe.RouteSpec, gs kerne
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		db, err := cuda.FromHost(g.dev, lb)
+		db, err := toDevice(g, lb, fr)
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		fr.add(db)
 		if err := kernels.AddBiasRows(g.dev, g.compute, logits, db, t, e); err != nil {
 			return nil, nil, nil, err
 		}
@@ -311,10 +316,9 @@ func (g *Runner) route(src tensorload.TensorSource, spec moe.RouteSpec, gs kerne
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		if out.HashIDs, err = cuda.FromHost(g.dev, ids); err != nil {
+		if out.HashIDs, err = toDevice(g, ids, fr); err != nil {
 			return nil, nil, nil, err
 		}
-		fr.add(out.HashIDs)
 	}
 	if err := g.lr.Gate(gs, t, logits, b, out); err != nil {
 		return nil, nil, nil, err
@@ -325,11 +329,10 @@ func (g *Runner) route(src tensorload.TensorSource, spec moe.RouteSpec, gs kerne
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		ds, err := cuda.FromHost(g.dev, sv)
+		ds, err := toDevice(g, sv, fr)
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		fr.add(ds)
 		if err := kernels.ScaleByExpert(g.dev, g.compute, out.Weights, out.IDs, ds, t*k, e); err != nil {
 			return nil, nil, nil, err
 		}
@@ -402,16 +405,14 @@ func (g *Runner) forced(gout *kernels.GateOut, routing *moe.Routing, slots *moe.
 	}
 	out := &moe.Slots{T: slots.T + tail.T, K: slots.K, FinalScale: slots.FinalScale,
 		IDs: append(append([]int32(nil), slots.IDs...), tail.IDs...), Weights: append(append([]float32(nil), slots.Weights...), tail.Weights...)}
-	ids, err := cuda.FromHost(g.dev, out.IDs)
+	ids, err := toDevice(g, out.IDs, fr)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	fr.add(ids)
-	w, err := cuda.FromHost(g.dev, out.Weights)
+	w, err := toDevice(g, out.Weights, fr)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	fr.add(w)
 	return out, ids, w, nil
 }
 
@@ -626,11 +627,10 @@ func (g *Runner) addDense(src tensorload.TensorSource, m family.MLP, gate string
 		if err != nil {
 			return err
 		}
-		w, err := cuda.FromHost(g.dev, gw)
+		w, err := toDevice(g, gw, &fr)
 		if err != nil {
 			return err
 		}
-		fr.add(w)
 		if logit, err = g.f32Buffer(t, &fr); err != nil {
 			return err
 		}
@@ -685,11 +685,10 @@ func (g *Runner) addRoutedShared(src tensorload.TensorSource, mlps []family.MLP,
 			return fmt.Errorf("shared expert %d: %w", s, err)
 		}
 	}
-	w, err := cuda.FromHost(g.dev, weights)
+	w, err := toDevice(g, weights, &fr)
 	if err != nil {
 		return err
 	}
-	fr.add(w)
 	ys, err := g.f32Buffer(t*h, &fr)
 	if err != nil {
 		return err
