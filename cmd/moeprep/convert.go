@@ -34,6 +34,9 @@ type convertFlags struct {
 	revision         string
 	exclude          []string
 	report           reportFlags
+	// per rank (--ep): convert.Options' fields of the same names
+	ep, moeTP, slots         int
+	placementStats, placeMap string
 }
 
 // Schemas of convert's JSON documents (SCHEMAS.md).
@@ -56,6 +59,11 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.dryRun, "dry-run", false, "print the plan (shards, bytes to read and write, free space, time at SRC's measured read speed) and write nothing")
 	fl.StringVar(&f.dtype, "dtype", "", "dequantise every quantised weight (experts, attention, dense MLPs; FP8, INT4, NVFP4, MXFP4) into bf16, f16 or f32: the dtype the dequantised tensors get, each value the exact float32 dequantisation rounded once to nearest even (f32: exact); their scale tensors and input_scale are dropped, config.json loses quantization_config; every other tensor stays byte for byte")
 	fl.BoolVar(&f.bufferedIO, "buffered-io", false, "write shards through the page cache instead of with O_DIRECT (used anyway where the file system refuses O_DIRECT)")
+	fl.IntVar(&f.ep, "ep", 0, "write the routed experts per rank for `N` expert-parallel ranks (rank-0000r-of-0000N/, a per-rank index; everything else in shared files); N must divide E, or --slots")
+	fl.IntVar(&f.moeTP, "moe-tp", 1, "with --ep: cut each expert's intermediate dimension `M` ways, N*M ranks (gate and up rows, down columns, on scale block boundaries)")
+	fl.IntVar(&f.slots, "slots", 0, "with --ep: physical expert slots per MoE layer `S` = E + redundant (default E; a multiple of --ep)")
+	fl.StringVar(&f.placementStats, "placement", "", "with --ep: place the slots from recorded expert loads in `STATS`, as moeprep placement does")
+	fl.StringVar(&f.placeMap, "placement-map", "", "with --ep: take each MoE layer's slots from `FILE`: moeprep placement --json, or SGLang's init_expert_location JSON")
 	quietFlag(cmd, &f.quiet)
 	f.report.register(cmd, "the summary")
 	_ = cmd.RegisterFlagCompletionFunc("layout", fixedCompletion(layout.Stacked, layout.GateUp, layout.UpGate))
@@ -105,8 +113,19 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	if err := checkOutputPath(f.report.output, src, dst); err != nil {
 		return convert.Options{}, err
 	}
+	if f.ep == 0 && f.moeTP != 1 {
+		return convert.Options{}, fmt.Errorf("--moe-tp %d needs --ep", f.moeTP)
+	}
+	if f.ep < 0 || f.moeTP < 1 {
+		return convert.Options{}, fmt.Errorf("--ep %d, --moe-tp %d: want positive numbers", f.ep, f.moeTP)
+	}
+	moeTP := f.moeTP
+	if f.ep == 0 {
+		moeTP = 0
+	}
 	return convert.Options{Src: src, Dst: dst, Layout: l, Orientation: orient, MaxShardSize: size, Jobs: f.jobs, Digest: digest, Exclude: f.exclude,
-		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, DType: dtype, Tool: "moeprep " + versionString()}, nil
+		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, DType: dtype, Tool: "moeprep " + versionString(),
+		EP: f.ep, MoETP: moeTP, Slots: f.slots, PlacementStats: f.placementStats, PlacementMap: f.placeMap}, nil
 }
 
 // parseDequantDType reads --dtype: "" (keep quantised weights), bf16, f16
@@ -172,6 +191,9 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 			human.Rate(s.Bytes, time.Duration(s.Seconds*float64(time.Second))))
 		if s.DType != "" {
 			msg += fmt.Sprintf("; %s dequantised to %s", human.Count(s.DequantizedTensors, "quantised weight"), s.DType)
+		}
+		if s.Ranks > 0 {
+			msg += fmt.Sprintf("; experts per rank for %s (rank-*/)", human.Count(s.Ranks, "rank"))
 		}
 		if o.FuseShared {
 			msg += fmt.Sprintf("; %s", human.Count(s.FusedShared, "fused shared expert"))
@@ -242,6 +264,13 @@ func printPlan(w io.Writer, label string, p *convert.Plan) error {
 			break
 		}
 		fmt.Fprintf(&b, "    %-36s %10s  %s\n", s.Name, human.Bytes(s.Bytes), human.Count(s.Tensors, "tensor"))
+	}
+	for r, n := range p.RankBytes {
+		if r == listed {
+			fmt.Fprintf(&b, "    ... and %s more (--json lists all)\n", human.Count(len(p.RankBytes)-listed, "rank"))
+			break
+		}
+		fmt.Fprintf(&b, "    rank %-31d %10s  its experts, beside the shared files\n", r, human.Bytes(n))
 	}
 	fmt.Fprintf(&b, "  read %s from SRC, write %s to DST (%s copied as they are)\n", human.Bytes(p.ReadBytes), human.Bytes(p.WriteBytes), human.Count(p.CopiedFiles, "other file"))
 	if l := copiedLine(p.Copied, p.Excluded); l != "" {
