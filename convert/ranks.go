@@ -107,7 +107,9 @@ func (p *planner) planRanks() (*rankPlan, error) {
 				return nil, fmt.Errorf("%s: --moe-tp %d: layer %s's experts are %d wide (moe_intermediate_size), which %d does not divide", dir, M, family.LayerLabel(l.Index), I, M)
 			}
 			if !sliceable(p.wf, int64(M), I/int64(M), H) {
-				return nil, fmt.Errorf("%s: --moe-tp %d: layer %s's experts are %d wide; a part of %d would cut the %s scale blocks (gate and up rows, down columns must fall on block boundaries)", dir, M, family.LayerLabel(l.Index), I, I/int64(M), p.wf)
+				sc, _ := p.wf.Scale()
+				return nil, fmt.Errorf("%s: --moe-tp %d: layer %s's experts are %d wide, and a part of %d would cut the %s scale blocks of %dx%d: gate and up rows and down columns are cut only on block boundaries, so I/M must be a multiple of the block",
+					dir, M, family.LayerLabel(l.Index), I, I/int64(M), p.wf, sc.Block[0], sc.Block[1])
 			}
 			if o.FuseShared && fp.NumSharedExperts > 0 && !sliceable(p.sharedFormat(), int64(fp.NumSharedExperts*M), I/int64(M), H) {
 				return nil, fmt.Errorf("%s: --moe-tp %d: the shared expert's slices of %d would cut its %s scale blocks", dir, M, I/int64(M), p.sharedFormat())
