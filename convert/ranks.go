@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/moeprep/moeprep/family"
@@ -158,8 +159,10 @@ func (p *planner) planRanks() (*rankPlan, error) {
 			rp.rows[l.Index] = row
 		}
 		if m.Form == placement.Schema {
-			for _, l := range m.Layers {
-				if !moe[l] {
+			// moeprep placement writes every layer its statistics name,
+			// dense ones (SGLang records them, with no load) contiguous.
+			for i, l := range m.Layers {
+				if !moe[l] && !slices.Equal(m.PhysicalToLogical[i], placement.Contiguous(spec).Map) {
 					return nil, fmt.Errorf("%s: places layer %d, which is not one of the model's MoE layers %s", m.File, l, listInts(indices))
 				}
 			}

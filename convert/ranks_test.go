@@ -216,6 +216,9 @@ func TestRanksEqualWholeOutputSlices(t *testing.T) {
 	cktest.WriteSpec(t, fp8, fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 256, Intermediate: 256,
 		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: "fp8", Vocab: 64, Seed: 11})
 	mtp := cktest.WritePreset(t, "tiny-deepseek-v3-fp8")
+	int4 := filepath.Join(t.TempDir(), "int4-64")
+	cktest.WriteSpec(t, int4, fixtures.SynthSpec{Family: "kimi_k2", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 64,
+		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.827, DType: "int4-pack", GroupSize: 32, Vocab: 64, Seed: 12})
 	ds := filepath.Join(hfDir, "deepseek-v3-bf16")
 	stats := filepath.Join(t.TempDir(), "loads.json")
 	if err := os.WriteFile(stats, []byte(`{"0": [0,0,0,0,0,0,0,0], "1": [900,10,10,10,10,10,10,300], "2": [5,5,5,5,5,5,700,80]}`), 0o644); err != nil {
@@ -238,6 +241,15 @@ func TestRanksEqualWholeOutputSlices(t *testing.T) {
 		{"tiny-deepseek-v3-fp8 mtp ep2 slots18", mtp, Options{EP: 2, Slots: 18}},
 		{"fp8 I256 ep2 moe-tp2", fp8, Options{EP: 2, MoETP: 2}},
 		{"fp8 I256 fuse ep4 moe-tp2 gate-up", fp8, Options{EP: 4, MoETP: 2, FuseShared: true, Layout: layout.GateUp}},
+		{"fp8 I256 ep2 moe-tp2 dtype bf16", fp8, Options{EP: 2, MoETP: 2, DType: safetensors.BF16}},
+		{"int4 g32 fuse requantize ep2 moe-tp2", int4, Options{EP: 2, MoETP: 2, FuseShared: true, RequantizeShared: true}},
+		{"int4 g32 ep4 moe-tp2 gate-up", int4, Options{EP: 4, MoETP: 2, Layout: layout.GateUp}},
+		{"deepseek-v3-int4 ep4", filepath.Join(hfDir, "deepseek-v3-int4"), Options{EP: 4}},
+		{"deepseek-v3-nvfp4 ep2 moe-tp2", filepath.Join(hfDir, "deepseek-v3-nvfp4"), Options{EP: 2, MoETP: 2}},
+		{"deepseek-v3-fp8-tensor ep2 moe-tp2 gate-up", filepath.Join(hfDir, "deepseek-v3-fp8-tensor"), Options{EP: 2, MoETP: 2, Layout: layout.GateUp}},
+		{"qwen3-moe-fp8-channel ep2 moe-tp2", filepath.Join(hfDir, "qwen3-moe-fp8-channel"), Options{EP: 2, MoETP: 2}},
+		{"gpt-oss-mxfp4 ep4", filepath.Join(hfDir, "gpt-oss-mxfp4"), Options{EP: 4}},
+		{"gpt-oss ep2 in-out", filepath.Join(hfDir, "gpt-oss"), Options{EP: 2, Orientation: layout.InOut}},
 		{"qwen3-moe ep4", filepath.Join(hfDir, "qwen3-moe"), Options{EP: 4}},
 		{"qwen3-moe ep2 moe-tp2 gate-up", filepath.Join(hfDir, "qwen3-moe"), Options{EP: 2, MoETP: 2, Layout: layout.GateUp}},
 		{"qwen3-moe ep4 stats slots12", filepath.Join(hfDir, "qwen3-moe"), Options{EP: 4, Slots: 12, PlacementStats: stats}},
@@ -259,7 +271,8 @@ func TestRanksEqualWholeOutputSlices(t *testing.T) {
 				o.PlacementMap = writePlacement(t, layers, rows)
 			}
 			dir := t.TempDir()
-			wo := Options{Src: tc.src, Dst: filepath.Join(dir, "whole"), Layout: o.Layout, FuseShared: o.FuseShared}
+			wo := Options{Src: tc.src, Dst: filepath.Join(dir, "whole"), Layout: o.Layout, FuseShared: o.FuseShared, DType: o.DType,
+				RequantizeShared: o.RequantizeShared, Orientation: o.Orientation}
 			if o.FuseShared {
 				wo.Replicas = o.EP
 			}
