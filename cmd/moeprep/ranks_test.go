@@ -93,3 +93,66 @@ func TestConvertPerRankCommand(t *testing.T) {
 		t.Errorf("--dry-run --ep 4: exit %d\n%s\n%s", code, out, errOut)
 	}
 }
+
+// validate on a per-rank output: the whole proof and --rank r exit 0; a
+// slot's byte changed exits 1 in one line naming the rank; --rank where
+// it cannot apply exits 2.
+func TestValidatePerRank(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(fixturesDir, "deepseek-v3-bf16")
+	dst := filepath.Join(dir, "ep4")
+	if code, _, errOut := runCLI(t, "fuse-shared", "--quiet", "--ep", "4", "--slots", "20", src, dst); code != 0 {
+		t.Fatalf("fuse-shared: %s", errOut)
+	}
+	code, out, errOut := runCLI(t, "validate", "--quiet", src, dst)
+	if code != 0 || !strings.Contains(out, "bytes per rank (4 ranks): PASS") || !strings.Contains(out, "48 slots proven") {
+		t.Fatalf("validate: exit %d\n%s\n%s", code, out, errOut)
+	}
+	code, out, errOut = runCLI(t, "validate", "--quiet", "--rank", "2", "--json", src, dst)
+	var res struct {
+		Schema  string   `json:"schema"`
+		Ranks   []int    `json:"ranks"`
+		Files   []string `json:"files"`
+		Read    int64    `json:"dst_bytes_read"`
+		Shared  int64    `json:"shared_bytes"`
+		Rank    int64    `json:"rank_bytes"`
+		Failure string   `json:"failure"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Schema != "moeprep.validate-rank/v1" || !slices.Equal(res.Ranks, []int{2}) {
+		t.Fatalf("validate --rank 2: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if res.Read > res.Shared+res.Rank {
+		t.Errorf("--rank 2 read %d bytes, over the shared %d and its own %d", res.Read, res.Shared, res.Rank)
+	}
+	shard := filepath.Join(dst, "rank-00001-of-00004", "model-00001-of-00001.safetensors")
+	raw, err := os.ReadFile(shard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[len(raw)-5] ^= 0x40
+	if err := os.WriteFile(shard, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, _ := runCLI(t, "validate", "--quiet", "--rank", "2", src, dst); code != 0 {
+		t.Errorf("--rank 2 after rank 1's file changed: exit %d, want 0 (it reads only rank 2's)", code)
+	}
+	code, _, errOut = runCLI(t, "validate", "--quiet", "--rank", "1", src, dst)
+	if code != 1 {
+		t.Errorf("--rank 1 after its file changed: exit %d, want 1", code)
+	}
+	assertCleanError(t, errOut, "rank 1: layer 2: slot")
+	code, _, errOut = runCLI(t, "validate", "--quiet", "--rank", "4", src, dst)
+	if code != 2 {
+		t.Errorf("--rank 4 of 4: exit %d, want 2", code)
+	}
+	assertCleanError(t, errOut, "--rank 4: the output has 4 ranks (0..3)")
+	whole := filepath.Join(dir, "whole")
+	if code, _, errOut := runCLI(t, "convert", "--quiet", src, whole); code != 0 {
+		t.Fatal(errOut)
+	}
+	code, _, errOut = runCLI(t, "validate", "--quiet", "--rank", "0", src, whole)
+	if code != 2 {
+		t.Errorf("--rank on a whole-model output: exit %d, want 2", code)
+	}
+	assertCleanError(t, errOut, "not a per-rank output")
+}

@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 
 	"github.com/moeprep/moeprep/checkpoint"
@@ -164,21 +165,33 @@ func (k *checker) run(ctx context.Context, ranks []int) error {
 	if err := k.checkLayers(); err != nil {
 		return err
 	}
-	shared, err := k.checkFiles(ctx, "", append([]string{checkpoint.ConfigFileName, k.x.SharedIndex}, k.sharedShards()...))
+	small, err := k.checkFiles(ctx, "", []string{checkpoint.ConfigFileName, k.x.SharedIndex}, true)
 	if err != nil {
 		return err
 	}
-	k.res.SharedBytes = shared
+	if err := k.checkConfig(); err != nil {
+		return err
+	}
+	shared, err := k.checkFiles(ctx, "", k.sharedShards(), false)
+	if err != nil {
+		return err
+	}
+	k.res.SharedBytes = small + shared
 	if err := k.checkShared(ctx); err != nil {
 		return err
 	}
 	for _, r := range ranks {
 		ri, _ := k.x.Rank(r)
-		n, err := k.checkFiles(ctx, fmt.Sprintf("rank %d: ", r), append([]string{ri.Index}, ri.Files...))
+		who := fmt.Sprintf("rank %d: ", r)
+		n, err := k.checkFiles(ctx, who, []string{ri.Index}, true)
 		if err != nil {
 			return err
 		}
-		k.res.RankBytes += n
+		m, err := k.checkFiles(ctx, who, ri.Files, false)
+		if err != nil {
+			return err
+		}
+		k.res.RankBytes += n + m
 		if err := k.checkRank(ctx, ri); err != nil {
 			return err
 		}
@@ -211,8 +224,12 @@ func (k *checker) sharedShards() []string {
 }
 
 // checkFiles verifies each file (relative to DST) against its manifest
-// entry, reading it once; it returns their bytes.
-func (k *checker) checkFiles(ctx context.Context, who string, files []string) (int64, error) {
+// entry and returns their bytes: hashed where hash says (config.json and
+// the indexes), by size where not (the shards, whose every tensor byte the
+// proof then compares and whose header the safetensors reader parses
+// strictly: only the header's padding goes unread, so a rank's check reads
+// its files about once).
+func (k *checker) checkFiles(ctx context.Context, who string, files []string, hash bool) (int64, error) {
 	var total int64
 	for _, rel := range files {
 		if err := ctx.Err(); err != nil {
@@ -223,8 +240,20 @@ func (k *checker) checkFiles(ctx context.Context, who string, files []string) (i
 			return total, fail("%s%s: not in the manifest", who, rel)
 		}
 		p := filepath.Join(k.dst, filepath.FromSlash(rel))
-		if _, err := os.Lstat(p); err != nil {
+		st, err := os.Lstat(p)
+		if err != nil {
 			return total, fail("%s%s: missing (%v)", who, rel, err)
+		}
+		if !st.Mode().IsRegular() {
+			return total, fail("%s%s: not a regular file", who, rel)
+		}
+		if !hash {
+			if st.Size() != fi.Size {
+				return total, fail("%s%s: %d bytes, its manifest entry says %d", who, rel, st.Size(), fi.Size)
+			}
+			total += fi.Size
+			k.res.Files = append(k.res.Files, rel)
+			continue
 		}
 		h, err := layout.HashFileLike(p, fi)
 		if err != nil {
@@ -338,4 +367,26 @@ func readFull(r io.ReaderAt, p []byte, off int64) error {
 		err = io.ErrUnexpectedEOF
 	}
 	return err
+}
+
+// checkConfig: DST's config.json is SRC's with the contract added (as
+// values: key order and spacing are the byte proof's to check).
+func (k *checker) checkConfig() error {
+	var got map[string]any
+	b, err := os.ReadFile(filepath.Join(k.dst, checkpoint.ConfigFileName))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		return fail("config.json: %v", err)
+	}
+	var want map[string]any
+	if err := json.Unmarshal(k.src.ConfigJSON, &want); err != nil {
+		return err
+	}
+	delete(got, layout.ContractKey)
+	if !reflect.DeepEqual(got, want) {
+		return fail("config.json: its keys besides %q are not SRC's config.json", layout.ContractKey)
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path"
 	"path/filepath"
+	"slices"
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
@@ -61,6 +62,14 @@ func (k *checker) checkRank(ctx context.Context, ri layout.RankInfo) error {
 		return fail("rank %d: %v", ri.Rank, err)
 	}
 	defer sh.Close()
+	if shards := sh.Index.Shards(); len(shards) != len(ri.Files) {
+		return fail("rank %d: its index names %d shards, the contract %d", ri.Rank, len(shards), len(ri.Files))
+	}
+	for _, s := range sh.Index.Shards() {
+		if !slices.Contains(ri.Files, path.Join(path.Dir(ri.Index), s)) {
+			return fail("rank %d: its index names shard %s, which the contract does not list", ri.Rank, s)
+		}
+	}
 	want := 0
 	S := k.c.SharedSlices
 	if k.c.NumFusedSharedExperts == 0 {
