@@ -63,6 +63,10 @@ type Options struct {
 	Slots          int
 	PlacementStats string
 	PlacementMap   string
+	// Nodes (with PlacementStats; 0 means 1): the ranks are spread over
+	// this many nodes, and the placement is hierarchical (whole expert
+	// groups onto nodes) where the routing's n_group divides among them.
+	Nodes int
 
 	MaxShardSize int64            // 0 means DefaultMaxShardSize
 	Jobs         int              // 0 means DefaultJobs

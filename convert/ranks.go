@@ -37,8 +37,8 @@ func (o *Options) normRanks() error {
 		switch {
 		case o.MoETP != 0:
 			return fmt.Errorf("--moe-tp %d needs --ep", o.MoETP)
-		case o.Slots != 0 || o.PlacementStats != "" || o.PlacementMap != "":
-			return fmt.Errorf("--slots, --placement and --placement-map need --ep")
+		case o.Slots != 0 || o.PlacementStats != "" || o.PlacementMap != "" || o.Nodes != 0:
+			return fmt.Errorf("--slots, --placement, --placement-map and --nodes need --ep")
 		}
 		return nil
 	}
@@ -54,6 +54,10 @@ func (o *Options) normRanks() error {
 		return fmt.Errorf("--placement and --placement-map contradict each other: give recorded loads to place, or a placement")
 	case o.Slots < 0:
 		return fmt.Errorf("--slots %d: must be positive", o.Slots)
+	case o.Nodes != 0 && o.PlacementStats == "":
+		return fmt.Errorf("--nodes %d applies to --placement STATS (the placement moeprep computes)", o.Nodes)
+	case o.Nodes < 0 || o.Nodes > o.EP:
+		return fmt.Errorf("--nodes %d with --ep %d: want 1..%d", o.Nodes, o.EP, o.EP)
 	}
 	if o.FuseShared {
 		// Each rank holds its own replica of the shared expert and no
@@ -142,7 +146,10 @@ func (p *planner) planRanks() (*rankPlan, error) {
 		return nil, fmt.Errorf("%s: --ep %d does not divide the %d slots (%d experts + %d redundant)", dir, N, S, E, S-E)
 	}
 	rp.slots = S
-	spec := placement.Spec{Experts: E, Slots: S, Ranks: N, Nodes: 1, Groups: 1}
+	spec := placement.Spec{Experts: E, Slots: S, Ranks: N, Nodes: max(o.Nodes, 1), Groups: 1}
+	if g := fp.NGroup; g > 1 && E%g == 0 {
+		spec.Groups = g // group-limited routing: whole groups onto nodes where they divide
+	}
 	switch {
 	case m != nil:
 		for _, l := range fp.Layers {

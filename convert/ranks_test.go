@@ -14,6 +14,7 @@ import (
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/placement"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -385,5 +386,57 @@ func TestRanksDryRun(t *testing.T) {
 	}
 	if _, err := os.Stat(dst); err == nil {
 		t.Error("--dry-run wrote DST")
+	}
+}
+
+// --placement with --nodes places as moeprep placement does with the
+// model's n_group: hierarchical where the groups divide among the nodes;
+// an MTP layer the loads do not record keeps the contiguous map.
+func TestRanksPlacementHierarchical(t *testing.T) {
+	src := cktest.WritePreset(t, "tiny-deepseek-v3-fp8") // E 16, n_group 4, MoE layers 1, 2 and MTP layer 3
+	stats := filepath.Join(t.TempDir(), "loads.json")
+	if err := os.WriteFile(stats, []byte(`{"1": [90,1,1,1,1,1,1,1,1,1,1,1,1,1,1,40], "2": [1,1,1,1,1,1,1,1,70,1,1,1,1,1,1,1]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "out")
+	if _, err := Convert(context.Background(), Options{Src: src, Dst: dst, EP: 4, Slots: 20, Nodes: 2, PlacementStats: stats}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dst, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		C layout.Contract `json:"moeprep"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	st, err := placement.ReadStats(stats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := placement.Spec{Experts: 16, Slots: 20, Ranks: 4, Nodes: 2, Groups: 4}
+	want, err := placement.Place(spec, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !want.Hierarchical {
+		t.Fatal("the reference placement is not hierarchical")
+	}
+	x := doc.C.ExpertParallel
+	if x.Placement != "stats" || len(x.PhysicalToLogical) != 3 {
+		t.Fatalf("placement %q, %d layers", x.Placement, len(x.PhysicalToLogical))
+	}
+	for i := range 2 {
+		if !slices.Equal(x.PhysicalToLogical[i], want.PhysicalToLogical[i]) {
+			t.Errorf("layer %d: %v, moeprep placement gives %v", i+1, x.PhysicalToLogical[i], want.PhysicalToLogical[i])
+		}
+	}
+	if !slices.Equal(x.PhysicalToLogical[2], placement.Contiguous(spec).Map) {
+		t.Errorf("MTP layer: %v, want the contiguous map", x.PhysicalToLogical[2])
+	}
+	if _, err := Convert(context.Background(), Options{Src: src, Dst: filepath.Join(t.TempDir(), "x"), EP: 4, Nodes: 2}); err == nil || !strings.Contains(err.Error(), "--nodes 2 applies to --placement") {
+		t.Errorf("--nodes without --placement: %v", err)
 	}
 }

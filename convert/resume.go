@@ -56,7 +56,7 @@ func (o *Options) byteOptions() map[string]string {
 	}
 	if o.EP > 0 {
 		m["--ep"], m["--moe-tp"], m["--slots"] = fmt.Sprint(o.EP), fmt.Sprint(o.MoETP), fmt.Sprint(o.Slots)
-		m["--placement"], m["--placement-map"] = o.PlacementStats, o.PlacementMap
+		m["--placement"], m["--placement-map"], m["--nodes"] = o.PlacementStats, o.PlacementMap, fmt.Sprint(o.Nodes)
 	}
 	return m
 }

@@ -35,7 +35,7 @@ type convertFlags struct {
 	exclude          []string
 	report           reportFlags
 	// per rank (--ep): convert.Options' fields of the same names
-	ep, moeTP, slots         int
+	ep, moeTP, slots, nodes  int
 	placementStats, placeMap string
 }
 
@@ -63,6 +63,7 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.moeTP, "moe-tp", 1, "with --ep: cut each expert's intermediate dimension `M` ways, N*M ranks (gate and up rows, down columns, on scale block boundaries)")
 	fl.IntVar(&f.slots, "slots", 0, "with --ep: physical expert slots per MoE layer `S` = E + redundant (default E; a multiple of --ep)")
 	fl.StringVar(&f.placementStats, "placement", "", "with --ep: place the slots from recorded expert loads in `STATS`, as moeprep placement does")
+	fl.IntVar(&f.nodes, "nodes", 0, "with --placement: the ranks are on `K` nodes; the placement is hierarchical (whole expert groups onto nodes) where n_group divides among them")
 	fl.StringVar(&f.placeMap, "placement-map", "", "with --ep: take each MoE layer's slots from `FILE`: moeprep placement --json, or SGLang's init_expert_location JSON")
 	quietFlag(cmd, &f.quiet)
 	f.report.register(cmd, "the summary")
@@ -125,7 +126,7 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	}
 	return convert.Options{Src: src, Dst: dst, Layout: l, Orientation: orient, MaxShardSize: size, Jobs: f.jobs, Digest: digest, Exclude: f.exclude,
 		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, DType: dtype, Tool: "moeprep " + versionString(),
-		EP: f.ep, MoETP: moeTP, Slots: f.slots, PlacementStats: f.placementStats, PlacementMap: f.placeMap}, nil
+		EP: f.ep, MoETP: moeTP, Slots: f.slots, PlacementStats: f.placementStats, PlacementMap: f.placeMap, Nodes: f.nodes}, nil
 }
 
 // parseDequantDType reads --dtype: "" (keep quantised weights), bf16, f16
