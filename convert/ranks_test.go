@@ -440,3 +440,26 @@ func TestRanksPlacementHierarchical(t *testing.T) {
 		t.Errorf("--nodes without --placement: %v", err)
 	}
 }
+
+// --resume over a complete per-rank output verifies every rank's files and
+// exits with nothing to do; another placement is refused.
+func TestRanksResumeComplete(t *testing.T) {
+	src := filepath.Join(hfDir, "qwen3-moe")
+	dst := filepath.Join(t.TempDir(), "out")
+	o := Options{Src: src, Dst: dst, EP: 2, MoETP: 2, Slots: 10}
+	if _, err := Convert(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	o.Resume = true
+	sum, err := Convert(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sum.AlreadyComplete || sum.Ranks != 4 {
+		t.Errorf("resume over the complete output: already complete %v, ranks %d", sum.AlreadyComplete, sum.Ranks)
+	}
+	o.Slots = 12
+	if _, err := Convert(context.Background(), o); err == nil || !strings.Contains(err.Error(), "contract differs") {
+		t.Errorf("resume with other slots: %v", err)
+	}
+}
