@@ -105,7 +105,8 @@ func TestValidatePerRank(t *testing.T) {
 		t.Fatalf("fuse-shared: %s", errOut)
 	}
 	code, out, errOut := runCLI(t, "validate", "--quiet", src, dst)
-	if code != 0 || !strings.Contains(out, "bytes per rank (4 ranks): PASS") || !strings.Contains(out, "48 slots proven") {
+	if code != 0 || !strings.Contains(out, "per-rank output (4 ranks): PASS") || !strings.Contains(out, "48 slots proven") ||
+		strings.Count(out, "routed experts from the ranks") != 4 {
 		t.Fatalf("validate: exit %d\n%s\n%s", code, out, errOut)
 	}
 	code, out, errOut = runCLI(t, "validate", "--quiet", "--rank", "2", "--json", src, dst)

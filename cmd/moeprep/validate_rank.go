@@ -44,6 +44,17 @@ func runRankProof(cmd *cobra.Command, f *validateFlags, src, dst string) (handle
 	if err != nil {
 		return true, err
 	}
+	if res.Failure == "" && rank < 0 && !f.bytesOnly {
+		// Every rank's files: the layers recomposed from them, on the CPU.
+		if res.Recomposed, err = rankproof.CheckRecomposed(cmd.Context(), src, dst, f.tokens, f.seed); err != nil {
+			return true, err
+		}
+		for _, lc := range res.Recomposed {
+			if !lc.Pass && res.Failure == "" {
+				res.Failure = fmt.Sprintf("layer %d recomposed from the ranks (%s replicas): relative L2 %.3g against SRC, over %g", lc.Layer, lc.Replica, lc.RelL2, lc.Tolerance)
+			}
+		}
+	}
 	if err := f.report.emit(cmd, res, func(w io.Writer) error { return writeRankProof(w, res) }); err != nil {
 		return true, err
 	}
@@ -65,11 +76,20 @@ func writeRankProof(w io.Writer, r *rankproof.Result) error {
 		verdict = "FAIL: " + r.Failure
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "bytes per rank (%s): %s\n", ranks, verdict)
+	fmt.Fprintf(&b, "per-rank output (%s): %s\n", ranks, verdict)
 	fmt.Fprintf(&b, "  %s proven against SRC's experts, %s byte for byte\n", human.Count(r.Slots, "slot"), human.Count(r.SharedCopies, "shared tensor"))
-	fmt.Fprintf(&b, "  read %s of DST (the shared files %s, the rank files %s, each read for the manifest and for the proof) and %s of SRC\n",
+	fmt.Fprintf(&b, "  read %s of DST (the shared files %s, the rank files %s) and %s of SRC\n",
 		human.Bytes(r.DSTBytesRead), human.Bytes(r.SharedBytes), human.Bytes(r.RankBytes), human.Bytes(r.SRCBytesRead))
-	b.WriteString("  the MoE layers are not run on a per-rank output: the layer checks of the recomposed ranks are not built\n")
+	for _, lc := range r.Recomposed {
+		v := "PASS"
+		if !lc.Pass {
+			v = "FAIL"
+		}
+		fmt.Fprintf(&b, "  layer %d routed experts from the ranks (%s replicas, parts summed) vs SRC: relative L2 %.3g <= %g %s\n", lc.Layer, lc.Replica, lc.RelL2, lc.Tolerance, v)
+	}
+	if len(r.Recomposed) == 0 {
+		b.WriteString("  layers not recomposed (one rank alone, or --bytes): the byte proof alone\n")
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -42,13 +42,16 @@ type Result struct {
 	Files []string `json:"files"`
 	// DSTBytesRead and SharedBytes, RankBytes: what the proof read from
 	// DST in all, the shared files' size and the checked ranks' files'.
-	DSTBytesRead int64  `json:"dst_bytes_read"`
-	SharedBytes  int64  `json:"shared_bytes"`
-	RankBytes    int64  `json:"rank_bytes"`
-	SRCBytesRead int64  `json:"src_bytes_read"`
-	Slots        int    `json:"slots"`          // rank slots proven (a slot of one layer's stacks)
-	SharedCopies int    `json:"shared_tensors"` // shared tensors proven equal to SRC's
-	Failure      string `json:"failure,omitempty"`
+	DSTBytesRead int64 `json:"dst_bytes_read"`
+	SharedBytes  int64 `json:"shared_bytes"`
+	RankBytes    int64 `json:"rank_bytes"`
+	SRCBytesRead int64 `json:"src_bytes_read"`
+	Slots        int   `json:"slots"`          // rank slots proven (a slot of one layer's stacks)
+	SharedCopies int   `json:"shared_tensors"` // shared tensors proven equal to SRC's
+	// Recomposed: each MoE layer's routed experts served from the ranks
+	// against SRC's (CheckRecomposed); absent for one rank alone.
+	Recomposed []LayerCheck `json:"recomposed,omitempty"`
+	Failure    string       `json:"failure,omitempty"`
 }
 
 // IsPerRank reports whether dst's config.json holds a per-rank contract.

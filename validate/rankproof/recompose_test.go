@@ -65,3 +65,34 @@ func TestRecomposedRanksEqualSource(t *testing.T) {
 		})
 	}
 }
+
+// CheckRecomposed judges every layer through both replicas, a folded
+// bf16 rsf within its own tolerance.
+func TestCheckRecomposed(t *testing.T) {
+	src := filepath.Join(hfDir, "deepseek-v3-bf16")
+	for _, tc := range []struct {
+		name string
+		o    convert.Options
+		tol  float64
+	}{
+		{"ep4", convert.Options{Src: src, EP: 4, Slots: 20}, tolSum},
+		{"fold down ep2 moe-tp2", convert.Options{Src: src, EP: 2, MoETP: 2, FuseShared: true, FoldScaling: "down"}, tolFoldedBF16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := convertTo(t, tc.o)
+			got, err := CheckRecomposed(context.Background(), src, dst, 16, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 4 {
+				t.Fatalf("%d checks, want 2 layers x 2 replicas", len(got))
+			}
+			for _, lc := range got {
+				t.Logf("%+v", lc)
+				if !lc.Pass || lc.Tolerance != tc.tol {
+					t.Errorf("%+v", lc)
+				}
+			}
+		})
+	}
+}
