@@ -340,6 +340,8 @@ only when complete; --resume continues an interrupted run.`,
   moeprep convert --layout gate-up --max-shard-size 10GB ./Qwen3-30B-A3B ./qwen3-gate-up
   moeprep convert --resume ./DeepSeek-V3 ./DeepSeek-V3-stacked   # after an interruption
   moeprep convert --dtype bf16 ./DeepSeek-V3 ./DeepSeek-V3-bf16   # FP8 dequantised, for GPUs without FP8
+  moeprep convert --ep 8 ./DeepSeek-V3 ./ds3-ep8   # experts per rank: rank-0000r-of-00008/
+  moeprep convert --ep 32 --placement-map placement.json ./DeepSeek-V3 ./ds3-ep32   # moeprep placement's slots
 
   moeprep convert --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-kmajor   # all_gate [E,H,I], all_down [E,I,H]`,
 		Args: exactArgs(2, "SRC and DST directories"),
@@ -370,7 +372,8 @@ func newFuseSharedCmd() *cobra.Command {
 		Use:   "fuse-shared SRC DST",
 		Short: "Convert, appending the shared expert as extra experts and folding routed_scaling_factor",
 		Long: `fuse-shared does what convert does and also appends the shared expert to each
-MoE layer's expert bank as R replicas (default R = --tp) at ids E..E+R*S-1
+MoE layer's expert bank as R replicas (default R = --tp; with --ep N, R = N and
+each rank holds its own replica and no other) at ids E..E+R*S-1
 (S = n_shared_experts: an S*I shared MLP is split exactly into S experts), so
 a serving engine's top-k gains shared slots and never clones weights at load.
 
@@ -407,7 +410,8 @@ blocks, or is stored unlike the routed experts without --requantize-shared.`,
   moeprep fuse-shared --tp 8 --replicas 1 --fold-scaling none ./Kimi-K2 ./kimi-fused
   moeprep fuse-shared --tp 4 --layout gate-up --json ./DeepSeek-R1 ./r1-fused
   moeprep fuse-shared --tp 8 --requantize-shared ./Kimi-K2-Thinking ./kimi-thinking-fused
-  moeprep fuse-shared --tp 8 --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-fused-kmajor`,
+  moeprep fuse-shared --tp 8 --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-fused-kmajor
+  moeprep fuse-shared --tp 8 --ep 8 ./DeepSeek-V3 ./ds3-ep8   # rank r holds its own shared replica (R = 8)`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			src, err := sourceDir(cmd, cmd.Name(), args[0], f.revision)
