@@ -51,7 +51,7 @@ func runRankProof(cmd *cobra.Command, f *validateFlags, src, dst string) (handle
 		}
 		for _, lc := range res.Recomposed {
 			if !lc.Pass && res.Failure == "" {
-				res.Failure = fmt.Sprintf("layer %d recomposed from the ranks (%s replicas): relative L2 %.3g against SRC, over %g", lc.Layer, lc.Replica, lc.RelL2, lc.Tolerance)
+				res.Failure = fmt.Sprintf("layer %d recomposed from the ranks (replica %d of each expert): relative L2 %.3g against SRC, over %g", lc.Layer, lc.Replica, lc.RelL2, lc.Tolerance)
 			}
 		}
 	}
@@ -85,7 +85,7 @@ func writeRankProof(w io.Writer, r *rankproof.Result) error {
 		if !lc.Pass {
 			v = "FAIL"
 		}
-		fmt.Fprintf(&b, "  layer %d routed experts from the ranks (%s replicas, parts summed) vs SRC: relative L2 %.3g <= %g %s\n", lc.Layer, lc.Replica, lc.RelL2, lc.Tolerance, v)
+		fmt.Fprintf(&b, "  layer %d routed experts from the ranks (replica %d of each, parts summed) vs SRC: relative L2 %.3g <= %g %s\n", lc.Layer, lc.Replica, lc.RelL2, lc.Tolerance, v)
 	}
 	if len(r.Recomposed) == 0 {
 		b.WriteString("  layers not recomposed (one rank alone, or --bytes): the byte proof alone\n")

@@ -10,11 +10,12 @@ import (
 )
 
 // LayerCheck is one MoE layer's routed experts recomposed from the ranks
-// against SRC's (RecomposeRouted), through the first or the last replica
-// of each expert.
+// against SRC's (RecomposeRouted), each expert through its Replica-th
+// replica (its last where it has fewer): the runs 0..most-1 serve every
+// physical slot.
 type LayerCheck struct {
 	Layer     int     `json:"layer"`
-	Replica   string  `json:"replica"` // first, last
+	Replica   int     `json:"replica"`
 	RelL2     float64 `json:"rel_l2"`
 	Tolerance float64 `json:"tolerance"`
 	Pass      bool    `json:"pass"`
@@ -32,7 +33,8 @@ const (
 )
 
 // CheckRecomposed recomposes every MoE layer of a per-rank output on T
-// seeded tokens, through the first and the last replicas, and judges it.
+// seeded tokens and the forced ones that reach every expert, once per
+// replica choice (so every physical slot serves), and judges it.
 func CheckRecomposed(ctx context.Context, src, dst string, T int, seed uint64) ([]LayerCheck, error) {
 	c, err := readContract(dst)
 	if err != nil {
@@ -58,11 +60,12 @@ func CheckRecomposed(ctx context.Context, src, dst string, T int, seed uint64) (
 	}
 	var out []LayerCheck
 	for i, li := range c.Layers {
-		for _, last := range []bool{false, true} {
-			res, err := RecomposeRouted(ctx, src, dst, i, x, T, last)
+		for rep, most := 0, 1; rep < most; rep++ {
+			res, err := RecomposeRouted(ctx, src, dst, i, x, T, rep, seed)
 			if err != nil {
 				return nil, err
 			}
+			most = res.Replicas
 			var d, n float64
 			for k := range res.Want {
 				d += math.Pow(float64(res.Got[k])-float64(res.Want[k]), 2)
@@ -74,11 +77,7 @@ func CheckRecomposed(ctx context.Context, src, dst string, T int, seed uint64) (
 			} else if d > 0 {
 				rel = math.Inf(1)
 			}
-			lc := LayerCheck{Layer: li.Index, Replica: "first", RelL2: rel, Tolerance: tol, Pass: rel <= tol}
-			if last {
-				lc.Replica = "last"
-			}
-			out = append(out, lc)
+			out = append(out, LayerCheck{Layer: li.Index, Replica: rep, RelL2: rel, Tolerance: tol, Pass: rel <= tol})
 		}
 	}
 	return out, nil

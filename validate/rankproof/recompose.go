@@ -12,24 +12,33 @@ import (
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/moelayer"
 )
 
 // Recomposed is one MoE layer's routed experts run as the ranks serve
 // them, beside the same on SRC.
 type Recomposed struct {
-	Got, Want []float32 // [T,H]: the ranks' parts summed; SRC's routed experts
+	// Got, Want [T+forced, H]: the ranks' parts summed; SRC's routed
+	// experts. The rows past T are the forced tokens that route to every
+	// logical expert (moelayer.NewCoverage).
+	Got, Want []float32
+	// Replicas is the most replicas any expert of the layer has: replica
+	// choices 0..Replicas-1 exercise every physical slot.
+	Replicas int
 }
 
 // RecomposeRouted runs contract layer i's routed experts (the shared
-// expert left out: its bytes are the byte proof's) on tokens x [T,H] as a
-// per-rank output serves them: each token's logical experts through the
-// physical slot of their first replica (last: their last), on the rank
-// that holds it, each MoE-TP part computed from that rank's slice alone,
-// the parts summed; and the same layer on SRC. Both run the unfused CPU
-// reference (cpuref.ReferenceLayer), the ranks' side over views of their
-// stacks' slots, so the sum equals SRC's to the order of the float
-// additions (and the rounding of a folded routed_scaling_factor).
-func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T int, last bool) (*Recomposed, error) {
+// expert left out: its bytes are the byte proof's) on tokens x [T,H], and
+// forced tokens (drawn from seed) that route to every logical expert, as
+// a per-rank output serves them: each token's logical experts through the
+// physical slot of their replica-th replica (their last where they have
+// fewer), on the rank that holds it, each MoE-TP part computed from that
+// rank's slice alone, the parts summed; and the same layer on SRC. Both
+// run the unfused CPU reference (cpuref.ReferenceLayer), the ranks' side
+// over views of their stacks' slots, so the sum equals SRC's to the
+// order of the float additions (and the rounding of a folded
+// routed_scaling_factor).
+func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T, replica int, seed uint64) (*Recomposed, error) {
 	c, err := readContract(dst)
 	if err != nil {
 		return nil, err
@@ -55,7 +64,12 @@ func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T
 	}
 	routedOnly := plan.Layers[i]
 	routedOnly.Shared, routedOnly.SharedGate = nil, ""
-	want, err := cpuref.ReferenceLayer(ctx, sck, plan, &routedOnly, x, T, cpuref.RefOptions{})
+	cov, err := moelayer.NewCoverage(moelayer.CoverageOptions{Seed: seed, Layer: routedOnly.Index, H: plan.HiddenSize, E: plan.NumExperts, K: plan.TopK})
+	if err != nil {
+		return nil, err
+	}
+	opts := cpuref.RefOptions{Coverage: cov}
+	want, err := cpuref.ReferenceLayer(ctx, sck, plan, &routedOnly, x, T, opts)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", src, err)
 	}
@@ -75,6 +89,14 @@ func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T
 	row := x0.PhysicalToLogical[i]
 	per := x0.SlotsPerRank
 	got := make([]float32, len(want.Y))
+	occ := make([][]int, plan.NumExperts) // each expert's physical slots
+	for q, le := range row {
+		occ[le] = append(occ[le], q)
+	}
+	most := 0
+	for _, o := range occ {
+		most = max(most, len(o))
+	}
 	for t := range M {
 		vs := &views{base: dck, virt: map[string]*checkpoint.Tensor{}}
 		part := *plan
@@ -88,15 +110,10 @@ func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T
 		}
 		l.Experts = make([]family.MLP, len(routedOnly.Experts))
 		for e := range l.Experts {
-			p := -1
-			for q, le := range row {
-				if le == e && (p < 0 || last) {
-					p = q
-				}
-			}
-			if p < 0 {
+			if len(occ[e]) == 0 {
 				return nil, fmt.Errorf("layer %d: expert %d has no slot", c.Layers[i].Index, e)
 			}
+			p := occ[e][min(replica, len(occ[e])-1)]
 			r := (p/per)*M + t
 			sh, ok := ranks[r]
 			if !ok {
@@ -110,7 +127,7 @@ func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T
 				return nil, err
 			}
 		}
-		res, err := cpuref.ReferenceLayer(ctx, vs, &part, &l, x, T, cpuref.RefOptions{})
+		res, err := cpuref.ReferenceLayer(ctx, vs, &part, &l, x, T, opts)
 		if err != nil {
 			return nil, fmt.Errorf("%s: part %d: %w", dst, t, err)
 		}
@@ -118,7 +135,7 @@ func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T
 			got[k] += v
 		}
 	}
-	return &Recomposed{Got: got, Want: want.Y}, nil
+	return &Recomposed{Got: got, Want: want.Y, Replicas: most}, nil
 }
 
 // views serves the shared files' tensors and, by made-up names, an

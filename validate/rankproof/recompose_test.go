@@ -45,7 +45,11 @@ func TestRecomposedRanksEqualSource(t *testing.T) {
 			}
 			for i := range fp.Layers {
 				for _, last := range []bool{false, true} {
-					res, err := RecomposeRouted(context.Background(), tc.o.Src, dst, i, x, T, last)
+					rep := 0
+					if last {
+						rep = 1 << 20 // every expert's last replica
+					}
+					res, err := RecomposeRouted(context.Background(), tc.o.Src, dst, i, x, T, rep, 5)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -74,9 +78,11 @@ func TestCheckRecomposed(t *testing.T) {
 		name string
 		o    convert.Options
 		tol  float64
+		runs int
 	}{
-		{"ep4", convert.Options{Src: src, EP: 4, Slots: 20}, tolSum},
-		{"fold down ep2 moe-tp2", convert.Options{Src: src, EP: 2, MoETP: 2, FuseShared: true, FoldScaling: "down"}, tolFoldedBF16},
+		{"ep4 slots20", convert.Options{Src: src, EP: 4, Slots: 20}, tolSum, 4},                                                        // 2 replicas of 4 experts
+		{"ep4 slots36", convert.Options{Src: src, EP: 4, Slots: 36}, tolSum, 6},                                                        // 3 replicas of 4
+		{"fold down ep2 moe-tp2", convert.Options{Src: src, EP: 2, MoETP: 2, FuseShared: true, FoldScaling: "down"}, tolFoldedBF16, 2}, // no replicas
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := convertTo(t, tc.o)
@@ -84,8 +90,8 @@ func TestCheckRecomposed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(got) != 4 {
-				t.Fatalf("%d checks, want 2 layers x 2 replicas", len(got))
+			if len(got) != tc.runs {
+				t.Fatalf("%d checks, want %d (layers x replica choices)", len(got), tc.runs)
 			}
 			for _, lc := range got {
 				t.Logf("%+v", lc)
