@@ -58,6 +58,7 @@ func (w *run) verifyComplete(ctx context.Context) (*Summary, error) {
 	for _, s := range w.op.shards {
 		names = append(names, s.name)
 	}
+	names = append(names, w.op.rankIndexNames()...)
 	for _, f := range w.others {
 		names = append(names, filepath.ToSlash(f))
 	}
@@ -74,7 +75,7 @@ func (w *run) verifyComplete(ctx context.Context) (*Summary, error) {
 	}
 	w.o.Progress.Total(total)
 	sum := &Summary{Dst: w.dst, Copied: copiedFiles(w.src, w.others), Excluded: w.excluded, Layout: string(w.o.Layout), Orientation: string(w.op.contract.Orientation), Files: len(listed) + 1, Shards: len(w.op.shards),
-		ReusedShards: len(w.op.shards), Folded: got.RoutedScalingFactorFolded, FoldMaxRelChange: got.FoldMaxRelChange,
+		ReusedShards: len(w.op.shards), Ranks: got.Ranks(), Folded: got.RoutedScalingFactorFolded, FoldMaxRelChange: got.FoldMaxRelChange,
 		FusedShared: got.NumFusedSharedExperts, SharedRequantized: requantizedInto(got), AlreadyComplete: true}
 	sum.DType, sum.DequantizedTensors = dequantSummary(got)
 	for _, n := range listed {

@@ -170,6 +170,9 @@ func checkCollisions(src string, others []string, op *outPlan) error {
 	for _, s := range op.shards {
 		ours[s.name] = true
 	}
+	for _, n := range op.rankIndexNames() {
+		ours[n] = true
+	}
 	for _, f := range others {
 		if ours[filepath.ToSlash(f)] {
 			return fmt.Errorf("%s: file %s would be overwritten by moeprep's own output of that name; move it away", src, f)
@@ -207,6 +210,9 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 		}
 	}
 	w.o.Progress.Total(total)
+	if err := w.op.makeRankDirs(w.partial); err != nil {
+		return nil, err
+	}
 
 	files := map[string]layout.FileInfo{}
 	var mu sync.Mutex
@@ -254,7 +260,7 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 		return nil, err
 	}
 	sum := &Summary{Dst: w.dst, Copied: copiedFiles(w.src, w.others), Excluded: w.excluded, Layout: string(w.o.Layout), Orientation: string(w.op.contract.Orientation), Files: len(files) + 1, Shards: len(w.op.shards),
-		ReusedShards: int(w.reused.Load()), Folded: w.op.contract.RoutedScalingFactorFolded,
+		ReusedShards: int(w.reused.Load()), Ranks: w.op.contract.Ranks(), Folded: w.op.contract.RoutedScalingFactorFolded,
 		FoldMaxRelChange: w.op.contract.FoldMaxRelChange, FusedShared: w.op.contract.NumFusedSharedExperts,
 		SharedRequantized: requantizedInto(w.op.contract)}
 	sum.DType, sum.DequantizedTensors = dequantSummary(w.op.contract)
@@ -269,6 +275,9 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 func (w *run) finish(files map[string]layout.FileInfo, unsynced []string) error {
 	idx := &safetensors.Index{Metadata: map[string]any{"total_size": w.op.dataBytes}, WeightMap: map[string]string{}}
 	for _, s := range w.op.shards {
+		if s.rankFile() {
+			continue // in its rank's index
+		}
 		for _, t := range s.tensors {
 			idx.WeightMap[t.name] = s.name
 		}
@@ -283,6 +292,11 @@ func (w *run) finish(files map[string]layout.FileInfo, unsynced []string) error 
 		return err
 	}
 	files[safetensors.IndexFileName] = fi
+	rankIdx, err := w.op.writeRankIndexes(w.partial, files)
+	if err != nil {
+		return err
+	}
+	unsynced = append(unsynced, rankIdx...)
 
 	c := w.op.contract
 	c.FoldMaxRelChange = w.op.stats.max()
@@ -327,7 +341,7 @@ func (w *run) finish(files map[string]layout.FileInfo, unsynced []string) error 
 func (w *run) refoldStats() (float64, error) {
 	st := &foldStats{}
 	buf := make([]byte, chunkSize)
-	for _, t := range w.op.tensors {
+	for _, t := range append(slices.Clone(w.op.tensors), w.op.rankTensors...) {
 		for _, p := range t.parts {
 			if !p.fold {
 				continue

@@ -29,7 +29,12 @@ type Plan struct {
 	// into (--requantize-shared); "" when it is not.
 	SharedRequantized string      `json:"shared_requantized,omitempty"`
 	Shards            []PlanShard `json:"shards"`
-	CopiedFiles       int         `json:"copied_files"`
+	// Ranks and RankBytes: a per-rank output's N*M ranks and each one's
+	// expert files' bytes (the shared files, every rank's too, are the
+	// shards outside the rank directories); absent without --ep.
+	Ranks       int     `json:"ranks,omitempty"`
+	RankBytes   []int64 `json:"rank_bytes,omitempty"`
+	CopiedFiles int     `json:"copied_files"`
 	// Copied are the files copied as they are, largest first; Excluded
 	// those --exclude leaves out (slash-separated, relative to SRC).
 	Copied     []CopiedFile `json:"copied"`
@@ -89,6 +94,7 @@ func DryRun(ctx context.Context, o Options) (*Plan, error) {
 		FusedShared: w.op.contract.NumFusedSharedExperts, Folded: w.op.contract.RoutedScalingFactorFolded,
 		SharedRequantized: requantizedInto(w.op.contract), Tensors: len(w.op.tensors), CopiedFiles: len(w.others), Notices: w.notices}
 	p.DType, p.DequantizedTensors = dequantSummary(w.op.contract)
+	p.Ranks, p.RankBytes = w.op.contract.Ranks(), w.op.rankBytes()
 	for _, s := range w.op.shards {
 		p.Shards = append(p.Shards, PlanShard{Name: s.name, Bytes: s.size, Tensors: len(s.tensors)})
 		p.WriteBytes += s.size

@@ -122,6 +122,9 @@ func TestResumeFinishesInterruptedRunIdentically(t *testing.T) {
 		{"bf16 fuse fold down gate-up", ds3BF16, Options{FuseShared: true, TP: 4, FoldScaling: "down", Layout: layout.GateUp, MaxShardSize: 8000, Jobs: 2}},
 		// reused shards' sources are read again through the band caches
 		{"fp8 fuse in-out", ds3FP8, Options{FuseShared: true, TP: 2, Orientation: layout.InOut, MaxShardSize: 150000, Jobs: 2}},
+		// per rank: shards in the rank directories, reused the same way
+		{"fp8 fuse ep2 slots6", ds3FP8, Options{FuseShared: true, EP: 2, Slots: 6, MaxShardSize: 150000, Jobs: 1}},
+		{"bf16 ep2 moe-tp2 gate-up", ds3BF16, Options{EP: 2, MoETP: 2, Layout: layout.GateUp, MaxShardSize: 8000, Jobs: 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -86,17 +86,17 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 		if mp, err = p.dequantMLP(mp, p.wf, I, H, what); err != nil {
 			return nil, nil, err
 		}
-		switch p.fold.into {
-		case weightfmt.FoldWeights:
-			mp[layout.ProjDown][layout.RoleWeight].fold, mp[layout.ProjDown][layout.RoleWeight].factor, mp[layout.ProjDown][layout.RoleWeight].stats = true, p.fold.factor, p.st
-		case weightfmt.FoldScales:
-			mp[layout.ProjDown][layout.RoleScale].fold, mp[layout.ProjDown][layout.RoleScale].factor, mp[layout.ProjDown][layout.RoleScale].stats = true, p.fold.factor, p.st
-		}
+		p.foldDown(&mp)
 		routed[e] = mp
 		consumed = append(consumed, m.Names()...)
 	}
 	if p.o.DType != "" {
 		p.dq.experts += 3 * len(l.Experts)
+	}
+	if p.ranks != nil {
+		// per rank (ranks.go): no whole-model stacks
+		shared, err := p.rankLayer(l, where, routed, I, H)
+		return nil, append(consumed, shared...), err
 	}
 	bank := routed
 	if p.o.FuseShared {

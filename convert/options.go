@@ -52,6 +52,22 @@ type Options struct {
 	// cannot be excluded; a pattern that names nothing is refused.
 	Exclude []string
 
+	// EP (0: one bank, no ranks): write the routed experts per rank for
+	// EP expert-parallel groups, each expert's intermediate dimension cut
+	// MoETP ways (0 means 1), ranks.go. The placement of each MoE layer's
+	// slots is contiguous (Slots, 0 meaning E, slot p expert p mod E),
+	// balanced from recorded loads (PlacementStats, with Slots), or read
+	// from a placement file (PlacementMap).
+	EP             int
+	MoETP          int
+	Slots          int
+	PlacementStats string
+	PlacementMap   string
+	// Nodes (with PlacementStats; 0 means 1): the ranks are spread over
+	// this many nodes, and the placement is hierarchical (whole expert
+	// groups onto nodes) where the routing's n_group divides among them.
+	Nodes int
+
 	MaxShardSize int64            // 0 means DefaultMaxShardSize
 	Jobs         int              // 0 means DefaultJobs
 	Digest       layout.BlockAlgo // how shards are hashed in the manifest; 0 means layout.ShardBlockAlgo
@@ -85,6 +101,8 @@ type Summary struct {
 	Folded           bool    `json:"routed_scaling_factor_folded"`
 	FoldMaxRelChange float64 `json:"fold_max_rel_change"`
 	FusedShared      int     `json:"num_fused_shared_experts"`
+	// Ranks is N*M of a per-rank output (--ep); absent: one bank.
+	Ranks int `json:"ranks,omitempty"`
 	// SharedRequantized is the format the fused shared expert was
 	// requantised into (--requantize-shared); "" when it was not.
 	SharedRequantized string `json:"shared_requantized,omitempty"`
@@ -154,6 +172,9 @@ func (o *Options) norm() error {
 	}
 	if o.TP < 0 || o.TP > 1024 {
 		return fmt.Errorf("--tp %d: want 1..1024", o.TP)
+	}
+	if err := o.normRanks(); err != nil {
+		return err
 	}
 	if o.Replicas == 0 {
 		o.Replicas = o.TP

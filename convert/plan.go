@@ -3,6 +3,7 @@ package convert
 import (
 	"fmt"
 	"math"
+	"path"
 	"strings"
 
 	"github.com/moeprep/moeprep/checkpoint"
@@ -79,6 +80,11 @@ type outPlan struct {
 	dataBytes int64 // sum of tensor sizes (the index's total_size)
 	contract  *layout.Contract
 	stats     *foldStats
+	// ranks: the experts are written per rank (ranks.go), their stacks
+	// rankTensors in ranks.shards, which shards also lists after the
+	// shared files; nil: one bank.
+	ranks       *rankPlan
+	rankTensors []*outTensor
 }
 
 // shardMetadata is the safetensors header metadata of every output shard.
@@ -101,6 +107,8 @@ type planner struct {
 	fold foldChoice
 	st   *foldStats
 	dq   dequantCounts // with --dtype: what was dequantised
+	// ranks: --ep's placement and every rank's stacks; nil without --ep.
+	ranks *rankPlan
 }
 
 // foldChoice says which routed down tensors get multiplied by rsf: the
@@ -167,6 +175,11 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 	if err := p.chooseFold(); err != nil {
 		return nil, err
 	}
+	if o.EP > 0 {
+		if p.ranks, err = p.planRanks(); err != nil {
+			return nil, err
+		}
+	}
 	consumed := map[string]int{} // source tensor -> index into fp.Layers
 	stacks := make([][]*outTensor, len(fp.Layers))
 	for li := range fp.Layers {
@@ -232,10 +245,19 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 	if err := op.shard(o.MaxShardSize); err != nil {
 		return nil, err
 	}
+	if p.ranks != nil {
+		op.ranks = p.ranks
+		if err := op.shardRanks(p.ranks, o.MaxShardSize); err != nil {
+			return nil, err
+		}
+	}
 	for _, s := range op.shards {
 		s.shareBands()
 	}
 	op.contract = p.contract()
+	if p.ranks != nil {
+		op.contract.ExpertParallel = p.ranks.record(fp)
+	}
 	return op, nil
 }
 
@@ -478,13 +500,21 @@ func (p *planner) contract() *layout.Contract {
 	return c
 }
 
-// shard packs tensors, in order, into files of at most max tensor bytes; a
-// tensor bigger than max gets a file of its own.
+// shard packs the tensors, in order, into files of at most max tensor
+// bytes; a tensor bigger than max gets a file of its own.
 func (op *outPlan) shard(max int64) error {
+	ss, err := planShards(op.tensors, max, "")
+	op.shards = append(op.shards, ss...)
+	return err
+}
+
+// planShards packs ts, in order, into files of at most max tensor bytes
+// named model-0000i-of-0000N.safetensors under dir ("": the top level).
+func planShards(ts []*outTensor, max int64, dir string) ([]*shardPlan, error) {
 	var groups [][]*outTensor
 	var cur []*outTensor
 	var curBytes int64
-	for _, t := range op.tensors {
+	for _, t := range ts {
 		if len(cur) > 0 && curBytes+t.size > max {
 			groups = append(groups, cur)
 			cur, curBytes = nil, 0
@@ -495,9 +525,10 @@ func (op *outPlan) shard(max int64) error {
 	if len(cur) > 0 || len(groups) == 0 {
 		groups = append(groups, cur)
 	}
+	var out []*shardPlan
 	for i, g := range groups {
 		g = pageOrder(g)
-		s := &shardPlan{name: fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(groups)), tensors: g}
+		s := &shardPlan{name: path.Join(dir, fmt.Sprintf("model-%05d-of-%05d.safetensors", i+1, len(groups))), tensors: g}
 		var h []byte
 		var err error
 		if phase, ok := dataPhase(g); ok {
@@ -506,14 +537,14 @@ func (op *outPlan) shard(max int64) error {
 			h, err = safetensors.PlanHeader(shardMetadata, s.entries())
 		}
 		if err != nil {
-			return fmt.Errorf("planning %s: %w", s.name, err)
+			return nil, fmt.Errorf("planning %s: %w", s.name, err)
 		}
 		s.header = h
 		s.size = int64(len(h))
 		for _, t := range g {
 			s.size += t.size
 		}
-		op.shards = append(op.shards, s)
+		out = append(out, s)
 	}
-	return nil
+	return out, nil
 }

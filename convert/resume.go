@@ -54,6 +54,10 @@ func (o *Options) byteOptions() map[string]string {
 	if o.DType != "" {
 		m["--dtype"] = string(o.DType)
 	}
+	if o.EP > 0 {
+		m["--ep"], m["--moe-tp"], m["--slots"] = fmt.Sprint(o.EP), fmt.Sprint(o.MoETP), fmt.Sprint(o.Slots)
+		m["--placement"], m["--placement-map"], m["--nodes"] = o.PlacementStats, o.PlacementMap, fmt.Sprint(o.Nodes)
+	}
 	return m
 }
 
@@ -113,6 +117,7 @@ func (w *run) fingerprint() string {
 	if o.DType != "" {
 		fmt.Fprintf(h, "dtype %s\n", o.DType)
 	}
+	fmt.Fprint(h, o.rankFingerprint(w.op)) // "" without --ep
 	for _, s := range w.op.shards {
 		fmt.Fprintf(h, "shard %s %d ", s.name, s.size)
 		h.Write(s.header)

@@ -140,6 +140,9 @@ type Contract struct {
 
 	Layers   []LayerInfo `json:"layers"`
 	Manifest string      `json:"manifest"` // ManifestFileName
+	// ExpertParallel: the routed experts are written per rank (--ep),
+	// each rank's in files of its own (ranks.go); absent: one bank.
+	ExpertParallel *ExpertParallel `json:"expert_parallel,omitempty"`
 }
 
 // Requantization is how fuse-shared --requantize-shared quantised the
@@ -475,6 +478,11 @@ func (c *Contract) Check() error {
 	}
 	if err := c.checkRequantized(); err != nil {
 		return err
+	}
+	if c.ExpertParallel != nil {
+		if err := c.ExpertParallel.check(c.NumExperts, len(c.Layers)); err != nil {
+			return err
+		}
 	}
 	if err := c.checkLayerActs(); err != nil {
 		return err

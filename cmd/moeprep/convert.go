@@ -34,6 +34,9 @@ type convertFlags struct {
 	revision         string
 	exclude          []string
 	report           reportFlags
+	// per rank (--ep): convert.Options' fields of the same names
+	ep, moeTP, slots, nodes  int
+	placementStats, placeMap string
 }
 
 // Schemas of convert's JSON documents (SCHEMAS.md).
@@ -56,6 +59,12 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.dryRun, "dry-run", false, "print the plan (shards, bytes to read and write, free space, time at SRC's measured read speed) and write nothing")
 	fl.StringVar(&f.dtype, "dtype", "", "dequantise every quantised weight (experts, attention, dense MLPs; FP8, INT4, NVFP4, MXFP4) into bf16, f16 or f32: the dtype the dequantised tensors get, each value the exact float32 dequantisation rounded once to nearest even (f32: exact); their scale tensors and input_scale are dropped, config.json loses quantization_config; every other tensor stays byte for byte")
 	fl.BoolVar(&f.bufferedIO, "buffered-io", false, "write shards through the page cache instead of with O_DIRECT (used anyway where the file system refuses O_DIRECT)")
+	fl.IntVar(&f.ep, "ep", 0, "write the routed experts per rank for `N` expert-parallel ranks (rank-0000r-of-0000N/, a per-rank index; everything else in shared files); N must divide E, or --slots")
+	fl.IntVar(&f.moeTP, "moe-tp", 1, "with --ep: cut each expert's intermediate dimension `M` ways, N*M ranks (gate and up rows, down columns, on scale block boundaries)")
+	fl.IntVar(&f.slots, "slots", 0, "with --ep: physical expert slots per MoE layer `S` = E + redundant (default E; a multiple of --ep)")
+	fl.StringVar(&f.placementStats, "placement", "", "with --ep: place the slots from recorded expert loads in `STATS`, as moeprep placement does")
+	fl.IntVar(&f.nodes, "nodes", 0, "with --placement: the ranks are on `K` nodes; the placement is hierarchical (whole expert groups onto nodes) where n_group divides among them")
+	fl.StringVar(&f.placeMap, "placement-map", "", "with --ep: take each MoE layer's slots from `FILE`: moeprep placement --json, or SGLang's init_expert_location JSON")
 	quietFlag(cmd, &f.quiet)
 	f.report.register(cmd, "the summary")
 	_ = cmd.RegisterFlagCompletionFunc("layout", fixedCompletion(layout.Stacked, layout.GateUp, layout.UpGate))
@@ -116,8 +125,19 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	if err := checkOutputPath(f.report.output, src, dst); err != nil {
 		return convert.Options{}, err
 	}
+	if f.ep == 0 && f.moeTP != 1 {
+		return convert.Options{}, fmt.Errorf("--moe-tp %d needs --ep", f.moeTP)
+	}
+	if f.ep < 0 || f.moeTP < 1 {
+		return convert.Options{}, fmt.Errorf("--ep %d, --moe-tp %d: want positive numbers", f.ep, f.moeTP)
+	}
+	moeTP := f.moeTP
+	if f.ep == 0 {
+		moeTP = 0
+	}
 	return convert.Options{Src: src, Dst: dst, Layout: l, Orientation: orient, MaxShardSize: size, Jobs: f.jobs, Digest: digest, Exclude: f.exclude,
-		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, DType: dtype, Tool: "moeprep " + versionString()}, nil
+		Force: f.force, Resume: f.resume, BufferedIO: f.bufferedIO, DType: dtype, Tool: "moeprep " + versionString(),
+		EP: f.ep, MoETP: moeTP, Slots: f.slots, PlacementStats: f.placementStats, PlacementMap: f.placeMap, Nodes: f.nodes}, nil
 }
 
 // parseDequantDType reads --dtype: "" (keep quantised weights), bf16, f16
@@ -183,6 +203,9 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 			human.Rate(s.Bytes, time.Duration(s.Seconds*float64(time.Second))))
 		if s.DType != "" {
 			msg += fmt.Sprintf("; %s dequantised to %s", human.Count(s.DequantizedTensors, "quantised weight"), s.DType)
+		}
+		if s.Ranks > 0 {
+			msg += fmt.Sprintf("; experts per rank for %s (rank-*/)", human.Count(s.Ranks, "rank"))
 		}
 		if o.FuseShared {
 			msg += fmt.Sprintf("; %s", human.Count(s.FusedShared, "fused shared expert"))
@@ -254,6 +277,13 @@ func printPlan(w io.Writer, label string, p *convert.Plan) error {
 		}
 		fmt.Fprintf(&b, "    %-36s %10s  %s\n", s.Name, human.Bytes(s.Bytes), human.Count(s.Tensors, "tensor"))
 	}
+	for r, n := range p.RankBytes {
+		if r == listed {
+			fmt.Fprintf(&b, "    ... and %s more (--json lists all)\n", human.Count(len(p.RankBytes)-listed, "rank"))
+			break
+		}
+		fmt.Fprintf(&b, "    rank %-31d %10s  its experts, beside the shared files\n", r, human.Bytes(n))
+	}
 	fmt.Fprintf(&b, "  read %s from SRC, write %s to DST (%s copied as they are)\n", human.Bytes(p.ReadBytes), human.Bytes(p.WriteBytes), human.Count(p.CopiedFiles, "other file"))
 	if l := copiedLine(p.Copied, p.Excluded); l != "" {
 		b.WriteString("  " + l + "\n")
@@ -321,6 +351,8 @@ only when complete; --resume continues an interrupted run.`,
   moeprep convert --layout gate-up --max-shard-size 10GB ./Qwen3-30B-A3B ./qwen3-gate-up
   moeprep convert --resume ./DeepSeek-V3 ./DeepSeek-V3-stacked   # after an interruption
   moeprep convert --dtype bf16 ./DeepSeek-V3 ./DeepSeek-V3-bf16   # FP8 dequantised, for GPUs without FP8
+  moeprep convert --ep 8 ./DeepSeek-V3 ./ds3-ep8   # experts per rank: rank-0000r-of-00008/
+  moeprep convert --ep 32 --placement-map placement.json ./DeepSeek-V3 ./ds3-ep32   # moeprep placement's slots
 
   moeprep convert --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-kmajor   # all_gate [E,H,I], all_down [E,I,H]`,
 		Args: exactArgs(2, "SRC and DST directories"),
@@ -347,7 +379,8 @@ func newFuseSharedCmd() *cobra.Command {
 		Use:   "fuse-shared SRC DST",
 		Short: "Convert, appending the shared expert as extra experts and folding routed_scaling_factor",
 		Long: `fuse-shared does what convert does and also appends the shared expert to each
-MoE layer's expert bank as R replicas (default R = --tp) at ids E..E+R*S-1
+MoE layer's expert bank as R replicas (default R = --tp; with --ep N, R = N and
+each rank holds its own replica and no other) at ids E..E+R*S-1
 (S = n_shared_experts: an S*I shared MLP is split exactly into S experts), so
 a serving engine's top-k gains shared slots and never clones weights at load.
 
@@ -384,7 +417,8 @@ blocks, or is stored unlike the routed experts without --requantize-shared.`,
   moeprep fuse-shared --tp 8 --replicas 1 --fold-scaling none ./Kimi-K2 ./kimi-fused
   moeprep fuse-shared --tp 4 --layout gate-up --json ./DeepSeek-R1 ./r1-fused
   moeprep fuse-shared --tp 8 --requantize-shared ./Kimi-K2-Thinking ./kimi-thinking-fused
-  moeprep fuse-shared --tp 8 --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-fused-kmajor`,
+  moeprep fuse-shared --tp 8 --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-fused-kmajor
+  moeprep fuse-shared --tp 8 --ep 8 ./DeepSeek-V3 ./ds3-ep8   # rank r holds its own shared replica (R = 8)`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := f.argsOptions(cmd, args)

@@ -17,6 +17,7 @@ type validateFlags struct {
 	layers, golden, device     string
 	precision, cpuCheck        string
 	tokens, blockSize, workers int
+	rank                       int
 	sampleExperts              int
 	revision                   string
 	junit                      string
@@ -47,6 +48,7 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 	_ = fl.MarkDeprecated("workers", "use -j/--jobs")
 	fl.IntVar(&f.sampleExperts, "sample-experts", 0, "exercise only N routed experts per layer on forced tokens, and accept layers with experts unexercised (the report names them; default 0: every expert, a layer with any unexercised expert fails)")
 	fl.BoolVar(&f.bytesOnly, "bytes", false, "only the structural proof: every DST tensor byte-identical to SRC per the contract (folded values within one rounding), the manifest's sizes and hashes; no GPU needed, one streamed pass")
+	fl.IntVar(&f.rank, "rank", -1, "a per-rank output (convert --ep): prove rank `R`'s files alone, with the shared files, against SRC (what a node checks before it serves); without it every rank is proven")
 	fl.BoolVar(&f.skipBytes, "skip-bytes", false, "skip the structural proof that a SRC DST run does after the layer checks")
 	f.report.register(cmd, "the report")
 	quietFlag(cmd, &f.quiet)
@@ -136,6 +138,9 @@ func runValidate(cmd *cobra.Command, f *validateFlags, src, dst string, msgs io.
 		if src, err = sourceDir(cmd, "validate", src, f.revision); err != nil {
 			return err
 		}
+	}
+	if handled, err := runRankProof(cmd, f, src, dst); handled {
+		return err
 	}
 	o := validate.Options{Src: src, Dst: dst, Golden: f.golden, Layers: f.layers, Tokens: f.tokens,
 		Seed: f.seed, Device: validate.Device(f.device), BlockSize: f.blockSize, Workers: f.workers, GPUPrecision: validate.Precision(f.precision),

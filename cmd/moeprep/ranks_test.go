@@ -1,0 +1,159 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// A placement written by `moeprep placement` (its JSON and SGLang's file)
+// is what convert --ep --placement-map writes into the contract, slot for
+// slot; --placement STATS places the same way; refusals exit 2 in one line
+// naming the numbers; --dry-run lists each rank's bytes.
+func TestConvertPerRankCommand(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(fixturesDir, "qwen3-moe") // 8 experts, MoE layers 1 and 2 (layer 0 is dense)
+	stats := filepath.Join(dir, "loads.json")
+	if err := os.WriteFile(stats, []byte(`{"logical_count": [[0, 0, 0, 0, 0, 0, 0, 0], [100, 1, 1, 1, 1, 1, 1, 50], [1, 1, 1, 1, 1, 1, 90, 1]]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sg := filepath.Join(dir, "sg.json")
+	code, out, errOut := runCLI(t, "placement", stats, "--ep", "2", "--slots", "10", "--json", "--sglang", sg)
+	if code != 0 {
+		t.Fatalf("placement: exit %d: %s", code, errOut)
+	}
+	pj := filepath.Join(dir, "placement.json")
+	if err := os.WriteFile(pj, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var placed struct {
+		P2L [][]int `json:"physical_to_logical_map"`
+	}
+	if err := json.Unmarshal([]byte(out), &placed); err != nil {
+		t.Fatal(err)
+	}
+	contractMap := func(dst string) [][]int {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(dst, "config.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			M struct {
+				EP struct {
+					P2L       [][]int `json:"physical_to_logical_map"`
+					Placement string  `json:"placement"`
+				} `json:"expert_parallel"`
+			} `json:"moeprep"`
+		}
+		if err := json.Unmarshal(b, &doc); err != nil {
+			t.Fatal(err)
+		}
+		return doc.M.EP.P2L
+	}
+	for i, args := range [][]string{
+		{"--placement-map", pj},
+		{"--placement-map", sg},
+		{"--placement", stats, "--slots", "10"},
+	} {
+		dst := filepath.Join(dir, "out"+string(rune('a'+i)))
+		code, _, errOut := runCLI(t, append([]string{"convert", "--ep", "2", "--quiet", src, dst}, args...)...)
+		if code != 0 {
+			t.Fatalf("convert %v: exit %d: %s", args, code, errOut)
+		}
+		got := contractMap(dst)
+		// layer 0 is dense: the placement keeps it contiguous, the contract lists MoE layers only
+		if !slices.EqualFunc(got, placed.P2L[1:], slices.Equal) || slices.Equal(got[0][:8], []int{0, 1, 2, 3, 4, 5, 6, 7}) {
+			t.Errorf("convert %v: contract map %v, placement wrote %v", args, got, placed.P2L)
+		}
+		if _, err := os.Stat(filepath.Join(dst, "rank-00001-of-00002", "model.safetensors.index.json")); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--ep", "3"}, "--ep 3 does not divide the 8 experts"},
+		{[]string{"--ep", "4", "--slots", "10"}, "--ep 4 does not divide the 10 slots (8 experts + 2 redundant)"},
+		{[]string{"--ep", "2", "--moe-tp", "3"}, "which 3 does not divide"},
+		{[]string{"--moe-tp", "2"}, "--moe-tp 2 needs --ep"},
+	} {
+		code, _, errOut := runCLI(t, append([]string{"convert", "--quiet", src, filepath.Join(dir, "refused")}, tc.args...)...)
+		if code != 2 {
+			t.Errorf("%v: exit %d, want 2", tc.args, code)
+		}
+		assertCleanError(t, errOut, tc.want)
+	}
+	code, out, errOut = runCLI(t, "convert", "--dry-run", "--ep", "4", src, filepath.Join(dir, "plan"))
+	if code != 0 || !strings.Contains(out, "rank-00003-of-00004/model-00001-of-00001.safetensors") || !strings.Contains(out, "    rank 3 ") {
+		t.Errorf("--dry-run --ep 4: exit %d\n%s\n%s", code, out, errOut)
+	}
+}
+
+// validate on a per-rank output: the whole proof and --rank r exit 0; a
+// slot's byte changed exits 1 in one line naming the rank; --rank where
+// it cannot apply exits 2.
+func TestValidatePerRank(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(fixturesDir, "deepseek-v3-bf16")
+	dst := filepath.Join(dir, "ep4")
+	if code, _, errOut := runCLI(t, "fuse-shared", "--quiet", "--ep", "4", "--slots", "20", src, dst); code != 0 {
+		t.Fatalf("fuse-shared: %s", errOut)
+	}
+	code, out, errOut := runCLI(t, "validate", "--quiet", src, dst)
+	if code != 0 || !strings.Contains(out, "per-rank output (4 ranks): PASS") || !strings.Contains(out, "48 slots proven") ||
+		strings.Count(out, "routed experts from the ranks") != 4 {
+		t.Fatalf("validate: exit %d\n%s\n%s", code, out, errOut)
+	}
+	code, out, errOut = runCLI(t, "validate", "--quiet", "--rank", "2", "--json", src, dst)
+	var res struct {
+		Schema  string   `json:"schema"`
+		Ranks   []int    `json:"ranks"`
+		Files   []string `json:"files"`
+		Read    int64    `json:"dst_bytes_read"`
+		Shared  int64    `json:"shared_bytes"`
+		Rank    int64    `json:"rank_bytes"`
+		Failure string   `json:"failure"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Schema != "moeprep.validate-rank/v1" || !slices.Equal(res.Ranks, []int{2}) {
+		t.Fatalf("validate --rank 2: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if res.Read > res.Shared+res.Rank {
+		t.Errorf("--rank 2 read %d bytes, over the shared %d and its own %d", res.Read, res.Shared, res.Rank)
+	}
+	shard := filepath.Join(dst, "rank-00001-of-00004", "model-00001-of-00001.safetensors")
+	raw, err := os.ReadFile(shard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[len(raw)-5] ^= 0x40
+	if err := os.WriteFile(shard, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, _ := runCLI(t, "validate", "--quiet", "--rank", "2", src, dst); code != 0 {
+		t.Errorf("--rank 2 after rank 1's file changed: exit %d, want 0 (it reads only rank 2's)", code)
+	}
+	code, _, errOut = runCLI(t, "validate", "--quiet", "--rank", "1", src, dst)
+	if code != 1 {
+		t.Errorf("--rank 1 after its file changed: exit %d, want 1", code)
+	}
+	assertCleanError(t, errOut, "rank 1: layer 2: slot")
+	code, _, errOut = runCLI(t, "validate", "--quiet", "--rank", "4", src, dst)
+	if code != 2 {
+		t.Errorf("--rank 4 of 4: exit %d, want 2", code)
+	}
+	assertCleanError(t, errOut, "--rank 4: the output has 4 ranks (0..3)")
+	whole := filepath.Join(dir, "whole")
+	if code, _, errOut := runCLI(t, "convert", "--quiet", src, whole); code != 0 {
+		t.Fatal(errOut)
+	}
+	code, _, errOut = runCLI(t, "validate", "--quiet", "--rank", "0", src, whole)
+	if code != 2 {
+		t.Errorf("--rank on a whole-model output: exit %d, want 2", code)
+	}
+	assertCleanError(t, errOut, "not a per-rank output")
+}
