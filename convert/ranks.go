@@ -92,7 +92,7 @@ func (p *planner) planRanks() (*rankPlan, error) {
 	moe := map[int]bool{}
 	var indices []int
 	for _, l := range fp.Layers {
-		if l.Bank != "" {
+		if l.Bank != family.NoBank {
 			return nil, fmt.Errorf("%s: --ep: %s (model_type %s) holds two routed banks a layer (text and vision), which one placement per layer cannot describe; per-rank output of it is not built", dir, fp.Family, fp.ModelType)
 		}
 		moe[l.Index] = true
@@ -109,12 +109,12 @@ func (p *planner) planRanks() (*rankPlan, error) {
 		for _, l := range fp.Layers {
 			I := int64(fp.IntermediateOf(l))
 			if I%int64(M) != 0 {
-				return nil, fmt.Errorf("%s: --moe-tp %d: layer %s's experts are %d wide (moe_intermediate_size), which %d does not divide", dir, M, family.LayerLabel(l.Index), I, M)
+				return nil, fmt.Errorf("%s: --moe-tp %d: layer %s's experts are %d wide (moe_intermediate_size), which %d does not divide", dir, M, l.Label(), I, M)
 			}
 			if !sliceable(p.wf, int64(M), I/int64(M), H) {
 				sc, _ := p.wf.Scale()
 				return nil, fmt.Errorf("%s: --moe-tp %d: layer %s's experts are %d wide, and a part of %d would cut the %s scale blocks of %dx%d: gate and up rows and down columns are cut only on block boundaries, so I/M must be a multiple of the block",
-					dir, M, family.LayerLabel(l.Index), I, I/int64(M), p.wf, sc.Block[0], sc.Block[1])
+					dir, M, l.Label(), I, I/int64(M), p.wf, sc.Block[0], sc.Block[1])
 			}
 			if o.FuseShared && fp.NumSharedExperts > 0 && !sliceable(p.sharedFormat(), int64(fp.NumSharedExperts*M), I/int64(M), H) {
 				return nil, fmt.Errorf("%s: --moe-tp %d: the shared expert's slices of %d would cut its %s scale blocks", dir, M, I/int64(M), p.sharedFormat())
