@@ -252,6 +252,22 @@ func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint stri
 	return m, nil
 }
 
+// own replaces each name of m, built to look its tensor up, with the
+// view's own string for it (TensorMeta.Name): the plan of a checkpoint of
+// many experts then holds no second copy of their names.
+func (k *checker) own(m *MLP) {
+	for p := range m.Tensors {
+		for r, n := range m.Tensors[p] {
+			if n == "" {
+				continue
+			}
+			if meta, ok := k.t.Lookup(n); ok && meta.Name == n {
+				m.Tensors[p][r] = meta.Name
+			}
+		}
+	}
+}
+
 // eachProj calls f on each projection of an MLP of intermediate size inter,
 // in order (n 0, 1, 2: gate, up, down; pr its name in proj), with the
 // [rows, cols] of its weight: gate and up [inter,H], down [H,inter]. It
