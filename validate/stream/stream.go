@@ -113,8 +113,8 @@ type held struct {
 
 type step struct {
 	users   int
-	size    int64 // bytes wanted
-	mem     int64 // what holding them costs: the buffers' sizes (the budget's unit)
+	size    int64      // bytes wanted
+	mem     int64      // what holding them costs: the buffers' sizes (the budget's unit)
 	spans   []span     // its reads, allocated together
 	ext     []extentAt // per extent: where its bytes are
 	pending int        // spans not yet read
