@@ -72,6 +72,44 @@ type Checkpoint struct {
 	// walks every tensor name.
 	modulesMu sync.Mutex
 	modules   map[string]*quantdesc.Modules
+
+	small smallWindow
+}
+
+// smallWindow is the last stretch of a weight file SmallTensorBytes read:
+// a plan reads every expert's compressed-tensors weight_shape (16 bytes,
+// three an expert, 69,000 for Kimi-K2), and the ones of neighbouring
+// experts lie within a few kilobytes of each other, so one read serves
+// many instead of a pread each.
+type smallWindow struct {
+	mu  sync.Mutex
+	r   io.ReaderAt // the file (a section's outer reader)
+	off int64
+	b   []byte
+}
+
+// smallWindowBytes is how much smallWindow reads at once.
+const smallWindowBytes = 64 << 10
+
+// read copies n bytes of r at off into a new slice when the window holds
+// them, reading the window from off when it does not; ok is false when
+// the file has not n bytes there (the caller reads directly and reports
+// it).
+func (w *smallWindow) read(r io.ReaderAt, off, n int64) ([]byte, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.r != r || off < w.off || off+n > w.off+int64(len(w.b)) {
+		if w.b == nil {
+			w.b = make([]byte, smallWindowBytes)
+		}
+		got, _ := r.ReadAt(w.b[:cap(w.b)], off)
+		w.r, w.off, w.b = r, off, w.b[:got]
+		if off+n > w.off+int64(len(w.b)) {
+			w.r = nil
+			return nil, false
+		}
+	}
+	return slices.Clone(w.b[off-w.off : off-w.off+n]), true
 }
 
 // Open reads dir/config.json and maps every tensor of the checkpoint's weight
@@ -536,6 +574,13 @@ func (c *Checkpoint) SmallTensorBytes(name string, max int64) ([]byte, error) {
 	n := t.NumBytes()
 	if n < 0 || n > max {
 		return nil, fmt.Errorf("%s: tensor %s holds %d bytes, over the %d expected", t.File, name, n, max)
+	}
+	if sec, ok := t.Data.(*io.SectionReader); ok && n <= smallWindowBytes {
+		if r, base, size := sec.Outer(); size >= n && base >= 0 {
+			if b, ok := c.small.read(r, base, n); ok {
+				return b, nil
+			}
+		}
 	}
 	b := make([]byte, n)
 	if got, err := t.Data.ReadAt(b, 0); int64(got) != n {

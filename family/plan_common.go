@@ -341,7 +341,6 @@ func (s *spec) layer(k *checker, l int, mtp bool, module string, names []string,
 			if out.Experts[e], err = k.mlp(w, ep, n.proj, p.MoEIntermediateSize, hint); err != nil {
 				return Layer{}, err
 			}
-			k.own(&out.Experts[e])
 		}
 	}
 	sp := prefix + "." + n.shared
