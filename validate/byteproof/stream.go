@@ -433,13 +433,17 @@ func (sh *shardStream) stats() shardStats {
 // layer's stacks expert by expert holds at most a block at each stack's
 // start), and the root is taken over the blocks' digests in file order.
 //
-// Up to maxEarly bytes are held in memory. A pass whose layers come in
-// another order than the file's (layer 2 after layer 19 in a file sorted
-// by name) would otherwise hold every layer it reads before its turn: 60
-// MB for Kimi-K2's 60 small layers. Past maxEarly only where a piece lies
-// is kept, and its bytes are read again from the file (path) when its turn
-// comes, consecutive pieces in one read. A read that fails leaves the sum
-// unknown, and the proof then reads the shard in file order.
+// Up to maxEarly bytes are held in memory. The pass reads each layer's
+// stacks before the attention tensors that precede them in the file
+// (those come with the rest of DST, at the end), so every block that holds
+// a layer's attention and the start of its stacks waits for the end: a
+// block a layer (244 MB for DeepSeek-V3's 61 layers in 4 MiB blocks), or
+// nearly the whole file when layers are smaller than a block (60 MB for a
+// Kimi-K2-shaped synth of 60 small layers). Past maxEarly only where a
+// piece lies is kept, and its bytes are read again from the file (path)
+// when its turn comes, consecutive pieces in one read. A read that fails
+// leaves the sum unknown, and the proof then reads the shard in file
+// order.
 type blockHash struct {
 	algo     layout.BlockAlgo
 	bs, size int64
