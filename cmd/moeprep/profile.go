@@ -29,10 +29,12 @@ func startProfiles() (stop func()) {
 			var peak uint64
 			tick := time.NewTicker(50 * time.Millisecond)
 			defer tick.Stop()
-			for {
+			// A command shorter than a tick still gets the one taken as it
+			// ends.
+			for stop := false; !stop; {
 				select {
 				case <-done:
-					return
+					stop = true
 				case <-tick.C:
 				}
 				metrics.Read(sample)
