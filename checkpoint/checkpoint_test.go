@@ -163,3 +163,40 @@ func readAll(t *testing.T, tn *Tensor) []byte {
 	}
 	return b
 }
+
+// SmallTensorBytes, served from one window read for many neighbouring
+// tensors, returns each tensor's own bytes: every small tensor of a
+// sharded fixture, in file order and then backwards (a window from the
+// other end), equals a direct read; one over max is refused.
+func TestSmallTensorBytesWindow(t *testing.T) {
+	c, err := Open(filepath.Join(hf, "mixtral"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var small []*Tensor
+	for _, tn := range c.Tensors {
+		if n := tn.NumBytes(); n > 0 && n <= 4096 {
+			small = append(small, tn)
+		}
+	}
+	if len(small) < 20 {
+		t.Fatalf("%d small tensors: too few to test the window", len(small))
+	}
+	backward := slices.Clone(small)
+	slices.Reverse(backward)
+	for _, order := range [][]*Tensor{small, backward} {
+		for _, tn := range order {
+			got, err := c.SmallTensorBytes(tn.Name, 4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := readAll(t, tn); !bytes.Equal(got, want) {
+				t.Fatalf("%s: window bytes differ from a direct read", tn.Name)
+			}
+		}
+	}
+	if _, err := c.SmallTensorBytes(small[0].Name, small[0].NumBytes()-1); err == nil {
+		t.Errorf("%s: a tensor over max was read", small[0].Name)
+	}
+}

@@ -9,11 +9,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/safeio"
+	"github.com/moeprep/moeprep/quantdesc"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/torchbin"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -63,6 +66,50 @@ type Checkpoint struct {
 
 	byName  map[string]*Tensor
 	closers []io.Closer
+
+	// modules memoises family's quantisation modules (QuantModules): a
+	// plan asks for them once per description check, and collecting them
+	// walks every tensor name.
+	modulesMu sync.Mutex
+	modules   map[string]*quantdesc.Modules
+
+	small smallWindow
+}
+
+// smallWindow is the last stretch of a weight file SmallTensorBytes read:
+// a plan reads every expert's compressed-tensors weight_shape (16 bytes,
+// three an expert, 69,000 for Kimi-K2), and the ones of neighbouring
+// experts lie within a few kilobytes of each other, so one read serves
+// many instead of a pread each.
+type smallWindow struct {
+	mu  sync.Mutex
+	r   io.ReaderAt // the file (a section's outer reader)
+	off int64
+	b   []byte
+}
+
+// smallWindowBytes is how much smallWindow reads at once.
+const smallWindowBytes = 64 << 10
+
+// read copies n bytes of r at off into a new slice when the window holds
+// them, reading the window from off when it does not; ok is false when
+// the file has not n bytes there (the caller reads directly and reports
+// it).
+func (w *smallWindow) read(r io.ReaderAt, off, n int64) ([]byte, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.r != r || off < w.off || off+n > w.off+int64(len(w.b)) {
+		if w.b == nil {
+			w.b = make([]byte, smallWindowBytes)
+		}
+		got, _ := r.ReadAt(w.b[:cap(w.b)], off)
+		w.r, w.off, w.b = r, off, w.b[:got]
+		if off+n > w.off+int64(len(w.b)) {
+			w.r = nil
+			return nil, false
+		}
+	}
+	return slices.Clone(w.b[off-w.off : off-w.off+n]), true
 }
 
 // Open reads dir/config.json and maps every tensor of the checkpoint's weight
@@ -228,6 +275,7 @@ type weightFormat[F, S io.Closer] struct {
 	openFile func(path string) (F, error)
 	openDir  func(dir string) (S, error)
 	shards   func(S) []F
+	count    func(F) int // the tensors a file holds, to size the lookup once
 	path     func(F) string
 	add      func(*Checkpoint, F) error
 }
@@ -237,6 +285,7 @@ var safetensorsFormat = weightFormat[*safetensors.File, *safetensors.Sharded]{
 	suffixes: []string{".safetensors"}, kind: ".safetensors",
 	openFile: safetensors.Open, openDir: safetensors.OpenSharded,
 	shards: func(s *safetensors.Sharded) []*safetensors.File { return s.Shards },
+	count:  func(f *safetensors.File) int { return len(f.Tensors) },
 	path:   func(f *safetensors.File) string { return f.Path },
 	add:    (*Checkpoint).addSafetensors,
 }
@@ -246,6 +295,7 @@ var torchFormat = weightFormat[*torchbin.File, *torchbin.Sharded]{
 	suffixes: []string{".bin", ".pt", ".pth"}, kind: "PyTorch",
 	openFile: torchbin.Open, openDir: torchbin.OpenSharded,
 	shards: func(s *torchbin.Sharded) []*torchbin.File { return s.Shards },
+	count:  func(f *torchbin.File) int { return len(f.Tensors) },
 	path:   func(f *torchbin.File) string { return f.Path },
 	add:    (*Checkpoint).addTorch,
 }
@@ -276,9 +326,17 @@ func (w weightFormat[F, S]) openSharded(c *Checkpoint) error {
 	if err != nil {
 		return err
 	}
-	c.closers = append(c.closers, s)
+	// The shards are kept, not s: its index (a map of every tensor name,
+	// checked against the shards by openDir) is not needed again.
+	shards := w.shards(s)
+	c.closers = append(c.closers, closeAll[F](shards))
 	c.WeightFiles = append(c.WeightFiles, w.index)
-	for _, f := range w.shards(s) {
+	n := 0
+	for _, f := range shards {
+		n += w.count(f)
+	}
+	c.reserve(n)
+	for _, f := range shards {
 		c.WeightFiles = append(c.WeightFiles, filepath.Base(w.path(f)))
 		if err := w.add(c, f); err != nil {
 			return err
@@ -296,11 +354,29 @@ func (w weightFormat[F, S]) openFiles(c *Checkpoint, names []string) error {
 		}
 		c.closers = append(c.closers, f)
 		c.WeightFiles = append(c.WeightFiles, name)
+		c.reserve(w.count(f))
 		if err := w.add(c, f); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// closeAll closes files as one io.Closer.
+type closeAll[F io.Closer] []F
+
+func (fs closeAll[F]) Close() error { return safeio.CloseAll([]F(fs)) }
+
+// reserve sizes the name lookup and the tensor list for n more tensors
+// before the first is added, so neither grows (and copies itself) tensor by
+// tensor; n is a file's own count, bounded by its reader, and at most
+// MaxTensors is reserved.
+func (c *Checkpoint) reserve(n int) {
+	n = min(n, MaxTensors)
+	if len(c.byName) == 0 {
+		c.byName = make(map[string]*Tensor, n)
+	}
+	c.Tensors = slices.Grow(c.Tensors, n)
 }
 
 func (c *Checkpoint) add(t *Tensor) error {
@@ -312,19 +388,26 @@ func (c *Checkpoint) add(t *Tensor) error {
 	}
 	c.byName[t.Name] = t
 	c.Tensors = append(c.Tensors, t)
+	c.modules = nil
 	return nil
 }
 
+// addSafetensors adds f's tensors, then drops f's own list of them: each
+// Tensor keeps the header's name and shape and a section of the open file,
+// which is all that is read again. The Tensors and their sections are
+// allocated together, two allocations a file instead of two a tensor.
 func (c *Checkpoint) addSafetensors(f *safetensors.File) error {
-	for _, ti := range f.Tensors {
-		sec, err := f.Section(ti.Name)
-		if err != nil {
-			return err
-		}
-		if err := c.add(&Tensor{Name: ti.Name, DType: ti.DType, Shape: ti.Shape, File: f.Path, Data: sec}); err != nil {
+	ts := make([]Tensor, len(f.Tensors))
+	secs := make([]io.SectionReader, len(f.Tensors))
+	r := f.ReaderAt()
+	for i, ti := range f.Tensors {
+		secs[i] = *io.NewSectionReader(r, f.DataStart+ti.Begin, ti.NumBytes())
+		ts[i] = Tensor{Name: ti.Name, DType: ti.DType, Shape: ti.Shape, File: f.Path, Data: &secs[i]}
+		if err := c.add(&ts[i]); err != nil {
 			return err
 		}
 	}
+	f.ForgetTensors()
 	return nil
 }
 
@@ -355,7 +438,7 @@ func (c *Checkpoint) Lookup(name string) (family.TensorMeta, bool) {
 	if !ok {
 		return family.TensorMeta{}, false
 	}
-	return family.TensorMeta{DType: t.DType, Shape: t.Shape}, true
+	return family.TensorMeta{Name: t.Name, DType: t.DType, Shape: t.Shape}, true
 }
 
 // Names implements family.Tensors: every tensor name in file order.
@@ -365,6 +448,24 @@ func (c *Checkpoint) Names() []string {
 		out[i] = t.Name
 	}
 	return out
+}
+
+// QuantModules implements family.ModulesMemo: the modules under layers are
+// collected once per checkpoint (build), however many descriptions a plan
+// checks. A tensor added later (none is, after Open) would clear it.
+func (c *Checkpoint) QuantModules(layers []string, build func() *quantdesc.Modules) *quantdesc.Modules {
+	key := strings.Join(layers, "\x00")
+	c.modulesMu.Lock()
+	defer c.modulesMu.Unlock()
+	if m, ok := c.modules[key]; ok {
+		return m
+	}
+	m := build()
+	if c.modules == nil {
+		c.modules = map[string]*quantdesc.Modules{}
+	}
+	c.modules[key] = m
+	return m
 }
 
 // TotalBytes is the sum of all tensors' sizes.
@@ -473,6 +574,13 @@ func (c *Checkpoint) SmallTensorBytes(name string, max int64) ([]byte, error) {
 	n := t.NumBytes()
 	if n < 0 || n > max {
 		return nil, fmt.Errorf("%s: tensor %s holds %d bytes, over the %d expected", t.File, name, n, max)
+	}
+	if sec, ok := t.Data.(*io.SectionReader); ok && n <= smallWindowBytes {
+		if r, base, size := sec.Outer(); size >= n && base >= 0 {
+			if b, ok := c.small.read(r, base, n); ok {
+				return b, nil
+			}
+		}
 	}
 	b := make([]byte, n)
 	if got, err := t.Data.ReadAt(b, 0); int64(got) != n {

@@ -75,7 +75,13 @@ func (p *planner) layer(l *family.Layer) ([]*outTensor, []string, error) {
 		return nil, nil, fmt.Errorf("%s: %s: expert weight dtype %q", p.ck.Dir, where, wd)
 	}
 	var consumed []string
-	routed := make([]mlpParts, E)
+	// Room for the shared expert's slices too, which the bank appends:
+	// an expert's parts are 4 kB, and the bank is grown once, not copied.
+	room := E
+	if p.o.FuseShared {
+		room += int64(fp.NumSharedExperts) * int64(max(p.o.Replicas, 0))
+	}
+	routed := make([]mlpParts, E, room)
 	for e, m := range l.Experts {
 		what := fmt.Sprintf("%s expert %d", where, e)
 		var mp mlpParts
@@ -280,7 +286,9 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 	// weight or scale grid they hold (zero for vectors), which in-out
 	// writes transposed.
 	mk := func(name string, dtype safetensors.DType, shape layout.Shape, mat [2]int64, pick func(mlpParts) []part) (*outTensor, error) {
-		t := &outTensor{name: name, dtype: dtype, shape: shape}
+		// Most picks are one part an expert: the parts are sized once for
+		// that (a plan holds a part per expert per stack per layer).
+		t := &outTensor{name: name, dtype: dtype, shape: shape, parts: make([]part, 0, len(bank))}
 		for _, m := range bank {
 			parts := pick(m)
 			if p.o.Orientation == layout.InOut && mat[0] > 0 {

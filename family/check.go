@@ -147,12 +147,25 @@ func (k *checker) mlp(where, prefix string, proj [3]string, inter int, hint stri
 		name := prefix + "." + pr + ".weight"
 		m.Set(layout.MLPProjs[n], layout.RoleWeight, name)
 		scale, err := k.weight(where, pr, name, rows, cols, hint)
+		if meta, ok := k.t.Lookup(name); ok && err == nil {
+			m.Set(layout.MLPProjs[n], layout.RoleWeight, own(name, meta))
+		}
 		m.Set(layout.MLPProjs[n], layout.RoleScale, scale)
 		return err
 	}); err != nil {
 		return MLP{}, err
 	}
 	return m, nil
+}
+
+// own is name, built to look its tensor up, as the view holds it
+// (TensorMeta.Name) where the view says: the plan of a checkpoint of many
+// experts then holds no second copy of their names.
+func own(name string, meta TensorMeta) string {
+	if meta.Name == name {
+		return meta.Name
+	}
+	return name
 }
 
 // eachProj calls f on each projection of an MLP of intermediate size inter,
@@ -256,7 +269,7 @@ func (k *checker) weight(where, role, name string, rows, cols int64, hint string
 		return "", fmt.Errorf("%s: %s shape %s, expected %s (%s of %s weight %s)",
 			where, sn, shapeString(sm.Shape), shapeString(want), gridWords(sc.Block), role, shapeString(meta.Shape))
 	}
-	return sn, nil
+	return own(sn, sm), nil
 }
 
 // gridWords says what one scale entry covers: "128x128 blocks", "one per

@@ -155,6 +155,7 @@ func (k *checker) int4Weight(where, role, weight string, rows, cols int64, hint 
 			return tn, fmt.Errorf("%s: %s says %s, expected [%d, %d] (the %s weight's [out, in] %s)", where, tn.Shape, shapeString(got), rows, cols, role, hint)
 		}
 	}
+	tn.Weight, tn.Scale, tn.Shape = own(tn.Weight, meta), own(tn.Scale, sm), own(tn.Shape, shm)
 	return tn, nil
 }
 

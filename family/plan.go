@@ -7,6 +7,7 @@ package family
 import (
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/quantdesc"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -339,8 +340,21 @@ func (p *Plan) DTypeName() string {
 
 // TensorMeta is what a family may know about a tensor without reading it.
 type TensorMeta struct {
+	// Name is the tensor's name as the view holds it, "" where the view
+	// does not say: a plan keeps this string rather than the one it built
+	// to look the tensor up, so a checkpoint of 200,000 tensors holds
+	// each name once.
+	Name  string
 	DType safetensors.DType
 	Shape []int64
+}
+
+// ModulesMemo is a Tensors that keeps the quantisation modules collected
+// from its names (quantdesc.ModulesOf) for the layers asked, building them
+// with build the first time: a plan checks several descriptions, each
+// against the same modules.
+type ModulesMemo interface {
+	QuantModules(layers []string, build func() *quantdesc.Modules) *quantdesc.Modules
 }
 
 // Tensors is the read-only view of a checkpoint's tensor names a family plans from.

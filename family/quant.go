@@ -50,10 +50,16 @@ func quantModulesOf(t Tensors, layers []string) *quantdesc.Modules {
 	if t == nil {
 		return quantdesc.Representative(layers)
 	}
-	return quantdesc.ModulesOf(t.Names(), func(name string) bool {
-		meta, ok := t.Lookup(name)
-		return ok && len(meta.Shape) >= 2
-	}, layers)
+	build := func() *quantdesc.Modules {
+		return quantdesc.ModulesOf(t.Names(), func(name string) bool {
+			meta, ok := t.Lookup(name)
+			return ok && len(meta.Shape) >= 2
+		}, layers)
+	}
+	if m, ok := t.(ModulesMemo); ok {
+		return m.QuantModules(layers, build)
+	}
+	return build()
 }
 
 // refuseQuant refuses the first description moeprep cannot carry, its

@@ -70,7 +70,6 @@ func Representative(layers []string) *Modules {
 func ModulesOf(names []string, matrix func(name string) bool, layers []string) *Modules {
 	m := &Modules{layers: layers}
 	m.groups = map[string][]string{}
-	seen := make(map[string]bool, len(names))
 	prev := ""
 	for _, name := range names {
 		dot := strings.LastIndexByte(name, '.')
@@ -79,22 +78,27 @@ func ModulesOf(names []string, matrix func(name string) bool, layers []string) *
 		}
 		mod := name[:dot]
 		// A module's tensors are mostly adjacent (weight, weight_scale):
-		// the map is asked only when the module changes.
-		if mod == prev || seen[mod] || !underLayers(mod, layers) {
+		// its first tensor of each run decides. A module whose tensors
+		// come in several runs is listed once per matrix run and made
+		// unique after the sort, instead of a map of every module name
+		// (8 MB for Kimi-K2's 200,000 tensors) remembering them.
+		if mod == prev || !underLayers(mod, layers) {
 			continue
 		}
 		prev = mod
 		if !matrix(name) {
 			continue
 		}
-		seen[mod] = true
 		if g := moduleGroup(mod); g != "" {
 			m.groups[g] = append(m.groups[g], mod)
 		}
 	}
 	h := fnv.New64a()
 	for _, g := range quantGroups {
-		slices.Sort(m.groups[g])
+		if mods := m.groups[g]; mods != nil {
+			slices.Sort(mods)
+			m.groups[g] = slices.Clip(slices.Compact(mods))
+		}
 		for _, mod := range m.groups[g] {
 			h.Write([]byte(mod))
 			h.Write([]byte{0})

@@ -52,36 +52,39 @@ const metadataKey = "__metadata__"
 // header is measured first (well formed, how many tensors) with nothing
 // built, so a header over MaxTensorsPerFile costs no more than its bytes.
 func ParseHeader(header []byte, dataLen int64) (map[string]string, []TensorInfo, error) {
-	meta, tensors, _, err := parseHeader(header, dataLen)
-	return meta, tensors, err
+	return parseHeader(header, dataLen)
 }
 
-// parseHeader is ParseHeader that also returns each tensor's index in the
-// returned (offset-sorted) slice by name.
-func parseHeader(header []byte, dataLen int64) (map[string]string, []TensorInfo, map[string]int, error) {
+func parseHeader(header []byte, dataLen int64) (map[string]string, []TensorInfo, error) {
 	if dataLen < 0 {
-		return nil, nil, nil, fmt.Errorf("data section length %d is negative", dataLen)
+		return nil, nil, fmt.Errorf("data section length %d is negative", dataLen)
 	}
 	if !utf8.Valid(header) {
-		return nil, nil, nil, errors.New("header is not valid UTF-8")
+		return nil, nil, errors.New("header is not valid UTF-8")
 	}
 	p := &headerParser{s: scanner{b: header, what: "header"}}
-	meta, tensors, byName, err := p.parse()
+	meta, tensors, err := p.parse()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	if err := checkLayout(tensors, dataLen); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	for i, t := range tensors {
-		byName[t.Name] = i // the same keys: no allocation
-	}
-	return meta, tensors, byName, nil
+	return meta, tensors, nil
 }
 
 type headerParser struct {
 	s scanner
+	// shapes holds one copy of each distinct shape a header spells, keyed
+	// by its JSON text: the experts of a layer share a handful of shapes,
+	// so 200,000 tensors need a few hundred slices, not 200,000. Bounded
+	// by maxSharedShapes; past it each tensor gets its own.
+	shapes map[string][]int64
 }
+
+// maxSharedShapes bounds headerParser.shapes, so a hostile header of
+// distinct shapes costs no more than one of plain ones.
+const maxSharedShapes = 1 << 12
 
 // openObject reads a '{'; what names the value for the error.
 func (p *headerParser) openObject(what string) error {
@@ -120,58 +123,60 @@ func (p *headerParser) key(first bool) (k []byte, ok bool, err error) {
 	return k, true, nil
 }
 
-func (p *headerParser) parse() (map[string]string, []TensorInfo, map[string]int, error) {
+func (p *headerParser) parse() (map[string]string, []TensorInfo, error) {
 	s := &p.s
 	if err := s.notEmpty("header"); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	// Measure before building: the whole header is checked to be well
 	// formed and its tensors counted, allocating nothing.
 	n, err := s.enter("header", metadataKey, MaxTensorsPerFile, "header lists %d tensors, over the limit of %d for one file (real shards hold a few thousand)")
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	var meta map[string]string
 	tensors := make([]TensorInfo, 0, n)
-	byName := make(map[string]int, n)
+	// byName finds duplicate keys as they come, so the first one in the
+	// document is the one reported; it is dropped after the parse.
+	byName := make(map[string]struct{}, n)
 	haveMeta := false
 	for first := true; ; first = false {
 		k, ok, err := p.key(first)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
 		if !ok {
 			break
 		}
 		if string(k) == metadataKey {
 			if haveMeta {
-				return nil, nil, nil, fmt.Errorf("duplicate key %q in header", metadataKey)
+				return nil, nil, fmt.Errorf("duplicate key %q in header", metadataKey)
 			}
 			haveMeta = true
 			if meta, err = p.metadata(); err != nil {
-				return nil, nil, nil, err
+				return nil, nil, err
 			}
 			continue
 		}
 		if _, dup := byName[string(k)]; dup {
-			return nil, nil, nil, fmt.Errorf("duplicate key %q in header", k)
+			return nil, nil, fmt.Errorf("duplicate key %q in header", k)
 		}
 		if len(tensors) == n { // cannot happen after the count; no path builds more than it
-			return nil, nil, nil, fmt.Errorf("header lists more than %d tensors", n)
+			return nil, nil, fmt.Errorf("header lists more than %d tensors", n)
 		}
 		name := string(k)
 		t, err := p.tensor(name)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
-		byName[name] = len(tensors)
+		byName[name] = struct{}{}
 		tensors = append(tensors, t)
 	}
 	// Only whitespace may follow the object (writers pad with spaces).
 	if err := s.trailing(); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	return meta, tensors, byName, nil
+	return meta, tensors, nil
 }
 
 // metadata reads __metadata__: an object of string to string. null is taken
@@ -292,6 +297,7 @@ func (p *headerParser) tensor(name string) (TensorInfo, error) {
 				return fail("duplicate field %q", k)
 			}
 			haveShape = true
+			start := p.s.i
 			n, err := p.intArray("shape", dims[:])
 			if err != nil {
 				return fail("%v", err)
@@ -299,8 +305,7 @@ func (p *headerParser) tensor(name string) (TensorInfo, error) {
 			if n > maxRank {
 				return fail("shape has %d dimensions, over the limit of %d", n, maxRank)
 			}
-			t.Shape = make([]int64, n)
-			copy(t.Shape, dims[:n])
+			t.Shape = p.shape(p.s.b[start:p.s.i], dims[:n])
 		case "data_offsets":
 			if haveOffsets {
 				return fail("duplicate field %q", k)
@@ -338,6 +343,27 @@ func (p *headerParser) tensor(name string) (TensorInfo, error) {
 			t.Begin, t.End, have, formatShape(t.Shape), t.DType, need)
 	}
 	return t, nil
+}
+
+// shape returns dims (the shape just read, spelled text in the header) as
+// a slice shared with every other tensor of the header spelled the same.
+// The shared slices are never written: callers replace a Shape, they do not
+// edit it.
+func (p *headerParser) shape(text []byte, dims []int64) []int64 {
+	if s, ok := p.shapes[string(text)]; ok {
+		return s
+	}
+	s := slices.Clone(dims)
+	if s == nil {
+		s = []int64{}
+	}
+	if p.shapes == nil {
+		p.shapes = map[string][]int64{}
+	}
+	if len(p.shapes) < maxSharedShapes {
+		p.shapes[string(text)] = s
+	}
+	return s
 }
 
 // intArray reads an array of non-negative integers that fit in int64 into

@@ -330,6 +330,17 @@ func OpenSharded(dir string) (_ *Sharded, err error) {
 			}
 		}
 	}
+	// Every shard tensor is a distinct weight_map key mapped to its shard
+	// (checked above; a shard's names are unique), so when the counts agree
+	// every key is in its shard. Only when they do not is the first key
+	// missing from its shard looked for, in name order.
+	held := 0
+	for _, f := range s.Shards {
+		held += len(f.Tensors)
+	}
+	if held == len(idx.WeightMap) {
+		return s, nil
+	}
 	names := slices.Sorted(maps.Keys(idx.WeightMap))
 	for _, name := range names {
 		file := idx.WeightMap[name]

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 
 	"github.com/moeprep/moeprep/internal/safeio"
 )
@@ -18,8 +19,12 @@ type File struct {
 	Tensors   []TensorInfo // in data-offset order
 	DataStart int64        // absolute file offset of the data section
 
-	fh     *os.File
-	byName map[string]int // index into Tensors
+	fh *os.File
+	// byName indexes Tensors by name, built on the first Lookup: a
+	// checkpoint of 200,000 tensors that reads them in order never needs
+	// it, and a map kept per open file would cost about 40 bytes a tensor.
+	byNameOnce sync.Once
+	byName     map[string]int
 }
 
 // Open reads and checks the header of path. Every error names path. Anything
@@ -76,11 +81,11 @@ func readFile(r io.ReaderAt, size int64) (*File, error) {
 		return nil, fmt.Errorf("reading %d-byte header: %w", n, err)
 	}
 	dataStart := 8 + int64(n)
-	meta, tensors, byName, err := parseHeader(header, size-dataStart)
+	meta, tensors, err := parseHeader(header, size-dataStart)
 	if err != nil {
 		return nil, err
 	}
-	return &File{Metadata: meta, Tensors: tensors, DataStart: dataStart, byName: byName}, nil
+	return &File{Metadata: meta, Tensors: tensors, DataStart: dataStart}, nil
 }
 
 // headPeek is how much of a header is looked at before the rest is read.
@@ -101,19 +106,29 @@ func checkOpening(head []byte) error {
 
 // Lookup finds a tensor by name.
 func (f *File) Lookup(name string) (TensorInfo, bool) {
-	if f.byName != nil {
-		i, ok := f.byName[name]
-		if !ok {
-			return TensorInfo{}, false
+	f.byNameOnce.Do(func() {
+		f.byName = make(map[string]int, len(f.Tensors))
+		for i, t := range f.Tensors {
+			f.byName[t.Name] = i // the header's names are unique (parseHeader)
 		}
-		return f.Tensors[i], true
+	})
+	i, ok := f.byName[name]
+	if !ok || i >= len(f.Tensors) {
+		return TensorInfo{}, false
 	}
-	for _, t := range f.Tensors {
-		if t.Name == name {
-			return t, true
-		}
-	}
-	return TensorInfo{}, false
+	return f.Tensors[i], true
+}
+
+// ForgetTensors drops the header's tensor list (and its lookup) for a
+// caller that has taken what it needs from it (checkpoint.Open keeps each
+// tensor's name, shape and section itself): the list costs about 90 bytes a
+// tensor on top of the caller's own. Reads through ReaderAt and Close still
+// work; Lookup and Section find nothing after it. Call it before anything
+// else can use f.
+func (f *File) ForgetTensors() {
+	f.Tensors = nil
+	f.byNameOnce.Do(func() {})
+	f.byName = nil
 }
 
 // Section returns a reader over exactly the named tensor's bytes.
@@ -122,8 +137,14 @@ func (f *File) Section(name string) (*io.SectionReader, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: no tensor %q", f.Path, name)
 	}
+	return f.SectionOf(t)
+}
+
+// SectionOf returns a reader over exactly the bytes of t, one of
+// f.Tensors, without looking its name up.
+func (f *File) SectionOf(t TensorInfo) (*io.SectionReader, error) {
 	if f.fh == nil {
-		return nil, fmt.Errorf("%s: tensor %q: file is closed", f.Path, name)
+		return nil, fmt.Errorf("%s: tensor %q: file is closed", f.Path, t.Name)
 	}
 	return io.NewSectionReader(f.fh, f.DataStart+t.Begin, t.NumBytes()), nil
 }

@@ -32,8 +32,10 @@ import (
 type passPlan struct {
 	steps  []stream.Step
 	layers map[int]*layerSteps // by decoder layer index
-	// proof lists, per step, the DST bytes the byte proof takes from it.
-	proof [][]proofTake
+	// proof lists, per step, the DST bytes the byte proof takes from it;
+	// pieces are the proof's pieces they name.
+	proof  [][]proofTake
+	pieces []byteproof.Piece
 	// layerOf is each step's checked layer, -1 for the rest; display the
 	// decoder layer a rest step's DST bytes belong to (-1: none).
 	layerOf, display []int
@@ -59,11 +61,12 @@ func (ls *layerSteps) order() []int {
 }
 
 // proofTake is one DST extent of a step that the byte proof takes: the
-// step's extent e, bytes off.. of piece.
+// step's extent e, bytes off.. of passPlan.pieces[piece]. There is one for
+// every DST extent (a stack's slice of each expert): the piece is named by
+// its index, not copied into each.
 type proofTake struct {
-	e     int
-	piece byteproof.Piece
-	off   int64
+	e, piece int32
+	off      int64
 }
 
 // passBudget is the pass's budget (0: stream's default); tests shrink it
@@ -145,13 +148,14 @@ func mergeRanges(rs [][2]int64) [][2]int64 {
 func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan {
 	pp := &passPlan{layers: map[int]*layerSteps{}, holdUntil: map[int]int{}}
 	users := 1
-	var pieces map[string]byteproof.Piece
+	var pieces map[string]int32
 	if proof != nil {
 		users = 2
-		pieces = map[string]byteproof.Piece{}
-		for _, p := range proof.Pieces() {
+		pp.pieces = proof.Pieces()
+		pieces = map[string]int32{}
+		for i, p := range pp.pieces {
 			if p.Tensor != "" {
-				pieces[p.Tensor] = p
+				pieces[p.Tensor] = int32(i)
 			}
 		}
 	}
@@ -171,7 +175,7 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 			return
 		}
 		if p, ok := pieces[t.Name]; ok {
-			b.takes = append(b.takes, proofTake{e: len(b.dst) - 1, piece: p, off: off})
+			b.takes = append(b.takes, proofTake{e: int32(len(b.dst) - 1), piece: p, off: off})
 		}
 		for _, r := range proof.Predicted(t.Name, off, n) {
 			b.addSrc(r.T, r.Off, r.N)
@@ -249,14 +253,14 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 		}
 		cur, curBytes = stepBuilder{}, 0
 	}
-	for _, p := range proof.Pieces() {
+	for pi, p := range pp.pieces {
 		if p.Tensor != "" && taken[p.Tensor] {
 			continue
 		}
 		t, _ := s.dst.Tensor(p.Tensor)
 		if p.Tensor == "" || t == nil {
 			cur.dst = append(cur.dst, stream.Extent{File: p.Path, Off: p.Off, N: p.N})
-			cur.takes = append(cur.takes, proofTake{e: len(cur.dst) - 1, piece: p})
+			cur.takes = append(cur.takes, proofTake{e: int32(len(cur.dst) - 1), piece: int32(pi)})
 			curBytes += p.N
 			continue
 		}
@@ -414,6 +418,11 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 	if err != nil {
 		return err
 	}
+	// The pass holds where every extent lies; the plan's own list of them
+	// (one for each SRC tensor and each DST slice) is not read again.
+	for i := range pp.steps {
+		pp.steps[i].Extents = nil
+	}
 	s.meter.planStream(pp, targets, pass.StepBytes)
 	defer pass.Close()
 	defer func() { s.streamMisses = pass.Misses() }()
@@ -517,7 +526,7 @@ func (s *session) feedProof(ctx context.Context, pass *stream.Pass, pp *passPlan
 			return err
 		}
 		for _, tk := range pp.proof[i] {
-			if err := proof.Take(tk.piece, tk.off, pass.Bytes(i, tk.e)); err != nil {
+			if err := proof.Take(pp.pieces[tk.piece], tk.off, pass.Bytes(i, int(tk.e))); err != nil {
 				return err
 			}
 		}

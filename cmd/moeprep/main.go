@@ -78,6 +78,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		}
 	}()
 
+	defer startProfiles()()
 	root := newRootCmd()
 	root.SetArgs(args)
 	root.SetOut(stdout)

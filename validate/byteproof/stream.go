@@ -114,7 +114,7 @@ func (s *Stream) openShard(rel string) (*shardStream, error) {
 		return nil, err
 	}
 	sh.size = st.Size()
-	if sh.hash, err = newBlockHash(sh.like, sh.size); err != nil {
+	if sh.hash, err = newBlockHash(sh.like, sh.size, sh.path); err != nil {
 		return nil, fmt.Errorf("%s: %w", sh.path, err)
 	}
 	infos := slices.Clone(f.Tensors)
@@ -432,24 +432,50 @@ func (sh *shardStream) stats() shardStats {
 // before their turn in the block held until it comes (a plan that reads a
 // layer's stacks expert by expert holds at most a block at each stack's
 // start), and the root is taken over the blocks' digests in file order.
+//
+// Up to maxEarly bytes are held in memory. The pass reads each layer's
+// stacks before the attention tensors that precede them in the file
+// (those come with the rest of DST, at the end), so every block that holds
+// a layer's attention and the start of its stacks waits for the end: a
+// block a layer (244 MB for DeepSeek-V3's 61 layers in 4 MiB blocks), or
+// nearly the whole file when layers are smaller than a block (60 MB for a
+// Kimi-K2-shaped synth of 60 small layers). Past maxEarly only where a
+// piece lies is kept, and its bytes are read again from the file (path)
+// when its turn comes, consecutive pieces in one read. A read that fails
+// leaves the sum unknown, and the proof then reads the shard in file
+// order.
 type blockHash struct {
 	algo     layout.BlockAlgo
 	bs, size int64
 	digests  [][32]byte
 	open     map[int64]*openBlock
 	done     int64 // blocks complete
-	bad      bool  // a byte came twice
+	bad      bool  // a byte came twice, or a held piece could not be read again
+	path     string
+	held     int64 // bytes held in early pieces
+	maxEarly int64
+	buf      []byte // reads of pieces not held
 }
 
 type openBlock struct {
 	h     hash.Hash
 	next  int64 // bytes hashed, from the block's start
-	early map[int64][]byte
+	early map[int64]earlyPiece
 }
 
-// newBlockHash is the hash of a file of size bytes described like like;
-// nil for a whole-file SHA-256, which needs the bytes in order.
-func newBlockHash(like layout.FileInfo, size int64) (*blockHash, error) {
+// earlyPiece is n bytes that came before their turn: b holds them, or is
+// nil when they are read again from the file.
+type earlyPiece struct {
+	b []byte
+	n int64
+}
+
+// maxEarlyBytes is blockHash's maxEarly: a few blocks of the usual 4 MiB.
+const maxEarlyBytes = 16 << 20
+
+// newBlockHash is the hash of a file (path) of size bytes described like
+// like; nil for a whole-file SHA-256, which needs the bytes in order.
+func newBlockHash(like layout.FileInfo, size int64, path string) (*blockHash, error) {
 	d, algo, ok := like.BlockHash()
 	if !ok || d.BlockSize <= 0 {
 		return nil, nil
@@ -458,7 +484,8 @@ func newBlockHash(like layout.FileInfo, size int64) (*blockHash, error) {
 	if blocks > layout.MaxBlocksPerFile {
 		return nil, fmt.Errorf("%d bytes in %d-byte blocks is %d blocks, over the limit of %d", size, d.BlockSize, blocks, layout.MaxBlocksPerFile)
 	}
-	return &blockHash{algo: algo, bs: d.BlockSize, size: size, digests: make([][32]byte, blocks), open: map[int64]*openBlock{}}, nil
+	return &blockHash{algo: algo, bs: d.BlockSize, size: size, digests: make([][32]byte, blocks), open: map[int64]*openBlock{},
+		path: path, maxEarly: maxEarlyBytes}, nil
 }
 
 // write hashes b, the file's bytes from off.
@@ -479,7 +506,7 @@ func (bh *blockHash) block(k, at int64, b []byte) {
 			bh.bad = true
 			return
 		}
-		ob = &openBlock{h: bh.algo.New(), early: map[int64][]byte{}}
+		ob = &openBlock{h: bh.algo.New(), early: map[int64]earlyPiece{}}
 		bh.open[k] = ob
 	}
 	switch {
@@ -487,7 +514,12 @@ func (bh *blockHash) block(k, at int64, b []byte) {
 		if _, dup := ob.early[at]; dup {
 			bh.bad = true
 		}
-		ob.early[at] = slices.Clone(b)
+		e := earlyPiece{n: int64(len(b))}
+		if bh.held+e.n <= bh.maxEarly {
+			e.b = slices.Clone(b)
+			bh.held += e.n
+		}
+		ob.early[at] = e
 		return
 	case at < ob.next:
 		bh.bad = true
@@ -500,15 +532,55 @@ func (bh *blockHash) block(k, at int64, b []byte) {
 		if !ok {
 			break
 		}
-		delete(ob.early, ob.next)
-		ob.h.Write(e)
-		ob.next += int64(len(e))
+		if e.b != nil {
+			delete(ob.early, ob.next)
+			ob.h.Write(e.b)
+			ob.next += e.n
+			bh.held -= e.n
+			continue
+		}
+		// The run of pieces not held from here: one read of the file.
+		end := ob.next
+		for {
+			e, ok := ob.early[end]
+			if !ok || e.b != nil {
+				break
+			}
+			delete(ob.early, end)
+			end += e.n
+		}
+		if !bh.readAgain(ob, k*bh.bs+ob.next, end-ob.next) {
+			bh.bad = true
+			return
+		}
+		ob.next = end
 	}
 	if ob.next == min(bh.bs, bh.size-k*bh.bs) {
 		ob.h.Sum(bh.digests[k][:0])
 		delete(bh.open, k)
 		bh.done++
 	}
+}
+
+// readAgain hashes n bytes of the file from off into ob, read in chunks.
+func (bh *blockHash) readAgain(ob *openBlock, off, n int64) bool {
+	f, err := os.Open(bh.path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if bh.buf == nil {
+		bh.buf = make([]byte, min(bh.bs, 1<<20))
+	}
+	for n > 0 {
+		c := bh.buf[:min(n, int64(len(bh.buf)))]
+		if got, _ := f.ReadAt(c, off); got != len(c) {
+			return false
+		}
+		ob.h.Write(c)
+		off, n = off+int64(len(c)), n-int64(len(c))
+	}
+	return true
 }
 
 // sum is the file's FileInfo once every byte came exactly once.

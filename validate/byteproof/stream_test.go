@@ -39,27 +39,51 @@ func TestBlockHashAnyOrder(t *testing.T) {
 			at += n
 		}
 		r.Shuffle(len(cuts), func(i, j int) { cuts[i], cuts[j] = cuts[j], cuts[i] })
-		bh, err := newBlockHash(like, int64(len(data)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, c := range cuts {
-			if i == len(cuts)-1 {
-				if _, ok := bh.sum(); ok {
-					t.Fatalf("a sum before the last piece")
+		// held whole, then mostly read again from the file (a few
+		// kilobytes held), then read again whole
+		for _, maxEarly := range []int64{maxEarlyBytes, 20_000, 0} {
+			bh, err := newBlockHash(like, int64(len(data)), path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bh.maxEarly = maxEarly
+			for i, c := range cuts {
+				if i == len(cuts)-1 {
+					if _, ok := bh.sum(); ok {
+						t.Fatalf("a sum before the last piece")
+					}
+				}
+				bh.write(int64(c[0]), data[c[0]:c[1]])
+				if bh.held > maxEarly {
+					t.Fatalf("maxEarly %d: %d bytes held", maxEarly, bh.held)
 				}
 			}
-			bh.write(int64(c[0]), data[c[0]:c[1]])
-		}
-		if got, ok := bh.sum(); !ok || got != want {
-			t.Errorf("%v: got %v (%v), want %v", like, got, ok, want)
-		}
-		bh.write(int64(cuts[0][0]), data[cuts[0][0]:cuts[0][1]])
-		if _, ok := bh.sum(); ok {
-			t.Errorf("%v: bytes hashed twice still sum", like)
+			if got, ok := bh.sum(); !ok || got != want {
+				t.Errorf("%v maxEarly %d: got %v (%v), want %v", like, maxEarly, got, ok, want)
+			}
+			if bh.held != 0 {
+				t.Errorf("%v maxEarly %d: %d bytes still held", like, maxEarly, bh.held)
+			}
+			bh.write(int64(cuts[0][0]), data[cuts[0][0]:cuts[0][1]])
+			if _, ok := bh.sum(); ok {
+				t.Errorf("%v maxEarly %d: bytes hashed twice still sum", like, maxEarly)
+			}
 		}
 	}
-	if bh, err := newBlockHash(layout.FileInfo{SHA256: "x"}, 10); bh != nil || err != nil {
+	// Pieces held nowhere whose file is gone leave the sum unknown.
+	gone := filepath.Join(t.TempDir(), "gone")
+	bh, err := newBlockHash(layout.FileInfo{X3Blocks: layout.BlockDigest{BlockSize: 4096}}, 8192, gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bh.maxEarly = 0
+	bh.write(4096, data[4096:8192])
+	bh.write(100, data[100:4096])
+	bh.write(0, data[:100])
+	if _, ok := bh.sum(); ok {
+		t.Errorf("a piece that could not be read again still sums")
+	}
+	if bh, err := newBlockHash(layout.FileInfo{SHA256: "x"}, 10, path); bh != nil || err != nil {
 		t.Errorf("a whole-file SHA-256 needs its bytes in order: %v %v", bh, err)
 	}
 }

@@ -89,7 +89,6 @@ const maxGap = 4 << 10
 type Pass struct {
 	o     Options
 	steps []*step
-	spans []*span // every step's reads, in step order
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -108,15 +107,15 @@ type Pass struct {
 
 // held is one planned extent of a tensor: step i's extent e.
 type held struct {
-	i, e   int
+	i, e   int32
 	off, n int64
 }
 
 type step struct {
 	users   int
-	size    int64 // bytes wanted
-	mem     int64 // what holding them costs: the buffers' sizes (the budget's unit)
-	spans   []*span
+	size    int64      // bytes wanted
+	mem     int64      // what holding them costs: the buffers' sizes (the budget's unit)
+	spans   []span     // its reads, allocated together
 	ext     []extentAt // per extent: where its bytes are
 	pending int        // spans not yet read
 	ready   chan struct{}
@@ -135,17 +134,21 @@ type extentAt struct {
 }
 
 // span is one read: bytes [off, off+n) of a file (or of a tensor's own
-// reader when it is not a plain file range).
+// reader when it is not a plain file range). A step of a small model's
+// expert is a few reads of a kilobyte, and a pass of 200,000 tensors has
+// as many spans: they are kept small, and a step's allocated together.
 type span struct {
-	bufs   *buffers
-	step   int
 	f      *file
 	r      io.ReaderAt // when f is nil: the tensor's reader
 	off, n int64
-	buf    []byte // the wanted bytes, once read
-	mem    []byte // what buf was cut from (returned to the pool)
-	read   bool   // the read is over (under the pass's lock)
+	mem    []byte // what the wanted bytes were read into (returned to the pool)
+	at     int32  // where the wanted bytes start in mem (under an O_DIRECT block)
+	step   int32
+	read   bool // the read is over (under the pass's lock)
 }
+
+// buf is the wanted bytes, once read.
+func (sp *span) buf() []byte { return sp.mem[sp.at : int64(sp.at)+sp.n] }
 
 // file is one file a pass reads, opened on first use.
 type file struct {
@@ -171,7 +174,6 @@ func New(steps []Step, o Options) (*Pass, error) {
 			return nil, err
 		}
 		p.steps = append(p.steps, st)
-		p.spans = append(p.spans, st.spans...)
 		largest = max(largest, st.mem)
 	}
 	if p.o.Budget <= 0 {
@@ -207,7 +209,7 @@ func (p *Pass) resolve(i int, st *step, exts []Extent) error {
 		}
 		items = append(items, item{e, w, x.N})
 		if x.T != nil {
-			p.tensors[x.T] = append(p.tensors[x.T], held{i: i, e: e, off: x.Off, n: x.N})
+			p.tensors[x.T] = append(p.tensors[x.T], held{i: int32(i), e: int32(e), off: x.Off, n: x.N})
 		}
 	}
 	st.ext = make([]extentAt, len(exts))
@@ -228,17 +230,25 @@ func (p *Pass) resolve(i int, st *step, exts []Extent) error {
 		}
 		return 0
 	})
-	var cur *span
-	for _, it := range items {
-		if it.w.f != nil && cur != nil && cur.f == it.w.f && it.w.off <= cur.off+cur.n+maxGap {
+	// The spans first (a slice that then stays put), then where each
+	// extent lies in them.
+	at := make([]int, len(items)) // each item's span
+	for j, it := range items {
+		if n := len(st.spans); it.w.f != nil && n > 0 && st.spans[n-1].f == it.w.f && it.w.off <= st.spans[n-1].off+st.spans[n-1].n+maxGap {
+			cur := &st.spans[n-1]
 			cur.n = max(cur.n, it.w.off+it.n-cur.off)
 		} else {
-			cur = &span{bufs: &p.bufs, step: i, f: it.w.f, r: it.w.r, off: it.w.off, n: it.n}
-			st.spans = append(st.spans, cur)
+			st.spans = append(st.spans, span{step: int32(i), f: it.w.f, r: it.w.r, off: it.w.off, n: it.n})
 		}
-		st.ext[it.e] = extentAt{sp: cur, off: it.w.off - cur.off, n: it.n}
+		at[j] = len(st.spans) - 1
 	}
-	for _, sp := range st.spans {
+	st.spans = slices.Clone(st.spans) // no room left to grow into
+	for j, it := range items {
+		sp := &st.spans[at[j]]
+		st.ext[it.e] = extentAt{sp: sp, off: it.w.off - sp.off, n: it.n}
+	}
+	for k := range st.spans {
+		sp := &st.spans[k]
 		st.size += sp.n
 		lo := sp.off &^ (directAlign - 1) // an O_DIRECT read starts on a block, and ends on one
 		st.mem += bufSize(sp.off + sp.n + directAlign - lo)
@@ -295,7 +305,8 @@ func (p *Pass) Start(ctx context.Context) {
 			if st.skip {
 				continue
 			}
-			for _, sp := range st.spans {
+			for k := range st.spans {
+				sp := &st.spans[k]
 				select {
 				case jobs <- sp:
 				case <-ctx.Done():
@@ -341,9 +352,8 @@ func (p *Pass) admit(i int) bool {
 // read fills a span's buffer.
 func (p *Pass) read(sp *span) error {
 	if sp.f == nil {
-		sp.mem = p.bufs.get(sp.n)
-		sp.buf = sp.mem[:sp.n]
-		return readFull(sp.r, sp.buf, sp.off)
+		sp.mem, sp.at = p.bufs.get(sp.n), 0
+		return readFull(sp.r, sp.buf(), sp.off)
 	}
 	f := sp.f
 	f.once.Do(func() { f.open(p.o.Buffered) })
@@ -356,7 +366,7 @@ func (p *Pass) read(sp *span) error {
 		mem := p.bufs.get(hi - lo)
 		n, err := f.direct.ReadAt(mem, lo)
 		if n >= int(sp.off+sp.n-lo) {
-			sp.mem, sp.buf = mem, mem[sp.off-lo:sp.off-lo+sp.n]
+			sp.mem, sp.at = mem, int32(sp.off-lo)
 			return nil
 		}
 		p.bufs.put(mem)
@@ -368,9 +378,8 @@ func (p *Pass) read(sp *span) error {
 		}
 		f.noDir.Store(true) // the file system takes no O_DIRECT reads here
 	}
-	sp.mem = p.bufs.get(sp.n)
-	sp.buf = sp.mem[:sp.n]
-	if err := readFull(f.plain, sp.buf, sp.off); err != nil {
+	sp.mem, sp.at = p.bufs.get(sp.n), 0
+	if err := readFull(f.plain, sp.buf(), sp.off); err != nil {
 		return fmt.Errorf("%s: %w", f.path, err)
 	}
 	return nil
@@ -401,7 +410,7 @@ func (f *file) open(buffered bool) {
 // done records a span's read.
 func (p *Pass) done(sp *span, err error) {
 	if err == nil && p.o.OnRead != nil {
-		p.o.OnRead(sp.step, sp.n)
+		p.o.OnRead(int(sp.step), sp.n)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -411,7 +420,7 @@ func (p *Pass) done(sp *span, err error) {
 	}
 	sp.read = true
 	if st.freed && st.pins == 0 {
-		sp.free()
+		sp.free(&p.bufs)
 	}
 	if st.pending--; st.pending == 0 {
 		close(st.ready)
@@ -450,7 +459,7 @@ func (p *Pass) Wait(ctx context.Context, i int) error {
 // Bytes is extent e of step i, valid from Wait until the step is freed.
 func (p *Pass) Bytes(i, e int) []byte {
 	x := p.steps[i].ext[e]
-	return x.sp.buf[x.off : x.off+x.n]
+	return x.sp.buf()[x.off : x.off+x.n]
 }
 
 // Release is one user done with step i: the last one frees its buffers.
@@ -470,22 +479,22 @@ func (p *Pass) Release(i int) {
 		p.cond.Broadcast()
 	}
 	if st.pins == 0 {
-		st.free()
+		st.free(&p.bufs)
 	}
 }
 
 // free returns the buffers of the spans read so far; the others return
 // theirs as they finish (done). The pass's lock is held.
-func (st *step) free() {
-	for _, sp := range st.spans {
-		sp.free()
+func (st *step) free(bufs *buffers) {
+	for k := range st.spans {
+		st.spans[k].free(bufs)
 	}
 }
 
-func (sp *span) free() {
+func (sp *span) free(bufs *buffers) {
 	if sp.read && sp.mem != nil { // a read in flight frees its own (done)
-		sp.bufs.put(sp.mem)
-		sp.mem, sp.buf = nil, nil
+		bufs.put(sp.mem)
+		sp.mem = nil
 	}
 }
 
@@ -503,7 +512,7 @@ func (p *Pass) Close() {
 		if !st.freed {
 			st.freed = true
 			if st.pins == 0 {
-				st.free()
+				st.free(&p.bufs)
 			}
 		}
 	}

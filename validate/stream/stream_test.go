@@ -164,3 +164,22 @@ func TestPassClose(t *testing.T) {
 		t.Errorf("step 7 of a closed pass: no error")
 	}
 }
+
+// Every buffer get hands out starts on a block (O_DIRECT reads into it) and
+// holds exactly the bytes asked for, whether or not the heap placed it.
+func TestBuffersAligned(t *testing.T) {
+	var b buffers
+	defer b.close()
+	for _, n := range []int64{1, 100, 4095, directAlign, directAlign + 1, 2 * directAlign, 3 * directAlign, 7 * directAlign, 100 * directAlign, bufUnit/2 - directAlign, bufUnit / 2, bufUnit} {
+		for range 3 {
+			buf := b.get(n)
+			if int64(len(buf)) != n || alignedAt(buf) != 0 {
+				t.Fatalf("get(%d): len %d, %d bytes from a block boundary", n, len(buf), alignedAt(buf))
+			}
+			if n < bufUnit/2 && int64(cap(buf)) != n {
+				t.Errorf("get(%d): cap %d", n, cap(buf))
+			}
+			b.put(buf)
+		}
+	}
+}

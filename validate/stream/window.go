@@ -47,7 +47,7 @@ func (w *windowData) Lend(off, n int64) ([]byte, func(), bool) {
 			continue
 		}
 		st := p.steps[h.i]
-		p.want(h.i)
+		p.want(int(h.i))
 		<-st.ready
 		p.mu.Lock()
 		if st.freed || st.skip || st.err != nil {
@@ -57,7 +57,7 @@ func (w *windowData) Lend(off, n int64) ([]byte, func(), bool) {
 		st.pins++
 		p.mu.Unlock()
 		x := st.ext[h.e]
-		return x.sp.buf[x.off+off-h.off : x.off+end-h.off], func() { p.unpin(st) }, true
+		return x.sp.buf()[x.off+off-h.off : x.off+end-h.off], func() { p.unpin(st) }, true
 	}
 	return nil, nil, false
 }
@@ -80,6 +80,6 @@ func (p *Pass) unpin(st *step) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if st.pins--; st.pins == 0 && st.freed {
-		st.free()
+		st.free(&p.bufs)
 	}
 }
