@@ -116,7 +116,7 @@ func TestPlanRefusesBrokenCheckpoints(t *testing.T) {
 		{"awq", qwen3MoEGen().with(map[string]any{"quantization_config": map[string]any{"quant_method": "awq"}}), nil,
 			`quant_method: "awq" is not supported`},
 		{"compressed-tensors", deepseekV3Gen().with(map[string]any{"quantization_config": map[string]any{"quant_method": "compressed-tensors"}}), nil,
-			"=config.json: quantization_config: compressed-tensors (no config_groups) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4 experts"},
+			"=config.json: quantization_config: compressed-tensors (no config_groups) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4, MXFP8 (ModelOpt, quant_method mxfp8) experts"},
 		{"fp8 block 64", deepseekV3FP8Gen().with(map[string]any{"quantization_config": map[string]any{
 			"quant_method": "fp8", "weight_block_size": []any{64, 64}}}), nil,
 			"=config.json: quantization_config.weight_block_size: [64 64] is not supported (only [128,128])"},

@@ -42,6 +42,11 @@ const (
 	// scale per 32 input columns, experts stacked on disk as
 	// *_blocks [E, rows, cols/32, 16] and *_scales [E, rows, cols/32].
 	QuantMXFP4 Quantization = "mxfp4"
+	// MXFP8 (ModelOpt quant_algo MXFP8; quant_method mxfp8, MiniMax-M3):
+	// F8_E4M3 weight [out, in] with a U8 E8M0 scale per 32 input columns,
+	// [out, in/32], named x.weight_scale (ModelOpt) or x.weight_scale_inv
+	// (Plan.Naming NamingMiniMax), per expert.
+	QuantMXFP8 Quantization = "mxfp8"
 )
 
 // MLP names the tensors of one SwiGLU MLP (a routed expert or a shared

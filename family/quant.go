@@ -115,7 +115,7 @@ func (q Quantization) scaleDTypeRead() bool {
 	return q == QuantFP8Channel || q == QuantFP8Tensor || q == QuantInt4Pack
 }
 
-// checkQuantGroups refuses an FP8 per-channel or per-tensor checkpoint
+// checkQuantGroups refuses an FP8 per-channel or per-tensor (or MXFP8) checkpoint
 // whose ignore list leaves the routed experts unquantised, or quantises the
 // shared expert of a family that has one otherwise than the routed ones:
 // every routed expert is of one format. A shared expert the ignore list
@@ -132,7 +132,7 @@ func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 	if p.Quantization == QuantMXFP4 {
 		return checkMXFP4Groups(raw, t, p)
 	}
-	if !p.Quantization.scaleDTypeRead() {
+	if !p.Quantization.scaleDTypeRead() && p.Quantization != QuantMXFP8 {
 		return nil
 	}
 	return eachQuantDesc(raw, t, p.textLayers(), func(d quantdesc.Desc) error {
