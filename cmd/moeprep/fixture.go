@@ -44,6 +44,8 @@ var synthDTypeTable = []synthDType{
 	{fixtures.DTypeMXFP4, "gpt_oss only: experts MXFP4, stacked as gpt-oss ships them"},
 	{fixtures.DTypeMXFP4CT, "routed and shared experts MXFP4 (compressed-tensors)"},
 	{fixtures.DTypeFP4Experts, "deepseek_v4 only: routed experts MXFP4, the rest FP8, as released"},
+	{fixtures.DTypeMXFP8, "every Linear but the head and routers MXFP8 (ModelOpt: weight_scale)"},
+	{fixtures.DTypeMXFP8MiniMax, "every Linear but the head and routers MXFP8 (quant_method mxfp8: weight_scale_inv)"},
 }
 
 // synthDTypes are --dtype's values.
@@ -97,7 +99,7 @@ func (f *synthFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&s.DType, "dtype", "", "weights: "+strings.Join(synthDTypes, ", ")+" (default bf16)")
 	fl.StringVar(&s.ScaleFmt, "scale-fmt", "", "FP8 scale format: ue8m0 for power-of-two scales (default: any F32)")
 	fl.StringVar(&s.Layout, "layout", "", "deepseek_v4: deepseek-official writes DeepSeek-V4's official repo layout (layers.L.ffn..., embed.weight, head.weight, hc_*, x.scale E8M0) instead of transformers' save")
-	fl.StringVar(&s.SharedDType, "shared-dtype", "", "fp8-channel, fp8-tensor: bf16 leaves the shared expert unquantised, named in the ignore list (as int4-pack always does)")
+	fl.StringVar(&s.SharedDType, "shared-dtype", "", "fp8-channel, fp8-tensor, mxfp8, mxfp8-minimax: bf16 leaves the shared expert unquantised, named in the ignore list (as int4-pack always does)")
 	fl.StringVar(&s.BiasLike, "bias-like", "", "correction bias values: deepseek (offset + tiny spread, the default) or random")
 	fl.Uint64Var(&s.Seed, "seed", 0, "random seed")
 	fl.StringVar(&f.maxShard, "max-shard-size", "", "largest shard, e.g. 5GB, 500MB, 2GiB (default: one file)")
