@@ -24,15 +24,17 @@ const NamingMiniMax = "minimax"
 // per 32 elements of a row; w = e4m3(q) * 2^(e - 127). The producers agree
 // on the arithmetic and differ in the scale's name:
 //
-//   - ModelOpt (NVIDIA/Model-Optimizer modelopt/torch/quantization/qtensor/
-//     mxfp8_tensor.py, exported by modelopt/torch/export/unified_export_hf.py):
+//   - ModelOpt (NVIDIA/Model-Optimizer@a2fbac7b modelopt/torch/quantization/
+//     qtensor/mxfp8_tensor.py, exported by modelopt/torch/export/
+//     unified_export_hf.py; read by vLLM@00155cde quantization/modelopt.py's
+//     ModelOptMxFp8 classes):
 //     x.weight F8_E4M3 [out, in] and x.weight_scale U8 [out, in/32], the
 //     biased exponent; dequantize is q * exp2(scale - 127). The exporter
 //     asserts in % 32 == 0; experts are exported one module each
 //     (experts.E.{gate,up,down}_proj).
 //   - MiniMax-M3-MXFP8 (quant_method mxfp8, weight_block_size [1, 32];
-//     TensorRT-LLM's minimaxm3_weight_mapper.py, SGLang's and vLLM's
-//     Mxfp8Config): x.weight F8_E4M3 and x.weight_scale_inv U8, one per
+//     NVIDIA/TensorRT-LLM@2c039e8b minimaxm3_weight_mapper.py, SGLang's
+//     and vLLM's Mxfp8Config): x.weight F8_E4M3 and x.weight_scale_inv U8, one per
 //     1x32 block: a multiplier despite its name, as DeepSeek's FP8 is.
 //
 // Rows must be whole groups (both producers assert it). E8M0 0xFF is NaN
