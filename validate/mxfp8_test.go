@@ -76,6 +76,23 @@ func TestMXFP8ConversionsValidate(t *testing.T) {
 	}
 }
 
+// TestMXFP8HFQuantConfigAlone: ModelOpt's MXFP8 described by
+// hf_quant_config.json alone (config.json without quantization_config)
+// is read as the same format, and a config.json saying FP8 blocks beside
+// it is refused naming both files.
+func TestMXFP8HFQuantConfigAlone(t *testing.T) {
+	src := synthFrom(t, mxfp8Specs(), "modelopt-h96-i64")
+	testkit.EditJSON(t, filepath.Join(src, "config.json"), func(c map[string]any) { delete(c, "quantization_config") })
+	conversionsPass(t, src, DeviceCPU, []convert.Options{{Layout: layout.GateUp}, {Layout: layout.Stacked, TP: 2, FuseShared: true}},
+		func(o convert.Options, c *layout.Contract) {
+			quantContract{weightfmt.QuantMXFP8, "F8_E4M3", "", []int64{1, 32}}.check(t, o, c)
+		})
+	testkit.EditJSON(t, filepath.Join(src, "config.json"), func(c map[string]any) {
+		c["quantization_config"] = map[string]any{"quant_method": "fp8", "weight_block_size": []any{128, 128}}
+	})
+	convertRefused(t, src, convert.Options{Layout: layout.Stacked}, "the two files describe the weights differently")
+}
+
 // TestMXFP8DequantisedValidate: --dtype bf16, f16 and f32 dequantise every
 // MXFP8 weight (attention and dense MLPs too) and pass validate, the byte
 // proof holding each value to one rounding of the exact decode.
