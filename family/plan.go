@@ -220,6 +220,10 @@ type Plan struct {
 	// GroupSize is the columns one scale covers for int4_pack (0: one
 	// scale per row, strategy channel); 0 otherwise.
 	GroupSize int64
+	// FP8Block is the edge of FP8 square blocks where weight_block_size
+	// says other than DeepSeek's 128 (DeepSeek-V4.1's [32, 32]); 0 for
+	// 128 and for every other format.
+	FP8Block int64
 	// NVFP4InputScale: every NVFP4 expert weight has an input_scale
 	// (ModelOpt) or input_global_scale (compressed-tensors) (MLP's
 	// GateInput...), carried per expert; false: none has.

@@ -83,7 +83,7 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if p.Quantization, p.ScaleFmt, err = readQuant(c); err != nil {
 		return nil, err
 	}
-	readMXFP4Naming(c, p)
+	readQuantDetails(c, p)
 	if err := readExpertFP4(c, p); err != nil {
 		return nil, err
 	}

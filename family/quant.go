@@ -81,7 +81,20 @@ func readHF(t Tensors) (Quantization, error) {
 	return Quantization(q), err
 }
 
-// fp8Format is the only FP8 layout readQuant accepts: DeepSeek's official
+// readQuantDetails reads what a plan's format needs beyond its
+// quantization and scale_fmt (readQuant): the MX formats' namings
+// (readMXFP4Naming) and FP8's square block where it is not 128
+// (weight_block_size [32, 32]: Plan.FP8Block).
+func readQuantDetails(c config, p *Plan) {
+	readMXFP4Naming(c, p)
+	if q, _, ok, _ := quantdesc.Config(c.j()); ok && p.Quantization == QuantFP8Block && q.Has("weight_block_size") {
+		if b, err := q.Ints("weight_block_size"); err == nil && len(b) == 2 && b[0] == b[1] && b[0] != weightfmt.FP8DefaultBlock {
+			p.FP8Block = int64(b[0]) // quantdesc.Read checked it
+		}
+	}
+}
+
+// fp8Format is DeepSeek's 128x128 FP8 layout: DeepSeek's official
 // 128x128 blocks (Qwen3's FP8 releases copy it). scale_fmt does not change
 // its shapes, only whether rsf folds (Plan.Format). Only
 // CanonicalScaleShape, which the checkpoint reader calls before any plan
@@ -101,6 +114,9 @@ func (p *Plan) Format() (weightfmt.Format, error) {
 	}
 	if q.nvfp4() {
 		block = []int64{1, weightfmt.NVFP4Group}
+	}
+	if q == QuantFP8Block && p.FP8Block > 0 {
+		block = []int64{p.FP8Block, p.FP8Block}
 	}
 	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt, ScaleDType: p.ScaleDType, Block: block,
 		Naming: p.Naming})

@@ -356,6 +356,9 @@ func classify(q jsoncfg.Object, file, key string, mods *Modules) (Desc, error) {
 		if q.Has("weight_block_size") {
 			// Read checks the block size and the rest.
 			d.Kind, d.Label = KindFP8Block, "fp8 128x128 block"
+			if b, err := q.Ints("weight_block_size"); err == nil && len(b) == 2 && b[0] == b[1] && b[0] != 128 {
+				d.Label = fmt.Sprintf("fp8 %dx%d block", b[0], b[1])
+			}
 		}
 		m, err := newMatcher(q, mods, syntaxRe, "modules_to_not_convert", "ignored_layers")
 		if err != nil {

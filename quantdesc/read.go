@@ -77,8 +77,8 @@ func Read(c jsoncfg.Object) (quant, scaleFmt string, err error) {
 	if err != nil {
 		return "", "", err
 	}
-	if !slices.Equal(block, []int{weightfmt.FP8DefaultBlock, weightfmt.FP8DefaultBlock}) {
-		return "", "", q.Errorf("weight_block_size", "%v is not supported (only [128,128])", block)
+	if len(block) != 2 || block[0] != block[1] || block[0] < 1 || block[0] > jsoncfg.MaxDim {
+		return "", "", q.Errorf("weight_block_size", "%v is not supported (only square blocks [b, b]: DeepSeek's [128, 128], DeepSeek-V4.1's [32, 32])", block)
 	}
 	if scaleFmt, err = q.Str("scale_fmt", ""); err != nil {
 		return "", "", err
