@@ -112,17 +112,10 @@ func (k *checker) apartSharedMLP(where, prefix string, proj [3]string, inter int
 
 // readMXFP4Naming names a compressed-tensors mxfp4-pack-quantized plan's
 // tensors as compressed-tensors does (x.weight_packed, x.weight_scale, per
-// expert); gpt-oss's quant_method mxfp4 keeps the format's own. The MX
-// formats' namings are read here together: quant_method mxfp8's MXFP8
-// (MiniMax-M3) names its scales x.weight_scale_inv; ModelOpt's MXFP8 keeps
-// the format's own (x.weight_scale).
+// expert); gpt-oss's quant_method mxfp4 keeps the format's own.
 func readMXFP4Naming(c config, p *Plan) {
-	_, m, _, _ := quantdesc.Config(c.j())
-	switch {
-	case p.Quantization == QuantMXFP4 && m == "compressed-tensors":
+	if _, m, _, _ := quantdesc.Config(c.j()); p.Quantization == QuantMXFP4 && m == "compressed-tensors" {
 		p.Naming = weightfmt.NamingCompressedTensors
-	case p.Quantization == QuantMXFP8 && m == "mxfp8":
-		p.Naming = weightfmt.NamingMiniMax
 	}
 }
 

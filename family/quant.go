@@ -82,20 +82,27 @@ func readHF(t Tensors) (Quantization, error) {
 }
 
 // readQuantDetails reads what a plan's format needs beyond its
-// quantization and scale_fmt (readQuant): the MX formats' namings
-// (readMXFP4Naming) and FP8's square block where it is not 128
+// quantization and scale_fmt (readQuant): MXFP4's naming
+// (readMXFP4Naming); MXFP8's, quant_method mxfp8 (MiniMax-M3) naming its
+// scales x.weight_scale_inv where ModelOpt's keep the format's own
+// x.weight_scale; and FP8's square block where it is not 128
 // (weight_block_size [32, 32]: Plan.FP8Block).
 func readQuantDetails(c config, p *Plan) {
 	readMXFP4Naming(c, p)
-	if q, _, ok, _ := quantdesc.Config(c.j()); ok && p.Quantization == QuantFP8Block && q.Has("weight_block_size") {
+	q, m, ok, _ := quantdesc.Config(c.j())
+	if p.Quantization == QuantMXFP8 && m == "mxfp8" {
+		p.Naming = weightfmt.NamingMiniMax
+	}
+	if ok && p.Quantization == QuantFP8Block && q.Has("weight_block_size") {
 		if b, err := q.Ints("weight_block_size"); err == nil && len(b) == 2 && b[0] == b[1] && b[0] != weightfmt.FP8DefaultBlock {
 			p.FP8Block = int64(b[0]) // quantdesc.Read checked it
 		}
 	}
 }
 
-// fp8Format is DeepSeek's 128x128 FP8 layout: DeepSeek's official
-// 128x128 blocks (Qwen3's FP8 releases copy it). scale_fmt does not change
+// fp8Format is DeepSeek's official FP8 layout, 128x128 blocks (Qwen3's
+// FP8 releases copy it; readQuant also takes other square blocks,
+// Plan.FP8Block). scale_fmt does not change
 // its shapes, only whether rsf folds (Plan.Format). Only
 // CanonicalScaleShape, which the checkpoint reader calls before any plan
 // exists, names it; the checks ask the plan's Format.
