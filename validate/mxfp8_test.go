@@ -259,3 +259,34 @@ func TestMXFP8ElementDecodes(t *testing.T) {
 func TestGPUMXFP8(t *testing.T) {
 	gpuDecodedPass(t, map[string]fixtures.SynthSpec{"modelopt-h96-i64": mxfp8Specs()["modelopt-h96-i64"]}, layoutsOnly, mxfp8Mutations(), "a scale 32 times larger")
 }
+
+// TestNVFP4WithMXFP8DenseValidates: ModelOpt MIXED_PRECISION with NVFP4
+// routed and shared experts beside MXFP8 attention and dense MLPs converts
+// (the MXFP8 weights copied as they are) and, with --dtype, dequantises
+// each weight by its own format, the contract naming both: every run
+// passes validate on the CPU with the byte proof.
+func TestNVFP4WithMXFP8DenseValidates(t *testing.T) {
+	specs := map[string]fixtures.SynthSpec{"nvfp4-mxfp8": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 64, Intermediate: 32,
+		Experts: 12, SharedExperts: 1, TopK: 3, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5,
+		DType: fixtures.DTypeNVFP4MXFP8, Vocab: 64, Seed: 5005, BiasLike: "deepseek"}}
+	src := synthFrom(t, specs, "nvfp4-mxfp8")
+	conversionsPass(t, src, DeviceCPU, []convert.Options{{Layout: layout.GateUp}, {Layout: layout.Stacked, TP: 2, FuseShared: true}},
+		func(o convert.Options, c *layout.Contract) {
+			quantContract{weightfmt.QuantNVFP4ModelOpt, "U8", "", []int64{1, 16}}.check(t, o, c)
+		})
+	conversionsPass(t, src, DeviceCPU, []convert.Options{{Layout: layout.UpGate, DType: safetensors.BF16}, {Layout: layout.Stacked, TP: 2, FuseShared: true, DType: safetensors.F32}},
+		func(o convert.Options, c *layout.Contract) {
+			if c.Dequantized == nil {
+				t.Fatalf("%+v: no dequantized record", o)
+			}
+			var mx int
+			for _, g := range c.Dequantized.Groups {
+				if g.Group == "other" && g.Quantization == weightfmt.QuantMXFP8 {
+					mx = g.Tensors
+				}
+			}
+			if mx == 0 {
+				t.Errorf("%+v: dequantized groups %+v name no MXFP8 weights", o, c.Dequantized.Groups)
+			}
+		})
+}

@@ -46,6 +46,7 @@ var synthDTypeTable = []synthDType{
 	{fixtures.DTypeFP4Experts, "deepseek_v4 only: routed experts MXFP4, the rest FP8, as released"},
 	{fixtures.DTypeMXFP8, "every Linear but the head and routers MXFP8 (ModelOpt: weight_scale)"},
 	{fixtures.DTypeMXFP8MiniMax, "every Linear but the head and routers MXFP8 (quant_method mxfp8: weight_scale_inv)"},
+	{fixtures.DTypeNVFP4MXFP8, "experts NVFP4, attention and dense MLPs MXFP8 (ModelOpt MIXED_PRECISION)"},
 }
 
 // synthDTypes are --dtype's values.
