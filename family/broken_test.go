@@ -116,10 +116,13 @@ func TestPlanRefusesBrokenCheckpoints(t *testing.T) {
 		{"awq", qwen3MoEGen().with(map[string]any{"quantization_config": map[string]any{"quant_method": "awq"}}), nil,
 			`quant_method: "awq" is not supported`},
 		{"compressed-tensors", deepseekV3Gen().with(map[string]any{"quantization_config": map[string]any{"quant_method": "compressed-tensors"}}), nil,
-			"=config.json: quantization_config: compressed-tensors (no config_groups) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4 experts"},
-		{"fp8 block 64", deepseekV3FP8Gen().with(map[string]any{"quantization_config": map[string]any{
+			"=config.json: quantization_config: compressed-tensors (no config_groups) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4, MXFP8 (ModelOpt, quant_method mxfp8) experts"},
+		{"fp8 block 64x128", deepseekV3FP8Gen().with(map[string]any{"quantization_config": map[string]any{
+			"quant_method": "fp8", "weight_block_size": []any{64, 128}}}), nil,
+			"=config.json: quantization_config.weight_block_size: [64 128] is not supported (only square blocks [b, b]: DeepSeek's [128, 128], DeepSeek-V4.1's [32, 32])"},
+		{"fp8 block 64: the scales are 128x128", deepseekV3FP8Gen().with(map[string]any{"quantization_config": map[string]any{
 			"quant_method": "fp8", "weight_block_size": []any{64, 64}}}), nil,
-			"=config.json: quantization_config.weight_block_size: [64 64] is not supported (only [128,128])"},
+			"weight_scale_inv shape [2,3], expected [3,5] (64x64 blocks of gate_proj weight [136,300])"},
 		{"fp8 per-tensor (no block size)", deepseekV3FP8Gen().with(map[string]any{"quantization_config": map[string]any{
 			"quant_method": "fp8"}}), nil,
 			"=layer 1: expert 0: missing tensor model.layers.1.mlp.experts.0.gate_proj.weight_scale (FP8 per-tensor weights need their scales)"},

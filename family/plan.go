@@ -43,6 +43,11 @@ const (
 	// scale per 32 input columns, experts stacked on disk as
 	// *_blocks [E, rows, cols/32, 16] and *_scales [E, rows, cols/32].
 	QuantMXFP4 Quantization = "mxfp4"
+	// MXFP8 (ModelOpt quant_algo MXFP8; quant_method mxfp8, MiniMax-M3):
+	// F8_E4M3 weight [out, in] with a U8 E8M0 scale per 32 input columns,
+	// [out, in/32], named x.weight_scale (ModelOpt) or x.weight_scale_inv
+	// (Plan.Naming NamingMiniMax), per expert.
+	QuantMXFP8 Quantization = "mxfp8"
 )
 
 // MLP names the tensors of one SwiGLU MLP (a routed expert or a shared
@@ -216,6 +221,10 @@ type Plan struct {
 	// GroupSize is the columns one scale covers for int4_pack (0: one
 	// scale per row, strategy channel); 0 otherwise.
 	GroupSize int64
+	// FP8Block is the edge of FP8 square blocks where weight_block_size
+	// says other than DeepSeek's 128 (DeepSeek-V4.1's [32, 32]); 0 for
+	// 128 and for every other format.
+	FP8Block int64
 	// NVFP4InputScale: every NVFP4 expert weight has an input_scale
 	// (ModelOpt) or input_global_scale (compressed-tensors) (MLP's
 	// GateInput...), carried per expert; false: none has.

@@ -82,17 +82,17 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 	if p.Quantization, p.ScaleFmt, err = readQuant(c); err != nil {
 		return nil, err
 	}
-	readMXFP4Naming(c, p)
+	readQuantDetails(c, p)
 	if err := readExpertFP4(c, p); err != nil {
 		return nil, err
 	}
-	// ModelOpt may describe NVFP4 in hf_quant_config.json alone; beside
+	// ModelOpt may describe NVFP4 (or MXFP8) in hf_quant_config.json alone; beside
 	// another format in config.json it is refused as before.
 	if hq, err := readHF(t); err != nil {
 		return nil, err
-	} else if hq == QuantNVFP4 && p.Quantization == QuantNone {
-		p.Quantization = QuantNVFP4
-	} else if hq == QuantNVFP4 && p.Quantization != QuantNVFP4 {
+	} else if hq != QuantNone && p.Quantization == QuantNone {
+		p.Quantization = hq // NVFP4 or MXFP8
+	} else if hq != QuantNone && p.Quantization != hq {
 		descs, err := detectQuant(raw, t, p.textLayers())
 		if err != nil {
 			return nil, err

@@ -87,8 +87,28 @@ func readHF(t Tensors) (Quantization, error) {
 	return Quantization(q), err
 }
 
-// fp8Format is the only FP8 layout readQuant accepts: DeepSeek's official
-// 128x128 blocks (Qwen3's FP8 releases copy it). scale_fmt does not change
+// readQuantDetails reads what a plan's format needs beyond its
+// quantization and scale_fmt (readQuant): MXFP4's naming
+// (readMXFP4Naming); MXFP8's, quant_method mxfp8 (MiniMax-M3) naming its
+// scales x.weight_scale_inv where ModelOpt's keep the format's own
+// x.weight_scale; and FP8's square block where it is not 128
+// (weight_block_size [32, 32]: Plan.FP8Block).
+func readQuantDetails(c config, p *Plan) {
+	readMXFP4Naming(c, p)
+	q, m, ok, _ := quantdesc.Config(c.j())
+	if p.Quantization == QuantMXFP8 && m == "mxfp8" {
+		p.Naming = weightfmt.NamingMiniMax
+	}
+	if ok && p.Quantization == QuantFP8Block && q.Has("weight_block_size") {
+		if b, err := q.Ints("weight_block_size"); err == nil && len(b) == 2 && b[0] == b[1] && b[0] != weightfmt.FP8DefaultBlock {
+			p.FP8Block = int64(b[0]) // quantdesc.Read checked it
+		}
+	}
+}
+
+// fp8Format is DeepSeek's official FP8 layout, 128x128 blocks (Qwen3's
+// FP8 releases copy it; readQuant also takes other square blocks,
+// Plan.FP8Block). scale_fmt does not change
 // its shapes, only whether rsf folds (Plan.Format). Only
 // CanonicalScaleShape, which the checkpoint reader calls before any plan
 // exists, names it; the checks ask the plan's Format.
@@ -108,6 +128,9 @@ func (p *Plan) Format() (weightfmt.Format, error) {
 	if q.nvfp4() {
 		block = []int64{1, weightfmt.NVFP4Group}
 	}
+	if q == QuantFP8Block && p.FP8Block > 0 {
+		block = []int64{p.FP8Block, p.FP8Block}
+	}
 	return weightfmt.New(weightfmt.Spec{Quantization: string(q), DType: p.WeightDType, ScaleFmt: p.ScaleFmt, ScaleDType: p.ScaleDType, Block: block,
 		Naming: p.Naming})
 }
@@ -121,7 +144,7 @@ func (q Quantization) scaleDTypeRead() bool {
 	return q == QuantFP8Channel || q == QuantFP8Tensor || q == QuantInt4Pack
 }
 
-// checkQuantGroups refuses an FP8 per-channel or per-tensor checkpoint
+// checkQuantGroups refuses an FP8 per-channel or per-tensor (or MXFP8) checkpoint
 // whose ignore list leaves the routed experts unquantised, or quantises the
 // shared expert of a family that has one otherwise than the routed ones:
 // every routed expert is of one format. A shared expert the ignore list
@@ -138,7 +161,7 @@ func checkQuantGroups(raw map[string]any, t Tensors, p *Plan) error {
 	if p.Quantization == QuantMXFP4 {
 		return checkMXFP4Groups(raw, t, p)
 	}
-	if !p.Quantization.scaleDTypeRead() {
+	if !p.Quantization.scaleDTypeRead() && p.Quantization != QuantMXFP8 {
 		return nil
 	}
 	return eachQuantDesc(raw, t, p.textLayers(), func(d quantdesc.Desc) error {

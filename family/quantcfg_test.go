@@ -8,7 +8,7 @@ import (
 	"github.com/moeprep/moeprep/quantdesc"
 )
 
-const notCarried = ": not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
+const notCarried = ": not carried yet; moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4, MXFP8 (ModelOpt, quant_method mxfp8) experts"
 
 // kimiIgnore is Kimi-K2-Thinking's ignore list: routed experts INT4, the
 // rest bf16.
@@ -117,6 +117,17 @@ func TestDetectQuant(t *testing.T) {
 			`{"quantization_config": {"quant_method": "compressed-tensors", "config_groups": {"a": {"format": "pack-quantized", "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}}, "b": {"format": "float-quantized", "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}}`, "",
 			quantdesc.KindMixed,
 			"config.json: quantization_config: compressed-tensors (several schemes) on the routed experts, shared expert, attention, dense MLP (unquantised: router)" + notCarried},
+		{"mxfp8 modelopt, both files",
+			`{"quantization_config": {"quant_method": "modelopt", "quant_algo": "MXFP8", "ignore": ["lm_head", "*mlp.gate"], "producer": {"name": "modelopt"}}}`,
+			`{"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "MXFP8", "group_size": 32, "exclude_modules": ["lm_head", "*mlp.gate"], "kv_cache_quant_algo": null}}`,
+			quantdesc.KindMXFP8, ""},
+		{"mxfp8 modelopt group 16",
+			`{}`, `{"quantization": {"quant_algo": "MXFP8", "group_size": 16}}`,
+			quantdesc.KindMXFP8,
+			"hf_quant_config.json: quantization: modelopt mxfp8 (group 16) on the routed experts, shared expert, attention, dense MLP (unquantised: router): not carried yet: moeprep reads MXFP8 experts in groups of 32 only (ModelOpt quant_algo MXFP8 group_size 32, quant_method mxfp8 described by config.json)"},
+		{"mxfp8 minimax",
+			`{"quantization_config": {"quant_method": "mxfp8", "activation_scheme": "dynamic", "weight_block_size": [1, 32], "ignored_layers": ["lm_head", "re:.*mlp.gate$"]}}`, "",
+			quantdesc.KindMXFP8, ""},
 		{"fp8 block with nvfp4 hf_quant_config.json",
 			`{"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}`,
 			`{"quantization": {"quant_algo": "NVFP4"}}`,

@@ -197,8 +197,8 @@ func TestWrapperRefusals(t *testing.T) {
 			"config.json: quantization_config and text_config.quantization_config describe the quantisation differently; moeprep reads one description"},
 		{"format not carried", with(nil, map[string]any{"quantization_config": map[string]any{"quant_method": "awq", "bits": 4.0}}),
 			`config.json: text_config: quantization_config.quant_method: "awq" is not supported`},
-		{"format not carried at the top", with(map[string]any{"quantization_config": map[string]any{"quant_method": "fp8", "weight_block_size": []any{64.0, 64.0}}}, nil),
-			"config.json: quantization_config.weight_block_size: [64 64] is not supported (only [128,128])"},
+		{"format not carried at the top", with(map[string]any{"quantization_config": map[string]any{"quant_method": "fp8", "weight_block_size": []any{64.0, 128.0}}}, nil),
+			"config.json: quantization_config.weight_block_size: [64 128] is not supported (only square blocks [b, b]: DeepSeek's [128, 128], DeepSeek-V4.1's [32, 32])"},
 		{"converted", with(map[string]any{"moeprep": map[string]any{"version": 1.0}}, nil), "already converted by moeprep"},
 	}
 	for _, tc := range cases {

@@ -99,6 +99,61 @@ func dequantBlocks(q Mat, rows, cols int, scalePtr cuda.DevicePtr, scaleLen int,
 	return blocks, nil
 }
 
+// DequantMXFP8Rows queues moe_dequant_mxfp8_rows (dequant.cu) on stream
+// st: every element of the e4m3 matrix q [rows, cols] becomes bf16 in out
+// [rows, cols] as bf16_rne(f32(q[r, c]) * 2^(e - 127)), e the E8M0 byte
+// scale[r * cols/32 + c/32] of the rows' scale grid at scalePtr
+// (scaleBytes long): bit for bit weightfmt's MXFP8 Dequantise followed by
+// numfmt.F32ToBF16 (NaN codes and the 0xff scale give NaN). cols must be
+// a multiple of 32; q and out are the rows a loader's chunk holds, the
+// grid their rows of it.
+func DequantMXFP8Rows(dev *cuda.Device, st cuda.Stream, q Mat, rows, cols int, scalePtr cuda.DevicePtr, scaleBytes int, out Mat) error {
+	if _, err := dequantMXFP8Blocks(q, rows, cols, scalePtr, scaleBytes, out); err != nil {
+		return err
+	}
+	return dev.Do(func(c *cuda.Ctx) error { return DequantMXFP8RowsCtx(c, st, q, rows, cols, scalePtr, scaleBytes, out) })
+}
+
+// DequantMXFP8RowsCtx is DequantMXFP8Rows on the device's goroutine.
+func DequantMXFP8RowsCtx(c *cuda.Ctx, st cuda.Stream, q Mat, rows, cols int, scalePtr cuda.DevicePtr, scaleBytes int, out Mat) error {
+	blocks, err := dequantMXFP8Blocks(q, rows, cols, scalePtr, scaleBytes, out)
+	if err != nil {
+		return err
+	}
+	return launchDequant(c, st, "moe_dequant_mxfp8_rows", blocks, q.Ptr, int32(rows), int32(cols), scalePtr, out.Ptr)
+}
+
+// dequantMXFP8Blocks checks DequantMXFP8Rows' arguments and returns its
+// grid: the kernel loads 8 codes and stores 8 bf16 values at once, so q
+// must be 8-byte and out 16-byte aligned (whole rows of a multiple of 32
+// columns keep them so).
+func dequantMXFP8Blocks(q Mat, rows, cols int, scalePtr cuda.DevicePtr, scaleBytes int, out Mat) (int, error) {
+	g := weightfmt.MXFP8Group
+	switch {
+	case !dimsOK(rows, cols) || rows > (1<<62)/cols:
+		return 0, fmt.Errorf("dequant mxfp8: bad dimensions %d x %d", rows, cols)
+	case cols%g != 0:
+		return 0, fmt.Errorf("dequant mxfp8: %d columns are not whole groups of %d", cols, g)
+	case scalePtr == 0:
+		return 0, fmt.Errorf("dequant mxfp8: scale is a null device pointer")
+	case scaleBytes < 0 || scaleBytes/(cols/g) < rows:
+		return 0, fmt.Errorf("dequant mxfp8: %d scale bytes hold fewer than %d rows of %d scales", scaleBytes, rows, cols/g)
+	case q.Ptr%8 != 0 || out.Ptr%16 != 0:
+		return 0, fmt.Errorf("dequant mxfp8: q at %#x, out at %#x: want 8- and 16-byte aligned device pointers", q.Ptr, out.Ptr)
+	}
+	if err := q.need("dequant mxfp8: q", rows*cols, MatFP8); err != nil {
+		return 0, err
+	}
+	if err := out.need("dequant mxfp8: out", rows*cols, MatBF16); err != nil {
+		return 0, err
+	}
+	blocks := rows * CeilDiv(cols, dequantChunk)
+	if !dimsOK(blocks) {
+		return 0, fmt.Errorf("dequant mxfp8: %d x %d is too large for one launch", rows, cols)
+	}
+	return blocks, nil
+}
+
 // Packed4Kind is a 4-bit weight format Dequant4Rows decodes.
 type Packed4Kind int32
 

@@ -73,6 +73,13 @@ func gpuDecode(dev *cuda.Device, f weightfmt.Format, rows, cols, runRows, from i
 		if err := kernels.DequantFP8Rows(dev, 0, qm, n, cols, ds, rows/rowsPerScale, sd, rowsPerScale, from, kernels.BF16Mat(out)); err != nil {
 			return nil, err
 		}
+	case weightfmt.QuantMXFP8:
+		// The rows from `from` and their rows of the grid, as the loader's
+		// chunks hand them over.
+		qm := kernels.Mat{DType: kernels.MatFP8, Ptr: dq.Add(from * rb), Len: n * cols}
+		if err := kernels.DequantMXFP8Rows(dev, 0, qm, n, cols, ds.Add(from*sb), n*sb, kernels.BF16Mat(out)); err != nil {
+			return nil, err
+		}
 	default:
 		p, err := kernels.Packed4Of(f)
 		if err != nil {
@@ -126,8 +133,8 @@ func (d gpuDecoder) Decode(w weightfmttest.Weight) ([]float32, error) {
 }
 
 // TestDequantConformance runs the weight-decode conformance suite on the
-// device decoders: FP8 per channel and per tensor (DequantFP8Rows), INT4,
-// MXFP4 and NVFP4 (Dequant4Rows).
+// device decoders: FP8 per channel and per tensor (DequantFP8Rows), MXFP8
+// (DequantMXFP8Rows), INT4, MXFP4 and NVFP4 (Dequant4Rows).
 func TestDequantConformance(t *testing.T) {
 	dev := testDevice(t)
 	var chunks []string
@@ -135,6 +142,7 @@ func TestDequantConformance(t *testing.T) {
 	t.Run("fp8-scaled", func(t *testing.T) { weightfmttest.TestFP8Scaled(t, d) })
 	t.Run("int4-pack", func(t *testing.T) { weightfmttest.TestInt4Pack(t, d) })
 	t.Run("mxfp4", func(t *testing.T) { weightfmttest.TestMXFP4(t, d) })
+	t.Run("mxfp8", func(t *testing.T) { weightfmttest.TestMXFP8(t, d) })
 	t.Run("nvfp4", func(t *testing.T) { weightfmttest.TestNVFP4(t, d) })
 	for _, c := range chunks {
 		t.Error("decoded from a middle row: " + c)
@@ -270,6 +278,37 @@ func TestDequantFP8RowsRefuses(t *testing.T) {
 	}
 	if _, err := kernels.DequantScaleOf(safetensors.F8E4M3); err == nil {
 		t.Error("DequantScaleOf(F8_E4M3) gave no error")
+	}
+}
+
+// TestDequantMXFP8RowsRefuses: shape, pointer and argument errors come
+// back before any launch (no GPU needed).
+func TestDequantMXFP8RowsRefuses(t *testing.T) {
+	q := kernels.Mat{DType: kernels.MatFP8, Ptr: 0x1000, Len: 4 * 64}
+	out := kernels.Mat{DType: kernels.MatBF16, Ptr: 0x2000, Len: 4 * 64}
+	cases := []struct {
+		name       string
+		q, out     kernels.Mat
+		rows, cols int
+		scale      cuda.DevicePtr
+		scaleBytes int
+		want       string
+	}{
+		{"zero rows", q, out, 0, 64, 0x3000, 8, "bad dimensions"},
+		{"partial group", q, out, 4, 48, 0x3000, 8, "not whole groups of 32"},
+		{"null scale", q, out, 4, 64, 0, 8, "null"},
+		{"too few scales", q, out, 4, 64, 0x3000, 7, "7 scale bytes hold fewer than 4 rows of 2"},
+		{"q misaligned", kernels.Mat{DType: kernels.MatFP8, Ptr: 0x1004, Len: 256}, out, 4, 64, 0x3000, 8, "aligned"},
+		{"out misaligned", q, kernels.Mat{DType: kernels.MatBF16, Ptr: 0x2008, Len: 256}, 4, 64, 0x3000, 8, "aligned"},
+		{"q too short", q, out, 5, 64, 0x3000, 10, "dequant mxfp8: q holds 256"},
+		{"q not fp8", out, out, 4, 64, 0x3000, 8, "dequant mxfp8: q is"},
+		{"out not bf16", q, q, 4, 64, 0x3000, 8, "dequant mxfp8: out is"},
+	}
+	for _, c := range cases {
+		err := kernels.DequantMXFP8Rows(nil, 0, c.q, c.rows, c.cols, c.scale, c.scaleBytes, c.out)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want %q", c.name, err, c.want)
+		}
 	}
 }
 

@@ -32,6 +32,7 @@ const (
 	KindInt4Pack   Kind = "int4-pack-quantized" // compressed-tensors pack-quantized
 	KindMXFP4      Kind = "mxfp4"               // gpt-oss, or compressed-tensors mxfp4-pack-quantized
 	KindNVFP4      Kind = "nvfp4"               // ModelOpt, or compressed-tensors nvfp4-pack-quantized
+	KindMXFP8      Kind = "mxfp8"               // ModelOpt quant_algo MXFP8, or quant_method mxfp8 (MiniMax)
 	KindFP8Channel Kind = "fp8-per-channel"     // weight_scale [out,1]
 	KindFP8Tensor  Kind = "fp8-per-tensor"      // scalar weight_scale
 	KindMixed      Kind = "mixed"               // several kinds over the groups
@@ -93,8 +94,9 @@ type Desc struct {
 // float-quantized, or quant_method fp8 without weight_block_size; not
 // ModelOpt's, whose activation scales are static); compressed-tensors
 // pack-quantized INT4; gpt-oss's MXFP4; NVFP4 in groups of 16, ModelOpt's
-// (config.json or hf_quant_config.json) or compressed-tensors'. Read
-// and the format's reader check the rest.
+// (config.json or hf_quant_config.json) or compressed-tensors'; MXFP8 in
+// groups of 32, ModelOpt's (config.json or hf_quant_config.json) or
+// quant_method mxfp8's. Read and the format's reader check the rest.
 func (d Desc) Supported() bool {
 	inConfig := d.File == "config.json"
 	if d.Detail != "" {
@@ -116,6 +118,10 @@ func (d Desc) Supported() bool {
 		return inConfig
 	case KindNVFP4:
 		return strings.HasPrefix(d.Label, "modelopt nvfp4 (group 16)") || d.Label == ctNVFP4Label && inConfig
+	case KindMXFP8:
+		// ModelOpt's in groups of 32 (readModelOpt checks the rest), and
+		// quant_method mxfp8's (readMXFP8 checks its block and activations).
+		return d.Label == modelOptMXFP8Label || d.Label == mxfp8Label && inConfig
 	case KindMixed:
 		// ModelOpt MIXED_PRECISION whose experts are all NVFP4 in groups of
 		// 16 (attention and dense MLPs in any format: copied).
@@ -144,7 +150,15 @@ func (d Desc) CoversExperts(e string) bool {
 
 // carriedFormats says which expert formats moeprep reads (FORMATS.md's format
 // table), for refusals of anything else.
-const carriedFormats = "moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4 experts"
+const carriedFormats = "moeprep reads bf16/f16/f32, FP8 (128x128 blocks, per-channel, per-tensor), compressed-tensors INT4 pack-quantized, MXFP4 (gpt-oss, compressed-tensors, DeepSeek-V4), ModelOpt NVFP4 and compressed-tensors NVFP4, MXFP8 (ModelOpt, quant_method mxfp8) experts"
+
+// modelOptMXFP8Label and mxfp8Label are how ModelOpt's MXFP8 in groups of
+// 32 and quant_method mxfp8 (MiniMax-M3-MXFP8) are labelled, the MXFP8
+// descriptions moeprep may carry.
+const (
+	modelOptMXFP8Label = "modelopt mxfp8 (group 32)"
+	mxfp8Label         = "mxfp8"
+)
 
 // ctMXFP4Label is how classifyCTScheme labels compressed-tensors MXFP4 in
 // groups of 32, the one it may carry.
@@ -171,6 +185,8 @@ func (d Desc) Refusal() error {
 		why = "not carried yet: moeprep reads pack-quantized INT4 experts described by config.json only"
 	case d.Kind == KindNVFP4:
 		why = "not carried yet: moeprep reads NVFP4 experts in groups of 16 only (ModelOpt quant_algo NVFP4, compressed-tensors nvfp4-pack-quantized)"
+	case d.Kind == KindMXFP8:
+		why = "not carried yet: moeprep reads MXFP8 experts in groups of 32 only (ModelOpt quant_algo MXFP8 group_size 32, quant_method mxfp8 described by config.json)"
 	case d.Kind == KindMixed && strings.HasPrefix(d.Label, "modelopt") && d.Groups[GroupExperts] == "nvfp4 (group 16)":
 		why = fmt.Sprintf("not carried: the shared expert is %s beside NVFP4 routed experts; moeprep carries NVFP4 shared experts only (fusing or validating a shared expert of another format beside them is not built)", d.Groups[GroupShared])
 	case d.Kind == KindMixed && strings.HasPrefix(d.Label, "modelopt"):
@@ -340,6 +356,9 @@ func classify(q jsoncfg.Object, file, key string, mods *Modules) (Desc, error) {
 		if q.Has("weight_block_size") {
 			// Read checks the block size and the rest.
 			d.Kind, d.Label = KindFP8Block, "fp8 128x128 block"
+			if b, err := q.Ints("weight_block_size"); err == nil && len(b) == 2 && b[0] == b[1] && b[0] != 128 {
+				d.Label = fmt.Sprintf("fp8 %dx%d block", b[0], b[1])
+			}
 		}
 		m, err := newMatcher(q, mods, syntaxRe, "modules_to_not_convert", "ignored_layers")
 		if err != nil {
@@ -363,6 +382,17 @@ func classify(q jsoncfg.Object, file, key string, mods *Modules) (Desc, error) {
 			d.Groups[GroupExperts] = d.Label
 		}
 		return d, nil
+	case "mxfp8":
+		// MiniMax-M3-MXFP8: ignored_layers names what stays unquantised
+		// (routers, vision tower, embeddings, head); readMXFP8 checks the
+		// block and the activations.
+		d := Desc{File: file, Key: key, Kind: KindMXFP8, Label: mxfp8Label}
+		m, err := newMatcher(q, mods, syntaxRe, "ignored_layers", "modules_to_not_convert")
+		if err != nil {
+			return Desc{}, err
+		}
+		d.Groups, d.Detail, err = m.resolve(d.Label, false)
+		return d, err
 	case "modelopt":
 		return classifyModelOpt(q, file, key, mods)
 	case "compressed-tensors":
@@ -382,6 +412,8 @@ func modelOptAlgo(algo string, group int) (Kind, string) {
 		return KindFP8Tensor, "modelopt fp8 per-tensor"
 	case "FP8_PER_CHANNEL_PER_TOKEN":
 		return KindFP8Channel, "modelopt fp8 per-channel"
+	case "MXFP8":
+		return KindMXFP8, fmt.Sprintf("modelopt mxfp8 (group %d)", group)
 	}
 	return KindUnknown, fmt.Sprintf("modelopt %s", strings.ToLower(algo))
 }
@@ -394,7 +426,13 @@ func classifyModelOpt(q jsoncfg.Object, file, key string, mods *Modules) (Desc, 
 	if algo == "" {
 		return Desc{}, q.Missing("quant_algo")
 	}
-	group, err := q.IntIn("group_size", 16, 1, jsoncfg.MaxDim)
+	// NVFP4's group is 16; MXFP8's 32 (ModelOpt's config.json
+	// quantization_config writes no group_size for it).
+	defGroup := int64(16)
+	if strings.EqualFold(algo, "MXFP8") {
+		defGroup = 32
+	}
+	group, err := q.IntIn("group_size", defGroup, 1, jsoncfg.MaxDim)
 	if err != nil {
 		return Desc{}, err
 	}

@@ -79,3 +79,45 @@ func TestQuantConfig(t *testing.T) {
 		}
 	}
 }
+
+// Read takes MXFP8 as each producer describes it: ModelOpt's quant_algo
+// MXFP8 (config.json without group_size, or hf_quant_config.json with
+// group_size 32), MiniMax's quant_method mxfp8 with weight_block_size
+// [1, 32] and dynamic activations; anything else is refused naming the key.
+func TestReadMXFP8(t *testing.T) {
+	for _, tc := range []struct {
+		config, hf, err string
+	}{
+		{config: `{"quantization_config": {"quant_method": "modelopt", "quant_algo": "MXFP8", "ignore": ["lm_head"]}}`},
+		{config: `{"quantization_config": {"quant_method": "modelopt", "quant_algo": "MXFP8", "group_size": 16}}`,
+			err: "config.json: quantization_config.group_size: 16 is not supported (MXFP8 scales groups of 32)"},
+		{config: `{"quantization_config": {"quant_method": "mxfp8", "activation_scheme": "dynamic", "weight_block_size": [1, 32], "ignored_layers": ["lm_head"]}}`},
+		{config: `{"quantization_config": {"quant_method": "mxfp8"}}`},
+		{config: `{"quantization_config": {"quant_method": "mxfp8", "weight_block_size": [32, 32]}}`,
+			err: "config.json: quantization_config.weight_block_size: [32 32] is not supported with quant_method mxfp8 (only [1, 32]: one E8M0 scale per 32 elements of a row)"},
+		{config: `{"quantization_config": {"quant_method": "mxfp8", "activation_scheme": "static"}}`,
+			err: `config.json: quantization_config.activation_scheme: "static" is not supported (only dynamic: static activation scales, input_scale, are not carried)`},
+		{config: `{}`, hf: `{"quantization": {"quant_algo": "MXFP8", "group_size": 32}}`},
+	} {
+		var raw, hf map[string]any
+		if err := json.Unmarshal([]byte(tc.config), &raw); err != nil {
+			t.Fatal(err)
+		}
+		var q string
+		var err error
+		if tc.hf != "" {
+			if err := json.Unmarshal([]byte(tc.hf), &hf); err != nil {
+				t.Fatal(err)
+			}
+			q, err = ReadHF(hf)
+		} else {
+			q, _, err = Read(jsoncfg.Object{M: raw})
+		}
+		switch {
+		case tc.err != "" && fmt.Sprint(err) != tc.err:
+			t.Errorf("%s%s: %v, want %s", tc.config, tc.hf, err, tc.err)
+		case tc.err == "" && (err != nil || q != "mxfp8"):
+			t.Errorf("%s%s: %q %v, want mxfp8", tc.config, tc.hf, q, err)
+		}
+	}
+}

@@ -19,7 +19,8 @@ import (
 // (quant_method fp8, e4m3, weight_block_size [128,128], dynamic
 // activations); FP8 per tensor (quant_method fp8 without
 // weight_block_size, dynamic activations); and compressed-tensors
-// float-quantized FP8 per channel or per tensor (readCTFP8). Other methods
+// float-quantized FP8 per channel or per tensor (readCTFP8); MXFP8
+// (quant_method mxfp8: readMXFP8; ModelOpt quant_algo MXFP8). Other methods
 // pack weights differently (int4 groups, zero points, static activation
 // scales) and would be copied or stacked wrongly; the planner has refused
 // them (Desc.Supported) before this runs. scaleFmt is FP8 blocks'
@@ -45,7 +46,10 @@ func Read(c jsoncfg.Object) (quant, scaleFmt string, err error) {
 		return weightfmt.QuantMXFP4, "", readCTFP4(q, ctMXFP4) // the planner names its tensors as compressed-tensors does
 	}
 	if method == "modelopt" {
-		return readModelOptNVFP4(q)
+		return readModelOpt(q)
+	}
+	if method == "mxfp8" {
+		return weightfmt.QuantMXFP8, "", readMXFP8(q)
 	}
 	if method == "compressed-tensors" {
 		qu, err := readCTFP8(q)
@@ -73,8 +77,8 @@ func Read(c jsoncfg.Object) (quant, scaleFmt string, err error) {
 	if err != nil {
 		return "", "", err
 	}
-	if !slices.Equal(block, []int{weightfmt.FP8DefaultBlock, weightfmt.FP8DefaultBlock}) {
-		return "", "", q.Errorf("weight_block_size", "%v is not supported (only [128,128])", block)
+	if len(block) != 2 || block[0] != block[1] || block[0] < 1 || block[0] > jsoncfg.MaxDim {
+		return "", "", q.Errorf("weight_block_size", "%v is not supported (only square blocks [b, b]: DeepSeek's [128, 128], DeepSeek-V4.1's [32, 32])", block)
 	}
 	if scaleFmt, err = q.Str("scale_fmt", ""); err != nil {
 		return "", "", err
@@ -300,9 +304,10 @@ func readCTInt4(q jsoncfg.Object) (int64, error) {
 	return group, nil
 }
 
-// readModelOptNVFP4 reads a quant_method modelopt quantization_config:
-// quant_algo NVFP4 with group_size 16 (Detect has refused the others).
-func readModelOptNVFP4(q jsoncfg.Object) (string, string, error) {
+// readModelOpt reads a quant_method modelopt quantization_config (or
+// hf_quant_config.json's quantization): quant_algo NVFP4 with group_size
+// 16, or MXFP8 with group_size 32 (Detect has refused the others).
+func readModelOpt(q jsoncfg.Object) (string, string, error) {
 	algo, err := q.Str("quant_algo", "")
 	if err != nil {
 		return "", "", err
@@ -312,8 +317,17 @@ func readModelOptNVFP4(q jsoncfg.Object) (string, string, error) {
 	case "MIXED_PRECISION":
 		// Detect has checked quantized_layers (NVFP4Experts).
 		return weightfmt.QuantNVFP4ModelOpt, "", nil
+	case "MXFP8":
+		// ModelOpt's MXFP8QTensor: one E8M0 scale per 32 (BLOCK_SIZE);
+		// its config writes group_size 32 where it writes one.
+		if g, err := q.IntIn("group_size", weightfmt.MXFP8Group, 1, jsoncfg.MaxDim); err != nil {
+			return "", "", err
+		} else if g != weightfmt.MXFP8Group {
+			return "", "", q.Errorf("group_size", "%d is not supported (MXFP8 scales groups of %d)", g, weightfmt.MXFP8Group)
+		}
+		return weightfmt.QuantMXFP8, "", nil
 	default:
-		return "", "", q.Errorf("quant_algo", "%q is not supported with quant_method modelopt (only NVFP4, W4A16_NVFP4, or MIXED_PRECISION with NVFP4 experts)", algo)
+		return "", "", q.Errorf("quant_algo", "%q is not supported with quant_method modelopt (only NVFP4, W4A16_NVFP4, MXFP8, or MIXED_PRECISION with NVFP4 experts)", algo)
 	}
 	if g, err := q.IntIn("group_size", weightfmt.NVFP4Group, 1, jsoncfg.MaxDim); err != nil {
 		return "", "", err
@@ -321,6 +335,29 @@ func readModelOptNVFP4(q jsoncfg.Object) (string, string, error) {
 		return "", "", q.Errorf("group_size", "%d is not supported (NVFP4 scales groups of %d)", g, weightfmt.NVFP4Group)
 	}
 	return weightfmt.QuantNVFP4ModelOpt, "", nil
+}
+
+// readMXFP8 checks a quant_method mxfp8 quantization_config as
+// MiniMax-M3-MXFP8 writes it (and SGLang's and vLLM's Mxfp8Config read
+// it): weight_block_size [1, 32] where given, dynamic activations (the
+// only scheme those readers take: no input_scale is stored).
+func readMXFP8(q jsoncfg.Object) error {
+	if a, err := q.Str("activation_scheme", "dynamic"); err != nil {
+		return err
+	} else if a != "dynamic" {
+		return q.Errorf("activation_scheme", "%q is not supported (only dynamic: static activation scales, input_scale, are not carried)", a)
+	}
+	if !q.Has("weight_block_size") {
+		return nil
+	}
+	block, err := q.Ints("weight_block_size")
+	if err != nil {
+		return err
+	}
+	if !slices.Equal(block, []int{1, weightfmt.MXFP8Group}) {
+		return q.Errorf("weight_block_size", "%v is not supported with quant_method mxfp8 (only [1, %d]: one E8M0 scale per %d elements of a row)", block, weightfmt.MXFP8Group, weightfmt.MXFP8Group)
+	}
+	return nil
 }
 
 // ctFP4 is what compressed-tensors writes for one FP4 scheme: the
@@ -431,8 +468,8 @@ func (s ctFP4) args(w jsoncfg.Object, what string) error {
 
 // ReadHF reads hf_quant_config.json (nil: none) where config.json has no
 // quantization_config: weightfmt.QuantNVFP4ModelOpt for quant_algo NVFP4,
-// weightfmt.QuantNone for none (the planner has refused the other
-// algorithms: Desc.Supported).
+// weightfmt.QuantMXFP8 for MXFP8, weightfmt.QuantNone for none (the
+// planner has refused the other algorithms: Desc.Supported).
 func ReadHF(hf map[string]any) (string, error) {
 	if hf == nil {
 		return weightfmt.QuantNone, nil
@@ -444,7 +481,7 @@ func ReadHF(hf map[string]any) (string, error) {
 	if !ok {
 		return weightfmt.QuantNone, nil
 	}
-	qu, _, err := readModelOptNVFP4(q)
+	qu, _, err := readModelOpt(q)
 	if err != nil {
 		return "", hfErr(err)
 	}

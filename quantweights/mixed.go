@@ -13,7 +13,8 @@ import (
 // (attention, the shared expert; transformers' F32 weight_scale_inv, or
 // the official layout's x.scale E8M0), ModelOpt MIXED_PRECISION's NVFP4
 // experts beside FP8 per-tensor attention and dense MLPs (F32
-// weight_scale and input_scale). convert --dtype dequantises each weight
+// weight_scale and input_scale) or MXFP8 ones (U8 E8M0 weight_scale per
+// 32). convert --dtype dequantises each weight
 // by its own format, and the byte proof predicts each by it.
 
 // secondFormats lists, by the experts' format (its quantization and
@@ -33,6 +34,8 @@ var secondFormats = []struct {
 	{weightfmt.QuantNVFP4ModelOpt, "", []weightfmt.Spec{
 		{Quantization: weightfmt.QuantFP8Tensor, ScaleDType: safetensors.F32, Naming: weightfmt.NamingModelOpt},
 		{Quantization: weightfmt.QuantFP8Channel, ScaleDType: safetensors.F32, Naming: weightfmt.NamingModelOpt},
+		// ModelOpt's mixed NVFP4-routed / MXFP8-dense exports.
+		{Quantization: weightfmt.QuantMXFP8, Naming: weightfmt.NamingModelOpt},
 	}},
 }
 

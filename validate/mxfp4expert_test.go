@@ -147,6 +147,8 @@ func TestDSV4FP4GPUFormats(t *testing.T) {
 		{weightfmt.FP8BlockDeepSeek(128, 128, safetensors.F8E8M0), true},
 		{weightfmt.FP8BlockDeepSeek(128, 128, safetensors.U8), true},
 		{weightfmt.FP8BlockDeepSeek(64, 128, safetensors.F8E8M0), false},
+		{weightfmt.FP8Block(32, 32, true), false},                         // DeepSeek-V4.1's edge: the CPU's
+		{weightfmt.MXFP8(weightfmt.NamingModelOpt, safetensors.U8), true}, // decoded on the device
 	} {
 		if got := gpurun.KernelsTake(tc.f); got != tc.take {
 			sc, _ := tc.f.Scale()

@@ -290,7 +290,7 @@ func TestAllScaled(t *testing.T) {
 	for _, f := range AllScaled() {
 		got = append(got, f.Quantization())
 	}
-	want := []string{QuantFP8Block, QuantFP8Channel, QuantFP8Tensor, QuantInt4Pack, QuantMXFP4, QuantNVFP4CT, QuantNVFP4ModelOpt}
+	want := []string{QuantFP8Block, QuantFP8Channel, QuantFP8Tensor, QuantInt4Pack, QuantMXFP4, QuantMXFP8, QuantNVFP4CT, QuantNVFP4ModelOpt}
 	if !slices.Equal(got, want) {
 		t.Errorf("AllScaled() = %v, want %v", got, want)
 	}
@@ -340,6 +340,9 @@ func TestContractSpec(t *testing.T) {
 		{NVFP4CT(), "", ""},
 		{Int4Pack(32, bf16), "", ""},
 		{Int4Pack(32, f32), "F32", ""},
+		{MXFP8(NamingModelOpt, u8), "", ""},
+		{MXFP8(NamingMiniMax, u8), "", NamingMiniMax},
+		{MXFP8(NamingMiniMax, safetensors.F8E8M0), "F8_E8M0", NamingMiniMax},
 	} {
 		sd, n := ContractSpec(tc.f)
 		if string(sd) != tc.scale || n != tc.naming {

@@ -128,9 +128,14 @@ func roundTo(d safetensors.DType, v float32) float32 {
 	return v
 }
 
-// putValue stores v, exact in dtype d (BF16, F16 or F32), at the start of b.
+// putValue stores v, exact in dtype d (BF16, F16 or F32; for E8M0, U8 or
+// F8_E8M0, a power of two in [2^-127, 2^127], its biased exponent), at
+// the start of b.
 func putValue(d safetensors.DType, b []byte, v float32) {
 	switch d {
+	case safetensors.U8, safetensors.F8E8M0:
+		_, e := math.Frexp(float64(v)) // v = 0.5 * 2^e = 2^(e-1)
+		b[0] = byte(min(max(e-1+127, 0), 254))
 	case safetensors.BF16:
 		binary.LittleEndian.PutUint16(b, numfmt.F32ToBF16(v))
 	case safetensors.F16:
@@ -191,8 +196,9 @@ func NewRequant(f Format, name string, src io.ReaderAt, sd safetensors.DType, ro
 	}
 	m := Matrix{Format: r, Rows: rows, Cols: cols}
 	sc, _ := r.Scale()
-	if e, _ := r.Packing(); e > 1 {
-		// Packed groups must be whole, as Dequantise requires.
+	if e, _ := r.Packing(); e > 1 || r.Quantization() == QuantMXFP8 {
+		// Packed groups, and MXFP8's groups of 32, must be whole, as
+		// Dequantise requires.
 		if err := wholeGroups(r, int(cols), sc.Block[1]); err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}

@@ -44,6 +44,9 @@ var synthDTypeTable = []synthDType{
 	{fixtures.DTypeMXFP4, "gpt_oss only: experts MXFP4, stacked as gpt-oss ships them"},
 	{fixtures.DTypeMXFP4CT, "routed and shared experts MXFP4 (compressed-tensors)"},
 	{fixtures.DTypeFP4Experts, "deepseek_v4 only: routed experts MXFP4, the rest FP8, as released"},
+	{fixtures.DTypeMXFP8, "every Linear but the head and routers MXFP8 (ModelOpt: weight_scale)"},
+	{fixtures.DTypeMXFP8MiniMax, "every Linear but the head and routers MXFP8 (quant_method mxfp8: weight_scale_inv)"},
+	{fixtures.DTypeNVFP4MXFP8, "experts NVFP4, attention and dense MLPs MXFP8 (ModelOpt MIXED_PRECISION)"},
 }
 
 // synthDTypes are --dtype's values.
@@ -96,8 +99,9 @@ func (f *synthFlags) register(cmd *cobra.Command) {
 	fl.Float64Var(&s.RoutedScalingFactor, "rsf", 0, "the routed scaling factor, where the family has one (default: the family's)")
 	fl.StringVar(&s.DType, "dtype", "", "weights: "+strings.Join(synthDTypes, ", ")+" (default bf16)")
 	fl.StringVar(&s.ScaleFmt, "scale-fmt", "", "FP8 scale format: ue8m0 for power-of-two scales (default: any F32)")
+	fl.IntVar(&s.FP8Block, "fp8-block", 0, "fp8: the edge of its square blocks, e.g. 32 for DeepSeek-V4.1's [32, 32] (default 128)")
 	fl.StringVar(&s.Layout, "layout", "", "deepseek_v4: deepseek-official writes DeepSeek-V4's official repo layout (layers.L.ffn..., embed.weight, head.weight, hc_*, x.scale E8M0) instead of transformers' save")
-	fl.StringVar(&s.SharedDType, "shared-dtype", "", "fp8-channel, fp8-tensor: bf16 leaves the shared expert unquantised, named in the ignore list (as int4-pack always does)")
+	fl.StringVar(&s.SharedDType, "shared-dtype", "", "fp8-channel, fp8-tensor, mxfp8, mxfp8-minimax: bf16 leaves the shared expert unquantised, named in the ignore list (as int4-pack always does)")
 	fl.StringVar(&s.BiasLike, "bias-like", "", "correction bias values: deepseek (offset + tiny spread, the default) or random")
 	fl.Uint64Var(&s.Seed, "seed", 0, "random seed")
 	fl.StringVar(&f.maxShard, "max-shard-size", "", "largest shard, e.g. 5GB, 500MB, 2GiB (default: one file)")
@@ -183,6 +187,7 @@ func (f *synthFlags) options(fl *pflag.FlagSet) (fixtures.SynthSpec, error) {
 	set(&spec.Vocab, &s.Vocab, "vocab")
 	set(&spec.DType, &s.DType, "dtype")
 	set(&spec.ScaleFmt, &s.ScaleFmt, "scale-fmt")
+	set(&spec.FP8Block, &s.FP8Block, "fp8-block")
 	set(&spec.SharedDType, &s.SharedDType, "shared-dtype")
 	set(&spec.Layout, &s.Layout, "layout")
 	set(&spec.BiasLike, &s.BiasLike, "bias-like")

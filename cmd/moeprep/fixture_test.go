@@ -235,7 +235,7 @@ func TestFixtureSynthCompletion(t *testing.T) {
 		{"--family", "gl", []string{"glm4_moe", "glm4_moe_lite", "glm_moe_dsa"}},
 		{"--family", "", family.SupportedModelTypes()},
 		{"--preset", "tiny-gpt", []string{"tiny-gpt-oss"}},
-		{"--dtype", "", []string{"bf16", "f16", "f32", "fp8", "fp8-channel", "fp8-tensor", "int4-pack", "nvfp4", "nvfp4-ct", "nvfp4-mixed", "mxfp4", "mxfp4-ct", "fp4-experts"}},
+		{"--dtype", "", []string{"bf16", "f16", "f32", "fp8", "fp8-channel", "fp8-tensor", "int4-pack", "nvfp4", "nvfp4-ct", "nvfp4-mixed", "mxfp4", "mxfp4-ct", "fp4-experts", "mxfp8", "mxfp8-minimax", "nvfp4-mxfp8"}},
 	} {
 		code, stdout, stderr := runCLI(t, "__complete", "fixture", "synth", c.flag, c.prefix)
 		lines := strings.Split(strings.TrimSpace(stdout), "\n")

@@ -44,6 +44,9 @@
 // 256). A warp reads 128 contiguous bytes and writes 512 (one 16-byte
 // store a thread where the row's 8 outputs are whole and aligned).
 //
+// MXFP8 (moe_dequant_mxfp8_rows, below dq_e8m0_to_f32): E4M3 bytes times
+// an E8M0 scale per 32 columns of a row.
+//
 // Go side: kernels/dequant.go.
 #include "numeric.cuh"
 
@@ -129,6 +132,33 @@ __device__ __forceinline__ float dq_e8m0_to_f32(unsigned e)
 {
     if (e == 255u) return __uint_as_float(0x7fc00000u);
     return __uint_as_float(e ? e << 23 : 0x00400000u);
+}
+
+// MXFP8 (weightfmt/mxfp8.go): rows of cols E4M3 bytes, cols a multiple of
+// 32, and their scale grid [rows, cols / 32] of E8M0 bytes (row-major;
+// the loader uploads a chunk's rows of both):
+//   out[r, c] = bf16_rne(f32(e4m3(q[r, c])) * 2^(scale[r, c / 32] - 127))
+// 0xff scales are NaN, 0 the subnormal 2^-127. Launch as
+// moe_dequant_fp8_rows: grid = rows * ceil(cols / 2048), each thread 8
+// bytes, which lie in one group of 32 (c0 % 8 == 0) and are 8-byte
+// aligned, their 16 output bytes 16-byte aligned (cols % 32 == 0).
+extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_mxfp8_rows(const e4m3_t* __restrict__ q, int rows, int cols,
+                                                                                const unsigned char* __restrict__ scale, bf16_t* __restrict__ out)
+{
+    const int chunks = (cols + DQ_CHUNK - 1) / DQ_CHUNK;
+    const long long b = blockIdx.x;
+    const int r = (int)(b / chunks), k = (int)(b - (long long)r * chunks);
+    if (r >= rows) return;
+    const int c0 = k * DQ_CHUNK + threadIdx.x * DQ_PER_THREAD;
+    if (c0 >= cols) return;
+    const float s = dq_e8m0_to_f32(scale[(long long)r * (cols >> 5) + (c0 >> 5)]);
+    uint2 u = *(const uint2*)(q + (long long)r * cols + c0);
+    uint4 o;
+    o.x = dq_pair(u.x, s);
+    o.y = dq_pair(u.x >> 16, s);
+    o.z = dq_pair(u.y, s);
+    o.w = dq_pair(u.y >> 16, s);
+    *(uint4*)(out + (long long)r * cols + c0) = o;
 }
 
 // The three 4-bit decoders: a row's group scale, and an element's value

@@ -59,8 +59,9 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 	perRow := plan.Quantization == family.QuantFP8Channel || plan.Quantization == family.QuantFP8Tensor
 	int4 := plan.Quantization == family.QuantInt4Pack
 	mx := plan.Quantization == family.QuantMXFP4
+	mx8 := plan.Quantization == family.QuantMXFP8
 	sharedQ, sharedDT := "", ""
-	if perRow || int4 || mx {
+	if perRow || int4 || mx || mx8 {
 		// These formats' ignore lists may leave the shared expert plain.
 		var why string
 		if sharedQ, sharedDT, why = srcSharedStorage(src, plan); why != "" {
@@ -116,12 +117,19 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		}
 	}
 	var mxBlock []int64
-	naming := ""
+	naming, namingWhy := "", "SRC's MXFP4 description (compressed-tensors, DeepSeek-V4's expert_dtype fp4; absent: gpt-oss)"
 	if mx {
 		var why string
 		if mxBlock, scaleDType, naming, why = srcMXFP4(src, plan); why != "" {
 			return refuse(fk("weight_block_size"), fc.WeightBlockSize, why)
 		}
+	}
+	if mx8 {
+		var why string
+		if mxBlock, scaleDType, naming, why = srcMXFP8(src, plan); why != "" {
+			return refuse(fk("weight_block_size"), fc.WeightBlockSize, why)
+		}
+		namingWhy = "SRC's MXFP8 description (quant_method mxfp8: minimax; ModelOpt's quant_algo MXFP8: absent)"
 	}
 	switch {
 	case c.SourceFormat != src.Format:
@@ -161,8 +169,10 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("input_scales", c.InputScales, nvInput && c.Dequantized == nil, "SRC's NVFP4 expert tensors (input_scale), which a dequantised DST drops")
 	case mx && !equalInts(fc.WeightBlockSize, mxBlock):
 		return bad(fk("weight_block_size"), fc.WeightBlockSize, mxBlock, "SRC's MXFP4 blocks and scales ([1, elements per E8M0 scale])")
+	case mx8 && !equalInts(fc.WeightBlockSize, mxBlock):
+		return bad(fk("weight_block_size"), fc.WeightBlockSize, mxBlock, "SRC's MXFP8 weights and scales ([1, elements per E8M0 scale])")
 	case fc.Naming != naming:
-		return bad(fk("naming"), orAbsent(fc.Naming), orAbsent(naming), "SRC's MXFP4 description (compressed-tensors, DeepSeek-V4's expert_dtype fp4; absent: gpt-oss)")
+		return bad(fk("naming"), orAbsent(fc.Naming), orAbsent(naming), namingWhy)
 	case c.SharedQuantization != sharedQ:
 		return bad("shared_quantization", orAbsent(c.SharedQuantization), orAbsent(sharedQ), "SRC's shared expert tensors")
 	case c.SharedWeightDType != sharedDT:
@@ -175,7 +185,7 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("shared_requantized", c.SharedRequantized, shown("absent"), "SRC's shared expert, stored like the routed experts or not fused,")
 	case requant != nil && (c.SharedRequantized == nil || *c.SharedRequantized != *requant):
 		return bad("shared_requantized", orAbsent(c.SharedRequantized), requant, "SRC's plain shared expert fused into "+quant+" slots")
-	case !fp8 && !perRow && !int4 && !nv && !mx && len(fc.WeightBlockSize) != 0:
+	case !fp8 && !perRow && !int4 && !nv && !mx && !mx8 && len(fc.WeightBlockSize) != 0:
 		return bad(fk("weight_block_size"), fc.WeightBlockSize, shown("absent"), "SRC's unquantized experts")
 	case perRow && len(fc.WeightBlockSize) != 0:
 		return bad(fk("weight_block_size"), fc.WeightBlockSize, shown("absent"), "SRC's "+quant+" experts (a scale per row or per weight, no blocks)")
@@ -656,6 +666,11 @@ func srcRequantization(q, dt string, ue8m0 bool) *layout.Requantization {
 	case string(family.QuantFP8Block), string(family.QuantFP8Channel), string(family.QuantFP8Tensor):
 		r.Rule, r.ScaleDivisor, r.CodeRange = "absmax-e4m3", 448, [2]float64{-448, 448}
 		r.ScalePowerOfTwo = ue8m0 && q == string(family.QuantFP8Block)
+	case string(family.QuantMXFP8):
+		// ModelOpt's MXFP8QTensor: 2^ceil(log2(amax / 448)), the exponent
+		// clamped at -127 (E8M0's byte 0), elements clamped to +-448.
+		r.Rule, r.ScaleDivisor, r.CodeRange = "mxfp8-e8m0", 448, [2]float64{-448, 448}
+		r.MinScale, r.ScalePowerOfTwo = 0x1p-127, true
 	default:
 		return nil
 	}
@@ -827,6 +842,64 @@ func srcMXFP4(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, sca
 					scaleDType = sd
 				} else if sd != scaleDType {
 					return nil, "", "", fmt.Sprintf("SRC's scale %s is %s unlike the others", p[1], st.DType)
+				}
+			}
+		}
+	}
+	if block == nil {
+		return nil, "", "", "SRC has no MoE layer"
+	}
+	return block, scaleDType, naming, ""
+}
+
+// srcMXFP8 derives an MXFP8 contract's weight_block_size, scale_dtype and
+// naming from SRC itself: its description (quant_method mxfp8: MiniMax's
+// names, "minimax"; ModelOpt's quant_algo MXFP8 in quantization_config or
+// hf_quant_config.json: the format's own, absent), and per routed expert
+// projection the F8_E4M3 weight [rows, n] beside its scale [rows, m]
+// ("_scale_inv" or "_scale" after the weight's name, as the description
+// says) with m dividing n: [1, n/m] (OCP MX: [1, 32]), one scale dtype
+// (U8: absent).
+func srcMXFP8(src *checkpoint.Checkpoint, plan *family.Plan) (block []int64, scaleDType, naming, why string) {
+	desc, method := srcQuantDesc(src.Config)
+	suffix, seen := "_scale", false
+	switch algo := func(d map[string]any) string { a, _ := d["quant_algo"].(string); return strings.ToUpper(a) }; {
+	case method == "mxfp8":
+		naming, suffix = weightfmt.NamingMiniMax, "_scale_inv"
+	case method == "modelopt" && algo(desc) == "MXFP8":
+	case desc == nil && src.HFQuantConfig() != nil:
+		hq, _ := src.HFQuantConfig()["quantization"].(map[string]any)
+		if algo(hq) != "MXFP8" {
+			return nil, "", "", "SRC's hf_quant_config.json does not say quant_algo MXFP8"
+		}
+	default:
+		return nil, "", "", "SRC describes no MXFP8 weights (quant_method mxfp8, ModelOpt quant_algo MXFP8)"
+	}
+	for _, l := range plan.Layers {
+		for _, e := range l.Experts {
+			for _, w := range []string{e.Weight(layout.ProjGate), e.Weight(layout.ProjUp), e.Weight(layout.ProjDown)} {
+				if w == "" {
+					continue
+				}
+				wt, ok1 := src.Tensor(w)
+				st, ok2 := src.Tensor(w + suffix)
+				switch {
+				case !ok1 || !ok2:
+					return nil, "", "", fmt.Sprintf("SRC has no %s and %s", render(w), render(w+suffix))
+				case wt.DType != safetensors.F8E4M3 || len(wt.Shape) != 2 || len(st.Shape) != 2 || wt.Shape[0] != st.Shape[0] || st.Shape[1] < 1 || wt.Shape[1]%st.Shape[1] != 0:
+					return nil, "", "", fmt.Sprintf("SRC's %s %s %v and %s %v are not F8_E4M3 [rows, n] and [rows, m] with m dividing n", w, wt.DType, wt.Shape, w+suffix, st.Shape)
+				}
+				if !agreeBlock(&block, []int64{1, wt.Shape[1] / st.Shape[1]}) {
+					return nil, "", "", "SRC's MXFP8 weights differ in the elements one scale covers"
+				}
+				sd := string(st.DType)
+				if sd == "U8" {
+					sd = ""
+				}
+				if !seen {
+					scaleDType, seen = sd, true
+				} else if sd != scaleDType {
+					return nil, "", "", fmt.Sprintf("SRC's scale %s is %s unlike the others", w+suffix, st.DType)
 				}
 			}
 		}

@@ -14,15 +14,16 @@ import (
 
 // DecodesOnDevice reports whether expert weights of format f reach the GPU
 // kernels as bf16 decoded on the device: FP8 with one scale per output row
-// or one per weight (kernels.DequantFP8Rows), and the 4-bit formats
-// kernels.Dequant4Rows decodes (pack-quantized INT4, MXFP4, NVFP4). The
+// or one per weight (kernels.DequantFP8Rows), MXFP8 (kernels.DequantMXFP8Rows),
+// and the 4-bit formats kernels.Dequant4Rows decodes (pack-quantized
+// INT4, MXFP4, NVFP4). The
 // bf16 grouped GEMM then runs them, so only the bf16 precision compares
 // them (the decode rounds each weight to bf16 once).
 func DecodesOnDevice(f weightfmt.Format) bool {
 	if f == nil {
 		return false
 	}
-	if q := f.Quantization(); q == weightfmt.QuantFP8Channel || q == weightfmt.QuantFP8Tensor {
+	if q := f.Quantization(); q == weightfmt.QuantFP8Channel || q == weightfmt.QuantFP8Tensor || q == weightfmt.QuantMXFP8 {
 		return true
 	}
 	_, err := kernels.Packed4Of(f)
@@ -207,9 +208,12 @@ func (b *Bank) decodeSetup(s *Stager, src tensorload.TensorSource, p bankPart, w
 		return x.Ptr(), nil
 	}
 	d.fp8 = wf.Quantization() == weightfmt.QuantFP8Channel || wf.Quantization() == weightfmt.QuantFP8Tensor
-	if d.fp8 {
+	switch {
+	case d.fp8:
 		d.decode, err = s.fp8Decoder(ts, rows, cols, room)
-	} else {
+	case wf.Quantization() == weightfmt.QuantMXFP8:
+		d.decode, err = s.mxfp8Decoder(p, wf, ts, rows, cols, d.chunk)
+	default:
 		d.decode, err = s.packed4Decoder(src, p, wf, ts, rows, cols, d.chunk, room)
 	}
 	if err != nil {
@@ -280,6 +284,29 @@ func (s *Stager) fp8Decoder(ts *checkpoint.Tensor, rows, cols int64, room func(*
 		qm := kernels.Mat{DType: kernels.MatFP8, Ptr: q, Len: int(nr * cols)}
 		om := kernels.Mat{DType: kernels.MatBF16, Ptr: out, Len: int(nr * cols)}
 		return kernels.DequantFP8Rows(s.dev, s.stream, qm, int(nr), int(cols), scales, int(ns), dsd, int(rows/ns), int(r0), om)
+	}, nil
+}
+
+// mxfp8Decoder returns the decode of a chunk of the rows of p, a rows x
+// cols MXFP8 weight (wf) whose E8M0 grid is ts: it queues the chunk's rows
+// of the grid into the scale scratch (room for chunk rows), then
+// kernels.DequantMXFP8Rows, as packed4Decoder does for the 4-bit grids.
+func (s *Stager) mxfp8Decoder(p bankPart, wf weightfmt.Format, ts *checkpoint.Tensor, rows, cols, chunk int64) (chunkDecode, error) {
+	_, gc := weightfmt.Matrix{Format: wf, Rows: 1, Cols: cols}.ScaleShape()
+	if cols%weightfmt.MXFP8Group != 0 || ts.DType.Size() != 1 || ts.NumElements() != rows*gc {
+		return nil, fmt.Errorf("%s: scale %s holds %d %s entries, want %d rows of %d bytes", ts.File, p.scaleName, ts.NumElements(), ts.DType, rows, gc)
+	}
+	if err := s.ensure(&s.dq.scales, int(min(rows, chunk)*gc)); err != nil {
+		return nil, err
+	}
+	return func(r0, nr int64, q, out cuda.DevicePtr) error {
+		if err := s.copyElems(s.dq.scales.Ptr(), ts, r0*gc, (r0+nr)*gc, false); err != nil {
+			return err
+		}
+		qm := kernels.Mat{DType: kernels.MatFP8, Ptr: q, Len: int(nr * cols)}
+		om := kernels.Mat{DType: kernels.MatBF16, Ptr: out, Len: int(nr * cols)}
+		// The scratch as it is now: a later weight's setup may have grown it.
+		return kernels.DequantMXFP8Rows(s.dev, s.stream, qm, int(nr), int(cols), s.dq.scales.Ptr(), s.dq.scales.Len(), om)
 	}, nil
 }
 

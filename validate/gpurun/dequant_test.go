@@ -23,7 +23,8 @@ import (
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// TestDecodedBanksMatchCPU: on the GPU, every weight of a 4-bit format as
+// TestDecodedBanksMatchCPU: on the GPU, every weight of a 4-bit format (and
+// of MXFP8, whose E8M0 grid is staged a chunk's rows at a time too) as
 // the stager decodes it on the device is bit for bit the CPU's decode
 // (tensorload.LoadMatrix) rounded to bf16: SRC's per-expert MLPs through
 // loadMLPBankOf (gpt-oss's gate and up as strided views of its interleaved
@@ -41,6 +42,8 @@ func TestDecodedBanksMatchCPU(t *testing.T) {
 		"mxfp4": {Family: "gpt_oss", Layers: 1, Hidden: 64, Intermediate: 96, Experts: 4, TopK: 2, DType: fixtures.DTypeMXFP4, Vocab: 64, Seed: 4103},
 		"nvfp4": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 48, Intermediate: 32, Experts: 6, SharedExperts: 1, TopK: 2,
 			NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: fixtures.DTypeNVFP4, Vocab: 64, Seed: 4104, BiasLike: "deepseek"},
+		"mxfp8": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 96, Experts: 5, SharedExperts: 1, TopK: 2,
+			NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: fixtures.DTypeMXFP8, Vocab: 64, Seed: 4105, BiasLike: "deepseek"},
 	}
 	s := testStager(t)
 	for name, spec := range specs {

@@ -17,7 +17,7 @@ import (
 // (plan, nil: no SRC) or DST (contract c, nil: no DST) at precision ("" when
 // they can): the kernels take unquantised weights and FP8
 // 128x128 blocks with F32 scales as stored, and FP8 per channel or per
-// tensor, pack-quantized INT4, MXFP4 and NVFP4 decoded to bf16 on the
+// tensor, MXFP8, pack-quantized INT4, MXFP4 and NVFP4 decoded to bf16 on the
 // device (DecodesOnDevice), which only the bf16 precision compares
 // (the decode rounds every weight to bf16 once, which the gpu-f32
 // tolerance would rightly fail and the w8a8 mode does not model). No
@@ -53,7 +53,7 @@ func Refusal(plan *family.Plan, c *layout.Contract, precision string) string {
 			continue
 		}
 		sc, _ := f.Scale()
-		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU runs unquantised weights, FP8 128x128 blocks with F32 scales, and FP8 per-channel or per-tensor, INT4, MXFP4 and NVFP4 weights (decoded to bf16)",
+		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU runs unquantised weights, FP8 128x128 blocks with F32 scales, and FP8 per-channel or per-tensor, MXFP8, INT4, MXFP4 and NVFP4 weights (decoded to bf16)",
 			f, f.Quantization(), sc.DType)
 	}
 	// A shared expert stored unlike the routed experts loads with its own

@@ -378,6 +378,54 @@ func MXFP4Cases() []Case {
 	return cs
 }
 
+// MXFP8Cases: ModelOpt's (U8 weight_scale) and MiniMax's (U8 or F8_E8M0
+// weight_scale_inv) MXFP8, every E4M3 code under every E8M0 scale code,
+// and long rows. Element c's value is its E4M3 code's value times its
+// group of 32's E8M0 scale, 2^(e - 127).
+func MXFP8Cases() []Case {
+	r := rand.New(rand.NewPCG(13, 14))
+	var cs []Case
+	for _, f := range []weightfmt.Format{
+		weightfmt.MXFP8(weightfmt.NamingModelOpt, safetensors.U8),
+		weightfmt.MXFP8(weightfmt.NamingMiniMax, safetensors.U8),
+		weightfmt.MXFP8(weightfmt.NamingMiniMax, safetensors.F8E8M0),
+	} {
+		sd, _ := f.Scale()
+		one := func(name string, rows, cols int, scale []byte) Case {
+			raw := everyCodeBytes(r, rows, cols)
+			gc := cols / 32
+			w := Weight{Format: f, Rows: rows, Cols: cols, Raw: raw, Scale: scale}
+			return build(fmt.Sprintf("%s %s %s/%dx%d/%s", f, sd.DType, f.(weightfmt.Named).Naming(), rows, cols, name), w, func(row, c int) (float64, bool) {
+				x, code := e4m3(raw[row*cols+c]), scale[row*gc+c/32]
+				return x * e8m0(code), finite(x) && code != 255
+			})
+		}
+		codes := func(n int, pick func(i int) byte) []byte {
+			b := make([]byte, n)
+			for i := range b {
+				b[i] = pick(i)
+			}
+			return b
+		}
+		// Every E4M3 value (448 the largest) times a scale code up to 134
+		// (2^7) is finite in f16; past 252 (448 * 2^126 = 1.75 * 2^134)
+		// it overflows float32: cases of their own. A row of 256 columns
+		// holds every code, rotated a row, under 8 scales.
+		cs = append(cs,
+			one("scale codes 0..134, 255", 17, 256, codes(17*8, func(i int) byte {
+				if i == 135 {
+					return 255
+				}
+				return byte(min(i, 134))
+			})),
+			one("scale codes 135..252", 15, 256, codes(15*8, func(i int) byte { return byte(min(135+i, 252)) })),
+			one("scale codes 253, 254", 1, 256, codes(8, func(i int) byte { return byte(253 + i%2) })),
+			one("random", 3, 4160, codes(3*130, func(int) byte { return byte(110 + r.IntN(30)) })),
+		)
+	}
+	return cs
+}
+
 // NVFP4Cases: ModelOpt's and compressed-tensors' NVFP4, every byte value
 // and every E4M3 block scale code under global scales of 1, a tie, a
 // subnormal product, an overflowing product, zero, a negative, infinity
@@ -436,7 +484,7 @@ func NVFP4Cases() []Case {
 // AllCases is every format's cases.
 func AllCases() []Case {
 	var cs []Case
-	for _, f := range []func() []Case{PlainCases, FP8BlockCases, FP8ScaledCases, Int4PackCases, MXFP4Cases, NVFP4Cases} {
+	for _, f := range []func() []Case{PlainCases, FP8BlockCases, FP8ScaledCases, Int4PackCases, MXFP4Cases, MXFP8Cases, NVFP4Cases} {
 		cs = append(cs, f()...)
 	}
 	return cs

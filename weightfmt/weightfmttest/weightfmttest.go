@@ -171,6 +171,9 @@ func TestInt4Pack(t *testing.T, d Decoder) { Run(t, d, Int4PackCases()) }
 // store it.
 func TestMXFP4(t *testing.T, d Decoder) { Run(t, d, MXFP4Cases()) }
 
+// TestMXFP8 runs MXFP8 as ModelOpt and MiniMax store it.
+func TestMXFP8(t *testing.T, d Decoder) { Run(t, d, MXFP8Cases()) }
+
 // TestNVFP4 runs NVFP4 as ModelOpt and compressed-tensors store it.
 func TestNVFP4(t *testing.T, d Decoder) { Run(t, d, NVFP4Cases()) }
 
@@ -181,7 +184,7 @@ func TestAll(t *testing.T, d Decoder) {
 		test func(*testing.T, Decoder)
 	}{
 		{"plain", TestPlain}, {"fp8-block", TestFP8Block}, {"fp8-scaled", TestFP8Scaled},
-		{"int4-pack", TestInt4Pack}, {"mxfp4", TestMXFP4}, {"nvfp4", TestNVFP4},
+		{"int4-pack", TestInt4Pack}, {"mxfp4", TestMXFP4}, {"mxfp8", TestMXFP8}, {"nvfp4", TestNVFP4},
 	} {
 		t.Run(s.name, func(t *testing.T) { s.test(t, d) })
 	}
