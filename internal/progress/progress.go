@@ -8,7 +8,6 @@ import (
 	"os"
 	"sync"
 	"time"
-
 )
 
 // Reporter counts bytes of work done.
