@@ -158,7 +158,7 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 			_, err := fmt.Fprintf(w, "%s is already complete: %s and %s, %s, every one matching its manifest and this run's plan; nothing to do\n",
 				s.Dst, human.Count(s.Shards, "shard"), human.Count(s.Files-s.Shards, "other file"), human.Bytes(s.Bytes))
 			if err == nil {
-				_, err = fmt.Fprintf(w, "next: moeprep validate %s %s   # prove it against the source\n", shellQuote(o.Src), shellQuote(o.Dst))
+				_, err = fmt.Fprintln(w, withComment(fmt.Sprintf("next: moeprep validate %s %s", shellQuote(o.Src), shellQuote(o.Dst)), "prove it against the source"))
 			}
 			return err
 		}
@@ -170,29 +170,36 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 			s.Dst, s.Layout, orientationNote(s.Orientation), shards, human.Count(s.Files, "file"),
 			human.Bytes(s.Bytes), human.Duration(time.Duration(s.Seconds*float64(time.Second))),
 			human.Rate(s.Bytes, time.Duration(s.Seconds*float64(time.Second))))
+		// What the run changed besides stacking, on a line of its own, so
+		// that each fits a terminal (issue 46); --json has every figure.
+		var detail []string
 		if s.DType != "" {
-			msg += fmt.Sprintf("; %s dequantised to %s", human.Count(s.DequantizedTensors, "quantised weight"), s.DType)
+			detail = append(detail, fmt.Sprintf("%s dequantised to %s", human.Count(s.DequantizedTensors, "quantised weight"), s.DType))
 		}
 		if o.FuseShared {
-			msg += fmt.Sprintf("; %s", human.Count(s.FusedShared, "fused shared expert"))
+			fused := human.Count(s.FusedShared, "fused shared expert")
 			if s.SharedRequantized != "" {
-				msg += fmt.Sprintf(" (requantised to %s: validate reports the error it adds)", s.SharedRequantized)
+				fused += fmt.Sprintf(" (requantised to %s: validate reports the error it adds)", s.SharedRequantized)
 			}
+			detail = append(detail, fused)
 			if s.Folded {
-				msg += fmt.Sprintf(", routed_scaling_factor folded (max relative change %.3g)", s.FoldMaxRelChange)
+				detail = append(detail, fmt.Sprintf("routed_scaling_factor folded (max relative change %.3g)", s.FoldMaxRelChange))
 			} else {
-				msg += ", routed_scaling_factor not folded (slot weight 1/rsf, runtime multiply)"
+				detail = append(detail, "routed_scaling_factor not folded (slot weight 1/rsf, runtime multiply)")
 			}
+		}
+		if len(detail) > 0 {
+			msg += "\n" + wrapAt("  "+strings.Join(detail, "; "), "; ", lineWidth, "  ")
 		}
 		if _, err := fmt.Fprintln(w, msg); err != nil {
 			return err
 		}
-		if l := copiedLine(s.Copied, s.Excluded); l != "" {
+		if l := copiedLine(s.Copied, s.Excluded, ""); l != "" {
 			if _, err := fmt.Fprintln(w, l); err != nil {
 				return err
 			}
 		}
-		_, err := fmt.Fprintf(w, "next: moeprep validate %s %s   # prove it computes what the source does\n", shellQuote(o.Src), shellQuote(o.Dst))
+		_, err := fmt.Fprintln(w, withComment(fmt.Sprintf("next: moeprep validate %s %s", shellQuote(o.Src), shellQuote(o.Dst)), "prove it computes what the source does"))
 		if err == nil {
 			_, err = fmt.Fprintln(w, loadStep(s, o))
 		}
@@ -207,7 +214,7 @@ func loadStep(s *convert.Summary, o convert.Options) string {
 		layout.LoadsInTransformers(sourceModelType(o.Src)) {
 		// transformers 5's MoE modules hold gate_up_proj/down_proj for these
 		// families: checked with identical logits by scripts/gpu-interop.sh.
-		return fmt.Sprintf("then: python3 -c \"import transformers as t; t.AutoModelForCausalLM.from_pretrained(%s)\"   # transformers 5 loads it as it is", pyQuote(o.Dst))
+		return withComment(fmt.Sprintf("then: python3 -c \"import transformers as t; t.AutoModelForCausalLM.from_pretrained(%s)\"", pyQuote(o.Dst)), "transformers 5 loads it as it is")
 	}
 	return fmt.Sprintf("then: README \"Using the output\": who loads layout %s, and what a loader must do", s.Layout)
 }
@@ -244,8 +251,8 @@ func printPlan(w io.Writer, label string, p *convert.Plan) error {
 		fmt.Fprintf(&b, "    %-36s %10s  %s\n", s.Name, human.Bytes(s.Bytes), human.Count(s.Tensors, "tensor"))
 	}
 	fmt.Fprintf(&b, "  read %s from SRC, write %s to DST (%s copied as they are)\n", human.Bytes(p.ReadBytes), human.Bytes(p.WriteBytes), human.Count(p.CopiedFiles, "other file"))
-	if l := copiedLine(p.Copied, p.Excluded); l != "" {
-		b.WriteString("  " + l + "\n")
+	if l := copiedLine(p.Copied, p.Excluded, "  "); l != "" {
+		b.WriteString(l + "\n")
 	}
 	switch {
 	case p.FreeBytes < 0:
@@ -408,8 +415,9 @@ blocks, or is stored unlike the routed experts without --requantize-shared.`,
 
 // copiedLine names the files copied as they are, largest first (the first
 // few; --json lists all), and what --exclude left out: so nothing large
-// rides along unnoticed.
-func copiedLine(copied []convert.CopiedFile, excluded []string) string {
+// rides along unnoticed. The line starts with indent, and wraps to fit a
+// terminal.
+func copiedLine(copied []convert.CopiedFile, excluded []string, indent string) string {
 	const shown = 4
 	var parts []string
 	var total int64
@@ -439,7 +447,10 @@ func copiedLine(copied []convert.CopiedFile, excluded []string) string {
 		}
 		parts = append(parts, fmt.Sprintf("excluded %s: %s%s", human.Count(len(excluded), "file"), strings.Join(esc, ", "), more))
 	}
-	return strings.Join(parts, "; ")
+	for i, p := range parts {
+		parts[i] = wrapAt(indent+p, ", ", lineWidth, indent+"  ")
+	}
+	return strings.Join(parts, "\n")
 }
 
 // sourceModelType is SRC's config.json model_type, "" when it cannot be
