@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"unicode/utf8"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -188,6 +189,12 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 				detail = append(detail, "routed_scaling_factor not folded (slot weight 1/rsf, runtime multiply)")
 			}
 		}
+		if utf8.RuneCountInString(msg) > lineWidth {
+			// A long DST path: it stands on a line of its own.
+			if head, rest, ok := strings.Cut(msg, ": layout "); ok {
+				msg = head + ":\n  layout " + rest
+			}
+		}
 		if len(detail) > 0 {
 			msg += "\n" + wrapAt("  "+strings.Join(detail, "; "), "; ", lineWidth, "  ")
 		}
@@ -227,7 +234,7 @@ func pyQuote(s string) string {
 // printPlan prints a --dry-run plan for people.
 func printPlan(w io.Writer, label string, p *convert.Plan) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "plan: %s %s -> %s (layout %s%s)\n", label, p.Src, p.Dst, p.Layout, orientationNote(p.Orientation))
+	b.WriteString(wrapWords(fmt.Sprintf("plan: %s %s -> %s (layout %s%s)", label, p.Src, p.Dst, p.Layout, orientationNote(p.Orientation)), "  ") + "\n")
 	what := fmt.Sprintf("%s stacked", human.Count(p.MoELayers, "MoE layer"))
 	if p.FusedShared > 0 {
 		what += fmt.Sprintf(", %s fused per layer", human.Count(p.FusedShared, "shared expert slot"))
@@ -241,7 +248,7 @@ func printPlan(w io.Writer, label string, p *convert.Plan) error {
 	if p.DType != "" {
 		what += fmt.Sprintf(", %s dequantised to %s", human.Count(p.DequantizedTensors, "quantised weight"), p.DType)
 	}
-	fmt.Fprintf(&b, "  %s, %s (%s)\n", human.Count(len(p.Shards), "shard"), human.Count(p.Tensors, "tensor"), what)
+	b.WriteString(wrapWords(fmt.Sprintf("  %s, %s (%s)", human.Count(len(p.Shards), "shard"), human.Count(p.Tensors, "tensor"), what), "  ") + "\n")
 	const listed = 12
 	for i, s := range p.Shards {
 		if i == listed {
@@ -325,6 +332,9 @@ only when complete; --resume continues an interrupted run.`,
 			if err != nil {
 				return err
 			}
+			if err := swappedArgs(cmd, src, args[1]); err != nil {
+				return err
+			}
 			o, err := f.options(src, args[1])
 			if err != nil {
 				return err
@@ -389,6 +399,9 @@ blocks, or is stored unlike the routed experts without --requantize-shared.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			src, err := sourceDir(cmd, cmd.Name(), args[0], f.revision)
 			if err != nil {
+				return err
+			}
+			if err := swappedArgs(cmd, src, args[1]); err != nil {
 				return err
 			}
 			o, err := f.options(src, args[1])

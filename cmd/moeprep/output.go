@@ -216,3 +216,25 @@ func wrapAt(s, sep string, width int, indent string) string {
 	b.WriteString(line)
 	return b.String()
 }
+
+// wrapWords breaks s at spaces into lines of at most lineWidth columns,
+// keeping s's own leading spaces, each later line indented by them and
+// indent more; a word longer than a line (a path) stays whole.
+func wrapWords(s, indent string) string {
+	lead := s[:len(s)-len(strings.TrimLeft(s, " "))]
+	var b strings.Builder
+	line := lead
+	for _, word := range strings.Split(s[len(lead):], " ") {
+		switch {
+		case line == lead:
+			line += word
+		case utf8.RuneCountInString(line)+1+utf8.RuneCountInString(word) <= lineWidth:
+			line += " " + word
+		default:
+			b.WriteString(line + "\n")
+			line = lead + indent + word
+		}
+	}
+	b.WriteString(line)
+	return b.String()
+}
