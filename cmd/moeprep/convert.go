@@ -323,9 +323,9 @@ only when complete; --resume continues an interrupted run.`,
 		Example: `  moeprep convert ./DeepSeek-V3 ./DeepSeek-V3-stacked
   moeprep convert --layout gate-up --max-shard-size 10GB ./Qwen3-30B-A3B ./qwen3-gate-up
   moeprep convert --resume ./DeepSeek-V3 ./DeepSeek-V3-stacked   # after an interruption
-  moeprep convert --dtype bf16 ./DeepSeek-V3 ./DeepSeek-V3-bf16   # FP8 dequantised, for GPUs without FP8
+  moeprep convert --dtype bf16 ./DeepSeek-V3 ./DeepSeek-V3-bf16   # for GPUs without FP8
 
-  moeprep convert --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-kmajor   # all_gate [E,H,I], all_down [E,I,H]`,
+  moeprep convert --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-kmajor   # all_gate [E,H,I]`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			src, err := sourceDir(cmd, cmd.Name(), args[0], f.revision)
@@ -355,7 +355,7 @@ func newFuseSharedCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "fuse-shared SRC DST",
-		Short: "Convert, appending the shared expert as extra experts and folding routed_scaling_factor",
+		Short: "Convert, appending the shared expert as extra experts, routed_scaling_factor folded",
 		Long: `fuse-shared does what convert does and also appends the shared expert to each
 MoE layer's expert bank as R replicas (default R = --tp) at ids E..E+R*S-1
 (S = n_shared_experts: an S*I shared MLP is split exactly into S experts), so

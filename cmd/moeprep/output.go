@@ -220,7 +220,10 @@ func wrapAt(s, sep string, width int, indent string) string {
 // wrapWords breaks s at spaces into lines of at most lineWidth columns,
 // keeping s's own leading spaces, each later line indented by them and
 // indent more; a word longer than a line (a path) stays whole.
-func wrapWords(s, indent string) string {
+func wrapWords(s, indent string) string { return wrapWidth(s, lineWidth, indent) }
+
+// wrapWidth is wrapWords to width columns.
+func wrapWidth(s string, width int, indent string) string {
 	lead := s[:len(s)-len(strings.TrimLeft(s, " "))]
 	var b strings.Builder
 	line := lead
@@ -228,7 +231,7 @@ func wrapWords(s, indent string) string {
 		switch {
 		case line == lead:
 			line += word
-		case utf8.RuneCountInString(line)+1+utf8.RuneCountInString(word) <= lineWidth:
+		case utf8.RuneCountInString(line)+1+utf8.RuneCountInString(word) <= width:
 			line += " " + word
 		default:
 			b.WriteString(line + "\n")
