@@ -141,3 +141,18 @@ func fixturesDirAbs(t *testing.T) string {
 	t.Helper()
 	return fixturesAbs
 }
+
+// headLine keeps a summary on one line where it fits, else puts the
+// directory on a line of its own.
+func TestHeadLine(t *testing.T) {
+	rest := "mixtral bf16, 2 layers, 8 experts, top-2, 281 kB (dry run: nothing written)"
+	long := "/a/directory/" + strings.Repeat("x", 30)
+	for _, tc := range []struct{ head, want string }{
+		{"would write m:", "would write m: " + rest},
+		{"would write " + long + ":", "would write " + long + ":\n  " + rest},
+	} {
+		if got := headLine(tc.head, rest); got != tc.want {
+			t.Errorf("headLine(%q):\n got %q\nwant %q", tc.head, got, tc.want)
+		}
+	}
+}
