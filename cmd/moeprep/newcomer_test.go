@@ -90,8 +90,8 @@ func TestValidateEstimateLine(t *testing.T) {
 // Every line the walk from the README prints fits 100 columns (issue 46),
 // but a command to copy, whose paths make it as long as they are.
 func TestNewcomerOutputFits(t *testing.T) {
-	var err error
-	if fixturesAbs, err = filepath.Abs(fixturesDir); err != nil {
+	fixturesAbs, err := filepath.Abs(fixturesDir) // before the test changes directory
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Chdir(t.TempDir())
@@ -132,9 +132,6 @@ func isCommandLine(l string) bool {
 	}
 	return false
 }
-
-// fixturesAbs is fixturesDir made absolute before a test changes directory.
-var fixturesAbs string
 
 // headLine keeps a summary on one line where it fits, else puts the
 // directory on a line of its own.
