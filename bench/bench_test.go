@@ -397,7 +397,7 @@ func TestRunWithoutDriver(t *testing.T) {
 		t.Skip("a CUDA device is present; the bench itself runs through `moeprep bench kernels`")
 	}
 	_, err := Run(context.Background(), DefaultConfig())
-	if !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), "no CUDA driver") {
+	if !errors.Is(err, ErrNoDriver) || !strings.HasPrefix(err.Error(), "bench kernels needs a GPU: cuda: ") || strings.Contains(err.Error(), "no CUDA driver") {
 		t.Fatalf("Run without a driver: %v", err)
 	}
 	bad := DefaultConfig()

@@ -14,6 +14,15 @@ import (
 // ErrNoDriver is returned (wrapped) by Run on a machine without CUDA.
 var ErrNoDriver = errors.New("no CUDA driver")
 
+// noGPU is Run's error without a usable GPU: one cause, said once
+// ("bench kernels needs a GPU: cuda: no NVIDIA driver (libcuda.so.1 not
+// found)"), that is ErrNoDriver as well as the driver's own error.
+type noGPU struct{ err error }
+
+func (e noGPU) Error() string        { return "bench kernels needs a GPU: " + e.err.Error() }
+func (e noGPU) Unwrap() error        { return e.err }
+func (e noGPU) Is(target error) bool { return target == ErrNoDriver }
+
 // copyTestBytes is the device-to-device copy timed for the bandwidth: 2 GiB
 // each way, far past L2.
 const copyTestBytes = 2 << 30
@@ -32,7 +41,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	if err := cuda.Available(); err != nil {
 		if errors.Is(err, cuda.ErrNoDriver) || errors.Is(err, cuda.ErrNoDevice) {
-			return nil, fmt.Errorf("bench: %w (%v)", ErrNoDriver, err)
+			return nil, noGPU{err}
 		}
 		return nil, fmt.Errorf("bench: %w", err)
 	}

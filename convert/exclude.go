@@ -90,7 +90,6 @@ func weightFolderNotices(src string, copied []string, modelBytes int64) []string
 		files, weights int
 		bytes          int64
 		weightBytes    int64
-		example        string
 	}
 	folders := map[string]*folder{}
 	var order []string
@@ -117,9 +116,6 @@ func weightFolderNotices(src string, copied []string, modelBytes int64) []string
 			if strings.HasSuffix(lower, s) {
 				fd.weights++
 				fd.weightBytes += size
-				if fd.example == "" {
-					fd.example = rel
-				}
 				break
 			}
 		}
@@ -130,17 +126,12 @@ func weightFolderNotices(src string, copied []string, modelBytes int64) []string
 		if fd.weights == 0 || fd.weightBytes*4 < modelBytes {
 			continue
 		}
-		out = append(out, fmt.Sprintf("copying %s/ (%s, %s), which holds weights of its own (%s%s): another copy of the model? --exclude '%s' leaves it out",
-			top, human.Count(fd.files, "file"), human.Bytes(fd.bytes), fd.example, more(fd.weights-1), top))
+		// One line of at most 100 columns for a folder name of 20 (issue
+		// 46): the copied-files listing names the files.
+		out = append(out, fmt.Sprintf("copying %s/, %s of weights (%s); --exclude '%s' leaves it out",
+			top, human.Bytes(fd.weightBytes), human.Count(fd.files, "file"), top))
 	}
 	return out
-}
-
-func more(n int) string {
-	if n <= 0 {
-		return ""
-	}
-	return fmt.Sprintf(" and %d more", n)
 }
 
 // copiedFiles are SRC's files copied as they are, with their sizes,

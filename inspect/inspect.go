@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/moeprep/moeprep/internal/human"
 
@@ -395,11 +396,48 @@ func WriteText(w io.Writer, s *Summary) error {
 		rows = append(rows, [2]string{"next", nextStep(s)})
 	}
 	for _, r := range rows {
-		if _, err := fmt.Fprintf(w, "%-16s %s\n", r[0]+":", r[1]); err != nil {
+		if _, err := fmt.Fprintf(w, "%-16s %s\n", r[0]+":", wrapValue(r[1], r[0] == "next")); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// The text's width (issue 46): a value longer than its column wraps at
+// spaces, under the values' column.
+const (
+	lineWidth   = 100
+	valueColumn = 17
+)
+
+// wrapValue wraps a row's value to fit lineWidth; a command (command set:
+// the value's words up to its OUT) is never broken, so that it can be
+// copied, however long its path.
+func wrapValue(v string, command bool) string {
+	words := strings.Split(v, " ")
+	if command {
+		if i := slices.Index(words, "OUT"); i > 0 {
+			words = append([]string{strings.Join(words[:i+1], " ")}, words[i+1:]...)
+		}
+	}
+	indent := strings.Repeat(" ", valueColumn)
+	var b strings.Builder
+	col := valueColumn
+	for i, word := range words {
+		n := utf8.RuneCountInString(word)
+		switch {
+		case i == 0:
+		case col+1+n > lineWidth:
+			b.WriteString("\n" + indent)
+			col = valueColumn
+		default:
+			b.WriteString(" ")
+			col++
+		}
+		b.WriteString(word)
+		col += n
+	}
+	return b.String()
 }
 
 // nextStep says what to run on a source checkpoint: fuse-shared where its

@@ -45,6 +45,9 @@ const (
 // counts the SRC bytes it compares, which is every DST tensor byte.
 type meter struct {
 	rep Reporter
+	// planned, when set, hears the plan once: the layer checks' bytes
+	// and the byte proof's (the run's estimate, estimate.go).
+	planned func(layerBytes, proofBytes int64)
 
 	mu         sync.Mutex
 	layers     []meterLayer // in run order
@@ -98,6 +101,10 @@ func (m *meter) plan(layers []meterLayer, bytesTotal int64) {
 	for i, l := range layers {
 		m.pos[l.index] = i
 		total += l.planned
+	}
+	if m.planned != nil {
+		m.planned(total-bytesTotal, bytesTotal)
+		m.planned = nil
 	}
 	m.rep.Total(total)
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/exitcode"
@@ -294,24 +295,64 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if b := r.Bytes; b != nil {
 		if b.Pass {
-			dq := ""
-			if b.Dequantized > 0 {
-				dq = fmt.Sprintf(" (%d of them dequantised: every value the one rounding of SRC's exact dequantisation, bit for bit)", b.Dequantized)
-			}
-			fmt.Fprintf(w, "bytes: PASS: %s in %s (%s of DST, %s of SRC) match SRC and the contract%s; config.json is SRC's plus the contract, %s equal SRC's, DST holds nothing else; manifest hashes verified, in %s\n",
-				human.Count(b.Tensors, "tensor"), human.Count(b.Files, "file"), human.Bytes(b.DstBytes), human.Bytes(b.SrcBytes), dq,
-				human.Count(b.Copies, "copied file"), human.Duration(seconds(b.Seconds)))
+			writeWrapped(w, r.bytesLine())
 		} else {
 			fmt.Fprintf(w, "bytes: FAIL: %s\n", b.Mismatch.Error())
 		}
 	}
 	for _, n := range r.Notes {
-		if _, err := fmt.Fprintln(w, "note: "+n); err != nil {
+		if err := writeWrapped(w, "note: "+n); err != nil {
 			return err
 		}
 	}
-	_, err := fmt.Fprintln(w, r.Summary())
+	// Wrapped only where a GPU's long name makes it longer than a line.
+	return writeWrapped(w, r.Summary())
+}
+
+// lineWidth is the most columns a line of the report's text takes (issue
+// 46): a verdict fits a terminal, its detail is in the JSON report.
+const lineWidth = 100
+
+// bytesLine is the byte proof's verdict when it passed. What the proof
+// covers besides the tensors (config.json as SRC's plus the contract, the
+// manifest's hashes, nothing unlisted in DST) is what a pass always
+// means (validate/README.md); the JSON report has every figure.
+func (r *Report) bytesLine() string {
+	b := r.Bytes
+	s := fmt.Sprintf("bytes: PASS: %s in %s (%s) and %s match SRC and the contract",
+		human.Count(b.Tensors, "tensor"), human.Count(b.Files, "file"), human.Bytes(b.DstBytes), human.Count(b.Copies, "copied file"))
+	if b.Dequantized > 0 {
+		s += fmt.Sprintf("; %d dequantised, bit for bit", b.Dequantized)
+	}
+	return s
+}
+
+// writeWrapped writes s in lines of at most lineWidth columns, broken at
+// spaces, the lines after the first indented; a word longer than a line
+// (a path) stays whole.
+func writeWrapped(w io.Writer, s string) error {
+	_, err := io.WriteString(w, wrapText(s, lineWidth, "  "))
 	return err
+}
+
+func wrapText(s string, width int, indent string) string {
+	// A line's own leading spaces (an indented line) stay.
+	lead := s[:len(s)-len(strings.TrimLeft(s, " "))]
+	var b strings.Builder
+	line := lead
+	for _, word := range strings.Split(s[len(lead):], " ") {
+		switch {
+		case line == lead:
+			line += word
+		case utf8.RuneCountInString(line)+1+utf8.RuneCountInString(word) <= width:
+			line += " " + word
+		default:
+			b.WriteString(line + "\n")
+			line = lead + indent + word
+		}
+	}
+	b.WriteString(line + "\n")
+	return b.String()
 }
 
 // writeRows prints the check rows, with a row for each MoE layer not
@@ -322,7 +363,7 @@ func (r *Report) writeRows(w io.Writer) error {
 	skipped := r.LayersNotChecked
 	why := "see the notes" // every layer was selected: a golden was missing
 	if r.LayerSelection != "" && r.LayerSelection != "all" {
-		why = "left out by --layers " + r.LayerSelection
+		why = "left out" // by --layers, which the summary and JSON name
 	}
 	notChecked := func(upTo int, inclusive bool) {
 		for len(skipped) > 0 && (layerBefore(skipped[0], upTo) || inclusive) {
@@ -362,7 +403,7 @@ func (r *Report) writeExperts(w io.Writer) {
 	if c == nil {
 		return
 	}
-	fmt.Fprintln(w, r.expertsLine())
+	writeWrapped(w, r.expertsLine())
 	for _, g := range r.ExpertGaps {
 		line := fmt.Sprintf("  layer %s: %d of %d bank experts not exercised", r.layerName(g.Layer), g.Total-g.Exercised, g.Total)
 		if len(g.NotExercised) > 0 {
@@ -373,27 +414,35 @@ func (r *Report) writeExperts(w io.Writer) {
 			}
 			line += ": " + strings.ReplaceAll(intList(ids), ",", ", ") + more
 		}
-		fmt.Fprintln(w, line)
+		writeWrapped(w, line)
 	}
 }
 
 // expertsLine sums up the experts exercised over the checked layers.
 func (r *Report) expertsLine() string {
 	c := r.Coverage
-	how := "forced tokens through both paths"
+	how := "forced tokens, both paths"
 	if !c.Forced {
-		how = "routed tokens only: give SRC and DST to exercise every expert"
+		how = "routed tokens only: give SRC and DST to force every expert"
 	}
 	s := fmt.Sprintf("experts exercised: %d of %d", c.Exercised, c.Total)
 	switch {
 	case c.Sample > 0:
 		s += fmt.Sprintf(" (--sample-experts %d: a sample, not a proof of every expert; %s)", c.Sample, how)
 	case c.Complete == c.Layers:
-		s += fmt.Sprintf("; every expert in each of the %s (%s)", countLayers(c.Layers, "checked"), how)
+		s += fmt.Sprintf(", all in %s (%s)", eachLayer(c.Layers), how)
 	default:
-		s += fmt.Sprintf("; every expert in only %d of the %s (%s)", c.Complete, countLayers(c.Layers, "checked"), how)
+		s += fmt.Sprintf("; all in only %d of the %s (%s)", c.Complete, countLayers(c.Layers, "checked"), how)
 	}
 	return s
+}
+
+// eachLayer is "the 1 checked layer" or "each of the 3 checked layers".
+func eachLayer(n int) string {
+	if n == 1 {
+		return "the 1 checked layer"
+	}
+	return fmt.Sprintf("each of the %d checked layers", n)
 }
 
 func countLayers(n int, adj string) string {
@@ -404,8 +453,10 @@ func countLayers(n int, adj string) string {
 }
 
 // Summary is the report's last line: the verdict and what it covers. It
-// is the line people paste into tickets, so it names every layer and
-// expert left out and never claims more than was checked.
+// is the line people paste into tickets, so it never claims more than was
+// checked, and it fits 100 columns (issue 46): the layers not checked and
+// the experts not exercised are named in the table's rows and the JSON
+// report, the block size and device settings in the JSON report.
 func (r *Report) Summary() string {
 	pass, total := r.checkCounts()
 	head := fmt.Sprintf("%d/%d checks passed in %s", pass, total, human.Duration(seconds(r.Seconds)))
@@ -417,24 +468,27 @@ func (r *Report) Summary() string {
 	}
 	dev := string(r.Device)
 	if r.DeviceName != "" {
-		dev = fmt.Sprintf("%s: %s, %s activations", r.Device, r.DeviceName, r.GPUPrecision)
+		dev = fmt.Sprintf("%s: %s, %s", r.Device, r.DeviceName, r.GPUPrecision)
 	}
-	head += fmt.Sprintf(" (device %s, block size %d)", dev, r.BlockSize)
+	head += " (" + dev + ")"
 	var parts []string
 	parts = append(parts, r.layersPhrase())
 	if c := r.Coverage; c != nil {
 		switch {
 		case c.Sample > 0:
-			parts = append(parts, fmt.Sprintf("a sample of experts (--sample-experts %d): %d of %d not exercised", c.Sample, c.Total-c.Exercised, c.Total))
+			parts = append(parts, "sampled experts") // how many, the experts line says
 		case c.Complete == c.Layers:
-			parts = append(parts, "every expert in each checked layer")
+			parts = append(parts, "every expert")
 		default:
-			parts = append(parts, fmt.Sprintf("every expert in only %d of %s", c.Complete, countLayers(c.Layers, "checked")))
+			parts = append(parts, fmt.Sprintf("every expert in only %d of %d layers", c.Complete, c.Layers))
 		}
 	}
 	switch {
 	case r.Bytes != nil && r.Bytes.Pass:
 		parts = append(parts, "DST's bytes proven against SRC")
+		if long := head + ": " + strings.Join(parts, "; "); utf8.RuneCountInString(long) > lineWidth {
+			parts[len(parts)-1] = "bytes proven" // the bytes: line above says against what
+		}
 	case r.Bytes != nil:
 		parts = append(parts, "byte proof failed")
 	case r.Src != "" && r.Dst != "":
@@ -451,16 +505,24 @@ func (r *Report) layersPhrase() string {
 		for _, row := range r.Rows {
 			seen[row.Layer] = true
 		}
-		return countLayers(len(seen), "MoE") + " checked"
+		return countLayers(len(seen), "MoE")
 	}
 	if len(r.LayersNotChecked) == 0 {
 		if len(r.MoELayers) == 1 {
-			return "the 1 MoE layer checked"
+			return "the 1 MoE layer"
 		}
-		return fmt.Sprintf("all %d MoE layers checked", len(r.MoELayers))
+		return fmt.Sprintf("all %d MoE layers", len(r.MoELayers))
 	}
-	return fmt.Sprintf("checked %d of %d MoE layers (not checked: %s)", len(r.LayersChecked), len(r.MoELayers), r.layerLabels(r.LayersNotChecked))
+	skipped := r.layerLabels(r.LayersNotChecked)
+	if utf8.RuneCountInString(skipped) > maxSkippedLabels {
+		skipped = "see the table" // its rows name each one
+	}
+	return fmt.Sprintf("%d of %d MoE layers (not checked: %s)", len(r.LayersChecked), len(r.MoELayers), skipped)
 }
+
+// maxSkippedLabels is the longest list of layers not checked the summary
+// names; a longer one is in the table's rows and the JSON report.
+const maxSkippedLabels = 24
 
 // MarshalJSON writes the report as schema moeprep.validate/v1
 // (validate/SCHEMA.md): "schema" first, the verdict next, the layer

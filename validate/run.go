@@ -25,6 +25,13 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	s := &session{o: o, meter: newMeter(o.ByteProgress)}
+	if s.meter != nil && o.Progress != nil {
+		// Before anything is read; -q (no Progress) leaves it out, and
+		// --json's report never holds it: it is not a result.
+		s.meter.planned = func(layerBytes, proofBytes int64) {
+			s.o.progress("%s", estimate(s.o.Device, s.o.Workers, layerBytes, proofBytes, s.elemsPerByte()))
+		}
+	}
 	defer s.close()
 	if err := s.open(); err != nil {
 		return nil, err

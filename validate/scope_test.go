@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
@@ -56,18 +57,18 @@ func TestSampledRunSaysWhatItSkipped(t *testing.T) {
 		gapLayers     []int
 	}{
 		{name: "every layer, every expert", layers: "all", checked: []int{1, 2, 3},
-			summary:      []string{"7/7 checks passed", "all 3 MoE layers checked; every expert in each checked layer; DST's bytes proven against SRC"},
+			summary:      []string{"7/7 checks passed", "(cpu): all 3 MoE layers; every expert; DST's bytes proven against SRC"},
 			notInSummary: []string{"not checked", "sample"}},
 		{name: "sampled layers", layers: "sample:2", checked: []int{1, 3}, skip: []int{2},
-			summary:      []string{"5/5 checks passed", "checked 2 of 3 MoE layers (not checked: 2); every expert in each checked layer"},
+			summary:      []string{"5/5 checks passed", "2 of 3 MoE layers (not checked: 2); every expert;"},
 			notInSummary: []string{"all 3"},
-			tableRow:     "2      not checked         -        -       -          -          -           -       left out by --layers sample:2"},
+			tableRow:     "2      not checked         -        -       -          -          -           -       left out"},
 		{name: "a list of layers", layers: "2", checked: []int{2}, skip: []int{1, 3},
-			summary:  []string{"checked 1 of 3 MoE layers (not checked: 1, 3)"},
-			tableRow: "3      not checked         -        -       -          -          -           -       left out by --layers 2"},
+			summary:  []string{"1 of 3 MoE layers (not checked: 1, 3)"},
+			tableRow: "3      not checked         -        -       -          -          -           -       left out"},
 		{name: "sampled experts", layers: "all", sample: 4, checked: []int{1, 2, 3}, gapLayers: []int{1, 2, 3},
-			summary:      []string{"all 3 MoE layers checked; a sample of experts (--sample-experts 4): "},
-			notInSummary: []string{"every expert in each"}},
+			summary:      []string{"all 3 MoE layers; sampled experts; "},
+			notInSummary: []string{"every expert"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -99,6 +100,11 @@ func TestSampledRunSaysWhatItSkipped(t *testing.T) {
 				t.Fatal(err)
 			}
 			lines := strings.Split(strings.TrimSpace(tb.String()), "\n")
+			for _, l := range lines {
+				if n := utf8.RuneCountInString(l); n > lineWidth {
+					t.Errorf("a table line of %d columns: %s", n, l)
+				}
+			}
 			if lines[len(lines)-1] != sum {
 				t.Errorf("the table does not end in the summary:\n%s", tb)
 			}

@@ -96,7 +96,7 @@ GEMM to finalize, on a stream and replayed as one CUDA graph) at DeepSeek-V3
 shapes: H 7168, I 2048, 256 routed + 8 fused shared experts, top-8 plus the
 shared slot, 8 groups keep 4, sigmoid + correction bias.
 
-` + bench.Method + `
+` + wrapWidth(bench.Method, 80, "") + `
 
 Needs an NVIDIA GPU with enough memory for the expert bank (23 GB bf16,
 11.6 GB fp8); exits 2 without a CUDA driver.`,

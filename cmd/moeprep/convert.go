@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -90,6 +91,9 @@ func fixedCompletion[T ~string](values ...T) func(*cobra.Command, []string, stri
 func (f *convertFlags) argsOptions(cmd *cobra.Command, args []string) (convert.Options, error) {
 	src, err := sourceDir(cmd, cmd.Name(), args[0], f.revision)
 	if err != nil {
+		return convert.Options{}, err
+	}
+	if err := swappedArgs(cmd, src, args[1]); err != nil {
 		return convert.Options{}, err
 	}
 	return f.options(src, args[1])
@@ -189,7 +193,7 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 			_, err := fmt.Fprintf(w, "%s is already complete: %s and %s, %s, every one matching its manifest and this run's plan; nothing to do\n",
 				s.Dst, human.Count(s.Shards, "shard"), human.Count(s.Files-s.Shards, "other file"), human.Bytes(s.Bytes))
 			if err == nil {
-				_, err = fmt.Fprintf(w, "next: moeprep validate %s %s   # prove it against the source\n", shellQuote(o.Src), shellQuote(o.Dst))
+				_, err = fmt.Fprintln(w, withComment(fmt.Sprintf("next: moeprep validate %s %s", shellQuote(o.Src), shellQuote(o.Dst)), "prove it against the source"))
 			}
 			return err
 		}
@@ -201,32 +205,45 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 			s.Dst, s.Layout, orientationNote(s.Orientation), shards, human.Count(s.Files, "file"),
 			human.Bytes(s.Bytes), human.Duration(time.Duration(s.Seconds*float64(time.Second))),
 			human.Rate(s.Bytes, time.Duration(s.Seconds*float64(time.Second))))
+		// What the run changed besides stacking, on a line of its own, so
+		// that each fits a terminal (issue 46); --json has every figure.
+		var detail []string
 		if s.DType != "" {
-			msg += fmt.Sprintf("; %s dequantised to %s", human.Count(s.DequantizedTensors, "quantised weight"), s.DType)
+			detail = append(detail, fmt.Sprintf("%s dequantised to %s", human.Count(s.DequantizedTensors, "quantised weight"), s.DType))
 		}
 		if s.Ranks > 0 {
 			msg += fmt.Sprintf("; experts per rank for %s (rank-*/)", human.Count(s.Ranks, "rank"))
 		}
 		if o.FuseShared {
-			msg += fmt.Sprintf("; %s", human.Count(s.FusedShared, "fused shared expert"))
+			fused := human.Count(s.FusedShared, "fused shared expert")
 			if s.SharedRequantized != "" {
-				msg += fmt.Sprintf(" (requantised to %s: validate reports the error it adds)", s.SharedRequantized)
+				fused += fmt.Sprintf(" (requantised to %s: validate reports the error it adds)", s.SharedRequantized)
 			}
+			detail = append(detail, fused)
 			if s.Folded {
-				msg += fmt.Sprintf(", routed_scaling_factor folded (max relative change %.3g)", s.FoldMaxRelChange)
+				detail = append(detail, fmt.Sprintf("routed_scaling_factor folded (max relative change %.3g)", s.FoldMaxRelChange))
 			} else {
-				msg += ", routed_scaling_factor not folded (slot weight 1/rsf, runtime multiply)"
+				detail = append(detail, "routed_scaling_factor not folded (slot weight 1/rsf, runtime multiply)")
 			}
+		}
+		if utf8.RuneCountInString(msg) > lineWidth {
+			// A long DST path: it stands on a line of its own.
+			if head, rest, ok := strings.Cut(msg, ": layout "); ok {
+				msg = head + ":\n  layout " + rest
+			}
+		}
+		if len(detail) > 0 {
+			msg += "\n" + wrapAt("  "+strings.Join(detail, "; "), "; ", lineWidth, "  ")
 		}
 		if _, err := fmt.Fprintln(w, msg); err != nil {
 			return err
 		}
-		if l := copiedLine(s.Copied, s.Excluded); l != "" {
+		if l := copiedLine(s.Copied, s.Excluded, ""); l != "" {
 			if _, err := fmt.Fprintln(w, l); err != nil {
 				return err
 			}
 		}
-		_, err := fmt.Fprintf(w, "next: moeprep validate %s %s   # prove it computes what the source does\n", shellQuote(o.Src), shellQuote(o.Dst))
+		_, err := fmt.Fprintln(w, withComment(fmt.Sprintf("next: moeprep validate %s %s", shellQuote(o.Src), shellQuote(o.Dst)), "prove it computes what the source does"))
 		if err == nil {
 			_, err = fmt.Fprintln(w, loadStep(s, o))
 		}
@@ -241,7 +258,7 @@ func loadStep(s *convert.Summary, o convert.Options) string {
 		layout.LoadsInTransformers(sourceModelType(o.Src)) {
 		// transformers 5's MoE modules hold gate_up_proj/down_proj for these
 		// families: checked with identical logits by scripts/gpu-interop.sh.
-		return fmt.Sprintf("then: python3 -c \"import transformers as t; t.AutoModelForCausalLM.from_pretrained(%s)\"   # transformers 5 loads it as it is", pyQuote(o.Dst))
+		return withComment(fmt.Sprintf("then: python3 -c \"import transformers as t; t.AutoModelForCausalLM.from_pretrained(%s)\"", pyQuote(o.Dst)), "transformers 5 loads it as it is")
 	}
 	return fmt.Sprintf("then: README \"Using the output\": who loads layout %s, and what a loader must do", s.Layout)
 }
@@ -254,7 +271,7 @@ func pyQuote(s string) string {
 // printPlan prints a --dry-run plan for people.
 func printPlan(w io.Writer, label string, p *convert.Plan) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "plan: %s %s -> %s (layout %s%s)\n", label, p.Src, p.Dst, p.Layout, orientationNote(p.Orientation))
+	b.WriteString(wrapWords(fmt.Sprintf("plan: %s %s -> %s (layout %s%s)", label, p.Src, p.Dst, p.Layout, orientationNote(p.Orientation)), "  ") + "\n")
 	what := fmt.Sprintf("%s stacked", human.Count(p.MoELayers, "MoE layer"))
 	if p.FusedShared > 0 {
 		what += fmt.Sprintf(", %s fused per layer", human.Count(p.FusedShared, "shared expert slot"))
@@ -268,7 +285,7 @@ func printPlan(w io.Writer, label string, p *convert.Plan) error {
 	if p.DType != "" {
 		what += fmt.Sprintf(", %s dequantised to %s", human.Count(p.DequantizedTensors, "quantised weight"), p.DType)
 	}
-	fmt.Fprintf(&b, "  %s, %s (%s)\n", human.Count(len(p.Shards), "shard"), human.Count(p.Tensors, "tensor"), what)
+	b.WriteString(wrapWords(fmt.Sprintf("  %s, %s (%s)", human.Count(len(p.Shards), "shard"), human.Count(p.Tensors, "tensor"), what), "  ") + "\n")
 	const listed = 12
 	for i, s := range p.Shards {
 		if i == listed {
@@ -285,8 +302,8 @@ func printPlan(w io.Writer, label string, p *convert.Plan) error {
 		fmt.Fprintf(&b, "    rank %-31d %10s  its experts, beside the shared files\n", r, human.Bytes(n))
 	}
 	fmt.Fprintf(&b, "  read %s from SRC, write %s to DST (%s copied as they are)\n", human.Bytes(p.ReadBytes), human.Bytes(p.WriteBytes), human.Count(p.CopiedFiles, "other file"))
-	if l := copiedLine(p.Copied, p.Excluded); l != "" {
-		b.WriteString("  " + l + "\n")
+	if l := copiedLine(p.Copied, p.Excluded, "  "); l != "" {
+		b.WriteString(l + "\n")
 	}
 	switch {
 	case p.FreeBytes < 0:
@@ -350,11 +367,11 @@ only when complete; --resume continues an interrupted run.`,
 		Example: `  moeprep convert ./DeepSeek-V3 ./DeepSeek-V3-stacked
   moeprep convert --layout gate-up --max-shard-size 10GB ./Qwen3-30B-A3B ./qwen3-gate-up
   moeprep convert --resume ./DeepSeek-V3 ./DeepSeek-V3-stacked   # after an interruption
-  moeprep convert --dtype bf16 ./DeepSeek-V3 ./DeepSeek-V3-bf16   # FP8 dequantised, for GPUs without FP8
+  moeprep convert --dtype bf16 ./DeepSeek-V3 ./DeepSeek-V3-bf16   # for GPUs without FP8
   moeprep convert --ep 8 ./DeepSeek-V3 ./ds3-ep8   # experts per rank: rank-0000r-of-00008/
-  moeprep convert --ep 32 --placement-map placement.json ./DeepSeek-V3 ./ds3-ep32   # moeprep placement's slots
+  moeprep convert --ep 32 --placement-map p.json ./DeepSeek-V3 ./ds3-ep32   # from moeprep placement
 
-  moeprep convert --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-kmajor   # all_gate [E,H,I], all_down [E,I,H]`,
+  moeprep convert --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-kmajor   # all_gate [E,H,I]`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := f.argsOptions(cmd, args)
@@ -377,7 +394,7 @@ func newFuseSharedCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "fuse-shared SRC DST",
-		Short: "Convert, appending the shared expert as extra experts and folding routed_scaling_factor",
+		Short: "Convert, appending the shared expert as extra experts, routed_scaling_factor folded",
 		Long: `fuse-shared does what convert does and also appends the shared expert to each
 MoE layer's expert bank as R replicas (default R = --tp; with --ep N, R = N and
 each rank holds its own replica and no other) at ids E..E+R*S-1
@@ -445,8 +462,9 @@ blocks, or is stored unlike the routed experts without --requantize-shared.`,
 
 // copiedLine names the files copied as they are, largest first (the first
 // few; --json lists all), and what --exclude left out: so nothing large
-// rides along unnoticed.
-func copiedLine(copied []convert.CopiedFile, excluded []string) string {
+// rides along unnoticed. The line starts with indent, and wraps to fit a
+// terminal.
+func copiedLine(copied []convert.CopiedFile, excluded []string, indent string) string {
 	const shown = 4
 	var parts []string
 	var total int64
@@ -476,7 +494,10 @@ func copiedLine(copied []convert.CopiedFile, excluded []string) string {
 		}
 		parts = append(parts, fmt.Sprintf("excluded %s: %s%s", human.Count(len(excluded), "file"), strings.Join(esc, ", "), more))
 	}
-	return strings.Join(parts, "; ")
+	for i, p := range parts {
+		parts[i] = wrapAt(indent+p, ", ", lineWidth, indent+"  ")
+	}
+	return strings.Join(parts, "\n")
 }
 
 // sourceModelType is SRC's config.json model_type, "" when it cannot be

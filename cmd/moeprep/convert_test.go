@@ -35,8 +35,8 @@ func TestConvertExclude(t *testing.T) {
 
 	all := filepath.Join(t.TempDir(), "all")
 	code, out, errOut := runCLI(t, "convert", "-q", src, all)
-	if code != 0 || !strings.Contains(errOut, "convert: copying original/ (2 files, ") || !strings.Contains(errOut, "--exclude 'original' leaves it out") ||
-		!strings.Contains(errOut, "convert: copying metal/ (1 file, ") || !strings.Contains(out, "copied 6 files, ") {
+	if code != 0 || !strings.Contains(errOut, "convert: copying original/, 274 kB of weights (2 files); ") || !strings.Contains(errOut, "--exclude 'original' leaves it out") ||
+		!strings.Contains(errOut, "convert: copying metal/, 274 kB of weights (1 file); --exclude 'metal' leaves it out\n") || !strings.Contains(out, "copied 6 files, ") {
 		t.Fatalf("default: exit %d\n%s\n%s", code, out, errOut)
 	}
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/layout"
 )
 
@@ -38,6 +39,9 @@ against the golden MoE-layer outputs HF exported. Needs nothing but moeprep.`,
 				defer os.RemoveAll(work)
 			}
 			out := cmd.OutOrStdout()
+			// The commands name the checkpoints relative to the work
+			// directory, so that each fits a line (issue 46).
+			fmt.Fprintf(out, "demo: working in %s\n\n", work)
 			var failed error
 			for _, name := range models {
 				src := filepath.Join(work, name)
@@ -45,18 +49,18 @@ against the golden MoE-layer outputs HF exported. Needs nothing but moeprep.`,
 				if err := fixtures.ExtractBundled(name, src); err != nil {
 					return err
 				}
-				fmt.Fprintf(out, "== %s: moeprep fuse-shared --tp %d %s %s\n", name, tp, src, dst)
+				fmt.Fprintf(out, "== moeprep fuse-shared --tp %d %s %s-fused\n", tp, name, name)
 				s, err := convert.Convert(cmd.Context(), convert.Options{Src: src, Dst: dst, Layout: layout.Stacked,
 					FuseShared: true, TP: tp, FoldScaling: layout.FoldAuto, Tool: "moeprep " + versionString()})
 				if err != nil {
 					return err
 				}
-				fold := "rsf kept as a runtime multiply (bf16 cannot absorb it exactly)"
+				fold := "rsf kept as a runtime multiply (bf16 cannot hold it exactly)"
 				if s.Folded {
-					fold = fmt.Sprintf("rsf folded into FP8 down scales (max relative change %.2g)", s.FoldMaxRelChange)
+					fold = fmt.Sprintf("rsf folded into FP8 down scales (max change %.2g)", s.FoldMaxRelChange)
 				}
-				fmt.Fprintf(out, "   %d shards, %d fused shared experts per layer, %s\n", s.Shards, s.FusedShared, fold)
-				fmt.Fprintf(out, "== %s: moeprep validate %s %s --golden %s\n", name, src, dst, filepath.Join(src, "reference"))
+				fmt.Fprintf(out, "   %s; %d shared replicas a layer; %s\n", human.Count(s.Shards, "shard"), s.FusedShared, fold)
+				fmt.Fprintf(out, "== moeprep validate %s %s-fused --golden %s\n", name, name, filepath.Join(name, "reference"))
 				f := validateFlags{layers: "all", golden: filepath.Join(src, "reference"), device: "cpu", quiet: true}
 				if err := runValidate(cmd, &f, src, dst, io.Discard); err != nil {
 					failed = err

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -255,7 +256,7 @@ holding anything else is refused and never deleted.`,
 				return err
 			}
 			if f.dryRun {
-				_, err := fmt.Fprintf(cmd.OutOrStdout(), "would write %s: %s (dry run: nothing written)\n", args[0], synthSpecLine(spec, total))
+				_, err := fmt.Fprintln(cmd.OutOrStdout(), headLine("would write "+args[0]+":", synthSpecLine(spec, total)+" (dry run: nothing written)"))
 				return err
 			}
 			if !f.quiet {
@@ -354,8 +355,18 @@ func synthLine(s *fixtures.Summary) string {
 	if s.SharedExperts > 0 {
 		experts += fmt.Sprintf(" + %d shared", s.SharedExperts)
 	}
-	return fmt.Sprintf("wrote %s: %s %s, %s, %s, top-%d, %s in %s", s.Dir, s.ModelType, s.DType,
-		layers, experts, s.TopK, human.Bytes(s.Bytes), human.Count(len(s.Files)+1, "file"))
+	return headLine("wrote "+s.Dir+":", fmt.Sprintf("%s %s, %s, %s, top-%d, %s in %s", s.ModelType, s.DType,
+		layers, experts, s.TopK, human.Bytes(s.Bytes), human.Count(len(s.Files)+1, "file")))
+}
+
+// headLine is "head rest" on one line where it fits lineWidth, else head
+// (which names a directory, as long as its path) on a line of its own
+// and rest indented below it.
+func headLine(head, rest string) string {
+	if utf8.RuneCountInString(head)+1+utf8.RuneCountInString(rest) <= lineWidth {
+		return head + " " + rest
+	}
+	return head + "\n  " + rest
 }
 
 // writerFunc is an io.Writer resolved at each write: the command's stderr

@@ -34,7 +34,7 @@ func TestFixtureSynthEveryFamily(t *testing.T) {
 			t.Errorf("%s: exit %d: %s", mt, code, stderr)
 			continue
 		}
-		if !strings.HasPrefix(stdout, "wrote "+dir+": "+mt+" bf16, 2 layers (") || stderr != "" {
+		if !strings.HasPrefix(strings.Replace(stdout, ":\n  ", ": ", 1), "wrote "+dir+": "+mt+" bf16, 2 layers (") || stderr != "" {
 			t.Errorf("%s: stdout %q, stderr %q", mt, stdout, stderr)
 		}
 		code, stdout, stderr = runCLI(t, "inspect", "--json", dir)
@@ -70,7 +70,7 @@ func TestFixtureSynthSummaryLine(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("%v: exit %d: %s", c.args, code, stderr)
 		}
-		if !regexp.MustCompile("^wrote " + regexp.QuoteMeta(dir) + ": " + c.want).MatchString(strings.TrimSuffix(stdout, "\n")) {
+		if !regexp.MustCompile("^wrote " + regexp.QuoteMeta(dir) + ":( |\n  )" + c.want).MatchString(strings.TrimSuffix(stdout, "\n")) {
 			t.Errorf("%v: %q, want %s", c.args, stdout, c.want)
 		}
 	}
@@ -296,7 +296,7 @@ func TestFixtureSynthSizes(t *testing.T) {
 	}
 	dir := filepath.Join(t.TempDir(), "big")
 	code, out, errOut := runCLI(t, "fixture", "synth", "--preset", "deepseek-v3-shaped", "--num-layers", "4", "--dry-run", dir)
-	if code != 0 || out != "would write "+dir+": deepseek_v3 fp8, 4 layers, 256 experts + 1 shared, top-8, 34.4 GB (dry run: nothing written)\n" {
+	if code != 0 || out != "would write "+dir+":\n  deepseek_v3 fp8, 4 layers, 256 experts + 1 shared, top-8, 34.4 GB (dry run: nothing written)\n" {
 		t.Fatalf("--dry-run: exit %d\n%q\n%s", code, out, errOut)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {

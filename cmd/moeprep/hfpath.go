@@ -1,7 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 
@@ -29,4 +33,18 @@ func sourceDir(cmd *cobra.Command, label, arg, rev string) (string, error) {
 		noticer(cmd, label)("reading " + n)
 	}
 	return r.Dir, nil
+}
+
+// swappedArgs refuses a SRC that does not exist beside a DST that holds
+// a checkpoint, naming the likely cause: the arguments the other way round
+// (DST is the one expected not to exist yet).
+func swappedArgs(cmd *cobra.Command, src, dst string) error {
+	_, err := os.Stat(src)
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil // the run reports anything else
+	}
+	if _, e := os.Stat(filepath.Join(dst, "config.json")); e != nil {
+		return nil
+	}
+	return fmt.Errorf("%s: no such file or directory, and %s holds a checkpoint: the source comes first (%s SRC DST)", src, dst, cmd.CommandPath())
 }

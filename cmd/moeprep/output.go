@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -181,4 +182,62 @@ func checkJUnitPath(path string, dirs ...string) error {
 		return fmt.Errorf("--junit %s: exists and is not a JUnit report moeprep wrote; moeprep does not overwrite it", path)
 	}
 	return nil
+}
+
+// lineWidth is the most columns a line of a command's text output takes
+// (issue 46); a command line to copy, whose paths make it longer, is the
+// one exception: it is never broken.
+const lineWidth = 100
+
+// withComment is a command line to copy with its "# why" after it, the
+// comment left out where the line would not fit lineWidth.
+func withComment(line, comment string) string {
+	full := line + "   # " + comment
+	if utf8.RuneCountInString(full) > lineWidth {
+		return line
+	}
+	return full
+}
+
+// wrapAt breaks s into lines of at most width columns after a sep (kept
+// at the end of the line, its trailing space dropped), each line after the
+// first starting with indent; a piece longer than a line stays whole.
+func wrapAt(s, sep string, width int, indent string) string {
+	pieces := strings.SplitAfter(s, sep)
+	var b strings.Builder
+	line := ""
+	for _, p := range pieces {
+		if line != "" && utf8.RuneCountInString(line+strings.TrimRight(p, " ")) > width {
+			b.WriteString(strings.TrimRight(line, " ") + "\n")
+			line = indent
+		}
+		line += p
+	}
+	b.WriteString(line)
+	return b.String()
+}
+
+// wrapWords breaks s at spaces into lines of at most lineWidth columns,
+// keeping s's own leading spaces, each later line indented by them and
+// indent more; a word longer than a line (a path) stays whole.
+func wrapWords(s, indent string) string { return wrapWidth(s, lineWidth, indent) }
+
+// wrapWidth is wrapWords to width columns.
+func wrapWidth(s string, width int, indent string) string {
+	lead := s[:len(s)-len(strings.TrimLeft(s, " "))]
+	var b strings.Builder
+	line := lead
+	for _, word := range strings.Split(s[len(lead):], " ") {
+		switch {
+		case line == lead:
+			line += word
+		case utf8.RuneCountInString(line)+1+utf8.RuneCountInString(word) <= width:
+			line += " " + word
+		default:
+			b.WriteString(line + "\n")
+			line = lead + indent + word
+		}
+	}
+	b.WriteString(line)
+	return b.String()
 }

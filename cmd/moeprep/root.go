@@ -89,7 +89,11 @@ malformed input, 130 interrupted (SIGINT), 143 terminated (SIGTERM).`,
 		if s := flagSuggestion(c, err); s != "" {
 			msg += "; did you mean " + s + "?"
 		}
-		return fmt.Errorf("%s: %s (see '%s --help')", strings.TrimPrefix(c.CommandPath(), "moeprep "), msg, c.CommandPath())
+		if !c.HasParent() {
+			// The root: the line already starts "moeprep: ".
+			return fmt.Errorf("%s (see '%s --help')", msg, c.CommandPath())
+		}
+		return fmt.Errorf("%s: %s (see '%s --help')", commandName(c), msg, c.CommandPath())
 	})
 	root.AddCommand(commands()...)
 	return root

@@ -2,10 +2,10 @@ package progress
 
 import (
 	"bytes"
-	"strings"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
-	"time"
 )
 
 type syncBuf struct {
@@ -16,25 +16,29 @@ type syncBuf struct {
 func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
 func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
-func TestLinesPrintsFraction(t *testing.T) {
-	var buf syncBuf
-	l := NewLines(&buf, "convert", 10*time.Millisecond)
-	l.Total(4 << 20)
-	var wg sync.WaitGroup
-	for i := 0; i < 4; i++ {
-		wg.Add(1)
-		go func() { defer wg.Done(); l.Add(1 << 20) }()
+// Every command reports in one style: New is a Status (validate's), or
+// nothing at all when disabled.
+func TestNewIsStatus(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	wg.Wait()
-	deadline := time.Now().Add(2 * time.Second)
-	for !strings.Contains(buf.String(), "4.19 MB of 4.19 MB (100%)") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no complete progress line, got %q", buf.String())
+	defer f.Close()
+	for _, tt := range []struct {
+		disabled bool
+		want     string
+	}{{false, "*progress.Status"}, {true, "progress.Discard"}} {
+		r := New(f, "convert", tt.disabled)
+		got := "other"
+		switch r.(type) {
+		case *Status:
+			got = "*progress.Status"
+		case Discard:
+			got = "progress.Discard"
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	l.Done()
-	if !strings.HasPrefix(buf.String(), "convert: ") {
-		t.Fatalf("line should start with the label: %q", buf.String())
+		r.Done()
+		if got != tt.want {
+			t.Errorf("New(disabled=%v) = %s, want %s", tt.disabled, got, tt.want)
+		}
 	}
 }

@@ -137,21 +137,27 @@ func (s *Status) tick() {
 	io.WriteString(s.w, s.line(now, false)+"\n")
 }
 
-// draw redraws the bar line; s.mu is held.
+// draw redraws the bar line, fitted to the terminal's width (one column
+// spare, so that the cursor never wraps); s.mu is held.
 func (s *Status) draw(now time.Time) {
-	line := s.line(now, true)
-	if w := s.width(); w > 1 && utf8.RuneCountInString(line) > w-1 {
-		r := []rune(line)
-		line = string(r[:w-1])
-	}
+	done, total, rate := s.measure(now)
+	line := FitLine(s.label, s.stage, done, total, rate, s.width()-1)
 	io.WriteString(s.w, "\r"+line+"\x1b[K")
 	s.drawn = true
 }
 
-// line is the status now; s.mu is held.
+// line is the status now, for a log; s.mu is held.
 func (s *Status) line(now time.Time, bar bool) string {
-	done, total := s.done.Load(), s.total.Load()
-	rate := -1.0
+	done, total, rate := s.measure(now)
+	return FormatLine(s.label, s.stage, done, total, rate, bar)
+}
+
+// measure is the count, the total and the rate now (bytes a second over
+// the last rateWindow, else since the start; negative while not known);
+// s.mu is held.
+func (s *Status) measure(now time.Time) (done, total int64, rate float64) {
+	done, total = s.done.Load(), s.total.Load()
+	rate = -1.0
 	if len(s.samples) > 0 {
 		if old := s.samples[0]; now.Sub(old.at) >= time.Second && done >= old.done {
 			rate = float64(done-old.done) / now.Sub(old.at).Seconds()
@@ -160,8 +166,42 @@ func (s *Status) line(now time.Time, bar bool) string {
 	if rate < 0 && now.Sub(s.start) >= time.Second {
 		rate = float64(done) / now.Sub(s.start).Seconds()
 	}
-	return FormatLine(s.label, s.stage, done, total, rate, bar)
+	return done, total, rate
 }
+
+// FitLine is FormatLine with a bar, made to fit width columns (0 or less:
+// any width). What a narrow terminal loses first is what says least about
+// how far the job is: the bar, then the label (the command the user typed),
+// then the end of the stage, then the stage; the counts, the rate and the
+// ETA go last, cut at the end only when nothing else is left to drop.
+func FitLine(label, stage string, done, total int64, rate float64, width int) string {
+	full := FormatLine(label, stage, done, total, rate, true)
+	if width <= 0 || runes(full) <= width {
+		return full
+	}
+	if l := FormatLine(label, stage, done, total, rate, false); runes(l) <= width {
+		return l
+	}
+	figures := FormatLine("", "", done, total, rate, false) // ": 1.00 MB of ..."
+	figures = strings.TrimPrefix(figures, ": ")
+	if stage != "" {
+		stage = termsafe.Escape(stage)
+		if l := stage + " — " + figures; runes(l) <= width {
+			return l
+		}
+		// The stage's start says where the job is ("layer 12 (5 of 58)").
+		const minStage = 8
+		if room := width - runes(figures) - runes(" — ") - 1; room >= minStage {
+			return string([]rune(stage)[:room]) + "…" + " — " + figures
+		}
+	}
+	if runes(figures) <= width {
+		return figures
+	}
+	return strings.TrimRight(string([]rune(figures)[:max(width, 1)]), " ,")
+}
+
+func runes(s string) int { return utf8.RuneCountInString(s) }
 
 // FormatLine is one status line, "label: stage — done of total (pct),
 // rate, ETA", in decimal units. rate is bytes a second, negative while not

@@ -108,3 +108,68 @@ func TestStatusQuietUntilPlanned(t *testing.T) {
 	waitFor(t, &buf, "validate: 0 B of 10 B (0%)")
 	s.Done()
 }
+
+// A narrow terminal loses the bar, then the label, then the stage's end,
+// and keeps the counts, the rate and the ETA (issue 46).
+func TestFitLine(t *testing.T) {
+	const (
+		stage = "layer 12 (5 of 58) reading SRC experts"
+		done  = 41_200_000_000
+		total = 120_000_000_000
+		rate  = 1.3e9
+	)
+	tests := []struct {
+		name         string
+		label, stage string
+		width        int
+		want         string
+	}{
+		{"wide: everything", "validate", stage, 140,
+			"validate: layer 12 (5 of 58) reading SRC experts [######--------------] — 41.2 GB of 120 GB (34%), 1.30 GB/s, ETA 1m00s"},
+		{"100 columns: no bar", "validate", stage, 99,
+			"validate: layer 12 (5 of 58) reading SRC experts — 41.2 GB of 120 GB (34%), 1.30 GB/s, ETA 1m00s"},
+		{"90 columns: no label", "validate", stage, 89,
+			"layer 12 (5 of 58) reading SRC experts — 41.2 GB of 120 GB (34%), 1.30 GB/s, ETA 1m00s"},
+		{"60 columns: the stage's start", "validate", stage, 59,
+			"layer 12 (… — 41.2 GB of 120 GB (34%), 1.30 GB/s, ETA 1m00s"},
+		{"50 columns: the figures alone", "validate", stage, 49,
+			"41.2 GB of 120 GB (34%), 1.30 GB/s, ETA 1m00s"},
+		{"60 columns without a stage", "convert", "", 59,
+			"convert: 41.2 GB of 120 GB (34%), 1.30 GB/s, ETA 1m00s"},
+		{"40 columns: cut at the end", "convert", "", 30,
+			"41.2 GB of 120 GB (34%), 1.30"},
+		{"unknown width", "convert", "", 0,
+			"convert [######--------------] 41.2 GB of 120 GB (34%), 1.30 GB/s, ETA 1m00s"},
+	}
+	for _, tt := range tests {
+		got := FitLine(tt.label, tt.stage, done, total, rate, tt.width)
+		if got != tt.want {
+			t.Errorf("%s:\n got %q\nwant %q", tt.name, got, tt.want)
+		}
+		if tt.width > 0 && len([]rune(got)) > tt.width {
+			t.Errorf("%s: %d columns, more than %d", tt.name, len([]rune(got)), tt.width)
+		}
+	}
+}
+
+// Drawn on a terminal of 60 columns, every line fits in 59 and keeps the
+// counts; the label goes before the stage's start.
+func TestStatusTerminalNarrow(t *testing.T) {
+	var buf syncBuf
+	s := NewStatus(&buf, "validate", true, 5*time.Millisecond)
+	s.width = func() int { return 60 }
+	s.Total(100)
+	s.Add(50)
+	s.Stage("layer 12 (5 of 58) reading SRC experts")
+	waitFor(t, &buf, "50 B of 100 B (50%)")
+	s.Done()
+	for _, l := range strings.Split(buf.String(), "\r") {
+		l = strings.TrimSuffix(l, "\x1b[K")
+		if l == "" {
+			continue
+		}
+		if n := len([]rune(l)); n > 59 || !strings.HasPrefix(l, "layer 12 (5") || !strings.Contains(l, "50 B of 100 B (50%)") {
+			t.Fatalf("line of %d columns on a 60-column terminal: %q", n, l)
+		}
+	}
+}
