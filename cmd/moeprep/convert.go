@@ -435,7 +435,7 @@ blocks, or is stored unlike the routed experts without --requantize-shared.`,
   moeprep fuse-shared --tp 4 --layout gate-up --json ./DeepSeek-R1 ./r1-fused
   moeprep fuse-shared --tp 8 --requantize-shared ./Kimi-K2-Thinking ./kimi-thinking-fused
   moeprep fuse-shared --tp 8 --orientation in-out ./DeepSeek-V3 ./DeepSeek-V3-fused-kmajor
-  moeprep fuse-shared --tp 8 --ep 8 ./DeepSeek-V3 ./ds3-ep8   # rank r holds its own shared replica (R = 8)`,
+  moeprep fuse-shared --tp 8 --ep 8 ./DeepSeek-V3 ./ds3-ep8   # a shared replica per rank`,
 		Args: exactArgs(2, "SRC and DST directories"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := f.argsOptions(cmd, args)

@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/moeprep/moeprep/fixtures"
 )
 
 // Issue 46's smaller frictions, each as the user meets it: the error line
@@ -31,8 +34,8 @@ func TestNewcomerErrors(t *testing.T) {
 			"moeprep: " + missing + ": no such file or directory, and " + fixture + " holds a checkpoint: the source comes first (moeprep fuse-shared SRC DST)"},
 		{"one argument, not 1 argument(s)", []string{"validate", fixture},
 			"moeprep: validate takes SRC DST, or DST with --golden DIR; got 1 argument (see 'moeprep validate --help')"},
-		{"an unknown preset: a suggestion and a count, not 66 names", []string{"fixture", "synth", "--preset", "tiny-llama4", synthDir},
-			"moeprep: --preset: unknown preset \"tiny-llama4\"; did you mean tiny-llama4-text? (`moeprep fixture synth --help` lists all 66)"},
+		{"an unknown preset: a suggestion and a count, not every name", []string{"fixture", "synth", "--preset", "tiny-llama4", synthDir},
+			"moeprep: --preset: unknown preset \"tiny-llama4\"; did you mean tiny-llama4-text? (`moeprep fixture synth --help` lists all " + strconv.Itoa(len(fixtures.PresetNames())) + ")"},
 		{"a wrapper family: the fixture transformers wrote", []string{"fixture", "synth", "--family", "qwen3_vl_moe", synthDir},
 			"moeprep: family \"qwen3_vl_moe\" is a multimodal wrapper, which synth does not write; use the one transformers wrote: fixtures/hf/qwen3-vl-moe (in moeprep's repository)"},
 	}
