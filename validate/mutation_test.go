@@ -130,6 +130,7 @@ func conversionCases() []conv {
 	cases = append(cases, conv{"gpt-oss", convert.Options{}}, conv{"gpt-oss", convert.Options{Layout: layout.UpGate}})
 	// DeepSeek-V4: sqrtsoftplus routing, a hash-routed layer, the clamped
 	// SwiGLU on experts and shared MLP; rsf 1.5 folded or not.
+	cases = append(cases, conv{"deepseek-v4-fp8", convert.Options{Layout: layout.UpGate, FuseShared: true, TP: 2}})
 	cases = append(cases, conv{"deepseek-v4", convert.Options{Layout: layout.GateUp}},
 		conv{"deepseek-v4", convert.Options{FuseShared: true, TP: 4}},
 		conv{"deepseek-v4", convert.Options{Layout: layout.UpGate, FuseShared: true, TP: 1, FoldScaling: "down"}})
@@ -185,6 +186,24 @@ func conversionCases() []conv {
 	}
 	cases = append(cases, conv{"ernie4-5-vl-moe", convert.Options{Orientation: layout.InOut}})
 	return cases
+}
+
+// TestConversionCasesCoverTheIndex: the suite converts every checkpoint of
+// the fixtures index and names none outside it, so a new fixture (one row
+// of fixtures/hf/index.go) fails here until its conversions are chosen.
+func TestConversionCasesCoverTheIndex(t *testing.T) {
+	in := map[string]bool{}
+	for _, c := range conversionCases() {
+		if _, ok := hf.Lookup(c.fixture); !ok {
+			t.Errorf("conversionCases names %s, which the fixtures index does not list", c.fixture)
+		}
+		in[c.fixture] = true
+	}
+	for _, f := range hf.All() {
+		if !in[f.Dir] {
+			t.Errorf("fixture %s (%s) is in the index but no conversion case converts it", f.Dir, f.ModelType)
+		}
+	}
 }
 
 type jsonBuf []byte
