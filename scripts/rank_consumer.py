@@ -215,6 +215,16 @@ def load_weight(rd, wmap, name, m):
     return w
 
 
+def load_shared(rd, wmap, name, m):
+    """A shared-file [out, in] weight as float32, dequantised where an FP8 block grid is beside it."""
+    w = rd.tensor(wmap[name], name)
+    sname = name + "_scale_inv"
+    if sname in wmap:
+        bo, bi = m.get("weight_block_size", [128, 128])
+        w = dequant_blocks(w, rd.tensor(wmap[sname], sname), bo, bi)
+    return w
+
+
 def load_rank_layer(rd, wmap, prefix, m):
     """gate [n,i,H], up [n,i,H], down [n,H,i] of the rank's local bank for one MoE layer."""
     found = {}
@@ -340,7 +350,7 @@ def worker(rank, args, world, port, result_dir):
                 if rank == 0:
                     for sp in (f"{prefix}.shared_experts.", f"{prefix}.shared_expert."):
                         if sp + "gate_proj.weight" in shared_map:
-                            sg, su, sd = (rd.tensor(shared_map[sp + n + ".weight"], sp + n + ".weight").to(device) for n in ("gate_proj", "up_proj", "down_proj"))
+                            sg, su, sd = (load_shared(rd, shared_map, sp + n + ".weight", m).to(device) for n in ("gate_proj", "up_proj", "down_proj"))
                             sh = swiglu(x, sg, su, sd)
                             gname = f"{prefix}.shared_expert_gate.weight"
                             if gname in shared_map:
