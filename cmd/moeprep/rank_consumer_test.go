@@ -217,9 +217,16 @@ func TestRankConsumerFailsOnDamage(t *testing.T) {
 				t.Fatalf("convert: exit %d: %s", code, errOut)
 			}
 			tc.damage(t, dst)
-			code, out, _ := runConsumer(t, dst, golden)
-			if code != 1 || !strings.Contains(out, "FAIL") {
-				t.Fatalf("consumer on a damaged DST: exit %d, want 1 and FAIL:\n%s", code, out)
+			code, out, ranks := runConsumer(t, dst, golden)
+			if code != 1 || !strings.Contains(out, "\nFAIL ") || len(ranks) != 2 || ranks[0].Pass {
+				t.Fatalf("consumer on a damaged DST: exit %d, want 1 from a comparison that failed:\n%s", code, out)
+			}
+			worst := 0.0
+			for _, l := range ranks[0].LayerResults {
+				worst = max(worst, l.RelL2)
+			}
+			if !(worst > 1e-2) { // NaN counts as failed too, but a finite wrong value is what this damage gives
+				t.Errorf("worst relative L2 %g: the damage should move a layer past 1e-2:\n%s", worst, out)
 			}
 		})
 	}
