@@ -70,13 +70,15 @@ func runConsumer(t *testing.T, dst, golden string) (int, string, []consumerRank)
 // every MoE layer of per-rank outputs of the transformers-written fixtures
 // and matches transformers' own MoE block output: EP only, EP x MoE-TP 2,
 // redundant slots from moeprep placement (first and last replica), and
-// fuse-shared with a shared-expert replica per rank.
+// fuse-shared with a shared-expert replica per rank; FP8 too (no MoE-TP:
+// its 32-wide experts cannot be cut on 128-wide scale blocks).
 func TestRankConsumerMatchesTransformers(t *testing.T) {
 	consumerReady(t)
 	dir := t.TempDir()
 	// skewed loads: one or two hot experts a layer, keyed by the fixture's MoE layer index
 	loads := map[string]string{
 		"deepseek-v3-bf16": `{"1": [500,1,1,1,1,1,1,1,300,1,1,1,1,1,1,200], "2": [1,1,1,900,1,1,1,1,1,1,1,1,1,1,1,400]}`,
+		"deepseek-v3-fp8":  `{"1": [1,1,1,1,1,700,1,1,1,1,1,1,1,1,1,1], "2": [1,1,1,1,1,1,1,1,1,1,1,1,80,90,1,1]}`,
 		"qwen3-moe":        `{"1": [100,1,1,1,1,1,1,50], "2": [1,1,1,1,1,1,90,1]}`,
 		"mixtral":          `{"0": [1,80,1,1,1,1,1,1], "1": [1,1,1,60,40,1,1,1]}`,
 	}
@@ -90,6 +92,9 @@ func TestRankConsumerMatchesTransformers(t *testing.T) {
 		{"deepseek-v3-bf16", "ep4-tp2-gate-up", []string{"convert", "--ep", "4", "--moe-tp", "2", "--layout", "gate-up"}, nil, 8},
 		{"deepseek-v3-bf16", "ep4-slots24-tp2", []string{"convert", "--ep", "4", "--moe-tp", "2"}, []string{"--ep", "4", "--slots", "24"}, 8},
 		{"deepseek-v3-bf16", "fuse-shared-ep4-tp2", []string{"fuse-shared", "--ep", "4", "--moe-tp", "2"}, nil, 8},
+		// FP8 128x128 blocks dequantised by the consumer, transposed stacks, the unfused shared expert's FP8 too
+		{"deepseek-v3-fp8", "fuse-shared-ep4-in-out-gate-up", []string{"fuse-shared", "--ep", "4", "--orientation", "in-out", "--layout", "gate-up"}, nil, 4},
+		{"deepseek-v3-fp8", "ep4-slots24", []string{"convert", "--ep", "4"}, []string{"--ep", "4", "--slots", "24"}, 4},
 		{"qwen3-moe", "ep2", []string{"convert", "--ep", "2"}, nil, 2},
 		{"qwen3-moe", "ep2-tp2", []string{"convert", "--ep", "2", "--moe-tp", "2"}, nil, 4},
 		{"qwen3-moe", "ep2-slots10-up-gate", []string{"convert", "--ep", "2", "--layout", "up-gate"}, []string{"--ep", "2", "--slots", "10"}, 2},
