@@ -288,6 +288,11 @@ def worker(rank, args, world, port, result_dir):
         rank_map = {k: within(args.dst, os.path.join(own_dir, v), [own_dir]) for k, v in rank_idx.items()}
         shared_map = {k: within(args.dst, v, sorted(shared_files)) for k, v in shared_idx.items()}
 
+        # what this consumer computes: SwiGLU experts without biases, the routing weight on the output
+        unsupported = [k for k in ("activation", "shared_activation", "expert_bias", "routed_input_scaled", "output_scale", "zero_experts")
+                       if m.get(k)] + [f"layers[{i}].{k}" for i, l in enumerate(m["layers"]) for k in ("activation", "shared_activation", "bank") if l.get(k)]
+        if unsupported:
+            raise ValueError(f"the contract says {', '.join(unsupported)}: this consumer runs plain SwiGLU experts only")
         E = m["num_experts"]
         S, spr, first = ep["slots"], ep["slots_per_rank"], me["first_slot"]
         N = ep["ep"]
@@ -410,7 +415,11 @@ def main():
         sys.exit(f"{args.dst}: config.json has no moeprep.expert_parallel: not a per-rank (--ep) output")
     world = ep["ranks"]
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(args, world, free_port(), tmp), nprocs=world, join=True)
+        try:
+            mp.spawn(worker, args=(args, world, free_port(), tmp), nprocs=world, join=True)
+        except mp.ProcessRaisedException as e:  # one line: the rank's error, not its traceback
+            lines = [l for l in str(e).strip().splitlines() if l.strip()]
+            sys.exit(f"rank_consumer: {lines[0].strip()} {lines[-1].strip()}")
         ranks = [json.load(open(os.path.join(tmp, f"rank-{r}.json"))) for r in range(world)]
     r0 = ranks[0]
     for r in ranks:
