@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-# Default tolerance on relative L2 (see README of this script in DEVELOPMENT.md): the weights are
+# Default tolerance on relative L2 (DEVELOPMENT.md says the same): the weights are
 # bf16 values held exactly in float32 and every product and sum is float32, as in the golden's
 # transformers run; only the order of the float32 sums differs (split over ranks, over the M
 # intermediate parts, over slots), each ~H or ~I terms long, so the two outputs differ by a few
