@@ -37,6 +37,9 @@
 #   T  bf16 DeepSeek-V3-shaped, 2 MoE layers of 64 experts, H 2048, I 1024: 1.6 GB, one source and
 #      one output shard; runs cp, convert and convert --orientation in-out (issue 30: every
 #      expert transposed, the in-out row `inout`)
+#   E  FP8 (128x128) DeepSeek-V3 dims (preset deepseek-v3-shaped: H 7168, I 2048, 3 layers, the
+#      first dense) with 64 experts: 6.16 GB; runs cp, convert --ep 8 and fuse-shared --tp 8
+#      --ep 8 (issue 43: per-rank outputs, rows `conv-ep8`, `fuse-ep8`)
 #
 #   scripts/bench-convert.sh [WORK] [ROUNDS] [SHAPES]
 #   sudo scripts/bench-convert.sh /work/bench 3 "A B"     # needs ~3x the checkpoint free
@@ -93,12 +96,13 @@ for shape in $shapes; do
 	N) synth=(--preset small-deepseek-r1-nvfp4 --hidden 7168 --intermediate 1152) ; maxshard=5GB ;;
 	M) synth=(--preset gpt-oss-shaped --dtype mxfp4 --num-layers 1) ; maxshard=5GB ;;
 	T) synth=(--family deepseek_v3 --experts 64 --hidden 2048 --intermediate 1024 --num-layers 2 --dense-layers 0) ; maxshard=5GB ;;
+	E) synth=(--preset deepseek-v3-shaped --dtype fp8 --experts 64) ; maxshard=5GB ;;
 	*) echo "unknown shape $shape" >&2; exit 2 ;;
 	esac
 	if [ ! -d "$src" ]; then
 		if [ "$shape" = Q ] || [ "$shape" = T ]; then
 			"$mp" fixture synth --dtype bf16 "${synth[@]}" --no-progress "$src" >&2
-		elif [ "$shape" = M ]; then
+		elif [ "$shape" = M ] || [ "$shape" = E ]; then
 			"$mp" fixture synth "${synth[@]}" --no-progress "$src" >&2
 		elif [ "$shape" != A ] && [ "$shape" != B ]; then
 			"$mp" fixture synth "${synth[@]}" --num-layers 2 --dense-layers 0 --experts 64 --top-k 8 --no-progress "$src" >&2
@@ -122,6 +126,7 @@ for shape in $shapes; do
 	case $shape in Q | K | M) runs=(cp convert convert) ;; esac
 	[ "$shape" = D ] && runs=(cp convert dtype)
 	[ "$shape" = T ] && runs=(cp convert inout)
+	[ "$shape" = E ] && runs=(cp conv-ep8 fuse-ep8)
 	if [ -n "$base" ]; then
 		runs+=(convert@base)
 		case $shape in Q | K | M) ;; *) runs+=(fuse@base) ;; esac
@@ -138,6 +143,8 @@ for shape in $shapes; do
 			convert) read -r s u y m q < <(measure "$mp" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			fuse) read -r s u y m q < <(measure "$mp" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			dtype) read -r s u y m q < <(measure "$mp" convert --dtype bf16 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
+			conv-ep8) read -r s u y m q < <(measure "$mp" convert --ep 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
+			fuse-ep8) read -r s u y m q < <(measure "$mp" fuse-shared --tp 8 --ep 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			inout) read -r s u y m q < <(measure "$mp" convert --orientation in-out --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			convert@base) read -r s u y m q < <(measure "$base" convert --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
 			fuse@base) read -r s u y m q < <(measure "$base" fuse-shared --tp 8 --max-shard-size "$maxshard" --no-progress "$src" "$out") ;;
