@@ -125,6 +125,14 @@ func writeOutput(path string, write func(io.Writer) error) error {
 	if err != nil {
 		return fmt.Errorf("-o %s: %w", path, err)
 	}
+	// CreateTemp makes the file 0600; a report, JUnit file or engine
+	// placement file is read by other tools and users, as a file made by
+	// shell redirection would be.
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return fmt.Errorf("-o %s: %w", path, err)
+	}
 	if err := write(tmp); err != nil {
 		tmp.Close()
 		os.Remove(tmp.Name())

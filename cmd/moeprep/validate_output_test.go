@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -287,5 +288,21 @@ func TestContractMisfitExit1(t *testing.T) {
 				assertCleanError(t, stderr, tc.want)
 			}
 		})
+	}
+}
+
+// TestWriteOutputMode: a written report is readable by others (0644), not
+// the 0600 of the temporary file it was made in.
+func TestWriteOutputMode(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "report.json")
+	if err := writeOutput(path, func(w io.Writer) error { _, err := io.WriteString(w, "{}\n"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Mode().Perm(); got != 0o644 {
+		t.Errorf("mode %v, want -rw-r--r--", got)
 	}
 }
