@@ -41,3 +41,25 @@ func TestCountAndRate(t *testing.T) {
 		t.Error(got)
 	}
 }
+
+// Wrap breaks at spaces within the width, an indented line keeping its
+// indent plus indent on later lines, a word longer than a line whole, and
+// no newline after the last line.
+func TestWrap(t *testing.T) {
+	for _, c := range []struct {
+		s      string
+		width  int
+		indent string
+		want   string
+	}{
+		{"one two three", 20, "  ", "one two three"},
+		{"one two three", 8, "  ", "one two\n  three"},
+		{"  a bb cc", 6, "", "  a bb\n  cc"},
+		{"x averyveryverylongword y", 8, "-", "x\n-averyveryverylongword\n-y"},
+		{"héé héé", 7, "", "héé héé"},
+	} {
+		if got := Wrap(c.s, c.width, c.indent); got != c.want {
+			t.Errorf("Wrap(%q, %d, %q) = %q, want %q", c.s, c.width, c.indent, got, c.want)
+		}
+	}
+}
