@@ -1,6 +1,7 @@
 package human
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -42,24 +43,23 @@ func TestCountAndRate(t *testing.T) {
 	}
 }
 
-// Wrap breaks at spaces within the width, an indented line keeping its
-// indent plus indent on later lines, a word longer than a line whole, and
-// no newline after the last line.
+// Prose wraps at spaces to the width (the report's 100 columns here),
+// counted in runes, an indented line keeping its indent, a word longer
+// than a line whole, no newline after the last line.
 func TestWrap(t *testing.T) {
-	for _, c := range []struct {
-		s      string
-		width  int
-		indent string
-		want   string
-	}{
-		{"one two three", 20, "  ", "one two three"},
-		{"one two three", 8, "  ", "one two\n  three"},
-		{"  a bb cc", 6, "", "  a bb\n  cc"},
-		{"x averyveryverylongword y", 8, "-", "x\n-averyveryverylongword\n-y"},
-		{"héé héé", 7, "", "héé héé"},
+	long := "bytes: PASS: " + strings.Repeat("x", 120)
+	for _, tc := range []struct{ in, want string }{
+		{"note: short", "note: short"},
+		{"note: " + strings.Repeat("word ", 20) + "end",
+			"note: " + strings.Repeat("word ", 18) + "word\n  word end"},
+		{"  layer 1: " + strings.Repeat("7, ", 40) + "8",
+			"  layer 1: " + strings.Repeat("7, ", 29) + "7,\n    " + strings.Repeat("7, ", 10) + "8"},
+		{long, "bytes: PASS:\n  " + strings.Repeat("x", 120)},
+		{strings.Repeat("é", 98) + " x", strings.Repeat("é", 98) + " x"},
+		{strings.Repeat("é", 99) + " x", strings.Repeat("é", 99) + "\n  x"},
 	} {
-		if got := Wrap(c.s, c.width, c.indent); got != c.want {
-			t.Errorf("Wrap(%q, %d, %q) = %q, want %q", c.s, c.width, c.indent, got, c.want)
+		if got := Wrap(tc.in, 100, "  "); got != tc.want {
+			t.Errorf("Wrap(%q):\n got %q\nwant %q", tc.in, got, tc.want)
 		}
 	}
 }
