@@ -65,18 +65,14 @@ func axk2Config(c config) (config, error) {
 	if err != nil {
 		return c, err
 	}
-	first, err := c.count("first_k_dense_replace", 1)
-	if err != nil {
-		return c, err
-	}
-	freq, err := c.intIn("moe_layer_freq", 1, 1, maxDim)
+	moe, err := c.denseReplaced(1)
 	if err != nil {
 		return c, err
 	}
 	types := make([]any, layers)
 	for l := range types {
 		types[l] = "dense"
-		if l >= first && l%freq == 0 {
+		if moe(l) {
 			types[l] = "sparse"
 		}
 	}

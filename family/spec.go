@@ -406,15 +406,7 @@ func (r layerRule) moe(c config, k configKeys, p *Plan) (func(int) bool, error) 
 		}
 		return func(l int) bool { return (l+1)%step == 0 }, nil
 	case denseReplace:
-		k, err := c.count("first_k_dense_replace", 0)
-		if err != nil {
-			return nil, err
-		}
-		freq, err := c.intIn("moe_layer_freq", 1, 1, maxDim)
-		if err != nil {
-			return nil, err
-		}
-		return func(l int) bool { return l >= k && l%freq == 0 }, nil
+		return c.denseReplaced(0)
 	case sparseStep:
 		step, err := c.intIn("decoder_sparse_step", 1, 1, maxDim)
 		if err != nil {
@@ -583,4 +575,19 @@ func listSome(xs []int, n int) string {
 		return s[0]
 	}
 	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
+}
+
+// denseReplaced is DeepSeek's layer rule: the first first_k_dense_replace
+// layers (k if the key is absent) dense, then every moe_layer_freq-th
+// layer MoE.
+func (c config) denseReplaced(k int) (func(l int) bool, error) {
+	first, err := c.count("first_k_dense_replace", k)
+	if err != nil {
+		return nil, err
+	}
+	freq, err := c.intIn("moe_layer_freq", 1, 1, maxDim)
+	if err != nil {
+		return nil, err
+	}
+	return func(l int) bool { return l >= first && l%freq == 0 }, nil
 }

@@ -86,17 +86,7 @@ func dequantBlocks(q Mat, rows, cols int, scalePtr cuda.DevicePtr, scaleLen int,
 	case int64(scaleLen)*int64(rowsPerScale) < int64(row0)+int64(rows):
 		return 0, fmt.Errorf("dequant: %d scales of %d rows each do not reach row %d", scaleLen, rowsPerScale, row0+rows)
 	}
-	if err := q.need("dequant: q", rows*cols, MatFP8); err != nil {
-		return 0, err
-	}
-	if err := out.need("dequant: out", rows*cols, MatBF16); err != nil {
-		return 0, err
-	}
-	blocks := rows * CeilDiv(cols, dequantChunk)
-	if !dimsOK(blocks) {
-		return 0, fmt.Errorf("dequant: %d x %d is too large for one launch", rows, cols)
-	}
-	return blocks, nil
+	return fp8ToBF16Grid("dequant", q, out, rows, cols)
 }
 
 // DequantMXFP8Rows queues moe_dequant_mxfp8_rows (dequant.cu) on stream
@@ -141,17 +131,7 @@ func dequantMXFP8Blocks(q Mat, rows, cols int, scalePtr cuda.DevicePtr, scaleByt
 	case q.Ptr%8 != 0 || out.Ptr%16 != 0:
 		return 0, fmt.Errorf("dequant mxfp8: q at %#x, out at %#x: want 8- and 16-byte aligned device pointers", q.Ptr, out.Ptr)
 	}
-	if err := q.need("dequant mxfp8: q", rows*cols, MatFP8); err != nil {
-		return 0, err
-	}
-	if err := out.need("dequant mxfp8: out", rows*cols, MatBF16); err != nil {
-		return 0, err
-	}
-	blocks := rows * CeilDiv(cols, dequantChunk)
-	if !dimsOK(blocks) {
-		return 0, fmt.Errorf("dequant mxfp8: %d x %d is too large for one launch", rows, cols)
-	}
-	return blocks, nil
+	return fp8ToBF16Grid("dequant mxfp8", q, out, rows, cols)
 }
 
 // Packed4Kind is a 4-bit weight format Dequant4Rows decodes.
@@ -349,6 +329,23 @@ func dequant4Blocks(p Packed4, out Mat) (int, error) {
 	blocks := p.Rows * CeilDiv(words, dequantChunk/8)
 	if !dimsOK(blocks) {
 		return 0, fmt.Errorf("dequant %s: %d x %d is too large for one launch", p.Kind, p.Rows, p.Cols)
+	}
+	return blocks, nil
+}
+
+// fp8ToBF16Grid checks that q holds rows x cols FP8 codes and out as many
+// bf16 values, and returns the dequant kernels' grid: a block for each
+// dequantChunk columns of a row. what names the kernel in an error.
+func fp8ToBF16Grid(what string, q, out Mat, rows, cols int) (int, error) {
+	if err := q.need(what+": q", rows*cols, MatFP8); err != nil {
+		return 0, err
+	}
+	if err := out.need(what+": out", rows*cols, MatBF16); err != nil {
+		return 0, err
+	}
+	blocks := rows * CeilDiv(cols, dequantChunk)
+	if !dimsOK(blocks) {
+		return 0, fmt.Errorf("%s: %d x %d is too large for one launch", what, rows, cols)
 	}
 	return blocks, nil
 }

@@ -3,8 +3,6 @@ package placement
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
 )
 
 // Map is a placement read back from a file: PhysicalToLogical[i] is layer
@@ -24,17 +22,9 @@ type Map struct {
 // Every row must have the same number of slots and every entry be a
 // logical expert id; an error names the file and the row.
 func ReadMap(path string) (*Map, error) {
-	f, err := os.Open(path)
+	b, err := readBounded(path, "placement")
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxStatsBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	if len(b) > maxStatsBytes {
-		return nil, fmt.Errorf("%s: over %d MiB; moeprep reads placement files up to that", path, maxStatsBytes>>20)
 	}
 	return parseMap(path, b)
 }

@@ -38,6 +38,17 @@ type Stats struct {
 // Every count must be a finite number between 0 and 2^53, every layer
 // the same number of experts; an error names the file and layer.
 func ReadStats(path string) (*Stats, error) {
+	b, err := readBounded(path, "statistics")
+	if err != nil {
+		return nil, err
+	}
+	return parseStats(path, b)
+}
+
+// readBounded reads a JSON file of the kind named (placement or
+// statistics) whole, refusing one over maxStatsBytes before it is held in
+// memory: both are small documents parsed in one piece.
+func readBounded(path, kind string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -48,9 +59,9 @@ func ReadStats(path string) (*Stats, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if len(b) > maxStatsBytes {
-		return nil, fmt.Errorf("%s: over %d MiB; moeprep reads statistics files up to that", path, maxStatsBytes>>20)
+		return nil, fmt.Errorf("%s: over %d MiB; moeprep reads %s files up to that", path, maxStatsBytes>>20, kind)
 	}
-	return parseStats(path, b)
+	return b, nil
 }
 
 func parseStats(path string, b []byte) (*Stats, error) {

@@ -1,9 +1,6 @@
 package validate
 
-import (
-	"strings"
-	"testing"
-)
+import "testing"
 
 // The estimate says how long, for how many bytes, and what it assumed.
 func TestEstimate(t *testing.T) {
@@ -37,24 +34,6 @@ func TestEstimate(t *testing.T) {
 		}
 		if len(got) > 100 {
 			t.Errorf("%s: %d columns", tt.name, len(got))
-		}
-	}
-}
-
-// The report's prose lines wrap at spaces to 100 columns, an indented line
-// keeping its indent, a word longer than a line whole.
-func TestWrapText(t *testing.T) {
-	long := "bytes: PASS: " + strings.Repeat("x", 120)
-	for _, tc := range []struct{ in, want string }{
-		{"note: short", "note: short\n"},
-		{"note: " + strings.Repeat("word ", 20) + "end",
-			"note: " + strings.Repeat("word ", 18) + "word\n  word end\n"},
-		{"  layer 1: " + strings.Repeat("7, ", 40) + "8",
-			"  layer 1: " + strings.Repeat("7, ", 29) + "7,\n    " + strings.Repeat("7, ", 10) + "8\n"},
-		{long, "bytes: PASS:\n  " + strings.Repeat("x", 120) + "\n"},
-	} {
-		if got := wrapText(tc.in, lineWidth, "  "); got != tc.want {
-			t.Errorf("wrapText(%q):\n got %q\nwant %q", tc.in, got, tc.want)
 		}
 	}
 }

@@ -335,24 +335,9 @@ func writeWrapped(w io.Writer, s string) error {
 	return err
 }
 
+// wrapText is human.Wrap with a newline after the last line.
 func wrapText(s string, width int, indent string) string {
-	// A line's own leading spaces (an indented line) stay.
-	lead := s[:len(s)-len(strings.TrimLeft(s, " "))]
-	var b strings.Builder
-	line := lead
-	for _, word := range strings.Split(s[len(lead):], " ") {
-		switch {
-		case line == lead:
-			line += word
-		case utf8.RuneCountInString(line)+1+utf8.RuneCountInString(word) <= width:
-			line += " " + word
-		default:
-			b.WriteString(line + "\n")
-			line = lead + indent + word
-		}
-	}
-	b.WriteString(line + "\n")
-	return b.String()
+	return human.Wrap(s, width, indent) + "\n"
 }
 
 // writeRows prints the check rows, with a row for each MoE layer not

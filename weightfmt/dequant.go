@@ -325,9 +325,7 @@ func encodeE4M3(src []byte, rows, cols int, s []float32, bo, bi int, to safetens
 		for bc := range sc {
 			c0, c1 := bc*bi, min((bc+1)*bi, cols)
 			k := s[br*sc+bc]
-			for i := range vals {
-				vals[i] = numfmt.E4M3ToF32(byte(i)) * k
-			}
+			e4m3Times(&vals, k)
 			encode(to, vals[:], enc[:256*es])
 			// Code 0x7e is E4M3's largest magnitude (448; 0xfe the same,
 			// negative), and rounding is monotonic: with a finite scale,

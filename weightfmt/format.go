@@ -409,11 +409,19 @@ type specCheck struct {
 	name           string // the format in messages
 	dtypes, scales []safetensors.DType
 	namings        []string
+	// block, where set, is the one weight_block_size the format takes (a
+	// Spec without one is taken as it); nil: the format reads it itself.
+	block *[2]int64
 }
 
-// read checks s and returns its weight dtype, scale dtype and naming with
-// the defaults filled in.
+// read checks s (its block first, where c fixes one) and returns its
+// weight dtype, scale dtype and naming with the defaults filled in.
 func (c specCheck) read(s Spec) (d, sd safetensors.DType, naming string, err error) {
+	if c.block != nil {
+		if err := blockIs(c.name, s.Block, *c.block); err != nil {
+			return "", "", "", err
+		}
+	}
 	pick := func(what string, got safetensors.DType, allowed []safetensors.DType) (safetensors.DType, error) {
 		if got == "" {
 			return allowed[0], nil

@@ -49,11 +49,8 @@ func init() {
 	floats := []safetensors.DType{safetensors.BF16, safetensors.F32, safetensors.F16}
 	build := func(name string, block [2]int64, scales []safetensors.DType) func(Spec) (Format, error) {
 		c := specCheck{name: name, dtypes: []safetensors.DType{safetensors.F8E4M3}, scales: scales,
-			namings: []string{NamingCompressedTensors, NamingModelOpt}}
+			namings: []string{NamingCompressedTensors, NamingModelOpt}, block: &block}
 		return func(s Spec) (Format, error) {
-			if err := blockIs(name, s.Block, block); err != nil {
-				return nil, err
-			}
 			_, sd, _, err := c.read(s)
 			if err != nil {
 				return nil, err

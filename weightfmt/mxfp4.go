@@ -67,11 +67,9 @@ func init() {
 	c := specCheck{name: "MXFP4",
 		dtypes:  []safetensors.DType{safetensors.U8, safetensors.I8},
 		scales:  []safetensors.DType{safetensors.U8, safetensors.F8E8M0},
-		namings: []string{NamingGptOss, NamingCompressedTensors, NamingDeepSeek}}
+		namings: []string{NamingGptOss, NamingCompressedTensors, NamingDeepSeek},
+		block:   &[2]int64{1, MXFP4Group}}
 	registerByConfig(QuantMXFP4, func(s Spec) (Format, error) {
-		if err := blockIs(c.name, s.Block, [2]int64{1, MXFP4Group}); err != nil {
-			return nil, err
-		}
 		d, sd, naming, err := c.read(s)
 		if err != nil {
 			return nil, err

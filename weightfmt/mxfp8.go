@@ -56,12 +56,10 @@ func init() {
 	c := specCheck{name: "MXFP8",
 		dtypes:  []safetensors.DType{safetensors.F8E4M3},
 		scales:  []safetensors.DType{safetensors.U8, safetensors.F8E8M0},
-		namings: []string{NamingModelOpt, NamingMiniMax}}
+		namings: []string{NamingModelOpt, NamingMiniMax},
+		block:   &[2]int64{1, MXFP8Group}}
 	// F8_E4M3 weights are FP8 blocks unless a config says MXFP8.
 	registerByConfig(QuantMXFP8, func(s Spec) (Format, error) {
-		if err := blockIs(c.name, s.Block, [2]int64{1, MXFP8Group}); err != nil {
-			return nil, err
-		}
 		_, sd, naming, err := c.read(s)
 		if err != nil {
 			return nil, err

@@ -59,11 +59,8 @@ func NVFP4CT() Format { return nvfp4{ct: true} }
 func init() {
 	build := func(ct bool, naming string) func(Spec) (Format, error) {
 		c := specCheck{name: nvfp4{ct: ct}.String(), dtypes: []safetensors.DType{safetensors.U8},
-			scales: []safetensors.DType{safetensors.F8E4M3}, namings: []string{naming}}
+			scales: []safetensors.DType{safetensors.F8E4M3}, namings: []string{naming}, block: &[2]int64{1, NVFP4Group}}
 		return func(s Spec) (Format, error) {
-			if err := blockIs(c.name, s.Block, [2]int64{1, NVFP4Group}); err != nil {
-				return nil, err
-			}
 			if _, _, _, err := c.read(s); err != nil {
 				return nil, err
 			}

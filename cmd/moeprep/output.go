@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/internal/safeio"
 	"github.com/moeprep/moeprep/validate"
 )
@@ -231,21 +232,4 @@ func wrapAt(s, sep string, width int, indent string) string {
 func wrapWords(s, indent string) string { return wrapWidth(s, lineWidth, indent) }
 
 // wrapWidth is wrapWords to width columns.
-func wrapWidth(s string, width int, indent string) string {
-	lead := s[:len(s)-len(strings.TrimLeft(s, " "))]
-	var b strings.Builder
-	line := lead
-	for _, word := range strings.Split(s[len(lead):], " ") {
-		switch {
-		case line == lead:
-			line += word
-		case utf8.RuneCountInString(line)+1+utf8.RuneCountInString(word) <= width:
-			line += " " + word
-		default:
-			b.WriteString(line + "\n")
-			line = lead + indent + word
-		}
-	}
-	b.WriteString(line)
-	return b.String()
-}
+func wrapWidth(s string, width int, indent string) string { return human.Wrap(s, width, indent) }

@@ -1,12 +1,14 @@
 // Package human formats sizes, rates and counts for people, one way
 // everywhere: decimal units (kB, MB, GB, TB, as disks and `df -H` count,
 // and as --max-shard-size's GB is read), scaled so a value never prints as
-// 0.00, and nouns that agree with their counts.
+// 0.00, and nouns that agree with their counts; prose wrapped at spaces.
 package human
 
 import (
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Bytes formats n bytes: "512 B", "3.1 kB", "820 MB", "23.4 GB", "1.30 TB".
@@ -63,4 +65,27 @@ func Duration(d time.Duration) string {
 		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
 	}
 	return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+}
+
+// Wrap breaks s at spaces into lines of at most width columns, keeping
+// s's own leading spaces (an indented line stays indented), each later
+// line indented by them and indent more; a word longer than a line (a
+// path) stays whole. The last line has no newline.
+func Wrap(s string, width int, indent string) string {
+	lead := s[:len(s)-len(strings.TrimLeft(s, " "))]
+	var b strings.Builder
+	line := lead
+	for _, word := range strings.Split(s[len(lead):], " ") {
+		switch {
+		case line == lead:
+			line += word
+		case utf8.RuneCountInString(line)+1+utf8.RuneCountInString(word) <= width:
+			line += " " + word
+		default:
+			b.WriteString(line + "\n")
+			line = lead + indent + word
+		}
+	}
+	b.WriteString(line)
+	return b.String()
 }

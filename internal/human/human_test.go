@@ -1,6 +1,7 @@
 package human
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -39,5 +40,26 @@ func TestCountAndRate(t *testing.T) {
 	}
 	if got := Duration(400 * time.Millisecond); got != "0.4 s" {
 		t.Error(got)
+	}
+}
+
+// Prose wraps at spaces to the width (the report's 100 columns here),
+// counted in runes, an indented line keeping its indent, a word longer
+// than a line whole, no newline after the last line.
+func TestWrap(t *testing.T) {
+	long := "bytes: PASS: " + strings.Repeat("x", 120)
+	for _, tc := range []struct{ in, want string }{
+		{"note: short", "note: short"},
+		{"note: " + strings.Repeat("word ", 20) + "end",
+			"note: " + strings.Repeat("word ", 18) + "word\n  word end"},
+		{"  layer 1: " + strings.Repeat("7, ", 40) + "8",
+			"  layer 1: " + strings.Repeat("7, ", 29) + "7,\n    " + strings.Repeat("7, ", 10) + "8"},
+		{long, "bytes: PASS:\n  " + strings.Repeat("x", 120)},
+		{strings.Repeat("é", 98) + " x", strings.Repeat("é", 98) + " x"},
+		{strings.Repeat("é", 99) + " x", strings.Repeat("é", 99) + "\n  x"},
+	} {
+		if got := Wrap(tc.in, 100, "  "); got != tc.want {
+			t.Errorf("Wrap(%q):\n got %q\nwant %q", tc.in, got, tc.want)
+		}
 	}
 }

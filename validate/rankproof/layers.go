@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -40,15 +41,11 @@ func CheckRecomposed(ctx context.Context, src, dst string, T int, seed uint64) (
 	if err != nil {
 		return nil, err
 	}
-	ck, err := checkpoint.Open(src)
+	ck, plan, err := openPlanned(src)
 	if err != nil {
 		return nil, err
 	}
-	plan, err := ck.Plan()
 	ck.Close()
-	if err != nil {
-		return nil, err
-	}
 	tol := tolSum
 	if f, err := c.Format(); err == nil && c.RoutedScalingFactorFolded && f.Fold().Into != weightfmt.FoldScales {
 		tol = tolFoldedBF16
@@ -84,4 +81,19 @@ func CheckRecomposed(ctx context.Context, src, dst string, T int, seed uint64) (
 		}
 	}
 	return out, nil
+}
+
+// openPlanned opens the checkpoint in src and plans it; the caller closes
+// the checkpoint (on an error there is none to close).
+func openPlanned(src string) (*checkpoint.Checkpoint, *family.Plan, error) {
+	ck, err := checkpoint.Open(src)
+	if err != nil {
+		return nil, nil, err
+	}
+	plan, err := ck.Plan()
+	if err != nil {
+		ck.Close()
+		return nil, nil, err
+	}
+	return ck, plan, nil
 }

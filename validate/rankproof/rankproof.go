@@ -130,15 +130,11 @@ func Check(ctx context.Context, src, dst string, rank int) (*Result, error) {
 	if rank >= x.Ranks {
 		return nil, fmt.Errorf("%s: --rank %d: the output has %d ranks (0..%d)", dst, rank, x.Ranks, x.Ranks-1)
 	}
-	ck, err := checkpoint.Open(src)
+	ck, plan, err := openPlanned(src)
 	if err != nil {
 		return nil, err
 	}
 	defer ck.Close()
-	plan, err := ck.Plan()
-	if err != nil {
-		return nil, err
-	}
 	f, err := c.Format()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", dst, err)

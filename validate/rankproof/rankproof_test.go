@@ -17,6 +17,17 @@ import (
 
 var hfDir = filepath.Join("..", "..", "fixtures", "hf")
 
+// fp8I256 writes a DeepSeek-V3 FP8 checkpoint of hidden and intermediate
+// size 256, two of FP8's 128-blocks each way (--moe-tp 2 cuts at a whole
+// block), and returns its directory.
+func fp8I256(t *testing.T) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "fp8-256")
+	cktest.WriteSpec(t, dir, fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 256, Intermediate: 256,
+		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: "fp8", Vocab: 64, Seed: 11})
+	return dir
+}
+
 func convertTo(t *testing.T, o convert.Options) string {
 	t.Helper()
 	o.Dst = filepath.Join(t.TempDir(), "out")
@@ -29,9 +40,7 @@ func convertTo(t *testing.T, o convert.Options) string {
 // Every per-rank output of the fixtures proves, whole and rank by rank;
 // --rank reads only the shared files and its own.
 func TestRankProofPasses(t *testing.T) {
-	fp8 := filepath.Join(t.TempDir(), "fp8-256")
-	cktest.WriteSpec(t, fp8, fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 256, Intermediate: 256,
-		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: "fp8", Vocab: 64, Seed: 11})
+	fp8 := fp8I256(t)
 	for _, tc := range []struct {
 		name string
 		o    convert.Options

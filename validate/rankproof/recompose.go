@@ -50,15 +50,11 @@ func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T
 		return nil, fmt.Errorf("%s: recomposing in-out, biased or dequantised experts is not built", dst)
 	}
 	x0 := c.ExpertParallel
-	sck, err := checkpoint.Open(src)
+	sck, plan, err := openPlanned(src)
 	if err != nil {
 		return nil, err
 	}
 	defer sck.Close()
-	plan, err := sck.Plan()
-	if err != nil {
-		return nil, err
-	}
 	if i < 0 || i >= len(plan.Layers) || i >= len(c.Layers) {
 		return nil, fmt.Errorf("layer %d of %d", i, len(plan.Layers))
 	}

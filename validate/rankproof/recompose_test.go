@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 )
@@ -17,9 +16,7 @@ import (
 // ranks (each logical expert through its first, then its last replica,
 // the MoE-TP parts summed), compute what SRC's experts compute.
 func TestRecomposedRanksEqualSource(t *testing.T) {
-	fp8 := filepath.Join(t.TempDir(), "fp8-256")
-	cktest.WriteSpec(t, fp8, fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 256, Intermediate: 256,
-		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: "fp8", Vocab: 64, Seed: 11})
+	fp8 := fp8I256(t)
 	for _, tc := range []struct {
 		name string
 		o    convert.Options

@@ -344,25 +344,14 @@ func MXFP4Cases() []Case {
 		weightfmt.MXFP4(weightfmt.NamingCompressedTensors, safetensors.U8, safetensors.U8),
 		weightfmt.MXFP4(weightfmt.NamingDeepSeek, safetensors.I8, safetensors.F8E8M0),
 	} {
-		sd, _ := f.Scale()
 		one := func(name string, rows, cols int, scale []byte) Case {
 			raw := everyCodeBytes(r, rows, cols/2)
-			gc := cols / 32
-			w := Weight{Format: f, Rows: rows, Cols: cols, Raw: raw, Scale: scale}
-			return build(fmt.Sprintf("%s %s %s/%dx%d/%s", f, sd.DType, f.(weightfmt.Named).Naming(), rows, cols, name), w, func(row, c int) (float64, bool) {
-				code := scale[row*gc+c/32]
-				return e2m1Values[fp4Code(raw[row*cols/2:], c)] * e8m0(code), code != 255
+			return mxCase(f, name, rows, cols, raw, scale, func(row, c int) (float64, bool) {
+				return e2m1Values[fp4Code(raw[row*cols/2:], c)], true
 			})
 		}
 		// Scale codes past 140 overflow f16 (6 * 2^14), past 252 float32
 		// (6 * 2^126 is 1.5 * 2^128): cases of their own.
-		codes := func(n int, pick func(i int) byte) []byte {
-			b := make([]byte, n)
-			for i := range b {
-				b[i] = pick(i)
-			}
-			return b
-		}
 		cs = append(cs,
 			one("scale codes 0..140, 255", 9, 512, codes(9*16, func(i int) byte {
 				if i == 141 {
@@ -378,6 +367,29 @@ func MXFP4Cases() []Case {
 	return cs
 }
 
+// mxCase is a case of the MX format f (E8M0 scales, one a group of 32
+// along a row): element c of row is elem's value times its group's scale,
+// 2^(e - 127), finite where elem's is and the scale code is not 255 (NaN).
+func mxCase(f weightfmt.Format, name string, rows, cols int, raw, scale []byte, elem func(row, c int) (float64, bool)) Case {
+	sd, _ := f.Scale()
+	gc := cols / 32
+	w := Weight{Format: f, Rows: rows, Cols: cols, Raw: raw, Scale: scale}
+	return build(fmt.Sprintf("%s %s %s/%dx%d/%s", f, sd.DType, f.(weightfmt.Named).Naming(), rows, cols, name), w, func(row, c int) (float64, bool) {
+		x, ok := elem(row, c)
+		code := scale[row*gc+c/32]
+		return x * e8m0(code), ok && code != 255
+	})
+}
+
+// codes is n scale codes, code i picked by pick.
+func codes(n int, pick func(i int) byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = pick(i)
+	}
+	return b
+}
+
 // MXFP8Cases: ModelOpt's (U8 weight_scale) and MiniMax's (U8 or F8_E8M0
 // weight_scale_inv) MXFP8, every E4M3 code under every E8M0 scale code,
 // and long rows. Element c's value is its E4M3 code's value times its
@@ -390,22 +402,12 @@ func MXFP8Cases() []Case {
 		weightfmt.MXFP8(weightfmt.NamingMiniMax, safetensors.U8),
 		weightfmt.MXFP8(weightfmt.NamingMiniMax, safetensors.F8E8M0),
 	} {
-		sd, _ := f.Scale()
 		one := func(name string, rows, cols int, scale []byte) Case {
 			raw := everyCodeBytes(r, rows, cols)
-			gc := cols / 32
-			w := Weight{Format: f, Rows: rows, Cols: cols, Raw: raw, Scale: scale}
-			return build(fmt.Sprintf("%s %s %s/%dx%d/%s", f, sd.DType, f.(weightfmt.Named).Naming(), rows, cols, name), w, func(row, c int) (float64, bool) {
-				x, code := e4m3(raw[row*cols+c]), scale[row*gc+c/32]
-				return x * e8m0(code), finite(x) && code != 255
+			return mxCase(f, name, rows, cols, raw, scale, func(row, c int) (float64, bool) {
+				x := e4m3(raw[row*cols+c])
+				return x, finite(x)
 			})
-		}
-		codes := func(n int, pick func(i int) byte) []byte {
-			b := make([]byte, n)
-			for i := range b {
-				b[i] = pick(i)
-			}
-			return b
 		}
 		// Every E4M3 value (448 the largest) times a scale code up to 134
 		// (2^7) is finite in f16; past 252 (448 * 2^126 = 1.75 * 2^134)

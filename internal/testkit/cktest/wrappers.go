@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/internal/testkit/handwrap"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -41,7 +42,7 @@ func WriteHand(t testing.TB, h handwrap.Hand, seed uint64) string {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	var entries []safetensors.Entry
+	var entries modelFile
 	for _, n := range names {
 		shape := h.Tensors[n]
 		count := int64(1)
@@ -62,12 +63,9 @@ func WriteHand(t testing.TB, h handwrap.Hand, seed uint64) string {
 				b = binary.LittleEndian.AppendUint16(b, uint16((v+0x7fff+(v>>16)&1)>>16))
 			}
 		}
-		entries = append(entries, safetensors.Entry{Name: n, DType: dt, Shape: shape,
-			Open: func() (io.Reader, error) { return bytes.NewReader(b), nil }})
+		entries.add(n, dt, shape, b)
 	}
-	if _, err := safetensors.WriteFile(context.Background(), filepath.Join(dir, "model.safetensors"), nil, entries, nil); err != nil {
-		t.Fatal(err)
-	}
+	entries.write(t, dir)
 	return dir
 }
 
@@ -79,28 +77,51 @@ func InklingMM(t testing.TB, fixture string) string {
 	t.Helper()
 	ck := Open(t, fixture)
 	dir := inklingMMDir(t, fixture, "src")
-	var entries []safetensors.Entry
+	var entries modelFile
 	for _, n := range ck.Names() {
 		tt, _ := ck.Tensor(n)
-		data, err := tt.ReadAll()
-		if err != nil {
-			t.Fatal(err)
-		}
 		name := n
 		if rest, ok := strings.CutPrefix(n, "model."); ok {
 			name = "model.language_model." + rest
 		}
-		entries = append(entries, safetensors.Entry{Name: name, DType: tt.DType, Shape: tt.Shape,
-			Open: func() (io.Reader, error) { return bytes.NewReader(data), nil }})
+		entries.add(name, tt.DType, tt.Shape, readTensor(t, ck, fixture, n))
 	}
 	for _, n := range []string{"model.audio_tower.norm.weight", "model.vision_tower.encoder_layers.0.projection.weight"} {
-		entries = append(entries, safetensors.Entry{Name: n, DType: safetensors.BF16, Shape: []int64{4},
-			Open: func() (io.Reader, error) { return bytes.NewReader(make([]byte, 8)), nil }})
+		entries.add(n, safetensors.BF16, []int64{4}, make([]byte, 8))
 	}
-	if _, err := safetensors.WriteFile(context.Background(), filepath.Join(dir, "model.safetensors"), nil, entries, nil); err != nil {
+	entries.write(t, dir)
+	return dir
+}
+
+// modelFile is the tensors of one model.safetensors, each held in memory
+// (test checkpoints are small).
+type modelFile []safetensors.Entry
+
+func (m *modelFile) add(name string, dt safetensors.DType, shape []int64, data []byte) {
+	*m = append(*m, safetensors.Entry{Name: name, DType: dt, Shape: shape,
+		Open: func() (io.Reader, error) { return bytes.NewReader(data), nil }})
+}
+
+// write writes the tensors as dir's model.safetensors.
+func (m modelFile) write(t testing.TB, dir string) {
+	t.Helper()
+	if _, err := safetensors.WriteFile(context.Background(), filepath.Join(dir, "model.safetensors"), nil, m, nil); err != nil {
 		t.Fatal(err)
 	}
-	return dir
+}
+
+// readTensor reads tensor n of ck, the checkpoint in dir, whole.
+func readTensor(t testing.TB, ck *checkpoint.Checkpoint, dir, n string) []byte {
+	t.Helper()
+	tt, ok := ck.Tensor(n)
+	if !ok {
+		t.Fatalf("%s: no tensor %s", dir, n)
+	}
+	data, err := tt.ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
 
 // inklingMMDir makes dir name under a temporary directory with the
@@ -142,17 +163,7 @@ func InklingHub(t testing.TB, src string) string {
 	t.Helper()
 	ck := Open(t, src)
 	dir := inklingMMDir(t, src, "hub")
-	read := func(n string) []byte {
-		tt, ok := ck.Tensor(n)
-		if !ok {
-			t.Fatalf("%s: no tensor %s", src, n)
-		}
-		data, err := tt.ReadAll()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return data
-	}
+	read := func(n string) []byte { return readTensor(t, ck, src, n) }
 	// interleave writes, per slice of s, row j of gate at row 2j and row j
 	// of up at row 2j+1 (rows of rowBytes bytes, i of each per slice).
 	interleave := func(gate, up []byte, s, i, rowBytes int) []byte {
@@ -165,11 +176,8 @@ func InklingHub(t testing.TB, src string) string {
 		}
 		return out
 	}
-	var entries []safetensors.Entry
-	add := func(name string, dt safetensors.DType, shape []int64, data []byte) {
-		entries = append(entries, safetensors.Entry{Name: name, DType: dt, Shape: shape,
-			Open: func() (io.Reader, error) { return bytes.NewReader(data), nil }})
-	}
+	var entries modelFile
+	add := entries.add
 	for _, n := range ck.Names() {
 		tt, _ := ck.Tensor(n)
 		name := strings.Replace(n, "model.", "model.llm.", 1)
@@ -206,8 +214,6 @@ func InklingHub(t testing.TB, src string) string {
 	for _, n := range []string{"model.audio.final_norm.weight", "model.visual.final_norm.weight"} {
 		add(n, safetensors.BF16, []int64{4}, make([]byte, 8))
 	}
-	if _, err := safetensors.WriteFile(context.Background(), filepath.Join(dir, "model.safetensors"), nil, entries, nil); err != nil {
-		t.Fatal(err)
-	}
+	entries.write(t, dir)
 	return dir
 }
