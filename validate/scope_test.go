@@ -353,7 +353,13 @@ func TestByteProgress(t *testing.T) {
 			seq = append(seq, st)
 		}
 	}
-	want := []string{"layer 1 (1 of 2)", "layer 1 (1 of 2) reading SRC and DST experts", "layer 3 (2 of 2)"}
+	// The pass's reader may deliver layer 1's bytes before its check
+	// starts (a loaded machine schedules it first): the bare "layer 1 (1 of
+	// 2)" then never shows, as the run's work is already reading it.
+	if len(seq) > 0 && seq[0] == "layer 1 (1 of 2)" {
+		seq = seq[1:]
+	}
+	want := []string{"layer 1 (1 of 2) reading SRC and DST experts", "layer 3 (2 of 2)"}
 	if len(seq) < len(want) || !slices.Equal(seq[:len(want)], want) {
 		t.Errorf("stages %q, want them to start %q", seq, want)
 	}
