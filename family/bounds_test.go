@@ -124,7 +124,10 @@ func TestPlanAtTheLimits(t *testing.T) {
 	if err != nil || len(p.Layers) != maxLayers {
 		t.Fatalf("%d layers: %v", maxLayers, err)
 	}
-	if took > 2*time.Second {
+	// Alone it takes 0.5-0.9 s on a 2-core machine; go test runs packages
+	// side by side, and on a loaded machine it was seen at 2.2-4.6 s. A plan
+	// that grew worse than linear in the layers would take minutes here.
+	if took > 8*time.Second {
 		t.Errorf("planning %d layers took %v", maxLayers, took)
 	}
 	t.Logf("%d layers of %d experts planned: %.1f MB, %v", maxLayers, g.e, float64(alloc)/1e6, took)
