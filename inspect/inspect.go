@@ -20,7 +20,10 @@ import (
 // Summary is what `moeprep inspect --json` prints. Field names are part of
 // the command's interface: add, never rename.
 type Summary struct {
-	Dir                    string `json:"dir"`
+	Dir string `json:"dir"`
+	// Shown is the checkpoint as the next: line names it, where it is not
+	// Dir: a Hugging Face id as the user typed it, already shell-quoted.
+	Shown                  string `json:"-"`
 	Family                 string `json:"family"`
 	ModelType              string `json:"model_type"`
 	Format                 string `json:"format"`
@@ -448,6 +451,9 @@ func nextStep(s *Summary) string {
 	dir := s.Dir
 	if strings.ContainsAny(dir, " '\"$`\\") {
 		dir = "'" + strings.ReplaceAll(dir, "'", `'\''`) + "'"
+	}
+	if s.Shown != "" {
+		dir = s.Shown
 	}
 	fusable := s.NumSharedExperts > 0 && !s.SharedGated && !s.SharedRouted && slices.Contains(family.FuseSharedModelTypes(), s.ModelType)
 	loads := "transformers 5 loads it"

@@ -33,8 +33,10 @@ type convertFlags struct {
 	bufferedIO       bool
 	quiet            bool
 	revision         string
-	exclude          []string
-	report           reportFlags
+	// srcShown is SRC as next: lines name it ("": the folder, quoted).
+	srcShown string
+	exclude  []string
+	report   reportFlags
 	// per rank (--ep): convert.Options' fields of the same names
 	ep, moeTP, slots, nodes  int
 	placementStats, placeMap string
@@ -89,14 +91,24 @@ func fixedCompletion[T ~string](values ...T) func(*cobra.Command, []string, stri
 // --revision) and gives convert's options for it and DST (args[1]): what
 // convert and fuse-shared both start from.
 func (f *convertFlags) argsOptions(cmd *cobra.Command, args []string) (convert.Options, error) {
-	src, err := sourceDir(cmd, cmd.Name(), args[0], f.revision)
+	src, shown, err := sourceArg(cmd, cmd.Name(), args[0], f.revision)
 	if err != nil {
 		return convert.Options{}, err
 	}
+	f.srcShown = shown
 	if err := swappedArgs(cmd, src, args[1]); err != nil {
 		return convert.Options{}, err
 	}
 	return f.options(src, args[1])
+}
+
+// source is SRC as a next: line names it: as the user typed a Hugging Face
+// id, else the folder.
+func (f *convertFlags) source(dir string) string {
+	if f.srcShown != "" {
+		return f.srcShown
+	}
+	return shellQuote(dir)
 }
 
 func (f *convertFlags) options(src, dst string) (convert.Options, error) {
@@ -193,7 +205,7 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 			_, err := fmt.Fprintf(w, "%s is already complete: %s and %s, %s, every one matching its manifest and this run's plan; nothing to do\n",
 				s.Dst, human.Count(s.Shards, "shard"), human.Count(s.Files-s.Shards, "other file"), human.Bytes(s.Bytes))
 			if err == nil {
-				_, err = fmt.Fprintln(w, withComment(fmt.Sprintf("next: moeprep validate %s %s", shellQuote(o.Src), shellQuote(o.Dst)), "prove it against the source"))
+				_, err = fmt.Fprintln(w, withComment(fmt.Sprintf("next: moeprep validate %s %s", f.source(o.Src), shellQuote(o.Dst)), "prove it against the source"))
 			}
 			return err
 		}
@@ -243,7 +255,7 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 				return err
 			}
 		}
-		_, err := fmt.Fprintln(w, withComment(fmt.Sprintf("next: moeprep validate %s %s", shellQuote(o.Src), shellQuote(o.Dst)), "prove it computes what the source does"))
+		_, err := fmt.Fprintln(w, withComment(fmt.Sprintf("next: moeprep validate %s %s", f.source(o.Src), shellQuote(o.Dst)), "prove it computes what the source does"))
 		if err == nil {
 			_, err = fmt.Fprintln(w, loadStep(s, o))
 		}

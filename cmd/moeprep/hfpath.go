@@ -22,17 +22,32 @@ func revisionFlag(cmd *cobra.Command, rev *string) {
 // "org/name" and a cache's models--org--name folder to the cached
 // snapshot, saying on stderr (even with --quiet) which one it took.
 func sourceDir(cmd *cobra.Command, label, arg, rev string) (string, error) {
+	dir, _, err := sourceArg(cmd, label, arg, rev)
+	return dir, err
+}
+
+// sourceArg is sourceDir's folder, and the source as a next: line names
+// it: as the user typed it (with its --revision) when it resolved through
+// the Hugging Face cache, so the step reads as they wrote it and resolves
+// to the same snapshot; "" when it is a folder (the caller quotes that).
+func sourceArg(cmd *cobra.Command, label, arg, rev string) (dir, shown string, err error) {
 	r, err := hfcache.Resolve(arg, rev)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if rev != "" && r.Repo == "" {
-		return "", fmt.Errorf("--revision %s: %s is a checkpoint folder, not a Hugging Face id or cache folder", rev, arg)
+		return "", "", fmt.Errorf("--revision %s: %s is a checkpoint folder, not a Hugging Face id or cache folder", rev, arg)
 	}
 	if n := r.Note(); n != "" {
 		noticer(cmd, label)("reading " + n)
 	}
-	return r.Dir, nil
+	if r.Repo != "" {
+		shown = shellQuote(arg)
+		if rev != "" {
+			shown = "--revision " + shellQuote(rev) + " " + shown
+		}
+	}
+	return r.Dir, shown, nil
 }
 
 // swappedArgs refuses a SRC that does not exist beside a DST that holds

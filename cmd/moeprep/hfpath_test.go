@@ -26,15 +26,22 @@ func TestHuggingFacePaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	note := "mistralai/Mixtral-tiny: the Hugging Face cache's snapshot " + commit + " (refs/main): " + snap
+	// The next: lines name the model as it was typed, so the step reads as
+	// the user wrote it and resolves to the same snapshot.
 	for _, arg := range []string{"mistralai/Mixtral-tiny", repo} {
 		code, out, errOut := runCLI(t, "inspect", arg)
-		if code != 0 || !strings.Contains(out, "mixtral") || !strings.Contains(errOut, "inspect: reading "+note) {
+		if code != 0 || !strings.Contains(out, "mixtral") || !strings.Contains(errOut, "inspect: reading "+note) ||
+			!strings.Contains(out, "moeprep convert --layout gate-up "+arg+" OUT") {
 			t.Fatalf("inspect %s: exit %d\n%s\n%s", arg, code, out, errOut)
 		}
 	}
+	if code, out, _ := runCLI(t, "inspect", "--revision", "main", "mistralai/Mixtral-tiny"); code != 0 || !strings.Contains(out, "moeprep convert --layout gate-up --revision main mistralai/Mixtral-tiny OUT") {
+		t.Fatalf("inspect --revision main: exit %d\n%s", code, out)
+	}
 	dst := filepath.Join(t.TempDir(), "out")
-	if code, _, errOut := runCLI(t, "convert", "-q", "mistralai/Mixtral-tiny", dst); code != 0 || !strings.Contains(errOut, "convert: reading "+note) {
-		t.Fatalf("convert: exit %d\n%s", code, errOut)
+	if code, out, errOut := runCLI(t, "convert", "mistralai/Mixtral-tiny", dst); code != 0 || !strings.Contains(errOut, "convert: reading "+note) ||
+		!strings.Contains(out, "next: moeprep validate mistralai/Mixtral-tiny "+dst) {
+		t.Fatalf("convert: exit %d\n%s\n%s", code, out, errOut)
 	}
 	if code, out, errOut := runCLI(t, "validate", "--device", "cpu", "-q", "mistralai/Mixtral-tiny", dst); code != 0 || !strings.Contains(errOut, "validate: reading "+note) {
 		t.Fatalf("validate: exit %d\n%s\n%s", code, out, errOut)

@@ -36,7 +36,7 @@ identical shapes and dtypes, FP8 scales where quantised) and prints the plan.`,
   moeprep inspect --read ./Kimi-K2   # also read every tensor byte once`,
 		Args: exactArgs(1, "one checkpoint directory"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			dir, err := sourceDir(cmd, "inspect", args[0], revision)
+			dir, shown, err := sourceArg(cmd, "inspect", args[0], revision)
 			if err != nil {
 				return err
 			}
@@ -52,6 +52,7 @@ identical shapes and dtypes, FP8 scales where quantised) and prints the plan.`,
 			if err != nil {
 				return err
 			}
+			s.Shown = shown
 			for _, n := range s.Notices {
 				noticer(cmd, "inspect")(n)
 			}
