@@ -11,7 +11,16 @@ import (
 
 // maxRowElems bounds one read of counts (a row of E counts, E ≤
 // maxExperts): the binary readers stream rows, never a whole tensor.
-const maxRowElems = maxExperts
+// maxCells bounds what they hold, layers × experts summed counts (32 MiB
+// of float64): a real model has tens of thousands (61 layers × 384), and
+// a file must not make them allocate maxLayers × maxExperts.
+// maxRecords bounds TensorRT-LLM's (iteration, layer) records over all
+// rank files (a few hundred iterations of 61 layers in practice).
+const (
+	maxRowElems = maxExperts
+	maxCells    = 1 << 22
+	maxRecords  = 1 << 22
+)
 
 // checkFileSize refuses a binary statistics file over maxStatsBytes
 // before anything in it is read: the count of snapshots, iterations and

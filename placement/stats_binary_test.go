@@ -203,3 +203,26 @@ func TestReadStatsBinaryTooLarge(t *testing.T) {
 		t.Fatalf("got %v, want %q naming %s", err, want, p)
 	}
 }
+
+// A statistics directory whose layers × experts would hold more than
+// maxCells counts is refused at the layer that crosses it, before its row
+// is allocated.
+func TestReadStatsTRTLLMCellBound(t *testing.T) {
+	dir := t.TempDir()
+	const E = maxExperts
+	if err := os.WriteFile(filepath.Join(dir, "meta_info.json"), []byte(fmt.Sprintf(`{"num_experts": %d}`, E)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	zeros := make([]int64, E)
+	ts := map[string]stTensor{}
+	layers := maxCells/E + 1
+	for l := range layers {
+		ts[fmt.Sprintf("0_%d", l)] = stTensor{"I32", []int64{E}, zeros}
+	}
+	writeSafetensors(t, filepath.Join(dir, "rank0.safetensors"), ts)
+	_, err := ReadStats(dir)
+	want := fmt.Sprintf("over %d layers of %d experts recorded; moeprep reads up to %d layers and %d counts", layers-1, E, maxLayers, maxCells)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("got %v, want %q", err, want)
+	}
+}

@@ -45,6 +45,9 @@ func readSGLangPT(path string) (*Stats, error) {
 	if passes < 1 || layers < 1 || layers > maxLayers || experts < 1 || experts > maxExperts {
 		return nil, fmt.Errorf("%s: logical_count has shape %v; want 1 to %d layers of 1 to %d experts", path, t.Shape, maxLayers, maxExperts)
 	}
+	if layers*experts > maxCells {
+		return nil, fmt.Errorf("%s: logical_count has shape %v: %d layers × %d experts is over the limit of %d counts", path, t.Shape, layers, experts, maxCells)
+	}
 	s := &Stats{File: path, Layers: make([]int, layers), Loads: make([][]float64, layers)}
 	for l := range s.Loads {
 		s.Layers[l] = l

@@ -98,11 +98,14 @@ func readTRTLLM(dir string) (*Stats, error) {
 				}
 				row, ok := loads[l]
 				if !ok {
-					if len(loads) == maxLayers {
-						return fmt.Errorf("%s: over %d layers recorded", path, maxLayers)
+					if len(loads) == maxLayers || (len(loads)+1)*E > maxCells {
+						return fmt.Errorf("%s: layer %d: over %d layers of %d experts recorded; moeprep reads up to %d layers and %d counts", path, l, len(loads), E, maxLayers, maxCells)
 					}
 					row = make([]float64, E)
 					loads[l] = row
+				}
+				if !seen[key{it, l}] && len(seen) == maxRecords {
+					return fmt.Errorf("%s: over %d (iteration, layer) records in the rank files", path, maxRecords)
 				}
 				seen[key{it, l}] = true
 				sec, err := f.SectionOf(t)
