@@ -63,3 +63,16 @@ save_file({"100_3": torch.tensor([1, 0, 2, 1]), "100_5": torch.tensor([0, 4, 0, 
            "101_3": torch.tensor([3, 0, 0, 1]), "101_5": torch.tensor([2, 2, 0, 0])}, "trtllm/rank0.safetensors")
 save_file({"100_3": torch.tensor([0, 0, 0, 8]), "100_5": torch.tensor([1, 1, 1, 1]),
            "101_3": torch.tensor([5, 5, 0, 0]), "101_5": torch.tensor([0, 0, 6, 0])}, "trtllm/rank1.safetensors")
+
+# The loads cmd/moeprep's TestConvertPerRankCommand writes as JSON for the
+# qwen3-moe fixture (8 experts, MoE layers 1 and 2), recorded by two ranks
+# over iterations 7 and 8: summed they are
+# layer 1 [100, 1, 1, 1, 1, 1, 1, 50], layer 2 [1, 1, 1, 1, 1, 1, 90, 1].
+os.makedirs("trtllm-qwen3", exist_ok=True)
+with open("trtllm-qwen3/meta_info.json", "w") as f:
+    json.dump({"num_experts": 8, "num_experts_per_token": 2}, f)
+T = torch.tensor
+save_file({"7_1": T([60, 1, 0, 0, 1, 0, 0, 20]), "8_1": T([40, 0, 0, 0, 0, 0, 0, 30]),
+           "7_2": T([1, 1, 1, 1, 1, 1, 45, 1]), "8_2": T([0, 0, 0, 0, 0, 0, 45, 0])}, "trtllm-qwen3/rank0.safetensors")
+save_file({"7_1": T([0, 0, 1, 1, 0, 1, 1, 0]), "8_1": T([0] * 8),
+           "7_2": T([0] * 8), "8_2": T([0] * 8)}, "trtllm-qwen3/rank1.safetensors")
