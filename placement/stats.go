@@ -6,8 +6,12 @@ import (
 	"io"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
+
+	"github.com/moeprep/moeprep/internal/safeio"
 )
 
 // Bounds on a statistics file: real ones are a few MB (61 layers × 384
@@ -29,15 +33,29 @@ type Stats struct {
 	Loads  [][]float64
 }
 
-// ReadStats reads recorded loads from a JSON file, in any of the forms the
-// engines write:
-//   - SGLang's expert-distribution dump: {"logical_count": [layers][E]}, or
-//     [N][layers][E] (N snapshots, summed), the layers indexed from 0;
+// ReadStats reads recorded loads, in any of the forms the engines write:
+//   - SGLang's expert-distribution dump, JSON: {"logical_count": [layers][E]},
+//     or [N][layers][E] (N snapshots, summed), the layers indexed from 0;
+//   - the same dump as torch.save writes it (.pt, a zip: readSGLangPT);
+//   - TensorRT-LLM's expert statistic directory (meta_info.json and
+//     rank*.safetensors: readTRTLLM), the layers as the engine numbered them;
 //   - a plain object {"3": [counts...], "4": [...]}, keyed by layer index.
 //
-// Every count must be a finite number between 0 and 2^53, every layer
-// the same number of experts; an error names the file and layer.
+// A directory is TensorRT-LLM's; a file opening with a zip signature (or
+// named .pt or .pth) is torch's; anything else is JSON. Every count must be
+// a number between 0 and 2^53, every layer the same number of experts; an
+// error names the file and layer.
 func ReadStats(path string) (*Stats, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if st.IsDir() {
+		return readTRTLLM(path)
+	}
+	if isTorchZip(path) {
+		return readSGLangPT(path)
+	}
 	b, err := readBounded(path, "statistics")
 	if err != nil {
 		return nil, err
@@ -45,13 +63,30 @@ func ReadStats(path string) (*Stats, error) {
 	return parseStats(path, b)
 }
 
+// isTorchZip says whether path is a torch.save file: named so, or opening
+// with a zip local-file header (JSON cannot start with "PK").
+func isTorchZip(path string) bool {
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".pt", ".pth":
+		return true
+	}
+	f, err := safeio.Open(path)
+	if err != nil {
+		return false // readBounded reports it
+	}
+	defer f.Close()
+	var head [4]byte
+	n, _ := io.ReadFull(f, head[:])
+	return n == 4 && string(head[:]) == "PK\x03\x04"
+}
+
 // readBounded reads a JSON file of the kind named (placement or
 // statistics) whole, refusing one over maxStatsBytes before it is held in
 // memory: both are small documents parsed in one piece.
 func readBounded(path, kind string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := safeio.Open(path) // a FIFO would block os.Open itself
 	if err != nil {
-		return nil, err
+		return nil, err // names the file
 	}
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, maxStatsBytes+1))

@@ -65,7 +65,7 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.ep, "ep", 0, "write the routed experts per rank for `N` expert-parallel ranks (rank-0000r-of-0000N/, a per-rank index; everything else in shared files); N must divide E, or --slots")
 	fl.IntVar(&f.moeTP, "moe-tp", 1, "with --ep: cut each expert's intermediate dimension `M` ways, N*M ranks (gate and up rows, down columns, on scale block boundaries)")
 	fl.IntVar(&f.slots, "slots", 0, "with --ep: physical expert slots per MoE layer `S` = E + redundant (default E; a multiple of --ep)")
-	fl.StringVar(&f.placementStats, "placement", "", "with --ep: place the slots from recorded expert loads in `STATS`, as moeprep placement does")
+	fl.StringVar(&f.placementStats, "placement", "", "with --ep: place the slots from recorded expert loads in `STATS` (SGLang's expert-distribution dump, .json or .pt; TensorRT-LLM's expert statistic directory; or {\"layer\": [counts...]}: see moeprep placement --help), as moeprep placement does")
 	fl.IntVar(&f.nodes, "nodes", 0, "with --placement: the ranks are on `K` nodes; the placement is hierarchical (whole expert groups onto nodes) where n_group divides among them")
 	fl.StringVar(&f.placeMap, "placement-map", "", "with --ep: take each MoE layer's slots from `FILE`: moeprep placement --json, or SGLang's init_expert_location JSON")
 	quietFlag(cmd, &f.quiet)

@@ -19,20 +19,43 @@ func newPlacementCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "placement STATS --ep N --slots S",
 		Short: "Place experts on expert-parallel ranks from recorded loads, with redundant replicas",
-		Long: `placement reads recorded expert loads (SGLang's expert-distribution dump,
-{"logical_count": [layers][E]} or [N][layers][E] summed, or a plain JSON
-{"layer": [counts...]}) and places S = E + R physical slots on N ranks (S/N
-each): the R redundant replicas go to the most loaded experts, and replicas
-are packed so the busiest rank stays close to the mean. Hierarchical (whole
-expert groups onto nodes first, for group-limited routing) when --n-group
-divides among --nodes; global otherwise. A layer with no recorded load keeps
-the contiguous placement. Prints, per layer, the imbalance (max - mean) / mean
-of the ranks' loads under the contiguous ranges and under the placement.`,
+		Long: `placement reads recorded expert loads and places S = E + R physical
+slots on N ranks (S/N each): the R redundant replicas go to the most loaded
+experts, and replicas are packed so the busiest rank stays close to the mean.
+Hierarchical (whole expert groups onto nodes first, for group-limited routing)
+when --n-group divides among --nodes; global otherwise. A layer with no
+recorded load keeps the contiguous placement. Prints, per layer, the imbalance
+(max - mean) / mean of the ranks' loads under the contiguous ranges and under
+the placement.
+
+STATS is one of (told apart by what it is, not only by its name):
+  - SGLang's expert-distribution dump as JSON: {"logical_count": [layers][E]},
+    or [N][layers][E] (N forward passes, summed); layers numbered from 0.
+  - The same dump as SGLang's recorder writes it, a torch.save .pt file
+    (expert_distribution_recorder_*.pt, --expert-distribution-recorder-mode
+    stat): a dict whose one tensor is logical_count, int32 or int64,
+    [N][layers][E] summed or [layers][E]. Read without running its pickle;
+    the per_token mode's dump (no logical_count) is refused.
+    (python/sglang/srt/eplb/expert_distribution.py, sgl-project/sglang@02295fe5ac5c)
+  - TensorRT-LLM's expert statistic directory, the EXPERT_STATISTIC_PATH a
+    run with EXPERT_STATISTIC_ITER_RANGE writes: meta_info.json (num_experts)
+    and rankR.safetensors per rank, one int [E] count per "<iteration>_<layer>".
+    Every rank's counts are summed, then the iterations, as its
+    examples/ep_load_balancer/generate_eplb_config.py does; the iterations
+    must be contiguous and every layer recorded at each. Layers keep the
+    engine's numbering. (tensorrt_llm/_torch/expert_statistic.py,
+    NVIDIA/TensorRT-LLM@0fccc5b97dd7)
+  - A plain JSON object {"layer": [counts...]}, keyed by layer index.
+Every count must be a whole number of tokens from 0 to 2^53 and every layer
+the same number of experts; files are read up to 256 MiB each. An error names
+the file and the layer.`,
 		Example: `  moeprep placement expert_distribution.json --ep 32 --slots 288
   moeprep placement loads.json --ep 64 --slots 448 --nodes 8 --n-group 8 --json
   moeprep placement loads.json --ep 36 --slots 288 --sglang init_expert_location.json
-  moeprep placement loads.json --ep 36 --slots 288 --trtllm moe_load_balancer.yaml`,
-		Args: exactArgs(1, "one statistics file"),
+  moeprep placement loads.json --ep 36 --slots 288 --trtllm moe_load_balancer.yaml
+  moeprep placement expert_distribution_recorder_1751234567.pt --ep 32 --slots 288
+  moeprep placement ./expert_statistic --ep 36 --slots 288 --trtllm moe_load_balancer.yaml`,
+		Args: exactArgs(1, "one statistics file or TensorRT-LLM statistics directory"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			for _, f := range []struct{ flag, path string }{{"--sglang", sglang}, {"--trtllm", trtllm}} {
 				if f.path == "" {

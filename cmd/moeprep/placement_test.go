@@ -56,3 +56,39 @@ func TestPlacementCommand(t *testing.T) {
 		}
 	}
 }
+
+// The binary forms of recorded loads (SGLang's torch.save dump, TensorRT-
+// LLM's statistics directory: placement/testdata) place exactly as the
+// same loads written as JSON, and a refusal exits 2 naming the file.
+func TestPlacementBinaryStats(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		stats, same string
+	}{
+		// stat.pt's two passes summed; layer 2 recorded nothing.
+		{"../../placement/testdata/sglang/stat.pt", `{"logical_count": [[11, 22, 33, 44], [5, 0, 7, 2], [0, 0, 0, 0]]}`},
+		// Both ranks' iterations 100 and 101 summed, per layer.
+		{"../../placement/testdata/trtllm", `{"3": [9, 5, 2, 10], "5": [3, 7, 7, 1]}`},
+	} {
+		js := filepath.Join(dir, filepath.Base(tc.stats)+".json")
+		if err := os.WriteFile(js, []byte(tc.same), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var outs []string
+		for _, p := range []string{tc.stats, js} {
+			code, out, errOut := runCLI(t, "placement", p, "--ep", "2", "--slots", "6", "--json")
+			if code != 0 {
+				t.Fatalf("%s: exit %d: %s", p, code, errOut)
+			}
+			outs = append(outs, out)
+		}
+		if outs[0] != outs[1] || !strings.Contains(outs[0], `"physical_to_logical_map"`) {
+			t.Errorf("%s places\n%s\nthe same loads as JSON place\n%s", tc.stats, outs[0], outs[1])
+		}
+	}
+	bad := "../../placement/testdata/sglang/negative.pt"
+	code, _, errOut := runCLI(t, "placement", bad, "--ep", "2", "--slots", "4")
+	if want := bad + ": logical_count: pass 1, layer 1, expert 2: count -5"; code != 2 || !strings.Contains(errOut, want) {
+		t.Errorf("exit %d, %q; want 2 and %q", code, errOut, want)
+	}
+}

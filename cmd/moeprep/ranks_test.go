@@ -58,6 +58,8 @@ func TestConvertPerRankCommand(t *testing.T) {
 		{"--placement-map", pj},
 		{"--placement-map", sg},
 		{"--placement", stats, "--slots", "10"},
+		// The same loads as TensorRT-LLM's statistics directory records them.
+		{"--placement", "../../placement/testdata/trtllm-qwen3", "--slots", "10"},
 	} {
 		dst := filepath.Join(dir, "out"+string(rune('a'+i)))
 		code, _, errOut := runCLI(t, append([]string{"convert", "--ep", "2", "--quiet", src, dst}, args...)...)
