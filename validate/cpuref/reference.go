@@ -45,6 +45,10 @@ type RefOptions struct {
 	// Pace, when set, paces the reads of the experts' weights (a streamed
 	// run shares them with other readers); nil: none.
 	Pace moelayer.Pace
+	// NoZeroExperts leaves the zero-compute experts' output (the token's
+	// input, LongCat-Flash) out of Y: a --moe-tp part after the first,
+	// whose sum with the others must hold that output once, not M times.
+	NoZeroExperts bool
 }
 
 // ReferenceLayer runs one MoE layer of a source (hub-layout) plan the way
@@ -150,8 +154,10 @@ func newRefLayer(src tensorload.TensorSource, plan *family.Plan, layer *family.L
 		if z := plan.ZeroExperts; int(id) >= e && int(id) < e+z {
 			// a zero-compute expert (LongCat-Flash's identity_expert): its
 			// output is the token's input itself
-			tok := s / r.k
-			copy(r.contrib[s*h:(s+1)*h], x[tok*h:(tok+1)*h])
+			if !o.NoZeroExperts {
+				tok := s / r.k
+				copy(r.contrib[s*h:(s+1)*h], x[tok*h:(tok+1)*h])
+			}
 			continue
 		}
 		if id < 0 || int(id) >= e {

@@ -59,7 +59,9 @@ func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T
 		return nil, fmt.Errorf("layer %d of %d", i, len(plan.Layers))
 	}
 	routedOnly := plan.Layers[i]
-	routedOnly.Shared, routedOnly.SharedGate = nil, ""
+	// Inkling's router-weighted shared experts too: they are whole on
+	// every rank, not cut by --moe-tp, so a part would read them at I/M.
+	routedOnly.Shared, routedOnly.SharedGate, routedOnly.SharedExperts = nil, "", nil
 	cov, err := moelayer.NewCoverage(moelayer.CoverageOptions{Seed: seed, Layer: routedOnly.Index, H: plan.HiddenSize, E: plan.NumExperts, K: plan.TopK})
 	if err != nil {
 		return nil, err
@@ -123,7 +125,9 @@ func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T
 				return nil, err
 			}
 		}
-		res, err := cpuref.ReferenceLayer(ctx, vs, &part, &l, x, T, opts)
+		popts := opts
+		popts.NoZeroExperts = t > 0 // the identity experts' output, once in the sum
+		res, err := cpuref.ReferenceLayer(ctx, vs, &part, &l, x, T, popts)
 		if err != nil {
 			return nil, fmt.Errorf("%s: part %d: %w", dst, t, err)
 		}
