@@ -46,8 +46,12 @@ func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T
 	if c == nil || c.ExpertParallel == nil {
 		return nil, fmt.Errorf("%s: not a per-rank output", dst)
 	}
-	if c.Oriented() == layout.InOut || c.ExpertBias || c.Dequantized != nil {
-		return nil, fmt.Errorf("%s: recomposing in-out, biased or dequantised experts is not built", dst)
+	// Expert biases (gpt-oss) are a role of their own: each slot's bias
+	// rows are viewed like its weights, and moeprep refuses --moe-tp with
+	// them (a down bias would be added once a part), so every expert here
+	// is whole on one rank.
+	if c.Oriented() == layout.InOut || c.Dequantized != nil {
+		return nil, fmt.Errorf("%s: recomposing in-out or dequantised experts is not built", dst)
 	}
 	x0 := c.ExpertParallel
 	sck, plan, err := openPlanned(src)
@@ -163,11 +167,21 @@ func (v *views) expert(c *layout.Contract, li layout.LayerInfo, m family.MLP, sh
 				continue
 			}
 			stack, half := names.Get(pj, role), -1
-			if c.Layout == layout.GateUp || c.Layout == layout.UpGate {
-				if pj != layout.ProjDown {
-					stack, half = names.Get(layout.ProjGateUp, role), 0
-					if (pj == layout.ProjUp) == (c.Layout == layout.GateUp) {
-						half = 1
+			fused := c.Layout == layout.GateUp || c.Layout == layout.UpGate
+			if fused && pj != layout.ProjDown {
+				stack, half = names.Get(layout.ProjGateUp, role), 0
+				if (pj == layout.ProjUp) == (c.Layout == layout.GateUp) {
+					half = 1
+				}
+			}
+			if role == layout.RoleBias {
+				// the bias stacks are named apart from the weights'
+				// (layout.BiasNames), in the same order and halves
+				stack = ""
+				if bn, ok := c.Biases(li); ok {
+					stack = map[layout.Proj]string{layout.ProjGate: bn.Gate, layout.ProjUp: bn.Up, layout.ProjDown: bn.Down}[pj]
+					if half >= 0 {
+						stack = bn.GateUp
 					}
 				}
 			}
