@@ -28,8 +28,8 @@ import (
 // columns, and the scale entries that cover them); with fuse-shared, then
 // its own replica of the S shared slices, cut the same way.
 
-// maxRanks bounds N*M: the largest EP deployments are a few hundred GPUs.
-const maxRanks = 4096
+// maxRanks bounds N*M (layout.MaxRanks: a contract is held to the same).
+const maxRanks = layout.MaxRanks
 
 // normRanks checks the per-rank options: all of them need --ep.
 func (o *Options) normRanks() error {
@@ -48,7 +48,7 @@ func (o *Options) normRanks() error {
 	switch {
 	case o.EP < 1 || o.EP > maxRanks:
 		return fmt.Errorf("--ep %d: want 1..%d", o.EP, maxRanks)
-	case o.MoETP < 1 || o.EP*o.MoETP > maxRanks:
+	case o.MoETP < 1 || o.MoETP > maxRanks/o.EP: // divided: EP*MoETP could wrap
 		return fmt.Errorf("--moe-tp %d with --ep %d: want at most %d ranks in all", o.MoETP, o.EP, maxRanks)
 	case o.PlacementStats != "" && o.PlacementMap != "":
 		return fmt.Errorf("--placement and --placement-map contradict each other: give recorded loads to place, or a placement")

@@ -328,6 +328,7 @@ func TestRanksRefusals(t *testing.T) {
 		{"moe-tp does not divide I", ds, Options{EP: 2, MoETP: 3}, "experts are 32 wide (moe_intermediate_size), which 3 does not divide"},
 		{"moe-tp cuts FP8 blocks", fp8, Options{EP: 2, MoETP: 2}, "a part of 16 would cut the FP8 scale blocks of 128x128"},
 		{"moe-tp without ep", ds, Options{MoETP: 2}, "--moe-tp 2 needs --ep"},
+		{"ranks whose product wraps", ds, Options{EP: 2, MoETP: 1 << 62}, "--moe-tp 4611686018427387904 with --ep 2: want at most 4096 ranks in all"},
 		{"slots without ep", ds, Options{Slots: 20}, "need --ep"},
 		{"replicas not N", ds, Options{EP: 4, FuseShared: true, Replicas: 2}, "--replicas 2 with --ep 4"},
 		{"map of another layer", ds, Options{EP: 4, PlacementMap: writePlacement(t, []int{1, 5}, [][]int{full(16, 16), full(16, 16)})}, "no placement for MoE layer 2: the file places layers 1, 5, the model's MoE layers are 1, 2"},

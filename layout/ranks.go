@@ -74,9 +74,14 @@ func (x *ExpertParallel) Logical(i int, ri RankInfo, j int) int {
 
 // check verifies the record against the contract it is in: E experts, n
 // MoE layers, intermediate range per rank consistent with M.
+// MaxRanks bounds a per-rank output's N*M ranks: the largest EP
+// deployments are a few hundred GPUs. A contract naming more is refused
+// before anything is sized by it.
+const MaxRanks = 4096
+
 func (x *ExpertParallel) check(E, layers int) error {
 	switch {
-	case x.EP < 1 || x.MoETP < 1 || x.Ranks != x.EP*x.MoETP:
+	case x.EP < 1 || x.MoETP < 1 || x.EP > MaxRanks || x.MoETP > MaxRanks/x.EP || x.Ranks != x.EP*x.MoETP:
 		return fmt.Errorf("moeprep contract: expert_parallel: ep %d, moe_tp %d, ranks %d", x.EP, x.MoETP, x.Ranks)
 	case x.Slots < E || x.Slots%x.EP != 0 || x.SlotsPerRank != x.Slots/x.EP:
 		return fmt.Errorf("moeprep contract: expert_parallel: slots %d, slots_per_rank %d for ep %d and %d experts", x.Slots, x.SlotsPerRank, x.EP, E)

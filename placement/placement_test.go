@@ -186,19 +186,7 @@ func TestReadStats(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := writeFile(t, tc.body)
-			st, err := ReadStats(p)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), p) {
-					t.Fatalf("got %v, want an error naming %s and saying %q", err, p, tc.err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(st.Layers, tc.layers) || !reflect.DeepEqual(st.Loads, tc.loads) {
-				t.Errorf("got %v %v, want %v %v", st.Layers, st.Loads, tc.layers, tc.loads)
-			}
+			checkStats(t, p, tc.layers, tc.loads, tc.err)
 		})
 	}
 }
@@ -249,5 +237,24 @@ func TestWriters(t *testing.T) {
 	// replica halves it): kept. Layer 3's hot expert 3 does not.
 	if !reflect.DeepEqual(res.PhysicalToLogical[0], contiguous) || res.ImbalanceComputed[1] >= res.ImbalanceContiguous[1] {
 		t.Errorf("maps %v, imbalance %v vs contiguous %v", res.PhysicalToLogical, res.ImbalanceComputed, res.ImbalanceContiguous)
+	}
+}
+
+// checkStats reads path with ReadStats and wants its layers and loads, or,
+// with wantErr set, an error naming path and saying wantErr.
+func checkStats(t *testing.T, path string, layers []int, loads [][]float64, wantErr string) {
+	t.Helper()
+	st, err := ReadStats(path)
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) || !strings.Contains(err.Error(), path) {
+			t.Fatalf("got %v, want an error naming %s and saying %q", err, path, wantErr)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(st.Layers, layers) || !reflect.DeepEqual(st.Loads, loads) {
+		t.Errorf("got %v %v, want %v %v", st.Layers, st.Loads, layers, loads)
 	}
 }

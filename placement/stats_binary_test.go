@@ -31,19 +31,7 @@ func TestReadStatsSGLangPT(t *testing.T) {
 	} {
 		t.Run(tc.file, func(t *testing.T) {
 			p := filepath.Join("testdata", "sglang", tc.file)
-			st, err := ReadStats(p)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), p) {
-					t.Fatalf("got %v, want an error naming %s and saying %q", err, p, tc.err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(st.Layers, tc.layers) || !reflect.DeepEqual(st.Loads, tc.loads) {
-				t.Errorf("got %v %v, want %v %v", st.Layers, st.Loads, tc.layers, tc.loads)
-			}
+			checkStats(t, p, tc.layers, tc.loads, tc.err)
 		})
 	}
 }
