@@ -193,7 +193,7 @@ func (p *planner) planRanks() (*rankPlan, error) {
 			}
 		}
 		for _, l := range fp.Layers {
-			if !l.MTP && !containsInt(kept.Layers, l.Index) {
+			if !l.MTP && !slices.Contains(kept.Layers, l.Index) {
 				return nil, fmt.Errorf("%s: no recorded loads for MoE layer %d: the file records layers %s, the model's MoE layers are %s", st.File, l.Index, listInts(st.Layers), listInts(indices))
 			}
 		}
@@ -220,15 +220,6 @@ func (p *planner) planRanks() (*rankPlan, error) {
 	rp.digest = hex.EncodeToString(h.Sum(nil))
 	rp.tensors = make([][]*outTensor, rp.ranks())
 	return rp, nil
-}
-
-func containsInt(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // listInts names a list of layer indices briefly: "1, 2, 3" or "1..60 (60 layers)".

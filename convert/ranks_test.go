@@ -18,30 +18,23 @@ import (
 	"github.com/moeprep/moeprep/safetensors"
 )
 
-// stTensor is one tensor read back from an output.
-type stTensor struct {
-	dtype safetensors.DType
-	shape []int64
-	data  []byte
-}
-
 // readTensors reads every tensor dir's index names (dir: DST for the
 // shared files, DST/rank-... for a rank's).
-func readTensors(t *testing.T, dir string) map[string]stTensor {
+func readTensors(t *testing.T, dir string) map[string]tensorData {
 	t.Helper()
 	sh, err := safetensors.OpenSharded(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sh.Close()
-	out := map[string]stTensor{}
+	out := map[string]tensorData{}
 	for _, f := range sh.Shards {
 		for _, ti := range f.Tensors {
 			b, err := f.ReadTensor(ti.Name)
 			if err != nil {
 				t.Fatal(err)
 			}
-			out[ti.Name] = stTensor{ti.DType, ti.Shape, b}
+			out[ti.Name] = tensorData{ti.DType, ti.Shape, b}
 		}
 	}
 	return out
@@ -136,13 +129,7 @@ func checkRanks(t *testing.T, whole, ranked string) {
 			continue
 		}
 		st, ok := shared[n]
-		if !ok {
-			t.Errorf("shared files lack %s", n)
-			continue
-		}
-		if st.dtype != wt.dtype || !slices.Equal(st.shape, wt.shape) || !bytes.Equal(st.data, wt.data) {
-			t.Errorf("shared %s differs from the whole output's", n)
-		}
+		checkAsIs(t, n, st, ok, wt, "shared files against the whole output")
 	}
 	for n := range shared {
 		if _, ok := w[n]; !ok {

@@ -4,6 +4,7 @@ package convert
 // independently of the safetensors package so that the tests check it too.
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -21,11 +22,28 @@ import (
 	"github.com/moeprep/moeprep/safetensors"
 )
 
-type synthTensor struct {
-	name  string
+// tensorData is one tensor as a test wrote or read it back.
+type tensorData struct {
 	dtype safetensors.DType
 	shape []int64
 	data  []byte
+}
+
+// checkAsIs reports where got, a tensor of an output (ok false: the output
+// lacks it), is not want as it is: the same dtype, shape and bytes.
+func checkAsIs(t *testing.T, name string, got tensorData, ok bool, want tensorData, what string) {
+	t.Helper()
+	switch {
+	case !ok:
+		t.Errorf("%s: %s missing", what, name)
+	case got.dtype != want.dtype || !slices.Equal(got.shape, want.shape) || !bytes.Equal(got.data, want.data):
+		t.Errorf("%s: %s is not byte-identical", what, name)
+	}
+}
+
+type synthTensor struct {
+	name string
+	tensorData
 }
 
 // synth describes a small checkpoint of one family.
@@ -80,7 +98,7 @@ func (w *synthWriter) add(name string, d safetensors.DType, shape ...int64) {
 			b[i] = v
 		}
 	}
-	w.tensors = append(w.tensors, synthTensor{name, d, shape, b})
+	w.tensors = append(w.tensors, synthTensor{name, tensorData{d, shape, b}})
 }
 
 // weight adds a weight (and its scale when FP8).
@@ -280,14 +298,7 @@ func writeSafetensors(t testing.TB, path string, ts []synthTensor) {
 
 // readOut reads every tensor of an output directory through its index, with
 // an independent parser, checking the index and shards agree both ways.
-type outTensorData struct {
-	dtype safetensors.DType
-	shape []int64
-	data  []byte
-	file  string
-}
-
-func readOut(t *testing.T, dir string) (map[string]outTensorData, map[string]any) {
+func readOut(t *testing.T, dir string) (map[string]tensorData, map[string]any) {
 	t.Helper()
 	ib, err := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json"))
 	if err != nil {
@@ -304,7 +315,7 @@ func readOut(t *testing.T, dir string) (map[string]outTensorData, map[string]any
 	for _, f := range idx.WeightMap {
 		files[f] = true
 	}
-	out := map[string]outTensorData{}
+	out := map[string]tensorData{}
 	var total int64
 	names := slices.Sorted(maps.Keys(files))
 	for _, f := range names {
@@ -320,7 +331,7 @@ func readOut(t *testing.T, dir string) (map[string]outTensorData, map[string]any
 				t.Errorf("%s: tensor %s is in %s but the index says %q", dir, name, f, idx.WeightMap[name])
 			}
 			off := e.DataOffsets
-			out[name] = outTensorData{safetensors.DType(e.DType), e.Shape, data[off[0]:off[1]], f}
+			out[name] = tensorData{safetensors.DType(e.DType), e.Shape, data[off[0]:off[1]]}
 			total += off[1] - off[0]
 			end = max(end, off[1])
 		}

@@ -18,10 +18,10 @@ import (
 
 // layerStubs is a checkpoint of n decoder layers holding one norm each: the
 // planner must refuse a hostile config before it looks further.
-func layerStubs(n int) *fakeTensors {
-	f := &fakeTensors{meta: map[string]TensorMeta{}}
+func layerStubs(n int) *MemTensors {
+	f := &MemTensors{}
 	for l := range n {
-		f.add(fmt.Sprintf("model.layers.%d.input_layernorm.weight", l), safetensors.BF16, 32)
+		f.Add(fmt.Sprintf("model.layers.%d.input_layernorm.weight", l), safetensors.BF16, 32)
 	}
 	return f
 }
@@ -36,14 +36,14 @@ func TestPlanBoundsConfigCounts(t *testing.T) {
 	}
 	v4 := map[string]any{"model_type": "deepseek_v4", "hidden_size": 32, "moe_intermediate_size": 16,
 		"n_routed_experts": 4, "num_experts_per_tok": 2, "num_hidden_layers": 1, "mlp_layer_types": []any{"hash_moe"}}
-	hugeTable := &fakeTensors{meta: map[string]TensorMeta{}}
-	hugeTable.add("model.layers.0.ffn.gate.weight", safetensors.BF16, 4, 32)
-	hugeTable.add("model.layers.0.ffn.gate.tid2eid", safetensors.I64, 1<<40, 2)
+	hugeTable := &MemTensors{}
+	hugeTable.Add("model.layers.0.ffn.gate.weight", safetensors.BF16, 4, 32)
+	hugeTable.Add("model.layers.0.ffn.gate.tid2eid", safetensors.I64, 1<<40, 2)
 	cases := []struct {
 		name    string
 		g       gen
-		tensors *fakeTensors // nil: the generator's
-		want    string       // the exact error
+		tensors *MemTensors // nil: the generator's
+		want    string      // the exact error
 	}{
 		{"100M layers (3.0 GB before)", qwenBig().with(map[string]any{"num_hidden_layers": 100_000_000}), nil,
 			"config.json: num_hidden_layers=100000000 is over the limit of 4096 (the deepest released models have about 130)"},

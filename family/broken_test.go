@@ -22,87 +22,87 @@ func TestPlanRefusesBrokenCheckpoints(t *testing.T) {
 	cases := []struct {
 		name   string
 		g      gen
-		mutate func(t *testing.T, f *fakeTensors)
+		mutate func(t *testing.T, f *MemTensors)
 		want   string // substring of the error; exact when it starts with "="
 	}{
 		// Experts and projections.
-		{"missing projection", qwenBig(), func(t *testing.T, f *fakeTensors) {
-			f.del(t, "model.layers.3.mlp.experts.17.up_proj.weight")
+		{"missing projection", qwenBig(), func(t *testing.T, f *MemTensors) {
+			del(t, f, "model.layers.3.mlp.experts.17.up_proj.weight")
 		}, "=layer 3: expert 17: missing tensor model.layers.3.mlp.experts.17.up_proj.weight"},
-		{"missing expert", deepseekV3Gen(), func(t *testing.T, f *fakeTensors) {
+		{"missing expert", deepseekV3Gen(), func(t *testing.T, f *MemTensors) {
 			for _, p := range []string{"gate_proj", "up_proj", "down_proj"} {
-				f.del(t, "model.layers.2.mlp.experts.5."+p+".weight")
+				del(t, f, "model.layers.2.mlp.experts.5."+p+".weight")
 			}
 		}, "=layer 2: expert 5: missing tensor model.layers.2.mlp.experts.5.gate_proj.weight"},
-		{"down_proj transposed", qwenBig(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.5.mlp.experts.2.down_proj.weight", bf, 64, 32)
+		{"down_proj transposed", qwenBig(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.5.mlp.experts.2.down_proj.weight", bf, 64, 32)
 		}, "=layer 5: expert 2: down_proj shape [64,32], expected [32,64] (H=32, I=64)"},
-		{"one expert with other intermediate size", mixtralGen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.1.block_sparse_moe.experts.3.w1.weight", f16, 40, 32)
+		{"one expert with other intermediate size", mixtralGen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.1.block_sparse_moe.experts.3.w1.weight", f16, 40, 32)
 		}, "=layer 1: expert 3: w1 shape [40,32], expected [48,32] (H=32, I=48)"},
-		{"mixed dtype", deepseekV3Gen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.2.mlp.experts.1.up_proj.weight", f16, 16, 32)
+		{"mixed dtype", deepseekV3Gen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.2.mlp.experts.1.up_proj.weight", f16, 16, 32)
 		}, "=layer 2: expert 1: up_proj dtype F16, expected BF16 like model.layers.1.mlp.experts.0.gate_proj.weight"},
-		{"shared expert dtype differs from experts", deepseekV3Gen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.1.mlp.shared_experts.gate_proj.weight", f32, 16, 32)
+		{"shared expert dtype differs from experts", deepseekV3Gen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.1.mlp.shared_experts.gate_proj.weight", f32, 16, 32)
 		}, "layer 1: shared expert: gate_proj dtype F32, expected BF16"},
-		{"unsupported weight dtype", mixtralGen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.0.block_sparse_moe.experts.0.w1.weight", safetensors.I8, 48, 32)
+		{"unsupported weight dtype", mixtralGen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.0.block_sparse_moe.experts.0.w1.weight", safetensors.I8, 48, 32)
 		}, "layer 0: expert 0: model.layers.0.block_sparse_moe.experts.0.w1.weight dtype I8 is not supported"},
-		{"expert index beyond num_experts", deepseekV3Gen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.3.mlp.experts.300.up_proj.weight", bf, 16, 32)
+		{"expert index beyond num_experts", deepseekV3Gen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.3.mlp.experts.300.up_proj.weight", bf, 16, 32)
 		}, "=layer 3: expert 300: tensor model.layers.3.mlp.experts.300.up_proj.weight is beyond num_experts=8"},
-		{"unexpected tensor in an expert", mixtralGen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.0.block_sparse_moe.experts.1.w1.bias", f16, 48)
+		{"unexpected tensor in an expert", mixtralGen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.0.block_sparse_moe.experts.1.w1.bias", f16, 48)
 		}, "=layer 0: expert 1: unexpected tensor model.layers.0.block_sparse_moe.experts.1.w1.bias"},
-		{"expert id with leading zero", mixtralGen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.0.block_sparse_moe.experts.01.w1.weight", f16, 48, 32)
+		{"expert id with leading zero", mixtralGen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.0.block_sparse_moe.experts.01.w1.weight", f16, 48, 32)
 		}, "already converted: tensor model.layers.0.block_sparse_moe.experts.01.w1.weight holds stacked experts"},
 
 		// Routers, biases, shared experts.
-		{"missing router", qwenBig(), func(t *testing.T, f *fakeTensors) {
-			f.del(t, "model.layers.4.mlp.gate.weight")
+		{"missing router", qwenBig(), func(t *testing.T, f *MemTensors) {
+			del(t, f, "model.layers.4.mlp.gate.weight")
 		}, "=layer 4: router: missing tensor model.layers.4.mlp.gate.weight (E=32, H=32)"},
-		{"router shape", mixtralGen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.1.block_sparse_moe.gate.weight", bf, 8, 32)
+		{"router shape", mixtralGen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.1.block_sparse_moe.gate.weight", bf, 8, 32)
 		}, "layer 1: router model.layers.1.block_sparse_moe.gate.weight shape [8,32], expected [4,32]"},
-		{"router quantised", deepseekV3Gen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.1.mlp.gate.weight", safetensors.F8E4M3, 8, 32)
+		{"router quantised", deepseekV3Gen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.1.mlp.gate.weight", safetensors.F8E4M3, 8, 32)
 		}, "dtype F8_E4M3, expected BF16, F16 or F32"},
-		{"missing correction bias on deepseek_v3", deepseekV3Gen(), func(t *testing.T, f *fakeTensors) {
-			f.del(t, "model.layers.4.mlp.gate.e_score_correction_bias")
+		{"missing correction bias on deepseek_v3", deepseekV3Gen(), func(t *testing.T, f *MemTensors) {
+			del(t, f, "model.layers.4.mlp.gate.e_score_correction_bias")
 		}, "=layer 4 (MTP): router bias: missing tensor model.layers.4.mlp.gate.e_score_correction_bias (E=8; sigmoid routing needs e_score_correction_bias)"},
-		{"bias shape", kimiK2Gen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.1.mlp.gate.e_score_correction_bias", f32, 1, 384)
+		{"bias shape", kimiK2Gen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.1.mlp.gate.e_score_correction_bias", f32, 1, 384)
 		}, "layer 1: router bias model.layers.1.mlp.gate.e_score_correction_bias shape [1,384], expected [384]"},
-		{"missing shared projection", deepseekV3Gen(), func(t *testing.T, f *fakeTensors) {
-			f.del(t, "model.layers.3.mlp.shared_experts.down_proj.weight")
+		{"missing shared projection", deepseekV3Gen(), func(t *testing.T, f *MemTensors) {
+			del(t, f, "model.layers.3.mlp.shared_experts.down_proj.weight")
 		}, "=layer 3: shared expert: missing tensor model.layers.3.mlp.shared_experts.down_proj.weight"},
-		{"shared expert of S=1 size where S=2", deepseekV2Gen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.2.mlp.shared_experts.gate_proj.weight", bf, 16, 32)
+		{"shared expert of S=1 size where S=2", deepseekV2Gen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.2.mlp.shared_experts.gate_proj.weight", bf, 16, 32)
 		}, "=layer 2: shared expert: gate_proj shape [16,32], expected [32,32] (H=32, shared I=32)"},
-		{"missing qwen2 shared expert gate", qwen2MoEGen(), func(t *testing.T, f *fakeTensors) {
-			f.del(t, "model.layers.5.mlp.shared_expert_gate.weight")
+		{"missing qwen2 shared expert gate", qwen2MoEGen(), func(t *testing.T, f *MemTensors) {
+			del(t, f, "model.layers.5.mlp.shared_expert_gate.weight")
 		}, "=layer 5: shared expert gate: missing tensor model.layers.5.mlp.shared_expert_gate.weight (H=32)"},
-		{"qwen2 shared expert gate shape", qwen2MoEGen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.1.mlp.shared_expert_gate.weight", bf, 32)
+		{"qwen2 shared expert gate shape", qwen2MoEGen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.1.mlp.shared_expert_gate.weight", bf, 32)
 		}, "shape [32], expected [1,32]"},
 		{"shared tensors but no n_shared_experts",
 			deepseekV2Gen().with(map[string]any{"n_shared_experts": nil}), nil,
 			"=layer 2: holds shared expert tensors under model.layers.2.mlp.shared_experts but config.json gives no shared experts"},
 
 		// FP8.
-		{"missing scale", deepseekV3FP8Gen(), func(t *testing.T, f *fakeTensors) {
-			f.del(t, "model.layers.1.mlp.experts.2.down_proj.weight_scale_inv")
+		{"missing scale", deepseekV3FP8Gen(), func(t *testing.T, f *MemTensors) {
+			del(t, f, "model.layers.1.mlp.experts.2.down_proj.weight_scale_inv")
 		}, "=layer 1: expert 2: missing tensor model.layers.1.mlp.experts.2.down_proj.weight_scale_inv (FP8 weights need their block scales)"},
-		{"scale shape transposed", deepseekV3FP8Gen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.1.mlp.experts.0.gate_proj.weight_scale_inv", f32, 3, 2)
+		{"scale shape transposed", deepseekV3FP8Gen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.1.mlp.experts.0.gate_proj.weight_scale_inv", f32, 3, 2)
 		}, "=layer 1: expert 0: model.layers.1.mlp.experts.0.gate_proj.weight_scale_inv shape [3,2], expected [2,3] (128x128 blocks of gate_proj weight [136,300])"},
-		{"scale in bf16", deepseekV3FP8Gen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.2.mlp.shared_experts.up_proj.weight_scale_inv", bf, 2, 3)
+		{"scale in bf16", deepseekV3FP8Gen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.2.mlp.shared_experts.up_proj.weight_scale_inv", bf, 2, 3)
 		}, "layer 2 (MTP): shared expert: model.layers.2.mlp.shared_experts.up_proj.weight_scale_inv dtype BF16, expected F32"},
-		{"scale without fp8", mixtralGen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.1.block_sparse_moe.experts.0.w2.weight_scale_inv", f32, 1, 1)
+		{"scale without fp8", mixtralGen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.1.block_sparse_moe.experts.0.w2.weight_scale_inv", f32, 1, 1)
 		}, "=layer 1: expert 0: block scale model.layers.1.block_sparse_moe.experts.0.w2.weight_scale_inv present but model.layers.1.block_sparse_moe.experts.0.w2.weight is F16, not F8_E4M3"},
 		{"fp8 without quantization_config",
 			deepseekV3FP8Gen().with(map[string]any{"quantization_config": nil}), nil,
@@ -153,10 +153,10 @@ func TestPlanRefusesBrokenCheckpoints(t *testing.T) {
 			"=config.json: none of the 4 layers is a MoE layer"},
 		{"missing MoE layer entirely", qwenBig().with(map[string]any{"num_hidden_layers": 7}), nil,
 			"=config.json: num_hidden_layers=7, but the checkpoint holds no tensor of layer 6 (none named model.layers.6.*): truncated, or the config.json of another model"},
-		{"missing MoE layer in the middle", qwenBig(), func(t *testing.T, f *fakeTensors) {
+		{"missing MoE layer in the middle", qwenBig(), func(t *testing.T, f *MemTensors) {
 			for _, n := range f.Names() {
 				if strings.HasPrefix(n, "model.layers.4.") {
-					f.del(t, n)
+					del(t, f, n)
 				}
 			}
 		}, "=layer 4: router: missing tensor model.layers.4.mlp.gate.weight (E=32, H=32)"},
@@ -164,11 +164,11 @@ func TestPlanRefusesBrokenCheckpoints(t *testing.T) {
 		// Already converted.
 		{"moeprep section", deepseekV3Gen().with(map[string]any{"moeprep": map[string]any{"version": "0.1"}}), nil,
 			"=already converted by moeprep (config.json has a moeprep section); use the original checkpoint"},
-		{"stacked experts", deepseekV3Gen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.1.mlp.experts.all_gate.weight", bf, 8, 16, 32)
+		{"stacked experts", deepseekV3Gen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.1.mlp.experts.all_gate.weight", bf, 8, 16, 32)
 		}, "=already converted: tensor model.layers.1.mlp.experts.all_gate.weight holds stacked experts (moeprep or another converter's layout); use the original per-expert checkpoint"},
-		{"transformers fused experts", qwen3MoEGen(), func(t *testing.T, f *fakeTensors) {
-			f.add("model.layers.2.mlp.experts.gate_up_proj", bf, 16, 48, 32)
+		{"transformers fused experts", qwen3MoEGen(), func(t *testing.T, f *MemTensors) {
+			f.Add("model.layers.2.mlp.experts.gate_up_proj", bf, 16, 48, 32)
 		}, "already converted: tensor model.layers.2.mlp.experts.gate_up_proj holds stacked experts"},
 
 		// config.json values.
@@ -254,7 +254,7 @@ func TestPlanRefusesBrokenCheckpoints(t *testing.T) {
 // A BF16 correction bias is legal in a file and planned as it is.
 func TestBF16BiasAccepted(t *testing.T) {
 	cfg, tensors := deepseekV3Gen().build(t)
-	tensors.add("model.layers.2.mlp.gate.e_score_correction_bias", safetensors.BF16, 8)
+	tensors.Add("model.layers.2.mlp.gate.e_score_correction_bias", safetensors.BF16, 8)
 	p, err := Detect(cfg, tensors)
 	if err != nil {
 		t.Fatal(err)

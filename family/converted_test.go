@@ -10,14 +10,14 @@ import (
 
 // stack turns a synthetic checkpoint into what convert writes: per-expert
 // tensors replaced by stacked banks, optionally the shared expert fused away.
-func stack(t *testing.T, g gen, f *fakeTensors, dropShared bool) {
+func stack(t *testing.T, g gen, f *MemTensors, dropShared bool) {
 	for _, name := range append([]string(nil), f.Names()...) {
 		if strings.Contains(name, ".experts.") || (dropShared && strings.Contains(name, ".shared_experts.")) {
-			f.del(t, name)
+			del(t, f, name)
 		}
 	}
 	for _, l := range g.moe {
-		f.add(fmt.Sprintf("model.layers.%d.mlp.experts.all_gate.weight", l), safetensors.F8E4M3, int64(g.e), g.i, g.h)
+		f.Add(fmt.Sprintf("model.layers.%d.mlp.experts.all_gate.weight", l), safetensors.F8E4M3, int64(g.e), g.i, g.h)
 	}
 }
 
@@ -70,7 +70,7 @@ func TestPlanConverted(t *testing.T) {
 func TestPlanConvertedChecksRouters(t *testing.T) {
 	g := deepseekV3Gen().with(map[string]any{"moeprep": map[string]any{"num_experts": 8}})
 	cfg, tensors := g.build(t)
-	tensors.del(t, "model.layers.3.mlp.gate.e_score_correction_bias")
+	del(t, tensors, "model.layers.3.mlp.gate.e_score_correction_bias")
 	_, err := PlanConverted(cfg, tensors)
 	if err == nil || !strings.HasPrefix(err.Error(), "layer 3: router bias: missing tensor model.layers.3.mlp.gate.e_score_correction_bias") {
 		t.Errorf("err = %v", err)

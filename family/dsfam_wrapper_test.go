@@ -13,19 +13,19 @@ import (
 // dsWrapperCheckpoint is a multimodal wrapper's checkpoint as transformers
 // 5.17 saves it: the text model's decoder layers under layers (gen's
 // model.layers. moved there), a vision tower beside them.
-func dsWrapperCheckpoint(t *testing.T, top map[string]any, text map[string]any, layers string, hub string, bias bool) (map[string]any, *fakeTensors) {
+func dsWrapperCheckpoint(t *testing.T, top map[string]any, text map[string]any, layers string, hub string, bias bool) (map[string]any, *MemTensors) {
 	t.Helper()
 	g := gen{cfg: text, layers: 3, moe: []int{1, 2}, h: 64, i: 32, e: 8, sharedI: 64, bias: bias,
 		dtype: safetensors.BF16, modelTyp: hub}
 	_, f := g.build(t)
-	out := &fakeTensors{meta: map[string]TensorMeta{}}
+	out := &MemTensors{}
 	for _, n := range f.Names() {
 		m, _ := f.Lookup(n)
-		out.add(strings.Replace(n, "model.layers.", layers, 1), m.DType, m.Shape...)
+		out.Add(strings.Replace(n, "model.layers.", layers, 1), m.DType, m.Shape...)
 	}
 	// vision towers whose own layers must not be taken for the text model's
-	out.add("model.qwen2_model.model.model.layers.0.mlp.gate_proj.weight", safetensors.BF16, 96, 64)
-	out.add("model.visual.blocks.0.mlp.gate_proj.weight", safetensors.BF16, 96, 64)
+	out.Add("model.qwen2_model.model.model.layers.0.mlp.gate_proj.weight", safetensors.BF16, 96, 64)
+	out.Add("model.visual.blocks.0.mlp.gate_proj.weight", safetensors.BF16, 96, 64)
 	cfg := map[string]any{}
 	for k, v := range top {
 		cfg[k] = v

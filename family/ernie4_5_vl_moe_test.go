@@ -13,7 +13,7 @@ import (
 
 // ernieVLFixture is the transformers-written ERNIE-4.5-VL fixture's
 // config.json and tensor metadata.
-func ernieVLFixture(t *testing.T) (map[string]any, *fakeTensors) {
+func ernieVLFixture(t *testing.T) (map[string]any, *MemTensors) {
 	t.Helper()
 	d := filepath.Join("..", "fixtures", "hf", "ernie4-5-vl-moe")
 	cfg := testkit.ReadJSON(t, filepath.Join(d, "config.json"))
@@ -22,9 +22,9 @@ func ernieVLFixture(t *testing.T) (map[string]any, *fakeTensors) {
 		t.Fatal(err)
 	}
 	defer sf.Close()
-	ts := &fakeTensors{meta: map[string]TensorMeta{}}
+	ts := &MemTensors{}
 	for _, ti := range sf.Tensors {
-		ts.add(ti.Name, ti.DType, ti.Shape...)
+		ts.Add(ti.Name, ti.DType, ti.Shape...)
 	}
 	return cfg, ts
 }
@@ -73,12 +73,12 @@ func TestErnieVLPlan(t *testing.T) {
 // TestErnieVLRefusals: what the two banks cannot be read from is refused in
 // one line naming the key or tensor.
 func TestErnieVLRefusals(t *testing.T) {
-	text := func(edit func(m map[string]any)) func(map[string]any, *fakeTensors) {
-		return func(c map[string]any, _ *fakeTensors) { edit(c["text_config"].(map[string]any)) }
+	text := func(edit func(m map[string]any)) func(map[string]any, *MemTensors) {
+		return func(c map[string]any, _ *MemTensors) { edit(c["text_config"].(map[string]any)) }
 	}
 	for _, c := range []struct {
 		name string
-		edit func(map[string]any, *fakeTensors)
+		edit func(map[string]any, *MemTensors)
 		want string
 	}{
 		{"one width", text(func(m map[string]any) { m["moe_intermediate_size"] = 32.0 }), "moe_intermediate_size"},
@@ -86,24 +86,23 @@ func TestErnieVLRefusals(t *testing.T) {
 		{"zero width", text(func(m map[string]any) { m["moe_intermediate_size"] = []any{32.0, 0.0} }), "want [text, vision]"},
 		{"no width", text(func(m map[string]any) { delete(m, "moe_intermediate_size") }), "moe_intermediate_size"},
 		{"expert counts differ", text(func(m map[string]any) { m["moe_num_experts"] = []any{8.0, 6.0} }), "same count"},
-		{"quantised", func(c map[string]any, _ *fakeTensors) {
+		{"quantised", func(c map[string]any, _ *MemTensors) {
 			c["quantization_config"] = map[string]any{"quant_method": "fp8"}
 		}, "quantised ERNIE-4.5-VL"},
-		{"router not transposed", func(_ map[string]any, ts *fakeTensors) {
-			ts.meta["model.layers.1.mlp.gate.weight_1"] = TensorMeta{DType: safetensors.BF16, Shape: []int64{8, 64}}
+		{"router not transposed", func(_ map[string]any, ts *MemTensors) {
+			ts.Add("model.layers.1.mlp.gate.weight_1", safetensors.BF16, 8, 64)
 		}, "router model.layers.1.mlp.gate.weight_1: shape [8 64], want [64, 8]"},
-		{"one bias row", func(_ map[string]any, ts *fakeTensors) {
-			ts.meta["model.layers.2.mlp.moe_statics.e_score_correction_bias"] = TensorMeta{DType: safetensors.F32, Shape: []int64{1, 8}}
+		{"one bias row", func(_ map[string]any, ts *MemTensors) {
+			ts.Add("model.layers.2.mlp.moe_statics.e_score_correction_bias", safetensors.F32, 1, 8)
 		}, "router bias model.layers.2.mlp.moe_statics.e_score_correction_bias: shape [1 8], want [2, 8]"},
-		{"a vision expert narrow", func(_ map[string]any, ts *fakeTensors) {
-			ts.meta["model.layers.2.mlp.experts.12.up_proj.weight"] = TensorMeta{DType: safetensors.BF16, Shape: []int64{8, 64}}
+		{"a vision expert narrow", func(_ map[string]any, ts *MemTensors) {
+			ts.Add("model.layers.2.mlp.experts.12.up_proj.weight", safetensors.BF16, 8, 64)
 		}, "vision bank (experts 8..15, router gate.weight_1): layer 2: expert 12: up_proj shape [8,64], expected [16,64]"},
-		{"a vision expert missing", func(_ map[string]any, ts *fakeTensors) {
-			ts.names = slicesDelete(ts.names, "model.layers.1.mlp.experts.15.down_proj.weight")
-			delete(ts.meta, "model.layers.1.mlp.experts.15.down_proj.weight")
+		{"a vision expert missing", func(_ map[string]any, ts *MemTensors) {
+			ts.Delete("model.layers.1.mlp.experts.15.down_proj.weight")
 		}, "missing tensor model.layers.1.mlp.experts.15.down_proj.weight"},
-		{"an expert past both banks", func(_ map[string]any, ts *fakeTensors) {
-			ts.add("model.layers.1.mlp.experts.16.gate_proj.weight", safetensors.BF16, 32, 64)
+		{"an expert past both banks", func(_ map[string]any, ts *MemTensors) {
+			ts.Add("model.layers.1.mlp.experts.16.gate_proj.weight", safetensors.BF16, 32, 64)
 		}, "tensor model.layers.1.mlp.experts.16.gate_proj.weight: expert 16 is past both routed banks (text 0..7, vision 8..15"},
 	} {
 		cfg, ts := ernieVLFixture(t)
@@ -121,14 +120,4 @@ func TestErnieVLRefusals(t *testing.T) {
 	if p, err := Detect(cfg, ts); err != nil || p.NumExperts != 8 {
 		t.Errorf("moe_num_experts [8, 8]: %v", err)
 	}
-}
-
-func slicesDelete(names []string, n string) []string {
-	var out []string
-	for _, x := range names {
-		if x != n {
-			out = append(out, x)
-		}
-	}
-	return out
 }

@@ -20,10 +20,10 @@ import (
 // (widths, the hub's expert counts) malformed and well formed.
 func FuzzDetect(f *testing.F) {
 	dirs := []string{"deepseek-v3-bf16", "step3p7", "hy-v4", "gpt-oss", "llama4", "glm5-next", "gemma4", "diffusion-gemma", "longcat-flash", "nemotron-h", "ernie4-5-vl-moe"}
-	sets := make([]*fakeTensors, len(dirs))
+	sets := make([]*MemTensors, len(dirs))
 	for i, dir := range dirs {
 		d := filepath.Join("..", "fixtures", "hf", dir)
-		ts := &fakeTensors{meta: map[string]TensorMeta{}}
+		ts := &MemTensors{}
 		shards, _ := filepath.Glob(filepath.Join(d, "*.safetensors"))
 		for _, s := range shards {
 			sf, err := safetensors.Open(s)
@@ -31,7 +31,7 @@ func FuzzDetect(f *testing.F) {
 				f.Fatal(err)
 			}
 			for _, ti := range sf.Tensors {
-				ts.add(ti.Name, ti.DType, ti.Shape...)
+				ts.Add(ti.Name, ti.DType, ti.Shape...)
 			}
 			sf.Close()
 		}

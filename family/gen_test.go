@@ -12,33 +12,13 @@ import (
 	"github.com/moeprep/moeprep/safetensors"
 )
 
-// fakeTensors is an in-memory Tensors: names in insertion order plus metadata.
-type fakeTensors struct {
-	names []string
-	meta  map[string]TensorMeta
-}
-
-func (f *fakeTensors) Lookup(name string) (TensorMeta, bool) {
-	m, ok := f.meta[name]
-	return m, ok
-}
-
-func (f *fakeTensors) Names() []string { return f.names }
-
-func (f *fakeTensors) add(name string, dt safetensors.DType, shape ...int64) {
-	if _, ok := f.meta[name]; !ok {
-		f.names = append(f.names, name)
-	}
-	f.meta[name] = TensorMeta{DType: dt, Shape: shape}
-}
-
-func (f *fakeTensors) del(t *testing.T, name string) {
+// del deletes name from f, failing the test where f does not hold it (a
+// mutation that deletes nothing would test nothing).
+func del(t *testing.T, f *MemTensors, name string) {
 	t.Helper()
-	if _, ok := f.meta[name]; !ok {
+	if !f.Delete(name) {
 		t.Fatalf("fixture has no tensor %s to delete", name)
 	}
-	delete(f.meta, name)
-	f.names = slices.DeleteFunc(f.names, func(n string) bool { return n == name })
 }
 
 // hubName is how the hub names one family's MoE tensors, written out here
@@ -118,11 +98,11 @@ func decodeConfig(t testing.TB, cfg map[string]any, useNumber bool) map[string]a
 }
 
 // build writes the checkpoint's tensor table.
-func (g gen) build(t testing.TB) (map[string]any, *fakeTensors) {
+func (g gen) build(t testing.TB) (map[string]any, *MemTensors) {
 	t.Helper()
-	f := &fakeTensors{meta: map[string]TensorMeta{}}
+	f := &MemTensors{}
 	bf := safetensors.BF16
-	f.add("model.embed_tokens.weight", bf, 64, g.h)
+	f.Add("model.embed_tokens.weight", bf, 64, g.h)
 	n := g.names()
 	last := g.layers - 1
 	if len(g.moe) > 0 {
@@ -133,23 +113,23 @@ func (g gen) build(t testing.TB) (map[string]any, *fakeTensors) {
 		if l >= g.layers && !slices.Contains(g.moe, l) {
 			continue
 		}
-		f.add(p+"input_layernorm.weight", bf, g.h)
-		f.add(p+"self_attn.o_proj.weight", bf, g.h, g.h)
+		f.Add(p+"input_layernorm.weight", bf, g.h)
+		f.Add(p+"self_attn.o_proj.weight", bf, g.h, g.h)
 		if slices.Contains(g.mtp, l) {
-			f.add(p+"eh_proj.weight", bf, g.h, 2*g.h)
-			f.add(p+"enorm.weight", bf, g.h)
-			f.add(p+"shared_head.head.weight", bf, 64, g.h)
+			f.Add(p+"eh_proj.weight", bf, g.h, 2*g.h)
+			f.Add(p+"enorm.weight", bf, g.h)
+			f.Add(p+"shared_head.head.weight", bf, 64, g.h)
 		}
 		if !slices.Contains(g.moe, l) {
-			f.add(p+"mlp.gate_proj.weight", bf, 3*g.h, g.h)
-			f.add(p+"mlp.up_proj.weight", bf, 3*g.h, g.h)
-			f.add(p+"mlp.down_proj.weight", bf, g.h, 3*g.h)
+			f.Add(p+"mlp.gate_proj.weight", bf, 3*g.h, g.h)
+			f.Add(p+"mlp.up_proj.weight", bf, 3*g.h, g.h)
+			f.Add(p+"mlp.down_proj.weight", bf, g.h, 3*g.h)
 			continue
 		}
 		m := p + n.module + "."
-		f.add(m+"gate.weight", bf, int64(g.e), g.h)
+		f.Add(m+"gate.weight", bf, int64(g.e), g.h)
 		if g.bias {
-			f.add(m+"gate.e_score_correction_bias", safetensors.F32, int64(g.e))
+			f.Add(m+"gate.e_score_correction_bias", safetensors.F32, int64(g.e))
 		}
 		for e := 0; e < g.e; e++ {
 			g.mlp(f, fmt.Sprintf("%sexperts.%d.", m, e), n.proj, g.i)
@@ -157,25 +137,25 @@ func (g gen) build(t testing.TB) (map[string]any, *fakeTensors) {
 		if g.sharedI > 0 {
 			g.mlp(f, m+n.shared+".", n.proj, g.sharedI)
 			if n.sharedGate != "" {
-				f.add(m+n.sharedGate+".weight", bf, 1, g.h)
+				f.Add(m+n.sharedGate+".weight", bf, 1, g.h)
 			}
 		}
 	}
-	f.add("model.norm.weight", bf, g.h)
-	f.add("lm_head.weight", bf, 64, g.h)
+	f.Add("model.norm.weight", bf, g.h)
+	f.Add("lm_head.weight", bf, 64, g.h)
 	return decodeConfig(t, g.cfg, g.useNum), f
 }
 
-func (g gen) mlp(f *fakeTensors, prefix string, proj [3]string, inter int64) {
+func (g gen) mlp(f *MemTensors, prefix string, proj [3]string, inter int64) {
 	dt := g.dtype
 	if g.fp8 {
 		dt = safetensors.F8E4M3
 	}
 	shapes := [3][2]int64{{inter, g.h}, {inter, g.h}, {g.h, inter}}
 	for k, pr := range proj {
-		f.add(prefix+pr+".weight", dt, shapes[k][0], shapes[k][1])
+		f.Add(prefix+pr+".weight", dt, shapes[k][0], shapes[k][1])
 		if g.fp8 {
-			f.add(prefix+pr+".weight_scale_inv", safetensors.F32, (shapes[k][0]+127)/128, (shapes[k][1]+127)/128)
+			f.Add(prefix+pr+".weight_scale_inv", safetensors.F32, (shapes[k][0]+127)/128, (shapes[k][1]+127)/128)
 		}
 	}
 }

@@ -14,20 +14,20 @@ import (
 // readHeaders builds a Tensors from the safetensors headers in dir, read
 // by testkit so this package's tests do not depend on the safetensors
 // package's reader.
-func readHeaders(t *testing.T, dir string) *fakeTensors {
+func readHeaders(t *testing.T, dir string) *MemTensors {
 	t.Helper()
 	files, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
 	if len(files) == 0 {
 		t.Fatalf("%s: no safetensors files", dir)
 	}
-	out := &fakeTensors{meta: map[string]TensorMeta{}}
+	out := &MemTensors{}
 	for _, path := range files {
 		h, err := testkit.ReadSTHeader(path)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for name, info := range h.Tensors {
-			out.add(name, safetensors.DType(info.DType), info.Shape...)
+			out.Add(name, safetensors.DType(info.DType), info.Shape...)
 		}
 	}
 	return out

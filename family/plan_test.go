@@ -384,7 +384,7 @@ func TestDenseModelRefusal(t *testing.T) {
 		{"model_type": "llama", "hidden_size": 4096.0, "num_hidden_layers": 32.0, "intermediate_size": 11008.0},
 		{"model_type": "qwen2", "hidden_size": 64.0},
 	} {
-		_, err := Detect(cfg, &fakeTensors{meta: map[string]TensorMeta{}})
+		_, err := Detect(cfg, &MemTensors{})
 		want := fmt.Sprintf("config.json: model_type %q is a dense model (its config names no experts): it has no MoE layers for moeprep to prepare; serve it as it is", cfg["model_type"])
 		if err == nil || err.Error() != want {
 			t.Errorf("%v: got %v, want %s", cfg["model_type"], err, want)

@@ -172,7 +172,7 @@ func TestDetectQuant(t *testing.T) {
 
 // hfTensors hands Detect an hf_quant_config.json as checkpoint does.
 type hfTensors struct {
-	*fakeTensors
+	*MemTensors
 	hf map[string]any
 }
 

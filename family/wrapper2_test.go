@@ -38,7 +38,7 @@ func hand(t *testing.T, mt string, edit func(cfg, text map[string]any), rename f
 		}
 		edit(cfg, text)
 	}
-	ts := &fakeTensors{meta: map[string]TensorMeta{}}
+	ts := &MemTensors{}
 	for _, n := range slices.Sorted(maps.Keys(h.Tensors)) {
 		dt := safetensors.BF16
 		if strings.Contains(n, "correction_bias") {
@@ -46,10 +46,10 @@ func hand(t *testing.T, mt string, edit func(cfg, text map[string]any), rename f
 		}
 		if rename != nil {
 			n2 := rename(n)
-			ts.add(n2, dt, h.Tensors[n]...)
+			ts.Add(n2, dt, h.Tensors[n]...)
 			continue
 		}
-		ts.add(n, dt, h.Tensors[n]...)
+		ts.Add(n, dt, h.Tensors[n]...)
 	}
 	return cfg, viewTensors{ts}
 }
@@ -232,10 +232,10 @@ func TestPlanInklingHub(t *testing.T) {
 func TestPlanInklingInMemory(t *testing.T) {
 	cfg, _ := wrapperFixture(t, "inkling-mm-model")
 	saved := readHeaders(t, filepath.Join("..", "fixtures", "hf", "inkling-text"))
-	ts := viewTensors{&fakeTensors{meta: map[string]TensorMeta{}}}
+	ts := viewTensors{&MemTensors{}}
 	for _, n := range saved.Names() {
 		m, _ := saved.Lookup(n)
-		ts.add(strings.Replace(n, "model.", "model.language_model.", 1), m.DType, m.Shape...)
+		ts.Add(strings.Replace(n, "model.", "model.language_model.", 1), m.DType, m.Shape...)
 	}
 	p, err := Detect(cfg, ts)
 	if err != nil {
@@ -259,16 +259,16 @@ func TestRefuseInklingHub(t *testing.T) {
 		edit func(t *testing.T, ts viewTensors)
 		want string
 	}{
-		{"w13 rows", func(t *testing.T, ts viewTensors) { ts.add(pre+"experts.w13_weight", safetensors.BF16, 8, 32, 64) },
+		{"w13 rows", func(t *testing.T, ts viewTensors) { ts.Add(pre+"experts.w13_weight", safetensors.BF16, 8, 32, 64) },
 			pre + "experts.w13_weight shape [8,32,64], expected [8,64,64] (E=8, H=64, I=32: experts stacked on disk)"},
-		{"w2 missing", func(t *testing.T, ts viewTensors) { ts.del(t, pre+"experts.w2_weight") }, pre + "experts.w2_weight"},
+		{"w2 missing", func(t *testing.T, ts viewTensors) { del(t, ts.MemTensors, pre+"experts.w2_weight") }, pre + "experts.w2_weight"},
 		{"shared w13 rows", func(t *testing.T, ts viewTensors) {
-			ts.add(pre+"shared_experts.shared_w13_weight", safetensors.BF16, 2, 32, 64)
+			ts.Add(pre+"shared_experts.shared_w13_weight", safetensors.BF16, 2, 32, 64)
 		},
 			pre + "shared_experts.shared_w13_weight shape [2,32,64], expected [2,64,64] (S=2, H=64, I=32: shared experts stacked on disk)"},
-		{"shared w2 missing", func(t *testing.T, ts viewTensors) { ts.del(t, pre+"shared_experts.shared_w2_weight") },
+		{"shared w2 missing", func(t *testing.T, ts viewTensors) { del(t, ts.MemTensors, pre+"shared_experts.shared_w2_weight") },
 			"missing tensor " + pre + "shared_experts.shared_w2_weight"},
-		{"bias missing", func(t *testing.T, ts viewTensors) { ts.del(t, pre+"gate.bias") }, pre + "gate.bias"},
+		{"bias missing", func(t *testing.T, ts viewTensors) { del(t, ts.MemTensors, pre+"gate.bias") }, pre + "gate.bias"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -26,19 +26,19 @@ func wrapperFixture(t *testing.T, name string) (map[string]any, viewTensors) {
 
 // viewTensors resolves the views a plan of stacked experts names (view.go)
 // to their 2-D shapes, as checkpoint does, from the stored tensor's shape.
-type viewTensors struct{ *fakeTensors }
+type viewTensors struct{ *MemTensors }
 
 var viewRE = regexp.MustCompile(`^(.+)\[(\d+)\](?:\[(\d+):(\d+)\]|\[T:(\d+):(\d+):(\d+)\]|\[R:(\d+):(\d+):(\d+)\])?$`)
 
 func (v viewTensors) Lookup(name string) (TensorMeta, bool) {
-	if m, ok := v.fakeTensors.Lookup(name); ok {
+	if m, ok := v.MemTensors.Lookup(name); ok {
 		return m, true
 	}
 	g := viewRE.FindStringSubmatch(name)
 	if g == nil {
 		return TensorMeta{}, false
 	}
-	m, ok := v.fakeTensors.Lookup(g[1])
+	m, ok := v.MemTensors.Lookup(g[1])
 	if !ok || len(m.Shape) != 3 {
 		return TensorMeta{}, false
 	}
@@ -101,10 +101,10 @@ func TestPlanWrapperFixtures(t *testing.T) {
 // (language_model.model.blocks.L): the same plan under the other prefix.
 func TestKimiK25HubPrefix(t *testing.T) {
 	cfg, saved := wrapperFixture(t, "kimi-k25")
-	hub := &fakeTensors{meta: map[string]TensorMeta{}}
+	hub := &MemTensors{}
 	for _, n := range saved.Names() {
 		m, _ := saved.Lookup(n)
-		hub.add(strings.Replace(n, "language_model.model.blocks.", "language_model.model.layers.", 1), m.DType, m.Shape...)
+		hub.Add(strings.Replace(n, "language_model.model.blocks.", "language_model.model.layers.", 1), m.DType, m.Shape...)
 	}
 	text := maps.Clone(cfg["text_config"].(map[string]any))
 	text["model_type"] = "kimi_k2" // as the hub's config.json says
@@ -134,7 +134,7 @@ func TestQwen3VLMoEOrientation(t *testing.T) {
 	bf := safetensors.BF16
 	for l := 1; l <= 2; l++ {
 		pre := "model.language_model.layers." + string(rune('0'+l)) + ".mlp.experts."
-		ts.add(pre+"down_proj", bf, 8, 32, 64)
+		ts.Add(pre+"down_proj", bf, 8, 32, 64)
 	}
 	if p, err = Detect(cfg, ts); err != nil {
 		t.Fatal(err)
@@ -146,8 +146,8 @@ func TestQwen3VLMoEOrientation(t *testing.T) {
 	text["moe_intermediate_size"] = 16.0 // 2I = 32: gate-up [8,64,64] now fits neither
 	c2 := maps.Clone(cfg)
 	c2["text_config"] = text
-	ts.add("model.language_model.layers.1.mlp.experts.gate_up_proj", bf, 8, 32, 64)
-	ts.add("model.language_model.layers.1.mlp.experts.down_proj", bf, 8, 16, 64)
+	ts.Add("model.language_model.layers.1.mlp.experts.gate_up_proj", bf, 8, 32, 64)
+	ts.Add("model.language_model.layers.1.mlp.experts.down_proj", bf, 8, 16, 64)
 	want := "layer 1: model.language_model.layers.1.mlp.experts.gate_up_proj is stored as [out, in] but model.language_model.layers.1.mlp.experts.down_proj transposed (x @ W) (E=8, H=64, I=16: experts stacked on disk)"
 	if _, err = Detect(c2, ts); err == nil || err.Error() != want {
 		t.Errorf("got %v\nwant %s", err, want)
@@ -247,8 +247,8 @@ func TestQwen3VLMoEFP8Refused(t *testing.T) {
 	cfg["quantization_config"] = map[string]any{"quant_method": "fp8", "weight_block_size": []any{128.0, 128.0}, "activation_scheme": "dynamic"}
 	for l := 1; l <= 2; l++ {
 		pre := "model.language_model.layers." + strconv.Itoa(l) + ".mlp.experts."
-		ts.add(pre+"gate_up_proj", safetensors.F8E4M3, 8, 64, 64)
-		ts.add(pre+"down_proj", safetensors.F8E4M3, 8, 64, 32)
+		ts.Add(pre+"gate_up_proj", safetensors.F8E4M3, 8, 64, 64)
+		ts.Add(pre+"down_proj", safetensors.F8E4M3, 8, 64, 32)
 	}
 	_, err := Detect(cfg, ts)
 	if err == nil || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "model.language_model.layers.1.mlp.experts.gate_up_proj") {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -117,17 +118,7 @@ func TestNamesAndShapesFor(t *testing.T) {
 	}
 }
 
-func eq(s Shape, v ...int64) bool {
-	if len(s) != len(v) {
-		return false
-	}
-	for i := range s {
-		if s[i] != v[i] {
-			return false
-		}
-	}
-	return true
-}
+func eq(s Shape, v ...int64) bool { return slices.Equal(s, v) }
 
 func TestSharedSlotID(t *testing.T) {
 	// E=256, R=8, S=1: token t uses expert 256 + t%8

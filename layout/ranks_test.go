@@ -1,8 +1,9 @@
 package layout
 
 import (
-	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // A contract's expert_parallel record is held to the ranks convert writes
@@ -33,15 +34,7 @@ func TestExpertParallelCheck(t *testing.T) {
 			x := good()
 			tc.edit(x)
 			err := x.check(4, 1)
-			if tc.want == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("got %v, want %q", err, tc.want)
-			}
+			testkit.WantErr(t, err, tc.want)
 		})
 	}
 }

@@ -360,12 +360,7 @@ func classify(q jsoncfg.Object, file, key string, mods *Modules) (Desc, error) {
 				d.Label = fmt.Sprintf("fp8 %dx%d block", b[0], b[1])
 			}
 		}
-		m, err := newMatcher(q, mods, syntaxRe, "modules_to_not_convert", "ignored_layers")
-		if err != nil {
-			return Desc{}, err
-		}
-		d.Groups, d.Detail, err = m.resolve(d.Label, false)
-		return d, err
+		return d.quantisedBut(q, mods, "modules_to_not_convert", "ignored_layers")
 	case "mxfp4":
 		d := Desc{File: file, Key: key, Kind: KindMXFP4, Label: "mxfp4"}
 		m, err := newMatcher(q, mods, syntaxRe, "modules_to_not_convert")
@@ -387,12 +382,7 @@ func classify(q jsoncfg.Object, file, key string, mods *Modules) (Desc, error) {
 		// (routers, vision tower, embeddings, head); readMXFP8 checks the
 		// block and the activations.
 		d := Desc{File: file, Key: key, Kind: KindMXFP8, Label: mxfp8Label}
-		m, err := newMatcher(q, mods, syntaxRe, "ignored_layers", "modules_to_not_convert")
-		if err != nil {
-			return Desc{}, err
-		}
-		d.Groups, d.Detail, err = m.resolve(d.Label, false)
-		return d, err
+		return d.quantisedBut(q, mods, "ignored_layers", "modules_to_not_convert")
 	case "modelopt":
 		return classifyModelOpt(q, file, key, mods)
 	case "compressed-tensors":
@@ -401,6 +391,19 @@ func classify(q jsoncfg.Object, file, key string, mods *Modules) (Desc, error) {
 		return Desc{}, q.Missing("quant_method")
 	}
 	return Desc{}, q.Errorf("quant_method", "%q is not supported (only fp8 with 128x128 block scales)", method)
+}
+
+// quantisedBut gives every tensor group but the routers d.Label, except
+// those the regular-expression ignore lists under keys leave unquantised
+// (the keys a quant_method names its list by, read in this order); Detail
+// names a routed or shared group the lists leave unquantised only in part.
+func (d Desc) quantisedBut(q jsoncfg.Object, mods *Modules, keys ...string) (Desc, error) {
+	m, err := newMatcher(q, mods, syntaxRe, keys...)
+	if err != nil {
+		return Desc{}, err
+	}
+	d.Groups, d.Detail, err = m.resolve(d.Label, false)
+	return d, err
 }
 
 // modelOptAlgo names a ModelOpt quant_algo.

@@ -13,30 +13,10 @@ import (
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
-// fakeTensors is a checkpoint's tensor metadata, in the order added.
-type fakeTensors struct {
-	names []string
-	meta  map[string]family.TensorMeta
-}
-
-func (f *fakeTensors) Lookup(name string) (family.TensorMeta, bool) {
-	m, ok := f.meta[name]
-	return m, ok
-}
-
-func (f *fakeTensors) Names() []string { return f.names }
-
-func (f *fakeTensors) add(name string, dt safetensors.DType, shape ...int64) {
-	if _, ok := f.meta[name]; !ok {
-		f.names = append(f.names, name)
-	}
-	f.meta[name] = family.TensorMeta{DType: dt, Shape: shape}
-}
-
-// shapedTensors is fakeTensors that also hands out small tensors' bytes
+// shapedTensors is family.MemTensors that also hands out small tensors' bytes
 // (compressed-tensors' weight_shape), as a checkpoint does.
 type shapedTensors struct {
-	*fakeTensors
+	*family.MemTensors
 	bytes map[string][]byte
 }
 
@@ -49,7 +29,7 @@ func (s shapedTensors) SmallTensorBytes(name string, max int64) ([]byte, error) 
 }
 
 func newShaped() shapedTensors {
-	return shapedTensors{&fakeTensors{meta: map[string]family.TensorMeta{}}, map[string][]byte{}}
+	return shapedTensors{&family.MemTensors{}, map[string][]byte{}}
 }
 
 // Find finds each format's weights outside the experts by the
@@ -65,28 +45,28 @@ func TestQuantisedWeightsFinds(t *testing.T) {
 		want  []Weight
 	}{
 		{weightfmt.FP8Block(128, 128, false), func(s shapedTensors) {
-			s.add(attn+".weight", safetensors.F8E4M3, 300, 200)
-			s.add(attn+".weight_scale_inv", safetensors.F32, 3, 2)
-			s.add("model.norm.weight", safetensors.BF16, 200)
-			s.add("model.layers.1.mlp.experts.0.down_proj.weight", safetensors.F8E4M3, 64, 32)
-			s.add("model.layers.1.mlp.experts.0.down_proj.weight_scale_inv", safetensors.F32, 1, 1)
+			s.Add(attn+".weight", safetensors.F8E4M3, 300, 200)
+			s.Add(attn+".weight_scale_inv", safetensors.F32, 3, 2)
+			s.Add("model.norm.weight", safetensors.BF16, 200)
+			s.Add("model.layers.1.mlp.experts.0.down_proj.weight", safetensors.F8E4M3, 64, 32)
+			s.Add("model.layers.1.mlp.experts.0.down_proj.weight_scale_inv", safetensors.F32, 1, 1)
 		}, []Weight{{Name: attn + ".weight", Tensors: weightfmt.Tensors{Weight: attn + ".weight", Scale: attn + ".weight_scale_inv"}, Rows: 300, Cols: 200}}},
 		{weightfmt.FP8Tensor(safetensors.F32), func(s shapedTensors) {
-			s.add(attn+".weight", safetensors.F8E4M3, 8, 16)
-			s.add(attn+".weight_scale", safetensors.F32, 1, 1)
+			s.Add(attn+".weight", safetensors.F8E4M3, 8, 16)
+			s.Add(attn+".weight_scale", safetensors.F32, 1, 1)
 		}, []Weight{{Name: attn + ".weight", Tensors: weightfmt.Tensors{Weight: attn + ".weight", Scale: attn + ".weight_scale"}, Rows: 8, Cols: 16}}},
 		{weightfmt.Int4Pack(32, safetensors.BF16), func(s shapedTensors) {
-			s.add(attn+".weight_packed", safetensors.I32, 8, 12)
-			s.add(attn+".weight_scale", safetensors.BF16, 8, 3)
-			s.add(attn+".weight_shape", safetensors.I64, 2)
+			s.Add(attn+".weight_packed", safetensors.I32, 8, 12)
+			s.Add(attn+".weight_scale", safetensors.BF16, 8, 3)
+			s.Add(attn+".weight_shape", safetensors.I64, 2)
 			s.bytes[attn+".weight_shape"] = binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 8), 96)
-			s.add("model.layers.1.mlp.gate.tid2eid", safetensors.I32, 64, 2) // a token table, no scale
+			s.Add("model.layers.1.mlp.gate.tid2eid", safetensors.I32, 64, 2) // a token table, no scale
 		}, []Weight{{Name: attn + ".weight", Tensors: weightfmt.Tensors{Weight: attn + ".weight_packed", Scale: attn + ".weight_scale", Shape: attn + ".weight_shape"}, Rows: 8, Cols: 96}}},
 		{weightfmt.NVFP4ModelOpt(), func(s shapedTensors) {
-			s.add(attn+".weight", safetensors.U8, 8, 16)
-			s.add(attn+".weight_scale", safetensors.F8E4M3, 8, 2)
-			s.add(attn+".weight_scale_2", safetensors.F32)
-			s.add(attn+".input_scale", safetensors.F32)
+			s.Add(attn+".weight", safetensors.U8, 8, 16)
+			s.Add(attn+".weight_scale", safetensors.F8E4M3, 8, 2)
+			s.Add(attn+".weight_scale_2", safetensors.F32)
+			s.Add(attn+".input_scale", safetensors.F32)
 		}, []Weight{{Name: attn + ".weight", Tensors: weightfmt.Tensors{Weight: attn + ".weight", Scale: attn + ".weight_scale", Global: attn + ".weight_scale_2",
 			Input: attn + ".input_scale"}, Input: attn + ".input_scale", Rows: 8, Cols: 32}}},
 	} {
@@ -122,38 +102,38 @@ func TestQuantisedWeightsRefusals(t *testing.T) {
 		want  string
 	}{
 		{"fp8 without a scale", weightfmt.FP8Block(128, 128, false), func(s shapedTensors) {
-			s.add(w+".weight", safetensors.F8E4M3, 4, 4)
+			s.Add(w+".weight", safetensors.F8E4M3, 4, 4)
 		}, "q_proj.weight is F8_E4M3 without a FP8 scale next to it (" + w + ".weight_scale_inv)"},
 		{"3-D", weightfmt.FP8Block(128, 128, false), func(s shapedTensors) {
-			s.add(w+".weight", safetensors.F8E4M3, 2, 4, 4)
-			s.add(w+".weight_scale_inv", safetensors.F32, 1, 1)
+			s.Add(w+".weight", safetensors.F8E4M3, 2, 4, 4)
+			s.Add(w+".weight_scale_inv", safetensors.F32, 1, 1)
 		}, "not a 2-D [out, in] matrix"},
 		{"scale grid", weightfmt.FP8Block(128, 128, false), func(s shapedTensors) {
-			s.add(w+".weight", safetensors.F8E4M3, 300, 4)
-			s.add(w+".weight_scale_inv", safetensors.F32, 2, 1)
+			s.Add(w+".weight", safetensors.F8E4M3, 300, 4)
+			s.Add(w+".weight_scale_inv", safetensors.F32, 2, 1)
 		}, "is F32 [3,1]"},
 		{"scale dtype", weightfmt.FP8Channel(safetensors.BF16), func(s shapedTensors) {
-			s.add(w+".weight", safetensors.F8E4M3, 3, 4)
-			s.add(w+".weight_scale", safetensors.F32, 3, 1)
+			s.Add(w+".weight", safetensors.F8E4M3, 3, 4)
+			s.Add(w+".weight_scale", safetensors.F32, 3, 1)
 		}, "is BF16 [3,1]"},
 		{"global", weightfmt.NVFP4ModelOpt(), func(s shapedTensors) {
-			s.add(w+".weight", safetensors.U8, 2, 8)
-			s.add(w+".weight_scale", safetensors.F8E4M3, 2, 1)
+			s.Add(w+".weight", safetensors.U8, 2, 8)
+			s.Add(w+".weight_scale", safetensors.F8E4M3, 2, 1)
 		}, "needs its one F32 global scale " + w + ".weight_scale_2"},
 		{"partial group", weightfmt.NVFP4ModelOpt(), func(s shapedTensors) {
-			s.add(w+".weight", safetensors.U8, 2, 4)
-			s.add(w+".weight_scale", safetensors.F8E4M3, 2, 1)
+			s.Add(w+".weight", safetensors.U8, 2, 4)
+			s.Add(w+".weight_scale", safetensors.F8E4M3, 2, 1)
 		}, "8 columns, not a whole number of 16-column"},
 		{"weight_shape", weightfmt.Int4Pack(0, safetensors.BF16), func(s shapedTensors) {
-			s.add(w+".weight_packed", safetensors.I32, 2, 2)
-			s.add(w+".weight_scale", safetensors.BF16, 2, 1)
-			s.add(w+".weight_shape", safetensors.I64, 2)
+			s.Add(w+".weight_packed", safetensors.I32, 2, 2)
+			s.Add(w+".weight_scale", safetensors.BF16, 2, 1)
+			s.Add(w+".weight_shape", safetensors.I64, 2)
 			s.bytes[w+".weight_shape"] = binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 3), 16)
 		}, "says [3, 16], the weight has 2 rows"},
 		{"both plain and packed", weightfmt.Int4Pack(0, safetensors.BF16), func(s shapedTensors) {
-			s.add(w+".weight", safetensors.BF16, 2, 16)
-			s.add(w+".weight_packed", safetensors.I32, 2, 2)
-			s.add(w+".weight_scale", safetensors.BF16, 2, 1)
+			s.Add(w+".weight", safetensors.BF16, 2, 16)
+			s.Add(w+".weight_packed", safetensors.I32, 2, 2)
+			s.Add(w+".weight_scale", safetensors.BF16, 2, 1)
 		}, "stored both plain and as INT4"},
 		{"plain format", weightfmt.Plain(safetensors.BF16), func(shapedTensors) {}, "not quantised"},
 	} {
@@ -182,29 +162,29 @@ func TestMixedQuantisedWeights(t *testing.T) {
 		want  map[string]string
 	}{
 		{"DeepSeek-V4 official x.scale", dsv4, func(s shapedTensors) {
-			s.add(attn+".weight", safetensors.F8E4M3, 256, 64)
-			s.add(attn+".scale", safetensors.F8E8M0, 2, 1)
-			s.add(sh+".weight", safetensors.F8E4M3, 32, 64)
-			s.add(sh+".scale", safetensors.F8E8M0, 1, 1)
-			s.add("layers.1.ffn.experts.0.w1.weight", safetensors.I8, 32, 32)
-			s.add("layers.1.ffn.experts.0.w1.scale", safetensors.F8E8M0, 32, 2)
+			s.Add(attn+".weight", safetensors.F8E4M3, 256, 64)
+			s.Add(attn+".scale", safetensors.F8E8M0, 2, 1)
+			s.Add(sh+".weight", safetensors.F8E4M3, 32, 64)
+			s.Add(sh+".scale", safetensors.F8E8M0, 1, 1)
+			s.Add("layers.1.ffn.experts.0.w1.weight", safetensors.I8, 32, 32)
+			s.Add("layers.1.ffn.experts.0.w1.scale", safetensors.F8E8M0, 32, 2)
 		}, "fp8_block_128x128 F8_E8M0", map[string]string{attn + ".weight": "FP8", sh + ".weight": "FP8"}},
 		{"DeepSeek-V4 transformers weight_scale_inv", dsv4, func(s shapedTensors) {
-			s.add(attn+".weight", safetensors.F8E4M3, 256, 64)
-			s.add(attn+".weight_scale_inv", safetensors.F32, 2, 1)
-			s.add("layers.1.mlp.w3.weight", safetensors.I8, 32, 32) // an FP4 weight outside the experts
-			s.add("layers.1.mlp.w3.scale", safetensors.F8E8M0, 32, 2)
+			s.Add(attn+".weight", safetensors.F8E4M3, 256, 64)
+			s.Add(attn+".weight_scale_inv", safetensors.F32, 2, 1)
+			s.Add("layers.1.mlp.w3.weight", safetensors.I8, 32, 32) // an FP4 weight outside the experts
+			s.Add("layers.1.mlp.w3.scale", safetensors.F8E8M0, 32, 2)
 		}, "fp8_block_128x128 F32", map[string]string{attn + ".weight": "FP8", "layers.1.mlp.w3.weight": "MXFP4"}},
 		{"ModelOpt MIXED_PRECISION", weightfmt.NVFP4ModelOpt(), func(s shapedTensors) {
-			s.add(attn+".weight", safetensors.F8E4M3, 8, 16)
-			s.add(attn+".weight_scale", safetensors.F32, 1, 1) // [] as checkpoint.Open canonicalises it
-			s.add(attn+".input_scale", safetensors.F32)
-			s.add(sh+".weight", safetensors.U8, 8, 16)
-			s.add(sh+".weight_scale", safetensors.F8E4M3, 8, 2)
-			s.add(sh+".weight_scale_2", safetensors.F32)
+			s.Add(attn+".weight", safetensors.F8E4M3, 8, 16)
+			s.Add(attn+".weight_scale", safetensors.F32, 1, 1) // [] as checkpoint.Open canonicalises it
+			s.Add(attn+".input_scale", safetensors.F32)
+			s.Add(sh+".weight", safetensors.U8, 8, 16)
+			s.Add(sh+".weight_scale", safetensors.F8E4M3, 8, 2)
+			s.Add(sh+".weight_scale_2", safetensors.F32)
 		}, "fp8_tensor F32", map[string]string{attn + ".weight": "FP8 per-tensor", sh + ".weight": "NVFP4"}},
 		{"gpt-oss one format", weightfmt.MXFP4(weightfmt.NamingGptOss, safetensors.U8, safetensors.U8), func(s shapedTensors) {
-			s.add("model.layers.0.self_attn.q_proj.weight", safetensors.BF16, 8, 8)
+			s.Add("model.layers.0.self_attn.q_proj.weight", safetensors.BF16, 8, 8)
 		}, "", map[string]string{}},
 	}
 	for _, tc := range cases {

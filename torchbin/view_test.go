@@ -6,9 +6,9 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -154,15 +154,7 @@ func TestCheckView(t *testing.T) {
 				dtype:   safetensors.F32, offset: c.offset, shape: c.shape, stride: c.stride,
 			}
 			_, err := checkView(v)
-			if c.want == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("error %v, want %q", err, c.want)
-			}
+			testkit.WantErr(t, err, c.want)
 		})
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -17,15 +16,6 @@ import (
 // orientations, fuse-shared (two shared experts split at a whole block)
 // and --dtype pass validate on the CPU with the byte proof, the contract
 // saying [32, 32]; a flipped element and a changed block scale fail it.
-
-func fp8SquareSpecs() map[string]fixtures.SynthSpec {
-	return map[string]fixtures.SynthSpec{
-		// Ragged edge blocks: 80 = 2*32 + 16 columns of a gate row.
-		"b32-h80-i64": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 80, Intermediate: 64,
-			Experts: 12, SharedExperts: 2, TopK: 3, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5,
-			DType: "fp8", ScaleFmt: "ue8m0", FP8Block: 32, Vocab: 64, Seed: 5101, BiasLike: "deepseek"},
-	}
-}
 
 func TestFP8SquareBlocksValidate(t *testing.T) {
 	src := synthFrom(t, fp8SquareSpecs(), "b32-h80-i64")

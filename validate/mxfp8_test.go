@@ -22,28 +22,6 @@ import (
 // rule pass validate on the CPU with the byte proof; one flipped element
 // of one expert and one changed scale byte fail it.
 
-func mxfp8Specs() map[string]fixtures.SynthSpec {
-	return map[string]fixtures.SynthSpec{
-		// Three scale groups a gate row, two a down row; two shared
-		// experts, split at a whole group (I = 64).
-		"modelopt-h96-i64": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 96, Intermediate: 64,
-			Experts: 12, SharedExperts: 2, TopK: 3, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5,
-			DType: fixtures.DTypeMXFP8, Vocab: 64, Seed: 5001, BiasLike: "deepseek"},
-		// One group a gate row, three a down row.
-		"minimax-h32-i96": {Family: "minimax_m2", Layers: 2, Hidden: 32, Intermediate: 96, Experts: 8, TopK: 2,
-			DType: fixtures.DTypeMXFP8MiniMax, Vocab: 64, Seed: 5002, BiasLike: "deepseek"},
-		// quant_method mxfp8 on a model with a shared expert, which its
-		// ignored_layers leaves BF16.
-		"minimax-shared-bf16": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 32,
-			Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5,
-			DType: fixtures.DTypeMXFP8MiniMax, SharedDType: "bf16", Vocab: 64, Seed: 5003, BiasLike: "deepseek"},
-		// ModelOpt's exclude list leaves two shared experts BF16.
-		"modelopt-shared-bf16": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 32,
-			Experts: 8, SharedExperts: 2, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5,
-			DType: fixtures.DTypeMXFP8, SharedDType: "bf16", Vocab: 64, Seed: 5004, BiasLike: "deepseek"},
-	}
-}
-
 // mxfp8Runs: each layout, both orientations, one prepared for --tp 2.
 var mxfp8Runs = append(slices.Clone(threeLayouts),
 	convert.Options{Layout: layout.Stacked, Orientation: layout.InOut},

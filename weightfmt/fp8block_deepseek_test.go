@@ -1,10 +1,10 @@
 package weightfmt
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -42,14 +42,8 @@ func TestFP8BlockDeepSeekNaming(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f, err := New(tc.spec)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("New: %v, want %q", err, tc.err)
-				}
+			if testkit.WantErr(t, err, tc.err) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if got := TensorsOf(f, "l.w1.weight"); got != tc.tensors {
 				t.Errorf("TensorsOf = %+v, want %+v", got, tc.tensors)

@@ -3,6 +3,7 @@ package byteproof
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"github.com/moeprep/moeprep/checkpoint"
@@ -159,17 +160,17 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad(fk("quantization"), fc.Quantization, quant, "SRC's experts")
 	case fp8 && blockErr != "":
 		return refuse(fk("weight_block_size"), fc.WeightBlockSize, blockErr)
-	case fp8 && !equalInts(fc.WeightBlockSize, block):
+	case fp8 && !slices.Equal(fc.WeightBlockSize, block):
 		return bad(fk("weight_block_size"), fc.WeightBlockSize, block, "SRC's quantization_config")
-	case int4 && !equalInts(fc.WeightBlockSize, int4Block):
+	case int4 && !slices.Equal(fc.WeightBlockSize, int4Block):
 		return bad(fk("weight_block_size"), fc.WeightBlockSize, int4Block, "SRC's quantization_config (pack-quantized INT4: [1, group size], [1, 0] per channel)")
-	case nv && !equalInts(fc.WeightBlockSize, nvBlock):
+	case nv && !slices.Equal(fc.WeightBlockSize, nvBlock):
 		return bad(fk("weight_block_size"), fc.WeightBlockSize, nvBlock, "SRC's NVFP4 description (group_size 16: [1, 16])")
 	case c.InputScales != (nvInput && c.Dequantized == nil):
 		return bad("input_scales", c.InputScales, nvInput && c.Dequantized == nil, "SRC's NVFP4 expert tensors (input_scale), which a dequantised DST drops")
-	case mx && !equalInts(fc.WeightBlockSize, mxBlock):
+	case mx && !slices.Equal(fc.WeightBlockSize, mxBlock):
 		return bad(fk("weight_block_size"), fc.WeightBlockSize, mxBlock, "SRC's MXFP4 blocks and scales ([1, elements per E8M0 scale])")
-	case mx8 && !equalInts(fc.WeightBlockSize, mxBlock):
+	case mx8 && !slices.Equal(fc.WeightBlockSize, mxBlock):
 		return bad(fk("weight_block_size"), fc.WeightBlockSize, mxBlock, "SRC's MXFP8 weights and scales ([1, elements per E8M0 scale])")
 	case fc.Naming != naming:
 		return bad(fk("naming"), orAbsent(fc.Naming), orAbsent(naming), namingWhy)
@@ -324,22 +325,10 @@ func sameActivation(got *layout.Activation, want layout.Activation) bool {
 // *out, the one every piece before it agreed on (nil before the first):
 // false when b differs from it.
 func agreeBlock(out *[]int64, b []int64) bool {
-	if *out != nil && !equalInts(*out, b) {
+	if *out != nil && !slices.Equal(*out, b) {
 		return false
 	}
 	*out = b
-	return true
-}
-
-func equalInts(a, b []int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
 	return true
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/moeprep/moeprep/checkpoint"
@@ -317,7 +318,7 @@ func checkConfigFile(p string, like layout.FileInfo, srcPath string, srcJSON []b
 		return mm(MismatchConfig, "not a JSON object")
 	}
 	for _, d := range ddups {
-		if !containsString(sdups, d) {
+		if !slices.Contains(sdups, d) {
 			return mm(MismatchConfig, fmt.Sprintf("%s appears more than once (SRC has it once): readers disagree on which one counts", d))
 		}
 	}
@@ -348,15 +349,6 @@ func contractJSON(c any) (any, error) {
 	}
 	v, _, err := decodeJSON(b)
 	return v, err
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // jsonMarshal encodes v without HTML escaping, as text for people.

@@ -91,14 +91,8 @@ func TestLoadMLPByTable(t *testing.T) {
 				t.Fatal(err)
 			}
 			b, err := loadBiases(src, m, inter, h)
-			if tc.biasErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.biasErr) {
-					t.Fatalf("loadBiases: err %v, want one naming %s", err, tc.biasErr)
-				}
+			if testkit.WantErr(t, err, tc.biasErr) {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			for p := range layout.NumProj {
 				rows, cols := projDims(p, inter, h)

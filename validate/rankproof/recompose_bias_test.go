@@ -2,13 +2,13 @@ package rankproof
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -18,28 +18,19 @@ import (
 // /4), a change no tolerance of the recomposition absorbs.
 func scaleSlotElement(t *testing.T, path, name string, j int64) {
 	t.Helper()
-	f, err := safetensors.Open(path)
+	h, err := testkit.ReadSTHeader(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ti, ok := f.Lookup(name)
-	f.Close()
-	if !ok || ti.DType != safetensors.BF16 {
+	e, ok := h.Tensors[name]
+	if !ok || e.DType != string(safetensors.BF16) {
 		t.Fatalf("%s: %s missing or not BF16", path, name)
 	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := int64(raw[0]) | int64(raw[1])<<8 | int64(raw[2])<<16 | int64(raw[3])<<24
-	off := 8 + n + ti.Begin + j*(ti.End-ti.Begin)/ti.Shape[0]
-	if raw[off]|raw[off+1] == 0 {
+	off := h.DataStart + e.DataOffsets[0] + j*(e.DataOffsets[1]-e.DataOffsets[0])/e.Shape[0]
+	if raw := testkit.ReadFile(t, path); raw[off]|raw[off+1] == 0 {
 		t.Fatalf("%s slot %d element 0 is zero: the mutation would change nothing", name, j)
 	}
-	raw[off+1] ^= 0x01 // little-endian: the high byte holds sign and exponent
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.FlipBits(t, path, off+1, 0x01) // little-endian: the high byte holds sign and exponent
 }
 
 // gpt-oss's experts carry gate, up and down biases: the recomposition
