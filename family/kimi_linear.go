@@ -62,7 +62,7 @@ const kimiK3Why = "Kimi K3's latent MoE runs its routed experts between routed_e
 // which Kimi-Linear's block computed as SwiGLU would silently get wrong.
 func refuseKimiK3Text(c config) error {
 	if v, ok := c.get("routed_expert_hidden_size"); ok && v != nil {
-		return c.errorf("routed_expert_hidden_size", "%s: %s", describe(v), kimiK3Why)
+		return c.errorf("routed_expert_hidden_size", "%v: %s", v, kimiK3Why)
 	}
 	if act, err := c.str("hidden_act", "silu"); err != nil {
 		return err
