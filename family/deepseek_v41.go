@@ -37,17 +37,11 @@ var deepseekV41Text = &spec{
 	name: "deepseek_v41_text",
 	names: naming{layers: "layers.", modules: []string{"ffn"}, experts: "experts",
 		proj: [3]string{"w1", "w3", "w2"}, router: "gate", bias: "gate.bias", shared: "shared_experts"},
-	keys: configKeys{
-		intermediate: "moe_intermediate_size",
-		numExperts:   routedExperts,
-		sharedFixed:  1,
-	},
-	layers: everyLayer,
-	defaults: map[string]any{
-		"scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "num_experts_per_tok": 6.0,
-	},
-	refuse:  deepseekV41Refuse,
-	routing: deepseekV4Routing,
+	keys:     deepseekV4.keys, // the same keys, and the same defaults (TensorRT-LLM's V4.1 config)
+	layers:   everyLayer,
+	defaults: deepseekV4.defaults,
+	refuse:   deepseekV41Refuse,
+	routing:  deepseekV4Routing,
 }
 
 // deepseekV41Refuse refuses the V4.1 configs whose network the two sources
