@@ -183,7 +183,7 @@ func (p *planner) otherWeights(consumed map[string]int) (map[string]quantweights
 	// Each weight by its own format: a mixed-format checkpoint's second
 	// format (DeepSeek-V4's FP8 beside FP4 experts, ModelOpt's FP8 beside
 	// NVFP4) is dequantised by its own arithmetic.
-	qs, err := quantweights.FindMixed(p.ck, p.wf, taken)
+	qs, err := quantweights.FindMixed(p.ck, p.wf, p.fp.FP8Block, taken)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: --dtype: %w", p.ck.Dir, err)
 	}

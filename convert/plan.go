@@ -477,6 +477,7 @@ func (p *planner) contract() *layout.Contract {
 	if fp.SharedQuantization != "" && !p.o.FuseShared && !p.sharedDequantMatches() && !p.sharedDequantised() {
 		c.SharedQuantization, c.SharedWeightDType = string(fp.SharedQuantization), string(fp.SharedWeightDType)
 		c.SharedScaleDType, c.SharedNaming = string(fp.SharedScaleDType), fp.SharedNaming
+		c.SharedWeightBlockSize = fp.SharedBlock()
 	}
 	if p.requant {
 		c.SharedRequantized, _ = layout.NewRequantization(p.wf, fp.SharedWeightDType) // checkRequant made sure it can

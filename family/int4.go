@@ -56,8 +56,21 @@ func (p *Plan) SharedFormat() (weightfmt.Format, error) {
 		return p.Format()
 	}
 	return weightfmt.New(weightfmt.Spec{Quantization: string(p.SharedQuantization), DType: p.SharedWeightDType,
-		ScaleDType: p.SharedScaleDType, Naming: p.SharedNaming})
+		ScaleDType: p.SharedScaleDType, Naming: p.SharedNaming, Block: p.sharedBlock()})
 }
+
+// sharedBlock is an FP8 shared expert's block where the plan's FP8 blocks
+// are not DeepSeek's 128 (DeepSeek-V4.1's 32 beside FP4 routed experts);
+// nil otherwise (the format's default).
+func (p *Plan) sharedBlock() []int64 {
+	if p.SharedQuantization == QuantFP8Block && p.FP8Block > 0 {
+		return []int64{p.FP8Block, p.FP8Block}
+	}
+	return nil
+}
+
+// SharedBlock is sharedBlock for the contract (shared_weight_block_size).
+func (p *Plan) SharedBlock() []int64 { return p.sharedBlock() }
 
 // plainShared reports whether the MLP being checked is a shared expert left
 // unquantised next to quantised routed experts.

@@ -38,7 +38,38 @@ var kimiLinear = &spec{
 	layers:   layerTypes,
 	defaults: map[string]any{"topk_group": 1.0, "routed_scaling_factor": 2.446},
 	lift:     aliasKeys(kimiLinearKeys),
+	refuse:   refuseKimiK3Text,
 	routing:  biasedSigmoid("routed_scaling_factor", true, "norm_topk_prob"),
+}
+
+// kimiK3Why is why moeprep does not plan Kimi K3 (model_type kimi_k3, its
+// text model a kimi_linear config with K3's keys). SGLang's kimi_k3.py
+// (KimiK3MoE) and vLLM's kimi_k3 model (KimiMoE,
+// KimiRoutedOutputTransform) agree on its MoE block: the router reads the
+// hidden state x; the routed experts run on routed_expert_down_proj(x), a
+// latent of routed_expert_hidden_size; their weighted sum passes
+// routed_expert_norm (an RMSNorm, where latent_moe_use_norm) and
+// routed_expert_up_proj back to hidden_size; the shared experts run on x;
+// every MLP applies SiTU (hidden_act "situ": beta*tanh(g/beta)*sigmoid(g)
+// times linear_beta*tanh(u/linear_beta)). All of it is sourced twice; what
+// moeprep lacks is a layer model with projections and a norm around the
+// expert bank, and the SiTU activation, so it refuses rather than prove a
+// block it does not compute.
+const kimiK3Why = "Kimi K3's latent MoE runs its routed experts between routed_expert_down_proj and routed_expert_norm + routed_expert_up_proj (routed_expert_hidden_size) with the SiTU activation (hidden_act situ), a block moeprep's layer model does not hold"
+
+// refuseKimiK3Text refuses a kimi_linear config that is Kimi K3's text
+// model: a latent MoE (routed_expert_hidden_size) or the SiTU activation,
+// which Kimi-Linear's block computed as SwiGLU would silently get wrong.
+func refuseKimiK3Text(c config) error {
+	if v, ok := c.get("routed_expert_hidden_size"); ok && v != nil {
+		return c.errorf("routed_expert_hidden_size", "%v: %s", v, kimiK3Why)
+	}
+	if act, err := c.str("hidden_act", "silu"); err != nil {
+		return err
+	} else if act != "silu" {
+		return c.errorf("hidden_act", "%q: moeprep computes Kimi-Linear's experts with silu (SwiGLU) only", act)
+	}
+	return nil
 }
 
 // keyAlias is one config key the planner reads (key), the name a config

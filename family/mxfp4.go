@@ -37,7 +37,8 @@ import (
 // [out, in/32]); the shared expert and every other projection stay FP8.
 
 // readExpertFP4 reads expert_dtype into p: "fp4" makes the routed experts
-// MXFP4 in DeepSeek's names (DeepSeek-V4 only); "fp8" or none leaves p.
+// MXFP4 in DeepSeek's names (DeepSeek-V4 beside FP8 128x128 blocks,
+// DeepSeek-V4.1 beside FP8 32x32 blocks); "fp8" or none leaves p.
 func readExpertFP4(c config, p *Plan) error {
 	at := c
 	dt, err := c.str("expert_dtype", "")
@@ -55,15 +56,18 @@ func readExpertFP4(c config, p *Plan) error {
 		return nil
 	case dt != "fp4":
 		return at.errorf("expert_dtype", "%q is not supported (fp4: DeepSeek-V4's FP4 experts, or fp8)", dt)
-	case p.Family != "deepseek_v4":
-		return at.errorf("expert_dtype", "fp4 is DeepSeek-V4's (MXFP4 experts named x.weight and x.scale); not planned for model_type %s", p.ModelType)
+	case p.Family != "deepseek_v4" && p.Family != deepseekV41Text.name:
+		return at.errorf("expert_dtype", "fp4 is DeepSeek-V4's and V4.1's (MXFP4 experts named x.weight and x.scale); not planned for model_type %s", p.ModelType)
 	case p.Quantization != QuantFP8Block && p.Quantization != QuantNone:
 		return at.errorf("expert_dtype", "fp4 beside a %s quantisation description; DeepSeek-V4 describes FP8 128x128 blocks", p.Quantization)
-	case p.FP8Block != 0:
-		// DeepSeek-V4.1: FP4 experts beside FP8 in 32x32 blocks. Its layout
-		// and MoE math are not sourced twice yet (issue 44, item 3), and the
-		// contract records no block for the FP8 shared expert apart.
-		return at.errorf("expert_dtype", "fp4 beside FP8 in %dx%d blocks (DeepSeek-V4.1's mixed precision) is not carried yet: moeprep reads FP4 experts beside FP8 128x128 blocks (DeepSeek-V4)", p.FP8Block, p.FP8Block)
+	case p.Family == deepseekV41Text.name && p.FP8Block == 0:
+		// The release's dense weights are FP8 in 32x32 blocks (both sources);
+		// 128x128 beside V4.1's names is no checkpoint anyone ships.
+		return at.errorf("expert_dtype", "fp4 beside FP8 128x128 blocks under model_type deepseek_v41: DeepSeek-V4.1 ships its FP8 weights in [32, 32] blocks (weight_block_size)")
+	case p.FP8Block != 0 && p.Family == "deepseek_v4":
+		// DeepSeek-V4 ships FP8 128x128 beside its FP4 experts; other blocks
+		// are V4.1's, whose release names its own model type.
+		return at.errorf("expert_dtype", "fp4 beside FP8 in %dx%d blocks under model_type deepseek_v4: DeepSeek-V4 ships 128x128 blocks, and DeepSeek-V4.1's FP4 experts beside FP8 32x32 blocks are read under its own config (model_type deepseek_v41)", p.FP8Block, p.FP8Block)
 	}
 	p.Quantization, p.Naming, p.ScaleFmt = QuantMXFP4, weightfmt.NamingDeepSeek, ""
 	return nil

@@ -102,4 +102,4 @@ var qwen3OmniMoEText = &spec{
 }
 
 // wrappedTextFamilies are the families planned only inside a wrapper.
-var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText, qwen4ExpText, qwen3OmniMoEText, minimaxM3, aria, deepseekOcr2Text, glm5NextText, ernie45VLText}
+var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText, qwen4ExpText, qwen3OmniMoEText, minimaxM3, aria, deepseekOcr2Text, glm5NextText, ernie45VLText, deepseekV41Text}

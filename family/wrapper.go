@@ -148,6 +148,13 @@ var wrappers = []wrapper{
 	{modelType: "ernie4_5_vl_moe", textKey: "text_config", textTypes: []string{"ernie4_5_vl_moe_text"},
 		layers: []string{"model.layers.", "model.language_model.layers."},
 		text:   []string{"model.embed_tokens.", "model.layers.", "model.norm.", "model.language_model.", "lm_head."}},
+	// DeepSeek-V4.1 (deepseek_v41.go): its release's composite config, the
+	// text model under text_config, the quantization_config at the top;
+	// DeepSeek's own names, layers.L, embed.weight, norm.weight, head.weight
+	// and the hyper-connection head (hc_head_*); the MTP layers (mtp.N),
+	// vision tower (vision.*, aligner.*, image_*) and the rest carried.
+	{modelType: "deepseek_v41", textKey: "text_config", textTypes: []string{"deepseek_v41_text"},
+		layers: []string{"layers."}, text: []string{"layers.", "embed.", "norm.", "head.", "hc_head_"}},
 }
 
 // inklingHub is Inkling's MoE block in the hub's layout, which

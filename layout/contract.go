@@ -128,6 +128,11 @@ type Contract struct {
 	// ("F8_E8M0", "deepseek"). Absent otherwise.
 	SharedScaleDType string `json:"shared_scale_dtype,omitempty"`
 	SharedNaming     string `json:"shared_naming,omitempty"`
+	// SharedWeightBlockSize: an FP8 shared expert's blocks where they are
+	// not DeepSeek's 128x128 (DeepSeek-V4.1's [32, 32] beside its FP4
+	// routed experts, whose own weight_block_size is MXFP4's). Absent
+	// otherwise.
+	SharedWeightBlockSize []int64 `json:"shared_weight_block_size,omitempty"`
 	// SharedRequantized: the fused shared slots hold the shared expert
 	// quantised by fuse-shared --requantize-shared from SRC's plain
 	// weights into the routed experts' format, by that format's own rule.
@@ -365,7 +370,7 @@ func (c *Contract) SharedFormat() (weightfmt.Format, error) {
 		return c.Format()
 	}
 	return weightfmt.New(weightfmt.Spec{Quantization: c.SharedQuantization, DType: safetensors.DType(c.SharedWeightDType),
-		ScaleDType: safetensors.DType(c.SharedScaleDType), Naming: c.SharedNaming})
+		ScaleDType: safetensors.DType(c.SharedScaleDType), Naming: c.SharedNaming, Block: c.SharedWeightBlockSize})
 }
 
 // RuntimeScale is what a serving engine multiplies the routed sum by: rsf when
@@ -473,6 +478,8 @@ func (c *Contract) Check() error {
 		return fmt.Errorf("moeprep contract: shared_quantization %q and shared_weight_dtype %q: both or neither", c.SharedQuantization, c.SharedWeightDType)
 	case c.SharedQuantization == "" && (c.SharedScaleDType != "" || c.SharedNaming != ""):
 		return fmt.Errorf("moeprep contract: shared_scale_dtype %q, shared_naming %q without shared_quantization", c.SharedScaleDType, c.SharedNaming)
+	case len(c.SharedWeightBlockSize) != 0 && c.SharedQuantization != weightfmt.QuantFP8Block:
+		return fmt.Errorf("moeprep contract: shared_weight_block_size %v with shared_quantization %q: only an FP8 block-scaled shared expert has blocks", c.SharedWeightBlockSize, c.SharedQuantization)
 	case c.SharedQuantization != "" && c.NumFusedSharedExperts > 0:
 		return fmt.Errorf("moeprep contract: shared_quantization %s with fused shared experts, which are stored like the routed ones", c.SharedQuantization)
 	}

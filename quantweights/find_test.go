@@ -191,7 +191,7 @@ func TestMixedQuantisedWeights(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newShaped()
 			tc.build(s)
-			other, ok := OtherFormat(s, tc.f)
+			other, ok := OtherFormat(s, tc.f, 0)
 			got := ""
 			if ok {
 				sc, _ := other.Scale()
@@ -200,7 +200,7 @@ func TestMixedQuantisedWeights(t *testing.T) {
 			if got != tc.other {
 				t.Errorf("OtherFormat = %q, want %q", got, tc.other)
 			}
-			qs, err := FindMixed(s, tc.f, func(n string) bool { return strings.Contains(n, ".experts.") })
+			qs, err := FindMixed(s, tc.f, 0, func(n string) bool { return strings.Contains(n, ".experts.") })
 			if err != nil {
 				t.Fatal(err)
 			}

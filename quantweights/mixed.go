@@ -43,8 +43,11 @@ var secondFormats = []struct {
 // experts are stored as f: the first of f's candidates (secondFormats)
 // that some weight of t is stored in (a tensor of its weight dtype named
 // as it names weights, with its scale tensor beside it, of its scale
-// dtype). ok is false for a checkpoint of one format.
-func OtherFormat(t family.Tensors, f weightfmt.Format) (other weightfmt.Format, ok bool) {
+// dtype). ok is false for a checkpoint of one format. fp8Block is the
+// edge of the FP8 candidates' square blocks as the checkpoint's
+// quantization_config gives it (family.Plan.FP8Block: DeepSeek-V4.1's 32);
+// 0 for DeepSeek's 128.
+func OtherFormat(t family.Tensors, f weightfmt.Format, fp8Block int64) (other weightfmt.Format, ok bool) {
 	naming := ""
 	if n, is := f.(weightfmt.Named); is {
 		naming = n.Naming()
@@ -54,6 +57,9 @@ func OtherFormat(t family.Tensors, f weightfmt.Format) (other weightfmt.Format, 
 			continue
 		}
 		for _, s := range row.other {
+			if s.Quantization == weightfmt.QuantFP8Block && fp8Block > 0 {
+				s.Block = []int64{fp8Block, fp8Block}
+			}
 			c, err := weightfmt.New(s)
 			if err != nil {
 				continue
@@ -91,9 +97,9 @@ func storesAny(t family.Tensors, f weightfmt.Format) bool {
 // FindMixed is Find of f, then, for a mixed-format
 // checkpoint, of its OtherFormat over what f's weights leave: every
 // quantised weight outside skip, each with the format it is stored in
-// (Weight.Format).
-func FindMixed(t family.Tensors, f weightfmt.Format, skip func(string) bool) ([]Weight, error) {
-	other, mixed := OtherFormat(t, f)
+// (Weight.Format). fp8Block is OtherFormat's.
+func FindMixed(t family.Tensors, f weightfmt.Format, fp8Block int64, skip func(string) bool) ([]Weight, error) {
+	other, mixed := OtherFormat(t, f, fp8Block)
 	if !mixed {
 		return Find(t, f, skip)
 	}

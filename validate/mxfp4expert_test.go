@@ -99,7 +99,7 @@ func TestDSV4FP4Refusals(t *testing.T) {
 	})
 	refusalsHold(t, int4Specs(), []refusal{
 		{"fp4 experts on another family", "qwen3-channel", func(c map[string]any) { c["expert_dtype"] = "fp4" }, nil, false,
-			"config.json: expert_dtype: fp4 is DeepSeek-V4's (MXFP4 experts named x.weight and x.scale); not planned for model_type qwen3_moe"},
+			"config.json: expert_dtype: fp4 is DeepSeek-V4's and V4.1's (MXFP4 experts named x.weight and x.scale); not planned for model_type qwen3_moe"},
 	})
 }
 

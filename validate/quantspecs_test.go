@@ -200,3 +200,16 @@ func fp8SquareSpecs() map[string]fixtures.SynthSpec {
 			DType: "fp8", ScaleFmt: "ue8m0", FP8Block: 32, Vocab: 64, Seed: 5101, BiasLike: "deepseek"},
 	}
 }
+
+// dsv41Specs are DeepSeek-V4.1 as its release stores it (validate/dsv41_test.go).
+func dsv41Specs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// Three 32-column blocks a hidden row, two down the
+		// intermediate rows.
+		"h96-i64": {Family: "deepseek_v41", Layers: 2, Hidden: 96, Intermediate: 64,
+			Experts: 6, TopK: 2, Vocab: 64, Seed: 5201},
+		// Twelve experts, top-3, another routed scaling factor.
+		"h64-i96": {Family: "deepseek_v41", Layers: 3, Hidden: 64, Intermediate: 96,
+			Experts: 12, TopK: 3, RoutedScalingFactor: 2, Vocab: 64, Seed: 5202},
+	}
+}

@@ -105,8 +105,10 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		sharedQ, sharedDT = "", "" // fused shared experts are stored like the routed ones
 	}
 	sharedSD, sharedNaming := "", ""
+	var sharedBlock []int64
 	if sharedQ == string(family.QuantFP8Block) {
 		sharedSD, sharedNaming = srcSharedScaleNaming(src, plan)
+		sharedBlock = plan.SharedBlock()
 	}
 	nv := plan.Quantization == family.QuantNVFP4 || plan.Quantization == family.QuantNVFP4CT
 	var nvBlock []int64
@@ -180,6 +182,8 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		return bad("shared_weight_dtype", orAbsent(c.SharedWeightDType), orAbsent(sharedDT), "SRC's shared expert tensors")
 	case c.SharedScaleDType != sharedSD:
 		return bad("shared_scale_dtype", orAbsent(c.SharedScaleDType), orAbsent(sharedSD), "SRC's FP8 shared expert scales (DeepSeek's x.scale: its dtype; weight_scale_inv: absent)")
+	case !slices.Equal(c.SharedWeightBlockSize, sharedBlock):
+		return bad("shared_weight_block_size", blockOrAbsent(c.SharedWeightBlockSize), blockOrAbsent(sharedBlock), "SRC's quantization_config (an FP8 shared expert's weight_block_size where not 128x128)")
 	case c.SharedNaming != sharedNaming:
 		return bad("shared_naming", orAbsent(c.SharedNaming), orAbsent(sharedNaming), "SRC's FP8 shared expert scales (x.scale: deepseek; weight_scale_inv: absent)")
 	case requant == nil && c.SharedRequantized != nil:
@@ -289,6 +293,15 @@ func checkContractLayers(cfgPath string, bad func(string, any, any, string) *Byt
 func sameFloat(a, b float64) bool { return a == b }
 
 // orAbsent shows a contract value that JSON omits when zero.
+// blockOrAbsent is a block size as the contract writes it, "absent" when
+// it has none.
+func blockOrAbsent(b []int64) any {
+	if len(b) == 0 {
+		return shown("absent")
+	}
+	return b
+}
+
 func orAbsent[T comparable](v T) any {
 	var zero T
 	if v == zero {

@@ -98,7 +98,7 @@ func expertsSource(c *layout.Contract) (weightfmt.Format, error) {
 // predictOthers adds, for a dequantised DST, every quantised weight of SRC
 // outside the stacked experts (consumed): DST holds it dequantised under
 // its plain name, and none of its stored tensors.
-func (p *prediction) predictOthers(src *checkpoint.Checkpoint, c *layout.Contract, consumed map[string]bool) error {
+func (p *prediction) predictOthers(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract, consumed map[string]bool) error {
 	if c.Dequantized == nil {
 		return nil
 	}
@@ -106,7 +106,7 @@ func (p *prediction) predictOthers(src *checkpoint.Checkpoint, c *layout.Contrac
 	if err != nil {
 		return fmt.Errorf("%s: %w", src.Dir, err)
 	}
-	qs, err := quantweights.FindMixed(src, f, func(n string) bool { return consumed[n] })
+	qs, err := quantweights.FindMixed(src, f, plan.FP8Block, func(n string) bool { return consumed[n] })
 	if err != nil {
 		return fmt.Errorf("%s: %w", src.Dir, err)
 	}
@@ -309,7 +309,7 @@ func checkDequantized(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.C
 			}
 		}
 	}
-	qs, err := quantweights.FindMixed(src, f, func(x string) bool { return taken[x] })
+	qs, err := quantweights.FindMixed(src, f, plan.FP8Block, func(x string) bool { return taken[x] })
 	if err != nil {
 		return refuse("dequantized", shown("present"), "SRC's quantised weights cannot be dequantised: "+err.Error())
 	}

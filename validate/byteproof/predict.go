@@ -65,7 +65,7 @@ func predict(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract) 
 			return nil, err
 		}
 	}
-	if err := p.predictOthers(src, c, consumed); err != nil {
+	if err := p.predictOthers(src, plan, c, consumed); err != nil {
 		return nil, err
 	}
 	for _, t := range src.Tensors {

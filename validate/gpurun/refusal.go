@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -95,6 +96,10 @@ func sharedRefusal(plan *family.Plan, c *layout.Contract, precision, sq string) 
 	for _, f := range fs {
 		sc, _ := f.Scale()
 		switch {
+		case !KernelsTake(f) && sc.Block[0] > 0 && sc.Block != [2]int64{kernels.FP8ScaleBlock, kernels.FP8ScaleBlock}:
+			// DeepSeek-V4.1's shared expert: FP8 in 32x32 blocks
+			return fmt.Sprintf("the shared expert is stored as %s in %dx%d blocks (%s scales) beside %s routed experts; the GPU's FP8 kernels take %dx%d blocks only",
+				sq, sc.Block[0], sc.Block[1], sc.DType, routedQuantization(plan, c), kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)
 		case !KernelsTake(f):
 			return fmt.Sprintf("the shared expert is stored as %s (%s scales) beside %s routed experts, which the GPU kernels do not take", sq, sc.DType, routedQuantization(plan, c))
 		case DecodesOnDevice(f) && precision != PrecisionBF16:
