@@ -2,6 +2,8 @@ package rankproof
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -91,4 +93,143 @@ func TestRankProofOptions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// flipAt flips one bit of byte at of tensor name's data in the shard at
+// path, and rehashes the shard's manifest entry (rel), so only the proof
+// of the bytes can catch it.
+func flipAt(t *testing.T, dst, rel, name string, at int64) {
+	t.Helper()
+	p := filepath.Join(dst, filepath.FromSlash(rel))
+	f, err := safetensors.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ti, ok := f.Lookup(name)
+	base := f.DataStart + ti.Begin
+	f.Close()
+	if !ok || at >= ti.End-ti.Begin {
+		t.Fatalf("%s: no byte %d of %s", rel, at, name)
+	}
+	raw, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[base+at] ^= 0x10
+	if err := os.WriteFile(p, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rehash(t, dst, rel)
+}
+
+// A damaged slot of a --dtype, in-out or requantised per-rank output, or a
+// damaged dequantised weight in its shared files, fails naming the rank,
+// layer and slot (or the tensor).
+func TestRankProofOptionMutations(t *testing.T) {
+	int4 := int4Kimi(t)
+	fp8 := filepath.Join(hfDir, "deepseek-v3-fp8")
+	rankShard := func(r, n int) string { return layout.RankDir(r, n) + "/model-00001-of-00001.safetensors" }
+	for _, tc := range []struct {
+		name   string
+		o      convert.Options
+		rank   int // the rank damaged (and checked alone)
+		mutate func(t *testing.T, dst string, c *layout.Contract) string
+	}{
+		{"dtype bf16: a dequantised value of a replica", convert.Options{Src: fp8, EP: 4, Slots: 20, DType: safetensors.BF16}, 3,
+			func(t *testing.T, dst string, c *layout.Contract) string {
+				li := c.Layers[0]
+				down := c.Names(li).Get(layout.ProjDown, layout.RoleWeight)
+				per := slotSize(t, dst, rankShard(3, 4), down)
+				flipAt(t, dst, rankShard(3, 4), down, 4*per+5) // slot 4: physical slot 19, a replica
+				e := c.ExpertParallel.PhysicalToLogical[0][19]
+				return fmt.Sprintf("rank 3: layer %d: slot 4 (physical slot 19, expert %d): %s differs from SRC's expert at byte 5 of the slot", li.Index, e, down)
+			}},
+		{"dtype bf16: a dequantised attention weight in the shared files", convert.Options{Src: fp8, EP: 4, DType: safetensors.BF16}, 1,
+			func(t *testing.T, dst string, c *layout.Contract) string {
+				name := dequantisedShared(t, fp8, dst)
+				flipAt(t, dst, "model-00001-of-00001.safetensors", name, 3)
+				return "shared files: " + name + " differs from SRC's at byte 3"
+			}},
+		{"in-out: a slot holding the wrong expert", convert.Options{Src: fp8, EP: 4, Orientation: layout.InOut}, 1,
+			func(t *testing.T, dst string, c *layout.Contract) string {
+				li := c.Layers[0]
+				gate := c.Names(li).Get(layout.ProjGate, layout.RoleWeight)
+				swapSlots(t, filepath.Join(dst, rankShard(1, 4)), gate, 0, 1)
+				rehash(t, dst, rankShard(1, 4))
+				return fmt.Sprintf("rank 1: layer %d: slot 0 (physical slot 4, expert 4): %s differs from SRC's expert at byte 0 of the slot", li.Index, gate)
+			}},
+		{"in-out: a scale entry of an FP8 slot", convert.Options{Src: fp8, EP: 4, Orientation: layout.InOut}, 2,
+			func(t *testing.T, dst string, c *layout.Contract) string {
+				li := c.Layers[len(c.Layers)-1]
+				sc := c.Names(li).Get(layout.ProjDown, layout.RoleScale)
+				per := slotSize(t, dst, rankShard(2, 4), sc)
+				flipAt(t, dst, rankShard(2, 4), sc, 3*per)
+				return fmt.Sprintf("rank 2: layer %d: slot 3 (physical slot 11, expert 11): %s differs from SRC's expert at byte 0 of the slot", li.Index, sc)
+			}},
+		{"requantize-shared: a requantised shared slot", convert.Options{Src: int4, EP: 2, MoETP: 2, FuseShared: true, RequantizeShared: true}, 3,
+			func(t *testing.T, dst string, c *layout.Contract) string {
+				li := c.Layers[0]
+				up := c.Names(li).Get(layout.ProjUp, layout.RoleScale)
+				per := slotSize(t, dst, rankShard(3, 4), up)
+				flipAt(t, dst, rankShard(3, 4), up, 4*per+1) // slot 4: the shared slice, after 4 routed
+				return fmt.Sprintf("rank 3: layer %d: slot 4 (shared slice 0 of replica 1): %s differs from SRC's expert at byte 1 of the slot", li.Index, up)
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dst := convertTo(t, tc.o)
+			c, err := readContract(dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := tc.mutate(t, dst, c)
+			for _, rank := range []int{-1, tc.rank} {
+				res, err := Check(context.Background(), tc.o.Src, dst, rank)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Failure != want {
+					t.Errorf("--rank %d: failure %q\nwant %q", rank, res.Failure, want)
+				}
+			}
+		})
+	}
+}
+
+// slotSize is the bytes a slot of stack name takes in the shard rel.
+func slotSize(t *testing.T, dst, rel, name string) int64 {
+	t.Helper()
+	f, err := safetensors.Open(filepath.Join(dst, filepath.FromSlash(rel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	x, ok := f.Lookup(name)
+	if !ok {
+		t.Fatalf("%s: no %s", rel, name)
+	}
+	return (x.End - x.Begin) / x.Shape[0]
+}
+
+// dequantisedShared is a tensor of DST's shared files that SRC stores in
+// another dtype: a weight --dtype dequantised.
+func dequantisedShared(t *testing.T, src, dst string) string {
+	t.Helper()
+	s, err := safetensors.OpenSharded(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	f, err := safetensors.Open(filepath.Join(dst, "model-00001-of-00001.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, x := range f.Tensors {
+		if _, y, ok := s.Lookup(x.Name); ok && y.DType != x.DType {
+			return x.Name
+		}
+	}
+	t.Fatal("no dequantised tensor in the shared files")
+	return ""
 }
