@@ -99,9 +99,6 @@ func (p *planner) planRanks() (*rankPlan, error) {
 		indices = append(indices, l.Index)
 	}
 	if M > 1 {
-		if fp.ExpertBias {
-			return nil, fmt.Errorf("%s: --moe-tp %d: the experts have down biases, which the %d partial outputs would each add; cutting them is not built; use --moe-tp 1", dir, M, M)
-		}
 		if o.Orientation == layout.InOut {
 			return nil, fmt.Errorf("%s: --moe-tp %d with --orientation in-out: cutting transposed experts is not built; use one of them", dir, M)
 		}
@@ -281,6 +278,9 @@ func (p *planner) rankLayer(l *family.Layer, where string, routed []mlpParts, I,
 				if err != nil {
 					return nil, err
 				}
+				if err := p.cutBiases(&sp, m, what, Ir, H, t); err != nil {
+					return nil, err
+				}
 				if sp, err = p.dequantMLP(sp, p.wf, Ir, H, what); err != nil {
 					return nil, err
 				}
@@ -341,6 +341,45 @@ func (p *planner) rankLayer(l *family.Layer, where string, routed []mlpParts, I,
 		rp.tensors[r] = append(rp.tensors[r], outs...)
 	}
 	return consumed, nil
+}
+
+// cutBiases gives MoE-TP part t of routed expert m (intermediate Ir a
+// part) its biases, where it has them (gpt-oss): the gate and up biases'
+// rows [t*Ir, (t+1)*Ir), like their weights; the down bias, which each
+// part's partial output would add again before the parts are summed, whole
+// on part 0 and zeros on the others, so the sum adds it once. That is
+// vLLM's rule for gpt-oss's w2_bias under tensor parallelism (loaded on TP
+// rank 0, zeroed elsewhere); layout/CONTRACT.md states it for loaders.
+func (p *planner) cutBiases(sp *mlpParts, m family.MLP, what string, Ir, H, t int64) error {
+	if m.Get(layout.ProjGate, layout.RoleBias) == "" {
+		return nil
+	}
+	for _, pj := range layout.MLPProjs {
+		name := m.Get(pj, layout.RoleBias)
+		b, ok := p.tensor(name)
+		if !ok {
+			return fmt.Errorf("%s: %s %s bias: tensor %s is missing", p.ck.Dir, what, pj, name)
+		}
+		es := int64(b.DType.Size())
+		switch {
+		case pj != layout.ProjDown: // checked [I] by sharedSlice's expert
+			sp[pj][layout.RoleBias] = piece(b, weightfmt.Region{Off: t * Ir * es, Rows: 1, RowLen: Ir * es, Stride: Ir * es})
+		case t == 0:
+			sp[pj][layout.RoleBias] = whole(b)
+		default:
+			n := H * es
+			sp[pj][layout.RoleBias] = part{region: region{src: zeroBytes{}, file: b.File, tensor: name + " (zeros: the down bias is on MoE-TP part 0)", rows: 1, rowLen: n, stride: n}, dtype: b.DType}
+		}
+	}
+	return nil
+}
+
+// zeroBytes reads as zeros: the down bias of the MoE-TP parts past 0.
+type zeroBytes struct{}
+
+func (zeroBytes) ReadAt(b []byte, _ int64) (int, error) {
+	clear(b)
+	return len(b), nil
 }
 
 // shardRanks packs every rank's stacks into files under its directory.

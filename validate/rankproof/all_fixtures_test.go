@@ -51,11 +51,9 @@ func fp8BlockCut(kind string, layer int, block string) string {
 }
 
 const (
-	downBiases = "--moe-tp 2: the experts have down biases, which the 2 partial outputs would each add; cutting them is not built; use --moe-tp 1"
-	twoBanks   = "--ep: ernie4_5_vl_moe (model_type ernie4_5_vl_moe_text) holds two routed banks a layer (text and vision), which one placement per layer cannot describe; per-rank output of it is not built"
-	whyBlock   = "I/M = 16 cuts a quantisation block"
-	whyBias    = "--moe-tp with expert biases"
-	whyBanks   = "two routed banks a layer"
+	twoBanks = "--ep: ernie4_5_vl_moe (model_type ernie4_5_vl_moe_text) holds two routed banks a layer (text and vision), which one placement per layer cannot describe; per-rank output of it is not built"
+	whyBlock = "I/M = 16 cuts a quantisation block"
+	whyBanks = "two routed banks a layer"
 )
 
 // allFixtureRefusals: "dir combo" -> what moeprep says instead of PASS.
@@ -71,8 +69,7 @@ var allFixtureRefusals = map[string]refusal{
 	"glm4-moe-lite-fp8 " + comboMoETP: {atConvert, whyBlock, fp8BlockCut("FP8", 1, "128x128")},
 	"hy-v3-fp8 " + comboMoETP:         {atConvert, whyBlock, fp8BlockCut("FP8", 1, "128x128")},
 	"deepseek-v3-int4 " + comboMoETP:  {atConvert, whyBlock, fp8BlockCut("INT4", 1, "1x32")},
-	"gpt-oss " + comboMoETP:           {atConvert, whyBias, downBiases},
-	"gpt-oss-mxfp4 " + comboMoETP:     {atConvert, whyBias, downBiases},
+	"gpt-oss-mxfp4 " + comboMoETP:     {atConvert, whyBlock, fp8BlockCut("MXFP4", 0, "1x32")},
 	"ernie4-5-vl-moe " + comboEP:      {atConvert, whyBanks, twoBanks},
 	"ernie4-5-vl-moe " + comboMoETP:   {atConvert, whyBanks, twoBanks},
 	"ernie4-5-vl-moe " + comboSlots:   {atConvert, whyBanks, twoBanks},
