@@ -74,7 +74,7 @@ func (o *Options) normRanks() error {
 type rankPlan struct {
 	ep, tp, slots int
 	source        string        // contiguous, stats or map (layout.ExpertParallel.Placement)
-	rows          map[int][]int // MoE layer index -> slot -> logical expert
+	rows          map[int][]int // MoE layer key (family.Layer.Key: a bank apart) -> slot -> logical expert
 	digest        string        // of the rows, for --resume's fingerprint
 	tensors       [][]*outTensor
 	shards        [][]*shardPlan
@@ -92,8 +92,11 @@ func (p *planner) planRanks() (*rankPlan, error) {
 	moe := map[int]bool{}
 	var indices []int
 	for _, l := range fp.Layers {
-		if l.Bank != family.NoBank {
-			return nil, fmt.Errorf("%s: --ep: %s (model_type %s) holds two routed banks a layer (text and vision), which one placement per layer cannot describe; per-rank output of it is not built", dir, fp.Family, fp.ModelType)
+		if l.Bank != family.NoBank && (o.PlacementStats != "" || o.PlacementMap != "") {
+			// Each bank is placed as a MoE layer of its own (rows keyed
+			// by Layer.Key), but the engines' placement files and recorded
+			// loads have one row a decoder layer.
+			return nil, fmt.Errorf("%s: --placement and --placement-map: %s (model_type %s) holds two routed banks a layer (text and vision), and a placement file has one row a layer; give --ep [--slots], which places each bank contiguously, a row of its own in the contract", dir, fp.Family, fp.ModelType)
 		}
 		moe[l.Index] = true
 		indices = append(indices, l.Index)
@@ -160,7 +163,7 @@ func (p *planner) planRanks() (*rankPlan, error) {
 			if err := placement.CheckRow(row, E); err != nil {
 				return nil, fmt.Errorf("%s: layer %d: %v", m.File, l.Index, err)
 			}
-			rp.rows[l.Index] = row
+			rp.rows[l.Key()] = row
 		}
 		if m.Form == placement.Schema {
 			// moeprep placement writes every layer its statistics name,
@@ -206,13 +209,13 @@ func (p *planner) planRanks() (*rankPlan, error) {
 		rp.source = "stats"
 	}
 	for _, l := range fp.Layers {
-		if _, ok := rp.rows[l.Index]; !ok {
-			rp.rows[l.Index] = placement.Contiguous(spec).Map
+		if _, ok := rp.rows[l.Key()]; !ok {
+			rp.rows[l.Key()] = placement.Contiguous(spec).Map
 		}
 	}
 	h := sha256.New()
 	for _, l := range fp.Layers {
-		fmt.Fprintf(h, "%d %v\n", l.Index, rp.rows[l.Index])
+		fmt.Fprintf(h, "%d %v\n", l.Key(), rp.rows[l.Key()])
 	}
 	rp.digest = hex.EncodeToString(h.Sum(nil))
 	rp.tensors = make([][]*outTensor, rp.ranks())
@@ -323,7 +326,7 @@ func (p *planner) rankLayer(l *family.Layer, where string, routed []mlpParts, I,
 		}
 		consumed = l.Shared.Names()
 	}
-	row := rp.rows[l.Index]
+	row := rp.rows[l.Key()]
 	per := rp.slots / rp.ep
 	for r := range rp.ranks() {
 		g, t := r/rp.tp, r%rp.tp
@@ -403,7 +406,7 @@ func (rp *rankPlan) record(fp *family.Plan) *layout.ExpertParallel {
 	x := &layout.ExpertParallel{EP: rp.ep, MoETP: rp.tp, Ranks: n, Slots: rp.slots, SlotsPerRank: rp.slots / rp.ep,
 		Placement: rp.source, SharedIndex: safetensors.IndexFileName}
 	for _, l := range fp.Layers {
-		x.PhysicalToLogical = append(x.PhysicalToLogical, rp.rows[l.Index])
+		x.PhysicalToLogical = append(x.PhysicalToLogical, rp.rows[l.Key()])
 	}
 	I := int64(fp.MoEIntermediateSize)
 	for r := range n {

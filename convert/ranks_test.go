@@ -275,6 +275,8 @@ func TestRanksEqualWholeOutputSlices(t *testing.T) {
 		{"gpt-oss ep2 moe-tp2 gate-up", filepath.Join(hfDir, "gpt-oss"), Options{EP: 2, MoETP: 2, Layout: layout.GateUp}},
 		{"gpt-oss ep1 moe-tp4 up-gate slots10", filepath.Join(hfDir, "gpt-oss"), Options{EP: 1, MoETP: 4, Layout: layout.UpGate, Slots: 10}},
 		{"qwen3-moe ep4", filepath.Join(hfDir, "qwen3-moe"), Options{EP: 4}},
+		{"ernie4-5-vl-moe two banks ep4 slots12", filepath.Join(hfDir, "ernie4-5-vl-moe"), Options{EP: 4, Slots: 12}},
+		{"ernie4-5-vl-moe two banks ep2 moe-tp2 gate-up", filepath.Join(hfDir, "ernie4-5-vl-moe"), Options{EP: 2, MoETP: 2, Layout: layout.GateUp}},
 		{"qwen3-moe ep2 moe-tp2 gate-up", filepath.Join(hfDir, "qwen3-moe"), Options{EP: 2, MoETP: 2, Layout: layout.GateUp}},
 		{"qwen3-moe ep4 stats slots12", filepath.Join(hfDir, "qwen3-moe"), Options{EP: 4, Slots: 12, PlacementStats: stats}},
 		{"mixtral ep2 moe-tp4", filepath.Join(hfDir, "mixtral"), Options{EP: 2, MoETP: 4}},
@@ -362,6 +364,8 @@ func TestRanksRefusals(t *testing.T) {
 		{"map and stats", ds, Options{EP: 4, PlacementStats: stats, PlacementMap: stats}, "contradict"},
 		{"stats load on a dense layer", ds, Options{EP: 4, PlacementStats: stats}, "layer 0 has recorded loads, but the model's MoE layers are 1, 2"},
 		{"stats missing a layer", ds, Options{EP: 4, PlacementStats: short}, "no recorded loads for MoE layer 2"},
+		{"two banks and a placement file", filepath.Join(hfDir, "ernie4-5-vl-moe"), Options{EP: 4, PlacementStats: stats},
+			"--placement and --placement-map: ernie4_5_vl_moe (model_type ernie4_5_vl_moe_text) holds two routed banks a layer (text and vision), and a placement file has one row a layer; give --ep [--slots]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := tc.o

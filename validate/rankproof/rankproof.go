@@ -207,8 +207,8 @@ func (k *checker) checkLayers() error {
 		return fail("contract: %d MoE layers, SRC has %d", len(k.c.Layers), len(k.plan.Layers))
 	}
 	for i, li := range k.c.Layers {
-		if pl := k.plan.Layers[i]; li.Index != pl.Index || li.Prefix != pl.Prefix {
-			return fail("contract: layer %d is %d (%s), SRC's is %d (%s)", i, li.Index, li.Prefix, pl.Index, pl.Prefix)
+		if pl := k.plan.Layers[i]; li.Index != pl.Key() || li.Prefix != pl.Prefix { // Key: a bank apart (ERNIE-4.5-VL)
+			return fail("contract: layer %d is %d (%s), SRC's is %d (%s)", i, li.Index, li.Prefix, pl.Key(), pl.Prefix)
 		}
 	}
 	return nil
