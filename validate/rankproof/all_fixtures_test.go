@@ -93,7 +93,8 @@ var allFixtureRefusals = map[string]refusal{
 // Inkling's routed shared experts read at I/M by the recomposition (both
 // fixed in recompose.go).
 func TestRankProofEveryFixture(t *testing.T) {
-	// About 20 s on a loaded 2-core machine: no -short guard.
+	// About 25 s of CPU (a minute or two of wall time on a loaded 2-core
+	// machine, most of it convert's syncs): no -short guard.
 	type tally struct{ pass, refused map[string]int }
 	var mu sync.Mutex
 	got := tally{pass: map[string]int{}, refused: map[string]int{}}
