@@ -10,7 +10,8 @@ shared shards' routers (and, on rank 0, an unfused shared expert), and its own r
 directory; it records every byte it reads. It routes every golden token with the family's router
 (written here from the papers' and transformers' formulas, not from moeprep's Go code), serves each
 token's logical experts with one replica each (the first or the last slot holding the expert), runs its
-local slots' SiLU-gated MLPs on its part of the intermediate dimension, and all-reduces the partial
+local slots' SiLU-gated MLPs (gpt-oss's clamped form with its expert biases, the down bias on MoE-TP
+part 0 alone) on its part of the intermediate dimension, and all-reduces the partial
 outputs. Rank 0 compares the sum with the transformers MoE block output recorded in the golden
 (reference/moe-layer-L.safetensors: x, y), in float64, and the script exits 0 only when every layer
 is within --tol.
