@@ -71,22 +71,26 @@ func (pr *Prediction) Reader(name string) (io.Reader, error) {
 // weightfmt.FoldInPlace rounds it (CheckBytes holds a fold only within one
 // rounding; a reader comparing these bytes exactly holds convert to that
 // rounding). It holds the expert's bytes in memory: one expert's piece of
-// one stack.
-func (pr *Prediction) ExpertBytes(name string, b int) ([]byte, error) {
+// one stack. read is the SRC bytes the prediction read.
+func (pr *Prediction) ExpertBytes(name string, b int) (out []byte, read int64, err error) {
 	var segs []segment
 	var n int64
 	for _, sg := range pr.p.tensors[name] {
 		if sg.expert == b {
 			segs = append(segs, sg)
 			n += sg.n
+			read += sg.n
+			if sg.dq != nil {
+				read += sg.dq.srcBytes(sg.ranges) - sg.n
+			}
 		}
 	}
 	if len(segs) == 0 {
-		return nil, fmt.Errorf("stack %s: the prediction holds no bank expert %d", name, b)
+		return nil, 0, fmt.Errorf("stack %s: the prediction holds no bank expert %d", name, b)
 	}
-	out := make([]byte, n)
+	out = make([]byte, n)
 	if _, err := io.ReadFull(&segReader{segs: segs}, out); err != nil {
-		return nil, fmt.Errorf("stack %s bank expert %d: %w", name, b, err)
+		return nil, 0, fmt.Errorf("stack %s bank expert %d: %w", name, b, err)
 	}
 	var at int64
 	for _, sg := range segs {
@@ -95,7 +99,7 @@ func (pr *Prediction) ExpertBytes(name string, b int) ([]byte, error) {
 		}
 		at += sg.n
 	}
-	return out, nil
+	return out, read, nil
 }
 
 // CheckConfig proves DST's config.json at p is SRC's (srcJSON, read from

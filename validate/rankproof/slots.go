@@ -149,11 +149,14 @@ func firstDiff(a, b []byte) int {
 // ExpertBytes: cut, transposed, dequantised, requantised and folded as the
 // contract says), cut to MoE-TP part t of M (cutPart).
 func (k *checker) slotBytes(pl family.Layer, st stack, bank int, t int64) ([]byte, error) {
-	b, err := k.pred.ExpertBytes(st.name, bank)
+	// The whole expert is predicted, then cut: under --moe-tp each part's
+	// check reads its expert's other parts from SRC too (M times the
+	// part's bytes), the price of one prediction for every option.
+	b, read, err := k.pred.ExpertBytes(st.name, bank)
 	if err != nil {
 		return nil, err
 	}
-	k.res.SRCBytesRead += int64(len(b))
+	k.res.SRCBytesRead += read
 	M := int64(k.x.MoETP)
 	if M == 1 {
 		return b, nil
