@@ -3,7 +3,6 @@ package rankproof
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -53,11 +52,7 @@ func TestRankProofOptions(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			dst := convertTo(t, tc.o)
-			c, err := readContract(dst)
-			if err != nil {
-				t.Fatal(err)
-			}
+			dst, c := convertedContract(t, tc.o)
 			switch { // the option is what the output records
 			case tc.o.DType != "" && (c.Dequantized == nil || c.Dequantized.DType != string(tc.o.DType)):
 				t.Fatalf("contract dequantized %+v", c.Dequantized)
@@ -95,30 +90,18 @@ func TestRankProofOptions(t *testing.T) {
 	}
 }
 
-// flipAt flips one bit of byte at of tensor name's data in the shard at
-// path, and rehashes the shard's manifest entry (rel), so only the proof
-// of the bytes can catch it.
+// flipAt flips one bit of byte at of tensor name's data in the shard rel
+// of dst, and rehashes the shard's manifest entry, so only the proof of
+// the bytes can catch it.
 func flipAt(t *testing.T, dst, rel, name string, at int64) {
 	t.Helper()
 	p := filepath.Join(dst, filepath.FromSlash(rel))
-	f, err := safetensors.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ti, ok := f.Lookup(name)
-	base := f.DataStart + ti.Begin
-	f.Close()
-	if !ok || at >= ti.End-ti.Begin {
+	raw, ti, base := shardBytes(t, p, name, 0)
+	if at >= ti.End-ti.Begin {
 		t.Fatalf("%s: no byte %d of %s", rel, at, name)
 	}
-	raw, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
 	raw[base+at] ^= 0x10
-	if err := os.WriteFile(p, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeShard(t, p, raw)
 	rehash(t, dst, rel)
 }
 
@@ -177,11 +160,7 @@ func TestRankProofOptionMutations(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			dst := convertTo(t, tc.o)
-			c, err := readContract(dst)
-			if err != nil {
-				t.Fatal(err)
-			}
+			dst, c := convertedContract(t, tc.o)
 			want := tc.mutate(t, dst, c)
 			for _, rank := range []int{-1, tc.rank} {
 				res, err := Check(context.Background(), tc.o.Src, dst, rank)
@@ -232,4 +211,15 @@ func dequantisedShared(t *testing.T, src, dst string) string {
 	}
 	t.Fatal("no dequantised tensor in the shared files")
 	return ""
+}
+
+// convertedContract converts o and reads the output's contract.
+func convertedContract(t *testing.T, o convert.Options) (string, *layout.Contract) {
+	t.Helper()
+	dst := convertTo(t, o)
+	c, err := readContract(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dst, c
 }
