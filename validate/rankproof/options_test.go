@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
@@ -47,6 +48,9 @@ func TestRankProofOptions(t *testing.T) {
 		{"deepseek-v3-fp8 ep4 slots20 in-out", convert.Options{Src: hf("deepseek-v3-fp8"), EP: 4, Slots: 20, Orientation: layout.InOut}},
 		{"qwen3-moe ep4 up-gate in-out", convert.Options{Src: hf("qwen3-moe"), EP: 4, Layout: layout.UpGate, Orientation: layout.InOut}},
 		{"gpt-oss ep2 in-out", convert.Options{Src: hf("gpt-oss"), EP: 2, Orientation: layout.InOut}},
+		// rsf folded into in-out stacks: FP8 scales (auto), bf16 weights (--fold-scaling down)
+		{"deepseek-v3-fp8 fuse ep4 gate-up in-out folded", convert.Options{Src: hf("deepseek-v3-fp8"), EP: 4, FuseShared: true, Layout: layout.GateUp, Orientation: layout.InOut}},
+		{"deepseek-v3-bf16 fuse ep2 slots18 in-out fold down", convert.Options{Src: hf("deepseek-v3-bf16"), EP: 2, Slots: 18, FuseShared: true, FoldScaling: "down", Orientation: layout.InOut}},
 		{"int4 g32 fuse requantize ep2 moe-tp2", convert.Options{Src: int4, EP: 2, MoETP: 2, FuseShared: true, RequantizeShared: true}},
 		{"int4 g32 fuse requantize ep4 gate-up", convert.Options{Src: int4, EP: 4, FuseShared: true, RequantizeShared: true, Layout: layout.GateUp}},
 	} {
@@ -60,6 +64,10 @@ func TestRankProofOptions(t *testing.T) {
 				t.Fatalf("contract orientation %q", c.Orientation)
 			case tc.o.RequantizeShared && c.SharedRequantized == nil:
 				t.Fatal("contract has no shared_requantized")
+			case strings.Contains(tc.name, "folded") || strings.Contains(tc.name, "fold down"):
+				if !c.RoutedScalingFactorFolded {
+					t.Fatal("contract: routed_scaling_factor not folded")
+				}
 			}
 			ctx := context.Background()
 			res, err := Check(ctx, tc.o.Src, dst, -1)
