@@ -2,7 +2,9 @@ package rankproof
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -230,4 +232,37 @@ func convertedContract(t *testing.T, o convert.Options) (string, *layout.Contrac
 		t.Fatal(err)
 	}
 	return dst, c
+}
+
+// config.json is held as the whole-model byte proof holds it: a
+// dequantised output that kept SRC's quantization_config fails, naming it.
+func TestRankProofConfigOfDequantised(t *testing.T) {
+	src := filepath.Join(hfDir, "deepseek-v3-fp8")
+	dst, _ := convertedContract(t, convert.Options{Src: src, EP: 4, DType: safetensors.BF16})
+	var srcDoc map[string]json.RawMessage
+	sb, err := os.ReadFile(filepath.Join(src, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(sb, &srcDoc); err != nil {
+		t.Fatal(err)
+	}
+	db, err := os.ReadFile(filepath.Join(dst, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(db), `"quantization_config"`) || srcDoc["quantization_config"] == nil {
+		t.Fatal("the dequantised output kept quantization_config, or SRC has none")
+	}
+	// put SRC's back as text, leaving every other value's spelling as it is
+	b := []byte(`{"quantization_config": ` + string(srcDoc["quantization_config"]) + `,` + strings.TrimPrefix(strings.TrimSpace(string(db)), "{"))
+	writeShard(t, filepath.Join(dst, "config.json"), b)
+	rehash(t, dst, "config.json")
+	res, err := Check(context.Background(), src, dst, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(res.Failure, "config.json: config: ") || !strings.Contains(res.Failure, "quantization_config") {
+		t.Errorf("failure %q, want config.json's quantization_config named", res.Failure)
+	}
 }
