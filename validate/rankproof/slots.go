@@ -81,17 +81,17 @@ func (k *checker) checkRank(ctx context.Context, ri layout.RankInfo) error {
 			want++
 			f, ti, ok := sh.Lookup(st.name)
 			if !ok {
-				return fail("rank %d: layer %d: stack %s is missing", ri.Rank, li.Index, st.name)
+				return fail("rank %d: layer %s: stack %s is missing", ri.Rank, family.KeyLabel(li.Index), st.name)
 			}
 			sec, err := f.Section(st.name)
 			if err != nil {
 				return err
 			}
 			if ti.Shape[0] != int64(x.SlotsPerRank+S) {
-				return fail("rank %d: layer %d: %s holds %d slots, want %d and %d shared", ri.Rank, li.Index, st.name, ti.Shape[0], x.SlotsPerRank, S)
+				return fail("rank %d: layer %s: %s holds %d slots, want %d and %d shared", ri.Rank, family.KeyLabel(li.Index), st.name, ti.Shape[0], x.SlotsPerRank, S)
 			}
 			if d, _, _, ok := k.pred.Want(st.name); ok && d != ti.DType {
-				return fail("rank %d: layer %d: %s is %s, the contract's stacks %s", ri.Rank, li.Index, st.name, ti.DType, d)
+				return fail("rank %d: layer %s: %s is %s, the contract's stacks %s", ri.Rank, family.KeyLabel(li.Index), st.name, ti.DType, d)
 			}
 			per := ti.NumBytes() / ti.Shape[0]
 			for j := range x.SlotsPerRank + S {
@@ -112,10 +112,10 @@ func (k *checker) checkRank(ctx context.Context, ri layout.RankInfo) error {
 				}
 				exp, err := k.slotBytes(pl, st, bank, int64(ri.MoETPRank))
 				if err != nil {
-					return fmt.Errorf("rank %d: layer %d: %s: %w", ri.Rank, li.Index, what, err)
+					return fmt.Errorf("rank %d: layer %s: %s: %w", ri.Rank, family.KeyLabel(li.Index), what, err)
 				}
 				if int64(len(exp)) != per {
-					return fail("rank %d: layer %d: %s: %s has %d bytes a slot, SRC's expert gives %d", ri.Rank, li.Index, what, st.name, per, len(exp))
+					return fail("rank %d: layer %s: %s: %s has %d bytes a slot, SRC's expert gives %d", ri.Rank, family.KeyLabel(li.Index), what, st.name, per, len(exp))
 				}
 				got := make([]byte, per)
 				if err := readFull(sec, got, int64(j)*per); err != nil {
@@ -123,7 +123,7 @@ func (k *checker) checkRank(ctx context.Context, ri layout.RankInfo) error {
 				}
 				k.res.DSTBytesRead += per
 				if at := firstDiff(got, exp); at >= 0 {
-					return fail("rank %d: layer %d: %s: %s differs from SRC's expert at byte %d of the slot", ri.Rank, li.Index, what, st.name, at)
+					return fail("rank %d: layer %s: %s: %s differs from SRC's expert at byte %d of the slot", ri.Rank, family.KeyLabel(li.Index), what, st.name, at)
 				}
 			}
 		}
