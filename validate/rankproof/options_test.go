@@ -266,3 +266,50 @@ func TestRankProofConfigOfDequantised(t *testing.T) {
 		t.Errorf("failure %q, want config.json's quantization_config named", res.Failure)
 	}
 }
+
+// shardBytes reads the shard at path whole and returns its bytes, tensor
+// name's entry and the file offset of slot j of it.
+func shardBytes(t *testing.T, path, name string, j int64) ([]byte, safetensors.TensorInfo, int64) {
+	t.Helper()
+	f, err := safetensors.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ti, ok := f.Lookup(name)
+	start := f.DataStart
+	f.Close()
+	if !ok || j >= ti.Shape[0] {
+		t.Fatalf("%s: no slot %d of %s", path, j, name)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw, ti, start + ti.Begin + j*(ti.End-ti.Begin)/ti.Shape[0]
+}
+
+// bf16Slot is shardBytes of a BF16 tensor.
+func bf16Slot(t *testing.T, path, name string, j int64) ([]byte, int64) {
+	t.Helper()
+	raw, ti, off := shardBytes(t, path, name, j)
+	if ti.DType != safetensors.BF16 {
+		t.Fatalf("%s: %s is %s, not BF16", path, name, ti.DType)
+	}
+	return raw, off
+}
+
+func writeShard(t *testing.T, path string, raw []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// setSlotElement writes BF16 value bits into element 0 of slot j of
+// tensor name in a rank's shard.
+func setSlotElement(t *testing.T, path, name string, j int64, bits uint16) {
+	t.Helper()
+	raw, off := bf16Slot(t, path, name, j)
+	raw[off], raw[off+1] = byte(bits), byte(bits>>8)
+	writeShard(t, path, raw)
+}

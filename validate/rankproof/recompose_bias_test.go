@@ -13,55 +13,33 @@ import (
 	"github.com/moeprep/moeprep/safetensors"
 )
 
-// shardBytes reads the shard at path whole and returns its bytes, tensor
-// name's entry and the file offset of slot j of it.
-func shardBytes(t *testing.T, path, name string, j int64) ([]byte, safetensors.TensorInfo, int64) {
+// scaleSlotElement multiplies element 0 of slot j of BF16 tensor name in a
+// rank's shard by 4 (one exponent bit of its high byte flipped: x4 or
+// /4), a change no tolerance of the recomposition absorbs.
+func scaleSlotElement(t *testing.T, path, name string, j int64) {
 	t.Helper()
 	f, err := safetensors.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ti, ok := f.Lookup(name)
-	start := f.DataStart
 	f.Close()
-	if !ok || j >= ti.Shape[0] {
-		t.Fatalf("%s: no slot %d of %s", path, j, name)
+	if !ok || ti.DType != safetensors.BF16 {
+		t.Fatalf("%s: %s missing or not BF16", path, name)
 	}
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return raw, ti, start + ti.Begin + j*(ti.End-ti.Begin)/ti.Shape[0]
-}
-
-// bf16Slot is shardBytes of a BF16 tensor.
-func bf16Slot(t *testing.T, path, name string, j int64) ([]byte, int64) {
-	t.Helper()
-	raw, ti, off := shardBytes(t, path, name, j)
-	if ti.DType != safetensors.BF16 {
-		t.Fatalf("%s: %s is %s, not BF16", path, name, ti.DType)
-	}
-	return raw, off
-}
-
-func writeShard(t *testing.T, path string, raw []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// scaleSlotElement multiplies element 0 of slot j of BF16 tensor name in a
-// rank's shard by 4 (one exponent bit of its high byte flipped: x4 or
-// /4), a change no tolerance of the recomposition absorbs.
-func scaleSlotElement(t *testing.T, path, name string, j int64) {
-	t.Helper()
-	raw, off := bf16Slot(t, path, name, j)
+	n := int64(raw[0]) | int64(raw[1])<<8 | int64(raw[2])<<16 | int64(raw[3])<<24
+	off := 8 + n + ti.Begin + j*(ti.End-ti.Begin)/ti.Shape[0]
 	if raw[off]|raw[off+1] == 0 {
 		t.Fatalf("%s slot %d element 0 is zero: the mutation would change nothing", name, j)
 	}
 	raw[off+1] ^= 0x01 // little-endian: the high byte holds sign and exponent
-	writeShard(t, path, raw)
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // gpt-oss's experts carry gate, up and down biases: the recomposition
@@ -130,15 +108,6 @@ func TestRecomposedExpertBiases(t *testing.T) {
 			}
 		}
 	}
-}
-
-// setSlotElement writes BF16 value bits into element 0 of slot j of
-// tensor name in a rank's shard.
-func setSlotElement(t *testing.T, path, name string, j int64, bits uint16) {
-	t.Helper()
-	raw, off := bf16Slot(t, path, name, j)
-	raw[off], raw[off+1] = byte(bits), byte(bits>>8)
-	writeShard(t, path, raw)
 }
 
 // Under --moe-tp the gate and up biases are cut with their rows and the
