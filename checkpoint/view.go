@@ -373,3 +373,16 @@ func shortRead(err error) error {
 	}
 	return err
 }
+
+// TransposedColumns is columns [c0, c0+n) of the 2-D tensor t ([rows,
+// cols]) as the [n, rows] tensor of their transpose, named name: what a
+// "T:c0:n:1" view of t gives, for a tensor that is not one of a
+// checkpoint's (validate's per-rank recomposition reads an in-out stack's
+// slot through it). Its Data reads t's rows, never the whole tensor at once.
+func TransposedColumns(t *Tensor, name string, c0, n int64) (*Tensor, error) {
+	if len(t.Shape) != 2 || c0 < 0 || n < 1 || c0+n > t.Shape[1] {
+		return nil, fmt.Errorf("%s: tensor %s: columns %d..%d of shape %v", t.File, t.Name, c0, c0+n, t.Shape)
+	}
+	tr := &transposedReader{src: t.Data, rows: t.Shape[0], cols: t.Shape[1], c0: c0, n: n, step: 1, es: int64(t.DType.Size())}
+	return &Tensor{Name: name, DType: t.DType, Shape: []int64{n, tr.rows}, File: t.File, Data: tr}, nil
+}

@@ -74,7 +74,7 @@ func (o *Options) normRanks() error {
 type rankPlan struct {
 	ep, tp, slots int
 	source        string        // contiguous, stats or map (layout.ExpertParallel.Placement)
-	rows          map[int][]int // MoE layer index -> slot -> logical expert
+	rows          map[int][]int // MoE layer key (family.Layer.Key: a bank apart) -> slot -> logical expert
 	digest        string        // of the rows, for --resume's fingerprint
 	tensors       [][]*outTensor
 	shards        [][]*shardPlan
@@ -92,16 +92,16 @@ func (p *planner) planRanks() (*rankPlan, error) {
 	moe := map[int]bool{}
 	var indices []int
 	for _, l := range fp.Layers {
-		if l.Bank != family.NoBank {
-			return nil, fmt.Errorf("%s: --ep: %s (model_type %s) holds two routed banks a layer (text and vision), which one placement per layer cannot describe; per-rank output of it is not built", dir, fp.Family, fp.ModelType)
+		if l.Bank != family.NoBank && (o.PlacementStats != "" || o.PlacementMap != "") {
+			// Each bank is placed as a MoE layer of its own (rows keyed
+			// by Layer.Key), but the engines' placement files and recorded
+			// loads have one row a decoder layer.
+			return nil, fmt.Errorf("%s: --placement and --placement-map: %s (model_type %s) holds two routed banks a layer (text and vision), and a placement file has one row a layer; give --ep [--slots], which places each bank contiguously, a row of its own in the contract", dir, fp.Family, fp.ModelType)
 		}
 		moe[l.Index] = true
 		indices = append(indices, l.Index)
 	}
 	if M > 1 {
-		if fp.ExpertBias {
-			return nil, fmt.Errorf("%s: --moe-tp %d: the experts have down biases, which the %d partial outputs would each add; cutting them is not built; use --moe-tp 1", dir, M, M)
-		}
 		if o.Orientation == layout.InOut {
 			return nil, fmt.Errorf("%s: --moe-tp %d with --orientation in-out: cutting transposed experts is not built; use one of them", dir, M)
 		}
@@ -163,7 +163,7 @@ func (p *planner) planRanks() (*rankPlan, error) {
 			if err := placement.CheckRow(row, E); err != nil {
 				return nil, fmt.Errorf("%s: layer %d: %v", m.File, l.Index, err)
 			}
-			rp.rows[l.Index] = row
+			rp.rows[l.Key()] = row
 		}
 		if m.Form == placement.Schema {
 			// moeprep placement writes every layer its statistics name,
@@ -209,13 +209,13 @@ func (p *planner) planRanks() (*rankPlan, error) {
 		rp.source = "stats"
 	}
 	for _, l := range fp.Layers {
-		if _, ok := rp.rows[l.Index]; !ok {
-			rp.rows[l.Index] = placement.Contiguous(spec).Map
+		if _, ok := rp.rows[l.Key()]; !ok {
+			rp.rows[l.Key()] = placement.Contiguous(spec).Map
 		}
 	}
 	h := sha256.New()
 	for _, l := range fp.Layers {
-		fmt.Fprintf(h, "%d %v\n", l.Index, rp.rows[l.Index])
+		fmt.Fprintf(h, "%d %v\n", l.Key(), rp.rows[l.Key()])
 	}
 	rp.digest = hex.EncodeToString(h.Sum(nil))
 	rp.tensors = make([][]*outTensor, rp.ranks())
@@ -272,6 +272,9 @@ func (p *planner) rankLayer(l *family.Layer, where string, routed []mlpParts, I,
 				if err != nil {
 					return nil, err
 				}
+				if err := p.cutBiases(&sp, m, what, Ir, H, t); err != nil {
+					return nil, err
+				}
 				if sp, err = p.dequantMLP(sp, p.wf, Ir, H, what); err != nil {
 					return nil, err
 				}
@@ -314,7 +317,7 @@ func (p *planner) rankLayer(l *family.Layer, where string, routed []mlpParts, I,
 		}
 		consumed = l.Shared.Names()
 	}
-	row := rp.rows[l.Index]
+	row := rp.rows[l.Key()]
 	per := rp.slots / rp.ep
 	for r := range rp.ranks() {
 		g, t := r/rp.tp, r%rp.tp
@@ -332,6 +335,45 @@ func (p *planner) rankLayer(l *family.Layer, where string, routed []mlpParts, I,
 		rp.tensors[r] = append(rp.tensors[r], outs...)
 	}
 	return consumed, nil
+}
+
+// cutBiases gives MoE-TP part t of routed expert m (intermediate Ir a
+// part) its biases, where it has them (gpt-oss): the gate and up biases'
+// rows [t*Ir, (t+1)*Ir), like their weights; the down bias, which each
+// part's partial output would add again before the parts are summed, whole
+// on part 0 and zeros on the others, so the sum adds it once. That is
+// vLLM's rule for gpt-oss's w2_bias under tensor parallelism (loaded on TP
+// rank 0, zeroed elsewhere); layout/CONTRACT.md states it for loaders.
+func (p *planner) cutBiases(sp *mlpParts, m family.MLP, what string, Ir, H, t int64) error {
+	if m.Get(layout.ProjGate, layout.RoleBias) == "" {
+		return nil
+	}
+	for _, pj := range layout.MLPProjs {
+		name := m.Get(pj, layout.RoleBias)
+		b, ok := p.tensor(name)
+		if !ok {
+			return fmt.Errorf("%s: %s %s bias: tensor %s is missing", p.ck.Dir, what, pj, name)
+		}
+		es := int64(b.DType.Size())
+		switch {
+		case pj != layout.ProjDown: // checked [I] by sharedSlice's expert
+			sp[pj][layout.RoleBias] = piece(b, weightfmt.Region{Off: t * Ir * es, Rows: 1, RowLen: Ir * es, Stride: Ir * es})
+		case t == 0:
+			sp[pj][layout.RoleBias] = whole(b)
+		default:
+			n := H * es
+			sp[pj][layout.RoleBias] = part{region: region{src: zeroBytes{}, file: b.File, tensor: name + " (zeros: the down bias is on MoE-TP part 0)", rows: 1, rowLen: n, stride: n}, dtype: b.DType}
+		}
+	}
+	return nil
+}
+
+// zeroBytes reads as zeros: the down bias of the MoE-TP parts past 0.
+type zeroBytes struct{}
+
+func (zeroBytes) ReadAt(b []byte, _ int64) (int, error) {
+	clear(b)
+	return len(b), nil
 }
 
 // shardRanks packs every rank's stacks into files under its directory.
@@ -355,7 +397,7 @@ func (rp *rankPlan) record(fp *family.Plan) *layout.ExpertParallel {
 	x := &layout.ExpertParallel{EP: rp.ep, MoETP: rp.tp, Ranks: n, Slots: rp.slots, SlotsPerRank: rp.slots / rp.ep,
 		Placement: rp.source, SharedIndex: safetensors.IndexFileName}
 	for _, l := range fp.Layers {
-		x.PhysicalToLogical = append(x.PhysicalToLogical, rp.rows[l.Index])
+		x.PhysicalToLogical = append(x.PhysicalToLogical, rp.rows[l.Key()])
 	}
 	I := int64(fp.MoEIntermediateSize)
 	for r := range n {

@@ -46,6 +46,26 @@ func readTensors(t *testing.T, dir string) map[string]tensorData {
 // down tensor, cut m ways; a tensor whose cut dimension m does not divide
 // (a per-tensor or per-row scale) is whole in every part.
 func tpPart(name string, shape []int64, b []byte, t, m int64) []byte {
+	if m > 1 && strings.Contains(name, "bias") && len(shape) == 1 {
+		// an expert bias: gate and up rows as their weights'; the down
+		// bias on part 0 alone, zeros in the others (added once in the sum)
+		if strings.Contains(name, "down") {
+			if t == 0 {
+				return b
+			}
+			return make([]byte, len(b))
+		}
+		halves := int64(1)
+		if strings.Contains(name, "gate_up") || strings.Contains(name, "up_gate") {
+			halves = 2
+		}
+		hb := int64(len(b)) / halves
+		var out []byte
+		for h := range halves {
+			out = append(out, b[h*hb+t*hb/m:h*hb+(t+1)*hb/m]...)
+		}
+		return out
+	}
 	if m == 1 || len(shape) < 2 {
 		return b
 	}
@@ -238,7 +258,12 @@ func TestRanksEqualWholeOutputSlices(t *testing.T) {
 		{"qwen3-moe-fp8-channel ep2 moe-tp2", filepath.Join(hfDir, "qwen3-moe-fp8-channel"), Options{EP: 2, MoETP: 2}},
 		{"gpt-oss-mxfp4 ep4", filepath.Join(hfDir, "gpt-oss-mxfp4"), Options{EP: 4}},
 		{"gpt-oss ep2 in-out", filepath.Join(hfDir, "gpt-oss"), Options{EP: 2, Orientation: layout.InOut}},
+		{"gpt-oss ep2 moe-tp2", filepath.Join(hfDir, "gpt-oss"), Options{EP: 2, MoETP: 2}},
+		{"gpt-oss ep2 moe-tp2 gate-up", filepath.Join(hfDir, "gpt-oss"), Options{EP: 2, MoETP: 2, Layout: layout.GateUp}},
+		{"gpt-oss ep1 moe-tp4 up-gate slots10", filepath.Join(hfDir, "gpt-oss"), Options{EP: 1, MoETP: 4, Layout: layout.UpGate, Slots: 10}},
 		{"qwen3-moe ep4", filepath.Join(hfDir, "qwen3-moe"), Options{EP: 4}},
+		{"ernie4-5-vl-moe two banks ep4 slots12", filepath.Join(hfDir, "ernie4-5-vl-moe"), Options{EP: 4, Slots: 12}},
+		{"ernie4-5-vl-moe two banks ep2 moe-tp2 gate-up", filepath.Join(hfDir, "ernie4-5-vl-moe"), Options{EP: 2, MoETP: 2, Layout: layout.GateUp}},
 		{"qwen3-moe ep2 moe-tp2 gate-up", filepath.Join(hfDir, "qwen3-moe"), Options{EP: 2, MoETP: 2, Layout: layout.GateUp}},
 		{"qwen3-moe ep4 stats slots12", filepath.Join(hfDir, "qwen3-moe"), Options{EP: 4, Slots: 12, PlacementStats: stats}},
 		{"mixtral ep2 moe-tp4", filepath.Join(hfDir, "mixtral"), Options{EP: 2, MoETP: 4}},
@@ -326,6 +351,8 @@ func TestRanksRefusals(t *testing.T) {
 		{"map and stats", ds, Options{EP: 4, PlacementStats: stats, PlacementMap: stats}, "contradict"},
 		{"stats load on a dense layer", ds, Options{EP: 4, PlacementStats: stats}, "layer 0 has recorded loads, but the model's MoE layers are 1, 2"},
 		{"stats missing a layer", ds, Options{EP: 4, PlacementStats: short}, "no recorded loads for MoE layer 2"},
+		{"two banks and a placement file", filepath.Join(hfDir, "ernie4-5-vl-moe"), Options{EP: 4, PlacementStats: stats},
+			"--placement and --placement-map: ernie4_5_vl_moe (model_type ernie4_5_vl_moe_text) holds two routed banks a layer (text and vision), and a placement file has one row a layer; give --ep [--slots]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := tc.o

@@ -10,7 +10,8 @@ shared shards' routers (and, on rank 0, an unfused shared expert), and its own r
 directory; it records every byte it reads. It routes every golden token with the family's router
 (written here from the papers' and transformers' formulas, not from moeprep's Go code), serves each
 token's logical experts with one replica each (the first or the last slot holding the expert), runs its
-local slots' SiLU-gated MLPs on its part of the intermediate dimension, and all-reduces the partial
+local slots' SiLU-gated MLPs (gpt-oss's clamped form with its expert biases, the down bias on MoE-TP
+part 0 alone) on its part of the intermediate dimension, and all-reduces the partial
 outputs. Rank 0 compares the sum with the transformers MoE block output recorded in the golden
 (reference/moe-layer-L.safetensors: x, y), in float64, and the script exits 0 only when every layer
 is within --tol.
@@ -160,6 +161,10 @@ def route(cfg, logits, bias):
         if cfg.get("norm_topk_prob", True):
             w = w / (w.sum(-1, keepdim=True) + 1e-20)
         return ids, w
+    if mt == "gpt_oss":
+        # gpt-oss: the router has a bias; top-k of the logits, then softmax over those k alone
+        top, ids = logits.topk(k, dim=-1)
+        return ids, top.softmax(dim=-1)
     if mt in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe"):
         # softmax over all experts, top-k; Mixtral always renormalises, Qwen as norm_topk_prob says
         p = logits.softmax(dim=-1)
@@ -167,10 +172,14 @@ def route(cfg, logits, bias):
         if mt == "mixtral" or cfg.get("norm_topk_prob", False):
             w = w / w.sum(-1, keepdim=True)
         return ids, w
-    raise ValueError(f"model_type {mt!r}: this consumer routes deepseek_v3, qwen3_moe, qwen2_moe, mixtral, olmoe")
+    raise ValueError(f"model_type {mt!r}: this consumer routes deepseek_v3, qwen3_moe, qwen2_moe, mixtral, olmoe, gpt_oss")
 
 
-def router_names(prefix):
+def router_names(cfg, prefix):
+    """The router's weight and its bias (DeepSeek's correction bias, which only chooses; gpt-oss's
+    logit bias, which routing adds to the logits)."""
+    if cfg.get("model_type") == "gpt_oss":
+        return f"{prefix}.router.weight", f"{prefix}.router.bias"
     return f"{prefix}.gate.weight", f"{prefix}.gate.e_score_correction_bias"
 
 
@@ -178,6 +187,10 @@ def router_names(prefix):
 # The rank's stacks.
 
 STACK_SUFFIXES = ("all_gate.weight", "all_up.weight", "all_down.weight", "gate_up_proj", "up_gate_proj", "down_proj")
+# expert biases (gpt-oss, "expert_bias"): [n, I] gate and up (or [n, 2I] fused in the layout's order), [n, H] down.
+# Under --moe-tp each part's gate and up biases are its rows; the down bias is on part 0 and zeros on the others
+# (CONTRACT.md), so adding every part's down bias before the all-reduce adds it once.
+BIAS_SUFFIXES = ("all_gate.bias", "all_up.bias", "all_down.bias", "gate_up_proj_bias", "up_gate_proj_bias", "down_proj_bias")
 
 
 def stack_prefixes(prefix):
@@ -248,8 +261,42 @@ def load_rank_layer(rd, wmap, prefix, m):
     return g, u, d
 
 
-def swiglu(x, g, u, d):
-    return (torch.nn.functional.silu(x @ g.t()) * (x @ u.t())) @ d.t()
+def load_rank_biases(rd, wmap, prefix):
+    """gate [n,i], up [n,i], down [n,H] biases of the rank's local bank, or None where it has none."""
+    found = {s: p + s for p in stack_prefixes(prefix) for s in BIAS_SUFFIXES if p + s in wmap}
+    if not found:
+        return None
+    if "all_gate.bias" in found:
+        return tuple(rd.tensor(wmap[found[s]], found[s]) for s in ("all_gate.bias", "all_up.bias", "all_down.bias"))
+    key = "gate_up_proj_bias" if "gate_up_proj_bias" in found else "up_gate_proj_bias"
+    gu = rd.tensor(wmap[found[key]], found[key])
+    half = gu.shape[1] // 2
+    first, second = gu[:, :half], gu[:, half:]
+    g, u = (first, second) if key == "gate_up_proj_bias" else (second, first)
+    return g, u, rd.tensor(wmap[found["down_proj_bias"]], found["down_proj_bias"])
+
+
+def swiglu(x, g, u, d, act=None, b=None):
+    """One expert on rows x: SwiGLU, or the contract's clamped form (gpt-oss's `activation`:
+    g' = min(g, limit), u' = clamp(u, -limit, limit), g' * sigmoid(alpha g') * (u' + up_offset)),
+    with the expert's biases b = (gate, up, down) where it has them."""
+    hg, hu = x @ g.t(), x @ u.t()
+    if b is not None:
+        hg, hu = hg + b[0], hu + b[1]
+    if act:
+        alpha, limit, off = act.get("alpha", 1.0), act.get("limit"), act.get("up_offset", 0.0)
+        if limit is not None:
+            hg, hu = hg.clamp(max=limit), hu.clamp(min=-limit, max=limit)
+        h = hg * torch.sigmoid(alpha * hg) * (hu + off)
+    else:
+        h = torch.nn.functional.silu(hg) * hu
+    out = h @ d.t()
+    return out + b[2] if b is not None else out
+
+
+def clamped_swiglu(a):
+    """Whether a contract activation is the clamped SwiGLU this consumer computes (gpt-oss's)."""
+    return a is None or (isinstance(a, dict) and set(a) <= {"alpha", "limit", "up_offset"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,11 +335,15 @@ def worker(rank, args, world, port, result_dir):
         rank_map = {k: within(args.dst, os.path.join(own_dir, v), [own_dir]) for k, v in rank_idx.items()}
         shared_map = {k: within(args.dst, v, sorted(shared_files)) for k, v in shared_idx.items()}
 
-        # what this consumer computes: SwiGLU experts without biases, the routing weight on the output
-        unsupported = [k for k in ("activation", "shared_activation", "expert_bias", "routed_input_scaled", "output_scale", "zero_experts")
+        # what this consumer computes: SwiGLU experts, or gpt-oss's clamped form with expert biases,
+        # the routing weight on the output
+        unsupported = [k for k in ("shared_activation", "routed_input_scaled", "output_scale", "zero_experts")
                        if m.get(k)] + [f"layers[{i}].{k}" for i, l in enumerate(m["layers"]) for k in ("activation", "shared_activation", "bank") if l.get(k)]
+        if not clamped_swiglu(m.get("activation")):
+            unsupported.append(f"activation {m['activation']}")
         if unsupported:
-            raise ValueError(f"the contract says {', '.join(unsupported)}: this consumer runs plain SwiGLU experts only")
+            raise ValueError(f"the contract says {', '.join(unsupported)}: this consumer runs SwiGLU experts (gpt-oss's clamped form too) only")
+        act = m.get("activation")
         E = m["num_experts"]
         S, spr, first = ep["slots"], ep["slots_per_rank"], me["first_slot"]
         N = ep["ep"]
@@ -324,11 +375,18 @@ def worker(rank, args, world, port, result_dir):
             x = x.to(device)
             dist.broadcast(x, 0)
 
-            wname, bname = router_names(prefix)
+            wname, bname = router_names(cfg, prefix)
             W = rd.tensor(shared_map[wname], wname).to(device)
             bias = rd.tensor(shared_map[bname], bname).to(device) if bname in shared_map else None
-            ids, w = route(cfg, x @ W.t(), bias)
+            logits = x @ W.t()
+            if cfg.get("model_type") == "gpt_oss":
+                logits, bias = logits + bias, None
+            ids, w = route(cfg, logits, bias)
             gate, up, down = (t.to(device) for t in load_rank_layer(rd, rank_map, prefix, m))
+            eb = load_rank_biases(rd, rank_map, prefix)
+            if m.get("expert_bias") and eb is None:
+                raise ValueError(f"rank {rank} layer {L}: the contract says expert_bias, the rank has no bias stacks")
+            eb = tuple(t.to(device) for t in eb) if eb is not None else None
             nslots = gate.shape[0]
             if nslots < spr:
                 raise ValueError(f"rank {rank} layer {L}: {nslots} local slots, the contract says {spr}")
@@ -343,7 +401,8 @@ def worker(rank, args, world, port, result_dir):
                 for j in range(spr):
                     tok, kk = (phys == first + j).nonzero(as_tuple=True)
                     if tok.numel():
-                        out.index_add_(0, tok, w[tok, kk, None] * swiglu(x[tok], gate[j], up[j], down[j]))
+                        bj = (eb[0][j], eb[1][j], eb[2][j]) if eb is not None else None
+                        out.index_add_(0, tok, w[tok, kk, None] * swiglu(x[tok], gate[j], up[j], down[j], act, bj))
                 # fused shared expert (fuse-shared): the local slots after the routed ones are this EP
                 # group's replica's slices; token t is served by replica t mod N, every slice of it
                 if m.get("num_fused_shared_experts", 0):

@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
 )
 
 // systemPython is Debian's interpreter, whose python3-torch carries
@@ -81,6 +84,7 @@ func TestRankConsumerMatchesTransformers(t *testing.T) {
 		"deepseek-v3-fp8":  `{"1": [1,1,1,1,1,700,1,1,1,1,1,1,1,1,1,1], "2": [1,1,1,1,1,1,1,1,1,1,1,1,80,90,1,1]}`,
 		"qwen3-moe":        `{"1": [100,1,1,1,1,1,1,50], "2": [1,1,1,1,1,1,90,1]}`,
 		"mixtral":          `{"0": [1,80,1,1,1,1,1,1], "1": [1,1,1,60,40,1,1,1]}`,
+		"gpt-oss":          `{"0": [1,1,70,1,1,1,1,1], "1": [30,1,1,1,1,1,1,90]}`,
 	}
 	for _, tc := range []struct {
 		fixture, name string
@@ -101,6 +105,9 @@ func TestRankConsumerMatchesTransformers(t *testing.T) {
 		{"mixtral", "ep2", []string{"convert", "--ep", "2"}, nil, 2},
 		{"mixtral", "ep2-tp2-gate-up", []string{"convert", "--ep", "2", "--moe-tp", "2", "--layout", "gate-up"}, nil, 4},
 		{"mixtral", "ep4-slots12", []string{"convert", "--ep", "4"}, []string{"--ep", "4", "--slots", "12"}, 4},
+		// gpt-oss: router bias, clamped SwiGLU, expert biases; under --moe-tp the down bias on part 0 alone
+		{"gpt-oss", "ep2-tp2", []string{"convert", "--ep", "2", "--moe-tp", "2"}, nil, 4},
+		{"gpt-oss", "ep2-slots10-tp2-gate-up", []string{"convert", "--ep", "2", "--moe-tp", "2", "--layout", "gate-up"}, []string{"--ep", "2", "--slots", "10"}, 4},
 	} {
 		t.Run(tc.fixture+"/"+tc.name, func(t *testing.T) {
 			src := filepath.Join(fixturesDir, tc.fixture)
@@ -234,5 +241,58 @@ func TestRankConsumerFailsOnDamage(t *testing.T) {
 				t.Errorf("worst relative L2 %g: the damage should move a layer past 1e-2:\n%s", worst, out)
 			}
 		})
+	}
+}
+
+// gpt-oss under --moe-tp: the down bias lives on part 0 alone. A rank file
+// whose part-1 down biases are part 0's (the bias added twice in the sum)
+// makes the consumer exit 1 saying FAIL.
+func TestRankConsumerDownBiasOnce(t *testing.T) {
+	consumerReady(t)
+	src := filepath.Join(fixturesDir, "gpt-oss")
+	dst := filepath.Join(t.TempDir(), "ep2-tp2")
+	if code, _, errOut := runCLI(t, "convert", "--ep", "2", "--moe-tp", "2", "--quiet", src, dst); code != 0 {
+		t.Fatalf("convert: exit %d: %s", code, errOut)
+	}
+	shard := func(r int) string {
+		return filepath.Join(dst, layout.RankDir(r, 4), "model-00001-of-00001.safetensors")
+	}
+	bias := func(r int) (int64, int64) { // the byte range of rank r's layer-1 down-bias stack
+		f, err := safetensors.Open(shard(r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		ti, ok := f.Lookup("model.layers.1.mlp.experts.all_down.bias")
+		if !ok {
+			t.Fatal("no down-bias stack")
+		}
+		return f.DataStart + ti.Begin, f.DataStart + ti.End
+	}
+	a0, b0 := bias(0)
+	a1, b1 := bias(1)
+	p0, err := os.ReadFile(shard(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, err := os.ReadFile(shard(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b1-a1 != b0-a0 || strings.Trim(string(p1[a1:b1]), "\x00") != "" {
+		t.Fatalf("rank 1's down biases are not %d zero bytes", b0-a0)
+	}
+	copy(p1[a1:b1], p0[a0:b0])
+	if err := os.WriteFile(shard(1), p1, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, ranks := runConsumer(t, dst, filepath.Join(src, "reference"))
+	if code != 1 || !strings.Contains(out, "\nFAIL ") || len(ranks) != 4 || ranks[0].Pass {
+		t.Fatalf("consumer with the down bias on two parts: exit %d, want 1:\n%s", code, out)
+	}
+	for _, l := range ranks[0].LayerResults {
+		if l.Pass == (l.Layer == 1) {
+			t.Errorf("layer %d: pass %v (rel L2 %.3g); only layer 1's biases were doubled", l.Layer, l.Pass, l.RelL2)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/validate/rankproof"
@@ -51,7 +52,7 @@ func runRankProof(cmd *cobra.Command, f *validateFlags, src, dst string) (handle
 		}
 		for _, lc := range res.Recomposed {
 			if !lc.Pass && res.Failure == "" {
-				res.Failure = fmt.Sprintf("layer %d recomposed from the ranks (replica %d of each expert): relative L2 %.3g against SRC, over %g", lc.Layer, lc.Replica, lc.RelL2, lc.Tolerance)
+				res.Failure = fmt.Sprintf("layer %s recomposed from the ranks (replica %d of each expert): relative L2 %.3g against SRC, over %g", family.KeyLabel(lc.Layer), lc.Replica, lc.RelL2, lc.Tolerance)
 			}
 		}
 	}
@@ -85,7 +86,7 @@ func writeRankProof(w io.Writer, r *rankproof.Result) error {
 		if !lc.Pass {
 			v = "FAIL"
 		}
-		fmt.Fprintf(&b, "  layer %d routed experts from the ranks (replica %d of each, parts summed) vs SRC: relative L2 %.3g <= %g %s\n", lc.Layer, lc.Replica, lc.RelL2, lc.Tolerance, v)
+		fmt.Fprintf(&b, "  layer %s routed experts from the ranks (replica %d of each, parts summed) vs SRC: relative L2 %.3g <= %g %s\n", family.KeyLabel(lc.Layer), lc.Replica, lc.RelL2, lc.Tolerance, v)
 	}
 	if len(r.Recomposed) == 0 {
 		b.WriteString("  layers not recomposed (one rank alone, or --bytes): the byte proof alone\n")

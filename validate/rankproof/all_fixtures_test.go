@@ -10,8 +10,11 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/fixtures/hf"
 	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/safetensors"
 )
 
 // The combinations every fixture is written in: what the issue's "done
@@ -22,6 +25,11 @@ const (
 	comboMoETP = "ep2-moetp2" // --ep 2 --moe-tp 2
 	comboSlots = "ep-slots"   // --ep N --slots E+N (N as comboEP)
 	comboFuse  = "fuse-ep"    // fuse-shared --ep N (N as comboEP): R = N
+	// The options that change the experts' bytes, each proven against the
+	// whole-model byte proof's prediction for it (TestRankProofOptions
+	// has them with --moe-tp, --slots and fuse-shared too):
+	comboInOut = "ep-inout" // --ep N --orientation in-out, where the format has a byte-exact transpose
+	comboDType = "ep-dtype" // --ep N --dtype bf16, where the experts are quantised
 )
 
 // Where a refusal comes from.
@@ -50,13 +58,7 @@ func fp8BlockCut(kind string, layer int, block string) string {
 	return fmt.Sprintf("--moe-tp 2: layer %d's experts are 32 wide, and a part of 16 would cut the %s scale blocks of %s: gate and up rows and down columns are cut only on block boundaries, so I/M must be a multiple of the block", layer, kind, block)
 }
 
-const (
-	downBiases = "--moe-tp 2: the experts have down biases, which the 2 partial outputs would each add; cutting them is not built; use --moe-tp 1"
-	twoBanks   = "--ep: ernie4_5_vl_moe (model_type ernie4_5_vl_moe_text) holds two routed banks a layer (text and vision), which one placement per layer cannot describe; per-rank output of it is not built"
-	whyBlock   = "I/M = 16 cuts a quantisation block"
-	whyBias    = "--moe-tp with expert biases"
-	whyBanks   = "two routed banks a layer"
-)
+const whyBlock = "I/M = 16 cuts a quantisation block"
 
 // allFixtureRefusals: "dir combo" -> what moeprep says instead of PASS.
 // Every entry must be met (a stale one fails), and every combination not
@@ -71,11 +73,7 @@ var allFixtureRefusals = map[string]refusal{
 	"glm4-moe-lite-fp8 " + comboMoETP: {atConvert, whyBlock, fp8BlockCut("FP8", 1, "128x128")},
 	"hy-v3-fp8 " + comboMoETP:         {atConvert, whyBlock, fp8BlockCut("FP8", 1, "128x128")},
 	"deepseek-v3-int4 " + comboMoETP:  {atConvert, whyBlock, fp8BlockCut("INT4", 1, "1x32")},
-	"gpt-oss " + comboMoETP:           {atConvert, whyBias, downBiases},
-	"gpt-oss-mxfp4 " + comboMoETP:     {atConvert, whyBias, downBiases},
-	"ernie4-5-vl-moe " + comboEP:      {atConvert, whyBanks, twoBanks},
-	"ernie4-5-vl-moe " + comboMoETP:   {atConvert, whyBanks, twoBanks},
-	"ernie4-5-vl-moe " + comboSlots:   {atConvert, whyBanks, twoBanks},
+	"gpt-oss-mxfp4 " + comboMoETP:     {atConvert, whyBlock, fp8BlockCut("MXFP4", 0, "1x32")},
 }
 
 // Every transformers-written fixture, in every per-rank combination its
@@ -84,17 +82,19 @@ var allFixtureRefusals = map[string]refusal{
 // ranks on the CPU through each replica choice) and as `validate --rank r`
 // does for its last rank; or moeprep refuses the combination with the
 // exact one-line, exit-2 message allFixtureRefusals lists. Every fixture
-// has 8 or 16 experts, so N is 4 throughout. Over the 77 fixtures, 255 of
-// 269 combinations pass (76 EP, 65 EP x MoE-TP, 76 slots, all 38
-// fuse-shared, gpt-oss's biased experts among them); 14 are refused by
-// convert (9 FP8/INT4 block grids that I/2 = 16 would cut, 2 gpt-oss with
-// expert biases under --moe-tp, 3 ERNIE-4.5-VL's two banks) and none has
-// its recomposition refused. docs/PER-RANK.md has the table;
-// the test logs the counts. It found LongCat-Flash's identity experts
-// counted once a --moe-tp part and Inkling's routed shared experts read
-// at I/M by the recomposition (both fixed in recompose.go).
+// has 8 or 16 experts, so N is 4 throughout. Over the 77 fixtures, 346 of
+// 356 combinations pass (77 EP, 67 EP x MoE-TP, 77 slots, all 38
+// fuse-shared, 74 in-out, all 13 quantised ones dequantised to bf16;
+// gpt-oss's biased experts under --moe-tp and ERNIE-4.5-VL's two banks a
+// layer among them); 10 are refused by convert (FP8, INT4 and MXFP4 block
+// grids that I/2 = 16 would cut) and none has its recomposition refused.
+// docs/PER-RANK.md has the table; the test logs the counts. It found
+// LongCat-Flash's identity experts counted once a --moe-tp part and
+// Inkling's routed shared experts read at I/M by the recomposition (both
+// fixed in recompose.go).
 func TestRankProofEveryFixture(t *testing.T) {
-	// About 20 s on a loaded 2-core machine: no -short guard.
+	// About 25 s of CPU (a minute or two of wall time on a loaded 2-core
+	// machine, most of it convert's syncs): no -short guard.
 	type tally struct{ pass, refused map[string]int }
 	var mu sync.Mutex
 	got := tally{pass: map[string]int{}, refused: map[string]int{}}
@@ -116,6 +116,12 @@ func TestRankProofEveryFixture(t *testing.T) {
 				}
 				if f.FuseShared {
 					combos[comboFuse] = convert.Options{EP: ep, FuseShared: true}
+				}
+				if f.Format != hf.Int4 && f.Format != hf.NVFP4 && f.Format != hf.MXFP4 { // packed: no transpose
+					combos[comboInOut] = convert.Options{EP: ep, Orientation: layout.InOut}
+				}
+				if f.Quantized() {
+					combos[comboDType] = convert.Options{EP: ep, DType: safetensors.BF16}
 				}
 				for _, name := range slices.Sorted(func(yield func(string) bool) {
 					for k := range combos {
@@ -150,7 +156,7 @@ func TestRankProofEveryFixture(t *testing.T) {
 	for key := range allFixtureRefusals {
 		dir, combo, _ := strings.Cut(key, " ")
 		f, ok := hf.Lookup(dir)
-		if !ok || !slices.Contains([]string{comboEP, comboMoETP, comboSlots, comboFuse}, combo) || (combo == comboFuse && !f.FuseShared) {
+		if !ok || !slices.Contains([]string{comboEP, comboMoETP, comboSlots, comboFuse, comboInOut, comboDType}, combo) || (combo == comboFuse && !f.FuseShared) {
 			t.Errorf("%s: listed as refused, but there is no such fixture or combination", key)
 		}
 	}
@@ -213,8 +219,15 @@ func proveEveryWay(t *testing.T, f hf.Fixture, o convert.Options, name string, w
 		}
 		reps[lc.Layer] = max(reps[lc.Layer], lc.Replica+1)
 	}
-	if len(reps) == 0 || len(reps) > len(f.MoELayers) {
-		t.Errorf("%s: recomposed layers %v, the fixture's MoE layers are %v", name, reps, f.MoELayers)
+	// Each routed bank of a decoder layer (ERNIE-4.5-VL's text and vision)
+	// recomposes as a layer of its own, keyed as family.Layer.Key.
+	if len(reps) == 0 || len(reps) > len(c.Layers) {
+		t.Errorf("%s: recomposed layers %v, the contract's MoE layers are %d", name, reps, len(c.Layers))
+	}
+	for l := range reps {
+		if d, _ := family.SplitLayerKey(l); !slices.Contains(f.MoELayers, d) {
+			t.Errorf("%s: recomposed layer %d, the fixture's MoE layers are %v", name, l, f.MoELayers)
+		}
 	}
 	for l, n := range reps {
 		if (o.Slots > 0) != (n > 1) { // S = E + N: some expert has 2 replicas

@@ -7,6 +7,8 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/judge"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -49,6 +51,17 @@ func CheckRecomposed(ctx context.Context, src, dst string, T int, seed uint64) (
 	tol := tolSum
 	if f, err := c.Format(); err == nil && c.RoutedScalingFactorFolded && f.Fold().Into != weightfmt.FoldScales {
 		tol = tolFoldedBF16
+	}
+	if c.Dequantized != nil {
+		// --dtype: every expert weight rounded once from SRC's exact
+		// dequantisation, as the whole-model validate judges it (F32
+		// holds it exactly)
+		switch safetensors.DType(c.Dequantized.DType) {
+		case safetensors.BF16:
+			tol = max(tol, judge.TolDequantBF16.MaxRelL2)
+		case safetensors.F16:
+			tol = max(tol, judge.TolDequantF16.MaxRelL2)
+		}
 	}
 	rng := rand.New(rand.NewPCG(seed, 0x6d6f65707265))
 	x := make([]float32, T*plan.HiddenSize)

@@ -18,7 +18,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 
 	"github.com/moeprep/moeprep/checkpoint"
@@ -26,6 +25,7 @@ import (
 	"github.com/moeprep/moeprep/internal/safeio"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/byteproof"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -97,7 +97,8 @@ type checker struct {
 	dst  string
 	man  *layout.Manifest
 	res  *Result
-	f    weightfmt.Format
+	f    weightfmt.Format // how DST stores the experts
+	pred *byteproof.Prediction
 }
 
 // failure is a finding: the proof ran and DST is not what it should be.
@@ -118,14 +119,6 @@ func Check(ctx context.Context, src, dst string, rank int) (*Result, error) {
 	if c == nil || c.ExpertParallel == nil {
 		return nil, fmt.Errorf("%s: not a per-rank output (its contract has no expert_parallel); --rank applies to outputs of convert --ep", dst)
 	}
-	switch {
-	case c.Dequantized != nil:
-		return nil, fmt.Errorf("%s: the per-rank proof of a dequantised output (--dtype) is not built", dst)
-	case c.Oriented() == layout.InOut:
-		return nil, fmt.Errorf("%s: the per-rank proof of an in-out output is not built", dst)
-	case c.SharedRequantized != nil:
-		return nil, fmt.Errorf("%s: the per-rank proof of a requantised shared expert is not built", dst)
-	}
 	x := c.ExpertParallel
 	if rank >= x.Ranks {
 		return nil, fmt.Errorf("%s: --rank %d: the output has %d ranks (0..%d)", dst, rank, x.Ranks, x.Ranks-1)
@@ -143,7 +136,14 @@ func Check(ctx context.Context, src, dst string, rank int) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &checker{src: ck, plan: plan, c: c, x: x, dst: dst, man: man, res: &Result{Schema: Schema}, f: f}
+	// What every tensor must hold, as the whole-model byte proof predicts
+	// it (--dtype, in-out, --requantize-shared and the fold included); the
+	// ranks' slots are cut from its stacks.
+	pred, err := byteproof.Predict(ck, plan, c)
+	if err != nil {
+		return nil, err
+	}
+	k := &checker{src: ck, plan: plan, c: c, x: x, dst: dst, man: man, res: &Result{Schema: Schema}, f: f, pred: pred}
 	ranks := []int{rank}
 	if rank < 0 {
 		ranks = ranks[:0]
@@ -207,8 +207,8 @@ func (k *checker) checkLayers() error {
 		return fail("contract: %d MoE layers, SRC has %d", len(k.c.Layers), len(k.plan.Layers))
 	}
 	for i, li := range k.c.Layers {
-		if pl := k.plan.Layers[i]; li.Index != pl.Index || li.Prefix != pl.Prefix {
-			return fail("contract: layer %d is %d (%s), SRC's is %d (%s)", i, li.Index, li.Prefix, pl.Index, pl.Prefix)
+		if pl := k.plan.Layers[i]; li.Index != pl.Key() || li.Prefix != pl.Prefix { // Key: a bank apart (ERNIE-4.5-VL)
+			return fail("contract: layer %d is %d (%s), SRC's is %d (%s)", i, li.Index, li.Prefix, pl.Key(), pl.Prefix)
 		}
 	}
 	return nil
@@ -268,50 +268,35 @@ func (k *checker) checkFiles(ctx context.Context, who string, files []string, ha
 	return total, nil
 }
 
-// consumed are SRC's tensors the stacks replace: every routed expert's,
-// and the shared expert's where it was fused.
-func (k *checker) consumed() map[string]bool {
-	out := map[string]bool{}
-	for _, l := range k.plan.Layers {
-		for _, m := range l.Experts {
-			for _, n := range m.Names() {
-				out[checkpoint.BaseName(n)] = true
-			}
-		}
-		if k.c.NumFusedSharedExperts > 0 && l.Shared != nil {
-			for _, n := range l.Shared.Names() {
-				out[checkpoint.BaseName(n)] = true
-			}
-		}
-	}
-	return out
-}
-
-// checkShared: the shared files hold exactly SRC's other tensors, byte
-// for byte.
+// checkShared: the shared files hold exactly the tensors outside the
+// stacks the prediction names (SRC's other tensors, dequantised where the
+// contract says), byte for byte.
 func (k *checker) checkShared(ctx context.Context) error {
 	sh, err := safetensors.OpenSharded(k.dst)
 	if err != nil {
 		return fail("shared files: %v", err)
 	}
 	defer sh.Close()
-	consumed := k.consumed()
 	seen := map[string]bool{}
 	for _, f := range sh.Shards {
 		for _, ti := range f.Tensors {
 			seen[ti.Name] = true
-			st, ok := k.src.Tensor(ti.Name)
-			if !ok || consumed[ti.Name] {
+			d, shape, stack, ok := k.pred.Want(ti.Name)
+			if !ok || stack {
 				return fail("shared files: %s is not one of SRC's tensors outside the experts", ti.Name)
 			}
-			if st.DType != ti.DType || !slices.Equal(st.StoredShape(), ti.Shape) {
-				return fail("shared files: %s is %s %v, SRC's %s %v", ti.Name, ti.DType, ti.Shape, st.DType, st.StoredShape())
+			if d != ti.DType || !slices.Equal(shape, ti.Shape) {
+				return fail("shared files: %s is %s %v, SRC's %s %v", ti.Name, ti.DType, ti.Shape, d, shape)
 			}
 			sec, err := f.Section(ti.Name)
 			if err != nil {
 				return err
 			}
-			if at, err := k.equal(ctx, sec, st.Data, ti.NumBytes()); err != nil {
+			want, err := k.pred.Reader(ti.Name)
+			if err != nil {
+				return err
+			}
+			if at, err := k.equal(ctx, sec, want, ti.NumBytes()); err != nil {
 				return err
 			} else if at >= 0 {
 				return fail("shared files: %s differs from SRC's at byte %d", ti.Name, at)
@@ -319,17 +304,17 @@ func (k *checker) checkShared(ctx context.Context) error {
 			k.res.SharedCopies++
 		}
 	}
-	for _, t := range k.src.Tensors {
-		if !consumed[t.Name] && !seen[t.Name] {
-			return fail("shared files: SRC's %s is missing", t.Name)
+	for _, n := range k.pred.Others() {
+		if !seen[n] {
+			return fail("shared files: SRC's %s is missing", n)
 		}
 	}
 	return nil
 }
 
-// equal compares n bytes of a (DST) and b (SRC) in chunks; it returns
-// the first differing offset, or -1.
-func (k *checker) equal(ctx context.Context, a, b io.ReaderAt, n int64) (int64, error) {
+// equal compares n bytes of a (DST) and b (their prediction from SRC,
+// read in order) in chunks; it returns the first differing offset, or -1.
+func (k *checker) equal(ctx context.Context, a io.ReaderAt, b io.Reader, n int64) (int64, error) {
 	const chunk = 4 << 20
 	x, y := make([]byte, min(n, chunk)), make([]byte, min(n, chunk))
 	for off := int64(0); off < n; off += chunk {
@@ -340,7 +325,7 @@ func (k *checker) equal(ctx context.Context, a, b io.ReaderAt, n int64) (int64, 
 		if err := readFull(a, x[:m], off); err != nil {
 			return 0, err
 		}
-		if err := readFull(b, y[:m], off); err != nil {
+		if _, err := io.ReadFull(b, y[:m]); err != nil {
 			return 0, err
 		}
 		k.res.DSTBytesRead += m
@@ -368,24 +353,16 @@ func readFull(r io.ReaderAt, p []byte, off int64) error {
 	return err
 }
 
-// checkConfig: DST's config.json is SRC's with the contract added (as
-// values: key order and spacing are the byte proof's to check).
+// checkConfig: DST's config.json is SRC's with the contract added, as the
+// whole-model byte proof holds it (a dequantised DST without SRC's
+// quantization_config).
 func (k *checker) checkConfig() error {
-	var got map[string]any
-	b, err := os.ReadFile(filepath.Join(k.dst, checkpoint.ConfigFileName))
+	mm, err := byteproof.CheckConfig(filepath.Join(k.dst, checkpoint.ConfigFileName), filepath.Join(k.src.Dir, checkpoint.ConfigFileName), k.src.ConfigJSON, k.c)
 	if err != nil {
 		return err
 	}
-	if err := json.Unmarshal(b, &got); err != nil {
-		return fail("config.json: %v", err)
-	}
-	var want map[string]any
-	if err := json.Unmarshal(k.src.ConfigJSON, &want); err != nil {
-		return err
-	}
-	delete(got, layout.ContractKey)
-	if !reflect.DeepEqual(got, want) {
-		return fail("config.json: its keys besides %q are not SRC's config.json", layout.ContractKey)
+	if mm != nil {
+		return fail("config.json: %s: %s", mm.Kind, mm.Detail)
 	}
 	return nil
 }

@@ -47,12 +47,10 @@ func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T
 		return nil, fmt.Errorf("%s: not a per-rank output", dst)
 	}
 	// Expert biases (gpt-oss) are a role of their own: each slot's bias
-	// rows are viewed like its weights, and moeprep refuses --moe-tp with
-	// them (a down bias would be added once a part), so every expert here
-	// is whole on one rank.
-	if c.Oriented() == layout.InOut || c.Dequantized != nil {
-		return nil, fmt.Errorf("%s: recomposing in-out or dequantised experts is not built", dst)
-	}
+	// rows are viewed like its weights; under --moe-tp the down bias is on
+	// part 0 alone (zeros in the others), so the parts' sum adds it once.
+	// An in-out slot is read back transposed, and a dequantised one plain
+	// (views.expert).
 	x0 := c.ExpertParallel
 	sck, plan, err := openPlanned(src)
 	if err != nil {
@@ -161,10 +159,14 @@ func (v *views) Tensor(name string) (*checkpoint.Tensor, bool) {
 func (v *views) expert(c *layout.Contract, li layout.LayerInfo, m family.MLP, sh *safetensors.Sharded, r, j, e int) (family.MLP, error) {
 	names := c.Names(li)
 	var out family.MLP
+	dequantised := c.Dequantized != nil
 	for _, pj := range layout.MLPProjs {
 		for role := range layout.NumRole {
 			if m.Get(pj, role) == "" || role == layout.RoleShape {
 				continue
+			}
+			if dequantised && role != layout.RoleWeight && role != layout.RoleBias {
+				continue // dequantised with them: DST has the plain weight alone
 			}
 			stack, half := names.Get(pj, role), -1
 			fused := c.Layout == layout.GateUp || c.Layout == layout.UpGate
@@ -199,6 +201,24 @@ func (v *views) expert(c *layout.Contract, li layout.LayerInfo, m family.MLP, sh
 			slot := ti.NumBytes() / ti.Shape[0]
 			shape := append([]int64(nil), ti.Shape[1:]...)
 			off := int64(j) * slot
+			name := fmt.Sprintf("rank%d.slot%d.expert%d.%s.%d", r, j, e, pj, role)
+			if c.Oriented() == layout.InOut && (role == layout.RoleWeight || role == layout.RoleScale) && len(shape) == 2 {
+				// [in, out] (gate-up: [in, 2 out], the gate's columns
+				// first or second as the layout says): read back [out, in]
+				st := &checkpoint.Tensor{Name: stack, DType: ti.DType, Shape: shape, File: f.Path, Data: io.NewSectionReader(sec, off, slot)}
+				c0, n := int64(0), shape[1]
+				if half >= 0 {
+					n /= 2
+					c0 = int64(half) * n
+				}
+				tr, err := checkpoint.TransposedColumns(st, name, c0, n)
+				if err != nil {
+					return out, err
+				}
+				v.virt[name] = tr
+				out.Set(pj, role, name)
+				continue
+			}
 			if half >= 0 {
 				slot /= 2
 				off += int64(half) * slot
@@ -209,7 +229,6 @@ func (v *views) expert(c *layout.Contract, li layout.LayerInfo, m family.MLP, sh
 			if len(shape) == 1 && shape[0] == 1 {
 				shape = nil // a per-tensor scalar
 			}
-			name := fmt.Sprintf("rank%d.slot%d.expert%d.%s.%d", r, j, e, pj, role)
 			v.virt[name] = &checkpoint.Tensor{Name: name, DType: ti.DType, Shape: shape, File: f.Path, Data: io.NewSectionReader(sec, off, slot)}
 			out.Set(pj, role, name)
 		}

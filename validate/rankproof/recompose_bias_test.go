@@ -100,3 +100,61 @@ func TestRecomposedExpertBiases(t *testing.T) {
 		}
 	}
 }
+
+// Under --moe-tp the gate and up biases are cut with their rows and the
+// down bias lives on MoE-TP part 0 alone (zeros on the other parts): the
+// parts recompose to SRC's experts, biases added once. A down bias put on
+// part 1 (it would be added twice), or a changed gate bias row of part 1,
+// fails the byte proof naming the rank and slot, and the recomposition of
+// that layer.
+func TestRecomposedBiasesMoETP(t *testing.T) {
+	src := filepath.Join(hfDir, "gpt-oss")
+	for _, tc := range []struct {
+		name   string
+		layout layout.Layout
+		stack  string // in layer 1
+		bits   uint16 // written into element 0 of rank 1's slot 1
+	}{
+		{"down bias on part 1", layout.Stacked, "all_down.bias", 0x3f80},           // 1.0 where zeros belong
+		{"gate bias row of part 1", layout.Stacked, "all_gate.bias", 0x4120},       // 10.0
+		{"gate-up bias row of part 1", layout.GateUp, "gate_up_proj_bias", 0xc120}, // -10.0
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := convertTo(t, convert.Options{Src: src, EP: 2, MoETP: 2, Layout: tc.layout})
+			ctx := context.Background()
+			before, err := CheckRecomposed(ctx, src, dst, 16, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, lc := range before {
+				if !lc.Pass || lc.RelL2 > tolSum {
+					t.Fatalf("before the mutation: %+v", lc)
+				}
+			}
+			if res, err := Check(ctx, src, dst, -1); err != nil || res.Failure != "" {
+				t.Fatalf("before the mutation: %v %+v", err, res)
+			}
+			// rank 1 is EP group 0's MoE-TP part 1: slot 1 is expert 1
+			shard := layout.RankDir(1, 4) + "/model-00001-of-00001.safetensors"
+			setSlotElement(t, filepath.Join(dst, shard), "model.layers.1.mlp.experts."+tc.stack, 1, tc.bits)
+			rehash(t, dst, shard)
+			res, err := Check(ctx, src, dst, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := "rank 1: layer 1: slot 1 (physical slot 1, expert 1): model.layers.1.mlp.experts." + tc.stack + " differs from SRC's expert at byte "
+			if !strings.HasPrefix(res.Failure, want) {
+				t.Errorf("byte proof: %q\nwant %q...", res.Failure, want)
+			}
+			after, err := CheckRecomposed(ctx, src, dst, 16, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, lc := range after {
+				if lc.Pass == (lc.Layer == 1) {
+					t.Errorf("layer %d: pass %v (rel L2 %.3g) after changing layer 1", lc.Layer, lc.Pass, lc.RelL2)
+				}
+			}
+		})
+	}
+}

@@ -81,46 +81,49 @@ func (k *checker) checkRank(ctx context.Context, ri layout.RankInfo) error {
 			want++
 			f, ti, ok := sh.Lookup(st.name)
 			if !ok {
-				return fail("rank %d: layer %d: stack %s is missing", ri.Rank, li.Index, st.name)
+				return fail("rank %d: layer %s: stack %s is missing", ri.Rank, family.KeyLabel(li.Index), st.name)
 			}
 			sec, err := f.Section(st.name)
 			if err != nil {
 				return err
 			}
 			if ti.Shape[0] != int64(x.SlotsPerRank+S) {
-				return fail("rank %d: layer %d: %s holds %d slots, want %d and %d shared", ri.Rank, li.Index, st.name, ti.Shape[0], x.SlotsPerRank, S)
+				return fail("rank %d: layer %s: %s holds %d slots, want %d and %d shared", ri.Rank, family.KeyLabel(li.Index), st.name, ti.Shape[0], x.SlotsPerRank, S)
+			}
+			if d, _, _, ok := k.pred.Want(st.name); ok && d != ti.DType {
+				return fail("rank %d: layer %s: %s is %s, the contract's stacks %s", ri.Rank, family.KeyLabel(li.Index), st.name, ti.DType, d)
 			}
 			per := ti.NumBytes() / ti.Shape[0]
 			for j := range x.SlotsPerRank + S {
 				if err := ctx.Err(); err != nil {
 					return err
 				}
-				what := ""
-				var got []byte
-				var exp []byte
+				// bank is the whole model's bank expert the slot is cut
+				// from: its logical expert, or shared slice s (E+s)
+				var what string
+				var bank int
 				if j < x.SlotsPerRank {
-					e := x.Logical(i, ri, j)
-					what = fmt.Sprintf("slot %d (physical slot %d, expert %d)", j, ri.FirstSlot+j, e)
-					exp, err = k.slotBytes(pl, pl.Experts[e], int64(x.MoETP), int64(ri.MoETPRank), st, true)
+					bank = x.Logical(i, ri, j)
+					what = fmt.Sprintf("slot %d (physical slot %d, expert %d)", j, ri.FirstSlot+j, bank)
 				} else {
 					s := j - x.SlotsPerRank
+					bank = k.c.NumExperts + s
 					what = fmt.Sprintf("slot %d (shared slice %d of replica %d)", j, s, ri.EPRank)
-					M := int64(x.MoETP)
-					exp, err = k.slotBytes(pl, *pl.Shared, int64(S)*M, int64(s)*M+int64(ri.MoETPRank), st, false)
 				}
+				exp, err := k.slotBytes(pl, st, bank, int64(ri.MoETPRank))
 				if err != nil {
-					return fmt.Errorf("rank %d: layer %d: %s: %w", ri.Rank, li.Index, what, err)
+					return fmt.Errorf("rank %d: layer %s: %s: %w", ri.Rank, family.KeyLabel(li.Index), what, err)
 				}
 				if int64(len(exp)) != per {
-					return fail("rank %d: layer %d: %s: %s has %d bytes a slot, SRC's expert gives %d", ri.Rank, li.Index, what, st.name, per, len(exp))
+					return fail("rank %d: layer %s: %s: %s has %d bytes a slot, SRC's expert gives %d", ri.Rank, family.KeyLabel(li.Index), what, st.name, per, len(exp))
 				}
-				got = make([]byte, per)
+				got := make([]byte, per)
 				if err := readFull(sec, got, int64(j)*per); err != nil {
 					return err
 				}
 				k.res.DSTBytesRead += per
 				if at := firstDiff(got, exp); at >= 0 {
-					return fail("rank %d: layer %d: %s: %s differs from SRC's expert at byte %d of the slot", ri.Rank, li.Index, what, st.name, at)
+					return fail("rank %d: layer %s: %s: %s differs from SRC's expert at byte %d of the slot", ri.Rank, family.KeyLabel(li.Index), what, st.name, at)
 				}
 			}
 		}
@@ -141,72 +144,79 @@ func firstDiff(a, b []byte) int {
 	return -1
 }
 
-// slotBytes predicts one slot's bytes of stack st: source MLP m, whose
-// intermediate is parts x I/M wide (M for a routed expert, S*M for the
-// shared expert), part idx of it; routed says whether rsf's fold applies.
-func (k *checker) slotBytes(pl family.Layer, m family.MLP, parts, idx int64, st stack, routed bool) ([]byte, error) {
-	I := int64(k.plan.IntermediateOf(pl))
-	H := int64(k.plan.HiddenSize)
+// slotBytes predicts one slot's bytes of stack st: bank expert bank of
+// the whole model's stack as the byte proof predicts it (byteproof's
+// ExpertBytes: cut, transposed, dequantised, requantised and folded as the
+// contract says), cut to MoE-TP part t of M (cutPart).
+func (k *checker) slotBytes(pl family.Layer, st stack, bank int, t int64) ([]byte, error) {
+	// The whole expert is predicted, then cut: under --moe-tp each part's
+	// check reads its expert's other parts from SRC too (M times the
+	// part's bytes), the price of one prediction for every option.
+	b, read, err := k.pred.ExpertBytes(st.name, bank)
+	if err != nil {
+		return nil, err
+	}
+	k.res.SRCBytesRead += read
 	M := int64(k.x.MoETP)
+	if M == 1 {
+		return b, nil
+	}
+	if k.c.Oriented() == layout.InOut {
+		return nil, fmt.Errorf("a MoE-TP part of an in-out stack is not predicted")
+	}
+	return cutPart(b, st, k.f, int64(k.plan.IntermediateOf(pl)), int64(k.plan.HiddenSize), M, t)
+}
+
+// cutPart is MoE-TP part t of M of one bank expert's bytes b of stack st
+// (its projections' pieces one after the other, all of one size), each
+// piece cut on the intermediate dimension I of the [I, H] gate and up and
+// the [H, I] down stored as f: gate and up rows [t*I/M, (t+1)*I/M) and
+// down columns, with the scale entries that cover them; a per-tensor
+// scale whole in every part; gate and up biases their rows, and the down
+// bias on part 0 alone, zeros in the others, so the parts' sum adds it
+// once (CONTRACT.md, "Expert biases under --moe-tp").
+func cutPart(b []byte, st stack, f weightfmt.Format, I, H, M, t int64) ([]byte, error) {
+	n := int64(len(b)) / int64(len(st.projs))
 	Ir := I / M
-	W := parts * Ir // the source tensor's intermediate width
 	var out []byte
-	for _, pj := range st.projs {
-		name := m.Get(pj, st.role)
-		if name == "" {
-			return nil, fmt.Errorf("SRC names no %s tensor of role %d", pj, st.role)
-		}
-		t, ok := k.src.Tensor(name)
-		if !ok {
-			return nil, fmt.Errorf("SRC's %s is missing", name)
-		}
+	for i, pj := range st.projs {
+		piece := b[int64(i)*n : int64(i+1)*n]
 		var r weightfmt.Region
-		switch {
-		case st.role == layout.RoleWeight || st.role == layout.RoleScale:
+		switch st.role {
+		case layout.RoleWeight, layout.RoleScale:
 			var sl weightfmt.Slice
 			if pj == layout.ProjDown {
-				sl = weightfmt.Matrix{Format: k.f, Rows: H, Cols: W}.ColBlock(idx*Ir, Ir)
+				sl = weightfmt.Matrix{Format: f, Rows: H, Cols: I}.ColBlock(t*Ir, Ir)
 			} else {
-				sl = weightfmt.Matrix{Format: k.f, Rows: W, Cols: H}.RowBlock(idx*Ir, Ir)
+				sl = weightfmt.Matrix{Format: f, Rows: I, Cols: H}.RowBlock(t*Ir, Ir)
 			}
 			r = sl.Weight
 			if st.role == layout.RoleScale {
 				r = sl.Scale
 			}
-		case st.role == layout.RoleBias && parts > 1:
-			return nil, fmt.Errorf("a bias cut %d ways is not predicted", parts)
-		default: // a per-tensor scalar, a bias: whole
-			n := t.NumBytes()
+		case layout.RoleBias:
+			if pj == layout.ProjDown {
+				if t == 0 {
+					out = append(out, piece...)
+				} else {
+					out = append(out, make([]byte, n)...)
+				}
+				continue
+			}
+			es := n / I
+			if es*I != n {
+				return nil, fmt.Errorf("a %s bias of %d bytes is not %d values", pj, n, I)
+			}
+			r = weightfmt.Region{Off: t * Ir * es, Rows: 1, RowLen: Ir * es, Stride: Ir * es}
+		default: // a per-tensor scalar: whole in every part
 			r = weightfmt.Region{Rows: 1, RowLen: n, Stride: n}
 		}
-		b := make([]byte, r.Size())
-		for row := range r.Rows {
-			if err := readFull(t.Data, b[row*r.RowLen:(row+1)*r.RowLen], r.Off+row*r.Stride); err != nil {
-				return nil, fmt.Errorf("%s: %w", name, err)
+		for _, rg := range r.Ranges() {
+			if rg[0] < 0 || rg[1] > n {
+				return nil, fmt.Errorf("%s's part %d of %d reaches past its %d bytes", pj, t, M, n)
 			}
+			out = append(out, piece[rg[0]:rg[1]]...)
 		}
-		k.res.SRCBytesRead += r.Size()
-		if routed && pj == layout.ProjDown && k.c.RoutedScalingFactorFolded && k.foldsInto(st.role) {
-			weightfmt.FoldInPlace(t.DType, b, k.c.RoutedScalingFactor)
-		}
-		out = append(out, b...)
 	}
 	return out, nil
-}
-
-// foldsInto says whether a folded rsf lives in the routed down
-// projection's tensors of role: the weights where the format folds into
-// them (or has no scales), else the scales.
-func (k *checker) foldsInto(role layout.Role) bool {
-	into := k.f.Fold().Into
-	if _, scaled := k.f.Scale(); !scaled {
-		into = weightfmt.FoldWeights
-	}
-	switch into {
-	case weightfmt.FoldWeights:
-		return role == layout.RoleWeight
-	case weightfmt.FoldScales:
-		return role == layout.RoleScale
-	}
-	return false
 }
