@@ -193,7 +193,7 @@ func proveEveryWay(t *testing.T, f hf.Fixture, o convert.Options, name string, w
 		t.Errorf("%s: --rank %d: %v %+v", name, ranks-1, err, one)
 		return "fail"
 	}
-	lcs, err := CheckRecomposed(ctx, o.Src, o.Dst, 16, 7)
+	lcs, err := CheckRecomposed(ctx, o.Src, o.Dst, Options{Tokens: 16, Seed: 7})
 	if refused { // atRecompose
 		if err == nil || err.Error() != o.Dst+": "+want.msg || exitcode.Code(err) != exitcode.BadInput {
 			t.Errorf("%s: recomposition %v, want exit 2 %q", name, err, o.Dst+": "+want.msg)

@@ -62,7 +62,7 @@ func TestRecomposedExpertBiases(t *testing.T) {
 					o.Src = filepath.Join(hfDir, dir)
 					dst := convertTo(t, o)
 					ctx := context.Background()
-					before, err := CheckRecomposed(ctx, o.Src, dst, 16, 7)
+					before, err := CheckRecomposed(ctx, o.Src, dst, Options{Tokens: 16, Seed: 7})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -88,7 +88,7 @@ func TestRecomposedExpertBiases(t *testing.T) {
 					if !strings.HasPrefix(res.Failure, want) || !strings.Contains(res.Failure, bias+" differs") {
 						t.Errorf("byte proof: %q, want %q... %s differs", res.Failure, want, bias)
 					}
-					after, err := CheckRecomposed(ctx, o.Src, dst, 16, 7)
+					after, err := CheckRecomposed(ctx, o.Src, dst, Options{Tokens: 16, Seed: 7})
 					if err != nil {
 						t.Fatal(err)
 					}

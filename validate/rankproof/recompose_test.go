@@ -83,7 +83,7 @@ func TestCheckRecomposed(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := convertTo(t, tc.o)
-			got, err := CheckRecomposed(context.Background(), src, dst, 16, 7)
+			got, err := CheckRecomposed(context.Background(), src, dst, Options{Tokens: 16, Seed: 7})
 			if err != nil {
 				t.Fatal(err)
 			}
