@@ -1,0 +1,194 @@
+package rankproof
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/validate/gpurun"
+	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/weightfmt"
+)
+
+// needGPU skips without a driver or a GPU.
+func needGPU(t *testing.T) {
+	t.Helper()
+	if err := cuda.Available(); errors.Is(err, cuda.ErrNoDriver) || errors.Is(err, cuda.ErrNoDevice) {
+		t.Skipf("no GPU: %v", err)
+	} else if err != nil {
+		t.Fatalf("CUDA: %v", err)
+	}
+}
+
+// gpuCases are per-rank outputs of every storage the GPU takes: EP alone,
+// EP x MoE-TP, redundant slots, fuse-shared with a replica per rank, a
+// folded rsf, FP8 blocks (whole and cut on a block), the device-decoded
+// INT4, NVFP4 and MXFP4, and gpt-oss's expert biases.
+func gpuCases(t *testing.T) []struct {
+	name string
+	o    convert.Options
+} {
+	fp8 := fp8I256(t)
+	hf := func(d string) string { return filepath.Join(hfDir, d) }
+	return []struct {
+		name string
+		o    convert.Options
+	}{
+		{"deepseek-v3-bf16 ep4 slots20", convert.Options{Src: hf("deepseek-v3-bf16"), EP: 4, Slots: 20}},
+		{"deepseek-v3-bf16 fuse fold down gate-up ep2 moe-tp2 slots18", convert.Options{Src: hf("deepseek-v3-bf16"), EP: 2, MoETP: 2, Slots: 18, FuseShared: true, FoldScaling: "down", Layout: layout.GateUp}},
+		{"deepseek-v3-fp8 ep4", convert.Options{Src: hf("deepseek-v3-fp8"), EP: 4}},
+		{"deepseek-v3-fp8 fuse ep4 slots20", convert.Options{Src: hf("deepseek-v3-fp8"), EP: 4, Slots: 20, FuseShared: true}},
+		{"fp8 I256 fuse ep2 moe-tp2 up-gate", convert.Options{Src: fp8, EP: 2, MoETP: 2, FuseShared: true, Layout: layout.UpGate}},
+		{"qwen3-moe ep2 moe-tp2 slots10", convert.Options{Src: hf("qwen3-moe"), EP: 2, MoETP: 2, Slots: 10}},
+		{"qwen3-moe ep4", convert.Options{Src: hf("qwen3-moe"), EP: 4}},
+		{"mixtral ep2 moe-tp4", convert.Options{Src: hf("mixtral"), EP: 2, MoETP: 4}},
+		{"mixtral ep4 slots12", convert.Options{Src: hf("mixtral"), EP: 4, Slots: 12}},
+		{"deepseek-v3-int4 ep8", convert.Options{Src: hf("deepseek-v3-int4"), EP: 8}},
+		{"deepseek-v3-nvfp4 ep2 moe-tp2", convert.Options{Src: hf("deepseek-v3-nvfp4"), EP: 2, MoETP: 2}},
+		{"gpt-oss ep4 slots12", convert.Options{Src: hf("gpt-oss"), EP: 4, Slots: 12}},
+		{"gpt-oss-mxfp4 ep2", convert.Options{Src: hf("gpt-oss-mxfp4"), EP: 2}},
+	}
+}
+
+// On the GPU, every MoE layer recomposed from the ranks (each expert
+// through each of its replicas, the MoE-TP parts summed) computes what
+// SRC's layer computes on the GPU, and the CPU recomposition, its twin,
+// agrees on every layer. In f32 the two GPU sides differ by summation
+// order alone (held to gpu-f32's 1e-5, or bf16-folded-rsf's 5e-3 where a
+// folded rsf rounded the weights); the device-decoded formats run in bf16
+// only, which the refusal says.
+func TestGPURecomposedEqualsSource(t *testing.T) {
+	needGPU(t)
+	ctx := context.Background()
+	for _, tc := range gpuCases(t) {
+		t.Run(tc.name, func(t *testing.T) {
+			dst := convertTo(t, tc.o)
+			all, _, err := Layers(tc.o.Src, dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := readContract(dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := c.Format()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// rsf folded into weights (not F32 scales) rounded them
+			roundedFold := c.RoutedScalingFactorFolded && f.Fold().Into != weightfmt.FoldScales
+			twin := map[int]bool{}
+			for _, l := range all {
+				twin[l] = true
+			}
+			for _, prec := range []string{gpurun.PrecisionBF16, gpurun.PrecisionF32} {
+				why, err := GPURefusal(tc.o.Src, dst, prec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if why != "" {
+					if prec == gpurun.PrecisionBF16 || !strings.Contains(why, "with --precision bf16 only") {
+						t.Errorf("%s: refused: %s", prec, why)
+					}
+					continue
+				}
+				lcs, err := CheckRecomposed(ctx, tc.o.Src, dst, Options{Tokens: 16, Seed: 7, GPU: true, Precision: prec, CPUTwin: twin})
+				if err != nil {
+					t.Fatalf("%s: %v", prec, err)
+				}
+				runs := map[string]map[int]int{"cuda": {}, "cpu": {}}
+				for _, lc := range lcs {
+					t.Logf("%s: %+v", prec, lc)
+					if !lc.Pass {
+						t.Errorf("%s: %+v", prec, lc)
+					}
+					runs[lc.Device][lc.Layer]++
+				}
+				if len(runs["cuda"]) != len(all) {
+					t.Errorf("%s: GPU checks of layers %v, the output's MoE layers are %v", prec, runs["cuda"], all)
+				}
+				for l, n := range runs["cuda"] {
+					if runs["cpu"][l] != n || (tc.o.Slots > 0) != (n > 1) {
+						t.Errorf("%s: layer %d: %d GPU and %d CPU replica choices with --slots %d", prec, l, n, runs["cpu"][l], tc.o.Slots)
+					}
+				}
+				want := judge.TolGPUBF16.MaxRelL2
+				if prec == gpurun.PrecisionF32 {
+					want = judge.TolGPUF32.MaxRelL2
+					if roundedFold {
+						want = judge.TolBF16Fold.MaxRelL2
+					}
+				}
+				for _, lc := range lcs {
+					if lc.Device == "cuda" && lc.Tolerance != want {
+						t.Errorf("%s: layer %d tolerance %g, want %g", prec, lc.Layer, lc.Tolerance, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// A slot holding the wrong expert (two slots of rank 3 swapped in every
+// stack of layer 2, past the manifest) fails the GPU recomposition of
+// layer 2 through the replica choice that serves them, and the CPU twin
+// fails the same (layer, replica) runs: the GPU path reads the slots the
+// CPU path reads. Layer 1 still passes.
+func TestGPURecomposedWrongSlot(t *testing.T) {
+	needGPU(t)
+	ctx := context.Background()
+	src := filepath.Join(hfDir, "deepseek-v3-bf16")
+	dst := convertTo(t, convert.Options{Src: src, EP: 4, Slots: 20})
+	shard := layout.RankDir(3, 4) + "/model-00001-of-00001.safetensors"
+	for _, p := range []string{"gate", "up", "down"} {
+		swapSlots(t, filepath.Join(dst, shard), "model.layers.2.mlp.experts.all_"+p+".weight", 2, 4)
+	}
+	rehash(t, dst, shard)
+	lcs, err := CheckRecomposed(ctx, src, dst, Options{Tokens: 16, Seed: 7, GPU: true, Precision: gpurun.PrecisionBF16, CPUTwin: map[int]bool{1: true, 2: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	verdict := map[string]bool{}
+	failed := 0
+	for _, lc := range lcs {
+		t.Logf("%+v", lc)
+		verdict[fmt.Sprintf("%s %d %d", lc.Device, lc.Layer, lc.Replica)] = lc.Pass
+		if !lc.Pass {
+			failed++
+			if lc.Layer != 2 {
+				t.Errorf("layer %d fails, only layer 2 was changed: %+v", lc.Layer, lc)
+			}
+		}
+	}
+	if failed == 0 {
+		t.Fatal("every recomposition passes with two slots of rank 3 swapped")
+	}
+	for _, lc := range lcs {
+		if lc.Device != "cuda" {
+			continue
+		}
+		if cpu, ok := verdict[fmt.Sprintf("cpu %d %d", lc.Layer, lc.Replica)]; !ok || cpu != lc.Pass {
+			t.Errorf("layer %d replica %d: GPU pass %v, CPU twin %v (ran %v)", lc.Layer, lc.Replica, lc.Pass, cpu, ok)
+		}
+	}
+}
+
+// Without a GPU, a GPU recomposition is the error --device cuda reports
+// (gpurun.ErrDeviceUnavailable), before anything runs.
+func TestGPURecomposedWithoutGPU(t *testing.T) {
+	if cuda.Available() == nil {
+		t.Skip("a GPU is present")
+	}
+	src := filepath.Join(hfDir, "qwen3-moe")
+	dst := convertTo(t, convert.Options{Src: src, EP: 2})
+	_, err := CheckRecomposed(context.Background(), src, dst, Options{Tokens: 4, GPU: true, Precision: gpurun.PrecisionBF16})
+	if !errors.Is(err, gpurun.ErrDeviceUnavailable) {
+		t.Fatalf("got %v, want ErrDeviceUnavailable", err)
+	}
+}
