@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -22,7 +21,61 @@ const (
 	comboMoETP = "ep2-moetp2" // --ep 2 --moe-tp 2
 	comboSlots = "ep-slots"   // --ep N --slots E+N (N as comboEP)
 	comboFuse  = "fuse-ep"    // fuse-shared --ep N (N as comboEP): R = N
+	comboEP8   = "ep8"        // --ep 8, where there are 16 experts or more
 )
+
+// allCombos are every combination's name, in the order the tests run them.
+var allCombos = []string{comboEP, comboEP8, comboMoETP, comboSlots, comboFuse}
+
+// fixtureCombos are the per-rank combinations fixture f is written in:
+// N = 4 where 4 divides E, else 2; EP 8 besides where E >= 16.
+func fixtureCombos(t *testing.T, f hf.Fixture) map[string]convert.Options {
+	if f.Experts%2 != 0 {
+		t.Fatalf("%d experts: no --ep 2; give the fixture its own row of refusals", f.Experts)
+	}
+	ep := 2
+	if f.Experts%4 == 0 {
+		ep = 4
+	}
+	combos := map[string]convert.Options{
+		comboEP:    {EP: ep},
+		comboMoETP: {EP: 2, MoETP: 2},
+		comboSlots: {EP: ep, Slots: f.Experts + ep},
+	}
+	if f.Experts >= 16 && f.Experts%8 == 0 {
+		combos[comboEP8] = convert.Options{EP: 8}
+	}
+	if f.FuseShared {
+		combos[comboFuse] = convert.Options{EP: ep, FuseShared: true}
+	}
+	return combos
+}
+
+// eachCombo runs fn on every fixture (in parallel) and each of its
+// combinations, o's Src set (absolute, as convert's messages name it) and
+// Dst a fresh directory; want and refused are its allFixtureRefusals row.
+func eachCombo(t *testing.T, fn func(t *testing.T, f hf.Fixture, name string, o convert.Options, want refusal, refused bool)) {
+	for _, f := range hf.All() {
+		t.Run(f.Dir, func(t *testing.T) {
+			t.Parallel()
+			combos := fixtureCombos(t, f)
+			for _, name := range allCombos {
+				o, ok := combos[name]
+				if !ok {
+					continue
+				}
+				want, refused := allFixtureRefusals[f.Dir+" "+name]
+				src, err := filepath.Abs(filepath.Join(hfDir, f.Dir))
+				if err != nil {
+					t.Fatal(err)
+				}
+				o.Src = src
+				o.Dst = filepath.Join(t.TempDir(), name)
+				fn(t, f, name, o, want, refused)
+			}
+		})
+	}
+}
 
 // Where a refusal comes from.
 type refusalStage int
@@ -84,73 +137,39 @@ var allFixtureRefusals = map[string]refusal{
 // ranks on the CPU through each replica choice) and as `validate --rank r`
 // does for its last rank; or moeprep refuses the combination with the
 // exact one-line, exit-2 message allFixtureRefusals lists. Every fixture
-// has 8 or 16 experts, so N is 4 throughout. Over the 77 fixtures, 255 of
-// 269 combinations pass (76 EP, 65 EP x MoE-TP, 76 slots, all 38
-// fuse-shared, gpt-oss's biased experts among them); 14 are refused by
-// convert (9 FP8/INT4 block grids that I/2 = 16 would cut, 2 gpt-oss with
-// expert biases under --moe-tp, 3 ERNIE-4.5-VL's two banks) and none has
-// its recomposition refused. docs/PER-RANK.md has the table;
-// the test logs the counts. It found LongCat-Flash's identity experts
-// counted once a --moe-tp part and Inkling's routed shared experts read
-// at I/M by the recomposition (both fixed in recompose.go).
+// has 8 or 16 experts, so N is 4 throughout, and the 16-expert ones are
+// written at EP 8 too. Over the 77 fixtures, 281 of 295 combinations pass
+// (76 EP, 26 EP 8, 65 EP x MoE-TP, 76 slots, all 38 fuse-shared, gpt-oss's
+// biased experts among them); 14 are refused by convert (9 FP8/INT4 block
+// grids that I/2 = 16 would cut, 2 gpt-oss with expert biases under
+// --moe-tp, 3 ERNIE-4.5-VL's two banks) and none has its recomposition
+// refused. docs/PER-RANK.md has the table; the test logs the counts. It
+// found LongCat-Flash's identity experts counted once a --moe-tp part and
+// Inkling's routed shared experts read at I/M by the recomposition (both
+// fixed in recompose.go).
 func TestRankProofEveryFixture(t *testing.T) {
 	// About 20 s on a loaded 2-core machine: no -short guard.
 	type tally struct{ pass, refused map[string]int }
 	var mu sync.Mutex
 	got := tally{pass: map[string]int{}, refused: map[string]int{}}
 	t.Run("fixtures", func(t *testing.T) {
-		for _, f := range hf.All() {
-			t.Run(f.Dir, func(t *testing.T) {
-				t.Parallel()
-				if f.Experts%2 != 0 {
-					t.Fatalf("%d experts: no --ep 2; give the fixture its own row of refusals", f.Experts)
-				}
-				ep := 2
-				if f.Experts%4 == 0 {
-					ep = 4
-				}
-				combos := map[string]convert.Options{
-					comboEP:    {EP: ep},
-					comboMoETP: {EP: 2, MoETP: 2},
-					comboSlots: {EP: ep, Slots: f.Experts + ep},
-				}
-				if f.FuseShared {
-					combos[comboFuse] = convert.Options{EP: ep, FuseShared: true}
-				}
-				for _, name := range slices.Sorted(func(yield func(string) bool) {
-					for k := range combos {
-						if !yield(k) {
-							return
-						}
-					}
-				}) {
-					key := f.Dir + " " + name
-					want, refused := allFixtureRefusals[key]
-					o := combos[name]
-					src, err := filepath.Abs(filepath.Join(hfDir, f.Dir)) // as convert's messages name it
-					if err != nil {
-						t.Fatal(err)
-					}
-					o.Src = src
-					o.Dst = filepath.Join(t.TempDir(), name)
-					verdict := proveEveryWay(t, f, o, name, want, refused)
-					mu.Lock()
-					if verdict == "pass" {
-						got.pass[name]++
-					} else {
-						got.refused[verdict]++
-					}
-					mu.Unlock()
-				}
-			})
-		}
+		eachCombo(t, func(t *testing.T, f hf.Fixture, name string, o convert.Options, want refusal, refused bool) {
+			verdict := proveEveryWay(t, f, o, name, want, refused)
+			mu.Lock()
+			if verdict == "pass" {
+				got.pass[name]++
+			} else {
+				got.refused[verdict]++
+			}
+			mu.Unlock()
+		})
 	})
 	// A stale row (a fixture or combination that no longer exists) fails;
 	// a row whose combination now passes fails in proveEveryWay.
 	for key := range allFixtureRefusals {
 		dir, combo, _ := strings.Cut(key, " ")
 		f, ok := hf.Lookup(dir)
-		if !ok || !slices.Contains([]string{comboEP, comboMoETP, comboSlots, comboFuse}, combo) || (combo == comboFuse && !f.FuseShared) {
+		if _, has := fixtureCombos(t, f)[combo]; !ok || !has {
 			t.Errorf("%s: listed as refused, but there is no such fixture or combination", key)
 		}
 	}

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/fixtures/hf"
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/gpurun"
@@ -191,4 +193,57 @@ func TestGPURecomposedWithoutGPU(t *testing.T) {
 	if !errors.Is(err, gpurun.ErrDeviceUnavailable) {
 		t.Fatalf("got %v, want ErrDeviceUnavailable", err)
 	}
+}
+
+// Every combination TestRankProofEveryFixture proves on the CPU is
+// recomposed on the GPU too (bf16, every layer, each replica choice, no
+// CPU twin: that test runs it), or the GPU's refusal policy
+// (GPURefusal, what --device auto falls back on) names why not. A
+// refusal counts by its text; the test logs the counts.
+func TestGPURecomposedEveryFixture(t *testing.T) {
+	needGPU(t)
+	var mu sync.Mutex
+	pass, refused := map[string]int{}, map[string]int{}
+	t.Run("fixtures", func(t *testing.T) {
+		eachCombo(t, func(t *testing.T, f hf.Fixture, name string, o convert.Options, _ refusal, skip bool) {
+			if skip {
+				return // refused by convert: TestRankProofEveryFixture holds it
+			}
+			ctx := context.Background()
+			if _, err := convert.Convert(ctx, o); err != nil {
+				t.Errorf("%s: %v", name, err)
+				return
+			}
+			why, err := GPURefusal(o.Src, o.Dst, gpurun.PrecisionBF16)
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock() // one GPU: one recomposition at a time
+			if why != "" {
+				t.Logf("%s %s: GPU refuses: %s", f.Dir, name, why)
+				refused[why]++
+				return
+			}
+			lcs, err := CheckRecomposed(ctx, o.Src, o.Dst, Options{Tokens: 16, Seed: 7, GPU: true, Precision: gpurun.PrecisionBF16})
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+				return
+			}
+			worst := 0.0
+			for _, lc := range lcs {
+				if !lc.Pass || (lc.Device != "cuda" && lc.Note == "") {
+					t.Errorf("%s: %+v", name, lc)
+				}
+				worst = max(worst, lc.RelL2)
+			}
+			if len(lcs) == 0 {
+				t.Errorf("%s: nothing recomposed", name)
+			}
+			t.Logf("%s %s: %d checks, worst rel L2 %.3g", f.Dir, name, len(lcs), worst)
+			pass[name]++
+		})
+	})
+	t.Logf("GPU pass by combination: %v; refused: %v", pass, refused)
 }
