@@ -12,21 +12,12 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures/hf"
 	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/internal/testkit/gputest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/validate/judge"
 	"github.com/moeprep/moeprep/weightfmt"
 )
-
-// needGPU skips without a driver or a GPU.
-func needGPU(t *testing.T) {
-	t.Helper()
-	if err := cuda.Available(); errors.Is(err, cuda.ErrNoDriver) || errors.Is(err, cuda.ErrNoDevice) {
-		t.Skipf("no GPU: %v", err)
-	} else if err != nil {
-		t.Fatalf("CUDA: %v", err)
-	}
-}
 
 // gpuCases are per-rank outputs of every storage the GPU takes: EP alone,
 // EP x MoE-TP, redundant slots, fuse-shared with a replica per rank, a
@@ -66,7 +57,7 @@ func gpuCases(t *testing.T) []struct {
 // folded rsf rounded the weights); the device-decoded formats run in bf16
 // only, which the refusal says.
 func TestGPURecomposedEqualsSource(t *testing.T) {
-	needGPU(t)
+	gputest.Need(t)
 	ctx := context.Background()
 	for _, tc := range gpuCases(t) {
 		t.Run(tc.name, func(t *testing.T) {
@@ -143,7 +134,7 @@ func TestGPURecomposedEqualsSource(t *testing.T) {
 // fails the same (layer, replica) runs: the GPU path reads the slots the
 // CPU path reads. Layer 1 still passes.
 func TestGPURecomposedWrongSlot(t *testing.T) {
-	needGPU(t)
+	gputest.Need(t)
 	ctx := context.Background()
 	src := filepath.Join(hfDir, "deepseek-v3-bf16")
 	dst := convertTo(t, convert.Options{Src: src, EP: 4, Slots: 20})
@@ -201,7 +192,7 @@ func TestGPURecomposedWithoutGPU(t *testing.T) {
 // (GPURefusal, what --device auto falls back on) names why not. A
 // refusal counts by its text; the test logs the counts.
 func TestGPURecomposedEveryFixture(t *testing.T) {
-	needGPU(t)
+	gputest.Need(t)
 	var mu sync.Mutex
 	pass, refused := map[string]int{}, map[string]int{}
 	t.Run("fixtures", func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/validate/judge"
 )
@@ -31,22 +32,15 @@ func (rc *recomposer) checkGPU(ctx context.Context, g *gpurun.Runner, l *recompo
 	tol := gpuTolerance(o.Precision, rc.roundedFold())
 	var out []LayerCheck
 	for rep := range l.most {
-		var got []float32
-		for t := range rc.x.MoETP {
-			part, pl, vs, err := rc.part(l, t, rep)
+		got, err := rc.sumParts(l, rep, func(_ int, part *family.Plan, pl *family.Layer, vs *views) ([]float32, error) {
+			res, err := g.UnfusedLayer(ctx, vs, part, pl, in, l.cov, nil, nil)
 			if err != nil {
 				return nil, err
 			}
-			res, err := g.UnfusedLayer(ctx, vs, part, pl, in, l.cov, nil, nil)
-			if err != nil {
-				return nil, fmt.Errorf("%s: part %d: %w", rc.dst, t, err)
-			}
-			if got == nil {
-				got = make([]float32, len(res.Y))
-			}
-			for k, v := range res.Y {
-				got[k] += v
-			}
+			return res.Y, nil
+		})
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, judged(rc.c.Layers[l.i].Index, rep, "cuda", got, want.Y, tol))
 	}

@@ -182,28 +182,43 @@ func (rc *recomposer) part(l *recomposedLayer, t, replica int) (*family.Plan, *f
 	return &part, &pl, vs, nil
 }
 
-// cpuParts sums layer l's MoE-TP parts, each run by the CPU reference.
-func (rc *recomposer) cpuParts(ctx context.Context, l *recomposedLayer, x []float32, T, replica int) ([]float32, error) {
+// partRun computes one MoE-TP part t of a layer over the ranks' views.
+type partRun func(t int, part *family.Plan, pl *family.Layer, vs *views) ([]float32, error)
+
+// sumParts sums run's outputs over layer l's MoE-TP parts, each expert
+// through its replica-th replica.
+func (rc *recomposer) sumParts(l *recomposedLayer, replica int, run partRun) ([]float32, error) {
 	var got []float32
 	for t := range rc.x.MoETP {
 		part, pl, vs, err := rc.part(l, t, replica)
 		if err != nil {
 			return nil, err
 		}
-		opts := cpuref.RefOptions{Coverage: l.cov}
-		opts.NoZeroExperts = t > 0 // the identity experts' output, once in the sum
-		res, err := cpuref.ReferenceLayer(ctx, vs, part, pl, x, T, opts)
+		y, err := run(t, part, pl, vs)
 		if err != nil {
 			return nil, fmt.Errorf("%s: part %d: %w", rc.dst, t, err)
 		}
 		if got == nil {
-			got = make([]float32, len(res.Y))
+			got = make([]float32, len(y))
 		}
-		for k, v := range res.Y {
+		for k, v := range y {
 			got[k] += v
 		}
 	}
 	return got, nil
+}
+
+// cpuParts sums layer l's MoE-TP parts, each run by the CPU reference.
+func (rc *recomposer) cpuParts(ctx context.Context, l *recomposedLayer, x []float32, T, replica int) ([]float32, error) {
+	return rc.sumParts(l, replica, func(t int, part *family.Plan, pl *family.Layer, vs *views) ([]float32, error) {
+		opts := cpuref.RefOptions{Coverage: l.cov}
+		opts.NoZeroExperts = t > 0 // the identity experts' output, once in the sum
+		res, err := cpuref.ReferenceLayer(ctx, vs, part, pl, x, T, opts)
+		if err != nil {
+			return nil, err
+		}
+		return res.Y, nil
+	})
 }
 
 // views serves the shared files' tensors and, by made-up names, an
