@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -128,16 +129,24 @@ func TestGPURecomposedEqualsSource(t *testing.T) {
 	}
 }
 
-// A slot holding the wrong expert (two slots of rank 3 swapped in every
-// stack of layer 2, past the manifest) fails the GPU recomposition of
-// layer 2 through the replica choice that serves them, and the CPU twin
-// fails the same (layer, replica) runs: the GPU path reads the slots the
-// CPU path reads. Layer 1 still passes.
+// A slot holding the wrong expert: rank 3 holds physical slots 15..19,
+// experts 15, 0, 1, 2, 3 (the replicas of 0..3 last); its slots 2 and 4
+// (the last replicas of experts 1 and 3) swapped in every stack of layer
+// 2, past the manifest. Layer 2 through each expert's last replica fails,
+// on the GPU and on the CPU twin alike (measured 0.39 relative L2 on the
+// CPU); through the first replicas, and layer 1 throughout, it passes.
 func TestGPURecomposedWrongSlot(t *testing.T) {
 	gputest.Need(t)
 	ctx := context.Background()
 	src := filepath.Join(hfDir, "deepseek-v3-bf16")
 	dst := convertTo(t, convert.Options{Src: src, EP: 4, Slots: 20})
+	c, err := readContract(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.ExpertParallel.PhysicalToLogical[1][15:]; !slices.Equal(got, []int{15, 0, 1, 2, 3}) {
+		t.Fatalf("rank 3 of layer 2 holds experts %v", got)
+	}
 	shard := layout.RankDir(3, 4) + "/model-00001-of-00001.safetensors"
 	for _, p := range []string{"gate", "up", "down"} {
 		swapSlots(t, filepath.Join(dst, shard), "model.layers.2.mlp.experts.all_"+p+".weight", 2, 4)
@@ -147,28 +156,20 @@ func TestGPURecomposedWrongSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	verdict := map[string]bool{}
-	failed := 0
+	var failed, ran []string
 	for _, lc := range lcs {
 		t.Logf("%+v", lc)
-		verdict[fmt.Sprintf("%s %d %d", lc.Device, lc.Layer, lc.Replica)] = lc.Pass
+		run := fmt.Sprintf("%s layer %d replica %d", lc.Device, lc.Layer, lc.Replica)
+		ran = append(ran, run)
 		if !lc.Pass {
-			failed++
-			if lc.Layer != 2 {
-				t.Errorf("layer %d fails, only layer 2 was changed: %+v", lc.Layer, lc)
+			failed = append(failed, run)
+			if lc.RelL2 < 0.1 {
+				t.Errorf("%s: relative L2 %.3g: two experts swapped should move it by more", run, lc.RelL2)
 			}
 		}
 	}
-	if failed == 0 {
-		t.Fatal("every recomposition passes with two slots of rank 3 swapped")
-	}
-	for _, lc := range lcs {
-		if lc.Device != "cuda" {
-			continue
-		}
-		if cpu, ok := verdict[fmt.Sprintf("cpu %d %d", lc.Layer, lc.Replica)]; !ok || cpu != lc.Pass {
-			t.Errorf("layer %d replica %d: GPU pass %v, CPU twin %v (ran %v)", lc.Layer, lc.Replica, lc.Pass, cpu, ok)
-		}
+	if want := []string{"cuda layer 2 replica 1", "cpu layer 2 replica 1"}; !slices.Equal(failed, want) || len(ran) != 8 {
+		t.Errorf("failed %v of %v, want %v of 8 runs", failed, ran, want)
 	}
 }
 
