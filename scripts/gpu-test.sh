@@ -18,14 +18,15 @@
 #    kernels/build matches kernels/cuda: the kernels build test checks that).
 #    validate's tests (validate --device cuda on every HF fixture conversion
 #    and the mutation suite on the GPU) run from validate/, next to
-#    fixtures/hf.
+#    fixtures/hf; validate/rankproof's (per-rank outputs recomposed on the
+#    GPU, every fixture and combination) from validate/rankproof/.
 #
 # 3. Back here, embed the build the tests just passed with:
 #        tar xzf <files_at>/kernels-build.tgz -C kernels/
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-pkgs=(internal/cuda kernels validate)
+pkgs=(internal/cuda kernels validate validate/rankproof)
 [ -n "${GPU_TEST_PKGS:-}" ] && read -r -a pkgs <<<"$GPU_TEST_PKGS"
 
 # GPU_TEST_BIN_DIR: where the test binaries live (default .gpu), so that

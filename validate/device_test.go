@@ -152,3 +152,25 @@ func TestRefSampled(t *testing.T) {
 		}
 	}
 }
+
+// GPURefused: the GPU's refusal of a run's weights is the error under
+// --device cuda and the CPU, with a notice and a report note, under auto
+// (the per-rank recomposition applies it as Run does).
+func TestGPURefused(t *testing.T) {
+	why := "FP8 expert weights (quantization fp8_block_32, F32 scales) have no GPU path"
+	for _, asked := range []string{"cuda", " CUDA", "gpu"} {
+		o := Options{Device: DeviceCUDA}
+		if _, err := o.GPURefused(asked, why); err == nil || err.Error() != "validate --device cuda: "+why+"; use --device cpu or auto" || o.Device != DeviceCUDA {
+			t.Errorf("%q: %v, device %s", asked, err, o.Device)
+		}
+	}
+	for _, asked := range []string{"auto", "", "Auto"} {
+		var notices []string
+		o := Options{Device: DeviceCUDA, Notice: func(m string) { notices = append(notices, m) }}
+		note, err := o.GPURefused(asked, why)
+		if err != nil || o.Device != DeviceCPU || note != why+"; running on the CPU (--device auto)" ||
+			len(notices) != 1 || notices[0] != "validate: "+why+"; running on the CPU" {
+			t.Errorf("%q: note %q, %v, device %s, notices %q", asked, note, err, o.Device, notices)
+		}
+	}
+}

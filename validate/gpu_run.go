@@ -29,15 +29,27 @@ const (
 // refSampled picks the layers the CPU reference runs on in a GPU run, per
 // mode (CPUCheckAuto when empty).
 func refSampled(targets []target, mode CPUCheckMode) map[int]bool {
-	out := map[int]bool{}
+	layers := make([]int, len(targets))
 	for i, tg := range targets {
+		layers[i] = tg.index
+	}
+	return CPUChecked(layers, mode)
+}
+
+// CPUChecked picks, of the layers a GPU run checks (in order), those the
+// CPU also checks, per mode (CPUCheckAuto when empty): none, all, or the
+// first and the last (all when there are at most 4). The per-rank
+// recomposition picks its CPU twin's layers with it.
+func CPUChecked(layers []int, mode CPUCheckMode) map[int]bool {
+	out := map[int]bool{}
+	for i, l := range layers {
 		switch mode {
 		case CPUCheckNone:
 		case CPUCheckAll:
-			out[tg.index] = true
+			out[l] = true
 		default:
-			if len(targets) <= 4 || i == 0 || i == len(targets)-1 {
-				out[tg.index] = true
+			if len(layers) <= 4 || i == 0 || i == len(layers)-1 {
+				out[l] = true
 			}
 		}
 	}

@@ -3,7 +3,6 @@ package validate
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
+	"github.com/moeprep/moeprep/internal/testkit/gputest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/validate/judge"
@@ -31,11 +31,7 @@ func TestMain(m *testing.M) {
 // --device cuda through for the test.
 func needGPU(t *testing.T) {
 	t.Helper()
-	if err := cuda.Available(); errors.Is(err, cuda.ErrNoDriver) || errors.Is(err, cuda.ErrNoDevice) {
-		t.Skipf("no GPU: %v", err)
-	} else if err != nil {
-		t.Fatalf("CUDA: %v", err)
-	}
+	gputest.Need(t)
 	withCUDA(t, nil)
 }
 

@@ -74,6 +74,16 @@ func selectLayers(spec string, all []int) ([]int, bool, error) {
 	return out, true, nil
 }
 
+// SelectLayers applies a --layers spec (all, sample:N or a list) to the
+// MoE layer indices moeLayers, as a whole-model run does: the per-rank
+// recomposition picks its layers with it.
+func SelectLayers(spec string, moeLayers []int) ([]int, error) {
+	all := slices.Clone(moeLayers)
+	sortLayers(all)
+	out, _, err := selectLayers(spec, all)
+	return out, err
+}
+
 // sortLayers orders MoE layer indices by decoder layer, so that the two
 // routed banks of one (ERNIE-4.5-VL: L and L+65536, family.Layer.Key) are
 // checked one after the other and a streamed pass holds what they share

@@ -94,6 +94,27 @@ func (o *Options) norm() ([]string, error) {
 	return o.selectDevice(cudaAvailable)
 }
 
+// Resolve fills o's defaults, checks it and resolves its device as Run
+// does, for a caller that runs the layers itself (the per-rank
+// recomposition); the returned notes (the auto fallback) belong in its
+// report.
+func (o *Options) Resolve() ([]string, error) { return o.norm() }
+
+// GPURefused applies the GPU's refusal of a run's expert weights (why) to
+// o, a run on DeviceCUDA the user asked for as asked (the --device flag
+// as given): under "cuda" it is the run's error; under "auto" (or "") the
+// run goes to the CPU, with a notice and the returned note for the report.
+func (o *Options) GPURefused(asked, why string) (string, error) {
+	asked = strings.ToLower(strings.TrimSpace(asked))
+	if asked != "" && asked != "auto" {
+		return "", fmt.Errorf("validate --device cuda: %s; use --device cpu or auto", why)
+	}
+	msg := "validate: " + why + "; running on the CPU"
+	o.notice(msg)
+	o.Device = DeviceCPU
+	return strings.TrimPrefix(msg, "validate: ") + " (--device auto)", nil
+}
+
 func (o *Options) checkRest() error {
 	switch {
 	case o.Tokens < 0 || o.Tokens > 1<<16:

@@ -39,13 +39,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	devNotes = append(devNotes, s.planNotices()...)
 	if o.Device == DeviceCUDA && o.Bytes != BytesOnly {
 		if why := s.gpuRefusal(); why != "" {
-			if asked != "" && asked != "auto" {
-				return nil, fmt.Errorf("validate --device cuda: %s; use --device cpu or auto", why)
+			note, err := o.GPURefused(asked, why)
+			if err != nil {
+				return nil, err
 			}
-			msg := "validate: " + why + "; running on the CPU"
-			o.notice(msg)
-			devNotes = append(devNotes, strings.TrimPrefix(msg, "validate: ")+" (--device auto)")
-			o.Device, s.o.Device = DeviceCPU, DeviceCPU
+			devNotes = append(devNotes, note)
+			s.o.Device = o.Device
 		}
 	}
 	if s.srcPlan != nil && s.dstPlan != nil {

@@ -287,3 +287,24 @@ func TestGoldenOnlyAndMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// SelectLayers is selectLayers over the MoE layers in any order: sorted
+// first, as a run sorts them.
+func TestSelectLayersExported(t *testing.T) {
+	for _, tc := range []struct {
+		spec string
+		want []int
+	}{
+		{"all", []int{1, 2, 5, 9}},
+		{"sample:2", []int{1, 9}},
+		{"9,2", []int{2, 9}},
+	} {
+		got, err := SelectLayers(tc.spec, []int{9, 2, 5, 1})
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %v %v, want %v", tc.spec, got, err, tc.want)
+		}
+	}
+	if _, err := SelectLayers("3", []int{9, 2, 5, 1}); err == nil || err.Error() != "--layers: layer 3 is not a MoE layer (MoE layers: 1,2,5,9)" {
+		t.Errorf("layer 3: %v", err)
+	}
+}

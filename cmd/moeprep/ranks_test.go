@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/cuda"
 )
 
 // A placement written by `moeprep placement` (its JSON and SGLang's file)
@@ -158,4 +160,71 @@ func TestValidatePerRank(t *testing.T) {
 		t.Errorf("--rank on a whole-model output: exit %d, want 2", code)
 	}
 	assertCleanError(t, errOut, "not a per-rank output")
+}
+
+// --layers and --device on a per-rank output: the layers recomposed are
+// those --layers names (the report lists the others, whose bytes are
+// still proven), a layer that is not a MoE layer and --device cuda
+// without a GPU exit 2 as a whole-model validate does, and --device auto
+// without one recomposes on the CPU with the fallback in the report.
+func TestValidatePerRankLayersDevice(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(fixturesDir, "qwen3-moe") // MoE layers 1 and 2
+	dst := filepath.Join(dir, "ep2tp2")
+	if code, _, errOut := runCLI(t, "convert", "--quiet", "--ep", "2", "--moe-tp", "2", src, dst); code != 0 {
+		t.Fatalf("convert: %s", errOut)
+	}
+	whole := filepath.Join(dir, "whole")
+	if code, _, errOut := runCLI(t, "convert", "--quiet", src, whole); code != 0 {
+		t.Fatalf("convert: %s", errOut)
+	}
+	var res struct {
+		Slots          int      `json:"slots"`
+		Device         string   `json:"device"`
+		Selection      string   `json:"layer_selection"`
+		Recomposed     []int    `json:"layers_recomposed"`
+		NotRecomposed  []int    `json:"layers_not_recomposed"`
+		Notes          []string `json:"notes"`
+		RecomposedRows []struct {
+			Layer  int    `json:"layer"`
+			Device string `json:"device"`
+		} `json:"recomposed"`
+	}
+	code, out, errOut := runCLI(t, "validate", "--quiet", "--json", "--device", "cpu", "--layers", "2", src, dst)
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil {
+		t.Fatalf("--layers 2: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if res.Device != "cpu" || res.Selection != "2" || !slices.Equal(res.Recomposed, []int{2}) || !slices.Equal(res.NotRecomposed, []int{1}) ||
+		len(res.RecomposedRows) != 1 || res.RecomposedRows[0].Layer != 2 || res.RecomposedRows[0].Device != "cpu" || res.Slots != 32 {
+		t.Errorf("--layers 2: %+v", res)
+	}
+	code, out, _ = runCLI(t, "validate", "--quiet", "--device", "cpu", "--layers", "sample:1", src, dst)
+	if code != 0 || !strings.Contains(out, "layer 1 routed experts from the ranks (cpu, replica 0 of each)") ||
+		!strings.Contains(out, "layers not recomposed: 2 (--layers sample:1, or hash-routed); their slots' bytes are proven") {
+		t.Errorf("--layers sample:1: exit %d\n%s", code, out)
+	}
+	// The same refusals, word for word, as on the whole-model output.
+	for _, args := range [][]string{{"--layers", "7"}, {"--layers", "0"}, {"--device", "cuda"}, {"--device", "tpu"}} {
+		if args[0] == "--device" && args[1] == "cuda" && cuda.Available() == nil {
+			continue // a GPU is present: --device cuda runs
+		}
+		code, _, errOut := runCLI(t, append([]string{"validate", "--quiet"}, append(args, src, dst)...)...)
+		wcode, _, wantErr := runCLI(t, append([]string{"validate", "--quiet"}, append(args, src, whole)...)...)
+		if code != 2 || wcode != 2 || errOut != wantErr {
+			t.Errorf("%v: exit %d %q; on the whole-model output exit %d %q", args, code, errOut, wcode, wantErr)
+		}
+		assertCleanError(t, errOut)
+	}
+	if cuda.Available() != nil {
+		code, out, _ := runCLI(t, "validate", "--quiet", "--json", src, dst)
+		res.Notes = nil
+		if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Device != "cpu" || len(res.Notes) != 1 ||
+			!strings.HasSuffix(res.Notes[0], "; running on the CPU (--device auto)") || !slices.Equal(res.Recomposed, []int{1, 2}) {
+			t.Errorf("--device auto without a GPU: exit %d %+v", code, res)
+		}
+	}
+	// --rank proves one rank's bytes on any machine: no device to resolve.
+	if code, _, errOut := runCLI(t, "validate", "--quiet", "--device", "cuda", "--rank", "1", src, dst); code != 0 {
+		t.Errorf("--device cuda --rank 1: exit %d %s", code, errOut)
+	}
 }

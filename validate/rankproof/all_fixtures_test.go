@@ -25,12 +25,72 @@ const (
 	comboMoETP = "ep2-moetp2" // --ep 2 --moe-tp 2
 	comboSlots = "ep-slots"   // --ep N --slots E+N (N as comboEP)
 	comboFuse  = "fuse-ep"    // fuse-shared --ep N (N as comboEP): R = N
+	comboEP8   = "ep8"        // --ep 8, where there are 16 experts or more
 	// The options that change the experts' bytes, each proven against the
 	// whole-model byte proof's prediction for it (TestRankProofOptions
 	// has them with --moe-tp, --slots and fuse-shared too):
 	comboInOut = "ep-inout" // --ep N --orientation in-out, where the format has a byte-exact transpose
 	comboDType = "ep-dtype" // --ep N --dtype bf16, where the experts are quantised
 )
+
+// allCombos are every combination's name, in the order the tests run them.
+var allCombos = []string{comboEP, comboEP8, comboMoETP, comboSlots, comboFuse, comboInOut, comboDType}
+
+// fixtureCombos are the per-rank combinations fixture f is written in:
+// N = 4 where 4 divides E, else 2; EP 8 besides where E >= 16.
+func fixtureCombos(t *testing.T, f hf.Fixture) map[string]convert.Options {
+	if f.Experts%2 != 0 {
+		t.Fatalf("%d experts: no --ep 2; give the fixture its own row of refusals", f.Experts)
+	}
+	ep := 2
+	if f.Experts%4 == 0 {
+		ep = 4
+	}
+	combos := map[string]convert.Options{
+		comboEP:    {EP: ep},
+		comboMoETP: {EP: 2, MoETP: 2},
+		comboSlots: {EP: ep, Slots: f.Experts + ep},
+	}
+	if f.Experts >= 16 && f.Experts%8 == 0 {
+		combos[comboEP8] = convert.Options{EP: 8}
+	}
+	if f.FuseShared {
+		combos[comboFuse] = convert.Options{EP: ep, FuseShared: true}
+	}
+	if f.Format != hf.Int4 && f.Format != hf.NVFP4 && f.Format != hf.MXFP4 { // packed: no transpose
+		combos[comboInOut] = convert.Options{EP: ep, Orientation: layout.InOut}
+	}
+	if f.Quantized() {
+		combos[comboDType] = convert.Options{EP: ep, DType: safetensors.BF16}
+	}
+	return combos
+}
+
+// eachCombo runs fn on every fixture (in parallel) and each of its
+// combinations, o's Src set (absolute, as convert's messages name it) and
+// Dst a fresh directory; want and refused are its allFixtureRefusals row.
+func eachCombo(t *testing.T, fn func(t *testing.T, f hf.Fixture, name string, o convert.Options, want refusal, refused bool)) {
+	for _, f := range hf.All() {
+		t.Run(f.Dir, func(t *testing.T) {
+			t.Parallel()
+			combos := fixtureCombos(t, f)
+			for _, name := range allCombos {
+				o, ok := combos[name]
+				if !ok {
+					continue
+				}
+				want, refused := allFixtureRefusals[f.Dir+" "+name]
+				src, err := filepath.Abs(filepath.Join(hfDir, f.Dir))
+				if err != nil {
+					t.Fatal(err)
+				}
+				o.Src = src
+				o.Dst = filepath.Join(t.TempDir(), name)
+				fn(t, f, name, o, want, refused)
+			}
+		})
+	}
+}
 
 // Where a refusal comes from.
 type refusalStage int
@@ -82,14 +142,13 @@ var allFixtureRefusals = map[string]refusal{
 // ranks on the CPU through each replica choice) and as `validate --rank r`
 // does for its last rank; or moeprep refuses the combination with the
 // exact one-line, exit-2 message allFixtureRefusals lists. Every fixture
-// has 8 or 16 experts, so N is 4 throughout. Over the 77 fixtures, 346 of
-// 356 combinations pass (77 EP, 67 EP x MoE-TP, 77 slots, all 38
-// fuse-shared, 74 in-out, all 13 quantised ones dequantised to bf16;
-// gpt-oss's biased experts under --moe-tp and ERNIE-4.5-VL's two banks a
-// layer among them); 10 are refused by convert (FP8, INT4 and MXFP4 block
-// grids that I/2 = 16 would cut) and none has its recomposition refused.
-// docs/PER-RANK.md has the table; the test logs the counts. It found
-// LongCat-Flash's identity experts counted once a --moe-tp part and
+// has 8 or 16 experts, so N is 4 throughout, and the 16-expert ones are
+// written at EP 8 too; in-out where the format transposes byte for byte,
+// and --dtype bf16 where the experts are quantised. The test logs the
+// counts (372 of 382 pass), and docs/PER-RANK.md has the table: 10 are refused by convert
+// (FP8, INT4 and MXFP4 block grids that I/2 = 16 would cut) and none has
+// its recomposition refused. It found LongCat-Flash's identity experts
+// counted once a --moe-tp part and
 // Inkling's routed shared experts read at I/M by the recomposition (both
 // fixed in recompose.go).
 func TestRankProofEveryFixture(t *testing.T) {
@@ -99,64 +158,23 @@ func TestRankProofEveryFixture(t *testing.T) {
 	var mu sync.Mutex
 	got := tally{pass: map[string]int{}, refused: map[string]int{}}
 	t.Run("fixtures", func(t *testing.T) {
-		for _, f := range hf.All() {
-			t.Run(f.Dir, func(t *testing.T) {
-				t.Parallel()
-				if f.Experts%2 != 0 {
-					t.Fatalf("%d experts: no --ep 2; give the fixture its own row of refusals", f.Experts)
-				}
-				ep := 2
-				if f.Experts%4 == 0 {
-					ep = 4
-				}
-				combos := map[string]convert.Options{
-					comboEP:    {EP: ep},
-					comboMoETP: {EP: 2, MoETP: 2},
-					comboSlots: {EP: ep, Slots: f.Experts + ep},
-				}
-				if f.FuseShared {
-					combos[comboFuse] = convert.Options{EP: ep, FuseShared: true}
-				}
-				if f.Format != hf.Int4 && f.Format != hf.NVFP4 && f.Format != hf.MXFP4 { // packed: no transpose
-					combos[comboInOut] = convert.Options{EP: ep, Orientation: layout.InOut}
-				}
-				if f.Quantized() {
-					combos[comboDType] = convert.Options{EP: ep, DType: safetensors.BF16}
-				}
-				for _, name := range slices.Sorted(func(yield func(string) bool) {
-					for k := range combos {
-						if !yield(k) {
-							return
-						}
-					}
-				}) {
-					key := f.Dir + " " + name
-					want, refused := allFixtureRefusals[key]
-					o := combos[name]
-					src, err := filepath.Abs(filepath.Join(hfDir, f.Dir)) // as convert's messages name it
-					if err != nil {
-						t.Fatal(err)
-					}
-					o.Src = src
-					o.Dst = filepath.Join(t.TempDir(), name)
-					verdict := proveEveryWay(t, f, o, name, want, refused)
-					mu.Lock()
-					if verdict == "pass" {
-						got.pass[name]++
-					} else {
-						got.refused[verdict]++
-					}
-					mu.Unlock()
-				}
-			})
-		}
+		eachCombo(t, func(t *testing.T, f hf.Fixture, name string, o convert.Options, want refusal, refused bool) {
+			verdict := proveEveryWay(t, f, o, name, want, refused)
+			mu.Lock()
+			if verdict == "pass" {
+				got.pass[name]++
+			} else {
+				got.refused[verdict]++
+			}
+			mu.Unlock()
+		})
 	})
 	// A stale row (a fixture or combination that no longer exists) fails;
 	// a row whose combination now passes fails in proveEveryWay.
 	for key := range allFixtureRefusals {
 		dir, combo, _ := strings.Cut(key, " ")
 		f, ok := hf.Lookup(dir)
-		if !ok || !slices.Contains([]string{comboEP, comboMoETP, comboSlots, comboFuse, comboInOut, comboDType}, combo) || (combo == comboFuse && !f.FuseShared) {
+		if _, has := fixtureCombos(t, f)[combo]; !ok || !has {
 			t.Errorf("%s: listed as refused, but there is no such fixture or combination", key)
 		}
 	}
@@ -199,7 +217,7 @@ func proveEveryWay(t *testing.T, f hf.Fixture, o convert.Options, name string, w
 		t.Errorf("%s: --rank %d: %v %+v", name, ranks-1, err, one)
 		return "fail"
 	}
-	lcs, err := CheckRecomposed(ctx, o.Src, o.Dst, 16, 7)
+	lcs, err := CheckRecomposed(ctx, o.Src, o.Dst, Options{Tokens: 16, Seed: 7})
 	if refused { // atRecompose
 		if err == nil || err.Error() != o.Dst+": "+want.msg || exitcode.Code(err) != exitcode.BadInput {
 			t.Errorf("%s: recomposition %v, want exit 2 %q", name, err, o.Dst+": "+want.msg)

@@ -83,7 +83,7 @@ func TestRankProofOptions(t *testing.T) {
 			if one, err := Check(ctx, tc.o.Src, dst, ranks-1); err != nil || one.Failure != "" {
 				t.Fatalf("--rank %d: %v %+v", ranks-1, err, one)
 			}
-			lcs, err := CheckRecomposed(ctx, tc.o.Src, dst, 16, 7)
+			lcs, err := CheckRecomposed(ctx, tc.o.Src, dst, Options{Tokens: 16, Seed: 7})
 			if err != nil {
 				t.Fatal(err)
 			}

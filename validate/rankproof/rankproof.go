@@ -51,7 +51,18 @@ type Result struct {
 	// Recomposed: each MoE layer's routed experts served from the ranks
 	// against SRC's (CheckRecomposed); absent for one rank alone.
 	Recomposed []LayerCheck `json:"recomposed,omitempty"`
-	Failure    string       `json:"failure,omitempty"`
+	// Device is where the recomposition ran ("cpu" or "cuda"; absent
+	// without one); LayerSelection the --layers spec; LayersRecomposed
+	// the MoE layers it ran on and LayersNotRecomposed the others (left
+	// out by --layers, or hash-routed: proven by their bytes alone).
+	Device              string `json:"device,omitempty"`
+	LayerSelection      string `json:"layer_selection,omitempty"`
+	LayersRecomposed    []int  `json:"layers_recomposed,omitempty"`
+	LayersNotRecomposed []int  `json:"layers_not_recomposed,omitempty"`
+	// Notes: what the run chose that changes what was certified (a
+	// --device auto fallback to the CPU).
+	Notes   []string `json:"notes,omitempty"`
+	Failure string   `json:"failure,omitempty"`
 }
 
 // IsPerRank reports whether dst's config.json holds a per-rank contract.

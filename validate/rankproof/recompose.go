@@ -39,6 +39,40 @@ type Recomposed struct {
 // order of the float additions (and the rounding of a folded
 // routed_scaling_factor).
 func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T, replica int, seed uint64) (*Recomposed, error) {
+	rc, err := openRecomposer(src, dst)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	l, err := rc.layer(i, seed)
+	if err != nil {
+		return nil, err
+	}
+	want, err := cpuref.ReferenceLayer(ctx, rc.src, rc.plan, &l.routed, x, T, cpuref.RefOptions{Coverage: l.cov})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", src, err)
+	}
+	got, err := rc.cpuParts(ctx, l, x, T, replica)
+	if err != nil {
+		return nil, err
+	}
+	return &Recomposed{Got: got, Want: want.Y, Replicas: l.most}, nil
+}
+
+// recomposer is what a recomposition reads: SRC planned, DST's contract
+// and shared files (the routers), and the ranks' stacks, each opened the
+// first time a slot of it serves.
+type recomposer struct {
+	srcDir, dst string
+	c           *layout.Contract
+	x           *layout.ExpertParallel
+	src         *checkpoint.Checkpoint
+	plan        *family.Plan
+	dck         *checkpoint.Checkpoint
+	ranks       map[int]*safetensors.Sharded
+}
+
+func openRecomposer(src, dst string) (*recomposer, error) {
 	c, err := readContract(dst)
 	if err != nil {
 		return nil, err
@@ -51,93 +85,138 @@ func RecomposeRouted(ctx context.Context, src, dst string, i int, x []float32, T
 	// part 0 alone (zeros in the others), so the parts' sum adds it once.
 	// An in-out slot is read back transposed, and a dequantised one plain
 	// (views.expert).
-	x0 := c.ExpertParallel
 	sck, plan, err := openPlanned(src)
 	if err != nil {
 		return nil, err
 	}
-	defer sck.Close()
+	dck, err := checkpoint.Open(dst) // the shared files: routers
+	if err != nil {
+		sck.Close()
+		return nil, err
+	}
+	return &recomposer{srcDir: src, dst: dst, c: c, x: c.ExpertParallel, src: sck, plan: plan, dck: dck, ranks: map[int]*safetensors.Sharded{}}, nil
+}
+
+func (rc *recomposer) Close() {
+	for _, s := range rc.ranks {
+		s.Close()
+	}
+	rc.dck.Close()
+	rc.src.Close()
+}
+
+// recomposedLayer is contract layer i's routed experts on SRC, its forced
+// tokens, and where each logical expert's replicas are.
+type recomposedLayer struct {
+	i      int
+	routed family.Layer // SRC's layer, its shared experts left out
+	cov    *moelayer.Coverage
+	occ    [][]int // each logical expert's physical slots
+	most   int     // the most replicas any expert has
+}
+
+func (rc *recomposer) layer(i int, seed uint64) (*recomposedLayer, error) {
+	plan, c := rc.plan, rc.c
 	if i < 0 || i >= len(plan.Layers) || i >= len(c.Layers) {
 		return nil, fmt.Errorf("layer %d of %d", i, len(plan.Layers))
 	}
-	routedOnly := plan.Layers[i]
+	l := &recomposedLayer{i: i, routed: plan.Layers[i]}
 	// Inkling's router-weighted shared experts too: they are whole on
 	// every rank, not cut by --moe-tp, so a part would read them at I/M.
-	routedOnly.Shared, routedOnly.SharedGate, routedOnly.SharedExperts = nil, "", nil
-	cov, err := moelayer.NewCoverage(moelayer.CoverageOptions{Seed: seed, Layer: routedOnly.Index, H: plan.HiddenSize, E: plan.NumExperts, K: plan.TopK})
-	if err != nil {
+	l.routed.Shared, l.routed.SharedGate, l.routed.SharedExperts = nil, "", nil
+	var err error
+	if l.cov, err = moelayer.NewCoverage(moelayer.CoverageOptions{Seed: seed, Layer: l.routed.Index, H: plan.HiddenSize, E: plan.NumExperts, K: plan.TopK}); err != nil {
 		return nil, err
 	}
-	opts := cpuref.RefOptions{Coverage: cov}
-	want, err := cpuref.ReferenceLayer(ctx, sck, plan, &routedOnly, x, T, opts)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", src, err)
+	l.occ = make([][]int, plan.NumExperts)
+	for q, le := range rc.x.PhysicalToLogical[i] {
+		l.occ[le] = append(l.occ[le], q)
 	}
-	dck, err := checkpoint.Open(dst) // the shared files: routers
-	if err != nil {
-		return nil, err
-	}
-	defer dck.Close()
-	ranks := map[int]*safetensors.Sharded{}
-	defer func() {
-		for _, s := range ranks {
-			s.Close()
+	for e, o := range l.occ {
+		if len(o) == 0 {
+			return nil, fmt.Errorf("layer %d: expert %d has no slot", c.Layers[i].Index, e)
 		}
-	}()
-	M := x0.MoETP
-	I := plan.IntermediateOf(plan.Layers[i])
-	row := x0.PhysicalToLogical[i]
-	per := x0.SlotsPerRank
-	got := make([]float32, len(want.Y))
-	occ := make([][]int, plan.NumExperts) // each expert's physical slots
-	for q, le := range row {
-		occ[le] = append(occ[le], q)
+		l.most = max(l.most, len(o))
 	}
-	most := 0
-	for _, o := range occ {
-		most = max(most, len(o))
+	return l, nil
+}
+
+// part is MoE-TP part t of layer l as the ranks serve it: the plan and
+// layer of SRC's routed experts at I/M, each expert a view of the slot of
+// its replica-th replica (its last where it has fewer) on the rank that
+// holds that slot's part t.
+func (rc *recomposer) part(l *recomposedLayer, t, replica int) (*family.Plan, *family.Layer, *views, error) {
+	plan, c, x := rc.plan, rc.c, rc.x
+	M, per := x.MoETP, x.SlotsPerRank
+	I := plan.IntermediateOf(plan.Layers[l.i])
+	vs := &views{base: rc.dck, virt: map[string]*checkpoint.Tensor{}}
+	part := *plan
+	part.MoEIntermediateSize = I / M
+	if c.RoutedScalingFactorFolded {
+		part.RoutedScalingFactor = 1 // in the routed down projections already
 	}
-	for t := range M {
-		vs := &views{base: dck, virt: map[string]*checkpoint.Tensor{}}
-		part := *plan
-		part.MoEIntermediateSize = I / M
-		if c.RoutedScalingFactorFolded {
-			part.RoutedScalingFactor = 1 // in the routed down projections already
-		}
-		l := routedOnly
-		if l.Intermediate > 0 {
-			l.Intermediate = I / M
-		}
-		l.Experts = make([]family.MLP, len(routedOnly.Experts))
-		for e := range l.Experts {
-			if len(occ[e]) == 0 {
-				return nil, fmt.Errorf("layer %d: expert %d has no slot", c.Layers[i].Index, e)
+	pl := l.routed
+	if pl.Intermediate > 0 {
+		pl.Intermediate = I / M
+	}
+	pl.Experts = make([]family.MLP, len(l.routed.Experts))
+	for e := range pl.Experts {
+		p := l.occ[e][min(replica, len(l.occ[e])-1)]
+		r := (p/per)*M + t
+		sh, ok := rc.ranks[r]
+		if !ok {
+			ri, _ := x.Rank(r)
+			var err error
+			if sh, err = safetensors.OpenSharded(filepath.Join(rc.dst, filepath.FromSlash(path.Dir(ri.Index)))); err != nil {
+				return nil, nil, nil, err
 			}
-			p := occ[e][min(replica, len(occ[e])-1)]
-			r := (p/per)*M + t
-			sh, ok := ranks[r]
-			if !ok {
-				ri, _ := x0.Rank(r)
-				if sh, err = safetensors.OpenSharded(filepath.Join(dst, filepath.FromSlash(path.Dir(ri.Index)))); err != nil {
-					return nil, err
-				}
-				ranks[r] = sh
-			}
-			if l.Experts[e], err = vs.expert(c, c.Layers[i], routedOnly.Experts[e], sh, r, p%per, e); err != nil {
-				return nil, err
-			}
+			rc.ranks[r] = sh
 		}
-		popts := opts
-		popts.NoZeroExperts = t > 0 // the identity experts' output, once in the sum
-		res, err := cpuref.ReferenceLayer(ctx, vs, &part, &l, x, T, popts)
+		var err error
+		if pl.Experts[e], err = vs.expert(c, c.Layers[l.i], l.routed.Experts[e], sh, r, p%per, e); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	return &part, &pl, vs, nil
+}
+
+// partRun computes one MoE-TP part t of a layer over the ranks' views.
+type partRun func(t int, part *family.Plan, pl *family.Layer, vs *views) ([]float32, error)
+
+// sumParts sums run's outputs over layer l's MoE-TP parts, each expert
+// through its replica-th replica.
+func (rc *recomposer) sumParts(l *recomposedLayer, replica int, run partRun) ([]float32, error) {
+	var got []float32
+	for t := range rc.x.MoETP {
+		part, pl, vs, err := rc.part(l, t, replica)
 		if err != nil {
-			return nil, fmt.Errorf("%s: part %d: %w", dst, t, err)
+			return nil, err
 		}
-		for k, v := range res.Y {
+		y, err := run(t, part, pl, vs)
+		if err != nil {
+			return nil, fmt.Errorf("%s: part %d: %w", rc.dst, t, err)
+		}
+		if got == nil {
+			got = make([]float32, len(y))
+		}
+		for k, v := range y {
 			got[k] += v
 		}
 	}
-	return &Recomposed{Got: got, Want: want.Y, Replicas: most}, nil
+	return got, nil
+}
+
+// cpuParts sums layer l's MoE-TP parts, each run by the CPU reference.
+func (rc *recomposer) cpuParts(ctx context.Context, l *recomposedLayer, x []float32, T, replica int) ([]float32, error) {
+	return rc.sumParts(l, replica, func(t int, part *family.Plan, pl *family.Layer, vs *views) ([]float32, error) {
+		opts := cpuref.RefOptions{Coverage: l.cov}
+		opts.NoZeroExperts = t > 0 // the identity experts' output, once in the sum
+		res, err := cpuref.ReferenceLayer(ctx, vs, part, pl, x, T, opts)
+		if err != nil {
+			return nil, err
+		}
+		return res.Y, nil
+	})
 }
 
 // views serves the shared files' tensors and, by made-up names, an

@@ -53,7 +53,7 @@ func TestRecomposedExpertBiases(t *testing.T) {
 					o.Src = filepath.Join(hfDir, dir)
 					dst := convertTo(t, o)
 					ctx := context.Background()
-					before, err := CheckRecomposed(ctx, o.Src, dst, 16, 7)
+					before, err := CheckRecomposed(ctx, o.Src, dst, Options{Tokens: 16, Seed: 7})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -79,7 +79,7 @@ func TestRecomposedExpertBiases(t *testing.T) {
 					if !strings.HasPrefix(res.Failure, want) || !strings.Contains(res.Failure, bias+" differs") {
 						t.Errorf("byte proof: %q, want %q... %s differs", res.Failure, want, bias)
 					}
-					after, err := CheckRecomposed(ctx, o.Src, dst, 16, 7)
+					after, err := CheckRecomposed(ctx, o.Src, dst, Options{Tokens: 16, Seed: 7})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -122,7 +122,7 @@ func TestRecomposedBiasesMoETP(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := convertTo(t, convert.Options{Src: src, EP: 2, MoETP: 2, Layout: tc.layout})
 			ctx := context.Background()
-			before, err := CheckRecomposed(ctx, src, dst, 16, 7)
+			before, err := CheckRecomposed(ctx, src, dst, Options{Tokens: 16, Seed: 7})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -146,7 +146,7 @@ func TestRecomposedBiasesMoETP(t *testing.T) {
 			if !strings.HasPrefix(res.Failure, want) {
 				t.Errorf("byte proof: %q\nwant %q...", res.Failure, want)
 			}
-			after, err := CheckRecomposed(ctx, src, dst, 16, 7)
+			after, err := CheckRecomposed(ctx, src, dst, Options{Tokens: 16, Seed: 7})
 			if err != nil {
 				t.Fatal(err)
 			}

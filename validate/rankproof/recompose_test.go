@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
@@ -83,7 +84,7 @@ func TestCheckRecomposed(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dst := convertTo(t, tc.o)
-			got, err := CheckRecomposed(context.Background(), src, dst, 16, 7)
+			got, err := CheckRecomposed(context.Background(), src, dst, Options{Tokens: 16, Seed: 7})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -97,5 +98,40 @@ func TestCheckRecomposed(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Options.Layers picks the layers recomposed, by the contract's index;
+// an empty list recomposes none, nil every one.
+func TestCheckRecomposedLayers(t *testing.T) {
+	src := filepath.Join(hfDir, "qwen3-moe") // MoE layers 1 and 2
+	dst := convertTo(t, convert.Options{Src: src, EP: 2, MoETP: 2})
+	for _, tc := range []struct {
+		layers []int
+		want   []int
+	}{
+		{nil, []int{1, 2}},
+		{[]int{2}, []int{2}},
+		{[]int{1}, []int{1}},
+		{[]int{}, nil},
+	} {
+		got, err := CheckRecomposed(context.Background(), src, dst, Options{Tokens: 8, Seed: 3, Layers: tc.layers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var layers []int
+		for _, lc := range got {
+			if !lc.Pass || lc.Device != "cpu" || lc.RelL2 > tolSum {
+				t.Errorf("%v: %+v", tc.layers, lc)
+			}
+			layers = append(layers, lc.Layer)
+		}
+		if !slices.Equal(layers, tc.want) {
+			t.Errorf("Layers %v: recomposed %v, want %v", tc.layers, layers, tc.want)
+		}
+	}
+	all, rec, err := Layers(src, dst)
+	if err != nil || !slices.Equal(all, []int{1, 2}) || !slices.Equal(rec, all) {
+		t.Errorf("Layers: %v %v %v", all, rec, err)
 	}
 }
