@@ -52,6 +52,9 @@ type spec struct {
 	// modalityBanks: each MoE layer holds a text and a vision routed bank
 	// (ERNIE-4.5-VL), planned as a layer each (planBanks).
 	modalityBanks bool
+	// moduleOutput is what the module transformers calls the MoE block
+	// returns (Plan.ModuleOutput); zero: the planned sum.
+	moduleOutput ModuleOutput
 }
 
 // withDefaults returns config.json with the model type's defaults filled in
@@ -153,6 +156,10 @@ type naming struct {
 	// MoE module (Granite: model.layers.L.shared_mlp beside block_sparse_moe);
 	// the layer's output is still routed + shared.
 	sharedAtLayer bool
+	// postNorm: the RMSNorm weight [H] the MoE module applies to its sum,
+	// relative to the decoder layer (A.X-K1's "post_mlp_layernorm.weight",
+	// which its checkpoints keep at the layer); "" if none.
+	postNorm string
 	// sharedProj: the shared expert's projections where they are named
 	// otherwise than the routed experts' (Kimi-Linear and MiniMax-M3:
 	// routed w1, w3, w2, shared gate_proj, up_proj, down_proj); zero: proj.
