@@ -75,6 +75,24 @@ func FuseSharedModelTypes() []string {
 			out = append(out, w.modelType)
 		}
 	}
+	for _, f := range wrappedTextFamilies {
+		if f.fusable() {
+			out = append(out, f.types()...)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// SupportedTextAlone lists, sorted, the model types of the wrappers' text
+// models that no bare family names, read when transformers saved the text
+// model alone (its *ForCausalLM on the text config: model.layers.L, the
+// family's own names).
+func SupportedTextAlone() []string {
+	var out []string
+	for _, f := range wrappedTextFamilies {
+		out = append(out, f.types()...)
+	}
 	slices.Sort(out)
 	return out
 }
@@ -87,6 +105,13 @@ func (s *spec) fusable() bool {
 
 func lookup(modelType string) (*spec, error) {
 	for _, f := range families {
+		if slices.Contains(f.types(), modelType) {
+			return f, nil
+		}
+	}
+	// A wrapper's text model saved alone (its *ForCausalLM on the text
+	// config): the family, under model.layers.L (wrapped_text.go).
+	for _, f := range wrappedTextFamilies {
 		if slices.Contains(f.types(), modelType) {
 			return f, nil
 		}
@@ -189,7 +214,7 @@ func Detect(config map[string]any, tensors Tensors) (*Plan, error) {
 		return w.plan(config, tensors, false)
 	}
 	f, _ := lookup(mt)
-	return f.plan(config, tensors, false)
+	return f.planBare(config, tensors, false)
 }
 
 // PlanConverted plans a checkpoint whose experts are already stacked (moeprep
@@ -208,5 +233,5 @@ func PlanConverted(config map[string]any, tensors Tensors) (*Plan, error) {
 		return w.plan(config, tensors, true)
 	}
 	f, _ := lookup(mt)
-	return f.plan(config, tensors, true)
+	return f.planBare(config, tensors, true)
 }

@@ -447,7 +447,16 @@ func (s *spec) types() []string {
 
 // Plan implements Family.
 func (s *spec) Plan(cfg map[string]any, t Tensors) (*Plan, error) {
-	return s.plan(cfg, t, false)
+	return s.planBare(cfg, t, false)
+}
+
+// planBare plans a text model's config.json: each of its two routed banks
+// where a layer holds two (ERNIE-4.5-VL), else its one bank.
+func (s *spec) planBare(cfg map[string]any, t Tensors, converted bool) (*Plan, error) {
+	if s.modalityBanks {
+		return s.planBanks(cfg, t, converted)
+	}
+	return s.plan(cfg, t, converted)
 }
 
 // readSizes fills the sizes every family shares. In a converted checkpoint

@@ -249,11 +249,7 @@ func (w *wrapper) plan(raw map[string]any, t Tensors, converted bool) (*Plan, er
 	if err != nil {
 		return nil, err
 	}
-	plan := inner.plan
-	if inner.modalityBanks {
-		plan = inner.planBanks
-	}
-	p, err := plan(text, t, converted)
+	p, err := inner.planBare(text, t, converted)
 	if err != nil {
 		return nil, inTextConfig{key: w.textKey, err: err, top: moved}
 	}

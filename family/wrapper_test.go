@@ -284,11 +284,11 @@ func TestQuantisedKimiK25Placements(t *testing.T) {
 	}
 }
 
-// TestWrapperTextTypesNameTheirWrapper: a bare config.json whose model_type
-// is a wrapper's text model that moeprep reads only inside the wrapper is
-// refused in one line naming the wrapper and where the text model goes,
-// not with the generic list of supported types.
-func TestWrapperTextTypesNameTheirWrapper(t *testing.T) {
+// TestWrapperTextTypesSavedAlone: a bare config.json whose model_type is
+// a wrapper's text model (transformers' *ForCausalLM saved alone) is
+// planned by the family that plans it inside the wrapper, and every such
+// type is listed by SupportedTextAlone.
+func TestWrapperTextTypesSavedAlone(t *testing.T) {
 	n := 0
 	for _, w := range wrappers {
 		for _, mt := range w.textTypes {
@@ -296,17 +296,13 @@ func TestWrapperTextTypesNameTheirWrapper(t *testing.T) {
 				continue
 			}
 			n++
-			_, err := Lookup(mt)
-			if err == nil || strings.Contains(err.Error(), "(supported:") || strings.Contains(err.Error(), "\n") ||
-				!strings.Contains(err.Error(), "model_type "+w.modelType) || !strings.Contains(err.Error(), w.textKey) {
-				t.Errorf("%s (in %s): %v", mt, w.modelType, err)
+			f, err := Lookup(mt)
+			if err != nil || f.Name() != textFamily(mt).Name() || !slices.Contains(SupportedTextAlone(), mt) {
+				t.Errorf("%s (in %s): %v, %v", mt, w.modelType, f, err)
 			}
 		}
 	}
-	if n < 8 {
-		t.Errorf("only %d wrapper-only text types checked", n)
-	}
-	if _, err := Lookup("ernie4_5_vl_moe_text"); err == nil || !strings.Contains(err.Error(), "text model of the ernie4_5_vl_moe wrapper") {
-		t.Errorf("ernie4_5_vl_moe_text: %v", err)
+	if n < 10 || len(SupportedTextAlone()) != n {
+		t.Errorf("%d wrapper-only text types checked, SupportedTextAlone lists %v", n, SupportedTextAlone())
 	}
 }
