@@ -119,14 +119,10 @@ func lookup(modelType string) (*spec, error) {
 	if why, ok := unsupported[modelType]; ok {
 		return nil, fmt.Errorf("config.json: model_type %q is not supported: %s", modelType, why)
 	}
-	if w := wrapperHolding(modelType); w != nil {
-		return nil, fmt.Errorf("config.json: model_type %q is the text model of the %s wrapper, which moeprep plans inside the wrapper's checkpoint (config.json model_type %s, the text model under %s), the layout transformers saves and the hub ships; a text model saved alone may lay out its experts otherwise and is not read",
-			modelType, w.modelType, w.modelType, w.textKey)
-	}
 	// The closest names, not all 48: the full list is in --help.
-	known := append(SupportedModelTypes(), SupportedWrappers()...)
-	return nil, fmt.Errorf("config.json: model_type %q is not supported%s (`moeprep --help` lists the %d text model types and %d wrappers moeprep reads)",
-		modelType, suggest.Phrase(modelType, known), len(SupportedModelTypes()), len(SupportedWrappers()))
+	known := slices.Concat(SupportedModelTypes(), SupportedWrappers(), SupportedTextAlone())
+	return nil, fmt.Errorf("config.json: model_type %q is not supported%s (`moeprep --help` lists the %d text model types, %d wrappers and %d wrappers' text models saved alone moeprep reads)",
+		modelType, suggest.Phrase(modelType, known), len(SupportedModelTypes()), len(SupportedWrappers()), len(SupportedTextAlone()))
 }
 
 // namesExperts reports whether a config says anything of experts: a key

@@ -178,7 +178,7 @@ func TestWrapperRefusals(t *testing.T) {
 		want string
 	}{
 		{"unknown wrapper", with(map[string]any{"model_type": "llava_next"}, nil),
-			`config.json: model_type "llava_next" is not supported; did you mean llama4_text? (` + "`moeprep --help`" + ` lists the 48 text model types and 16 wrappers moeprep reads); configs with the language model under text_config are not supported except the multimodal wrappers`},
+			`config.json: model_type "llava_next" is not supported; did you mean llama4_text? (` + "`moeprep --help`" + ` lists the 48 text model types, 17 wrappers and 10 wrappers' text models saved alone moeprep reads); configs with the language model under text_config are not supported except the multimodal wrappers`},
 		{"no text config", with(map[string]any{"text_config": nil}, nil),
 			`config.json: model_type "qwen3_5_moe" keeps its language model's config under text_config, which is missing`},
 		{"text config not an object", with(map[string]any{"text_config": 3.0}, nil),
@@ -289,20 +289,20 @@ func TestQuantisedKimiK25Placements(t *testing.T) {
 // planned by the family that plans it inside the wrapper, and every such
 // type is listed by SupportedTextAlone.
 func TestWrapperTextTypesSavedAlone(t *testing.T) {
-	n := 0
+	checked := map[string]bool{}
 	for _, w := range wrappers {
 		for _, mt := range w.textTypes {
 			if slices.Contains(SupportedModelTypes(), mt) {
 				continue
 			}
-			n++
+			checked[mt] = true
 			f, err := Lookup(mt)
 			if err != nil || f.Name() != textFamily(mt).Name() || !slices.Contains(SupportedTextAlone(), mt) {
 				t.Errorf("%s (in %s): %v, %v", mt, w.modelType, f, err)
 			}
 		}
 	}
-	if n < 10 || len(SupportedTextAlone()) != n {
-		t.Errorf("%d wrapper-only text types checked, SupportedTextAlone lists %v", n, SupportedTextAlone())
+	if len(checked) < 10 || len(SupportedTextAlone()) != len(checked) {
+		t.Errorf("%d wrapper-only text types checked, SupportedTextAlone lists %v", len(checked), SupportedTextAlone())
 	}
 }
