@@ -113,7 +113,7 @@ func lookup(modelType string) (*spec, error) {
 	// config): the family, under model.layers.L (wrapped_text.go).
 	for _, f := range wrappedTextFamilies {
 		if slices.Contains(f.types(), modelType) {
-			return f, nil
+			return f.alone(), nil
 		}
 	}
 	if why, ok := unsupported[modelType]; ok {

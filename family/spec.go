@@ -55,6 +55,12 @@ type spec struct {
 	// moduleOutput is what the module transformers calls the MoE block
 	// returns (Plan.ModuleOutput); zero: the planned sum.
 	moduleOutput ModuleOutput
+	// aloneNames rewrites the naming of a text family planned only inside
+	// its wrapper (wrapped_text.go) for the text model saved alone, where
+	// transformers writes it otherwise than inside the wrapper (MiniMax-M3:
+	// no conversion mapping for the text model, so its in-memory names);
+	// nil: the same names.
+	aloneNames func(*naming)
 }
 
 // withDefaults returns config.json with the model type's defaults filled in

@@ -101,5 +101,19 @@ var qwen3OmniMoEText = &spec{
 	routing:    softmaxRouting,
 }
 
-// wrappedTextFamilies are the families planned only inside a wrapper.
+// alone is the family as it plans its text model saved alone: under
+// model.layers.L (its *ForCausalLM) or layers.L (its base text model, where
+// transformers has no causal-LM class for the text config), with the names
+// below the layer the wrapper's unless aloneNames says otherwise.
+func (s *spec) alone() *spec {
+	out := *s
+	out.names.layers, out.names.layersAlt = "model.layers.", []string{"layers."}
+	if s.aloneNames != nil {
+		s.aloneNames(&out.names)
+	}
+	return &out
+}
+
+// wrappedTextFamilies are the families planned only inside a wrapper, and
+// (alone) their text models saved alone.
 var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText, qwen4ExpText, qwen3OmniMoEText, minimaxM3, aria, deepseekOcr2Text, glm5NextText, ernie45VLText}

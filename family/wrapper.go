@@ -243,7 +243,7 @@ func (w *wrapper) plan(raw map[string]any, t Tensors, converted bool) (*Plan, er
 		return nil, fmt.Errorf("config.json: %s.model_type %q: a %s wrapper holds %s", w.textKey, mt, w.modelType, strings.Join(w.textTypes, " or "))
 	}
 	inner := *s
-	inner.names.layers = w.layerPrefix(t)
+	inner.names.layers, inner.names.layersAlt = w.layerPrefix(t), nil
 	if rename := w.names[inner.names.layers]; rename != nil {
 		rename(&inner.names)
 	}
