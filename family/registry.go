@@ -75,9 +75,9 @@ func FuseSharedModelTypes() []string {
 			out = append(out, w.modelType)
 		}
 	}
-	for _, f := range wrappedTextFamilies {
-		if f.fusable() {
-			out = append(out, f.types()...)
+	for _, mt := range SupportedTextAlone() {
+		if textFamily(mt).fusable() {
+			out = append(out, mt)
 		}
 	}
 	slices.Sort(out)
@@ -91,7 +91,11 @@ func FuseSharedModelTypes() []string {
 func SupportedTextAlone() []string {
 	var out []string
 	for _, f := range wrappedTextFamilies {
-		out = append(out, f.types()...)
+		for _, mt := range f.types() {
+			if _, ok := notSavedAlone[mt]; !ok {
+				out = append(out, mt)
+			}
+		}
 	}
 	slices.Sort(out)
 	return out
@@ -112,9 +116,14 @@ func lookup(modelType string) (*spec, error) {
 	// A wrapper's text model saved alone (its *ForCausalLM on the text
 	// config): the family, under model.layers.L (wrapped_text.go).
 	for _, f := range wrappedTextFamilies {
-		if slices.Contains(f.types(), modelType) {
-			return f.alone(), nil
+		if !slices.Contains(f.types(), modelType) {
+			continue
 		}
+		if where, ok := notSavedAlone[modelType]; ok {
+			w := wrapperHolding(modelType)
+			return nil, fmt.Errorf("config.json: model_type %q is the text model of the %s wrapper, and transformers 5.17 has no class that saves it alone (no causal-LM or base model for its config), so moeprep reads it only inside the wrapper: %s", modelType, w.modelType, where)
+		}
+		return f.alone(), nil
 	}
 	if why, ok := unsupported[modelType]; ok {
 		return nil, fmt.Errorf("config.json: model_type %q is not supported: %s", modelType, why)
