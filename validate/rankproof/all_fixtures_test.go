@@ -84,8 +84,8 @@ var allFixtureRefusals = map[string]refusal{
 // ranks on the CPU through each replica choice) and as `validate --rank r`
 // does for its last rank; or moeprep refuses the combination with the
 // exact one-line, exit-2 message allFixtureRefusals lists. Every fixture
-// has 8 or 16 experts, so N is 4 throughout. Over the 77 fixtures, 255 of
-// 269 combinations pass (76 EP, 65 EP x MoE-TP, 76 slots, all 38
+// has 8 or 16 experts, so N is 4 throughout. Over the 85 fixtures, 283 of
+// 297 combinations pass (84 EP, 73 EP x MoE-TP, 84 slots, all 42
 // fuse-shared, gpt-oss's biased experts among them); 14 are refused by
 // convert (9 FP8/INT4 block grids that I/2 = 16 would cut, 2 gpt-oss with
 // expert biases under --moe-tp, 3 ERNIE-4.5-VL's two banks) and none has
