@@ -475,3 +475,9 @@ func (k *checker) expertBiases(where, gateUp, down string, e int, interleaved bo
 	m.Set(layout.ProjDown, layout.RoleBias, ViewName(down, -1, e, e+1))
 	return nil
 }
+
+// hasTensor reports whether t holds a tensor named name.
+func hasTensor(t Tensors, name string) bool {
+	_, ok := t.Lookup(name)
+	return ok
+}

@@ -114,7 +114,7 @@ func (s *spec) planBanks(raw map[string]any, t Tensors, converted bool) (*Plan, 
 			// width is the text experts'), and given to both.
 			cfg["moe_num_shared_experts"] = 0.0
 		}
-		bt, err := newBankTensors(t, s.names.layers, b, e, h)
+		bt, err := newBankTensors(t, s.layerPrefix(t), b, e, h)
 		if err != nil {
 			return nil, err
 		}

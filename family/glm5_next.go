@@ -31,6 +31,7 @@ var glm5NextText = func() *spec {
 	})
 	s.modelTypes = []string{"glm5_next_text"}
 	s.routing = withSwigluLimit(s.routing)
+	s.aloneNames = stackedInMemory // its base text model saved alone
 	return s
 }()
 

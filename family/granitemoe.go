@@ -10,7 +10,9 @@ package family
 // top-k and renormalised. granitemoeshared and _swa add an ungated shared
 // MLP beside the MoE block, model.layers.L.shared_mlp.input_linear
 // [2*Is, H] and output_linear [H, Is], when shared_intermediate_size > 0;
-// the decoder layer adds it to the routed output. Every layer is MoE.
+// the decoder layer adds it to the routed output. Every layer is MoE. The
+// module transformers calls the MoE block (block_sparse_moe) returns the
+// routed part alone: a golden hooked there is ModuleRouted.
 var graniteNames = naming{
 	layers:        "model.layers.",
 	modules:       []string{"block_sparse_moe"},
@@ -32,12 +34,13 @@ var graniteKeys = configKeys{
 }
 
 var graniteMoE = &spec{
-	name:       "granitemoe",
-	modelTypes: []string{"granitemoe", "granitemoeshared"},
-	names:      graniteNames,
-	keys:       graniteKeys,
-	layers:     everyLayer,
-	routing:    mixtralRouting,
+	name:         "granitemoe",
+	modelTypes:   []string{"granitemoe", "granitemoeshared"},
+	names:        graniteNames,
+	keys:         graniteKeys,
+	layers:       everyLayer,
+	routing:      mixtralRouting,
+	moduleOutput: ModuleRouted,
 }
 
 var graniteMoESWA = &spec{
@@ -47,7 +50,8 @@ var graniteMoESWA = &spec{
 		n.router, n.stackedGateUp, n.stackedDown = "router", "experts.gate_up_proj", "experts.down_proj"
 		return n
 	}(),
-	keys:    graniteKeys,
-	layers:  everyLayer,
-	routing: mixtralRouting,
+	keys:         graniteKeys,
+	layers:       everyLayer,
+	routing:      mixtralRouting,
+	moduleOutput: ModuleRouted,
 }

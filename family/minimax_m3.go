@@ -36,6 +36,17 @@ var minimaxM3 = &spec{
 		sharedSize:    "shared_intermediate_size",
 		sharedIfSized: true,
 	},
+	// Saved alone (MiniMaxM3VLForCausalLM), transformers 5.17 writes the
+	// text model as it holds it (no conversion mapping for the text
+	// model): mlp.gate.weight [E, H] and gate.e_score_correction_bias [E],
+	// the experts stacked mlp.experts.gate_up_proj [E, 2I, H] (gate rows,
+	// then up) and down_proj [E, H, I], the shared MLP
+	// mlp.shared_experts.gate_up_proj.weight [2Is, H] and down_proj.weight.
+	aloneNames: func(n *naming) {
+		n.modules, n.router, n.bias = []string{"mlp"}, "gate", "gate.e_score_correction_bias"
+		n.stackedGateUp, n.stackedDown = "experts.gate_up_proj", "experts.down_proj"
+		n.sharedGateUp, n.sharedDown = "gate_up_proj.weight", "down_proj.weight"
+	},
 	// MiniMaxM3VLTextConfig's defaults.
 	defaults: map[string]any{"num_experts_per_tok": 4.0, "routed_scaling_factor": 2.0, "swiglu_alpha": 1.702, "swiglu_limit": 7.0},
 	layers:   layerTypes,

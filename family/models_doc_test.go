@@ -103,7 +103,7 @@ func TestModelsDocMatchesRegistry(t *testing.T) {
 			t.Errorf("Supported model types: no column %q (header %q)", c, supported.header)
 		}
 	}
-	accepted := slices.Concat(SupportedModelTypes(), SupportedWrappers())
+	accepted := slices.Concat(SupportedModelTypes(), SupportedWrappers(), SupportedTextAlone())
 	fusable := FuseSharedModelTypes()
 	rows := map[string]int{}
 	for mt, r := range supported.typedRows(t) {
@@ -143,13 +143,6 @@ func TestModelsDocMatchesRegistry(t *testing.T) {
 		for mt := range unsupported {
 			if !yield(mt) {
 				return
-			}
-		}
-		for _, f := range wrappedTextFamilies {
-			for _, mt := range f.types() {
-				if !yield(mt) {
-					return
-				}
 			}
 		}
 	})

@@ -135,6 +135,11 @@ type Layer struct {
 	// Intermediate is the layer's routed experts' width where it is not
 	// Plan.MoEIntermediateSize (ERNIE-4.5-VL's vision bank); 0 otherwise.
 	Intermediate int
+	// PostNorm [H] is the RMSNorm weight the module transformers calls the
+	// MoE block applies to the planned sum before returning it (A.X-K1's
+	// post_mlp_layernorm, stored at the decoder layer and carried byte for
+	// byte), "" if none: see Plan.ModuleOutput.
+	PostNorm string
 }
 
 // InputTensors are the layer's tensors that shape its routing weights and
@@ -148,6 +153,34 @@ func (l *Layer) InputTensors() []string {
 		}
 	}
 	return out
+}
+
+// ModuleOutput is what the module transformers 5.17 calls a layer's MoE
+// block (the decoder layer's mlp, block_sparse_moe, feed_forward, mixer,
+// ...) returns, against the sum moeprep plans: routed experts plus any
+// shared expert, before anything the decoder layer does after.
+type ModuleOutput int
+
+const (
+	// ModuleSum: the module returns the planned sum (most families).
+	ModuleSum ModuleOutput = iota
+	// ModulePostNorm: the module returns RMSNorm(sum) * Layer.PostNorm,
+	// with Plan.PostNormEps (A.X-K1's AXK1MoE ends in post_mlp_layernorm).
+	ModulePostNorm
+	// ModuleRouted: the module returns the routed part alone; the decoder
+	// layer adds Layer.Shared beside it (Granite's shared_mlp).
+	ModuleRouted
+)
+
+// String names the point in reports and errors.
+func (m ModuleOutput) String() string {
+	switch m {
+	case ModulePostNorm:
+		return "the post-norm of the sum (RMSNorm(routed + shared) * post norm)"
+	case ModuleRouted:
+		return "the routed part (the decoder layer adds the shared MLP outside the module)"
+	}
+	return "the sum (routed + shared)"
 }
 
 // Plan is everything moeprep needs to know about a checkpoint's MoE layers.
@@ -246,7 +279,15 @@ type Plan struct {
 	// (Layer.RouterInputScale, ExpertInputNorm: Gemma 4's rms_norm_eps);
 	// 0 when the layers have none.
 	InputNormEps float64
-	Layers       []Layer // sorted by Key
+	// ModuleOutput is what the module transformers calls the MoE block
+	// returns, against the sum moeprep plans and validates (routed +
+	// shared): a golden taken there (a forward hook on it) states the
+	// point, and validate compares the matching quantity.
+	ModuleOutput ModuleOutput
+	// PostNormEps is the epsilon of Layer.PostNorm's RMSNorm (A.X-K1's
+	// rms_norm_eps); 0 when the layers have none.
+	PostNormEps float64
+	Layers      []Layer // sorted by Key
 	// Notices are one-line remarks on what the config says and moeprep,
 	// as transformers, ignores (moe_layers entries past the last layer);
 	// commands print them to stderr and carry them in their JSON.

@@ -57,7 +57,7 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 		}
 	}
 	p := &Plan{Family: s.name, ModelType: mt, Scoring: moe.Softmax, TopKMethod: moe.TopKGreedy,
-		NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 1}
+		NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 1, ModuleOutput: s.moduleOutput}
 	if err := s.readSizes(c, p, converted); err != nil {
 		return nil, err
 	}
@@ -226,6 +226,14 @@ func (s *spec) layer(k *checker, st storages, l int, mtp bool, module string, na
 	out := Layer{Index: l, MTP: mtp, Prefix: prefix, Router: prefix + "." + n.router + ".weight"}
 	if err := s.routerTensors(k, where, l, &out); err != nil {
 		return Layer{}, err
+	}
+	// The post norm is named where the checkpoint holds it: nothing moeprep
+	// writes needs it (it is carried), only a golden taken after it.
+	if pn := n.layers + strconv.Itoa(l) + "." + n.postNorm; n.postNorm != "" && hasTensor(k.t, pn) {
+		if err := k.small(where, "post norm", pn, []int64{int64(p.HiddenSize)}, "(the RMSNorm the MoE module applies to its output)"); err != nil {
+			return Layer{}, err
+		}
+		out.PostNorm = pn
 	}
 	if !converted {
 		var err error

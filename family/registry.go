@@ -76,6 +76,28 @@ func FuseSharedModelTypes() []string {
 			out = append(out, w.modelType)
 		}
 	}
+	for _, mt := range SupportedTextAlone() {
+		if textFamily(mt).fusable() {
+			out = append(out, mt)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// SupportedTextAlone lists, sorted, the model types of the wrappers' text
+// models that no bare family names, read when transformers saved the text
+// model alone (its *ForCausalLM on the text config: model.layers.L, the
+// family's own names).
+func SupportedTextAlone() []string {
+	var out []string
+	for _, f := range wrappedTextFamilies {
+		for _, mt := range f.types() {
+			if _, ok := notSavedAlone[mt]; !ok {
+				out = append(out, mt)
+			}
+		}
+	}
 	slices.Sort(out)
 	return out
 }
@@ -92,17 +114,25 @@ func lookup(modelType string) (*spec, error) {
 			return f, nil
 		}
 	}
+	// A wrapper's text model saved alone (its *ForCausalLM on the text
+	// config): the family, under model.layers.L (wrapped_text.go).
+	for _, f := range wrappedTextFamilies {
+		if !slices.Contains(f.types(), modelType) {
+			continue
+		}
+		if where, ok := notSavedAlone[modelType]; ok {
+			w := wrapperHolding(modelType)
+			return nil, fmt.Errorf("config.json: model_type %q is the text model of the %s wrapper, and transformers 5.17 has no class that saves it alone (no causal-LM or base model for its config), so moeprep reads it only inside the wrapper: %s", modelType, w.modelType, where)
+		}
+		return f.alone(), nil
+	}
 	if why, ok := unsupported[modelType]; ok {
 		return nil, fmt.Errorf("config.json: model_type %q is not supported: %s", modelType, why)
 	}
-	if w := wrapperHolding(modelType); w != nil {
-		return nil, fmt.Errorf("config.json: model_type %q is the text model of the %s wrapper, which moeprep plans inside the wrapper's checkpoint (config.json model_type %s, the text model under %s), the layout transformers saves and the hub ships; a text model saved alone may lay out its experts otherwise and is not read",
-			modelType, w.modelType, w.modelType, w.textKey)
-	}
 	// The closest names, not all 48: the full list is in --help.
-	known := append(SupportedModelTypes(), SupportedWrappers()...)
-	return nil, fmt.Errorf("config.json: model_type %q is not supported%s (`moeprep --help` lists the %d text model types and %d wrappers moeprep reads)",
-		modelType, suggest.Phrase(modelType, known), len(SupportedModelTypes()), len(SupportedWrappers()))
+	known := slices.Concat(SupportedModelTypes(), SupportedWrappers(), SupportedTextAlone())
+	return nil, fmt.Errorf("config.json: model_type %q is not supported%s (`moeprep --help` lists the %d text model types, %d wrappers and %d wrappers' text models saved alone moeprep reads)",
+		modelType, suggest.Phrase(modelType, known), len(SupportedModelTypes()), len(SupportedWrappers()), len(SupportedTextAlone()))
 }
 
 // namesExperts reports whether a config says anything of experts: a key
@@ -190,7 +220,7 @@ func Detect(config map[string]any, tensors Tensors) (*Plan, error) {
 		return w.plan(config, tensors, false)
 	}
 	f, _ := lookup(mt)
-	return f.plan(config, tensors, false)
+	return f.planBare(config, tensors, false)
 }
 
 // PlanConverted plans a checkpoint whose experts are already stacked (moeprep
@@ -209,5 +239,5 @@ func PlanConverted(config map[string]any, tensors Tensors) (*Plan, error) {
 		return w.plan(config, tensors, true)
 	}
 	f, _ := lookup(mt)
-	return f.plan(config, tensors, true)
+	return f.planBare(config, tensors, true)
 }

@@ -52,6 +52,15 @@ type spec struct {
 	// modalityBanks: each MoE layer holds a text and a vision routed bank
 	// (ERNIE-4.5-VL), planned as a layer each (planBanks).
 	modalityBanks bool
+	// moduleOutput is what the module transformers calls the MoE block
+	// returns (Plan.ModuleOutput); zero: the planned sum.
+	moduleOutput ModuleOutput
+	// aloneNames rewrites the naming of a text family planned only inside
+	// its wrapper (wrapped_text.go) for the text model saved alone, where
+	// transformers writes it otherwise than inside the wrapper (MiniMax-M3:
+	// no conversion mapping for the text model, so its in-memory names);
+	// nil: the same names.
+	aloneNames func(*naming)
 }
 
 // withDefaults returns config.json with the model type's defaults filled in
@@ -153,6 +162,10 @@ type naming struct {
 	// MoE module (Granite: model.layers.L.shared_mlp beside block_sparse_moe);
 	// the layer's output is still routed + shared.
 	sharedAtLayer bool
+	// postNorm: the RMSNorm weight [H] the MoE module applies to its sum,
+	// relative to the decoder layer (A.X-K1's "post_mlp_layernorm.weight",
+	// which its checkpoints keep at the layer); "" if none.
+	postNorm string
 	// sharedProj: the shared expert's projections where they are named
 	// otherwise than the routed experts' (Kimi-Linear and MiniMax-M3:
 	// routed w1, w3, w2, shared gate_proj, up_proj, down_proj); zero: proj.
@@ -440,7 +453,16 @@ func (s *spec) types() []string {
 
 // Plan implements Family.
 func (s *spec) Plan(cfg map[string]any, t Tensors) (*Plan, error) {
-	return s.plan(cfg, t, false)
+	return s.planBare(cfg, t, false)
+}
+
+// planBare plans a text model's config.json: each of its two routed banks
+// where a layer holds two (ERNIE-4.5-VL), else its one bank.
+func (s *spec) planBare(cfg map[string]any, t Tensors, converted bool) (*Plan, error) {
+	if s.modalityBanks {
+		return s.planBanks(cfg, t, converted)
+	}
+	return s.plan(cfg, t, converted)
 }
 
 // readSizes fills the sizes every family shares. In a converted checkpoint

@@ -62,8 +62,20 @@ var glm4vMoEText = func() *spec {
 	s := *deepseek
 	s.modelTypes = []string{"glm4v_moe_text"}
 	s.defaultsByType = map[string]map[string]any{"glm4v_moe_text": glm4MoEDefaults}
+	s.aloneNames = stackedInMemory
 	return &s
 }()
+
+// stackedInMemory is how transformers 5.17 saves the base text model of a
+// DeepSeek-style wrapper (Glm4vMoeTextModel, Glm5NextTextModel: there is
+// no causal-LM class for their text configs) alone: no conversion mapping
+// applies, so the routed experts are saved as it holds them,
+// mlp.experts.gate_up_proj [E, 2I, H] (gate rows, then up) and
+// mlp.experts.down_proj [E, H, I]; router, correction bias and shared
+// experts keep their per-projection names.
+func stackedInMemory(n *naming) {
+	n.stackedGateUp, n.stackedDown = "experts.gate_up_proj", "experts.down_proj"
+}
 
 // qwen4ExpText is Qwen4-Exp's text model (Qwen4ExpTextSparseMoeBlock =
 // Qwen3-Next's block, transformers 5.17): every decoder layer is MoE,
@@ -101,5 +113,31 @@ var qwen3OmniMoEText = &spec{
 	routing:    softmaxRouting,
 }
 
-// wrappedTextFamilies are the families planned only inside a wrapper.
+// alone is the family as it plans its text model saved alone: under
+// model.layers.L (its *ForCausalLM) or layers.L (its base text model, where
+// transformers has no causal-LM class for the text config), with the names
+// below the layer the wrapper's unless aloneNames says otherwise.
+func (s *spec) alone() *spec {
+	out := *s
+	out.names.layers, out.names.layersAlt = "model.layers.", []string{"layers."}
+	if s.aloneNames != nil {
+		s.aloneNames(&out.names)
+	}
+	return &out
+}
+
+// notSavedAlone are the wrapped text models transformers 5.17 has no class
+// to save alone (no *ForCausalLM and no base model for the text config:
+// fixtures/hf/export-text-only-log.txt), so no checkpoint of one alone is
+// read: each with where it is read instead.
+var notSavedAlone = map[string]string{
+	"qwen3_omni_moe_text":  "read it inside qwen3_omni_moe, or its thinker saved alone (qwen3_omni_moe_thinker)",
+	"deepseek_ocr2_text":   "read it inside deepseek_ocr2",
+	"ernie4_5_vl_moe_text": "read it inside ernie4_5_vl_moe",
+	// no transformers release ships DeepSeek-V4.1 at all
+	"deepseek_v41_text": "read it inside deepseek_v41, its release's composite config",
+}
+
+// wrappedTextFamilies are the families planned only inside a wrapper, and
+// (alone) their text models saved alone.
 var wrappedTextFamilies = []*spec{qwen35MoE, qwen3VLMoE, glm4vMoEText, qwen4ExpText, qwen3OmniMoEText, minimaxM3, aria, deepseekOcr2Text, glm5NextText, ernie45VLText, deepseekV41Text}

@@ -73,6 +73,11 @@ var wrappers = []wrapper{
 	// code2wav.* are carried byte for byte.
 	{modelType: "qwen3_omni_moe", textKey: "thinker_config.text_config", textTypes: []string{"qwen3_omni_moe_text"},
 		layers: []string{"thinker.model.layers."}, text: []string{"thinker.model.", "thinker.lm_head."}},
+	// Qwen3-Omni-MoE's thinker saved alone (Qwen3OmniMoeThinkerForConditionalGeneration,
+	// model_type qwen3_omni_moe_thinker): the text model under model.layers.L,
+	// model.*, lm_head; audio_tower.*, visual.* carried.
+	{modelType: "qwen3_omni_moe_thinker", textKey: "text_config", textTypes: []string{"qwen3_omni_moe_text"},
+		layers: []string{"model.layers.", "thinker.model.layers."}, text: []string{"model.", "thinker.model.", "lm_head.", "thinker.lm_head."}},
 	// Aria: aria_text under the llava pattern: the hub's release holds it
 	// as language_model.model.layers.L and language_model.lm_head,
 	// transformers 5.17's modules as model.language_model.layers.L and
@@ -245,7 +250,7 @@ func (w *wrapper) plan(raw map[string]any, t Tensors, converted bool) (*Plan, er
 		return nil, fmt.Errorf("config.json: %s.model_type %q: a %s wrapper holds %s", w.textKey, mt, w.modelType, strings.Join(w.textTypes, " or "))
 	}
 	inner := *s
-	inner.names.layers = w.layerPrefix(t)
+	inner.names.layers, inner.names.layersAlt = w.layerPrefix(t), nil
 	if rename := w.names[inner.names.layers]; rename != nil {
 		rename(&inner.names)
 	}
@@ -256,11 +261,7 @@ func (w *wrapper) plan(raw map[string]any, t Tensors, converted bool) (*Plan, er
 	if err != nil {
 		return nil, err
 	}
-	plan := inner.plan
-	if inner.modalityBanks {
-		plan = inner.planBanks
-	}
-	p, err := plan(text, t, converted)
+	p, err := inner.planBare(text, t, converted)
 	if err != nil {
 		return nil, inTextConfig{key: w.textKey, err: err, top: moved}
 	}

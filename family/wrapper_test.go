@@ -178,7 +178,7 @@ func TestWrapperRefusals(t *testing.T) {
 		want string
 	}{
 		{"unknown wrapper", with(map[string]any{"model_type": "llava_next"}, nil),
-			`config.json: model_type "llava_next" is not supported; did you mean llama4_text? (` + "`moeprep --help`" + ` lists the 48 text model types and 17 wrappers moeprep reads); configs with the language model under text_config are not supported except the multimodal wrappers`},
+			`config.json: model_type "llava_next" is not supported; did you mean llama4_text? (` + "`moeprep --help`" + ` lists the 48 text model types, 18 wrappers and 7 wrappers' text models saved alone moeprep reads); configs with the language model under text_config are not supported except the multimodal wrappers`},
 		{"no text config", with(map[string]any{"text_config": nil}, nil),
 			`config.json: model_type "qwen3_5_moe" keeps its language model's config under text_config, which is missing`},
 		{"text config not an object", with(map[string]any{"text_config": 3.0}, nil),
@@ -284,29 +284,32 @@ func TestQuantisedKimiK25Placements(t *testing.T) {
 	}
 }
 
-// TestWrapperTextTypesNameTheirWrapper: a bare config.json whose model_type
-// is a wrapper's text model that moeprep reads only inside the wrapper is
-// refused in one line naming the wrapper and where the text model goes,
-// not with the generic list of supported types.
-func TestWrapperTextTypesNameTheirWrapper(t *testing.T) {
-	n := 0
+// TestWrapperTextTypesSavedAlone: a bare config.json whose model_type is
+// a wrapper's text model (transformers' *ForCausalLM saved alone) is
+// planned by the family that plans it inside the wrapper, and every such
+// type is listed by SupportedTextAlone.
+func TestWrapperTextTypesSavedAlone(t *testing.T) {
+	checked := map[string]bool{}
 	for _, w := range wrappers {
 		for _, mt := range w.textTypes {
 			if slices.Contains(SupportedModelTypes(), mt) {
 				continue
 			}
-			n++
-			_, err := Lookup(mt)
-			if err == nil || strings.Contains(err.Error(), "(supported:") || strings.Contains(err.Error(), "\n") ||
-				!strings.Contains(err.Error(), "model_type "+w.modelType) || !strings.Contains(err.Error(), w.textKey) {
-				t.Errorf("%s (in %s): %v", mt, w.modelType, err)
+			if _, ok := notSavedAlone[mt]; ok {
+				// transformers has no class that saves it alone: refused, naming the wrapper
+				if _, err := Lookup(mt); err == nil || !strings.Contains(err.Error(), "text model of the "+wrapperHolding(mt).modelType+" wrapper") || strings.Contains(err.Error(), "\n") {
+					t.Errorf("%s: %v", mt, err)
+				}
+				continue
+			}
+			checked[mt] = true
+			f, err := Lookup(mt)
+			if err != nil || f.Name() != textFamily(mt).Name() || !slices.Contains(SupportedTextAlone(), mt) {
+				t.Errorf("%s (in %s): %v, %v", mt, w.modelType, f, err)
 			}
 		}
 	}
-	if n < 8 {
-		t.Errorf("only %d wrapper-only text types checked", n)
-	}
-	if _, err := Lookup("ernie4_5_vl_moe_text"); err == nil || !strings.Contains(err.Error(), "text model of the ernie4_5_vl_moe wrapper") {
-		t.Errorf("ernie4_5_vl_moe_text: %v", err)
+	if len(checked) < 7 || len(SupportedTextAlone()) != len(checked) {
+		t.Errorf("%d wrapper-only text types checked, SupportedTextAlone lists %v", len(checked), SupportedTextAlone())
 	}
 }

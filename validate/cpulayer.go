@@ -79,6 +79,9 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 		s.o.progress("validate: layer %s: %d tokens, reference %.1fs, fused %.1fs", tg.label(), t, refSec, fusedSec)
 	}
 	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Bank: tg.bank.String(), Tokens: t}, numerics: judge.CPU, t: t, h: h, cov: cov, g: g}
+	if rj.point, err = s.goldenPoint(ctx, tg, g, x, t, h); err != nil {
+		return nil, err
+	}
 	if ref != nil && ref.YRequant != nil {
 		rj.requant = judge.RequantStats{WeightErr: ref.RequantWeightErr, Share: ref.SharedShare}
 	}

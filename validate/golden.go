@@ -31,7 +31,24 @@ type Golden struct {
 	// the routed bank of a layer that has two (ERNIE-4.5-VL); nil when
 	// absent: every token text.
 	TokenTypes []int32
+	// Point is where y was taken, as the file's metadata "point" states it
+	// (GoldenPointSum, GoldenPointModule; "" when unstated: the sum).
+	Point string
 }
+
+// The points a golden's y may be taken at (its metadata's "point").
+const (
+	// GoldenPointSum: the sum moeprep plans and validates, routed experts
+	// plus any shared expert (what the project's exporters write, and
+	// what a golden that states no point is taken as).
+	GoldenPointSum = "moe-sum"
+	// GoldenPointModule: the output of the module transformers calls the
+	// MoE block (a forward hook on the decoder layer's mlp,
+	// block_sparse_moe, ...): the sum for most families, after the
+	// block's post norm for A.X-K1, the routed part alone for Granite
+	// (family.ModuleOutput). fixtures/hf/export_module_goldens.py writes them.
+	GoldenPointModule = "module-output"
+)
 
 // ForBank is the golden's tokens that the routed bank bank of a layer with
 // two (family.BankText, BankVision) computes, chosen by their
@@ -42,7 +59,7 @@ type Golden struct {
 // the golden holds is an error; Run asks only for the banks it took
 // (TookBank) and reports the others not checked against the golden.
 func (g *Golden) ForBank(bank family.Bank, layer string) (*Golden, error) {
-	out := &Golden{Path: g.Path, H: g.H, K: g.K}
+	out := &Golden{Path: g.Path, H: g.H, K: g.K, Point: g.Point}
 	for i := range g.T {
 		if !g.tookBank(i, bank) {
 			continue
@@ -204,7 +221,10 @@ func ReadGolden(path string, wantH int) (*Golden, error) {
 		}
 	}
 
-	g := &Golden{Path: path, T: int(t), H: int(h)}
+	g := &Golden{Path: path, T: int(t), H: int(h), Point: f.Metadata["point"]}
+	if g.Point != "" && g.Point != GoldenPointSum && g.Point != GoldenPointModule {
+		return fail("metadata point %q: a golden's y is taken at %q (the sum moeprep plans) or %q (the output of the module transformers calls the MoE block)", g.Point, GoldenPointSum, GoldenPointModule)
+	}
 	if g.X, err = goldenFloats(f, x); err != nil {
 		return nil, err
 	}

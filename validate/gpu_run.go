@@ -398,6 +398,9 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 	tm.ReferenceSeconds = refSec
 	tm.Staged = append(append(tm.Staged, dstRec.Staged...), srcRec.Staged...)
 	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Bank: tg.bank.String(), Tokens: t}, numerics: s.gpuNumerics(), t: t, h: h, cov: cov, g: g0}
+	if rj.point, err = s.goldenPoint(ctx, tg, g0, x, t, h); err != nil {
+		return nil, err
+	}
 	rows := rj.gpuRows(gpuPaths{fused: fused, unf: unf, ref: ref, fusedSec: fusedSec, unfSec: unfSec, refSec: refSec})
 	if len(rows) == 0 {
 		return nil, fmt.Errorf("layer %d: nothing to compare on the GPU (give SRC and DST, or a golden)", tg.index)

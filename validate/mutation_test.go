@@ -185,6 +185,15 @@ func conversionCases() []conv {
 		cases = append(cases, conv{"ernie4-5-vl-moe", convert.Options{Layout: lay}})
 	}
 	cases = append(cases, conv{"ernie4-5-vl-moe", convert.Options{Orientation: layout.InOut}})
+	// issue 44: the wrappers' text models saved alone, one layout each and
+	// fuse-shared where the family fuses (TestTextModelsSavedAlone runs more).
+	for i, f := range []string{"qwen3-5-moe-text", "qwen3-vl-moe-text", "glm4v-moe-text", "qwen4-exp-text",
+		"qwen3-omni-moe-thinker", "aria-text", "minimax-m3-vl-text", "glm5-next-text"} {
+		cases = append(cases, conv{f, convert.Options{Layout: lays[i%3]}})
+		if fx, _ := hf.Lookup(f); fx.FuseShared {
+			cases = append(cases, conv{f, convert.Options{Layout: lays[(i+1)%3], FuseShared: true, TP: 2}})
+		}
+	}
 	return cases
 }
 

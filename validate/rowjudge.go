@@ -22,6 +22,9 @@ type rowJudge struct {
 	t, h     int
 	cov      *moelayer.Coverage
 	g        *Golden
+	// point maps the paths' outputs to the golden's point where the two
+	// differ (goldenPoint); nil: the golden holds the sum.
+	point *pointMap
 	// requant is what the reference measured of a requantised shared
 	// expert (zero: nothing measured).
 	requant judge.RequantStats
@@ -61,8 +64,21 @@ func (rj rowJudge) fusedVsGolden(check string, sec float64, fused *moelayer.Fuse
 	r := rj.base
 	r.Check, r.Seconds = check, sec
 	fusedUsage(&r, fused, rj.s.contract)
-	judgeGolden(&r, tokenRows(fused.Y, rj.h, 0, rj.t), fused.Routing, rj.s.contract.RoutedScalingFactor, rj.g, rj.tolerance(check))
+	y := tokenRows(fused.Y, rj.h, 0, rj.t)
+	if rj.point != nil && rj.point.dst != nil {
+		y = rj.point.dst(y)
+	}
+	judgeGolden(&r, y, fused.Routing, rj.s.contract.RoutedScalingFactor, rj.g, rj.tolerance(check))
+	rj.pointReason(&r)
 	return r
+}
+
+// pointReason says, on a failed golden row, which quantity was compared
+// when the golden is not the sum.
+func (rj rowJudge) pointReason(r *LayerResult) {
+	if !r.Pass && rj.point != nil {
+		r.Reason = join(r.Reason, rj.point.what)
+	}
 }
 
 // srcVsGolden compares a path on SRC (output y, routing rt) with the golden.
@@ -71,7 +87,12 @@ func (rj rowJudge) srcVsGolden(check string, sec float64, y []float32, rt *moe.R
 	r := rj.base
 	r.Check, r.Seconds = check, sec
 	r.Experts, r.ExpertsUsed = s.srcPlan.NumExperts, distinct(rt.IDs, s.srcPlan.NumExperts)
-	judgeGolden(&r, tokenRows(y, rj.h, 0, rj.t), rt, s.srcPlan.RouteSpec().RoutedScalingFactor, rj.g, rj.tolerance(check))
+	y = tokenRows(y, rj.h, 0, rj.t)
+	if rj.point != nil && rj.point.src != nil {
+		y = rj.point.src(y)
+	}
+	judgeGolden(&r, y, rt, s.srcPlan.RouteSpec().RoutedScalingFactor, rj.g, rj.tolerance(check))
+	rj.pointReason(&r)
 	return r
 }
 

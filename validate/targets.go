@@ -19,6 +19,7 @@ type target struct {
 	bank   family.Bank // which of a decoder layer's two routed banks, NoBank if it has one
 	mtp    bool
 	src    *family.Layer
+	dst    *family.Layer // DST's planned layer, beside fused (its carried tensors: a post norm)
 	fused  *moelayer.FusedLayer
 	golden string // path, "" if none
 }
@@ -61,7 +62,7 @@ func (s *session) targets() ([]target, []string, error) {
 				return nil, nil, misfit(fmt.Errorf("%s: layer %d: contract prefix %q, checkpoint has %q", s.o.Dst, l.Key(), li.Prefix, l.Prefix))
 			}
 			t := get(l.Key(), l.MTP)
-			t.layer, t.bank = l.Index, l.Bank
+			t.layer, t.bank, t.dst = l.Index, l.Bank, l
 			t.fused = &moelayer.FusedLayer{Index: l.Key(), Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
 				Spec: s.dstPlan.RouteSpec(), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate,
 				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale, ExpertScale: l.ExpertScale, Prep: moelayer.PrepOf(s.dstPlan, l), Info: li}

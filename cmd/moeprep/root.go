@@ -54,6 +54,9 @@ Model types: ` + wrapList(family.SupportedModelTypes(), 66, "  ") + `
 Multimodal wrappers (the text model's MoE layers converted, the rest carried
 byte for byte): ` + wrapList(family.SupportedWrappers(), 66, "  ") + `
 
+Their text models saved alone (transformers' *ForCausalLM, or its base text
+model where it has none): ` + wrapList(family.SupportedTextAlone(), 50, "  ") + `
+
 Exit codes: 0 success, 1 a check found a problem, 2 bad usage or unreadable or
 malformed input, 130 interrupted (SIGINT), 143 terminated (SIGTERM).`,
 		Version:       versionString(),

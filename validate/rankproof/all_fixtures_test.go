@@ -145,7 +145,7 @@ var allFixtureRefusals = map[string]refusal{
 // has 8 or 16 experts, so N is 4 throughout, and the 16-expert ones are
 // written at EP 8 too; in-out where the format transposes byte for byte,
 // and --dtype bf16 where the experts are quantised. The test logs the
-// counts (372 of 382 pass), and docs/PER-RANK.md has the table: 10 are refused by convert
+// counts (410 of 420 pass), and docs/PER-RANK.md has the table: 10 are refused by convert
 // (FP8, INT4 and MXFP4 block grids that I/2 = 16 would cut) and none has
 // its recomposition refused. It found LongCat-Flash's identity experts
 // counted once a --moe-tp part and
