@@ -89,10 +89,16 @@ type stepBuilder struct {
 	order []*checkpoint.Tensor
 }
 
+// addSrc adds bytes [off, off+n) of SRC tensor t to b: for a view (the
+// byte proof predicts gpt-oss's and Llama 4's stacked experts from views
+// of them), the bytes of the stored tensor its reads take, so that the
+// pass reads them once for the stack and every view of it.
 func (b *stepBuilder) addSrc(t *checkpoint.Tensor, off, n int64) {
 	if t == nil || n <= 0 {
 		return
 	}
+	t, off, end := t.StoredSpan(off, n)
+	n = end - off
 	if b.src == nil {
 		b.src = map[*checkpoint.Tensor][][2]int64{}
 	}
