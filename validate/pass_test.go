@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -357,6 +358,15 @@ func checkReadsOnce(t *testing.T, r readOnceRun, o Options, run func(s *session,
 	t.Helper()
 	o.Src = r.src(t)
 	o.Dst = convertInto(t, o.Src, r.o)
+	var mu sync.Mutex
+	var lines []string
+	o.Progress = func(l string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Contains(l, "one pass read") {
+			lines = append(lines, l)
+		}
+	}
 	s := &session{o: o}
 	targets := openSession(t, s)
 	var srcRead, dstRead atomic.Int64
@@ -369,6 +379,15 @@ func checkReadsOnce(t *testing.T, r readOnceRun, o Options, run func(s *session,
 		t.Fatalf("not a passing run: bytes %+v", rep.Bytes)
 	}
 	t.Logf("SRC %d of %d bytes read, DST %d of %d", srcRead.Load(), srcBytes, dstRead.Load(), dstBytes)
+	// The progress line of each layer says so.
+	if len(lines) != len(targets) {
+		t.Errorf("%d layers, %d read lines: %q", len(targets), len(lines), lines)
+	}
+	for _, l := range lines {
+		if !strings.HasSuffix(l, ", 0 B of it twice, 0 B outside the pass") {
+			t.Errorf("progress: %s", l)
+		}
+	}
 	if srcRead.Load() > srcBytes || dstRead.Load() > dstBytes {
 		t.Errorf("read SRC %d bytes of %d stored (%.2fx), DST %d of %d (%.2fx): some bytes twice",
 			srcRead.Load(), srcBytes, float64(srcRead.Load())/float64(srcBytes), dstRead.Load(), dstBytes, float64(dstRead.Load())/float64(dstBytes))
