@@ -379,6 +379,9 @@ func checkReadsOnce(t *testing.T, r readOnceRun, o Options, run func(s *session,
 		t.Fatalf("not a passing run: bytes %+v", rep.Bytes)
 	}
 	t.Logf("SRC %d of %d bytes read, DST %d of %d", srcRead.Load(), srcBytes, dstRead.Load(), dstBytes)
+	if s.streamMisses != 0 || s.rechecked != 0 || s.reread != 0 {
+		t.Errorf("%d tensor reads missed the pass, %d shards read again, %d read again in file order", s.streamMisses, s.rechecked, s.reread)
+	}
 	// The progress line of each layer says so.
 	if len(lines) != len(targets) {
 		t.Errorf("%d layers, %d read lines: %q", len(targets), len(lines), lines)
