@@ -69,7 +69,7 @@ func Requantised(t *Tensor, f weightfmt.Format) (weight, scale *Tensor, err erro
 	if len(t.Shape) != 2 {
 		return nil, nil, fmt.Errorf("%s: tensor %s has shape %v: only a 2-D weight is requantised", t.File, t.Name, t.Shape)
 	}
-	q, err := weightfmt.NewRequant(f, t.Name, t.Data, t.DType, t.Shape[0], t.Shape[1])
+	q, err := weightfmt.NewRequant(f, t.Name, storedData{t}, t.DType, t.Shape[0], t.Shape[1])
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", t.File, err)
 	}
@@ -77,9 +77,17 @@ func Requantised(t *Tensor, f weightfmt.Format) (weight, scale *Tensor, err erro
 	names := weightfmt.TensorsOf(f, t.Name)
 	sc, _ := f.Scale()
 	gr, gc := m.ScaleShape()
-	weight = &Tensor{Name: RequantisedPrefix + names.Weight, DType: f.DType(), Shape: m.Shape(), File: t.File, Data: q.Weight()}
-	scale = &Tensor{Name: RequantisedPrefix + names.Scale, DType: sc.DType, Shape: []int64{gr, gc}, File: t.File, Data: q.Scale()}
+	weight = &Tensor{Name: RequantisedPrefix + names.Weight, DType: f.DType(), Shape: m.Shape(), File: t.File, Data: computedData{q.Weight(), t}}
+	scale = &Tensor{Name: RequantisedPrefix + names.Scale, DType: sc.DType, Shape: []int64{gr, gc}, File: t.File, Data: computedData{q.Scale(), t}}
 	return weight, scale, nil
+}
+
+// computedData reads a tensor computed from the bytes of another, from
+// (Requantised's), which it reads through from's reader at the time of
+// the read (storedData), as a view does.
+type computedData struct {
+	io.ReaderAt
+	from *Tensor
 }
 
 // RequantisedPrefix marks the names of Requantised's tensors.

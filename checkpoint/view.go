@@ -33,6 +33,68 @@ import (
 // BaseName is the stored tensor a name refers to (family.BaseName).
 func BaseName(name string) string { return family.BaseName(name) }
 
+// storedData is a view's source: the stored tensor's bytes, read through
+// the reader that tensor has when the read happens, not the one it had
+// when the view was made. validate routes a checkpoint's tensor reads
+// through its streamed pass (validate/stream's Install) after the byte
+// proof has made its views of gpt-oss's and Llama 4's stacks, and those
+// views' reads must reach the pass too, or they read the file again.
+type storedData struct{ t *Tensor }
+
+func (s storedData) ReadAt(p []byte, off int64) (int, error) { return s.t.Data.ReadAt(p, off) }
+
+// Outer is the stored tensor's reader as a section of itself: code that
+// unwraps sections to find a view's file and offset (convert's direct
+// reads) goes through it as through any section.
+func (s storedData) Outer() (io.ReaderAt, int64, int64) { return s.t.Data, 0, s.t.NumBytes() }
+
+// StoredSpan is where bytes [off, off+n) of t are read from: t itself and
+// the same bytes for a stored tensor; for a view, the tensor it is cut
+// from and the one span [lo, hi) of that tensor's bytes that holds every
+// byte a read of them takes (a strided or transposed view's rows and
+// columns in between included, as its reader reads them); for a tensor
+// computed from another (Requantised), all of that one's. A planner of
+// reads (validate's streamed pass) reads the stored bytes once for every
+// view of them.
+func (t *Tensor) StoredSpan(off, n int64) (base *Tensor, lo, hi int64) {
+	if n <= 0 {
+		return t, off, off
+	}
+	last := off + n - 1 // the last byte wanted
+	switch r := t.Data.(type) {
+	case computedData:
+		// a computed tensor's reads take any of its source's bytes
+		return r.from.StoredSpan(0, r.from.NumBytes())
+	case *io.SectionReader:
+		if in, o, _ := r.Outer(); in != nil {
+			if s, ok := in.(storedData); ok {
+				return s.t, o + off, o + off + n
+			}
+		}
+	case *stridedReader:
+		if s, ok := r.src.(storedData); ok {
+			// whole rows: a read gathers from a row's first byte
+			return s.t, r.off + off/r.rowBytes*r.stride, r.off + last/r.rowBytes*r.stride + r.rowBytes
+		}
+	case *transposedReader:
+		if s, ok := r.src.(storedData); ok {
+			// output rows i0..i1 are source columns c0+i0*step..c0+i1*step
+			// of every source row
+			rowBytes := r.rows * r.es
+			c0, c1 := r.c0+off/rowBytes*r.step, r.c0+last/rowBytes*r.step
+			return s.t, r.off + c0*r.es, r.off + (r.rows-1)*r.cols*r.es + (c1+1)*r.es
+		}
+	case *columnsReader:
+		if s, ok := r.src.(storedData); ok {
+			// output rows are source rows, each the span of its columns
+			rowBytes, span := r.n*r.es, ((r.n-1)*r.step+1)*r.es
+			at := func(row int64) int64 { return r.off + row*r.cols*r.es + r.c0*r.es }
+			return s.t, at(off / rowBytes), at(last/rowBytes) + span
+		}
+	}
+	return t, off, off + n
+}
+
 // view resolves a view name against the stored tensors.
 func (c *Checkpoint) view(name string) (*Tensor, error) {
 	base := BaseName(name)
@@ -95,7 +157,7 @@ func (c *Checkpoint) view(name string) (*Tensor, error) {
 	for _, d := range shape {
 		n *= d
 	}
-	return &Tensor{Name: name, DType: t.DType, Shape: shape, File: t.File, Data: io.NewSectionReader(t.Data, off, n)}, nil
+	return &Tensor{Name: name, DType: t.DType, Shape: shape, File: t.File, Data: io.NewSectionReader(storedData{t}, off, n)}, nil
 }
 
 // viewSteps parses the "x0:n:step" of a T: or R: view argument, which must
@@ -126,7 +188,7 @@ func transposedView(t *Tensor, name string, shape []int64, off, es int64, arg st
 	if !ok {
 		return nil, fmt.Errorf("%s: tensor view %s: transposed columns %s of shape %v (want c0:n:step inside the columns, last)", t.File, name, arg, shape)
 	}
-	return &transposedReader{src: t.Data, off: off, rows: shape[0], cols: shape[1], c0: c0, n: n, step: step, es: es}, nil
+	return &transposedReader{src: storedData{t}, off: off, rows: shape[0], cols: shape[1], c0: c0, n: n, step: step, es: es}, nil
 }
 
 // transposedReader reads columns c0, c0+step, ... (n of them) of a row-major
@@ -215,7 +277,7 @@ func stridedView(t *Tensor, name string, shape []int64, off, es int64, arg strin
 	if !ok {
 		return nil, fmt.Errorf("%s: tensor view %s: strided rows %s of shape %v (want r0:n:step inside the rows, last)", t.File, name, arg, shape)
 	}
-	return &stridedReader{src: t.Data, off: off + r0*shape[1]*es, rowBytes: shape[1] * es, n: n, stride: step * shape[1] * es}, nil
+	return &stridedReader{src: storedData{t}, off: off + r0*shape[1]*es, rowBytes: shape[1] * es, n: n, stride: step * shape[1] * es}, nil
 }
 
 // stridedReader reads n rows of rowBytes bytes, stride bytes apart from

@@ -172,3 +172,72 @@ func TestStridedViewSpans(t *testing.T) {
 		})
 	}
 }
+
+// spanReader records the byte range every read of it takes.
+type spanReader struct {
+	r     io.ReaderAt
+	spans [][2]int64
+}
+
+func (s *spanReader) ReadAt(p []byte, off int64) (int, error) {
+	s.spans = append(s.spans, [2]int64{off, off + int64(len(p))})
+	return s.r.ReadAt(p, off)
+}
+
+// TestStoredSpan: every read of bytes [pos, pos+n) of a view takes bytes of
+// its stored tensor inside the span StoredSpan names, and the span is the
+// one expected (the view's rows, columns or strided rows, what lies between
+// them included); a stored tensor's span is its own bytes. A view made
+// before its stored tensor's reader changes reads through the new reader.
+func TestStoredSpan(t *testing.T) {
+	const e, r, c = 3, 6, 8 // bf16: a source row is 16 bytes, an expert 96
+	for _, tc := range []struct {
+		view   string
+		pos, n int64
+		lo, hi int64 // want
+	}{
+		{view: "w", pos: 10, n: 20, lo: 10, hi: 30},
+		{view: "w[1]", pos: 0, n: 96, lo: 96, hi: 192},
+		{view: "w[2][1:4]", pos: 3, n: 10, lo: 192 + 16 + 3, hi: 192 + 16 + 13},
+		// strided rows 1, 3, 5 of expert 1: whole rows from the first touched to the last
+		{view: "w[1][R:1:3:2]", pos: 0, n: 48, lo: 96 + 16, hi: 96 + 5*16 + 16},
+		{view: "w[1][R:1:3:2]", pos: 17, n: 2, lo: 96 + 3*16, hi: 96 + 3*16 + 16},
+		// columns 0..3 transposed: output row i is column i of every source row
+		{view: "w[0][T:0:4:1]", pos: 0, n: 4 * 12, lo: 0, hi: 5*16 + 4*2},
+		{view: "w[0][T:1:4:2]", pos: 12, n: 12, lo: 3 * 2, hi: 5*16 + 4*2},
+		// a stored-columns reader (Untransposed) of the same view
+		// (its row 2: columns 4..7 of source row 2)
+		{view: "w[2][T:4:4:1] (stored)", pos: 16, n: 8, lo: 192 + 2*16 + 8, hi: 192 + 2*16 + 16},
+	} {
+		ck, _ := stored(e, r, c)
+		base := ck.byName["w"]
+		name, untransposed := strings.CutSuffix(tc.view, " (stored)")
+		v, ok := ck.Tensor(name)
+		if !ok {
+			t.Fatalf("%s: not resolved", tc.view)
+		}
+		if untransposed {
+			if v, ok = v.Untransposed(); !ok {
+				t.Fatalf("%s: not a transposed view", tc.view)
+			}
+		}
+		// made before the reader changes: reads through the new one
+		rec := &spanReader{r: base.Data}
+		base.Data = rec
+		got, lo, hi := v.StoredSpan(tc.pos, tc.n)
+		if got != base || lo != tc.lo || hi != tc.hi {
+			t.Errorf("%s: StoredSpan(%d, %d) = %s [%d, %d), want w [%d, %d)", tc.view, tc.pos, tc.n, got.Name, lo, hi, tc.lo, tc.hi)
+		}
+		if _, err := v.Data.ReadAt(make([]byte, tc.n), tc.pos); err != nil && err != io.EOF {
+			t.Fatalf("%s: %v", tc.view, err)
+		}
+		if len(rec.spans) == 0 {
+			t.Errorf("%s: the read did not go through the stored tensor's current reader", tc.view)
+		}
+		for _, s := range rec.spans {
+			if s[0] < lo || s[1] > hi {
+				t.Errorf("%s: a read of bytes [%d, %d) of w, outside [%d, %d)", tc.view, s[0], s[1], lo, hi)
+			}
+		}
+	}
+}

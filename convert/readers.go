@@ -69,10 +69,16 @@ func (r region) sourceOffset(pos int64) int64 {
 	return baseOffset(r.src) + off
 }
 
+// section is a reader of a section of another: *io.SectionReader, and a
+// view's source, the tensor it is cut from (checkpoint's views).
+type section interface {
+	Outer() (io.ReaderAt, int64, int64)
+}
+
 // outermost unwraps nested section readers.
 func outermost(r io.ReaderAt) io.ReaderAt {
 	for range 16 {
-		s, ok := r.(*io.SectionReader)
+		s, ok := r.(section)
 		if !ok {
 			break
 		}
@@ -86,7 +92,7 @@ func outermost(r io.ReaderAt) io.ReaderAt {
 func baseOffset(r io.ReaderAt) int64 {
 	base := int64(0)
 	for range 16 {
-		s, ok := r.(*io.SectionReader)
+		s, ok := r.(section)
 		if !ok {
 			break
 		}

@@ -284,6 +284,24 @@ func TestGPUStreamedPassMatchesBanks(t *testing.T) {
 	}
 }
 
+// On the GPU, too, a streamed run (the bank's upload, the unfused path, the
+// CPU reference and the byte proof) reads each stored byte of SRC and DST
+// at most once, whatever the format and storage (readOnceRuns); a DST the
+// GPU refuses (FP8 per channel in-out) is skipped.
+func TestGPUStreamedPassReadsEachByteOnce(t *testing.T) {
+	needGPU(t)
+	for _, r := range readOnceRuns() {
+		t.Run(r.name, func(t *testing.T) {
+			checkReadsOnce(t, r, Options{Device: DeviceCUDA, Seed: 1, Tokens: 8, CPUCheck: CPUCheckAll}, func(s *session, targets []target, rep *Report) error {
+				if why := s.gpuRefusal(); why != "" || !s.gpuStreams(targets) {
+					t.Skipf("not a streamed GPU run: %s", why)
+				}
+				return s.runGPUStreamed(context.Background(), targets, rep, true)
+			})
+		})
+	}
+}
+
 // In-out stacks (convert --orientation in-out) reach the GPU as their
 // out-in transpose, so validate --device cuda of an in-out DST gives the
 // out-in DST's report value for value (fused path, unfused path, CPU

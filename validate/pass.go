@@ -8,6 +8,7 @@ import (
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/validate/byteproof"
 	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/validate/stream"
@@ -51,6 +52,45 @@ type layerSteps struct {
 	bank []int
 	// released marks the steps the layer checks let go of (each once).
 	released map[int]bool
+	// read is the bytes the layer's steps read of SRC and of DST; once
+	// the bytes among them that no other of its steps reads too, which
+	// the progress line sets against read.
+	read, once [2]int64
+}
+
+// The sides of layerSteps' byte counts.
+const (
+	srcSide = iota
+	dstSide
+)
+
+// count adds a step's extents to the layer's byte counts: DST's first
+// (ndst of them), then SRC's; spans collects each tensor's ranges.
+func (ls *layerSteps) count(st stream.Step, ndst int, spans map[*checkpoint.Tensor][][2]int64) {
+	for i, x := range st.Extents {
+		side := srcSide
+		if i < ndst {
+			side = dstSide
+		}
+		ls.read[side] += x.N
+		if x.T != nil {
+			spans[x.T] = append(spans[x.T], [2]int64{x.Off, x.Off + x.N})
+		}
+	}
+}
+
+// countOnce sets once from the tensors' ranges of the layer's steps
+// (spans; dst tells DST's tensors).
+func (ls *layerSteps) countOnce(spans map[*checkpoint.Tensor][][2]int64, dst func(*checkpoint.Tensor) bool) {
+	for t, rs := range spans {
+		side := srcSide
+		if dst(t) {
+			side = dstSide
+		}
+		for _, r := range mergeRanges(rs) {
+			ls.once[side] += r[1] - r[0]
+		}
+	}
 }
 
 // order is the layer's bank experts in the order of their steps.
@@ -89,10 +129,16 @@ type stepBuilder struct {
 	order []*checkpoint.Tensor
 }
 
+// addSrc adds bytes [off, off+n) of SRC tensor t to b: for a view (the
+// byte proof predicts gpt-oss's and Llama 4's stacked experts from views
+// of them), the bytes of the stored tensor its reads take, so that the
+// pass reads them once for the stack and every view of it.
 func (b *stepBuilder) addSrc(t *checkpoint.Tensor, off, n int64) {
 	if t == nil || n <= 0 {
 		return
 	}
+	t, off, end := t.StoredSpan(off, n)
+	n = end - off
 	if b.src == nil {
 		b.src = map[*checkpoint.Tensor][][2]int64{}
 	}
@@ -159,8 +205,13 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 			}
 		}
 	}
+	var counting *layerSteps // the layer whose steps add counts
+	spans := map[*checkpoint.Tensor][][2]int64{}
 	add := func(b *stepBuilder, layer, display int, skip *stepBuilder, u int) int {
 		st, takes := b.step(u, skip)
+		if counting != nil {
+			counting.count(st, len(b.dst), spans)
+		}
 		pp.steps = append(pp.steps, st)
 		pp.proof = append(pp.proof, takes)
 		pp.layerOf = append(pp.layerOf, layer)
@@ -218,12 +269,16 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 		if users == 1 {
 			layerOf = -1 // read for the byte proof alone
 		}
+		counting = ls
 		ls.head = add(head, layerOf, tg.index, nil, users)
 		order := append(rangeOf(len(l.Experts), bank), rangeOf(0, len(l.Experts))...)
 		ls.bank = make([]int, bank)
 		for _, b := range order {
 			ls.bank[b] = add(&experts[b], layerOf, tg.index, head, users)
 		}
+		ls.countOnce(spans, func(t *checkpoint.Tensor) bool { d, ok := s.dst.Tensor(t.Name); return ok && d == t })
+		counting = nil
+		clear(spans)
 		// The proof compares the replicas with the head's shared expert:
 		// it lets the head go after the layer's last step.
 		pp.holdUntil[ls.head] = len(pp.steps) - 1
@@ -385,6 +440,16 @@ func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report
 	})
 }
 
+// readLine says what a layer's steps read, and that each byte came once:
+// the bytes of SRC and DST read, those of them read twice (two of its
+// steps reading the same: none in a good plan), and missed, those the
+// layer's reads took from the files around the pass.
+func (ls *layerSteps) readLine(missed int64) string {
+	twice := ls.read[srcSide] + ls.read[dstSide] - ls.once[srcSide] - ls.once[dstSide]
+	return fmt.Sprintf("one pass read SRC %s and DST %s, %s of it twice, %s outside the pass",
+		human.Bytes(ls.read[srcSide]), human.Bytes(ls.read[dstSide]), human.Bytes(twice), human.Bytes(missed))
+}
+
 // layerPass is what a check of one layer of a streamed pass gets.
 type layerPass struct {
 	// order is the layer's bank experts in the order the pass reads them.
@@ -464,7 +529,11 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 		for _, st := range ls.bank {
 			lp.step = max(lp.step, pass.StepBytes(st))
 		}
+		missed := pass.MissedBytes()
 		rows, err := check(ctx, tg, lp)
+		if err == nil {
+			s.o.progress("validate: layer %s: %s", tg.label(), ls.readLine(pass.MissedBytes()-missed))
+		}
 		// The second routed bank of a decoder layer (ERNIE-4.5-VL) reads
 		// what the first's head holds and it does not: the shared MLP and
 		// the correction bias. That head goes when both are done.

@@ -100,6 +100,7 @@ type Pass struct {
 	tensors map[*checkpoint.Tensor][]held // planned extents of each tensor, by tensor
 	files   map[string]*file
 	misses  atomic.Int64
+	missed  atomic.Int64 // the bytes those reads took
 	bufs    buffers
 	wg      sync.WaitGroup
 	cancel  context.CancelFunc
@@ -537,3 +538,7 @@ func (p *Pass) Budget() int64 { return p.o.Budget }
 
 // Misses is how many tensor reads no step held.
 func (p *Pass) Misses() int64 { return p.misses.Load() }
+
+// MissedBytes is the bytes the tensor reads no step held read from the
+// files: read again, or read around the plan.
+func (p *Pass) MissedBytes() int64 { return p.missed.Load() }

@@ -33,7 +33,9 @@ func (w *windowData) ReadAt(b []byte, off int64) (int, error) {
 		return n, nil
 	}
 	w.p.misses.Add(1)
-	return w.r.ReadAt(b, off)
+	n, err := w.r.ReadAt(b, off)
+	w.p.missed.Add(int64(n))
+	return n, err
 }
 
 // Lend returns the tensor's bytes [off, off+n) where a step still holds
