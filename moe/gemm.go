@@ -184,7 +184,7 @@ type GEMMOptions struct {
 // Down^T, and writes each slot's output row: the result is [Numel,H],
 // unweighted (Finalize applies the slot weights). Experts are loaded one at
 // a time per worker; only experts with tokens are touched. Accumulation is
-// float32 (gonum's Sgemm, bit for bit: internal/blasdot), as on the GPU.
+// float32 (internal/blasdot's SgemmNT), as on the GPU.
 func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken int, al *Alignment, load ExpertLoader, o GEMMOptions) ([]float32, error) {
 	if len(x) != t*h || int(al.Numel) != t*slotsPerToken {
 		return nil, fmt.Errorf("grouped gemm: x has %d values for %dx%d, alignment %d slots for %d x %d", len(x), t, h, al.Numel, t, slotsPerToken)

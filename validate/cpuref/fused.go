@@ -6,13 +6,12 @@ import (
 	"math"
 
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/blasdot"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/gonum"
 )
 
 // fusedLoader returns the ExpertLoader of the layer's bank, decoding through
@@ -319,13 +318,12 @@ func denseMLP(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.T
 		return nil, err
 	}
 	gate, up, down := w[layout.ProjGate], w[layout.ProjUp], w[layout.ProjDown]
-	impl := gonum.Implementation{}
 	u := make([]float32, t*inter)
-	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, up, h, 0, u, inter)
+	blasdot.SgemmNT(t, inter, h, x, h, up, h, u, inter)
 	g := u // an ungated MLP's act reads u alone, in place
 	if gate != nil {
 		g = make([]float32, t*inter)
-		impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, gate, h, 0, g, inter)
+		blasdot.SgemmNT(t, inter, h, x, h, gate, h, g, inter)
 	}
 	bias, err := loadBiases(src, m, inter, h) // ERNIE 4.5 use_bias
 	if err != nil {
@@ -333,7 +331,7 @@ func denseMLP(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.T
 	}
 	moe.Activate(fl.SharedAct(), g, u, bias[layout.ProjGate], bias[layout.ProjUp])
 	o := make([]float32, t*h)
-	impl.Sgemm(blas.NoTrans, blas.Trans, t, h, inter, 1, g, inter, down, inter, 0, o, h)
+	blasdot.SgemmNT(t, h, inter, g, inter, down, inter, o, h)
 	moe.AddRowBias(o, bias[layout.ProjDown])
 	return o, nil
 }

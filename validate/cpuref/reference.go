@@ -454,10 +454,10 @@ func (m *refMLP) release() {
 }
 
 // applyBatch writes down(silu(gate x) * up x) for each token xs[r] into
-// outs[r] [H]: every output a float64-accumulated dot product (moe.Dot64's,
-// bit for bit), all tokens against each weight row at once, so each row is
-// read from memory once for all of them (the layer is memory-bound at
-// small m).
+// outs[r] [H]: every output a float64-accumulated dot product
+// (blasdot.Dot64Rows: moe.Dot64's sum in another order, rounded once to
+// float32), all tokens against each weight row at once, so each row is
+// read from memory once for all of them.
 func (m *refMLP) applyBatch(xs, outs [][]float32) {
 	n := len(xs)
 	if m.w8a8 {
