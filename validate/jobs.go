@@ -22,6 +22,9 @@ import (
 // (issue 41). The memory model is README's: a run holds about
 // B + 2 (W+1) D + 30 MB, B the pass's read-ahead budget, D one expert's
 // weights as float32 (3·H·I·4 bytes), W the jobs, 2 the collector's headroom.
+// Since issue 45 a job decodes its expert a band of rows at a time and
+// holds its stored bytes instead (SRC's and DST's: D at two bytes a
+// weight, half of it at one), so D still bounds a job from above.
 
 // jobsBase is the model's fixed 30 MB: the runtime, the plans, the tokens.
 const jobsBase = 30 << 20
