@@ -3,14 +3,15 @@
 # `cat` of SRC's and DST's files, row by row, each row a synthesised
 # checkpoint at a real model's dimensions and its converted copy (made once
 # under WORK). Every run starts from the same page-cache state: each file of
-# SRC and DST is dropped from the cache before it (posix_fadvise
-# DONTNEED, which needs no root; with root, drop_caches as well), so cat
-# and validate both read cold. Rounds rotate the order; the table gives the
+# SRC and DST is dropped from the cache before it (posix_fadvise DONTNEED
+# through dd's nocache flag, which needs no root; with root, drop_caches as
+# well), so cat and validate both read cold. Rounds rotate the order; the table gives the
 # median of ROUNDS runs, its ratio to cat's median (x_cat), the median of
 # the per-round ratios (paired), peak RSS, and the raw wall/user/sys.
 #
 #   scripts/cpu-validate-cold.sh [WORK] [ROUNDS] [ROWS...]
 #   MOEPREP_BASE=/path/to/old/moeprep scripts/cpu-validate-cold.sh /work/cpu45 3 mixtral-bf16
+#   DROP_CACHES=1 scripts/cpu-validate-cold.sh ...   # root, on a machine of one's own
 #
 # Rows (all of them when none is named): dsv3-fp8-64, dsv3-fp8-16,
 # mixtral-bf16, kimi-int4-96, gptoss-mxfp4; tiny-mixtral is a smoke test of
@@ -54,33 +55,36 @@ make_row() {
 	fi
 }
 
-# uncache drops every file under the given directories from the page cache.
+# uncache drops every file under the given directories from the page cache:
+# each file's pages (dd's nocache flag: posix_fadvise DONTNEED, no root
+# needed, nobody else's files touched), and with DROP_CACHES=1 (root, a
+# machine of one's own) the whole cache as well.
 uncache() {
 	sync
-	if [ -w /proc/sys/vm/drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches; fi
-	python3 - "$@" <<'PY'
-import os, sys
-for d in sys.argv[1:]:
-    for root, _, files in os.walk(d):
-        for f in files:
-            fd = os.open(os.path.join(root, f), os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-PY
+	if [ "${DROP_CACHES:-0}" = 1 ]; then echo 3 >/proc/sys/vm/drop_caches; fi
+	find -H "$@" -type f -exec dd if={} iflag=nocache count=0 status=none \;
 }
 
-# measure SRC DST CMD...: "wall user sys peak_rss_MB" of CMD, SRC and DST uncached first.
+# measure CMD...: "wall user sys peak_rss_MB" of CMD, SRC and DST uncached first.
 measure() {
-	local src=$1 dst=$2
-	shift 2
 	uncache "$src" "$dst"
 	/usr/bin/time -f "%e %U %S %M" -o "$work/time.txt" "$@" >/dev/null
 	awk '{printf "%s %s %s %.0f\n", $1, $2, $3, $4/1024}' "$work/time.txt"
 }
-median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+# bench_run RUN: one run's "wall user sys rss_MB" on the row's SRC and DST.
+bench_run() {
+	case $1 in
+	cat) measure cat "${files[@]}" ;;
+	validate) measure "$mp" validate -q --device cpu "$src" "$dst" ;;
+	validate@base) measure "$base" validate -q --device cpu "$src" "$dst" ;;
+	esac
+}
+# shellcheck source=bench-rounds.sh
+source scripts/bench-rounds.sh
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), load $(cut -d' ' -f1-3 /proc/loadavg)"
-[ -w /proc/sys/vm/drop_caches ] || echo "not root: the page cache is dropped per file (posix_fadvise), not with drop_caches"
+echo "page cache: dropped per file before every run (posix_fadvise)$([ "${DROP_CACHES:-0}" = 1 ] && echo ', and drop_caches')"
 printf '%-14s %-14s %8s %6s %7s %7s   %s\n' row run median_s x_cat paired rss_MB "raw (wall/user/sys s per round)"
 for row in "${rows[@]}"; do
 	make_row "$row"
@@ -88,32 +92,5 @@ for row in "${rows[@]}"; do
 	mapfile -t files < <(find -H "$src" "$dst" -name '*.safetensors' | sort)
 	runs=(cat validate)
 	[ -n "$base" ] && runs+=(validate@base)
-	declare -A secs=() raw=() rss=() ratios=()
-	for r in $(seq "$rounds"); do
-		declare -A round=()
-		for i in $(seq 0 $((${#runs[@]} - 1))); do
-			run=${runs[$(((i + r) % ${#runs[@]}))]}
-			case $run in
-			cat) read -r s u y m < <(measure "$src" "$dst" cat "${files[@]}") ;;
-			validate) read -r s u y m < <(measure "$src" "$dst" "$mp" validate -q --device cpu "$src" "$dst") ;;
-			validate@base) read -r s u y m < <(measure "$src" "$dst" "$base" validate -q --device cpu "$src" "$dst") ;;
-			esac
-			secs[$run]+="$s "
-			round[$run]=$s
-			raw[$run]+="$s/$u/$y "
-			rss[$run]=$((${rss[$run]:-0} > m ? ${rss[$run]:-0} : m))
-		done
-		for run in "${runs[@]}"; do
-			ratios[$run]+="$(awk -v a="${round[$run]}" -v b="${round[cat]}" 'BEGIN { printf "%.4f", a/b }') "
-		done
-		unset round
-	done
-	cat_med=$(tr ' ' '\n' <<<"${secs[cat]}" | grep . | median)
-	for run in "${runs[@]}"; do
-		med=$(tr ' ' '\n' <<<"${secs[$run]}" | grep . | median)
-		pr=$(tr ' ' '\n' <<<"${ratios[$run]}" | grep . | median)
-		awk -v row="$row" -v n="$run" -v s="$med" -v c="$cat_med" -v p="$pr" -v m="${rss[$run]}" -v raw="${raw[$run]}" \
-			'BEGIN { printf "%-14s %-14s %8.2f %6.2f %7.2f %7d   %s\n", row, n, s, s/c, p, m, raw }'
-	done
-	unset secs raw rss ratios
+	BENCH_ROW=$row bench_rounds "$rounds" "${runs[@]}"
 done
