@@ -4,7 +4,7 @@
 # checkpoint at a real model's dimensions and its converted copy (made once
 # under WORK). Every run starts from the same page-cache state: each file of
 # SRC and DST is dropped from the cache before it (posix_fadvise DONTNEED
-# through dd's nocache flag, which needs no root; with root, drop_caches as
+# through dd's nocache flag, which needs no root; with DROP_CACHES=1, drop_caches as
 # well), so cat and validate both read cold. Rounds rotate the order; the table gives the
 # median of ROUNDS runs, its ratio to cat's median (x_cat), the median of
 # the per-round ratios (paired), peak RSS, and the raw wall/user/sys.
