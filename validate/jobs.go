@@ -71,7 +71,7 @@ func (s *session) capJobs(targets []target) string {
 	// The rest of the model: the pass's budget (four steps of at most D
 	// each: SRC's and DST's bytes of an expert, at two bytes a weight or
 	// fewer, within stream's bounds), the one job more the model counts
-	// (the shared expert's, or the decoder both paths share) and the base.
+	// (the shared expert's) and the base.
 	fixed := min(max(4*d, stream.MinBudget), stream.MaxBudget) + 2*d + jobsBase
 	budget := int64(noMemoryLimit)
 	avail := memoryAvailable()
