@@ -2,9 +2,11 @@ package moe
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 
 	"github.com/moeprep/moeprep/internal/blasdot"
+	"golang.org/x/sync/errgroup"
 )
 
 // Weight is a [rows, cols] float32 matrix that the products read a band of
@@ -38,10 +40,22 @@ func bandRows(rows, cols, band int) int {
 
 var bandPool sync.Pool // *[]float32
 
+// bandsAtOnce is how many bands a product decodes and multiplies at once:
+// the cores that Workers' jobs leave (on 16 cores, 4 jobs of 4 bands), 1
+// where the jobs take every core. A band's outputs are its rows' alone, so
+// the result is the same however many run at once.
+func bandsAtOnce() int { return max(1, runtime.GOMAXPROCS(0)/Workers()) }
+
 // EachBand calls f for every band of rows of a rows x cols weight, in
 // order: with the rows of dense where w is nil (no copy), else decoded
 // from w into a pooled buffer f must not keep.
 func EachBand(w Weight, dense []float32, rows, cols int, f func(r0, r1 int, band []float32)) error {
+	return eachBand(w, dense, rows, cols, 1, f)
+}
+
+// eachBand is EachBand with up to par bands at once, f called
+// concurrently for different bands.
+func eachBand(w Weight, dense []float32, rows, cols, par int, f func(r0, r1 int, band []float32)) error {
 	if w == nil {
 		if len(dense) < rows*cols {
 			return fmt.Errorf("weight has %d values, want %d x %d", len(dense), rows, cols)
@@ -50,21 +64,33 @@ func EachBand(w Weight, dense []float32, rows, cols int, f func(r0, r1 int, band
 		return nil
 	}
 	n := bandRows(rows, cols, w.Band())
-	bp, _ := bandPool.Get().(*[]float32)
-	if bp == nil || cap(*bp) < n*cols {
-		b := make([]float32, n*cols)
-		bp = &b
-	}
-	defer bandPool.Put(bp)
+	var g errgroup.Group
+	g.SetLimit(max(par, 1))
 	for r0 := 0; r0 < rows; r0 += n {
 		r1 := min(rows, r0+n)
-		band := (*bp)[:(r1-r0)*cols]
-		if err := w.Rows(r0, r1, band); err != nil {
-			return err
-		}
-		f(r0, r1, band)
+		g.Go(func() error {
+			bp, _ := bandPool.Get().(*[]float32)
+			if bp == nil || cap(*bp) < n*cols {
+				b := make([]float32, n*cols)
+				bp = &b
+			}
+			defer bandPool.Put(bp)
+			band := (*bp)[:(r1-r0)*cols]
+			if err := w.Rows(r0, r1, band); err != nil {
+				return err
+			}
+			f(r0, r1, band)
+			return nil
+		})
 	}
-	return nil
+	return g.Wait()
+}
+
+// ProductBands is EachBand for a product: bandsAtOnce bands at once, f
+// called concurrently for different bands (each writes its own rows'
+// outputs).
+func ProductBands(w Weight, dense []float32, rows, cols int, f func(r0, r1 int, band []float32)) error {
+	return eachBand(w, dense, rows, cols, bandsAtOnce(), f)
 }
 
 // SgemmNTBands is blasdot.SgemmNT of a [m,k] (rows lda apart) and the
@@ -72,7 +98,7 @@ func EachBand(w Weight, dense []float32, rows, cols int, f func(r0, r1 int, band
 // weight read a band at a time: each output is the same as from the whole
 // matrix (blasdot's outputs depend on their two rows alone).
 func SgemmNTBands(m, n, k int, a []float32, lda int, w Weight, dense []float32, c []float32, ldc int) error {
-	return EachBand(w, dense, n, k, func(r0, r1 int, band []float32) {
+	return ProductBands(w, dense, n, k, func(r0, r1 int, band []float32) {
 		blasdot.SgemmNT(m, r1-r0, k, a, lda, band, k, c[r0:], ldc)
 	})
 }

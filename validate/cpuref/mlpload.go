@@ -84,8 +84,8 @@ func dot64Bands(xs [][]float32, w moe.Weight, n, k int, outs [][]float32) error 
 	if w == nil {
 		return fmt.Errorf("a projection's weight is missing")
 	}
-	view := make([][]float32, len(outs))
-	return moe.EachBand(w, nil, n, k, func(r0, r1 int, band []float32) {
+	return moe.ProductBands(w, nil, n, k, func(r0, r1 int, band []float32) {
+		view := make([][]float32, len(outs))
 		for t, o := range outs {
 			view[t] = o[r0:]
 		}
