@@ -6,7 +6,6 @@ import (
 	"math"
 	"runtime"
 
-	"github.com/moeprep/moeprep/internal/blasdot"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -92,21 +91,31 @@ func IsUngated(act Activation) bool {
 type ExpertMats struct {
 	Gate, Up []float32 // [I,H]; Gate nil for an ungated Act
 	Down     []float32 // [H,I]
+	// GateW, UpW and DownW, where set, stand for Gate, Up and Down (then
+	// nil): the same weights decoded a band of rows at a time.
+	GateW, UpW, DownW Weight
 	// GateBias, UpBias [I] and DownBias [H]: nil when the experts have none.
 	GateBias, UpBias, DownBias []float32
 	Act                        Activation // nil: SwiGLU
 }
 
 func (m *ExpertMats) check(h, inter int) error {
-	gate := len(m.Gate)
+	// size is a projection's values: a banded one's are its loader's to check
+	size := func(dense []float32, w Weight) int {
+		if w != nil {
+			return inter * h
+		}
+		return len(dense)
+	}
+	gate := size(m.Gate, m.GateW)
 	if IsUngated(m.Act) {
-		if m.Gate != nil || m.GateBias != nil {
+		if m.Gate != nil || m.GateW != nil || m.GateBias != nil {
 			return fmt.Errorf("an ungated expert holds gate weights")
 		}
 		gate = inter * h
 	}
-	if gate != inter*h || len(m.Up) != inter*h || len(m.Down) != h*inter {
-		return fmt.Errorf("expert weights have %d/%d/%d values, want %d each (H %d, I %d)", len(m.Gate), len(m.Up), len(m.Down), inter*h, h, inter)
+	if up, down := size(m.Up, m.UpW), size(m.Down, m.DownW); gate != inter*h || up != inter*h || down != h*inter {
+		return fmt.Errorf("expert weights have %d/%d/%d values, want %d each (H %d, I %d)", gate, up, down, inter*h, h, inter)
 	}
 	return nil
 }
@@ -184,7 +193,7 @@ type GEMMOptions struct {
 // Down^T, and writes each slot's output row: the result is [Numel,H],
 // unweighted (Finalize applies the slot weights). Experts are loaded one at
 // a time per worker; only experts with tokens are touched. Accumulation is
-// float32 (gonum's Sgemm, bit for bit: internal/blasdot), as on the GPU.
+// float32 (internal/blasdot's SgemmNT), as on the GPU.
 func GroupedGEMM(ctx context.Context, x []float32, t, h, inter, slotsPerToken int, al *Alignment, load ExpertLoader, o GEMMOptions) ([]float32, error) {
 	if len(x) != t*h || int(al.Numel) != t*slotsPerToken {
 		return nil, fmt.Errorf("grouped gemm: x has %d values for %dx%d, alignment %d slots for %d x %d", len(x), t, h, al.Numel, t, slotsPerToken)
@@ -266,24 +275,31 @@ func (a *Alignment) ExpertJobs() []ExpertJob {
 
 // Run computes the job's blocks with expert weights m into their slots'
 // rows of out [Numel,H], as GroupedGEMM does; jobs of different experts
-// write disjoint rows, so they may run at once.
+// write disjoint rows, so they may run at once. The blocks' rows go through
+// the products together, one pass over each weight (each output row is
+// what its block alone would give: blasdot's outputs depend on their rows
+// alone).
 func (j ExpertJob) Run(x []float32, h, inter, slotsPerToken int, al *Alignment, m *ExpertMats, out []float32, w8a8 bool) error {
 	if err := m.check(h, inter); err != nil {
 		return fmt.Errorf("expert %d: %w", j.Expert, err)
 	}
+	var slots []int32
 	for b := j.First; b < j.Last; b++ {
-		expertBlock(x, h, inter, slotsPerToken, al.Block(b), m, out, w8a8)
+		slots = append(slots, al.Block(b)...)
+	}
+	if err := expertRows(x, h, inter, slotsPerToken, slots, m, out, w8a8); err != nil {
+		return fmt.Errorf("expert %d: %w", j.Expert, err)
 	}
 	return nil
 }
 
-// expertBlock runs one block: rows are slot indices, all of one expert.
-// Each slot belongs to exactly one block, so concurrent blocks write
-// disjoint rows of out.
-func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *ExpertMats, out []float32, w8a8 bool) {
+// expertRows runs one expert on its slots (padding already left out): rows
+// are slot indices, all of one expert. Each slot belongs to exactly one
+// expert, so concurrent experts write disjoint rows of out.
+func expertRows(x []float32, h, inter, slotsPerToken int, slots []int32, m *ExpertMats, out []float32, w8a8 bool) error {
 	rows := len(slots)
 	if rows == 0 {
-		return
+		return nil
 	}
 	xb := make([]float32, rows*h)
 	for r, s := range slots {
@@ -294,22 +310,29 @@ func expertBlock(x []float32, h, inter, slotsPerToken int, slots []int32, m *Exp
 		RoundTripActGroups(xb, rows, h, ActGroup)
 	}
 	up := make([]float32, rows*inter)
-	blasdot.SgemmNT(rows, inter, h, xb, h, m.Up, h, up, inter)
+	if err := SgemmNTBands(rows, inter, h, xb, h, m.UpW, m.Up, up, inter); err != nil {
+		return err
+	}
 	var gate []float32
 	if IsUngated(m.Act) {
 		gate = up // act reads u alone; it is written in place
 	} else {
 		gate = make([]float32, rows*inter)
-		blasdot.SgemmNT(rows, inter, h, xb, h, m.Gate, h, gate, inter)
+		if err := SgemmNTBands(rows, inter, h, xb, h, m.GateW, m.Gate, gate, inter); err != nil {
+			return err
+		}
 	}
 	Activate(m.Act, gate, up, m.GateBias, m.UpBias)
 	if w8a8 {
 		RoundTripServing(gate, rows, inter)
 	}
 	ob := make([]float32, rows*h)
-	blasdot.SgemmNT(rows, h, inter, gate, inter, m.Down, inter, ob, h)
+	if err := SgemmNTBands(rows, h, inter, gate, inter, m.DownW, m.Down, ob, h); err != nil {
+		return err
+	}
 	AddRowBias(ob, m.DownBias)
 	for r, s := range slots {
 		copy(out[int(s)*h:(int(s)+1)*h], ob[r*h:(r+1)*h])
 	}
+	return nil
 }

@@ -41,36 +41,18 @@ measure() {
 	/usr/bin/time -f "%e %U %S %M" -o "$work/time.txt" "$@" >/dev/null
 	awk '{printf "%s %s %s %.0f\n", $1, $2, $3, $4/1024}' "$work/time.txt"
 }
-median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-
 runs=(cat validate)
 [ -n "$base" ] && runs+=(validate@base)
 measure cat "${shards[@]}" >/dev/null # warm-up, discarded: the VM's first run faults its memory back
-declare -A secs=() raw=() rss=() ratios=()
-for r in $(seq "$rounds"); do
-	declare -A round=()
-	for i in $(seq 0 $((${#runs[@]} - 1))); do
-		run=${runs[$(((i + r) % ${#runs[@]}))]}
-		case $run in
-		cat) read -r s u y m < <(measure cat "${shards[@]}") ;;
-		validate) read -r s u y m < <(measure "$mp" validate -q --device cpu "$src" "$dst") ;;
-		validate@base) read -r s u y m < <(measure "$base" validate -q --device cpu "$src" "$dst") ;;
-		esac
-		secs[$run]+="$s "
-		round[$run]=$s
-		raw[$run]+="$s/$u/$y "
-		rss[$run]=$((${rss[$run]:-0} > m ? ${rss[$run]:-0} : m))
-	done
-	for run in "${runs[@]}"; do
-		ratios[$run]+="$(awk -v a="${round[$run]}" -v b="${round[cat]}" 'BEGIN { printf "%.4f", a/b }') "
-	done
-	unset round
-done
-cat_med=$(tr ' ' '\n' <<<"${secs[cat]}" | grep . | median)
+# bench_run RUN: one run's "wall user sys rss_MB".
+bench_run() {
+	case $1 in
+	cat) measure cat "${shards[@]}" ;;
+	validate) measure "$mp" validate -q --device cpu "$src" "$dst" ;;
+	validate@base) measure "$base" validate -q --device cpu "$src" "$dst" ;;
+	esac
+}
+# shellcheck source=bench-rounds.sh
+source scripts/bench-rounds.sh
 printf '%-14s %8s %6s %7s %7s   %s\n' run median_s x_cat paired rss_MB "raw (wall/user/sys s per round)"
-for run in "${runs[@]}"; do
-	med=$(tr ' ' '\n' <<<"${secs[$run]}" | grep . | median)
-	pr=$(tr ' ' '\n' <<<"${ratios[$run]}" | grep . | median)
-	awk -v n="$run" -v s="$med" -v c="$cat_med" -v p="$pr" -v m="${rss[$run]}" -v raw="${raw[$run]}" \
-		'BEGIN { printf "%-14s %8.2f %6.2f %7.2f %7d   %s\n", n, s, s/c, p, m, raw }'
-done
+bench_rounds "$rounds" "${runs[@]}"

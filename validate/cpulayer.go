@@ -31,8 +31,8 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 	var refSec, fusedSec float64
 	both := tg.src != nil && s.src != nil && tg.fused != nil && s.dst != nil
 	if both {
-		// One pass over the bank runs both paths, each expert's weights
-		// read and decoded once while both need them.
+		// One pass over the bank runs both paths, each expert's bytes
+		// read once and held while both need them.
 		start := time.Now()
 		po := cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers, Release: release}
 		var err error

@@ -22,6 +22,9 @@ import (
 // (issue 41). The memory model is README's: a run holds about
 // B + 2 (W+1) D + 30 MB, B the pass's read-ahead budget, D one expert's
 // weights as float32 (3·H·I·4 bytes), W the jobs, 2 the collector's headroom.
+// Since issue 45 a job decodes its expert a band of rows at a time and
+// holds its stored bytes instead (SRC's and DST's: D at two bytes a
+// weight, half of it at one), so D still bounds a job from above.
 
 // jobsBase is the model's fixed 30 MB: the runtime, the plans, the tokens.
 const jobsBase = 30 << 20
@@ -68,7 +71,7 @@ func (s *session) capJobs(targets []target) string {
 	// The rest of the model: the pass's budget (four steps of at most D
 	// each: SRC's and DST's bytes of an expert, at two bytes a weight or
 	// fewer, within stream's bounds), the one job more the model counts
-	// (the shared expert's, or the decoder both paths share) and the base.
+	// (the shared expert's) and the base.
 	fixed := min(max(4*d, stream.MinBudget), stream.MaxBudget) + 2*d + jobsBase
 	budget := int64(noMemoryLimit)
 	avail := memoryAvailable()

@@ -4,14 +4,11 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
-
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/gonum"
 )
 
-// values fills n floats the way validate's operands look (bf16-rounded
-// normals, weights 1/64 of that), with signed zeros and tiny subnormal
-// products mixed in, so that the order of every addition shows.
+// values fills n floats the way validate's operands look (normals, weights
+// 1/64 of that), with signed zeros and tiny subnormal products mixed in, so
+// that the order of every addition shows.
 func values(r *rand.Rand, n int, scale float64) []float32 {
 	v := make([]float32, n)
 	for i := range v {
@@ -29,7 +26,79 @@ func values(r *rand.Rand, n int, scale float64) []float32 {
 	return v
 }
 
-func sameBits(a, b []float32) int {
+// shapes are the calls' shapes the tests run: k a multiple of the lanes or
+// not, longer than a piece (kc32, kc64) or not, token and row counts that
+// leave partial groups, and padded strides.
+var shapes = []struct{ m, n, k, pad int }{
+	{1, 1, 8, 0}, {1, 1, 1, 0}, {6, 64, 2048, 0}, {6, 130, 1024, 0}, {64, 96, 160, 0}, {17, 33, 48, 4},
+	{3, 5, 64, 0}, {70, 20, 80, 0}, {5, 7, 21, 0}, {2, 30, 4112, 8}, {4, 4, 1537, 3}, {9, 11, 515, 0},
+}
+
+// sgemm runs SgemmNT on a fresh c, every output first NaN (each must be
+// written).
+func sgemm(m, n, k int, a []float32, lda int, b []float32, ldb int) []float32 {
+	c := make([]float32, m*n)
+	for i := range c {
+		c[i] = float32(math.NaN())
+	}
+	SgemmNT(m, n, k, a, lda, b, ldb, c, n)
+	return c
+}
+
+func dot64(x [][]float32, w []float32, n, k int) []float32 {
+	out := make([][]float32, len(x))
+	flat := make([]float32, len(x)*n)
+	for t := range out {
+		out[t] = flat[t*n : (t+1)*n]
+		for i := range out[t] {
+			out[t][i] = float32(math.NaN())
+		}
+	}
+	Dot64Rows(x, w, n, k, out)
+	return flat
+}
+
+// withAsm runs f with the assembly kernels on or off.
+func withAsm(on bool, f func()) {
+	save := useAsm
+	useAsm = on
+	defer func() { useAsm = save }()
+	f()
+}
+
+// The assembly and the Go twins give the same bits, on every shape.
+func TestKernelsEqualTwins(t *testing.T) {
+	if !useAsm {
+		t.Skip("no AVX2/FMA assembly on this machine or build: the Go twins run")
+	}
+	r := rand.New(rand.NewPCG(1, 1))
+	for _, sh := range shapes {
+		lda, ldb := sh.k+sh.pad, sh.k+sh.pad
+		a, b := values(r, sh.m*lda, 1), values(r, sh.n*ldb, 1.0/64)
+		var c0, c1 []float32
+		withAsm(true, func() { c0 = sgemm(sh.m, sh.n, sh.k, a, lda, b, ldb) })
+		withAsm(false, func() { c1 = sgemm(sh.m, sh.n, sh.k, a, lda, b, ldb) })
+		if i := diffBits(c0, c1); i >= 0 {
+			t.Fatalf("SgemmNT %+v: c[%d] = %g (asm), %g (Go)", sh, i, c0[i], c1[i])
+		}
+		x, w := tokens(r, sh.m, sh.k), values(r, sh.n*sh.k, 1.0/64)
+		withAsm(true, func() { c0 = dot64(x, w, sh.n, sh.k) })
+		withAsm(false, func() { c1 = dot64(x, w, sh.n, sh.k) })
+		if i := diffBits(c0, c1); i >= 0 {
+			t.Fatalf("Dot64Rows %+v: out[%d] = %g (asm), %g (Go)", sh, i, c0[i], c1[i])
+		}
+	}
+}
+
+func tokens(r *rand.Rand, m, k int) [][]float32 {
+	x := make([][]float32, m)
+	for i := range x {
+		x[i] = values(r, k, 1)
+	}
+	return x
+}
+
+func diffBits(a, b []float32) int {
 	for i := range a {
 		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
 			return i
@@ -38,71 +107,73 @@ func sameBits(a, b []float32) int {
 	return -1
 }
 
-// SgemmNT returns gonum's Sgemm bits for every shape validate meets: k a
-// multiple of 16 (the kernel) or not (gonum), few rows or many (gonum
-// serial or parallel: one dot product, or 64-wide pieces summed), n odd,
-// padded strides, and rows offset so that their alignment varies.
-func TestSgemmNTBitIdentical(t *testing.T) {
-	r := rand.New(rand.NewPCG(1, 1))
-	impl := gonum.Implementation{}
-	for _, sh := range []struct{ m, n, k, pad int }{
-		{1, 1, 16, 0}, {6, 1024, 2048, 0}, {6, 2048, 1024, 0}, {64, 96, 160, 0}, {17, 33, 48, 4},
-		{3, 5, 64, 0}, {70, 200, 80, 0}, {24, 64, 32, 0}, {5, 7, 21, 0}, {2, 300, 4112, 8}, {40, 40, 16, 0},
-	} {
-		for _, off := range []int{0, 1, 4} {
-			lda, ldb := sh.k+sh.pad, sh.k+sh.pad
-			a := values(r, sh.m*lda, 1)
-			b := values(r, off+sh.n*ldb, 1.0/64)[off:]
-			want := make([]float32, sh.m*sh.n)
-			got := make([]float32, sh.m*sh.n)
-			for i := range got {
-				got[i] = float32(math.NaN()) // every output must be written
+// An output depends on its two rows alone: the same token and weight row
+// give the same bits alone as in any batch (the paths batch tokens by
+// expert, block and worker, differently on SRC and DST).
+func TestBatchIndependent(t *testing.T) {
+	r := rand.New(rand.NewPCG(2, 2))
+	const m, n, k = 7, 10, 1100
+	a, b := values(r, m*k, 1), values(r, n*k, 1.0/64)
+	all := sgemm(m, n, k, a, k, b, k)
+	x, w := tokens(r, m, k), values(r, n*k, 1.0/64)
+	all64 := dot64(x, w, n, k)
+	for i := range m {
+		for j := range n {
+			one := sgemm(1, 1, k, a[i*k:], k, b[j*k:], k)
+			if math.Float32bits(one[0]) != math.Float32bits(all[i*n+j]) {
+				t.Fatalf("SgemmNT token %d row %d: %g alone, %g in the batch", i, j, one[0], all[i*n+j])
 			}
-			impl.Sgemm(blas.NoTrans, blas.Trans, sh.m, sh.n, sh.k, 1, a, lda, b, ldb, 0, want, sh.n)
-			fast := sgemmFast(sh.m, sh.n, sh.k, a, lda, b, ldb, got, sh.n)
-			if !fast {
-				SgemmNT(sh.m, sh.n, sh.k, a, lda, b, ldb, got, sh.n)
-			}
-			if kernel := useAVX512 && off%4 == 0 && sh.k%16 == 0 && ldb%4 == 0; fast != kernel {
-				t.Errorf("%+v offset %d: the kernel ran: %v", sh, off, fast)
-			}
-			if i := sameBits(got, want); i >= 0 {
-				t.Fatalf("%+v offset %d: c[%d] = %g (%#x), gonum %g (%#x)", sh, off, i, got[i], math.Float32bits(got[i]), want[i], math.Float32bits(want[i]))
+			one = dot64(x[i:i+1], w[j*k:(j+1)*k], 1, k)
+			if math.Float32bits(one[0]) != math.Float32bits(all64[i*n+j]) {
+				t.Fatalf("Dot64Rows token %d row %d: %g alone, %g in the batch", i, j, one[0], all64[i*n+j])
 			}
 		}
 	}
 }
 
-// Dot64Rows returns moe.Dot64's bits (gonum's Dsdot) for one token or
-// many (groups of eight and a partial one), k a multiple of 8 or not, and
-// weights aligned or not.
-func TestDot64RowsBitIdentical(t *testing.T) {
-	r := rand.New(rand.NewPCG(2, 2))
-	impl := gonum.Implementation{}
-	for _, sh := range []struct{ tokens, n, k int }{
-		{1, 1, 8}, {6, 1024, 2048}, {6, 2048, 1024}, {17, 33, 160}, {96, 64, 64}, {3, 5, 21}, {9, 7, 4}, {8, 2, 4096},
-	} {
-		for _, off := range []int{0, 1, 2} {
-			x := make([][]float32, sh.tokens)
-			out := make([][]float32, sh.tokens)
-			for i := range x {
-				x[i] = values(r, sh.k, 1)
-				out[i] = make([]float32, sh.n)
-			}
-			w := values(r, off+sh.n*sh.k, 1.0/64)[off:]
-			fast := dot64Fast(x, w, sh.n, sh.k, out)
-			if !fast {
-				Dot64Rows(x, w, sh.n, sh.k, out)
-			}
-			if kernel := useAVX512 && off == 0 && sh.k%8 == 0; fast != kernel {
-				t.Errorf("%+v offset %d: the kernel ran: %v", sh, off, fast)
-			}
-			for ti := range x {
-				for i := range sh.n {
-					want := float32(impl.Dsdot(sh.k, x[ti], 1, w[i*sh.k:(i+1)*sh.k], 1))
-					if math.Float32bits(out[ti][i]) != math.Float32bits(want) {
-						t.Fatalf("%+v offset %d: token %d row %d: %g, gonum %g", sh, off, ti, i, out[ti][i], want)
-					}
+// exact is the dot product of a and b to within 2^-100 of the products'
+// magnitudes (each float32 product is exact in float64, and a
+// double-double sum, Knuth's TwoSum, keeps what each addition rounds
+// off), rounded to float64, and the sum of the products' magnitudes.
+func exact(a, b []float32) (float64, float64) {
+	var hi, lo, abs float64
+	for i := range a {
+		p := float64(a[i]) * float64(b[i])
+		s := hi + p
+		bv := s - hi
+		lo += (hi - (s - bv)) + (p - bv)
+		hi = s
+		abs += math.Abs(p)
+	}
+	return hi + lo, abs
+}
+
+// Each output is within the rounding error its order allows of the exact
+// dot product: float64 sums rounded once to float32 (half an ulp plus
+// k 2^-53 of the products' magnitudes), float32 sums by (k/8 + pieces +
+// 4) 2^-24 of them (a lane's additions, the pieces' and the fold's, and
+// each product's rounding).
+func TestWithinRoundingOfExact(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 3))
+	for _, sh := range shapes {
+		k := sh.k
+		a, b := values(r, sh.m*k, 1), values(r, sh.n*k, 1.0/64)
+		c := sgemm(sh.m, sh.n, k, a, k, b, k)
+		x := make([][]float32, sh.m)
+		for i := range x {
+			x[i] = a[i*k : (i+1)*k]
+		}
+		c64 := dot64(x, b, sh.n, k)
+		for i := range sh.m {
+			for j := range sh.n {
+				want, abs := exact(a[i*k:(i+1)*k], b[j*k:(j+1)*k])
+				bound32 := float64(k/8+(k+kc32-1)/kc32+4) * 0x1p-24 * abs
+				if d := math.Abs(float64(c[i*sh.n+j]) - want); d > bound32 {
+					t.Fatalf("SgemmNT %+v (%d,%d): %g, exact %g: off by %g > %g", sh, i, j, c[i*sh.n+j], want, d, bound32)
+				}
+				bound64 := 0x1p-24*math.Abs(want) + float64(k)*0x1p-53*abs
+				if d := math.Abs(float64(c64[i*sh.n+j]) - want); d > bound64 {
+					t.Fatalf("Dot64Rows %+v (%d,%d): %g, exact %g: off by %g > %g", sh, i, j, c64[i*sh.n+j], want, d, bound64)
 				}
 			}
 		}

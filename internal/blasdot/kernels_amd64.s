@@ -1,186 +1,243 @@
 //go:build amd64 && !noasm && !gccgo && !safe
 
 #include "textflag.h"
-
-// SSTEP(e, a0, a1): element e of the 16-wide group: x row e (16 token
-// lanes) times w0[e] and w1[e], each product rounded to float32 (MULPS),
-// added to the partial sums a0 and a1 (ADDPS), as DotUnitary does.
-#define SSTEP(e, a0, a1) \
-	VMOVUPS (e*64)(SI), Z16 \
-	VBROADCASTSS (e*4)(DI), Z17 \
-	VBROADCASTSS (e*4)(R8), Z18 \
-	VMULPS Z16, Z17, Z19 \
-	VMULPS Z16, Z18, Z20 \
-	VADDPS Z19, a0, a0 \
-	VADDPS Z20, a1, a1
-
-// func sdot16x2(x *float32, w0, w1 *float32, k, chunk int, out *float32)
+// func sdot3x3(x *float32, ldx int, w *float32, ldw int, k int, out *[9]float32)
 //
-// x is [k][16] float32: sixteen token rows, transposed. For each lane and
-// each of the weight rows w0 and w1 (k floats, 16-byte aligned, k and
-// chunk multiples of 16) it computes what gonum's Sgemm leaves in C:
-// c = 0, then for each chunk-long piece of k in order c += DotUnitary(x
-// piece, w piece). DotUnitary's sums: SUM (Z0-Z3 for w0, Z8-Z11 for w1,
-// one register per SSE lane) takes elements 0-3 and 8-11 of every 16,
-// P_SUM (Z4-Z7, Z12-Z15) elements 4-7 and 12-15; then SUM += P_SUM, and
-// the two HADDPS give (s0+s1)+(s2+s3). out is [2][16] float32.
-TEXT ·sdot16x2(SB), NOSPLIT, $0-48
+// kernel.go's sdot3x3Go, eight lanes a register: Y0-Y8 are the sums of
+// (token t, row r) at t*3+r, Y9-Y11 the three token rows' next eight
+// elements, Y12 a weight row's, Y13-Y15 the products (VMULPS then VADDPS:
+// each product rounded to float32, as the Go twin).
+TEXT ·sdot3x3(SB), NOSPLIT, $0-48
 	MOVQ x+0(FP), SI
-	MOVQ w0+8(FP), DI
-	MOVQ w1+16(FP), R8
-	MOVQ k+24(FP), CX
-	MOVQ chunk+32(FP), R9
-	MOVQ out+40(FP), R10
-	VXORPS Z21, Z21, Z21
-	VXORPS Z22, Z22, Z22
-schunk:
-	CMPQ CX, $0
-	JE sdone
-	MOVQ R9, BX
-	CMPQ CX, BX
-	CMOVQLT CX, BX
-	SUBQ BX, CX
-	SHRQ $4, BX
-	VXORPS Z0, Z0, Z0
-	VXORPS Z1, Z1, Z1
-	VXORPS Z2, Z2, Z2
-	VXORPS Z3, Z3, Z3
-	VXORPS Z4, Z4, Z4
-	VXORPS Z5, Z5, Z5
-	VXORPS Z6, Z6, Z6
-	VXORPS Z7, Z7, Z7
-	VXORPS Z8, Z8, Z8
-	VXORPS Z9, Z9, Z9
-	VXORPS Z10, Z10, Z10
-	VXORPS Z11, Z11, Z11
-	VXORPS Z12, Z12, Z12
-	VXORPS Z13, Z13, Z13
-	VXORPS Z14, Z14, Z14
-	VXORPS Z15, Z15, Z15
+	MOVQ ldx+8(FP), R11
+	SHLQ $2, R11
+	LEAQ (SI)(R11*1), R12
+	LEAQ (R12)(R11*1), R13
+	MOVQ w+16(FP), DI
+	MOVQ ldw+24(FP), R8
+	SHLQ $2, R8
+	LEAQ (DI)(R8*1), R9
+	LEAQ (R9)(R8*1), R10
+	MOVQ k+32(FP), BX
+	SHLQ $2, BX
+	MOVQ out+40(FP), DX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	VXORPS Y8, Y8, Y8
+	XORQ AX, AX
+	CMPQ AX, BX
+	JGE sreduce
 sloop:
-	SSTEP(0, Z0, Z8)
-	SSTEP(1, Z1, Z9)
-	SSTEP(2, Z2, Z10)
-	SSTEP(3, Z3, Z11)
-	SSTEP(4, Z4, Z12)
-	SSTEP(5, Z5, Z13)
-	SSTEP(6, Z6, Z14)
-	SSTEP(7, Z7, Z15)
-	SSTEP(8, Z0, Z8)
-	SSTEP(9, Z1, Z9)
-	SSTEP(10, Z2, Z10)
-	SSTEP(11, Z3, Z11)
-	SSTEP(12, Z4, Z12)
-	SSTEP(13, Z5, Z13)
-	SSTEP(14, Z6, Z14)
-	SSTEP(15, Z7, Z15)
-	ADDQ $1024, SI
-	ADDQ $64, DI
-	ADDQ $64, R8
-	DECQ BX
-	JNZ sloop
-	VADDPS Z4, Z0, Z0
-	VADDPS Z5, Z1, Z1
-	VADDPS Z6, Z2, Z2
-	VADDPS Z7, Z3, Z3
-	VADDPS Z1, Z0, Z0
-	VADDPS Z3, Z2, Z2
-	VADDPS Z2, Z0, Z0
-	VADDPS Z0, Z21, Z21
-	VADDPS Z12, Z8, Z8
-	VADDPS Z13, Z9, Z9
-	VADDPS Z14, Z10, Z10
-	VADDPS Z15, Z11, Z11
-	VADDPS Z9, Z8, Z8
-	VADDPS Z11, Z10, Z10
-	VADDPS Z10, Z8, Z8
-	VADDPS Z8, Z22, Z22
-	JMP schunk
-sdone:
-	VMOVUPS Z21, (R10)
-	VMOVUPS Z22, 64(R10)
+	VMOVUPS (SI)(AX*1), Y9
+	VMOVUPS (R12)(AX*1), Y10
+	VMOVUPS (R13)(AX*1), Y11
+	VMOVUPS (DI)(AX*1), Y12
+	VMULPS Y12, Y9, Y13
+	VADDPS Y13, Y0, Y0
+	VMULPS Y12, Y10, Y14
+	VADDPS Y14, Y3, Y3
+	VMULPS Y12, Y11, Y15
+	VADDPS Y15, Y6, Y6
+	VMOVUPS (R9)(AX*1), Y12
+	VMULPS Y12, Y9, Y13
+	VADDPS Y13, Y1, Y1
+	VMULPS Y12, Y10, Y14
+	VADDPS Y14, Y4, Y4
+	VMULPS Y12, Y11, Y15
+	VADDPS Y15, Y7, Y7
+	VMOVUPS (R10)(AX*1), Y12
+	VMULPS Y12, Y9, Y13
+	VADDPS Y13, Y2, Y2
+	VMULPS Y12, Y10, Y14
+	VADDPS Y14, Y5, Y5
+	VMULPS Y12, Y11, Y15
+	VADDPS Y15, Y8, Y8
+	ADDQ $32, AX
+	CMPQ AX, BX
+	JLT sloop
+sreduce:
+	VEXTRACTF128 $1, Y0, X13
+	VADDPS X13, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VADDSS (0)(DX), X0, X0
+	VMOVSS X0, (0)(DX)
+	VEXTRACTF128 $1, Y1, X13
+	VADDPS X13, X1, X1
+	VHADDPS X1, X1, X1
+	VHADDPS X1, X1, X1
+	VADDSS (4)(DX), X1, X1
+	VMOVSS X1, (4)(DX)
+	VEXTRACTF128 $1, Y2, X13
+	VADDPS X13, X2, X2
+	VHADDPS X2, X2, X2
+	VHADDPS X2, X2, X2
+	VADDSS (8)(DX), X2, X2
+	VMOVSS X2, (8)(DX)
+	VEXTRACTF128 $1, Y3, X13
+	VADDPS X13, X3, X3
+	VHADDPS X3, X3, X3
+	VHADDPS X3, X3, X3
+	VADDSS (12)(DX), X3, X3
+	VMOVSS X3, (12)(DX)
+	VEXTRACTF128 $1, Y4, X13
+	VADDPS X13, X4, X4
+	VHADDPS X4, X4, X4
+	VHADDPS X4, X4, X4
+	VADDSS (16)(DX), X4, X4
+	VMOVSS X4, (16)(DX)
+	VEXTRACTF128 $1, Y5, X13
+	VADDPS X13, X5, X5
+	VHADDPS X5, X5, X5
+	VHADDPS X5, X5, X5
+	VADDSS (20)(DX), X5, X5
+	VMOVSS X5, (20)(DX)
+	VEXTRACTF128 $1, Y6, X13
+	VADDPS X13, X6, X6
+	VHADDPS X6, X6, X6
+	VHADDPS X6, X6, X6
+	VADDSS (24)(DX), X6, X6
+	VMOVSS X6, (24)(DX)
+	VEXTRACTF128 $1, Y7, X13
+	VADDPS X13, X7, X7
+	VHADDPS X7, X7, X7
+	VHADDPS X7, X7, X7
+	VADDSS (28)(DX), X7, X7
+	VMOVSS X7, (28)(DX)
+	VEXTRACTF128 $1, Y8, X13
+	VADDPS X13, X8, X8
+	VHADDPS X8, X8, X8
+	VHADDPS X8, X8, X8
+	VADDSS (32)(DX), X8, X8
+	VMOVSS X8, (32)(DX)
 	VZEROUPPER
 	RET
 
-// DSTEP(e, a0, a1): element e of the 8-wide group: x row e (8 token lanes,
-// float64) times w0[e] and w1[e] (float64 in the scratch), added to the
-// partial sums a0 and a1. The product of two floats widened to float64 is
-// exact, so the fused multiply-add rounds as DdotUnitary's MULPD, ADDPD.
-#define DSTEP(e, a0, a1) \
-	VMOVUPD (e*64)(SI), Z16 \
-	VFMADD231PD.BCST (e*8)(DI), Z16, a0 \
-	VFMADD231PD.BCST (e*8)(R8), Z16, a1
-
-// func ddot8x2(x *float64, groups int, w0, w1 *float32, k int, s *float64, out *float64)
+// func ddot4x3(x *float64, ldx int, w *float64, ldw int, k int, out *[12]float64)
 //
-// x is groups of [k][8] float64: eight token rows, transposed. w0 and w1
-// (k floats, 16-byte aligned, k a multiple of 8) are widened into the
-// scratch s (2k float64), then for each lane of each group it computes
-// gonum's DdotUnitary(x row, w row): SUM (Z0, Z1 for w0; Z4, Z5 for w1:
-// its two lanes) takes elements 0, 1, 4, 5 of every 8, P_SUM (Z2, Z3; Z6,
-// Z7) elements 2, 3, 6, 7; then SUM += P_SUM and HADDPD gives the sum of
-// its lanes. out is groups of [2][8] float64.
-TEXT ·ddot8x2(SB), NOSPLIT, $0-56
-	MOVQ k+32(FP), CX
-	MOVQ s+40(FP), DI
-	MOVQ w0+16(FP), SI
-	MOVQ CX, BX
-dcvt0:
-	VCVTPS2PD (SI), Z0
-	VMOVUPD Z0, (DI)
-	ADDQ $32, SI
-	ADDQ $64, DI
-	SUBQ $8, BX
-	JNZ dcvt0
-	MOVQ w1+24(FP), SI
-	MOVQ CX, BX
-dcvt1:
-	VCVTPS2PD (SI), Z0
-	VMOVUPD Z0, (DI)
-	ADDQ $32, SI
-	ADDQ $64, DI
-	SUBQ $8, BX
-	JNZ dcvt1
+// kernel.go's ddot4x3Go, four lanes a register: Y0-Y11 are the sums of
+// (token t, row r) at t*4+r, Y12-Y14 the three token rows' next four
+// elements, Y15 a weight row's; VFMADD231PD rounds once, and the products
+// of widened float32 values are exact, so it adds what the Go twin adds.
+TEXT ·ddot4x3(SB), NOSPLIT, $0-48
 	MOVQ x+0(FP), SI
-	MOVQ groups+8(FP), R11
-	MOVQ out+48(FP), R10
-dgroup:
-	MOVQ s+40(FP), DI
-	LEAQ (DI)(CX*8), R8
-	MOVQ CX, BX
-	SHRQ $3, BX
-	VXORPD Z0, Z0, Z0
-	VXORPD Z1, Z1, Z1
-	VXORPD Z2, Z2, Z2
-	VXORPD Z3, Z3, Z3
-	VXORPD Z4, Z4, Z4
-	VXORPD Z5, Z5, Z5
-	VXORPD Z6, Z6, Z6
-	VXORPD Z7, Z7, Z7
+	MOVQ ldx+8(FP), R11
+	SHLQ $3, R11
+	LEAQ (SI)(R11*1), R12
+	LEAQ (R12)(R11*1), R13
+	MOVQ w+16(FP), DI
+	MOVQ ldw+24(FP), R8
+	SHLQ $3, R8
+	LEAQ (DI)(R8*1), R9
+	LEAQ (R9)(R8*1), R10
+	LEAQ (R10)(R8*1), R14
+	MOVQ k+32(FP), BX
+	SHLQ $3, BX
+	MOVQ out+40(FP), DX
+	VXORPD Y0, Y0, Y0
+	VXORPD Y1, Y1, Y1
+	VXORPD Y2, Y2, Y2
+	VXORPD Y3, Y3, Y3
+	VXORPD Y4, Y4, Y4
+	VXORPD Y5, Y5, Y5
+	VXORPD Y6, Y6, Y6
+	VXORPD Y7, Y7, Y7
+	VXORPD Y8, Y8, Y8
+	VXORPD Y9, Y9, Y9
+	VXORPD Y10, Y10, Y10
+	VXORPD Y11, Y11, Y11
+	XORQ AX, AX
+	CMPQ AX, BX
+	JGE dreduce
 dloop:
-	DSTEP(0, Z0, Z4)
-	DSTEP(1, Z1, Z5)
-	DSTEP(2, Z2, Z6)
-	DSTEP(3, Z3, Z7)
-	DSTEP(4, Z0, Z4)
-	DSTEP(5, Z1, Z5)
-	DSTEP(6, Z2, Z6)
-	DSTEP(7, Z3, Z7)
-	ADDQ $512, SI
-	ADDQ $64, DI
-	ADDQ $64, R8
-	DECQ BX
-	JNZ dloop
-	VADDPD Z2, Z0, Z0
-	VADDPD Z3, Z1, Z1
-	VADDPD Z1, Z0, Z0
-	VADDPD Z6, Z4, Z4
-	VADDPD Z7, Z5, Z5
-	VADDPD Z5, Z4, Z4
-	VMOVUPD Z0, (R10)
-	VMOVUPD Z4, 64(R10)
-	ADDQ $128, R10
-	DECQ R11
-	JNZ dgroup
+	VMOVUPD (SI)(AX*1), Y12
+	VMOVUPD (R12)(AX*1), Y13
+	VMOVUPD (R13)(AX*1), Y14
+	VMOVUPD (DI)(AX*1), Y15
+	VFMADD231PD Y15, Y12, Y0
+	VFMADD231PD Y15, Y13, Y4
+	VFMADD231PD Y15, Y14, Y8
+	VMOVUPD (R9)(AX*1), Y15
+	VFMADD231PD Y15, Y12, Y1
+	VFMADD231PD Y15, Y13, Y5
+	VFMADD231PD Y15, Y14, Y9
+	VMOVUPD (R10)(AX*1), Y15
+	VFMADD231PD Y15, Y12, Y2
+	VFMADD231PD Y15, Y13, Y6
+	VFMADD231PD Y15, Y14, Y10
+	VMOVUPD (R14)(AX*1), Y15
+	VFMADD231PD Y15, Y12, Y3
+	VFMADD231PD Y15, Y13, Y7
+	VFMADD231PD Y15, Y14, Y11
+	ADDQ $32, AX
+	CMPQ AX, BX
+	JLT dloop
+dreduce:
+	VEXTRACTF128 $1, Y0, X15
+	VADDPD X15, X0, X0
+	VHADDPD X0, X0, X0
+	VADDSD (0)(DX), X0, X0
+	VMOVSD X0, (0)(DX)
+	VEXTRACTF128 $1, Y1, X15
+	VADDPD X15, X1, X1
+	VHADDPD X1, X1, X1
+	VADDSD (8)(DX), X1, X1
+	VMOVSD X1, (8)(DX)
+	VEXTRACTF128 $1, Y2, X15
+	VADDPD X15, X2, X2
+	VHADDPD X2, X2, X2
+	VADDSD (16)(DX), X2, X2
+	VMOVSD X2, (16)(DX)
+	VEXTRACTF128 $1, Y3, X15
+	VADDPD X15, X3, X3
+	VHADDPD X3, X3, X3
+	VADDSD (24)(DX), X3, X3
+	VMOVSD X3, (24)(DX)
+	VEXTRACTF128 $1, Y4, X15
+	VADDPD X15, X4, X4
+	VHADDPD X4, X4, X4
+	VADDSD (32)(DX), X4, X4
+	VMOVSD X4, (32)(DX)
+	VEXTRACTF128 $1, Y5, X15
+	VADDPD X15, X5, X5
+	VHADDPD X5, X5, X5
+	VADDSD (40)(DX), X5, X5
+	VMOVSD X5, (40)(DX)
+	VEXTRACTF128 $1, Y6, X15
+	VADDPD X15, X6, X6
+	VHADDPD X6, X6, X6
+	VADDSD (48)(DX), X6, X6
+	VMOVSD X6, (48)(DX)
+	VEXTRACTF128 $1, Y7, X15
+	VADDPD X15, X7, X7
+	VHADDPD X7, X7, X7
+	VADDSD (56)(DX), X7, X7
+	VMOVSD X7, (56)(DX)
+	VEXTRACTF128 $1, Y8, X15
+	VADDPD X15, X8, X8
+	VHADDPD X8, X8, X8
+	VADDSD (64)(DX), X8, X8
+	VMOVSD X8, (64)(DX)
+	VEXTRACTF128 $1, Y9, X15
+	VADDPD X15, X9, X9
+	VHADDPD X9, X9, X9
+	VADDSD (72)(DX), X9, X9
+	VMOVSD X9, (72)(DX)
+	VEXTRACTF128 $1, Y10, X15
+	VADDPD X15, X10, X10
+	VHADDPD X10, X10, X10
+	VADDSD (80)(DX), X10, X10
+	VMOVSD X10, (80)(DX)
+	VEXTRACTF128 $1, Y11, X15
+	VADDPD X15, X11, X11
+	VHADDPD X11, X11, X11
+	VADDSD (88)(DX), X11, X11
+	VMOVSD X11, (88)(DX)
 	VZEROUPPER
 	RET

@@ -11,13 +11,11 @@ import (
 	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
-	"gonum.org/v1/gonum/blas"
-	"gonum.org/v1/gonum/blas/gonum"
 )
 
 // fusedLoader returns the ExpertLoader of the layer's bank, decoding through
-// dec. wf is the contract's weight format.
-func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.TensorSource, h, inter int, wf weightfmt.Format) moe.ExpertLoader {
+// wf is the contract's weight format.
+func fusedLoader(fl *moelayer.FusedLayer, src tensorload.TensorSource, h, inter int, wf weightfmt.Format) moe.ExpertLoader {
 	c, n := fl.Contract, fl.Names
 	inOut := c.Oriented() == layout.InOut
 	// ref is stack p's slice e of [rows, cols], with its scales and its
@@ -46,17 +44,18 @@ func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorloa
 				first.ScaleSliceRows, second.ScaleSliceRows = 2*int(half), 2*int(half)
 				second.ScaleRowStart = int(half)
 			}
-			a, err := dec.Load(src, first)
+			a, err := tensorload.LoadBands(src, first)
 			if err != nil {
 				return nil, wrap(err)
 			}
-			b, err := dec.Load(src, second)
+			b, err := tensorload.LoadBands(src, second)
 			if err != nil {
+				a.Release()
 				return nil, wrap(err)
 			}
-			m.Gate, m.Up = a, b
+			m.GateW, m.UpW = a, b
 			if n.Layout == layout.UpGate {
-				m.Gate, m.Up = b, a
+				m.GateW, m.UpW = b, a
 			}
 			projs = []layout.Proj{layout.ProjDown}
 		}
@@ -65,28 +64,32 @@ func fusedLoader(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorloa
 				continue // ungated experts (Contract.Names)
 			}
 			rows, cols := projDims(p, inter, h)
-			if *expertMat(m, p), err = dec.Load(src, ref(p, e, rows, cols)); err != nil {
+			w, err := tensorload.LoadBands(src, ref(p, e, rows, cols))
+			if err != nil {
+				tensorload.ReleaseExpert(m)
 				return nil, wrap(err)
 			}
+			*expertWeight(m, p) = w
 		}
 		m.Act = fl.Act()
 		if m.GateBias, m.UpBias, m.DownBias, err = fl.ExpertBiases(src, e, h, inter); err != nil {
+			tensorload.ReleaseExpert(m)
 			return nil, wrap(err)
 		}
 		return m, nil
 	}
 }
 
-// expertMat is where projection p's weight goes in m (p a source MLP's
-// projection: gate, up or down).
-func expertMat(m *moe.ExpertMats, p layout.Proj) *[]float32 {
+// expertWeight is where projection p's weight goes in m (p a source MLP's
+// projection: gate, up or down), decoded by bands.
+func expertWeight(m *moe.ExpertMats, p layout.Proj) *moe.Weight {
 	switch p {
 	case layout.ProjGate:
-		return &m.Gate
+		return &m.GateW
 	case layout.ProjUp:
-		return &m.Up
+		return &m.UpW
 	}
-	return &m.Down
+	return &m.DownW
 }
 
 // FusedOptions are FusedLayerRun's settings beyond the layer and its
@@ -113,9 +116,8 @@ func FusedLayerRun(ctx context.Context, src tensorload.TensorSource, fl *moelaye
 	if err != nil {
 		return nil, err
 	}
-	var dec *tensorload.Decoder
-	if f.out, err = moe.GroupedGEMM(ctx, f.gx, f.gt, f.h, f.inter, f.gk, f.al, fusedLoader(fl, dec, src, f.h, f.inter, f.wf),
-		moe.GEMMOptions{Workers: o.Workers, Release: dec.ReleaseExpert, BankExperts: fl.Contract.BankSize()}); err != nil {
+	if f.out, err = moe.GroupedGEMM(ctx, f.gx, f.gt, f.h, f.inter, f.gk, f.al, fusedLoader(fl, src, f.h, f.inter, f.wf),
+		moe.GEMMOptions{Workers: o.Workers, Release: tensorload.ReleaseExpert, BankExperts: fl.Contract.BankSize()}); err != nil {
 		return nil, err
 	}
 	return f.finish()
@@ -195,11 +197,11 @@ func (f *fusedRun) denseSharedErr() error {
 }
 
 // runDense runs the unfused shared expert over every token, its weights
-// loaded through dec, for finish to add.
-func (f *fusedRun) runDense(dec *tensorload.Decoder) error {
+// for finish to add.
+func (f *fusedRun) runDense() error {
 	fl := f.fl
 	wrap := func(err error) error { return fmt.Errorf("layer %d shared expert: %w", fl.Index, err) }
-	o, err := denseMLP(fl, dec, f.src, *fl.Shared, f.x, f.t, f.h)
+	o, err := denseMLP(fl, f.src, *fl.Shared, f.x, f.t, f.h)
 	if err != nil {
 		return wrap(err)
 	}
@@ -232,7 +234,7 @@ func (f *fusedRun) finish() (*moelayer.FusedResult, error) {
 			return nil, err
 		}
 		if f.dense == nil {
-			if err := f.runDense(nil); err != nil {
+			if err := f.runDense(); err != nil {
 				return nil, err
 			}
 		}
@@ -274,7 +276,7 @@ func addRoutedShared(fl *moelayer.FusedLayer, src tensorload.TensorSource, x []f
 		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the checkpoint has %d", fl.Index, r.S, len(r.Shared), t, ns)
 	}
 	for s, m := range fl.SharedExperts {
-		o, err := denseMLP(fl, nil, src, m, x, t, h)
+		o, err := denseMLP(fl, src, m, x, t, h)
 		if err != nil {
 			return fmt.Errorf("layer %d shared expert %d: %w", fl.Index, s, err)
 		}
@@ -292,7 +294,7 @@ func addRoutedShared(fl *moelayer.FusedLayer, src tensorload.TensorSource, x []f
 // denseMLP runs one hub-layout MLP over all tokens of x [T,H] with one GEMM
 // per projection, in the contract's activation (DeepSeek-V4's shared MLP
 // is clamped as its experts are), with its biases where it has them.
-func denseMLP(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.TensorSource, m family.MLP, x []float32, t, h int) ([]float32, error) {
+func denseMLP(fl *moelayer.FusedLayer, src tensorload.TensorSource, m family.MLP, x []float32, t, h int) ([]float32, error) {
 	gt, ok := src.Tensor(m.First())
 	if !ok {
 		return nil, fmt.Errorf("tensor %s is missing", m.First())
@@ -309,23 +311,21 @@ func denseMLP(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.T
 	if err := checkGated(m.Weight(layout.ProjGate), act); err != nil {
 		return nil, err
 	}
-	w, err := loadWeights(dec, src, m, inter, h, wf)
-	defer func() {
-		for _, x := range w {
-			dec.Put(x)
-		}
-	}()
+	w, err := loadWeights(src, m, inter, h, wf)
+	defer w.release()
 	if err != nil {
 		return nil, err
 	}
-	gate, up, down := w[layout.ProjGate], w[layout.ProjUp], w[layout.ProjDown]
-	impl := gonum.Implementation{}
 	u := make([]float32, t*inter)
-	impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, up, h, 0, u, inter)
+	if err := moe.SgemmNTBands(t, inter, h, x, h, w.weight(layout.ProjUp), nil, u, inter); err != nil {
+		return nil, err
+	}
 	g := u // an ungated MLP's act reads u alone, in place
-	if gate != nil {
+	if w[layout.ProjGate] != nil {
 		g = make([]float32, t*inter)
-		impl.Sgemm(blas.NoTrans, blas.Trans, t, inter, h, 1, x, h, gate, h, 0, g, inter)
+		if err := moe.SgemmNTBands(t, inter, h, x, h, w.weight(layout.ProjGate), nil, g, inter); err != nil {
+			return nil, err
+		}
 	}
 	bias, err := loadBiases(src, m, inter, h) // ERNIE 4.5 use_bias
 	if err != nil {
@@ -333,7 +333,9 @@ func denseMLP(fl *moelayer.FusedLayer, dec *tensorload.Decoder, src tensorload.T
 	}
 	moe.Activate(fl.SharedAct(), g, u, bias[layout.ProjGate], bias[layout.ProjUp])
 	o := make([]float32, t*h)
-	impl.Sgemm(blas.NoTrans, blas.Trans, t, h, inter, 1, g, inter, down, inter, 0, o, h)
+	if err := moe.SgemmNTBands(t, h, inter, g, inter, w.weight(layout.ProjDown), nil, o, h); err != nil {
+		return nil, err
+	}
 	moe.AddRowBias(o, bias[layout.ProjDown])
 	return o, nil
 }

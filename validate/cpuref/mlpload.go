@@ -1,8 +1,12 @@
 package cpuref
 
 import (
+	"fmt"
+
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/blasdot"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/tensorload"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -32,24 +36,61 @@ func projRef(t layout.Tensors, p layout.Proj, index, rows, cols int, wf weightfm
 		Scale: t.Get(p, layout.RoleScale), Format: wf, Global: t.Get(p, layout.RoleGlobal)}
 }
 
+// projWeights are one MLP's weights by projection, each kept as its
+// stored bytes and decoded a band of rows at a time (nil: none).
+type projWeights [layout.NumProj]*tensorload.Bands
+
+// weight is projection p's weight as a moe.Weight: nil (no weight) stays
+// a nil interface.
+func (w *projWeights) weight(p layout.Proj) moe.Weight {
+	if w[p] == nil {
+		return nil
+	}
+	return w[p]
+}
+
+// release hands every weight's bytes back.
+func (w *projWeights) release() {
+	for p := range w {
+		w[p].Release()
+		w[p] = nil
+	}
+}
+
 // loadWeights loads a hub-layout MLP's weights (m's names, stored as wf
-// where m names a scale, with m's global scales) through dec, in
+// where m names a scale, with m's global scales), in
 // layout.MLPProjs' order, the gate only where m names one. On an error
 // the weights loaded so far are returned with it, for the caller to put
 // back.
-func loadWeights(dec *tensorload.Decoder, src tensorload.TensorSource, m family.MLP, inter, h int, wf weightfmt.Format) (projMats, error) {
-	var w projMats
+func loadWeights(src tensorload.TensorSource, m family.MLP, inter, h int, wf weightfmt.Format) (projWeights, error) {
+	var w projWeights
 	for _, p := range layout.MLPProjs {
 		if p == layout.ProjGate && m.Weight(p) == "" {
 			continue // an ungated MLP (checkGated)
 		}
 		rows, cols := projDims(p, inter, h)
 		var err error
-		if w[p], err = dec.Load(src, projRef(m.Tensors, p, -1, rows, cols, wf)); err != nil {
+		if w[p], err = tensorload.LoadBands(src, projRef(m.Tensors, p, -1, rows, cols, wf)); err != nil {
 			return w, err
 		}
 	}
 	return w, nil
+}
+
+// dot64Bands is blasdot.Dot64Rows of the rows xs (each k long) against
+// weight w [n,k] into outs, w read a band at a time (each output is what
+// the whole matrix gives: it depends on its two rows alone).
+func dot64Bands(xs [][]float32, w moe.Weight, n, k int, outs [][]float32) error {
+	if w == nil {
+		return fmt.Errorf("a projection's weight is missing")
+	}
+	return moe.ProductBands(w, nil, n, k, func(r0, r1 int, band []float32) {
+		view := make([][]float32, len(outs))
+		for t, o := range outs {
+			view[t] = o[r0:]
+		}
+		blasdot.Dot64Rows(xs, band, r1-r0, k, view)
+	})
 }
 
 // loadBiases loads m's biases (gate and up [inter], down [h]; ERNIE 4.5's

@@ -9,7 +9,9 @@ import (
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
 // TestLoadMLPByTable: loadWeights and loadBiases read each projection of a
@@ -75,7 +77,7 @@ func TestLoadMLPByTable(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src, m := build(tc.gated, tc.biased, tc.edit)
-			w, err := loadWeights(nil, src, m, inter, h, nil)
+			w, err := loadWeights(src, m, inter, h, nil)
 			if tc.weightErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.weightErr) {
 					t.Fatalf("loadWeights: err %v, want one naming %s", err, tc.weightErr)
@@ -103,7 +105,7 @@ func TestLoadMLPByTable(t *testing.T) {
 				if !tc.biased || p == layout.ProjGateUp {
 					wantB = "[]"
 				}
-				if got := fmt.Sprint(w[p]); got != wantW {
+				if got := fmt.Sprint(decodeAll(t, w[p], rows, cols)); got != wantW {
 					t.Errorf("weight %s = %s, want %s", p, got, wantW)
 				}
 				if got := fmt.Sprint(b[p]); got != wantB {
@@ -112,4 +114,17 @@ func TestLoadMLPByTable(t *testing.T) {
 			}
 		})
 	}
+}
+
+// decodeAll is a banded weight's values, decoded band by band (nil: none).
+func decodeAll(t *testing.T, w *tensorload.Bands, rows, cols int) []float32 {
+	t.Helper()
+	if w == nil {
+		return nil
+	}
+	var all []float32
+	if err := moe.EachBand(w, nil, rows, cols, func(_, _ int, band []float32) { all = append(all, band...) }); err != nil {
+		t.Fatal(err)
+	}
+	return all
 }

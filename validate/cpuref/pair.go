@@ -3,7 +3,6 @@ package cpuref
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/moe"
@@ -46,11 +45,10 @@ func (e *SideError) Unwrap() error { return e.Err }
 // PairLayer runs the reference on SRC's layer and the fused path on DST's
 // over the same tokens, in one pass over the bank: expert b's job loads
 // SRC's expert b and DST's slice b, runs both paths on every token that
-// reaches it and lets its weights go, so each expert is decoded once while
-// both paths need it (once for both where convert copied its bytes: the
-// job's decoder compares them) and the jobs go in the order a stream reads
-// the layer: the shared expert with DST's replicas of it first, then the
-// routed experts. The results are ReferenceLayer's and FusedLayerRun's bit
+// reaches it and lets their bytes go, so each expert's bytes are held once
+// while both paths need them (each path decodes them a band of rows at a
+// time), and the jobs go in the order a stream reads the layer: the shared
+// expert with DST's replicas of it first, then the routed experts. The results are ReferenceLayer's and FusedLayerRun's bit
 // for bit (each expert is computed as they compute it, and the sums run in
 // slot order after all of them), and so is the error: a failing reference
 // is reported before anything of the fused path, as when the two ran one
@@ -110,19 +108,10 @@ type pair struct {
 	jobs     map[int]moe.ExpertJob
 	release  func(bank int) // PairOptions.Release
 	bankSize int
-	// The shared expert's job and the replica jobs: the decoder they load
-	// through, closed once SRC's shared expert is loaded (sharedMLP), and
-	// how many of them are still running.
-	common    *tensorload.Decoder
-	ready     chan struct{}
-	once      sync.Once
-	sharedMLP *refMLP
-	holds     atomic.Int64
-
-	mu      sync.Mutex
-	let1    map[int]bool // bank experts let go
-	errs    [2]error
-	errStep [2]int
+	mu       sync.Mutex
+	let1     map[int]bool // bank experts let go
+	errs     [2]error
+	errStep  [2]int
 }
 
 // fail records a side's error at step; the earliest step's is kept.
@@ -154,15 +143,13 @@ func (p *pair) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	// start runs job, which reads bank experts ids, when a worker is free;
 	// skip instead once there is no point (the run ended, SRC failed).
-	start := func(job func(dec *tensorload.Decoder), skip func(), ids ...int) {
+	start := func(job func(), ids ...int) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
 			defer p.let(ids...)
 			if ctx.Err() == nil && p.live(false) {
-				job(&tensorload.Decoder{})
-			} else {
-				skip()
+				job()
 			}
 		})
 	}
@@ -180,24 +167,15 @@ func (p *pair) run(ctx context.Context) {
 		}
 	}
 	p.let(idle...)
-	p.common = &tensorload.Decoder{}
-	p.ready = make(chan struct{})
-	p.holds.Store(int64(len(replicas)) + 1)
 	if r.layer.Shared != nil || (p.f != nil && p.f.fl.Shared != nil) {
-		start(func(*tensorload.Decoder) { p.shared(ctx) }, func() { p.loaded(nil); p.drop() })
-	} else {
-		p.loaded(nil)
+		start(func() { p.shared(ctx) })
 	}
 	for _, id := range replicas {
-		start(func(*tensorload.Decoder) {
-			<-p.ready
-			defer p.drop()
-			p.bank(ctx, p.common, id)
-		}, p.drop, id)
+		start(func() { p.bank(ctx, id) }, id)
 	}
 	for id := range r.e {
 		if _, ok := p.jobs[id]; ok || r.uses(id) {
-			start(func(dec *tensorload.Decoder) { p.expert(ctx, dec, id) }, func() {}, id)
+			start(func() { p.expert(ctx, id) }, id)
 		}
 	}
 	wg.Wait()
@@ -229,83 +207,62 @@ func (p *pair) let(ids ...int) {
 }
 
 // expert is routed expert id's job on both sides.
-func (p *pair) expert(ctx context.Context, dec *tensorload.Decoder, id int) {
+func (p *pair) expert(ctx context.Context, id int) {
 	var m *refMLP
 	if p.r.uses(id) {
 		var err error
-		if m, err = p.r.loadExpert(dec, id); err != nil {
+		if m, err = p.r.loadExpert(id); err != nil {
 			p.fail(false, stepExperts, err)
 			return
 		}
 		defer m.release()
 	}
-	p.bank(ctx, dec, id)
+	p.bank(ctx, id)
 	if m != nil {
-		p.r.runExpert(id, m)
+		if err := p.r.runExpert(id, m); err != nil {
+			p.fail(false, stepExperts, err)
+		}
 	}
 }
 
 // bank runs DST's bank expert id on its blocks, where it has any.
-func (p *pair) bank(ctx context.Context, dec *tensorload.Decoder, id int) {
+func (p *pair) bank(ctx context.Context, id int) {
 	j, ok := p.jobs[id]
 	if !ok || !p.live(true) {
 		return
 	}
 	f := p.f
-	m, err := fusedLoader(f.fl, dec, p.dst, f.h, f.inter, f.wf)(ctx, id)
+	m, err := fusedLoader(f.fl, p.dst, f.h, f.inter, f.wf)(ctx, id)
 	if err != nil {
 		p.fail(true, stepExperts, err)
 		return
 	}
-	defer dec.ReleaseExpert(m)
+	defer tensorload.ReleaseExpert(m)
 	if err := f.runJob(j, m); err != nil {
 		p.fail(true, stepExperts, err)
 	}
 }
 
 // shared is the shared expert's job: SRC's shared expert over every token
-// and DST's unfused one. SRC's stays loaded in the common decoder until
-// the replica jobs, which load DST's replicas of it through that decoder
-// (sharing its decoding where they hold its bytes), are done with it.
+// and DST's unfused one.
 func (p *pair) shared(ctx context.Context) {
 	r := p.r
-	var m *refMLP
-	defer p.drop()
 	if r.layer.Shared != nil {
-		var err error
-		if m, err = r.loadShared(p.common); err != nil {
+		m, err := r.loadShared()
+		if err != nil {
 			p.fail(false, stepShared, err)
-			p.loaded(nil)
 			return
 		}
-	}
-	p.loaded(m)
-	if m != nil {
-		if err := r.runSharedWith(ctx, m); err != nil {
+		err = r.runSharedWith(ctx, m)
+		m.release()
+		if err != nil {
 			p.fail(false, stepShared, err)
 			return
 		}
 	}
 	if p.f != nil && p.f.fl.Shared != nil && p.f.denseSharedErr() == nil && p.live(true) {
-		if err := p.f.runDense(p.common); err != nil {
+		if err := p.f.runDense(); err != nil {
 			p.fail(true, stepShared, err)
 		}
-	}
-}
-
-// loaded records SRC's shared expert (nil: none, or it failed) and lets the
-// replica jobs start; only the first call counts.
-func (p *pair) loaded(m *refMLP) {
-	p.once.Do(func() {
-		p.sharedMLP = m
-		close(p.ready)
-	})
-}
-
-// drop is one of the shared job and the replica jobs done: the last one
-// hands SRC's shared expert back.
-func (p *pair) drop() {
-	if p.holds.Add(-1) == 0 && p.sharedMLP != nil {
-		p.sharedMLP.release()
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	"github.com/moeprep/moeprep/family"
-	"github.com/moeprep/moeprep/internal/blasdot"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/moelayer"
@@ -84,16 +83,16 @@ func ReferenceLayer(ctx context.Context, src tensorload.TensorSource, plan *fami
 					return err
 				}
 			}
-			m, err := r.loadExpert(nil, id)
+			m, err := r.loadExpert(id)
 			if pace != nil {
 				pace.Done(id)
 			}
 			if err != nil {
 				return err
 			}
-			r.runExpert(id, m)
+			err = r.runExpert(id, m)
 			m.release()
-			return nil
+			return err
 		})
 	}
 	if err := g.Wait(); err != nil {
@@ -174,9 +173,9 @@ func newRefLayer(src tensorload.TensorSource, plan *family.Plan, layer *family.L
 // uses reports whether any slot chose expert id.
 func (r *refLayer) uses(id int) bool { return len(r.users[id]) > 0 }
 
-// loadExpert reads and decodes expert id's weights (through dec).
-func (r *refLayer) loadExpert(dec *tensorload.Decoder, id int) (*refMLP, error) {
-	m, err := loadSourceMLP(dec, r.src, r.layer.Experts[id], r.inter, r.h, r.wf, r.plan.RoutedAct(*r.layer))
+// loadExpert reads expert id's weights.
+func (r *refLayer) loadExpert(id int) (*refMLP, error) {
+	m, err := loadSourceMLP(r.src, r.layer.Experts[id], r.inter, r.h, r.wf, r.plan.RoutedAct(*r.layer))
 	if err != nil {
 		return nil, fmt.Errorf("layer %d expert %d: %w", r.layer.Key(), id, err)
 	}
@@ -186,7 +185,7 @@ func (r *refLayer) loadExpert(dec *tensorload.Decoder, id int) (*refMLP, error) 
 
 // runExpert computes expert id, loaded as m, on every slot that chose it,
 // in one pass over its weights.
-func (r *refLayer) runExpert(id int, m *refMLP) {
+func (r *refLayer) runExpert(id int, m *refMLP) error {
 	h, users := r.h, r.users[id]
 	xs := make([][]float32, len(users))
 	outs := make([][]float32, len(users))
@@ -197,7 +196,10 @@ func (r *refLayer) runExpert(id int, m *refMLP) {
 			xs[i] = scaledRow(xs[i], r.routing.Weights[s])
 		}
 	}
-	m.applyBatch(xs, outs)
+	if err := m.applyBatch(xs, outs); err != nil {
+		return fmt.Errorf("layer %d expert %d: %w", r.layer.Key(), id, err)
+	}
+	return nil
 }
 
 // finish sums the experts' outputs in slot order, adds the shared experts
@@ -226,7 +228,7 @@ func (r *refLayer) finish(ctx context.Context) (*moelayer.RefResult, error) {
 		// As stored first: a non-finite weight fails the layer here, by
 		// name, before requantising it could refuse it.
 		if r.shared == nil {
-			if err := r.runShared(ctx, nil); err != nil {
+			if err := r.runShared(ctx); err != nil {
 				return nil, err
 			}
 		}
@@ -281,7 +283,7 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 		return 0, fmt.Errorf("layer %d: %w", layer.Key(), err)
 	}
 	inter := sharedInter(plan)
-	q, err := loadSourceMLP(nil, rsrc, names, inter, plan.HiddenSize, f, plan.SharedActOf(*layer))
+	q, err := loadSourceMLP(rsrc, names, inter, plan.HiddenSize, f, plan.SharedActOf(*layer))
 	if err != nil {
 		return 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Key(), err)
 	}
@@ -290,7 +292,7 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 	// requantised MLP.
 	h, werr := plan.HiddenSize, 0.0
 	for _, p := range layout.MLPProjs {
-		name, got := layer.Shared.Weight(p), q.w[p]
+		name := layer.Shared.Weight(p)
 		if name == "" {
 			continue // an ungated MLP's gate
 		}
@@ -300,11 +302,16 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 			return 0, fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)
 		}
 		var d, n float64
-		for j, v := range w {
-			d += (float64(got[j]) - float64(v)) * (float64(got[j]) - float64(v))
-			n += float64(v) * float64(v)
-		}
+		err = moe.EachBand(q.w.weight(p), nil, rows, cols, func(r0, _ int, got []float32) {
+			for j, v := range w[r0*cols : r0*cols+len(got)] {
+				d += (float64(got[j]) - float64(v)) * (float64(got[j]) - float64(v))
+				n += float64(v) * float64(v)
+			}
+		})
 		tensorload.PutFloats(w)
+		if err != nil {
+			return 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Key(), err)
+		}
 		if n == 0 && d > 0 {
 			return 0, fmt.Errorf("layer %d: requantised shared expert %s is not zero where the source's is", layer.Key(), name)
 		}
@@ -421,18 +428,17 @@ func checkGated(gate string, act layout.Activation) error {
 // refMLP is one gated MLP in float32 for the reference (gate nil:
 // ungated).
 type refMLP struct {
-	w        projMats // weights: gate, up [I,H], down [H,I]
-	bias     projMats // biases: gate, up [I], down [H]; nil when none
+	w        projWeights // weights: gate, up [I,H], down [H,I]
+	bias     projMats    // biases: gate, up [I], down [H]; nil when none
 	act      layout.Activation
 	h, inter int
-	w8a8     bool                // RefOptions.W8A8: quantise input and intermediate (applyBatch)
-	dec      *tensorload.Decoder // what loaded the weights, and takes them back
+	w8a8     bool // RefOptions.W8A8: quantise input and intermediate (applyBatch)
 }
 
 // loadSourceMLP reads one source MLP whose weights are stored in format wf
 // (the plan's).
-func loadSourceMLP(dec *tensorload.Decoder, src tensorload.TensorSource, names family.MLP, inter, h int, wf weightfmt.Format, act layout.Activation) (*refMLP, error) {
-	m := &refMLP{h: h, inter: inter, act: act, dec: dec}
+func loadSourceMLP(src tensorload.TensorSource, names family.MLP, inter, h int, wf weightfmt.Format, act layout.Activation) (*refMLP, error) {
+	m := &refMLP{h: h, inter: inter, act: act}
 	var err error
 	if m.bias, err = loadBiases(src, names, inter, h); err != nil {
 		return nil, err
@@ -440,25 +446,21 @@ func loadSourceMLP(dec *tensorload.Decoder, src tensorload.TensorSource, names f
 	if err := checkGated(names.Weight(layout.ProjGate), act); err != nil {
 		return nil, err
 	}
-	if m.w, err = loadWeights(dec, src, names, inter, h, wf); err != nil {
+	if m.w, err = loadWeights(src, names, inter, h, wf); err != nil {
+		m.w.release()
 		return nil, err
 	}
 	return m, nil
 }
 
-func (m *refMLP) release() {
-	for p := range m.w {
-		m.dec.Put(m.w[p])
-		m.w[p] = nil
-	}
-}
+func (m *refMLP) release() { m.w.release() }
 
 // applyBatch writes down(silu(gate x) * up x) for each token xs[r] into
-// outs[r] [H]: every output a float64-accumulated dot product (moe.Dot64's,
-// bit for bit), all tokens against each weight row at once, so each row is
-// read from memory once for all of them (the layer is memory-bound at
-// small m).
-func (m *refMLP) applyBatch(xs, outs [][]float32) {
+// outs[r] [H]: every output a float64-accumulated dot product
+// (blasdot.Dot64Rows: moe.Dot64's sum in another order, rounded once to
+// float32), all tokens against each weight row at once, so each row is
+// read from memory once for all of them.
+func (m *refMLP) applyBatch(xs, outs [][]float32) error {
 	n := len(xs)
 	if m.w8a8 {
 		q := make([][]float32, n)
@@ -470,18 +472,24 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 	}
 	u := make([]float32, n*m.inter)
 	us := rowsOf(u, n, m.inter)
-	blasdot.Dot64Rows(xs, m.w[layout.ProjUp], m.inter, m.h, us)
+	if err := dot64Bands(xs, m.w.weight(layout.ProjUp), m.inter, m.h, us); err != nil {
+		return err
+	}
 	g, gs := u, us // an ungated expert's act reads u alone, in place
 	if m.w[layout.ProjGate] != nil {
 		g = make([]float32, n*m.inter)
 		gs = rowsOf(g, n, m.inter)
-		blasdot.Dot64Rows(xs, m.w[layout.ProjGate], m.inter, m.h, gs)
+		if err := dot64Bands(xs, m.w.weight(layout.ProjGate), m.inter, m.h, gs); err != nil {
+			return err
+		}
 	}
 	moe.Activate(m.act, g, u, m.bias[layout.ProjGate], m.bias[layout.ProjUp])
 	if m.w8a8 {
 		moe.RoundTripServing(g, n, m.inter)
 	}
-	blasdot.Dot64Rows(gs, m.w[layout.ProjDown], m.h, m.inter, outs)
+	if err := dot64Bands(gs, m.w.weight(layout.ProjDown), m.h, m.inter, outs); err != nil {
+		return err
+	}
 	if db := m.bias[layout.ProjDown]; db != nil {
 		for _, o := range outs {
 			for j, b := range db {
@@ -489,6 +497,7 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) {
 			}
 		}
 	}
+	return nil
 }
 
 // rowsOf cuts m [n,cols] into its rows.
@@ -501,10 +510,10 @@ func rowsOf(m []float32, n, cols int) [][]float32 {
 }
 
 // runShared runs the shared expert (one MLP of intermediate S*I, not
-// split) over every token, its weights loaded through dec, for finish to
+// split) over every token, for finish to
 // add, gated per token by sigmoid(x . w_sg) for Qwen2-MoE.
-func (r *refLayer) runShared(ctx context.Context, dec *tensorload.Decoder) error {
-	m, err := r.loadShared(dec)
+func (r *refLayer) runShared(ctx context.Context) error {
+	m, err := r.loadShared()
 	if err != nil {
 		return err
 	}
@@ -514,13 +523,13 @@ func (r *refLayer) runShared(ctx context.Context, dec *tensorload.Decoder) error
 
 // loadShared reads the shared expert's weights, in the format it is
 // stored in (apart from the routed experts' where the plan says so).
-func (r *refLayer) loadShared(dec *tensorload.Decoder) (*refMLP, error) {
+func (r *refLayer) loadShared() (*refMLP, error) {
 	plan := r.plan
 	sf, err := plan.SharedFormat()
 	if err != nil {
 		return nil, err
 	}
-	m, err := loadSourceMLP(dec, r.src, *r.layer.Shared, sharedInter(plan), r.h, sf, plan.SharedActOf(*r.layer))
+	m, err := loadSourceMLP(r.src, *r.layer.Shared, sharedInter(plan), r.h, sf, plan.SharedActOf(*r.layer))
 	if err != nil {
 		return nil, fmt.Errorf("layer %d shared expert: %w", r.layer.Key(), err)
 	}
@@ -587,8 +596,7 @@ func (m *refMLP) applyAll(ctx context.Context, x []float32, t, workers int) ([]f
 				xs = append(xs, x[tok*h:(tok+1)*h])
 				outs = append(outs, out[tok*h:(tok+1)*h])
 			}
-			m.applyBatch(xs, outs)
-			return nil
+			return m.applyBatch(xs, outs)
 		})
 	}
 	return out, g.Wait()
@@ -604,7 +612,7 @@ func addRoutedSharedReference(ctx context.Context, src tensorload.TensorSource, 
 		return fmt.Errorf("layer %d: the routing weights %d shared experts (%d values for %d tokens), the plan has %d", layer.Key(), r.S, len(r.Shared), t, ns)
 	}
 	for s, names := range layer.SharedExperts {
-		m, err := loadSourceMLP(nil, src, names, plan.MoEIntermediateSize, h, wf, plan.SharedActOf(*layer))
+		m, err := loadSourceMLP(src, names, plan.MoEIntermediateSize, h, wf, plan.SharedActOf(*layer))
 		if err != nil {
 			return fmt.Errorf("layer %d shared expert %d: %w", layer.Key(), s, err)
 		}

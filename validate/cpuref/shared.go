@@ -31,7 +31,7 @@ func SharedOutput(ctx context.Context, src tensorload.TensorSource, plan *family
 		workers = moe.Workers()
 	}
 	r := &refLayer{src: src, plan: plan, layer: layer, x: x, h: h, t: t, workers: workers}
-	m, err := r.loadShared(nil)
+	m, err := r.loadShared()
 	if err != nil {
 		return nil, err
 	}
@@ -61,7 +61,7 @@ func FusedSharedOutput(src tensorload.TensorSource, fl *moelayer.FusedLayer, x [
 	if err := f.denseSharedErr(); err != nil {
 		return nil, err
 	}
-	if err := f.runDense(nil); err != nil {
+	if err := f.runDense(); err != nil {
 		return nil, err
 	}
 	y := make([]float32, t*h)

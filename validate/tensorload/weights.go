@@ -175,36 +175,38 @@ func readInto(t *checkpoint.Tensor, buf []byte, off int64) error {
 	return fmt.Errorf("%s: reading tensor %s: %w", t.File, t.Name, err)
 }
 
-// readChecked is readRaw, then the NaN and Inf scan, which dec skips for
-// bytes it has already decoded (they were scanned when first read).
-func readChecked(dec *Decoder, t *checkpoint.Tensor, off, n int64) ([]byte, func(), error) {
+// readChecked is readRaw, then the NaN and Inf scan.
+func readChecked(t *checkpoint.Tensor, off, n int64) ([]byte, func(), error) {
 	b, done, err := readRaw(t, off, n)
 	if err != nil {
 		return nil, nil, err
 	}
-	if !dec.seen(b) {
-		if err := tensorbytes.CheckFinite(t.File, t.Name, t.DType, b, off); err != nil {
-			done()
-			return nil, nil, err
-		}
+	if err := tensorbytes.CheckFinite(t.File, t.Name, t.DType, b, off); err != nil {
+		done()
+		return nil, nil, err
 	}
 	return b, done, nil
 }
 
 // LoadMatrix reads one weight and dequantises it to float32 as its format
-// says.
-func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) { return loadMatrix(nil, src, m) }
-
-// Load is LoadMatrix through d, which hands back a buffer it already decoded
-// from the same bytes instead of decoding them again (nil: every load
-// decodes afresh); Put gives the buffer back.
-func (d *Decoder) Load(src TensorSource, m MatrixRef) ([]float32, error) {
-	return loadMatrix(d, src, m)
+// says, into a pool buffer (PutFloats hands it back).
+func LoadMatrix(src TensorSource, m MatrixRef) ([]float32, error) {
+	w, err := readWeight(src, m)
+	if err != nil {
+		return nil, err
+	}
+	defer w.Release()
+	out := getFloats(m.Rows * m.Cols)
+	if err := w.Rows(0, m.Rows, out); err != nil {
+		PutFloats(out)
+		return nil, err
+	}
+	return out, nil
 }
 
-// loadMatrix is LoadMatrix through dec, which hands back a buffer it
-// already decoded from the same bytes instead of decoding them again.
-func loadMatrix(dec *Decoder, src TensorSource, m MatrixRef) ([]float32, error) {
+// readWeight reads and checks the stored bytes of m's weight: its
+// elements, scale grid and global scale, ready to decode by bands.
+func readWeight(src TensorSource, m MatrixRef) (*Bands, error) {
 	sliceRows := m.SliceRows
 	if sliceRows == 0 {
 		sliceRows = m.Rows
@@ -230,12 +232,12 @@ func loadMatrix(dec *Decoder, src TensorSource, m MatrixRef) ([]float32, error) 
 	piece := weightfmt.Matrix{Format: f, Rows: int64(m.Rows), Cols: int64(m.Cols)}
 	rows := slice.RowBlock(int64(m.RowStart), int64(m.Rows))
 	es := int64(max(t.DType.Size(), 1)) // ReadElems refuses a dtype of no size
-	raw, done, err := m.read(dec, t, off+rows.Weight.Off/es, rows.Weight.Size()/es, int64(sliceRows), int64(wcols), int64(m.RowStart), int64(m.Rows))
+	raw, done, err := m.read(t, off+rows.Weight.Off/es, rows.Weight.Size()/es, int64(sliceRows), int64(wcols), int64(m.RowStart), int64(m.Rows))
 	if err != nil {
 		return nil, err
 	}
 	in := decodeInputs{raw: raw, done: []func(){done}}
-	defer in.release()
+	defer in.release() // what weight did not take: on an error
 	sc, scaled := f.Scale()
 	switch {
 	case scaled && t.DType != f.DType():
@@ -247,12 +249,7 @@ func loadMatrix(dec *Decoder, src TensorSource, m MatrixRef) ([]float32, error) 
 		if !Decodable(t.DType) {
 			return nil, fmt.Errorf("%s: tensor %s: dtype %s is not a floating-point type validate can read", t.File, m, t.DType)
 		}
-		return in.decode(dec, f, m.Rows, m.Cols, func(out []float32) error {
-			if err := f.Dequantise(raw, m.Rows, m.Cols, nil, out); err != nil {
-				return fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
-			}
-			return nil
-		})
+		return in.weight(f, t, m), nil
 	}
 	if !slice.RowSplitExact(int64(m.RowStart)) && m.ScaleRowStart == 0 {
 		return nil, fmt.Errorf("tensor %s: rows from %d do not start a %d-row scale block", m, m.RowStart, sc.Block[0])
@@ -278,7 +275,7 @@ func loadMatrix(dec *Decoder, src TensorSource, m MatrixRef) ([]float32, error) 
 	if st.DType != sc.DType {
 		return nil, fmt.Errorf("%s: scale %s is %s, want %s", st.File, m.Scale, st.DType, sc.DType)
 	}
-	if in.scale, done, err = m.read(dec, st, soff+srs*scols, sr*scols, ssr, scols, srs, sr); err != nil {
+	if in.scale, done, err = m.read(st, soff+srs*scols, sr*scols, ssr, scols, srs, sr); err != nil {
 		return nil, err
 	}
 	in.done = append(in.done, done)
@@ -290,17 +287,19 @@ func loadMatrix(dec *Decoder, src TensorSource, m MatrixRef) ([]float32, error) 
 		if gt.DType != g.DType {
 			return nil, fmt.Errorf("%s: global scale %s is %s, want %s", gt.File, m.Global, gt.DType, g.DType)
 		}
-		if in.global, done, err = readChecked(dec, gt, int64(m.GlobalIndex), 1); err != nil {
+		if in.global, done, err = readChecked(gt, int64(m.GlobalIndex), 1); err != nil {
 			return nil, err
 		}
 		in.done = append(in.done, done)
 	}
-	return in.decode(dec, f, m.Rows, m.Cols, func(out []float32) error {
-		if err := weightfmt.DequantiseWeight(f, in.raw, m.Rows, m.Cols, in.scale, in.global, out); err != nil {
-			return fmt.Errorf("%s: tensor %s: %w", t.File, m, err)
-		}
-		return nil
-	})
+	return in.weight(f, t, m), nil
+}
+
+// weight hands the inputs over to a Bands of m's [Rows, Cols] in format f.
+func (in *decodeInputs) weight(f weightfmt.Format, t *checkpoint.Tensor, m MatrixRef) *Bands {
+	w := &Bands{in: *in, f: f, rows: m.Rows, cols: m.Cols, where: fmt.Sprintf("%s: tensor %s", t.File, m)}
+	*in = decodeInputs{}
+	return w
 }
 
 // decodeInputs are the bytes one weight decodes from: its elements, and
@@ -309,25 +308,6 @@ func loadMatrix(dec *Decoder, src TensorSource, m MatrixRef) ([]float32, error) 
 type decodeInputs struct {
 	raw, scale, global []byte
 	done               []func()
-}
-
-// decode returns the rows x cols weight that dequantise writes from in,
-// or the buffer dec already decoded from the same inputs in format f. The
-// result comes from the pool: callers hand it back (dec.put) once done, or
-// let the garbage collector have it.
-func (in *decodeInputs) decode(dec *Decoder, f weightfmt.Format, rows, cols int, dequantise func(out []float32) error) ([]float32, error) {
-	if out := dec.find(f, rows, cols, in.raw, in.scale, in.global); out != nil {
-		return out, nil
-	}
-	out := getFloats(rows * cols)
-	if err := dequantise(out); err != nil {
-		PutFloats(out)
-		return nil, err
-	}
-	if dec.keep(*in, f, rows, cols, out) {
-		*in = decodeInputs{} // the decoder owns them now
-	}
-	return out, nil
 }
 
 // release hands the input bytes back.
@@ -347,17 +327,17 @@ func (m MatrixRef) lookup(src TensorSource, name string, rows, cols int64) (*che
 	return lookup(src, name, m.Index, int(rows), int(cols))
 }
 
-// read is readChecked of n elements from element off of t (through dec):
+// read is readChecked of n elements from element off of t:
 // rows [r0, r0+nr) of a slice of [rows, cols] at element off - r0*cols.
 // Stored in-out, the slice at that element is [cols, rows]: it is read
 // whole (lent by a streamed pass where one holds it, as any read) and its
 // columns [r0, r0+nr) transposed back to [nr, cols] into a pool buffer.
 // done hands the bytes back.
-func (m MatrixRef) read(dec *Decoder, t *checkpoint.Tensor, off, n, rows, cols, r0, nr int64) ([]byte, func(), error) {
+func (m MatrixRef) read(t *checkpoint.Tensor, off, n, rows, cols, r0, nr int64) ([]byte, func(), error) {
 	if !m.InOut {
-		return readChecked(dec, t, off, n)
+		return readChecked(t, off, n)
 	}
-	whole, done, err := readChecked(dec, t, off-r0*cols, rows*cols)
+	whole, done, err := readChecked(t, off-r0*cols, rows*cols)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,0 +1,57 @@
+package blasdot
+
+import (
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// threadCPU is the calling thread's CPU time (user and system): on a
+// machine shared with other work, rates per CPU second say what a core
+// does while it runs the code, where wall time also counts the waits.
+func threadCPU() time.Duration {
+	var ru syscall.Rusage
+	const rusageThread = 1 // RUSAGE_THREAD, Linux
+	if err := syscall.Getrusage(rusageThread, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// cpuRate runs f n times on one locked thread and returns flop per CPU
+// second of that thread, in GFLOP/s.
+func cpuRate(n int, flop float64, f func()) float64 {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	f() // warm
+	t0 := threadCPU()
+	for range n {
+		f()
+	}
+	return flop * float64(n) / (threadCPU() - t0).Seconds() / 1e9
+}
+
+// The products' rate per CPU second of one core at validate's shapes
+// (BENCHMARKS.md compares it with the core's peak); a report, run with
+// MOEPREP_CPURATE=1 go test -run CPURate -v ./internal/blasdot.
+func TestCPURate(t *testing.T) {
+	if os.Getenv("MOEPREP_CPURATE") == "" {
+		t.Skip("a measurement: MOEPREP_CPURATE=1 runs it")
+	}
+	for _, sh := range benchShapes {
+		a, w, c := values(newRand(), sh.m*sh.k, 1), values(newRand(), sh.n*sh.k, 1), make([]float32, sh.m*sh.n)
+		x, out := make([][]float32, sh.m), make([][]float32, sh.m)
+		for i := range x {
+			x[i], out[i] = a[i*sh.k:(i+1)*sh.k], c[i*sh.n:(i+1)*sh.n]
+		}
+		flop := 2 * float64(sh.m*sh.n*sh.k)
+		s := cpuRate(3, flop, func() { SgemmNT(sh.m, sh.n, sh.k, a, sh.k, w, sh.k, c, sh.n) })
+		d := cpuRate(3, flop, func() { Dot64Rows(x, w, sh.n, sh.k, out) })
+		t.Logf("%s (assembly %v): SgemmNT %.1f GFLOP/s, Dot64Rows %.1f GFLOP/s a CPU second", sh.name, useAsm, s, d)
+	}
+}
+
+func newRand() *rand.Rand { return rand.New(rand.NewPCG(4, 4)) }

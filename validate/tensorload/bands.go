@@ -1,0 +1,85 @@
+package tensorload
+
+import (
+	"fmt"
+
+	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/weightfmt"
+)
+
+// Bands is one weight as read and checked, kept as its stored bytes (lent
+// by a streamed pass, or read) and decoded a band of rows at a time
+// (moe.Weight): the products hold a band of float32 at once instead of the
+// whole matrix, four times its bf16 bytes and eight times its FP8 ones.
+// Each band decodes to the values the whole matrix decodes to (a band
+// starts on a scale block).
+type Bands struct {
+	in         decodeInputs
+	f          weightfmt.Format
+	rows, cols int
+	where      string // "FILE: tensor NAME", for errors
+}
+
+var _ moe.Weight = (*Bands)(nil)
+
+// Band is the rows of the format's scale blocks (1 without a scale, or
+// where one scale entry spans every row).
+func (w *Bands) Band() int {
+	if sc, ok := w.f.Scale(); ok && sc.Block[0] > 1 {
+		return int(sc.Block[0])
+	}
+	return 1
+}
+
+// Rows decodes rows [r0, r1) into dst [(r1-r0)*cols]; r0 must start a band.
+func (w *Bands) Rows(r0, r1 int, dst []float32) error {
+	if r0 < 0 || r1 > w.rows || r0 > r1 || r0%w.Band() != 0 || len(dst) != (r1-r0)*w.cols {
+		return fmt.Errorf("%s: rows %d..%d of %d (bands of %d) into %d values", w.where, r0, r1, w.rows, w.Band(), len(dst))
+	}
+	m := weightfmt.Matrix{Format: w.f, Rows: int64(w.rows), Cols: int64(w.cols)}
+	rb := m.RowBlock(int64(r0), int64(r1-r0))
+	raw := w.in.raw[rb.Weight.Off : rb.Weight.Off+rb.Weight.Size()]
+	var scale []byte
+	if _, ok := w.f.Scale(); ok {
+		scale = w.in.scale[rb.Scale.Off : rb.Scale.Off+rb.Scale.Size()]
+	}
+	if err := weightfmt.DequantiseWeight(w.f, raw, r1-r0, w.cols, scale, w.in.global, dst); err != nil {
+		return fmt.Errorf("%s: %w", w.where, err)
+	}
+	return nil
+}
+
+// LoadBands reads and checks one weight as LoadMatrix does, keeping its
+// stored bytes to decode a band at a time; Release hands them back.
+//
+// SRC's expert and DST's copy of it each load and decode their own
+// bands: telling that their bytes are the same (to decode once for both,
+// as the paths did while they decoded whole matrices) costs a comparison
+// of every byte, more than the bands' decode it would save.
+func LoadBands(src TensorSource, m MatrixRef) (*Bands, error) { return readWeight(src, m) }
+
+// Release hands the weight's bytes back (to the streamed pass that lent
+// them, or the pool); a nil w is nothing.
+func (w *Bands) Release() {
+	if w != nil {
+		w.in.release()
+	}
+}
+
+// ReleaseExpert hands a bank expert's weights back once the grouped GEMM
+// is done with it: banded ones to their bytes' owners, whole ones to the
+// pool.
+func ReleaseExpert(m *moe.ExpertMats) {
+	for _, d := range []*[]float32{&m.Gate, &m.Up, &m.Down} {
+		if *d != nil {
+			PutFloats(*d)
+		}
+		*d = nil
+	}
+	for _, w := range []*moe.Weight{&m.GateW, &m.UpW, &m.DownW} {
+		if b, ok := (*w).(*Bands); ok {
+			b.Release()
+		}
+		*w = nil
+	}
+}
