@@ -36,7 +36,7 @@ func TestFP8SquareBlocksValidate(t *testing.T) {
 		}
 	})
 	// 64x64 blocks with F32 scales (no scale_fmt).
-	conversionsPass(t, synthFrom(t, fp8SquareSpecs(), "b64-h128-i64"), DeviceCPU, threeLayouts, func(o convert.Options, c *layout.Contract) {
+	conversionsPass(t, synthFrom(t, fp8SquareSpecs(), "b64-h128-i96"), DeviceCPU, threeLayouts, func(o convert.Options, c *layout.Contract) {
 		quantContract{weightfmt.QuantFP8Block, "F8_E4M3", "", []int64{64, 64}}.check(t, o, c)
 	})
 }

@@ -298,7 +298,11 @@ func (s *Stager) fp8Decoder(ts *checkpoint.Tensor, rows, cols int64, room func(*
 // fp8BlockDecoder puts the scale grids ts of p, a rows x cols stack of FP8
 // block weights (wf) of p.shape's second last dimension rows each, where
 // room says (whole: a grid is a small fraction of its weight), and returns
-// the decode of a chunk of its rows (kernels.DequantFP8Blocks).
+// the decode of a chunk of its rows (kernels.DequantFP8Blocks). Each
+// weight has its grid, or each half of a fused gate-up weight has its own
+// (as convert writes them: [E, 2 * ceil(I / b), ceil(H / b)], which is
+// ceil(2I / b) rows only where I is whole blocks): ts's second last
+// dimension says which.
 func (s *Stager) fp8BlockDecoder(p bankPart, wf weightfmt.Format, ts *checkpoint.Tensor, rows, cols int64, room func(**cuda.Buffer[uint8], *checkpoint.Tensor) (cuda.DevicePtr, error)) (chunkDecode, error) {
 	sc, _ := wf.Scale()
 	sd, err := kernels.DequantBlockScaleOf(ts.DType)
@@ -310,12 +314,20 @@ func (s *Stager) fp8BlockDecoder(p bankPart, wf weightfmt.Format, ts *checkpoint
 		perWeight = p.shape[len(p.shape)-2]
 	}
 	bo, bi := sc.Block[0], sc.Block[1]
-	if perWeight <= 0 || rows%perWeight != 0 || perWeight > math.MaxInt32 || bo <= 0 || bi <= 0 || bo > math.MaxInt32 || bi > math.MaxInt32 {
-		return nil, fmt.Errorf("%s: %s of %d rows in weights of %d, blocks %s: cannot be decoded on the device", ts.File, p.name, rows, perWeight, blockEdge(sc.Block))
+	if perWeight <= 0 || rows%perWeight != 0 || perWeight > math.MaxInt32 || bo <= 0 || bi <= 0 || bo > math.MaxInt32 || bi > math.MaxInt32 || len(ts.Shape) < 2 {
+		return nil, fmt.Errorf("%s: %s of %d rows in weights of %d, blocks %s, scale shape %v: cannot be decoded on the device", ts.File, p.name, rows, perWeight, blockEdge(sc.Block), ts.Shape)
 	}
-	if want := rows / perWeight * ((perWeight + bo - 1) / bo) * ((cols + bi - 1) / bi); ts.NumElements() != want {
-		return nil, fmt.Errorf("%s: scale %s holds %d entries, want %d (%d weights of %d x %d in %s blocks)",
-			ts.File, ts.Name, ts.NumElements(), want, rows/perWeight, perWeight, cols, blockEdge(sc.Block))
+	gridRows := ts.Shape[len(ts.Shape)-2]
+	perGrid := int64(0)
+	for _, k := range []int64{1, 2} {
+		if perWeight%k == 0 && (perWeight/k+bo-1)/bo*k == gridRows {
+			perGrid = perWeight / k
+			break
+		}
+	}
+	if want := rows / perWeight * gridRows * ((cols + bi - 1) / bi); perGrid == 0 || ts.NumElements() != want {
+		return nil, fmt.Errorf("%s: scale %s of shape %v does not grid %d weights of %d x %d in %s blocks",
+			ts.File, ts.Name, ts.Shape, rows/perWeight, perWeight, cols, blockEdge(sc.Block))
 	}
 	scales, err := room(&s.dq.scales, ts)
 	if err != nil {
@@ -326,7 +338,7 @@ func (s *Stager) fp8BlockDecoder(p bankPart, wf weightfmt.Format, ts *checkpoint
 		om := kernels.Mat{DType: kernels.MatBF16, Ptr: out, Len: int(nr * cols)}
 		return kernels.DequantFP8Blocks(s.dev, s.stream, qm, kernels.FP8Blocks{Rows: int(nr), Cols: int(cols),
 			Scale: scales, ScaleLen: int(ts.NumElements()), ScaleDType: sd, BlockRows: int(bo), BlockCols: int(bi),
-			RowsPerWeight: int(perWeight), Row0: int(r0)}, om)
+			RowsPerWeight: int(perGrid), Row0: int(r0)}, om)
 	}, nil
 }
 
