@@ -93,6 +93,20 @@ __device__ __forceinline__ unsigned dq_pair(unsigned two, float s)
     return lo | (hi << 16);
 }
 
+// dq_store8 decodes the 8 codes of row qr from column c0 with one scale s
+// into orow: one 8-byte load and one 16-byte store (c0 % 8 == 0 and a row
+// length that keeps both aligned: cols % 8 == 0).
+__device__ __forceinline__ void dq_store8(const e4m3_t* __restrict__ qr, int c0, float s, bf16_t* __restrict__ orow)
+{
+    uint2 u = *(const uint2*)(qr + c0);
+    uint4 o;
+    o.x = dq_pair(u.x, s);
+    o.y = dq_pair(u.x >> 16, s);
+    o.z = dq_pair(u.y, s);
+    o.w = dq_pair(u.y >> 16, s);
+    *(uint4*)(orow + c0) = o;
+}
+
 extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_fp8_rows(const e4m3_t* __restrict__ q, int rows, int cols,
                                                                                const void* __restrict__ scale, int scale_dtype,
                                                                                int rows_per_scale, long long row0, bf16_t* __restrict__ out)
@@ -107,13 +121,7 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_fp8_rows(co
     bf16_t* orow = out + (long long)r * cols;
     if ((cols & 7) == 0) {
         if (c0 >= cols) return;
-        uint2 u = *(const uint2*)(qr + c0);  // 8-byte aligned: cols % 8 == 0, c0 % 8 == 0
-        uint4 o;
-        o.x = dq_pair(u.x, s);
-        o.y = dq_pair(u.x >> 16, s);
-        o.z = dq_pair(u.y, s);
-        o.w = dq_pair(u.y >> 16, s);
-        *(uint4*)(orow + c0) = o;  // 16-byte aligned: 2 * cols % 16 == 0
+        dq_store8(qr, c0, s, orow);
         return;
     }
 #pragma unroll
@@ -154,14 +162,7 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_mxfp8_rows(
     if (r >= rows) return;
     const int c0 = k * DQ_CHUNK + threadIdx.x * DQ_PER_THREAD;
     if (c0 >= cols) return;
-    const float s = dq_e8m0_to_f32(scale[(long long)r * (cols >> 5) + (c0 >> 5)]);
-    uint2 u = *(const uint2*)(q + (long long)r * cols + c0);
-    uint4 o;
-    o.x = dq_pair(u.x, s);
-    o.y = dq_pair(u.x >> 16, s);
-    o.z = dq_pair(u.y, s);
-    o.w = dq_pair(u.y >> 16, s);
-    *(uint4*)(out + (long long)r * cols + c0) = o;
+    dq_store8(q + (long long)r * cols, c0, dq_e8m0_to_f32(scale[(long long)r * (cols >> 5) + (c0 >> 5)]), out + (long long)r * cols);
 }
 
 // FP8 in blocks of block_rows x block_cols (weightfmt/fp8block.go, any
@@ -202,14 +203,7 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_fp8_blocks(
     bf16_t* orow = out + (long long)r * cols;
     if ((cols & 7) == 0 && (block_cols & 7) == 0) {
         if (c0 >= cols) return;
-        const float s = dq_block_scale(scale, scale_dtype, srow + c0 / block_cols);
-        uint2 u = *(const uint2*)(qr + c0);  // 8-byte aligned: cols % 8 == 0, c0 % 8 == 0
-        uint4 o;
-        o.x = dq_pair(u.x, s);
-        o.y = dq_pair(u.x >> 16, s);
-        o.z = dq_pair(u.y, s);
-        o.w = dq_pair(u.y >> 16, s);
-        *(uint4*)(orow + c0) = o;  // 16-byte aligned: 2 * cols % 16 == 0
+        dq_store8(qr, c0, dq_block_scale(scale, scale_dtype, srow + c0 / block_cols), orow);
         return;
     }
 #pragma unroll
