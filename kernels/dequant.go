@@ -17,6 +17,9 @@ const (
 	DequantScaleF32  DequantScale = 0
 	DequantScaleBF16 DequantScale = 1
 	DequantScaleF16  DequantScale = 2
+	// DequantScaleE8M0 is an E8M0 byte (2^(e-127)), which only
+	// DequantFP8Blocks reads (DeepSeek's x.scale).
+	DequantScaleE8M0 DequantScale = 3
 )
 
 // DequantScaleOf is the DequantScale of a safetensors scale dtype.
@@ -87,6 +90,80 @@ func dequantBlocks(q Mat, rows, cols int, scalePtr cuda.DevicePtr, scaleLen int,
 		return 0, fmt.Errorf("dequant: %d scales of %d rows each do not reach row %d", scaleLen, rowsPerScale, row0+rows)
 	}
 	return fp8ToBF16Grid("dequant", q, out, rows, cols)
+}
+
+// FP8Blocks is a launch of moe_dequant_fp8_blocks (dequant.cu): Rows x
+// Cols E4M3 codes, rows [Row0, Row0 + Rows) of a stack of weights of
+// RowsPerWeight rows each, scaled per BlockRows x BlockCols block by the
+// entries of their weight's grid [ceil(RowsPerWeight / BlockRows),
+// ceil(Cols / BlockCols)]; the stack's grids lie one after the other at
+// Scale (ScaleLen entries of type ScaleDType from the stack's first
+// weight).
+type FP8Blocks struct {
+	Rows, Cols           int
+	Scale                cuda.DevicePtr
+	ScaleLen             int
+	ScaleDType           DequantScale
+	BlockRows, BlockCols int
+	RowsPerWeight, Row0  int
+}
+
+// DequantBlockScaleOf is the DequantScale of an FP8 block scale dtype:
+// DequantScaleOf's, and E8M0 (F8_E8M0, or its U8 bytes).
+func DequantBlockScaleOf(d safetensors.DType) (DequantScale, error) {
+	if d == safetensors.F8E8M0 || d == safetensors.U8 {
+		return DequantScaleE8M0, nil
+	}
+	return DequantScaleOf(d)
+}
+
+// DequantFP8Blocks queues moe_dequant_fp8_blocks on stream st: every code
+// of q becomes bf16 in out as bf16_rne(f32(e4m3) * scale), one f32
+// multiply rounded to nearest by its block's scale widened exactly: bit
+// for bit the FP8 block format's Dequantise (weightfmt.DequantE4M3)
+// followed by numfmt.F32ToBF16, for blocks of any size.
+func DequantFP8Blocks(dev *cuda.Device, st cuda.Stream, q Mat, p FP8Blocks, out Mat) error {
+	if _, err := fp8BlocksGrid(q, p, out); err != nil {
+		return err
+	}
+	return dev.Do(func(c *cuda.Ctx) error { return DequantFP8BlocksCtx(c, st, q, p, out) })
+}
+
+// DequantFP8BlocksCtx is DequantFP8Blocks on the device's goroutine.
+func DequantFP8BlocksCtx(c *cuda.Ctx, st cuda.Stream, q Mat, p FP8Blocks, out Mat) error {
+	blocks, err := fp8BlocksGrid(q, p, out)
+	if err != nil {
+		return err
+	}
+	return launchDequant(c, st, "moe_dequant_fp8_blocks", blocks, q.Ptr, int32(p.Rows), int32(p.Cols), p.Scale, int32(p.ScaleDType),
+		int32(p.BlockRows), int32(p.BlockCols), int32(p.RowsPerWeight), int64(p.Row0), out.Ptr)
+}
+
+// fp8BlocksGrid checks DequantFP8Blocks' arguments (the scale entries the
+// launch's last row reads must lie within ScaleLen) and returns its grid.
+func fp8BlocksGrid(q Mat, p FP8Blocks, out Mat) (int, error) {
+	switch {
+	case !dimsOK(p.Rows, p.Cols, p.BlockRows, p.BlockCols, p.RowsPerWeight) || p.Rows > (1<<62)/p.Cols:
+		return 0, fmt.Errorf("dequant fp8 blocks: bad dimensions %d x %d, blocks %d x %d, %d rows a weight", p.Rows, p.Cols, p.BlockRows, p.BlockCols, p.RowsPerWeight)
+	case p.Row0 < 0 || p.Row0 > math.MaxInt64/2-p.Rows:
+		return 0, fmt.Errorf("dequant fp8 blocks: first row %d", p.Row0)
+	case p.ScaleDType < DequantScaleF32 || p.ScaleDType > DequantScaleE8M0:
+		return 0, fmt.Errorf("dequant fp8 blocks: unknown scale type %d", p.ScaleDType)
+	case p.Scale == 0:
+		return 0, fmt.Errorf("dequant fp8 blocks: scale is a null device pointer")
+	}
+	// The entry of the last row's last block, in int64 (each factor is at
+	// most MaxInt32, the grid of one weight below 2^62).
+	gr, gc := int64(CeilDiv(p.RowsPerWeight, p.BlockRows)), int64(CeilDiv(p.Cols, p.BlockCols))
+	last := int64(p.Row0) + int64(p.Rows) - 1
+	w, rr := last/int64(p.RowsPerWeight), last%int64(p.RowsPerWeight)
+	if w > math.MaxInt64/4/(gr*gc) {
+		return 0, fmt.Errorf("dequant fp8 blocks: row %d is beyond any scale grid", last)
+	}
+	if need := (w*gr + rr/int64(p.BlockRows) + 1) * gc; int64(p.ScaleLen) < need {
+		return 0, fmt.Errorf("dequant fp8 blocks: %d scales do not reach row %d (%d needed)", p.ScaleLen, last, need)
+	}
+	return fp8ToBF16Grid("dequant fp8 blocks", q, out, p.Rows, p.Cols)
 }
 
 // DequantMXFP8Rows queues moe_dequant_mxfp8_rows (dequant.cu) on stream

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -73,6 +74,19 @@ func gpuDecode(dev *cuda.Device, f weightfmt.Format, rows, cols, runRows, from i
 		if err := kernels.DequantFP8Rows(dev, 0, qm, n, cols, ds, rows/rowsPerScale, sd, rowsPerScale, from, kernels.BF16Mat(out)); err != nil {
 			return nil, err
 		}
+	case weightfmt.QuantFP8Block:
+		// The whole stack's grids, each weight's runRows rows, as the
+		// loader uploads a weight's scale tensor whole.
+		sd, err := kernels.DequantBlockScaleOf(sc.DType)
+		if err != nil {
+			return nil, err
+		}
+		qm := kernels.Mat{DType: kernels.MatFP8, Ptr: dq.Add(from * rb), Len: n * cols}
+		p := kernels.FP8Blocks{Rows: n, Cols: cols, Scale: ds, ScaleLen: len(scale) / sc.DType.Size(), ScaleDType: sd,
+			BlockRows: int(sc.Block[0]), BlockCols: int(sc.Block[1]), RowsPerWeight: runRows, Row0: from}
+		if err := kernels.DequantFP8Blocks(dev, 0, qm, p, kernels.BF16Mat(out)); err != nil {
+			return nil, err
+		}
 	case weightfmt.QuantMXFP8:
 		// The rows from `from` and their rows of the grid, as the loader's
 		// chunks hand them over.
@@ -133,13 +147,15 @@ func (d gpuDecoder) Decode(w weightfmttest.Weight) ([]float32, error) {
 }
 
 // TestDequantConformance runs the weight-decode conformance suite on the
-// device decoders: FP8 per channel and per tensor (DequantFP8Rows), MXFP8
+// device decoders: FP8 per channel and per tensor (DequantFP8Rows), FP8 in
+// blocks of any size, F32 and E8M0 scales (DequantFP8Blocks), MXFP8
 // (DequantMXFP8Rows), INT4, MXFP4 and NVFP4 (Dequant4Rows).
 func TestDequantConformance(t *testing.T) {
 	dev := testDevice(t)
 	var chunks []string
 	d := gpuDecoder{dev, &chunks}
 	t.Run("fp8-scaled", func(t *testing.T) { weightfmttest.TestFP8Scaled(t, d) })
+	t.Run("fp8-block", func(t *testing.T) { weightfmttest.TestFP8Block(t, d) })
 	t.Run("int4-pack", func(t *testing.T) { weightfmttest.TestInt4Pack(t, d) })
 	t.Run("mxfp4", func(t *testing.T) { weightfmttest.TestMXFP4(t, d) })
 	t.Run("mxfp8", func(t *testing.T) { weightfmttest.TestMXFP8(t, d) })
@@ -151,21 +167,22 @@ func TestDequantConformance(t *testing.T) {
 
 // TestDequantStacksConformance: a loader decodes a stack of weights (the
 // experts of a bank, or the two halves of a gate-up stack), each with its
-// own per-tensor scale, in one launch. The suite's FP8 per-tensor and
-// NVFP4 weights of one format and shape are stacked three at a time and
+// own per-tensor scale, in one launch. The suite's FP8 per-tensor, FP8
+// block (each weight its own grid) and NVFP4 weights of one format and shape are stacked three at a time and
 // decoded in one launch, and again from a row inside the second, to each
 // weight's values.
 func TestDequantStacksConformance(t *testing.T) {
 	dev := testDevice(t)
 	groups := map[string][]weightfmttest.Case{}
 	var keys []string
-	for _, c := range append(weightfmttest.FP8ScaledCases(), weightfmttest.NVFP4Cases()...) {
+	for _, c := range slices.Concat(weightfmttest.FP8ScaledCases(), weightfmttest.NVFP4Cases(), weightfmttest.FP8BlockCases()) {
 		w := c.Weight
-		if _, global := weightfmt.GlobalOf(w.Format); !global && w.Format.Quantization() != weightfmt.QuantFP8Tensor {
+		q := w.Format.Quantization()
+		if _, global := weightfmt.GlobalOf(w.Format); !global && q != weightfmt.QuantFP8Tensor && q != weightfmt.QuantFP8Block {
 			continue
 		}
 		sc, _ := w.Format.Scale()
-		key := fmt.Sprintf("%s/%s/%dx%d", w.Format, sc.DType, w.Rows, w.Cols)
+		key := fmt.Sprintf("%s/%s/%v/%dx%d", w.Format, sc.DType, sc.Block, w.Rows, w.Cols)
 		if groups[key] == nil {
 			keys = append(keys, key)
 		}
@@ -278,6 +295,49 @@ func TestDequantFP8RowsRefuses(t *testing.T) {
 	}
 	if _, err := kernels.DequantScaleOf(safetensors.F8E4M3); err == nil {
 		t.Error("DequantScaleOf(F8_E4M3) gave no error")
+	}
+}
+
+// TestDequantFP8BlocksRefuses: shape, pointer and argument errors come
+// back before any launch (no GPU needed); the scales needed are counted
+// to the launch's last row's block. A stack of two weights of 40 x 64 in
+// 32x32 blocks holds 2 * 2 * 2 scales.
+func TestDequantFP8BlocksRefuses(t *testing.T) {
+	q := kernels.Mat{DType: kernels.MatFP8, Ptr: 0x1000, Len: 80 * 64}
+	out := kernels.Mat{DType: kernels.MatBF16, Ptr: 0x2000, Len: 80 * 64}
+	ok := kernels.FP8Blocks{Rows: 80, Cols: 64, Scale: 0x3000, ScaleLen: 8, ScaleDType: kernels.DequantScaleE8M0,
+		BlockRows: 32, BlockCols: 32, RowsPerWeight: 40}
+	with := func(edit func(p *kernels.FP8Blocks)) kernels.FP8Blocks { p := ok; edit(&p); return p }
+	cases := []struct {
+		name   string
+		q, out kernels.Mat
+		p      kernels.FP8Blocks
+		want   string
+	}{
+		{"zero block", q, out, with(func(p *kernels.FP8Blocks) { p.BlockCols = 0 }), "bad dimensions"},
+		{"zero rows a weight", q, out, with(func(p *kernels.FP8Blocks) { p.RowsPerWeight = 0 }), "bad dimensions"},
+		{"negative first row", q, out, with(func(p *kernels.FP8Blocks) { p.Row0 = -1 }), "first row"},
+		{"one scale short", q, out, with(func(p *kernels.FP8Blocks) { p.ScaleLen = 7 }), "7 scales do not reach row 79 (8 needed)"},
+		{"past the stack", q, out, with(func(p *kernels.FP8Blocks) { p.Rows, p.Row0 = 41, 40 }), "do not reach row 80 (10 needed)"},
+		{"a second block row", q, out, with(func(p *kernels.FP8Blocks) { p.Rows, p.ScaleLen = 33, 3 }), "do not reach row 32 (4 needed)"},
+		{"null scale", q, out, with(func(p *kernels.FP8Blocks) { p.Scale = 0 }), "null"},
+		{"unknown scale type", q, out, with(func(p *kernels.FP8Blocks) { p.ScaleDType = 4 }), "unknown scale type"},
+		{"q too short", q, out, with(func(p *kernels.FP8Blocks) { p.Cols, p.ScaleLen = 65, 12 }), "q holds"},
+		{"out not bf16", q, q, ok, "out is"},
+	}
+	for _, c := range cases {
+		err := kernels.DequantFP8Blocks(nil, 0, c.q, c.p, c.out)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v, want %q", c.name, err, c.want)
+		}
+	}
+	for _, d := range []safetensors.DType{safetensors.F8E8M0, safetensors.U8} {
+		if sd, err := kernels.DequantBlockScaleOf(d); err != nil || sd != kernels.DequantScaleE8M0 {
+			t.Errorf("DequantBlockScaleOf(%s) = %d, %v, want E8M0", d, sd, err)
+		}
+	}
+	if _, err := kernels.DequantBlockScaleOf(safetensors.F8E4M3); err == nil {
+		t.Error("DequantBlockScaleOf(F8_E4M3) gave no error")
 	}
 }
 

@@ -136,12 +136,16 @@ func TestDSV41ConversionsValidate(t *testing.T) {
 	}
 }
 
-func TestDSV41MutationsFail(t *testing.T) {
-	// DST's FP8 32x32 shared expert: its own block's scale, one code's sign.
-	muts := append(mxfp4Mutations("layers.1.ffn", dsv4FP4, "h96-i64", "h64-i96"),
+// dsv41Mutations change one FP4 expert of V4.1's DST (mxfp4Mutations) and
+// its FP8 32x32 shared expert: its own block's scale, one code's sign.
+func dsv41Mutations() []dstMutation {
+	return append(mxfp4Mutations("layers.1.ffn", dsv4FP4, "h96-i64", "h64-i96"),
 		officialSharedMutations(sharedFP8Edit{"h96-i64", "layers.1.ffn.shared_experts.w2.scale", 2},
 			sharedFP8Edit{"h64-i96", "layers.2.ffn.shared_experts.w1.weight", 40})...)
-	mutationsFail(t, dsv41Specs(), muts, DeviceCPU, []BytesMode{BytesOff, BytesAuto})
+}
+
+func TestDSV41MutationsFail(t *testing.T) {
+	mutationsFail(t, dsv41Specs(), dsv41Mutations(), DeviceCPU, []BytesMode{BytesOff, BytesAuto})
 	// An attention weight's 32x32 scale no layer runs: the byte proof alone.
 	mutationsFail(t, dsv41Specs(), []dstMutation{
 		{"an attention 32x32 FP8 scale changed", "h64-i96", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
@@ -179,13 +183,20 @@ func TestDSV41Refusals(t *testing.T) {
 	})
 }
 
-// TestDSV41GPURefused: the GPU's FP8 kernels take 128x128 blocks, so V4.1's
-// 32x32 shared expert is refused under --device cuda in one line naming the
-// block, and --device auto runs the CPU. No GPU needed.
-func TestDSV41GPURefused(t *testing.T) {
+// TestDSV41OnGPU: the GPU decodes V4.1's 32x32 FP8 shared expert to bf16
+// on the device (kernels.DequantFP8Blocks) beside its FP4 routed experts,
+// so --device cuda takes it at the bf16 precision and refuses f32 and fp8
+// in one line, as for every format it decodes. No GPU needed.
+func TestDSV41OnGPU(t *testing.T) {
 	src := synthFrom(t, dsv41Specs(), "h96-i64")
 	dst := convertInto(t, src, convert.Options{Layout: layout.Stacked})
-	cudaRefused(t, src, dst, PrecisionBF16,
-		"the shared expert is stored as fp8_block_128x128 in 32x32 blocks (F8_E8M0 scales) beside mxfp4 routed experts; the GPU's FP8 kernels take 128x128 blocks only",
-		"running on the CPU")
+	bf16OnlyOnGPU(t, src, dst, "MXFP4 expert weights (quantization mxfp4, F8_E8M0 scales)")
+}
+
+// TestGPUDSV41: on the GPU, every out-in conversion of V4.1 passes validate
+// --device cuda (FP4 routed experts and the 32x32 FP8 shared expert both
+// decoded on the device), and each mutation of TestDSV41MutationsFail
+// fails the whole run; the layer checks alone run and log them.
+func TestGPUDSV41(t *testing.T) {
+	gpuDecodedPass(t, dsv41Specs(), layoutsOnly, dsv41Mutations())
 }

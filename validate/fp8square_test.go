@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -34,16 +35,26 @@ func TestFP8SquareBlocksValidate(t *testing.T) {
 			t.Errorf("%+v: quantization %q dequantized %+v", o, c.Quantization, c.Dequantized)
 		}
 	})
+	// 64x64 blocks with F32 scales (no scale_fmt).
+	conversionsPass(t, synthFrom(t, fp8SquareSpecs(), "b64-h128-i96"), DeviceCPU, threeLayouts, func(o convert.Options, c *layout.Contract) {
+		quantContract{weightfmt.QuantFP8Block, "F8_E4M3", "", []int64{64, 64}}.check(t, o, c)
+	})
 }
 
 // TestFP8SquareBlocksMutationsFail: one flipped element of one expert and
 // one changed block scale fail validate, the layer checks alone and the
 // whole run.
 func TestFP8SquareBlocksMutationsFail(t *testing.T) {
+	mutationsFail(t, fp8SquareSpecs(), fp8SquareMutations(), DeviceCPU, []BytesMode{BytesOff, BytesAuto})
+}
+
+// fp8SquareMutations: one flipped element of one expert's 32x32 FP8 down
+// projection and one block scale quadrupled.
+func fp8SquareMutations() []dstMutation {
 	const prefix = "model.layers.1.mlp"
 	f := weightfmt.FP8Block(32, 32, false)
 	big := func(b byte) bool { return b&0x78 >= 0x50 && b&0x7f != 0x7f }
-	mutationsFail(t, fp8SquareSpecs(), []dstMutation{
+	return []dstMutation{
 		{"one flipped element in one expert", "b32-h80-i64", convert.Options{Layout: layout.Stacked}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, f).Weight(layout.ProjDown), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 4)
@@ -56,5 +67,16 @@ func TestFP8SquareBlocksMutationsFail(t *testing.T) {
 				e[3*4+3]++ // the high byte of entry 3 (F32): exponent + 2, four times the scale
 			})
 		}},
-	}, DeviceCPU, []BytesMode{BytesOff, BytesAuto})
+	}
+}
+
+// TestGPUFP8SquareBlocks: on the GPU, which decodes FP8 in blocks other
+// than 128x128 to bf16 on the device (kernels.DequantFP8Blocks), every
+// out-in conversion of the 32x32 (ragged) and 64x64 checkpoints passes
+// validate --device cuda, fuse-shared included; each mutation fails the
+// whole run, and the layer checks alone run and log them.
+func TestGPUFP8SquareBlocks(t *testing.T) {
+	gpuDecodedPass(t, fp8SquareSpecs(), func(fixtures.SynthSpec) []convert.Options {
+		return append(slices.Clone(threeLayouts), convert.Options{Layout: layout.Stacked, TP: 2, FuseShared: true})
+	}, fp8SquareMutations())
 }

@@ -138,21 +138,27 @@ func TestDSV4FP4GPUFormats(t *testing.T) {
 		})
 	}
 	// The kernels take FP8 128x128 blocks under F32, F8_E8M0 or U8 (E8M0)
-	// scales, nothing else.
+	// scales as stored; FP8 in any other block (DeepSeek-V4.1's 32x32, a
+	// block that is not square) is decoded to bf16 on the device first.
 	for _, tc := range []struct {
-		f    weightfmt.Format
-		take bool
+		f              weightfmt.Format
+		take, onDevice bool
 	}{
-		{weightfmt.FP8Block(128, 128, false), true},
-		{weightfmt.FP8BlockDeepSeek(128, 128, safetensors.F8E8M0), true},
-		{weightfmt.FP8BlockDeepSeek(128, 128, safetensors.U8), true},
-		{weightfmt.FP8BlockDeepSeek(64, 128, safetensors.F8E8M0), false},
-		{weightfmt.FP8Block(32, 32, true), false},                         // DeepSeek-V4.1's edge: the CPU's
-		{weightfmt.MXFP8(weightfmt.NamingModelOpt, safetensors.U8), true}, // decoded on the device
+		{weightfmt.FP8Block(128, 128, false), true, false},
+		{weightfmt.FP8BlockDeepSeek(128, 128, safetensors.F8E8M0), true, false},
+		{weightfmt.FP8BlockDeepSeek(128, 128, safetensors.U8), true, false},
+		{weightfmt.FP8BlockDeepSeek(64, 128, safetensors.F8E8M0), true, true},
+		{weightfmt.FP8BlockDeepSeek(32, 32, safetensors.F8E8M0), true, true}, // DeepSeek-V4.1's
+		{weightfmt.FP8Block(32, 32, true), true, true},
+		{weightfmt.FP8Block(64, 64, false), true, true},
+		{weightfmt.MXFP8(weightfmt.NamingModelOpt, safetensors.U8), true, true},
 	} {
+		sc, _ := tc.f.Scale()
 		if got := gpurun.KernelsTake(tc.f); got != tc.take {
-			sc, _ := tc.f.Scale()
 			t.Errorf("KernelsTake(FP8 %v %s) = %v, want %v", sc.Block, sc.DType, got, tc.take)
+		}
+		if got := gpurun.DecodesOnDevice(tc.f); got != tc.onDevice {
+			t.Errorf("DecodesOnDevice(FP8 %v %s) = %v, want %v", sc.Block, sc.DType, got, tc.onDevice)
 		}
 	}
 }

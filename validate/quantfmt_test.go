@@ -221,6 +221,7 @@ func decodedOnGPU() []struct {
 		fixture, what string
 	}{
 		{fp8ScaledSpecs(), "qwen3-channel", "FP8 per-channel expert weights (quantization fp8_channel, BF16 scales)"},
+		{fp8SquareSpecs(), "b32-h80-i64", "FP8 expert weights (quantization fp8_block_128x128, F32 scales)"},
 		{int4Specs(), "kimi-g32", "INT4 expert weights (quantization int4_pack, BF16 scales)"},
 		{mxfp4Specs(), "h96-i64", "MXFP4 expert weights (quantization mxfp4, U8 scales)"},
 		{nvfp4Specs(), "qwen3-nv", "NVFP4 expert weights (quantization nvfp4_modelopt, F8_E4M3 scales)"},

@@ -198,6 +198,12 @@ func fp8SquareSpecs() map[string]fixtures.SynthSpec {
 		"b32-h80-i64": {Family: "deepseek_v3", Layers: 3, DenseLayers: 1, Hidden: 80, Intermediate: 64,
 			Experts: 12, SharedExperts: 2, TopK: 3, NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5,
 			DType: "fp8", ScaleFmt: "ue8m0", FP8Block: 32, Vocab: 64, Seed: 5101, BiasLike: "deepseek"},
+		// Two 64-column blocks a hidden row, F32 scales; 96 = 64 + 32
+		// intermediate rows, so each half of a gate-up stack ends in a
+		// ragged block row of its own.
+		"b64-h128-i96": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 128, Intermediate: 96,
+			Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5,
+			DType: "fp8", FP8Block: 64, Vocab: 64, Seed: 5102, BiasLike: "deepseek"},
 	}
 }
 

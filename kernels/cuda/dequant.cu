@@ -47,6 +47,9 @@
 // MXFP8 (moe_dequant_mxfp8_rows, below dq_e8m0_to_f32): E4M3 bytes times
 // an E8M0 scale per 32 columns of a row.
 //
+// FP8 in blocks of any size (moe_dequant_fp8_blocks, below it): E4M3 bytes
+// times their block's F32 or E8M0 scale.
+//
 // Go side: kernels/dequant.go.
 #include "numeric.cuh"
 
@@ -90,6 +93,20 @@ __device__ __forceinline__ unsigned dq_pair(unsigned two, float s)
     return lo | (hi << 16);
 }
 
+// dq_store8 decodes the 8 codes of row qr from column c0 with one scale s
+// into orow: one 8-byte load and one 16-byte store (c0 % 8 == 0 and a row
+// length that keeps both aligned: cols % 8 == 0).
+__device__ __forceinline__ void dq_store8(const e4m3_t* __restrict__ qr, int c0, float s, bf16_t* __restrict__ orow)
+{
+    uint2 u = *(const uint2*)(qr + c0);
+    uint4 o;
+    o.x = dq_pair(u.x, s);
+    o.y = dq_pair(u.x >> 16, s);
+    o.z = dq_pair(u.y, s);
+    o.w = dq_pair(u.y >> 16, s);
+    *(uint4*)(orow + c0) = o;
+}
+
 extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_fp8_rows(const e4m3_t* __restrict__ q, int rows, int cols,
                                                                                const void* __restrict__ scale, int scale_dtype,
                                                                                int rows_per_scale, long long row0, bf16_t* __restrict__ out)
@@ -104,13 +121,7 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_fp8_rows(co
     bf16_t* orow = out + (long long)r * cols;
     if ((cols & 7) == 0) {
         if (c0 >= cols) return;
-        uint2 u = *(const uint2*)(qr + c0);  // 8-byte aligned: cols % 8 == 0, c0 % 8 == 0
-        uint4 o;
-        o.x = dq_pair(u.x, s);
-        o.y = dq_pair(u.x >> 16, s);
-        o.z = dq_pair(u.y, s);
-        o.w = dq_pair(u.y >> 16, s);
-        *(uint4*)(orow + c0) = o;  // 16-byte aligned: 2 * cols % 16 == 0
+        dq_store8(qr, c0, s, orow);
         return;
     }
 #pragma unroll
@@ -151,14 +162,54 @@ extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_mxfp8_rows(
     if (r >= rows) return;
     const int c0 = k * DQ_CHUNK + threadIdx.x * DQ_PER_THREAD;
     if (c0 >= cols) return;
-    const float s = dq_e8m0_to_f32(scale[(long long)r * (cols >> 5) + (c0 >> 5)]);
-    uint2 u = *(const uint2*)(q + (long long)r * cols + c0);
-    uint4 o;
-    o.x = dq_pair(u.x, s);
-    o.y = dq_pair(u.x >> 16, s);
-    o.z = dq_pair(u.y, s);
-    o.w = dq_pair(u.y >> 16, s);
-    *(uint4*)(out + (long long)r * cols + c0) = o;
+    dq_store8(q + (long long)r * cols, c0, dq_e8m0_to_f32(scale[(long long)r * (cols >> 5) + (c0 >> 5)]), out + (long long)r * cols);
+}
+
+// FP8 in blocks of block_rows x block_cols (weightfmt/fp8block.go, any
+// block size: DeepSeek-V4.1's 32x32 with E8M0 x.scale; 128x128 runs
+// through the FP8 GEMM as stored and is decoded here only in tests):
+//   out[r, c] = bf16_rne(f32(e4m3(q[r, c])) * scale[w][rr / block_rows][c / block_cols])
+// where row row0 + r of the launch is row rr of weight w of a stack of
+// weights of rows_per_weight rows each (one weight: rows_per_weight the
+// row count), each weight's grid [ceil(rows_per_weight / block_rows),
+// ceil(cols / block_cols)] row-major (ragged edge blocks, as weightfmt's
+// DequantE4M3). scale_dtype 0-2 as moe_dequant_fp8_rows', 3 E8M0
+// (kernels.DequantScaleE8M0: 2^(e - 127), 255 NaN, 0 the subnormal
+// 2^-127), widened exactly. Launch as moe_dequant_fp8_rows: grid = rows *
+// ceil(cols / 2048), each thread 8 bytes; when cols and block_cols are
+// multiples of 8 a thread's 8 bytes lie in one block and take one scale.
+__device__ __forceinline__ float dq_block_scale(const void* scale, int dtype, long long i)
+{
+    if (dtype == 3) return dq_e8m0_to_f32(((const unsigned char*)scale)[i]);
+    return dq_scale(scale, dtype, i);
+}
+
+extern "C" __global__ void __launch_bounds__(DQ_THREADS) moe_dequant_fp8_blocks(const e4m3_t* __restrict__ q, int rows, int cols,
+                                                                                 const void* __restrict__ scale, int scale_dtype,
+                                                                                 int block_rows, int block_cols, int rows_per_weight,
+                                                                                 long long row0, bf16_t* __restrict__ out)
+{
+    const int chunks = (cols + DQ_CHUNK - 1) / DQ_CHUNK;
+    const long long b = blockIdx.x;
+    const int r = (int)(b / chunks), k = (int)(b - (long long)r * chunks);
+    if (r >= rows) return;
+    const long long gr = row0 + r, w = gr / rows_per_weight;
+    const int rr = (int)(gr - w * rows_per_weight);
+    const long long grid_rows = ((long long)rows_per_weight + block_rows - 1) / block_rows;
+    const long long grid_cols = ((long long)cols + block_cols - 1) / block_cols;
+    const long long srow = (w * grid_rows + rr / block_rows) * grid_cols;
+    const int c0 = k * DQ_CHUNK + threadIdx.x * DQ_PER_THREAD;
+    const e4m3_t* qr = q + (long long)r * cols;
+    bf16_t* orow = out + (long long)r * cols;
+    if ((cols & 7) == 0 && (block_cols & 7) == 0) {
+        if (c0 >= cols) return;
+        dq_store8(qr, c0, dq_block_scale(scale, scale_dtype, srow + c0 / block_cols), orow);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < DQ_PER_THREAD; i++)
+        if (c0 + i < cols)
+            orow[c0 + i] = f32_to_bf16(__fmul_rn(dq_e4m3_to_f32(qr[c0 + i]), dq_block_scale(scale, scale_dtype, srow + (c0 + i) / block_cols)));
 }
 
 // The three 4-bit decoders: a row's group scale, and an element's value

@@ -15,8 +15,9 @@ import (
 // DecodesOnDevice reports whether expert weights of format f reach the GPU
 // kernels as bf16 decoded on the device: FP8 with one scale per output row
 // or one per weight (kernels.DequantFP8Rows), MXFP8 (kernels.DequantMXFP8Rows),
-// and the 4-bit formats kernels.Dequant4Rows decodes (pack-quantized
-// INT4, MXFP4, NVFP4). The
+// FP8 in blocks other than the FP8 GEMM's 128x128 (kernels.DequantFP8Blocks:
+// DeepSeek-V4.1's 32x32), and the 4-bit formats kernels.Dequant4Rows
+// decodes (pack-quantized INT4, MXFP4, NVFP4). The
 // bf16 grouped GEMM then runs them, so only the bf16 precision compares
 // them (the decode rounds each weight to bf16 once).
 func DecodesOnDevice(f weightfmt.Format) bool {
@@ -25,6 +26,10 @@ func DecodesOnDevice(f weightfmt.Format) bool {
 	}
 	if q := f.Quantization(); q == weightfmt.QuantFP8Channel || q == weightfmt.QuantFP8Tensor || q == weightfmt.QuantMXFP8 {
 		return true
+	}
+	if sc, scaled := f.Scale(); scaled && f.Quantization() == weightfmt.QuantFP8Block {
+		// 128x128 blocks run through the FP8 GEMM as stored (KernelsTake).
+		return sc.Block != [2]int64{kernels.FP8ScaleBlock, kernels.FP8ScaleBlock}
 	}
 	_, err := kernels.Packed4Of(f)
 	return err == nil
@@ -207,8 +212,11 @@ func (b *Bank) decodeSetup(s *Stager, src tensorload.TensorSource, p bankPart, w
 		d.perExpert = append(d.perExpert, scaleUpload{st, x})
 		return x.Ptr(), nil
 	}
-	d.fp8 = wf.Quantization() == weightfmt.QuantFP8Channel || wf.Quantization() == weightfmt.QuantFP8Tensor
+	q := wf.Quantization()
+	d.fp8 = q == weightfmt.QuantFP8Channel || q == weightfmt.QuantFP8Tensor || q == weightfmt.QuantFP8Block
 	switch {
+	case q == weightfmt.QuantFP8Block:
+		d.decode, err = s.fp8BlockDecoder(p, wf, ts, rows, cols, room)
 	case d.fp8:
 		d.decode, err = s.fp8Decoder(ts, rows, cols, room)
 	case wf.Quantization() == weightfmt.QuantMXFP8:
@@ -284,6 +292,53 @@ func (s *Stager) fp8Decoder(ts *checkpoint.Tensor, rows, cols int64, room func(*
 		qm := kernels.Mat{DType: kernels.MatFP8, Ptr: q, Len: int(nr * cols)}
 		om := kernels.Mat{DType: kernels.MatBF16, Ptr: out, Len: int(nr * cols)}
 		return kernels.DequantFP8Rows(s.dev, s.stream, qm, int(nr), int(cols), scales, int(ns), dsd, int(rows/ns), int(r0), om)
+	}, nil
+}
+
+// fp8BlockDecoder puts the scale grids ts of p, a rows x cols stack of FP8
+// block weights (wf) of p.shape's second last dimension rows each, where
+// room says (whole: a grid is a small fraction of its weight), and returns
+// the decode of a chunk of its rows (kernels.DequantFP8Blocks). Each
+// weight has its grid, or each half of a fused gate-up weight has its own
+// (as convert writes them: [E, 2 * ceil(I / b), ceil(H / b)], which is
+// ceil(2I / b) rows only where I is whole blocks): ts's second last
+// dimension says which.
+func (s *Stager) fp8BlockDecoder(p bankPart, wf weightfmt.Format, ts *checkpoint.Tensor, rows, cols int64, room func(**cuda.Buffer[uint8], *checkpoint.Tensor) (cuda.DevicePtr, error)) (chunkDecode, error) {
+	sc, _ := wf.Scale()
+	sd, err := kernels.DequantBlockScaleOf(ts.DType)
+	if err != nil {
+		return nil, err
+	}
+	perWeight := rows // one weight, or a stack's of p.shape [..., R, cols]
+	if len(p.shape) >= 2 {
+		perWeight = p.shape[len(p.shape)-2]
+	}
+	bo, bi := sc.Block[0], sc.Block[1]
+	if perWeight <= 0 || rows%perWeight != 0 || perWeight > math.MaxInt32 || bo <= 0 || bi <= 0 || bo > math.MaxInt32 || bi > math.MaxInt32 || len(ts.Shape) < 2 {
+		return nil, fmt.Errorf("%s: %s of %d rows in weights of %d, blocks %s, scale shape %v: cannot be decoded on the device", ts.File, p.name, rows, perWeight, blockEdge(sc.Block), ts.Shape)
+	}
+	gridRows := ts.Shape[len(ts.Shape)-2]
+	perGrid := int64(0)
+	for _, k := range []int64{1, 2} {
+		if perWeight%k == 0 && (perWeight/k+bo-1)/bo*k == gridRows {
+			perGrid = perWeight / k
+			break
+		}
+	}
+	if want := rows / perWeight * gridRows * ((cols + bi - 1) / bi); perGrid == 0 || ts.NumElements() != want {
+		return nil, fmt.Errorf("%s: scale %s of shape %v does not grid %d weights of %d x %d in %s blocks",
+			ts.File, ts.Name, ts.Shape, rows/perWeight, perWeight, cols, blockEdge(sc.Block))
+	}
+	scales, err := room(&s.dq.scales, ts)
+	if err != nil {
+		return nil, err
+	}
+	return func(r0, nr int64, q, out cuda.DevicePtr) error {
+		qm := kernels.Mat{DType: kernels.MatFP8, Ptr: q, Len: int(nr * cols)}
+		om := kernels.Mat{DType: kernels.MatBF16, Ptr: out, Len: int(nr * cols)}
+		return kernels.DequantFP8Blocks(s.dev, s.stream, qm, kernels.FP8Blocks{Rows: int(nr), Cols: int(cols),
+			Scale: scales, ScaleLen: int(ts.NumElements()), ScaleDType: sd, BlockRows: int(bo), BlockCols: int(bi),
+			RowsPerWeight: int(perGrid), Row0: int(r0)}, om)
 	}, nil
 }
 

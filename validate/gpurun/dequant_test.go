@@ -24,7 +24,8 @@ import (
 )
 
 // TestDecodedBanksMatchCPU: on the GPU, every weight of a 4-bit format (and
-// of MXFP8, whose E8M0 grid is staged a chunk's rows at a time too) as
+// of MXFP8, whose E8M0 grid is staged a chunk's rows at a time too, and of
+// FP8 in 32x32 and 64x64 blocks, whose grids are staged whole) as
 // the stager decodes it on the device is bit for bit the CPU's decode
 // (tensorload.LoadMatrix) rounded to bf16: SRC's per-expert MLPs through
 // loadMLPBankOf (gpt-oss's gate and up as strided views of its interleaved
@@ -44,6 +45,13 @@ func TestDecodedBanksMatchCPU(t *testing.T) {
 			NGroup: 2, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: fixtures.DTypeNVFP4, Vocab: 64, Seed: 4104, BiasLike: "deepseek"},
 		"mxfp8": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 96, Experts: 5, SharedExperts: 1, TopK: 2,
 			NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: fixtures.DTypeMXFP8, Vocab: 64, Seed: 4105, BiasLike: "deepseek"},
+		// FP8 in 32x32 blocks (UE8M0 F32 scales): 80 hidden columns and
+		// down rows end in a ragged block, a chunk of 3 rows spans blocks
+		// and experts. And 64x64 blocks.
+		"fp8-b32": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 80, Intermediate: 64, Experts: 5, SharedExperts: 1, TopK: 2,
+			NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: "fp8", ScaleFmt: "ue8m0", FP8Block: 32, Vocab: 64, Seed: 4106, BiasLike: "deepseek"},
+		"fp8-b64": {Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 128, Intermediate: 96, Experts: 4, SharedExperts: 1, TopK: 2,
+			NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: "fp8", FP8Block: 64, Vocab: 64, Seed: 4107, BiasLike: "deepseek"},
 	}
 	s := testStager(t)
 	for name, spec := range specs {

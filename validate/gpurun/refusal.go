@@ -9,7 +9,6 @@ import (
 	"fmt"
 
 	"github.com/moeprep/moeprep/family"
-	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -17,8 +16,8 @@ import (
 // Refusal says why the GPU kernels cannot run the expert weights of SRC
 // (plan, nil: no SRC) or DST (contract c, nil: no DST) at precision ("" when
 // they can): the kernels take unquantised weights and FP8
-// 128x128 blocks with F32 scales as stored, and FP8 per channel or per
-// tensor, MXFP8, pack-quantized INT4, MXFP4 and NVFP4 decoded to bf16 on the
+// 128x128 blocks (F32 or E8M0 scales) as stored, and FP8 in blocks of other
+// sizes, FP8 per channel or per tensor, MXFP8, pack-quantized INT4, MXFP4 and NVFP4 decoded to bf16 on the
 // device (DecodesOnDevice), which only the bf16 precision compares
 // (the decode rounds every weight to bf16 once, which the gpu-f32
 // tolerance would rightly fail and the w8a8 mode does not model). No
@@ -54,7 +53,7 @@ func Refusal(plan *family.Plan, c *layout.Contract, precision string) string {
 			continue
 		}
 		sc, _ := f.Scale()
-		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU runs unquantised weights, FP8 128x128 blocks with F32 scales, and FP8 per-channel or per-tensor, MXFP8, INT4, MXFP4 and NVFP4 weights (decoded to bf16)",
+		return fmt.Sprintf("%s expert weights (quantization %s, %s scales) have no GPU path: the GPU runs unquantised weights, FP8 128x128 blocks as stored, and FP8 in other blocks, FP8 per-channel or per-tensor, MXFP8, INT4, MXFP4 and NVFP4 weights (decoded to bf16)",
 			f, f.Quantization(), sc.DType)
 	}
 	// A shared expert stored unlike the routed experts loads with its own
@@ -96,10 +95,6 @@ func sharedRefusal(plan *family.Plan, c *layout.Contract, precision, sq string) 
 	for _, f := range fs {
 		sc, _ := f.Scale()
 		switch {
-		case !KernelsTake(f) && sc.Block[0] > 0 && sc.Block != [2]int64{kernels.FP8ScaleBlock, kernels.FP8ScaleBlock}:
-			// DeepSeek-V4.1's shared expert: FP8 in 32x32 blocks
-			return fmt.Sprintf("the shared expert is stored as %s in %dx%d blocks (%s scales) beside %s routed experts; the GPU's FP8 kernels take %dx%d blocks only",
-				sq, sc.Block[0], sc.Block[1], sc.DType, routedQuantization(plan, c), kernels.FP8ScaleBlock, kernels.FP8ScaleBlock)
 		case !KernelsTake(f):
 			return fmt.Sprintf("the shared expert is stored as %s (%s scales) beside %s routed experts, which the GPU kernels do not take", sq, sc.DType, routedQuantization(plan, c))
 		case DecodesOnDevice(f) && precision != PrecisionBF16:

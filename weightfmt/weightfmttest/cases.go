@@ -263,6 +263,44 @@ func FP8BlockCases() []Case {
 			fp8Case(fmt.Sprintf("deepseek %s/130x260", d), f, 130, 260, 128, 128, everyCodeBytes(r, 130, 260), []byte{0, 1, 127, 133, 255, 120}, d),
 			fp8Case(fmt.Sprintf("deepseek %s/2x256/scale codes 254, 200", d), f, 2, 256, 128, 128, everyCodeBytes(r, 2, 256), []byte{254, 200}, d))
 	}
+	return append(cs, squareBlockCases()...)
+}
+
+// squareBlockCases: FP8 in 32x32 and 64x64 blocks (DeepSeek-V4.1's, and
+// weight_block_size [64, 64]) with F32 scales (every special the dtype
+// holds, then random ones) and E8M0 x.scale codes (0: 2^-127, 1, 127: 1,
+// 255: NaN, then random ones; 254 overflows, in a weight of its own):
+// ragged edge blocks in both directions, rows whose length is and is not
+// a multiple of 8 (a device decoder's vector and element paths), and
+// three weights of one shape each, which stack.
+func squareBlockCases() []Case {
+	r := rand.New(rand.NewPCG(7, 8))
+	var cs []Case
+	for _, b := range []int{32, 64} {
+		for _, sz := range [][2]int{{2*b + 6, 3*b + 4}, {b + b/4, 3 * b}} {
+			rows, cols := sz[0], sz[1]
+			n := ((rows + b - 1) / b) * ((cols + b - 1) / b)
+			scale, _ := scaleGrid(r, safetensors.F32, n, scaleSpecials)
+			cs = append(cs, fp8Case(fmt.Sprintf("%dx%d/%dx%d", b, b, rows, cols), weightfmt.FP8Block(int64(b), int64(b), true),
+				rows, cols, b, b, everyCodeBytes(r, rows, cols), scale, safetensors.F32))
+			for _, d := range []safetensors.DType{safetensors.F8E8M0, safetensors.U8} {
+				f := weightfmt.FP8BlockDeepSeek(int64(b), int64(b), d)
+				for k := range 3 {
+					codes := []byte{0, 1, 127, 255}
+					for len(codes) < n {
+						codes = append(codes, byte(100+r.IntN(40)))
+					}
+					codes = codes[:n]
+					r.Shuffle(len(codes), func(i, j int) { codes[i], codes[j] = codes[j], codes[i] })
+					cs = append(cs, fp8Case(fmt.Sprintf("deepseek %s %dx%d/%dx%d/%d", d, b, b, rows, cols, k), f, rows, cols, b, b,
+						everyCodeBytes(r, rows, cols), codes, d))
+				}
+			}
+		}
+		f := weightfmt.FP8BlockDeepSeek(int64(b), int64(b), safetensors.F8E8M0)
+		cs = append(cs, fp8Case(fmt.Sprintf("deepseek F8_E8M0 %dx%d/2x%d/scale codes 254, 200", b, b, 2*b), f, 2, 2*b, b, b,
+			everyCodeBytes(r, 2, 2*b), []byte{254, 200}, safetensors.F8E8M0))
+	}
 	return cs
 }
 
