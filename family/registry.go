@@ -71,7 +71,7 @@ func FuseSharedModelTypes() []string {
 		}
 	}
 	for _, w := range wrappers {
-		if textFamily(w.textTypes[0]).fusable() {
+		if textFamily(w.textTypes[0]).fusable() && w.unfusable == "" {
 			out = append(out, w.modelType)
 		}
 	}

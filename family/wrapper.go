@@ -38,6 +38,10 @@ type wrapper struct {
 	// where the layout differs from the one the family plans (Inkling's
 	// hub layout: w13_weight, gate and up rows interleaved).
 	names map[string]func(*naming)
+	// unfusable, when set, is why fuse-shared does not apply to the
+	// wrapper though its text family's shared expert fuses (Kimi K3's
+	// latent MoE).
+	unfusable string
 }
 
 // wrappers are the multimodal wrappers moeprep reads, each as transformers
@@ -63,7 +67,8 @@ var wrappers = []wrapper{
 	// read); vision_tower.*, mm_projector.*. Both engines build the text
 	// config as their KimiLinearConfig whatever it names.
 	{modelType: "kimi_k3", textKey: "text_config", textTypes: []string{"kimi_linear"}, anyTextType: true,
-		layers: []string{"language_model.layers.", "language_model.model.layers."}, text: []string{"language_model."}},
+		layers: []string{"language_model.layers.", "language_model.model.layers."}, text: []string{"language_model."},
+		unfusable: "its shared experts read the hidden state and its routed experts the latent"},
 	// Qwen3-VL-MoE: as Qwen3.5, experts stacked on disk (either orientation).
 	{modelType: "qwen3_vl_moe", textKey: "text_config", textTypes: []string{"qwen3_vl_moe_text"},
 		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},
