@@ -275,6 +275,9 @@ func (p *planner) checkFusable() error {
 	if fp.NumSharedExperts == 0 {
 		return fmt.Errorf("%s: %s (model_type %s) has no shared expert, so there is nothing to fuse; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType)
 	}
+	if fp.Latent != nil {
+		return fmt.Errorf("%s: %s (model_type %s) is a latent MoE: its shared experts run on the hidden state (%d wide) and its routed experts on routed_expert_down_proj's latent (%d wide), so they cannot be slots of one bank; use moeprep convert instead", p.ck.Dir, fp.Family, fp.ModelType, fp.Latent.Hidden, fp.HiddenSize)
+	}
 	if fp.SharedQuantization != "" && p.o.DType != "" {
 		switch {
 		case p.o.RequantizeShared:

@@ -173,7 +173,7 @@ func TestPlanRefusesBrokenCheckpoints(t *testing.T) {
 
 		// config.json values.
 		{"unknown model_type", mixtralGen().with(map[string]any{"model_type": "llama"}), nil,
-			"=config.json: model_type \"llama\" is not supported; did you mean llama4 or llama4_text? (`moeprep --help` lists the 48 text model types, 18 wrappers and 7 wrappers' text models saved alone moeprep reads)"},
+			"=config.json: model_type \"llama\" is not supported; did you mean llama4 or llama4_text? (`moeprep --help` lists the 48 text model types, 19 wrappers and 7 wrappers' text models saved alone moeprep reads)"},
 		{"multimodal text_config", mixtralGen().with(map[string]any{"model_type": "kimi_vl", "text_config": map[string]any{"model_type": "deepseek_v3"}}), nil,
 			"configs with the language model under text_config are not supported"},
 		{"missing model_type", mixtralGen().with(map[string]any{"model_type": nil}), nil,

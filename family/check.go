@@ -174,6 +174,9 @@ func own(name string, meta TensorMeta) string {
 // stops at the first error f returns.
 func (k *checker) eachProj(proj [3]string, inter int, f func(n int, pr string, rows, cols int64) error) error {
 	h, i := int64(k.p.HiddenSize), int64(inter)
+	if k.inShared {
+		h = int64(k.p.ModelHidden()) // a latent MoE's shared experts run on x
+	}
 	for n, pr := range proj {
 		if pr == "" {
 			continue // an ungated MLP's gate (Nemotron-H: up and down only)
@@ -317,15 +320,15 @@ func (k *checker) weightDType(where, role, name string, d safetensors.DType) err
 // checkpoints (DeepSeek keeps gate.weight BF16).
 func (k *checker) router(where, name string) error {
 	if k.p.SharedRouted {
-		return k.small(where, "router", name, []int64{int64(k.p.NumExperts + k.p.NumSharedExperts), int64(k.p.HiddenSize)},
-			fmt.Sprintf("(E=%d routed + S=%d shared rows, H=%d)", k.p.NumExperts, k.p.NumSharedExperts, k.p.HiddenSize))
+		return k.small(where, "router", name, []int64{int64(k.p.NumExperts + k.p.NumSharedExperts), int64(k.p.ModelHidden())},
+			fmt.Sprintf("(E=%d routed + S=%d shared rows, H=%d)", k.p.NumExperts, k.p.NumSharedExperts, k.p.ModelHidden()))
 	}
 	if z := k.p.ZeroExperts; z > 0 {
-		return k.small(where, "router", name, []int64{int64(k.p.NumExperts + z), int64(k.p.HiddenSize)},
-			fmt.Sprintf("(E=%d routed + Z=%d zero-compute rows, H=%d)", k.p.NumExperts, z, k.p.HiddenSize))
+		return k.small(where, "router", name, []int64{int64(k.p.NumExperts + z), int64(k.p.ModelHidden())},
+			fmt.Sprintf("(E=%d routed + Z=%d zero-compute rows, H=%d)", k.p.NumExperts, z, k.p.ModelHidden()))
 	}
-	return k.small(where, "router", name, []int64{int64(k.p.NumExperts), int64(k.p.HiddenSize)},
-		fmt.Sprintf("(E=%d, H=%d)", k.p.NumExperts, k.p.HiddenSize))
+	return k.small(where, "router", name, []int64{int64(k.p.NumExperts), int64(k.p.ModelHidden())},
+		fmt.Sprintf("(E=%d, H=%d)", k.p.NumExperts, k.p.ModelHidden()))
 }
 
 // sharedStack plans S shared experts stored stacked under prefix: gate and

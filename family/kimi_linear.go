@@ -3,6 +3,8 @@ package family
 import (
 	"fmt"
 	"reflect"
+
+	"github.com/moeprep/moeprep/layout"
 )
 
 // kimiLinear is Moonshot's Kimi-Linear (KimiLinearMoE, transformers 5.17):
@@ -27,7 +29,8 @@ var kimiLinear = &spec{
 	name: "kimi_linear",
 	names: naming{layers: "model.layers.", modules: []string{"block_sparse_moe", "mlp"}, experts: "experts",
 		proj: [3]string{"w1", "w3", "w2"}, router: "gate", bias: "gate.e_score_correction_bias",
-		shared: "shared_experts", sharedProj: hubProj},
+		shared: "shared_experts", sharedProj: hubProj,
+		latent: [3]string{"routed_expert_down_proj", "routed_expert_norm", "routed_expert_up_proj"}},
 	keys: configKeys{
 		intermediate: "moe_intermediate_size",
 		numExperts:   expertsFirst,
@@ -38,37 +41,90 @@ var kimiLinear = &spec{
 	layers:   layerTypes,
 	defaults: map[string]any{"topk_group": 1.0, "routed_scaling_factor": 2.446},
 	lift:     aliasKeys(kimiLinearKeys),
-	refuse:   refuseKimiK3Text,
-	routing:  biasedSigmoid("routed_scaling_factor", true, "norm_topk_prob"),
+	routing:  kimiLinearRouting,
 }
 
-// kimiK3Why is why moeprep does not plan Kimi K3 (model_type kimi_k3, its
-// text model a kimi_linear config with K3's keys). SGLang's kimi_k3.py
-// (KimiK3MoE) and vLLM's kimi_k3 model (KimiMoE,
-// KimiRoutedOutputTransform) agree on its MoE block: the router reads the
-// hidden state x; the routed experts run on routed_expert_down_proj(x), a
-// latent of routed_expert_hidden_size; their weighted sum passes
-// routed_expert_norm (an RMSNorm, where latent_moe_use_norm) and
-// routed_expert_up_proj back to hidden_size; the shared experts run on x;
-// every MLP applies SiTU (hidden_act "situ": beta*tanh(g/beta)*sigmoid(g)
-// times linear_beta*tanh(u/linear_beta)). All of it is sourced twice; what
-// moeprep lacks is a layer model with projections and a norm around the
-// expert bank, and the SiTU activation, so it refuses rather than prove a
-// block it does not compute.
-const kimiK3Why = "Kimi K3's latent MoE runs its routed experts between routed_expert_down_proj and routed_expert_norm + routed_expert_up_proj (routed_expert_hidden_size) with the SiTU activation (hidden_act situ), a block moeprep's layer model does not hold"
-
-// refuseKimiK3Text refuses a kimi_linear config that is Kimi K3's text
-// model: a latent MoE (routed_expert_hidden_size) or the SiTU activation,
-// which Kimi-Linear's block computed as SwiGLU would silently get wrong.
-func refuseKimiK3Text(c config) error {
-	if v, ok := c.get("routed_expert_hidden_size"); ok && v != nil {
-		return c.errorf("routed_expert_hidden_size", "%v: %s", v, kimiK3Why)
-	}
-	if act, err := c.str("hidden_act", "silu"); err != nil {
+// Kimi K3's text model is a kimi_linear config with a latent MoE, read as
+// SGLang's kimi_k3.py (KimiK3MoE, KimiK3MLP) and vLLM's kimi_k3 model
+// (KimiMoE, KimiRoutedOutputTransform, KimiMLP) both compute it: the router
+// reads the hidden state x (H = hidden_size); the routed experts run on
+// routed_expert_down_proj(x), a latent of routed_expert_hidden_size (L);
+// their weighted sum (times routed_scaling_factor) passes
+// routed_expert_norm, an RMSNorm of rms_norm_eps present where
+// latent_moe_use_norm, then routed_expert_up_proj back to H; the shared
+// experts (num_shared_experts * moe_intermediate_size) run on x and are
+// added. Every MLP applies hidden_act: silu, or situ with
+// activation_situ_beta (the engines take 1 when it is unset or 0) and
+// activation_situ_linear_beta (none when unset). On disk, under the MoE
+// module: routed_expert_down_proj.weight [L,H], routed_expert_norm.weight
+// [L], routed_expert_up_proj.weight [H,L], all BF16.
+//
+// moeprep plans the bank at the latent width (Plan.HiddenSize = L, so every
+// path over the routed experts sees the width they compute in) and keeps H
+// in Plan.Latent for the router, the shared experts and the block's input
+// and output. convert carries the three latent tensors byte for byte;
+// fuse-shared is refused (the shared experts run on x, the bank on the
+// latent); validate computes the layer on the CPU both ways with SRC's
+// down projection, norm and up projection around the routed sums.
+func kimiLinearRouting(c config, mt string, p *Plan) error {
+	if err := biasedSigmoid("routed_scaling_factor", true, "norm_topk_prob")(c, mt, p); err != nil {
 		return err
-	} else if act != "silu" {
-		return c.errorf("hidden_act", "%q: moeprep computes Kimi-Linear's experts with silu (SwiGLU) only", act)
 	}
+	act, err := c.str("hidden_act", "silu")
+	if err != nil {
+		return err
+	}
+	switch act {
+	case "silu":
+	case "situ":
+		// Both engines: beta = activation_situ_beta or 1.0; linear_beta
+		// None leaves the up projection as it is.
+		beta, err := c.float("activation_situ_beta", 0)
+		if err != nil {
+			return err
+		}
+		if beta == 0 {
+			beta = 1
+		}
+		lin, err := c.float("activation_situ_linear_beta", 0)
+		if err != nil {
+			return err
+		}
+		p.Act = layout.SiTU(beta, lin)
+		if err := p.Act.Check(); err != nil {
+			return c.errorf("activation_situ_beta", "%v", err)
+		}
+	default:
+		return c.errorf("hidden_act", "%q: moeprep computes Kimi-Linear's and Kimi K3's experts with silu or situ only", act)
+	}
+	v, ok := c.get("routed_expert_hidden_size")
+	if !ok || v == nil {
+		return nil
+	}
+	l, err := c.sizeAtMost("routed_expert_hidden_size", maxHidden, "Kimi K3's latent is 3,584 wide")
+	if err != nil {
+		return err
+	}
+	// Neither engine defaults these for a latent MoE: both read them from
+	// the config, so a config without them is refused, not guessed.
+	for _, k := range []string{"latent_moe_use_norm", "rms_norm_eps"} {
+		if v, ok := c.get(k); !ok || v == nil {
+			return fmt.Errorf("config.json: routed_expert_hidden_size %d (a latent MoE) without %s, which the latent norm reads", l, k)
+		}
+	}
+	norm, err := c.boolean("latent_moe_use_norm", false)
+	if err != nil {
+		return err
+	}
+	eps, err := c.float("rms_norm_eps", 0)
+	if err != nil {
+		return err
+	}
+	if norm && (eps <= 0 || eps >= 1) {
+		return c.errorf("rms_norm_eps", "%g: an RMSNorm's epsilon is positive and small", eps)
+	}
+	p.Latent = &Latent{Hidden: p.HiddenSize, Norm: norm, Eps: eps}
+	p.HiddenSize = l
 	return nil
 }
 
@@ -105,4 +161,52 @@ func aliasKeys(aliases []keyAlias) func(config) (config, error) {
 		}
 		return c, nil
 	}
+}
+
+// latent names and checks a latent MoE's projections and norm (rel:
+// down, norm, up, relative to the MoE module prefix) in out: down [L,H],
+// norm [L] where the plan has one, up [H,L], float each. A checkpoint
+// holding them under a config that makes no latent MoE is refused: the
+// experts would be computed on the wrong input.
+func (k *checker) latent(where, prefix string, rel [3]string, out *Layer) error {
+	if rel[0] == "" {
+		return nil
+	}
+	p := k.p
+	if p.Latent == nil {
+		for _, r := range rel {
+			if n := prefix + "." + r + ".weight"; k.has(n) {
+				return fmt.Errorf("%s: holds %s, a latent MoE's, but config.json gives no routed_expert_hidden_size", where, n)
+			}
+		}
+		return nil
+	}
+	h, l := int64(p.Latent.Hidden), int64(p.HiddenSize)
+	hint := fmt.Sprintf("(H=%d, latent L=%d)", h, l)
+	for _, v := range []struct {
+		rel, role string
+		dst       *string
+		shape     []int64
+	}{{rel[0], "latent down projection", &out.LatentDown, []int64{l, h}},
+		{rel[1], "latent norm", &out.LatentNorm, []int64{l}},
+		{rel[2], "latent up projection", &out.LatentUp, []int64{h, l}}} {
+		name := prefix + "." + v.rel + ".weight"
+		if v.dst == &out.LatentNorm && !p.Latent.Norm {
+			if k.has(name) {
+				return fmt.Errorf("%s: holds %s but config.json's latent_moe_use_norm is false", where, name)
+			}
+			continue
+		}
+		*v.dst = name
+		if err := k.small(where, v.role, name, v.shape, hint); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// has reports whether the checkpoint holds tensor name.
+func (k *checker) has(name string) bool {
+	_, ok := k.t.Lookup(name)
+	return ok
 }

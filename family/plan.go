@@ -127,6 +127,11 @@ type Layer struct {
 	// rmsnorm(x) * ExpertInputNorm (pre_feedforward_layernorm_2.weight).
 	// Both norms take Plan.InputNormEps. x is then the residual stream.
 	RouterInputScale, ExpertInputNorm string
+	// LatentDown [L,H], LatentNorm [L] and LatentUp [H,L]: a latent MoE's
+	// projections around the routed experts (Plan.Latent: the experts run
+	// on LatentDown(x), their sum passes LatentNorm's RMSNorm, where it has
+	// one, and LatentUp); "" otherwise. Carried byte for byte.
+	LatentDown, LatentNorm, LatentUp string
 	// Bank is the routed bank this layer is, where a decoder layer holds
 	// more than one (ERNIE-4.5-VL's BankText and BankVision, two Layers of
 	// one Index); NoBank where it holds one. Key is the index the written
@@ -292,6 +297,12 @@ type Plan struct {
 	// as transformers, ignores (moe_layers entries past the last layer);
 	// commands print them to stderr and carry them in their JSON.
 	Notices []string
+	// Latent is a latent MoE's (Kimi K3's) outer width and norm; nil for
+	// every other. HiddenSize is then the routed experts' width (the
+	// latent, routed_expert_hidden_size), every layer names its
+	// LatentDown, LatentNorm and LatentUp, and the router, the shared
+	// experts and the block's input and output are Latent.Hidden wide.
+	Latent *Latent
 	// Wrapper is the multimodal wrapper the text model was planned inside
 	// (its model_type, text config key and layer prefix); nil for a bare
 	// text model. ModelType is then the text model's.
@@ -306,6 +317,25 @@ func (p *Plan) textLayers() []string {
 		return nil
 	}
 	return []string{p.Wrapper.Layers}
+}
+
+// Latent is a latent MoE's outer shape: Hidden is the model's hidden_size
+// H (the router's input, the shared experts' width, the block's input and
+// output); Norm: the routed sum passes an RMSNorm of epsilon Eps
+// (latent_moe_use_norm, rms_norm_eps) before the up projection.
+type Latent struct {
+	Hidden int
+	Norm   bool
+	Eps    float64
+}
+
+// ModelHidden is the width of the block's input and output, its router's
+// and its shared experts': Latent.Hidden for a latent MoE, else HiddenSize.
+func (p *Plan) ModelHidden() int {
+	if p.Latent != nil {
+		return p.Latent.Hidden
+	}
+	return p.HiddenSize
 }
 
 // IntermediateOf is I of layer l's routed experts.

@@ -296,6 +296,9 @@ func (s *spec) routerTensors(k *checker, where string, l int, out *Layer) error 
 			return err
 		}
 	}
+	if err := k.latent(where, prefix, n.latent, out); err != nil {
+		return err
+	}
 	if n.routerScale != "" {
 		out.RouterScale = prefix + "." + n.routerScale
 		if err := k.small(where, "router scale", out.RouterScale, []int64{1}, "(a scalar the routing weights are multiplied by)"); err != nil {

@@ -326,7 +326,7 @@ func TestRegistry(t *testing.T) {
 	if f.ModelTypes()[0] != "deepseek_v2" {
 		t.Error("ModelTypes exposes the family's own slice")
 	}
-	if _, err := Lookup("llama"); err == nil || err.Error() != "config.json: model_type \"llama\" is not supported; did you mean llama4 or llama4_text? (`moeprep --help` lists the 48 text model types, 18 wrappers and 7 wrappers' text models saved alone moeprep reads)" {
+	if _, err := Lookup("llama"); err == nil || err.Error() != "config.json: model_type \"llama\" is not supported; did you mean llama4 or llama4_text? (`moeprep --help` lists the 48 text model types, 19 wrappers and 7 wrappers' text models saved alone moeprep reads)" {
 		t.Errorf("Lookup(llama) error = %v", err)
 	}
 }

@@ -34,7 +34,6 @@ var unsupported = map[string]string{
 	"pi0":                   "PI0 is a dense vision-language-action model: it has no MoE experts to convert",
 	"decision_transformer":  "Decision Transformer is a dense GPT-2 policy model: it has no MoE experts to convert",
 	// issue 30's multimodal wrappers and text models moeprep cannot carry exactly
-	"kimi_k3":      kimiK3Why,
 	"cosmos3_omni": "Cosmos3-Omni is not a MoE model: its language model is a dense Qwen3-VL text model, and its generator expert (Mixture-of-Transformers, moe_gen) is a second transformer tower that transformers drops on load; there are no routed experts to plan",
 }
 
@@ -72,7 +71,7 @@ func FuseSharedModelTypes() []string {
 		}
 	}
 	for _, w := range wrappers {
-		if textFamily(w.textTypes[0]).fusable() {
+		if textFamily(w.textTypes[0]).fusable() && w.unfusable == "" {
 			out = append(out, w.modelType)
 		}
 	}

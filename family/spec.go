@@ -158,6 +158,12 @@ type naming struct {
 	// the MoE module (Gemma 4's router.per_expert_scale, router.scale,
 	// pre_feedforward_layernorm_2.weight), "" if none.
 	expertScale, routerInputScale, expertInputNorm string
+	// latent: a latent MoE's projections and norm around the routed
+	// experts, relative to the MoE module, each followed by ".weight"
+	// (Kimi K3's routed_expert_down_proj, routed_expert_norm,
+	// routed_expert_up_proj); planned only where config.json makes the
+	// plan latent (Plan.Latent).
+	latent [3]string
 	// sharedAtLayer: the shared module hangs off the decoder layer, not the
 	// MoE module (Granite: model.layers.L.shared_mlp beside block_sparse_moe);
 	// the layer's output is still routed + shared.

@@ -38,6 +38,10 @@ type wrapper struct {
 	// where the layout differs from the one the family plans (Inkling's
 	// hub layout: w13_weight, gate and up rows interleaved).
 	names map[string]func(*naming)
+	// unfusable, when set, is why fuse-shared does not apply to the
+	// wrapper though its text family's shared expert fuses (Kimi K3's
+	// latent MoE).
+	unfusable string
 }
 
 // wrappers are the multimodal wrappers moeprep reads, each as transformers
@@ -57,6 +61,14 @@ var wrappers = []wrapper{
 	// language_model.model.blocks.L. vision_tower.*, mm_projector.*.
 	{modelType: "kimi_k25", textKey: "text_config", textTypes: []string{"deepseek_v3", "kimi_k2"},
 		layers: []string{"language_model.model.layers.", "language_model.model.blocks."}, text: []string{"language_model."}},
+	// Kimi K3: Kimi-Linear's text model with a latent MoE (family/kimi_linear.go)
+	// under language_model.layers.L on disk, which vLLM's and SGLang's
+	// mappers both rename language_model.model.layers.L on load (either is
+	// read); vision_tower.*, mm_projector.*. Both engines build the text
+	// config as their KimiLinearConfig whatever it names.
+	{modelType: "kimi_k3", textKey: "text_config", textTypes: []string{"kimi_linear"}, anyTextType: true,
+		layers: []string{"language_model.layers.", "language_model.model.layers."}, text: []string{"language_model."},
+		unfusable: "its shared experts read the hidden state and its routed experts the latent"},
 	// Qwen3-VL-MoE: as Qwen3.5, experts stacked on disk (either orientation).
 	{modelType: "qwen3_vl_moe", textKey: "text_config", textTypes: []string{"qwen3_vl_moe_text"},
 		layers: []string{"model.language_model.layers."}, text: []string{"model.language_model.", "lm_head."}},

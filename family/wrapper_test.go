@@ -178,7 +178,7 @@ func TestWrapperRefusals(t *testing.T) {
 		want string
 	}{
 		{"unknown wrapper", with(map[string]any{"model_type": "llava_next"}, nil),
-			`config.json: model_type "llava_next" is not supported; did you mean llama4_text? (` + "`moeprep --help`" + ` lists the 48 text model types, 18 wrappers and 7 wrappers' text models saved alone moeprep reads); configs with the language model under text_config are not supported except the multimodal wrappers`},
+			`config.json: model_type "llava_next" is not supported; did you mean llama4_text? (` + "`moeprep --help`" + ` lists the 48 text model types, 19 wrappers and 7 wrappers' text models saved alone moeprep reads); configs with the language model under text_config are not supported except the multimodal wrappers`},
 		{"no text config", with(map[string]any{"text_config": nil}, nil),
 			`config.json: model_type "qwen3_5_moe" keeps its language model's config under text_config, which is missing`},
 		{"text config not an object", with(map[string]any{"text_config": 3.0}, nil),

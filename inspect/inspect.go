@@ -37,6 +37,9 @@ type Summary struct {
 	NumSharedExperts       int    `json:"num_shared_experts"`
 	SharedIntermediateSize int    `json:"shared_intermediate_size"`
 	SharedGated            bool   `json:"shared_gated"`
+	// Latent: a latent MoE (Kimi K3), whose routed experts run on a
+	// projection of the hidden state HiddenSize wide; nil otherwise.
+	Latent *Latent `json:"latent,omitempty"`
 	// SharedRouted: the router scores the shared experts too and weights
 	// each per token (Inkling); RouterScaled: a per-layer scalar tensor
 	// multiplies the routing weights (Inkling's gate.global_scale).
@@ -210,7 +213,7 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 	s := &Summary{
 		Dir: c.Dir, Family: p.Family, ModelType: p.ModelType, Format: c.Format,
 		DType: p.DTypeName(), Quantization: string(p.Quantization), ScaleFmt: p.ScaleFmt, ScaleDType: string(p.ScaleDType),
-		HiddenSize: p.HiddenSize, MoEIntermediateSize: p.MoEIntermediateSize,
+		HiddenSize: p.ModelHidden(), MoEIntermediateSize: p.MoEIntermediateSize,
 		NumExperts: p.NumExperts, NumSharedExperts: p.NumSharedExperts, ZeroExperts: p.ZeroExperts,
 		SharedIntermediateSize: p.SharedIntermediateSize, SharedGated: p.SharedGated, SharedRouted: p.SharedRouted,
 		TopK: p.TopK, NGroup: p.NGroup, TopKGroup: p.TopKGroup, Scoring: string(p.Scoring),
@@ -219,6 +222,9 @@ func fromPlan(c *checkpoint.Checkpoint, p *family.Plan) *Summary {
 		NumHiddenLayers:   p.NumHiddenLayers,
 		MoELayers:         []int{}, MTPLayers: []int{},
 		NumTensors: len(c.Tensors), TotalBytes: c.TotalBytes(), Notices: p.Notices,
+	}
+	if p.Latent != nil {
+		s.Latent = &Latent{Size: p.HiddenSize, Norm: p.Latent.Norm, Eps: p.Latent.Eps}
 	}
 	if p.Wrapper != nil {
 		s.ModelType = p.Wrapper.ModelType
@@ -455,7 +461,7 @@ func nextStep(s *Summary) string {
 	if s.Shown != "" {
 		dir = s.Shown
 	}
-	fusable := s.NumSharedExperts > 0 && !s.SharedGated && !s.SharedRouted && slices.Contains(family.FuseSharedModelTypes(), s.ModelType)
+	fusable := s.NumSharedExperts > 0 && !s.SharedGated && !s.SharedRouted && s.Latent == nil && slices.Contains(family.FuseSharedModelTypes(), s.ModelType)
 	loads := "transformers 5 loads it"
 	if !layout.LoadsInTransformers(s.ModelType) {
 		loads = "a loader maps it: README, Using the output"
@@ -496,9 +502,24 @@ type Bank struct {
 	Module                 string `json:"module"`                   // its converted stacks' module under the layer's MoE module: "text_moe"
 }
 
+// Latent is a latent MoE's routed-expert width (routed_expert_hidden_size)
+// and the norm its routed sum passes before the up projection.
+type Latent struct {
+	Size int     `json:"routed_expert_hidden_size"`
+	Norm bool    `json:"norm"`
+	Eps  float64 `json:"eps,omitempty"`
+}
+
 // shapesText is the shapes row: the expert width, each bank's where the
 // layers hold two.
 func shapesText(s *Summary) string {
+	if l := s.Latent; l != nil {
+		norm := "no norm"
+		if l.Norm {
+			norm = fmt.Sprintf("RMSNorm eps %g", l.Eps)
+		}
+		return fmt.Sprintf("hidden %d, routed experts on a latent of %d (%s), expert intermediate %d", s.HiddenSize, l.Size, norm, s.MoEIntermediateSize)
+	}
 	if len(s.Banks) == 0 {
 		return fmt.Sprintf("hidden %d, expert intermediate %d", s.HiddenSize, s.MoEIntermediateSize)
 	}

@@ -31,6 +31,24 @@ type Activation struct {
 	// GateGeluTanh is GeGLU, gelu_tanh(g) * u (Gemma 4's
 	// gelu_pytorch_tanh), which takes no alpha, limit or offset.
 	Gate string `json:"gate,omitempty"`
+	// Beta and LinearBeta are SiTU's (Gate GateSiTU): the gate's tanh
+	// width and, where non-zero, the up projection's.
+	Beta       float64 `json:"situ_beta,omitempty"`
+	LinearBeta float64 `json:"situ_linear_beta,omitempty"`
+}
+
+// GateSiTU is Activation.Gate for Kimi K3's SiTU (hidden_act "situ"):
+//
+//	act(g, u) = Beta tanh(g / Beta) sigmoid(g) * u'
+//	u' = LinearBeta tanh(u / LinearBeta), or u where LinearBeta is 0
+//
+// as SGLang's and vLLM's SituAndMul compute it (in float32 there, here in
+// float64 like every other activation). It takes no alpha, limit or offset.
+const GateSiTU = "situ"
+
+// SiTU is Kimi K3's activation with its two betas (linearBeta 0: u as is).
+func SiTU(beta, linearBeta float64) Activation {
+	return Activation{Gate: GateSiTU, Beta: beta, LinearBeta: linearBeta}
 }
 
 // GateGeluTanh is Activation.Gate for GeGLU with the tanh approximation
@@ -60,7 +78,7 @@ func (a Activation) SwiGLU() bool {
 
 // Check refuses values no activation could have.
 func (a Activation) Check() error {
-	for _, v := range []float64{a.Alpha, a.Limit, a.UpOffset} {
+	for _, v := range []float64{a.Alpha, a.Limit, a.UpOffset, a.Beta, a.LinearBeta} {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return fmt.Errorf("activation %+v: not finite", a)
 		}
@@ -71,14 +89,24 @@ func (a Activation) Check() error {
 	if a.ClampAfter && a.Limit == 0 {
 		return fmt.Errorf("activation %+v: clamp_after_act without a limit", a)
 	}
+	if (a.Beta != 0 || a.LinearBeta != 0) != (a.Gate == GateSiTU) {
+		return fmt.Errorf("activation %+v: situ_beta and situ_linear_beta belong to gate %s alone", a, GateSiTU)
+	}
 	switch a.Gate {
 	case "":
+	case GateSiTU:
+		if a.Beta <= 0 || a.LinearBeta < 0 {
+			return fmt.Errorf("activation %+v: SiTU needs a positive beta and a linear beta not negative", a)
+		}
+		if a.Alpha != 0 || a.Limit != 0 || a.UpOffset != 0 || a.ClampAfter {
+			return fmt.Errorf("activation %+v: gate %s takes no alpha, limit or up offset", a, a.Gate)
+		}
 	case GateGeluTanh, GateNoneReLU2:
 		if a.Alpha != 0 || a.Limit != 0 || a.UpOffset != 0 || a.ClampAfter {
 			return fmt.Errorf("activation %+v: gate %s takes no alpha, limit or up offset", a, a.Gate)
 		}
 	default:
-		return fmt.Errorf("activation %+v: gate %q is not one moeprep computes (want %q, %q or none)", a, a.Gate, GateGeluTanh, GateNoneReLU2)
+		return fmt.Errorf("activation %+v: gate %q is not one moeprep computes (want %q, %q, %q or none)", a, a.Gate, GateGeluTanh, GateNoneReLU2, GateSiTU)
 	}
 	return nil
 }
@@ -90,6 +118,9 @@ func (a Activation) Apply(g, u float64) float64 {
 	}
 	if a.Gate == GateGeluTanh {
 		return moe.GeluTanh(g) * u
+	}
+	if a.Gate == GateSiTU {
+		return moe.SiTU(g, u, a.Beta, a.LinearBeta)
 	}
 	if a.ClampAfter {
 		return moe.SwiGLUClampedAfter(g, u, a.Alpha, a.Limit, a.UpOffset)
@@ -109,6 +140,9 @@ func (a Activation) Describe() string {
 	}
 	if a.Ungated() {
 		return "relu2, relu(up)^2"
+	}
+	if a.Gate == GateSiTU {
+		return fmt.Sprintf("SiTU (beta %g, linear beta %g)", a.Beta, a.LinearBeta)
 	}
 	alpha := a.Alpha
 	if alpha == 0 {

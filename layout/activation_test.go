@@ -84,3 +84,25 @@ func TestActivationApply(t *testing.T) {
 		t.Error("gpt-oss activation refused")
 	}
 }
+
+// TestSiTUActivation: SiTU applies moe.SiTU with its betas, says so, and
+// refuses betas no config could mean and SwiGLU's knobs beside it.
+func TestSiTUActivation(t *testing.T) {
+	a := SiTU(4, 25)
+	if got, want := a.Apply(1, 2), 1.4293511315552199; got < want-1e-12 || got > want+1e-12 {
+		t.Errorf("Apply(1, 2) = %.17g, want %.17g", got, want)
+	}
+	if err := a.Check(); err != nil || a.Describe() != "SiTU (beta 4, linear beta 25)" || a.SwiGLU() {
+		t.Errorf("check %v, describe %q, SwiGLU %v", err, a.Describe(), a.SwiGLU())
+	}
+	for _, bad := range []Activation{
+		{Gate: GateSiTU}, // beta 0
+		{Gate: GateSiTU, Beta: 4, LinearBeta: -1}, // negative linear beta
+		{Gate: GateSiTU, Beta: 4, Limit: 7},       // a SwiGLU knob
+		{Beta: 4},                                 // a beta without SiTU
+	} {
+		if err := bad.Check(); err == nil {
+			t.Errorf("%+v: accepted", bad)
+		}
+	}
+}

@@ -64,6 +64,16 @@ func GeluTanh(g float64) float64 {
 	return 0.5 * g * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(g+0.044715*g*g*g)))
 }
 
+// SiTU is Kimi K3's gated activation in float64: beta tanh(g/beta)
+// sigmoid(g) times the up projection, itself linearBeta tanh(u/linearBeta)
+// where linearBeta is not 0 (SGLang's and vLLM's SituAndMul).
+func SiTU(g, u, beta, linearBeta float64) float64 {
+	if linearBeta != 0 {
+		u = linearBeta * math.Tanh(u/linearBeta)
+	}
+	return beta * math.Tanh(g/beta) / (1 + math.Exp(-g)) * u
+}
+
 // ReLU2 is relu(u)^2 in float64, the activation of Nemotron-H's ungated
 // experts (transformers' relu2: square(relu(u))). For a float32 u the
 // product is exact in float64, so rounding it to float32 gives torch's

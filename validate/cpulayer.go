@@ -26,6 +26,16 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 	if err != nil {
 		return nil, err
 	}
+	// A latent MoE's bank reads the down projection of x and its router x.
+	lr, err := s.latentStart(tg, x, t)
+	if err != nil {
+		return nil, err
+	}
+	bx, srcLayer, fusedLayer := x, tg.src, tg.fused
+	var routerX []float32
+	if lr != nil {
+		bx, routerX, srcLayer, fusedLayer = lr.xl, x, lr.src, lr.fused
+	}
 	var ref *moelayer.RefResult
 	var fused *moelayer.FusedResult
 	var refSec, fusedSec float64
@@ -34,12 +44,12 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 		// One pass over the bank runs both paths, each expert's bytes
 		// read once and held while both need them.
 		start := time.Now()
-		po := cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers, Release: release}
+		po := cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers, Release: release, RouterInput: routerX}
 		var err error
 		if po.RequantShared, err = s.requantFormat(); err != nil {
 			return nil, err
 		}
-		if ref, fused, err = cpuref.PairLayer(ctx, s.src, s.srcPlan, tg.src, s.dst, tg.fused, x, t, po); err != nil {
+		if ref, fused, err = cpuref.PairLayer(ctx, s.src, s.srcPlan, srcLayer, s.dst, fusedLayer, bx, t, po); err != nil {
 			side := s.o.Src
 			if se := (*cpuref.SideError)(nil); errors.As(err, &se) {
 				if se.DST {
@@ -56,13 +66,13 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 	if !both && tg.src != nil && s.src != nil {
 		start := time.Now()
 		var err error
-		ro := cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers}
+		ro := cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers, RouterInput: routerX}
 		if tg.fused != nil {
 			if ro.RequantShared, err = s.requantFormat(); err != nil {
 				return nil, err
 			}
 		}
-		if ref, err = cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, ro); err != nil {
+		if ref, err = cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, srcLayer, bx, t, ro); err != nil {
 			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", s.o.Src, err))
 		}
 		refSec = time.Since(start).Seconds()
@@ -70,13 +80,18 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 	if !both && tg.fused != nil && s.dst != nil {
 		start := time.Now()
 		var err error
-		if fused, err = cpuref.FusedLayerRun(ctx, s.dst, tg.fused, x, t, cpuref.FusedOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers}); err != nil {
+		if fused, err = cpuref.FusedLayerRun(ctx, s.dst, fusedLayer, bx, t, cpuref.FusedOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers, RouterInput: routerX}); err != nil {
 			return nonFiniteRows(tg, t, fmt.Errorf("%s: %w", s.o.Dst, err))
 		}
 		fusedSec = time.Since(start).Seconds()
 	}
 	if !both {
 		s.o.progress("validate: layer %s: %d tokens, reference %.1fs, fused %.1fs", tg.label(), t, refSec, fusedSec)
+	}
+	if lr != nil {
+		if err := s.latentFinish(ctx, tg, lr, ref, fused); err != nil {
+			return nil, err
+		}
 	}
 	rj := rowJudge{s: s, base: LayerResult{Layer: tg.index, MTP: tg.mtp, Bank: tg.bank.String(), Tokens: t}, numerics: judge.CPU, t: t, h: h, cov: cov, g: g}
 	if rj.point, err = s.goldenPoint(ctx, tg, g, x, t, h); err != nil {

@@ -39,7 +39,11 @@ func (s *session) layerStart(tg target) (x []float32, t, h int, g *Golden, token
 		return nil, 0, 0, nil, nil, nil, err
 	}
 	h = len(x) / t
-	if cov, err = s.coverageFor(tg, h); err != nil {
+	hb := h // the bank's width: a latent MoE's forced rows are its latent
+	if p := s.dstPlanOrSrc(); p.Latent != nil {
+		hb = p.HiddenSize
+	}
+	if cov, err = s.coverageFor(tg, hb); err != nil {
 		return nil, 0, 0, nil, nil, nil, err
 	}
 	return x, t, h, g, tokens, cov, nil
@@ -50,7 +54,7 @@ func (s *session) layerInput(tg target) (x []float32, t int, g *Golden, err erro
 	// Both the CPU and the GPU loop start each layer here, in run order:
 	// the byte progress learns which layer is being checked.
 	s.meter.startLayer(tg.index)
-	h := s.dstPlanOrSrc().HiddenSize
+	h := s.dstPlanOrSrc().ModelHidden()
 	if tg.golden != "" {
 		if g, err = ReadGolden(tg.golden, h); err != nil {
 			return nil, 0, nil, err

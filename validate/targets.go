@@ -100,7 +100,7 @@ func (s *session) targets() ([]target, []string, error) {
 				if t.bank != family.NoBank {
 					g, ok := took[p]
 					if !ok {
-						if g, err = ReadGolden(p, s.dstPlanOrSrc().HiddenSize); err != nil {
+						if g, err = ReadGolden(p, s.dstPlanOrSrc().ModelHidden()); err != nil {
 							return nil, nil, err
 						}
 						took[p] = g

@@ -106,6 +106,8 @@ type FusedOptions struct {
 	BlockSize int
 	// Workers is how many experts run at once (0: moe.Workers()).
 	Workers int
+	// RouterInput is RefOptions.RouterInput.
+	RouterInput []float32
 }
 
 // FusedLayerRun runs one converted layer the way a serving engine does:
@@ -159,6 +161,9 @@ func newFusedRun(src tensorload.TensorSource, fl *moelayer.FusedLayer, x []float
 	x, xr, cov, err := fl.Prep.Prepare(src, x, t, h, o.Coverage)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	if o.RouterInput != nil {
+		xr = o.RouterInput
 	}
 	x, routed, routing, err := routeCovered(fl.Index, src, fl.Spec, fl.RouterRef(), x, xr, t, h, o.Tokens, cov)
 	if err != nil {

@@ -30,6 +30,8 @@ type PairOptions struct {
 	// as its job ends, or at once for an expert no token reaches (a stream
 	// then lets its bytes go). It is called from the jobs' goroutines.
 	Release func(bank int)
+	// RouterInput is RefOptions.RouterInput, for both paths.
+	RouterInput []float32
 }
 
 // SideError is PairLayer's error, with the side whose path failed: SRC's
@@ -54,12 +56,12 @@ func (e *SideError) Unwrap() error { return e.Err }
 // is reported before anything of the fused path, as when the two ran one
 // after the other.
 func PairLayer(ctx context.Context, src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, dst tensorload.TensorSource, fl *moelayer.FusedLayer, x []float32, t int, o PairOptions) (*moelayer.RefResult, *moelayer.FusedResult, error) {
-	r, err := newRefLayer(src, plan, layer, x, t, RefOptions{Tokens: o.Tokens, Coverage: o.Coverage, Workers: o.Workers, RequantShared: o.RequantShared})
+	r, err := newRefLayer(src, plan, layer, x, t, RefOptions{Tokens: o.Tokens, Coverage: o.Coverage, Workers: o.Workers, RequantShared: o.RequantShared, RouterInput: o.RouterInput})
 	if err != nil {
 		return nil, nil, &SideError{Err: err}
 	}
 	p := &pair{r: r, dst: dst, release: o.Release, bankSize: fl.Contract.BankSize(), let1: map[int]bool{}}
-	f, err := newFusedRun(dst, fl, x, t, FusedOptions{Tokens: o.Tokens, Coverage: o.Coverage, BlockSize: o.BlockSize})
+	f, err := newFusedRun(dst, fl, x, t, FusedOptions{Tokens: o.Tokens, Coverage: o.Coverage, BlockSize: o.BlockSize, RouterInput: o.RouterInput})
 	if err != nil {
 		p.fail(true, stepPrepare, err)
 	} else {

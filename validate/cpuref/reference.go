@@ -48,6 +48,9 @@ type RefOptions struct {
 	// input, LongCat-Flash) out of Y: a --moe-tp part after the first,
 	// whose sum with the others must hold that output once, not M times.
 	NoZeroExperts bool
+	// RouterInput is the router's input [t, its width] where it is not
+	// x (a latent MoE's: the hidden state, x its down projection); nil: x.
+	RouterInput []float32
 }
 
 // ReferenceLayer runs one MoE layer of a source (hub-layout) plan the way
@@ -137,6 +140,9 @@ func newRefLayer(src tensorload.TensorSource, plan *family.Plan, layer *family.L
 	x, xr, cov, err := moelayer.PrepOf(plan, layer).Prepare(src, x, t, h, o.Coverage)
 	if err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
+	}
+	if o.RouterInput != nil {
+		xr = o.RouterInput
 	}
 	x, routed, routing, err := routeCovered(layer.Key(), src, plan.RouteSpec(), moelayer.RouterOf(layer), x, xr, t, h, o.Tokens, cov)
 	if err != nil {
@@ -326,6 +332,25 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 	return math.Sqrt(werr), nil
 }
 
+// SharedMLPOutput is layer's shared MLP (as src stores it, under plan) over
+// the t rows of x [t,h], run apart from the bank: a latent MoE's shared
+// experts read the hidden state while its bank reads the latent.
+func SharedMLPOutput(ctx context.Context, src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, shared family.MLP, x []float32, t, h, workers int) ([]float32, error) {
+	sf, err := plan.SharedFormat()
+	if err != nil {
+		return nil, err
+	}
+	m, err := loadSourceMLP(src, shared, sharedInter(plan), h, sf, plan.SharedActOf(*layer))
+	if err != nil {
+		return nil, fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)
+	}
+	defer m.release()
+	if workers <= 0 {
+		workers = moe.Workers()
+	}
+	return m.applyAll(ctx, x, t, workers)
+}
+
 // sharedInter is the plan's shared MLP's intermediate size (S*I when not stated).
 func sharedInter(plan *family.Plan) int {
 	if plan.SharedIntermediateSize > 0 {
@@ -338,10 +363,13 @@ func sharedInter(plan *family.Plan) int {
 // router's own input xr where non-nil, Gemma 4's) and appends the forced
 // coverage tokens cov (nil: none) to x and the routing (all).
 func routeCovered(index int, src tensorload.TensorSource, spec moe.RouteSpec, rr moelayer.RouterRef, x, xr []float32, t, h int, tokens []int32, cov *moelayer.Coverage) (xAll []float32, routed, all *moe.Routing, err error) {
+	hr := h // the router's width: x's, or its own input's
 	if xr == nil {
 		xr = x
+	} else if t > 0 {
+		hr = len(xr) / t
 	}
-	if routed, err = routeLayer(src, spec, rr, xr, t, h, tokens); err != nil {
+	if routed, err = routeLayer(src, spec, rr, xr, t, hr, tokens); err != nil {
 		return nil, nil, nil, fmt.Errorf("layer %d: %w", index, err)
 	}
 	if xAll, all, err = moelayer.WithCoverage(x, routed, cov); err != nil {

@@ -23,6 +23,14 @@ import (
 // tolerance would rightly fail and the w8a8 mode does not model). No
 // format may run as if it were one they take.
 func Refusal(plan *family.Plan, c *layout.Contract, precision string) string {
+	if plan != nil && plan.Latent != nil {
+		// Kimi K3: the CPU run computes the projections and the norm
+		// around the bank; the GPU run has no step for them.
+		return fmt.Sprintf("a latent MoE (routed experts on routed_expert_down_proj's %d-wide latent, then routed_expert_norm and routed_expert_up_proj back to %d) has no GPU path: the GPU runs the bank on the hidden state itself", plan.HiddenSize, plan.Latent.Hidden)
+	}
+	if plan != nil && plan.Act.Gate == layout.GateSiTU {
+		return fmt.Sprintf("the experts' activation %s has no GPU kernel", plan.Act.Describe())
+	}
 	var fs []weightfmt.Format
 	if plan != nil {
 		f, err := plan.Format()

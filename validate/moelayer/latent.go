@@ -1,0 +1,100 @@
+package moelayer
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/moe"
+	"github.com/moeprep/moeprep/validate/tensorload"
+)
+
+// Latent is a latent MoE layer's (Kimi K3's) transforms around its routed
+// experts, as SGLang's KimiK3MoE and vLLM's KimiMoE compute them: the
+// experts read In(x) = x Down^T (Down [L,H]); their weighted sum s [L]
+// leaves through Out(s) = Up rmsnorm(s) (Up [H,L]; the RMSNorm of weight
+// Norm and epsilon Eps where the layer has one). The router and the shared
+// experts read x itself. Both paths of a check apply the same Latent (the
+// same tensors from one checkpoint), so the routed experts they compare see
+// the same input and their sums the same output transform.
+type Latent struct {
+	Down, Norm, Up string
+	H, L           int
+	Eps            float64
+}
+
+// LatentOf is layer l's Latent under plan p; nil for a plan without one.
+func LatentOf(p *family.Plan, l *family.Layer) (*Latent, error) {
+	if p == nil || p.Latent == nil || l == nil {
+		return nil, nil
+	}
+	lt := &Latent{Down: l.LatentDown, Norm: l.LatentNorm, Up: l.LatentUp, H: p.Latent.Hidden, L: p.HiddenSize, Eps: p.Latent.Eps}
+	if lt.Down == "" || lt.Up == "" || (p.Latent.Norm && lt.Norm == "") {
+		return nil, fmt.Errorf("layer %d: a latent MoE layer without its projections or norm planned", l.Key())
+	}
+	return lt, nil
+}
+
+// In is the routed experts' input for t rows of x [t,H]: [t,L], each value
+// a float64 dot product rounded to float32.
+func (lt *Latent) In(src tensorload.TensorSource, x []float32, t int) ([]float32, error) {
+	if len(x) != t*lt.H {
+		return nil, fmt.Errorf("latent down projection: x has %d values for %d tokens x %d", len(x), t, lt.H)
+	}
+	w, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: lt.Down, Index: -1, Rows: lt.L, Cols: lt.H})
+	if err != nil {
+		return nil, err
+	}
+	defer tensorload.PutFloats(w)
+	return linear(x, t, lt.H, w, lt.L), nil
+}
+
+// Out is the block's routed output for n rows of routed sums y [n,L]:
+// [n,H], through the norm (as the engines' RMSNorm: the row times
+// 1/sqrt(mean square + eps), rounded, times the weight, rounded) and the
+// up projection.
+func (lt *Latent) Out(src tensorload.TensorSource, y []float32, n int) ([]float32, error) {
+	if len(y) != n*lt.L {
+		return nil, fmt.Errorf("latent up projection: %d values for %d rows x %d", len(y), n, lt.L)
+	}
+	in := y
+	if lt.Norm != "" {
+		g, err := tensorload.LoadVector(src, lt.Norm, lt.L)
+		if err != nil {
+			return nil, err
+		}
+		if !(lt.Eps > 0) || math.IsInf(lt.Eps, 0) {
+			return nil, fmt.Errorf("latent norm %s: epsilon %g: want a positive number", lt.Norm, lt.Eps)
+		}
+		in = make([]float32, len(y))
+		for i := range n {
+			row := y[i*lt.L : (i+1)*lt.L]
+			var ss float64
+			for _, v := range row {
+				ss += float64(v) * float64(v)
+			}
+			inv := float32(1 / math.Sqrt(ss/float64(lt.L)+lt.Eps))
+			for j, v := range row {
+				in[i*lt.L+j] = (v * inv) * g[j]
+			}
+		}
+	}
+	w, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: lt.Up, Index: -1, Rows: lt.H, Cols: lt.L})
+	if err != nil {
+		return nil, err
+	}
+	defer tensorload.PutFloats(w)
+	return linear(in, n, lt.L, w, lt.H), nil
+}
+
+// linear is x [t,in] times w [out,in] transposed: [t,out].
+func linear(x []float32, t, in int, w []float32, out int) []float32 {
+	y := make([]float32, t*out)
+	for i := range t {
+		row := x[i*in : (i+1)*in]
+		for o := range out {
+			y[i*out+o] = float32(moe.Dot64(row, w[o*in:(o+1)*in]))
+		}
+	}
+	return y
+}
