@@ -107,6 +107,9 @@ func planRun(o *Options, ck *checkpoint.Checkpoint, src, dst string) (*run, erro
 			o.Notice(n)
 		}
 	}
+	if err := resolveTransformers(o, fp, src); err != nil {
+		return nil, err
+	}
 	op, err := buildPlan(ck, fp, o)
 	if err != nil {
 		return nil, err

@@ -34,6 +34,9 @@ type Options struct {
 	Layout   layout.Layout // "" means stacked
 	// Orientation of each expert matrix in the stacks ("" means out-in).
 	Orientation layout.Orientation
+	// orientationSet: Orientation was given, not defaulted (--layout
+	// transformers refuses one the family's form contradicts).
+	orientationSet bool
 
 	FuseShared  bool   // fuse-shared: append the shared expert as extra experts
 	TP          int    // tensor-parallel size the output is prepared for (0 means 1)
@@ -164,6 +167,7 @@ func (o *Options) norm() error {
 		return err
 	}
 	o.Layout = l
+	o.orientationSet = o.Orientation != ""
 	if o.Orientation, err = layout.ParseOrientation(string(o.Orientation)); err != nil {
 		return err
 	}

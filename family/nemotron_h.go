@@ -42,9 +42,10 @@ var nemotronH = &spec{
 	// NemotronHConfig's defaults
 	defaults: map[string]any{"n_group": 1.0, "topk_group": 1.0, "norm_topk_prob": true, "routed_scaling_factor": 1.0,
 		"mlp_hidden_act": "relu2", "mlp_bias": false, "moe_shared_expert_intermediate_size": 7688.0},
-	lift:    nemotronHLift,
-	refuse:  nemotronHRefuse,
-	routing: nemotronHRouting,
+	lift:         nemotronHLift,
+	refuse:       nemotronHRefuse,
+	routing:      nemotronHRouting,
+	transformers: TransformersForm{AsStored: true, Why: "its experts are ungated, up and down only, so they have no gate-up form"},
 }
 
 // nemotronHBlocks maps hybrid_override_pattern's characters and the

@@ -52,6 +52,9 @@ type spec struct {
 	// modalityBanks: each MoE layer holds a text and a vision routed bank
 	// (ERNIE-4.5-VL), planned as a layer each (planBanks).
 	modalityBanks bool
+	// transformers is how transformers 5 holds the experts in memory
+	// (Plan.Transformers); the zero value is gate-up, out-in.
+	transformers TransformersForm
 }
 
 // withDefaults returns config.json with the model type's defaults filled in

@@ -433,7 +433,7 @@ func (c *Contract) Check() error {
 	switch {
 	case c.Version != ContractVersion:
 		return fmt.Errorf("moeprep contract version %d, this moeprep reads version %d", c.Version, ContractVersion)
-	case c.Layout != Stacked && c.Layout != GateUp && c.Layout != UpGate:
+	case c.Layout != Stacked && c.Layout != GateUp && c.Layout != UpGate && c.Layout != AsStored:
 		return fmt.Errorf("moeprep contract: unknown layout %q", c.Layout)
 	case c.NumExperts <= 0:
 		return fmt.Errorf("moeprep contract: num_experts %d", c.NumExperts)

@@ -52,8 +52,8 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	revisionFlag(cmd, &f.revision)
 	fl.StringArrayVar(&f.exclude, "exclude", nil, "leave out SRC's files or folders matching `GLOB` (repeatable): 'original', 'metal/*', '*.gguf'; never the weights or config.json; the contract records each file left out")
-	fl.StringVar(&f.layout, "layout", "stacked", "expert layout: stacked (all_gate/all_up [E,I,H], all_down [E,H,I]), gate-up (gate_up_proj [E,2I,H], gate rows first) or up-gate (up rows first); ungated experts (Nemotron-H) are stacked only, all_up and all_down")
-	fl.StringVar(&f.orientation, "orientation", string(layout.OutIn), "each expert matrix in the stacks: out-in ([out,in] as nn.Linear holds it: all_gate [E,I,H]) or in-out (its transpose, for x @ W: all_gate [E,H,I], all_down [E,I,H], gate_up_proj [E,H,2I]; FP8 scale grids transposed with them; not for formats packed along a row: INT4, NVFP4, MXFP4)")
+	fl.StringVar(&f.layout, "layout", "stacked", "expert layout: stacked (all_gate/all_up [E,I,H], all_down [E,H,I]), gate-up (gate_up_proj [E,2I,H], gate rows first), up-gate (up rows first), or transformers (the form transformers 5 holds the family's experts in, so it loads the output as the original: gate-up for most, in-out for Llama 4, the experts as stored for aria, DBRX, GraniteMoeHybrid, gpt-oss, Nemotron-H); ungated experts (Nemotron-H) are stacked only, all_up and all_down")
+	fl.StringVar(&f.orientation, "orientation", "", "each expert matrix in the stacks: out-in (the default; with --layout transformers, the family's form; [out,in] as nn.Linear holds it: all_gate [E,I,H]) or in-out (its transpose, for x @ W: all_gate [E,H,I], all_down [E,I,H], gate_up_proj [E,H,2I]; FP8 scale grids transposed with them; not for formats packed along a row: INT4, NVFP4, MXFP4)")
 	fl.StringVar(&f.maxShard, "max-shard-size", "5GB", "largest output shard, e.g. 5GB, 500MB, 2GiB (GB = 10^9 bytes, GiB = 2^30)")
 	fl.IntVarP(&f.jobs, "jobs", "j", convert.DefaultJobs, "shards written at once; each holds up to 36 MiB of buffers (8 staged 4 MiB blocks and a 4 MiB read buffer)")
 	fl.StringVar(&f.digest, "digest", layout.ShardBlockAlgo.String(), fmt.Sprintf("how the manifest hashes each shard's %d MiB blocks: xxh3 (XXH3-128, fast; catches corruption and torn writes), blake3 or sha256 (cryptographic, for a digest to pin; slower on few cores)", layout.ShardBlockSize>>20))
@@ -70,7 +70,7 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.placeMap, "placement-map", "", "with --ep: take each MoE layer's slots from `FILE`: moeprep placement --json, or SGLang's init_expert_location JSON")
 	quietFlag(cmd, &f.quiet)
 	f.report.register(cmd, "the summary")
-	_ = cmd.RegisterFlagCompletionFunc("layout", fixedCompletion(layout.Stacked, layout.GateUp, layout.UpGate))
+	_ = cmd.RegisterFlagCompletionFunc("layout", fixedCompletion(layout.Stacked, layout.GateUp, layout.UpGate, layout.Transformers))
 	_ = cmd.RegisterFlagCompletionFunc("orientation", fixedCompletion(layout.OutIn, layout.InOut))
 	_ = cmd.RegisterFlagCompletionFunc("digest", fixedCompletion("xxh3", "blake3", "sha256"))
 	_ = cmd.RegisterFlagCompletionFunc("dtype", fixedCompletion("bf16", "f16", "f32"))
@@ -116,9 +116,11 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	if err != nil {
 		return convert.Options{}, fmt.Errorf("--layout: %w", err)
 	}
-	orient, err := layout.ParseOrientation(f.orientation)
-	if err != nil {
-		return convert.Options{}, fmt.Errorf("--orientation: %w", err)
+	var orient layout.Orientation // "": the default, or the family's form with --layout transformers
+	if f.orientation != "" {
+		if orient, err = layout.ParseOrientation(f.orientation); err != nil {
+			return convert.Options{}, fmt.Errorf("--orientation: %w", err)
+		}
 	}
 	size, err := convert.ParseSize(f.maxShard)
 	if err != nil {
