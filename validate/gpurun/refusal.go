@@ -23,6 +23,9 @@ import (
 // tolerance would rightly fail and the w8a8 mode does not model). No
 // format may run as if it were one they take.
 func Refusal(plan *family.Plan, c *layout.Contract, precision string) string {
+	if c != nil && c.Layout == layout.AsStored {
+		return fmt.Sprintf("DST's experts are stored as SRC stores them (layout %s, --layout transformers), so there are no stacks for the GPU's fused kernels; the CPU reference runs both sides, and the byte proof holds every expert tensor to SRC's bytes", layout.AsStored)
+	}
 	var fs []weightfmt.Format
 	if plan != nil {
 		f, err := plan.Format()

@@ -1,0 +1,91 @@
+package validate
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/layout"
+	"github.com/moeprep/moeprep/validate/judge"
+)
+
+// TestAsStoredValidates: an output of --layout transformers whose experts
+// are stored as SRC stores them (aria, DBRX, GraniteMoeHybrid, gpt-oss in
+// bf16 and MXFP4) validates: every MoE layer's reference on DST equals
+// SRC's bit for bit, every expert exercised, against the golden too, and
+// the byte proof holds every tensor to SRC's. One changed element of one
+// expert of layer 1 then fails that layer's rows, and the byte proof.
+func TestAsStoredValidates(t *testing.T) {
+	for _, tc := range []struct {
+		dir, tensor string
+		experts     int
+	}{
+		{"gpt-oss", "model.layers.1.mlp.experts.down_proj", 8},
+		{"gpt-oss-mxfp4", "model.layers.1.mlp.experts.down_proj_blocks", 8},
+		{"dbrx", "transformer.blocks.1.ffn.experts.mlp.w2", 8},
+		{"aria", "language_model.model.layers.1.mlp.experts.fc2.weight", 8},
+		{"granitemoehybrid", "model.layers.1.block_sparse_moe.output_linear.weight", 8},
+	} {
+		t.Run(tc.dir, func(t *testing.T) {
+			src := filepath.Join(hfFixtures, tc.dir)
+			dst := convertInto(t, src, convert.Options{Layout: layout.Transformers})
+			opts := Options{Src: src, Dst: dst, Seed: 3, Tokens: 32, Golden: src}
+			rep, err := Run(context.Background(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustPass(t, rep, "the clean as-stored output fails")
+			if rep.Bytes == nil || !rep.Bytes.Pass {
+				t.Fatalf("no passing byte proof: %+v", rep.Bytes)
+			}
+			seen := map[string]int{}
+			for _, r := range rep.Rows {
+				seen[r.Check]++
+				if (r.Check == judge.StoredVsReference || r.Check == judge.StoredCoverage) && (r.MaxAbs != 0 || r.ExpertsUsed != tc.experts) {
+					t.Errorf("layer %d %s: max abs %g, %d experts used; want 0 and %d", r.Layer, r.Check, r.MaxAbs, r.ExpertsUsed, tc.experts)
+				}
+			}
+			for _, c := range []string{judge.StoredVsReference, judge.StoredCoverage, judge.StoredVsGolden, judge.ReferenceVsGolden} {
+				if seen[c] != 2 {
+					t.Errorf("%d %s rows, want one a MoE layer (2)", seen[c], c)
+				}
+			}
+			// One element of expert 3, in the form SRC stores it: its
+			// first byte (DBRX's flat [E*I, H] too holds expert 3 from the
+			// fourth eighth on).
+			rewriteTensor(t, dst, tc.tensor, func(raw []byte, _ []int64) {
+				off := 3 * len(raw) / tc.experts
+				raw[off+1] ^= 0x40 // bf16: an exponent bit; U8 MXFP4 blocks: one FP4 value
+				raw[off] ^= 0x77
+			})
+			opts.Golden = ""
+			for _, b := range []BytesMode{BytesOff, BytesAuto} {
+				opts.Bytes = b
+				rep, err := Run(context.Background(), opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if exitcode.Code(rep.Err()) != exitcode.CheckFailed {
+					t.Fatalf("bytes %v: a changed expert passed", b)
+				}
+				failed := slices.ContainsFunc(rep.Rows, func(r LayerResult) bool {
+					return r.Layer == 1 && r.Check == judge.StoredCoverage && !r.Pass
+				})
+				if !failed {
+					t.Errorf("bytes %v: layer 1's stored-coverage row passes", b)
+				}
+				for _, r := range rep.Rows {
+					if r.Layer == 0 && !r.Pass {
+						t.Errorf("bytes %v: layer 0 (untouched) fails %s", b, r.Check)
+					}
+				}
+				if b == BytesAuto && (rep.Bytes == nil || rep.Bytes.Pass) {
+					t.Errorf("the byte proof passes a changed expert")
+				}
+			}
+		})
+	}
+}
