@@ -37,6 +37,9 @@ type Options struct {
 	// orientationSet: Orientation was given, not defaulted (--layout
 	// transformers refuses one the family's form contradicts).
 	orientationSet bool
+	// inTransformersForm: what is written is the form transformers 5
+	// holds the family's experts in (Summary.TransformersForm).
+	inTransformersForm bool
 
 	FuseShared  bool   // fuse-shared: append the shared expert as extra experts
 	TP          int    // tensor-parallel size the output is prepared for (0 means 1)
@@ -93,6 +96,11 @@ type Summary struct {
 	Copied   []CopiedFile `json:"copied"`
 	Excluded []string     `json:"excluded_files,omitempty"`
 	Layout   string       `json:"layout"`
+	// TransformersForm: the experts are written in the form transformers 5
+	// holds them in for this family (--layout transformers, or the layout
+	// and orientation that form resolves to), with nothing fused, folded,
+	// dequantised or split per rank: transformers loads it as SRC.
+	TransformersForm bool `json:"transformers_form,omitempty"`
 	// Orientation is "in-out" when the stacks are transposed; absent: out-in.
 	Orientation      string  `json:"orientation,omitempty"`
 	Files            int     `json:"files"`

@@ -39,6 +39,14 @@ func resolveTransformers(o *Options, fp *family.Plan, dir string) error {
 	return nil
 }
 
+// inTransformersForm reports whether o writes fp's experts in the form
+// transformers 5 holds them in, with nothing else changed: what it loads
+// as the original model. Call it once o is resolved.
+func inTransformersForm(o *Options, fp *family.Plan) bool {
+	l, or := fp.Transformers.Layout()
+	return o.Layout == l && o.Orientation == or && !o.FuseShared && o.EP == 0 && o.DType == "" && o.FoldScaling != layout.FoldDown
+}
+
 // orientationOf is the orientation of a gate-up form.
 func orientationOf(f family.TransformersForm) layout.Orientation {
 	_, or := f.Layout()

@@ -268,11 +268,17 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 // loadStep is the line after next: how to load what was written, where a
 // library loads it as it is, else where to read what an engine must do.
 func loadStep(s *convert.Summary, o convert.Options) string {
-	if s.Layout == string(layout.GateUp) && (s.Orientation == "" || s.Orientation == string(layout.OutIn)) && !o.FuseShared &&
-		layout.LoadsInTransformers(sourceModelType(o.Src)) {
-		// transformers 5's MoE modules hold gate_up_proj/down_proj for these
-		// families: checked with identical logits by scripts/gpu-interop.sh.
-		return withComment(fmt.Sprintf("then: python3 -c \"import transformers as t; t.AutoModelForCausalLM.from_pretrained(%s)\"", pyQuote(o.Dst)), "transformers 5 loads it as it is")
+	mt, arch := sourceModel(o.Src)
+	if s.TransformersForm && layout.LoadsInTransformers(mt) {
+		// The form transformers 5 holds this family's experts in, checked
+		// with identical logits by scripts/gpu-transformers-load.sh. A
+		// wrapper loads with its own class (AutoModelForCausalLM may pick
+		// the text model alone).
+		cls := "AutoModelForCausalLM"
+		if arch != "" && !strings.HasSuffix(arch, "ForCausalLM") {
+			cls = arch
+		}
+		return withComment(fmt.Sprintf("then: python3 -c \"import transformers as t; t.%s.from_pretrained(%s)\"", cls, pyQuote(o.Dst)), "transformers 5 loads it as it is")
 	}
 	return fmt.Sprintf("then: README \"Using the output\": who loads layout %s, and what a loader must do", s.Layout)
 }
@@ -514,18 +520,37 @@ func copiedLine(copied []convert.CopiedFile, excluded []string, indent string) s
 	return strings.Join(parts, "\n")
 }
 
-// sourceModelType is SRC's config.json model_type, "" when it cannot be
-// read (the run read it already; this only picks the next-step line).
-func sourceModelType(src string) string {
+// sourceModel is SRC's config.json model_type and its one architecture
+// class, "" where it cannot be read (the run read it already; this only
+// picks the next-step line) or is not a plain identifier.
+func sourceModel(src string) (modelType, arch string) {
 	b, err := os.ReadFile(filepath.Join(src, "config.json"))
 	if err != nil || len(b) > 16<<20 {
-		return ""
+		return "", ""
 	}
 	var c struct {
-		ModelType string `json:"model_type"`
+		ModelType     string   `json:"model_type"`
+		Architectures []string `json:"architectures"`
 	}
 	if json.Unmarshal(b, &c) != nil {
-		return ""
+		return "", ""
 	}
-	return c.ModelType
+	if len(c.Architectures) == 1 && isIdent(c.Architectures[0]) {
+		arch = c.Architectures[0]
+	}
+	return c.ModelType, arch
+}
+
+// isIdent reports whether s is a Python identifier of ASCII letters,
+// digits and underscores, safe to print in a command.
+func isIdent(s string) bool {
+	if s == "" || s[0] >= '0' && s[0] <= '9' {
+		return false
+	}
+	for _, r := range s {
+		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
 }
