@@ -386,7 +386,7 @@ source gives safetensors output. Work happens in DST.partial, renamed to DST
 only when complete; --resume continues an interrupted run.`,
 		Example: `  moeprep convert ./DeepSeek-V3 ./DeepSeek-V3-stacked
   moeprep convert --layout gate-up --max-shard-size 10GB ./Qwen3-30B-A3B ./qwen3-gate-up
-  moeprep convert --layout transformers ./gpt-oss-20b ./gpt-oss-tf   # transformers 5 loads it as SRC
+  moeprep convert --layout transformers ./gpt-oss-20b ./gpt-oss-tf   # loads in transformers 5
   moeprep convert --resume ./DeepSeek-V3 ./DeepSeek-V3-stacked   # after an interruption
   moeprep convert --dtype bf16 ./DeepSeek-V3 ./DeepSeek-V3-bf16   # for GPUs without FP8
   moeprep convert --ep 8 ./DeepSeek-V3 ./ds3-ep8   # experts per rank: rank-0000r-of-00008/
