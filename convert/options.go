@@ -40,6 +40,9 @@ type Options struct {
 	// inTransformersForm: what is written is the form transformers 5
 	// holds the family's experts in (Summary.TransformersForm).
 	inTransformersForm bool
+	// expertsModule: where --layout transformers puts the stacks
+	// (family.TransformersForm.Module, Contract.ExpertsModule).
+	expertsModule string
 
 	FuseShared  bool   // fuse-shared: append the shared expert as extra experts
 	TP          int    // tensor-parallel size the output is prepared for (0 means 1)

@@ -457,6 +457,7 @@ func (p *planner) contract() *layout.Contract {
 	if p.o.Orientation == layout.InOut {
 		c.Orientation = layout.InOut // out-in, the default, is left out
 	}
+	c.ExpertsModule = p.o.expertsModule
 	c.RoutedInputScaled = fp.RoutedInputScaled
 	c.ZeroExperts = fp.ZeroExperts
 	c.ExpertBias = fp.ExpertBias

@@ -33,8 +33,11 @@ func resolveTransformers(o *Options, fp *family.Plan, dir string) error {
 		return fmt.Errorf("%s: --layout transformers --dtype %s: transformers 5 holds %s's experts as the checkpoint stores them, so they are copied as they are and not dequantised; leave --dtype out (transformers dequantises what it needs on load)", dir, o.DType, fp.ModelType)
 	}
 	o.Layout, o.Orientation = form.Layout()
+	if !form.AsStored {
+		o.expertsModule = form.Module
+	}
 	if o.Notice != nil {
-		o.Notice(fmt.Sprintf("--layout transformers: transformers 5 holds %s's experts as %s: writing layout %s%s", fp.ModelType, form.Describe(), o.Layout, inOutNote(o.Orientation)))
+		o.Notice(fmt.Sprintf("--layout transformers: %s; writing layout %s%s", form.Describe(fp.ModelType), o.Layout, inOutNote(o.Orientation)))
 	}
 	return nil
 }
@@ -44,7 +47,7 @@ func resolveTransformers(o *Options, fp *family.Plan, dir string) error {
 // as the original model. Call it once o is resolved.
 func inTransformersForm(o *Options, fp *family.Plan) bool {
 	l, or := fp.Transformers.Layout()
-	return o.Layout == l && o.Orientation == or && !o.FuseShared && o.EP == 0 && o.DType == "" && o.FoldScaling != layout.FoldDown
+	return o.Layout == l && o.Orientation == or && o.expertsModule == fp.Transformers.Module && !o.FuseShared && o.EP == 0 && o.DType == "" && o.FoldScaling != layout.FoldDown
 }
 
 // orientationOf is the orientation of a gate-up form.

@@ -59,7 +59,10 @@ func TestLayoutTransformersEveryFixture(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			n := layout.NamesFor(layout.GateUp, l.Prefix, f)
+			if c.ExpertsModule != fp.Transformers.Module {
+				t.Errorf("contract experts_module %q, the family's form says %q", c.ExpertsModule, fp.Transformers.Module)
+			}
+			n := layout.NamesIn(layout.GateUp, l.Prefix, fp.Transformers.Module, f)
 			down, ok := ck.Tensor(n.Weight(layout.ProjDown))
 			if !ok {
 				t.Fatalf("%s is missing", n.Weight(layout.ProjDown))
@@ -92,13 +95,16 @@ func TestLayoutTransformersForms(t *testing.T) {
 		{"gpt-oss-mxfp4", layout.AsStored, layout.OutIn, "model.layers.0.mlp.experts.gate_up_proj_blocks", []int64{8, 64, 2, 16}},
 		{"aria", layout.AsStored, layout.OutIn, "language_model.model.layers.0.mlp.experts.fc1.weight", []int64{8, 64, 64}},
 		{"dbrx", layout.AsStored, layout.OutIn, "transformer.blocks.0.ffn.experts.mlp.w2", []int64{256, 64}},
-		{"granitemoehybrid", layout.AsStored, layout.OutIn, "model.layers.0.block_sparse_moe.output_linear.weight", []int64{8, 64, 32}},
+		{"granitemoehybrid", layout.GateUp, layout.OutIn, "model.layers.0.block_sparse_moe.experts.down_proj", []int64{8, 64, 32}},
+		{"longcat-flash", layout.AsStored, layout.OutIn, "model.layers.0.mlp.experts.3.gate_proj.weight", []int64{32, 64}},
+		{"step3p7", layout.GateUp, layout.OutIn, "model.layers.1.mlp.experts.gate_up_proj", []int64{8, 64, 64}},
 		{"nemotron-h", layout.AsStored, layout.OutIn, "", nil},
 		{"llama4-text", layout.GateUp, layout.InOut, "model.layers.1.feed_forward.experts.down_proj", []int64{8, 32, 64}},
 		{"llama4", layout.GateUp, layout.InOut, "language_model.model.layers.1.feed_forward.experts.down_proj", []int64{8, 32, 64}},
 		{"mixtral", layout.GateUp, layout.OutIn, "model.layers.0.mlp.experts.down_proj", []int64{8, 64, 32}},
 		{"qwen3-moe", layout.GateUp, layout.OutIn, "model.layers.1.mlp.experts.gate_up_proj", []int64{8, 64, 64}},
-		{"granitemoe", layout.GateUp, layout.OutIn, "model.layers.0.mlp.experts.down_proj", []int64{8, 64, 32}},
+		{"granitemoe", layout.GateUp, layout.OutIn, "model.layers.0.block_sparse_moe.experts.down_proj", []int64{8, 64, 32}},
+		{"granitemoeshared", layout.GateUp, layout.OutIn, "model.layers.1.block_sparse_moe.experts.gate_up_proj", []int64{8, 64, 64}},
 	} {
 		t.Run(tc.dir, func(t *testing.T) {
 			src := filepath.Join(hfDir, tc.dir)

@@ -11,6 +11,11 @@ package family
 // MLP beside the MoE block, model.layers.L.shared_mlp.input_linear
 // [2*Is, H] and output_linear [H, Is], when shared_intermediate_size > 0;
 // the decoder layer adds it to the routed output. Every layer is MoE.
+// graniteTransformers is how transformers 5 holds every Granite MoE's
+// experts (its conversion mapping renames input_linear and output_linear
+// to experts.gate_up_proj and down_proj, under block_sparse_moe).
+var graniteTransformers = TransformersForm{Module: "block_sparse_moe", Why: "transformers 5 keeps Granite's module name and renames input_linear and output_linear to experts.gate_up_proj and down_proj on load"}
+
 var graniteNames = naming{
 	layers:        "model.layers.",
 	modules:       []string{"block_sparse_moe"},
@@ -32,12 +37,13 @@ var graniteKeys = configKeys{
 }
 
 var graniteMoE = &spec{
-	name:       "granitemoe",
-	modelTypes: []string{"granitemoe", "granitemoeshared"},
-	names:      graniteNames,
-	keys:       graniteKeys,
-	layers:     everyLayer,
-	routing:    mixtralRouting,
+	name:         "granitemoe",
+	modelTypes:   []string{"granitemoe", "granitemoeshared"},
+	names:        graniteNames,
+	keys:         graniteKeys,
+	layers:       everyLayer,
+	routing:      mixtralRouting,
+	transformers: graniteTransformers,
 }
 
 var graniteMoESWA = &spec{
@@ -47,7 +53,8 @@ var graniteMoESWA = &spec{
 		n.router, n.stackedGateUp, n.stackedDown = "router", "experts.gate_up_proj", "experts.down_proj"
 		return n
 	}(),
-	keys:    graniteKeys,
-	layers:  everyLayer,
-	routing: mixtralRouting,
+	keys:         graniteKeys,
+	layers:       everyLayer,
+	routing:      mixtralRouting,
+	transformers: graniteTransformers,
 }

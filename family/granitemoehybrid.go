@@ -23,7 +23,7 @@ var graniteMoEHybrid = &spec{
 	defaults:     map[string]any{"num_local_experts": 8.0, "num_experts_per_tok": 2.0, "shared_intermediate_size": 1024.0},
 	lift:         graniteDense,
 	routing:      mixtralRouting,
-	transformers: TransformersForm{AsStored: true, Why: "GraniteMoeHybrid holds block_sparse_moe.input_linear [E, 2I, H] and output_linear [E, H, I], as saved"},
+	transformers: graniteTransformers,
 }
 
 // graniteDense refuses the dense Granite 4.0 models by name: with no

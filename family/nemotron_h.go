@@ -45,7 +45,7 @@ var nemotronH = &spec{
 	lift:         nemotronHLift,
 	refuse:       nemotronHRefuse,
 	routing:      nemotronHRouting,
-	transformers: TransformersForm{AsStored: true, Why: "its experts are ungated, up and down only, so they have no gate-up form"},
+	transformers: TransformersForm{AsStored: true, Why: "transformers 5 stacks the ungated experts into mixer.experts.up_proj [E, I, H] and down_proj [E, H, I] on load, names moeprep's stacked layout does not write; the checkpoint's own tensors load as they are"},
 }
 
 // nemotronHBlocks maps hybrid_override_pattern's characters and the

@@ -24,6 +24,12 @@ type TransformersForm struct {
 	// x @ W (Llama 4's gate_up_proj [E, H, 2I], gate columns then up, and
 	// down_proj [E, I, H]). Meaningless with AsStored.
 	InOut bool
+	// Module is the name transformers 5 gives the MoE module that holds
+	// the stacks where it differs from what layout.ExpertsPrefix makes of
+	// the checkpoint's (Step-3.7's "moe" is "mlp"; Granite's
+	// "block_sparse_moe" stays, where Mixtral's becomes "mlp"); "" for the
+	// rule. Meaningless with AsStored.
+	Module string
 	// Why says in a few words where the form comes from, for convert's
 	// notice ("" for the zero value).
 	Why string
@@ -40,13 +46,15 @@ func (f TransformersForm) Layout() (layout.Layout, layout.Orientation) {
 	return layout.GateUp, layout.OutIn
 }
 
-// Describe is the form in one phrase, for messages.
-func (f TransformersForm) Describe() string {
+// Describe is the form in one clause, for convert's notice.
+func (f TransformersForm) Describe(modelType string) string {
 	switch {
 	case f.AsStored:
-		return "its experts as the checkpoint stores them (" + f.Why + ")"
+		return "its experts are written as the checkpoint stores them: " + f.Why
 	case f.InOut:
-		return "experts.gate_up_proj [E, H, 2I] and experts.down_proj [E, I, H], transposed (" + f.Why + ")"
+		return "transformers 5 holds " + modelType + "'s experts as experts.gate_up_proj [E, H, 2I] and experts.down_proj [E, I, H], transposed: " + f.Why
+	case f.Module != "":
+		return "transformers 5 holds " + modelType + "'s experts as " + f.Module + ".experts.gate_up_proj [E, 2I, H] and " + f.Module + ".experts.down_proj [E, H, I]: " + f.Why
 	}
-	return "experts.gate_up_proj [E, 2I, H] and experts.down_proj [E, H, I]"
+	return "transformers 5 holds " + modelType + "'s experts as experts.gate_up_proj [E, 2I, H] and experts.down_proj [E, H, I]"
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
@@ -13,21 +14,22 @@ import (
 )
 
 // TestAsStoredValidates: an output of --layout transformers whose experts
-// are stored as SRC stores them (aria, DBRX, GraniteMoeHybrid, gpt-oss in
-// bf16 and MXFP4) validates: every MoE layer's reference on DST equals
+// are stored as SRC stores them (aria, DBRX, gpt-oss in bf16 and MXFP4,
+// LongCat-Flash's per-expert tensors) validates: every MoE layer's reference on DST equals
 // SRC's bit for bit, every expert exercised, against the golden too, and
 // the byte proof holds every tensor to SRC's. One changed element of one
 // expert of layer 1 then fails that layer's rows, and the byte proof.
 func TestAsStoredValidates(t *testing.T) {
 	for _, tc := range []struct {
 		dir, tensor string
-		experts     int
+		experts     int // routed experts of the layer
+		of          int // experts in the tensor: 1 where it is expert 3's own
 	}{
-		{"gpt-oss", "model.layers.1.mlp.experts.down_proj", 8},
-		{"gpt-oss-mxfp4", "model.layers.1.mlp.experts.down_proj_blocks", 8},
-		{"dbrx", "transformer.blocks.1.ffn.experts.mlp.w2", 8},
-		{"aria", "language_model.model.layers.1.mlp.experts.fc2.weight", 8},
-		{"granitemoehybrid", "model.layers.1.block_sparse_moe.output_linear.weight", 8},
+		{"gpt-oss", "model.layers.1.mlp.experts.down_proj", 8, 8},
+		{"gpt-oss-mxfp4", "model.layers.1.mlp.experts.down_proj_blocks", 8, 8},
+		{"dbrx", "transformer.blocks.1.ffn.experts.mlp.w2", 8, 8},
+		{"aria", "language_model.model.layers.1.mlp.experts.fc2.weight", 8, 8},
+		{"longcat-flash", "model.layers.1.mlp.experts.3.down_proj.weight", 8, 1},
 	} {
 		t.Run(tc.dir, func(t *testing.T) {
 			src := filepath.Join(hfFixtures, tc.dir)
@@ -57,7 +59,10 @@ func TestAsStoredValidates(t *testing.T) {
 			// first byte (DBRX's flat [E*I, H] too holds expert 3 from the
 			// fourth eighth on).
 			rewriteTensor(t, dst, tc.tensor, func(raw []byte, _ []int64) {
-				off := 3 * len(raw) / tc.experts
+				off := 0
+				if tc.of > 1 {
+					off = 3 * len(raw) / tc.of
+				}
 				raw[off+1] ^= 0x40 // bf16: an exponent bit; U8 MXFP4 blocks: one FP4 value
 				raw[off] ^= 0x77
 			})
@@ -87,5 +92,34 @@ func TestAsStoredValidates(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestExpertsModuleProven: --layout transformers puts Step-3.7's stacks
+// under mlp, where transformers 5 holds them (the checkpoint says moe), and
+// records it as experts_module; the output validates. A contract that
+// names another module fails, in the byte proof alone too, and says why.
+func TestExpertsModuleProven(t *testing.T) {
+	src := filepath.Join(hfFixtures, "step3p7")
+	dst := convertInto(t, src, convert.Options{Layout: layout.Transformers})
+	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Tokens: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustPass(t, rep, "step3p7 --layout transformers")
+	editContract(t, dst, func(c map[string]any) {
+		if c["experts_module"] != "mlp" {
+			t.Fatalf("experts_module %v, want mlp", c["experts_module"])
+		}
+		c["experts_module"] = "moe"
+	})
+	for _, b := range []BytesMode{BytesAuto, BytesOnly} {
+		rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Tokens: 16, Bytes: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if exitcode.Code(rep.Err()) != exitcode.CheckFailed || !strings.Contains(rep.Err().Error(), "experts_module") {
+			t.Errorf("bytes %v: a forged experts_module gives %v", b, rep.Err())
+		}
 	}
 }

@@ -536,22 +536,8 @@ func sourceModel(src string) (modelType, arch string) {
 	if json.Unmarshal(b, &c) != nil {
 		return "", ""
 	}
-	if len(c.Architectures) == 1 && isIdent(c.Architectures[0]) {
+	if len(c.Architectures) == 1 && layout.PlainName(c.Architectures[0]) {
 		arch = c.Architectures[0]
 	}
 	return c.ModelType, arch
-}
-
-// isIdent reports whether s is a Python identifier of ASCII letters,
-// digits and underscores, safe to print in a command.
-func isIdent(s string) bool {
-	if s == "" || s[0] >= '0' && s[0] <= '9' {
-		return false
-	}
-	for _, r := range s {
-		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
-			return false
-		}
-	}
-	return true
 }
