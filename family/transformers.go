@@ -13,12 +13,14 @@ import "github.com/moeprep/moeprep/layout"
 // [E, H, I]), so the form is moeprep's gate-up layout, out-in. The zero
 // value says that.
 type TransformersForm struct {
-	// AsStored: transformers 5 holds the experts exactly as the family's
+	// AsStored: the form is the source's own expert tensors, byte for
+	// byte: transformers 5 holds the experts exactly as the family's
 	// checkpoints store them and converts nothing on load (aria's
 	// experts.fc1/fc2 [E, H, 2I]/[E, I, H], DBRX's flat experts.mlp.w1/v1/w2,
-	// GraniteMoeHybrid's input_linear/output_linear, gpt-oss's interleaved
-	// gate_up_proj with its biases, or its MXFP4 _blocks/_scales): the form
-	// is the source's own expert tensors, byte for byte.
+	// gpt-oss's interleaved gate_up_proj with its biases, or its MXFP4
+	// _blocks/_scales), or it holds a form moeprep's stacks do not write
+	// and builds it from the checkpoint on load (LongCat-Flash's gate-up
+	// rows for its zero-compute experts, Nemotron-H's ungated stacks).
 	AsStored bool
 	// InOut: the stacks are held transposed, [in, out] per expert, for
 	// x @ W (Llama 4's gate_up_proj [E, H, 2I], gate columns then up, and

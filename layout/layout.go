@@ -24,10 +24,11 @@ const (
 	// AsStored keeps every expert tensor as the source checkpoint stores
 	// it: its own names, orientation and interleaving, byte for byte. It
 	// is what --layout transformers writes for the families transformers
-	// 5 holds in memory exactly as their checkpoints store them (aria's
-	// fc1/fc2, DBRX's flat w1/v1/w2, GraniteMoeHybrid's input_linear,
-	// gpt-oss's interleaved gate_up_proj and biases): no stacks of
-	// moeprep's naming exist in such an output.
+	// 5 holds in memory as their checkpoints store them (aria's fc1/fc2,
+	// DBRX's flat w1/v1/w2, gpt-oss's interleaved gate_up_proj and
+	// biases), or in a form moeprep's stacks do not write, which it builds
+	// from the checkpoint itself on load (LongCat-Flash, Nemotron-H): no
+	// stacks of moeprep's naming exist in such an output.
 	AsStored Layout = "as-stored"
 	// Transformers is a request, never a stored layout: the form
 	// transformers 5 holds each family's experts in (the family's data,
