@@ -74,7 +74,7 @@ func (w *run) verifyComplete(ctx context.Context) (*Summary, error) {
 		return nil, differs("its files are not the ones this run would write")
 	}
 	w.o.Progress.Total(total)
-	sum := &Summary{Dst: w.dst, Copied: copiedFiles(w.src, w.others), Excluded: w.excluded, Layout: string(w.o.Layout), Orientation: string(w.op.contract.Orientation), Files: len(listed) + 1, Shards: len(w.op.shards),
+	sum := &Summary{Dst: w.dst, Copied: copiedFiles(w.src, w.others), Excluded: w.excluded, Layout: string(w.o.Layout), TransformersForm: w.o.inTransformersForm, Orientation: string(w.op.contract.Orientation), Files: len(listed) + 1, Shards: len(w.op.shards),
 		ReusedShards: len(w.op.shards), Ranks: got.Ranks(), Folded: got.RoutedScalingFactorFolded, FoldMaxRelChange: got.FoldMaxRelChange,
 		FusedShared: got.NumFusedSharedExperts, SharedRequantized: requantizedInto(got), AlreadyComplete: true}
 	sum.DType, sum.DequantizedTensors = dequantSummary(got)

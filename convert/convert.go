@@ -107,6 +107,10 @@ func planRun(o *Options, ck *checkpoint.Checkpoint, src, dst string) (*run, erro
 			o.Notice(n)
 		}
 	}
+	if err := resolveTransformers(o, fp, src); err != nil {
+		return nil, err
+	}
+	o.inTransformersForm = inTransformersForm(o, fp)
 	op, err := buildPlan(ck, fp, o)
 	if err != nil {
 		return nil, err
@@ -259,7 +263,7 @@ func (w *run) execute(ctx context.Context) (*Summary, error) {
 	if err := w.finish(files, unsynced); err != nil {
 		return nil, err
 	}
-	sum := &Summary{Dst: w.dst, Copied: copiedFiles(w.src, w.others), Excluded: w.excluded, Layout: string(w.o.Layout), Orientation: string(w.op.contract.Orientation), Files: len(files) + 1, Shards: len(w.op.shards),
+	sum := &Summary{Dst: w.dst, Copied: copiedFiles(w.src, w.others), Excluded: w.excluded, Layout: string(w.o.Layout), TransformersForm: w.o.inTransformersForm, Orientation: string(w.op.contract.Orientation), Files: len(files) + 1, Shards: len(w.op.shards),
 		ReusedShards: int(w.reused.Load()), Ranks: w.op.contract.Ranks(), Folded: w.op.contract.RoutedScalingFactorFolded,
 		FoldMaxRelChange: w.op.contract.FoldMaxRelChange, FusedShared: w.op.contract.NumFusedSharedExperts,
 		SharedRequantized: requantizedInto(w.op.contract)}

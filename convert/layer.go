@@ -274,7 +274,7 @@ func (p *planner) sharedSlice(m family.MLP, what string, I, H, S, s int64, f wei
 func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetensors.DType, ungated bool) ([]*outTensor, error) {
 	n := int64(len(bank))
 	lay := p.o.Layout
-	names := layout.NamesFor(lay, prefix, p.out)
+	names := layout.NamesIn(lay, prefix, p.o.expertsModule, p.out)
 	if ungated {
 		names = names.Ungated() // no all_gate (checkUngated refused the gate-up layouts)
 	}
@@ -360,7 +360,7 @@ func (p *planner) stacks(prefix string, bank []mlpParts, I, H int64, wd safetens
 		specs = append(specs, spec{name, dtypes[r], shapes.Of(pj, r), mat(pj, r), pick})
 	}
 	if p.fp.ExpertBias {
-		bn, bd := layout.BiasNames(lay, prefix), bank[0][layout.ProjGate][layout.RoleBias].dtype
+		bn, bd := layout.BiasNamesIn(lay, prefix, p.o.expertsModule), bank[0][layout.ProjGate][layout.RoleBias].dtype
 		switch lay {
 		case layout.GateUp, layout.UpGate:
 			pick := func(m mlpParts) []part {

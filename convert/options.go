@@ -34,6 +34,15 @@ type Options struct {
 	Layout   layout.Layout // "" means stacked
 	// Orientation of each expert matrix in the stacks ("" means out-in).
 	Orientation layout.Orientation
+	// orientationSet: Orientation was given, not defaulted (--layout
+	// transformers refuses one the family's form contradicts).
+	orientationSet bool
+	// inTransformersForm: what is written is the form transformers 5
+	// holds the family's experts in (Summary.TransformersForm).
+	inTransformersForm bool
+	// expertsModule: where --layout transformers puts the stacks
+	// (family.TransformersForm.Module, Contract.ExpertsModule).
+	expertsModule string
 
 	FuseShared  bool   // fuse-shared: append the shared expert as extra experts
 	TP          int    // tensor-parallel size the output is prepared for (0 means 1)
@@ -90,6 +99,11 @@ type Summary struct {
 	Copied   []CopiedFile `json:"copied"`
 	Excluded []string     `json:"excluded_files,omitempty"`
 	Layout   string       `json:"layout"`
+	// TransformersForm: the experts are written in the form transformers 5
+	// holds them in for this family (--layout transformers, or the layout
+	// and orientation that form resolves to), with nothing fused, folded,
+	// dequantised or split per rank: transformers loads it as SRC.
+	TransformersForm bool `json:"transformers_form,omitempty"`
 	// Orientation is "in-out" when the stacks are transposed; absent: out-in.
 	Orientation      string  `json:"orientation,omitempty"`
 	Files            int     `json:"files"`
@@ -164,6 +178,7 @@ func (o *Options) norm() error {
 		return err
 	}
 	o.Layout = l
+	o.orientationSet = o.Orientation != ""
 	if o.Orientation, err = layout.ParseOrientation(string(o.Orientation)); err != nil {
 		return err
 	}

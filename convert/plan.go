@@ -183,6 +183,9 @@ func buildPlan(ck *checkpoint.Checkpoint, fp *family.Plan, o *Options) (*outPlan
 	consumed := map[string]int{} // source tensor -> index into fp.Layers
 	stacks := make([][]*outTensor, len(fp.Layers))
 	for li := range fp.Layers {
+		if o.Layout == layout.AsStored {
+			break // every expert tensor is copied as it is, with the rest
+		}
 		ts, names, err := p.layer(&fp.Layers[li])
 		if err != nil {
 			return nil, err
@@ -457,6 +460,7 @@ func (p *planner) contract() *layout.Contract {
 	if p.o.Orientation == layout.InOut {
 		c.Orientation = layout.InOut // out-in, the default, is left out
 	}
+	c.ExpertsModule = p.o.expertsModule
 	c.RoutedInputScaled = fp.RoutedInputScaled
 	c.ZeroExperts = fp.ZeroExperts
 	c.ExpertBias = fp.ExpertBias

@@ -62,4 +62,5 @@ var aria = &spec{
 		p.Scoring, p.TopKMethod, p.NormTopKProb = moe.Softmax, moe.TopKGreedy, true
 		return nil
 	},
+	transformers: TransformersForm{AsStored: true, Why: "AriaGroupedExpertsGemm holds experts.fc1.weight [E, H, 2I] and fc2.weight [E, I, H], as saved"},
 }

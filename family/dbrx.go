@@ -32,9 +32,10 @@ var dbrx = &spec{
 	},
 	layers: everyLayer,
 	// DbrxFFNConfig's defaults, lifted from ffn_config with the sizes.
-	defaults: map[string]any{"moe_num_experts": 4.0, "moe_top_k": 1.0},
-	lift:     dbrxLift,
-	routing:  dbrxRouting,
+	defaults:     map[string]any{"moe_num_experts": 4.0, "moe_top_k": 1.0},
+	lift:         dbrxLift,
+	routing:      dbrxRouting,
+	transformers: TransformersForm{AsStored: true, Why: "DbrxExpertGLU holds experts.mlp.w1, v1 and w2 [E*I, H], as saved"},
 }
 
 // dbrxLift reads DbrxConfig's keys as the planner's: d_model, n_layers and

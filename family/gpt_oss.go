@@ -43,4 +43,5 @@ var gptOSS = &spec{
 		p.Act = layout.Activation{Alpha: 1.702, Limit: 7, UpOffset: 1}
 		return nil
 	},
+	transformers: TransformersForm{AsStored: true, Why: "GptOssExperts holds gate_up_proj [E, H, 2I] with gate and up columns interleaved, its biases, and MXFP4's _blocks/_scales, as saved"},
 }

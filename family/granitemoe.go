@@ -13,6 +13,11 @@ package family
 // the decoder layer adds it to the routed output. Every layer is MoE. The
 // module transformers calls the MoE block (block_sparse_moe) returns the
 // routed part alone: a golden hooked there is ModuleRouted.
+// graniteTransformers is how transformers 5 holds every Granite MoE's
+// experts (its conversion mapping renames input_linear and output_linear
+// to experts.gate_up_proj and down_proj, under block_sparse_moe).
+var graniteTransformers = TransformersForm{Module: "block_sparse_moe", Why: "transformers 5 keeps Granite's module name and renames input_linear and output_linear to experts.gate_up_proj and down_proj on load"}
+
 var graniteNames = naming{
 	layers:        "model.layers.",
 	modules:       []string{"block_sparse_moe"},
@@ -41,6 +46,7 @@ var graniteMoE = &spec{
 	layers:       everyLayer,
 	routing:      mixtralRouting,
 	moduleOutput: ModuleRouted,
+	transformers: graniteTransformers,
 }
 
 var graniteMoESWA = &spec{
@@ -54,4 +60,5 @@ var graniteMoESWA = &spec{
 	layers:       everyLayer,
 	routing:      mixtralRouting,
 	moduleOutput: ModuleRouted,
+	transformers: graniteTransformers,
 }

@@ -24,6 +24,7 @@ var graniteMoEHybrid = &spec{
 	lift:         graniteDense,
 	routing:      mixtralRouting,
 	moduleOutput: ModuleRouted, // block_sparse_moe's output: the shared MLP is added by the decoder layer
+	transformers: graniteTransformers,
 }
 
 // graniteDense refuses the dense Granite 4.0 models by name: with no

@@ -39,4 +39,5 @@ var llama4 = &spec{
 		p.Scoring, p.TopKMethod, p.NormTopKProb, p.RoutedInputScaled = moe.Sigmoid, moe.TopKGreedy, false, true
 		return nil
 	},
+	transformers: TransformersForm{InOut: true, Why: "Llama4TextExperts computes x @ W"},
 }

@@ -32,9 +32,10 @@ var longcatFlash = &spec{
 	layers:      everyLayer,
 	softmaxBias: true,
 	// LongcatFlashConfig's defaults
-	defaults: map[string]any{"routed_scaling_factor": 6.0, "zero_expert_num": 256.0, "hidden_act": "silu", "router_bias": false},
-	lift:     longcatLift,
-	routing:  longcatRouting,
+	defaults:     map[string]any{"routed_scaling_factor": 6.0, "zero_expert_num": 256.0, "hidden_act": "silu", "router_bias": false},
+	lift:         longcatLift,
+	routing:      longcatRouting,
+	transformers: TransformersForm{AsStored: true, Why: "LongcatFlashExperts holds gate_up_proj [E+Z, 2I, H], gate and up rows for its Z zero-compute experts too, which moeprep's stacks do not carry; it stacks the checkpoint's own experts on load"},
 }
 
 // longcatLift reads num_layers, the decoder layers that each hold one MoE

@@ -42,9 +42,10 @@ var nemotronH = &spec{
 	// NemotronHConfig's defaults
 	defaults: map[string]any{"n_group": 1.0, "topk_group": 1.0, "norm_topk_prob": true, "routed_scaling_factor": 1.0,
 		"mlp_hidden_act": "relu2", "mlp_bias": false, "moe_shared_expert_intermediate_size": 7688.0},
-	lift:    nemotronHLift,
-	refuse:  nemotronHRefuse,
-	routing: nemotronHRouting,
+	lift:         nemotronHLift,
+	refuse:       nemotronHRefuse,
+	routing:      nemotronHRouting,
+	transformers: TransformersForm{AsStored: true, Why: "transformers 5 stacks the ungated experts into mixer.experts.up_proj [E, I, H] and down_proj [E, H, I] on load, names moeprep's stacked layout does not write; the checkpoint's own tensors load as they are"},
 }
 
 // nemotronHBlocks maps hybrid_override_pattern's characters and the

@@ -242,10 +242,13 @@ type Plan struct {
 	// swiglu_limits and swiglu_limits_shared), by layer index.
 	ActByLayer, SharedActByLayer map[int]layout.Activation
 	ExpertBias                   bool
-	NumHiddenLayers              int
-	WeightDType                  safetensors.DType // dtype of the expert weights
-	Quantization                 Quantization
-	ScaleFmt                     string // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
+	// Transformers is how transformers 5 holds the routed experts in
+	// memory: what convert --layout transformers writes.
+	Transformers    TransformersForm
+	NumHiddenLayers int
+	WeightDType     safetensors.DType // dtype of the expert weights
+	Quantization    Quantization
+	ScaleFmt        string // quantization_config.scale_fmt, e.g. "ue8m0"; "" if unset
 	// ScaleDType is the dtype of the expert weights' scale tensors where
 	// the format's producers differ in it (FP8 per channel or per tensor:
 	// read from the checkpoint's first expert scale, every other must

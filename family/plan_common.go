@@ -57,7 +57,8 @@ func (s *spec) plan(raw map[string]any, t Tensors, converted bool) (*Plan, error
 		}
 	}
 	p := &Plan{Family: s.name, ModelType: mt, Scoring: moe.Softmax, TopKMethod: moe.TopKGreedy,
-		NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 1, ModuleOutput: s.moduleOutput}
+		NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 1, ModuleOutput: s.moduleOutput,
+		Transformers: s.transformers}
 	if err := s.readSizes(c, p, converted); err != nil {
 		return nil, err
 	}

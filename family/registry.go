@@ -240,3 +240,17 @@ func PlanConverted(config map[string]any, tensors Tensors) (*Plan, error) {
 	f, _ := lookup(mt)
 	return f.planBare(config, tensors, true)
 }
+
+// PlanStored plans a moeprep output whose experts are stored as its source
+// stores them (layout as-stored): the checkpoint is the source's but for
+// config.json's contract, so it is planned as Detect plans the source, the
+// contract left aside, and its Layer.Experts name DST's own tensors.
+func PlanStored(config map[string]any, tensors Tensors) (*Plan, error) {
+	hub := make(map[string]any, len(config))
+	for k, v := range config {
+		if k != "moeprep" {
+			hub[k] = v
+		}
+	}
+	return Detect(hub, tensors)
+}

@@ -61,6 +61,9 @@ type spec struct {
 	// no conversion mapping for the text model, so its in-memory names);
 	// nil: the same names.
 	aloneNames func(*naming)
+	// transformers is how transformers 5 holds the experts in memory
+	// (Plan.Transformers); the zero value is gate-up, out-in.
+	transformers TransformersForm
 }
 
 // withDefaults returns config.json with the model type's defaults filled in

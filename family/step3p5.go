@@ -43,10 +43,11 @@ var step3p5 = &spec{
 		sharedIfSized: true,
 		denseFixed:    3,
 	},
-	layers:   layerTypes,
-	defaults: map[string]any{"moe_router_scaling_factor": 1.0, "num_experts_per_tok": 8.0},
-	lift:     stepLift,
-	routing:  stepRouting,
+	layers:       layerTypes,
+	defaults:     map[string]any{"moe_router_scaling_factor": 1.0, "num_experts_per_tok": 8.0},
+	lift:         stepLift,
+	routing:      stepRouting,
+	transformers: TransformersForm{Module: "mlp", Why: "transformers 5 renames the checkpoint's moe module to mlp on load"},
 }
 
 // stepLift reads the hub's legacy keys as transformers does: moe_top_k for

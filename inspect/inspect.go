@@ -462,12 +462,14 @@ func nextStep(s *Summary) string {
 		dir = s.Shown
 	}
 	fusable := s.NumSharedExperts > 0 && !s.SharedGated && !s.SharedRouted && s.Latent == nil && slices.Contains(family.FuseSharedModelTypes(), s.ModelType)
-	loads := "transformers 5 loads it"
+	// --layout transformers where transformers 5 was seen to load that
+	// form as the original; gate-up, the engines' form, elsewhere.
+	lay, loads := "transformers", "transformers 5 loads it"
 	if !layout.LoadsInTransformers(s.ModelType) {
-		loads = "a loader maps it: README, Using the output"
+		lay, loads = "gate-up", "a loader maps it: README, Using the output"
 	}
 	if fusable {
-		return fmt.Sprintf("moeprep fuse-shared --tp 8 %s OUT (the shared expert fuses), or convert --layout gate-up (%s)", dir, loads)
+		return fmt.Sprintf("moeprep fuse-shared --tp 8 %s OUT (the shared expert fuses), or convert --layout %s (%s)", dir, lay, loads)
 	}
 	why := "it has no shared expert"
 	switch {
@@ -479,7 +481,7 @@ func nextStep(s *Summary) string {
 	default:
 		why = "its family's shared expert is not fused"
 	}
-	return fmt.Sprintf("moeprep convert --layout gate-up %s OUT (%s; fuse-shared does not apply: %s)", dir, loads, why)
+	return fmt.Sprintf("moeprep convert --layout %s %s OUT (%s; fuse-shared does not apply: %s)", lay, dir, loads, why)
 }
 
 // LayerActivation is a layer whose activations differ from the

@@ -111,8 +111,8 @@ func TestQuantisedWrapperDescriptions(t *testing.T) {
 // where its shared expert fuses, else convert, saying why not.
 func TestInspectNextStep(t *testing.T) {
 	for _, tc := range []struct{ dir, want string }{
-		{"deepseek-v3-bf16", "next:            moeprep fuse-shared --tp 8 ../fixtures/hf/deepseek-v3-bf16 OUT (the shared expert fuses), or convert --layout gate-up (transformers 5 loads it)"},
-		{"qwen2-moe", "next:            moeprep convert --layout gate-up ../fixtures/hf/qwen2-moe OUT (transformers 5 loads it; fuse-shared does not apply: its shared expert is gated per token)"},
+		{"deepseek-v3-bf16", "next:            moeprep fuse-shared --tp 8 ../fixtures/hf/deepseek-v3-bf16 OUT (the shared expert fuses), or convert --layout transformers (transformers 5 loads it)"},
+		{"qwen2-moe", "next:            moeprep convert --layout transformers ../fixtures/hf/qwen2-moe OUT (transformers 5 loads it; fuse-shared does not apply: its shared expert is gated per token)"},
 		{"mixtral", "fuse-shared does not apply: it has no shared expert)"},
 	} {
 		c, err := checkpoint.Open(filepath.Join("..", "fixtures", "hf", tc.dir))

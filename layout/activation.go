@@ -186,7 +186,12 @@ type ExpertBiases struct {
 
 // BiasNames gives the bias stacks that go with Names(l, moePrefix, ...).
 func BiasNames(l Layout, moePrefix string) ExpertBiases {
-	p := ExpertsPrefix(l, moePrefix)
+	return BiasNamesIn(l, moePrefix, "")
+}
+
+// BiasNamesIn is BiasNames with the stacks under module (ExpertsPrefixIn).
+func BiasNamesIn(l Layout, moePrefix, module string) ExpertBiases {
+	p := ExpertsPrefixIn(l, moePrefix, module)
 	switch l {
 	case GateUp:
 		return ExpertBiases{GateUp: p + ".gate_up_proj_bias", Down: p + ".down_proj_bias"}

@@ -56,9 +56,15 @@ type Contract struct {
 	// Orientation of every expert matrix in the stacks: "in-out" ([in,
 	// out] per expert, scale grids transposed with them); absent means
 	// "out-in", nn.Linear's [out, in].
-	Orientation  Orientation `json:"orientation,omitempty"`
-	SourceFormat string      `json:"source_format"` // "safetensors" or "torch"
-	Family       string      `json:"family"`
+	Orientation Orientation `json:"orientation,omitempty"`
+	// ExpertsModule is the module that holds the stacks, in place of the
+	// last name of each layer's source MoE module, where convert --layout
+	// transformers put them where transformers 5 holds them (Step-3.7:
+	// "mlp" for the checkpoint's "moe"; Granite: "block_sparse_moe", kept);
+	// absent: layout.ExpertsPrefix's rule.
+	ExpertsModule string `json:"experts_module,omitempty"`
+	SourceFormat  string `json:"source_format"` // "safetensors" or "torch"
+	Family        string `json:"family"`
 
 	NumExperts            int     `json:"num_experts"`              // routed experts E
 	NumFusedSharedExperts int     `json:"num_fused_shared_experts"` // R*S, 0 when the shared expert was not fused
@@ -415,7 +421,7 @@ func (c *Contract) Shapes(n, I, H int64) Shapes {
 // Names gives layer li's output tensor names.
 func (c *Contract) Names(li LayerInfo) ExpertTensors {
 	f, _ := c.Format() // Check refuses a contract without one; nil names no scales
-	t := NamesFor(c.Layout, li.Prefix, f)
+	t := NamesIn(c.Layout, li.Prefix, c.ExpertsModule, f)
 	if c.RoutedAct(li).Ungated() {
 		t = t.Ungated()
 	}
@@ -438,8 +444,10 @@ func (c *Contract) Check() error {
 	switch {
 	case c.Version != ContractVersion:
 		return fmt.Errorf("moeprep contract version %d, this moeprep reads version %d", c.Version, ContractVersion)
-	case c.Layout != Stacked && c.Layout != GateUp && c.Layout != UpGate:
+	case c.Layout != Stacked && c.Layout != GateUp && c.Layout != UpGate && c.Layout != AsStored:
 		return fmt.Errorf("moeprep contract: unknown layout %q", c.Layout)
+	case c.ExpertsModule != "" && (!c.Layout.Fused() || !PlainName(c.ExpertsModule)):
+		return fmt.Errorf("moeprep contract: experts_module %q with layout %s, want one module name with a fused layout", c.ExpertsModule, c.Layout)
 	case c.NumExperts <= 0:
 		return fmt.Errorf("moeprep contract: num_experts %d", c.NumExperts)
 	case c.NumFusedSharedExperts < 0 || c.SharedReplicas < 0 || c.SharedSlices < 0:
@@ -634,7 +642,7 @@ func (c *Contract) Biases(li LayerInfo) (ExpertBiases, bool) {
 	if !c.ExpertBias {
 		return ExpertBiases{}, false
 	}
-	return BiasNames(c.Layout, li.Prefix), true
+	return BiasNamesIn(c.Layout, li.Prefix, c.ExpertsModule), true
 }
 
 // maxExcludedFiles bounds excluded_files as the manifest bounds its files.
@@ -655,4 +663,19 @@ func checkExcluded(files []string) error {
 		}
 	}
 	return nil
+}
+
+// PlainName reports whether s is one plain Python name (a module or a
+// class): ASCII letters, digits and underscores, at most 128 of them, so
+// it can be printed in a command or joined into a tensor name as it is.
+func PlainName(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for _, r := range s {
+		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
 }

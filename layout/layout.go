@@ -21,22 +21,38 @@ const (
 	GateUp Layout = "gate-up"
 	// UpGate is GateUp with up rows first (TensorRT-LLM's w3_w1 order): up_gate_proj [E,2I,H].
 	UpGate Layout = "up-gate"
+	// AsStored keeps every expert tensor as the source checkpoint stores
+	// it: its own names, orientation and interleaving, byte for byte. It
+	// is what --layout transformers writes for the families transformers
+	// 5 holds in memory as their checkpoints store them (aria's fc1/fc2,
+	// DBRX's flat w1/v1/w2, gpt-oss's interleaved gate_up_proj and
+	// biases), or in a form moeprep's stacks do not write, which it builds
+	// from the checkpoint itself on load (LongCat-Flash, Nemotron-H): no
+	// stacks of moeprep's naming exist in such an output.
+	AsStored Layout = "as-stored"
+	// Transformers is a request, never a stored layout: the form
+	// transformers 5 holds each family's experts in (the family's data,
+	// family.Plan.Transformers), resolved by convert to GateUp in the
+	// family's orientation or to AsStored.
+	Transformers Layout = "transformers"
 )
 
-// Layouts lists every layout, default first.
+// Layouts lists every layout convert stacks experts into, default first.
 var Layouts = []Layout{Stacked, GateUp, UpGate}
 
-// Parse reads a --layout value; "" means Stacked.
+// Parse reads a --layout value; "" means Stacked. Transformers is
+// accepted (convert resolves it per family); AsStored is not asked for by
+// name, only reached through Transformers.
 func Parse(s string) (Layout, error) {
 	if s == "" {
 		return Stacked, nil
 	}
-	for _, l := range Layouts {
+	for _, l := range append(Layouts, Transformers) {
 		if strings.EqualFold(s, string(l)) {
 			return l, nil
 		}
 	}
-	return "", fmt.Errorf("unknown layout %q (want stacked, gate-up or up-gate)", s)
+	return "", fmt.Errorf("unknown layout %q (want stacked, gate-up, up-gate or transformers)", s)
 }
 
 // Fused reports whether gate and up share one tensor.

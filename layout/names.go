@@ -30,6 +30,22 @@ type ExpertTensors struct {
 // ".mlp" there (transformers 5 renames ".block_sparse_moe.gate" to ".mlp.gate"
 // itself when loading, so the router keeps its source name).
 func ExpertsPrefix(l Layout, moePrefix string) string {
+	return ExpertsPrefixIn(l, moePrefix, "")
+}
+
+// ExpertsPrefixIn is ExpertsPrefix with the stacks under module, the last
+// name of the MoE module replaced ("" keeps ExpertsPrefix's rule): where
+// transformers 5 calls a family's MoE module otherwise than its checkpoint
+// does (Step-3.7's "moe" is "mlp" there) or keeps a name the rule would
+// change (Granite's "block_sparse_moe"), --layout transformers writes the
+// stacks where transformers holds them (Contract.ExpertsModule).
+func ExpertsPrefixIn(l Layout, moePrefix, module string) string {
+	if module != "" {
+		if i := strings.LastIndexByte(moePrefix, '.'); i >= 0 {
+			return moePrefix[:i+1] + module + ".experts"
+		}
+		return module + ".experts"
+	}
 	if l.Fused() {
 		if p, ok := strings.CutSuffix(moePrefix, ".block_sparse_moe"); ok {
 			moePrefix = p + ".mlp"
@@ -43,7 +59,12 @@ func ExpertsPrefix(l Layout, moePrefix string) string {
 // stored in format f: where f has a scale tensor, each stack's is named
 // after it (nil f: unquantised).
 func NamesFor(l Layout, moePrefix string, f weightfmt.Format) ExpertTensors {
-	p := ExpertsPrefix(l, moePrefix)
+	return NamesIn(l, moePrefix, "", f)
+}
+
+// NamesIn is NamesFor with the stacks under module (ExpertsPrefixIn).
+func NamesIn(l Layout, moePrefix, module string, f weightfmt.Format) ExpertTensors {
+	p := ExpertsPrefixIn(l, moePrefix, module)
 	t := ExpertTensors{Layout: l, Prefix: p}
 	sc, scaled := scaleOf(f)
 	scale := func(w string) string {

@@ -20,7 +20,7 @@ for name in deepseek-v3-bf16 deepseek-v2-lite mixtral qwen2-moe qwen3-moe; do
 		fail=$((fail + 1))
 		continue
 	fi
-	if PYTHONUNBUFFERED=1 python3 fixtures/hf/interop.py "$src" "$dst" 2>"$work/err"; then
+	if PYTHONUNBUFFERED=1 python3 fixtures/hf/interop.py "$src" "$dst" --expect-fused 2>"$work/err"; then
 		pass=$((pass + 1))
 	else
 		tail -5 "$work/err"

@@ -101,7 +101,7 @@ func judgeCoverage(r *LayerResult, got, want []float32, h int, bankIDs []int32, 
 // coverageFor draws the forced tokens of one layer of a SRC+DST run, or
 // returns nil when there are not both sides to compare.
 func (s *session) coverageFor(tg target, h int) (*moelayer.Coverage, error) {
-	if tg.src == nil || tg.fused == nil || s.src == nil || s.dst == nil {
+	if tg.src == nil || (tg.fused == nil && tg.stored == nil) || s.src == nil || s.dst == nil {
 		return nil, nil
 	}
 	c := s.contract

@@ -22,6 +22,9 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 // checkLayerWith is checkLayer, telling release (when set) of each bank
 // expert whose weights the paths are done with.
 func (s *session) checkLayerWith(ctx context.Context, tg target, release func(bank int)) ([]LayerResult, error) {
+	if tg.stored != nil {
+		return s.checkStoredLayer(ctx, tg)
+	}
 	x, t, h, g, tokens, cov, err := s.layerStart(tg)
 	if err != nil {
 		return nil, err

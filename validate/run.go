@@ -120,7 +120,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		rep.Seconds = time.Since(start).Seconds()
 		return rep, nil
 	}
-	if o.Device != DeviceCUDA && s.src != nil && s.dst != nil {
+	if o.Device != DeviceCUDA && s.src != nil && s.dst != nil && !s.asStored() {
 		if err := s.runStreamed(ctx, targets, rep, withBytes); err != nil {
 			return nil, err
 		}

@@ -135,7 +135,11 @@ func (s *session) open() error {
 			return fmt.Errorf("%s: config.json has no %q contract: not moeprep convert/fuse-shared output", s.o.Dst, layout.ContractKey)
 		}
 		s.contract = c
-		if s.dstPlan, err = family.PlanConverted(s.dst.Config, s.dst); err != nil {
+		plan := family.PlanConverted
+		if c.Layout == layout.AsStored {
+			plan = family.PlanStored // DST's experts are named as SRC's
+		}
+		if s.dstPlan, err = plan(s.dst.Config, s.dst); err != nil {
 			return fmt.Errorf("%s: %w", s.o.Dst, err)
 		}
 	}

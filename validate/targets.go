@@ -14,13 +14,16 @@ import (
 
 // target is one layer to check, on whichever sides exist.
 type target struct {
-	index  int         // family.Layer.Key: the index the report writes
-	layer  int         // family.Layer.Index: the decoder layer
-	bank   family.Bank // which of a decoder layer's two routed banks, NoBank if it has one
-	mtp    bool
-	src    *family.Layer
-	dst    *family.Layer // DST's planned layer, beside fused (its carried tensors: a post norm)
-	fused  *moelayer.FusedLayer
+	index int         // family.Layer.Key: the index the report writes
+	layer int         // family.Layer.Index: the decoder layer
+	bank  family.Bank // which of a decoder layer's two routed banks, NoBank if it has one
+	mtp   bool
+	src   *family.Layer
+	dst   *family.Layer // DST's planned layer, beside fused (its carried tensors: a post norm)
+	fused *moelayer.FusedLayer
+	// stored is DST's layer where its experts are stored as SRC stores
+	// them (layout as-stored): no stacks, so no fused layer.
+	stored *family.Layer
 	golden string // path, "" if none
 }
 
@@ -63,6 +66,10 @@ func (s *session) targets() ([]target, []string, error) {
 			}
 			t := get(l.Key(), l.MTP)
 			t.layer, t.bank, t.dst = l.Index, l.Bank, l
+			if s.asStored() {
+				t.stored = l
+				continue
+			}
 			t.fused = &moelayer.FusedLayer{Index: l.Key(), Router: l.Router, RouterBias: l.RouterBias, RouterLogitBias: l.RouterLogitBias, HashTable: l.HashTable,
 				Spec: s.dstPlan.RouteSpec(), Contract: s.contract, Names: s.contract.Names(li), Shared: l.Shared, SharedGate: l.SharedGate,
 				SharedExperts: l.SharedExperts, RouterScale: l.RouterScale, ExpertScale: l.ExpertScale, Prep: moelayer.PrepOf(s.dstPlan, l), Info: li}
@@ -78,7 +85,7 @@ func (s *session) targets() ([]target, []string, error) {
 	s.moeLayers = order
 	if s.src != nil && s.dst != nil {
 		for _, i := range order {
-			if t := byIndex[i]; t.src == nil || t.fused == nil {
+			if t := byIndex[i]; t.src == nil || (t.fused == nil && t.stored == nil) {
 				return nil, nil, misfit(fmt.Errorf("layer %d is a MoE layer of only one of %s and %s", i, s.o.Src, s.o.Dst))
 			}
 			s.allLayers = append(s.allLayers, *byIndex[i])

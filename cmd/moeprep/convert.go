@@ -52,8 +52,8 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	revisionFlag(cmd, &f.revision)
 	fl.StringArrayVar(&f.exclude, "exclude", nil, "leave out SRC's files or folders matching `GLOB` (repeatable): 'original', 'metal/*', '*.gguf'; never the weights or config.json; the contract records each file left out")
-	fl.StringVar(&f.layout, "layout", "stacked", "expert layout: stacked (all_gate/all_up [E,I,H], all_down [E,H,I]), gate-up (gate_up_proj [E,2I,H], gate rows first) or up-gate (up rows first); ungated experts (Nemotron-H) are stacked only, all_up and all_down")
-	fl.StringVar(&f.orientation, "orientation", string(layout.OutIn), "each expert matrix in the stacks: out-in ([out,in] as nn.Linear holds it: all_gate [E,I,H]) or in-out (its transpose, for x @ W: all_gate [E,H,I], all_down [E,I,H], gate_up_proj [E,H,2I]; FP8 scale grids transposed with them; not for formats packed along a row: INT4, NVFP4, MXFP4)")
+	fl.StringVar(&f.layout, "layout", "stacked", "expert layout: stacked (all_gate/all_up [E,I,H], all_down [E,H,I]), gate-up (gate_up_proj [E,2I,H], gate rows first), up-gate (up rows first), or transformers (the form transformers 5 holds the family's experts in, so it loads the output as the original: gate-up for most, in-out for Llama 4, the experts as stored for aria, DBRX, gpt-oss, LongCat-Flash, Nemotron-H); ungated experts (Nemotron-H) are stacked only, all_up and all_down")
+	fl.StringVar(&f.orientation, "orientation", "", "each expert matrix in the stacks: out-in (the default; with --layout transformers, the family's form; [out,in] as nn.Linear holds it: all_gate [E,I,H]) or in-out (its transpose, for x @ W: all_gate [E,H,I], all_down [E,I,H], gate_up_proj [E,H,2I]; FP8 scale grids transposed with them; not for formats packed along a row: INT4, NVFP4, MXFP4)")
 	fl.StringVar(&f.maxShard, "max-shard-size", "5GB", "largest output shard, e.g. 5GB, 500MB, 2GiB (GB = 10^9 bytes, GiB = 2^30)")
 	fl.IntVarP(&f.jobs, "jobs", "j", convert.DefaultJobs, "shards written at once; each holds up to 36 MiB of buffers (8 staged 4 MiB blocks and a 4 MiB read buffer)")
 	fl.StringVar(&f.digest, "digest", layout.ShardBlockAlgo.String(), fmt.Sprintf("how the manifest hashes each shard's %d MiB blocks: xxh3 (XXH3-128, fast; catches corruption and torn writes), blake3 or sha256 (cryptographic, for a digest to pin; slower on few cores)", layout.ShardBlockSize>>20))
@@ -70,7 +70,7 @@ func (f *convertFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.placeMap, "placement-map", "", "with --ep: take each MoE layer's slots from `FILE`: moeprep placement --json, or SGLang's init_expert_location JSON")
 	quietFlag(cmd, &f.quiet)
 	f.report.register(cmd, "the summary")
-	_ = cmd.RegisterFlagCompletionFunc("layout", fixedCompletion(layout.Stacked, layout.GateUp, layout.UpGate))
+	_ = cmd.RegisterFlagCompletionFunc("layout", fixedCompletion(layout.Stacked, layout.GateUp, layout.UpGate, layout.Transformers))
 	_ = cmd.RegisterFlagCompletionFunc("orientation", fixedCompletion(layout.OutIn, layout.InOut))
 	_ = cmd.RegisterFlagCompletionFunc("digest", fixedCompletion("xxh3", "blake3", "sha256"))
 	_ = cmd.RegisterFlagCompletionFunc("dtype", fixedCompletion("bf16", "f16", "f32"))
@@ -116,9 +116,11 @@ func (f *convertFlags) options(src, dst string) (convert.Options, error) {
 	if err != nil {
 		return convert.Options{}, fmt.Errorf("--layout: %w", err)
 	}
-	orient, err := layout.ParseOrientation(f.orientation)
-	if err != nil {
-		return convert.Options{}, fmt.Errorf("--orientation: %w", err)
+	var orient layout.Orientation // "": the default, or the family's form with --layout transformers
+	if f.orientation != "" {
+		if orient, err = layout.ParseOrientation(f.orientation); err != nil {
+			return convert.Options{}, fmt.Errorf("--orientation: %w", err)
+		}
 	}
 	size, err := convert.ParseSize(f.maxShard)
 	if err != nil {
@@ -266,11 +268,17 @@ func runConvert(cmd *cobra.Command, f *convertFlags, o convert.Options) error {
 // loadStep is the line after next: how to load what was written, where a
 // library loads it as it is, else where to read what an engine must do.
 func loadStep(s *convert.Summary, o convert.Options) string {
-	if s.Layout == string(layout.GateUp) && (s.Orientation == "" || s.Orientation == string(layout.OutIn)) && !o.FuseShared &&
-		layout.LoadsInTransformers(sourceModelType(o.Src)) {
-		// transformers 5's MoE modules hold gate_up_proj/down_proj for these
-		// families: checked with identical logits by scripts/gpu-interop.sh.
-		return withComment(fmt.Sprintf("then: python3 -c \"import transformers as t; t.AutoModelForCausalLM.from_pretrained(%s)\"", pyQuote(o.Dst)), "transformers 5 loads it as it is")
+	mt, arch := sourceModel(o.Src)
+	if s.TransformersForm && layout.LoadsInTransformers(mt) {
+		// The form transformers 5 holds this family's experts in, checked
+		// with identical logits by scripts/gpu-transformers-load.sh. A
+		// wrapper loads with its own class (AutoModelForCausalLM may pick
+		// the text model alone).
+		cls := "AutoModelForCausalLM"
+		if arch != "" && !strings.HasSuffix(arch, "ForCausalLM") {
+			cls = arch
+		}
+		return withComment(fmt.Sprintf("then: python3 -c \"import transformers as t; t.%s.from_pretrained(%s)\"", cls, pyQuote(o.Dst)), "transformers 5 loads it as it is")
 	}
 	return fmt.Sprintf("then: README \"Using the output\": who loads layout %s, and what a loader must do", s.Layout)
 }
@@ -378,6 +386,7 @@ source gives safetensors output. Work happens in DST.partial, renamed to DST
 only when complete; --resume continues an interrupted run.`,
 		Example: `  moeprep convert ./DeepSeek-V3 ./DeepSeek-V3-stacked
   moeprep convert --layout gate-up --max-shard-size 10GB ./Qwen3-30B-A3B ./qwen3-gate-up
+  moeprep convert --layout transformers ./gpt-oss-20b ./gpt-oss-tf   # loads in transformers 5
   moeprep convert --resume ./DeepSeek-V3 ./DeepSeek-V3-stacked   # after an interruption
   moeprep convert --dtype bf16 ./DeepSeek-V3 ./DeepSeek-V3-bf16   # for GPUs without FP8
   moeprep convert --ep 8 ./DeepSeek-V3 ./ds3-ep8   # experts per rank: rank-0000r-of-00008/
@@ -512,18 +521,23 @@ func copiedLine(copied []convert.CopiedFile, excluded []string, indent string) s
 	return strings.Join(parts, "\n")
 }
 
-// sourceModelType is SRC's config.json model_type, "" when it cannot be
-// read (the run read it already; this only picks the next-step line).
-func sourceModelType(src string) string {
+// sourceModel is SRC's config.json model_type and its one architecture
+// class, "" where it cannot be read (the run read it already; this only
+// picks the next-step line) or is not a plain identifier.
+func sourceModel(src string) (modelType, arch string) {
 	b, err := os.ReadFile(filepath.Join(src, "config.json"))
 	if err != nil || len(b) > 16<<20 {
-		return ""
+		return "", ""
 	}
 	var c struct {
-		ModelType string `json:"model_type"`
+		ModelType     string   `json:"model_type"`
+		Architectures []string `json:"architectures"`
 	}
 	if json.Unmarshal(b, &c) != nil {
-		return ""
+		return "", ""
 	}
-	return c.ModelType
+	if len(c.Architectures) == 1 && layout.PlainName(c.Architectures[0]) {
+		arch = c.Architectures[0]
+	}
+	return c.ModelType, arch
 }

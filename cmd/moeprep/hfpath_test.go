@@ -31,11 +31,11 @@ func TestHuggingFacePaths(t *testing.T) {
 	for _, arg := range []string{"mistralai/Mixtral-tiny", repo} {
 		code, out, errOut := runCLI(t, "inspect", arg)
 		if code != 0 || !strings.Contains(out, "mixtral") || !strings.Contains(errOut, "inspect: reading "+note) ||
-			!strings.Contains(out, "moeprep convert --layout gate-up "+arg+" OUT") {
+			!strings.Contains(out, "moeprep convert --layout transformers "+arg+" OUT") {
 			t.Fatalf("inspect %s: exit %d\n%s\n%s", arg, code, out, errOut)
 		}
 	}
-	if code, out, _ := runCLI(t, "inspect", "--revision", "main", "mistralai/Mixtral-tiny"); code != 0 || !strings.Contains(out, "moeprep convert --layout gate-up --revision main mistralai/Mixtral-tiny OUT") {
+	if code, out, _ := runCLI(t, "inspect", "--revision", "main", "mistralai/Mixtral-tiny"); code != 0 || !strings.Contains(out, "moeprep convert --layout transformers --revision main mistralai/Mixtral-tiny OUT") {
 		t.Fatalf("inspect --revision main: exit %d\n%s", code, out)
 	}
 	dst := filepath.Join(t.TempDir(), "out")

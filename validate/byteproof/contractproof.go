@@ -50,6 +50,11 @@ func checkContract(cfgPath string, src *checkpoint.Checkpoint, plan *family.Plan
 		fc = &layout.Contract{Quantization: g.Quantization, WeightDType: g.WeightDType, WeightBlockSize: g.WeightBlockSize, ScaleDType: g.ScaleDType, Naming: g.Naming}
 		fk = func(k string) string { return "dequantized.groups[experts]." + k }
 	}
+	// Only --layout transformers moves the stacks to another module, and
+	// only to the one transformers 5 holds this family's in.
+	if c.ExpertsModule != "" && c.ExpertsModule != plan.Transformers.Module {
+		return refuse("experts_module", c.ExpertsModule, fmt.Sprintf("transformers 5 holds %s's experts under %s (the only module convert --layout transformers writes)", plan.ModelType, render(orAbsent(plan.Transformers.Module))))
+	}
 	fp8 := plan.Quantization == family.QuantFP8Block
 	quant := string(plan.Quantization)
 	if quant == "" {

@@ -61,6 +61,9 @@ func predict(src *checkpoint.Checkpoint, plan *family.Plan, c *layout.Contract) 
 		if !ok {
 			return nil, fmt.Errorf("%s: contract layer %d is not a MoE layer of SRC", src.Dir, li.Index)
 		}
+		if c.Layout == layout.AsStored {
+			continue // its experts are SRC's tensors, each a copy like the rest
+		}
 		if err := p.layer(src, plan, c, li, l, consumed); err != nil {
 			return nil, err
 		}

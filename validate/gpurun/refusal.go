@@ -31,6 +31,9 @@ func Refusal(plan *family.Plan, c *layout.Contract, precision string) string {
 	if plan != nil && plan.Act.Gate == layout.GateSiTU {
 		return fmt.Sprintf("the experts' activation %s has no GPU kernel", plan.Act.Describe())
 	}
+	if c != nil && c.Layout == layout.AsStored {
+		return fmt.Sprintf("DST's experts are stored as SRC stores them (layout %s, --layout transformers), so there are no stacks for the GPU's fused kernels; the CPU reference runs both sides, and the byte proof holds every expert tensor to SRC's bytes", layout.AsStored)
+	}
 	var fs []weightfmt.Format
 	if plan != nil {
 		f, err := plan.Format()

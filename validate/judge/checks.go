@@ -21,6 +21,14 @@ const (
 	GPUCoverageVsReference = "gpu-coverage-vs-reference"
 	GPUFusedVsGolden       = "gpu-fused-vs-golden"
 	GPUUnfusedVsGolden     = "gpu-unfused-vs-golden"
+	// StoredVsReference, StoredCoverage and StoredVsGolden are a DST whose
+	// experts are stored as SRC stores them (layout as-stored): the
+	// reference run on DST's own tensors, against SRC's reference (the
+	// same bytes through the same code: required bit for bit) and the
+	// golden.
+	StoredVsReference = "stored-vs-reference"
+	StoredCoverage    = "stored-coverage"
+	StoredVsGolden    = "stored-vs-golden"
 	// NonFinite is the row of a layer whose weights, scales or biases hold
 	// a NaN or an infinity: such a checkpoint is never certified, however
 	// its outputs compare (a NaN source must not "pass" against a NaN output).
@@ -131,6 +139,9 @@ var Checks = []Check{
 	{GPUCoverageVsReference, "gpu", "DST fused on the GPU vs SRC's CPU reference on the forced tokens", PathVsPath, PerToken},
 	{GPUFusedVsGolden, "gpu", "DST fused on the GPU vs HF golden y", PathVsGolden, AgainstGolden},
 	{GPUUnfusedVsGolden, "gpu", "SRC unfused on the GPU vs HF golden y (no DST)", PathVsGolden, AgainstGolden},
+	{StoredVsReference, "cpu", "DST's experts as stored (layout as-stored) through the unfused reference vs SRC's reference: the same bytes through the same code, so any difference fails", PathVsPath, WholeOutput},
+	{StoredCoverage, "cpu", "the same on the forced tokens that exercise every expert", PathVsPath, PerToken},
+	{StoredVsGolden, "cpu", "DST's experts as stored through the unfused reference vs HF golden y", PathVsGolden, AgainstGolden},
 	{NonFinite, "", "nothing: a weight, scale or bias the layer needs holds a NaN or Inf, so the layer fails uncomputed", NoTolerance, NotCompared},
 }
 
