@@ -26,8 +26,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 df -h . /dev/shm | sed 's/^/  /'; free -g | sed 's/^/  /'; nproc
 out=${OUT:-/tmp/gpu45-out}
 mkdir -p "$out"
-work=$(pwd)/.gpu45
-rm -rf "$work"; mkdir -p "$work"
+work=$(mktemp -d "$(pwd)/.gpu45.XXXX") # its own folder: nothing it did not make is removed
 trap 'rm -rf "$work" "$bin"' EXIT
 T0=$SECONDS
 t() { local s=$SECONDS; "$@"; local rc=$?; echo "  -> rc=$rc in $((SECONDS - s))s"; return $rc; }

@@ -39,6 +39,9 @@ func FP8Block(bo, bi int64, ue8m0 bool) Format {
 	return fp8Block{block: [2]int64{bo, bi}, ue8m0: ue8m0}
 }
 
+// FP8MaxBlock is the largest FP8 block edge read.
+const FP8MaxBlock = 1 << 16
+
 func init() {
 	register(QuantFP8Block, func(s Spec) (Format, error) {
 		b := []int64{FP8DefaultBlock, FP8DefaultBlock}
@@ -47,6 +50,11 @@ func init() {
 		}
 		if len(b) != 2 || b[0] <= 0 || b[1] <= 0 {
 			return nil, fmt.Errorf("FP8 weight_block_size %v: want two positive integers [rows, cols]", s.Block)
+		}
+		if b[0] > FP8MaxBlock || b[1] > FP8MaxBlock {
+			// producers write 32 to 128; a bound keeps every grid
+			// computation (ceil of n/b) far from overflowing
+			return nil, fmt.Errorf("FP8 weight_block_size %v: a block edge is at most %d", s.Block, FP8MaxBlock)
 		}
 		f := fp8Block{block: [2]int64{b[0], b[1]}, ue8m0: s.ScaleFmt == "ue8m0"}
 		switch s.Naming {

@@ -95,6 +95,7 @@ func TestNew(t *testing.T) {
 		{"fp8 ue8m0", Spec{Quantization: QuantFP8Block, ScaleFmt: "ue8m0"}, FP8Block(128, 128, true), ""},
 		{"fp8 one-number block", Spec{Quantization: QuantFP8Block, Block: []int64{128}}, nil, "want two positive integers"},
 		{"fp8 zero block", Spec{Quantization: QuantFP8Block, Block: []int64{0, 128}}, nil, "want two positive integers"},
+		{"fp8 block past the bound", Spec{Quantization: QuantFP8Block, Block: []int64{128, 1 << 62}}, nil, "a block edge is at most 65536"},
 		{"unknown", Spec{Quantization: "int4_group_32"}, nil, `"int4_group_32" is not supported`},
 	})
 }

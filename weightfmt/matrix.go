@@ -41,7 +41,12 @@ type Slice struct {
 	Weight, Scale, Global Region
 }
 
-func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return 0
+	}
+	return (a-1)/b + 1 // not (a+b-1)/b: no overflow for any b
+}
 
 // RowBytes is the bytes of one stored row.
 func (m Matrix) RowBytes() int64 {
