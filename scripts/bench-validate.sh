@@ -32,7 +32,7 @@ fi
 if [ ! -d "$dst" ]; then
 	"$mp" fuse-shared -q --tp 8 "$src" "$dst" >&2
 fi
-shards=("$src"/*.safetensors "$dst"/*.safetensors)
+files=("$src"/*.safetensors "$dst"/*.safetensors)
 
 # measure CMD...: "wall user sys peak_rss_MB" of CMD from a cold cache
 measure() {
@@ -43,15 +43,7 @@ measure() {
 }
 runs=(cat validate)
 [ -n "$base" ] && runs+=(validate@base)
-measure cat "${shards[@]}" >/dev/null # warm-up, discarded: the VM's first run faults its memory back
-# bench_run RUN: one run's "wall user sys rss_MB".
-bench_run() {
-	case $1 in
-	cat) measure cat "${shards[@]}" ;;
-	validate) measure "$mp" validate -q --device cpu "$src" "$dst" ;;
-	validate@base) measure "$base" validate -q --device cpu "$src" "$dst" ;;
-	esac
-}
+measure cat "${files[@]}" >/dev/null # warm-up, discarded: the VM's first run faults its memory back
 # shellcheck source=bench-rounds.sh
 source scripts/bench-rounds.sh
 printf '%-14s %8s %6s %7s %7s   %s\n' run median_s x_cat paired rss_MB "raw (wall/user/sys s per round)"

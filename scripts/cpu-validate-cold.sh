@@ -72,14 +72,6 @@ measure() {
 	awk '{printf "%s %s %s %.0f\n", $1, $2, $3, $4/1024}' "$work/time.txt"
 }
 
-# bench_run RUN: one run's "wall user sys rss_MB" on the row's SRC and DST.
-bench_run() {
-	case $1 in
-	cat) measure cat "${files[@]}" ;;
-	validate) measure "$mp" validate -q --device cpu "$src" "$dst" ;;
-	validate@base) measure "$base" validate -q --device cpu "$src" "$dst" ;;
-	esac
-}
 # shellcheck source=bench-rounds.sh
 source scripts/bench-rounds.sh
 
