@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
@@ -124,10 +125,7 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 						continue
 					}
 					shards++
-					b, err := os.ReadFile(filepath.Join(dst, name))
-					if err != nil {
-						t.Fatal(err)
-					}
+					b := testkit.ReadFile(t, filepath.Join(dst, name))
 					want := layout.FileInfo{Size: int64(len(b))}
 					d := layout.BlockDigest{BlockSize: v.block, Root: blockRoot(b, v.block, v.digest)}
 					switch v.digest {
@@ -247,9 +245,7 @@ func TestPlanChunksReadsSourcesInOrder(t *testing.T) {
 func TestSyncFilesNamesWhatFailed(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "a.json")
-	if err := os.WriteFile(file, []byte("{}"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, file, []byte("{}"))
 	missing := filepath.Join(dir, "missing.json")
 	for _, tc := range []struct {
 		name  string
@@ -406,9 +402,7 @@ func directSupported(t *testing.T) bool {
 		return false
 	}
 	p := filepath.Join(t.TempDir(), "probe")
-	if err := os.WriteFile(p, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, p, "")
 	f, err := openDirect(p)
 	if err != nil {
 		t.Logf("no O_DIRECT in %s (%v): only the buffered writer is tested", filepath.Dir(p), err)
@@ -507,8 +501,6 @@ func patternedFile(t *testing.T, path string, n int, f func(int) byte) []byte {
 	for i := range data {
 		data[i] = f(i)
 	}
-	if err := os.WriteFile(path, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, path, data)
 	return data
 }

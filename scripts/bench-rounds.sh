@@ -1,6 +1,18 @@
 # Sourced by the CPU benchmark scripts (bench-validate.sh,
 # cpu-validate-cold.sh): runs in rounds whose order rotates, and their table.
 
+# bench_build sets mp to $MOEPREP_BIN, or else to this tree's moeprep built
+# into $work, and base to $MOEPREP_BASE (an older build to run beside it,
+# or none).
+bench_build() {
+	mp=${MOEPREP_BIN:-}
+	if [ -z "$mp" ]; then
+		go build -o "$work/moeprep" ./cmd/moeprep
+		mp="$work/moeprep"
+	fi
+	base=${MOEPREP_BASE:-}
+}
+
 # bench_run RUN: one run's "wall user sys rss_MB", timed by the caller's
 # measure CMD...: cat (the first run, the yardstick) of the caller's files,
 # or validate --device cpu of its src and dst by this build ($mp) or, as

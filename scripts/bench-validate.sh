@@ -17,13 +17,10 @@ set -euo pipefail
 work=${1:-/work/bench}
 rounds=${2:-3}
 cd "$(dirname "$0")/.."
+# shellcheck source=bench-rounds.sh
+source scripts/bench-rounds.sh
 mkdir -p "$work"
-mp=${MOEPREP_BIN:-}
-if [ -z "$mp" ]; then
-	go build -o "$work/moeprep" ./cmd/moeprep
-	mp="$work/moeprep"
-fi
-base=${MOEPREP_BASE:-}
+bench_build
 [ -w /proc/sys/vm/drop_caches ] || echo "warning: not root, page cache not dropped: figures are warm" >&2
 src=$work/v31-src dst=$work/v31-dst
 if [ ! -d "$src" ]; then
@@ -44,7 +41,5 @@ measure() {
 runs=(cat validate)
 [ -n "$base" ] && runs+=(validate@base)
 measure cat "${files[@]}" >/dev/null # warm-up, discarded: the VM's first run faults its memory back
-# shellcheck source=bench-rounds.sh
-source scripts/bench-rounds.sh
 printf '%-14s %8s %6s %7s %7s   %s\n' run median_s x_cat paired rss_MB "raw (wall/user/sys s per round)"
 bench_rounds "$rounds" "${runs[@]}"

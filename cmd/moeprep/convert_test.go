@@ -27,9 +27,7 @@ func TestConvertExclude(t *testing.T) {
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(p, model, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		testkit.WriteFile(t, p, model)
 	}
 	testkit.WriteFile(t, filepath.Join(src, "original", "config.json"), []byte("{}\n"))
 
@@ -216,13 +214,9 @@ func TestConvertDestinations(t *testing.T) {
 	if err := os.MkdirAll(full, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(full, "notes.txt"), []byte("mine"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, filepath.Join(full, "notes.txt"), []byte("mine"))
 	file := filepath.Join(base, "file")
-	if err := os.WriteFile(file, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, file, "")
 	for _, tc := range []struct {
 		dst  string
 		code int

@@ -22,9 +22,7 @@ func TestHuggingFacePaths(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(repo, "refs"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(repo, "refs", "main"), []byte(commit), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, filepath.Join(repo, "refs", "main"), []byte(commit))
 	note := "mistralai/Mixtral-tiny: the Hugging Face cache's snapshot " + commit + " (refs/main): " + snap
 	// The next: lines name the model as it was typed, so the step reads as
 	// the user wrote it and resolves to the same snapshot.

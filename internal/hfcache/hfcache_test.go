@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 func write(t *testing.T, path, body string) {
@@ -12,9 +14,7 @@ func write(t *testing.T, path, body string) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, path, []byte(body))
 }
 
 // A cache laid out as huggingface_hub lays it out: refs/main and a tag

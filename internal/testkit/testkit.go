@@ -263,3 +263,21 @@ func CheckCost(t testing.TB, alloc, maxAlloc uint64, took, maxTook time.Duration
 		t.Errorf("took %v, want at most %v", took, maxTook)
 	}
 }
+
+// Unblocked runs f and returns its error, or fails t with blocked once f
+// has run for 5 s: for an open or a read that must be refused at once
+// rather than wait forever (a named pipe, a device). A blocked f is left
+// behind.
+func Unblocked(t testing.TB, blocked string, f func() error) error {
+	t.Helper()
+	const bound = 5 * time.Second
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(bound):
+		t.Fatalf("%s (still running after %v)", blocked, bound)
+		return nil
+	}
+}
