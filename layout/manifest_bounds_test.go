@@ -150,17 +150,11 @@ func TestHashFileRefusesDevices(t *testing.T) {
 func TestHashBounded(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "sparse")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
 	// 256 MiB in 4 KiB blocks: 65,536 digests, 2 MiB if all were held.
-	if err := os.Truncate(path, 256<<20); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Sparse(t, path, 256<<20, nil)
 	like := FileInfo{X3Blocks: BlockDigest{BlockSize: 4096}}
 	var got FileInfo
+	var err error
 	alloc, took := costtest.Measure(func() { got, err = HashFileLike(path, like) })
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/validate/rankproof"
 )
 
 // A placement written by `moeprep placement` (its JSON and SGLang's file)
@@ -108,20 +109,12 @@ func TestValidatePerRank(t *testing.T) {
 		t.Fatalf("validate: exit %d\n%s\n%s", code, out, errOut)
 	}
 	code, out, errOut = runCLI(t, "validate", "--quiet", "--rank", "2", "--json", src, dst)
-	var res struct {
-		Schema  string   `json:"schema"`
-		Ranks   []int    `json:"ranks"`
-		Files   []string `json:"files"`
-		Read    int64    `json:"dst_bytes_read"`
-		Shared  int64    `json:"shared_bytes"`
-		Rank    int64    `json:"rank_bytes"`
-		Failure string   `json:"failure"`
-	}
+	var res rankproof.Result
 	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Schema != "moeprep.validate-rank/v1" || !slices.Equal(res.Ranks, []int{2}) {
 		t.Fatalf("validate --rank 2: exit %d\n%s\n%s", code, out, errOut)
 	}
-	if res.Read > res.Shared+res.Rank {
-		t.Errorf("--rank 2 read %d bytes, over the shared %d and its own %d", res.Read, res.Shared, res.Rank)
+	if res.DSTBytesRead > res.SharedBytes+res.RankBytes {
+		t.Errorf("--rank 2 read %d bytes, over the shared %d and its own %d", res.DSTBytesRead, res.SharedBytes, res.RankBytes)
 	}
 	shard := filepath.Join(dst, "rank-00001-of-00004", "model-00001-of-00001.safetensors")
 	raw := testkit.ReadFile(t, shard)
