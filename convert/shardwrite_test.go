@@ -273,11 +273,7 @@ func TestOwnSource(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "src")
 	data := patternedFile(t, path, 10000, func(i int) byte { return byte(i*31 + i/7) })
-	shared, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer shared.Close()
+	shared := testkit.Open(t, path)
 	// A section at 100 of the file, and a part at 50 of the section: bytes 150...
 	sec := io.NewSectionReader(shared, 100, 9000)
 	p := &part{region: region{src: sec, file: path, tensor: "t", off: 50, rows: 3, rowLen: 200, stride: 1000}}
@@ -337,16 +333,8 @@ func TestPutShortSource(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "src.safetensors")
 	data := patternedFile(t, path, 1000, func(i int) byte { return byte(i*7 + 3) })
-	src, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	out, err := os.Create(filepath.Join(dir, "out"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
+	src := testkit.Open(t, path)
+	out := testkit.Create(t, filepath.Join(dir, "out"))
 	for _, tc := range []struct {
 		name  string
 		r     region

@@ -75,6 +75,29 @@ func ReadFile(t testing.TB, path string) []byte {
 	return b
 }
 
+// Open opens path to read; it is closed when the test ends.
+func Open(t testing.TB, path string) *os.File {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// Create creates path, or empties it, to write; it is closed when the test
+// ends.
+func Create(t testing.TB, path string) *os.File {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
 // FlipBits XORs mask into the byte at off of path (off < 0 counts from
 // the end), in place: the file keeps its size.
 func FlipBits(t testing.TB, path string, off int64, mask byte) {
