@@ -78,19 +78,21 @@ func ReadFile(t testing.TB, path string) []byte {
 // Open opens path to read; it is closed when the test ends.
 func Open(t testing.TB, path string) *os.File {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return f
+	return openFile(t, path, os.O_RDONLY)
 }
 
 // Create creates path, or empties it, to write; it is closed when the test
 // ends.
 func Create(t testing.TB, path string) *os.File {
 	t.Helper()
-	f, err := os.Create(path)
+	return openFile(t, path, os.O_RDWR|os.O_CREATE|os.O_TRUNC)
+}
+
+// openFile is os.OpenFile (mode 0o666 before the umask, as os.Create's)
+// that fails t and closes the file when the test ends.
+func openFile(t testing.TB, path string, flag int) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(path, flag, 0o666)
 	if err != nil {
 		t.Fatal(err)
 	}
