@@ -23,11 +23,7 @@ func TestConvertExclude(t *testing.T) {
 	testkit.CopyDir(t, filepath.Join("..", "..", "fixtures", "hf", "gpt-oss"), src)
 	model := testkit.ReadFile(t, filepath.Join(src, "model.safetensors"))
 	for _, f := range []string{"original/model.safetensors", "metal/model.bin"} {
-		p := filepath.Join(src, f)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		testkit.WriteFile(t, p, model)
+		testkit.WriteFile(t, filepath.Join(src, f), model)
 	}
 	testkit.WriteFile(t, filepath.Join(src, "original", "config.json"), []byte("{}\n"))
 
@@ -211,9 +207,6 @@ func TestConvertDestinations(t *testing.T) {
 		t.Fatal(err)
 	}
 	full := filepath.Join(base, "full")
-	if err := os.MkdirAll(full, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	testkit.WriteFile(t, filepath.Join(full, "notes.txt"), []byte("mine"))
 	file := filepath.Join(base, "file")
 	testkit.WriteFile(t, file, "")

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,9 +18,6 @@ func TestHuggingFacePaths(t *testing.T) {
 	repo := filepath.Join(cache, "models--mistralai--Mixtral-tiny")
 	snap := filepath.Join(repo, "snapshots", commit)
 	testkit.CopyDir(t, filepath.Join("..", "..", "fixtures", "hf", "mixtral"), snap)
-	if err := os.MkdirAll(filepath.Join(repo, "refs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
 	testkit.WriteFile(t, filepath.Join(repo, "refs", "main"), []byte(commit))
 	note := "mistralai/Mixtral-tiny: the Hugging Face cache's snapshot " + commit + " (refs/main): " + snap
 	// The next: lines name the model as it was typed, so the step reads as
