@@ -12,8 +12,7 @@ import (
 // models--org--name folder) is read from the cached snapshot refs/main
 // names, with a line saying which; a name in no cache says how to get it.
 func TestHuggingFacePaths(t *testing.T) {
-	cache := t.TempDir()
-	t.Setenv("HF_HUB_CACHE", cache)
+	cache := testkit.HubCache(t)
 	const commit = "0123456789abcdef0123456789abcdef01234567"
 	repo := filepath.Join(cache, "models--mistralai--Mixtral-tiny")
 	snap := filepath.Join(repo, "snapshots", commit)

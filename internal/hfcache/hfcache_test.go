@@ -11,8 +11,7 @@ import (
 // A cache laid out as huggingface_hub lays it out: refs/main and a tag
 // naming snapshots, and a plain checkpoint folder beside it.
 func TestResolve(t *testing.T) {
-	cache := t.TempDir()
-	t.Setenv("HF_HUB_CACHE", cache)
+	cache := testkit.HubCache(t)
 	repo := filepath.Join(cache, "models--deepseek-ai--DeepSeek-V3")
 	const main, tag = "0123456789abcdef0123456789abcdef01234567", "fedcba9876543210fedcba9876543210fedcba98"
 	testkit.WriteFile(t, filepath.Join(repo, "refs", "main"), main+"\n")

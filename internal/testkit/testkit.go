@@ -100,6 +100,16 @@ func openFile(t testing.TB, path string, flag int) *os.File {
 	return f
 }
 
+// HubCache points HF_HUB_CACHE at an empty temporary folder for the test
+// and returns it: a Hugging Face cache that holds only what the test puts
+// in it (models--ORG--NAME/refs, snapshots).
+func HubCache(t testing.TB) string {
+	t.Helper()
+	cache := t.TempDir()
+	t.Setenv("HF_HUB_CACHE", cache)
+	return cache
+}
+
 // FlipBits XORs mask into the byte at off of path (off < 0 counts from
 // the end), in place: the file keeps its size.
 func FlipBits(t testing.TB, path string, off int64, mask byte) {
