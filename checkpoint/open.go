@@ -118,7 +118,7 @@ func (w *smallWindow) read(r io.ReaderAt, off, n int64) ([]byte, bool) {
 func Open(dir string) (*Checkpoint, error) {
 	st, err := os.Stat(dir)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", dir, unwrapPathErr(err))
+		return nil, fmt.Errorf("%s: %w", dir, safeio.Unwrap(err))
 	}
 	if !st.IsDir() {
 		return nil, fmt.Errorf("%s: not a directory (expected a hub-layout checkpoint directory)", dir)
@@ -172,14 +172,6 @@ func (c *Checkpoint) canonicalScaleShapes() {
 			t.FileShape, t.Shape = t.Shape, canon
 		}
 	}
-}
-
-func unwrapPathErr(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
 }
 
 func (c *Checkpoint) readConfig() error {
@@ -506,7 +498,7 @@ func (c *Checkpoint) OtherFiles() ([]string, error) {
 	// into a root that is itself a link.
 	root, err := filepath.EvalSymlinks(c.Dir)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", c.Dir, unwrapPathErr(err))
+		return nil, fmt.Errorf("%s: %w", c.Dir, safeio.Unwrap(err))
 	}
 	var out []string
 	visited := 0
@@ -534,7 +526,7 @@ func (c *Checkpoint) OtherFiles() ([]string, error) {
 		if mode&fs.ModeSymlink != 0 {
 			st, err := os.Stat(path)
 			if err != nil {
-				return fmt.Errorf("%s: a symbolic link whose target cannot be read (%v); moeprep would have to leave it out of the output", filepath.Join(c.Dir, rel), unwrapPathErr(err))
+				return fmt.Errorf("%s: a symbolic link whose target cannot be read (%v); moeprep would have to leave it out of the output", filepath.Join(c.Dir, rel), safeio.Unwrap(err))
 			}
 			mode = st.Mode()
 		}

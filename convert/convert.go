@@ -152,14 +152,6 @@ func diskFull(dir string, err error) error {
 	return err
 }
 
-func unwrapPath(err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}
-
 func within(path, dir string) bool {
 	rel, err := filepath.Rel(dir, path)
 	return err == nil && rel != "." && !strings.HasPrefix(rel, "..")

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math"
 	"path/filepath"
@@ -142,15 +141,10 @@ func TestDequantFP8Convert(t *testing.T) {
 func setQuantConfig(t *testing.T, dir string) {
 	t.Helper()
 	p := filepath.Join(dir, "config.json")
-	var cfg map[string]any
-	b := testkit.ReadFile(t, p)
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		t.Fatal(err)
-	}
-	if _, has := cfg["quantization_config"]; has {
+	if _, has := testkit.ReadJSON(t, p)["quantization_config"]; has {
 		return
 	}
-	b = bytes.Replace(b, []byte("{"), []byte(`{"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"},`), 1)
+	b := bytes.Replace(testkit.ReadFile(t, p), []byte("{"), []byte(`{"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"},`), 1)
 	testkit.WriteFile(t, p, b)
 }
 

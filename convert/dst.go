@@ -37,7 +37,7 @@ func resolveDirs(srcIn, dstIn string) (src, dst string, err error) {
 		return "", "", err
 	}
 	if src, err = filepath.EvalSymlinks(abs); err != nil {
-		return "", "", fmt.Errorf("%s: %w", srcIn, unwrapPath(err))
+		return "", "", fmt.Errorf("%s: %w", srcIn, safeio.Unwrap(err))
 	}
 	if dst, err = filepath.Abs(dstIn); err != nil {
 		return "", "", err
@@ -47,7 +47,7 @@ func resolveDirs(srcIn, dstIn string) (src, dst string, err error) {
 	}
 	parent, err := resolveExisting(filepath.Dir(dst))
 	if err != nil {
-		return "", "", fmt.Errorf("%s: cannot create the output directory: %w", dstIn, unwrapPath(err))
+		return "", "", fmt.Errorf("%s: cannot create the output directory: %w", dstIn, safeio.Unwrap(err))
 	}
 	dst = filepath.Join(parent, filepath.Base(dst))
 	if src == dst || within(dst, src) || within(src, dst) {
@@ -106,7 +106,7 @@ func checkReplaceable(dst, dstIn string, force bool) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("%s: cannot create the output directory: %w", dstIn, unwrapPath(err))
+		return fmt.Errorf("%s: cannot create the output directory: %w", dstIn, safeio.Unwrap(err))
 	}
 	if !force {
 		if emptyDir(dst) {
@@ -129,7 +129,7 @@ func checkReplaceable(dst, dstIn string, force bool) error {
 func ownOutput(dir, name string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return fmt.Errorf("%s: %w", name, unwrapPath(err))
+		return fmt.Errorf("%s: %w", name, safeio.Unwrap(err))
 	}
 	if len(entries) == 0 {
 		return nil
@@ -200,7 +200,7 @@ func errBusy(path string) error {
 func lockPartial(path string) (pd *partialDir, created bool, err error) {
 	// DST's parents may not exist yet (resolveDirs allows it).
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, false, fmt.Errorf("cannot create the output directory's parent %s: %w", filepath.Dir(path), unwrapPath(err))
+		return nil, false, fmt.Errorf("cannot create the output directory's parent %s: %w", filepath.Dir(path), safeio.Unwrap(err))
 	}
 	for try := 0; try < 3; try++ {
 		created = false
@@ -217,7 +217,7 @@ func lockPartial(path string) (pd *partialDir, created bool, err error) {
 				return nil, false, fmt.Errorf("%s: exists and is %s, not moeprep's work directory; move it away", path, safeio.Kind(st.Mode()))
 			}
 		default:
-			return nil, false, fmt.Errorf("cannot create the output directory %s: %w", path, unwrapPath(err))
+			return nil, false, fmt.Errorf("cannot create the output directory %s: %w", path, safeio.Unwrap(err))
 		}
 		f, err := os.Open(path)
 		if err != nil {
@@ -266,7 +266,7 @@ func (p *partialDir) unlock() {
 func (p *partialDir) clear() error {
 	entries, err := os.ReadDir(p.path)
 	if err != nil {
-		return fmt.Errorf("%s: %w", p.path, unwrapPath(err))
+		return fmt.Errorf("%s: %w", p.path, safeio.Unwrap(err))
 	}
 	if len(entries) == 0 {
 		return nil
@@ -276,7 +276,7 @@ func (p *partialDir) clear() error {
 	}
 	for _, e := range entries {
 		if err := os.RemoveAll(filepath.Join(p.path, e.Name())); err != nil {
-			return fmt.Errorf("%s: clearing the interrupted run: %w", p.path, unwrapPath(err))
+			return fmt.Errorf("%s: clearing the interrupted run: %w", p.path, safeio.Unwrap(err))
 		}
 	}
 	return nil
@@ -292,7 +292,7 @@ func install(partial, dst, dstIn string, force bool) error {
 		// Remove refuses a directory that is no longer empty: nothing
 		// written there since the check is lost.
 		if err := os.Remove(dst); err != nil {
-			return fmt.Errorf("%s: was empty, now cannot be replaced: %w", dstIn, unwrapPath(err))
+			return fmt.Errorf("%s: was empty, now cannot be replaced: %w", dstIn, safeio.Unwrap(err))
 		}
 	}
 	if _, err := os.Lstat(dst); err == nil {
@@ -304,18 +304,18 @@ func install(partial, dst, dstIn string, force bool) error {
 			return fmt.Errorf("%s: exists (left by an interrupted replacement?); remove it, then rerun with --resume", old)
 		}
 		if err := os.Rename(dst, old); err != nil {
-			return fmt.Errorf("moving the old output %s aside: %w", dst, unwrapPath(err))
+			return fmt.Errorf("moving the old output %s aside: %w", dst, safeio.Unwrap(err))
 		}
 	}
 	if err := os.Rename(partial, dst); err != nil {
-		return fmt.Errorf("moving %s to %s: %w", partial, dst, unwrapPath(err))
+		return fmt.Errorf("moving %s to %s: %w", partial, dst, safeio.Unwrap(err))
 	}
 	if err := syncDir(filepath.Dir(dst)); err != nil {
 		return err
 	}
 	if old != "" {
 		if err := os.RemoveAll(old); err != nil {
-			return fmt.Errorf("%s: the new output is in place, but removing the old one failed: %w", old, unwrapPath(err))
+			return fmt.Errorf("%s: the new output is in place, but removing the old one failed: %w", old, safeio.Unwrap(err))
 		}
 	}
 	return nil

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -218,9 +219,7 @@ func TestResumeRefusesDifferentOptions(t *testing.T) {
 	// digests: the error points at --digest blake3.
 	prog := filepath.Join(dst+".partial", progressFileName)
 	legacy := `{"version": 1, "fingerprint": "0000", "shards": {"model-00001-of-00002.safetensors": {"size": 1, "blake3_blocks": {"block_size": 16, "root": "00"}}}}`
-	if err := os.WriteFile(prog, []byte(legacy), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, prog, []byte(legacy))
 	o.Layout = ""
 	if _, err := Convert(context.Background(), o); err == nil || !strings.Contains(err.Error(), "--digest blake3") {
 		t.Errorf("resume of a BLAKE3-era partial output: %v", err)

@@ -3,19 +3,16 @@ package convert
 import (
 	"bytes"
 	"io"
-	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // TestPageAlignment checks the tensor order and the data-section phase that
 // put copied tensors at their source's offset within a page.
 func TestPageAlignment(t *testing.T) {
-	f, err := os.Create(filepath.Join(t.TempDir(), "src.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := testkit.Create(t, filepath.Join(t.TempDir(), "src.safetensors"))
 	// part is size bytes at absolute offset abs of a source: the plain file
 	// behind a section reader (as the planner opens sources), or not a file.
 	mk := func(abs, size int64, fold, file bool) part {

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/placement"
@@ -111,10 +112,7 @@ func checkRanks(t *testing.T, whole, ranked string) {
 	var doc struct {
 		C layout.Contract `json:"moeprep"`
 	}
-	b, err := os.ReadFile(filepath.Join(ranked, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.ReadFile(t, filepath.Join(ranked, "config.json"))
 	if err := json.Unmarshal(b, &doc); err != nil {
 		t.Fatal(err)
 	}
@@ -203,9 +201,7 @@ func writePlacement(t *testing.T, layers []int, rows [][]int) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "placement.json")
 	b, _ := json.Marshal(map[string]any{"schema": "moeprep.placement/v1", "layers": layers, "physical_to_logical_map": rows})
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, p, b)
 	return p
 }
 
@@ -229,9 +225,7 @@ func TestRanksEqualWholeOutputSlices(t *testing.T) {
 		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.827, DType: "int4-pack", GroupSize: 32, Vocab: 64, Seed: 12})
 	ds := filepath.Join(hfDir, "deepseek-v3-bf16")
 	stats := filepath.Join(t.TempDir(), "loads.json")
-	if err := os.WriteFile(stats, []byte(`{"0": [0,0,0,0,0,0,0,0], "1": [900,10,10,10,10,10,10,300], "2": [5,5,5,5,5,5,700,80]}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, stats, []byte(`{"0": [0,0,0,0,0,0,0,0], "1": [900,10,10,10,10,10,10,300], "2": [5,5,5,5,5,5,700,80]}`))
 	cases := []struct {
 		name string
 		src  string
@@ -321,13 +315,9 @@ func TestRanksRefusals(t *testing.T) {
 	missing := full(16, 16)
 	missing[3] = 4 // expert 12 (reversed) has no slot
 	stats := filepath.Join(t.TempDir(), "loads.json")
-	if err := os.WriteFile(stats, []byte(`{"0": [1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0], "1": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], "2": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, stats, []byte(`{"0": [1,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0], "1": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1], "2": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}`))
 	short := filepath.Join(t.TempDir(), "short.json")
-	if err := os.WriteFile(short, []byte(`{"1": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, short, []byte(`{"1": [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]}`))
 	for _, tc := range []struct {
 		name string
 		src  string
@@ -410,17 +400,12 @@ func TestRanksDryRun(t *testing.T) {
 func TestRanksPlacementHierarchical(t *testing.T) {
 	src := cktest.WritePreset(t, "tiny-deepseek-v3-fp8") // E 16, n_group 4, MoE layers 1, 2 and MTP layer 3
 	stats := filepath.Join(t.TempDir(), "loads.json")
-	if err := os.WriteFile(stats, []byte(`{"1": [90,1,1,1,1,1,1,1,1,1,1,1,1,1,1,40], "2": [1,1,1,1,1,1,1,1,70,1,1,1,1,1,1,1]}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, stats, []byte(`{"1": [90,1,1,1,1,1,1,1,1,1,1,1,1,1,1,40], "2": [1,1,1,1,1,1,1,1,70,1,1,1,1,1,1,1]}`))
 	dst := filepath.Join(t.TempDir(), "out")
 	if _, err := Convert(context.Background(), Options{Src: src, Dst: dst, EP: 4, Slots: 20, Nodes: 2, PlacementStats: stats}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(dst, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.ReadFile(t, filepath.Join(dst, "config.json"))
 	var doc struct {
 		C layout.Contract `json:"moeprep"`
 	}

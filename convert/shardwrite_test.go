@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
@@ -124,10 +125,7 @@ func TestShardWriterOrderAndBlocks(t *testing.T) {
 						continue
 					}
 					shards++
-					b, err := os.ReadFile(filepath.Join(dst, name))
-					if err != nil {
-						t.Fatal(err)
-					}
+					b := testkit.ReadFile(t, filepath.Join(dst, name))
 					want := layout.FileInfo{Size: int64(len(b))}
 					d := layout.BlockDigest{BlockSize: v.block, Root: blockRoot(b, v.block, v.digest)}
 					switch v.digest {
@@ -247,9 +245,7 @@ func TestPlanChunksReadsSourcesInOrder(t *testing.T) {
 func TestSyncFilesNamesWhatFailed(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "a.json")
-	if err := os.WriteFile(file, []byte("{}"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, file, []byte("{}"))
 	missing := filepath.Join(dir, "missing.json")
 	for _, tc := range []struct {
 		name  string
@@ -277,11 +273,7 @@ func TestOwnSource(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "src")
 	data := patternedFile(t, path, 10000, func(i int) byte { return byte(i*31 + i/7) })
-	shared, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer shared.Close()
+	shared := testkit.Open(t, path)
 	// A section at 100 of the file, and a part at 50 of the section: bytes 150...
 	sec := io.NewSectionReader(shared, 100, 9000)
 	p := &part{region: region{src: sec, file: path, tensor: "t", off: 50, rows: 3, rowLen: 200, stride: 1000}}
@@ -341,16 +333,8 @@ func TestPutShortSource(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "src.safetensors")
 	data := patternedFile(t, path, 1000, func(i int) byte { return byte(i*7 + 3) })
-	src, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	out, err := os.Create(filepath.Join(dir, "out"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
+	src := testkit.Open(t, path)
+	out := testkit.Create(t, filepath.Join(dir, "out"))
 	for _, tc := range []struct {
 		name  string
 		r     region
@@ -406,9 +390,7 @@ func directSupported(t *testing.T) bool {
 		return false
 	}
 	p := filepath.Join(t.TempDir(), "probe")
-	if err := os.WriteFile(p, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, p, "")
 	f, err := openDirect(p)
 	if err != nil {
 		t.Logf("no O_DIRECT in %s (%v): only the buffered writer is tested", filepath.Dir(p), err)
@@ -507,8 +489,6 @@ func patternedFile(t *testing.T, path string, n int, f func(int) byte) []byte {
 	for i := range data {
 		data[i] = f(i)
 	}
-	if err := os.WriteFile(path, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, path, data)
 	return data
 }

@@ -11,7 +11,6 @@ import (
 	"maps"
 	"math"
 	"math/rand"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -300,10 +299,7 @@ func writeSafetensors(t testing.TB, path string, ts []synthTensor) {
 // an independent parser, checking the index and shards agree both ways.
 func readOut(t *testing.T, dir string) (map[string]tensorData, map[string]any) {
 	t.Helper()
-	ib, err := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ib := testkit.ReadFile(t, filepath.Join(dir, "model.safetensors.index.json"))
 	var idx struct {
 		Metadata  map[string]any    `json:"metadata"`
 		WeightMap map[string]string `json:"weight_map"`

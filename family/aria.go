@@ -31,7 +31,7 @@ var aria = &spec{
 	names: naming{
 		layers:            "model.layers.",
 		modules:           []string{"mlp"},
-		proj:              [3]string{"gate_proj", "up_proj", "down_proj"},
+		proj:              hubProj,
 		router:            "router",
 		shared:            "shared_experts",
 		stackedGateUp:     "experts.fc1.weight",

@@ -11,10 +11,10 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 )
 
 // synthDirs caches one synthetic checkpoint per preset for this package's
@@ -39,20 +39,26 @@ func synthPlan(t *testing.T, preset string, edit func(map[string]any)) (*family.
 	return planEditedDir(t, dir, edit)
 }
 
-// planEditedDir plans the checkpoint in dir with its config.json edited
-// (edit nil: as written).
-func planEditedDir(t *testing.T, dir string, edit func(map[string]any)) (*family.Plan, error) {
+// planEditedDir plans the checkpoint in dir (through checkpoint, which
+// resolves views) with its config.json edited (edit nil: as written) and
+// the tensors named in drop hidden.
+func planEditedDir(t *testing.T, dir string, edit func(map[string]any), drop ...string) (*family.Plan, error) {
 	t.Helper()
-	ck, err := checkpoint.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
+	ck := cktest.Open(t, dir)
 	cfg := testkit.ReadJSON(t, filepath.Join(dir, "config.json"))
 	if edit != nil {
 		edit(cfg)
 	}
+	if len(drop) > 0 {
+		return family.Detect(cfg, without{ck, drop})
+	}
 	return family.Detect(cfg, ck)
+}
+
+// planEdited is planEditedDir of the committed HF fixture named dir.
+func planEdited(t *testing.T, dir string, edit func(cfg map[string]any), drop ...string) (*family.Plan, error) {
+	t.Helper()
+	return planEditedDir(t, filepath.Join("..", "fixtures", "hf", dir), edit, drop...)
 }
 
 var synthRoot string

@@ -6,9 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
-	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
@@ -36,7 +34,7 @@ func TestDeepSeekV4OfficialLayout(t *testing.T) {
 		t.Run(tc.preset, func(t *testing.T) {
 			dir := cktest.WriteSpec(t, filepath.Join(t.TempDir(), "src"), cktest.Preset(t, tc.preset))
 			ck := cktest.Open(t, dir)
-			p, err := family.Detect(testkit.ReadJSON(t, filepath.Join(dir, "config.json")), ck)
+			p, err := planEditedDir(t, dir, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -68,7 +66,7 @@ func TestDeepSeekV4OfficialLayout(t *testing.T) {
 			}
 			// One 32x64 block: decode it from the file and check every value
 			// is its code times the one scale entry.
-			raw, scale := readAll(t, ck, l1.Shared.Weight(layout.ProjGate)), readAll(t, ck, l1.Shared.Get(layout.ProjGate, layout.RoleScale))
+			raw, scale := cktest.Bytes(t, ck, l1.Shared.Weight(layout.ProjGate)), cktest.Bytes(t, ck, l1.Shared.Get(layout.ProjGate, layout.RoleScale))
 			dst := make([]float32, 32*64)
 			if err := sf.Dequantise(raw, 32, 64, scale, dst); err != nil {
 				t.Fatal(err)
@@ -94,15 +92,6 @@ func TestDeepSeekV4OfficialLayout(t *testing.T) {
 	}
 }
 
-func readAll(t *testing.T, ck *checkpoint.Checkpoint, name string) []byte {
-	t.Helper()
-	b, err := ck.SmallTensorBytes(name, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // TestDeepSeekV41Plan: DeepSeek-V4.1's release (preset small-deepseek-v41:
 // the composite config, DeepSeek's names, FP4 experts beside FP8 32x32)
 // plans its text model inside the wrapper: every layer routed by top-k (no
@@ -110,7 +99,7 @@ func readAll(t *testing.T, ck *checkpoint.Checkpoint, name string) []byte {
 // expert FP8 in 32x32 blocks under x.scale F8_E8M0, whose format says so.
 func TestDeepSeekV41Plan(t *testing.T) {
 	dir := cktest.WriteSpec(t, filepath.Join(t.TempDir(), "src"), cktest.Preset(t, "small-deepseek-v41"))
-	p, err := family.Detect(testkit.ReadJSON(t, filepath.Join(dir, "config.json")), cktest.Open(t, dir))
+	p, err := planEditedDir(t, dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,7 +46,7 @@ func TestGemma4Config(t *testing.T) {
 		{func(c map[string]any) { c["rms_norm_eps"] = -1.0 }, "rms_norm_eps=-1"},
 		{func(c map[string]any) { c["top_k_experts"] = 9.0 }, "exceeds the 8 routed experts"},
 	} {
-		_, err := planEditedDir(t, filepath.Join("..", "fixtures", "hf", "gemma4-text"), bad.edit)
+		_, err := planEdited(t, "gemma4-text", bad.edit)
 		if err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("edited config: error %v, want one naming %q", err, bad.want)
 		}

@@ -2,14 +2,12 @@ package family_test
 
 import (
 	"github.com/moeprep/moeprep/layout"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
-	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // without hides some tensors of a checkpoint (views of them still resolve
@@ -28,21 +26,6 @@ func (w without) Lookup(name string) (family.TensorMeta, bool) {
 
 func (w without) Names() []string {
 	return slices.DeleteFunc(w.Checkpoint.Names(), func(n string) bool { return slices.Contains(w.drop, n) })
-}
-
-// planEdited plans a committed HF fixture (through checkpoint, which
-// resolves views) with its config.json edited and some tensors hidden.
-func planEdited(t *testing.T, dir string, edit func(cfg map[string]any), drop ...string) (*family.Plan, error) {
-	t.Helper()
-	d := filepath.Join("..", "fixtures", "hf", dir)
-	ck, err := checkpoint.Open(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ck.Close() })
-	cfg := testkit.ReadJSON(t, filepath.Join(d, "config.json"))
-	edit(cfg)
-	return family.Detect(cfg, without{ck, drop})
 }
 
 // DBRX's config keeps its MoE options under ffn_config: each is read, and

@@ -75,7 +75,7 @@ func TestKimiK3Plan(t *testing.T) {
 	}
 	// Kimi-Linear itself is planned as before: no latent, SwiGLU.
 	kl := cktest.WriteSpec(t, filepath.Join(t.TempDir(), "kl"), cktest.Preset(t, "small-kimi-k3-mxfp4"))
-	q, err := family.Detect(testkit.ReadJSON(t, filepath.Join(kl, "config.json")), cktest.Open(t, kl))
+	q, err := planEditedDir(t, kl, nil)
 	if err != nil || q.Latent != nil || !q.Act.SwiGLU() || q.HiddenSize != 64 {
 		t.Errorf("kimi_linear: %v, latent %+v act %+v H %d", err, q.Latent, q.Act, q.HiddenSize)
 	}

@@ -20,7 +20,7 @@ var llama4 = &spec{
 	names: naming{
 		layers:            "model.layers.",
 		modules:           []string{"feed_forward"},
-		proj:              [3]string{"gate_proj", "up_proj", "down_proj"},
+		proj:              hubProj,
 		router:            "router",
 		shared:            "shared_expert",
 		stackedGateUp:     "experts.gate_up_proj",

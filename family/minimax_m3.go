@@ -26,7 +26,7 @@ var minimaxM3 = &spec{
 	modelTypes: []string{"minimax_m3_vl_text"},
 	names: func() naming {
 		n := mixtralNames("e_score_correction_bias")
-		n.shared, n.sharedProj = "shared_experts", [3]string{"gate_proj", "up_proj", "down_proj"}
+		n.shared, n.sharedProj = "shared_experts", hubProj
 		return n
 	}(),
 	keys: configKeys{

@@ -28,9 +28,6 @@ var mistral4 = &spec{
 	routing: mistral4Routing,
 }
 
-// hubProj are the hub's projection names of one SwiGLU MLP.
-var hubProj = [3]string{"gate_proj", "up_proj", "down_proj"}
-
 func mistral4Routing(c config, _ string, p *Plan) error {
 	p.Scoring, p.TopKMethod = moe.Softmax, moe.TopKNoAuxTC // groups by the sum of their top 2
 	if err := readGroups(c, p); err != nil {

@@ -3,11 +3,12 @@ package family
 import (
 	"fmt"
 	"iter"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // docTable is one markdown table of a document: its header cells and its
@@ -90,10 +91,7 @@ func (d docTable) typedRows(t *testing.T) iter.Seq2[string, []string] {
 // name (unsupported, and the text models read only inside a wrapper) has
 // a row there. README's count of them is the registry's too.
 func TestModelsDocMatchesRegistry(t *testing.T) {
-	b, err := os.ReadFile("../MODELS.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.ReadFile(t, "../MODELS.md")
 	doc := string(b)
 
 	supported := tableUnder(t, doc, "Supported model types")
@@ -152,10 +150,7 @@ func TestModelsDocMatchesRegistry(t *testing.T) {
 		}
 	}
 
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	readme := testkit.ReadFile(t, "../README.md")
 	families := map[string]bool{}
 	for _, f := range All() {
 		families[f.Name()] = true

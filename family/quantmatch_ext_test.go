@@ -105,12 +105,8 @@ func TestConflictingQuantFiles(t *testing.T) {
 			dir := cktest.WritePreset(t, tc.preset)
 			testkit.WriteFile(t, filepath.Join(dir, "hf_quant_config.json"),
 				[]byte(`{"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16}}`))
-			ck, err := checkpoint.Open(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ck.Close()
-			_, err = family.Detect(ck.Config, ck)
+			ck := cktest.Open(t, dir)
+			_, err := family.Detect(ck.Config, ck)
 			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 				t.Fatalf("got  %v\nwant %s", err, tc.want)
 			}

@@ -226,13 +226,16 @@ func (n naming) biasInExperts(name string) bool {
 	return strings.HasPrefix(n.bias, n.experts+".") && strings.HasSuffix(name, "."+n.bias)
 }
 
+// hubProj are the hub's projection names of one SwiGLU MLP.
+var hubProj = [3]string{"gate_proj", "up_proj", "down_proj"}
+
 // hubLayoutNames is the layout transformers saves most MoE families in (its
 // qwen2_moe conversion pattern): model.layers.L.<module> holding the router,
 // experts.E.{gate,up,down}_proj and, where named, the correction bias and
 // the shared expert, all relative to the module.
 func hubLayoutNames(module, router, bias, shared string) naming {
 	return naming{layers: "model.layers.", modules: []string{module}, experts: "experts",
-		proj: [3]string{"gate_proj", "up_proj", "down_proj"}, router: router, bias: bias, shared: shared}
+		proj: hubProj, router: router, bias: bias, shared: shared}
 }
 
 // mixtralNames is Mixtral's layout: model.layers.L.block_sparse_moe.{gate,

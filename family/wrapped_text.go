@@ -40,7 +40,7 @@ var qwen3VLMoE = &spec{
 	names: naming{
 		layers:           "model.layers.",
 		modules:          []string{"mlp"},
-		proj:             [3]string{"gate_proj", "up_proj", "down_proj"},
+		proj:             hubProj,
 		router:           "gate",
 		stackedGateUp:    "experts.gate_up_proj",
 		stackedDown:      "experts.down_proj",

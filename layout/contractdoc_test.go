@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // TestContractFieldsDocumented: every key the contract writes in
@@ -17,10 +19,7 @@ import (
 // (as `key`), so a field added to Contract without its documentation
 // fails here.
 func TestContractFieldsDocumented(t *testing.T) {
-	doc, err := os.ReadFile("CONTRACT.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	doc := testkit.ReadFile(t, "CONTRACT.md")
 	seen := map[reflect.Type]bool{}
 	var walk func(ty reflect.Type, path string)
 	walk = func(ty reflect.Type, path string) {
@@ -54,10 +53,7 @@ func TestContractFieldsDocumented(t *testing.T) {
 // writes. Each runs here on a random file of several blocks. CI installs
 // the tools (.ci/run); elsewhere a missing tool skips its recipe.
 func TestContractRecipes(t *testing.T) {
-	doc, err := os.ReadFile("CONTRACT.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	doc := testkit.ReadFile(t, "CONTRACT.md")
 	recipes := regexp.MustCompile("`(split -a 6 -d -b (\\d+) SHARD blk\\. && [^`]+)`").FindAllStringSubmatch(string(doc), -1)
 	algos := []struct {
 		algo BlockAlgo
@@ -73,9 +69,7 @@ func TestContractRecipes(t *testing.T) {
 	for i := range b {
 		b[i] = byte(r.Uint32())
 	}
-	if err := os.WriteFile(shard, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, shard, b)
 	for i, a := range algos {
 		recipe, bs := recipes[i][1], recipes[i][2]
 		t.Run(a.algo.String(), func(t *testing.T) {

@@ -2,11 +2,11 @@ package layout
 
 import (
 	"encoding/json"
-	"os"
 	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -109,10 +109,7 @@ func TestFormatFields(t *testing.T) {
 // CONTRACT.md documents every key the contract can hold, the
 // dequantized record's included.
 func TestContractKeysDocumented(t *testing.T) {
-	doc, err := os.ReadFile("CONTRACT.md")
-	if err != nil {
-		t.Fatal(err)
-	}
+	doc := testkit.ReadFile(t, "CONTRACT.md")
 	for _, typ := range []reflect.Type{reflect.TypeFor[Contract](), reflect.TypeFor[Dequantized](), reflect.TypeFor[DequantGroup](), reflect.TypeFor[LayerInfo]()} {
 		for i := range typ.NumField() {
 			key, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")

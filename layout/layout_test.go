@@ -6,13 +6,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
 	"github.com/zeebo/blake3"
@@ -189,19 +189,19 @@ func TestReadContract(t *testing.T) {
 
 func TestManifestVerify(t *testing.T) {
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "a"), []byte("hello"), 0o644)
+	testkit.WriteFile(t, filepath.Join(dir, "a"), []byte("hello"))
 	fi, err := HashFile(filepath.Join(dir, "a"))
 	if err != nil || fi.Size != 5 || fi.SHA256 != "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824" {
 		t.Fatalf("HashFile: %+v %v", fi, err)
 	}
 	m := &Manifest{Version: 1, Files: map[string]FileInfo{"a": fi}}
 	b, _ := json.Marshal(m)
-	os.WriteFile(filepath.Join(dir, ManifestFileName), b, 0o644)
+	testkit.WriteFile(t, filepath.Join(dir, ManifestFileName), b)
 	m2, err := ReadManifest(dir)
 	if err != nil || m2.Verify(dir) != nil {
 		t.Fatalf("ReadManifest/Verify: %v", err)
 	}
-	os.WriteFile(filepath.Join(dir, "a"), []byte("hellp"), 0o644)
+	testkit.WriteFile(t, filepath.Join(dir, "a"), []byte("hellp"))
 	if err := m2.Verify(dir); err == nil || !strings.Contains(err.Error(), "manifest says") {
 		t.Errorf("changed file not caught: %v", err)
 	}
@@ -214,7 +214,7 @@ func TestBlockDigests(t *testing.T) {
 		data[i] = byte(i*7 + i/256)
 	}
 	path := filepath.Join(dir, "f")
-	os.WriteFile(path, data, 0o644)
+	testkit.WriteFile(t, path, data)
 	// The definitions, written out: the hash of the concatenated block hashes.
 	xxh128 := func(b []byte) (d [32]byte) {
 		c := xxh3.Hash128(b).Bytes()
@@ -285,7 +285,7 @@ func TestBlockDigests(t *testing.T) {
 	}
 	// A changed byte in the last, short block is caught, in either form.
 	for _, like := range []FileInfo{{Blocks: BlockDigest{BlockSize: 4096}}, {B3Blocks: BlockDigest{BlockSize: 4096}}, {X3Blocks: BlockDigest{BlockSize: 4096}}} {
-		os.WriteFile(path, data, 0o644)
+		testkit.WriteFile(t, path, data)
 		fi, _ := HashFileLike(path, like)
 		m := &Manifest{Version: ContractVersion, Files: map[string]FileInfo{"f": fi}}
 		if err := m.Verify(dir); err != nil {
@@ -293,7 +293,7 @@ func TestBlockDigests(t *testing.T) {
 		}
 		bad := bytes.Clone(data)
 		bad[9999] ^= 1
-		os.WriteFile(path, bad, 0o644)
+		testkit.WriteFile(t, path, bad)
 		if err := m.Verify(dir); err == nil || !strings.Contains(err.Error(), "4096-byte blocks") {
 			t.Errorf("%+v: changed byte not caught: %v", like, err)
 		}
@@ -313,7 +313,7 @@ func TestReadManifestRefusesBadEntries(t *testing.T) {
 		"negative xxh3":   `{"size": 5, "xxh3_blocks": {"block_size": -1, "root": "cd"}}`,
 	} {
 		dir := t.TempDir()
-		os.WriteFile(filepath.Join(dir, ManifestFileName), []byte(`{"version": 1, "files": {"a": `+entry+`}}`), 0o644)
+		testkit.WriteFile(t, filepath.Join(dir, ManifestFileName), []byte(`{"version": 1, "files": {"a": `+entry+`}}`))
 		if _, err := ReadManifest(dir); err == nil || !strings.Contains(err.Error(), "file a") {
 			t.Errorf("%s: %v", name, err)
 		}

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/moeprep/moeprep/internal/costtest"
 	"github.com/moeprep/moeprep/internal/testkit"
@@ -135,17 +134,11 @@ func TestHashFileRefusesDevices(t *testing.T) {
 		t.Skip(err)
 	}
 	for _, like := range []FileInfo{{Size: 1, SHA256: "00"}, {Size: 1, X3Blocks: BlockDigest{BlockSize: ShardBlockSize, Root: "00"}}} {
-		done := make(chan error, 1)
-		go func() {
+		err := testkit.Unblocked(t, fmt.Sprintf("%v: hashing /dev/zero did not stop", like), func() error {
 			_, err := HashFileLike(link, like)
-			done <- err
-		}()
-		select {
-		case err := <-done:
-			testkit.CheckOneLine(t, err, link, "a character device, not a regular file")
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%v: hashing /dev/zero did not stop", like)
-		}
+			return err
+		})
+		testkit.CheckOneLine(t, err, link, "a character device, not a regular file")
 		m := &Manifest{Version: ContractVersion, Files: map[string]FileInfo{"model.safetensors": like}}
 		testkit.CheckOneLine(t, m.Verify(dir), link, "a character device, not a regular file")
 	}
@@ -157,17 +150,11 @@ func TestHashFileRefusesDevices(t *testing.T) {
 func TestHashBounded(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "sparse")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
 	// 256 MiB in 4 KiB blocks: 65,536 digests, 2 MiB if all were held.
-	if err := os.Truncate(path, 256<<20); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Sparse(t, path, 256<<20, nil)
 	like := FileInfo{X3Blocks: BlockDigest{BlockSize: 4096}}
 	var got FileInfo
+	var err error
 	alloc, took := costtest.Measure(func() { got, err = HashFileLike(path, like) })
 	if err != nil {
 		t.Fatal(err)
@@ -202,9 +189,7 @@ func TestHashBounded(t *testing.T) {
 func TestVerifySizeFirst(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "model.safetensors")
-	if err := os.WriteFile(path, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, path, "")
 	if err := os.Truncate(path, 64<<30); err != nil {
 		t.Skip(err)
 	}

@@ -2,8 +2,9 @@ package placement
 
 import (
 	"encoding/json"
-	"os"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // TestAgainstEPLB: on the skewed loads of testdata/eplb_reference.json,
@@ -14,10 +15,7 @@ import (
 // alike). 5%, relative, plus 1e-3 absolute for the near-perfect cases
 // where both are a few thousandths: the issue's bound.
 func TestAgainstEPLB(t *testing.T) {
-	b, err := os.ReadFile("testdata/eplb_reference.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.ReadFile(t, "testdata/eplb_reference.json")
 	var ref struct {
 		Cases []struct {
 			Name    string      `json:"name"`

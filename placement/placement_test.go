@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"math"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // A hand-checked case: expert 0 carries ten times the others' load; two
@@ -160,9 +161,7 @@ func TestPlaceSpeed(t *testing.T) {
 func writeFile(t *testing.T, body string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "stats.json")
-	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, p, []byte(body))
 	return p
 }
 

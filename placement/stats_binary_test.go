@@ -9,6 +9,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // The SGLang .pt fixtures (testdata/make_stats_fixtures.py): the stat
@@ -38,14 +40,9 @@ func TestReadStatsSGLangPT(t *testing.T) {
 
 // A .pt named otherwise is still found by its zip signature.
 func TestReadStatsSGLangPTBySignature(t *testing.T) {
-	b, err := os.ReadFile("testdata/sglang/two_d.pt")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.ReadFile(t, "testdata/sglang/two_d.pt")
 	p := filepath.Join(t.TempDir(), "expert_distribution_recorder_1700000000.bin")
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, p, b)
 	st, err := ReadStats(p)
 	if err != nil {
 		t.Fatal(err)
@@ -86,9 +83,7 @@ func writeSafetensors(t *testing.T, path string, ts map[string]stTensor) {
 	}
 	out := binary.LittleEndian.AppendUint64(nil, uint64(len(h)))
 	out = append(append(out, h...), data...)
-	if err := os.WriteFile(path, out, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, path, out)
 }
 
 // copyTRTLLM copies the fixture directory to a temporary one.
@@ -96,13 +91,8 @@ func copyTRTLLM(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
 	for _, n := range []string{"meta_info.json", "rank0.safetensors", "rank1.safetensors"} {
-		b, err := os.ReadFile(filepath.Join("testdata", "trtllm", n))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, n), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		b := testkit.ReadFile(t, filepath.Join("testdata", "trtllm", n))
+		testkit.WriteFile(t, filepath.Join(dir, n), b)
 	}
 	return dir
 }
@@ -178,15 +168,8 @@ func TestReadStatsTRTLLM(t *testing.T) {
 // The readers' size bound holds before a byte is parsed.
 func TestReadStatsBinaryTooLarge(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "big.pt")
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Truncate(maxStatsBytes + 1); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	_, err = ReadStats(p)
+	testkit.Sparse(t, p, maxStatsBytes+1, nil)
+	_, err := ReadStats(p)
 	if want := fmt.Sprintf("over %d MiB", maxStatsBytes>>20); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), p) {
 		t.Fatalf("got %v, want %q naming %s", err, want, p)
 	}
@@ -198,9 +181,7 @@ func TestReadStatsBinaryTooLarge(t *testing.T) {
 func TestReadStatsTRTLLMCellBound(t *testing.T) {
 	dir := t.TempDir()
 	const E = maxExperts
-	if err := os.WriteFile(filepath.Join(dir, "meta_info.json"), []byte(fmt.Sprintf(`{"num_experts": %d}`, E)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, filepath.Join(dir, "meta_info.json"), []byte(fmt.Sprintf(`{"num_experts": %d}`, E)))
 	zeros := make([]int64, E)
 	ts := map[string]stTensor{}
 	layers := maxCells/E + 1

@@ -250,27 +250,19 @@ func TestReadHostileIndex(t *testing.T) {
 // at once instead of blocking the open forever.
 func TestOpenShardedRefusesPipeShard(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, IndexFileName), []byte(`{"weight_map":{"a":"s.safetensors"}}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, filepath.Join(dir, IndexFileName), []byte(`{"weight_map":{"a":"s.safetensors"}}`))
 	shard := filepath.Join(dir, "s.safetensors")
 	if err := syscall.Mkfifo(shard, 0o644); err != nil {
 		t.Skip("no named pipes here:", err)
 	}
-	done := make(chan error, 1)
-	go func() {
+	err := testkit.Unblocked(t, "OpenSharded blocked on a named pipe", func() error {
 		s, err := OpenSharded(dir)
 		if s != nil {
 			s.Close()
 		}
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		checkBounded(t, err, shard, "a named pipe (FIFO), not a regular file", 0, 0, 0)
-	case <-time.After(5 * time.Second):
-		t.Fatal("OpenSharded blocked on a named pipe")
-	}
+		return err
+	})
+	checkBounded(t, err, shard, "a named pipe (FIFO), not a regular file", 0, 0, 0)
 }
 
 // TestOpenShardedChecksShardsAsOpened: a shard holding tensors the index
@@ -279,9 +271,7 @@ func TestOpenShardedRefusesPipeShard(t *testing.T) {
 func TestOpenShardedChecksShardsAsOpened(t *testing.T) {
 	dir := t.TempDir()
 	const s1, s2 = "s1.safetensors", "s2.safetensors"
-	if err := os.WriteFile(filepath.Join(dir, IndexFileName), []byte(`{"weight_map":{"0":"`+s1+`","x":"`+s2+`"}}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, filepath.Join(dir, IndexFileName), []byte(`{"weight_map":{"0":"`+s1+`","x":"`+s2+`"}}`))
 	writeHeaderFile(t, filepath.Join(dir, s1), zeroTensorsHeader(1000), 0)
 	// s2 is a named pipe, which Open refuses: an error about it would mean
 	// s2 was opened before s1's tensors were checked.

@@ -185,9 +185,7 @@ func writeBrokenTestdata(t *testing.T, root string) {
 		t.Fatal(err)
 	}
 	for _, c := range brokenFiles() {
-		if err := os.WriteFile(filepath.Join(root, c.name), c.bytes, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		testkit.WriteFile(t, filepath.Join(root, c.name), c.bytes)
 	}
 	for _, c := range brokenDirs() {
 		dir := filepath.Join(root, c.name)
@@ -195,9 +193,7 @@ func writeBrokenTestdata(t *testing.T, root string) {
 			t.Fatal(err)
 		}
 		for name, data := range c.files {
-			if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			testkit.WriteFile(t, filepath.Join(dir, name), data)
 		}
 	}
 }

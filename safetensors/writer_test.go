@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 func bytesEntry(name string, dt DType, shape []int64, data []byte) Entry {
@@ -47,10 +49,7 @@ func TestRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := testkit.ReadFile(t, path)
 	sum := sha256.Sum256(raw)
 	if res.Path != path || res.Size != int64(len(raw)) || res.SHA256 != hex.EncodeToString(sum[:]) {
 		t.Errorf("result %+v; file is %d bytes, sha256 %x", res, len(raw), sum)
@@ -241,9 +240,7 @@ func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 // TestWriteFileReplacesStaleTmp: a .tmp left by a crash is truncated, not appended to.
 func TestWriteFileReplacesStaleTmp(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "m.safetensors")
-	if err := os.WriteFile(path+".tmp", randomBytes(3, 4096), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, path+".tmp", randomBytes(3, 4096))
 	data := randomBytes(4, 6)
 	if _, err := WriteFile(context.Background(), path, nil, []Entry{bytesEntry("a", I16, []int64{3}, data)}, nil); err != nil {
 		t.Fatal(err)

@@ -1,11 +1,35 @@
 # Sourced by the CPU benchmark scripts (bench-validate.sh,
 # cpu-validate-cold.sh): runs in rounds whose order rotates, and their table.
 
+# bench_build sets mp to $MOEPREP_BIN, or else to this tree's moeprep built
+# into $work, and base to $MOEPREP_BASE (an older build to run beside it,
+# or none).
+bench_build() {
+	mp=${MOEPREP_BIN:-}
+	if [ -z "$mp" ]; then
+		go build -o "$work/moeprep" ./cmd/moeprep
+		mp="$work/moeprep"
+	fi
+	base=${MOEPREP_BASE:-}
+}
+
+# bench_run RUN: one run's "wall user sys rss_MB", timed by the caller's
+# measure CMD...: cat (the first run, the yardstick) of the caller's files,
+# or validate --device cpu of its src and dst by this build ($mp) or, as
+# validate@base, an older one ($base).
+bench_run() {
+	case $1 in
+	cat) measure cat "${files[@]}" ;;
+	validate) measure "$mp" validate -q --device cpu "$src" "$dst" ;;
+	validate@base) measure "$base" validate -q --device cpu "$src" "$dst" ;;
+	esac
+}
+
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
 # bench_rounds ROUNDS RUN...: runs every RUN (the first is the one the
 # others are compared with, cat) ROUNDS times, the order rotated each round,
-# through the caller's bench_run RUN, which prints "wall user sys rss_MB";
+# through bench_run RUN, which prints "wall user sys rss_MB";
 # then prints a row a RUN: the median wall, its ratio to the first run's
 # median (x_cat), the median of the per-round ratios (paired: the shared
 # disk's speed drifts over minutes), peak RSS and every raw figure. A row

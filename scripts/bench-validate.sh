@@ -17,13 +17,10 @@ set -euo pipefail
 work=${1:-/work/bench}
 rounds=${2:-3}
 cd "$(dirname "$0")/.."
+# shellcheck source=bench-rounds.sh
+source scripts/bench-rounds.sh
 mkdir -p "$work"
-mp=${MOEPREP_BIN:-}
-if [ -z "$mp" ]; then
-	go build -o "$work/moeprep" ./cmd/moeprep
-	mp="$work/moeprep"
-fi
-base=${MOEPREP_BASE:-}
+bench_build
 [ -w /proc/sys/vm/drop_caches ] || echo "warning: not root, page cache not dropped: figures are warm" >&2
 src=$work/v31-src dst=$work/v31-dst
 if [ ! -d "$src" ]; then
@@ -32,7 +29,7 @@ fi
 if [ ! -d "$dst" ]; then
 	"$mp" fuse-shared -q --tp 8 "$src" "$dst" >&2
 fi
-shards=("$src"/*.safetensors "$dst"/*.safetensors)
+files=("$src"/*.safetensors "$dst"/*.safetensors)
 
 # measure CMD...: "wall user sys peak_rss_MB" of CMD from a cold cache
 measure() {
@@ -43,16 +40,6 @@ measure() {
 }
 runs=(cat validate)
 [ -n "$base" ] && runs+=(validate@base)
-measure cat "${shards[@]}" >/dev/null # warm-up, discarded: the VM's first run faults its memory back
-# bench_run RUN: one run's "wall user sys rss_MB".
-bench_run() {
-	case $1 in
-	cat) measure cat "${shards[@]}" ;;
-	validate) measure "$mp" validate -q --device cpu "$src" "$dst" ;;
-	validate@base) measure "$base" validate -q --device cpu "$src" "$dst" ;;
-	esac
-}
-# shellcheck source=bench-rounds.sh
-source scripts/bench-rounds.sh
+measure cat "${files[@]}" >/dev/null # warm-up, discarded: the VM's first run faults its memory back
 printf '%-14s %8s %6s %7s %7s   %s\n' run median_s x_cat paired rss_MB "raw (wall/user/sys s per round)"
 bench_rounds "$rounds" "${runs[@]}"

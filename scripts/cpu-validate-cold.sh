@@ -23,13 +23,10 @@ shift $(($# < 2 ? $# : 2))
 rows=("$@")
 [ ${#rows[@]} -gt 0 ] || rows=(dsv3-fp8-64 dsv3-fp8-16 mixtral-bf16 kimi-int4-96 gptoss-mxfp4)
 cd "$(dirname "$0")/.."
+# shellcheck source=bench-rounds.sh
+source scripts/bench-rounds.sh
 mkdir -p "$work"
-mp=${MOEPREP_BIN:-}
-if [ -z "$mp" ]; then
-	go build -o "$work/moeprep" ./cmd/moeprep
-	mp="$work/moeprep"
-fi
-base=${MOEPREP_BASE:-}
+bench_build
 
 # make ROW: synthesise SRC and convert DST of ROW under WORK (once).
 make_row() {
@@ -72,16 +69,6 @@ measure() {
 	awk '{printf "%s %s %s %.0f\n", $1, $2, $3, $4/1024}' "$work/time.txt"
 }
 
-# bench_run RUN: one run's "wall user sys rss_MB" on the row's SRC and DST.
-bench_run() {
-	case $1 in
-	cat) measure cat "${files[@]}" ;;
-	validate) measure "$mp" validate -q --device cpu "$src" "$dst" ;;
-	validate@base) measure "$base" validate -q --device cpu "$src" "$dst" ;;
-	esac
-}
-# shellcheck source=bench-rounds.sh
-source scripts/bench-rounds.sh
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "page cache: dropped per file before every run (posix_fadvise)$([ "${DROP_CACHES:-0}" = 1 ] && echo ', and drop_caches')"

@@ -16,18 +16,12 @@
 #         (STEP=validate compares the validate reports only.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. scripts/gpu-validate-lib.sh
 old=${OLD:-.gpu/moeprep-old} new=${NEW:-.gpu/moeprep-new}
 out=${OUT:-/tmp/compare-out}
 work=$(mktemp -d)
 mkdir -p "$out"
 same=0 diff=0
-norm='import json,sys
-drop={"tool","seconds","wall_s","io_s","compute_s","summary","src","dst"}
-def w(v):
-    if isinstance(v,dict): return {k:w(x) for k,x in v.items() if k not in drop and not k.endswith("_seconds") and k!="timings"}
-    if isinstance(v,list): return [w(x) for x in v]
-    return v
-print(json.dumps(w(json.load(open(sys.argv[1]))),sort_keys=True))'
 for f in deepseek-v3-fp8:fuse deepseek-v3-bf16:fuse gpt-oss:convert llama4-text:convert inkling-text:convert qwen2-moe:convert glm4-moe-fp8:fuse; do
 	name=${f%%:*} how=${f##*:}
 	src=fixtures/hf/$name dst=$work/$name
@@ -37,7 +31,7 @@ for f in deepseek-v3-fp8:fuse deepseek-v3-bf16:fuse gpt-oss:convert llama4-text:
 		for b in old new; do
 			timeout 120 "${!b}" validate -q --device cuda --precision "$p" --cpu-check all --json "$src" "$dst" >"$work/$b.json" 2>"$work/$b.err"
 			echo $? >"$work/$b.rc"
-			python3 -c "$norm" "$work/$b.json" >"$work/$b.norm" 2>/dev/null || echo bad >"$work/$b.norm"
+			report_norm "$work/$b.json" >"$work/$b.norm" 2>/dev/null || echo bad >"$work/$b.norm"
 		done
 		if cmp -s "$work/old.norm" "$work/new.norm" && cmp -s "$work/old.rc" "$work/new.rc"; then
 			same=$((same+1)); echo "validate $name $p: identical (exit $(cat "$work/new.rc"))"

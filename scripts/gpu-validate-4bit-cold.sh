@@ -21,15 +21,14 @@ set -uo pipefail
 bin=$(mktemp -d /tmp/gpu45bin.XXXX)
 OLD=${OLD:?OLD=path of the baseline moeprep} NEW=${NEW:?NEW=path of the moeprep to measure}
 cp "${VALIDATE_TEST:-/dev/null}" "$bin/validate.test" 2>/dev/null; chmod +x "$bin/validate.test" 2>/dev/null
-export CUDA_MODULE_LOADING=EAGER
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-df -h . /dev/shm | sed 's/^/  /'; free -g | sed 's/^/  /'; nproc
+. scripts/gpu-validate-lib.sh
+gpu_setup
+nproc
 out=${OUT:-/tmp/gpu45-out}
 mkdir -p "$out"
 work=$(mktemp -d "$(pwd)/.gpu45.XXXX") # its own folder: nothing it did not make is removed
 trap 'rm -rf "$work" "$bin"' EXIT
 T0=$SECONDS
-t() { local s=$SECONDS; "$@"; local rc=$?; echo "  -> rc=$rc in $((SECONDS - s))s"; return $rc; }
 
 cold_how="drop_caches"
 sync; echo 3 2>/dev/null >/proc/sys/vm/drop_caches || cold_how="posix_fadvise DONTNEED"
@@ -37,15 +36,7 @@ echo "cold cache by: $cold_how"
 cold() {
 	sync
 	if [ "$cold_how" = drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches; return; fi
-	python3 - "$@" <<'PY'
-import os, sys
-for d in sys.argv[1:]:
-    for root, _, files in os.walk(d):
-        for f in files:
-            fd = os.open(os.path.join(root, f), os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-PY
+	uncache "$@"
 }
 
 echo "== synth (NEW's synth; synth is the same code in both builds)"
@@ -59,13 +50,6 @@ t timeout 240 "$NEW" fuse-shared -q --tp 8 "$N/src" "$N/dst" >/dev/null || echo 
 du -sb "$K"/* "$G"/* "$N"/* | sed 's/^/  /'
 echo "synth done at $((SECONDS - T0))s"
 
-norm='import json,sys
-drop={"tool","seconds","wall_s","io_s","compute_s","summary","src","dst"}
-def w(v):
-    if isinstance(v,dict): return {k:w(x) for k,x in v.items() if k not in drop and not k.endswith("_seconds") and k!="timings"}
-    if isinstance(v,list): return [w(x) for x in v]
-    return v
-print(json.dumps(w(json.load(open(sys.argv[1]))),sort_keys=True))'
 
 # one NAME DIR WHO ROUND [extra validate flags]: a cold run; prints
 # "NAME WHO rROUND seconds rss_kb rc".
@@ -128,8 +112,8 @@ for name in sorted(res):
 PY
 echo "== OLD vs NEW reports (times left out)"
 for name in K G N; do for r in 1 2; do
-	python3 -c "$norm" "$out/$name-old-r$r.json" >"$out/o.norm" 2>/dev/null || echo bad-old >"$out/o.norm"
-	python3 -c "$norm" "$out/$name-new-r$r.json" >"$out/n.norm" 2>/dev/null || echo bad-new >"$out/n.norm"
+	report_norm "$out/$name-old-r$r.json" >"$out/o.norm" 2>/dev/null || echo bad-old >"$out/o.norm"
+	report_norm "$out/$name-new-r$r.json" >"$out/n.norm" 2>/dev/null || echo bad-new >"$out/n.norm"
 	if cmp -s "$out/o.norm" "$out/n.norm"; then echo "PASS: $name r$r reports identical"; else echo "FAIL: $name r$r reports differ"; diff <(tr ',' '\n' <"$out/o.norm") <(tr ',' '\n' <"$out/n.norm") | head -10; fi
 done; done
 rm -rf "$work"

@@ -37,15 +37,7 @@ du -sb "$src" "$dst"
 cold() {
 	sync
 	if echo 3 2>/dev/null >/proc/sys/vm/drop_caches; then return; fi
-	python3 - "$src" "$dst" <<'EOF'
-import os, sys
-for d in sys.argv[1:]:
-    for root, _, files in os.walk(d):
-        for f in files:
-            fd = os.open(os.path.join(root, f), os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-EOF
+	uncache "$src" "$dst"
 }
 cold_how="drop_caches"
 [ -w /proc/sys/vm/drop_caches ] || cold_how="posix_fadvise DONTNEED"

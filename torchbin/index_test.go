@@ -2,10 +2,11 @@ package torchbin
 
 import (
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 const (
@@ -60,17 +61,10 @@ func TestShardedBroken(t *testing.T) {
 				if s == c.drop {
 					continue
 				}
-				b, err := os.ReadFile(filepath.Join("testdata/sharded", s))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(filepath.Join(dir, s), b, 0o644); err != nil {
-					t.Fatal(err)
-				}
+				b := testkit.ReadFile(t, filepath.Join("testdata/sharded", s))
+				testkit.WriteFile(t, filepath.Join(dir, s), b)
 			}
-			if err := os.WriteFile(filepath.Join(dir, IndexFileName), []byte(c.index), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			testkit.WriteFile(t, filepath.Join(dir, IndexFileName), []byte(c.index))
 			s, err := OpenSharded(dir)
 			if err == nil {
 				s.Close()

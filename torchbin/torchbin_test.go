@@ -6,12 +6,12 @@ import (
 	"encoding/json"
 	"io"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -28,10 +28,7 @@ type golden struct {
 
 func readGolden(t *testing.T, bin string) golden {
 	t.Helper()
-	b, err := os.ReadFile(strings.TrimSuffix(bin, filepath.Ext(bin)) + ".json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := testkit.ReadFile(t, strings.TrimSuffix(bin, filepath.Ext(bin))+".json")
 	var g golden
 	if err := json.Unmarshal(b, &g); err != nil {
 		t.Fatal(err)

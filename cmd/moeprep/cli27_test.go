@@ -169,9 +169,7 @@ func TestUncarriedQuantFormatsRefused(t *testing.T) {
 					}
 				}
 			}
-			if err := os.WriteFile(filepath.Join(dir, c.file), []byte(c.content), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			testkit.WriteFile(t, filepath.Join(dir, c.file), []byte(c.content))
 			code, _, stderr := runCLI(t, "inspect", dir)
 			if code != 2 {
 				t.Fatalf("exit %d: %s", code, stderr)

@@ -150,13 +150,9 @@ func brokenCheckpoint(t *testing.T, src, asName string) string {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := testkit.ReadFile(t, filepath.Join(fixturesDir, "qwen3-moe", "config.json"))
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, filepath.Join(dir, "config.json"), cfg)
 	b := testkit.ReadFile(t, src)
-	if err := os.WriteFile(filepath.Join(dir, asName), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, filepath.Join(dir, asName), b)
 	return dir
 }
 
@@ -289,13 +285,9 @@ func TestBrokenShardedExit2(t *testing.T) {
 			}
 			for _, e := range entries {
 				b := testkit.ReadFile(t, filepath.Join(src, e.Name()))
-				if err := os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644); err != nil {
-					t.Fatal(err)
-				}
+				testkit.WriteFile(t, filepath.Join(dir, e.Name()), b)
 			}
-			if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			testkit.WriteFile(t, filepath.Join(dir, "config.json"), cfg)
 			code, _, stderr := runCLI(t, "inspect", dir)
 			if code != 2 {
 				t.Fatalf("exit %d, want 2: %s", code, stderr)

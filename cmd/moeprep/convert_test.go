@@ -23,13 +23,7 @@ func TestConvertExclude(t *testing.T) {
 	testkit.CopyDir(t, filepath.Join("..", "..", "fixtures", "hf", "gpt-oss"), src)
 	model := testkit.ReadFile(t, filepath.Join(src, "model.safetensors"))
 	for _, f := range []string{"original/model.safetensors", "metal/model.bin"} {
-		p := filepath.Join(src, f)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, model, 0o644); err != nil {
-			t.Fatal(err)
-		}
+		testkit.WriteFile(t, filepath.Join(src, f), model)
 	}
 	testkit.WriteFile(t, filepath.Join(src, "original", "config.json"), []byte("{}\n"))
 
@@ -213,16 +207,9 @@ func TestConvertDestinations(t *testing.T) {
 		t.Fatal(err)
 	}
 	full := filepath.Join(base, "full")
-	if err := os.MkdirAll(full, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(full, "notes.txt"), []byte("mine"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, filepath.Join(full, "notes.txt"), []byte("mine"))
 	file := filepath.Join(base, "file")
-	if err := os.WriteFile(file, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, file, "")
 	for _, tc := range []struct {
 		dst  string
 		code int

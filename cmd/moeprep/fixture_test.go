@@ -161,9 +161,7 @@ func TestFixtureSynthForce(t *testing.T) {
 		t.Errorf("--force left seed %d", s.Spec.Seed)
 	}
 	readme := filepath.Join(dir, "README.md")
-	if err := os.WriteFile(readme, []byte("my notes"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, readme, []byte("my notes"))
 	code, _, stderr = runCLI(t, args("-f", "--seed", "6")...)
 	if code != 2 {
 		t.Errorf("--force over a user's file: exit %d", code)

@@ -108,9 +108,7 @@ func TestJSONGolden(t *testing.T) {
 		assertCleanError(t, stderr, "inside the checkpoint")
 	}
 	notes := filepath.Join(dir, "notes.txt")
-	if err := os.WriteFile(notes, []byte("mine"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, notes, []byte("mine"))
 	code, _, stderr := runCLI(t, "inspect", "-o", notes, src)
 	if b, _ := os.ReadFile(notes); code != 2 || string(b) != "mine" {
 		t.Errorf("-o over a file that is not a report: exit %d, file now %q", code, b)

@@ -38,9 +38,7 @@ func squeezedScaleCheckpoint(t *testing.T) (string, int) {
 		in := filepath.Join(src, e.Name())
 		if !strings.HasSuffix(e.Name(), ".safetensors") {
 			b := testkit.ReadFile(t, in)
-			if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			testkit.WriteFile(t, filepath.Join(dst, e.Name()), b)
 			continue
 		}
 		f, err := safetensors.Open(in)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,18 +12,12 @@ import (
 // models--org--name folder) is read from the cached snapshot refs/main
 // names, with a line saying which; a name in no cache says how to get it.
 func TestHuggingFacePaths(t *testing.T) {
-	cache := t.TempDir()
-	t.Setenv("HF_HUB_CACHE", cache)
+	cache := testkit.HubCache(t)
 	const commit = "0123456789abcdef0123456789abcdef01234567"
 	repo := filepath.Join(cache, "models--mistralai--Mixtral-tiny")
 	snap := filepath.Join(repo, "snapshots", commit)
 	testkit.CopyDir(t, filepath.Join("..", "..", "fixtures", "hf", "mixtral"), snap)
-	if err := os.MkdirAll(filepath.Join(repo, "refs"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(repo, "refs", "main"), []byte(commit), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, filepath.Join(repo, "refs", "main"), []byte(commit))
 	note := "mistralai/Mixtral-tiny: the Hugging Face cache's snapshot " + commit + " (refs/main): " + snap
 	// The next: lines name the model as it was typed, so the step reads as
 	// the user wrote it and resolves to the same snapshot.

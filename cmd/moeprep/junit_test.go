@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/xml"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -136,9 +135,7 @@ func TestValidateJUnit(t *testing.T) {
 		t.Errorf("failures %d; stderr %s", d.Failures, errOut)
 	}
 	other := filepath.Join(t.TempDir(), "other.xml")
-	if err := os.WriteFile(other, []byte("<testsuites name=\"pytest\"/>"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, other, []byte("<testsuites name=\"pytest\"/>"))
 	code, _, errOut = runCLI(t, "validate", "--device", "cpu", "-q", "--junit", other, src, dst)
 	if code != 2 || !strings.Contains(errOut, "exists and is not a JUnit report moeprep wrote") {
 		t.Errorf("over another file: exit %d, %s", code, errOut)

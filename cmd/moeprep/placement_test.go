@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // placement end to end: the text table, --json's schema, the engines'
@@ -14,9 +16,7 @@ import (
 func TestPlacementCommand(t *testing.T) {
 	dir := t.TempDir()
 	stats := filepath.Join(dir, "loads.json")
-	if err := os.WriteFile(stats, []byte(`{"logical_count": [[100, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0]]}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, stats, []byte(`{"logical_count": [[100, 1, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0, 0]]}`))
 	code, out, errOut := runCLI(t, "placement", stats, "--ep", "2", "--slots", "10")
 	if code != 0 || !strings.Contains(out, "8 experts on 10 slots, 2 ranks of 5, global") || !strings.Contains(out, "mean ") {
 		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
@@ -71,9 +71,7 @@ func TestPlacementBinaryStats(t *testing.T) {
 		{"../../placement/testdata/trtllm", `{"3": [9, 5, 2, 10], "5": [3, 7, 7, 1]}`},
 	} {
 		js := filepath.Join(dir, filepath.Base(tc.stats)+".json")
-		if err := os.WriteFile(js, []byte(tc.same), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		testkit.WriteFile(t, js, []byte(tc.same))
 		var outs []string
 		for _, p := range []string{tc.stats, js} {
 			code, out, errOut := runCLI(t, "placement", p, "--ep", "2", "--slots", "6", "--json")

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // MOEPREP_CPUPROFILE and MOEPREP_HEAPPROFILE each write a pprof profile (a
@@ -35,10 +37,7 @@ func TestProfileVariables(t *testing.T) {
 		t.Fatalf("inspect: exit %d: %s", code, stderr)
 	}
 	for _, path := range []string{cpu, heap} {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := testkit.ReadFile(t, path)
 		zr, err := gzip.NewReader(bytes.NewReader(b))
 		if err != nil {
 			t.Fatalf("%s: not a pprof profile: %v", filepath.Base(path), err)

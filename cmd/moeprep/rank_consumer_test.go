@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -115,17 +116,13 @@ func TestRankConsumerMatchesTransformers(t *testing.T) {
 			args := append(append([]string{}, tc.args...), "--quiet", src, dst)
 			if tc.place != nil {
 				stats := filepath.Join(dir, tc.fixture+"-loads.json")
-				if err := os.WriteFile(stats, []byte(loads[tc.fixture]), 0o644); err != nil {
-					t.Fatal(err)
-				}
+				testkit.WriteFile(t, stats, []byte(loads[tc.fixture]))
 				code, out, errOut := runCLI(t, append([]string{"placement", stats, "--json"}, tc.place...)...)
 				if code != 0 {
 					t.Fatalf("placement: exit %d: %s", code, errOut)
 				}
 				pm := filepath.Join(dir, tc.fixture+"-"+tc.name+"-placement.json")
-				if err := os.WriteFile(pm, []byte(out), 0o644); err != nil {
-					t.Fatal(err)
-				}
+				testkit.WriteFile(t, pm, []byte(out))
 				args = append(args, "--placement-map", pm)
 			}
 			if code, _, errOut := runCLI(t, args...); code != 0 {
@@ -166,22 +163,9 @@ func TestRankConsumerMatchesTransformers(t *testing.T) {
 // mustRankIndex is rank r's index path in DST, from the contract.
 func mustRankIndex(t *testing.T, dst string, r int) string {
 	t.Helper()
-	doc := readConfigDoc(t, dst)
+	doc := testkit.ReadJSON(t, filepath.Join(dst, "config.json"))
 	ep := doc["moeprep"].(map[string]any)["expert_parallel"].(map[string]any)
 	return ep["rank_files"].([]any)[r].(map[string]any)["index"].(string)
-}
-
-func readConfigDoc(t *testing.T, dst string) map[string]any {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dst, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc map[string]any
-	if err := json.Unmarshal(b, &doc); err != nil {
-		t.Fatal(err)
-	}
-	return doc
 }
 
 // The consumer's comparison can fail: a rank file whose expert bytes were
@@ -197,20 +181,15 @@ func TestRankConsumerFailsOnDamage(t *testing.T) {
 	}{
 		{"rank 1's shard overwritten", func(t *testing.T, dst string) {
 			shard := filepath.Join(dst, "rank-00001-of-00002", "model-00001-of-00001.safetensors")
-			b, err := os.ReadFile(shard)
-			if err != nil {
-				t.Fatal(err)
-			}
+			b := testkit.ReadFile(t, shard)
 			body := 8 + int(binary.LittleEndian.Uint64(b[:8]))
 			for i := body; i < len(b); i++ {
 				b[i] = 0x3f // bf16 0x3f3f = 0.746: finite, wrong
 			}
-			if err := os.WriteFile(shard, b, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			testkit.WriteFile(t, shard, b)
 		}},
 		{"experts 0 and 7 swapped in the map", func(t *testing.T, dst string) {
-			doc := readConfigDoc(t, dst)
+			doc := testkit.ReadJSON(t, filepath.Join(dst, "config.json"))
 			ep := doc["moeprep"].(map[string]any)["expert_parallel"].(map[string]any)
 			row := ep["physical_to_logical_map"].([]any)[0].([]any)
 			row[0], row[7] = row[7], row[0]
@@ -218,9 +197,7 @@ func TestRankConsumerFailsOnDamage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := os.WriteFile(filepath.Join(dst, "config.json"), b, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			testkit.WriteFile(t, filepath.Join(dst, "config.json"), b)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -271,21 +248,13 @@ func TestRankConsumerDownBiasOnce(t *testing.T) {
 	}
 	a0, b0 := bias(0)
 	a1, b1 := bias(1)
-	p0, err := os.ReadFile(shard(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p1, err := os.ReadFile(shard(1))
-	if err != nil {
-		t.Fatal(err)
-	}
+	p0 := testkit.ReadFile(t, shard(0))
+	p1 := testkit.ReadFile(t, shard(1))
 	if b1-a1 != b0-a0 || strings.Trim(string(p1[a1:b1]), "\x00") != "" {
 		t.Fatalf("rank 1's down biases are not %d zero bytes", b0-a0)
 	}
 	copy(p1[a1:b1], p0[a0:b0])
-	if err := os.WriteFile(shard(1), p1, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, shard(1), p1)
 	code, out, ranks := runConsumer(t, dst, filepath.Join(src, "reference"))
 	if code != 1 || !strings.Contains(out, "\nFAIL ") || len(ranks) != 4 || ranks[0].Pass {
 		t.Fatalf("consumer with the down bias on two parts: exit %d, want 1:\n%s", code, out)

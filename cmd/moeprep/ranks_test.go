@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/cuda"
+	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/validate/rankproof"
 )
 
 // A placement written by `moeprep placement` (its JSON and SGLang's file)
@@ -19,18 +21,14 @@ func TestConvertPerRankCommand(t *testing.T) {
 	dir := t.TempDir()
 	src := filepath.Join(fixturesDir, "qwen3-moe") // 8 experts, MoE layers 1 and 2 (layer 0 is dense)
 	stats := filepath.Join(dir, "loads.json")
-	if err := os.WriteFile(stats, []byte(`{"logical_count": [[0, 0, 0, 0, 0, 0, 0, 0], [100, 1, 1, 1, 1, 1, 1, 50], [1, 1, 1, 1, 1, 1, 90, 1]]}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, stats, []byte(`{"logical_count": [[0, 0, 0, 0, 0, 0, 0, 0], [100, 1, 1, 1, 1, 1, 1, 50], [1, 1, 1, 1, 1, 1, 90, 1]]}`))
 	sg := filepath.Join(dir, "sg.json")
 	code, out, errOut := runCLI(t, "placement", stats, "--ep", "2", "--slots", "10", "--json", "--sglang", sg)
 	if code != 0 {
 		t.Fatalf("placement: exit %d: %s", code, errOut)
 	}
 	pj := filepath.Join(dir, "placement.json")
-	if err := os.WriteFile(pj, []byte(out), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, pj, []byte(out))
 	var placed struct {
 		P2L [][]int `json:"physical_to_logical_map"`
 	}
@@ -39,10 +37,7 @@ func TestConvertPerRankCommand(t *testing.T) {
 	}
 	contractMap := func(dst string) [][]int {
 		t.Helper()
-		b, err := os.ReadFile(filepath.Join(dst, "config.json"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		b := testkit.ReadFile(t, filepath.Join(dst, "config.json"))
 		var doc struct {
 			M struct {
 				EP struct {
@@ -114,30 +109,17 @@ func TestValidatePerRank(t *testing.T) {
 		t.Fatalf("validate: exit %d\n%s\n%s", code, out, errOut)
 	}
 	code, out, errOut = runCLI(t, "validate", "--quiet", "--rank", "2", "--json", src, dst)
-	var res struct {
-		Schema  string   `json:"schema"`
-		Ranks   []int    `json:"ranks"`
-		Files   []string `json:"files"`
-		Read    int64    `json:"dst_bytes_read"`
-		Shared  int64    `json:"shared_bytes"`
-		Rank    int64    `json:"rank_bytes"`
-		Failure string   `json:"failure"`
-	}
+	var res rankproof.Result
 	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Schema != "moeprep.validate-rank/v1" || !slices.Equal(res.Ranks, []int{2}) {
 		t.Fatalf("validate --rank 2: exit %d\n%s\n%s", code, out, errOut)
 	}
-	if res.Read > res.Shared+res.Rank {
-		t.Errorf("--rank 2 read %d bytes, over the shared %d and its own %d", res.Read, res.Shared, res.Rank)
+	if res.DSTBytesRead > res.SharedBytes+res.RankBytes {
+		t.Errorf("--rank 2 read %d bytes, over the shared %d and its own %d", res.DSTBytesRead, res.SharedBytes, res.RankBytes)
 	}
 	shard := filepath.Join(dst, "rank-00001-of-00004", "model-00001-of-00001.safetensors")
-	raw, err := os.ReadFile(shard)
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := testkit.ReadFile(t, shard)
 	raw[len(raw)-5] ^= 0x40
-	if err := os.WriteFile(shard, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, shard, raw)
 	if code, _, _ := runCLI(t, "validate", "--quiet", "--rank", "2", src, dst); code != 0 {
 		t.Errorf("--rank 2 after rank 1's file changed: exit %d, want 0 (it reads only rank 2's)", code)
 	}

@@ -31,9 +31,7 @@ func TestNamesFromFilesAreEscaped(t *testing.T) {
 			if err := os.Mkdir(dir, 0o755); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(tc.config), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			testkit.WriteFile(t, filepath.Join(dir, "config.json"), []byte(tc.config))
 			writeOneTensor(t, filepath.Join(dir, "model.safetensors"), tc.tensor)
 			code, stdout, stderr := runCLI(t, "inspect", dir)
 			if code != 2 {

@@ -3,6 +3,8 @@ package dirlock
 import (
 	"os"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // A second open of the same directory cannot take the lock until the first
@@ -16,11 +18,7 @@ func TestLockExcludes(t *testing.T) {
 	if busy, err := Lock(a); busy || err != nil {
 		t.Fatalf("first lock: busy %v, %v", busy, err)
 	}
-	b, err := os.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := testkit.Open(t, dir)
 	if busy, err := Lock(b); !busy || err != nil {
 		t.Fatalf("second lock while the first is held: busy %v, %v", busy, err)
 	}

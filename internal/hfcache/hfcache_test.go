@@ -1,35 +1,25 @@
 package hfcache
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-func write(t *testing.T, path, body string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
+	"github.com/moeprep/moeprep/internal/testkit"
+)
 
 // A cache laid out as huggingface_hub lays it out: refs/main and a tag
 // naming snapshots, and a plain checkpoint folder beside it.
 func TestResolve(t *testing.T) {
-	cache := t.TempDir()
-	t.Setenv("HF_HUB_CACHE", cache)
+	cache := testkit.HubCache(t)
 	repo := filepath.Join(cache, "models--deepseek-ai--DeepSeek-V3")
 	const main, tag = "0123456789abcdef0123456789abcdef01234567", "fedcba9876543210fedcba9876543210fedcba98"
-	write(t, filepath.Join(repo, "refs", "main"), main+"\n")
-	write(t, filepath.Join(repo, "refs", "v1"), tag)
-	write(t, filepath.Join(repo, "snapshots", main, "config.json"), "{}")
-	write(t, filepath.Join(repo, "snapshots", tag, "config.json"), "{}")
+	testkit.WriteFile(t, filepath.Join(repo, "refs", "main"), main+"\n")
+	testkit.WriteFile(t, filepath.Join(repo, "refs", "v1"), tag)
+	testkit.WriteFile(t, filepath.Join(repo, "snapshots", main, "config.json"), "{}")
+	testkit.WriteFile(t, filepath.Join(repo, "snapshots", tag, "config.json"), "{}")
 	plain := filepath.Join(t.TempDir(), "ckpt")
-	write(t, filepath.Join(plain, "config.json"), "{}")
+	testkit.WriteFile(t, filepath.Join(plain, "config.json"), "{}")
 	for _, tc := range []struct {
 		arg, rev string
 		dir      string // want; "" for an error
@@ -59,7 +49,7 @@ func TestResolve(t *testing.T) {
 		}
 	}
 	// A ref naming something that is not a snapshot folder is refused.
-	write(t, filepath.Join(repo, "refs", "bad"), "../../../../etc")
+	testkit.WriteFile(t, filepath.Join(repo, "refs", "bad"), "../../../../etc")
 	if _, err := Resolve("deepseek-ai/DeepSeek-V3", "bad"); err == nil || !strings.Contains(err.Error(), "does not name a snapshot") {
 		t.Errorf("hostile ref: %v", err)
 	}

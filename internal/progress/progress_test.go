@@ -2,10 +2,11 @@ package progress
 
 import (
 	"bytes"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 type syncBuf struct {
@@ -19,11 +20,7 @@ func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(
 // Every command reports in one style: New is a Status (validate's), or
 // nothing at all when disabled.
 func TestNewIsStatus(t *testing.T) {
-	f, err := os.Create(filepath.Join(t.TempDir(), "log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := testkit.Create(t, filepath.Join(t.TempDir(), "log"))
 	for _, tt := range []struct {
 		disabled bool
 		want     string

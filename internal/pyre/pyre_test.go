@@ -3,10 +3,11 @@ package pyre
 import (
 	"bufio"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // unescape undoes make_cases.py's escaping of tabs, newlines and backslashes.
@@ -35,11 +36,7 @@ func unescape(s string) string {
 // make_cases.py) gives Python's answer: a match, no match, or a pattern
 // Python refuses.
 func TestAgainstPython(t *testing.T) {
-	f, err := os.Open("testdata/python_re.tsv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	f := testkit.Open(t, "testdata/python_re.tsv")
 	sc := bufio.NewScanner(f)
 	n := 0
 	for sc.Scan() {

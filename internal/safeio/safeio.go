@@ -22,12 +22,12 @@ import (
 func Open(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, unwrap(err))
+		return nil, fmt.Errorf("%s: %w", path, Unwrap(err))
 	}
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("%s: %w", path, unwrap(err))
+		return nil, fmt.Errorf("%s: %w", path, Unwrap(err))
 	}
 	if !st.Mode().IsRegular() {
 		f.Close()
@@ -47,7 +47,7 @@ func ReadFile(path string, max int64, what string) ([]byte, error) {
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, unwrap(err))
+		return nil, fmt.Errorf("%s: %w", path, Unwrap(err))
 	}
 	if st.Size() > max {
 		return nil, TooLarge(path, st.Size(), max, what)
@@ -60,12 +60,12 @@ func ReadFile(path string, max int64, what string) ([]byte, error) {
 	case err == io.ErrUnexpectedEOF || err == io.EOF:
 		return b[:n], nil // the file ended where its size said, or shrank
 	case err != nil:
-		return nil, fmt.Errorf("%s: %w", path, unwrap(err))
+		return nil, fmt.Errorf("%s: %w", path, Unwrap(err))
 	}
 	// Still more: the file grew while being read. Read what fits the limit.
 	rest, err := io.ReadAll(io.LimitReader(f, max+1-int64(n)))
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, unwrap(err))
+		return nil, fmt.Errorf("%s: %w", path, Unwrap(err))
 	}
 	b = append(b[:n], rest...)
 	if int64(len(b)) > max {
@@ -111,7 +111,10 @@ func Kind(m fs.FileMode) string {
 	return "a special file"
 }
 
-func unwrap(err error) error {
+// Unwrap is the error a *fs.PathError holds, without its operation and
+// path, or err itself when it holds none: for a message that names the
+// path in its own words ("DST: cannot create it: permission denied").
+func Unwrap(err error) error {
 	var pe *fs.PathError
 	if errors.As(err, &pe) {
 		return pe.Err

@@ -6,15 +6,14 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 func TestOpenRefusesNonRegular(t *testing.T) {
 	dir := t.TempDir()
 	reg := filepath.Join(dir, "config.json")
-	if err := os.WriteFile(reg, []byte(`{"a":1}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, reg, []byte(`{"a":1}`))
 	fifo := filepath.Join(dir, "fifo.json")
 	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
 		t.Skipf("no FIFOs here: %v", err)
@@ -35,24 +34,18 @@ func TestOpenRefusesNonRegular(t *testing.T) {
 		{filepath.Join(dir, "missing"), "no such file"},
 	}
 	for _, c := range cases {
-		done := make(chan error, 1)
-		go func() {
+		err := testkit.Unblocked(t, c.path+": ReadFile blocked", func() error {
 			_, err := ReadFile(c.path, 1<<20, "a config")
-			done <- err
-		}()
-		select {
-		case err := <-done:
-			if c.wantErr == "" {
-				if err != nil {
-					t.Errorf("%s: %v", c.path, err)
-				}
-				continue
+			return err
+		})
+		if c.wantErr == "" {
+			if err != nil {
+				t.Errorf("%s: %v", c.path, err)
 			}
-			if err == nil || !strings.Contains(err.Error(), c.wantErr) || !strings.Contains(err.Error(), c.path) {
-				t.Errorf("%s: error %v, want one naming the path and %q", c.path, err, c.wantErr)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%s: ReadFile blocked", c.path)
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), c.wantErr) || !strings.Contains(err.Error(), c.path) {
+			t.Errorf("%s: error %v, want one naming the path and %q", c.path, err, c.wantErr)
 		}
 	}
 }
@@ -60,24 +53,15 @@ func TestOpenRefusesNonRegular(t *testing.T) {
 func TestReadFileSizeLimit(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "big.json")
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Sparse: 1 GiB claimed, nothing held. The limit must be checked
 	// before a byte is read.
-	if err := f.Truncate(1 << 30); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	_, err = ReadFile(p, 16<<20, "an index")
+	testkit.Sparse(t, p, 1<<30, nil)
+	_, err := ReadFile(p, 16<<20, "an index")
 	if err == nil || !strings.Contains(err.Error(), "1073741824 bytes, over the 16777216-byte limit for an index") {
 		t.Fatalf("got %v", err)
 	}
 	small := filepath.Join(dir, "small.json")
-	if err := os.WriteFile(small, []byte("0123456789"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, small, []byte("0123456789"))
 	if b, err := ReadFile(small, 10, "a file"); err != nil || string(b) != "0123456789" {
 		t.Fatalf("at the limit: %q, %v", b, err)
 	}

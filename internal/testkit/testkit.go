@@ -75,6 +75,41 @@ func ReadFile(t testing.TB, path string) []byte {
 	return b
 }
 
+// Open opens path to read; it is closed when the test ends.
+func Open(t testing.TB, path string) *os.File {
+	t.Helper()
+	return openFile(t, path, os.O_RDONLY)
+}
+
+// Create creates path, or empties it, to write; it is closed when the test
+// ends.
+func Create(t testing.TB, path string) *os.File {
+	t.Helper()
+	return openFile(t, path, os.O_RDWR|os.O_CREATE|os.O_TRUNC)
+}
+
+// openFile is os.OpenFile (mode 0o666 before the umask, as os.Create's)
+// that fails t and closes the file when the test ends.
+func openFile(t testing.TB, path string, flag int) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(path, flag, 0o666)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// HubCache points HF_HUB_CACHE at an empty temporary folder for the test
+// and returns it: a Hugging Face cache that holds only what the test puts
+// in it (models--ORG--NAME/refs, snapshots).
+func HubCache(t testing.TB) string {
+	t.Helper()
+	cache := t.TempDir()
+	t.Setenv("HF_HUB_CACHE", cache)
+	return cache
+}
+
 // FlipBits XORs mask into the byte at off of path (off < 0 counts from
 // the end), in place: the file keeps its size.
 func FlipBits(t testing.TB, path string, off int64, mask byte) {
@@ -261,5 +296,23 @@ func CheckCost(t testing.TB, alloc, maxAlloc uint64, took, maxTook time.Duration
 	}
 	if took > maxTook {
 		t.Errorf("took %v, want at most %v", took, maxTook)
+	}
+}
+
+// Unblocked runs f and returns its error, or fails t with blocked once f
+// has run for 5 s: for an open or a read that must be refused at once
+// rather than wait forever (a named pipe, a device). A blocked f is left
+// behind.
+func Unblocked(t testing.TB, blocked string, f func() error) error {
+	t.Helper()
+	const bound = 5 * time.Second
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(bound):
+		t.Fatalf("%s (still running after %v)", blocked, bound)
+		return nil
 	}
 }
