@@ -290,7 +290,7 @@ func refusalsHold(t *testing.T, specs map[string]fixtures.SynthSpec, cases []ref
 			if tc.src != nil {
 				tc.src(t, src)
 			}
-			convertRefused(t, src, convert.Options{Layout: layout.Stacked, FuseShared: tc.fuse}, tc.want)
+			t.Logf("refused: %v", convertRefused(t, src, convert.Options{Layout: layout.Stacked, FuseShared: tc.fuse}, tc.want))
 		})
 	}
 }
