@@ -14,6 +14,7 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/fixtures/hf"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/judge"
 )
@@ -205,9 +206,7 @@ func TestModuleGoldenRoutedFusedShared(t *testing.T) {
 	}
 	mustPass(t, rep, "fuse-shared DST against goldens of the routed part")
 	_, err = Run(context.Background(), Options{Dst: dst, Golden: gdir, Seed: 1})
-	if err == nil || !strings.Contains(err.Error(), "give SRC") {
-		t.Fatalf("DST alone: %v, want the reason SRC is needed", err)
-	}
+	testkit.ErrorContains(t, err, "give SRC", "DST alone")
 }
 
 // TestGoldenPointStated: a golden's metadata point is read, and one the

@@ -232,6 +232,19 @@ func WantErr(t testing.TB, err error, want string) bool {
 	return true
 }
 
+// ErrorContains fails t, and goes on, unless err is an error whose message
+// contains want; what names the call or the table case in the failure. It
+// is WantErr's check for a loop over cases that reports every case that
+// fails, not only the first. It reports whether err held want.
+func ErrorContains(t testing.TB, err error, want, what string) bool {
+	t.Helper()
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: error %v, want one containing %q", what, err, want)
+		return false
+	}
+	return true
+}
+
 // RefusalTime is what refusing one hostile input may take (the bound the
 // red-team suite holds moeprep to). The real cost is milliseconds, so only
 // a blow-up (a loop sized by a hostile number) fails it; it is loose so that a loaded CI machine cannot
