@@ -2,7 +2,6 @@ package validate
 
 import (
 	"context"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,7 +14,6 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/fixtures/hf"
 	"github.com/moeprep/moeprep/internal/testkit"
-	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/judge"
 )
 
@@ -243,35 +241,15 @@ func restatePoint(t *testing.T, dir, point string) string {
 	}
 	slices.Sort(files)
 	for _, path := range files {
-		f, err := safetensors.Open(path)
-		if err != nil {
-			t.Fatal(err)
+		meta, entries, _ := readShard(t, path)
+		if meta == nil {
+			meta = map[string]string{}
 		}
-		var entries []safetensors.Entry
-		for _, ti := range f.Tensors {
-			sec, err := f.Section(ti.Name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			raw, err := io.ReadAll(sec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			entries = append(entries, safetensors.Entry{Name: ti.Name, DType: ti.DType, Shape: ti.Shape,
-				Open: func() (io.Reader, error) { return &byteReader{b: raw}, nil }})
-		}
-		meta := map[string]string{}
-		for k, v := range f.Metadata {
-			meta[k] = v
-		}
-		f.Close()
 		delete(meta, "point")
 		if point != "" {
 			meta["point"] = point
 		}
-		if _, err := safetensors.WriteFile(context.Background(), filepath.Join(out, filepath.Base(path)), meta, entries, nil); err != nil {
-			t.Fatal(err)
-		}
+		writeShard(t, filepath.Join(out, filepath.Base(path)), meta, entries)
 	}
 	return out
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
@@ -267,12 +268,25 @@ func editTensor(t *testing.T, dir, name string, edit func(e *safetensors.Entry, 
 		}
 	}
 	path := filepath.Join(dir, shard)
+	meta, entries, raws := readShard(t, path)
+	i := slices.IndexFunc(entries, func(e safetensors.Entry) bool { return e.Name == name })
+	if i < 0 {
+		t.Fatalf("%s: no tensor %s", path, name)
+	}
+	edit(&entries[i], raws[i])
+	writeShard(t, path, meta, entries)
+}
+
+// readShard reads the safetensors file at path whole, for a test to edit
+// and write again (writeShard): its metadata, and an entry a tensor in the
+// file's order, each serving its bytes, raws[i] (an edit of them shows).
+func readShard(t *testing.T, path string) (meta map[string]string, entries []safetensors.Entry, raws [][]byte) {
+	t.Helper()
 	f, err := safetensors.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var entries []safetensors.Entry
-	found := false
+	defer f.Close()
 	for _, ti := range f.Tensors {
 		sec, err := f.Section(ti.Name)
 		if err != nil {
@@ -282,19 +296,16 @@ func editTensor(t *testing.T, dir, name string, edit func(e *safetensors.Entry, 
 		if err != nil {
 			t.Fatal(err)
 		}
-		e := safetensors.Entry{Name: ti.Name, DType: ti.DType, Shape: ti.Shape,
-			Open: func() (io.Reader, error) { return &byteReader{b: raw}, nil }}
-		if ti.Name == name {
-			edit(&e, raw)
-			found = true
-		}
-		entries = append(entries, e)
+		entries = append(entries, safetensors.Entry{Name: ti.Name, DType: ti.DType, Shape: ti.Shape,
+			Open: func() (io.Reader, error) { return &byteReader{b: raw}, nil }})
+		raws = append(raws, raw)
 	}
-	meta := f.Metadata
-	f.Close()
-	if !found {
-		t.Fatalf("%s: no tensor %s", path, name)
-	}
+	return f.Metadata, entries, raws
+}
+
+// writeShard writes entries, with meta, as the safetensors file path.
+func writeShard(t *testing.T, path string, meta map[string]string, entries []safetensors.Entry) {
+	t.Helper()
 	if _, err := safetensors.WriteFile(context.Background(), path, meta, entries, nil); err != nil {
 		t.Fatal(err)
 	}
