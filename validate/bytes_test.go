@@ -11,7 +11,6 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/internal/exitcode"
-	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
@@ -79,8 +78,7 @@ func TestBytesMismatchKinds(t *testing.T) {
 			n := layout.Names(layout.Stacked, p, false).Weight(layout.ProjDown)
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) {
 				m := slice(raw, shape, 7)
-				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(m[20:]))
-				binary.LittleEndian.PutUint16(m[20:], numfmt.F32ToBF16(v*1.02))
+				scaleBF16(m[20:22], 1.02)
 			})
 			return n
 		}, byteproof.MismatchFold, 7, -1},

@@ -1,12 +1,10 @@
 package validate
 
 import (
-	"encoding/binary"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
-	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -99,8 +97,7 @@ func fp8ScaledMutations() []dstMutation {
 			n := layout.NamesFor(layout.Stacked, prefix, channel)
 			rewriteTensor(t, dst, n.Get(layout.ProjDown, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 12) // the first shared slice
-				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(e[6:]))
-				binary.LittleEndian.PutUint16(e[6:], numfmt.F32ToBF16(v*1.5))
+				scaleBF16(e[6:8], 1.5)
 			})
 		}},
 	}

@@ -334,6 +334,26 @@ func slice(raw []byte, shape []int64, e int) []byte {
 	return raw[e*per : (e+1)*per]
 }
 
+// swapRowScales swaps the first two scale entries of a row in e, an
+// expert's scale grid of cols entries a row: of row r, or of the first row
+// after it whose two differ (a swap of equal entries changes nothing).
+func swapRowScales(e []byte, cols, r int) {
+	for ; ; r++ {
+		if e[r*cols] != e[r*cols+1] {
+			e[r*cols], e[r*cols+1] = e[r*cols+1], e[r*cols]
+			return
+		}
+	}
+}
+
+// scaleBF16 multiplies every bf16 of b by f, each rounded back to bf16.
+func scaleBF16(b []byte, f float32) {
+	for i := 0; i+2 <= len(b); i += 2 {
+		v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(b[i:]))
+		binary.LittleEndian.PutUint16(b[i:], numfmt.F32ToBF16(v*f))
+	}
+}
+
 func scaleF32(b []byte, f float64) {
 	for i := 0; i+4 <= len(b); i += 4 {
 		v := math.Float32frombits(binary.LittleEndian.Uint32(b[i:]))
@@ -493,10 +513,7 @@ func mutations(t *testing.T) []mutation {
 		{"afmoe: route_scale folded twice", afm, convert.Options{FuseShared: true, TP: 1, FoldScaling: "down"}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, stacked(false).Weight(layout.ProjDown), func(raw []byte, shape []int64) {
 				m := raw[:len(raw)/int(shape[0])*8] // the 8 routed experts only
-				for i := 0; i+1 < len(m); i += 2 {
-					v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(m[i:]))
-					binary.LittleEndian.PutUint16(m[i:], numfmt.F32ToBF16(v*1.5))
-				}
+				scaleBF16(m, 1.5)
 			})
 		}, 1},
 		{"ernie 4.5: gate and up swapped in one expert", ernie, convert.Options{FuseShared: true, TP: 1}, gateUpSwapped(stacked(false), 5), 1},

@@ -103,14 +103,7 @@ func mxfp4Mutations(prefix string, f weightfmt.Format, wide, many string) []dstM
 		{"two scale entries swapped", wide, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.GateUp, prefix, f)
 			rewriteTensor(t, dst, n.Get(layout.ProjGateUp, layout.RoleScale), func(raw []byte, shape []int64) {
-				e := slice(raw, shape, 2)
-				cols := int(shape[2])
-				for r := 7; ; r++ {
-					if e[r*cols] != e[r*cols+1] {
-						e[r*cols], e[r*cols+1] = e[r*cols+1], e[r*cols]
-						return
-					}
-				}
+				swapRowScales(slice(raw, shape, 2), int(shape[2]), 7)
 			})
 		}},
 		{"nibble order reversed within one byte", many, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {

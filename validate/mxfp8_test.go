@@ -163,14 +163,7 @@ func mxfp8Mutations() []dstMutation {
 		{"two scale entries swapped", "modelopt-h96-i64", convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.UpGate, prefix, mo)
 			rewriteTensor(t, dst, n.Get(layout.ProjGateUp, layout.RoleScale), func(raw []byte, shape []int64) {
-				e := slice(raw, shape, 2)
-				cols := int(shape[2])
-				for r := 3; ; r++ {
-					if e[r*cols] != e[r*cols+1] {
-						e[r*cols], e[r*cols+1] = e[r*cols+1], e[r*cols]
-						return
-					}
-				}
+				swapRowScales(slice(raw, shape, 2), int(shape[2]), 3)
 			})
 		}},
 	}
