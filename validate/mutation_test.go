@@ -8,7 +8,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
@@ -269,11 +268,16 @@ func editTensor(t *testing.T, dir, name string, edit func(e *safetensors.Entry, 
 	}
 	path := filepath.Join(dir, shard)
 	meta, entries, raws := readShard(t, path)
-	i := slices.IndexFunc(entries, func(e safetensors.Entry) bool { return e.Name == name })
-	if i < 0 {
+	found := false
+	for i := range entries {
+		if entries[i].Name == name {
+			edit(&entries[i], raws[i])
+			found = true
+		}
+	}
+	if !found {
 		t.Fatalf("%s: no tensor %s", path, name)
 	}
-	edit(&entries[i], raws[i])
 	writeShard(t, path, meta, entries)
 }
 
