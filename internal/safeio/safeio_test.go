@@ -6,7 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 func TestOpenRefusesNonRegular(t *testing.T) {
@@ -35,24 +36,15 @@ func TestOpenRefusesNonRegular(t *testing.T) {
 		{filepath.Join(dir, "missing"), "no such file"},
 	}
 	for _, c := range cases {
-		done := make(chan error, 1)
-		go func() {
-			_, err := ReadFile(c.path, 1<<20, "a config")
-			done <- err
-		}()
-		select {
-		case err := <-done:
-			if c.wantErr == "" {
-				if err != nil {
-					t.Errorf("%s: %v", c.path, err)
-				}
-				continue
+		_, err := testkit.Within(t, c.path+": ReadFile", func() ([]byte, error) { return ReadFile(c.path, 1<<20, "a config") })
+		if c.wantErr == "" {
+			if err != nil {
+				t.Errorf("%s: %v", c.path, err)
 			}
-			if err == nil || !strings.Contains(err.Error(), c.wantErr) || !strings.Contains(err.Error(), c.path) {
-				t.Errorf("%s: error %v, want one naming the path and %q", c.path, err, c.wantErr)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("%s: ReadFile blocked", c.path)
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), c.wantErr) || !strings.Contains(err.Error(), c.path) {
+			t.Errorf("%s: error %v, want one naming the path and %q", c.path, err, c.wantErr)
 		}
 	}
 }

@@ -251,6 +251,37 @@ func ErrorContains(t testing.TB, err error, want, what string) bool {
 // flake it: the allocation bounds are the tight ones.
 const RefusalTime = 5 * time.Second
 
+// HangTime is how long Within waits for a call before it calls it hung. A
+// call that opens a device or a named pipe where it should refuse it
+// blocks forever, so only that fails it; it is a minute so that a whole
+// validate run on a loaded CI machine cannot flake it.
+const HangTime = time.Minute
+
+// Within runs call and returns what it returns, failing t at once when it
+// has not returned within HangTime: a call that blocks on a device or a
+// named pipe would otherwise hang the test instead of failing it. what
+// names the call in the failure.
+func Within[T any](t testing.TB, what string, call func() (T, error)) (T, error) {
+	t.Helper()
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := call()
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-time.After(HangTime):
+		t.Fatalf("%s did not return in %v: it opened something that blocks", what, HangTime)
+		var zero T
+		return zero, nil
+	}
+}
+
 // CheckOneLine fails t unless err is a one-line error that starts with
 // prefix (a file, usually) and ": ", and contains want.
 func CheckOneLine(t testing.TB, err error, prefix, want string) {

@@ -125,6 +125,9 @@ func TestChecks(t *testing.T) {
 	}
 	CheckOneLine(t, errors.New("f: it broke"), "f", "broke")
 	CheckCost(t, 10, 10, time.Millisecond, RefusalTime)
+	if v, err := Within(t, "a quick call", func() (int, error) { return 7, errors.New("seven") }); v != 7 || err == nil || err.Error() != "seven" {
+		t.Errorf("Within handed back %v, %v", v, err)
+	}
 	// ErrorContains fails (and goes on) for no error and for another one.
 	for _, tc := range []struct {
 		err  error
