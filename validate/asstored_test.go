@@ -35,11 +35,7 @@ func TestAsStoredValidates(t *testing.T) {
 			src := filepath.Join(hfFixtures, tc.dir)
 			dst := convertInto(t, src, convert.Options{Layout: layout.Transformers})
 			opts := Options{Src: src, Dst: dst, Seed: 3, Tokens: 32, Golden: src}
-			rep, err := Run(context.Background(), opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustPass(t, rep, "the clean as-stored output fails")
+			rep := runPass(t, opts, "the clean as-stored output fails")
 			if rep.Bytes == nil || !rep.Bytes.Pass {
 				t.Fatalf("no passing byte proof: %+v", rep.Bytes)
 			}
@@ -102,11 +98,7 @@ func TestAsStoredValidates(t *testing.T) {
 func TestExpertsModuleProven(t *testing.T) {
 	src := filepath.Join(hfFixtures, "step3p7")
 	dst := convertInto(t, src, convert.Options{Layout: layout.Transformers})
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Tokens: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustPass(t, rep, "step3p7 --layout transformers")
+	runPass(t, Options{Src: src, Dst: dst, Seed: 3, Tokens: 16}, "step3p7 --layout transformers")
 	editContract(t, dst, func(c map[string]any) {
 		if c["experts_module"] != "mlp" {
 			t.Fatalf("experts_module %v, want mlp", c["experts_module"])

@@ -581,11 +581,7 @@ func TestLongcatContractAndBias(t *testing.T) {
 func TestErnieVLBanks(t *testing.T) {
 	src := hfFixtures + "/ernie4-5-vl-moe"
 	dst := convertInto(t, src, convert.Options{})
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1, Layers: "2"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustPass(t, rep, "clean conversion")
+	rep := runPass(t, Options{Src: src, Dst: dst, Golden: src, Seed: 1, Layers: "2"}, "clean conversion")
 	got := map[string]int{}
 	for _, r := range rep.Rows {
 		if r.Check == judge.FusedVsGolden {
@@ -609,7 +605,7 @@ func TestErnieVLBanks(t *testing.T) {
 		}
 	}
 
-	_, err = convert.Convert(context.Background(), convert.Options{Src: src, Dst: t.TempDir() + "/fs", FuseShared: true, TP: 2})
+	_, err := convert.Convert(context.Background(), convert.Options{Src: src, Dst: t.TempDir() + "/fs", FuseShared: true, TP: 2})
 	if err == nil || !strings.Contains(err.Error(), "both routed banks") || strings.Contains(err.Error(), "\n") {
 		t.Errorf("fuse-shared: %v", err)
 	}

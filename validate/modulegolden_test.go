@@ -114,11 +114,7 @@ func TestModuleGoldensEveryFamily(t *testing.T) {
 				}
 			}
 			dst := convertInto(t, src, convert.Options{})
-			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: gdir, Seed: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustPass(t, rep, "a correct conversion against goldens taken at the module")
+			rep := runPass(t, Options{Src: src, Dst: dst, Golden: gdir, Seed: 1}, "a correct conversion against goldens taken at the module")
 			n := 0
 			for _, r := range rep.Rows {
 				if r.Check == judge.FusedVsGolden || r.Check == judge.ReferenceVsGolden {
@@ -131,7 +127,7 @@ func TestModuleGoldensEveryFamily(t *testing.T) {
 			if !differs {
 				return
 			}
-			rep, err = Run(context.Background(), Options{Src: src, Dst: dst, Golden: restatePoint(t, gdir, GoldenPointSum), Seed: 1})
+			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: restatePoint(t, gdir, GoldenPointSum), Seed: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -198,12 +194,8 @@ func TestModuleGoldenRoutedFusedShared(t *testing.T) {
 	src := filepath.Join(hfFixtures, "granitemoehybrid")
 	gdir := filepath.Join(src, moduleGoldenDir)
 	dst := convertInto(t, src, convert.Options{FuseShared: true, TP: 1})
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: gdir, Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustPass(t, rep, "fuse-shared DST against goldens of the routed part")
-	_, err = Run(context.Background(), Options{Dst: dst, Golden: gdir, Seed: 1})
+	runPass(t, Options{Src: src, Dst: dst, Golden: gdir, Seed: 1}, "fuse-shared DST against goldens of the routed part")
+	_, err := Run(context.Background(), Options{Dst: dst, Golden: gdir, Seed: 1})
 	testkit.ErrorContains(t, err, "give SRC", "DST alone")
 }
 

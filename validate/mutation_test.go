@@ -43,11 +43,7 @@ func TestValidateCorrectConversions(t *testing.T) {
 		t.Run(c.name(), func(t *testing.T) {
 			src := filepath.Join(hfFixtures, c.fixture)
 			dst := convertInto(t, src, c.o)
-			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustPass(t, rep, "validate failed on a correct conversion")
+			rep := runPass(t, Options{Src: src, Dst: dst, Golden: src, Seed: 1}, "validate failed on a correct conversion")
 			checks := checksRun(rep)
 			for _, r := range rep.Rows {
 				if r.Check == judge.FusedVsGolden && r.Tolerance == judge.TolGolden && r.RelL2 > 2e-6 {
@@ -237,6 +233,18 @@ func mustPass(t *testing.T, rep *Report, what string) {
 		rep.WriteTable(&b)
 		t.Fatalf("%s:\n%s", what, b)
 	}
+}
+
+// runPass runs validate with o and fails t unless it runs and passes;
+// what says, on a failure, what should have passed.
+func runPass(t *testing.T, o Options, what string) *Report {
+	t.Helper()
+	rep, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustPass(t, rep, what)
+	return rep
 }
 
 // rewriteTensor replaces one tensor's bytes in a converted checkpoint by

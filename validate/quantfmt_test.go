@@ -322,11 +322,7 @@ func cudaRefused(t *testing.T, src, dst string, prec Precision, want, note strin
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("%s: %v", asked, err)
 	}
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: "auto", GPUPrecision: prec})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustPass(t, rep, "--device auto")
+	rep := runPass(t, Options{Src: src, Dst: dst, Device: "auto", GPUPrecision: prec}, "--device auto")
 	if rep.Device != DeviceCPU || !strings.Contains(strings.Join(rep.Notes, "\n"), note) {
 		t.Fatalf("--device auto ran on %s, notes %q", rep.Device, rep.Notes)
 	}

@@ -268,11 +268,7 @@ func TestGPUPlainSharedBesideQuantised(t *testing.T) {
 	src := synthFrom(t, requantSpecs(), "deepseek-v3-channel")
 	for _, l := range []layout.Layout{layout.Stacked, layout.GateUp} {
 		dst := convertInto(t, src, convert.Options{Layout: l})
-		rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA, Seed: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		mustPass(t, rep, "plain shared expert beside FP8 channel on the GPU")
+		rep := runPass(t, Options{Src: src, Dst: dst, Device: DeviceCUDA, Seed: 2}, "plain shared expert beside FP8 channel on the GPU")
 		if rep.Device != DeviceCUDA {
 			t.Fatalf("ran on %s", rep.Device)
 		}
@@ -343,11 +339,7 @@ func TestGPURequantShared(t *testing.T) {
 				checkGPURequantRows(t, o, rc.record.Quantization, cpu, gpu)
 			}
 			dst := convertInto(t, src, requantRuns()[0])
-			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCUDA, CPUCheck: CPUCheckNone})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustPass(t, rep, "--cpu-check none")
+			rep := runPass(t, Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCUDA, CPUCheck: CPUCheckNone}, "--cpu-check none")
 			for _, r := range rep.Rows {
 				if r.Check != judge.GPUFusedVsGPUUnfused && r.Check != judge.GPUCoverage {
 					t.Errorf("--cpu-check none: layer %d row %s", r.Layer, r.Check)
