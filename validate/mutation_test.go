@@ -16,6 +16,7 @@ import (
 	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/judge"
@@ -648,16 +649,8 @@ func readTensor(t *testing.T, dir, name string) []byte {
 // where a transposed down projection has the right shape.
 func squareFixture(t *testing.T) string {
 	t.Helper()
-	s, err := fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 64,
-		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 2, TopKGroup: 1, DType: "bf16", Seed: 21}.Normalize()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "square")
-	if err := fixtures.Synth(context.Background(), dir, s, nil); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return cktest.WriteSpec(t, filepath.Join(t.TempDir(), "square"), fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 64,
+		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 2, TopKGroup: 1, DType: "bf16", Seed: 21})
 }
 
 // roundF32ToBF16 rounds every f32 of a tensor to bf16 precision in place:
