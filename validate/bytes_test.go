@@ -166,13 +166,7 @@ func TestNonFiniteWeightsFail(t *testing.T) {
 			} else {
 				rewriteTensor(t, dst, tc.tensor, tc.mutate)
 			}
-			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 2, Bytes: BytesOff})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if exitcode.Code(rep.Err()) != exitcode.CheckFailed {
-				t.Fatalf("not a failed check: %v", rep.Err())
-			}
+			rep := runFail(t, Options{Src: src, Dst: dst, Seed: 2, Bytes: BytesOff}, "a non-finite value")
 			found := false
 			for _, r := range rep.Rows {
 				if r.Check == judge.NonFinite {

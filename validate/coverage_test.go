@@ -9,7 +9,6 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
-	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
@@ -75,13 +74,7 @@ func TestNeverRoutedExpertCaught(t *testing.T) {
 			}
 			flipDownSigns(t, dst, "model.layers.2.mlp", lay, 11)
 			opts.Bytes = BytesOff // the numeric proof alone must catch it
-			rep, err := Run(context.Background(), opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if exitcode.Code(rep.Err()) != exitcode.CheckFailed {
-				t.Fatalf("corrupted never-routed expert passed: %+v", rep.Rows)
-			}
+			rep := runFail(t, opts, "a corrupted never-routed expert")
 			for _, r := range rep.Rows {
 				switch {
 				case r.Layer == 2 && r.Check == judge.Coverage:

@@ -248,6 +248,21 @@ func runPass(t *testing.T, o Options, what string) *Report {
 	return rep
 }
 
+// runFail runs validate with o and fails t unless it runs and finds DST
+// wrong (exit 1, a failed check); what names the run on a failure. It
+// returns the report, for the test to check what it names.
+func runFail(t *testing.T, o Options, what string) *Report {
+	t.Helper()
+	rep, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := exitcode.Code(rep.Err()); code != exitcode.CheckFailed {
+		t.Fatalf("%s: exit %d (%v), want %d: a failed check", what, code, rep.Err(), exitcode.CheckFailed)
+	}
+	return rep
+}
+
 // rewriteTensor replaces one tensor's bytes in a converted checkpoint by
 // rewriting the shard that holds it (names, dtypes, shapes unchanged).
 func rewriteTensor(t *testing.T, dir, name string, edit func(raw []byte, shape []int64)) {
