@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -102,13 +101,7 @@ func TestBytesMismatchKinds(t *testing.T) {
 			// tells. (A changed copy is compared with SRC's file first:
 			// TestDirectoryProof.)
 			f := filepath.Join(dst, safetensors.IndexFileName)
-			b, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(f, append(b, ' '), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			testkit.WriteFile(t, f, append(testkit.ReadFile(t, f), ' '))
 			return ""
 		}, byteproof.MismatchManifest, -1, -1},
 	} {
