@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
@@ -160,6 +159,3 @@ func TestMXFP4Refusals(t *testing.T) {
 func TestGPUMXFP4(t *testing.T) {
 	gpuDecodedPass(t, mxfp4Specs(), layoutsOnly, mxfp4Mutations("model.layers.1.mlp", gptOssMXFP4, "h96-i64", "h32-i128"), "two scale entries swapped")
 }
-
-// layoutsOnly is threeLayouts for any spec (gpuDecodedPass's runs).
-func layoutsOnly(fixtures.SynthSpec) []convert.Options { return threeLayouts }

@@ -60,6 +60,10 @@ func conversionsPass(t *testing.T, src string, device Device, runs []convert.Opt
 // each layout once, one of them prepared for --tp 2.
 var threeLayouts = []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
 
+// layoutsOnly is threeLayouts for any spec (gpuDecodedPass's runs): every
+// layout, and no fuse-shared.
+func layoutsOnly(fixtures.SynthSpec) []convert.Options { return threeLayouts }
+
 // specsPass runs conversionsPass on the CPU over every spec of specs, one
 // subtest each, with runs and, where the spec has shared experts, the
 // fuse-shared runs of fused; each contract must say q, then passes check
