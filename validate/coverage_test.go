@@ -2,14 +2,15 @@ package validate
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
-	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/cpuref"
@@ -26,7 +27,7 @@ func unroutable(t *testing.T, dtype string) string {
 	for _, l := range []int{1, 2} {
 		rewriteTensor(t, dir, fmt.Sprintf("model.layers.%d.mlp.gate.e_score_correction_bias", l), func(raw []byte, _ []int64) {
 			for _, e := range []int{3, 11} {
-				copy(raw[4*e:], testkit.F32LE(-30))
+				binary.LittleEndian.PutUint32(raw[4*e:], math.Float32bits(-30))
 			}
 		})
 	}
