@@ -11,6 +11,7 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
@@ -21,10 +22,8 @@ import (
 // directory.
 func int4Kimi(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "int4-64")
-	cktest.WriteSpec(t, dir, fixtures.SynthSpec{Family: "kimi_k2", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 64,
+	return cktest.WriteSpec(t, filepath.Join(t.TempDir(), "int4-64"), fixtures.SynthSpec{Family: "kimi_k2", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 64,
 		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.827, DType: "int4-pack", GroupSize: 32, Vocab: 64, Seed: 12})
-	return dir
 }
 
 // The per-rank outputs of the options that change the experts' bytes
@@ -111,7 +110,7 @@ func flipAt(t *testing.T, dst, rel, name string, at int64) {
 		t.Fatalf("%s: no byte %d of %s", rel, at, name)
 	}
 	raw[base+at] ^= 0x10
-	writeShard(t, p, raw)
+	testkit.WriteFile(t, p, raw)
 	rehash(t, dst, rel)
 }
 
@@ -240,23 +239,16 @@ func TestRankProofConfigOfDequantised(t *testing.T) {
 	src := filepath.Join(hfDir, "deepseek-v3-fp8")
 	dst, _ := convertedContract(t, convert.Options{Src: src, EP: 4, DType: safetensors.BF16})
 	var srcDoc map[string]json.RawMessage
-	sb, err := os.ReadFile(filepath.Join(src, "config.json"))
-	if err != nil {
+	if err := json.Unmarshal(testkit.ReadFile(t, filepath.Join(src, "config.json")), &srcDoc); err != nil {
 		t.Fatal(err)
 	}
-	if err := json.Unmarshal(sb, &srcDoc); err != nil {
-		t.Fatal(err)
-	}
-	db, err := os.ReadFile(filepath.Join(dst, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := testkit.ReadFile(t, filepath.Join(dst, "config.json"))
 	if strings.Contains(string(db), `"quantization_config"`) || srcDoc["quantization_config"] == nil {
 		t.Fatal("the dequantised output kept quantization_config, or SRC has none")
 	}
 	// put SRC's back as text, leaving every other value's spelling as it is
 	b := []byte(`{"quantization_config": ` + string(srcDoc["quantization_config"]) + `,` + strings.TrimPrefix(strings.TrimSpace(string(db)), "{"))
-	writeShard(t, filepath.Join(dst, "config.json"), b)
+	testkit.WriteFile(t, filepath.Join(dst, "config.json"), b)
 	rehash(t, dst, "config.json")
 	res, err := Check(context.Background(), src, dst, 2)
 	if err != nil {
@@ -298,18 +290,11 @@ func bf16Slot(t *testing.T, path, name string, j int64) ([]byte, int64) {
 	return raw, off
 }
 
-func writeShard(t *testing.T, path string, raw []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // setSlotElement writes BF16 value bits into element 0 of slot j of
 // tensor name in a rank's shard.
 func setSlotElement(t *testing.T, path, name string, j int64, bits uint16) {
 	t.Helper()
 	raw, off := bf16Slot(t, path, name, j)
 	raw[off], raw[off+1] = byte(bits), byte(bits>>8)
-	writeShard(t, path, raw)
+	testkit.WriteFile(t, path, raw)
 }

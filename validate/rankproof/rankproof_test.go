@@ -10,9 +10,9 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
-	"github.com/moeprep/moeprep/safetensors"
 )
 
 var hfDir = filepath.Join("..", "..", "fixtures", "hf")
@@ -22,10 +22,8 @@ var hfDir = filepath.Join("..", "..", "fixtures", "hf")
 // block), and returns its directory.
 func fp8I256(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "fp8-256")
-	cktest.WriteSpec(t, dir, fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 256, Intermediate: 256,
+	return cktest.WriteSpec(t, filepath.Join(t.TempDir(), "fp8-256"), fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 256, Intermediate: 256,
 		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: "fp8", Vocab: 64, Seed: 11})
-	return dir
 }
 
 func convertTo(t *testing.T, o convert.Options) string {
@@ -104,35 +102,19 @@ func rehash(t *testing.T, dst, rel string) {
 	}
 	m.Files[rel] = fi
 	b, _ := json.Marshal(m)
-	if err := os.WriteFile(filepath.Join(dst, layout.ManifestFileName), b, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testkit.WriteFile(t, filepath.Join(dst, layout.ManifestFileName), b)
 }
 
 // swapSlots exchanges slots a and b of tensor name in a rank's shard.
 func swapSlots(t *testing.T, path, name string, a, b int64) {
 	t.Helper()
-	f, err := safetensors.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ti, _ := f.Lookup(name)
-	hdr := ti.Begin
-	f.Close()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// the data section starts after the 8-byte length and the header
-	n := int64(raw[0]) | int64(raw[1])<<8 | int64(raw[2])<<16 | int64(raw[3])<<24
-	base := 8 + n + hdr
+	raw, ti, at := shardBytes(t, path, name, a)
 	per := (ti.End - ti.Begin) / ti.Shape[0]
-	x := append([]byte(nil), raw[base+a*per:base+(a+1)*per]...)
-	copy(raw[base+a*per:], raw[base+b*per:base+(b+1)*per])
-	copy(raw[base+b*per:], x)
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	bt := at + (b-a)*per
+	x := append([]byte(nil), raw[at:at+per]...)
+	copy(raw[at:], raw[bt:bt+per])
+	copy(raw[bt:], x)
+	testkit.WriteFile(t, path, raw)
 }
 
 // Mutations fail naming the rank (and, where the manifest agrees with the
@@ -149,14 +131,10 @@ func TestRankProofMutations(t *testing.T) {
 		want   string
 	}{
 		{"corrupted replica", convert.Options{EP: 4, Slots: 20}, -1, func(t *testing.T, dst string) {
-			raw, _ := os.ReadFile(filepath.Join(dst, shard(3)))
-			raw[len(raw)-7] ^= 1
-			os.WriteFile(filepath.Join(dst, shard(3)), raw, 0o644)
+			testkit.FlipBits(t, filepath.Join(dst, shard(3)), -7, 1)
 		}, "rank 3: layer 2: slot 4 (physical slot 19, expert 3): model.layers.2.mlp.experts.all_down.weight differs from SRC's expert"},
 		{"corrupted replica, manifest rehashed", convert.Options{EP: 4, Slots: 20}, 3, func(t *testing.T, dst string) {
-			raw, _ := os.ReadFile(filepath.Join(dst, shard(3)))
-			raw[len(raw)-7] ^= 1
-			os.WriteFile(filepath.Join(dst, shard(3)), raw, 0o644)
+			testkit.FlipBits(t, filepath.Join(dst, shard(3)), -7, 1)
 			rehash(t, dst, shard(3))
 		}, "rank 3: layer 2: slot 4 (physical slot 19, expert 3): model.layers.2.mlp.experts.all_down.weight differs from SRC's expert"},
 		{"slot holding the wrong expert", convert.Options{EP: 4}, 1, func(t *testing.T, dst string) {
@@ -164,8 +142,7 @@ func TestRankProofMutations(t *testing.T) {
 			rehash(t, dst, shard(1))
 		}, "rank 1: layer 2: slot 0 (physical slot 4, expert 4): " + stack + " differs"},
 		{"one rank's file swapped for another's", convert.Options{EP: 4}, 0, func(t *testing.T, dst string) {
-			raw, _ := os.ReadFile(filepath.Join(dst, shard(1)))
-			os.WriteFile(filepath.Join(dst, shard(0)), raw, 0o644)
+			testkit.CopyFile(t, filepath.Join(dst, shard(1)), filepath.Join(dst, shard(0)))
 			rehash(t, dst, shard(0))
 		}, "rank 0: layer 1: slot 0 (physical slot 0, expert 0)"},
 		{"rank file cut short", convert.Options{EP: 4}, 1, func(t *testing.T, dst string) {
@@ -175,10 +152,7 @@ func TestRankProofMutations(t *testing.T) {
 			os.Remove(filepath.Join(dst, shard(2)))
 		}, "rank 2: " + shard(2) + ": missing"},
 		{"shared tensor changed", convert.Options{EP: 4}, 2, func(t *testing.T, dst string) {
-			p := filepath.Join(dst, "model-00001-of-00001.safetensors")
-			raw, _ := os.ReadFile(p)
-			raw[len(raw)-3] ^= 1
-			os.WriteFile(p, raw, 0o644)
+			testkit.FlipBits(t, filepath.Join(dst, "model-00001-of-00001.safetensors"), -3, 1)
 			rehash(t, dst, "model-00001-of-00001.safetensors")
 		}, "shared files: "},
 	} {
