@@ -2,6 +2,7 @@ package validate
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
@@ -199,7 +200,7 @@ func writeGolden(t *testing.T, path string, tensors map[string][]float32, shapes
 	if ids != nil {
 		b := make([]byte, 4*len(ids))
 		for i, v := range ids {
-			putLeU32(b[4*i:], uint32(v))
+			binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
 		}
 		entries = append(entries, safetensors.Entry{Name: "topk_ids", DType: safetensors.I32, Shape: shapes["topk_ids"], Open: func() (io.Reader, error) { return &byteReader{b: b}, nil }})
 	}
