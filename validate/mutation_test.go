@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -324,8 +325,7 @@ func readShard(t *testing.T, path string) (meta map[string]string, entries []saf
 		if err != nil {
 			t.Fatal(err)
 		}
-		entries = append(entries, safetensors.Entry{Name: ti.Name, DType: ti.DType, Shape: ti.Shape,
-			Open: func() (io.Reader, error) { return &byteReader{b: raw}, nil }})
+		entries = append(entries, memEntry(ti.Name, ti.DType, ti.Shape, raw))
 		raws = append(raws, raw)
 	}
 	return f.Metadata, entries, raws
@@ -339,15 +339,9 @@ func writeShard(t *testing.T, path string, meta map[string]string, entries []saf
 	}
 }
 
-type byteReader struct{ b []byte }
-
-func (r *byteReader) Read(p []byte) (int, error) {
-	if len(r.b) == 0 {
-		return 0, io.EOF
-	}
-	n := copy(p, r.b)
-	r.b = r.b[n:]
-	return n, nil
+// memEntry is a safetensors entry of tensor name that writes b.
+func memEntry(name string, dt safetensors.DType, shape []int64, b []byte) safetensors.Entry {
+	return safetensors.Entry{Name: name, DType: dt, Shape: shape, Open: func() (io.Reader, error) { return bytes.NewReader(b), nil }}
 }
 
 // editContract rewrites DST/config.json's moeprep object.

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -194,15 +193,14 @@ func writeGolden(t *testing.T, path string, tensors map[string][]float32, shapes
 		if !ok {
 			continue
 		}
-		b := testkit.F32LE(v...)
-		entries = append(entries, safetensors.Entry{Name: n, DType: safetensors.F32, Shape: shapes[n], Open: func() (io.Reader, error) { return &byteReader{b: b}, nil }})
+		entries = append(entries, memEntry(n, safetensors.F32, shapes[n], testkit.F32LE(v...)))
 	}
 	if ids != nil {
 		b := make([]byte, 4*len(ids))
 		for i, v := range ids {
 			binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
 		}
-		entries = append(entries, safetensors.Entry{Name: "topk_ids", DType: safetensors.I32, Shape: shapes["topk_ids"], Open: func() (io.Reader, error) { return &byteReader{b: b}, nil }})
+		entries = append(entries, memEntry("topk_ids", safetensors.I32, shapes["topk_ids"], b))
 	}
 	if _, err := safetensors.WriteFile(context.Background(), path, nil, entries, nil); err != nil {
 		t.Fatal(err)
