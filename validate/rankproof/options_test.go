@@ -11,7 +11,6 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
-	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
@@ -110,7 +109,7 @@ func flipAt(t *testing.T, dst, rel, name string, at int64) {
 		t.Fatalf("%s: no byte %d of %s", rel, at, name)
 	}
 	raw[base+at] ^= 0x10
-	testkit.WriteFile(t, p, raw)
+	writeShard(t, p, raw)
 	rehash(t, dst, rel)
 }
 
@@ -239,16 +238,23 @@ func TestRankProofConfigOfDequantised(t *testing.T) {
 	src := filepath.Join(hfDir, "deepseek-v3-fp8")
 	dst, _ := convertedContract(t, convert.Options{Src: src, EP: 4, DType: safetensors.BF16})
 	var srcDoc map[string]json.RawMessage
-	if err := json.Unmarshal(testkit.ReadFile(t, filepath.Join(src, "config.json")), &srcDoc); err != nil {
+	sb, err := os.ReadFile(filepath.Join(src, "config.json"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	db := testkit.ReadFile(t, filepath.Join(dst, "config.json"))
+	if err := json.Unmarshal(sb, &srcDoc); err != nil {
+		t.Fatal(err)
+	}
+	db, err := os.ReadFile(filepath.Join(dst, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if strings.Contains(string(db), `"quantization_config"`) || srcDoc["quantization_config"] == nil {
 		t.Fatal("the dequantised output kept quantization_config, or SRC has none")
 	}
 	// put SRC's back as text, leaving every other value's spelling as it is
 	b := []byte(`{"quantization_config": ` + string(srcDoc["quantization_config"]) + `,` + strings.TrimPrefix(strings.TrimSpace(string(db)), "{"))
-	testkit.WriteFile(t, filepath.Join(dst, "config.json"), b)
+	writeShard(t, filepath.Join(dst, "config.json"), b)
 	rehash(t, dst, "config.json")
 	res, err := Check(context.Background(), src, dst, 2)
 	if err != nil {
@@ -290,11 +296,18 @@ func bf16Slot(t *testing.T, path, name string, j int64) ([]byte, int64) {
 	return raw, off
 }
 
+func writeShard(t *testing.T, path string, raw []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // setSlotElement writes BF16 value bits into element 0 of slot j of
 // tensor name in a rank's shard.
 func setSlotElement(t *testing.T, path, name string, j int64, bits uint16) {
 	t.Helper()
 	raw, off := bf16Slot(t, path, name, j)
 	raw[off], raw[off+1] = byte(bits), byte(bits>>8)
-	testkit.WriteFile(t, path, raw)
+	writeShard(t, path, raw)
 }

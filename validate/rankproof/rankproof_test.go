@@ -10,7 +10,6 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
-	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 )
@@ -102,7 +101,9 @@ func rehash(t *testing.T, dst, rel string) {
 	}
 	m.Files[rel] = fi
 	b, _ := json.Marshal(m)
-	testkit.WriteFile(t, filepath.Join(dst, layout.ManifestFileName), b)
+	if err := os.WriteFile(filepath.Join(dst, layout.ManifestFileName), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // swapSlots exchanges slots a and b of tensor name in a rank's shard.
@@ -114,7 +115,7 @@ func swapSlots(t *testing.T, path, name string, a, b int64) {
 	x := append([]byte(nil), raw[at:at+per]...)
 	copy(raw[at:], raw[bt:bt+per])
 	copy(raw[bt:], x)
-	testkit.WriteFile(t, path, raw)
+	writeShard(t, path, raw)
 }
 
 // Mutations fail naming the rank (and, where the manifest agrees with the
@@ -131,10 +132,14 @@ func TestRankProofMutations(t *testing.T) {
 		want   string
 	}{
 		{"corrupted replica", convert.Options{EP: 4, Slots: 20}, -1, func(t *testing.T, dst string) {
-			testkit.FlipBits(t, filepath.Join(dst, shard(3)), -7, 1)
+			raw, _ := os.ReadFile(filepath.Join(dst, shard(3)))
+			raw[len(raw)-7] ^= 1
+			os.WriteFile(filepath.Join(dst, shard(3)), raw, 0o644)
 		}, "rank 3: layer 2: slot 4 (physical slot 19, expert 3): model.layers.2.mlp.experts.all_down.weight differs from SRC's expert"},
 		{"corrupted replica, manifest rehashed", convert.Options{EP: 4, Slots: 20}, 3, func(t *testing.T, dst string) {
-			testkit.FlipBits(t, filepath.Join(dst, shard(3)), -7, 1)
+			raw, _ := os.ReadFile(filepath.Join(dst, shard(3)))
+			raw[len(raw)-7] ^= 1
+			os.WriteFile(filepath.Join(dst, shard(3)), raw, 0o644)
 			rehash(t, dst, shard(3))
 		}, "rank 3: layer 2: slot 4 (physical slot 19, expert 3): model.layers.2.mlp.experts.all_down.weight differs from SRC's expert"},
 		{"slot holding the wrong expert", convert.Options{EP: 4}, 1, func(t *testing.T, dst string) {
@@ -142,7 +147,8 @@ func TestRankProofMutations(t *testing.T) {
 			rehash(t, dst, shard(1))
 		}, "rank 1: layer 2: slot 0 (physical slot 4, expert 4): " + stack + " differs"},
 		{"one rank's file swapped for another's", convert.Options{EP: 4}, 0, func(t *testing.T, dst string) {
-			testkit.CopyFile(t, filepath.Join(dst, shard(1)), filepath.Join(dst, shard(0)))
+			raw, _ := os.ReadFile(filepath.Join(dst, shard(1)))
+			os.WriteFile(filepath.Join(dst, shard(0)), raw, 0o644)
 			rehash(t, dst, shard(0))
 		}, "rank 0: layer 1: slot 0 (physical slot 0, expert 0)"},
 		{"rank file cut short", convert.Options{EP: 4}, 1, func(t *testing.T, dst string) {
@@ -152,7 +158,10 @@ func TestRankProofMutations(t *testing.T) {
 			os.Remove(filepath.Join(dst, shard(2)))
 		}, "rank 2: " + shard(2) + ": missing"},
 		{"shared tensor changed", convert.Options{EP: 4}, 2, func(t *testing.T, dst string) {
-			testkit.FlipBits(t, filepath.Join(dst, "model-00001-of-00001.safetensors"), -3, 1)
+			p := filepath.Join(dst, "model-00001-of-00001.safetensors")
+			raw, _ := os.ReadFile(p)
+			raw[len(raw)-3] ^= 1
+			os.WriteFile(p, raw, 0o644)
 			rehash(t, dst, "model-00001-of-00001.safetensors")
 		}, "shared files: "},
 	} {
