@@ -11,6 +11,7 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/cpuref"
@@ -75,7 +76,13 @@ func TestNeverRoutedExpertCaught(t *testing.T) {
 			}
 			flipDownSigns(t, dst, "model.layers.2.mlp", lay, 11)
 			opts.Bytes = BytesOff // the numeric proof alone must catch it
-			rep := runFail(t, opts, "a corrupted never-routed expert")
+			rep, err := Run(context.Background(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if exitcode.Code(rep.Err()) != exitcode.CheckFailed {
+				t.Fatalf("corrupted never-routed expert passed: %+v", rep.Rows)
+			}
 			for _, r := range rep.Rows {
 				switch {
 				case r.Layer == 2 && r.Check == judge.Coverage:
