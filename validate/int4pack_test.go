@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
+	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -16,12 +17,18 @@ import (
 // proof), each mutation of DST fails it, and what cannot be carried is
 // refused in one line.
 
+// int4Runs is the conversions of spec that both the CPU and the GPU tests
+// validate: every layout (fuse-shared is refused beside Kimi's BF16 shared
+// expert).
+func int4Runs(fixtures.SynthSpec) []convert.Options {
+	return []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
+}
+
 func TestInt4ConversionsValidate(t *testing.T) {
 	for name, spec := range int4Specs() {
 		t.Run(name, func(t *testing.T) {
 			src := synthFrom(t, int4Specs(), name)
-			// Every layout; fuse-shared is refused beside Kimi's BF16 shared expert.
-			conversionsPass(t, src, DeviceCPU, threeLayouts, func(o convert.Options, c *layout.Contract) {
+			conversionsPass(t, src, DeviceCPU, int4Runs(spec), func(o convert.Options, c *layout.Contract) {
 				quantContract{weightfmt.QuantInt4Pack, "I32", "BF16", []int64{1, int64(spec.GroupSize)}}.check(t, o, c)
 				wantShared := ""
 				if spec.SharedExperts > 0 {
@@ -141,5 +148,5 @@ func TestInt4Refusals(t *testing.T) {
 // gpu-bf16's 2e-2 (too close to require), one nibble, a nibble pair or two
 // swapped group scales by 0.2x to 0.6x of it.
 func TestGPUInt4(t *testing.T) {
-	gpuDecodedPass(t, int4Specs(), layoutsOnly, int4Mutations())
+	gpuDecodedPass(t, int4Specs(), int4Runs, int4Mutations())
 }
