@@ -6,11 +6,11 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/internal/numfmt"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/kernels"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -289,9 +289,7 @@ func TestDequantFP8RowsRefuses(t *testing.T) {
 	}
 	for _, c := range cases {
 		err := kernels.DequantFP8Rows(nil, 0, c.q, c.rows, c.cols, c.scale, c.scaleLen, c.sd, c.rps, c.row0, c.out)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: got %v, want %q", c.name, err, c.want)
-		}
+		testkit.ErrorContains(t, err, c.want, c.name)
 	}
 	if _, err := kernels.DequantScaleOf(safetensors.F8E4M3); err == nil {
 		t.Error("DequantScaleOf(F8_E4M3) gave no error")
@@ -327,9 +325,7 @@ func TestDequantFP8BlocksRefuses(t *testing.T) {
 	}
 	for _, c := range cases {
 		err := kernels.DequantFP8Blocks(nil, 0, c.q, c.p, c.out)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: got %v, want %q", c.name, err, c.want)
-		}
+		testkit.ErrorContains(t, err, c.want, c.name)
 	}
 	for _, d := range []safetensors.DType{safetensors.F8E8M0, safetensors.U8} {
 		if sd, err := kernels.DequantBlockScaleOf(d); err != nil || sd != kernels.DequantScaleE8M0 {
@@ -366,9 +362,7 @@ func TestDequantMXFP8RowsRefuses(t *testing.T) {
 	}
 	for _, c := range cases {
 		err := kernels.DequantMXFP8Rows(nil, 0, c.q, c.rows, c.cols, c.scale, c.scaleBytes, c.out)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: got %v, want %q", c.name, err, c.want)
-		}
+		testkit.ErrorContains(t, err, c.want, c.name)
 	}
 }
 
@@ -451,9 +445,7 @@ func TestDequant4RowsRefuses(t *testing.T) {
 	}
 	for _, c := range cases {
 		err := kernels.Dequant4Rows(nil, 0, c.p, c.out)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: got %v, want %q", c.name, err, c.want)
-		}
+		testkit.ErrorContains(t, err, c.want, c.name)
 	}
 }
 

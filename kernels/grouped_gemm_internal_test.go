@@ -4,8 +4,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // kernelChoice is one case of a kernel-choice table: the gate_up kernel
@@ -131,9 +132,8 @@ func TestParseGEMMPath(t *testing.T) {
 			t.Errorf("%d: name %q reads back as %v, %v", p, p.String(), got, err)
 		}
 	}
-	if _, err := ParseGEMMPath("cutlass"); err == nil || !strings.Contains(err.Error(), "auto, simt, mma, mma2, tall, wgmma, mma3") {
-		t.Errorf("unknown path: %v", err)
-	}
+	_, err := ParseGEMMPath("cutlass")
+	testkit.ErrorContains(t, err, "auto, simt, mma, mma2, tall, wgmma, mma3", "unknown path")
 }
 
 // TestGEMMKernelTable holds gemmKernels to the CUDA sources: every entry

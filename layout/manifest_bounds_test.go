@@ -134,10 +134,7 @@ func TestHashFileRefusesDevices(t *testing.T) {
 		t.Skip(err)
 	}
 	for _, like := range []FileInfo{{Size: 1, SHA256: "00"}, {Size: 1, X3Blocks: BlockDigest{BlockSize: ShardBlockSize, Root: "00"}}} {
-		err := testkit.Unblocked(t, fmt.Sprintf("%v: hashing /dev/zero did not stop", like), func() error {
-			_, err := HashFileLike(link, like)
-			return err
-		})
+		_, err := testkit.Within(t, fmt.Sprintf("%v: hashing /dev/zero", like), func() (FileInfo, error) { return HashFileLike(link, like) })
 		testkit.CheckOneLine(t, err, link, "a character device, not a regular file")
 		m := &Manifest{Version: ContractVersion, Files: map[string]FileInfo{"model.safetensors": like}}
 		testkit.CheckOneLine(t, m.Verify(dir), link, "a character device, not a regular file")

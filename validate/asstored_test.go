@@ -1,14 +1,12 @@
 package validate
 
 import (
-	"context"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/judge"
 )
@@ -35,11 +33,7 @@ func TestAsStoredValidates(t *testing.T) {
 			src := filepath.Join(hfFixtures, tc.dir)
 			dst := convertInto(t, src, convert.Options{Layout: layout.Transformers})
 			opts := Options{Src: src, Dst: dst, Seed: 3, Tokens: 32, Golden: src}
-			rep, err := Run(context.Background(), opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustPass(t, rep, "the clean as-stored output fails")
+			rep := runPass(t, opts, "the clean as-stored output fails")
 			if rep.Bytes == nil || !rep.Bytes.Pass {
 				t.Fatalf("no passing byte proof: %+v", rep.Bytes)
 			}
@@ -69,13 +63,7 @@ func TestAsStoredValidates(t *testing.T) {
 			opts.Golden = ""
 			for _, b := range []BytesMode{BytesOff, BytesAuto} {
 				opts.Bytes = b
-				rep, err := Run(context.Background(), opts)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if exitcode.Code(rep.Err()) != exitcode.CheckFailed {
-					t.Fatalf("bytes %v: a changed expert passed", b)
-				}
+				rep := runFail(t, opts, "bytes "+string(b)+": a changed expert")
 				failed := slices.ContainsFunc(rep.Rows, func(r LayerResult) bool {
 					return r.Layer == 1 && r.Check == judge.StoredCoverage && !r.Pass
 				})
@@ -102,11 +90,7 @@ func TestAsStoredValidates(t *testing.T) {
 func TestExpertsModuleProven(t *testing.T) {
 	src := filepath.Join(hfFixtures, "step3p7")
 	dst := convertInto(t, src, convert.Options{Layout: layout.Transformers})
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Tokens: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustPass(t, rep, "step3p7 --layout transformers")
+	runPass(t, Options{Src: src, Dst: dst, Seed: 3, Tokens: 16}, "step3p7 --layout transformers")
 	editContract(t, dst, func(c map[string]any) {
 		if c["experts_module"] != "mlp" {
 			t.Fatalf("experts_module %v, want mlp", c["experts_module"])
@@ -114,12 +98,7 @@ func TestExpertsModuleProven(t *testing.T) {
 		c["experts_module"] = "moe"
 	})
 	for _, b := range []BytesMode{BytesAuto, BytesOnly} {
-		rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 3, Tokens: 16, Bytes: b})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if exitcode.Code(rep.Err()) != exitcode.CheckFailed || !strings.Contains(rep.Err().Error(), "experts_module") {
-			t.Errorf("bytes %v: a forged experts_module gives %v", b, rep.Err())
-		}
+		rep := runFail(t, Options{Src: src, Dst: dst, Seed: 3, Tokens: 16, Bytes: b}, "bytes "+string(b)+": a forged experts_module")
+		testkit.ErrorContains(t, rep.Err(), "experts_module", "bytes "+string(b)+": a forged experts_module")
 	}
 }

@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/internal/exitcode"
-	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
@@ -79,8 +77,7 @@ func TestBytesMismatchKinds(t *testing.T) {
 			n := layout.Names(layout.Stacked, p, false).Weight(layout.ProjDown)
 			rewriteTensor(t, dst, n, func(raw []byte, shape []int64) {
 				m := slice(raw, shape, 7)
-				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(m[20:]))
-				binary.LittleEndian.PutUint16(m[20:], numfmt.F32ToBF16(v*1.02))
+				scaleBF16(m[20:22], 1.02)
 			})
 			return n
 		}, byteproof.MismatchFold, 7, -1},
@@ -104,13 +101,7 @@ func TestBytesMismatchKinds(t *testing.T) {
 			// tells. (A changed copy is compared with SRC's file first:
 			// TestDirectoryProof.)
 			f := filepath.Join(dst, safetensors.IndexFileName)
-			b, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(f, append(b, ' '), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			testkit.WriteFile(t, f, append(testkit.ReadFile(t, f), ' '))
 			return ""
 		}, byteproof.MismatchManifest, -1, -1},
 	} {
@@ -168,13 +159,7 @@ func TestNonFiniteWeightsFail(t *testing.T) {
 			} else {
 				rewriteTensor(t, dst, tc.tensor, tc.mutate)
 			}
-			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 2, Bytes: BytesOff})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if exitcode.Code(rep.Err()) != exitcode.CheckFailed {
-				t.Fatalf("not a failed check: %v", rep.Err())
-			}
+			rep := runFail(t, Options{Src: src, Dst: dst, Seed: 2, Bytes: BytesOff}, "a non-finite value")
 			found := false
 			for _, r := range rep.Rows {
 				if r.Check == judge.NonFinite {

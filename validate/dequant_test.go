@@ -339,11 +339,7 @@ func TestDequantHFFP8Fixtures(t *testing.T) {
 		}
 		for _, o := range runs {
 			dst := convertInto(t, src, o)
-			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1, Device: DeviceCPU})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustPass(t, rep, filepath.Base(src)+": validate of the dequantised HF fixture")
+			rep := runPass(t, Options{Src: src, Dst: dst, Golden: src, Seed: 1, Device: DeviceCPU}, filepath.Base(src)+": validate of the dequantised HF fixture")
 			golden := 0
 			for _, r := range rep.Rows {
 				if r.Check == judge.FusedVsGolden {

@@ -65,11 +65,7 @@ func TestDequantMixedFormats(t *testing.T) {
 			if c.SharedQuantization != "" || c.SharedNaming != "" {
 				t.Errorf("shared_quantization %q naming %q: a dequantised shared expert is stored like the experts", c.SharedQuantization, c.SharedNaming)
 			}
-			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCPU})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustPass(t, rep, "mixed --dtype")
+			rep := runPass(t, Options{Src: src, Dst: dst, Device: DeviceCPU}, "mixed --dtype")
 			// Element 0 of the FP8 weight: its code times its scale's first
 			// entry, rounded once to the target dtype.
 			sck := cktest.Open(t, src)
@@ -100,7 +96,7 @@ func TestDequantMixedFormats(t *testing.T) {
 			rewriteTensor(t, dst, tc.fp8, func(raw []byte, _ []int64) {
 				binary.LittleEndian.PutUint16(raw[2:], binary.LittleEndian.Uint16(raw[2:])^1)
 			})
-			rep, err = Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCPU, Bytes: BytesOnly})
+			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCPU, Bytes: BytesOnly})
 			if err != nil {
 				t.Fatal(err)
 			}

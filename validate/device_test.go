@@ -10,6 +10,7 @@ import (
 
 	"github.com/moeprep/moeprep/internal/cuda"
 	"github.com/moeprep/moeprep/internal/exitcode"
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // withCUDA makes cuda.Available report err (nil: a usable GPU) for one test.
@@ -59,9 +60,7 @@ func TestSelectDevice(t *testing.T) {
 		notes, err := o.selectDevice(func() error { return tt.avail })
 		name := fmt.Sprintf("device %q precision %q block %d avail %v", tt.device, tt.precision, tt.block, tt.avail)
 		if tt.err != "" {
-			if err == nil || !strings.Contains(err.Error(), tt.err) {
-				t.Errorf("%s: err %v, want %q", name, err, tt.err)
-			}
+			testkit.ErrorContains(t, err, tt.err, name)
 			if tt.avail != nil && !errors.Is(err, ErrDeviceUnavailable) {
 				t.Errorf("%s: %v is not ErrDeviceUnavailable", name, err)
 			}

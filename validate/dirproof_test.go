@@ -9,7 +9,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/internal/exitcode"
@@ -102,22 +101,7 @@ func forgeContract(t *testing.T, dst string, edit func(c map[string]any)) {
 // or a pipe named by DST would otherwise hang the test instead of failing it.
 func runBounded(t *testing.T, o Options) (*Report, error) {
 	t.Helper()
-	type result struct {
-		rep *Report
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		rep, err := Run(context.Background(), o)
-		ch <- result{rep, err}
-	}()
-	select {
-	case r := <-ch:
-		return r.rep, r.err
-	case <-time.After(60 * time.Second):
-		t.Fatal("validate did not finish in 60s: it opened something that blocks")
-		return nil, nil
-	}
+	return testkit.Within(t, "validate", func() (*Report, error) { return Run(context.Background(), o) })
 }
 
 // TestDirectoryProof: from a genuine fuse-shared output (which passes),

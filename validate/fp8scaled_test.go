@@ -1,14 +1,10 @@
 package validate
 
 import (
-	"encoding/binary"
-	"path/filepath"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
-	"github.com/moeprep/moeprep/internal/numfmt"
-	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -101,8 +97,7 @@ func fp8ScaledMutations() []dstMutation {
 			n := layout.NamesFor(layout.Stacked, prefix, channel)
 			rewriteTensor(t, dst, n.Get(layout.ProjDown, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 12) // the first shared slice
-				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(e[6:]))
-				binary.LittleEndian.PutUint16(e[6:], numfmt.F32ToBF16(v*1.5))
+				scaleBF16(e[6:8], 1.5)
 			})
 		}},
 	}
@@ -117,40 +112,27 @@ func fp8ScaledMutationsFail(t *testing.T, device Device, bytes BytesMode, only .
 // TestFP8ScaledRefusals: what moeprep cannot carry of these formats is
 // refused with one line naming the reason (or the group).
 func TestFP8ScaledRefusals(t *testing.T) {
-	group := func(c map[string]any) map[string]any {
-		return c["quantization_config"].(map[string]any)["config_groups"].(map[string]any)["group_0"].(map[string]any)
-	}
-	cases := []struct {
-		name, fixture string
-		edit          func(c map[string]any)
-		want          string
-	}{
+	qc := func(c map[string]any) map[string]any { return c["quantization_config"].(map[string]any) }
+	refusalsHold(t, fp8ScaledSpecs(), []refusal{
 		{"static activation scales", "qwen3-channel", func(c map[string]any) {
-			group(c)["input_activations"].(map[string]any)["dynamic"] = false
-		}, "static activation scales (input_scale) are not carried"},
+			ctGroup0(c)["input_activations"].(map[string]any)["dynamic"] = false
+		}, nil, false, "static activation scales (input_scale) are not carried"},
 		{"a zero point", "qwen3-channel", func(c map[string]any) {
-			group(c)["weights"].(map[string]any)["symmetric"] = false
-		}, "a zero point"},
+			ctGroup0(c)["weights"].(map[string]any)["symmetric"] = false
+		}, nil, false, "a zero point"},
 		{"routed experts ignored", "qwen3-channel", func(c map[string]any) {
-			c["quantization_config"].(map[string]any)["ignore"] = []any{"lm_head", "re:.*mlp.gate$", "re:.*experts.*"}
-		}, "the routed experts are left unquantised"},
+			qc(c)["ignore"] = []any{"lm_head", "re:.*mlp.gate$", "re:.*experts.*"}
+		}, nil, false, "the routed experts are left unquantised"},
 		{"shared expert ignored but stored as FP8", "deepseek-v2-channel", func(c map[string]any) {
-			c["quantization_config"].(map[string]any)["ignore"] = []any{"lm_head", "re:.*mlp.gate$", "re:.*shared_experts.*"}
-		}, "shared_experts.gate_proj.weight dtype F8_E4M3, expected BF16, F16 or F32 (the ignore list leaves the shared expert unquantised)"},
+			qc(c)["ignore"] = []any{"lm_head", "re:.*mlp.gate$", "re:.*shared_experts.*"}
+		}, nil, false, "shared_experts.gate_proj.weight dtype F8_E4M3, expected BF16, F16 or F32 (the ignore list leaves the shared expert unquantised)"},
 		{"per-tensor static activations", "qwen3-tensor", func(c map[string]any) {
-			c["quantization_config"].(map[string]any)["activation_scheme"] = "static"
-		}, `activation_scheme: "static" is not supported`},
+			qc(c)["activation_scheme"] = "static"
+		}, nil, false, `activation_scheme: "static" is not supported`},
 		{"another strategy", "qwen3-channel", func(c map[string]any) {
-			group(c)["weights"].(map[string]any)["strategy"] = "token"
-		}, "not carried"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			src := synthFrom(t, fp8ScaledSpecs(), tc.fixture)
-			testkit.EditJSON(t, filepath.Join(src, "config.json"), tc.edit)
-			convertRefused(t, src, convert.Options{Layout: layout.Stacked}, tc.want)
-		})
-	}
+			ctGroup0(c)["weights"].(map[string]any)["strategy"] = "token"
+		}, nil, false, "not carried"},
+	})
 }
 
 // TestGPUFP8Scaled: on the GPU every FP8 per-channel and per-tensor

@@ -3,7 +3,6 @@ package validate
 import (
 	"context"
 	"fmt"
-	"math"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
@@ -181,8 +180,7 @@ func TestMutationsInMemory(t *testing.T) {
 			raw := dst.Bytes(fl.Names.Get(layout.ProjUp, layout.RoleScale))
 			per := len(raw) / int(n.Shape[0])
 			e := usedExpert(t, m)
-			v := math.Float32frombits(leU32(raw[e*per:]))
-			putLeU32(raw[e*per:], math.Float32bits(v*4))
+			scaleF32(raw[e*per:e*per+4], 4)
 			dst.Put(fl.Names.Get(layout.ProjUp, layout.RoleScale), n.DType, n.Shape, raw)
 		}},
 	}
@@ -213,20 +211,11 @@ func usedExpert(t *testing.T, m *memModel) int {
 	return int(ref.Routing.IDs[0])
 }
 
-func leU32(b []byte) uint32 {
-	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
-}
-func putLeU32(b []byte, v uint32) {
-	b[0], b[1], b[2], b[3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
-}
-
 // scaleStack multiplies the F32 scales of the first n experts of a stack by f.
 func scaleStack(dst cktest.Mem, name string, n int, f float64) {
 	t := dst[name]
 	raw := dst.Bytes(name)
 	per := len(raw) / int(t.Shape[0])
-	for i := 0; i < n*per; i += 4 {
-		putLeU32(raw[i:], math.Float32bits(float32(float64(math.Float32frombits(leU32(raw[i:])))*f)))
-	}
+	scaleF32(raw[:n*per], f)
 	dst.Put(name, t.DType, t.Shape, raw)
 }

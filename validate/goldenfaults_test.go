@@ -1,10 +1,8 @@
 package validate
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
-	"io"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -78,21 +76,18 @@ func textGoldens(t *testing.T, src string, withTypes bool) string {
 			t.Fatal(err)
 		}
 		tk, k := int64(txt.T), int64(txt.K)
-		entry := func(name string, dt safetensors.DType, shape []int64, b []byte) safetensors.Entry {
-			return safetensors.Entry{Name: name, DType: dt, Shape: shape, Open: func() (io.Reader, error) { return bytes.NewReader(b), nil }}
-		}
 		ids := make([]byte, 4*len(txt.IDs))
 		for i, v := range txt.IDs {
 			binary.LittleEndian.PutUint32(ids[4*i:], uint32(v))
 		}
 		entries := []safetensors.Entry{
-			entry("x", safetensors.F32, []int64{tk, 64}, testkit.F32LE(txt.X...)),
-			entry("y", safetensors.F32, []int64{tk, 64}, testkit.F32LE(txt.Y...)),
-			entry("topk_ids", safetensors.I32, []int64{tk, k}, ids),
-			entry("topk_weights", safetensors.F32, []int64{tk, k}, testkit.F32LE(txt.Weights...)),
+			memEntry("x", safetensors.F32, []int64{tk, 64}, testkit.F32LE(txt.X...)),
+			memEntry("y", safetensors.F32, []int64{tk, 64}, testkit.F32LE(txt.Y...)),
+			memEntry("topk_ids", safetensors.I32, []int64{tk, k}, ids),
+			memEntry("topk_weights", safetensors.F32, []int64{tk, k}, testkit.F32LE(txt.Weights...)),
 		}
 		if withTypes {
-			entries = append(entries, entry("token_type_ids", safetensors.I64, []int64{tk}, make([]byte, 8*tk)))
+			entries = append(entries, memEntry("token_type_ids", safetensors.I64, []int64{tk}, make([]byte, 8*tk)))
 		}
 		if _, err := safetensors.WriteFile(context.Background(), filepath.Join(dir, GoldenFileName(d)), nil, entries, nil); err != nil {
 			t.Fatal(err)

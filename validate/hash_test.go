@@ -1,11 +1,9 @@
 package validate
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -152,16 +150,13 @@ func writeHashGoldens(t *testing.T, src string, tokens int) string {
 			binary.LittleEndian.PutUint32(topk[4*j:], uint32(v))
 		}
 		tk, k := int64(tokens), int64(res.Routing.K)
-		entry := func(name string, dt safetensors.DType, shape []int64, b []byte) safetensors.Entry {
-			return safetensors.Entry{Name: name, DType: dt, Shape: shape, Open: func() (io.Reader, error) { return bytes.NewReader(b), nil }}
-		}
 		h := int64(plan.HiddenSize)
 		if _, err := safetensors.WriteFile(context.Background(), filepath.Join(dir, GoldenFileName(l.Index)), nil, []safetensors.Entry{
-			entry("x", safetensors.F32, []int64{tk, h}, testkit.F32LE(x...)),
-			entry("y", safetensors.F32, []int64{tk, h}, testkit.F32LE(res.Y...)),
-			entry("topk_ids", safetensors.I32, []int64{tk, k}, topk),
-			entry("topk_weights", safetensors.F32, []int64{tk, k}, testkit.F32LE(w...)),
-			entry("input_ids", safetensors.I64, []int64{tk}, tok),
+			memEntry("x", safetensors.F32, []int64{tk, h}, testkit.F32LE(x...)),
+			memEntry("y", safetensors.F32, []int64{tk, h}, testkit.F32LE(res.Y...)),
+			memEntry("topk_ids", safetensors.I32, []int64{tk, k}, topk),
+			memEntry("topk_weights", safetensors.F32, []int64{tk, k}, testkit.F32LE(w...)),
+			memEntry("input_ids", safetensors.I64, []int64{tk}, tok),
 		}, nil); err != nil {
 			t.Fatal(err)
 		}

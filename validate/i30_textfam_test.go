@@ -48,11 +48,7 @@ func TestQwen4ExpGoldens(t *testing.T) {
 		text["model_type"], text["norm_topk_prob"] = "qwen4_exp_text", true
 	})
 	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: filepath.Join(src, "reference"), Seed: 7, Device: DeviceCPU})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustPass(t, rep, "qwen4_exp against HF's goldens")
+	rep := runPass(t, Options{Src: src, Dst: dst, Golden: filepath.Join(src, "reference"), Seed: 7, Device: DeviceCPU}, "qwen4_exp against HF's goldens")
 	checks := checksRun(rep)
 	if len(rep.LayersChecked) != 2 || checks["reference-vs-golden"] != 2 || checks["fused-vs-golden"] != 2 {
 		t.Errorf("layers checked %v, checks %v", rep.LayersChecked, checks)

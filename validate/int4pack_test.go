@@ -6,7 +6,6 @@ import (
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
-	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -106,8 +105,7 @@ func int4Mutations() []dstMutation {
 			n := layout.NamesFor(layout.Stacked, prefix, weightfmt.Int4Pack(16, "BF16"))
 			rewriteTensor(t, dst, n.Get(layout.ProjUp, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 6)
-				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(e[10:]))
-				binary.LittleEndian.PutUint16(e[10:], numfmt.F32ToBF16(v*1.5))
+				scaleBF16(e[10:12], 1.5)
 			})
 		}},
 	}

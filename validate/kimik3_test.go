@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -13,17 +12,7 @@ import (
 // Kimi K3 as its release lays it out (issue 44, item 3): a latent MoE whose
 // compressed-tensors MXFP4 routed experts run on routed_expert_down_proj's
 // latent and leave through routed_expert_norm and routed_expert_up_proj,
-// BF16 shared experts on the hidden state, SiTU everywhere.
-func kimiK3Specs() map[string]fixtures.SynthSpec {
-	return map[string]fixtures.SynthSpec{
-		// Twelve experts on a 32-wide latent of a 64-wide hidden state.
-		"h64-l32": {Family: "kimi_k3", Layers: 3, DenseLayers: 1, Hidden: 64, Latent: 32, Intermediate: 32,
-			Experts: 12, SharedExperts: 2, TopK: 4, DType: fixtures.DTypeMXFP4CT, SharedDType: "bf16", Vocab: 64, Seed: 5301},
-		// Two scale groups a gate row (latent 64), one shared expert.
-		"h96-l64": {Family: "kimi_k3", Layers: 2, DenseLayers: 1, Hidden: 96, Latent: 64, Intermediate: 64,
-			Experts: 8, SharedExperts: 1, TopK: 3, DType: fixtures.DTypeMXFP4CT, SharedDType: "bf16", Vocab: 64, Seed: 5302},
-	}
-}
+// BF16 shared experts on the hidden state, SiTU everywhere (kimiK3Specs).
 
 const kimiK3MoE = "language_model.layers.1.block_sparse_moe"
 

@@ -9,7 +9,6 @@ import (
 
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/numfmt"
-	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
@@ -170,7 +169,7 @@ func (m *memModel) putMat(s cktest.Mem, name string, e encMat) {
 	s.Put(name, m.dtype, []int64{int64(e.rows), int64(e.cols)}, e.raw)
 	if m.FP8 {
 		sr, sc := tensorload.ScaleDims(e.rows, e.cols, tensorload.FP8Block, tensorload.FP8Block)
-		s.Put(name+"_scale_inv", safetensors.F32, []int64{int64(sr), int64(sc)}, testkit.F32LE(e.scale...))
+		s.PutF32(name+"_scale_inv", []int64{int64(sr), int64(sc)}, e.scale...)
 	}
 }
 
@@ -190,7 +189,7 @@ func (m *memModel) buildSource() {
 	s.Put(l.Router, safetensors.BF16, []int64{int64(m.E), int64(m.H)}, bf16Bytes(m.router))
 	if m.bias != nil {
 		l.RouterBias = m.prefix + ".gate.e_score_correction_bias"
-		s.Put(l.RouterBias, safetensors.F32, []int64{int64(m.E)}, testkit.F32LE(m.bias...))
+		s.PutF32(l.RouterBias, []int64{int64(m.E)}, m.bias...)
 	}
 	for e, ex := range m.experts {
 		n := m.mlpNames(fmt.Sprintf("%s.experts.%d", m.prefix, e))
@@ -359,7 +358,7 @@ func (m *memModel) putStacks(dst cktest.Mem, n layout.ExpertTensors, l layout.La
 		dst.Put(name, m.dtype, []int64{nb, rows, cols}, raw)
 		if m.FP8 {
 			sr, scc := tensorload.ScaleDims(int(rows), int(cols), tensorload.FP8Block, tensorload.FP8Block)
-			dst.Put(scale, safetensors.F32, []int64{nb, int64(sr), int64(scc)}, testkit.F32LE(sc...))
+			dst.PutF32(scale, []int64{nb, int64(sr), int64(scc)}, sc...)
 		}
 	}
 	if !l.Fused() {
@@ -381,7 +380,7 @@ func (m *memModel) putStacks(dst cktest.Mem, n layout.ExpertTensors, l layout.La
 	dst.Put(n.Weight(layout.ProjGateUp), m.dtype, []int64{nb, 2 * in, h}, raw)
 	if m.FP8 {
 		sr, scc := tensorload.ScaleDims(m.I, m.H, tensorload.FP8Block, tensorload.FP8Block)
-		dst.Put(n.Get(layout.ProjGateUp, layout.RoleScale), safetensors.F32, []int64{nb, int64(2 * sr), int64(scc)}, testkit.F32LE(sc...))
+		dst.PutF32(n.Get(layout.ProjGateUp, layout.RoleScale), []int64{nb, int64(2 * sr), int64(scc)}, sc...)
 	}
 	put(n.Weight(layout.ProjDown), n.Get(layout.ProjDown, layout.RoleScale), 2, h, in)
 }

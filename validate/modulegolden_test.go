@@ -2,7 +2,6 @@ package validate
 
 import (
 	"context"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,7 +13,7 @@ import (
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/fixtures/hf"
-	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/validate/judge"
 )
 
@@ -115,11 +114,7 @@ func TestModuleGoldensEveryFamily(t *testing.T) {
 				}
 			}
 			dst := convertInto(t, src, convert.Options{})
-			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: gdir, Seed: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustPass(t, rep, "a correct conversion against goldens taken at the module")
+			rep := runPass(t, Options{Src: src, Dst: dst, Golden: gdir, Seed: 1}, "a correct conversion against goldens taken at the module")
 			n := 0
 			for _, r := range rep.Rows {
 				if r.Check == judge.FusedVsGolden || r.Check == judge.ReferenceVsGolden {
@@ -132,7 +127,7 @@ func TestModuleGoldensEveryFamily(t *testing.T) {
 			if !differs {
 				return
 			}
-			rep, err = Run(context.Background(), Options{Src: src, Dst: dst, Golden: restatePoint(t, gdir, GoldenPointSum), Seed: 1})
+			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: restatePoint(t, gdir, GoldenPointSum), Seed: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -199,15 +194,9 @@ func TestModuleGoldenRoutedFusedShared(t *testing.T) {
 	src := filepath.Join(hfFixtures, "granitemoehybrid")
 	gdir := filepath.Join(src, moduleGoldenDir)
 	dst := convertInto(t, src, convert.Options{FuseShared: true, TP: 1})
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: gdir, Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustPass(t, rep, "fuse-shared DST against goldens of the routed part")
-	_, err = Run(context.Background(), Options{Dst: dst, Golden: gdir, Seed: 1})
-	if err == nil || !strings.Contains(err.Error(), "give SRC") {
-		t.Fatalf("DST alone: %v, want the reason SRC is needed", err)
-	}
+	runPass(t, Options{Src: src, Dst: dst, Golden: gdir, Seed: 1}, "fuse-shared DST against goldens of the routed part")
+	_, err := Run(context.Background(), Options{Dst: dst, Golden: gdir, Seed: 1})
+	testkit.ErrorContains(t, err, "give SRC", "DST alone")
 }
 
 // TestGoldenPointStated: a golden's metadata point is read, and one the
@@ -244,35 +233,15 @@ func restatePoint(t *testing.T, dir, point string) string {
 	}
 	slices.Sort(files)
 	for _, path := range files {
-		f, err := safetensors.Open(path)
-		if err != nil {
-			t.Fatal(err)
+		meta, entries, _ := readShard(t, path)
+		if meta == nil {
+			meta = map[string]string{}
 		}
-		var entries []safetensors.Entry
-		for _, ti := range f.Tensors {
-			sec, err := f.Section(ti.Name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			raw, err := io.ReadAll(sec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			entries = append(entries, safetensors.Entry{Name: ti.Name, DType: ti.DType, Shape: ti.Shape,
-				Open: func() (io.Reader, error) { return &byteReader{b: raw}, nil }})
-		}
-		meta := map[string]string{}
-		for k, v := range f.Metadata {
-			meta[k] = v
-		}
-		f.Close()
 		delete(meta, "point")
 		if point != "" {
 			meta["point"] = point
 		}
-		if _, err := safetensors.WriteFile(context.Background(), filepath.Join(out, filepath.Base(path)), meta, entries, nil); err != nil {
-			t.Fatal(err)
-		}
+		writeShard(t, filepath.Join(out, filepath.Base(path)), meta, entries)
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/moeprep/moeprep/internal/exitcode"
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/internal/testkit"
+	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/judge"
@@ -43,11 +45,7 @@ func TestValidateCorrectConversions(t *testing.T) {
 		t.Run(c.name(), func(t *testing.T) {
 			src := filepath.Join(hfFixtures, c.fixture)
 			dst := convertInto(t, src, c.o)
-			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustPass(t, rep, "validate failed on a correct conversion")
+			rep := runPass(t, Options{Src: src, Dst: dst, Golden: src, Seed: 1}, "validate failed on a correct conversion")
 			checks := checksRun(rep)
 			for _, r := range rep.Rows {
 				if r.Check == judge.FusedVsGolden && r.Tolerance == judge.TolGolden && r.RelL2 > 2e-6 {
@@ -239,6 +237,33 @@ func mustPass(t *testing.T, rep *Report, what string) {
 	}
 }
 
+// runPass runs validate with o and fails t unless it runs and passes;
+// what says, on a failure, what should have passed.
+func runPass(t *testing.T, o Options, what string) *Report {
+	t.Helper()
+	rep, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustPass(t, rep, what)
+	return rep
+}
+
+// runFail runs validate with o and fails t unless it runs and finds DST
+// wrong (exit 1, a failed check); what names the run on a failure. It
+// returns the report, for the test to check what it names.
+func runFail(t *testing.T, o Options, what string) *Report {
+	t.Helper()
+	rep, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := exitcode.Code(rep.Err()); code != exitcode.CheckFailed {
+		t.Fatalf("%s: exit %d (%v), want %d: a failed check", what, code, rep.Err(), exitcode.CheckFailed)
+	}
+	return rep
+}
+
 // rewriteTensor replaces one tensor's bytes in a converted checkpoint by
 // rewriting the shard that holds it (names, dtypes, shapes unchanged).
 func rewriteTensor(t *testing.T, dir, name string, edit func(raw []byte, shape []int64)) {
@@ -267,12 +292,30 @@ func editTensor(t *testing.T, dir, name string, edit func(e *safetensors.Entry, 
 		}
 	}
 	path := filepath.Join(dir, shard)
+	meta, entries, raws := readShard(t, path)
+	found := false
+	for i := range entries {
+		if entries[i].Name == name {
+			edit(&entries[i], raws[i])
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("%s: no tensor %s", path, name)
+	}
+	writeShard(t, path, meta, entries)
+}
+
+// readShard reads the safetensors file at path whole, for a test to edit
+// and write again (writeShard): its metadata, and an entry a tensor in the
+// file's order, each serving its bytes, raws[i] (an edit of them shows).
+func readShard(t *testing.T, path string) (meta map[string]string, entries []safetensors.Entry, raws [][]byte) {
+	t.Helper()
 	f, err := safetensors.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var entries []safetensors.Entry
-	found := false
+	defer f.Close()
 	for _, ti := range f.Tensors {
 		sec, err := f.Section(ti.Name)
 		if err != nil {
@@ -282,33 +325,23 @@ func editTensor(t *testing.T, dir, name string, edit func(e *safetensors.Entry, 
 		if err != nil {
 			t.Fatal(err)
 		}
-		e := safetensors.Entry{Name: ti.Name, DType: ti.DType, Shape: ti.Shape,
-			Open: func() (io.Reader, error) { return &byteReader{b: raw}, nil }}
-		if ti.Name == name {
-			edit(&e, raw)
-			found = true
-		}
-		entries = append(entries, e)
+		entries = append(entries, memEntry(ti.Name, ti.DType, ti.Shape, raw))
+		raws = append(raws, raw)
 	}
-	meta := f.Metadata
-	f.Close()
-	if !found {
-		t.Fatalf("%s: no tensor %s", path, name)
-	}
+	return f.Metadata, entries, raws
+}
+
+// writeShard writes entries, with meta, as the safetensors file path.
+func writeShard(t *testing.T, path string, meta map[string]string, entries []safetensors.Entry) {
+	t.Helper()
 	if _, err := safetensors.WriteFile(context.Background(), path, meta, entries, nil); err != nil {
 		t.Fatal(err)
 	}
 }
 
-type byteReader struct{ b []byte }
-
-func (r *byteReader) Read(p []byte) (int, error) {
-	if len(r.b) == 0 {
-		return 0, io.EOF
-	}
-	n := copy(p, r.b)
-	r.b = r.b[n:]
-	return n, nil
+// memEntry is a safetensors entry of tensor name that writes b.
+func memEntry(name string, dt safetensors.DType, shape []int64, b []byte) safetensors.Entry {
+	return safetensors.Entry{Name: name, DType: dt, Shape: shape, Open: func() (io.Reader, error) { return bytes.NewReader(b), nil }}
 }
 
 // editContract rewrites DST/config.json's moeprep object.
@@ -321,6 +354,26 @@ func editContract(t *testing.T, dir string, edit func(c map[string]any)) {
 func slice(raw []byte, shape []int64, e int) []byte {
 	per := len(raw) / int(shape[0])
 	return raw[e*per : (e+1)*per]
+}
+
+// swapRowScales swaps the first two scale entries of a row in e, an
+// expert's scale grid of cols entries a row: of row r, or of the first row
+// after it whose two differ (a swap of equal entries changes nothing).
+func swapRowScales(e []byte, cols, r int) {
+	for ; ; r++ {
+		if e[r*cols] != e[r*cols+1] {
+			e[r*cols], e[r*cols+1] = e[r*cols+1], e[r*cols]
+			return
+		}
+	}
+}
+
+// scaleBF16 multiplies every bf16 of b by f, each rounded back to bf16.
+func scaleBF16(b []byte, f float32) {
+	for i := 0; i+2 <= len(b); i += 2 {
+		v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(b[i:]))
+		binary.LittleEndian.PutUint16(b[i:], numfmt.F32ToBF16(v*f))
+	}
 }
 
 func scaleF32(b []byte, f float64) {
@@ -482,10 +535,7 @@ func mutations(t *testing.T) []mutation {
 		{"afmoe: route_scale folded twice", afm, convert.Options{FuseShared: true, TP: 1, FoldScaling: "down"}, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, stacked(false).Weight(layout.ProjDown), func(raw []byte, shape []int64) {
 				m := raw[:len(raw)/int(shape[0])*8] // the 8 routed experts only
-				for i := 0; i+1 < len(m); i += 2 {
-					v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(m[i:]))
-					binary.LittleEndian.PutUint16(m[i:], numfmt.F32ToBF16(v*1.5))
-				}
+				scaleBF16(m, 1.5)
 			})
 		}, 1},
 		{"ernie 4.5: gate and up swapped in one expert", ernie, convert.Options{FuseShared: true, TP: 1}, gateUpSwapped(stacked(false), 5), 1},
@@ -608,16 +658,8 @@ func readTensor(t *testing.T, dir, name string) []byte {
 // where a transposed down projection has the right shape.
 func squareFixture(t *testing.T) string {
 	t.Helper()
-	s, err := fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 64,
-		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 2, TopKGroup: 1, DType: "bf16", Seed: 21}.Normalize()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "square")
-	if err := fixtures.Synth(context.Background(), dir, s, nil); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return cktest.WriteSpec(t, filepath.Join(t.TempDir(), "square"), fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 64,
+		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 2, TopKGroup: 1, DType: "bf16", Seed: 21})
 }
 
 // roundF32ToBF16 rounds every f32 of a tensor to bf16 precision in place:

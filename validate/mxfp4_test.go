@@ -1,13 +1,10 @@
 package validate
 
 import (
-	"path/filepath"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
-	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/numfmt"
-	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -105,14 +102,7 @@ func mxfp4Mutations(prefix string, f weightfmt.Format, wide, many string) []dstM
 		{"two scale entries swapped", wide, convert.Options{Layout: layout.GateUp}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.GateUp, prefix, f)
 			rewriteTensor(t, dst, n.Get(layout.ProjGateUp, layout.RoleScale), func(raw []byte, shape []int64) {
-				e := slice(raw, shape, 2)
-				cols := int(shape[2])
-				for r := 7; ; r++ {
-					if e[r*cols] != e[r*cols+1] {
-						e[r*cols], e[r*cols+1] = e[r*cols+1], e[r*cols]
-						return
-					}
-				}
+				swapRowScales(slice(raw, shape, 2), int(shape[2]), 7)
 			})
 		}},
 		{"nibble order reversed within one byte", many, convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
@@ -137,37 +127,24 @@ func mxfp4Mutations(prefix string, f weightfmt.Format, wide, many string) []dstM
 // line naming the reason.
 func TestMXFP4Refusals(t *testing.T) {
 	qc := func(c map[string]any) map[string]any { return c["quantization_config"].(map[string]any) }
-	cases := []struct {
-		name string
-		edit func(c map[string]any)
-		want string
-	}{
-		{"routed experts left unconverted", func(c map[string]any) {
+	// gpt-oss's bf16 experts under an mxfp4 quantization_config.
+	specs := mxfp4Specs()
+	bf16 := specs["h96-i64"]
+	bf16.DType = "bf16"
+	specs["bf16"] = bf16
+	refusalsHold(t, specs, []refusal{
+		{"routed experts left unconverted", "h96-i64", func(c map[string]any) {
 			qc(c)["modules_to_not_convert"] = []any{"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.layers.*.mlp.experts", "lm_head"}
-		}, "the routed experts are left unquantised by modules_to_not_convert"},
-		{"compressed-tensors mxfp4-pack-quantized", func(c map[string]any) {
+		}, nil, false, "the routed experts are left unquantised by modules_to_not_convert"},
+		{"compressed-tensors mxfp4-pack-quantized", "h96-i64", func(c map[string]any) {
 			c["quantization_config"] = map[string]any{"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
 				"config_groups": map[string]any{"group_0": map[string]any{"targets": []any{"Linear"},
 					"weights": map[string]any{"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32, "symmetric": true}}}}
-		}, "MXFP4 experts stacked on disk are carried as gpt-oss stores them (quant_method mxfp4, *_blocks and *_scales) only, not gpt_oss's model.layers.0.mlp.experts.gate_up_proj_packed"},
-		{"another family", func(c map[string]any) { c["model_type"] = "mixtral" }, "quant_method mxfp4 is carried for gpt-oss"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			src := synthFrom(t, mxfp4Specs(), "h96-i64")
-			testkit.EditJSON(t, filepath.Join(src, "config.json"), tc.edit)
-			t.Logf("refused: %v", convertRefused(t, src, convert.Options{Layout: layout.Stacked}, tc.want))
-		})
-	}
-	t.Run("bf16 experts under mxfp4", func(t *testing.T) {
-		// gpt-oss's bf16 experts under an mxfp4 quantization_config.
-		spec := mxfp4Specs()["h96-i64"]
-		spec.DType = "bf16"
-		src := synthFrom(t, map[string]fixtures.SynthSpec{"bf16": spec}, "bf16")
-		testkit.EditJSON(t, filepath.Join(src, "config.json"), func(c map[string]any) {
+		}, nil, false, "MXFP4 experts stacked on disk are carried as gpt-oss stores them (quant_method mxfp4, *_blocks and *_scales) only, not gpt_oss's model.layers.0.mlp.experts.gate_up_proj_packed"},
+		{"another family", "h96-i64", func(c map[string]any) { c["model_type"] = "mixtral" }, nil, false, "quant_method mxfp4 is carried for gpt-oss"},
+		{"bf16 experts under mxfp4", "bf16", func(c map[string]any) {
 			c["quantization_config"] = map[string]any{"quant_method": "mxfp4", "modules_to_not_convert": []any{"lm_head"}}
-		})
-		convertRefused(t, src, convert.Options{Layout: layout.Stacked}, "is stored unquantised but config.json's quantization_config says mxfp4")
+		}, nil, false, "is stored unquantised but config.json's quantization_config says mxfp4"},
 	})
 }
 
@@ -182,6 +159,3 @@ func TestMXFP4Refusals(t *testing.T) {
 func TestGPUMXFP4(t *testing.T) {
 	gpuDecodedPass(t, mxfp4Specs(), layoutsOnly, mxfp4Mutations("model.layers.1.mlp", gptOssMXFP4, "h96-i64", "h32-i128"), "two scale entries swapped")
 }
-
-// layoutsOnly is threeLayouts for any spec (gpuDecodedPass's runs).
-func layoutsOnly(fixtures.SynthSpec) []convert.Options { return threeLayouts }

@@ -163,14 +163,7 @@ func mxfp8Mutations() []dstMutation {
 		{"two scale entries swapped", "modelopt-h96-i64", convert.Options{Layout: layout.UpGate}, func(t *testing.T, dst string) {
 			n := layout.NamesFor(layout.UpGate, prefix, mo)
 			rewriteTensor(t, dst, n.Get(layout.ProjGateUp, layout.RoleScale), func(raw []byte, shape []int64) {
-				e := slice(raw, shape, 2)
-				cols := int(shape[2])
-				for r := 3; ; r++ {
-					if e[r*cols] != e[r*cols+1] {
-						e[r*cols], e[r*cols+1] = e[r*cols+1], e[r*cols]
-						return
-					}
-				}
+				swapRowScales(slice(raw, shape, 2), int(shape[2]), 3)
 			})
 		}},
 	}
@@ -180,31 +173,20 @@ func mxfp8Mutations() []dstMutation {
 // line naming the reason.
 func TestMXFP8Refusals(t *testing.T) {
 	qc := func(c map[string]any) map[string]any { return c["quantization_config"].(map[string]any) }
-	cases := []struct {
-		name, fixture string
-		edit          func(c map[string]any)
-		want          string
-	}{
-		{"mxfp8 in 32x32 blocks", "minimax-h32-i96", func(c map[string]any) { qc(c)["weight_block_size"] = []any{32, 32} },
+	refusalsHold(t, mxfp8Specs(), []refusal{
+		{"mxfp8 in 32x32 blocks", "minimax-h32-i96", func(c map[string]any) { qc(c)["weight_block_size"] = []any{32, 32} }, nil, false,
 			"weight_block_size: [32 32] is not supported with quant_method mxfp8"},
-		{"static activations", "minimax-h32-i96", func(c map[string]any) { qc(c)["activation_scheme"] = "static" },
+		{"static activations", "minimax-h32-i96", func(c map[string]any) { qc(c)["activation_scheme"] = "static" }, nil, false,
 			`activation_scheme: "static" is not supported`},
 		{"routed experts ignored", "minimax-h32-i96", func(c map[string]any) {
 			qc(c)["ignored_layers"] = []any{"lm_head", "re:.*experts.*"}
-		}, "the routed experts are left unquantised by the ignore list"},
-		{"ModelOpt group 16", "modelopt-h96-i64", func(c map[string]any) { qc(c)["group_size"] = 16 },
+		}, nil, false, "the routed experts are left unquantised by the ignore list"},
+		{"ModelOpt group 16", "modelopt-h96-i64", func(c map[string]any) { qc(c)["group_size"] = 16 }, nil, false,
 			"modelopt mxfp8 (group 16)"},
 		{"MiniMax names under ModelOpt's description", "minimax-h32-i96", func(c map[string]any) {
 			c["quantization_config"] = map[string]any{"quant_method": "modelopt", "quant_algo": "MXFP8"}
-		}, "weight_scale"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			src := synthFrom(t, mxfp8Specs(), tc.fixture)
-			testkit.EditJSON(t, filepath.Join(src, "config.json"), tc.edit)
-			t.Logf("refused: %v", convertRefused(t, src, convert.Options{Layout: layout.Stacked}, tc.want))
-		})
-	}
+		}, nil, false, "weight_scale"},
+	})
 }
 
 // TestMXFP8ElementDecodes: an element of DST decodes to its E4M3 value

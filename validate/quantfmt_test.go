@@ -60,6 +60,10 @@ func conversionsPass(t *testing.T, src string, device Device, runs []convert.Opt
 // each layout once, one of them prepared for --tp 2.
 var threeLayouts = []convert.Options{{Layout: layout.Stacked}, {Layout: layout.GateUp}, {Layout: layout.UpGate, TP: 2}}
 
+// layoutsOnly is threeLayouts for any spec (gpuDecodedPass's runs): every
+// layout, and no fuse-shared.
+func layoutsOnly(fixtures.SynthSpec) []convert.Options { return threeLayouts }
+
 // specsPass runs conversionsPass on the CPU over every spec of specs, one
 // subtest each, with runs and, where the spec has shared experts, the
 // fuse-shared runs of fused; each contract must say q, then passes check
@@ -290,7 +294,7 @@ func refusalsHold(t *testing.T, specs map[string]fixtures.SynthSpec, cases []ref
 			if tc.src != nil {
 				tc.src(t, src)
 			}
-			convertRefused(t, src, convert.Options{Layout: layout.Stacked, FuseShared: tc.fuse}, tc.want)
+			t.Logf("refused: %v", convertRefused(t, src, convert.Options{Layout: layout.Stacked, FuseShared: tc.fuse}, tc.want))
 		})
 	}
 }
@@ -322,11 +326,7 @@ func cudaRefused(t *testing.T, src, dst string, prec Precision, want, note strin
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("%s: %v", asked, err)
 	}
-	rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: "auto", GPUPrecision: prec})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustPass(t, rep, "--device auto")
+	rep := runPass(t, Options{Src: src, Dst: dst, Device: "auto", GPUPrecision: prec}, "--device auto")
 	if rep.Device != DeviceCPU || !strings.Contains(strings.Join(rep.Notes, "\n"), note) {
 		t.Fatalf("--device auto ran on %s, notes %q", rep.Device, rep.Notes)
 	}

@@ -219,3 +219,15 @@ func dsv41Specs() map[string]fixtures.SynthSpec {
 			Experts: 12, TopK: 3, RoutedScalingFactor: 2, Vocab: 64, Seed: 5202},
 	}
 }
+
+// kimiK3Specs are Kimi K3 as its release lays it out (validate/kimik3_test.go).
+func kimiK3Specs() map[string]fixtures.SynthSpec {
+	return map[string]fixtures.SynthSpec{
+		// Twelve experts on a 32-wide latent of a 64-wide hidden state.
+		"h64-l32": {Family: "kimi_k3", Layers: 3, DenseLayers: 1, Hidden: 64, Latent: 32, Intermediate: 32,
+			Experts: 12, SharedExperts: 2, TopK: 4, DType: fixtures.DTypeMXFP4CT, SharedDType: "bf16", Vocab: 64, Seed: 5301},
+		// Two scale groups a gate row (latent 64), one shared expert.
+		"h96-l64": {Family: "kimi_k3", Layers: 2, DenseLayers: 1, Hidden: 96, Latent: 64, Intermediate: 64,
+			Experts: 8, SharedExperts: 1, TopK: 3, DType: fixtures.DTypeMXFP4CT, SharedDType: "bf16", Vocab: 64, Seed: 5302},
+	}
+}

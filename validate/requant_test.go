@@ -142,8 +142,7 @@ func requantMutations() []dstMutation {
 		{"a requantised shared scale changed", "kimi-g32", stacked, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, layout.NamesFor(layout.Stacked, prefix, g32).Get(layout.ProjDown, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 12) // the first shared slot: E = 12
-				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(e[6:]))
-				binary.LittleEndian.PutUint16(e[6:], numfmt.F32ToBF16(v*1.25))
+				scaleBF16(e[6:8], 1.25)
 			})
 		}},
 		{"one requantised shared code flipped", "kimi-g32", stacked, func(t *testing.T, dst string) {
@@ -161,8 +160,7 @@ func requantMutations() []dstMutation {
 		{"the second shared slice's gate-up scale changed", "deepseek-v3-g16", gateUp, func(t *testing.T, dst string) {
 			rewriteTensor(t, dst, layout.NamesFor(layout.GateUp, prefix, g16).Get(layout.ProjGateUp, layout.RoleScale), func(raw []byte, shape []int64) {
 				e := slice(raw, shape, 9) // E = 8: slice 1 of the shared expert
-				v := numfmt.BF16ToF32(binary.LittleEndian.Uint16(e[40:]))
-				binary.LittleEndian.PutUint16(e[40:], numfmt.F32ToBF16(-v))
+				scaleBF16(e[40:42], -1)
 			})
 		}},
 		{"the contract's requantisation record removed", "kimi-g32", stacked, func(t *testing.T, dst string) {
@@ -270,11 +268,7 @@ func TestGPUPlainSharedBesideQuantised(t *testing.T) {
 	src := synthFrom(t, requantSpecs(), "deepseek-v3-channel")
 	for _, l := range []layout.Layout{layout.Stacked, layout.GateUp} {
 		dst := convertInto(t, src, convert.Options{Layout: l})
-		rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Device: DeviceCUDA, Seed: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		mustPass(t, rep, "plain shared expert beside FP8 channel on the GPU")
+		rep := runPass(t, Options{Src: src, Dst: dst, Device: DeviceCUDA, Seed: 2}, "plain shared expert beside FP8 channel on the GPU")
 		if rep.Device != DeviceCUDA {
 			t.Fatalf("ran on %s", rep.Device)
 		}
@@ -345,11 +339,7 @@ func TestGPURequantShared(t *testing.T) {
 				checkGPURequantRows(t, o, rc.record.Quantization, cpu, gpu)
 			}
 			dst := convertInto(t, src, requantRuns()[0])
-			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCUDA, CPUCheck: CPUCheckNone})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustPass(t, rep, "--cpu-check none")
+			rep := runPass(t, Options{Src: src, Dst: dst, Seed: 7, Device: DeviceCUDA, CPUCheck: CPUCheckNone}, "--cpu-check none")
 			for _, r := range rep.Rows {
 				if r.Check != judge.GPUFusedVsGPUUnfused && r.Check != judge.GPUCoverage {
 					t.Errorf("--cpu-check none: layer %d row %s", r.Layer, r.Check)

@@ -2,9 +2,9 @@ package validate
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -193,15 +193,14 @@ func writeGolden(t *testing.T, path string, tensors map[string][]float32, shapes
 		if !ok {
 			continue
 		}
-		b := testkit.F32LE(v...)
-		entries = append(entries, safetensors.Entry{Name: n, DType: safetensors.F32, Shape: shapes[n], Open: func() (io.Reader, error) { return &byteReader{b: b}, nil }})
+		entries = append(entries, memEntry(n, safetensors.F32, shapes[n], testkit.F32LE(v...)))
 	}
 	if ids != nil {
 		b := make([]byte, 4*len(ids))
 		for i, v := range ids {
-			putLeU32(b[4*i:], uint32(v))
+			binary.LittleEndian.PutUint32(b[4*i:], uint32(v))
 		}
-		entries = append(entries, safetensors.Entry{Name: "topk_ids", DType: safetensors.I32, Shape: shapes["topk_ids"], Open: func() (io.Reader, error) { return &byteReader{b: b}, nil }})
+		entries = append(entries, memEntry("topk_ids", safetensors.I32, shapes["topk_ids"], b))
 	}
 	if _, err := safetensors.WriteFile(context.Background(), path, nil, entries, nil); err != nil {
 		t.Fatal(err)
@@ -280,9 +279,8 @@ func TestGoldenOnlyAndMismatch(t *testing.T) {
 	if !slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "layer 1 has no golden") }) {
 		t.Errorf("notes %v, want one about layer 1's missing golden", rep.Notes)
 	}
-	if _, err := Run(context.Background(), Options{Dst: dst, Golden: gdir, Layers: "1"}); err == nil || !strings.Contains(err.Error(), "no golden for layer 1") {
-		t.Errorf("explicit layer without golden: %v", err)
-	}
+	_, err = Run(context.Background(), Options{Dst: dst, Golden: gdir, Layers: "1"})
+	testkit.ErrorContains(t, err, "no golden for layer 1", "explicit layer without golden")
 	if _, err := os.Stat(gdir); err != nil {
 		t.Fatal(err)
 	}

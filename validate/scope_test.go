@@ -26,15 +26,8 @@ import (
 // fuse-shared --tp 2 output (a bank of 18 experts per layer).
 func threeLayers(t *testing.T) (src, dst string) {
 	t.Helper()
-	s, err := fixtures.SynthSpec{Family: "deepseek_v3", Layers: 4, DenseLayers: 1, Hidden: 64, Intermediate: 32,
-		Experts: 16, SharedExperts: 1, TopK: 4, NGroup: 4, TopKGroup: 2, RoutedScalingFactor: 2.5, DType: "bf16", Seed: 43}.Normalize()
-	if err != nil {
-		t.Fatal(err)
-	}
-	src = filepath.Join(t.TempDir(), "src")
-	if err := fixtures.Synth(context.Background(), src, s, nil); err != nil {
-		t.Fatal(err)
-	}
+	src = cktest.WriteSpec(t, filepath.Join(t.TempDir(), "src"), fixtures.SynthSpec{Family: "deepseek_v3", Layers: 4, DenseLayers: 1, Hidden: 64, Intermediate: 32,
+		Experts: 16, SharedExperts: 1, TopK: 4, NGroup: 4, TopKGroup: 2, RoutedScalingFactor: 2.5, DType: "bf16", Seed: 43})
 	return src, convertInto(t, src, convert.Options{FuseShared: true, TP: 2})
 }
 

@@ -1,7 +1,6 @@
 package validate
 
 import (
-	"context"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -46,11 +45,7 @@ func TestTextModelsSavedAlone(t *testing.T) {
 			t.Run(f.Dir+"/"+string(o.Layout)+"/"+string(o.Orientation)+map[bool]string{true: "/fuse-shared"}[o.FuseShared], func(t *testing.T) {
 				src := filepath.Join(hfFixtures, f.Dir)
 				dst := convertInto(t, src, o)
-				rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: src, Seed: 1})
-				if err != nil {
-					t.Fatal(err)
-				}
-				mustPass(t, rep, "a text model saved alone")
+				rep := runPass(t, Options{Src: src, Dst: dst, Golden: src, Seed: 1}, "a text model saved alone")
 				n := 0
 				for _, r := range rep.Rows {
 					if r.Check == judge.FusedVsGolden {

@@ -68,11 +68,7 @@ func TestQwen3VLMoEHubLayout(t *testing.T) {
 	for _, l := range []layout.Layout{layout.Stacked, layout.GateUp, layout.UpGate} {
 		t.Run(string(l), func(t *testing.T) {
 			dst := convertInto(t, src, convert.Options{Layout: l})
-			rep, err := Run(context.Background(), Options{Src: src, Dst: dst, Golden: filepath.Join(hfFixtures, "qwen3-vl-moe"), Seed: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mustPass(t, rep, "validate failed on the hub layout's conversion")
+			runPass(t, Options{Src: src, Dst: dst, Golden: filepath.Join(hfFixtures, "qwen3-vl-moe"), Seed: 1}, "validate failed on the hub layout's conversion")
 		})
 	}
 }

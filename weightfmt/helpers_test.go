@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
@@ -113,9 +112,7 @@ func checkNew(t *testing.T, cases []newCase) {
 		got, err := New(tc.spec)
 		switch {
 		case tc.wantErr != "":
-			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("%s: error %v, want one saying %q", tc.name, err, tc.wantErr)
-			}
+			testkit.ErrorContains(t, err, tc.wantErr, tc.name)
 		case err != nil:
 			t.Errorf("%s: %v", tc.name, err)
 		case got != tc.want:
@@ -184,9 +181,7 @@ func checkRefusals(t *testing.T, cases []refusal) {
 	t.Helper()
 	for _, tc := range cases {
 		err := tc.f.Dequantise(tc.raw, tc.rows, tc.cols, tc.scale, make([]float32, tc.ndst))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: error %v, want one saying %q", tc.name, err, tc.want)
-		}
+		testkit.ErrorContains(t, err, tc.want, tc.name)
 	}
 }
 

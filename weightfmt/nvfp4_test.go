@@ -2,8 +2,9 @@ package weightfmt
 
 import (
 	"slices"
-	"strings"
 	"testing"
+
+	"github.com/moeprep/moeprep/internal/testkit"
 )
 
 // Hand-computed NVFP4 values: 0x9C is low 0xC = -2 (the even element,
@@ -82,19 +83,15 @@ func TestNVFP4Refusals(t *testing.T) {
 		{"overflowing size", 1 << 40, 1 << 40, nil, nil, one, 0, "outputs"},
 	} {
 		err := mo.DequantiseGlobal(tc.raw, tc.rows, tc.cols, tc.scale, tc.global, make([]float32, tc.ndst))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: error %v, want one saying %q", tc.name, err, tc.want)
-		}
+		testkit.ErrorContains(t, err, tc.want, tc.name)
 	}
 	// Without its global scale an NVFP4 weight cannot be dequantised: the
 	// plain Dequantise refuses rather than leave the factor out, and
 	// DequantiseWeight refuses a global scale for a format without one.
-	if err := mo.Dequantise(fp4Group(16), 1, 16, []byte{0x38}, make([]float32, 16)); err == nil || !strings.Contains(err.Error(), "weight_scale_2") {
-		t.Errorf("Dequantise without the global scale: %v", err)
-	}
-	if err := NVFP4CT().Dequantise(fp4Group(16), 1, 16, []byte{0x38}, make([]float32, 16)); err == nil || !strings.Contains(err.Error(), "weight_global_scale") {
-		t.Errorf("compressed-tensors Dequantise without the global scale: %v", err)
-	}
+	testkit.ErrorContains(t, mo.Dequantise(fp4Group(16), 1, 16, []byte{0x38}, make([]float32, 16)), "weight_scale_2",
+		"Dequantise without the global scale")
+	testkit.ErrorContains(t, NVFP4CT().Dequantise(fp4Group(16), 1, 16, []byte{0x38}, make([]float32, 16)), "weight_global_scale",
+		"compressed-tensors Dequantise without the global scale")
 	if err := DequantiseWeight(MXFP4(NamingGptOss, "U8", "U8"), make([]byte, 16), 1, 32, []byte{127}, one, make([]float32, 32)); err == nil {
 		t.Error("a global scale was accepted for MXFP4")
 	}

@@ -267,11 +267,55 @@ func WantErr(t testing.TB, err error, want string) bool {
 	return true
 }
 
+// ErrorContains fails t, and goes on, unless err is an error whose message
+// contains want; what names the call or the table case in the failure. It
+// is WantErr's check for a loop over cases that reports every case that
+// fails, not only the first. It reports whether err held want.
+func ErrorContains(t testing.TB, err error, want, what string) bool {
+	t.Helper()
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: error %v, want one containing %q", what, err, want)
+		return false
+	}
+	return true
+}
+
 // RefusalTime is what refusing one hostile input may take (the bound the
 // red-team suite holds moeprep to). The real cost is milliseconds, so only
 // a blow-up (a loop sized by a hostile number) fails it; it is loose so that a loaded CI machine cannot
 // flake it: the allocation bounds are the tight ones.
 const RefusalTime = 5 * time.Second
+
+// HangTime is how long Within waits for a call before it calls it hung. A
+// call that opens a device or a named pipe where it should refuse it
+// blocks forever, so only that fails it; it is a minute so that a whole
+// validate run on a loaded CI machine cannot flake it.
+const HangTime = time.Minute
+
+// Within runs call and returns what it returns, failing t at once when it
+// has not returned within HangTime: a call that blocks on a device or a
+// named pipe would otherwise hang the test instead of failing it. what
+// names the call in the failure.
+func Within[T any](t testing.TB, what string, call func() (T, error)) (T, error) {
+	t.Helper()
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := call()
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-time.After(HangTime):
+		t.Fatalf("%s did not return in %v: it opened something that blocks", what, HangTime)
+		var zero T
+		return zero, nil
+	}
+}
 
 // CheckOneLine fails t unless err is a one-line error that starts with
 // prefix (a file, usually) and ": ", and contains want.
@@ -296,23 +340,5 @@ func CheckCost(t testing.TB, alloc, maxAlloc uint64, took, maxTook time.Duration
 	}
 	if took > maxTook {
 		t.Errorf("took %v, want at most %v", took, maxTook)
-	}
-}
-
-// Unblocked runs f and returns its error, or fails t with blocked once f
-// has run for 5 s: for an open or a read that must be refused at once
-// rather than wait forever (a named pipe, a device). A blocked f is left
-// behind.
-func Unblocked(t testing.TB, blocked string, f func() error) error {
-	t.Helper()
-	const bound = 5 * time.Second
-	done := make(chan error, 1)
-	go func() { done <- f() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(bound):
-		t.Fatalf("%s (still running after %v)", blocked, bound)
-		return nil
 	}
 }

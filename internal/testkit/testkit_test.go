@@ -125,4 +125,27 @@ func TestChecks(t *testing.T) {
 	}
 	CheckOneLine(t, errors.New("f: it broke"), "f", "broke")
 	CheckCost(t, 10, 10, time.Millisecond, RefusalTime)
+	if v, err := Within(t, "a quick call", func() (int, error) { return 7, errors.New("seven") }); v != 7 || err == nil || err.Error() != "seven" {
+		t.Errorf("Within handed back %v, %v", v, err)
+	}
+	// ErrorContains fails (and goes on) for no error and for another one.
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{{errors.New("f: it broke"), true}, {errors.New("f: it bent"), false}, {nil, false}} {
+		r := &errorRecorder{TB: t}
+		if got := ErrorContains(r, tc.err, "broke", "case"); got != tc.want || r.failed == tc.want {
+			t.Errorf("ErrorContains(%v, \"broke\") = %v, failed %v", tc.err, got, r.failed)
+		}
+	}
 }
+
+// errorRecorder is a testing.TB whose Errorf records the failure instead
+// of failing the test.
+type errorRecorder struct {
+	testing.TB
+	failed bool
+}
+
+func (r *errorRecorder) Helper()               {}
+func (r *errorRecorder) Errorf(string, ...any) { r.failed = true }

@@ -2,7 +2,6 @@ package cpuref
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/family"
@@ -10,7 +9,6 @@ import (
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
-	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
@@ -40,11 +38,11 @@ func TestLoadMLPByTable(t *testing.T) {
 				continue
 			}
 			rows, cols := projDims(p, inter, h)
-			src.Put(m.Weight(p), safetensors.F32, []int64{int64(rows), int64(cols)}, testkit.F32LE(vals(p, rows*cols)...))
+			src.PutF32(m.Weight(p), []int64{int64(rows), int64(cols)}, vals(p, rows*cols)...)
 			if biased {
 				b := fmt.Sprintf("e.%s_proj.bias", p)
 				m.Set(p, layout.RoleBias, b)
-				src.Put(b, safetensors.F32, []int64{int64(rows)}, testkit.F32LE(vals(p, rows)...))
+				src.PutF32(b, []int64{int64(rows)}, vals(p, rows)...)
 			}
 		}
 		if edit != nil {
@@ -68,7 +66,7 @@ func TestLoadMLPByTable(t *testing.T) {
 			weightErr: "e.up_proj.weight", loadedOnWeight: []layout.Proj{layout.ProjGate}},
 		{name: "down misshapen", gated: true,
 			edit: func(src cktest.Mem, m *family.MLP) {
-				src.Put(m.Weight(layout.ProjDown), safetensors.F32, []int64{inter, h}, testkit.F32LE(vals(layout.ProjDown, inter*h)...))
+				src.PutF32(m.Weight(layout.ProjDown), []int64{inter, h}, vals(layout.ProjDown, inter*h)...)
 			},
 			weightErr: "e.down_proj.weight", loadedOnWeight: []layout.Proj{layout.ProjGate, layout.ProjUp}},
 		{name: "down bias missing", gated: true, biased: true,
@@ -78,19 +76,13 @@ func TestLoadMLPByTable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			src, m := build(tc.gated, tc.biased, tc.edit)
 			w, err := loadWeights(src, m, inter, h, nil)
-			if tc.weightErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.weightErr) {
-					t.Fatalf("loadWeights: err %v, want one naming %s", err, tc.weightErr)
-				}
+			if testkit.WantErr(t, err, tc.weightErr) {
 				for _, p := range tc.loadedOnWeight {
 					if w[p] == nil {
 						t.Errorf("loadWeights failed without handing back %s, loaded before the failure", p)
 					}
 				}
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			b, err := loadBiases(src, m, inter, h)
 			if testkit.WantErr(t, err, tc.biasErr) {

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/moeprep/moeprep/family"
-	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
@@ -51,12 +50,12 @@ func handLayer(router [2][2]float32, experts [2]handMLP, shared *handMLP, topK i
 	src := cktest.Mem{}
 	p := "model.layers.1.mlp"
 	l := family.Layer{Index: 1, Prefix: p, Router: p + ".gate.weight"}
-	src.Put(l.Router, safetensors.F32, []int64{2, 2}, testkit.F32LE(router[0][0], router[0][1], router[1][0], router[1][1]))
+	src.PutF32(l.Router, []int64{2, 2}, router[0][0], router[0][1], router[1][0], router[1][1])
 	put := func(prefix string, m handMLP) family.MLP {
 		n := family.MLPOf(prefix+".gate_proj.weight", prefix+".up_proj.weight", prefix+".down_proj.weight")
-		src.Put(n.Weight(layout.ProjGate), safetensors.F32, []int64{1, 2}, testkit.F32LE(m.gate[:]...))
-		src.Put(n.Weight(layout.ProjUp), safetensors.F32, []int64{1, 2}, testkit.F32LE(m.up[:]...))
-		src.Put(n.Weight(layout.ProjDown), safetensors.F32, []int64{2, 1}, testkit.F32LE(m.down[:]...))
+		src.PutF32(n.Weight(layout.ProjGate), []int64{1, 2}, m.gate[:]...)
+		src.PutF32(n.Weight(layout.ProjUp), []int64{1, 2}, m.up[:]...)
+		src.PutF32(n.Weight(layout.ProjDown), []int64{2, 1}, m.down[:]...)
 		return n
 	}
 	for e, m := range experts {

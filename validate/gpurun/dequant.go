@@ -272,6 +272,12 @@ func (d *dequantScratch) chunkBytes() int64 {
 // packed bytes the caller has just queued into q, into out.
 type chunkDecode func(r0, nr int64, q, out cuda.DevicePtr) error
 
+// fp8Chunk is a chunk of n FP8 codes at q and the n bf16 values at out
+// that they decode to: what every FP8 decoder hands its kernel.
+func fp8Chunk(q, out cuda.DevicePtr, n int64) (codes, bf16 kernels.Mat) {
+	return kernels.Mat{DType: kernels.MatFP8, Ptr: q, Len: int(n)}, kernels.Mat{DType: kernels.MatBF16, Ptr: out, Len: int(n)}
+}
+
 // fp8Decoder puts FP8 scale tensor ts (one scale per row, or per run of
 // rows: per tensor) of a rows x cols weight where room says, and returns
 // the decode of a chunk of its rows.
@@ -289,8 +295,7 @@ func (s *Stager) fp8Decoder(ts *checkpoint.Tensor, rows, cols int64, room func(*
 		return nil, err
 	}
 	return func(r0, nr int64, q, out cuda.DevicePtr) error {
-		qm := kernels.Mat{DType: kernels.MatFP8, Ptr: q, Len: int(nr * cols)}
-		om := kernels.Mat{DType: kernels.MatBF16, Ptr: out, Len: int(nr * cols)}
+		qm, om := fp8Chunk(q, out, nr*cols)
 		return kernels.DequantFP8Rows(s.dev, s.stream, qm, int(nr), int(cols), scales, int(ns), dsd, int(rows/ns), int(r0), om)
 	}, nil
 }
@@ -334,8 +339,7 @@ func (s *Stager) fp8BlockDecoder(p bankPart, wf weightfmt.Format, ts *checkpoint
 		return nil, err
 	}
 	return func(r0, nr int64, q, out cuda.DevicePtr) error {
-		qm := kernels.Mat{DType: kernels.MatFP8, Ptr: q, Len: int(nr * cols)}
-		om := kernels.Mat{DType: kernels.MatBF16, Ptr: out, Len: int(nr * cols)}
+		qm, om := fp8Chunk(q, out, nr*cols)
 		return kernels.DequantFP8Blocks(s.dev, s.stream, qm, kernels.FP8Blocks{Rows: int(nr), Cols: int(cols),
 			Scale: scales, ScaleLen: int(ts.NumElements()), ScaleDType: sd, BlockRows: int(bo), BlockCols: int(bi),
 			RowsPerWeight: int(perGrid), Row0: int(r0)}, om)
@@ -358,8 +362,7 @@ func (s *Stager) mxfp8Decoder(p bankPart, wf weightfmt.Format, ts *checkpoint.Te
 		if err := s.copyElems(s.dq.scales.Ptr(), ts, r0*gc, (r0+nr)*gc, false); err != nil {
 			return err
 		}
-		qm := kernels.Mat{DType: kernels.MatFP8, Ptr: q, Len: int(nr * cols)}
-		om := kernels.Mat{DType: kernels.MatBF16, Ptr: out, Len: int(nr * cols)}
+		qm, om := fp8Chunk(q, out, nr*cols)
 		// The scratch as it is now: a later weight's setup may have grown it.
 		return kernels.DequantMXFP8Rows(s.dev, s.stream, qm, int(nr), int(cols), s.dq.scales.Ptr(), s.dq.scales.Len(), om)
 	}, nil

@@ -1,24 +1,18 @@
 package moelayer
 
 import (
-	"encoding/binary"
 	"math"
 	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
-	"github.com/moeprep/moeprep/safetensors"
 )
 
 // vecSource is an in-memory TensorSource of F32 vectors.
 func vecSource(vs map[string][]float32) cktest.Mem {
 	m := cktest.Mem{}
 	for name, vals := range vs {
-		raw := make([]byte, 4*len(vals))
-		for i, f := range vals {
-			binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(f))
-		}
-		m.Put(name, safetensors.F32, []int64{int64(len(vals))}, raw)
+		m.PutF32(name, []int64{int64(len(vals))}, vals...)
 	}
 	return m
 }

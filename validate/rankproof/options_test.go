@@ -21,10 +21,8 @@ import (
 // directory.
 func int4Kimi(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "int4-64")
-	cktest.WriteSpec(t, dir, fixtures.SynthSpec{Family: "kimi_k2", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 64,
+	return cktest.WriteSpec(t, filepath.Join(t.TempDir(), "int4-64"), fixtures.SynthSpec{Family: "kimi_k2", Layers: 2, DenseLayers: 1, Hidden: 64, Intermediate: 64,
 		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.827, DType: "int4-pack", GroupSize: 32, Vocab: 64, Seed: 12})
-	return dir
 }
 
 // The per-rank outputs of the options that change the experts' bytes

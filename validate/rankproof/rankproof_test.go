@@ -12,7 +12,6 @@ import (
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/testkit/cktest"
 	"github.com/moeprep/moeprep/layout"
-	"github.com/moeprep/moeprep/safetensors"
 )
 
 var hfDir = filepath.Join("..", "..", "fixtures", "hf")
@@ -22,10 +21,8 @@ var hfDir = filepath.Join("..", "..", "fixtures", "hf")
 // block), and returns its directory.
 func fp8I256(t *testing.T) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "fp8-256")
-	cktest.WriteSpec(t, dir, fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 256, Intermediate: 256,
+	return cktest.WriteSpec(t, filepath.Join(t.TempDir(), "fp8-256"), fixtures.SynthSpec{Family: "deepseek_v3", Layers: 2, DenseLayers: 1, Hidden: 256, Intermediate: 256,
 		Experts: 8, SharedExperts: 1, TopK: 2, NGroup: 1, TopKGroup: 1, RoutedScalingFactor: 2.5, DType: "fp8", Vocab: 64, Seed: 11})
-	return dir
 }
 
 func convertTo(t *testing.T, o convert.Options) string {
@@ -112,27 +109,13 @@ func rehash(t *testing.T, dst, rel string) {
 // swapSlots exchanges slots a and b of tensor name in a rank's shard.
 func swapSlots(t *testing.T, path, name string, a, b int64) {
 	t.Helper()
-	f, err := safetensors.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ti, _ := f.Lookup(name)
-	hdr := ti.Begin
-	f.Close()
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// the data section starts after the 8-byte length and the header
-	n := int64(raw[0]) | int64(raw[1])<<8 | int64(raw[2])<<16 | int64(raw[3])<<24
-	base := 8 + n + hdr
+	raw, ti, at := shardBytes(t, path, name, a)
 	per := (ti.End - ti.Begin) / ti.Shape[0]
-	x := append([]byte(nil), raw[base+a*per:base+(a+1)*per]...)
-	copy(raw[base+a*per:], raw[base+b*per:base+(b+1)*per])
-	copy(raw[base+b*per:], x)
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	bt := at + (b-a)*per
+	x := append([]byte(nil), raw[at:at+per]...)
+	copy(raw[at:], raw[bt:bt+per])
+	copy(raw[bt:], x)
+	writeShard(t, path, raw)
 }
 
 // Mutations fail naming the rank (and, where the manifest agrees with the

@@ -13,6 +13,7 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/fixtures"
+	"github.com/moeprep/moeprep/internal/testkit"
 	"github.com/moeprep/moeprep/safetensors"
 )
 
@@ -55,6 +56,11 @@ func (m Mem) Tensor(name string) (*checkpoint.Tensor, bool) { t, ok := m[name]; 
 // Put makes b tensor name.
 func (m Mem) Put(name string, dt safetensors.DType, shape []int64, b []byte) {
 	m[name] = &checkpoint.Tensor{Name: name, DType: dt, Shape: shape, File: "mem", Data: bytes.NewReader(b)}
+}
+
+// PutF32 makes v, as little-endian float32s, tensor name of shape.
+func (m Mem) PutF32(name string, shape []int64, v ...float32) {
+	m.Put(name, safetensors.F32, shape, testkit.F32LE(v...))
 }
 
 // Bytes is tensor name's bytes; it panics when there is none.
