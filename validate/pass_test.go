@@ -155,14 +155,6 @@ func TestPairLayerBitIdentical(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				released := map[int]int{}
-				var mu sync.Mutex
-				let := func(b int) { mu.Lock(); released[b]++; mu.Unlock() }
-				ref, fused, err := cpuref.PairLayer(ctx, s.src, s.srcPlan, tg.src, s.dst, tg.fused, x, tn,
-					cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: 16, Release: let})
-				if err != nil {
-					t.Fatal(err)
-				}
 				ref1, err := cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, tn, cpuref.RefOptions{Tokens: tokens, Coverage: cov})
 				if err != nil {
 					t.Fatal(err)
@@ -171,15 +163,26 @@ func TestPairLayerBitIdentical(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !sameBits(ref.Y, ref1.Y) || !sameBits(fused.Y, fused1.Y) {
-					t.Errorf("layer %d: PairLayer's outputs differ from the paths run apart", tg.index)
-				}
-				if bank := tg.fused.Contract.BankSize(); len(released) != bank {
-					t.Errorf("layer %d: %d of %d bank experts released", tg.index, len(released), bank)
-				}
-				for b, n := range released {
-					if n != 1 {
-						t.Errorf("layer %d: bank expert %d released %d times", tg.index, b, n)
+				// Paired: each expert's two paths band by band together.
+				for _, paired := range []bool{false, true} {
+					released := map[int]int{}
+					var mu sync.Mutex
+					let := func(b int) { mu.Lock(); released[b]++; mu.Unlock() }
+					ref, fused, err := cpuref.PairLayer(ctx, s.src, s.srcPlan, tg.src, s.dst, tg.fused, x, tn,
+						cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: 16, Release: let, Paired: paired})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !sameBits(ref.Y, ref1.Y) || !sameBits(fused.Y, fused1.Y) {
+						t.Errorf("layer %d, paired %v: PairLayer's outputs differ from the paths run apart", tg.index, paired)
+					}
+					if bank := tg.fused.Contract.BankSize(); len(released) != bank {
+						t.Errorf("layer %d, paired %v: %d of %d bank experts released", tg.index, paired, len(released), bank)
+					}
+					for b, n := range released {
+						if n != 1 {
+							t.Errorf("layer %d, paired %v: bank expert %d released %d times", tg.index, paired, b, n)
+						}
 					}
 				}
 			}
