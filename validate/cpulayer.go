@@ -16,12 +16,14 @@ import (
 
 // checkLayer runs the available paths on one layer and compares them.
 func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, error) {
-	return s.checkLayerWith(ctx, tg, nil)
+	return s.checkLayerWith(ctx, tg, nil, false)
 }
 
 // checkLayerWith is checkLayer, telling release (when set) of each bank
-// expert whose weights the paths are done with.
-func (s *session) checkLayerWith(ctx context.Context, tg target, release func(bank int)) ([]LayerResult, error) {
+// expert whose weights the paths are done with; paired runs one expert at
+// a time, its two paths band by band together on every core
+// (cpuref.PairOptions.Paired: a pass that cut its experts into parts).
+func (s *session) checkLayerWith(ctx context.Context, tg target, release func(bank int), paired bool) ([]LayerResult, error) {
 	if tg.stored != nil {
 		return s.checkStoredLayer(ctx, tg)
 	}
@@ -47,7 +49,10 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 		// One pass over the bank runs both paths, each expert's bytes
 		// read once and held while both need them.
 		start := time.Now()
-		po := cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers, Release: release, RouterInput: routerX}
+		po := cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers, Release: release, RouterInput: routerX, Paired: paired}
+		if paired {
+			po.Workers = 1 // the pass holds one expert's parts in order
+		}
 		var err error
 		if po.RequantShared, err = s.requantFormat(); err != nil {
 			return nil, err

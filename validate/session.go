@@ -40,6 +40,9 @@ type session struct {
 	streamMisses int64
 	rechecked    int
 	reread       int
+	// passParts: the pass cuts large experts into parts (a CPU run's
+	// pass: its paths read them a band at a time; pass.go).
+	passParts bool
 }
 
 func (s *session) close() {

@@ -3,6 +3,9 @@ package tensorload
 import (
 	"fmt"
 
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/validate/tensorbytes"
+
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/weightfmt"
 )
@@ -18,7 +21,25 @@ type Bands struct {
 	f          weightfmt.Format
 	rows, cols int
 	where      string // "FILE: tensor NAME", for errors
+	// lazy, where set, is where the weight's elements lie: in.raw is then
+	// nil and each band reads its own elements (a large weight, whose
+	// bytes a streamed pass holds in parts: see lazyBytes).
+	lazy *lazyRows
 }
+
+// lazyRows locates a weight's elements: tensor t from element off.
+type lazyRows struct {
+	t   *checkpoint.Tensor
+	off int64
+}
+
+// lazyBytes is the stored size from which a weight's bands each read their
+// own bytes, checked and reported consumed (tensorbytes.Consumed) as they
+// go, instead of the weight reading and checking them all when it is
+// loaded. A streamed pass that cuts a large expert into parts (validate's
+// pass plan, above the same size) then holds a few parts of it at a time,
+// whatever the expert's size; smaller weights are read whole, as before.
+const lazyBytes = 16 << 20
 
 var _ moe.Weight = (*Bands)(nil)
 
@@ -38,7 +59,19 @@ func (w *Bands) Rows(r0, r1 int, dst []float32) error {
 	}
 	m := weightfmt.Matrix{Format: w.f, Rows: int64(w.rows), Cols: int64(w.cols)}
 	rb := m.RowBlock(int64(r0), int64(r1-r0))
-	raw := w.in.raw[rb.Weight.Off : rb.Weight.Off+rb.Weight.Size()]
+	var raw []byte
+	if lz := w.lazy; lz != nil {
+		es := int64(lz.t.DType.Size())
+		b, done, err := readChecked(lz.t, lz.off+rb.Weight.Off/es, rb.Weight.Size()/es)
+		if err != nil {
+			return err
+		}
+		defer tensorbytes.Consumed(lz.t, lz.off*es+rb.Weight.Off, rb.Weight.Size())
+		defer done()
+		raw = b
+	} else {
+		raw = w.in.raw[rb.Weight.Off : rb.Weight.Off+rb.Weight.Size()]
+	}
 	var scale []byte
 	if _, ok := w.f.Scale(); ok {
 		scale = w.in.scale[rb.Scale.Off : rb.Scale.Off+rb.Scale.Size()]
