@@ -13,6 +13,7 @@ import (
 	"github.com/moeprep/moeprep/validate/byteproof"
 	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/validate/stream"
+	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
 // The one streamed pass of a CPU run with SRC and DST: every byte the
@@ -154,11 +155,17 @@ type stepBuilder struct {
 // soon as both are past it: the pass holds a few parts of an expert,
 // whatever its size, instead of the whole expert a job (704 MB for one of
 // Mixtral's in bf16, SRC's and DST's).
-const (
-	partsAbove = 64 << 20
-	partBytes  = 16 << 20
-	partMin    = 16 << 20 // tensorload reads a weight this large a band at a time
+// partMin is tensorload's LazyBytes: a weight that large is read a band
+// at a time. Tests shrink the three.
+var (
+	partsAbove int64 = 64 << 20
+	partBytes  int64 = 16 << 20
 )
+
+// partsBudget is the read-ahead of a pass that cuts experts into parts:
+// 256 MiB, eight parts of SRC's and DST's 16 MiB each (a pass of whole
+// experts reads four of its largest steps ahead, up to stream.MaxBudget).
+const partsBudget = 256 << 20
 
 // addSrc adds bytes [off, off+n) of SRC tensor t to b: for a view (the
 // byte proof predicts gpt-oss's and Llama 4's stacked experts from views
@@ -314,7 +321,7 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 			}
 			taken[name] = true
 			if sz, ok := sliceBytes(t, bank); ok && slices.Contains(stacks, name) {
-				cut := split && sz >= partMin && slices.Contains(weights, name) && proof.Spans(name) == nil
+				cut := split && sz >= tensorload.LazyBytes && slices.Contains(weights, name) && proof.Spans(name) == nil
 				for b := range bank {
 					if !cut {
 						dstPart(&experts[b], t, int64(b)*sz, sz)
@@ -578,11 +585,18 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 	// it consumed.
 	consumed := func(i int) {
 		if ls := pp.partOf[i]; ls != nil {
+			s.partsConsumed.Add(1)
 			let(ls, i)
 		}
 	}
+	budget := passBudget
+	if budget == 0 && len(pp.partOf) > 0 {
+		// Parts are small: read further ahead than four of them, so that
+		// the disk keeps reading while a job waits on none.
+		budget = partsBudget
+	}
 	var err error
-	pass, err = stream.New(pp.steps, stream.Options{Budget: passBudget, OnRead: s.meter.streamRead(pp), OnConsumed: consumed})
+	pass, err = stream.New(pp.steps, stream.Options{Budget: budget, OnRead: s.meter.streamRead(pp), OnConsumed: consumed})
 	if err != nil {
 		return err
 	}

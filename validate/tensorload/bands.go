@@ -23,7 +23,7 @@ type Bands struct {
 	where      string // "FILE: tensor NAME", for errors
 	// lazy, where set, is where the weight's elements lie: in.raw is then
 	// nil and each band reads its own elements (a large weight, whose
-	// bytes a streamed pass holds in parts: see lazyBytes).
+	// bytes a streamed pass holds in parts: see LazyBytes).
 	lazy *lazyRows
 }
 
@@ -33,13 +33,14 @@ type lazyRows struct {
 	off int64
 }
 
-// lazyBytes is the stored size from which a weight's bands each read their
+// LazyBytes is the stored size from which a weight's bands each read their
 // own bytes, checked and reported consumed (tensorbytes.Consumed) as they
 // go, instead of the weight reading and checking them all when it is
 // loaded. A streamed pass that cuts a large expert into parts (validate's
 // pass plan, above the same size) then holds a few parts of it at a time,
 // whatever the expert's size; smaller weights are read whole, as before.
-const lazyBytes = 16 << 20
+// Tests shrink it.
+var LazyBytes int64 = 16 << 20
 
 var _ moe.Weight = (*Bands)(nil)
 

@@ -236,7 +236,7 @@ func readWeight(src TensorSource, m MatrixRef) (*Bands, error) {
 	defer in.release() // what weight did not take: on an error
 	var lazy *lazyRows
 	var done func()
-	if first := off + rows.Weight.Off/es; rows.Weight.Size() >= lazyBytes && !m.InOut && t.DType.Size() > 0 {
+	if first := off + rows.Weight.Off/es; rows.Weight.Size() >= LazyBytes && !m.InOut && t.DType.Size() > 0 {
 		// Read a band at a time (Bands.Rows), checked as each is read.
 		if err := elemRange(t, first, rows.Weight.Size()/es); err != nil {
 			return nil, err
