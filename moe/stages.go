@@ -118,9 +118,17 @@ func cmpErr(have, got error) error {
 	return got
 }
 
-// pairedBands runs two products of one shape and banding band by band:
-// each band of a, then the same rows of b, par bands at once. A side's
-// error is its lowest band's; its later bands are skipped.
+// pairedChunk is about how many weight values a paired run multiplies on
+// one side before it turns to the other (16 MiB of float32): the side's
+// token rows stay in the core's cache over several bands, as in a run of
+// one side alone, and the two sides' bytes of a chunk (8 MiB a side in
+// bf16) still lie within a part or two of a pass that cuts experts.
+const pairedChunk = 1 << 22
+
+// pairedBands runs two products of one shape and banding together: a
+// chunk of bands of a, then the same rows of b, chunk after chunk, par
+// bands at once. A side's error is its lowest band's; its later bands are
+// skipped.
 func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 	rows, cols := a.Rows, a.Cols
 	for _, p := range []BandProduct{a, b} {
@@ -129,6 +137,7 @@ func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 		}
 	}
 	n := bandRows(rows, cols, a.band())
+	chunk := n * max(1, pairedChunk/max(n*cols, 1))
 	var mu sync.Mutex
 	failed := [2]int{rows, rows} // each side's lowest failing band (rows: none)
 	var errs [2]error
@@ -146,32 +155,34 @@ func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 	}
 	var g errgroup.Group
 	g.SetLimit(max(par, 1))
-	for r0 := 0; r0 < rows; r0 += n {
-		r1 := min(rows, r0+n)
-		g.Go(func() error {
-			bp, _ := bandPool.Get().(*[]float32)
-			if bp == nil || cap(*bp) < n*cols {
-				buf := make([]float32, n*cols)
-				bp = &buf
+	for c0 := 0; c0 < rows; c0 += chunk {
+		for side, p := range []BandProduct{a, b} {
+			for r0 := c0; r0 < min(rows, c0+chunk); r0 += n {
+				r1 := min(rows, r0+n)
+				g.Go(func() error {
+					if !live(side, r0) {
+						return nil
+					}
+					if p.W == nil {
+						p.F(r0, r1, p.Dense[r0*cols:r1*cols])
+						return nil
+					}
+					bp, _ := bandPool.Get().(*[]float32)
+					if bp == nil || cap(*bp) < n*cols {
+						buf := make([]float32, n*cols)
+						bp = &buf
+					}
+					defer bandPool.Put(bp)
+					band := (*bp)[:(r1-r0)*cols]
+					if err := p.W.Rows(r0, r1, band); err != nil {
+						fail(side, r0, err)
+						return nil
+					}
+					p.F(r0, r1, band)
+					return nil
+				})
 			}
-			defer bandPool.Put(bp)
-			band := (*bp)[:(r1-r0)*cols]
-			for side, p := range []BandProduct{a, b} {
-				if !live(side, r0) {
-					continue
-				}
-				if p.W == nil {
-					p.F(r0, r1, p.Dense[r0*cols:r1*cols])
-					continue
-				}
-				if err := p.W.Rows(r0, r1, band); err != nil {
-					fail(side, r0, err)
-					continue
-				}
-				p.F(r0, r1, band)
-			}
-			return nil
-		})
+		}
 	}
 	_ = g.Wait() // the bands report through fail
 	return errs[0], errs[1]
