@@ -125,10 +125,26 @@ func cmpErr(have, got error) error {
 // bf16) still lie within a part or two of a pass that cuts experts.
 const pairedChunk = 1 << 22
 
+// SameRows is a Weight that can tell that its rows [r0, r1) decode to the
+// very values another weight's rows do (the same stored bytes, scales and
+// format: DST's copy of SRC's expert), so that a paired run decodes them
+// once for both. Comparing bytes costs a fraction of decoding them.
+type SameRows interface {
+	SameRows(o Weight, r0, r1 int) bool
+}
+
+// decoded is one band of a paired run's first side: its values (nil when
+// it failed or was skipped), ready once they are written.
+type decoded struct {
+	bp    *[]float32
+	ready chan struct{}
+}
+
 // pairedBands runs two products of one shape and banding together: a
 // chunk of bands of a, then the same rows of b, chunk after chunk, par
-// bands at once. A side's error is its lowest band's; its later bands are
-// skipped.
+// bands at once. A band of b whose rows hold a's bytes (SameRows) takes
+// a's decoded values instead of decoding its own. A side's error is its
+// lowest band's; its later bands are skipped.
 func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 	rows, cols := a.Rows, a.Cols
 	for _, p := range []BandProduct{a, b} {
@@ -138,6 +154,10 @@ func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 	}
 	n := bandRows(rows, cols, a.band())
 	chunk := n * max(1, pairedChunk/max(n*cols, 1))
+	same, _ := b.W.(SameRows)
+	if a.W == nil {
+		same = nil
+	}
 	var mu sync.Mutex
 	failed := [2]int{rows, rows} // each side's lowest failing band (rows: none)
 	var errs [2]error
@@ -153,35 +173,79 @@ func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 		defer mu.Unlock()
 		return r0 < failed[side]
 	}
+	get := func() *[]float32 {
+		bp, _ := bandPool.Get().(*[]float32)
+		if bp == nil || cap(*bp) < n*cols {
+			buf := make([]float32, n*cols)
+			bp = &buf
+		}
+		return bp
+	}
 	var g errgroup.Group
 	g.SetLimit(max(par, 1))
 	for c0 := 0; c0 < rows; c0 += chunk {
-		for side, p := range []BandProduct{a, b} {
-			for r0 := c0; r0 < min(rows, c0+chunk); r0 += n {
-				r1 := min(rows, r0+n)
-				g.Go(func() error {
-					if !live(side, r0) {
-						return nil
-					}
-					if p.W == nil {
-						p.F(r0, r1, p.Dense[r0*cols:r1*cols])
-						return nil
-					}
-					bp, _ := bandPool.Get().(*[]float32)
-					if bp == nil || cap(*bp) < n*cols {
-						buf := make([]float32, n*cols)
-						bp = &buf
-					}
-					defer bandPool.Put(bp)
-					band := (*bp)[:(r1-r0)*cols]
-					if err := p.W.Rows(r0, r1, band); err != nil {
-						fail(side, r0, err)
-						return nil
-					}
-					p.F(r0, r1, band)
+		c1 := min(rows, c0+chunk)
+		var firsts []*decoded // a's bands of the chunk, kept for b where same
+		for r0 := c0; r0 < c1; r0 += n {
+			r1 := min(rows, r0+n)
+			d := &decoded{ready: make(chan struct{})}
+			firsts = append(firsts, d)
+			g.Go(func() error {
+				defer close(d.ready)
+				if !live(0, r0) {
 					return nil
-				})
-			}
+				}
+				if a.W == nil {
+					a.F(r0, r1, a.Dense[r0*cols:r1*cols])
+					return nil
+				}
+				bp := get()
+				band := (*bp)[:(r1-r0)*cols]
+				if err := a.W.Rows(r0, r1, band); err != nil {
+					bandPool.Put(bp)
+					fail(0, r0, err)
+					return nil
+				}
+				a.F(r0, r1, band)
+				if same == nil {
+					bandPool.Put(bp)
+				} else {
+					d.bp = bp
+				}
+				return nil
+			})
+		}
+		for k, r0 := 0, c0; r0 < c1; k, r0 = k+1, r0+n {
+			r1 := min(rows, r0+n)
+			d := firsts[k]
+			g.Go(func() error {
+				<-d.ready
+				defer func() {
+					if d.bp != nil {
+						bandPool.Put(d.bp)
+					}
+				}()
+				if !live(1, r0) {
+					return nil
+				}
+				if b.W == nil {
+					b.F(r0, r1, b.Dense[r0*cols:r1*cols])
+					return nil
+				}
+				if d.bp != nil && same.SameRows(a.W, r0, r1) {
+					b.F(r0, r1, (*d.bp)[:(r1-r0)*cols])
+					return nil
+				}
+				bp := get()
+				defer bandPool.Put(bp)
+				band := (*bp)[:(r1-r0)*cols]
+				if err := b.W.Rows(r0, r1, band); err != nil {
+					fail(1, r0, err)
+					return nil
+				}
+				b.F(r0, r1, band)
+				return nil
+			})
 		}
 	}
 	_ = g.Wait() // the bands report through fail

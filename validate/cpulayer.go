@@ -20,10 +20,10 @@ func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, err
 }
 
 // checkLayerWith is checkLayer, telling release (when set) of each bank
-// expert whose weights the paths are done with; paired runs one expert at
-// a time, its two paths band by band together on every core
-// (cpuref.PairOptions.Paired: a pass that cut its experts into parts).
-func (s *session) checkLayerWith(ctx context.Context, tg target, release func(bank int), paired bool) ([]LayerResult, error) {
+// expert whose weights the paths are done with; parts runs one expert at
+// a time, its bands on every core (a pass that cut its experts into parts
+// holds them in order).
+func (s *session) checkLayerWith(ctx context.Context, tg target, release func(bank int), parts bool) ([]LayerResult, error) {
 	if tg.stored != nil {
 		return s.checkStoredLayer(ctx, tg)
 	}
@@ -49,9 +49,11 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 		// One pass over the bank runs both paths, each expert's bytes
 		// read once and held while both need them.
 		start := time.Now()
-		po := cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers, Release: release, RouterInput: routerX, Paired: paired}
-		if paired {
-			po.Workers = 1 // the pass holds one expert's parts in order
+		// Each expert's two paths run band by band together, decoding
+		// once the bands whose bytes DST holds as SRC does.
+		po := cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers, Release: release, RouterInput: routerX, Paired: true}
+		if parts {
+			po.Workers = 1 // the pass holds one expert's parts, in order
 		}
 		var err error
 		if po.RequantShared, err = s.requantFormat(); err != nil {

@@ -1,7 +1,9 @@
 package tensorload
 
 import (
+	"bytes"
 	"fmt"
+	"reflect"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/validate/tensorbytes"
@@ -81,6 +83,60 @@ func (w *Bands) Rows(r0, r1 int, dst []float32) error {
 		return fmt.Errorf("%s: %w", w.where, err)
 	}
 	return nil
+}
+
+// SameRows reports whether rows [r0, r1) of w decode to the values o's
+// do: o is a Bands of the same shape and format, and the rows' stored
+// bytes, scale entries and global scale are the same (DST's copy of SRC's
+// expert). w's bytes of those rows are then reported consumed, as Rows
+// would; they need no NaN scan, being o's, which Rows scanned.
+func (w *Bands) SameRows(o moe.Weight, r0, r1 int) bool {
+	ob, ok := o.(*Bands)
+	if !ok || ob.rows != w.rows || ob.cols != w.cols || !sameFormat(w.f, ob.f) || r0%w.Band() != 0 {
+		return false
+	}
+	m := weightfmt.Matrix{Format: w.f, Rows: int64(w.rows), Cols: int64(w.cols)}
+	rb := m.RowBlock(int64(r0), int64(r1-r0))
+	if _, ok := w.f.Scale(); ok {
+		sl := func(b *Bands) []byte { return b.in.scale[rb.Scale.Off : rb.Scale.Off+rb.Scale.Size()] }
+		if !bytes.Equal(sl(w), sl(ob)) || !bytes.Equal(w.in.global, ob.in.global) {
+			return false
+		}
+	}
+	mine, done, err := w.raw(rb)
+	if err != nil {
+		return false
+	}
+	defer done()
+	theirs, done2, err := ob.raw(rb)
+	if err != nil {
+		return false
+	}
+	defer done2()
+	if !bytes.Equal(mine, theirs) {
+		return false
+	}
+	if lz := w.lazy; lz != nil {
+		tensorbytes.Consumed(lz.t, lz.off*int64(lz.t.DType.Size())+rb.Weight.Off, rb.Weight.Size())
+	}
+	return true
+}
+
+// raw is the stored bytes of a row block, unchecked: lent or read for a
+// lazy weight (done hands them back), else a slice of the weight's own.
+func (w *Bands) raw(rb weightfmt.Slice) ([]byte, func(), error) {
+	if lz := w.lazy; lz != nil {
+		es := int64(lz.t.DType.Size())
+		return readRaw(lz.t, lz.off+rb.Weight.Off/es, rb.Weight.Size()/es)
+	}
+	return w.in.raw[rb.Weight.Off : rb.Weight.Off+rb.Weight.Size()], func() {}, nil
+}
+
+// sameFormat reports whether two formats are one (formats are values; one
+// that cannot be compared is taken as different).
+func sameFormat(a, b weightfmt.Format) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta != nil && ta.Comparable() && a == b
 }
 
 // LoadBands reads and checks one weight as LoadMatrix does, keeping its
