@@ -355,6 +355,7 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 		order := append(rangeOf(len(l.Experts), bank), rangeOf(0, len(l.Experts))...)
 		ls.bank = make([]int, bank)
 		ls.parts = make([][]int, bank)
+		before := len(pp.partOf)
 		for _, b := range order {
 			ls.bank[b] = add(&experts[b], layerOf, tg.index, head, users)
 			for _, pb := range parts[b] {
@@ -363,7 +364,7 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 				pp.partOf[i] = ls
 			}
 		}
-		ls.paired = split
+		ls.paired = len(pp.partOf) > before // experts were cut (not every weight can be)
 		ls.countOnce(spans, func(t *checkpoint.Tensor) bool { d, ok := s.dst.Tensor(t.Name); return ok && d == t })
 		counting = nil
 		clear(spans)
