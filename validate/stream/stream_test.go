@@ -221,7 +221,7 @@ func TestConsumedAndAssembled(t *testing.T) {
 		t.Fatalf("told %v after step 0 in part, step 1 whole", told)
 	}
 	report(10<<10, 6<<10) // the rest of step 0: done
-	report(0, 16<<10)    // again: told once
+	report(0, 16<<10)     // again: told once
 	if told[0] != 1 || told[1] != 1 {
 		t.Errorf("told %v, want each step once", told)
 	}
