@@ -6,6 +6,7 @@ import (
 	"math"
 	"runtime"
 
+	"github.com/moeprep/moeprep/internal/blasdot"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -307,42 +308,88 @@ func (j ExpertJob) Run(x []float32, h, inter, slotsPerToken int, al *Alignment, 
 // are slot indices, all of one expert. Each slot belongs to exactly one
 // expert, so concurrent experts write disjoint rows of out.
 func expertRows(x []float32, h, inter, slotsPerToken int, slots []int32, m *ExpertMats, out []float32, w8a8 bool) error {
-	rows := len(slots)
-	if rows == 0 {
+	if len(slots) == 0 {
 		return nil
 	}
-	xb := make([]float32, rows*h)
-	for r, s := range slots {
-		tok := int(s) / slotsPerToken
-		copy(xb[r*h:(r+1)*h], x[tok*h:(tok+1)*h])
+	return RunStages(newExpertStages(x, h, inter, slotsPerToken, slots, m, out, w8a8), bandsAtOnce())
+}
+
+// JobStages are job's work with expert weights m as Stages, for a caller
+// that runs it beside another MLP (RunPaired); RunStages of them is Run.
+func (j ExpertJob) Stages(x []float32, h, inter, slotsPerToken int, al *Alignment, m *ExpertMats, out []float32, w8a8 bool) (Stages, error) {
+	if err := m.check(h, inter); err != nil {
+		return nil, fmt.Errorf("expert %d: %w", j.Expert, err)
+	}
+	var slots []int32
+	for b := j.First; b < j.Last; b++ {
+		slots = append(slots, al.Block(b)...)
+	}
+	return newExpertStages(x, h, inter, slotsPerToken, slots, m, out, w8a8), nil
+}
+
+// expertStages is one expert on its slots: the gathered token rows xb,
+// the gate and up products, and the down product ob that After copies to
+// the slots' rows of out.
+type expertStages struct {
+	xb, gate, up, ob []float32
+	rows, h, inter   int
+	m                *ExpertMats
+	slots            []int32
+	out              []float32
+	w8a8             bool
+}
+
+func newExpertStages(x []float32, h, inter, slotsPerToken int, slots []int32, m *ExpertMats, out []float32, w8a8 bool) *expertStages {
+	rows := len(slots)
+	s := &expertStages{rows: rows, h: h, inter: inter, m: m, slots: slots, out: out, w8a8: w8a8}
+	s.xb = make([]float32, rows*h)
+	for r, sl := range slots {
+		tok := int(sl) / slotsPerToken
+		copy(s.xb[r*h:(r+1)*h], x[tok*h:(tok+1)*h])
 	}
 	if w8a8 {
-		RoundTripActGroups(xb, rows, h, ActGroup)
+		RoundTripActGroups(s.xb, rows, h, ActGroup)
 	}
-	up := make([]float32, rows*inter)
-	if err := SgemmNTBands(rows, inter, h, xb, h, m.UpW, m.Up, up, inter); err != nil {
-		return err
+	s.up = make([]float32, rows*inter)
+	s.gate = s.up // act reads u alone; it is written in place
+	if !IsUngated(m.Act) {
+		s.gate = make([]float32, rows*inter)
 	}
-	var gate []float32
-	if IsUngated(m.Act) {
-		gate = up // act reads u alone; it is written in place
-	} else {
-		gate = make([]float32, rows*inter)
-		if err := SgemmNTBands(rows, inter, h, xb, h, m.GateW, m.Gate, gate, inter); err != nil {
-			return err
+	s.ob = make([]float32, rows*h)
+	return s
+}
+
+func (s *expertStages) Product(i int) (BandProduct, bool) {
+	rows, h, inter := s.rows, s.h, s.inter
+	gemm := func(a []float32, lda, k int, c []float32, ldc int) func(r0, r1 int, band []float32) {
+		return func(r0, r1 int, band []float32) {
+			blasdot.SgemmNT(rows, r1-r0, k, a, lda, band, k, c[r0:], ldc)
 		}
 	}
-	Activate(m.Act, gate, up, m.GateBias, m.UpBias)
-	if w8a8 {
-		RoundTripServing(gate, rows, inter)
+	switch i {
+	case StageGate:
+		if IsUngated(s.m.Act) {
+			return BandProduct{}, false
+		}
+		return BandProduct{W: s.m.GateW, Dense: s.m.Gate, Rows: inter, Cols: h, F: gemm(s.xb, h, h, s.gate, inter)}, true
+	case StageUp:
+		return BandProduct{W: s.m.UpW, Dense: s.m.Up, Rows: inter, Cols: h, F: gemm(s.xb, h, h, s.up, inter)}, true
 	}
-	ob := make([]float32, rows*h)
-	if err := SgemmNTBands(rows, h, inter, gate, inter, m.DownW, m.Down, ob, h); err != nil {
-		return err
-	}
-	AddRowBias(ob, m.DownBias)
-	for r, s := range slots {
-		copy(out[int(s)*h:(int(s)+1)*h], ob[r*h:(r+1)*h])
+	return BandProduct{W: s.m.DownW, Dense: s.m.Down, Rows: h, Cols: inter, F: gemm(s.gate, inter, inter, s.ob, h)}, true
+}
+
+func (s *expertStages) After(i int) error {
+	switch i {
+	case StageUp:
+		Activate(s.m.Act, s.gate, s.up, s.m.GateBias, s.m.UpBias)
+		if s.w8a8 {
+			RoundTripServing(s.gate, s.rows, s.inter)
+		}
+	case StageDown:
+		AddRowBias(s.ob, s.m.DownBias)
+		for r, sl := range s.slots {
+			copy(s.out[int(sl)*s.h:(int(sl)+1)*s.h], s.ob[r*s.h:(r+1)*s.h])
+		}
 	}
 	return nil
 }

@@ -102,3 +102,7 @@ func SgemmNTBands(m, n, k int, a []float32, lda int, w Weight, dense []float32, 
 		blasdot.SgemmNT(m, r1-r0, k, a, lda, band, k, c[r0:], ldc)
 	})
 }
+
+// BandsAtOnce is how many bands a product decodes and multiplies at once
+// (bandsAtOnce), for callers that run Stages.
+func BandsAtOnce() int { return bandsAtOnce() }

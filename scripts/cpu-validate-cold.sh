@@ -12,10 +12,15 @@
 #   scripts/cpu-validate-cold.sh [WORK] [ROUNDS] [ROWS...]
 #   MOEPREP_BASE=/path/to/old/moeprep scripts/cpu-validate-cold.sh /work/cpu45 3 mixtral-bf16
 #   DROP_CACHES=1 scripts/cpu-validate-cold.sh ...   # root, on a machine of one's own
+#   CLEAN=1 scripts/cpu-validate-cold.sh ...   # remove each row's SRC and DST once measured
 #
 # Rows (all of them when none is named): dsv3-fp8-64, dsv3-fp8-16,
 # mixtral-bf16, kimi-int4-96, gptoss-mxfp4; tiny-mixtral is a smoke test of
-# the script itself. The five real rows need about 26 GB under WORK.
+# the script itself. SRC + DST of each (synthesised once under WORK, and
+# kept unless CLEAN=1): dsv3-fp8-64 6.5 GB, dsv3-fp8-16 1.8 GB,
+# mixtral-bf16 5.6 GB, kimi-int4-96 0.8 GB, gptoss-mxfp4 (MXFP4 experts
+# stacked on disk, as gpt-oss ships them) about 3.5 GB: about 18 GB for all
+# five, the largest row's 6.5 GB with CLEAN=1.
 set -euo pipefail
 work=${1:-/work/cpu45}
 rounds=${2:-3}
@@ -38,7 +43,7 @@ make_row() {
 		dsv3-fp8-16) "$mp" fixture synth -q "${ds[@]}" --experts 16 "$src" ;;
 		mixtral-bf16) "$mp" fixture synth -q --family mixtral --experts 8 --top-k 2 --hidden 4096 --intermediate 14336 --num-layers 1 "$src" ;;
 		kimi-int4-96) "$mp" fixture synth -q --preset small-kimi-k2-int4 --experts 96 --hidden 2048 --intermediate 1024 --num-layers 2 --dense-layers 1 "$src" ;;
-		gptoss-mxfp4) "$mp" fixture synth -q --preset gpt-oss-shaped --num-layers 1 "$src" ;;
+		gptoss-mxfp4) "$mp" fixture synth -q --preset gpt-oss-shaped --dtype mxfp4 --num-layers 1 "$src" ;;
 		tiny-mixtral) "$mp" fixture synth -q --preset tiny-mixtral "$src" ;;
 		*) echo "unknown row $row" >&2; exit 2 ;;
 		esac >&2
@@ -80,4 +85,5 @@ for row in "${rows[@]}"; do
 	runs=(cat validate)
 	[ -n "$base" ] && runs+=(validate@base)
 	BENCH_ROW=$row bench_rounds "$rounds" "${runs[@]}"
+	if [ "${CLEAN:-0}" = 1 ]; then rm -rf "$src" "$dst"; fi
 done

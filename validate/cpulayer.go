@@ -16,12 +16,14 @@ import (
 
 // checkLayer runs the available paths on one layer and compares them.
 func (s *session) checkLayer(ctx context.Context, tg target) ([]LayerResult, error) {
-	return s.checkLayerWith(ctx, tg, nil)
+	return s.checkLayerWith(ctx, tg, nil, false)
 }
 
 // checkLayerWith is checkLayer, telling release (when set) of each bank
-// expert whose weights the paths are done with.
-func (s *session) checkLayerWith(ctx context.Context, tg target, release func(bank int)) ([]LayerResult, error) {
+// expert whose weights the paths are done with; parts runs one expert at
+// a time, its bands on every core (a pass that cut its experts into parts
+// holds them in order).
+func (s *session) checkLayerWith(ctx context.Context, tg target, release func(bank int), parts bool) ([]LayerResult, error) {
 	if tg.stored != nil {
 		return s.checkStoredLayer(ctx, tg)
 	}
@@ -47,7 +49,12 @@ func (s *session) checkLayerWith(ctx context.Context, tg target, release func(ba
 		// One pass over the bank runs both paths, each expert's bytes
 		// read once and held while both need them.
 		start := time.Now()
-		po := cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers, Release: release, RouterInput: routerX}
+		// Each expert's two paths run band by band together, decoding
+		// once the bands whose bytes DST holds as SRC does.
+		po := cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, Workers: s.o.Workers, Release: release, RouterInput: routerX, Paired: true}
+		if parts {
+			po.Workers = 1 // the pass holds one expert's parts, in order
+		}
 		var err error
 		if po.RequantShared, err = s.requantFormat(); err != nil {
 			return nil, err

@@ -9,9 +9,11 @@ import (
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/internal/human"
+	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/byteproof"
 	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/validate/stream"
+	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
 // The one streamed pass of a CPU run with SRC and DST: every byte the
@@ -43,6 +45,8 @@ type passPlan struct {
 	// holdUntil: the byte proof lets step i go only after step
 	// holdUntil[i] (a layer's head, until the layer's last expert).
 	holdUntil map[int]int
+	// partOf is the checked layer of each part of a large expert.
+	partOf map[int]*layerSteps
 }
 
 // layerSteps are a checked layer's steps: its head and one per bank
@@ -50,6 +54,12 @@ type passPlan struct {
 type layerSteps struct {
 	head int
 	bank []int
+	// parts are each bank expert's parts after its step bank[b] (none
+	// where the expert is not cut: see partsAbove); paired, that the
+	// layer's experts are cut, so its check runs each expert's paths band
+	// by band together, one expert at a time.
+	parts  [][]int
+	paired bool
 	// released marks the steps the layer checks let go of (each once).
 	released map[int]bool
 	// read is the bytes the layer's steps read of SRC and of DST; once
@@ -127,7 +137,35 @@ type stepBuilder struct {
 	takes []proofTake
 	src   map[*checkpoint.Tensor][][2]int64
 	order []*checkpoint.Tensor
+	// consume: a part of a large expert, every byte of which the layer
+	// check reads once and reports (stream.Extent.Consume).
+	consume bool
+	// minus are parts whose SRC bytes this step leaves out (a large
+	// expert's first step holds what its parts do not).
+	minus []*stepBuilder
 }
+
+// Large experts are cut into parts (a CPU pass only, and only with the
+// byte proof, whose prediction pairs each part of DST's slice with the SRC
+// bytes it copies): an expert whose DST slice is over partsAbove bytes
+// gets a step of its small tensors (scales, biases) and then one step per
+// partBytes of each weight of at least partMin bytes, each with its SRC
+// bytes. Both paths read the weights a band at a time in that order
+// (cpuref's paired run), report each band consumed, and each part goes as
+// soon as both are past it: the pass holds a few parts of an expert,
+// whatever its size, instead of the whole expert a job (704 MB for one of
+// Mixtral's in bf16, SRC's and DST's).
+// partMin is tensorload's LazyBytes: a weight that large is read a band
+// at a time. Tests shrink the three.
+var (
+	partsAbove int64 = 64 << 20
+	partBytes  int64 = 16 << 20
+)
+
+// partsBudget is the read-ahead of a pass that cuts experts into parts:
+// 256 MiB, eight parts of SRC's and DST's 16 MiB each (a pass of whole
+// experts reads four of its largest steps ahead, up to stream.MaxBudget).
+const partsBudget = 256 << 20
 
 // addSrc adds bytes [off, off+n) of SRC tensor t to b: for a view (the
 // byte proof predicts gpt-oss's and Llama 4's stacked experts from views
@@ -158,10 +196,40 @@ func (b *stepBuilder) step(users int, skip *stepBuilder) (stream.Step, []proofTa
 			if skip != nil && skip.covers(t, r) {
 				continue
 			}
-			exts = append(exts, stream.Extent{T: t, Off: r[0], N: r[1] - r[0]})
+			var held [][2]int64
+			for _, m := range b.minus {
+				held = append(held, m.src[t]...)
+			}
+			for _, r := range subtractRanges(r, mergeRanges(held)) {
+				exts = append(exts, stream.Extent{T: t, Off: r[0], N: r[1] - r[0]})
+			}
+		}
+	}
+	if b.consume {
+		for i := range exts {
+			exts[i].Consume = true
 		}
 	}
 	return stream.Step{Extents: exts, Users: users}, takes
+}
+
+// subtractRanges is r less the sorted, disjoint ranges rs.
+func subtractRanges(r [2]int64, rs [][2]int64) [][2]int64 {
+	var out [][2]int64
+	cur := r[0]
+	for _, h := range rs {
+		if h[1] <= cur || h[0] >= r[1] {
+			continue
+		}
+		if h[0] > cur {
+			out = append(out, [2]int64{cur, h[0]})
+		}
+		cur = max(cur, h[1])
+	}
+	if cur < r[1] {
+		out = append(out, [2]int64{cur, r[1]})
+	}
+	return out
 }
 
 // covers reports whether the builder's SRC ranges of t hold all of r.
@@ -192,7 +260,7 @@ func mergeRanges(rs [][2]int64) [][2]int64 {
 // planPass lays out the pass of targets (every one with both sides);
 // proof nil: no byte proof, the layers' bytes alone.
 func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan {
-	pp := &passPlan{layers: map[int]*layerSteps{}, holdUntil: map[int]int{}}
+	pp := &passPlan{layers: map[int]*layerSteps{}, holdUntil: map[int]int{}, partOf: map[int]*layerSteps{}}
 	users := 1
 	var pieces map[string]int32
 	if proof != nil {
@@ -241,7 +309,10 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 		ls := &layerSteps{released: map[int]bool{}}
 		head := &stepBuilder{}
 		experts := make([]stepBuilder, bank)
+		parts := make([][]*stepBuilder, bank) // a large expert's parts
 		stacks, rest := dstLayerTensors(fl)
+		split := s.passParts && proof != nil && users == 2 && s.expertSliceBytes(stacks, bank) > partsAbove
+		weights := fl.Names.NamesOf(layout.RoleWeight)
 		for _, name := range append(stacks, rest...) {
 			name = checkpoint.BaseName(name) // a view reads the tensor it is cut from
 			t, ok := s.dst.Tensor(name)
@@ -250,8 +321,17 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 			}
 			taken[name] = true
 			if sz, ok := sliceBytes(t, bank); ok && slices.Contains(stacks, name) {
+				cut := split && sz >= tensorload.LazyBytes && slices.Contains(weights, name) && proof.Spans(name) == nil
 				for b := range bank {
-					dstPart(&experts[b], t, int64(b)*sz, sz)
+					if !cut {
+						dstPart(&experts[b], t, int64(b)*sz, sz)
+						continue
+					}
+					for off := int64(0); off < sz; off += partBytes {
+						pb := &stepBuilder{consume: true}
+						dstPart(pb, t, int64(b)*sz+off, min(partBytes, sz-off))
+						parts[b] = append(parts[b], pb)
+					}
 				}
 				continue
 			}
@@ -261,6 +341,7 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 			s.addSrcTensor(head, name, -1, 0)
 		}
 		for b, m := range l.Experts {
+			experts[b].minus = parts[b]
 			for _, name := range mlpTensors(m) {
 				s.addSrcTensor(&experts[b], name, b, len(l.Experts))
 			}
@@ -273,9 +354,17 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 		ls.head = add(head, layerOf, tg.index, nil, users)
 		order := append(rangeOf(len(l.Experts), bank), rangeOf(0, len(l.Experts))...)
 		ls.bank = make([]int, bank)
+		ls.parts = make([][]int, bank)
+		before := len(pp.partOf)
 		for _, b := range order {
 			ls.bank[b] = add(&experts[b], layerOf, tg.index, head, users)
+			for _, pb := range parts[b] {
+				i := add(pb, layerOf, tg.index, head, users)
+				ls.parts[b] = append(ls.parts[b], i)
+				pp.partOf[i] = ls
+			}
 		}
+		ls.paired = len(pp.partOf) > before // experts were cut (not every weight can be)
 		ls.countOnce(spans, func(t *checkpoint.Tensor) bool { d, ok := s.dst.Tensor(t.Name); return ok && d == t })
 		counting = nil
 		clear(spans)
@@ -435,8 +524,9 @@ func decoderLayerOf(name string) int {
 // runStreamed runs the layer checks of targets on the CPU, and with
 // withBytes the byte proof, over one streamed pass.
 func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report, withBytes bool) error {
+	s.passParts = true // the CPU paths read large experts a part at a time
 	return s.streamPass(ctx, targets, rep, withBytes, "", func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
-		return s.checkLayerWith(ctx, tg, lp.release)
+		return s.checkLayerWith(ctx, tg, lp.release, lp.paired)
 	})
 }
 
@@ -460,6 +550,9 @@ type layerPass struct {
 	// release lets a bank expert's step go once the check is done with it
 	// (each at most once; the rest go when the check returns).
 	release func(bank int)
+	// paired: the layer's large experts are cut into parts, which go as
+	// the paths report them consumed (layerSteps.paired).
+	paired bool
 }
 
 // layerCheck checks one target of a streamed pass, reading its bytes
@@ -479,7 +572,32 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 		}
 	}
 	pp := s.planPass(targets, proof)
-	pass, err := stream.New(pp.steps, stream.Options{Budget: passBudget, OnRead: s.meter.streamRead(pp)})
+	var pass *stream.Pass // let and consumed run once the pass does
+	var mu sync.Mutex
+	let := func(ls *layerSteps, i int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !ls.released[i] {
+			ls.released[i] = true
+			pass.Release(i)
+		}
+	}
+	// A part of a large expert goes once both paths report every byte of
+	// it consumed.
+	consumed := func(i int) {
+		if ls := pp.partOf[i]; ls != nil {
+			s.partsConsumed.Add(1)
+			let(ls, i)
+		}
+	}
+	budget := passBudget
+	if budget == 0 && len(pp.partOf) > 0 {
+		// Parts are small: read further ahead than four of them, so that
+		// the disk keeps reading while a job waits on none.
+		budget = partsBudget
+	}
+	var err error
+	pass, err = stream.New(pp.steps, stream.Options{Budget: budget, OnRead: s.meter.streamRead(pp), OnConsumed: consumed})
 	if err != nil {
 		return err
 	}
@@ -509,15 +627,6 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 		<-proofDone
 	}()
 
-	var mu sync.Mutex
-	let := func(ls *layerSteps, i int) {
-		mu.Lock()
-		defer mu.Unlock()
-		if !ls.released[i] {
-			ls.released[i] = true
-			pass.Release(i)
-		}
-	}
 	var sharing *layerSteps // a head kept for the next target, its sibling bank
 	for i, tg := range targets {
 		if err := ctx.Err(); err != nil {
@@ -525,7 +634,12 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 		}
 		s.o.progress("validate: layer %s (%d of %d)%s", tg.label(), i+1, len(targets), on)
 		ls := pp.layers[tg.index]
-		lp := layerPass{order: ls.order(), budget: pass.Budget(), release: func(b int) { let(ls, ls.bank[b]) }}
+		lp := layerPass{order: ls.order(), budget: pass.Budget(), paired: ls.paired, release: func(b int) {
+			let(ls, ls.bank[b])
+			for _, st := range ls.parts[b] {
+				let(ls, st)
+			}
+		}}
 		for _, st := range ls.bank {
 			lp.step = max(lp.step, pass.StepBytes(st))
 		}
@@ -546,8 +660,11 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 		} else {
 			let(ls, ls.head)
 		}
-		for _, st := range ls.bank {
+		for b, st := range ls.bank {
 			let(ls, st)
+			for _, st := range ls.parts[b] {
+				let(ls, st)
+			}
 		}
 		if err != nil {
 			return err
@@ -609,4 +726,18 @@ func (s *session) feedProof(ctx context.Context, pass *stream.Pass, pp *passPlan
 		}
 	}
 	return nil
+}
+
+// expertSliceBytes is the bytes of one bank expert's slices of the stacks
+// (of bank experts each).
+func (s *session) expertSliceBytes(stacks []string, bank int) int64 {
+	var n int64
+	for _, name := range stacks {
+		if t, ok := s.dst.Tensor(checkpoint.BaseName(name)); ok {
+			if sz, ok := sliceBytes(t, bank); ok {
+				n += sz
+			}
+		}
+	}
+	return n
 }

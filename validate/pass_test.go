@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,6 +20,7 @@ import (
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/tensorload"
 )
 
 // openSession fills in s's options, opens its checkpoints (closed when the
@@ -155,14 +157,6 @@ func TestPairLayerBitIdentical(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				released := map[int]int{}
-				var mu sync.Mutex
-				let := func(b int) { mu.Lock(); released[b]++; mu.Unlock() }
-				ref, fused, err := cpuref.PairLayer(ctx, s.src, s.srcPlan, tg.src, s.dst, tg.fused, x, tn,
-					cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: 16, Release: let})
-				if err != nil {
-					t.Fatal(err)
-				}
 				ref1, err := cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, tn, cpuref.RefOptions{Tokens: tokens, Coverage: cov})
 				if err != nil {
 					t.Fatal(err)
@@ -171,15 +165,26 @@ func TestPairLayerBitIdentical(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !sameBits(ref.Y, ref1.Y) || !sameBits(fused.Y, fused1.Y) {
-					t.Errorf("layer %d: PairLayer's outputs differ from the paths run apart", tg.index)
-				}
-				if bank := tg.fused.Contract.BankSize(); len(released) != bank {
-					t.Errorf("layer %d: %d of %d bank experts released", tg.index, len(released), bank)
-				}
-				for b, n := range released {
-					if n != 1 {
-						t.Errorf("layer %d: bank expert %d released %d times", tg.index, b, n)
+				// Paired: each expert's two paths band by band together.
+				for _, paired := range []bool{false, true} {
+					released := map[int]int{}
+					var mu sync.Mutex
+					let := func(b int) { mu.Lock(); released[b]++; mu.Unlock() }
+					ref, fused, err := cpuref.PairLayer(ctx, s.src, s.srcPlan, tg.src, s.dst, tg.fused, x, tn,
+						cpuref.PairOptions{Tokens: tokens, Coverage: cov, BlockSize: 16, Release: let, Paired: paired})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !sameBits(ref.Y, ref1.Y) || !sameBits(fused.Y, fused1.Y) {
+						t.Errorf("layer %d, paired %v: PairLayer's outputs differ from the paths run apart", tg.index, paired)
+					}
+					if bank := tg.fused.Contract.BankSize(); len(released) != bank {
+						t.Errorf("layer %d, paired %v: %d of %d bank experts released", tg.index, paired, len(released), bank)
+					}
+					for b, n := range released {
+						if n != 1 {
+							t.Errorf("layer %d, paired %v: bank expert %d released %d times", tg.index, paired, b, n)
+						}
 					}
 				}
 			}
@@ -409,4 +414,53 @@ func TestStreamedPassReadsEachByteOnce(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A pass that cuts every expert into parts (the thresholds shrunk to a few
+// kilobytes, every weight read a band at a time) computes the reports of
+// one that does not, value for value, reads every byte once, proves the
+// bytes as CheckBytes does, and lets parts go as the paths consume them,
+// before their experts' jobs end.
+func TestStreamedPassParts(t *testing.T) {
+	defer func(a, b, l int64) { partsAbove, partBytes, tensorload.LazyBytes = a, b, l }(partsAbove, partBytes, tensorload.LazyBytes)
+	plain := map[string]bool{"mixtral": true, "deepseek-v3-bf16": true, "deepseek-v3-fp8": true, "qwen3-moe": true, "deepseek-v3-nvfp4": true, "deepseek-v3-int4": true}
+	for _, c := range conversionCases() {
+		t.Run(c.name(), func(t *testing.T) {
+			src := filepath.Join(hfFixtures, c.fixture)
+			dst := convertInto(t, src, c.o)
+			partsAbove, partBytes, tensorload.LazyBytes = 64<<20, 16<<20, 16<<20
+			want, _ := streamedRun(t, src, dst)
+			partsAbove, partBytes, tensorload.LazyBytes = 0, 4096, 1
+			got, s := streamedRun(t, src, dst)
+			if s.streamMisses != 0 || s.rechecked != 0 {
+				t.Errorf("%d tensor reads missed the pass, %d shards read again", s.streamMisses, s.rechecked)
+			}
+			// Where both sides read the cut weights a band at a time (not
+			// an in-out or interleaved source, read whole), parts go as
+			// they are consumed; elsewhere when the expert's job ends.
+			if plain[c.fixture] && s.partsConsumed.Load() == 0 {
+				t.Errorf("no part was let go as its bytes were consumed")
+			}
+			if a, b := rowFields(t, got), rowFields(t, want); a != b {
+				t.Errorf("in parts %s\nwhole    %s", a, b)
+			}
+			if a, b := proofFields(t, got), proofFields(t, want); a != b {
+				t.Errorf("in parts proof %s\nwhole          %s", a, b)
+			}
+		})
+	}
+}
+
+// rowFields is a report's layer rows as JSON, without their times.
+func rowFields(t *testing.T, r *Report) string {
+	t.Helper()
+	rows := slices.Clone(r.Rows)
+	for i := range rows {
+		rows[i].Seconds = 0
+	}
+	j, err := json.Marshal(rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(j)
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
@@ -40,6 +41,11 @@ type session struct {
 	streamMisses int64
 	rechecked    int
 	reread       int
+	// passParts: the pass cuts large experts into parts (a CPU run's
+	// pass: its paths read them a band at a time; pass.go).
+	passParts bool
+	// partsConsumed counts the parts let go as their bytes were consumed.
+	partsConsumed atomic.Int64
 }
 
 func (s *session) close() {

@@ -84,13 +84,20 @@ func dot64Bands(xs [][]float32, w moe.Weight, n, k int, outs [][]float32) error 
 	if w == nil {
 		return fmt.Errorf("a projection's weight is missing")
 	}
-	return moe.ProductBands(w, nil, n, k, func(r0, r1 int, band []float32) {
+	p := dot64Product(xs, w, n, k, outs)
+	return moe.ProductBands(p.W, nil, n, k, p.F)
+}
+
+// dot64Product is dot64Bands' product as a stage's (moe.Stages); a
+// missing weight (nil w) fails as a weight of no values.
+func dot64Product(xs [][]float32, w moe.Weight, n, k int, outs [][]float32) moe.BandProduct {
+	return moe.BandProduct{W: w, Rows: n, Cols: k, F: func(r0, r1 int, band []float32) {
 		view := make([][]float32, len(outs))
 		for t, o := range outs {
 			view[t] = o[r0:]
 		}
 		blasdot.Dot64Rows(xs, band, r1-r0, k, view)
-	})
+	}}
 }
 
 // loadBiases loads m's biases (gate and up [inter], down [h]; ERNIE 4.5's

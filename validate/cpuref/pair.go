@@ -2,6 +2,8 @@ package cpuref
 
 import (
 	"context"
+	"fmt"
+	"runtime"
 	"sync"
 
 	"github.com/moeprep/moeprep/family"
@@ -32,6 +34,13 @@ type PairOptions struct {
 	Release func(bank int)
 	// RouterInput is RefOptions.RouterInput, for both paths.
 	RouterInput []float32
+	// Paired runs each routed expert's two paths band by band together
+	// (moe.RunPaired), every band of the products at once on the job's
+	// cores: SRC's and DST's bytes of an expert are then read in the same
+	// order, so a stream that cuts the expert into parts (each of DST's
+	// rows with the SRC rows they copy) can let each part go once both
+	// paths are past it, instead of holding the whole expert.
+	Paired bool
 }
 
 // SideError is PairLayer's error, with the side whose path failed: SRC's
@@ -60,7 +69,7 @@ func PairLayer(ctx context.Context, src tensorload.TensorSource, plan *family.Pl
 	if err != nil {
 		return nil, nil, &SideError{Err: err}
 	}
-	p := &pair{r: r, dst: dst, release: o.Release, bankSize: fl.Contract.BankSize(), let1: map[int]bool{}}
+	p := &pair{r: r, dst: dst, release: o.Release, bankSize: fl.Contract.BankSize(), let1: map[int]bool{}, paired: o.Paired}
 	f, err := newFusedRun(dst, fl, x, t, FusedOptions{Tokens: o.Tokens, Coverage: o.Coverage, BlockSize: o.BlockSize, RouterInput: o.RouterInput})
 	if err != nil {
 		p.fail(true, stepPrepare, err)
@@ -114,6 +123,7 @@ type pair struct {
 	let1     map[int]bool // bank experts let go
 	errs     [2]error
 	errStep  [2]int
+	paired   bool // PairOptions.Paired
 }
 
 // fail records a side's error at step; the earliest step's is kept.
@@ -210,6 +220,10 @@ func (p *pair) let(ids ...int) {
 
 // expert is routed expert id's job on both sides.
 func (p *pair) expert(ctx context.Context, id int) {
+	if p.paired {
+		p.expertPaired(ctx, id)
+		return
+	}
 	var m *refMLP
 	if p.r.uses(id) {
 		var err error
@@ -266,5 +280,48 @@ func (p *pair) shared(ctx context.Context) {
 		if err := p.f.runDense(); err != nil {
 			p.fail(true, stepShared, err)
 		}
+	}
+}
+
+// expertPaired is expert, the two paths' products run band by band
+// together on every core the jobs leave (the outputs are expert's: a
+// band's outputs are its rows' alone).
+func (p *pair) expertPaired(ctx context.Context, id int) {
+	var ref, fused moe.Stages
+	if p.r.uses(id) {
+		m, err := p.r.loadExpert(id)
+		if err != nil {
+			p.fail(false, stepExperts, err)
+			return
+		}
+		defer m.release()
+		ref = m.stages(p.r.expertRows(id))
+	}
+	if j, ok := p.jobs[id]; ok && p.live(true) {
+		f := p.f
+		m, err := fusedLoader(f.fl, p.dst, f.h, f.inter, f.wf)(ctx, id)
+		if err == nil {
+			defer tensorload.ReleaseExpert(m)
+			fused, err = j.Stages(f.gx, f.h, f.inter, f.gk, f.al, m, f.out, false)
+		}
+		if err != nil {
+			p.fail(true, stepExperts, err)
+		}
+	}
+	par := max(1, runtime.GOMAXPROCS(0)/p.r.workers) // the cores the jobs leave
+	var errRef, errFused error
+	switch {
+	case ref != nil && fused != nil:
+		errRef, errFused = moe.RunPaired(ref, fused, par)
+	case ref != nil:
+		errRef = moe.RunStages(ref, par)
+	case fused != nil:
+		errFused = moe.RunStages(fused, par)
+	}
+	if errFused != nil {
+		p.fail(true, stepExperts, fmt.Errorf("expert %d: %w", id, errFused))
+	}
+	if errRef != nil {
+		p.fail(false, stepExperts, p.r.expertErr(id, errRef))
 	}
 }

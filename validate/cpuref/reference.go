@@ -192,9 +192,18 @@ func (r *refLayer) loadExpert(id int) (*refMLP, error) {
 // runExpert computes expert id, loaded as m, on every slot that chose it,
 // in one pass over its weights.
 func (r *refLayer) runExpert(id int, m *refMLP) error {
+	if err := m.applyBatch(r.expertRows(id)); err != nil {
+		return r.expertErr(id, err)
+	}
+	return nil
+}
+
+// expertRows are the input and output rows of every slot that chose
+// expert id.
+func (r *refLayer) expertRows(id int) (xs, outs [][]float32) {
 	h, users := r.h, r.users[id]
-	xs := make([][]float32, len(users))
-	outs := make([][]float32, len(users))
+	xs = make([][]float32, len(users))
+	outs = make([][]float32, len(users))
 	for i, s := range users {
 		tok := s / r.k
 		xs[i], outs[i] = r.x[tok*h:(tok+1)*h], r.contrib[s*h:(s+1)*h]
@@ -202,10 +211,12 @@ func (r *refLayer) runExpert(id int, m *refMLP) error {
 			xs[i] = scaledRow(xs[i], r.routing.Weights[s])
 		}
 	}
-	if err := m.applyBatch(xs, outs); err != nil {
-		return fmt.Errorf("layer %d expert %d: %w", r.layer.Key(), id, err)
-	}
-	return nil
+	return xs, outs
+}
+
+// expertErr names expert id's layer and expert in err.
+func (r *refLayer) expertErr(id int, err error) error {
+	return fmt.Errorf("layer %d expert %d: %w", r.layer.Key(), id, err)
 }
 
 // finish sums the experts' outputs in slot order, adds the shared experts
@@ -489,6 +500,12 @@ func (m *refMLP) release() { m.w.release() }
 // float32), all tokens against each weight row at once, so each row is
 // read from memory once for all of them.
 func (m *refMLP) applyBatch(xs, outs [][]float32) error {
+	return moe.RunStages(m.stages(xs, outs), moe.BandsAtOnce())
+}
+
+// stages is applyBatch's work as moe.Stages, for a caller that runs it
+// beside DST's copy of the expert (moe.RunPaired).
+func (m *refMLP) stages(xs, outs [][]float32) *refStages {
 	n := len(xs)
 	if m.w8a8 {
 		q := make([][]float32, n)
@@ -498,30 +515,55 @@ func (m *refMLP) applyBatch(xs, outs [][]float32) error {
 		}
 		xs = q
 	}
-	u := make([]float32, n*m.inter)
-	us := rowsOf(u, n, m.inter)
-	if err := dot64Bands(xs, m.w.weight(layout.ProjUp), m.inter, m.h, us); err != nil {
-		return err
-	}
-	g, gs := u, us // an ungated expert's act reads u alone, in place
+	s := &refStages{m: m, xs: xs, outs: outs, n: n}
+	s.u = make([]float32, n*m.inter)
+	s.us = rowsOf(s.u, n, m.inter)
+	s.g, s.gs = s.u, s.us // an ungated expert's act reads u alone, in place
 	if m.w[layout.ProjGate] != nil {
-		g = make([]float32, n*m.inter)
-		gs = rowsOf(g, n, m.inter)
-		if err := dot64Bands(xs, m.w.weight(layout.ProjGate), m.inter, m.h, gs); err != nil {
-			return err
+		s.g = make([]float32, n*m.inter)
+		s.gs = rowsOf(s.g, n, m.inter)
+	}
+	return s
+}
+
+// refStages is one source MLP on its tokens xs: the gate and up products
+// (g, u, and their rows gs, us) and the down product into outs.
+type refStages struct {
+	m        *refMLP
+	xs, outs [][]float32
+	n        int
+	g, u     []float32
+	gs, us   [][]float32
+}
+
+func (s *refStages) Product(i int) (moe.BandProduct, bool) {
+	m := s.m
+	switch i {
+	case moe.StageGate:
+		if m.w[layout.ProjGate] == nil {
+			return moe.BandProduct{}, false
 		}
+		return dot64Product(s.xs, m.w.weight(layout.ProjGate), m.inter, m.h, s.gs), true
+	case moe.StageUp:
+		return dot64Product(s.xs, m.w.weight(layout.ProjUp), m.inter, m.h, s.us), true
 	}
-	moe.Activate(m.act, g, u, m.bias[layout.ProjGate], m.bias[layout.ProjUp])
-	if m.w8a8 {
-		moe.RoundTripServing(g, n, m.inter)
-	}
-	if err := dot64Bands(gs, m.w.weight(layout.ProjDown), m.h, m.inter, outs); err != nil {
-		return err
-	}
-	if db := m.bias[layout.ProjDown]; db != nil {
-		for _, o := range outs {
-			for j, b := range db {
-				o[j] += b
+	return dot64Product(s.gs, m.w.weight(layout.ProjDown), m.h, m.inter, s.outs), true
+}
+
+func (s *refStages) After(i int) error {
+	m := s.m
+	switch i {
+	case moe.StageUp:
+		moe.Activate(m.act, s.g, s.u, m.bias[layout.ProjGate], m.bias[layout.ProjUp])
+		if m.w8a8 {
+			moe.RoundTripServing(s.g, s.n, m.inter)
+		}
+	case moe.StageDown:
+		if db := m.bias[layout.ProjDown]; db != nil {
+			for _, o := range s.outs {
+				for j, b := range db {
+					o[j] += b
+				}
 			}
 		}
 	}

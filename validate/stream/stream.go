@@ -38,6 +38,10 @@ type Extent struct {
 	T      *checkpoint.Tensor
 	File   string
 	Off, N int64
+	// Consume: a reader reports these bytes consumed (Consumed) as it
+	// finishes with them; once every such byte of a step is reported, the
+	// step loses one user through Options.OnConsumed.
+	Consume bool
 }
 
 // Step is extents read together and released together.
@@ -60,6 +64,11 @@ type Options struct {
 	// OnRead, when set, is told the bytes each read brought in for a step
 	// (called from the reading goroutines).
 	OnRead func(step int, n int64)
+	// OnConsumed, when set, is told once of each step whose Consume
+	// extents have all been reported consumed (called from the reader
+	// that reported the last of them, outside the pass's lock): the
+	// caller releases its user of the step there, once.
+	OnConsumed func(step int)
 }
 
 // The default budget: four steps of the largest, enough to keep reads in
@@ -106,10 +115,12 @@ type Pass struct {
 	cancel  context.CancelFunc
 }
 
-// held is one planned extent of a tensor: step i's extent e.
+// held is one planned extent of a tensor: step i's extent e (consume:
+// its bytes count towards the step's consumption).
 type held struct {
-	i, e   int32
-	off, n int64
+	i, e    int32
+	off, n  int64
+	consume bool
 }
 
 type step struct {
@@ -125,6 +136,10 @@ type step struct {
 	// was read, so never read); freed: released by every user.
 	admitted, skip, freed bool
 	pins                  int // readers copying out of its buffers now
+	// consume is the bytes of its Consume extents not yet reported
+	// consumed; consumed, that OnConsumed was told.
+	consume  int64
+	consumed bool
 }
 
 // extentAt locates an extent in a span's buffer.
@@ -210,7 +225,10 @@ func (p *Pass) resolve(i int, st *step, exts []Extent) error {
 		}
 		items = append(items, item{e, w, x.N})
 		if x.T != nil {
-			p.tensors[x.T] = append(p.tensors[x.T], held{i: int32(i), e: int32(e), off: x.Off, n: x.N})
+			p.tensors[x.T] = append(p.tensors[x.T], held{i: int32(i), e: int32(e), off: x.Off, n: x.N, consume: x.Consume})
+			if x.Consume {
+				st.consume += x.N
+			}
 		}
 	}
 	st.ext = make([]extentAt, len(exts))

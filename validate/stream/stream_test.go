@@ -183,3 +183,46 @@ func TestBuffersAligned(t *testing.T) {
 		}
 	}
 }
+
+// A step of Consume extents is handed to OnConsumed once, when the last of
+// their bytes is reported consumed, and not before; a read that spans two
+// steps' extents is assembled from both, without going to the file.
+func TestConsumedAndAssembled(t *testing.T) {
+	path, data := fixture(t, 64<<10)
+	tn := tensorAt(t, path, 0, 64<<10)
+	c := &checkpoint.Checkpoint{Tensors: []*checkpoint.Tensor{tn}}
+	steps := []Step{
+		{Extents: []Extent{{T: tn, Off: 0, N: 16 << 10, Consume: true}}},
+		{Extents: []Extent{{T: tn, Off: 16 << 10, N: 16 << 10, Consume: true}, {T: tn, Off: 40 << 10, N: 8 << 10}}},
+	}
+	var mu sync.Mutex
+	told := map[int]int{}
+	p, err := New(steps, Options{OnConsumed: func(i int) { mu.Lock(); told[i]++; mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Install(c)
+	p.Start(context.Background())
+	// Bytes [10 KiB, 22 KiB) lie across the two steps.
+	got := make([]byte, 12<<10)
+	if _, err := tn.Data.ReadAt(got, 10<<10); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data[10<<10:22<<10]) || p.Misses() != 0 {
+		t.Fatalf("assembled read: equal %v, %d misses", bytes.Equal(got, data[10<<10:22<<10]), p.Misses())
+	}
+	report := func(off, n int64) {
+		tn.Data.(interface{ Consumed(off, n int64) }).Consumed(off, n)
+	}
+	report(0, 10<<10)
+	report(16<<10, 16<<10) // all of step 1's Consume bytes; its other extent does not count
+	if told[0] != 0 || told[1] != 1 {
+		t.Fatalf("told %v after step 0 in part, step 1 whole", told)
+	}
+	report(10<<10, 6<<10) // the rest of step 0: done
+	report(0, 16<<10)     // again: told once
+	if told[0] != 1 || told[1] != 1 {
+		t.Errorf("told %v, want each step once", told)
+	}
+}

@@ -32,6 +32,9 @@ func (w *windowData) ReadAt(b []byte, off int64) (int, error) {
 		done()
 		return n, nil
 	}
+	if w.assemble(b, off) {
+		return len(b), nil
+	}
 	w.p.misses.Add(1)
 	n, err := w.r.ReadAt(b, off)
 	w.p.missed.Add(int64(n))
@@ -83,5 +86,60 @@ func (p *Pass) unpin(st *step) {
 	defer p.mu.Unlock()
 	if st.pins--; st.pins == 0 && st.freed {
 		st.free(&p.bufs)
+	}
+}
+
+// assemble copies bytes [off, off+len(b)) from the held extents that
+// cover them together where no one of them does (a band of rows across
+// two parts of an expert), and reports whether they did.
+func (w *windowData) assemble(b []byte, off int64) bool {
+	end := off + int64(len(b))
+	for cur := off; cur < end; {
+		found := false
+		for _, h := range w.p.tensors[w.t] {
+			if h.off > cur || h.off+h.n <= cur {
+				continue
+			}
+			n := min(end, h.off+h.n) - cur
+			held, done, ok := w.Lend(cur, n)
+			if !ok {
+				continue
+			}
+			copy(b[cur-off:], held)
+			done()
+			cur += n
+			found = true
+			break
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// Consumed reports bytes [off, off+n) of the tensor consumed: each step
+// whose Consume extents they overlap counts them, and one whose every such
+// byte is counted is handed to Options.OnConsumed.
+func (w *windowData) Consumed(off, n int64) {
+	p := w.p
+	var done []int
+	p.mu.Lock()
+	for _, h := range p.tensors[w.t] {
+		lo, hi := max(off, h.off), min(off+n, h.off+h.n)
+		if !h.consume || lo >= hi {
+			continue
+		}
+		st := p.steps[h.i]
+		if st.consume -= hi - lo; st.consume <= 0 && !st.consumed {
+			st.consumed = true
+			done = append(done, int(h.i))
+		}
+	}
+	p.mu.Unlock()
+	if p.o.OnConsumed != nil {
+		for _, i := range done {
+			p.o.OnConsumed(i)
+		}
 	}
 }

@@ -159,3 +159,19 @@ func Lend(t *checkpoint.Tensor, off, n int64) ([]byte, func(), bool) {
 	}
 	return nil, nil, false
 }
+
+// Consumer is a tensor reader that is told which bytes a reader is done
+// with for good: a streamed pass lets a part of an expert go once its
+// reader has consumed every byte of it, instead of when the whole expert's
+// job ends.
+type Consumer interface {
+	Consumed(off, n int64)
+}
+
+// Consumed tells t's reader, where it listens, that bytes [off, off+n) of
+// t will not be read again by the caller.
+func Consumed(t *checkpoint.Tensor, off, n int64) {
+	if c, ok := t.Data.(Consumer); ok {
+		c.Consumed(off, n)
+	}
+}

@@ -1,7 +1,12 @@
 package tensorload
 
 import (
+	"bytes"
 	"fmt"
+	"reflect"
+
+	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/validate/tensorbytes"
 
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -18,7 +23,26 @@ type Bands struct {
 	f          weightfmt.Format
 	rows, cols int
 	where      string // "FILE: tensor NAME", for errors
+	// lazy, where set, is where the weight's elements lie: in.raw is then
+	// nil and each band reads its own elements (a large weight, whose
+	// bytes a streamed pass holds in parts: see LazyBytes).
+	lazy *lazyRows
 }
+
+// lazyRows locates a weight's elements: tensor t from element off.
+type lazyRows struct {
+	t   *checkpoint.Tensor
+	off int64
+}
+
+// LazyBytes is the stored size from which a weight's bands each read their
+// own bytes, checked and reported consumed (tensorbytes.Consumed) as they
+// go, instead of the weight reading and checking them all when it is
+// loaded. A streamed pass that cuts a large expert into parts (validate's
+// pass plan, above the same size) then holds a few parts of it at a time,
+// whatever the expert's size; smaller weights are read whole, as before.
+// Tests shrink it.
+var LazyBytes int64 = 16 << 20
 
 var _ moe.Weight = (*Bands)(nil)
 
@@ -38,7 +62,19 @@ func (w *Bands) Rows(r0, r1 int, dst []float32) error {
 	}
 	m := weightfmt.Matrix{Format: w.f, Rows: int64(w.rows), Cols: int64(w.cols)}
 	rb := m.RowBlock(int64(r0), int64(r1-r0))
-	raw := w.in.raw[rb.Weight.Off : rb.Weight.Off+rb.Weight.Size()]
+	var raw []byte
+	if lz := w.lazy; lz != nil {
+		es := int64(lz.t.DType.Size())
+		b, done, err := readChecked(lz.t, lz.off+rb.Weight.Off/es, rb.Weight.Size()/es)
+		if err != nil {
+			return err
+		}
+		defer tensorbytes.Consumed(lz.t, lz.off*es+rb.Weight.Off, rb.Weight.Size())
+		defer done()
+		raw = b
+	} else {
+		raw = w.in.raw[rb.Weight.Off : rb.Weight.Off+rb.Weight.Size()]
+	}
 	var scale []byte
 	if _, ok := w.f.Scale(); ok {
 		scale = w.in.scale[rb.Scale.Off : rb.Scale.Off+rb.Scale.Size()]
@@ -47,6 +83,60 @@ func (w *Bands) Rows(r0, r1 int, dst []float32) error {
 		return fmt.Errorf("%s: %w", w.where, err)
 	}
 	return nil
+}
+
+// SameRows reports whether rows [r0, r1) of w decode to the values o's
+// do: o is a Bands of the same shape and format, and the rows' stored
+// bytes, scale entries and global scale are the same (DST's copy of SRC's
+// expert). w's bytes of those rows are then reported consumed, as Rows
+// would; they need no NaN scan, being o's, which Rows scanned.
+func (w *Bands) SameRows(o moe.Weight, r0, r1 int) bool {
+	ob, ok := o.(*Bands)
+	if !ok || ob.rows != w.rows || ob.cols != w.cols || !sameFormat(w.f, ob.f) || r0%w.Band() != 0 {
+		return false
+	}
+	m := weightfmt.Matrix{Format: w.f, Rows: int64(w.rows), Cols: int64(w.cols)}
+	rb := m.RowBlock(int64(r0), int64(r1-r0))
+	if _, ok := w.f.Scale(); ok {
+		sl := func(b *Bands) []byte { return b.in.scale[rb.Scale.Off : rb.Scale.Off+rb.Scale.Size()] }
+		if !bytes.Equal(sl(w), sl(ob)) || !bytes.Equal(w.in.global, ob.in.global) {
+			return false
+		}
+	}
+	mine, done, err := w.raw(rb)
+	if err != nil {
+		return false
+	}
+	defer done()
+	theirs, done2, err := ob.raw(rb)
+	if err != nil {
+		return false
+	}
+	defer done2()
+	if !bytes.Equal(mine, theirs) {
+		return false
+	}
+	if lz := w.lazy; lz != nil {
+		tensorbytes.Consumed(lz.t, lz.off*int64(lz.t.DType.Size())+rb.Weight.Off, rb.Weight.Size())
+	}
+	return true
+}
+
+// raw is the stored bytes of a row block, unchecked: lent or read for a
+// lazy weight (done hands them back), else a slice of the weight's own.
+func (w *Bands) raw(rb weightfmt.Slice) ([]byte, func(), error) {
+	if lz := w.lazy; lz != nil {
+		es := int64(lz.t.DType.Size())
+		return readRaw(lz.t, lz.off+rb.Weight.Off/es, rb.Weight.Size()/es)
+	}
+	return w.in.raw[rb.Weight.Off : rb.Weight.Off+rb.Weight.Size()], func() {}, nil
+}
+
+// sameFormat reports whether two formats are one (formats are values; one
+// that cannot be compared is taken as different).
+func sameFormat(a, b weightfmt.Format) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta != nil && ta.Comparable() && a == b
 }
 
 // LoadBands reads and checks one weight as LoadMatrix does, keeping its

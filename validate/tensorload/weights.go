@@ -232,12 +232,23 @@ func readWeight(src TensorSource, m MatrixRef) (*Bands, error) {
 	piece := weightfmt.Matrix{Format: f, Rows: int64(m.Rows), Cols: int64(m.Cols)}
 	rows := slice.RowBlock(int64(m.RowStart), int64(m.Rows))
 	es := int64(max(t.DType.Size(), 1)) // ReadElems refuses a dtype of no size
-	raw, done, err := m.read(t, off+rows.Weight.Off/es, rows.Weight.Size()/es, int64(sliceRows), int64(wcols), int64(m.RowStart), int64(m.Rows))
-	if err != nil {
-		return nil, err
-	}
-	in := decodeInputs{raw: raw, done: []func(){done}}
+	var in decodeInputs
 	defer in.release() // what weight did not take: on an error
+	var lazy *lazyRows
+	var done func()
+	if first := off + rows.Weight.Off/es; rows.Weight.Size() >= LazyBytes && !m.InOut && t.DType.Size() > 0 {
+		// Read a band at a time (Bands.Rows), checked as each is read.
+		if err := elemRange(t, first, rows.Weight.Size()/es); err != nil {
+			return nil, err
+		}
+		lazy = &lazyRows{t: t, off: first}
+	} else {
+		raw, d, err := m.read(t, first, rows.Weight.Size()/es, int64(sliceRows), int64(wcols), int64(m.RowStart), int64(m.Rows))
+		if err != nil {
+			return nil, err
+		}
+		in = decodeInputs{raw: raw, done: []func(){d}}
+	}
 	sc, scaled := f.Scale()
 	switch {
 	case scaled && t.DType != f.DType():
@@ -249,7 +260,7 @@ func readWeight(src TensorSource, m MatrixRef) (*Bands, error) {
 		if !Decodable(t.DType) {
 			return nil, fmt.Errorf("%s: tensor %s: dtype %s is not a floating-point type validate can read", t.File, m, t.DType)
 		}
-		return in.weight(f, t, m), nil
+		return in.weight(f, t, m, lazy), nil
 	}
 	if !slice.RowSplitExact(int64(m.RowStart)) && m.ScaleRowStart == 0 {
 		return nil, fmt.Errorf("tensor %s: rows from %d do not start a %d-row scale block", m, m.RowStart, sc.Block[0])
@@ -292,12 +303,13 @@ func readWeight(src TensorSource, m MatrixRef) (*Bands, error) {
 		}
 		in.done = append(in.done, done)
 	}
-	return in.weight(f, t, m), nil
+	return in.weight(f, t, m, lazy), nil
 }
 
-// weight hands the inputs over to a Bands of m's [Rows, Cols] in format f.
-func (in *decodeInputs) weight(f weightfmt.Format, t *checkpoint.Tensor, m MatrixRef) *Bands {
-	w := &Bands{in: *in, f: f, rows: m.Rows, cols: m.Cols, where: fmt.Sprintf("%s: tensor %s", t.File, m)}
+// weight hands the inputs over to a Bands of m's [Rows, Cols] in format f
+// (its elements read a band at a time from lazy, where set).
+func (in *decodeInputs) weight(f weightfmt.Format, t *checkpoint.Tensor, m MatrixRef, lazy *lazyRows) *Bands {
+	w := &Bands{in: *in, f: f, rows: m.Rows, cols: m.Cols, where: fmt.Sprintf("%s: tensor %s", t.File, m), lazy: lazy}
 	*in = decodeInputs{}
 	return w
 }
