@@ -28,16 +28,7 @@ import (
 var aria = &spec{
 	name:       "aria",
 	modelTypes: []string{"aria_text"},
-	names: naming{
-		layers:            "model.layers.",
-		modules:           []string{"mlp"},
-		proj:              hubProj,
-		router:            "router",
-		shared:            "shared_experts",
-		stackedGateUp:     "experts.fc1.weight",
-		stackedDown:       "experts.fc2.weight",
-		stackedTransposed: true,
-	},
+	names:      stackedHubNames("mlp", "router", "shared_experts", "experts.fc1.weight", "experts.fc2.weight", transposedStacks),
 	keys: configKeys{
 		intermediate: "intermediate_size",
 		numExperts:   []string{"moe_num_experts"},

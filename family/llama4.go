@@ -17,16 +17,7 @@ import "github.com/moeprep/moeprep/moe"
 var llama4 = &spec{
 	name:       "llama4",
 	modelTypes: []string{"llama4_text"},
-	names: naming{
-		layers:            "model.layers.",
-		modules:           []string{"feed_forward"},
-		proj:              hubProj,
-		router:            "router",
-		shared:            "shared_expert",
-		stackedGateUp:     "experts.gate_up_proj",
-		stackedDown:       "experts.down_proj",
-		stackedTransposed: true,
-	},
+	names:      stackedHubNames("feed_forward", "router", "shared_expert", "experts.gate_up_proj", "experts.down_proj", transposedStacks),
 	keys: configKeys{
 		intermediate: "intermediate_size",
 		numExperts:   []string{"num_local_experts"},

@@ -16,9 +16,8 @@ import "github.com/moeprep/moeprep/moe"
 // top-k of p; w = p[ids] normalised +1e-20 when norm_topk_prob, times
 // routed_scaling_factor. Layer L is MoE iff L >= first_k_dense_replace.
 var mistral4 = &spec{
-	name: "mistral4",
-	names: naming{layers: "model.layers.", modules: []string{"mlp"}, proj: hubProj, router: "gate",
-		shared: "shared_experts", stackedGateUp: "experts.gate_up_proj", stackedDown: "experts.down_proj"},
+	name:   "mistral4",
+	names:  stackedHubNames("mlp", "gate", "shared_experts", "experts.gate_up_proj", "experts.down_proj"),
 	keys:   firstDenseKeys,
 	layers: firstDense,
 	defaults: map[string]any{

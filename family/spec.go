@@ -238,6 +238,27 @@ func hubLayoutNames(module, router, bias, shared string) naming {
 		proj: hubProj, router: router, bias: bias, shared: shared}
 }
 
+// stackedHubNames is the hub's layout with the routed experts stacked on
+// disk (Llama 4, Aria, Qwen3-VL-MoE, Mistral 4): model.layers.L.<module>
+// holding the router, the stacks gateUp (gate, then up) and down, and the
+// shared expert, where named, with the hub's projection names, all relative
+// to the module. orient says how the stacks are held where not [E, 2I, H]
+// and [E, H, I] (transposedStacks, eitherWayStacks).
+func stackedHubNames(module, router, shared, gateUp, down string, orient ...func(*naming)) naming {
+	n := naming{layers: "model.layers.", modules: []string{module}, proj: hubProj, router: router,
+		shared: shared, stackedGateUp: gateUp, stackedDown: down}
+	for _, o := range orient {
+		o(&n)
+	}
+	return n
+}
+
+// transposedStacks: the stacks hold W transposed, [E, H, 2I] and [E, I, H].
+func transposedStacks(n *naming) { n.stackedTransposed = true }
+
+// eitherWayStacks: the stacks may be held either way; their shapes say which.
+func eitherWayStacks(n *naming) { n.stackedEitherWay = true }
+
 // mixtralNames is Mixtral's layout: model.layers.L.block_sparse_moe.{gate,
 // experts.E.w1|w3|w2} (w1 gate, w3 up, w2 down), the module named "mlp" in
 // transformers 5's own saves; bias is a correction bias on the module, if any.

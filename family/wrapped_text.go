@@ -37,19 +37,11 @@ var qwen35MoE = &spec{
 var qwen3VLMoE = &spec{
 	name:       "qwen3_vl_moe",
 	modelTypes: []string{"qwen3_vl_moe_text"},
-	names: naming{
-		layers:           "model.layers.",
-		modules:          []string{"mlp"},
-		proj:             hubProj,
-		router:           "gate",
-		stackedGateUp:    "experts.gate_up_proj",
-		stackedDown:      "experts.down_proj",
-		stackedEitherWay: true,
-	},
-	keys:     configKeys{intermediate: "moe_intermediate_size"},
-	layers:   sparseStep,
-	defaults: map[string]any{"decoder_sparse_step": 1.0, "mlp_only_layers": []any{}},
-	routing:  softmaxNorm(true),
+	names:      stackedHubNames("mlp", "gate", "", "experts.gate_up_proj", "experts.down_proj", eitherWayStacks),
+	keys:       configKeys{intermediate: "moe_intermediate_size"},
+	layers:     sparseStep,
+	defaults:   map[string]any{"decoder_sparse_step": 1.0, "mlp_only_layers": []any{}},
+	routing:    softmaxNorm(true),
 }
 
 // glm4vMoEText is GLM-4.5V's text model (Glm4vMoeTextMoE): GLM-4.5's MoE

@@ -185,6 +185,24 @@ func checkRefusals(t *testing.T, cases []refusal) {
 	}
 }
 
+// mxRefusals are the refusals every format of 32-column groups with one
+// E8M0 scale byte a group shares (MXFP4, MXFP8): a row that is not a whole
+// number of groups (48 columns, and a short row of 31), a weight a byte
+// short, a scale grid too long or missing, too few outputs. groupBytes is
+// the weight bytes of one group; shortWeight what the format's error for a
+// short weight says.
+func mxRefusals(f Format, groupBytes int, shortWeight string) []refusal {
+	weight := func(cols int) []byte { return make([]byte, (cols*groupBytes+31)/32) }
+	return []refusal{
+		{"partial group", f, 1, 48, weight(48), []byte{1, 1}, 48, "whole number of 32-column"},
+		{"short row", f, 1, 31, weight(31), []byte{1}, 31, "whole number of 32-column"},
+		{"short weight", f, 1, 32, weight(32)[1:], []byte{1}, 32, shortWeight},
+		{"long grid", f, 1, 32, weight(32), []byte{1, 2}, 32, "scale bytes"},
+		{"missing grid", f, 1, 32, weight(32), nil, 32, "scale bytes"},
+		{"short output", f, 2, 32, weight(64), []byte{1, 1}, 63, "outputs"},
+	}
+}
+
 // stack is N random [rows, cols] weights of a format, their scale grids and
 // global scales, each laid out as a stack [N, ...] the way a stacked
 // checkpoint holds them, addressed by hand in packing units: element c of a

@@ -42,14 +42,7 @@ func TestMXFP8Dequantise(t *testing.T) {
 
 func TestMXFP8Refusals(t *testing.T) {
 	f := MXFP8(NamingModelOpt, u8)
-	checkRefusals(t, []refusal{
-		{"partial group", f, 1, 48, make([]byte, 48), []byte{1, 1}, 48, "whole number of 32-column"},
-		{"short row", f, 1, 31, make([]byte, 31), []byte{1}, 31, "whole number of 32-column"},
-		{"short weight", f, 1, 32, make([]byte, 31), []byte{1}, 32, "bytes"},
-		{"long grid", f, 1, 32, make([]byte, 32), []byte{1, 2}, 32, "scale bytes"},
-		{"missing grid", f, 1, 32, make([]byte, 32), nil, 32, "scale bytes"},
-		{"short output", f, 2, 32, make([]byte, 64), []byte{1, 1}, 63, "outputs"},
-	})
+	checkRefusals(t, mxRefusals(f, 32, "bytes"))
 }
 
 // TestMXFP8Names: ModelOpt's x.weight_scale and MiniMax's
