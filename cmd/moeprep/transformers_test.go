@@ -17,6 +17,7 @@ func TestLayoutTransformersNextStep(t *testing.T) {
 		{"gpt-oss", "transformers", "t.AutoModelForCausalLM.from_pretrained(", "its experts are written as the checkpoint stores them"},
 		{"llama4", "transformers", "t.Llama4ForConditionalGeneration.from_pretrained(", "writing layout gate-up, orientation in-out"},
 		{"qwen3-moe", "transformers", "t.AutoModelForCausalLM.from_pretrained(", "writing layout gate-up"},
+		{"deepseek-v3-fp8", "transformers", "t.AutoModelForCausalLM.from_pretrained(", "dequantises FP8 experts per expert, each weight with its own scale, before it stacks them"},
 		{"llama4", "gate-up", `then: README "Using the output"`, ""},
 		{"gpt-oss", "gate-up", `then: README "Using the output"`, ""},
 	} {
