@@ -38,6 +38,9 @@ func TestLayoutTransformersEveryFixture(t *testing.T) {
 			if want := fx.Quantized() || fp.Transformers.AsStored; dp.AsStored != want {
 				t.Fatalf("%s experts (family form as-stored %v): resolved as-stored %v, want %v", fx.Format, fp.Transformers.AsStored, dp.AsStored, want)
 			}
+			if fp8 := fx.Format == hf.FP8Block || fx.Format == hf.FP8Tensor; fp8 != strings.Contains(dp.Why, "dequantises FP8 experts per expert") {
+				t.Errorf("%s experts: reason %q", fx.Format, dp.Why)
+			}
 			wantL, wantO := dp.Layout()
 			if c.Layout != wantL || c.Oriented() != wantO {
 				t.Fatalf("contract layout %s %s, the family's form says %s %s", c.Layout, c.Oriented(), wantL, wantO)
