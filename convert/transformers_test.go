@@ -16,10 +16,11 @@ import (
 
 // TestLayoutTransformersEveryFixture converts every fixture transformers
 // wrote with --layout transformers and checks what was written against
-// the form the family's data states: an as-stored output holds every one
-// of SRC's tensors under its own name, byte for byte, and nothing else; a
-// gate-up one holds the first MoE layer's stacks under the names
-// transformers 5 holds, in the family's orientation.
+// the form resolved for it (the family's, or as stored where the experts
+// are quantised: every FP8, INT4, NVFP4 and MXFP4 fixture): an as-stored
+// output holds every one of SRC's tensors under its own name, byte for
+// byte, and nothing else; a gate-up one holds the first MoE layer's stacks
+// under the names transformers 5 holds, in the family's orientation.
 func TestLayoutTransformersEveryFixture(t *testing.T) {
 	for _, fx := range hf.All() {
 		t.Run(fx.Dir, func(t *testing.T) {
@@ -29,10 +30,16 @@ func TestLayoutTransformersEveryFixture(t *testing.T) {
 			if _, err := Convert(context.Background(), Options{Src: src, Dst: dst, Layout: layout.Transformers}); err != nil {
 				t.Fatal(err)
 			}
-			ck, dp := cktest.Open(t, dst), fp.Transformers
+			ck, dp := cktest.Open(t, dst), fp.TransformersOutputForm()
 			c, ok, err := layout.ReadContract(ck.Config)
 			if err != nil || !ok {
 				t.Fatalf("contract: %v %v", ok, err)
+			}
+			if want := fx.Quantized() || fp.Transformers.AsStored; dp.AsStored != want {
+				t.Fatalf("%s experts (family form as-stored %v): resolved as-stored %v, want %v", fx.Format, fp.Transformers.AsStored, dp.AsStored, want)
+			}
+			if fp8 := fx.Format == hf.FP8Block || fx.Format == hf.FP8Tensor; fp8 != strings.Contains(dp.Why, "dequantises FP8 experts per expert") {
+				t.Errorf("%s experts: reason %q", fx.Format, dp.Why)
 			}
 			wantL, wantO := dp.Layout()
 			if c.Layout != wantL || c.Oriented() != wantO {
@@ -59,10 +66,10 @@ func TestLayoutTransformersEveryFixture(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if c.ExpertsModule != fp.Transformers.Module {
-				t.Errorf("contract experts_module %q, the family's form says %q", c.ExpertsModule, fp.Transformers.Module)
+			if c.ExpertsModule != dp.Module {
+				t.Errorf("contract experts_module %q, the family's form says %q", c.ExpertsModule, dp.Module)
 			}
-			n := layout.NamesIn(layout.GateUp, l.Prefix, fp.Transformers.Module, f)
+			n := layout.NamesIn(layout.GateUp, l.Prefix, dp.Module, f)
 			down, ok := ck.Tensor(n.Weight(layout.ProjDown))
 			if !ok {
 				t.Fatalf("%s is missing", n.Weight(layout.ProjDown))
@@ -72,7 +79,7 @@ func TestLayoutTransformersEveryFixture(t *testing.T) {
 			if wantO == layout.InOut {
 				want = []int64{E, I, H}
 			}
-			if got := down.Shape; !slices.Equal(got[:1], want[:1]) || len(got) != 3 || (fx.Format == hf.BF16 && !slices.Equal(got, want)) {
+			if got := down.Shape; !slices.Equal(got[:1], want[:1]) || len(got) != 3 || !slices.Equal(got, want) {
 				t.Errorf("%s: shape %v, want %v", down.Name, got, want)
 			}
 		})
@@ -105,6 +112,14 @@ func TestLayoutTransformersForms(t *testing.T) {
 		{"qwen3-moe", layout.GateUp, layout.OutIn, "model.layers.1.mlp.experts.gate_up_proj", []int64{8, 64, 64}},
 		{"granitemoe", layout.GateUp, layout.OutIn, "model.layers.0.block_sparse_moe.experts.down_proj", []int64{8, 64, 32}},
 		{"granitemoeshared", layout.GateUp, layout.OutIn, "model.layers.1.block_sparse_moe.experts.gate_up_proj", []int64{8, 64, 64}},
+		// Quantised experts are written as stored, each expert with its own
+		// scales, under any family's form.
+		{"deepseek-v3-fp8", layout.AsStored, layout.OutIn, "model.layers.1.mlp.experts.3.gate_proj.weight_scale_inv", []int64{1, 2}},
+		{"glm4-moe-lite-fp8", layout.AsStored, layout.OutIn, "model.layers.1.mlp.experts.3.down_proj.weight_scale_inv", []int64{1, 1}},
+		{"deepseek-v4-fp8", layout.AsStored, layout.OutIn, "model.layers.1.ffn.experts.3.w2.weight_scale_inv", []int64{1, 1}},
+		{"deepseek-v3-fp8-tensor", layout.AsStored, layout.OutIn, "model.layers.1.mlp.experts.3.down_proj.weight_scale", []int64{1, 1}}, // a scalar, read as its [1, 1] grid
+		{"qwen3-moe-fp8-channel", layout.AsStored, layout.OutIn, "model.layers.1.mlp.experts.3.down_proj.weight_scale", []int64{64, 1}},
+		{"deepseek-v3-int4", layout.AsStored, layout.OutIn, "model.layers.1.mlp.experts.3.gate_proj.weight_packed", []int64{32, 20}},
 	} {
 		t.Run(tc.dir, func(t *testing.T) {
 			src := filepath.Join(hfDir, tc.dir)
@@ -157,6 +172,8 @@ func TestLayoutTransformersRefusals(t *testing.T) {
 		{"llama4-text", Options{Orientation: layout.OutIn}, "transformers 5 holds llama4_text's experts in-out"},
 		{"gpt-oss", Options{Orientation: layout.InOut}, "as the checkpoint stores them, which --orientation cannot change"},
 		{"gpt-oss-mxfp4", Options{DType: "BF16"}, "copied as they are and not dequantised"},
+		{"deepseek-v3-fp8", Options{DType: "BF16"}, "deepseek_v3's experts are written as the checkpoint stores them (transformers 5 dequantises FP8 experts per expert"},
+		{"deepseek-v3-fp8", Options{Orientation: layout.InOut}, "which --orientation cannot change"},
 		{"deepseek-v3-bf16", Options{FoldScaling: layout.FoldDown}, "would apply it twice"},
 	} {
 		t.Run(fmt.Sprint(tc.dir, "/", tc.want), func(t *testing.T) {

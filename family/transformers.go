@@ -60,3 +60,37 @@ func (f TransformersForm) Describe(modelType string) string {
 	}
 	return "transformers 5 holds " + modelType + "'s experts as experts.gate_up_proj [E, 2I, H] and experts.down_proj [E, H, I]"
 }
+
+// TransformersOutputForm is the form `convert --layout transformers`
+// writes for this checkpoint: the family's (Plan.Transformers), except
+// where the routed experts are stored quantised. transformers 5 reads
+// quantised experts only as the checkpoint's per-expert tensors: with
+// FP8 dequantised on load (FineGrainedFP8Config(dequantize=True), its
+// quantizer's update_weight_conversions) it collects each expert's
+// `weight` with its `weight_scale_inv` and folds the pair before its
+// conversion stacks the experts, and compressed-tensors checkpoints are
+// decompressed the same way, per expert (weight_packed, weight_scale,
+// weight_shape), before stacking. A stacked quantised tensor matches
+// neither: transformers 5.17 loaded moeprep's stacked FP8
+// experts.gate_up_proj without its scales and reported
+// experts.gate_up_proj_scale_inv as unexpected (docs/OUTPUT.md). So
+// quantised experts are written as stored, which loads as the original
+// does whichever way transformers is told to load it.
+func (p *Plan) TransformersOutputForm() TransformersForm {
+	if p.Transformers.AsStored || p.Quantization == "" || p.Quantization == QuantNone {
+		return p.Transformers
+	}
+	return TransformersForm{AsStored: true, Why: quantisedExpertsWhy(p.Quantization)}
+}
+
+// quantisedExpertsWhy is the clause convert's notice gives for writing
+// experts stored in q as they are.
+func quantisedExpertsWhy(q Quantization) string {
+	switch q {
+	case QuantFP8Block, QuantFP8Tensor:
+		return "transformers 5 dequantises FP8 experts per expert, each weight with its own scale, before it stacks them, and reads no stacked FP8 scale (experts.gate_up_proj_scale_inv is an unexpected key with dequantize=True)"
+	case QuantFP8Channel, QuantInt4Pack, QuantNVFP4CT:
+		return "transformers 5 decompresses compressed-tensors experts per expert before it stacks them and reads no stacked quantised tensor"
+	}
+	return "transformers 5 reads " + string(q) + " experts per expert, as the checkpoint stores them, and no stacked form of them"
+}

@@ -13,7 +13,7 @@ import (
 
 // TestAsStoredValidates: an output of --layout transformers whose experts
 // are stored as SRC stores them (aria, DBRX, gpt-oss in bf16 and MXFP4,
-// LongCat-Flash's per-expert tensors) validates: every MoE layer's reference on DST equals
+// LongCat-Flash's per-expert tensors, DeepSeek-V3's FP8 experts) validates: every MoE layer's reference on DST equals
 // SRC's bit for bit, every expert exercised, against the golden too, and
 // the byte proof holds every tensor to SRC's. One changed element of one
 // expert of layer 1 then fails that layer's rows, and the byte proof.
@@ -28,6 +28,8 @@ func TestAsStoredValidates(t *testing.T) {
 		{"dbrx", "transformer.blocks.1.ffn.experts.mlp.w2", 8, 8},
 		{"aria", "language_model.model.layers.1.mlp.experts.fc2.weight", 8, 8},
 		{"longcat-flash", "model.layers.1.mlp.experts.3.down_proj.weight", 8, 1},
+		// FP8 experts are written as stored under every family's form.
+		{"deepseek-v3-fp8", "model.layers.1.mlp.experts.3.down_proj.weight", 16, 1},
 	} {
 		t.Run(tc.dir, func(t *testing.T) {
 			src := filepath.Join(hfFixtures, tc.dir)
