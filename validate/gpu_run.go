@@ -9,6 +9,7 @@ import (
 	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/validate/judge"
 	"github.com/moeprep/moeprep/validate/moelayer"
+	"github.com/moeprep/moeprep/validate/stream"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -195,7 +196,7 @@ func (s *session) runGPUStreamed(ctx context.Context, targets []target, rep *Rep
 	}
 	defer g.Close()
 	layerStart := time.Now()
-	err = s.streamPass(ctx, targets, rep, withBytes, " on "+rep.DeviceName, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
+	err = s.streamPass(ctx, targets, rep, withBytes, " on "+rep.DeviceName, gpuPassBudget, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
 		tm := LayerTiming{Layer: tg.index}
 		rows, err := s.checkLayerGPU(ctx, g, tg, nil, &lp, sampled[tg.index], &tm)
 		if err != nil {
@@ -213,6 +214,15 @@ func (s *session) runGPUStreamed(ctx context.Context, targets []target, rep *Rep
 	s.ioBaseline(g, rep)
 	return nil
 }
+
+// gpuPassBudget is the read-ahead of a GPU run's streamed pass: stream's
+// most, not its default of four of the largest step. Three readers (the
+// bank's upload, the GPU unfused path, the CPU reference) and the byte
+// proof each hold a layer's steps a while, and a 4-bit expert's step is
+// small (gpt-oss MXFP4: 26 MB of SRC and DST, so four of them are 104 MB):
+// with room for four, one reader's pause stopped the disk. paceWindow
+// grows with it.
+const gpuPassBudget = stream.MaxBudget
 
 // paceWindow is how many bank steps a reader of a streamed GPU layer may
 // run ahead of the slowest: what the pass's budget holds, and at least 4,

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/moeprep/moeprep/moe"
 )
 
 // --jobs is bounded by the cores and by what memory holds at one expert's
@@ -38,6 +40,30 @@ func TestCapJobs(t *testing.T) {
 		if got != tc.want || why != tc.why {
 			t.Errorf("%s: capJobs(%d, %d cores, %d per job, budget %d) = %d (%q), want %d (%q)",
 				tc.name, tc.requested, tc.cores, tc.perJob, tc.budget, got, why, tc.want, tc.why)
+		}
+	}
+}
+
+// Without --jobs a CPU run computes moe.Workers() experts at once, and a
+// GPU run's CPU reference every core but gpuReserve (never fewer than a
+// CPU run's): on the 16-core GPU host 4 workers made the 4-bit layers wait
+// for the reference (issue 45).
+func TestDefaultJobs(t *testing.T) {
+	cpu := moe.Workers()
+	for _, tc := range []struct {
+		d     Device
+		cores int
+		want  int
+	}{
+		{DeviceCPU, 16, cpu},
+		{DeviceCPU, 2, cpu},
+		{DeviceCUDA, 16, 14},
+		{DeviceCUDA, 64, 62},
+		{DeviceCUDA, 2, cpu},
+		{DeviceCUDA, 1, cpu},
+	} {
+		if got := defaultJobs(tc.d, tc.cores); got != tc.want {
+			t.Errorf("defaultJobs(%s, %d cores) = %d, want %d", tc.d, tc.cores, got, tc.want)
 		}
 	}
 }

@@ -435,7 +435,7 @@ func decoderLayerOf(name string) int {
 // runStreamed runs the layer checks of targets on the CPU, and with
 // withBytes the byte proof, over one streamed pass.
 func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report, withBytes bool) error {
-	return s.streamPass(ctx, targets, rep, withBytes, "", func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
+	return s.streamPass(ctx, targets, rep, withBytes, "", 0, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
 		return s.checkLayerWith(ctx, tg, lp.release)
 	})
 }
@@ -467,9 +467,9 @@ type layerPass struct {
 type layerCheck func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error)
 
 // streamPass runs check on every target, and with withBytes the byte
-// proof, over one streamed pass; on names the device in the progress
-// lines ("": none).
-func (s *session) streamPass(ctx context.Context, targets []target, rep *Report, withBytes bool, on string, check layerCheck) error {
+// proof, over one streamed pass of budget bytes (0: stream's default); on
+// names the device in the progress lines ("": none).
+func (s *session) streamPass(ctx context.Context, targets []target, rep *Report, withBytes bool, on string, budget int64, check layerCheck) error {
 	var proof *byteproof.Stream
 	var early *byteproof.BytesResult
 	if withBytes {
@@ -479,7 +479,10 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 		}
 	}
 	pp := s.planPass(targets, proof)
-	pass, err := stream.New(pp.steps, stream.Options{Budget: passBudget, OnRead: s.meter.streamRead(pp)})
+	if passBudget != 0 {
+		budget = passBudget
+	}
+	pass, err := stream.New(pp.steps, stream.Options{Budget: budget, OnRead: s.meter.streamRead(pp)})
 	if err != nil {
 		return err
 	}
