@@ -435,7 +435,7 @@ func decoderLayerOf(name string) int {
 // runStreamed runs the layer checks of targets on the CPU, and with
 // withBytes the byte proof, over one streamed pass.
 func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report, withBytes bool) error {
-	return s.streamPass(ctx, targets, rep, withBytes, "", 0, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
+	return s.streamPass(ctx, targets, rep, withBytes, nil, 0, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
 		return s.checkLayerWith(ctx, tg, lp.release)
 	})
 }
@@ -468,8 +468,9 @@ type layerCheck func(ctx context.Context, tg target, lp layerPass) ([]LayerResul
 
 // streamPass runs check on every target, and with withBytes the byte
 // proof, over one streamed pass of budget bytes (0: stream's default); on
-// names the device in the progress lines ("": none).
-func (s *session) streamPass(ctx context.Context, targets []target, rep *Report, withBytes bool, on string, budget int64, check layerCheck) error {
+// names the device in the progress lines (nil: none), asked as each layer
+// starts (a GPU run's device opens while the pass's first reads come in).
+func (s *session) streamPass(ctx context.Context, targets []target, rep *Report, withBytes bool, on func() string, budget int64, check layerCheck) error {
 	var proof *byteproof.Stream
 	var early *byteproof.BytesResult
 	if withBytes {
@@ -526,7 +527,11 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		s.o.progress("validate: layer %s (%d of %d)%s", tg.label(), i+1, len(targets), on)
+		where := ""
+		if on != nil {
+			where = on()
+		}
+		s.o.progress("validate: layer %s (%d of %d)%s", tg.label(), i+1, len(targets), where)
 		ls := pp.layers[tg.index]
 		lp := layerPass{order: ls.order(), budget: pass.Budget(), release: func(b int) { let(ls, ls.bank[b]) }}
 		for _, st := range ls.bank {
