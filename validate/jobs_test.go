@@ -50,20 +50,15 @@ func TestCapJobs(t *testing.T) {
 // for the reference (issue 45).
 func TestDefaultJobs(t *testing.T) {
 	cpu := moe.Workers()
-	for _, tc := range []struct {
-		d     Device
-		cores int
-		want  int
-	}{
-		{DeviceCPU, 16, cpu},
-		{DeviceCPU, 2, cpu},
-		{DeviceCUDA, 16, 14},
-		{DeviceCUDA, 64, 62},
-		{DeviceCUDA, 2, cpu},
-		{DeviceCUDA, 1, cpu},
-	} {
-		if got := defaultJobs(tc.d, tc.cores); got != tc.want {
-			t.Errorf("defaultJobs(%s, %d cores) = %d, want %d", tc.d, tc.cores, got, tc.want)
+	want := map[Device]map[int]int{ // device -> cores -> jobs
+		DeviceCPU:  {16: cpu, 2: cpu},
+		DeviceCUDA: {16: 14, 64: 62, 2: cpu, 1: cpu},
+	}
+	for d, byCores := range want {
+		for cores, jobs := range byCores {
+			if got := defaultJobs(d, cores); got != jobs {
+				t.Errorf("defaultJobs(%s, %d cores) = %d, want %d", d, cores, got, jobs)
+			}
 		}
 	}
 }
