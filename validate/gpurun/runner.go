@@ -790,14 +790,20 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 		gk = 1
 	}
 	// The shared expert runs first: its bytes are the layer's head, which a
-	// streamed pass reads before the routed experts, and a requantised one
-	// is quantised on the host, which after the last routed expert would be
-	// the layer's tail. Its rows are added to y where they always were, so y
-	// does not change, nor does which error is reported (its own, after the
-	// routed experts').
+	// streamed pass reads before the routed experts. A requantised one is
+	// quantised on the host meanwhile, beside the routed experts (about a
+	// second of a core for Kimi-K2's, which before them, or after them,
+	// was the path's tail), and runs once they are queued. Its rows are
+	// added to y where they always were, so y does not change, nor does
+	// which error is reported (its own, after the routed experts').
 	var shared sharedRows
-	if layer.Shared != nil {
-		shared = g.sharedRows(src, plan, layer, requant, in, &fr)
+	var requantised *hostRequant
+	switch {
+	case layer.Shared != nil && requant != nil:
+		requantised = startHostRequant(src, *layer.Shared, requant)
+		defer requantised.wait()
+	case layer.Shared != nil:
+		shared = g.sharedRows(src, plan, layer, nil, in, &fr)
 	}
 	for id := range e {
 		if len(users[id]) == 0 {
@@ -835,6 +841,9 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 	if err := g.lr.Finalize(out, slotW, y, t, k, h, slots.FinalScale); err != nil {
 		return nil, err
 	}
+	if requantised != nil {
+		shared = g.requantisedRows(requantised, plan, layer, in, &fr)
+	}
 	if layer.Shared != nil {
 		if shared.err != nil {
 			return nil, shared.err
@@ -867,18 +876,18 @@ type sharedRows struct {
 // the format it is stored in (apart from the routed experts' where the
 // plan says so: DeepSeek-V4's FP8 blocks beside FP4, Kimi's BF16 beside
 // INT4), as the CPU reference reads it, or requantised into requant (nil:
-// not); its rows are freed with fr.
-func (g *Runner) sharedRows(src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, requant weightfmt.Format, in *Input, fr *Frees) sharedRows {
+// not) as rq holds it; its rows are freed with fr.
+func (g *Runner) sharedRows(src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, rq *hostRequant, in *Input, fr *Frees) sharedRows {
 	swf, err := plan.SharedFormat()
 	if err != nil {
 		return sharedRows{err: fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)}
 	}
 	ssrc, sm := src, *layer.Shared
-	if requant != nil {
-		if sm, ssrc, err = RequantisedShared(src, sm, requant); err != nil {
-			return sharedRows{err: fmt.Errorf("layer %d: %w", layer.Key(), err)}
+	if rq != nil {
+		if rq.err != nil {
+			return sharedRows{err: fmt.Errorf("layer %d: %w", layer.Key(), rq.err)}
 		}
-		swf = requant
+		sm, ssrc, swf = rq.m, rq.src, rq.f
 	}
 	rows, err := g.denseOut(ssrc, sm, layer.SharedGate, swf, plan.SharedActOf(*layer), in, fr)
 	if err != nil {
@@ -886,6 +895,42 @@ func (g *Runner) sharedRows(src tensorload.TensorSource, plan *family.Plan, laye
 	}
 	return sharedRows{rows: rows}
 }
+
+// requantisedRows is sharedRows of the requantised shared expert rq
+// computes, once it has.
+func (g *Runner) requantisedRows(rq *hostRequant, plan *family.Plan, layer *family.Layer, in *Input, fr *Frees) sharedRows {
+	rq.wait()
+	return g.sharedRows(nil, plan, layer, rq, in, fr)
+}
+
+// hostRequant is a plain shared expert quantised on the host into f
+// (RequantisedShared), computed in the background: m names its tensors in
+// src, which holds the quantised ones in memory once computed (or, where
+// computing them failed, as computed on each read, so that loading them
+// fails as it always did, naming the tensor and element), err why it could
+// not be quantised at all.
+type hostRequant struct {
+	done chan struct{}
+	f    weightfmt.Format
+	m    family.MLP
+	src  tensorload.TensorSource
+	err  error
+}
+
+// startHostRequant starts quantising shared (of src) into f.
+func startHostRequant(src tensorload.TensorSource, shared family.MLP, f weightfmt.Format) *hostRequant {
+	rq := &hostRequant{done: make(chan struct{}), f: f}
+	go func() {
+		defer close(rq.done)
+		if rq.m, rq.src, rq.err = RequantisedShared(src, shared, f); rq.err == nil {
+			rq.src = tensorload.Computed(rq.src, rq.m.Names())
+		}
+	}()
+	return rq
+}
+
+// wait returns once the quantisation is done (again: at once).
+func (rq *hostRequant) wait() { <-rq.done }
 
 // oneExpert uploads one expert and queues its SwiGLU over its slots, writing
 // those slots' rows of out; its device memory is released once the compute
