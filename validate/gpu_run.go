@@ -203,7 +203,7 @@ func (s *session) runGPUStreamed(ctx context.Context, targets []target, rep *Rep
 		}
 		return " on " + rep.DeviceName
 	}
-	err := s.streamPass(ctx, targets, rep, withBytes, on, gpuPassBudget, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
+	err := s.streamPass(ctx, targets, rep, withBytes, on, stream.Options{Budget: gpuPassBudget, Depth: gpuPassDepth}, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
 		g, err := dev.wait()
 		if err != nil {
 			return nil, err
@@ -277,6 +277,10 @@ func (a *asyncGPU) close() {
 // with room for four, one reader's pause stopped the disk. paceWindow
 // grows with it.
 const gpuPassBudget = stream.MaxBudget
+
+// gpuPassDepth is the reads a GPU run's pass keeps in flight (stream's
+// default: 4).
+const gpuPassDepth = stream.DefaultDepth
 
 // paceWindow is how many bank steps a reader of a streamed GPU layer may
 // run ahead of the slowest: what the pass's budget holds, and at least 4,

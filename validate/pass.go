@@ -435,7 +435,7 @@ func decoderLayerOf(name string) int {
 // runStreamed runs the layer checks of targets on the CPU, and with
 // withBytes the byte proof, over one streamed pass.
 func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report, withBytes bool) error {
-	return s.streamPass(ctx, targets, rep, withBytes, nil, 0, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
+	return s.streamPass(ctx, targets, rep, withBytes, nil, stream.Options{}, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
 		return s.checkLayerWith(ctx, tg, lp.release)
 	})
 }
@@ -467,10 +467,11 @@ type layerPass struct {
 type layerCheck func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error)
 
 // streamPass runs check on every target, and with withBytes the byte
-// proof, over one streamed pass of budget bytes (0: stream's default); on
-// names the device in the progress lines (nil: none), asked as each layer
-// starts (a GPU run's device opens while the pass's first reads come in).
-func (s *session) streamPass(ctx context.Context, targets []target, rep *Report, withBytes bool, on func() string, budget int64, check layerCheck) error {
+// proof, over one streamed pass read as so says (its Budget and Depth; 0:
+// stream's defaults); on names the device in the progress lines (nil:
+// none), asked as each layer starts (a GPU run's device opens while the
+// pass's first reads come in).
+func (s *session) streamPass(ctx context.Context, targets []target, rep *Report, withBytes bool, on func() string, so stream.Options, check layerCheck) error {
 	var proof *byteproof.Stream
 	var early *byteproof.BytesResult
 	if withBytes {
@@ -481,9 +482,10 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 	}
 	pp := s.planPass(targets, proof)
 	if passBudget != 0 {
-		budget = passBudget
+		so.Budget = passBudget
 	}
-	pass, err := stream.New(pp.steps, stream.Options{Budget: budget, OnRead: s.meter.streamRead(pp)})
+	so.OnRead = s.meter.streamRead(pp)
+	pass, err := stream.New(pp.steps, so)
 	if err != nil {
 		return err
 	}
