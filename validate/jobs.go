@@ -57,32 +57,13 @@ func capJobs(requested, cores int, perJob, budget int64) (jobs int, why string) 
 	return jobs, why
 }
 
-// gpuReserve is the cores a GPU run keeps from its CPU reference's jobs:
-// the streamed pass's reads, the GPU stager's copies into pinned memory and
-// the byte proof's hashing run beside them.
-const gpuReserve = 2
-
-// defaultJobs is how many jobs a run computes at once when --jobs does not
-// say, on cores cores. A CPU run: one per core, up to 4 (moe.Workers). A
-// GPU run leaves the products to the GPU but for the CPU reference of the
-// layers --cpu-check samples, which must keep up with the disk the GPU
-// paths read at (a 4-bit expert costs the reference about as much CPU time
-// per byte read as FP8's twice): every core but gpuReserve, so that on a
-// 16-core host it is not 4 workers that set the layer's time.
-func defaultJobs(d Device, cores int) int {
-	if d == DeviceCUDA {
-		return max(moe.Workers(), cores-gpuReserve)
-	}
-	return moe.Workers()
-}
-
 // capJobs sets s.o.Workers to the jobs the run computes at once for
 // targets and returns the report's note when that is fewer than asked (the
 // default: one per core, up to 4; "" when nothing capped it).
 func (s *session) capJobs(targets []target) string {
 	requested, asked := s.o.Workers, fmt.Sprintf("--jobs %d", s.o.Workers)
 	if requested <= 0 {
-		requested = defaultJobs(s.o.Device, runtime.GOMAXPROCS(0))
+		requested = moe.Workers()
 		asked = fmt.Sprintf("the default %d jobs", requested)
 	}
 	d := s.expertF32Bytes(targets)

@@ -4,8 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-
-	"github.com/moeprep/moeprep/moe"
 )
 
 // --jobs is bounded by the cores and by what memory holds at one expert's
@@ -40,25 +38,6 @@ func TestCapJobs(t *testing.T) {
 		if got != tc.want || why != tc.why {
 			t.Errorf("%s: capJobs(%d, %d cores, %d per job, budget %d) = %d (%q), want %d (%q)",
 				tc.name, tc.requested, tc.cores, tc.perJob, tc.budget, got, why, tc.want, tc.why)
-		}
-	}
-}
-
-// Without --jobs a CPU run computes moe.Workers() experts at once, and a
-// GPU run's CPU reference every core but gpuReserve (never fewer than a
-// CPU run's): on the 16-core GPU host 4 workers made the 4-bit layers wait
-// for the reference (issue 45).
-func TestDefaultJobs(t *testing.T) {
-	cpu := moe.Workers()
-	want := map[Device]map[int]int{ // device -> cores -> jobs
-		DeviceCPU:  {16: cpu, 2: cpu},
-		DeviceCUDA: {16: 14, 64: 62, 2: cpu, 1: cpu},
-	}
-	for d, byCores := range want {
-		for cores, jobs := range byCores {
-			if got := defaultJobs(d, cores); got != jobs {
-				t.Errorf("defaultJobs(%s, %d cores) = %d, want %d", d, cores, got, jobs)
-			}
 		}
 	}
 }

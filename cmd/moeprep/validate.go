@@ -41,7 +41,7 @@ func (f *validateFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.ioBaseline, "io-baseline", false, "GPU runs: afterwards, time reading and uploading each layer's bytes without compute, and report layer time / that")
 	fl.StringVar(&f.golden, "golden", "", "directory of HF golden outputs (moe-layer-L.safetensors) to check against")
 	fl.IntVar(&f.blockSize, "block-size", validate.DefaultBlockSize, "moe_align_block_size block size of the fused path")
-	fl.IntVarP(&f.workers, "jobs", "j", 0, "experts computed at once, capped at one per core and at what memory holds (the report notes a cap; default 0: one per core, up to 4; with --device cuda the CPU reference takes every core but 2)")
+	fl.IntVarP(&f.workers, "jobs", "j", 0, "experts computed at once, capped at one per core and at what memory holds (the report notes a cap; default 0: one per core, up to 4)")
 	// --workers was the name before every command's parallelism became
 	// -j/--jobs; scripts that pass it keep working, with a warning.
 	fl.IntVar(&f.workers, "workers", 0, "the old name of --jobs")
