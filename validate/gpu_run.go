@@ -3,12 +3,14 @@ package validate
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/gpurun"
 	"github.com/moeprep/moeprep/validate/judge"
 	"github.com/moeprep/moeprep/validate/moelayer"
+	"github.com/moeprep/moeprep/validate/stream"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -187,15 +189,25 @@ func (s *session) gpuStreams(targets []target) bool {
 // SRC and DST is read once. Per layer, the fused bank's upload, the GPU
 // unfused path and the CPU reference (on sampled layers) read each
 // expert's step as the pass brings it in; the fused path runs once its
-// bank is complete. At most one bank is on the device.
+// bank is complete. At most one bank is on the device. The device opens
+// (its context, kernels and pinned buffers: tenths of a second) while the
+// pass's first reads come in, not before them.
 func (s *session) runGPUStreamed(ctx context.Context, targets []target, rep *Report, withBytes bool) error {
-	g, sampled, err := s.openGPU(targets, rep)
-	if err != nil {
-		return err
-	}
-	defer g.Close()
+	dev := s.openGPUAsync(rep)
+	defer dev.close()
+	sampled := refSampled(targets, s.o.CPUCheck)
 	layerStart := time.Now()
-	err = s.streamPass(ctx, targets, rep, withBytes, " on "+rep.DeviceName, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
+	on := func() string {
+		if _, err := dev.wait(); err != nil {
+			return ""
+		}
+		return " on " + rep.DeviceName
+	}
+	err := s.streamPass(ctx, targets, rep, withBytes, on, stream.Options{Budget: gpuPassBudget, Depth: gpuPassDepth}, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
+		g, err := dev.wait()
+		if err != nil {
+			return nil, err
+		}
 		tm := LayerTiming{Layer: tg.index}
 		rows, err := s.checkLayerGPU(ctx, g, tg, nil, &lp, sampled[tg.index], &tm)
 		if err != nil {
@@ -210,9 +222,65 @@ func (s *session) runGPUStreamed(ctx context.Context, targets []target, rep *Rep
 	if err != nil {
 		return err
 	}
+	g, err := dev.wait()
+	if err != nil {
+		return err
+	}
 	s.ioBaseline(g, rep)
 	return nil
 }
+
+// asyncGPU is a GPU runner being opened in the background (openGPUAsync).
+type asyncGPU struct {
+	ch   chan struct{} // closed once the open returned
+	g    *gpurun.Runner
+	err  error
+	rep  *Report
+	once sync.Once
+}
+
+// openGPUAsync starts opening the GPU runner of s's run; wait returns it
+// (and names the device in rep, once), close closes it.
+func (s *session) openGPUAsync(rep *Report) *asyncGPU {
+	a := &asyncGPU{ch: make(chan struct{}), rep: rep}
+	go func() {
+		defer close(a.ch)
+		a.g, a.err = gpurun.Open(string(s.o.GPUPrecision))
+	}()
+	a.rep.GPUPrecision = s.o.GPUPrecision
+	return a
+}
+
+// wait returns the runner once it is open, or why it did not open.
+func (a *asyncGPU) wait() (*gpurun.Runner, error) {
+	<-a.ch
+	a.once.Do(func() {
+		if a.err == nil {
+			a.rep.DeviceName = a.g.Device().String()
+		}
+	})
+	return a.g, a.err
+}
+
+// close closes the runner, once it is open.
+func (a *asyncGPU) close() {
+	if g, err := a.wait(); err == nil {
+		g.Close()
+	}
+}
+
+// gpuPassBudget is the read-ahead of a GPU run's streamed pass: stream's
+// most, not its default of four of the largest step. Three readers (the
+// bank's upload, the GPU unfused path, the CPU reference) and the byte
+// proof each hold a layer's steps a while, and a 4-bit expert's step is
+// small (gpt-oss MXFP4: 26 MB of SRC and DST, so four of them are 104 MB):
+// with room for four, one reader's pause stopped the disk. paceWindow
+// grows with it.
+const gpuPassBudget = stream.MaxBudget
+
+// gpuPassDepth is the reads a GPU run's pass keeps in flight (stream's
+// default: 4).
+const gpuPassDepth = stream.DefaultDepth
 
 // paceWindow is how many bank steps a reader of a streamed GPU layer may
 // run ahead of the slowest: what the pass's budget holds, and at least 4,

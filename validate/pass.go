@@ -525,7 +525,7 @@ func decoderLayerOf(name string) int {
 // withBytes the byte proof, over one streamed pass.
 func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report, withBytes bool) error {
 	s.passParts = true // the CPU paths read large experts a part at a time
-	return s.streamPass(ctx, targets, rep, withBytes, "", func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
+	return s.streamPass(ctx, targets, rep, withBytes, nil, stream.Options{}, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
 		return s.checkLayerWith(ctx, tg, lp.release, lp.paired)
 	})
 }
@@ -560,9 +560,11 @@ type layerPass struct {
 type layerCheck func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error)
 
 // streamPass runs check on every target, and with withBytes the byte
-// proof, over one streamed pass; on names the device in the progress
-// lines ("": none).
-func (s *session) streamPass(ctx context.Context, targets []target, rep *Report, withBytes bool, on string, check layerCheck) error {
+// proof, over one streamed pass read as so says (its Budget and Depth; 0:
+// stream's defaults); on names the device in the progress lines (nil:
+// none), asked as each layer starts (a GPU run's device opens while the
+// pass's first reads come in).
+func (s *session) streamPass(ctx context.Context, targets []target, rep *Report, withBytes bool, on func() string, so stream.Options, check layerCheck) error {
 	var proof *byteproof.Stream
 	var early *byteproof.BytesResult
 	if withBytes {
@@ -590,14 +592,18 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 			let(ls, i)
 		}
 	}
-	budget := passBudget
+	budget := passBudget // a test's override first, then the caller's
+	if budget == 0 {
+		budget = so.Budget
+	}
 	if budget == 0 && len(pp.partOf) > 0 {
 		// Parts are small: read further ahead than four of them, so that
 		// the disk keeps reading while a job waits on none.
 		budget = partsBudget
 	}
 	var err error
-	pass, err = stream.New(pp.steps, stream.Options{Budget: budget, OnRead: s.meter.streamRead(pp), OnConsumed: consumed})
+	so.Budget, so.OnRead, so.OnConsumed = budget, s.meter.streamRead(pp), consumed
+	pass, err = stream.New(pp.steps, so)
 	if err != nil {
 		return err
 	}
@@ -632,7 +638,11 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		s.o.progress("validate: layer %s (%d of %d)%s", tg.label(), i+1, len(targets), on)
+		where := ""
+		if on != nil {
+			where = on()
+		}
+		s.o.progress("validate: layer %s (%d of %d)%s", tg.label(), i+1, len(targets), where)
 		ls := pp.layers[tg.index]
 		lp := layerPass{order: ls.order(), budget: pass.Budget(), paired: ls.paired, release: func(b int) {
 			let(ls, ls.bank[b])

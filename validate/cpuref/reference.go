@@ -65,6 +65,18 @@ func ReferenceLayer(ctx context.Context, src tensorload.TensorSource, plan *fami
 	if err != nil {
 		return nil, err
 	}
+	// The shared expert (and its requantised twin) reads the layer's head,
+	// which a streamed pass brings in before the routed experts: it runs
+	// beside them instead of after them, so that the last routed expert
+	// does not end alone with the shared products still to do. finish adds
+	// it in the same place as before, so Y does not change; its error still
+	// comes after the routed experts' (finish reports it).
+	sctx, stopShared := context.WithCancel(ctx)
+	sharedDone := r.startShared(sctx)
+	defer func() {
+		stopShared()
+		<-sharedDone
+	}()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(r.workers)
 	pace := o.Pace
@@ -101,7 +113,39 @@ func ReferenceLayer(ctx context.Context, src tensorload.TensorSource, plan *fami
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	<-sharedDone
 	return r.finish(ctx)
+}
+
+// startShared runs the layer's shared expert as SRC stores it, and
+// requantised where RefOptions.RequantShared says, in the background (the
+// returned channel closes when it is done); finish takes their outputs, or
+// their errors, as if it had run them itself.
+func (r *refLayer) startShared(ctx context.Context) <-chan struct{} {
+	done := make(chan struct{})
+	if r.layer.Shared == nil {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		r.early = &earlyShared{}
+		if r.early.err = r.runShared(ctx); r.early.err != nil || r.o.RequantShared == nil {
+			return
+		}
+		r.early.requant, r.early.werr, r.early.requantErr = r.requantShared(ctx)
+	}()
+	return done
+}
+
+// earlyShared is what startShared computed: the shared expert's error
+// (r.shared holds its output), and the requantised shared expert's output
+// and weight error, or its error (requant nil: not run).
+type earlyShared struct {
+	err        error
+	requant    *sharedOut
+	werr       float64
+	requantErr error
 }
 
 // refLayer is one reference layer from its routing to its sum: what
@@ -121,6 +165,7 @@ type refLayer struct {
 	users             [][]int   // slots t*K+k per expert
 	contrib           []float32 // [T*K,H]: each slot's unweighted expert output
 	shared            *sharedOut
+	early             *earlyShared // the shared experts run beside the routed ones (nil: finish runs them)
 }
 
 // sharedOut is the shared expert's output over all tokens [T,H] and its
@@ -244,6 +289,9 @@ func (r *refLayer) finish(ctx context.Context) (*moelayer.RefResult, error) {
 	if layer.Shared != nil {
 		// As stored first: a non-finite weight fails the layer here, by
 		// name, before requantising it could refuse it.
+		if r.early != nil && r.early.err != nil {
+			return nil, r.early.err
+		}
 		if r.shared == nil {
 			if err := r.runShared(ctx); err != nil {
 				return nil, err
@@ -253,10 +301,17 @@ func (r *refLayer) finish(ctx context.Context) (*moelayer.RefResult, error) {
 	}
 	if routedSum != nil {
 		yq64 = slices.Clone(routedSum)
+		var sh *sharedOut
 		var err error
-		if werr, err = r.addRequantShared(ctx, yq64); err != nil {
+		if e := r.early; e != nil && (e.requant != nil || e.requantErr != nil) {
+			sh, werr, err = e.requant, e.werr, e.requantErr
+		} else {
+			sh, werr, err = r.requantShared(ctx)
+		}
+		if err != nil {
 			return nil, err
 		}
+		sh.addTo(yq64, r.x, t, h)
 	}
 	if len(layer.SharedExperts) > 0 {
 		if err := addRoutedSharedReference(ctx, r.src, plan, layer, r.x, r.routing, rsf, r.workers, r.wf, r.o.W8A8, y64); err != nil {
@@ -286,23 +341,23 @@ func scaled32(y []float64, scale float64) []float32 {
 	return out
 }
 
-// addRequantShared adds the layer's plain shared expert quantised into
-// format RefOptions.RequantShared (checkpoint.Requantised, from SRC's
-// bytes) and dequantised exactly to y64, as the shared expert as stored is
-// added, and returns how far that moved its weights: sqrt of the sum over
+// requantShared is the output of the layer's plain shared expert quantised
+// into format RefOptions.RequantShared (checkpoint.Requantised, from SRC's
+// bytes) and dequantised exactly, for finish to add as the shared expert as
+// stored is added, and how far that moved its weights: sqrt of the sum over
 // gate, up and down of (||Wq - W|| / ||W||)^2. Its reads go straight to
 // SRC (a streamed pass serves them where it still holds the bytes, else
 // they read the files) and to the requantised tensors computed here.
-func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64, error) {
+func (r *refLayer) requantShared(ctx context.Context) (*sharedOut, float64, error) {
 	src, plan, layer, f := r.src, r.plan, r.layer, r.o.RequantShared
 	names, rsrc, err := tensorload.RequantisedShared(src, *layer.Shared, f)
 	if err != nil {
-		return 0, fmt.Errorf("layer %d: %w", layer.Key(), err)
+		return nil, 0, fmt.Errorf("layer %d: %w", layer.Key(), err)
 	}
 	inter := sharedInter(plan)
 	q, err := loadSourceMLP(rsrc, names, inter, plan.HiddenSize, f, plan.SharedActOf(*layer))
 	if err != nil {
-		return 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Key(), err)
+		return nil, 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Key(), err)
 	}
 	defer q.release()
 	// Each projection as SRC stores it, one at a time beside the
@@ -316,7 +371,7 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 		rows, cols := projDims(p, inter, h)
 		w, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols})
 		if err != nil {
-			return 0, fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)
+			return nil, 0, fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)
 		}
 		var d, n float64
 		err = moe.EachBand(q.w.weight(p), nil, rows, cols, func(r0, _ int, got []float32) {
@@ -327,20 +382,19 @@ func (r *refLayer) addRequantShared(ctx context.Context, y64 []float64) (float64
 		})
 		tensorload.PutFloats(w)
 		if err != nil {
-			return 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Key(), err)
+			return nil, 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Key(), err)
 		}
 		if n == 0 && d > 0 {
-			return 0, fmt.Errorf("layer %d: requantised shared expert %s is not zero where the source's is", layer.Key(), name)
+			return nil, 0, fmt.Errorf("layer %d: requantised shared expert %s is not zero where the source's is", layer.Key(), name)
 		}
 		werr += d / max(n, math.SmallestNonzeroFloat64)
 	}
 	q.w8a8 = r.o.W8A8
 	sh, err := r.sharedWith(ctx, q)
 	if err != nil {
-		return 0, err
+		return nil, 0, err
 	}
-	sh.addTo(y64, r.x, r.t, h)
-	return math.Sqrt(werr), nil
+	return sh, math.Sqrt(werr), nil
 }
 
 // SharedMLPOutput is layer's shared MLP (as src stores it, under plan) over

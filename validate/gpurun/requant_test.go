@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/moeprep/moeprep/checkpoint"
@@ -143,6 +144,7 @@ func TestRequantisedSharedHostValues(t *testing.T) {
 					t.Fatal(err)
 				}
 				si := rowsOf(t, rsrc, m.Weight(layout.ProjGate))
+				sameComputedAhead(t, rsrc, m)
 				S, R := f.c.SharedSlices, f.c.SharedReplicas
 				if si != S*inter || R < 1 || f.c.NumFusedSharedExperts != R*S {
 					t.Fatalf("shared intermediate %d, %d replicas of %d slices of %d", si, R, S, inter)
@@ -174,6 +176,29 @@ func TestRequantisedSharedHostValues(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// sameComputedAhead: the unfused path's requantised shared expert computed
+// ahead into memory (tensorload.Computed, startHostRequant) is byte for
+// byte what reading rsrc computes, and held in memory, not computed again.
+func sameComputedAhead(t *testing.T, rsrc tensorload.TensorSource, m family.MLP) {
+	t.Helper()
+	ahead := tensorload.Computed(rsrc, m.Names())
+	held := 0
+	for _, n := range m.Names() {
+		if !bytes.Equal(cktest.Bytes(t, ahead, n), cktest.Bytes(t, rsrc, n)) {
+			t.Fatalf("%s: computed ahead differs from computed on read", n)
+		}
+		if at, _ := ahead.Tensor(n); strings.HasPrefix(n, checkpoint.RequantisedPrefix) {
+			if _, ok := at.Data.(*bytes.Reader); !ok {
+				t.Fatalf("%s: not held in memory (%T)", n, at.Data)
+			}
+			held++
+		}
+	}
+	if held < 4 { // gate, up and down weights and their scales, or the weights alone
+		t.Fatalf("%d requantised tensors held, want the weights and scales of gate, up and down", held)
 	}
 }
 
@@ -217,18 +242,23 @@ func TestRequantisedSharedNonFinite(t *testing.T) {
 	c := *up
 	c.Data = bytes.NewReader(raw)
 	src := overrideSource{f.src, map[string]*checkpoint.Tensor{up.Name: &c}}
-	m, rsrc, err := RequantisedShared(src, *f.layer.Shared, f.wf)
+	m, computed, err := RequantisedShared(src, *f.layer.Shared, f.wf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, si := f.plan.HiddenSize, rowsOf(t, rsrc, m.Weight(layout.ProjGate))
-	if _, err := tensorload.LoadMatrix(rsrc, sharedRef(m, 0, h, si, f.wf)); err != nil {
-		t.Fatalf("the finite gate: %v", err)
-	}
-	_, err = tensorload.LoadMatrix(rsrc, sharedRef(m, 1, h, si, f.wf))
-	var nf *tensorbytes.NonFiniteError
-	if !errors.As(err, &nf) || nf.Tensor != up.Name || nf.Element != bad || nf.DType != safetensors.BF16 {
-		t.Fatalf("err %v (%+v)", err, nf)
+	// Read as computed on each read, and computed ahead as the unfused
+	// path does (startHostRequant): the failing tensor stays computed on
+	// read there, so it fails the same way.
+	for how, rsrc := range map[string]tensorload.TensorSource{"on read": computed, "ahead": tensorload.Computed(computed, m.Names())} {
+		h, si := f.plan.HiddenSize, rowsOf(t, rsrc, m.Weight(layout.ProjGate))
+		if _, err := tensorload.LoadMatrix(rsrc, sharedRef(m, 0, h, si, f.wf)); err != nil {
+			t.Fatalf("computed %s: the finite gate: %v", how, err)
+		}
+		_, err = tensorload.LoadMatrix(rsrc, sharedRef(m, 1, h, si, f.wf))
+		var nf *tensorbytes.NonFiniteError
+		if !errors.As(err, &nf) || nf.Tensor != up.Name || nf.Element != bad || nf.DType != safetensors.BF16 {
+			t.Fatalf("computed %s: err %v (%+v)", how, err, nf)
+		}
 	}
 }
 

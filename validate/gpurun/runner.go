@@ -587,23 +587,45 @@ func (g *Runner) oneExpertSorted(slots []int32, numel int, fr *Frees) (*kernels.
 func (g *Runner) addDense(src tensorload.TensorSource, m family.MLP, gate string, wf weightfmt.Format, act layout.Activation, in *Input, y *cuda.Buffer[float32]) error {
 	var fr Frees
 	defer fr.Release(g)
+	d, err := g.denseOut(src, m, gate, wf, act, in, &fr)
+	if err != nil {
+		return err
+	}
+	return d.addTo(g, y, in)
+}
+
+// denseRows is a dense MLP's output over every token, with its gate's
+// logits (nil: ungated), on the device: what addDense adds to a layer's y.
+type denseRows struct{ o, logit *cuda.Buffer[float32] }
+
+// addTo adds the rows to y [t,h], each gated by sigmoid of its logit where
+// there is one.
+func (d denseRows) addTo(g *Runner, y *cuda.Buffer[float32], in *Input) error {
+	return kernels.AddRows(g.dev, g.compute, y, d.o, d.logit, in.t, in.h)
+}
+
+// denseOut queues the dense MLP m (and its gate) over every token of in;
+// its output buffers are freed with keep, its weights once it has run.
+func (g *Runner) denseOut(src tensorload.TensorSource, m family.MLP, gate string, wf weightfmt.Format, act layout.Activation, in *Input, keep *Frees) (denseRows, error) {
+	var fr Frees
+	defer fr.Release(g)
 	gt, ok := src.Tensor(m.First())
 	if !ok {
-		return fmt.Errorf("tensor %s is missing", m.First())
+		return denseRows{}, fmt.Errorf("tensor %s is missing", m.First())
 	}
 	if len(gt.Shape) != 2 || gt.Shape[0] <= 0 || gt.Shape[0] > 1<<30 {
-		return fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.First(), gt.Shape, in.h)
+		return denseRows{}, fmt.Errorf("%s: tensor %s has shape %v, want [I,%d]", gt.File, m.First(), gt.Shape, in.h)
 	}
 	inter := int(gt.Shape[0])
 	bank, err := loadMLPBankOf(g.Stage, src, m, in.h, inter, wf, act)
 	if err != nil {
-		return err
+		return denseRows{}, err
 	}
 	fr.add(bankFree{bank})
 	// Waiting for the upload here costs one launch latency and keeps the
 	// stager's I/O time apart from the GEMM's (LayerTiming).
 	if err := g.Stage.wait(); err != nil {
-		return err
+		return denseRows{}, err
 	}
 	t, h := in.t, in.h
 	slots := make([]int32, t)
@@ -612,33 +634,36 @@ func (g *Runner) addDense(src tensorload.TensorSource, m family.MLP, gate string
 	}
 	sorted, err := g.oneExpertSorted(slots, t, &fr)
 	if err != nil {
-		return err
+		return denseRows{}, err
 	}
-	mid, o, err := g.gemmBuffers(t, inter, h, &fr)
+	mid, err := g.actBuffer(t*inter, &fr)
 	if err != nil {
-		return err
+		return denseRows{}, err
 	}
-	if err := g.groupedGEMM(&bank.ExpertBank, sorted, in.act, t, 1, mid, o, &fr); err != nil {
-		return err
+	var d denseRows
+	if d.o, err = g.f32Buffer(t*h, keep); err != nil {
+		return denseRows{}, err
 	}
-	var logit *cuda.Buffer[float32]
+	if err := g.groupedGEMM(&bank.ExpertBank, sorted, in.act, t, 1, mid, d.o, &fr); err != nil {
+		return denseRows{}, err
+	}
 	if gate != "" {
 		gw, err := tensorload.LoadVector(src, gate, h)
 		if err != nil {
-			return err
+			return denseRows{}, err
 		}
 		w, err := toDevice(g, gw, &fr)
 		if err != nil {
-			return err
+			return denseRows{}, err
 		}
-		if logit, err = g.f32Buffer(t, &fr); err != nil {
-			return err
+		if d.logit, err = g.f32Buffer(t, keep); err != nil {
+			return denseRows{}, err
 		}
-		if err := g.lr.Router(kernels.F32Mat(in.x32), kernels.F32Mat(w), logit, t, h, 1); err != nil {
-			return err
+		if err := g.lr.Router(kernels.F32Mat(in.x32), kernels.F32Mat(w), d.logit, t, h, 1); err != nil {
+			return denseRows{}, err
 		}
 	}
-	return kernels.AddRows(g.dev, g.compute, y, o, logit, t, h)
+	return d, nil
 }
 
 // addRoutedShared adds shared experts the router weights per token
@@ -764,6 +789,22 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 		}
 		gk = 1
 	}
+	// The shared expert runs first: its bytes are the layer's head, which a
+	// streamed pass reads before the routed experts. A requantised one is
+	// quantised on the host meanwhile, beside the routed experts (about a
+	// second of a core for Kimi-K2's, which before them, or after them,
+	// was the path's tail), and runs once they are queued. Its rows are
+	// added to y where they always were, so y does not change, nor does
+	// which error is reported (its own, after the routed experts').
+	var shared sharedRows
+	var requantised *hostRequant
+	switch {
+	case layer.Shared != nil && requant != nil:
+		requantised = startHostRequant(src, *layer.Shared, requant)
+		defer requantised.wait()
+	case layer.Shared != nil:
+		shared = g.sharedRows(src, plan, layer, nil, in, &fr)
+	}
 	for id := range e {
 		if len(users[id]) == 0 {
 			if pace != nil {
@@ -800,22 +841,14 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 	if err := g.lr.Finalize(out, slotW, y, t, k, h, slots.FinalScale); err != nil {
 		return nil, err
 	}
+	if requantised != nil {
+		shared = g.requantisedRows(requantised, plan, layer, in, &fr)
+	}
 	if layer.Shared != nil {
-		// Each MLP with its own format: a shared expert stored unlike the
-		// routed experts (DeepSeek-V4's FP8 blocks beside FP4; Kimi's BF16
-		// beside INT4) loads as that format, as the CPU reference reads it.
-		swf, err := plan.SharedFormat()
-		if err != nil {
-			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)
+		if shared.err != nil {
+			return nil, shared.err
 		}
-		ssrc, sm := src, *layer.Shared
-		if requant != nil {
-			if sm, ssrc, err = RequantisedShared(src, sm, requant); err != nil {
-				return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
-			}
-			swf = requant
-		}
-		if err := g.addDense(ssrc, sm, layer.SharedGate, swf, plan.SharedActOf(*layer), in, y); err != nil {
+		if err := shared.rows.addTo(g, y, in); err != nil {
 			return nil, fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)
 		}
 	}
@@ -831,6 +864,73 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 	moelayer.ScaleOutput(yh, plan.Output())
 	return &moelayer.RefResult{Y: yh, Routing: routing}, nil
 }
+
+// sharedRows is the unfused path's plain shared expert over every token
+// (its rows, or why it could not run).
+type sharedRows struct {
+	rows denseRows
+	err  error
+}
+
+// sharedRows queues layer's plain shared expert over every token of in, in
+// the format it is stored in (apart from the routed experts' where the
+// plan says so: DeepSeek-V4's FP8 blocks beside FP4, Kimi's BF16 beside
+// INT4), as the CPU reference reads it, or requantised into requant (nil:
+// not) as rq holds it; its rows are freed with fr.
+func (g *Runner) sharedRows(src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, rq *hostRequant, in *Input, fr *Frees) sharedRows {
+	swf, err := plan.SharedFormat()
+	if err != nil {
+		return sharedRows{err: fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)}
+	}
+	ssrc, sm := src, *layer.Shared
+	if rq != nil {
+		if rq.err != nil {
+			return sharedRows{err: fmt.Errorf("layer %d: %w", layer.Key(), rq.err)}
+		}
+		sm, ssrc, swf = rq.m, rq.src, rq.f
+	}
+	rows, err := g.denseOut(ssrc, sm, layer.SharedGate, swf, plan.SharedActOf(*layer), in, fr)
+	if err != nil {
+		return sharedRows{err: fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)}
+	}
+	return sharedRows{rows: rows}
+}
+
+// requantisedRows is sharedRows of the requantised shared expert rq
+// computes, once it has.
+func (g *Runner) requantisedRows(rq *hostRequant, plan *family.Plan, layer *family.Layer, in *Input, fr *Frees) sharedRows {
+	rq.wait()
+	return g.sharedRows(nil, plan, layer, rq, in, fr)
+}
+
+// hostRequant is a plain shared expert quantised on the host into f
+// (RequantisedShared), computed in the background: m names its tensors in
+// src, which holds the quantised ones in memory once computed (or, where
+// computing them failed, as computed on each read, so that loading them
+// fails as it always did, naming the tensor and element), err why it could
+// not be quantised at all.
+type hostRequant struct {
+	done chan struct{}
+	f    weightfmt.Format
+	m    family.MLP
+	src  tensorload.TensorSource
+	err  error
+}
+
+// startHostRequant starts quantising shared (of src) into f.
+func startHostRequant(src tensorload.TensorSource, shared family.MLP, f weightfmt.Format) *hostRequant {
+	rq := &hostRequant{done: make(chan struct{}), f: f}
+	go func() {
+		defer close(rq.done)
+		if rq.m, rq.src, rq.err = RequantisedShared(src, shared, f); rq.err == nil {
+			rq.src = tensorload.Computed(rq.src, rq.m.Names())
+		}
+	}()
+	return rq
+}
+
+// wait returns once the quantisation is done (again: at once).
+func (rq *hostRequant) wait() { <-rq.done }
 
 // oneExpert uploads one expert and queues its SwiGLU over its slots, writing
 // those slots' rows of out; its device memory is released once the compute

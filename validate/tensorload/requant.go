@@ -1,6 +1,9 @@
 package tensorload
 
 import (
+	"bytes"
+	"strings"
+
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -34,4 +37,29 @@ func RequantisedShared(src TensorSource, m family.MLP, f weightfmt.Format) (fami
 		return family.MLP{}, nil, err
 	}
 	return names, overlay{src, extra}, nil
+}
+
+// Computed is src with those of names that are computed from other
+// tensors (checkpoint.RequantisedPrefix: RequantisedShared's) read once
+// into memory, so that a reader pays for the computation once, where it
+// is done ahead of the read (the GPU's unfused path quantises the shared
+// expert on the host while the routed experts run). Its memory is the
+// computed tensors' bytes: one MLP's. A tensor whose computation fails is
+// left as it was, so reading it fails as it would have.
+func Computed(src TensorSource, names []string) TensorSource {
+	extra := map[string]*checkpoint.Tensor{}
+	for _, name := range names {
+		t, ok := src.Tensor(name)
+		if !ok || !strings.HasPrefix(name, checkpoint.RequantisedPrefix) {
+			continue
+		}
+		b := make([]byte, t.NumBytes())
+		if n, _ := t.Data.ReadAt(b, 0); n != len(b) {
+			continue
+		}
+		c := *t
+		c.Data = bytes.NewReader(b)
+		extra[name] = &c
+	}
+	return overlay{src, extra}
 }
