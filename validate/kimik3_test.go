@@ -1,12 +1,16 @@
 package validate
 
 import (
+	"context"
+	"slices"
 	"testing"
 
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/safetensors"
+	"github.com/moeprep/moeprep/validate/cpuref"
+	"github.com/moeprep/moeprep/validate/judge"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -98,4 +102,61 @@ func TestKimiK3Refusals(t *testing.T) {
 // runs DST's, the others SRC's) and the shared expert's.
 func TestGPUKimiK3(t *testing.T) {
 	gpuDecodedPass(t, kimiK3Specs(), layoutsOnly, kimiK3Mutations(), append([]string{"a shared expert's weight changed"}, kimiK3Latent...)...)
+}
+
+// TestKimiK3GPUReference (CPU): the reference a GPU run compares with
+// (gpuReference) takes a latent layer apart as a CPU run does: on each MoE
+// layer it routes as the CPU's fused path on DST taken apart the same way
+// and computes what it does within the CPU's tolerance, H wide for the
+// routed and the forced tokens, and it is not the layer's bank run on the
+// hidden state.
+func TestKimiK3GPUReference(t *testing.T) {
+	ctx := context.Background()
+	src := synthFrom(t, kimiK3Specs(), "h64-l32")
+	dst := convertInto(t, src, convert.Options{Layout: layout.GateUp})
+	s := &session{o: Options{Src: src, Dst: dst, Device: DeviceCPU, Seed: 1, Tokens: 8}}
+	targets := openSession(t, s)
+	if len(targets) != 2 {
+		t.Fatalf("%d MoE layers, want 2", len(targets))
+	}
+	for _, tg := range targets {
+		x, tk, h, _, tokens, cov, err := s.layerStart(tg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref, err := s.gpuReference(ctx, tg, x, tk, cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h != 64 || len(ref.Y) != (tk+cov.T)*h {
+			t.Fatalf("layer %d: %d values for %d + %d tokens x %d", tg.index, len(ref.Y), tk, cov.T, h)
+		}
+		lr, err := s.latentStart(tg, x, tk)
+		if err != nil || lr == nil {
+			t.Fatalf("layer %d: not taken apart: %v", tg.index, err)
+		}
+		fused, err := cpuref.FusedLayerRun(ctx, s.dst, lr.fused, lr.xl, tk, cpuref.FusedOptions{Tokens: tokens, Coverage: cov, BlockSize: s.o.BlockSize, RouterInput: x})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bank := slices.Clone(fused.Y)
+		if err := s.latentFinish(ctx, tg, lr, nil, fused); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(ref.Routing.IDs, fused.Routing.IDs[:len(ref.Routing.IDs)]) {
+			t.Errorf("layer %d: the reference routes %v, the fused path %v", tg.index, ref.Routing.IDs[:8], fused.Routing.IDs[:8])
+		}
+		if m := judge.Compare(ref.Y, fused.Y); !(m.RelL2 < 1e-5) {
+			t.Errorf("layer %d: reference vs fused rel L2 %.3g", tg.index, m.RelL2)
+		}
+		// Without the shared experts on x the sum is far from it: the
+		// comparison can fail.
+		part, err := lr.finish(ctx, bank, s.dst, s.dstPlan, nil, nil, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := judge.Compare(ref.Y, part); !(m.RelL2 > 1e-2) {
+			t.Errorf("layer %d: without the shared experts only %.3g away", tg.index, m.RelL2)
+		}
+	}
 }
