@@ -485,7 +485,10 @@ func (g *Runner) f32Buffer(n int, fr *Frees) (*cuda.Buffer[float32], error) {
 // rsf), plus an unfused shared expert where the contract left one.
 //
 // cov's forced tokens (nil: none) follow the routed ones in in; their slots
-// go through the same align, GEMM and finalize.
+// go through the same align, GEMM and finalize. A latent MoE layer
+// (fl.Latent) takes in as the block's input x, its routed tokens alone:
+// the bank runs on DST's down projection of x with cov's latent rows after
+// it (latent.go), and its sums leave through DST's norm and up projection.
 func (g *Runner) FusedLayer(src tensorload.TensorSource, fl *moelayer.FusedLayer, bank *Bank, in *Input, cov *moelayer.Coverage, blockSize int) (*moelayer.FusedResult, error) {
 	var fr Frees
 	defer fr.Release(g)
@@ -742,7 +745,8 @@ func (f *Frees) AddBank(b *Bank) { f.add(bankFree{b}) }
 // contract says fuse-shared requantised the plain shared expert into
 // (shared_requantized): the shared expert then runs so requantised
 // (RequantisedShared), as DST's fused replicas hold it, so that the fused
-// path compares with this one at the GPU's usual tolerance.
+// path compares with this one at the GPU's usual tolerance. A latent MoE
+// layer takes in as FusedLayer does, with SRC's latent tensors.
 func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, in *Input, cov *moelayer.Coverage, pace moelayer.Pace, requant weightfmt.Format) (*moelayer.RefResult, error) {
 	var fr Frees
 	defer fr.Release(g)
