@@ -10,7 +10,7 @@ import (
 
 // The documented fallback for experts the fused stage-1 epilogue does not
 // run (gpt-oss: per-expert biases and the clamped SwiGLU; DeepSeek-V4: the
-// clamped SwiGLU): stage 1 becomes two ungated grouped GEMMs (moe_proj_*,
+// clamped SwiGLU; Kimi K3: SiTU): stage 1 becomes two ungated grouped GEMMs (moe_proj_*,
 // the same tiles as the SIMT kernels) writing the raw gate and up
 // projections in f32, then one elementwise kernel (act.cu's moe_act_*)
 // adds the biases and applies the activation into the intermediate.
@@ -85,7 +85,7 @@ func moeGateUpAct(dev *cuda.Device, st cuda.Stream, bank *ExpertBank, sorted *So
 	return am.Launch(fmt.Sprintf("moe_act_%v", opt.Act), Grid(sorted.SortedIDs.Len()), Block(128), 0, st,
 		sorted.SortedIDs, sorted.ExpertIDs, sorted.Total, raw[0], raw[1], bank.GateBias, bank.UpBias, inter.Ptr,
 		int32(sorted.Numel), int32(bank.I), int32(sorted.BlockSize), int32(bank.NumExperts),
-		alpha, bank.Act.Limit, bank.Act.UpOffset, actMode(bank.Act))
+		alpha, bank.Act.Limit, bank.Act.UpOffset, actMode(bank.Act), bank.Act.Beta, bank.Act.LinearBeta)
 }
 
 // act.cu's activation modes (ACT_*).
@@ -94,6 +94,7 @@ const (
 	actClampAfter  int32 = 1 // limit caps silu(g) (Step-3.7)
 	actGeluTanh    int32 = 2 // GeGLU with tanh gelu (Gemma 4)
 	actReLU2       int32 = 3 // relu(u)^2 of ungated experts (Nemotron-H); gate unread
+	actSiTU        int32 = 4 // beta tanh(g/beta) sigmoid(g) u' (Kimi K3), with its two betas
 )
 
 func actMode(a layout.Activation) int32 {
@@ -102,6 +103,8 @@ func actMode(a layout.Activation) int32 {
 		return actReLU2
 	case a.Gate == layout.GateGeluTanh:
 		return actGeluTanh
+	case a.Gate == layout.GateSiTU:
+		return actSiTU
 	case a.ClampAfter:
 		return actClampAfter
 	}

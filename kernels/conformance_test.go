@@ -60,8 +60,8 @@ type gateRouter struct {
 
 func (g gateRouter) Route(c *moetest.RouteCase) (*moetest.RouteResult, error) {
 	spec := kernels.GateSpec{RouteSpec: c.Spec, Shared: c.Shared, WeightScale: c.Scale}
-	if err := c.Spec.Check(); err == nil && c.Spec.NumExperts > kernels.GateMaxExperts {
-		return nil, unsupported("%d experts (the gate takes %d)", c.Spec.NumExperts, kernels.GateMaxExperts)
+	if err := c.Spec.Check(); err == nil && g.kernel != kernels.GateBlock && c.Spec.NumExperts > kernels.GateMaxExperts {
+		return nil, unsupported("%d experts (%s takes %d)", c.Spec.NumExperts, g.kernel, kernels.GateMaxExperts)
 	}
 	if err := spec.Check(); err != nil {
 		return nil, err

@@ -9,8 +9,14 @@ import (
 	"github.com/moeprep/moeprep/moe"
 )
 
-// GateMaxExperts is the largest routed expert count the gate kernel takes.
-const GateMaxExperts = 512
+// GateMaxExperts is the largest routed expert count the warp and register
+// gate kernels take (GATE_MAX_EXPERTS); GateBlockMaxExperts the block
+// kernel's (GATE_BLOCK_MAX_EXPERTS: Kimi K3's 896 experts), which GateCtx
+// runs past GateMaxExperts.
+const (
+	GateMaxExperts      = 512
+	GateBlockMaxExperts = 1024
+)
 
 // Gate kernel variants: GateWarp (one warp per token, 4 tokens per CTA, no
 // CTA barriers in the k serial selections) and GateBlock (one CTA of 256
@@ -85,8 +91,8 @@ func (s GateSpec) Check() error {
 		return fmt.Errorf("gate: %w", err)
 	}
 	switch e := s.NumExperts; {
-	case e > GateMaxExperts:
-		return fmt.Errorf("gate: %d experts (the kernel takes 1..%d)", e, GateMaxExperts)
+	case e > GateBlockMaxExperts:
+		return fmt.Errorf("gate: %d experts (the kernels take 1..%d)", e, GateBlockMaxExperts)
 	case s.Scoring == moe.SparseMixer && math.IsInf(float64(float32(s.JitterEps)), 0):
 		return fmt.Errorf("gate: sparsemixer eps %v is not a finite float32", s.JitterEps)
 	case s.WeightScale != s.WeightScale || math.IsInf(float64(s.WeightScale), 0):
@@ -163,9 +169,19 @@ func Gate(stream cuda.Stream, spec GateSpec, t int, logits, bias *cuda.Buffer[fl
 }
 
 // GateCtx is Gate from inside a Do closure (to queue a whole pipeline in one
-// trip to the device's thread). It runs the register kernel (GateReg).
+// trip to the device's thread). It runs the register kernel (GateReg), or
+// the block kernel (GateBlock) for more than GateMaxExperts experts, which
+// only it takes.
 func GateCtx(c *cuda.Ctx, stream cuda.Stream, spec GateSpec, t int, logits, bias *cuda.Buffer[float32], out *GateOut) error {
-	return GateKernelCtx(c, GateReg, stream, spec, t, logits, bias, out)
+	return GateKernelCtx(c, GateKernelFor(spec), stream, spec, t, logits, bias, out)
+}
+
+// GateKernelFor is the kernel GateCtx runs for spec.
+func GateKernelFor(spec GateSpec) string {
+	if spec.NumExperts > GateMaxExperts {
+		return GateBlock
+	}
+	return GateReg
 }
 
 // GateKernelCtx is GateCtx with an explicit kernel variant (GateReg,
@@ -188,6 +204,8 @@ func GateKernelCtx(c *cuda.Ctx, kernel string, stream cuda.Stream, spec GateSpec
 	}
 	e, k := spec.NumExperts, spec.SlotsPerToken()
 	switch {
+	case variant != GateBlock && e > GateMaxExperts:
+		return fmt.Errorf("gate: %d experts: the %s kernel takes 1..%d (%s up to %d)", e, variant, GateMaxExperts, GateBlock, GateBlockMaxExperts)
 	case logits == nil || out == nil || out.IDs == nil || out.Weights == nil:
 		return fmt.Errorf("gate: nil buffer")
 	case t <= 0 || t != out.T || k != out.K:

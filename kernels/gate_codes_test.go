@@ -220,6 +220,7 @@ func TestGateSourceConstants(t *testing.T) {
 		want       int
 	}{
 		{"gate_common.cuh", "GATE_MAX_EXPERTS", GateMaxExperts},
+		{"gate.cu", "GATE_BLOCK_MAX_EXPERTS", GateBlockMaxExperts},
 		{"gate.cu", "GATE_THREADS", gateThreads},
 		{"gate.cu", "GATE_WARP_TOKENS", gateWarpTokens},
 		{"gate_reg.cu", "GR_WARPS", gateWarpTokens},

@@ -45,7 +45,7 @@ func TestGateSpecCheck(t *testing.T) {
 		name string
 		mut  func(*kernels.GateSpec)
 	}{
-		{"513 experts", func(s *kernels.GateSpec) { s.NumExperts = 513 }},
+		{"1025 experts", func(s *kernels.GateSpec) { s.NumExperts = 1025 }},
 		{"no experts", func(s *kernels.GateSpec) { s.NumExperts = 0 }},
 		{"top-0", func(s *kernels.GateSpec) { s.TopK = 0 }},
 		{"7 groups", func(s *kernels.GateSpec) { s.NGroup = 7 }},
@@ -73,6 +73,25 @@ func TestGateSpecCheck(t *testing.T) {
 		c.mut(&s)
 		if err := s.Check(); err == nil {
 			t.Errorf("%s: %+v accepted", c.name, s)
+		}
+	}
+}
+
+// TestGateKernelFor (CPU): the gate runs the register kernel up to
+// GateMaxExperts experts and the block kernel, the only one that takes
+// more, past them (Kimi K3's 896).
+func TestGateKernelFor(t *testing.T) {
+	for _, c := range []struct {
+		e    int
+		want string
+	}{{8, kernels.GateReg}, {384, kernels.GateReg}, {512, kernels.GateReg}, {513, kernels.GateBlock}, {896, kernels.GateBlock}, {1024, kernels.GateBlock}} {
+		s := kimiK2Gate()
+		s.NumExperts = c.e
+		if got := kernels.GateKernelFor(s); got != c.want {
+			t.Errorf("%d experts: %s, want %s", c.e, got, c.want)
+		}
+		if err := s.Check(); err != nil {
+			t.Errorf("%d experts refused: %v", c.e, err)
 		}
 	}
 }

@@ -468,6 +468,11 @@ func TestGroupedGEMMActivations(t *testing.T) {
 		{"deepseek-v4 clamp", layout.Activation{Limit: 0.5}, false},
 		{"step-3.7 clamp after silu", layout.Activation{Limit: 0.3, ClampAfter: true}, false},
 		{"gemma-4 geglu tanh", layout.GeGLUTanh(), false},
+		// Kimi K3's SiTU, with betas narrow enough that both tanh bend on
+		// these unit-scale projections (the release's 4 and 25 are close to
+		// SwiGLU here; validate's GPU tests run them), and without the up's
+		{"kimi-k3 situ", layout.SiTU(0.7, 0.4), false},
+		{"situ, no linear beta", layout.SiTU(0.5, 0), false},
 		{"swiglu + biases", layout.Activation{}, true},
 		// Nemotron-H: no gate weights at all, relu(up)^2 (separate stacks only)
 		{"nemotron-h ungated relu2", layout.ReLU2(), false},

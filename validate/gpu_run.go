@@ -315,7 +315,10 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 		return nil, err
 	}
 	xAll := x
-	if cov != nil {
+	latent := s.dstPlanOrSrc().Latent != nil
+	if cov != nil && !latent {
+		// A latent MoE's forced rows are latent, the bank's input, which
+		// the GPU paths make from x (gpurun's latentIn) and append them to.
 		xAll = append(append([]float32(nil), x...), cov.X...)
 	}
 	withRef = withRef && tg.src != nil && s.src != nil
@@ -352,7 +355,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 		go func() {
 			t0 := time.Now()
 			// In w8a8 mode the reference runs the same numerics as the GPU.
-			r, err := cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers,
+			r, err := s.gpuReference(ctx, tg, x, t, cpuref.RefOptions{Tokens: tokens, Coverage: cov, Workers: s.o.Workers,
 				W8A8: s.o.GPUPrecision == PrecisionFP8, Pace: paced(readerRef), RequantShared: requant})
 			if pace != nil {
 				pace.finish(readerRef)
@@ -474,6 +477,29 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 		return nil, fmt.Errorf("layer %d: nothing to compare on the GPU (give SRC and DST, or a golden)", tg.index)
 	}
 	return rows, nil
+}
+
+// gpuReference is a GPU layer's CPU reference on SRC: the layer as it is,
+// or a latent MoE's taken apart as a CPU run takes it (latentStart: the
+// bank on SRC's down projection of x, routed on x; the sums through SRC's
+// norm and up projection, then SRC's shared experts on x added).
+func (s *session) gpuReference(ctx context.Context, tg target, x []float32, t int, o cpuref.RefOptions) (*moelayer.RefResult, error) {
+	lr, err := s.latentStart(tg, x, t)
+	if err != nil {
+		return nil, err
+	}
+	if lr == nil {
+		return cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, tg.src, x, t, o)
+	}
+	o.RouterInput = x
+	r, err := cpuref.ReferenceLayer(ctx, s.src, s.srcPlan, lr.src, lr.xl, t, o)
+	if err != nil {
+		return nil, err
+	}
+	if r.Y, err = lr.finish(ctx, r.Y, s.src, s.srcPlan, tg.src, tg.src.Shared, o.Workers); err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // gpuPaths is what one GPU layer's paths computed (nil: the path did not

@@ -76,6 +76,11 @@ func (s *session) targets() ([]target, []string, error) {
 			if b, ok := s.contract.Biases(li); ok {
 				t.fused.Biases = &b
 			}
+			lt, err := moelayer.LatentOf(s.dstPlan, l)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", s.o.Dst, err)
+			}
+			t.fused.Latent = lt
 		}
 		if len(s.contract.Layers) != len(s.dstPlan.Layers) {
 			return nil, nil, misfit(fmt.Errorf("%s: the contract lists %d MoE layers, the checkpoint has %d", s.o.Dst, len(s.contract.Layers), len(s.dstPlan.Layers)))

@@ -32,16 +32,22 @@ __device__ __forceinline__ int sorted_slot(const int* sorted_ids, const int* exp
 //   ACT_GELU_TANH: act(g, u) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * u
 //     (Gemma 4's GeGLU; alpha, limit and up_offset are 1, 0, 0);
 //   ACT_RELU2: act(u) = max(u, 0)^2, ungated experts (Nemotron-H): gate is
-//     not read (the launch layer runs no gate GEMM) and may be garbage.
+//     not read (the launch layer runs no gate GEMM) and may be garbage;
+//   ACT_SITU: act(g, u) = beta tanh(g / beta) sigmoid(g) * u', u' =
+//     linear_beta tanh(u / linear_beta), or u where linear_beta is 0 (Kimi
+//     K3's SiTU; alpha, limit and up_offset are 1, 0, 0). In double, like
+//     the others, as moe.SiTU computes it.
 #define ACT_CLAMP_BEFORE 0
 #define ACT_CLAMP_AFTER 1
 #define ACT_GELU_TANH 2
 #define ACT_RELU2 3
+#define ACT_SITU 4
 template <class OT>
 __device__ __forceinline__ void act_rows(const int* sorted_ids, const int* expert_ids, const int* total_padded,
                                          const float* gate, const float* up, const float* gate_bias,
                                          const float* up_bias, OT* inter, int numel, int I, int block_size,
-                                         int num_experts, double alpha, double limit, double up_offset, int mode) {
+                                         int num_experts, double alpha, double limit, double up_offset, int mode,
+                                         double beta, double linear_beta) {
     int e = 0;
     const int s = sorted_slot(sorted_ids, expert_ids, total_padded, blockIdx.x, numel, block_size, num_experts, &e);
     if (s < 0) return;
@@ -59,7 +65,10 @@ __device__ __forceinline__ void act_rows(const int* sorted_ids, const int* exper
         float g = gate[i];
         if (gate_bias != nullptr) g = __fadd_rn(g, gate_bias[(long long)e * I + n]);
         double gd = (double)g, ud = (double)u, a;
-        if (mode == ACT_GELU_TANH) {
+        if (mode == ACT_SITU) {
+            if (linear_beta != 0.0) ud = linear_beta * tanh(ud / linear_beta);
+            a = beta * tanh(gd / beta) / (1.0 + exp(-gd));
+        } else if (mode == ACT_GELU_TANH) {
             a = 0.5 * gd * (1.0 + tanh(0.7978845608028654 * (gd + 0.044715 * gd * gd * gd)));
         } else if (mode == ACT_CLAMP_AFTER) {
             a = gd / (1.0 + exp(-alpha * gd));
@@ -79,15 +88,18 @@ __device__ __forceinline__ void act_rows(const int* sorted_ids, const int* exper
 }
 
 // moe_act_{f32,bf16}: grid = padded rows, block 128. gate and up [numel, I]
-// f32 (moe_proj_* outputs), biases [E, I] or null, inter [numel, I].
+// f32 (moe_proj_* outputs), biases [E, I] or null, inter [numel, I]; beta
+// and linear_beta are ACT_SITU's (read in that mode alone).
 #define MOE_ACT(NAME, OT)                                                                          \
     extern "C" __global__ void __launch_bounds__(128) NAME(                                        \
         const int* sorted_ids, const int* expert_ids, const int* total_padded, const float* gate,  \
         const float* up, const float* gate_bias, const float* up_bias, OT* inter, int numel, int I, \
-        int block_size, int num_experts, double alpha, double limit, double up_offset, int mode)   \
+        int block_size, int num_experts, double alpha, double limit, double up_offset, int mode,   \
+        double beta, double linear_beta)                                                           \
     {                                                                                              \
         act_rows<OT>(sorted_ids, expert_ids, total_padded, gate, up, gate_bias, up_bias, inter,    \
-                     numel, I, block_size, num_experts, alpha, limit, up_offset, mode);            \
+                     numel, I, block_size, num_experts, alpha, limit, up_offset, mode, beta,       \
+                     linear_beta);                                                                 \
     }
 MOE_ACT(moe_act_f32, float)
 MOE_ACT(moe_act_bf16, bf16_t)

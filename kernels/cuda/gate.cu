@@ -8,7 +8,10 @@
 // sum is the softmax denominator (a double tree sum).
 //
 // Any expert count up to GATE_MAX_EXPERTS, powers of two or not (Kimi-K2 384,
-// a 264-expert bank); any n_group dividing E; any topk_group. Scorings:
+// a 264-expert bank), and up to GATE_BLOCK_MAX_EXPERTS in moe_gate_f32 (Kimi
+// K3's 896; one CTA a token holds its scores in 18 bytes an expert of
+// shared memory, which four tokens a CTA could not at that size); any
+// n_group dividing E; any topk_group. Scorings:
 // sigmoid, softmax and sqrt(softplus) (kernels/gate.go, gateBlockScorings);
 // any other code traps.
 #include <stddef.h>
@@ -17,6 +20,7 @@
 
 #define GATE_THREADS 256
 #define GATE_WARPS (GATE_THREADS / 32)
+#define GATE_BLOCK_MAX_EXPERTS 1024
 
 // better reports whether candidate (a, ai) ranks before (b, bi): higher
 // score first, ties to the lower index, NaN below every number, index -1
@@ -119,12 +123,12 @@ __device__ __forceinline__ void gate_write_token(const Sh& sh, int32_t* ids, flo
 }
 
 struct GateShared {
-    float score[GATE_MAX_EXPERTS];   // sigmoid or softmax probability
-    float choice[GATE_MAX_EXPERTS];  // score + correction bias: what top-k ranks
-    unsigned char ok[GATE_MAX_EXPERTS];
-    float gscore[GATE_MAX_EXPERTS];
-    unsigned char gok[GATE_MAX_EXPERTS];
-    int ids[GATE_MAX_EXPERTS];
+    float score[GATE_BLOCK_MAX_EXPERTS];   // sigmoid or softmax probability
+    float choice[GATE_BLOCK_MAX_EXPERTS];  // score + correction bias: what top-k ranks
+    unsigned char ok[GATE_BLOCK_MAX_EXPERTS];
+    float gscore[GATE_BLOCK_MAX_EXPERTS];
+    unsigned char gok[GATE_BLOCK_MAX_EXPERTS];
+    int ids[GATE_BLOCK_MAX_EXPERTS];
     float red_v[GATE_WARPS];
     int red_i[GATE_WARPS + 1];
     double red_d[GATE_WARPS + 1];

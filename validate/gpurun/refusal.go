@@ -23,14 +23,9 @@ import (
 // tolerance would rightly fail and the w8a8 mode does not model). No
 // format may run as if it were one they take.
 func Refusal(plan *family.Plan, c *layout.Contract, precision string) string {
-	if plan != nil && plan.Latent != nil {
-		// Kimi K3: the CPU run computes the projections and the norm
-		// around the bank; the GPU run has no step for them.
-		return fmt.Sprintf("a latent MoE (routed experts on routed_expert_down_proj's %d-wide latent, then routed_expert_norm and routed_expert_up_proj back to %d) has no GPU path: the GPU runs the bank on the hidden state itself", plan.HiddenSize, plan.Latent.Hidden)
-	}
-	if plan != nil && plan.Act.Gate == layout.GateSiTU {
-		return fmt.Sprintf("the experts' activation %s has no GPU kernel", plan.Act.Describe())
-	}
+	// A latent MoE (Kimi K3) runs: its bank on the latent, the
+	// projections around it on the router GEMM's kernel, the norm on the
+	// host (latent.go); SiTU is one of act.cu's activations.
 	if c != nil && c.Layout == layout.AsStored {
 		return fmt.Sprintf("DST's experts are stored as SRC stores them (layout %s, --layout transformers), so there are no stacks for the GPU's fused kernels; the CPU reference runs both sides, and the byte proof holds every expert tensor to SRC's bytes", layout.AsStored)
 	}

@@ -185,9 +185,11 @@ type Input struct {
 	Tokens []int32
 	x32    *cuda.Buffer[float32]
 	act    kernels.Mat
-	// r32 is the router's own input where it is not x (Gemma 4: Prepared);
+	// r32 is the router's own input where it is not x (Gemma 4: Prepared;
+	// a latent MoE: the block's input, rh wide where the bank's is h);
 	// nil: x32.
 	r32 *cuda.Buffer[float32]
+	rh  int // r32's width; 0: h
 }
 
 // routerX is what the router reads: its own input, or x.
@@ -196,6 +198,14 @@ func (in *Input) routerX() *cuda.Buffer[float32] {
 		return in.r32
 	}
 	return in.x32
+}
+
+// routerH is the width of what the router reads.
+func (in *Input) routerH() int {
+	if in.r32 != nil && in.rh > 0 {
+		return in.rh
+	}
+	return in.h
 }
 
 // Prepared is in as a layer with two inputs reads it (Gemma 4: the
@@ -259,7 +269,7 @@ func (g *Runner) route(src tensorload.TensorSource, spec moe.RouteSpec, gs kerne
 		return nil, nil, nil, fmt.Errorf("routing %d of %d tokens", t, in.t)
 	}
 	e, rows := spec.NumExperts, spec.Rows()
-	wg, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: rr.Router, Index: -1, Rows: rows, Cols: in.h})
+	wg, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: rr.Router, Index: -1, Rows: rows, Cols: in.routerH()})
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -284,7 +294,7 @@ func (g *Runner) route(src tensorload.TensorSource, spec moe.RouteSpec, gs kerne
 		return nil, nil, nil, err
 	}
 	fr.add(logits)
-	if err := g.lr.Router(kernels.F32Mat(in.routerX()), kernels.F32Mat(w), logits, t, in.h, rows); err != nil {
+	if err := g.lr.Router(kernels.F32Mat(in.routerX()), kernels.F32Mat(w), logits, t, in.routerH(), rows); err != nil {
 		return nil, nil, nil, err
 	}
 	if rr.LogitBias != "" { // gpt-oss: the router's own bias, added to the logits on the device
@@ -475,7 +485,10 @@ func (g *Runner) f32Buffer(n int, fr *Frees) (*cuda.Buffer[float32], error) {
 // rsf), plus an unfused shared expert where the contract left one.
 //
 // cov's forced tokens (nil: none) follow the routed ones in in; their slots
-// go through the same align, GEMM and finalize.
+// go through the same align, GEMM and finalize. A latent MoE layer
+// (fl.Latent) takes in as the block's input x, its routed tokens alone:
+// the bank runs on DST's down projection of x with cov's latent rows after
+// it (latent.go), and its sums leave through DST's norm and up projection.
 func (g *Runner) FusedLayer(src tensorload.TensorSource, fl *moelayer.FusedLayer, bank *Bank, in *Input, cov *moelayer.Coverage, blockSize int) (*moelayer.FusedResult, error) {
 	var fr Frees
 	defer fr.Release(g)
@@ -483,11 +496,19 @@ func (g *Runner) FusedLayer(src tensorload.TensorSource, fl *moelayer.FusedLayer
 	if fl.Spec.NumExperts != c.NumExperts {
 		return nil, fmt.Errorf("layer %d: config routes over %d experts, the contract says %d", fl.Index, fl.Spec.NumExperts, c.NumExperts)
 	}
+	// A latent MoE's bank reads its latent, its router and shared experts
+	// the block's input x (block: the routed tokens alone).
+	block := in
+	var err error
+	if fl.Latent != nil {
+		if in, err = g.latentIn(src, fl.Latent, block, cov, &fr); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+		}
+	}
 	if bank.H != in.h {
 		return nil, fmt.Errorf("layer %d: experts have H %d, x has %d", fl.Index, bank.H, in.h)
 	}
-	in, err := g.Prepared(src, fl.Prep, in, &fr)
-	if err != nil {
+	if in, err = g.Prepared(src, fl.Prep, in, &fr); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
 	}
 	t, h := in.t, in.h
@@ -531,6 +552,12 @@ func (g *Runner) FusedLayer(src tensorload.TensorSource, fl *moelayer.FusedLayer
 	}
 	if err := g.lr.Finalize(out, slotW, y, t, k, h, slots.FinalScale); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+	}
+	if fl.Latent != nil { // the sums leave the latent; the shared experts read x
+		if y, err = g.latentOut(src, fl.Latent, y, t, &fr); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", fl.Index, err)
+		}
+		in, h = block, fl.Latent.H
 	}
 	if fl.Shared != nil {
 		if c.NumFusedSharedExperts > 0 {
@@ -743,10 +770,23 @@ func (f *Frees) AddBank(b *Bank) { f.add(bankFree{b}) }
 // contract says fuse-shared requantised the plain shared expert into
 // (shared_requantized): the shared expert then runs so requantised
 // (RequantisedShared), as DST's fused replicas hold it, so that the fused
-// path compares with this one at the GPU's usual tolerance.
+// path compares with this one at the GPU's usual tolerance. A latent MoE
+// layer takes in as FusedLayer does, with SRC's latent tensors.
 func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, in *Input, cov *moelayer.Coverage, pace moelayer.Pace, requant weightfmt.Format) (*moelayer.RefResult, error) {
 	var fr Frees
 	defer fr.Release(g)
+	lt, err := moelayer.LatentOf(plan, layer)
+	if err != nil {
+		return nil, err
+	}
+	// A latent MoE's bank reads its latent (SRC's down projection of x),
+	// its router and shared experts the block's input x.
+	block := in
+	if lt != nil {
+		if in, err = g.latentIn(src, lt, block, cov, &fr); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
+		}
+	}
 	h, inter, e, t := plan.HiddenSize, plan.IntermediateOf(*layer), plan.NumExperts, in.t
 	if h != in.h {
 		return nil, fmt.Errorf("layer %d: H %d, x has %d", layer.Key(), h, in.h)
@@ -754,8 +794,7 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 	if len(layer.Experts) != e {
 		return nil, fmt.Errorf("layer %d: plan lists %d experts, config says %d", layer.Key(), len(layer.Experts), e)
 	}
-	in, err := g.Prepared(src, moelayer.PrepOf(plan, layer), in, &fr)
-	if err != nil {
+	if in, err = g.Prepared(src, moelayer.PrepOf(plan, layer), in, &fr); err != nil {
 		return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
 	}
 	spec := plan.RouteSpec()
@@ -798,12 +837,16 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 	// which error is reported (its own, after the routed experts').
 	var shared sharedRows
 	var requantised *hostRequant
+	sharedIn := in // the shared experts read x: a latent MoE's too
+	if lt != nil {
+		sharedIn = block
+	}
 	switch {
 	case layer.Shared != nil && requant != nil:
 		requantised = startHostRequant(src, *layer.Shared, requant)
 		defer requantised.wait()
 	case layer.Shared != nil:
-		shared = g.sharedRows(src, plan, layer, nil, in, &fr)
+		shared = g.sharedRows(src, plan, layer, nil, sharedIn, &fr)
 	}
 	for id := range e {
 		if len(users[id]) == 0 {
@@ -842,7 +885,13 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 		return nil, err
 	}
 	if requantised != nil {
-		shared = g.requantisedRows(requantised, plan, layer, in, &fr)
+		shared = g.requantisedRows(requantised, plan, layer, sharedIn, &fr)
+	}
+	if lt != nil { // the sums leave the latent; the shared experts read x
+		if y, err = g.latentOut(src, lt, y, t, &fr); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", layer.Key(), err)
+		}
+		in, h = block, lt.H
 	}
 	if layer.Shared != nil {
 		if shared.err != nil {

@@ -61,6 +61,11 @@ type FusedLayer struct {
 	Prep        InputPrep
 	// Info is the layer's contract entry, for its own activations.
 	Info layout.LayerInfo
+	// Latent is a latent MoE layer's transforms around the bank (Kimi K3:
+	// the bank reads Latent.In(x), its sum leaves through Latent.Out), with
+	// DST's own tensors; nil for other layers. The GPU's fused path reads
+	// it; the CPU check takes the layer apart itself (validate/latent.go).
+	Latent *Latent
 }
 
 // Act is the bank's activation in this layer (fused shared slots too).

@@ -18,6 +18,8 @@ import (
 // same tensors from one checkpoint), so the routed experts they compare see
 // the same input and their sums the same output transform.
 type Latent struct {
+	// Down, Norm and Up name the tensors in the checkpoint a path reads
+	// them from (Norm "": none).
 	Down, Norm, Up string
 	H, L           int
 	Eps            float64
@@ -50,34 +52,11 @@ func (lt *Latent) In(src tensorload.TensorSource, x []float32, t int) ([]float32
 }
 
 // Out is the block's routed output for n rows of routed sums y [n,L]:
-// [n,H], through the norm (as the engines' RMSNorm: the row times
-// 1/sqrt(mean square + eps), rounded, times the weight, rounded) and the
-// up projection.
+// [n,H], through the norm (Norm) and the up projection.
 func (lt *Latent) Out(src tensorload.TensorSource, y []float32, n int) ([]float32, error) {
-	if len(y) != n*lt.L {
-		return nil, fmt.Errorf("latent up projection: %d values for %d rows x %d", len(y), n, lt.L)
-	}
-	in := y
-	if lt.Norm != "" {
-		g, err := tensorload.LoadVector(src, lt.Norm, lt.L)
-		if err != nil {
-			return nil, err
-		}
-		if !(lt.Eps > 0) || math.IsInf(lt.Eps, 0) {
-			return nil, fmt.Errorf("latent norm %s: epsilon %g: want a positive number", lt.Norm, lt.Eps)
-		}
-		in = make([]float32, len(y))
-		for i := range n {
-			row := y[i*lt.L : (i+1)*lt.L]
-			var ss float64
-			for _, v := range row {
-				ss += float64(v) * float64(v)
-			}
-			inv := float32(1 / math.Sqrt(ss/float64(lt.L)+lt.Eps))
-			for j, v := range row {
-				in[i*lt.L+j] = (v * inv) * g[j]
-			}
-		}
+	in, err := lt.Normed(src, y, n)
+	if err != nil {
+		return nil, err
 	}
 	w, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: lt.Up, Index: -1, Rows: lt.H, Cols: lt.L})
 	if err != nil {
@@ -85,6 +64,40 @@ func (lt *Latent) Out(src tensorload.TensorSource, y []float32, n int) ([]float3
 	}
 	defer tensorload.PutFloats(w)
 	return linear(in, n, lt.L, w, lt.H), nil
+}
+
+// Normed is the up projection's input for n rows of routed sums y [n,L]:
+// each row through the norm as the engines' RMSNorm computes it (the row
+// times 1/sqrt(mean square + eps), rounded, times the weight, rounded),
+// or y itself for a layer without one. The GPU paths run it on the host
+// too (no kernel computes an RMSNorm), so every path normalises alike.
+func (lt *Latent) Normed(src tensorload.TensorSource, y []float32, n int) ([]float32, error) {
+	if len(y) != n*lt.L {
+		return nil, fmt.Errorf("latent up projection: %d values for %d rows x %d", len(y), n, lt.L)
+	}
+	if lt.Norm == "" {
+		return y, nil
+	}
+	g, err := tensorload.LoadVector(src, lt.Norm, lt.L)
+	if err != nil {
+		return nil, err
+	}
+	if !(lt.Eps > 0) || math.IsInf(lt.Eps, 0) {
+		return nil, fmt.Errorf("latent norm %s: epsilon %g: want a positive number", lt.Norm, lt.Eps)
+	}
+	in := make([]float32, len(y))
+	for i := range n {
+		row := y[i*lt.L : (i+1)*lt.L]
+		var ss float64
+		for _, v := range row {
+			ss += float64(v) * float64(v)
+		}
+		inv := float32(1 / math.Sqrt(ss/float64(lt.L)+lt.Eps))
+		for j, v := range row {
+			in[i*lt.L+j] = (v * inv) * g[j]
+		}
+	}
+	return in, nil
 }
 
 // linear is x [t,in] times w [out,in] transposed: [t,out].

@@ -35,6 +35,19 @@ func TestLatent(t *testing.T) {
 	if want := []float32{a, b, float32(float64(a) - float64(b))}; !equal(y, want) {
 		t.Errorf("Out = %v, want %v", y, want)
 	}
+	// Normed is Out's input to the up projection (what the GPU paths
+	// upload); without a norm, the sums themselves.
+	if nr, err := lt.Normed(src, []float32{3, 4}, 1); err != nil || !equal(nr, []float32{a, b}) {
+		t.Errorf("Normed = %v, %v, want %v", nr, err, []float32{a, b})
+	}
+	bare := *lt
+	bare.Norm = ""
+	if nr, err := bare.Normed(src, []float32{3, -4}, 1); err != nil || !equal(nr, []float32{3, -4}) {
+		t.Errorf("Normed without a norm = %v, %v, want the sums", nr, err)
+	}
+	if _, err := lt.Normed(src, []float32{3, 4, 5}, 1); err == nil || !strings.Contains(err.Error(), "3 values for 1 rows x 2") {
+		t.Errorf("Normed of a ragged row: %v", err)
+	}
 	for _, c := range []struct {
 		lt   Latent
 		x    []float32

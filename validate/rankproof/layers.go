@@ -240,5 +240,10 @@ func GPURefusal(src, dst, precision string) (string, error) {
 		return "", err
 	}
 	ck.Close()
+	if plan.Latent != nil {
+		// validate runs a latent MoE on the GPU (gpurun's latent.go); the
+		// recomposition of rank slots does not take its layers apart.
+		return fmt.Sprintf("a latent MoE (routed experts on routed_expert_down_proj's %d-wide latent, then routed_expert_norm and routed_expert_up_proj back to %d) has no GPU path in the per-rank recomposition", plan.HiddenSize, plan.Latent.Hidden), nil
+	}
 	return gpurun.Refusal(plan, c, precision), nil
 }
