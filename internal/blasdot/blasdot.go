@@ -20,32 +20,34 @@ package blasdot
 
 import "sync"
 
-// The pieces of k: a piece of three weight rows and three token rows
-// (float32: 3 x 3 x 4 KiB; float64, widened: 4 + 3 rows of 4 KiB) fits
-// a 32 KiB L1 data cache.
+// The pieces of k. SgemmNT's: three weight rows of kc32 elements (12 KiB)
+// stay in the L1 data cache while every group of four tokens passes over
+// them. Dot64Rows': four weight rows of kc64 (4 KiB), and kc64 is also how
+// many products a float32 lane sums (kc64/8 each) before the reference
+// widens them to float64; its error bound (above) grows with it.
 const (
 	kc32 = 1024
-	kc64 = 512
+	kc64 = 256
 )
 
 // roundUp is n rounded up to a multiple of m.
 func roundUp(n, m int) int { return (n + m - 1) / m * m }
 
 // kernels picks the assembly or its Go twin.
-func sdot(x []float32, ldx int, w []float32, ldw int, k int, out *[9]float32) {
+func sdot(x []float32, ldx int, w []float32, ldw int, k int, lanes *[96]float32) {
 	if useAsm {
-		sdot3x3Asm(x, ldx, w, ldw, k, out)
+		sdot4x3Asm(x, ldx, w, ldw, k, lanes)
 		return
 	}
-	sdot3x3Go(x, ldx, w, ldw, k, out)
+	sdot4x3Go(x, ldx, w, ldw, k, lanes)
 }
 
-func ddot(x []float64, ldx int, w []float64, ldw int, k int, out *[12]float64) {
+func rdot(x []float32, ldx int, w []float32, ldw int, k int, lanes *[48]float64) {
 	if useAsm {
-		ddot4x3Asm(x, ldx, w, ldw, k, out)
+		rdot3x4Asm(x, ldx, w, ldw, k, lanes)
 		return
 	}
-	ddot4x3Go(x, ldx, w, ldw, k, out)
+	rdot3x4Go(x, ldx, w, ldw, k, lanes)
 }
 
 var (
@@ -64,9 +66,23 @@ func scratch[T float32 | float64](p *sync.Pool, n int) *[]T {
 	return &b
 }
 
+// padTokens copies m rows of k (row i from row(i)) into a zeroed buffer
+// of mp rows kp apart: whole groups of tokens and whole lanes of k (a
+// zero product leaves a lane's sum as it was).
+func padTokens(m, mp, k, kp int, row func(i int) []float32) *[]float32 {
+	xb := scratch[float32](&f32Pool, mp*kp)
+	x := *xb
+	for i := range m {
+		copy(x[i*kp:i*kp+k], row(i)[:k])
+	}
+	return xb
+}
+
 // SgemmNT sets c [m,n] (rows ldc apart) to a [m,k] times b [n,k]
-// transposed (rows lda and ldb apart), each output a float32 sum in the
-// order kernel.go's sdot3x3Go gives, k in pieces of kc32 added in order.
+// transposed (rows lda and ldb apart): each output summed in eight
+// float32 lanes with fused multiply-adds over all of k (kernel.go's
+// sdot4x3Go says which products a lane takes), the lanes then folded as
+// b_j = a_j + a_{j+4}, (b0 + b1) + (b2 + b3).
 func SgemmNT(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
 	if m <= 0 || n <= 0 {
 		return
@@ -77,19 +93,16 @@ func SgemmNT(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float3
 		}
 		return
 	}
-	// The tokens, padded to whole groups of three rows and whole lanes of
-	// k with zeros (a zero product leaves a lane's sum as it was).
-	kp, mp := roundUp(k, 8), roundUp(m, 3)
-	xb := scratch[float32](&f32Pool, mp*kp)
+	kp, mp := roundUp(k, 8), roundUp(m, 4)
+	xb := padTokens(m, mp, k, kp, func(i int) []float32 { return a[i*lda:] })
 	defer f32Pool.Put(xb)
 	x := *xb
-	for i := range m {
-		copy(x[i*kp:i*kp+k], a[i*lda:i*lda+k])
-	}
-	groups := mp / 3
-	acc := make([]float32, groups*9)
-	wt := make([]float32, 3*kc32) // a piece of three weight rows where b cannot be read in place
-	var out [9]float32
+	groups := mp / 4
+	ab := scratch[float32](&f32Pool, groups*96+3*kc32)
+	defer f32Pool.Put(ab)
+	// acc holds each group's lanes; wt a piece of three weight rows where
+	// b cannot be read in place.
+	acc, wt := (*ab)[:groups*96], (*ab)[groups*96:]
 	for r0 := 0; r0 < n; r0 += 3 {
 		rows := min(3, n-r0)
 		clear(acc)
@@ -105,23 +118,26 @@ func SgemmNT(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float3
 				}
 			}
 			for g := range groups {
-				out = [9]float32(acc[g*9 : g*9+9])
-				sdot(x[g*3*kp+p0:], kp, w, ldw, klp, &out)
-				copy(acc[g*9:], out[:])
+				sdot(x[g*4*kp+p0:], kp, w, ldw, klp, (*[96]float32)(acc[g*96:]))
 			}
 		}
 		for i := range m {
 			for r := range rows {
-				c[i*ldc+r0+r] = acc[(i/3)*9+(i%3)*3+r]
+				l := acc[(i*3+r)*8:]
+				b0, b1, b2, b3 := l[0]+l[4], l[1]+l[5], l[2]+l[6], l[3]+l[7]
+				c[i*ldc+r0+r] = (b0 + b1) + (b2 + b3)
 			}
 		}
 	}
 }
 
 // Dot64Rows sets out[t][i] to the dot product of x[t] and w's row i (w
-// [n,k]), summed in float64 in the order kernel.go's ddot4x3Go gives, k
-// in pieces of kc64 added in order, and rounded once to float32: what
-// moe.Dot64 computes, up to the order of its float64 additions.
+// [n,k]): k in pieces of kc64, each summed in eight float32 lanes with
+// fused multiply-adds, the lanes widened and added in float64 into four
+// float64 lanes per output (kernel.go's rdot3x4Go), folded as
+// (L0 + L2) + (L1 + L3) and rounded once to float32. It is the
+// reference's product: another kernel, order and precision than
+// SgemmNT's, and closer to the exact sum (the bound is above).
 func Dot64Rows(x [][]float32, w []float32, n, k int, out [][]float32) {
 	m := len(x)
 	if m == 0 || n <= 0 {
@@ -133,45 +149,39 @@ func Dot64Rows(x [][]float32, w []float32, n, k int, out [][]float32) {
 		}
 		return
 	}
-	kp, mp := roundUp(k, 4), roundUp(m, 3)
-	xb := scratch[float64](&f64Pool, mp*kp)
-	defer f64Pool.Put(xb)
-	xw := *xb
-	for t, xt := range x {
-		row := xw[t*kp:]
-		for p, v := range xt[:k] {
-			row[p] = float64(v)
-		}
-	}
+	kp, mp := roundUp(k, 8), roundUp(m, 3)
+	xb := padTokens(m, mp, k, kp, func(i int) []float32 { return x[i] })
+	defer f32Pool.Put(xb)
+	xs := *xb
 	groups := mp / 3
-	acc := make([]float64, groups*12)
-	wt := make([]float64, 4*kc64) // a piece of four weight rows, widened
-	var o [12]float64
+	accb := scratch[float64](&f64Pool, groups*48)
+	defer f64Pool.Put(accb)
+	acc := *accb
+	wtb := scratch[float32](&f32Pool, 4*kc64) // a piece of four weight rows where w cannot be read in place
+	defer f32Pool.Put(wtb)
+	wt := *wtb
 	for r0 := 0; r0 < n; r0 += 4 {
 		rows := min(4, n-r0)
 		clear(acc)
 		for p0 := 0; p0 < k; p0 += kc64 {
 			kl := min(kc64, k-p0)
-			klp := roundUp(kl, 4)
-			ww := wt[:4*klp]
+			klp := roundUp(kl, 8)
+			ww, ldw := w[r0*k+p0:], k
 			if rows < 4 || klp != kl {
+				ww, ldw = wt[:4*klp], klp
 				clear(ww)
-			}
-			for r := range rows {
-				dst := ww[r*klp : r*klp+kl]
-				for p, v := range w[(r0+r)*k+p0 : (r0+r)*k+p0+kl] {
-					dst[p] = float64(v)
+				for r := range rows {
+					copy(ww[r*klp:r*klp+kl], w[(r0+r)*k+p0:])
 				}
 			}
 			for g := range groups {
-				o = [12]float64(acc[g*12 : g*12+12])
-				ddot(xw[g*3*kp+p0:], kp, ww, klp, klp, &o)
-				copy(acc[g*12:], o[:])
+				rdot(xs[g*3*kp+p0:], kp, ww, ldw, klp, (*[48]float64)(acc[g*48:]))
 			}
 		}
 		for t := range m {
 			for r := range rows {
-				out[t][r0+r] = float32(acc[(t/3)*12+(t%3)*4+r])
+				l := acc[(t*4+r)*4:]
+				out[t][r0+r] = float32((l[0] + l[2]) + (l[1] + l[3]))
 			}
 		}
 	}
