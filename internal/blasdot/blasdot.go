@@ -66,12 +66,12 @@ func sdot(x []float32, ldx int, w []float32, ldw int, k int, lanes *[96]float32)
 	sdot4x3Go(x, ldx, w, ldw, k, lanes)
 }
 
-func rdot(x []float32, ldx int, w []float32, ldw int, k int, lanes *[48]float64) {
+func rdot(x *[3][]float32, w []float32, ldw int, k int, lanes *[48]float64) {
 	if useAsm {
-		rdot3x4Asm(x, ldx, w, ldw, k, lanes)
+		rdot3x4Asm(x, w, ldw, k, lanes)
 		return
 	}
-	rdot3x4Go(x, ldx, w, ldw, k, lanes)
+	rdot3x4Go(x, w, ldw, k, lanes)
 }
 
 var (
@@ -117,10 +117,24 @@ func SgemmNT(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float3
 		}
 		return
 	}
+	// The tokens are read where a holds them, but for those a kernel could
+	// not: a last group of fewer than four, or all where k is not whole
+	// lanes. Those are copied, padded with zeros (a zero product leaves a
+	// lane's sum as it was).
 	kp, mp := roundUp(k, 8), roundUp(m, 4)
-	xb := padTokens(m, mp, k, kp, func(i int) []float32 { return a[i*lda:] })
+	inPlace := m / 4 * 4
+	if kp != k {
+		inPlace = 0
+	}
+	xb := padTokens(m-inPlace, mp-inPlace, k, kp, func(i int) []float32 { return a[(inPlace+i)*lda:] })
 	defer f32Pool.Put(xb)
-	x := *xb
+	pad := *xb
+	tokens := func(g int) ([]float32, int) {
+		if g*4 < inPlace {
+			return a[g*4*lda:], lda
+		}
+		return pad[(g*4-inPlace)*kp:], kp
+	}
 	groups := mp / 4
 	ab := scratch[float32](&f32Pool, groups*96+3*kc32)
 	defer f32Pool.Put(ab)
@@ -142,7 +156,8 @@ func SgemmNT(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float3
 				}
 			}
 			for g := range groups {
-				sdot(x[g*4*kp+p0:], kp, w, ldw, klp, (*[96]float32)(acc[g*96:]))
+				x, ldx := tokens(g)
+				sdot(x[p0:], ldx, w, ldw, klp, (*[96]float32)(acc[g*96:]))
 			}
 		}
 		for i := range m {
@@ -174,10 +189,27 @@ func Dot64Rows(x [][]float32, w []float32, n, k int, out [][]float32) {
 		}
 		return
 	}
+	// The tokens are read where the caller holds them, but where k is not
+	// whole lanes (then copied, padded with zeros); a last group of fewer
+	// than three is filled with a row of zeros.
 	kp, mp := roundUp(k, 8), roundUp(m, 3)
-	xb := padTokens(m, mp, k, kp, func(i int) []float32 { return x[i] })
+	copied := 0
+	if kp != k {
+		copied = m
+	}
+	xb := padTokens(copied, copied+1, k, kp, func(i int) []float32 { return x[i] })
 	defer f32Pool.Put(xb)
-	xs := *xb
+	rowsx := make([][]float32, mp)
+	for t := range mp {
+		switch {
+		case t >= m:
+			rowsx[t] = (*xb)[copied*kp : (copied+1)*kp] // zeros
+		case copied > 0:
+			rowsx[t] = (*xb)[t*kp : (t+1)*kp]
+		default:
+			rowsx[t] = x[t][:k]
+		}
+	}
 	groups := mp / 3
 	accb := scratch[float64](&f64Pool, groups*48)
 	defer f64Pool.Put(accb)
@@ -200,7 +232,8 @@ func Dot64Rows(x [][]float32, w []float32, n, k int, out [][]float32) {
 				}
 			}
 			for g := range groups {
-				rdot(xs[g*3*kp+p0:], kp, ww, ldw, klp, (*[48]float64)(acc[g*48:]))
+				xg := [3][]float32{rowsx[g*3][p0:], rowsx[g*3+1][p0:], rowsx[g*3+2][p0:]}
+				rdot(&xg, ww, ldw, klp, (*[48]float64)(acc[g*48:]))
 			}
 		}
 		for t := range m {

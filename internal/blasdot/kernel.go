@@ -31,15 +31,15 @@ func sdot4x3Go(x []float32, ldx int, w []float32, ldw int, k int, lanes *[96]flo
 	}
 }
 
-// rdot3x4 (the reference's) sums the products of x row t (t < 3) and w
-// row r (r < 4) over a piece of k (a multiple of 8, at most kc64) in
+// rdot3x4 (the reference's) sums the products of x[t] (t < 3, each row
+// where the caller holds it) and w row r (r < 4) over a piece of k (a multiple of 8, at most kc64) in
 // eight float32 lanes from zero, as sdot4x3 does, then widens lanes j and
 // j+4 to float64 (exactly), adds them and adds that to the float64 lane
 // lanes[(t*4+r)*4+j]. A float32 lane so sums at most kc64/8 products;
 // every addition after is in float64.
-func rdot3x4Go(x []float32, ldx int, w []float32, ldw int, k int, lanes *[48]float64) {
+func rdot3x4Go(x *[3][]float32, w []float32, ldw int, k int, lanes *[48]float64) {
 	for t := range 3 {
-		xt := x[t*ldx : t*ldx+k]
+		xt := x[t][:k]
 		for r := range 4 {
 			wr := w[r*ldw : r*ldw+k]
 			var a [8]float32

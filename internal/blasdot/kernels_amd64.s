@@ -92,29 +92,27 @@ sdone:
 	VZEROUPPER
 	RET
 
-// func rdot3x4(x *float32, ldx int, w *float32, ldw int, k int, lanes *[48]float64)
+// func rdot3x4(x0, x1, x2 *float32, w *float32, ldw int, k int, lanes *[48]float64)
 //
 // kernel.go's rdot3x4Go: a piece of k (at most kc64 elements) summed with
 // fused multiply-adds in eight float32 lanes from zero, then lanes j and
 // j+4 widened to float64 (exactly), added, and added to the float64 lane
 // lanes[(t*4+r)*4+j]. Y0-Y11 are the float32 lanes of (token t, row r) at
-// t*4+r, Y12-Y14 the three token rows' next eight elements, Y15 a weight
-// row's.
-TEXT ·rdot3x4(SB), NOSPLIT, $0-48
-	MOVQ x+0(FP), SI
-	MOVQ ldx+8(FP), R11
-	SHLQ $2, R11
-	LEAQ (SI)(R11*1), R12
-	LEAQ (R12)(R11*1), R13
-	MOVQ w+16(FP), DI
-	MOVQ ldw+24(FP), R8
+// t*4+r, Y12-Y14 the three token rows' next eight elements (each row
+// where the caller has it: no copy), Y15 a weight row's.
+TEXT ·rdot3x4(SB), NOSPLIT, $0-56
+	MOVQ x0+0(FP), SI
+	MOVQ x1+8(FP), R12
+	MOVQ x2+16(FP), R13
+	MOVQ w+24(FP), DI
+	MOVQ ldw+32(FP), R8
 	SHLQ $2, R8
 	LEAQ (DI)(R8*1), R9
 	LEAQ (R9)(R8*1), R10
 	LEAQ (R10)(R8*1), R14
-	MOVQ k+32(FP), BX
+	MOVQ k+40(FP), BX
 	SHLQ $2, BX
-	MOVQ lanes+40(FP), DX
+	MOVQ lanes+48(FP), DX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
