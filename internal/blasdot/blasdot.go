@@ -49,9 +49,16 @@ import "sync"
 // them. Dot64Rows': four weight rows of kc64 (4 KiB), and kc64 is also how
 // many products a float32 lane sums (kc64/8 each) before the reference
 // widens them to float64; its error bound (above) grows with it.
+//
+// A block of weight rows (nb32, nb64: multiples of the kernels' 3 and 4)
+// goes through each piece before the next piece, so that the tokens'
+// piece (64 tokens: 256 KiB, 64 KiB) is read from memory once for the
+// block and served from L2, beside the block's lanes and weights.
 const (
 	kc32 = 1024
 	kc64 = 256
+	nb32 = 24
+	nb64 = 48
 )
 
 // roundUp is n rounded up to a multiple of m.
@@ -136,35 +143,42 @@ func SgemmNT(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float3
 		return pad[(g*4-inPlace)*kp:], kp
 	}
 	groups := mp / 4
-	ab := scratch[float32](&f32Pool, groups*96+3*kc32)
+	ab := scratch[float32](&f32Pool, nb32/3*groups*96+3*kc32)
 	defer f32Pool.Put(ab)
-	// acc holds each group's lanes; wt a piece of three weight rows where
-	// b cannot be read in place.
-	acc, wt := (*ab)[:groups*96], (*ab)[groups*96:]
-	for r0 := 0; r0 < n; r0 += 3 {
-		rows := min(3, n-r0)
+	// acc holds the lanes of a block of nb32 rows, each group's; wt a
+	// piece of three weight rows where b cannot be read in place.
+	acc, wt := (*ab)[:nb32/3*groups*96], (*ab)[nb32/3*groups*96:]
+	for rb := 0; rb < n; rb += nb32 {
+		nr := min(nb32, n-rb)
 		clear(acc)
 		for p0 := 0; p0 < k; p0 += kc32 {
 			kl := min(kc32, k-p0)
 			klp := roundUp(kl, 8)
-			w, ldw := b[r0*ldb+p0:], ldb
-			if rows < 3 || klp != kl {
-				w, ldw = wt[:3*klp], klp
-				clear(w)
-				for r := range rows {
-					copy(w[r*klp:r*klp+kl], b[(r0+r)*ldb+p0:])
+			for r0 := rb; r0 < rb+nr; r0 += 3 {
+				rows := min(3, rb+nr-r0)
+				w, ldw := b[r0*ldb+p0:], ldb
+				if rows < 3 || klp != kl {
+					w, ldw = wt[:3*klp], klp
+					clear(w)
+					for r := range rows {
+						copy(w[r*klp:r*klp+kl], b[(r0+r)*ldb+p0:])
+					}
+				}
+				blk := acc[(r0-rb)/3*groups*96:]
+				for g := range groups {
+					x, ldx := tokens(g)
+					sdot(x[p0:], ldx, w, ldw, klp, (*[96]float32)(blk[g*96:]))
 				}
 			}
-			for g := range groups {
-				x, ldx := tokens(g)
-				sdot(x[p0:], ldx, w, ldw, klp, (*[96]float32)(acc[g*96:]))
-			}
 		}
-		for i := range m {
-			for r := range rows {
-				l := acc[(i*3+r)*8:]
-				b0, b1, b2, b3 := l[0]+l[4], l[1]+l[5], l[2]+l[6], l[3]+l[7]
-				c[i*ldc+r0+r] = (b0 + b1) + (b2 + b3)
+		for r0 := rb; r0 < rb+nr; r0 += 3 {
+			blk := acc[(r0-rb)/3*groups*96:]
+			for i := range m {
+				for r := range min(3, rb+nr-r0) {
+					l := blk[(i*3+r)*8:]
+					b0, b1, b2, b3 := l[0]+l[4], l[1]+l[5], l[2]+l[6], l[3]+l[7]
+					c[i*ldc+r0+r] = (b0 + b1) + (b2 + b3)
+				}
 			}
 		}
 	}
@@ -211,35 +225,42 @@ func Dot64Rows(x [][]float32, w []float32, n, k int, out [][]float32) {
 		}
 	}
 	groups := mp / 3
-	accb := scratch[float64](&f64Pool, groups*48)
+	accb := scratch[float64](&f64Pool, nb64/4*groups*48)
 	defer f64Pool.Put(accb)
 	acc := *accb
 	wtb := scratch[float32](&f32Pool, 4*kc64) // a piece of four weight rows where w cannot be read in place
 	defer f32Pool.Put(wtb)
 	wt := *wtb
-	for r0 := 0; r0 < n; r0 += 4 {
-		rows := min(4, n-r0)
+	for rb := 0; rb < n; rb += nb64 {
+		nr := min(nb64, n-rb)
 		clear(acc)
 		for p0 := 0; p0 < k; p0 += kc64 {
 			kl := min(kc64, k-p0)
 			klp := roundUp(kl, 8)
-			ww, ldw := w[r0*k+p0:], k
-			if rows < 4 || klp != kl {
-				ww, ldw = wt[:4*klp], klp
-				clear(ww)
-				for r := range rows {
-					copy(ww[r*klp:r*klp+kl], w[(r0+r)*k+p0:])
+			for r0 := rb; r0 < rb+nr; r0 += 4 {
+				rows := min(4, rb+nr-r0)
+				ww, ldw := w[r0*k+p0:], k
+				if rows < 4 || klp != kl {
+					ww, ldw = wt[:4*klp], klp
+					clear(ww)
+					for r := range rows {
+						copy(ww[r*klp:r*klp+kl], w[(r0+r)*k+p0:])
+					}
+				}
+				blk := acc[(r0-rb)/4*groups*48:]
+				for g := range groups {
+					xg := [3][]float32{rowsx[g*3][p0:], rowsx[g*3+1][p0:], rowsx[g*3+2][p0:]}
+					rdot(&xg, ww, ldw, klp, (*[48]float64)(blk[g*48:]))
 				}
 			}
-			for g := range groups {
-				xg := [3][]float32{rowsx[g*3][p0:], rowsx[g*3+1][p0:], rowsx[g*3+2][p0:]}
-				rdot(&xg, ww, ldw, klp, (*[48]float64)(acc[g*48:]))
-			}
 		}
-		for t := range m {
-			for r := range rows {
-				l := acc[(t*4+r)*4:]
-				out[t][r0+r] = float32((l[0] + l[2]) + (l[1] + l[3]))
+		for r0 := rb; r0 < rb+nr; r0 += 4 {
+			blk := acc[(r0-rb)/4*groups*48:]
+			for t := range m {
+				for r := range min(4, rb+nr-r0) {
+					l := blk[(t*4+r)*4:]
+					out[t][r0+r] = float32((l[0] + l[2]) + (l[1] + l[3]))
+				}
 			}
 		}
 	}
