@@ -73,12 +73,12 @@ func sdot(x []float32, ldx int, w []float32, ldw int, k int, lanes *[96]float32)
 	sdot4x3Go(x, ldx, w, ldw, k, lanes)
 }
 
-func rdot(x *[3][]float32, w []float32, ldw int, k int, lanes *[48]float64) {
+func rdot(x []*float32, off int, w []float32, ldw int, k int, lanes []float64) {
 	if useAsm {
-		rdot3x4Asm(x, w, ldw, k, lanes)
+		rdot3x4Asm(x, off, w, ldw, k, lanes)
 		return
 	}
-	rdot3x4Go(x, w, ldw, k, lanes)
+	rdot3x4Go(x, off, w, ldw, k, lanes)
 }
 
 var (
@@ -213,15 +213,17 @@ func Dot64Rows(x [][]float32, w []float32, n, k int, out [][]float32) {
 	}
 	xb := padTokens(copied, copied+1, k, kp, func(i int) []float32 { return x[i] })
 	defer f32Pool.Put(xb)
-	rowsx := make([][]float32, mp)
+	// rowsx points at each token row a kernel reads: each holds kp
+	// elements from there (x[t] at least k, checked here).
+	rowsx := make([]*float32, mp)
 	for t := range mp {
 		switch {
 		case t >= m:
-			rowsx[t] = (*xb)[copied*kp : (copied+1)*kp] // zeros
+			rowsx[t] = &(*xb)[copied*kp] // zeros
 		case copied > 0:
-			rowsx[t] = (*xb)[t*kp : (t+1)*kp]
+			rowsx[t] = &(*xb)[t*kp]
 		default:
-			rowsx[t] = x[t][:k]
+			rowsx[t] = &x[t][:k][0]
 		}
 	}
 	groups := mp / 3
@@ -247,11 +249,7 @@ func Dot64Rows(x [][]float32, w []float32, n, k int, out [][]float32) {
 						copy(ww[r*klp:r*klp+kl], w[(r0+r)*k+p0:])
 					}
 				}
-				blk := acc[(r0-rb)/4*groups*48:]
-				for g := range groups {
-					xg := [3][]float32{rowsx[g*3][p0:], rowsx[g*3+1][p0:], rowsx[g*3+2][p0:]}
-					rdot(&xg, ww, ldw, klp, (*[48]float64)(blk[g*48:]))
-				}
+				rdot(rowsx, p0, ww, ldw, klp, acc[(r0-rb)/4*groups*48:])
 			}
 		}
 		for r0 := rb; r0 < rb+nr; r0 += 4 {

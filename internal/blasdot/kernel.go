@@ -1,5 +1,7 @@
 package blasdot
 
+import "unsafe"
+
 // The kernels in Go: what the assembly computes, step for step, except
 // that Go cannot write a float32 fused multiply-add, so the twins round
 // each product before adding it. They may therefore differ from the
@@ -31,26 +33,31 @@ func sdot4x3Go(x []float32, ldx int, w []float32, ldw int, k int, lanes *[96]flo
 	}
 }
 
-// rdot3x4 (the reference's) sums the products of x[t] (t < 3, each row
-// where the caller holds it) and w row r (r < 4) over a piece of k (a multiple of 8, at most kc64) in
-// eight float32 lanes from zero, as sdot4x3 does, then widens lanes j and
-// j+4 to float64 (exactly), adds them and adds that to the float64 lane
-// lanes[(t*4+r)*4+j]. A float32 lane so sums at most kc64/8 products;
-// every addition after is in float64.
-func rdot3x4Go(x *[3][]float32, w []float32, ldw int, k int, lanes *[48]float64) {
-	for t := range 3 {
-		xt := x[t][:k]
-		for r := range 4 {
-			wr := w[r*ldw : r*ldw+k]
-			var a [8]float32
-			for p := 0; p < k; p += 8 {
-				for l := range 8 {
-					a[l] += float32(xt[p+l] * wr[p+l])
+// rdot3x4 (the reference's) takes the token rows three at a time, a group
+// g of x[3g:3g+3] (pointers to the rows where the caller holds them, each
+// read from element off on), against the same four w rows (r < 4): for
+// each token t and row r it sums their products over a piece of k (a
+// multiple of 8, at most kc64) in eight float32 lanes from zero, as
+// sdot4x3 does, then widens lanes j and j+4 to float64 (exactly), adds
+// them and adds that to the float64 lane lanes[g*48+(t*4+r)*4+j]. A
+// float32 lane so sums at most kc64/8 products; every addition after is
+// in float64.
+func rdot3x4Go(x []*float32, off int, w []float32, ldw int, k int, lanes []float64) {
+	for g := range len(x) / 3 {
+		for t := range 3 {
+			xt := unsafe.Slice(x[g*3+t], off+k)[off:]
+			for r := range 4 {
+				wr := w[r*ldw : r*ldw+k]
+				var a [8]float32
+				for p := 0; p < k; p += 8 {
+					for l := range 8 {
+						a[l] += float32(xt[p+l] * wr[p+l])
+					}
 				}
-			}
-			d := lanes[(t*4+r)*4 : (t*4+r)*4+4]
-			for j := range d {
-				d[j] += float64(a[j]) + float64(a[j+4])
+				d := lanes[g*48+(t*4+r)*4 : g*48+(t*4+r)*4+4]
+				for j := range d {
+					d[j] += float64(a[j]) + float64(a[j+4])
+				}
 			}
 		}
 	}

@@ -13,12 +13,14 @@ var useAsm = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 func sdot4x3(x *float32, ldx int, w *float32, ldw int, k int, lanes *[96]float32)
 
 //go:noescape
-func rdot3x4(x0, x1, x2 *float32, w *float32, ldw int, k int, lanes *[48]float64)
+func rdot3x4(x **float32, groups int, off int, w *float32, ldw int, k int, lanes *float64)
 
 func sdot4x3Asm(x []float32, ldx int, w []float32, ldw int, k int, lanes *[96]float32) {
 	sdot4x3(&x[0], ldx, &w[0], ldw, k, lanes)
 }
 
-func rdot3x4Asm(x *[3][]float32, w []float32, ldw int, k int, lanes *[48]float64) {
-	rdot3x4(&x[0][0], &x[1][0], &x[2][0], &w[0], ldw, k, lanes)
+func rdot3x4Asm(x []*float32, off int, w []float32, ldw int, k int, lanes []float64) {
+	groups := len(x) / 3
+	_ = lanes[groups*48-1]
+	rdot3x4(&x[0], groups, off, &w[0], ldw, k, &lanes[0])
 }

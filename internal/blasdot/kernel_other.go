@@ -8,6 +8,6 @@ func sdot4x3Asm(x []float32, ldx int, w []float32, ldw int, k int, lanes *[96]fl
 	sdot4x3Go(x, ldx, w, ldw, k, lanes)
 }
 
-func rdot3x4Asm(x *[3][]float32, w []float32, ldw int, k int, lanes *[48]float64) {
-	rdot3x4Go(x, w, ldw, k, lanes)
+func rdot3x4Asm(x []*float32, off int, w []float32, ldw int, k int, lanes []float64) {
+	rdot3x4Go(x, off, w, ldw, k, lanes)
 }

@@ -92,27 +92,40 @@ sdone:
 	VZEROUPPER
 	RET
 
-// func rdot3x4(x0, x1, x2 *float32, w *float32, ldw int, k int, lanes *[48]float64)
+// func rdot3x4(x **float32, groups int, off int, w *float32, ldw int, k int, lanes *float64)
 //
-// kernel.go's rdot3x4Go: a piece of k (at most kc64 elements) summed with
-// fused multiply-adds in eight float32 lanes from zero, then lanes j and
-// j+4 widened to float64 (exactly), added, and added to the float64 lane
-// lanes[(t*4+r)*4+j]. Y0-Y11 are the float32 lanes of (token t, row r) at
-// t*4+r, Y12-Y14 the three token rows' next eight elements (each row
-// where the caller has it: no copy), Y15 a weight row's.
+// kernel.go's rdot3x4Go, for each of groups groups of three token rows
+// (x holds 3*groups row pointers, each row read from element off on,
+// where the caller has it: no copy) against the same four weight rows: a
+// piece of k (at most kc64 elements) summed with fused multiply-adds in
+// eight float32 lanes from zero, then lanes j and j+4 widened to float64
+// (exactly), added, and added to the float64 lane
+// lanes[g*48+(t*4+r)*4+j]. Y0-Y11 are the float32 lanes of (token t, row
+// r) at t*4+r, Y12-Y14 the three token rows' next eight elements, Y15 a
+// weight row's; R8 walks x, CX counts the groups, DX walks lanes.
 TEXT ·rdot3x4(SB), NOSPLIT, $0-56
-	MOVQ x0+0(FP), SI
-	MOVQ x1+8(FP), R12
-	MOVQ x2+16(FP), R13
+	MOVQ x+0(FP), R8
+	MOVQ groups+8(FP), CX
+	MOVQ off+16(FP), R11
+	SHLQ $2, R11
 	MOVQ w+24(FP), DI
-	MOVQ ldw+32(FP), R8
-	SHLQ $2, R8
-	LEAQ (DI)(R8*1), R9
-	LEAQ (R9)(R8*1), R10
-	LEAQ (R10)(R8*1), R14
+	MOVQ ldw+32(FP), R9
+	SHLQ $2, R9
+	LEAQ (DI)(R9*1), R10
+	LEAQ (R10)(R9*1), R14
+	LEAQ (R14)(R9*1), R9
 	MOVQ k+40(FP), BX
 	SHLQ $2, BX
 	MOVQ lanes+48(FP), DX
+	TESTQ CX, CX
+	JLE rdone
+rgroup:
+	MOVQ 0(R8), SI
+	ADDQ R11, SI
+	MOVQ 8(R8), R12
+	ADDQ R11, R12
+	MOVQ 16(R8), R13
+	ADDQ R11, R13
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -136,15 +149,15 @@ rloop:
 	VFMADD231PS Y15, Y12, Y0
 	VFMADD231PS Y15, Y13, Y4
 	VFMADD231PS Y15, Y14, Y8
-	VMOVUPS (R9)(AX*1), Y15
+	VMOVUPS (R10)(AX*1), Y15
 	VFMADD231PS Y15, Y12, Y1
 	VFMADD231PS Y15, Y13, Y5
 	VFMADD231PS Y15, Y14, Y9
-	VMOVUPS (R10)(AX*1), Y15
+	VMOVUPS (R14)(AX*1), Y15
 	VFMADD231PS Y15, Y12, Y2
 	VFMADD231PS Y15, Y13, Y6
 	VFMADD231PS Y15, Y14, Y10
-	VMOVUPS (R14)(AX*1), Y15
+	VMOVUPS (R9)(AX*1), Y15
 	VFMADD231PS Y15, Y12, Y3
 	VFMADD231PS Y15, Y13, Y7
 	VFMADD231PS Y15, Y14, Y11
@@ -224,5 +237,10 @@ rfold:
 	VADDPD Y13, Y12, Y12
 	VADDPD (352)(DX), Y12, Y12
 	VMOVUPD Y12, (352)(DX)
+	ADDQ $24, R8
+	ADDQ $384, DX
+	DECQ CX
+	JNZ rgroup
+rdone:
 	VZEROUPPER
 	RET
