@@ -143,31 +143,39 @@ func SgemmNT(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float3
 		return pad[(g*4-inPlace)*kp:], kp
 	}
 	groups := mp / 4
-	ab := scratch[float32](&f32Pool, nb32/3*groups*96+3*kc32)
+	ab := scratch[float32](&f32Pool, nb32/3*groups*96+nb32*kc32)
 	defer f32Pool.Put(ab)
-	// acc holds the lanes of a block of nb32 rows, each group's; wt a
-	// piece of three weight rows where b cannot be read in place.
+	// acc holds the lanes of a block of nb32 rows, each group's; wt the
+	// block's piece of weight rows where b cannot be read in place.
 	acc, wt := (*ab)[:nb32/3*groups*96], (*ab)[nb32/3*groups*96:]
+	var ws [nb32 / 3][]float32
+	var ldws [nb32 / 3]int
 	for rb := 0; rb < n; rb += nb32 {
 		nr := min(nb32, n-rb)
 		clear(acc)
 		for p0 := 0; p0 < k; p0 += kc32 {
 			kl := min(kc32, k-p0)
 			klp := roundUp(kl, 8)
-			for r0 := rb; r0 < rb+nr; r0 += 3 {
+			for j := range (nr + 2) / 3 {
+				r0 := rb + j*3
 				rows := min(3, rb+nr-r0)
-				w, ldw := b[r0*ldb+p0:], ldb
+				ws[j], ldws[j] = b[r0*ldb+p0:], ldb
 				if rows < 3 || klp != kl {
-					w, ldw = wt[:3*klp], klp
+					w := wt[j*3*kc32 : j*3*kc32+3*klp]
 					clear(w)
 					for r := range rows {
 						copy(w[r*klp:r*klp+kl], b[(r0+r)*ldb+p0:])
 					}
+					ws[j], ldws[j] = w, klp
 				}
-				blk := acc[(r0-rb)/3*groups*96:]
-				for g := range groups {
-					x, ldx := tokens(g)
-					sdot(x[p0:], ldx, w, ldw, klp, (*[96]float32)(blk[g*96:]))
+			}
+			// A group's four token rows stay in L1 while the block's
+			// weight rows pass: the weights are the fewer loads (three
+			// vectors to the tokens' four a step).
+			for g := range groups {
+				x, ldx := tokens(g)
+				for j := range (nr + 2) / 3 {
+					sdot(x[p0:], ldx, ws[j], ldws[j], klp, (*[96]float32)(acc[(j*groups+g)*96:]))
 				}
 			}
 		}
