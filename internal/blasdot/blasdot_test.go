@@ -58,6 +58,16 @@ func dot64(x [][]float32, w []float32, n, k int) []float32 {
 	return flat
 }
 
+// eachKernel runs f with the assembly kernels (where this machine and
+// build have them) and with their Go twins.
+func eachKernel(f func(asm bool)) {
+	for _, asm := range []bool{true, false} {
+		if !asm || useAsm {
+			withAsm(asm, func() { f(asm) })
+		}
+	}
+}
+
 // withAsm runs f with the assembly kernels on or off.
 func withAsm(on bool, f func()) {
 	save := useAsm
@@ -133,12 +143,7 @@ func exact(a, b []float32) (float64, float64) {
 // lane's float32 additions within a piece and the product's rounding; the
 // float64 additions after add under 2^-40).
 func TestWithinRoundingOfExact(t *testing.T) {
-	for _, asm := range []bool{true, false} {
-		if asm && !useAsm {
-			continue
-		}
-		withAsm(asm, func() { withinRoundingOfExact(t, asm) })
-	}
+	eachKernel(func(asm bool) { withinRoundingOfExact(t, asm) })
 }
 
 func withinRoundingOfExact(t *testing.T, asm bool) {

@@ -37,12 +37,7 @@ const (
 )
 
 func TestDeviationFromExact(t *testing.T) {
-	for _, asm := range []bool{true, false} {
-		if asm && !useAsm {
-			continue
-		}
-		withAsm(asm, func() { deviationFromExact(t, asm) })
-	}
+	eachKernel(func(asm bool) { deviationFromExact(t, asm) })
 }
 
 func deviationFromExact(t *testing.T, asm bool) {
