@@ -104,7 +104,9 @@ func padTokens(m, mp, k, kp int, row func(i int) []float32) *[]float32 {
 	xb := scratch[float32](&f32Pool, mp*kp)
 	x := *xb
 	for i := range m {
-		copy(x[i*kp:i*kp+k], row(i)[:k])
+		r := row(i)
+		_ = r[k-1] // a row shorter than k panics
+		copy(x[i*kp:i*kp+k], r)
 	}
 	return xb
 }
@@ -124,6 +126,10 @@ func SgemmNT(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float3
 		}
 		return
 	}
+	// The kernels read a and b where they lie, without Go's bounds checks:
+	// their last rows must hold k elements (a short slice panics here, as
+	// a copy of it would).
+	_, _ = a[(m-1)*lda+k-1], b[(n-1)*ldb+k-1]
 	// The tokens are read where a holds them, but for those a kernel could
 	// not: a last group of fewer than four, or all where k is not whole
 	// lanes. Those are copied, padded with zeros (a zero product leaves a
@@ -211,6 +217,9 @@ func Dot64Rows(x [][]float32, w []float32, n, k int, out [][]float32) {
 		}
 		return
 	}
+	// The kernel reads w where it lies, without Go's bounds checks (each
+	// token row is checked below): a short w panics here.
+	_ = w[n*k-1]
 	// The tokens are read where the caller holds them, but where k is not
 	// whole lanes (then copied, padded with zeros); a last group of fewer
 	// than three is filled with a row of zeros.
@@ -222,7 +231,7 @@ func Dot64Rows(x [][]float32, w []float32, n, k int, out [][]float32) {
 	xb := padTokens(copied, copied+1, k, kp, func(i int) []float32 { return x[i] })
 	defer f32Pool.Put(xb)
 	// rowsx points at each token row a kernel reads: each holds kp
-	// elements from there (x[t] at least k, checked here).
+	// elements from there (x[t] at least k: its length, checked here).
 	rowsx := make([]*float32, mp)
 	for t := range mp {
 		switch {
@@ -231,7 +240,8 @@ func Dot64Rows(x [][]float32, w []float32, n, k int, out [][]float32) {
 		case copied > 0:
 			rowsx[t] = &(*xb)[t*kp]
 		default:
-			rowsx[t] = &x[t][:k][0]
+			_ = x[t][k-1] // a row shorter than k panics
+			rowsx[t] = &x[t][0]
 		}
 	}
 	groups := mp / 3

@@ -172,3 +172,34 @@ func withinRoundingOfExact(t *testing.T, asm bool) {
 		}
 	}
 }
+
+// Operands too short for their shapes panic before any kernel reads past
+// them (the kernels read in place, without Go's bounds checks).
+func TestShortOperandsPanic(t *testing.T) {
+	const m, n, k = 5, 4, 16
+	full := func(l int) []float32 { return make([]float32, l) }
+	outs := func() [][]float32 { return tokens(rand.New(rand.NewPCG(1, 1)), m, n) }
+	cases := []struct {
+		name string
+		f    func()
+	}{
+		{"SgemmNT a", func() { SgemmNT(m, n, k, full(m*k-1), k, full(n*k), k, full(m*n), n) }},
+		{"SgemmNT b", func() { SgemmNT(m, n, k, full(m*k), k, full(n*k-1), k, full(m*n), n) }},
+		{"Dot64Rows w", func() { Dot64Rows(tokens(rand.New(rand.NewPCG(1, 1)), m, k), full(n*k-1), n, k, outs()) }},
+		{"Dot64Rows x", func() {
+			x := tokens(rand.New(rand.NewPCG(1, 1)), m, k)
+			x[m-1] = x[m-1][:k-1]
+			Dot64Rows(x, full(n*k), n, k, outs())
+		}},
+	}
+	for _, c := range cases {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: a short operand did not panic", c.name)
+				}
+			}()
+			c.f()
+		}()
+	}
+}
