@@ -37,23 +37,22 @@
 // in float32 (bf16 values of a few magnitudes, "ties") come out exact from
 // both.
 //
-// k is cut into pieces whose weight rows a kernel call reads stay in the
-// L1 cache while every group of tokens passes over them, and the tokens'
-// piece in L2.
+// k is cut into pieces, and the weight rows into blocks, so that what a
+// kernel reads most stays in the L1 and L2 caches (the constants below).
 package blasdot
 
 import "sync"
 
-// The pieces of k. SgemmNT's: three weight rows of kc32 elements (12 KiB)
-// stay in the L1 data cache while every group of four tokens passes over
-// them. Dot64Rows': four weight rows of kc64 (4 KiB), and kc64 is also how
-// many products a float32 lane sums (kc64/8 each) before the reference
-// widens them to float64; its error bound (above) grows with it.
-//
-// A block of weight rows (nb32, nb64: multiples of the kernels' 3 and 4)
-// goes through each piece before the next piece, so that the tokens'
-// piece (64 tokens: 256 KiB, 64 KiB) is read from memory once for the
-// block and served from L2, beside the block's lanes and weights.
+// The pieces of k and the blocks of weight rows. A block (nb32, nb64
+// rows: multiples of the kernels' 3 and 4) goes through a piece before the
+// next piece, so that the tokens' piece (64 tokens: 256 KiB, 64 KiB) is
+// read from memory once for the block and served from L2 beside it.
+// SgemmNT: a group's four token rows of kc32 elements (16 KiB) stay in L1
+// while the block's weight rows (96 KiB) pass over them. Dot64Rows: four
+// weight rows of kc64 (4 KiB) stay in L1 while every group of three
+// tokens passes; kc64 is also how many products a float32 lane sums
+// (kc64/8 each) before the reference widens them to float64, and its
+// error bound (above) grows with it.
 const (
 	kc32 = 1024
 	kc64 = 256
