@@ -9,12 +9,17 @@ import (
 )
 
 // The products at validate's shapes (a DeepSeek-V3 routed expert's gate,
-// H 7168, I 2048, with 64 tokens; Mixtral's down, I 14336, H 4096, with 32)
-// against gonum, whose bits they matched before, in GFLOP/s.
+// H 7168, I 2048, with 64 tokens; Mixtral's down, I 14336, H 4096, with
+// 32), whole and as validate calls them, a band of decoded rows at a time
+// (moe.EachBand: 128 rows, an FP8 scale block's; 12 rows of 14336 for
+// Mixtral's bf16 down), against gonum, in GFLOP/s.
 var benchShapes = []struct {
 	name    string
 	m, n, k int
-}{{"dsv3-gate-64tok", 64, 2048, 7168}, {"mixtral-down-32tok", 32, 4096, 14336}}
+}{
+	{"dsv3-gate-64tok", 64, 2048, 7168}, {"mixtral-down-32tok", 32, 4096, 14336},
+	{"dsv3-gate-band-64tok", 64, 128, 7168}, {"mixtral-down-band-32tok", 32, 12, 14336},
+}
 
 func BenchmarkSgemmNT(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 1))

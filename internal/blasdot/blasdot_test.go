@@ -58,36 +58,22 @@ func dot64(x [][]float32, w []float32, n, k int) []float32 {
 	return flat
 }
 
+// eachKernel runs f with the assembly kernels (where this machine and
+// build have them) and with their Go twins.
+func eachKernel(f func(asm bool)) {
+	for _, asm := range []bool{true, false} {
+		if !asm || useAsm {
+			withAsm(asm, func() { f(asm) })
+		}
+	}
+}
+
 // withAsm runs f with the assembly kernels on or off.
 func withAsm(on bool, f func()) {
 	save := useAsm
 	useAsm = on
 	defer func() { useAsm = save }()
 	f()
-}
-
-// The assembly and the Go twins give the same bits, on every shape.
-func TestKernelsEqualTwins(t *testing.T) {
-	if !useAsm {
-		t.Skip("no AVX2/FMA assembly on this machine or build: the Go twins run")
-	}
-	r := rand.New(rand.NewPCG(1, 1))
-	for _, sh := range shapes {
-		lda, ldb := sh.k+sh.pad, sh.k+sh.pad
-		a, b := values(r, sh.m*lda, 1), values(r, sh.n*ldb, 1.0/64)
-		var c0, c1 []float32
-		withAsm(true, func() { c0 = sgemm(sh.m, sh.n, sh.k, a, lda, b, ldb) })
-		withAsm(false, func() { c1 = sgemm(sh.m, sh.n, sh.k, a, lda, b, ldb) })
-		if i := diffBits(c0, c1); i >= 0 {
-			t.Fatalf("SgemmNT %+v: c[%d] = %g (asm), %g (Go)", sh, i, c0[i], c1[i])
-		}
-		x, w := tokens(r, sh.m, sh.k), values(r, sh.n*sh.k, 1.0/64)
-		withAsm(true, func() { c0 = dot64(x, w, sh.n, sh.k) })
-		withAsm(false, func() { c1 = dot64(x, w, sh.n, sh.k) })
-		if i := diffBits(c0, c1); i >= 0 {
-			t.Fatalf("Dot64Rows %+v: out[%d] = %g (asm), %g (Go)", sh, i, c0[i], c1[i])
-		}
-	}
 }
 
 func tokens(r *rand.Rand, m, k int) [][]float32 {
@@ -149,11 +135,18 @@ func exact(a, b []float32) (float64, float64) {
 }
 
 // Each output is within the rounding error its order allows of the exact
-// dot product: float64 sums rounded once to float32 (half an ulp plus
-// k 2^-53 of the products' magnitudes), float32 sums by (k/8 + pieces +
-// 4) 2^-24 of them (a lane's additions, the pieces' and the fold's, and
-// each product's rounding).
+// dot product, for the assembly and for its Go twin (which rounds each
+// product before adding it, one rounding more): SgemmNT's float32 sums by
+// (k/8 + pieces + 4) 2^-24 of the products' magnitudes (a lane's
+// additions, the pieces' and the fold's, and each product's rounding);
+// Dot64Rows' by half an ulp of float32 plus (kc64/8 + 2) 2^-24 of them (a
+// lane's float32 additions within a piece and the product's rounding; the
+// float64 additions after add under 2^-40).
 func TestWithinRoundingOfExact(t *testing.T) {
+	eachKernel(func(asm bool) { withinRoundingOfExact(t, asm) })
+}
+
+func withinRoundingOfExact(t *testing.T, asm bool) {
 	r := rand.New(rand.NewPCG(3, 3))
 	for _, sh := range shapes {
 		k := sh.k
@@ -169,13 +162,44 @@ func TestWithinRoundingOfExact(t *testing.T) {
 				want, abs := exact(a[i*k:(i+1)*k], b[j*k:(j+1)*k])
 				bound32 := float64(k/8+(k+kc32-1)/kc32+4) * 0x1p-24 * abs
 				if d := math.Abs(float64(c[i*sh.n+j]) - want); d > bound32 {
-					t.Fatalf("SgemmNT %+v (%d,%d): %g, exact %g: off by %g > %g", sh, i, j, c[i*sh.n+j], want, d, bound32)
+					t.Fatalf("SgemmNT (assembly %v) %+v (%d,%d): %g, exact %g: off by %g > %g", asm, sh, i, j, c[i*sh.n+j], want, d, bound32)
 				}
-				bound64 := 0x1p-24*math.Abs(want) + float64(k)*0x1p-53*abs
+				bound64 := 0x1p-24*math.Abs(want) + float64(kc64/8+2)*0x1p-24*abs
 				if d := math.Abs(float64(c64[i*sh.n+j]) - want); d > bound64 {
-					t.Fatalf("Dot64Rows %+v (%d,%d): %g, exact %g: off by %g > %g", sh, i, j, c64[i*sh.n+j], want, d, bound64)
+					t.Fatalf("Dot64Rows (assembly %v) %+v (%d,%d): %g, exact %g: off by %g > %g", asm, sh, i, j, c64[i*sh.n+j], want, d, bound64)
 				}
 			}
 		}
+	}
+}
+
+// Operands too short for their shapes panic before any kernel reads past
+// them (the kernels read in place, without Go's bounds checks).
+func TestShortOperandsPanic(t *testing.T) {
+	const m, n, k = 5, 4, 16
+	full := func(l int) []float32 { return make([]float32, l) }
+	outs := func() [][]float32 { return tokens(rand.New(rand.NewPCG(1, 1)), m, n) }
+	cases := []struct {
+		name string
+		f    func()
+	}{
+		{"SgemmNT a", func() { SgemmNT(m, n, k, full(m*k-1), k, full(n*k), k, full(m*n), n) }},
+		{"SgemmNT b", func() { SgemmNT(m, n, k, full(m*k), k, full(n*k-1), k, full(m*n), n) }},
+		{"Dot64Rows w", func() { Dot64Rows(tokens(rand.New(rand.NewPCG(1, 1)), m, k), full(n*k-1), n, k, outs()) }},
+		{"Dot64Rows x", func() {
+			x := tokens(rand.New(rand.NewPCG(1, 1)), m, k)
+			x[m-1] = x[m-1][:k-1]
+			Dot64Rows(x, full(n*k), n, k, outs())
+		}},
+	}
+	for _, c := range cases {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: a short operand did not panic", c.name)
+				}
+			}()
+			c.f()
+		}()
 	}
 }

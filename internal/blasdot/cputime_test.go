@@ -48,8 +48,9 @@ func TestCPURate(t *testing.T) {
 			x[i], out[i] = a[i*sh.k:(i+1)*sh.k], c[i*sh.n:(i+1)*sh.n]
 		}
 		flop := 2 * float64(sh.m*sh.n*sh.k)
-		s := cpuRate(3, flop, func() { SgemmNT(sh.m, sh.n, sh.k, a, sh.k, w, sh.k, c, sh.n) })
-		d := cpuRate(3, flop, func() { Dot64Rows(x, w, sh.n, sh.k, out) })
+		n := max(3, int(4e9/flop)) // about 4 GFLOP a product
+		s := cpuRate(n, flop, func() { SgemmNT(sh.m, sh.n, sh.k, a, sh.k, w, sh.k, c, sh.n) })
+		d := cpuRate(n, flop, func() { Dot64Rows(x, w, sh.n, sh.k, out) })
 		t.Logf("%s (assembly %v): SgemmNT %.1f GFLOP/s, Dot64Rows %.1f GFLOP/s a CPU second", sh.name, useAsm, s, d)
 	}
 }

@@ -1,18 +1,22 @@
 package blasdot
 
-// The kernels in Go: what the assembly computes, operation for operation,
-// so that the two give the same bits (kernel_test.go holds them to it) and
-// a build without the assembly computes the same values.
-//
-// sdot3x3 adds to out[t*3+r] the dot product of x row t and w row r (t, r
-// < 3; rows ldx and ldw apart, k a multiple of 8) in eight float32 lanes:
-// lane l sums, in order, the products of the elements l, l+8, l+16, ...,
-// each product rounded to float32 before it is added (a multiply, then an
-// add: no fused multiply-add, which Go cannot write for float32, so that
-// this twin is exact). The lanes then fold as the assembly's horizontal
-// adds do: b_j = a_j + a_{j+4}, then (b0 + b1) + (b2 + b3).
-func sdot3x3Go(x []float32, ldx int, w []float32, ldw int, k int, out *[9]float32) {
-	for t := range 3 {
+import "unsafe"
+
+// The kernels in Go: what the assembly computes, step for step, except
+// that Go cannot write a float32 fused multiply-add, so the twins round
+// each product before adding it. They may therefore differ from the
+// assembly in the last bits; both are held to the same bound on the
+// distance from the exact dot product (blasdot_test.go, deviation_test.go),
+// not to each other's bits. A build without the assembly runs the twins.
+
+// sdot4x3 (the fused path's) sums the products of x row t (t < 4) and w
+// row r (r < 3) over a piece of k (a multiple of 8, at most kc32; rows ldx
+// and ldw apart) in eight float32 lanes from zero, lane l taking the
+// elements l, l+8, l+16, ... in order, and adds lane l to
+// lanes[(t*3+r)*8+l] in float32. SgemmNT folds an output's eight lanes
+// once, after the last piece of k.
+func sdot4x3Go(x []float32, ldx int, w []float32, ldw int, k int, lanes *[96]float32) {
+	for t := range 4 {
 		xt := x[t*ldx : t*ldx+k]
 		for r := range 3 {
 			wr := w[r*ldw : r*ldw+k]
@@ -22,30 +26,39 @@ func sdot3x3Go(x []float32, ldx int, w []float32, ldw int, k int, out *[9]float3
 					a[l] += float32(xt[p+l] * wr[p+l])
 				}
 			}
-			b0, b1, b2, b3 := a[0]+a[4], a[1]+a[5], a[2]+a[6], a[3]+a[7]
-			out[t*3+r] += (b0 + b1) + (b2 + b3)
+			for l, v := range a {
+				lanes[(t*3+r)*8+l] += v
+			}
 		}
 	}
 }
 
-// ddot4x3 adds to out[t*4+r] the dot product of x row t (t < 3) and w row
-// r (r < 4), float64 values (rows ldx and ldw apart, k a multiple of 4) in
-// four float64 lanes: lane l sums, in order, the products of the elements
-// l, l+4, ... The operands are float32 values widened, so each product is
-// exact in float64 and the assembly's fused multiply-add rounds once, as
-// this add does. The lanes fold as (a0 + a2) + (a1 + a3).
-func ddot4x3Go(x []float64, ldx int, w []float64, ldw int, k int, out *[12]float64) {
-	for t := range 3 {
-		xt := x[t*ldx : t*ldx+k]
-		for r := range 4 {
-			wr := w[r*ldw : r*ldw+k]
-			var a [4]float64
-			for p := 0; p < k; p += 4 {
-				for l := range 4 {
-					a[l] += xt[p+l] * wr[p+l]
+// rdot3x4 (the reference's) takes the token rows three at a time, a group
+// g of x[3g:3g+3] (pointers to the rows where the caller holds them, each
+// read from element off on), against the same four w rows (r < 4): for
+// each token t and row r it sums their products over a piece of k (a
+// multiple of 8, at most kc64) in eight float32 lanes from zero, as
+// sdot4x3 does, then widens lanes j and j+4 to float64 (exactly), adds
+// them and adds that to the float64 lane lanes[g*48+(t*4+r)*4+j]. A
+// float32 lane so sums at most kc64/8 products; every addition after is
+// in float64.
+func rdot3x4Go(x []*float32, off int, w []float32, ldw int, k int, lanes []float64) {
+	for g := range len(x) / 3 {
+		for t := range 3 {
+			xt := unsafe.Slice(x[g*3+t], off+k)[off:]
+			for r := range 4 {
+				wr := w[r*ldw : r*ldw+k]
+				var a [8]float32
+				for p := 0; p < k; p += 8 {
+					for l := range 8 {
+						a[l] += float32(xt[p+l] * wr[p+l])
+					}
+				}
+				d := lanes[g*48+(t*4+r)*4 : g*48+(t*4+r)*4+4]
+				for j := range d {
+					d[j] += float64(a[j]) + float64(a[j+4])
 				}
 			}
-			out[t*4+r] += (a[0] + a[2]) + (a[1] + a[3])
 		}
 	}
 }

@@ -4,10 +4,10 @@ package blasdot
 
 var useAsm = false
 
-func sdot3x3Asm(x []float32, ldx int, w []float32, ldw int, k int, out *[9]float32) {
-	sdot3x3Go(x, ldx, w, ldw, k, out)
+func sdot4x3Asm(x []float32, ldx int, w []float32, ldw int, k int, lanes *[96]float32) {
+	sdot4x3Go(x, ldx, w, ldw, k, lanes)
 }
 
-func ddot4x3Asm(x []float64, ldx int, w []float64, ldw int, k int, out *[12]float64) {
-	ddot4x3Go(x, ldx, w, ldw, k, out)
+func rdot3x4Asm(x []*float32, off int, w []float32, ldw int, k int, lanes []float64) {
+	rdot3x4Go(x, off, w, ldw, k, lanes)
 }

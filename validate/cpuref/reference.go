@@ -549,10 +549,10 @@ func loadSourceMLP(src tensorload.TensorSource, names family.MLP, inter, h int, 
 func (m *refMLP) release() { m.w.release() }
 
 // applyBatch writes down(silu(gate x) * up x) for each token xs[r] into
-// outs[r] [H]: every output a float64-accumulated dot product
-// (blasdot.Dot64Rows: moe.Dot64's sum in another order, rounded once to
-// float32), all tokens against each weight row at once, so each row is
-// read from memory once for all of them.
+// outs[r] [H]: every output blasdot.Dot64Rows' dot product (pieces of 256
+// summed in float32 lanes, added in float64, rounded once to float32; its
+// bound is in blasdot's doc), all tokens against each weight row at once,
+// so each row is read from memory once for all of them.
 func (m *refMLP) applyBatch(xs, outs [][]float32) error {
 	return moe.RunStages(m.stages(xs, outs), moe.BandsAtOnce())
 }

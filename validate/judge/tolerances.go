@@ -15,14 +15,22 @@ var (
 	// to 1e-6 relative for H up to 7168. Folding rsf into an F32 block scale
 	// rounds once, 2^-24 relative. 1e-5 leaves a 10x margin.
 	//
-	// The CPU products (internal/blasdot's AVX2 kernels, no longer gonum's
-	// order) were measured against exact dot products at k 2048..14336 on
-	// random normals: float32 1.8e-7..2.3e-7 relative L2 (gonum's order
-	// 2.6e-7..7.0e-7), float64 sums 2.6e-8..2.8e-8 (their float32 rounding,
-	// as gonum's); data whose sums are exact stay exact
-	// (blasdot.TestDeviationFromExact, which holds them under 1e-6 and
-	// 2^-25). The router's logits keep gonum's bits, so no routing moves.
-	// The bound and its margin stand.
+	// The CPU products (internal/blasdot's AVX2/FMA kernels) are neither
+	// gonum's order nor, in the reference, float64 products: both paths
+	// multiply-add in float32 lanes (issue 45: float64 products ran at
+	// half float32's speed). The fused path sums pieces of 1024 elements
+	// in eight float32 lanes; the reference sums pieces of 256 so and adds
+	// them in float64, rounding once to float32. Their worst cases, u =
+	// 2^-24 and S the sum of the products' magnitudes: fused (k/8 + k/1024
+	// + 4) u S, reference u |exact| + 34 u S. Measured against exact dot
+	// products at k 2048..14336 on random normals: fused 1.7e-7..2.3e-7
+	// relative L2 (gonum's order 2.6e-7..7.0e-7), reference 0.9e-7..1.4e-7
+	// (2.7e-8 when it summed float64 products), the two apart
+	// 1.8e-7..2.7e-7, what this tolerance bounds: 37x under it. Data whose
+	// sums are exact stay exact (blasdot.TestDeviationFromExact holds the
+	// fused path under 5e-7, the reference under 2.5e-7, the two apart
+	// under 7.5e-7). The router's logits keep gonum's float64 Dsdot, so no
+	// routing moves. The bound and its margin stand.
 	TolFP32 = Tolerance{Name: "fp32", MaxRelL2: 1e-5, MinCosine: 1 - 1e-8,
 		Reason: "float32 on identical weights: only summation order differs (~1e-6 at H=7168)"}
 	// TolBF16Fold is for rsf folded into bf16/f16/f32 routed down weights
@@ -99,7 +107,8 @@ var TolW8A8Golden = Tolerance{Name: "w8a8-vs-golden", MaxRelL2: 8e-2, MinCosine:
 type Numerics int
 
 const (
-	// CPU: the float64-accumulating reference and the float32 fused twin.
+	// CPU: the reference (float32 pieces added in float64) and the float32
+	// fused twin.
 	CPU Numerics = iota
 	// GPUBF16: the GPU kernels with bf16 activations (--precision bf16).
 	GPUBF16
