@@ -188,6 +188,13 @@ func DequantE4M3(src []byte, rows, cols int, scale []float32, bo, bi int, dst []
 		for bc := range sc {
 			c0, c1 := bc*bi, min((bc+1)*bi, cols)
 			e4m3Times(&tab, scale[br*sc+bc])
+			if w := c1 - c0; useAVX2 && w%8 == 0 {
+				nanPos, nanNeg := math.Float32bits(tab[0x7F]), math.Float32bits(tab[0xFF])
+				for r := r0; r < r1; r++ {
+					e4m3Codes(&src[r*cols+c0], &dst[r*cols+c0], w, scale[br*sc+bc], nanPos, nanNeg)
+				}
+				continue
+			}
 			for r := r0; r < r1; r++ {
 				row := src[r*cols+c0 : r*cols+c1]
 				out := dst[r*cols+c0 : r*cols+c1]
