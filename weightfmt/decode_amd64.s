@@ -176,3 +176,27 @@ e4loop:
 e4done:
 	VZEROUPPER
 	RET
+
+// func bf16Widen(src *byte, dst *float32, n int)
+//
+// Each bf16 is the top half of its float32: zero-extended and shifted
+// left 16, bits only (n a multiple of 8).
+TEXT ·bf16Widen(SB), NOSPLIT, $0-24
+	MOVQ src+0(FP), SI
+	MOVQ dst+8(FP), DI
+	MOVQ n+16(FP), CX
+	SHRQ $3, CX
+	JZ bfdone
+
+bfloop:
+	VPMOVZXWD (SI), Y0
+	VPSLLD $16, Y0, Y0
+	VMOVDQU Y0, (DI)
+	ADDQ $16, SI
+	ADDQ $32, DI
+	DECQ CX
+	JNZ bfloop
+
+bfdone:
+	VZEROUPPER
+	RET

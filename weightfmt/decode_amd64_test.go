@@ -11,8 +11,9 @@ import (
 	"github.com/moeprep/moeprep/safetensors"
 )
 
-// TestDecodeKernelsMatchTwins decodes every format with an AVX2 kernel
-// twice, through the kernel and through its Go twin (useAVX2 off), and
+// TestDecodeKernelsMatchTwins decodes every format that has an AVX2 kernel
+// (and bf16, widened by one) twice, through the kernel and through its Go
+// twin (useAVX2 off), and
 // wants the same bits for every value. The stored bytes and the scales
 // are random bytes, so every code meets NaN, infinite, zero, subnormal
 // and huge scales; the shapes take the kernels' whole-unit paths, their
@@ -44,6 +45,7 @@ func TestDecodeKernelsMatchTwins(t *testing.T) {
 		{FP8Channel(bf16), []shape{{6, 64}, {3, 20}}},
 		{FP8Tensor(f32), []shape{{4, 72}}},
 		{MXFP8("", u8), []shape{{3, 64}}},
+		{Plain(bf16), []shape{{1, 7}, {3, 21}, {16, 2048}}}, // bf16 widening, with a Go tail
 	}
 	for _, tc := range cases {
 		for _, sh := range tc.shapes {

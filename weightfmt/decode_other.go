@@ -16,3 +16,7 @@ func int4Groups(raw *byte, scales *float32, dst *float32, groups, wpg int) {
 func e4m3Codes(src *byte, dst *float32, n int, s float32, nanPos, nanNeg uint32) {
 	panic("weightfmt: no AVX2 decoder on this architecture")
 }
+
+func bf16Widen(src *byte, dst *float32, n int) {
+	panic("weightfmt: no AVX2 decoder on this architecture")
+}
