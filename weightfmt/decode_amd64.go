@@ -28,7 +28,7 @@ func int4Groups(raw *byte, scales *float32, dst *float32, groups, wpg int)
 //go:noescape
 func e4m3Codes(src *byte, dst *float32, n int, s float32, nanPos, nanNeg uint32)
 
-// bf16Widen widens n bf16 values (n a multiple of 8) to float32: the
+// bf16Widen widens n bf16 values (n a multiple of 16) to float32: the
 // same bits as numfmt.BF16ToF32 of each.
 //
 //go:noescape

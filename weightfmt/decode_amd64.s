@@ -12,6 +12,17 @@ DATA nibbleShifts<>+24(SB)/4, $24
 DATA nibbleShifts<>+28(SB)/4, $28
 GLOBL nibbleShifts<>(SB), RODATA|NOPTR, $32
 
+// k32 holds the kernels' 32-bit constants, each broadcast where used.
+DATA k32<>+0(SB)/4, $0x7F       // E4M3's exponent and mantissa; its positive NaN
+DATA k32<>+4(SB)/4, $0xFF       // E4M3's negative NaN
+DATA k32<>+8(SB)/4, $0x3C000000 // 120 << 23: E4M3's exponent rebiased to float32's
+DATA k32<>+12(SB)/4, $0x80000000 // the sign bit
+DATA k32<>+16(SB)/4, $0x3B000000 // 2^-9: an E4M3 subnormal's unit
+DATA k32<>+20(SB)/4, $8          // E4M3's first normal code; int4's zero point
+DATA k32<>+24(SB)/4, $15         // a nibble
+DATA k32<>+28(SB)/4, $0x0F0F0F0F // a nibble in every byte
+GLOBL k32<>(SB), RODATA|NOPTR, $32
+
 // func fp4Units(raw *byte, scales *byte, tab *[256][16]float32, dst *float32, units, shift int)
 //
 // A unit's 8 bytes become 16 nibble indices in element order (low nibble
@@ -19,15 +30,14 @@ GLOBL nibbleShifts<>(SB), RODATA|NOPTR, $32
 // row's first and second 8 entries by the index's low 3 bits, and bit 3
 // (moved to the sign bit) choosing between them: the table entry itself.
 TEXT ·fp4Units(SB), NOSPLIT, $0-48
+	VPBROADCASTD k32<>+28(SB), X14
 	MOVQ raw+0(FP), SI
 	MOVQ scales+8(FP), BX
 	MOVQ tab+16(FP), R8
 	MOVQ dst+24(FP), DI
 	MOVQ units+32(FP), R11
-	MOVQ shift+40(FP), CX
-	MOVQ $0x0F0F0F0F0F0F0F0F, AX
-	VMOVQ AX, X14
 	XORQ DX, DX // unit
+	MOVQ shift+40(FP), CX
 	TESTQ R11, R11
 	JZ fp4done
 
@@ -72,22 +82,18 @@ fp4done:
 // 8, converted (exact) and multiplied by the group's scale: one float32
 // multiply of the same operands as the table entry float32(u-8) * scale.
 TEXT ·int4Groups(SB), NOSPLIT, $0-40
-	MOVQ raw+0(FP), SI
-	MOVQ scales+8(FP), BX
-	MOVQ dst+16(FP), DI
 	MOVQ groups+24(FP), CX
-	MOVQ wpg+32(FP), R9
-	VMOVDQU nibbleShifts<>(SB), Y10
-	MOVL $15, AX
-	VMOVQ AX, X11
-	VPBROADCASTD X11, Y11
-	MOVL $8, AX
-	VMOVQ AX, X12
-	VPBROADCASTD X12, Y12
 	TESTQ CX, CX
 	JZ i4done
+	MOVQ wpg+32(FP), R9
 	TESTQ R9, R9
 	JZ i4done
+	MOVQ raw+0(FP), SI
+	VMOVDQU nibbleShifts<>(SB), Y10
+	MOVQ scales+8(FP), BX
+	VPBROADCASTD k32<>+24(SB), Y11
+	MOVQ dst+16(FP), DI
+	VPBROADCASTD k32<>+20(SB), Y12
 
 i4group:
 	VBROADCASTSS (BX), Y1
@@ -123,30 +129,18 @@ i4done:
 // table entry value * s is. The NaN codes (0x7F, 0xFF) take their table
 // entries.
 TEXT ·e4m3Codes(SB), NOSPLIT, $0-36
-	MOVQ src+0(FP), SI
-	MOVQ dst+8(FP), DI
-	MOVQ n+16(FP), CX
 	VBROADCASTSS s+24(FP), Y10
 	VBROADCASTSS nanPos+28(FP), Y11
 	VBROADCASTSS nanNeg+32(FP), Y12
-	MOVL $0x7F, AX
-	VMOVQ AX, X13
-	VPBROADCASTD X13, Y13
-	MOVL $0xFF, AX
-	VMOVQ AX, X14
-	VPBROADCASTD X14, Y14
-	MOVL $0x3C000000, AX // 120 << 23: the exponent's rebias
-	VMOVQ AX, X9
-	VPBROADCASTD X9, Y9
-	MOVL $0x80000000, AX
-	VMOVQ AX, X8
-	VPBROADCASTD X8, Y8
-	MOVL $0x3B000000, AX // 2^-9
-	VMOVQ AX, X7
-	VPBROADCASTD X7, Y7
-	MOVL $8, AX
-	VMOVQ AX, X6
-	VPBROADCASTD X6, Y6
+	VPBROADCASTD k32<>+0(SB), Y13
+	VPBROADCASTD k32<>+4(SB), Y14
+	VPBROADCASTD k32<>+8(SB), Y9
+	VPBROADCASTD k32<>+12(SB), Y8
+	VPBROADCASTD k32<>+16(SB), Y7
+	VPBROADCASTD k32<>+20(SB), Y6
+	MOVQ src+0(FP), SI
+	MOVQ dst+8(FP), DI
+	MOVQ n+16(FP), CX
 	SHRQ $3, CX
 	JZ e4done
 
@@ -180,22 +174,25 @@ e4done:
 // func bf16Widen(src *byte, dst *float32, n int)
 //
 // Each bf16 is the top half of its float32: zero-extended and shifted
-// left 16, bits only (n a multiple of 8).
+// left 16, bits only (n a multiple of 16, two registers a round).
 TEXT ·bf16Widen(SB), NOSPLIT, $0-24
 	MOVQ src+0(FP), SI
 	MOVQ dst+8(FP), DI
 	MOVQ n+16(FP), CX
-	SHRQ $3, CX
+	XORQ AX, AX // element
+	TESTQ CX, CX
 	JZ bfdone
 
 bfloop:
-	VPMOVZXWD (SI), Y0
+	VPMOVZXWD (SI)(AX*2), Y0
+	VPMOVZXWD 16(SI)(AX*2), Y1
 	VPSLLD $16, Y0, Y0
-	VMOVDQU Y0, (DI)
-	ADDQ $16, SI
-	ADDQ $32, DI
-	DECQ CX
-	JNZ bfloop
+	VPSLLD $16, Y1, Y1
+	VMOVDQU Y0, (DI)(AX*4)
+	VMOVDQU Y1, 32(DI)(AX*4)
+	ADDQ $16, AX
+	CMPQ AX, CX
+	JB bfloop
 
 bfdone:
 	VZEROUPPER

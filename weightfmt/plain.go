@@ -78,7 +78,7 @@ func Decode(d safetensors.DType, src []byte, dst []float32) error {
 	}
 	switch d {
 	case safetensors.BF16:
-		if n := len(dst) &^ 7; useAVX2 && n > 0 {
+		if n := len(dst) &^ 15; useAVX2 && n > 0 {
 			bf16Widen(&src[0], &dst[0], n)
 			src, dst = src[2*n:], dst[n:] // the last few in Go
 		}
