@@ -3,7 +3,7 @@
 package weightfmt
 
 // Without amd64 the decoders run their Go loops only (decode_amd64.go).
-const useAVX2 = false
+var useAVX2 = false
 
 func fp4Units(raw *byte, scales *byte, tab *[256][16]float32, dst *float32, units, shift int) {
 	panic("weightfmt: no AVX2 decoder on this architecture")
