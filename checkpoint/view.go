@@ -338,18 +338,49 @@ func (r *stridedReader) ReadAt(b []byte, pos int64) (int, error) {
 			continue
 		}
 		span := (k-1)*r.stride + r.rowBytes
-		if err := readFull(r.src, scratch[:span], r.off+i*r.stride); err != nil {
-			return done, err
+		from, release := r.lend(r.off+i*r.stride, span)
+		if from == nil {
+			if err := readFull(r.src, scratch[:span], r.off+i*r.stride); err != nil {
+				return done, err
+			}
+			from, release = scratch[:span], func() {}
 		}
 		for j := int64(0); j < k && done < len(b); j++ {
-			n := copy(b[done:], scratch[j*r.stride+within:j*r.stride+r.rowBytes])
+			n := copy(b[done:], from[j*r.stride+within:j*r.stride+r.rowBytes])
 			done, within = done+n, 0
 		}
+		release()
 	}
 	if len(b) < want {
 		return done, io.EOF
 	}
 	return done, nil
+}
+
+// lender is a stored tensor's reader that can lend bytes it already holds
+// instead of copying them (validate's streamed pass).
+type lender interface {
+	Lend(off, n int64) ([]byte, func(), bool)
+}
+
+// lend is the span [off, off+n) of the stored tensor, lent where its
+// reader of the moment holds it (no copy of the span before its rows are
+// gathered), else nil.
+func (r *stridedReader) lend(off, n int64) ([]byte, func()) {
+	s, ok := r.src.(storedData)
+	if !ok {
+		return nil, nil
+	}
+	l, ok := s.t.Data.(lender)
+	if !ok {
+		return nil, nil
+	}
+	if b, done, ok := l.Lend(off, n); ok && int64(len(b)) == n {
+		return b, done
+	} else if ok {
+		done()
+	}
+	return nil, nil
 }
 
 // readFull reads len(b) bytes of src at off; a short read is an error.

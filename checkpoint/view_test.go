@@ -142,9 +142,33 @@ func TestStridedViewSpans(t *testing.T) {
 		{"rows near half a span", 9, gatherSpan / 4, "w[0][R:1:4:2]", 1, 2},
 		{"rows over a span", 5, gatherSpan/2 + 3, "w[0][R:0:3:2]", 0, 2},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		for _, lent := range []bool{false, true} {
+			name := tc.name
+			if lent {
+				name += ", lent"
+			}
+			t.Run(name, func(t *testing.T) {
+				stridedSpans(t, tc.r, tc.c, tc.view, tc.r0, tc.stp, lent)
+			})
+		}
+	}
+}
+
+// stridedSpans reads strided view of a [1, r, c] tensor at random places
+// and checks every byte; with lent, the stored tensor's reader lends the
+// spans that lie in its first half (as a streamed pass lends what it
+// holds), and each lent span must be handed back.
+func stridedSpans(t *testing.T, r, c int64, view string, r0, stp int64, lent bool) {
+	tc := struct{ r, c, r0, stp int64 }{r, c, r0, stp}
+	{
+		{
 			ck, data := stored(1, tc.r, tc.c)
-			v, ok := ck.Tensor(tc.view)
+			var lr *lendingReader
+			if lent {
+				lr = &lendingReader{data: data, upTo: int64(len(data) / 2)}
+				ck.byName["w"].Data = lr
+			}
+			v, ok := ck.Tensor(view)
 			if !ok {
 				t.Fatal("view not resolved")
 			}
@@ -169,8 +193,36 @@ func TestStridedViewSpans(t *testing.T) {
 					}
 				}
 			}
-		})
+			if lr != nil && lr.out != 0 {
+				t.Errorf("%d lent spans not handed back", lr.out)
+			}
+			if lr != nil && lr.lent == 0 && (1+tc.stp)*rowBytes <= gatherSpan { // rows read a span at a time
+				t.Errorf("no span was lent: every row was copied twice")
+			}
+		}
 	}
+}
+
+// lendingReader is a stored tensor's bytes that lends (no copy) any span
+// ending at or before upTo and reads the rest, counting what it lent and
+// what is still out.
+type lendingReader struct {
+	data      []byte
+	upTo      int64
+	lent, out int
+}
+
+func (l *lendingReader) ReadAt(p []byte, off int64) (int, error) {
+	return bytes.NewReader(l.data).ReadAt(p, off)
+}
+
+func (l *lendingReader) Lend(off, n int64) ([]byte, func(), bool) {
+	if off < 0 || off+n > l.upTo {
+		return nil, nil, false
+	}
+	l.lent++
+	l.out++
+	return l.data[off : off+n], func() { l.out-- }, true
 }
 
 // spanReader records the byte range every read of it takes.

@@ -119,11 +119,16 @@ func cmpErr(have, got error) error {
 }
 
 // pairedChunk is about how many weight values a paired run multiplies on
-// one side before it turns to the other (16 MiB of float32): the side's
-// token rows stay in the core's cache over several bands, as in a run of
-// one side alone, and the two sides' bytes of a chunk (8 MiB a side in
-// bf16) still lie within a part or two of a pass that cuts experts.
-const pairedChunk = 1 << 22
+// one side before it turns to the other: one band (bandElems, 1 MiB of
+// float32), so a band that both sides take (SameRows) is multiplied by
+// the second side while the first side's decode has left it in the cache.
+// Chunks of 16 bands (16 MiB) kept the token rows of a side in the cache
+// instead, but wrote and read every band through memory: on the 2-core
+// AVX2 machine gpt-oss's MXFP4 layer took 17% more CPU time (the decode
+// and the float32 products both twice as long; BENCHMARKS.md, issue 45).
+// The order of bands does not change a value: each band writes its own
+// rows.
+const pairedChunk = bandElems
 
 // SameRows is a Weight that can tell that its rows [r0, r1) decode to the
 // very values another weight's rows do (the same stored bytes, scales and

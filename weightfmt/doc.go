@@ -27,6 +27,15 @@
 // weight_block_size, scale_fmt, and for the newer formats the scale dtype,
 // the producer's naming, and the zero points and g_idx they refuse).
 //
+// decode_amd64.s holds AVX2 twins of the CPU decoders that validate runs
+// on every expert (MXFP4 and NVFP4's E2M1 table lookups, INT4's nibble
+// times scale, FP8 E4M3 blocks, bf16 widening): each computes every value
+// by the same float32 operation on the same operands as its Go loop
+// (a table entry picked, one multiply, or bits moved), so the two give
+// the same bits, which TestDecodeKernelsMatchTwins checks on random codes
+// and scales (NaN, infinite and subnormal ones included). The Go loops run
+// without AVX2 (useAVX2) and on other architectures.
+//
 // requant.go quantises a plain weight into a format by that format's own
 // rule (a Requantiser: INT4 and the FP8 formats), streamed band by band
 // through a bounded cache (Requant): fuse-shared --requantize-shared's

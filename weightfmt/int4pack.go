@@ -118,6 +118,14 @@ func (f int4Pack) Dequantise(raw []byte, rows, cols int, scale []byte, dst []flo
 	if f.group > 0 {
 		g = int(f.group)
 	}
+	if n := rows * cols; useAVX2 && cols%8 == 0 && g%8 == 0 && cols%g == 0 && n/rows == cols &&
+		len(raw) >= n/2 && len(s) >= n/g && len(dst) >= n {
+		// Whole words to a group and whole groups to a row: the band is
+		// rows*cols/g groups in a row (lengths checked again here for the
+		// kernel, which reads and writes exactly those).
+		int4Groups(&raw[0], &s[0], &dst[0], n/g, g/8)
+		return nil
+	}
 	words := (cols + 7) / 8
 	for r := range rows {
 		row := raw[r*words*4 : (r+1)*words*4]

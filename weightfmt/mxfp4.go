@@ -134,7 +134,7 @@ func (f mxfp4) Dequantise(raw []byte, rows, cols int, scale []byte, dst []float3
 	if err := wholeGroups(f, cols, MXFP4Group); err != nil {
 		return err
 	}
-	return decodeFP4(raw, rows, cols, MXFP4Group, scale, func(s byte) *[16]float32 { return &mxfp4Table[s] }, dst)
+	return decodeFP4(raw, rows, cols, MXFP4Group, scale, &mxfp4Table, dst)
 }
 
 // exactValues is e2m1(nibble) * 2^(e-127) in float64, where E8M0 254
@@ -167,27 +167,40 @@ func fp4At(raw, scale []byte, cols, g, i int) (code, s byte) {
 // (even element in the low nibble) to dst, each group of g elements of a
 // row through the 16-entry table that its one-byte scale entry selects.
 // The sizes are checked already; cols is a multiple of g, g even.
-func decodeFP4(raw []byte, rows, cols, g int, scale []byte, table func(byte) *[16]float32, dst []float32) error {
+func decodeFP4(raw []byte, rows, cols, g int, scale []byte, tab *[256][16]float32, dst []float32) error {
 	if g <= 0 || g%2 != 0 || cols%g != 0 {
 		return fmt.Errorf("fp4 dequant: %d columns in groups of %d", cols, g)
 	}
 	if cols == 0 {
 		return nil // any number of empty rows (a loop over 2^62 of them would not end)
 	}
+	if n := rows * cols; useAVX2 && (g == 16 || g == 32) && rows > 0 && n/rows == cols &&
+		len(raw) >= n/2 && len(scale) >= n/g && len(dst) >= n {
+		// Whole rows are whole 8-byte units, each within one group; the
+		// lengths are checked again here, the kernel reading and writing
+		// exactly those.
+		fp4Units(&raw[0], &scale[0], tab, &dst[0], rows*cols/16, g/32)
+		return nil
+	}
+	decodeFP4Go(raw, rows, cols, g, scale, tab, dst)
+	return nil
+}
+
+// decodeFP4Go is decodeFP4's Go twin: one table entry an element.
+func decodeFP4Go(raw []byte, rows, cols, g int, scale []byte, tab *[256][16]float32, dst []float32) {
 	groups := cols / g
 	for r := range rows {
 		row := raw[r*cols/2 : (r+1)*cols/2]
 		out := dst[r*cols : (r+1)*cols]
 		for q := range groups {
-			tab := table(scale[r*groups+q])
+			t := &tab[scale[r*groups+q]]
 			in := row[q*g/2 : (q+1)*g/2]
 			o := out[q*g : (q+1)*g]
 			o = o[:2*len(in)]
 			for i, b := range in {
-				o[2*i] = tab[b&0x0F]
-				o[2*i+1] = tab[b>>4]
+				o[2*i] = t[b&0x0F]
+				o[2*i+1] = t[b>>4]
 			}
 		}
 	}
-	return nil
 }

@@ -193,5 +193,5 @@ func (f nvfp4) DequantiseGlobal(raw []byte, rows, cols int, scale, global []byte
 			tab[s][n] = float32(numfmt.E2M1ToF32(byte(n)) * eff)
 		}
 	}
-	return decodeFP4(raw, rows, cols, NVFP4Group, scale, func(s byte) *[16]float32 { return &tab[s] }, dst)
+	return decodeFP4(raw, rows, cols, NVFP4Group, scale, &tab, dst)
 }

@@ -94,27 +94,30 @@ func CheckFinite(file, name string, d safetensors.DType, raw []byte, off int64) 
 // lane exactly there, and the classic has-zero test finds it.
 func clean(d safetensors.DType, raw []byte) bool {
 	var m, lo, hi uint64
+	var width int
 	switch d {
 	case safetensors.BF16:
-		m, lo, hi = 0x7F807F807F807F80, 0x0001000100010001, 0x8000800080008000
+		m, lo, hi, width = 0x7F807F807F807F80, 0x0001000100010001, 0x8000800080008000, 2
 	case safetensors.F32:
-		m, lo, hi = 0x7F8000007F800000, 0x0000000100000001, 0x8000000080000000
+		m, lo, hi, width = 0x7F8000007F800000, 0x0000000100000001, 0x8000000080000000, 4
 	case safetensors.F8E4M3:
-		m, lo, hi = 0x7F7F7F7F7F7F7F7F, 0x0101010101010101, 0x8080808080808080
+		m, lo, hi, width = 0x7F7F7F7F7F7F7F7F, 0x0101010101010101, 0x8080808080808080, 1
 	default:
 		return false
 	}
 	// 32 bytes a round, their tests or-ed: one branch a round (the scan
-	// runs over every byte validate reads).
+	// runs over every byte validate reads); with AVX2, one compare of the
+	// 32 bytes' lanes.
 	n := len(raw) &^ 31
-	for i := 0; i < n; i += 32 {
-		b := raw[i : i+32 : i+32]
-		x0 := (binary.LittleEndian.Uint64(b[0:]) & m) ^ m
-		x1 := (binary.LittleEndian.Uint64(b[8:]) & m) ^ m
-		x2 := (binary.LittleEndian.Uint64(b[16:]) & m) ^ m
-		x3 := (binary.LittleEndian.Uint64(b[24:]) & m) ^ m
-		if ((x0-lo)&^x0|(x1-lo)&^x1|(x2-lo)&^x2|(x3-lo)&^x3)&hi != 0 {
+	if useAVX2 && n > 0 {
+		if anyAllSet(&raw[0], n, uint32(m), width) {
 			return false
+		}
+	} else {
+		for i := 0; i < n; i += 32 {
+			if !clean32(raw[i:i+32:i+32], m, lo, hi) {
+				return false
+			}
 		}
 	}
 	for ; n+8 <= len(raw); n += 8 {
@@ -129,6 +132,16 @@ func clean(d safetensors.DType, raw []byte) bool {
 	}
 	i, _ := firstNonFiniteSlow(d, raw[n:])
 	return i < 0
+}
+
+// clean32 is one of clean's 32-byte rounds in Go: no lane of b has every
+// bit of m set.
+func clean32(b []byte, m, lo, hi uint64) bool {
+	x0 := (binary.LittleEndian.Uint64(b[0:]) & m) ^ m
+	x1 := (binary.LittleEndian.Uint64(b[8:]) & m) ^ m
+	x2 := (binary.LittleEndian.Uint64(b[16:]) & m) ^ m
+	x3 := (binary.LittleEndian.Uint64(b[24:]) & m) ^ m
+	return ((x0-lo)&^x0|(x1-lo)&^x1|(x2-lo)&^x2|(x3-lo)&^x3)&hi == 0
 }
 
 // readAt fills buf from byte off of tensor t's data: a short read is an error

@@ -3,6 +3,7 @@ package tensorbytes
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/moeprep/moeprep/internal/testkit"
@@ -44,9 +45,50 @@ func TestFirstNonFinite(t *testing.T) {
 
 func parseDType(s string) (safetensors.DType, error) { return safetensors.ParseDType(s) }
 
-// TestNonFiniteFastScanAgrees: the eight-bytes-at-a-time scan and the
-// element loop agree on random data with planted non-finite values.
+// TestNonFiniteFastScanAgrees: the fast scan (32-byte rounds in Go, or in
+// AVX2 where the CPU has it) and the element loop agree on random data
+// with planted non-finite values, and one non-finite element planted at
+// every place of a finite buffer is found there.
 func TestNonFiniteFastScanAgrees(t *testing.T) {
+	for _, avx := range []bool{false, true} {
+		if avx && !useAVX2 {
+			continue
+		}
+		func() {
+			defer func(was bool) { useAVX2 = was }(useAVX2)
+			useAVX2 = avx
+			fastScanAgrees(t)
+			plantedFound(t)
+		}()
+	}
+}
+
+// plantedFound plants one all-exponent element (NaN or Inf) at each place
+// of a finite buffer of each dtype and wants it found there.
+func plantedFound(t *testing.T) {
+	for _, d := range []safetensors.DType{safetensors.BF16, safetensors.F32, safetensors.F8E4M3} {
+		es := d.Size()
+		raw := make([]byte, 100*es)
+		for i := range raw {
+			raw[i] = byte(i*37+11) &^ 0x40 // the exponent's top bit clear: finite
+		}
+		for p := range 100 {
+			b := slices.Clone(raw)
+			b[p*es+es-1] |= 0x7F // E4M3's NaN with its byte, or the top of the exponent
+			if es > 1 {
+				b[p*es+es-2] |= 0x80 // the rest of bf16's and f32's exponent
+			}
+			if got, _ := FirstNonFinite(d, b); got != p {
+				t.Fatalf("avx2 %v, %s: planted at %d, found at %d", useAVX2, d, p, got)
+			}
+		}
+		if got, _ := FirstNonFinite(d, raw); got != -1 {
+			t.Fatalf("avx2 %v, %s: a finite buffer reports element %d", useAVX2, d, got)
+		}
+	}
+}
+
+func fastScanAgrees(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 33))
 	for _, d := range []safetensors.DType{safetensors.BF16, safetensors.F32, safetensors.F8E4M3} {
 		for n := range 2000 {
