@@ -75,7 +75,8 @@ func TestLayerPace(t *testing.T) {
 	t.Run("the byte proof holds the fast reader", func(t *testing.T) {
 		// The pass's steps are the positions in order. Only the bank
 		// reads, so the readers' window never holds it: the proof's does.
-		mark := newProofMark()
+		var wanted []int
+		mark := newProofMark(func(i int) { wanted = append(wanted, i) })
 		step := func(b int) int { return slices.Index(order, b) }
 		p := newLayerPace(order, 4, [numReaders]bool{true, false, false}, 2, func(int) {}, func(ctx context.Context, b int) error { return mark.wait(ctx, step(b)) })
 		bank := p.reader(readerBank)
@@ -96,6 +97,11 @@ func TestLayerPace(t *testing.T) {
 		if err := <-took; err != nil {
 			t.Fatal(err)
 		}
+		// While it waited, the reader asked the pass for the step the
+		// proof takes next.
+		if len(wanted) == 0 || wanted[0] != 0 {
+			t.Fatalf("a reader waiting on the proof asked for steps %v, want step 0 first", wanted)
+		}
 		bank.Done(0)
 		// A proof that ended holds no one.
 		go func() { took <- bank.Take(context.Background(), 2) }() // position 4: needs position 2 (expert 0)
@@ -111,7 +117,7 @@ func TestLayerPace(t *testing.T) {
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		if err := newProofMark().wait(ctx, 0); err == nil {
+		if err := newProofMark(nil).wait(ctx, 0); err == nil {
 			t.Fatal("a wait on the proof returned nil after its context ended")
 		}
 	})

@@ -570,10 +570,14 @@ type proofMark struct {
 	cond  *sync.Cond
 	next  int  // the steps before next are taken
 	ended bool // the proof ended, or there is none: nothing waits
+	// want, when set, asks the pass for the step the proof takes next
+	// while a reader waits on it: the steps the waiting readers hold may
+	// fill the budget, and the proof's next step must still come in.
+	want func(step int)
 }
 
-func newProofMark() *proofMark {
-	m := &proofMark{}
+func newProofMark(want func(step int)) *proofMark {
+	m := &proofMark{want: want}
 	m.cond = sync.NewCond(&m.mu)
 	return m
 }
@@ -607,6 +611,9 @@ func (m *proofMark) wait(ctx context.Context, i int) error {
 	for !m.ended && m.next <= i {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if m.want != nil {
+			m.want(m.next)
 		}
 		m.cond.Wait()
 	}
@@ -680,7 +687,7 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 	pass.Start(ctx)
 	var proofErr error
 	proofDone := make(chan struct{})
-	mark := newProofMark()
+	mark := newProofMark(pass.Want)
 	go func() {
 		defer close(proofDone)
 		defer mark.end()

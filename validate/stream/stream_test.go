@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/safetensors"
@@ -162,6 +163,40 @@ func TestPassClose(t *testing.T) {
 	p.Close()
 	if err := p.Wait(context.Background(), 7); err == nil {
 		t.Errorf("step 7 of a closed pass: no error")
+	}
+}
+
+// A step past the budget comes in only once someone wants it: with step 0
+// held, step 1 waits until Want(1), and Want of a step outside the pass is
+// nothing.
+func TestPassWant(t *testing.T) {
+	path, _ := fixture(t, 1<<20)
+	steps := []Step{
+		{Extents: []Extent{{File: path, Off: 0, N: 1 << 17}}},
+		{Extents: []Extent{{File: path, Off: 1 << 17, N: 1 << 17}}},
+	}
+	p, err := New(steps, Options{Budget: 1 << 17})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	p.Start(ctx)
+	if err := p.Wait(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := p.Wait(short, 1); err == nil {
+		t.Fatal("step 1 came in past the budget with step 0 held and no one wanting it")
+	}
+	p.Want(-1)
+	p.Want(2)
+	p.Want(1)
+	long, cancel2 := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel2()
+	if err := p.Wait(long, 1); err != nil {
+		t.Fatalf("step 1 after Want(1): %v", err)
 	}
 }
 
