@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/safetensors"
@@ -197,6 +198,45 @@ func TestPassWant(t *testing.T) {
 	defer cancel2()
 	if err := p.Wait(long, 1); err != nil {
 		t.Fatalf("step 1 after Want(1): %v", err)
+	}
+}
+
+// Freed large buffers are kept for reuse while the mapped bytes are within
+// keep, and unmapped past it; a kept one is handed out again.
+func TestBuffersKeep(t *testing.T) {
+	const n = bufUnit
+	cases := []struct {
+		name       string
+		keep       int64
+		wantKept   int   // buffers kept once all four are freed
+		wantMapped int64 // bytes mapped then
+	}{
+		{"no bound keeps all", 0, 4, 4 * n},
+		{"room for two", 2 * n, 2, 2 * n},
+		{"room for less than one", n / 2, 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			b := buffers{keep: c.keep}
+			defer b.close()
+			var held [][]byte
+			for range 4 {
+				held = append(held, b.get(n))
+			}
+			if b.mapped != 4*n {
+				t.Fatalf("mapped %d with four held, want %d", b.mapped, 4*n)
+			}
+			for _, buf := range held {
+				b.put(buf)
+			}
+			if got := len(b.free[n]); got != c.wantKept || b.mapped != c.wantMapped || len(b.maps) != c.wantKept {
+				t.Fatalf("kept %d (%d maps), mapped %d; want %d, %d", got, len(b.maps), b.mapped, c.wantKept, c.wantMapped)
+			}
+			again := b.get(n)
+			if reused := c.wantKept > 0 && unsafe.SliceData(again) == unsafe.SliceData(held[len(held)-1]); reused != (c.wantKept > 0) || b.mapped != max(c.wantMapped, n) {
+				t.Errorf("get after: reused a kept buffer %v, mapped %d", reused, b.mapped)
+			}
+		})
 	}
 }
 
