@@ -95,19 +95,29 @@ func (p *layerPace) take(ctx context.Context, b int) error {
 			return err
 		}
 	}
+	return condWait(ctx, p.cond, func() bool { return p.low+p.window > i }, nil)
+}
+
+// condWait waits on cond (its lock not held by the caller) until ready
+// reports true or ctx ends, calling before (when set) ahead of each wait;
+// both run under the lock.
+func condWait(ctx context.Context, cond *sync.Cond, ready func() bool, before func()) error {
 	stop := context.AfterFunc(ctx, func() {
-		p.mu.Lock()
-		p.cond.Broadcast()
-		p.mu.Unlock()
+		cond.L.Lock()
+		cond.Broadcast()
+		cond.L.Unlock()
 	})
 	defer stop()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for p.low+p.window <= i {
+	cond.L.Lock()
+	defer cond.L.Unlock()
+	for !ready() {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		p.cond.Wait()
+		if before != nil {
+			before()
+		}
+		cond.Wait()
 	}
 	return nil
 }

@@ -600,24 +600,11 @@ func (m *proofMark) end() {
 
 // wait returns once step i is taken, the proof ended, or ctx ends.
 func (m *proofMark) wait(ctx context.Context, i int) error {
-	stop := context.AfterFunc(ctx, func() {
-		m.mu.Lock()
-		m.cond.Broadcast()
-		m.mu.Unlock()
-	})
-	defer stop()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for !m.ended && m.next <= i {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if m.want != nil {
-			m.want(m.next)
-		}
-		m.cond.Wait()
+	var want func()
+	if m.want != nil {
+		want = func() { m.want(m.next) }
 	}
-	return nil
+	return condWait(ctx, m.cond, func() bool { return m.ended || m.next > i }, want)
 }
 
 // layerCheck checks one target of a streamed pass, reading its bytes
