@@ -166,9 +166,10 @@ func requantBand(bo, cols int64) int64 {
 // Requant, bounded (requantCacheBytes), so that the reads of one region
 // that follow each other (a stack's R replicas of a shared slice, which
 // the shard writer reads one after the other; a column block read row by
-// row) quantise each band once. Memory is that cache plus the band being
-// computed (its plain bytes and float32 values: a few MiB for a 128-row
-// FP8 band of 7168 columns), whatever the weight's size and however many
+// row) quantise each band once. Memory is that cache plus the bands being
+// computed (each its plain bytes and float32 values: 5.5 MiB for a 128-row
+// FP8 band of 7168 columns): one, or, for a read that spans several, one a
+// core at once (prefetch), whatever the weight's size and however many
 // weights there are. Safe for concurrent use.
 type Requant struct {
 	f    Requantiser
