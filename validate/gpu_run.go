@@ -336,7 +336,7 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 	paced := func(r int) moelayer.Pace { return nil }
 	if lp != nil {
 		readers := [numReaders]bool{readerBank: tg.fused != nil, readerUnfused: withUnf, readerRef: withRef}
-		pace = newLayerPace(lp.order, len(tg.src.Experts), readers, paceWindow(lp), lp.release)
+		pace = newLayerPace(lp.order, len(tg.src.Experts), readers, paceWindow(lp), lp.release, lp.proofPast)
 		paced = func(r int) moelayer.Pace { return pace.reader(r) }
 		defer func() {
 			for r := range numReaders {

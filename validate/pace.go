@@ -14,7 +14,11 @@ import (
 // (release) once every reader that reads it is done with it; a reader may
 // take an expert only while it is at most window steps ahead of the first
 // step not yet gone, so memory holds the pass's budget and at most window
-// steps more, however far apart the readers are.
+// steps more, however far apart the readers are. The byte proof, the
+// pass's other user of every step, is held to the same window: a reader
+// may take the expert at position i only once the proof has taken the
+// step window positions before it (proofPast), so the readers never make
+// the pass read past its budget for steps only the proof still holds.
 type layerPace struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -25,6 +29,9 @@ type layerPace struct {
 	low     int         // the first position not yet released
 	window  int
 	release func(bank int)
+	// proofPast waits until the byte proof has taken a bank expert's step
+	// (nil: nothing to wait for).
+	proofPast func(ctx context.Context, bank int) error
 }
 
 // The readers of a layer's bank steps.
@@ -38,9 +45,10 @@ const (
 // newLayerPace paces order (the bank experts in the pass's order); the
 // routed experts are bank experts 0 to routed-1, the rest shared
 // replicas, which only the bank reads. readers says which readers run;
-// window is how many steps a reader may run ahead (at least 1).
-func newLayerPace(order []int, routed int, readers [numReaders]bool, window int, release func(bank int)) *layerPace {
-	p := &layerPace{pos: map[int]int{}, order: order, left: make([]int, len(order)), window: max(window, 1), release: release}
+// window is how many steps a reader may run ahead (at least 1), of the
+// other readers and of the byte proof (proofPast, nil: no proof).
+func newLayerPace(order []int, routed int, readers [numReaders]bool, window int, release func(bank int), proofPast func(ctx context.Context, bank int) error) *layerPace {
+	p := &layerPace{pos: map[int]int{}, order: order, left: make([]int, len(order)), window: max(window, 1), release: release, proofPast: proofPast}
 	p.cond = sync.NewCond(&p.mu)
 	for range numReaders {
 		p.doneBy = append(p.doneBy, make([]bool, len(order)))
@@ -76,25 +84,40 @@ func (pr paceReader) Take(ctx context.Context, b int) error { return pr.p.take(c
 func (pr paceReader) Done(b int)                            { pr.p.done(pr.r, b) }
 
 // take waits until bank expert b is within the window of the first step
-// not yet released, or ctx ends.
+// not yet released and of the byte proof's last taken step, or ctx ends.
 func (p *layerPace) take(ctx context.Context, b int) error {
 	i, ok := p.pos[b]
 	if !ok {
 		return fmt.Errorf("bank expert %d is not in the layer's pass", b)
 	}
+	if p.proofPast != nil && i >= p.window {
+		if err := p.proofPast(ctx, p.order[i-p.window]); err != nil {
+			return err
+		}
+	}
+	return condWait(ctx, p.cond, func() bool { return p.low+p.window > i }, nil)
+}
+
+// condWait waits on cond (its lock not held by the caller) until ready
+// reports true or ctx ends, calling before (when set) ahead of each wait;
+// both run under the lock.
+func condWait(ctx context.Context, cond *sync.Cond, ready func() bool, before func()) error {
 	stop := context.AfterFunc(ctx, func() {
-		p.mu.Lock()
-		p.cond.Broadcast()
-		p.mu.Unlock()
+		cond.L.Lock()
+		cond.Broadcast()
+		cond.L.Unlock()
 	})
 	defer stop()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for p.low+p.window <= i {
+	cond.L.Lock()
+	defer cond.L.Unlock()
+	for !ready() {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		p.cond.Wait()
+		if before != nil {
+			before()
+		}
+		cond.Wait()
 	}
 	return nil
 }

@@ -32,7 +32,7 @@ func TestLayerPace(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var got []int
-			p := newLayerPace(order, 4, c.readers, 2, func(b int) { got = append(got, b) })
+			p := newLayerPace(order, 4, c.readers, 2, func(b int) { got = append(got, b) }, nil)
 			for _, d := range c.dones {
 				p.reader(d[0]).Done(d[1])
 			}
@@ -45,7 +45,7 @@ func TestLayerPace(t *testing.T) {
 	t.Run("window holds the fast reader", func(t *testing.T) {
 		var mu sync.Mutex
 		var got []int
-		p := newLayerPace(order, 4, [numReaders]bool{true, true, false}, 2, func(b int) { mu.Lock(); got = append(got, b); mu.Unlock() })
+		p := newLayerPace(order, 4, [numReaders]bool{true, true, false}, 2, func(b int) { mu.Lock(); got = append(got, b); mu.Unlock() }, nil)
 		bank := p.reader(readerBank)
 		for _, b := range []int{4, 5, 0, 1} { // replicas go; 0 and 1 wait for the unfused path
 			if err := bank.Take(context.Background(), b); err != nil {
@@ -72,8 +72,58 @@ func TestLayerPace(t *testing.T) {
 		}
 	})
 
+	t.Run("the byte proof holds the fast reader", func(t *testing.T) {
+		// The pass's steps are the positions in order. Only the bank
+		// reads, so the readers' window never holds it: the proof's does.
+		var wanted []int
+		mark := newProofMark(func(i int) { wanted = append(wanted, i) })
+		step := func(b int) int { return slices.Index(order, b) }
+		p := newLayerPace(order, 4, [numReaders]bool{true, false, false}, 2, func(int) {}, func(ctx context.Context, b int) error { return mark.wait(ctx, step(b)) })
+		bank := p.reader(readerBank)
+		for _, b := range []int{4, 5} { // positions 0 and 1: within the window of nothing taken
+			if err := bank.Take(context.Background(), b); err != nil {
+				t.Fatal(err)
+			}
+			bank.Done(b)
+		}
+		took := make(chan error, 1)
+		go func() { took <- bank.Take(context.Background(), 0) }() // position 2: needs position 0 (expert 4) taken
+		select {
+		case err := <-took:
+			t.Fatalf("took expert 0 before the proof took expert 4's step (err %v)", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		mark.taken(0)
+		if err := <-took; err != nil {
+			t.Fatal(err)
+		}
+		// While it waited, the reader asked the pass for the step the
+		// proof takes next.
+		if len(wanted) == 0 || wanted[0] != 0 {
+			t.Fatalf("a reader waiting on the proof asked for steps %v, want step 0 first", wanted)
+		}
+		bank.Done(0)
+		// A proof that ended holds no one.
+		go func() { took <- bank.Take(context.Background(), 2) }() // position 4: needs position 2 (expert 0)
+		mark.taken(1)
+		select {
+		case err := <-took:
+			t.Fatalf("took expert 2 before the proof took expert 0's step (err %v)", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		mark.end()
+		if err := <-took; err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := newProofMark(nil).wait(ctx, 0); err == nil {
+			t.Fatal("a wait on the proof returned nil after its context ended")
+		}
+	})
+
 	t.Run("context ends a wait", func(t *testing.T) {
-		p := newLayerPace(order, 4, all, 1, func(int) {})
+		p := newLayerPace(order, 4, all, 1, func(int) {}, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		took := make(chan error, 1)
 		go func() { took <- p.reader(readerRef).Take(ctx, 3) }()

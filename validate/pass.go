@@ -553,6 +553,58 @@ type layerPass struct {
 	// paired: the layer's large experts are cut into parts, which go as
 	// the paths report them consumed (layerSteps.paired).
 	paired bool
+	// proofPast waits until the byte proof has taken bank expert b's step
+	// (at once when the run has no proof, or it ended). The byte proof is
+	// a user of every step too: readers that run ahead of it while it
+	// works (a requantised shared expert's replicas are predicted by
+	// requantising SRC's) make the pass read past its budget for them,
+	// and every step read meanwhile stays until the proof takes it. A
+	// streamed GPU layer's readers wait on it (layerPace).
+	proofPast func(ctx context.Context, b int) error
+}
+
+// proofMark is how far the byte proof has taken a pass's steps (in step
+// order: it takes them one after another).
+type proofMark struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	next  int  // the steps before next are taken
+	ended bool // the proof ended, or there is none: nothing waits
+	// want, when set, asks the pass for the step the proof takes next
+	// while a reader waits on it: the steps the waiting readers hold may
+	// fill the budget, and the proof's next step must still come in.
+	want func(step int)
+}
+
+func newProofMark(want func(step int)) *proofMark {
+	m := &proofMark{want: want}
+	m.cond = sync.NewCond(&m.mu)
+	return m
+}
+
+// taken records steps [0, i] taken.
+func (m *proofMark) taken(i int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.next = max(m.next, i+1)
+	m.cond.Broadcast()
+}
+
+// end lets every waiter go, now and from now on.
+func (m *proofMark) end() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ended = true
+	m.cond.Broadcast()
+}
+
+// wait returns once step i is taken, the proof ended, or ctx ends.
+func (m *proofMark) wait(ctx context.Context, i int) error {
+	var want func()
+	if m.want != nil {
+		want = func() { m.want(m.next) }
+	}
+	return condWait(ctx, m.cond, func() bool { return m.ended || m.next > i }, want)
 }
 
 // layerCheck checks one target of a streamed pass, reading its bytes
@@ -622,9 +674,11 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 	pass.Start(ctx)
 	var proofErr error
 	proofDone := make(chan struct{})
+	mark := newProofMark(pass.Want)
 	go func() {
 		defer close(proofDone)
-		proofErr = s.feedProof(ctx, pass, pp, proof)
+		defer mark.end()
+		proofErr = s.feedProof(ctx, pass, pp, proof, mark)
 	}()
 	// The byte proof compares bytes the pass lends: it ends before the
 	// pass closes, however the run ends.
@@ -649,7 +703,7 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 			for _, st := range ls.parts[b] {
 				let(ls, st)
 			}
-		}}
+		}, proofPast: func(ctx context.Context, b int) error { return mark.wait(ctx, ls.bank[b]) }}
 		for _, st := range ls.bank {
 			lp.step = max(lp.step, pass.StepBytes(st))
 		}
@@ -708,8 +762,8 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 }
 
 // feedProof hands the byte proof its bytes, step after step, and lets
-// each step go; without a proof it only lets the rest go.
-func (s *session) feedProof(ctx context.Context, pass *stream.Pass, pp *passPlan, proof *byteproof.Stream) error {
+// each step go, marking each taken; without a proof it does nothing.
+func (s *session) feedProof(ctx context.Context, pass *stream.Pass, pp *passPlan, proof *byteproof.Stream, mark *proofMark) error {
 	if proof == nil {
 		return nil
 	}
@@ -726,6 +780,7 @@ func (s *session) feedProof(ctx context.Context, pass *stream.Pass, pp *passPlan
 				return err
 			}
 		}
+		mark.taken(i)
 		if _, held := pp.holdUntil[i]; !held || pp.holdUntil[i] == i {
 			pass.Release(i)
 		}

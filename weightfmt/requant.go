@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
@@ -164,9 +166,10 @@ func requantBand(bo, cols int64) int64 {
 // Requant, bounded (requantCacheBytes), so that the reads of one region
 // that follow each other (a stack's R replicas of a shared slice, which
 // the shard writer reads one after the other; a column block read row by
-// row) quantise each band once. Memory is that cache plus the band being
-// computed (its plain bytes and float32 values: a few MiB for a 128-row
-// FP8 band of 7168 columns), whatever the weight's size and however many
+// row) quantise each band once. Memory is that cache plus the bands being
+// computed (each its plain bytes and float32 values: 5.5 MiB for a 128-row
+// FP8 band of 7168 columns): one, or, for a read that spans several, one a
+// core at once (prefetch), whatever the weight's size and however many
 // weights there are. Safe for concurrent use.
 type Requant struct {
 	f    Requantiser
@@ -250,9 +253,14 @@ func (v requantView) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("%s: requantised read at %d", q.name, off)
 	}
+	last := (min(off+int64(len(p)), size) - 1) / per   // the read's last band
+	ahead := max(1, requantCacheBytes/2/q.bandBytes()) // bands computed together
 	n := 0
 	for n < len(p) && off < size {
 		b := off / per
+		if b < last && cachedBand(bandKey{q, b}) == nil {
+			q.prefetch(b, min(last, b+ahead-1), !v.scale)
+		}
 		bd, err := q.get(b, !v.scale)
 		if err != nil {
 			return n, err
@@ -310,6 +318,59 @@ func (q *Requant) get(b int64, codes bool) (*bandData, error) {
 	if err != nil {
 		return nil, err
 	}
+	cacheBand(bd)
+	return bd, nil
+}
+
+// prefetch computes the bands of [b0, b1] not cached yet on every core at
+// once and caches them: a read that spans them (a shard writer's chunk,
+// the byte proof's prediction of a replica, a whole tensor read into
+// memory) would otherwise compute them one after another. A band whose
+// computation fails is left out: the read computes it again and fails
+// where it would have. Each band's bytes are the same however computed.
+func (q *Requant) prefetch(b0, b1 int64, codes bool) {
+	var miss []int64
+	for b := b0; b <= b1; b++ {
+		if bd := cachedBand(bandKey{q, b}); bd == nil || (codes && bd.w == nil) {
+			miss = append(miss, b)
+		}
+	}
+	if len(miss) < 2 {
+		return
+	}
+	q.mu.Lock() // compute's: the per-tensor scale, once, before the bands
+	defer q.mu.Unlock()
+	if sc, _ := q.f.Scale(); sc.Block[0] == 0 && q.perTensor() != nil {
+		return
+	}
+	out := make([]*bandData, len(miss))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(miss)) {
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < int64(len(miss)); i = next.Add(1) - 1 {
+				out[i], _ = q.compute(miss[i], codes)
+			}
+		})
+	}
+	wg.Wait()
+	for _, bd := range out {
+		if bd != nil {
+			cacheBand(bd)
+		}
+	}
+}
+
+// bandBytes is what one band's weight and scale bytes take in the cache.
+func (q *Requant) bandBytes() int64 {
+	piece := Matrix{Format: q.f, Rows: min(q.band, q.m.Rows), Cols: q.m.Cols}
+	return max(1, piece.Bytes()+piece.ScaleBytes())
+}
+
+// cacheBand puts bd in the cache as its most recent band, evicting the
+// least recent past requantCacheBytes.
+func cacheBand(bd *bandData) {
+	k := bd.key
 	requantCache.Lock()
 	defer requantCache.Unlock()
 	if e, ok := requantCache.m[k]; ok {
@@ -326,7 +387,6 @@ func (q *Requant) get(b int64, codes bool) (*bandData, error) {
 		delete(requantCache.m, old.key)
 		requantCache.bytes -= int64(len(old.w) + len(old.s))
 	}
-	return bd, nil
 }
 
 // cachedBand is the cached band k, made the most recent; nil when none.

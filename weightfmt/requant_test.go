@@ -436,3 +436,52 @@ func TestRequantCache(t *testing.T) {
 		requantCacheBytes = old
 	}
 }
+
+// TestRequantReadSpanningBands: a read that spans many bands computes them
+// together (prefetch) and gives Requantise's bytes, reading each plain byte
+// once; where a band cannot be computed (a NaN in its rows), the read stops
+// before it with the error a read of that band alone gives.
+func TestRequantReadSpanningBands(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 7))
+	for _, tc := range []struct {
+		f          Format
+		rows, cols int64
+		nanRow     int64 // -1: none
+	}{
+		{Int4Pack(32, bf16), 160, 2048, -1},
+		{FP8Block(128, 128, false), 1280, 256, -1},
+		{Int4Pack(32, bf16), 160, 2048, 70},
+		{FP8Channel(bf16), 1024, 256, 600},
+	} {
+		vals := plainValues(rng, tc.rows*tc.cols)
+		if tc.nanRow >= 0 {
+			vals[tc.nanRow*tc.cols+5] = float32(math.NaN())
+		}
+		src := &countingReader{r: bytesReader(bf16Bytes(vals))}
+		q, err := NewRequant(tc.f, "x.weight", src, bf16, tc.rows, tc.cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if q.m.Rows/q.band < 3 {
+			t.Fatalf("%s: %d bands: the case does not span bands", tc.f, q.m.Rows/q.band)
+		}
+		got := make([]byte, q.m.Bytes())
+		n, err := q.Weight().ReadAt(got, 0)
+		if tc.nanRow < 0 {
+			want, _, werr := Requantise(tc.f, vals, tc.rows, tc.cols)
+			if werr != nil || err != nil || string(got) != string(want) {
+				t.Fatalf("%s: a whole read: %v (Requantise: %v), equal %v", tc.f, err, werr, string(got) == string(want))
+			}
+			if read := src.n.Load(); read != tc.rows*tc.cols*2 {
+				t.Errorf("%s: read %d plain bytes, want each of %d once", tc.f, read, tc.rows*tc.cols*2)
+			}
+			continue
+		}
+		bad := tc.nanRow / q.band // the band that fails
+		rowBytes := q.m.RowBytes()
+		_, alone := q.Weight().ReadAt(make([]byte, 1), bad*q.band*rowBytes)
+		if err == nil || alone == nil || err.Error() != alone.Error() || int64(n) != bad*q.band*rowBytes {
+			t.Errorf("%s: a whole read stopped at %d with %v; want %d with %v", tc.f, n, err, bad*q.band*rowBytes, alone)
+		}
+	}
+}

@@ -11,10 +11,17 @@ import (
 // of them, the steps of a layer come in a few sizes that repeat, and
 // memory new to the process costs a fault per page (on this development
 // machine a VM fault back to the host). Small ones come from the Go heap.
+// What is kept is bounded (keep): a buffer freed while more than keep
+// bytes are mapped is unmapped instead, so that sizes that do not come
+// again (a layer's head) and the steps a reader wanted past the budget do
+// not stay for the rest of the pass.
 type buffers struct {
 	mu   sync.Mutex
 	free map[int][][]byte // by size
-	maps []func()         // unmaps every large buffer
+	maps map[*byte]func() // each large buffer's unmap, by its first byte
+	// keep: the large buffers' bytes kept mapped at most once freed (0:
+	// every one); mapped: their bytes mapped now, in use or free.
+	keep, mapped int64
 }
 
 // bufUnit is where large buffers start: a huge page, so that a read into
@@ -57,7 +64,11 @@ func (b *buffers) get(n int64) []byte {
 	b.mu.Unlock()
 	buf, unmap := mapBuffer(size)
 	b.mu.Lock()
-	b.maps = append(b.maps, unmap)
+	if b.maps == nil {
+		b.maps = map[*byte]func(){}
+	}
+	b.maps[unsafe.SliceData(buf)] = unmap
+	b.mapped += int64(size)
 	b.mu.Unlock()
 	return buf[:n]
 }
@@ -79,6 +90,12 @@ func (b *buffers) put(buf []byte) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if unmap, ok := b.maps[unsafe.SliceData(buf)]; ok && b.keep > 0 && b.mapped > b.keep {
+		unmap()
+		delete(b.maps, unsafe.SliceData(buf))
+		b.mapped -= int64(size)
+		return
+	}
 	if b.free == nil {
 		b.free = map[int][][]byte{}
 	}
@@ -92,7 +109,7 @@ func (b *buffers) close() {
 	for _, unmap := range b.maps {
 		unmap()
 	}
-	b.maps, b.free = nil, nil
+	b.maps, b.free, b.mapped = nil, nil, 0
 }
 
 // alignedAt is the first index of b whose address is a multiple of

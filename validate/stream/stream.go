@@ -195,6 +195,7 @@ func New(steps []Step, o Options) (*Pass, error) {
 	if p.o.Budget <= 0 {
 		p.o.Budget = min(max(4*largest, MinBudget), MaxBudget)
 	}
+	p.bufs.keep = p.o.Budget
 	return p, nil
 }
 

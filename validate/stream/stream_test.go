@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/safetensors"
@@ -162,6 +164,79 @@ func TestPassClose(t *testing.T) {
 	p.Close()
 	if err := p.Wait(context.Background(), 7); err == nil {
 		t.Errorf("step 7 of a closed pass: no error")
+	}
+}
+
+// A step past the budget comes in only once someone wants it: with step 0
+// held, step 1 waits until Want(1), and Want of a step outside the pass is
+// nothing.
+func TestPassWant(t *testing.T) {
+	path, _ := fixture(t, 1<<20)
+	steps := []Step{
+		{Extents: []Extent{{File: path, Off: 0, N: 1 << 17}}},
+		{Extents: []Extent{{File: path, Off: 1 << 17, N: 1 << 17}}},
+	}
+	p, err := New(steps, Options{Budget: 1 << 17})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	p.Start(ctx)
+	if err := p.Wait(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := p.Wait(short, 1); err == nil {
+		t.Fatal("step 1 came in past the budget with step 0 held and no one wanting it")
+	}
+	p.Want(-1)
+	p.Want(2)
+	p.Want(1)
+	long, cancel2 := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel2()
+	if err := p.Wait(long, 1); err != nil {
+		t.Fatalf("step 1 after Want(1): %v", err)
+	}
+}
+
+// Freed large buffers are kept for reuse while the mapped bytes are within
+// keep, and unmapped past it; a kept one is handed out again.
+func TestBuffersKeep(t *testing.T) {
+	const n = bufUnit
+	cases := []struct {
+		name       string
+		keep       int64
+		wantKept   int   // buffers kept once all four are freed
+		wantMapped int64 // bytes mapped then
+	}{
+		{"no bound keeps all", 0, 4, 4 * n},
+		{"room for two", 2 * n, 2, 2 * n},
+		{"room for less than one", n / 2, 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			b := buffers{keep: c.keep}
+			defer b.close()
+			var held [][]byte
+			for range 4 {
+				held = append(held, b.get(n))
+			}
+			if b.mapped != 4*n {
+				t.Fatalf("mapped %d with four held, want %d", b.mapped, 4*n)
+			}
+			for _, buf := range held {
+				b.put(buf)
+			}
+			if got := len(b.free[n]); got != c.wantKept || b.mapped != c.wantMapped || len(b.maps) != c.wantKept {
+				t.Fatalf("kept %d (%d maps), mapped %d; want %d, %d", got, len(b.maps), b.mapped, c.wantKept, c.wantMapped)
+			}
+			again := b.get(n)
+			if reused := c.wantKept > 0 && unsafe.SliceData(again) == unsafe.SliceData(held[len(held)-1]); reused != (c.wantKept > 0) || b.mapped != max(c.wantMapped, n) {
+				t.Errorf("get after: reused a kept buffer %v, mapped %d", reused, b.mapped)
+			}
+		})
 	}
 }
 

@@ -67,6 +67,16 @@ func (w *windowData) Lend(off, n int64) ([]byte, func(), bool) {
 	return nil, nil, false
 }
 
+// Want lets step i in past the budget, as a tensor read that waits for it
+// does: a consumer that takes the steps in order (the byte proof) and that
+// others wait on asks for the step it needs next, which the readers
+// holding the budget would otherwise never let in.
+func (p *Pass) Want(i int) {
+	if i >= 0 && i < len(p.steps) {
+		p.want(i)
+	}
+}
+
 // want lets step i in past the budget: a tensor read waits for it, and
 // the reader may hold steps that fill the budget until it gets it (an
 // expert's job holds the layer's head and its earlier steps).
