@@ -89,6 +89,10 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 		return err
 	}
 	defer g.Close()
+	// A layer that fails ends the run: the next layer's bank, loading
+	// meanwhile, stops at its next expert rather than loading whole first.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	start := func(tg target) chan bankLoad {
 		ch := make(chan bankLoad, 1)
 		if tg.fused == nil || s.dst == nil {
@@ -99,7 +103,7 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 			var ld bankLoad
 			ld.err = gpurun.Recording(g.Prefetch, &ld.rec, func() error {
 				var err error
-				ld.bank, err = gpurun.LoadFusedBank(g.Prefetch, s.dst, tg.fused)
+				ld.bank, err = gpurun.LoadFusedBank(ctx, g.Prefetch, s.dst, tg.fused)
 				return err
 			})
 			ch <- ld
@@ -109,6 +113,7 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 	pending := start(targets[0])
 	defer func() {
 		if pending != nil {
+			cancel()
 			(<-pending).bank.Free()
 		}
 	}()
@@ -314,6 +319,11 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 	if err != nil {
 		return nil, err
 	}
+	// A GPU path's error ends the layer: the CPU reference and the bank's
+	// upload, which run beside it, stop at their next expert (their paces
+	// and the bank's loader check ctx) instead of running the layer out.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	xAll := x
 	latent := s.dstPlanOrSrc().Latent != nil
 	if cov != nil && !latent {
@@ -445,6 +455,9 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 		return
 	}
 	fused, unf, fusedSec, unfSec, gpuErr := gpu()
+	if gpuErr != nil {
+		cancel() // before waiting for the reference and the bank below
+	}
 	var ref *moelayer.RefResult
 	var refSec float64
 	if refCh != nil {
