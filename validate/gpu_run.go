@@ -384,6 +384,9 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 				return err
 			})
 			pace.finish(readerBank)
+			if ld.err != nil {
+				cancel() // the unfused path and the reference stop at their next expert
+			}
 			bankCh <- ld
 		}()
 		defer func() {
@@ -419,9 +422,11 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 			return nil
 		}
 		if bankCh != nil {
-			// Streamed: the unfused path first, while the bank fills.
+			// Streamed: the unfused path first, while the bank fills. Where
+			// the bank's upload failed, it cancelled the layer, and its
+			// error, not the unfused path's cancellation, is the layer's.
 			if withUnf {
-				if err := runUnfused(); err != nil {
+				if err := runUnfused(); err != nil && ctx.Err() == nil {
 					return nil, nil, 0, 0, err
 				}
 			}
