@@ -89,6 +89,10 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 		return err
 	}
 	defer g.Close()
+	// A layer that fails ends the run: the next layer's bank, loading
+	// meanwhile, stops at its next expert rather than loading whole first.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	start := func(tg target) chan bankLoad {
 		ch := make(chan bankLoad, 1)
 		if tg.fused == nil || s.dst == nil {
@@ -99,7 +103,7 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 			var ld bankLoad
 			ld.err = gpurun.Recording(g.Prefetch, &ld.rec, func() error {
 				var err error
-				ld.bank, err = gpurun.LoadFusedBank(g.Prefetch, s.dst, tg.fused)
+				ld.bank, err = gpurun.LoadFusedBank(ctx, g.Prefetch, s.dst, tg.fused)
 				return err
 			})
 			ch <- ld
@@ -109,6 +113,7 @@ func (s *session) runGPU(ctx context.Context, targets []target, rep *Report) err
 	pending := start(targets[0])
 	defer func() {
 		if pending != nil {
+			cancel()
 			(<-pending).bank.Free()
 		}
 	}()
@@ -314,6 +319,11 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 	if err != nil {
 		return nil, err
 	}
+	// A GPU path's error ends the layer: the CPU reference and the bank's
+	// upload, which run beside it, stop at their next expert (their paces
+	// and the bank's loader check ctx) instead of running the layer out.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	xAll := x
 	latent := s.dstPlanOrSrc().Latent != nil
 	if cov != nil && !latent {
@@ -374,6 +384,9 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 				return err
 			})
 			pace.finish(readerBank)
+			if ld.err != nil {
+				cancel() // the unfused path and the reference stop at their next expert
+			}
 			bankCh <- ld
 		}()
 		defer func() {
@@ -409,9 +422,11 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 			return nil
 		}
 		if bankCh != nil {
-			// Streamed: the unfused path first, while the bank fills.
+			// Streamed: the unfused path first, while the bank fills. Where
+			// the bank's upload failed, it cancelled the layer, and its
+			// error, not the unfused path's cancellation, is the layer's.
 			if withUnf {
-				if err := runUnfused(); err != nil {
+				if err := runUnfused(); err != nil && ctx.Err() == nil {
 					return nil, nil, 0, 0, err
 				}
 			}
@@ -445,6 +460,9 @@ func (s *session) checkLayerGPU(ctx context.Context, g *gpurun.Runner, tg target
 		return
 	}
 	fused, unf, fusedSec, unfSec, gpuErr := gpu()
+	if gpuErr != nil {
+		cancel() // before waiting for the reference and the bank below
+	}
 	var ref *moelayer.RefResult
 	var refSec float64
 	if refCh != nil {

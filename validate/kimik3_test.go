@@ -10,6 +10,7 @@ import (
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/judge"
+	"github.com/moeprep/moeprep/validate/stream"
 	"github.com/moeprep/moeprep/weightfmt"
 )
 
@@ -148,4 +149,53 @@ func TestKimiK3GPUReference(t *testing.T) {
 			t.Errorf("layer %d: without the shared experts only %.3g away", tg.index, m.RelL2)
 		}
 	}
+}
+
+// A latent MoE's projections and norm are in its layer's head step, SRC's
+// and DST's: each path reads its down projection before any expert, and a
+// read waiting for a later step lets every step before it in past the
+// pass's budget (DST's sat in a step after the experts, SRC's in none, so
+// the whole layer was read into memory ahead of its readers: 34 GB of host
+// memory at Kimi K3's 896 experts). The streamed run then reads every byte
+// once, none outside the pass.
+func TestKimiK3LatentInHeadStep(t *testing.T) {
+	for name := range kimiK3Specs() {
+		t.Run(name, func(t *testing.T) {
+			src := synthFrom(t, kimiK3Specs(), name)
+			for _, o := range threeLayouts {
+				l := o.Layout
+				dst := convertInto(t, src, o)
+				s := &session{o: Options{Src: src, Dst: dst, Device: DeviceCPU, Seed: 1, Tokens: 8}}
+				targets := openSession(t, s)
+				pp := s.planPass(targets, nil)
+				for _, tg := range targets {
+					head := pp.steps[pp.layers[tg.index].head]
+					lt := tg.fused.Latent
+					for _, want := range []struct {
+						side  string
+						names []string
+						ck    func(string) bool
+					}{
+						{"SRC", []string{tg.src.LatentDown, tg.src.LatentNorm, tg.src.LatentUp}, func(n string) bool { x, ok := s.src.Tensor(n); return ok && inStep(head, x.Name, x.File) }},
+						{"DST", []string{lt.Down, lt.Norm, lt.Up}, func(n string) bool { x, ok := s.dst.Tensor(n); return ok && inStep(head, x.Name, x.File) }},
+					} {
+						for _, n := range want.names {
+							if n == "" || !want.ck(n) {
+								t.Errorf("%s layer %d: %s's latent tensor %q is not in the head step", l, tg.index, want.side, n)
+							}
+						}
+					}
+				}
+				_, s2 := streamedRun(t, src, dst)
+				if s2.streamMisses != 0 {
+					t.Errorf("%s: %d tensor reads missed the pass", l, s2.streamMisses)
+				}
+			}
+		})
+	}
+}
+
+// inStep reports whether step st reads tensor name of file.
+func inStep(st stream.Step, name, file string) bool {
+	return slices.ContainsFunc(st.Extents, func(x stream.Extent) bool { return x.T != nil && x.T.Name == name && x.T.File == file })
 }

@@ -84,11 +84,16 @@ func (pr paceReader) Take(ctx context.Context, b int) error { return pr.p.take(c
 func (pr paceReader) Done(b int)                            { pr.p.done(pr.r, b) }
 
 // take waits until bank expert b is within the window of the first step
-// not yet released and of the byte proof's last taken step, or ctx ends.
+// not yet released and of the byte proof's last taken step, or ctx ends;
+// once ctx has ended it refuses at once, within the window too, so that a
+// reader stops at its next expert when the layer has failed elsewhere.
 func (p *layerPace) take(ctx context.Context, b int) error {
 	i, ok := p.pos[b]
 	if !ok {
 		return fmt.Errorf("bank expert %d is not in the layer's pass", b)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	if p.proofPast != nil && i >= p.window {
 		if err := p.proofPast(ctx, p.order[i-p.window]); err != nil {

@@ -136,4 +136,22 @@ func TestLayerPace(t *testing.T) {
 			t.Fatal("Take of an expert outside the layer returned nil")
 		}
 	})
+
+	// A layer whose GPU path failed cancels its context: a reader within
+	// the window (which would not wait) is refused too, so the reference
+	// and the bank's upload stop at their next expert instead of reading
+	// the layer out.
+	t.Run("ended context refuses within the window", func(t *testing.T) {
+		p := newLayerPace(order, 4, all, len(order), func(int) {}, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		if err := p.reader(readerRef).Take(ctx, 0); err != nil {
+			t.Fatalf("Take within the window: %v", err)
+		}
+		cancel()
+		for _, b := range []int{0, 1, 4} {
+			if err := p.reader(readerRef).Take(ctx, b); err != context.Canceled {
+				t.Errorf("Take of expert %d after cancel: %v, want %v", b, err, context.Canceled)
+			}
+		}
+	})
 }

@@ -481,6 +481,9 @@ func dstLayerTensors(fl *moelayer.FusedLayer) (stacks, rest []string) {
 	}
 	rest = append([]string{fl.Router, fl.RouterBias, fl.RouterLogitBias, fl.RouterScale, fl.ExpertScale, fl.Prep.RouterScale, fl.Prep.ExpertNorm, fl.SharedGate, fl.HashTable},
 		sharedTensors(fl.Shared, fl.SharedExperts)...)
+	if lt := fl.Latent; lt != nil {
+		rest = append(rest, latentTensors(lt.Down, lt.Norm, lt.Up)...)
+	}
 	empty := func(s string) bool { return s == "" }
 	return slices.DeleteFunc(stacks, empty), slices.DeleteFunc(rest, empty)
 }
@@ -488,8 +491,25 @@ func dstLayerTensors(fl *moelayer.FusedLayer) (stacks, rest []string) {
 // srcHeadTensors are what SRC's reference reads of a layer apart from its
 // routed experts.
 func srcHeadTensors(l *family.Layer) []string {
-	return append(append([]string{l.Router, l.RouterBias, l.RouterLogitBias, l.RouterScale, l.SharedGate, l.HashTable}, l.InputTensors()...),
-		sharedTensors(l.Shared, l.SharedExperts)...)
+	return append(append(append([]string{l.Router, l.RouterBias, l.RouterLogitBias, l.RouterScale, l.SharedGate, l.HashTable}, l.InputTensors()...),
+		sharedTensors(l.Shared, l.SharedExperts)...), latentTensors(l.LatentDown, l.LatentNorm, l.LatentUp)...)
+}
+
+// latentTensors are a latent MoE layer's projections and norm (Kimi K3),
+// those it has, for its head step. Each path reads its down projection
+// before any expert: outside the head, it sat in a step after the layer's
+// experts (DST's) or in none (SRC's), and a tensor read waiting for a
+// step lets every step before it in past the budget, so the whole layer's
+// experts were read into memory ahead of their readers (34 GB of host
+// memory at Kimi K3's 896 experts on the H200).
+func latentTensors(down, norm, up string) []string {
+	var out []string
+	for _, n := range []string{down, norm, up} {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // sharedTensors are every tensor of a layer's shared experts: the one

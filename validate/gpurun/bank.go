@@ -18,11 +18,11 @@ import (
 // LoadFusedBank queues the upload of a converted layer's stacked expert
 // tensors (stacked, gate-up or up-gate, bf16/f32 or FP8 with block scales,
 // or a format decoded to bf16 on the device: DecodesOnDevice) through s and
-// waits for it.
-func LoadFusedBank(s *Stager, src tensorload.TensorSource, fl *moelayer.FusedLayer) (*Bank, error) {
+// waits for it; it stops at the next expert once ctx ends.
+func LoadFusedBank(ctx context.Context, s *Stager, src tensorload.TensorSource, fl *moelayer.FusedLayer) (*Bank, error) {
 	// One loader for both runs: expert by expert, in-out stacks transposed
 	// on the way, formats the kernels do not take decoded on the device.
-	return LoadFusedBankInOrder(context.Background(), s, src, fl, identityOrder(fl.Contract.BankSize()), nil)
+	return LoadFusedBankInOrder(ctx, s, src, fl, identityOrder(fl.Contract.BankSize()), nil)
 }
 
 // bankProjs are the projections of a bank of layout l in the order it

@@ -1,6 +1,7 @@
 package gpurun
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -54,5 +55,20 @@ func TestBankPartsByTable(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFillStopsOnceCancelled: a bank whose run has failed elsewhere (its
+// context ended) loads no further expert, paced or not: fill returns the
+// context's error before touching the stager, which this load does not
+// have (a copy would panic).
+func TestFillStopsOnceCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	ld := &orderedLoad{e: 3}
+	for _, order := range [][]int{{0, 1, 2}, {2, 0, 1}} {
+		if err := ld.fill(ctx, order, nil); err != context.Canceled {
+			t.Errorf("order %v: fill after cancel: %v, want %v", order, err, context.Canceled)
+		}
 	}
 }

@@ -220,10 +220,15 @@ func (ld *orderedLoad) allocStacks(parts []bankPart, scaled bool) error {
 }
 
 // fill loads the experts in order, each once (pace: Take before an
-// expert, Done after, also when it fails).
+// expert, Done after, also when it fails). It stops at the next expert
+// once ctx ends: a run that failed elsewhere does not wait for the rest of
+// the bank.
 func (ld *orderedLoad) fill(ctx context.Context, order []int, pace moelayer.Pace) error {
 	done := map[int]bool{}
 	for _, x := range order {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		if x < 0 || int64(x) >= ld.e || done[x] {
 			return fmt.Errorf("bank order names expert %d of %d twice or out of range", x, ld.e)
 		}

@@ -100,7 +100,7 @@ func TestDecodedBanksMatchCPU(t *testing.T) {
 					t.Fatal(err)
 				}
 				fl := &moelayer.FusedLayer{Index: layer.Index, Contract: c, Names: layout.NamesFor(l, layer.Prefix, cf)}
-				b, err := LoadFusedBank(s, dck, fl)
+				b, err := LoadFusedBank(context.Background(), s, dck, fl)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -305,7 +305,7 @@ func TestRequantisedSharedOnDevice(t *testing.T) {
 				sameBits(t, "requantised shared expert", 0, i, bankBF16(t, s, mat, 0, len(want[i])), want[i])
 			}
 			fl := &moelayer.FusedLayer{Index: f.layer.Index, Contract: f.c, Names: f.names}
-			bank, err := LoadFusedBank(s, f.dst, fl)
+			bank, err := LoadFusedBank(context.Background(), s, f.dst, fl)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -168,12 +168,24 @@ func toDevice[T cuda.Elem](g *Runner, host []T, fr *Frees) (*cuda.Buffer[T], err
 	return b, nil
 }
 
-// Release waits for the compute stream and frees every buffer in f.
-func (f Frees) Release(g *Runner) {
-	g.sync()
-	for _, b := range f {
+// Release waits for the compute stream and frees every buffer in f,
+// leaving it empty. Its receiver is a pointer so that the usual
+// `var fr Frees; defer fr.Release(g)` frees what is added after the defer:
+// a deferred call evaluates its receiver at the defer, and with a value
+// receiver it held the list as it was then, empty, so nothing was ever
+// freed and a GPU run kept every buffer it made to the end of the process
+// (the unfused path one expert's weights and scratch per chosen expert:
+// Kimi K3's 896 experts ran out of an H200's memory at expert 650).
+func (f *Frees) Release(g *Runner) { f.release(g.sync) }
+
+// release calls sync (waiting for the work that reads the buffers), then
+// frees every buffer in f and empties it.
+func (f *Frees) release(sync func() error) {
+	sync()
+	for _, b := range *f {
 		b.Free()
 	}
+	*f = nil
 }
 
 // Input is one layer's tokens on the device: x in f32 (for the routers)
