@@ -6,6 +6,8 @@ package checkpoint
 import (
 	"fmt"
 	"io"
+	"reflect"
+	"sync"
 
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/weightfmt"
@@ -69,7 +71,7 @@ func Requantised(t *Tensor, f weightfmt.Format) (weight, scale *Tensor, err erro
 	if len(t.Shape) != 2 {
 		return nil, nil, fmt.Errorf("%s: tensor %s has shape %v: only a 2-D weight is requantised", t.File, t.Name, t.Shape)
 	}
-	q, err := weightfmt.NewRequant(f, t.Name, storedData{t}, t.DType, t.Shape[0], t.Shape[1])
+	q, err := requantOf(t, f)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", t.File, err)
 	}
@@ -92,3 +94,53 @@ type computedData struct {
 
 // RequantisedPrefix marks the names of Requantised's tensors.
 const RequantisedPrefix = "requantised "
+
+// requantOf is the weightfmt.Requant of t into f, shared by every caller
+// that asks for the same tensor in the same format while it is among the
+// last few asked for: validate's byte proof and its CPU reference both
+// requantise a layer's shared expert (--requantize-shared), at about the
+// same time, and one Requant means one band cache entry, so each band is
+// quantised once, not once per caller. The bytes are the same either way
+// (the rule is deterministic); only the work is shared. Bounded: a few
+// entries, whatever the tensor count.
+func requantOf(t *Tensor, f weightfmt.Format) (*weightfmt.Requant, error) {
+	if !reflect.ValueOf(f).Comparable() {
+		return weightfmt.NewRequant(f, t.Name, storedData{t}, t.DType, t.Shape[0], t.Shape[1])
+	}
+	k := requantKey{t, f}
+	recentRequants.Lock()
+	defer recentRequants.Unlock()
+	for _, e := range recentRequants.e {
+		if e.k == k {
+			return e.q, nil
+		}
+	}
+	q, err := weightfmt.NewRequant(f, t.Name, storedData{t}, t.DType, t.Shape[0], t.Shape[1])
+	if err != nil {
+		return nil, err
+	}
+	recentRequants.e = append(recentRequants.e, requantEntry{k, q})
+	if len(recentRequants.e) > recentRequantsMax {
+		recentRequants.e = recentRequants.e[1:]
+	}
+	return q, nil
+}
+
+// recentRequantsMax is how many Requants requantOf keeps: a shared
+// expert's gate, up and down for a layer or two.
+const recentRequantsMax = 8
+
+type requantKey struct {
+	t *Tensor
+	f weightfmt.Format
+}
+
+type requantEntry struct {
+	k requantKey
+	q *weightfmt.Requant
+}
+
+var recentRequants struct {
+	sync.Mutex
+	e []requantEntry
+}
