@@ -81,35 +81,7 @@ done
 echo "== NEW with --cpu-check none (the disk alone, no CPU reference)"
 for name in K G N; do one "$name" "${!name}" new 3 --cpu-check none; done
 echo "== results (median of 2 rounds; ratio = validate / cat of the same round)"
-python3 - "$out/times.txt" <<'PY'
-import sys, statistics, collections
-rows = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    name, who, r, sec, rss, rc = line.split()
-    rows[(name, r)].append((who, float(sec), int(rss) if rss.isdigit() else 0, rc))
-res = collections.defaultdict(lambda: collections.defaultdict(list))
-nocheck = {}
-for (name, r), runs in rows.items():
-    if r == "r3":  # --cpu-check none
-        nocheck[name] = runs[0]
-        continue
-    cat = [s for w, s, _, _ in runs if w == "cat"]
-    for w, s, rss, rc in runs:
-        res[name][w].append((s, s / cat[0] if cat else float("nan"), rss, rc))
-for name in sorted(res):
-    for w in ("cat", "old", "new"):
-        v = res[name][w]
-        if not v: continue
-        ok = all(x[3] == "rc=0" for x in v)
-        print(f"{name} {w:4s} median {statistics.median(x[0] for x in v):7.2f}s  x cat {statistics.median(x[1] for x in v):.2f} ({', '.join(f'{x[1]:.2f}' for x in v)})  peak RSS {max(x[2] for x in v)/1024:.0f} MB  {'PASS' if ok else 'FAIL rc'}")
-    new = res[name]["new"]
-    if new:
-        ratio = statistics.median(x[1] for x in new)
-        print(f"{name}: NEW x cat {ratio:.2f} -> {'PASS' if ratio <= 1.2 else 'FAIL'} (target <= 1.2)")
-    if name in nocheck and res[name]["cat"]:
-        w, sec, rss, rc = nocheck[name]
-        print(f"{name} new --cpu-check none {sec:.2f}s  x median cat {sec / statistics.median(x[0] for x in res[name]['cat']):.2f}  peak RSS {rss/1024:.0f} MB  {rc}")
-PY
+python3 scripts/bench_table.py "$out/times.txt" 1.2
 echo "== OLD vs NEW reports (times left out)"
 for name in K G N; do for r in 1 2; do
 	report_norm "$out/$name-old-r$r.json" >"$out/o.norm" 2>/dev/null || echo bad-old >"$out/o.norm"

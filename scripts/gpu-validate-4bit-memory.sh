@@ -19,6 +19,8 @@
 # DEV=cpu DIMS="--hidden 256 --intermediate 128" runs the same steps small on a
 # machine without a GPU (the --cpu-check none runs then fail: a CPU run takes no --cpu-check).
 set -uo pipefail
+# shellcheck source=gpu-validate-lib.sh
+. scripts/gpu-validate-lib.sh || { echo "FAIL: run from the repository root"; exit 1; }
 out=${1:-/tmp/gpu45mem-out}
 mkdir -p "$out"
 OLD=${OLD:?OLD=path of the baseline moeprep} NEW=${NEW:?NEW=path of the moeprep to measure}
@@ -32,7 +34,6 @@ echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
 work=$(mktemp -d "$(pwd)/.gpu45mem.XXXX")
 trap 'rm -rf "$work" "$bin"' EXIT
 T0=$SECONDS
-t() { local s=$SECONDS; "$@"; local rc=$?; echo "  -> rc=$rc in $((SECONDS - s))s"; return $rc; }
 
 cold_how="drop_caches"
 if [ -n "${DIMS:-}" ]; then cold_how="posix_fadvise DONTNEED" # a dry run on a shared machine
@@ -41,24 +42,16 @@ echo "cold cache by: $cold_how"
 cold() {
 	sync
 	if [ "$cold_how" = drop_caches ]; then echo 3 >/proc/sys/vm/drop_caches; return; fi
-	python3 - "$@" <<'PY'
-import os, sys
-for d in sys.argv[1:]:
-    for root, _, files in os.walk(d):
-        for f in files:
-            fd = os.open(os.path.join(root, f), os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-PY
+	uncache "$@"
 }
 
-norm='import json,sys
-drop={"tool","seconds","wall_s","io_s","compute_s","summary","src","dst"}
-def w(v):
-    if isinstance(v,dict): return {k:w(x) for k,x in v.items() if k not in drop and not k.endswith("_seconds") and k!="timings"}
-    if isinstance(v,list): return [w(x) for x in v]
-    return v
-print(json.dumps(w(json.load(open(sys.argv[1]))),sort_keys=True))'
+
+# same NAME ROUND: OLD's and NEW's reports of a round compared without what varies from run to run.
+same() {
+	report_norm "$out/$1-old-r$2.json" >"$out/o.norm" 2>/dev/null || echo bad-old >"$out/o.norm"
+	report_norm "$out/$1-new-r$2.json" >"$out/n.norm" 2>/dev/null || echo bad-new >"$out/n.norm"
+	if cmp -s "$out/o.norm" "$out/n.norm"; then echo "PASS: $1 r$2 reports identical"; else echo "FAIL: $1 r$2 reports differ"; diff <(tr ',' '\n' <"$out/o.norm") <(tr ',' '\n' <"$out/n.norm") | head -10; fi
+}
 
 # one NAME DIR WHO ROUND [extra validate flags]: a cold run; prints
 # "NAME WHO rROUND seconds rss_kb rc", the run's per-layer lines and its
@@ -117,9 +110,7 @@ echo "== K with --cpu-check none at $((SECONDS - T0))s"
 one K "$K" new 4 --cpu-check none
 one K "$K" old 4 --cpu-check none
 for r in 1 2 3 4; do
-	python3 -c "$norm" "$out/K-old-r$r.json" >"$out/o.norm" 2>/dev/null || echo bad-old >"$out/o.norm"
-	python3 -c "$norm" "$out/K-new-r$r.json" >"$out/n.norm" 2>/dev/null || echo bad-new >"$out/n.norm"
-	if cmp -s "$out/o.norm" "$out/n.norm"; then echo "PASS: K r$r reports identical"; else echo "FAIL: K r$r reports differ"; diff <(tr ',' '\n' <"$out/o.norm") <(tr ',' '\n' <"$out/n.norm") | head -10; fi
+	same K "$r"
 done
 rm -rf "$K"
 
@@ -128,9 +119,7 @@ row() { # NAME DIR FROM TO: rounds FROM..TO rotated over {cat, OLD, NEW}, report
 	for r in $(seq "$3" "$4"); do
 		local order=(cat old new)
 		for k in 0 1 2; do one "$name" "$d" "${order[$(((k + r - 1) % 3))]}" "$r"; done
-		python3 -c "$norm" "$out/$name-old-r$r.json" >"$out/o.norm" 2>/dev/null || echo bad-old >"$out/o.norm"
-		python3 -c "$norm" "$out/$name-new-r$r.json" >"$out/n.norm" 2>/dev/null || echo bad-new >"$out/n.norm"
-		if cmp -s "$out/o.norm" "$out/n.norm"; then echo "PASS: $name r$r reports identical"; else echo "FAIL: $name r$r reports differ"; diff <(tr ',' '\n' <"$out/o.norm") <(tr ',' '\n' <"$out/n.norm") | head -10; fi
+		same "$name" "$r"
 	done
 }
 if [ $((SECONDS - T0)) -lt 120 ]; then
@@ -153,31 +142,7 @@ else
 	echo "SKIP: G: out of time at $((SECONDS - T0))s"
 fi
 echo "== results (ratio = validate / cat of the same round; medians over the rounds)"
-python3 - "$out/times.txt" <<'PY'
-import sys, statistics, collections
-rows = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    name, who, r, sec, rss, rc = line.split()
-    rows[(name, r)].append((who, float(sec), int(rss) if rss.isdigit() else 0, rc))
-res = collections.defaultdict(lambda: collections.defaultdict(list))
-extra = []
-for (name, r), runs in sorted(rows.items()):
-    cat = [s for w, s, _, _ in runs if w == "cat"]
-    if not cat:
-        extra += [(name, r, w, s, rss, rc) for w, s, rss, rc in runs]
-        continue
-    for w, s, rss, rc in runs:
-        res[name][w].append((s, s / cat[0], rss, rc))
-for name in sorted(res):
-    for w in ("cat", "old", "new"):
-        v = res[name][w]
-        if not v: continue
-        ok = all(x[3] == "rc=0" for x in v)
-        print(f"{name} {w:4s} median {statistics.median(x[0] for x in v):7.2f}s  x cat {statistics.median(x[1] for x in v):.2f} ({', '.join(f'{x[1]:.2f}' for x in v)})  peak RSS {max(x[2] for x in v)/1024:.0f} MB ({', '.join(f'{x[2]/1024:.0f}' for x in v)})  {'PASS' if ok else 'FAIL rc'}")
-for name, r, w, s, rss, rc in extra:
-    cats = [x[0] for x in res[name]["cat"]]
-    print(f"{name} {w} {r} {s:.2f}s  x median cat {s / statistics.median(cats) if cats else float('nan'):.2f}  peak RSS {rss/1024:.0f} MB  {rc}")
-PY
+python3 scripts/bench_table.py "$out/times.txt"
 rm -f "$out"/*.norm "$out/rss.tmp"
 (cd "$out" && tar -cJf logs.tar.xz *.log *.json time-*.txt 2>/dev/null && rm -f *.log *.json time-*.txt)
 echo "== total $((SECONDS - T0))s"
