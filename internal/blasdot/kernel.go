@@ -20,12 +20,7 @@ func sdot4x3Go(x []float32, ldx int, w []float32, ldw int, k int, lanes *[96]flo
 		xt := x[t*ldx : t*ldx+k]
 		for r := range 3 {
 			wr := w[r*ldw : r*ldw+k]
-			var a [8]float32
-			for p := 0; p < k; p += 8 {
-				for l := range 8 {
-					a[l] += float32(xt[p+l] * wr[p+l])
-				}
-			}
+			a := lanes8(xt, wr, k)
 			for l, v := range a {
 				lanes[(t*3+r)*8+l] += v
 			}
@@ -48,12 +43,7 @@ func rdot3x4Go(x []*float32, off int, w []float32, ldw int, k int, lanes []float
 			xt := unsafe.Slice(x[g*3+t], off+k)[off:]
 			for r := range 4 {
 				wr := w[r*ldw : r*ldw+k]
-				var a [8]float32
-				for p := 0; p < k; p += 8 {
-					for l := range 8 {
-						a[l] += float32(xt[p+l] * wr[p+l])
-					}
-				}
+				a := lanes8(xt, wr, k)
 				d := lanes[g*48+(t*4+r)*4 : g*48+(t*4+r)*4+4]
 				for j := range d {
 					d[j] += float64(a[j]) + float64(a[j+4])
@@ -61,4 +51,17 @@ func rdot3x4Go(x []*float32, off int, w []float32, ldw int, k int, lanes []float
 			}
 		}
 	}
+}
+
+// lanes8 sums the products of x and w (k a multiple of 8) in eight float32
+// lanes from zero: lane l the products of elements l, l+8, l+16, ... in
+// order, each product rounded to float32 before it is added (Go writes no
+// float32 fused multiply-add). Both kernels' twins sum a piece so.
+func lanes8(x, w []float32, k int) (a [8]float32) {
+	for p := 0; p < k; p += 8 {
+		for l := range 8 {
+			a[l] += float32(x[p+l] * w[p+l])
+		}
+	}
+	return a
 }
