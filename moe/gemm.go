@@ -337,6 +337,7 @@ type expertStages struct {
 	slots            []int32
 	out              []float32
 	w8a8             bool
+	xt               *blasdot.Tokens // xb packed (tokens)
 }
 
 func newExpertStages(x []float32, h, inter, slotsPerToken int, slots []int32, m *ExpertMats, out []float32, w8a8 bool) *expertStages {
@@ -361,21 +362,26 @@ func newExpertStages(x []float32, h, inter, slotsPerToken int, slots []int32, m 
 
 func (s *expertStages) Product(i int) (BandProduct, bool) {
 	rows, h, inter := s.rows, s.h, s.inter
-	gemm := func(a []float32, lda, k int, c []float32, ldc int) func(r0, r1 int, band []float32) {
+	gemm := func(a *blasdot.Tokens, k int, c []float32, ldc int) func(r0, r1 int, band []float32) {
 		return func(r0, r1 int, band []float32) {
-			blasdot.SgemmNT(rows, r1-r0, k, a, lda, band, k, c[r0:], ldc)
+			a.SgemmNT(r1-r0, band, k, c[r0:], ldc)
 		}
+	}
+	// The gate and up products take xb packed once; the down product its
+	// activations, packed once gate and up are done (After has run).
+	if i != StageDown && s.xt == nil {
+		s.xt = blasdot.PackMatrix(rows, h, s.xb, h)
 	}
 	switch i {
 	case StageGate:
 		if IsUngated(s.m.Act) {
 			return BandProduct{}, false
 		}
-		return BandProduct{W: s.m.GateW, Dense: s.m.Gate, Rows: inter, Cols: h, F: gemm(s.xb, h, h, s.gate, inter)}, true
+		return BandProduct{W: s.m.GateW, Dense: s.m.Gate, Rows: inter, Cols: h, F: gemm(s.xt, h, s.gate, inter)}, true
 	case StageUp:
-		return BandProduct{W: s.m.UpW, Dense: s.m.Up, Rows: inter, Cols: h, F: gemm(s.xb, h, h, s.up, inter)}, true
+		return BandProduct{W: s.m.UpW, Dense: s.m.Up, Rows: inter, Cols: h, F: gemm(s.xt, h, s.up, inter)}, true
 	}
-	return BandProduct{W: s.m.DownW, Dense: s.m.Down, Rows: h, Cols: inter, F: gemm(s.gate, inter, inter, s.ob, h)}, true
+	return BandProduct{W: s.m.DownW, Dense: s.m.Down, Rows: h, Cols: inter, F: gemm(blasdot.PackMatrix(rows, inter, s.gate, inter), inter, s.ob, h)}, true
 }
 
 func (s *expertStages) After(i int) error {

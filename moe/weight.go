@@ -98,8 +98,10 @@ func ProductBands(w Weight, dense []float32, rows, cols int, f func(r0, r1 int, 
 // weight read a band at a time: each output is the same as from the whole
 // matrix (blasdot's outputs depend on their two rows alone).
 func SgemmNTBands(m, n, k int, a []float32, lda int, w Weight, dense []float32, c []float32, ldc int) error {
+	t := blasdot.PackMatrix(m, k, a, lda) // once, for every band
+	defer t.Release()
 	return ProductBands(w, dense, n, k, func(r0, r1 int, band []float32) {
-		blasdot.SgemmNT(m, r1-r0, k, a, lda, band, k, c[r0:], ldc)
+		t.SgemmNT(r1-r0, band, k, c[r0:], ldc)
 	})
 }
 

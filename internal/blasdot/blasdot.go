@@ -1,84 +1,68 @@
 // Package blasdot computes the products validate's CPU paths ask for: a
 // float32 matrix product with the second operand transposed (SgemmNT, the
-// fused path's GEMM, float32 sums as the GPU's) and row-by-row dot
-// products whose pieces are added in float64 (Dot64Rows, the
-// reference's), several tokens against several weight rows at once, both
-// on the AVX2/FMA units (kernels_amd64.s) at float32 speed.
+// fused path's GEMM, float32 sums as the GPU's) and dot products whose
+// pieces are added in float64 (Dot64Rows, the reference's), many tokens
+// against the rows of a weight band, both on the AVX2/FMA units
+// (kernels_amd64.s) at close to a core's float32 peak.
+//
+// The tokens are packed first (Tokens: sixteen tokens side by side, so a
+// vector holds one element of sixteen tokens), once for all the bands of
+// a weight; the kernel broadcasts an element of each of six weight rows
+// and multiplies-adds it into twelve vectors of sums: 16 x 6 outputs in
+// registers, each a float32 lane of its own.
 //
 // Each output is a function of its two rows alone, summed in one fixed
-// order (kernel.go says which): it does not depend on how many tokens or
-// rows a call carries, so SRC's and DST's paths, which batch tokens
-// differently, give the same bits for the same rows. It is not bit-for-bit
-// the same across builds: the Go twins, which a build without the assembly
-// runs, round each product before adding it where the assembly's fused
-// multiply-add does not, so they may differ in the last bits. Both are held
-// to the bounds below against the exact dot product, not to each other.
+// order: it does not depend on how many tokens or rows a call carries, so
+// SRC's and DST's paths, which batch tokens differently, give the same bits
+// for the same rows. It is not bit-for-bit the same across builds: the Go
+// twin, which a build without the assembly runs, rounds each product
+// before adding it where the assembly's fused multiply-add does not, so
+// they may differ in the last bits. Both are held to the bounds below
+// against the exact dot product, not to each other.
 //
 // The bounds (u = 2^-24, S = the sum of the products' magnitudes):
 //
-//   - SgemmNT: eight float32 lanes, each piece of kc32 elements summed
-//     from zero (128 products a lane), the pieces added to the lanes and
-//     the lanes folded in float32: at most (k/8 + k/kc32 + 4) u S from the
-//     exact sum. Measured on random normals at k 2048..14336 (validate's
-//     H and I): 1.7e-7..2.3e-7 relative L2 (deviation_test.go holds it
-//     under 5e-7; gonum's Sgemm, one lane sum over all of k, 2.6e-7..7e-7).
-//   - Dot64Rows: pieces of kc64 = 256 elements summed in eight float32
-//     lanes (32 products a lane), then everything in float64, rounded once
-//     to float32: at most u |exact| + (kc64/8 + 2) u S, whatever k.
-//     Measured 0.9e-7..1.4e-7 relative L2 (held under 2.5e-7). Its
-//     products were float64 before (2.7e-8, half an ulp of float32), at
-//     half float32's speed; the checks do not need that: the two paths'
-//     difference, measured under 3e-7, is what judge.TolFP32 (1e-5)
-//     bounds, and it stays 30x under it.
+//   - SgemmNT: k in pieces of kc32 = 256 elements, each piece summed in
+//     order in one float32 from zero, the pieces' sums added in float32 in
+//     order: at most (kc32 + k/kc32 + 2) u S from the exact sum (a piece's
+//     additions, the pieces', and each product's rounding). Measured on
+//     random normals at k 2048..14336 (validate's H and I): 2.3e-7..3.6e-7
+//     relative L2 (deviation_test.go holds it under 5e-7; gonum's Sgemm,
+//     one sum over all of k, 2.6e-7..7e-7).
+//   - Dot64Rows: pieces of kc64 = 64 elements summed so in float32, then
+//     everything in float64, rounded once to float32: at most u |exact| +
+//     (kc64 + 2) u S, whatever k. Measured 1.2e-7..1.6e-7 relative L2
+//     (held under 2.5e-7). Its products were float64 once (2.7e-8, half
+//     an ulp of float32), at a quarter of this speed; the checks do not
+//     need that: the two paths' difference, measured under 4e-7, is what
+//     judge.TolFP32 (1e-5) bounds, and it stays 26x under it.
 //
-// The two are different computations (kernels, token and row blocking,
-// pieces, lane folds and precision), so the reference stays an
-// independent check of the fused path. Data whose partial sums are exact
-// in float32 (bf16 values of a few magnitudes, "ties") come out exact from
-// both.
-//
-// k is cut into pieces, and the weight rows into blocks, so that what a
-// kernel reads most stays in the L1 and L2 caches (the constants below).
+// The two are different computations (their pieces' lengths, where the
+// pieces meet, and the precision they are added in), so the reference
+// stays a check of the fused path with arithmetic of its own; the checks'
+// tolerance between them (judge.TolFP32) is many times what they measure
+// apart. Data whose partial sums are exact in float32 (bf16 values of a few
+// magnitudes, "ties") come out exact from both.
 package blasdot
 
 import "sync"
 
-// The pieces of k and the blocks of weight rows. A block (nb32, nb64
-// rows: multiples of the kernels' 3 and 4) goes through a piece before the
-// next piece, so that the tokens' piece (64 tokens: 256 KiB, 64 KiB) is
-// read from memory once for the block and served from L2 beside it.
-// SgemmNT: a group's four token rows of kc32 elements (16 KiB) stay in L1
-// while the block's weight rows (96 KiB) pass over them. Dot64Rows: four
-// weight rows of kc64 (4 KiB) stay in L1 while every group of three
-// tokens passes; kc64 is also how many products a float32 lane sums
-// (kc64/8 each) before the reference widens them to float64, and its
-// error bound (above) grows with it.
 const (
-	kc32 = 1024
-	kc64 = 256
-	nb32 = 24
-	nb64 = 48
+	// blockTokens is how many tokens a packed block holds side by side:
+	// two vectors of eight float32, the kernel's width across tokens.
+	blockTokens = 16
+	// groupRows is how many weight rows the kernel takes at once.
+	groupRows = 6
+	// kc32 and kc64 are SgemmNT's and Dot64Rows' pieces of k: how many
+	// products a float32 sum takes before it is added to the rest (their
+	// error bounds grow with them). A piece of a block's tokens (16 KiB,
+	// 4 KiB) stays in L1 while every group of weight rows passes over it.
+	kc32 = 256
+	kc64 = 64
 )
 
 // roundUp is n rounded up to a multiple of m.
 func roundUp(n, m int) int { return (n + m - 1) / m * m }
-
-// kernels picks the assembly or its Go twin.
-func sdot(x []float32, ldx int, w []float32, ldw int, k int, lanes *[96]float32) {
-	if useAsm {
-		sdot4x3Asm(x, ldx, w, ldw, k, lanes)
-		return
-	}
-	sdot4x3Go(x, ldx, w, ldw, k, lanes)
-}
-
-func rdot(x []*float32, off int, w []float32, ldw int, k int, lanes []float64) {
-	if useAsm {
-		rdot3x4Asm(x, off, w, ldw, k, lanes)
-		return
-	}
-	rdot3x4Go(x, off, w, ldw, k, lanes)
-}
 
 var (
 	f32Pool sync.Pool // *[]float32
@@ -96,187 +80,184 @@ func scratch[T float32 | float64](p *sync.Pool, n int) *[]T {
 	return &b
 }
 
-// padTokens copies m rows of k (row i from row(i)) into a zeroed buffer
-// of mp rows kp apart: whole groups of tokens and whole lanes of k (a
-// zero product leaves a lane's sum as it was).
-func padTokens(m, mp, k, kp int, row func(i int) []float32) *[]float32 {
-	xb := scratch[float32](&f32Pool, mp*kp)
-	x := *xb
-	for i := range m {
-		r := row(i)
-		_ = r[k-1] // a row shorter than k panics
-		copy(x[i*kp:i*kp+k], r)
+// Tokens is m token rows of k elements packed for the kernel: blocks of
+// sixteen tokens (the last filled up with zero tokens), each block k steps
+// of sixteen values, token i's element p at p*16 + i%16 of block i/16.
+// Pack a weight's tokens once and multiply them by each of its bands.
+type Tokens struct {
+	m, k int
+	buf  *[]float32
+}
+
+// PackRows packs m tokens of k elements, token i's from row(i) (which
+// must hold at least k: a shorter row panics).
+func PackRows(m, k int, row func(i int) []float32) *Tokens {
+	k = max(k, 0)
+	t := &Tokens{m: m, k: k, buf: scratch[float32](&f32Pool, roundUp(max(m, 0), blockTokens)*k)}
+	if k == 0 {
+		return t
 	}
-	return xb
+	p := *t.buf
+	// A block is written a chunk of k at a time, its sixteen rows in turn,
+	// so that the chunk being written (64 steps, 4 KiB) stays in L1.
+	const chunk = 64
+	for b0 := 0; b0 < m; b0 += blockTokens {
+		rows := make([][]float32, min(blockTokens, m-b0))
+		for i := range rows {
+			r := row(b0 + i)
+			_ = r[k-1] // a row shorter than k panics (its capacity is not its length)
+			rows[i] = r[:k]
+		}
+		blk := p[b0*k : (b0+blockTokens)*k]
+		for q0 := 0; q0 < k; q0 += chunk {
+			q1 := min(q0+chunk, k)
+			for i, r := range rows {
+				for q, v := range r[q0:q1] {
+					blk[(q0+q)*blockTokens+i] = v
+				}
+			}
+		}
+	}
+	return t
+}
+
+// PackMatrix packs the m rows of a (k elements each, rows lda apart).
+func PackMatrix(m, k int, a []float32, lda int) *Tokens {
+	return PackRows(m, k, func(i int) []float32 { return a[i*lda:] })
+}
+
+// Release gives the packed buffer back for reuse; t must not be used
+// after.
+func (t *Tokens) Release() {
+	if t.buf != nil {
+		f32Pool.Put(t.buf)
+		t.buf = nil
+	}
+}
+
+// products runs the kernel over every piece of k (kc long), block of
+// tokens and group of weight b's n rows (ldb apart), adding each piece's
+// sums into acc32 or acc64 [roundUp(n, 6)][16*blocks] (row j's
+// accumulators for token i at j*ld + i). A last group of fewer than six
+// rows is copied, a piece at a time, beside rows of zeros.
+func (t *Tokens) products(n int, b []float32, ldb, kc int, acc32 []float32, acc64 []float64) {
+	k, p := t.k, *t.buf
+	ld := len(p) / k
+	groups, rest := n/groupRows, n%groupRows
+	var wt []float32
+	if rest > 0 {
+		wb := scratch[float32](&f32Pool, groupRows*kc)
+		defer f32Pool.Put(wb)
+		wt = *wb
+	}
+	last := groups * groupRows * ld
+	for p0 := 0; p0 < k; p0 += kc {
+		kl := min(kc, k-p0)
+		if rest > 0 {
+			clear(wt)
+			for r := range rest {
+				copy(wt[r*kl:(r+1)*kl], b[(groups*groupRows+r)*ldb+p0:])
+			}
+		}
+		// A piece of a block's tokens stays in L1 while the groups pass.
+		for t0 := 0; t0 < ld; t0 += blockTokens {
+			tp := p[t0*k+p0*blockTokens:]
+			if groups > 0 {
+				tiles(kl, tp, b[p0:], ldb, groups, sub(acc32, t0), sub(acc64, t0), ld)
+			}
+			if rest > 0 {
+				tiles(kl, tp, wt, kl, 1, sub(acc32, last+t0), sub(acc64, last+t0), ld)
+			}
+		}
+	}
+}
+
+// sub is s[i:], nil for a nil s.
+func sub[T any](s []T, i int) []T {
+	if s == nil {
+		return nil
+	}
+	return s[i:]
 }
 
 // SgemmNT sets c [m,n] (rows ldc apart) to a [m,k] times b [n,k]
-// transposed (rows lda and ldb apart): each output summed in eight
-// float32 lanes with fused multiply-adds over all of k (kernel.go's
-// sdot4x3Go says which products a lane takes), the lanes then folded as
-// b_j = a_j + a_{j+4}, (b0 + b1) + (b2 + b3).
+// transposed (rows lda and ldb apart): each output summed as the package
+// comment says (pieces of kc32 in float32, added in float32).
 func SgemmNT(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ldc int) {
 	if m <= 0 || n <= 0 {
 		return
 	}
-	if k <= 0 {
+	t := PackMatrix(m, k, a, lda)
+	defer t.Release()
+	t.SgemmNT(n, b, ldb, c, ldc)
+}
+
+// SgemmNT sets c[i*ldc+j] to token i's dot product with b's row j (n rows
+// of k, ldb apart), as SgemmNT does.
+func (t *Tokens) SgemmNT(n int, b []float32, ldb int, c []float32, ldc int) {
+	m, k := t.m, t.k
+	if m <= 0 || n <= 0 {
+		return
+	}
+	if k == 0 {
 		for i := range m {
 			clear(c[i*ldc : i*ldc+n])
 		}
 		return
 	}
-	// The kernels read a and b where they lie, without Go's bounds checks:
-	// their last rows must hold k elements (a short slice panics here, as
-	// a copy of it would).
-	_, _ = a[(m-1)*lda+k-1], b[(n-1)*ldb+k-1]
-	// The tokens are read where a holds them, but for those a kernel could
-	// not: a last group of fewer than four, or all where k is not whole
-	// lanes. Those are copied, padded with zeros (a zero product leaves a
-	// lane's sum as it was).
-	kp, mp := roundUp(k, 8), roundUp(m, 4)
-	inPlace := m / 4 * 4
-	if kp != k {
-		inPlace = 0
-	}
-	xb := padTokens(m-inPlace, mp-inPlace, k, kp, func(i int) []float32 { return a[(inPlace+i)*lda:] })
-	defer f32Pool.Put(xb)
-	pad := *xb
-	tokens := func(g int) ([]float32, int) {
-		if g*4 < inPlace {
-			return a[g*4*lda:], lda
-		}
-		return pad[(g*4-inPlace)*kp:], kp
-	}
-	groups := mp / 4
-	ab := scratch[float32](&f32Pool, nb32/3*groups*96+nb32*kc32)
-	defer f32Pool.Put(ab)
-	// acc holds the lanes of a block of nb32 rows, each group's; wt the
-	// block's piece of weight rows where b cannot be read in place.
-	acc, wt := (*ab)[:nb32/3*groups*96], (*ab)[nb32/3*groups*96:]
-	var ws [nb32 / 3][]float32
-	var ldws [nb32 / 3]int
-	for rb := 0; rb < n; rb += nb32 {
-		nr := min(nb32, n-rb)
-		clear(acc)
-		for p0 := 0; p0 < k; p0 += kc32 {
-			kl := min(kc32, k-p0)
-			klp := roundUp(kl, 8)
-			for j := range (nr + 2) / 3 {
-				r0 := rb + j*3
-				rows := min(3, rb+nr-r0)
-				ws[j], ldws[j] = b[r0*ldb+p0:], ldb
-				if rows < 3 || klp != kl {
-					w := wt[j*3*kc32 : j*3*kc32+3*klp]
-					clear(w)
-					for r := range rows {
-						copy(w[r*klp:r*klp+kl], b[(r0+r)*ldb+p0:])
-					}
-					ws[j], ldws[j] = w, klp
-				}
-			}
-			// A group's four token rows stay in L1 while the block's
-			// weight rows pass: the weights are the fewer loads (three
-			// vectors to the tokens' four a step).
-			for g := range groups {
-				x, ldx := tokens(g)
-				for j := range (nr + 2) / 3 {
-					sdot(x[p0:], ldx, ws[j], ldws[j], klp, (*[96]float32)(acc[(j*groups+g)*96:]))
-				}
-			}
-		}
-		for r0 := rb; r0 < rb+nr; r0 += 3 {
-			blk := acc[(r0-rb)/3*groups*96:]
-			for i := range m {
-				for r := range min(3, rb+nr-r0) {
-					l := blk[(i*3+r)*8:]
-					b0, b1, b2, b3 := l[0]+l[4], l[1]+l[5], l[2]+l[6], l[3]+l[7]
-					c[i*ldc+r0+r] = (b0 + b1) + (b2 + b3)
-				}
-			}
+	// The kernel reads b where it lies, without Go's bounds checks: its
+	// last row must hold k elements (a short slice panics here).
+	_ = b[(n-1)*ldb+k-1]
+	ld := len(*t.buf) / k
+	accb := scratch[float32](&f32Pool, roundUp(n, groupRows)*ld)
+	defer f32Pool.Put(accb)
+	acc := *accb
+	t.products(n, b, ldb, kc32, acc, nil)
+	for i := range m {
+		ci := c[i*ldc : i*ldc+n]
+		for j := range ci {
+			ci[j] = acc[j*ld+i]
 		}
 	}
 }
 
 // Dot64Rows sets out[t][i] to the dot product of x[t] and w's row i (w
-// [n,k]): k in pieces of kc64, each summed in eight float32 lanes with
-// fused multiply-adds, the lanes widened and added in float64 into four
-// float64 lanes per output (kernel.go's rdot3x4Go), folded as
-// (L0 + L2) + (L1 + L3) and rounded once to float32. It is the
-// reference's product: another kernel, order and precision than
-// SgemmNT's, and closer to the exact sum (the package comment gives both
-// bounds).
+// [n,k]): k in pieces of kc64, each summed in float32, the pieces added in
+// float64 and the sum rounded once to float32. It is the reference's
+// product: another order and precision than SgemmNT's, and closer to the
+// exact sum (the package comment gives both bounds).
 func Dot64Rows(x [][]float32, w []float32, n, k int, out [][]float32) {
-	m := len(x)
-	if m == 0 || n <= 0 {
+	if len(x) == 0 || n <= 0 {
 		return
 	}
-	if k <= 0 {
-		for _, o := range out {
+	t := PackRows(len(x), k, func(i int) []float32 { return x[i] })
+	defer t.Release()
+	t.Dot64Rows(w, n, out)
+}
+
+// Dot64Rows sets out[i][j] to token i's dot product with w's row j (n rows
+// of k, one after the other), as Dot64Rows does.
+func (t *Tokens) Dot64Rows(w []float32, n int, out [][]float32) {
+	m, k := t.m, t.k
+	if m <= 0 || n <= 0 {
+		return
+	}
+	if k == 0 {
+		for _, o := range out[:m] {
 			clear(o[:n])
 		}
 		return
 	}
-	// The kernel reads w where it lies, without Go's bounds checks (each
-	// token row is checked below): a short w panics here.
-	_ = w[n*k-1]
-	// The tokens are read where the caller holds them, but where k is not
-	// whole lanes (then copied, padded with zeros); a last group of fewer
-	// than three is filled with a row of zeros.
-	kp, mp := roundUp(k, 8), roundUp(m, 3)
-	copied := 0
-	if kp != k {
-		copied = m
-	}
-	xb := padTokens(copied, copied+1, k, kp, func(i int) []float32 { return x[i] })
-	defer f32Pool.Put(xb)
-	// rowsx points at each token row a kernel reads: each holds kp
-	// elements from there (x[t] at least k: its length, checked here).
-	rowsx := make([]*float32, mp)
-	for t := range mp {
-		switch {
-		case t >= m:
-			rowsx[t] = &(*xb)[copied*kp] // zeros
-		case copied > 0:
-			rowsx[t] = &(*xb)[t*kp]
-		default:
-			_ = x[t][k-1] // a row shorter than k panics
-			rowsx[t] = &x[t][0]
-		}
-	}
-	groups := mp / 3
-	accb := scratch[float64](&f64Pool, nb64/4*groups*48)
+	_ = w[n*k-1] // a short w panics here, before the kernel reads it
+	ld := len(*t.buf) / k
+	accb := scratch[float64](&f64Pool, roundUp(n, groupRows)*ld)
 	defer f64Pool.Put(accb)
 	acc := *accb
-	wtb := scratch[float32](&f32Pool, 4*kc64) // a piece of four weight rows where w cannot be read in place
-	defer f32Pool.Put(wtb)
-	wt := *wtb
-	for rb := 0; rb < n; rb += nb64 {
-		nr := min(nb64, n-rb)
-		clear(acc)
-		for p0 := 0; p0 < k; p0 += kc64 {
-			kl := min(kc64, k-p0)
-			klp := roundUp(kl, 8)
-			for r0 := rb; r0 < rb+nr; r0 += 4 {
-				rows := min(4, rb+nr-r0)
-				ww, ldw := w[r0*k+p0:], k
-				if rows < 4 || klp != kl {
-					ww, ldw = wt[:4*klp], klp
-					clear(ww)
-					for r := range rows {
-						copy(ww[r*klp:r*klp+kl], w[(r0+r)*k+p0:])
-					}
-				}
-				rdot(rowsx, p0, ww, ldw, klp, acc[(r0-rb)/4*groups*48:])
-			}
-		}
-		for r0 := rb; r0 < rb+nr; r0 += 4 {
-			blk := acc[(r0-rb)/4*groups*48:]
-			for t := range m {
-				for r := range min(4, rb+nr-r0) {
-					l := blk[(t*4+r)*4:]
-					out[t][r0+r] = float32((l[0] + l[2]) + (l[1] + l[3]))
-				}
-			}
+	t.products(n, w, k, kc64, nil, acc)
+	for i, o := range out[:m] {
+		o = o[:n]
+		for j := range o {
+			o[j] = float32(acc[j*ld+i])
 		}
 	}
 }

@@ -26,9 +26,10 @@ func values(r *rand.Rand, n int, scale float64) []float32 {
 	return v
 }
 
-// shapes are the calls' shapes the tests run: k a multiple of the lanes or
-// not, longer than a piece (kc32, kc64) or not, token and row counts that
-// leave partial groups, and padded strides.
+// shapes are the calls' shapes the tests run: k a multiple of the
+// kernel's unrolled four steps or not, longer than a piece (kc32, kc64) or
+// not, token and row counts that leave partial blocks (16) and groups (6),
+// and padded strides.
 var shapes = []struct{ m, n, k, pad int }{
 	{1, 1, 8, 0}, {1, 1, 1, 0}, {6, 64, 2048, 0}, {6, 130, 1024, 0}, {64, 96, 160, 0}, {17, 33, 48, 4},
 	{3, 5, 64, 0}, {70, 20, 80, 0}, {5, 7, 21, 0}, {2, 30, 4112, 8}, {4, 4, 1537, 3}, {9, 11, 515, 0},
@@ -137,11 +138,11 @@ func exact(a, b []float32) (float64, float64) {
 // Each output is within the rounding error its order allows of the exact
 // dot product, for the assembly and for its Go twin (which rounds each
 // product before adding it, one rounding more): SgemmNT's float32 sums by
-// (k/8 + pieces + 4) 2^-24 of the products' magnitudes (a lane's
-// additions, the pieces' and the fold's, and each product's rounding);
-// Dot64Rows' by half an ulp of float32 plus (kc64/8 + 2) 2^-24 of them (a
-// lane's float32 additions within a piece and the product's rounding; the
-// float64 additions after add under 2^-40).
+// (piece + pieces + 2) 2^-24 of the products' magnitudes (a piece's
+// additions, the pieces', and each product's rounding); Dot64Rows' by half
+// an ulp of float32 plus (piece + 2) 2^-24 of them (a piece's float32
+// additions and the product's rounding; the float64 additions after add
+// under 2^-40).
 func TestWithinRoundingOfExact(t *testing.T) {
 	eachKernel(func(asm bool) { withinRoundingOfExact(t, asm) })
 }
@@ -160,11 +161,11 @@ func withinRoundingOfExact(t *testing.T, asm bool) {
 		for i := range sh.m {
 			for j := range sh.n {
 				want, abs := exact(a[i*k:(i+1)*k], b[j*k:(j+1)*k])
-				bound32 := float64(k/8+(k+kc32-1)/kc32+4) * 0x1p-24 * abs
+				bound32 := float64(min(k, kc32)+(k+kc32-1)/kc32+2) * 0x1p-24 * abs
 				if d := math.Abs(float64(c[i*sh.n+j]) - want); d > bound32 {
 					t.Fatalf("SgemmNT (assembly %v) %+v (%d,%d): %g, exact %g: off by %g > %g", asm, sh, i, j, c[i*sh.n+j], want, d, bound32)
 				}
-				bound64 := 0x1p-24*math.Abs(want) + float64(kc64/8+2)*0x1p-24*abs
+				bound64 := 0x1p-24*math.Abs(want) + float64(min(k, kc64)+2)*0x1p-24*abs
 				if d := math.Abs(float64(c64[i*sh.n+j]) - want); d > bound64 {
 					t.Fatalf("Dot64Rows (assembly %v) %+v (%d,%d): %g, exact %g: off by %g > %g", asm, sh, i, j, c64[i*sh.n+j], want, d, bound64)
 				}
@@ -201,5 +202,38 @@ func TestShortOperandsPanic(t *testing.T) {
 			}()
 			c.f()
 		}()
+	}
+}
+
+// Tokens packed once serve every band of a weight: band by band, the
+// outputs are the bits of the whole weight's in one call (as validate
+// multiplies a decoded band at a time).
+func TestPackedTokensBandByBand(t *testing.T) {
+	r := rand.New(rand.NewPCG(6, 6))
+	const m, n, k, band = 21, 40, 300, 13
+	a, b := values(r, m*k, 1), values(r, n*k, 1.0/64)
+	whole := sgemm(m, n, k, a, k, b, k)
+	x := make([][]float32, m)
+	for i := range x {
+		x[i] = a[i*k : (i+1)*k]
+	}
+	whole64 := dot64(x, b, n, k)
+	tk := PackMatrix(m, k, a, k)
+	defer tk.Release()
+	c, c64 := make([]float32, m*n), make([]float32, m*n)
+	view := make([][]float32, m)
+	for r0 := 0; r0 < n; r0 += band {
+		r1 := min(r0+band, n)
+		tk.SgemmNT(r1-r0, b[r0*k:], k, c[r0:], n)
+		for i := range view {
+			view[i] = c64[i*n+r0:]
+		}
+		tk.Dot64Rows(b[r0*k:r1*k], r1-r0, view)
+	}
+	if i := diffBits(c, whole); i >= 0 {
+		t.Errorf("SgemmNT band by band: output %d %g, whole %g", i, c[i], whole[i])
+	}
+	if i := diffBits(c64, whole64); i >= 0 {
+		t.Errorf("Dot64Rows band by band: output %d %g, whole %g", i, c64[i], whole64[i])
 	}
 }

@@ -2,158 +2,122 @@
 
 #include "textflag.h"
 
-// ZERO12 clears Y0-Y11, the two kernels' lanes.
-#define ZERO12 \
-	VXORPS Y0, Y0, Y0; VXORPS Y1, Y1, Y1; VXORPS Y2, Y2, Y2; VXORPS Y3, Y3, Y3; \
-	VXORPS Y4, Y4, Y4; VXORPS Y5, Y5, Y5; VXORPS Y6, Y6, Y6; VXORPS Y7, Y7, Y7; \
+// ROWS2 multiplies-adds element o of two weight rows (at ra, rb),
+// broadcast to Y14 and Y15, by the block's sixteen token values (Y12,
+// Y13) into those rows' sums: ya0, ya1 (tokens 0-7, 8-15 of row a) and
+// yb0, yb1. VFMADD231PS rounds each product-and-add once.
+#define ROWS2(o, ra, rb, ya0, ya1, yb0, yb1) \
+	VBROADCASTSS (o*4)(ra)(AX*1), Y14; \
+	VBROADCASTSS (o*4)(rb)(AX*1), Y15; \
+	VFMADD231PS Y12, Y14, ya0; VFMADD231PS Y13, Y14, ya1; \
+	VFMADD231PS Y12, Y15, yb0; VFMADD231PS Y13, Y15, yb1
+
+// STEP takes element o (of the four an unrolled step takes) of the piece:
+// the block's sixteen token values at o*64(SI) into Y12, Y13, times each
+// of the six weight rows' (R8-R13) into Y0-Y11 (row r's tokens 0-7 in
+// Y(2r), 8-15 in Y(2r+1)).
+#define STEP(o) \
+	VMOVUPS (o*64)(SI), Y12; VMOVUPS (o*64+32)(SI), Y13; \
+	ROWS2(o, R8, R9, Y0, Y1, Y2, Y3); \
+	ROWS2(o, R10, R11, Y4, Y5, Y6, Y7); \
+	ROWS2(o, R12, R13, Y8, Y9, Y10, Y11)
+
+// ADD32 adds row sums a, b (tokens 0-7, 8-15) to the sixteen float32 at
+// DX and stores them there; DX moves to the next row (CX bytes on).
+#define ADD32(a, b) \
+	VADDPS (DX), a, a; VMOVUPS a, (DX); \
+	VADDPS 32(DX), b, b; VMOVUPS b, 32(DX); \
+	ADDQ CX, DX
+
+// WIDEN widens float32 lanes y (x its low half) to float64 exactly and adds
+// them to the eight float64 at off(DX) (Y12, X13/Y13 scratch).
+#define WIDEN(x, y, off) \
+	VCVTPS2PD x, Y12; VADDPD off(DX), Y12, Y12; VMOVUPD Y12, off(DX); \
+	VEXTRACTF128 $1, y, X13; VCVTPS2PD X13, Y13; VADDPD (off+32)(DX), Y13, Y13; VMOVUPD Y13, (off+32)(DX)
+
+// ADD64 is ADD32 for float64 sums: row sums a, b widened and added to the
+// sixteen float64 at DX.
+#define ADD64(xa, a, xb, b) \
+	WIDEN(xa, a, 0); WIDEN(xb, b, 64); \
+	ADDQ CX, DX
+
+// func tilesAsm(k int, tp *float32, w *float32, ldw int, groups int, acc unsafe.Pointer, ld int, wide bool)
+//
+// kernel.go's tilesGo: for each of groups groups of six weight rows
+// (row r of group g at w + (6g+r)*ldw elements) against one block of
+// sixteen packed tokens (token i's element p at tp[p*16+i]), the products
+// over a piece of k elements summed in order, each in its own float32
+// lane from zero with fused multiply-adds; then each sum added to the
+// caller's float32 accumulator acc[(6g+r)*ld+i] or, wide, widened exactly
+// to float64 and added to the float64 one there. SI walks the tokens, AX
+// the weight rows' elements (R8-R13 the group's rows), DX the
+// accumulators; R15 counts the groups.
+TEXT ·tilesAsm(SB), NOSPLIT, $0-57
+	MOVQ k+0(FP), BX
+	SHLQ $2, BX
+	MOVQ tp+8(FP), DI
+	// R13 starts a row before w: each group's rows start one row after
+	// R13, the last row of the group before.
+	MOVQ w+16(FP), R13
+	MOVQ ldw+24(FP), R14
+	SHLQ $2, R14
+	SUBQ R14, R13
+	MOVQ groups+32(FP), R15
+	MOVQ acc+40(FP), DX
+	MOVQ ld+48(FP), CX
+	SHLQ $2, CX
+	MOVBLZX wide+56(FP), AX
+	TESTQ AX, AX
+	JZ group
+	SHLQ $1, CX // float64 accumulators: rows ld*8 bytes apart
+group:
+	MOVQ ldw+24(FP), R14
+	SHLQ $2, R14
+	LEAQ (R13)(R14*1), R8
+	LEAQ (R8)(R14*1), R9
+	LEAQ (R9)(R14*1), R10
+	LEAQ (R10)(R14*1), R11
+	LEAQ (R11)(R14*1), R12
+	LEAQ (R12)(R14*1), R13
+	VXORPS Y0, Y0, Y0; VXORPS Y1, Y1, Y1; VXORPS Y2, Y2, Y2; VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4; VXORPS Y5, Y5, Y5; VXORPS Y6, Y6, Y6; VXORPS Y7, Y7, Y7
 	VXORPS Y8, Y8, Y8; VXORPS Y9, Y9, Y9; VXORPS Y10, Y10, Y10; VXORPS Y11, Y11, Y11
-
-// FMA3 loads eight elements at addr into Y15 and multiply-adds them with
-// Y12, Y13 and Y14 into lanes a, b and c (each lane rounded once: the
-// products commute, so the order of the two factors changes no bit).
-#define FMA3(addr, a, b, c) \
-	VMOVUPS addr, Y15; \
-	VFMADD231PS Y12, Y15, a; \
-	VFMADD231PS Y13, Y15, b; \
-	VFMADD231PS Y14, Y15, c
-
-// ADDLANES adds float32 lanes y to the eight at off(DX) and stores them there.
-#define ADDLANES(y, off) \
-	VADDPS off(DX), y, y; \
-	VMOVUPS y, off(DX)
-
-// FOLDLANES widens float32 lanes y (x its low half) to float64 exactly,
-// adds lanes j and j+4, and adds those to the four float64 lanes at
-// off(DX) (Y12 and X13/Y13 are scratch).
-#define FOLDLANES(x, y, off) \
-	VCVTPS2PD x, Y12; \
-	VEXTRACTF128 $1, y, X13; \
-	VCVTPS2PD X13, Y13; \
-	VADDPD Y13, Y12, Y12; \
-	VADDPD off(DX), Y12, Y12; \
-	VMOVUPD Y12, off(DX)
-
-// func sdot4x3(x *float32, ldx int, w *float32, ldw int, k int, lanes *[96]float32)
-//
-// kernel.go's sdot4x3Go with fused multiply-adds, eight lanes a register:
-// Y0-Y11 are the lanes of (token t, row r) at t*3+r, Y12-Y14 the three
-// weight rows' next eight elements (read once for the four tokens), Y15 a
-// token row's. VFMADD231PS rounds each lane's product-and-add once. The
-// lanes start from zero and are added to lanes[(t*3+r)*8:] at the end (a
-// piece's sum, added in float32): no horizontal fold per call, SgemmNT
-// folds once after the last piece.
-TEXT ·sdot4x3(SB), NOSPLIT, $0-48
-	MOVQ x+0(FP), SI
-	MOVQ ldx+8(FP), R11
-	SHLQ $2, R11
-	LEAQ (SI)(R11*1), R12
-	LEAQ (R12)(R11*1), R13
-	LEAQ (R13)(R11*1), R14
-	MOVQ w+16(FP), DI
-	MOVQ ldw+24(FP), R8
-	SHLQ $2, R8
-	LEAQ (DI)(R8*1), R9
-	LEAQ (R9)(R8*1), R10
-	MOVQ k+32(FP), BX
-	SHLQ $2, BX
-	MOVQ lanes+40(FP), DX
-	ZERO12
+	MOVQ DI, SI
 	XORQ AX, AX
+	MOVQ BX, R14
+	ANDQ $-16, R14
+	CMPQ AX, R14
+	JGE tail
+loop4:
+	STEP(0)
+	STEP(1)
+	STEP(2)
+	STEP(3)
+	ADDQ $256, SI
+	ADDQ $16, AX
+	CMPQ AX, R14
+	JLT loop4
+tail:
 	CMPQ AX, BX
-	JGE sdone
-sloop:
-	VMOVUPS (DI)(AX*1), Y12
-	VMOVUPS (R9)(AX*1), Y13
-	VMOVUPS (R10)(AX*1), Y14
-	FMA3((SI)(AX*1), Y0, Y1, Y2)
-	FMA3((R12)(AX*1), Y3, Y4, Y5)
-	FMA3((R13)(AX*1), Y6, Y7, Y8)
-	FMA3((R14)(AX*1), Y9, Y10, Y11)
-	ADDQ $32, AX
+	JGE sums
+loop1:
+	STEP(0)
+	ADDQ $64, SI
+	ADDQ $4, AX
 	CMPQ AX, BX
-	JLT sloop
-sdone:
-	ADDLANES(Y0, 0)
-	ADDLANES(Y1, 32)
-	ADDLANES(Y2, 64)
-	ADDLANES(Y3, 96)
-	ADDLANES(Y4, 128)
-	ADDLANES(Y5, 160)
-	ADDLANES(Y6, 192)
-	ADDLANES(Y7, 224)
-	ADDLANES(Y8, 256)
-	ADDLANES(Y9, 288)
-	ADDLANES(Y10, 320)
-	ADDLANES(Y11, 352)
-	VZEROUPPER
-	RET
-
-// func rdot3x4(x **float32, groups int, off int, w *float32, ldw int, k int, lanes *float64)
-//
-// kernel.go's rdot3x4Go, for each of groups groups of three token rows
-// (x holds 3*groups row pointers, each row read from element off on,
-// where the caller has it: no copy) against the same four weight rows: a
-// piece of k (at most kc64 elements) summed with fused multiply-adds in
-// eight float32 lanes from zero, then lanes j and j+4 widened to float64
-// (exactly), added, and added to the float64 lane
-// lanes[g*48+(t*4+r)*4+j]. Y0-Y11 are the float32 lanes of (token t, row
-// r) at t*4+r, Y12-Y14 the three token rows' next eight elements, Y15 a
-// weight row's; R8 walks x, CX counts the groups, DX walks lanes.
-TEXT ·rdot3x4(SB), NOSPLIT, $0-56
-	MOVQ x+0(FP), R8
-	MOVQ groups+8(FP), CX
-	MOVQ off+16(FP), R11
-	SHLQ $2, R11
-	MOVQ w+24(FP), DI
-	MOVQ ldw+32(FP), R9
-	SHLQ $2, R9
-	LEAQ (DI)(R9*1), R10
-	LEAQ (R10)(R9*1), R14
-	LEAQ (R14)(R9*1), R9
-	MOVQ k+40(FP), BX
-	SHLQ $2, BX
-	MOVQ lanes+48(FP), DX
-	TESTQ CX, CX
-	JLE rdone
-rgroup:
-	MOVQ 0(R8), SI
-	ADDQ R11, SI
-	MOVQ 8(R8), R12
-	ADDQ R11, R12
-	MOVQ 16(R8), R13
-	ADDQ R11, R13
-	ZERO12
-	XORQ AX, AX
-	CMPQ AX, BX
-	JGE rfold
-rloop:
-	VMOVUPS (SI)(AX*1), Y12
-	VMOVUPS (R12)(AX*1), Y13
-	VMOVUPS (R13)(AX*1), Y14
-	FMA3((DI)(AX*1), Y0, Y4, Y8)
-	FMA3((R10)(AX*1), Y1, Y5, Y9)
-	FMA3((R14)(AX*1), Y2, Y6, Y10)
-	FMA3((R9)(AX*1), Y3, Y7, Y11)
-	ADDQ $32, AX
-	CMPQ AX, BX
-	JLT rloop
-rfold:
-	FOLDLANES(X0, Y0, 0)
-	FOLDLANES(X1, Y1, 32)
-	FOLDLANES(X2, Y2, 64)
-	FOLDLANES(X3, Y3, 96)
-	FOLDLANES(X4, Y4, 128)
-	FOLDLANES(X5, Y5, 160)
-	FOLDLANES(X6, Y6, 192)
-	FOLDLANES(X7, Y7, 224)
-	FOLDLANES(X8, Y8, 256)
-	FOLDLANES(X9, Y9, 288)
-	FOLDLANES(X10, Y10, 320)
-	FOLDLANES(X11, Y11, 352)
-	ADDQ $24, R8
-	ADDQ $384, DX
-	DECQ CX
-	JNZ rgroup
-rdone:
+	JLT loop1
+sums:
+	MOVBLZX wide+56(FP), AX
+	TESTQ AX, AX
+	JNZ sums64
+	ADD32(Y0, Y1); ADD32(Y2, Y3); ADD32(Y4, Y5)
+	ADD32(Y6, Y7); ADD32(Y8, Y9); ADD32(Y10, Y11)
+	JMP next
+sums64:
+	ADD64(X0, Y0, X1, Y1); ADD64(X2, Y2, X3, Y3); ADD64(X4, Y4, X5, Y5)
+	ADD64(X6, Y6, X7, Y7); ADD64(X8, Y8, X9, Y9); ADD64(X10, Y10, X11, Y11)
+next:
+	DECQ R15
+	JNZ group
 	VZEROUPPER
 	RET

@@ -84,19 +84,28 @@ func dot64Bands(xs [][]float32, w moe.Weight, n, k int, outs [][]float32) error 
 	if w == nil {
 		return fmt.Errorf("a projection's weight is missing")
 	}
-	p := dot64Product(xs, w, n, k, outs)
+	t := packRows(xs, k)
+	defer t.Release()
+	p := dot64Product(t, w, n, k, outs)
 	return moe.ProductBands(p.W, nil, n, k, p.F)
 }
 
-// dot64Product is dot64Bands' product as a stage's (moe.Stages); a
-// missing weight (nil w) fails as a weight of no values.
-func dot64Product(xs [][]float32, w moe.Weight, n, k int, outs [][]float32) moe.BandProduct {
+// packRows packs the token rows xs (each k long) once for every band of a
+// weight.
+func packRows(xs [][]float32, k int) *blasdot.Tokens {
+	return blasdot.PackRows(len(xs), k, func(i int) []float32 { return xs[i] })
+}
+
+// dot64Product is dot64Bands' product as a stage's (moe.Stages), of the
+// packed tokens t; a missing weight (nil w) fails as a weight of no
+// values.
+func dot64Product(t *blasdot.Tokens, w moe.Weight, n, k int, outs [][]float32) moe.BandProduct {
 	return moe.BandProduct{W: w, Rows: n, Cols: k, F: func(r0, r1 int, band []float32) {
 		view := make([][]float32, len(outs))
-		for t, o := range outs {
-			view[t] = o[r0:]
+		for i, o := range outs {
+			view[i] = o[r0:]
 		}
-		blasdot.Dot64Rows(xs, band, r1-r0, k, view)
+		t.Dot64Rows(band, r1-r0, view)
 	}}
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/blasdot"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/moelayer"
@@ -549,8 +550,8 @@ func loadSourceMLP(src tensorload.TensorSource, names family.MLP, inter, h int, 
 func (m *refMLP) release() { m.w.release() }
 
 // applyBatch writes down(silu(gate x) * up x) for each token xs[r] into
-// outs[r] [H]: every output blasdot.Dot64Rows' dot product (pieces of 256
-// summed in float32 lanes, added in float64, rounded once to float32; its
+// outs[r] [H]: every output blasdot.Dot64Rows' dot product (pieces of 128
+// summed in float32, added in float64, rounded once to float32; its
 // bound is in blasdot's doc), all tokens against each weight row at once,
 // so each row is read from memory once for all of them.
 func (m *refMLP) applyBatch(xs, outs [][]float32) error {
@@ -588,6 +589,7 @@ type refStages struct {
 	n        int
 	g, u     []float32
 	gs, us   [][]float32
+	xt       *blasdot.Tokens // xs packed (tokens)
 }
 
 func (s *refStages) Product(i int) (moe.BandProduct, bool) {
@@ -597,11 +599,21 @@ func (s *refStages) Product(i int) (moe.BandProduct, bool) {
 		if m.w[layout.ProjGate] == nil {
 			return moe.BandProduct{}, false
 		}
-		return dot64Product(s.xs, m.w.weight(layout.ProjGate), m.inter, m.h, s.gs), true
+		return dot64Product(s.tokens(), m.w.weight(layout.ProjGate), m.inter, m.h, s.gs), true
 	case moe.StageUp:
-		return dot64Product(s.xs, m.w.weight(layout.ProjUp), m.inter, m.h, s.us), true
+		return dot64Product(s.tokens(), m.w.weight(layout.ProjUp), m.inter, m.h, s.us), true
 	}
-	return dot64Product(s.gs, m.w.weight(layout.ProjDown), m.h, m.inter, s.outs), true
+	// The down product's tokens are the activations, packed once the
+	// gate and up products are done (After has run).
+	return dot64Product(packRows(s.gs, m.inter), m.w.weight(layout.ProjDown), m.h, m.inter, s.outs), true
+}
+
+// tokens is xs packed for the gate and up products, once for both.
+func (s *refStages) tokens() *blasdot.Tokens {
+	if s.xt == nil {
+		s.xt = packRows(s.xs, s.m.h)
+	}
+	return s.xt
 }
 
 func (s *refStages) After(i int) error {

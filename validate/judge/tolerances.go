@@ -15,18 +15,19 @@ var (
 	// to 1e-6 relative for H up to 7168. Folding rsf into an F32 block scale
 	// rounds once, 2^-24 relative. 1e-5 leaves a 10x margin.
 	//
-	// The CPU products (internal/blasdot's AVX2/FMA kernels) are neither
+	// The CPU products (internal/blasdot's AVX2/FMA kernel) are neither
 	// gonum's order nor, in the reference, float64 products: both paths
-	// multiply-add in float32 lanes (issue 45: float64 products ran at
-	// half float32's speed). The fused path sums pieces of 1024 elements
-	// in eight float32 lanes; the reference sums pieces of 256 so and adds
-	// them in float64, rounding once to float32. Their worst cases, u =
-	// 2^-24 and S the sum of the products' magnitudes: fused (k/8 + k/1024
-	// + 4) u S, reference u |exact| + 34 u S. Measured against exact dot
-	// products at k 2048..14336 on random normals: fused 1.7e-7..2.3e-7
-	// relative L2 (gonum's order 2.6e-7..7.0e-7), reference 0.9e-7..1.4e-7
-	// (2.7e-8 when it summed float64 products), the two apart
-	// 1.8e-7..2.7e-7, what this tolerance bounds: 37x under it. Data whose
+	// multiply-add in float32, each output in order in a lane of its own
+	// (issue 45: float64 products ran at a quarter of the speed). The fused
+	// path sums pieces of 256 elements so and adds them in float32; the
+	// reference sums pieces of 64 and adds them in float64, rounding once
+	// to float32. Their worst cases, u = 2^-24 and S the sum of the
+	// products' magnitudes: fused (256 + k/256 + 2) u S, reference u |exact|
+	// + 66 u S. Measured against exact dot products at k 2048..14336 on
+	// random normals: fused 2.3e-7..3.6e-7 relative L2 (gonum's order
+	// 2.6e-7..7.0e-7), reference 1.2e-7..1.6e-7 (2.7e-8 when it summed
+	// float64 products), the two apart 2.3e-7..3.8e-7, what this tolerance
+	// bounds: 26x under it. Data whose
 	// sums are exact stay exact (blasdot.TestDeviationFromExact holds the
 	// fused path under 5e-7, the reference under 2.5e-7, the two apart
 	// under 7.5e-7). The router's logits keep gonum's float64 Dsdot, so no
