@@ -26,9 +26,10 @@ const (
 	// layers: Qwen3-Next's 48 x 512 and Kimi-K2's 60 x 384 are about
 	// 24,000; each costs a few hundred bytes of names.
 	maxExpertSlots = 1 << 18
-	// maxHidden: the widest released models have hidden_size 16,384
-	// (Llama-3.1-405B); DeepSeek-V3 and Kimi-K2 7,168.
-	maxHidden = 1 << 16
+	// MaxHidden: the widest released models have hidden_size 16,384
+	// (Llama-3.1-405B); DeepSeek-V3 and Kimi-K2 7,168. Exported: a
+	// golden's H, where its layer's is not given, is bounded so too.
+	MaxHidden = 1 << 16
 	// maxIntermediate bounds expert and shared MLP widths: Mixtral's
 	// experts are 14,336 wide, the widest dense MLPs 53,248.
 	maxIntermediate = 1 << 18

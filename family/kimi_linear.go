@@ -101,7 +101,7 @@ func kimiLinearRouting(c config, mt string, p *Plan) error {
 	if !ok || v == nil {
 		return nil
 	}
-	l, err := c.sizeAtMost("routed_expert_hidden_size", maxHidden, "Kimi K3's latent is 3,584 wide")
+	l, err := c.sizeAtMost("routed_expert_hidden_size", MaxHidden, "Kimi K3's latent is 3,584 wide")
 	if err != nil {
 		return err
 	}

@@ -502,7 +502,7 @@ func (s *spec) planBare(cfg map[string]any, t Tensors, converted bool) (*Plan, e
 // the routed count comes from the moeprep section, which convert writes.
 func (s *spec) readSizes(c config, p *Plan, converted bool) error {
 	var err error
-	if p.HiddenSize, err = c.sizeAtMost("hidden_size", maxHidden, "the widest released models have 16,384"); err != nil {
+	if p.HiddenSize, err = c.sizeAtMost("hidden_size", MaxHidden, "the widest released models have 16,384"); err != nil {
 		return err
 	}
 	if p.NumHiddenLayers, err = c.sizeAtMost("num_hidden_layers", maxLayers, "the deepest released models have about 130"); err != nil {

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/moeprep/moeprep/internal/progress"
 )
 
 // The "Done when" bounds on any one run, however hostile its input.
@@ -227,22 +229,14 @@ func (p *proc) signal(sig os.Signal) bool {
 // claims, tens of GB, must fail its case, not fill the CI machine's disk
 // first.
 func (p *proc) guardDisk(dir string, limit int64) {
-	go func() {
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-p.done:
-				return
-			case <-tick.C:
-			}
-			if diskUsage(dir) > limit {
-				p.runaway.Store(true)
-				p.cmd.Process.Kill()
-				return
-			}
+	go progress.Every(50*time.Millisecond, p.done, func() bool {
+		if diskUsage(dir) <= limit {
+			return true
 		}
-	}()
+		p.runaway.Store(true)
+		p.cmd.Process.Kill()
+		return false
+	})
 }
 
 // diskUsage is what the files under dir occupy (allocated blocks, so sparse

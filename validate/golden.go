@@ -107,9 +107,6 @@ const (
 	// maxGoldenTokens: fixtures/hf/export.py writes 32 tokens a layer and
 	// validate draws 128 by default; a golden is compared token by token.
 	maxGoldenTokens = 1 << 12
-	// maxGoldenHidden bounds H where the layer's hidden size is not given:
-	// the widest released models have 16,384.
-	maxGoldenHidden = 1 << 16
 	// maxGoldenElems bounds x and y, [T,H] each: 1,024 tokens of
 	// DeepSeek-V3's 7,168 are 7.3 M values; 8 Mi keeps x and y to 32 MB
 	// each once widened to float32.
@@ -158,8 +155,8 @@ func ReadGolden(path string, wantH int) (*Golden, error) {
 		return fail("x is [%d,%d], the layer's hidden size is %d", t, h, wantH)
 	case t > maxGoldenTokens:
 		return fail("tensor x: %d tokens, over the limit of %d (export.py writes 32)", t, maxGoldenTokens)
-	case h > maxGoldenHidden:
-		return fail("tensor x: hidden size %d, over the limit of %d", h, maxGoldenHidden)
+	case h > family.MaxHidden: // H where the layer's is not given: a config's bound
+		return fail("tensor x: hidden size %d, over the limit of %d", h, family.MaxHidden)
 	case t*h > maxGoldenElems:
 		return fail("tensor x: [%d,%d] is %d values, over the limit of %d", t, h, t*h, maxGoldenElems)
 	}

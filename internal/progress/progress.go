@@ -51,17 +51,25 @@ func (k *ticker) start(interval time.Duration, f func()) {
 	k.wg.Add(1)
 	go func() {
 		defer k.wg.Done()
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-k.stop:
+		Every(interval, k.stop, func() bool { f(); return true })
+	}()
+}
+
+// Every calls f every interval until done is closed or f returns false
+// (a watcher that has seen what it waited for).
+func Every(interval time.Duration, done <-chan struct{}, f func() bool) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			if !f() {
 				return
-			case <-t.C:
-				f()
 			}
 		}
-	}()
+	}
 }
 
 // halt stops the ticks and waits for one under way to finish.
