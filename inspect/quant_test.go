@@ -42,11 +42,7 @@ func TestQuantDescriptions(t *testing.T) {
 			if tc.edit != nil {
 				testkit.EditJSON(t, filepath.Join(dir, "config.json"), tc.edit)
 			}
-			c, err := checkpoint.Open(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s, err := Summarize(c)
+			s, err := Summarize(cktest.Open(t, dir))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -84,11 +80,7 @@ func TestQuantisedWrapperDescriptions(t *testing.T) {
 			"quantised:       config.json quantization_config: fp8 128x128 block on the routed experts, shared expert, dense MLP (unquantised: router, attention)"},
 	} {
 		t.Run(tc.q.Fixture, func(t *testing.T) {
-			c, err := checkpoint.Open(quantwrap.Write(t, filepath.Join("..", "fixtures", "hf"), tc.q))
-			if err != nil {
-				t.Fatal(err)
-			}
-			s, err := Summarize(c)
+			s, err := Summarize(cktest.Open(t, quantwrap.Write(t, filepath.Join("..", "fixtures", "hf"), tc.q)))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -115,12 +107,7 @@ func TestInspectNextStep(t *testing.T) {
 		{"qwen2-moe", "next:            moeprep convert --layout transformers ../fixtures/hf/qwen2-moe OUT (transformers 5 loads it; fuse-shared does not apply: its shared expert is gated per token)"},
 		{"mixtral", "fuse-shared does not apply: it has no shared expert)"},
 	} {
-		c, err := checkpoint.Open(filepath.Join("..", "fixtures", "hf", tc.dir))
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := Summarize(c)
-		c.Close()
+		s, err := Summarize(cktest.Open(t, filepath.Join("..", "fixtures", "hf", tc.dir)))
 		if err != nil {
 			t.Fatal(err)
 		}

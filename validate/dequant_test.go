@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/convert"
 	"github.com/moeprep/moeprep/fixtures"
 	"github.com/moeprep/moeprep/internal/numfmt"
@@ -138,13 +137,8 @@ func TestDequantMirrorsUnquantised(t *testing.T) {
 // headers are a converted checkpoint's tensors: dtype and shape by name.
 func headers(t *testing.T, dir string) map[string]any {
 	t.Helper()
-	ck, err := checkpoint.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ck.Close()
 	out := map[string]any{}
-	for _, tn := range ck.Tensors {
+	for _, tn := range cktest.Open(t, dir).Tensors {
 		out[tn.Name] = [2]any{tn.DType, tn.StoredShape()}
 	}
 	return out

@@ -43,12 +43,7 @@ func (lt *Latent) In(src tensorload.TensorSource, x []float32, t int) ([]float32
 	if len(x) != t*lt.H {
 		return nil, fmt.Errorf("latent down projection: x has %d values for %d tokens x %d", len(x), t, lt.H)
 	}
-	w, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: lt.Down, Index: -1, Rows: lt.L, Cols: lt.H})
-	if err != nil {
-		return nil, err
-	}
-	defer tensorload.PutFloats(w)
-	return linear(x, t, lt.H, w, lt.L), nil
+	return linear(src, lt.Down, x, t, lt.H, lt.L)
 }
 
 // Out is the block's routed output for n rows of routed sums y [n,L]:
@@ -58,12 +53,7 @@ func (lt *Latent) Out(src tensorload.TensorSource, y []float32, n int) ([]float3
 	if err != nil {
 		return nil, err
 	}
-	w, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: lt.Up, Index: -1, Rows: lt.H, Cols: lt.L})
-	if err != nil {
-		return nil, err
-	}
-	defer tensorload.PutFloats(w)
-	return linear(in, n, lt.L, w, lt.H), nil
+	return linear(src, lt.Up, in, n, lt.L, lt.H)
 }
 
 // Normed is the up projection's input for n rows of routed sums y [n,L]:
@@ -100,8 +90,15 @@ func (lt *Latent) Normed(src tensorload.TensorSource, y []float32, n int) ([]flo
 	return in, nil
 }
 
-// linear is x [t,in] times w [out,in] transposed: [t,out].
-func linear(x []float32, t, in int, w []float32, out int) []float32 {
+// linear is x [t,in] times src's matrix name [out,in] transposed: [t,out],
+// each value a float64 dot product rounded to float32. In and Out both
+// project through it, so the down and up projections load and multiply alike.
+func linear(src tensorload.TensorSource, name string, x []float32, t, in, out int) ([]float32, error) {
+	w, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: name, Index: -1, Rows: out, Cols: in})
+	if err != nil {
+		return nil, err
+	}
+	defer tensorload.PutFloats(w)
 	y := make([]float32, t*out)
 	for i := range t {
 		row := x[i*in : (i+1)*in]
@@ -109,5 +106,5 @@ func linear(x []float32, t, in int, w []float32, out int) []float32 {
 			y[i*out+o] = float32(moe.Dot64(row, w[o*in:(o+1)*in]))
 		}
 	}
-	return y
+	return y, nil
 }
