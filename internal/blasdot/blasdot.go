@@ -81,9 +81,12 @@ func scratch[T float32 | float64](p *sync.Pool, n int) *[]T {
 }
 
 // Tokens is m token rows of k elements packed for the kernel: blocks of
-// sixteen tokens (the last filled up with zero tokens), each block k steps
-// of sixteen values, token i's element p at p*16 + i%16 of block i/16.
-// Pack a weight's tokens once and multiply them by each of its bands.
+// sixteen tokens, each block k steps of sixteen values, token i's element
+// p at p*16 + i%16 of block i/16. The last block is filled up with zero
+// tokens, and is eight wide (k steps of eight) where eight hold the rest:
+// with few tokens an expert (many experts), a block of sixteen would be
+// mostly zeros. Pack a weight's tokens once and multiply them by each of
+// its bands.
 type Tokens struct {
 	m, k int
 	buf  *[]float32
@@ -92,8 +95,8 @@ type Tokens struct {
 // PackRows packs m tokens of k elements, token i's from row(i) (which
 // must hold at least k: a shorter row panics).
 func PackRows(m, k int, row func(i int) []float32) *Tokens {
-	k = max(k, 0)
-	t := &Tokens{m: m, k: k, buf: scratch[float32](&f32Pool, roundUp(max(m, 0), blockTokens)*k)}
+	k, m = max(k, 0), max(m, 0)
+	t := &Tokens{m: m, k: k, buf: scratch[float32](&f32Pool, paddedTokens(m)*k)}
 	if k == 0 {
 		return t
 	}
@@ -108,17 +111,39 @@ func PackRows(m, k int, row func(i int) []float32) *Tokens {
 			_ = r[k-1] // a row shorter than k panics (its capacity is not its length)
 			rows[i] = r[:k]
 		}
-		blk := p[b0*k : (b0+blockTokens)*k]
+		width := blockWidth(m, b0)
+		blk := p[b0*k : (b0+width)*k]
 		for q0 := 0; q0 < k; q0 += chunk {
 			q1 := min(q0+chunk, k)
 			for i, r := range rows {
 				for q, v := range r[q0:q1] {
-					blk[(q0+q)*blockTokens+i] = v
+					blk[(q0+q)*width+i] = v
 				}
 			}
 		}
 	}
 	return t
+}
+
+// blockWidth is the width of the block of m tokens that starts at token
+// b0: sixteen, or eight for a last block of eight or fewer.
+func blockWidth(m, b0 int) int {
+	if m-b0 <= blockTokens/2 {
+		return blockTokens / 2
+	}
+	return blockTokens
+}
+
+// paddedTokens is m rounded up to whole blocks.
+func paddedTokens(m int) int {
+	if m <= 0 {
+		return 0
+	}
+	last := m / blockTokens * blockTokens
+	if last == m {
+		return m
+	}
+	return last + blockWidth(m, last)
 }
 
 // PackMatrix packs the m rows of a (k elements each, rows lda apart).
@@ -137,7 +162,7 @@ func (t *Tokens) Release() {
 
 // products runs the kernel over every piece of k (kc long), block of
 // tokens and group of weight b's n rows (ldb apart), adding each piece's
-// sums into acc32 or acc64 [roundUp(n, 6)][16*blocks] (row j's
+// sums into acc32 or acc64 [roundUp(n, 6)][paddedTokens(m)] (row j's
 // accumulators for token i at j*ld + i). A last group of fewer than six
 // rows is copied, a piece at a time, beside rows of zeros.
 func (t *Tokens) products(n int, b []float32, ldb, kc int, acc32 []float32, acc64 []float64) {
@@ -161,12 +186,13 @@ func (t *Tokens) products(n int, b []float32, ldb, kc int, acc32 []float32, acc6
 		}
 		// A piece of a block's tokens stays in L1 while the groups pass.
 		for t0 := 0; t0 < ld; t0 += blockTokens {
-			tp := p[t0*k+p0*blockTokens:]
+			width := blockWidth(ld, t0)
+			tp := p[t0*k+p0*width:]
 			if groups > 0 {
-				tiles(kl, tp, b[p0:], ldb, groups, sub(acc32, t0), sub(acc64, t0), ld)
+				tiles(kl, width, tp, b[p0:], ldb, groups, sub(acc32, t0), sub(acc64, t0), ld)
 			}
 			if rest > 0 {
-				tiles(kl, tp, wt, kl, 1, sub(acc32, last+t0), sub(acc64, last+t0), ld)
+				tiles(kl, width, tp, wt, kl, 1, sub(acc32, last+t0), sub(acc64, last+t0), ld)
 			}
 		}
 	}

@@ -22,12 +22,29 @@
 	ROWS2(o, R10, R11, Y4, Y5, Y6, Y7); \
 	ROWS2(o, R12, R13, Y8, Y9, Y10, Y11)
 
+// STEP8 is STEP for a block of eight tokens (32 bytes a step at SI, in
+// Y12): row r's sums in Y(r), Y0-Y5.
+#define STEP8(o) \
+	VMOVUPS (o*32)(SI), Y12; \
+	ROW8(o, R8, Y0); ROW8(o, R9, Y1); ROW8(o, R10, Y2); \
+	ROW8(o, R11, Y3); ROW8(o, R12, Y4); ROW8(o, R13, Y5)
+
+// ROW8 multiplies-adds element o of the weight row at r, broadcast, by
+// the eight token values in Y12 into y.
+#define ROW8(o, r, y) \
+	VBROADCASTSS (o*4)(r)(AX*1), Y14; VFMADD231PS Y12, Y14, y
+
 // ADD32 adds row sums a, b (tokens 0-7, 8-15) to the sixteen float32 at
 // DX and stores them there; DX moves to the next row (CX bytes on).
 #define ADD32(a, b) \
 	VADDPS (DX), a, a; VMOVUPS a, (DX); \
 	VADDPS 32(DX), b, b; VMOVUPS b, 32(DX); \
 	ADDQ CX, DX
+
+// ADD32x1 adds the eight sums a to the eight float32 at DX (a block of
+// eight tokens) and moves DX to the next row.
+#define ADD32x1(a) \
+	VADDPS (DX), a, a; VMOVUPS a, (DX); ADDQ CX, DX
 
 // WIDEN widens float32 lanes y (x its low half) to float64 exactly and adds
 // them to the eight float64 at off(DX) (Y12, X13/Y13 scratch).
@@ -36,23 +53,25 @@
 	VEXTRACTF128 $1, y, X13; VCVTPS2PD X13, Y13; VADDPD (off+32)(DX), Y13, Y13; VMOVUPD Y13, (off+32)(DX)
 
 // ADD64 is ADD32 for float64 sums: row sums a, b widened and added to the
-// sixteen float64 at DX.
+// sixteen float64 at DX; ADD64x1 ADD32x1's.
 #define ADD64(xa, a, xb, b) \
 	WIDEN(xa, a, 0); WIDEN(xb, b, 64); \
 	ADDQ CX, DX
+#define ADD64x1(xa, a) \
+	WIDEN(xa, a, 0); ADDQ CX, DX
 
-// func tilesAsm(k int, tp *float32, w *float32, ldw int, groups int, acc unsafe.Pointer, ld int, wide bool)
+// func tilesAsm(k int, tp *float32, w *float32, ldw int, groups int, acc unsafe.Pointer, ld int, wide bool, narrow bool)
 //
 // kernel.go's tilesGo: for each of groups groups of six weight rows
 // (row r of group g at w + (6g+r)*ldw elements) against one block of
-// sixteen packed tokens (token i's element p at tp[p*16+i]), the products
-// over a piece of k elements summed in order, each in its own float32
-// lane from zero with fused multiply-adds; then each sum added to the
-// caller's float32 accumulator acc[(6g+r)*ld+i] or, wide, widened exactly
-// to float64 and added to the float64 one there. SI walks the tokens, AX
-// the weight rows' elements (R8-R13 the group's rows), DX the
-// accumulators; R15 counts the groups.
-TEXT ·tilesAsm(SB), NOSPLIT, $0-57
+// sixteen packed tokens (token i's element p at tp[p*16+i]; narrow: eight,
+// at tp[p*8+i]), the products over a piece of k elements summed in order,
+// each in its own float32 lane from zero with fused multiply-adds; then
+// each sum added to the caller's float32 accumulator acc[(6g+r)*ld+i] or,
+// wide, widened exactly to float64 and added to the float64 one there.
+// SI walks the tokens, AX the weight rows' elements (R8-R13 the group's
+// rows), DX the accumulators; R15 counts the groups.
+TEXT ·tilesAsm(SB), NOSPLIT, $0-58
 	MOVQ k+0(FP), BX
 	SHLQ $2, BX
 	MOVQ tp+8(FP), DI
@@ -64,12 +83,6 @@ TEXT ·tilesAsm(SB), NOSPLIT, $0-57
 	SUBQ R14, R13
 	MOVQ groups+32(FP), R15
 	MOVQ acc+40(FP), DX
-	MOVQ ld+48(FP), CX
-	SHLQ $2, CX
-	MOVBLZX wide+56(FP), AX
-	TESTQ AX, AX
-	JZ group
-	SHLQ $1, CX // float64 accumulators: rows ld*8 bytes apart
 group:
 	MOVQ ldw+24(FP), R14
 	SHLQ $2, R14
@@ -86,6 +99,10 @@ group:
 	XORQ AX, AX
 	MOVQ BX, R14
 	ANDQ $-16, R14
+	MOVBLZX narrow+57(FP), CX
+	TESTQ CX, CX
+	MOVQ ld+48(FP), CX // CX again: the accumulators' row stride
+	JNZ narrow4
 	CMPQ AX, R14
 	JGE tail
 loop4:
@@ -106,16 +123,50 @@ loop1:
 	ADDQ $4, AX
 	CMPQ AX, BX
 	JLT loop1
+	JMP sums
+// The block of eight tokens: four steps at a time, then one.
+narrow4:
+	CMPQ AX, R14
+	JGE narrow1
+	STEP8(0); STEP8(1); STEP8(2); STEP8(3)
+	ADDQ $128, SI
+	ADDQ $16, AX
+	JMP narrow4
+narrow1:
+	CMPQ AX, BX
+	JGE sums
+	STEP8(0)
+	ADDQ $32, SI
+	ADDQ $4, AX
+	JMP narrow1
 sums:
+	// CX: the accumulators' rows apart in bytes (ld float32, or float64
+	// where wide), the step ADD32 and ADD64 take from row to row.
+	SHLQ $2, CX
 	MOVBLZX wide+56(FP), AX
 	TESTQ AX, AX
-	JNZ sums64
+	JZ sums32
+	SHLQ $1, CX
+	MOVBLZX narrow+57(FP), AX
+	TESTQ AX, AX
+	JNZ sums64x1
+	ADD64(X0, Y0, X1, Y1); ADD64(X2, Y2, X3, Y3); ADD64(X4, Y4, X5, Y5)
+	ADD64(X6, Y6, X7, Y7); ADD64(X8, Y8, X9, Y9); ADD64(X10, Y10, X11, Y11)
+	JMP next
+sums64x1:
+	ADD64x1(X0, Y0); ADD64x1(X1, Y1); ADD64x1(X2, Y2)
+	ADD64x1(X3, Y3); ADD64x1(X4, Y4); ADD64x1(X5, Y5)
+	JMP next
+sums32:
+	MOVBLZX narrow+57(FP), AX
+	TESTQ AX, AX
+	JNZ sums32x1
 	ADD32(Y0, Y1); ADD32(Y2, Y3); ADD32(Y4, Y5)
 	ADD32(Y6, Y7); ADD32(Y8, Y9); ADD32(Y10, Y11)
 	JMP next
-sums64:
-	ADD64(X0, Y0, X1, Y1); ADD64(X2, Y2, X3, Y3); ADD64(X4, Y4, X5, Y5)
-	ADD64(X6, Y6, X7, Y7); ADD64(X8, Y8, X9, Y9); ADD64(X10, Y10, X11, Y11)
+sums32x1:
+	ADD32x1(Y0); ADD32x1(Y1); ADD32x1(Y2)
+	ADD32x1(Y3); ADD32x1(Y4); ADD32x1(Y5)
 next:
 	DECQ R15
 	JNZ group
