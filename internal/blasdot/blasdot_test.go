@@ -98,8 +98,17 @@ func diffBits(a, b []float32) int {
 // give the same bits alone as in any batch (the paths batch tokens by
 // expert, block and worker, differently on SRC and DST).
 func TestBatchIndependent(t *testing.T) {
+	// Blocks of sixteen and of eight tokens (7, 19), one group of six rows
+	// and the rest (10), two groups at once in a block of eight (14, 30):
+	// a token alone is a block of eight with one row, the rest's path.
+	for _, sh := range []struct{ m, n int }{{7, 10}, {19, 14}, {8, 30}} {
+		batchIndependent(t, sh.m, sh.n)
+	}
+}
+
+func batchIndependent(t *testing.T, m, n int) {
 	r := rand.New(rand.NewPCG(2, 2))
-	const m, n, k = 7, 10, 1100
+	const k = 1100
 	a, b := values(r, m*k, 1), values(r, n*k, 1.0/64)
 	all := sgemm(m, n, k, a, k, b, k)
 	x, w := tokens(r, m, k), values(r, n*k, 1.0/64)

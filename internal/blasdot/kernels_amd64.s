@@ -34,6 +34,26 @@
 #define ROW8(o, r, y) \
 	VBROADCASTSS (o*4)(r)(AX*1), Y14; VFMADD231PS Y12, Y14, y
 
+// ROWP multiplies-adds element o of weight rows r and r + R14 bytes (the
+// same row of the next group), broadcast, by the eight token values in
+// Y12 into ya and yb.
+#define ROWP(o, r, ya, yb) \
+	VBROADCASTSS (o*4)(r), Y14; VFMADD231PS Y12, Y14, ya; \
+	VBROADCASTSS (o*4)(r)(R14*1), Y15; VFMADD231PS Y12, Y15, yb
+
+// STEP8x12 is STEP8 for two groups at once (twelve rows, twelve sums in
+// flight: six are too few to keep both FMA pipes busy): row r's sums in
+// Y(r), the next group's row r in Y(6+r). The rows' pointers R8-R13 move
+// along k (no index: R14 holds the distance between the groups).
+#define STEP8x12(o) \
+	VMOVUPS (o*32)(SI), Y12; \
+	ROWP(o, R8, Y0, Y6); ROWP(o, R9, Y1, Y7); ROWP(o, R10, Y2, Y8); \
+	ROWP(o, R11, Y3, Y9); ROWP(o, R12, Y4, Y10); ROWP(o, R13, Y5, Y11)
+
+// PAIRSTEP moves the twelve rows' pointers n bytes along k.
+#define PAIRSTEP(n) \
+	ADDQ $n, R8; ADDQ $n, R9; ADDQ $n, R10; ADDQ $n, R11; ADDQ $n, R12; ADDQ $n, R13
+
 // ADD32 adds row sums a, b (tokens 0-7, 8-15) to the sixteen float32 at
 // DX and stores them there; DX moves to the next row (CX bytes on).
 #define ADD32(a, b) \
@@ -71,7 +91,7 @@
 // wide, widened exactly to float64 and added to the float64 one there.
 // SI walks the tokens, AX the weight rows' elements (R8-R13 the group's
 // rows), DX the accumulators; R15 counts the groups.
-TEXT ·tilesAsm(SB), NOSPLIT, $0-58
+TEXT ·tilesAsm(SB), NOSPLIT, $8-58
 	MOVQ k+0(FP), BX
 	SHLQ $2, BX
 	MOVQ tp+8(FP), DI
@@ -83,6 +103,15 @@ TEXT ·tilesAsm(SB), NOSPLIT, $0-58
 	SUBQ R14, R13
 	MOVQ groups+32(FP), R15
 	MOVQ acc+40(FP), DX
+	// The accumulators' rows apart in bytes (ld float32, or float64 where
+	// wide): the step ADD32 and ADD64 take from row to row, kept in the
+	// frame (CX serves the loops).
+	MOVQ ld+48(FP), CX
+	SHLQ $2, CX
+	MOVBLZX wide+56(FP), AX
+	IMULQ CX, AX // doubled where wide
+	ADDQ AX, CX
+	MOVQ CX, stride-8(SP)
 group:
 	MOVQ ldw+24(FP), R14
 	SHLQ $2, R14
@@ -101,8 +130,7 @@ group:
 	ANDQ $-16, R14
 	MOVBLZX narrow+57(FP), CX
 	TESTQ CX, CX
-	MOVQ ld+48(FP), CX // CX again: the accumulators' row stride
-	JNZ narrow4
+	JNZ narrow
 	CMPQ AX, R14
 	JGE tail
 loop4:
@@ -124,7 +152,50 @@ loop1:
 	CMPQ AX, BX
 	JLT loop1
 	JMP sums
-// The block of eight tokens: four steps at a time, then one.
+// The block of eight tokens, two groups at a time where two are left:
+// four steps at a time, then one (CX the end of the four-step part).
+narrow:
+	CMPQ R15, $2
+	JLT narrow4
+	MOVQ ldw+24(FP), R14
+	IMULQ $24, R14 // six rows, four bytes an element
+	MOVQ BX, CX
+	ANDQ $-16, CX
+pair4:
+	CMPQ AX, CX
+	JGE pair1
+	STEP8x12(0); STEP8x12(1); STEP8x12(2); STEP8x12(3)
+	ADDQ $128, SI
+	ADDQ $16, AX
+	PAIRSTEP(16)
+	JMP pair4
+pair1:
+	CMPQ AX, BX
+	JGE pairsums
+	STEP8x12(0)
+	ADDQ $32, SI
+	ADDQ $4, AX
+	PAIRSTEP(4)
+	JMP pair1
+pairsums:
+	// R13 back to the second group's last row (the next group starts
+	// after it); that group is counted here, this one at next.
+	SUBQ BX, R13
+	ADDQ R14, R13
+	DECQ R15
+	MOVQ stride-8(SP), CX
+	MOVBLZX wide+56(FP), AX
+	TESTQ AX, AX
+	JZ pair32
+	ADD64x1(X0, Y0); ADD64x1(X1, Y1); ADD64x1(X2, Y2); ADD64x1(X3, Y3)
+	ADD64x1(X4, Y4); ADD64x1(X5, Y5); ADD64x1(X6, Y6); ADD64x1(X7, Y7)
+	ADD64x1(X8, Y8); ADD64x1(X9, Y9); ADD64x1(X10, Y10); ADD64x1(X11, Y11)
+	JMP next
+pair32:
+	ADD32x1(Y0); ADD32x1(Y1); ADD32x1(Y2); ADD32x1(Y3); ADD32x1(Y4); ADD32x1(Y5)
+	ADD32x1(Y6); ADD32x1(Y7); ADD32x1(Y8); ADD32x1(Y9); ADD32x1(Y10); ADD32x1(Y11)
+	JMP next
+// One group of six rows: the weight rows read at AX.
 narrow4:
 	CMPQ AX, R14
 	JGE narrow1
@@ -140,13 +211,10 @@ narrow1:
 	ADDQ $4, AX
 	JMP narrow1
 sums:
-	// CX: the accumulators' rows apart in bytes (ld float32, or float64
-	// where wide), the step ADD32 and ADD64 take from row to row.
-	SHLQ $2, CX
+	MOVQ stride-8(SP), CX
 	MOVBLZX wide+56(FP), AX
 	TESTQ AX, AX
 	JZ sums32
-	SHLQ $1, CX
 	MOVBLZX narrow+57(FP), AX
 	TESTQ AX, AX
 	JNZ sums64x1
