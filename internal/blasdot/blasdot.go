@@ -38,10 +38,13 @@
 //     judge.TolFP32 (1e-5) bounds, and it stays 26x under it.
 //
 // The two are different computations (their pieces' lengths, where the
-// pieces meet, and the precision they are added in), so the reference
-// stays a check of the fused path with arithmetic of its own; the checks'
-// tolerance between them (judge.TolFP32) is many times what they measure
-// apart. Data whose partial sums are exact in float32 (bf16 values of a few
+// pieces meet, and the precision they are added in) wherever k is longer
+// than one reference piece, as every real model's is (k 2048 and more), so
+// the reference has arithmetic of its own there; the checks' tolerance
+// between them (judge.TolFP32) is many times what they measure apart.
+// Where k fits in one piece of both (k <= kc64: the toy fixtures), they
+// are the same sums, and the two paths' products agree bit for bit. The
+// kernel itself is held to the exact sums by this package's tests. Data whose partial sums are exact in float32 (bf16 values of a few
 // magnitudes, "ties") come out exact from both.
 package blasdot
 
@@ -59,6 +62,11 @@ const (
 	// 4 KiB) stays in L1 while every group of weight rows passes over it.
 	kc32 = 256
 	kc64 = 64
+	// rowBlock is at most how many weight rows go through every piece of
+	// k together: their accumulators (192 rows of 64 tokens: 48 KiB in
+	// float32, 96 KiB in float64) stay in L2. A band validate decodes
+	// (128 rows of FP8, 12 of bf16) is one block.
+	rowBlock = 192
 )
 
 // roundUp is n rounded up to a multiple of m.
@@ -160,39 +168,49 @@ func (t *Tokens) Release() {
 	}
 }
 
-// products runs the kernel over every piece of k (kc long), block of
-// tokens and group of weight b's n rows (ldb apart), adding each piece's
-// sums into acc32 or acc64 [roundUp(n, 6)][paddedTokens(m)] (row j's
-// accumulators for token i at j*ld + i). A last group of fewer than six
-// rows is copied, a piece at a time, beside rows of zeros.
+// products runs the kernel over every block of at most rowBlock of weight
+// b's n rows (ldb apart), piece of k (kc long), block of tokens and group of six
+// rows, adding each piece's sums into acc32 or acc64
+// [roundUp(n, 6)][paddedTokens(m)] (row j's accumulators for token i at
+// j*ld + i). A block's rows go through every piece before the next block
+// (so its accumulators stay in L2 while they are added to), and within a
+// piece, a block of tokens stays in L1 while the block's groups pass. A
+// last group of fewer than six rows is copied, a piece at a time, beside
+// rows of zeros. Each output's pieces are added in order, whatever the
+// blocking.
 func (t *Tokens) products(n int, b []float32, ldb, kc int, acc32 []float32, acc64 []float64) {
 	k, p := t.k, *t.buf
 	ld := len(p) / k
-	groups, rest := n/groupRows, n%groupRows
 	var wt []float32
-	if rest > 0 {
+	if n%groupRows > 0 {
 		wb := scratch[float32](&f32Pool, groupRows*kc)
 		defer f32Pool.Put(wb)
 		wt = *wb
 	}
-	last := groups * groupRows * ld
-	for p0 := 0; p0 < k; p0 += kc {
-		kl := min(kc, k-p0)
-		if rest > 0 {
-			clear(wt)
-			for r := range rest {
-				copy(wt[r*kl:(r+1)*kl], b[(groups*groupRows+r)*ldb+p0:])
-			}
-		}
-		// A piece of a block's tokens stays in L1 while the groups pass.
-		for t0 := 0; t0 < ld; t0 += blockTokens {
-			width := blockWidth(ld, t0)
-			tp := p[t0*k+p0*width:]
-			if groups > 0 {
-				tiles(kl, width, tp, b[p0:], ldb, groups, sub(acc32, t0), sub(acc64, t0), ld)
-			}
+	// Blocks of at most rowBlock rows, as even as whole groups allow.
+	blocks := (n + rowBlock - 1) / rowBlock
+	size := roundUp((n+blocks-1)/blocks, groupRows)
+	for r0 := 0; r0 < n; r0 += size {
+		nr := min(size, n-r0)
+		groups, rest := nr/groupRows, nr%groupRows
+		first, last := r0*ld, (r0+groups*groupRows)*ld
+		for p0 := 0; p0 < k; p0 += kc {
+			kl := min(kc, k-p0)
 			if rest > 0 {
-				tiles(kl, width, tp, wt, kl, 1, sub(acc32, last+t0), sub(acc64, last+t0), ld)
+				clear(wt)
+				for r := range rest {
+					copy(wt[r*kl:(r+1)*kl], b[(r0+groups*groupRows+r)*ldb+p0:])
+				}
+			}
+			for t0 := 0; t0 < ld; t0 += blockTokens {
+				width := blockWidth(ld, t0)
+				tp := p[t0*k+p0*width:]
+				if groups > 0 {
+					tiles(kl, width, tp, b[r0*ldb+p0:], ldb, groups, sub(acc32, first+t0), sub(acc64, first+t0), ld)
+				}
+				if rest > 0 {
+					tiles(kl, width, tp, wt, kl, 1, sub(acc32, last+t0), sub(acc64, last+t0), ld)
+				}
 			}
 		}
 	}
