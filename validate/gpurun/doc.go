@@ -6,7 +6,8 @@
 // from the kernels package's launches.
 //
 // Files: runner.go (Runner: the device, its compute and copy streams, the
-// fused and unfused layers), bank.go (uploading a stacked bank or one MLP
+// fused and unfused layers), route.go (the router GEMM and the gate on the
+// device, and the forced coverage tokens), bank.go (uploading a stacked bank or one MLP
 // as a Bank), stage.go (Stager: tensors streamed from a checkpoint to
 // device memory through two pinned host buffers, decoding dtypes the
 // kernels do not take), timing.go (LayerTiming, the I/O a stager records,
