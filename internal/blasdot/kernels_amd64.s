@@ -91,7 +91,7 @@
 // wide, widened exactly to float64 and added to the float64 one there.
 // SI walks the tokens, AX the weight rows' elements (R8-R13 the group's
 // rows), DX the accumulators; R15 counts the groups.
-TEXT ·tilesAsm(SB), NOSPLIT, $8-58
+TEXT ·tilesAsm(SB), NOSPLIT, $16-58
 	MOVQ k+0(FP), BX
 	SHLQ $2, BX
 	MOVQ tp+8(FP), DI
@@ -112,6 +112,12 @@ TEXT ·tilesAsm(SB), NOSPLIT, $8-58
 	IMULQ CX, AX // doubled where wide
 	ADDQ AX, CX
 	MOVQ CX, stride-8(SP)
+	// The sums' kind: 0 float32, 1 float32 of a block of eight, 2 float64,
+	// 3 float64 of a block of eight.
+	MOVBLZX wide+56(FP), AX
+	MOVBLZX narrow+57(FP), CX
+	LEAQ (CX)(AX*2), AX
+	MOVQ AX, kind-16(SP)
 group:
 	MOVQ ldw+24(FP), R14
 	SHLQ $2, R14
@@ -184,9 +190,9 @@ pairsums:
 	ADDQ R14, R13
 	DECQ R15
 	MOVQ stride-8(SP), CX
-	MOVBLZX wide+56(FP), AX
-	TESTQ AX, AX
-	JZ pair32
+	MOVQ kind-16(SP), AX
+	CMPQ AX, $2
+	JLT pair32
 	ADD64x1(X0, Y0); ADD64x1(X1, Y1); ADD64x1(X2, Y2); ADD64x1(X3, Y3)
 	ADD64x1(X4, Y4); ADD64x1(X5, Y5); ADD64x1(X6, Y6); ADD64x1(X7, Y7)
 	ADD64x1(X8, Y8); ADD64x1(X9, Y9); ADD64x1(X10, Y10); ADD64x1(X11, Y11)
@@ -212,12 +218,12 @@ narrow1:
 	JMP narrow1
 sums:
 	MOVQ stride-8(SP), CX
-	MOVBLZX wide+56(FP), AX
-	TESTQ AX, AX
-	JZ sums32
-	MOVBLZX narrow+57(FP), AX
-	TESTQ AX, AX
-	JNZ sums64x1
+	MOVQ kind-16(SP), AX
+	CMPQ AX, $1
+	JLT sums32
+	JEQ sums32x1
+	CMPQ AX, $3
+	JEQ sums64x1
 	ADD64(X0, Y0, X1, Y1); ADD64(X2, Y2, X3, Y3); ADD64(X4, Y4, X5, Y5)
 	ADD64(X6, Y6, X7, Y7); ADD64(X8, Y8, X9, Y9); ADD64(X10, Y10, X11, Y11)
 	JMP next
@@ -226,9 +232,6 @@ sums64x1:
 	ADD64x1(X3, Y3); ADD64x1(X4, Y4); ADD64x1(X5, Y5)
 	JMP next
 sums32:
-	MOVBLZX narrow+57(FP), AX
-	TESTQ AX, AX
-	JNZ sums32x1
 	ADD32(Y0, Y1); ADD32(Y2, Y3); ADD32(Y4, Y5)
 	ADD32(Y6, Y7); ADD32(Y8, Y9); ADD32(Y10, Y11)
 	JMP next
