@@ -337,7 +337,7 @@ type expertStages struct {
 	slots            []int32
 	out              []float32
 	w8a8             bool
-	xt               *blasdot.Tokens // xb packed (tokens)
+	xt, at           *blasdot.Tokens // xb and the activations packed, each released once its products are done
 }
 
 func newExpertStages(x []float32, h, inter, slotsPerToken int, slots []int32, m *ExpertMats, out []float32, w8a8 bool) *expertStages {
@@ -381,17 +381,20 @@ func (s *expertStages) Product(i int) (BandProduct, bool) {
 	case StageUp:
 		return BandProduct{W: s.m.UpW, Dense: s.m.Up, Rows: inter, Cols: h, F: gemm(s.xt, h, s.up, inter)}, true
 	}
-	return BandProduct{W: s.m.DownW, Dense: s.m.Down, Rows: h, Cols: inter, F: gemm(blasdot.PackMatrix(rows, inter, s.gate, inter), inter, s.ob, h)}, true
+	s.at = blasdot.PackMatrix(rows, inter, s.gate, inter)
+	return BandProduct{W: s.m.DownW, Dense: s.m.Down, Rows: h, Cols: inter, F: gemm(s.at, inter, s.ob, h)}, true
 }
 
 func (s *expertStages) After(i int) error {
 	switch i {
 	case StageUp:
+		s.xt.Release() // the up product's bands are done: the buffer serves the next expert
 		Activate(s.m.Act, s.gate, s.up, s.m.GateBias, s.m.UpBias)
 		if s.w8a8 {
 			RoundTripServing(s.gate, s.rows, s.inter)
 		}
 	case StageDown:
+		s.at.Release()
 		AddRowBias(s.ob, s.m.DownBias)
 		for r, sl := range s.slots {
 			copy(s.out[int(sl)*s.h:(int(sl)+1)*s.h], s.ob[r*s.h:(r+1)*s.h])

@@ -44,7 +44,8 @@
 // between them (judge.TolFP32) is many times what they measure apart.
 // Where k fits in one piece of both (k <= kc64: the toy fixtures), they
 // are the same sums, and the two paths' products agree bit for bit. The
-// kernel itself is held to the exact sums by this package's tests. Data whose partial sums are exact in float32 (bf16 values of a few
+// kernel itself is held to the exact sums by this package's tests. Data
+// whose partial sums are exact in float32 (bf16 values of a few
 // magnitudes, "ties") come out exact from both.
 package blasdot
 
@@ -160,17 +161,17 @@ func PackMatrix(m, k int, a []float32, lda int) *Tokens {
 }
 
 // Release gives the packed buffer back for reuse; t must not be used
-// after.
+// after. A nil t, or one released already, is nothing.
 func (t *Tokens) Release() {
-	if t.buf != nil {
+	if t != nil && t.buf != nil {
 		f32Pool.Put(t.buf)
 		t.buf = nil
 	}
 }
 
 // products runs the kernel over every block of at most rowBlock of weight
-// b's n rows (ldb apart), piece of k (kc long), block of tokens and group of six
-// rows, adding each piece's sums into acc32 or acc64
+// b's n rows (ldb apart), piece of k (kc long), block of tokens and group
+// of six rows, adding each piece's sums into acc32 or acc64
 // [roundUp(n, 6)][paddedTokens(m)] (row j's accumulators for token i at
 // j*ld + i). A block's rows go through every piece before the next block
 // (so its accumulators stay in L2 while they are added to), and within a

@@ -550,7 +550,7 @@ func loadSourceMLP(src tensorload.TensorSource, names family.MLP, inter, h int, 
 func (m *refMLP) release() { m.w.release() }
 
 // applyBatch writes down(silu(gate x) * up x) for each token xs[r] into
-// outs[r] [H]: every output blasdot.Dot64Rows' dot product (pieces of 128
+// outs[r] [H]: every output blasdot.Dot64Rows' dot product (pieces of 64
 // summed in float32, added in float64, rounded once to float32; its
 // bound is in blasdot's doc), all tokens against each weight row at once,
 // so each row is read from memory once for all of them.
@@ -589,7 +589,7 @@ type refStages struct {
 	n        int
 	g, u     []float32
 	gs, us   [][]float32
-	xt       *blasdot.Tokens // xs packed (tokens)
+	xt, at   *blasdot.Tokens // xs and the activations packed, each released once its products are done
 }
 
 func (s *refStages) Product(i int) (moe.BandProduct, bool) {
@@ -605,7 +605,8 @@ func (s *refStages) Product(i int) (moe.BandProduct, bool) {
 	}
 	// The down product's tokens are the activations, packed once the
 	// gate and up products are done (After has run).
-	return dot64Product(packRows(s.gs, m.inter), m.w.weight(layout.ProjDown), m.h, m.inter, s.outs), true
+	s.at = packRows(s.gs, m.inter)
+	return dot64Product(s.at, m.w.weight(layout.ProjDown), m.h, m.inter, s.outs), true
 }
 
 // tokens is xs packed for the gate and up products, once for both.
@@ -620,11 +621,13 @@ func (s *refStages) After(i int) error {
 	m := s.m
 	switch i {
 	case moe.StageUp:
+		s.xt.Release() // the up product's bands are done: the buffer serves the next expert
 		moe.Activate(m.act, s.g, s.u, m.bias[layout.ProjGate], m.bias[layout.ProjUp])
 		if m.w8a8 {
 			moe.RoundTripServing(s.g, s.n, m.inter)
 		}
 	case moe.StageDown:
+		s.at.Release()
 		if db := m.bias[layout.ProjDown]; db != nil {
 			for _, o := range s.outs {
 				for j, b := range db {
