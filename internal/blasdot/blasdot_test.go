@@ -29,10 +29,11 @@ func values(r *rand.Rand, n int, scale float64) []float32 {
 // shapes are the calls' shapes the tests run: k a multiple of the
 // kernel's unrolled four steps or not, longer than a piece (kc32, kc64) or
 // not, token and row counts that leave partial blocks (16) and groups (6),
-// and padded strides.
+// more rows than one block of rows (rowBlock), and padded strides.
 var shapes = []struct{ m, n, k, pad int }{
 	{1, 1, 8, 0}, {1, 1, 1, 0}, {6, 64, 2048, 0}, {6, 130, 1024, 0}, {64, 96, 160, 0}, {17, 33, 48, 4},
 	{3, 5, 64, 0}, {70, 20, 80, 0}, {5, 7, 21, 0}, {2, 30, 4112, 8}, {4, 4, 1537, 3}, {9, 11, 515, 0},
+	{19, 400, 70, 2}, // more rows than rowBlock: three blocks of rows, the last with a partial group
 }
 
 // sgemm runs SgemmNT on a fresh c, every output first NaN (each must be
@@ -159,17 +160,23 @@ func TestWithinRoundingOfExact(t *testing.T) {
 func withinRoundingOfExact(t *testing.T, asm bool) {
 	r := rand.New(rand.NewPCG(3, 3))
 	for _, sh := range shapes {
-		k := sh.k
-		a, b := values(r, sh.m*k, 1), values(r, sh.n*k, 1.0/64)
-		c := sgemm(sh.m, sh.n, k, a, k, b, k)
+		// SgemmNT reads rows ld apart (pad elements between them, filled
+		// with values it must not read); Dot64Rows' weight rows are k apart.
+		k, ld := sh.k, sh.k+sh.pad
+		a, b := values(r, sh.m*ld, 1), values(r, sh.n*ld, 1.0/64)
+		c := sgemm(sh.m, sh.n, k, a, ld, b, ld)
 		x := make([][]float32, sh.m)
 		for i := range x {
-			x[i] = a[i*k : (i+1)*k]
+			x[i] = a[i*ld : i*ld+k]
 		}
-		c64 := dot64(x, b, sh.n, k)
+		bk := make([]float32, 0, sh.n*k)
+		for j := range sh.n {
+			bk = append(bk, b[j*ld:j*ld+k]...)
+		}
+		c64 := dot64(x, bk, sh.n, k)
 		for i := range sh.m {
 			for j := range sh.n {
-				want, abs := exact(a[i*k:(i+1)*k], b[j*k:(j+1)*k])
+				want, abs := exact(x[i], bk[j*k:(j+1)*k])
 				bound32 := float64(min(k, kc32)+(k+kc32-1)/kc32+2) * 0x1p-24 * abs
 				if d := math.Abs(float64(c[i*sh.n+j]) - want); d > bound32 {
 					t.Fatalf("SgemmNT (assembly %v) %+v (%d,%d): %g, exact %g: off by %g > %g", asm, sh, i, j, c[i*sh.n+j], want, d, bound32)
