@@ -102,14 +102,15 @@ func TestBatchIndependent(t *testing.T) {
 	// Blocks of sixteen and of eight tokens (7, 19), one group of six rows
 	// and the rest (10), two groups at once in a block of eight (14, 30):
 	// a token alone is a block of eight with one row, the rest's path.
-	for _, sh := range []struct{ m, n int }{{7, 10}, {19, 14}, {8, 30}} {
-		batchIndependent(t, sh.m, sh.n)
+	// Rows 1100 apart spread over the L1 cache's sets; 1024 apart they
+	// crowd one (crowdsL1), and a block of eight takes one group at a time.
+	for _, sh := range []struct{ m, n, k int }{{7, 10, 1100}, {19, 14, 1100}, {8, 30, 1100}, {8, 30, 1024}, {21, 13, 1024}} {
+		batchIndependent(t, sh.m, sh.n, sh.k)
 	}
 }
 
-func batchIndependent(t *testing.T, m, n int) {
+func batchIndependent(t *testing.T, m, n, k int) {
 	r := rand.New(rand.NewPCG(2, 2))
-	const k = 1100
 	a, b := values(r, m*k, 1), values(r, n*k, 1.0/64)
 	all := sgemm(m, n, k, a, k, b, k)
 	x, w := tokens(r, m, k), values(r, n*k, 1.0/64)
@@ -126,6 +127,49 @@ func batchIndependent(t *testing.T, m, n int) {
 			}
 		}
 	}
+}
+
+func TestCrowdsL1(t *testing.T) {
+	for _, c := range []struct {
+		ldw  int
+		want bool
+	}{
+		{2048, true}, {7168, true}, {1024, true}, {14336, true}, // 4 KiB multiples: all twelve in one set
+		{512, false},                                               // 2 KiB apart: six in each of two sets
+		{256, false},                                               // 1 KiB: three in each of four
+		{2880, false},                                              // gpt-oss's width: twelve sets
+		{1100, false}, {1408, false}, {4112, false}, {1536, false}, // 6 KiB: six in each of two
+		{1025, true},  // 4 KiB and 4 bytes: the rows drift a word a row, still one set
+		{1040, false}, // 4 KiB and a line: a set each
+	} {
+		if got := crowdsL1(c.ldw); got != c.want {
+			t.Errorf("crowdsL1(%d) = %v, want %v", c.ldw, got, c.want)
+		}
+	}
+}
+
+// A block of eight tokens gives the same bits whether its rows go two
+// groups at a time or one (the order of one output's sum is the same).
+func TestNarrowGroupsSameBits(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 5))
+	const m, n, k = 6, 31, 2048
+	a, b := values(r, m*k, 1), values(r, n*k, 1.0/64)
+	x := tokens(r, m, k)
+	run := func(crowd int) ([]float32, []float32) {
+		save := crowdRows
+		crowdRows = crowd
+		defer func() { crowdRows = save }()
+		return sgemm(m, n, k, a, k, b, k), dot64(x, b, n, k)
+	}
+	eachKernel(func(asm bool) {
+		pairS, pairD := run(2 * groupRows) // never one group at a time
+		oneS, oneD := run(0)               // always
+		for i := range pairS {
+			if math.Float32bits(pairS[i]) != math.Float32bits(oneS[i]) || math.Float32bits(pairD[i]) != math.Float32bits(oneD[i]) {
+				t.Fatalf("asm %v output %d: two groups at once %g, %g; one %g, %g", asm, i, pairS[i], pairD[i], oneS[i], oneD[i])
+			}
+		}
+	})
 }
 
 // exact is the dot product of a and b to within 2^-100 of the products'

@@ -61,5 +61,36 @@ func tiles(k, width int, tp, w []float32, ldw, groups int, acc32 []float32, acc6
 	if wide {
 		acc = unsafe.Pointer(unsafe.SliceData(acc64))
 	}
-	tilesAsm(k, &tp[0], &w[0], ldw, groups, acc, ld, wide, width != blockTokens)
+	narrow := width != blockTokens
+	tilesAsm(k, &tp[0], &w[0], ldw, groups, acc, ld, wide, narrow, narrow && groups > 1 && crowdsL1(ldw))
 }
+
+// crowdsL1 reports whether twelve weight rows ldw float32 apart put more
+// than crowdRows of them in one set of the L1 data cache: 64 sets of
+// 64-byte lines (32 KiB of 8 ways, or 48 KiB of 12, on the x86 cores that
+// have AVX2). A block of eight tokens takes two groups of six rows at once
+// (twelve sums in flight, which both FMA pipes need), reading the twelve
+// rows side by side; rows a multiple of 4 KiB apart, as at every model's
+// widths (k a multiple of 1024), all fall in one set, whose eight ways
+// then cannot hold them and the tokens: most loads wait on L2. Six tokens
+// against rows of 2048 or 7168 ran at 18-25 GFLOP/s a CPU second that
+// way, and at 55 with the same rows a line further apart each. There the
+// kernel takes one group at a time (six rows, six sums in flight, which
+// keep the FMA pipes three-quarters busy): 42-50 GFLOP/s. It changes which
+// rows run together, not one output's sum (TestNarrowGroupsSameBits).
+func crowdsL1(ldw int) bool {
+	var n [64]int
+	for r := range 2 * groupRows {
+		s := r * ldw * 4 / 64 % 64
+		if n[s]++; n[s] > crowdRows {
+			return true
+		}
+	}
+	return false
+}
+
+// crowdRows is at most how many of the twelve rows may share a set: with
+// the tokens' line, they leave a way of eight free. Rows 2 KiB apart (six
+// in each of two sets) ran faster two groups at once (50 GFLOP/s against
+// 45). A variable so that tests can run both ways on one shape.
+var crowdRows = 6

@@ -14,4 +14,4 @@ import (
 var useAsm = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 
 //go:noescape
-func tilesAsm(k int, tp *float32, w *float32, ldw int, groups int, acc unsafe.Pointer, ld int, wide, narrow bool)
+func tilesAsm(k int, tp *float32, w *float32, ldw int, groups int, acc unsafe.Pointer, ld int, wide, narrow, single bool)

@@ -6,6 +6,6 @@ import "unsafe"
 
 var useAsm = false
 
-func tilesAsm(k int, tp *float32, w *float32, ldw int, groups int, acc unsafe.Pointer, ld int, wide, narrow bool) {
+func tilesAsm(k int, tp *float32, w *float32, ldw int, groups int, acc unsafe.Pointer, ld int, wide, narrow, single bool) {
 	panic("blasdot: no assembly in this build")
 }

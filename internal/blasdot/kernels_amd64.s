@@ -80,7 +80,7 @@
 #define ADD64x1(xa, a) \
 	WIDEN(xa, a, 0); ADDQ CX, DX
 
-// func tilesAsm(k int, tp *float32, w *float32, ldw int, groups int, acc unsafe.Pointer, ld int, wide bool, narrow bool)
+// func tilesAsm(k int, tp *float32, w *float32, ldw int, groups int, acc unsafe.Pointer, ld int, wide, narrow, single bool)
 //
 // kernel.go's tilesGo: for each of groups groups of six weight rows
 // (row r of group g at w + (6g+r)*ldw elements) against one block of
@@ -89,9 +89,10 @@
 // each in its own float32 lane from zero with fused multiply-adds; then
 // each sum added to the caller's float32 accumulator acc[(6g+r)*ld+i] or,
 // wide, widened exactly to float64 and added to the float64 one there.
+// A narrow block takes two groups at once unless single is set.
 // SI walks the tokens, AX the weight rows' elements (R8-R13 the group's
 // rows), DX the accumulators; R15 counts the groups.
-TEXT ·tilesAsm(SB), NOSPLIT, $16-58
+TEXT ·tilesAsm(SB), NOSPLIT, $16-59
 	MOVQ k+0(FP), BX
 	SHLQ $2, BX
 	MOVQ tp+8(FP), DI
@@ -158,11 +159,15 @@ loop1:
 	CMPQ AX, BX
 	JLT loop1
 	JMP sums
-// The block of eight tokens, two groups at a time where two are left:
-// four steps at a time, then one (CX the end of the four-step part).
+// The block of eight tokens, two groups at a time where two are left
+// (and single is not set): four steps at a time, then one (CX the end of
+// the four-step part).
 narrow:
 	CMPQ R15, $2
 	JLT narrow4
+	MOVBLZX single+58(FP), CX
+	TESTQ CX, CX
+	JNZ narrow4
 	MOVQ ldw+24(FP), R14
 	IMULQ $24, R14 // six rows, four bytes an element
 	MOVQ BX, CX
