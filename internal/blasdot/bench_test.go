@@ -12,13 +12,18 @@ import (
 // H 7168, I 2048, with 64 tokens; Mixtral's down, I 14336, H 4096, with
 // 32), whole and as validate calls them, a band of decoded rows at a time
 // (moe.EachBand: 128 rows, an FP8 scale block's; 12 rows of 14336 for
-// Mixtral's bf16 down), against gonum, in GFLOP/s.
+// Mixtral's bf16 down), and a few tokens an expert, against gonum, in
+// GFLOP/s.
 var benchShapes = []struct {
 	name    string
 	m, n, k int
 }{
 	{"dsv3-gate-64tok", 64, 2048, 7168}, {"mixtral-down-32tok", 32, 4096, 14336},
 	{"dsv3-gate-band-64tok", 64, 128, 7168}, {"mixtral-down-band-32tok", 32, 12, 14336},
+	// A block of eight tokens (a Kimi-K2 INT4 expert's gate band, with the
+	// six tokens an expert gets at 96 experts top-4; DeepSeek-V3's with 6):
+	// rows 8 KiB and 28 KiB apart, in one L1 set (crowdsL1).
+	{"kimi-gate-band-6tok", 6, 128, 2048}, {"dsv3-gate-band-6tok", 6, 48, 7168},
 }
 
 func BenchmarkSgemmNT(b *testing.B) {
