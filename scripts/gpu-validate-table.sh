@@ -10,8 +10,9 @@
 #   G  gpt-oss MXFP4 (--preset gpt-oss-shaped), 4 MoE layers (6.8 GB); DST = convert
 # ROWS picks them (default "K G F"), ROUNDS the rounds a row (default 2),
 # each round {cat, validate} in turn order, the page cache dropped before
-# every run (drop_caches, else posix_fadvise DONTNEED). A row's SRC and DST
-# are removed before the next row is made: F alone takes 47 GB of disk.
+# every run (drop_caches, else posix_fadvise DONTNEED; only the latter in a
+# dry run). A row's SRC and DST are removed before the next row is made: F
+# alone takes 47 GB of disk.
 # Run from the repository root on the GPU machine, the build cross-built:
 #   BIN=.gpu/moeprep ROWS="K G" bash scripts/gpu-validate-table.sh OUTDIR
 # DEV=cpu DIMS="--hidden 256 --intermediate 128 --experts 16" runs the same
@@ -19,16 +20,22 @@
 set -uo pipefail
 # shellcheck source=gpu-validate-lib.sh
 . scripts/gpu-validate-lib.sh || { echo "FAIL: run from the repository root"; exit 1; }
-out=${1:-/tmp/gpu45table-out}
-mkdir -p "$out"
+# Its files go to a new folder under OUTDIR, so a second run neither mixes
+# its rounds with the first's nor overwrites a file it did not write.
+mkdir -p "${1:-/tmp/gpu45table-out}" || exit 1
+out=$(mktemp -d "${1:-/tmp/gpu45table-out}/table.XXXX") || exit 1
+echo "writing to $out"
 BIN=$(realpath "${BIN:?BIN=path of the moeprep to measure}")
 ROWS=${ROWS:-K G F} ROUNDS=${ROUNDS:-2} DEV=${DEV:-cuda} DIMS=${DIMS:-}
 gpu_setup
 nproc
 work=$(mktemp -d "$(pwd)/.gpu45table.XXXX") # its own folder: nothing it did not make is removed
 trap 'rm -rf "$work"' EXIT
+# cold drops the page cache: all of it on the GPU machine, only the row's
+# files in a dry run (DIMS set: a shared machine's cache is not ours).
 cold() {
 	sync
+	if [ -n "$DIMS" ]; then uncache "$@"; return; fi
 	echo 3 2>/dev/null >/proc/sys/vm/drop_caches || uncache "$@"
 }
 

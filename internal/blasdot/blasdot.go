@@ -182,6 +182,7 @@ func (t *Tokens) Release() {
 func (t *Tokens) products(n int, b []float32, ldb, kc int, acc32 []float32, acc64 []float64) {
 	k, p := t.k, *t.buf
 	ld := len(p) / k
+	single := crowdsL1(ldb) // the same for every call below
 	var wt []float32
 	if n%groupRows > 0 {
 		wb := scratch[float32](&f32Pool, groupRows*kc)
@@ -207,10 +208,10 @@ func (t *Tokens) products(n int, b []float32, ldb, kc int, acc32 []float32, acc6
 				width := blockWidth(ld, t0)
 				tp := p[t0*k+p0*width:]
 				if groups > 0 {
-					tiles(kl, width, tp, b[r0*ldb+p0:], ldb, groups, sub(acc32, first+t0), sub(acc64, first+t0), ld)
+					tiles(kl, width, tp, b[r0*ldb+p0:], ldb, groups, sub(acc32, first+t0), sub(acc64, first+t0), ld, single)
 				}
 				if rest > 0 {
-					tiles(kl, width, tp, wt, kl, 1, sub(acc32, last+t0), sub(acc64, last+t0), ld)
+					tiles(kl, width, tp, wt, kl, 1, sub(acc32, last+t0), sub(acc64, last+t0), ld, false)
 				}
 			}
 		}

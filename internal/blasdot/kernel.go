@@ -40,9 +40,11 @@ func tilesGo(k, width int, tp, w []float32, ldw, groups int, acc32 []float32, ac
 }
 
 // tiles runs the assembly where this build and machine have it, else its
-// Go twin. The callers give whole operands (checked here before the
-// assembly reads them without Go's bounds checks).
-func tiles(k, width int, tp, w []float32, ldw, groups int, acc32 []float32, acc64 []float64, ld int) {
+// Go twin; single (crowdsL1 of ldw, which the caller works out once for
+// all its calls) has a block of eight take one group of rows at a time.
+// The callers give whole operands (checked here before the assembly reads
+// them without Go's bounds checks).
+func tiles(k, width int, tp, w []float32, ldw, groups int, acc32 []float32, acc64 []float64, ld int, single bool) {
 	if width != blockTokens && width != blockTokens/2 {
 		panic("blasdot: a block of tokens is 16 or 8 wide")
 	}
@@ -62,7 +64,7 @@ func tiles(k, width int, tp, w []float32, ldw, groups int, acc32 []float32, acc6
 		acc = unsafe.Pointer(unsafe.SliceData(acc64))
 	}
 	narrow := width != blockTokens
-	tilesAsm(k, &tp[0], &w[0], ldw, groups, acc, ld, wide, narrow, narrow && groups > 1 && crowdsL1(ldw))
+	tilesAsm(k, &tp[0], &w[0], ldw, groups, acc, ld, wide, narrow, narrow && single)
 }
 
 // crowdsL1 reports whether twelve weight rows ldw float32 apart put more
