@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"runtime/pprof"
+	"runtime/trace"
 	"time"
 )
 
@@ -12,13 +13,20 @@ import (
 // writes a CPU profile of the whole command, and MOEPREP_HEAPPROFILE=FILE a
 // heap profile taken when the live heap was at its largest (sampled every
 // 50 ms), which is what peak RSS is made of; a profile at exit would show
-// what was already freed. The returned function stops both. Per-tensor
+// what was already freed; MOEPREP_TRACE=FILE an execution trace (`go tool
+// trace`), which shows what a run's goroutines wait on and when the cores
+// sit idle. The returned function stops them. Per-tensor
 // costs (issue 45) are found this way on a checkpoint of many tensors.
 func startProfiles() (stop func()) {
 	var stops []func()
 	if path := os.Getenv("MOEPREP_CPUPROFILE"); path != "" {
 		if f, err := os.Create(path); err == nil && pprof.StartCPUProfile(f) == nil {
 			stops = append(stops, func() { pprof.StopCPUProfile(); f.Close() })
+		}
+	}
+	if path := os.Getenv("MOEPREP_TRACE"); path != "" {
+		if f, err := os.Create(path); err == nil && trace.Start(f) == nil {
+			stops = append(stops, func() { trace.Stop(); f.Close() })
 		}
 	}
 	if path := os.Getenv("MOEPREP_HEAPPROFILE"); path != "" {

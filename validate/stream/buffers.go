@@ -6,27 +6,54 @@ import (
 )
 
 // buffers hands out the memory steps are read into, aligned for O_DIRECT.
-// Large buffers (whole pages, starting on a huge page) are kept for reuse
-// until the pass closes: a pass reads gigabytes through a few hundred MB
-// of them, the steps of a layer come in a few sizes that repeat, and
-// memory new to the process costs a fault per page (on this development
-// machine a VM fault back to the host). Small ones come from the Go heap.
-// What is kept is bounded (keep): a buffer freed while more than keep
-// bytes are mapped is unmapped instead, so that sizes that do not come
-// again (a layer's head) and the steps a reader wanted past the budget do
-// not stay for the rest of the pass.
+//
+// Large buffers come from one arena, mapped once (at the first large
+// buffer) and handed out again and again until the pass closes: a pass
+// reads gigabytes through a few hundred MB, in sizes that do not repeat
+// (a DeepSeek-V3 FP8 layer's SRC expert is one read of 42 MB, DST's
+// slices of it three of 14 MB), and memory new to the process costs a
+// fault per page and the page's zeroing. On this development machine, a
+// VM, that cost is the host's as well: before the arena, buffers kept by
+// size were mapped again whenever the next size differed, and zeroing
+// fresh pages took a tenth of a DeepSeek-V3 FP8 layer's CPU time
+// (BENCHMARKS.md, issue 45). The arena's free ranges are taken first fit
+// from its start, so the pages touched are about the most the pass holds
+// at once, never more than the arena.
+//
+// The arena is keep plus a quarter (a pass's budget, and room for what
+// fragments it): what the pass holds past that (a reader that wants a step
+// past the budget, a step larger than the budget) is mapped on its own
+// and unmapped when freed. Small buffers come from the Go heap.
 type buffers struct {
-	mu   sync.Mutex
-	free map[int][][]byte // by size
-	maps map[*byte]func() // each large buffer's unmap, by its first byte
-	// keep: the large buffers' bytes kept mapped at most once freed (0:
-	// every one); mapped: their bytes mapped now, in use or free.
-	keep, mapped int64
+	mu sync.Mutex
+	// keep sizes the arena (0: minArena).
+	keep  int64
+	arena []byte // nil until the first large buffer
+	unmap func() // the arena's
+	// holes are the arena's free ranges in arenaUnit, in order, none
+	// touching the next.
+	holes []hole
+	// apart are the large buffers mapped on their own, by first byte;
+	// mapped, their bytes.
+	apart  map[*byte]func()
+	mapped int64
 }
 
-// bufUnit is where large buffers start: a huge page, so that a read into
-// one reaches the disk as one request (buffers_linux.go).
+// hole is a free range of the arena: units [at, at+n).
+type hole struct{ at, n int }
+
+// bufUnit is a huge page: where the arena and a buffer mapped on its own
+// start, so that a read into one reaches the disk in few requests
+// (buffers_linux.go). Buffers of half of it and more are large.
 const bufUnit = 2 << 20
+
+// arenaUnit is what the arena is handed out in: its buffers start on a
+// multiple of it (a block, as O_DIRECT wants, and more: a 4 MiB read then
+// crosses at most three huge pages).
+const arenaUnit = 64 << 10
+
+// minArena is the arena of a buffers whose keep is 0 (tests).
+const minArena = 64 << 20
 
 // get returns n bytes at an address aligned to directAlign.
 func (b *buffers) get(n int64) []byte {
@@ -45,41 +72,50 @@ func (b *buffers) get(n int64) []byte {
 		a := alignedAt(mem)
 		return mem[a : a+int(n) : a+int(n)]
 	}
-	size := int(bufSize(n))
+	units := int((n + arenaUnit - 1) / arenaUnit)
 	b.mu.Lock()
-	// the smallest free buffer that holds n, if not much larger
-	best := 0
-	for s, l := range b.free {
-		if len(l) > 0 && s >= size && s <= size+size/8 && (best == 0 || s < best) {
-			best = s
+	if b.arena == nil {
+		size := b.keep + b.keep/4
+		if b.keep <= 0 {
+			size = minArena
 		}
+		size = (size + bufUnit - 1) / bufUnit * bufUnit
+		b.arena, b.unmap = mapBuffer(int(size))
+		b.holes = []hole{{0, int(size / arenaUnit)}}
 	}
-	if best > 0 {
-		l := b.free[best]
-		buf := l[len(l)-1]
-		b.free[best] = l[:len(l)-1]
+	for i, h := range b.holes {
+		if h.n < units {
+			continue
+		}
+		if h.n == units {
+			b.holes = append(b.holes[:i], b.holes[i+1:]...)
+		} else {
+			b.holes[i] = hole{h.at + units, h.n - units}
+		}
 		b.mu.Unlock()
-		return buf[:n]
+		lo := h.at * arenaUnit
+		return b.arena[lo : lo+int(n) : lo+units*arenaUnit]
 	}
 	b.mu.Unlock()
+	size := units * arenaUnit
 	buf, unmap := mapBuffer(size)
 	b.mu.Lock()
-	if b.maps == nil {
-		b.maps = map[*byte]func(){}
+	if b.apart == nil {
+		b.apart = map[*byte]func(){}
 	}
-	b.maps[unsafe.SliceData(buf)] = unmap
+	b.apart[unsafe.SliceData(buf)] = unmap
 	b.mapped += int64(size)
 	b.mu.Unlock()
 	return buf[:n]
 }
 
-// bufSize is what get(n) allocates, alignment aside: large buffers are
-// whole pages.
+// bufSize is what get(n) holds, alignment aside: a large buffer whole
+// units of the arena.
 func bufSize(n int64) int64 {
 	if n < bufUnit/2 {
 		return n
 	}
-	return (n + directAlign - 1) / directAlign * directAlign
+	return (n + arenaUnit - 1) / arenaUnit * arenaUnit
 }
 
 // put takes back a buffer get returned.
@@ -90,26 +126,52 @@ func (b *buffers) put(buf []byte) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if unmap, ok := b.maps[unsafe.SliceData(buf)]; ok && b.keep > 0 && b.mapped > b.keep {
+	first := unsafe.SliceData(buf)
+	if unmap, ok := b.apart[first]; ok {
 		unmap()
-		delete(b.maps, unsafe.SliceData(buf))
+		delete(b.apart, first)
 		b.mapped -= int64(size)
 		return
 	}
-	if b.free == nil {
-		b.free = map[int][][]byte{}
+	off := uintptr(unsafe.Pointer(first)) - uintptr(unsafe.Pointer(unsafe.SliceData(b.arena)))
+	if b.arena == nil || off >= uintptr(len(b.arena)) || off%arenaUnit != 0 || size%arenaUnit != 0 {
+		panic("stream: a buffer put back that get did not hand out")
 	}
-	b.free[size] = append(b.free[size], buf[:size])
+	b.free(hole{int(off / arenaUnit), size / arenaUnit})
+}
+
+// free returns h to the arena's holes, joined with the holes it touches.
+// The lock is held.
+func (b *buffers) free(h hole) {
+	i := 0
+	for i < len(b.holes) && b.holes[i].at < h.at {
+		i++
+	}
+	if i > 0 && b.holes[i-1].at+b.holes[i-1].n == h.at {
+		i--
+		h = hole{b.holes[i].at, b.holes[i].n + h.n}
+		b.holes = append(b.holes[:i], b.holes[i+1:]...)
+	}
+	if i < len(b.holes) && h.at+h.n == b.holes[i].at {
+		h.n += b.holes[i].n
+		b.holes = append(b.holes[:i], b.holes[i+1:]...)
+	}
+	b.holes = append(b.holes, hole{})
+	copy(b.holes[i+1:], b.holes[i:])
+	b.holes[i] = h
 }
 
 // close releases every large buffer; none may be used after.
 func (b *buffers) close() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, unmap := range b.maps {
+	for _, unmap := range b.apart {
 		unmap()
 	}
-	b.maps, b.free, b.mapped = nil, nil, 0
+	if b.unmap != nil {
+		b.unmap()
+	}
+	b.apart, b.mapped, b.arena, b.unmap, b.holes = nil, 0, nil, nil, nil
 }
 
 // alignedAt is the first index of b whose address is a multiple of

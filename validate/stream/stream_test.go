@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -201,40 +202,60 @@ func TestPassWant(t *testing.T) {
 	}
 }
 
-// Freed large buffers are kept for reuse while the mapped bytes are within
-// keep, and unmapped past it; a kept one is handed out again.
-func TestBuffersKeep(t *testing.T) {
-	const n = bufUnit
+// Large buffers come from one arena, first fit from its start: a freed
+// range is handed out again (two freed neighbours joined serve a buffer of
+// both their sizes, where buffers kept by size would have mapped new
+// memory), and what the arena cannot hold is mapped on its own and
+// unmapped when freed.
+func TestBuffersArena(t *testing.T) {
+	const mb = 1 << 20
+	// Each op gets (n > 0) a buffer of n MiB or puts back (n < 0) the
+	// buffer of op -n-1; want is where each get's buffer starts in the
+	// arena in MiB (-1: mapped apart).
+	type op struct{ n, want int }
 	cases := []struct {
-		name       string
-		keep       int64
-		wantKept   int   // buffers kept once all four are freed
-		wantMapped int64 // bytes mapped then
+		name  string
+		keep  int64 // the arena: keep and a quarter, in huge pages
+		ops   []op
+		holes []hole // the arena's free ranges at the end
+		apart int    // buffers mapped apart and held at the end
 	}{
-		{"no bound keeps all", 0, 4, 4 * n},
-		{"room for two", 2 * n, 2, 2 * n},
-		{"room for less than one", n / 2, 0, 0},
+		{"first fit from the start", 8 * mb, []op{{2, 0}, {3, 2}, {-1, 0}, {1, 0}}, []hole{{16, 16}, {80, 80}}, 0},
+		{"neighbours joined serve a larger buffer", 8 * mb, []op{{2, 0}, {2, 2}, {2, 4}, {-1, 0}, {-2, 0}, {4, 0}}, []hole{{96, 64}}, 0},
+		{"a neighbour after joined", 8 * mb, []op{{2, 0}, {2, 2}, {-2, 0}, {-1, 0}, {9, 0}}, []hole{{144, 16}}, 0},
+		{"past the arena mapped apart, unmapped when put", 4 * mb, []op{{4, 0}, {4, -1}, {2, 4}, {-2, 0}, {3, -1}}, nil, 1},
+		{"a size that is not whole units", 8 * mb, []op{{1, 0}, {-1, 0}, {1, 0}}, []hole{{17, 143}}, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			b := buffers{keep: c.keep}
 			defer b.close()
-			var held [][]byte
-			for range 4 {
-				held = append(held, b.get(n))
+			var got [][]byte
+			for k, o := range c.ops {
+				if o.n < 0 {
+					b.put(got[-o.n-1])
+					got = append(got, nil)
+					continue
+				}
+				n := int64(o.n) * mb
+				if c.name == "a size that is not whole units" {
+					n += directAlign // one unit more
+				}
+				buf := b.get(n)
+				got = append(got, buf)
+				if int64(len(buf)) != n || alignedAt(buf) != 0 {
+					t.Fatalf("op %d: get(%d) gave %d bytes %d from a block", k, n, len(buf), alignedAt(buf))
+				}
+				at := -1
+				if off := uintptr(unsafe.Pointer(unsafe.SliceData(buf))) - uintptr(unsafe.Pointer(unsafe.SliceData(b.arena))); off < uintptr(len(b.arena)) {
+					at = int(off / mb)
+				}
+				if at != o.want {
+					t.Fatalf("op %d: get(%d MiB) at %d MiB of the arena, want %d", k, o.n, at, o.want)
+				}
 			}
-			if b.mapped != 4*n {
-				t.Fatalf("mapped %d with four held, want %d", b.mapped, 4*n)
-			}
-			for _, buf := range held {
-				b.put(buf)
-			}
-			if got := len(b.free[n]); got != c.wantKept || b.mapped != c.wantMapped || len(b.maps) != c.wantKept {
-				t.Fatalf("kept %d (%d maps), mapped %d; want %d, %d", got, len(b.maps), b.mapped, c.wantKept, c.wantMapped)
-			}
-			again := b.get(n)
-			if reused := c.wantKept > 0 && unsafe.SliceData(again) == unsafe.SliceData(held[len(held)-1]); reused != (c.wantKept > 0) || b.mapped != max(c.wantMapped, n) {
-				t.Errorf("get after: reused a kept buffer %v, mapped %d", reused, b.mapped)
+			if !slices.Equal(b.holes, c.holes) || len(b.apart) != c.apart {
+				t.Errorf("holes %v, %d apart; want %v, %d", b.holes, len(b.apart), c.holes, c.apart)
 			}
 		})
 	}
