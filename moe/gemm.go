@@ -372,17 +372,23 @@ func (s *expertStages) Product(i int) (BandProduct, bool) {
 	if i != StageDown && s.xt == nil {
 		s.xt = blasdot.PackMatrix(rows, h, s.xb, h)
 	}
+	// Each names its tokens and outputs (rows of xb, gate, up, ob), so
+	// that paired with SRC's expert it takes SRC's outputs where both
+	// multiply the same bytes by the same tokens.
+	row := func(m []float32, n int) func(i int) []float32 {
+		return func(i int) []float32 { return m[i*n : (i+1)*n] }
+	}
 	switch i {
 	case StageGate:
 		if IsUngated(s.m.Act) {
 			return BandProduct{}, false
 		}
-		return BandProduct{W: s.m.GateW, Dense: s.m.Gate, Rows: inter, Cols: h, F: gemm(s.xt, h, s.gate, inter)}, true
+		return BandProduct{W: s.m.GateW, Dense: s.m.Gate, Rows: inter, Cols: h, F: gemm(s.xt, h, s.gate, inter), Tokens: rows, X: row(s.xb, h), Y: row(s.gate, inter)}, true
 	case StageUp:
-		return BandProduct{W: s.m.UpW, Dense: s.m.Up, Rows: inter, Cols: h, F: gemm(s.xt, h, s.up, inter)}, true
+		return BandProduct{W: s.m.UpW, Dense: s.m.Up, Rows: inter, Cols: h, F: gemm(s.xt, h, s.up, inter), Tokens: rows, X: row(s.xb, h), Y: row(s.up, inter)}, true
 	}
 	s.at = blasdot.PackMatrix(rows, inter, s.gate, inter)
-	return BandProduct{W: s.m.DownW, Dense: s.m.Down, Rows: h, Cols: inter, F: gemm(s.at, inter, s.ob, h)}, true
+	return BandProduct{W: s.m.DownW, Dense: s.m.Down, Rows: h, Cols: inter, F: gemm(s.at, inter, s.ob, h), Tokens: rows, X: row(s.gate, inter), Y: row(s.ob, h)}, true
 }
 
 func (s *expertStages) After(i int) error {

@@ -1,8 +1,10 @@
 package moe
 
 import (
+	"bytes"
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -29,11 +31,45 @@ const (
 // BandProduct is one stage's product: the weight (W, or Dense where W is
 // nil) of Rows x Cols, and F, the work on each band of its rows (called
 // concurrently for different bands; each writes its own rows' outputs).
+//
+// Tokens, X and Y, where set, say what F multiplies: X(i) is token i's
+// input row (Cols values) and Y(i) where F writes its outputs (Rows
+// values, one a weight row). Of two products run paired (RunPaired) whose
+// weight rows hold the same bytes (SameRows) and whose tokens are the
+// same, bit for bit and in the same order, the second takes the first's
+// outputs of those rows instead of multiplying them again: one product,
+// computed once, by the first side's arithmetic.
 type BandProduct struct {
 	W          Weight
 	Dense      []float32
 	Rows, Cols int
 	F          func(r0, r1 int, band []float32)
+	Tokens     int
+	X, Y       func(i int) []float32
+}
+
+// sameTokens reports whether a and b multiply the same token rows, bit for
+// bit and in the same order (both name them).
+func sameTokens(a, b BandProduct) bool {
+	if a.X == nil || b.X == nil || a.Y == nil || b.Y == nil || a.Tokens != b.Tokens || a.Tokens <= 0 {
+		return false
+	}
+	for i := range a.Tokens {
+		x, y := a.X(i), b.X(i)
+		if len(x) < a.Cols || len(y) < a.Cols || len(a.Y(i)) < a.Rows || len(b.Y(i)) < a.Rows {
+			return false
+		}
+		if !bytes.Equal(floatBytes(x[:a.Cols]), floatBytes(y[:a.Cols])) {
+			return false
+		}
+	}
+	return true
+}
+
+// floatBytes is v's memory as bytes, for a comparison of bits (where == on
+// floats would take -0 for 0 and no NaN for itself).
+func floatBytes(v []float32) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 4*len(v))
 }
 
 // band is the rows p's bands start at a multiple of.
@@ -148,8 +184,10 @@ type decoded struct {
 // pairedBands runs two products of one shape and banding together: a
 // chunk of bands of a, then the same rows of b, chunk after chunk, par
 // bands at once. A band of b whose rows hold a's bytes (SameRows) takes
-// a's decoded values instead of decoding its own. A side's error is its
-// lowest band's; its later bands are skipped.
+// a's decoded values instead of decoding its own, and where the two
+// multiply the same tokens (sameTokens), a's outputs of those rows instead
+// of multiplying. A side's error is its lowest band's; its later bands
+// are skipped.
 func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 	rows, cols := a.Rows, a.Cols
 	for _, p := range []BandProduct{a, b} {
@@ -163,6 +201,7 @@ func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 	if a.W == nil {
 		same = nil
 	}
+	share := same != nil && sameTokens(a, b)
 	var mu sync.Mutex
 	failed := [2]int{rows, rows} // each side's lowest failing band (rows: none)
 	var errs [2]error
@@ -238,6 +277,12 @@ func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 					return nil
 				}
 				if d.bp != nil && same.SameRows(a.W, r0, r1) {
+					if share {
+						for i := range b.Tokens {
+							copy(b.Y(i)[r0:r1], a.Y(i)[r0:r1])
+						}
+						return nil
+					}
 					b.F(r0, r1, (*d.bp)[:(r1-r0)*cols])
 					return nil
 				}

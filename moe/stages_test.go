@@ -3,6 +3,8 @@ package moe
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
+	"sync/atomic"
 	"testing"
 )
 
@@ -15,6 +17,10 @@ type gemmStages struct {
 	rows   [NumStages]int
 	out    [NumStages][]float32
 	afters []int
+	// named: the products name their tokens and outputs (BandProduct's
+	// X, Y); multiplied counts the rows F multiplied, by stage.
+	named      bool
+	multiplied [NumStages]atomic.Int64
 }
 
 func (s *gemmStages) Product(i int) (BandProduct, bool) {
@@ -22,7 +28,13 @@ func (s *gemmStages) Product(i int) (BandProduct, bool) {
 		return BandProduct{}, false
 	}
 	out, n := s.out[i], s.rows[i]
-	return BandProduct{W: s.w[i], Rows: n, Cols: s.k, F: func(r0, r1 int, band []float32) {
+	var x, y func(t int) []float32
+	if s.named {
+		x = func(t int) []float32 { return s.x[t*s.k : (t+1)*s.k] }
+		y = func(t int) []float32 { return out[t*n : (t+1)*n] }
+	}
+	return BandProduct{W: s.w[i], Rows: n, Cols: s.k, Tokens: s.m, X: x, Y: y, F: func(r0, r1 int, band []float32) {
+		s.multiplied[i].Add(int64(r1 - r0))
 		for t := range s.m {
 			for r := r0; r < r1; r++ {
 				var sum float32
@@ -102,4 +114,86 @@ func TestRunPairedEqualsAlone(t *testing.T) {
 			t.Errorf("%+v: b's stages ended %v", tc, b.afters)
 		}
 	}
+}
+
+// sameRowsWeight is a rowsWeight that tells when its rows hold another's
+// values bit for bit (SameRows), as DST's copy of SRC's expert does.
+type sameRowsWeight struct{ rowsWeight }
+
+func (w sameRowsWeight) SameRows(o Weight, r0, r1 int) bool {
+	ow, ok := o.(sameRowsWeight)
+	return ok && slices.Equal(floatBytes(w.w[r0*w.cols:r1*w.cols]), floatBytes(ow.w[r0*w.cols:r1*w.cols]))
+}
+
+// Of two products run paired, the second takes the first's outputs
+// instead of multiplying where both name their tokens, the tokens are the
+// same bit for bit, and the weight rows hold the same bytes: only there.
+// Every output is still the one the side gives alone.
+func TestRunPairedSharesTheSameProduct(t *testing.T) {
+	// Rows of 32768 values: bands of 8 rows (bandRows), three to a
+	// product.
+	const m, k, band = 5, 32768, 8
+	rows := [NumStages]int{24, 24, 16}
+	cases := []struct {
+		name  string
+		named bool
+		edit  func(b *gemmStages) // b made a's copy, then edited
+		want  [NumStages]int64    // rows b multiplies itself, by stage
+	}{
+		{"same tokens, same bytes", true, func(*gemmStages) {}, [NumStages]int64{0, 0, 0}},
+		{"tokens not named", false, func(*gemmStages) {}, rows64(rows)},
+		{"one token's -0 for 0", true, func(b *gemmStages) { b.x[3*k+7] = float32(math.Copysign(0, -1)) }, rows64(rows)},
+		{"one weight row's band differs", true, func(b *gemmStages) {
+			w := b.w[StageUp].(sameRowsWeight)
+			w.w[17*k+5] += 1 // row 17: the band of rows 16..23
+		}, [NumStages]int64{0, band, 0}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a := sameRowsStages(rand.New(rand.NewPCG(9, 9)), m, k, rows, band, c.named)
+			b := sameRowsStages(rand.New(rand.NewPCG(9, 9)), m, k, rows, band, c.named)
+			alone := sameRowsStages(rand.New(rand.NewPCG(9, 9)), m, k, rows, band, c.named)
+			c.edit(b)
+			c.edit(alone)
+			if errA, errB := RunPaired(a, b, 2); errA != nil || errB != nil {
+				t.Fatal(errA, errB)
+			}
+			if err := RunStages(alone, 2); err != nil {
+				t.Fatal(err)
+			}
+			for i := range NumStages {
+				if got := b.multiplied[i].Load(); got != c.want[i] {
+					t.Errorf("stage %d: b multiplied %d rows, want %d", i, got, c.want[i])
+				}
+				if a.multiplied[i].Load() != int64(rows[i]) {
+					t.Errorf("stage %d: a multiplied %d rows, want all %d", i, a.multiplied[i].Load(), rows[i])
+				}
+				if !slices.Equal(floatBytes(b.out[i]), floatBytes(alone.out[i])) {
+					t.Errorf("stage %d: b's outputs paired differ from b's alone", i)
+				}
+			}
+		})
+	}
+}
+
+func rows64(r [NumStages]int) (n [NumStages]int64) {
+	for i, v := range r {
+		n[i] = int64(v)
+	}
+	return n
+}
+
+// sameRowsStages is newGemmStages with weights that tell SameRows.
+func sameRowsStages(r *rand.Rand, m, k int, rows [NumStages]int, band int, named bool) *gemmStages {
+	s := newGemmStages(r, m, k, rows, band, -1)
+	for i, w := range s.w {
+		if w != nil {
+			rw := w.(rowsWeight)
+			rw.w = slices.Clone(rw.w)
+			s.w[i] = sameRowsWeight{rw}
+		}
+	}
+	s.named = named
+	s.x[3*k+7] = 0 // a case makes b's -0
+	return s
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/moeprep/moeprep/validate/judge"
 	"io"
 	"math"
 	"path/filepath"
@@ -142,8 +143,19 @@ func TestStreamedProofMismatchAsCheckBytes(t *testing.T) {
 
 // PairLayer, which runs both paths in one pass over the bank and decodes
 // an expert once where SRC and DST hold the same bytes, computes what
-// ReferenceLayer and FusedLayerRun compute on their own, bit for bit, on
-// every conversion case and on the forced coverage tokens too.
+// ReferenceLayer and FusedLayerRun compute on their own, on every
+// conversion case and on the forced coverage tokens too: the reference bit
+// for bit; the fused path bit for bit where the products are one piece of
+// both kernels (H and I at most 64, where their sums are the same), and
+// elsewhere within pairedFusedBound of it. Paired, a product SRC and DST
+// share (the same bytes by the same tokens) is computed once, by the
+// reference's arithmetic (moe.BandProduct), so there the fused path's
+// outputs are the reference's rounding of it, not its own. The bound:
+// blasdot holds its two sums within 7.5e-7 of each other on one product
+// (deviation_test.go); the fixtures with H 160 measure 1.1e-7..2.9e-7 at
+// the layer's output.
+const pairedFusedBound = 1e-6
+
 func TestPairLayerBitIdentical(t *testing.T) {
 	for _, c := range conversionCases() {
 		t.Run(c.name(), func(t *testing.T) {
@@ -175,8 +187,15 @@ func TestPairLayerBitIdentical(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if !sameBits(ref.Y, ref1.Y) || !sameBits(fused.Y, fused1.Y) {
-						t.Errorf("layer %d, paired %v: PairLayer's outputs differ from the paths run apart", tg.index, paired)
+					if !sameBits(ref.Y, ref1.Y) {
+						t.Errorf("layer %d, paired %v: PairLayer's reference differs from ReferenceLayer's", tg.index, paired)
+					}
+					if h := len(x) / tn; !sameBits(fused.Y, fused1.Y) {
+						d := judge.Compare(fused.Y, fused1.Y)
+						if !paired || h <= 64 || !(d.RelL2 <= pairedFusedBound) {
+							t.Errorf("layer %d, paired %v, H %d: PairLayer's fused path differs from FusedLayerRun's by relative L2 %.3g", tg.index, paired, h, d.RelL2)
+						}
+						t.Logf("layer %d, H %d: paired fused path within %.3g of FusedLayerRun's", tg.index, h, d.RelL2)
 					}
 					if bank := tg.fused.Contract.BankSize(); len(released) != bank {
 						t.Errorf("layer %d, paired %v: %d of %d bank experts released", tg.index, paired, len(released), bank)

@@ -86,7 +86,7 @@ func dot64Bands(xs [][]float32, w moe.Weight, n, k int, outs [][]float32) error 
 	}
 	t := packRows(xs, k)
 	defer t.Release()
-	p := dot64Product(t, w, n, k, outs)
+	p := dot64Product(t, w, n, k, xs, outs)
 	return moe.ProductBands(p.W, nil, n, k, p.F)
 }
 
@@ -97,16 +97,20 @@ func packRows(xs [][]float32, k int) *blasdot.Tokens {
 }
 
 // dot64Product is dot64Bands' product as a stage's (moe.Stages), of the
-// packed tokens t; a missing weight (nil w) fails as a weight of no
-// values.
-func dot64Product(t *blasdot.Tokens, w moe.Weight, n, k int, outs [][]float32) moe.BandProduct {
-	return moe.BandProduct{W: w, Rows: n, Cols: k, F: func(r0, r1 int, band []float32) {
+// tokens xs packed as t; a missing weight (nil w) fails as a weight of no
+// values. It names its tokens and outputs, so that DST's copy of the
+// expert, paired with it, takes its outputs where both multiply the same
+// bytes by the same tokens (moe.BandProduct).
+func dot64Product(t *blasdot.Tokens, w moe.Weight, n, k int, xs, outs [][]float32) moe.BandProduct {
+	f := func(r0, r1 int, band []float32) {
 		view := make([][]float32, len(outs))
 		for i, o := range outs {
 			view[i] = o[r0:]
 		}
 		t.Dot64Rows(band, r1-r0, view)
-	}}
+	}
+	return moe.BandProduct{W: w, Rows: n, Cols: k, F: f, Tokens: len(xs),
+		X: func(i int) []float32 { return xs[i] }, Y: func(i int) []float32 { return outs[i] }}
 }
 
 // loadBiases loads m's biases (gate and up [inter], down [h]; ERNIE 4.5's

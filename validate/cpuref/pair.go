@@ -59,11 +59,18 @@ func (e *SideError) Unwrap() error { return e.Err }
 // reaches it and lets their bytes go, so each expert's bytes are held once
 // while both paths need them (each path decodes them a band of rows at a
 // time), and the jobs go in the order a stream reads the layer: the shared
-// expert with DST's replicas of it first, then the routed experts. The results are ReferenceLayer's and FusedLayerRun's bit
-// for bit (each expert is computed as they compute it, and the sums run in
-// slot order after all of them), and so is the error: a failing reference
-// is reported before anything of the fused path, as when the two ran one
-// after the other.
+// expert with DST's replicas of it first, then the routed experts. The
+// reference is ReferenceLayer's bit for bit, and so is the error: a failing
+// reference is reported before anything of the fused path, as when the two
+// ran one after the other. The fused path is FusedLayerRun's bit for bit
+// (each expert is computed as it computes it, and the sums run in slot
+// order after all of them) except, with Paired, where an expert's product
+// is the same on both sides (DST's rows hold SRC's bytes and both multiply
+// them by the same tokens): that product is computed once, by the
+// reference's sums, and the fused path takes its outputs. Multiplying the
+// same bytes by the same tokens again would only round differently; the
+// path's own arithmetic still runs wherever DST's bytes or tokens differ
+// (a folded scale, a requantised weight, w8a8's quantised tokens).
 func PairLayer(ctx context.Context, src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, dst tensorload.TensorSource, fl *moelayer.FusedLayer, x []float32, t int, o PairOptions) (*moelayer.RefResult, *moelayer.FusedResult, error) {
 	r, err := newRefLayer(src, plan, layer, x, t, RefOptions{Tokens: o.Tokens, Coverage: o.Coverage, Workers: o.Workers, RequantShared: o.RequantShared, RouterInput: o.RouterInput})
 	if err != nil {

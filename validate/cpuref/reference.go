@@ -599,14 +599,14 @@ func (s *refStages) Product(i int) (moe.BandProduct, bool) {
 		if m.w[layout.ProjGate] == nil {
 			return moe.BandProduct{}, false
 		}
-		return dot64Product(s.tokens(), m.w.weight(layout.ProjGate), m.inter, m.h, s.gs), true
+		return dot64Product(s.tokens(), m.w.weight(layout.ProjGate), m.inter, m.h, s.xs, s.gs), true
 	case moe.StageUp:
-		return dot64Product(s.tokens(), m.w.weight(layout.ProjUp), m.inter, m.h, s.us), true
+		return dot64Product(s.tokens(), m.w.weight(layout.ProjUp), m.inter, m.h, s.xs, s.us), true
 	}
 	// The down product's tokens are the activations, packed once the
 	// gate and up products are done (After has run).
 	s.at = packRows(s.gs, m.inter)
-	return dot64Product(s.at, m.w.weight(layout.ProjDown), m.h, m.inter, s.outs), true
+	return dot64Product(s.at, m.w.weight(layout.ProjDown), m.h, m.inter, s.gs, s.outs), true
 }
 
 // tokens is xs packed for the gate and up products, once for both.
