@@ -362,7 +362,9 @@ func (r *refLayer) requantShared(ctx context.Context) (*sharedOut, float64, erro
 	}
 	defer q.release()
 	// Each projection as SRC stores it, one at a time beside the
-	// requantised MLP.
+	// requantised MLP, a band of rows of each at a time: a whole one in
+	// float32 (59 MB at Kimi-K2's 7168 x 2048) and its bytes were the
+	// largest thing the reference held for a requantised shared expert.
 	h, werr := plan.HiddenSize, 0.0
 	for _, p := range layout.MLPProjs {
 		name := layer.Shared.Weight(p)
@@ -370,20 +372,35 @@ func (r *refLayer) requantShared(ctx context.Context) (*sharedOut, float64, erro
 			continue // an ungated MLP's gate
 		}
 		rows, cols := projDims(p, inter, h)
-		w, err := tensorload.LoadMatrix(src, tensorload.MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols})
+		w, err := tensorload.LoadBands(src, tensorload.MatrixRef{Name: name, Index: -1, Rows: rows, Cols: cols})
 		if err != nil {
 			return nil, 0, fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)
 		}
+		// SRC's band first, then the requantised one, as SRC's whole
+		// matrix was read before: SRC's error is reported as before.
+		qw := q.w.weight(p)
 		var d, n float64
-		err = moe.EachBand(q.w.weight(p), nil, rows, cols, func(r0, _ int, got []float32) {
-			for j, v := range w[r0*cols : r0*cols+len(got)] {
+		var got []float32 // the requantised rows of the band (EachBand runs one band at a time)
+		var qErr error
+		err = moe.EachBand(bandsOf{w, qw.Band()}, nil, rows, cols, func(r0, r1 int, want []float32) {
+			if qErr != nil {
+				return
+			}
+			got = slices.Grow(got[:0], len(want))[:len(want)]
+			if qErr = qw.Rows(r0, r1, got); qErr != nil {
+				return
+			}
+			for j, v := range want {
 				d += (float64(got[j]) - float64(v)) * (float64(got[j]) - float64(v))
 				n += float64(v) * float64(v)
 			}
 		})
-		tensorload.PutFloats(w)
+		w.Release()
 		if err != nil {
-			return nil, 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Key(), err)
+			return nil, 0, fmt.Errorf("layer %d shared expert: %w", layer.Key(), err)
+		}
+		if qErr != nil {
+			return nil, 0, fmt.Errorf("layer %d requantised shared expert: %w", layer.Key(), qErr)
 		}
 		if n == 0 && d > 0 {
 			return nil, 0, fmt.Errorf("layer %d: requantised shared expert %s is not zero where the source's is", layer.Key(), name)
@@ -397,6 +414,15 @@ func (r *refLayer) requantShared(ctx context.Context) (*sharedOut, float64, erro
 	}
 	return sh, math.Sqrt(werr), nil
 }
+
+// bandsOf is a weight read in bands that start on multiples of band (the
+// requantised weight's, which a plain one read beside it must follow).
+type bandsOf struct {
+	moe.Weight
+	band int
+}
+
+func (b bandsOf) Band() int { return max(b.band, b.Weight.Band()) }
 
 // SharedMLPOutput is layer's shared MLP (as src stores it, under plan) over
 // the t rows of x [t,h], run apart from the bank: a latent MoE's shared
