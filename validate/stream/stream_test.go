@@ -226,6 +226,18 @@ func TestBuffersArena(t *testing.T) {
 		{"past the arena mapped apart, unmapped when put", 4 * mb, []op{{4, 0}, {4, -1}, {2, 4}, {-2, 0}, {3, -1}}, nil, 1},
 		{"a size that is not whole units", 8 * mb, []op{{1, 0}, {-1, 0}, {1, 0}}, []hole{{17, 143}}, 0},
 	}
+	// A buffer put back after close (a reader that pinned its step past
+	// the pass's end) is let go, not handed out again.
+	t.Run("put after close", func(t *testing.T) {
+		b := buffers{keep: 8 * mb}
+		buf, apart := b.get(2*mb), b.get(12*mb)
+		b.close()
+		b.put(buf)
+		b.put(apart)
+		if b.arena != nil || len(b.holes) != 0 || len(b.apart) != 0 {
+			t.Errorf("after close and put: arena %d bytes, holes %v, %d apart", len(b.arena), b.holes, len(b.apart))
+		}
+	})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			b := buffers{keep: c.keep}
