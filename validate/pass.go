@@ -127,8 +127,13 @@ var passBudget int64
 // size, so that a chunk of a tensor starts on an element.
 const restChunk = 8 << 20
 
-// restStep is how many DST bytes of the rest one step reads at most.
-const restStep = 32 << 20
+// restStep is about how many DST bytes of the rest one step reads (a
+// chunk more at most). The rest is the byte proof's alone, which takes a
+// step at once; the pass's default budget holds two of its largest
+// (stream.Step.Trailing), so a step of 32 MiB (66 MB with its SRC bytes)
+// had a Kimi-K2 INT4 layer of 6 MB experts read 132 MB ahead, each page
+// of it new to the process; at 8 MiB the layer's steps size the budget.
+const restStep = 8 << 20
 
 // stepBuilder collects one step's extents: DST's, with what the byte
 // proof takes of them, and SRC's, merged per tensor.
@@ -277,6 +282,12 @@ func (s *session) planPass(targets []target, proof *byteproof.Stream) *passPlan 
 	spans := map[*checkpoint.Tensor][][2]int64{}
 	add := func(b *stepBuilder, layer, display int, skip *stepBuilder, u int) int {
 		st, takes := b.step(u, skip)
+		// The rest of DST, after the layers, is the byte proof's alone,
+		// which compares and lets each step go at once: the read-ahead
+		// is sized by the layers' steps, which the checks hold for long
+		// (four 66 MB rest steps had a Kimi-K2 INT4 layer of 6 MB
+		// experts read 265 MB ahead, each page of it new memory).
+		st.Trailing = layer < 0
 		if counting != nil {
 			counting.count(st, len(b.dst), spans)
 		}

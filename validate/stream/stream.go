@@ -49,13 +49,22 @@ type Step struct {
 	Extents []Extent
 	// Users is how many Release calls free the step (0 counts as 1).
 	Users int
+	// Trailing marks a step that only a fast reader takes after the
+	// others (validate's byte proof, the rest of DST after the layers):
+	// the default budget is four of the largest other step, and two of
+	// the largest trailing one (one read while the other is taken), so
+	// that one large trailing step does not let the reads run far ahead
+	// of the steps that consumers hold for long.
+	Trailing bool
 }
 
 // Options size a Pass.
 type Options struct {
 	// Budget bounds the bytes held: read ahead, or read and not yet
 	// released by every user. A step larger than the budget is still read,
-	// alone. 0: four of the largest step, within [MinBudget, MaxBudget].
+	// alone. 0: four of the largest step that is not Trailing, or two of
+	// the largest Trailing one where that is more, within [MinBudget,
+	// MaxBudget].
 	Budget int64
 	// Depth is how many reads are in flight (0: DefaultDepth).
 	Depth int
@@ -73,9 +82,9 @@ type Options struct {
 
 // The default budget: four steps of the largest, enough to keep reads in
 // flight ahead of consumers that hold a few (a layer's head, an expert a
-// worker), within bounds that do not grow with the model: at most
-// MaxBudget, about six DeepSeek-V3 expert steps (SRC's and DST's 44 MB in
-// FP8 each).
+// worker; two of a Trailing step, which its reader takes at once),
+// within bounds that do not grow with the model: at most MaxBudget, about
+// six DeepSeek-V3 expert steps (SRC's and DST's 44 MB in FP8 each).
 const (
 	MinBudget = 64 << 20
 	MaxBudget = 512 << 20
@@ -183,17 +192,21 @@ func New(steps []Step, o Options) (*Pass, error) {
 	}
 	p := &Pass{o: o, tensors: map[*checkpoint.Tensor][]held{}, files: map[string]*file{}, wanted: -1}
 	p.cond = sync.NewCond(&p.mu)
-	var largest int64
+	var largest, trailing int64
 	for i, s := range steps {
 		st := &step{users: max(s.Users, 1), ready: make(chan struct{})}
 		if err := p.resolve(i, st, s.Extents); err != nil {
 			return nil, err
 		}
 		p.steps = append(p.steps, st)
-		largest = max(largest, st.mem)
+		if s.Trailing {
+			trailing = max(trailing, st.mem)
+		} else {
+			largest = max(largest, st.mem)
+		}
 	}
 	if p.o.Budget <= 0 {
-		p.o.Budget = min(max(4*largest, MinBudget), MaxBudget)
+		p.o.Budget = min(max(4*largest, 2*trailing, MinBudget), MaxBudget)
 	}
 	p.bufs.keep = p.o.Budget
 	return p, nil

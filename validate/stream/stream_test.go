@@ -334,3 +334,54 @@ func TestConsumedAndAssembled(t *testing.T) {
 		t.Errorf("told %v, want each step once", told)
 	}
 }
+
+// The default budget is four of the largest step that is not Trailing, or
+// two of the largest Trailing one where that is more, within [MinBudget,
+// MaxBudget]: a large trailing step (the byte proof's rest of DST) does
+// not let the reads run four of it ahead of a layer of small experts.
+func TestDefaultBudget(t *testing.T) {
+	const mb = 1 << 20
+	path := filepath.Join(t.TempDir(), "sparse.bin")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 30); err != nil { // sparse: no disk taken
+		t.Fatal(err)
+	}
+	f.Close()
+	// k steps of n MiB as the pass holds them: each read's buffer takes
+	// the block around it, in whole units of the arena.
+	held := func(k, n int64) int64 { return k * bufSize(n*mb+directAlign) }
+	cases := []struct {
+		name  string
+		steps []int64 // MiB; negative: a Trailing step of that size
+		want  int64
+	}{
+		{"small experts, a large trailing step", []int64{6, 6, 12, -66, -66}, held(2, 66)},
+		{"large experts, small trailing steps", []int64{84, 84, -9}, held(4, 84)},
+		{"no trailing step", []int64{25, 25}, held(4, 25)},
+		{"only trailing steps", []int64{-40, -20}, held(2, 40)},
+		{"at least MinBudget", []int64{2, -3}, MinBudget},
+		{"at most MaxBudget", []int64{300, -400}, MaxBudget},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var steps []Step
+			off := int64(0)
+			for _, n := range c.steps {
+				size := max(n, -n) * mb
+				steps = append(steps, Step{Extents: []Extent{{File: path, Off: off, N: size}}, Trailing: n < 0})
+				off += size
+			}
+			p, err := New(steps, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			if got := p.Budget(); got != c.want {
+				t.Errorf("budget %d bytes, want %d", got, c.want)
+			}
+		})
+	}
+}
