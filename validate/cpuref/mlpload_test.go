@@ -120,3 +120,21 @@ func decodeAll(t *testing.T, w *tensorload.Bands, rows, cols int) []float32 {
 	}
 	return all
 }
+
+// bandsOf starts its bands where both weights may: the least multiple of
+// their bands.
+func TestBandsOfBand(t *testing.T) {
+	for _, c := range []struct{ band, inner, want int }{
+		{32, 1, 32}, {1, 32, 32}, {4, 6, 12}, {128, 32, 128}, {0, 5, 5}, {7, 7, 7},
+	} {
+		if got := (bandsOf{fixedBand(c.inner), c.band}).Band(); got != c.want {
+			t.Errorf("bandsOf{band %d} over a weight of bands %d: %d, want %d", c.band, c.inner, got, c.want)
+		}
+	}
+}
+
+// fixedBand is a weight whose bands start on multiples of its value.
+type fixedBand int
+
+func (f fixedBand) Band() int                            { return int(f) }
+func (f fixedBand) Rows(r0, r1 int, dst []float32) error { return nil }

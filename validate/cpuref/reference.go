@@ -422,7 +422,18 @@ type bandsOf struct {
 	band int
 }
 
-func (b bandsOf) Band() int { return max(b.band, b.Weight.Band()) }
+// Band is the least multiple of both weights' bands, so that every band
+// starts where each of them may (a plain weight's band is one row; the
+// requantised one's its scale block's rows).
+func (b bandsOf) Band() int {
+	x, y := max(b.band, 1), max(b.Weight.Band(), 1)
+	for g, h := x, y; ; {
+		if h == 0 {
+			return x / g * y
+		}
+		g, h = h, g%h
+	}
+}
 
 // SharedMLPOutput is layer's shared MLP (as src stores it, under plan) over
 // the t rows of x [t,h], run apart from the bank: a latent MoE's shared
