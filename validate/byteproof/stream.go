@@ -32,6 +32,7 @@ type Stream struct {
 	order  []*shardStream          // in the manifest's name order
 	tensor map[string]*shardTensor // DST's tensors, by name
 	buf    []byte                  // predicted bytes, read from SRC (one Take at a time)
+	early  earlyBudget             // the block hashes' early pieces, every shard's
 	// Rechecked counts the shards read again because something differed;
 	// Reread those read again because a segment that is compared whole
 	// came in parts.
@@ -85,7 +86,7 @@ func NewStream(src, dst *checkpoint.Checkpoint, plan *family.Plan, c *layout.Con
 	if err != nil || res != nil {
 		return nil, res, err
 	}
-	s = &Stream{pr: pr, shards: map[string]*shardStream{}, tensor: map[string]*shardTensor{}}
+	s = &Stream{pr: pr, shards: map[string]*shardStream{}, tensor: map[string]*shardTensor{}, early: earlyBudget{max: maxEarlyBytes}}
 	for _, rel := range pr.names {
 		if !pr.isShard(rel) {
 			continue
@@ -114,7 +115,7 @@ func (s *Stream) openShard(rel string) (*shardStream, error) {
 		return nil, err
 	}
 	sh.size = st.Size()
-	if sh.hash, err = newBlockHash(sh.like, sh.size, sh.path); err != nil {
+	if sh.hash, err = newBlockHash(sh.like, sh.size, sh.path, &s.early); err != nil {
 		return nil, fmt.Errorf("%s: %w", sh.path, err)
 	}
 	infos := slices.Clone(f.Tensors)
@@ -433,17 +434,18 @@ func (sh *shardStream) stats() shardStats {
 // layer's stacks expert by expert holds at most a block at each stack's
 // start), and the root is taken over the blocks' digests in file order.
 //
-// Up to maxEarly bytes are held in memory. The pass reads each layer's
-// stacks before the attention tensors that precede them in the file
-// (those come with the rest of DST, at the end), so every block that holds
-// a layer's attention and the start of its stacks waits for the end: a
-// block a layer (244 MB for DeepSeek-V3's 61 layers in 4 MiB blocks), or
-// nearly the whole file when layers are smaller than a block (60 MB for a
-// Kimi-K2-shaped synth of 60 small layers). Past maxEarly only where a
-// piece lies is kept, and its bytes are read again from the file (path)
-// when its turn comes, consecutive pieces in one read. A read that fails
-// leaves the sum unknown, and the proof then reads the shard in file
-// order.
+// The pieces held are bounded by budget, which every shard of the proof
+// shares. The pass reads each layer's stacks before the attention tensors
+// that precede them in the file (those come with the rest of DST, at the
+// end), so every block that holds a layer's attention and the start of its
+// stacks waits for the end: a block a layer (244 MB for DeepSeek-V3's 61
+// layers in 4 MiB blocks, spread over its shards, which a bound per shard
+// let the proof hold nearly whole), or nearly the whole file when layers
+// are smaller than a block (60 MB for a Kimi-K2-shaped synth of 60 small
+// layers). Past the budget only where a piece lies is kept, and its bytes
+// are read again from the file (path) when its turn comes, consecutive
+// pieces in one read. A read that fails leaves the sum unknown, and the
+// proof then reads the shard in file order.
 type blockHash struct {
 	algo     layout.BlockAlgo
 	bs, size int64
@@ -452,10 +454,15 @@ type blockHash struct {
 	done     int64 // blocks complete
 	bad      bool  // a byte came twice, or a held piece could not be read again
 	path     string
-	held     int64 // bytes held in early pieces
-	maxEarly int64
-	buf      []byte // reads of pieces not held
+	held     int64        // bytes held in early pieces
+	budget   *earlyBudget // the early pieces every shard's hash holds
+	buf      []byte       // reads of pieces not held
 }
+
+// earlyBudget is what the block hashes of one proof hold in early pieces,
+// together: held bytes of at most max. The pass hands the proof one piece
+// at a time (Stream.Take), so it needs no lock.
+type earlyBudget struct{ held, max int64 }
 
 type openBlock struct {
 	h     hash.Hash
@@ -470,12 +477,14 @@ type earlyPiece struct {
 	n int64
 }
 
-// maxEarlyBytes is blockHash's maxEarly: a few blocks of the usual 4 MiB.
+// maxEarlyBytes is the early pieces a proof's block hashes hold, all
+// shards together: a few blocks of the usual 4 MiB.
 const maxEarlyBytes = 16 << 20
 
 // newBlockHash is the hash of a file (path) of size bytes described like
-// like; nil for a whole-file SHA-256, which needs the bytes in order.
-func newBlockHash(like layout.FileInfo, size int64, path string) (*blockHash, error) {
+// like, holding early pieces within budget; nil for a whole-file SHA-256,
+// which needs the bytes in order.
+func newBlockHash(like layout.FileInfo, size int64, path string, budget *earlyBudget) (*blockHash, error) {
 	d, algo, ok := like.BlockHash()
 	if !ok || d.BlockSize <= 0 {
 		return nil, nil
@@ -485,7 +494,7 @@ func newBlockHash(like layout.FileInfo, size int64, path string) (*blockHash, er
 		return nil, fmt.Errorf("%d bytes in %d-byte blocks is %d blocks, over the limit of %d", size, d.BlockSize, blocks, layout.MaxBlocksPerFile)
 	}
 	return &blockHash{algo: algo, bs: d.BlockSize, size: size, digests: make([][32]byte, blocks), open: map[int64]*openBlock{},
-		path: path, maxEarly: maxEarlyBytes}, nil
+		path: path, budget: budget}, nil
 }
 
 // write hashes b, the file's bytes from off.
@@ -515,9 +524,10 @@ func (bh *blockHash) block(k, at int64, b []byte) {
 			bh.bad = true
 		}
 		e := earlyPiece{n: int64(len(b))}
-		if bh.held+e.n <= bh.maxEarly {
+		if bh.budget.held+e.n <= bh.budget.max {
 			e.b = slices.Clone(b)
 			bh.held += e.n
+			bh.budget.held += e.n
 		}
 		ob.early[at] = e
 		return
@@ -537,6 +547,7 @@ func (bh *blockHash) block(k, at int64, b []byte) {
 			ob.h.Write(e.b)
 			ob.next += e.n
 			bh.held -= e.n
+			bh.budget.held -= e.n
 			continue
 		}
 		// The run of pieces not held from here: one read of the file.

@@ -42,11 +42,10 @@ func TestBlockHashAnyOrder(t *testing.T) {
 		// held whole, then mostly read again from the file (a few
 		// kilobytes held), then read again whole
 		for _, maxEarly := range []int64{maxEarlyBytes, 20_000, 0} {
-			bh, err := newBlockHash(like, int64(len(data)), path)
+			bh, err := newBlockHash(like, int64(len(data)), path, &earlyBudget{max: maxEarly})
 			if err != nil {
 				t.Fatal(err)
 			}
-			bh.maxEarly = maxEarly
 			for i, c := range cuts {
 				if i == len(cuts)-1 {
 					if _, ok := bh.sum(); ok {
@@ -72,18 +71,78 @@ func TestBlockHashAnyOrder(t *testing.T) {
 	}
 	// Pieces held nowhere whose file is gone leave the sum unknown.
 	gone := filepath.Join(t.TempDir(), "gone")
-	bh, err := newBlockHash(layout.FileInfo{X3Blocks: layout.BlockDigest{BlockSize: 4096}}, 8192, gone)
+	bh, err := newBlockHash(layout.FileInfo{X3Blocks: layout.BlockDigest{BlockSize: 4096}}, 8192, gone, &earlyBudget{max: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
-	bh.maxEarly = 0
 	bh.write(4096, data[4096:8192])
 	bh.write(100, data[100:4096])
 	bh.write(0, data[:100])
 	if _, ok := bh.sum(); ok {
 		t.Errorf("a piece that could not be read again still sums")
 	}
-	if bh, err := newBlockHash(layout.FileInfo{SHA256: "x"}, 10, path); bh != nil || err != nil {
+	if bh, err := newBlockHash(layout.FileInfo{SHA256: "x"}, 10, path, &earlyBudget{max: maxEarlyBytes}); bh != nil || err != nil {
 		t.Errorf("a whole-file SHA-256 needs its bytes in order: %v %v", bh, err)
+	}
+}
+
+// The early pieces of every shard's block hash share one budget: the
+// shards of a model that each hold a block's early pieces (a layer's
+// stacks before its attention) hold no more than it together, and each
+// still sums to its file's digest, its other pieces read again.
+func TestBlockHashesShareTheirBudget(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const files, size, bs = 4, 3 * 4096, 4096
+	like := layout.FileInfo{X3Blocks: layout.BlockDigest{BlockSize: bs}}
+	budget := &earlyBudget{max: 5000}
+	var hashes []*blockHash
+	var datas [][]byte
+	var wants []layout.FileInfo
+	for range files {
+		data := make([]byte, size)
+		for j := range data {
+			data[j] = byte(r.Uint32())
+		}
+		path := filepath.Join(t.TempDir(), "f")
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		want, err := layout.HashFileLike(path, like)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bh, err := newBlockHash(like, size, path, budget)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes, datas, wants = append(hashes, bh), append(datas, data), append(wants, want)
+	}
+	// Every file's second half of each block first: 2 KiB early a block,
+	// 6 KiB a file, 24 KiB in all against a budget of 5000 bytes.
+	for i, bh := range hashes {
+		for k := 0; k < size; k += bs {
+			bh.write(int64(k+bs/2), datas[i][k+bs/2:k+bs])
+			if budget.held > budget.max {
+				t.Fatalf("%d bytes held, budget %d", budget.held, budget.max)
+			}
+		}
+	}
+	var held int64
+	for _, bh := range hashes {
+		held += bh.held
+	}
+	if held != budget.held || held == 0 {
+		t.Errorf("the hashes hold %d bytes, the budget says %d", held, budget.held)
+	}
+	for i, bh := range hashes {
+		for k := 0; k < size; k += bs {
+			bh.write(int64(k), datas[i][k:k+bs/2])
+		}
+		if got, ok := bh.sum(); !ok || got != wants[i] {
+			t.Errorf("file %d: got %v (%v), want %v", i, got, ok, wants[i])
+		}
+	}
+	if budget.held != 0 {
+		t.Errorf("%d bytes still held", budget.held)
 	}
 }
