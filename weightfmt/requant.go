@@ -283,6 +283,10 @@ func (v requantView) ReadAt(p []byte, off int64) (int, error) {
 // next chunk), far below a model's shared experts. A variable for tests.
 var requantCacheBytes int64 = 32 << 20
 
+// RequantCacheBytes is what the bands of every Requant, cached together,
+// hold at most.
+func RequantCacheBytes() int64 { return requantCacheBytes }
+
 // requantCache holds recently computed bands, least recently used evicted.
 var requantCache = struct {
 	sync.Mutex

@@ -21,16 +21,57 @@ import (
 // (loadMLPBankOf): a format decoded on the device (INT4, FP8 per channel
 // or per tensor) through the same decode as DST's fused bank, which holds
 // these bytes in its shared replicas, so both paths run the same bf16
-// weights; FP8 blocks as codes and F32 scales. SRC's shared weights are
-// scanned for NaN and Inf as the requantiser reads them, so a non-finite
-// one fails its layer by name (tensorbytes.NonFiniteError) as the plain
-// shared expert's would, not as a refusal to requantise it.
+// weights; FP8 blocks as codes and F32 scales.
+//
+// SRC's shared weights are scanned for NaN and Inf first. Where they are
+// finite, the requantisation reads src's own tensors, so it is the one
+// the CPU reference and the byte proof read (checkpoint's requantiser is
+// shared by tensor): each band is quantised once and cached once, not a
+// second time for this path beside the others' (at Kimi-K2's size the
+// requantised shared expert is 25 MB of a cache of 32). Where one is not,
+// the weights are read through a scan as the requantiser reads them, so
+// that the non-finite one fails its layer by name
+// (tensorbytes.NonFiniteError) as the plain shared expert's would, not as
+// a refusal to requantise it.
 func RequantisedShared(src tensorload.TensorSource, m family.MLP, f weightfmt.Format) (family.MLP, tensorload.TensorSource, error) {
 	scan := map[string]bool{}
+	finite := true
 	for _, p := range layout.MLPProjs {
-		scan[m.Weight(p)] = true
+		name := m.Weight(p)
+		scan[name] = true
+		if t, ok := src.Tensor(name); finite && ok {
+			finite = allFinite(t)
+		}
+	}
+	if finite {
+		return tensorload.RequantisedShared(src, m, f)
 	}
 	return tensorload.RequantisedShared(finiteSource{src, scan}, m, f)
+}
+
+// finiteScanBytes is what allFinite reads at a time.
+const finiteScanBytes = 1 << 20
+
+// allFinite reports whether t's bytes read whole and hold no NaN or Inf.
+// A read that fails is not finite either: the scanning reader then meets
+// the failure where the requantiser reads, and reports it as it would.
+func allFinite(t *checkpoint.Tensor) bool {
+	size := int64(t.DType.Size())
+	if size <= 0 {
+		return false
+	}
+	buf := make([]byte, finiteScanBytes/size*size)
+	n := t.NumBytes()
+	for off := int64(0); off < n; off += int64(len(buf)) {
+		b := buf[:min(int64(len(buf)), n-off)]
+		if got, _ := t.Data.ReadAt(b, off); got != len(b) {
+			return false
+		}
+		if i, _ := tensorbytes.FirstNonFinite(t.DType, b); i >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // finiteSource is src, its tensors named in scan read through

@@ -180,25 +180,26 @@ func TestRequantisedSharedHostValues(t *testing.T) {
 }
 
 // sameComputedAhead: the unfused path's requantised shared expert computed
-// ahead into memory (tensorload.Computed, startHostRequant) is byte for
-// byte what reading rsrc computes, and held in memory, not computed again.
+// ahead (tensorload.Computed, startHostRequant) is byte for byte what
+// reading rsrc computes. These are small: computed into the requantiser's
+// cache, not held apart (tensorload's TestComputedAhead shows both ways).
 func sameComputedAhead(t *testing.T, rsrc tensorload.TensorSource, m family.MLP) {
 	t.Helper()
 	ahead := tensorload.Computed(rsrc, m.Names())
-	held := 0
+	computed := 0
 	for _, n := range m.Names() {
 		if !bytes.Equal(cktest.Bytes(t, ahead, n), cktest.Bytes(t, rsrc, n)) {
 			t.Fatalf("%s: computed ahead differs from computed on read", n)
 		}
 		if at, _ := ahead.Tensor(n); strings.HasPrefix(n, checkpoint.RequantisedPrefix) {
-			if _, ok := at.Data.(*bytes.Reader); !ok {
-				t.Fatalf("%s: not held in memory (%T)", n, at.Data)
+			if _, ok := at.Data.(*bytes.Reader); ok {
+				t.Fatalf("%s: held in memory, not in the requantiser's cache", n)
 			}
-			held++
+			computed++
 		}
 	}
-	if held < 4 { // gate, up and down weights and their scales, or the weights alone
-		t.Fatalf("%d requantised tensors held, want the weights and scales of gate, up and down", held)
+	if computed < 4 { // gate, up and down weights and their scales, or the weights alone
+		t.Fatalf("%d requantised tensors, want the weights and scales of gate, up and down", computed)
 	}
 }
 
@@ -247,8 +248,8 @@ func TestRequantisedSharedNonFinite(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Read as computed on each read, and computed ahead as the unfused
-	// path does (startHostRequant): the failing tensor stays computed on
-	// read there, so it fails the same way.
+	// path does (startHostRequant): the failing tensor is computed again
+	// on read there, so it fails the same way.
 	for how, rsrc := range map[string]tensorload.TensorSource{"on read": computed, "ahead": tensorload.Computed(computed, m.Names())} {
 		h, si := f.plan.HiddenSize, rowsOf(t, rsrc, m.Weight(layout.ProjGate))
 		if _, err := tensorload.LoadMatrix(rsrc, sharedRef(m, 0, h, si, f.wf)); err != nil {
@@ -258,6 +259,54 @@ func TestRequantisedSharedNonFinite(t *testing.T) {
 		var nf *tensorbytes.NonFiniteError
 		if !errors.As(err, &nf) || nf.Tensor != up.Name || nf.Element != bad || nf.DType != safetensors.BF16 {
 			t.Fatalf("computed %s: err %v (%+v)", how, err, nf)
+		}
+	}
+}
+
+// TestRequantisedSharedSharesTheRequantiser (CPU): where SRC's shared
+// weights are finite, the unfused path's requantised tensors read the same
+// requantiser as the CPU reference's and the byte proof's
+// (tensorload.RequantisedShared of SRC itself), so each band is quantised
+// and cached once; where one holds a NaN, they read through the scan that
+// names it (TestRequantisedSharedNonFinite), requantisers of their own.
+func TestRequantisedSharedSharesTheRequantiser(t *testing.T) {
+	f := newRequantFixture(t, requantSpecs()["int4-g32"], 1)
+	up, ok := f.src.Tensor(f.layer.Shared.Weight(layout.ProjUp))
+	if !ok {
+		t.Fatal("no shared up")
+	}
+	raw := cktest.ReadAll(t, up)
+	binary.LittleEndian.PutUint16(raw[2*7:], numfmt.F32ToBF16(float32(math.NaN())))
+	c := *up
+	c.Data = bytes.NewReader(raw)
+	bad := overrideSource{f.src, map[string]*checkpoint.Tensor{up.Name: &c}}
+	for _, tc := range []struct {
+		name  string
+		src   tensorload.TensorSource
+		share bool
+	}{{"finite", f.src, true}, {"a NaN in up", bad, false}} {
+		m, gpu, err := RequantisedShared(tc.src, *f.layer.Shared, f.wf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, ref, err := tensorload.RequantisedShared(tc.src, *f.layer.Shared, f.wf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range layout.MLPProjs {
+			for _, role := range []layout.Role{layout.RoleWeight, layout.RoleScale} {
+				name := m.Get(p, role)
+				a, okA := gpu.Tensor(name)
+				b, okB := ref.Tensor(name)
+				if !okA || !okB {
+					t.Fatalf("%s: %s missing", tc.name, name)
+				}
+				// With the NaN in up, every weight reads through the scan
+				// (as all did before the finite case shared).
+				if same := a.Data == b.Data; same != tc.share {
+					t.Errorf("%s: %s: same requantiser %v, want %v", tc.name, name, same, tc.share)
+				}
+			}
 		}
 	}
 }

@@ -669,9 +669,13 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 	// streamed pass reads before the routed experts. A requantised one is
 	// quantised on the host meanwhile, beside the routed experts (about a
 	// second of a core for Kimi-K2's, which before them, or after them,
-	// was the path's tail), and runs once they are queued. Its rows are
-	// added to y where they always were, so y does not change, nor does
-	// which error is reported (its own, after the routed experts').
+	// was the path's tail), and runs after the first routed expert queued
+	// once it is ready (or after the last): its quantised bytes, held in
+	// memory from when they are computed until they are uploaded, then
+	// go early in the layer, not at its end (24 MB at Kimi-K2's size).
+	// Its rows are added to y where they always were, so y does not
+	// change, nor does which error is reported (its own, after the routed
+	// experts').
 	var shared sharedRows
 	var requantised *hostRequant
 	sharedIn := in // the shared experts read x: a latent MoE's too
@@ -703,6 +707,10 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 		}
 		if err != nil {
 			return nil, fmt.Errorf("layer %d expert %d: %w", layer.Key(), id, err)
+		}
+		if requantised != nil && requantised.ready() {
+			shared = g.requantisedRows(requantised, plan, layer, sharedIn, &fr)
+			requantised = nil
 		}
 	}
 	if len(identity) > 0 { // their rows are the tokens' inputs, in one launch
@@ -783,10 +791,13 @@ func (g *Runner) sharedRows(src tensorload.TensorSource, plan *family.Plan, laye
 }
 
 // requantisedRows is sharedRows of the requantised shared expert rq
-// computes, once it has.
+// computes, once it has. rq lets its quantised bytes go once they are
+// uploaded.
 func (g *Runner) requantisedRows(rq *hostRequant, plan *family.Plan, layer *family.Layer, in *Input, fr *Frees) sharedRows {
 	rq.wait()
-	return g.sharedRows(nil, plan, layer, rq, in, fr)
+	rows := g.sharedRows(nil, plan, layer, rq, in, fr)
+	rq.src = nil
+	return rows
 }
 
 // hostRequant is a plain shared expert quantised on the host into f
@@ -817,6 +828,16 @@ func startHostRequant(src tensorload.TensorSource, shared family.MLP, f weightfm
 
 // wait returns once the quantisation is done (again: at once).
 func (rq *hostRequant) wait() { <-rq.done }
+
+// ready reports whether the quantisation is done.
+func (rq *hostRequant) ready() bool {
+	select {
+	case <-rq.done:
+		return true
+	default:
+		return false
+	}
+}
 
 // oneExpert uploads one expert and queues its SwiGLU over its slots, writing
 // those slots' rows of out; its device memory is released once the compute

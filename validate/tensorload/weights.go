@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/safetensors"
@@ -236,7 +237,12 @@ func readWeight(src TensorSource, m MatrixRef) (*Bands, error) {
 	defer in.release() // what weight did not take: on an error
 	var lazy *lazyRows
 	var done func()
-	if first := off + rows.Weight.Off/es; rows.Weight.Size() >= LazyBytes && !m.InOut && t.DType.Size() > 0 {
+	// A weight computed from another (a requantised shared expert) is read
+	// a band at a time whatever its size: its bands come from the
+	// requantiser's cache, which already holds them, so a copy of the
+	// whole would hold its bytes twice (24 MB at Kimi-K2's size).
+	computed := strings.HasPrefix(t.Name, checkpoint.RequantisedPrefix)
+	if first := off + rows.Weight.Off/es; (rows.Weight.Size() >= LazyBytes || computed) && !m.InOut && t.DType.Size() > 0 {
 		// Read a band at a time (Bands.Rows), checked as each is read.
 		if err := elemRange(t, first, rows.Weight.Size()/es); err != nil {
 			return nil, err
