@@ -55,6 +55,9 @@ const finiteScanBytes = 1 << 20
 // allFinite reports whether t's bytes read whole and hold no NaN or Inf.
 // A read that fails is not finite either: the scanning reader then meets
 // the failure where the requantiser reads, and reports it as it would.
+// In a streamed pass the bytes come from the layer's head, which the pass
+// holds; elsewhere the requantiser's read after this one finds them in
+// the page cache.
 func allFinite(t *checkpoint.Tensor) bool {
 	size := int64(t.DType.Size())
 	if size <= 0 {

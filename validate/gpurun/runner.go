@@ -670,9 +670,10 @@ func (g *Runner) UnfusedLayer(ctx context.Context, src tensorload.TensorSource, 
 	// quantised on the host meanwhile, beside the routed experts (about a
 	// second of a core for Kimi-K2's, which before them, or after them,
 	// was the path's tail), and runs after the first routed expert queued
-	// once it is ready (or after the last): its quantised bytes, held in
-	// memory from when they are computed until they are uploaded, then
-	// go early in the layer, not at its end (24 MB at Kimi-K2's size).
+	// once it is ready (or after the last), so that its quantised bytes
+	// are read while the requantiser's cache still holds them, and, where
+	// they are too large for it and held apart (tensorload.Computed), let
+	// go early in the layer rather than at its end.
 	// Its rows are added to y where they always were, so y does not
 	// change, nor does which error is reported (its own, after the routed
 	// experts').
