@@ -88,6 +88,12 @@ func Computed(src TensorSource, names []string) TensorSource {
 // rather than holding apart (a variable for tests).
 var aheadInCache = func() int64 { return weightfmt.RequantCacheBytes() / 4 * 3 }
 
+// computedByBands is the most of a computed weight's bytes read a band at
+// a time (a quarter of the requantiser's cache: a projection of a shared
+// expert that fits in it whole, with room for its neighbours'; a variable
+// for tests).
+var computedByBands = func() int64 { return weightfmt.RequantCacheBytes() / 4 }
+
 // computeAheadBytes is what Computed reads at a time of tensors it computes
 // into the requantiser's cache: bands of many rows, which it computes on
 // every core at once.

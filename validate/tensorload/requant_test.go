@@ -114,7 +114,9 @@ func TestComputedAhead(t *testing.T) {
 // TestRequantisedReadByBands: a requantised weight, however small, is read
 // a band at a time from the requantiser (its bands are in its cache; a
 // whole copy would hold them twice), and decodes to what its whole bytes
-// decode to; a stored weight of that size is read whole, as before.
+// decode to; a stored weight of that size is read whole, as before, and so
+// is a requantised one larger than computedByBands (the cache may not keep
+// it while the paths read it).
 func TestRequantisedReadByBands(t *testing.T) {
 	const rows, cols = 64, 256
 	rng := rand.New(rand.NewPCG(45, 11))
@@ -164,5 +166,16 @@ func TestRequantisedReadByBands(t *testing.T) {
 	defer p.Release()
 	if p.lazy != nil {
 		t.Errorf("a stored weight of %d bytes was read by bands, want whole (LazyBytes %d)", len(raw), LazyBytes)
+	}
+	old := computedByBands
+	computedByBands = func() int64 { return qw.NumBytes() - 1 }
+	defer func() { computedByBands = old }()
+	whole, err := LoadBands(src, MatrixRef{Name: qw.Name, Index: -1, Rows: rows, Cols: cols, Scale: qs.Name, Format: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Release()
+	if whole.lazy != nil || !bytes.Equal(whole.in.raw, wb) {
+		t.Errorf("a requantised weight over computedByBands was not read whole (%d of %d bytes held)", len(whole.in.raw), len(wb))
 	}
 }

@@ -237,11 +237,14 @@ func readWeight(src TensorSource, m MatrixRef) (*Bands, error) {
 	defer in.release() // what weight did not take: on an error
 	var lazy *lazyRows
 	var done func()
-	// A weight computed from another (a requantised shared expert) is read
-	// a band at a time whatever its size: its bands come from the
-	// requantiser's cache, which already holds them, so a copy of the
-	// whole would hold its bytes twice (24 MB at Kimi-K2's size).
-	computed := strings.HasPrefix(t.Name, checkpoint.RequantisedPrefix)
+	// A weight computed from another (a requantised shared expert) small
+	// enough for the requantiser's cache to keep while the paths read it
+	// (computedByBands) is read a band at a time: its bands come from that
+	// cache, which already holds them, so a copy of the whole would hold
+	// its bytes twice (24 MB at Kimi-K2's size). A larger one is read
+	// whole, once: read by bands, the paths' workers, each a pass over
+	// it, could outrun the cache and quantise its bands again.
+	computed := strings.HasPrefix(t.Name, checkpoint.RequantisedPrefix) && rows.Weight.Size() <= computedByBands()
 	if first := off + rows.Weight.Off/es; (rows.Weight.Size() >= LazyBytes || computed) && !m.InOut && t.DType.Size() > 0 {
 		// Read a band at a time (Bands.Rows), checked as each is read.
 		if err := elemRange(t, first, rows.Weight.Size()/es); err != nil {
