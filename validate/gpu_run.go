@@ -208,7 +208,7 @@ func (s *session) runGPUStreamed(ctx context.Context, targets []target, rep *Rep
 		}
 		return " on " + rep.DeviceName
 	}
-	err := s.streamPass(ctx, targets, rep, withBytes, on, stream.Options{Budget: gpuPassBudget, Depth: gpuPassDepth}, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
+	err := s.streamPass(ctx, targets, rep, withBytes, on, stream.Options{Depth: gpuPassDepth}, gpuPassSteps, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
 		g, err := dev.wait()
 		if err != nil {
 			return nil, err
@@ -274,27 +274,29 @@ func (a *asyncGPU) close() {
 	}
 }
 
-// gpuPassBudget is the read-ahead of a GPU run's streamed pass: stream's
-// most, not its default of four of the largest step. Three readers (the
-// bank's upload, the GPU unfused path, the CPU reference) and the byte
-// proof each hold a layer's steps a while, and a 4-bit expert's step is
-// small (gpt-oss MXFP4: 26 MB of SRC and DST, so four of them are 104 MB):
-// with room for four, one reader's pause stopped the disk. paceWindow
-// grows with it.
-const gpuPassBudget = stream.MaxBudget
+// gpuPassSteps is the read-ahead of a GPU run's streamed pass: each
+// layer's head and this many of its expert steps (layerBudget), up to
+// stream's MaxBudget. More than stream's default of four: three readers
+// (the bank's upload, the GPU unfused path, the CPU reference) and the
+// byte proof each hold a layer's steps a while, and with room for four,
+// one reader's pause stopped the disk. paceWindow grows with it.
+var gpuPassSteps = 6
 
 // gpuPassDepth is the reads a GPU run's pass keeps in flight (stream's
 // default: 4).
 const gpuPassDepth = stream.DefaultDepth
 
 // paceWindow is how many bank steps a reader of a streamed GPU layer may
-// run ahead of the slowest: what the pass's budget holds, and at least 4,
-// so that the CPU reference keeps 4 experts in flight.
+// run ahead of the slowest: what the pass's budget holds beside the
+// layer's head, and at least 4, so that the CPU reference keeps 4 experts
+// in flight. With the head left out (budget/step), a Kimi-K2 INT4 layer's
+// readers spread over one step more than the budget held beside its 88 MB
+// head, and the pass held 96 MB past its budget for them.
 func paceWindow(lp *layerPass) int {
 	if lp.step <= 0 {
 		return 4
 	}
-	return max(4, int(lp.budget/lp.step))
+	return max(4, int((lp.budget-lp.head)/lp.step))
 }
 
 // gpuNumerics is how the GPU paths compute (Options.GPUPrecision), which

@@ -556,7 +556,7 @@ func decoderLayerOf(name string) int {
 // withBytes the byte proof, over one streamed pass.
 func (s *session) runStreamed(ctx context.Context, targets []target, rep *Report, withBytes bool) error {
 	s.passParts = true // the CPU paths read large experts a part at a time
-	return s.streamPass(ctx, targets, rep, withBytes, nil, stream.Options{}, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
+	return s.streamPass(ctx, targets, rep, withBytes, nil, stream.Options{}, 0, func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error) {
 		return s.checkLayerWith(ctx, tg, lp.release, lp.paired)
 	})
 }
@@ -575,9 +575,10 @@ func (ls *layerSteps) readLine(missed int64) string {
 type layerPass struct {
 	// order is the layer's bank experts in the order the pass reads them.
 	order []int
-	// budget is the bytes the pass holds at most; step the largest of the
-	// layer's bank steps.
-	budget, step int64
+	// budget is the bytes the pass holds at most; head the layer's head
+	// step, which the pass holds until the layer is done; step the largest
+	// of the layer's bank steps.
+	budget, head, step int64
 	// release lets a bank expert's step go once the check is done with it
 	// (each at most once; the rest go when the check returns).
 	release func(bank int)
@@ -638,16 +639,57 @@ func (m *proofMark) wait(ctx context.Context, i int) error {
 	return condWait(ctx, m.cond, func() bool { return m.ended || m.next > i }, want)
 }
 
+// layerBudget is a pass budget that holds a checked layer's head, which
+// the pass keeps until the layer's last expert (holdUntil), beside ahead
+// of the layer's largest expert step, for the layer that needs most;
+// beside it, two of the largest step no layer holds (the byte proof's
+// rest of DST, which it lets go at once); within stream's bounds. Bytes
+// are the extents' (a step's buffers are a few blocks more). 0 where no
+// layer is checked: stream's default.
+//
+// Stream's default sizes the budget by the largest step of all, the head
+// among them: a Kimi-K2 layer's head (its BF16 shared expert, 88 MB) is
+// almost twice an expert's step (50 MB of INT4 SRC and DST), so four of
+// it held 512 MiB where the head and six experts are 390.
+func layerBudget(pp *passPlan, ahead int) int64 {
+	bytes := func(i int) int64 {
+		var n int64
+		for _, x := range pp.steps[i].Extents {
+			n += x.N
+		}
+		return n
+	}
+	var most int64
+	for _, ls := range pp.layers {
+		var step int64
+		for _, i := range ls.bank {
+			step = max(step, bytes(i))
+		}
+		most = max(most, bytes(ls.head)+int64(ahead)*step)
+	}
+	if most == 0 {
+		return 0
+	}
+	for i, l := range pp.layerOf {
+		if l < 0 {
+			most = max(most, 2*bytes(i))
+		}
+	}
+	return min(max(most, stream.MinBudget), stream.MaxBudget)
+}
+
 // layerCheck checks one target of a streamed pass, reading its bytes
 // through the pass.
 type layerCheck func(ctx context.Context, tg target, lp layerPass) ([]LayerResult, error)
 
 // streamPass runs check on every target, and with withBytes the byte
 // proof, over one streamed pass read as so says (its Budget and Depth; 0:
-// stream's defaults); on names the device in the progress lines (nil:
+// stream's defaults) or, where ahead is above 0 and so has no Budget,
+// with a budget of each checked layer's head and ahead of its expert
+// steps (layerBudget); on names the device in the progress lines (nil:
 // none), asked as each layer starts (a GPU run's device opens while the
 // pass's first reads come in).
-func (s *session) streamPass(ctx context.Context, targets []target, rep *Report, withBytes bool, on func() string, so stream.Options, check layerCheck) error {
+func (s *session) streamPass(ctx context.Context, targets []target, rep *Report, withBytes bool, on func() string, so stream.Options, ahead int, check layerCheck) error {
 	var proof *byteproof.Stream
 	var early *byteproof.BytesResult
 	if withBytes {
@@ -678,6 +720,9 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 	budget := passBudget // a test's override first, then the caller's
 	if budget == 0 {
 		budget = so.Budget
+	}
+	if budget == 0 && ahead > 0 {
+		budget = layerBudget(pp, ahead)
 	}
 	if budget == 0 && len(pp.partOf) > 0 {
 		// Parts are small: read further ahead than four of them, so that
@@ -729,7 +774,7 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 		}
 		s.o.progress("validate: layer %s (%d of %d)%s", tg.label(), i+1, len(targets), where)
 		ls := pp.layers[tg.index]
-		lp := layerPass{order: ls.order(), budget: pass.Budget(), paired: ls.paired, release: func(b int) {
+		lp := layerPass{order: ls.order(), budget: pass.Budget(), head: pass.StepBytes(ls.head), paired: ls.paired, release: func(b int) {
 			let(ls, ls.bank[b])
 			for _, st := range ls.parts[b] {
 				let(ls, st)
