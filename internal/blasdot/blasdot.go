@@ -29,13 +29,18 @@
 //     random normals at k 2048..14336 (validate's H and I): 2.3e-7..3.6e-7
 //     relative L2 (deviation_test.go holds it under 5e-7; gonum's Sgemm,
 //     one sum over all of k, 2.6e-7..7e-7).
-//   - Dot64Rows: pieces of kc64 = 64 elements summed so in float32, then
+//   - Dot64Rows: pieces of kc64 = 128 elements summed so in float32, then
 //     everything in float64, rounded once to float32: at most u |exact| +
-//     (kc64 + 2) u S, whatever k. Measured 1.2e-7..1.6e-7 relative L2
-//     (held under 2.5e-7). Its products were float64 once (2.7e-8, half
-//     an ulp of float32), at a quarter of this speed; the checks do not
-//     need that: the two paths' difference, measured under 4e-7, is what
-//     judge.TolFP32 (1e-5) bounds, and it stays 26x under it.
+//     (kc64 + 2) u S, whatever k. Measured 1.8e-7..2.3e-7 relative L2
+//     (held under 3e-7). Its products were float64 once (2.7e-8, half an
+//     ulp of float32), at a quarter of this speed, and its pieces 64
+//     elements until issue 45's eleventh session (1.2e-7..1.6e-7), when
+//     adding each piece's sixteen-by-six sums into float64 cost a quarter
+//     of the kernel's speed (a DeepSeek-V3 gate band of 64 tokens: 28-30
+//     GFLOP/s at 64, 34-40 at 128, SgemmNT 39-41, on the 2-core VM). The
+//     checks do not need the shorter pieces: the two paths' difference,
+//     measured under 4e-7, is what judge.TolFP32 (1e-5) bounds, and it
+//     stays 27x under it.
 //
 // The two are different computations (their pieces' lengths, where the
 // pieces meet, and the precision they are added in) wherever k is longer
@@ -60,9 +65,9 @@ const (
 	// kc32 and kc64 are SgemmNT's and Dot64Rows' pieces of k: how many
 	// products a float32 sum takes before it is added to the rest (their
 	// error bounds grow with them). A piece of a block's tokens (16 KiB,
-	// 4 KiB) stays in L1 while every group of weight rows passes over it.
+	// 8 KiB) stays in L1 while every group of weight rows passes over it.
 	kc32 = 256
-	kc64 = 64
+	kc64 = 128
 	// rowBlock is at most how many weight rows go through every piece of
 	// k together: their accumulators (192 rows of 64 tokens: 48 KiB in
 	// float32, 96 KiB in float64) stay in L2. A band validate decodes

@@ -587,7 +587,7 @@ func loadSourceMLP(src tensorload.TensorSource, names family.MLP, inter, h int, 
 func (m *refMLP) release() { m.w.release() }
 
 // applyBatch writes down(silu(gate x) * up x) for each token xs[r] into
-// outs[r] [H]: every output blasdot.Dot64Rows' dot product (pieces of 64
+// outs[r] [H]: every output blasdot.Dot64Rows' dot product (pieces of 128
 // summed in float32, added in float64, rounded once to float32; its
 // bound is in blasdot's doc), all tokens against each weight row at once,
 // so each row is read from memory once for all of them.
