@@ -74,6 +74,8 @@ type Checkpoint struct {
 	modules   map[string]*quantdesc.Modules
 
 	small smallWindow
+	// adviseOnce: the small tensors' reads were announced (adviseSmall).
+	adviseOnce sync.Once
 }
 
 // smallWindow is the last stretch of a weight file SmallTensorBytes read:
@@ -568,6 +570,7 @@ func (c *Checkpoint) SmallTensorBytes(name string, max int64) ([]byte, error) {
 		return nil, fmt.Errorf("%s: tensor %s holds %d bytes, over the %d expected", t.File, name, n, max)
 	}
 	if sec, ok := t.Data.(*io.SectionReader); ok && n <= smallWindowBytes {
+		c.adviseSmall(max)
 		if r, base, size := sec.Outer(); size >= n && base >= 0 {
 			if b, ok := c.small.read(r, base, n); ok {
 				return b, nil
