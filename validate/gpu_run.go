@@ -280,7 +280,7 @@ func (a *asyncGPU) close() {
 // (the bank's upload, the GPU unfused path, the CPU reference) and the
 // byte proof each hold a layer's steps a while, and with room for four,
 // one reader's pause stopped the disk. paceWindow grows with it.
-var gpuPassSteps = 6
+const gpuPassSteps = 6
 
 // gpuPassDepth is the reads a GPU run's pass keeps in flight (stream's
 // default: 4).

@@ -650,7 +650,7 @@ func (m *proofMark) wait(ctx context.Context, i int) error {
 // Stream's default sizes the budget by the largest step of all, the head
 // among them: a Kimi-K2 layer's head (its BF16 shared expert, 88 MB) is
 // almost twice an expert's step (50 MB of INT4 SRC and DST), so four of
-// it held 512 MiB where the head and six experts are 390.
+// it held 512 MiB where the head and six experts are 378.
 func layerBudget(pp *passPlan, ahead int) int64 {
 	bytes := func(i int) int64 {
 		var n int64
