@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"cmp"
 	"io"
 	"slices"
 )
@@ -17,6 +18,14 @@ import (
 // advice lets the disk take them all at once; the reads that follow find
 // them in the page cache. It is advice only: where the platform or the
 // file has none, the reads go to the disk as before.
+//
+// Its cost is bounded by the files, not the tensor count: windows a page
+// or less apart join, so a file holds at most one span per 64 KiB, and
+// the advice asks for at most what SmallTensorBytes' windows would read.
+// Every tensor of at most max bytes is announced, whether the plan reads
+// it or not (a per-tensor scalar scale too): the checkpoint does not know
+// which its callers want, and a window of one not read is 64 KiB of
+// page cache.
 func (c *Checkpoint) adviseSmall(max int64) {
 	c.adviseOnce.Do(func() {
 		for r, spans := range smallSpans(c.Tensors, max) {
@@ -46,15 +55,7 @@ func smallSpans(ts []*Tensor, most int64) map[io.ReaderAt][][2]int64 {
 		out[r] = append(out[r], [2]int64{base, base + smallWindowBytes})
 	}
 	for r, spans := range out {
-		slices.SortFunc(spans, func(a, b [2]int64) int {
-			switch {
-			case a[0] < b[0]:
-				return -1
-			case a[0] > b[0]:
-				return 1
-			}
-			return 0
-		})
+		slices.SortFunc(spans, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
 		joined := spans[:1]
 		for _, s := range spans[1:] {
 			last := &joined[len(joined)-1]

@@ -652,7 +652,7 @@ func (m *proofMark) wait(ctx context.Context, i int) error {
 // almost twice an expert's step (50 MB of INT4 SRC and DST), so four of
 // it held 512 MiB where the head and six experts are 378.
 func layerBudget(pp *passPlan, ahead int) int64 {
-	bytes := func(i int) int64 {
+	stepBytes := func(i int) int64 {
 		var n int64
 		for _, x := range pp.steps[i].Extents {
 			n += x.N
@@ -663,16 +663,16 @@ func layerBudget(pp *passPlan, ahead int) int64 {
 	for _, ls := range pp.layers {
 		var step int64
 		for _, i := range ls.bank {
-			step = max(step, bytes(i))
+			step = max(step, stepBytes(i))
 		}
-		most = max(most, bytes(ls.head)+int64(ahead)*step)
+		most = max(most, stepBytes(ls.head)+int64(ahead)*step)
 	}
 	if most == 0 {
 		return 0
 	}
 	for i, l := range pp.layerOf {
 		if l < 0 {
-			most = max(most, 2*bytes(i))
+			most = max(most, 2*stepBytes(i))
 		}
 	}
 	return min(max(most, stream.MinBudget), stream.MaxBudget)
