@@ -38,7 +38,9 @@ const (
 // weight rows hold the same bytes (SameRows) and whose tokens are the
 // same, bit for bit and in the same order, the second takes the first's
 // outputs of those rows instead of multiplying them again: one product,
-// computed once, by the first side's arithmetic.
+// computed once, by the first side's arithmetic; where the second's rows
+// are the first's with a factor folded into their scales (ScaledRows), it
+// takes the first's outputs times the factor.
 type BandProduct struct {
 	W          Weight
 	Dense      []float32
@@ -174,10 +176,24 @@ type SameRows interface {
 	SameRows(o Weight, r0, r1 int) bool
 }
 
+// ScaledRows is a Weight that can tell that its rows [r0, r1) are another
+// weight's with a factor folded into their scales: the same stored
+// elements, each scale entry the other's times factor rounded once to its
+// float32 (DST's routed expert where convert folded routed_scaling_factor
+// into its scales). Its product by the same tokens is then the other's
+// times factor, to within the roundings of the scales and the values (3u
+// of the products' magnitudes, u = 2^-24) and of that multiply: far
+// closer than a product's own float32 sums come to the exact one (blasdot:
+// hundreds of u), so a paired run takes it so instead of multiplying.
+type ScaledRows interface {
+	ScaledRows(o Weight, r0, r1 int) (factor float64, ok bool)
+}
+
 // decoded is one band of a paired run's first side: its values (nil when
 // it failed or was skipped), ready once they are written.
 type decoded struct {
 	bp    *[]float32
+	done  bool // the band's outputs are written
 	ready chan struct{}
 }
 
@@ -186,7 +202,8 @@ type decoded struct {
 // bands at once. A band of b whose rows hold a's bytes (SameRows) takes
 // a's decoded values instead of decoding its own, and where the two
 // multiply the same tokens (sameTokens), a's outputs of those rows instead
-// of multiplying. A side's error is its lowest band's; its later bands
+// of multiplying; a band of b whose rows are a's with a factor folded into
+// their scales (ScaledRows) takes a's outputs times the factor there. A side's error is its lowest band's; its later bands
 // are skipped.
 func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 	rows, cols := a.Rows, a.Cols
@@ -198,10 +215,11 @@ func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 	n := bandRows(rows, cols, a.band())
 	chunk := n * max(1, pairedChunk/max(n*cols, 1))
 	same, _ := b.W.(SameRows)
+	scaled, _ := b.W.(ScaledRows)
 	if a.W == nil {
-		same = nil
+		same, scaled = nil, nil
 	}
-	share := same != nil && sameTokens(a, b)
+	share := (same != nil || scaled != nil) && sameTokens(a, b)
 	var mu sync.Mutex
 	failed := [2]int{rows, rows} // each side's lowest failing band (rows: none)
 	var errs [2]error
@@ -251,6 +269,7 @@ func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 					return nil
 				}
 				a.F(r0, r1, band)
+				d.done = true
 				if same == nil {
 					bandPool.Put(bp)
 				} else {
@@ -285,6 +304,17 @@ func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 					}
 					b.F(r0, r1, (*d.bp)[:(r1-r0)*cols])
 					return nil
+				}
+				if share && scaled != nil && d.done {
+					if f, ok := scaled.ScaledRows(a.W, r0, r1); ok {
+						for i := range b.Tokens {
+							ya, yb := a.Y(i)[r0:r1], b.Y(i)[r0:r1]
+							for r, v := range ya {
+								yb[r] = float32(f * float64(v))
+							}
+						}
+						return nil
+					}
 				}
 				bp := get()
 				defer bandPool.Put(bp)

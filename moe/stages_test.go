@@ -197,3 +197,93 @@ func sameRowsStages(r *rand.Rand, m, k int, rows [NumStages]int, band int, named
 	s.x[3*k+7] = 0 // a case makes b's -0
 	return s
 }
+
+// scaledWeight is a rowsWeight that tells when its rows are another's
+// times factor (ScaledRows), as DST's routed expert with
+// routed_scaling_factor folded into its scales is SRC's; it does not tell
+// SameRows.
+type scaledWeight struct {
+	rowsWeight
+	factor float64
+}
+
+func (w scaledWeight) ScaledRows(o Weight, r0, r1 int) (float64, bool) {
+	ow, ok := o.(sameRowsWeight)
+	if !ok {
+		return 0, false
+	}
+	mine, theirs := w.w[r0*w.cols:r1*w.cols], ow.w[r0*ow.cols:r1*ow.cols]
+	for i, v := range theirs {
+		if math.Float32bits(float32(w.factor*float64(v))) != math.Float32bits(mine[i]) {
+			return 0, false
+		}
+	}
+	return w.factor, true
+}
+
+// Of two products run paired, the second takes the first's outputs times
+// the factor where its weight rows are the first's so scaled (ScaledRows)
+// and the tokens are the same; it multiplies itself wherever they are not,
+// and wherever the first side's band did not give its outputs (a band that
+// failed, and the bands after it, which are skipped). With a factor of 2
+// (exact in every rounding) every output is the one the side gives alone.
+func TestRunPairedScalesAFoldedProduct(t *testing.T) {
+	const m, k, band = 5, 32768, 8
+	rows := [NumStages]int{24, 24, 16}
+	cases := []struct {
+		name  string
+		named bool
+		editA func(a *gemmStages)
+		editB func(b *gemmStages) // after b's down weight is made a's times 2
+		want  int64               // down rows b multiplies itself
+	}{
+		{"scaled rows, same tokens", true, nil, nil, 0},
+		{"tokens not named", false, nil, nil, 16},
+		{"one token differs", true, nil, func(b *gemmStages) { b.x[2*k+1] += 1 }, 16},
+		{"one row of b not scaled so", true, nil, func(b *gemmStages) {
+			w := b.w[StageDown].(scaledWeight)
+			w.w[9*k+3] += 1 // row 9: the band of rows 8..15
+		}, band},
+		{"a's second band fails", true, func(a *gemmStages) {
+			w := a.w[StageDown].(sameRowsWeight)
+			w.failAt = 9
+			a.w[StageDown] = w
+		}, nil, 16 - band},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mk := func() *gemmStages { return sameRowsStages(rand.New(rand.NewPCG(4, 4)), m, k, rows, band, c.named) }
+			a, b, alone := mk(), mk(), mk()
+			for _, s := range []*gemmStages{b, alone} {
+				w := s.w[StageDown].(sameRowsWeight).rowsWeight
+				w.w = slices.Clone(w.w)
+				for i := range w.w {
+					w.w[i] *= 2
+				}
+				s.w[StageDown] = scaledWeight{w, 2}
+			}
+			if c.editA != nil {
+				c.editA(a)
+			}
+			if c.editB != nil {
+				c.editB(b)
+				c.editB(alone)
+			}
+			errA, errB := RunPaired(a, b, 2)
+			if errB != nil || (errA != nil) != (c.editA != nil) {
+				t.Fatal(errA, errB)
+			}
+			if err := RunStages(alone, 2); err != nil {
+				t.Fatal(err)
+			}
+			if got := b.multiplied[StageDown].Load(); got != c.want {
+				t.Errorf("b multiplied %d down rows, want %d", got, c.want)
+			}
+			for i := range NumStages {
+				if !slices.Equal(floatBytes(b.out[i]), floatBytes(alone.out[i])) {
+					t.Errorf("stage %d: b's outputs paired differ from b's alone", i)
+				}
+			}
+		})
+	}
+}

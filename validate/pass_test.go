@@ -150,7 +150,10 @@ func TestStreamedProofMismatchAsCheckBytes(t *testing.T) {
 // elsewhere within pairedFusedBound of it. Paired, a product SRC and DST
 // share (the same bytes by the same tokens) is computed once, by the
 // reference's arithmetic (moe.BandProduct), so there the fused path's
-// outputs are the reference's rounding of it, not its own. The bound:
+// outputs are the reference's rounding of it, not its own; and where DST's
+// routed expert holds SRC's codes with routed_scaling_factor folded into
+// its float32 scales (moe.ScaledRows), its product is the reference's
+// times the factor: so no bit-identity there for H 64 either. The bound:
 // blasdot holds its two sums within 7.5e-7 of each other on one product
 // (deviation_test.go); the fixtures with H 160 measure 1.1e-7..2.9e-7 at
 // the layer's output.
@@ -192,7 +195,8 @@ func TestPairLayerBitIdentical(t *testing.T) {
 					}
 					if h := len(x) / tn; !sameBits(fused.Y, fused1.Y) {
 						d := judge.Compare(fused.Y, fused1.Y)
-						if !paired || h <= 64 || !(d.RelL2 <= pairedFusedBound) {
+						folded := tg.fused.Contract.RoutedScalingFactorFolded && tg.fused.Contract.Quantized()
+						if !paired || (h <= 64 && !folded) || !(d.RelL2 <= pairedFusedBound) {
 							t.Errorf("layer %d, paired %v, H %d: PairLayer's fused path differs from FusedLayerRun's by relative L2 %.3g", tg.index, paired, h, d.RelL2)
 						}
 						t.Logf("layer %d, H %d: paired fused path within %.3g of FusedLayerRun's", tg.index, h, d.RelL2)

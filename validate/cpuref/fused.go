@@ -19,10 +19,14 @@ func fusedLoader(fl *moelayer.FusedLayer, src tensorload.TensorSource, h, inter 
 	c, n := fl.Contract, fl.Names
 	inOut := c.Oriented() == layout.InOut
 	// ref is stack p's slice e of [rows, cols], with its scales and its
-	// global scale (element e of the global stack).
+	// global scale (element e of the global stack), and for a routed
+	// expert the factor the contract says was folded into it.
 	ref := func(p layout.Proj, e, rows, cols int) tensorload.MatrixRef {
 		r := projRef(n.Tensors, p, e, rows, cols, wf)
 		r.GlobalIndex, r.InOut = e, inOut
+		if c.RoutedScalingFactorFolded && e < c.NumExperts {
+			r.Folded = c.RoutedScalingFactor
+		}
 		return r
 	}
 	return func(_ context.Context, e int) (*moe.ExpertMats, error) {

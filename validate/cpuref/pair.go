@@ -68,9 +68,13 @@ func (e *SideError) Unwrap() error { return e.Err }
 // is the same on both sides (DST's rows hold SRC's bytes and both multiply
 // them by the same tokens): that product is computed once, by the
 // reference's sums, and the fused path takes its outputs. Multiplying the
-// same bytes by the same tokens again would only round differently; the
-// path's own arithmetic still runs wherever DST's bytes or tokens differ
-// (a folded scale, a requantised weight, w8a8's quantised tokens).
+// same bytes by the same tokens again would only round differently. So
+// where DST's routed expert holds SRC's codes with routed_scaling_factor
+// folded into its float32 scales, as the contract says (moe.ScaledRows):
+// the fused path takes the reference's product times the factor, which
+// is its own product to within a few u. The path's own arithmetic still
+// runs wherever DST's bytes or tokens differ otherwise (a requantised
+// weight, w8a8's quantised tokens, a fold into bf16 weights).
 func PairLayer(ctx context.Context, src tensorload.TensorSource, plan *family.Plan, layer *family.Layer, dst tensorload.TensorSource, fl *moelayer.FusedLayer, x []float32, t int, o PairOptions) (*moelayer.RefResult, *moelayer.FusedResult, error) {
 	r, err := newRefLayer(src, plan, layer, x, t, RefOptions{Tokens: o.Tokens, Coverage: o.Coverage, Workers: o.Workers, RequantShared: o.RequantShared, RouterInput: o.RouterInput})
 	if err != nil {

@@ -2,10 +2,13 @@ package tensorload
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"reflect"
 
 	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/tensorbytes"
 
 	"github.com/moeprep/moeprep/moe"
@@ -27,6 +30,8 @@ type Bands struct {
 	// nil and each band reads its own elements (a large weight, whose
 	// bytes a streamed pass holds in parts: see LazyBytes).
 	lazy *lazyRows
+	// folded is MatrixRef.Folded: the factor ScaledRows looks for.
+	folded float64
 }
 
 // lazyRows locates a weight's elements: tensor t from element off.
@@ -91,24 +96,96 @@ func (w *Bands) Rows(r0, r1 int, dst []float32) error {
 // expert). w's bytes of those rows are then reported consumed, as Rows
 // would; they need no NaN scan, being o's, which Rows scanned.
 func (w *Bands) SameRows(o moe.Weight, r0, r1 int) bool {
-	ob, ok := o.(*Bands)
-	if !ok || ob.rows != w.rows || ob.cols != w.cols || !sameFormat(w.f, ob.f) || r0%w.Band() != 0 {
+	ob, rb, ok := w.pairedBlock(o, r0, r1)
+	if !ok {
 		return false
 	}
-	m := weightfmt.Matrix{Format: w.f, Rows: int64(w.rows), Cols: int64(w.cols)}
-	rb := m.RowBlock(int64(r0), int64(r1-r0))
 	if _, ok := w.f.Scale(); ok {
-		sl := func(b *Bands) []byte { return b.in.scale[rb.Scale.Off : rb.Scale.Off+rb.Scale.Size()] }
-		if !bytes.Equal(sl(w), sl(ob)) || !bytes.Equal(w.in.global, ob.in.global) {
+		if !bytes.Equal(w.scaleOf(rb), ob.scaleOf(rb)) || !bytes.Equal(w.in.global, ob.in.global) {
 			return false
 		}
 	}
+	return w.sameElems(ob, rb)
+}
+
+// ScaledRows reports whether rows [r0, r1) of w are o's with w's folded
+// factor (MatrixRef.Folded) folded into their scales as convert folds
+// routed_scaling_factor (weightfmt.FoldInPlace): o a Bands of the same
+// shape and format, whose scales are float32; the rows' stored elements
+// and global scale the same bytes; each of w's scale entries o's, finite,
+// times the factor rounded once to float32. Each of w's values is then
+// o's times the factor to within 3u of it (u = 2^-24: the scale's
+// rounding and each value's own, w's and o's), and so is w's product by
+// any token to within 3u of the products' magnitudes: a paired run takes
+// it so (moe.ScaledRows). w's bytes of those rows are reported
+// consumed, as SameRows reports them.
+func (w *Bands) ScaledRows(o moe.Weight, r0, r1 int) (float64, bool) {
+	if w.folded == 0 || math.IsNaN(w.folded) || math.IsInf(w.folded, 0) {
+		return 0, false
+	}
+	if sc, ok := w.f.Scale(); !ok || sc.DType != safetensors.F32 {
+		return 0, false
+	}
+	ob, rb, ok := w.pairedBlock(o, r0, r1)
+	if !ok || !bytes.Equal(w.in.global, ob.in.global) {
+		return 0, false
+	}
+	mine, theirs := w.scaleOf(rb), ob.scaleOf(rb)
+	if len(mine) != len(theirs) {
+		return 0, false
+	}
+	for i := 0; i+4 <= len(mine); i += 4 {
+		s := float64(math.Float32frombits(binary.LittleEndian.Uint32(theirs[i:])))
+		y := float32(s * w.folded)
+		if !foldedWithin(s, y) || math.Float32bits(y) != binary.LittleEndian.Uint32(mine[i:]) {
+			return 0, false
+		}
+	}
+	if !w.sameElems(ob, rb) {
+		return 0, false
+	}
+	return w.folded, true
+}
+
+// foldedWithin reports whether y, scale s folded and rounded to float32,
+// is within half an ulp of the exact product relative to it: s finite and
+// y zero (s zero) or a finite normal float32. A product that overflows or
+// falls among the subnormals is rounded coarser (or is not a number), and
+// its scale's product no longer follows o's.
+func foldedWithin(s float64, y float32) bool {
+	if math.IsNaN(s) || math.IsInf(s, 0) {
+		return false
+	}
+	a := math.Abs(float64(y))
+	return (s == 0 && y == 0) || (a >= 0x1p-126 && a <= math.MaxFloat32)
+}
+
+// pairedBlock is o as a Bands of w's shape and format, and the row block
+// of rows [r0, r1), which must start a band.
+func (w *Bands) pairedBlock(o moe.Weight, r0, r1 int) (*Bands, weightfmt.Slice, bool) {
+	ob, ok := o.(*Bands)
+	if !ok || ob.rows != w.rows || ob.cols != w.cols || !sameFormat(w.f, ob.f) || r0%w.Band() != 0 {
+		return nil, weightfmt.Slice{}, false
+	}
+	m := weightfmt.Matrix{Format: w.f, Rows: int64(w.rows), Cols: int64(w.cols)}
+	return ob, m.RowBlock(int64(r0), int64(r1-r0)), true
+}
+
+// scaleOf is w's scale entries of row block rb.
+func (w *Bands) scaleOf(rb weightfmt.Slice) []byte {
+	return w.in.scale[rb.Scale.Off : rb.Scale.Off+rb.Scale.Size()]
+}
+
+// sameElems reports whether w's and o's stored elements of row block rb
+// are the same bytes, and where they are, reports w's consumed (a lazy
+// weight's).
+func (w *Bands) sameElems(o *Bands, rb weightfmt.Slice) bool {
 	mine, done, err := w.raw(rb)
 	if err != nil {
 		return false
 	}
 	defer done()
-	theirs, done2, err := ob.raw(rb)
+	theirs, done2, err := o.raw(rb)
 	if err != nil {
 		return false
 	}

@@ -50,6 +50,10 @@ type MatrixRef struct {
 	// the matrix their columns from RowStart (and ScaleRowStart). It is
 	// read back to [Rows, Cols] before it is decoded.
 	InOut bool
+	// Folded is the factor DST's contract says convert folded into this
+	// weight's scales (a routed expert's routed_scaling_factor; 0: none):
+	// Bands.ScaledRows tells the rows that hold SRC's so folded.
+	Folded float64
 }
 
 // format is how m's weight is stored: m.Format when m names a scale,
@@ -318,7 +322,7 @@ func readWeight(src TensorSource, m MatrixRef) (*Bands, error) {
 // weight hands the inputs over to a Bands of m's [Rows, Cols] in format f
 // (its elements read a band at a time from lazy, where set).
 func (in *decodeInputs) weight(f weightfmt.Format, t *checkpoint.Tensor, m MatrixRef, lazy *lazyRows) *Bands {
-	w := &Bands{in: *in, f: f, rows: m.Rows, cols: m.Cols, where: fmt.Sprintf("%s: tensor %s", t.File, m), lazy: lazy}
+	w := &Bands{in: *in, f: f, rows: m.Rows, cols: m.Cols, where: fmt.Sprintf("%s: tensor %s", t.File, m), lazy: lazy, folded: m.Folded}
 	*in = decodeInputs{}
 	return w
 }
