@@ -203,8 +203,9 @@ type decoded struct {
 // a's decoded values instead of decoding its own, and where the two
 // multiply the same tokens (sameTokens), a's outputs of those rows instead
 // of multiplying; a band of b whose rows are a's with a factor folded into
-// their scales (ScaledRows) takes a's outputs times the factor there. A side's error is its lowest band's; its later bands
-// are skipped.
+// their scales (ScaledRows) takes a's outputs times the factor there, where
+// a's band wrote them. A side's error is its lowest band's; its later
+// bands are skipped.
 func pairedBands(a, b BandProduct, par int) (errA, errB error) {
 	rows, cols := a.Rows, a.Cols
 	for _, p := range []BandProduct{a, b} {

@@ -22,6 +22,7 @@ import (
 	"github.com/moeprep/moeprep/safetensors"
 	"github.com/moeprep/moeprep/validate/cpuref"
 	"github.com/moeprep/moeprep/validate/tensorload"
+	"github.com/moeprep/moeprep/weightfmt"
 )
 
 // openSession fills in s's options, opens its checkpoints (closed when the
@@ -195,7 +196,10 @@ func TestPairLayerBitIdentical(t *testing.T) {
 					}
 					if h := len(x) / tn; !sameBits(fused.Y, fused1.Y) {
 						d := judge.Compare(fused.Y, fused1.Y)
-						folded := tg.fused.Contract.RoutedScalingFactorFolded && tg.fused.Contract.Quantized()
+						// rsf folded into float32 scales: moe.ScaledRows
+						c := tg.fused.Contract
+						f, ferr := c.Format()
+						folded := ferr == nil && c.RoutedScalingFactorFolded && f.Fold().Into == weightfmt.FoldScales && f.Fold().DType == safetensors.F32
 						if !paired || (h <= 64 && !folded) || !(d.RelL2 <= pairedFusedBound) {
 							t.Errorf("layer %d, paired %v, H %d: PairLayer's fused path differs from FusedLayerRun's by relative L2 %.3g", tg.index, paired, h, d.RelL2)
 						}

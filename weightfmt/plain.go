@@ -170,7 +170,7 @@ func FoldInPlace(d safetensors.DType, b []byte, factor float64) float64 {
 			if math.IsNaN(x) || math.IsInf(x, 0) {
 				continue
 			}
-			y := float32(x * factor)
+			y := FoldF32(x, factor)
 			binary.LittleEndian.PutUint32(b[i:], math.Float32bits(y))
 			track(float64(y), x*factor)
 		}
@@ -181,6 +181,11 @@ func FoldInPlace(d safetensors.DType, b []byte, factor float64) float64 {
 	}
 	return maxRel
 }
+
+// FoldF32 is F32 value x with factor folded in, as FoldInPlace writes
+// it: the product rounded once to float32. Those who check a fold (a
+// folded scale against its source's) call it to hold the same rule.
+func FoldF32(x, factor float64) float32 { return float32(x * factor) }
 
 // fold16 folds every finite 16-bit element of b (decoded by dec, the
 // product encoded by enc, rounding once) and tracks each folded value

@@ -136,7 +136,7 @@ func (w *Bands) ScaledRows(o moe.Weight, r0, r1 int) (float64, bool) {
 	}
 	for i := 0; i+4 <= len(mine); i += 4 {
 		s := float64(math.Float32frombits(binary.LittleEndian.Uint32(theirs[i:])))
-		y := float32(s * w.folded)
+		y := weightfmt.FoldF32(s, w.folded)
 		if !foldedWithin(s, y) || math.Float32bits(y) != binary.LittleEndian.Uint32(mine[i:]) {
 			return 0, false
 		}
