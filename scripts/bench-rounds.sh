@@ -16,12 +16,15 @@ bench_build() {
 # bench_run RUN: one run's "wall user sys rss_MB", timed by the caller's
 # measure CMD...: cat (the first run, the yardstick) of the caller's files,
 # or validate --device cpu of its src and dst by this build ($mp) or, as
-# validate@base, an older one ($base).
+# validate@base, an older one ($base); VALIDATE_ARGS replaces --device cpu
+# (VALIDATE_ARGS=--bytes: the byte proof alone).
 bench_run() {
+	local args
+	read -r -a args <<<"${VALIDATE_ARGS:---device cpu}"
 	case $1 in
 	cat) measure cat "${files[@]}" ;;
-	validate) measure "$mp" validate -q --device cpu "$src" "$dst" ;;
-	validate@base) measure "$base" validate -q --device cpu "$src" "$dst" ;;
+	validate) measure "$mp" validate -q "${args[@]}" "$src" "$dst" ;;
+	validate@base) measure "$base" validate -q "${args[@]}" "$src" "$dst" ;;
 	esac
 }
 

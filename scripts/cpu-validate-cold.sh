@@ -13,10 +13,13 @@
 #   MOEPREP_BASE=/path/to/old/moeprep scripts/cpu-validate-cold.sh /work/cpu45 3 mixtral-bf16
 #   DROP_CACHES=1 scripts/cpu-validate-cold.sh ...   # root, on a machine of one's own
 #   CLEAN=1 scripts/cpu-validate-cold.sh ...   # remove each row's SRC and DST once measured
+#   VALIDATE_ARGS=--bytes scripts/cpu-validate-cold.sh ...   # validate --bytes instead
 #
 # Rows (all of them when none is named): dsv3-fp8-64, dsv3-fp8-16,
 # mixtral-bf16, kimi-int4-96, gptoss-mxfp4; tiny-mixtral is a smoke test of
-# the script itself. SRC + DST of each (synthesised once under WORK, and
+# the script itself; qwen3-bf16 and qwen3-fp8 (Qwen3-30B-A3B's expert dims,
+# 2 MoE layers, converted --layout gate-up: README's CI figures, 4.8 and
+# 2.4 GB) only when named. SRC + DST of each (synthesised once under WORK, and
 # kept unless CLEAN=1): dsv3-fp8-64 6.5 GB, dsv3-fp8-16 1.8 GB,
 # mixtral-bf16 5.6 GB, kimi-int4-96 0.8 GB, gptoss-mxfp4 (MXFP4 experts
 # stacked on disk, as gpt-oss ships them) about 3.5 GB: about 18 GB for all
@@ -36,6 +39,7 @@ bench_build
 # make ROW: synthesise SRC and convert DST of ROW under WORK (once).
 make_row() {
 	local row=$1 src=$work/$1-src dst=$work/$1-dst
+	local q3=(--family qwen3_moe --hidden 2048 --intermediate 768 --experts 128 --top-k 8 --num-layers 2)
 	local ds=(--family deepseek_v3 --dtype fp8 --top-k 8 --hidden 7168 --intermediate 2048 --num-layers 1 --dense-layers 0)
 	if [ ! -d "$src" ]; then
 		case $row in
@@ -45,6 +49,8 @@ make_row() {
 		kimi-int4-96) "$mp" fixture synth -q --preset small-kimi-k2-int4 --experts 96 --hidden 2048 --intermediate 1024 --num-layers 2 --dense-layers 1 "$src" ;;
 		gptoss-mxfp4) "$mp" fixture synth -q --preset gpt-oss-shaped --dtype mxfp4 --num-layers 1 "$src" ;;
 		tiny-mixtral) "$mp" fixture synth -q --preset tiny-mixtral "$src" ;;
+		qwen3-bf16) "$mp" fixture synth -q "${q3[@]}" "$src" ;;
+		qwen3-fp8) "$mp" fixture synth -q "${q3[@]}" --dtype fp8 "$src" ;;
 		*) echo "unknown row $row" >&2; exit 2 ;;
 		esac >&2
 	fi
@@ -52,6 +58,7 @@ make_row() {
 		case $row in
 		dsv3-fp8-*) "$mp" fuse-shared -q --tp 8 "$src" "$dst" ;;
 		kimi-int4-96) "$mp" fuse-shared -q --tp 8 --requantize-shared "$src" "$dst" ;;
+		qwen3-*) "$mp" convert -q --layout gate-up "$src" "$dst" ;;
 		*) "$mp" convert -q "$src" "$dst" ;;
 		esac >&2
 	fi

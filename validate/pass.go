@@ -812,7 +812,10 @@ func (s *session) streamPass(ctx context.Context, targets []target, rep *Report,
 		rep.Rows = append(rep.Rows, rows...)
 	}
 	s.meter.finishLayers()
-	if n := s.requantNote(rep.Rows); n != "" {
+	// A pass of no layers (validate --bytes) measured nothing of a
+	// requantised shared expert, and its report does not say so: it is the
+	// byte proof's alone, as CheckBytes' is.
+	if n := s.requantNote(rep.Rows); n != "" && check != nil {
 		rep.Notes = append(rep.Notes, n)
 	}
 	if !withBytes {

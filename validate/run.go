@@ -54,8 +54,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if o.Bytes == BytesOnly {
 		rep := s.bytesReport()
-		s.planBytesOnly()
-		if err := s.checkBytes(ctx, rep); err != nil {
+		if err := s.bytesOnly(ctx, rep); err != nil {
 			return nil, err
 		}
 		rep.Seconds = time.Since(start).Seconds()
