@@ -29,7 +29,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		// Before anything is read; -q (no Progress) leaves it out, and
 		// --json's report never holds it: it is not a result.
 		s.meter.planned = func(layerBytes, proofBytes int64) {
-			s.o.progress("%s", estimate(s.o.Device, s.o.Workers, layerBytes, proofBytes, s.elemsPerByte()))
+			s.o.progress("%s", estimate(s.runSize(layerBytes, proofBytes)))
 		}
 	}
 	defer s.close()

@@ -47,7 +47,7 @@ func TestNewcomerErrors(t *testing.T) {
 	}
 }
 
-var estimateLine = regexp.MustCompile(`^validate: estimate: (under a second|about [0-9.]+ ?[a-z0-9]+) for [0-9.]+ [kMGT]?B \((an assumed|byte proof at an assumed) [^)]+\)$`)
+var estimateLine = regexp.MustCompile(`^validate: estimate: (under a second|about [0-9.]+ ?[a-z0-9]+) for [0-9.]+ [kMGT]?B \((an assumed|assumed|byte proof at an assumed) [^)]+\)$`)
 
 // validate says how long it expects to take before it starts, on stderr;
 // -q leaves it out and --json's report on stdout never holds it.
@@ -73,8 +73,9 @@ func TestValidateEstimateLine(t *testing.T) {
 				line = l
 			}
 		}
-		// "validate: estimate: under a second for 1.40 MB (an assumed 60 M
-		// weights/s a core on 2 cores)": how long, for what, on what basis.
+		// "validate: estimate: under a second for 1.40 MB (an assumed 1.00
+		// GB/s read, 30 GFLOP/s a core, 2 cores)": how long, for what, on
+		// what basis.
 		said := estimateLine.MatchString(line)
 		switch {
 		case tc.estimate && !said:
