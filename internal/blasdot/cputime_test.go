@@ -57,7 +57,18 @@ func TestCPURate(t *testing.T) {
 		tk.Release()
 		sp := cpuRate(n, flop, func() { SgemmNT(sh.m, sh.n, sh.k, a, sh.k, w, sh.k, c, sh.n) })
 		dp := cpuRate(n, flop, func() { Dot64Rows(x, w, sh.n, sh.k, out) })
-		t.Logf("%s (assembly %v): SgemmNT %.1f GFLOP/s, Dot64Rows %.1f GFLOP/s a CPU second (packing in each call: %.1f, %.1f)", sh.name, useAsm, s, d, sp, dp)
+		t.Logf("%s (assembly %v, AVX-512 %v): SgemmNT %.1f GFLOP/s, Dot64Rows %.1f GFLOP/s a CPU second (packing in each call: %.1f, %.1f)", sh.name, useAsm, useAVX512, s, d, sp, dp)
+		if useAVX512 {
+			// The same on the AVX2 kernel alone, beside it.
+			var s2, d2 float64
+			withAVX512(false, func() {
+				tk := PackMatrix(sh.m, sh.k, a, sh.k)
+				s2 = cpuRate(n, flop, func() { tk.SgemmNT(sh.n, w, sh.k, c, sh.n) })
+				d2 = cpuRate(n, flop, func() { tk.Dot64Rows(w, sh.n, out) })
+				tk.Release()
+			})
+			t.Logf("%s, the AVX2 kernel alone: SgemmNT %.1f, Dot64Rows %.1f GFLOP/s", sh.name, s2, d2)
+		}
 		if paddedTokens(sh.m)%blockTokens != 0 && crowdsL1(sh.k) {
 			// The same, the block of eight taking two groups of rows at
 			// once although they crowd an L1 set (what crowdsL1 avoids).

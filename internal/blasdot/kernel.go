@@ -59,12 +59,28 @@ func tiles(k, width int, tp, w []float32, ldw, groups int, acc32 []float32, acc6
 		tilesGo(k, width, tp, w, ldw, groups, acc32, acc64, ld)
 		return
 	}
-	acc, wide := unsafe.Pointer(unsafe.SliceData(acc32)), acc64 != nil
-	if wide {
-		acc = unsafe.Pointer(unsafe.SliceData(acc64))
+	wide, narrow := acc64 != nil, width != blockTokens
+	if useAVX512 && !narrow && groups >= 2 {
+		// Two groups at a time on the AVX-512 kernel; an odd last group
+		// on the AVX2 one, as before.
+		pairs := groups / 2
+		tiles512Asm(k, &tp[0], &w[0], ldw, pairs, accOf(acc32, acc64), ld, wide)
+		if groups%2 == 0 {
+			return
+		}
+		done := pairs * 2 * groupRows
+		w, acc32, acc64, groups = w[done*ldw:], sub(acc32, done*ld), sub(acc64, done*ld), 1
 	}
-	narrow := width != blockTokens
-	tilesAsm(k, &tp[0], &w[0], ldw, groups, acc, ld, wide, narrow, narrow && single)
+	tilesAsm(k, &tp[0], &w[0], ldw, groups, accOf(acc32, acc64), ld, wide, narrow, narrow && single)
+}
+
+// accOf is the kernel's accumulator pointer: acc64's first element where
+// it is given, else acc32's.
+func accOf(acc32 []float32, acc64 []float64) unsafe.Pointer {
+	if acc64 != nil {
+		return unsafe.Pointer(unsafe.SliceData(acc64))
+	}
+	return unsafe.Pointer(unsafe.SliceData(acc32))
 }
 
 // crowdsL1 reports whether twelve weight rows ldw float32 apart put more
