@@ -3,7 +3,6 @@ package weightfmt
 import (
 	"encoding/binary"
 	"fmt"
-	"math"
 
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -201,14 +200,34 @@ func (f int4Pack) RequantRule() RequantRule {
 }
 
 // encodeRow packs the row's codes, u = q + 8, eight to a word, the last
-// partial word padded with u = 0 as pack_to_int32 pads.
+// partial word padded with u = 0 as pack_to_int32 pads. A word's eight
+// share one scale where groups are whole words (every group size
+// compressed-tensors writes), found once a word rather than by a division
+// an element.
 func (f int4Pack) encodeRow(vals, scales []float32, bc int, dst []byte) {
 	for j := 0; 8*j < len(vals); j++ {
 		var word uint32
-		for k, v := range vals[8*j : min(8*j+8, len(vals))] {
-			q := math.RoundToEven(float64(clamp32(v/scales[(8*j+k)/bc], -8, 7)))
-			word |= uint32(int32(q)+8) << (4 * k)
+		word8 := vals[8*j : min(8*j+8, len(vals))]
+		if bc%8 == 0 {
+			s := scales[8*j/bc]
+			for k, v := range word8 {
+				word |= uint32(roundSmall(clamp32(v/s, -8, 7))+8) << (4 * k)
+			}
+		} else {
+			for k, v := range word8 {
+				word |= uint32(roundSmall(clamp32(v/scales[(8*j+k)/bc], -8, 7))+8) << (4 * k)
+			}
 		}
 		binary.LittleEndian.PutUint32(dst[4*j:], word)
 	}
+}
+
+// roundSmall is x rounded to the nearest integer, ties to even, for |x| <
+// 2^22 (a clamped INT4 code): adding 1.5 x 2^23 in float32 leaves no
+// fraction bits, so the addition rounds x as the FPU rounds, to nearest
+// even, and subtracting it again is exact. math.RoundToEven's result, at a
+// fraction of its cost (TestRoundSmall).
+func roundSmall(x float32) int32 {
+	const magic = 0x1.8p23
+	return int32((x + magic) - magic)
 }

@@ -485,3 +485,58 @@ func TestRequantReadSpanningBands(t *testing.T) {
 		}
 	}
 }
+
+// roundSmall rounds as math.RoundToEven does over the INT4 codes' range
+// and past it: every half-way point (the ties), their neighbours one ulp
+// either side, and random values.
+func TestRoundSmall(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	var xs []float32
+	for h := -20.5; h <= 20.5; h++ {
+		x := float32(h)
+		xs = append(xs, x, math.Nextafter32(x, -100), math.Nextafter32(x, 100), float32(math.Round(h)))
+	}
+	xs = append(xs, 0, float32(math.Copysign(0, -1)), 0x1p-30, -0x1p-30, 0x1.fffffep21, -0x1.fffffep21)
+	for range 200000 {
+		xs = append(xs, float32(r.Float64()*40-20))
+	}
+	for _, x := range xs {
+		if got, want := roundSmall(x), int32(math.RoundToEven(float64(x))); got != want {
+			t.Fatalf("roundSmall(%v) = %d, want %d", x, got, want)
+		}
+	}
+}
+
+// encodeRow's codes are the rule's (requant.go) element by element: each
+// value divided by its group's scale in float32, clamped to [-8, 7] and
+// rounded to the nearest code, ties to even; for groups of whole words
+// and for groups that split them.
+func TestInt4EncodeRowCodes(t *testing.T) {
+	r := rand.New(rand.NewPCG(10, 10))
+	for _, bc := range []int{8, 32, 128, 12, 20} {
+		const cols = 2048 + 4 // a last partial word
+		vals := make([]float32, cols)
+		for i := range vals {
+			vals[i] = float32(r.NormFloat64() * 2)
+			if i%7 == 0 { // a tie at some scale below
+				vals[i] = float32(r.IntN(31)-15) * 0.25
+			}
+		}
+		scales := make([]float32, (cols+bc-1)/bc)
+		for i := range scales {
+			scales[i] = []float32{0.5, 0.25, 0.37, 1}[i%4]
+		}
+		dst := make([]byte, 4*((cols+7)/8))
+		int4Pack{}.encodeRow(vals, scales, bc, dst)
+		for i, v := range vals {
+			want := uint32(int32(math.RoundToEven(float64(min(max(v/scales[i/bc], -8), 7))))+8) & 15
+			got := binary.LittleEndian.Uint32(dst[4*(i/8):]) >> (4 * (i % 8)) & 15
+			if got != want {
+				t.Fatalf("group %d, element %d (%v / %v): code %d, want %d", bc, i, v, scales[i/bc], got, want)
+			}
+		}
+		if pad := binary.LittleEndian.Uint32(dst[len(dst)-4:]) >> (4 * (cols % 8)); pad != 0 {
+			t.Errorf("group %d: the last word's padding %#x, want 0", bc, pad)
+		}
+	}
+}
