@@ -22,9 +22,9 @@ import (
 // Kimi-K2-shaped INT4 96 experts 1.3-1.4 (12.7 tokens an expert), DeepSeek-V3
 // dims FP8 16 experts 4.2-4.7 (66) and 64 experts 6.7-7.1 (18), gpt-oss-shaped
 // MXFP4 4.5-4.8 (6), Mixtral dims bf16 4.1-4.6 (34), each within 30% of the
-// model (TestEstimateFitsItsRows). The issue 46 estimate this replaces
-// (60 M weights a second a core, whatever the tokens) predates issue 45's
-// kernels and was 5-14x long on those rows.
+// model (TestEstimateFitsItsRows). A rate a weight alone, whatever the
+// tokens, cannot fit them: a weight costs four times as much at 66 tokens
+// an expert as at 6.
 const (
 	// cpuSecsPerElem is a core's seconds for each weight element of SRC
 	// and DST the layer checks read, besides the products: 0.45 ns.

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/moeprep/moeprep/validate/stream"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +16,7 @@ import (
 	"github.com/moeprep/moeprep/family"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/validate/byteproof"
+	"github.com/moeprep/moeprep/validate/stream"
 )
 
 // session holds the opened inputs of a run.
@@ -88,12 +88,10 @@ func (s *session) planNotices() []string {
 // as a run with layer checks proves DST after them. CheckBytes' own
 // file-order pass, through the page cache, is left for what the streamed
 // proof does not take: a DST whose experts are stored as SRC stores them
-// (layout as-stored). On this development VM, cold, the streamed pass
-// took half CheckBytes' time (medians of 5 rounds: 0.94 s against 1.88 s
-// for DeepSeek-V3 dims FP8, 2.1 GB; 2.28 s against 4.55 s for
-// Qwen3-30B-A3B dims bf16, 4.8 GB) at a third of its CPU time: buffered
-// reads cost this disk about a second of system time per GB
-// (BENCHMARKS.md, issue 45, session 13).
+// (layout as-stored). Cold, the streamed pass takes about half
+// CheckBytes' time at a third of its CPU time on the development VM,
+// whose buffered reads cost about a second of system time a GB
+// (BENCHMARKS.md).
 func (s *session) bytesOnly(ctx context.Context, rep *Report) error {
 	if s.src != nil && s.dst != nil && !s.asStored() {
 		return s.streamPass(ctx, nil, rep, true, nil, stream.Options{}, 0, nil)
