@@ -540,3 +540,25 @@ func TestInt4EncodeRowCodes(t *testing.T) {
 		}
 	}
 }
+
+// The INT4 encoding of one 2048-column row (Kimi-K2's I) of random
+// normals in groups of 32: what fuse-shared --requantize-shared and
+// validate's prediction of a requantised shared expert spend a weight
+// (BENCHMARKS.md, issue 45 session 13). go test -run X -bench Int4EncodeRow
+func BenchmarkInt4EncodeRow(b *testing.B) {
+	r := rand.New(rand.NewPCG(11, 11))
+	const cols, group = 2048, 32
+	vals := make([]float32, cols)
+	for i := range vals {
+		vals[i] = float32(r.NormFloat64())
+	}
+	scales := make([]float32, cols/group)
+	for i := range scales {
+		scales[i] = float32(0.3 + r.Float64())
+	}
+	dst := make([]byte, cols/2)
+	b.SetBytes(cols) // elements a row, as bytes: MB/s reads as M elements a second
+	for b.Loop() {
+		int4Pack{}.encodeRow(vals, scales, group, dst)
+	}
+}
