@@ -3,13 +3,13 @@ package convert
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 
 	"github.com/zeebo/xxh3"
 
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/cores"
 	"github.com/moeprep/moeprep/layout"
 	"github.com/moeprep/moeprep/quantweights"
 	"github.com/moeprep/moeprep/safetensors"
@@ -301,7 +301,7 @@ func (c *chunk) dequantise(b []byte, r region, src *sourceDigests) error {
 	piece := weightfmt.Matrix{Format: d.m.Format, Rows: n, Cols: d.m.Cols}
 	unit := piece.RowUnit()
 	units := (n + unit - 1) / unit
-	workers := min(int64(runtime.GOMAXPROCS(0)), maxDequantWorkers, units)
+	workers := min(int64(cores.N()), maxDequantWorkers, units)
 	per := (units + workers - 1) / workers * unit // rows a goroutine: whole scale blocks
 	errs := make([]error, workers)
 	var wg sync.WaitGroup

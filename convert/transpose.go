@@ -4,8 +4,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"runtime"
 	"sync"
+
+	"github.com/moeprep/moeprep/internal/cores"
 )
 
 // --orientation in-out writes every expert matrix transposed, [in, out]:
@@ -197,7 +198,7 @@ func readSpan(s *tileSrc, b []byte, at int64) error {
 // (the transpose is most of a run's CPU time; reading and writing wait on
 // the disk).
 func (c *bandCache) rows(t *tiled, dst []byte, a, z int64) {
-	if p := int64(runtime.GOMAXPROCS(0)); p > 1 && (z-a)*t.rowBytes >= parallelRows {
+	if p := int64(cores.N()); p > 1 && (z-a)*t.rowBytes >= parallelRows {
 		var wg sync.WaitGroup
 		step := ((z-a+p-1)/p + 7) / 8 * 8 // whole 8-row blocks for the word kernels
 		for b := a; b < z; b += step {

@@ -14,16 +14,17 @@ import (
 	"path"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"unicode"
 
-	"github.com/moeprep/moeprep/internal/safeio"
 	"github.com/zeebo/blake3"
 	"github.com/zeebo/xxh3"
+
+	"github.com/moeprep/moeprep/internal/cores"
+	"github.com/moeprep/moeprep/internal/safeio"
 )
 
 // FileInfo is one output file in the manifest: its size and exactly one of
@@ -617,7 +618,7 @@ func HashFileLike(path string, like FileInfo) (FileInfo, error) {
 	}
 	root := algo.New()
 	digests := make([][32]byte, min(blocks, hashWindow))
-	workers := min(runtime.GOMAXPROCS(0), 4, max(len(digests), 1))
+	workers := min(cores.N(), 4, max(len(digests), 1))
 	bufs := make([][]byte, workers)
 	for first := int64(0); first < blocks; first += hashWindow {
 		n := min(blocks-first, hashWindow)

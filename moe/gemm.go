@@ -4,10 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"runtime"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/moeprep/moeprep/internal/blasdot"
-	"golang.org/x/sync/errgroup"
+	"github.com/moeprep/moeprep/internal/cores"
 )
 
 // Activation is an expert's gated activation act(g, u) beyond SwiGLU
@@ -174,7 +175,7 @@ func AddRowBias(m, b []float32) {
 // Workers is the default number of experts in flight: each holds one
 // expert's float32 weights (3*I*H*4 bytes, 176 MB at DeepSeek-V3 size), so
 // memory stays bounded by Workers experts whatever the layer size.
-func Workers() int { return max(1, min(runtime.GOMAXPROCS(0), 4)) }
+func Workers() int { return max(1, min(cores.N(), 4)) }
 
 // GEMMOptions are GroupedGEMM's settings; the zero value is the precise
 // numerics with Workers() experts in flight.

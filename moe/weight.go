@@ -2,11 +2,12 @@ package moe
 
 import (
 	"fmt"
-	"runtime"
 	"sync"
 
-	"github.com/moeprep/moeprep/internal/blasdot"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/moeprep/moeprep/internal/blasdot"
+	"github.com/moeprep/moeprep/internal/cores"
 )
 
 // Weight is a [rows, cols] float32 matrix that the products read a band of
@@ -44,7 +45,7 @@ var bandPool sync.Pool // *[]float32
 // the cores that Workers' jobs leave (on 16 cores, 4 jobs of 4 bands), 1
 // where the jobs take every core. A band's outputs are its rows' alone, so
 // the result is the same however many run at once.
-func bandsAtOnce() int { return max(1, runtime.GOMAXPROCS(0)/Workers()) }
+func bandsAtOnce() int { return max(1, cores.N()/Workers()) }
 
 // EachBand calls f for every band of rows of a rows x cols weight, in
 // order: with the rows of dense where w is nil (no copy), else decoded

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
 
+	"github.com/moeprep/moeprep/internal/cores"
 	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/stream"
@@ -78,11 +78,11 @@ func (s *session) capJobs(targets []target) string {
 	if avail < noMemoryLimit {
 		budget = avail - fixed
 	}
-	jobs, why := capJobs(requested, runtime.GOMAXPROCS(0), perJob, budget)
+	jobs, why := capJobs(requested, cores.N(), perJob, budget)
 	s.o.Workers = jobs
 	switch why {
 	case cappedByCores:
-		return fmt.Sprintf("%s capped at %s at once: one per core (%s); more would only wait for a core, each holding an expert's weights", asked, human.Count(jobs, "expert"), human.Count(runtime.GOMAXPROCS(0), "core"))
+		return fmt.Sprintf("%s capped at %s at once: one per core (%s); more would only wait for a core, each holding an expert's weights", asked, human.Count(jobs, "expert"), human.Count(cores.N(), "core"))
 	case cappedByMemory:
 		return fmt.Sprintf("%s capped at %s at once: what memory holds (each job about %s, an expert's weights as float32 with the collector's headroom; %s available, %s of it for the pass's read-ahead and the rest of the run)",
 			asked, human.Count(jobs, "expert"), human.Bytes(perJob), human.Bytes(avail), human.Bytes(fixed))

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"runtime"
 	"sync"
 	"sync/atomic"
 
+	"github.com/moeprep/moeprep/internal/cores"
 	"github.com/moeprep/moeprep/internal/numfmt"
 	"github.com/moeprep/moeprep/safetensors"
 )
@@ -350,7 +350,7 @@ func (q *Requant) prefetch(b0, b1 int64, codes bool) {
 	out := make([]*bandData, len(miss))
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(miss)) {
+	for range min(cores.N(), len(miss)) {
 		wg.Go(func() {
 			for i := next.Add(1) - 1; i < int64(len(miss)); i = next.Add(1) - 1 {
 				out[i], _ = q.compute(miss[i], codes)

@@ -4,17 +4,18 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/moeprep/moeprep/checkpoint"
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/cores"
 	"github.com/moeprep/moeprep/internal/human"
 	"github.com/moeprep/moeprep/internal/termsafe"
 	"github.com/moeprep/moeprep/layout"
-	"golang.org/x/sync/errgroup"
 )
 
 // The structural proof: DST checked against its contract byte by byte.
@@ -119,7 +120,7 @@ func CheckBytes(ctx context.Context, src, dst *checkpoint.Checkpoint, plan *fami
 	// order is the one reported.
 	results := make([]fileResult, len(pr.names))
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(min(4, max(1, runtime.GOMAXPROCS(0))))
+	g.SetLimit(min(4, max(1, cores.N())))
 	for i, rel := range pr.names {
 		g.Go(func() error {
 			var err error

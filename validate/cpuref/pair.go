@@ -3,10 +3,10 @@ package cpuref
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"sync"
 
 	"github.com/moeprep/moeprep/family"
+	"github.com/moeprep/moeprep/internal/cores"
 	"github.com/moeprep/moeprep/moe"
 	"github.com/moeprep/moeprep/validate/moelayer"
 	"github.com/moeprep/moeprep/validate/tensorload"
@@ -319,7 +319,7 @@ func (p *pair) expertPaired(ctx context.Context, id int) {
 			p.fail(true, stepExperts, err)
 		}
 	}
-	par := max(1, runtime.GOMAXPROCS(0)/p.r.workers) // the cores the jobs leave
+	par := max(1, cores.N()/p.r.workers) // the cores the jobs leave
 	var errRef, errFused error
 	switch {
 	case ref != nil && fused != nil:

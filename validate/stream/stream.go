@@ -30,6 +30,7 @@ import (
 	"syscall"
 
 	"github.com/moeprep/moeprep/checkpoint"
+	"github.com/moeprep/moeprep/internal/cores"
 )
 
 // Extent is a byte range of a stored tensor (T set: Off counts from its
@@ -322,8 +323,19 @@ func (p *Pass) file(path string) *file {
 func (p *Pass) Start(ctx context.Context) {
 	ctx, p.cancel = context.WithCancel(ctx)
 	jobs := make(chan *span)
+	// Each reader blocks in pread for milliseconds at a time, holding a P
+	// while it does: lend the runtime one P a reader, given back when the
+	// last reader ends, so the consumers keep every core (package cores).
+	giveBack := cores.Lend(p.o.Depth)
+	var readers atomic.Int32
+	readers.Store(int32(p.o.Depth))
 	for range p.o.Depth {
 		p.wg.Go(func() {
+			defer func() {
+				if readers.Add(-1) == 0 {
+					giveBack()
+				}
+			}()
 			for sp := range jobs {
 				p.done(sp, p.read(sp))
 			}
