@@ -119,6 +119,7 @@ type Pass struct {
 	tensors map[*checkpoint.Tensor][]held // planned extents of each tensor, by tensor
 	files   map[string]*file
 	misses  atomic.Int64
+	reads   atomic.Int64 // reads of the files and readers (tests)
 	missed  atomic.Int64 // the bytes those reads took
 	bufs    buffers
 	wg      sync.WaitGroup
@@ -167,11 +168,43 @@ type span struct {
 	f      *file
 	r      io.ReaderAt // when f is nil: the tensor's reader
 	off, n int64
-	mem    []byte // what the wanted bytes were read into (returned to the pool)
+	mem    []byte // what the wanted bytes were read into (returned to the pool, or the joint read's)
 	at     int32  // where the wanted bytes start in mem (under an O_DIRECT block)
 	step   int32
-	read   bool // the read is over (under the pass's lock)
+	read   bool   // the read is over (under the pass's lock)
+	j      *joint // the read that takes this span with its neighbours, if any
 }
+
+// joint is one read of small spans of nearby steps that lie side by side
+// in a file: a small model's expert is a few reads of a kilobyte or two
+// (each stacked weight's slice of it, and its scales), and a stacked
+// weight's slices of consecutive experts touch, so one read of up to
+// maxJoint bytes takes many of them (the 208,215-tensor checkpoint of issue
+// 45: 163,000 reads of a kilobyte a validate run, before). The first of
+// its steps to be let in reads it; each span then points into its buffer,
+// which goes back to the pool when the last of them is freed. The steps
+// after the first are read before the budget counts them: at most maxJoint
+// bytes a joint, a few joints at once.
+type joint struct {
+	f       *file
+	off, n  int64   // the bytes read: from the first span's start to the last one's end
+	members []*span // in file order
+	sent    bool    // a reader has it (under the pass's lock)
+	mem     []byte
+	at      int32 // where off lies in mem
+	refs    int   // members holding mem
+}
+
+// Joint reads: spans of at most maxJoinSpan bytes, of steps at most
+// maxJoinSteps apart, at most maxGap apart in their file, in reads of at
+// most maxJoint bytes. Small enough that what a joint holds before the
+// budget counts it, or after its first step is freed, is a rounding error
+// of the budget (MinBudget: 64 MiB).
+const (
+	maxJoinSpan  = 256 << 10
+	maxJoint     = 1 << 20
+	maxJoinSteps = 64
+)
 
 // buf is the wanted bytes, once read.
 func (sp *span) buf() []byte { return sp.mem[sp.at : int64(sp.at)+sp.n] }
@@ -210,7 +243,70 @@ func New(steps []Step, o Options) (*Pass, error) {
 		p.o.Budget = min(max(4*largest, 2*trailing, MinBudget), MaxBudget)
 	}
 	p.bufs.keep = p.o.Budget
+	p.join()
 	return p, nil
+}
+
+// join gathers the small spans of nearby steps that lie side by side in a
+// file into joint reads. Spans are taken in plan order; a file has a joint
+// open for each run of its spans being read in that order (an expert's
+// step takes a slice of each of the layer's stacked weights: the next
+// expert's slices continue each run), and a small span extends the run it
+// continues (within maxGap) where it fits, or opens one. A run whose first
+// step is more than maxJoinSteps back is closed.
+func (p *Pass) join() {
+	type open struct {
+		members   []*span
+		end       int64
+		firstStep int32
+	}
+	opens := map[*file][]*open{}
+	closeJoint := func(o *open) {
+		if len(o.members) < 2 {
+			return
+		}
+		first := o.members[0]
+		j := &joint{f: first.f, off: first.off, n: o.end - first.off, members: slices.Clip(o.members)}
+		for _, m := range j.members {
+			m.j = j
+		}
+	}
+	for i, st := range p.steps {
+		if i%maxJoinSteps == 0 { // close the runs no span can extend any more
+			for f, os := range opens {
+				opens[f] = slices.DeleteFunc(os, func(o *open) bool {
+					if int32(i)-o.firstStep > maxJoinSteps {
+						closeJoint(o)
+						return true
+					}
+					return false
+				})
+			}
+		}
+		for k := range st.spans {
+			sp := &st.spans[k]
+			if sp.f == nil || sp.n > maxJoinSpan {
+				continue
+			}
+			extended := false
+			for _, o := range opens[sp.f] {
+				if sp.off >= o.end && sp.off <= o.end+maxGap && sp.off+sp.n-o.members[0].off <= maxJoint && sp.step-o.firstStep <= maxJoinSteps {
+					o.members = append(o.members, sp)
+					o.end = sp.off + sp.n
+					extended = true
+					break
+				}
+			}
+			if !extended {
+				opens[sp.f] = append(opens[sp.f], &open{members: []*span{sp}, end: sp.off + sp.n, firstStep: sp.step})
+			}
+		}
+	}
+	for _, os := range opens {
+		for _, o := range os {
+			closeJoint(o)
+		}
+	}
 }
 
 // where is an extent as a file range, or a range of a reader that is not
@@ -337,7 +433,11 @@ func (p *Pass) Start(ctx context.Context) {
 				}
 			}()
 			for sp := range jobs {
-				p.done(sp, p.read(sp))
+				if sp.j != nil {
+					p.doneJoint(sp.j, p.readJoint(sp.j))
+				} else {
+					p.done(sp, p.read(sp))
+				}
 			}
 		})
 	}
@@ -352,10 +452,17 @@ func (p *Pass) Start(ctx context.Context) {
 			}
 			for k := range st.spans {
 				sp := &st.spans[k]
+				if sp.j != nil && !p.claim(sp.j) {
+					continue // an earlier step's span read it, or reads it now
+				}
 				select {
 				case jobs <- sp:
 				case <-ctx.Done():
-					p.done(sp, ctx.Err()) // the step ends, failed
+					if sp.j != nil {
+						p.doneJoint(sp.j, ctx.Err())
+					} else {
+						p.done(sp, ctx.Err()) // the step ends, failed
+					}
 				}
 			}
 		}
@@ -386,7 +493,13 @@ func (p *Pass) admit(i int) bool {
 	st.skip = st.freed
 	if !st.skip {
 		p.held += st.mem
-		st.pending = len(st.spans)
+		// Spans a joint read of an earlier step took are read already,
+		// or come with it.
+		for k := range st.spans {
+			if !st.spans[k].read {
+				st.pending++
+			}
+		}
 	}
 	if st.skip || st.pending == 0 {
 		close(st.ready)
@@ -397,37 +510,53 @@ func (p *Pass) admit(i int) bool {
 // read fills a span's buffer.
 func (p *Pass) read(sp *span) error {
 	if sp.f == nil {
+		p.reads.Add(1)
 		sp.mem, sp.at = p.bufs.get(sp.n), 0
 		return readFull(sp.r, sp.buf(), sp.off)
 	}
-	f := sp.f
+	var err error
+	sp.mem, sp.at, err = p.readRange(sp.f, sp.off, sp.n)
+	return err
+}
+
+// readJoint fills a joint read's buffer.
+func (p *Pass) readJoint(j *joint) error {
+	var err error
+	j.mem, j.at, err = p.readRange(j.f, j.off, j.n)
+	return err
+}
+
+// readRange reads bytes [off, off+n) of f into a buffer of the pool: the
+// buffer, and where the bytes start in it.
+func (p *Pass) readRange(f *file, off, n int64) ([]byte, int32, error) {
+	p.reads.Add(1)
 	f.once.Do(func() { f.open(p.o.Buffered) })
 	if f.err != nil {
-		return f.err
+		return nil, 0, f.err
 	}
 	if f.direct != nil && !f.noDir.Load() {
-		lo := sp.off &^ (directAlign - 1)
-		hi := (sp.off + sp.n + directAlign - 1) &^ (directAlign - 1)
+		lo := off &^ (directAlign - 1)
+		hi := (off + n + directAlign - 1) &^ (directAlign - 1)
 		mem := p.bufs.get(hi - lo)
-		n, err := f.direct.ReadAt(mem, lo)
-		if n >= int(sp.off+sp.n-lo) {
-			sp.mem, sp.at = mem, int32(sp.off-lo)
-			return nil
+		got, err := f.direct.ReadAt(mem, lo)
+		if got >= int(off+n-lo) {
+			return mem, int32(off - lo), nil
 		}
 		p.bufs.put(mem)
 		if !errors.Is(err, syscall.EINVAL) {
 			if err == nil || errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
-			return fmt.Errorf("%s: %w", f.path, err)
+			return nil, 0, fmt.Errorf("%s: %w", f.path, err)
 		}
 		f.noDir.Store(true) // the file system takes no O_DIRECT reads here
 	}
-	sp.mem, sp.at = p.bufs.get(sp.n), 0
-	if err := readFull(f.plain, sp.buf(), sp.off); err != nil {
-		return fmt.Errorf("%s: %w", f.path, err)
+	mem := p.bufs.get(n)
+	if err := readFull(f.plain, mem[:n], off); err != nil {
+		p.bufs.put(mem)
+		return nil, 0, fmt.Errorf("%s: %w", f.path, err)
 	}
-	return nil
+	return mem, 0, nil
 }
 
 func readFull(r io.ReaderAt, b []byte, off int64) error {
@@ -463,12 +592,60 @@ func (p *Pass) done(sp *span, err error) {
 	if err != nil && st.err == nil {
 		st.err = err
 	}
+	p.doneLocked(st, sp)
+}
+
+// doneLocked records sp's read, under the pass's lock. A span a joint
+// read took ahead of its step's admission counts nothing yet: admit counts
+// only the spans not read.
+func (p *Pass) doneLocked(st *step, sp *span) {
 	sp.read = true
 	if st.freed && st.pins == 0 {
 		sp.free(&p.bufs)
 	}
+	if !st.admitted || st.skip {
+		return
+	}
 	if st.pending--; st.pending == 0 {
 		close(st.ready)
+	}
+}
+
+// claim reports whether the caller is the first to send joint j to a
+// reader.
+func (p *Pass) claim(j *joint) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if j.sent {
+		return false
+	}
+	j.sent = true
+	return true
+}
+
+// doneJoint records a joint read: each of its spans is read, pointing into
+// its buffer, or failed with err.
+func (p *Pass) doneJoint(j *joint, err error) {
+	if err == nil && p.o.OnRead != nil {
+		for _, m := range j.members {
+			p.o.OnRead(int(m.step), m.n)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err == nil {
+		j.refs = len(j.members)
+	}
+	for _, m := range j.members {
+		st := p.steps[m.step]
+		if err != nil {
+			if st.err == nil {
+				st.err = err
+			}
+		} else {
+			m.mem, m.at = j.mem, j.at+int32(m.off-j.off)
+		}
+		p.doneLocked(st, m)
 	}
 }
 
@@ -537,10 +714,18 @@ func (st *step) free(bufs *buffers) {
 }
 
 func (sp *span) free(bufs *buffers) {
-	if sp.read && sp.mem != nil { // a read in flight frees its own (done)
-		bufs.put(sp.mem)
-		sp.mem = nil
+	if !sp.read || sp.mem == nil { // a read in flight frees its own (done)
+		return
 	}
+	mem := sp.mem
+	sp.mem = nil
+	if j := sp.j; j != nil {
+		if j.refs--; j.refs > 0 {
+			return
+		}
+		mem, j.mem = j.mem, nil
+	}
+	bufs.put(mem)
 }
 
 // Close stops reading, waits for the reads in flight and frees every

@@ -385,3 +385,77 @@ func TestDefaultBudget(t *testing.T) {
 		})
 	}
 }
+
+// Small spans of nearby steps that continue each other in a file are read
+// together: two runs interleaved as a layer's stacked weights are (each
+// step a slice of each), the slices joined into reads of at most maxJoint
+// bytes; every step still gets its own bytes, a step released before it
+// was read is not waited for, and its joint read's buffer goes back once
+// its last span is freed. A read that fails fails every step of its joint.
+func TestJointReads(t *testing.T) {
+	const steps, slice = 40, 3000 // two runs of 40 slices: 120 kB each, far under maxJoint
+	path, data := fixture(t, 1<<20)
+	var plan []Step
+	for i := range steps {
+		plan = append(plan, Step{Extents: []Extent{
+			{File: path, Off: int64(i) * slice, N: slice},
+			{File: path, Off: 512<<10 + int64(i)*slice, N: slice},
+		}})
+	}
+	for _, budget := range []int64{2 * slice, 64 << 20} {
+		p, err := New(plan, Options{Budget: budget})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Release(5) // no one needs it
+		ctx := context.Background()
+		p.Start(ctx)
+		for i := range steps {
+			if i == 5 {
+				continue
+			}
+			if err := p.Wait(ctx, i); err != nil {
+				t.Fatal(err)
+			}
+			for e, at := range []int64{int64(i) * slice, 512<<10 + int64(i)*slice} {
+				if !bytes.Equal(p.Bytes(i, e), data[at:at+slice]) {
+					t.Fatalf("budget %d: step %d extent %d differs", budget, i, e)
+				}
+			}
+			p.Release(i)
+		}
+		p.Close()
+		if got := p.reads.Load(); got != 2 {
+			t.Errorf("budget %d: %d reads, want 2 (one a run)", budget, got)
+		}
+		for i := range steps {
+			for k := range p.steps[i].spans {
+				if sp := &p.steps[i].spans[k]; sp.mem != nil || sp.j == nil || sp.j.mem != nil {
+					t.Fatalf("budget %d: step %d span %d: still holds its buffer, or was read alone", budget, i, k)
+				}
+			}
+		}
+	}
+
+	// A file shorter than the plan: the joint read fails, and so does every
+	// step it carries.
+	short := filepath.Join(t.TempDir(), "short.bin")
+	if err := os.WriteFile(short, data[:10*slice], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var shortPlan []Step
+	for i := range 12 {
+		shortPlan = append(shortPlan, Step{Extents: []Extent{{File: short, Off: int64(i) * slice, N: slice}}})
+	}
+	p, err := New(shortPlan, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Start(context.Background())
+	for i := range 12 {
+		if err := p.Wait(context.Background(), i); err == nil {
+			t.Errorf("step %d of a joint read past the file's end: no error", i)
+		}
+	}
+}
