@@ -204,6 +204,11 @@ const (
 	maxJoinSpan  = 256 << 10
 	maxJoint     = 1 << 20
 	maxJoinSteps = 64
+	// maxOpenRuns bounds the runs a file keeps open, so that a plan whose
+	// small spans never continue one another costs a bounded look each: an
+	// expert's step continues 6-12 runs of a file (each stacked weight and
+	// its scales).
+	maxOpenRuns = 32
 )
 
 // buf is the wanted bytes, once read.
@@ -298,6 +303,10 @@ func (p *Pass) join() {
 				}
 			}
 			if !extended {
+				if os := opens[sp.f]; len(os) == maxOpenRuns { // the oldest run goes: each span looks through at most this many
+					closeJoint(os[0])
+					opens[sp.f] = slices.Delete(os, 0, 1)
+				}
 				opens[sp.f] = append(opens[sp.f], &open{members: []*span{sp}, end: sp.off + sp.n, firstStep: sp.step})
 			}
 		}

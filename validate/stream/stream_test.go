@@ -459,3 +459,39 @@ func TestJointReads(t *testing.T) {
 		}
 	}
 }
+
+// Small spans that never continue one another (each a gap of more than
+// maxGap past the last) are read one by one, more of them than a file
+// keeps runs open, and come back whole; so is a span that continues a run
+// opened more than maxJoinSteps steps (and maxOpenRuns runs) before.
+func TestJointReadsScattered(t *testing.T) {
+	const n, slice = 100, 5000
+	path, data := fixture(t, 2*n*slice+slice)
+	var plan []Step
+	for i := range n {
+		plan = append(plan, Step{Extents: []Extent{{File: path, Off: int64(2*i) * slice, N: slice}}})
+	}
+	// One more step whose span continues step 0's, 100 steps and 99 runs
+	// later.
+	plan = append(plan, Step{Extents: []Extent{{File: path, Off: slice, N: 100}}})
+	p, err := New(plan, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p.Start(ctx)
+	for i := range plan {
+		if err := p.Wait(ctx, i); err != nil {
+			t.Fatal(err)
+		}
+		x := plan[i].Extents[0]
+		if !bytes.Equal(p.Bytes(i, 0), data[x.Off:x.Off+x.N]) {
+			t.Fatalf("step %d differs", i)
+		}
+		p.Release(i)
+	}
+	p.Close()
+	if got := p.reads.Load(); got != n+1 {
+		t.Errorf("%d reads, want %d (none continues another in time)", got, n+1)
+	}
+}
