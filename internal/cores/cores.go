@@ -16,21 +16,23 @@ package cores
 import (
 	"runtime"
 	"sync"
+	"sync/atomic"
 )
 
 var (
 	mu   sync.Mutex
 	lent int // Ps lent to readers now
 	base int // GOMAXPROCS before the first of them was lent
+	// lentBase is base while any P is lent, 0 otherwise: N reads it
+	// without the lock (it is asked once an expert or a weight).
+	lentBase atomic.Int64
 )
 
 // N is the number of goroutines of work to run at once: GOMAXPROCS, less
 // the Ps lent to blocked readers.
 func N() int {
-	mu.Lock()
-	defer mu.Unlock()
-	if lent > 0 {
-		return base
+	if b := lentBase.Load(); b > 0 {
+		return int(b)
 	}
 	return runtime.GOMAXPROCS(0)
 }
@@ -38,7 +40,9 @@ func N() int {
 // Lend raises GOMAXPROCS by readers for as long as that many goroutines
 // may block in reads; the func it returns gives them back (once, however
 // often it is called). Lends nest: GOMAXPROCS is restored when the last
-// is given back.
+// is given back. Setting it turns off the runtime's own updates of
+// GOMAXPROCS (a container's CPU quota changing while moeprep runs) for the
+// rest of the process: a command's run is short beside such changes.
 func Lend(readers int) (giveBack func()) {
 	if readers <= 0 {
 		return func() {}
@@ -46,6 +50,7 @@ func Lend(readers int) (giveBack func()) {
 	mu.Lock()
 	if lent == 0 {
 		base = runtime.GOMAXPROCS(0)
+		lentBase.Store(int64(base))
 	}
 	lent += readers
 	runtime.GOMAXPROCS(base + lent)
@@ -57,6 +62,9 @@ func Lend(readers int) (giveBack func()) {
 			defer mu.Unlock()
 			lent -= readers
 			runtime.GOMAXPROCS(base + lent)
+			if lent == 0 {
+				lentBase.Store(0)
+			}
 		})
 	}
 }

@@ -279,13 +279,18 @@ func (p *Pass) join() {
 	for i, st := range p.steps {
 		if i%maxJoinSteps == 0 { // close the runs no span can extend any more
 			for f, os := range opens {
-				opens[f] = slices.DeleteFunc(os, func(o *open) bool {
+				os = slices.DeleteFunc(os, func(o *open) bool {
 					if int32(i)-o.firstStep > maxJoinSteps {
 						closeJoint(o)
 						return true
 					}
 					return false
 				})
+				if len(os) == 0 {
+					delete(opens, f) // the look costs the files read now, not every file read so far
+				} else {
+					opens[f] = os
+				}
 			}
 		}
 		for k := range st.spans {
